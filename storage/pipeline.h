@@ -1,0 +1,137 @@
+/* The aggregation pipeline engine of the embedded shard.
+ *
+ * A pipeline (the `pipeline` array of the MongoDB `aggregate` command,
+ * https://www.mongodb.com/docs/manual/reference/operator/aggregation-pipeline/) is parsed
+ * once into an sdb_pipeline, then run as a pull-based cursor over an input iterator that
+ * the store supplies (the collection scan or index scan). Stages are iterators: streaming
+ * stages ($match $project $addFields/$set $unset $limit $skip $unwind) pass documents one
+ * at a time; blocking stages ($sort $group $count $sortByCount) consume their input on the
+ * first pull.
+ *
+ * Stages: $match (the query matcher), $project (inclusion, exclusion, computed fields),
+ * $addFields / $set, $unset, $sort, $limit, $skip, $group, $count, $unwind (string form and
+ * {path, includeArrayIndex, preserveNullAndEmptyArrays}), $sortByCount.
+ * Expressions: field paths ("$a.b"), $$ROOT/$$CURRENT, literals, {$literal: v}, documents and
+ * arrays of expressions, and the operators $add $subtract $multiply $divide $mod $concat
+ * $toUpper $toLower $cond (array and document forms) $ifNull $eq $ne $gt $gte $lt $lte $cmp
+ * $and $or $not $size $abs $in $arrayElemAt.
+ * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count.
+ *
+ * Errors use MongoDB's codes and messages, among them:
+ *   40324 "Unrecognized pipeline stage name: '$foo'"
+ *   40323 "A pipeline stage specification object must contain exactly one field."
+ *   14    TypeMismatch: the pipeline is not an array, or a stage is not a document
+ *   168   InvalidPipelineOperator "Unrecognized expression '$foo'"
+ *   15955 "a group specification must include an _id"
+ *   40234 "The field 'x' must be an accumulator object"
+ *   15976 "$sort stage must have at least one sort key"
+ *   15958 "the limit must be positive"; 15956 skip/limit not a number
+ *   40156-40160 $count field name rules
+ *   31253/31254 $project mixing inclusion and exclusion
+ *   16554/16608 arithmetic type errors and division by zero
+ *   292  QueryExceededMemoryLimitNoDiskUseAllowed: a $sort or $group holds more than
+ *        max_memory_bytes (default 100 MB, MongoDB's internalQueryMaxBlockingSortMemoryUsage
+ *        and internalDocumentSourceGroupMaxMemoryBytes); we never spill to disk, so
+ *        allowDiskUse does not lift the limit.
+ *   238  NotImplemented: a stage MongoDB knows but the embedded shard does not run
+ *        ($lookup, $out, $merge, $facet, $bucket, ...): "$lookup is not supported by the
+ *        embedded shard".
+ *
+ * Threading: an sdb_pipeline is immutable after parse/pushdown and may back several
+ * cursors at once; one cursor is used by one thread at a time.
+ */
+#ifndef SDB_STORAGE_PIPELINE_H
+#define SDB_STORAGE_PIPELINE_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sdb_pipeline sdb_pipeline;
+typedef struct sdb_pipeline_cursor sdb_pipeline_cursor;
+
+/* Default memory bound of one blocking stage ($sort, $group): 100 MB. */
+#define SDB_PIPELINE_MAX_MEMORY (100u * 1024u * 1024u)
+
+/* The input iterator the store supplies.
+ * Return 1 with *doc pointing at the next input document (borrowed: it must stay valid
+ * until the next call of next or until the cursor is freed), 0 at the end of the input
+ * (then next is not called again), or a negative SDB_E* code with a message in err (the
+ * cursor then fails with code 1 InternalError and that message, unless *code was set to a
+ * MongoDB code by the callback). */
+typedef int (*sdb_pipeline_next_fn)(void *ctx, const bson_t **doc, int *code, char *err,
+				    size_t errlen);
+
+typedef struct sdb_pipeline_opts {
+	/* Bound on the bytes held by one $sort or $group (BSON sizes of held documents and
+	 * group states); 0 means SDB_PIPELINE_MAX_MEMORY. */
+	size_t max_memory_bytes;
+} sdb_pipeline_opts;
+
+/* Parse a pipeline.
+ * stages: a BSON array of stage documents (the value of the command's `pipeline` field,
+ * as a bson_t read from the array). opts may be NULL. On success *out is the new pipeline
+ * (free with sdb_pipeline_free).
+ * Errors: SDB_EINVAL with *code (40324, 40323, 14, 168, 15955, ...) and the message in err
+ * (errlen bytes, always NUL-terminated).
+ */
+int sdb_pipeline_parse(const bson_t *stages, const sdb_pipeline_opts *opts, sdb_pipeline **out,
+		       int *code, char *err, size_t errlen);
+
+void sdb_pipeline_free(sdb_pipeline *p);
+
+/* What the store can do itself (flags for sdb_pipeline_pushdown). */
+enum {
+	SDB_PUSHDOWN_MATCH = 1 << 0, /* filter the input with a query filter */
+	SDB_PUSHDOWN_SORT = 1 << 1,  /* deliver the input in a sort order */
+	SDB_PUSHDOWN_LIMIT = 1 << 2, /* skip and limit the (sorted) input */
+};
+
+/* The leading part of a pipeline handed to the store (all members owned by the struct;
+ * release with sdb_pipeline_pushdown_destroy). */
+typedef struct sdb_pipeline_pushdown_t {
+	bson_t filter; /* query filter; empty document = match everything */
+	bson_t sort;   /* sort spec {a: 1, b: -1}; empty = input order does not matter */
+	int64_t skip;  /* documents to skip after filter and sort; 0 = none */
+	int64_t limit; /* at most this many documents after skip; -1 = no limit */
+} sdb_pipeline_pushdown_t;
+
+/* Remove from the front of p the stages the store will execute, and describe them in *pd
+ * (pd uninitialised, always initialised: release with sdb_pipeline_pushdown_destroy):
+ * every leading $match (several are ANDed: {$and: [f1, f2]}) when SDB_PUSHDOWN_MATCH; then
+ * a $sort when SDB_PUSHDOWN_SORT; then, after a pushed $sort only, the following run of
+ * $skip/$limit stages folded into one (skip, limit) when SDB_PUSHDOWN_LIMIT. The store
+ * must then feed the cursor exactly the documents filter -> sort -> skip -> limit selects.
+ * Call it before opening any cursor on p. A $match that uses $where/$expr-like operators
+ * the store cannot run is still pushed: the store's matcher is the same one.
+ * Returns 0 (it cannot fail).
+ */
+int sdb_pipeline_pushdown(sdb_pipeline *p, unsigned flags, sdb_pipeline_pushdown_t *pd);
+void sdb_pipeline_pushdown_destroy(sdb_pipeline_pushdown_t *pd);
+
+/* Open a cursor of p over the input given by next/ctx (next is called only from
+ * sdb_pipeline_cursor_next, on the caller's thread). p must outlive the cursor.
+ * *out: the new cursor; free it with sdb_pipeline_cursor_free. Never fails. */
+void sdb_pipeline_open(const sdb_pipeline *p, sdb_pipeline_next_fn next, void *ctx,
+		       sdb_pipeline_cursor **out);
+
+/* Pull the next output document.
+ * Returns 1 with *doc set (borrowed from the cursor, valid until the next call or free), 0
+ * at the end, or SDB_EINVAL / SDB_ETOOBIG (the 292 memory limit) / the input's code, with
+ * the MongoDB error code in *code and the message in err. After an error or the end, every
+ * later call returns the same result again. */
+int sdb_pipeline_cursor_next(sdb_pipeline_cursor *c, const bson_t **doc, int *code, char *err,
+			     size_t errlen);
+
+void sdb_pipeline_cursor_free(sdb_pipeline_cursor *c);
+
+/* Evaluate one aggregation expression (the $project/$addFields language above) against
+ * doc, e.g. for the shard's own use in $expr-like places. expr is the value at iter.
+ * out: uninitialised bson_t, always initialised; on success it holds {"v": <result>} or
+ * {} when the expression evaluated to "missing".
+ * Errors: SDB_EINVAL with *code and err. */
+int sdb_pipeline_eval_expr(const bson_iter_t *expr, const bson_t *doc, bson_t *out, int *code,
+			   char *err, size_t errlen);
+
+#endif
