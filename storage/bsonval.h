@@ -1,0 +1,118 @@
+/* BSON value comparison in MongoDB's order (the embedded shard's query core).
+ *
+ * Source of the behaviour: MongoDB manual "Comparison/Sort Order"
+ * (https://www.mongodb.com/docs/manual/reference/bson-type-comparison-order/) and
+ * mongo/bson/bsonelement.cpp compareElementValues() / canonicalizeBSONType().
+ *
+ * Order of the type brackets (lowest first):
+ *   MinKey < undefined < null (and missing, where the caller maps missing to null)
+ *   < numbers (int32, int64, double, decimal128) < string, symbol < object < array
+ *   < binData < ObjectId < bool < date < timestamp < regex < dbPointer < code
+ *   < code with scope < MaxKey
+ * Within a bracket:
+ *   numbers    by value across types; NaN == NaN and NaN is below every other number;
+ *              -0 == 0; int64 vs double is exact (no precision loss for |v| > 2^53).
+ *              decimal128 is compared through its nearest long double (on x86-64 a
+ *              64-bit significand, exponent range ~1e+-4932): exact for every decimal
+ *              with at most 19 significant digits inside that range, approximate
+ *              beyond (documented limit; decimals beyond the range become +-inf).
+ *   strings    by bytes (simple binary collation), shorter prefix first; symbol == string.
+ *   objects    element by element: canonical type bracket, then field name (bytes),
+ *              then value; a document that ends first is smaller.
+ *   arrays     element by element (type bracket, then value); shorter prefix first.
+ *   binData    by length, then subtype, then bytes.
+ *   ObjectId   by its 12 bytes; bool false < true; date as signed int64 ms;
+ *   timestamp  as unsigned (t, i); regex by pattern then flags (bytes);
+ *   dbPointer  by namespace length, then namespace bytes, then ObjectId;
+ *   code       by code string; code with scope by code, then scope object.
+ *
+ * These comparisons are exactly the ones the order-preserving key encoding of
+ * storage/keyenc.h reproduces with memcmp: both use sdb_bson_num_canon() for numbers.
+ *
+ * Untrusted input: every function here expects BSON that already passed
+ * bson_validate() (corrupt nested documents are treated as empty). Recursion stops at
+ * SDB_BSON_MAX_DEPTH nesting levels: deeper sub-documents compare by raw bytes, never
+ * crash. Callers should refuse documents deeper than that (sdb_bson_depth_ok) before
+ * storing them, as MongoDB refuses nesting beyond 100 levels (+ margin for the shell).
+ */
+#ifndef SDB_STORAGE_BSONVAL_H
+#define SDB_STORAGE_BSONVAL_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Maximum nesting depth (documents and arrays) the comparison and key encoding recurse
+ * into. MongoDB's own limit for stored documents is 100 (BSONDepth::kDefaultMaxAllowableDepth
+ * is 200 for reading). */
+#define SDB_BSON_MAX_DEPTH 200
+
+/* Canonical type brackets, values of MongoDB's canonicalizeBSONType() (an int; equal
+ * bracket means "comparable by value"). */
+enum {
+	SDB_BRACKET_MINKEY = -1,
+	SDB_BRACKET_UNDEFINED = 0,
+	SDB_BRACKET_NULL = 5,
+	SDB_BRACKET_NUMBER = 10,
+	SDB_BRACKET_STRING = 15,
+	SDB_BRACKET_OBJECT = 20,
+	SDB_BRACKET_ARRAY = 25,
+	SDB_BRACKET_BINARY = 30,
+	SDB_BRACKET_OID = 35,
+	SDB_BRACKET_BOOL = 40,
+	SDB_BRACKET_DATE = 45,
+	SDB_BRACKET_TIMESTAMP = 47,
+	SDB_BRACKET_REGEX = 50,
+	SDB_BRACKET_DBPOINTER = 55,
+	SDB_BRACKET_CODE = 60,
+	SDB_BRACKET_CODEWSCOPE = 65,
+	SDB_BRACKET_MAXKEY = 127,
+};
+
+/* sdb_bson_bracket returns the canonical bracket of a BSON type (table above).
+ * BSON_TYPE_EOD (used for "missing") maps to SDB_BRACKET_NULL; an unknown type byte maps
+ * to SDB_BRACKET_MAXKEY. Pure function, any thread. */
+int sdb_bson_bracket(bson_type_t t);
+
+/* A number in the canonical form shared by comparison and key encoding:
+ *   cls  0 NaN, 1 -inf, 2 negative finite, 3 zero, 4 positive finite, 5 +inf
+ *   exp  for finite non-zero: floor(log2(|v|)) (int32 1 -> 0, 0.5 -> -1)
+ *   frac for finite non-zero: the bits of |v| after the leading 1, left-aligned in 64
+ *        bits (|v| = 2^exp * (1 + frac / 2^64)); 0 otherwise.
+ * int32, int64 and double map exactly; decimal128 through long double (see top). */
+typedef struct sdb_bson_num {
+	int cls;
+	int32_t exp;
+	uint64_t frac;
+} sdb_bson_num;
+
+/* Fill *out from a numeric value (BSON_TYPE_INT32, INT64, DOUBLE, DECIMAL128). Returns
+ * false (and sets *out to zero) when v is not a number. */
+bool sdb_bson_num_canon(const bson_value_t *v, sdb_bson_num *out);
+
+/* Three-way compare of two canonical numbers: <0, 0, >0. */
+int sdb_bson_num_cmp(const sdb_bson_num *a, const sdb_bson_num *b);
+
+/* Compare the values of two elements in MongoDB order (field names are ignored).
+ * Returns <0, 0 or >0. Either iterator may be NULL meaning "missing", which compares as
+ * null (equal to null, MongoDB's sort semantics). The iterators are not advanced. */
+int sdb_bson_cmp(const bson_iter_t *a, const bson_iter_t *b);
+
+/* The same on bson_value_t (for documents/arrays, value.v_doc.data must point at a whole
+ * BSON document of data_len bytes). NULL means missing (== null). */
+int sdb_bson_value_cmp(const bson_value_t *a, const bson_value_t *b);
+
+/* Compare two whole documents as objects (element by element: bracket, name, value). */
+int sdb_bson_doc_cmp(const bson_t *a, const bson_t *b);
+
+/* Equality under the order above (1 == 1.0 == NumberLong(1); "a" symbol == "a" string;
+ * {a: 1} == {a: 1.0}; field order matters as in MongoDB). */
+bool sdb_bson_value_eq(const bson_value_t *a, const bson_value_t *b);
+bool sdb_bson_iter_eq(const bson_iter_t *a, const bson_iter_t *b);
+
+/* True when the document nests objects/arrays at most max_depth levels deep (the
+ * top-level document is level 0, {a: {}} is level 1). Expects validated BSON; returns
+ * false on corrupt nested BSON. */
+bool sdb_bson_depth_ok(const bson_t *doc, int max_depth);
+
+#endif

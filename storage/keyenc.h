@@ -1,0 +1,93 @@
+/* Order-preserving byte encoding of BSON values (index keys of the embedded shard).
+ *
+ * For any two values a, b:  sign(memcmp-order(enc(a), enc(b))) == sign(sdb_bson_cmp(a, b))
+ * where memcmp-order compares the common prefix with memcmp and then the lengths (SQLite's
+ * BLOB order, also sdb_key_cmp below). Equal values encode to identical bytes (1, 1.0 and
+ * NumberLong(1) are one key), so a key is usable as a SQLite BLOB primary key. Every
+ * encoding is prefix-free (no encoding is a proper prefix of another), so compound keys
+ * are plain concatenations and compare component by component. Keys are NOT decodable:
+ * the document is stored separately.
+ *
+ * Byte layout of one value (ascending):  BRACKET-BYTE BODY
+ *   bracket bytes (ascending = MongoDB's canonical order, storage/bsonval.h):
+ *     0x0A MinKey  0x0F undefined  0x14 null   0x1E number  0x28 string/symbol
+ *     0x32 object  0x3C array      0x46 binData 0x50 ObjectId 0x5A bool  0x64 date
+ *     0x6E timestamp 0x78 regex    0x82 dbPointer 0x8C code  0x96 code w/ scope
+ *     0xF0 MaxKey
+ *   BODY by bracket:
+ *     MinKey, MaxKey, undefined, null: empty
+ *     number: CLS [EXP2 FRAC8]     CLS 0x00 NaN, 0x01 -inf, 0x02 negative, 0x03 zero,
+ *             0x04 positive, 0x05 +inf. Finite non-zero values carry
+ *             EXP2 = (exp + 32768) as 2 bytes big-endian and FRAC8 = frac as 8 bytes
+ *             big-endian (sdb_bson_num of bsonval.h); for negatives those 10 bytes are
+ *             bit-inverted so larger magnitudes sort lower.
+ *     string: STR = the bytes with each 0x00 written as 0x00 0xFF, then 0x00 0x00.
+ *     object: for each element: BRACKET-BYTE(element) STR(field name) BODY(element),
+ *             then 0x00 (below every bracket byte, so a shorter document sorts first).
+ *     array:  for each element: BRACKET-BYTE(element) BODY(element), then 0x00.
+ *     binData: LEN4 (big-endian uint32) SUBTYPE1 BYTES[LEN]
+ *     ObjectId: 12 bytes.  bool: 0x00 or 0x01.
+ *     date:  int64 ms big-endian with the sign bit flipped.
+ *     timestamp: t as 4 bytes big-endian, then i as 4 bytes big-endian.
+ *     regex: STR(pattern) STR(flags).
+ *     dbPointer: LEN4(namespace) namespace bytes, 12 ObjectId bytes.
+ *     code: STR(code).  code with scope: STR(code) BODY-of-object(scope).
+ *
+ * Descending components: every byte of the component's encoding is bit-inverted
+ * (x ^ 0xFF). Because encodings are prefix-free, inversion exactly reverses the order and
+ * stays prefix-free, so compound keys mixing directions still compare component-wise.
+ *
+ * Limits: decimal128 keys go through long double (see storage/bsonval.h): two decimals
+ * that differ beyond ~19 significant digits may get the same key. Nesting deeper than
+ * SDB_BSON_MAX_DEPTH is refused with SDB_EINVAL.
+ */
+#ifndef SDB_STORAGE_KEYENC_H
+#define SDB_STORAGE_KEYENC_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A growable key buffer. Zero-initialised (or sdb_key_init) is empty; data is heap memory
+ * owned by the key (sdb_malloc family), released by sdb_key_free. */
+typedef struct sdb_key {
+	uint8_t *data;
+	size_t len;
+	size_t cap;
+} sdb_key;
+
+void sdb_key_init(sdb_key *k);
+/* Forget the contents (keeps the allocation). */
+void sdb_key_reset(sdb_key *k);
+void sdb_key_free(sdb_key *k);
+/* Append raw bytes (used by callers building bounds). */
+void sdb_key_append(sdb_key *k, const void *bytes, size_t n);
+
+/* Append the encoding of one value (an element's value; NULL means missing and encodes
+ * as null, which is how MongoDB indexes a missing field). desc inverts the component.
+ * Returns 0, or SDB_EINVAL (nesting deeper than SDB_BSON_MAX_DEPTH, or corrupt nested
+ * BSON) with a message in err; on error k->len is restored to its value on entry. */
+int sdb_keyenc_append_iter(sdb_key *k, const bson_iter_t *it, bool desc, char *err,
+			   size_t errlen);
+int sdb_keyenc_append_value(sdb_key *k, const bson_value_t *v, bool desc, char *err,
+			    size_t errlen);
+
+/* The encoded bracket byte of a canonical bracket (SDB_BRACKET_*), e.g. 0x1E for numbers.
+ * Bounds of a whole bracket in ascending order: every key of the bracket is >= the one
+ * byte {bracket_byte} and < the one byte {bracket_byte + 1} (and every key of a higher
+ * bracket is >= {bracket_byte + 1}); this holds for compound keys too (prefix compare). */
+uint8_t sdb_keyenc_bracket_byte(int bracket);
+
+/* Compare two keys as SQLite compares BLOBs: memcmp of the common prefix, then length.
+ * Returns <0, 0, >0. */
+int sdb_key_cmp(const sdb_key *a, const sdb_key *b);
+int sdb_key_cmp_raw(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
+/* Compute into *out the smallest key that is greater than every key starting with
+ * prefix (drop trailing 0xFF bytes, then increment the last byte). Returns false (out
+ * empty) when no such key exists (prefix empty or all 0xFF: scan to the end).
+ * Use: all compound keys whose first component equals v are in [enc(v), succ(enc(v))). */
+bool sdb_key_prefix_successor(const uint8_t *prefix, size_t len, sdb_key *out);
+
+#endif

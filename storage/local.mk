@@ -1,0 +1,10 @@
+# storage: sources and unit tests of this folder (included by the top Makefile.am)
+
+# --- update engine and aggregation pipeline (owner: sb) ---
+noinst_HEADERS += storage/update.h storage/pipeline.h
+# --- end sb ---
+
+# --- query core: bsonval keyenc path matcher projection sortspec (owner: sa) ---
+noinst_HEADERS += storage/bsonval.h storage/keyenc.h storage/path.h storage/matcher.h \
+	storage/projection.h storage/sortspec.h
+# --- end sa ---
