@@ -1,0 +1,13 @@
+/* `stripedb ctl`: the operator CLI (DESIGN.md §3a).
+ *
+ * Talks to the metadata service with libmongoc. Exit codes: 0 success, 1 the cluster
+ * answered with an error or could not be reached, 2 bad usage; errors are one line on
+ * stderr. Every listing also prints as JSON with --json.
+ */
+#ifndef SDB_CLI_CLI_H
+#define SDB_CLI_CLI_H
+
+/* Run `stripedb ctl ARGS...`; argv excludes "stripedb ctl". Returns the exit code. */
+int cli_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,154 @@
+/* `stripedb ctl`: the operator CLI. See cli.h.
+ *
+ * Global options (before the subcommand): --metadata=H:P,... (or STRIPEDB_METADATA),
+ * --json, --timeout-ms=N. Subcommands talk to the metadata service through libmongoc.
+ */
+#include "cli/cli.h"
+
+#include <mongoc/mongoc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/config.h"
+#include "common/err.h"
+
+typedef struct cli_ctx {
+	const char *metadata; /* "H:P,H:P" */
+	int json;
+	int timeout_ms;
+} cli_ctx;
+
+typedef int (*cli_cmd_fn)(cli_ctx *ctx, int argc, char **argv);
+
+static void ctl_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: stripedb ctl [--metadata=H:P,...] [--json] [--timeout-ms=N] SUBCOMMAND ...\n"
+		"\n"
+		"subcommands:\n"
+		"  ping                 ask every metadata member for hello; print who is leader\n"
+		"\n"
+		"--metadata defaults to STRIPEDB_METADATA. Exit codes: 0 ok, 1 error from the\n"
+		"cluster or unreachable, 2 bad usage.\n");
+}
+
+/* ping: hello to each member, report its role in the replica set. */
+static int cmd_ping(cli_ctx *ctx, int argc, char **argv)
+{
+	char *list;
+	char *save = NULL;
+	int failures = 0;
+
+	if (argc != 0) {
+		fprintf(stderr, "stripedb ctl ping: unexpected argument '%s'\n", argv[0]);
+		return 2;
+	}
+	list = sdb_strdup(ctx->metadata);
+	for (char *tok = strtok_r(list, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+		char uri[512];
+		mongoc_client_t *c;
+		bson_t cmd = BSON_INITIALIZER, reply;
+		bson_error_t e;
+		bson_iter_t it;
+
+		snprintf(uri, sizeof uri,
+			 "mongodb://%s/?directConnection=true&serverSelectionTimeoutMS=%d"
+			 "&connectTimeoutMS=%d",
+			 tok, ctx->timeout_ms, ctx->timeout_ms);
+		c = mongoc_client_new(uri);
+		if (c == NULL) {
+			fprintf(stderr, "stripedb ctl: bad metadata address '%s'\n", tok);
+			failures++;
+			continue;
+		}
+		BSON_APPEND_INT32(&cmd, "hello", 1);
+		if (!mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e)) {
+			if (ctx->json) {
+				printf("{\"member\": \"%s\", \"ok\": false, \"error\": \"%s\"}\n", tok,
+				       e.message);
+			} else {
+				printf("%-24s unreachable: %s\n", tok, e.message);
+			}
+			failures++;
+		} else {
+			const char *state = "member";
+			if (bson_iter_init_find(&it, &reply, "isWritablePrimary") &&
+			    bson_iter_as_bool(&it)) {
+				state = "leader";
+			} else if (bson_iter_init_find(&it, &reply, "secondary") &&
+				   bson_iter_as_bool(&it)) {
+				state = "follower";
+			}
+			if (ctx->json) {
+				printf("{\"member\": \"%s\", \"ok\": true, \"state\": \"%s\"}\n", tok,
+				       state);
+			} else {
+				printf("%-24s %s\n", tok, state);
+			}
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+		mongoc_client_destroy(c);
+	}
+	free(list);
+	return failures == 0 ? 0 : 1;
+}
+
+static const struct {
+	const char *name;
+	cli_cmd_fn fn;
+} cmds[] = {
+	{"ping", cmd_ping},
+};
+
+int cli_main(int argc, char **argv)
+{
+	cli_ctx ctx = {.metadata = getenv("STRIPEDB_METADATA"), .json = 0, .timeout_ms = 5000};
+	int i = 0;
+	int rc;
+
+	for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
+		const char *a = argv[i];
+		if (strcmp(a, "--help") == 0) {
+			ctl_usage(stdout);
+			return 0;
+		} else if (strcmp(a, "--json") == 0) {
+			ctx.json = 1;
+		} else if (strncmp(a, "--metadata=", 11) == 0) {
+			ctx.metadata = a + 11;
+		} else if (strncmp(a, "--timeout-ms=", 13) == 0) {
+			char *end;
+			long v = strtol(a + 13, &end, 10);
+			if (*end != '\0' || v <= 0) {
+				fprintf(stderr, "stripedb ctl: --timeout-ms: '%s' is not a positive integer\n",
+					a + 13);
+				return 2;
+			}
+			ctx.timeout_ms = (int)v;
+		} else {
+			fprintf(stderr, "stripedb ctl: unknown flag %s (see stripedb ctl --help)\n", a);
+			return 2;
+		}
+	}
+	if (i == argc) {
+		fprintf(stderr, "stripedb ctl: missing subcommand (see stripedb ctl --help)\n");
+		return 2;
+	}
+	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
+		if (strcmp(cmds[k].name, argv[i]) == 0) {
+			if (ctx.metadata == NULL || ctx.metadata[0] == '\0') {
+				fprintf(stderr, "stripedb ctl: no metadata address: pass --metadata=H:P,... "
+						"or set STRIPEDB_METADATA\n");
+				return 2;
+			}
+			mongoc_init();
+			rc = cmds[k].fn(&ctx, argc - i - 1, argv + i + 1);
+			mongoc_cleanup();
+			return rc;
+		}
+	}
+	fprintf(stderr, "stripedb ctl: unknown subcommand '%s' (see stripedb ctl --help)\n", argv[i]);
+	return 2;
+}

@@ -1,0 +1,1 @@
+# man: manual pages (stripedb(1), stripedb-ctl(1), stripedb.conf(5))

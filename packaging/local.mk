@@ -1,0 +1,1 @@
+# packaging: Debian, RPM and systemd files

@@ -1,0 +1,102 @@
+/* Allocation wrappers: abort on out-of-memory (see alloc.h). */
+#include "common/alloc.h"
+
+#include <bson/bson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void oom(size_t n)
+{
+	char msg[96];
+	int len = snprintf(msg, sizeof msg, "stripedb: out of memory (%zu bytes)\n", n);
+
+	if (len > 0) {
+		ssize_t w = write(STDERR_FILENO, msg, (size_t)len);
+		(void)w;
+	}
+	abort();
+}
+
+void *sdb_malloc(size_t n)
+{
+	void *p = malloc(n == 0 ? 1 : n);
+
+	if (p == NULL) {
+		oom(n);
+	}
+	return p;
+}
+
+void *sdb_calloc(size_t count, size_t size)
+{
+	void *p = calloc(count == 0 ? 1 : count, size == 0 ? 1 : size);
+
+	if (p == NULL) {
+		oom(count * size);
+	}
+	return p;
+}
+
+void *sdb_realloc(void *p, size_t n)
+{
+	void *q = realloc(p, n == 0 ? 1 : n);
+
+	if (q == NULL) {
+		oom(n);
+	}
+	return q;
+}
+
+char *sdb_strdup(const char *s)
+{
+	return sdb_strndup(s, strlen(s));
+}
+
+char *sdb_strndup(const char *s, size_t n)
+{
+	size_t len = strnlen(s, n);
+	char *p = sdb_malloc(len + 1);
+
+	memcpy(p, s, len);
+	p[len] = '\0';
+	return p;
+}
+
+char *sdb_asprintf(const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+	char *p;
+
+	va_start(ap, fmt);
+	n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (n < 0) {
+		oom(0);
+	}
+	p = sdb_malloc((size_t)n + 1);
+	va_start(ap, fmt);
+	vsnprintf(p, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	return p;
+}
+
+static void *bson_vt_malloc(size_t n) { return sdb_malloc(n); }
+static void *bson_vt_calloc(size_t c, size_t s) { return sdb_calloc(c, s); }
+static void *bson_vt_realloc(void *p, size_t n) { return sdb_realloc(p, n); }
+static void bson_vt_free(void *p) { free(p); }
+
+void sdb_alloc_init(void)
+{
+	static bson_mem_vtable_t vt = {
+		.malloc = bson_vt_malloc,
+		.calloc = bson_vt_calloc,
+		.realloc = bson_vt_realloc,
+		.free = bson_vt_free,
+	};
+
+	bson_mem_set_vtable(&vt);
+}

@@ -1,0 +1,27 @@
+/* Memory allocation policy: decided once, here.
+ *
+ * stripedb aborts the process with a clear message on out-of-memory rather than
+ * threading NOMEM through every path (the redis zmalloc choice). Every allocation in
+ * stripedb code goes through these wrappers; libbson already aborts on OOM, and
+ * sdb_alloc_init() points libbson's vtable at the same wrappers so one message is
+ * printed whichever path ran out.
+ */
+#ifndef SDB_COMMON_ALLOC_H
+#define SDB_COMMON_ALLOC_H
+
+#include <stddef.h>
+
+/* Never return NULL: on failure print "stripedb: out of memory (N bytes)" and abort().
+ * Free with free(). sdb_malloc(0) returns a unique pointer. */
+void *sdb_malloc(size_t n);
+void *sdb_calloc(size_t count, size_t size);
+void *sdb_realloc(void *p, size_t n);
+char *sdb_strdup(const char *s);
+char *sdb_strndup(const char *s, size_t n);
+/* printf into a fresh heap string (caller frees). */
+char *sdb_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Install the wrappers into libbson's allocator vtable. Call once from main(). */
+void sdb_alloc_init(void);
+
+#endif

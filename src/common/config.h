@@ -1,0 +1,102 @@
+/* Configuration: command-line flags, then STRIPEDB_* environment variables, then a
+ * config file (INI, parsed with inih), in that order of precedence.
+ *
+ * Every option is declared once in SDB_OPTIONS below (name, kind, default, help); the
+ * flag is --NAME=VALUE (or --NAME VALUE), the environment variable is STRIPEDB_NAME with
+ * dashes as underscores and upper case (--http-listen -> STRIPEDB_HTTP_LISTEN), and the
+ * config file key is NAME. Options are scoped: flags given after `--role=ROLE` apply to
+ * that role only (so `--role=shard --listen=A --role=proxy --listen=B` works); in the
+ * config file, keys outside any section are global and keys under `[ROLE]` apply to that
+ * role. Values are validated when parsed: a bad address, integer or path is a usage
+ * error (exit code 2 with one line on stderr).
+ *
+ * Option names are the operator interface of ../shared/DESIGN.md §3a.
+ */
+#ifndef SDB_COMMON_CONFIG_H
+#define SDB_COMMON_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+	SDB_OPT_STRING = 0, /* free text */
+	SDB_OPT_ADDR,       /* HOST:PORT, port 0-65535, host an IPv4/IPv6 literal or name */
+	SDB_OPT_ADDRS,      /* comma-separated HOST:PORT list */
+	SDB_OPT_MEMBERS,    /* comma-separated ID@HOST:PORT list (raft members) */
+	SDB_OPT_INT,        /* decimal int64 >= 0 */
+	SDB_OPT_PATH,       /* filesystem path (not checked for existence) */
+	SDB_OPT_BOOL,       /* true/false/1/0/yes/no; a bare --flag means true */
+	SDB_OPT_LEVEL,      /* log level */
+} sdb_opt_kind;
+
+/* X(name-with-dashes, C identifier, kind, default or NULL, help) */
+#define SDB_OPTIONS(X)                                                                          \
+	X("config", config, SDB_OPT_PATH, NULL,                                                 \
+	  "config file (default /etc/stripedb/stripedb.conf when it exists)")                   \
+	X("node-id", node_id, SDB_OPT_STRING, NULL, "this node's id (metadata: raft id 1..N)")    \
+	X("data-dir", data_dir, SDB_OPT_PATH, NULL, "directory for durable state")                \
+	X("listen", listen, SDB_OPT_ADDR, NULL, "MongoDB wire protocol address HOST:PORT")        \
+	X("http-listen", http_listen, SDB_OPT_ADDR, NULL, "HTTP address for /healthz, /metrics")   \
+	X("raft-listen", raft_listen, SDB_OPT_ADDR, NULL, "metadata: raft transport address")     \
+	X("grpc-listen", grpc_listen, SDB_OPT_ADDR, NULL, "ratelimit: gRPC address")              \
+	X("advertise", advertise, SDB_OPT_ADDR, NULL, "address peers use to reach this node")     \
+	X("bootstrap-members", bootstrap_members, SDB_OPT_MEMBERS, NULL,                        \
+	  "metadata: initial raft members ID@HOST:PORT,...")                                    \
+	X("metadata", metadata, SDB_OPT_ADDRS, NULL, "metadata members HOST:PORT,...")            \
+	X("peers", peers, SDB_OPT_ADDRS, NULL, "ratelimit: static peer list HOST:PORT,...")       \
+	X("cdc", cdc, SDB_OPT_STRING, NULL, "coordinator: CDC log embedded:DIR or kafka:BOOTSTRAP") \
+	X("archive", archive, SDB_OPT_STRING, NULL, "coordinator: CDC archive file:DIR")          \
+	X("max-connections", max_connections, SDB_OPT_INT, "10000",                             \
+	  "maximum client connections per wire listener")                                       \
+	X("log-level", log_level, SDB_OPT_LEVEL, "info", "debug, info, warn or error")            \
+	X("shutdown-timeout-ms", shutdown_timeout_ms, SDB_OPT_INT, "10000",                     \
+	  "graceful shutdown: how long to drain in-flight requests (ms)")
+
+typedef enum {
+#define SDB__OPT_ENUM(name, id, kind, def, help) SDB_OPT_##id,
+	SDB_OPTIONS(SDB__OPT_ENUM)
+#undef SDB__OPT_ENUM
+	SDB_OPT__COUNT
+} sdb_opt;
+
+/* The settings of one role (or the global scope). Values are heap strings owned by the
+ * config; NULL when unset and without default. */
+typedef struct sdb_config {
+	char *role; /* "shard", "proxy", ... or NULL for the global scope */
+	char *values[SDB_OPT__COUNT];
+} sdb_config;
+
+/* The roles to run, each with its resolved configuration. */
+typedef struct sdb_config_set {
+	size_t n_roles;
+	sdb_config *roles; /* n_roles entries, in command-line order */
+	sdb_config global;
+} sdb_config_set;
+
+/* Known role names, NULL-terminated: metadata, proxy, coordinator, ratelimit, shard. */
+extern const char *const sdb_role_names[];
+
+/* Parse argv (without the program name) into *out, resolving flags, environment
+ * (envp, NULL-terminated "K=V" strings) and the config file. Returns 0,
+ * SDB_EUSAGE for bad usage (unknown flag or role, bad value, no role) or SDB_EIO for an
+ * unreadable config file, with a one-line message in err. On error *out is left empty.
+ * Free with sdb_config_set_free(). */
+int sdb_config_parse(int argc, char **argv, char **envp, sdb_config_set *out, char *err,
+		     size_t errlen);
+void sdb_config_set_free(sdb_config_set *set);
+
+/* Accessors. get returns the string value or NULL. get_int parses the value (or def when
+ * unset). */
+const char *sdb_config_get(const sdb_config *cfg, sdb_opt opt);
+int64_t sdb_config_get_int(const sdb_config *cfg, sdb_opt opt, int64_t def);
+int sdb_config_get_bool(const sdb_config *cfg, sdb_opt opt, int def);
+
+/* Split "HOST:PORT" into host (hostlen bytes) and *port; accepts "[v6]:port".
+ * Returns 0 or SDB_EINVAL with a message. */
+int sdb_addr_split(const char *addr, char *host, size_t hostlen, int *port, char *err,
+		   size_t errlen);
+
+/* Print the option table (used by --help). */
+void sdb_config_print_help(void *stream);
+
+#endif

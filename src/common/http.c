@@ -1,0 +1,398 @@
+/* HTTP endpoint on libmicrohttpd: see http.h. */
+#include "common/http.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "common/alloc.h"
+#include "common/config.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/metrics.h"
+
+#define MAX_BODY (4u * 1024u * 1024u)
+
+typedef struct route {
+	struct route *next;
+	char *method;
+	char *path;
+	sdb_http_handler fn;
+	void *data;
+} route;
+
+typedef struct health {
+	struct health *next;
+	char *name;
+	sdb_http_health_fn fn;
+	void *data;
+} health;
+
+struct sdb_http {
+	struct sdb_http *next;
+	char *addr;
+	int refs;
+	int port;
+	struct MHD_Daemon *d;
+	pthread_mutex_t mu;     /* guards checks */
+	pthread_rwlock_t rw;    /* guards routes; held for reading while a handler runs, so
+				 * sdb_http_unroute() returns only after its handlers finished */
+	route *routes;
+	health *checks;
+};
+
+/* Per-request upload buffer. */
+typedef struct upload {
+	char *buf;
+	size_t len;
+	int too_big;
+} upload;
+
+static pthread_mutex_t servers_mu = PTHREAD_MUTEX_INITIALIZER;
+static sdb_http *servers;
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *ctype,
+				 char *body, size_t len, int owned, const char *const *headers)
+{
+	struct MHD_Response *r = MHD_create_response_from_buffer(
+		len, body, owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+	enum MHD_Result ret;
+
+	if (r == NULL) {
+		if (owned) {
+			free(body);
+		}
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+	for (int i = 0; headers != NULL && i < 4; i++) {
+		const char *h = headers[i];
+		const char *colon;
+		char name[128];
+		if (h == NULL || (colon = strchr(h, ':')) == NULL || (size_t)(colon - h) >= sizeof name) {
+			continue;
+		}
+		memcpy(name, h, (size_t)(colon - h));
+		name[colon - h] = '\0';
+		MHD_add_response_header(r, name, colon[1] == ' ' ? colon + 2 : colon + 1);
+	}
+	ret = MHD_queue_response(c, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+static enum MHD_Result serve_health(sdb_http *h, struct MHD_Connection *c)
+{
+	char reasons[2048] = "";
+	size_t o = 0;
+	int ok = 1;
+
+	pthread_mutex_lock(&h->mu);
+	for (health *k = h->checks; k != NULL; k = k->next) {
+		char msg[256] = "";
+		if (!k->fn(k->data, msg, sizeof msg)) {
+			ok = 0;
+			o += (size_t)snprintf(reasons + o, o < sizeof reasons ? sizeof reasons - o : 0,
+					      "%s: %s\n", k->name, msg);
+			if (o >= sizeof reasons) {
+				o = sizeof reasons - 1;
+			}
+		}
+	}
+	pthread_mutex_unlock(&h->mu);
+	if (ok) {
+		return send_text(c, MHD_HTTP_OK, "text/plain; charset=utf-8", (char *)"ok\n", 3, 0,
+				 NULL);
+	}
+	return send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain; charset=utf-8",
+			 sdb_strdup(reasons), strlen(reasons), 1, NULL);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+				  const char *method, const char *version, const char *upload_data,
+				  size_t *upload_data_size, void **con_cls)
+{
+	sdb_http *h = cls;
+	upload *up = *con_cls;
+	route *match = NULL;
+	int path_known = 0;
+	sdb_http_req req;
+	sdb_http_resp resp;
+
+	if (up == NULL) {
+		up = sdb_calloc(1, sizeof *up);
+		*con_cls = up;
+		return MHD_YES;
+	}
+	if (*upload_data_size != 0) {
+		if (!up->too_big) {
+			if (up->len + *upload_data_size > MAX_BODY) {
+				up->too_big = 1;
+			} else {
+				up->buf = sdb_realloc(up->buf, up->len + *upload_data_size + 1);
+				memcpy(up->buf + up->len, upload_data, *upload_data_size);
+				up->len += *upload_data_size;
+			}
+		}
+		*upload_data_size = 0;
+		return MHD_YES;
+	}
+	if (up->too_big) {
+		static const char msg[] = "{\"code\":3,\"message\":\"request body larger than 4 MiB\"}";
+		return send_text(c, MHD_HTTP_CONTENT_TOO_LARGE, "application/json", (char *)msg,
+				 sizeof msg - 1, 0, NULL);
+	}
+	if (strcmp(url, "/healthz") == 0 && strcmp(method, "GET") == 0) {
+		return serve_health(h, c);
+	}
+	if (strcmp(url, "/metrics") == 0 && strcmp(method, "GET") == 0) {
+		size_t len;
+		char *body = sdb_metrics_render(&len);
+		return send_text(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", body, len,
+				 1, NULL);
+	}
+	pthread_rwlock_rdlock(&h->rw);
+	for (route *r = h->routes; r != NULL; r = r->next) {
+		if (strcmp(r->path, url) == 0) {
+			path_known = 1;
+			if (strcmp(r->method, "*") == 0 || strcmp(r->method, method) == 0) {
+				match = r;
+				break;
+			}
+		}
+	}
+	sdb_http_handler fn = match != NULL ? match->fn : NULL;
+	void *data = match != NULL ? match->data : NULL;
+	if (fn == NULL) {
+		pthread_rwlock_unlock(&h->rw);
+		static const char nf[] = "not found\n";
+		static const char na[] = "method not allowed\n";
+		return path_known ? send_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", (char *)na,
+					      sizeof na - 1, 0, NULL)
+				  : send_text(c, MHD_HTTP_NOT_FOUND, "text/plain", (char *)nf,
+					      sizeof nf - 1, 0, NULL);
+	}
+	if (up->buf != NULL) {
+		up->buf[up->len] = '\0';
+	}
+	req.method = method;
+	req.path = url;
+	req.query = NULL;
+	req.body = up->buf != NULL ? up->buf : "";
+	req.body_len = up->len;
+	memset(&resp, 0, sizeof resp);
+	fn(data, &req, &resp);
+	pthread_rwlock_unlock(&h->rw);
+	return send_text(c, resp.status != 0 ? (unsigned)resp.status : MHD_HTTP_OK,
+			 resp.content_type != NULL ? resp.content_type : "application/json",
+			 resp.body != NULL ? resp.body : sdb_strdup(""),
+			 resp.body != NULL ? resp.body_len : 0, 1, resp.headers);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+			 enum MHD_RequestTerminationCode toe)
+{
+	upload *up = *con_cls;
+
+	if (up != NULL) {
+		free(up->buf);
+		free(up);
+		*con_cls = NULL;
+	}
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char msg[512];
+	char q[600];
+
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	msg[strcspn(msg, "\n")] = '\0';
+	sdb_log(SDB_LOG_WARN, "http", "detail=%s", sdb_logq(q, sizeof q, msg));
+}
+
+static int http_start(sdb_http *h, char *err, size_t errlen)
+{
+	char host[256];
+	char portstr[16];
+	int port;
+	struct addrinfo hints, *ai = NULL;
+	int rc;
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG;
+	const union MHD_DaemonInfo *info;
+
+	if (sdb_addr_split(h->addr, host, sizeof host, &port, err, errlen) != 0) {
+		return SDB_EINVAL;
+	}
+	snprintf(portstr, sizeof portstr, "%d", port);
+	memset(&hints, 0, sizeof hints);
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE;
+	rc = getaddrinfo(host, portstr, &hints, &ai);
+	if (rc != 0) {
+		return sdb_errf(err, errlen, SDB_EINVAL, "http: cannot resolve %s: %s", host,
+				gai_strerror(rc));
+	}
+	if (ai->ai_family == AF_INET6) {
+		flags |= MHD_USE_IPv6;
+	}
+	h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, h,
+				MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
+				on_completed, NULL, MHD_OPTION_THREAD_POOL_SIZE, 4u,
+				MHD_OPTION_CONNECTION_TIMEOUT, 60u, MHD_OPTION_EXTERNAL_LOGGER,
+				mhd_log, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+	freeaddrinfo(ai);
+	if (h->d == NULL) {
+		return sdb_errf(err, errlen, SDB_EIO, "http: cannot listen on %s", h->addr);
+	}
+	info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+	h->port = info != NULL ? info->port : port;
+	return 0;
+}
+
+int sdb_http_acquire(const char *addr, sdb_http **out, char *err, size_t errlen)
+{
+	sdb_http *h;
+	int rc;
+
+	pthread_mutex_lock(&servers_mu);
+	for (h = servers; h != NULL; h = h->next) {
+		if (strcmp(h->addr, addr) == 0) {
+			h->refs++;
+			*out = h;
+			pthread_mutex_unlock(&servers_mu);
+			return 0;
+		}
+	}
+	h = sdb_calloc(1, sizeof *h);
+	h->addr = sdb_strdup(addr);
+	h->refs = 1;
+	pthread_mutex_init(&h->mu, NULL);
+	pthread_rwlock_init(&h->rw, NULL);
+	rc = http_start(h, err, errlen);
+	if (rc != 0) {
+		pthread_mutex_unlock(&servers_mu);
+		pthread_mutex_destroy(&h->mu);
+		pthread_rwlock_destroy(&h->rw);
+		free(h->addr);
+		free(h);
+		return rc;
+	}
+	h->next = servers;
+	servers = h;
+	pthread_mutex_unlock(&servers_mu);
+	sdb_log(SDB_LOG_INFO, "http listening", "addr=%s port=%d", addr, h->port);
+	*out = h;
+	return 0;
+}
+
+void sdb_http_release(sdb_http *h)
+{
+	sdb_http **pp;
+
+	pthread_mutex_lock(&servers_mu);
+	if (--h->refs > 0) {
+		pthread_mutex_unlock(&servers_mu);
+		return;
+	}
+	for (pp = &servers; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == h) {
+			*pp = h->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&servers_mu);
+	MHD_stop_daemon(h->d);
+	while (h->routes != NULL) {
+		route *r = h->routes;
+		h->routes = r->next;
+		free(r->method);
+		free(r->path);
+		free(r);
+	}
+	while (h->checks != NULL) {
+		health *k = h->checks;
+		h->checks = k->next;
+		free(k->name);
+		free(k);
+	}
+	pthread_mutex_destroy(&h->mu);
+	pthread_rwlock_destroy(&h->rw);
+	free(h->addr);
+	free(h);
+}
+
+int sdb_http_route(sdb_http *h, const char *method, const char *path, sdb_http_handler fn, void *data)
+{
+	route *r;
+
+	pthread_rwlock_wrlock(&h->rw);
+	for (r = h->routes; r != NULL; r = r->next) {
+		if (strcmp(r->path, path) == 0 && strcmp(r->method, method) == 0) {
+			pthread_rwlock_unlock(&h->rw);
+			return SDB_EEXISTS;
+		}
+	}
+	r = sdb_calloc(1, sizeof *r);
+	r->method = sdb_strdup(method);
+	r->path = sdb_strdup(path);
+	r->fn = fn;
+	r->data = data;
+	r->next = h->routes;
+	h->routes = r;
+	pthread_rwlock_unlock(&h->rw);
+	return 0;
+}
+
+void sdb_http_unroute(sdb_http *h, void *data)
+{
+	pthread_rwlock_wrlock(&h->rw);
+	for (route **pp = &h->routes; *pp != NULL;) {
+		route *r = *pp;
+		if (r->data == data) {
+			*pp = r->next;
+			free(r->method);
+			free(r->path);
+			free(r);
+		} else {
+			pp = &r->next;
+		}
+	}
+	pthread_rwlock_unlock(&h->rw);
+	pthread_mutex_lock(&h->mu);
+	for (health **pp = &h->checks; *pp != NULL;) {
+		health *k = *pp;
+		if (k->data == data) {
+			*pp = k->next;
+			free(k->name);
+			free(k);
+		} else {
+			pp = &k->next;
+		}
+	}
+	pthread_mutex_unlock(&h->mu);
+}
+
+void sdb_http_add_health(sdb_http *h, const char *name, sdb_http_health_fn fn, void *data)
+{
+	health *k = sdb_calloc(1, sizeof *k);
+
+	k->name = sdb_strdup(name);
+	k->fn = fn;
+	k->data = data;
+	pthread_mutex_lock(&h->mu);
+	k->next = h->checks;
+	h->checks = k;
+	pthread_mutex_unlock(&h->mu);
+}
+
+int sdb_http_port(const sdb_http *h)
+{
+	return h->port;
+}

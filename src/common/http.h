@@ -1,0 +1,63 @@
+/* HTTP/1.1 endpoint of every role, on libmicrohttpd (no hand-written HTTP here).
+ *
+ * Serves GET /healthz and GET /metrics (Prometheus text from common/metrics.h) itself;
+ * roles add their own routes (e.g. the rate limiter's POST /v1/GetRateLimits).
+ * Handlers run on libmicrohttpd's thread pool, never on a role's event loop: they must
+ * be thread-safe. Several roles in one process given the same --http-listen address share
+ * one server (sdb_http_acquire counts references).
+ */
+#ifndef SDB_COMMON_HTTP_H
+#define SDB_COMMON_HTTP_H
+
+#include <stddef.h>
+
+typedef struct sdb_http sdb_http;
+
+/* A response filled in by a handler. body is heap memory taken over by the server
+ * (freed after sending); content_type defaults to "application/json". status defaults to
+ * 200. Extra headers: at most 4 "Name: value" strings (static or heap in hdr_owned). */
+typedef struct sdb_http_resp {
+	int status;
+	const char *content_type;
+	char *body;
+	size_t body_len;
+	const char *headers[4];
+} sdb_http_resp;
+
+/* A request as seen by a handler: method ("GET"), path ("/v1/GetRateLimits", without the
+ * query string), query string or NULL, and the full body (at most 4 MiB; larger bodies
+ * get 413 before any handler runs). */
+typedef struct sdb_http_req {
+	const char *method;
+	const char *path;
+	const char *query;
+	const char *body;
+	size_t body_len;
+} sdb_http_req;
+
+typedef void (*sdb_http_handler)(void *data, const sdb_http_req *req, sdb_http_resp *resp);
+
+/* Health check: return 1 when healthy, 0 otherwise, with a short reason in msg. Each role
+ * registers one; /healthz answers 200 "ok" only when every registered check passes, else
+ * 503 with the reasons. */
+typedef int (*sdb_http_health_fn)(void *data, char *msg, size_t msglen);
+
+/* Start (or share) the server on "HOST:PORT". Returns 0, SDB_EINVAL (bad address) or
+ * SDB_EIO (bind failed) with a message. Release with sdb_http_release(); the server stops
+ * when the last reference goes. */
+int sdb_http_acquire(const char *addr, sdb_http **out, char *err, size_t errlen);
+void sdb_http_release(sdb_http *h);
+
+/* Register a route (exact path match; method "GET", "POST", ... or "*"). May be called
+ * while the server runs. Returns 0 or SDB_EEXISTS. */
+int sdb_http_route(sdb_http *h, const char *method, const char *path, sdb_http_handler fn,
+		   void *data);
+/* Remove every route and health check registered with this data pointer (a role calls
+ * it when it stops, before freeing data). */
+void sdb_http_unroute(sdb_http *h, void *data);
+void sdb_http_add_health(sdb_http *h, const char *name, sdb_http_health_fn fn, void *data);
+
+/* The port actually bound (useful with port 0). */
+int sdb_http_port(const sdb_http *h);
+
+#endif

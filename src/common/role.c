@@ -1,0 +1,230 @@
+/* Role runner: one thread and one libuv loop per role; graceful stop on SIGTERM/SIGINT.
+ * See role.h. */
+#include "common/role.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+
+enum { ST_NEW, ST_STARTING, ST_RUNNING, ST_STOPPING, ST_STOPPED, ST_FAILED };
+
+/* Allowed lifecycle transitions (CONVENTIONS.md: explicit state machines). */
+static int transition_ok(int from, int to)
+{
+	switch (from) {
+	case ST_NEW:
+		return to == ST_STARTING;
+	case ST_STARTING:
+		return to == ST_RUNNING || to == ST_FAILED;
+	case ST_RUNNING:
+		return to == ST_STOPPING;
+	case ST_STOPPING:
+		return to == ST_STOPPED;
+	default:
+		return 0;
+	}
+}
+
+static void set_state(sdb_role *r, int to)
+{
+#ifdef SDB_DEBUG
+	if (!transition_ok(r->state, to)) {
+		fprintf(stderr, "stripedb: role %s: bad state transition %d -> %d\n", r->def->name,
+			r->state, to);
+		abort();
+	}
+#else
+	(void)transition_ok;
+#endif
+	r->state = to;
+}
+
+static const sdb_role_def *const all_roles[] = {
+	&sdb_role_metadata, &sdb_role_proxy, &sdb_role_coordinator, &sdb_role_ratelimit,
+	&sdb_role_shard,
+};
+
+const sdb_role_def *sdb_role_find(const char *name)
+{
+	for (size_t i = 0; i < sizeof all_roles / sizeof all_roles[0]; i++) {
+		if (strcmp(all_roles[i]->name, name) == 0) {
+			return all_roles[i];
+		}
+	}
+	return NULL;
+}
+
+static void close_cb(uv_handle_t *h)
+{
+	(void)h;
+}
+
+void sdb_role_stopped(sdb_role *r)
+{
+	set_state(r, ST_STOPPED);
+	uv_close((uv_handle_t *)&r->stop_async, close_cb);
+	uv_timer_stop(&r->stop_timer);
+	uv_close((uv_handle_t *)&r->stop_timer, close_cb);
+}
+
+static void stop_timeout_cb(uv_timer_t *t)
+{
+	sdb_role *r = t->data;
+
+	sdb_log(SDB_LOG_ERROR, "graceful stop timed out, forcing exit", NULL);
+	(void)r;
+	_exit(1);
+}
+
+static void stop_async_cb(uv_async_t *a)
+{
+	sdb_role *r = a->data;
+
+	if (r->state != ST_RUNNING) {
+		return;
+	}
+	set_state(r, ST_STOPPING);
+	sdb_log(SDB_LOG_INFO, "stopping", NULL);
+	/* Hard bound: the role's own drain timeout plus 5 s of slack. */
+	uv_timer_start(&r->stop_timer, stop_timeout_cb,
+		       (uint64_t)sdb_config_get_int(r->cfg, SDB_OPT_shutdown_timeout_ms, 10000) + 5000,
+		       0);
+	r->def->stop(r);
+}
+
+static void walk_leak(uv_handle_t *h, void *arg)
+{
+	int *n = arg;
+
+	if (!uv_is_closing(h)) {
+		sdb_log(SDB_LOG_WARN, "handle left open at stop", "type=%s",
+			uv_handle_type_name(uv_handle_get_type(h)));
+		uv_close(h, close_cb);
+		(*n)++;
+	}
+}
+
+static void role_thread(void *arg)
+{
+	sdb_role *r = arg;
+	uv_loop_t loop;
+	int leaks = 0;
+
+	sdb_log_set_thread(r->def->name, sdb_config_get(r->cfg, SDB_OPT_node_id));
+	uv_loop_init(&loop);
+	r->loop = &loop;
+	uv_async_init(&loop, &r->stop_async, stop_async_cb);
+	r->stop_async.data = r;
+	uv_timer_init(&loop, &r->stop_timer);
+	r->stop_timer.data = r;
+	set_state(r, ST_STARTING);
+	r->start_rc = r->def->start(r);
+	if (r->start_rc != 0) {
+		set_state(r, ST_FAILED);
+		uv_close((uv_handle_t *)&r->stop_async, close_cb);
+		uv_close((uv_handle_t *)&r->stop_timer, close_cb);
+		uv_run(&loop, UV_RUN_DEFAULT);
+		uv_loop_close(&loop);
+		r->loop = NULL;
+		uv_sem_post(&r->started);
+		return;
+	}
+	set_state(r, ST_RUNNING);
+	sdb_log(SDB_LOG_INFO, "started", NULL);
+	uv_sem_post(&r->started);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	uv_walk(&loop, walk_leak, &leaks);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	if (uv_loop_close(&loop) != 0) {
+		sdb_log(SDB_LOG_ERROR, "event loop did not close cleanly", NULL);
+	} else {
+		sdb_log(SDB_LOG_INFO, "stopped", "leaked_handles=%d", leaks);
+	}
+	r->loop = NULL;
+}
+
+int sdb_roles_run(const sdb_config_set *set)
+{
+	sdb_role *roles = sdb_calloc(set->n_roles, sizeof *roles);
+	sigset_t sigs;
+	int failed = 0;
+	size_t started = 0;
+	int exit_code = 0;
+
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	for (size_t i = 0; i < set->n_roles && !failed; i++) {
+		sdb_role *r = &roles[i];
+		const char *http = sdb_config_get(&set->roles[i], SDB_OPT_http_listen);
+		r->def = sdb_role_find(set->roles[i].role);
+		r->cfg = &set->roles[i];
+		r->state = ST_NEW;
+		if (http != NULL) {
+			int rc = sdb_http_acquire(http, &r->http, r->err, sizeof r->err);
+			if (rc != 0) {
+				fprintf(stderr, "stripedb: %s: %s\n", r->def->name, r->err);
+				failed = 1;
+				break;
+			}
+		}
+		uv_sem_init(&r->started, 0);
+		uv_thread_create(&r->thread, role_thread, r);
+		uv_sem_wait(&r->started);
+		started++;
+		if (r->start_rc != 0) {
+			fprintf(stderr, "stripedb: %s: %s\n", r->def->name, r->err);
+			sdb_log(SDB_LOG_ERROR, "start failed", "role=%s rc=%d", r->def->name, r->start_rc);
+			failed = 1;
+		}
+	}
+
+	if (!failed) {
+		for (;;) {
+			int sig = 0;
+			if (sigwait(&sigs, &sig) != 0) {
+				continue;
+			}
+			if (sig == SIGHUP) {
+				sdb_log(SDB_LOG_INFO, "SIGHUP received", "action=none");
+				continue;
+			}
+			sdb_log(SDB_LOG_INFO, "shutdown requested", "signal=%s",
+				sig == SIGTERM ? "SIGTERM" : "SIGINT");
+			break;
+		}
+	} else {
+		exit_code = 1;
+	}
+
+	/* Stop every role that is running, then join all started threads. */
+	for (size_t i = 0; i < started; i++) {
+		if (roles[i].start_rc == 0) {
+			uv_async_send(&roles[i].stop_async);
+		}
+	}
+	for (size_t i = 0; i < started; i++) {
+		uv_thread_join(&roles[i].thread);
+		uv_sem_destroy(&roles[i].started);
+	}
+	for (size_t i = 0; i < set->n_roles; i++) {
+		if (roles[i].http != NULL) {
+			sdb_http_release(roles[i].http);
+		}
+	}
+	free(roles);
+	return exit_code;
+}

@@ -1,0 +1,71 @@
+/* stripedb: one binary, role chosen by flag (DESIGN.md §2, §3a).
+ *
+ *   stripedb --role=ROLE [--config FILE] [flags]   run one or several roles
+ *   stripedb ctl ...                               the operator CLI (cli/)
+ *   stripedb --version | --help
+ *
+ * Exit codes: 0 clean shutdown, 1 runtime failure (e.g. a port in use), 2 bad usage
+ * (unknown role or flag, bad value, unreadable config file) with one line on stderr.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "common/alloc.h"
+#include "common/config.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/role.h"
+#include "build_config.h"
+
+extern char **environ;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: stripedb --role=ROLE [--role=ROLE ...] [options]\n"
+		"       stripedb ctl --metadata=H:P,... SUBCOMMAND ...   (stripedb ctl --help)\n"
+		"       stripedb --version | --help\n"
+		"\n"
+		"roles: metadata, proxy, coordinator, ratelimit, shard. Options given after a\n"
+		"--role apply to that role only; options before the first --role apply to all.\n"
+		"Every option also reads from STRIPEDB_<OPTION> (e.g. STRIPEDB_HTTP_LISTEN) and\n"
+		"from the config file (INI; global keys, or keys under [ROLE] sections).\n"
+		"\noptions:\n");
+	sdb_config_print_help(f);
+}
+
+int main(int argc, char **argv)
+{
+	sdb_config_set set;
+	char err[512] = "";
+	sdb_log_level lvl;
+	int rc;
+
+	sdb_alloc_init();
+	if (argc >= 2 && strcmp(argv[1], "ctl") == 0) {
+		return cli_main(argc - 2, argv + 2);
+	}
+	if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
+		printf("stripedb %s\n", PACKAGE_VERSION);
+		return 0;
+	}
+	if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+			  strcmp(argv[1], "help") == 0)) {
+		usage(stdout);
+		return 0;
+	}
+	rc = sdb_config_parse(argc - 1, argv + 1, environ, &set, err, sizeof err);
+	if (rc != 0) {
+		fprintf(stderr, "stripedb: %s\n", err);
+		return 2;
+	}
+	if (sdb_log_parse_level(sdb_config_get(&set.global, SDB_OPT_log_level), &lvl) == 0) {
+		sdb_log_set_level(lvl);
+	}
+	sdb_log_set_thread("main", sdb_config_get(&set.global, SDB_OPT_node_id));
+	rc = sdb_roles_run(&set);
+	sdb_config_set_free(&set);
+	return rc;
+}

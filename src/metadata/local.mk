@@ -1,0 +1,2 @@
+# src/metadata: sources and unit tests of this folder (included by the top Makefile.am)
+libstripedb_a_SOURCES += src/metadata/role.c

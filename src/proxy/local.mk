@@ -1,0 +1,2 @@
+# src/proxy: sources and unit tests of this folder (included by the top Makefile.am)
+libstripedb_a_SOURCES += src/proxy/role.c

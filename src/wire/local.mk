@@ -1,0 +1,1 @@
+# src/wire: sources and unit tests of this folder (included by the top Makefile.am)

@@ -1,0 +1,155 @@
+/* The MongoDB wire protocol server shared by the shard, proxy and metadata roles.
+ *
+ * Spec: https://www.mongodb.com/docs/manual/reference/mongodb-wire-protocol/ (OP_MSG,
+ * OP_QUERY/OP_REPLY for the legacy hello handshake, OP_COMPRESSED refused with a clear
+ * error). One server = one TCP listener on a role's libuv loop. A connection reads one
+ * message at a time: while a command is in flight the connection stops reading
+ * (backpressure, and drivers do not pipeline), and replies are written in order.
+ *
+ * Commands are dispatched through a table that the role fills (wire_server_register);
+ * the shared layer answers hello/isMaster, ping, buildInfo, getParameter, getLog,
+ * whatsmyuri, hostInfo, connectionStatus, endSessions, killAllSessions, and any of them
+ * can be overridden by registering the same name. Command names match case-sensitively
+ * except hello/isMaster/ismaster which are aliases.
+ *
+ * Threading: handlers are called on the loop thread. A handler may finish at once or
+ * later, from any thread, by calling wire_req_reply()/wire_req_error() exactly once; so a
+ * role can run blocking work (libmongoc, SQLite) on a thread pool.
+ */
+#ifndef SDB_WIRE_SERVER_H
+#define SDB_WIRE_SERVER_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+/* Limits advertised in hello and enforced on input (MongoDB's values). */
+#define WIRE_MAX_BSON_SIZE (16 * 1024 * 1024)      /* maxBsonObjectSize, bytes */
+#define WIRE_MAX_MESSAGE_SIZE (48000000)           /* maxMessageSizeBytes, bytes */
+#define WIRE_MAX_WRITE_BATCH (100000)              /* maxWriteBatchSize, documents */
+#define WIRE_MIN_WIRE_VERSION 0
+#define WIRE_MAX_WIRE_VERSION 17                   /* MongoDB 6.0 */
+
+/* MongoDB error codes used across stripedb (src/mongo/base/error_codes.yml). */
+#define WIRE_ERR_INTERNAL 1                  /* InternalError */
+#define WIRE_ERR_BAD_VALUE 2                 /* BadValue */
+#define WIRE_ERR_NO_SUCH_KEY 4
+#define WIRE_ERR_UNAUTHORIZED 13             /* Unauthorized */
+#define WIRE_ERR_TYPE_MISMATCH 14            /* TypeMismatch */
+#define WIRE_ERR_AUTH_FAILED 18              /* AuthenticationFailed */
+#define WIRE_ERR_ILLEGAL_OPERATION 20
+#define WIRE_ERR_NAMESPACE_NOT_FOUND 26
+#define WIRE_ERR_INDEX_NOT_FOUND 27
+#define WIRE_ERR_CONFLICTING_UPDATE 40
+#define WIRE_ERR_CURSOR_NOT_FOUND 43
+#define WIRE_ERR_NAMESPACE_EXISTS 48
+#define WIRE_ERR_MAX_TIME_EXPIRED 50
+#define WIRE_ERR_DOLLAR_PREFIXED 52
+#define WIRE_ERR_INVALID_ID_FIELD 53
+#define WIRE_ERR_NOT_SINGLE_VALUE_FIELD 54
+#define WIRE_ERR_COMMAND_NOT_FOUND 59        /* CommandNotFound */
+#define WIRE_ERR_IMMUTABLE_FIELD 66
+#define WIRE_ERR_INVALID_OPTIONS 72
+#define WIRE_ERR_INVALID_NAMESPACE 73
+#define WIRE_ERR_INDEX_OPTIONS_CONFLICT 85
+#define WIRE_ERR_INDEX_KEY_SPECS_CONFLICT 86
+#define WIRE_ERR_NETWORK_TIMEOUT 89
+#define WIRE_ERR_OPERATION_FAILED 96
+#define WIRE_ERR_INTERRUPTED_AT_SHUTDOWN 11600
+#define WIRE_ERR_NOT_WRITABLE_PRIMARY 10107  /* NotWritablePrimary */
+#define WIRE_ERR_BSON_TOO_LARGE 10334        /* BSONObjectTooLarge */
+#define WIRE_ERR_DUPLICATE_KEY 11000         /* DuplicateKey */
+#define WIRE_ERR_STALE_CONFIG 13388          /* StaleConfig */
+#define WIRE_ERR_SHARD_NOT_FOUND 70
+#define WIRE_ERR_HOST_UNREACHABLE 6
+#define WIRE_ERR_RATE_LIMITED 462            /* stripedb quota: IngressRequestRateLimitExceeded */
+#define WIRE_ERR_FAILED_TO_PARSE 9
+#define WIRE_ERR_LOCATION_40352 40352        /* FieldPath cannot be constructed with empty string */
+#define WIRE_ERR_OVERFLOW 15
+#define WIRE_ERR_NOT_IMPLEMENTED 238
+
+/* wire_code_name returns MongoDB's codeName for a code ("BadValue"), or "UnknownError". */
+const char *wire_code_name(int code);
+
+typedef struct wire_server wire_server;
+typedef struct wire_conn wire_conn;
+typedef struct wire_req wire_req;
+
+/* A command handler. role_data is what was given to wire_server_new. The handler owns the
+ * duty to call wire_req_reply/wire_req_error exactly once (now or later, any thread). */
+typedef void (*wire_cmd_fn)(wire_req *req, void *role_data);
+
+/* Hook to add role-specific fields to every hello/isMaster reply (e.g. setName, hosts,
+ * primary, electionId for metadata members; msg: "isdbgrid" for proxies). Called on the
+ * loop thread. reply already holds the shared fields; the hook may append more. */
+typedef void (*wire_hello_fn)(void *role_data, const bson_t *cmd, bson_t *reply);
+
+/* Hook run before any handler (e.g. authentication and authorization in the proxy).
+ * Return true to continue; false after having answered req with wire_req_error(). */
+typedef bool (*wire_gate_fn)(wire_req *req, void *role_data);
+
+typedef struct wire_server_opts {
+	const char *listen;         /* "HOST:PORT" */
+	const char *role;           /* role name, for logs and metric labels */
+	int max_connections;        /* refuse (close) beyond this; 0 = 10000 */
+	void *role_data;            /* passed to every handler and hook */
+	wire_hello_fn hello;        /* optional */
+	wire_gate_fn gate;          /* optional */
+	bool is_mongos;             /* hello says msg: "isdbgrid" */
+} wire_server_opts;
+
+/* Create and start listening on loop. Returns 0, SDB_EINVAL (bad address) or SDB_EIO
+ * (bind/listen failed) with a message in err. */
+int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server **out,
+		    char *err, size_t errlen);
+
+/* Register a command handler by name (the first key of the command document). Must be
+ * called on the loop thread. Later registrations replace earlier ones. */
+void wire_server_register(wire_server *srv, const char *name, wire_cmd_fn fn);
+
+/* Bound port (useful with port 0). */
+int wire_server_port(const wire_server *srv);
+
+/* Begin a graceful stop: close the listener, let requests in flight finish and their
+ * replies be written (for at most timeout_ms), then close every connection and call cb
+ * on the loop thread. After cb, the server is freed. */
+void wire_server_close(wire_server *srv, uint64_t timeout_ms, void (*cb)(void *arg), void *arg);
+
+/* --- requests (valid from the handler call until reply/error) --- */
+
+/* The command document. Document sequences (OP_MSG kind 1 sections, e.g. `documents` of
+ * insert) are folded into the body as arrays, so handlers see one document. Owned by req. */
+const bson_t *wire_req_cmd(const wire_req *req);
+/* The command name (first key), e.g. "find". */
+const char *wire_req_name(const wire_req *req);
+/* The target database ($db for OP_MSG; from the namespace for OP_QUERY). */
+const char *wire_req_db(const wire_req *req);
+/* The connection the request came on; stays valid until the request completes. */
+wire_conn *wire_req_conn(const wire_req *req);
+/* Monotonic receive time in ns (uv_hrtime). */
+uint64_t wire_req_start_ns(const wire_req *req);
+
+/* Complete with a reply document. Takes ownership of reply (bson_destroy'd after
+ * sending); `ok: 1.0` is appended when the reply has no `ok` field. Thread-safe. */
+void wire_req_reply(wire_req *req, bson_t *reply);
+/* Complete with {ok: 0, errmsg, code, codeName}. Thread-safe. */
+void wire_req_error(wire_req *req, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Complete with an error reply that carries extra fields (e.g. retry hints): extra's
+ * fields are appended after ok/errmsg/code/codeName. Takes ownership of extra (may be NULL). */
+void wire_req_error_extra(wire_req *req, int code, bson_t *extra, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/* --- connections --- */
+
+/* Per-connection role state (e.g. authenticated user): a pointer the role owns, with a
+ * destructor called on the loop thread when the connection closes. */
+void *wire_conn_data(const wire_conn *conn);
+void wire_conn_set_data(wire_conn *conn, void *data, void (*free_fn)(void *));
+/* The peer address "HOST:PORT" (NUL-terminated, owned by conn). */
+const char *wire_conn_peer(const wire_conn *conn);
+/* A process-unique connection id (also reported as connectionId in hello). */
+int64_t wire_conn_id(const wire_conn *conn);
+
+#endif
