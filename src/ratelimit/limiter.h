@@ -123,22 +123,26 @@ typedef struct rl_resp {
 /* The stored state of one key, as the cluster layer moves it around (GLOBAL broadcast,
  * UpdatePeerGlobals). Plain data; copy freely. Fields per algorithm:
  *  token bucket: limit, duration, remaining, created_at (window start), expire_at
- *    (= reset_time);
- *  leaky bucket: limit, duration (ms of the effective rate), burst, level (tokens in
- *    use, fractional), updated_at (last leak), expire_at;
- *  GCRA: limit, duration, burst, tat (theoretical arrival time, ms), expire_at.
- * expire_at: ms since epoch after which the cache drops the key. */
+ *    (window end, exclusive);
+ *  leaky bucket: limit, duration, burst, remaining_f (tokens available, fractional),
+ *    updated_at (last leak), expire_at;
+ *  GCRA: limit, duration, burst, tat (theoretical arrival time, ms, fractional), expire_at.
+ * expire_at: ms since epoch at which the key's state is void (a request at or after it
+ * starts afresh) and the cache may drop it. status is the status of the last decision;
+ * it is carried for the broadcast (a non-owner's hits=0 answer) and never used to decide.
+ * behavior keeps RL_DURATION_IS_GREGORIAN of the request that created the window. */
 typedef struct rl_state {
 	int32_t algorithm;
-	int32_t behavior; /* the behavior of the request that last wrote it */
+	int32_t behavior;
+	int32_t status;
 	int64_t limit;
 	int64_t duration;
 	int64_t burst;
 	int64_t remaining;
-	double level;
+	double remaining_f;
+	double tat;
 	int64_t created_at;
 	int64_t updated_at;
-	int64_t tat;
 	int64_t expire_at;
 } rl_state;
 
