@@ -1,0 +1,48 @@
+#!/bin/bash
+# Install dependencies, build from scratch with AddressSanitizer + UBSan and -Werror, and run
+# every test: the cmocka unit tests and the pytest integration suite (`make check`), the
+# wire-protocol fuzz target for 60 s (clang, libFuzzer), and `make distcheck`.
+#
+#   sudo tests/all.sh            (as root on a fresh Debian 12 machine)
+#
+# Builds go to build/ (sanitizers), build-fuzz/ (clang + libFuzzer); FUZZ_SECONDS=N
+# changes the fuzzing time; SKIP_DISTCHECK=1 skips the distcheck step.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+step() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
+
+step "install dependencies"
+scripts/install-deps.sh
+
+step "autoreconf"
+autoreconf -fi
+
+step "build with ASan+UBSan"
+rm -rf build && mkdir build
+(cd build && ../configure --enable-sanitizers --enable-debug >configure.out && make -j"$jobs")
+
+step "make check (unit + integration)"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+if ! (cd build && make -j"$jobs" check); then
+	for f in build/tests/unit/*.log build/tests/integration/*.log; do
+		[ -f "$f" ] && { echo "--- $f"; tail -n 200 "$f"; }
+	done
+	exit 1
+fi
+cat build/tests/integration/run.sh.log | tail -n 40
+
+step "fuzz the wire-protocol parser (${FUZZ_SECONDS:-60} s)"
+rm -rf build-fuzz && mkdir build-fuzz
+(cd build-fuzz && CC=clang ../configure --enable-fuzzing >configure.out && make -j"$jobs" tests/fuzz/fuzz_wire_msg)
+tests/fuzz/run.sh "${FUZZ_SECONDS:-60}" build-fuzz/tests/fuzz/fuzz_wire_msg
+
+if [ "${SKIP_DISTCHECK:-0}" != 1 ]; then
+	step "make distcheck"
+	(cd build && SDB_SKIP_INTEGRATION=1 make -j"$jobs" distcheck >distcheck.out 2>&1) || { tail -n 60 build/distcheck.out; exit 1; }
+	tail -n 4 build/distcheck.out
+fi
+step "all tests passed"

@@ -1,0 +1,183 @@
+"""Shared fixtures for the integration suite.
+
+Every test starts its own `stripedb` processes on free loopback ports and stops them at
+teardown, so tests never share state. The binary comes from $STRIPEDB_BIN (set by
+`make check`); logs of each process go to a file in the test's tmp dir and are printed when
+a test fails.
+
+Set STRIPEDB_TEST_KEEP_LOGS=1 to keep the tmp dirs for debugging.
+"""
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+BIN = os.environ.get("STRIPEDB_BIN") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "stripedb")
+SRCDIR = os.environ.get("STRIPEDB_SRCDIR") or os.path.abspath(
+    os.path.join(os.path.dirname(__file__), "..", ".."))
+
+_used_ports = set()
+
+
+def free_port():
+    """Return a loopback TCP port that is free now and not handed out before in this run."""
+    for _ in range(200):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _used_ports:
+            _used_ports.add(port)
+            return port
+    raise RuntimeError("no free port")
+
+
+def wait_until(cond, timeout=20.0, interval=0.02, what="condition"):
+    """Poll cond() until it returns a truthy value or timeout (s) passes; return the value."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            v = cond()
+            if v:
+                return v
+        except Exception as e:  # noqa: BLE001 - polled conditions may raise until ready
+            last_exc = e
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}"
+                       + (f": last error {last_exc!r}" if last_exc else ""))
+
+
+def http_get(port, path, timeout=5.0):
+    """GET http://127.0.0.1:port/path; return (status, body bytes)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+class Proc:
+    """One running stripedb process."""
+
+    def __init__(self, args, log_path, http_port=None, env=None):
+        self.args = args
+        self.log_path = log_path
+        self.http_port = http_port
+        self.env = env
+        self.p = None
+        self.start()
+
+    def start(self):
+        self.log = open(self.log_path, "ab")
+        env = dict(os.environ)
+        env.setdefault("STRIPEDB_CONFIG", "/dev/null")
+        if self.env:
+            env.update(self.env)
+        self.p = subprocess.Popen([BIN] + self.args, stdout=self.log, stderr=subprocess.STDOUT,
+                                  env=env, start_new_session=True)
+
+    def wait_healthy(self, timeout=30.0):
+        assert self.http_port is not None
+        def ok():
+            if self.p.poll() is not None:
+                raise RuntimeError(f"stripedb exited with {self.p.returncode}: {self.tail()}")
+            st, _ = http_get(self.http_port, "/healthz", timeout=1.0)
+            return st == 200
+        wait_until(ok, timeout, what=f"/healthz of {' '.join(self.args)}")
+        return self
+
+    def tail(self, n=4000):
+        try:
+            with open(self.log_path, "rb") as f:
+                data = f.read()
+            return data[-n:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def signal(self, sig):
+        if self.p and self.p.poll() is None:
+            self.p.send_signal(sig)
+
+    def kill(self):
+        """SIGKILL and reap."""
+        if self.p and self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(timeout=10)
+        self.log.close()
+
+    def stop(self, timeout=15.0):
+        """SIGTERM, wait for a graceful exit; return the exit code (SIGKILL after timeout)."""
+        if self.p is None:
+            return None
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(timeout=10)
+        self.log.close()
+        return self.p.returncode
+
+    def restart(self):
+        self.start()
+        return self
+
+
+@pytest.fixture
+def start_role(tmp_path, request):
+    """start_role(args, http=True, env=None, wait=True) -> Proc.
+
+    Starts `stripedb ARGS...`; when http is True adds --http-listen on a free port (unless
+    ARGS has one) and waits for /healthz to answer 200. Every process is stopped at teardown;
+    on test failure the last lines of each log are printed.
+    """
+    procs = []
+    counter = [0]
+
+    def _start(args, http=True, env=None, wait=True):
+        args = list(args)
+        http_port = None
+        if http:
+            for a in args:
+                if a.startswith("--http-listen="):
+                    http_port = int(a.rsplit(":", 1)[1])
+            if http_port is None:
+                http_port = free_port()
+                args.append(f"--http-listen=127.0.0.1:{http_port}")
+        counter[0] += 1
+        proc = Proc(args, str(tmp_path / f"proc{counter[0]}.log"), http_port, env)
+        procs.append(proc)
+        if http and wait:
+            proc.wait_healthy()
+        return proc
+
+    yield _start
+    failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
+    for p in procs:
+        if failed:
+            print(f"\n--- log of {' '.join(p.args)} ---\n{p.tail()}")
+        p.stop(timeout=10)
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture
+def shard(start_role, tmp_path):
+    """A running embedded shard: returns (proc, wire_port)."""
+    port = free_port()
+    data = tmp_path / "shard"
+    data.mkdir()
+    p = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}"])
+    return p, port
