@@ -50,7 +50,11 @@ typedef enum {
 	  "maximum client connections per wire listener")                                       \
 	X("log-level", log_level, SDB_OPT_LEVEL, "info", "debug, info, warn or error")            \
 	X("shutdown-timeout-ms", shutdown_timeout_ms, SDB_OPT_INT, "10000",                     \
-	  "graceful shutdown: how long to drain in-flight requests (ms)")
+	  "graceful shutdown: how long to drain in-flight requests (ms)")                       \
+	X("raft-snapshot-threshold", raft_snapshot_threshold, SDB_OPT_INT, "1024",              \
+	  "metadata: raft log entries between state machine snapshots")                        \
+	X("raft-election-timeout-ms", raft_election_timeout_ms, SDB_OPT_INT, "1000",            \
+	  "metadata: raft election timeout (ms); heartbeats every tenth of it")
 
 typedef enum {
 #define SDB__OPT_ENUM(name, id, kind, def, help) SDB_OPT_##id,
