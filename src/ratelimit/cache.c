@@ -1,0 +1,227 @@
+/* Sharded LRU cache of rate-limit states (see cache.h). */
+#include "ratelimit/cache.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+
+#define RL_CACHE_DEFAULT_CAPACITY 50000
+#define RL_CACHE_DEFAULT_SHARDS 64
+
+typedef struct entry {
+	struct entry *hnext; /* hash chain */
+	struct entry *prev;  /* LRU list: head.next is the most recent */
+	struct entry *next;
+	uint64_t hash;
+	rl_state state;
+	uint32_t keylen;
+	char key[];
+} entry;
+
+struct rl_cache_shard {
+	pthread_mutex_t mu;
+	entry **buckets;
+	size_t mask;      /* buckets - 1 */
+	size_t count;     /* written under mu, read relaxed by rl_cache_size */
+	size_t capacity;  /* this shard's share */
+	uint64_t evicted; /* idem */
+	entry lru;        /* sentinel: lru.next = MRU, lru.prev = LRU */
+} __attribute__((aligned(64)));
+
+struct rl_cache {
+	rl_cache_shard *shards;
+	size_t nshards; /* power of two */
+	size_t capacity;
+};
+
+static size_t pow2_ceil(size_t n)
+{
+	size_t p = 1;
+	while (p < n)
+		p <<= 1;
+	return p;
+}
+
+rl_cache *rl_cache_new(size_t capacity, size_t nshards)
+{
+	rl_cache *c = sdb_calloc(1, sizeof(*c));
+	size_t i;
+
+	if (capacity == 0)
+		capacity = RL_CACHE_DEFAULT_CAPACITY;
+	if (nshards == 0)
+		nshards = RL_CACHE_DEFAULT_SHARDS;
+	nshards = pow2_ceil(nshards);
+	while (nshards > 1 && nshards > capacity)
+		nshards >>= 1;
+	c->capacity = capacity;
+	c->nshards = nshards;
+	/* aligned_alloc via posix_memalign for the cache-line aligned shard array */
+	void *mem = NULL;
+	if (posix_memalign(&mem, 64, nshards * sizeof(rl_cache_shard)) != 0 || mem == NULL) {
+		fprintf(stderr, "stripedb: out of memory (%zu bytes)\n",
+			nshards * sizeof(rl_cache_shard));
+		abort();
+	}
+	c->shards = mem;
+	memset(c->shards, 0, nshards * sizeof(rl_cache_shard));
+	for (i = 0; i < nshards; i++) {
+		rl_cache_shard *s = &c->shards[i];
+		size_t nb;
+		pthread_mutex_init(&s->mu, NULL);
+		s->capacity = capacity / nshards + (i < capacity % nshards ? 1 : 0);
+		nb = pow2_ceil(s->capacity < 8 ? 8 : s->capacity);
+		s->buckets = sdb_calloc(nb, sizeof(entry *));
+		s->mask = nb - 1;
+		s->lru.next = s->lru.prev = &s->lru;
+	}
+	return c;
+}
+
+void rl_cache_free(rl_cache *c)
+{
+	size_t i;
+
+	if (c == NULL)
+		return;
+	for (i = 0; i < c->nshards; i++) {
+		rl_cache_shard *s = &c->shards[i];
+		entry *e = s->lru.next;
+		while (e != &s->lru) {
+			entry *n = e->next;
+			free(e);
+			e = n;
+		}
+		free(s->buckets);
+		pthread_mutex_destroy(&s->mu);
+	}
+	free(c->shards);
+	free(c);
+}
+
+rl_cache_shard *rl_cache_lock(rl_cache *c, uint64_t hash)
+{
+	/* the high bits pick the shard, the low bits the bucket inside it */
+	rl_cache_shard *s = &c->shards[(hash >> 40) & (c->nshards - 1)];
+	pthread_mutex_lock(&s->mu);
+	return s;
+}
+
+void rl_cache_unlock(rl_cache_shard *s)
+{
+	pthread_mutex_unlock(&s->mu);
+}
+
+static void lru_unlink(entry *e)
+{
+	e->prev->next = e->next;
+	e->next->prev = e->prev;
+}
+
+static void lru_push_front(rl_cache_shard *s, entry *e)
+{
+	e->next = s->lru.next;
+	e->prev = &s->lru;
+	s->lru.next->prev = e;
+	s->lru.next = e;
+}
+
+static entry **chain_slot(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen)
+{
+	entry **pp = &s->buckets[hash & s->mask];
+	while (*pp != NULL) {
+		entry *e = *pp;
+		if (e->hash == hash && e->keylen == keylen && memcmp(e->key, key, keylen) == 0)
+			return pp;
+		pp = &e->hnext;
+	}
+	return pp;
+}
+
+rl_state *rl_cache_find(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen)
+{
+	entry *e = *chain_slot(s, hash, key, keylen);
+	if (e == NULL)
+		return NULL;
+	if (s->lru.next != e) {
+		lru_unlink(e);
+		lru_push_front(s, e);
+	}
+	return &e->state;
+}
+
+static void drop(rl_cache_shard *s, entry *e)
+{
+	entry **pp = chain_slot(s, e->hash, e->key, e->keylen);
+	*pp = e->hnext;
+	lru_unlink(e);
+	free(e);
+	__atomic_store_n(&s->count, s->count - 1, __ATOMIC_RELAXED);
+}
+
+rl_state *rl_cache_insert(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen,
+			  int64_t now)
+{
+	entry *e;
+	entry **pp;
+
+	if (s->count >= s->capacity && s->lru.prev != &s->lru) {
+		/* Full: an expired key found among the 4 least recently used goes first,
+		 * else the least recently used one. */
+		entry *victim = s->lru.prev, *e2 = s->lru.prev;
+		int i;
+		for (i = 0; i < 4 && e2 != &s->lru; i++, e2 = e2->prev) {
+			if (e2->state.expire_at <= now) {
+				victim = e2;
+				break;
+			}
+		}
+		drop(s, victim);
+		__atomic_store_n(&s->evicted, s->evicted + 1, __ATOMIC_RELAXED);
+	}
+	e = sdb_malloc(sizeof(*e) + keylen);
+	memset(e, 0, sizeof(*e));
+	e->hash = hash;
+	e->keylen = (uint32_t)keylen;
+	memcpy(e->key, key, keylen);
+	pp = &s->buckets[hash & s->mask];
+	e->hnext = *pp;
+	*pp = e;
+	lru_push_front(s, e);
+	__atomic_store_n(&s->count, s->count + 1, __ATOMIC_RELAXED);
+	return &e->state;
+}
+
+int rl_cache_remove(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen)
+{
+	entry *e = *chain_slot(s, hash, key, keylen);
+	if (e == NULL)
+		return 0;
+	drop(s, e);
+	return 1;
+}
+
+size_t rl_cache_size(rl_cache *c)
+{
+	size_t n = 0, i;
+	for (i = 0; i < c->nshards; i++)
+		n += __atomic_load_n(&c->shards[i].count, __ATOMIC_RELAXED);
+	return n;
+}
+
+size_t rl_cache_capacity(const rl_cache *c)
+{
+	return c->capacity;
+}
+
+uint64_t rl_cache_evictions(rl_cache *c)
+{
+	uint64_t n = 0;
+	size_t i;
+	for (i = 0; i < c->nshards; i++)
+		n += __atomic_load_n(&c->shards[i].evicted, __ATOMIC_RELAXED);
+	return n;
+}

@@ -1,0 +1,54 @@
+/* The rate limiter's bounded LRU cache of key states.
+ *
+ * Gubernator's cache (LRU, GUBER_CACHE_SIZE items, default 50,000, items expire at their
+ * reset time) made safe for many threads: the keys are split over a power-of-two number
+ * of shards by hash (xxh64 of the key bytes), each shard with its own mutex, hash table
+ * and LRU list. The capacity is split exactly over the shards, so the cache never holds
+ * more than `capacity` keys; inserting into a full shard evicts that shard's least
+ * recently used (or an expired) key.
+ *
+ * Memory per key: one heap block (entry header + rl_state + key bytes) plus one bucket
+ * pointer; tests/bench/ratelimit_cache reports the measured bytes per key.
+ */
+#ifndef SDB_RATELIMIT_CACHE_H
+#define SDB_RATELIMIT_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ratelimit/limiter.h"
+
+typedef struct rl_cache rl_cache;
+typedef struct rl_cache_shard rl_cache_shard;
+
+/* capacity: max keys (0 = 50000). nshards: mutex stripes (0 = 64), rounded up to a power
+ * of two and lowered so that every shard holds at least one key. Never fails (allocation
+ * aborts). Free with rl_cache_free() when no thread uses it. */
+rl_cache *rl_cache_new(size_t capacity, size_t nshards);
+void rl_cache_free(rl_cache *c);
+
+/* Lock and return the shard that holds keys of this hash. Every find/insert/remove of
+ * such a key happens between lock and unlock, on the same thread. */
+rl_cache_shard *rl_cache_lock(rl_cache *c, uint64_t hash);
+void rl_cache_unlock(rl_cache_shard *s);
+
+/* Find key (keylen bytes) in a locked shard; on a hit mark it most recently used and
+ * return its state (valid until unlock). NULL when absent. Expiry is the caller's call
+ * (the algorithms renew expired states in place). */
+rl_state *rl_cache_find(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen);
+
+/* Insert key (which must be absent) into a locked shard and return its zeroed state.
+ * When the shard is full, first drops an expired key (expire_at <= now) among the 4 least
+ * recently used, else the least recently used key. */
+rl_state *rl_cache_insert(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen,
+			  int64_t now);
+
+/* Remove key from a locked shard; returns 1 when it was there, else 0. */
+int rl_cache_remove(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen);
+
+/* Keys held, capacity, and keys evicted to make room so far (all shards; relaxed reads). */
+size_t rl_cache_size(rl_cache *c);
+size_t rl_cache_capacity(const rl_cache *c);
+uint64_t rl_cache_evictions(rl_cache *c);
+
+#endif
