@@ -54,7 +54,9 @@ typedef enum {
 	X("raft-snapshot-threshold", raft_snapshot_threshold, SDB_OPT_INT, "1024",              \
 	  "metadata: raft log entries between state machine snapshots")                        \
 	X("raft-election-timeout-ms", raft_election_timeout_ms, SDB_OPT_INT, "1000",            \
-	  "metadata: raft election timeout (ms); heartbeats every tenth of it")
+	  "metadata: raft election timeout (ms); heartbeats every tenth of it")                \
+	X("cache-size", cache_size, SDB_OPT_INT, NULL,                                          \
+	  "ratelimit: max keys in the rate-limit cache (default GUBER_CACHE_SIZE or 50000)")
 
 typedef enum {
 #define SDB__OPT_ENUM(name, id, kind, def, help) SDB_OPT_##id,
