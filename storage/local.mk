@@ -1,7 +1,8 @@
 # storage: sources and unit tests of this folder (included by the top Makefile.am)
 
 # --- update engine and aggregation pipeline (owner: sb) ---
-noinst_HEADERS += storage/update.h storage/pipeline.h
+noinst_HEADERS += storage/update.h storage/pipeline.h storage/docbuild.h
+libstripedb_a_SOURCES += storage/update.c storage/docbuild.c
 # --- end sb ---
 
 # --- query core: bsonval keyenc path matcher projection sortspec (owner: sa) ---
