@@ -14,3 +14,33 @@ tests_unit_test_ratelimit_limiter_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_ratelimit_limiter_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_ratelimit_algo tests/unit/test_ratelimit_limiter
 # --- end limiter engineer block ---
+
+# --- gRPC service and peer cluster (issue #3, cluster engineer) ---
+# protoc-c 1.4 cannot generate proto3 `optional`: it reads a copy of gubernator.proto
+# with `optional` removed (same wire format; created_at 0 means unset).
+RL_PB_GEN = src/ratelimit/gubernator_c.pb-c.c src/ratelimit/gubernator_c.pb-c.h
+src/ratelimit/gubernator_c.pb-c.c: src/ratelimit/gubernator.proto
+	$(AM_V_GEN)$(MKDIR_P) src/ratelimit && \
+	sed -e 's/^\([[:space:]]*\)optional /\1/' $(srcdir)/src/ratelimit/gubernator.proto \
+		> src/ratelimit/gubernator_c.proto && \
+	$(PROTOC_C) --proto_path=src/ratelimit --c_out=src/ratelimit src/ratelimit/gubernator_c.proto
+src/ratelimit/gubernator_c.pb-c.h: src/ratelimit/gubernator_c.pb-c.c
+	@if test ! -f $@; then rm -f $<; $(MAKE) $(AM_MAKEFLAGS) $<; else :; fi
+BUILT_SOURCES += $(RL_PB_GEN)
+nodist_libstripedb_a_SOURCES += $(RL_PB_GEN)
+CLEANFILES += $(RL_PB_GEN) src/ratelimit/gubernator_c.proto
+EXTRA_DIST += src/ratelimit/gubernator.proto
+libstripedb_a_SOURCES += src/ratelimit/ring.c src/ratelimit/proto.c src/ratelimit/peers.c \
+	src/ratelimit/cluster.c src/ratelimit/grpc_server.c
+noinst_HEADERS += src/ratelimit/ring.h src/ratelimit/proto.h src/ratelimit/peers.h \
+	src/ratelimit/cluster.h src/ratelimit/grpc_server.h
+
+check_PROGRAMS += tests/unit/test_ratelimit_ring tests/unit/test_ratelimit_cluster
+tests_unit_test_ratelimit_ring_SOURCES = tests/unit/test_ratelimit_ring.c
+tests_unit_test_ratelimit_ring_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_ratelimit_ring_LDADD = $(UNIT_LDADD)
+tests_unit_test_ratelimit_cluster_SOURCES = tests/unit/test_ratelimit_cluster.c
+tests_unit_test_ratelimit_cluster_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_ratelimit_cluster_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_ratelimit_ring tests/unit/test_ratelimit_cluster
+# --- end cluster engineer block ---

@@ -1,0 +1,693 @@
+/* gRPC C core server for pb.gubernator.V1 and PeersV1 (see grpc_server.h). */
+#include "ratelimit/grpc_server.h"
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/time.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "common/alloc.h"
+#include "common/config.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "ratelimit/proto.h"
+
+#define OUTSTANDING_REQUESTS 64
+#define MAX_THREADS 16
+
+/* Call lifecycle: REQUESTED (waiting for a client) -> READING (request message) ->
+ * DECIDING (the cluster answers, maybe later) -> SENDING (reply + status) -> freed. */
+typedef enum { SC_REQUESTED, SC_READING, SC_DECIDING, SC_SENDING } sc_state;
+
+typedef struct srv_call {
+	rl_grpc_server *srv;
+	sc_state state;
+	grpc_call *call;
+	grpc_call_details details;
+	grpc_metadata_array req_md;
+	grpc_byte_buffer *recv;
+	grpc_byte_buffer *send;
+	int cancelled;
+	grpc_slice status_details;
+	uint64_t start_ns;
+	int method; /* index into methods[] */
+	rl_resp *resps;
+	size_t n;
+} srv_call;
+
+enum { M_GET_RATE_LIMITS, M_HEALTH_CHECK, M_LIVE_CHECK, M_GET_PEER, M_UPDATE_GLOBALS, M__COUNT };
+
+static const char *const methods[M__COUNT] = {
+	RL_METHOD_GET_RATE_LIMITS, RL_METHOD_HEALTH_CHECK, RL_METHOD_LIVE_CHECK,
+	RL_METHOD_GET_PEER_RATE_LIMITS, RL_METHOD_UPDATE_PEER_GLOBALS,
+};
+static const char *const method_labels[M__COUNT] = {
+	"method=\"GetRateLimits\"", "method=\"HealthCheck\"", "method=\"LiveCheck\"",
+	"method=\"GetPeerRateLimits\"", "method=\"UpdatePeerGlobals\"",
+};
+
+struct rl_grpc_server {
+	grpc_server *server;
+	grpc_completion_queue *cq;
+	int port;
+	int n_threads;
+	pthread_t threads[MAX_THREADS];
+	rl_cluster *cluster;
+	pthread_rwlock_t fence; /* read: a handler uses cluster; write: shutdown fences it */
+	bool fenced;
+	bool shut;
+	int shutdown_tag; /* its address is the server shutdown tag */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool shutdown_done;
+	sdb_counter *m_calls[M__COUNT];
+	sdb_counter *m_bad;
+	sdb_histogram *m_latency[M__COUNT];
+	sdb_counter *m_decisions;
+};
+
+static void post_request(rl_grpc_server *srv)
+{
+	srv_call *c = sdb_calloc(1, sizeof(*c));
+
+	c->srv = srv;
+	c->state = SC_REQUESTED;
+	c->method = -1;
+	c->status_details = grpc_empty_slice();
+	grpc_call_details_init(&c->details);
+	grpc_metadata_array_init(&c->req_md);
+	if (grpc_server_request_call(srv->server, &c->call, &c->details, &c->req_md, srv->cq,
+				     srv->cq, c) != GRPC_CALL_OK) {
+		grpc_call_details_destroy(&c->details);
+		grpc_metadata_array_destroy(&c->req_md);
+		free(c);
+	}
+}
+
+static void call_free(srv_call *c)
+{
+	if (c->call)
+		grpc_call_unref(c->call);
+	grpc_call_details_destroy(&c->details);
+	grpc_metadata_array_destroy(&c->req_md);
+	if (c->recv)
+		grpc_byte_buffer_destroy(c->recv);
+	if (c->send)
+		grpc_byte_buffer_destroy(c->send);
+	grpc_slice_unref(c->status_details);
+	free(c->resps);
+	free(c);
+}
+
+/* Finish c with status (and msg bytes, taken over, when code is OK). Any thread. */
+static void reply(srv_call *c, grpc_status_code code, uint8_t *msg, size_t len,
+		  const char *details)
+{
+	grpc_op ops[4];
+	size_t n = 0;
+
+	c->state = SC_SENDING;
+	memset(ops, 0, sizeof(ops));
+	ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+	ops[n].data.send_initial_metadata.count = 0;
+	n++;
+	if (code == GRPC_STATUS_OK && msg != NULL) {
+		grpc_slice s = grpc_slice_from_copied_buffer((const char *)msg, len);
+		c->send = grpc_raw_byte_buffer_create(&s, 1);
+		grpc_slice_unref(s);
+		ops[n].op = GRPC_OP_SEND_MESSAGE;
+		ops[n].data.send_message.send_message = c->send;
+		n++;
+	}
+	free(msg);
+	grpc_slice_unref(c->status_details);
+	c->status_details = grpc_slice_from_copied_string(details ? details : "");
+	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+	ops[n].data.send_status_from_server.trailing_metadata_count = 0;
+	ops[n].data.send_status_from_server.status = code;
+	ops[n].data.send_status_from_server.status_details = &c->status_details;
+	n++;
+	ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+	ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
+	n++;
+	if (code != GRPC_STATUS_OK && c->method >= 0)
+		sdb_counter_inc(c->srv->m_bad);
+	if (grpc_call_start_batch(c->call, ops, n, c, NULL) != GRPC_CALL_OK) {
+		sdb_warn("grpc: could not send a reply", "method=%s",
+			 c->method >= 0 ? methods[c->method] : "?");
+		call_free(c);
+	}
+}
+
+/* Serialise the GetRateLimits or GetPeerRateLimits answer held in c->resps. */
+static void reply_resps(srv_call *c)
+{
+	rl_pb_resp *slots = sdb_calloc(c->n ? c->n : 1, sizeof(*slots));
+	Pb__Gubernator__RateLimitResp **ptrs = sdb_calloc(c->n ? c->n : 1, sizeof(*ptrs));
+	uint8_t *buf;
+	size_t len, i;
+
+	for (i = 0; i < c->n; i++) {
+		rl_proto_resp_to_pb(&c->resps[i], &slots[i]);
+		ptrs[i] = &slots[i].msg;
+	}
+	if (c->method == M_GET_RATE_LIMITS) {
+		Pb__Gubernator__GetRateLimitsResp m = PB__GUBERNATOR__GET_RATE_LIMITS_RESP__INIT;
+		m.n_responses = c->n;
+		m.responses = ptrs;
+		buf = rl_proto_pack(&m.base, &len);
+	} else {
+		Pb__Gubernator__GetPeerRateLimitsResp m =
+			PB__GUBERNATOR__GET_PEER_RATE_LIMITS_RESP__INIT;
+		m.n_rate_limits = c->n;
+		m.rate_limits = ptrs;
+		buf = rl_proto_pack(&m.base, &len);
+	}
+	free(ptrs);
+	free(slots);
+	sdb_counter_add(c->srv->m_decisions, c->n);
+	reply(c, GRPC_STATUS_OK, buf, len, NULL);
+}
+
+static void on_decided(void *arg)
+{
+	reply_resps(arg);
+}
+
+static void too_many(srv_call *c, size_t n)
+{
+	char msg[120];
+
+	snprintf(msg, sizeof(msg), "Requests.RateLimits list too large; max size is '%d' (got %zu)",
+		 RL_MAX_BATCH, n);
+	reply(c, GRPC_STATUS_OUT_OF_RANGE, NULL, 0, msg);
+}
+
+static void handle_get_rate_limits(srv_call *c, const uint8_t *data, size_t len)
+{
+	rl_grpc_server *srv = c->srv;
+	Pb__Gubernator__GetRateLimitsReq *m =
+		pb__gubernator__get_rate_limits_req__unpack(NULL, len, data);
+	rl_req *reqs;
+	size_t i, n;
+	char err[160];
+
+	if (m == NULL) {
+		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0,
+		      "GetRateLimitsReq: malformed protobuf message");
+		return;
+	}
+	n = m->n_requests;
+	if (n > RL_MAX_BATCH) {
+		too_many(c, n);
+		goto done;
+	}
+	reqs = sdb_calloc(n ? n : 1, sizeof(*reqs));
+	for (i = 0; i < n; i++)
+		rl_proto_req_from_pb(m->requests[i], &reqs[i]);
+	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
+	c->n = n;
+	c->state = SC_DECIDING;
+	/* on_decided may complete and free c before this returns: do not touch c after */
+	if (rl_cluster_decide_async(srv->cluster, reqs, n, c->resps, on_decided, c, err,
+				    sizeof(err)) != 0)
+		reply(c, GRPC_STATUS_OUT_OF_RANGE, NULL, 0, err);
+	free(reqs);
+done:
+	pb__gubernator__get_rate_limits_req__free_unpacked(m, NULL);
+}
+
+static void handle_get_peer(srv_call *c, const uint8_t *data, size_t len)
+{
+	Pb__Gubernator__GetPeerRateLimitsReq *m =
+		pb__gubernator__get_peer_rate_limits_req__unpack(NULL, len, data);
+	rl_req *reqs;
+	size_t i, n;
+
+	if (m == NULL) {
+		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0,
+		      "GetPeerRateLimitsReq: malformed protobuf message");
+		return;
+	}
+	n = m->n_requests;
+	if (n > RL_MAX_BATCH) {
+		too_many(c, n);
+		goto done;
+	}
+	reqs = sdb_calloc(n ? n : 1, sizeof(*reqs));
+	for (i = 0; i < n; i++)
+		rl_proto_req_from_pb(m->requests[i], &reqs[i]);
+	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
+	c->n = n;
+	rl_cluster_peer_decide(c->srv->cluster, reqs, n, c->resps);
+	free(reqs);
+	reply_resps(c);
+done:
+	pb__gubernator__get_peer_rate_limits_req__free_unpacked(m, NULL);
+}
+
+static void handle_update_globals(srv_call *c, const uint8_t *data, size_t len)
+{
+	Pb__Gubernator__UpdatePeerGlobalsReq *m =
+		pb__gubernator__update_peer_globals_req__unpack(NULL, len, data);
+	Pb__Gubernator__UpdatePeerGlobalsResp r = PB__GUBERNATOR__UPDATE_PEER_GLOBALS_RESP__INIT;
+	uint8_t *buf;
+	size_t blen;
+
+	if (m == NULL) {
+		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0,
+		      "UpdatePeerGlobalsReq: malformed protobuf message");
+		return;
+	}
+	rl_cluster_apply_globals(c->srv->cluster, m);
+	pb__gubernator__update_peer_globals_req__free_unpacked(m, NULL);
+	buf = rl_proto_pack(&r.base, &blen);
+	reply(c, GRPC_STATUS_OK, buf, blen, NULL);
+}
+
+static void handle_health(srv_call *c)
+{
+	Pb__Gubernator__HealthCheckResp r = PB__GUBERNATOR__HEALTH_CHECK_RESP__INIT;
+	char msg[512];
+	int peers = 0;
+	uint8_t *buf;
+	size_t len;
+	bool ok = rl_cluster_health(c->srv->cluster, &peers, msg, sizeof(msg));
+
+	r.status = (char *)(ok ? "healthy" : "unhealthy");
+	r.message = msg;
+	r.peer_count = peers;
+	r.advertise_address = (char *)rl_cluster_advertise(c->srv->cluster);
+	buf = rl_proto_pack(&r.base, &len);
+	reply(c, GRPC_STATUS_OK, buf, len, NULL);
+}
+
+static void handle_live(srv_call *c)
+{
+	Pb__Gubernator__LiveCheckResp r = PB__GUBERNATOR__LIVE_CHECK_RESP__INIT;
+	uint8_t *buf;
+	size_t len;
+
+	buf = rl_proto_pack(&r.base, &len);
+	reply(c, GRPC_STATUS_OK, buf, len, NULL);
+}
+
+/* The request message has arrived (or not): dispatch on the method. */
+static void dispatch(srv_call *c)
+{
+	rl_grpc_server *srv = c->srv;
+	grpc_slice flat;
+	grpc_byte_buffer_reader rd;
+	int m;
+
+	for (m = 0; m < M__COUNT; m++)
+		if (grpc_slice_str_cmp(c->details.method, methods[m]) == 0)
+			break;
+	if (m == M__COUNT) {
+		reply(c, GRPC_STATUS_UNIMPLEMENTED, NULL, 0, "unknown method");
+		return;
+	}
+	c->method = m;
+	sdb_counter_inc(srv->m_calls[m]);
+	if (c->recv == NULL) {
+		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0, "no request message");
+		return;
+	}
+	if (!grpc_byte_buffer_reader_init(&rd, c->recv)) {
+		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0, "unreadable request message");
+		return;
+	}
+	flat = grpc_byte_buffer_reader_readall(&rd);
+	grpc_byte_buffer_reader_destroy(&rd);
+
+	pthread_rwlock_rdlock(&srv->fence);
+	if (srv->fenced) {
+		reply(c, GRPC_STATUS_UNAVAILABLE, NULL, 0, "rate limiter shutting down");
+	} else {
+		const uint8_t *data = GRPC_SLICE_START_PTR(flat);
+		size_t len = GRPC_SLICE_LENGTH(flat);
+		switch (m) {
+		case M_GET_RATE_LIMITS:
+			handle_get_rate_limits(c, data, len);
+			break;
+		case M_GET_PEER:
+			handle_get_peer(c, data, len);
+			break;
+		case M_UPDATE_GLOBALS:
+			handle_update_globals(c, data, len);
+			break;
+		case M_HEALTH_CHECK:
+			handle_health(c);
+			break;
+		default:
+			handle_live(c);
+			break;
+		}
+	}
+	pthread_rwlock_unlock(&srv->fence);
+	grpc_slice_unref(flat);
+}
+
+static void on_event(rl_grpc_server *srv, srv_call *c, bool ok)
+{
+	grpc_op op;
+
+	switch (c->state) {
+	case SC_REQUESTED:
+		if (!ok) { /* server shutting down */
+			call_free(c);
+			return;
+		}
+		post_request(srv);
+		c->start_ns = uv_hrtime();
+		c->state = SC_READING;
+		memset(&op, 0, sizeof(op));
+		op.op = GRPC_OP_RECV_MESSAGE;
+		op.data.recv_message.recv_message = &c->recv;
+		if (grpc_call_start_batch(c->call, &op, 1, c, NULL) != GRPC_CALL_OK)
+			call_free(c);
+		return;
+	case SC_READING:
+		if (!ok) {
+			call_free(c);
+			return;
+		}
+		dispatch(c);
+		return;
+	case SC_DECIDING:
+		return; /* not reached: no batch is pending while deciding */
+	case SC_SENDING:
+		if (c->method >= 0)
+			sdb_histogram_observe_ns(srv->m_latency[c->method], uv_hrtime() - c->start_ns);
+		call_free(c);
+		return;
+	}
+}
+
+static void *cq_main(void *arg)
+{
+	rl_grpc_server *srv = arg;
+
+	sdb_log_set_thread("ratelimit", NULL);
+	for (;;) {
+		grpc_event ev = grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+							   NULL);
+		if (ev.type == GRPC_QUEUE_SHUTDOWN)
+			break;
+		if (ev.type != GRPC_OP_COMPLETE)
+			continue;
+		if (ev.tag == &srv->shutdown_tag) {
+			pthread_mutex_lock(&srv->mu);
+			srv->shutdown_done = true;
+			pthread_cond_broadcast(&srv->cv);
+			pthread_mutex_unlock(&srv->mu);
+			continue;
+		}
+		on_event(srv, ev.tag, ev.success != 0);
+	}
+	return NULL;
+}
+
+int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, char *err,
+		       size_t errlen)
+{
+	rl_grpc_server *srv;
+	grpc_server_credentials *creds;
+	grpc_arg args[1];
+	grpc_channel_args chargs;
+	int i, rv;
+
+	*out = NULL;
+	if (opts->listen == NULL || opts->listen[0] == '\0')
+		return sdb_errf(err, errlen, SDB_EINVAL, "grpc: no listen address");
+	grpc_init();
+	srv = sdb_calloc(1, sizeof(*srv));
+	srv->cluster = opts->cluster;
+	srv->n_threads = opts->threads > 0 ? opts->threads : 2;
+	if (srv->n_threads > MAX_THREADS)
+		srv->n_threads = MAX_THREADS;
+	pthread_rwlock_init(&srv->fence, NULL);
+	pthread_mutex_init(&srv->mu, NULL);
+	pthread_cond_init(&srv->cv, NULL);
+	for (i = 0; i < M__COUNT; i++) {
+		srv->m_calls[i] = sdb_metrics_counter("stripedb_ratelimit_grpc_calls_total",
+						      "gRPC calls received by method", method_labels[i]);
+		srv->m_latency[i] = sdb_metrics_histogram("stripedb_ratelimit_grpc_call_seconds",
+							  "gRPC call latency by method",
+							  method_labels[i]);
+	}
+	srv->m_bad = sdb_metrics_counter("stripedb_ratelimit_grpc_errors_total",
+					 "gRPC calls answered with a non-OK status", NULL);
+	srv->m_decisions = sdb_metrics_counter("stripedb_ratelimit_grpc_decisions_total",
+					       "rate-limit answers sent over gRPC", NULL);
+
+	args[0].type = GRPC_ARG_INTEGER;
+	args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+	args[0].value.integer = 4 * 1024 * 1024;
+	chargs.num_args = 1;
+	chargs.args = args;
+	srv->server = grpc_server_create(&chargs, NULL);
+	srv->cq = grpc_completion_queue_create_for_next(NULL);
+	grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
+	creds = grpc_insecure_server_credentials_create();
+	srv->port = grpc_server_add_http2_port(srv->server, opts->listen, creds);
+	grpc_server_credentials_release(creds);
+	if (srv->port <= 0) {
+		rv = sdb_errf(err, errlen, SDB_EIO, "grpc: cannot listen on %s", opts->listen);
+		goto err_after_server;
+	}
+	grpc_server_start(srv->server);
+	for (i = 0; i < OUTSTANDING_REQUESTS; i++)
+		post_request(srv);
+	for (i = 0; i < srv->n_threads; i++) {
+		rv = pthread_create(&srv->threads[i], NULL, cq_main, srv);
+		if (rv != 0) {
+			srv->n_threads = i;
+			rl_grpc_server_shutdown(srv);
+			rl_grpc_server_free(srv);
+			return sdb_errf(err, errlen, SDB_EIO, "grpc: thread: %s", strerror(rv));
+		}
+	}
+	*out = srv;
+	return 0;
+
+err_after_server:
+	/* never started: no calls, a plain destroy is enough */
+	grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
+	grpc_server_cancel_all_calls(srv->server);
+	grpc_completion_queue_shutdown(srv->cq);
+	for (;;) {
+		grpc_event ev = grpc_completion_queue_next(srv->cq,
+							   gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+		if (ev.type == GRPC_QUEUE_SHUTDOWN)
+			break;
+	}
+	grpc_server_destroy(srv->server);
+	grpc_completion_queue_destroy(srv->cq);
+	pthread_cond_destroy(&srv->cv);
+	pthread_mutex_destroy(&srv->mu);
+	pthread_rwlock_destroy(&srv->fence);
+	free(srv);
+	grpc_shutdown();
+	return rv;
+}
+
+int rl_grpc_server_port(const rl_grpc_server *srv)
+{
+	return srv->port;
+}
+
+void rl_grpc_server_shutdown(rl_grpc_server *srv)
+{
+	if (srv->shut)
+		return;
+	srv->shut = true;
+	grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
+	grpc_server_cancel_all_calls(srv->server);
+	pthread_rwlock_wrlock(&srv->fence);
+	srv->fenced = true;
+	pthread_rwlock_unlock(&srv->fence);
+}
+
+void rl_grpc_server_free(rl_grpc_server *srv)
+{
+	int i;
+
+	if (srv == NULL)
+		return;
+	rl_grpc_server_shutdown(srv);
+	if (srv->n_threads > 0) {
+		pthread_mutex_lock(&srv->mu);
+		while (!srv->shutdown_done)
+			pthread_cond_wait(&srv->cv, &srv->mu);
+		pthread_mutex_unlock(&srv->mu);
+	} else {
+		/* no thread ever ran: drain here */
+		for (;;) {
+			grpc_event ev = grpc_completion_queue_next(
+				srv->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+			if (ev.type != GRPC_OP_COMPLETE || ev.tag == &srv->shutdown_tag)
+				break;
+			on_event(srv, ev.tag, ev.success != 0);
+		}
+	}
+	grpc_server_destroy(srv->server);
+	grpc_completion_queue_shutdown(srv->cq);
+	if (srv->n_threads == 0) {
+		for (;;) {
+			grpc_event ev = grpc_completion_queue_next(
+				srv->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+			if (ev.type == GRPC_QUEUE_SHUTDOWN)
+				break;
+			if (ev.type == GRPC_OP_COMPLETE && ev.tag != &srv->shutdown_tag)
+				on_event(srv, ev.tag, ev.success != 0);
+		}
+	}
+	for (i = 0; i < srv->n_threads; i++)
+		pthread_join(srv->threads[i], NULL);
+	grpc_completion_queue_destroy(srv->cq);
+	pthread_cond_destroy(&srv->cv);
+	pthread_mutex_destroy(&srv->mu);
+	pthread_rwlock_destroy(&srv->fence);
+	free(srv);
+	grpc_shutdown();
+}
+
+/* ---- role hook ---- */
+
+struct rl_grpc {
+	rl_frontend *fe;
+	rl_cluster *cluster;
+	rl_grpc_server *server;
+};
+
+/* Split a comma-separated list into a NULL-terminated heap array of heap strings. */
+static char **split_list(const char *s, size_t *n)
+{
+	char **v = NULL;
+	const char *p = s;
+
+	*n = 0;
+	while (p && *p) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		while (len > 0 && (*p == ' ' || *p == '\t')) {
+			p++;
+			len--;
+		}
+		while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+			len--;
+		if (len > 0) {
+			v = sdb_realloc(v, (*n + 2) * sizeof(*v));
+			v[(*n)++] = sdb_strndup(p, len);
+			v[*n] = NULL;
+		}
+		p = comma ? comma + 1 : NULL;
+	}
+	return v;
+}
+
+static void free_list(char **v, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, size_t errlen)
+{
+	const sdb_config *cfg = role->cfg;
+	const char *listen = sdb_config_get(cfg, SDB_OPT_grpc_listen);
+	const char *advertise = sdb_config_get(cfg, SDB_OPT_advertise);
+	const char *peers_s = sdb_config_get(cfg, SDB_OPT_peers);
+	rl_cluster_opts copts;
+	rl_grpc_server_opts sopts;
+	rl_grpc *g;
+	char **peers = NULL;
+	size_t n_peers = 0;
+	int rv;
+
+	*out = NULL;
+	if (listen == NULL || *listen == '\0')
+		listen = getenv("GUBER_GRPC_ADDRESS");
+	if (advertise == NULL || *advertise == '\0')
+		advertise = getenv("GUBER_ADVERTISE_ADDRESS");
+	if (listen == NULL || *listen == '\0') {
+		if (peers_s != NULL && *peers_s != '\0')
+			return sdb_errf(err, errlen, SDB_EUSAGE,
+					"ratelimit: --peers needs --grpc-listen (or GUBER_GRPC_ADDRESS)");
+		sdb_info("ratelimit gRPC not configured (no --grpc-listen)", NULL);
+		return 0;
+	}
+	if (advertise == NULL || *advertise == '\0')
+		advertise = listen;
+
+	memset(&copts, 0, sizeof(copts));
+	rv = rl_cluster_opts_from_env(&copts, err, errlen);
+	if (rv != 0)
+		return rv;
+	if (peers_s != NULL)
+		peers = split_list(peers_s, &n_peers);
+	copts.advertise = advertise;
+	copts.peers = (const char *const *)peers;
+	copts.n_peers = n_peers;
+
+	g = sdb_calloc(1, sizeof(*g));
+	g->fe = fe;
+	rv = rl_cluster_new(fe->limiter, &copts, &g->cluster, err, errlen);
+	free_list(peers, n_peers);
+	if (rv != 0)
+		goto err_after_alloc;
+
+	memset(&sopts, 0, sizeof(sopts));
+	sopts.listen = listen;
+	sopts.cluster = g->cluster;
+	sopts.threads = 2;
+	rv = rl_grpc_server_new(&sopts, &g->server, err, errlen);
+	if (rv != 0)
+		goto err_after_cluster;
+
+	fe->decide = rl_cluster_decide;
+	fe->decide_ctx = g->cluster;
+	fe->peer_count = rl_cluster_peer_count;
+	fe->peer_ctx = g->cluster;
+	sdb_info("ratelimit gRPC listening", "addr=%s port=%d advertise=%s", listen,
+		 rl_grpc_server_port(g->server), advertise);
+	*out = g;
+	return 0;
+
+err_after_cluster:
+	rl_cluster_free(g->cluster);
+err_after_alloc:
+	free(g);
+	return rv;
+}
+
+void rl_grpc_stop(rl_grpc *g)
+{
+	if (g == NULL)
+		return;
+	g->fe->decide = rl_decide_local;
+	g->fe->decide_ctx = g->fe->limiter;
+	g->fe->peer_count = NULL;
+	g->fe->peer_ctx = NULL;
+	rl_grpc_server_shutdown(g->server);
+	rl_cluster_free(g->cluster);
+	rl_grpc_server_free(g->server);
+	free(g);
+}
+
+int rl_grpc_port(const rl_grpc *g)
+{
+	return g ? rl_grpc_server_port(g->server) : 0;
+}

@@ -1,0 +1,71 @@
+/* The rate limiter's gRPC service: pb.gubernator.V1 (GetRateLimits, HealthCheck,
+ * LiveCheck) and pb.gubernator.PeersV1 (GetPeerRateLimits, UpdatePeerGlobals), on gRPC's
+ * C core (grpc/grpc.h) with protobuf-c messages generated from gubernator.proto.
+ *
+ * One completion queue served by a few threads of its own (never the role's loop).
+ * GetRateLimits is answered asynchronously: keys owned by other peers are forwarded by
+ * the cluster layer and the call completes when the last answer arrives, without holding
+ * a thread. Status codes (as Gubernator): more than 1000 requests -> OUT_OF_RANGE;
+ * a body that is not a valid protobuf message -> INVALID_ARGUMENT; an unknown method ->
+ * UNIMPLEMENTED; while stopping -> UNAVAILABLE. Per-request problems are per-item
+ * `error` strings with status OK.
+ */
+#ifndef SDB_RATELIMIT_GRPC_SERVER_H
+#define SDB_RATELIMIT_GRPC_SERVER_H
+
+#include <stddef.h>
+
+#include "common/role.h"
+#include "ratelimit/cluster.h"
+#include "ratelimit/limiter.h"
+
+typedef struct rl_grpc_server rl_grpc_server;
+
+typedef struct rl_grpc_server_opts {
+	const char *listen;  /* "HOST:PORT" (port 0: any free port) */
+	rl_cluster *cluster; /* decides; borrowed, must outlive the server's use (see free) */
+	int threads;         /* completion-queue threads; 0 = 2 */
+} rl_grpc_server_opts;
+
+/* Bind and start serving. Errors: SDB_EINVAL (no address), SDB_EIO (bind failed:
+ * address in use or invalid), with a message in err. */
+int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, char *err,
+		       size_t errlen);
+
+/* The bound port. */
+int rl_grpc_server_port(const rl_grpc_server *srv);
+
+/* Stop in three steps, so that no call touches a freed cluster:
+ * rl_grpc_server_shutdown() stops accepting calls, cancels calls in flight and fences
+ * the cluster off (a call that arrives later gets UNAVAILABLE); the caller then frees
+ * the cluster (which completes the decisions still pending); rl_grpc_server_free()
+ * waits for the last call to finish, joins the threads and frees. */
+void rl_grpc_server_shutdown(rl_grpc_server *srv);
+void rl_grpc_server_free(rl_grpc_server *srv);
+
+/* ---- role hook (called from role.c) ---- */
+
+typedef struct rl_grpc rl_grpc;
+
+/* Start the gRPC service and the peer cluster of a ratelimit role, from its options:
+ * --grpc-listen (else GUBER_GRPC_ADDRESS), --advertise (else GUBER_ADVERTISE_ADDRESS,
+ * else the gRPC address), --peers (static list, self included; absent: a cluster of one)
+ * and the GUBER_BATCH_* / GUBER_GLOBAL_* variables (rl_cluster_opts_from_env).
+ * On success, when gRPC is configured, fe->decide/decide_ctx become the cluster's entry
+ * point (rl_cluster_decide) and fe->peer_count the ring size, so the HTTP gateway
+ * forwards too; *out is then freed by rl_grpc_stop(). Without a gRPC address (and
+ * without --peers) nothing starts: *out is NULL and fe is untouched.
+ * fe->limiter must be set and outlive *out. Call on the role's loop thread.
+ * Errors: SDB_EUSAGE (--peers without a gRPC address, bad GUBER_* value), SDB_EIO (bind),
+ * with a message in err. */
+int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, size_t errlen);
+
+/* Stop serving gRPC and leave the cluster; restores fe to the local limiter
+ * (rl_decide_local). Blocks until calls in flight finish (bounded by the peer call
+ * deadline). NULL is a no-op. */
+void rl_grpc_stop(rl_grpc *g);
+
+/* The bound gRPC port of a started hook (for logs and tests). */
+int rl_grpc_port(const rl_grpc *g);
+
+#endif
