@@ -1440,7 +1440,18 @@ static int apply_at(actx *a, const unode *un, docbuild_node *c, size_t i)
 	if (e->type == BSON_TYPE_DOCUMENT || e->type == BSON_TYPE_ARRAY) {
 		return apply_obj(a, un, e, un->name, false);
 	}
-	/* a scalar on the way: children that would create something fail */
+	/* a scalar on the way: array updates fail, children that would create something fail */
+	for (size_t k = 0; k < un->n; k++) {
+		if (un->kids[k]->comp != C_FIELD) {
+			char *j = node_json(e);
+			int rc = fail(a->code, C_BAD_VALUE, a->err, a->errlen,
+				      "Cannot apply array updates to non-array element %s: %s",
+				      un->name, j);
+
+			free(j);
+			return rc;
+		}
+	}
 	docbuild_node *tmp = docbuild_new_doc(NULL);
 	int rc = apply_obj(a, un, tmp, un->name, true);
 	bool created = tmp->n > 0;
