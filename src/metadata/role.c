@@ -1,17 +1,1022 @@
-/* The metadata role. Placeholder until issue #5 lands: starting it fails with a clear
- * message rather than pretending to serve. */
+/* The metadata role (issue #5, DESIGN.md §4): a Raft member (raft/node.h) serving the
+ * metadata commands over the MongoDB wire protocol, presented to drivers as the replica
+ * set "stripedb-meta". Command reference: src/metadata/README.md. */
+#include <mongoc/mongoc.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
 #include "common/err.h"
+#include "common/log.h"
+#include "common/metrics.h"
 #include "common/role.h"
+#include "raft/node.h"
+#include "wire/server.h"
+
+#define META_SET_NAME "stripedb-meta"
+#define META_MAX_WAIT_MS 60000
+#define META_SCRAM_ITERATIONS 15000
+#define ERR_INTERRUPTED_REPL_CHANGE 11602
+#define ERR_NOT_PRIMARY_NO_SECONDARY_OK 13435
+
+typedef struct waiter {
+	wire_req *req;
+	int64_t gt;
+	uint64_t deadline_ms; /* uv_now */
+	struct waiter *next;
+} waiter;
+
+typedef struct meta {
+	sdb_role *role;
+	sdb_node *node;
+	wire_server *srv;
+	uint64_t id;
+	char *wire_addr;
+	char *raft_addr;
+	waiter *waiters;
+	uv_timer_t tick;
+	uv_check_t check;
+	int handles_open;
+	int reg_inflight;      /* follower registration work items running */
+	uint64_t reg_last_ms;  /* uv_now of the last attempt */
+	int stopping;
+	int stopped_signalled;
+	/* for the HTTP health check (other threads) */
+	atomic_int h_state;
+	atomic_llong h_term;
+	atomic_llong h_leader;
+	sdb_gauge *g_term, *g_leader, *g_rv, *g_applied;
+	sdb_counter *c_commits, *c_rejected;
+	sdb_histogram *h_commit;
+} meta;
+
+/* ------------------------------------------------------------------ helpers */
+
+static void reply_not_primary(meta *m, wire_req *req)
+{
+	bson_t *extra = bson_new();
+	uint64_t lid;
+	const char *laddr;
+	sdb_node_leader(m->node, &lid, &laddr);
+	const char *lw = lid ? sdb_fsm_member_wire(sdb_node_fsm(m->node), lid) : NULL;
+	if (lw)
+		BSON_APPEND_UTF8(extra, "primary", lw);
+	BSON_APPEND_INT64(extra, "leaderId", (int64_t)lid);
+	sdb_counter_inc(m->c_rejected);
+	wire_req_error_extra(req, WIRE_ERR_NOT_WRITABLE_PRIMARY, extra,
+			     "not primary: this metadata member (id %llu) is not the ready Raft leader%s%s",
+			     (unsigned long long)m->id, lw ? "; leader is " : "", lw ? lw : "");
+}
+
+static void reply_status(wire_req *req, int rc, const char *what)
+{
+	switch (rc) {
+	case SDB_ENOTLEADER: {
+		bson_t *r = bson_new();
+		BSON_APPEND_DOUBLE(r, "ok", 0.0);
+		BSON_APPEND_UTF8(r, "errmsg", "leadership lost before the command committed; its "
+					       "outcome is unknown");
+		BSON_APPEND_INT32(r, "code", ERR_INTERRUPTED_REPL_CHANGE);
+		BSON_APPEND_UTF8(r, "codeName", "InterruptedDueToReplStateChange");
+		wire_req_reply(req, r);
+		return;
+	}
+	case SDB_ECANCELED:
+		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, "%s: shutting down", what);
+		return;
+	case SDB_EINVAL:
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "%s: invalid member id or address", what);
+		return;
+	case SDB_EBUSY:
+		wire_req_error(req, WIRE_ERR_OPERATION_FAILED, "%s: a membership change is in progress",
+			       what);
+		return;
+	case SDB_ETIMEOUT:
+		wire_req_error(req, WIRE_ERR_OPERATION_FAILED, "%s: did not complete in time", what);
+		return;
+	default:
+		wire_req_error(req, WIRE_ERR_INTERNAL, "%s: %s", what, sdb_strerror(rc));
+		return;
+	}
+}
+
+/* First element of the command as int64 (accepts int32/int64/double). */
+static int first_int(const bson_t *cmd, int64_t *out)
+{
+	bson_iter_t it;
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) || !BSON_ITER_HOLDS_NUMBER(&it))
+		return 0;
+	*out = bson_iter_as_int64(&it);
+	return 1;
+}
+
+static const char *field_str(const bson_t *cmd, const char *key)
+{
+	bson_iter_t it;
+	if (bson_iter_init_find(&it, cmd, key) && BSON_ITER_HOLDS_UTF8(&it))
+		return bson_iter_utf8(&it, NULL);
+	return NULL;
+}
+
+/* Which args field the command's first value fills ({addShard: "a"} -> id: "a"). */
+static const struct {
+	const char *cmd;
+	const char *field;
+} first_field[] = {
+	{"addShard", "id"},         {"removeShard", "id"},      {"createDatabase", "name"},
+	{"dropDatabase", "name"},   {"shardCollection", "ns"},  {"dropCollection", "ns"},
+	{"splitChunk", "id"},       {"mergeChunks", "ns"},      {"setChunkShard", "id"},
+	{"registerMigration", "id"}, {"updateMigration", "id"}, {"deleteMigration", "id"},
+	{"acquireLease", "name"},   {"renewLease", "name"},     {"releaseLease", "name"},
+	{"createTenant", "name"},   {"setQuota", "tenant"},     {"setPolicy", "tenant"},
+	{"createUser", "name"},     {"registerMember", "id"},   {"removeMember", "id"},
+};
+
+/* Build the args document of a write: every field but the command key, driver
+ * bookkeeping ($db, lsid, $clusterTime, ...) and the plaintext password. */
+static void build_args(const bson_t *cmd, const char *name, bson_t *args)
+{
+	bson_iter_t it;
+	const char *ff = NULL;
+	bool first = true;
+	bson_init(args);
+	for (size_t i = 0; i < sizeof first_field / sizeof first_field[0]; i++)
+		if (strcmp(first_field[i].cmd, name) == 0)
+			ff = first_field[i].field;
+	if (!bson_iter_init(&it, cmd))
+		return;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (first) {
+			first = false;
+			if (ff && !bson_has_field(cmd, ff))
+				bson_append_value(args, ff, -1, bson_iter_value(&it));
+			continue;
+		}
+		if (k[0] == '$' || strcmp(k, "lsid") == 0 || strcmp(k, "txnNumber") == 0 ||
+		    strcmp(k, "password") == 0 || strcmp(k, "writeConcern") == 0 ||
+		    strcmp(k, "readConcern") == 0)
+			continue;
+		bson_append_value(args, k, -1, bson_iter_value(&it));
+	}
+}
+
+/* SCRAM-SHA-256 verifier (RFC 7677, RFC 5802 §3): SaltedPassword = PBKDF2-HMAC-SHA-256
+ * (password, salt, i); StoredKey = H(HMAC(SaltedPassword, "Client Key")); ServerKey =
+ * HMAC(SaltedPassword, "Server Key"). Computed on the leader before proposing, so the
+ * password never enters the Raft log. (SASLprep of the password is not applied: use
+ * ASCII passwords.) Returns 0 or -1. */
+static int scram_verifier(const char *password, bson_t *args)
+{
+	unsigned char salt[16], salted[32], ckey[32], skey[32], stored[32];
+	unsigned int len = 0;
+	if (RAND_bytes(salt, sizeof salt) != 1)
+		return -1;
+	if (PKCS5_PBKDF2_HMAC(password, (int)strlen(password), salt, sizeof salt,
+			      META_SCRAM_ITERATIONS, EVP_sha256(), sizeof salted, salted) != 1)
+		return -1;
+	if (!HMAC(EVP_sha256(), salted, sizeof salted, (const unsigned char *)"Client Key", 10, ckey,
+		  &len) ||
+	    !HMAC(EVP_sha256(), salted, sizeof salted, (const unsigned char *)"Server Key", 10, skey,
+		  &len))
+		return -1;
+	SHA256(ckey, sizeof ckey, stored);
+	BSON_APPEND_BINARY(args, "salt", BSON_SUBTYPE_BINARY, salt, sizeof salt);
+	BSON_APPEND_INT32(args, "iterations", META_SCRAM_ITERATIONS);
+	BSON_APPEND_BINARY(args, "storedKey", BSON_SUBTYPE_BINARY, stored, sizeof stored);
+	BSON_APPEND_BINARY(args, "serverKey", BSON_SUBTYPE_BINARY, skey, sizeof skey);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ writes */
+
+typedef struct wreq {
+	meta *m;
+	wire_req *req;
+	uint64_t start_ns;
+} wreq;
+
+static void write_done(void *arg, int status, bson_t *result)
+{
+	wreq *w = arg;
+	if (status == 0) {
+		sdb_counter_inc(w->m->c_commits);
+		sdb_histogram_observe_ns(w->m->h_commit, uv_hrtime() - w->start_ns);
+		wire_req_reply(w->req, bson_copy(result));
+		bson_destroy(result);
+		free(result);
+	} else {
+		reply_status(w->req, status, "write");
+	}
+	free(w);
+}
+
+static void h_write(wire_req *req, void *data)
+{
+	meta *m = data;
+	const char *name = wire_req_name(req);
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_t args;
+	wreq *w;
+	int rc;
+
+	if (m->stopping) {
+		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, "metadata member stopping");
+		return;
+	}
+	if (!sdb_node_ready(m->node)) {
+		reply_not_primary(m, req);
+		return;
+	}
+	build_args(cmd, name, &args);
+	if (strcmp(name, "createUser") == 0) {
+		const char *pw = field_str(cmd, "password");
+		if (pw && scram_verifier(pw, &args) != 0) {
+			bson_destroy(&args);
+			wire_req_error(req, WIRE_ERR_INTERNAL, "createUser: SCRAM verifier failed");
+			return;
+		}
+	}
+	w = sdb_calloc(1, sizeof *w);
+	w->m = m;
+	w->req = req;
+	w->start_ns = uv_hrtime();
+	rc = sdb_node_propose(m->node, name, &args, write_done, w);
+	bson_destroy(&args);
+	if (rc == SDB_ENOTLEADER) {
+		free(w);
+		reply_not_primary(m, req);
+	} else if (rc != 0) {
+		free(w);
+		reply_status(req, rc, name);
+	}
+}
+
+/* ------------------------------------------------------------------ reads */
+
+static void run_query(meta *m, wire_req *req)
+{
+	char err[256] = "";
+	bson_t *reply = bson_new();
+	int rc = sdb_fsm_query(sdb_node_fsm(m->node), wire_req_name(req), wire_req_cmd(req), reply,
+			       err, sizeof err);
+	if (rc == 0) {
+		BSON_APPEND_INT64(reply, "lastApplied", (int64_t)sdb_fsm_last_applied(sdb_node_fsm(m->node)));
+		wire_req_reply(req, reply);
+		return;
+	}
+	bson_destroy(reply);
+	if (rc == SDB_ENOTFOUND)
+		wire_req_error(req, strncmp(err, "collection", 10) == 0 ? WIRE_ERR_NAMESPACE_NOT_FOUND
+									 : WIRE_ERR_NO_SUCH_KEY,
+			       "%s", err);
+	else if (rc == SDB_EINVAL)
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "%s", err);
+	else
+		wire_req_error(req, WIRE_ERR_INTERNAL, "%s", err[0] ? err : "state machine read failed");
+}
+
+typedef struct rreq {
+	meta *m;
+	wire_req *req;
+} rreq;
+
+static void read_fenced(void *arg, int status)
+{
+	rreq *r = arg;
+	if (status == 0)
+		run_query(r->m, r->req);
+	else if (status == SDB_ENOTLEADER)
+		reply_not_primary(r->m, r->req);
+	else
+		reply_status(r->req, status, "read");
+	free(r);
+}
+
+/* Does the command accept a possibly stale local answer? ($readPreference other than
+ * primary, or allowStale: true.) */
+static bool stale_ok(const bson_t *cmd)
+{
+	bson_iter_t it, sub;
+	if (bson_iter_init_find(&it, cmd, "allowStale") && bson_iter_as_bool(&it))
+		return true;
+	if (bson_iter_init_find(&it, cmd, "$readPreference") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+	    bson_iter_recurse(&it, &sub) && bson_iter_find(&sub, "mode") &&
+	    BSON_ITER_HOLDS_UTF8(&sub) && strcmp(bson_iter_utf8(&sub, NULL), "primary") != 0)
+		return true;
+	return false;
+}
+
+/* Linearizable read: on the ready leader through a barrier (dissertation §6.4); on a
+ * follower only when the client accepts staleness. */
+static void h_read(wire_req *req, void *data)
+{
+	meta *m = data;
+	rreq *r;
+	int rc;
+	if (m->stopping) {
+		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, "metadata member stopping");
+		return;
+	}
+	if (!sdb_node_ready(m->node)) {
+		if (stale_ok(wire_req_cmd(req))) {
+			run_query(m, req);
+			return;
+		}
+		sdb_counter_inc(m->c_rejected);
+		wire_req_error(req, ERR_NOT_PRIMARY_NO_SECONDARY_OK,
+			       "not primary and secondaryOk=false: linearizable reads are served by "
+			       "the leader (or pass allowStale: true)");
+		return;
+	}
+	r = sdb_calloc(1, sizeof *r);
+	r->m = m;
+	r->req = req;
+	rc = sdb_node_barrier(m->node, read_fenced, r);
+	if (rc != 0) {
+		free(r);
+		if (rc == SDB_ENOTLEADER)
+			reply_not_primary(m, req);
+		else
+			reply_status(req, rc, "read");
+	}
+}
+
+/* Routing reads: any member, answered from local state with the routing version
+ * attached (version tokens make stale routing safe). */
+static void h_routing(wire_req *req, void *data)
+{
+	meta *m = data;
+	run_query(m, req);
+}
+
+static void waiter_reply(meta *m, waiter *w, bool timed_out)
+{
+	bson_t *r = bson_new();
+	BSON_APPEND_INT64(r, "routingVersion", sdb_fsm_routing_version(sdb_node_fsm(m->node)));
+	BSON_APPEND_BOOL(r, "changed", !timed_out);
+	BSON_APPEND_BOOL(r, "timedOut", timed_out);
+	wire_req_reply(w->req, r);
+	free(w);
+}
+
+/* {waitRoutingVersion: 1, gt: N, timeoutMS: T}: answer as soon as the local routing
+ * version exceeds N, or after T ms (at most 60000) with timedOut: true. The request is
+ * parked; the loop is never blocked. */
+static void h_wait_routing(wire_req *req, void *data)
+{
+	meta *m = data;
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_iter_t it;
+	int64_t gt = -1, tmo = 10000;
+	if (bson_iter_init_find(&it, cmd, "gt") && BSON_ITER_HOLDS_NUMBER(&it))
+		gt = bson_iter_as_int64(&it);
+	else if (!first_int(cmd, &gt)) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "waitRoutingVersion needs gt: N");
+		return;
+	}
+	if (bson_iter_init_find(&it, cmd, "timeoutMS") && BSON_ITER_HOLDS_NUMBER(&it))
+		tmo = bson_iter_as_int64(&it);
+	if (tmo < 0)
+		tmo = 0;
+	if (tmo > META_MAX_WAIT_MS)
+		tmo = META_MAX_WAIT_MS;
+	waiter *w = sdb_calloc(1, sizeof *w);
+	w->req = req;
+	w->gt = gt;
+	w->deadline_ms = uv_now(m->role->loop) + (uint64_t)tmo;
+	if (m->stopping || sdb_fsm_routing_version(sdb_node_fsm(m->node)) > gt) {
+		waiter_reply(m, w, false);
+		return;
+	}
+	w->next = m->waiters;
+	m->waiters = w;
+}
+
+static void wake_waiters(meta *m, bool all)
+{
+	int64_t rv = sdb_fsm_routing_version(sdb_node_fsm(m->node));
+	uint64_t now = uv_now(m->role->loop);
+	waiter **pp = &m->waiters;
+	while (*pp) {
+		waiter *w = *pp;
+		bool changed = rv > w->gt;
+		if (all || changed || now >= w->deadline_ms) {
+			*pp = w->next;
+			waiter_reply(m, w, !changed);
+		} else {
+			pp = &w->next;
+		}
+	}
+}
+
+/* ------------------------------------------------------------------ membership */
+
+typedef struct mreq {
+	meta *m;
+	wire_req *req;
+	uint64_t id;
+	char *wire;
+	char *raft;
+	int remove;
+} mreq;
+
+static void mreq_free(mreq *r)
+{
+	free(r->wire);
+	free(r->raft);
+	free(r);
+}
+
+static void member_registered(void *arg, int status, bson_t *result)
+{
+	mreq *r = arg;
+	if (status == 0) {
+		bson_t *rep = bson_new();
+		BSON_APPEND_INT64(rep, "id", (int64_t)r->id);
+		sdb_node_append_config(r->m->node, rep, "members");
+		BSON_APPEND_DOUBLE(rep, "ok", 1.0);
+		wire_req_reply(r->req, rep);
+		bson_destroy(result);
+		free(result);
+	} else {
+		reply_status(r->req, status, r->remove ? "removeMember" : "addMember");
+	}
+	mreq_free(r);
+}
+
+static void member_changed(void *arg, int status)
+{
+	mreq *r = arg;
+	bson_t args = BSON_INITIALIZER;
+	int rc;
+	if (status != 0) {
+		reply_status(r->req, status, r->remove ? "removeMember" : "addMember");
+		mreq_free(r);
+		return;
+	}
+	BSON_APPEND_INT64(&args, "id", (int64_t)r->id);
+	if (!r->remove) {
+		BSON_APPEND_UTF8(&args, "raft", r->raft);
+		if (r->wire)
+			BSON_APPEND_UTF8(&args, "wire", r->wire);
+	}
+	rc = sdb_node_propose(r->m->node, r->remove ? "removeMember" : "registerMember", &args,
+			      member_registered, r);
+	bson_destroy(&args);
+	if (rc != 0) {
+		reply_status(r->req, rc, r->remove ? "removeMember" : "addMember");
+		mreq_free(r);
+	}
+}
+
+/* {addMember: ID, raft: "H:P", wire: "H:P"} / {removeMember: ID}: one-server
+ * membership change on the leader, then the member's wire address is recorded (or
+ * dropped) in the state machine. */
+static void h_member(wire_req *req, void *data)
+{
+	meta *m = data;
+	const bson_t *cmd = wire_req_cmd(req);
+	int remove = strcmp(wire_req_name(req), "removeMember") == 0;
+	int64_t id;
+	mreq *r;
+	int rc;
+	if (m->stopping) {
+		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, "metadata member stopping");
+		return;
+	}
+	if (!first_int(cmd, &id) || id <= 0) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "%s needs a positive member id",
+			       wire_req_name(req));
+		return;
+	}
+	if (!remove && !field_str(cmd, "raft")) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "addMember needs raft: \"HOST:PORT\"");
+		return;
+	}
+	if (!sdb_node_ready(m->node)) {
+		reply_not_primary(m, req);
+		return;
+	}
+	r = sdb_calloc(1, sizeof *r);
+	r->m = m;
+	r->req = req;
+	r->id = (uint64_t)id;
+	r->remove = remove;
+	if (!remove) {
+		r->raft = sdb_strdup(field_str(cmd, "raft"));
+		if (field_str(cmd, "wire"))
+			r->wire = sdb_strdup(field_str(cmd, "wire"));
+		rc = sdb_node_add(m->node, r->id, r->raft, member_changed, r);
+	} else {
+		rc = sdb_node_remove(m->node, r->id, member_changed, r);
+	}
+	if (rc != 0) {
+		mreq_free(r);
+		if (rc == SDB_ENOTLEADER)
+			reply_not_primary(m, req);
+		else
+			reply_status(req, rc, wire_req_name(req));
+	}
+}
+
+static void transfer_done(void *arg, int status)
+{
+	rreq *r = arg;
+	if (status == 0) {
+		uint64_t lid;
+		const char *la;
+		bson_t *rep = bson_new();
+		sdb_node_leader(r->m->node, &lid, &la);
+		BSON_APPEND_INT64(rep, "leaderId", (int64_t)lid);
+		wire_req_reply(r->req, rep);
+	} else {
+		reply_status(r->req, status, "transferLeadership");
+	}
+	free(r);
+}
+
+/* {transferLeadership: ID or 0}: raft_transfer on the leader (dissertation §3.10). */
+static void h_transfer(wire_req *req, void *data)
+{
+	meta *m = data;
+	int64_t id = 0;
+	rreq *r;
+	int rc;
+	first_int(wire_req_cmd(req), &id);
+	if (id < 0 || (uint64_t)id == m->id) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "transferLeadership needs another member's id");
+		return;
+	}
+	if (m->stopping || !sdb_node_ready(m->node)) {
+		reply_not_primary(m, req);
+		return;
+	}
+	r = sdb_calloc(1, sizeof *r);
+	r->m = m;
+	r->req = req;
+	rc = sdb_node_transfer(m->node, (uint64_t)id, transfer_done, r);
+	if (rc != 0) {
+		free(r);
+		reply_status(req, rc, "transferLeadership");
+	}
+}
+
+/* {metadataStatus: 1}: this member's view (any member, never blocks). */
+static void h_status(wire_req *req, void *data)
+{
+	meta *m = data;
+	sdb_fsm *f = sdb_node_fsm(m->node);
+	struct raft *r = sdb_node_raft(m->node);
+	bson_t *rep = bson_new();
+	bson_t dummy = BSON_INITIALIZER;
+	uint64_t lid;
+	const char *la;
+	char err[64];
+	int st = raft_state(r);
+	sdb_node_leader(m->node, &lid, &la);
+	BSON_APPEND_INT64(rep, "id", (int64_t)m->id);
+	BSON_APPEND_UTF8(rep, "state",
+			 st == RAFT_LEADER      ? "leader"
+			 : st == RAFT_FOLLOWER  ? "follower"
+			 : st == RAFT_CANDIDATE ? "candidate"
+						: "unavailable");
+	BSON_APPEND_BOOL(rep, "ready", sdb_node_ready(m->node));
+	BSON_APPEND_INT64(rep, "term", (int64_t)sdb_node_term(m->node));
+	BSON_APPEND_INT64(rep, "leaderId", (int64_t)lid);
+	BSON_APPEND_INT64(rep, "commitIndex", (int64_t)r->commit_index);
+	BSON_APPEND_INT64(rep, "lastApplied", (int64_t)raft_last_applied(r));
+	BSON_APPEND_INT64(rep, "fsmLastApplied", (int64_t)sdb_fsm_last_applied(f));
+	BSON_APPEND_INT64(rep, "lastIndex", (int64_t)raft_last_index(r));
+	BSON_APPEND_INT64(rep, "snapshotIndex", (int64_t)r->log.snapshot.last_index);
+	BSON_APPEND_INT64(rep, "routingVersion", sdb_fsm_routing_version(f));
+	char hash[32];
+	snprintf(hash, sizeof hash, "%016llx", (unsigned long long)sdb_fsm_hash(f));
+	BSON_APPEND_UTF8(rep, "stateHash", hash);
+	sdb_node_append_config(m->node, rep, "members");
+	sdb_fsm_query(f, "listMembers", &dummy, rep, err, sizeof err);
+	wire_req_reply(req, rep);
+}
+
+/* ------------------------------------------------------------------ hello */
+
+static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
+{
+	meta *m = data;
+	bson_t tmp, hosts;
+	bson_iter_t it;
+	bool legacy = true;
+	uint64_t lid;
+	const char *la;
+	bool ready = sdb_node_ready(m->node);
+	struct raft *r = sdb_node_raft(m->node);
+	sdb_fsm *f = sdb_node_fsm(m->node);
+	uint8_t eid[12];
+	bson_oid_t oid;
+	unsigned i, n = 0;
+	char k[16];
+
+	if (bson_iter_init(&it, cmd) && bson_iter_next(&it))
+		legacy = strcmp(bson_iter_key(&it), "hello") != 0;
+	/* The shared layer answered "writable primary": replace with our view. */
+	bson_init(&tmp);
+	bson_copy_to_excluding_noinit(reply, &tmp, "isWritablePrimary", "ismaster", NULL);
+	bson_reinit(reply);
+	bson_concat(reply, &tmp);
+	bson_destroy(&tmp);
+	BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", ready);
+	BSON_APPEND_BOOL(reply, "secondary", !ready);
+	BSON_APPEND_UTF8(reply, "setName", META_SET_NAME);
+	BSON_APPEND_INT32(reply, "setVersion", 1);
+	bson_append_array_begin(reply, "hosts", -1, &hosts);
+	for (i = 0; i < r->configuration.n; i++) {
+		if (r->configuration.servers[i].role != RAFT_VOTER)
+			continue;
+		const char *w = sdb_fsm_member_wire(f, r->configuration.servers[i].id);
+		if (r->configuration.servers[i].id == m->id)
+			w = m->wire_addr;
+		if (!w)
+			continue;
+		snprintf(k, sizeof k, "%u", n++);
+		BSON_APPEND_UTF8(&hosts, k, w);
+	}
+	bson_append_array_end(reply, &hosts);
+	BSON_APPEND_UTF8(reply, "me", m->wire_addr);
+	sdb_node_leader(m->node, &lid, &la);
+	if (lid == m->id) {
+		if (ready)
+			BSON_APPEND_UTF8(reply, "primary", m->wire_addr);
+	} else if (lid) {
+		const char *lw = sdb_fsm_member_wire(f, lid);
+		if (lw)
+			BSON_APPEND_UTF8(reply, "primary", lw);
+	}
+	if (ready) {
+		/* electionId: an ObjectId that grows with the term (as mongod's does). */
+		uint64_t term = sdb_node_term(m->node);
+		memset(eid, 0, sizeof eid);
+		eid[0] = 0x7f;
+		eid[1] = eid[2] = eid[3] = 0xff;
+		for (i = 0; i < 8; i++)
+			eid[4 + i] = (uint8_t)(term >> (56 - 8 * i));
+		bson_oid_init_from_data(&oid, eid);
+		BSON_APPEND_OID(reply, "electionId", &oid);
+	}
+}
+
+/* ------------------------------------------------------------------ follower registration */
+
+typedef struct reg_work {
+	uv_work_t work;
+	meta *m;
+	char *target;
+	uint64_t id;
+	char *raft;
+	char *wire;
+	int ok;
+} reg_work;
+
+static void reg_run(uv_work_t *w)
+{
+	reg_work *rw = w->data;
+	char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&serverSelectionTimeoutMS=1000"
+				 "&connectTimeoutMS=1000&socketTimeoutMS=2000",
+				 rw->target);
+	mongoc_client_t *c = mongoc_client_new(uri);
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_error_t e;
+	free(uri);
+	if (!c)
+		return;
+	BSON_APPEND_INT64(&cmd, "registerMember", (int64_t)rw->id);
+	BSON_APPEND_UTF8(&cmd, "raft", rw->raft);
+	BSON_APPEND_UTF8(&cmd, "wire", rw->wire);
+	rw->ok = mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	mongoc_client_destroy(c);
+}
+
+static void reg_after(uv_work_t *w, int status)
+{
+	reg_work *rw = w->data;
+	(void)status;
+	rw->m->reg_inflight--;
+	if (!rw->ok)
+		sdb_debug("metadata: registration with the leader failed, will retry", "leader=%s",
+			  rw->target);
+	free(rw->target);
+	free(rw->raft);
+	free(rw->wire);
+	free(rw);
+}
+
+static void propose_self_done(void *arg, int status, bson_t *result)
+{
+	meta *m = arg;
+	(void)m;
+	if (result) {
+		bson_destroy(result);
+		free(result);
+	}
+	if (status != 0)
+		sdb_debug("metadata: self registration did not commit", "status=%d", status);
+}
+
+/* Make sure the state machine knows this member's wire address, so that every member
+ * can list it in hello's hosts. The leader proposes it; a follower asks the leader. */
+static void ensure_registered(meta *m)
+{
+	sdb_fsm *f = sdb_node_fsm(m->node);
+	const char *mine = sdb_fsm_member_wire(f, m->id);
+	uint64_t now = uv_now(m->role->loop), lid;
+	const char *la;
+	if (m->stopping || (mine && strcmp(mine, m->wire_addr) == 0))
+		return;
+	if (m->reg_inflight || now - m->reg_last_ms < 300)
+		return;
+	m->reg_last_ms = now;
+	if (sdb_node_ready(m->node)) {
+		bson_t args = BSON_INITIALIZER;
+		BSON_APPEND_INT64(&args, "id", (int64_t)m->id);
+		BSON_APPEND_UTF8(&args, "raft", m->raft_addr);
+		BSON_APPEND_UTF8(&args, "wire", m->wire_addr);
+		sdb_node_propose(m->node, "registerMember", &args, propose_self_done, m);
+		bson_destroy(&args);
+		return;
+	}
+	sdb_node_leader(m->node, &lid, &la);
+	const char *lw = lid && lid != m->id ? sdb_fsm_member_wire(f, lid) : NULL;
+	if (!lw)
+		return;
+	reg_work *rw = sdb_calloc(1, sizeof *rw);
+	rw->m = m;
+	rw->target = sdb_strdup(lw);
+	rw->id = m->id;
+	rw->raft = sdb_strdup(m->raft_addr);
+	rw->wire = sdb_strdup(m->wire_addr);
+	rw->work.data = rw;
+	if (uv_queue_work(m->role->loop, &rw->work, reg_run, reg_after) == 0) {
+		m->reg_inflight++;
+	} else {
+		free(rw->target);
+		free(rw->raft);
+		free(rw->wire);
+		free(rw);
+	}
+}
+
+/* ------------------------------------------------------------------ loop hooks */
+
+static void update_gauges(meta *m)
+{
+	uint64_t lid;
+	const char *la;
+	sdb_node_leader(m->node, &lid, &la);
+	int st = raft_state(sdb_node_raft(m->node));
+	atomic_store(&m->h_state, st);
+	atomic_store(&m->h_term, (long long)sdb_node_term(m->node));
+	atomic_store(&m->h_leader, (long long)lid);
+	sdb_gauge_set(m->g_term, (int64_t)sdb_node_term(m->node));
+	sdb_gauge_set(m->g_leader, sdb_node_ready(m->node) ? 1 : 0);
+	sdb_gauge_set(m->g_rv, sdb_fsm_routing_version(sdb_node_fsm(m->node)));
+	sdb_gauge_set(m->g_applied, (int64_t)sdb_fsm_last_applied(sdb_node_fsm(m->node)));
+}
+
+static void on_change(void *data)
+{
+	meta *m = data;
+	update_gauges(m);
+	ensure_registered(m);
+}
+
+static void tick_cb(uv_timer_t *t)
+{
+	meta *m = t->data;
+	wake_waiters(m, false);
+	ensure_registered(m);
+	update_gauges(m);
+}
+
+static void check_cb(uv_check_t *c)
+{
+	meta *m = c->data;
+	if (m->waiters)
+		wake_waiters(m, false);
+}
+
+static int health(void *data, char *msg, size_t msglen)
+{
+	meta *m = data;
+	int st = atomic_load(&m->h_state);
+	snprintf(msg, msglen, "raft state=%s term=%lld leader=%lld",
+		 st == RAFT_LEADER      ? "leader"
+		 : st == RAFT_FOLLOWER  ? "follower"
+		 : st == RAFT_CANDIDATE ? "candidate"
+					: "unavailable",
+		 (long long)atomic_load(&m->h_term), (long long)atomic_load(&m->h_leader));
+	return 1;
+}
+
+/* ------------------------------------------------------------------ start/stop */
+
+static const char *const write_cmds[] = {
+	"addShard",      "removeShard",       "createDatabase",  "dropDatabase",
+	"shardCollection", "dropCollection",  "splitChunk",      "mergeChunks",
+	"setChunkShard", "registerMigration", "updateMigration", "deleteMigration",
+	"acquireLease",  "renewLease",        "releaseLease",    "createTenant",
+	"setQuota",      "setPolicy",         "createUser",      "registerMember",
+};
+
+static const char *const read_cmds[] = {
+	"listShards", "listDatabases", "listCollections", "getMigration", "listMigrations",
+	"listTenants", "getUser", "listMembers", "getLease",
+};
+
+static void free_meta(meta *m)
+{
+	free(m->wire_addr);
+	free(m->raft_addr);
+	free(m);
+}
 
 static int metadata_start(sdb_role *role)
 {
-	return sdb_errf(role->err, sizeof role->err, SDB_EINVAL,
-			"the metadata role is not implemented yet (issue #5)");
+	const sdb_config *cfg = role->cfg;
+	const char *listen = sdb_config_get(cfg, SDB_OPT_listen);
+	const char *node_id = sdb_config_get(cfg, SDB_OPT_node_id);
+	const char *raft_listen = sdb_config_get(cfg, SDB_OPT_raft_listen);
+	const char *data_dir = sdb_config_get(cfg, SDB_OPT_data_dir);
+	char host[256];
+	int port, rc;
+	char *end = NULL;
+	meta *m;
+	sdb_node_opts no;
+	wire_server_opts wo;
+	char nodebuf[32];
+
+	if (!listen || !node_id || !raft_listen || !data_dir)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"metadata needs --node-id, --data-dir, --listen and --raft-listen");
+	unsigned long long id = strtoull(node_id, &end, 10);
+	if (!end || *end || id == 0)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"metadata: --node-id must be a positive integer, got %s", node_id);
+	rc = sdb_addr_split(listen, host, sizeof host, &port, role->err, sizeof role->err);
+	if (rc != 0)
+		return rc;
+	mongoc_init();
+	snprintf(nodebuf, sizeof nodebuf, "%llu", id);
+	sdb_log_set_thread("metadata", nodebuf);
+
+	m = sdb_calloc(1, sizeof *m);
+	m->role = role;
+	m->id = id;
+	m->raft_addr = sdb_strdup(raft_listen);
+	m->g_term = sdb_metrics_gauge("stripedb_metadata_raft_term", "Current Raft term.", NULL);
+	m->g_leader = sdb_metrics_gauge("stripedb_metadata_is_leader",
+					"1 when this member is the ready Raft leader.", NULL);
+	m->g_rv = sdb_metrics_gauge("stripedb_metadata_routing_version",
+				    "Routing version applied on this member.", NULL);
+	m->g_applied = sdb_metrics_gauge("stripedb_metadata_last_applied",
+					 "Index of the last command applied to the state machine.",
+					 NULL);
+	m->c_commits = sdb_metrics_counter("stripedb_metadata_commits_total",
+					   "Commands committed through this member as leader.", NULL);
+	m->c_rejected = sdb_metrics_counter(
+		"stripedb_metadata_not_primary_total",
+		"Requests refused because this member is not the ready leader.", NULL);
+	m->h_commit = sdb_metrics_histogram("stripedb_metadata_commit_seconds",
+					    "Latency from receiving a write to its commit and apply.",
+					    NULL);
+
+	memset(&wo, 0, sizeof wo);
+	wo.listen = listen;
+	wo.role = "metadata";
+	wo.max_connections = (int)sdb_config_get_int(cfg, SDB_OPT_max_connections, 10000);
+	wo.role_data = m;
+	wo.hello = hello_hook;
+	rc = wire_server_new(role->loop, &wo, &m->srv, role->err, sizeof role->err);
+	if (rc != 0) {
+		free_meta(m);
+		return rc;
+	}
+	m->wire_addr = sdb_asprintf("%s:%d", host, wire_server_port(m->srv));
+
+	memset(&no, 0, sizeof no);
+	no.id = id;
+	no.data_dir = data_dir;
+	no.raft_addr = raft_listen;
+	no.bootstrap = sdb_config_get(cfg, SDB_OPT_bootstrap_members);
+	no.snapshot_threshold = (unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_snapshot_threshold, 1024);
+	no.election_timeout_ms =
+		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_election_timeout_ms, 1000);
+	no.on_change = on_change;
+	no.data = m;
+	rc = sdb_node_start(role->loop, &no, &m->node, role->err, sizeof role->err);
+	if (rc != 0) {
+		/* The wire server must be closed on the loop; the runner exits the process
+		 * after a failed start, so the listener is left to process exit. */
+		return rc;
+	}
+
+	for (size_t i = 0; i < sizeof write_cmds / sizeof write_cmds[0]; i++)
+		wire_server_register(m->srv, write_cmds[i], h_write);
+	for (size_t i = 0; i < sizeof read_cmds / sizeof read_cmds[0]; i++)
+		wire_server_register(m->srv, read_cmds[i], h_read);
+	wire_server_register(m->srv, "getRoutingTable", h_routing);
+	wire_server_register(m->srv, "waitRoutingVersion", h_wait_routing);
+	wire_server_register(m->srv, "addMember", h_member);
+	wire_server_register(m->srv, "removeMember", h_member);
+	wire_server_register(m->srv, "transferLeadership", h_transfer);
+	wire_server_register(m->srv, "metadataStatus", h_status);
+
+	uv_timer_init(role->loop, &m->tick);
+	m->tick.data = m;
+	uv_timer_start(&m->tick, tick_cb, 50, 50);
+	uv_check_init(role->loop, &m->check);
+	m->check.data = m;
+	uv_check_start(&m->check, check_cb);
+	m->handles_open = 2;
+	if (role->http)
+		sdb_http_add_health(role->http, "metadata", health, m);
+	update_gauges(m);
+	role->impl = m;
+	sdb_info("metadata: started", "wire=%s raft=%s data_dir=%s", m->wire_addr, raft_listen,
+		 data_dir);
+	return 0;
+}
+
+static void maybe_stopped(meta *m)
+{
+	if (m->handles_open > 0 || m->reg_inflight > 0 || m->node || m->srv ||
+	    m->stopped_signalled)
+		return;
+	m->stopped_signalled = 1;
+	sdb_role *role = m->role;
+	role->impl = NULL;
+	free_meta(m);
+	sdb_role_stopped(role);
+}
+
+static void handle_closed(uv_handle_t *h)
+{
+	meta *m = h->data;
+	m->handles_open--;
+	maybe_stopped(m);
+}
+
+static void wire_closed(void *arg)
+{
+	meta *m = arg;
+	m->srv = NULL;
+	maybe_stopped(m);
+}
+
+static void node_closed(void *arg)
+{
+	meta *m = arg;
+	m->node = NULL;
+	wire_server_close(m->srv, (uint64_t)sdb_config_get_int(m->role->cfg,
+							       SDB_OPT_shutdown_timeout_ms, 10000),
+			  wire_closed, m);
+}
+
+/* Drain retry of the follower registration (work items finish within ~2 s). */
+static void reg_drain(uv_timer_t *t)
+{
+	meta *m = t->data;
+	if (m->reg_inflight > 0)
+		return;
+	uv_timer_stop(t);
+	uv_close((uv_handle_t *)t, handle_closed);
 }
 
 static void metadata_stop(sdb_role *role)
 {
-	sdb_role_stopped(role);
+	meta *m = role->impl;
+	if (!m) {
+		sdb_role_stopped(role);
+		return;
+	}
+	m->stopping = 1;
+	if (role->http)
+		sdb_http_unroute(role->http, m);
+	wake_waiters(m, true);
+	uv_check_stop(&m->check);
+	uv_close((uv_handle_t *)&m->check, handle_closed);
+	/* reuse the tick timer to wait for registration work to drain */
+	uv_timer_stop(&m->tick);
+	uv_timer_start(&m->tick, reg_drain, 0, 20);
+	/* Raft first: pending proposals complete (with errors) while the wire server can
+	 * still send their replies; then the wire server drains and closes. */
+	sdb_node_close(m->node, node_closed, m);
 }
 
 const sdb_role_def sdb_role_metadata = {

@@ -1,0 +1,85 @@
+/* The metadata state machine: deterministic BSON commands applied to SQLite.
+ *
+ * Every committed Raft COMMAND entry carries one BSON document (the "command"):
+ *
+ *   { op: "<name>", ts: <int64 epoch ms stamped by the leader>,
+ *     rnd: <binary, optional, leader-stamped random bytes>, args: { ... } }
+ *
+ * Apply reads nothing but the command and the database: no clock, no random, no
+ * environment. Logical failures (unknown shard, compare-and-set mismatch, ...) are
+ * RESULTS ({ok: 0, code, errmsg}) handed back to the proposer; apply itself returns a
+ * non-zero status only when SQLite fails, which stalls raft on purpose (the node is
+ * then unhealthy and is expected to abort).
+ *
+ * The index of the last applied command is written to the `meta` table in the same
+ * SQLite transaction as the command's effects, so a replay after restart (libraft
+ * replays every entry after the last snapshot) skips entries already applied.
+ * Snapshots are sqlite3_serialize() images; restore copies the image into the on-disk
+ * file with the backup API (Raft paper §7, dissertation §5.1).
+ *
+ * The op names, their arguments and their results are documented in
+ * src/metadata/README.md. Every op that changes routing (shardCollection,
+ * dropCollection, dropDatabase, splitChunk, mergeChunks, setChunkShard) increments the
+ * routing version exactly once in its transaction; chunks carry the routing version
+ * of their last change.
+ */
+#ifndef SDB_RAFT_FSM_H
+#define SDB_RAFT_FSM_H
+
+#include <bson/bson.h>
+#include <raft.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sdb_fsm sdb_fsm;
+
+/* Open (creating when missing) the state machine database at path (a file path, or
+ * ":memory:" for tests) and create the schema. Returns 0, SDB_EIO with a message.
+ * Free with sdb_fsm_close(). Single-threaded: use it from the raft loop thread only. */
+int sdb_fsm_open(const char *path, sdb_fsm **out, char *err, size_t errlen);
+void sdb_fsm_close(sdb_fsm *fsm);
+
+/* The raft_fsm vtable (version 1) backed by fsm, to pass to raft_init or
+ * raft_fixture_init. Owned by fsm. */
+struct raft_fsm *sdb_fsm_raft(sdb_fsm *fsm);
+
+/* Tell the fsm which raft instance drives it: apply derives the entry index as
+ * raft_last_applied(r) + 1 (libraft updates last_applied after apply returns). Call
+ * before raft_start. */
+void sdb_fsm_bind(sdb_fsm *fsm, struct raft *r);
+
+/* Apply one command document at log index `index` (used by the raft vtable and by
+ * tests directly). Entries with index <= the stored last applied index are skipped
+ * and get {ok: 1, skipped: true}. On return *result (initialised by this call) holds
+ * the result document; the caller destroys it. Returns 0, or SDB_EIO when SQLite
+ * failed (the transaction is rolled back and *result holds an error doc). */
+int sdb_fsm_apply_doc(sdb_fsm *fsm, uint64_t index, const bson_t *cmd, bson_t *result);
+
+/* The result of the most recent raft apply, handed over to the caller (who destroys it
+ * with bson_destroy), or NULL. The raft apply callback of the proposer runs right after
+ * the entry is applied, in the same call stack, so it can take its result here. */
+bson_t *sdb_fsm_take_result(sdb_fsm *fsm);
+
+/* Read-only queries (any member). name is the wire command name, cmd the command
+ * document; reply (initialised by the caller) gets the answer fields. Supported:
+ * listShards, listDatabases(Meta), listCollections, getRoutingTable, getMigration,
+ * listMigrations, listTenants, getUser, listMembers, getLease. Returns 0, SDB_EINVAL
+ * (bad argument, message in err), SDB_ENOTFOUND (unknown query or object). */
+int sdb_fsm_query(sdb_fsm *fsm, const char *name, const bson_t *cmd, bson_t *reply,
+		  char *err, size_t errlen);
+
+/* Current values (cheap: cached in memory, refreshed by every apply/restore). */
+uint64_t sdb_fsm_last_applied(const sdb_fsm *fsm);
+int64_t sdb_fsm_routing_version(const sdb_fsm *fsm);
+/* Member wire address recorded with registerMember, or NULL. Pointer valid until the
+ * next apply/restore; copy it. */
+const char *sdb_fsm_member_wire(sdb_fsm *fsm, uint64_t id);
+
+/* XXH64 over every row of every table in primary-key order: equal on two members
+ * exactly when they applied the same commands. */
+uint64_t sdb_fsm_hash(sdb_fsm *fsm);
+
+/* Is op a known command that the leader may propose? */
+int sdb_fsm_is_command(const char *op);
+
+#endif

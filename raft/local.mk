@@ -1,0 +1,14 @@
+# raft: the metadata service's Raft integration (SQLite state machine, node setup) and
+# its unit tests (included by the top Makefile.am)
+libstripedb_a_SOURCES += raft/fsm.c raft/node.c
+noinst_HEADERS += raft/fsm.h raft/node.h
+EXTRA_DIST += raft/README.md
+
+check_PROGRAMS += tests/unit/test_raft_fsm tests/unit/test_raft_cluster
+TESTS += tests/unit/test_raft_fsm tests/unit/test_raft_cluster
+tests_unit_test_raft_fsm_SOURCES = tests/unit/test_raft_fsm.c
+tests_unit_test_raft_fsm_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_raft_fsm_LDADD = $(UNIT_LDADD)
+tests_unit_test_raft_cluster_SOURCES = tests/unit/test_raft_cluster.c
+tests_unit_test_raft_cluster_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_raft_cluster_LDADD = $(UNIT_LDADD)

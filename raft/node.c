@@ -1,0 +1,647 @@
+/* One metadata Raft member on libraft's libuv backend. Contract in node.h; the
+ * libraft 0.15 mitigations are listed in raft/README.md. */
+#include "raft/node.h"
+
+#include <errno.h>
+#include <raft/uv.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+
+struct sdb_node {
+	uv_loop_t *loop;
+	struct raft raft;
+	struct raft_io io;
+	struct raft_uv_transport transport;
+	sdb_fsm *fsm;
+	uint64_t id;
+	char *raft_addr;
+	void (*on_change)(void *data);
+	void *data;
+	uv_prepare_t prepare;
+	/* libraft's own append, wrapped to abort on a failed disk write */
+	int (*orig_append)(struct raft_io *io, struct raft_io_append *req,
+			   const struct raft_entry entries[], unsigned n, raft_io_append_cb cb);
+	uint64_t ready_term;   /* term whose barrier has been applied here as leader */
+	uint64_t barrier_term; /* term whose barrier was proposed */
+	/* last observed, to report changes */
+	int last_state;
+	uint64_t last_term, last_leader;
+	bool last_ready;
+	int closing;
+	int pending_close; /* handles still closing */
+	void (*close_cb)(void *arg);
+	void *close_arg;
+};
+
+int sdb_node_errno(int rv)
+{
+	switch (rv) {
+	case 0:
+		return 0;
+	case RAFT_NOTLEADER:
+	case RAFT_LEADERSHIPLOST:
+		return SDB_ENOTLEADER;
+	case RAFT_SHUTDOWN:
+	case RAFT_CANCELED:
+		return SDB_ECANCELED;
+	case RAFT_BADID:
+	case RAFT_NOTFOUND:
+	case RAFT_DUPLICATEID:
+	case RAFT_DUPLICATEADDRESS:
+	case RAFT_BADROLE:
+	case RAFT_INVALID:
+		return SDB_EINVAL;
+	case RAFT_CANTCHANGE:
+	case RAFT_BUSY:
+		return SDB_EBUSY;
+	case RAFT_NOCONNECTION:
+		return SDB_EUNAVAILABLE;
+	case RAFT_NOMEM:
+		return SDB_ENOMEM;
+	case RAFT_TOOBIG:
+		return SDB_ETOOBIG;
+	default:
+		return SDB_EIO;
+	}
+}
+
+int sdb_node_parse_members(const char *list, struct raft_configuration *conf, char *err,
+			   size_t errlen)
+{
+	char *copy = sdb_strdup(list), *save = NULL, *tok;
+	int rc = 0;
+	for (tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		char *at = strchr(tok, '@'), *end = NULL;
+		unsigned long long id;
+		if (!at) {
+			rc = sdb_errf(err, errlen, SDB_EINVAL, "member %s: expected ID@HOST:PORT", tok);
+			break;
+		}
+		*at = '\0';
+		errno = 0;
+		id = strtoull(tok, &end, 10);
+		if (errno || !end || *end || id == 0 || !strchr(at + 1, ':')) {
+			rc = sdb_errf(err, errlen, SDB_EINVAL, "member %s@%s: bad id or address", tok,
+				      at + 1);
+			break;
+		}
+		if (raft_configuration_add(conf, id, at + 1, RAFT_VOTER) != 0) {
+			rc = sdb_errf(err, errlen, SDB_EINVAL, "member %s@%s: duplicate id or address",
+				      tok, at + 1);
+			break;
+		}
+	}
+	free(copy);
+	if (rc == 0 && conf->n == 0)
+		rc = sdb_errf(err, errlen, SDB_EINVAL, "empty member list");
+	return rc;
+}
+
+/* ------------------------------------------------------- failed-append abort */
+
+struct append_ctx {
+	void *data;
+	raft_io_append_cb cb;
+	sdb_node *n;
+};
+
+static void append_done(struct raft_io_append *req, int status)
+{
+	struct append_ctx *ctx = req->data;
+	raft_io_append_cb cb = ctx->cb;
+	sdb_node *n = ctx->n;
+	req->data = ctx->data;
+	free(ctx);
+	if (status != 0 && status != RAFT_CANCELED && !n->closing) {
+		/* libraft 0.15 keeps a leader in office after a failed write and may then
+		 * count an entry it does not have on disk. Continuing is unsafe: stop now
+		 * and let a restart reload the log from disk. */
+		sdb_error("raft: log append failed, aborting", "status=%d err=\"%s\" io=\"%s\"", status,
+			  raft_strerror(status), n->io.errmsg);
+		abort();
+	}
+	cb(req, status);
+}
+
+static int append_wrap(struct raft_io *io, struct raft_io_append *req,
+		       const struct raft_entry entries[], unsigned n_entries, raft_io_append_cb cb)
+{
+	sdb_node *n = (sdb_node *)((char *)io - offsetof(sdb_node, io));
+	struct append_ctx *ctx = sdb_malloc(sizeof *ctx);
+	int rv;
+	ctx->data = req->data;
+	ctx->cb = cb;
+	ctx->n = n;
+	req->data = ctx;
+	rv = n->orig_append(io, req, entries, n_entries, append_done);
+	if (rv != 0) {
+		req->data = ctx->data;
+		free(ctx);
+		if (!n->closing) {
+			sdb_error("raft: log append could not start, aborting", "status=%d err=\"%s\"",
+				  rv, io->errmsg);
+			abort();
+		}
+	}
+	return rv;
+}
+
+/* ------------------------------------------------------- leadership barrier */
+
+struct barrier_req {
+	struct raft_barrier req;
+	sdb_node *n;
+	uint64_t term;
+	sdb_node_done_cb cb; /* NULL for the election barrier */
+	void *arg;
+};
+
+static void barrier_done(struct raft_barrier *req, int status)
+{
+	struct barrier_req *b = req->data;
+	sdb_node *n = b->n;
+	if (b->cb) {
+		int rc = sdb_node_errno(status);
+		if (rc == 0 && (raft_state(&n->raft) != RAFT_LEADER || n->raft.current_term != b->term))
+			rc = SDB_ENOTLEADER;
+		b->cb(b->arg, rc);
+	} else if (status == 0 && raft_state(&n->raft) == RAFT_LEADER &&
+		   n->raft.current_term == b->term) {
+		n->ready_term = b->term;
+		sdb_info("raft: leader ready", "term=%llu applied=%llu",
+			 (unsigned long long)b->term, (unsigned long long)raft_last_applied(&n->raft));
+	} else if (status == RAFT_IOERR && !n->closing) {
+		sdb_error("raft: barrier failed with an I/O error, aborting", "err=\"%s\"",
+			  raft_errmsg(&n->raft));
+		abort();
+	} else if (n->barrier_term == b->term) {
+		n->barrier_term = 0; /* try again if still leader */
+	}
+	free(b);
+}
+
+bool sdb_node_ready(sdb_node *n)
+{
+	return !n->closing && raft_state(&n->raft) == RAFT_LEADER &&
+	       n->ready_term == n->raft.current_term;
+}
+
+static void prepare_cb(uv_prepare_t *h)
+{
+	sdb_node *n = h->data;
+	int state;
+	uint64_t term;
+	raft_id leader = 0;
+	const char *addr = NULL;
+	bool ready;
+
+	if (n->closing)
+		return;
+	state = raft_state(&n->raft);
+	term = n->raft.current_term;
+	if (state == RAFT_LEADER && n->ready_term != term && n->barrier_term != term) {
+		struct barrier_req *b = sdb_calloc(1, sizeof *b);
+		b->n = n;
+		b->term = term;
+		b->req.data = b;
+		if (raft_barrier(&n->raft, &b->req, barrier_done) == 0) {
+			n->barrier_term = term;
+		} else {
+			free(b);
+		}
+	}
+	raft_leader(&n->raft, &leader, &addr);
+	ready = sdb_node_ready(n);
+	if (state != n->last_state || term != n->last_term || leader != n->last_leader ||
+	    ready != n->last_ready) {
+		sdb_info("raft: state", "state=%s term=%llu leader=%llu ready=%d",
+			 state == RAFT_LEADER      ? "leader"
+			 : state == RAFT_FOLLOWER  ? "follower"
+			 : state == RAFT_CANDIDATE ? "candidate"
+						   : "unavailable",
+			 (unsigned long long)term, (unsigned long long)leader, ready);
+		n->last_state = state;
+		n->last_term = term;
+		n->last_leader = leader;
+		n->last_ready = ready;
+		if (n->on_change)
+			n->on_change(n->data);
+	}
+}
+
+/* ------------------------------------------------------- start/close */
+
+static int mkdir_p(const char *path)
+{
+	char buf[4096];
+	size_t len = strlen(path);
+	if (len == 0 || len >= sizeof buf)
+		return -1;
+	memcpy(buf, path, len + 1);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p == '/') {
+			*p = '\0';
+			if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+				return -1;
+			*p = '/';
+		}
+	}
+	if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+		return -1;
+	return 0;
+}
+
+int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, char *err,
+		   size_t errlen)
+{
+	sdb_node *n;
+	char *raft_dir = NULL, *db_path = NULL;
+	struct raft_configuration conf;
+	int rv, rc;
+
+	if (opts->id == 0 || !opts->data_dir || !opts->raft_addr)
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"metadata needs --node-id (> 0), --data-dir and --raft-listen");
+	n = sdb_calloc(1, sizeof *n);
+	n->loop = loop;
+	n->id = opts->id;
+	n->raft_addr = sdb_strdup(opts->raft_addr);
+	n->on_change = opts->on_change;
+	n->data = opts->data;
+	n->last_state = -1;
+	raft_dir = sdb_asprintf("%s/raft", opts->data_dir);
+	db_path = sdb_asprintf("%s/meta.db", opts->data_dir);
+	if (mkdir_p(raft_dir) != 0) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "create %s: %s", raft_dir, strerror(errno));
+		goto err;
+	}
+	rc = sdb_fsm_open(db_path, &n->fsm, err, errlen);
+	if (rc != 0)
+		goto err;
+	if ((rv = raft_uv_tcp_init(&n->transport, loop)) != 0) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "raft transport: %s", raft_strerror(rv));
+		goto err_fsm;
+	}
+	if ((rv = raft_uv_init(&n->io, loop, raft_dir, &n->transport)) != 0) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "raft io %s: %s", raft_dir, n->io.errmsg);
+		goto err_transport;
+	}
+	raft_uv_set_connect_retry_delay(&n->io, 100);
+	n->orig_append = n->io.append;
+	n->io.append = append_wrap;
+	if ((rv = raft_init(&n->raft, &n->io, sdb_fsm_raft(n->fsm), n->id, n->raft_addr)) != 0) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "raft init: %s", raft_errmsg(&n->raft));
+		goto err_io;
+	}
+	n->raft.data = n;
+	sdb_fsm_bind(n->fsm, &n->raft);
+	{
+		unsigned et = opts->election_timeout_ms ? opts->election_timeout_ms : 1000;
+		unsigned th = opts->snapshot_threshold ? opts->snapshot_threshold : 1024;
+		raft_set_election_timeout(&n->raft, et);
+		raft_set_heartbeat_timeout(&n->raft, et / 10 ? et / 10 : 1);
+		raft_set_snapshot_threshold(&n->raft, th);
+		raft_set_snapshot_trailing(&n->raft, th / 4 ? th / 4 : 1);
+		raft_set_pre_vote(&n->raft, true);
+	}
+	if (opts->bootstrap && *opts->bootstrap) {
+		bool member = false;
+		raft_configuration_init(&conf);
+		rc = sdb_node_parse_members(opts->bootstrap, &conf, err, errlen);
+		if (rc != 0) {
+			raft_configuration_close(&conf);
+			goto err_raft;
+		}
+		for (unsigned i = 0; i < conf.n; i++)
+			member |= conf.servers[i].id == n->id;
+		if (member) {
+			rv = raft_bootstrap(&n->raft, &conf);
+			if (rv == 0)
+				sdb_info("raft: bootstrapped", "members=%u", conf.n);
+			else if (rv != RAFT_CANTBOOTSTRAP) {
+				raft_configuration_close(&conf);
+				rc = sdb_errf(err, errlen, SDB_EIO, "raft bootstrap: %s",
+					      raft_errmsg(&n->raft));
+				goto err_raft;
+			}
+		}
+		raft_configuration_close(&conf);
+	}
+	if ((rv = raft_start(&n->raft)) != 0) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "raft start on %s: %s", n->raft_addr,
+			      raft_errmsg(&n->raft));
+		goto err_raft;
+	}
+	uv_prepare_init(loop, &n->prepare);
+	n->prepare.data = n;
+	uv_prepare_start(&n->prepare, prepare_cb);
+	free(raft_dir);
+	free(db_path);
+	*out = n;
+	return 0;
+
+err_raft:
+	/* raft_close needs the loop to finish; a role that failed to start exits, so we
+	 * only release what is safe to release synchronously. */
+	n->closing = 1;
+	free(raft_dir);
+	free(db_path);
+	return rc;
+err_io:
+	raft_uv_close(&n->io);
+err_transport:
+	raft_uv_tcp_close(&n->transport);
+err_fsm:
+	sdb_fsm_close(n->fsm);
+err:
+	free(raft_dir);
+	free(db_path);
+	free(n->raft_addr);
+	free(n);
+	return rc;
+}
+
+static void node_finish(sdb_node *n)
+{
+	if (--n->pending_close > 0)
+		return;
+	void (*cb)(void *) = n->close_cb;
+	void *arg = n->close_arg;
+	sdb_fsm_close(n->fsm);
+	free(n->raft_addr);
+	free(n);
+	if (cb)
+		cb(arg);
+}
+
+static void raft_closed(struct raft *r)
+{
+	sdb_node *n = r->data;
+	raft_uv_close(&n->io);
+	raft_uv_tcp_close(&n->transport);
+	node_finish(n);
+}
+
+static void prepare_closed(uv_handle_t *h)
+{
+	node_finish(h->data);
+}
+
+void sdb_node_close(sdb_node *n, void (*cb)(void *arg), void *arg)
+{
+	n->closing = 1;
+	n->close_cb = cb;
+	n->close_arg = arg;
+	n->pending_close = 2;
+	uv_prepare_stop(&n->prepare);
+	uv_close((uv_handle_t *)&n->prepare, prepare_closed);
+	raft_close(&n->raft, raft_closed);
+}
+
+struct raft *sdb_node_raft(sdb_node *n) { return &n->raft; }
+sdb_fsm *sdb_node_fsm(sdb_node *n) { return n->fsm; }
+uint64_t sdb_node_id(const sdb_node *n) { return n->id; }
+uint64_t sdb_node_term(sdb_node *n) { return n->raft.current_term; }
+
+void sdb_node_leader(sdb_node *n, uint64_t *id, const char **addr)
+{
+	raft_id lid = 0;
+	const char *a = NULL;
+	raft_leader(&n->raft, &lid, &a);
+	*id = lid;
+	*addr = a;
+}
+
+/* ------------------------------------------------------- proposals */
+
+struct prop {
+	struct raft_apply req;
+	sdb_node *n;
+	sdb_node_apply_cb cb;
+	void *arg;
+};
+
+static void prop_done(struct raft_apply *req, int status, void *result)
+{
+	struct prop *p = req->data;
+	bson_t *res = NULL;
+	int rc = sdb_node_errno(status);
+	(void)result; /* results travel through sdb_fsm_take_result() */
+	if (status == RAFT_IOERR && !p->n->closing) {
+		sdb_error("raft: apply failed with an I/O error, aborting", "err=\"%s\"",
+			  raft_errmsg(&p->n->raft));
+		abort();
+	}
+	if (rc == 0) {
+		res = sdb_fsm_take_result(p->n->fsm);
+		if (!res || sdb_fsm_last_applied(p->n->fsm) != req->index) {
+			if (res) {
+				bson_destroy(res);
+				free(res);
+			}
+			res = bson_new();
+			BSON_APPEND_DOUBLE(res, "ok", 1.0);
+		}
+	}
+	p->cb(p->arg, rc, res);
+	free(p);
+}
+
+static int64_t epoch_ms(void)
+{
+	struct timespec ts;
+	/* Wall clock on purpose: lease expiry must mean the same instant on every member
+	 * and across leader changes; it is read once, on the leader, and stamped into the
+	 * command (DESIGN.md: epoch ms where the protocol demands it). */
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int sdb_node_propose(sdb_node *n, const char *op, const bson_t *args, sdb_node_apply_cb cb,
+		     void *arg)
+{
+	bson_t cmd = BSON_INITIALIZER;
+	struct raft_buffer buf;
+	struct prop *p;
+	int rv;
+
+	if (!sdb_node_ready(n))
+		return SDB_ENOTLEADER;
+	BSON_APPEND_UTF8(&cmd, "op", op);
+	BSON_APPEND_INT64(&cmd, "ts", epoch_ms());
+	BSON_APPEND_DOCUMENT(&cmd, "args", args);
+	buf.len = cmd.len;
+	buf.base = raft_malloc(buf.len);
+	if (!buf.base) {
+		bson_destroy(&cmd);
+		return SDB_ENOMEM;
+	}
+	memcpy(buf.base, bson_get_data(&cmd), buf.len);
+	bson_destroy(&cmd);
+	p = sdb_calloc(1, sizeof *p);
+	p->n = n;
+	p->cb = cb;
+	p->arg = arg;
+	p->req.data = p;
+	rv = raft_apply(&n->raft, &p->req, &buf, 1, prop_done);
+	if (rv != 0) {
+		raft_free(buf.base);
+		free(p);
+		return sdb_node_errno(rv);
+	}
+	return 0;
+}
+
+int sdb_node_barrier(sdb_node *n, sdb_node_done_cb cb, void *arg)
+{
+	struct barrier_req *b;
+	int rv;
+	if (!sdb_node_ready(n))
+		return SDB_ENOTLEADER;
+	b = sdb_calloc(1, sizeof *b);
+	b->n = n;
+	b->term = n->raft.current_term;
+	b->cb = cb;
+	b->arg = arg;
+	b->req.data = b;
+	rv = raft_barrier(&n->raft, &b->req, barrier_done);
+	if (rv != 0) {
+		free(b);
+		return sdb_node_errno(rv);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------- membership */
+
+struct change_req {
+	struct raft_change req;
+	struct raft_transfer xfer;
+	sdb_node *n;
+	uint64_t id;
+	sdb_node_done_cb cb;
+	void *arg;
+};
+
+static void assign_done(struct raft_change *req, int status)
+{
+	struct change_req *c = req->data;
+	c->cb(c->arg, sdb_node_errno(status));
+	free(c);
+}
+
+static void add_done(struct raft_change *req, int status)
+{
+	struct change_req *c = req->data;
+	int rv;
+	if (status != 0) {
+		c->cb(c->arg, sdb_node_errno(status));
+		free(c);
+		return;
+	}
+	rv = raft_assign(&c->n->raft, &c->req, c->id, RAFT_VOTER, assign_done);
+	if (rv != 0) {
+		c->cb(c->arg, sdb_node_errno(rv));
+		free(c);
+	}
+}
+
+int sdb_node_add(sdb_node *n, uint64_t id, const char *raft_addr, sdb_node_done_cb cb,
+		 void *arg)
+{
+	struct change_req *c;
+	int rv;
+	if (!sdb_node_ready(n))
+		return SDB_ENOTLEADER;
+	c = sdb_calloc(1, sizeof *c);
+	c->n = n;
+	c->id = id;
+	c->cb = cb;
+	c->arg = arg;
+	c->req.data = c;
+	rv = raft_add(&n->raft, &c->req, id, raft_addr, add_done);
+	if (rv != 0) {
+		free(c);
+		return sdb_node_errno(rv);
+	}
+	return 0;
+}
+
+int sdb_node_remove(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg)
+{
+	struct change_req *c;
+	int rv;
+	if (!sdb_node_ready(n))
+		return SDB_ENOTLEADER;
+	c = sdb_calloc(1, sizeof *c);
+	c->n = n;
+	c->id = id;
+	c->cb = cb;
+	c->arg = arg;
+	c->req.data = c;
+	rv = raft_remove(&n->raft, &c->req, id, assign_done);
+	if (rv != 0) {
+		free(c);
+		return sdb_node_errno(rv);
+	}
+	return 0;
+}
+
+static void transfer_done(struct raft_transfer *req)
+{
+	struct change_req *c = req->data;
+	raft_id lid = 0;
+	const char *addr = NULL;
+	raft_leader(&c->n->raft, &lid, &addr);
+	int ok = lid != 0 && lid != c->n->id && (c->id == 0 || lid == c->id);
+	c->cb(c->arg, ok ? 0 : SDB_ETIMEOUT);
+	free(c);
+}
+
+int sdb_node_transfer(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg)
+{
+	struct change_req *c;
+	int rv;
+	if (raft_state(&n->raft) != RAFT_LEADER)
+		return SDB_ENOTLEADER;
+	c = sdb_calloc(1, sizeof *c);
+	c->n = n;
+	c->id = id;
+	c->cb = cb;
+	c->arg = arg;
+	c->xfer.data = c;
+	rv = raft_transfer(&n->raft, &c->xfer, id, transfer_done);
+	if (rv != 0) {
+		free(c);
+		return sdb_node_errno(rv);
+	}
+	return 0;
+}
+
+void sdb_node_append_config(sdb_node *n, bson_t *out, const char *key)
+{
+	bson_t arr, d;
+	char k[16];
+	const struct raft_configuration *c = &n->raft.configuration;
+	bson_append_array_begin(out, key, -1, &arr);
+	for (unsigned i = 0; i < c->n; i++) {
+		snprintf(k, sizeof k, "%u", i);
+		bson_append_document_begin(&arr, k, -1, &d);
+		BSON_APPEND_INT64(&d, "id", (int64_t)c->servers[i].id);
+		BSON_APPEND_UTF8(&d, "raft", c->servers[i].address);
+		BSON_APPEND_UTF8(&d, "role",
+				 c->servers[i].role == RAFT_VOTER     ? "voter"
+				 : c->servers[i].role == RAFT_STANDBY ? "standby"
+								      : "spare");
+		bson_append_document_end(&arr, &d);
+	}
+	bson_append_array_end(out, &arr);
+}

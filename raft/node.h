@@ -1,0 +1,101 @@
+/* One metadata Raft member: libraft 0.15 with its libuv disk + TCP transport, the
+ * SQLite state machine (raft/fsm.h), bootstrap, membership and the mitigations for
+ * libraft 0.15 bugs described in raft/README.md.
+ *
+ * Everything here runs on the loop given to sdb_node_start (the metadata role's loop);
+ * no function is thread-safe.
+ *
+ * Leadership: a member that wins an election first commits a barrier entry
+ * (raft_barrier) in its term; only after the barrier applied does sdb_node_ready()
+ * return true, and only then may it serve writes or linearizable reads
+ * (dissertation §6.4: "a leader must commit an entry from its own term").
+ */
+#ifndef SDB_RAFT_NODE_H
+#define SDB_RAFT_NODE_H
+
+#include <bson/bson.h>
+#include <raft.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "raft/fsm.h"
+
+typedef struct sdb_node sdb_node;
+
+typedef struct sdb_node_opts {
+	uint64_t id;                   /* raft server id, > 0 */
+	const char *data_dir;          /* DIR: raft log in DIR/raft, state machine DIR/meta.db */
+	const char *raft_addr;         /* "HOST:PORT" this member listens on for raft */
+	const char *bootstrap;         /* "ID@HOST:PORT,..." or NULL (join later) */
+	unsigned snapshot_threshold;   /* entries between snapshots; 0 = 1024 */
+	unsigned election_timeout_ms;  /* 0 = 1000; heartbeat is a tenth of it */
+	/* Called on the loop thread whenever the raft state, term, leader or readiness
+	 * changed (checked once per loop iteration). May be NULL. */
+	void (*on_change)(void *data);
+	void *data;
+} sdb_node_opts;
+
+/* Create the data directories, open the state machine, bootstrap when the directory is
+ * pristine and this id is in the bootstrap list (every member gets the same list, so the
+ * configuration entry is identical; a member with state ignores the list), and start
+ * raft. Returns 0, SDB_EINVAL (bad id/address/list), SDB_EIO (disk, bind) with a message. */
+int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, char *err,
+		   size_t errlen);
+
+/* Stop raft and free everything; cb(arg) runs on the loop when done. Pending proposals
+ * complete with SDB_ECANCELED before that. */
+void sdb_node_close(sdb_node *n, void (*cb)(void *arg), void *arg);
+
+struct raft *sdb_node_raft(sdb_node *n);
+sdb_fsm *sdb_node_fsm(sdb_node *n);
+uint64_t sdb_node_id(const sdb_node *n);
+
+/* True when this member is the leader and its term's barrier has been applied. */
+bool sdb_node_ready(sdb_node *n);
+/* Current term and known leader (id 0 and NULL address when unknown). */
+uint64_t sdb_node_term(sdb_node *n);
+void sdb_node_leader(sdb_node *n, uint64_t *id, const char **raft_addr);
+
+/* Completion of a proposal. status is 0 (result is the fsm's result document: the
+ * callee owns it and must bson_destroy + free it... see below), SDB_ENOTLEADER (lost
+ * leadership before commit: the outcome is unknown), SDB_ECANCELED (shutdown) or
+ * SDB_EIO. result is heap-allocated (bson_t *) on status 0, NULL otherwise; the
+ * callback takes ownership (bson_destroy then free). */
+typedef void (*sdb_node_apply_cb)(void *arg, int status, bson_t *result);
+
+/* Propose command op with args (copied) stamped with the leader's epoch ms clock and,
+ * when rnd_len > 0, that many random bytes (the only sources of time and randomness
+ * the state machine ever sees). Returns 0 (cb will fire exactly once) or
+ * SDB_ENOTLEADER / SDB_EIO synchronously (cb never fires). */
+int sdb_node_propose(sdb_node *n, const char *op, const bson_t *args, sdb_node_apply_cb cb,
+		     void *arg);
+
+/* Linearizable read fence: cb(arg, 0) after a barrier in the current term applied on
+ * this leader; SDB_ENOTLEADER otherwise. Same sync/async rule as propose. */
+typedef void (*sdb_node_done_cb)(void *arg, int status);
+int sdb_node_barrier(sdb_node *n, sdb_node_done_cb cb, void *arg);
+
+/* Membership (dissertation §4.1, one server at a time). add: add id@raft_addr as a
+ * spare then promote it to voter (it catches up first); remove: remove id; transfer:
+ * hand leadership to id (0 = any up-to-date voter). cb status: 0, SDB_ENOTLEADER,
+ * SDB_EINVAL (bad id), SDB_EBUSY (a change is in progress), SDB_ETIMEOUT (transfer did
+ * not complete), SDB_EIO. Same sync/async rule as propose. */
+int sdb_node_add(sdb_node *n, uint64_t id, const char *raft_addr, sdb_node_done_cb cb,
+		 void *arg);
+int sdb_node_remove(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg);
+int sdb_node_transfer(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg);
+
+/* Append the current raft configuration as an array of {id, raft, role} to out under
+ * key. */
+void sdb_node_append_config(sdb_node *n, bson_t *out, const char *key);
+
+/* Map a libraft error code to an SDB_E* code. */
+int sdb_node_errno(int raft_rv);
+
+/* Parse "ID@HOST:PORT,..." into conf (initialised by the caller). Returns 0 or
+ * SDB_EINVAL with a message. */
+int sdb_node_parse_members(const char *list, struct raft_configuration *conf, char *err,
+			   size_t errlen);
+
+#endif

@@ -1,0 +1,394 @@
+/* Unit tests of the metadata state machine (raft/fsm.c), applied directly (no raft):
+ * every command's effect and result, compare-and-set, the routing version bump, replay
+ * skipping, snapshot/restore and the state hash. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "raft/fsm.h"
+
+typedef struct t {
+	sdb_fsm *f;
+	uint64_t index;
+} t;
+
+static int setup(void **state)
+{
+	t *x = calloc(1, sizeof *x);
+	char err[256];
+	assert_int_equal(sdb_fsm_open(":memory:", &x->f, err, sizeof err), 0);
+	*state = x;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	t *x = *state;
+	sdb_fsm_close(x->f);
+	free(x);
+	return 0;
+}
+
+/* Apply {op, ts, args: json} at the next index; returns the result (caller destroys). */
+static bson_t *apply_at(sdb_fsm *f, uint64_t index, const char *op, int64_t ts, const char *json)
+{
+	bson_error_t e;
+	bson_t *args = bson_new_from_json((const uint8_t *)json, -1, &e);
+	bson_t cmd = BSON_INITIALIZER;
+	bson_t *res = malloc(sizeof *res);
+	if (!args)
+		fail_msg("bad json %s: %s", json, e.message);
+	BSON_APPEND_UTF8(&cmd, "op", op);
+	BSON_APPEND_INT64(&cmd, "ts", ts);
+	BSON_APPEND_DOCUMENT(&cmd, "args", args);
+	assert_int_equal(sdb_fsm_apply_doc(f, index, &cmd, res), 0);
+	bson_destroy(&cmd);
+	bson_destroy(args);
+	return res;
+}
+
+static bson_t *apply(t *x, const char *op, const char *json)
+{
+	x->index++;
+	return apply_at(x->f, x->index, op, 1000 + (int64_t)x->index, json);
+}
+
+static double ok_of(const bson_t *r)
+{
+	bson_iter_t it;
+	assert_true(bson_iter_init_find(&it, r, "ok"));
+	return bson_iter_as_double(&it);
+}
+
+static int64_t int_of(const bson_t *r, const char *key)
+{
+	bson_iter_t it;
+	if (!bson_iter_init_find(&it, r, key))
+		fail_msg("no field %s in %s", key, bson_as_relaxed_extended_json(r, NULL));
+	return bson_iter_as_int64(&it);
+}
+
+static const char *str_of(const bson_t *r, const char *key)
+{
+	bson_iter_t it;
+	if (!bson_iter_init_find(&it, r, key) || !BSON_ITER_HOLDS_UTF8(&it))
+		fail_msg("no string %s", key);
+	return bson_iter_utf8(&it, NULL);
+}
+
+static void done(bson_t *r)
+{
+	bson_destroy(r);
+	free(r);
+}
+
+/* ok:1 expected */
+static void ok(t *x, const char *op, const char *json)
+{
+	bson_t *r = apply(x, op, json);
+	if (ok_of(r) != 1.0)
+		fail_msg("%s %s failed: %s", op, json, bson_as_relaxed_extended_json(r, NULL));
+	done(r);
+}
+
+/* logical error with the given code expected */
+static void fails(t *x, const char *op, const char *json, int64_t code)
+{
+	bson_t *r = apply(x, op, json);
+	assert_true(ok_of(r) == 0.0);
+	assert_int_equal(int_of(r, "code"), code);
+	done(r);
+}
+
+static void base_cluster(t *x)
+{
+	ok(x, "addShard", "{\"id\": \"shard-a\", \"uri\": \"mongodb://a\"}");
+	ok(x, "addShard", "{\"id\": \"shard-b\", \"uri\": \"mongodb://b\"}");
+	ok(x, "createTenant", "{\"name\": \"acme\"}");
+	ok(x, "createDatabase", "{\"name\": \"app\", \"tenant\": \"acme\"}");
+}
+
+static bson_t *query(t *x, const char *name, const char *json)
+{
+	bson_error_t e;
+	bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &e);
+	bson_t *rep = bson_new();
+	char err[256];
+	assert_non_null(cmd);
+	assert_int_equal(sdb_fsm_query(x->f, name, cmd, rep, err, sizeof err), 0);
+	bson_destroy(cmd);
+	return rep;
+}
+
+static int count_array(const bson_t *r, const char *key)
+{
+	bson_iter_t it, sub;
+	int n = 0;
+	assert_true(bson_iter_init_find(&it, r, key));
+	assert_true(bson_iter_recurse(&it, &sub));
+	while (bson_iter_next(&sub))
+		n++;
+	return n;
+}
+
+static void test_shards_and_duplicates(void **state)
+{
+	t *x = *state;
+	base_cluster(x);
+	fails(x, "addShard", "{\"id\": \"shard-a\", \"uri\": \"mongodb://other\"}", 11000);
+	fails(x, "addShard", "{\"id\": \"\"}", 2);
+	fails(x, "createDatabase", "{\"name\": \"app\"}", 48);
+	fails(x, "createDatabase", "{\"name\": \"x\", \"tenant\": \"nobody\"}", 4);
+	fails(x, "unknownOp", "{}", 9);
+	bson_t *r = query(x, "listShards", "{\"listShards\": 1}");
+	assert_int_equal(count_array(r, "shards"), 2);
+	bson_destroy(r);
+	assert_int_equal(sdb_fsm_routing_version(x->f), 0);
+	/* logical errors still advance the applied index (every entry applies once) */
+	assert_int_equal(sdb_fsm_last_applied(x->f), 9);
+}
+
+static void test_shard_collection_ranged(void **state)
+{
+	t *x = *state;
+	base_cluster(x);
+	ok(x, "shardCollection",
+	   "{\"ns\": \"app.users\", \"key\": {\"uid\": 1}, \"splitPoints\": [{\"uid\": 100}, "
+	   "{\"uid\": 200}]}");
+	assert_int_equal(sdb_fsm_routing_version(x->f), 1);
+	fails(x, "shardCollection", "{\"ns\": \"app.users\", \"key\": {\"uid\": 1}}", 48);
+	fails(x, "shardCollection", "{\"ns\": \"nodb.c\", \"key\": {\"uid\": 1}}", 26);
+	fails(x, "shardCollection",
+	      "{\"ns\": \"app.bad\", \"key\": {\"uid\": 1}, \"splitPoints\": [{\"uid\": 5}, {\"uid\": 5}]}",
+	      2);
+	fails(x, "shardCollection", "{\"ns\": \"app.bad\", \"key\": {\"uid\": -1}}", 2);
+	/* failed ops never bump the routing version */
+	assert_int_equal(sdb_fsm_routing_version(x->f), 1);
+
+	bson_t *r = query(x, "getRoutingTable", "{\"getRoutingTable\": \"app.users\"}");
+	assert_int_equal(int_of(r, "routingVersion"), 1);
+	assert_int_equal(count_array(r, "chunks"), 3);
+	bson_destroy(r);
+	/* nothing new since version 1 */
+	r = query(x, "getRoutingTable", "{\"getRoutingTable\": \"app.users\", \"sinceVersion\": 1}");
+	assert_int_equal(count_array(r, "chunks"), 0);
+	bson_destroy(r);
+
+	/* chunks 1..3; placement round-robin over shard-a, shard-b */
+	bson_t *s = apply(x, "splitChunk", "{\"id\": 2, \"at\": {\"uid\": 150}}");
+	assert_true(ok_of(s) == 1.0);
+	assert_int_equal(int_of(s, "right"), 4);
+	assert_int_equal(int_of(s, "routingVersion"), 2);
+	done(s);
+	fails(x, "splitChunk", "{\"id\": 2, \"at\": {\"uid\": 150}}", 2); /* on the boundary */
+	fails(x, "splitChunk", "{\"id\": 2, \"at\": {\"other\": 120}}", 2);
+	fails(x, "splitChunk", "{\"id\": 99, \"at\": {\"uid\": 1}}", 4);
+	assert_int_equal(sdb_fsm_routing_version(x->f), 2);
+	ok(x, "mergeChunks", "{\"ids\": [4, 2]}");
+	assert_int_equal(sdb_fsm_routing_version(x->f), 3);
+	fails(x, "mergeChunks", "{\"ids\": [1, 3]}", 20); /* not adjacent */
+	r = query(x, "getRoutingTable", "{\"getRoutingTable\": \"all\"}");
+	assert_int_equal(count_array(r, "chunks"), 3);
+	bson_destroy(r);
+
+	/* compare-and-set on the chunk's version token */
+	s = apply(x, "setChunkShard", "{\"id\": 1, \"shard\": \"shard-b\", \"expectToken\": 1, \"token\": 2}");
+	assert_true(ok_of(s) == 1.0);
+	assert_int_equal(int_of(s, "token"), 2);
+	done(s);
+	s = apply(x, "setChunkShard", "{\"id\": 1, \"shard\": \"shard-a\", \"expectToken\": 1, \"token\": 3}");
+	assert_true(ok_of(s) == 0.0);
+	assert_int_equal(int_of(s, "code"), 112);
+	assert_int_equal(int_of(s, "currentToken"), 2);
+	done(s);
+	fails(x, "setChunkShard", "{\"id\": 1, \"shard\": \"shard-z\"}", 70);
+	assert_int_equal(sdb_fsm_routing_version(x->f), 4);
+	fails(x, "removeShard", "{\"id\": \"shard-b\"}", 20);
+	ok(x, "dropCollection", "{\"ns\": \"app.users\"}");
+	assert_int_equal(sdb_fsm_routing_version(x->f), 5);
+	ok(x, "removeShard", "{\"id\": \"shard-b\"}");
+}
+
+static void test_hashed(void **state)
+{
+	t *x = *state;
+	base_cluster(x);
+	ok(x, "shardCollection", "{\"ns\": \"app.h\", \"key\": {\"k\": \"hashed\"}, \"numChunks\": 4}");
+	bson_t *r = query(x, "getRoutingTable", "{\"getRoutingTable\": \"app.h\"}");
+	assert_int_equal(count_array(r, "chunks"), 4);
+	bson_destroy(r);
+	fails(x, "shardCollection", "{\"ns\": \"app.r\", \"key\": {\"k\": 1}, \"numChunks\": 4}", 2);
+	ok(x, "dropDatabase", "{\"name\": \"app\"}");
+	assert_int_equal(sdb_fsm_routing_version(x->f), 2);
+	r = query(x, "getRoutingTable", "{\"getRoutingTable\": \"all\"}");
+	assert_int_equal(count_array(r, "chunks"), 0);
+	bson_destroy(r);
+}
+
+static void test_migration_cas(void **state)
+{
+	t *x = *state;
+	ok(x, "registerMigration", "{\"id\": \"m1\", \"ns\": \"app.users\", \"chunks\": [1]}");
+	fails(x, "registerMigration", "{\"id\": \"m1\"}", 11000);
+	bson_t *r = apply(x, "updateMigration",
+			  "{\"id\": \"m1\", \"expectState\": \"registered\", \"state\": \"copying\","
+			  " \"checkpoint\": {\"resume\": 42}}");
+	assert_true(ok_of(r) == 1.0);
+	assert_int_equal(int_of(r, "version"), 2);
+	done(r);
+	/* a second coordinator with a stale view loses */
+	r = apply(x, "updateMigration",
+		  "{\"id\": \"m1\", \"expectState\": \"registered\", \"state\": \"aborted\"}");
+	assert_true(ok_of(r) == 0.0);
+	assert_int_equal(int_of(r, "code"), 112);
+	assert_string_equal(str_of(r, "currentState"), "copying");
+	done(r);
+	fails(x, "updateMigration", "{\"id\": \"nope\", \"state\": \"x\"}", 4);
+	r = query(x, "getMigration", "{\"getMigration\": \"m1\"}");
+	bson_iter_t it, sub;
+	assert_true(bson_iter_init_find(&it, r, "migration"));
+	assert_true(bson_iter_recurse(&it, &sub) && bson_iter_find(&sub, "state"));
+	assert_string_equal(bson_iter_utf8(&sub, NULL), "copying");
+	bson_destroy(r);
+	/* an id generated from the log index when none is given */
+	r = apply(x, "registerMigration", "{\"ns\": \"app.x\"}");
+	assert_string_equal(str_of(r, "id"), "mig-6");
+	done(r);
+}
+
+static void test_leases(void **state)
+{
+	t *x = *state;
+	/* ts = 1000 + index */
+	bson_t *r = apply(x, "acquireLease", "{\"name\": \"coord\", \"holder\": \"c1\", \"ttlMS\": 5}");
+	assert_true(ok_of(r) == 1.0);
+	assert_int_equal(int_of(r, "expiresMS"), 1006);
+	assert_int_equal(int_of(r, "epoch"), 1);
+	done(r);
+	fails(x, "acquireLease", "{\"name\": \"coord\", \"holder\": \"c2\", \"ttlMS\": 5}", 46);
+	ok(x, "renewLease", "{\"name\": \"coord\", \"holder\": \"c1\", \"ttlMS\": 5}");
+	/* index 4..8 pass time; at ts 1009 the lease (expires 1008) has lapsed */
+	x->index += 5;
+	r = apply(x, "acquireLease", "{\"name\": \"coord\", \"holder\": \"c2\", \"ttlMS\": 5}");
+	assert_true(ok_of(r) == 1.0);
+	assert_int_equal(int_of(r, "epoch"), 2);
+	done(r);
+	fails(x, "releaseLease", "{\"name\": \"coord\", \"holder\": \"c1\"}", 46);
+	ok(x, "releaseLease", "{\"name\": \"coord\", \"holder\": \"c2\"}");
+}
+
+static void test_users(void **state)
+{
+	t *x = *state;
+	ok(x, "createTenant", "{\"name\": \"acme\"}");
+	ok(x, "setQuota", "{\"tenant\": \"acme\", \"quota\": {\"opsPerSec\": 100}}");
+	ok(x, "setPolicy", "{\"tenant\": \"acme\", \"policy\": {\"dbs\": [\"app\"]}}");
+	const char *user =
+		"{\"name\": \"alice\", \"tenant\": \"acme\", \"iterations\": 15000,"
+		" \"salt\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAAA==\", \"subType\": \"00\"}},"
+		" \"storedKey\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\", \"subType\": \"00\"}},"
+		" \"serverKey\": {\"$binary\": {\"base64\": \"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\", \"subType\": \"00\"}}}";
+	ok(x, "createUser", user);
+	fails(x, "createUser", user, 11000);
+	fails(x, "createUser", "{\"name\": \"bob\", \"tenant\": \"acme\", \"password\": \"pw\"}", 2);
+	bson_t *r = query(x, "getUser", "{\"getUser\": \"alice\"}");
+	bson_iter_t it, sub;
+	assert_true(bson_iter_init_find(&it, r, "user") && bson_iter_recurse(&it, &sub));
+	assert_true(bson_iter_find(&sub, "iterations"));
+	assert_int_equal(bson_iter_as_int64(&sub), 15000);
+	bson_destroy(r);
+}
+
+static void test_replay_skips(void **state)
+{
+	t *x = *state;
+	ok(x, "addShard", "{\"id\": \"s\", \"uri\": \"u\"}");
+	/* the same entry again (a replay after restart) is skipped, not re-applied */
+	bson_t *r = apply_at(x->f, 1, "addShard", 1, "{\"id\": \"s\", \"uri\": \"u\"}");
+	assert_true(ok_of(r) == 1.0);
+	bson_iter_t it;
+	assert_true(bson_iter_init_find(&it, r, "skipped"));
+	done(r);
+	assert_int_equal(sdb_fsm_last_applied(x->f), 1);
+}
+
+static void test_persist_and_snapshot(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/sdb-fsm-XXXXXX", path[256], err[256];
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/meta.db", dir);
+	sdb_fsm *a, *b;
+	assert_int_equal(sdb_fsm_open(path, &a, err, sizeof err), 0);
+	t x = {a, 0};
+	base_cluster(&x);
+	ok(&x, "shardCollection", "{\"ns\": \"app.c\", \"key\": {\"k\": 1}}");
+	uint64_t h = sdb_fsm_hash(a);
+	struct raft_buffer *bufs = NULL;
+	unsigned n = 0;
+	assert_int_equal(sdb_fsm_raft(a)->snapshot(sdb_fsm_raft(a), &bufs, &n), 0);
+	assert_int_equal(n, 1);
+	sdb_fsm_close(a);
+
+	/* reopen: state and last applied index survive */
+	assert_int_equal(sdb_fsm_open(path, &a, err, sizeof err), 0);
+	assert_int_equal(sdb_fsm_last_applied(a), 5);
+	assert_int_equal(sdb_fsm_routing_version(a), 1);
+	assert_true(sdb_fsm_hash(a) == h);
+	/* more changes, then restore the snapshot: back to the snapshot's state */
+	x.f = a;
+	ok(&x, "addShard", "{\"id\": \"shard-c\", \"uri\": \"mongodb://c\"}");
+	assert_true(sdb_fsm_hash(a) != h);
+	assert_int_equal(sdb_fsm_raft(a)->restore(sdb_fsm_raft(a), &bufs[0]), 0);
+	raft_free(bufs);
+	assert_true(sdb_fsm_hash(a) == h);
+	assert_int_equal(sdb_fsm_last_applied(a), 5);
+	/* a fresh in-memory member restored from a snapshot of a has the same hash */
+	assert_int_equal(sdb_fsm_raft(a)->snapshot(sdb_fsm_raft(a), &bufs, &n), 0);
+	assert_int_equal(sdb_fsm_open(":memory:", &b, err, sizeof err), 0);
+	assert_int_equal(sdb_fsm_raft(b)->restore(sdb_fsm_raft(b), &bufs[0]), 0);
+	raft_free(bufs);
+	assert_true(sdb_fsm_hash(b) == h);
+	sdb_fsm_close(a);
+	sdb_fsm_close(b);
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
+static void test_corrupt_snapshot_refused(void **state)
+{
+	t *x = *state;
+	struct raft_buffer buf;
+	buf.len = 200;
+	buf.base = raft_malloc(buf.len);
+	memset(buf.base, 0x5a, buf.len);
+	assert_int_not_equal(sdb_fsm_raft(x->f)->restore(sdb_fsm_raft(x->f), &buf), 0);
+	raft_free(buf.base);
+	/* still usable */
+	ok(x, "addShard", "{\"id\": \"s\", \"uri\": \"u\"}");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_shards_and_duplicates, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_shard_collection_ranged, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hashed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_migration_cas, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_users, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_replay_skips, setup, teardown),
+		cmocka_unit_test(test_persist_and_snapshot),
+		cmocka_unit_test_setup_teardown(test_corrupt_snapshot_refused, setup, teardown),
+	};
+	return cmocka_run_group_tests_name("raft_fsm", tests, NULL, NULL);
+}
