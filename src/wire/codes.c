@@ -1,0 +1,92 @@
+/* MongoDB error code names (codeName in error replies).
+ * Source: src/mongo/base/error_codes.yml of the MongoDB server (6.0), for the codes in
+ * server.h and msg.h and the other common ones drivers look at. */
+#include <stddef.h>
+
+#include "wire/msg.h"
+#include "wire/server.h"
+
+static const struct {
+	int code;
+	const char *name;
+} code_names[] = {
+	{0, "OK"},
+	{1, "InternalError"},
+	{2, "BadValue"},
+	{4, "NoSuchKey"},
+	{5, "GraphContainsCycle"},
+	{6, "HostUnreachable"},
+	{7, "HostNotFound"},
+	{8, "UnknownError"},
+	{9, "FailedToParse"},
+	{10, "CannotMutateObject"},
+	{11, "UserNotFound"},
+	{12, "UnsupportedFormat"},
+	{13, "Unauthorized"},
+	{14, "TypeMismatch"},
+	{15, "Overflow"},
+	{16, "InvalidLength"},
+	{17, "ProtocolError"},
+	{18, "AuthenticationFailed"},
+	{20, "IllegalOperation"},
+	{22, "InvalidBSON"},
+	{24, "LockTimeout"},
+	{26, "NamespaceNotFound"},
+	{27, "IndexNotFound"},
+	{28, "PathNotViable"},
+	{31, "RoleNotFound"},
+	{37, "CannotCreateIndex"},
+	{40, "ConflictingUpdateOperators"},
+	{43, "CursorNotFound"},
+	{46, "LockBusy"},
+	{48, "NamespaceExists"},
+	{50, "MaxTimeMSExpired"},
+	{52, "DollarPrefixedFieldName"},
+	{53, "InvalidIdField"},
+	{54, "NotSingleValueField"},
+	{59, "CommandNotFound"},
+	{61, "ShardKeyNotFound"},
+	{66, "ImmutableField"},
+	{67, "CannotCreateIndex"},
+	{68, "IndexAlreadyExists"},
+	{70, "ShardNotFound"},
+	{72, "InvalidOptions"},
+	{73, "InvalidNamespace"},
+	{79, "UnknownReplWriteConcern"},
+	{85, "IndexOptionsConflict"},
+	{86, "IndexKeySpecsConflict"},
+	{89, "NetworkTimeout"},
+	{91, "ShutdownInProgress"},
+	{96, "OperationFailed"},
+	{100, "UnsatisfiableWriteConcern"},
+	{112, "WriteConflict"},
+	{115, "CommandNotSupported"},
+	{125, "CommandFailed"},
+	{133, "FailedToSatisfyReadPreference"},
+	{189, "PrimarySteppedDown"},
+	{202, "NetworkInterfaceExceededTimeLimit"},
+	{211, "KeyNotFound"},
+	{238, "NotImplemented"},
+	{251, "NoSuchTransaction"},
+	{262, "ExceededTimeLimit"},
+	{263, "OperationNotSupportedInTransaction"},
+	{462, "IngressRequestRateLimitExceeded"},
+	{10107, "NotWritablePrimary"},
+	{10334, "BSONObjectTooLarge"},
+	{11000, "DuplicateKey"},
+	{11600, "InterruptedAtShutdown"},
+	{11601, "Interrupted"},
+	{11602, "InterruptedDueToReplStateChange"},
+	{13388, "StaleConfig"},
+	{13435, "NotPrimaryNoSecondaryOk"},
+	{13436, "NotPrimaryOrSecondary"},
+	{40352, "Location40352"},
+};
+
+const char *wire_code_name(int code)
+{
+	for (size_t i = 0; i < sizeof code_names / sizeof code_names[0]; i++)
+		if (code_names[i].code == code)
+			return code_names[i].name;
+	return "UnknownError";
+}

@@ -1,0 +1,346 @@
+/* The shared commands every wire role answers: enough of mongod's handshake and
+ * introspection commands for pymongo, the Node.js driver, libmongoc and mongosh.
+ * Sources: MongoDB's hello (src/mongo/db/repl/replication_info.cpp, the awaitable hello of
+ * the SDAM spec "server-monitoring.md"), buildInfo, getParameter, getLog, whatsmyuri,
+ * hostInfo, connectionStatus, endSessions and killAllSessions reference pages. */
+#ifdef HAVE_CONFIG_H
+#include "build_config.h"
+#endif
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "wire/internal.h"
+#include "wire/msg.h"
+
+#ifndef PACKAGE_VERSION
+#define PACKAGE_VERSION "0.1.0"
+#endif
+#ifndef SDB_GIT_VERSION
+#define SDB_GIT_VERSION "unknown"
+#endif
+
+#define WIRE_COMPAT_VERSION "6.0.0"
+#define WIRE_LOGICAL_SESSION_TIMEOUT_MIN 30
+/* Upper bound for an awaitable hello's wait, whatever maxAwaitTimeMS says. */
+#define WIRE_MAX_AWAIT_MS (10 * 60 * 1000)
+
+/* ---- hello / isMaster ---- */
+
+struct wire_hello_wait {
+	uv_timer_t timer;
+	wire_server *srv;
+	wire_req *req;
+	bson_t *reply;
+	wire_hello_wait *prev, *next;
+};
+
+static void on_hello_timer_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+/* Reply to a waiting hello now and release its timer (loop thread). */
+static void hello_wait_finish(wire_hello_wait *w)
+{
+	wire_server *srv = w->srv;
+
+	if (w->prev)
+		w->prev->next = w->next;
+	else
+		srv->hello_waits = w->next;
+	if (w->next)
+		w->next->prev = w->prev;
+	uv_timer_stop(&w->timer);
+	wire_req_reply(w->req, w->reply);
+	uv_close((uv_handle_t *)&w->timer, on_hello_timer_closed);
+}
+
+static void on_hello_timer(uv_timer_t *t)
+{
+	hello_wait_finish(t->data);
+}
+
+void wire__hello_flush(wire_server *srv)
+{
+	while (srv->hello_waits)
+		hello_wait_finish(srv->hello_waits);
+}
+
+/* An awaitable hello (SDAM streaming protocol) carries the topologyVersion the client
+ * already knows and maxAwaitTimeMS: when that version is still ours, mongod waits until
+ * the topology changes or the time is up. stripedb's topology of one server does not
+ * change, so the reply comes after maxAwaitTimeMS (or at shutdown). Without this wait a
+ * streaming driver (pymongo, Node.js) would re-send hello in a tight loop. Returns the
+ * wait in ms, or -1 to answer at once. */
+static int64_t hello_await_ms(const wire_server *srv, const bson_t *cmd)
+{
+	bson_iter_t it, tv;
+	int64_t ms;
+
+	if (!bson_iter_init_find(&it, cmd, "maxAwaitTimeMS") || !BSON_ITER_HOLDS_NUMBER(&it))
+		return -1;
+	ms = bson_iter_as_int64(&it);
+	if (ms < 0)
+		return -1;
+	if (!bson_iter_init_find(&it, cmd, "topologyVersion") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+	    !bson_iter_recurse(&it, &tv))
+		return -1;
+	if (!bson_iter_find(&tv, "processId") || !BSON_ITER_HOLDS_OID(&tv) ||
+	    !bson_oid_equal(bson_iter_oid(&tv), &srv->process_id))
+		return -1;
+	if (!bson_iter_recurse(&it, &tv) || !bson_iter_find(&tv, "counter") ||
+	    !BSON_ITER_HOLDS_NUMBER(&tv) || bson_iter_as_int64(&tv) != 0)
+		return -1;
+	return ms > WIRE_MAX_AWAIT_MS ? WIRE_MAX_AWAIT_MS : ms;
+}
+
+static void cmd_hello(wire_req *req, void *role_data)
+{
+	wire_server *srv = req->srv;
+	const bson_t *cmd = wire_req_cmd(req);
+	const char *name = wire_req_name(req);
+	bool legacy = strcmp(name, "hello") != 0; /* isMaster / ismaster */
+	bson_t *reply = bson_new();
+	bson_t tv;
+	int64_t wait_ms;
+
+	(void)role_data;
+	BSON_APPEND_BOOL(reply, "helloOk", true);
+	BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", true);
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "topologyVersion", &tv);
+	BSON_APPEND_OID(&tv, "processId", &srv->process_id);
+	BSON_APPEND_INT64(&tv, "counter", 0);
+	bson_append_document_end(reply, &tv);
+	BSON_APPEND_INT32(reply, "maxBsonObjectSize", WIRE_MAX_BSON_SIZE);
+	BSON_APPEND_INT32(reply, "maxMessageSizeBytes", WIRE_MAX_MESSAGE_SIZE);
+	BSON_APPEND_INT32(reply, "maxWriteBatchSize", WIRE_MAX_WRITE_BATCH);
+	/* localTime is wall-clock by protocol (a BSON date). */
+	bson_append_now_utc(reply, "localTime", -1);
+	BSON_APPEND_INT32(reply, "logicalSessionTimeoutMinutes", WIRE_LOGICAL_SESSION_TIMEOUT_MIN);
+	BSON_APPEND_INT64(reply, "connectionId", wire_conn_id(wire_req_conn(req)));
+	BSON_APPEND_INT32(reply, "minWireVersion", WIRE_MIN_WIRE_VERSION);
+	BSON_APPEND_INT32(reply, "maxWireVersion", WIRE_MAX_WIRE_VERSION);
+	BSON_APPEND_BOOL(reply, "readOnly", false);
+	if (srv->is_mongos)
+		BSON_APPEND_UTF8(reply, "msg", "isdbgrid");
+	if (srv->hello)
+		srv->hello(srv->role_data, cmd, reply);
+
+	wait_ms = hello_await_ms(srv, cmd);
+	if (wait_ms > 0 && srv->state == WIRE_SRV_RUNNING) {
+		wire_hello_wait *w = sdb_calloc(1, sizeof *w);
+		w->srv = srv;
+		w->req = req;
+		w->reply = reply;
+		uv_timer_init(srv->loop, &w->timer);
+		w->timer.data = w;
+		w->next = srv->hello_waits;
+		if (w->next)
+			w->next->prev = w;
+		srv->hello_waits = w;
+		uv_timer_start(&w->timer, on_hello_timer, (uint64_t)wait_ms, 0);
+		return;
+	}
+	wire_req_reply(req, reply);
+}
+
+/* ---- simple commands ---- */
+
+static void cmd_ping(wire_req *req, void *role_data)
+{
+	(void)role_data;
+	wire_req_reply(req, bson_new());
+}
+
+static void cmd_build_info(wire_req *req, void *role_data)
+{
+	bson_t *reply = bson_new();
+	bson_t arr, child;
+
+	(void)role_data;
+	BSON_APPEND_UTF8(reply, "version", WIRE_COMPAT_VERSION "-stripedb-" PACKAGE_VERSION);
+	BSON_APPEND_UTF8(reply, "gitVersion", SDB_GIT_VERSION);
+	BSON_APPEND_ARRAY_BEGIN(reply, "versionArray", &arr);
+	BSON_APPEND_INT32(&arr, "0", 6);
+	BSON_APPEND_INT32(&arr, "1", 0);
+	BSON_APPEND_INT32(&arr, "2", 0);
+	BSON_APPEND_INT32(&arr, "3", 0);
+	bson_append_array_end(reply, &arr);
+	BSON_APPEND_UTF8(reply, "stripedbVersion", PACKAGE_VERSION);
+	BSON_APPEND_ARRAY_BEGIN(reply, "modules", &arr);
+	bson_append_array_end(reply, &arr);
+	BSON_APPEND_UTF8(reply, "allocator", "system");
+	BSON_APPEND_UTF8(reply, "javascriptEngine", "none");
+	BSON_APPEND_UTF8(reply, "sysInfo", "deprecated");
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "openssl", &child);
+	BSON_APPEND_UTF8(&child, "running", "disabled");
+	bson_append_document_end(reply, &child);
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "buildEnvironment", &child);
+	bson_append_document_end(reply, &child);
+	BSON_APPEND_INT32(reply, "bits", (int32_t)(sizeof(void *) * 8));
+	BSON_APPEND_BOOL(reply, "debug", false);
+	BSON_APPEND_INT32(reply, "maxBsonObjectSize", WIRE_MAX_BSON_SIZE);
+	BSON_APPEND_ARRAY_BEGIN(reply, "storageEngines", &arr);
+	BSON_APPEND_UTF8(&arr, "0", "stripedb");
+	bson_append_array_end(reply, &arr);
+	wire_req_reply(req, reply);
+}
+
+static void append_param(bson_t *reply, const char *name)
+{
+	if (strcmp(name, "featureCompatibilityVersion") == 0) {
+		bson_t child;
+		BSON_APPEND_DOCUMENT_BEGIN(reply, "featureCompatibilityVersion", &child);
+		BSON_APPEND_UTF8(&child, "version", "6.0");
+		bson_append_document_end(reply, &child);
+	}
+}
+
+static const char *const known_params[] = {"featureCompatibilityVersion", NULL};
+
+static void cmd_get_parameter(wire_req *req, void *role_data)
+{
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_t *reply = bson_new();
+	bson_iter_t it;
+	bool all = false;
+	int found = 0;
+
+	(void)role_data;
+	if (bson_iter_init_find(&it, cmd, "getParameter") && BSON_ITER_HOLDS_UTF8(&it) &&
+	    strcmp(bson_iter_utf8(&it, NULL), "*") == 0)
+		all = true;
+	for (size_t i = 0; known_params[i]; i++) {
+		if (all || (bson_iter_init_find(&it, cmd, known_params[i]))) {
+			append_param(reply, known_params[i]);
+			found++;
+		}
+	}
+	if (found == 0) {
+		bson_destroy(reply);
+		wire_req_error(req, WIRE_ERR_INVALID_OPTIONS, "no option found to get");
+		return;
+	}
+	wire_req_reply(req, reply);
+}
+
+static void cmd_get_log(wire_req *req, void *role_data)
+{
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_t *reply;
+	bson_t arr;
+	bson_iter_t it;
+	const char *what;
+
+	(void)role_data;
+	if (!bson_iter_init_find(&it, cmd, "getLog") || !BSON_ITER_HOLDS_UTF8(&it)) {
+		wire_req_error(req, WIRE_ERR_TYPE_MISMATCH,
+			       "Argument to getLog must be of type String");
+		return;
+	}
+	what = bson_iter_utf8(&it, NULL);
+	reply = bson_new();
+	if (strcmp(what, "*") == 0) {
+		BSON_APPEND_ARRAY_BEGIN(reply, "names", &arr);
+		BSON_APPEND_UTF8(&arr, "0", "global");
+		BSON_APPEND_UTF8(&arr, "1", "startupWarnings");
+		bson_append_array_end(reply, &arr);
+	} else if (strcmp(what, "global") == 0 || strcmp(what, "startupWarnings") == 0) {
+		BSON_APPEND_INT32(reply, "totalLinesWritten", 0);
+		BSON_APPEND_ARRAY_BEGIN(reply, "log", &arr);
+		bson_append_array_end(reply, &arr);
+	} else {
+		bson_destroy(reply);
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "No log named '%.100s'", what);
+		return;
+	}
+	wire_req_reply(req, reply);
+}
+
+static void cmd_whatsmyuri(wire_req *req, void *role_data)
+{
+	bson_t *reply = bson_new();
+
+	(void)role_data;
+	BSON_APPEND_UTF8(reply, "you", wire_conn_peer(wire_req_conn(req)));
+	wire_req_reply(req, reply);
+}
+
+static void cmd_host_info(wire_req *req, void *role_data)
+{
+	bson_t *reply = bson_new();
+	bson_t sys, os, extra;
+	char hostname[256];
+	size_t hlen = sizeof hostname;
+	uv_utsname_t uts;
+	bool have_uts = uv_os_uname(&uts) == 0;
+
+	(void)role_data;
+	if (uv_os_gethostname(hostname, &hlen) != 0)
+		snprintf(hostname, sizeof hostname, "localhost");
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "system", &sys);
+	bson_append_now_utc(&sys, "currentTime", -1);
+	BSON_APPEND_UTF8(&sys, "hostname", hostname);
+	BSON_APPEND_INT32(&sys, "cpuAddrSize", (int32_t)(sizeof(void *) * 8));
+	BSON_APPEND_INT64(&sys, "memSizeMB", (int64_t)(uv_get_total_memory() / (1024 * 1024)));
+	BSON_APPEND_INT32(&sys, "numCores", (int32_t)uv_available_parallelism());
+	BSON_APPEND_UTF8(&sys, "cpuArch", have_uts ? uts.machine : "unknown");
+	BSON_APPEND_BOOL(&sys, "numaEnabled", false);
+	bson_append_document_end(reply, &sys);
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "os", &os);
+	BSON_APPEND_UTF8(&os, "type", have_uts ? uts.sysname : "unknown");
+	BSON_APPEND_UTF8(&os, "name", have_uts ? uts.sysname : "unknown");
+	BSON_APPEND_UTF8(&os, "version", have_uts ? uts.release : "unknown");
+	bson_append_document_end(reply, &os);
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "extra", &extra);
+	bson_append_document_end(reply, &extra);
+	wire_req_reply(req, reply);
+}
+
+static void cmd_connection_status(wire_req *req, void *role_data)
+{
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_t *reply = bson_new();
+	bson_t auth, arr;
+	bson_iter_t it;
+
+	(void)role_data;
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "authInfo", &auth);
+	BSON_APPEND_ARRAY_BEGIN(&auth, "authenticatedUsers", &arr);
+	bson_append_array_end(&auth, &arr);
+	BSON_APPEND_ARRAY_BEGIN(&auth, "authenticatedUserRoles", &arr);
+	bson_append_array_end(&auth, &arr);
+	if (bson_iter_init_find(&it, cmd, "showPrivileges") && bson_iter_as_bool(&it)) {
+		BSON_APPEND_ARRAY_BEGIN(&auth, "authenticatedUserPrivileges", &arr);
+		bson_append_array_end(&auth, &arr);
+	}
+	bson_append_document_end(reply, &auth);
+	wire_req_reply(req, reply);
+}
+
+/* endSessions / killAllSessions: stripedb keeps no server-side session state in the shared
+ * layer, so there is nothing to end (roles with sessions register their own). */
+static void cmd_ok(wire_req *req, void *role_data)
+{
+	(void)role_data;
+	wire_req_reply(req, bson_new());
+}
+
+void wire__register_builtins(wire_server *srv)
+{
+	wire_server_register(srv, "hello", cmd_hello);
+	wire_server_register(srv, "ping", cmd_ping);
+	wire_server_register(srv, "buildInfo", cmd_build_info);
+	wire_server_register(srv, "buildinfo", cmd_build_info);
+	wire_server_register(srv, "getParameter", cmd_get_parameter);
+	wire_server_register(srv, "getLog", cmd_get_log);
+	wire_server_register(srv, "whatsmyuri", cmd_whatsmyuri);
+	wire_server_register(srv, "hostInfo", cmd_host_info);
+	wire_server_register(srv, "connectionStatus", cmd_connection_status);
+	wire_server_register(srv, "endSessions", cmd_ok);
+	wire_server_register(srv, "killAllSessions", cmd_ok);
+}

@@ -1,0 +1,118 @@
+/* Private state shared by src/wire/server.c and src/wire/commands.c. Not for other folders:
+ * roles use wire/server.h only. */
+#ifndef SDB_WIRE_INTERNAL_H
+#define SDB_WIRE_INTERNAL_H
+
+#include <bson/bson.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/metrics.h"
+#include "wire/server.h"
+
+/* A registered command with its metric series (looked up once at registration). */
+typedef struct wire_cmd_entry {
+	char *name;
+	wire_cmd_fn fn;
+	sdb_counter *ok;
+	sdb_counter *error;
+	sdb_histogram *duration;
+} wire_cmd_entry;
+
+/* Connection lifecycle. Allowed transitions (checked in debug builds):
+ *   READING -> BUSY      a request was handed to a handler (reading stops)
+ *   BUSY    -> READING   its reply was queued for writing (reading resumes)
+ *   READING -> CLOSING, BUSY -> CLOSING   uv_close() called
+ * Memory is released when the handle is closed AND no request refers to the connection
+ * (refs reaches 0): a handler on another thread may still hold its request. */
+enum wire_conn_state { WIRE_CONN_READING = 0, WIRE_CONN_BUSY, WIRE_CONN_CLOSING };
+
+typedef struct wire_hello_wait wire_hello_wait;
+
+struct wire_conn {
+	uv_tcp_t tcp;
+	wire_server *srv;
+	wire_conn *prev, *next;    /* srv->conns, while the handle is open */
+	int64_t id;
+	char peer[64];
+	enum wire_conn_state state;
+	int refs;                   /* 1 for the open handle + 1 per request; loop thread only */
+	bool reading;               /* uv_read_start active */
+	bool close_when_idle;       /* close once the queued replies are written */
+	size_t writes_pending;
+	wire_req *inflight;
+	uint8_t *rbuf;              /* bytes read and not yet consumed */
+	size_t rlen, rcap;
+	void *data;
+	void (*data_free)(void *);
+};
+
+struct wire_req {
+	wire_server *srv;
+	wire_conn *conn;
+	wire_req *next;           /* completion queue */
+	wire_cmd_entry *entry;    /* metrics series */
+	int32_t request_id;
+	int32_t op_code;          /* WIRE_OP_MSG or WIRE_OP_QUERY: the reply format */
+	int32_t reply_flags;      /* OP_REPLY responseFlags */
+	bool no_reply;            /* moreToCome: run, but send nothing back */
+	bool close_after;         /* close the connection once the reply is written */
+	bson_t cmd;
+	char *name;
+	char *db;
+	uint64_t start_ns;
+	bson_t *reply;
+	atomic_int completed;
+};
+
+enum wire_srv_state { WIRE_SRV_RUNNING = 0, WIRE_SRV_DRAINING, WIRE_SRV_CLOSING };
+
+struct wire_server {
+	uv_loop_t *loop;
+	uv_tcp_t listener;
+	uv_async_t async;
+	uv_timer_t close_timer;
+	enum wire_srv_state state;
+	bool listener_open;
+	int handles_closing;
+	char *role;
+	int max_connections;
+	void *role_data;
+	wire_hello_fn hello;
+	wire_gate_fn gate;
+	bool is_mongos;
+	int port;
+	bson_oid_t process_id;    /* topologyVersion.processId */
+
+	wire_cmd_entry **cmds;    /* each entry heap-allocated: requests keep pointers */
+	size_t n_cmds, cap_cmds;
+	wire_cmd_entry unknown;   /* metrics of unknown commands (cmd="unknown") */
+	wire_cmd_entry invalid;   /* metrics of unparseable messages (cmd="invalid") */
+
+	wire_conn *conns;
+	size_t n_conns;
+	size_t n_outstanding;     /* requests created and not yet completed on the loop */
+	wire_hello_wait *hello_waits;
+
+	uv_mutex_t mu;            /* guards done_head/done_tail */
+	wire_req *done_head, *done_tail;
+
+	void (*close_cb)(void *);
+	void *close_arg;
+
+	sdb_gauge *m_conns;
+	sdb_counter *m_bytes_in;
+	sdb_counter *m_bytes_out;
+	sdb_counter *m_refused;
+};
+
+/* commands.c: register the shared commands (hello, ping, buildInfo, ...). */
+void wire__register_builtins(wire_server *srv);
+/* commands.c: answer every awaitable hello now (server closing). Loop thread. */
+void wire__hello_flush(wire_server *srv);
+/* Canonical command name for table lookup: "isMaster"/"ismaster" -> "hello". */
+const char *wire__canonical_name(const char *name);
+
+#endif

@@ -1,0 +1,409 @@
+/* MongoDB wire protocol message codec. See msg.h for the byte layouts. */
+#include "wire/msg.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+
+/* ---- little-endian helpers ---- */
+
+static uint32_t rd_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+	       ((uint32_t)p[3] << 24);
+}
+
+static int32_t rd_i32(const uint8_t *p)
+{
+	uint32_t u = rd_u32(p);
+	int32_t v;
+	memcpy(&v, &u, sizeof v);
+	return v;
+}
+
+static void wr_u32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static void wr_i32(uint8_t *p, int32_t v)
+{
+	uint32_t u;
+	memcpy(&u, &v, sizeof u);
+	wr_u32(p, u);
+}
+
+/* ---- CRC-32C ---- */
+
+static uint32_t crc32c_table[256];
+static pthread_once_t crc32c_once = PTHREAD_ONCE_INIT;
+
+static void crc32c_init(void)
+{
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+		for (int k = 0; k < 8; k++)
+			c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+		crc32c_table[i] = c;
+	}
+}
+
+uint32_t wire_crc32c(uint32_t crc, const void *data, size_t n)
+{
+	const uint8_t *p = data;
+	pthread_once(&crc32c_once, crc32c_init);
+	crc = ~crc;
+	while (n--)
+		crc = crc32c_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+	return ~crc;
+}
+
+/* ---- parsing ---- */
+
+int32_t wire_msg_peek_length(const uint8_t *buf)
+{
+	return rd_i32(buf);
+}
+
+bool wire_msg_length_ok(int32_t len)
+{
+	return len >= WIRE_MSG_HEADER_LEN && len <= WIRE_MAX_MESSAGE_SIZE;
+}
+
+#define FAIL(rc_, code_, ...)                                                                   \
+	do {                                                                                     \
+		*code = (code_);                                                                 \
+		return sdb_errf(err, errlen, (rc_), __VA_ARGS__);                                \
+	} while (0)
+
+/* Read one BSON document at p with `avail` bytes left in its container. On success *used
+ * is its length and *doc a static view. */
+static int read_doc(const uint8_t *p, size_t avail, const char *what, bson_t *doc, size_t *used,
+		    int *code, char *err, size_t errlen)
+{
+	int32_t dlen;
+	size_t off = 0;
+
+	if (avail < 5)
+		FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "%s: truncated document (%zu bytes left)",
+		     what, avail);
+	dlen = rd_i32(p);
+	if (dlen < 5)
+		FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "%s: invalid document length %d", what,
+		     (int)dlen);
+	if ((size_t)dlen > WIRE_MAX_BSON_SIZE)
+		FAIL(SDB_ETOOBIG, WIRE_ERR_BSON_TOO_LARGE,
+		     "%s: document of %d bytes is over maxBsonObjectSize %d", what, (int)dlen,
+		     WIRE_MAX_BSON_SIZE);
+	if ((size_t)dlen > avail)
+		FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON,
+		     "%s: document length %d exceeds the %zu bytes left", what, (int)dlen, avail);
+	if (!bson_init_static(doc, p, (size_t)dlen))
+		FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "%s: invalid document", what);
+	if (!bson_validate(doc, BSON_VALIDATE_NONE, &off))
+		FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "%s: invalid BSON at offset %zu", what,
+		     off);
+	*used = (size_t)dlen;
+	return 0;
+}
+
+/* A NUL-terminated string inside p[0 .. avail). Returns its length or -1. */
+static ssize_t read_cstring(const uint8_t *p, size_t avail)
+{
+	const uint8_t *nul = memchr(p, 0, avail);
+	return nul ? (ssize_t)(nul - p) : -1;
+}
+
+static int parse_op_msg(const uint8_t *buf, size_t len, wire_msg *out, int *code, char *err,
+			size_t errlen)
+{
+	size_t pos = WIRE_MSG_HEADER_LEN, end = len;
+	bool have_body = false;
+	uint32_t unknown;
+	int rc;
+
+	if (len < WIRE_MSG_HEADER_LEN + 4)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR, "OP_MSG: %zu bytes, too short for flagBits",
+		     len);
+	out->flags = rd_u32(buf + pos);
+	pos += 4;
+	unknown = out->flags & WIRE_MSG_FLAG_REQUIRED_MASK &
+		  ~(WIRE_MSG_FLAG_CHECKSUM_PRESENT | WIRE_MSG_FLAG_MORE_TO_COME);
+	if (unknown)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+		     "OP_MSG: unknown required flag bits 0x%x", (unsigned)unknown);
+	out->checksum_present = out->flags & WIRE_MSG_FLAG_CHECKSUM_PRESENT;
+	out->more_to_come = out->flags & WIRE_MSG_FLAG_MORE_TO_COME;
+	out->exhaust_allowed = out->flags & WIRE_MSG_FLAG_EXHAUST_ALLOWED;
+
+	if (out->checksum_present) {
+		uint32_t want, got;
+		if (len < pos + 4)
+			FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+			     "OP_MSG: checksumPresent but no room for the checksum");
+		end = len - 4;
+		want = rd_u32(buf + end);
+		got = wire_crc32c(0, buf, end);
+		if (want != got)
+			FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+			     "OP_MSG: checksum mismatch (message says 0x%08x, computed 0x%08x)",
+			     (unsigned)want, (unsigned)got);
+	}
+
+	while (pos < end) {
+		uint8_t kind = buf[pos++];
+		size_t used;
+
+		if (kind == 0) {
+			if (have_body)
+				FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+				     "OP_MSG: more than one body section (kind 0)");
+			rc = read_doc(buf + pos, end - pos, "OP_MSG body", &out->body, &used, code,
+				      err, errlen);
+			if (rc != 0)
+				return rc;
+			pos += used;
+			have_body = true;
+		} else if (kind == 1) {
+			wire_msg_seq *seq;
+			int32_t slen;
+			ssize_t idlen;
+			size_t spos, send;
+
+			if (out->n_seqs == WIRE_MSG_MAX_SEQS)
+				FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+				     "OP_MSG: more than %d document sequences", WIRE_MSG_MAX_SEQS);
+			if (end - pos < 4)
+				FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+				     "OP_MSG: truncated document sequence size");
+			slen = rd_i32(buf + pos);
+			if (slen < 5 || (size_t)slen > end - pos)
+				FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+				     "OP_MSG: document sequence size %d does not fit the %zu bytes left",
+				     (int)slen, end - pos);
+			spos = pos + 4;
+			send = pos + (size_t)slen;
+			idlen = read_cstring(buf + spos, send - spos);
+			if (idlen < 0)
+				FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+				     "OP_MSG: unterminated document sequence identifier");
+			seq = &out->seqs[out->n_seqs];
+			seq->identifier = (const char *)(buf + spos);
+			spos += (size_t)idlen + 1;
+			seq->docs = buf + spos;
+			seq->docs_len = send - spos;
+			seq->n_docs = 0;
+			while (spos < send) {
+				bson_t doc;
+				rc = read_doc(buf + spos, send - spos, "OP_MSG document sequence", &doc,
+					      &used, code, err, errlen);
+				if (rc != 0)
+					return rc;
+				spos += used;
+				seq->n_docs++;
+			}
+			out->n_seqs++;
+			pos = send;
+		} else {
+			FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR, "OP_MSG: unknown section kind %u",
+			     (unsigned)kind);
+		}
+	}
+	if (!have_body)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR, "OP_MSG: no body section (kind 0)");
+	return 0;
+}
+
+static int parse_op_query(const uint8_t *buf, size_t len, wire_msg *out, int *code, char *err,
+			  size_t errlen)
+{
+	size_t pos = WIRE_MSG_HEADER_LEN, used;
+	ssize_t nslen;
+	int rc;
+
+	if (len < pos + 4)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR, "OP_QUERY: truncated flags");
+	out->query_flags = rd_i32(buf + pos);
+	pos += 4;
+	nslen = read_cstring(buf + pos, len - pos);
+	if (nslen < 0)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+		     "OP_QUERY: unterminated fullCollectionName");
+	out->full_collection_name = (const char *)(buf + pos);
+	pos += (size_t)nslen + 1;
+	if (len - pos < 8)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+		     "OP_QUERY: truncated numberToSkip/numberToReturn");
+	out->number_to_skip = rd_i32(buf + pos);
+	out->number_to_return = rd_i32(buf + pos + 4);
+	pos += 8;
+	rc = read_doc(buf + pos, len - pos, "OP_QUERY query", &out->body, &used, code, err, errlen);
+	if (rc != 0)
+		return rc;
+	pos += used;
+	if (pos < len) {
+		rc = read_doc(buf + pos, len - pos, "OP_QUERY returnFieldsSelector", &out->fields,
+			      &used, code, err, errlen);
+		if (rc != 0)
+			return rc;
+		pos += used;
+		out->has_fields = true;
+	}
+	if (pos != len)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR, "OP_QUERY: %zu trailing bytes", len - pos);
+	return 0;
+}
+
+static int parse_op_compressed(const uint8_t *buf, size_t len, wire_msg *out, int *code,
+			       char *err, size_t errlen)
+{
+	if (len < WIRE_MSG_HEADER_LEN + 9)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR, "OP_COMPRESSED: truncated header");
+	out->original_op_code = rd_i32(buf + 16);
+	out->uncompressed_size = rd_i32(buf + 20);
+	out->compressor_id = buf[24];
+	return 0;
+}
+
+int wire_msg_parse(const uint8_t *buf, size_t len, wire_msg *out, int *code, char *err,
+		   size_t errlen)
+{
+	memset(out, 0, sizeof *out);
+	*code = 0;
+	if (len < WIRE_MSG_HEADER_LEN)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+		     "message of %zu bytes is shorter than the 16-byte header", len);
+	out->hdr.message_length = rd_i32(buf);
+	out->hdr.request_id = rd_i32(buf + 4);
+	out->hdr.response_to = rd_i32(buf + 8);
+	out->hdr.op_code = rd_i32(buf + 12);
+	if (out->hdr.message_length > WIRE_MAX_MESSAGE_SIZE)
+		FAIL(SDB_ETOOBIG, WIRE_ERR_BSON_TOO_LARGE,
+		     "messageLength %d is over maxMessageSizeBytes %d",
+		     (int)out->hdr.message_length, WIRE_MAX_MESSAGE_SIZE);
+	if (out->hdr.message_length < WIRE_MSG_HEADER_LEN ||
+	    (size_t)out->hdr.message_length != len)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+		     "messageLength %d does not match the %zu bytes of the message",
+		     (int)out->hdr.message_length, len);
+	switch (out->hdr.op_code) {
+	case WIRE_OP_MSG:
+		return parse_op_msg(buf, len, out, code, err, errlen);
+	case WIRE_OP_QUERY:
+		return parse_op_query(buf, len, out, code, err, errlen);
+	case WIRE_OP_COMPRESSED:
+		return parse_op_compressed(buf, len, out, code, err, errlen);
+	default:
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR, "unsupported opCode %d",
+		     (int)out->hdr.op_code);
+	}
+}
+
+/* ---- building the command document ---- */
+
+int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, size_t errlen)
+{
+	bson_iter_t it;
+
+	bson_init(out);
+	*code = 0;
+	if (msg->hdr.op_code == WIRE_OP_QUERY) {
+		if (bson_iter_init(&it, &msg->body) && bson_iter_next(&it) &&
+		    strcmp(bson_iter_key(&it), "$query") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			const uint8_t *data;
+			uint32_t dlen;
+			bson_t inner;
+			bson_iter_document(&it, &dlen, &data);
+			if (!bson_init_static(&inner, data, dlen))
+				FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "OP_QUERY: invalid $query");
+			bson_concat(out, &inner);
+		} else {
+			bson_concat(out, &msg->body);
+		}
+		return 0;
+	}
+	if (msg->hdr.op_code != WIRE_OP_MSG)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR, "opCode %d carries no command",
+		     (int)msg->hdr.op_code);
+
+	bson_concat(out, &msg->body);
+	for (size_t i = 0; i < msg->n_seqs; i++) {
+		const wire_msg_seq *seq = &msg->seqs[i];
+		bson_t arr, doc;
+		size_t pos = 0;
+		uint32_t idx = 0;
+
+		if (seq->identifier[0] == '\0')
+			FAIL(SDB_EPROTO, WIRE_ERR_BAD_VALUE,
+			     "OP_MSG: document sequence with an empty identifier");
+		if (bson_iter_init_find(&it, out, seq->identifier))
+			FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+			     "OP_MSG: duplicate field '%s' in the body and a document sequence",
+			     seq->identifier);
+		bson_append_array_begin(out, seq->identifier, -1, &arr);
+		while (pos < seq->docs_len) {
+			char keybuf[16];
+			const char *key;
+			uint32_t dlen = rd_u32(seq->docs + pos);
+			/* already validated by wire_msg_parse */
+			if (!bson_init_static(&doc, seq->docs + pos, dlen)) {
+				bson_append_array_end(out, &arr);
+				FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON,
+				     "OP_MSG: invalid document in sequence '%s'", seq->identifier);
+			}
+			bson_uint32_to_string(idx++, &key, keybuf, sizeof keybuf);
+			bson_append_document(&arr, key, -1, &doc);
+			pos += dlen;
+		}
+		bson_append_array_end(out, &arr);
+	}
+	return 0;
+}
+
+/* ---- encoding ---- */
+
+static void put_header(uint8_t *p, size_t len, int32_t request_id, int32_t response_to,
+		       int32_t op_code)
+{
+	wr_i32(p, (int32_t)len);
+	wr_i32(p + 4, request_id);
+	wr_i32(p + 8, response_to);
+	wr_i32(p + 12, op_code);
+}
+
+uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t flags,
+			     const bson_t *body, size_t *len)
+{
+	size_t n = WIRE_MSG_HEADER_LEN + 4 + 1 + body->len;
+	uint8_t *p = sdb_malloc(n);
+
+	put_header(p, n, request_id, response_to, WIRE_OP_MSG);
+	wr_u32(p + 16, flags & ~WIRE_MSG_FLAG_CHECKSUM_PRESENT);
+	p[20] = 0;
+	memcpy(p + 21, bson_get_data(body), body->len);
+	*len = n;
+	return p;
+}
+
+uint8_t *wire_msg_encode_reply(int32_t request_id, int32_t response_to, int32_t response_flags,
+			       const bson_t *doc, size_t *len)
+{
+	size_t n = WIRE_MSG_HEADER_LEN + 20 + doc->len;
+	uint8_t *p = sdb_malloc(n);
+
+	put_header(p, n, request_id, response_to, WIRE_OP_REPLY);
+	wr_i32(p + 16, response_flags);
+	memset(p + 20, 0, 8); /* cursorID 0 */
+	wr_i32(p + 28, 0);    /* startingFrom */
+	wr_i32(p + 32, 1);    /* numberReturned */
+	memcpy(p + 36, bson_get_data(doc), doc->len);
+	*len = n;
+	return p;
+}

@@ -1,0 +1,159 @@
+/* MongoDB wire protocol message codec: pure functions, no I/O, no allocation while parsing.
+ *
+ * Spec: https://www.mongodb.com/docs/manual/reference/mongodb-wire-protocol/ and
+ * https://github.com/mongodb/specifications/blob/master/source/message/OP_MSG.md
+ * Every integer on the wire is little-endian.
+ *
+ * Standard message header (16 bytes), then the op-specific body:
+ *   int32 messageLength   total bytes including this header, 16 .. WIRE_MAX_MESSAGE_SIZE
+ *   int32 requestID
+ *   int32 responseTo
+ *   int32 opCode          WIRE_OP_*
+ *
+ * OP_MSG (2013):
+ *   uint32 flagBits       bit 0 checksumPresent, bit 1 moreToCome, bit 16 exhaustAllowed;
+ *                         any other bit in 0..15 is required-to-understand -> error;
+ *                         bits 17..31 are optional and ignored
+ *   sections[]            kind 0: uint8 0, document (the body; exactly one per message)
+ *                         kind 1: uint8 1, int32 size (includes itself), cstring identifier,
+ *                                 zero or more documents filling the rest of size
+ *   [uint32 checksum]     CRC-32C (Castagnoli) of every preceding byte of the message,
+ *                         present iff checksumPresent; this codec VERIFIES it
+ *
+ * OP_QUERY (2004, legacy; only used by drivers for the first hello on <db>.$cmd):
+ *   int32 flags, cstring fullCollectionName, int32 numberToSkip, int32 numberToReturn,
+ *   document query, [document returnFieldsSelector]
+ *
+ * OP_COMPRESSED (2012): int32 originalOpcode, int32 uncompressedSize, uint8 compressorId,
+ *   compressed bytes. Parsed (header fields only) so the server can refuse it clearly:
+ *   stripedb never offers compression in hello.
+ *
+ * OP_REPLY (1, encoded only): int32 responseFlags, int64 cursorID, int32 startingFrom,
+ *   int32 numberReturned, documents.
+ */
+#ifndef SDB_WIRE_MSG_H
+#define SDB_WIRE_MSG_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire/server.h"
+
+#define WIRE_OP_REPLY 1
+#define WIRE_OP_QUERY 2004
+#define WIRE_OP_COMPRESSED 2012
+#define WIRE_OP_MSG 2013
+
+#define WIRE_MSG_HEADER_LEN 16
+
+#define WIRE_MSG_FLAG_CHECKSUM_PRESENT (1u << 0)
+#define WIRE_MSG_FLAG_MORE_TO_COME (1u << 1)
+#define WIRE_MSG_FLAG_EXHAUST_ALLOWED (1u << 16)
+/* Bits 0..15 the peer requires us to understand. */
+#define WIRE_MSG_FLAG_REQUIRED_MASK 0xffffu
+
+/* OP_REPLY responseFlags bits. */
+#define WIRE_REPLY_FLAG_QUERY_FAILURE (1 << 1)
+#define WIRE_REPLY_FLAG_AWAIT_CAPABLE (1 << 3)
+
+/* At most this many kind-1 sections per OP_MSG (commands use one or two: insert's
+ * `documents`, bulkWrite's `ops` and `nsInfo`). More is refused as a protocol error. */
+#define WIRE_MSG_MAX_SEQS 16
+
+/* MongoDB error codes the codec reports that server.h does not (yet) define. */
+#ifndef WIRE_ERR_PROTOCOL_ERROR
+#define WIRE_ERR_PROTOCOL_ERROR 17 /* ProtocolError */
+#endif
+#ifndef WIRE_ERR_INVALID_BSON
+#define WIRE_ERR_INVALID_BSON 22 /* InvalidBSON */
+#endif
+
+typedef struct wire_msg_header {
+	int32_t message_length;
+	int32_t request_id;
+	int32_t response_to;
+	int32_t op_code;
+} wire_msg_header;
+
+/* One kind-1 section: `n_docs` BSON documents laid end to end in docs[0 .. docs_len). */
+typedef struct wire_msg_seq {
+	const char *identifier; /* NUL-terminated, points into the message buffer */
+	const uint8_t *docs;
+	size_t docs_len;
+	size_t n_docs;
+} wire_msg_seq;
+
+/* A parsed message. Every pointer and every bson_t points INTO the buffer given to
+ * wire_msg_parse (bson_init_static): the buffer must outlive the wire_msg. Nothing to free. */
+typedef struct wire_msg {
+	wire_msg_header hdr;
+	/* OP_MSG */
+	uint32_t flags;
+	bool checksum_present;
+	bool more_to_come;
+	bool exhaust_allowed;
+	bson_t body;      /* kind 0 section; for OP_QUERY: the query document */
+	size_t n_seqs;
+	wire_msg_seq seqs[WIRE_MSG_MAX_SEQS];
+	/* OP_QUERY */
+	int32_t query_flags;
+	const char *full_collection_name; /* "<db>.$cmd"; points into the buffer */
+	int32_t number_to_skip;
+	int32_t number_to_return;
+	bool has_fields;
+	bson_t fields; /* returnFieldsSelector when has_fields */
+	/* OP_COMPRESSED */
+	int32_t original_op_code;
+	int32_t uncompressed_size;
+	uint8_t compressor_id;
+} wire_msg;
+
+/* Read the messageLength field of a header (first 4 bytes, little-endian). buf must hold
+ * at least 4 bytes. No validation: see wire_msg_length_ok. */
+int32_t wire_msg_peek_length(const uint8_t *buf);
+
+/* Whether a messageLength is acceptable for framing: 16 <= len <= WIRE_MAX_MESSAGE_SIZE. */
+bool wire_msg_length_ok(int32_t len);
+
+/* Parse one complete message of exactly len bytes (len must equal messageLength).
+ * Fills *out (see wire_msg for ownership). The header (out->hdr) is filled first, as soon
+ * as 16 bytes are available, so that a caller can answer an error to requestID even when
+ * the rest is bad; *code is set to the MongoDB error code to answer with (0 on success).
+ * Returns 0, or:
+ *   SDB_EPROTO  malformed message (bad length, truncated or trailing bytes, unknown opCode,
+ *               unknown required flag bits, missing or duplicate body, bad section kind,
+ *               checksum mismatch, invalid BSON; *code ProtocolError or InvalidBSON)
+ *   SDB_ETOOBIG message over maxMessageSizeBytes or a document over maxBsonObjectSize
+ *               (*code BSONObjectTooLarge)
+ * with a one-line message in err. */
+int wire_msg_parse(const uint8_t *buf, size_t len, wire_msg *out, int *code, char *err,
+		   size_t errlen);
+
+/* Build the command document a handler sees: the body with each kind-1 section appended
+ * as an array named by its identifier (so insert's `documents` sequence becomes
+ * `documents: [...]`). For OP_QUERY, the query document, unwrapped from
+ * {$query: {...}} / {query: {...}} when a legacy driver wrapped it. *out is initialised
+ * here (bson_init) and must be bson_destroy'd by the caller, also on error.
+ * Returns 0 or SDB_EPROTO when an identifier duplicates a body field or is empty
+ * (*code ProtocolError / BadValue), or the message is not OP_MSG/OP_QUERY. */
+int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, size_t errlen);
+
+/* Encode an OP_MSG reply: header (requestID request_id, responseTo response_to), flagBits
+ * `flags` (only moreToCome is meaningful in a reply; the checksum bit is cleared: replies
+ * carry no checksum), one kind-0 section with body. Returns a heap buffer (free()) of
+ * *len bytes. Aborts on OOM (sdb_malloc). */
+uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t flags,
+			     const bson_t *body, size_t *len);
+
+/* Encode an OP_REPLY with one document (the reply to a legacy OP_QUERY command).
+ * response_flags: WIRE_REPLY_FLAG_*. Returns a heap buffer (free()) of *len bytes. */
+uint8_t *wire_msg_encode_reply(int32_t request_id, int32_t response_to, int32_t response_flags,
+			       const bson_t *doc, size_t *len);
+
+/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of n bytes, continuing from crc
+ * (start with 0). Table-driven, thread-safe. crc32c("123456789") == 0xE3069283. */
+uint32_t wire_crc32c(uint32_t crc, const void *data, size_t n);
+
+#endif

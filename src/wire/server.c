@@ -1,0 +1,930 @@
+/* The MongoDB wire protocol server: framing, one request at a time per connection,
+ * completion from any thread, graceful close. See server.h for the contract and msg.h for
+ * the codec. */
+#include <assert.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "wire/internal.h"
+#include "wire/msg.h"
+
+#define WIRE_READ_CHUNK (64 * 1024)
+/* Largest reply body a handler may produce: maxBsonObjectSize plus mongod's 16 KiB of
+ * command-reply headroom. */
+#define WIRE_MAX_REPLY_BSON (WIRE_MAX_BSON_SIZE + 16 * 1024)
+
+static atomic_int_fast64_t next_conn_id = 1;
+static atomic_int next_request_id = 1;
+
+typedef struct wire_write {
+	uv_write_t req;
+	wire_conn *conn;
+	uint8_t *buf;
+} wire_write;
+
+static void conn_close(wire_conn *conn);
+static void conn_process(wire_conn *conn);
+static void srv_maybe_finish(wire_server *srv);
+static void conn_start_reading(wire_conn *conn);
+
+/* ---- connection state machine ---- */
+
+#ifdef SDB_DEBUG
+static const bool conn_transitions[3][3] = {
+	/* to:            READING BUSY   CLOSING */
+	[WIRE_CONN_READING] = {false, true, true},
+	[WIRE_CONN_BUSY] = {true, false, true},
+	[WIRE_CONN_CLOSING] = {false, false, false},
+};
+#endif
+
+static void conn_set_state(wire_conn *conn, enum wire_conn_state to)
+{
+#ifdef SDB_DEBUG
+	if (!conn_transitions[conn->state][to]) {
+		sdb_error("wire: illegal connection state transition", "conn=%lld from=%d to=%d",
+			  (long long)conn->id, (int)conn->state, (int)to);
+		abort();
+	}
+#endif
+	conn->state = to;
+}
+
+static void conn_unref(wire_conn *conn)
+{
+	assert(conn->refs > 0);
+	if (--conn->refs > 0)
+		return;
+	if (conn->data_free)
+		conn->data_free(conn->data);
+	free(conn->rbuf);
+	free(conn);
+}
+
+/* ---- metrics ---- */
+
+static void entry_init_metrics(wire_server *srv, wire_cmd_entry *e, const char *cmd)
+{
+	char labels[256];
+
+	snprintf(labels, sizeof labels, "role=\"%s\",cmd=\"%s\",status=\"ok\"", srv->role, cmd);
+	e->ok = sdb_metrics_counter("stripedb_wire_commands_total",
+				    "Wire protocol commands completed, by command and status.",
+				    labels);
+	snprintf(labels, sizeof labels, "role=\"%s\",cmd=\"%s\",status=\"error\"", srv->role, cmd);
+	e->error = sdb_metrics_counter("stripedb_wire_commands_total",
+				       "Wire protocol commands completed, by command and status.",
+				       labels);
+	snprintf(labels, sizeof labels, "role=\"%s\",cmd=\"%s\"", srv->role, cmd);
+	e->duration = sdb_metrics_histogram("stripedb_wire_command_duration_seconds",
+					    "Wire protocol command latency, receive to reply queued.",
+					    labels);
+}
+
+/* ---- requests ---- */
+
+const char *wire__canonical_name(const char *name)
+{
+	if (strcmp(name, "isMaster") == 0 || strcmp(name, "ismaster") == 0)
+		return "hello";
+	return name;
+}
+
+static wire_cmd_entry *srv_lookup(wire_server *srv, const char *name)
+{
+	name = wire__canonical_name(name);
+	for (size_t i = 0; i < srv->n_cmds; i++)
+		if (strcmp(srv->cmds[i]->name, name) == 0)
+			return srv->cmds[i];
+	return NULL;
+}
+
+static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, bool no_reply)
+{
+	wire_req *req = sdb_calloc(1, sizeof *req);
+
+	req->srv = conn->srv;
+	req->conn = conn;
+	req->request_id = request_id;
+	req->op_code = op_code == WIRE_OP_QUERY ? WIRE_OP_QUERY : WIRE_OP_MSG;
+	req->no_reply = no_reply;
+	req->start_ns = uv_hrtime();
+	req->entry = &conn->srv->invalid;
+	bson_init(&req->cmd);
+	atomic_init(&req->completed, 0);
+	conn->refs++;
+	conn->inflight = req;
+	conn->srv->n_outstanding++;
+	conn_set_state(conn, WIRE_CONN_BUSY);
+	return req;
+}
+
+static void req_free(wire_req *req)
+{
+	bson_destroy(&req->cmd);
+	if (req->reply)
+		bson_destroy(req->reply);
+	free(req->name);
+	free(req->db);
+	free(req);
+}
+
+static void req_complete(wire_req *req, bson_t *reply)
+{
+	wire_server *srv = req->srv;
+
+	if (atomic_fetch_add(&req->completed, 1) != 0) {
+		sdb_error("wire: request completed twice", "cmd=%s",
+			  req->name ? req->name : "(none)");
+		abort();
+	}
+	req->reply = reply;
+	/* uv_async_send under the mutex: once the loop thread has seen this request (and may
+	 * free the server), this thread no longer touches srv. */
+	uv_mutex_lock(&srv->mu);
+	if (srv->done_tail)
+		srv->done_tail->next = req;
+	else
+		srv->done_head = req;
+	srv->done_tail = req;
+	uv_async_send(&srv->async);
+	uv_mutex_unlock(&srv->mu);
+}
+
+static bool reply_is_ok(const bson_t *reply)
+{
+	bson_iter_t it;
+	return bson_iter_init_find(&it, reply, "ok") && bson_iter_as_bool(&it);
+}
+
+void wire_req_reply(wire_req *req, bson_t *reply)
+{
+	bson_iter_t it;
+
+	if (!reply)
+		reply = bson_new();
+	if (!bson_iter_init_find(&it, reply, "ok"))
+		BSON_APPEND_DOUBLE(reply, "ok", 1.0);
+	req_complete(req, reply);
+}
+
+static bson_t *error_doc(int code, bson_t *extra, const char *fmt, va_list ap)
+{
+	bson_t *doc = bson_new();
+	char *msg = bson_strdupv_printf(fmt, ap);
+
+	BSON_APPEND_DOUBLE(doc, "ok", 0.0);
+	BSON_APPEND_UTF8(doc, "errmsg", msg);
+	BSON_APPEND_INT32(doc, "code", code);
+	BSON_APPEND_UTF8(doc, "codeName", wire_code_name(code));
+	if (extra) {
+		bson_concat(doc, extra);
+		bson_destroy(extra);
+	}
+	bson_free(msg);
+	return doc;
+}
+
+void wire_req_error(wire_req *req, int code, const char *fmt, ...)
+{
+	va_list ap;
+	bson_t *doc;
+
+	va_start(ap, fmt);
+	doc = error_doc(code, NULL, fmt, ap);
+	va_end(ap);
+	req_complete(req, doc);
+}
+
+void wire_req_error_extra(wire_req *req, int code, bson_t *extra, const char *fmt, ...)
+{
+	va_list ap;
+	bson_t *doc;
+
+	va_start(ap, fmt);
+	doc = error_doc(code, extra, fmt, ap);
+	va_end(ap);
+	req_complete(req, doc);
+}
+
+const bson_t *wire_req_cmd(const wire_req *req)
+{
+	return &req->cmd;
+}
+
+const char *wire_req_name(const wire_req *req)
+{
+	return req->name ? req->name : "";
+}
+
+const char *wire_req_db(const wire_req *req)
+{
+	return req->db ? req->db : "";
+}
+
+wire_conn *wire_req_conn(const wire_req *req)
+{
+	return req->conn;
+}
+
+uint64_t wire_req_start_ns(const wire_req *req)
+{
+	return req->start_ns;
+}
+
+/* ---- connections ---- */
+
+void *wire_conn_data(const wire_conn *conn)
+{
+	return conn->data;
+}
+
+void wire_conn_set_data(wire_conn *conn, void *data, void (*free_fn)(void *))
+{
+	conn->data = data;
+	conn->data_free = free_fn;
+}
+
+const char *wire_conn_peer(const wire_conn *conn)
+{
+	return conn->peer;
+}
+
+int64_t wire_conn_id(const wire_conn *conn)
+{
+	return conn->id;
+}
+
+static void on_conn_closed(uv_handle_t *h)
+{
+	wire_conn *conn = h->data;
+	wire_server *srv = conn->srv;
+
+	if (conn->prev)
+		conn->prev->next = conn->next;
+	else
+		srv->conns = conn->next;
+	if (conn->next)
+		conn->next->prev = conn->prev;
+	srv->n_conns--;
+	sdb_gauge_add(srv->m_conns, -1);
+	sdb_debug("wire: connection closed", "conn=%lld peer=%s", (long long)conn->id, conn->peer);
+	conn_unref(conn);
+	srv_maybe_finish(srv);
+}
+
+static void conn_close(wire_conn *conn)
+{
+	if (conn->state == WIRE_CONN_CLOSING)
+		return;
+	conn_set_state(conn, WIRE_CONN_CLOSING);
+	conn->reading = false;
+	uv_close((uv_handle_t *)&conn->tcp, on_conn_closed);
+}
+
+/* Close a connection that has nothing left to do when the server is draining or the
+ * connection was marked to close once its reply is written. */
+static void conn_maybe_close_idle(wire_conn *conn)
+{
+	if (conn->state == WIRE_CONN_READING && conn->writes_pending == 0 &&
+	    (conn->close_when_idle || conn->srv->state != WIRE_SRV_RUNNING))
+		conn_close(conn);
+}
+
+static void on_write(uv_write_t *wr, int status)
+{
+	wire_write *w = (wire_write *)wr;
+	wire_conn *conn = w->conn;
+	wire_server *srv = conn->srv;
+
+	free(w->buf);
+	free(w);
+	conn->writes_pending--;
+	if (status < 0 && status != UV_ECANCELED) {
+		sdb_debug("wire: write failed, closing connection", "conn=%lld peer=%s error=%s",
+			  (long long)conn->id, conn->peer, uv_strerror(status));
+		conn_close(conn);
+	} else {
+		conn_maybe_close_idle(conn);
+	}
+	(void)srv;
+	conn_unref(conn);
+}
+
+/* Queue buf (len bytes, heap, taken over) on conn. */
+static void conn_write(wire_conn *conn, uint8_t *buf, size_t len)
+{
+	wire_write *w;
+	uv_buf_t b;
+	int rc;
+
+	if (conn->state == WIRE_CONN_CLOSING) {
+		free(buf);
+		return;
+	}
+	w = sdb_malloc(sizeof *w);
+	w->conn = conn;
+	w->buf = buf;
+	b = uv_buf_init((char *)buf, (unsigned)len);
+	rc = uv_write(&w->req, (uv_stream_t *)&conn->tcp, &b, 1, on_write);
+	if (rc != 0) {
+		sdb_debug("wire: write failed, closing connection", "conn=%lld peer=%s error=%s",
+			  (long long)conn->id, conn->peer, uv_strerror(rc));
+		free(buf);
+		free(w);
+		conn_close(conn);
+		return;
+	}
+	conn->refs++;
+	conn->writes_pending++;
+	sdb_counter_add(conn->srv->m_bytes_out, len);
+}
+
+static void send_reply(wire_req *req)
+{
+	wire_conn *conn = req->conn;
+	bson_t *reply = req->reply;
+	bson_t *big = NULL;
+	uint8_t *buf;
+	size_t len;
+	int32_t rid = atomic_fetch_add(&next_request_id, 1);
+
+	if (reply->len > WIRE_MAX_REPLY_BSON) {
+		char msg[160];
+		snprintf(msg, sizeof msg, "reply of %u bytes is over maxBsonObjectSize %d",
+			 (unsigned)reply->len, WIRE_MAX_BSON_SIZE);
+		big = BCON_NEW("ok", BCON_DOUBLE(0.0), "errmsg", BCON_UTF8(msg), "code",
+			       BCON_INT32(WIRE_ERR_BSON_TOO_LARGE), "codeName",
+			       BCON_UTF8(wire_code_name(WIRE_ERR_BSON_TOO_LARGE)));
+		sdb_warn("wire: reply too large", "conn=%lld cmd=%s bytes=%u", (long long)conn->id,
+			 wire_req_name(req), (unsigned)reply->len);
+		reply = big;
+	}
+	if (req->op_code == WIRE_OP_QUERY)
+		buf = wire_msg_encode_reply(rid, req->request_id,
+					    req->reply_flags | WIRE_REPLY_FLAG_AWAIT_CAPABLE, reply,
+					    &len);
+	else
+		buf = wire_msg_encode_msg(rid, req->request_id, 0, reply, &len);
+	if (big)
+		bson_destroy(big);
+	conn_write(conn, buf, len);
+}
+
+/* Loop thread: finish every request completed since the last wakeup. */
+static void on_async(uv_async_t *a)
+{
+	wire_server *srv = a->data;
+	wire_req *req, *next;
+
+	uv_mutex_lock(&srv->mu);
+	req = srv->done_head;
+	srv->done_head = srv->done_tail = NULL;
+	uv_mutex_unlock(&srv->mu);
+
+	for (; req; req = next) {
+		wire_conn *conn = req->conn;
+		uint64_t ns = uv_hrtime() - req->start_ns;
+		bool ok = reply_is_ok(req->reply);
+
+		next = req->next;
+		srv->n_outstanding--;
+		sdb_counter_inc(ok ? req->entry->ok : req->entry->error);
+		sdb_histogram_observe_ns(req->entry->duration, ns);
+		sdb_debug("wire: command done", "conn=%lld cmd=%s db=%s ok=%d us=%llu",
+			  (long long)conn->id, req->name ? req->name : "(invalid)",
+			  req->db ? req->db : "", ok, (unsigned long long)(ns / 1000));
+		if (conn->inflight == req)
+			conn->inflight = NULL;
+		if (conn->state != WIRE_CONN_CLOSING) {
+			if (!req->no_reply)
+				send_reply(req);
+			if (req->close_after)
+				conn->close_when_idle = true;
+			if (conn->state == WIRE_CONN_BUSY) {
+				conn_set_state(conn, WIRE_CONN_READING);
+				conn_maybe_close_idle(conn);
+				if (conn->state == WIRE_CONN_READING && !conn->close_when_idle &&
+				    srv->state == WIRE_SRV_RUNNING)
+					conn_process(conn);
+			}
+		}
+		req_free(req);
+		conn_unref(conn);
+	}
+	srv_maybe_finish(srv);
+}
+
+/* Answer a message that cannot reach a handler with an error, through the normal
+ * completion path so that ordering and metrics are the same as for commands. */
+static void reply_error_now(wire_conn *conn, const wire_msg_header *hdr, int32_t op_code,
+			    int32_t reply_flags, bool close_after, int code, const char *msg)
+{
+	wire_req *req = req_new(conn, hdr->request_id, op_code, false);
+
+	req->reply_flags = reply_flags;
+	req->close_after = close_after;
+	wire_req_error(req, code, "%s", msg);
+}
+
+static char *db_from_namespace(const char *ns)
+{
+	const char *dot = strchr(ns, '.');
+
+	if (!dot || dot == ns || strcmp(dot, ".$cmd") != 0)
+		return NULL;
+	return sdb_strndup(ns, (size_t)(dot - ns));
+}
+
+/* Handle one complete message buf[0 .. len). Loop thread; conn is READING. */
+static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
+{
+	wire_server *srv = conn->srv;
+	wire_msg msg;
+	wire_req *req;
+	wire_cmd_entry *entry;
+	bson_iter_t it;
+	char err[256];
+	int code = 0;
+	int rc;
+
+	rc = wire_msg_parse(buf, len, &msg, &code, err, sizeof err);
+	if (rc != 0) {
+		bool can_reply = (msg.hdr.op_code == WIRE_OP_MSG && !msg.more_to_come &&
+				  !(msg.flags & WIRE_MSG_FLAG_MORE_TO_COME)) ||
+				 msg.hdr.op_code == WIRE_OP_QUERY;
+		sdb_warn("wire: bad message", "conn=%lld peer=%s op=%d error=\"%s\" action=%s",
+			 (long long)conn->id, conn->peer, (int)msg.hdr.op_code, err,
+			 can_reply ? "reply" : "close");
+		if (can_reply)
+			reply_error_now(conn, &msg.hdr, msg.hdr.op_code, 0, false, code, err);
+		else
+			conn_close(conn);
+		return;
+	}
+	if (msg.hdr.op_code == WIRE_OP_COMPRESSED) {
+		snprintf(err, sizeof err,
+			 "OP_COMPRESSED (compressor %u) is not supported: stripedb offers no "
+			 "compression in hello",
+			 (unsigned)msg.compressor_id);
+		sdb_warn("wire: refused OP_COMPRESSED", "conn=%lld peer=%s", (long long)conn->id,
+			 conn->peer);
+		reply_error_now(conn, &msg.hdr, WIRE_OP_MSG, 0, false, WIRE_ERR_NOT_IMPLEMENTED, err);
+		return;
+	}
+
+	req = req_new(conn, msg.hdr.request_id, msg.hdr.op_code, msg.more_to_come);
+	rc = wire_msg_command(&msg, &req->cmd, &code, err, sizeof err);
+	if (rc != 0) {
+		if (req->no_reply) {
+			req->close_after = true;
+			wire_req_reply(req, NULL);
+		} else {
+			wire_req_error(req, code, "%s", err);
+		}
+		return;
+	}
+	if (msg.hdr.op_code == WIRE_OP_QUERY) {
+		req->db = db_from_namespace(msg.full_collection_name);
+		if (!req->db) {
+			req->reply_flags = WIRE_REPLY_FLAG_QUERY_FAILURE;
+			wire_req_error(req, WIRE_ERR_INVALID_NAMESPACE,
+				       "OP_QUERY is only supported for commands on <db>.$cmd, not "
+				       "on '%.100s'",
+				       msg.full_collection_name);
+			return;
+		}
+	} else {
+		if (!bson_iter_init_find(&it, &req->cmd, "$db") || !BSON_ITER_HOLDS_UTF8(&it) ||
+		    bson_iter_utf8(&it, NULL)[0] == '\0') {
+			wire_req_error(req, WIRE_ERR_BAD_VALUE,
+				       "OP_MSG requests require a $db argument");
+			return;
+		}
+		req->db = sdb_strdup(bson_iter_utf8(&it, NULL));
+	}
+	if (!bson_iter_init(&it, &req->cmd) || !bson_iter_next(&it)) {
+		wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND, "no command in an empty document");
+		return;
+	}
+	req->name = sdb_strdup(bson_iter_key(&it));
+	entry = srv_lookup(srv, req->name);
+	req->entry = entry ? entry : &srv->unknown;
+	if (srv->gate && !srv->gate(req, srv->role_data))
+		return;
+	if (!entry) {
+		wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%.200s'",
+			       req->name);
+		return;
+	}
+	entry->fn(req, srv->role_data);
+}
+
+/* Consume complete messages from the read buffer while the connection may run one. */
+static void conn_process(wire_conn *conn)
+{
+	size_t off = 0;
+
+	while (conn->state == WIRE_CONN_READING && conn->srv->state == WIRE_SRV_RUNNING &&
+	       conn->rlen - off >= 4) {
+		int32_t mlen = wire_msg_peek_length(conn->rbuf + off);
+		if (!wire_msg_length_ok(mlen)) {
+			sdb_warn("wire: invalid messageLength, closing connection",
+				 "conn=%lld peer=%s messageLength=%d min=%d max=%d",
+				 (long long)conn->id, conn->peer, (int)mlen, WIRE_MSG_HEADER_LEN,
+				 WIRE_MAX_MESSAGE_SIZE);
+			conn_close(conn);
+			return;
+		}
+		if (conn->rlen - off < (size_t)mlen)
+			break;
+		handle_message(conn, conn->rbuf + off, (size_t)mlen);
+		off += (size_t)mlen;
+	}
+	if (off > 0) {
+		memmove(conn->rbuf, conn->rbuf + off, conn->rlen - off);
+		conn->rlen -= off;
+	}
+	if (conn->rlen == 0) {
+		free(conn->rbuf);
+		conn->rbuf = NULL;
+		conn->rcap = 0;
+	}
+	if (conn->state == WIRE_CONN_READING && !conn->reading &&
+	    conn->srv->state == WIRE_SRV_RUNNING) {
+		conn_start_reading(conn);
+	} else if (conn->state == WIRE_CONN_BUSY && conn->reading) {
+		uv_read_stop((uv_stream_t *)&conn->tcp);
+		conn->reading = false;
+	}
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	wire_conn *conn = h->data;
+	size_t want = WIRE_READ_CHUNK;
+
+	(void)suggested;
+	if (conn->rlen >= 4) {
+		int32_t mlen = wire_msg_peek_length(conn->rbuf);
+		if (wire_msg_length_ok(mlen) && (size_t)mlen > conn->rlen &&
+		    (size_t)mlen - conn->rlen > want)
+			want = (size_t)mlen - conn->rlen;
+	}
+	if (conn->rcap - conn->rlen < want) {
+		conn->rcap = conn->rlen + want;
+		conn->rbuf = sdb_realloc(conn->rbuf, conn->rcap);
+	}
+	*buf = uv_buf_init((char *)conn->rbuf + conn->rlen, (unsigned)(conn->rcap - conn->rlen));
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	wire_conn *conn = s->data;
+
+	(void)buf;
+	if (nread < 0) {
+		sdb_debug("wire: peer closed the connection", "conn=%lld peer=%s reason=%s",
+			  (long long)conn->id, conn->peer,
+			  nread == UV_EOF ? "eof" : uv_strerror((int)nread));
+		conn_close(conn);
+		return;
+	}
+	if (nread == 0)
+		return;
+	conn->rlen += (size_t)nread;
+	sdb_counter_add(conn->srv->m_bytes_in, (uint64_t)nread);
+	/* A message whose length is already known to be invalid is refused before more
+	 * bytes are buffered. */
+	conn_process(conn);
+}
+
+static void conn_start_reading(wire_conn *conn)
+{
+	int rc = uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+	if (rc != 0) {
+		sdb_debug("wire: read start failed", "conn=%lld error=%s", (long long)conn->id,
+			  uv_strerror(rc));
+		conn_close(conn);
+		return;
+	}
+	conn->reading = true;
+}
+
+static void format_peer(uv_tcp_t *tcp, char *out, size_t n)
+{
+	struct sockaddr_storage ss;
+	int len = sizeof ss;
+	char host[64] = "?";
+	int port = 0;
+
+	if (uv_tcp_getpeername(tcp, (struct sockaddr *)&ss, &len) == 0) {
+		if (ss.ss_family == AF_INET) {
+			struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+			uv_ip4_name(sin, host, sizeof host);
+			port = ntohs(sin->sin_port);
+		} else if (ss.ss_family == AF_INET6) {
+			struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
+			uv_ip6_name(sin6, host, sizeof host);
+			port = ntohs(sin6->sin6_port);
+			snprintf(out, n, "[%s]:%d", host, port);
+			return;
+		}
+	}
+	snprintf(out, n, "%s:%d", host, port);
+}
+
+static void on_refused_closed(uv_handle_t *h)
+{
+	free(h);
+}
+
+static void on_connection(uv_stream_t *listener, int status)
+{
+	wire_server *srv = listener->data;
+	wire_conn *conn;
+
+	if (status < 0) {
+		sdb_warn("wire: accept failed", "role=%s error=%s", srv->role, uv_strerror(status));
+		return;
+	}
+	if (srv->state != WIRE_SRV_RUNNING)
+		return;
+	if (srv->n_conns >= (size_t)srv->max_connections) {
+		uv_tcp_t *t = sdb_malloc(sizeof *t);
+		uv_tcp_init(srv->loop, t);
+		if (uv_accept(listener, (uv_stream_t *)t) == 0) {
+			char peer[64];
+			format_peer(t, peer, sizeof peer);
+			sdb_warn("wire: connection limit reached, refusing connection",
+				 "peer=%s max_connections=%d", peer, srv->max_connections);
+		}
+		sdb_counter_inc(srv->m_refused);
+		uv_close((uv_handle_t *)t, on_refused_closed);
+		return;
+	}
+	conn = sdb_calloc(1, sizeof *conn);
+	conn->srv = srv;
+	conn->id = atomic_fetch_add(&next_conn_id, 1);
+	conn->state = WIRE_CONN_READING;
+	conn->refs = 1;
+	uv_tcp_init(srv->loop, &conn->tcp);
+	conn->tcp.data = conn;
+	conn->next = srv->conns;
+	if (srv->conns)
+		srv->conns->prev = conn;
+	srv->conns = conn;
+	srv->n_conns++;
+	sdb_gauge_add(srv->m_conns, 1);
+	if (uv_accept(listener, (uv_stream_t *)&conn->tcp) != 0) {
+		conn_close(conn);
+		return;
+	}
+	uv_tcp_nodelay(&conn->tcp, 1);
+	format_peer(&conn->tcp, conn->peer, sizeof conn->peer);
+	sdb_debug("wire: connection accepted", "conn=%lld peer=%s", (long long)conn->id,
+		  conn->peer);
+	conn_start_reading(conn);
+}
+
+/* ---- server lifecycle ---- */
+
+static void srv_free(wire_server *srv)
+{
+	for (size_t i = 0; i < srv->n_cmds; i++) {
+		free(srv->cmds[i]->name);
+		free(srv->cmds[i]);
+	}
+	free(srv->cmds);
+	uv_mutex_destroy(&srv->mu);
+	free(srv->role);
+	free(srv);
+}
+
+static void on_srv_handle_closed(uv_handle_t *h)
+{
+	wire_server *srv = h->data;
+	void (*cb)(void *);
+	void *arg;
+
+	if (--srv->handles_closing > 0)
+		return;
+	cb = srv->close_cb;
+	arg = srv->close_arg;
+	sdb_info("wire: server closed", "role=%s port=%d", srv->role, srv->port);
+	srv_free(srv);
+	if (cb)
+		cb(arg);
+}
+
+static void on_listener_closed(uv_handle_t *h)
+{
+	wire_server *srv = h->data;
+	srv->listener_open = false;
+	srv_maybe_finish(srv);
+}
+
+static void srv_maybe_finish(wire_server *srv)
+{
+	if (srv->state != WIRE_SRV_DRAINING || srv->listener_open || srv->n_conns > 0 ||
+	    srv->n_outstanding > 0)
+		return;
+	srv->state = WIRE_SRV_CLOSING;
+	uv_timer_stop(&srv->close_timer);
+	srv->handles_closing = 2;
+	uv_close((uv_handle_t *)&srv->close_timer, on_srv_handle_closed);
+	uv_close((uv_handle_t *)&srv->async, on_srv_handle_closed);
+}
+
+static void on_close_timeout(uv_timer_t *t)
+{
+	wire_server *srv = t->data;
+	wire_conn *conn, *next;
+
+	sdb_warn("wire: shutdown timeout, closing connections",
+		 "role=%s connections=%zu requests_running=%zu", srv->role, srv->n_conns,
+		 srv->n_outstanding);
+	for (conn = srv->conns; conn; conn = next) {
+		next = conn->next;
+		conn_close(conn);
+	}
+}
+
+void wire_server_close(wire_server *srv, uint64_t timeout_ms, void (*cb)(void *arg), void *arg)
+{
+	wire_conn *conn, *next;
+
+	if (srv->state != WIRE_SRV_RUNNING)
+		return;
+	srv->state = WIRE_SRV_DRAINING;
+	srv->close_cb = cb;
+	srv->close_arg = arg;
+	sdb_info("wire: server closing", "role=%s port=%d connections=%zu requests_running=%zu",
+		 srv->role, srv->port, srv->n_conns, srv->n_outstanding);
+	uv_close((uv_handle_t *)&srv->listener, on_listener_closed);
+	wire__hello_flush(srv);
+	for (conn = srv->conns; conn; conn = next) {
+		next = conn->next;
+		if (conn->reading) {
+			uv_read_stop((uv_stream_t *)&conn->tcp);
+			conn->reading = false;
+		}
+		if (conn->state == WIRE_CONN_READING && conn->writes_pending == 0)
+			conn_close(conn);
+	}
+	uv_timer_start(&srv->close_timer, on_close_timeout, timeout_ms, 0);
+	srv_maybe_finish(srv);
+}
+
+/* Split "HOST:PORT" / "[V6]:PORT" and resolve into *sa. */
+static int parse_listen(const char *addr, struct sockaddr_storage *sa, char *err, size_t errlen)
+{
+	char host[256];
+	const char *colon, *hs = addr;
+	size_t hl;
+	char *end;
+	long port;
+	struct addrinfo hints, *res = NULL;
+	int rc;
+
+	if (!addr || !*addr)
+		return sdb_errf(err, errlen, SDB_EINVAL, "empty listen address");
+	colon = strrchr(addr, ':');
+	if (!colon)
+		return sdb_errf(err, errlen, SDB_EINVAL, "listen address '%s' is not HOST:PORT",
+				addr);
+	hl = (size_t)(colon - addr);
+	if (hl >= 2 && addr[0] == '[' && addr[hl - 1] == ']') {
+		hs = addr + 1;
+		hl -= 2;
+	}
+	if (hl == 0 || hl >= sizeof host)
+		return sdb_errf(err, errlen, SDB_EINVAL, "listen address '%s': bad host", addr);
+	memcpy(host, hs, hl);
+	host[hl] = '\0';
+	port = strtol(colon + 1, &end, 10);
+	if (colon[1] == '\0' || *end != '\0' || port < 0 || port > 65535)
+		return sdb_errf(err, errlen, SDB_EINVAL, "listen address '%s': bad port", addr);
+	memset(&hints, 0, sizeof hints);
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE;
+	rc = getaddrinfo(host, NULL, &hints, &res);
+	if (rc != 0 || !res)
+		return sdb_errf(err, errlen, SDB_EINVAL, "listen address '%s': %s", addr,
+				gai_strerror(rc));
+	memset(sa, 0, sizeof *sa);
+	memcpy(sa, res->ai_addr, res->ai_addrlen);
+	freeaddrinfo(res);
+	if (sa->ss_family == AF_INET)
+		((struct sockaddr_in *)sa)->sin_port = htons((uint16_t)port);
+	else
+		((struct sockaddr_in6 *)sa)->sin6_port = htons((uint16_t)port);
+	return 0;
+}
+
+static void on_failed_listener_closed(uv_handle_t *h)
+{
+	srv_free(h->data);
+}
+
+int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server **out, char *err,
+		    size_t errlen)
+{
+	struct sockaddr_storage sa;
+	struct sockaddr_storage bound;
+	int blen = sizeof bound;
+	wire_server *srv;
+	int rc;
+
+	*out = NULL;
+	rc = parse_listen(opts->listen, &sa, err, errlen);
+	if (rc != 0)
+		return rc;
+
+	srv = sdb_calloc(1, sizeof *srv);
+	srv->loop = loop;
+	srv->role = sdb_strdup(opts->role ? opts->role : "unknown");
+	srv->max_connections = opts->max_connections > 0 ? opts->max_connections : 10000;
+	srv->role_data = opts->role_data;
+	srv->hello = opts->hello;
+	srv->gate = opts->gate;
+	srv->is_mongos = opts->is_mongos;
+	bson_oid_init(&srv->process_id, NULL);
+	uv_mutex_init(&srv->mu);
+
+	uv_tcp_init(loop, &srv->listener);
+	srv->listener.data = srv;
+	rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&sa, 0);
+	if (rc == 0)
+		rc = uv_listen((uv_stream_t *)&srv->listener, 511, on_connection);
+	if (rc != 0) {
+		sdb_errf(err, errlen, SDB_EIO, "listen on %s: %s", opts->listen, uv_strerror(rc));
+		uv_close((uv_handle_t *)&srv->listener, on_failed_listener_closed);
+		return SDB_EIO;
+	}
+	srv->listener_open = true;
+	if (uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&bound, &blen) == 0)
+		srv->port = ntohs(bound.ss_family == AF_INET
+					  ? ((struct sockaddr_in *)&bound)->sin_port
+					  : ((struct sockaddr_in6 *)&bound)->sin6_port);
+
+	uv_async_init(loop, &srv->async, on_async);
+	srv->async.data = srv;
+	uv_timer_init(loop, &srv->close_timer);
+	srv->close_timer.data = srv;
+
+	{
+		char labels[128];
+		snprintf(labels, sizeof labels, "role=\"%s\"", srv->role);
+		srv->m_conns = sdb_metrics_gauge("stripedb_wire_connections",
+						 "Open wire protocol client connections.", labels);
+		srv->m_bytes_in = sdb_metrics_counter("stripedb_wire_bytes_in_total",
+						      "Bytes read from wire protocol clients.",
+						      labels);
+		srv->m_bytes_out = sdb_metrics_counter("stripedb_wire_bytes_out_total",
+						       "Bytes written to wire protocol clients.",
+						       labels);
+		srv->m_refused = sdb_metrics_counter(
+			"stripedb_wire_connections_refused_total",
+			"Connections refused because max-connections was reached.", labels);
+	}
+	entry_init_metrics(srv, &srv->unknown, "unknown");
+	entry_init_metrics(srv, &srv->invalid, "invalid");
+	wire__register_builtins(srv);
+
+	sdb_info("wire: listening", "role=%s addr=%s port=%d", srv->role, opts->listen, srv->port);
+	*out = srv;
+	return 0;
+}
+
+void wire_server_register(wire_server *srv, const char *name, wire_cmd_fn fn)
+{
+	wire_cmd_entry *e;
+
+	name = wire__canonical_name(name);
+	e = srv_lookup(srv, name);
+	if (!e) {
+		if (srv->n_cmds == srv->cap_cmds) {
+			srv->cap_cmds = srv->cap_cmds ? srv->cap_cmds * 2 : 32;
+			srv->cmds = sdb_realloc(srv->cmds, srv->cap_cmds * sizeof *srv->cmds);
+		}
+		e = sdb_calloc(1, sizeof *e);
+		srv->cmds[srv->n_cmds++] = e;
+		e->name = sdb_strdup(name);
+		entry_init_metrics(srv, e, name);
+	}
+	e->fn = fn;
+}
+
+int wire_server_port(const wire_server *srv)
+{
+	return srv->port;
+}

@@ -1,0 +1,12 @@
+# tests/fuzz: libFuzzer targets, built only with `CC=clang ./configure --enable-fuzzing`.
+# Build one with `make tests/fuzz/fuzz_wire_msg`, run it with `tests/fuzz/run.sh SECONDS`.
+EXTRA_DIST += tests/fuzz/run.sh tests/fuzz/corpus/wire
+if FUZZING
+noinst_PROGRAMS += tests/fuzz/fuzz_wire_msg
+# The codec is compiled into the target itself so that it carries the fuzzer's coverage
+# instrumentation (libstripedb.a is built without it).
+tests_fuzz_fuzz_wire_msg_SOURCES = tests/fuzz/fuzz_wire_msg.c src/wire/msg.c src/wire/codes.c
+tests_fuzz_fuzz_wire_msg_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_wire_msg_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_wire_msg_LDADD = libstripedb.a $(SDB_LIBS)
+endif

@@ -1,0 +1,154 @@
+/* A stand-alone wire protocol server for tests/integration/test_wire.py: the shared
+ * commands of src/wire plus three test commands, on one libuv loop.
+ *
+ *   wire_test_server --listen=HOST:PORT      prints "port=N" on stdout once listening
+ *
+ * Test commands (handlers complete on libuv's thread pool, i.e. from another thread):
+ *   {stripedbTestSleep: MS}   reply {slept: MS} after MS ms (at most 10000)
+ *   {insert: "coll", documents: [...]} (documents usually as an OP_MSG kind-1 sequence)
+ *                             reply {n: count of documents}; nothing is stored
+ *   {stripedbTestEcho: 1, ...} reply {cmd: <the command document as the handler saw it>}
+ * SIGTERM or SIGINT -> wire_server_close (drain, 5 s) -> exit 0 when the loop closed
+ * cleanly with no handle left, 1 otherwise. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "wire/server.h"
+
+typedef struct work {
+	uv_work_t w;
+	wire_req *req;
+	int64_t ms;
+} work;
+
+static uv_signal_t sig_term, sig_int;
+static wire_server *srv;
+
+static void sleep_work(uv_work_t *w)
+{
+	work *k = (work *)w;
+	uv_sleep((unsigned)k->ms);
+	/* completed from the pool thread, as a role with blocking work would */
+	wire_req_reply(k->req, BCON_NEW("slept", BCON_INT64(k->ms)));
+}
+
+static void sleep_done(uv_work_t *w, int status)
+{
+	(void)status;
+	free(w);
+}
+
+static void cmd_sleep(wire_req *req, void *data)
+{
+	bson_iter_t it;
+	work *k;
+
+	(void)data;
+	if (!bson_iter_init_find(&it, wire_req_cmd(req), "stripedbTestSleep") ||
+	    !BSON_ITER_HOLDS_NUMBER(&it) || bson_iter_as_int64(&it) < 0 ||
+	    bson_iter_as_int64(&it) > 10000) {
+		wire_req_error(req, 2, "stripedbTestSleep takes a number of ms in 0..10000");
+		return;
+	}
+	k = sdb_calloc(1, sizeof *k);
+	k->req = req;
+	k->ms = bson_iter_as_int64(&it);
+	if (uv_queue_work(uv_default_loop(), &k->w, sleep_work, sleep_done) != 0) {
+		free(k);
+		wire_req_error(req, 1, "uv_queue_work failed");
+	}
+}
+
+static void cmd_insert(wire_req *req, void *data)
+{
+	bson_iter_t it, arr;
+	int32_t n = 0;
+
+	(void)data;
+	if (!bson_iter_init_find(&it, wire_req_cmd(req), "documents") ||
+	    !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &arr)) {
+		wire_req_error(req, 9, "insert needs a documents array");
+		return;
+	}
+	while (bson_iter_next(&arr))
+		n++;
+	wire_req_reply(req, BCON_NEW("n", BCON_INT32(n)));
+}
+
+static void cmd_echo(wire_req *req, void *data)
+{
+	bson_t *reply = bson_new();
+
+	(void)data;
+	BSON_APPEND_DOCUMENT(reply, "cmd", wire_req_cmd(req));
+	BSON_APPEND_UTF8(reply, "db", wire_req_db(req));
+	wire_req_reply(req, reply);
+}
+
+static void on_closed(void *arg)
+{
+	(void)arg;
+	uv_close((uv_handle_t *)&sig_term, NULL);
+	uv_close((uv_handle_t *)&sig_int, NULL);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+	(void)s;
+	(void)signum;
+	uv_signal_stop(&sig_term);
+	uv_signal_stop(&sig_int);
+	wire_server_close(srv, 5000, on_closed, NULL);
+}
+
+int main(int argc, char **argv)
+{
+	const char *listen = NULL;
+	uv_loop_t *loop = uv_default_loop();
+	wire_server_opts opts = {0};
+	char err[256];
+	int rc;
+
+	sdb_alloc_init();
+	for (int i = 1; i < argc; i++) {
+		if (strncmp(argv[i], "--listen=", 9) == 0)
+			listen = argv[i] + 9;
+		else if (strcmp(argv[i], "--debug") == 0)
+			sdb_log_set_level(SDB_LOG_DEBUG);
+	}
+	if (!listen) {
+		fprintf(stderr, "usage: wire_test_server --listen=HOST:PORT [--debug]\n");
+		return 2;
+	}
+	sdb_log_set_thread("wiretest", NULL);
+	opts.listen = listen;
+	opts.role = "wiretest";
+	rc = wire_server_new(loop, &opts, &srv, err, sizeof err);
+	if (rc != 0) {
+		fprintf(stderr, "wire_test_server: %s\n", err);
+		uv_run(loop, UV_RUN_DEFAULT);
+		uv_loop_close(loop);
+		return 1;
+	}
+	wire_server_register(srv, "stripedbTestSleep", cmd_sleep);
+	wire_server_register(srv, "insert", cmd_insert);
+	wire_server_register(srv, "stripedbTestEcho", cmd_echo);
+	uv_signal_init(loop, &sig_term);
+	uv_signal_init(loop, &sig_int);
+	uv_signal_start(&sig_term, on_signal, SIGTERM);
+	uv_signal_start(&sig_int, on_signal, SIGINT);
+	printf("port=%d\n", wire_server_port(srv));
+	fflush(stdout);
+	uv_run(loop, UV_RUN_DEFAULT);
+	rc = uv_loop_close(loop);
+	if (rc != 0) {
+		fprintf(stderr, "wire_test_server: loop not closed cleanly: %s\n", uv_strerror(rc));
+		return 1;
+	}
+	return 0;
+}

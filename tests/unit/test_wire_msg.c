@@ -1,0 +1,742 @@
+/* Unit tests of the wire protocol codec (src/wire/msg.c) and wire_code_name. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "wire/msg.h"
+
+/* ---- a tiny message builder ---- */
+
+typedef struct mbuf {
+	uint8_t *p;
+	size_t len, cap;
+} mbuf;
+
+static void put(mbuf *b, const void *d, size_t n)
+{
+	if (b->len + n > b->cap) {
+		b->cap = (b->len + n) * 2 + 64;
+		b->p = realloc(b->p, b->cap);
+		assert_non_null(b->p);
+	}
+	memcpy(b->p + b->len, d, n);
+	b->len += n;
+}
+
+static void put_u8(mbuf *b, uint8_t v)
+{
+	put(b, &v, 1);
+}
+
+static void put_i32(mbuf *b, int32_t v)
+{
+	uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+	put(b, x, 4);
+}
+
+static void set_i32(mbuf *b, size_t off, int32_t v)
+{
+	b->p[off] = (uint8_t)v;
+	b->p[off + 1] = (uint8_t)(v >> 8);
+	b->p[off + 2] = (uint8_t)(v >> 16);
+	b->p[off + 3] = (uint8_t)(v >> 24);
+}
+
+static void put_doc(mbuf *b, const bson_t *d)
+{
+	put(b, bson_get_data(d), d->len);
+}
+
+static mbuf msg_begin(int32_t request_id, int32_t op_code)
+{
+	mbuf b = {0};
+	put_i32(&b, 0); /* messageLength, patched by msg_end */
+	put_i32(&b, request_id);
+	put_i32(&b, 0);
+	put_i32(&b, op_code);
+	return b;
+}
+
+static void msg_end(mbuf *b)
+{
+	set_i32(b, 0, (int32_t)b->len);
+}
+
+/* kind 1 section: identifier + docs */
+static void put_seq(mbuf *b, const char *id, bson_t **docs, int n)
+{
+	size_t start = b->len;
+	put_i32(b, 0);
+	put(b, id, strlen(id) + 1);
+	for (int i = 0; i < n; i++)
+		put_doc(b, docs[i]);
+	set_i32(b, start, (int32_t)(b->len - start));
+}
+
+/* Parse a copy of exactly len bytes (heap, exact size: ASan catches overreads). */
+static int parse_copy(const uint8_t *p, size_t len, wire_msg *m, uint8_t **keep, int *code,
+		      char *err, size_t errlen)
+{
+	uint8_t *c = malloc(len ? len : 1);
+	memcpy(c, p, len);
+	*keep = c;
+	return wire_msg_parse(c, len, m, code, err, errlen);
+}
+
+static char *json(const bson_t *b)
+{
+	return bson_as_relaxed_extended_json(b, NULL);
+}
+
+static void assert_doc_json(const bson_t *b, const char *want)
+{
+	char *s = json(b);
+	assert_string_equal(s, want);
+	bson_free(s);
+}
+
+/* OP_MSG flags 0; sections: kind 1 "documents" [{_id:1},{_id:2}], then kind 0 body. */
+static mbuf build_insert(bool seq_first)
+{
+	bson_t *body = BCON_NEW("insert", BCON_UTF8("c"), "$db", BCON_UTF8("test"));
+	bson_t *d1 = BCON_NEW("_id", BCON_INT32(1));
+	bson_t *d2 = BCON_NEW("_id", BCON_INT32(2));
+	bson_t *docs[2] = {d1, d2};
+	mbuf b = msg_begin(77, WIRE_OP_MSG);
+
+	put_i32(&b, 0);
+	if (seq_first) {
+		put_u8(&b, 1);
+		put_seq(&b, "documents", docs, 2);
+		put_u8(&b, 0);
+		put_doc(&b, body);
+	} else {
+		put_u8(&b, 0);
+		put_doc(&b, body);
+		put_u8(&b, 1);
+		put_seq(&b, "documents", docs, 2);
+	}
+	msg_end(&b);
+	bson_destroy(body);
+	bson_destroy(d1);
+	bson_destroy(d2);
+	return b;
+}
+
+/* ---- tests ---- */
+
+static void test_op_msg_body_and_sequence(void **state)
+{
+	mbuf b = build_insert(false);
+	wire_msg m;
+	bson_t cmd;
+	uint8_t *keep;
+	char err[256] = "";
+	int code = -1;
+
+	(void)state;
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), 0);
+	assert_int_equal(code, 0);
+	assert_int_equal(m.hdr.message_length, (int32_t)b.len);
+	assert_int_equal(m.hdr.request_id, 77);
+	assert_int_equal(m.hdr.response_to, 0);
+	assert_int_equal(m.hdr.op_code, 2013);
+	assert_int_equal(m.flags, 0);
+	assert_false(m.checksum_present);
+	assert_false(m.more_to_come);
+	assert_false(m.exhaust_allowed);
+	assert_int_equal(m.n_seqs, 1);
+	assert_string_equal(m.seqs[0].identifier, "documents");
+	assert_int_equal(m.seqs[0].n_docs, 2);
+	assert_int_equal(m.seqs[0].docs_len, 28); /* two 14-byte {_id: int32} documents */
+	assert_doc_json(&m.body, "{ \"insert\" : \"c\", \"$db\" : \"test\" }");
+
+	assert_int_equal(wire_msg_command(&m, &cmd, &code, err, sizeof err), 0);
+	assert_doc_json(&cmd, "{ \"insert\" : \"c\", \"$db\" : \"test\", \"documents\" : [ { "
+			      "\"_id\" : 1 }, { \"_id\" : 2 } ] }");
+	bson_destroy(&cmd);
+	free(keep);
+	free(b.p);
+}
+
+static void test_op_msg_flags(void **state)
+{
+	bson_t *body = BCON_NEW("ping", BCON_INT32(1), "$db", BCON_UTF8("admin"));
+	struct {
+		uint32_t flags;
+		int rc;
+		bool more, exhaust;
+	} cases[] = {
+		{WIRE_MSG_FLAG_MORE_TO_COME, 0, true, false},
+		{WIRE_MSG_FLAG_EXHAUST_ALLOWED, 0, false, true},
+		{1u << 17, 0, false, false},   /* optional bit: ignored */
+		{1u << 31, 0, false, false},   /* optional bit: ignored */
+		{1u << 2, SDB_EPROTO, false, false},  /* required, unknown */
+		{1u << 15, SDB_EPROTO, false, false}, /* required, unknown */
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		mbuf b = msg_begin(1, WIRE_OP_MSG);
+		wire_msg m;
+		uint8_t *keep;
+		char err[256] = "";
+		int code = -1;
+
+		put_i32(&b, (int32_t)cases[i].flags);
+		put_u8(&b, 0);
+		put_doc(&b, body);
+		msg_end(&b);
+		assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err),
+				 cases[i].rc);
+		if (cases[i].rc == 0) {
+			assert_int_equal(m.more_to_come, cases[i].more);
+			assert_int_equal(m.exhaust_allowed, cases[i].exhaust);
+			assert_int_equal(m.flags, cases[i].flags);
+		} else {
+			assert_int_equal(code, WIRE_ERR_PROTOCOL_ERROR);
+			assert_non_null(strstr(err, "unknown required flag bits"));
+		}
+		free(keep);
+		free(b.p);
+	}
+	bson_destroy(body);
+}
+
+static void test_crc32c(void **state)
+{
+	(void)state;
+	assert_int_equal(wire_crc32c(0, "123456789", 9), 0xE3069283u);
+	assert_int_equal(wire_crc32c(0, "", 0), 0);
+	/* incremental == one shot */
+	assert_int_equal(wire_crc32c(wire_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+}
+
+static void test_checksum(void **state)
+{
+	bson_t *body = BCON_NEW("ping", BCON_INT32(1), "$db", BCON_UTF8("admin"));
+	mbuf b = msg_begin(5, WIRE_OP_MSG);
+	wire_msg m;
+	uint8_t *keep;
+	char err[256] = "";
+	int code = -1;
+	uint32_t crc;
+
+	(void)state;
+	put_i32(&b, WIRE_MSG_FLAG_CHECKSUM_PRESENT);
+	put_u8(&b, 0);
+	put_doc(&b, body);
+	put_i32(&b, 0);
+	msg_end(&b);
+	crc = wire_crc32c(0, b.p, b.len - 4);
+	set_i32(&b, b.len - 4, (int32_t)crc);
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), 0);
+	assert_true(m.checksum_present);
+	assert_doc_json(&m.body, "{ \"ping\" : 1, \"$db\" : \"admin\" }");
+	free(keep);
+
+	/* one flipped bit in the body */
+	b.p[b.len - 6] ^= 0x01;
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), SDB_EPROTO);
+	assert_int_equal(code, WIRE_ERR_PROTOCOL_ERROR);
+	assert_non_null(strstr(err, "checksum mismatch"));
+	free(keep);
+	b.p[b.len - 6] ^= 0x01;
+	/* wrong checksum value */
+	set_i32(&b, b.len - 4, (int32_t)(crc + 1));
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), SDB_EPROTO);
+	free(keep);
+	free(b.p);
+	bson_destroy(body);
+}
+
+/* Truncate a valid message at every length, patching messageLength to match, so the
+ * parser must find the truncation inside the sections. With the sequence first, no
+ * prefix is a valid message; with the body first exactly one is (body only). */
+static void test_truncated_every_length(void **state)
+{
+	(void)state;
+	for (int order = 0; order < 2; order++) {
+		mbuf b = build_insert(order == 0);
+		int ok_count = 0;
+		size_t ok_at = 0;
+		for (size_t l = 0; l < b.len; l++) {
+			mbuf t = {0};
+			wire_msg m;
+			uint8_t *keep;
+			char err[256] = "";
+			int code = -1, rc;
+
+			put(&t, b.p, l);
+			if (l >= 4)
+				set_i32(&t, 0, (int32_t)l);
+			rc = parse_copy(t.p, t.len, &m, &keep, &code, err, sizeof err);
+			if (rc == 0) {
+				ok_count++;
+				ok_at = l;
+			} else {
+				assert_int_equal(rc, SDB_EPROTO);
+				assert_true(code == WIRE_ERR_PROTOCOL_ERROR ||
+					    code == WIRE_ERR_INVALID_BSON);
+				assert_true(err[0] != '\0');
+			}
+			free(keep);
+			free(t.p);
+		}
+		if (order == 0) {
+			assert_int_equal(ok_count, 0);
+		} else {
+			/* header 16 + flags 4 + kind 1 + body 33 bytes */
+			assert_int_equal(ok_count, 1);
+			assert_int_equal(ok_at, 16 + 4 + 1 + 33);
+		}
+		free(b.p);
+	}
+}
+
+static void test_wrong_lengths(void **state)
+{
+	mbuf b = build_insert(true);
+	struct {
+		int32_t claimed;
+		int rc;
+		int code;
+	} cases[] = {
+		{0, SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR},
+		{15, SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR},
+		{-1, SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR},
+		{INT32_MIN, SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR},
+		{0, SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR}, /* len - 1, set below */
+		{0, SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR}, /* len + 1, set below */
+		{WIRE_MAX_MESSAGE_SIZE + 1, SDB_ETOOBIG, WIRE_ERR_BSON_TOO_LARGE},
+		{INT32_MAX, SDB_ETOOBIG, WIRE_ERR_BSON_TOO_LARGE},
+	};
+
+	(void)state;
+	cases[4].claimed = (int32_t)b.len - 1;
+	cases[5].claimed = (int32_t)b.len + 1;
+	assert_true(wire_msg_length_ok(16));
+	assert_true(wire_msg_length_ok(WIRE_MAX_MESSAGE_SIZE));
+	assert_false(wire_msg_length_ok(15));
+	assert_false(wire_msg_length_ok(WIRE_MAX_MESSAGE_SIZE + 1));
+	assert_false(wire_msg_length_ok(-16));
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		wire_msg m;
+		uint8_t *keep;
+		char err[256] = "";
+		int code = -1;
+
+		set_i32(&b, 0, cases[i].claimed);
+		assert_int_equal(wire_msg_peek_length(b.p), cases[i].claimed);
+		assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err),
+				 cases[i].rc);
+		assert_int_equal(code, cases[i].code);
+		free(keep);
+	}
+	/* a buffer shorter than a header */
+	{
+		wire_msg m;
+		uint8_t *keep;
+		char err[256] = "";
+		int code = -1;
+		assert_int_equal(parse_copy(b.p, 10, &m, &keep, &code, err, sizeof err), SDB_EPROTO);
+		free(keep);
+	}
+	free(b.p);
+}
+
+static void test_oversize_body(void **state)
+{
+	/* a real body of 16 MiB + 1 KiB in a message under maxMessageSizeBytes */
+	size_t blen = WIRE_MAX_BSON_SIZE + 1024;
+	uint8_t *blob = calloc(1, blen);
+	bson_t *body = bson_new();
+	mbuf b = msg_begin(9, WIRE_OP_MSG);
+	wire_msg m;
+	uint8_t *keep;
+	char err[256] = "";
+	int code = -1;
+
+	(void)state;
+	BSON_APPEND_UTF8(body, "insert", "c");
+	BSON_APPEND_BINARY(body, "blob", BSON_SUBTYPE_BINARY, blob, (uint32_t)blen);
+	put_i32(&b, 0);
+	put_u8(&b, 0);
+	put_doc(&b, body);
+	msg_end(&b);
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), SDB_ETOOBIG);
+	assert_int_equal(code, WIRE_ERR_BSON_TOO_LARGE);
+	assert_non_null(strstr(err, "over maxBsonObjectSize 16777216"));
+	free(keep);
+	/* a sequence document claiming 16 MiB + 1 in a small message: refused before use */
+	free(b.p);
+	b = msg_begin(9, WIRE_OP_MSG);
+	put_i32(&b, 0);
+	put_u8(&b, 1);
+	put_i32(&b, 4 + 2 + 8);
+	put(&b, "d", 2);
+	put_i32(&b, WIRE_MAX_BSON_SIZE + 1);
+	put_i32(&b, 0);
+	msg_end(&b);
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), SDB_ETOOBIG);
+	assert_int_equal(code, WIRE_ERR_BSON_TOO_LARGE);
+	free(keep);
+	free(b.p);
+	bson_destroy(body);
+	free(blob);
+}
+
+static void test_sections_errors(void **state)
+{
+	bson_t *body = BCON_NEW("ping", BCON_INT32(1), "$db", BCON_UTF8("admin"));
+	bson_t *d1 = BCON_NEW("_id", BCON_INT32(1));
+	enum { DUP_BODY, NO_BODY, BAD_KIND, SEQ_TOO_LONG, SEQ_TOO_SHORT, SEQ_NO_NUL, SEQ_BAD_DOC };
+	const char *want[] = {"more than one body section", "no body section",
+			      "unknown section kind 2", "document sequence size",
+			      "document sequence size", "unterminated document sequence",
+			      "invalid document length"};
+
+	(void)state;
+	for (int c = DUP_BODY; c <= SEQ_BAD_DOC; c++) {
+		mbuf b = msg_begin(3, WIRE_OP_MSG);
+		wire_msg m;
+		uint8_t *keep;
+		char err[256] = "";
+		int code = -1;
+
+		put_i32(&b, 0);
+		put_u8(&b, 0);
+		put_doc(&b, body);
+		switch (c) {
+		case DUP_BODY:
+			put_u8(&b, 0);
+			put_doc(&b, body);
+			break;
+		case NO_BODY:
+			b.len -= 1 + body->len;
+			put_u8(&b, 1);
+			put_seq(&b, "documents", &d1, 1);
+			break;
+		case BAD_KIND:
+			put_u8(&b, 2);
+			put_doc(&b, body);
+			break;
+		case SEQ_TOO_LONG:
+			put_u8(&b, 1);
+			put_i32(&b, 100);
+			put(&b, "x", 2);
+			break;
+		case SEQ_TOO_SHORT:
+			put_u8(&b, 1);
+			put_i32(&b, 4);
+			break;
+		case SEQ_NO_NUL:
+			put_u8(&b, 1);
+			put_i32(&b, 7);
+			put(&b, "abc", 3);
+			break;
+		case SEQ_BAD_DOC:
+			put_u8(&b, 1);
+			put_i32(&b, 4 + 2 + 5);
+			put(&b, "x", 2);
+			put_i32(&b, 3); /* document length 3 < 5 */
+			put_u8(&b, 0);
+			break;
+		}
+		msg_end(&b);
+		assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err),
+				 SDB_EPROTO);
+		assert_non_null(strstr(err, want[c]));
+		assert_int_not_equal(code, 0);
+		free(keep);
+		free(b.p);
+	}
+	bson_destroy(body);
+	bson_destroy(d1);
+}
+
+static void test_invalid_nested_bson(void **state)
+{
+	bson_t *body = BCON_NEW("find", BCON_UTF8("c"), "filter", "{", "a", BCON_INT32(1), "}");
+	mbuf b = msg_begin(3, WIRE_OP_MSG);
+	wire_msg m;
+	uint8_t *keep;
+	char err[256] = "";
+	int code = -1;
+	size_t body_off;
+
+	(void)state;
+	put_i32(&b, 0);
+	put_u8(&b, 0);
+	body_off = b.len;
+	put_doc(&b, body);
+	msg_end(&b);
+	/* body: 4 len, 0x02 "find\0" 4-byte len "c\0" = 1+5+4+2 = 12, then 0x03 "filter\0" */
+	assert_int_equal(b.p[body_off + 4 + 12], 0x03);
+	set_i32(&b, body_off + 4 + 12 + 8, 200); /* inner document length beyond its parent */
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), SDB_EPROTO);
+	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
+	assert_non_null(strstr(err, "invalid BSON"));
+	free(keep);
+	free(b.p);
+	bson_destroy(body);
+}
+
+static void test_op_query(void **state)
+{
+	bson_t *q = BCON_NEW("isMaster", BCON_INT32(1), "helloOk", BCON_BOOL(true));
+	bson_t *fields = BCON_NEW("x", BCON_INT32(1));
+	bson_t *wrapped = BCON_NEW("$query", "{", "ping", BCON_INT32(1), "}", "$readPreference",
+				   "{", "mode", BCON_UTF8("primary"), "}");
+
+	(void)state;
+	for (int variant = 0; variant < 3; variant++) {
+		mbuf b = msg_begin(11, WIRE_OP_QUERY);
+		wire_msg m;
+		bson_t cmd;
+		uint8_t *keep;
+		char err[256] = "";
+		int code = -1;
+
+		put_i32(&b, 4); /* flags: SecondaryOk */
+		put(&b, "admin.$cmd", 11);
+		put_i32(&b, 0);
+		put_i32(&b, -1);
+		put_doc(&b, variant == 2 ? wrapped : q);
+		if (variant == 1)
+			put_doc(&b, fields);
+		msg_end(&b);
+		assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), 0);
+		assert_int_equal(m.hdr.op_code, 2004);
+		assert_int_equal(m.hdr.request_id, 11);
+		assert_int_equal(m.query_flags, 4);
+		assert_string_equal(m.full_collection_name, "admin.$cmd");
+		assert_int_equal(m.number_to_skip, 0);
+		assert_int_equal(m.number_to_return, -1);
+		assert_int_equal(m.has_fields, variant == 1);
+		if (variant == 1)
+			assert_doc_json(&m.fields, "{ \"x\" : 1 }");
+		assert_int_equal(wire_msg_command(&m, &cmd, &code, err, sizeof err), 0);
+		if (variant == 2)
+			assert_doc_json(&cmd, "{ \"ping\" : 1 }");
+		else
+			assert_doc_json(&cmd, "{ \"isMaster\" : 1, \"helloOk\" : true }");
+		bson_destroy(&cmd);
+		free(keep);
+
+		/* every truncation (length patched) fails, except the one that drops the
+		 * optional returnFieldsSelector exactly */
+		for (size_t l = 16; l < b.len; l++) {
+			int rc;
+			set_i32(&b, 0, (int32_t)l);
+			rc = parse_copy(b.p, l, &m, &keep, &code, err, sizeof err);
+			if (variant == 1 && l == b.len - fields->len)
+				assert_int_equal(rc, 0);
+			else
+				assert_int_equal(rc, SDB_EPROTO);
+			free(keep);
+		}
+		free(b.p);
+	}
+	/* trailing garbage after the selector */
+	{
+		mbuf b = msg_begin(11, WIRE_OP_QUERY);
+		wire_msg m;
+		uint8_t *keep;
+		char err[256] = "";
+		int code = -1;
+		put_i32(&b, 0);
+		put(&b, "admin.$cmd", 11);
+		put_i32(&b, 0);
+		put_i32(&b, -1);
+		put_doc(&b, q);
+		put_doc(&b, fields);
+		put_u8(&b, 7);
+		msg_end(&b);
+		assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err),
+				 SDB_EPROTO);
+		free(keep);
+		free(b.p);
+	}
+	bson_destroy(q);
+	bson_destroy(fields);
+	bson_destroy(wrapped);
+}
+
+static void test_op_compressed_and_unknown_opcode(void **state)
+{
+	mbuf b = msg_begin(21, WIRE_OP_COMPRESSED);
+	wire_msg m;
+	uint8_t *keep;
+	char err[256] = "";
+	int code = -1;
+
+	(void)state;
+	put_i32(&b, WIRE_OP_MSG);
+	put_i32(&b, 100);
+	put_u8(&b, 2); /* zlib */
+	put(&b, "xxxx", 4);
+	msg_end(&b);
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), 0);
+	assert_int_equal(m.hdr.op_code, 2012);
+	assert_int_equal(m.original_op_code, 2013);
+	assert_int_equal(m.uncompressed_size, 100);
+	assert_int_equal(m.compressor_id, 2);
+	free(keep);
+	/* truncated OP_COMPRESSED header */
+	set_i32(&b, 0, 20);
+	assert_int_equal(parse_copy(b.p, 20, &m, &keep, &code, err, sizeof err), SDB_EPROTO);
+	free(keep);
+	/* OP_INSERT (2002) was removed in MongoDB 6.0 */
+	set_i32(&b, 0, (int32_t)b.len);
+	set_i32(&b, 12, 2002);
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), SDB_EPROTO);
+	assert_string_equal(err, "unsupported opCode 2002");
+	assert_int_equal(m.hdr.request_id, 21); /* header known even on failure */
+	free(keep);
+	free(b.p);
+}
+
+static void test_command_fold_errors(void **state)
+{
+	bson_t *body = BCON_NEW("insert", BCON_UTF8("c"), "documents", "[", "]", "$db",
+				BCON_UTF8("t"));
+	bson_t *d1 = BCON_NEW("_id", BCON_INT32(1));
+	const char *ids[] = {"documents", ""};
+	const char *want[] = {"duplicate field 'documents'", "empty identifier"};
+
+	(void)state;
+	for (int i = 0; i < 2; i++) {
+		mbuf b = msg_begin(3, WIRE_OP_MSG);
+		wire_msg m;
+		bson_t cmd;
+		uint8_t *keep;
+		char err[256] = "";
+		int code = -1;
+
+		put_i32(&b, 0);
+		put_u8(&b, 0);
+		put_doc(&b, body);
+		put_u8(&b, 1);
+		put_seq(&b, ids[i], &d1, 1);
+		msg_end(&b);
+		assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), 0);
+		assert_int_equal(wire_msg_command(&m, &cmd, &code, err, sizeof err), SDB_EPROTO);
+		assert_non_null(strstr(err, want[i]));
+		assert_int_equal(code, i == 0 ? WIRE_ERR_PROTOCOL_ERROR : WIRE_ERR_BAD_VALUE);
+		bson_destroy(&cmd);
+		free(keep);
+		free(b.p);
+	}
+	/* two sequences, one empty: both folded, in order */
+	{
+		bson_t *ping = BCON_NEW("bulk", BCON_INT32(1), "$db", BCON_UTF8("t"));
+		mbuf b = msg_begin(3, WIRE_OP_MSG);
+		wire_msg m;
+		bson_t cmd;
+		uint8_t *keep;
+		char err[256] = "";
+		int code = -1;
+
+		put_i32(&b, 0);
+		put_u8(&b, 1);
+		put_seq(&b, "ops", &d1, 1);
+		put_u8(&b, 0);
+		put_doc(&b, ping);
+		put_u8(&b, 1);
+		put_seq(&b, "nsInfo", NULL, 0);
+		msg_end(&b);
+		assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), 0);
+		assert_int_equal(m.n_seqs, 2);
+		assert_int_equal(m.seqs[1].n_docs, 0);
+		assert_int_equal(wire_msg_command(&m, &cmd, &code, err, sizeof err), 0);
+		assert_doc_json(&cmd, "{ \"bulk\" : 1, \"$db\" : \"t\", \"ops\" : [ { \"_id\" : 1 } "
+				      "], \"nsInfo\" : [  ] }");
+		bson_destroy(&cmd);
+		free(keep);
+		free(b.p);
+		bson_destroy(ping);
+	}
+	bson_destroy(body);
+	bson_destroy(d1);
+}
+
+static void test_encode_round_trip(void **state)
+{
+	bson_t *body = BCON_NEW("ok", BCON_DOUBLE(1.0), "n", BCON_INT32(3));
+	wire_msg m;
+	uint8_t *p;
+	size_t len;
+	char err[256] = "";
+	int code = -1;
+
+	(void)state;
+	p = wire_msg_encode_msg(7, 42, WIRE_MSG_FLAG_MORE_TO_COME | WIRE_MSG_FLAG_CHECKSUM_PRESENT,
+				body, &len);
+	assert_int_equal(len, 16 + 4 + 1 + body->len);
+	assert_int_equal(wire_msg_parse(p, len, &m, &code, err, sizeof err), 0);
+	assert_int_equal(m.hdr.message_length, (int32_t)len);
+	assert_int_equal(m.hdr.request_id, 7);
+	assert_int_equal(m.hdr.response_to, 42);
+	assert_int_equal(m.hdr.op_code, 2013);
+	assert_int_equal(m.flags, WIRE_MSG_FLAG_MORE_TO_COME); /* checksum bit never set */
+	assert_true(bson_equal(&m.body, body));
+	free(p);
+
+	p = wire_msg_encode_reply(8, 43, WIRE_REPLY_FLAG_AWAIT_CAPABLE, body, &len);
+	assert_int_equal(len, 36 + body->len);
+	assert_int_equal(wire_msg_peek_length(p), (int32_t)len);
+	assert_int_equal(p[4], 8);
+	assert_int_equal(p[8], 43);
+	assert_int_equal(p[12], 1); /* OP_REPLY */
+	assert_int_equal(p[13] | p[14] | p[15], 0);
+	assert_int_equal(p[16], 8);  /* responseFlags AwaitCapable */
+	for (int i = 20; i < 32; i++) /* cursorID 0, startingFrom 0 */
+		assert_int_equal(p[i], 0);
+	assert_int_equal(p[32], 1); /* numberReturned */
+	assert_memory_equal(p + 36, bson_get_data(body), body->len);
+	free(p);
+	bson_destroy(body);
+}
+
+static void test_code_names(void **state)
+{
+	(void)state;
+	assert_string_equal(wire_code_name(WIRE_ERR_COMMAND_NOT_FOUND), "CommandNotFound");
+	assert_string_equal(wire_code_name(WIRE_ERR_BAD_VALUE), "BadValue");
+	assert_string_equal(wire_code_name(WIRE_ERR_BSON_TOO_LARGE), "BSONObjectTooLarge");
+	assert_string_equal(wire_code_name(WIRE_ERR_NOT_WRITABLE_PRIMARY), "NotWritablePrimary");
+	assert_string_equal(wire_code_name(WIRE_ERR_STALE_CONFIG), "StaleConfig");
+	assert_string_equal(wire_code_name(WIRE_ERR_DUPLICATE_KEY), "DuplicateKey");
+	assert_string_equal(wire_code_name(WIRE_ERR_RATE_LIMITED),
+			    "IngressRequestRateLimitExceeded");
+	assert_string_equal(wire_code_name(WIRE_ERR_PROTOCOL_ERROR), "ProtocolError");
+	assert_string_equal(wire_code_name(123456789), "UnknownError");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_op_msg_body_and_sequence),
+		cmocka_unit_test(test_op_msg_flags),
+		cmocka_unit_test(test_crc32c),
+		cmocka_unit_test(test_checksum),
+		cmocka_unit_test(test_truncated_every_length),
+		cmocka_unit_test(test_wrong_lengths),
+		cmocka_unit_test(test_oversize_body),
+		cmocka_unit_test(test_sections_errors),
+		cmocka_unit_test(test_invalid_nested_bson),
+		cmocka_unit_test(test_op_query),
+		cmocka_unit_test(test_op_compressed_and_unknown_opcode),
+		cmocka_unit_test(test_command_fold_errors),
+		cmocka_unit_test(test_encode_round_trip),
+		cmocka_unit_test(test_code_names),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
