@@ -8,4 +8,12 @@ libstripedb_a_SOURCES += storage/update.c storage/docbuild.c
 # --- query core: bsonval keyenc path matcher projection sortspec (owner: sa) ---
 noinst_HEADERS += storage/bsonval.h storage/keyenc.h storage/path.h storage/matcher.h \
 	storage/projection.h storage/sortspec.h
+libstripedb_a_SOURCES += storage/bsonval.c storage/keyenc.c storage/path.c storage/matcher.c \
+	storage/projection.c storage/sortspec.c
+
+check_PROGRAMS += tests/unit/test_storage_bsonval
+tests_unit_test_storage_bsonval_SOURCES = tests/unit/test_storage_bsonval.c
+tests_unit_test_storage_bsonval_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_bsonval_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_bsonval
 # --- end sa ---

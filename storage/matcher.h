@@ -40,11 +40,12 @@ typedef struct sdb_matcher sdb_matcher;
 /* Compile a filter document ({} matches everything). On success returns 0 and *out
  * (free with sdb_matcher_free); the matcher copies what it needs (filter may be freed).
  * Errors: SDB_EINVAL with *code the MongoDB error code and MongoDB's message in err:
- *   2 BadValue   unknown operator, $expr/$where refused, bad $regex options,
- *                $in/$nin/$all needs an array, $and/$or/$nor needs a non-empty array,
- *                bad $mod divisor/remainder, $not needs a regex or a document, ...
- *   14 TypeMismatch  $size needs a whole number, ...
- *   51108 bad PCRE2 pattern ("Regular expression is invalid: ...")
+ *   2 BadValue   unknown operator, $expr/$where refused, $in/$nin/$all needs an
+ *                array, $and/$or/$nor must be a nonempty array, bad $mod divisor or
+ *                remainder, $not needs a regex or a document, $size needs a whole
+ *                non-negative number, unknown $type alias or code, ...
+ *   51108 invalid regex flag ("invalid flag in regex options: z")
+ *   51091 bad PCRE2 pattern ("Regular expression is invalid: ...")
  * code may be NULL. */
 int sdb_matcher_new(const bson_t *filter, sdb_matcher **out, int *code, char *err,
 		    size_t errlen);

@@ -43,8 +43,9 @@ typedef bool (*sdb_path_visit_fn)(void *ctx, const bson_iter_t *it, unsigned fla
  * the visitor stopped the walk, false when it ran to the end. A path that reaches
  * nothing at all (e.g. {a: [1, 2]} and "a.b") calls fn with nothing: the caller treats
  * "no call" as missing. Recursion is bounded by the number of path components.
- * path must be non-empty and contain no empty component (callers validate with
- * sdb_path_valid; an invalid path reports nothing). */
+ * Any path string is accepted (the matcher may query odd names): an empty component
+ * looks up the empty field name; a path of more than 256 components reports nothing.
+ * Callers that need a proper field path validate with sdb_path_valid. */
 bool sdb_path_walk(const bson_t *doc, const char *path, unsigned opts, sdb_path_visit_fn fn,
 		   void *ctx);
 

@@ -1,0 +1,1416 @@
+/* Query matcher: MongoDB's query language over BSON documents. See matcher.h. */
+#include "storage/matcher.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <math.h>
+#include <pcre2.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "storage/bsonval.h"
+#include "storage/path.h"
+
+#define ERR_BAD_VALUE 2
+#define ERR_REGEX_FLAG 51108
+#define ERR_REGEX_INVALID 51091
+#define MATCHER_MAX_DEPTH 100 /* nesting of $and/$or/$not/$elemMatch in one filter */
+
+typedef enum {
+	N_AND = 1, /* kids all true ({} is an empty AND: true) */
+	N_OR,      /* any kid true */
+	N_NOR,     /* no kid true */
+	N_NOT,     /* kid[0] false */
+	N_FALSE,   /* never ($in: [] style contradictions are expressed by their own op) */
+	N_PATH,    /* a predicate on the values at path (or on the value itself: path NULL) */
+} node_kind;
+
+typedef enum {
+	OP_EQ = 1,
+	OP_LT,
+	OP_LTE,
+	OP_GT,
+	OP_GTE,
+	OP_IN,
+	OP_REGEX,
+	OP_TYPE,
+	OP_MOD,
+	OP_EXISTS,
+	OP_SIZE,
+	OP_ELEM_VALUE,  /* $elemMatch, value form: kid[0] is a path-less AND */
+	OP_ELEM_OBJECT, /* $elemMatch, object form: sub is a matcher on each element */
+} op_kind;
+
+typedef struct node node;
+
+typedef struct regex {
+	pcre2_code *code;
+	char *pattern;
+	char *flags;
+} regex;
+
+struct node {
+	node_kind kind;
+	op_kind op;
+	char *path; /* N_PATH: owned; NULL for value-level predicates */
+	node **kids;
+	size_t nkids;
+	bson_value_t val; /* EQ/LT/LTE/GT/GTE operand (owned copy) */
+	/* OP_IN: values (owned copies) and compiled regexes */
+	bson_value_t *in;
+	size_t nin;
+	regex *in_re;
+	size_t nin_re;
+	bool in_null; /* the list holds null: matches missing */
+	regex re;     /* OP_REGEX */
+	uint8_t types[32]; /* OP_TYPE: bitmap over bson_type_t bytes */
+	int64_t mod_d, mod_r;
+	bool exists;  /* OP_EXISTS */
+	int64_t size; /* OP_SIZE */
+	sdb_matcher *sub; /* OP_ELEM_OBJECT */
+};
+
+struct sdb_matcher {
+	node *root;
+	bool value_form; /* from sdb_matcher_new_elem with operators: root is path-less */
+};
+
+typedef struct perr {
+	int code;
+	char *err;
+	size_t errlen;
+} perr;
+
+static int fail(perr *pe, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(perr *pe, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	pe->code = code;
+	if (pe->err && pe->errlen) {
+		va_start(ap, fmt);
+		vsnprintf(pe->err, pe->errlen, fmt, ap);
+		va_end(ap);
+	}
+	return SDB_EINVAL;
+}
+
+/* ---- nodes ------------------------------------------------------------------------ */
+
+static node *node_new(node_kind kind)
+{
+	node *n = sdb_calloc(1, sizeof *n);
+
+	n->kind = kind;
+	return n;
+}
+
+static void regex_free(regex *r)
+{
+	if (r->code)
+		pcre2_code_free(r->code);
+	free(r->pattern);
+	free(r->flags);
+	memset(r, 0, sizeof *r);
+}
+
+static void node_free(node *n)
+{
+	if (!n)
+		return;
+	for (size_t i = 0; i < n->nkids; i++)
+		node_free(n->kids[i]);
+	free(n->kids);
+	free(n->path);
+	if (n->val.value_type != BSON_TYPE_EOD)
+		bson_value_destroy(&n->val);
+	for (size_t i = 0; i < n->nin; i++)
+		bson_value_destroy(&n->in[i]);
+	free(n->in);
+	for (size_t i = 0; i < n->nin_re; i++)
+		regex_free(&n->in_re[i]);
+	free(n->in_re);
+	regex_free(&n->re);
+	sdb_matcher_free(n->sub);
+	free(n);
+}
+
+static void node_add(node *parent, node *kid)
+{
+	parent->kids = sdb_realloc(parent->kids, (parent->nkids + 1) * sizeof *parent->kids);
+	parent->kids[parent->nkids++] = kid;
+}
+
+static node *path_node(const char *path, op_kind op)
+{
+	node *n = node_new(N_PATH);
+
+	n->op = op;
+	n->path = path ? sdb_strdup(path) : NULL;
+	return n;
+}
+
+/* ---- regex ------------------------------------------------------------------------ */
+
+static int regex_compile(regex *r, const char *pattern, const char *flags, perr *pe)
+{
+	uint32_t opts = PCRE2_UTF;
+	int errcode;
+	PCRE2_SIZE erroff;
+
+	for (const char *f = flags; *f; f++) {
+		switch (*f) {
+		case 'i':
+			opts |= PCRE2_CASELESS;
+			break;
+		case 'm':
+			opts |= PCRE2_MULTILINE;
+			break;
+		case 's':
+			opts |= PCRE2_DOTALL;
+			break;
+		case 'x':
+			opts |= PCRE2_EXTENDED;
+			break;
+		case 'u':
+			break;
+		default:
+			return fail(pe, ERR_REGEX_FLAG, "invalid flag in regex options: %c", *f);
+		}
+	}
+	r->code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &errcode, &erroff,
+				NULL);
+	if (!r->code) {
+		PCRE2_UCHAR msg[256];
+
+		pcre2_get_error_message(errcode, msg, sizeof msg);
+		return fail(pe, ERR_REGEX_INVALID, "Regular expression is invalid: %s", (char *)msg);
+	}
+	r->pattern = sdb_strdup(pattern);
+	r->flags = sdb_strdup(flags);
+	return 0;
+}
+
+static bool regex_match(const regex *r, const bson_value_t *v)
+{
+	const char *s;
+	size_t len;
+	pcre2_match_data *md;
+	int rc;
+
+	switch (v->value_type) {
+	case BSON_TYPE_UTF8:
+		s = v->value.v_utf8.str;
+		len = v->value.v_utf8.len;
+		break;
+	case BSON_TYPE_SYMBOL:
+		s = v->value.v_symbol.symbol;
+		len = v->value.v_symbol.len;
+		break;
+	case BSON_TYPE_REGEX:
+		return strcmp(v->value.v_regex.regex, r->pattern) == 0 &&
+		       strcmp(v->value.v_regex.options, r->flags) == 0;
+	default:
+		return false;
+	}
+	md = pcre2_match_data_create_from_pattern(r->code, NULL);
+	if (!md)
+		abort(); /* out of memory: the stripedb policy is to abort */
+	rc = pcre2_match(r->code, (PCRE2_SPTR)s, len, 0, 0, md, NULL);
+	pcre2_match_data_free(md);
+	return rc >= 0;
+}
+
+/* ---- evaluation ------------------------------------------------------------------- */
+
+static bool eval(const node *n, const bson_t *doc);
+static bool eval_single(const node *n, const bson_iter_t *v);
+
+static bool is_nan(const bson_value_t *v)
+{
+	sdb_bson_num num;
+
+	return sdb_bson_num_canon(v, &num) && num.cls == 0;
+}
+
+/* EQ/LT/LTE/GT/GTE of one present value against the operand (MongoDB's
+ * ComparisonMatchExpressionBase::matchesSingleElement). */
+static bool cmp_value(op_kind op, const bson_value_t *rhs, const bson_value_t *v)
+{
+	int bv = sdb_bson_bracket(v->value_type), br = sdb_bson_bracket(rhs->value_type);
+	int c;
+
+	if (bv != br) {
+		/* null and undefined are the same for EQ, LTE, GTE */
+		if (bv + br == SDB_BRACKET_NULL + SDB_BRACKET_UNDEFINED &&
+		    (bv == SDB_BRACKET_NULL || br == SDB_BRACKET_NULL))
+			return op == OP_EQ || op == OP_LTE || op == OP_GTE;
+		if (rhs->value_type == BSON_TYPE_MINKEY || rhs->value_type == BSON_TYPE_MAXKEY) {
+			c = sdb_bson_value_cmp(v, rhs);
+			if (op == OP_LT || op == OP_LTE)
+				return c < 0;
+			if (op == OP_GT || op == OP_GTE)
+				return c > 0;
+		}
+		return false;
+	}
+	if (bv == SDB_BRACKET_NUMBER && (is_nan(v) || is_nan(rhs))) {
+		if (!(is_nan(v) && is_nan(rhs)))
+			return false;
+		return op == OP_EQ || op == OP_LTE || op == OP_GTE;
+	}
+	c = sdb_bson_value_cmp(v, rhs);
+	switch (op) {
+	case OP_EQ:
+		return c == 0;
+	case OP_LT:
+		return c < 0;
+	case OP_LTE:
+		return c <= 0;
+	case OP_GT:
+		return c > 0;
+	case OP_GTE:
+		return c >= 0;
+	default:
+		return false;
+	}
+}
+
+static bool mod_value(const node *n, const bson_value_t *v)
+{
+	int64_t x;
+
+	switch (v->value_type) {
+	case BSON_TYPE_INT32:
+		x = v->value.v_int32;
+		break;
+	case BSON_TYPE_INT64:
+		x = v->value.v_int64;
+		break;
+	case BSON_TYPE_DOUBLE:
+		if (!isfinite(v->value.v_double) || v->value.v_double >= 9.2233720368547758e18 ||
+		    v->value.v_double < -9.2233720368547758e18)
+			return false;
+		x = (int64_t)v->value.v_double;
+		break;
+	case BSON_TYPE_DECIMAL128: {
+		char buf[BSON_DECIMAL128_STRING];
+		long double d;
+
+		bson_decimal128_to_string(&v->value.v_decimal128, buf);
+		d = strtold(buf, NULL);
+		if (!isfinite(d) || d >= 9.2233720368547758e18L || d < -9.2233720368547758e18L)
+			return false;
+		x = (int64_t)d;
+		break;
+	}
+	default:
+		return false;
+	}
+	if (n->mod_d == -1)
+		return n->mod_r == 0; /* avoid INT64_MIN % -1 */
+	return x % n->mod_d == n->mod_r;
+}
+
+static bool array_len_is(const bson_iter_t *it, int64_t want)
+{
+	bson_iter_t c;
+	int64_t count = 0;
+
+	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &c))
+		return false;
+	while (bson_iter_next(&c))
+		count++;
+	return count == want;
+}
+
+static bool elem_object_match(const sdb_matcher *sub, const bson_iter_t *e)
+{
+	const bson_value_t *v;
+	bson_iter_t c = *e;
+	bson_t doc;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(&c) && !BSON_ITER_HOLDS_ARRAY(&c))
+		return false;
+	v = bson_iter_value(&c);
+	if (!bson_init_static(&doc, v->value.v_doc.data, v->value.v_doc.data_len))
+		return false;
+	return eval(sub->root, &doc);
+}
+
+/* A path predicate's test of one present value (from the walk, or an element). */
+static bool pred_present(const node *n, const bson_iter_t *it)
+{
+	bson_iter_t c = *it;
+	const bson_value_t *v = bson_iter_value(&c);
+
+	switch (n->op) {
+	case OP_EQ:
+	case OP_LT:
+	case OP_LTE:
+	case OP_GT:
+	case OP_GTE:
+		return cmp_value(n->op, &n->val, v);
+	case OP_IN:
+		for (size_t i = 0; i < n->nin; i++)
+			if (cmp_value(OP_EQ, &n->in[i], v))
+				return true;
+		for (size_t i = 0; i < n->nin_re; i++)
+			if (regex_match(&n->in_re[i], v))
+				return true;
+		return false;
+	case OP_REGEX:
+		return regex_match(&n->re, v);
+	case OP_TYPE: {
+		unsigned t = (unsigned)v->value_type & 0xff;
+
+		return (n->types[t >> 3] >> (t & 7)) & 1;
+	}
+	case OP_MOD:
+		return mod_value(n, v);
+	case OP_EXISTS:
+		return true;
+	case OP_SIZE:
+		return array_len_is(it, n->size);
+	case OP_ELEM_VALUE:
+	case OP_ELEM_OBJECT: {
+		bson_iter_t e;
+
+		if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &e))
+			return false;
+		while (bson_iter_next(&e)) {
+			if (n->op == OP_ELEM_VALUE ? eval_single(n->kids[0], &e)
+						   : elem_object_match(n->sub, &e))
+				return true;
+		}
+		return false;
+	}
+	}
+	return false;
+}
+
+/* Does a missing value satisfy the predicate? */
+static bool pred_missing(const node *n)
+{
+	switch (n->op) {
+	case OP_EQ:
+	case OP_LTE:
+	case OP_GTE:
+		return n->val.value_type == BSON_TYPE_NULL;
+	case OP_IN:
+		return n->in_null;
+	case OP_EXISTS:
+		return false;
+	default:
+		return false;
+	}
+}
+
+typedef struct visit_ctx {
+	const node *n;
+	bool any; /* the walk reported something */
+} visit_ctx;
+
+static bool visit_pred(void *ctx, const bson_iter_t *it, unsigned flags)
+{
+	visit_ctx *vc = ctx;
+	const node *n = vc->n;
+
+	vc->any = true;
+	if (flags & SDB_PATH_MISSING)
+		return pred_missing(n);
+	/* $size, $elemMatch and $type: "array" look at whole arrays, not their elements */
+	if ((flags & SDB_PATH_ELEM) && (n->op == OP_SIZE || n->op == OP_ELEM_VALUE ||
+					n->op == OP_ELEM_OBJECT))
+		return false;
+	return pred_present(n, it);
+}
+
+static bool eval_path(const node *n, const bson_t *doc)
+{
+	visit_ctx vc = {.n = n};
+	bool stopped;
+
+	stopped = sdb_path_walk(doc, n->path, SDB_PATH_EXPAND_LEAF, visit_pred, &vc);
+	if (stopped)
+		return true;
+	if (!vc.any)
+		return pred_missing(n);
+	return false;
+}
+
+static bool eval(const node *n, const bson_t *doc)
+{
+	switch (n->kind) {
+	case N_AND:
+		for (size_t i = 0; i < n->nkids; i++)
+			if (!eval(n->kids[i], doc))
+				return false;
+		return true;
+	case N_OR:
+		for (size_t i = 0; i < n->nkids; i++)
+			if (eval(n->kids[i], doc))
+				return true;
+		return false;
+	case N_NOR:
+		for (size_t i = 0; i < n->nkids; i++)
+			if (eval(n->kids[i], doc))
+				return false;
+		return true;
+	case N_NOT:
+		return !eval(n->kids[0], doc);
+	case N_FALSE:
+		return false;
+	case N_PATH:
+		return eval_path(n, doc);
+	}
+	return false;
+}
+
+/* Value-level evaluation (path-less nodes of $elemMatch value form and new_elem). */
+static bool eval_single(const node *n, const bson_iter_t *v)
+{
+	switch (n->kind) {
+	case N_AND:
+		for (size_t i = 0; i < n->nkids; i++)
+			if (!eval_single(n->kids[i], v))
+				return false;
+		return true;
+	case N_OR:
+		for (size_t i = 0; i < n->nkids; i++)
+			if (eval_single(n->kids[i], v))
+				return true;
+		return false;
+	case N_NOR:
+		for (size_t i = 0; i < n->nkids; i++)
+			if (eval_single(n->kids[i], v))
+				return false;
+		return true;
+	case N_NOT:
+		return !eval_single(n->kids[0], v);
+	case N_FALSE:
+		return false;
+	case N_PATH:
+		return pred_present(n, v);
+	}
+	return false;
+}
+
+/* ---- parsing ---------------------------------------------------------------------- */
+
+static int parse_query(const bson_t *q, node *and_out, int depth, perr *pe);
+static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, int depth,
+		     perr *pe);
+
+static bool true_value(const bson_iter_t *it)
+{
+	switch (bson_iter_type(it)) {
+	case BSON_TYPE_BOOL:
+		return bson_iter_bool(it);
+	case BSON_TYPE_INT32:
+	case BSON_TYPE_INT64:
+	case BSON_TYPE_DOUBLE:
+	case BSON_TYPE_DECIMAL128: {
+		bson_iter_t c = *it;
+		sdb_bson_num n;
+
+		sdb_bson_num_canon(bson_iter_value(&c), &n);
+		return n.cls != 3;
+	}
+	case BSON_TYPE_NULL:
+	case BSON_TYPE_UNDEFINED:
+	case BSON_TYPE_EOD:
+		return false;
+	default:
+		return true;
+	}
+}
+
+/* A document value whose first field starts with '$' is an operator document. */
+static bool is_op_doc(const bson_iter_t *it)
+{
+	bson_iter_t c;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(it) || !bson_iter_recurse(it, &c))
+		return false;
+	return bson_iter_next(&c) && bson_iter_key(&c)[0] == '$';
+}
+
+static bool num_as_i64(const bson_iter_t *it, int64_t *out, bool *whole)
+{
+	double d;
+
+	*whole = true;
+	switch (bson_iter_type(it)) {
+	case BSON_TYPE_INT32:
+	case BSON_TYPE_INT64:
+		*out = bson_iter_as_int64(it);
+		return true;
+	case BSON_TYPE_DOUBLE:
+		d = bson_iter_double(it);
+		if (!isfinite(d) || d >= 9.2233720368547758e18 || d < -9.2233720368547758e18) {
+			*whole = false;
+			*out = 0;
+			return true;
+		}
+		*out = (int64_t)d;
+		*whole = (double)*out == d;
+		return true;
+	case BSON_TYPE_DECIMAL128: {
+		char buf[BSON_DECIMAL128_STRING];
+		bson_decimal128_t dec;
+		long double ld;
+
+		bson_iter_decimal128(it, &dec);
+		bson_decimal128_to_string(&dec, buf);
+		ld = strtold(buf, NULL);
+		if (!isfinite(ld) || ld >= 9.2233720368547758e18L || ld < -9.2233720368547758e18L) {
+			*whole = false;
+			*out = 0;
+			return true;
+		}
+		*out = (int64_t)ld;
+		*whole = (long double)*out == ld;
+		return true;
+	}
+	default:
+		return false;
+	}
+}
+
+static const struct {
+	const char *name;
+	int code;
+} type_aliases[] = {
+	{"double", 1},	   {"string", 2},     {"object", 3},	 {"array", 4},
+	{"binData", 5},	   {"undefined", 6},  {"objectId", 7},	 {"bool", 8},
+	{"date", 9},	   {"null", 10},      {"regex", 11},	 {"dbPointer", 12},
+	{"javascript", 13}, {"symbol", 14},   {"javascriptWithScope", 15},
+	{"int", 16},	   {"timestamp", 17}, {"long", 18},	 {"decimal", 19},
+	{"minKey", -1},	   {"maxKey", 127},
+};
+
+static void type_set(node *n, int code)
+{
+	unsigned t = (unsigned)code & 0xff;
+
+	n->types[t >> 3] |= (uint8_t)(1u << (t & 7));
+}
+
+static int type_add(node *n, const bson_iter_t *it, perr *pe)
+{
+	if (BSON_ITER_HOLDS_UTF8(it)) {
+		const char *s = bson_iter_utf8(it, NULL);
+
+		if (strcmp(s, "number") == 0) {
+			type_set(n, BSON_TYPE_INT32);
+			type_set(n, BSON_TYPE_INT64);
+			type_set(n, BSON_TYPE_DOUBLE);
+			type_set(n, BSON_TYPE_DECIMAL128);
+			return 0;
+		}
+		for (size_t i = 0; i < sizeof type_aliases / sizeof type_aliases[0]; i++) {
+			if (strcmp(s, type_aliases[i].name) == 0) {
+				type_set(n, type_aliases[i].code);
+				return 0;
+			}
+		}
+		return fail(pe, ERR_BAD_VALUE, "Unknown type name alias: %s", s);
+	}
+	{
+		int64_t code;
+		bool whole;
+
+		if (!num_as_i64(it, &code, &whole))
+			return fail(pe, ERR_BAD_VALUE,
+				    "type must be represented as a number or a string");
+		if (!whole)
+			return fail(pe, ERR_BAD_VALUE, "Invalid numerical type code");
+		if (!((code >= 1 && code <= 19) || code == -1 || code == 127))
+			return fail(pe, ERR_BAD_VALUE, "Invalid numerical type code: %lld",
+				    (long long)code);
+		type_set(n, (int)code);
+		return 0;
+	}
+}
+
+static void copy_value(const bson_iter_t *it, bson_value_t *out)
+{
+	bson_iter_t c = *it;
+
+	bson_value_copy(bson_iter_value(&c), out);
+}
+
+static int parse_in_list(node *n, const bson_iter_t *it, const char *opname, perr *pe)
+{
+	bson_iter_t e;
+
+	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &e))
+		return fail(pe, ERR_BAD_VALUE, "%s needs an array", opname);
+	while (bson_iter_next(&e)) {
+		if (BSON_ITER_HOLDS_REGEX(&e)) {
+			const char *opts;
+			const char *pat = bson_iter_regex(&e, &opts);
+			int rc;
+
+			n->in_re = sdb_realloc(n->in_re, (n->nin_re + 1) * sizeof *n->in_re);
+			memset(&n->in_re[n->nin_re], 0, sizeof n->in_re[0]);
+			rc = regex_compile(&n->in_re[n->nin_re], pat, opts, pe);
+			n->nin_re++;
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (is_op_doc(&e))
+			return fail(pe, ERR_BAD_VALUE, "cannot nest $ under %s", opname);
+		if (BSON_ITER_HOLDS_NULL(&e))
+			n->in_null = true;
+		n->in = sdb_realloc(n->in, (n->nin + 1) * sizeof *n->in);
+		copy_value(&e, &n->in[n->nin++]);
+	}
+	return 0;
+}
+
+static int parse_mod(node *n, const bson_iter_t *it, perr *pe)
+{
+	bson_iter_t e;
+	int64_t v[2];
+	int count = 0;
+	bool whole;
+
+	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &e))
+		return fail(pe, ERR_BAD_VALUE, "malformed mod, needs to be an array");
+	while (bson_iter_next(&e)) {
+		if (count == 2)
+			return fail(pe, ERR_BAD_VALUE, "malformed mod, too many elements");
+		if (!num_as_i64(&e, &v[count], &whole))
+			return fail(pe, ERR_BAD_VALUE, "malformed mod, %s not a number",
+				    count == 0 ? "divisor" : "remainder");
+		if (BSON_ITER_HOLDS_DOUBLE(&e) && !isfinite(bson_iter_double(&e)))
+			return fail(pe, ERR_BAD_VALUE, "malformed mod, %s value is invalid :: caused by :: %s",
+				    count == 0 ? "divisor" : "remainder", "value must be finite");
+		count++;
+	}
+	if (count < 2)
+		return fail(pe, ERR_BAD_VALUE, "malformed mod, not enough elements");
+	if (v[0] == 0)
+		return fail(pe, ERR_BAD_VALUE, "divisor cannot be 0");
+	n->mod_d = v[0];
+	n->mod_r = v[1];
+	return 0;
+}
+
+static int parse_regex_pair(const char *path, const bson_iter_t *re_it, const bson_iter_t *opt_it,
+			    node *and_out, perr *pe)
+{
+	const char *pattern, *flags = "";
+	node *n;
+	int rc;
+
+	if (BSON_ITER_HOLDS_UTF8(re_it)) {
+		pattern = bson_iter_utf8(re_it, NULL);
+	} else if (BSON_ITER_HOLDS_REGEX(re_it)) {
+		pattern = bson_iter_regex(re_it, &flags);
+	} else {
+		return fail(pe, ERR_BAD_VALUE, "$regex has to be a string");
+	}
+	if (opt_it) {
+		if (!BSON_ITER_HOLDS_UTF8(opt_it))
+			return fail(pe, ERR_BAD_VALUE, "$options has to be a string");
+		if (BSON_ITER_HOLDS_REGEX(re_it) && *flags)
+			return fail(pe, ERR_BAD_VALUE,
+				    "options set in both $regex and $options");
+		flags = bson_iter_utf8(opt_it, NULL);
+	}
+	if (strlen(pattern) != (BSON_ITER_HOLDS_UTF8(re_it) ? bson_iter_utf8_len_unsafe(re_it)
+							     : strlen(pattern)))
+		return fail(pe, 51108, "Regular expression cannot contain an embedded null byte");
+	n = path_node(path, OP_REGEX);
+	rc = regex_compile(&n->re, pattern, flags, pe);
+	if (rc) {
+		node_free(n);
+		return rc;
+	}
+	node_add(and_out, n);
+	return 0;
+}
+
+static int parse_elem_match(const char *path, const bson_iter_t *it, node *and_out, int depth,
+			    perr *pe)
+{
+	bson_iter_t c;
+	bson_t sub;
+	const bson_value_t *v;
+	node *n;
+	int rc;
+	bool value_form = false;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(it))
+		return fail(pe, ERR_BAD_VALUE, "$elemMatch needs an Object");
+	c = *it;
+	v = bson_iter_value(&c);
+	if (!bson_init_static(&sub, v->value.v_doc.data, v->value.v_doc.data_len))
+		return fail(pe, ERR_BAD_VALUE, "$elemMatch: corrupt document");
+	if (bson_iter_recurse(it, &c) && bson_iter_next(&c)) {
+		const char *k = bson_iter_key(&c);
+
+		value_form = k[0] == '$' && strcmp(k, "$and") != 0 && strcmp(k, "$or") != 0 &&
+			     strcmp(k, "$nor") != 0 && strcmp(k, "$where") != 0 &&
+			     strcmp(k, "$expr") != 0 && strcmp(k, "$comment") != 0;
+	}
+	if (value_form) {
+		node *inner = node_new(N_AND);
+
+		rc = parse_ops(NULL, it, inner, depth + 1, pe);
+		if (rc) {
+			node_free(inner);
+			return rc;
+		}
+		n = path_node(path, OP_ELEM_VALUE);
+		node_add(n, inner);
+	} else {
+		n = path_node(path, OP_ELEM_OBJECT);
+		n->sub = sdb_calloc(1, sizeof *n->sub);
+		n->sub->root = node_new(N_AND);
+		rc = parse_query(&sub, n->sub->root, depth + 1, pe);
+		if (rc) {
+			node_free(n);
+			return rc;
+		}
+	}
+	node_add(and_out, n);
+	return 0;
+}
+
+static int parse_all(const char *path, const bson_iter_t *it, node *and_out, int depth, perr *pe)
+{
+	bson_iter_t e;
+	int n_elem = 0, n_other = 0;
+	int rc;
+
+	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &e))
+		return fail(pe, ERR_BAD_VALUE, "$all needs an array");
+	while (bson_iter_next(&e)) {
+		bson_iter_t c;
+
+		if (BSON_ITER_HOLDS_DOCUMENT(&e) && bson_iter_recurse(&e, &c) && bson_iter_next(&c) &&
+		    strcmp(bson_iter_key(&c), "$elemMatch") == 0) {
+			n_elem++;
+			if (n_other)
+				return fail(pe, ERR_BAD_VALUE, "$all/$elemMatch has to be consistent");
+			rc = parse_elem_match(path, &c, and_out, depth, pe);
+			if (rc)
+				return rc;
+			if (bson_iter_next(&c))
+				return fail(pe, ERR_BAD_VALUE, "$all/$elemMatch has to be consistent");
+			continue;
+		}
+		if (n_elem)
+			return fail(pe, ERR_BAD_VALUE, "$all/$elemMatch has to be consistent");
+		n_other++;
+		if (BSON_ITER_HOLDS_REGEX(&e)) {
+			rc = parse_regex_pair(path, &e, NULL, and_out, pe);
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (is_op_doc(&e))
+			return fail(pe, ERR_BAD_VALUE, "no $ expressions in $all");
+		{
+			node *n = path_node(path, OP_EQ);
+
+			copy_value(&e, &n->val);
+			node_add(and_out, n);
+		}
+	}
+	if (n_elem + n_other == 0) /* $all: [] matches nothing */
+		node_add(and_out, node_new(N_FALSE));
+	return 0;
+}
+
+/* Parse {$op: arg, ...} applied to path (NULL: to the value itself) into and_out. */
+static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, int depth,
+		     perr *pe)
+{
+	bson_iter_t it, re_it, opt_it;
+	bool have_re = false, have_opt = false;
+	int rc;
+
+	if (depth > MATCHER_MAX_DEPTH)
+		return fail(pe, ERR_BAD_VALUE, "exceeded depth limit of %d when parsing the filter",
+			    MATCHER_MAX_DEPTH);
+	if (!bson_iter_recurse(opdoc, &it))
+		return fail(pe, ERR_BAD_VALUE, "corrupt operator document");
+	while (bson_iter_next(&it)) {
+		const char *op = bson_iter_key(&it);
+		op_kind cmp = 0;
+		node *n;
+
+		if (op[0] != '$')
+			return fail(pe, ERR_BAD_VALUE, "unknown operator: %s", op);
+		if (strcmp(op, "$eq") == 0)
+			cmp = OP_EQ;
+		else if (strcmp(op, "$lt") == 0)
+			cmp = OP_LT;
+		else if (strcmp(op, "$lte") == 0)
+			cmp = OP_LTE;
+		else if (strcmp(op, "$gt") == 0)
+			cmp = OP_GT;
+		else if (strcmp(op, "$gte") == 0)
+			cmp = OP_GTE;
+		if (cmp) {
+			if (BSON_ITER_HOLDS_REGEX(&it) && cmp == OP_EQ) {
+				/* {$eq: /re/} is equality with the regex value, not a match */
+			}
+			n = path_node(path, cmp);
+			copy_value(&it, &n->val);
+			node_add(and_out, n);
+			continue;
+		}
+		if (strcmp(op, "$ne") == 0) {
+			node *not = node_new(N_NOT);
+
+			n = path_node(path, OP_EQ);
+			copy_value(&it, &n->val);
+			node_add(not, n);
+			node_add(and_out, not);
+			continue;
+		}
+		if (strcmp(op, "$in") == 0 || strcmp(op, "$nin") == 0) {
+			n = path_node(path, OP_IN);
+			rc = parse_in_list(n, &it, op, pe);
+			if (rc) {
+				node_free(n);
+				return rc;
+			}
+			if (op[1] == 'n') {
+				node *not = node_new(N_NOT);
+
+				node_add(not, n);
+				n = not;
+			}
+			node_add(and_out, n);
+			continue;
+		}
+		if (strcmp(op, "$exists") == 0) {
+			n = path_node(path, OP_EXISTS);
+			if (true_value(&it)) {
+				node_add(and_out, n);
+			} else {
+				node *not = node_new(N_NOT);
+
+				node_add(not, n);
+				node_add(and_out, not);
+			}
+			continue;
+		}
+		if (strcmp(op, "$type") == 0) {
+			n = path_node(path, OP_TYPE);
+			if (BSON_ITER_HOLDS_ARRAY(&it)) {
+				bson_iter_t e;
+				int count = 0;
+
+				if (bson_iter_recurse(&it, &e)) {
+					while (bson_iter_next(&e)) {
+						count++;
+						if ((rc = type_add(n, &e, pe))) {
+							node_free(n);
+							return rc;
+						}
+					}
+				}
+				if (count == 0) {
+					node_free(n);
+					return fail(pe, ERR_BAD_VALUE,
+						    "%s must match at least one type", op);
+				}
+			} else if ((rc = type_add(n, &it, pe))) {
+				node_free(n);
+				return rc;
+			}
+			node_add(and_out, n);
+			continue;
+		}
+		if (strcmp(op, "$size") == 0) {
+			int64_t sz;
+			bool whole;
+
+			if (!num_as_i64(&it, &sz, &whole))
+				return fail(pe, ERR_BAD_VALUE, "$size needs a number");
+			if (!whole)
+				return fail(pe, ERR_BAD_VALUE, "$size must be a whole number");
+			if (sz < 0)
+				return fail(pe, ERR_BAD_VALUE, "$size may not be negative");
+			n = path_node(path, OP_SIZE);
+			n->size = sz;
+			node_add(and_out, n);
+			continue;
+		}
+		if (strcmp(op, "$mod") == 0) {
+			n = path_node(path, OP_MOD);
+			if ((rc = parse_mod(n, &it, pe))) {
+				node_free(n);
+				return rc;
+			}
+			node_add(and_out, n);
+			continue;
+		}
+		if (strcmp(op, "$regex") == 0) {
+			re_it = it;
+			have_re = true;
+			continue;
+		}
+		if (strcmp(op, "$options") == 0) {
+			opt_it = it;
+			have_opt = true;
+			continue;
+		}
+		if (strcmp(op, "$all") == 0) {
+			if ((rc = parse_all(path, &it, and_out, depth, pe)))
+				return rc;
+			continue;
+		}
+		if (strcmp(op, "$elemMatch") == 0) {
+			if ((rc = parse_elem_match(path, &it, and_out, depth, pe)))
+				return rc;
+			continue;
+		}
+		if (strcmp(op, "$not") == 0) {
+			node *not = node_new(N_NOT), *inner = node_new(N_AND);
+
+			node_add(not, inner);
+			if (BSON_ITER_HOLDS_REGEX(&it)) {
+				rc = parse_regex_pair(path, &it, NULL, inner, pe);
+			} else if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
+				bson_iter_t c;
+
+				if (!bson_iter_recurse(&it, &c) || !bson_iter_next(&c))
+					rc = fail(pe, ERR_BAD_VALUE, "$not cannot be empty");
+				else
+					rc = parse_ops(path, &it, inner, depth + 1, pe);
+			} else {
+				rc = fail(pe, ERR_BAD_VALUE, "$not needs a regex or a document");
+			}
+			if (rc) {
+				node_free(not);
+				return rc;
+			}
+			node_add(and_out, not);
+			continue;
+		}
+		if (strcmp(op, "$comment") == 0)
+			continue;
+		if (strcmp(op, "$expr") == 0 || strcmp(op, "$where") == 0)
+			return fail(pe, ERR_BAD_VALUE, "%s is not supported by stripedb", op);
+		return fail(pe, ERR_BAD_VALUE, "unknown operator: %s", op);
+	}
+	if (have_opt && !have_re)
+		return fail(pe, ERR_BAD_VALUE, "$options needs a $regex");
+	if (have_re)
+		return parse_regex_pair(path, &re_it, have_opt ? &opt_it : NULL, and_out, pe);
+	return 0;
+}
+
+static int parse_logical(node_kind kind, const char *name, const bson_iter_t *it, node *and_out,
+			 int depth, perr *pe)
+{
+	bson_iter_t e;
+	node *n;
+	int count = 0, rc;
+
+	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &e))
+		return fail(pe, ERR_BAD_VALUE, "%s must be an array", name);
+	n = node_new(kind);
+	while (bson_iter_next(&e)) {
+		bson_iter_t c = e;
+		const bson_value_t *v;
+		bson_t sub;
+		node *kid;
+
+		if (!BSON_ITER_HOLDS_DOCUMENT(&e)) {
+			node_free(n);
+			return fail(pe, ERR_BAD_VALUE, "$or/$and/$nor entries need to be full objects");
+		}
+		v = bson_iter_value(&c);
+		if (!bson_init_static(&sub, v->value.v_doc.data, v->value.v_doc.data_len)) {
+			node_free(n);
+			return fail(pe, ERR_BAD_VALUE, "corrupt document in %s", name);
+		}
+		kid = node_new(N_AND);
+		node_add(n, kid);
+		if ((rc = parse_query(&sub, kid, depth + 1, pe))) {
+			node_free(n);
+			return rc;
+		}
+		count++;
+	}
+	if (count == 0) {
+		node_free(n);
+		return fail(pe, ERR_BAD_VALUE, "%s argument must be a non-empty array", name);
+	}
+	node_add(and_out, n);
+	return 0;
+}
+
+static int parse_query(const bson_t *q, node *and_out, int depth, perr *pe)
+{
+	bson_iter_t it;
+	int rc;
+
+	if (depth > MATCHER_MAX_DEPTH)
+		return fail(pe, ERR_BAD_VALUE, "exceeded depth limit of %d when parsing the filter",
+			    MATCHER_MAX_DEPTH);
+	if (!bson_iter_init(&it, q))
+		return fail(pe, ERR_BAD_VALUE, "corrupt filter document");
+	while (bson_iter_next(&it)) {
+		const char *key = bson_iter_key(&it);
+		node *n;
+
+		if (key[0] == '$') {
+			if (strcmp(key, "$and") == 0)
+				rc = parse_logical(N_AND, key, &it, and_out, depth, pe);
+			else if (strcmp(key, "$or") == 0)
+				rc = parse_logical(N_OR, key, &it, and_out, depth, pe);
+			else if (strcmp(key, "$nor") == 0)
+				rc = parse_logical(N_NOR, key, &it, and_out, depth, pe);
+			else if (strcmp(key, "$comment") == 0)
+				rc = 0;
+			else if (strcmp(key, "$expr") == 0 || strcmp(key, "$where") == 0 ||
+				 strcmp(key, "$text") == 0 || strcmp(key, "$jsonSchema") == 0)
+				rc = fail(pe, ERR_BAD_VALUE, "%s is not supported by stripedb", key);
+			else
+				rc = fail(pe, ERR_BAD_VALUE, "unknown top level operator: %s", key);
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (is_op_doc(&it)) {
+			if ((rc = parse_ops(key, &it, and_out, depth, pe)))
+				return rc;
+			continue;
+		}
+		if (BSON_ITER_HOLDS_REGEX(&it)) {
+			if ((rc = parse_regex_pair(key, &it, NULL, and_out, pe)))
+				return rc;
+			continue;
+		}
+		n = path_node(key, OP_EQ);
+		copy_value(&it, &n->val);
+		node_add(and_out, n);
+	}
+	return 0;
+}
+
+/* ---- public API ------------------------------------------------------------------- */
+
+static int matcher_build(const bson_t *filter, bool elem, sdb_matcher **out, int *code, char *err,
+			 size_t errlen)
+{
+	perr pe = {.code = 0, .err = err, .errlen = errlen};
+	sdb_matcher *m = sdb_calloc(1, sizeof *m);
+	int rc;
+
+	*out = NULL;
+	if (code)
+		*code = 0;
+	if (err && errlen)
+		err[0] = '\0';
+	m->root = node_new(N_AND);
+	if (elem) {
+		bson_iter_t it;
+
+		if (bson_iter_init(&it, filter) && bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+
+			m->value_form = k[0] == '$' && strcmp(k, "$and") != 0 &&
+					strcmp(k, "$or") != 0 && strcmp(k, "$nor") != 0;
+		}
+	}
+	if (m->value_form) {
+		bson_t wrap = BSON_INITIALIZER;
+		bson_iter_t it;
+
+		BSON_APPEND_DOCUMENT(&wrap, "c", filter);
+		bson_iter_init_find(&it, &wrap, "c");
+		rc = parse_ops(NULL, &it, m->root, 0, &pe);
+		bson_destroy(&wrap);
+	} else {
+		rc = parse_query(filter, m->root, 0, &pe);
+	}
+	if (rc) {
+		if (code)
+			*code = pe.code;
+		sdb_matcher_free(m);
+		return rc;
+	}
+	*out = m;
+	return 0;
+}
+
+int sdb_matcher_new(const bson_t *filter, sdb_matcher **out, int *code, char *err, size_t errlen)
+{
+	return matcher_build(filter, false, out, code, err, errlen);
+}
+
+int sdb_matcher_new_elem(const bson_t *cond, sdb_matcher **out, int *code, char *err,
+			 size_t errlen)
+{
+	return matcher_build(cond, true, out, code, err, errlen);
+}
+
+bool sdb_matcher_match(const sdb_matcher *m, const bson_t *doc)
+{
+	if (m->value_form)
+		return false;
+	return eval(m->root, doc);
+}
+
+bool sdb_matcher_match_value(const sdb_matcher *m, const bson_iter_t *value)
+{
+	if (m->value_form)
+		return eval_single(m->root, value);
+	return elem_object_match(m, value) && BSON_ITER_HOLDS_DOCUMENT(value);
+}
+
+void sdb_matcher_free(sdb_matcher *m)
+{
+	if (!m)
+		return;
+	node_free(m->root);
+	free(m);
+}
+
+/* ---- bounds ----------------------------------------------------------------------- */
+
+static void interval_free(sdb_interval *iv)
+{
+	sdb_key_free(&iv->lo);
+	sdb_key_free(&iv->hi);
+}
+
+void sdb_bounds_free(sdb_bounds *b)
+{
+	for (size_t i = 0; i < b->n; i++)
+		interval_free(&b->iv[i]);
+	free(b->iv);
+	memset(b, 0, sizeof *b);
+}
+
+static void bounds_push(sdb_bounds *b, sdb_interval *iv)
+{
+	b->iv = sdb_realloc(b->iv, (b->n + 1) * sizeof *b->iv);
+	b->iv[b->n++] = *iv;
+}
+
+static bool point_ok(const bson_value_t *v)
+{
+	return v->value_type != BSON_TYPE_ARRAY && v->value_type != BSON_TYPE_REGEX &&
+	       !(sdb_bson_bracket(v->value_type) == SDB_BRACKET_NUMBER && is_nan(v));
+}
+
+static void push_point(sdb_bounds *b, const bson_value_t *v)
+{
+	sdb_interval iv = {.lo_incl = true, .hi_incl = true};
+
+	sdb_keyenc_append_value(&iv.lo, v, false, NULL, 0);
+	sdb_keyenc_append_value(&iv.hi, v, false, NULL, 0);
+	bounds_push(b, &iv);
+}
+
+static int iv_cmp(const void *a, const void *b)
+{
+	const sdb_interval *x = a, *y = b;
+
+	return sdb_key_cmp(&x->lo, &y->lo);
+}
+
+/* Intervals that one predicate implies; false when it implies nothing usable. */
+static bool pred_bounds(const node *n, sdb_bounds *out)
+{
+	static const bson_value_t undef = {.value_type = BSON_TYPE_UNDEFINED};
+	sdb_interval iv;
+	int br;
+
+	memset(out, 0, sizeof *out);
+	switch (n->op) {
+	case OP_EQ:
+		if (!point_ok(&n->val))
+			return false;
+		if (n->val.value_type == BSON_TYPE_NULL)
+			push_point(out, &undef);
+		push_point(out, &n->val);
+		out->kind = SDB_BOUNDS_POINTS;
+		return true;
+	case OP_IN:
+		if (n->nin_re)
+			return false;
+		for (size_t i = 0; i < n->nin; i++)
+			if (!point_ok(&n->in[i]))
+				return false;
+		for (size_t i = 0; i < n->nin; i++) {
+			if (n->in[i].value_type == BSON_TYPE_NULL)
+				push_point(out, &undef);
+			push_point(out, &n->in[i]);
+		}
+		if (out->n == 0) {
+			out->kind = SDB_BOUNDS_EMPTY;
+			return true;
+		}
+		qsort(out->iv, out->n, sizeof *out->iv, iv_cmp);
+		{
+			size_t j = 0;
+
+			for (size_t i = 0; i < out->n; i++) {
+				if (j && sdb_key_cmp(&out->iv[j - 1].lo, &out->iv[i].lo) == 0) {
+					interval_free(&out->iv[i]);
+					continue;
+				}
+				out->iv[j++] = out->iv[i];
+			}
+			out->n = j;
+		}
+		out->kind = SDB_BOUNDS_POINTS;
+		return true;
+	case OP_LT:
+	case OP_LTE:
+	case OP_GT:
+	case OP_GTE:
+		br = sdb_bson_bracket(n->val.value_type);
+		if (br == SDB_BRACKET_MINKEY || br == SDB_BRACKET_MAXKEY || br == SDB_BRACKET_NULL ||
+		    br == SDB_BRACKET_UNDEFINED || br == SDB_BRACKET_ARRAY || is_nan(&n->val))
+			return false;
+		memset(&iv, 0, sizeof iv);
+		if (n->op == OP_GT || n->op == OP_GTE) {
+			uint8_t hi = (uint8_t)(sdb_keyenc_bracket_byte(br) + 1);
+
+			sdb_keyenc_append_value(&iv.lo, &n->val, false, NULL, 0);
+			iv.lo_incl = n->op == OP_GTE;
+			sdb_key_append(&iv.hi, &hi, 1);
+			iv.hi_incl = false;
+		} else {
+			uint8_t lo = sdb_keyenc_bracket_byte(br);
+
+			sdb_key_append(&iv.lo, &lo, 1);
+			iv.lo_incl = true;
+			sdb_keyenc_append_value(&iv.hi, &n->val, false, NULL, 0);
+			iv.hi_incl = n->op == OP_LTE;
+		}
+		bounds_push(out, &iv);
+		out->kind = SDB_BOUNDS_RANGE;
+		return true;
+	default:
+		return false;
+	}
+}
+
+static void key_copy(sdb_key *dst, const sdb_key *src)
+{
+	sdb_key_init(dst);
+	sdb_key_append(dst, src->data, src->len);
+}
+
+/* Intersect two sorted disjoint interval lists into out. */
+static void bounds_intersect(const sdb_bounds *a, const sdb_bounds *b, sdb_bounds *out)
+{
+	memset(out, 0, sizeof *out);
+	for (size_t i = 0; i < a->n; i++) {
+		for (size_t j = 0; j < b->n; j++) {
+			const sdb_interval *x = &a->iv[i], *y = &b->iv[j];
+			const sdb_key *lo, *hi;
+			bool lo_incl, hi_incl;
+			int c;
+			sdb_interval r;
+
+			c = sdb_key_cmp(&x->lo, &y->lo);
+			lo = c >= 0 ? &x->lo : &y->lo;
+			lo_incl = c > 0 ? x->lo_incl : c < 0 ? y->lo_incl : (x->lo_incl && y->lo_incl);
+			c = sdb_key_cmp(&x->hi, &y->hi);
+			hi = c <= 0 ? &x->hi : &y->hi;
+			hi_incl = c < 0 ? x->hi_incl : c > 0 ? y->hi_incl : (x->hi_incl && y->hi_incl);
+			c = sdb_key_cmp(lo, hi);
+			if (c > 0 || (c == 0 && !(lo_incl && hi_incl)))
+				continue;
+			key_copy(&r.lo, lo);
+			key_copy(&r.hi, hi);
+			r.lo_incl = lo_incl;
+			r.hi_incl = hi_incl;
+			bounds_push(out, &r);
+		}
+	}
+	qsort(out->iv, out->n, sizeof *out->iv, iv_cmp);
+}
+
+typedef struct bounds_acc {
+	const char *path;
+	bool multikey;
+	bool have;
+	bool have_points;
+	sdb_bounds cur;
+} bounds_acc;
+
+static void bounds_collect(const node *n, bounds_acc *acc)
+{
+	sdb_bounds b, r;
+
+	if (n->kind == N_AND) {
+		for (size_t i = 0; i < n->nkids; i++)
+			bounds_collect(n->kids[i], acc);
+		return;
+	}
+	if (n->kind != N_PATH || !n->path || strcmp(n->path, acc->path) != 0)
+		return;
+	if (!pred_bounds(n, &b))
+		return;
+	if (!acc->have) {
+		acc->cur = b;
+		acc->have = true;
+		acc->have_points = b.kind != SDB_BOUNDS_RANGE;
+		return;
+	}
+	if (acc->multikey) {
+		/* one predicate only: prefer points (equality / $in) over a range */
+		if (!acc->have_points && b.kind != SDB_BOUNDS_RANGE) {
+			sdb_bounds_free(&acc->cur);
+			acc->cur = b;
+			acc->have_points = true;
+		} else {
+			sdb_bounds_free(&b);
+		}
+		return;
+	}
+	bounds_intersect(&acc->cur, &b, &r);
+	sdb_bounds_free(&acc->cur);
+	sdb_bounds_free(&b);
+	acc->cur = r;
+}
+
+int sdb_matcher_bounds(const bson_t *filter, const char *path, bool multikey, sdb_bounds *out,
+		       char *err, size_t errlen)
+{
+	sdb_matcher *m;
+	bounds_acc acc = {.path = path, .multikey = multikey};
+	int rc;
+
+	memset(out, 0, sizeof *out);
+	rc = sdb_matcher_new(filter, &m, NULL, err, errlen);
+	if (rc)
+		return rc;
+	bounds_collect(m->root, &acc);
+	sdb_matcher_free(m);
+	if (!acc.have)
+		return 0;
+	*out = acc.cur;
+	if (out->n == 0) {
+		out->kind = SDB_BOUNDS_EMPTY;
+		return 0;
+	}
+	out->kind = SDB_BOUNDS_POINTS;
+	for (size_t i = 0; i < out->n; i++) {
+		if (!out->iv[i].lo_incl || !out->iv[i].hi_incl ||
+		    sdb_key_cmp(&out->iv[i].lo, &out->iv[i].hi) != 0)
+			out->kind = SDB_BOUNDS_RANGE;
+	}
+	return 0;
+}

@@ -1,0 +1,460 @@
+/* Unit tests of storage/bsonval.c (MongoDB comparison order) and storage/sortspec.c.
+ * The central table lists values in ascending MongoDB order with a rank; equal ranks are
+ * equal values. Every pair of the table is compared both ways. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "storage/bsonval.h"
+#include "storage/sortspec.h"
+
+/* Tests write JSON with single quotes; turn them into double quotes. */
+static bson_t *J(const char *json)
+{
+	char *s = strdup(json);
+	bson_error_t e;
+	bson_t *b;
+
+	for (char *p = s; *p; p++)
+		if (*p == '\'')
+			*p = '"';
+	b = bson_new_from_json((const uint8_t *)s, -1, &e);
+	if (!b)
+		fail_msg("bad test JSON %s: %s", s, e.message);
+	free(s);
+	return b;
+}
+
+typedef struct ranked {
+	int rank;
+	const char *json; /* the value v of {'v': ...} */
+} ranked;
+
+/* Ascending MongoDB order (docs "Comparison/Sort Order"). */
+static const ranked order[] = {
+	{0, "{'$minKey': 1}"},
+	{1, "{'$undefined': true}"},
+	{2, "null"},
+	{3, "{'$numberDouble': 'NaN'}"},
+	{3, "{'$numberDecimal': 'NaN'}"},
+	{4, "{'$numberDouble': '-Infinity'}"},
+	{4, "{'$numberDecimal': '-Infinity'}"},
+	{5, "-1e300"},
+	{6, "{'$numberLong': '-9223372036854775808'}"},
+	{6, "-9223372036854775808.0"},
+	{7, "{'$numberLong': '-9223372036854775807'}"},
+	{8, "-2"},
+	{8, "-2.0"},
+	{8, "{'$numberLong': '-2'}"},
+	{8, "{'$numberDecimal': '-2'}"},
+	{8, "{'$numberDecimal': '-2.000'}"},
+	{9, "-1.5"},
+	{9, "{'$numberDecimal': '-1.5'}"},
+	{10, "-5e-324"},
+	{11, "0"},
+	{11, "-0.0"},
+	{11, "{'$numberLong': '0'}"},
+	{11, "{'$numberDecimal': '0'}"},
+	{11, "{'$numberDecimal': '-0'}"},
+	{12, "5e-324"},
+	{13, "{'$numberDecimal': '0.1'}"}, /* decimal 0.1 is exact, double 0.1 is 0.1000..0555 */
+	{14, "0.1"},
+	{15, "0.5"},
+	{16, "1"},
+	{16, "1.0"},
+	{16, "{'$numberLong': '1'}"},
+	{16, "{'$numberDecimal': '1.0'}"},
+	{17, "{'$numberLong': '9007199254740992'}"},
+	{17, "9007199254740992.0"},
+	{18, "{'$numberLong': '9007199254740993'}"}, /* 2^53+1: no double has this value */
+	{19, "{'$numberLong': '9007199254740994'}"},
+	{19, "9007199254740994.0"},
+	{20, "{'$numberLong': '9223372036854775807'}"},
+	{21, "9223372036854775808.0"},
+	{22, "1e300"},
+	{23, "{'$numberDecimal': '1E+400'}"},
+	{24, "{'$numberDouble': 'Infinity'}"},
+	{24, "{'$numberDecimal': 'Infinity'}"},
+	{25, "''"},
+	{26, "'a'"},
+	{26, "{'$symbol': 'a'}"},
+	{27, "'ab'"},
+	{28, "'b'"},
+	{29, "'\\u00e9'"},
+	{30, "{}"},
+	{31, "{'b': null}"},
+	{32, "{'a': 1}"},
+	{32, "{'a': 1.0}"},
+	{33, "{'a': 1, 'b': 1}"},
+	{34, "{'a': 2}"},
+	{35, "{'b': 1}"},
+	{36, "{'a': 'x'}"},
+	{37, "{'a': {}}"},
+	{38, "[]"},
+	{39, "[null]"},
+	{40, "[1]"},
+	{40, "[1.0]"},
+	{41, "[1, 2]"},
+	{42, "[2]"},
+	{43, "['a']"},
+	{44, "[[]]"},
+	{45, "{'$binary': {'base64': 'AA==', 'subType': '00'}}"},
+	{46, "{'$binary': {'base64': 'AQ==', 'subType': '00'}}"},
+	{47, "{'$binary': {'base64': 'AA==', 'subType': '05'}}"},
+	{48, "{'$binary': {'base64': 'AAA=', 'subType': '00'}}"},
+	{49, "{'$oid': '000000000000000000000000'}"},
+	{50, "{'$oid': '00000000000000000000ff00'}"},
+	{51, "{'$oid': 'ffffffffffffffffffffffff'}"},
+	{52, "false"},
+	{53, "true"},
+	{54, "{'$date': {'$numberLong': '-1'}}"},
+	{55, "{'$date': {'$numberLong': '0'}}"},
+	{56, "{'$date': {'$numberLong': '1000000000000'}}"},
+	{57, "{'$timestamp': {'t': 1, 'i': 2}}"},
+	{58, "{'$timestamp': {'t': 1, 'i': 3}}"},
+	{59, "{'$timestamp': {'t': 2, 'i': 0}}"},
+	{60, "{'$timestamp': {'t': 4294967295, 'i': 0}}"},
+	{61, "{'$regularExpression': {'pattern': 'a', 'options': ''}}"},
+	{62, "{'$regularExpression': {'pattern': 'a', 'options': 'i'}}"},
+	{63, "{'$regularExpression': {'pattern': 'b', 'options': ''}}"},
+	{64, "{'$code': 'x'}"},
+	{65, "{'$code': 'y'}"},
+	{66, "{'$code': 'x', '$scope': {}}"},
+	{67, "{'$code': 'x', '$scope': {'a': 1}}"},
+	{68, "{'$maxKey': 1}"},
+};
+#define N_ORDER (sizeof order / sizeof order[0])
+
+static bson_t *docs[N_ORDER];
+
+static int setup(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_ORDER; i++) {
+		char json[256];
+
+		snprintf(json, sizeof json, "{'v': %s}", order[i].json);
+		docs[i] = J(json);
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_ORDER; i++)
+		bson_destroy(docs[i]);
+	return 0;
+}
+
+static void value_of(size_t i, bson_iter_t *it)
+{
+	assert_true(bson_iter_init_find(it, docs[i], "v"));
+}
+
+static int sign(int x)
+{
+	return (x > 0) - (x < 0);
+}
+
+static void test_table_order(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < N_ORDER; i++) {
+		for (size_t j = 0; j < N_ORDER; j++) {
+			bson_iter_t a, b;
+			int want = sign(order[i].rank - order[j].rank);
+			int got;
+
+			value_of(i, &a);
+			value_of(j, &b);
+			got = sign(sdb_bson_cmp(&a, &b));
+			if (got != want)
+				fail_msg("cmp(%s, %s) = %d, want %d", order[i].json, order[j].json,
+					 got, want);
+		}
+	}
+}
+
+static void test_missing_is_null(void **state)
+{
+	bson_iter_t it;
+
+	(void)state;
+	value_of(2, &it); /* null */
+	assert_int_equal(sdb_bson_cmp(NULL, &it), 0);
+	assert_int_equal(sdb_bson_cmp(&it, NULL), 0);
+	value_of(0, &it); /* MinKey < missing */
+	assert_int_equal(sign(sdb_bson_cmp(&it, NULL)), -1);
+	value_of(16, &it); /* 1 > missing */
+	assert_true(sdb_bson_cmp(&it, NULL) > 0);
+	assert_int_equal(sdb_bson_cmp(NULL, NULL), 0);
+}
+
+static void test_brackets(void **state)
+{
+	(void)state;
+	assert_int_equal(sdb_bson_bracket(BSON_TYPE_MINKEY), -1);
+	assert_int_equal(sdb_bson_bracket(BSON_TYPE_EOD), 5);
+	assert_int_equal(sdb_bson_bracket(BSON_TYPE_NULL), 5);
+	assert_int_equal(sdb_bson_bracket(BSON_TYPE_INT32), 10);
+	assert_int_equal(sdb_bson_bracket(BSON_TYPE_DECIMAL128), 10);
+	assert_int_equal(sdb_bson_bracket(BSON_TYPE_SYMBOL), 15);
+	assert_int_equal(sdb_bson_bracket(BSON_TYPE_ARRAY), 25);
+	assert_int_equal(sdb_bson_bracket(BSON_TYPE_TIMESTAMP), 47);
+	assert_int_equal(sdb_bson_bracket(BSON_TYPE_MAXKEY), 127);
+}
+
+static void test_num_canon(void **state)
+{
+	bson_value_t v = {.value_type = BSON_TYPE_INT32, .value.v_int32 = 6};
+	sdb_bson_num n;
+
+	(void)state;
+	assert_true(sdb_bson_num_canon(&v, &n));
+	/* 6 = 2^2 * 1.5 */
+	assert_int_equal(n.cls, 4);
+	assert_int_equal(n.exp, 2);
+	assert_true(n.frac == UINT64_C(1) << 63);
+	v.value_type = BSON_TYPE_DOUBLE;
+	v.value.v_double = -0.75; /* -(2^-1 * 1.5) */
+	assert_true(sdb_bson_num_canon(&v, &n));
+	assert_int_equal(n.cls, 2);
+	assert_int_equal(n.exp, -1);
+	assert_true(n.frac == UINT64_C(1) << 63);
+	v.value_type = BSON_TYPE_INT64;
+	v.value.v_int64 = INT64_MIN;
+	assert_true(sdb_bson_num_canon(&v, &n));
+	assert_int_equal(n.cls, 2);
+	assert_int_equal(n.exp, 63);
+	assert_true(n.frac == 0);
+	v.value_type = BSON_TYPE_UTF8;
+	assert_false(sdb_bson_num_canon(&v, &n));
+}
+
+static void test_value_eq_and_doc_cmp(void **state)
+{
+	bson_t *a = J("{'x': 1, 'y': [1, {'z': 'q'}]}");
+	bson_t *b = J("{'x': {'$numberLong': '1'}, 'y': [1.0, {'z': {'$symbol': 'q'}}]}");
+	bson_t *c = J("{'y': [1, {'z': 'q'}], 'x': 1}");
+
+	(void)state;
+	assert_int_equal(sdb_bson_doc_cmp(a, b), 0);
+	/* field order matters: 'x' < 'y' at the first element, both numbers? no: y is an
+	 * array (bracket 25) vs x a number (10): the array document sorts after */
+	assert_true(sdb_bson_doc_cmp(a, c) < 0);
+	assert_true(sdb_bson_doc_cmp(c, a) > 0);
+	bson_destroy(a);
+	bson_destroy(b);
+	bson_destroy(c);
+}
+
+static void test_depth(void **state)
+{
+	bson_t *d = J("{'a': {'b': [{'c': 1}]}}");
+
+	(void)state;
+	assert_true(sdb_bson_depth_ok(d, 3));
+	assert_false(sdb_bson_depth_ok(d, 2));
+	bson_destroy(d);
+}
+
+/* A document nested far beyond SDB_BSON_MAX_DEPTH compares without crashing. */
+static void test_deep_compare(void **state)
+{
+	bson_t *d[2];
+
+	(void)state;
+	for (int k = 0; k < 2; k++) {
+		bson_t *cur = bson_new();
+
+		BSON_APPEND_INT32(cur, "leaf", k);
+		for (int i = 0; i < 1000; i++) {
+			bson_t *outer = bson_new();
+
+			BSON_APPEND_DOCUMENT(outer, "a", cur);
+			bson_destroy(cur);
+			cur = outer;
+		}
+		d[k] = cur;
+	}
+	assert_false(sdb_bson_depth_ok(d[0], SDB_BSON_MAX_DEPTH));
+	assert_true(sdb_bson_doc_cmp(d[0], d[1]) != 0);
+	assert_int_equal(sdb_bson_doc_cmp(d[0], d[0]), 0);
+	bson_destroy(d[0]);
+	bson_destroy(d[1]);
+}
+
+/* ---- sortspec ---------------------------------------------------------------------- */
+
+static void sort_err(const char *spec, int want_code, const char *want_msg)
+{
+	bson_t *s = J(spec);
+	sdb_sortspec *ss = NULL;
+	int code = 0;
+	char err[256] = "";
+
+	assert_int_equal(sdb_sortspec_parse(s, &ss, &code, err, sizeof err), -2);
+	assert_null(ss);
+	assert_int_equal(code, want_code);
+	assert_string_equal(err, want_msg);
+	bson_destroy(s);
+}
+
+static void test_sortspec_parse(void **state)
+{
+	bson_t *s = J("{'a': 1, 'b.c': -1.0, 'd': {'$numberLong': '-1'}}");
+	sdb_sortspec *ss = NULL;
+	char err[256];
+
+	(void)state;
+	assert_int_equal(sdb_sortspec_parse(s, &ss, NULL, err, sizeof err), 0);
+	assert_int_equal(sdb_sortspec_nfields(ss), 3);
+	assert_string_equal(sdb_sortspec_path(ss, 1), "b.c");
+	assert_int_equal(sdb_sortspec_dir(ss, 0), 1);
+	assert_int_equal(sdb_sortspec_dir(ss, 1), -1);
+	assert_int_equal(sdb_sortspec_dir(ss, 2), -1);
+	assert_int_equal(sdb_sortspec_natural(ss), 0);
+	sdb_sortspec_free(ss);
+	bson_destroy(s);
+
+	s = J("{'$natural': -1}");
+	assert_int_equal(sdb_sortspec_parse(s, &ss, NULL, err, sizeof err), 0);
+	assert_int_equal(sdb_sortspec_natural(ss), -1);
+	assert_int_equal(sdb_sortspec_nfields(ss), 0);
+	sdb_sortspec_free(ss);
+	bson_destroy(s);
+
+	sort_err("{'a': 2}", 15975,
+		 "$sort key ordering must be 1 (for ascending) or -1 (for descending)");
+	sort_err("{'a': 'asc'}", 15975,
+		 "$sort key ordering must be 1 (for ascending) or -1 (for descending)");
+	sort_err("{'': 1}", 40352, "FieldPath cannot be constructed with empty string");
+	sort_err("{'a..b': 1}", 2, "FieldPath field names may not be empty strings.");
+	sort_err("{'a': {'$meta': 'textScore'}}", 2,
+		 "$meta sort (field a) is not supported by stripedb");
+	sort_err("{'$natural': 1, 'a': 1}", 2,
+		 "$natural sort cannot be mixed with other sort fields");
+}
+
+/* Sort documents by spec with the comparator and check the resulting order of 'i'. */
+static const bson_t *sort_docs_arr[16];
+static const sdb_sortspec *sort_cur;
+
+/* Stable insertion sort (ties keep the input order). */
+static void stable_sort(const bson_t **a, size_t n)
+{
+	for (size_t i = 1; i < n; i++) {
+		const bson_t *x = a[i];
+		size_t j = i;
+
+		while (j > 0 && sdb_sortspec_cmp(sort_cur, a[j - 1], x) > 0) {
+			a[j] = a[j - 1];
+			j--;
+		}
+		a[j] = x;
+	}
+}
+
+static void check_sort(const char *spec, const char *const *docs_json, size_t n,
+		       const int *want_ids)
+{
+	bson_t *s = J(spec);
+	bson_t *d[16];
+	sdb_sortspec *ss = NULL;
+	char err[256];
+
+	assert_true(n <= 16);
+	assert_int_equal(sdb_sortspec_parse(s, &ss, NULL, err, sizeof err), 0);
+	for (size_t i = 0; i < n; i++) {
+		d[i] = J(docs_json[i]);
+		sort_docs_arr[i] = d[i];
+	}
+	sort_cur = ss;
+	stable_sort(sort_docs_arr, n);
+	for (size_t i = 0; i < n; i++) {
+		bson_iter_t it;
+
+		assert_true(bson_iter_init_find(&it, sort_docs_arr[i], "i"));
+		if (bson_iter_int32(&it) != want_ids[i])
+			fail_msg("%s: position %zu has i=%d, want %d", spec, i, bson_iter_int32(&it),
+				 want_ids[i]);
+	}
+	/* the memcmp sort key gives the same order */
+	for (size_t i = 0; i + 1 < n; i++) {
+		sdb_key ka, kb;
+
+		sdb_key_init(&ka);
+		sdb_key_init(&kb);
+		assert_int_equal(sdb_sortspec_key(ss, sort_docs_arr[i], &ka, err, sizeof err), 0);
+		assert_int_equal(sdb_sortspec_key(ss, sort_docs_arr[i + 1], &kb, err, sizeof err), 0);
+		assert_int_equal(sign(sdb_key_cmp(&ka, &kb)),
+				 sign(sdb_sortspec_cmp(ss, sort_docs_arr[i], sort_docs_arr[i + 1])));
+		sdb_key_free(&ka);
+		sdb_key_free(&kb);
+	}
+	for (size_t i = 0; i < n; i++)
+		bson_destroy(d[i]);
+	sdb_sortspec_free(ss);
+	bson_destroy(s);
+}
+
+static void test_sortspec_arrays_missing(void **state)
+{
+	/* MongoDB docs: ascending sort uses the smallest element, descending the largest;
+	 * missing sorts as null; an empty array sorts before null. */
+	static const char *const d[] = {
+		"{'i': 0, 'a': [5, 1]}",   /* min 1, max 5 */
+		"{'i': 1, 'a': 3}",
+		"{'i': 2}",                /* missing == null */
+		"{'i': 3, 'a': null}",
+		"{'i': 4, 'a': []}",       /* below null */
+		"{'i': 5, 'a': [2, 'z']}", /* min 2, max 'z' (string bracket) */
+		"{'i': 6, 'a': 'b'}",
+	};
+	static const int asc[] = {4, 2, 3, 0, 5, 1, 6};
+	static const int desc[] = {5, 6, 0, 1, 2, 3, 4};
+
+	(void)state;
+	check_sort("{'a': 1}", d, 7, asc);
+	check_sort("{'a': -1}", d, 7, desc);
+}
+
+static void test_sortspec_compound_dotted(void **state)
+{
+	static const char *const d[] = {
+		"{'i': 0, 'a': {'b': 2}, 'c': 1}",
+		"{'i': 1, 'a': [{'b': 9}, {'b': 1}], 'c': 1}", /* asc sort value of a.b: 1 */
+		"{'i': 2, 'a': {'b': 2}, 'c': 3}",
+		"{'i': 3, 'a': {'b': {'$numberLong': '2'}}, 'c': 2}",
+		"{'i': 4, 'a': [{'x': 1}, {'b': 3}], 'c': 0}", /* missing in an element: null */
+	};
+	static const int want[] = {4, 1, 2, 3, 0};
+
+	(void)state;
+	check_sort("{'a.b': 1, 'c': -1}", d, 5, want);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_table_order),
+		cmocka_unit_test(test_missing_is_null),
+		cmocka_unit_test(test_brackets),
+		cmocka_unit_test(test_num_canon),
+		cmocka_unit_test(test_value_eq_and_doc_cmp),
+		cmocka_unit_test(test_depth),
+		cmocka_unit_test(test_deep_compare),
+		cmocka_unit_test(test_sortspec_parse),
+		cmocka_unit_test(test_sortspec_arrays_missing),
+		cmocka_unit_test(test_sortspec_compound_dotted),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
