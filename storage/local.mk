@@ -16,4 +16,9 @@ tests_unit_test_storage_bsonval_SOURCES = tests/unit/test_storage_bsonval.c
 tests_unit_test_storage_bsonval_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_bsonval_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_bsonval
+check_PROGRAMS += tests/unit/test_storage_keyenc
+tests_unit_test_storage_keyenc_SOURCES = tests/unit/test_storage_keyenc.c
+tests_unit_test_storage_keyenc_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_keyenc_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_keyenc
 # --- end sa ---
