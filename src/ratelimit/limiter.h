@@ -32,6 +32,7 @@
 #ifndef SDB_RATELIMIT_LIMITER_H
 #define SDB_RATELIMIT_LIMITER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -232,6 +233,9 @@ typedef struct rl_frontend {
 	/* Peers in the ring including self (HealthCheck peer_count); NULL = 1. */
 	int (*peer_count)(void *ctx);
 	void *peer_ctx;
+	/* HealthCheck status: return true when healthy, else false with a reason in msg
+	 * (Gubernator's "unhealthy" message); NULL = always healthy. ctx is peer_ctx. */
+	bool (*health)(void *ctx, char *msg, size_t msglen);
 } rl_frontend;
 
 /* rl_decide_fn adapter over rl_limiter_decide (ctx is an rl_limiter *). */

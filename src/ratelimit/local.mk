@@ -2,8 +2,9 @@
 
 # --- decision library, HTTP gateway, role (issue #3, limiter engineer) ---
 libstripedb_a_SOURCES += src/ratelimit/role.c src/ratelimit/limiter.c src/ratelimit/algo.c \
-	src/ratelimit/cache.c
-noinst_HEADERS += src/ratelimit/limiter.h src/ratelimit/algo.h src/ratelimit/cache.h
+	src/ratelimit/cache.c src/ratelimit/json.c
+noinst_HEADERS += src/ratelimit/limiter.h src/ratelimit/algo.h src/ratelimit/cache.h \
+	src/ratelimit/json.h
 
 check_PROGRAMS += tests/unit/test_ratelimit_algo tests/unit/test_ratelimit_limiter
 tests_unit_test_ratelimit_algo_SOURCES = tests/unit/test_ratelimit_algo.c
