@@ -22,3 +22,8 @@ tests_unit_test_storage_keyenc_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_keyenc_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_keyenc
 # --- end sa ---
+
+# --- store, planner and their tests (owner: sc, issue #4) ---
+noinst_HEADERS += storage/store.h storage/query.h
+libstripedb_a_SOURCES += storage/store.c storage/query.c
+# --- end sc ---

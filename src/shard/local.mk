@@ -1,2 +1,6 @@
 # src/shard: sources and unit tests of this folder (included by the top Makefile.am)
-libstripedb_a_SOURCES += src/shard/role.c
+# The shard role (issue #4): wire commands over storage/store.h, run on a worker pool.
+libstripedb_a_SOURCES += src/shard/role.c src/shard/pool.c src/shard/cursors.c \
+	src/shard/commands.c src/shard/util.c src/shard/cmd_read.c src/shard/cmd_write.c \
+	src/shard/cmd_admin.c
+noinst_HEADERS += src/shard/shard.h src/shard/util.h

@@ -1,17 +1,132 @@
-/* The shard role. Placeholder until issue #4 lands: starting it fails with a clear
- * message rather than pretending to serve. */
+/* The shard role: `stripedb --role=shard --data-dir=DIR --listen=H:P --http-listen=H:P`.
+ * An embedded MongoDB-wire-compatible document store on SQLite (storage/store.h), with an
+ * oplog, tailable cursors and version gating (issue #4). See shard.h for the threading
+ * model and the stripedb command extensions. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
 #include "common/err.h"
+#include "common/log.h"
 #include "common/role.h"
+#include "shard/shard.h"
+
+static int shard_health(void *data, char *msg, size_t msglen)
+{
+	shard *sh = data;
+	if (!sh->store) {
+		snprintf(msg, msglen, "store not open");
+		return 0;
+	}
+	return 1;
+}
+
+static void reap_cb(uv_timer_t *t)
+{
+	shard *sh = t->data;
+	shard_cursors_reap(sh, uv_hrtime() / 1000000, SHARD_CURSOR_IDLE_MS);
+}
+
+static void shard_free(shard *sh)
+{
+	if (sh->store)
+		sdb_store_close(sh->store);
+	shard_cursors_free_all(sh);
+	pthread_mutex_destroy(&sh->mu);
+	pthread_cond_destroy(&sh->cv);
+	pthread_mutex_destroy(&sh->oplog_mu);
+	pthread_cond_destroy(&sh->oplog_cv);
+	pthread_mutex_destroy(&sh->cur_mu);
+	free(sh);
+}
 
 static int shard_start(sdb_role *role)
 {
-	return sdb_errf(role->err, sizeof role->err, SDB_EINVAL,
-			"the shard role is not implemented yet (issue #4)");
+	const char *dir = sdb_config_get(role->cfg, SDB_OPT_data_dir);
+	const char *listen = sdb_config_get(role->cfg, SDB_OPT_listen);
+	if (!dir)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"shard: --data-dir is required");
+	if (!listen)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"shard: --listen is required");
+	shard *sh = sdb_calloc(1, sizeof *sh);
+	sh->role = role;
+	pthread_mutex_init(&sh->mu, NULL);
+	pthread_cond_init(&sh->cv, NULL);
+	pthread_mutex_init(&sh->oplog_mu, NULL);
+	pthread_cond_init(&sh->oplog_cv, NULL);
+	pthread_mutex_init(&sh->cur_mu, NULL);
+	char err[256];
+	int rc = sdb_store_open(dir, NULL, &sh->store, err, sizeof err);
+	if (rc) {
+		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
+		shard_free(sh);
+		return rc;
+	}
+	rc = shard_pool_start(sh, err, sizeof err);
+	if (rc) {
+		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
+		shard_pool_stop(sh);
+		shard_free(sh);
+		return rc;
+	}
+	wire_server_opts o = {
+		.listen = listen,
+		.role = "shard",
+		.max_connections = (int)sdb_config_get_int(role->cfg, SDB_OPT_max_connections, 0),
+		.role_data = sh,
+	};
+	rc = wire_server_new(role->loop, &o, &sh->srv, err, sizeof err);
+	if (rc) {
+		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
+		shard_pool_stop(sh);
+		shard_free(sh);
+		return rc;
+	}
+	shard_register_commands(sh);
+	uv_timer_init(role->loop, &sh->reap_timer);
+	sh->reap_timer.data = sh;
+	uv_timer_start(&sh->reap_timer, reap_cb, 60000, 60000);
+	if (role->http)
+		sdb_http_add_health(role->http, "shard", shard_health, sh);
+	role->impl = sh;
+	sdb_info("shard listening", "addr=%s port=%d data_dir=%s", listen,
+		 wire_server_port(sh->srv), dir);
+	return 0;
+}
+
+static void timer_closed(uv_handle_t *h)
+{
+	shard *sh = h->data;
+	sdb_role *role = sh->role;
+	shard_free(sh);
+	role->impl = NULL;
+	sdb_role_stopped(role);
+}
+
+static void server_closed(void *arg)
+{
+	shard *sh = arg;
+	sh->srv = NULL;
+	/* every request has been answered: the workers are idle or finishing awaitData waits */
+	shard_pool_stop(sh);
+	if (sh->role->http)
+		sdb_http_unroute(sh->role->http, sh);
+	uv_close((uv_handle_t *)&sh->reap_timer, timer_closed);
 }
 
 static void shard_stop(sdb_role *role)
 {
-	sdb_role_stopped(role);
+	shard *sh = role->impl;
+	if (!sh) {
+		sdb_role_stopped(role);
+		return;
+	}
+	uv_timer_stop(&sh->reap_timer);
+	uint64_t timeout = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_timeout_ms,
+							 10000);
+	wire_server_close(sh->srv, timeout, server_closed, sh);
 }
 
 const sdb_role_def sdb_role_shard = {

@@ -1,0 +1,537 @@
+/* Catalog and administration commands of the shard role: create, drop, createIndexes,
+ * dropIndexes, listIndexes, listCollections, listDatabases, dropDatabase, collStats,
+ * dbStats, and the stripedb extensions stripedbSetVersion and stripedbCheck. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "shard/shard.h"
+#include "shard/util.h"
+#include "storage/matcher.h"
+
+static void append_uuid(bson_t *b, const char *key, const uint8_t *uuid)
+{
+	bson_append_binary(b, key, -1, BSON_SUBTYPE_UUID, uuid, 16);
+}
+
+static void id_index_spec(bson_t *out)
+{
+	bson_t key;
+	bson_init(out);
+	BSON_APPEND_INT32(out, "v", 2);
+	BSON_APPEND_DOCUMENT_BEGIN(out, "key", &key);
+	BSON_APPEND_INT32(&key, "_id", 1);
+	bson_append_document_end(out, &key);
+	BSON_APPEND_UTF8(out, "name", "_id_");
+}
+
+void shard_cmd_create(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	bson_t opts = BSON_INITIALIZER;
+	bson_iter_t it;
+	if (bson_iter_init(&it, x->cmd)) {
+		bson_iter_next(&it); /* create */
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			if (k[0] == '$' || strcmp(k, "writeConcern") == 0 ||
+			    strcmp(k, "lsid") == 0 || strcmp(k, "comment") == 0)
+				continue;
+			if (strcmp(k, "capped") == 0 || strcmp(k, "timeseries") == 0 ||
+			    strcmp(k, "viewOn") == 0) {
+				if (strcmp(k, "capped") == 0 && !bson_iter_as_bool(&it))
+					continue;
+				bson_destroy(&opts);
+				shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED,
+					   "the embedded shard does not support %s collections", k);
+				return;
+			}
+			bson_append_iter(&opts, k, -1, &it);
+		}
+	}
+	if (!shard_begin(x, true)) {
+		bson_destroy(&opts);
+		return;
+	}
+	int rc = sdb_store_coll_create(x->conn, x->db, coll, &opts, x->origin, NULL, x->err,
+				       sizeof x->err);
+	bson_destroy(&opts);
+	if (rc == SDB_EEXISTS) {
+		shard_fail(x, WIRE_ERR_NAMESPACE_EXISTS, "Collection %s.%s already exists.", x->db,
+			   coll);
+		return;
+	}
+	if (rc == SDB_EINVAL) {
+		shard_fail(x, WIRE_ERR_INVALID_NAMESPACE, "%s", x->err);
+		return;
+	}
+	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+		return;
+	}
+	if (shard_commit(x))
+		wire_req_reply(x->req, bson_new());
+}
+
+void shard_cmd_drop(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	if (!shard_begin(x, true))
+		return;
+	const sdb_store_coll *co = NULL;
+	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0) {
+		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "ns not found");
+		return;
+	}
+	int n_idx = (int)co->n_indexes + 1;
+	int rc = sdb_store_coll_drop(x->conn, x->db, coll, x->origin, x->err, sizeof x->err);
+	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+		return;
+	}
+	if (!shard_commit(x))
+		return;
+	bson_t *reply = bson_new();
+	BSON_APPEND_INT32(reply, "nIndexesWas", n_idx);
+	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	BSON_APPEND_UTF8(reply, "ns", ns);
+	free(ns);
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_drop_database(shard_ctx *x)
+{
+	if (!shard_begin(x, true))
+		return;
+	int n = 0;
+	int rc = sdb_store_db_drop(x->conn, x->db, x->origin, &n, x->err, sizeof x->err);
+	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+		return;
+	}
+	if (!shard_commit(x))
+		return;
+	bson_t *reply = bson_new();
+	if (n > 0)
+		BSON_APPEND_UTF8(reply, "dropped", x->db);
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_create_indexes(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	bson_iter_t it, arr;
+	if (!bson_iter_init_find(&it, x->cmd, "indexes") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &arr)) {
+		shard_fail(x, 40414,
+			   "BSON field 'createIndexes.indexes' is missing but a required field");
+		return;
+	}
+	if (!shard_begin(x, true))
+		return;
+	const sdb_store_coll *co = NULL;
+	bool created_coll = sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0;
+	int before = created_coll ? 1 : (int)co->n_indexes + 1;
+	int created = 0;
+	bool any = false;
+	while (bson_iter_next(&arr)) {
+		any = true;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
+			shard_fail(x, WIRE_ERR_TYPE_MISMATCH, "index specification must be an object");
+			return;
+		}
+		uint32_t len;
+		const uint8_t *d;
+		bson_iter_document(&arr, &len, &d);
+		bson_t spec;
+		bson_init_static(&spec, d, len);
+		bool made = false;
+		int code = 0;
+		int rc = sdb_store_index_create(x->conn, x->db, coll, &spec, x->origin, &made,
+						&code, x->err, sizeof x->err);
+		if (rc == SDB_EEXISTS && code == 0)
+			continue;
+		if (rc) {
+			if (code == 11000)
+				shard_fail(x, WIRE_ERR_DUPLICATE_KEY, "Index build failed: %s",
+					   x->err);
+			else
+				shard_fail(x, code ? code : shard_code_of(rc), "%s", x->err);
+			return;
+		}
+		if (made)
+			created++;
+	}
+	if (!any) {
+		shard_fail(x, WIRE_ERR_BAD_VALUE, "Must specify at least one index to create");
+		return;
+	}
+	if (!shard_commit(x))
+		return;
+	bson_t *reply = bson_new();
+	BSON_APPEND_INT32(reply, "numIndexesBefore", before);
+	BSON_APPEND_INT32(reply, "numIndexesAfter", before + created);
+	BSON_APPEND_BOOL(reply, "createdCollectionAutomatically", created_coll);
+	if (created == 0)
+		BSON_APPEND_UTF8(reply, "note", "all indexes already exist");
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_drop_indexes(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	bson_iter_t it;
+	if (!bson_iter_init_find(&it, x->cmd, "index")) {
+		shard_fail(x, 40414, "BSON field 'dropIndexes.index' is missing but a required field");
+		return;
+	}
+	if (!shard_begin(x, true))
+		return;
+	const sdb_store_coll *co = NULL;
+	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0) {
+		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "ns not found %s.%s", x->db, coll);
+		return;
+	}
+	int was = (int)co->n_indexes + 1;
+	/* the names to drop */
+	char **names = NULL;
+	size_t n = 0;
+	if (BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), "*") == 0) {
+		for (size_t i = 0; i < co->n_indexes; i++) {
+			names = sdb_realloc(names, (n + 1) * sizeof *names);
+			names[n++] = sdb_strdup(co->indexes[i].name);
+		}
+	} else if (BSON_ITER_HOLDS_UTF8(&it)) {
+		names = sdb_malloc(sizeof *names);
+		names[n++] = sdb_strdup(bson_iter_utf8(&it, NULL));
+	} else if (BSON_ITER_HOLDS_ARRAY(&it)) {
+		bson_iter_t sub;
+		bson_iter_recurse(&it, &sub);
+		while (bson_iter_next(&sub)) {
+			if (!BSON_ITER_HOLDS_UTF8(&sub))
+				continue;
+			names = sdb_realloc(names, (n + 1) * sizeof *names);
+			names[n++] = sdb_strdup(bson_iter_utf8(&sub, NULL));
+		}
+	} else if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
+		uint32_t len;
+		const uint8_t *d;
+		bson_iter_document(&it, &len, &d);
+		bson_t key;
+		bson_init_static(&key, d, len);
+		for (size_t i = 0; i < co->n_indexes; i++) {
+			if (bson_equal(co->indexes[i].key, &key)) {
+				names = sdb_malloc(sizeof *names);
+				names[n++] = sdb_strdup(co->indexes[i].name);
+				break;
+			}
+		}
+		if (n == 0) {
+			char *js = bson_as_relaxed_extended_json(&key, NULL);
+			shard_fail(x, WIRE_ERR_INDEX_NOT_FOUND, "can't find index with key: %s",
+				   js ? js : "?");
+			bson_free(js);
+			return;
+		}
+	}
+	int rc = 0;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		if (strcmp(names[i], "_id_") == 0) {
+			shard_fail(x, 72, "cannot drop _id index");
+			rc = -1;
+			break;
+		}
+		rc = sdb_store_index_drop(x->conn, x->db, coll, names[i], x->origin, x->err,
+					  sizeof x->err);
+		if (rc == SDB_ENOTFOUND)
+			shard_fail(x, WIRE_ERR_INDEX_NOT_FOUND, "index not found with name [%s]",
+				   names[i]);
+		else if (rc)
+			shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+	}
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	if (rc)
+		return;
+	if (!shard_commit(x))
+		return;
+	bson_t *reply = bson_new();
+	BSON_APPEND_INT32(reply, "nIndexesWas", was);
+	wire_req_reply(x->req, reply);
+}
+
+static void reply_listing(shard_ctx *x, const char *ns, bson_t **docs, size_t n)
+{
+	bson_t *reply = bson_new();
+	size_t taken;
+	shard_cursor_reply(reply, ns, 0, true, docs, n, 0, &taken, NULL);
+	util_docs_free(docs, n);
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_list_indexes(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	if (!shard_begin(x, false))
+		return;
+	const sdb_store_coll *co = NULL;
+	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0) {
+		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "ns does not exist: %s.%s", x->db,
+			   coll);
+		return;
+	}
+	bson_t **docs = NULL;
+	size_t n = 0, cap = 0;
+	bson_t *idx = bson_new();
+	bson_t tmp;
+	id_index_spec(&tmp);
+	bson_concat(idx, &tmp);
+	bson_destroy(&tmp);
+	util_docs_push(&docs, &n, &cap, idx);
+	for (size_t i = 0; i < co->n_indexes; i++)
+		util_docs_push(&docs, &n, &cap, bson_copy(co->indexes[i].spec));
+	sdb_store_rollback(x->conn);
+	char *ns = sdb_asprintf("%s.$cmd.listIndexes.%s", x->db, coll);
+	reply_listing(x, ns, docs, n);
+	free(ns);
+}
+
+void shard_cmd_list_collections(shard_ctx *x)
+{
+	bson_iter_t it;
+	bson_t filter = BSON_INITIALIZER;
+	bool name_only = false;
+	if (bson_iter_init_find(&it, x->cmd, "filter") &&
+	    !util_get_doc(x, "listCollections", &it, &filter)) {
+		bson_destroy(&filter);
+		return;
+	}
+	if (bson_iter_init_find(&it, x->cmd, "nameOnly"))
+		name_only = bson_iter_as_bool(&it);
+	sdb_matcher *m = NULL;
+	int code = 0;
+	if (sdb_matcher_new(&filter, &m, &code, x->err, sizeof x->err) != 0) {
+		bson_destroy(&filter);
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return;
+	}
+	bson_destroy(&filter);
+	if (!shard_begin(x, false)) {
+		sdb_matcher_free(m);
+		return;
+	}
+	char **names = NULL;
+	size_t nn = 0;
+	sdb_store_coll_list(x->conn, x->db, &names, &nn, NULL, 0);
+	bson_t **docs = NULL;
+	size_t n = 0, cap = 0;
+	for (size_t i = 0; i < nn; i++) {
+		const sdb_store_coll *co = NULL;
+		if (sdb_store_coll_get(x->conn, x->db, names[i * 2 + 1], &co, NULL, 0) != 0)
+			continue;
+		bson_t *d = bson_new();
+		BSON_APPEND_UTF8(d, "name", co->coll);
+		BSON_APPEND_UTF8(d, "type", "collection");
+		if (!name_only) {
+			BSON_APPEND_DOCUMENT(d, "options", co->options);
+			bson_t info, idx;
+			BSON_APPEND_DOCUMENT_BEGIN(d, "info", &info);
+			BSON_APPEND_BOOL(&info, "readOnly", false);
+			append_uuid(&info, "uuid", co->uuid);
+			bson_append_document_end(d, &info);
+			id_index_spec(&idx);
+			BSON_APPEND_DOCUMENT(d, "idIndex", &idx);
+			bson_destroy(&idx);
+		}
+		if (sdb_matcher_match(m, d))
+			util_docs_push(&docs, &n, &cap, d);
+		else
+			bson_destroy(d);
+	}
+	sdb_store_names_free(names, nn);
+	sdb_store_rollback(x->conn);
+	sdb_matcher_free(m);
+	char *ns = sdb_asprintf("%s.$cmd.listCollections", x->db);
+	reply_listing(x, ns, docs, n);
+	free(ns);
+}
+
+void shard_cmd_list_databases(shard_ctx *x)
+{
+	bson_iter_t it;
+	bool name_only = false;
+	if (bson_iter_init_find(&it, x->cmd, "nameOnly"))
+		name_only = bson_iter_as_bool(&it);
+	if (!shard_begin(x, false))
+		return;
+	char **names = NULL;
+	size_t nn = 0;
+	sdb_store_coll_list(x->conn, NULL, &names, &nn, NULL, 0);
+	bson_t *reply = bson_new();
+	bson_t arr;
+	int64_t total = 0;
+	int k = 0;
+	BSON_APPEND_ARRAY_BEGIN(reply, "databases", &arr);
+	for (size_t i = 0; i < nn; i++) {
+		bool seen = false;
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(names[j * 2], names[i * 2]) == 0)
+				seen = true;
+		if (seen)
+			continue;
+		int64_t size = 0;
+		for (size_t j = i; j < nn; j++)
+			if (strcmp(names[j * 2], names[i * 2]) == 0)
+				size += sdb_store_data_size(x->conn, names[j * 2], names[j * 2 + 1]);
+		total += size;
+		char key[16];
+		snprintf(key, sizeof key, "%d", k++);
+		bson_t d;
+		BSON_APPEND_DOCUMENT_BEGIN(&arr, key, &d);
+		BSON_APPEND_UTF8(&d, "name", names[i * 2]);
+		if (!name_only) {
+			BSON_APPEND_INT64(&d, "sizeOnDisk", size);
+			BSON_APPEND_BOOL(&d, "empty", size == 0);
+		}
+		bson_append_document_end(&arr, &d);
+	}
+	bson_append_array_end(reply, &arr);
+	if (!name_only)
+		BSON_APPEND_INT64(reply, "totalSize", total);
+	sdb_store_names_free(names, nn);
+	sdb_store_rollback(x->conn);
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_coll_stats(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	if (!shard_begin(x, false))
+		return;
+	const sdb_store_coll *co = NULL;
+	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0) {
+		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "Collection [%s.%s] not found.", x->db,
+			   coll);
+		return;
+	}
+	int64_t count = sdb_store_count(x->conn, x->db, coll);
+	int64_t size = sdb_store_data_size(x->conn, x->db, coll);
+	bson_t *reply = bson_new();
+	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	BSON_APPEND_UTF8(reply, "ns", ns);
+	free(ns);
+	BSON_APPEND_INT64(reply, "size", size);
+	BSON_APPEND_INT64(reply, "count", count);
+	BSON_APPEND_INT64(reply, "avgObjSize", count ? size / count : 0);
+	BSON_APPEND_INT64(reply, "storageSize", size);
+	BSON_APPEND_INT32(reply, "nindexes", (int32_t)co->n_indexes + 1);
+	bson_t sizes;
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "indexSizes", &sizes);
+	BSON_APPEND_INT64(&sizes, "_id_", 0);
+	for (size_t i = 0; i < co->n_indexes; i++)
+		BSON_APPEND_INT64(&sizes, co->indexes[i].name, 0);
+	bson_append_document_end(reply, &sizes);
+	BSON_APPEND_INT64(reply, "totalIndexSize", 0);
+	BSON_APPEND_BOOL(reply, "capped", false);
+	sdb_store_rollback(x->conn);
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_db_stats(shard_ctx *x)
+{
+	if (!shard_begin(x, false))
+		return;
+	char **names = NULL;
+	size_t nn = 0;
+	sdb_store_coll_list(x->conn, x->db, &names, &nn, NULL, 0);
+	int64_t objects = 0, size = 0, indexes = 0;
+	for (size_t i = 0; i < nn; i++) {
+		objects += sdb_store_count(x->conn, x->db, names[i * 2 + 1]);
+		size += sdb_store_data_size(x->conn, x->db, names[i * 2 + 1]);
+		const sdb_store_coll *co = NULL;
+		if (sdb_store_coll_get(x->conn, x->db, names[i * 2 + 1], &co, NULL, 0) == 0)
+			indexes += (int64_t)co->n_indexes + 1;
+	}
+	sdb_store_names_free(names, nn);
+	sdb_store_rollback(x->conn);
+	bson_t *reply = bson_new();
+	BSON_APPEND_UTF8(reply, "db", x->db);
+	BSON_APPEND_INT64(reply, "collections", (int64_t)nn);
+	BSON_APPEND_INT64(reply, "views", 0);
+	BSON_APPEND_INT64(reply, "objects", objects);
+	BSON_APPEND_DOUBLE(reply, "avgObjSize", objects ? (double)size / (double)objects : 0);
+	BSON_APPEND_INT64(reply, "dataSize", size);
+	BSON_APPEND_INT64(reply, "storageSize", size);
+	BSON_APPEND_INT64(reply, "indexes", indexes);
+	BSON_APPEND_INT64(reply, "indexSize", 0);
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_set_version(shard_ctx *x)
+{
+	bson_iter_t it;
+	const char *chunk = NULL;
+	int64_t token = 0;
+	bool have_token = false;
+	if (bson_iter_init_find(&it, x->cmd, "chunk") && BSON_ITER_HOLDS_UTF8(&it))
+		chunk = bson_iter_utf8(&it, NULL);
+	if (bson_iter_init_find(&it, x->cmd, "token") && BSON_ITER_HOLDS_NUMBER(&it)) {
+		token = bson_iter_as_int64(&it);
+		have_token = true;
+	}
+	if (!chunk || !*chunk || !have_token) {
+		shard_fail(x, WIRE_ERR_BAD_VALUE,
+			   "stripedbSetVersion needs chunk: <string> and token: <number>");
+		return;
+	}
+	/* a bump is not itself gated by the token it moves */
+	x->chunk = NULL;
+	if (!shard_begin(x, true))
+		return;
+	int64_t stored = 0;
+	int rc = sdb_store_version_set(x->conn, chunk, token, &stored, x->err, sizeof x->err);
+	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+		return;
+	}
+	if (!shard_commit(x))
+		return;
+	bson_t *reply = bson_new();
+	BSON_APPEND_UTF8(reply, "chunk", chunk);
+	BSON_APPEND_INT64(reply, "token", stored);
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_check(shard_ctx *x)
+{
+	if (!shard_begin(x, false))
+		return;
+	bson_t problems = BSON_INITIALIZER;
+	int n = 0;
+	int rc = sdb_store_check(x->conn, &problems, &n, x->err, sizeof x->err);
+	sdb_store_rollback(x->conn);
+	if (rc) {
+		bson_destroy(&problems);
+		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+		return;
+	}
+	bson_t *reply = bson_new();
+	BSON_APPEND_INT32(reply, "nProblems", n);
+	BSON_APPEND_ARRAY(reply, "problems", &problems);
+	bson_destroy(&problems);
+	wire_req_reply(x->req, reply);
+}

@@ -1,0 +1,1100 @@
+/* Read commands of the shard role: find, getMore, killCursors, count, distinct, aggregate,
+ * explain, and the stripedbSnapshot point-in-time read. MongoDB 6.0 semantics and codes. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "shard/shard.h"
+#include "shard/util.h"
+#include "storage/bsonval.h"
+#include "storage/matcher.h"
+#include "storage/path.h"
+#include "storage/pipeline.h"
+#include "storage/projection.h"
+#include "storage/query.h"
+
+/* Until storage/pipeline.c is in the build, aggregate answers NotImplemented (weak
+ * references resolve to NULL). */
+#pragma weak sdb_pipeline_parse
+#pragma weak sdb_pipeline_free
+#pragma weak sdb_pipeline_pushdown
+#pragma weak sdb_pipeline_pushdown_destroy
+#pragma weak sdb_pipeline_open
+#pragma weak sdb_pipeline_cursor_next
+#pragma weak sdb_pipeline_cursor_free
+
+static const char OPLOG_DB[] = "local";
+static const char OPLOG_COLL[] = "oplog.rs";
+
+/* ------------------------------------------------------------------ find */
+
+typedef struct find_opts {
+	bson_t filter, projection, sort;
+	bool have_projection, have_sort;
+	bson_iter_t hint;
+	bool have_hint;
+	int64_t skip, limit, batch;
+	bool have_batch, single_batch, tailable, await_data, snapshot;
+	int64_t max_time_ms;
+} find_opts;
+
+static bool parse_find_opts(shard_ctx *x, const bson_t *cmd, const char *cmdname,
+			    find_opts *o)
+{
+	memset(o, 0, sizeof *o);
+	bson_init(&o->filter);
+	bson_init(&o->projection);
+	bson_init(&o->sort);
+	bson_iter_t it;
+	if (!bson_iter_init(&it, cmd))
+		return false;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "filter") == 0 || strcmp(k, "query") == 0) {
+			if (!util_get_doc(x, cmdname, &it, &o->filter))
+				return false;
+		} else if (strcmp(k, "projection") == 0 || strcmp(k, "fields") == 0) {
+			if (!util_get_doc(x, cmdname, &it, &o->projection))
+				return false;
+			o->have_projection = true;
+		} else if (strcmp(k, "sort") == 0) {
+			if (!util_get_doc(x, cmdname, &it, &o->sort))
+				return false;
+			o->have_sort = true;
+		} else if (strcmp(k, "hint") == 0) {
+			if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
+				uint32_t len;
+				const uint8_t *d;
+				bson_iter_document(&it, &len, &d);
+				if (len > 5) {
+					o->hint = it;
+					o->have_hint = true;
+				}
+			} else if (BSON_ITER_HOLDS_UTF8(&it)) {
+				if (*bson_iter_utf8(&it, NULL)) {
+					o->hint = it;
+					o->have_hint = true;
+				}
+			} else {
+				shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+					   "hint must be a string or an object");
+				return false;
+			}
+		} else if (strcmp(k, "skip") == 0) {
+			if (!util_get_int(x, cmdname, &it, &o->skip))
+				return false;
+			if (o->skip < 0) {
+				shard_fail(x, 51024,
+					   "BSON field 'skip' value must be >= 0, actual value '%lld'",
+					   (long long)o->skip);
+				return false;
+			}
+		} else if (strcmp(k, "limit") == 0) {
+			if (!util_get_int(x, cmdname, &it, &o->limit))
+				return false;
+			if (o->limit < 0) {
+				o->limit = -o->limit;
+				o->single_batch = true;
+			}
+		} else if (strcmp(k, "batchSize") == 0) {
+			if (!util_get_int(x, cmdname, &it, &o->batch))
+				return false;
+			if (o->batch < 0) {
+				shard_fail(x, 51024,
+					   "BSON field 'batchSize' value must be >= 0, actual value "
+					   "'%lld'",
+					   (long long)o->batch);
+				return false;
+			}
+			o->have_batch = true;
+		} else if (strcmp(k, "singleBatch") == 0) {
+			o->single_batch = o->single_batch || bson_iter_as_bool(&it);
+		} else if (strcmp(k, "tailable") == 0) {
+			o->tailable = bson_iter_as_bool(&it);
+		} else if (strcmp(k, "awaitData") == 0) {
+			o->await_data = bson_iter_as_bool(&it);
+		} else if (strcmp(k, "maxTimeMS") == 0) {
+			if (!util_get_int(x, cmdname, &it, &o->max_time_ms))
+				return false;
+		} else if (strcmp(k, "stripedbSnapshot") == 0) {
+			o->snapshot = bson_iter_as_bool(&it);
+		}
+	}
+	if (o->await_data && !o->tailable) {
+		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+			   "Cannot set 'awaitData' without also setting 'tailable'");
+		return false;
+	}
+	return true;
+}
+
+static void find_opts_destroy(find_opts *o)
+{
+	bson_destroy(&o->filter);
+	bson_destroy(&o->projection);
+	bson_destroy(&o->sort);
+}
+
+/* Run a query (in the open transaction), applying the projection, collecting copies. On
+ * error replies and returns false. */
+static bool collect(shard_ctx *x, const char *coll, const sdb_query_spec *spec,
+		    const sdb_projection *proj, bson_t ***docs, size_t *n, sdb_query **keep)
+{
+	sdb_query *q = NULL;
+	int code = 0;
+	*docs = NULL;
+	*n = 0;
+	size_t cap = 0;
+	int rc = sdb_query_open(x->conn, x->db, coll, spec, &q, &code, x->err, sizeof x->err);
+	if (rc) {
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return false;
+	}
+	const bson_t *d;
+	while ((rc = sdb_query_next(q, &d, &code, x->err, sizeof x->err)) == 1) {
+		bson_t *out = bson_new();
+		if (proj) {
+			if (sdb_projection_apply(proj, d, out, x->err, sizeof x->err) != 0) {
+				bson_destroy(out);
+				rc = -1;
+				code = WIRE_ERR_BAD_VALUE;
+				break;
+			}
+		} else {
+			bson_concat(out, d);
+		}
+		util_docs_push(docs, n, &cap, out);
+	}
+	if (rc < 0) {
+		sdb_query_free(q);
+		util_docs_free(*docs, *n);
+		*docs = NULL;
+		*n = 0;
+		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
+		return false;
+	}
+	if (keep)
+		*keep = q;
+	else
+		sdb_query_free(q);
+	return true;
+}
+
+/* Reply with a cursor over docs (ownership taken). batch < 0: default. */
+static void reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, int64_t batch,
+			 bool single, const bson_t *extra, shard_cursor *tail)
+{
+	size_t take;
+	if (batch == 0 && !single)
+		take = 0;
+	else
+		take = shard_batch_fit(docs, n, batch > 0 ? (size_t)batch : SHARD_DEFAULT_BATCH);
+	int64_t id = 0;
+	bool more = take < n && !single;
+	if (tail) {
+		/* tailable: the cursor lives on even when drained */
+		for (size_t i = take; i < n; i++)
+			bson_destroy(docs[i]);
+		n = take;
+		id = shard_cursor_add(x->sh, tail);
+	} else if (more) {
+		shard_cursor *c = sdb_calloc(1, sizeof *c);
+		c->ns = sdb_strdup(ns);
+		bson_init(&c->filter);
+		c->docs = sdb_calloc(n - take + 1, sizeof *c->docs);
+		for (size_t i = take; i < n; i++)
+			c->docs[c->n_docs++] = docs[i];
+		n = take;
+		id = shard_cursor_add(x->sh, c);
+	}
+	bson_t *reply = bson_new();
+	size_t taken;
+	shard_cursor_reply(reply, ns, id, true, docs, take, 0, &taken, extra);
+	for (size_t i = 0; i < take; i++)
+		bson_destroy(docs[i]);
+	for (size_t i = take; i < n; i++)
+		bson_destroy(docs[i]);
+	free(docs);
+	wire_req_reply(x->req, reply);
+}
+
+/* Pack the Timestamp at it into the oplog ts. */
+static bool ts_of(const bson_iter_t *it, uint64_t *out)
+{
+	if (!BSON_ITER_HOLDS_TIMESTAMP(it))
+		return false;
+	uint32_t t, i;
+	bson_iter_timestamp(it, &t, &i);
+	*out = sdb_store_ts_pack(t, i);
+	return true;
+}
+
+/* Lower bound of an oplog filter: {ts: {$gt: T}} / {$gte: T} / {ts: T}. */
+static uint64_t oplog_after(const bson_t *filter)
+{
+	bson_iter_t it, sub;
+	uint64_t ts = 0;
+	if (!bson_iter_init_find(&it, filter, "ts"))
+		return 0;
+	if (ts_of(&it, &ts))
+		return ts ? ts - 1 : 0;
+	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub))
+		return 0;
+	uint64_t best = 0;
+	while (bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+		if (!ts_of(&sub, &ts))
+			continue;
+		if (strcmp(k, "$gt") == 0 && ts > best)
+			best = ts;
+		else if ((strcmp(k, "$gte") == 0 || strcmp(k, "$eq") == 0) && ts && ts - 1 > best)
+			best = ts - 1;
+	}
+	return best;
+}
+
+/* Read matching oplog entries with ts > *after into docs (up to limit matches, scanning at
+ * most max_scan entries); *after advances to the last entry scanned. */
+static int oplog_scan(shard_ctx *x, const sdb_matcher *m, uint64_t *after, size_t limit,
+		      size_t max_scan, bson_t ***docs, size_t *n, size_t *cap)
+{
+	size_t scanned = 0;
+	while (scanned < max_scan && (!limit || *n < limit)) {
+		bson_t **raw = NULL;
+		size_t nraw = 0;
+		int rc = sdb_store_oplog_read(x->conn, *after, 1000, &raw, &nraw, x->err,
+					      sizeof x->err);
+		if (rc)
+			return rc;
+		size_t i = 0;
+		for (; i < nraw; i++) {
+			bson_iter_t it;
+			uint64_t ts = 0;
+			if (bson_iter_init_find(&it, raw[i], "ts"))
+				ts_of(&it, &ts);
+			*after = ts;
+			scanned++;
+			if (sdb_matcher_match(m, raw[i])) {
+				util_docs_push(docs, n, cap, raw[i]);
+				raw[i] = NULL;
+				if (limit && *n >= limit) {
+					i++;
+					break;
+				}
+			}
+		}
+		for (size_t j = 0; j < nraw; j++)
+			if (raw[j])
+				bson_destroy(raw[j]);
+		free(raw);
+		if (nraw < 1000 || i < nraw)
+			break;
+	}
+	return 0;
+}
+
+static void find_oplog(shard_ctx *x, find_opts *o)
+{
+	sdb_matcher *m = NULL;
+	int code = 0;
+	if (sdb_matcher_new(&o->filter, &m, &code, x->err, sizeof x->err) != 0) {
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return;
+	}
+	if (!shard_begin(x, false)) {
+		sdb_matcher_free(m);
+		return;
+	}
+	bson_t **docs = NULL;
+	size_t n = 0, cap = 0;
+	uint64_t start_after = oplog_after(&o->filter);
+	uint64_t after = start_after;
+	bool natural_desc = false;
+	bson_iter_t it;
+	if (o->have_sort && bson_iter_init_find(&it, &o->sort, "$natural"))
+		natural_desc = bson_iter_as_double(&it) < 0;
+	int rc;
+	if (natural_desc && !o->tailable) {
+		bson_t **raw = NULL;
+		size_t nraw = 0;
+		rc = sdb_store_oplog_read_desc(x->conn, SIZE_MAX, &raw, &nraw, x->err,
+					       sizeof x->err);
+		for (size_t i = 0; i < nraw; i++) {
+			if ((!o->limit || (int64_t)n < o->limit) && sdb_matcher_match(m, raw[i]))
+				util_docs_push(&docs, &n, &cap, raw[i]);
+			else
+				bson_destroy(raw[i]);
+		}
+		free(raw);
+	} else {
+		rc = oplog_scan(x, m, &after, o->limit > 0 ? (size_t)o->limit : 0, SIZE_MAX,
+				&docs, &n, &cap);
+	}
+	sdb_store_rollback(x->conn);
+	if (rc) {
+		util_docs_free(docs, n);
+		sdb_matcher_free(m);
+		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+		return;
+	}
+	if (o->skip > 0) {
+		size_t s = (size_t)o->skip < n ? (size_t)o->skip : n;
+		for (size_t i = 0; i < s; i++)
+			bson_destroy(docs[i]);
+		memmove(docs, docs + s, (n - s) * sizeof *docs);
+		n -= s;
+	}
+	shard_cursor *tail = NULL;
+	if (o->tailable && !o->single_batch) {
+		tail = sdb_calloc(1, sizeof *tail);
+		tail->ns = sdb_strdup("local.oplog.rs");
+		tail->tailable = true;
+		tail->await_data = o->await_data;
+		/* resume after what this batch returns; the rest is read again by getMore */
+		size_t take = o->have_batch && o->batch == 0
+				      ? 0
+				      : shard_batch_fit(docs, n,
+							o->have_batch ? (size_t)o->batch
+								      : SHARD_DEFAULT_BATCH);
+		if (take < n) {
+			bson_iter_t ti;
+			uint64_t ts = 0;
+			if (take > 0 && bson_iter_init_find(&ti, docs[take - 1], "ts"))
+				ts_of(&ti, &ts);
+			tail->last_ts = take > 0 ? ts : start_after;
+		} else {
+			tail->last_ts = after;
+		}
+		bson_copy_to(&o->filter, &tail->filter);
+	}
+	sdb_matcher_free(m);
+	reply_cursor(x, "local.oplog.rs", docs, n, o->have_batch ? o->batch : -1, o->single_batch,
+		     NULL, tail);
+}
+
+static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot)
+{
+	sdb_projection *proj = NULL;
+	int code = 0;
+	if (o->have_projection && bson_count_keys(&o->projection) > 0 &&
+	    sdb_projection_new(&o->projection, &proj, &code, x->err, sizeof x->err) != 0) {
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return;
+	}
+	if (o->tailable) {
+		sdb_projection_free(proj);
+		shard_fail(x, WIRE_ERR_BAD_VALUE,
+			   "error processing query: tailable cursor requested on non capped "
+			   "collection");
+		return;
+	}
+	if (!shard_begin(x, false)) {
+		sdb_projection_free(proj);
+		return;
+	}
+	sdb_query_spec spec = {
+		.filter = &o->filter,
+		.sort = o->have_sort ? &o->sort : NULL,
+		.hint = o->have_hint ? &o->hint : NULL,
+		.skip = o->skip,
+		.limit = o->limit,
+	};
+	bson_t **docs;
+	size_t n;
+	bool ok = collect(x, coll, &spec, proj, &docs, &n, NULL);
+	uint64_t at = ok && snapshot ? sdb_store_oplog_last(x->conn) : 0;
+	sdb_store_rollback(x->conn);
+	sdb_projection_free(proj);
+	if (!ok)
+		return;
+	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	bson_t extra = BSON_INITIALIZER;
+	if (snapshot)
+		BSON_APPEND_TIMESTAMP(&extra, "atOplogTs", (uint32_t)(at >> 32), (uint32_t)at);
+	reply_cursor(x, ns, docs, n, o->have_batch ? o->batch : -1, o->single_batch,
+		     snapshot ? &extra : NULL, NULL);
+	bson_destroy(&extra);
+	free(ns);
+}
+
+void shard_cmd_find(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	find_opts o;
+	if (!parse_find_opts(x, x->cmd, "find", &o)) {
+		find_opts_destroy(&o);
+		return;
+	}
+	if (strcmp(x->db, OPLOG_DB) == 0 && strcmp(coll, OPLOG_COLL) == 0)
+		find_oplog(x, &o);
+	else
+		run_find(x, coll, &o, o.snapshot);
+	find_opts_destroy(&o);
+}
+
+void shard_cmd_snapshot(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	find_opts o;
+	if (!parse_find_opts(x, x->cmd, "stripedbSnapshot", &o)) {
+		find_opts_destroy(&o);
+		return;
+	}
+	run_find(x, coll, &o, true);
+	find_opts_destroy(&o);
+}
+
+/* ------------------------------------------------------------------ getMore */
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void getmore_tail(shard_ctx *x, shard_cursor *c, int64_t batch, int64_t max_time_ms)
+{
+	sdb_matcher *m = NULL;
+	int code = 0;
+	if (sdb_matcher_new(&c->filter, &m, &code, x->err, sizeof x->err) != 0) {
+		shard_cursor_put(x->sh, c, true);
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return;
+	}
+	int64_t deadline = now_ms() + (max_time_ms > 0 ? max_time_ms : 1000);
+	bson_t **docs = NULL;
+	size_t n = 0, cap = 0;
+	for (;;) {
+		if (!shard_begin(x, false)) {
+			shard_cursor_put(x->sh, c, false);
+			sdb_matcher_free(m);
+			util_docs_free(docs, n);
+			return;
+		}
+		uint64_t after = c->last_ts;
+		int rc = oplog_scan(x, m, &after, batch > 0 ? (size_t)batch : 0, 100000, &docs, &n,
+				    &cap);
+		sdb_store_rollback(x->conn);
+		if (rc) {
+			shard_cursor_put(x->sh, c, false);
+			sdb_matcher_free(m);
+			util_docs_free(docs, n);
+			shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+			return;
+		}
+		c->last_ts = after;
+		if (n > 0 || !c->await_data)
+			break;
+		/* awaitData: wait for a commit that moves the oplog past last_ts */
+		pthread_mutex_lock(&x->sh->oplog_mu);
+		bool stop = false;
+		while (sdb_store_oplog_committed(x->sh->store) <= c->last_ts) {
+			pthread_mutex_lock(&x->sh->mu);
+			stop = x->sh->stopping;
+			pthread_mutex_unlock(&x->sh->mu);
+			int64_t left = deadline - now_ms();
+			if (stop || left <= 0)
+				break;
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			int64_t wait = left < 200 ? left : 200;
+			ts.tv_nsec += (wait % 1000) * 1000000;
+			ts.tv_sec += wait / 1000 + ts.tv_nsec / 1000000000;
+			ts.tv_nsec %= 1000000000;
+			pthread_cond_timedwait(&x->sh->oplog_cv, &x->sh->oplog_mu, &ts);
+		}
+		pthread_mutex_unlock(&x->sh->oplog_mu);
+		if (stop || now_ms() >= deadline) {
+			if (sdb_store_oplog_committed(x->sh->store) <= c->last_ts)
+				break;
+		}
+	}
+	sdb_matcher_free(m);
+	bson_t *reply = bson_new();
+	size_t taken;
+	shard_cursor_reply(reply, c->ns, c->id, false, docs, n, 0, &taken, NULL);
+	/* every scanned doc fits by construction unless the reply cap hit: then resume after
+	 * the last returned one */
+	if (taken < n) {
+		bson_iter_t ti;
+		uint64_t ts = 0;
+		if (taken > 0 && bson_iter_init_find(&ti, docs[taken - 1], "ts"))
+			ts_of(&ti, &ts);
+		c->last_ts = ts;
+	}
+	util_docs_free(docs, n);
+	shard_cursor_put(x->sh, c, false);
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_getmore(shard_ctx *x)
+{
+	bson_iter_t it;
+	int64_t id = 0, batch = 0, max_time = 0;
+	const char *coll = NULL;
+	if (!bson_iter_init_find(&it, x->cmd, "getMore") || !BSON_ITER_HOLDS_INT64(&it)) {
+		shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+			   "BSON field 'getMore.getMore' is the wrong type, expected type 'long'");
+		return;
+	}
+	id = bson_iter_int64(&it);
+	if (!bson_iter_init_find(&it, x->cmd, "collection") || !BSON_ITER_HOLDS_UTF8(&it)) {
+		shard_fail(x, 40414, "BSON field 'getMore.collection' is missing but a required "
+				     "field");
+		return;
+	}
+	coll = bson_iter_utf8(&it, NULL);
+	if (bson_iter_init_find(&it, x->cmd, "batchSize") &&
+	    !util_get_int(x, "getMore", &it, &batch))
+		return;
+	if (bson_iter_init_find(&it, x->cmd, "maxTimeMS") &&
+	    !util_get_int(x, "getMore", &it, &max_time))
+		return;
+	bool busy = false;
+	shard_cursor *c = shard_cursor_take(x->sh, id, &busy);
+	if (!c) {
+		if (busy)
+			shard_fail(x, 292 /* placeholder */, "cursor id %lld is already in use",
+				   (long long)id);
+		else
+			shard_fail(x, WIRE_ERR_CURSOR_NOT_FOUND, "cursor id %lld not found",
+				   (long long)id);
+		return;
+	}
+	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	if (strcmp(ns, c->ns) != 0) {
+		shard_cursor_put(x->sh, c, false);
+		shard_fail(x, WIRE_ERR_UNAUTHORIZED,
+			   "Requested getMore on namespace '%s', but cursor belongs to a different "
+			   "namespace %s",
+			   ns, c->ns);
+		free(ns);
+		return;
+	}
+	free(ns);
+	if (c->tailable) {
+		getmore_tail(x, c, batch, max_time);
+		return;
+	}
+	bson_t *reply = bson_new();
+	size_t taken;
+	shard_cursor_reply(reply, c->ns, 0, false, c->docs + c->pos, c->n_docs - c->pos,
+			   batch > 0 ? (size_t)batch : 0, &taken, NULL);
+	bool exhausted = c->pos + taken >= c->n_docs;
+	if (!exhausted) {
+		/* rewrite the id: the cursor goes on */
+		bson_destroy(reply);
+		reply = bson_new();
+		shard_cursor_reply(reply, c->ns, c->id, false, c->docs + c->pos,
+				   c->n_docs - c->pos, batch > 0 ? (size_t)batch : 0, &taken, NULL);
+	}
+	for (size_t i = 0; i < taken; i++)
+		bson_destroy(c->docs[c->pos + i]);
+	c->pos += taken;
+	shard_cursor_put(x->sh, c, exhausted);
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_killcursors(shard_ctx *x)
+{
+	bson_iter_t it, sub;
+	if (!shard_coll_arg(x))
+		return;
+	if (!bson_iter_init_find(&it, x->cmd, "cursors") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &sub)) {
+		shard_fail(x, 40414,
+			   "BSON field 'killCursors.cursors' is missing but a required field");
+		return;
+	}
+	bson_t *reply = bson_new();
+	bson_t killed, notfound, alive, unknown;
+	bson_t k = BSON_INITIALIZER, nf = BSON_INITIALIZER;
+	int nk = 0, nn = 0;
+	while (bson_iter_next(&sub)) {
+		int64_t id = bson_iter_as_int64(&sub);
+		char key[16];
+		if (shard_cursor_kill(x->sh, id)) {
+			snprintf(key, sizeof key, "%d", nk++);
+			BSON_APPEND_INT64(&k, key, id);
+		} else {
+			snprintf(key, sizeof key, "%d", nn++);
+			BSON_APPEND_INT64(&nf, key, id);
+		}
+	}
+	BSON_APPEND_ARRAY_BEGIN(reply, "cursorsKilled", &killed);
+	bson_concat(&killed, &k);
+	bson_append_array_end(reply, &killed);
+	BSON_APPEND_ARRAY_BEGIN(reply, "cursorsNotFound", &notfound);
+	bson_concat(&notfound, &nf);
+	bson_append_array_end(reply, &notfound);
+	BSON_APPEND_ARRAY_BEGIN(reply, "cursorsAlive", &alive);
+	bson_append_array_end(reply, &alive);
+	BSON_APPEND_ARRAY_BEGIN(reply, "cursorsUnknown", &unknown);
+	bson_append_array_end(reply, &unknown);
+	bson_destroy(&k);
+	bson_destroy(&nf);
+	wire_req_reply(x->req, reply);
+}
+
+/* ------------------------------------------------------------------ count / distinct */
+
+void shard_cmd_count(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	find_opts o;
+	if (!parse_find_opts(x, x->cmd, "count", &o)) {
+		find_opts_destroy(&o);
+		return;
+	}
+	if (!shard_begin(x, false)) {
+		find_opts_destroy(&o);
+		return;
+	}
+	int64_t n = 0;
+	if (bson_empty(&o.filter) && !o.have_hint) {
+		n = sdb_store_count(x->conn, x->db, coll);
+		n -= o.skip;
+		if (n < 0)
+			n = 0;
+		if (o.limit && n > o.limit)
+			n = o.limit;
+	} else {
+		sdb_query_spec spec = {
+			.filter = &o.filter,
+			.hint = o.have_hint ? &o.hint : NULL,
+			.skip = o.skip,
+			.limit = o.limit,
+		};
+		sdb_query *q = NULL;
+		int code = 0;
+		if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err,
+				   sizeof x->err) != 0) {
+			find_opts_destroy(&o);
+			shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+			return;
+		}
+		const bson_t *d;
+		int rc;
+		while ((rc = sdb_query_next(q, &d, &code, x->err, sizeof x->err)) == 1)
+			n++;
+		sdb_query_free(q);
+		if (rc < 0) {
+			find_opts_destroy(&o);
+			shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
+			return;
+		}
+	}
+	sdb_store_rollback(x->conn);
+	find_opts_destroy(&o);
+	bson_t *reply = bson_new();
+	if (n <= INT32_MAX)
+		BSON_APPEND_INT32(reply, "n", (int32_t)n);
+	else
+		BSON_APPEND_INT64(reply, "n", n);
+	wire_req_reply(x->req, reply);
+}
+
+typedef struct distinct_acc {
+	bson_value_t *vals;
+	size_t n, cap;
+} distinct_acc;
+
+static bool distinct_visit(void *ctx, const bson_iter_t *it, unsigned flags)
+{
+	distinct_acc *a = ctx;
+	if (!it || (flags & SDB_PATH_MISSING))
+		return false;
+	if (BSON_ITER_HOLDS_ARRAY(it) && !(flags & SDB_PATH_ELEM))
+		return false; /* its elements follow */
+	const bson_value_t *v = bson_iter_value((bson_iter_t *)it);
+	for (size_t i = 0; i < a->n; i++)
+		if (sdb_bson_value_eq(&a->vals[i], v))
+			return false;
+	if (a->n == a->cap) {
+		a->cap = a->cap ? a->cap * 2 : 16;
+		a->vals = sdb_realloc(a->vals, a->cap * sizeof *a->vals);
+	}
+	bson_value_copy(v, &a->vals[a->n++]);
+	return false;
+}
+
+static int value_cmp(const void *a, const void *b)
+{
+	return sdb_bson_value_cmp(a, b);
+}
+
+void shard_cmd_distinct(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	bson_iter_t it;
+	if (!bson_iter_init_find(&it, x->cmd, "key") || !BSON_ITER_HOLDS_UTF8(&it)) {
+		shard_fail(x, 40414, "BSON field 'distinct.key' is missing but a required field");
+		return;
+	}
+	const char *key = bson_iter_utf8(&it, NULL);
+	char perr[128];
+	if (!sdb_path_valid(key, perr, sizeof perr)) {
+		shard_fail(x, WIRE_ERR_BAD_VALUE, "%s", perr);
+		return;
+	}
+	find_opts o;
+	if (!parse_find_opts(x, x->cmd, "distinct", &o)) {
+		find_opts_destroy(&o);
+		return;
+	}
+	if (!shard_begin(x, false)) {
+		find_opts_destroy(&o);
+		return;
+	}
+	sdb_query_spec spec = {.filter = &o.filter, .hint = o.have_hint ? &o.hint : NULL};
+	sdb_query *q = NULL;
+	int code = 0;
+	if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err, sizeof x->err) != 0) {
+		find_opts_destroy(&o);
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return;
+	}
+	distinct_acc acc = {0};
+	const bson_t *d;
+	int rc;
+	while ((rc = sdb_query_next(q, &d, &code, x->err, sizeof x->err)) == 1)
+		sdb_path_walk(d, key, SDB_PATH_EXPAND_LEAF, distinct_visit, &acc);
+	sdb_query_free(q);
+	sdb_store_rollback(x->conn);
+	find_opts_destroy(&o);
+	if (rc < 0) {
+		for (size_t i = 0; i < acc.n; i++)
+			bson_value_destroy(&acc.vals[i]);
+		free(acc.vals);
+		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
+		return;
+	}
+	qsort(acc.vals, acc.n, sizeof *acc.vals, value_cmp);
+	bson_t *reply = bson_new();
+	bson_t arr;
+	BSON_APPEND_ARRAY_BEGIN(reply, "values", &arr);
+	for (size_t i = 0; i < acc.n; i++) {
+		char k[16];
+		const char *kp;
+		bson_uint32_to_string((uint32_t)i, &kp, k, sizeof k);
+		bson_append_value(&arr, kp, -1, &acc.vals[i]);
+		bson_value_destroy(&acc.vals[i]);
+	}
+	bson_append_array_end(reply, &arr);
+	free(acc.vals);
+	wire_req_reply(x->req, reply);
+}
+
+/* ------------------------------------------------------------------ aggregate */
+
+typedef struct agg_input {
+	sdb_query *q;
+} agg_input;
+
+static int agg_next(void *ctx, const bson_t **doc, int *code, char *err, size_t errlen)
+{
+	agg_input *in = ctx;
+	if (!in->q)
+		return 0;
+	return sdb_query_next(in->q, doc, code, err, errlen);
+}
+
+/* Parse and run an aggregate command; on success *docs_out and *n_out hold the output. With explain,
+ * *q_out keeps the query for the explain output (caller frees). Replies on error. */
+static bool run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out,
+			  bson_t ***docs_out, size_t *n_out, int64_t *batch, bool explain,
+			  sdb_query **q_out)
+{
+	bson_iter_t it;
+	const char *coll = NULL;
+	if (bson_iter_init(&it, cmd) && bson_iter_next(&it)) {
+		if (BSON_ITER_HOLDS_UTF8(&it))
+			coll = bson_iter_utf8(&it, NULL);
+		else if (!BSON_ITER_HOLDS_NUMBER(&it) || bson_iter_as_int64(&it) != 1) {
+			shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+				   "Invalid command format: the 'aggregate' field must specify a "
+				   "collection name or 1");
+			return false;
+		}
+	}
+	*coll_out = coll;
+	bson_t stages;
+	if (!bson_iter_init_find(&it, cmd, "pipeline") || !BSON_ITER_HOLDS_ARRAY(&it)) {
+		shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+			   "'pipeline' option must be specified as an array");
+		return false;
+	}
+	{
+		uint32_t len;
+		const uint8_t *d;
+		bson_iter_array(&it, &len, &d);
+		bson_init_static(&stages, d, len);
+	}
+	*batch = -1;
+	bool have_cursor = false;
+	if (bson_iter_init_find(&it, cmd, "cursor")) {
+		bson_t cur;
+		if (!util_get_doc(x, "aggregate", &it, &cur))
+			return false;
+		have_cursor = true;
+		bson_iter_t bi;
+		if (bson_iter_init_find(&bi, &cur, "batchSize")) {
+			if (!util_get_int(x, "aggregate", &bi, batch))
+				return false;
+			if (*batch < 0) {
+				shard_fail(x, 51024, "BSON field 'batchSize' value must be >= 0, "
+						     "actual value '%lld'",
+					   (long long)*batch);
+				return false;
+			}
+		}
+	}
+	if (!have_cursor && !explain) {
+		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+			   "The 'cursor' option is required, except for aggregate with the explain "
+			   "argument");
+		return false;
+	}
+	bson_iter_t hint;
+	bool have_hint = false;
+	if (bson_iter_init_find(&hint, cmd, "hint") &&
+	    (BSON_ITER_HOLDS_UTF8(&hint) || BSON_ITER_HOLDS_DOCUMENT(&hint)))
+		have_hint = true;
+	sdb_pipeline *p = NULL;
+	int code = 0;
+	if (!sdb_pipeline_parse) {
+		shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED, "aggregate is not available in this build");
+		return false;
+	}
+	if (sdb_pipeline_parse(&stages, NULL, &p, &code, x->err, sizeof x->err) != 0) {
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return false;
+	}
+	sdb_pipeline_pushdown_t pd;
+	sdb_pipeline_pushdown(p, coll ? (SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT |
+					 SDB_PUSHDOWN_LIMIT)
+				      : 0,
+			      &pd);
+	if (!shard_begin(x, false)) {
+		sdb_pipeline_pushdown_destroy(&pd);
+		sdb_pipeline_free(p);
+		return false;
+	}
+	agg_input in = {0};
+	if (coll) {
+		sdb_query_spec spec = {
+			.filter = &pd.filter,
+			.sort = bson_empty(&pd.sort) ? NULL : &pd.sort,
+			.hint = have_hint ? &hint : NULL,
+			.skip = pd.skip,
+			.limit = pd.limit > 0 ? pd.limit : 0,
+		};
+		if (sdb_query_open(x->conn, x->db, coll, &spec, &in.q, &code, x->err,
+				   sizeof x->err) != 0) {
+			sdb_pipeline_pushdown_destroy(&pd);
+			sdb_pipeline_free(p);
+			shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+			return false;
+		}
+		if (pd.limit == 0) {
+			/* $limit: 0 is refused by the pipeline parser; 0 here means "none" */
+		}
+	}
+	sdb_pipeline_pushdown_destroy(&pd);
+	sdb_pipeline_cursor *pc = NULL;
+	sdb_pipeline_open(p, agg_next, &in, &pc);
+	bson_t **docs = NULL;
+	size_t n = 0, cap = 0;
+	const bson_t *d;
+	int rc;
+	while ((rc = sdb_pipeline_cursor_next(pc, &d, &code, x->err, sizeof x->err)) == 1)
+		util_docs_push(&docs, &n, &cap, bson_copy(d));
+	sdb_pipeline_cursor_free(pc);
+	sdb_pipeline_free(p);
+	if (q_out) {
+		*q_out = in.q;
+	} else {
+		sdb_query_free(in.q);
+	}
+	if (rc < 0) {
+		if (q_out) {
+			sdb_query_free(*q_out);
+			*q_out = NULL;
+		}
+		util_docs_free(docs, n);
+		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
+		return false;
+	}
+	if (!q_out)
+		sdb_store_rollback(x->conn);
+	*docs_out = docs;
+	*n_out = n;
+	return true;
+}
+
+void shard_cmd_aggregate(shard_ctx *x)
+{
+	bson_iter_t it;
+	if (bson_iter_init_find(&it, x->cmd, "explain") && bson_iter_as_bool(&it)) {
+		shard_cmd_explain(x);
+		return;
+	}
+	const char *coll;
+	bson_t **docs;
+	size_t n;
+	int64_t batch;
+	if (!run_aggregate(x, x->cmd, &coll, &docs, &n, &batch, false, NULL))
+		return;
+	char *ns = coll ? sdb_asprintf("%s.%s", x->db, coll) : sdb_asprintf("%s.$cmd.aggregate",
+									      x->db);
+	reply_cursor(x, ns, docs, n, batch, false, NULL, NULL);
+	free(ns);
+}
+
+/* ------------------------------------------------------------------ explain */
+
+void shard_cmd_explain(shard_ctx *x)
+{
+	bson_iter_t it;
+	bson_t inner;
+	bool stats = true;
+	bool agg_flag = strcmp(wire_req_name(x->req), "aggregate") == 0;
+	if (agg_flag) {
+		bson_copy_to(x->cmd, &inner);
+		stats = false;
+	} else {
+		if (!bson_iter_init_find(&it, x->cmd, "explain") ||
+		    !BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+				   "explain command requires a nested object");
+			return;
+		}
+		uint32_t len;
+		const uint8_t *d;
+		bson_iter_document(&it, &len, &d);
+		bson_t tmp;
+		bson_init_static(&tmp, d, len);
+		bson_copy_to(&tmp, &inner);
+		if (bson_iter_init_find(&it, x->cmd, "verbosity") && BSON_ITER_HOLDS_UTF8(&it) &&
+		    strcmp(bson_iter_utf8(&it, NULL), "queryPlanner") == 0)
+			stats = false;
+	}
+	bson_iter_t first;
+	if (!bson_iter_init(&first, &inner) || !bson_iter_next(&first)) {
+		bson_destroy(&inner);
+		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE, "explain: empty command");
+		return;
+	}
+	const char *verb = bson_iter_key(&first);
+	const char *coll = BSON_ITER_HOLDS_UTF8(&first) ? bson_iter_utf8(&first, NULL) : NULL;
+	bson_t *reply = bson_new();
+	if (strcmp(verb, "aggregate") == 0) {
+		const char *c2;
+		bson_t **docs;
+		size_t n;
+		int64_t batch;
+		sdb_query *q = NULL;
+		if (!run_aggregate(x, &inner, &c2, &docs, &n, &batch, true, &q)) {
+			bson_destroy(reply);
+			bson_destroy(&inner);
+			return;
+		}
+		if (q)
+			sdb_query_explain(q, stats, reply);
+		sdb_query_free(q);
+		sdb_store_rollback(x->conn);
+		util_docs_free(docs, n);
+	} else if (coll && (strcmp(verb, "find") == 0 || strcmp(verb, "count") == 0 ||
+			    strcmp(verb, "distinct") == 0 || strcmp(verb, "findAndModify") == 0 ||
+			    strcmp(verb, "update") == 0 || strcmp(verb, "delete") == 0)) {
+		find_opts o;
+		bson_t sub;
+		const bson_t *src = &inner;
+		bson_init(&sub);
+		/* update/delete: explain the first statement's query */
+		if ((strcmp(verb, "update") == 0 || strcmp(verb, "delete") == 0) &&
+		    bson_iter_init_find(&it, &inner,
+					strcmp(verb, "update") == 0 ? "updates" : "deletes")) {
+			bson_iter_t arr;
+			if (BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr) &&
+			    bson_iter_next(&arr) && BSON_ITER_HOLDS_DOCUMENT(&arr)) {
+				uint32_t len;
+				const uint8_t *d;
+				bson_iter_document(&arr, &len, &d);
+				bson_t st;
+				bson_init_static(&st, d, len);
+				bson_iter_t qi;
+				if (bson_iter_init_find(&qi, &st, "q"))
+					bson_append_iter(&sub, "filter", -1, &qi);
+				if (bson_iter_init_find(&qi, &st, "hint"))
+					bson_append_iter(&sub, "hint", -1, &qi);
+			}
+			src = &sub;
+		}
+		if (!parse_find_opts(x, src, verb, &o)) {
+			find_opts_destroy(&o);
+			bson_destroy(&sub);
+			bson_destroy(reply);
+			bson_destroy(&inner);
+			return;
+		}
+		bson_destroy(&sub);
+		if (!shard_begin(x, false)) {
+			find_opts_destroy(&o);
+			bson_destroy(reply);
+			bson_destroy(&inner);
+			return;
+		}
+		sdb_query_spec spec = {
+			.filter = &o.filter,
+			.sort = o.have_sort ? &o.sort : NULL,
+			.hint = o.have_hint ? &o.hint : NULL,
+			.skip = o.skip,
+			.limit = o.limit,
+		};
+		sdb_query *q = NULL;
+		int code = 0;
+		if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err,
+				   sizeof x->err) != 0) {
+			find_opts_destroy(&o);
+			bson_destroy(reply);
+			bson_destroy(&inner);
+			shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+			return;
+		}
+		const bson_t *d;
+		if (stats)
+			while (sdb_query_next(q, &d, &code, x->err, sizeof x->err) == 1)
+				;
+		sdb_query_explain(q, stats, reply);
+		sdb_query_free(q);
+		sdb_store_rollback(x->conn);
+		find_opts_destroy(&o);
+	} else {
+		bson_destroy(reply);
+		bson_destroy(&inner);
+		shard_fail(x, WIRE_ERR_COMMAND_NOT_FOUND,
+			   "Explain failed due to unknown command: %s", verb);
+		return;
+	}
+	bson_t si;
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "serverInfo", &si);
+	BSON_APPEND_UTF8(&si, "host", "stripedb-shard");
+	BSON_APPEND_UTF8(&si, "version", "6.0.0");
+	bson_append_document_end(reply, &si);
+	bson_destroy(&inner);
+	wire_req_reply(x->req, reply);
+}

@@ -1,0 +1,805 @@
+/* Write commands of the shard role: insert, update, delete, findAndModify (MongoDB 6.0
+ * semantics). A command's whole batch is one SQLite transaction (one fsync); each item runs
+ * inside a savepoint so that a failed item leaves no trace and, for unordered batches, the
+ * others still apply. The version check of $stripedbVersion runs first in the same
+ * transaction. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "shard/shard.h"
+#include "shard/util.h"
+#include "storage/projection.h"
+#include "storage/query.h"
+#include "storage/update.h"
+
+/* Accumulated writeErrors of one command. */
+typedef struct werrs {
+	bson_t arr;
+	int n;
+} werrs;
+
+static void werr_add(werrs *w, int64_t index, int code, const char *msg,
+		     const sdb_store_dup *dup)
+{
+	char key[16];
+	snprintf(key, sizeof key, "%d", w->n++);
+	bson_t e;
+	BSON_APPEND_DOCUMENT_BEGIN(&w->arr, key, &e);
+	BSON_APPEND_INT32(&e, "index", (int32_t)index);
+	BSON_APPEND_INT32(&e, "code", code);
+	BSON_APPEND_UTF8(&e, "codeName", wire_code_name(code));
+	BSON_APPEND_UTF8(&e, "errmsg", msg);
+	if (dup && dup->set) {
+		BSON_APPEND_DOCUMENT(&e, "keyPattern", &dup->key_pattern);
+		BSON_APPEND_DOCUMENT(&e, "keyValue", &dup->key_value);
+	}
+	bson_append_document_end(&w->arr, &e);
+}
+
+static bool get_ordered(const bson_t *cmd)
+{
+	bson_iter_t it;
+	if (bson_iter_init_find(&it, cmd, "ordered"))
+		return bson_iter_as_bool(&it);
+	return true;
+}
+
+/* The statements array of a write command. Replies and returns false when missing. */
+static bool get_array(shard_ctx *x, const char *cmd, const char *field, bson_iter_t *arr,
+		      uint32_t *count)
+{
+	bson_iter_t it;
+	if (!bson_iter_init_find(&it, x->cmd, field)) {
+		shard_fail(x, 40414, "BSON field '%s.%s' is missing but a required field", cmd,
+			   field);
+		return false;
+	}
+	if (!BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, arr)) {
+		shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+			   "BSON field '%s.%s' is the wrong type '%s', expected type 'array'", cmd,
+			   field, util_type_name(bson_iter_type(&it)));
+		return false;
+	}
+	bson_iter_t c = *arr;
+	uint32_t n = 0;
+	while (bson_iter_next(&c))
+		n++;
+	if (n > WIRE_MAX_WRITE_BATCH) {
+		shard_fail(x, WIRE_ERR_INVALID_OPTIONS,
+			   "Write batch sizes must be between 1 and %d. Got %u operations.",
+			   WIRE_MAX_WRITE_BATCH, n);
+		return false;
+	}
+	*count = n;
+	return true;
+}
+
+/* Map a store error of a document write to a code (store errors carry no codes). */
+static int write_code(int rc, const char *msg)
+{
+	if (rc == SDB_EEXISTS)
+		return WIRE_ERR_DUPLICATE_KEY;
+	if (rc == SDB_EINVAL) {
+		if (strstr(msg, "_id' value cannot be of type") || strstr(msg, "for _id"))
+			return WIRE_ERR_INVALID_ID_FIELD;
+		if (strstr(msg, "immutable field"))
+			return WIRE_ERR_IMMUTABLE_FIELD;
+		if (strstr(msg, "parallel arrays"))
+			return 171;
+		return WIRE_ERR_BAD_VALUE;
+	}
+	return WIRE_ERR_INTERNAL;
+}
+
+/* A document ready to store: _id first (generated when missing). */
+static void prepare_insert(const bson_t *in, bson_t *out)
+{
+	bson_iter_t it;
+	bson_init(out);
+	if (bson_iter_init_find(&it, in, "_id")) {
+		bson_append_iter(out, "_id", 3, &it);
+	} else {
+		bson_oid_t oid;
+		bson_oid_init(&oid, NULL);
+		BSON_APPEND_OID(out, "_id", &oid);
+	}
+	if (bson_iter_init(&it, in)) {
+		while (bson_iter_next(&it)) {
+			if (strcmp(bson_iter_key(&it), "_id") == 0)
+				continue;
+			bson_append_iter(out, bson_iter_key(&it), -1, &it);
+		}
+	}
+}
+
+static void reply_write(shard_ctx *x, int64_t n, int64_t n_modified, bool with_modified,
+			bson_t *upserted, int n_upserted, werrs *w)
+{
+	bson_t *reply = bson_new();
+	BSON_APPEND_INT32(reply, "n", (int32_t)n);
+	if (with_modified)
+		BSON_APPEND_INT32(reply, "nModified", (int32_t)n_modified);
+	if (upserted && n_upserted > 0)
+		BSON_APPEND_ARRAY(reply, "upserted", upserted);
+	if (w->n > 0)
+		BSON_APPEND_ARRAY(reply, "writeErrors", &w->arr);
+	wire_req_reply(x->req, reply);
+}
+
+/* ------------------------------------------------------------------ insert */
+
+void shard_cmd_insert(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	bson_iter_t arr;
+	uint32_t count;
+	if (!get_array(x, "insert", "documents", &arr, &count))
+		return;
+	bool ordered = get_ordered(x->cmd);
+	if (!shard_begin(x, true))
+		return;
+	werrs w = {.n = 0};
+	bson_init(&w.arr);
+	int64_t n = 0, i = -1;
+	while (bson_iter_next(&arr)) {
+		i++;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
+			werr_add(&w, i, WIRE_ERR_TYPE_MISMATCH, "document to insert must be an object",
+				 NULL);
+			if (ordered)
+				break;
+			continue;
+		}
+		uint32_t len;
+		const uint8_t *data;
+		bson_iter_document(&arr, &len, &data);
+		bson_t in, doc;
+		bson_init_static(&in, data, len);
+		prepare_insert(&in, &doc);
+		sdb_store_dup dup = {0};
+		sdb_store_savepoint(x->conn);
+		int rc = sdb_store_insert(x->conn, x->db, coll, &doc, x->origin, &dup, x->err,
+					  sizeof x->err);
+		bson_destroy(&doc);
+		if (rc == 0) {
+			sdb_store_savepoint_release(x->conn);
+			n++;
+			continue;
+		}
+		sdb_store_savepoint_rollback(x->conn);
+		if (rc == SDB_EIO || rc == SDB_EBUSY || rc == SDB_ECORRUPT) {
+			sdb_store_dup_clear(&dup);
+			bson_destroy(&w.arr);
+			shard_fail(x, WIRE_ERR_INTERNAL, "insert: %s", x->err);
+			return;
+		}
+		werr_add(&w, i, write_code(rc, x->err), dup.set ? dup.errmsg : x->err, &dup);
+		sdb_store_dup_clear(&dup);
+		if (ordered)
+			break;
+	}
+	if (!shard_commit(x)) {
+		bson_destroy(&w.arr);
+		return;
+	}
+	reply_write(x, n, 0, false, NULL, 0, &w);
+	bson_destroy(&w.arr);
+}
+
+/* ------------------------------------------------------------------ update */
+
+/* Collect copies of the documents q matches (at most limit, 0 = all). */
+static int match_docs(shard_ctx *x, const char *coll, const bson_t *filter,
+		      const bson_t *sort, const bson_iter_t *hint, int64_t limit,
+		      bson_t ***docs, size_t *n, int *code)
+{
+	sdb_query_spec spec = {.filter = filter, .sort = sort, .hint = hint, .limit = limit};
+	sdb_query *q = NULL;
+	*docs = NULL;
+	*n = 0;
+	size_t cap = 0;
+	int rc = sdb_query_open(x->conn, x->db, coll, &spec, &q, code, x->err, sizeof x->err);
+	if (rc)
+		return rc;
+	const bson_t *d;
+	while ((rc = sdb_query_next(q, &d, code, x->err, sizeof x->err)) == 1)
+		util_docs_push(docs, n, &cap, bson_copy(d));
+	sdb_query_free(q);
+	if (rc < 0) {
+		util_docs_free(*docs, *n);
+		*docs = NULL;
+		*n = 0;
+		return rc;
+	}
+	return 0;
+}
+
+typedef struct upd_stmt {
+	bson_t q;
+	bson_iter_t u;
+	bool have_u;
+	bool upsert, multi;
+	bson_t array_filters;
+	bool have_af;
+	bson_iter_t hint;
+	bool have_hint;
+} upd_stmt;
+
+/* Parse one update statement {q, u, upsert, multi, arrayFilters, hint}. Returns 0 or a
+ * MongoDB code with the message in x->err. */
+static int parse_upd_stmt(shard_ctx *x, const bson_t *st, upd_stmt *s)
+{
+	memset(s, 0, sizeof *s);
+	bson_init(&s->q);
+	bson_init(&s->array_filters);
+	bson_iter_t it;
+	if (!bson_iter_init(&it, st))
+		return WIRE_ERR_BAD_VALUE;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "q") == 0) {
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it)) {
+				snprintf(x->err, sizeof x->err,
+					 "BSON field 'q' is the wrong type '%s', expected type "
+					 "'object'",
+					 util_type_name(bson_iter_type(&it)));
+				return WIRE_ERR_TYPE_MISMATCH;
+			}
+			uint32_t len;
+			const uint8_t *d;
+			bson_iter_document(&it, &len, &d);
+			bson_t tmp;
+			bson_init_static(&tmp, d, len);
+			bson_destroy(&s->q);
+			bson_copy_to(&tmp, &s->q);
+		} else if (strcmp(k, "u") == 0) {
+			s->u = it;
+			s->have_u = true;
+		} else if (strcmp(k, "upsert") == 0) {
+			s->upsert = bson_iter_as_bool(&it);
+		} else if (strcmp(k, "multi") == 0) {
+			s->multi = bson_iter_as_bool(&it);
+		} else if (strcmp(k, "arrayFilters") == 0) {
+			if (!BSON_ITER_HOLDS_ARRAY(&it)) {
+				snprintf(x->err, sizeof x->err,
+					 "BSON field 'arrayFilters' is the wrong type '%s', "
+					 "expected type 'array'",
+					 util_type_name(bson_iter_type(&it)));
+				return WIRE_ERR_TYPE_MISMATCH;
+			}
+			uint32_t len;
+			const uint8_t *d;
+			bson_iter_array(&it, &len, &d);
+			bson_t tmp;
+			bson_init_static(&tmp, d, len);
+			bson_destroy(&s->array_filters);
+			bson_copy_to(&tmp, &s->array_filters);
+			s->have_af = true;
+		} else if (strcmp(k, "hint") == 0) {
+			if (BSON_ITER_HOLDS_UTF8(&it) ||
+			    (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_value(&it)->value.v_doc.data_len > 5)) {
+				s->hint = it;
+				s->have_hint = true;
+			}
+		}
+	}
+	if (!s->have_u) {
+		snprintf(x->err, sizeof x->err, "BSON field 'u' is missing but a required field");
+		return 40414;
+	}
+	return 0;
+}
+
+static void upd_stmt_destroy(upd_stmt *s)
+{
+	bson_destroy(&s->q);
+	bson_destroy(&s->array_filters);
+}
+
+static int64_t clock_ms(void *ctx)
+{
+	(void)ctx;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The outcome of one update statement. */
+typedef struct upd_result {
+	int64_t matched, modified;
+	bool upserted;
+	bson_value_t upserted_id;
+	bson_t *before, *after; /* for findAndModify: the single document's images */
+} upd_result;
+
+/* Run one update statement in the open transaction (caller manages savepoints). Returns 0
+ * or a MongoDB code (message in x->err, dup filled for 11000). */
+static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t *sort,
+		      bool keep_images, upd_result *r, sdb_store_dup *dup)
+{
+	memset(r, 0, sizeof *r);
+	sdb_update_opts uo = {
+		.array_filters = s->have_af ? &s->array_filters : NULL,
+		.query = &s->q,
+		.clock = clock_ms,
+	};
+	sdb_update *u = NULL;
+	int code = 0;
+	if (sdb_update_parse_value(&s->u, &uo, &u, &code, x->err, sizeof x->err) != 0)
+		return code ? code : WIRE_ERR_FAILED_TO_PARSE;
+	if (s->multi && sdb_update_get_kind(u) == SDB_UPDATE_REPLACEMENT) {
+		sdb_update_free(u);
+		snprintf(x->err, sizeof x->err,
+			 "multi update is not supported for replacement-style update");
+		return WIRE_ERR_FAILED_TO_PARSE;
+	}
+	bson_t **docs = NULL;
+	size_t n = 0;
+	int rc = match_docs(x, coll, &s->q, sort, s->have_hint ? &s->hint : NULL,
+			    s->multi ? 0 : 1, &docs, &n, &code);
+	if (rc) {
+		sdb_update_free(u);
+		return code ? code : WIRE_ERR_BAD_VALUE;
+	}
+	int ret = 0;
+	for (size_t i = 0; i < n; i++) {
+		bson_t out;
+		bool changed = false;
+		if (sdb_update_apply(u, docs[i], false, &out, &changed, &code, x->err,
+				     sizeof x->err) != 0) {
+			bson_destroy(&out);
+			ret = code ? code : WIRE_ERR_BAD_VALUE;
+			break;
+		}
+		r->matched++;
+		if (changed) {
+			if (out.len > WIRE_MAX_BSON_SIZE) {
+				bson_destroy(&out);
+				snprintf(x->err, sizeof x->err,
+					 "Resulting document after update is larger than %d",
+					 WIRE_MAX_BSON_SIZE);
+				ret = WIRE_ERR_BSON_TOO_LARGE;
+				break;
+			}
+			rc = sdb_store_replace(x->conn, x->db, coll, docs[i], &out, x->origin, dup,
+					       x->err, sizeof x->err);
+			if (rc) {
+				bson_destroy(&out);
+				ret = write_code(rc, x->err);
+				if (dup && dup->set)
+					snprintf(x->err, sizeof x->err, "%s", dup->errmsg);
+				break;
+			}
+			r->modified++;
+		}
+		if (keep_images && !r->before) {
+			r->before = bson_copy(docs[i]);
+			r->after = bson_copy(&out);
+		}
+		bson_destroy(&out);
+	}
+	util_docs_free(docs, n);
+	if (ret == 0 && r->matched == 0 && s->upsert) {
+		bson_t doc;
+		if (sdb_update_upsert_doc(u, &s->q, &doc, &code, x->err, sizeof x->err) != 0) {
+			bson_destroy(&doc);
+			sdb_update_free(u);
+			return code ? code : WIRE_ERR_BAD_VALUE;
+		}
+		bson_t ready;
+		prepare_insert(&doc, &ready);
+		bson_destroy(&doc);
+		rc = sdb_store_insert(x->conn, x->db, coll, &ready, x->origin, dup, x->err,
+				      sizeof x->err);
+		if (rc) {
+			ret = write_code(rc, x->err);
+			if (dup && dup->set)
+				snprintf(x->err, sizeof x->err, "%s", dup->errmsg);
+		} else {
+			bson_iter_t it;
+			bson_iter_init_find(&it, &ready, "_id");
+			bson_value_copy(bson_iter_value(&it), &r->upserted_id);
+			r->upserted = true;
+			if (keep_images)
+				r->after = bson_copy(&ready);
+		}
+		bson_destroy(&ready);
+	}
+	sdb_update_free(u);
+	return ret;
+}
+
+static void upd_result_destroy(upd_result *r)
+{
+	if (r->upserted)
+		bson_value_destroy(&r->upserted_id);
+	if (r->before)
+		bson_destroy(r->before);
+	if (r->after)
+		bson_destroy(r->after);
+	memset(r, 0, sizeof *r);
+}
+
+void shard_cmd_update(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	bson_iter_t arr;
+	uint32_t count;
+	if (!get_array(x, "update", "updates", &arr, &count))
+		return;
+	bool ordered = get_ordered(x->cmd);
+	if (!shard_begin(x, true))
+		return;
+	werrs w = {.n = 0};
+	bson_init(&w.arr);
+	bson_t upserted = BSON_INITIALIZER;
+	int n_upserted = 0;
+	int64_t matched = 0, modified = 0, i = -1;
+	while (bson_iter_next(&arr)) {
+		i++;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
+			werr_add(&w, i, WIRE_ERR_TYPE_MISMATCH, "update statement must be an object",
+				 NULL);
+			if (ordered)
+				break;
+			continue;
+		}
+		uint32_t len;
+		const uint8_t *data;
+		bson_iter_document(&arr, &len, &data);
+		bson_t st;
+		bson_init_static(&st, data, len);
+		upd_stmt s;
+		int code = parse_upd_stmt(x, &st, &s);
+		if (code) {
+			upd_stmt_destroy(&s);
+			/* malformed statements fail the whole command, as mongod */
+			bson_destroy(&w.arr);
+			bson_destroy(&upserted);
+			shard_fail(x, code, "%s", x->err);
+			return;
+		}
+		upd_result r;
+		sdb_store_dup dup = {0};
+		sdb_store_savepoint(x->conn);
+		code = run_update(x, coll, &s, NULL, false, &r, &dup);
+		upd_stmt_destroy(&s);
+		if (code == 0) {
+			sdb_store_savepoint_release(x->conn);
+			matched += r.matched;
+			modified += r.modified;
+			if (r.upserted) {
+				char key[16];
+				snprintf(key, sizeof key, "%d", n_upserted++);
+				bson_t e;
+				BSON_APPEND_DOCUMENT_BEGIN(&upserted, key, &e);
+				BSON_APPEND_INT32(&e, "index", (int32_t)i);
+				BSON_APPEND_VALUE(&e, "_id", &r.upserted_id);
+				bson_append_document_end(&upserted, &e);
+			}
+			upd_result_destroy(&r);
+			sdb_store_dup_clear(&dup);
+			continue;
+		}
+		sdb_store_savepoint_rollback(x->conn);
+		upd_result_destroy(&r);
+		if (code == WIRE_ERR_INTERNAL) {
+			sdb_store_dup_clear(&dup);
+			bson_destroy(&w.arr);
+			bson_destroy(&upserted);
+			shard_fail(x, WIRE_ERR_INTERNAL, "update: %s", x->err);
+			return;
+		}
+		werr_add(&w, i, code, x->err, &dup);
+		sdb_store_dup_clear(&dup);
+		if (ordered)
+			break;
+	}
+	if (!shard_commit(x)) {
+		bson_destroy(&w.arr);
+		bson_destroy(&upserted);
+		return;
+	}
+	reply_write(x, matched + n_upserted, modified, true, &upserted, n_upserted, &w);
+	bson_destroy(&w.arr);
+	bson_destroy(&upserted);
+}
+
+/* ------------------------------------------------------------------ delete */
+
+void shard_cmd_delete(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	bson_iter_t arr;
+	uint32_t count;
+	if (!get_array(x, "delete", "deletes", &arr, &count))
+		return;
+	bool ordered = get_ordered(x->cmd);
+	if (!shard_begin(x, true))
+		return;
+	werrs w = {.n = 0};
+	bson_init(&w.arr);
+	int64_t n = 0, i = -1;
+	while (bson_iter_next(&arr)) {
+		i++;
+		bson_t st, q = BSON_INITIALIZER;
+		uint32_t len;
+		const uint8_t *data;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
+			werr_add(&w, i, WIRE_ERR_TYPE_MISMATCH, "delete statement must be an object",
+				 NULL);
+			if (ordered)
+				break;
+			continue;
+		}
+		bson_iter_document(&arr, &len, &data);
+		bson_init_static(&st, data, len);
+		bson_iter_t it, hint;
+		bool have_hint = false, have_q = false;
+		int64_t limit = -1;
+		if (bson_iter_init(&it, &st)) {
+			while (bson_iter_next(&it)) {
+				const char *k = bson_iter_key(&it);
+				if (strcmp(k, "q") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+					bson_iter_document(&it, &len, &data);
+					bson_t tmp;
+					bson_init_static(&tmp, data, len);
+					bson_destroy(&q);
+					bson_copy_to(&tmp, &q);
+					have_q = true;
+				} else if (strcmp(k, "limit") == 0 && BSON_ITER_HOLDS_NUMBER(&it)) {
+					limit = bson_iter_as_int64(&it);
+				} else if (strcmp(k, "hint") == 0 &&
+					   (BSON_ITER_HOLDS_UTF8(&it) ||
+					    BSON_ITER_HOLDS_DOCUMENT(&it))) {
+					hint = it;
+					have_hint = true;
+				}
+			}
+		}
+		if (!have_q || (limit != 0 && limit != 1)) {
+			bson_destroy(&q);
+			bson_destroy(&w.arr);
+			if (!have_q)
+				shard_fail(x, 40414, "BSON field 'delete.deletes.q' is missing but a "
+						     "required field");
+			else if (limit == -1)
+				shard_fail(x, 40414, "BSON field 'delete.deletes.limit' is missing "
+						     "but a required field");
+			else
+				shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+					   "The limit field in delete objects must be 0 or 1. Got "
+					   "%lld",
+					   (long long)limit);
+			return;
+		}
+		bson_t **docs = NULL;
+		size_t nd = 0;
+		int code = 0;
+		sdb_store_savepoint(x->conn);
+		int rc = match_docs(x, coll, &q, NULL, have_hint ? &hint : NULL, limit, &docs, &nd,
+				    &code);
+		bson_destroy(&q);
+		int64_t deleted = 0;
+		for (size_t j = 0; rc == 0 && j < nd; j++) {
+			rc = sdb_store_delete(x->conn, x->db, coll, docs[j], x->origin, x->err,
+					      sizeof x->err);
+			if (rc == 0)
+				deleted++;
+			else
+				code = WIRE_ERR_INTERNAL;
+		}
+		util_docs_free(docs, nd);
+		if (rc == 0) {
+			sdb_store_savepoint_release(x->conn);
+			n += deleted;
+			continue;
+		}
+		sdb_store_savepoint_rollback(x->conn);
+		werr_add(&w, i, code ? code : WIRE_ERR_BAD_VALUE, x->err, NULL);
+		if (ordered)
+			break;
+	}
+	if (!shard_commit(x)) {
+		bson_destroy(&w.arr);
+		return;
+	}
+	reply_write(x, n, 0, false, NULL, 0, &w);
+	bson_destroy(&w.arr);
+}
+
+/* ------------------------------------------------------------------ findAndModify */
+
+static void fam_fail_dup(shard_ctx *x, int code, sdb_store_dup *dup)
+{
+	if (code == WIRE_ERR_DUPLICATE_KEY && dup->set) {
+		bson_t *extra = bson_new();
+		BSON_APPEND_DOCUMENT(extra, "keyPattern", &dup->key_pattern);
+		BSON_APPEND_DOCUMENT(extra, "keyValue", &dup->key_value);
+		sdb_store_rollback(x->conn);
+		wire_req_error_extra(x->req, code, extra, "%s", dup->errmsg);
+		return;
+	}
+	shard_fail(x, code, "%s", x->err);
+}
+
+void shard_cmd_findandmodify(shard_ctx *x)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll)
+		return;
+	bson_t query = BSON_INITIALIZER, sort = BSON_INITIALIZER, fields = BSON_INITIALIZER;
+	bson_t af = BSON_INITIALIZER;
+	bool remove = false, want_new = false, upsert = false, have_update = false;
+	bool have_sort = false, have_fields = false, have_af = false, have_hint = false;
+	bson_iter_t it, update, hint;
+	sdb_projection *proj = NULL;
+	bool ok = bson_iter_init(&it, x->cmd);
+	while (ok && bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "query") == 0)
+			ok = util_get_doc(x, "findAndModify", &it, &query);
+		else if (strcmp(k, "sort") == 0) {
+			ok = util_get_doc(x, "findAndModify", &it, &sort);
+			have_sort = !bson_empty(&sort);
+		} else if (strcmp(k, "fields") == 0) {
+			ok = util_get_doc(x, "findAndModify", &it, &fields);
+			have_fields = !bson_empty(&fields);
+		} else if (strcmp(k, "remove") == 0)
+			remove = bson_iter_as_bool(&it);
+		else if (strcmp(k, "new") == 0)
+			want_new = bson_iter_as_bool(&it);
+		else if (strcmp(k, "upsert") == 0)
+			upsert = bson_iter_as_bool(&it);
+		else if (strcmp(k, "update") == 0) {
+			update = it;
+			have_update = true;
+		} else if (strcmp(k, "arrayFilters") == 0 && BSON_ITER_HOLDS_ARRAY(&it)) {
+			uint32_t len;
+			const uint8_t *d;
+			bson_iter_array(&it, &len, &d);
+			bson_t tmp;
+			bson_init_static(&tmp, d, len);
+			bson_destroy(&af);
+			bson_copy_to(&tmp, &af);
+			have_af = true;
+		} else if (strcmp(k, "hint") == 0 &&
+			   (BSON_ITER_HOLDS_UTF8(&it) || BSON_ITER_HOLDS_DOCUMENT(&it))) {
+			hint = it;
+			have_hint = true;
+		}
+	}
+	if (!ok)
+		goto out;
+	if (remove && have_update) {
+		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE, "Cannot specify both an update and "
+							"remove=true");
+		goto out;
+	}
+	if (!remove && !have_update) {
+		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+			   "Either an update or remove=true must be specified");
+		goto out;
+	}
+	if (remove && want_new) {
+		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+			   "Cannot specify both new=true and remove=true; 'remove' always returns "
+			   "the deleted document");
+		goto out;
+	}
+	if (remove && upsert) {
+		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+			   "Cannot specify both upsert=true and remove=true ");
+		goto out;
+	}
+	int code = 0;
+	if (have_fields &&
+	    sdb_projection_new(&fields, &proj, &code, x->err, sizeof x->err) != 0) {
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		goto out;
+	}
+	if (!shard_begin(x, true))
+		goto out;
+	bson_t *reply = bson_new();
+	bson_t leo;
+	const bson_t *value = NULL;
+	bson_t *value_own = NULL;
+	if (remove) {
+		bson_t **docs = NULL;
+		size_t n = 0;
+		int rc = match_docs(x, coll, &query, have_sort ? &sort : NULL,
+				    have_hint ? &hint : NULL, 1, &docs, &n, &code);
+		if (rc == 0 && n == 1)
+			rc = sdb_store_delete(x->conn, x->db, coll, docs[0], x->origin, x->err,
+					      sizeof x->err);
+		if (rc) {
+			util_docs_free(docs, n);
+			bson_destroy(reply);
+			shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
+			goto out;
+		}
+		BSON_APPEND_DOCUMENT_BEGIN(reply, "lastErrorObject", &leo);
+		BSON_APPEND_INT32(&leo, "n", (int32_t)n);
+		bson_append_document_end(reply, &leo);
+		if (n == 1)
+			value_own = bson_copy(docs[0]);
+		util_docs_free(docs, n);
+	} else {
+		upd_stmt s;
+		memset(&s, 0, sizeof s);
+		bson_copy_to(&query, &s.q);
+		bson_init(&s.array_filters);
+		if (have_af) {
+			bson_destroy(&s.array_filters);
+			bson_copy_to(&af, &s.array_filters);
+			s.have_af = true;
+		}
+		s.u = update;
+		s.have_u = true;
+		s.upsert = upsert;
+		s.multi = false;
+		if (have_hint) {
+			s.hint = hint;
+			s.have_hint = true;
+		}
+		upd_result r;
+		sdb_store_dup dup = {0};
+		code = run_update(x, coll, &s, have_sort ? &sort : NULL, true, &r, &dup);
+		upd_stmt_destroy(&s);
+		if (code) {
+			upd_result_destroy(&r);
+			bson_destroy(reply);
+			fam_fail_dup(x, code, &dup);
+			sdb_store_dup_clear(&dup);
+			goto out;
+		}
+		sdb_store_dup_clear(&dup);
+		BSON_APPEND_DOCUMENT_BEGIN(reply, "lastErrorObject", &leo);
+		BSON_APPEND_INT32(&leo, "n", (int32_t)(r.matched + (r.upserted ? 1 : 0)));
+		BSON_APPEND_BOOL(&leo, "updatedExisting", r.matched > 0);
+		if (r.upserted)
+			BSON_APPEND_VALUE(&leo, "upserted", &r.upserted_id);
+		bson_append_document_end(reply, &leo);
+		if (want_new && r.after)
+			value_own = bson_copy(r.after);
+		else if (!want_new && r.before)
+			value_own = bson_copy(r.before);
+		upd_result_destroy(&r);
+	}
+	if (!shard_commit(x)) {
+		bson_destroy(reply);
+		if (value_own)
+			bson_destroy(value_own);
+		goto out;
+	}
+	value = value_own;
+	if (value && proj) {
+		bson_t *p = bson_new();
+		sdb_projection_apply(proj, value, p, x->err, sizeof x->err);
+		bson_destroy(value_own);
+		value_own = p;
+		value = p;
+	}
+	if (value)
+		BSON_APPEND_DOCUMENT(reply, "value", value);
+	else
+		BSON_APPEND_NULL(reply, "value");
+	if (value_own)
+		bson_destroy(value_own);
+	wire_req_reply(x->req, reply);
+out:
+	sdb_projection_free(proj);
+	bson_destroy(&query);
+	bson_destroy(&sort);
+	bson_destroy(&fields);
+	bson_destroy(&af);
+}

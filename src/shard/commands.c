@@ -1,0 +1,162 @@
+/* Command table of the shard role and helpers shared by the command files. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "shard/shard.h"
+
+typedef struct cmd_entry {
+	const char *name;
+	shard_cmd_fn fn;
+} cmd_entry;
+
+static const cmd_entry cmd_table[] = {
+	{"find", shard_cmd_find},
+	{"getMore", shard_cmd_getmore},
+	{"killCursors", shard_cmd_killcursors},
+	{"count", shard_cmd_count},
+	{"distinct", shard_cmd_distinct},
+	{"aggregate", shard_cmd_aggregate},
+	{"explain", shard_cmd_explain},
+	{"stripedbSnapshot", shard_cmd_snapshot},
+	{"insert", shard_cmd_insert},
+	{"update", shard_cmd_update},
+	{"delete", shard_cmd_delete},
+	{"findAndModify", shard_cmd_findandmodify},
+	{"findandmodify", shard_cmd_findandmodify},
+	{"create", shard_cmd_create},
+	{"drop", shard_cmd_drop},
+	{"createIndexes", shard_cmd_create_indexes},
+	{"dropIndexes", shard_cmd_drop_indexes},
+	{"deleteIndexes", shard_cmd_drop_indexes},
+	{"listIndexes", shard_cmd_list_indexes},
+	{"listCollections", shard_cmd_list_collections},
+	{"listDatabases", shard_cmd_list_databases},
+	{"dropDatabase", shard_cmd_drop_database},
+	{"collStats", shard_cmd_coll_stats},
+	{"dbStats", shard_cmd_db_stats},
+	{"stripedbSetVersion", shard_cmd_set_version},
+	{"stripedbCheck", shard_cmd_check},
+};
+
+#define N_CMDS (sizeof cmd_table / sizeof cmd_table[0])
+
+static sdb_counter *cmd_counters[N_CMDS];
+
+static void dispatch(wire_req *req, void *role_data)
+{
+	shard *sh = role_data;
+	const char *name = wire_req_name(req);
+	for (size_t i = 0; i < N_CMDS; i++) {
+		if (strcmp(cmd_table[i].name, name) == 0) {
+			sdb_counter_inc(cmd_counters[i]);
+			shard_pool_submit(sh, cmd_table[i].fn, req);
+			return;
+		}
+	}
+	wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'", name);
+}
+
+void shard_register_commands(shard *sh)
+{
+	for (size_t i = 0; i < N_CMDS; i++) {
+		char labels[96];
+		snprintf(labels, sizeof labels, "role=\"shard\",cmd=\"%s\"", cmd_table[i].name);
+		cmd_counters[i] = sdb_metrics_counter("stripedb_shard_commands_total",
+						      "Commands received by the shard role", labels);
+		wire_server_register(sh->srv, cmd_table[i].name, dispatch);
+	}
+}
+
+void shard_fail(shard_ctx *x, int code, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	sdb_store_rollback(x->conn);
+	wire_req_error(x->req, code, "%s", msg);
+}
+
+int shard_code_of(int rc)
+{
+	switch (rc) {
+	case SDB_EEXISTS:
+		return WIRE_ERR_DUPLICATE_KEY;
+	case SDB_ENOTFOUND:
+		return WIRE_ERR_NAMESPACE_NOT_FOUND;
+	case SDB_EINVAL:
+		return WIRE_ERR_BAD_VALUE;
+	case SDB_ESTALE:
+		return WIRE_ERR_STALE_CONFIG;
+	case SDB_ETOOBIG:
+		return WIRE_ERR_BSON_TOO_LARGE;
+	default:
+		return WIRE_ERR_INTERNAL;
+	}
+}
+
+bool shard_begin(shard_ctx *x, bool write)
+{
+	int rc = sdb_store_begin(x->conn, write, x->err, sizeof x->err);
+	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "shard: %s", x->err);
+		return false;
+	}
+	if (!x->chunk)
+		return true;
+	int64_t stored = 0;
+	rc = sdb_store_version_check(x->conn, x->chunk, x->token, &stored, x->err,
+				     sizeof x->err);
+	if (rc == SDB_ESTALE) {
+		sdb_store_rollback(x->conn);
+		bson_t *extra = bson_new();
+		BSON_APPEND_UTF8(extra, "chunk", x->chunk);
+		BSON_APPEND_INT64(extra, "storedToken", stored);
+		BSON_APPEND_INT64(extra, "requestToken", x->token);
+		wire_req_error_extra(x->req, WIRE_ERR_STALE_CONFIG, extra,
+				     "StaleConfig: chunk %s has version token %lld, the request "
+				     "carries %lld",
+				     x->chunk, (long long)stored, (long long)x->token);
+		return false;
+	}
+	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "shard: %s", x->err);
+		return false;
+	}
+	return true;
+}
+
+bool shard_commit(shard_ctx *x)
+{
+	int rc = sdb_store_commit(x->conn, x->err, sizeof x->err);
+	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "shard: commit: %s", x->err);
+		return false;
+	}
+	shard_oplog_notify(x->sh);
+	return true;
+}
+
+const char *shard_coll_arg(shard_ctx *x)
+{
+	bson_iter_t it;
+	if (!bson_iter_init(&it, x->cmd) || !bson_iter_next(&it) || !BSON_ITER_HOLDS_UTF8(&it)) {
+		shard_fail(x, WIRE_ERR_INVALID_NAMESPACE,
+			   "collection name has invalid type %s",
+			   "(expected a string)");
+		return NULL;
+	}
+	const char *c = bson_iter_utf8(&it, NULL);
+	if (!*c) {
+		shard_fail(x, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace specified '%s.'",
+			   x->db);
+		return NULL;
+	}
+	return c;
+}

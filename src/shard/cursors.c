@@ -1,0 +1,185 @@
+/* The shard's cursor registry: materialized results (and tailable oplog cursors) kept
+ * between find/aggregate and getMore, reaped after SHARD_CURSOR_IDLE_MS of idleness. */
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "shard/shard.h"
+
+static int64_t random_id(void)
+{
+	uint64_t v = 0;
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		if (read(fd, &v, sizeof v) != (ssize_t)sizeof v)
+			v = 0;
+		close(fd);
+	}
+	if (v == 0)
+		v = uv_hrtime() * 2654435761u;
+	v &= 0x7fffffffffffffffULL; /* positive, as mongod's */
+	return v ? (int64_t)v : 1;
+}
+
+int64_t shard_cursor_add(shard *sh, shard_cursor *c)
+{
+	pthread_mutex_lock(&sh->cur_mu);
+	for (;;) {
+		c->id = random_id();
+		bool clash = false;
+		for (shard_cursor *o = sh->cursors; o; o = o->next)
+			if (o->id == c->id)
+				clash = true;
+		if (!clash)
+			break;
+	}
+	c->last_used_ms = uv_hrtime() / 1000000;
+	c->next = sh->cursors;
+	sh->cursors = c;
+	int64_t id = c->id;
+	pthread_mutex_unlock(&sh->cur_mu);
+	return id;
+}
+
+shard_cursor *shard_cursor_take(shard *sh, int64_t id, bool *busy)
+{
+	*busy = false;
+	pthread_mutex_lock(&sh->cur_mu);
+	shard_cursor *c = sh->cursors;
+	while (c && c->id != id)
+		c = c->next;
+	if (c && c->busy) {
+		*busy = true;
+		c = NULL;
+	} else if (c) {
+		c->busy = true;
+	}
+	pthread_mutex_unlock(&sh->cur_mu);
+	return c;
+}
+
+static void unlink_locked(shard *sh, shard_cursor *c)
+{
+	shard_cursor **pp = &sh->cursors;
+	while (*pp && *pp != c)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = c->next;
+}
+
+void shard_cursor_put(shard *sh, shard_cursor *c, bool drop)
+{
+	pthread_mutex_lock(&sh->cur_mu);
+	c->busy = false;
+	c->last_used_ms = uv_hrtime() / 1000000;
+	if (drop)
+		unlink_locked(sh, c);
+	pthread_mutex_unlock(&sh->cur_mu);
+	if (drop)
+		shard_cursor_free(c);
+}
+
+bool shard_cursor_kill(shard *sh, int64_t id)
+{
+	pthread_mutex_lock(&sh->cur_mu);
+	shard_cursor *c = sh->cursors;
+	while (c && c->id != id)
+		c = c->next;
+	bool found = c != NULL;
+	if (c && !c->busy) {
+		unlink_locked(sh, c);
+	} else if (c) {
+		/* in use by a getMore: let it finish; it will be reaped as idle */
+		c->last_used_ms = 0;
+		c = NULL;
+	}
+	pthread_mutex_unlock(&sh->cur_mu);
+	if (c)
+		shard_cursor_free(c);
+	return found;
+}
+
+void shard_cursor_free(shard_cursor *c)
+{
+	if (!c)
+		return;
+	for (size_t i = c->pos; i < c->n_docs; i++)
+		bson_destroy(c->docs[i]);
+	free(c->docs);
+	free(c->ns);
+	bson_destroy(&c->filter);
+	free(c);
+}
+
+void shard_cursors_reap(shard *sh, uint64_t now_ms, uint64_t idle_ms)
+{
+	shard_cursor *dead = NULL;
+	pthread_mutex_lock(&sh->cur_mu);
+	shard_cursor **pp = &sh->cursors;
+	while (*pp) {
+		shard_cursor *c = *pp;
+		if (!c->busy && now_ms - c->last_used_ms >= idle_ms) {
+			*pp = c->next;
+			c->next = dead;
+			dead = c;
+		} else {
+			pp = &c->next;
+		}
+	}
+	pthread_mutex_unlock(&sh->cur_mu);
+	while (dead) {
+		shard_cursor *n = dead->next;
+		shard_cursor_free(dead);
+		dead = n;
+	}
+}
+
+void shard_cursors_free_all(shard *sh)
+{
+	shard_cursors_reap(sh, UINT64_MAX, 0);
+}
+
+void shard_cursor_reply(bson_t *reply, const char *ns, int64_t id, bool first, bson_t **docs,
+			size_t n, size_t batch, size_t *taken, const bson_t *extra)
+{
+	bson_t cur, arr;
+	size_t k = 0, bytes = 0;
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "cursor", &cur);
+	BSON_APPEND_ARRAY_BEGIN(&cur, first ? "firstBatch" : "nextBatch", &arr);
+	for (; k < n; k++) {
+		if (batch && k >= batch)
+			break;
+		if (k > 0 && bytes + docs[k]->len > SHARD_MAX_REPLY_BYTES)
+			break;
+		char key[16];
+		const char *kp;
+		bson_uint32_to_string((uint32_t)k, &kp, key, sizeof key);
+		bson_append_document(&arr, kp, -1, docs[k]);
+		bytes += docs[k]->len;
+	}
+	bson_append_array_end(&cur, &arr);
+	BSON_APPEND_INT64(&cur, "id", id);
+	BSON_APPEND_UTF8(&cur, "ns", ns);
+	if (extra) {
+		bson_iter_t it;
+		if (bson_iter_init(&it, extra))
+			while (bson_iter_next(&it))
+				bson_append_iter(&cur, bson_iter_key(&it), -1, &it);
+	}
+	bson_append_document_end(reply, &cur);
+	*taken = k;
+}
+
+size_t shard_batch_fit(bson_t **docs, size_t n, size_t batch)
+{
+	size_t k = 0, bytes = 0;
+	for (; k < n; k++) {
+		if (batch && k >= batch)
+			break;
+		if (k > 0 && bytes + docs[k]->len > SHARD_MAX_REPLY_BYTES)
+			break;
+		bytes += docs[k]->len;
+	}
+	return k;
+}

@@ -1,0 +1,143 @@
+/* The shard's worker pool: each worker owns one store connection (SQLite connections are
+ * per thread) and runs queued commands to completion. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "shard/shard.h"
+
+/* Parse $stripedbOrigin and $stripedbVersion of the command into x. Replies and returns
+ * false when they are malformed. */
+static bool ctx_parse_ext(shard_ctx *x)
+{
+	bson_iter_t it, sub;
+	if (bson_iter_init_find(&it, x->cmd, "$stripedbOrigin")) {
+		if (!BSON_ITER_HOLDS_UTF8(&it)) {
+			shard_fail(x, WIRE_ERR_BAD_VALUE, "$stripedbOrigin must be a string");
+			return false;
+		}
+		x->origin = bson_iter_utf8(&it, NULL);
+	}
+	if (bson_iter_init_find(&it, x->cmd, "$stripedbVersion")) {
+		bool ok = BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &sub);
+		bool have_chunk = false, have_token = false;
+		while (ok && bson_iter_next(&sub)) {
+			if (strcmp(bson_iter_key(&sub), "chunk") == 0 && BSON_ITER_HOLDS_UTF8(&sub)) {
+				x->chunk = bson_iter_utf8(&sub, NULL);
+				have_chunk = true;
+			} else if (strcmp(bson_iter_key(&sub), "token") == 0 &&
+				   BSON_ITER_HOLDS_NUMBER(&sub)) {
+				x->token = bson_iter_as_int64(&sub);
+				have_token = true;
+			}
+		}
+		if (!ok || !have_chunk || !have_token) {
+			x->chunk = NULL;
+			shard_fail(x, WIRE_ERR_BAD_VALUE,
+				   "$stripedbVersion must be {chunk: <string>, token: <number>}");
+			return false;
+		}
+	}
+	return true;
+}
+
+typedef struct worker_arg {
+	shard *sh;
+	int idx;
+	sdb_store_conn *conn;
+} worker_arg;
+
+static void *worker_main(void *arg)
+{
+	worker_arg *wa = arg;
+	shard *sh = wa->sh;
+	char node[16];
+	snprintf(node, sizeof node, "w%d", wa->idx);
+	sdb_log_set_thread("shard", node);
+	for (;;) {
+		pthread_mutex_lock(&sh->mu);
+		while (!sh->head && !sh->stopping)
+			pthread_cond_wait(&sh->cv, &sh->mu);
+		shard_job *job = sh->head;
+		if (job) {
+			sh->head = job->next;
+			if (!sh->head)
+				sh->tail = NULL;
+		}
+		pthread_mutex_unlock(&sh->mu);
+		if (!job)
+			break; /* stopping and the queue is drained */
+		shard_ctx x;
+		memset(&x, 0, sizeof x);
+		x.sh = sh;
+		x.conn = wa->conn;
+		x.req = job->req;
+		x.cmd = wire_req_cmd(job->req);
+		x.db = wire_req_db(job->req);
+		if (ctx_parse_ext(&x))
+			job->fn(&x);
+		/* a handler that failed half-way must not leave its transaction open */
+		sdb_store_rollback(wa->conn);
+		free(job);
+	}
+	sdb_store_conn_close(wa->conn);
+	free(wa);
+	return NULL;
+}
+
+int shard_pool_start(shard *sh, char *err, size_t errlen)
+{
+	for (int i = 0; i < SHARD_WORKERS; i++) {
+		worker_arg *wa = sdb_calloc(1, sizeof *wa);
+		wa->sh = sh;
+		wa->idx = i;
+		int rc = sdb_store_conn_open(sh->store, &wa->conn, err, errlen);
+		if (rc) {
+			free(wa);
+			return rc;
+		}
+		if (pthread_create(&sh->threads[i], NULL, worker_main, wa) != 0) {
+			sdb_store_conn_close(wa->conn);
+			free(wa);
+			return sdb_errf(err, errlen, SDB_EIO, "shard: cannot start worker thread");
+		}
+		sh->n_threads++;
+	}
+	return 0;
+}
+
+void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req)
+{
+	shard_job *job = sdb_calloc(1, sizeof *job);
+	job->fn = fn;
+	job->req = req;
+	pthread_mutex_lock(&sh->mu);
+	if (sh->tail)
+		sh->tail->next = job;
+	else
+		sh->head = job;
+	sh->tail = job;
+	pthread_cond_signal(&sh->cv);
+	pthread_mutex_unlock(&sh->mu);
+}
+
+void shard_pool_stop(shard *sh)
+{
+	pthread_mutex_lock(&sh->mu);
+	sh->stopping = true;
+	pthread_cond_broadcast(&sh->cv);
+	pthread_mutex_unlock(&sh->mu);
+	shard_oplog_notify(sh);
+	for (int i = 0; i < sh->n_threads; i++)
+		pthread_join(sh->threads[i], NULL);
+	sh->n_threads = 0;
+}
+
+void shard_oplog_notify(shard *sh)
+{
+	pthread_mutex_lock(&sh->oplog_mu);
+	pthread_cond_broadcast(&sh->oplog_cv);
+	pthread_mutex_unlock(&sh->oplog_mu);
+}

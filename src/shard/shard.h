@@ -1,0 +1,175 @@
+/* The shard role's internals (src/shard/): a worker pool running commands against the
+ * store (storage/store.h) off the loop thread, and the cursor registry.
+ *
+ * Threading: wire handlers run on the role's loop thread and only enqueue a job; each of
+ * SHARD_WORKERS threads owns one sdb_store_conn and runs jobs to completion, replying with
+ * wire_req_reply/wire_req_error (thread-safe). Write transactions are serialized by the
+ * store; reads run concurrently on WAL snapshots.
+ *
+ * Command extensions (documented in docs of issue #4):
+ *   $stripedbVersion: {chunk: "ID", token: N}  on any command: StaleConfig 13388
+ *        ({ok: 0, code: 13388, codeName: "StaleConfig", errmsg, chunk, storedToken}) when N
+ *        is older than the stored token, checked in the command's own transaction.
+ *   $stripedbOrigin: "mig-42"                  on writes: recorded as `origin` in every
+ *        oplog entry the command writes.
+ *   {stripedbSetVersion: 1, chunk: ID, token: N} -> {ok: 1, chunk, token: stored}: moves the
+ *        token forward only.
+ *   {stripedbCheck: 1} -> {ok: 1, problems: [...], nProblems}: indexes vs collections and
+ *        oplog vs data (sdb_store_check).
+ *   {stripedbSnapshot: "coll", filter: {...}, projection?, sort?, batchSize?}: the
+ *        documents of one consistent read transaction plus `atOplogTs` (the newest oplog
+ *        ts of that snapshot: replay the oplog from ts > atOplogTs to catch up); the reply
+ *        is a cursor {cursor: {id, ns, firstBatch, atOplogTs}} drained with getMore.
+ *   find also accepts `stripedbSnapshot: true` with the same effect on its reply.
+ */
+#ifndef SDB_SHARD_SHARD_H
+#define SDB_SHARD_SHARD_H
+
+#include <bson/bson.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/role.h"
+#include "storage/store.h"
+#include "wire/server.h"
+
+#define SHARD_WORKERS 8
+#define SHARD_CURSOR_IDLE_MS (10 * 60 * 1000)
+#define SHARD_DEFAULT_BATCH 101
+#define SHARD_MAX_REPLY_BYTES (16 * 1024 * 1024 - 64 * 1024)
+
+typedef struct shard shard;
+typedef struct shard_ctx shard_ctx;
+typedef struct shard_cursor shard_cursor;
+
+/* A command body run on a worker thread. It must complete x->req exactly once. */
+typedef void (*shard_cmd_fn)(shard_ctx *x);
+
+struct shard_ctx {
+	shard *sh;
+	sdb_store_conn *conn;
+	wire_req *req;
+	const bson_t *cmd;
+	const char *db;
+	const char *origin;  /* $stripedbOrigin or NULL */
+	const char *chunk;   /* $stripedbVersion.chunk or NULL */
+	int64_t token;
+	char err[512];
+};
+
+typedef struct shard_job {
+	struct shard_job *next;
+	shard_cmd_fn fn;
+	wire_req *req;
+} shard_job;
+
+struct shard {
+	sdb_role *role;
+	sdb_store *store;
+	wire_server *srv;
+	/* pool */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	shard_job *head, *tail;
+	bool stopping;
+	pthread_t threads[SHARD_WORKERS];
+	int n_threads;
+	/* oplog commit notifications for awaitData */
+	pthread_mutex_t oplog_mu;
+	pthread_cond_t oplog_cv;
+	/* cursors */
+	pthread_mutex_t cur_mu;
+	shard_cursor *cursors; /* linked list */
+	uv_timer_t reap_timer;
+};
+
+/* --- pool.c --- */
+int shard_pool_start(shard *sh, char *err, size_t errlen);
+/* Queue fn for req (loop thread). */
+void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req);
+/* Stop and join every worker (blocks until running jobs finish). */
+void shard_pool_stop(shard *sh);
+/* Wake awaitData waiters after a commit that wrote the oplog. */
+void shard_oplog_notify(shard *sh);
+
+/* --- cursors.c --- */
+struct shard_cursor {
+	shard_cursor *next;
+	int64_t id;
+	char *ns; /* db.coll */
+	bson_t **docs;
+	size_t n_docs, pos;
+	bool tailable, await_data;
+	uint64_t last_ts; /* tailable oplog cursors: newest ts returned */
+	bson_t filter;    /* tailable: the filter re-applied to new entries */
+	bool busy;        /* checked out by a getMore */
+	uint64_t last_used_ms;
+};
+/* Register a cursor over docs (ownership taken) and return its id (random, non-zero). */
+int64_t shard_cursor_add(shard *sh, shard_cursor *c);
+/* Check a cursor out for a getMore (busy until shard_cursor_put). NULL if unknown or busy;
+ * *busy tells which. */
+shard_cursor *shard_cursor_take(shard *sh, int64_t id, bool *busy);
+/* Return a cursor after a getMore; drop it when exhausted (not tailable) or dead. */
+void shard_cursor_put(shard *sh, shard_cursor *c, bool drop);
+/* Kill by id; true if it existed. */
+bool shard_cursor_kill(shard *sh, int64_t id);
+void shard_cursor_free(shard_cursor *c);
+void shard_cursors_reap(shard *sh, uint64_t now_ms, uint64_t idle_ms);
+void shard_cursors_free_all(shard *sh);
+
+/* Build a cursor reply {cursor: {firstBatch|nextBatch: docs[from..], id, ns}} taking up
+ * to batch documents (0 = default 101 first / all for getMore) and at most
+ * SHARD_MAX_REPLY_BYTES; *taken gets the count. */
+void shard_cursor_reply(bson_t *reply, const char *ns, int64_t id, bool first, bson_t **docs,
+			size_t n, size_t batch, size_t *taken, const bson_t *extra_cursor_fields);
+
+/* How many of docs[0..n) fit one batch of at most batch documents (0 = no count limit)
+ * and SHARD_MAX_REPLY_BYTES bytes (always at least one when n > 0). */
+size_t shard_batch_fit(bson_t **docs, size_t n, size_t batch);
+
+/* --- commands (commands_*.c) --- */
+void shard_register_commands(shard *sh);
+
+/* helpers shared by command files (commands.c) */
+/* Begin a transaction and check $stripedbVersion; on failure replies and returns false. */
+bool shard_begin(shard_ctx *x, bool write);
+/* Commit; on failure replies with an error and returns false. On success notifies tailers
+ * when write. */
+bool shard_commit(shard_ctx *x);
+/* The collection name of a command ({find: "c"}): the first field as a string, or NULL
+ * after replying InvalidNamespace. */
+const char *shard_coll_arg(shard_ctx *x);
+/* Reply with a MongoDB error code and message (the message copied). */
+void shard_fail(shard_ctx *x, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Map a store error to a MongoDB code. */
+int shard_code_of(int rc);
+
+void shard_cmd_find(shard_ctx *x);
+void shard_cmd_getmore(shard_ctx *x);
+void shard_cmd_killcursors(shard_ctx *x);
+void shard_cmd_count(shard_ctx *x);
+void shard_cmd_distinct(shard_ctx *x);
+void shard_cmd_aggregate(shard_ctx *x);
+void shard_cmd_explain(shard_ctx *x);
+void shard_cmd_snapshot(shard_ctx *x);
+void shard_cmd_insert(shard_ctx *x);
+void shard_cmd_update(shard_ctx *x);
+void shard_cmd_delete(shard_ctx *x);
+void shard_cmd_findandmodify(shard_ctx *x);
+void shard_cmd_create(shard_ctx *x);
+void shard_cmd_drop(shard_ctx *x);
+void shard_cmd_create_indexes(shard_ctx *x);
+void shard_cmd_drop_indexes(shard_ctx *x);
+void shard_cmd_list_indexes(shard_ctx *x);
+void shard_cmd_list_collections(shard_ctx *x);
+void shard_cmd_list_databases(shard_ctx *x);
+void shard_cmd_drop_database(shard_ctx *x);
+void shard_cmd_coll_stats(shard_ctx *x);
+void shard_cmd_db_stats(shard_ctx *x);
+void shard_cmd_set_version(shard_ctx *x);
+void shard_cmd_check(shard_ctx *x);
+
+#endif

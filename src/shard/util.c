@@ -1,0 +1,93 @@
+/* Helpers of the shard's command files (see util.h). */
+#include <math.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "shard/util.h"
+
+const char *util_type_name(bson_type_t t)
+{
+	switch (t) {
+	case BSON_TYPE_DOUBLE: return "double";
+	case BSON_TYPE_UTF8: return "string";
+	case BSON_TYPE_DOCUMENT: return "object";
+	case BSON_TYPE_ARRAY: return "array";
+	case BSON_TYPE_BINARY: return "binData";
+	case BSON_TYPE_UNDEFINED: return "undefined";
+	case BSON_TYPE_OID: return "objectId";
+	case BSON_TYPE_BOOL: return "bool";
+	case BSON_TYPE_DATE_TIME: return "date";
+	case BSON_TYPE_NULL: return "null";
+	case BSON_TYPE_REGEX: return "regex";
+	case BSON_TYPE_DBPOINTER: return "dbPointer";
+	case BSON_TYPE_CODE: return "javascript";
+	case BSON_TYPE_SYMBOL: return "symbol";
+	case BSON_TYPE_CODEWSCOPE: return "javascriptWithScope";
+	case BSON_TYPE_INT32: return "int";
+	case BSON_TYPE_TIMESTAMP: return "timestamp";
+	case BSON_TYPE_INT64: return "long";
+	case BSON_TYPE_DECIMAL128: return "decimal";
+	case BSON_TYPE_MINKEY: return "minKey";
+	case BSON_TYPE_MAXKEY: return "maxKey";
+	default: return "unknown";
+	}
+}
+
+bool util_get_doc(shard_ctx *x, const char *cmd, const bson_iter_t *it, bson_t *out)
+{
+	if (!BSON_ITER_HOLDS_DOCUMENT(it)) {
+		shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+			   "BSON field '%s.%s' is the wrong type '%s', expected type 'object'", cmd,
+			   bson_iter_key(it), util_type_name(bson_iter_type(it)));
+		return false;
+	}
+	uint32_t len;
+	const uint8_t *d;
+	bson_iter_document(it, &len, &d);
+	bson_t tmp;
+	if (!bson_init_static(&tmp, d, len)) {
+		shard_fail(x, WIRE_ERR_BAD_VALUE, "BSON field '%s.%s' is not valid BSON", cmd,
+			   bson_iter_key(it));
+		return false;
+	}
+	/* out may already hold an initialised empty document: replace it */
+	bson_destroy(out);
+	bson_copy_to(&tmp, out);
+	return true;
+}
+
+bool util_get_int(shard_ctx *x, const char *cmd, const bson_iter_t *it, int64_t *out)
+{
+	if (BSON_ITER_HOLDS_INT32(it) || BSON_ITER_HOLDS_INT64(it)) {
+		*out = bson_iter_as_int64(it);
+		return true;
+	}
+	if (BSON_ITER_HOLDS_DOUBLE(it)) {
+		double d = bson_iter_double(it);
+		if (isfinite(d) && d == floor(d) && fabs(d) < 9.2e18) {
+			*out = (int64_t)d;
+			return true;
+		}
+	}
+	shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+		   "BSON field '%s.%s' is the wrong type '%s', expected types '[long, int, "
+		   "decimal, double']",
+		   cmd, bson_iter_key(it), util_type_name(bson_iter_type(it)));
+	return false;
+}
+
+void util_docs_free(bson_t **docs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		bson_destroy(docs[i]);
+	free(docs);
+}
+
+void util_docs_push(bson_t ***docs, size_t *n, size_t *cap, bson_t *d)
+{
+	if (*n == *cap) {
+		*cap = *cap ? *cap * 2 : 16;
+		*docs = sdb_realloc(*docs, *cap * sizeof **docs);
+	}
+	(*docs)[(*n)++] = d;
+}

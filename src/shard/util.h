@@ -1,0 +1,25 @@
+/* Small helpers of the shard's command files: typed command fields with MongoDB's error
+ * messages, and arrays of documents. */
+#ifndef SDB_SHARD_UTIL_H
+#define SDB_SHARD_UTIL_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shard/shard.h"
+
+/* The document at it into *out (read-only view into the command). Replies TypeMismatch
+ * 14 ("BSON field 'CMD.F' is the wrong type 'T', expected type 'object'") and returns
+ * false otherwise. */
+bool util_get_doc(shard_ctx *x, const char *cmd, const bson_iter_t *it, bson_t *out);
+/* A whole number (int32, int64 or integral double) at it. Replies 14 otherwise. */
+bool util_get_int(shard_ctx *x, const char *cmd, const bson_iter_t *it, int64_t *out);
+/* MongoDB's name of a BSON type ("object", "string", ...). */
+const char *util_type_name(bson_type_t t);
+
+/* Arrays of heap documents (bson_new/bson_copy). */
+void util_docs_push(bson_t ***docs, size_t *n, size_t *cap, bson_t *d);
+void util_docs_free(bson_t **docs, size_t n);
+
+#endif

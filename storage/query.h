@@ -1,0 +1,68 @@
+/* The embedded shard's query planner and executor: filter + sort + skip + limit over a
+ * collection of storage/store.h, through an index when one helps (issue #4).
+ *
+ * Planner (deliberately simple, after MongoDB's single-solution cases):
+ *   1. a hint ({$natural: 1|-1}, an index name, or a key pattern) forces the plan;
+ *      an unknown hint fails with code 2 BadValue "hint provided does not correspond to
+ *      an existing index";
+ *   2. equality/$in on _id -> point lookups on the collection itself (IXSCAN of "_id_");
+ *   3. otherwise the secondary index whose first field has the tightest bounds
+ *      (sdb_matcher_bounds: points beat ranges), ties broken by the index that also
+ *      provides the sort;
+ *   4. otherwise an index (or _id) whose key pattern equals the sort spec (or its exact
+ *      reverse) to avoid a blocking sort;
+ *   5. otherwise a collection scan (COLLSCAN).
+ * The matcher always re-checks every candidate document, so bounds only need to be a
+ * superset. A sort the plan does not provide is done in memory (stable, MongoDB order)
+ * after filtering; with a limit, only skip + limit documents are kept... not yet: the
+ * whole filtered set is held (bounded by the 100 MB blocking-sort limit, error 292).
+ *
+ * explain (find/count/aggregate/... {explain: ...}): queryPlanner.winningPlan is
+ *   {stage: "IXSCAN", indexName, keyPattern, direction: "forward"|"backward",
+ *    isMultiKey: true}  or  {stage: "COLLSCAN", direction}
+ * with `sortStage: true` when an in-memory sort follows; executionStats has nReturned,
+ * totalKeysExamined, totalDocsExamined, executionTimeMillis.
+ */
+#ifndef SDB_STORAGE_QUERY_H
+#define SDB_STORAGE_QUERY_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "storage/store.h"
+
+typedef struct sdb_query sdb_query;
+
+typedef struct sdb_query_spec {
+	const bson_t *filter; /* NULL = {} */
+	const bson_t *sort;   /* NULL or {} = none */
+	const bson_iter_t *hint; /* NULL = none; a string (index name) or a document */
+	int64_t skip;         /* >= 0 */
+	int64_t limit;        /* 0 = no limit */
+	size_t max_sort_bytes; /* 0 = 100 MB */
+} sdb_query_spec;
+
+/* Plan and open a query over db.coll in the connection's open transaction. A missing
+ * collection is an empty result. Returns 0 and *out (free with sdb_query_free before the
+ * transaction ends), or SDB_EINVAL with *code (2, 9, 14, 15975, 51108, ...) and a MongoDB
+ * message in err. */
+int sdb_query_open(sdb_store_conn *c, const char *db, const char *coll,
+		   const sdb_query_spec *spec, sdb_query **out, int *code, char *err,
+		   size_t errlen);
+
+/* Next result: 1 with *doc (borrowed, valid until the next call), 0 at the end, <0 on
+ * error (*code set, e.g. 292 for the sort memory limit, 1 for a storage error). */
+int sdb_query_next(sdb_query *q, const bson_t **doc, int *code, char *err, size_t errlen);
+
+/* Append the explain sections for this query: queryPlanner {namespace, parsedQuery,
+ * winningPlan, rejectedPlans: []} and, when stats is true, executionStats. Drain the
+ * query (sdb_query_next until 0) first for exact stats. */
+void sdb_query_explain(const sdb_query *q, bool stats, bson_t *out);
+
+/* Counters so far. */
+void sdb_query_stats(const sdb_query *q, int64_t *n_returned, int64_t *keys, int64_t *docs);
+
+void sdb_query_free(sdb_query *q);
+
+#endif

@@ -1,0 +1,2299 @@
+/* The embedded shard's durable store on SQLite: see store.h for the on-disk layout. */
+#include "storage/store.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "storage/keyenc.h"
+#include "storage/path.h"
+
+#define STORE_FORMAT 1
+#define STORE_DEFAULT_OPLOG_BYTES (256LL * 1024 * 1024)
+#define STORE_STMT_CACHE 64
+
+struct sdb_store {
+	char *path; /* DIR/shard.db */
+	sdb_store_opts opts;
+	pthread_mutex_t write_mu; /* serializes write transactions inside the process */
+	pthread_mutex_t ts_mu;
+	uint64_t last_ts;              /* newest ts allocated (under ts_mu) */
+	_Atomic uint64_t committed_ts; /* newest ts committed */
+	int64_t oplog_bytes;           /* bytes in the oplog table (under write_mu) */
+	uint64_t writes_since_trim;    /* under write_mu */
+};
+
+typedef struct stmt_slot {
+	char *sql;
+	sqlite3_stmt *stmt;
+} stmt_slot;
+
+struct sdb_store_conn {
+	sdb_store *st;
+	sqlite3 *db;
+	stmt_slot stmts[STORE_STMT_CACHE];
+	unsigned stmt_next; /* round-robin eviction */
+	bool in_txn, write;
+	int savepoints;
+	/* catalog cache, valid for catalog_gen */
+	int64_t cache_gen;
+	size_t n_colls;
+	sdb_store_coll *colls;
+	/* per-transaction accounting applied at commit */
+	int64_t pending_oplog_bytes;
+	uint64_t pending_ts;
+	bool ddl;
+};
+
+/* ------------------------------------------------------------------ helpers */
+
+static int64_t default_clock_ms(void *arg)
+{
+	(void)arg;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t store_now_ms(const sdb_store *st)
+{
+	return st->opts.clock_ms(st->opts.clock_arg);
+}
+
+static int sqlerr(sqlite3 *db, char *err, size_t errlen, const char *what)
+{
+	return sdb_errf(err, errlen, SDB_EIO, "sqlite %s: %s", what, sqlite3_errmsg(db));
+}
+
+static int exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen)
+{
+	char *msg = NULL;
+	if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+		int rc = sdb_errf(err, errlen, SDB_EIO, "sqlite: %s: %s", sql,
+				  msg ? msg : "error");
+		sqlite3_free(msg);
+		return rc;
+	}
+	return 0;
+}
+
+/* A prepared statement from the connection's cache, reset and unbound. */
+static sqlite3_stmt *stmt_get(sdb_store_conn *c, const char *sql, char *err, size_t errlen)
+{
+	for (int i = 0; i < STORE_STMT_CACHE; i++) {
+		if (c->stmts[i].sql && strcmp(c->stmts[i].sql, sql) == 0) {
+			sqlite3_reset(c->stmts[i].stmt);
+			sqlite3_clear_bindings(c->stmts[i].stmt);
+			return c->stmts[i].stmt;
+		}
+	}
+	sqlite3_stmt *s = NULL;
+	if (sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &s, NULL) !=
+	    SQLITE_OK) {
+		sqlerr(c->db, err, errlen, "prepare");
+		return NULL;
+	}
+	stmt_slot *slot = &c->stmts[c->stmt_next++ % STORE_STMT_CACHE];
+	if (slot->stmt) {
+		sqlite3_finalize(slot->stmt);
+		free(slot->sql);
+	}
+	slot->sql = sdb_strdup(sql);
+	slot->stmt = s;
+	return s;
+}
+
+/* Drop cached statements that name table tbl (before DROP TABLE). */
+static void stmt_forget_all(sdb_store_conn *c)
+{
+	for (int i = 0; i < STORE_STMT_CACHE; i++) {
+		if (c->stmts[i].stmt) {
+			sqlite3_finalize(c->stmts[i].stmt);
+			free(c->stmts[i].sql);
+			c->stmts[i].stmt = NULL;
+			c->stmts[i].sql = NULL;
+		}
+	}
+}
+
+static int64_t query_int(sdb_store_conn *c, const char *sql, int64_t def)
+{
+	char err[128];
+	sqlite3_stmt *s = stmt_get(c, sql, err, sizeof err);
+	if (!s)
+		return def;
+	int64_t v = def;
+	if (sqlite3_step(s) == SQLITE_ROW && sqlite3_column_type(s, 0) != SQLITE_NULL)
+		v = sqlite3_column_int64(s, 0);
+	sqlite3_reset(s);
+	return v;
+}
+
+static int step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errlen,
+		     const char *what)
+{
+	int rc = sqlite3_step(s);
+	sqlite3_reset(s);
+	if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+		return sqlerr(c->db, err, errlen, what);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ open/close */
+
+static const char *const schema_sql =
+	"CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v) WITHOUT ROWID;"
+	"CREATE TABLE IF NOT EXISTS catalog_coll(db TEXT NOT NULL, coll TEXT NOT NULL,"
+	" tbl INTEGER NOT NULL, uuid BLOB NOT NULL, options BLOB NOT NULL,"
+	" PRIMARY KEY(db, coll)) WITHOUT ROWID;"
+	"CREATE TABLE IF NOT EXISTS catalog_index(db TEXT NOT NULL, coll TEXT NOT NULL,"
+	" name TEXT NOT NULL, tbl INTEGER NOT NULL, spec BLOB NOT NULL,"
+	" PRIMARY KEY(db, coll, name)) WITHOUT ROWID;"
+	"CREATE TABLE IF NOT EXISTS oplog(ts INTEGER PRIMARY KEY, wall INTEGER NOT NULL,"
+	" entry BLOB NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS versions(chunk TEXT PRIMARY KEY, token INTEGER NOT NULL)"
+	" WITHOUT ROWID;"
+	"INSERT OR IGNORE INTO meta(k, v) VALUES('format', 1), ('catalog_gen', 1),"
+	" ('next_tbl', 1), ('oplog_trimmed', 0);";
+
+static int conn_pragmas(sdb_store *st, sqlite3 *db, char *err, size_t errlen)
+{
+	sqlite3_busy_timeout(db, 10000);
+	int rc = exec_sql(db, "PRAGMA journal_mode=WAL", err, errlen);
+	if (rc)
+		return rc;
+	rc = exec_sql(db,
+		      st->opts.sync_normal ? "PRAGMA synchronous=NORMAL"
+					   : "PRAGMA synchronous=FULL",
+		      err, errlen);
+	if (rc)
+		return rc;
+	return exec_sql(db, "PRAGMA cache_size=-16384; PRAGMA temp_store=MEMORY", err, errlen);
+}
+
+int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out, char *err,
+		   size_t errlen)
+{
+	*out = NULL;
+	if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+		return sdb_errf(err, errlen, SDB_EIO, "store: mkdir %s: %s", dir,
+				strerror(errno));
+	sdb_store *st = sdb_calloc(1, sizeof *st);
+	if (opts)
+		st->opts = *opts;
+	if (st->opts.oplog_max_bytes <= 0)
+		st->opts.oplog_max_bytes = STORE_DEFAULT_OPLOG_BYTES;
+	if (!st->opts.clock_ms)
+		st->opts.clock_ms = default_clock_ms;
+	st->path = sdb_asprintf("%s/shard.db", dir);
+	pthread_mutex_init(&st->write_mu, NULL);
+	pthread_mutex_init(&st->ts_mu, NULL);
+
+	sqlite3 *db = NULL;
+	int rc;
+	if (sqlite3_open_v2(st->path, &db,
+			    SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+			    NULL) != SQLITE_OK) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "store: open %s: %s", st->path,
+			      db ? sqlite3_errmsg(db) : "out of memory");
+		goto fail;
+	}
+	rc = conn_pragmas(st, db, err, errlen);
+	if (rc)
+		goto fail;
+	rc = exec_sql(db, "BEGIN IMMEDIATE", err, errlen);
+	if (rc)
+		goto fail;
+	rc = exec_sql(db, schema_sql, err, errlen);
+	if (rc) {
+		exec_sql(db, "ROLLBACK", NULL, 0);
+		goto fail;
+	}
+	rc = exec_sql(db, "COMMIT", err, errlen);
+	if (rc)
+		goto fail;
+	sqlite3_stmt *s = NULL;
+	if (sqlite3_prepare_v2(db,
+			       "SELECT (SELECT v FROM meta WHERE k='format'),"
+			       " (SELECT max(ts) FROM oplog), (SELECT v FROM meta WHERE k='last_ts'),"
+			       " (SELECT total(length(entry)) FROM oplog)",
+			       -1, &s, NULL) != SQLITE_OK) {
+		rc = sqlerr(db, err, errlen, "read meta");
+		goto fail;
+	}
+	if (sqlite3_step(s) == SQLITE_ROW) {
+		int64_t fmt = sqlite3_column_int64(s, 0);
+		uint64_t a = (uint64_t)sqlite3_column_int64(s, 1);
+		uint64_t b = (uint64_t)sqlite3_column_int64(s, 2);
+		st->last_ts = a > b ? a : b;
+		st->oplog_bytes = (int64_t)sqlite3_column_double(s, 3);
+		if (fmt != STORE_FORMAT) {
+			sqlite3_finalize(s);
+			rc = sdb_errf(err, errlen, SDB_ECORRUPT,
+				      "store: %s has format %lld, this build reads %d", st->path,
+				      (long long)fmt, STORE_FORMAT);
+			goto fail;
+		}
+	}
+	sqlite3_finalize(s);
+	atomic_store(&st->committed_ts, st->last_ts);
+	sqlite3_close(db);
+	*out = st;
+	return 0;
+fail:
+	if (db)
+		sqlite3_close(db);
+	pthread_mutex_destroy(&st->write_mu);
+	pthread_mutex_destroy(&st->ts_mu);
+	free(st->path);
+	free(st);
+	return rc;
+}
+
+void sdb_store_close(sdb_store *st)
+{
+	if (!st)
+		return;
+	pthread_mutex_destroy(&st->write_mu);
+	pthread_mutex_destroy(&st->ts_mu);
+	free(st->path);
+	free(st);
+}
+
+static void cache_clear(sdb_store_conn *c)
+{
+	for (size_t i = 0; i < c->n_colls; i++) {
+		sdb_store_coll *co = &c->colls[i];
+		free(co->db);
+		free(co->coll);
+		if (co->options)
+			bson_destroy(co->options);
+		for (size_t j = 0; j < co->n_indexes; j++) {
+			free(co->indexes[j].name);
+			bson_destroy(co->indexes[j].spec);
+			bson_destroy(co->indexes[j].key);
+		}
+		free(co->indexes);
+	}
+	free(c->colls);
+	c->colls = NULL;
+	c->n_colls = 0;
+	c->cache_gen = -1;
+}
+
+int sdb_store_conn_open(sdb_store *st, sdb_store_conn **out, char *err, size_t errlen)
+{
+	*out = NULL;
+	sdb_store_conn *c = sdb_calloc(1, sizeof *c);
+	c->st = st;
+	c->cache_gen = -1;
+	if (sqlite3_open_v2(st->path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX,
+			    NULL) != SQLITE_OK) {
+		int rc = sdb_errf(err, errlen, SDB_EIO, "store: open %s: %s", st->path,
+				  c->db ? sqlite3_errmsg(c->db) : "out of memory");
+		sqlite3_close(c->db);
+		free(c);
+		return rc;
+	}
+	int rc = conn_pragmas(st, c->db, err, errlen);
+	if (rc) {
+		sqlite3_close(c->db);
+		free(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+}
+
+void sdb_store_conn_close(sdb_store_conn *c)
+{
+	if (!c)
+		return;
+	sdb_store_rollback(c);
+	stmt_forget_all(c);
+	cache_clear(c);
+	sqlite3_close(c->db);
+	free(c);
+}
+
+/* ------------------------------------------------------------------ catalog cache */
+
+static int cache_load(sdb_store_conn *c, char *err, size_t errlen)
+{
+	int64_t gen = query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", -1);
+	if (gen == c->cache_gen)
+		return 0;
+	cache_clear(c);
+	sqlite3_stmt *s = stmt_get(c, "SELECT db, coll, tbl, uuid, options FROM catalog_coll",
+				   err, errlen);
+	if (!s)
+		return SDB_EIO;
+	size_t cap = 0;
+	while (sqlite3_step(s) == SQLITE_ROW) {
+		if (c->n_colls == cap) {
+			cap = cap ? cap * 2 : 16;
+			c->colls = sdb_realloc(c->colls, cap * sizeof *c->colls);
+		}
+		sdb_store_coll *co = &c->colls[c->n_colls++];
+		memset(co, 0, sizeof *co);
+		co->db = sdb_strdup((const char *)sqlite3_column_text(s, 0));
+		co->coll = sdb_strdup((const char *)sqlite3_column_text(s, 1));
+		co->tbl = sqlite3_column_int64(s, 2);
+		if (sqlite3_column_bytes(s, 3) == 16)
+			memcpy(co->uuid, sqlite3_column_blob(s, 3), 16);
+		co->options = bson_new_from_data(sqlite3_column_blob(s, 4),
+						 (size_t)sqlite3_column_bytes(s, 4));
+		if (!co->options)
+			co->options = bson_new();
+	}
+	sqlite3_reset(s);
+	s = stmt_get(c, "SELECT db, coll, name, tbl, spec FROM catalog_index ORDER BY tbl", err,
+		     errlen);
+	if (!s)
+		return SDB_EIO;
+	while (sqlite3_step(s) == SQLITE_ROW) {
+		const char *db = (const char *)sqlite3_column_text(s, 0);
+		const char *coll = (const char *)sqlite3_column_text(s, 1);
+		for (size_t i = 0; i < c->n_colls; i++) {
+			sdb_store_coll *co = &c->colls[i];
+			if (strcmp(co->db, db) != 0 || strcmp(co->coll, coll) != 0)
+				continue;
+			co->indexes = sdb_realloc(co->indexes,
+						  (co->n_indexes + 1) * sizeof *co->indexes);
+			sdb_store_index *ix = &co->indexes[co->n_indexes++];
+			memset(ix, 0, sizeof *ix);
+			ix->name = sdb_strdup((const char *)sqlite3_column_text(s, 2));
+			ix->tbl = sqlite3_column_int64(s, 3);
+			ix->spec = bson_new_from_data(sqlite3_column_blob(s, 4),
+						      (size_t)sqlite3_column_bytes(s, 4));
+			if (!ix->spec)
+				ix->spec = bson_new();
+			bson_iter_t it;
+			ix->key = bson_new();
+			if (bson_iter_init_find(&it, ix->spec, "key") &&
+			    BSON_ITER_HOLDS_DOCUMENT(&it)) {
+				uint32_t len;
+				const uint8_t *data;
+				bson_iter_document(&it, &len, &data);
+				bson_destroy(ix->key);
+				ix->key = bson_new_from_data(data, len);
+			}
+			if (bson_iter_init_find(&it, ix->spec, "unique"))
+				ix->unique = bson_iter_as_bool(&it);
+			if (bson_iter_init_find(&it, ix->spec, "sparse"))
+				ix->sparse = bson_iter_as_bool(&it);
+			break;
+		}
+	}
+	sqlite3_reset(s);
+	c->cache_gen = gen;
+	return 0;
+}
+
+static sdb_store_coll *cache_find(sdb_store_conn *c, const char *db, const char *coll)
+{
+	for (size_t i = 0; i < c->n_colls; i++)
+		if (strcmp(c->colls[i].db, db) == 0 && strcmp(c->colls[i].coll, coll) == 0)
+			return &c->colls[i];
+	return NULL;
+}
+
+static int catalog_bump(sdb_store_conn *c, char *err, size_t errlen)
+{
+	sqlite3_stmt *s =
+		stmt_get(c, "UPDATE meta SET v = v + 1 WHERE k='catalog_gen'", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	c->ddl = true;
+	int rc = step_done(c, s, err, errlen, "catalog gen");
+	if (rc)
+		return rc;
+	return cache_load(c, err, errlen);
+}
+
+/* ------------------------------------------------------------------ transactions */
+
+int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
+{
+	if (c->in_txn)
+		return sdb_errf(err, errlen, SDB_EINVAL, "store: transaction already open");
+	if (write)
+		pthread_mutex_lock(&c->st->write_mu);
+	int rc = exec_sql(c->db, write ? "BEGIN IMMEDIATE" : "BEGIN", err, errlen);
+	if (rc) {
+		if (write)
+			pthread_mutex_unlock(&c->st->write_mu);
+		return sqlite3_errcode(c->db) == SQLITE_BUSY ? SDB_EBUSY : rc;
+	}
+	c->in_txn = true;
+	c->write = write;
+	c->pending_oplog_bytes = 0;
+	c->pending_ts = 0;
+	c->ddl = false;
+	c->savepoints = 0;
+	/* The first read fixes the snapshot; the catalog is read in it. */
+	rc = cache_load(c, err, errlen);
+	if (rc) {
+		sdb_store_rollback(c);
+		return rc;
+	}
+	return 0;
+}
+
+static void txn_end(sdb_store_conn *c, bool committed)
+{
+	if (c->write) {
+		if (committed) {
+			c->st->oplog_bytes += c->pending_oplog_bytes;
+			if (c->pending_ts)
+				atomic_store(&c->st->committed_ts, c->pending_ts);
+		}
+		pthread_mutex_unlock(&c->st->write_mu);
+	}
+	if (c->ddl) {
+		/* another statement cache entry may name a dropped table */
+		stmt_forget_all(c);
+		c->cache_gen = -1;
+	}
+	c->in_txn = false;
+	c->write = false;
+}
+
+static int oplog_trim(sdb_store_conn *c, char *err, size_t errlen);
+
+int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen)
+{
+	if (!c->in_txn)
+		return sdb_errf(err, errlen, SDB_EINVAL, "store: no transaction");
+	int rc = 0;
+	if (c->write && c->pending_ts) {
+		rc = oplog_trim(c, err, errlen);
+		if (rc) {
+			sdb_store_rollback(c);
+			return rc;
+		}
+	}
+	rc = exec_sql(c->db, "COMMIT", err, errlen);
+	if (rc) {
+		sdb_store_rollback(c);
+		return rc;
+	}
+	txn_end(c, true);
+	return 0;
+}
+
+void sdb_store_rollback(sdb_store_conn *c)
+{
+	if (!c->in_txn)
+		return;
+	exec_sql(c->db, "ROLLBACK", NULL, 0);
+	if (c->ddl)
+		cache_clear(c);
+	txn_end(c, false);
+}
+
+int sdb_store_savepoint(sdb_store_conn *c)
+{
+	char sql[64];
+	snprintf(sql, sizeof sql, "SAVEPOINT sp%d", c->savepoints + 1);
+	int rc = exec_sql(c->db, sql, NULL, 0);
+	if (rc == 0)
+		c->savepoints++;
+	return rc;
+}
+
+void sdb_store_savepoint_release(sdb_store_conn *c)
+{
+	char sql[64];
+	if (c->savepoints <= 0)
+		return;
+	snprintf(sql, sizeof sql, "RELEASE sp%d", c->savepoints--);
+	exec_sql(c->db, sql, NULL, 0);
+}
+
+void sdb_store_savepoint_rollback(sdb_store_conn *c)
+{
+	char sql[64];
+	if (c->savepoints <= 0)
+		return;
+	snprintf(sql, sizeof sql, "ROLLBACK TO sp%d", c->savepoints);
+	exec_sql(c->db, sql, NULL, 0);
+	snprintf(sql, sizeof sql, "RELEASE sp%d", c->savepoints--);
+	exec_sql(c->db, sql, NULL, 0);
+	/* a rolled-back DDL must not leave a stale cache */
+	c->cache_gen = -1;
+	cache_load(c, NULL, 0);
+}
+
+/* ------------------------------------------------------------------ oplog */
+
+static uint64_t ts_next(sdb_store *st)
+{
+	int64_t now = store_now_ms(st);
+	uint64_t secs = now > 0 ? (uint64_t)(now / 1000) : 0;
+	pthread_mutex_lock(&st->ts_mu);
+	uint64_t cand = (secs << 32) | 1;
+	if (cand <= st->last_ts)
+		cand = st->last_ts + 1;
+	st->last_ts = cand;
+	pthread_mutex_unlock(&st->ts_mu);
+	return cand;
+}
+
+/* Append an oplog entry (write txn). op "i"/"u"/"d"/"c"; o2 may be NULL; ui may be NULL. */
+static int oplog_append(sdb_store_conn *c, const char *op, const char *ns, const uint8_t *ui,
+			const bson_t *o, const bson_t *o2, const char *origin, char *err,
+			size_t errlen)
+{
+	uint64_t ts = ts_next(c->st);
+	int64_t wall = store_now_ms(c->st);
+	bson_t e;
+	bson_init(&e);
+	BSON_APPEND_TIMESTAMP(&e, "ts", (uint32_t)(ts >> 32), (uint32_t)ts);
+	BSON_APPEND_INT64(&e, "t", 1);
+	BSON_APPEND_INT32(&e, "v", 2);
+	BSON_APPEND_UTF8(&e, "op", op);
+	BSON_APPEND_UTF8(&e, "ns", ns);
+	if (ui)
+		bson_append_binary(&e, "ui", 2, BSON_SUBTYPE_UUID, ui, 16);
+	BSON_APPEND_DOCUMENT(&e, "o", o);
+	if (o2)
+		BSON_APPEND_DOCUMENT(&e, "o2", o2);
+	BSON_APPEND_DATE_TIME(&e, "wall", wall);
+	if (origin)
+		BSON_APPEND_UTF8(&e, "origin", origin);
+	sqlite3_stmt *s =
+		stmt_get(c, "INSERT INTO oplog(ts, wall, entry) VALUES(?, ?, ?)", err, errlen);
+	int rc = SDB_EIO;
+	if (s) {
+		sqlite3_bind_int64(s, 1, (int64_t)ts);
+		sqlite3_bind_int64(s, 2, wall);
+		sqlite3_bind_blob(s, 3, bson_get_data(&e), (int)e.len, SQLITE_STATIC);
+		rc = step_done(c, s, err, errlen, "oplog insert");
+	}
+	if (rc == 0) {
+		c->pending_oplog_bytes += e.len;
+		c->pending_ts = ts;
+	}
+	bson_destroy(&e);
+	return rc;
+}
+
+/* Keep the oplog under its caps (write txn, at commit). Never deletes the newest entry, so
+ * max(ts) on disk keeps ts increasing across restarts. */
+static int oplog_trim(sdb_store_conn *c, char *err, size_t errlen)
+{
+	sdb_store *st = c->st;
+	int64_t bytes = st->oplog_bytes + c->pending_oplog_bytes;
+	bool by_size = bytes > st->opts.oplog_max_bytes;
+	bool by_age = st->opts.oplog_max_age_s > 0 && (++st->writes_since_trim % 256) == 0;
+	if (!by_size && !by_age)
+		return 0;
+	int64_t target = st->opts.oplog_max_bytes - st->opts.oplog_max_bytes / 10;
+	int64_t cutoff_wall = by_age ? store_now_ms(st) - st->opts.oplog_max_age_s * 1000 : 0;
+	sqlite3_stmt *s = stmt_get(c,
+				   "SELECT ts, wall, length(entry) FROM oplog WHERE ts < (SELECT "
+				   "max(ts) FROM oplog) ORDER BY ts",
+				   err, errlen);
+	if (!s)
+		return SDB_EIO;
+	int64_t freed = 0, upto = -1;
+	while (sqlite3_step(s) == SQLITE_ROW) {
+		int64_t ts = sqlite3_column_int64(s, 0);
+		int64_t wall = sqlite3_column_int64(s, 1);
+		int64_t len = sqlite3_column_int64(s, 2);
+		bool over = by_size && bytes - freed > target;
+		bool old = by_age && wall < cutoff_wall;
+		if (!over && !old)
+			break;
+		freed += len;
+		upto = ts;
+	}
+	sqlite3_reset(s);
+	if (upto < 0)
+		return 0;
+	s = stmt_get(c, "DELETE FROM oplog WHERE ts <= ?", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_int64(s, 1, upto);
+	int rc = step_done(c, s, err, errlen, "oplog trim");
+	if (rc)
+		return rc;
+	s = stmt_get(c, "UPDATE meta SET v = 1 WHERE k='oplog_trimmed'", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	rc = step_done(c, s, err, errlen, "oplog trimmed flag");
+	if (rc == 0)
+		c->pending_oplog_bytes -= freed;
+	return rc;
+}
+
+uint64_t sdb_store_oplog_committed(sdb_store *st)
+{
+	return atomic_load(&st->committed_ts);
+}
+
+uint64_t sdb_store_oplog_last(sdb_store_conn *c)
+{
+	return (uint64_t)query_int(c, "SELECT max(ts) FROM oplog", 0);
+}
+
+uint64_t sdb_store_oplog_first(sdb_store_conn *c)
+{
+	return (uint64_t)query_int(c, "SELECT min(ts) FROM oplog", 0);
+}
+
+int64_t sdb_store_oplog_count(sdb_store_conn *c)
+{
+	return query_int(c, "SELECT count(*) FROM oplog", 0);
+}
+
+static int oplog_read_impl(sdb_store_conn *c, bool desc, uint64_t after, size_t max,
+			   bson_t ***docs, size_t *n, char *err, size_t errlen)
+{
+	sqlite3_stmt *s = stmt_get(c,
+				   desc ? "SELECT entry FROM oplog WHERE ts > ? ORDER BY ts DESC "
+					  "LIMIT ?"
+					: "SELECT entry FROM oplog WHERE ts > ? ORDER BY ts LIMIT ?",
+				   err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_int64(s, 1, (int64_t)after);
+	sqlite3_bind_int64(s, 2, max > INT64_MAX ? INT64_MAX : (int64_t)max);
+	int rc;
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+		bson_t *d = bson_new_from_data(sqlite3_column_blob(s, 0),
+					       (size_t)sqlite3_column_bytes(s, 0));
+		if (!d)
+			continue;
+		*docs = sdb_realloc(*docs, (*n + 1) * sizeof **docs);
+		(*docs)[(*n)++] = d;
+	}
+	sqlite3_reset(s);
+	if (rc != SQLITE_DONE)
+		return sqlerr(c->db, err, errlen, "oplog read");
+	return 0;
+}
+
+int sdb_store_oplog_read(sdb_store_conn *c, uint64_t after, size_t max, bson_t ***docs,
+			 size_t *n, char *err, size_t errlen)
+{
+	return oplog_read_impl(c, false, after, max, docs, n, err, errlen);
+}
+
+int sdb_store_oplog_read_desc(sdb_store_conn *c, size_t max, bson_t ***docs, size_t *n,
+			      char *err, size_t errlen)
+{
+	return oplog_read_impl(c, true, 0, max, docs, n, err, errlen);
+}
+
+/* ------------------------------------------------------------------ catalog */
+
+static bool valid_name(const char *s, bool is_db)
+{
+	if (!s || !*s || strlen(s) > (is_db ? 63u : 200u))
+		return false;
+	for (const char *p = s; *p; p++) {
+		if (*p == '\0' || *p == '$' || (is_db && (*p == '.' || *p == '/' || *p == ' ' ||
+							 *p == '\\' || *p == '"')))
+			return false;
+	}
+	return true;
+}
+
+int sdb_store_coll_get(sdb_store_conn *c, const char *db, const char *coll,
+		       const sdb_store_coll **out, char *err, size_t errlen)
+{
+	*out = cache_find(c, db, coll);
+	if (!*out)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns %s.%s not found", db, coll);
+	return 0;
+}
+
+static void gen_uuid(uint8_t out[16])
+{
+	/* bson_oid_t has 12 bytes of randomness + counter; fill the rest from it twice. */
+	bson_oid_t a, b;
+	bson_oid_init(&a, NULL);
+	bson_oid_init(&b, NULL);
+	memcpy(out, a.bytes + 4, 8);
+	memcpy(out + 8, b.bytes + 4, 8);
+	for (int i = 0; i < 16; i++)
+		out[i] ^= (uint8_t)(rand() & 0xff);
+	out[6] = (out[6] & 0x0f) | 0x40;
+	out[8] = (out[8] & 0x3f) | 0x80;
+}
+
+static char *ns_of(const char *db, const char *coll)
+{
+	return sdb_asprintf("%s.%s", db, coll);
+}
+
+int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
+			  const bson_t *options, const char *origin, const sdb_store_coll **out,
+			  char *err, size_t errlen)
+{
+	if (out)
+		*out = NULL;
+	if (!valid_name(db, true))
+		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid database name: '%s'", db);
+	if (!valid_name(coll, false))
+		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid collection name: %s", coll);
+	sdb_store_coll *co = cache_find(c, db, coll);
+	if (co) {
+		if (out)
+			*out = co;
+		return sdb_errf(err, errlen, SDB_EEXISTS, "Collection %s.%s already exists.", db,
+				coll);
+	}
+	int64_t tbl = query_int(c, "SELECT v FROM meta WHERE k='next_tbl'", 1);
+	char sql[160];
+	snprintf(sql, sizeof sql,
+		 "CREATE TABLE c_%lld(k BLOB PRIMARY KEY, doc BLOB NOT NULL) WITHOUT ROWID",
+		 (long long)tbl);
+	int rc = exec_sql(c->db, sql, err, errlen);
+	if (rc)
+		return rc;
+	c->ddl = true;
+	uint8_t uuid[16];
+	gen_uuid(uuid);
+	bson_t empty = BSON_INITIALIZER;
+	const bson_t *opt = options ? options : &empty;
+	sqlite3_stmt *s = stmt_get(c,
+				   "INSERT INTO catalog_coll(db, coll, tbl, uuid, options) "
+				   "VALUES(?, ?, ?, ?, ?)",
+				   err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 3, tbl);
+	sqlite3_bind_blob(s, 4, uuid, 16, SQLITE_STATIC);
+	sqlite3_bind_blob(s, 5, bson_get_data(opt), (int)opt->len, SQLITE_STATIC);
+	rc = step_done(c, s, err, errlen, "catalog insert");
+	if (rc)
+		return rc;
+	s = stmt_get(c, "UPDATE meta SET v = ? WHERE k='next_tbl'", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_int64(s, 1, tbl + 1);
+	rc = step_done(c, s, err, errlen, "next_tbl");
+	if (rc)
+		return rc;
+	rc = catalog_bump(c, err, errlen);
+	if (rc)
+		return rc;
+	bson_t o = BSON_INITIALIZER;
+	BSON_APPEND_UTF8(&o, "create", coll);
+	bson_iter_t it;
+	if (options && bson_iter_init(&it, options)) {
+		while (bson_iter_next(&it))
+			bson_append_iter(&o, bson_iter_key(&it), -1, &it);
+	}
+	char *ns = sdb_asprintf("%s.$cmd", db);
+	rc = oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
+	free(ns);
+	bson_destroy(&o);
+	if (rc)
+		return rc;
+	if (out)
+		*out = cache_find(c, db, coll);
+	return 0;
+}
+
+static int drop_table(sdb_store_conn *c, const char *prefix, int64_t tbl, char *err,
+		      size_t errlen)
+{
+	char sql[96];
+	stmt_forget_all(c);
+	snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s_%lld", prefix, (long long)tbl);
+	return exec_sql(c->db, sql, err, errlen);
+}
+
+static int coll_drop_impl(sdb_store_conn *c, sdb_store_coll *co, const char *origin,
+			  bool log, char *err, size_t errlen)
+{
+	int rc;
+	char *db = sdb_strdup(co->db), *coll = sdb_strdup(co->coll);
+	uint8_t uuid[16];
+	memcpy(uuid, co->uuid, 16);
+	for (size_t i = 0; i < co->n_indexes; i++) {
+		rc = drop_table(c, "i", co->indexes[i].tbl, err, errlen);
+		if (rc)
+			goto out;
+	}
+	rc = drop_table(c, "c", co->tbl, err, errlen);
+	if (rc)
+		goto out;
+	c->ddl = true;
+	sqlite3_stmt *s = stmt_get(c, "DELETE FROM catalog_coll WHERE db = ? AND coll = ?", err,
+				   errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	rc = step_done(c, s, err, errlen, "catalog delete");
+	if (rc)
+		goto out;
+	s = stmt_get(c, "DELETE FROM catalog_index WHERE db = ? AND coll = ?", err, errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	rc = step_done(c, s, err, errlen, "catalog delete");
+	if (rc)
+		goto out;
+	rc = catalog_bump(c, err, errlen); /* co is invalid from here */
+	if (rc || !log)
+		goto out;
+	bson_t o = BSON_INITIALIZER;
+	BSON_APPEND_UTF8(&o, "drop", coll);
+	char *ns = sdb_asprintf("%s.$cmd", db);
+	rc = oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
+	free(ns);
+	bson_destroy(&o);
+out:
+	free(db);
+	free(coll);
+	return rc;
+}
+
+int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,
+			const char *origin, char *err, size_t errlen)
+{
+	sdb_store_coll *co = cache_find(c, db, coll);
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
+	return coll_drop_impl(c, co, origin, true, err, errlen);
+}
+
+int sdb_store_db_drop(sdb_store_conn *c, const char *db, const char *origin, int *n_dropped,
+		      char *err, size_t errlen)
+{
+	*n_dropped = 0;
+	for (;;) {
+		sdb_store_coll *co = NULL;
+		for (size_t i = 0; i < c->n_colls; i++)
+			if (strcmp(c->colls[i].db, db) == 0)
+				co = &c->colls[i];
+		if (!co)
+			break;
+		int rc = coll_drop_impl(c, co, origin, false, err, errlen);
+		if (rc)
+			return rc;
+		(*n_dropped)++;
+	}
+	if (*n_dropped == 0)
+		return 0;
+	bson_t o = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&o, "dropDatabase", 1);
+	char *ns = sdb_asprintf("%s.$cmd", db);
+	int rc = oplog_append(c, "c", ns, NULL, &o, NULL, origin, err, errlen);
+	free(ns);
+	bson_destroy(&o);
+	return rc;
+}
+
+int sdb_store_coll_list(sdb_store_conn *c, const char *db, char ***names, size_t *n,
+			char *err, size_t errlen)
+{
+	(void)err;
+	(void)errlen;
+	*names = NULL;
+	*n = 0;
+	size_t k = 0;
+	for (size_t i = 0; i < c->n_colls; i++) {
+		if (db && strcmp(c->colls[i].db, db) != 0)
+			continue;
+		*names = sdb_realloc(*names, (k + 1) * 2 * sizeof **names);
+		(*names)[k * 2] = sdb_strdup(c->colls[i].db);
+		(*names)[k * 2 + 1] = sdb_strdup(c->colls[i].coll);
+		k++;
+	}
+	*n = k;
+	return 0;
+}
+
+void sdb_store_names_free(char **names, size_t n)
+{
+	for (size_t i = 0; i < n * 2; i++)
+		free(names[i]);
+	free(names);
+}
+
+/* ------------------------------------------------------------------ keys */
+
+/* The keys of one document for one index. */
+typedef struct store_keyset {
+	sdb_key *keys;
+	size_t n;
+} store_keyset;
+
+static void store_keyset_init(store_keyset *ks)
+{
+	ks->keys = NULL;
+	ks->n = 0;
+}
+
+static void store_keyset_destroy(store_keyset *ks)
+{
+	if (ks->keys)
+		sdb_index_keys_free(ks->keys, ks->n);
+	ks->keys = NULL;
+	ks->n = 0;
+}
+
+#define STORE_MAX_INDEX_FIELDS 32
+
+/* Split a key pattern into paths and directions. Returns the number of fields. */
+static size_t pattern_fields(const bson_t *pattern, const char **paths, bool *desc)
+{
+	bson_iter_t it;
+	size_t n = 0;
+	if (!bson_iter_init(&it, pattern))
+		return 0;
+	while (bson_iter_next(&it) && n < STORE_MAX_INDEX_FIELDS) {
+		paths[n] = bson_iter_key(&it);
+		desc[n] = BSON_ITER_HOLDS_NUMBER(&it) && bson_iter_as_double(&it) < 0;
+		n++;
+	}
+	return n;
+}
+
+static bool visit_present(void *ctx, const bson_iter_t *it, unsigned flags)
+{
+	(void)it;
+	if (!(flags & SDB_PATH_MISSING)) {
+		*(bool *)ctx = true;
+		return true;
+	}
+	return false;
+}
+
+static int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
+				bool *all_missing, char *err, size_t errlen)
+{
+	const char *paths[STORE_MAX_INDEX_FIELDS];
+	bool desc[STORE_MAX_INDEX_FIELDS];
+	size_t nf = pattern_fields(pattern, paths, desc);
+	bool multikey = false;
+	int code = 0;
+	int rc = sdb_index_keys(doc, paths, desc, nf, &ks->keys, &ks->n, &multikey, &code, err,
+				errlen);
+	if (rc)
+		return rc;
+	bool any = false;
+	for (size_t i = 0; i < nf && !any; i++)
+		sdb_path_walk(doc, paths[i], 0, visit_present, &any);
+	*all_missing = !any;
+	return 0;
+}
+
+/* Key patterns: field -> 1 / -1 (any non-zero number); "hashed", "text", "2d" are refused. */
+static int store_key_check_pattern(const bson_t *pattern, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	size_t n = 0;
+	if (!bson_iter_init(&it, pattern))
+		return sdb_errf(err, errlen, SDB_EINVAL, "bad key pattern");
+	while (bson_iter_next(&it)) {
+		char perr[128];
+		if (!sdb_path_valid(bson_iter_key(&it), perr, sizeof perr))
+			return sdb_errf(err, errlen, SDB_EINVAL, "Error in specification: %s", perr);
+		if (BSON_ITER_HOLDS_UTF8(&it))
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"Unknown index plugin '%s' (the embedded shard supports "
+					"ascending and descending indexes only)",
+					bson_iter_utf8(&it, NULL));
+		if (!BSON_ITER_HOLDS_NUMBER(&it) || bson_iter_as_double(&it) == 0)
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"Values in the index key pattern can only be numbers or "
+					"strings: bad value for field %s",
+					bson_iter_key(&it));
+		n++;
+	}
+	if (n > STORE_MAX_INDEX_FIELDS)
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"Index key pattern has more than %d fields", STORE_MAX_INDEX_FIELDS);
+	return 0;
+}
+
+typedef struct first_value {
+	bson_value_t v;
+	bool found;
+} first_value;
+
+static bool visit_first(void *ctx, const bson_iter_t *it, unsigned flags)
+{
+	first_value *fv = ctx;
+	if (flags & SDB_PATH_MISSING)
+		return false;
+	fv->v = *bson_iter_value((bson_iter_t *)it);
+	fv->found = true;
+	return true;
+}
+
+/* keyValue of a duplicate-key error: {field: value-at-path (first reached, or null)}. */
+static void store_key_dup_value(const bson_t *pattern, const bson_t *doc, bson_t *out)
+{
+	bson_init(out);
+	bson_iter_t it;
+	if (!bson_iter_init(&it, pattern))
+		return;
+	while (bson_iter_next(&it)) {
+		first_value fv = {0};
+		sdb_path_walk(doc, bson_iter_key(&it), 0, visit_first, &fv);
+		if (fv.found)
+			bson_append_value(out, bson_iter_key(&it), -1, &fv.v);
+		else
+			bson_append_null(out, bson_iter_key(&it), -1);
+	}
+}
+
+/* A set of byte strings (document keys already returned by a multikey index scan). */
+typedef struct store_idset {
+	sdb_key *slots;
+	size_t cap, n;
+} store_idset;
+
+static void store_idset_init(store_idset *s)
+{
+	memset(s, 0, sizeof *s);
+}
+
+static void store_idset_destroy(store_idset *s)
+{
+	for (size_t i = 0; i < s->cap; i++)
+		sdb_key_free(&s->slots[i]);
+	free(s->slots);
+	memset(s, 0, sizeof *s);
+}
+
+static uint64_t blob_hash(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	uint64_t h = 1469598103934665603ULL;
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 1099511628211ULL;
+	}
+	return h;
+}
+
+/* Add (p, n); false when it was there already. Empty slots have data == NULL. */
+static bool store_idset_add(store_idset *s, const void *p, size_t n)
+{
+	if ((s->n + 1) * 2 > s->cap) {
+		size_t ncap = s->cap ? s->cap * 2 : 64;
+		sdb_key *ns = sdb_calloc(ncap, sizeof *ns);
+		for (size_t i = 0; i < s->cap; i++) {
+			if (!s->slots[i].data)
+				continue;
+			size_t j = blob_hash(s->slots[i].data, s->slots[i].len) & (ncap - 1);
+			while (ns[j].data)
+				j = (j + 1) & (ncap - 1);
+			ns[j] = s->slots[i];
+		}
+		free(s->slots);
+		s->slots = ns;
+		s->cap = ncap;
+	}
+	size_t j = blob_hash(p, n) & (s->cap - 1);
+	while (s->slots[j].data) {
+		if (s->slots[j].len == n && memcmp(s->slots[j].data, p, n) == 0)
+			return false;
+		j = (j + 1) & (s->cap - 1);
+	}
+	sdb_key_init(&s->slots[j]);
+	sdb_key_append(&s->slots[j], n ? p : "", n ? n : 1);
+	if (!n)
+		s->slots[j].len = 0;
+	s->n++;
+	return true;
+}
+
+/* ------------------------------------------------------------------ documents */
+
+void sdb_store_dup_clear(sdb_store_dup *d)
+{
+	if (!d || !d->set)
+		return;
+	free(d->errmsg);
+	bson_destroy(&d->key_pattern);
+	bson_destroy(&d->key_value);
+	memset(d, 0, sizeof *d);
+}
+
+/* "{ a: 1, b: \"x\" }" as MongoDB prints dup keys. */
+static char *format_dup_key(const bson_t *kv)
+{
+	bson_string_t *s = bson_string_new("{ ");
+	bson_iter_t it;
+	bool first = true;
+	if (bson_iter_init(&it, kv)) {
+		while (bson_iter_next(&it)) {
+			bson_t one = BSON_INITIALIZER;
+			bson_append_iter(&one, "v", 1, &it);
+			size_t len;
+			char *js = bson_as_relaxed_extended_json(&one, &len);
+			/* js is `{ "v" : VALUE }` */
+			const char *v = js ? strstr(js, ": ") : NULL;
+			bson_string_append_printf(s, "%s%s: ", first ? "" : ", ",
+						  bson_iter_key(&it));
+			if (v && len >= 2) {
+				v += 2;
+				size_t vlen = strlen(v);
+				if (vlen >= 2)
+					vlen -= 2; /* strip " }" */
+				char *tmp = sdb_strndup(v, vlen);
+				bson_string_append(s, tmp);
+				free(tmp);
+			}
+			bson_free(js);
+			bson_destroy(&one);
+			first = false;
+		}
+	}
+	bson_string_append(s, first ? "}" : " }");
+	return bson_string_free(s, false);
+}
+
+static void dup_fill(sdb_store_dup *dup, const char *db, const char *coll, const char *index,
+		     const bson_t *pattern, const bson_t *value)
+{
+	if (!dup)
+		return;
+	sdb_store_dup_clear(dup);
+	char *k = format_dup_key(value);
+	dup->errmsg = sdb_asprintf("E11000 duplicate key error collection: %s.%s index: %s "
+				   "dup key: %s",
+				   db, coll, index, k);
+	free(k);
+	bson_copy_to(pattern, &dup->key_pattern);
+	bson_copy_to(value, &dup->key_value);
+	dup->set = true;
+}
+
+static int id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, char *err,
+		  size_t errlen)
+{
+	if (!bson_iter_init_find(id_it, doc, "_id"))
+		return sdb_errf(err, errlen, SDB_EINVAL, "document has no _id");
+	bson_type_t t = bson_iter_type(id_it);
+	if (t == BSON_TYPE_ARRAY)
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"The '_id' value cannot be of type array");
+	if (t == BSON_TYPE_REGEX || t == BSON_TYPE_UNDEFINED)
+		return sdb_errf(err, errlen, SDB_EINVAL, "can't use a %s for _id",
+				t == BSON_TYPE_REGEX ? "regex" : "undefined");
+	sdb_key_reset(kb);
+	return sdb_keyenc_append_iter(kb, id_it, false, err, errlen);
+}
+
+/* Index keys of doc for index ix: a set of encoded keys (multikey expands arrays). */
+static int index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
+		      bool *all_missing, char *err, size_t errlen)
+{
+	return store_key_index_keys(ix->key, doc, ks, all_missing, err, errlen);
+}
+
+static int index_insert_keys(sdb_store_conn *c, const sdb_store_coll *co,
+			     const sdb_store_index *ix, const store_keyset *ks,
+			     const sdb_key *idk, const bson_t *doc, sdb_store_dup *dup,
+			     char *err, size_t errlen)
+{
+	char sql[160];
+	for (size_t i = 0; i < ks->n; i++) {
+		if (ix->unique) {
+			snprintf(sql, sizeof sql,
+				 "SELECT 1 FROM i_%lld WHERE k = ? AND id <> ? LIMIT 1",
+				 (long long)ix->tbl);
+			sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+			if (!s)
+				return SDB_EIO;
+			sqlite3_bind_blob(s, 1, ks->keys[i].data, (int)ks->keys[i].len,
+					  SQLITE_STATIC);
+			sqlite3_bind_blob(s, 2, idk->data, (int)idk->len, SQLITE_STATIC);
+			int r = sqlite3_step(s);
+			sqlite3_reset(s);
+			if (r == SQLITE_ROW) {
+				bson_t kv;
+				store_key_dup_value(ix->key, doc, &kv);
+				dup_fill(dup, co->db, co->coll, ix->name, ix->key, &kv);
+				bson_destroy(&kv);
+				return sdb_errf(err, errlen, SDB_EEXISTS, "%s",
+						dup ? dup->errmsg : "duplicate key");
+			}
+			if (r != SQLITE_DONE)
+				return sqlerr(c->db, err, errlen, "unique check");
+		}
+		snprintf(sql, sizeof sql, "INSERT OR IGNORE INTO i_%lld(k, id) VALUES(?, ?)",
+			 (long long)ix->tbl);
+		sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+		if (!s)
+			return SDB_EIO;
+		sqlite3_bind_blob(s, 1, ks->keys[i].data, (int)ks->keys[i].len, SQLITE_STATIC);
+		sqlite3_bind_blob(s, 2, idk->data, (int)idk->len, SQLITE_STATIC);
+		int rc = step_done(c, s, err, errlen, "index insert");
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int index_delete_keys(sdb_store_conn *c, const sdb_store_index *ix,
+			     const store_keyset *ks, const sdb_key *idk, char *err,
+			     size_t errlen)
+{
+	char sql[128];
+	snprintf(sql, sizeof sql, "DELETE FROM i_%lld WHERE k = ? AND id = ?",
+		 (long long)ix->tbl);
+	for (size_t i = 0; i < ks->n; i++) {
+		sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+		if (!s)
+			return SDB_EIO;
+		sqlite3_bind_blob(s, 1, ks->keys[i].data, (int)ks->keys[i].len, SQLITE_STATIC);
+		sqlite3_bind_blob(s, 2, idk->data, (int)idk->len, SQLITE_STATIC);
+		int rc = step_done(c, s, err, errlen, "index delete");
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* Add doc's keys to every index of co (skipping sparse indexes where all fields are
+ * missing). */
+static int indexes_add(sdb_store_conn *c, const sdb_store_coll *co, const bson_t *doc,
+		       const sdb_key *idk, sdb_store_dup *dup, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < co->n_indexes; i++) {
+		const sdb_store_index *ix = &co->indexes[i];
+		store_keyset ks;
+		store_keyset_init(&ks);
+		bool missing = false;
+		int rc = index_keys(ix, doc, &ks, &missing, err, errlen);
+		if (rc == 0 && !(ix->sparse && missing))
+			rc = index_insert_keys(c, co, ix, &ks, idk, doc, dup, err, errlen);
+		store_keyset_destroy(&ks);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int indexes_remove(sdb_store_conn *c, const sdb_store_coll *co, const bson_t *doc,
+			  const sdb_key *idk, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < co->n_indexes; i++) {
+		const sdb_store_index *ix = &co->indexes[i];
+		store_keyset ks;
+		store_keyset_init(&ks);
+		bool missing = false;
+		int rc = index_keys(ix, doc, &ks, &missing, err, errlen);
+		if (rc == 0)
+			rc = index_delete_keys(c, ix, &ks, idk, err, errlen);
+		store_keyset_destroy(&ks);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static void id_doc(const bson_iter_t *id_it, bson_t *out)
+{
+	bson_init(out);
+	bson_append_iter(out, "_id", 3, id_it);
+}
+
+int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
+		     const char *origin, sdb_store_dup *dup, char *err, size_t errlen)
+{
+	const sdb_store_coll *co = cache_find(c, db, coll);
+	int rc;
+	if (!co) {
+		rc = sdb_store_coll_create(c, db, coll, NULL, origin, &co, err, errlen);
+		if (rc)
+			return rc;
+	}
+	sdb_key idk;
+	sdb_key_init(&idk);
+	bson_iter_t id_it;
+	rc = id_key(doc, &idk, &id_it, err, errlen);
+	if (rc)
+		goto out;
+	char sql[128];
+	snprintf(sql, sizeof sql, "INSERT OR IGNORE INTO c_%lld(k, doc) VALUES(?, ?)",
+		 (long long)co->tbl);
+	sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_blob(s, 1, idk.data, (int)idk.len, SQLITE_STATIC);
+	sqlite3_bind_blob(s, 2, bson_get_data(doc), (int)doc->len, SQLITE_STATIC);
+	rc = step_done(c, s, err, errlen, "insert");
+	if (rc)
+		goto out;
+	if (sqlite3_changes(c->db) == 0) {
+		bson_t kp = BSON_INITIALIZER, kv;
+		BSON_APPEND_INT32(&kp, "_id", 1);
+		id_doc(&id_it, &kv);
+		dup_fill(dup, db, coll, "_id_", &kp, &kv);
+		rc = sdb_errf(err, errlen, SDB_EEXISTS, "%s",
+			      dup ? dup->errmsg : "duplicate key");
+		bson_destroy(&kp);
+		bson_destroy(&kv);
+		goto out;
+	}
+	rc = indexes_add(c, co, doc, &idk, dup, err, errlen);
+	if (rc)
+		goto out;
+	char *ns = ns_of(db, coll);
+	rc = oplog_append(c, "i", ns, co->uuid, doc, NULL, origin, err, errlen);
+	free(ns);
+out:
+	sdb_key_free(&idk);
+	return rc;
+}
+
+/* Load the stored document for key idk into out (heap copy). Returns 0 or SDB_ENOTFOUND. */
+static int load_doc(sdb_store_conn *c, const sdb_store_coll *co, const sdb_key *idk,
+		    bson_t *out, char *err, size_t errlen)
+{
+	char sql[96];
+	snprintf(sql, sizeof sql, "SELECT doc FROM c_%lld WHERE k = ?", (long long)co->tbl);
+	sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_blob(s, 1, idk->data, (int)idk->len, SQLITE_STATIC);
+	int r = sqlite3_step(s);
+	int rc = 0;
+	if (r == SQLITE_ROW) {
+		const uint8_t *d = sqlite3_column_blob(s, 0);
+		size_t n = (size_t)sqlite3_column_bytes(s, 0);
+		bson_t view;
+		if (!bson_init_static(&view, d, n))
+			rc = sdb_errf(err, errlen, SDB_ECORRUPT, "corrupt document");
+		else
+			bson_copy_to(&view, out);
+	} else if (r == SQLITE_DONE) {
+		rc = sdb_errf(err, errlen, SDB_ENOTFOUND, "no such document");
+	} else {
+		rc = sqlerr(c->db, err, errlen, "load");
+	}
+	sqlite3_reset(s);
+	return rc;
+}
+
+int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
+		      const bson_t *old_doc, const bson_t *new_doc, const char *origin,
+		      sdb_store_dup *dup, char *err, size_t errlen)
+{
+	const sdb_store_coll *co = cache_find(c, db, coll);
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
+	sdb_key idk, idk2;
+	sdb_key_init(&idk);
+	sdb_key_init(&idk2);
+	bson_iter_t id_it, id2;
+	bson_t stored;
+	bool have_stored = false;
+	int rc = id_key(old_doc, &idk, &id_it, err, errlen);
+	if (rc)
+		goto out;
+	rc = id_key(new_doc, &idk2, &id2, err, errlen);
+	if (rc)
+		goto out;
+	if (idk.len != idk2.len || memcmp(idk.data, idk2.data, idk.len) != 0) {
+		rc = sdb_errf(err, errlen, SDB_EINVAL,
+			      "Performing an update on the path '_id' would modify the immutable "
+			      "field '_id'");
+		goto out;
+	}
+	/* Index maintenance works from the stored image, never the caller's copy. */
+	rc = load_doc(c, co, &idk, &stored, err, errlen);
+	if (rc)
+		goto out;
+	have_stored = true;
+	rc = indexes_remove(c, co, &stored, &idk, err, errlen);
+	if (rc)
+		goto out;
+	char sql[128];
+	snprintf(sql, sizeof sql, "UPDATE c_%lld SET doc = ? WHERE k = ?", (long long)co->tbl);
+	sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_blob(s, 1, bson_get_data(new_doc), (int)new_doc->len, SQLITE_STATIC);
+	sqlite3_bind_blob(s, 2, idk.data, (int)idk.len, SQLITE_STATIC);
+	rc = step_done(c, s, err, errlen, "update");
+	if (rc)
+		goto out;
+	rc = indexes_add(c, co, new_doc, &idk, dup, err, errlen);
+	if (rc)
+		goto out;
+	bson_t o2;
+	id_doc(&id_it, &o2);
+	char *ns = ns_of(db, coll);
+	rc = oplog_append(c, "u", ns, co->uuid, new_doc, &o2, origin, err, errlen);
+	free(ns);
+	bson_destroy(&o2);
+out:
+	if (have_stored)
+		bson_destroy(&stored);
+	sdb_key_free(&idk);
+	sdb_key_free(&idk2);
+	return rc;
+}
+
+int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
+		     const char *origin, char *err, size_t errlen)
+{
+	const sdb_store_coll *co = cache_find(c, db, coll);
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
+	sdb_key idk;
+	sdb_key_init(&idk);
+	bson_iter_t id_it;
+	bson_t stored;
+	bool have_stored = false;
+	int rc = id_key(doc, &idk, &id_it, err, errlen);
+	if (rc)
+		goto out;
+	rc = load_doc(c, co, &idk, &stored, err, errlen);
+	if (rc)
+		goto out;
+	have_stored = true;
+	rc = indexes_remove(c, co, &stored, &idk, err, errlen);
+	if (rc)
+		goto out;
+	char sql[96];
+	snprintf(sql, sizeof sql, "DELETE FROM c_%lld WHERE k = ?", (long long)co->tbl);
+	sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_blob(s, 1, idk.data, (int)idk.len, SQLITE_STATIC);
+	rc = step_done(c, s, err, errlen, "delete");
+	if (rc)
+		goto out;
+	bson_t o;
+	id_doc(&id_it, &o);
+	char *ns = ns_of(db, coll);
+	rc = oplog_append(c, "d", ns, co->uuid, &o, NULL, origin, err, errlen);
+	free(ns);
+	bson_destroy(&o);
+out:
+	if (have_stored)
+		bson_destroy(&stored);
+	sdb_key_free(&idk);
+	return rc;
+}
+
+int sdb_store_get_by_id(sdb_store_conn *c, const char *db, const char *coll,
+			const bson_iter_t *id, bson_t *out, char *err, size_t errlen)
+{
+	const sdb_store_coll *co = cache_find(c, db, coll);
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
+	sdb_key idk;
+	sdb_key_init(&idk);
+	int rc = sdb_keyenc_append_iter(&idk, id, false, err, errlen);
+	if (rc == 0)
+		rc = load_doc(c, co, &idk, out, err, errlen);
+	sdb_key_free(&idk);
+	return rc;
+}
+
+int64_t sdb_store_count(sdb_store_conn *c, const char *db, const char *coll)
+{
+	const sdb_store_coll *co = cache_find(c, db, coll);
+	if (!co)
+		return 0;
+	char sql[96];
+	snprintf(sql, sizeof sql, "SELECT count(*) FROM c_%lld", (long long)co->tbl);
+	return query_int(c, sql, 0);
+}
+
+int64_t sdb_store_data_size(sdb_store_conn *c, const char *db, const char *coll)
+{
+	const sdb_store_coll *co = cache_find(c, db, coll);
+	if (!co)
+		return 0;
+	char sql[96];
+	snprintf(sql, sizeof sql, "SELECT total(length(doc)) FROM c_%lld", (long long)co->tbl);
+	char err[64];
+	sqlite3_stmt *s = stmt_get(c, sql, err, sizeof err);
+	if (!s)
+		return 0;
+	int64_t v = 0;
+	if (sqlite3_step(s) == SQLITE_ROW)
+		v = (int64_t)sqlite3_column_double(s, 0);
+	sqlite3_reset(s);
+	return v;
+}
+
+/* ------------------------------------------------------------------ indexes */
+
+static int index_build(sdb_store_conn *c, const sdb_store_coll *co, const sdb_store_index *ix,
+		       sdb_store_dup *dup, char *err, size_t errlen);
+
+int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
+			   const bson_t *spec, const char *origin, bool *created, int *mongo_code,
+			   char *err, size_t errlen)
+{
+	*created = false;
+	*mongo_code = 0;
+	bson_iter_t it;
+	const char *name = NULL;
+	bson_t key;
+	bool have_key = false, unique = false, sparse = false;
+	if (bson_iter_init_find(&it, spec, "name") && BSON_ITER_HOLDS_UTF8(&it))
+		name = bson_iter_utf8(&it, NULL);
+	if (bson_iter_init_find(&it, spec, "key") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+		uint32_t len;
+		const uint8_t *data;
+		bson_iter_document(&it, &len, &data);
+		have_key = bson_init_static(&key, data, len);
+	}
+	if (bson_iter_init_find(&it, spec, "unique"))
+		unique = bson_iter_as_bool(&it);
+	if (bson_iter_init_find(&it, spec, "sparse"))
+		sparse = bson_iter_as_bool(&it);
+	if (!have_key || bson_count_keys(&key) == 0) {
+		*mongo_code = 67; /* CannotCreateIndex */
+		return sdb_errf(err, errlen, SDB_EINVAL, "Index keys cannot be empty.");
+	}
+	if (!name) {
+		*mongo_code = 9;
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"Error in specification %s :: caused by :: The 'name' field is a "
+				"required property of an index specification",
+				"{}");
+	}
+	int rc = store_key_check_pattern(&key, err, errlen);
+	if (rc) {
+		*mongo_code = 67;
+		return rc;
+	}
+	const sdb_store_coll *co = cache_find(c, db, coll);
+	if (!co) {
+		rc = sdb_store_coll_create(c, db, coll, NULL, origin, &co, err, errlen);
+		if (rc)
+			return rc;
+	}
+	/* _id index: only {_id: 1} named _id_ is accepted (exists already). */
+	bool is_id_key = bson_count_keys(&key) == 1 && bson_iter_init_find(&it, &key, "_id");
+	if (strcmp(name, "_id_") == 0 || is_id_key) {
+		if (strcmp(name, "_id_") == 0 && is_id_key)
+			return SDB_EEXISTS;
+		if (is_id_key && !unique && strcmp(name, "_id_") != 0) {
+			*mongo_code = 85;
+			return sdb_errf(err, errlen, SDB_ECONFLICT,
+					"Index already exists with a different name: _id_");
+		}
+		*mongo_code = 67;
+		return sdb_errf(err, errlen, SDB_EINVAL, "cannot create an index named _id_");
+	}
+	for (size_t i = 0; i < co->n_indexes; i++) {
+		const sdb_store_index *ix = &co->indexes[i];
+		bool same_key = bson_equal(ix->key, &key);
+		bool same_name = strcmp(ix->name, name) == 0;
+		if (same_key && same_name) {
+			if (ix->unique != unique || ix->sparse != sparse) {
+				*mongo_code = 86; /* IndexKeySpecsConflict */
+				return sdb_errf(err, errlen, SDB_ECONFLICT,
+						"An existing index has the same name as the "
+						"requested index but different options. Requested "
+						"index name: %s",
+						name);
+			}
+			return SDB_EEXISTS;
+		}
+		if (same_name) {
+			*mongo_code = 86;
+			return sdb_errf(err, errlen, SDB_ECONFLICT,
+					"An existing index has the same name as the requested "
+					"index. When index names are not specified, they are "
+					"auto generated and can cause conflicts. Please refer to "
+					"our documentation. Requested index name: %s",
+					name);
+		}
+		if (same_key && ix->unique == unique && ix->sparse == sparse) {
+			*mongo_code = 85; /* IndexOptionsConflict */
+			return sdb_errf(err, errlen, SDB_ECONFLICT,
+					"Index already exists with a different name: %s",
+					ix->name);
+		}
+	}
+	int64_t tbl = query_int(c, "SELECT v FROM meta WHERE k='next_tbl'", 1);
+	char sql[160];
+	snprintf(sql, sizeof sql,
+		 "CREATE TABLE i_%lld(k BLOB NOT NULL, id BLOB NOT NULL, PRIMARY KEY(k, id)) "
+		 "WITHOUT ROWID",
+		 (long long)tbl);
+	rc = exec_sql(c->db, sql, err, errlen);
+	if (rc)
+		return rc;
+	c->ddl = true;
+	/* stored spec: {v: 2, key, name, ...the rest as given} */
+	bson_t stored = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&stored, "v", 2);
+	BSON_APPEND_DOCUMENT(&stored, "key", &key);
+	BSON_APPEND_UTF8(&stored, "name", name);
+	if (bson_iter_init(&it, spec)) {
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			if (strcmp(k, "key") == 0 || strcmp(k, "name") == 0 ||
+			    strcmp(k, "v") == 0 || strcmp(k, "ns") == 0)
+				continue;
+			bson_append_iter(&stored, k, -1, &it);
+		}
+	}
+	sqlite3_stmt *s = stmt_get(c,
+				   "INSERT INTO catalog_index(db, coll, name, tbl, spec) "
+				   "VALUES(?, ?, ?, ?, ?)",
+				   err, errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 4, tbl);
+	sqlite3_bind_blob(s, 5, bson_get_data(&stored), (int)stored.len, SQLITE_STATIC);
+	rc = step_done(c, s, err, errlen, "catalog index");
+	if (rc)
+		goto out;
+	s = stmt_get(c, "UPDATE meta SET v = ? WHERE k='next_tbl'", err, errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_int64(s, 1, tbl + 1);
+	rc = step_done(c, s, err, errlen, "next_tbl");
+	if (rc)
+		goto out;
+	rc = catalog_bump(c, err, errlen);
+	if (rc)
+		goto out;
+	co = cache_find(c, db, coll);
+	const sdb_store_index *ix = NULL;
+	for (size_t i = 0; co && i < co->n_indexes; i++)
+		if (strcmp(co->indexes[i].name, name) == 0)
+			ix = &co->indexes[i];
+	if (!ix) {
+		rc = sdb_errf(err, errlen, SDB_EINTERNAL, "index vanished");
+		goto out;
+	}
+	sdb_store_dup dup = {0};
+	rc = index_build(c, co, ix, &dup, err, errlen);
+	if (rc == SDB_EEXISTS)
+		*mongo_code = 11000;
+	sdb_store_dup_clear(&dup);
+	if (rc)
+		goto out;
+	bson_t o = BSON_INITIALIZER;
+	BSON_APPEND_UTF8(&o, "createIndexes", coll);
+	if (bson_iter_init(&it, &stored)) {
+		while (bson_iter_next(&it))
+			bson_append_iter(&o, bson_iter_key(&it), -1, &it);
+	}
+	char *ns = sdb_asprintf("%s.$cmd", db);
+	rc = oplog_append(c, "c", ns, co->uuid, &o, NULL, origin, err, errlen);
+	free(ns);
+	bson_destroy(&o);
+	if (rc == 0)
+		*created = true;
+out:
+	bson_destroy(&stored);
+	return rc;
+}
+
+static int index_build(sdb_store_conn *c, const sdb_store_coll *co, const sdb_store_index *ix,
+		       sdb_store_dup *dup, char *err, size_t errlen)
+{
+	char sql[96];
+	snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld ORDER BY k", (long long)co->tbl);
+	sqlite3_stmt *s = NULL;
+	/* a private statement: index_insert_keys uses the cache meanwhile */
+	if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK)
+		return sqlerr(c->db, err, errlen, "index build");
+	int rc = 0, r;
+	sdb_key idk;
+	sdb_key_init(&idk);
+	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+		bson_t doc;
+		if (!bson_init_static(&doc, sqlite3_column_blob(s, 1),
+				      (size_t)sqlite3_column_bytes(s, 1))) {
+			rc = sdb_errf(err, errlen, SDB_ECORRUPT, "corrupt document in %s.%s",
+				      co->db, co->coll);
+			break;
+		}
+		sdb_key_reset(&idk);
+		sdb_key_append(&idk, sqlite3_column_blob(s, 0),
+				     (size_t)sqlite3_column_bytes(s, 0));
+		store_keyset ks;
+		store_keyset_init(&ks);
+		bool missing = false;
+		rc = index_keys(ix, &doc, &ks, &missing, err, errlen);
+		if (rc == 0 && !(ix->sparse && missing))
+			rc = index_insert_keys(c, co, ix, &ks, &idk, &doc, dup, err, errlen);
+		store_keyset_destroy(&ks);
+		if (rc)
+			break;
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = sqlerr(c->db, err, errlen, "index build");
+	sdb_key_free(&idk);
+	sqlite3_finalize(s);
+	return rc;
+}
+
+int sdb_store_index_drop(sdb_store_conn *c, const char *db, const char *coll,
+			 const char *name, const char *origin, char *err, size_t errlen)
+{
+	const sdb_store_coll *co = cache_find(c, db, coll);
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found %s.%s", db, coll);
+	if (strcmp(name, "_id_") == 0)
+		return sdb_errf(err, errlen, SDB_EINVAL, "cannot drop _id index");
+	const sdb_store_index *ix = NULL;
+	for (size_t i = 0; i < co->n_indexes; i++)
+		if (strcmp(co->indexes[i].name, name) == 0)
+			ix = &co->indexes[i];
+	if (!ix)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "index not found with name [%s]",
+				name);
+	uint8_t uuid[16];
+	memcpy(uuid, co->uuid, 16);
+	int rc = drop_table(c, "i", ix->tbl, err, errlen);
+	if (rc)
+		return rc;
+	c->ddl = true;
+	sqlite3_stmt *s = stmt_get(
+		c, "DELETE FROM catalog_index WHERE db = ? AND coll = ? AND name = ?", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 3, name, -1, SQLITE_TRANSIENT);
+	rc = step_done(c, s, err, errlen, "catalog index delete");
+	if (rc)
+		return rc;
+	bson_t o = BSON_INITIALIZER;
+	BSON_APPEND_UTF8(&o, "dropIndexes", coll);
+	BSON_APPEND_UTF8(&o, "index", name);
+	rc = catalog_bump(c, err, errlen);
+	if (rc == 0) {
+		char *ns = sdb_asprintf("%s.$cmd", db);
+		rc = oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
+		free(ns);
+	}
+	bson_destroy(&o);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ scans */
+
+struct sdb_store_cursor {
+	sdb_store_conn *conn;
+	sqlite3_stmt *stmt; /* private statement */
+	const sdb_store_coll *co;
+	const sdb_store_index *ix; /* NULL: collection scan */
+	sdb_store_range *ranges;   /* copies */
+	size_t n_ranges, cur_range;
+	bool reverse, started;
+	int64_t keys, docs;
+	store_idset seen;
+};
+
+static void range_free(sdb_store_range *r)
+{
+	free((void *)r->lo);
+	free((void *)r->hi);
+}
+
+static int cursor_prepare_range(sdb_store_cursor *cur, char *err, size_t errlen)
+{
+	sdb_store_conn *c = cur->conn;
+	sdb_store_range open = {0};
+	size_t idx = cur->reverse ? cur->n_ranges - 1 - cur->cur_range : cur->cur_range;
+	const sdb_store_range *r = cur->n_ranges ? &cur->ranges[idx] : &open;
+	char sql[400];
+	char where[160] = "";
+	const char *col = cur->ix ? "i.k" : "k";
+	size_t wl = 0;
+	if (r->lo)
+		wl += (size_t)snprintf(where + wl, sizeof where - wl, " WHERE %s %s ?1", col,
+				       r->lo_incl ? ">=" : ">");
+	if (r->hi)
+		snprintf(where + wl, sizeof where - wl, " %s %s %s ?2", r->lo ? "AND" : "WHERE",
+			 col, r->hi_incl ? "<=" : "<");
+	const char *dir = cur->reverse ? "DESC" : "ASC";
+	if (cur->ix)
+		snprintf(sql, sizeof sql,
+			 "SELECT i.id, c.doc FROM i_%lld i JOIN c_%lld c ON c.k = i.id%s "
+			 "ORDER BY i.k %s, i.id %s",
+			 (long long)cur->ix->tbl, (long long)cur->co->tbl, where, dir, dir);
+	else
+		snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld%s ORDER BY k %s",
+			 (long long)cur->co->tbl, where, dir);
+	if (cur->stmt)
+		sqlite3_finalize(cur->stmt);
+	cur->stmt = NULL;
+	if (sqlite3_prepare_v2(c->db, sql, -1, &cur->stmt, NULL) != SQLITE_OK)
+		return sqlerr(c->db, err, errlen, "scan");
+	if (r->lo)
+		sqlite3_bind_blob(cur->stmt, 1, r->lo, (int)r->lo_len, SQLITE_STATIC);
+	if (r->hi)
+		sqlite3_bind_blob(cur->stmt, 2, r->hi, (int)r->hi_len, SQLITE_STATIC);
+	return 0;
+}
+
+int sdb_store_scan(sdb_store_conn *c, const char *db, const char *coll, const char *index,
+		   const sdb_store_range *ranges, size_t n_ranges, bool reverse,
+		   sdb_store_cursor **out, char *err, size_t errlen)
+{
+	*out = NULL;
+	const sdb_store_coll *co = cache_find(c, db, coll);
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
+	const sdb_store_index *ix = NULL;
+	if (index) {
+		for (size_t i = 0; i < co->n_indexes; i++)
+			if (strcmp(co->indexes[i].name, index) == 0)
+				ix = &co->indexes[i];
+		if (!ix)
+			return sdb_errf(err, errlen, SDB_EINVAL, "no such index: %s", index);
+	}
+	sdb_store_cursor *cur = sdb_calloc(1, sizeof *cur);
+	cur->conn = c;
+	cur->co = co;
+	cur->ix = ix;
+	cur->reverse = reverse;
+	cur->n_ranges = n_ranges;
+	if (n_ranges) {
+		cur->ranges = sdb_calloc(n_ranges, sizeof *cur->ranges);
+		for (size_t i = 0; i < n_ranges; i++) {
+			cur->ranges[i] = ranges[i];
+			if (ranges[i].lo) {
+				void *p = sdb_malloc(ranges[i].lo_len ? ranges[i].lo_len : 1);
+				memcpy(p, ranges[i].lo, ranges[i].lo_len);
+				cur->ranges[i].lo = p;
+			}
+			if (ranges[i].hi) {
+				void *p = sdb_malloc(ranges[i].hi_len ? ranges[i].hi_len : 1);
+				memcpy(p, ranges[i].hi, ranges[i].hi_len);
+				cur->ranges[i].hi = p;
+			}
+		}
+	}
+	store_idset_init(&cur->seen);
+	int rc = cursor_prepare_range(cur, err, errlen);
+	if (rc) {
+		sdb_store_cursor_close(cur);
+		return rc;
+	}
+	*out = cur;
+	return 0;
+}
+
+int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t errlen)
+{
+	if (!cur)
+		return 0;
+	for (;;) {
+		if (!cur->stmt)
+			return 0;
+		int r = sqlite3_step(cur->stmt);
+		if (r == SQLITE_ROW) {
+			cur->keys++;
+			const void *id = sqlite3_column_blob(cur->stmt, 0);
+			size_t idlen = (size_t)sqlite3_column_bytes(cur->stmt, 0);
+			if (cur->ix && !store_idset_add(&cur->seen, id, idlen))
+				continue; /* multikey: seen already */
+			cur->docs++;
+			if (!bson_init_static(doc, sqlite3_column_blob(cur->stmt, 1),
+					      (size_t)sqlite3_column_bytes(cur->stmt, 1)))
+				return sdb_errf(err, errlen, SDB_ECORRUPT,
+						"corrupt document in %s.%s", cur->co->db,
+						cur->co->coll);
+			return 1;
+		}
+		if (r != SQLITE_DONE)
+			return sqlerr(cur->conn->db, err, errlen, "scan");
+		if (cur->cur_range + 1 >= cur->n_ranges) {
+			sqlite3_finalize(cur->stmt);
+			cur->stmt = NULL;
+			return 0;
+		}
+		cur->cur_range++;
+		int rc = cursor_prepare_range(cur, err, errlen);
+		if (rc)
+			return rc;
+	}
+}
+
+void sdb_store_cursor_stats(const sdb_store_cursor *cur, int64_t *keys, int64_t *docs)
+{
+	*keys = cur ? (cur->ix ? cur->keys : 0) : 0;
+	*docs = cur ? cur->docs : 0;
+}
+
+void sdb_store_cursor_close(sdb_store_cursor *cur)
+{
+	if (!cur)
+		return;
+	if (cur->stmt)
+		sqlite3_finalize(cur->stmt);
+	for (size_t i = 0; i < cur->n_ranges; i++)
+		range_free(&cur->ranges[i]);
+	free(cur->ranges);
+	store_idset_destroy(&cur->seen);
+	free(cur);
+}
+
+/* ------------------------------------------------------------------ version tokens */
+
+int sdb_store_version_check(sdb_store_conn *c, const char *chunk, int64_t token,
+			    int64_t *stored, char *err, size_t errlen)
+{
+	sqlite3_stmt *s = stmt_get(c, "SELECT token FROM versions WHERE chunk = ?", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, chunk, -1, SQLITE_STATIC);
+	*stored = 0;
+	int r = sqlite3_step(s);
+	if (r == SQLITE_ROW)
+		*stored = sqlite3_column_int64(s, 0);
+	sqlite3_reset(s);
+	if (r != SQLITE_ROW && r != SQLITE_DONE)
+		return sqlerr(c->db, err, errlen, "version check");
+	if (token < *stored)
+		return sdb_errf(err, errlen, SDB_ESTALE,
+				"version token %lld of chunk %s is older than the shard's %lld",
+				(long long)token, chunk, (long long)*stored);
+	return 0;
+}
+
+int sdb_store_version_set(sdb_store_conn *c, const char *chunk, int64_t token,
+			  int64_t *stored, char *err, size_t errlen)
+{
+	sqlite3_stmt *s = stmt_get(c,
+				   "INSERT INTO versions(chunk, token) VALUES(?1, ?2) "
+				   "ON CONFLICT(chunk) DO UPDATE SET token = max(token, ?2)",
+				   err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, chunk, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 2, token);
+	int rc = step_done(c, s, err, errlen, "version set");
+	if (rc)
+		return rc;
+	return sdb_store_version_check(c, chunk, INT64_MAX, stored, err, errlen);
+}
+
+/* ------------------------------------------------------------------ integrity */
+
+static void problem(bson_t *problems, int *n, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void problem(bson_t *problems, int *n, const char *fmt, ...)
+{
+	char buf[512], key[16];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	snprintf(key, sizeof key, "%d", *n);
+	if (*n < 1000)
+		BSON_APPEND_UTF8(problems, key, buf);
+	(*n)++;
+}
+
+/* Count the index rows of ix and check each document's keys are present. */
+static int check_coll(sdb_store_conn *c, const sdb_store_coll *co, bson_t *problems, int *n,
+		      char *err, size_t errlen)
+{
+	char sql[160];
+	snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld", (long long)co->tbl);
+	sqlite3_stmt *s = NULL;
+	if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK)
+		return sqlerr(c->db, err, errlen, "check");
+	int64_t *expect = sdb_calloc(co->n_indexes + 1, sizeof *expect);
+	sdb_key idk;
+	sdb_key_init(&idk);
+	int r;
+	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+		bson_t doc;
+		if (!bson_init_static(&doc, sqlite3_column_blob(s, 1),
+				      (size_t)sqlite3_column_bytes(s, 1)) ||
+		    !bson_validate(&doc, BSON_VALIDATE_NONE, NULL)) {
+			problem(problems, n, "%s.%s: a document is not valid BSON", co->db,
+				co->coll);
+			continue;
+		}
+		bson_iter_t id_it;
+		char kerr[64];
+		if (id_key(&doc, &idk, &id_it, kerr, sizeof kerr) != 0 ||
+		    idk.len != (size_t)sqlite3_column_bytes(s, 0) ||
+		    memcmp(idk.data, sqlite3_column_blob(s, 0), idk.len) != 0) {
+			problem(problems, n, "%s.%s: a document's key does not match its _id",
+				co->db, co->coll);
+			continue;
+		}
+		for (size_t i = 0; i < co->n_indexes; i++) {
+			const sdb_store_index *ix = &co->indexes[i];
+			store_keyset ks;
+			store_keyset_init(&ks);
+			bool missing = false;
+			if (index_keys(ix, &doc, &ks, &missing, kerr, sizeof kerr) == 0 &&
+			    !(ix->sparse && missing)) {
+				char q[128];
+				snprintf(q, sizeof q, "SELECT 1 FROM i_%lld WHERE k = ? AND id = ?",
+					 (long long)ix->tbl);
+				for (size_t j = 0; j < ks.n; j++) {
+					sqlite3_stmt *q2 = stmt_get(c, q, err, errlen);
+					if (!q2)
+						break;
+					sqlite3_bind_blob(q2, 1, ks.keys[j].data,
+							  (int)ks.keys[j].len, SQLITE_STATIC);
+					sqlite3_bind_blob(q2, 2, idk.data, (int)idk.len,
+							  SQLITE_STATIC);
+					if (sqlite3_step(q2) != SQLITE_ROW) {
+						char *js = bson_as_relaxed_extended_json(&doc, NULL);
+						problem(problems, n,
+							"%s.%s: index %s misses a key of document %.200s",
+							co->db, co->coll, ix->name, js ? js : "?");
+						bson_free(js);
+					}
+					sqlite3_reset(q2);
+				}
+				expect[i] += (int64_t)ks.n;
+			}
+			store_keyset_destroy(&ks);
+		}
+	}
+	sqlite3_finalize(s);
+	sdb_key_free(&idk);
+	for (size_t i = 0; i < co->n_indexes; i++) {
+		snprintf(sql, sizeof sql, "SELECT count(*) FROM i_%lld",
+			 (long long)co->indexes[i].tbl);
+		int64_t have = query_int(c, sql, -1);
+		if (have != expect[i])
+			problem(problems, n, "%s.%s: index %s has %lld entries, documents give %lld",
+				co->db, co->coll, co->indexes[i].name, (long long)have,
+				(long long)expect[i]);
+		snprintf(sql, sizeof sql,
+			 "SELECT count(*) FROM i_%lld i WHERE NOT EXISTS (SELECT 1 FROM c_%lld c "
+			 "WHERE c.k = i.id)",
+			 (long long)co->indexes[i].tbl, (long long)co->tbl);
+		int64_t orphans = query_int(c, sql, -1);
+		if (orphans != 0)
+			problem(problems, n, "%s.%s: index %s has %lld entries without a document",
+				co->db, co->coll, co->indexes[i].name, (long long)orphans);
+	}
+	free(expect);
+	return r == SQLITE_DONE || r == SQLITE_ROW ? 0 : sqlerr(c->db, err, errlen, "check");
+}
+
+/* Replay the retained oplog per namespace and compare with the data. */
+static int check_oplog(sdb_store_conn *c, bson_t *problems, int *n, char *err, size_t errlen)
+{
+	bool trimmed = query_int(c, "SELECT v FROM meta WHERE k='oplog_trimmed'", 0) != 0;
+	sqlite3_stmt *s = NULL;
+	if (sqlite3_prepare_v2(c->db, "SELECT entry FROM oplog ORDER BY ts", -1, &s, NULL) !=
+	    SQLITE_OK)
+		return sqlerr(c->db, err, errlen, "check oplog");
+	/* latest image per (ns, id key): a temp table keeps memory bounded */
+	int rc = exec_sql(c->db,
+			  "CREATE TEMP TABLE IF NOT EXISTS chk(ns TEXT, k BLOB, doc BLOB,"
+			  " PRIMARY KEY(ns, k)) WITHOUT ROWID; DELETE FROM temp.chk;"
+			  "CREATE TEMP TABLE IF NOT EXISTS chkns(ns TEXT PRIMARY KEY)"
+			  " WITHOUT ROWID; DELETE FROM temp.chkns;",
+			  err, errlen);
+	if (rc) {
+		sqlite3_finalize(s);
+		return rc;
+	}
+	sdb_key idk;
+	sdb_key_init(&idk);
+	int r;
+	uint64_t prev_ts = 0;
+	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+		bson_t e;
+		if (!bson_init_static(&e, sqlite3_column_blob(s, 0),
+				      (size_t)sqlite3_column_bytes(s, 0)))
+			continue;
+		bson_iter_t it;
+		const char *op = "", *ns = "";
+		uint32_t tsec = 0, tinc = 0;
+		if (bson_iter_init_find(&it, &e, "ts") && BSON_ITER_HOLDS_TIMESTAMP(&it))
+			bson_iter_timestamp(&it, &tsec, &tinc);
+		uint64_t ts = sdb_store_ts_pack(tsec, tinc);
+		if (ts <= prev_ts)
+			problem(problems, n, "oplog: ts not increasing at %u:%u", tsec, tinc);
+		prev_ts = ts;
+		if (bson_iter_init_find(&it, &e, "op") && BSON_ITER_HOLDS_UTF8(&it))
+			op = bson_iter_utf8(&it, NULL);
+		if (bson_iter_init_find(&it, &e, "ns") && BSON_ITER_HOLDS_UTF8(&it))
+			ns = bson_iter_utf8(&it, NULL);
+		bson_t o;
+		bool have_o = false;
+		if (bson_iter_init_find(&it, &e, "o") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_iter_document(&it, &len, &data);
+			have_o = bson_init_static(&o, data, len);
+		}
+		if (!have_o)
+			continue;
+		if (strcmp(op, "c") == 0) {
+			/* drop / dropDatabase: forget the namespaces' history */
+			const char *dbend = strstr(ns, ".$cmd");
+			char *db = dbend ? sdb_strndup(ns, (size_t)(dbend - ns)) : sdb_strdup(ns);
+			if (bson_iter_init_find(&it, &o, "drop") && BSON_ITER_HOLDS_UTF8(&it)) {
+				char *dns = sdb_asprintf("%s.%s", db, bson_iter_utf8(&it, NULL));
+				sqlite3_stmt *d = stmt_get(c, "DELETE FROM temp.chk WHERE ns = ?",
+							   err, errlen);
+				if (d) {
+					sqlite3_bind_text(d, 1, dns, -1, SQLITE_STATIC);
+					step_done(c, d, err, errlen, "chk");
+				}
+				free(dns);
+			} else if (bson_iter_init_find(&it, &o, "dropDatabase")) {
+				char *pfx = sdb_asprintf("%s.", db);
+				sqlite3_stmt *d = stmt_get(
+					c, "DELETE FROM temp.chk WHERE substr(ns, 1, length(?1)) = ?1",
+					err, errlen);
+				if (d) {
+					sqlite3_bind_text(d, 1, pfx, -1, SQLITE_STATIC);
+					step_done(c, d, err, errlen, "chk");
+				}
+				free(pfx);
+			}
+			free(db);
+			continue;
+		}
+		bson_iter_t id_it;
+		char kerr[64];
+		const bson_t *idsrc = &o;
+		bson_t o2;
+		if (strcmp(op, "u") == 0 && bson_iter_init_find(&it, &e, "o2") &&
+		    BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_iter_document(&it, &len, &data);
+			if (bson_init_static(&o2, data, len))
+				idsrc = &o2;
+		}
+		if (id_key(idsrc, &idk, &id_it, kerr, sizeof kerr) != 0)
+			continue;
+		sqlite3_stmt *u = stmt_get(c,
+					   "INSERT OR REPLACE INTO temp.chk(ns, k, doc) "
+					   "VALUES(?, ?, ?)",
+					   err, errlen);
+		if (!u)
+			break;
+		sqlite3_bind_text(u, 1, ns, -1, SQLITE_STATIC);
+		sqlite3_bind_blob(u, 2, idk.data, (int)idk.len, SQLITE_STATIC);
+		if (strcmp(op, "d") == 0)
+			sqlite3_bind_null(u, 3);
+		else
+			sqlite3_bind_blob(u, 3, bson_get_data(&o), (int)o.len, SQLITE_STATIC);
+		step_done(c, u, err, errlen, "chk");
+		sqlite3_stmt *u2 =
+			stmt_get(c, "INSERT OR IGNORE INTO temp.chkns(ns) VALUES(?)", err, errlen);
+		if (u2) {
+			sqlite3_bind_text(u2, 1, ns, -1, SQLITE_STATIC);
+			step_done(c, u2, err, errlen, "chk");
+		}
+	}
+	sqlite3_finalize(s);
+	sdb_key_free(&idk);
+	/* compare every collection against the replayed images */
+	for (size_t i = 0; i < c->n_colls; i++) {
+		const sdb_store_coll *co = &c->colls[i];
+		char *ns = ns_of(co->db, co->coll);
+		char sql[400];
+		/* images that disagree with the stored document (or a document that should
+		 * exist and does not) */
+		snprintf(sql, sizeof sql,
+			 "SELECT count(*) FROM temp.chk h LEFT JOIN c_%lld c ON c.k = h.k WHERE "
+			 "h.ns = ?1 AND ((h.doc IS NULL AND c.k IS NOT NULL) OR (h.doc IS NOT "
+			 "NULL AND (c.doc IS NULL OR c.doc <> h.doc)))",
+			 (long long)co->tbl);
+		sqlite3_stmt *q = stmt_get(c, sql, err, errlen);
+		if (q) {
+			sqlite3_bind_text(q, 1, ns, -1, SQLITE_STATIC);
+			if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_int64(q, 0) != 0)
+				problem(problems, n,
+					"%s: %lld documents disagree with their latest oplog entry",
+					ns, (long long)sqlite3_column_int64(q, 0));
+			sqlite3_reset(q);
+		}
+		if (!trimmed) {
+			snprintf(sql, sizeof sql,
+				 "SELECT count(*) FROM c_%lld c WHERE NOT EXISTS (SELECT 1 FROM "
+				 "temp.chk h WHERE h.ns = ?1 AND h.k = c.k)",
+				 (long long)co->tbl);
+			q = stmt_get(c, sql, err, errlen);
+			if (q) {
+				sqlite3_bind_text(q, 1, ns, -1, SQLITE_STATIC);
+				if (sqlite3_step(q) == SQLITE_ROW &&
+				    sqlite3_column_int64(q, 0) != 0)
+					problem(problems, n,
+						"%s: %lld documents have no oplog entry", ns,
+						(long long)sqlite3_column_int64(q, 0));
+				sqlite3_reset(q);
+			}
+		}
+		free(ns);
+	}
+	/* namespaces with live images in the oplog but no collection */
+	sqlite3_stmt *q = stmt_get(c,
+				   "SELECT ns, count(*) FROM temp.chk WHERE doc IS NOT NULL GROUP "
+				   "BY ns",
+				   err, errlen);
+	if (q) {
+		while (sqlite3_step(q) == SQLITE_ROW) {
+			const char *ns = (const char *)sqlite3_column_text(q, 0);
+			const char *dot = strchr(ns, '.');
+			bool found = false;
+			for (size_t i = 0; dot && i < c->n_colls; i++)
+				if (strlen(c->colls[i].db) == (size_t)(dot - ns) &&
+				    strncmp(c->colls[i].db, ns, (size_t)(dot - ns)) == 0 &&
+				    strcmp(c->colls[i].coll, dot + 1) == 0)
+					found = true;
+			if (!found)
+				problem(problems, n, "%s: oplog has %lld live documents, no collection",
+					ns, (long long)sqlite3_column_int64(q, 1));
+		}
+		sqlite3_reset(q);
+	}
+	exec_sql(c->db, "DELETE FROM temp.chk; DELETE FROM temp.chkns", NULL, 0);
+	return r == SQLITE_DONE ? 0 : sqlerr(c->db, err, errlen, "check oplog");
+}
+
+int sdb_store_check(sdb_store_conn *c, bson_t *problems, int *n_problems, char *err,
+		    size_t errlen)
+{
+	*n_problems = 0;
+	if (exec_sql(c->db, "PRAGMA quick_check", NULL, 0) != 0)
+		problem(problems, n_problems, "sqlite quick_check failed");
+	for (size_t i = 0; i < c->n_colls; i++) {
+		int rc = check_coll(c, &c->colls[i], problems, n_problems, err, errlen);
+		if (rc)
+			return rc;
+	}
+	return check_oplog(c, problems, n_problems, err, errlen);
+}

@@ -1,0 +1,264 @@
+/* The embedded shard's durable store: documents, indexes, oplog and version tokens in
+ * one SQLite database (DESIGN.md §8, issue #4).
+ *
+ * On disk: DIR/shard.db (+ -wal, -shm), one database file for every logical database,
+ * so that a write, its index entries, its oplog entry and the version-token check are one
+ * SQLite transaction. journal_mode=WAL, synchronous=FULL: a write is acknowledged only
+ * after its transaction's commit record has been fsync'ed to the WAL, so an acknowledged
+ * write survives kill -9 of the process and a power loss (synchronous=NORMAL would survive
+ * kill -9 only).
+ *
+ * Schema (all tables WITHOUT ROWID unless said):
+ *   meta(k TEXT PRIMARY KEY, v)                          format version, last oplog ts
+ *   catalog_coll(db, coll, tbl INTEGER, uuid BLOB, options BLOB, PRIMARY KEY(db, coll))
+ *   catalog_index(db, coll, name, tbl INTEGER, spec BLOB, PRIMARY KEY(db, coll, name))
+ *   c_N(k BLOB PRIMARY KEY, doc BLOB)                  one per collection; k = keyenc(_id)
+ *   i_N(k BLOB, id BLOB, PRIMARY KEY(k, id))            one per secondary index;
+ *                                                        k = compound key, id = c_N.k
+ *   oplog(ts INTEGER PRIMARY KEY, wall INTEGER, entry BLOB)   (rowid table; ts = secs<<32|inc)
+ *   versions(chunk TEXT PRIMARY KEY, token INTEGER)
+ *
+ * Threading: one sdb_store per data directory, shared by every thread; each thread opens
+ * its own sdb_store_conn (a SQLite connection) and uses it alone. Write transactions are
+ * serialized by SQLite's write lock (BEGIN IMMEDIATE); readers see a consistent snapshot
+ * for the whole of their transaction (WAL).
+ *
+ * Oplog entries follow local.oplog.rs of a replica-set member:
+ *   { ts: Timestamp(secs, inc), t: 1, v: 2, op: "i"|"u"|"d"|"c"|"n", ns: "db.coll",
+ *     ui: UUID, o: {...}, o2: {_id: ...} (u only), wall: Date, origin: "mig-42" (optional) }
+ * op "u" carries the full post-image in o (replacement form; applying it is idempotent).
+ * op "c" carries {create: coll} / {drop: coll} / {createIndexes: coll, ...spec} /
+ * {dropIndexes: coll, index: name} / {dropDatabase: 1} with ns "db.$cmd".
+ * ts: seconds from the injectable wall clock (sdb_store_opts.clock_ms) and a counter;
+ * strictly increasing within a process and across restarts (the last ts is persisted).
+ */
+#ifndef SDB_STORAGE_STORE_H
+#define SDB_STORAGE_STORE_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sdb_store sdb_store;
+typedef struct sdb_store_conn sdb_store_conn;
+typedef struct sdb_store_cursor sdb_store_cursor;
+
+typedef struct sdb_store_opts {
+	/* Oplog cap: trim oldest entries beyond this many bytes (0 = default 256 MiB). */
+	int64_t oplog_max_bytes;
+	/* Oplog cap by age in seconds of wall clock (0 = no age limit). */
+	int64_t oplog_max_age_s;
+	/* synchronous=NORMAL instead of FULL (benchmarks only; survives kill -9, not power loss). */
+	bool sync_normal;
+	/* Wall clock in epoch ms for oplog ts and wall (NULL = CLOCK_REALTIME). Tests inject it. */
+	int64_t (*clock_ms)(void *arg);
+	void *clock_arg;
+} sdb_store_opts;
+
+/* Open (creating if needed) the store in directory dir (created if missing, mode 0700).
+ * opts may be NULL for defaults. Returns 0, SDB_EIO (cannot create/open, not a stripedb
+ * database) or SDB_ECORRUPT, with a message. Free with sdb_store_close() after every
+ * connection has been closed. */
+int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out, char *err,
+		   size_t errlen);
+void sdb_store_close(sdb_store *st);
+
+/* Open a connection for the calling thread. Returns 0 or SDB_EIO. Close with
+ * sdb_store_conn_close() on the same thread. */
+int sdb_store_conn_open(sdb_store *st, sdb_store_conn **out, char *err, size_t errlen);
+void sdb_store_conn_close(sdb_store_conn *c);
+
+/* --- transactions --- */
+
+/* Begin a read (snapshot) or write (BEGIN IMMEDIATE: takes the write lock, waiting up to
+ * 10 s) transaction. Returns 0, SDB_EBUSY (lock timeout) or SDB_EIO. Every other call below
+ * needs an open transaction (writes need a write one). */
+int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen);
+/* Commit (durable when it returns 0, see synchronous=FULL above). On error the
+ * transaction is rolled back. Returns 0 or SDB_EIO. */
+int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen);
+/* Roll back; safe to call with no transaction open. */
+void sdb_store_rollback(sdb_store_conn *c);
+/* Savepoints, to undo one failed item of a batch without losing the others. */
+int sdb_store_savepoint(sdb_store_conn *c);
+void sdb_store_savepoint_release(sdb_store_conn *c);
+void sdb_store_savepoint_rollback(sdb_store_conn *c);
+
+/* --- catalog --- */
+
+typedef struct sdb_store_index {
+	char *name;   /* "a_1" */
+	bson_t *spec; /* {v: 2, key: {...}, name: ..., unique?: true, ...} (as listIndexes) */
+	bson_t *key;  /* the key pattern {a: 1, b: -1} (points into spec's data copy) */
+	bool unique;
+	bool sparse;
+	int64_t tbl; /* i_N table number */
+} sdb_store_index;
+
+typedef struct sdb_store_coll {
+	char *db, *coll;
+	int64_t tbl;      /* c_N table number */
+	uint8_t uuid[16]; /* collection UUID (oplog ui, listCollections info.uuid) */
+	bson_t *options;  /* create options as given (may be empty) */
+	size_t n_indexes; /* secondary indexes (not _id_) */
+	sdb_store_index *indexes;
+} sdb_store_coll;
+
+/* Look db.coll up. *out is owned by the connection's catalog cache and valid until the
+ * transaction ends. Returns 0, or SDB_ENOTFOUND (no such collection; *out = NULL). */
+int sdb_store_coll_get(sdb_store_conn *c, const char *db, const char *coll,
+		       const sdb_store_coll **out, char *err, size_t errlen);
+/* Create db.coll (write txn). Returns 0, SDB_EEXISTS (already there; *out still set when
+ * out != NULL) or SDB_EINVAL (bad name). options (may be NULL) is stored as given. Logs a
+ * "c" oplog entry {create: coll} with origin (may be NULL). */
+int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
+			  const bson_t *options, const char *origin, const sdb_store_coll **out,
+			  char *err, size_t errlen);
+/* Drop db.coll with its indexes (write txn). Returns 0 or SDB_ENOTFOUND. */
+int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,
+			const char *origin, char *err, size_t errlen);
+/* Drop every collection of db (write txn). *n_dropped receives the count (may be 0). */
+int sdb_store_db_drop(sdb_store_conn *c, const char *db, const char *origin, int *n_dropped,
+		      char *err, size_t errlen);
+/* List the collections of db (db NULL = every database) as a heap array of heap strings
+ * "db\0coll" pairs: names[i*2] is the db, names[i*2+1] the collection. Free with
+ * sdb_store_names_free(names, n). */
+int sdb_store_coll_list(sdb_store_conn *c, const char *db, char ***names, size_t *n,
+			char *err, size_t errlen);
+void sdb_store_names_free(char **names, size_t n);
+
+/* Create a secondary index from spec (MongoDB createIndexes shape: {key: {...}, name,
+ * unique?, sparse?}) on an existing collection, indexing the existing documents (write
+ * txn). Returns 0, SDB_EEXISTS (same name and same key: nothing to do; *created = false),
+ * SDB_ECONFLICT (same name with another key or options, or same key with another name:
+ * msg says which; code 85/86 by *mongo_code), SDB_EINVAL (bad spec, mongo code 67 or 2),
+ * or the duplicate-key error of sdb_store_insert when building a unique index over
+ * duplicates. */
+int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
+			   const bson_t *spec, const char *origin, bool *created, int *mongo_code,
+			   char *err, size_t errlen);
+/* Drop one secondary index by name. Returns 0, SDB_ENOTFOUND or SDB_EINVAL (_id_). */
+int sdb_store_index_drop(sdb_store_conn *c, const char *db, const char *coll,
+			 const char *name, const char *origin, char *err, size_t errlen);
+
+/* --- documents --- */
+
+/* A duplicate-key violation, filled by insert/replace when they return SDB_EEXISTS:
+ * errmsg as MongoDB ("E11000 duplicate key error collection: db.c index: a_1 dup key:
+ * { a: 1 }"), keyPattern and keyValue as in the writeError. Free with
+ * sdb_store_dup_clear(). */
+typedef struct sdb_store_dup {
+	char *errmsg;
+	bson_t key_pattern;
+	bson_t key_value;
+	bool set;
+} sdb_store_dup;
+void sdb_store_dup_clear(sdb_store_dup *d);
+
+/* Insert doc (which must have _id as its first field; the caller adds one) into db.coll,
+ * creating the collection if missing (write txn). Appends an "i" oplog entry tagged with
+ * origin (may be NULL). Returns 0, SDB_EEXISTS (duplicate key on _id or a unique index:
+ * dup filled), SDB_EINVAL (no _id, _id an array/regex/undefined) or SDB_EIO. */
+int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
+		     const char *origin, sdb_store_dup *dup, char *err, size_t errlen);
+/* Replace the document whose _id is old_doc's _id by new_doc (same _id) (write txn):
+ * rewrites index entries and appends a "u" oplog entry with o = new_doc, o2 = {_id}.
+ * Returns 0, SDB_ENOTFOUND, SDB_EEXISTS (unique index violation, dup filled). */
+int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
+		      const bson_t *old_doc, const bson_t *new_doc, const char *origin,
+		      sdb_store_dup *dup, char *err, size_t errlen);
+/* Delete doc (by its _id) (write txn): removes index entries, appends a "d" oplog entry
+ * {o: {_id}}. Returns 0 or SDB_ENOTFOUND. */
+int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
+		     const char *origin, char *err, size_t errlen);
+/* Find the document with this _id value (iter positioned on an _id element). *out is
+ * initialised (bson_init_static over a copy owned by *out: bson_destroy it) on found.
+ * Returns 0, SDB_ENOTFOUND. */
+int sdb_store_get_by_id(sdb_store_conn *c, const char *db, const char *coll,
+			const bson_iter_t *id, bson_t *out, char *err, size_t errlen);
+/* Count documents of db.coll (0 if missing). */
+int64_t sdb_store_count(sdb_store_conn *c, const char *db, const char *coll);
+/* Sum of document sizes in bytes (collStats size). */
+int64_t sdb_store_data_size(sdb_store_conn *c, const char *db, const char *coll);
+
+/* --- scans --- */
+
+/* One range of encoded index keys; lo/hi NULL = unbounded. Keys compare as byte strings
+ * (memcmp order); the encoding (storage/keyenc.h) makes that MongoDB's order. */
+typedef struct sdb_store_range {
+	const uint8_t *lo;
+	size_t lo_len;
+	bool lo_incl;
+	const uint8_t *hi;
+	size_t hi_len;
+	bool hi_incl;
+} sdb_store_range;
+
+/* Open a scan of db.coll in a transaction: index NULL = every document in _id order
+ * (collection scan; ranges then apply to the _id key), otherwise the secondary index of
+ * that name over ranges (each in key order, ranges given in ascending order; n_ranges 0 =
+ * the whole index), documents deduplicated (multikey). reverse walks backwards. Returns 0,
+ * SDB_ENOTFOUND (no collection: *out = NULL, an empty result) or SDB_EINVAL (no such
+ * index). Close with sdb_store_cursor_close() before the transaction ends. */
+int sdb_store_scan(sdb_store_conn *c, const char *db, const char *coll, const char *index,
+		   const sdb_store_range *ranges, size_t n_ranges, bool reverse,
+		   sdb_store_cursor **out, char *err, size_t errlen);
+/* Next document: 1 with *doc initialised read-only over memory valid until the next call
+ * (do not destroy), 0 at the end, <0 on error. */
+int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t errlen);
+/* Keys and documents examined so far (explain executionStats). */
+void sdb_store_cursor_stats(const sdb_store_cursor *cur, int64_t *keys, int64_t *docs);
+void sdb_store_cursor_close(sdb_store_cursor *cur);
+
+/* --- oplog --- */
+
+/* Read up to max oplog entries with ts > after (a Timestamp packed as secs<<32|inc), in ts
+ * order, appending each entry document to *docs (an array of heap bson_t*, *n updated; free
+ * each with bson_destroy and the array with free). Read txn. */
+int sdb_store_oplog_read(sdb_store_conn *c, uint64_t after, size_t max, bson_t ***docs,
+			 size_t *n, char *err, size_t errlen);
+/* The newest max entries, newest first (the `sort: {$natural: -1}` read). Same ownership
+ * as sdb_store_oplog_read. */
+int sdb_store_oplog_read_desc(sdb_store_conn *c, size_t max, bson_t ***docs, size_t *n,
+			      char *err, size_t errlen);
+/* Newest committed oplog ts visible to the transaction (0 when the oplog is empty). */
+uint64_t sdb_store_oplog_last(sdb_store_conn *c);
+/* Oldest ts in the oplog (0 if empty). */
+uint64_t sdb_store_oplog_first(sdb_store_conn *c);
+/* Count of oplog entries. */
+int64_t sdb_store_oplog_count(sdb_store_conn *c);
+/* The highest ts ever committed by this process or found at open (atomic read). Used by
+ * awaitData cursors to know whether to re-read. */
+uint64_t sdb_store_oplog_committed(sdb_store *st);
+
+/* --- version tokens --- */
+
+/* Check a request's token for chunk against the stored one (any txn). Returns 0 when
+ * token >= stored (or nothing stored), SDB_ESTALE otherwise; *stored gets the stored
+ * token (0 when none). */
+int sdb_store_version_check(sdb_store_conn *c, const char *chunk, int64_t token,
+			    int64_t *stored, char *err, size_t errlen);
+/* Move chunk's token forward to token (write txn); never backwards. *stored gets the
+ * token in force afterwards (max of old and new). */
+int sdb_store_version_set(sdb_store_conn *c, const char *chunk, int64_t token,
+			  int64_t *stored, char *err, size_t errlen);
+
+/* --- integrity --- */
+
+/* Verify (read txn) that every index holds exactly the keys its collection's documents
+ * produce, that every document parses and its key matches its _id, and that the oplog
+ * agrees with the data (each live document's latest oplog entry within the retained
+ * oplog is an insert/update whose image equals the stored document; no deleted document
+ * has a later insert/update without delete). Problems are appended to problems
+ * (an array builder: strings) and counted in *n_problems. Returns 0 or SDB_EIO. */
+int sdb_store_check(sdb_store_conn *c, bson_t *problems, int *n_problems, char *err,
+		    size_t errlen);
+
+/* Pack/unpack a BSON Timestamp into the oplog's 64-bit ts. */
+static inline uint64_t sdb_store_ts_pack(uint32_t secs, uint32_t inc)
+{
+	return ((uint64_t)secs << 32) | inc;
+}
+
+#endif
