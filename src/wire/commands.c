@@ -64,6 +64,17 @@ static void on_hello_timer(uv_timer_t *t)
 	hello_wait_finish(t->data);
 }
 
+void wire__hello_cancel_conn(wire_server *srv, wire_conn *conn)
+{
+	wire_hello_wait *w = srv->hello_waits, *next;
+
+	for (; w; w = next) {
+		next = w->next;
+		if (wire_req_conn(w->req) == conn)
+			hello_wait_finish(w);
+	}
+}
+
 void wire__hello_flush(wire_server *srv)
 {
 	while (srv->hello_waits)
@@ -143,6 +154,8 @@ static void cmd_hello(wire_req *req, void *role_data)
 			w->next->prev = w;
 		srv->hello_waits = w;
 		uv_timer_start(&w->timer, on_hello_timer, (uint64_t)wait_ms, 0);
+		/* notice a driver closing its monitoring connection during the wait */
+		wire__conn_watch_eof(wire_req_conn(req));
 		return;
 	}
 	wire_req_reply(req, reply);

@@ -40,6 +40,7 @@ struct wire_conn {
 	enum wire_conn_state state;
 	int refs;                   /* 1 for the open handle + 1 per request; loop thread only */
 	bool reading;               /* uv_read_start active */
+	bool watch_eof;             /* BUSY but reading, to notice EOF (awaitable hello) */
 	bool close_when_idle;       /* close once the queued replies are written */
 	size_t writes_pending;
 	wire_req *inflight;
@@ -112,6 +113,11 @@ struct wire_server {
 void wire__register_builtins(wire_server *srv);
 /* commands.c: answer every awaitable hello now (server closing). Loop thread. */
 void wire__hello_flush(wire_server *srv);
+/* commands.c: answer (into the void) the awaitable hellos of a connection that closed. */
+void wire__hello_cancel_conn(wire_server *srv, wire_conn *conn);
+/* server.c: read from a BUSY connection only to notice the peer closing (used while an
+ * awaitable hello is held); bytes that arrive meanwhile are kept and reading stops. */
+void wire__conn_watch_eof(wire_conn *conn);
 /* Canonical command name for table lookup: "isMaster"/"ismaster" -> "hello". */
 const char *wire__canonical_name(const char *name);
 

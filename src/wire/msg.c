@@ -194,6 +194,10 @@ static int parse_op_msg(const uint8_t *buf, size_t len, wire_msg *out, int *code
 			if (idlen < 0)
 				FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
 				     "OP_MSG: unterminated document sequence identifier");
+			/* it becomes a field name of the command document */
+			if (!bson_utf8_validate((const char *)(buf + spos), (size_t)idlen, false))
+				FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+				     "OP_MSG: document sequence identifier is not valid UTF-8");
 			seq = &out->seqs[out->n_seqs];
 			seq->identifier = (const char *)(buf + spos);
 			spos += (size_t)idlen + 1;
@@ -236,6 +240,9 @@ static int parse_op_query(const uint8_t *buf, size_t len, wire_msg *out, int *co
 	if (nslen < 0)
 		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
 		     "OP_QUERY: unterminated fullCollectionName");
+	if (!bson_utf8_validate((const char *)(buf + pos), (size_t)nslen, false))
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+		     "OP_QUERY: fullCollectionName is not valid UTF-8");
 	out->full_collection_name = (const char *)(buf + pos);
 	pos += (size_t)nslen + 1;
 	if (len - pos < 8)

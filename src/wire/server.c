@@ -287,6 +287,7 @@ static void conn_close(wire_conn *conn)
 	conn_set_state(conn, WIRE_CONN_CLOSING);
 	conn->reading = false;
 	uv_close((uv_handle_t *)&conn->tcp, on_conn_closed);
+	wire__hello_cancel_conn(conn->srv, conn);
 }
 
 /* Close a connection that has nothing left to do when the server is draining or the
@@ -403,6 +404,7 @@ static void on_async(uv_async_t *a)
 			  req->db ? req->db : "", ok, (unsigned long long)(ns / 1000));
 		if (conn->inflight == req)
 			conn->inflight = NULL;
+		conn->watch_eof = false;
 		if (conn->state != WIRE_CONN_CLOSING) {
 			if (!req->no_reply)
 				send_reply(req);
@@ -560,7 +562,8 @@ static void conn_process(wire_conn *conn)
 	if (conn->state == WIRE_CONN_READING && !conn->reading &&
 	    conn->srv->state == WIRE_SRV_RUNNING) {
 		conn_start_reading(conn);
-	} else if (conn->state == WIRE_CONN_BUSY && conn->reading) {
+	} else if (conn->state == WIRE_CONN_BUSY && conn->reading &&
+		   !(conn->watch_eof && conn->rlen == 0)) {
 		uv_read_stop((uv_stream_t *)&conn->tcp);
 		conn->reading = false;
 	}
@@ -616,6 +619,13 @@ static void conn_start_reading(wire_conn *conn)
 		return;
 	}
 	conn->reading = true;
+}
+
+void wire__conn_watch_eof(wire_conn *conn)
+{
+	conn->watch_eof = true;
+	if (conn->state == WIRE_CONN_BUSY && !conn->reading && conn->rlen == 0)
+		conn_start_reading(conn);
 }
 
 static void format_peer(uv_tcp_t *tcp, char *out, size_t n)

@@ -1,7 +1,9 @@
 /* A stand-alone wire protocol server for tests/integration/test_wire.py: the shared
  * commands of src/wire plus three test commands, on one libuv loop.
  *
- *   wire_test_server --listen=HOST:PORT      prints "port=N" on stdout once listening
+ *   wire_test_server --listen=HOST:PORT [--http-listen=HOST:PORT] [--debug]
+ *                    prints "port=N" on stdout once listening; with --http-listen it also
+ *                    serves /healthz and /metrics (common/http.h)
  *
  * Test commands (handlers complete on libuv's thread pool, i.e. from another thread):
  *   {stripedbTestSleep: MS}   reply {slept: MS} after MS ms (at most 10000)
@@ -17,6 +19,7 @@
 #include <uv.h>
 
 #include "common/alloc.h"
+#include "common/http.h"
 #include "common/log.h"
 #include "wire/server.h"
 
@@ -28,6 +31,15 @@ typedef struct work {
 
 static uv_signal_t sig_term, sig_int;
 static wire_server *srv;
+static sdb_http *http;
+
+static int health(void *data, char *msg, size_t msglen)
+{
+	(void)data;
+	(void)msg;
+	(void)msglen;
+	return 1;
+}
 
 static void sleep_work(uv_work_t *w)
 {
@@ -108,7 +120,7 @@ static void on_signal(uv_signal_t *s, int signum)
 
 int main(int argc, char **argv)
 {
-	const char *listen = NULL;
+	const char *listen = NULL, *http_listen = NULL;
 	uv_loop_t *loop = uv_default_loop();
 	wire_server_opts opts = {0};
 	char err[256];
@@ -118,6 +130,8 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (strncmp(argv[i], "--listen=", 9) == 0)
 			listen = argv[i] + 9;
+		else if (strncmp(argv[i], "--http-listen=", 14) == 0)
+			http_listen = argv[i] + 14;
 		else if (strcmp(argv[i], "--debug") == 0)
 			sdb_log_set_level(SDB_LOG_DEBUG);
 	}
@@ -138,6 +152,14 @@ int main(int argc, char **argv)
 	wire_server_register(srv, "stripedbTestSleep", cmd_sleep);
 	wire_server_register(srv, "insert", cmd_insert);
 	wire_server_register(srv, "stripedbTestEcho", cmd_echo);
+	if (http_listen) {
+		rc = sdb_http_acquire(http_listen, &http, err, sizeof err);
+		if (rc != 0) {
+			fprintf(stderr, "wire_test_server: %s\n", err);
+			return 1;
+		}
+		sdb_http_add_health(http, "wire", health, NULL);
+	}
 	uv_signal_init(loop, &sig_term);
 	uv_signal_init(loop, &sig_int);
 	uv_signal_start(&sig_term, on_signal, SIGTERM);
@@ -145,6 +167,8 @@ int main(int argc, char **argv)
 	printf("port=%d\n", wire_server_port(srv));
 	fflush(stdout);
 	uv_run(loop, UV_RUN_DEFAULT);
+	if (http)
+		sdb_http_release(http);
 	rc = uv_loop_close(loop);
 	if (rc != 0) {
 		fprintf(stderr, "wire_test_server: loop not closed cleanly: %s\n", uv_strerror(rc));

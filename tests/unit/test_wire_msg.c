@@ -396,14 +396,15 @@ static void test_sections_errors(void **state)
 {
 	bson_t *body = BCON_NEW("ping", BCON_INT32(1), "$db", BCON_UTF8("admin"));
 	bson_t *d1 = BCON_NEW("_id", BCON_INT32(1));
-	enum { DUP_BODY, NO_BODY, BAD_KIND, SEQ_TOO_LONG, SEQ_TOO_SHORT, SEQ_NO_NUL, SEQ_BAD_DOC };
+	enum { DUP_BODY, NO_BODY, BAD_KIND, SEQ_TOO_LONG, SEQ_TOO_SHORT, SEQ_NO_NUL, SEQ_BAD_DOC,
+	       SEQ_BAD_UTF8 };
 	const char *want[] = {"more than one body section", "no body section",
 			      "unknown section kind 2", "document sequence size",
 			      "document sequence size", "unterminated document sequence",
-			      "invalid document length"};
+			      "invalid document length", "identifier is not valid UTF-8"};
 
 	(void)state;
-	for (int c = DUP_BODY; c <= SEQ_BAD_DOC; c++) {
+	for (int c = DUP_BODY; c <= SEQ_BAD_UTF8; c++) {
 		mbuf b = msg_begin(3, WIRE_OP_MSG);
 		wire_msg m;
 		uint8_t *keep;
@@ -447,6 +448,10 @@ static void test_sections_errors(void **state)
 			put(&b, "x", 2);
 			put_i32(&b, 3); /* document length 3 < 5 */
 			put_u8(&b, 0);
+			break;
+		case SEQ_BAD_UTF8: /* found by the fuzzer: "\xb7sInfo" */
+			put_u8(&b, 1);
+			put_seq(&b, "\xb7sInfo", &d1, 1);
 			break;
 		}
 		msg_end(&b);
