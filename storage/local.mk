@@ -21,6 +21,11 @@ tests_unit_test_storage_keyenc_SOURCES = tests/unit/test_storage_keyenc.c
 tests_unit_test_storage_keyenc_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_keyenc_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_keyenc
+check_PROGRAMS += tests/unit/test_storage_matcher
+tests_unit_test_storage_matcher_SOURCES = tests/unit/test_storage_matcher.c
+tests_unit_test_storage_matcher_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_matcher_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_matcher
 # --- end sa ---
 
 # --- store, planner and their tests (owner: sc, issue #4) ---
