@@ -2,7 +2,18 @@
 
 # --- update engine and aggregation pipeline (owner: sb) ---
 noinst_HEADERS += storage/update.h storage/pipeline.h storage/docbuild.h
-libstripedb_a_SOURCES += storage/update.c storage/docbuild.c
+libstripedb_a_SOURCES += storage/update.c storage/docbuild.c storage/pipeline.c
+
+check_PROGRAMS += tests/unit/test_storage_update
+tests_unit_test_storage_update_SOURCES = tests/unit/test_storage_update.c
+tests_unit_test_storage_update_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_update_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_update
+check_PROGRAMS += tests/unit/test_storage_pipeline
+tests_unit_test_storage_pipeline_SOURCES = tests/unit/test_storage_pipeline.c
+tests_unit_test_storage_pipeline_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_pipeline_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_pipeline
 # --- end sb ---
 
 # --- query core: bsonval keyenc path matcher projection sortspec (owner: sa) ---
@@ -26,6 +37,11 @@ tests_unit_test_storage_matcher_SOURCES = tests/unit/test_storage_matcher.c
 tests_unit_test_storage_matcher_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_matcher_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_matcher
+check_PROGRAMS += tests/unit/test_storage_projection
+tests_unit_test_storage_projection_SOURCES = tests/unit/test_storage_projection.c
+tests_unit_test_storage_projection_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_projection_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_projection
 # --- end sa ---
 
 # --- store, planner and their tests (owner: sc, issue #4) ---

@@ -1,0 +1,253 @@
+/* Unit tests of storage/projection.c: inclusion/exclusion with _id rules, dotted paths
+ * through arrays, $slice, $elemMatch, and MongoDB's error codes. Results are compared as
+ * canonical extended JSON, so field order and numeric types count. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "storage/projection.h"
+
+static bson_t *J(const char *json)
+{
+	char *s = strdup(json);
+	bson_error_t e;
+	bson_t *b;
+
+	for (char *p = s; *p; p++)
+		if (*p == '\'')
+			*p = '"';
+	b = bson_new_from_json((const uint8_t *)s, -1, &e);
+	if (!b)
+		fail_msg("bad test JSON %s: %s", s, e.message);
+	free(s);
+	return b;
+}
+
+typedef struct pcase {
+	const char *spec;
+	const char *doc;
+	const char *want;
+} pcase;
+
+static void run(const pcase *c, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		bson_t *spec = J(c[i].spec), *doc = J(c[i].doc), *want = J(c[i].want);
+		sdb_projection *p = NULL;
+		bson_t out = BSON_INITIALIZER;
+		int code = 0;
+		char err[256] = "";
+		char *g, *w;
+
+		if (sdb_projection_new(spec, &p, &code, err, sizeof err) != 0)
+			fail_msg("projection %s: %d %s", c[i].spec, code, err);
+		assert_int_equal(sdb_projection_apply(p, doc, &out, err, sizeof err), 0);
+		g = bson_as_canonical_extended_json(&out, NULL);
+		w = bson_as_canonical_extended_json(want, NULL);
+		if (strcmp(g, w) != 0)
+			fail_msg("projection %s of %s:\n got  %s\n want %s", c[i].spec, c[i].doc, g, w);
+		bson_free(g);
+		bson_free(w);
+		bson_destroy(&out);
+		sdb_projection_free(p);
+		bson_destroy(spec);
+		bson_destroy(doc);
+		bson_destroy(want);
+	}
+}
+
+#define RUN(cases) run(cases, sizeof cases / sizeof cases[0])
+
+static const char *const inventory =
+	"{'_id': 1, 'item': 'journal', 'status': 'A', 'size': {'h': 14, 'w': 21, 'uom': 'cm'}, "
+	"'instock': [{'warehouse': 'A', 'qty': 5}, {'warehouse': 'C', 'qty': 15}]}";
+
+static void test_inclusion_exclusion(void **state)
+{
+	const pcase cases[] = {
+		{"{}", "{'_id': 1, 'a': 1}", "{'_id': 1, 'a': 1}"},
+		{"{'item': 1, 'status': 1}", inventory, "{'_id': 1, 'item': 'journal', 'status': 'A'}"},
+		{"{'status': true, 'item': 1}", inventory,
+		 "{'_id': 1, 'item': 'journal', 'status': 'A'}"},
+		{"{'item': 1, 'status': 1, '_id': 0}", inventory, "{'item': 'journal', 'status': 'A'}"},
+		{"{'status': 0, 'instock': 0}", inventory,
+		 "{'_id': 1, 'item': 'journal', 'size': {'h': 14, 'w': 21, 'uom': 'cm'}}"},
+		{"{'_id': 0}", "{'_id': 1, 'a': 2}", "{'a': 2}"},
+		{"{'_id': 1}", "{'_id': 1, 'a': 2}", "{'_id': 1}"},
+		{"{'a': 1}", "{'b': 1}", "{}"},
+		{"{'a': 1}", "{'_id': 5, 'b': 1}", "{'_id': 5}"},
+		/* output keeps the document's field order */
+		{"{'b': 1, 'a': 1}", "{'a': 1, 'b': 2, 'c': 3}", "{'a': 1, 'b': 2}"},
+		/* embedded documents */
+		{"{'item': 1, 'size.uom': 1}", inventory,
+		 "{'_id': 1, 'item': 'journal', 'size': {'uom': 'cm'}}"},
+		{"{'item': 1, 'size': {'uom': 1}}", inventory,
+		 "{'_id': 1, 'item': 'journal', 'size': {'uom': 'cm'}}"},
+		{"{'size.uom': 0}", "{'_id': 1, 'size': {'h': 14, 'uom': 'cm'}}",
+		 "{'_id': 1, 'size': {'h': 14}}"},
+		/* through arrays of documents */
+		{"{'item': 1, 'instock.qty': 1}", inventory,
+		 "{'_id': 1, 'item': 'journal', 'instock': [{'qty': 5}, {'qty': 15}]}"},
+		{"{'a.b': 1}", "{'a': [{'b': 1, 'c': 2}, 3, [{'b': 4, 'd': 5}]]}",
+		 "{'a': [{'b': 1}, [{'b': 4}]]}"},
+		{"{'a.b': 0}", "{'a': [{'b': 1, 'c': 2}, 3]}", "{'a': [{'c': 2}, 3]}"},
+		{"{'a.b': 1}", "{'a': 5}", "{}"},
+		{"{'a.b': 0}", "{'a': 5}", "{'a': 5}"},
+		{"{'a.b': 1}", "{'a': {'c': 1}}", "{'a': {}}"},
+		{"{'a.b.c': 1}", "{'a': {'b': {'c': 1, 'd': 2}, 'e': 3}}", "{'a': {'b': {'c': 1}}}"},
+	};
+
+	(void)state;
+	RUN(cases);
+}
+
+static void test_slice(void **state)
+{
+	const pcase cases[] = {
+		{"{'a': {'$slice': 2}}", "{'_id': 1, 'a': [1, 2, 3], 'b': 1}",
+		 "{'_id': 1, 'a': [1, 2], 'b': 1}"},
+		{"{'a': {'$slice': -2}}", "{'a': [1, 2, 3]}", "{'a': [2, 3]}"},
+		{"{'a': {'$slice': 5}}", "{'a': [1, 2, 3]}", "{'a': [1, 2, 3]}"},
+		{"{'a': {'$slice': -5}}", "{'a': [1, 2, 3]}", "{'a': [1, 2, 3]}"},
+		{"{'a': {'$slice': 0}}", "{'a': [1, 2, 3]}", "{'a': []}"},
+		{"{'a': {'$slice': [1, 1]}}", "{'a': [1, 2, 3]}", "{'a': [2]}"},
+		{"{'a': {'$slice': [-2, 5]}}", "{'a': [1, 2, 3]}", "{'a': [2, 3]}"},
+		{"{'a': {'$slice': [5, 1]}}", "{'a': [1, 2, 3]}", "{'a': []}"},
+		{"{'a': {'$slice': [-9, 2]}}", "{'a': [1, 2, 3]}", "{'a': [1, 2]}"},
+		{"{'a': {'$slice': 1}}", "{'a': 'scalar'}", "{'a': 'scalar'}"},
+		/* with an inclusion the other fields are dropped */
+		{"{'a': {'$slice': 1}, 'c': 1}", "{'_id': 7, 'a': [1, 2], 'b': 1, 'c': 2}",
+		 "{'_id': 7, 'a': [1], 'c': 2}"},
+		/* with an exclusion */
+		{"{'a': {'$slice': -1}, 'b': 0}", "{'a': [1, 2], 'b': 1, 'c': 2}",
+		 "{'a': [2], 'c': 2}"},
+		/* dotted, through an array of documents */
+		{"{'x.a': {'$slice': 1}}", "{'x': [{'a': [1, 2]}, {'a': [3, 4]}]}",
+		 "{'x': [{'a': [1]}, {'a': [3]}]}"},
+	};
+
+	(void)state;
+	RUN(cases);
+}
+
+static void test_elem_match(void **state)
+{
+	const pcase cases[] = {
+		/* MongoDB manual: schools example */
+		{"{'students': {'$elemMatch': {'school': 102}}}",
+		 "{'_id': 1, 'zipcode': '63109', 'students': [{'name': 'john', 'school': 102, 'age': 10}, "
+		 "{'name': 'jess', 'school': 102, 'age': 11}, {'name': 'jeff', 'school': 108, 'age': 15}]}",
+		 "{'_id': 1, 'students': [{'name': 'john', 'school': 102, 'age': 10}]}"},
+		{"{'students': {'$elemMatch': {'school': 102, 'age': {'$gt': 10}}}}",
+		 "{'_id': 1, 'students': [{'name': 'john', 'school': 102, 'age': 10}, "
+		 "{'name': 'jess', 'school': 102, 'age': 11}]}",
+		 "{'_id': 1, 'students': [{'name': 'jess', 'school': 102, 'age': 11}]}"},
+		{"{'students': {'$elemMatch': {'school': 999}}}",
+		 "{'_id': 3, 'students': [{'school': 1}]}", "{'_id': 3}"},
+		{"{'a': {'$elemMatch': {'$gt': 2}}}", "{'_id': 1, 'a': [1, 5, 7]}",
+		 "{'_id': 1, 'a': [5]}"},
+		{"{'students': {'$elemMatch': {'school': 1}}, 'zip': 1}",
+		 "{'_id': 3, 'zip': 'z', 'other': 1, 'students': [{'school': 1}]}",
+		 "{'_id': 3, 'zip': 'z', 'students': [{'school': 1}]}"},
+	};
+
+	(void)state;
+	RUN(cases);
+}
+
+typedef struct ecase {
+	const char *spec;
+	int code;
+	const char *msg;
+} ecase;
+
+static void test_errors(void **state)
+{
+	static const ecase cases[] = {
+		{"{'a': 1, 'b': 0}", 31254, "Cannot do exclusion on field b in inclusion projection"},
+		{"{'a': 0, 'b': 1}", 31253, "Cannot do inclusion on field b in exclusion projection"},
+		{"{'a': 1, 'a.b': 1}", 31250, "Path collision at a.b"},
+		{"{'a.b': 1, 'a': 1}", 31250, "Path collision at a"},
+		{"{'a.$': 1}", 2,
+		 "positional projection operator $ is not supported by stripedb (field a.$)"},
+		{"{'a': 'x'}", 2,
+		 "computed projection fields are not supported by stripedb (field a)"},
+		{"{'a': {'$foo': 1}}", 31325, "Unknown expression $foo"},
+		{"{'a': {'$meta': 'textScore'}}", 2, "$meta projection is not supported by stripedb"},
+		{"{'a': {'$slice': 'x'}}", 2, "$slice only supports numbers and [skip, limit] arrays"},
+		{"{'a': {'$slice': [1, 0]}}", 28724, "$slice limit must be positive"},
+		{"{'a.b': {'$elemMatch': {'c': 1}}}", 2,
+		 "Cannot use $elemMatch projection on a nested field."},
+		{"{'a': {'$elemMatch': 1}}", 2, "elemMatch: Invalid argument, object required."},
+		{"{'a': {'$elemMatch': {'$bad': 1}}}", 2, "unknown operator: $bad"},
+		{"{'$a': 1}", 2,
+		 "FieldPath field names may not start with '$'. Consider using $getField or "
+		 "$setField."},
+		{"{'a..b': 1}", 2, "FieldPath field names may not be empty strings."},
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		bson_t *s = J(cases[i].spec);
+		sdb_projection *p = (sdb_projection *)1;
+		int code = 0;
+		char err[256] = "";
+
+		if (sdb_projection_new(s, &p, &code, err, sizeof err) != -2)
+			fail_msg("projection %s compiled", cases[i].spec);
+		assert_null(p);
+		if (code != cases[i].code || strcmp(err, cases[i].msg) != 0)
+			fail_msg("projection %s: got %d '%s', want %d '%s'", cases[i].spec, code, err,
+				 cases[i].code, cases[i].msg);
+		bson_destroy(s);
+	}
+}
+
+static void test_mode(void **state)
+{
+	static const struct {
+		const char *spec;
+		bool inclusion;
+	} cases[] = {
+		{"{}", false},
+		{"{'a': 1}", true},
+		{"{'a': 0}", false},
+		{"{'_id': 0}", false},
+		{"{'_id': 1}", true},
+		{"{'_id': 0, 'a': 1}", true},
+		{"{'a': {'$slice': 1}}", false},
+		{"{'a': {'$elemMatch': {'b': 1}}}", true},
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		bson_t *s = J(cases[i].spec);
+		sdb_projection *p = NULL;
+		char err[128];
+
+		assert_int_equal(sdb_projection_new(s, &p, NULL, err, sizeof err), 0);
+		if (sdb_projection_is_inclusion(p) != cases[i].inclusion)
+			fail_msg("%s: inclusion %d", cases[i].spec, !cases[i].inclusion);
+		sdb_projection_free(p);
+		bson_destroy(s);
+	}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_inclusion_exclusion),
+		cmocka_unit_test(test_slice),
+		cmocka_unit_test(test_elem_match),
+		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_mode),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
