@@ -1,0 +1,605 @@
+/* Unit tests of storage/pipeline.c: MongoDB's documented examples for each stage and
+ * expression, error codes, the memory bound and the pushdown helper. Outputs are compared
+ * as canonical extended JSON (types and field order count). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "storage/pipeline.h"
+
+/* JSON with single quotes -> BSON. A top-level array is wrapped as {"a": [...]} and the
+ * array is returned through *arr_out. */
+static bson_t *J(const char *json)
+{
+	char *s = strdup(json);
+	bson_error_t e;
+	bson_t *b;
+
+	for (char *p = s; *p; p++) {
+		if (*p == '\'') {
+			*p = '"';
+		}
+	}
+	b = bson_new_from_json((const uint8_t *)s, -1, &e);
+	if (b == NULL) {
+		fail_msg("bad test JSON %s: %s", s, e.message);
+	}
+	free(s);
+	return b;
+}
+
+/* Wrap "[...]" as {"v": [...]} and return the array as a document in *out. */
+static bson_t *JA(const char *json_array, bson_t *out)
+{
+	size_t n = strlen(json_array) + 16;
+	char *w = malloc(n);
+	bson_t *b;
+	bson_iter_t it;
+	const uint8_t *data;
+	uint32_t len;
+
+	snprintf(w, n, "{'v': %s}", json_array);
+	b = J(w);
+	free(w);
+	assert_true(bson_iter_init_find(&it, b, "v"));
+	assert_true(BSON_ITER_HOLDS_ARRAY(&it));
+	bson_iter_array(&it, &len, &data);
+	assert_true(bson_init_static(out, data, len));
+	return b;
+}
+
+/* The input iterator: walks the documents of an array. */
+typedef struct {
+	bson_iter_t it;
+	bson_t cur;
+	int fail_after; /* -1: never; else fail with SDB_EIO after this many documents */
+	int served;
+} input;
+
+static int input_next(void *ctx, const bson_t **doc, int *code, char *err, size_t errlen)
+{
+	input *in = ctx;
+	const uint8_t *data;
+	uint32_t len;
+
+	(void)code;
+	if (in->fail_after >= 0 && in->served >= in->fail_after) {
+		snprintf(err, errlen, "disk on fire");
+		return SDB_EIO;
+	}
+	if (!bson_iter_next(&in->it)) {
+		return 0;
+	}
+	bson_iter_document(&in->it, &len, &data);
+	bson_init_static(&in->cur, data, len);
+	*doc = &in->cur;
+	in->served++;
+	return 1;
+}
+
+/* Run pipeline over docs; on success return the output documents as one canonical JSON
+ * array string (caller frees); on failure return NULL and set *code/err. */
+static char *run(const char *pipeline, const char *docs, const sdb_pipeline_opts *opts, int *code,
+		 char *err, size_t errlen)
+{
+	bson_t parr, darr;
+	bson_t *pw = JA(pipeline, &parr), *dw = JA(docs, &darr);
+	sdb_pipeline *p = NULL;
+	sdb_pipeline_cursor *c;
+	input in = {.fail_after = -1};
+	bson_t out = BSON_INITIALIZER;
+	char *s = NULL;
+	int rc, i = 0;
+
+	*code = 0;
+	rc = sdb_pipeline_parse(&parr, opts, &p, code, err, errlen);
+	if (rc != 0) {
+		goto done;
+	}
+	bson_iter_init(&in.it, &darr);
+	sdb_pipeline_open(p, input_next, &in, &c);
+	for (;;) {
+		const bson_t *d;
+		char key[16];
+
+		rc = sdb_pipeline_cursor_next(c, &d, code, err, errlen);
+		if (rc <= 0) {
+			break;
+		}
+		snprintf(key, sizeof key, "%d", i++);
+		bson_append_document(&out, key, -1, d);
+	}
+	sdb_pipeline_cursor_free(c);
+	if (rc == 0) {
+		bson_t wrap = BSON_INITIALIZER;
+
+		bson_append_array(&wrap, "v", 1, &out);
+		s = bson_as_canonical_extended_json(&wrap, NULL);
+		bson_destroy(&wrap);
+	}
+done:
+	sdb_pipeline_free(p);
+	bson_destroy(&out);
+	bson_destroy(pw);
+	bson_destroy(dw);
+	return s;
+}
+
+static void check(const char *pipeline, const char *docs, const char *want)
+{
+	int code;
+	char err[512] = "";
+	char *got = run(pipeline, docs, NULL, &code, err, sizeof err);
+	bson_t warr;
+	bson_t *ww;
+	char *exp;
+
+	if (got == NULL) {
+		fail_msg("pipeline %s failed: code %d %s", pipeline, code, err);
+	}
+	ww = JA(want, &warr);
+	{
+		bson_t wrap = BSON_INITIALIZER;
+
+		bson_append_array(&wrap, "v", 1, &warr);
+		exp = bson_as_canonical_extended_json(&wrap, NULL);
+		bson_destroy(&wrap);
+	}
+	assert_string_equal(got, exp);
+	bson_free(got);
+	bson_free(exp);
+	bson_destroy(ww);
+}
+
+static void check_err(const char *pipeline, const char *docs, int want_code, const char *part)
+{
+	int code;
+	char err[512] = "";
+	char *got = run(pipeline, docs, NULL, &code, err, sizeof err);
+
+	if (got != NULL) {
+		fail_msg("pipeline %s succeeded: %s", pipeline, got);
+	}
+	if (code != want_code) {
+		fail_msg("pipeline %s: want code %d, got %d (%s)", pipeline, want_code, code, err);
+	}
+	if (part != NULL && strstr(err, part) == NULL) {
+		fail_msg("message '%s' lacks '%s'", err, part);
+	}
+}
+
+static const char *sales =
+	"[{'_id': 1, 'item': 'abc', 'price': 10, 'quantity': 2},"
+	" {'_id': 2, 'item': 'jkl', 'price': 20, 'quantity': 1},"
+	" {'_id': 3, 'item': 'xyz', 'price': 5, 'quantity': 10},"
+	" {'_id': 4, 'item': 'xyz', 'price': 5, 'quantity': 20},"
+	" {'_id': 5, 'item': 'abc', 'price': 10, 'quantity': 10},"
+	" {'_id': 6, 'item': 'def', 'price': 7.5, 'quantity': 5},"
+	" {'_id': 7, 'item': 'def', 'price': 7.5, 'quantity': 10},"
+	" {'_id': 8, 'item': 'abc', 'price': 10, 'quantity': 6}]";
+
+/* https://www.mongodb.com/docs/manual/reference/operator/aggregation/group/ */
+static void test_group(void **state)
+{
+	(void)state;
+	check("[{'$group': {'_id': '$item', 'totalSaleAmount': {'$sum': {'$multiply': ['$price', '$quantity']}},"
+	      " 'count': {'$sum': 1}, 'avgQ': {'$avg': '$quantity'}, 'maxQ': {'$max': '$quantity'},"
+	      " 'minP': {'$min': '$price'}, 'first': {'$first': '$_id'}, 'last': {'$last': '$_id'},"
+	      " 'n': {'$count': {}}}}, {'$sort': {'_id': 1}}]",
+	      sales,
+	      "[{'_id': 'abc', 'totalSaleAmount': 180, 'count': 3, 'avgQ': 6.0, 'maxQ': 10, 'minP': 10, 'first': 1, 'last': 8, 'n': 3},"
+	      " {'_id': 'def', 'totalSaleAmount': 112.5, 'count': 2, 'avgQ': 7.5, 'maxQ': 10, 'minP': 7.5, 'first': 6, 'last': 7, 'n': 2},"
+	      " {'_id': 'jkl', 'totalSaleAmount': 20, 'count': 1, 'avgQ': 1.0, 'maxQ': 1, 'minP': 20, 'first': 2, 'last': 2, 'n': 1},"
+	      " {'_id': 'xyz', 'totalSaleAmount': 150, 'count': 2, 'avgQ': 15.0, 'maxQ': 20, 'minP': 5, 'first': 3, 'last': 4, 'n': 2}]");
+	/* _id null: one group over everything; $push and $addToSet */
+	check("[{'$match': {'price': {'$lt': 10}}}, {'$group': {'_id': null, 'items': {'$push': '$item'},"
+	      " 'set': {'$addToSet': '$item'}, 'q': {'$sum': '$quantity'}}}]",
+	      sales, "[{'_id': null, 'items': ['xyz', 'xyz', 'def', 'def'], 'set': ['xyz', 'def'], 'q': 45}]");
+	/* a document _id; numbers of different types group together; missing fields group as null */
+	check("[{'$group': {'_id': {'k': '$k'}, 'c': {'$sum': 1}}}]",
+	      "[{'k': 1}, {'k': 1.0}, {'k': {'$numberLong': '1'}}, {'x': 1}, {'k': null}]",
+	      "[{'_id': {'k': 1}, 'c': 3}, {'_id': {}, 'c': 1}, {'_id': {'k': null}, 'c': 1}]");
+	check("[{'$group': {'_id': '$k', 'c': {'$sum': 1}}}]",
+	      "[{'k': 1}, {'k': 1.0}, {'x': 1}, {'k': null}]", "[{'_id': 1, 'c': 2}, {'_id': null, 'c': 2}]");
+	/* $sum widens int32 -> int64 and ignores non-numbers; $avg of nothing numeric is null */
+	check("[{'$group': {'_id': null, 's': {'$sum': '$v'}, 'a': {'$avg': '$s'}, 'm': {'$min': '$nope'}}}]",
+	      "[{'v': 2147483647}, {'v': 1}, {'v': 'str'}]",
+	      "[{'_id': null, 's': {'$numberLong': '2147483648'}, 'a': null, 'm': null}]");
+	/* empty input: no group at all */
+	check("[{'$group': {'_id': null, 'c': {'$sum': 1}}}]", "[]", "[]");
+	check_err("[{'$group': {'total': {'$sum': 1}}}]", "[]", 15955, "must include an _id");
+	check_err("[{'$group': {'_id': null, 'total': 1}}]", "[]", 40234, "accumulator object");
+	check_err("[{'$group': {'_id': null, 'total': {'$median': 1}}}]", "[]", 15952, "$median");
+}
+
+/* https://www.mongodb.com/docs/manual/reference/operator/aggregation/count/ */
+static void test_count(void **state)
+{
+	(void)state;
+	const char *scores = "[{'_id': 1, 'subject': 'History', 'score': 88}, {'_id': 2, 'subject': 'History', 'score': 92},"
+			     " {'_id': 3, 'subject': 'History', 'score': 97}, {'_id': 4, 'subject': 'History', 'score': 71},"
+			     " {'_id': 5, 'subject': 'History', 'score': 79}, {'_id': 6, 'subject': 'History', 'score': 83}]";
+
+	check("[{'$match': {'score': {'$gt': 80}}}, {'$count': 'passing_scores'}]", scores,
+	      "[{'passing_scores': 4}]");
+	check("[{'$match': {'score': {'$gt': 100}}}, {'$count': 'n'}]", scores, "[]");
+	check_err("[{'$count': ''}]", "[]", 40157, NULL);
+	check_err("[{'$count': '$x'}]", "[]", 40158, NULL);
+	check_err("[{'$count': 'a.b'}]", "[]", 40160, NULL);
+	check_err("[{'$count': 1}]", "[]", 40156, NULL);
+}
+
+/* https://www.mongodb.com/docs/manual/reference/operator/aggregation/unwind/ */
+static void test_unwind(void **state)
+{
+	(void)state;
+	const char *inv = "[{'_id': 1, 'item': 'ABC', 'price': 80, 'sizes': ['S', 'M', 'L']},"
+			  " {'_id': 2, 'item': 'EFG', 'price': 120, 'sizes': []},"
+			  " {'_id': 3, 'item': 'IJK', 'price': 160, 'sizes': 'M'},"
+			  " {'_id': 4, 'item': 'LMN', 'price': 10},"
+			  " {'_id': 5, 'item': 'XYZ', 'price': 5.75, 'sizes': null}]";
+
+	check("[{'$unwind': '$sizes'}]", inv,
+	      "[{'_id': 1, 'item': 'ABC', 'price': 80, 'sizes': 'S'}, {'_id': 1, 'item': 'ABC', 'price': 80, 'sizes': 'M'},"
+	      " {'_id': 1, 'item': 'ABC', 'price': 80, 'sizes': 'L'}, {'_id': 3, 'item': 'IJK', 'price': 160, 'sizes': 'M'}]");
+	check("[{'$unwind': {'path': '$sizes', 'preserveNullAndEmptyArrays': true}}]", inv,
+	      "[{'_id': 1, 'item': 'ABC', 'price': 80, 'sizes': 'S'}, {'_id': 1, 'item': 'ABC', 'price': 80, 'sizes': 'M'},"
+	      " {'_id': 1, 'item': 'ABC', 'price': 80, 'sizes': 'L'}, {'_id': 2, 'item': 'EFG', 'price': 120},"
+	      " {'_id': 3, 'item': 'IJK', 'price': 160, 'sizes': 'M'}, {'_id': 4, 'item': 'LMN', 'price': 10},"
+	      " {'_id': 5, 'item': 'XYZ', 'price': 5.75, 'sizes': null}]");
+	check("[{'$unwind': {'path': '$sizes', 'includeArrayIndex': 'arrayIndex'}}]", inv,
+	      "[{'_id': 1, 'item': 'ABC', 'price': 80, 'sizes': 'S', 'arrayIndex': {'$numberLong': '0'}},"
+	      " {'_id': 1, 'item': 'ABC', 'price': 80, 'sizes': 'M', 'arrayIndex': {'$numberLong': '1'}},"
+	      " {'_id': 1, 'item': 'ABC', 'price': 80, 'sizes': 'L', 'arrayIndex': {'$numberLong': '2'}},"
+	      " {'_id': 3, 'item': 'IJK', 'price': 160, 'sizes': 'M', 'arrayIndex': null}]");
+	/* a dotted path keeps the embedding */
+	check("[{'$unwind': '$a.b'}]", "[{'_id': 1, 'a': {'b': [1, 2], 'c': 3}}]",
+	      "[{'_id': 1, 'a': {'b': 1, 'c': 3}}, {'_id': 1, 'a': {'b': 2, 'c': 3}}]");
+	check_err("[{'$unwind': 'sizes'}]", "[]", 28818, "prefixed with a '$'");
+	check_err("[{'$unwind': {'path': '$a', 'bogus': 1}}]", "[]", 28811, "bogus");
+}
+
+/* https://www.mongodb.com/docs/manual/reference/operator/aggregation/project/ */
+static void test_project(void **state)
+{
+	(void)state;
+	const char *books = "[{'_id': 1, 'title': 'abc123', 'isbn': '0001122223334',"
+			    " 'author': {'last': 'zzz', 'first': 'aaa'}, 'copies': 5}]";
+
+	check("[{'$project': {'title': 1, 'author': 1}}]", books,
+	      "[{'_id': 1, 'title': 'abc123', 'author': {'last': 'zzz', 'first': 'aaa'}}]");
+	check("[{'$project': {'_id': 0, 'title': 1, 'author': 1}}]", books,
+	      "[{'title': 'abc123', 'author': {'last': 'zzz', 'first': 'aaa'}}]");
+	check("[{'$project': {'author.first': 0, 'copies': 0}}]", books,
+	      "[{'_id': 1, 'title': 'abc123', 'isbn': '0001122223334', 'author': {'last': 'zzz'}}]");
+	check("[{'$project': {'author': {'first': 0}, '_id': 0}}]", books,
+	      "[{'title': 'abc123', 'isbn': '0001122223334', 'author': {'last': 'zzz'}, 'copies': 5}]");
+	/* inclusion keeps document order; computed fields follow, in specification order */
+	check("[{'$project': {'stock': {'$add': ['$copies', 1]}, 'title': 1,"
+	      " 'author.full': {'$concat': ['$author.first', ' ', '$author.last']}, 'lit': 'text', 'one': {'$literal': 1}}}]",
+	      books,
+	      "[{'_id': 1, 'title': 'abc123', 'author': {'full': 'aaa zzz'}, 'stock': 6, 'lit': 'text', 'one': 1}]");
+	/* dotted inclusion through an array of documents */
+	check("[{'$project': {'a.b': 1, '_id': 0}}]", "[{'_id': 1, 'a': [{'b': 1, 'c': 2}, 3, {'c': 4}]}]",
+	      "[{'a': [{'b': 1}, {}]}]");
+	check_err("[{'$project': {'title': 1, 'copies': 0}}]", books, 31254, "exclusion on field copies");
+	check_err("[{'$project': {'title': 0, 'copies': 1}}]", books, 31253, "inclusion on field copies");
+	check_err("[{'$project': {'a': 1, 'a.b': 1}}]", books, 31250, "Path collision");
+	check_err("[{'$project': {}}]", books, 51272, NULL);
+	check_err("[{'$project': {'x': {'$frobnicate': 1}}}]", books, 168, "Unrecognized expression '$frobnicate'");
+}
+
+/* https://www.mongodb.com/docs/manual/reference/operator/aggregation/addFields/ and unset/ */
+static void test_add_fields_unset(void **state)
+{
+	(void)state;
+	check("[{'$addFields': {'totalQuiz': {'$add': [{'$arrayElemAt': ['$quiz', 0]}, {'$arrayElemAt': ['$quiz', -1]}]},"
+	      " 'extraCredit': 5}}]",
+	      "[{'_id': 1, 'student': 'Maya', 'quiz': [10, 8], 'extraCredit': 0}]",
+	      "[{'_id': 1, 'student': 'Maya', 'quiz': [10, 8], 'extraCredit': 5, 'totalQuiz': 18}]");
+	check("[{'$set': {'specs.fuel_type': 'unleaded'}}]",
+	      "[{'_id': 1, 'type': 'car', 'specs': {'doors': 4, 'wheels': 4}}, {'_id': 2, 'type': 'motorcycle', 'specs': {'doors': 0, 'wheels': 2}}]",
+	      "[{'_id': 1, 'type': 'car', 'specs': {'doors': 4, 'wheels': 4, 'fuel_type': 'unleaded'}},"
+	      " {'_id': 2, 'type': 'motorcycle', 'specs': {'doors': 0, 'wheels': 2, 'fuel_type': 'unleaded'}}]");
+	/* a nested document spec merges; $$REMOVE removes */
+	check("[{'$addFields': {'specs': {'seats': 2}, 'type': '$$REMOVE', 'whole': '$$ROOT.type'}}]",
+	      "[{'_id': 1, 'type': 'car', 'specs': {'doors': 4}}]",
+	      "[{'_id': 1, 'specs': {'doors': 4, 'seats': 2}, 'whole': 'car'}]");
+	check("[{'$unset': ['isbn', 'author.first', 'copies']}]",
+	      "[{'_id': 1, 'title': 'abc123', 'isbn': '0001122223334', 'author': {'last': 'zzz', 'first': 'aaa'}, 'copies': 5}]",
+	      "[{'_id': 1, 'title': 'abc123', 'author': {'last': 'zzz'}}]");
+	check("[{'$unset': 'copies'}]", "[{'_id': 1, 'copies': 5, 'x': 1}]", "[{'_id': 1, 'x': 1}]");
+	check("[{'$replaceRoot': {'newRoot': '$specs'}}]", "[{'_id': 1, 'specs': {'doors': 4}}]", "[{'doors': 4}]");
+	check_err("[{'$replaceRoot': {'newRoot': '$type'}}]", "[{'_id': 1, 'type': 'car'}]", 40228, "must evaluate to an object");
+}
+
+static void test_sort_skip_limit(void **state)
+{
+	(void)state;
+	const char *docs = "[{'_id': 1, 'a': 3}, {'_id': 2, 'a': 1}, {'_id': 3, 'a': 2}, {'_id': 4, 'a': 1}, {'_id': 5}]";
+
+	check("[{'$sort': {'a': 1, '_id': -1}}]", docs,
+	      "[{'_id': 5}, {'_id': 4, 'a': 1}, {'_id': 2, 'a': 1}, {'_id': 3, 'a': 2}, {'_id': 1, 'a': 3}]");
+	/* ties keep input order (stable) */
+	check("[{'$sort': {'a': -1}}]", docs,
+	      "[{'_id': 1, 'a': 3}, {'_id': 3, 'a': 2}, {'_id': 2, 'a': 1}, {'_id': 4, 'a': 1}, {'_id': 5}]");
+	check("[{'$sort': {'a': 1}}, {'$skip': 1}, {'$limit': 2}]", docs,
+	      "[{'_id': 2, 'a': 1}, {'_id': 4, 'a': 1}]");
+	check("[{'$skip': 4}]", docs, "[{'_id': 5}]");
+	check("[{'$limit': 1}, {'$project': {'_id': 1}}]", docs, "[{'_id': 1}]");
+	check_err("[{'$limit': 0}]", docs, 15958, "positive");
+	check_err("[{'$limit': 'x'}]", docs, 15957, NULL);
+	check_err("[{'$skip': -1}]", docs, 5107200, NULL);
+	check_err("[{'$sort': {}}]", docs, 15976, NULL);
+	check_err("[{'$sort': {'a': 2}}]", docs, 15975, NULL);
+}
+
+/* https://www.mongodb.com/docs/manual/reference/operator/aggregation/sortByCount/ */
+static void test_sort_by_count(void **state)
+{
+	(void)state;
+	check("[{'$unwind': '$tags'}, {'$sortByCount': '$tags'}, {'$sort': {'count': -1, '_id': 1}}, {'$limit': 4}]",
+	      "[{'_id': 1, 'tags': ['painting', 'satire', 'Expressionism', 'caricature']},"
+	      " {'_id': 2, 'tags': ['woodcut', 'Expressionism']}, {'_id': 3, 'tags': ['oil', 'Surrealism', 'painting']},"
+	      " {'_id': 4, 'tags': ['woodblock', 'ukiyo-e']}, {'_id': 5, 'tags': ['Surrealism', 'painting', 'oil']},"
+	      " {'_id': 6, 'tags': ['oil', 'painting', 'abstract']}]",
+	      "[{'_id': 'painting', 'count': 4}, {'_id': 'oil', 'count': 3}, {'_id': 'Expressionism', 'count': 2},"
+	      " {'_id': 'Surrealism', 'count': 2}]");
+	check_err("[{'$sortByCount': 'tags'}]", "[]", 40148, NULL);
+}
+
+static void test_expressions(void **state)
+{
+	(void)state;
+	/* $cond (document and array forms), from the manual's inventory example */
+	check("[{'$project': {'item': 1, 'discount': {'$cond': {'if': {'$gte': ['$qty', 250]}, 'then': 30, 'else': 20}},"
+	      " 'd2': {'$cond': [{'$lt': ['$qty', 250]}, 'low', 'high']}}}]",
+	      "[{'_id': 1, 'item': 'abc1', 'qty': 300}, {'_id': 2, 'item': 'abc2', 'qty': 200}, {'_id': 3, 'item': 'xyz1', 'qty': 250}]",
+	      "[{'_id': 1, 'item': 'abc1', 'discount': 30, 'd2': 'high'}, {'_id': 2, 'item': 'abc2', 'discount': 20, 'd2': 'low'},"
+	      " {'_id': 3, 'item': 'xyz1', 'discount': 30, 'd2': 'high'}]");
+	/* $ifNull */
+	check("[{'$project': {'item': 1, 'description': {'$ifNull': ['$description', 'Unspecified']}}}]",
+	      "[{'_id': 1, 'item': 'buggy', 'description': 'Toy car'}, {'_id': 2, 'item': 'bicycle', 'description': null},"
+	      " {'_id': 3, 'item': 'flag'}]",
+	      "[{'_id': 1, 'item': 'buggy', 'description': 'Toy car'}, {'_id': 2, 'item': 'bicycle', 'description': 'Unspecified'},"
+	      " {'_id': 3, 'item': 'flag', 'description': 'Unspecified'}]");
+	/* arithmetic: types follow MongoDB (int32, int64 on overflow, double for $divide) */
+	check("[{'$project': {'_id': 0, 'add': {'$add': ['$a', '$b', 1]}, 'sub': {'$subtract': ['$a', '$b']},"
+	      " 'mul': {'$multiply': ['$a', '$b']}, 'div': {'$divide': ['$a', '$b']}, 'mod': {'$mod': ['$a', '$b']},"
+	      " 'big': {'$add': ['$a', 2147483647]}, 'dbl': {'$add': ['$a', 0.5]}, 'nul': {'$add': ['$a', '$none']},"
+	      " 'abs': {'$abs': {'$subtract': ['$b', '$a']}}}}]",
+	      "[{'a': 10, 'b': 4}]",
+	      "[{'add': 15, 'sub': 6, 'mul': 40, 'div': 2.5, 'mod': 2, 'big': {'$numberLong': '2147483657'},"
+	      " 'dbl': 10.5, 'nul': null, 'abs': 6}]");
+	/* dates: date + ms, date - date */
+	check("[{'$project': {'_id': 0, 'later': {'$add': ['$d', 60000]}, 'diff': {'$subtract': ['$e', '$d']}}}]",
+	      "[{'d': {'$date': '2024-01-01T00:00:00Z'}, 'e': {'$date': '2024-01-01T00:00:01Z'}}]",
+	      "[{'later': {'$date': '2024-01-01T00:01:00Z'}, 'diff': {'$numberLong': '1000'}}]");
+	/* strings and comparisons */
+	check("[{'$project': {'_id': 0, 'c': {'$concat': ['$f', '-', '$l']}, 'u': {'$toUpper': '$f'}, 'lo': {'$toLower': '$l'},"
+	      " 'eq': {'$eq': ['$n', 5]}, 'eq2': {'$eq': ['$n', 5.0]}, 'gt': {'$gt': ['$n', 4]}, 'lt': {'$lt': ['$f', 1]},"
+	      " 'ne': {'$ne': ['$n', 5]}, 'cmp': {'$cmp': ['$n', 7]}, 'sz': {'$size': '$arr'},"
+	      " 'in': {'$in': [2, '$arr']}, 'and': {'$and': [1, '$n']}, 'or': {'$or': [0, null]}, 'not': {'$not': ['$n']},"
+	      " 'cnull': {'$concat': ['$f', '$none']}, 'path': '$sub.x', 'arrpath': '$objs.v'}}]",
+	      "[{'f': 'Ada', 'l': 'LOVELACE', 'n': 5, 'arr': [1, 2, 3], 'sub': {'x': 9}, 'objs': [{'v': 1}, {'w': 2}, {'v': 3}]}]",
+	      "[{'c': 'Ada-LOVELACE', 'u': 'ADA', 'lo': 'lovelace', 'eq': true, 'eq2': true, 'gt': true, 'lt': false,"
+	      " 'ne': false, 'cmp': -1, 'sz': 3, 'in': true, 'and': true, 'or': false, 'not': false, 'cnull': null,"
+	      " 'path': 9, 'arrpath': [1, 3]}]");
+	check_err("[{'$project': {'x': {'$divide': ['$a', 0]}}}]", "[{'a': 1}]", 16608, "by 0");
+	check_err("[{'$project': {'x': {'$size': '$a'}}}]", "[{'a': 1}]", 17124, "must be an array");
+	check_err("[{'$project': {'x': {'$concat': ['$a']}}}]", "[{'a': 1}]", 16702, "only supports strings");
+	check_err("[{'$project': {'x': {'$add': ['$a', 'b']}}}]", "[{'a': 1}]", 16554, NULL);
+	check_err("[{'$project': {'x': {'$subtract': [1]}}}]", "[{'a': 1}]", 16020, NULL);
+	check_err("[{'$project': {'x': '$$nope'}}]", "[{'a': 1}]", 17276, NULL);
+}
+
+static void test_stage_errors(void **state)
+{
+	(void)state;
+	check_err("[{'$frobnicate': {}}]", "[]", 40324, "Unrecognized pipeline stage name: '$frobnicate'");
+	check_err("[{'$match': {}, '$sort': {'a': 1}}]", "[]", 40323, "exactly one field");
+	check_err("[{}]", "[]", 40323, NULL);
+	check_err("[5]", "[]", 14, NULL);
+	check_err("[{'$lookup': {}}]", "[]", 238, "$lookup is not supported");
+	check_err("[{'$match': {'a': {'$bogus': 1}}}]", "[]", 2, NULL);
+}
+
+static void test_match(void **state)
+{
+	(void)state;
+	check("[{'$match': {'author': 'dave'}}]",
+	      "[{'_id': 1, 'author': 'dave', 'score': 80}, {'_id': 2, 'author': 'dave', 'score': 85},"
+	      " {'_id': 3, 'author': 'ahn', 'score': 60}]",
+	      "[{'_id': 1, 'author': 'dave', 'score': 80}, {'_id': 2, 'author': 'dave', 'score': 85}]");
+	check("[{'$match': {'$or': [{'score': {'$gt': 70, '$lt': 90}}, {'views': {'$gte': 1000}}]}},"
+	      " {'$group': {'_id': null, 'count': {'$sum': 1}}}]",
+	      "[{'score': 80, 'views': 100}, {'score': 85, 'views': 521}, {'score': 60, 'views': 1000},"
+	      " {'score': 55, 'views': 5000}, {'score': 60, 'views': 50}, {'score': 94, 'views': 999}]",
+	      "[{'_id': null, 'count': 4}]");
+}
+
+/* Blocking stages over more than max_memory_bytes fail with 292; $sort + $limit keeps only
+ * the top documents and stays under the bound. */
+static void test_memory_limit(void **state)
+{
+	(void)state;
+	sdb_pipeline_opts o = {.max_memory_bytes = 20000};
+	char *docs = malloc(200000);
+	size_t len = 0;
+	int code;
+	char err[512];
+	char *got;
+
+	len += (size_t)sprintf(docs + len, "[");
+	for (int i = 0; i < 1000; i++) {
+		len += (size_t)sprintf(docs + len, "%s{'_id': %d, 'k': %d, 'pad': 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'}",
+				       i ? ", " : "", i, (i * 7919) % 1000);
+	}
+	sprintf(docs + len, "]");
+
+	got = run("[{'$sort': {'k': 1}}]", docs, &o, &code, err, sizeof err);
+	assert_null(got);
+	assert_int_equal(code, 292);
+	assert_non_null(strstr(err, "Exceeded memory limit for $sort"));
+
+	got = run("[{'$group': {'_id': null, 'all': {'$push': '$pad'}}}]", docs, &o, &code, err, sizeof err);
+	assert_null(got);
+	assert_int_equal(code, 292);
+	assert_non_null(strstr(err, "Exceeded memory limit for $group"));
+
+	got = run("[{'$sort': {'k': -1}}, {'$limit': 2}, {'$project': {'_id': 0, 'k': 1}}]", docs, &o, &code, err,
+		  sizeof err);
+	assert_non_null(got);
+	assert_string_equal(got, "{ \"v\" : [ { \"k\" : { \"$numberInt\" : \"999\" } }, { \"k\" : { \"$numberInt\" : \"998\" } } ] }");
+	bson_free(got);
+
+	/* the default bound (100 MB) lets the same data through */
+	got = run("[{'$sort': {'k': 1}}, {'$group': {'_id': null, 'n': {'$sum': 1}}}]", docs, NULL, &code, err,
+		  sizeof err);
+	assert_non_null(got);
+	assert_string_equal(got, "{ \"v\" : [ { \"_id\" : null, \"n\" : { \"$numberInt\" : \"1000\" } } ] }");
+	bson_free(got);
+	free(docs);
+}
+
+static void test_pushdown(void **state)
+{
+	(void)state;
+	bson_t parr;
+	bson_t *pw = JA("[{'$match': {'a': 1}}, {'$match': {'b': 2}}, {'$sort': {'a': 1}}, {'$skip': 2},"
+			" {'$limit': 5}, {'$limit': 3}, {'$project': {'a': 1}}]",
+			&parr);
+	sdb_pipeline *p;
+	sdb_pipeline_pushdown_t pd;
+	int code;
+	char err[256];
+	char *s;
+
+	assert_int_equal(sdb_pipeline_parse(&parr, NULL, &p, &code, err, sizeof err), 0);
+	assert_int_equal(sdb_pipeline_pushdown(p, SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT | SDB_PUSHDOWN_LIMIT, &pd), 0);
+	s = bson_as_canonical_extended_json(&pd.filter, NULL);
+	assert_string_equal(s, "{ \"$and\" : [ { \"a\" : { \"$numberInt\" : \"1\" } }, { \"b\" : { \"$numberInt\" : \"2\" } } ] }");
+	bson_free(s);
+	s = bson_as_canonical_extended_json(&pd.sort, NULL);
+	assert_string_equal(s, "{ \"a\" : { \"$numberInt\" : \"1\" } }");
+	bson_free(s);
+	assert_int_equal(pd.skip, 2);
+	assert_int_equal(pd.limit, 3);
+	sdb_pipeline_pushdown_destroy(&pd);
+
+	/* what is left runs on the store's output: the $project only */
+	{
+		input in = {.fail_after = -1};
+		bson_t darr;
+		bson_t *dw = JA("[{'_id': 7, 'a': 1, 'b': 2}]", &darr);
+		sdb_pipeline_cursor *c;
+		const bson_t *d;
+
+		bson_iter_init(&in.it, &darr);
+		sdb_pipeline_open(p, input_next, &in, &c);
+		assert_int_equal(sdb_pipeline_cursor_next(c, &d, &code, err, sizeof err), 1);
+		s = bson_as_canonical_extended_json(d, NULL);
+		assert_string_equal(s, "{ \"_id\" : { \"$numberInt\" : \"7\" }, \"a\" : { \"$numberInt\" : \"1\" } }");
+		bson_free(s);
+		assert_int_equal(sdb_pipeline_cursor_next(c, &d, &code, err, sizeof err), 0);
+		assert_int_equal(sdb_pipeline_cursor_next(c, &d, &code, err, sizeof err), 0);
+		sdb_pipeline_cursor_free(c);
+		bson_destroy(dw);
+	}
+	sdb_pipeline_free(p);
+	bson_destroy(pw);
+
+	/* match only: the $sort stays in the pipeline */
+	pw = JA("[{'$match': {'a': 1}}, {'$sort': {'a': 1}}]", &parr);
+	assert_int_equal(sdb_pipeline_parse(&parr, NULL, &p, &code, err, sizeof err), 0);
+	assert_int_equal(sdb_pipeline_pushdown(p, SDB_PUSHDOWN_MATCH, &pd), 0);
+	s = bson_as_canonical_extended_json(&pd.filter, NULL);
+	assert_string_equal(s, "{ \"a\" : { \"$numberInt\" : \"1\" } }");
+	bson_free(s);
+	assert_true(bson_empty(&pd.sort));
+	assert_int_equal(pd.limit, -1);
+	sdb_pipeline_pushdown_destroy(&pd);
+	sdb_pipeline_free(p);
+	bson_destroy(pw);
+}
+
+static void test_input_error(void **state)
+{
+	(void)state;
+	bson_t parr, darr;
+	bson_t *pw = JA("[{'$match': {}}]", &parr), *dw = JA("[{'a': 1}, {'a': 2}]", &darr);
+	sdb_pipeline *p;
+	sdb_pipeline_cursor *c;
+	input in = {.fail_after = 1};
+	const bson_t *d;
+	int code;
+	char err[256];
+
+	assert_int_equal(sdb_pipeline_parse(&parr, NULL, &p, &code, err, sizeof err), 0);
+	bson_iter_init(&in.it, &darr);
+	sdb_pipeline_open(p, input_next, &in, &c);
+	assert_int_equal(sdb_pipeline_cursor_next(c, &d, &code, err, sizeof err), 1);
+	assert_int_equal(sdb_pipeline_cursor_next(c, &d, &code, err, sizeof err), SDB_EIO);
+	assert_int_equal(code, 1);
+	assert_string_equal(err, "disk on fire");
+	/* the failure sticks */
+	assert_int_equal(sdb_pipeline_cursor_next(c, &d, &code, err, sizeof err), SDB_EIO);
+	assert_int_equal(code, 1);
+	sdb_pipeline_cursor_free(c);
+	sdb_pipeline_free(p);
+	bson_destroy(pw);
+	bson_destroy(dw);
+}
+
+static void test_eval_expr(void **state)
+{
+	(void)state;
+	bson_t *e = J("{'x': {'$multiply': ['$a', 3]}, 'm': '$nope'}"), *doc = J("{'a': 4}");
+	bson_iter_t it;
+	bson_t out;
+	int code;
+	char err[128];
+	char *s;
+
+	assert_true(bson_iter_init_find(&it, e, "x"));
+	assert_int_equal(sdb_pipeline_eval_expr(&it, doc, &out, &code, err, sizeof err), 0);
+	s = bson_as_canonical_extended_json(&out, NULL);
+	assert_string_equal(s, "{ \"v\" : { \"$numberInt\" : \"12\" } }");
+	bson_free(s);
+	bson_destroy(&out);
+	assert_true(bson_iter_init_find(&it, e, "m"));
+	assert_int_equal(sdb_pipeline_eval_expr(&it, doc, &out, &code, err, sizeof err), 0);
+	assert_true(bson_empty(&out));
+	bson_destroy(&out);
+	bson_destroy(e);
+	bson_destroy(doc);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_group),
+		cmocka_unit_test(test_count),
+		cmocka_unit_test(test_unwind),
+		cmocka_unit_test(test_project),
+		cmocka_unit_test(test_add_fields_unset),
+		cmocka_unit_test(test_sort_skip_limit),
+		cmocka_unit_test(test_sort_by_count),
+		cmocka_unit_test(test_expressions),
+		cmocka_unit_test(test_stage_errors),
+		cmocka_unit_test(test_match),
+		cmocka_unit_test(test_memory_limit),
+		cmocka_unit_test(test_pushdown),
+		cmocka_unit_test(test_input_error),
+		cmocka_unit_test(test_eval_expr),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
