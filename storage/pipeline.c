@@ -2231,22 +2231,43 @@ static int memory_error(const ectx *e, const char *stage)
 	return SDB_ETOOBIG;
 }
 
-static const sdb_sortspec *g_sort; /* qsort has no context argument: set per call */
-
 typedef struct {
 	bson_t *doc;
 	uint64_t seq;
 } sitem;
 
-static int sitem_cmp(const void *a, const void *b)
+static int sitem_cmp(const sdb_sortspec *ss, const sitem *x, const sitem *y)
 {
-	const sitem *x = a, *y = b;
-	int r = sdb_sortspec_cmp(g_sort, x->doc, y->doc);
+	int r = sdb_sortspec_cmp(ss, x->doc, y->doc);
 
 	if (r != 0) {
 		return r;
 	}
 	return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Merge sort of items[0..n) with scratch space tmp (n entries); no global state, so
+ * cursors on several threads may sort at once. */
+static void msort(const sdb_sortspec *ss, sitem *items, sitem *tmp, size_t n)
+{
+	size_t h, i, j, k;
+
+	if (n < 2) {
+		return;
+	}
+	h = n / 2;
+	msort(ss, items, tmp, h);
+	msort(ss, items + h, tmp, n - h);
+	for (i = 0, j = h, k = 0; i < h && j < n;) {
+		tmp[k++] = sitem_cmp(ss, &items[j], &items[i]) < 0 ? items[j++] : items[i++];
+	}
+	while (i < h) {
+		tmp[k++] = items[i++];
+	}
+	while (j < n) {
+		tmp[k++] = items[j++];
+	}
+	memcpy(items, tmp, n * sizeof *items);
 }
 
 /* Sort s->docs[0..n) stably; keep at most keep (0 = all). */
@@ -2258,9 +2279,10 @@ static void sort_docs(const stage *st, stage_state *s, size_t keep)
 		items[i].doc = s->docs[i];
 		items[i].seq = s->seq[i];
 	}
-	g_sort = st->sort;
-	qsort(items, s->n, sizeof *items, sitem_cmp);
-	g_sort = NULL;
+	sitem *tmp = sdb_malloc((s->n + 1) * sizeof *tmp);
+
+	msort(st->sort, items, tmp, s->n);
+	free(tmp);
 	if (keep > 0 && s->n > keep) {
 		for (size_t i = keep; i < s->n; i++) {
 			s->mem -= items[i].doc->len + sizeof(bson_t);
