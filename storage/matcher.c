@@ -1339,7 +1339,8 @@ static void bounds_intersect(const sdb_bounds *a, const sdb_bounds *b, sdb_bound
 			bounds_push(out, &r);
 		}
 	}
-	qsort(out->iv, out->n, sizeof *out->iv, iv_cmp);
+	if (out->n > 1)
+		qsort(out->iv, out->n, sizeof *out->iv, iv_cmp);
 }
 
 typedef struct bounds_acc {
