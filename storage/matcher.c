@@ -410,7 +410,6 @@ static bool pred_missing(const node *n)
 
 typedef struct visit_ctx {
 	const node *n;
-	bool any; /* the walk reported something */
 } visit_ctx;
 
 static bool visit_pred(void *ctx, const bson_iter_t *it, unsigned flags)
@@ -418,7 +417,6 @@ static bool visit_pred(void *ctx, const bson_iter_t *it, unsigned flags)
 	visit_ctx *vc = ctx;
 	const node *n = vc->n;
 
-	vc->any = true;
 	if (flags & SDB_PATH_MISSING)
 		return pred_missing(n);
 	/* $size, $elemMatch and $type: "array" look at whole arrays, not their elements */
@@ -431,13 +429,13 @@ static bool visit_pred(void *ctx, const bson_iter_t *it, unsigned flags)
 static bool eval_path(const node *n, const bson_t *doc)
 {
 	visit_ctx vc = {.n = n};
-	bool stopped;
 
-	stopped = sdb_path_walk(doc, n->path, SDB_PATH_EXPAND_LEAF, visit_pred, &vc);
-	if (stopped)
+	if (sdb_path_walk(doc, n->path, SDB_PATH_EXPAND_LEAF, visit_pred, &vc))
 		return true;
-	if (!vc.any)
-		return pred_missing(n);
+	/* The walk reports MISSING itself for a missing field, a scalar on the way, or a
+	 * sub-document without the field; it reports nothing only when it went through
+	 * arrays that hold no sub-document ({a: [1, 2]} and "a.b"), which MongoDB treats as
+	 * "no value" but not as missing: {"a.b": null} does not match it. */
 	return false;
 }
 
@@ -861,9 +859,7 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 		else if (strcmp(op, "$gte") == 0)
 			cmp = OP_GTE;
 		if (cmp) {
-			if (BSON_ITER_HOLDS_REGEX(&it) && cmp == OP_EQ) {
-				/* {$eq: /re/} is equality with the regex value, not a match */
-			}
+			/* {$eq: /re/} is equality with the regex value, not a pattern match */
 			n = path_node(path, cmp);
 			copy_value(&it, &n->val);
 			node_add(and_out, n);

@@ -17,7 +17,9 @@
  *     whole array or any element does ({a: 2} matches {a: [1, 2]}, {a: [1, 2]} matches it
  *     too); each predicate of {a: {$gt: 1, $lt: 5}} may be satisfied by a different element
  *     (so a: [0, 6] matches) while $elemMatch needs one element satisfying all;
- *   - {f: null} and {f: {$eq: null}} match null and missing (and undefined); $ne/$nin are
+ *   - {f: null} and {f: {$eq: null}} match null and missing (and undefined); "a.b" is
+ *     missing when a is missing or a scalar, or when a is an array with a sub-document
+ *     lacking b, not when a is an array without sub-documents ({a: [1]}); $ne/$nin are
  *     the exact negations of $eq/$in; $exists: false matches only missing;
  *   - comparison operators are type-bracketed: {$gt: 1} never matches a string; MinKey
  *     and MaxKey operands compare across brackets; $gte/$lte null also match missing;

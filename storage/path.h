@@ -41,8 +41,9 @@ typedef bool (*sdb_path_visit_fn)(void *ctx, const bson_iter_t *it, unsigned fla
 
 /* Walk path through doc, calling fn for every value reached (see top). Returns true when
  * the visitor stopped the walk, false when it ran to the end. A path that reaches
- * nothing at all (e.g. {a: [1, 2]} and "a.b") calls fn with nothing: the caller treats
- * "no call" as missing. Recursion is bounded by the number of path components.
+ * nothing at all (only possible through arrays without sub-documents: {a: [1, 2]} or
+ * {a: []} and "a.b") calls fn with nothing: the matcher treats that as "no value but not
+ * missing" ({"a.b": null} does not match, MongoDB 5.0+), sort and index keys as null. Recursion is bounded by the number of path components.
  * Any path string is accepted (the matcher may query odd names): an empty component
  * looks up the empty field name; a path of more than 256 components reports nothing.
  * Callers that need a proper field path validate with sdb_path_valid. */

@@ -256,6 +256,94 @@ static void test_null_missing_exists(void **state)
 	RUN(cases);
 }
 
+/* The document set and expected results of MongoDB's jstests/core/not_equals_null.js
+ * (MongoDB 5.0 semantics), one bit per document in the order of null_docs. */
+static const char *const null_docs[] = {
+	"{'_id': 'a_empty_subobject', 'a': {}}",
+	"{'_id': 'a_null', 'a': null}",
+	"{'_id': 'a_number', 'a': 4}",
+	"{'_id': 'a_subobject_b_not_null', 'a': {'b': 'hi'}}",
+	"{'_id': 'a_subobject_b_null', 'a': {'b': null}}",
+	"{'_id': 'a_subobject_b_undefined', 'a': {'b': {'$undefined': true}}}",
+	"{'_id': 'a_undefined', 'a': {'$undefined': true}}",
+	"{'_id': 'no_a'}",
+	"{'_id': 'a_double_array', 'a': [[]]}",
+	"{'_id': 'a_empty_array', 'a': []}",
+	"{'_id': 'a_object_array_all_b_nulls', 'a': [{'b': null}, {'b': {'$undefined': true}}, "
+	"{'b': null}, {}]}",
+	"{'_id': 'a_object_array_no_b_nulls', 'a': [{'b': 1}, {'b': 3}, {'b': 'string'}]}",
+	"{'_id': 'a_object_array_some_b_nulls', 'a': [{'b': null}, {'b': 3}, {'b': null}]}",
+	"{'_id': 'a_object_array_some_b_undefined', 'a': [{'b': {'$undefined': true}}, {'b': 3}]}",
+	"{'_id': 'a_object_array_some_b_missing', 'a': [{'b': 3}, {}]}",
+	"{'_id': 'a_value_array_all_nulls', 'a': [null, null]}",
+	"{'_id': 'a_value_array_no_nulls', 'a': [1, 'string', 4]}",
+	"{'_id': 'a_value_array_with_null', 'a': [1, 'string', null, 4]}",
+	"{'_id': 'a_value_array_with_undefined', 'a': [1, 'string', {'$undefined': true}, 4]}",
+};
+#define N_NULL_DOCS (sizeof null_docs / sizeof null_docs[0])
+
+static void expect_ids(const char *filter, const char *want)
+{
+	bson_t *f = J(filter);
+	sdb_matcher *m = NULL;
+	char err[256], got[2048] = "";
+
+	assert_int_equal(sdb_matcher_new(f, &m, NULL, err, sizeof err), 0);
+	for (size_t i = 0; i < N_NULL_DOCS; i++) {
+		bson_t *d = J(null_docs[i]);
+		bson_iter_t it;
+
+		if (sdb_matcher_match(m, d)) {
+			assert_true(bson_iter_init_find(&it, d, "_id"));
+			if (got[0])
+				strcat(got, " ");
+			strcat(got, bson_iter_utf8(&it, NULL));
+		}
+		bson_destroy(d);
+	}
+	if (strcmp(got, want) != 0)
+		fail_msg("%s:\n got  %s\n want %s", filter, got, want);
+	sdb_matcher_free(m);
+	bson_destroy(f);
+}
+
+static void test_not_equals_null_jstest(void **state)
+{
+	(void)state;
+	expect_ids("{'a': {'$eq': null}}",
+		   "a_null a_undefined no_a a_value_array_all_nulls a_value_array_with_null "
+		   "a_value_array_with_undefined");
+	expect_ids("{'a': {'$ne': null}}",
+		   "a_empty_subobject a_number a_subobject_b_not_null a_subobject_b_null "
+		   "a_subobject_b_undefined a_double_array a_empty_array a_object_array_all_b_nulls "
+		   "a_object_array_no_b_nulls a_object_array_some_b_nulls "
+		   "a_object_array_some_b_undefined a_object_array_some_b_missing "
+		   "a_value_array_no_nulls");
+	expect_ids("{'a.b': {'$eq': null}}",
+		   "a_empty_subobject a_null a_number a_subobject_b_null a_subobject_b_undefined "
+		   "a_undefined no_a a_object_array_all_b_nulls a_object_array_some_b_nulls "
+		   "a_object_array_some_b_undefined a_object_array_some_b_missing");
+	expect_ids("{'a.b': {'$ne': null}}",
+		   "a_subobject_b_not_null a_double_array a_empty_array a_object_array_no_b_nulls "
+		   "a_value_array_all_nulls a_value_array_no_nulls a_value_array_with_null "
+		   "a_value_array_with_undefined");
+	expect_ids("{'a': {'$elemMatch': {'$eq': null}}}",
+		   "a_value_array_all_nulls a_value_array_with_null a_value_array_with_undefined");
+	expect_ids("{'a': {'$elemMatch': {'$ne': null}}}",
+		   "a_double_array a_object_array_all_b_nulls a_object_array_no_b_nulls "
+		   "a_object_array_some_b_nulls a_object_array_some_b_undefined "
+		   "a_object_array_some_b_missing a_value_array_no_nulls a_value_array_with_null "
+		   "a_value_array_with_undefined");
+	expect_ids("{'a.b': {'$elemMatch': {'$eq': null}}}", "");
+	expect_ids("{'a.b': {'$elemMatch': {'$ne': null}}}", "");
+	expect_ids("{'a': {'$elemMatch': {'b': {'$eq': null}}}}",
+		   "a_double_array a_object_array_all_b_nulls a_object_array_some_b_nulls "
+		   "a_object_array_some_b_undefined a_object_array_some_b_missing");
+	expect_ids("{'a': {'$elemMatch': {'b': {'$ne': null}}}}",
+		   "a_object_array_no_b_nulls a_object_array_some_b_nulls "
+		   "a_object_array_some_b_undefined a_object_array_some_b_missing");
+}
+
 static void test_comparison_brackets(void **state)
 {
 	static const mcase cases[] = {
@@ -687,6 +775,7 @@ int main(void)
 		cmocka_unit_test(test_arrays),
 		cmocka_unit_test(test_all),
 		cmocka_unit_test(test_null_missing_exists),
+		cmocka_unit_test(test_not_equals_null_jstest),
 		cmocka_unit_test(test_comparison_brackets),
 		cmocka_unit_test(test_logical),
 		cmocka_unit_test(test_type_mod_regex),
