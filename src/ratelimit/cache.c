@@ -2,6 +2,7 @@
 #include "ratelimit/cache.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +24,11 @@ typedef struct entry {
 
 struct rl_cache_shard {
 	pthread_mutex_t mu;
+	rl_cache *cache;
 	entry **buckets;
 	size_t mask;      /* buckets - 1 */
-	size_t count;     /* written under mu, read relaxed by rl_cache_size */
-	size_t capacity;  /* this shard's share */
-	uint64_t evicted; /* idem */
+	size_t count;     /* keys in this shard (under mu) */
+	uint64_t evicted; /* written under mu, read relaxed by rl_cache_evictions */
 	entry lru;        /* sentinel: lru.next = MRU, lru.prev = LRU */
 } __attribute__((aligned(64)));
 
@@ -35,6 +36,8 @@ struct rl_cache {
 	rl_cache_shard *shards;
 	size_t nshards; /* power of two */
 	size_t capacity;
+	size_t count;      /* keys in the whole cache (atomic) */
+	unsigned victim;   /* rotating start for cross-shard eviction (atomic, approximate) */
 };
 
 static size_t pow2_ceil(size_t n)
@@ -72,8 +75,8 @@ rl_cache *rl_cache_new(size_t capacity, size_t nshards)
 		rl_cache_shard *s = &c->shards[i];
 		size_t nb;
 		pthread_mutex_init(&s->mu, NULL);
-		s->capacity = capacity / nshards + (i < capacity % nshards ? 1 : 0);
-		nb = pow2_ceil(s->capacity < 8 ? 8 : s->capacity);
+		s->cache = c;
+		nb = pow2_ceil(capacity / nshards < 8 ? 8 : capacity / nshards);
 		s->buckets = sdb_calloc(nb, sizeof(entry *));
 		s->mask = nb - 1;
 		s->lru.next = s->lru.prev = &s->lru;
@@ -159,29 +162,81 @@ static void drop(rl_cache_shard *s, entry *e)
 	*pp = e->hnext;
 	lru_unlink(e);
 	free(e);
-	__atomic_store_n(&s->count, s->count - 1, __ATOMIC_RELAXED);
+	s->count--;
+	__atomic_fetch_sub(&s->cache->count, 1, __ATOMIC_RELAXED);
+}
+
+/* Evict one key of a locked shard: an expired one among the 4 least recently used, else
+ * the least recently used. Returns false when the shard is empty. */
+static bool evict_one(rl_cache_shard *s, int64_t now)
+{
+	entry *victim = s->lru.prev, *e = s->lru.prev;
+	int i;
+
+	if (victim == &s->lru)
+		return false;
+	for (i = 0; i < 4 && e != &s->lru; i++, e = e->prev) {
+		if (e->state.expire_at <= now) {
+			victim = e;
+			break;
+		}
+	}
+	drop(s, victim);
+	__atomic_store_n(&s->evicted, s->evicted + 1, __ATOMIC_RELAXED);
+	return true;
+}
+
+/* Double a shard's bucket array when its chains get long (a shard may hold more than its
+ * even share of the capacity, since the capacity is global). */
+static void grow(rl_cache_shard *s)
+{
+	size_t nb = (s->mask + 1) * 2, i;
+	entry **b = sdb_calloc(nb, sizeof(entry *));
+
+	for (i = 0; i <= s->mask; i++) {
+		entry *e = s->buckets[i];
+		while (e != NULL) {
+			entry *n = e->hnext;
+			e->hnext = b[e->hash & (nb - 1)];
+			b[e->hash & (nb - 1)] = e;
+			e = n;
+		}
+	}
+	free(s->buckets);
+	s->buckets = b;
+	s->mask = nb - 1;
 }
 
 rl_state *rl_cache_insert(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen,
 			  int64_t now)
 {
+	rl_cache *c = s->cache;
 	entry *e;
 	entry **pp;
 
-	if (s->count >= s->capacity && s->lru.prev != &s->lru) {
-		/* Full: an expired key found among the 4 least recently used goes first,
-		 * else the least recently used one. */
-		entry *victim = s->lru.prev, *e2 = s->lru.prev;
-		int i;
-		for (i = 0; i < 4 && e2 != &s->lru; i++, e2 = e2->prev) {
-			if (e2->state.expire_at <= now) {
-				victim = e2;
-				break;
+	/* The capacity is global: reserve a slot; while the cache is over capacity, evict from
+	 * this shard, or (this shard being empty) from another shard whose lock is free. Only
+	 * when every other shard is busy at that instant may the cache hold a key more than
+	 * its capacity, until a later insert evicts it. */
+	__atomic_fetch_add(&c->count, 1, __ATOMIC_RELAXED);
+	while (__atomic_load_n(&c->count, __ATOMIC_RELAXED) > c->capacity) {
+		size_t start, i;
+		bool done = evict_one(s, now);
+		if (!done) {
+			start = __atomic_fetch_add(&c->victim, 1, __ATOMIC_RELAXED);
+			for (i = 0; i < c->nshards && !done; i++) {
+				rl_cache_shard *o = &c->shards[(start + i) & (c->nshards - 1)];
+				if (o == s || pthread_mutex_trylock(&o->mu) != 0)
+					continue;
+				done = evict_one(o, now);
+				pthread_mutex_unlock(&o->mu);
 			}
 		}
-		drop(s, victim);
-		__atomic_store_n(&s->evicted, s->evicted + 1, __ATOMIC_RELAXED);
+		if (!done)
+			break;
 	}
+	if (s->count >= 2 * (s->mask + 1))
+		grow(s);
 	e = sdb_malloc(sizeof(*e) + keylen);
 	memset(e, 0, sizeof(*e));
 	e->hash = hash;
@@ -191,7 +246,7 @@ rl_state *rl_cache_insert(rl_cache_shard *s, uint64_t hash, const char *key, siz
 	e->hnext = *pp;
 	*pp = e;
 	lru_push_front(s, e);
-	__atomic_store_n(&s->count, s->count + 1, __ATOMIC_RELAXED);
+	s->count++;
 	return &e->state;
 }
 
@@ -206,10 +261,8 @@ int rl_cache_remove(rl_cache_shard *s, uint64_t hash, const char *key, size_t ke
 
 size_t rl_cache_size(rl_cache *c)
 {
-	size_t n = 0, i;
-	for (i = 0; i < c->nshards; i++)
-		n += __atomic_load_n(&c->shards[i].count, __ATOMIC_RELAXED);
-	return n;
+	size_t n = __atomic_load_n(&c->count, __ATOMIC_RELAXED);
+	return n < c->capacity ? n : c->capacity; /* hide a reservation in progress */
 }
 
 size_t rl_cache_capacity(const rl_cache *c)

@@ -3,9 +3,11 @@
  * Gubernator's cache (LRU, GUBER_CACHE_SIZE items, default 50,000, items expire at their
  * reset time) made safe for many threads: the keys are split over a power-of-two number
  * of shards by hash (xxh64 of the key bytes), each shard with its own mutex, hash table
- * and LRU list. The capacity is split exactly over the shards, so the cache never holds
- * more than `capacity` keys; inserting into a full shard evicts that shard's least
- * recently used (or an expired) key.
+ * and LRU list. The capacity is global (one atomic count): an insert into a full cache
+ * evicts an expired key among the 4 least recently used of the inserting shard, else that
+ * shard's least recently used key (so LRU is per shard, approximately global). The cache
+ * never holds more than `capacity` keys, except transiently when an empty shard inserts
+ * while every other shard's lock is taken (see rl_cache_insert).
  *
  * Memory per key: one heap block (entry header + rl_state + key bytes) plus one bucket
  * pointer; tests/bench/ratelimit_cache reports the measured bytes per key.
@@ -38,8 +40,9 @@ void rl_cache_unlock(rl_cache_shard *s);
 rl_state *rl_cache_find(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen);
 
 /* Insert key (which must be absent) into a locked shard and return its zeroed state.
- * When the shard is full, first drops an expired key (expire_at <= now) among the 4 least
- * recently used, else the least recently used key. */
+ * When the cache is full, first drops a key: an expired one (expire_at <= now) among the
+ * 4 least recently used of this shard, else this shard's least recently used; when this
+ * shard is empty, one of another shard whose lock is free. */
 rl_state *rl_cache_insert(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen,
 			  int64_t now);
 

@@ -168,8 +168,9 @@ static void resp_clear(rl_resp *out)
 	out->owner[0] = '\0';
 }
 
-/* Decide one valid request; copy the state after the decision into *snap if non-NULL. */
-static void decide_one(rl_limiter *lim, const rl_req *req, rl_resp *out, rl_state *snap)
+/* Decide one valid request; copy the state after the decision into *snap if non-NULL.
+ * Returns true when the key was new to the cache. */
+static bool decide_one(rl_limiter *lim, const rl_req *req, rl_resp *out, rl_state *snap)
 {
 	int64_t now = req->created_at != 0 ? req->created_at : lim->clock(lim->clock_data);
 	rl_cache_shard *s;
@@ -190,12 +191,14 @@ static void decide_one(rl_limiter *lim, const rl_req *req, rl_resp *out, rl_stat
 		*snap = *st;
 	rl_cache_unlock(s);
 	keybuf_free(&kb);
+	return !exists;
 }
 
 int rl_limiter_decide(rl_limiter *lim, const rl_req *reqs, size_t n, rl_resp *out,
 		      char *err, size_t errlen)
 {
 	uint64_t under = 0, over = 0, invalid = 0;
+	bool inserted = false;
 	size_t i;
 
 	if (n > RL_MAX_BATCH)
@@ -208,7 +211,7 @@ int rl_limiter_decide(rl_limiter *lim, const rl_req *reqs, size_t n, rl_resp *ou
 			invalid++;
 			continue;
 		}
-		decide_one(lim, &reqs[i], &out[i], NULL);
+		inserted |= decide_one(lim, &reqs[i], &out[i], NULL);
 		if (out[i].status == RL_OVER_LIMIT)
 			over++;
 		else
@@ -221,7 +224,7 @@ int rl_limiter_decide(rl_limiter *lim, const rl_req *reqs, size_t n, rl_resp *ou
 		sdb_counter_add(lim->m_over, over);
 	if (invalid)
 		sdb_counter_add(lim->m_invalid, invalid);
-	if (n > 0)
+	if (inserted)
 		sdb_gauge_set(lim->m_size, (int64_t)rl_cache_size(lim->cache));
 	return 0;
 }
@@ -240,7 +243,8 @@ int rl_limiter_decide_owner(rl_limiter *lim, const rl_req *req, rl_resp *out,
 		sdb_counter_inc(lim->m_invalid);
 		return SDB_EINVAL;
 	}
-	decide_one(lim, req, out, state);
+	if (decide_one(lim, req, out, state))
+		sdb_gauge_set(lim->m_size, (int64_t)rl_cache_size(lim->cache));
 	sdb_counter_inc(out->status == RL_OVER_LIMIT ? lim->m_over : lim->m_under);
 	return 0;
 }

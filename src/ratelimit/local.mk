@@ -14,6 +14,13 @@ tests_unit_test_ratelimit_limiter_SOURCES = tests/unit/test_ratelimit_limiter.c
 tests_unit_test_ratelimit_limiter_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_ratelimit_limiter_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_ratelimit_algo tests/unit/test_ratelimit_limiter
+
+# benchmark (never in make check): tests/bench/ratelimit_bench.sh drives it
+noinst_PROGRAMS += tests/bench/ratelimit_bench
+tests_bench_ratelimit_bench_SOURCES = tests/bench/ratelimit_bench.c
+tests_bench_ratelimit_bench_LDADD = libstripedb.a $(SDB_LIBS)
+EXTRA_DIST += tests/bench/ratelimit_bench.sh tests/bench/ratelimit_wrk.lua \
+	tests/bench/ratelimit_token_bucket.lua tests/bench/README.md src/ratelimit/README.md
 # --- end limiter engineer block ---
 
 # --- gRPC service and peer cluster (issue #3, cluster engineer) ---

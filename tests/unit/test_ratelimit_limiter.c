@@ -203,7 +203,7 @@ static void test_cache_capacity_sharded(void **state)
 		assert_true(rl_cache_size(c) <= 1000);
 	}
 	assert_int_equal(rl_cache_capacity(c), 1000);
-	assert_true(rl_cache_size(c) >= 900);
+	assert_int_equal(rl_cache_size(c), 1000);
 	assert_int_equal(rl_cache_evictions(c) + rl_cache_size(c), 20000);
 	/* remove */
 	rl_cache_shard *s = rl_cache_lock(c, 19999 * UINT64_C(0x9E3779B97F4A7C15));
@@ -215,6 +215,35 @@ static void test_cache_capacity_sharded(void **state)
 	/* a tiny cache with many requested shards still works */
 	c = rl_cache_new(3, 64);
 	assert_int_equal(rl_cache_capacity(c), 3);
+	rl_cache_free(c);
+
+	/* the capacity is global: 1000 distinct keys fit in a cache of 1000 over 64 shards,
+	 * however unevenly they hash (here: all into one shard, whose table grows) */
+	c = rl_cache_new(1000, 64);
+	for (int i = 0; i < 1000; i++) {
+		n = snprintf(key, sizeof key, "key-%d", i);
+		uint64_t h = (uint64_t)i; /* high bits 0: every key in shard 0 */
+		s = rl_cache_lock(c, h);
+		rl_cache_insert(s, h, key, (size_t)n, T0)->expire_at = T0 + 1000;
+		rl_cache_unlock(s);
+	}
+	assert_int_equal(rl_cache_size(c), 1000);
+	assert_int_equal(rl_cache_evictions(c), 0);
+	for (int i = 0; i < 1000; i++) {
+		n = snprintf(key, sizeof key, "key-%d", i);
+		s = rl_cache_lock(c, (uint64_t)i);
+		assert_non_null(rl_cache_find(s, (uint64_t)i, key, (size_t)n));
+		rl_cache_unlock(s);
+	}
+	/* one more key into another (empty) shard evicts from shard 0 */
+	s = rl_cache_lock(c, UINT64_C(1) << 40);
+	rl_cache_insert(s, UINT64_C(1) << 40, "other", 5, T0);
+	rl_cache_unlock(s);
+	assert_int_equal(rl_cache_size(c), 1000);
+	assert_int_equal(rl_cache_evictions(c), 1);
+	s = rl_cache_lock(c, 0);
+	assert_null(rl_cache_find(s, 0, "key-0", 5)); /* the least recently used went */
+	rl_cache_unlock(s);
 	rl_cache_free(c);
 }
 

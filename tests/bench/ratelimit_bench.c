@@ -1,0 +1,185 @@
+/* Benchmarks of the rate limiter's decision library (issue #3). Not part of `make check`;
+ * run through tests/bench/ratelimit_bench.sh, which also drives HTTP (wrk) and Redis.
+ *
+ *   ratelimit_bench api [--threads N] [--ops N] [--keys N] [--batch N]
+ *       in-process C API: N threads call rl_limiter_decide() with batches of --batch
+ *       requests (default 1) over --keys distinct keys (token bucket, limit 100 per
+ *       minute, hits 1); prints decisions/s and per-call p50/p99 latency.
+ *   ratelimit_bench memory [--keys N] [--cache N]
+ *       inserts N distinct keys into a limiter whose cache holds --cache keys; prints the
+ *       keys held, heap bytes in use (mallinfo2) and RSS growth, and bytes per held key.
+ *
+ * Output: one line of key=value pairs per measurement, e.g.
+ *   api threads=2 batch=1 keys=10000 decisions=4000000 seconds=1.234 rate=3241491 p50_ns=420 p99_ns=1300
+ */
+#include <inttypes.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "ratelimit/limiter.h"
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static long opt_long(int argc, char **argv, const char *name, long def)
+{
+	for (int i = 2; i + 1 < argc; i++)
+		if (strcmp(argv[i], name) == 0)
+			return strtol(argv[i + 1], NULL, 10);
+	return def;
+}
+
+typedef struct worker {
+	rl_limiter *lim;
+	int id;
+	long ops;
+	long keys;
+	long batch;
+	uint64_t *lat; /* ns per call */
+	long over;
+} worker;
+
+static void *run_worker(void *arg)
+{
+	worker *w = arg;
+	rl_req *reqs = sdb_calloc((size_t)w->batch, sizeof(rl_req));
+	rl_resp *out = sdb_calloc((size_t)w->batch, sizeof(rl_resp));
+	char(*keys)[32] = sdb_calloc((size_t)w->batch, 32);
+	uint64_t seed = 0x9E3779B97F4A7C15ull * (uint64_t)(w->id + 1);
+	long calls = w->ops / w->batch;
+
+	for (long c = 0; c < calls; c++) {
+		for (long b = 0; b < w->batch; b++) {
+			seed ^= seed << 13;
+			seed ^= seed >> 7;
+			seed ^= seed << 17;
+			snprintf(keys[b], 32, "account:%07lu", (unsigned long)(seed % (uint64_t)w->keys));
+			reqs[b] = (rl_req){.name = "requests_per_sec", .unique_key = keys[b],
+					   .hits = 1, .limit = 100, .duration = 60000};
+		}
+		uint64_t t0 = now_ns();
+		rl_limiter_decide(w->lim, reqs, (size_t)w->batch, out, NULL, 0);
+		w->lat[c] = now_ns() - t0;
+		for (long b = 0; b < w->batch; b++)
+			w->over += out[b].status == RL_OVER_LIMIT;
+	}
+	free(keys);
+	free(out);
+	free(reqs);
+	return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int bench_api(int argc, char **argv)
+{
+	long threads = opt_long(argc, argv, "--threads", 2);
+	long ops = opt_long(argc, argv, "--ops", 2000000);
+	long keys = opt_long(argc, argv, "--keys", 10000);
+	long batch = opt_long(argc, argv, "--batch", 1);
+	rl_limiter_opts o = {.cache_size = (size_t)keys * 2};
+	rl_limiter *lim = rl_limiter_new(&o);
+	worker *w = sdb_calloc((size_t)threads, sizeof(worker));
+	pthread_t *th = sdb_calloc((size_t)threads, sizeof(pthread_t));
+	long calls = ops / batch, over = 0;
+	uint64_t *all = sdb_malloc(sizeof(uint64_t) * (size_t)(calls * threads));
+
+	for (long i = 0; i < threads; i++) {
+		w[i] = (worker){.lim = lim, .id = (int)i, .ops = ops, .keys = keys, .batch = batch,
+				.lat = sdb_malloc(sizeof(uint64_t) * (size_t)calls)};
+	}
+	uint64_t t0 = now_ns();
+	for (long i = 0; i < threads; i++)
+		pthread_create(&th[i], NULL, run_worker, &w[i]);
+	for (long i = 0; i < threads; i++)
+		pthread_join(th[i], NULL);
+	double secs = (double)(now_ns() - t0) / 1e9;
+	for (long i = 0; i < threads; i++) {
+		memcpy(all + i * calls, w[i].lat, sizeof(uint64_t) * (size_t)calls);
+		over += w[i].over;
+		free(w[i].lat);
+	}
+	qsort(all, (size_t)(calls * threads), sizeof(uint64_t), cmp_u64);
+	long n = calls * threads;
+	printf("api threads=%ld batch=%ld keys=%ld decisions=%ld seconds=%.3f rate=%.0f "
+	       "p50_ns=%" PRIu64 " p99_ns=%" PRIu64 " over_limit=%ld\n",
+	       threads, batch, keys, n * batch, secs, (double)(n * batch) / secs, all[n / 2],
+	       all[(n * 99) / 100], over);
+	free(all);
+	free(th);
+	free(w);
+	rl_limiter_free(lim);
+	return 0;
+}
+
+static long rss_kib(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long v = -1;
+	if (f == NULL)
+		return -1;
+	while (fgets(line, sizeof line, f) != NULL)
+		if (sscanf(line, "VmRSS: %ld kB", &v) == 1)
+			break;
+	fclose(f);
+	return v;
+}
+
+static int bench_memory(int argc, char **argv)
+{
+	long keys = opt_long(argc, argv, "--keys", 1000000);
+	long cache = opt_long(argc, argv, "--cache", 1000000);
+	char key[32];
+	rl_resp out;
+	struct mallinfo2 m0 = mallinfo2();
+	long rss0 = rss_kib();
+	rl_limiter_opts o = {.cache_size = (size_t)cache};
+	rl_limiter *lim = rl_limiter_new(&o);
+	size_t peak_held = 0;
+
+	for (long i = 0; i < keys; i++) {
+		snprintf(key, sizeof key, "account:%07ld", i);
+		rl_req r = {.name = "requests_per_sec", .unique_key = key, .hits = 1,
+			    .limit = 100, .duration = 60000};
+		rl_limiter_decide(lim, &r, 1, &out, NULL, 0);
+		if ((i & 0xffff) == 0 && rl_limiter_size(lim) > peak_held)
+			peak_held = rl_limiter_size(lim);
+	}
+	size_t held = rl_limiter_size(lim);
+	if (held > peak_held)
+		peak_held = held;
+	struct mallinfo2 m1 = mallinfo2();
+	long rss1 = rss_kib();
+	size_t heap = m1.uordblks + m1.hblkhd - m0.uordblks - m0.hblkhd;
+	printf("memory keys=%ld cache=%ld held=%zu peak_held=%zu heap_bytes=%zu rss_growth_bytes=%ld "
+	       "heap_bytes_per_key=%.1f rss_bytes_per_key=%.1f within_capacity=%s\n",
+	       keys, cache, held, peak_held, heap, (rss1 - rss0) * 1024, (double)heap / (double)held,
+	       (double)(rss1 - rss0) * 1024.0 / (double)held,
+	       peak_held <= (size_t)cache ? "yes" : "NO");
+	rl_limiter_free(lim);
+	return peak_held <= (size_t)cache ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc >= 2 && strcmp(argv[1], "api") == 0)
+		return bench_api(argc, argv);
+	if (argc >= 2 && strcmp(argv[1], "memory") == 0)
+		return bench_memory(argc, argv);
+	fprintf(stderr, "usage: ratelimit_bench api|memory [options] (see the source)\n");
+	return 2;
+}
