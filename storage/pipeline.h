@@ -8,34 +8,45 @@
  * at a time; blocking stages ($sort $group $count $sortByCount) consume their input on the
  * first pull.
  *
- * Stages: $match (the query matcher), $project (inclusion, exclusion, computed fields),
- * $addFields / $set, $unset, $sort, $limit, $skip, $group, $count, $unwind (string form and
- * {path, includeArrayIndex, preserveNullAndEmptyArrays}), $sortByCount.
- * Expressions: field paths ("$a.b"), $$ROOT/$$CURRENT, literals, {$literal: v}, documents and
- * arrays of expressions, and the operators $add $subtract $multiply $divide $mod $concat
- * $toUpper $toLower $cond (array and document forms) $ifNull $eq $ne $gt $gte $lt $lte $cmp
- * $and $or $not $size $abs $in $arrayElemAt.
- * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count.
+ * Stages: $match (the query matcher; a top-level $expr is evaluated with the expression
+ * engine below), $project (inclusion, exclusion, computed fields, nested specs), $addFields /
+ * $set, $unset, $sort (stable; followed by $limit it keeps only the top documents, as
+ * MongoDB does), $limit, $skip, $group, $count, $unwind (string form and
+ * {path, includeArrayIndex, preserveNullAndEmptyArrays}), $sortByCount, $replaceRoot /
+ * $replaceWith.
+ * Expressions: field paths ("$a.b", mapped over arrays as MongoDB does), $$ROOT, $$CURRENT,
+ * $$REMOVE, literals, {$literal: v}, documents and arrays of expressions, and the operators
+ * $add $subtract $multiply $divide $mod (int32 -> int64 -> double widening; dates in $add and
+ * $subtract), $concat $toUpper $toLower, $cond (array and document forms) $ifNull, $eq $ne
+ * $gt $gte $lt $lte $cmp (MongoDB's comparison order; missing sorts below null), $and $or
+ * $not, $size $in $arrayElemAt $abs. Decimal128 arithmetic is refused (code 238).
+ * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count. Groups are
+ * keyed by the order-preserving encoding of _id (storage/keyenc.h), so 1, 1.0 and
+ * NumberLong(1) are one group; groups come out in first-seen order.
  *
  * Errors use MongoDB's codes and messages, among them:
  *   40324 "Unrecognized pipeline stage name: '$foo'"
  *   40323 "A pipeline stage specification object must contain exactly one field."
- *   14    TypeMismatch: the pipeline is not an array, or a stage is not a document
+ *   14    TypeMismatch: a stage that is not a document
  *   168   InvalidPipelineOperator "Unrecognized expression '$foo'"
+ *   17276 "Use of undefined variable: x"
  *   15955 "a group specification must include an _id"
- *   40234 "The field 'x' must be an accumulator object"
- *   15976 "$sort stage must have at least one sort key"
- *   15958 "the limit must be positive"; 15956 skip/limit not a number
- *   40156-40160 $count field name rules
- *   31253/31254 $project mixing inclusion and exclusion
- *   16554/16608 arithmetic type errors and division by zero
+ *   40234 "The field 'x' must be an accumulator object"; 15952 unknown group operator
+ *   15976 "$sort stage must have at least one sort key"; 15975 bad sort direction
+ *   15958 "the limit must be positive"; 15957/15972 $limit/$skip not a number;
+ *   5107200 negative $skip
+ *   40156-40160 $count field name rules; 28808-28822 $unwind options
+ *   31253/31254 $project mixing inclusion and exclusion; 31250 path collision
+ *   16554/16555/16556/16609 arithmetic type errors; 16608 "can't $divide by 0";
+ *   17124 $size of a non-array; 16702 $concat of a non-string; 16020 wrong argument count
+ *   40228 $replaceRoot to a non-document
  *   292  QueryExceededMemoryLimitNoDiskUseAllowed: a $sort or $group holds more than
  *        max_memory_bytes (default 100 MB, MongoDB's internalQueryMaxBlockingSortMemoryUsage
  *        and internalDocumentSourceGroupMaxMemoryBytes); we never spill to disk, so
  *        allowDiskUse does not lift the limit.
  *   238  NotImplemented: a stage MongoDB knows but the embedded shard does not run
- *        ($lookup, $out, $merge, $facet, $bucket, ...): "$lookup is not supported by the
- *        embedded shard".
+ *        ($lookup, $out, $merge, $facet, $bucket, $sample, $listLocalSessions, ...):
+ *        "$lookup is not supported by the embedded shard".
  *
  * Threading: an sdb_pipeline is immutable after parse/pushdown and may back several
  * cursors at once; one cursor is used by one thread at a time.
@@ -99,12 +110,13 @@ typedef struct sdb_pipeline_pushdown_t {
 
 /* Remove from the front of p the stages the store will execute, and describe them in *pd
  * (pd uninitialised, always initialised: release with sdb_pipeline_pushdown_destroy):
- * every leading $match (several are ANDed: {$and: [f1, f2]}) when SDB_PUSHDOWN_MATCH; then
+ * every leading $match without $expr (several are ANDed: {$and: [f1, f2]}) when
+ * SDB_PUSHDOWN_MATCH; then
  * a $sort when SDB_PUSHDOWN_SORT; then, after a pushed $sort only, the following run of
  * $skip/$limit stages folded into one (skip, limit) when SDB_PUSHDOWN_LIMIT. The store
  * must then feed the cursor exactly the documents filter -> sort -> skip -> limit selects.
- * Call it before opening any cursor on p. A $match that uses $where/$expr-like operators
- * the store cannot run is still pushed: the store's matcher is the same one.
+ * Call it before opening any cursor on p. A $match with a top-level $expr stops the
+ * pushdown there (the store's matcher does not run $expr).
  * Returns 0 (it cannot fail).
  */
 int sdb_pipeline_pushdown(sdb_pipeline *p, unsigned flags, sdb_pipeline_pushdown_t *pd);

@@ -11,19 +11,33 @@
  *                                   'a.b' would create a conflict at 'a'")
  *   66 ImmutableField               the update would change _id ("Performing an update on the
  *                                   path '_id' would modify the immutable field '_id'")
- *   14 TypeMismatch                 $inc/$mul on a non-number, $push on a non-array, ...
- *   2  BadValue                     bad argument shapes ($pop not 1/-1, $slice not integral,
- *                                   $position not integral, ...), dollar-prefixed field in a
- *                                   replacement document
+ *   14 TypeMismatch                 $inc/$mul on a non-number (or with a non-number
+ *                                   argument), $pop on a non-array
+ *   2  BadValue                     bad argument shapes ($slice/$position not integral, bad
+ *                                   $sort, $each not an array, ...), $push/$addToSet/$pull on
+ *                                   a non-array, $rename through an array, int64 overflow
  *   28 PathNotViable                a path goes through a non-document/non-array value
  *                                   ("Cannot create field 'b' in element {a: 1}")
  *   52 DollarPrefixedFieldName      $-prefixed field inside $set values is allowed by 5.0+, but a
  *                                   replacement's top-level "$x" is refused with this code
  *   54 NotSingleValueField          upsert seed: a path is matched twice
- *   2  BadValue                     arrayFilters: an identifier used without a filter, a filter
- *                                   that no update uses ("The array filter for identifier 'x'
- *                                   was not used in the update { ... }")
+ *   56 EmptyFieldName               an update path with an empty component ("a..b")
+ *   2  BadValue                     arrayFilters: an identifier used without a filter ("No
+ *                                   array filter found for identifier 'x' in path 'a.$[x]'"),
+ *                                   a bad top-level name; array updates on a missing path or
+ *                                   a non-array; `$` without a match from the query
+ *   9  FailedToParse                arrayFilters: a filter no update uses ("The array filter
+ *                                   for identifier 'x' was not used in the update ..."), two
+ *                                   filters for one identifier; $pop not 1/-1
+ *   53 InvalidIdField               _id becomes an array or a regex
+ *   17419                           the new document is larger than 16 MB
  *   238 NotImplemented              pipeline-style updates (an array of stages)
+ *
+ * Supported: $set $unset $inc $mul $min $max $rename $setOnInsert $push ($each $slice $sort
+ * $position) $pull (value, or condition through storage/matcher.h) $pullAll $addToSet
+ * ($each) $pop $currentDate (date or timestamp, from an injectable clock), positional `$`
+ * (the first array element the query matched), `$[]` and `$[<identifier>]` with
+ * arrayFilters. $inc/$mul on decimal128 values are refused with code 2.
  *
  * Field order follows MongoDB: $set on an existing field keeps its position, new fields are
  * appended (in the order of the update's paths, which MongoDB sorts: fields created by one
@@ -67,11 +81,11 @@ typedef struct sdb_update_opts {
 
 /* Parse an update document.
  *
- * spec: the `u` field of an update statement: a document whose fields are all
- * $-operators (operator update) or none are (replacement). A BSON array (pipeline update)
- * is refused by the caller passing it as an array; here spec is a document, and a spec
- * whose first key is "0" is not detected: use sdb_update_parse_value() when the field may
- * be an array. opts may be NULL (no arrayFilters, no query, real clock).
+ * spec: the `u` field of an update statement as a document: when its first field starts
+ * with '$' it is an operator update (every field must then be a known operator), otherwise
+ * a replacement (checked with sdb_update_check_replacement). Use sdb_update_parse_value()
+ * when the field may be an array (pipeline update). opts may be NULL (no arrayFilters, no
+ * query, real clock).
  * On success *out is a new update (free with sdb_update_free) and 0 is returned.
  * Errors: SDB_EINVAL with *code set to the MongoDB code (9, 40, 2, 14, 52, 66, 238 ...)
  *         and a MongoDB-style message in err (errlen bytes, always NUL-terminated).
@@ -113,8 +127,9 @@ int sdb_update_apply(const sdb_update *u, const bson_t *doc, bool is_upsert_inse
 
 /* Build the document an upsert inserts before applying the update: the equality
  * conditions of filter (MongoDB "upsert with a query"): top-level and dotted equalities
- * ({a: 1}, {"b.c": 2} -> {a: 1, b: {c: 2}}), {$eq: v} conditions, and $and of those;
- * $or/$nor/other operators contribute nothing; _id comes first when present.
+ * ({a: 1}, {"b.c": 2} -> {a: 1, b: {c: 2}}), {$eq: v} and one-element {$in: [v]}
+ * conditions, and $and of those; $or/$nor/regexes/other operators contribute nothing.
+ * Fields come in the filter's order, except _id which comes first when present.
  * out: uninitialised bson_t, always initialised (bson_destroy it).
  * Errors: SDB_EINVAL with *code 54 NotSingleValueField when a path is given twice
  *         ({a: 1, "a.b": 2}), *code 2 when a seeded _id is not allowed.
@@ -131,9 +146,9 @@ int sdb_update_upsert_doc(const sdb_update *u, const bson_t *filter, bson_t *out
 			  char *err, size_t errlen);
 
 /* Check a document to insert or a replacement the way MongoDB does before storing it:
- * no $-prefixed top-level field names (code 2 BadValue in 6.0 for replacements: "The
- * dollar ($) prefixed field '$x' in '$x' is not allowed in the context of an update's
- * replacement document..."), _id not an array (code 53 InvalidIdField "The '_id' value
+ * no $-prefixed top-level field names (code 52 DollarPrefixedFieldName: "The dollar ($)
+ * prefixed field '$x' in '$x' is not allowed in the context of an update's replacement
+ * document. Consider using an aggregation pipeline with $replaceWith."), _id not an array (code 53 InvalidIdField "The '_id' value
  * cannot be of type array") nor a regex. Returns 0 or SDB_EINVAL with *code and err. */
 int sdb_update_check_replacement(const bson_t *doc, int *code, char *err, size_t errlen);
 

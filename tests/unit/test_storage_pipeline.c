@@ -423,6 +423,12 @@ static void test_match(void **state)
 	      "[{'score': 80, 'views': 100}, {'score': 85, 'views': 521}, {'score': 60, 'views': 1000},"
 	      " {'score': 55, 'views': 5000}, {'score': 60, 'views': 50}, {'score': 94, 'views': 999}]",
 	      "[{'_id': null, 'count': 4}]");
+	/* $expr compares fields of the same document (the manual's budget example) */
+	check("[{'$match': {'$expr': {'$gt': ['$spent', '$budget']}, 'category': {'$ne': 'food'}}}]",
+	      "[{'_id': 1, 'category': 'food', 'budget': 400, 'spent': 450}, {'_id': 2, 'category': 'drinks', 'budget': 100, 'spent': 150},"
+	      " {'_id': 3, 'category': 'clothes', 'budget': 100, 'spent': 50}, {'_id': 4, 'category': 'misc', 'budget': 500, 'spent': 300},"
+	      " {'_id': 5, 'category': 'travel', 'budget': 200, 'spent': 650}]",
+	      "[{'_id': 2, 'category': 'drinks', 'budget': 100, 'spent': 150}, {'_id': 5, 'category': 'travel', 'budget': 200, 'spent': 650}]");
 }
 
 /* Blocking stages over more than max_memory_bytes fail with 292; $sort + $limit keeps only
@@ -513,6 +519,18 @@ static void test_pushdown(void **state)
 		sdb_pipeline_cursor_free(c);
 		bson_destroy(dw);
 	}
+	sdb_pipeline_free(p);
+	bson_destroy(pw);
+
+	/* a $match with $expr stays in the pipeline, and so does everything after it */
+	pw = JA("[{'$match': {'a': 1}}, {'$match': {'$expr': {'$eq': ['$a', '$b']}}}, {'$sort': {'a': 1}}]", &parr);
+	assert_int_equal(sdb_pipeline_parse(&parr, NULL, &p, &code, err, sizeof err), 0);
+	assert_int_equal(sdb_pipeline_pushdown(p, SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT, &pd), 0);
+	s = bson_as_canonical_extended_json(&pd.filter, NULL);
+	assert_string_equal(s, "{ \"a\" : { \"$numberInt\" : \"1\" } }");
+	bson_free(s);
+	assert_true(bson_empty(&pd.sort));
+	sdb_pipeline_pushdown_destroy(&pd);
 	sdb_pipeline_free(p);
 	bson_destroy(pw);
 
