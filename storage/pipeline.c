@@ -2094,8 +2094,68 @@ void sdb_pipeline_pushdown_destroy(sdb_pipeline_pushdown_t *pd)
 
 /* ---- cursors ------------------------------------------------------------------------- */
 
+/* A set of encoded keys (open addressing, linear probing); a slot is empty when its data
+ * is NULL (an encoded value is never empty). */
+typedef struct {
+	sdb_key *slots;
+	size_t cap;
+	size_t n;
+} keyset;
+
+static uint64_t key_hash(const sdb_key *k);
+
+static void keyset_free(keyset *s)
+{
+	for (size_t i = 0; i < s->cap; i++) {
+		sdb_key_free(&s->slots[i]);
+	}
+	free(s->slots);
+	memset(s, 0, sizeof *s);
+}
+
+static void keyset_place(sdb_key *slots, size_t cap, sdb_key *k)
+{
+	size_t i = (size_t)(key_hash(k) & (cap - 1));
+
+	while (slots[i].data != NULL) {
+		i = (i + 1) & (cap - 1);
+	}
+	slots[i] = *k;
+}
+
+/* Add k (taking ownership) unless an equal key is there (then k is freed). Returns true
+ * when added. */
+static bool keyset_add(keyset *s, sdb_key *k)
+{
+	if ((s->n + 1) * 2 > s->cap) {
+		size_t cap = s->cap == 0 ? 16 : s->cap * 2;
+		sdb_key *slots = sdb_calloc(cap, sizeof *slots);
+
+		for (size_t i = 0; i < s->cap; i++) {
+			if (s->slots[i].data != NULL) {
+				keyset_place(slots, cap, &s->slots[i]);
+			}
+		}
+		free(s->slots);
+		s->slots = slots;
+		s->cap = cap;
+	}
+	for (size_t i = (size_t)(key_hash(k) & (s->cap - 1));; i = (i + 1) & (s->cap - 1)) {
+		if (s->slots[i].data == NULL) {
+			s->slots[i] = *k;
+			s->n++;
+			return true;
+		}
+		if (sdb_key_cmp(&s->slots[i], k) == 0) {
+			sdb_key_free(k);
+			return false;
+		}
+	}
+}
+
 typedef struct {
 	akind kind;
+	keyset seen;      /* $addToSet: keys of the values in v */
 	docbuild_node *v; /* min/max/first/last value, or push/addToSet array */
 	bool set;
 	int64_t isum;
@@ -2193,6 +2253,7 @@ void sdb_pipeline_cursor_free(sdb_pipeline_cursor *c)
 			for (size_t g = s->pos; g < s->n_groups; g++) {
 				for (size_t a = 0; a < c->p->st[i].n_accs; a++) {
 					docbuild_free(s->order[g]->acc[a].v);
+					keyset_free(&s->order[g]->acc[a].seen);
 				}
 			}
 		}
@@ -2443,12 +2504,19 @@ static void acc_add(acc_state *a, docbuild_node *v, size_t *mem)
 			a->v = docbuild_new_array(NULL);
 		}
 		if (a->kind == A_ADDTOSET) {
-			for (size_t i = 0; i < a->v->n; i++) {
-				if (vcmp(a->v->kids[i], v) == 0) {
-					docbuild_free(v);
-					return;
-				}
+			sdb_key k;
+			bson_t scratch;
+			bson_value_t bv;
+
+			sdb_key_init(&k);
+			docbuild_value(v, &scratch, &bv);
+			(void)sdb_keyenc_append_value(&k, &bv, false, NULL, 0);
+			bson_destroy(&scratch);
+			if (!keyset_add(&a->seen, &k)) {
+				docbuild_free(v);
+				return;
 			}
+			*mem += k.len + sizeof k;
 		}
 		*mem += node_size(v);
 		docbuild_push(a->v, v);
@@ -2460,6 +2528,8 @@ static void acc_add(acc_state *a, docbuild_node *v, size_t *mem)
 static docbuild_node *acc_result(acc_state *a)
 {
 	docbuild_node *v;
+
+	keyset_free(&a->seen);
 
 	switch (a->kind) {
 	case A_COUNT:

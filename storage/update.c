@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -23,6 +24,8 @@
 #include "storage/docbuild.h"
 #include "storage/matcher.h"
 #include "storage/path.h"
+#include "storage/keyenc.h"
+#include "storage/sortspec.h"
 
 /* MongoDB error codes used here (src/mongo/base/error_codes.yml). */
 #define C_BAD_VALUE 2
@@ -109,7 +112,7 @@ struct unode {
 	int64_t position;
 	bool has_sort;
 	int sort_dir;      /* whole-element sort: 1/-1; 0 when sort_spec is used */
-	docbuild_blob sort_spec; /* {field: 1/-1, ...} when has_sort && sort_dir == 0 */
+	sdb_sortspec *sort_spec; /* {field: 1/-1, ...} when has_sort && sort_dir == 0 */
 	/* $pull with a condition */
 	sdb_matcher *pull;
 	/* $pop */
@@ -240,7 +243,7 @@ static void unode_free(unode *n)
 	if (n->leaf) {
 		bson_value_destroy(&n->arg);
 		if (n->has_sort && n->sort_dir == 0) {
-			docbuild_blob_free(&n->sort_spec);
+			sdb_sortspec_free(n->sort_spec);
 		}
 		if (n->pull != NULL) {
 			sdb_matcher_free(n->pull);
@@ -458,7 +461,9 @@ static int parse_sort(unode *n, const bson_iter_t *it, int *code, char *err, siz
 					    k);
 			}
 		}
-		docbuild_blob_set(&n->sort_spec, &spec);
+		if (sdb_sortspec_parse(&spec, &n->sort_spec, NULL, NULL, 0) != 0) {
+			goto bad;
+		}
 		n->sort_dir = 0;
 		return 0;
 	}
@@ -1071,58 +1076,73 @@ static int node_cmp(const docbuild_node *x, const docbuild_node *y)
 	return r;
 }
 
-/* $push's {$sort: {field: 1/-1}}: compare elements by the spec's paths (non-documents
- * have every field missing). */
-static int sort_cmp(const unode *n, const docbuild_node *x, const docbuild_node *y)
+/* The memcmp-ordered sort key of one array element for $push's $sort: the element itself
+ * (1/-1), or the fields of {field: 1/-1} (non-documents have every field missing). */
+static void elem_sort_key(const unode *n, const docbuild_node *x, sdb_key *k)
 {
-	bson_t sx, sy;
-	bson_iter_t it;
-	int r = 0;
+	bson_t scratch;
 
 	if (n->sort_dir != 0) {
-		return n->sort_dir * node_cmp(x, y);
-	}
-	if (x->type == BSON_TYPE_DOCUMENT) {
-		docbuild_to_bson(x, &sx);
-	} else {
-		bson_init(&sx);
-	}
-	if (y->type == BSON_TYPE_DOCUMENT) {
-		docbuild_to_bson(y, &sy);
-	} else {
-		bson_init(&sy);
-	}
-	bson_t spec;
+		bson_value_t v;
 
-	docbuild_blob_view(&n->sort_spec, &spec);
-	bson_iter_init(&it, &spec);
-	while (r == 0 && bson_iter_next(&it)) {
-		int64_t d = 1;
-		bson_value_t vx, vy;
-
-		value_as_int(bson_iter_value(&it), &d);
-		sdb_path_sort_value(&sx, bson_iter_key(&it), d < 0, &vx);
-		sdb_path_sort_value(&sy, bson_iter_key(&it), d < 0, &vy);
-		r = (int)d * sdb_bson_value_cmp(&vx, &vy);
+		docbuild_value(x, &scratch, &v);
+		(void)sdb_keyenc_append_value(k, &v, n->sort_dir < 0, NULL, 0);
+	} else {
+		if (x->type == BSON_TYPE_DOCUMENT) {
+			docbuild_to_bson(x, &scratch);
+		} else {
+			bson_init(&scratch);
+		}
+		(void)sdb_sortspec_key(n->sort_spec, &scratch, k, NULL, 0);
 	}
-	bson_destroy(&sx);
-	bson_destroy(&sy);
-	return r;
+	bson_destroy(&scratch);
 }
 
-/* Stable insertion sort (arrays in updates are small; MongoDB's sort is stable too). */
+typedef struct {
+	sdb_key key;
+	docbuild_node *node;
+} keyed;
+
+/* Stable merge sort by key (MongoDB's $push $sort is stable). */
+static void keyed_sort(keyed *items, keyed *tmp, size_t n)
+{
+	size_t h, i, j, k;
+
+	if (n < 2) {
+		return;
+	}
+	h = n / 2;
+	keyed_sort(items, tmp, h);
+	keyed_sort(items + h, tmp, n - h);
+	for (i = 0, j = h, k = 0; i < h && j < n;) {
+		tmp[k++] = sdb_key_cmp(&items[j].key, &items[i].key) < 0 ? items[j++] : items[i++];
+	}
+	while (i < h) {
+		tmp[k++] = items[i++];
+	}
+	while (j < n) {
+		tmp[k++] = items[j++];
+	}
+	memcpy(items, tmp, n * sizeof *items);
+}
+
 static void sort_array(const unode *n, docbuild_node *arr)
 {
-	for (size_t i = 1; i < arr->n; i++) {
-		docbuild_node *k = arr->kids[i];
-		size_t j = i;
+	keyed *items = sdb_calloc(arr->n + 1, sizeof *items);
+	keyed *tmp = sdb_calloc(arr->n + 1, sizeof *tmp);
 
-		while (j > 0 && sort_cmp(n, arr->kids[j - 1], k) > 0) {
-			arr->kids[j] = arr->kids[j - 1];
-			j--;
-		}
-		arr->kids[j] = k;
+	for (size_t i = 0; i < arr->n; i++) {
+		sdb_key_init(&items[i].key);
+		elem_sort_key(n, arr->kids[i], &items[i].key);
+		items[i].node = arr->kids[i];
 	}
+	keyed_sort(items, tmp, arr->n);
+	for (size_t i = 0; i < arr->n; i++) {
+		arr->kids[i] = items[i].node;
+		sdb_key_free(&items[i].key);
+	}
+	free(items);
+	free(tmp);
 }
 
 static void do_push(const unode *n, docbuild_node *arr)
@@ -1168,18 +1188,62 @@ static void do_push(const unode *n, docbuild_node *arr)
 	}
 }
 
-static bool array_has(const docbuild_node *arr, const docbuild_node *x)
+/* The equality key of a value (storage/keyenc.h: 1, 1.0 and NumberLong(1) are one key). */
+static void value_key(const docbuild_node *x, sdb_key *k)
 {
-	for (size_t i = 0; i < arr->n; i++) {
-		if (node_cmp(arr->kids[i], x) == 0) {
-			return true;
+	bson_t scratch;
+	bson_value_t v;
+
+	docbuild_value(x, &scratch, &v);
+	(void)sdb_keyenc_append_value(k, &v, false, NULL, 0);
+	bson_destroy(&scratch);
+}
+
+static int key_qsort_cmp(const void *a, const void *b)
+{
+	return sdb_key_cmp(a, b);
+}
+
+/* Add x to arr unless an equal element is there; keys: arr's keys, sorted. */
+static void add_unique(docbuild_node *arr, sdb_key **keys, size_t *nkeys, docbuild_node *x)
+{
+	sdb_key k;
+	size_t lo = 0, hi = *nkeys;
+
+	sdb_key_init(&k);
+	value_key(x, &k);
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = sdb_key_cmp(&(*keys)[mid], &k);
+
+		if (c == 0) {
+			sdb_key_free(&k);
+			docbuild_free(x);
+			return;
+		}
+		if (c < 0) {
+			lo = mid + 1;
+		} else {
+			hi = mid;
 		}
 	}
-	return false;
+	*keys = sdb_realloc(*keys, (*nkeys + 1) * sizeof **keys);
+	memmove(&(*keys)[lo + 1], &(*keys)[lo], (*nkeys - lo) * sizeof **keys);
+	(*keys)[lo] = k;
+	(*nkeys)++;
+	docbuild_push(arr, x);
 }
 
 static void do_add_to_set(const unode *n, docbuild_node *arr)
 {
+	size_t nkeys = arr->n;
+	sdb_key *keys = sdb_calloc(nkeys + 1, sizeof *keys);
+
+	for (size_t i = 0; i < arr->n; i++) {
+		sdb_key_init(&keys[i]);
+		value_key(arr->kids[i], &keys[i]);
+	}
+	qsort(keys, nkeys, sizeof *keys, key_qsort_cmp);
 	if (n->each) {
 		bson_iter_t it;
 		bson_t each;
@@ -1187,23 +1251,15 @@ static void do_add_to_set(const unode *n, docbuild_node *arr)
 		bson_init_static(&each, n->arg.value.v_doc.data, n->arg.value.v_doc.data_len);
 		bson_iter_init(&it, &each);
 		while (bson_iter_next(&it)) {
-			docbuild_node *x = docbuild_from_iter(&it, false);
-
-			if (array_has(arr, x)) {
-				docbuild_free(x);
-			} else {
-				docbuild_push(arr, x);
-			}
+			add_unique(arr, &keys, &nkeys, docbuild_from_iter(&it, false));
 		}
-		return;
-	}
-	docbuild_node *x = scalar_node(&n->arg);
-
-	if (array_has(arr, x)) {
-		docbuild_free(x);
 	} else {
-		docbuild_push(arr, x);
+		add_unique(arr, &keys, &nkeys, scalar_node(&n->arg));
 	}
+	for (size_t i = 0; i < nkeys; i++) {
+		sdb_key_free(&keys[i]);
+	}
+	free(keys);
 }
 
 static bool pull_matches(const unode *n, const docbuild_node *x)

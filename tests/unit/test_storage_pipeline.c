@@ -212,6 +212,10 @@ static void test_group(void **state)
 	check("[{'$group': {'_id': null, 's': {'$sum': '$v'}, 'a': {'$avg': '$s'}, 'm': {'$min': '$nope'}}}]",
 	      "[{'v': 2147483647}, {'v': 1}, {'v': 'str'}]",
 	      "[{'_id': null, 's': {'$numberLong': '2147483648'}, 'a': null, 'm': null}]");
+	/* $addToSet keeps the first of equal values (1, 1.0 and NumberLong(1) are equal) */
+	check("[{'$group': {'_id': null, 's': {'$addToSet': '$v'}}}]",
+	      "[{'v': 1}, {'v': 1.0}, {'v': 'a'}, {'v': {'$numberLong': '1'}}, {'v': [1]}, {'v': 'a'}, {}]",
+	      "[{'_id': null, 's': [1, 'a', [1]]}]");
 	/* empty input: no group at all */
 	check("[{'$group': {'_id': null, 'c': {'$sum': 1}}}]", "[]", "[]");
 	check_err("[{'$group': {'total': {'$sum': 1}}}]", "[]", 15955, "must include an _id");

@@ -299,6 +299,13 @@ static void test_push(void **state)
 	      "{'_id': 2, 'tests': [40, 50, 60, 70, 89, 89]}");
 	check("{'_id': 2, 'tests': [40, 50, 60, 70, 89, 89]}", "{'$push': {'tests': {'$each': [], '$sort': -1}}}",
 	      "{'_id': 2, 'tests': [89, 89, 70, 60, 50, 40]}");
+	/* $sort by a field: non-documents have the field missing (null sorts first), ties stable */
+	check("{'_id': 1, 'q': [{'s': 2, 'k': 'a'}, 7, {'s': 1}, {'s': 2, 'k': 'b'}]}",
+	      "{'$push': {'q': {'$each': [{'k': 'c'}], '$sort': {'s': 1}}}}",
+	      "{'_id': 1, 'q': [7, {'k': 'c'}, {'s': 1}, {'s': 2, 'k': 'a'}, {'s': 2, 'k': 'b'}]}");
+	check("{'_id': 1, 'q': [{'a': {'b': 2}}, {'a': {'b': 1}}]}",
+	      "{'$push': {'q': {'$each': [], '$sort': {'a.b': -1}, '$slice': 1}}}",
+	      "{'_id': 1, 'q': [{'a': {'b': 2}}]}");
 	check_err("{'_id': 1, 'a': 5}", "{'$push': {'a': 1}}", NULL, 2, "must be an array");
 	check_err("{'_id': 1}", "{'$push': {'a': {'$each': 1}}}", NULL, 2, "$each");
 	check_err("{'_id': 1}", "{'$push': {'a': {'$each': [1], '$slice': 'x'}}}", NULL, 2, "$slice");
@@ -349,6 +356,61 @@ static void test_add_to_set(void **state)
 }
 
 /* https://www.mongodb.com/docs/manual/reference/operator/update/pop/ */
+/* Large arrays: sorting and set insertion use encoded keys (no quadratic compare). */
+static void test_large_arrays(void **state)
+{
+	(void)state;
+	bson_t doc = BSON_INITIALIZER, arr, out;
+	bson_t *u1 = J("{'$push': {'a': {'$each': [], '$sort': 1, '$slice': 3}}}");
+	bson_t *u2 = J("{'$addToSet': {'a': {'$each': [5, 100000, 100000.0, {'$numberLong': '100001'}]}}}");
+	sdb_update *u;
+	bson_iter_t it, el;
+	bool changed;
+	int code;
+	char err[256];
+	char *got;
+
+	BSON_APPEND_INT32(&doc, "_id", 1);
+	BSON_APPEND_ARRAY_BEGIN(&doc, "a", &arr);
+	for (int i = 0; i < 100000; i++) {
+		char key[16];
+
+		snprintf(key, sizeof key, "%d", i);
+		BSON_APPEND_INT32(&arr, key, 100000 - 1 - i);
+	}
+	bson_append_array_end(&doc, &arr);
+
+	assert_int_equal(sdb_update_parse(u1, NULL, &u, &code, err, sizeof err), 0);
+	assert_int_equal(sdb_update_apply(u, &doc, false, &out, &changed, &code, err, sizeof err), 0);
+	got = bson_as_canonical_extended_json(&out, NULL);
+	assert_string_equal(got, "{ \"_id\" : { \"$numberInt\" : \"1\" }, \"a\" : [ { \"$numberInt\" : \"0\" }, "
+				 "{ \"$numberInt\" : \"1\" }, { \"$numberInt\" : \"2\" } ] }");
+	bson_free(got);
+	bson_destroy(&out);
+	sdb_update_free(u);
+
+	assert_int_equal(sdb_update_parse(u2, NULL, &u, &code, err, sizeof err), 0);
+	assert_int_equal(sdb_update_apply(u, &doc, false, &out, &changed, &code, err, sizeof err), 0);
+	assert_true(changed);
+	assert_true(bson_iter_init_find(&it, &out, "a"));
+	assert_true(bson_iter_recurse(&it, &el));
+	int n = 0;
+	int64_t last = 0;
+
+	while (bson_iter_next(&el)) {
+		n++;
+		last = bson_iter_as_int64(&el);
+	}
+	/* 5 is there; 100000 and 100000.0 are one new value; 100001 is new */
+	assert_int_equal(n, 100002);
+	assert_int_equal(last, 100001);
+	bson_destroy(&out);
+	sdb_update_free(u);
+	bson_destroy(&doc);
+	bson_destroy(u1);
+	bson_destroy(u2);
+}
+
 static void test_pop(void **state)
 {
 	(void)state;
@@ -588,6 +650,7 @@ int main(void)
 		cmocka_unit_test(test_pull),
 		cmocka_unit_test(test_add_to_set),
 		cmocka_unit_test(test_pop),
+		cmocka_unit_test(test_large_arrays),
 		cmocka_unit_test(test_current_date),
 		cmocka_unit_test(test_positional),
 		cmocka_unit_test(test_errors),
