@@ -40,8 +40,7 @@ void shard_cmd_create(shard_ctx *x)
 			if (k[0] == '$' || strcmp(k, "writeConcern") == 0 ||
 			    strcmp(k, "lsid") == 0 || strcmp(k, "comment") == 0)
 				continue;
-			if (strcmp(k, "capped") == 0 || strcmp(k, "timeseries") == 0 ||
-			    strcmp(k, "viewOn") == 0) {
+			if (strcmp(k, "capped") == 0 || strcmp(k, "timeseries") == 0) {
 				if (strcmp(k, "capped") == 0 && !bson_iter_as_bool(&it))
 					continue;
 				bson_destroy(&opts);
@@ -343,7 +342,10 @@ void shard_cmd_list_collections(shard_ctx *x)
 			continue;
 		bson_t *d = bson_new();
 		BSON_APPEND_UTF8(d, "name", co->coll);
-		BSON_APPEND_UTF8(d, "type", "collection");
+		bson_iter_t vit;
+		BSON_APPEND_UTF8(d, "type", bson_iter_init_find(&vit, co->options, "viewOn")
+						    ? "view"
+						    : "collection");
 		if (!name_only) {
 			BSON_APPEND_DOCUMENT(d, "options", co->options);
 			bson_t info, idx;

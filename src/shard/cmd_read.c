@@ -17,18 +17,38 @@
 #include "storage/projection.h"
 #include "storage/query.h"
 
-/* Until storage/pipeline.c is in the build, aggregate answers NotImplemented (weak
- * references resolve to NULL). */
-#pragma weak sdb_pipeline_parse
-#pragma weak sdb_pipeline_free
-#pragma weak sdb_pipeline_pushdown
-#pragma weak sdb_pipeline_pushdown_destroy
-#pragma weak sdb_pipeline_open
-#pragma weak sdb_pipeline_cursor_next
-#pragma weak sdb_pipeline_cursor_free
-
 static const char OPLOG_DB[] = "local";
 static const char OPLOG_COLL[] = "oplog.rs";
+
+static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
+		     const bson_iter_t *hint, bson_t ***docs_out, size_t *n_out,
+		     sdb_query **q_out);
+static bool coll_is_view(shard_ctx *x, const char *coll);
+static void reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, int64_t batch,
+			 bool single, const bson_t *extra, shard_cursor *tail);
+
+/* Append {name: value-doc} as the next stage of stages. */
+static void stage_doc(bson_t *stages, uint32_t *nst, const char *name, const bson_t *v)
+{
+	char k[16];
+	const char *kp;
+	bson_t st;
+	bson_uint32_to_string((*nst)++, &kp, k, sizeof k);
+	BSON_APPEND_DOCUMENT_BEGIN(stages, kp, &st);
+	BSON_APPEND_DOCUMENT(&st, name, v);
+	bson_append_document_end(stages, &st);
+}
+
+static void stage_int(bson_t *stages, uint32_t *nst, const char *name, int64_t v)
+{
+	char k[16];
+	const char *kp;
+	bson_t st;
+	bson_uint32_to_string((*nst)++, &kp, k, sizeof k);
+	BSON_APPEND_DOCUMENT_BEGIN(stages, kp, &st);
+	BSON_APPEND_INT64(&st, name, v);
+	bson_append_document_end(stages, &st);
+}
 
 /* ------------------------------------------------------------------ find */
 
@@ -396,6 +416,33 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		sdb_projection_free(proj);
 		return;
 	}
+	bson_t **docs;
+	size_t n;
+	bool ok;
+	if (coll_is_view(x, coll)) {
+		/* a find on a view is an aggregation over its source */
+		bson_t stages = BSON_INITIALIZER;
+		uint32_t nst = 0;
+		stage_doc(&stages, &nst, "$match", &o->filter);
+		if (o->have_sort && !bson_empty(&o->sort))
+			stage_doc(&stages, &nst, "$sort", &o->sort);
+		if (o->skip)
+			stage_int(&stages, &nst, "$skip", o->skip);
+		if (o->limit)
+			stage_int(&stages, &nst, "$limit", o->limit);
+		if (o->have_projection && !bson_empty(&o->projection))
+			stage_doc(&stages, &nst, "$project", &o->projection);
+		ok = agg_exec(x, coll, &stages, NULL, &docs, &n, NULL);
+		bson_destroy(&stages);
+		sdb_projection_free(proj);
+		if (!ok)
+			return;
+		char *ns = sdb_asprintf("%s.%s", x->db, coll);
+		reply_cursor(x, ns, docs, n, o->have_batch ? o->batch : -1, o->single_batch, NULL,
+			     NULL);
+		free(ns);
+		return;
+	}
 	sdb_query_spec spec = {
 		.filter = &o->filter,
 		.sort = o->have_sort ? &o->sort : NULL,
@@ -403,9 +450,7 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		.skip = o->skip,
 		.limit = o->limit,
 	};
-	bson_t **docs;
-	size_t n;
-	bool ok = collect(x, coll, &spec, proj, &docs, &n, NULL);
+	ok = collect(x, coll, &spec, proj, &docs, &n, NULL);
 	uint64_t at = ok && snapshot ? sdb_store_oplog_last(x->conn) : 0;
 	sdb_store_rollback(x->conn);
 	sdb_projection_free(proj);
@@ -662,6 +707,38 @@ void shard_cmd_count(shard_ctx *x)
 		return;
 	}
 	int64_t n = 0;
+	if (coll_is_view(x, coll)) {
+		bson_t stages = BSON_INITIALIZER, cnt = BSON_INITIALIZER;
+		uint32_t nst = 0;
+		stage_doc(&stages, &nst, "$match", &o.filter);
+		if (o.skip)
+			stage_int(&stages, &nst, "$skip", o.skip);
+		if (o.limit)
+			stage_int(&stages, &nst, "$limit", o.limit);
+		char k[16];
+		const char *kp;
+		bson_t st;
+		bson_uint32_to_string(nst++, &kp, k, sizeof k);
+		BSON_APPEND_DOCUMENT_BEGIN(&stages, kp, &st);
+		BSON_APPEND_UTF8(&st, "$count", "n");
+		bson_append_document_end(&stages, &st);
+		bson_destroy(&cnt);
+		bson_t **docs = NULL;
+		size_t nd = 0;
+		bool ok = agg_exec(x, coll, &stages, NULL, &docs, &nd, NULL);
+		bson_destroy(&stages);
+		find_opts_destroy(&o);
+		if (!ok)
+			return;
+		bson_iter_t it;
+		if (nd == 1 && bson_iter_init_find(&it, docs[0], "n"))
+			n = bson_iter_as_int64(&it);
+		util_docs_free(docs, nd);
+		bson_t *reply = bson_new();
+		BSON_APPEND_INT32(reply, "n", (int32_t)n);
+		wire_req_reply(x->req, reply);
+		return;
+	}
 	if (bson_empty(&o.filter) && !o.have_hint) {
 		n = sdb_store_count(x->conn, x->db, coll);
 		n -= o.skip;
@@ -812,6 +889,192 @@ static int agg_next(void *ctx, const bson_t **doc, int *code, char *err, size_t 
 	return sdb_query_next(in->q, doc, code, err, errlen);
 }
 
+static bool coll_is_view(shard_ctx *x, const char *coll)
+{
+	const sdb_store_coll *co = NULL;
+	bson_iter_t it;
+	return sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) == 0 &&
+	       bson_iter_init_find(&it, co->options, "viewOn");
+}
+
+/* Is db.coll a view? Then *source gets its viewOn (in buf) and the view's pipeline
+ * stages are appended to *stages (an array builder, keys from *nst). Follows views of
+ * views (at most 20 levels). Needs an open transaction. Returns false when not a view. */
+static bool view_resolve(shard_ctx *x, const char *coll, char *buf, size_t buflen,
+			 bson_t *stages, uint32_t *nst)
+{
+	bool any = false;
+	char cur[256];
+	snprintf(cur, sizeof cur, "%s", coll);
+	/* collect levels innermost-last, then append outermost source's pipeline first */
+	bson_t levels[20];
+	int nl = 0;
+	for (int depth = 0; depth < 20; depth++) {
+		const sdb_store_coll *co = NULL;
+		if (sdb_store_coll_get(x->conn, x->db, cur, &co, NULL, 0) != 0)
+			break;
+		bson_iter_t it, pit;
+		if (!bson_iter_init_find(&it, co->options, "viewOn") || !BSON_ITER_HOLDS_UTF8(&it))
+			break;
+		bson_init(&levels[nl]);
+		if (bson_iter_init_find(&pit, co->options, "pipeline") &&
+		    BSON_ITER_HOLDS_ARRAY(&pit)) {
+			uint32_t len;
+			const uint8_t *d;
+			bson_iter_array(&pit, &len, &d);
+			bson_t arr;
+			if (bson_init_static(&arr, d, len)) {
+				bson_destroy(&levels[nl]);
+				bson_copy_to(&arr, &levels[nl]);
+			}
+		}
+		nl++;
+		snprintf(cur, sizeof cur, "%s", bson_iter_utf8(&it, NULL));
+		any = true;
+	}
+	if (!any)
+		return false;
+	for (int l = nl - 1; l >= 0; l--) {
+		bson_iter_t it;
+		if (bson_iter_init(&it, &levels[l])) {
+			while (bson_iter_next(&it)) {
+				char k[16];
+				const char *kp;
+				bson_uint32_to_string((*nst)++, &kp, k, sizeof k);
+				bson_append_iter(stages, kp, -1, &it);
+			}
+		}
+		bson_destroy(&levels[l]);
+	}
+	snprintf(buf, buflen, "%s", cur);
+	return true;
+}
+
+/* Append every stage of arr (a BSON array) to stages. */
+static void stages_append(bson_t *stages, uint32_t *nst, const bson_t *arr)
+{
+	bson_iter_t it;
+	if (!bson_iter_init(&it, arr))
+		return;
+	while (bson_iter_next(&it)) {
+		char k[16];
+		const char *kp;
+		bson_uint32_to_string((*nst)++, &kp, k, sizeof k);
+		bson_append_iter(stages, kp, -1, &it);
+	}
+}
+
+typedef struct array_input {
+	bson_t **docs;
+	size_t n, pos;
+} array_input;
+
+static int array_next(void *ctx, const bson_t **doc, int *code, char *err, size_t errlen)
+{
+	array_input *in = ctx;
+	if (in->pos >= in->n)
+		return 0;
+	*doc = in->docs[in->pos++];
+	return 1;
+}
+
+/* Run stages over db.coll (coll NULL: a database-level aggregate whose input is empty, or
+ * the sessions of $listLocalSessions) in the open read transaction. Views are resolved. On
+ * success *docs_out and *n_out hold copies of the output; with q_out the query is kept for
+ * explain (caller frees; the transaction is then left open). Replies on error. */
+static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
+		     const bson_iter_t *hint, bson_t ***docs_out, size_t *n_out,
+		     sdb_query **q_out)
+{
+	char source[256];
+	bson_t all = BSON_INITIALIZER;
+	uint32_t nst = 0;
+	array_input sessions = {0};
+	bool list_sessions = false;
+	if (coll && view_resolve(x, coll, source, sizeof source, &all, &nst)) {
+		coll = source;
+		hint = NULL;
+	}
+	if (!coll) {
+		bson_iter_t it, st;
+		if (bson_iter_init(&it, stages) && bson_iter_next(&it) &&
+		    BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) &&
+		    bson_iter_next(&st) && strcmp(bson_iter_key(&st), "$listLocalSessions") == 0) {
+			list_sessions = true;
+			shard_sessions_list(x->sh, &sessions.docs, &sessions.n);
+			while (bson_iter_next(&it)) {
+				char k[16];
+				const char *kp;
+				bson_uint32_to_string(nst++, &kp, k, sizeof k);
+				bson_append_iter(&all, kp, -1, &it);
+			}
+		}
+	}
+	if (!list_sessions)
+		stages_append(&all, &nst, stages);
+	sdb_pipeline *p = NULL;
+	int code = 0;
+	if (sdb_pipeline_parse(&all, NULL, &p, &code, x->err, sizeof x->err) != 0) {
+		bson_destroy(&all);
+		util_docs_free(sessions.docs, sessions.n);
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return false;
+	}
+	bson_destroy(&all);
+	sdb_pipeline_pushdown_t pd;
+	sdb_pipeline_pushdown(p, coll ? (SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT |
+					 SDB_PUSHDOWN_LIMIT)
+				      : 0,
+			      &pd);
+	agg_input in = {0};
+	if (coll) {
+		sdb_query_spec spec = {
+			.filter = &pd.filter,
+			.sort = bson_empty(&pd.sort) ? NULL : &pd.sort,
+			.hint = hint,
+			.skip = pd.skip,
+			.limit = pd.limit > 0 ? pd.limit : 0,
+		};
+		if (sdb_query_open(x->conn, x->db, coll, &spec, &in.q, &code, x->err,
+				   sizeof x->err) != 0) {
+			sdb_pipeline_pushdown_destroy(&pd);
+			sdb_pipeline_free(p);
+			shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+			return false;
+		}
+	}
+	sdb_pipeline_pushdown_destroy(&pd);
+	sdb_pipeline_cursor *pc = NULL;
+	if (list_sessions)
+		sdb_pipeline_open(p, array_next, &sessions, &pc);
+	else
+		sdb_pipeline_open(p, agg_next, &in, &pc);
+	bson_t **docs = NULL;
+	size_t n = 0, cap = 0;
+	const bson_t *d;
+	int rc;
+	while ((rc = sdb_pipeline_cursor_next(pc, &d, &code, x->err, sizeof x->err)) == 1)
+		util_docs_push(&docs, &n, &cap, bson_copy(d));
+	sdb_pipeline_cursor_free(pc);
+	sdb_pipeline_free(p);
+	util_docs_free(sessions.docs, sessions.n);
+	if (rc < 0) {
+		sdb_query_free(in.q);
+		util_docs_free(docs, n);
+		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
+		return false;
+	}
+	if (q_out) {
+		*q_out = in.q;
+	} else {
+		sdb_query_free(in.q);
+		sdb_store_rollback(x->conn);
+	}
+	*docs_out = docs;
+	*n_out = n;
+	return true;
+}
+
 /* Parse and run an aggregate command; on success *docs_out and *n_out hold the output. With explain,
  * *q_out keeps the query for the explain output (caller frees). Replies on error. */
 static bool run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out,
@@ -846,21 +1109,26 @@ static bool run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out
 	*batch = -1;
 	bool have_cursor = false;
 	if (bson_iter_init_find(&it, cmd, "cursor")) {
-		bson_t cur;
-		if (!util_get_doc(x, "aggregate", &it, &cur))
+		bson_t cur = BSON_INITIALIZER;
+		if (!util_get_doc(x, "aggregate", &it, &cur)) {
+			bson_destroy(&cur);
 			return false;
+		}
 		have_cursor = true;
 		bson_iter_t bi;
+		bool ok = true;
 		if (bson_iter_init_find(&bi, &cur, "batchSize")) {
-			if (!util_get_int(x, "aggregate", &bi, batch))
-				return false;
-			if (*batch < 0) {
+			ok = util_get_int(x, "aggregate", &bi, batch);
+			if (ok && *batch < 0) {
 				shard_fail(x, 51024, "BSON field 'batchSize' value must be >= 0, "
 						     "actual value '%lld'",
 					   (long long)*batch);
-				return false;
+				ok = false;
 			}
 		}
+		bson_destroy(&cur);
+		if (!ok)
+			return false;
 	}
 	if (!have_cursor && !explain) {
 		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
@@ -873,76 +1141,9 @@ static bool run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out
 	if (bson_iter_init_find(&hint, cmd, "hint") &&
 	    (BSON_ITER_HOLDS_UTF8(&hint) || BSON_ITER_HOLDS_DOCUMENT(&hint)))
 		have_hint = true;
-	sdb_pipeline *p = NULL;
-	int code = 0;
-	if (!sdb_pipeline_parse) {
-		shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED, "aggregate is not available in this build");
+	if (!shard_begin(x, false))
 		return false;
-	}
-	if (sdb_pipeline_parse(&stages, NULL, &p, &code, x->err, sizeof x->err) != 0) {
-		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
-		return false;
-	}
-	sdb_pipeline_pushdown_t pd;
-	sdb_pipeline_pushdown(p, coll ? (SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT |
-					 SDB_PUSHDOWN_LIMIT)
-				      : 0,
-			      &pd);
-	if (!shard_begin(x, false)) {
-		sdb_pipeline_pushdown_destroy(&pd);
-		sdb_pipeline_free(p);
-		return false;
-	}
-	agg_input in = {0};
-	if (coll) {
-		sdb_query_spec spec = {
-			.filter = &pd.filter,
-			.sort = bson_empty(&pd.sort) ? NULL : &pd.sort,
-			.hint = have_hint ? &hint : NULL,
-			.skip = pd.skip,
-			.limit = pd.limit > 0 ? pd.limit : 0,
-		};
-		if (sdb_query_open(x->conn, x->db, coll, &spec, &in.q, &code, x->err,
-				   sizeof x->err) != 0) {
-			sdb_pipeline_pushdown_destroy(&pd);
-			sdb_pipeline_free(p);
-			shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
-			return false;
-		}
-		if (pd.limit == 0) {
-			/* $limit: 0 is refused by the pipeline parser; 0 here means "none" */
-		}
-	}
-	sdb_pipeline_pushdown_destroy(&pd);
-	sdb_pipeline_cursor *pc = NULL;
-	sdb_pipeline_open(p, agg_next, &in, &pc);
-	bson_t **docs = NULL;
-	size_t n = 0, cap = 0;
-	const bson_t *d;
-	int rc;
-	while ((rc = sdb_pipeline_cursor_next(pc, &d, &code, x->err, sizeof x->err)) == 1)
-		util_docs_push(&docs, &n, &cap, bson_copy(d));
-	sdb_pipeline_cursor_free(pc);
-	sdb_pipeline_free(p);
-	if (q_out) {
-		*q_out = in.q;
-	} else {
-		sdb_query_free(in.q);
-	}
-	if (rc < 0) {
-		if (q_out) {
-			sdb_query_free(*q_out);
-			*q_out = NULL;
-		}
-		util_docs_free(docs, n);
-		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
-		return false;
-	}
-	if (!q_out)
-		sdb_store_rollback(x->conn);
-	*docs_out = docs;
-	*n_out = n;
-	return true;
+	return agg_exec(x, coll, &stages, have_hint ? &hint : NULL, docs_out, n_out, q_out);
 }
 
 void shard_cmd_aggregate(shard_ctx *x)

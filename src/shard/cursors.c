@@ -1,6 +1,7 @@
 /* The shard's cursor registry: materialized results (and tailable oplog cursors) kept
  * between find/aggregate and getMore, reaped after SHARD_CURSOR_IDLE_MS of idleness. */
 #include <fcntl.h>
+#include <time.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -182,4 +183,61 @@ size_t shard_batch_fit(bson_t **docs, size_t n, size_t batch)
 		bytes += docs[k]->len;
 	}
 	return k;
+}
+
+void shard_sessions_note(shard *sh, const bson_t *cmd)
+{
+	bson_iter_t it, sub;
+	if (!bson_iter_init_find(&it, cmd, "lsid") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+	    !bson_iter_recurse(&it, &sub) || !bson_iter_find(&sub, "id") ||
+	    !BSON_ITER_HOLDS_BINARY(&sub))
+		return;
+	bson_subtype_t st;
+	uint32_t len;
+	const uint8_t *data;
+	bson_iter_binary(&sub, &st, &len, &data);
+	if (len != 16)
+		return;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	pthread_mutex_lock(&sh->sess_mu);
+	size_t oldest = 0;
+	for (size_t i = 0; i < sh->n_sessions; i++) {
+		if (memcmp(sh->sessions[i].id, data, 16) == 0) {
+			sh->sessions[i].last_use_ms = now;
+			pthread_mutex_unlock(&sh->sess_mu);
+			return;
+		}
+		if (sh->sessions[i].last_use_ms < sh->sessions[oldest].last_use_ms)
+			oldest = i;
+	}
+	size_t slot = sh->n_sessions < SHARD_MAX_SESSIONS ? sh->n_sessions++ : oldest;
+	memcpy(sh->sessions[slot].id, data, 16);
+	sh->sessions[slot].last_use_ms = now;
+	pthread_mutex_unlock(&sh->sess_mu);
+}
+
+void shard_sessions_list(shard *sh, bson_t ***docs, size_t *n)
+{
+	/* uid: SHA-256 of the empty user name, as mongod reports for unauthenticated use */
+	static const uint8_t uid[32] = {0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14,
+					0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
+					0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c,
+					0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
+	*docs = NULL;
+	*n = 0;
+	pthread_mutex_lock(&sh->sess_mu);
+	if (sh->n_sessions)
+		*docs = sdb_calloc(sh->n_sessions, sizeof **docs);
+	for (size_t i = 0; i < sh->n_sessions; i++) {
+		bson_t *d = bson_new(), id;
+		BSON_APPEND_DOCUMENT_BEGIN(d, "_id", &id);
+		bson_append_binary(&id, "id", 2, BSON_SUBTYPE_UUID, sh->sessions[i].id, 16);
+		bson_append_binary(&id, "uid", 3, BSON_SUBTYPE_BINARY, uid, 32);
+		bson_append_document_end(d, &id);
+		BSON_APPEND_DATE_TIME(d, "lastUse", sh->sessions[i].last_use_ms);
+		(*docs)[(*n)++] = d;
+	}
+	pthread_mutex_unlock(&sh->sess_mu);
 }

@@ -4,3 +4,4 @@ libstripedb_a_SOURCES += src/shard/role.c src/shard/pool.c src/shard/cursors.c \
 	src/shard/commands.c src/shard/util.c src/shard/cmd_read.c src/shard/cmd_write.c \
 	src/shard/cmd_admin.c
 noinst_HEADERS += src/shard/shard.h src/shard/util.h
+EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unified.py

@@ -76,6 +76,7 @@ static void *worker_main(void *arg)
 		x.req = job->req;
 		x.cmd = wire_req_cmd(job->req);
 		x.db = wire_req_db(job->req);
+		shard_sessions_note(sh, x.cmd);
 		if (ctx_parse_ext(&x))
 			job->fn(&x);
 		/* a handler that failed half-way must not leave its transaction open */

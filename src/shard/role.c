@@ -37,6 +37,7 @@ static void shard_free(shard *sh)
 	pthread_mutex_destroy(&sh->oplog_mu);
 	pthread_cond_destroy(&sh->oplog_cv);
 	pthread_mutex_destroy(&sh->cur_mu);
+	pthread_mutex_destroy(&sh->sess_mu);
 	free(sh);
 }
 
@@ -57,6 +58,7 @@ static int shard_start(sdb_role *role)
 	pthread_mutex_init(&sh->oplog_mu, NULL);
 	pthread_cond_init(&sh->oplog_cv, NULL);
 	pthread_mutex_init(&sh->cur_mu, NULL);
+	pthread_mutex_init(&sh->sess_mu, NULL);
 	char err[256];
 	int rc = sdb_store_open(dir, NULL, &sh->store, err, sizeof err);
 	if (rc) {

@@ -40,6 +40,12 @@
 #define SHARD_DEFAULT_BATCH 101
 #define SHARD_MAX_REPLY_BYTES (16 * 1024 * 1024 - 64 * 1024)
 
+#define SHARD_MAX_SESSIONS 1024
+typedef struct shard_session {
+	uint8_t id[16];
+	int64_t last_use_ms; /* epoch ms (lastUse is a Date) */
+} shard_session;
+
 typedef struct shard shard;
 typedef struct shard_ctx shard_ctx;
 typedef struct shard_cursor shard_cursor;
@@ -83,6 +89,10 @@ struct shard {
 	pthread_mutex_t cur_mu;
 	shard_cursor *cursors; /* linked list */
 	uv_timer_t reap_timer;
+	/* sessions */
+	pthread_mutex_t sess_mu;
+	shard_session sessions[SHARD_MAX_SESSIONS];
+	size_t n_sessions;
 };
 
 /* --- pool.c --- */
@@ -129,6 +139,13 @@ void shard_cursor_reply(bson_t *reply, const char *ns, int64_t id, bool first, b
 /* How many of docs[0..n) fit one batch of at most batch documents (0 = no count limit)
  * and SHARD_MAX_REPLY_BYTES bytes (always at least one when n > 0). */
 size_t shard_batch_fit(bson_t **docs, size_t n, size_t batch);
+
+/* --- sessions (cursors.c): logical session ids seen in commands ($listLocalSessions) --- */
+/* Note the command's lsid (if any). Any thread. */
+void shard_sessions_note(shard *sh, const bson_t *cmd);
+/* The sessions as $listLocalSessions documents {_id: {id, uid}, lastUse} (heap array of
+ * heap documents; free with util_docs_free). */
+void shard_sessions_list(shard *sh, bson_t ***docs, size_t *n);
 
 /* --- commands (commands_*.c) --- */
 void shard_register_commands(shard *sh);

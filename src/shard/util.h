@@ -9,7 +9,8 @@
 
 #include "shard/shard.h"
 
-/* The document at it into *out (read-only view into the command). Replies TypeMismatch
+/* A copy of the document at it into *out, which must be initialised (its old content is
+ * destroyed). Replies TypeMismatch
  * 14 ("BSON field 'CMD.F' is the wrong type 'T', expected type 'object'") and returns
  * false otherwise. */
 bool util_get_doc(shard_ctx *x, const char *cmd, const bson_iter_t *it, bson_t *out);
