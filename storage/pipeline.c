@@ -344,10 +344,16 @@ static int field_path_ok(const char *p, const ectx *e)
 	if (p[0] == '.' || p[strlen(p) - 1] == '.' || strstr(p, "..") != NULL) {
 		return efail(e, 15998, "FieldPath field names may not be empty strings.");
 	}
+	size_t dots = 0;
+
 	for (const char *c = p; *c; c++) {
 		if (*c == '$' && (c == p || c[-1] == '.')) {
 			return efail(e, 16410, "FieldPath field names may not start with '$'.");
 		}
+		dots += *c == '.';
+	}
+	if (dots >= 255) {
+		return efail(e, C_BAD_VALUE, "FieldPath '%.64s...' has more than 255 components", p);
 	}
 	return 0;
 }
@@ -1082,6 +1088,17 @@ int sdb_pipeline_eval_expr(const bson_iter_t *it, const bson_t *doc, bson_t *out
 	int rc;
 
 	bson_init(out);
+	if (BSON_ITER_HOLDS_DOCUMENT(it) || BSON_ITER_HOLDS_ARRAY(it)) {
+		bson_t wrap = BSON_INITIALIZER;
+		bool ok;
+
+		bson_append_iter(&wrap, "v", 1, it);
+		ok = sdb_bson_depth_ok(&wrap, SDB_BSON_MAX_DEPTH);
+		bson_destroy(&wrap);
+		if (!ok) {
+			return efail(&e, 15, "expression nests deeper than %d levels", SDB_BSON_MAX_DEPTH);
+		}
+	}
 	rc = expr_parse(it, &x, &e);
 	if (rc == 0) {
 		rc = expr_eval(x, doc, &v, &e);
@@ -2003,6 +2020,8 @@ int sdb_pipeline_parse(const bson_t *stages, const sdb_pipeline_opts *opts, sdb_
 								: SDB_PIPELINE_MAX_MEMORY;
 	if (!bson_iter_init(&it, stages)) {
 		rc = efail(&e, C_TYPE_MISMATCH, "'pipeline' option must be specified as an array");
+	} else if (!sdb_bson_depth_ok(stages, SDB_BSON_MAX_DEPTH)) {
+		rc = efail(&e, 15, "pipeline nests deeper than %d levels", SDB_BSON_MAX_DEPTH);
 	}
 	while (rc == 0 && bson_iter_next(&it)) {
 		rc = parse_stage(p, &it, &e);

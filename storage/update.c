@@ -41,7 +41,10 @@
 #define C_NOT_IMPLEMENTED 238
 #define C_TOO_LARGE 17419
 
+#define C_OVERFLOW 15
 #define MAX_DOC_SIZE (16 * 1024 * 1024)
+#define MAX_NESTING 100     /* MongoDB's storage limit on document nesting */
+#define MAX_COMPONENTS 255  /* longest update path we accept (bounds recursion) */
 #define MAX_PADDING 1500000 /* MongoDB: "can't backfill more than 1500000 elements" */
 
 typedef enum {
@@ -317,6 +320,18 @@ static int tree_insert(sdb_update *u, const char *path, bool allow_positional, u
 	if (plen == 0) {
 		return fail(code, C_EMPTY_FIELD_NAME, err, errlen,
 			    "An empty update path is not valid.");
+	}
+	{
+		size_t dots = 0;
+
+		for (const char *c = path; *c; c++) {
+			dots += *c == '.';
+		}
+		if (dots >= MAX_COMPONENTS) {
+			return fail(code, C_BAD_VALUE, err, errlen,
+				    "The update path '%.64s...' has more than %d components", path,
+				    MAX_COMPONENTS);
+		}
 	}
 	while (true) {
 		const char *dot = strchr(p, '.');
@@ -884,7 +899,13 @@ int sdb_update_parse(const bson_t *spec, const sdb_update_opts *opts, sdb_update
 			u->has_query = true;
 		}
 	}
-	if (bson_iter_init(&it, spec) && bson_iter_next(&it) && bson_iter_key(&it)[0] == '$') {
+	if (!sdb_bson_depth_ok(spec, SDB_BSON_MAX_DEPTH) ||
+	    (opts != NULL && opts->array_filters != NULL &&
+	     !sdb_bson_depth_ok(opts->array_filters, SDB_BSON_MAX_DEPTH)) ||
+	    (opts != NULL && opts->query != NULL && !sdb_bson_depth_ok(opts->query, SDB_BSON_MAX_DEPTH))) {
+		rc = fail(code, C_OVERFLOW, err, errlen,
+			  "update, query or arrayFilters nest deeper than %d levels", SDB_BSON_MAX_DEPTH);
+	} else if (bson_iter_init(&it, spec) && bson_iter_next(&it) && bson_iter_key(&it)[0] == '$') {
 		u->kind = SDB_UPDATE_OPERATORS;
 		rc = parse_filters(u, opts != NULL ? opts->array_filters : NULL, code, err, errlen);
 		if (rc == 0) {
@@ -1957,6 +1978,10 @@ done:
 		rc = fail(code, C_TOO_LARGE, err, errlen,
 			  "Resulting document after update is larger than %d", MAX_DOC_SIZE);
 	}
+	if (rc == 0 && !sdb_bson_depth_ok(out, MAX_NESTING)) {
+		rc = fail(code, C_OVERFLOW, err, errlen,
+			  "Document exceeds maximum nesting depth of %d", MAX_NESTING);
+	}
 	if (rc != 0) {
 		bson_reinit(out);
 		return rc;
@@ -2112,6 +2137,11 @@ int sdb_update_upsert_seed(const bson_t *filter, bson_t *out, int *code, char *e
 	bson_init(out);
 	if (code != NULL) {
 		*code = 0;
+	}
+	if (!sdb_bson_depth_ok(filter, SDB_BSON_MAX_DEPTH)) {
+		docbuild_free(root);
+		return fail(code, C_OVERFLOW, err, errlen, "query nests deeper than %d levels",
+			    SDB_BSON_MAX_DEPTH);
 	}
 	rc = seed_from(root, filter, code, err, errlen);
 	if (rc == 0) {

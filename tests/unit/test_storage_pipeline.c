@@ -415,6 +415,48 @@ static void test_stage_errors(void **state)
 	check_err("[{'$match': {'a': {'$bogus': 1}}}]", "[]", 2, NULL);
 }
 
+/* Hostile shapes are refused before any recursion: deep nesting, very long field paths. */
+static void test_limits(void **state)
+{
+	(void)state;
+	char *json = malloc(8192);
+	size_t n = 0;
+	int code;
+	char err[256];
+
+	n += (size_t)sprintf(json + n, "[{'$project': {'x': '$a");
+	for (int i = 0; i < 300; i++) {
+		n += (size_t)sprintf(json + n, ".a");
+	}
+	sprintf(json + n, "'}}]");
+	check_err(json, "[]", 2, "more than 255 components");
+
+	free(json);
+
+	/* [{$project: {x: {d: {d: ... 250 levels}}}}], built with the BSON API (libbson's JSON
+	 * parser refuses such depth itself) */
+	bson_t *deep = bson_new(), *w, stage, spec, arr = BSON_INITIALIZER;
+	sdb_pipeline *p = NULL;
+
+	BSON_APPEND_INT32(deep, "x", 1);
+	for (int i = 0; i < 250; i++) {
+		w = bson_new();
+		BSON_APPEND_DOCUMENT(w, "d", deep);
+		bson_destroy(deep);
+		deep = w;
+	}
+	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &stage);
+	BSON_APPEND_DOCUMENT_BEGIN(&stage, "$project", &spec);
+	BSON_APPEND_DOCUMENT(&spec, "x", deep);
+	bson_append_document_end(&stage, &spec);
+	bson_append_document_end(&arr, &stage);
+	assert_int_not_equal(sdb_pipeline_parse(&arr, NULL, &p, &code, err, sizeof err), 0);
+	assert_null(p);
+	assert_int_equal(code, 15);
+	bson_destroy(&arr);
+	bson_destroy(deep);
+}
+
 static void test_match(void **state)
 {
 	(void)state;
@@ -617,6 +659,7 @@ int main(void)
 		cmocka_unit_test(test_expressions),
 		cmocka_unit_test(test_stage_errors),
 		cmocka_unit_test(test_match),
+		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_memory_limit),
 		cmocka_unit_test(test_pushdown),
 		cmocka_unit_test(test_input_error),

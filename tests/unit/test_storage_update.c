@@ -506,6 +506,61 @@ static void test_errors(void **state)
 	check_err("{'_id': 1}", "{'_id': [1], 'a': 1}", NULL, 53, "array");
 }
 
+/* Hostile shapes: very long paths, deep nesting, a result deeper than MongoDB allows. */
+static void test_limits(void **state)
+{
+	(void)state;
+	char *path = malloc(4 * 300 + 8), *json = malloc(4 * 300 + 64);
+	size_t n = 0;
+	bson_t *u;
+	sdb_update *up;
+	int code;
+	char err[256];
+
+	for (int i = 0; i < 300; i++) {
+		n += (size_t)sprintf(path + n, "%sa", i ? "." : "");
+	}
+	snprintf(json, 4 * 300 + 64, "{'$set': {'%s': 1}}", path);
+	for (char *p = json; *p; p++) {
+		if (*p == '\'') {
+			*p = '"';
+		}
+	}
+	u = bson_new_from_json((const uint8_t *)json, -1, NULL);
+	assert_non_null(u);
+	assert_int_not_equal(sdb_update_parse(u, NULL, &up, &code, err, sizeof err), 0);
+	assert_int_equal(code, 2);
+	assert_non_null(strstr(err, "more than 255 components"));
+	bson_destroy(u);
+
+	/* 120 levels: parses, but the result would nest beyond 100 */
+	n = 0;
+	for (int i = 0; i < 120; i++) {
+		n += (size_t)sprintf(path + n, "%sa", i ? "." : "");
+	}
+	snprintf(json, 4 * 300 + 64, "{\"$set\": {\"%s\": 1}}", path);
+	check_err("{'_id': 1}", json, NULL, 15, "maximum nesting depth of 100");
+
+	/* an update nested 250 levels deep is refused before any recursion */
+	bson_t *deep = bson_new(), *w;
+
+	BSON_APPEND_INT32(deep, "x", 1);
+	for (int i = 0; i < 250; i++) {
+		w = bson_new();
+		BSON_APPEND_DOCUMENT(w, "d", deep);
+		bson_destroy(deep);
+		deep = w;
+	}
+	w = bson_new();
+	BSON_APPEND_DOCUMENT(w, "$set", deep);
+	assert_int_not_equal(sdb_update_parse(w, NULL, &up, &code, err, sizeof err), 0);
+	assert_int_equal(code, 15);
+	bson_destroy(w);
+	bson_destroy(deep);
+	free(path);
+	free(json);
+}
+
 static void test_pipeline_update_refused(void **state)
 {
 	(void)state;
@@ -654,6 +709,7 @@ int main(void)
 		cmocka_unit_test(test_current_date),
 		cmocka_unit_test(test_positional),
 		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_pipeline_update_refused),
 		cmocka_unit_test(test_replacement),
 		cmocka_unit_test(test_upsert_seed),
