@@ -1,0 +1,388 @@
+"""Integration tests of the embedded shard (`stripedb --role=shard`, issue #4) through pymongo:
+durability across kill -9, version gating under concurrency, the oplog (shape, origin tag,
+tailable awaitData cursors), point-in-time reads, the planner's explain, duplicate-key errors
+and cursors.
+"""
+import threading
+import time
+
+import pymongo
+import pytest
+from bson import Timestamp
+from pymongo.errors import OperationFailure, DuplicateKeyError
+
+from conftest import free_port, wait_until
+
+
+def client_for(port):
+    return pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                               serverSelectionTimeoutMS=10000, retryWrites=False)
+
+
+@pytest.fixture
+def shard_with_dir(start_role, tmp_path):
+    """A shard with a known data dir and wire port: (proc, port, data_dir)."""
+    port = free_port()
+    data = tmp_path / "shard"
+    data.mkdir()
+    p = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}"])
+    return p, port, data
+
+
+def check_ok(db):
+    r = db.command("stripedbCheck", 1)
+    assert r["problems"] == [], r
+    assert r["nProblems"] == 0
+
+
+# ----------------------------------------------------------------------------- crash safety
+
+def test_kill9_during_acknowledged_inserts_loses_nothing(shard_with_dir):
+    proc, port, _ = shard_with_dir
+    c = client_for(port)
+    db = c.crash
+    db.c.create_index("k")
+    acked = []
+    stop = threading.Event()
+    errors = []
+
+    def writer(wid):
+        wc = client_for(port)
+        i = 0
+        while not stop.is_set():
+            doc_id = f"w{wid}-{i}"
+            try:
+                wc.crash.c.insert_one({"_id": doc_id, "k": i, "pad": "x" * 200})
+                acked.append(doc_id)  # list.append is atomic under the GIL
+            except pymongo.errors.PyMongoError as e:
+                errors.append(e)
+                return
+            i += 1
+        wc.close()
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(acked) >= 400, timeout=60, what="400 acknowledged inserts")
+    proc.p.kill()  # SIGKILL while the writers are still writing
+    proc.p.wait(timeout=10)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    snapshot = list(acked)
+    assert len(snapshot) >= 400
+    proc.log.close()
+    proc.restart().wait_healthy()
+    c2 = client_for(port)
+    have = {d["_id"] for d in c2.crash.c.find({}, {"_id": 1})}
+    missing = [a for a in snapshot if a not in have]
+    assert missing == []
+    # every stored document came from a writer (acknowledged or in flight at the kill)
+    assert all(h.startswith("w") for h in have)
+    check_ok(c2.crash)
+    # the oplog holds exactly one insert per stored document
+    n_ins = len(list(c2.local["oplog.rs"].find({"op": "i", "ns": "crash.c"})))
+    assert n_ins == len(have)
+    # the index agrees with the collection: an indexed query finds every document
+    assert c2.crash.c.count_documents({"k": {"$gte": 0}}) == len(have)
+
+
+def test_oplog_ts_increases_across_restart(shard_with_dir):
+    proc, port, _ = shard_with_dir
+    c = client_for(port)
+    c.t.c.insert_many([{"_id": i} for i in range(5)])
+    last = c.local["oplog.rs"].find().sort("$natural", -1).limit(1)[0]["ts"]
+    assert proc.stop() == 0
+    proc.restart().wait_healthy()
+    c2 = client_for(port)
+    c2.t.c.insert_one({"_id": 99})
+    new = c2.local["oplog.rs"].find().sort("$natural", -1).limit(1)[0]
+    assert new["o"] == {"_id": 99}
+    assert new["ts"] > last
+
+
+# ----------------------------------------------------------------------------- version gating
+
+def test_stale_config_reply_and_forward_only_bump(shard):
+    _, port = shard
+    db = client_for(port).g
+    r = db.command("stripedbSetVersion", 1, chunk="ch1", token=5)
+    assert r["token"] == 5
+    r = db.command("stripedbSetVersion", 1, chunk="ch1", token=3)
+    assert r["token"] == 5  # never backwards
+    with pytest.raises(OperationFailure) as ei:
+        db.command("insert", "c", documents=[{"_id": 1}],
+                   **{"$stripedbVersion": {"chunk": "ch1", "token": 4}})
+    d = ei.value.details
+    assert d["code"] == 13388
+    assert d["codeName"] == "StaleConfig"
+    assert d["chunk"] == "ch1"
+    assert d["storedToken"] == 5
+    assert db.c.count_documents({}) == 0
+    r = db.command("insert", "c", documents=[{"_id": 1}],
+                   **{"$stripedbVersion": {"chunk": "ch1", "token": 5}})
+    assert r["n"] == 1
+    # reads are gated too
+    with pytest.raises(OperationFailure) as ei:
+        db.command("find", "c", filter={}, **{"$stripedbVersion": {"chunk": "ch1", "token": 1}})
+    assert ei.value.code == 13388
+
+
+def test_version_gating_under_concurrency(shard):
+    """Writers race a token bump; once the bump has returned, no old-token write lands."""
+    _, port = shard
+    admin = client_for(port)
+    rounds = 12
+    for rnd in range(rounds):
+        chunk = f"chunk-{rnd}"
+        admin.vg.command("stripedbSetVersion", 1, chunk=chunk, token=1)
+        acked, stale, other = [], [], []
+        go = threading.Event()
+        stop = threading.Event()
+
+        def writer(wid):
+            wc = client_for(port)
+            i = 0
+            go.wait()
+            while not stop.is_set():
+                _id = f"{rnd}-{wid}-{i}"
+                i += 1
+                try:
+                    wc.vg.command("insert", "c", documents=[{"_id": _id, "chunk": chunk}],
+                                  **{"$stripedbVersion": {"chunk": chunk, "token": 1}})
+                    acked.append(_id)
+                except OperationFailure as e:
+                    (stale if e.code == 13388 else other).append((_id, e.code))
+            wc.close()
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        go.set()
+        wait_until(lambda: len(acked) >= 20, timeout=30, what="writes before the bump")
+        r = admin.vg.command("stripedbSetVersion", 1, chunk=chunk, token=2)
+        assert r["token"] == 2
+        after_bump = {d["_id"] for d in admin.vg.c.find({"chunk": chunk}, {"_id": 1})}
+        wait_until(lambda: len(stale) >= 20, timeout=30, what="stale rejections")
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        final = {d["_id"] for d in admin.vg.c.find({"chunk": chunk}, {"_id": 1})}
+        assert other == []
+        assert final == after_bump, "a write with the old token landed after the bump"
+        assert set(acked) == final
+        assert not (set(s for s, _ in stale) & final)
+
+
+# ----------------------------------------------------------------------------- oplog
+
+def test_oplog_entries_shape_and_origin(shard):
+    _, port = shard
+    c = client_for(port)
+    db = c.o
+    db.command("insert", "c", documents=[{"_id": 1, "a": 1}],
+               **{"$stripedbOrigin": "mig-42"})
+    db.c.update_one({"_id": 1}, {"$set": {"a": 2}})
+    db.c.delete_one({"_id": 1})
+    ops = list(c.local["oplog.rs"].find({"ns": "o.c"}))
+    assert [o["op"] for o in ops] == ["i", "u", "d"]
+    assert ops[0]["o"] == {"_id": 1, "a": 1}
+    assert ops[0]["origin"] == "mig-42"
+    assert "origin" not in ops[1]
+    assert ops[1]["o"] == {"_id": 1, "a": 2}
+    assert ops[1]["o2"] == {"_id": 1}
+    assert ops[2]["o"] == {"_id": 1}
+    assert isinstance(ops[0]["ts"], Timestamp)
+    assert ops[0]["ts"] < ops[1]["ts"] < ops[2]["ts"]
+    create = c.local["oplog.rs"].find_one({"op": "c", "ns": "o.$cmd"})
+    assert create["o"] == {"create": "c"}
+
+
+def test_tailable_await_oplog_cursor(shard):
+    _, port = shard
+    c = client_for(port)
+    c.tail.c.insert_one({"_id": "before"})
+    start = c.local["oplog.rs"].find().sort("$natural", -1).limit(1)[0]["ts"]
+    cur = c.local["oplog.rs"].find({"ts": {"$gt": start}},
+                                   cursor_type=pymongo.CursorType.TAILABLE_AWAIT
+                                   ).max_await_time_ms(200)
+
+    def produce():
+        w = client_for(port)
+        for i in range(5):
+            w.tail.c.insert_one({"_id": i})
+        w.close()
+
+    t = threading.Thread(target=produce)
+    t.start()
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 5 and time.monotonic() < deadline and cur.alive:
+        try:
+            got.append(cur.next())
+        except StopIteration:
+            continue
+    t.join()
+    assert [g["o"]["_id"] for g in got] == [0, 1, 2, 3, 4]
+    assert all(g["op"] == "i" and g["ns"] == "tail.c" for g in got)
+    assert all(g["ts"] > start for g in got)
+    cur.close()
+
+
+def test_point_in_time_read_with_oplog_position(shard):
+    _, port = shard
+    c = client_for(port)
+    c.pit.c.insert_many([{"_id": i, "v": i} for i in range(10)])
+    r = c.pit.command("stripedbSnapshot", "c", filter={"v": {"$lt": 5}}, batchSize=2)
+    at = r["cursor"]["atOplogTs"]
+    first = r["cursor"]["firstBatch"]
+    assert [d["_id"] for d in first] == [0, 1]
+    # writes after the snapshot are not in it, and they are exactly the oplog after `at`
+    c.pit.c.insert_one({"_id": 100, "v": 1})
+    c.pit.c.delete_one({"_id": 0})
+    rest = []
+    cid = r["cursor"]["id"]
+    while cid:
+        g = c.pit.command("getMore", cid, collection="c")
+        rest.extend(g["cursor"]["nextBatch"])
+        cid = g["cursor"]["id"]
+    assert [d["_id"] for d in first + rest] == [0, 1, 2, 3, 4]
+    later = list(c.local["oplog.rs"].find({"ts": {"$gt": at}}))
+    assert [(o["op"], o["o"]["_id"]) for o in later] == [("i", 100), ("d", 0)]
+
+
+# ----------------------------------------------------------------------------- planner
+
+def test_explain_ixscan_and_collscan(shard):
+    _, port = shard
+    db = client_for(port).ex
+    db.c.insert_many([{"_id": i, "a": i % 10, "b": i} for i in range(100)])
+    db.c.create_index("a")
+    e = db.command("explain", {"find": "c", "filter": {"a": 3}}, verbosity="executionStats")
+    wp = e["queryPlanner"]["winningPlan"]
+    assert wp["stage"] == "IXSCAN"
+    assert wp["indexName"] == "a_1"
+    st = e["executionStats"]
+    assert st["nReturned"] == 10
+    assert st["totalKeysExamined"] == 10
+    assert st["totalDocsExamined"] == 10
+    e = db.command("explain", {"find": "c", "filter": {"b": 3}}, verbosity="executionStats")
+    assert e["queryPlanner"]["winningPlan"]["stage"] == "COLLSCAN"
+    assert e["executionStats"]["totalDocsExamined"] == 100
+    assert e["executionStats"]["nReturned"] == 1
+    # range and $in on the index
+    e = db.command("explain", {"find": "c", "filter": {"a": {"$in": [1, 2]}}},
+                   verbosity="executionStats")
+    assert e["queryPlanner"]["winningPlan"]["indexName"] == "a_1"
+    assert e["executionStats"]["totalDocsExamined"] == 20
+    e = db.command("explain", {"find": "c", "filter": {"a": {"$gte": 8}}},
+                   verbosity="executionStats")
+    assert e["executionStats"]["totalKeysExamined"] == 20
+    assert e["executionStats"]["nReturned"] == 20
+    # _id equality uses the primary key
+    e = db.command("explain", {"find": "c", "filter": {"_id": 42}}, verbosity="executionStats")
+    assert e["queryPlanner"]["winningPlan"]["indexName"] == "_id_"
+    assert e["executionStats"]["totalDocsExamined"] == 1
+    # hint forces the plan; an unknown hint is an error
+    e = db.command("explain", {"find": "c", "filter": {"a": 3}, "hint": {"$natural": 1}},
+                   verbosity="executionStats")
+    assert e["queryPlanner"]["winningPlan"]["stage"] == "COLLSCAN"
+    with pytest.raises(OperationFailure) as ei:
+        db.command("find", "c", filter={}, hint="nope_1")
+    assert ei.value.code == 2
+    # sort by the index: no blocking sort, results in order
+    e = db.command("explain", {"find": "c", "filter": {}, "sort": {"a": -1}},
+                   verbosity="queryPlanner")
+    assert e["queryPlanner"]["winningPlan"]["stage"] == "IXSCAN"
+    assert e["queryPlanner"]["winningPlan"]["sortStage"] is False
+    docs = list(db.c.find({"a": {"$gte": 7}}).sort("a", -1).limit(3))
+    assert [d["a"] for d in docs] == [9, 9, 9]
+
+
+def test_descending_compound_index_ranges(shard):
+    _, port = shard
+    db = client_for(port).cx
+    db.c.insert_many([{"_id": i, "a": i % 5, "b": i} for i in range(50)])
+    db.c.create_index([("a", -1), ("b", 1)])
+    got = [d["_id"] for d in db.c.find({"a": {"$gt": 1, "$lte": 3}}).sort([("a", -1), ("b", 1)])]
+    want = sorted([i for i in range(50) if 1 < i % 5 <= 3], key=lambda i: (-(i % 5), i))
+    assert got == want
+    e = db.command("explain", {"find": "c", "filter": {"a": 2}}, verbosity="executionStats")
+    assert e["queryPlanner"]["winningPlan"]["indexName"] == "a_-1_b_1"
+    assert e["executionStats"]["totalKeysExamined"] == 10
+
+
+# ----------------------------------------------------------------------------- errors, cursors
+
+def test_duplicate_key_error_names_index_and_key(shard):
+    _, port = shard
+    db = client_for(port).dup
+    db.c.create_index("a", unique=True)
+    db.c.insert_one({"_id": 1, "a": 1})
+    with pytest.raises(DuplicateKeyError) as ei:
+        db.c.insert_one({"_id": 2, "a": 1})
+    d = ei.value.details
+    assert d["code"] == 11000
+    assert d["errmsg"] == ("E11000 duplicate key error collection: dup.c index: a_1 "
+                           "dup key: { a: 1 }")
+    assert d["keyPattern"] == {"a": 1}
+    assert d["keyValue"] == {"a": 1}
+    # unordered batch: the other documents still go in, with per-item writeErrors
+    r = db.command("insert", "c", documents=[{"_id": 3, "a": 3}, {"_id": 4, "a": 1},
+                                             {"_id": 1, "a": 9}, {"_id": 5, "a": 5}],
+                   ordered=False)
+    assert r["n"] == 2
+    assert [(e["index"], e["code"]) for e in r["writeErrors"]] == [(1, 11000), (2, 11000)]
+    assert "index: _id_ dup key: { _id: 1 }" in r["writeErrors"][1]["errmsg"]
+    assert sorted(d["_id"] for d in db.c.find()) == [1, 3, 5]
+    # an update that would duplicate fails and changes nothing
+    with pytest.raises(DuplicateKeyError):
+        db.c.update_one({"_id": 3}, {"$set": {"a": 1}})
+    assert db.c.find_one({"_id": 3})["a"] == 3
+    check_ok(db)
+
+
+def test_getmore_batches_and_killcursors(shard):
+    _, port = shard
+    db = client_for(port).cur
+    db.c.insert_many([{"_id": i} for i in range(250)])
+    r = db.command("find", "c", filter={}, batchSize=100)
+    assert len(r["cursor"]["firstBatch"]) == 100
+    cid = r["cursor"]["id"]
+    assert cid != 0
+    g = db.command("getMore", cid, collection="c", batchSize=100)
+    assert [d["_id"] for d in g["cursor"]["nextBatch"]] == list(range(100, 200))
+    k = db.command("killCursors", "c", cursors=[cid, 12345])
+    assert k["cursorsKilled"] == [cid]
+    assert k["cursorsNotFound"] == [12345]
+    with pytest.raises(OperationFailure) as ei:
+        db.command("getMore", cid, collection="c")
+    assert ei.value.code == 43
+    r = db.command("find", "c", filter={}, batchSize=10, singleBatch=True)
+    assert r["cursor"]["id"] == 0
+    assert len(r["cursor"]["firstBatch"]) == 10
+
+
+def test_catalog_commands(shard):
+    _, port = shard
+    c = client_for(port)
+    db = c.cat
+    db.command("create", "a")
+    with pytest.raises(OperationFailure) as ei:
+        db.command("create", "a")
+    assert ei.value.code == 48
+    db.b.insert_one({"x": 1})
+    assert sorted(db.list_collection_names()) == ["a", "b"]
+    assert "cat" in c.list_database_names()
+    db.b.create_index([("x", 1)], name="x_1")
+    assert [i["name"] for i in db.b.list_indexes()] == ["_id_", "x_1"]
+    db.b.drop_index("x_1")
+    assert [i["name"] for i in db.b.list_indexes()] == ["_id_"]
+    st = db.command("collStats", "b")
+    assert st["count"] == 1
+    assert st["size"] > 0
+    assert db.command("dbStats")["objects"] == 1
+    db.drop_collection("a")
+    assert db.list_collection_names() == ["b"]
+    c.drop_database("cat")
+    assert "cat" not in c.list_database_names()
