@@ -272,7 +272,8 @@ static void leaky_bucket(rl_state *st, bool exists, const rl_req *req, int64_t n
 		/* Leak since the last whole token leaked (Gubernator's rule: updated_at only
 		 * moves when at least one token leaked, so fractions are not lost). */
 		if (now > st->updated_at && isfinite(rate)) {
-			double leak = (double)(now - st->updated_at) / rate;
+			/* in double: a state installed by a peer may hold any updated_at */
+			double leak = ((double)now - (double)st->updated_at) / rate;
 			if (leak >= 1.0 - TOKEN_EPS) {
 				st->remaining_f += leak;
 				st->updated_at = now;

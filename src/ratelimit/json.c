@@ -156,8 +156,9 @@ static int get_behavior(const bson_iter_t *it, int32_t *out, char *err, size_t e
 	if (bson_iter_type(it) == BSON_TYPE_UTF8) {
 		const char *s = bson_iter_utf8(it, NULL);
 		int32_t v = 0;
-		bool ok = *s != '\0';
-		while (ok && *s != '\0') {
+		bool ok = true;
+		/* NAME, or NAME|NAME... (',' also separates); no empty names */
+		for (;;) {
 			size_t n = strcspn(s, "|,");
 			size_t i;
 			bool found = false;
@@ -169,10 +170,14 @@ static int get_behavior(const bson_iter_t *it, int32_t *out, char *err, size_t e
 					break;
 				}
 			}
-			ok = found;
+			if (!found) {
+				ok = false;
+				break;
+			}
 			s += n;
-			if (*s != '\0')
-				s++;
+			if (*s == '\0')
+				break;
+			s++; /* separator: another name must follow */
 		}
 		if (ok) {
 			*out = v;

@@ -1,6 +1,7 @@
 /* The decision library: validation, keys, locking, and the algorithms (see limiter.h). */
 #include "ratelimit/limiter.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,7 +259,8 @@ int rl_limiter_set_state(rl_limiter *lim, const char *name, const char *unique_k
 	keybuf kb;
 
 	if (name == NULL || name[0] == '\0' || unique_key == NULL || unique_key[0] == '\0' ||
-	    state->algorithm < 0 || state->algorithm > RL_ALGORITHM_MAX)
+	    state->algorithm < 0 || state->algorithm > RL_ALGORITHM_MAX ||
+	    !isfinite(state->remaining_f) || !isfinite(state->tat))
 		return SDB_EINVAL;
 	keybuf_make(&kb, name, unique_key);
 	h = XXH64(kb.p, kb.len, 0);

@@ -192,8 +192,9 @@ int rl_limiter_decide_owner(rl_limiter *lim, const rl_req *req, rl_resp *out,
 
 /* Apply a GLOBAL broadcast received from the owner: replace the state of key
  * (name, unique_key) by *state (inserting it when absent). Later requests for the key on
- * this node are decided from that state. Returns 0 or SDB_EINVAL (empty name/key,
- * bad algorithm in state). */
+ * this node are decided from that state. Any other field values are safe (a peer's
+ * state is not trusted: arithmetic on it saturates). Returns 0 or SDB_EINVAL (empty
+ * name/key, an unknown algorithm, a non-finite remaining_f or tat). */
 int rl_limiter_set_state(rl_limiter *lim, const char *name, const char *unique_key,
 			 const rl_state *state);
 

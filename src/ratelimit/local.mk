@@ -6,14 +6,19 @@ libstripedb_a_SOURCES += src/ratelimit/role.c src/ratelimit/limiter.c src/rateli
 noinst_HEADERS += src/ratelimit/limiter.h src/ratelimit/algo.h src/ratelimit/cache.h \
 	src/ratelimit/json.h
 
-check_PROGRAMS += tests/unit/test_ratelimit_algo tests/unit/test_ratelimit_limiter
+check_PROGRAMS += tests/unit/test_ratelimit_algo tests/unit/test_ratelimit_limiter \
+	tests/unit/test_ratelimit_json
 tests_unit_test_ratelimit_algo_SOURCES = tests/unit/test_ratelimit_algo.c
 tests_unit_test_ratelimit_algo_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_ratelimit_algo_LDADD = $(UNIT_LDADD)
 tests_unit_test_ratelimit_limiter_SOURCES = tests/unit/test_ratelimit_limiter.c
 tests_unit_test_ratelimit_limiter_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_ratelimit_limiter_LDADD = $(UNIT_LDADD)
-TESTS += tests/unit/test_ratelimit_algo tests/unit/test_ratelimit_limiter
+tests_unit_test_ratelimit_json_SOURCES = tests/unit/test_ratelimit_json.c
+tests_unit_test_ratelimit_json_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_ratelimit_json_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_ratelimit_algo tests/unit/test_ratelimit_limiter \
+	tests/unit/test_ratelimit_json
 
 # benchmark (never in make check): tests/bench/ratelimit_bench.sh drives it
 noinst_PROGRAMS += tests/bench/ratelimit_bench

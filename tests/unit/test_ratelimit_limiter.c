@@ -1,6 +1,7 @@
 /* Unit tests of the limiter API (ratelimit/limiter.c) and its cache (ratelimit/cache.c):
  * validation, batches, the injectable clock, LRU bounds, the cluster hooks (decide as
  * owner, GLOBAL state set/get) and concurrent callers. */
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -382,6 +383,42 @@ static void test_extremes(void **state)
 	rl_limiter_free(lim);
 }
 
+/* A state from a peer is not trusted: any field values decide without UB. */
+static void test_hostile_state(void **state)
+{
+	(void)state;
+	rl_limiter *lim = new_limiter(100, 4);
+	const int64_t vals[] = {INT64_MIN, -1, 0, 1, T0, INT64_MAX};
+	const double fvals[] = {-1e300, -1.0, 0.0, 0.5, 1e300};
+	rl_resp out;
+	for (int algo = 0; algo <= RL_ALGORITHM_MAX; algo++) {
+		for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+			for (size_t j = 0; j < sizeof fvals / sizeof fvals[0]; j++) {
+				rl_state st = {.algorithm = algo, .behavior = (int32_t)vals[i],
+					       .status = (int32_t)vals[i], .limit = vals[i],
+					       .duration = vals[(i + 1) % 6], .burst = vals[(i + 2) % 6],
+					       .remaining = vals[(i + 3) % 6], .remaining_f = fvals[j],
+					       .tat = fvals[(j + 1) % 5], .created_at = vals[(i + 4) % 6],
+					       .updated_at = vals[(i + 5) % 6], .expire_at = vals[i]};
+				assert_int_equal(rl_limiter_set_state(lim, "n", "h", &st), 0);
+				rl_req r = base_req("h");
+				r.algorithm = algo;
+				r.hits = (int64_t)j - 2;
+				assert_int_equal(rl_limiter_decide(lim, &r, 1, &out, NULL, 0), 0);
+				assert_string_equal(out.error, "");
+				assert_true(out.remaining >= 0);
+				rl_state_to_resp(&st, T0, &out);
+			}
+		}
+	}
+	rl_state bad = {.algorithm = RL_LEAKY_BUCKET, .remaining_f = NAN};
+	assert_int_equal(rl_limiter_set_state(lim, "n", "h", &bad), SDB_EINVAL);
+	bad.remaining_f = 0;
+	bad.tat = INFINITY;
+	assert_int_equal(rl_limiter_set_state(lim, "n", "h", &bad), SDB_EINVAL);
+	rl_limiter_free(lim);
+}
+
 /* Concurrent callers on one key: exactly `limit` hits are granted. */
 #define THREADS 8
 #define HITS_PER_THREAD 5000
@@ -441,6 +478,7 @@ int main(void)
 		cmocka_unit_test(test_owner_and_global_state),
 		cmocka_unit_test(test_long_keys),
 		cmocka_unit_test(test_extremes),
+		cmocka_unit_test(test_hostile_state),
 		cmocka_unit_test(test_concurrency),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
