@@ -60,7 +60,7 @@ struct wire_req {
 	int32_t reply_flags;      /* OP_REPLY responseFlags */
 	bool no_reply;            /* moreToCome: run, but send nothing back */
 	bool close_after;         /* close the connection once the reply is written */
-	bson_t cmd;
+	bson_t *cmd;              /* heap: a bson_t member would force 128-byte alignment */
 	char *name;
 	char *db;
 	uint64_t start_ns;

@@ -319,7 +319,6 @@ int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, siz
 {
 	bson_iter_t it;
 
-	bson_init(out);
 	*code = 0;
 	if (msg->hdr.op_code == WIRE_OP_QUERY) {
 		if (bson_iter_init(&it, &msg->body) && bson_iter_next(&it) &&
@@ -376,6 +375,11 @@ int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, siz
 
 /* ---- encoding ---- */
 
+uint32_t wire_bson_len(const bson_t *b)
+{
+	return rd_u32(bson_get_data(b));
+}
+
 static void put_header(uint8_t *p, size_t len, int32_t request_id, int32_t response_to,
 		       int32_t op_code)
 {
@@ -388,13 +392,13 @@ static void put_header(uint8_t *p, size_t len, int32_t request_id, int32_t respo
 uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t flags,
 			     const bson_t *body, size_t *len)
 {
-	size_t n = WIRE_MSG_HEADER_LEN + 4 + 1 + body->len;
+	size_t n = WIRE_MSG_HEADER_LEN + 4 + 1 + wire_bson_len(body);
 	uint8_t *p = sdb_malloc(n);
 
 	put_header(p, n, request_id, response_to, WIRE_OP_MSG);
 	wr_u32(p + 16, flags & ~WIRE_MSG_FLAG_CHECKSUM_PRESENT);
 	p[20] = 0;
-	memcpy(p + 21, bson_get_data(body), body->len);
+	memcpy(p + 21, bson_get_data(body), wire_bson_len(body));
 	*len = n;
 	return p;
 }
@@ -402,7 +406,7 @@ uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t f
 uint8_t *wire_msg_encode_reply(int32_t request_id, int32_t response_to, int32_t response_flags,
 			       const bson_t *doc, size_t *len)
 {
-	size_t n = WIRE_MSG_HEADER_LEN + 20 + doc->len;
+	size_t n = WIRE_MSG_HEADER_LEN + 20 + wire_bson_len(doc);
 	uint8_t *p = sdb_malloc(n);
 
 	put_header(p, n, request_id, response_to, WIRE_OP_REPLY);
@@ -410,7 +414,7 @@ uint8_t *wire_msg_encode_reply(int32_t request_id, int32_t response_to, int32_t 
 	memset(p + 20, 0, 8); /* cursorID 0 */
 	wr_i32(p + 28, 0);    /* startingFrom */
 	wr_i32(p + 32, 1);    /* numberReturned */
-	memcpy(p + 36, bson_get_data(doc), doc->len);
+	memcpy(p + 36, bson_get_data(doc), wire_bson_len(doc));
 	*len = n;
 	return p;
 }

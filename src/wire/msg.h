@@ -134,8 +134,8 @@ int wire_msg_parse(const uint8_t *buf, size_t len, wire_msg *out, int *code, cha
 /* Build the command document a handler sees: the body with each kind-1 section appended
  * as an array named by its identifier (so insert's `documents` sequence becomes
  * `documents: [...]`). For OP_QUERY, the query document, unwrapped from
- * {$query: {...}} / {query: {...}} when a legacy driver wrapped it. *out is initialised
- * here (bson_init) and must be bson_destroy'd by the caller, also on error.
+ * {$query: {...}} when a legacy driver wrapped it. Appends to out, an empty initialised
+ * document (bson_new() or bson_init()) that the caller destroys, also on error.
  * Returns 0 or SDB_EPROTO when an identifier duplicates a body field or is empty
  * (*code ProtocolError / BadValue), or the message is not OP_MSG/OP_QUERY. */
 int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, size_t errlen);
@@ -151,6 +151,11 @@ uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t f
  * response_flags: WIRE_REPLY_FLAG_*. Returns a heap buffer (free()) of *len bytes. */
 uint8_t *wire_msg_encode_reply(int32_t request_id, int32_t response_to, int32_t response_flags,
 			       const bson_t *doc, size_t *len);
+
+/* Length in bytes of a document, read from its data. Use it instead of b->len: a bson_t
+ * from bson_new() is not 128-byte aligned as the type demands, and UBSan reports every
+ * member access through such a pointer. */
+uint32_t wire_bson_len(const bson_t *b);
 
 /* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of n bytes, continuing from crc
  * (start with 0). Table-driven, thread-safe. crc32c("123456789") == 0xE3069283. */

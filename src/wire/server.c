@@ -117,7 +117,7 @@ static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, b
 	req->no_reply = no_reply;
 	req->start_ns = uv_hrtime();
 	req->entry = &conn->srv->invalid;
-	bson_init(&req->cmd);
+	req->cmd = bson_new();
 	atomic_init(&req->completed, 0);
 	conn->refs++;
 	conn->inflight = req;
@@ -128,7 +128,7 @@ static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, b
 
 static void req_free(wire_req *req)
 {
-	bson_destroy(&req->cmd);
+	bson_destroy(req->cmd);
 	if (req->reply)
 		bson_destroy(req->reply);
 	free(req->name);
@@ -216,7 +216,7 @@ void wire_req_error_extra(wire_req *req, int code, bson_t *extra, const char *fm
 
 const bson_t *wire_req_cmd(const wire_req *req)
 {
-	return &req->cmd;
+	return req->cmd;
 }
 
 const char *wire_req_name(const wire_req *req)
@@ -357,15 +357,15 @@ static void send_reply(wire_req *req)
 	size_t len;
 	int32_t rid = atomic_fetch_add(&next_request_id, 1);
 
-	if (reply->len > WIRE_MAX_REPLY_BSON) {
+	if (wire_bson_len(reply) > WIRE_MAX_REPLY_BSON) {
 		char msg[160];
 		snprintf(msg, sizeof msg, "reply of %u bytes is over maxBsonObjectSize %d",
-			 (unsigned)reply->len, WIRE_MAX_BSON_SIZE);
+			 (unsigned)wire_bson_len(reply), WIRE_MAX_BSON_SIZE);
 		big = BCON_NEW("ok", BCON_DOUBLE(0.0), "errmsg", BCON_UTF8(msg), "code",
 			       BCON_INT32(WIRE_ERR_BSON_TOO_LARGE), "codeName",
 			       BCON_UTF8(wire_code_name(WIRE_ERR_BSON_TOO_LARGE)));
 		sdb_warn("wire: reply too large", "conn=%lld cmd=%s bytes=%u", (long long)conn->id,
-			 wire_req_name(req), (unsigned)reply->len);
+			 wire_req_name(req), (unsigned)wire_bson_len(reply));
 		reply = big;
 	}
 	if (req->op_code == WIRE_OP_QUERY)
@@ -483,7 +483,7 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 	}
 
 	req = req_new(conn, msg.hdr.request_id, msg.hdr.op_code, msg.more_to_come);
-	rc = wire_msg_command(&msg, &req->cmd, &code, err, sizeof err);
+	rc = wire_msg_command(&msg, req->cmd, &code, err, sizeof err);
 	if (rc != 0) {
 		if (req->no_reply) {
 			req->close_after = true;
@@ -504,7 +504,7 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 			return;
 		}
 	} else {
-		if (!bson_iter_init_find(&it, &req->cmd, "$db") || !BSON_ITER_HOLDS_UTF8(&it) ||
+		if (!bson_iter_init_find(&it, req->cmd, "$db") || !BSON_ITER_HOLDS_UTF8(&it) ||
 		    bson_iter_utf8(&it, NULL)[0] == '\0') {
 			wire_req_error(req, WIRE_ERR_BAD_VALUE,
 				       "OP_MSG requests require a $db argument");
@@ -512,7 +512,7 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 		}
 		req->db = sdb_strdup(bson_iter_utf8(&it, NULL));
 	}
-	if (!bson_iter_init(&it, &req->cmd) || !bson_iter_next(&it)) {
+	if (!bson_iter_init(&it, req->cmd) || !bson_iter_next(&it)) {
 		wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND, "no command in an empty document");
 		return;
 	}

@@ -22,6 +22,7 @@ static void check_command(const wire_msg *msg)
 	int code = 0;
 	size_t n = 0;
 
+	bson_init(&cmd);
 	if (wire_msg_command(msg, &cmd, &code, err, sizeof err) == 0) {
 		/* the command document must be walkable end to end */
 		if (!bson_iter_init(&it, &cmd))
@@ -58,7 +59,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		char err[256];
 		int code = 0;
 		uint8_t *copy = malloc(size ? size : 1);
-		memcpy(copy, data, size);
+		if (size > 0)
+			memcpy(copy, data, size);
 		if (wire_msg_parse(copy, size, &msg, &code, err, sizeof err) == 0) {
 			if (msg.hdr.op_code == WIRE_OP_MSG || msg.hdr.op_code == WIRE_OP_QUERY)
 				check_command(&msg);

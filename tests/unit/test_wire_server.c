@@ -539,15 +539,15 @@ static void sc_sequence_folded(fixture *f)
 	memset(buf, 0, sizeof buf); /* header, flags and sizes patched below */
 	n = 20;
 	buf[n++] = 0;
-	memcpy(buf + n, bson_get_data(body), body->len);
-	n += body->len;
+	memcpy(buf + n, bson_get_data(body), wire_bson_len(body));
+	n += wire_bson_len(body);
 	buf[n++] = 1;
 	seq_start = n;
 	n += 4;
 	memcpy(buf + n, "documents", 10);
 	n += 10;
-	memcpy(buf + n, bson_get_data(d), d->len);
-	n += d->len;
+	memcpy(buf + n, bson_get_data(d), wire_bson_len(d));
+	n += wire_bson_len(d);
 	buf[seq_start] = (uint8_t)(n - seq_start);
 	buf[0] = (uint8_t)n;
 	buf[4] = 9;
@@ -599,8 +599,8 @@ static void sc_op_query(fixture *f)
 		n += 4;
 		memset(buf + n, 0xff, 4); /* numberToReturn -1 */
 		n += 4;
-		memcpy(buf + n, bson_get_data(q), q->len);
-		n += q->len;
+		memcpy(buf + n, bson_get_data(q), wire_bson_len(q));
+		n += wire_bson_len(q);
 		buf[0] = (uint8_t)n;
 		buf[4] = 55;
 		buf[12] = 2004 & 0xff;
