@@ -2033,10 +2033,32 @@ int sdb_pipeline_parse(const bson_t *stages, const sdb_pipeline_opts *opts, sdb_
 		sdb_pipeline_free(p);
 		return rc;
 	}
-	/* $sort followed by $limit: keep only the top documents (MongoDB's coalescing) */
-	for (size_t i = 0; i + 1 < p->n; i++) {
-		if (p->st[i].kind == S_SORT && p->st[i + 1].kind == S_LIMIT) {
-			p->st[i].n = p->st[i + 1].n;
+	/* $sort followed by $skip/$limit: keep only the top skip+limit documents (MongoDB
+	 * coalesces $sort and $limit the same way) */
+	for (size_t i = 0; i < p->n; i++) {
+		int64_t skipped = 0, bound = -1;
+
+		if (p->st[i].kind != S_SORT) {
+			continue;
+		}
+		for (size_t j = i + 1; j < p->n; j++) {
+			if (p->st[j].kind == S_SKIP) {
+				if (__builtin_add_overflow(skipped, p->st[j].n, &skipped)) {
+					break;
+				}
+			} else if (p->st[j].kind == S_LIMIT) {
+				int64_t end;
+
+				if (!__builtin_add_overflow(skipped, p->st[j].n, &end) &&
+				    (bound < 0 || end < bound)) {
+					bound = end;
+				}
+			} else {
+				break;
+			}
+		}
+		if (bound > 0 && bound <= INT32_MAX) {
+			p->st[i].n = bound;
 		}
 	}
 	*out = p;

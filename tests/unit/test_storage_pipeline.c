@@ -512,6 +512,12 @@ static void test_memory_limit(void **state)
 	assert_string_equal(got, "{ \"v\" : [ { \"k\" : { \"$numberInt\" : \"999\" } }, { \"k\" : { \"$numberInt\" : \"998\" } } ] }");
 	bson_free(got);
 
+	got = run("[{'$sort': {'k': 1}}, {'$skip': 3}, {'$limit': 1}, {'$project': {'_id': 0, 'k': 1}}]", docs, &o, &code,
+		  err, sizeof err);
+	assert_non_null(got);
+	assert_string_equal(got, "{ \"v\" : [ { \"k\" : { \"$numberInt\" : \"3\" } } ] }");
+	bson_free(got);
+
 	/* the default bound (100 MB) lets the same data through */
 	got = run("[{'$sort': {'k': 1}}, {'$group': {'_id': null, 'n': {'$sum': 1}}}]", docs, NULL, &code, err,
 		  sizeof err);
