@@ -294,6 +294,12 @@ static void test_push(void **state)
 	      "{'$push': {'quizzes': {'$each': [{'wk': 5, 'score': 8}, {'wk': 6, 'score': 7}, "
 	      "{'wk': 7, 'score': 6}], '$sort': {'score': -1}, '$slice': 3}}}",
 	      "{'_id': 5, 'quizzes': [{'wk': 1, 'score': 10}, {'wk': 2, 'score': 8}, {'wk': 5, 'score': 8}]}");
+	/* the manual's "$sort embedded documents" example: ties keep their order */
+	check("{'_id': 1, 'quizzes': [{'id': 1, 'score': 6}, {'id': 2, 'score': 9}]}",
+	      "{'$push': {'quizzes': {'$each': [{'id': 3, 'score': 8}, {'id': 4, 'score': 7}, {'id': 5, 'score': 6}], "
+	      "'$sort': {'score': 1}}}}",
+	      "{'_id': 1, 'quizzes': [{'id': 1, 'score': 6}, {'id': 5, 'score': 6}, {'id': 4, 'score': 7}, "
+	      "{'id': 3, 'score': 8}, {'id': 2, 'score': 9}]}");
 	/* $sort of whole elements */
 	check("{'_id': 2, 'tests': [89, 70, 89, 50]}", "{'$push': {'tests': {'$each': [40, 60], '$sort': 1}}}",
 	      "{'_id': 2, 'tests': [40, 50, 60, 70, 89, 89]}");
@@ -352,6 +358,9 @@ static void test_add_to_set(void **state)
 	      "{'$addToSet': {'tags': {'$each': ['camera', 'electronics', 'accessories']}}}",
 	      "{'_id': 2, 'item': 'cable', 'tags': ['electronics', 'supplies', 'camera', 'accessories']}");
 	check("{'_id': 1}", "{'$addToSet': {'t': {'$each': [1, 1.0, 2]}}}", "{'_id': 1, 't': [1, 2]}");
+	/* documents are equal only with the same fields in the same order */
+	check("{'_id': 1, 't': [{'x': 1, 'y': 2}]}", "{'$addToSet': {'t': {'$each': [{'x': 1.0, 'y': 2}, {'y': 2, 'x': 1}]}}}",
+	      "{'_id': 1, 't': [{'x': 1, 'y': 2}, {'y': 2, 'x': 1}]}");
 	check_err("{'_id': 1, 't': 3}", "{'$addToSet': {'t': 1}}", NULL, 2, "non-array");
 }
 
