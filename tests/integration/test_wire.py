@@ -44,6 +44,14 @@ class WireServer:
                                    serverSelectionTimeoutMS=10000, **kw)
 
 
+def _can_connect(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
 @pytest.fixture
 def wire(start_role, tmp_path):
     """A process serving the wire protocol: the shard role, or the stand-alone test server
@@ -56,6 +64,8 @@ def wire(start_role, tmp_path):
             raise RuntimeError("not implemented yet (STRIPEDB_WIRE_TEST_SERVER_ONLY=1)")
         start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}",
                     f"--http-listen=127.0.0.1:{http_port}"])
+        # /healthz may answer before the role's listener is up
+        wait_until(lambda: _can_connect(port), what=f"wire port {port}")
         yield WireServer(port, http_port, "shard")
         return
     except RuntimeError as e:
