@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <uv.h>
 
 #include "common/alloc.h"
 #include "common/config.h"
@@ -38,6 +39,7 @@ typedef struct rl_role {
 	sdb_http *http; /* where our routes are (role->http or own_http) */
 	sdb_http *own_http;
 	rl_grpc *grpc; /* gRPC service + peer cluster, or NULL without a gRPC address */
+	sdb_histogram *m_latency;
 } rl_role;
 
 static void set_body(sdb_http_resp *resp, int status, char *body, size_t len)
@@ -59,6 +61,7 @@ static void reply_error(sdb_http_resp *resp, int http_status, int grpc_code, con
 static void h_get_rate_limits(void *data, const sdb_http_req *req, sdb_http_resp *resp)
 {
 	rl_role *rr = data;
+	uint64_t t0 = uv_hrtime();
 	rl_json_reqs reqs;
 	rl_resp *out;
 	char err[256];
@@ -89,6 +92,7 @@ static void h_get_rate_limits(void *data, const sdb_http_req *req, sdb_http_resp
 	}
 	free(out);
 	rl_json_reqs_free(&reqs);
+	sdb_histogram_observe_ns(rr->m_latency, uv_hrtime() - t0);
 }
 
 static bool frontend_health(rl_role *rr, int *peers, char *msg, size_t msglen)
@@ -98,6 +102,13 @@ static bool frontend_health(rl_role *rr, int *peers, char *msg, size_t msglen)
 	if (rr->fe.health != NULL)
 		return rr->fe.health(rr->fe.peer_ctx, msg, msglen);
 	return true;
+}
+
+/* rl_frontend.health over the cluster (peer_ctx is the rl_cluster). */
+static bool cluster_health(void *ctx, char *msg, size_t msglen)
+{
+	int peers;
+	return rl_cluster_health(ctx, &peers, msg, msglen);
 }
 
 /* GET /v1/HealthCheck: {"status": "healthy"|"unhealthy", "message", "peer_count"}. */
@@ -173,12 +184,17 @@ static int ratelimit_start(sdb_role *role)
 	rr->fe.limiter = rr->lim;
 	rr->fe.decide = rl_decide_local;
 	rr->fe.decide_ctx = rr->lim;
+	rr->m_latency = sdb_metrics_histogram("stripedb_ratelimit_http_request_seconds",
+					      "POST /v1/GetRateLimits handling time", NULL);
 
 	/* gRPC (pb.gubernator.V1/PeersV1) and the peer cluster: may point rr->fe at the
 	 * cluster's entry point, before any HTTP route can call it. */
 	rc = rl_grpc_start(role, &rr->fe, &rr->grpc, role->err, sizeof role->err);
 	if (rc != 0)
 		goto err_after_limiter;
+	/* HTTP HealthCheck answers as the gRPC one: from the cluster's view of its peers */
+	if (rr->fe.health == NULL && rr->fe.peer_count == rl_cluster_peer_count)
+		rr->fe.health = cluster_health;
 
 	rr->http = role->http;
 	guber_http = getenv("GUBER_HTTP_ADDRESS");
@@ -217,6 +233,7 @@ err_after_routes:
 	if (rr->own_http != NULL)
 		sdb_http_release(rr->own_http);
 err_after_grpc:
+	rr->fe.health = NULL;
 	rl_grpc_stop(rr->grpc);
 err_after_limiter:
 	rl_limiter_free(rr->lim);
@@ -235,6 +252,7 @@ static void ratelimit_stop(sdb_role *role)
 		if (rr->own_http != NULL)
 			sdb_http_release(rr->own_http);
 		/* drains the gRPC calls that use the limiter, then the limiter goes */
+		rr->fe.health = NULL;
 		rl_grpc_stop(rr->grpc);
 		rl_limiter_free(rr->lim);
 		free(rr);
