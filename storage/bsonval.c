@@ -202,8 +202,9 @@ static int docs_cmp(const uint8_t *ad, size_t alen, const uint8_t *bd, size_t bl
 
 	if (depth > SDB_BSON_MAX_DEPTH)
 		return bytes_cmp(ad, alen, bd, blen);
-	ok_a = bson_iter_init_from_data(&ia, ad, alen);
-	ok_b = bson_iter_init_from_data(&ib, bd, blen);
+	/* libbson hands out NULL data for a malformed nested document */
+	ok_a = ad && bson_iter_init_from_data(&ia, ad, alen);
+	ok_b = bd && bson_iter_init_from_data(&ib, bd, blen);
 	if (!ok_a || !ok_b)
 		return ok_a - ok_b; /* corrupt sorts as empty */
 	for (;;) {

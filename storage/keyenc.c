@@ -145,7 +145,7 @@ static int put_object(sdb_key *k, const uint8_t *data, size_t len, bool names, i
 		return sdb_errf(err, errlen, SDB_EINVAL,
 				"key encoding: document nested deeper than %d levels",
 				SDB_BSON_MAX_DEPTH);
-	if (!bson_iter_init_from_data(&it, data, len))
+	if (!data || !bson_iter_init_from_data(&it, data, len))
 		return sdb_errf(err, errlen, SDB_EINVAL, "key encoding: corrupt nested document");
 	while (bson_iter_next(&it)) {
 		const bson_value_t *ev = bson_iter_value(&it);

@@ -335,7 +335,8 @@ static bool elem_object_match(const sdb_matcher *sub, const bson_iter_t *e)
 	if (!BSON_ITER_HOLDS_DOCUMENT(&c) && !BSON_ITER_HOLDS_ARRAY(&c))
 		return false;
 	v = bson_iter_value(&c);
-	if (!bson_init_static(&doc, v->value.v_doc.data, v->value.v_doc.data_len))
+	if (!v->value.v_doc.data ||
+	    !bson_init_static(&doc, v->value.v_doc.data, v->value.v_doc.data_len))
 		return false;
 	return eval(sub->root, &doc);
 }
@@ -749,7 +750,8 @@ static int parse_elem_match(const char *path, const bson_iter_t *it, node *and_o
 		return fail(pe, ERR_BAD_VALUE, "$elemMatch needs an Object");
 	c = *it;
 	v = bson_iter_value(&c);
-	if (!bson_init_static(&sub, v->value.v_doc.data, v->value.v_doc.data_len))
+	if (!v->value.v_doc.data ||
+	    !bson_init_static(&sub, v->value.v_doc.data, v->value.v_doc.data_len))
 		return fail(pe, ERR_BAD_VALUE, "$elemMatch: corrupt document");
 	if (bson_iter_recurse(it, &c) && bson_iter_next(&c)) {
 		const char *k = bson_iter_key(&c);
@@ -1030,7 +1032,8 @@ static int parse_logical(node_kind kind, const char *name, const bson_iter_t *it
 			return fail(pe, ERR_BAD_VALUE, "$or/$and/$nor entries need to be full objects");
 		}
 		v = bson_iter_value(&c);
-		if (!bson_init_static(&sub, v->value.v_doc.data, v->value.v_doc.data_len)) {
+		if (!v->value.v_doc.data ||
+	    !bson_init_static(&sub, v->value.v_doc.data, v->value.v_doc.data_len)) {
 			node_free(n);
 			return fail(pe, ERR_BAD_VALUE, "corrupt document in %s", name);
 		}

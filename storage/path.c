@@ -139,7 +139,7 @@ static bool walk_container(walker *w, const uint8_t *data, size_t len)
 	bson_iter_t it, child;
 	const comp *c = &w->comps[0];
 
-	if (!bson_iter_init_from_data(&it, data, len))
+	if (!data || !bson_iter_init_from_data(&it, data, len))
 		return false;
 	while (bson_iter_next(&it)) {
 		if (bson_iter_key_len(&it) == c->len && memcmp(bson_iter_key(&it), c->s, c->len) == 0) {

@@ -252,7 +252,9 @@ static int add_field(sdb_projection *p, const char *path, const bson_iter_t *it,
 				n->action = P_ELEMMATCH;
 				p->any_elemmatch = true;
 				v = bson_iter_value(&cc);
-				if (!bson_init_static(&cond, v->value.v_doc.data, v->value.v_doc.data_len))
+				if (!v->value.v_doc.data ||
+				    !bson_init_static(&cond, v->value.v_doc.data,
+						      v->value.v_doc.data_len))
 					return fail(pe, 2, "corrupt $elemMatch argument");
 				rc = sdb_matcher_new_elem(&cond, &n->em, pe->code, pe->err, pe->errlen);
 			}
@@ -463,7 +465,7 @@ static int apply_doc(const sdb_projection *p, const pnode *n, const uint8_t *dat
 	bson_iter_t it;
 	int rc;
 
-	if (!bson_iter_init_from_data(&it, data, len))
+	if (!data || !bson_iter_init_from_data(&it, data, len))
 		return SDB_EINVAL;
 	while (bson_iter_next(&it)) {
 		const char *key = bson_iter_key(&it);

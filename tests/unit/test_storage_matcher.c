@@ -768,6 +768,30 @@ static void test_bounds_superset(void **state)
 	}
 }
 
+/* Found by fuzzing: a nested document whose length field is inconsistent (libbson's
+ * bson_validate() accepts the outer document, bson_iter_value() gives NULL data for the
+ * inner one). Matching it against a filter compiled from itself must not abort. */
+static void test_malformed_nested(void **state)
+{
+	static const uint8_t bytes[] = {
+		0x38, 0x00, 0x00, 0x00, 0x03, 0x61, 0x00, 0x30, 0x00, 0x00, 0x00, 0x04,
+		0x24, 0x61, 0x6c, 0x6c, 0x00, 0x25, 0x00, 0x00, 0x00, 0x03, 0x30, 0x06,
+		0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x24, 0x4d, 0x65, 0x74, 0x6d,
+		0x6c, 0x63, 0x68, 0x00, 0x0c, 0x00, 0x00, 0x00, 0x10, 0x78, 0x00, 0x01,
+		0x00, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x00,
+	};
+	bson_t doc;
+	sdb_matcher *m = NULL;
+	char err[128];
+
+	(void)state;
+	assert_true(bson_init_static(&doc, bytes, sizeof bytes));
+	/* {a: {$all: [<malformed>]}}: compiles to an equality with the malformed value */
+	assert_int_equal(sdb_matcher_new(&doc, &m, NULL, err, sizeof err), 0);
+	assert_false(sdb_matcher_match(m, &doc));
+	sdb_matcher_free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -784,6 +808,7 @@ int main(void)
 		cmocka_unit_test(test_value_form),
 		cmocka_unit_test(test_bounds),
 		cmocka_unit_test(test_bounds_superset),
+		cmocka_unit_test(test_malformed_nested),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
