@@ -54,7 +54,11 @@ typedef enum {
 	X("raft-snapshot-threshold", raft_snapshot_threshold, SDB_OPT_INT, "1024",              \
 	  "metadata: raft log entries between state machine snapshots")                        \
 	X("raft-election-timeout-ms", raft_election_timeout_ms, SDB_OPT_INT, "1000",            \
-	  "metadata: raft election timeout (ms); heartbeats every tenth of it")                \
+	  "metadata: raft election timeout (ms); heartbeats every tenth of it")                 \
+	X("stale-retry-ms", stale_retry_ms, SDB_OPT_INT, "5000",                                \
+	  "proxy: budget for retrying a request refused with StaleConfig (ms)")                 \
+	X("cursor-timeout-ms", cursor_timeout_ms, SDB_OPT_INT, "600000",                        \
+	  "proxy: idle proxy cursors are killed after this long (ms)")                \
 	X("cache-size", cache_size, SDB_OPT_INT, NULL,                                          \
 	  "ratelimit: max keys in the rate-limit cache (default GUBER_CACHE_SIZE or 50000)")
 

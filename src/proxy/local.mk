@@ -1,2 +1,24 @@
 # src/proxy: sources and unit tests of this folder (included by the top Makefile.am)
-libstripedb_a_SOURCES += src/proxy/role.c
+libstripedb_a_SOURCES += \
+	src/proxy/cursor.c \
+	src/proxy/exec.c \
+	src/proxy/merge.c \
+	src/proxy/role.c \
+	src/proxy/route.c \
+	src/proxy/shardconn.c
+noinst_HEADERS += \
+	src/proxy/merge.h \
+	src/proxy/proxy.h \
+	src/proxy/route.h \
+	src/proxy/shardconn.h
+
+check_PROGRAMS += tests/unit/test_proxy_route tests/unit/test_proxy_merge
+TESTS += tests/unit/test_proxy_route tests/unit/test_proxy_merge
+tests_unit_test_proxy_route_SOURCES = tests/unit/test_proxy_route.c
+tests_unit_test_proxy_route_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_proxy_route_LDADD = $(UNIT_LDADD)
+tests_unit_test_proxy_merge_SOURCES = tests/unit/test_proxy_merge.c
+tests_unit_test_proxy_merge_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_proxy_merge_LDADD = $(UNIT_LDADD)
+
+EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py

@@ -1,17 +1,393 @@
-/* The proxy role. Placeholder until issue #6 lands: starting it fails with a clear
- * message rather than pretending to serve. */
+/* The proxy role: what applications connect to, as to a mongos (issue #6, DESIGN.md §5).
+ *
+ * Threads: the wire server runs on the role's loop; every command is handed to a worker
+ * thread (proxy/shardconn.h), which routes, talks to shards with libmongoc (blocking) and
+ * completes the request with wire_req_reply (thread-safe). A refresh thread long-polls the
+ * metadata service (waitRoutingVersion) and reloads the cached routing tables whenever the
+ * routing version moves; workers also reload a table on demand after a StaleConfig.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
 #include "common/err.h"
+#include "common/log.h"
 #include "common/role.h"
+#include "proxy/proxy.h"
+
+#define PROXY_WAIT_MS 500       /* long-poll timeout (bounds shutdown latency) */
+#define PROXY_RETRY_MS 200      /* pause after a failed metadata call */
+#define PROXY_REAP_EVERY_MS 1000
+
+/* ---------- metadata access ---------- */
+
+static int meta_command(proxy *p, const bson_t *cmd, bson_t *reply, int *code, char *err,
+			size_t errlen)
+{
+	mongoc_client_t *cl;
+	bson_error_t e;
+	bool ok;
+	bson_iter_t it;
+
+	if (p->meta == NULL) {
+		bson_init(reply);
+		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "no metadata service configured");
+	}
+	cl = mongoc_client_pool_pop(p->meta);
+	ok = mongoc_client_command_simple(cl, "admin", cmd, NULL, reply, &e);
+	mongoc_client_pool_push(p->meta, cl);
+	if (ok)
+		return 0;
+	*code = 0;
+	if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it))
+		*code = (int)bson_iter_as_int64(&it);
+	return sdb_errf(err, errlen, e.domain == MONGOC_ERROR_SERVER ? SDB_EPROTO : SDB_EUNAVAILABLE,
+			"metadata: %s", e.message);
+}
+
+int proxy_load_shards(proxy *p, char *err, size_t errlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it, arr, sh;
+	int code, rc;
+	char *first = NULL;
+
+	BSON_APPEND_INT32(&cmd, "listShards", 1);
+	rc = meta_command(p, &cmd, &reply, &code, err, errlen);
+	if (rc != 0)
+		goto out;
+	if (bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it) &&
+	    bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			const char *id = NULL, *uri = NULL;
+			if (!bson_iter_recurse(&arr, &sh))
+				continue;
+			while (bson_iter_next(&sh)) {
+				const char *k = bson_iter_key(&sh);
+				if (!BSON_ITER_HOLDS_UTF8(&sh))
+					continue;
+				if (strcmp(k, "id") == 0 || strcmp(k, "_id") == 0)
+					id = bson_iter_utf8(&sh, NULL);
+				else if (strcmp(k, "uri") == 0 || strcmp(k, "host") == 0)
+					uri = bson_iter_utf8(&sh, NULL);
+			}
+			if (id == NULL || uri == NULL)
+				continue;
+			if (shardconn_set_shard(p->sc, id, uri, err, errlen) != 0)
+				sdb_warn("bad shard uri", "shard=%s err=\"%s\"", id, err);
+			if (first == NULL || strcmp(id, first) < 0) {
+				free(first);
+				first = sdb_strdup(id);
+			}
+		}
+	}
+	uv_mutex_lock(&p->mu);
+	if (first) {
+		free(p->primary);
+		p->primary = first;
+		first = NULL;
+	}
+	uv_mutex_unlock(&p->mu);
+out:
+	free(first);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return rc;
+}
+
+char *proxy_primary(proxy *p)
+{
+	char *s = NULL;
+	char err[256];
+
+	uv_mutex_lock(&p->mu);
+	if (p->primary)
+		s = sdb_strdup(p->primary);
+	uv_mutex_unlock(&p->mu);
+	if (s == NULL && proxy_load_shards(p, err, sizeof err) == 0) {
+		uv_mutex_lock(&p->mu);
+		if (p->primary)
+			s = sdb_strdup(p->primary);
+		uv_mutex_unlock(&p->mu);
+	}
+	return s;
+}
+
+static route_coll *fetch_route(proxy *p, const char *ns, char *err, size_t errlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it;
+	route_coll *c = NULL;
+	int code = 0, rc;
+	size_t i;
+	bool unknown_shard = false;
+
+	BSON_APPEND_UTF8(&cmd, "getRoutingTable", ns);
+	rc = meta_command(p, &cmd, &reply, &code, err, errlen);
+	sdb_counter_inc(p->m_refreshes);
+	if (rc == SDB_EPROTO && (code == WIRE_ERR_NAMESPACE_NOT_FOUND || code == 0 ||
+				 strstr(err, "not sharded") != NULL)) {
+		int64_t v = 0;
+		if (bson_iter_init_find(&it, &reply, "routingVersion") && BSON_ITER_HOLDS_NUMBER(&it))
+			v = bson_iter_as_int64(&it);
+		c = route_coll_unsharded(ns, v);
+		goto out;
+	}
+	if (rc != 0)
+		goto out;
+	{
+		bson_t key;
+		uint32_t len;
+		const uint8_t *data;
+		if (!bson_iter_init_find(&it, &reply, "key") || !BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			sdb_errf(err, errlen, SDB_EPROTO, "metadata: routing table of %s has no key", ns);
+			goto out;
+		}
+		bson_iter_document(&it, &len, &data);
+		if (!bson_init_static(&key, data, len))
+			goto out;
+		if (route_coll_build(ns, &key, &reply, &c, err, errlen) != 0) {
+			c = NULL;
+			goto out;
+		}
+	}
+	for (i = 0; i < c->nchunks; i++)
+		if (!shardconn_has_shard(p->sc, c->chunks[i].shard))
+			unknown_shard = true;
+	if (unknown_shard)
+		proxy_load_shards(p, err, errlen);
+out:
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return c;
+}
+
+route_coll *proxy_route(proxy *p, const char *ns, bool force, char *err, size_t errlen)
+{
+	route_coll *c = NULL;
+
+	if (!force) {
+		c = route_cache_get(p->rc, ns);
+		if (c)
+			return c;
+	}
+	c = fetch_route(p, ns, err, errlen);
+	if (c == NULL)
+		return route_cache_get(p->rc, ns); /* metadata down: keep serving the cached table */
+	route_coll_ref(c);
+	route_cache_put(p->rc, c);
+	return c;
+}
+
+/* ---------- refresh thread ---------- */
+
+static bool wait_stop(proxy *p, uint64_t ms)
+{
+	bool stop;
+
+	uv_mutex_lock(&p->mu);
+	if (!p->stopping)
+		uv_cond_timedwait(&p->cv, &p->mu, ms * 1000000u);
+	stop = p->stopping;
+	uv_mutex_unlock(&p->mu);
+	return stop;
+}
+
+static void refresher_main(void *arg)
+{
+	proxy *p = arg;
+	char err[256];
+	bool have_shards = false;
+
+	sdb_log_set_thread("proxy", NULL);
+	for (;;) {
+		bson_t cmd = BSON_INITIALIZER, reply;
+		bson_iter_t it;
+		int code, rc;
+		int64_t v;
+
+		uv_mutex_lock(&p->mu);
+		if (p->stopping) {
+			uv_mutex_unlock(&p->mu);
+			bson_destroy(&cmd);
+			return;
+		}
+		uv_mutex_unlock(&p->mu);
+		if (!have_shards) {
+			if (proxy_load_shards(p, err, sizeof err) == 0)
+				have_shards = true;
+		}
+		BSON_APPEND_INT32(&cmd, "waitRoutingVersion", 1);
+		BSON_APPEND_INT64(&cmd, "gt", p->known_version);
+		BSON_APPEND_INT64(&cmd, "timeoutMS", PROXY_WAIT_MS);
+		rc = meta_command(p, &cmd, &reply, &code, err, sizeof err);
+		bson_destroy(&cmd);
+		if (rc != 0) {
+			bson_destroy(&reply);
+			if (wait_stop(p, PROXY_RETRY_MS))
+				return;
+			continue;
+		}
+		v = p->known_version;
+		if (bson_iter_init_find(&it, &reply, "routingVersion") && BSON_ITER_HOLDS_NUMBER(&it))
+			v = bson_iter_as_int64(&it);
+		bson_destroy(&reply);
+		if (v > p->known_version) {
+			char **names;
+			size_t n = route_cache_names(p->rc, &names), i;
+			proxy_load_shards(p, err, sizeof err);
+			for (i = 0; i < n; i++) {
+				route_coll *c = fetch_route(p, names[i], err, sizeof err);
+				if (c)
+					route_cache_put(p->rc, c);
+				free(names[i]);
+			}
+			free(names);
+			sdb_debug("routing refreshed", "version=%lld collections=%zu", (long long)v, n);
+			p->known_version = v;
+		}
+	}
+}
+
+/* ---------- lifecycle ---------- */
+
+static void reap_job(void *arg)
+{
+	proxy_cursor_reap(arg, false);
+}
+
+static void on_reap_timer(uv_timer_t *t)
+{
+	proxy *p = t->data;
+
+	shardconn_submit(p->sc, reap_job, p);
+}
+
+static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
+{
+	(void)data;
+	(void)cmd;
+	(void)reply; /* msg: "isdbgrid" comes from is_mongos */
+}
 
 static int proxy_start(sdb_role *role)
 {
-	return sdb_errf(role->err, sizeof role->err, SDB_EINVAL,
-			"the proxy role is not implemented yet (issue #6)");
+	proxy *p = sdb_calloc(1, sizeof *p);
+	const char *listen = sdb_config_get(role->cfg, SDB_OPT_listen);
+	const char *meta = sdb_config_get(role->cfg, SDB_OPT_metadata);
+	wire_server_opts o;
+	int rc;
+
+	if (listen == NULL) {
+		free(p);
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE, "proxy: --listen is required");
+	}
+	if (meta == NULL) {
+		free(p);
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"proxy: --metadata=HOST:PORT,... is required");
+	}
+	p->loop = role->loop;
+	p->stale_retry_ms = sdb_config_get_int(role->cfg, SDB_OPT_stale_retry_ms, 5000);
+	p->cursor_timeout_ms = sdb_config_get_int(role->cfg, SDB_OPT_cursor_timeout_ms, 600000);
+	p->known_version = -1;
+	uv_mutex_init(&p->mu);
+	uv_cond_init(&p->cv);
+	uv_mutex_init(&p->cmu);
+	p->rc = route_cache_new();
+	p->sc = shardconn_new();
+	p->meta = shardconn_metadata_pool(meta, role->err, sizeof role->err);
+	if (p->meta == NULL) {
+		rc = SDB_EUSAGE;
+		goto err;
+	}
+	p->m_stale_retries = sdb_metrics_counter("stripedb_proxy_stale_retries_total",
+						 "Requests retried after StaleConfig.", NULL);
+	p->m_scatter = sdb_metrics_counter("stripedb_proxy_routed_total",
+					   "Requests routed, by kind.", "kind=\"scatter\"");
+	p->m_targeted = sdb_metrics_counter("stripedb_proxy_routed_total",
+					    "Requests routed, by kind.", "kind=\"targeted\"");
+	p->m_refreshes = sdb_metrics_counter("stripedb_proxy_routing_fetches_total",
+					     "Routing tables fetched from metadata.", NULL);
+	p->m_rejected = sdb_metrics_counter("stripedb_proxy_quota_rejected_total",
+					    "Requests refused by quota.", NULL);
+	memset(&o, 0, sizeof o);
+	o.listen = listen;
+	o.role = "proxy";
+	o.max_connections = (int)sdb_config_get_int(role->cfg, SDB_OPT_max_connections, 10000);
+	o.role_data = p;
+	o.hello = hello_hook;
+	o.is_mongos = true;
+	rc = wire_server_new(role->loop, &o, &p->srv, role->err, sizeof role->err);
+	if (rc != 0)
+		goto err;
+	proxy_exec_register(p);
+	if (uv_thread_create(&p->refresher, refresher_main, p) != 0) {
+		rc = sdb_errf(role->err, sizeof role->err, SDB_EIO, "proxy: cannot start a thread");
+		goto err_srv;
+	}
+	uv_timer_init(role->loop, &p->reap_timer);
+	p->reap_timer.data = p;
+	uv_timer_start(&p->reap_timer, on_reap_timer, PROXY_REAP_EVERY_MS, PROXY_REAP_EVERY_MS);
+	role->impl = p;
+	sdb_info("proxy listening", "addr=%s port=%d metadata=%s", listen,
+		 wire_server_port(p->srv), meta);
+	return 0;
+err_srv:
+	wire_server_close(p->srv, 0, NULL, NULL);
+err:
+	if (p->meta)
+		mongoc_client_pool_destroy(p->meta);
+	shardconn_free(p->sc);
+	route_cache_free(p->rc);
+	uv_mutex_destroy(&p->cmu);
+	uv_cond_destroy(&p->cv);
+	uv_mutex_destroy(&p->mu);
+	free(p);
+	return rc;
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+	sdb_role *role = h->data;
+	proxy *p = role->impl;
+
+	uv_mutex_lock(&p->mu);
+	p->stopping = true;
+	uv_cond_broadcast(&p->cv);
+	uv_mutex_unlock(&p->mu);
+	uv_thread_join(&p->refresher);
+	proxy_cursor_reap(p, true);
+	shardconn_free(p->sc); /* runs queued jobs first, joins the workers */
+	p->sc = NULL;
+	mongoc_client_pool_destroy(p->meta);
+	route_cache_free(p->rc);
+	free(p->primary);
+	uv_mutex_destroy(&p->cmu);
+	uv_cond_destroy(&p->cv);
+	uv_mutex_destroy(&p->mu);
+	free(p);
+	role->impl = NULL;
+	sdb_role_stopped(role);
+}
+
+static void on_server_closed(void *arg)
+{
+	sdb_role *role = arg;
+	proxy *p = role->impl;
+
+	p->reap_timer.data = role;
+	uv_close((uv_handle_t *)&p->reap_timer, on_timer_closed);
 }
 
 static void proxy_stop(sdb_role *role)
 {
-	sdb_role_stopped(role);
+	proxy *p = role->impl;
+
+	uv_timer_stop(&p->reap_timer);
+	wire_server_close(p->srv, (uint64_t)sdb_config_get_int(role->cfg,
+								 SDB_OPT_shutdown_timeout_ms, 10000),
+			  on_server_closed, role);
 }
 
 const sdb_role_def sdb_role_proxy = {

@@ -1,0 +1,392 @@
+/* Proxy-side cursors: a merged view over shard cursors, continued with getMore and
+ * killed with killCursors or after an idle timeout (MongoDB's cursorTimeoutMillis). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "proxy/proxy.h"
+#include "storage/projection.h"
+
+#define CURSOR_MAX_BATCH_BYTES (8 * 1024 * 1024)
+#define CURSOR_DEFAULT_BATCH 101
+#define CURSOR_SHARD_BATCH 1000
+
+struct proxy_cursor {
+	int64_t id;
+	char *ns;
+	pstream *s;
+	size_t n;
+	merge_sort *sort;
+	sdb_projection *proj;
+	int64_t skip;
+	int64_t limit; /* 0 = none */
+	int64_t returned;
+	uint64_t last_used_ms;
+	bool busy;
+	proxy_cursor *next;
+};
+
+static uint64_t now_ms(void)
+{
+	return uv_hrtime() / 1000000u;
+}
+
+void pstream_clear(pstream *s)
+{
+	size_t i;
+
+	for (i = s->pos; i < s->n; i++)
+		bson_destroy(s->docs[i]);
+	free(s->docs);
+	s->docs = NULL;
+	s->n = s->pos = 0;
+	if (s->rcoll)
+		route_coll_unref(s->rcoll);
+	s->rcoll = NULL;
+	free(s->shard);
+	free(s->db);
+	free(s->coll);
+	s->shard = s->db = s->coll = NULL;
+	bson_destroy(&s->err_reply);
+	bson_init(&s->err_reply);
+}
+
+int pstream_take_batch(pstream *s, const bson_t *reply, const char *field)
+{
+	bson_iter_t it, cur, arr;
+	size_t i, cap;
+
+	for (i = s->pos; i < s->n; i++)
+		bson_destroy(s->docs[i]);
+	s->n = s->pos = 0;
+	if (!bson_iter_init_find(&it, reply, "cursor") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+	    !bson_iter_recurse(&it, &cur))
+		return SDB_EPROTO;
+	s->cursor_id = 0;
+	cap = 0;
+	while (bson_iter_next(&cur)) {
+		const char *k = bson_iter_key(&cur);
+		if (strcmp(k, "id") == 0 && BSON_ITER_HOLDS_NUMBER(&cur)) {
+			s->cursor_id = bson_iter_as_int64(&cur);
+		} else if (strcmp(k, field) == 0 && BSON_ITER_HOLDS_ARRAY(&cur) &&
+			   bson_iter_recurse(&cur, &arr)) {
+			while (bson_iter_next(&arr)) {
+				uint32_t len;
+				const uint8_t *data;
+				bson_t tmp;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
+					continue;
+				bson_iter_document(&arr, &len, &data);
+				if (!bson_init_static(&tmp, data, len))
+					continue;
+				if (s->rcoll && route_chunk_of_doc(s->rcoll, &tmp) != s->chunk)
+					continue; /* not this chunk's: an orphan or another chunk's */
+				if (s->n == cap) {
+					cap = cap ? cap * 2 : 64;
+					s->docs = sdb_realloc(s->docs, cap * sizeof *s->docs);
+				}
+				s->docs[s->n++] = bson_copy(&tmp);
+			}
+		}
+	}
+	return 0;
+}
+
+proxy_cursor *proxy_cursor_new(proxy *p, const char *ns, pstream *streams, size_t n,
+			       merge_sort *sort, void *proj, int64_t skip, int64_t limit)
+{
+	proxy_cursor *c = sdb_calloc(1, sizeof *c);
+
+	c->ns = sdb_strdup(ns);
+	c->s = streams;
+	c->n = n;
+	c->sort = sort;
+	c->proj = proj;
+	c->skip = skip < 0 ? 0 : skip;
+	c->limit = limit < 0 ? -limit : limit;
+	c->last_used_ms = now_ms();
+	return c;
+}
+
+int64_t proxy_cursor_id(const proxy_cursor *c)
+{
+	return c->id;
+}
+
+typedef struct refill_ctx {
+	proxy *p;
+	proxy_cursor *c;
+	size_t *idx;
+} refill_ctx;
+
+static void refill_one(void *arg, size_t k)
+{
+	refill_ctx *rc = arg;
+	pstream *s = &rc->c->s[rc->idx[k]];
+	bson_t cmd = BSON_INITIALIZER, reply;
+	int r;
+
+	BSON_APPEND_INT64(&cmd, "getMore", s->cursor_id);
+	BSON_APPEND_UTF8(&cmd, "collection", s->coll);
+	BSON_APPEND_INT64(&cmd, "batchSize", CURSOR_SHARD_BATCH);
+	r = shardconn_command(rc->p->sc, s->shard, s->db, &cmd, &s->server_id, &reply, s->neterr,
+			      sizeof s->neterr);
+	s->status = r;
+	if (r == SHARDCONN_OK) {
+		if (pstream_take_batch(s, &reply, "nextBatch") != 0) {
+			s->status = SHARDCONN_NET_ERR;
+			snprintf(s->neterr, sizeof s->neterr, "shard %s: bad getMore reply", s->shard);
+		}
+	} else {
+		bson_destroy(&s->err_reply);
+		bson_copy_to(&reply, &s->err_reply);
+		s->cursor_id = 0;
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
+static int copy_error(pstream *s, int *code, char *err, size_t errlen)
+{
+	bson_iter_t it;
+
+	if (s->status == SHARDCONN_NET_ERR) {
+		*code = WIRE_ERR_HOST_UNREACHABLE;
+		snprintf(err, errlen, "%s", s->neterr);
+		return SDB_EUNAVAILABLE;
+	}
+	*code = WIRE_ERR_INTERNAL;
+	if (bson_iter_init_find(&it, &s->err_reply, "code") && BSON_ITER_HOLDS_NUMBER(&it))
+		*code = (int)bson_iter_as_int64(&it);
+	if (bson_iter_init_find(&it, &s->err_reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
+		snprintf(err, errlen, "%s", bson_iter_utf8(&it, NULL));
+	else
+		snprintf(err, errlen, "shard %s failed", s->shard);
+	return SDB_EIO;
+}
+
+int proxy_cursor_next(proxy *p, proxy_cursor *c, bson_t **doc_out, int *code, char *err,
+		      size_t errlen)
+{
+	size_t *idx = sdb_calloc(c->n ? c->n : 1, sizeof *idx);
+	const bson_t **heads = sdb_calloc(c->n ? c->n : 1, sizeof *heads);
+	size_t i;
+	int rc = 0;
+
+	*doc_out = NULL;
+	for (;;) {
+		size_t nidx = 0;
+		ssize_t pick;
+		bson_t *doc;
+
+		if (c->limit > 0 && c->returned >= c->limit)
+			break;
+		for (i = 0; i < c->n; i++)
+			if (c->s[i].pos == c->s[i].n && c->s[i].cursor_id != 0)
+				idx[nidx++] = i;
+		if (nidx > 0) {
+			refill_ctx rcx = {p, c, idx};
+			shardconn_fanout(p->sc, nidx, refill_one, &rcx);
+			for (i = 0; i < nidx; i++) {
+				pstream *s = &c->s[idx[i]];
+				if (s->status != SHARDCONN_OK) {
+					rc = copy_error(s, code, err, errlen);
+					goto out;
+				}
+			}
+			continue; /* a refill may return an empty batch with more to come */
+		}
+		for (i = 0; i < c->n; i++)
+			heads[i] = c->s[i].pos < c->s[i].n ? c->s[i].docs[c->s[i].pos] : NULL;
+		pick = merge_pick(c->sort, heads, c->n);
+		if (pick < 0)
+			break;
+		doc = c->s[pick].docs[c->s[pick].pos++];
+		if (c->skip > 0) {
+			c->skip--;
+			bson_destroy(doc);
+			continue;
+		}
+		c->returned++;
+		if (c->proj) {
+			bson_t *out = bson_new();
+			char perr[256];
+			if (sdb_projection_apply(c->proj, doc, out, perr, sizeof perr) != 0) {
+				bson_destroy(out);
+				bson_destroy(doc);
+				*code = WIRE_ERR_BAD_VALUE;
+				snprintf(err, errlen, "%s", perr);
+				rc = SDB_EINVAL;
+				goto out;
+			}
+			bson_destroy(doc);
+			doc = out;
+		}
+		*doc_out = doc;
+		rc = 1;
+		break;
+	}
+out:
+	free(idx);
+	free(heads);
+	return rc;
+}
+
+int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size, int *code,
+		      char *err, size_t errlen)
+{
+	int64_t count = 0;
+	size_t bytes = 0;
+	int rc = 0;
+	char key[24];
+
+	if (batch_size <= 0)
+		batch_size = INT64_MAX;
+	while (count < batch_size && bytes < CURSOR_MAX_BATCH_BYTES) {
+		bson_t *doc;
+		int r = proxy_cursor_next(p, c, &doc, code, err, errlen);
+		if (r < 0) {
+			rc = r;
+			break;
+		}
+		if (r == 0) {
+			rc = 1;
+			break;
+		}
+		snprintf(key, sizeof key, "%lld", (long long)count);
+		BSON_APPEND_DOCUMENT(arr, key, doc);
+		bytes += doc->len;
+		bson_destroy(doc);
+		count++;
+	}
+	if (rc == 0 && c->limit > 0 && c->returned >= c->limit)
+		rc = 1;
+	if (rc == 0 && !proxy_cursor_has_more(c))
+		rc = 1;
+	c->last_used_ms = now_ms();
+	return rc;
+}
+
+bool proxy_cursor_has_more(const proxy_cursor *c)
+{
+	size_t i;
+
+	for (i = 0; i < c->n; i++)
+		if (c->s[i].pos < c->s[i].n || c->s[i].cursor_id != 0)
+			return true;
+	return false;
+}
+
+int64_t proxy_cursor_register(proxy *p, proxy_cursor *c)
+{
+	int64_t id;
+
+	do {
+		id = (int64_t)(((uint64_t)rand() << 31 ^ (uint64_t)rand() << 7 ^ uv_hrtime()) &
+			       0x3fffffffffffffffull);
+	} while (id == 0);
+	c->id = id;
+	c->busy = false;
+	c->last_used_ms = now_ms();
+	uv_mutex_lock(&p->cmu);
+	c->next = p->cursors;
+	p->cursors = c;
+	uv_mutex_unlock(&p->cmu);
+	return id;
+}
+
+proxy_cursor *proxy_cursor_checkout(proxy *p, int64_t id, const char *ns)
+{
+	proxy_cursor *c;
+
+	uv_mutex_lock(&p->cmu);
+	for (c = p->cursors; c; c = c->next)
+		if (c->id == id && !c->busy && (ns == NULL || strcmp(c->ns, ns) == 0))
+			break;
+	if (c)
+		c->busy = true;
+	uv_mutex_unlock(&p->cmu);
+	return c;
+}
+
+static void unlink_cursor(proxy *p, proxy_cursor *c)
+{
+	proxy_cursor **pp;
+
+	for (pp = &p->cursors; *pp; pp = &(*pp)->next) {
+		if (*pp == c) {
+			*pp = c->next;
+			return;
+		}
+	}
+}
+
+void proxy_cursor_checkin(proxy *p, proxy_cursor *c)
+{
+	uv_mutex_lock(&p->cmu);
+	c->busy = false;
+	c->last_used_ms = now_ms();
+	uv_mutex_unlock(&p->cmu);
+}
+
+void proxy_cursor_destroy(proxy *p, proxy_cursor *c)
+{
+	size_t i;
+
+	if (c->id != 0) {
+		uv_mutex_lock(&p->cmu);
+		unlink_cursor(p, c);
+		uv_mutex_unlock(&p->cmu);
+	}
+	for (i = 0; i < c->n; i++) {
+		pstream *s = &c->s[i];
+		if (s->cursor_id != 0 && s->shard != NULL) {
+			bson_t cmd = BSON_INITIALIZER, reply, arr;
+			char err[128];
+			BSON_APPEND_UTF8(&cmd, "killCursors", s->coll);
+			bson_append_array_begin(&cmd, "cursors", -1, &arr);
+			BSON_APPEND_INT64(&arr, "0", s->cursor_id);
+			bson_append_array_end(&cmd, &arr);
+			shardconn_command(p->sc, s->shard, s->db, &cmd, &s->server_id, &reply, err,
+					  sizeof err);
+			bson_destroy(&reply);
+			bson_destroy(&cmd);
+		}
+		pstream_clear(s);
+		bson_destroy(&s->err_reply);
+	}
+	free(c->s);
+	merge_sort_free(c->sort);
+	sdb_projection_free(c->proj);
+	free(c->ns);
+	free(c);
+}
+
+void proxy_cursor_reap(proxy *p, bool all)
+{
+	proxy_cursor *dead = NULL, **pp, *c;
+	uint64_t now = now_ms();
+
+	uv_mutex_lock(&p->cmu);
+	pp = &p->cursors;
+	while (*pp) {
+		c = *pp;
+		if (!c->busy && (all || now - c->last_used_ms > (uint64_t)p->cursor_timeout_ms)) {
+			*pp = c->next;
+			c->next = dead;
+			dead = c;
+		} else {
+			pp = &c->next;
+		}
+	}
+	uv_mutex_unlock(&p->cmu);
+	while (dead) {
+		c = dead;
+		dead = c->next;
+		sdb_debug("cursor timed out", "id=%lld ns=%s", (long long)c->id, c->ns);
+		c->id = 0;
+		proxy_cursor_destroy(p, c);
+	}
+}

@@ -1,0 +1,2310 @@
+/* Command handlers of the proxy (issue #6): routing, scatter/gather, merge, StaleConfig
+ * retries. Every handler runs on a worker thread (shardconn_submit) and completes its
+ * request exactly once with wire_req_reply / wire_req_error.
+ *
+ * Version gating (DESIGN.md §5, §6 step 5): every request for a sharded collection is sent
+ * PER CHUNK with `$stripedbVersion: {chunk: ID, token: N}`, so a shard that no longer owns
+ * the chunk (or owns a newer version of it) refuses it with StaleConfig before applying
+ * anything. A shard holding several chunks of a collection answers each per-chunk request
+ * with its matches for the whole collection; the proxy keeps only the documents whose
+ * shard key falls in that request's chunk (the "ownership filter"), which also drops
+ * orphans left behind by a migration. Writes that may touch several chunks run in two
+ * phases per chunk: collect the _id of the owned matching documents (gated read), then
+ * apply the write to {$and: [filter, {_id: {$in: ids}}]} (gated write); a write pinned to
+ * one chunk by an equality on the whole shard key goes straight to its shard.
+ * Projections of sharded finds run on the proxy (the shard key and sort fields must come
+ * back for the ownership filter and the merge).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "proxy/proxy.h"
+#include "storage/pipeline.h"
+#include "storage/projection.h"
+
+#define ERR_SHARD_KEY_NOT_FOUND 61
+#define ERR_CURSOR_IN_USE 292
+#define TWO_PHASE_IN_BATCH 5000
+#define COLLECT_BATCH 5000
+
+typedef struct ctx {
+	proxy *p;
+	wire_req *req;
+	const bson_t *cmd;
+	const char *db;
+	char ns[512];
+	const char *coll;
+	uint64_t deadline_ms;
+	int backoff_ms;
+} ctx;
+
+static uint64_t now_ms(void)
+{
+	return uv_hrtime() / 1000000u;
+}
+
+/* ---------- small helpers ---------- */
+
+static bool is_session_field(const char *k)
+{
+	static const char *const drop[] = {"$db", "lsid", "txnNumber", "$clusterTime",
+					   "$readPreference", "autocommit", "startTransaction",
+					   "apiVersion", "apiStrict", "apiDeprecationErrors",
+					   "$audit", "$client", "readConcern", NULL};
+	size_t i;
+
+	for (i = 0; drop[i]; i++)
+		if (strcmp(k, drop[i]) == 0)
+			return true;
+	return false;
+}
+
+/* Copy cmd without session fields and without the names in skip (NULL-terminated). */
+static void copy_cmd(const bson_t *cmd, bson_t *out, const char *const *skip)
+{
+	bson_iter_t it;
+	size_t i;
+
+	if (!bson_iter_init(&it, cmd))
+		return;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		bool drop = is_session_field(k);
+		for (i = 0; skip && skip[i] && !drop; i++)
+			if (strcmp(k, skip[i]) == 0)
+				drop = true;
+		if (!drop)
+			bson_append_iter(out, k, -1, &it);
+	}
+}
+
+static void append_version(bson_t *cmd, const route_chunk *ch)
+{
+	bson_t v;
+
+	bson_append_document_begin(cmd, "$stripedbVersion", -1, &v);
+	BSON_APPEND_UTF8(&v, "chunk", ch->id);
+	BSON_APPEND_INT64(&v, "token", ch->token);
+	bson_append_document_end(cmd, &v);
+}
+
+static bool get_doc(const bson_t *d, const char *name, bson_t *out)
+{
+	bson_iter_t it;
+	uint32_t len;
+	const uint8_t *data;
+
+	if (!bson_iter_init_find(&it, d, name) || !BSON_ITER_HOLDS_DOCUMENT(&it))
+		return false;
+	bson_iter_document(&it, &len, &data);
+	return bson_init_static(out, data, len);
+}
+
+static bool get_array(const bson_t *d, const char *name, bson_t *out)
+{
+	bson_iter_t it;
+	uint32_t len;
+	const uint8_t *data;
+
+	if (!bson_iter_init_find(&it, d, name) || !BSON_ITER_HOLDS_ARRAY(&it))
+		return false;
+	bson_iter_array(&it, &len, &data);
+	return bson_init_static(out, data, len);
+}
+
+static int64_t get_int(const bson_t *d, const char *name, int64_t def)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, d, name) && BSON_ITER_HOLDS_NUMBER(&it))
+		return bson_iter_as_int64(&it);
+	return def;
+}
+
+static bool get_bool(const bson_t *d, const char *name, bool def)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, d, name))
+		return bson_iter_as_bool(&it);
+	return def;
+}
+
+/* True when doc uses server-side JavaScript ($where, $function, $accumulator). */
+static bool uses_js(const bson_t *doc, int depth)
+{
+	bson_iter_t it;
+
+	if (depth > 64 || !bson_iter_init(&it, doc))
+		return false;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "$where") == 0 || strcmp(k, "$function") == 0 ||
+		    strcmp(k, "$accumulator") == 0)
+			return true;
+		if (BSON_ITER_HOLDS_CODE(&it) || BSON_ITER_HOLDS_CODEWSCOPE(&it))
+			return true;
+		if (BSON_ITER_HOLDS_DOCUMENT(&it) || BSON_ITER_HOLDS_ARRAY(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_t sub;
+			if (BSON_ITER_HOLDS_DOCUMENT(&it))
+				bson_iter_document(&it, &len, &data);
+			else
+				bson_iter_array(&it, &len, &data);
+			if (bson_init_static(&sub, data, len) && uses_js(&sub, depth + 1))
+				return true;
+		}
+	}
+	return false;
+}
+
+static void reply_copy(wire_req *req, const bson_t *reply)
+{
+	bson_t *out = bson_new();
+	bson_iter_t it;
+
+	if (bson_iter_init(&it, reply))
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			if (strcmp(k, "$clusterTime") == 0 || strcmp(k, "operationTime") == 0)
+				continue;
+			bson_append_iter(out, k, -1, &it);
+		}
+	wire_req_reply(req, out);
+}
+
+/* Answer with the error a shard gave (code and errmsg kept). */
+static void reply_shard_error(wire_req *req, int cls, const bson_t *reply, const char *neterr)
+{
+	bson_iter_t it;
+	int code = WIRE_ERR_INTERNAL;
+	const char *msg = "shard error";
+
+	if (cls == SHARDCONN_NET_ERR) {
+		bson_t *extra = bson_new();
+		bson_t labels;
+		bson_append_array_begin(extra, "errorLabels", -1, &labels);
+		BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
+		bson_append_array_end(extra, &labels);
+		wire_req_error_extra(req, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
+		return;
+	}
+	if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it))
+		code = (int)bson_iter_as_int64(&it);
+	if (bson_iter_init_find(&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
+		msg = bson_iter_utf8(&it, NULL);
+	wire_req_error(req, code, "%s", msg);
+}
+
+/* Sleep for the StaleConfig backoff; false when the budget is spent. */
+static bool stale_backoff(ctx *c)
+{
+	uint64_t now = now_ms();
+
+	sdb_counter_inc(c->p->m_stale_retries);
+	if (now >= c->deadline_ms)
+		return false;
+	if (c->backoff_ms == 0)
+		c->backoff_ms = 5;
+	else if (c->backoff_ms < 200)
+		c->backoff_ms *= 2;
+	if (now + (uint64_t)c->backoff_ms > c->deadline_ms)
+		c->backoff_ms = (int)(c->deadline_ms - now);
+	uv_sleep((unsigned)c->backoff_ms);
+	return true;
+}
+
+static route_coll *refresh(ctx *c, route_coll *old)
+{
+	char err[256];
+	route_coll *n = proxy_route(c->p, c->ns, true, err, sizeof err);
+
+	if (n == NULL)
+		return old;
+	if (old)
+		route_coll_unref(old);
+	return n;
+}
+
+/* ---------- forwarding to one shard ---------- */
+
+/* Run a command on a shard; returns SHARDCONN_* and fills reply. */
+static int run_on(ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid, bson_t *reply,
+		  char *neterr, size_t nelen)
+{
+	uint32_t local = 0;
+
+	return shardconn_command(c->p->sc, shard, c->db, cmd, sid ? sid : &local, reply, neterr,
+				 nelen);
+}
+
+/* Wrap a cursor reply of one shard into a proxy cursor and answer the client. */
+static void answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
+			  const char *batch_field, const char *ns)
+{
+	bson_t *out = bson_new();
+	bson_t cd, arr;
+	int code = 0;
+	char err[512];
+	int r;
+
+	bson_init(&arr);
+	r = proxy_cursor_fill(c->p, cur, &arr, batch, &code, err, sizeof err);
+	if (r < 0) {
+		bson_destroy(&arr);
+		bson_destroy(out);
+		proxy_cursor_destroy(c->p, cur);
+		wire_req_error(c->req, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+		return;
+	}
+	bson_append_document_begin(out, "cursor", -1, &cd);
+	if (r == 1 || single) {
+		proxy_cursor_destroy(c->p, cur);
+		BSON_APPEND_INT64(&cd, "id", 0);
+	} else {
+		BSON_APPEND_INT64(&cd, "id", proxy_cursor_register(c->p, cur));
+	}
+	BSON_APPEND_UTF8(&cd, "ns", ns);
+	bson_append_array(&cd, batch_field, -1, &arr);
+	bson_append_document_end(out, &cd);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	bson_destroy(&arr);
+	wire_req_reply(c->req, out);
+}
+
+static void stream_init(pstream *s, const char *shard, const char *db, const char *coll)
+{
+	memset(s, 0, sizeof *s);
+	s->shard = sdb_strdup(shard);
+	s->db = sdb_strdup(db);
+	s->coll = sdb_strdup(coll);
+	s->chunk = -1;
+	bson_init(&s->err_reply);
+}
+
+/* Forward a cursor-returning command to one shard as is, and answer through a proxy cursor. */
+static void forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batch,
+			   bool single)
+{
+	bson_t fwd = BSON_INITIALIZER, reply;
+	pstream *s = sdb_calloc(1, sizeof *s);
+	char nerr[256];
+	int r;
+	bson_iter_t it, cur;
+	const char *ns = c->ns;
+	char nsbuf[512];
+
+	copy_cmd(cmd, &fwd, NULL);
+	stream_init(s, shard, c->db, c->coll ? c->coll : "");
+	r = run_on(c, shard, &fwd, &s->server_id, &reply, nerr, sizeof nerr);
+	if (r != SHARDCONN_OK) {
+		reply_shard_error(c->req, r, &reply, nerr);
+		goto fail;
+	}
+	if (bson_iter_init_find(&it, &reply, "cursor") && bson_iter_recurse(&it, &cur) &&
+	    bson_iter_find(&cur, "ns") && BSON_ITER_HOLDS_UTF8(&cur)) {
+		const char *dot;
+		snprintf(nsbuf, sizeof nsbuf, "%s", bson_iter_utf8(&cur, NULL));
+		ns = nsbuf;
+		dot = strchr(nsbuf, '.');
+		if (dot) {
+			free(s->coll);
+			s->coll = sdb_strdup(dot + 1);
+		}
+	}
+	if (pstream_take_batch(s, &reply, "firstBatch") != 0) {
+		reply_copy(c->req, &reply);
+		goto fail;
+	}
+	bson_destroy(&reply);
+	bson_destroy(&fwd);
+	answer_cursor(c, proxy_cursor_new(c->p, ns, s, 1, NULL, NULL, 0, 0), batch, single,
+		      "firstBatch", ns);
+	return;
+fail:
+	pstream_clear(s);
+	bson_destroy(&s->err_reply);
+	free(s);
+	bson_destroy(&reply);
+	bson_destroy(&fwd);
+}
+
+/* Forward a command to one shard and copy its reply. */
+static void forward_plain(ctx *c, const char *shard, const bson_t *cmd)
+{
+	bson_t fwd = BSON_INITIALIZER, reply;
+	char nerr[256];
+	int r;
+
+	copy_cmd(cmd, &fwd, NULL);
+	r = run_on(c, shard, &fwd, NULL, &reply, nerr, sizeof nerr);
+	if (r == SHARDCONN_OK || r == SHARDCONN_CMD_ERR || r == SHARDCONN_STALE)
+		reply_copy(c->req, &reply);
+	else
+		reply_shard_error(c->req, r, &reply, nerr);
+	bson_destroy(&reply);
+	bson_destroy(&fwd);
+}
+
+static bool with_primary(ctx *c, char **primary)
+{
+	*primary = proxy_primary(c->p);
+	if (*primary == NULL) {
+		wire_req_error(c->req, WIRE_ERR_SHARD_NOT_FOUND,
+			       "no shard is registered in the metadata service");
+		return false;
+	}
+	return true;
+}
+
+/* ---------- scatter reads: per-chunk streams ---------- */
+
+typedef struct scatter {
+	ctx *c;
+	route_coll *rc;
+	size_t *chunks; /* chunk indexes */
+	size_t n;
+	pstream *s;     /* n streams */
+	bson_t *cmds;   /* n commands */
+} scatter;
+
+static void scatter_one(void *arg, size_t i)
+{
+	scatter *sc = arg;
+	pstream *s = &sc->s[i];
+	bson_t reply;
+
+	s->status = run_on(sc->c, s->shard, &sc->cmds[i], &s->server_id, &reply, s->neterr,
+			   sizeof s->neterr);
+	if (s->status == SHARDCONN_OK) {
+		if (pstream_take_batch(s, &reply, "firstBatch") != 0) {
+			s->status = SHARDCONN_CMD_ERR;
+			bson_destroy(&s->err_reply);
+			bson_init(&s->err_reply);
+			BSON_APPEND_INT32(&s->err_reply, "code", WIRE_ERR_INTERNAL);
+			BSON_APPEND_UTF8(&s->err_reply, "errmsg", "shard answered without a cursor");
+		}
+	} else {
+		bson_destroy(&s->err_reply);
+		bson_copy_to(&reply, &s->err_reply);
+	}
+	bson_destroy(&reply);
+}
+
+/* Open one find cursor per selected chunk. base is the find command body without the
+ * collection name, filter, projection or version (those are added here).
+ * Returns SHARDCONN_OK with *out streams (count *nout), or the first failure class with
+ * *fail pointing at the failed stream's error (streams freed, shard cursors killed). */
+static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
+			const bson_t *sort, const bson_t *proj, int64_t batch, pstream **out,
+			size_t *nout, bson_t *err_reply, char *neterr, size_t nelen)
+{
+	scatter sc;
+	size_t i, k = 0;
+	int cls = SHARDCONN_OK;
+
+	memset(&sc, 0, sizeof sc);
+	sc.c = c;
+	sc.rc = rc;
+	sc.chunks = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sc.chunks);
+	for (i = 0; i < rc->nchunks; i++)
+		if (sel[i])
+			sc.chunks[sc.n++] = i;
+	sc.s = sdb_calloc(sc.n ? sc.n : 1, sizeof *sc.s);
+	sc.cmds = sdb_calloc(sc.n ? sc.n : 1, sizeof *sc.cmds);
+	for (i = 0; i < sc.n; i++) {
+		route_chunk *ch = &rc->chunks[sc.chunks[i]];
+		stream_init(&sc.s[i], ch->shard, c->db, c->coll);
+		sc.s[i].rcoll = rc;
+		route_coll_ref(rc);
+		sc.s[i].chunk = (ssize_t)sc.chunks[i];
+		bson_init(&sc.cmds[i]);
+		BSON_APPEND_UTF8(&sc.cmds[i], "find", c->coll);
+		if (filter && !bson_empty(filter))
+			BSON_APPEND_DOCUMENT(&sc.cmds[i], "filter", filter);
+		if (sort && !bson_empty(sort))
+			BSON_APPEND_DOCUMENT(&sc.cmds[i], "sort", sort);
+		if (proj && !bson_empty(proj))
+			BSON_APPEND_DOCUMENT(&sc.cmds[i], "projection", proj);
+		BSON_APPEND_INT64(&sc.cmds[i], "batchSize", batch);
+		append_version(&sc.cmds[i], ch);
+	}
+	shardconn_fanout(c->p->sc, sc.n, scatter_one, &sc);
+	for (i = 0; i < sc.n; i++) {
+		if (sc.s[i].status != SHARDCONN_OK && cls == SHARDCONN_OK) {
+			cls = sc.s[i].status;
+			bson_copy_to(&sc.s[i].err_reply, err_reply);
+			snprintf(neterr, nelen, "%s", sc.s[i].neterr);
+		}
+		if (sc.s[i].status == SHARDCONN_STALE)
+			cls = SHARDCONN_STALE;
+	}
+	for (i = 0; i < sc.n; i++)
+		bson_destroy(&sc.cmds[i]);
+	free(sc.cmds);
+	free(sc.chunks);
+	if (cls != SHARDCONN_OK) {
+		proxy_cursor *tmp = proxy_cursor_new(c->p, c->ns, sc.s, sc.n, NULL, NULL, 0, 0);
+		proxy_cursor_destroy(c->p, tmp);
+		*out = NULL;
+		*nout = 0;
+		return cls;
+	}
+	*out = sc.s;
+	*nout = sc.n;
+	(void)k;
+	return SHARDCONN_OK;
+}
+
+/* A merged cursor over the chunks a filter targets, retrying StaleConfig within budget.
+ * On failure the client has been answered and NULL is returned. */
+static proxy_cursor *open_merged(ctx *c, route_coll **rcp, const bson_t *filter,
+				 const bson_t *sort_spec, const bson_t *shard_proj, merge_sort *sort,
+				 sdb_projection *proj, int64_t skip, int64_t limit, int64_t batch)
+{
+	for (;;) {
+		route_coll *rc = *rcp;
+		bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
+		bool exact;
+		size_t nsel = route_target(rc, filter, sel, &exact);
+		pstream *s;
+		size_t n;
+		bson_t err_reply;
+		char nerr[256];
+		int cls;
+
+		bson_init(&err_reply);
+		if (nsel < rc->nchunks)
+			sdb_counter_inc(c->p->m_targeted);
+		else
+			sdb_counter_inc(c->p->m_scatter);
+		cls = scatter_open(c, rc, sel, filter, sort_spec, shard_proj, batch, &s, &n,
+				   &err_reply, nerr, sizeof nerr);
+		free(sel);
+		if (cls == SHARDCONN_OK) {
+			bson_destroy(&err_reply);
+			return proxy_cursor_new(c->p, c->ns, s, n, sort, proj, skip, limit);
+		}
+		if (cls == SHARDCONN_STALE && stale_backoff(c)) {
+			bson_destroy(&err_reply);
+			*rcp = refresh(c, *rcp);
+			continue;
+		}
+		reply_shard_error(c->req, cls, &err_reply, nerr);
+		bson_destroy(&err_reply);
+		merge_sort_free(sort);
+		sdb_projection_free(proj);
+		return NULL;
+	}
+}
+
+static route_coll *route_or_fail(ctx *c)
+{
+	char err[256];
+	route_coll *rc = proxy_route(c->p, c->ns, false, err, sizeof err);
+
+	if (rc == NULL)
+		wire_req_error(c->req, WIRE_ERR_HOST_UNREACHABLE,
+			       "routing of %s unavailable: %s", c->ns, err);
+	return rc;
+}
+
+/* ---------- find / getMore / killCursors ---------- */
+
+static void do_find(ctx *c)
+{
+	bson_t filter, sort_spec, proj_spec;
+	bool has_filter = get_doc(c->cmd, "filter", &filter);
+	bool has_sort = get_doc(c->cmd, "sort", &sort_spec);
+	bool has_proj = get_doc(c->cmd, "projection", &proj_spec);
+	int64_t skip = get_int(c->cmd, "skip", 0);
+	int64_t limit = get_int(c->cmd, "limit", 0);
+	int64_t batch = get_int(c->cmd, "batchSize", 101);
+	bool single = get_bool(c->cmd, "singleBatch", false);
+	route_coll *rc;
+	merge_sort *sort = NULL;
+	sdb_projection *proj = NULL;
+	proxy_cursor *cur;
+	int code = 0;
+	char err[256];
+	int64_t pushed;
+
+	if (has_filter && uses_js(&filter, 0)) {
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
+			       "$where and server-side JavaScript are not allowed on stripedb");
+		return;
+	}
+	if (skip < 0 || batch < 0) {
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "skip and batchSize must be >= 0");
+		return;
+	}
+	if (limit < 0) {
+		limit = -limit;
+		single = true;
+	}
+	rc = route_or_fail(c);
+	if (rc == NULL)
+		return;
+	if (rc->nkeys == 0) {
+		char *primary;
+		route_coll_unref(rc);
+		if (with_primary(c, &primary)) {
+			forward_cursor(c, primary, c->cmd, batch, single);
+			free(primary);
+		}
+		return;
+	}
+	if (merge_sort_parse(has_sort ? &sort_spec : NULL, &sort, &code, err, sizeof err) != 0) {
+		route_coll_unref(rc);
+		wire_req_error(c->req, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		return;
+	}
+	if (has_proj && !bson_empty(&proj_spec) &&
+	    sdb_projection_new(&proj_spec, &proj, &code, err, sizeof err) != 0) {
+		route_coll_unref(rc);
+		merge_sort_free(sort);
+		wire_req_error(c->req, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		return;
+	}
+	pushed = merge_pushdown_limit(skip, limit);
+	if (pushed == 0 || pushed > 1000)
+		pushed = 1000;
+	if (batch > 0 && batch + skip < pushed)
+		pushed = batch + skip;
+	if (pushed < 1)
+		pushed = 1;
+	cur = open_merged(c, &rc, has_filter ? &filter : NULL, has_sort ? &sort_spec : NULL, NULL,
+			  sort, proj, skip, limit, pushed);
+	route_coll_unref(rc);
+	if (cur)
+		answer_cursor(c, cur, batch, single, "firstBatch", c->ns);
+}
+
+static void do_get_more(ctx *c)
+{
+	bson_iter_t it;
+	int64_t id = 0;
+	const char *coll = NULL;
+	proxy_cursor *cur;
+	bson_t *out, cd, arr;
+	int code = 0, r;
+	char err[512], ns[512];
+
+	if (bson_iter_init_find(&it, c->cmd, "getMore") && BSON_ITER_HOLDS_NUMBER(&it))
+		id = bson_iter_as_int64(&it);
+	if (bson_iter_init_find(&it, c->cmd, "collection") && BSON_ITER_HOLDS_UTF8(&it))
+		coll = bson_iter_utf8(&it, NULL);
+	if (id == 0 || coll == NULL) {
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "getMore needs a cursor id and collection");
+		return;
+	}
+	snprintf(ns, sizeof ns, "%s.%s", c->db, coll);
+	cur = proxy_cursor_checkout(c->p, id, NULL);
+	if (cur == NULL) {
+		wire_req_error(c->req, WIRE_ERR_CURSOR_NOT_FOUND, "cursor id %lld not found",
+			       (long long)id);
+		return;
+	}
+	bson_init(&arr);
+	r = proxy_cursor_fill(c->p, cur, &arr, get_int(c->cmd, "batchSize", 0), &code, err,
+			      sizeof err);
+	if (r < 0) {
+		bson_destroy(&arr);
+		proxy_cursor_destroy(c->p, cur);
+		wire_req_error(c->req, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+		return;
+	}
+	out = bson_new();
+	bson_append_document_begin(out, "cursor", -1, &cd);
+	if (r == 1) {
+		proxy_cursor_destroy(c->p, cur);
+		BSON_APPEND_INT64(&cd, "id", 0);
+	} else {
+		proxy_cursor_checkin(c->p, cur);
+		BSON_APPEND_INT64(&cd, "id", id);
+	}
+	BSON_APPEND_UTF8(&cd, "ns", ns);
+	bson_append_array(&cd, "nextBatch", -1, &arr);
+	bson_append_document_end(out, &cd);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	bson_destroy(&arr);
+	wire_req_reply(c->req, out);
+}
+
+static void do_kill_cursors(ctx *c)
+{
+	bson_t ids, *out = bson_new(), killed, notfound, empty;
+	bson_iter_t it;
+	size_t nk = 0, nn = 0;
+	char k[24];
+
+	bson_append_array_begin(out, "cursorsKilled", -1, &killed);
+	if (get_array(c->cmd, "cursors", &ids) && bson_iter_init(&it, &ids)) {
+		while (bson_iter_next(&it)) {
+			int64_t id = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
+			proxy_cursor *cur = proxy_cursor_checkout(c->p, id, NULL);
+			if (cur) {
+				proxy_cursor_destroy(c->p, cur);
+				snprintf(k, sizeof k, "%zu", nk++);
+				BSON_APPEND_INT64(&killed, k, id);
+			}
+		}
+	}
+	bson_append_array_end(out, &killed);
+	bson_append_array_begin(out, "cursorsNotFound", -1, &notfound);
+	if (get_array(c->cmd, "cursors", &ids) && bson_iter_init(&it, &ids)) {
+		while (bson_iter_next(&it)) {
+			int64_t id = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
+			bool was_killed = false;
+			bson_iter_t kit;
+			if (bson_iter_init(&kit, out) && bson_iter_find(&kit, "cursorsKilled")) {
+				bson_iter_t a;
+				bson_iter_recurse(&kit, &a);
+				while (bson_iter_next(&a))
+					if (bson_iter_as_int64(&a) == id)
+						was_killed = true;
+			}
+			if (!was_killed) {
+				snprintf(k, sizeof k, "%zu", nn++);
+				BSON_APPEND_INT64(&notfound, k, id);
+			}
+		}
+	}
+	bson_append_array_end(out, &notfound);
+	bson_append_array_begin(out, "cursorsAlive", -1, &empty);
+	bson_append_array_end(out, &empty);
+	bson_append_array_begin(out, "cursorsUnknown", -1, &empty);
+	bson_append_array_end(out, &empty);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	wire_req_reply(c->req, out);
+}
+
+/* ---------- write results ---------- */
+
+typedef struct wresult {
+	int64_t n, n_modified;
+	bson_t errors;   /* array being collected unsorted: {index, code, errmsg, ...} */
+	size_t nerr;
+	bson_t upserted; /* {index, _id} */
+	size_t nups;
+	uv_mutex_t mu;
+	bool stop;       /* ordered batch stopped */
+	int64_t first_err_index;
+} wresult;
+
+static void wresult_init(wresult *w)
+{
+	memset(w, 0, sizeof *w);
+	bson_init(&w->errors);
+	bson_init(&w->upserted);
+	uv_mutex_init(&w->mu);
+	w->first_err_index = INT64_MAX;
+}
+
+static void wresult_destroy(wresult *w)
+{
+	bson_destroy(&w->errors);
+	bson_destroy(&w->upserted);
+	uv_mutex_destroy(&w->mu);
+}
+
+/* Add a write error at the client's index idx: from a shard's entry (copied except index)
+ * or from code/msg. */
+static void wresult_error(wresult *w, int64_t idx, const bson_iter_t *entry, int code,
+			  const char *msg)
+{
+	bson_t e;
+	char k[24];
+
+	uv_mutex_lock(&w->mu);
+	snprintf(k, sizeof k, "%zu", w->nerr++);
+	bson_append_document_begin(&w->errors, k, -1, &e);
+	BSON_APPEND_INT64(&e, "index", idx);
+	if (entry) {
+		bson_iter_t it;
+		bson_iter_recurse(entry, &it);
+		while (bson_iter_next(&it))
+			if (strcmp(bson_iter_key(&it), "index") != 0)
+				bson_append_iter(&e, bson_iter_key(&it), -1, &it);
+	} else {
+		BSON_APPEND_INT32(&e, "code", code);
+		BSON_APPEND_UTF8(&e, "codeName", wire_code_name(code));
+		BSON_APPEND_UTF8(&e, "errmsg", msg);
+	}
+	bson_append_document_end(&w->errors, &e);
+	if (idx < w->first_err_index)
+		w->first_err_index = idx;
+	uv_mutex_unlock(&w->mu);
+}
+
+static void wresult_upserted(wresult *w, int64_t idx, const bson_iter_t *id)
+{
+	bson_t e;
+	char k[24];
+
+	uv_mutex_lock(&w->mu);
+	snprintf(k, sizeof k, "%zu", w->nups++);
+	bson_append_document_begin(&w->upserted, k, -1, &e);
+	BSON_APPEND_INT64(&e, "index", idx);
+	bson_append_iter(&e, "_id", -1, id);
+	bson_append_document_end(&w->upserted, &e);
+	uv_mutex_unlock(&w->mu);
+}
+
+/* Documents kept as (data, len) rather than bson_t: a bson_t view points at itself and
+ * must never be moved (qsort, realloc). */
+typedef struct idxdoc {
+	int64_t idx;
+	const uint8_t *data;
+	uint32_t len;
+} idxdoc;
+
+static int idx_cmp(const void *a, const void *b)
+{
+	const idxdoc *x = a, *y = b;
+
+	return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Append an array `name` of the documents of src sorted by their index field. */
+static void append_sorted(bson_t *out, const char *name, const bson_t *src, size_t n)
+{
+	idxdoc *v = sdb_calloc(n ? n : 1, sizeof *v);
+	bson_iter_t it;
+	bson_t arr;
+	size_t i = 0;
+	char k[24];
+
+	if (bson_iter_init(&it, src))
+		while (bson_iter_next(&it) && i < n) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_t view;
+			bson_iter_document(&it, &len, &data);
+			if (!bson_init_static(&view, data, len))
+				continue;
+			v[i].data = data;
+			v[i].len = len;
+			v[i].idx = get_int(&view, "index", 0);
+			i++;
+		}
+	qsort(v, i, sizeof *v, idx_cmp);
+	bson_append_array_begin(out, name, -1, &arr);
+	for (size_t j = 0; j < i; j++) {
+		bson_t view;
+		snprintf(k, sizeof k, "%zu", j);
+		if (bson_init_static(&view, v[j].data, v[j].len))
+			BSON_APPEND_DOCUMENT(&arr, k, &view);
+	}
+	bson_append_array_end(out, &arr);
+	free(v);
+}
+
+static void answer_write(ctx *c, wresult *w, bool is_update)
+{
+	bson_t *out = bson_new();
+
+	BSON_APPEND_INT64(out, "n", w->n);
+	if (is_update) {
+		BSON_APPEND_INT64(out, "nModified", w->n_modified);
+		if (w->nups)
+			append_sorted(out, "upserted", &w->upserted, w->nups);
+	}
+	if (w->nerr)
+		append_sorted(out, "writeErrors", &w->errors, w->nerr);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	wire_req_reply(c->req, out);
+}
+
+/* Fold one shard write reply into w; map[i] is the client index of the i-th statement
+ * sent. Returns the number of statements the shard reported as errors. */
+static size_t fold_write_reply(wresult *w, const bson_t *reply, const int64_t *map, size_t nmap)
+{
+	bson_iter_t it, arr;
+	size_t nerr = 0;
+
+	uv_mutex_lock(&w->mu);
+	w->n += get_int(reply, "n", 0);
+	w->n_modified += get_int(reply, "nModified", 0);
+	uv_mutex_unlock(&w->mu);
+	if (bson_iter_init_find(&it, reply, "upserted") && bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			bson_iter_t e, id;
+			int64_t i = 0;
+			if (!bson_iter_recurse(&arr, &e))
+				continue;
+			if (bson_iter_find(&e, "index"))
+				i = bson_iter_as_int64(&e);
+			bson_iter_recurse(&arr, &id);
+			if (bson_iter_find(&id, "_id") && i >= 0 && (size_t)i < nmap)
+				wresult_upserted(w, map[i], &id);
+		}
+	}
+	if (bson_iter_init_find(&it, reply, "writeErrors") && bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			bson_iter_t e;
+			int64_t i = 0;
+			if (!bson_iter_recurse(&arr, &e))
+				continue;
+			if (bson_iter_find(&e, "index"))
+				i = bson_iter_as_int64(&e);
+			if (i < 0 || (size_t)i >= nmap)
+				i = 0;
+			wresult_error(w, map[i], &arr, 0, NULL);
+			nerr++;
+		}
+	}
+	return nerr;
+}
+
+static void error_from_reply(const bson_t *reply, int cls, const char *neterr, int *code,
+			     char *msg, size_t msglen)
+{
+	bson_iter_t it;
+
+	if (cls == SHARDCONN_NET_ERR) {
+		*code = WIRE_ERR_HOST_UNREACHABLE;
+		snprintf(msg, msglen, "%s", neterr);
+		return;
+	}
+	*code = (int)get_int(reply, "code", WIRE_ERR_INTERNAL);
+	if (bson_iter_init_find(&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
+		snprintf(msg, msglen, "%s", bson_iter_utf8(&it, NULL));
+	else
+		snprintf(msg, msglen, "shard error");
+}
+
+/* ---------- insert ---------- */
+
+typedef struct ins_doc {
+	int64_t idx;      /* client index */
+	const uint8_t *data; /* the document, inside the command */
+	uint32_t len;
+	ssize_t chunk;
+} ins_doc;
+
+static void ins_view(const ins_doc *d, bson_t *view)
+{
+	if (!bson_init_static(view, d->data, d->len))
+		bson_init(view);
+}
+
+typedef struct ins_group {
+	ctx *c;
+	route_coll *rc;
+	ins_doc **docs;
+	size_t n;
+	ssize_t chunk;
+	bool ordered;
+	wresult *w;
+	int cls;        /* result class */
+	size_t done;    /* docs handled before a stale answer (ordered) */
+} ins_group;
+
+static void ins_send(void *arg, size_t gi)
+{
+	ins_group *g = &((ins_group *)arg)[gi];
+	route_chunk *ch = &g->rc->chunks[g->chunk];
+	bson_t cmd = BSON_INITIALIZER, arr, reply;
+	int64_t *map = sdb_calloc(g->n, sizeof *map);
+	char k[24], nerr[256];
+	size_t i;
+
+	BSON_APPEND_UTF8(&cmd, "insert", g->c->coll);
+	bson_append_array_begin(&cmd, "documents", -1, &arr);
+	for (i = 0; i < g->n; i++) {
+		bson_t view;
+		snprintf(k, sizeof k, "%zu", i);
+		ins_view(g->docs[i], &view);
+		BSON_APPEND_DOCUMENT(&arr, k, &view);
+		map[i] = g->docs[i]->idx;
+	}
+	bson_append_array_end(&cmd, &arr);
+	BSON_APPEND_BOOL(&cmd, "ordered", g->ordered);
+	append_version(&cmd, ch);
+	g->cls = run_on(g->c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
+	if (g->cls == SHARDCONN_OK) {
+		fold_write_reply(g->w, &reply, map, g->n);
+	} else if (g->cls != SHARDCONN_STALE) {
+		int code;
+		char msg[512];
+		error_from_reply(&reply, g->cls, nerr, &code, msg, sizeof msg);
+		for (i = 0; i < g->n; i++) {
+			wresult_error(g->w, g->docs[i]->idx, NULL, code, msg);
+			if (g->ordered)
+				break;
+		}
+	}
+	free(map);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
+/* Insert docs (client order) with routing rc; retries StaleConfig parts. */
+static void insert_docs(ctx *c, route_coll **rcp, ins_doc **docs, size_t n, bool ordered,
+			wresult *w)
+{
+	size_t i;
+
+	while (n > 0) {
+		route_coll *rc = *rcp;
+		ins_group *g = sdb_calloc(n, sizeof *g);
+		size_t ng = 0, nstale = 0;
+		ins_doc **stale = sdb_calloc(n, sizeof *stale);
+		char err[256];
+
+		for (i = 0; i < n; i++) {
+			bson_t key = BSON_INITIALIZER, view;
+			docs[i]->chunk = -1;
+			ins_view(docs[i], &view);
+			if (route_key_from_doc(rc, &view, &key, err, sizeof err) != 0) {
+				bson_destroy(&key);
+				wresult_error(w, docs[i]->idx, NULL, WIRE_ERR_BAD_VALUE, err);
+				if (ordered)
+					break;
+				continue;
+			}
+			docs[i]->chunk = route_find_chunk(rc, &key);
+			bson_destroy(&key);
+			if (docs[i]->chunk < 0) {
+				wresult_error(w, docs[i]->idx, NULL, WIRE_ERR_SHARD_NOT_FOUND,
+					      "no chunk of the routing table holds this shard key");
+				if (ordered)
+					break;
+			}
+		}
+		if (ordered) {
+			/* consecutive runs, one at a time, stop at the first error */
+			size_t start = 0;
+			while (start < n && docs[start]->chunk >= 0) {
+				size_t end = start;
+				ins_group run;
+				size_t before = w->nerr;
+				while (end < n && docs[end]->chunk == docs[start]->chunk)
+					end++;
+				memset(&run, 0, sizeof run);
+				run.c = c;
+				run.rc = rc;
+				run.docs = &docs[start];
+				run.n = end - start;
+				run.chunk = docs[start]->chunk;
+				run.ordered = true;
+				run.w = w;
+				ins_send(&run, 0);
+				if (run.cls == SHARDCONN_STALE) {
+					for (i = start; i < n; i++)
+						stale[nstale++] = docs[i];
+					break;
+				}
+				if (w->nerr > before)
+					break;
+				start = end;
+			}
+		} else {
+			/* one group per chunk, sent in parallel */
+			for (i = 0; i < n; i++) {
+				size_t j;
+				if (docs[i]->chunk < 0)
+					continue;
+				for (j = 0; j < ng; j++)
+					if (g[j].chunk == docs[i]->chunk)
+						break;
+				if (j == ng) {
+					g[ng].c = c;
+					g[ng].rc = rc;
+					g[ng].docs = sdb_calloc(n, sizeof *g[ng].docs);
+					g[ng].chunk = docs[i]->chunk;
+					g[ng].w = w;
+					ng++;
+				}
+				g[j].docs[g[j].n++] = docs[i];
+			}
+			shardconn_fanout(c->p->sc, ng, ins_send, g);
+			for (i = 0; i < ng; i++) {
+				if (g[i].cls == SHARDCONN_STALE)
+					for (size_t j = 0; j < g[i].n; j++)
+						stale[nstale++] = g[i].docs[j];
+				free(g[i].docs);
+			}
+		}
+		free(g);
+		if (nstale == 0) {
+			free(stale);
+			return;
+		}
+		if (!stale_backoff(c)) {
+			for (i = 0; i < nstale; i++) {
+				wresult_error(w, stale[i]->idx, NULL, WIRE_ERR_STALE_CONFIG,
+					      "routing kept changing: StaleConfig retry budget exhausted");
+				if (ordered)
+					break;
+			}
+			free(stale);
+			return;
+		}
+		*rcp = refresh(c, *rcp);
+		memmove(docs, stale, nstale * sizeof *docs);
+		n = nstale;
+		free(stale);
+	}
+}
+
+static void do_insert(ctx *c)
+{
+	bson_t docs;
+	bson_iter_t it;
+	route_coll *rc;
+	ins_doc *items = NULL, **ptrs = NULL;
+	size_t n = 0, cap = 0, i;
+	wresult w;
+	bool ordered = get_bool(c->cmd, "ordered", true);
+
+	rc = route_or_fail(c);
+	if (rc == NULL)
+		return;
+	if (rc->nkeys == 0) {
+		char *primary;
+		route_coll_unref(rc);
+		if (with_primary(c, &primary)) {
+			forward_plain(c, primary, c->cmd);
+			free(primary);
+		}
+		return;
+	}
+	if (!get_array(c->cmd, "documents", &docs)) {
+		route_coll_unref(rc);
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "insert needs a documents array");
+		return;
+	}
+	bson_iter_init(&it, &docs);
+	while (bson_iter_next(&it)) {
+		uint32_t len;
+		const uint8_t *data;
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			items = sdb_realloc(items, cap * sizeof *items);
+		}
+		items[n].idx = (int64_t)n;
+		items[n].data = NULL;
+		items[n].len = 0;
+		if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			bson_iter_document(&it, &len, &data);
+			items[n].data = data;
+			items[n].len = len;
+		}
+		n++;
+	}
+	ptrs = sdb_calloc(n ? n : 1, sizeof *ptrs);
+	for (i = 0; i < n; i++)
+		ptrs[i] = &items[i];
+	wresult_init(&w);
+	insert_docs(c, &rc, ptrs, n, ordered, &w);
+	route_coll_unref(rc);
+	answer_write(c, &w, false);
+	wresult_destroy(&w);
+	free(ptrs);
+	free(items);
+}
+
+/* ---------- two-phase writes: collect owned documents of one chunk ---------- */
+
+static void key_projection(const route_coll *rc, bson_t *proj)
+{
+	size_t i;
+
+	BSON_APPEND_INT32(proj, "_id", 1);
+	for (i = 0; i < rc->nkeys; i++)
+		if (strcmp(rc->keys[i], "_id") != 0)
+			BSON_APPEND_INT32(proj, rc->keys[i], 1);
+}
+
+/* Collect from chunk ci the owned documents matching q (in sort order when sort is given),
+ * at most limit (0 = all): their _id values into ids (an array being built; *n counts),
+ * or, when docs is not NULL, the whole documents into docs. Returns SHARDCONN_*;
+ * on failure err_reply/nerr hold the error. */
+static int collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const bson_t *sort,
+			 int64_t limit, bson_t *ids, bson_t *docs, size_t *n, bson_t *err_reply,
+			 char *nerr, size_t nelen)
+{
+	route_chunk *ch = &rc->chunks[ci];
+	pstream *s = sdb_calloc(1, sizeof *s);
+	bson_t cmd = BSON_INITIALIZER, proj = BSON_INITIALIZER, reply;
+	proxy_cursor *cur;
+	int cls, code = 0;
+	char err[512], k[24];
+
+	stream_init(s, ch->shard, c->db, c->coll);
+	s->rcoll = rc;
+	route_coll_ref(rc);
+	s->chunk = (ssize_t)ci;
+	BSON_APPEND_UTF8(&cmd, "find", c->coll);
+	if (q && !bson_empty(q))
+		BSON_APPEND_DOCUMENT(&cmd, "filter", q);
+	if (sort && !bson_empty(sort))
+		BSON_APPEND_DOCUMENT(&cmd, "sort", sort);
+	if (docs == NULL) {
+		key_projection(rc, &proj);
+		BSON_APPEND_DOCUMENT(&cmd, "projection", &proj);
+	}
+	BSON_APPEND_INT64(&cmd, "batchSize", limit > 0 && limit < COLLECT_BATCH ? limit + 16
+									     : COLLECT_BATCH);
+	append_version(&cmd, ch);
+	cls = run_on(c, ch->shard, &cmd, &s->server_id, &reply, nerr, nelen);
+	bson_destroy(&cmd);
+	bson_destroy(&proj);
+	if (cls == SHARDCONN_OK && pstream_take_batch(s, &reply, "firstBatch") != 0) {
+		cls = SHARDCONN_CMD_ERR;
+		bson_destroy(&reply);
+		bson_init(&reply);
+		BSON_APPEND_INT32(&reply, "code", WIRE_ERR_INTERNAL);
+		BSON_APPEND_UTF8(&reply, "errmsg", "shard answered find without a cursor");
+	}
+	if (cls != SHARDCONN_OK) {
+		bson_copy_to(&reply, err_reply);
+		bson_destroy(&reply);
+		pstream_clear(s);
+		bson_destroy(&s->err_reply);
+		free(s);
+		return cls;
+	}
+	bson_destroy(&reply);
+	cur = proxy_cursor_new(c->p, c->ns, s, 1, NULL, NULL, 0, limit);
+	for (;;) {
+		bson_t *d;
+		int r = proxy_cursor_next(c->p, cur, &d, &code, err, sizeof err);
+		bson_iter_t it;
+		if (r < 0) {
+			cls = SHARDCONN_CMD_ERR;
+			bson_init(err_reply);
+			BSON_APPEND_INT32(err_reply, "code", code ? code : WIRE_ERR_INTERNAL);
+			BSON_APPEND_UTF8(err_reply, "errmsg", err);
+			break;
+		}
+		if (r == 0)
+			break;
+		snprintf(k, sizeof k, "%zu", *n);
+		if (docs) {
+			BSON_APPEND_DOCUMENT(docs, k, d);
+			(*n)++;
+		} else if (bson_iter_init_find(&it, d, "_id")) {
+			bson_append_iter(ids, k, -1, &it);
+			(*n)++;
+		}
+		bson_destroy(d);
+	}
+	proxy_cursor_destroy(c->p, cur);
+	return cls;
+}
+
+/* ---------- update / delete ---------- */
+
+typedef struct wstmt {
+	bool is_update;
+	int64_t idx;       /* client index */
+	bson_t stmt;       /* view: {q, u, multi, upsert, ...} or {q, limit} */
+	bson_t q;
+	bool multi;
+	bool upsert;
+} wstmt;
+
+/* Send one statement (possibly rewritten with q2) to chunk ci. Returns SHARDCONN_*; folds
+ * the result into w (with index idx) unless stale. */
+static int send_stmt(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bson_t *q2,
+		     bool force_multi, wresult *w)
+{
+	route_chunk *ch = &rc->chunks[ci];
+	bson_t cmd = BSON_INITIALIZER, arr, st, reply;
+	bson_iter_t it;
+	int64_t map[1] = {s->idx};
+	char nerr[256];
+	int cls;
+
+	BSON_APPEND_UTF8(&cmd, s->is_update ? "update" : "delete", c->coll);
+	bson_append_array_begin(&cmd, s->is_update ? "updates" : "deletes", -1, &arr);
+	bson_append_document_begin(&arr, "0", -1, &st);
+	bson_iter_init(&it, &s->stmt);
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (q2 && strcmp(k, "q") == 0)
+			BSON_APPEND_DOCUMENT(&st, "q", q2);
+		else if (force_multi && s->is_update && strcmp(k, "multi") == 0)
+			continue;
+		else if (q2 && strcmp(k, "upsert") == 0)
+			continue;
+		else
+			bson_append_iter(&st, k, -1, &it);
+	}
+	if (force_multi && s->is_update)
+		BSON_APPEND_BOOL(&st, "multi", true);
+	bson_append_document_end(&arr, &st);
+	bson_append_array_end(&cmd, &arr);
+	BSON_APPEND_BOOL(&cmd, "ordered", true);
+	append_version(&cmd, ch);
+	cls = run_on(c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
+	if (cls == SHARDCONN_OK) {
+		fold_write_reply(w, &reply, map, 1);
+	} else if (cls != SHARDCONN_STALE) {
+		int code;
+		char msg[512];
+		error_from_reply(&reply, cls, nerr, &code, msg, sizeof msg);
+		wresult_error(w, s->idx, NULL, code, msg);
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return cls;
+}
+
+/* {$and: [q, {_id: {$in: ids}}]} */
+static void and_ids(const bson_t *q, const bson_t *ids, bson_t *out)
+{
+	bson_t and, d, idd;
+
+	bson_init(out);
+	bson_append_array_begin(out, "$and", -1, &and);
+	BSON_APPEND_DOCUMENT(&and, "0", q);
+	bson_append_document_begin(&and, "1", -1, &d);
+	bson_append_document_begin(&d, "_id", -1, &idd);
+	bson_append_array(&idd, "$in", -1, ids);
+	bson_append_document_end(&d, &idd);
+	bson_append_document_end(&and, &d);
+	bson_append_array_end(out, &and);
+}
+
+/* Multi statement over chunk ci: collect owned ids, then write them in batches.
+ * Returns SHARDCONN_* (STALE: nothing of this chunk is known to be applied in the failed
+ * batch; earlier batches were applied and are not re-sent). */
+static int multi_on_chunk(ctx *c, route_coll *rc, size_t ci, const wstmt *s, wresult *w,
+			  int64_t limit, bool *touched)
+{
+	bson_t ids = BSON_INITIALIZER, err_reply = BSON_INITIALIZER;
+	size_t n = 0;
+	char nerr[256];
+	int cls;
+
+	cls = collect_owned(c, rc, ci, &s->q, NULL, limit, &ids, NULL, &n, &err_reply, nerr,
+			    sizeof nerr);
+	if (cls != SHARDCONN_OK) {
+		if (cls != SHARDCONN_STALE) {
+			int code;
+			char msg[512];
+			error_from_reply(&err_reply, cls, nerr, &code, msg, sizeof msg);
+			wresult_error(w, s->idx, NULL, code, msg);
+		}
+		goto out;
+	}
+	if (n > 0) {
+		/* send in batches of TWO_PHASE_IN_BATCH ids */
+		bson_iter_t it;
+		size_t done = 0;
+		bson_iter_init(&it, &ids);
+		while (done < n) {
+			bson_t part = BSON_INITIALIZER, q2;
+			size_t k = 0;
+			char key[24];
+			while (k < TWO_PHASE_IN_BATCH && bson_iter_next(&it)) {
+				snprintf(key, sizeof key, "%zu", k++);
+				bson_append_iter(&part, key, -1, &it);
+			}
+			done += k;
+			and_ids(&s->q, &part, &q2);
+			cls = send_stmt(c, rc, ci, s, &q2, s->multi, w);
+			bson_destroy(&q2);
+			bson_destroy(&part);
+			if (k == 0 || cls != SHARDCONN_OK)
+				break;
+			*touched = true;
+		}
+	}
+out:
+	bson_destroy(&ids);
+	bson_destroy(&err_reply);
+	return cls;
+}
+
+static bool stmt_parse(const bson_iter_t *elem, bool is_update, int64_t idx, wstmt *s)
+{
+	uint32_t len;
+	const uint8_t *data;
+
+	memset(s, 0, sizeof *s);
+	s->is_update = is_update;
+	s->idx = idx;
+	if (!BSON_ITER_HOLDS_DOCUMENT(elem))
+		return false;
+	bson_iter_document(elem, &len, &data);
+	if (!bson_init_static(&s->stmt, data, len))
+		return false;
+	if (!get_doc(&s->stmt, "q", &s->q))
+		bson_init(&s->q);
+	if (is_update) {
+		s->multi = get_bool(&s->stmt, "multi", false);
+		s->upsert = get_bool(&s->stmt, "upsert", false);
+	} else {
+		s->multi = get_int(&s->stmt, "limit", 0) == 0;
+	}
+	return true;
+}
+
+/* One update/delete statement on a sharded collection. Returns false when an ordered
+ * batch must stop (the statement failed). */
+static bool write_stmt(ctx *c, route_coll **rcp, const wstmt *s, wresult *w)
+{
+	size_t before = w->nerr;
+	char err[512];
+	bool *done_ranges = NULL;
+	/* pending chunk ranges (min/max copies) still to process for a multi statement */
+	bson_t **pmin = NULL, **pmax = NULL;
+	size_t npend = 0, cap = 0, i;
+	bool first = true;
+
+	if (uses_js(&s->q, 0)) {
+		wresult_error(w, s->idx, NULL, WIRE_ERR_BAD_VALUE,
+			      "$where and server-side JavaScript are not allowed on stripedb");
+		return false;
+	}
+	if (s->is_update) {
+		bson_t u;
+		if (get_doc(&s->stmt, "u", &u) && route_update_changes_key(*rcp, &u, &s->q, err,
+									    sizeof err)) {
+			bool no_key = strstr(err, "without specifying") != NULL;
+			wresult_error(w, s->idx, NULL,
+				      no_key ? ERR_SHARD_KEY_NOT_FOUND : WIRE_ERR_IMMUTABLE_FIELD, err);
+			return false;
+		}
+	}
+	for (;;) {
+		route_coll *rc = *rcp;
+		bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
+		bool exact, stale = false, touched = false;
+		size_t nsel = route_target(rc, &s->q, sel, &exact);
+
+		if (!first) {
+			/* restrict to the ranges refused as stale */
+			bool *r = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *r);
+			bool *acc = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *acc);
+			for (i = 0; i < npend; i++) {
+				route_target_range(rc, pmin[i], pmax[i], r);
+				for (size_t j = 0; j < rc->nchunks; j++)
+					acc[j] = acc[j] || r[j];
+			}
+			nsel = 0;
+			for (i = 0; i < rc->nchunks; i++) {
+				sel[i] = sel[i] && acc[i];
+				nsel += sel[i];
+			}
+			free(r);
+			free(acc);
+			for (i = 0; i < npend; i++) {
+				bson_destroy(pmin[i]);
+				bson_destroy(pmax[i]);
+			}
+			npend = 0;
+		}
+		first = false;
+		if (nsel < rc->nchunks)
+			sdb_counter_inc(c->p->m_targeted);
+		else
+			sdb_counter_inc(c->p->m_scatter);
+		if (exact && nsel == 1) {
+			for (i = 0; !sel[i]; i++)
+				;
+			if (send_stmt(c, rc, i, s, NULL, false, w) == SHARDCONN_STALE)
+				stale = true;
+		} else if (s->upsert) {
+			wresult_error(w, s->idx, NULL, ERR_SHARD_KEY_NOT_FOUND,
+				      "Failed to target upsert by query :: could not extract exact "
+				      "shard key");
+		} else if (nsel == 0) {
+			/* nothing can match */
+		} else if (s->multi) {
+			for (i = 0; i < rc->nchunks && w->nerr == before; i++) {
+				if (!sel[i])
+					continue;
+				if (multi_on_chunk(c, rc, i, s, w, 0, &touched) == SHARDCONN_STALE) {
+					if (npend == cap) {
+						cap = cap ? cap * 2 : 8;
+						pmin = sdb_realloc(pmin, cap * sizeof *pmin);
+						pmax = sdb_realloc(pmax, cap * sizeof *pmax);
+					}
+					pmin[npend] = bson_copy(rc->chunks[i].min);
+					pmax[npend] = bson_copy(rc->chunks[i].max);
+					npend++;
+					stale = true;
+				}
+			}
+		} else {
+			/* single document without an exact key: the first owned match */
+			int64_t n_before = w->n;
+			for (i = 0; i < rc->nchunks && w->nerr == before && w->n == n_before; i++) {
+				if (!sel[i])
+					continue;
+				if (multi_on_chunk(c, rc, i, s, w, 1, &touched) == SHARDCONN_STALE) {
+					stale = true;
+					break;
+				}
+			}
+		}
+		free(sel);
+		if (!stale)
+			break;
+		if (!stale_backoff(c)) {
+			wresult_error(w, s->idx, NULL, WIRE_ERR_STALE_CONFIG,
+				      "routing kept changing: StaleConfig retry budget exhausted");
+			break;
+		}
+		*rcp = refresh(c, *rcp);
+		if (!s->multi || npend == 0)
+			first = true; /* redo the whole statement */
+	}
+	for (i = 0; i < npend; i++) {
+		bson_destroy(pmin[i]);
+		bson_destroy(pmax[i]);
+	}
+	free(pmin);
+	free(pmax);
+	free(done_ranges);
+	return w->nerr == before;
+}
+
+static void do_write(ctx *c, bool is_update)
+{
+	bson_t stmts;
+	bson_iter_t it;
+	route_coll *rc;
+	wresult w;
+	bool ordered = get_bool(c->cmd, "ordered", true);
+	int64_t idx = 0;
+
+	rc = route_or_fail(c);
+	if (rc == NULL)
+		return;
+	if (!get_array(c->cmd, is_update ? "updates" : "deletes", &stmts)) {
+		route_coll_unref(rc);
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "%s needs a %s array",
+			       is_update ? "update" : "delete", is_update ? "updates" : "deletes");
+		return;
+	}
+	if (rc->nkeys == 0) {
+		char *primary;
+		route_coll_unref(rc);
+		if (uses_js(&stmts, 0)) {
+			wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
+				       "$where and server-side JavaScript are not allowed on stripedb");
+			return;
+		}
+		if (with_primary(c, &primary)) {
+			forward_plain(c, primary, c->cmd);
+			free(primary);
+		}
+		return;
+	}
+	wresult_init(&w);
+	bson_iter_init(&it, &stmts);
+	while (bson_iter_next(&it)) {
+		wstmt s;
+		bool ok;
+		if (!stmt_parse(&it, is_update, idx, &s)) {
+			wresult_error(&w, idx, NULL, WIRE_ERR_BAD_VALUE, "statement is not a document");
+			ok = false;
+		} else {
+			ok = write_stmt(c, &rc, &s, &w);
+		}
+		idx++;
+		if (!ok && ordered)
+			break;
+	}
+	route_coll_unref(rc);
+	answer_write(c, &w, is_update);
+	wresult_destroy(&w);
+}
+
+/* ---------- findAndModify ---------- */
+
+static void do_find_and_modify(ctx *c)
+{
+	bson_t query, sort, update;
+	bool has_q = get_doc(c->cmd, "query", &query);
+	bool has_sort = get_doc(c->cmd, "sort", &sort);
+	bool upsert = get_bool(c->cmd, "upsert", false);
+	route_coll *rc;
+	merge_sort *ms = NULL;
+	char err[512];
+	int attempt;
+
+	if (!has_q)
+		bson_init(&query);
+	if (uses_js(&query, 0)) {
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
+			       "$where and server-side JavaScript are not allowed on stripedb");
+		return;
+	}
+	rc = route_or_fail(c);
+	if (rc == NULL)
+		return;
+	if (rc->nkeys == 0) {
+		char *primary;
+		route_coll_unref(rc);
+		if (with_primary(c, &primary)) {
+			forward_plain(c, primary, c->cmd);
+			free(primary);
+		}
+		return;
+	}
+	if (get_doc(c->cmd, "update", &update) &&
+	    route_update_changes_key(rc, &update, &query, err, sizeof err)) {
+		route_coll_unref(rc);
+		wire_req_error(c->req,
+			       strstr(err, "without specifying") ? ERR_SHARD_KEY_NOT_FOUND
+								  : WIRE_ERR_IMMUTABLE_FIELD,
+			       "%s", err);
+		return;
+	}
+	merge_sort_parse(has_sort ? &sort : NULL, &ms, NULL, err, sizeof err);
+	for (attempt = 0;; attempt++) {
+		bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
+		bool exact;
+		size_t nsel = route_target(rc, &query, sel, &exact), i, best_chunk = 0;
+		bson_t reply, fwd = BSON_INITIALIZER, best = BSON_INITIALIZER;
+		bool have_best = false, stale = false;
+		char nerr[256];
+		int cls;
+
+		if (exact && nsel == 1) {
+			for (i = 0; !sel[i]; i++)
+				;
+			copy_cmd(c->cmd, &fwd, NULL);
+			append_version(&fwd, &rc->chunks[i]);
+			cls = run_on(c, rc->chunks[i].shard, &fwd, NULL, &reply, nerr, sizeof nerr);
+			free(sel);
+			bson_destroy(&fwd);
+			bson_destroy(&best);
+			if (cls == SHARDCONN_STALE && stale_backoff(c)) {
+				bson_destroy(&reply);
+				rc = refresh(c, rc);
+				continue;
+			}
+			if (cls == SHARDCONN_NET_ERR)
+				reply_shard_error(c->req, cls, &reply, nerr);
+			else
+				reply_copy(c->req, &reply);
+			bson_destroy(&reply);
+			break;
+		}
+		if (upsert) {
+			free(sel);
+			bson_destroy(&fwd);
+			bson_destroy(&best);
+			wire_req_error(c->req, ERR_SHARD_KEY_NOT_FOUND,
+				       "Query for sharded findAndModify with upsert: true must contain "
+				       "the shard key");
+			break;
+		}
+		/* find the first owned candidate across chunks */
+		for (i = 0; i < rc->nchunks && !stale; i++) {
+			bson_t docs = BSON_INITIALIZER, er = BSON_INITIALIZER;
+			size_t n = 0;
+			bson_iter_t it;
+			if (!sel[i])
+				continue;
+			cls = collect_owned(c, rc, i, &query, has_sort ? &sort : NULL, 1, NULL, &docs,
+					    &n, &er, nerr, sizeof nerr);
+			if (cls == SHARDCONN_STALE) {
+				stale = true;
+			} else if (cls != SHARDCONN_OK) {
+				reply_shard_error(c->req, cls, &er, nerr);
+				bson_destroy(&docs);
+				bson_destroy(&er);
+				goto done_err;
+			} else if (n > 0 && bson_iter_init(&it, &docs) && bson_iter_next(&it)) {
+				uint32_t len;
+				const uint8_t *data;
+				bson_t d;
+				bson_iter_document(&it, &len, &data);
+				bson_init_static(&d, data, len);
+				if (!have_best || merge_sort_cmp(ms, &d, &best) < 0) {
+					bson_destroy(&best);
+					bson_copy_to(&d, &best);
+					best_chunk = i;
+					have_best = true;
+				}
+			}
+			bson_destroy(&docs);
+			bson_destroy(&er);
+		}
+		free(sel);
+		sel = NULL;
+		if (stale) {
+			bson_destroy(&fwd);
+			bson_destroy(&best);
+			if (!stale_backoff(c)) {
+				wire_req_error(c->req, WIRE_ERR_STALE_CONFIG,
+					       "routing kept changing: StaleConfig retry budget exhausted");
+				break;
+			}
+			rc = refresh(c, rc);
+			continue;
+		}
+		if (!have_best) {
+			bson_t *out = bson_new(), leo;
+			bson_destroy(&fwd);
+			bson_destroy(&best);
+			bson_append_document_begin(out, "lastErrorObject", -1, &leo);
+			BSON_APPEND_INT32(&leo, "n", 0);
+			if (!get_bool(c->cmd, "remove", false))
+				BSON_APPEND_BOOL(&leo, "updatedExisting", false);
+			bson_append_document_end(out, &leo);
+			BSON_APPEND_NULL(out, "value");
+			BSON_APPEND_DOUBLE(out, "ok", 1.0);
+			wire_req_reply(c->req, out);
+			break;
+		}
+		{
+			bson_iter_t it, idit;
+			bson_t q2, and, idq;
+			bson_init(&q2);
+			bson_append_array_begin(&q2, "$and", -1, &and);
+			BSON_APPEND_DOCUMENT(&and, "0", &query);
+			bson_append_document_begin(&and, "1", -1, &idq);
+			if (bson_iter_init_find(&idit, &best, "_id"))
+				bson_append_iter(&idq, "_id", -1, &idit);
+			bson_append_document_end(&and, &idq);
+			bson_append_array_end(&q2, &and);
+			bson_iter_init(&it, c->cmd);
+			while (bson_iter_next(&it)) {
+				const char *k = bson_iter_key(&it);
+				if (is_session_field(k) || strcmp(k, "sort") == 0)
+					continue;
+				if (strcmp(k, "query") == 0)
+					continue;
+				bson_append_iter(&fwd, k, -1, &it);
+			}
+			BSON_APPEND_DOCUMENT(&fwd, "query", &q2);
+			append_version(&fwd, &rc->chunks[best_chunk]);
+			bson_destroy(&q2);
+		}
+		cls = run_on(c, rc->chunks[best_chunk].shard, &fwd, NULL, &reply, nerr, sizeof nerr);
+		bson_destroy(&fwd);
+		bson_destroy(&best);
+		if (cls == SHARDCONN_STALE && stale_backoff(c)) {
+			bson_destroy(&reply);
+			rc = refresh(c, rc);
+			continue;
+		}
+		if (cls == SHARDCONN_OK && attempt < 3) {
+			bson_iter_t v;
+			if (bson_iter_init_find(&v, &reply, "value") && BSON_ITER_HOLDS_NULL(&v)) {
+				/* the candidate changed under us: look again */
+				bson_destroy(&reply);
+				continue;
+			}
+		}
+		if (cls == SHARDCONN_NET_ERR)
+			reply_shard_error(c->req, cls, &reply, nerr);
+		else
+			reply_copy(c->req, &reply);
+		bson_destroy(&reply);
+		break;
+	}
+	goto out;
+done_err:
+out:
+	merge_sort_free(ms);
+	route_coll_unref(rc);
+}
+
+/* ---------- count / distinct ---------- */
+
+typedef struct agg_chunk {
+	ctx *c;
+	route_coll *rc;
+	size_t ci;
+	const bson_t *q;
+	const char *distinct_key;
+	int64_t count;
+	merge_distinct *vals;
+	int cls;
+	bson_t err_reply;
+	char nerr[256];
+} agg_chunk;
+
+static void count_one(void *arg, size_t i)
+{
+	agg_chunk *a = &((agg_chunk *)arg)[i];
+	bson_t docs = BSON_INITIALIZER, ids = BSON_INITIALIZER;
+	size_t n = 0;
+
+	if (a->distinct_key) {
+		bson_iter_t it;
+		a->cls = collect_owned(a->c, a->rc, a->ci, a->q, NULL, 0, NULL, &docs, &n,
+				       &a->err_reply, a->nerr, sizeof a->nerr);
+		if (a->cls == SHARDCONN_OK && bson_iter_init(&it, &docs)) {
+			while (bson_iter_next(&it)) {
+				uint32_t len;
+				const uint8_t *data;
+				bson_t d;
+				bson_iter_document(&it, &len, &data);
+				if (bson_init_static(&d, data, len))
+					merge_distinct_add_doc(a->vals, &d, a->distinct_key);
+			}
+		}
+	} else {
+		a->cls = collect_owned(a->c, a->rc, a->ci, a->q, NULL, 0, &ids, NULL, &n,
+				       &a->err_reply, a->nerr, sizeof a->nerr);
+		a->count = (int64_t)n;
+	}
+	bson_destroy(&docs);
+	bson_destroy(&ids);
+}
+
+/* Run count (distinct_key NULL) or distinct over the chunks q targets. */
+static void count_or_distinct(ctx *c, const bson_t *q, const char *distinct_key)
+{
+	route_coll *rc = route_or_fail(c);
+
+	if (rc == NULL)
+		return;
+	if (uses_js(q, 0)) {
+		route_coll_unref(rc);
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
+			       "$where and server-side JavaScript are not allowed on stripedb");
+		return;
+	}
+	if (rc->nkeys == 0) {
+		char *primary;
+		route_coll_unref(rc);
+		if (with_primary(c, &primary)) {
+			forward_plain(c, primary, c->cmd);
+			free(primary);
+		}
+		return;
+	}
+	for (;;) {
+		bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
+		bool exact;
+		size_t nsel = route_target(rc, q, sel, &exact), i, k = 0;
+		agg_chunk *a = sdb_calloc(nsel ? nsel : 1, sizeof *a);
+		int64_t total = 0;
+		int cls = SHARDCONN_OK;
+		size_t bad = 0;
+
+		for (i = 0; i < rc->nchunks; i++) {
+			if (!sel[i])
+				continue;
+			a[k].c = c;
+			a[k].rc = rc;
+			a[k].ci = i;
+			a[k].q = q;
+			a[k].distinct_key = distinct_key;
+			a[k].vals = distinct_key ? merge_distinct_new() : NULL;
+			bson_init(&a[k].err_reply);
+			k++;
+		}
+		shardconn_fanout(c->p->sc, k, count_one, a);
+		for (i = 0; i < k; i++) {
+			if (a[i].cls != SHARDCONN_OK && (cls == SHARDCONN_OK || a[i].cls == SHARDCONN_STALE)) {
+				cls = a[i].cls;
+				bad = i;
+			}
+			total += a[i].count;
+		}
+		if (cls == SHARDCONN_OK) {
+			bson_t *out = bson_new();
+			if (distinct_key) {
+				merge_distinct *all = merge_distinct_new();
+				for (i = 0; i < k; i++) {
+					bson_t tmp = BSON_INITIALIZER;
+					bson_iter_t it, arr;
+					merge_distinct_append(a[i].vals, &tmp, "v");
+					if (bson_iter_init_find(&it, &tmp, "v") && bson_iter_recurse(&it, &arr))
+						while (bson_iter_next(&arr))
+							merge_distinct_add_value(all, bson_iter_value(&arr));
+					bson_destroy(&tmp);
+				}
+				merge_distinct_append(all, out, "values");
+				merge_distinct_free(all);
+			} else {
+				BSON_APPEND_INT64(out, "n", merge_count_window(total,
+									      get_int(c->cmd, "skip", 0),
+									      get_int(c->cmd, "limit", 0)));
+			}
+			BSON_APPEND_DOUBLE(out, "ok", 1.0);
+			wire_req_reply(c->req, out);
+		} else if (cls != SHARDCONN_STALE || !stale_backoff(c)) {
+			reply_shard_error(c->req, cls, &a[bad].err_reply, a[bad].nerr);
+			cls = SHARDCONN_OK; /* answered */
+		}
+		for (i = 0; i < k; i++) {
+			bson_destroy(&a[i].err_reply);
+			merge_distinct_free(a[i].vals);
+		}
+		free(a);
+		free(sel);
+		if (cls != SHARDCONN_STALE)
+			break;
+		rc = refresh(c, rc);
+	}
+	route_coll_unref(rc);
+}
+
+static void do_count(ctx *c)
+{
+	bson_t q;
+
+	if (!get_doc(c->cmd, "query", &q))
+		bson_init(&q);
+	count_or_distinct(c, &q, NULL);
+}
+
+static void do_distinct(ctx *c)
+{
+	bson_t q;
+	bson_iter_t it;
+
+	if (!get_doc(c->cmd, "query", &q))
+		bson_init(&q);
+	if (!bson_iter_init_find(&it, c->cmd, "key") || !BSON_ITER_HOLDS_UTF8(&it)) {
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "distinct needs a key string");
+		return;
+	}
+	count_or_distinct(c, &q, bson_iter_utf8(&it, NULL));
+}
+
+/* ---------- aggregate ---------- */
+
+typedef struct agg_in {
+	proxy *p;
+	proxy_cursor *cur;
+	bson_t *last;
+} agg_in;
+
+static int agg_next(void *arg, const bson_t **doc, int *code, char *err, size_t errlen)
+{
+	agg_in *in = arg;
+	bson_t *d;
+	int r;
+
+	if (in->last) {
+		bson_destroy(in->last);
+		in->last = NULL;
+	}
+	r = proxy_cursor_next(in->p, in->cur, &d, code, err, errlen);
+	if (r <= 0)
+		return r;
+	in->last = d;
+	*doc = d;
+	return 1;
+}
+
+static void do_aggregate(ctx *c)
+{
+	bson_t stages, cursor_opts;
+	route_coll *rc;
+	sdb_pipeline *pl = NULL;
+	sdb_pipeline_pushdown_t pd;
+	sdb_pipeline_cursor *pc = NULL;
+	merge_sort *ms = NULL;
+	proxy_cursor *in_cur;
+	agg_in in;
+	pstream *out_s;
+	int64_t batch = 101;
+	int code = 0, r;
+	char err[512];
+	size_t cap = 0;
+
+	if (!get_array(c->cmd, "pipeline", &stages)) {
+		wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
+		return;
+	}
+	if (get_doc(c->cmd, "cursor", &cursor_opts))
+		batch = get_int(&cursor_opts, "batchSize", 101);
+	if (uses_js(&stages, 0)) {
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
+			       "$where and server-side JavaScript are not allowed on stripedb");
+		return;
+	}
+	if (c->coll == NULL) {
+		char *primary;
+		if (with_primary(c, &primary)) {
+			forward_cursor(c, primary, c->cmd, batch, false);
+			free(primary);
+		}
+		return;
+	}
+	rc = route_or_fail(c);
+	if (rc == NULL)
+		return;
+	if (rc->nkeys == 0) {
+		char *primary;
+		route_coll_unref(rc);
+		if (with_primary(c, &primary)) {
+			forward_cursor(c, primary, c->cmd, batch, false);
+			free(primary);
+		}
+		return;
+	}
+	if (sdb_pipeline_parse(&stages, NULL, &pl, &code, err, sizeof err) != 0) {
+		route_coll_unref(rc);
+		wire_req_error(c->req, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		return;
+	}
+	sdb_pipeline_pushdown(pl, SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT | SDB_PUSHDOWN_LIMIT, &pd);
+	if (merge_sort_parse(&pd.sort, &ms, &code, err, sizeof err) != 0) {
+		sdb_pipeline_pushdown_destroy(&pd);
+		sdb_pipeline_free(pl);
+		route_coll_unref(rc);
+		wire_req_error(c->req, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		return;
+	}
+	in_cur = open_merged(c, &rc, &pd.filter, &pd.sort, NULL, ms, NULL, pd.skip,
+			     pd.limit > 0 ? pd.limit : 0,
+			     pd.limit > 0 && pd.limit + pd.skip < 1000 ? pd.limit + pd.skip : 1000);
+	route_coll_unref(rc);
+	if (in_cur == NULL) {
+		sdb_pipeline_pushdown_destroy(&pd);
+		sdb_pipeline_free(pl);
+		return;
+	}
+	/* run the rest of the pipeline on the proxy, materialising its output */
+	in.p = c->p;
+	in.cur = in_cur;
+	in.last = NULL;
+	sdb_pipeline_open(pl, agg_next, &in, &pc);
+	out_s = sdb_calloc(1, sizeof *out_s);
+	memset(out_s, 0, sizeof *out_s);
+	out_s->chunk = -1;
+	bson_init(&out_s->err_reply);
+	for (;;) {
+		const bson_t *d;
+		r = sdb_pipeline_cursor_next(pc, &d, &code, err, sizeof err);
+		if (r <= 0)
+			break;
+		if (out_s->n == cap) {
+			cap = cap ? cap * 2 : 64;
+			out_s->docs = sdb_realloc(out_s->docs, cap * sizeof *out_s->docs);
+		}
+		out_s->docs[out_s->n++] = bson_copy(d);
+	}
+	sdb_pipeline_cursor_free(pc);
+	if (in.last)
+		bson_destroy(in.last);
+	proxy_cursor_destroy(c->p, in_cur);
+	sdb_pipeline_pushdown_destroy(&pd);
+	sdb_pipeline_free(pl);
+	if (r < 0) {
+		pstream_clear(out_s);
+		bson_destroy(&out_s->err_reply);
+		free(out_s);
+		wire_req_error(c->req, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+		return;
+	}
+	answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0), batch, false,
+		      "firstBatch", c->ns);
+}
+
+/* ---------- broadcast and listings ---------- */
+
+typedef struct bcast {
+	ctx *c;
+	char **ids;
+	const bson_t *cmd;
+	bson_t *replies;
+	int *cls;
+	char (*nerr)[256];
+} bcast;
+
+static void bcast_one(void *arg, size_t i)
+{
+	bcast *b = arg;
+
+	b->cls[i] = run_on(b->c, b->ids[i], b->cmd, NULL, &b->replies[i], b->nerr[i],
+			   sizeof b->nerr[i]);
+}
+
+/* Run cmd (stripped) on every shard. Returns the number of shards; fills b. */
+static size_t broadcast(ctx *c, const bson_t *cmd, bcast *b)
+{
+	bson_t *fwd = bson_new();
+	size_t n;
+	char err[256];
+
+	proxy_load_shards(c->p, err, sizeof err);
+	copy_cmd(cmd, fwd, NULL);
+	memset(b, 0, sizeof *b);
+	b->c = c;
+	n = shardconn_shard_ids(c->p->sc, &b->ids);
+	b->cmd = fwd;
+	b->replies = sdb_calloc(n ? n : 1, sizeof *b->replies);
+	b->cls = sdb_calloc(n ? n : 1, sizeof *b->cls);
+	b->nerr = sdb_calloc(n ? n : 1, sizeof *b->nerr);
+	shardconn_fanout(c->p->sc, n, bcast_one, b);
+	return n;
+}
+
+static void bcast_free(bcast *b, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		bson_destroy(&b->replies[i]);
+		free(b->ids[i]);
+	}
+	free(b->ids);
+	free(b->replies);
+	free(b->cls);
+	free(b->nerr);
+	bson_destroy((bson_t *)b->cmd);
+}
+
+static void do_broadcast(ctx *c)
+{
+	bcast b;
+	size_t n = broadcast(c, c->cmd, &b), i, ok_i = SIZE_MAX, err_i = SIZE_MAX;
+
+	if (n == 0) {
+		bcast_free(&b, n);
+		wire_req_error(c->req, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		if (b.cls[i] == SHARDCONN_OK) {
+			if (ok_i == SIZE_MAX)
+				ok_i = i;
+		} else if (err_i == SIZE_MAX) {
+			int code = (int)get_int(&b.replies[i], "code", 0);
+			/* dropping what a shard never had is fine */
+			if (b.cls[i] == SHARDCONN_CMD_ERR &&
+			    (code == WIRE_ERR_NAMESPACE_NOT_FOUND || code == WIRE_ERR_INDEX_NOT_FOUND ||
+			     code == WIRE_ERR_NAMESPACE_EXISTS))
+				continue;
+			err_i = i;
+		}
+	}
+	if (err_i != SIZE_MAX)
+		reply_shard_error(c->req, b.cls[err_i], &b.replies[err_i], b.nerr[err_i]);
+	else if (ok_i != SIZE_MAX)
+		reply_copy(c->req, &b.replies[ok_i]);
+	else
+		reply_copy(c->req, &b.replies[0]);
+	bcast_free(&b, n);
+}
+
+static void do_list_indexes(ctx *c)
+{
+	route_coll *rc = route_or_fail(c);
+	char *shard = NULL;
+
+	if (rc == NULL)
+		return;
+	if (rc->nchunks > 0)
+		shard = sdb_strdup(rc->chunks[0].shard);
+	route_coll_unref(rc);
+	if (shard == NULL && !with_primary(c, &shard))
+		return;
+	forward_cursor(c, shard, c->cmd, get_int(c->cmd, "batchSize", 0), false);
+	free(shard);
+}
+
+/* Union over shards of a listing: arrays at path cursor.firstBatch or `field`, deduplicated
+ * by `name`; sizes (sizeOnDisk) summed for databases. */
+static void do_list_union(ctx *c, bool databases)
+{
+	bcast b;
+	size_t n = broadcast(c, c->cmd, &b), i, count = 0;
+	bson_t merged = BSON_INITIALIZER, *out;
+	int64_t total = 0;
+	bool any_ok = false;
+
+	for (i = 0; i < n; i++) {
+		bson_iter_t it, sub, arr;
+		if (b.cls[i] != SHARDCONN_OK)
+			continue;
+		any_ok = true;
+		if (databases) {
+			if (!bson_iter_init_find(&it, &b.replies[i], "databases") ||
+			    !bson_iter_recurse(&it, &arr))
+				continue;
+		} else {
+			if (!bson_iter_init_find(&it, &b.replies[i], "cursor") ||
+			    !bson_iter_recurse(&it, &sub) || !bson_iter_find(&sub, "firstBatch") ||
+			    !bson_iter_recurse(&sub, &arr))
+				continue;
+		}
+		while (bson_iter_next(&arr)) {
+			bson_iter_t f, m;
+			const char *name = NULL;
+			bool dup = false;
+			int64_t size = 0;
+			if (!bson_iter_recurse(&arr, &f))
+				continue;
+			while (bson_iter_next(&f)) {
+				if (strcmp(bson_iter_key(&f), "name") == 0 && BSON_ITER_HOLDS_UTF8(&f))
+					name = bson_iter_utf8(&f, NULL);
+				if (strcmp(bson_iter_key(&f), "sizeOnDisk") == 0 &&
+				    BSON_ITER_HOLDS_NUMBER(&f))
+					size = bson_iter_as_int64(&f);
+			}
+			total += size;
+			if (name == NULL)
+				continue;
+			if (bson_iter_init(&m, &merged))
+				while (bson_iter_next(&m)) {
+					bson_iter_t mf;
+					bson_iter_recurse(&m, &mf);
+					if (bson_iter_find(&mf, "name") &&
+					    strcmp(bson_iter_utf8(&mf, NULL), name) == 0)
+						dup = true;
+				}
+			if (!dup) {
+				char k[24];
+				uint32_t len;
+				const uint8_t *data;
+				bson_t d;
+				snprintf(k, sizeof k, "%zu", count++);
+				bson_iter_document(&arr, &len, &data);
+				bson_init_static(&d, data, len);
+				BSON_APPEND_DOCUMENT(&merged, k, &d);
+			}
+		}
+	}
+	if (!any_ok) {
+		if (n > 0)
+			reply_shard_error(c->req, b.cls[0], &b.replies[0], b.nerr[0]);
+		else
+			wire_req_error(c->req, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
+		bcast_free(&b, n);
+		bson_destroy(&merged);
+		return;
+	}
+	out = bson_new();
+	if (databases) {
+		bson_append_array(out, "databases", -1, &merged);
+		BSON_APPEND_INT64(out, "totalSize", total);
+	} else {
+		bson_t cd;
+		char ns[512];
+		snprintf(ns, sizeof ns, "%s.$cmd.listCollections", c->db);
+		bson_append_document_begin(out, "cursor", -1, &cd);
+		BSON_APPEND_INT64(&cd, "id", 0);
+		BSON_APPEND_UTF8(&cd, "ns", ns);
+		bson_append_array(&cd, "firstBatch", -1, &merged);
+		bson_append_document_end(out, &cd);
+	}
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	wire_req_reply(c->req, out);
+	bson_destroy(&merged);
+	bcast_free(&b, n);
+}
+
+/* ---------- dispatch ---------- */
+
+typedef struct pjob {
+	proxy *p;
+	wire_req *req;
+} pjob;
+
+static void run_job(void *arg)
+{
+	pjob *j = arg;
+	ctx c;
+	bson_iter_t it;
+	const char *name = wire_req_name(j->req);
+
+	memset(&c, 0, sizeof c);
+	c.p = j->p;
+	c.req = j->req;
+	c.cmd = wire_req_cmd(j->req);
+	c.db = wire_req_db(j->req);
+	c.deadline_ms = now_ms() + (uint64_t)j->p->stale_retry_ms;
+	if (bson_iter_init(&it, c.cmd) && bson_iter_next(&it) && BSON_ITER_HOLDS_UTF8(&it)) {
+		c.coll = bson_iter_utf8(&it, NULL);
+		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
+	}
+	free(j);
+	if (strcmp(name, "getMore") == 0) {
+		do_get_more(&c);
+		return;
+	}
+	if (strcmp(name, "killCursors") == 0) {
+		do_kill_cursors(&c);
+		return;
+	}
+	if (strcmp(name, "listDatabases") == 0) {
+		do_list_union(&c, true);
+		return;
+	}
+	if (strcmp(name, "listCollections") == 0) {
+		do_list_union(&c, false);
+		return;
+	}
+	if (strcmp(name, "dropDatabase") == 0) {
+		do_broadcast(&c);
+		return;
+	}
+	if (strcmp(name, "aggregate") == 0) {
+		do_aggregate(&c);
+		return;
+	}
+	if (c.coll == NULL) {
+		wire_req_error(c.req, WIRE_ERR_INVALID_NAMESPACE,
+			       "%s needs a collection name string as its first field", name);
+		return;
+	}
+	if (strcmp(name, "find") == 0)
+		do_find(&c);
+	else if (strcmp(name, "insert") == 0)
+		do_insert(&c);
+	else if (strcmp(name, "update") == 0)
+		do_write(&c, true);
+	else if (strcmp(name, "delete") == 0)
+		do_write(&c, false);
+	else if (strcmp(name, "findAndModify") == 0 || strcmp(name, "findandmodify") == 0)
+		do_find_and_modify(&c);
+	else if (strcmp(name, "count") == 0)
+		do_count(&c);
+	else if (strcmp(name, "distinct") == 0)
+		do_distinct(&c);
+	else if (strcmp(name, "listIndexes") == 0)
+		do_list_indexes(&c);
+	else
+		do_broadcast(&c); /* createIndexes, dropIndexes, drop, create, collMod */
+}
+
+static void h_submit(wire_req *req, void *data)
+{
+	proxy *p = data;
+	pjob *j = sdb_calloc(1, sizeof *j);
+
+	j->p = p;
+	j->req = req;
+	shardconn_submit(p->sc, run_job, j);
+}
+
+static void h_refuse_js(wire_req *req, void *data)
+{
+	(void)data;
+	wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND,
+		       "%s is not supported: server-side JavaScript is never accepted by stripedb",
+		       wire_req_name(req));
+}
+
+void proxy_exec_register(proxy *p)
+{
+	static const char *const cmds[] = {
+		"find",          "getMore",       "killCursors",   "insert",      "update",
+		"delete",        "findAndModify", "findandmodify", "count",       "distinct",
+		"aggregate",     "createIndexes", "dropIndexes",   "drop",        "create",
+		"collMod",       "dropDatabase",  "listIndexes",   "listCollections",
+		"listDatabases", NULL};
+	static const char *const js[] = {"mapReduce", "mapreduce", "eval", "$eval", "group",
+					 NULL};
+	size_t i;
+
+	for (i = 0; cmds[i]; i++)
+		wire_server_register(p->srv, cmds[i], h_submit);
+	for (i = 0; js[i]; i++)
+		wire_server_register(p->srv, js[i], h_refuse_js);
+}

@@ -1,0 +1,233 @@
+/* Merging shard results on the proxy: see merge.h. */
+#include "proxy/merge.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "storage/bsonval.h"
+#include "storage/path.h"
+
+struct merge_sort {
+	size_t n;
+	char *paths[MERGE_MAX_SORT_FIELDS];
+	int dir[MERGE_MAX_SORT_FIELDS];
+};
+
+int merge_sort_parse(const bson_t *spec, merge_sort **out, int *code, char *err, size_t errlen)
+{
+	merge_sort *s = sdb_calloc(1, sizeof *s);
+	bson_iter_t it;
+	int c = 0;
+
+	if (spec != NULL && bson_iter_init(&it, spec)) {
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			double d;
+			if (strcmp(k, "$natural") == 0)
+				continue;
+			if (!BSON_ITER_HOLDS_NUMBER(&it)) {
+				c = 15975;
+				goto bad;
+			}
+			d = bson_iter_as_double(&it);
+			if (d != 1.0 && d != -1.0) {
+				c = 15975;
+				goto bad;
+			}
+			if (k[0] == '\0' || s->n == MERGE_MAX_SORT_FIELDS) {
+				c = 2;
+				sdb_errf(err, errlen, SDB_EINVAL, "bad sort field '%s'", k);
+				goto err;
+			}
+			s->paths[s->n] = sdb_strdup(k);
+			s->dir[s->n] = d > 0 ? 1 : -1;
+			s->n++;
+		}
+	}
+	*out = s;
+	return 0;
+bad:
+	sdb_errf(err, errlen, SDB_EINVAL,
+		 "$sort key ordering must be 1 (for ascending) or -1 (for descending)");
+err:
+	if (code)
+		*code = c;
+	merge_sort_free(s);
+	return SDB_EINVAL;
+}
+
+void merge_sort_free(merge_sort *s)
+{
+	size_t i;
+
+	if (s == NULL)
+		return;
+	for (i = 0; i < s->n; i++)
+		free(s->paths[i]);
+	free(s);
+}
+
+size_t merge_sort_nfields(const merge_sort *s)
+{
+	return s ? s->n : 0;
+}
+
+const char *merge_sort_path(const merge_sort *s, size_t i)
+{
+	return s->paths[i];
+}
+
+int merge_sort_cmp(const merge_sort *s, const bson_t *a, const bson_t *b)
+{
+	size_t i;
+
+	if (s == NULL)
+		return 0;
+	for (i = 0; i < s->n; i++) {
+		bson_value_t va, vb;
+		int r;
+		sdb_path_sort_value(a, s->paths[i], s->dir[i] < 0, &va);
+		sdb_path_sort_value(b, s->paths[i], s->dir[i] < 0, &vb);
+		r = sdb_bson_value_cmp(&va, &vb);
+		if (r != 0)
+			return s->dir[i] * (r < 0 ? -1 : 1);
+	}
+	return 0;
+}
+
+ssize_t merge_pick(const merge_sort *s, const bson_t *const *heads, size_t n)
+{
+	ssize_t best = -1;
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		if (heads[i] == NULL)
+			continue;
+		if (best < 0 || merge_sort_cmp(s, heads[i], heads[best]) < 0)
+			best = (ssize_t)i;
+	}
+	return best;
+}
+
+int64_t merge_count_window(int64_t total, int64_t skip, int64_t limit)
+{
+	int64_t n;
+
+	if (skip < 0)
+		skip = 0;
+	if (limit < 0)
+		limit = -limit;
+	n = total > skip ? total - skip : 0;
+	if (limit > 0 && n > limit)
+		n = limit;
+	return n;
+}
+
+int64_t merge_pushdown_limit(int64_t skip, int64_t limit)
+{
+	if (limit < 0)
+		limit = -limit;
+	if (limit == 0)
+		return 0;
+	if (skip < 0)
+		skip = 0;
+	if (skip > INT64_MAX - limit)
+		return 0;
+	return limit + skip;
+}
+
+/* ---------- distinct ---------- */
+
+struct merge_distinct {
+	bson_t store; /* values appended under keys "0", "1", ... (owned copies) */
+	bson_value_t *vals; /* views into store after finishing: rebuilt lazily */
+	size_t n;
+};
+
+merge_distinct *merge_distinct_new(void)
+{
+	merge_distinct *d = sdb_calloc(1, sizeof *d);
+
+	bson_init(&d->store);
+	return d;
+}
+
+void merge_distinct_free(merge_distinct *d)
+{
+	if (d == NULL)
+		return;
+	bson_destroy(&d->store);
+	free(d);
+}
+
+static bool distinct_has(merge_distinct *d, const bson_value_t *v)
+{
+	bson_iter_t it;
+
+	if (!bson_iter_init(&it, &d->store))
+		return false;
+	while (bson_iter_next(&it))
+		if (sdb_bson_value_eq(bson_iter_value(&it), v))
+			return true;
+	return false;
+}
+
+void merge_distinct_add_value(merge_distinct *d, const bson_value_t *v)
+{
+	char k[24];
+
+	if (distinct_has(d, v))
+		return;
+	snprintf(k, sizeof k, "%zu", d->n++);
+	BSON_APPEND_VALUE(&d->store, k, v);
+}
+
+static bool distinct_visit(void *ctx, const bson_iter_t *it, unsigned flags)
+{
+	merge_distinct *d = ctx;
+
+	if (it == NULL || (flags & SDB_PATH_MISSING))
+		return false;
+	if (BSON_ITER_HOLDS_ARRAY(it) && !(flags & SDB_PATH_ELEM))
+		return false; /* the array itself: its elements follow */
+	merge_distinct_add_value(d, bson_iter_value((bson_iter_t *)it));
+	return false;
+}
+
+void merge_distinct_add_doc(merge_distinct *d, const bson_t *doc, const char *path)
+{
+	sdb_path_walk(doc, path, SDB_PATH_EXPAND_LEAF, distinct_visit, d);
+}
+
+static int value_qsort_cmp(const void *a, const void *b)
+{
+	return sdb_bson_value_cmp(a, b);
+}
+
+void merge_distinct_append(merge_distinct *d, bson_t *out, const char *name)
+{
+	bson_value_t *v = sdb_calloc(d->n ? d->n : 1, sizeof *v);
+	bson_iter_t it;
+	bson_t arr;
+	size_t i = 0;
+	char k[24];
+
+	if (bson_iter_init(&it, &d->store))
+		while (bson_iter_next(&it) && i < d->n)
+			v[i++] = *bson_iter_value(&it);
+	qsort(v, i, sizeof *v, value_qsort_cmp);
+	bson_append_array_begin(out, name, -1, &arr);
+	for (size_t j = 0; j < i; j++) {
+		snprintf(k, sizeof k, "%zu", j);
+		BSON_APPEND_VALUE(&arr, k, &v[j]);
+	}
+	bson_append_array_end(out, &arr);
+	free(v);
+}
+
+size_t merge_distinct_count(const merge_distinct *d)
+{
+	return d->n;
+}

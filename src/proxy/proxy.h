@@ -1,0 +1,109 @@
+/* Internal state of the proxy role, shared by role.c (lifecycle, routing refresh),
+ * exec.c (command handlers) and cursor.c (proxy-side cursors). Not a public contract.
+ */
+#ifndef SDB_PROXY_PROXY_H
+#define SDB_PROXY_PROXY_H
+
+#include <bson/bson.h>
+#include <mongoc/mongoc.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/metrics.h"
+#include "proxy/merge.h"
+#include "proxy/route.h"
+#include "proxy/shardconn.h"
+#include "wire/server.h"
+
+typedef struct proxy_cursor proxy_cursor;
+
+typedef struct proxy {
+	uv_loop_t *loop;
+	wire_server *srv;
+	shardconn *sc;
+	route_cache *rc;
+	mongoc_client_pool_t *meta;
+	int64_t stale_retry_ms;     /* StaleConfig retry budget */
+	int64_t cursor_timeout_ms;  /* idle proxy cursors are killed after this */
+	/* routing refresh thread */
+	uv_thread_t refresher;
+	uv_mutex_t mu;
+	uv_cond_t cv;
+	bool stopping;
+	int64_t known_version;
+	char *primary;              /* primary shard id (first shard by id), under mu */
+	/* cursors */
+	uv_mutex_t cmu;
+	proxy_cursor *cursors;
+	uv_timer_t reap_timer;
+	/* metrics */
+	sdb_counter *m_stale_retries;
+	sdb_counter *m_scatter;
+	sdb_counter *m_targeted;
+	sdb_counter *m_refreshes;
+	sdb_counter *m_rejected;
+	/* quotas (optional) */
+	void *quota;
+} proxy;
+
+/* role.c */
+/* Current routing for ns (a reference: unref it), fetched from metadata when not cached or
+ * when force. NULL with a message when metadata cannot be reached and nothing is cached. */
+route_coll *proxy_route(proxy *p, const char *ns, bool force, char *err, size_t errlen);
+/* Primary shard id (heap copy) or NULL when no shard is known (refreshes the shard list). */
+char *proxy_primary(proxy *p);
+/* Reload the shard list from metadata. */
+int proxy_load_shards(proxy *p, char *err, size_t errlen);
+
+/* exec.c: register every command handler on p->srv. */
+void proxy_exec_register(proxy *p);
+
+/* cursor.c */
+typedef struct pstream {
+	char *shard;          /* shard id */
+	uint32_t server_id;
+	int64_t cursor_id;    /* shard cursor, 0 when exhausted */
+	char *db;
+	char *coll;           /* collection name for getMore */
+	bson_t **docs;        /* buffered documents (owned) */
+	size_t n, pos;
+	route_coll *rcoll;    /* ownership filter: routing snapshot (NULL = none) */
+	ssize_t chunk;        /* keep only documents of this chunk */
+	int status;           /* SHARDCONN_* of the first request */
+	bson_t err_reply;     /* error reply when status != OK */
+	char neterr[256];
+} pstream;
+
+/* Fill a stream from a cursor reply ({cursor: {id, ns, firstBatch|nextBatch}}).
+ * Returns 0 or SDB_EPROTO. */
+int pstream_take_batch(pstream *s, const bson_t *reply, const char *field);
+void pstream_clear(pstream *s);
+
+/* A merged cursor over streams. Takes ownership of streams (array of n), sort, proj. */
+proxy_cursor *proxy_cursor_new(proxy *p, const char *ns, pstream *streams, size_t n,
+			       merge_sort *sort, void *proj, int64_t skip, int64_t limit);
+/* Produce the next batch into arr (an array being built) of at most batch_size documents
+ * (0 = 101 first batch default) and at most ~8 MiB. Returns 0 when the cursor has more
+ * (still alive), 1 when exhausted, or an error < 0 with code/errmsg set. */
+int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size, int *code,
+		      char *err, size_t errlen);
+/* Pull one document: returns 1 with *doc (caller bson_destroy's it), 0 at the end, or an
+ * error < 0 with code/errmsg. */
+int proxy_cursor_next(proxy *p, proxy_cursor *c, bson_t **doc, int *code, char *err,
+		      size_t errlen);
+/* True while some stream has buffered documents or an open shard cursor. */
+bool proxy_cursor_has_more(const proxy_cursor *c);
+/* Register c in the cursor table and return its id (> 0). */
+int64_t proxy_cursor_register(proxy *p, proxy_cursor *c);
+/* Take cursor id out of the table for exclusive use (NULL when unknown). */
+proxy_cursor *proxy_cursor_checkout(proxy *p, int64_t id, const char *ns);
+/* Put it back (refreshing its idle timer). */
+void proxy_cursor_checkin(proxy *p, proxy_cursor *c);
+/* Kill shard cursors and free. */
+void proxy_cursor_destroy(proxy *p, proxy_cursor *c);
+/* Remove cursors idle longer than the timeout (worker thread). */
+void proxy_cursor_reap(proxy *p, bool all);
+int64_t proxy_cursor_id(const proxy_cursor *c);
+
+#endif

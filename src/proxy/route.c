@@ -1,0 +1,739 @@
+/* Routing cache of the proxy: see route.h. */
+#include "proxy/route.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+#include <xxhash.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "storage/bsonval.h"
+#include "storage/keyenc.h"
+
+/* ---------- snapshots ---------- */
+
+static void chunk_free(route_chunk *ch)
+{
+	free(ch->id);
+	free(ch->shard);
+	if (ch->min)
+		bson_destroy(ch->min);
+	if (ch->max)
+		bson_destroy(ch->max);
+}
+
+void route_coll_ref(route_coll *c)
+{
+	__atomic_add_fetch(&c->refs, 1, __ATOMIC_RELAXED);
+}
+
+void route_coll_unref(route_coll *c)
+{
+	size_t i;
+
+	if (c == NULL || __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
+		return;
+	for (i = 0; i < c->nchunks; i++)
+		chunk_free(&c->chunks[i]);
+	free(c->chunks);
+	for (i = 0; i < c->nkeys; i++)
+		free(c->keys[i]);
+	free(c->ns);
+	free(c);
+}
+
+int route_key_cmp(const bson_t *a, const bson_t *b)
+{
+	bson_iter_t ia, ib;
+	bool ha, hb;
+	int r;
+
+	if (!bson_iter_init(&ia, a) || !bson_iter_init(&ib, b))
+		return 0;
+	for (;;) {
+		ha = bson_iter_next(&ia);
+		hb = bson_iter_next(&ib);
+		if (!ha || !hb)
+			return (int)ha - (int)hb;
+		r = sdb_bson_cmp(&ia, &ib);
+		if (r != 0)
+			return r;
+	}
+}
+
+static int chunk_qsort_cmp(const void *a, const void *b)
+{
+	const route_chunk *x = a, *y = b;
+
+	return route_key_cmp(x->min, y->min);
+}
+
+static int bound_copy(bson_iter_t *it, const char *name, size_t nkeys, bson_t **out, char *err,
+		      size_t errlen)
+{
+	bson_iter_t sub;
+	uint32_t len;
+	const uint8_t *data;
+	size_t n = 0;
+	bson_t view;
+
+	if (!bson_iter_find(it, name) || !BSON_ITER_HOLDS_DOCUMENT(it))
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunk without a %s document", name);
+	bson_iter_document(it, &len, &data);
+	if (!bson_init_static(&view, data, len))
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunk %s: corrupt document", name);
+	if (bson_iter_recurse(it, &sub))
+		while (bson_iter_next(&sub))
+			n++;
+	if (n != nkeys)
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunk %s has %zu fields, key has %zu",
+				name, n, nkeys);
+	*out = bson_copy(&view);
+	return 0;
+}
+
+static int chunk_parse(const bson_iter_t *elem, const route_coll *c, route_chunk *ch,
+		       bool *skip, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	const char *s;
+	int rc;
+
+	*skip = false;
+	memset(ch, 0, sizeof *ch);
+	if (!BSON_ITER_HOLDS_DOCUMENT(elem) || !bson_iter_recurse(elem, &it))
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunk is not a document");
+	if (bson_iter_find(&it, "ns") && BSON_ITER_HOLDS_UTF8(&it) &&
+	    strcmp(bson_iter_utf8(&it, NULL), c->ns) != 0) {
+		*skip = true;
+		return 0;
+	}
+	/* Metadata numbers chunks (int64 ids); the shard's version gate keys chunks by string:
+	 * the decimal form of the id is the chunk's name on shards ($stripedbVersion.chunk). */
+	bson_iter_recurse(elem, &it);
+	if ((bson_iter_find(&it, "id") || (bson_iter_recurse(elem, &it) && bson_iter_find(&it, "_id"))) &&
+	    (BSON_ITER_HOLDS_UTF8(&it) || BSON_ITER_HOLDS_INT(&it))) {
+		if (BSON_ITER_HOLDS_UTF8(&it))
+			ch->id = sdb_strdup(bson_iter_utf8(&it, NULL));
+		else
+			ch->id = sdb_asprintf("%lld", (long long)bson_iter_as_int64(&it));
+	} else {
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunk without an id");
+	}
+	bson_iter_recurse(elem, &it);
+	if (!bson_iter_find(&it, "shard") || !BSON_ITER_HOLDS_UTF8(&it))
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunk %s without a shard", ch->id);
+	s = bson_iter_utf8(&it, NULL);
+	ch->shard = sdb_strdup(s);
+	bson_iter_recurse(elem, &it);
+	if (bson_iter_find(&it, "token") && BSON_ITER_HOLDS_NUMBER(&it))
+		ch->token = bson_iter_as_int64(&it);
+	bson_iter_recurse(elem, &it);
+	rc = bound_copy(&it, "min", c->nkeys, &ch->min, err, errlen);
+	if (rc != 0)
+		return rc;
+	bson_iter_recurse(elem, &it);
+	return bound_copy(&it, "max", c->nkeys, &ch->max, err, errlen);
+}
+
+int route_coll_build(const char *ns, const bson_t *key, const bson_t *table, route_coll **out,
+		     char *err, size_t errlen)
+{
+	route_coll *c = sdb_calloc(1, sizeof *c);
+	bson_iter_t it, arr;
+	size_t cap = 0, i;
+	int rc = SDB_EINVAL;
+
+	c->ns = sdb_strdup(ns);
+	c->refs = 1;
+	if (key == NULL || !bson_iter_init(&it, key)) {
+		sdb_errf(err, errlen, SDB_EINVAL, "%s: no shard key pattern", ns);
+		goto err;
+	}
+	while (bson_iter_next(&it)) {
+		if (c->nkeys == ROUTE_MAX_KEY_FIELDS) {
+			sdb_errf(err, errlen, SDB_EINVAL, "%s: shard key has too many fields", ns);
+			goto err;
+		}
+		if (BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), "hashed") == 0)
+			c->hashed = true;
+		else if (!BSON_ITER_HOLDS_NUMBER(&it)) {
+			sdb_errf(err, errlen, SDB_EINVAL, "%s: bad shard key pattern field %s", ns,
+				 bson_iter_key(&it));
+			goto err;
+		}
+		c->keys[c->nkeys++] = sdb_strdup(bson_iter_key(&it));
+	}
+	if (c->nkeys == 0 || (c->hashed && c->nkeys != 1)) {
+		sdb_errf(err, errlen, SDB_EINVAL, "%s: shard key must have 1..%d fields, hashed only alone",
+			 ns, ROUTE_MAX_KEY_FIELDS);
+		goto err;
+	}
+	if (table != NULL && bson_iter_init(&it, table)) {
+		if (bson_iter_find(&it, "routingVersion") && BSON_ITER_HOLDS_NUMBER(&it))
+			c->version = bson_iter_as_int64(&it);
+		if (bson_iter_init(&it, table) && bson_iter_find(&it, "chunks") &&
+		    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr)) {
+			while (bson_iter_next(&arr)) {
+				bool skip;
+				if (c->nchunks == cap) {
+					cap = cap ? cap * 2 : 8;
+					c->chunks = sdb_realloc(c->chunks, cap * sizeof *c->chunks);
+				}
+				rc = chunk_parse(&arr, c, &c->chunks[c->nchunks], &skip, err, errlen);
+				if (rc != 0 || skip) {
+					chunk_free(&c->chunks[c->nchunks]);
+					if (rc != 0) {
+						sdb_errwrap(err, errlen, rc, "%s", ns);
+						goto err;
+					}
+					continue;
+				}
+				c->nchunks++;
+			}
+		}
+	}
+	if (c->nchunks > 1)
+		qsort(c->chunks, c->nchunks, sizeof *c->chunks, chunk_qsort_cmp);
+	for (i = 0; i + 1 < c->nchunks; i++) {
+		if (route_key_cmp(c->chunks[i].max, c->chunks[i + 1].min) > 0) {
+			sdb_errf(err, errlen, SDB_EINVAL, "%s: chunks %s and %s overlap", ns,
+				 c->chunks[i].id, c->chunks[i + 1].id);
+			goto err;
+		}
+	}
+	*out = c;
+	return 0;
+err:
+	route_coll_unref(c);
+	return SDB_EINVAL;
+}
+
+route_coll *route_coll_unsharded(const char *ns, int64_t version)
+{
+	route_coll *c = sdb_calloc(1, sizeof *c);
+
+	c->ns = sdb_strdup(ns);
+	c->refs = 1;
+	c->version = version;
+	return c;
+}
+
+/* ---------- keys ---------- */
+
+int64_t route_hash_value(const bson_value_t *v)
+{
+	sdb_key k;
+	bson_value_t null_v;
+	char err[64];
+	uint64_t h;
+
+	sdb_key_init(&k);
+	if (v == NULL) {
+		null_v.value_type = BSON_TYPE_NULL;
+		v = &null_v;
+	}
+	if (sdb_keyenc_append_value(&k, v, false, err, sizeof err) != 0) {
+		sdb_key_free(&k);
+		return 0;
+	}
+	h = XXH64(k.data, k.len, 0);
+	sdb_key_free(&k);
+	return (int64_t)h;
+}
+
+/* Find the value at a dotted path through documents only. Returns 1 found (it set),
+ * 0 missing, -1 when an array lies on the path. */
+static int path_find(const bson_t *doc, const char *path, bson_iter_t *out)
+{
+	bson_iter_t it, sub;
+	const char *p = path, *dot;
+	char comp[256];
+	size_t n;
+
+	if (!bson_iter_init(&it, doc))
+		return 0;
+	for (;;) {
+		dot = strchr(p, '.');
+		n = dot ? (size_t)(dot - p) : strlen(p);
+		if (n >= sizeof comp)
+			return 0;
+		memcpy(comp, p, n);
+		comp[n] = '\0';
+		if (!bson_iter_find(&it, comp))
+			return 0;
+		if (BSON_ITER_HOLDS_ARRAY(&it))
+			return -1;
+		if (dot == NULL) {
+			*out = it;
+			return 1;
+		}
+		if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub))
+			return 0;
+		it = sub;
+		p = dot + 1;
+	}
+}
+
+int route_key_from_doc(const route_coll *c, const bson_t *doc, bson_t *out, char *err,
+		       size_t errlen)
+{
+	size_t i;
+	bson_iter_t it;
+	int r;
+
+	for (i = 0; i < c->nkeys; i++) {
+		r = path_find(doc, c->keys[i], &it);
+		if (r < 0)
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"Shard key cannot contain an array: field %s", c->keys[i]);
+		if (c->hashed) {
+			BSON_APPEND_INT64(out, c->keys[i],
+					  route_hash_value(r ? bson_iter_value(&it) : NULL));
+		} else if (r) {
+			bson_append_iter(out, c->keys[i], -1, &it);
+		} else {
+			BSON_APPEND_NULL(out, c->keys[i]);
+		}
+	}
+	return 0;
+}
+
+ssize_t route_find_chunk(const route_coll *c, const bson_t *key)
+{
+	size_t lo = 0, hi = c->nchunks, mid;
+
+	/* last chunk with min <= key */
+	while (lo < hi) {
+		mid = lo + (hi - lo) / 2;
+		if (route_key_cmp(c->chunks[mid].min, key) <= 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0)
+		return -1;
+	if (route_key_cmp(key, c->chunks[lo - 1].max) >= 0)
+		return -1;
+	return (ssize_t)(lo - 1);
+}
+
+ssize_t route_chunk_of_doc(const route_coll *c, const bson_t *doc)
+{
+	bson_t key = BSON_INITIALIZER;
+	ssize_t r = -1;
+	char err[128];
+
+	if (route_key_from_doc(c, doc, &key, err, sizeof err) == 0)
+		r = route_find_chunk(c, &key);
+	bson_destroy(&key);
+	return r;
+}
+
+/* ---------- targeting ---------- */
+
+enum { COND_NONE = 0, COND_POINTS, COND_RANGE };
+
+typedef struct cond {
+	int kind;
+	bson_value_t pts[ROUTE_MAX_POINTS];
+	size_t npts;
+	bool has_lo, lo_incl, has_hi, hi_incl;
+	bson_value_t lo, hi;
+} cond;
+
+static bool value_is_point(const bson_iter_t *it)
+{
+	bson_iter_t sub;
+
+	if (BSON_ITER_HOLDS_REGEX(it) || BSON_ITER_HOLDS_ARRAY(it))
+		return false;
+	if (BSON_ITER_HOLDS_DOCUMENT(it) && bson_iter_recurse(it, &sub) && bson_iter_next(&sub) &&
+	    bson_iter_key(&sub)[0] == '$')
+		return false;
+	return true;
+}
+
+static void cond_from_value(const bson_iter_t *v, cond *cd)
+{
+	bson_iter_t ops, arr;
+
+	if (value_is_point(v)) {
+		cd->kind = COND_POINTS;
+		cd->pts[0] = *bson_iter_value((bson_iter_t *)v);
+		cd->npts = 1;
+		return;
+	}
+	if (!BSON_ITER_HOLDS_DOCUMENT(v) || !bson_iter_recurse(v, &ops))
+		return;
+	while (bson_iter_next(&ops)) {
+		const char *op = bson_iter_key(&ops);
+		if (strcmp(op, "$eq") == 0 && value_is_point(&ops)) {
+			cd->kind = COND_POINTS;
+			cd->pts[0] = *bson_iter_value(&ops);
+			cd->npts = 1;
+			return;
+		}
+		if (strcmp(op, "$in") == 0 && BSON_ITER_HOLDS_ARRAY(&ops) &&
+		    bson_iter_recurse(&ops, &arr)) {
+			size_t n = 0;
+			bool ok = true;
+			while (bson_iter_next(&arr)) {
+				if (n == ROUTE_MAX_POINTS || !value_is_point(&arr)) {
+					ok = false;
+					break;
+				}
+				cd->pts[n++] = *bson_iter_value(&arr);
+			}
+			if (ok) {
+				cd->kind = COND_POINTS;
+				cd->npts = n;
+				return;
+			}
+			continue;
+		}
+		if (strcmp(op, "$gt") == 0 || strcmp(op, "$gte") == 0) {
+			cd->has_lo = true;
+			cd->lo_incl = op[3] == 'e';
+			cd->lo = *bson_iter_value(&ops);
+		} else if (strcmp(op, "$lt") == 0 || strcmp(op, "$lte") == 0) {
+			cd->has_hi = true;
+			cd->hi_incl = op[3] == 'e';
+			cd->hi = *bson_iter_value(&ops);
+		}
+	}
+	if (cd->has_lo || cd->has_hi)
+		cd->kind = COND_RANGE;
+}
+
+/* Find the condition on path in filter (top level or inside top-level $and). */
+static void cond_find(const bson_t *filter, const char *path, cond *cd, int depth)
+{
+	bson_iter_t it, arr;
+
+	if (filter == NULL || !bson_iter_init(&it, filter))
+		return;
+	while (bson_iter_next(&it) && cd->kind != COND_POINTS) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, path) == 0) {
+			cond tmp;
+			memset(&tmp, 0, sizeof tmp);
+			cond_from_value(&it, &tmp);
+			if (tmp.kind == COND_POINTS || (tmp.kind == COND_RANGE && cd->kind == COND_NONE))
+				*cd = tmp;
+		} else if (strcmp(k, "$and") == 0 && depth < 4 && BSON_ITER_HOLDS_ARRAY(&it) &&
+			   bson_iter_recurse(&it, &arr)) {
+			while (bson_iter_next(&arr)) {
+				uint32_t len;
+				const uint8_t *data;
+				bson_t sub;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
+					continue;
+				bson_iter_document(&arr, &len, &data);
+				if (bson_init_static(&sub, data, len))
+					cond_find(&sub, path, cd, depth + 1);
+			}
+		}
+	}
+}
+
+static int value_cmp_bound(const bson_iter_t *first_of_bound, const bson_value_t *v)
+{
+	return sdb_bson_value_cmp(bson_iter_value((bson_iter_t *)first_of_bound), v);
+}
+
+static bool first_elem(const bson_t *doc, bson_iter_t *it)
+{
+	return bson_iter_init(it, doc) && bson_iter_next(it);
+}
+
+/* Select chunks whose first component may overlap [lo, hi] (lo/hi NULL = unbounded). */
+static size_t select_first_range(const route_coll *c, const bson_value_t *lo,
+				 const bson_value_t *hi, bool hi_incl, bool *sel)
+{
+	size_t i, n = 0;
+	bson_iter_t mn, mx;
+
+	for (i = 0; i < c->nchunks; i++) {
+		if (sel[i]) {
+			continue;
+		}
+		if (!first_elem(c->chunks[i].min, &mn) || !first_elem(c->chunks[i].max, &mx)) {
+			sel[i] = true;
+			n++;
+			continue;
+		}
+		if (lo != NULL) {
+			int r = value_cmp_bound(&mx, lo);
+			if (r < 0 || (r == 0 && c->nkeys == 1))
+				continue;
+		}
+		if (hi != NULL) {
+			int r = value_cmp_bound(&mn, hi);
+			if (r > 0 || (r == 0 && !hi_incl))
+				continue;
+		}
+		sel[i] = true;
+		n++;
+	}
+	return n;
+}
+
+size_t route_target(const route_coll *c, const bson_t *filter, bool *sel, bool *exact)
+{
+	cond *cds = sdb_calloc(c->nkeys, sizeof *cds);
+	size_t i, n = 0, total = 1;
+	bool all_points = true;
+
+	*exact = false;
+	memset(sel, 0, c->nchunks * sizeof *sel);
+	for (i = 0; i < c->nkeys; i++) {
+		cond_find(filter, c->keys[i], &cds[i], 0);
+		if (cds[i].kind != COND_POINTS)
+			all_points = false;
+		else
+			total *= cds[i].npts;
+		if (total > ROUTE_MAX_POINTS)
+			all_points = false;
+	}
+	if (all_points) {
+		size_t idx[ROUTE_MAX_KEY_FIELDS] = {0};
+		size_t p;
+		for (p = 0; p < total; p++) {
+			bson_t key = BSON_INITIALIZER;
+			ssize_t ch;
+			size_t rem = p;
+			for (i = 0; i < c->nkeys; i++) {
+				idx[i] = rem % cds[i].npts;
+				rem /= cds[i].npts;
+				if (c->hashed)
+					BSON_APPEND_INT64(&key, c->keys[i],
+							  route_hash_value(&cds[i].pts[idx[i]]));
+				else
+					BSON_APPEND_VALUE(&key, c->keys[i], &cds[i].pts[idx[i]]);
+			}
+			ch = route_find_chunk(c, &key);
+			bson_destroy(&key);
+			if (ch >= 0 && !sel[ch]) {
+				sel[ch] = true;
+				n++;
+			}
+		}
+		*exact = true;
+		goto out;
+	}
+	if (!c->hashed && cds[0].kind == COND_POINTS) {
+		for (i = 0; i < cds[0].npts; i++)
+			n += select_first_range(c, &cds[0].pts[i], &cds[0].pts[i], true, sel);
+		goto out;
+	}
+	if (!c->hashed && cds[0].kind == COND_RANGE) {
+		n = select_first_range(c, cds[0].has_lo ? &cds[0].lo : NULL,
+				       cds[0].has_hi ? &cds[0].hi : NULL, cds[0].hi_incl, sel);
+		goto out;
+	}
+	for (i = 0; i < c->nchunks; i++)
+		sel[i] = true;
+	n = c->nchunks;
+out:
+	free(cds);
+	return n;
+}
+
+size_t route_target_range(const route_coll *c, const bson_t *min, const bson_t *max, bool *sel)
+{
+	size_t i, n = 0;
+
+	for (i = 0; i < c->nchunks; i++) {
+		sel[i] = route_key_cmp(c->chunks[i].min, max) < 0 &&
+			 route_key_cmp(min, c->chunks[i].max) < 0;
+		n += sel[i];
+	}
+	return n;
+}
+
+/* ---------- shard key updates ---------- */
+
+static bool paths_conflict(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b);
+	size_t m = la < lb ? la : lb;
+
+	if (strncmp(a, b, m) != 0)
+		return false;
+	if (la == lb)
+		return true;
+	return (la < lb ? b[la] : a[lb]) == '.';
+}
+
+static bool filter_point(const bson_t *filter, const char *path, bson_value_t *v)
+{
+	cond cd;
+
+	memset(&cd, 0, sizeof cd);
+	cond_find(filter, path, &cd, 0);
+	if (cd.kind != COND_POINTS || cd.npts != 1)
+		return false;
+	*v = cd.pts[0];
+	return true;
+}
+
+bool route_update_changes_key(const route_coll *c, const bson_t *update, const bson_t *filter,
+			      char *err, size_t errlen)
+{
+	bson_iter_t it, f;
+	size_t i;
+	bson_value_t pinned;
+
+	if (!bson_iter_init(&it, update) || !bson_iter_next(&it))
+		return false;
+	if (bson_iter_key(&it)[0] == '$') {
+		bson_iter_init(&it, update);
+		while (bson_iter_next(&it)) {
+			const char *op = bson_iter_key(&it);
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &f))
+				continue;
+			while (bson_iter_next(&f)) {
+				for (i = 0; i < c->nkeys; i++) {
+					if (!paths_conflict(bson_iter_key(&f), c->keys[i]))
+						continue;
+					if (strcmp(op, "$set") == 0 &&
+					    strcmp(bson_iter_key(&f), c->keys[i]) == 0 &&
+					    filter_point(filter, c->keys[i], &pinned) &&
+					    sdb_bson_value_eq(bson_iter_value(&f), &pinned))
+						continue;
+					sdb_errf(err, errlen, SDB_EINVAL,
+						 "After applying the update, the (immutable) field '%s' "
+						 "was found to have been altered: updating the shard key "
+						 "of a document is not supported",
+						 c->keys[i]);
+					return true;
+				}
+			}
+		}
+		return false;
+	}
+	/* replacement */
+	for (i = 0; i < c->nkeys; i++) {
+		bson_iter_t v;
+		int r = path_find(update, c->keys[i], &v);
+		bson_value_t null_v;
+		null_v.value_type = BSON_TYPE_NULL;
+		if (!filter_point(filter, c->keys[i], &pinned)) {
+			sdb_errf(err, errlen, SDB_EINVAL,
+				 "Shard key update is not allowed without specifying the full "
+				 "shard key in the query: field '%s'",
+				 c->keys[i]);
+			return true;
+		}
+		if (r < 0 || !sdb_bson_value_eq(r ? bson_iter_value(&v) : &null_v, &pinned)) {
+			sdb_errf(err, errlen, SDB_EINVAL,
+				 "After applying the update, the (immutable) field '%s' was found "
+				 "to have been altered",
+				 c->keys[i]);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* ---------- cache ---------- */
+
+struct route_cache {
+	uv_mutex_t mu;
+	route_coll **v;
+	size_t n, cap;
+};
+
+route_cache *route_cache_new(void)
+{
+	route_cache *rc = sdb_calloc(1, sizeof *rc);
+
+	uv_mutex_init(&rc->mu);
+	return rc;
+}
+
+void route_cache_free(route_cache *rc)
+{
+	size_t i;
+
+	if (rc == NULL)
+		return;
+	for (i = 0; i < rc->n; i++)
+		route_coll_unref(rc->v[i]);
+	free(rc->v);
+	uv_mutex_destroy(&rc->mu);
+	free(rc);
+}
+
+route_coll *route_cache_get(route_cache *rc, const char *ns)
+{
+	route_coll *c = NULL;
+	size_t i;
+
+	uv_mutex_lock(&rc->mu);
+	for (i = 0; i < rc->n; i++) {
+		if (strcmp(rc->v[i]->ns, ns) == 0) {
+			c = rc->v[i];
+			route_coll_ref(c);
+			break;
+		}
+	}
+	uv_mutex_unlock(&rc->mu);
+	return c;
+}
+
+void route_cache_put(route_cache *rc, route_coll *c)
+{
+	size_t i;
+
+	uv_mutex_lock(&rc->mu);
+	for (i = 0; i < rc->n; i++) {
+		if (strcmp(rc->v[i]->ns, c->ns) == 0) {
+			if (rc->v[i]->version > c->version) {
+				uv_mutex_unlock(&rc->mu);
+				route_coll_unref(c);
+				return;
+			}
+			route_coll_unref(rc->v[i]);
+			rc->v[i] = c;
+			uv_mutex_unlock(&rc->mu);
+			return;
+		}
+	}
+	if (rc->n == rc->cap) {
+		rc->cap = rc->cap ? rc->cap * 2 : 16;
+		rc->v = sdb_realloc(rc->v, rc->cap * sizeof *rc->v);
+	}
+	rc->v[rc->n++] = c;
+	uv_mutex_unlock(&rc->mu);
+}
+
+void route_cache_drop(route_cache *rc, const char *ns)
+{
+	size_t i, j = 0;
+
+	uv_mutex_lock(&rc->mu);
+	for (i = 0; i < rc->n; i++) {
+		if (ns == NULL || strcmp(rc->v[i]->ns, ns) == 0)
+			route_coll_unref(rc->v[i]);
+		else
+			rc->v[j++] = rc->v[i];
+	}
+	rc->n = j;
+	uv_mutex_unlock(&rc->mu);
+}
+
+size_t route_cache_names(route_cache *rc, char ***out)
+{
+	size_t i, n;
+
+	uv_mutex_lock(&rc->mu);
+	n = rc->n;
+	*out = sdb_calloc(n ? n : 1, sizeof **out);
+	for (i = 0; i < n; i++)
+		(*out)[i] = sdb_strdup(rc->v[i]->ns);
+	uv_mutex_unlock(&rc->mu);
+	return n;
+}

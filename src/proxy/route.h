@@ -1,0 +1,129 @@
+/* The proxy's routing cache: collections, shard keys and chunks, from the metadata service.
+ *
+ * Source of the behaviour: DESIGN.md §1 (chunks are half-open shard-key ranges [min, max)),
+ * §5 (route by shard key: equality -> one chunk, range -> overlapping chunks, none -> all),
+ * MongoDB's chunk model (config.chunks: min/max documents with MinKey/MaxKey ends, ordered
+ * by the shard key pattern; hashed keys route on the NumberLong hash of the value).
+ *
+ * A route_coll is an immutable snapshot of one collection's routing (built once, never
+ * changed, shared by reference counting), so worker threads look chunks up without a lock
+ * while the cache swaps in a newer snapshot. Chunks are kept sorted by min (compared
+ * component by component with sdb_bson_cmp, MongoDB's order), so a lookup is a binary
+ * search: O(log chunks).
+ *
+ * Key values: a shard key value is a BSON document with one element per key field, in the
+ * key pattern's order ({a: 5, b: "x"}); field names are ignored when comparing. A field
+ * missing from a document counts as null (MongoDB 4.4+). Arrays are never valid key values.
+ *
+ * Hashed keys (a single field declared "hashed"): the routed value is
+ *     NumberLong((int64_t) XXH64(keyenc(value), seed 0))
+ * where keyenc(value) is the order-preserving encoding of storage/keyenc.h of the value
+ * (ascending). keyenc maps equal numbers of different types (1, 1.0, NumberLong(1)) to the
+ * same bytes, so they hash equally; chunk bounds of hashed collections are NumberLongs
+ * (or MinKey/MaxKey), as in MongoDB.
+ */
+#ifndef SDB_PROXY_ROUTE_H
+#define SDB_PROXY_ROUTE_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ROUTE_MAX_KEY_FIELDS 8  /* compound shard keys longer than this are refused */
+#define ROUTE_MAX_POINTS 256    /* $in point sets larger than this scatter */
+
+typedef struct route_chunk {
+	char *id;      /* chunk id: metadata's int64 id in decimal ("17"), the name shards gate on */
+	bson_t *min;   /* inclusive lower bound, one element per key field (heap) */
+	bson_t *max;   /* exclusive upper bound (heap) */
+	char *shard;   /* owning shard id, heap */
+	int64_t token; /* version token the shard checks ($stripedbVersion) */
+} route_chunk;
+
+typedef struct route_coll {
+	char *ns;                              /* "db.coll" */
+	size_t nkeys;                          /* 1..ROUTE_MAX_KEY_FIELDS */
+	char *keys[ROUTE_MAX_KEY_FIELDS];      /* dotted key paths, heap */
+	bool hashed;                           /* single hashed field */
+	route_chunk *chunks;                   /* sorted by min */
+	size_t nchunks;
+	int64_t version;                       /* routing version this snapshot reflects */
+	int refs;                              /* atomic */
+} route_coll;
+
+/* Build a snapshot from metadata replies.
+ *   ns: namespace; key: the key pattern document ({a: 1, b: 1} or {a: "hashed"});
+ *   table: a getRoutingTable reply {routingVersion: N, chunks: [{id, ns, min, max, shard,
+ *   token}]}; chunks of other namespaces are skipped.
+ * Returns 0 and *out (one reference; release with route_coll_unref) or SDB_EINVAL with a
+ * message (bad key pattern, a chunk without id/min/max/shard, bounds with the wrong
+ * number of fields, chunks that overlap). A table with no chunk for ns is valid (an
+ * unsharded or empty collection: nchunks 0). */
+int route_coll_build(const char *ns, const bson_t *key, const bson_t *table, route_coll **out,
+		     char *err, size_t errlen);
+/* A snapshot for a collection metadata does not shard (nkeys 0, nchunks 0): it lives whole on
+ * the primary shard. One reference; never fails. */
+route_coll *route_coll_unsharded(const char *ns, int64_t version);
+void route_coll_ref(route_coll *c);
+void route_coll_unref(route_coll *c);
+
+/* The hash of a hashed shard key value (see top). v NULL means missing (hashes as null). */
+int64_t route_hash_value(const bson_value_t *v);
+
+/* Compare two key values (documents with nkeys elements) component by component in
+ * MongoDB order, ignoring names; a shorter document compares below. */
+int route_key_cmp(const bson_t *a, const bson_t *b);
+
+/* Extract the shard key value of a document (insert, replacement) into out (initialised
+ * by the caller, appended to): missing fields are null; hashed keys hash. Returns 0 or
+ * SDB_EINVAL when a key field holds an array or a document nests too deep. */
+int route_key_from_doc(const route_coll *c, const bson_t *doc, bson_t *out, char *err,
+		       size_t errlen);
+
+/* Index of the chunk holding key (a key value in the routed space: hashed already).
+ * Returns -1 when no chunk holds it (a hole in the table) or the table is empty. */
+ssize_t route_find_chunk(const route_coll *c, const bson_t *key);
+
+/* The chunk of a document (route_key_from_doc + route_find_chunk). -1 on a bad key or no
+ * chunk. */
+ssize_t route_chunk_of_doc(const route_coll *c, const bson_t *doc);
+
+/* Targeting of a query filter. Fills sel (c->nchunks booleans, caller-allocated) with the
+ * chunks that may hold matching documents and returns how many; *exact is set when the
+ * filter pins the whole shard key to one or more points (equality or $in on every key
+ * field), so each targeted chunk holds only documents of those points.
+ * Rules: equality / $eq / $in on every key field -> the chunks of those points (at most
+ * ROUTE_MAX_POINTS, else scatter); for ranged keys, bounds ($gt, $gte, $lt, $lte, $eq)
+ * on the first key field -> the chunks whose first-component range overlaps; otherwise
+ * every chunk. Looks inside top-level $and. Never under-selects. */
+size_t route_target(const route_coll *c, const bson_t *filter, bool *sel, bool *exact);
+
+/* Chunks whose range overlaps [min, max) of another (older) snapshot's chunk, used to
+ * re-target the part of an operation refused by StaleConfig. Fills sel; returns count. */
+size_t route_target_range(const route_coll *c, const bson_t *min, const bson_t *max, bool *sel);
+
+/* True when the update document (op-style or replacement) would change the shard key:
+ * op-style when any modifier path equals, contains or lies inside a key path (except $set
+ * to the value eq_key already pins); replacement when its key differs from eq_key (or any
+ * key field is missing and eq_key is NULL). eq_key is the filter's pinned key value
+ * (unhashed field values) or NULL. On true, err names the field (MongoDB's message). */
+bool route_update_changes_key(const route_coll *c, const bson_t *update, const bson_t *filter,
+			      char *err, size_t errlen);
+
+/* The thread-safe cache: ns -> current snapshot. */
+typedef struct route_cache route_cache;
+
+route_cache *route_cache_new(void);
+void route_cache_free(route_cache *rc);
+/* Current snapshot for ns with a reference taken (caller unrefs), or NULL when unknown.
+ * A known-unsharded collection is cached as a snapshot with nchunks 0. */
+route_coll *route_cache_get(route_cache *rc, const char *ns);
+/* Install c (takes one reference from the caller) unless the cached one is newer. */
+void route_cache_put(route_cache *rc, route_coll *c);
+/* Forget ns (or everything when ns is NULL). */
+void route_cache_drop(route_cache *rc, const char *ns);
+/* Copy the cached namespaces (heap array of heap strings, caller frees each and the array). */
+size_t route_cache_names(route_cache *rc, char ***out);
+
+#endif

@@ -1,0 +1,420 @@
+/* Shard connections and worker threads of the proxy: see shardconn.h. */
+#include "proxy/shardconn.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "wire/server.h"
+
+/* ---------- a fixed thread pool ---------- */
+
+typedef struct job {
+	void (*fn)(void *arg);
+	void *arg;
+	struct job *next;
+} job;
+
+typedef struct tpool {
+	uv_mutex_t mu;
+	uv_cond_t cv;
+	job *head, *tail;
+	bool stop;
+	size_t n;
+	uv_thread_t *threads;
+} tpool;
+
+static void tpool_main(void *arg)
+{
+	tpool *p = arg;
+
+	for (;;) {
+		job *j;
+		uv_mutex_lock(&p->mu);
+		while (p->head == NULL && !p->stop)
+			uv_cond_wait(&p->cv, &p->mu);
+		j = p->head;
+		if (j == NULL) {
+			uv_mutex_unlock(&p->mu);
+			return;
+		}
+		p->head = j->next;
+		if (p->head == NULL)
+			p->tail = NULL;
+		uv_mutex_unlock(&p->mu);
+		j->fn(j->arg);
+		free(j);
+	}
+}
+
+static void tpool_init(tpool *p, size_t n)
+{
+	size_t i;
+
+	memset(p, 0, sizeof *p);
+	uv_mutex_init(&p->mu);
+	uv_cond_init(&p->cv);
+	p->n = n;
+	p->threads = sdb_calloc(n, sizeof *p->threads);
+	for (i = 0; i < n; i++)
+		if (uv_thread_create(&p->threads[i], tpool_main, p) != 0)
+			abort();
+}
+
+static void tpool_push(tpool *p, void (*fn)(void *), void *arg)
+{
+	job *j = sdb_calloc(1, sizeof *j);
+
+	j->fn = fn;
+	j->arg = arg;
+	uv_mutex_lock(&p->mu);
+	if (p->tail)
+		p->tail->next = j;
+	else
+		p->head = j;
+	p->tail = j;
+	uv_cond_signal(&p->cv);
+	uv_mutex_unlock(&p->mu);
+}
+
+static void tpool_destroy(tpool *p)
+{
+	size_t i;
+
+	uv_mutex_lock(&p->mu);
+	p->stop = true;
+	uv_cond_broadcast(&p->cv);
+	uv_mutex_unlock(&p->mu);
+	for (i = 0; i < p->n; i++)
+		uv_thread_join(&p->threads[i]);
+	free(p->threads);
+	uv_cond_destroy(&p->cv);
+	uv_mutex_destroy(&p->mu);
+}
+
+/* ---------- shards ---------- */
+
+typedef struct shard {
+	char *id;
+	char *uri;
+	mongoc_client_pool_t *pool;
+	struct shard *next;
+} shard;
+
+struct shardconn {
+	uv_rwlock_t lock;
+	shard *shards;
+	shard *retired; /* replaced pools stay alive until free (clients may be out) */
+	tpool req, io;
+};
+
+shardconn *shardconn_new(void)
+{
+	shardconn *sc = sdb_calloc(1, sizeof *sc);
+
+	mongoc_init();
+	uv_rwlock_init(&sc->lock);
+	tpool_init(&sc->req, SHARDCONN_WORKERS);
+	tpool_init(&sc->io, SHARDCONN_IO_WORKERS);
+	return sc;
+}
+
+static void shard_free(shard *s)
+{
+	if (s->pool)
+		mongoc_client_pool_destroy(s->pool);
+	free(s->id);
+	free(s->uri);
+	free(s);
+}
+
+static void shard_free_job(void *arg)
+{
+	shard_free(arg);
+}
+
+void shardconn_free(shardconn *sc)
+{
+	shard *s, *n;
+
+	if (sc == NULL)
+		return;
+	tpool_destroy(&sc->req);
+	/* Destroying a pool waits for its monitor threads (a few hundred ms each): destroy
+	 * them in parallel on the I/O pool. */
+	for (s = sc->retired; s && s->next; s = s->next)
+		;
+	if (s)
+		s->next = sc->shards;
+	else
+		sc->retired = sc->shards;
+	sc->shards = NULL;
+	for (s = sc->retired; s; s = n) {
+		n = s->next;
+		tpool_push(&sc->io, shard_free_job, s);
+	}
+	sc->retired = NULL;
+	tpool_destroy(&sc->io);
+	uv_rwlock_destroy(&sc->lock);
+	free(sc);
+}
+
+static char *uri_with_defaults(const char *uri)
+{
+	char *base, *out;
+	char t[128];
+
+	if (strncmp(uri, "mongodb://", 10) == 0 || strncmp(uri, "mongodb+srv://", 14) == 0)
+		base = sdb_strdup(uri);
+	else
+		base = sdb_asprintf("mongodb://%s/", uri);
+	t[0] = '\0';
+	if (strstr(base, "serverSelectionTimeoutMS") == NULL)
+		snprintf(t + strlen(t), sizeof t - strlen(t), "%sserverSelectionTimeoutMS=%d",
+			 t[0] ? "&" : "", SHARDCONN_CONNECT_TIMEOUT_MS);
+	if (strstr(base, "connectTimeoutMS") == NULL)
+		snprintf(t + strlen(t), sizeof t - strlen(t), "%sconnectTimeoutMS=%d",
+			 t[0] ? "&" : "", SHARDCONN_CONNECT_TIMEOUT_MS);
+	if (t[0] == '\0')
+		return base;
+	if (strchr(base, '?'))
+		out = sdb_asprintf("%s&%s", base, t);
+	else if (strchr(base + 10, '/'))
+		out = sdb_asprintf("%s?%s", base, t);
+	else
+		out = sdb_asprintf("%s/?%s", base, t);
+	free(base);
+	return out;
+}
+
+static mongoc_client_pool_t *pool_for(const char *full, char *err, size_t errlen)
+{
+	bson_error_t e;
+	mongoc_uri_t *u = mongoc_uri_new_with_error(full, &e);
+	mongoc_client_pool_t *p;
+
+	if (u == NULL) {
+		sdb_errf(err, errlen, SDB_EINVAL, "bad URI %s: %s", full, e.message);
+		return NULL;
+	}
+	p = mongoc_client_pool_new(u);
+	mongoc_uri_destroy(u);
+	if (p == NULL) {
+		sdb_errf(err, errlen, SDB_EINVAL, "cannot create a client pool for %s", full);
+		return NULL;
+	}
+	mongoc_client_pool_max_size(p, SHARDCONN_MAX_INFLIGHT);
+	mongoc_client_pool_set_error_api(p, MONGOC_ERROR_API_VERSION_2);
+	mongoc_client_pool_set_appname(p, "stripedb-proxy");
+	return p;
+}
+
+int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *err, size_t errlen)
+{
+	shard *s, **pp;
+	char *full = uri_with_defaults(uri);
+	mongoc_client_pool_t *pool;
+
+	uv_rwlock_rdlock(&sc->lock);
+	for (s = sc->shards; s; s = s->next) {
+		if (strcmp(s->id, id) == 0 && strcmp(s->uri, uri) == 0) {
+			uv_rwlock_rdunlock(&sc->lock);
+			free(full);
+			return 0;
+		}
+	}
+	uv_rwlock_rdunlock(&sc->lock);
+	pool = pool_for(full, err, errlen);
+	free(full);
+	if (pool == NULL)
+		return SDB_EINVAL;
+	s = sdb_calloc(1, sizeof *s);
+	s->id = sdb_strdup(id);
+	s->uri = sdb_strdup(uri);
+	s->pool = pool;
+	uv_rwlock_wrlock(&sc->lock);
+	for (pp = &sc->shards; *pp; pp = &(*pp)->next) {
+		if (strcmp((*pp)->id, id) == 0) {
+			shard *old = *pp;
+			*pp = old->next;
+			old->next = sc->retired;
+			sc->retired = old;
+			break;
+		}
+	}
+	s->next = sc->shards;
+	sc->shards = s;
+	uv_rwlock_wrunlock(&sc->lock);
+	sdb_info("shard registered", "shard=%s uri=%s", id, uri);
+	return 0;
+}
+
+bool shardconn_has_shard(shardconn *sc, const char *id)
+{
+	shard *s;
+	bool found = false;
+
+	uv_rwlock_rdlock(&sc->lock);
+	for (s = sc->shards; s; s = s->next)
+		if (strcmp(s->id, id) == 0)
+			found = true;
+	uv_rwlock_rdunlock(&sc->lock);
+	return found;
+}
+
+static int strp_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+size_t shardconn_shard_ids(shardconn *sc, char ***out)
+{
+	shard *s;
+	size_t n = 0, i = 0;
+
+	uv_rwlock_rdlock(&sc->lock);
+	for (s = sc->shards; s; s = s->next)
+		n++;
+	*out = sdb_calloc(n ? n : 1, sizeof **out);
+	for (s = sc->shards; s; s = s->next)
+		(*out)[i++] = sdb_strdup(s->id);
+	uv_rwlock_rdunlock(&sc->lock);
+	qsort(*out, n, sizeof **out, strp_cmp);
+	return n;
+}
+
+static mongoc_client_pool_t *find_pool(shardconn *sc, const char *id)
+{
+	shard *s;
+	mongoc_client_pool_t *p = NULL;
+
+	uv_rwlock_rdlock(&sc->lock);
+	for (s = sc->shards; s; s = s->next)
+		if (strcmp(s->id, id) == 0)
+			p = s->pool;
+	uv_rwlock_rdunlock(&sc->lock);
+	return p;
+}
+
+int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
+		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen)
+{
+	mongoc_client_pool_t *pool = find_pool(sc, id);
+	mongoc_client_t *cl;
+	bson_error_t e;
+	bson_iter_t it;
+	bool ok;
+	int rc;
+
+	if (pool == NULL) {
+		bson_init(reply);
+		sdb_errf(err, errlen, SDB_ENOTFOUND, "shard %s is not registered", id);
+		return SHARDCONN_NET_ERR;
+	}
+	cl = mongoc_client_pool_pop(pool);
+	if (*server_id == 0) {
+		mongoc_server_description_t *sd = mongoc_client_select_server(cl, true, NULL, &e);
+		if (sd == NULL) {
+			mongoc_client_pool_push(pool, cl);
+			bson_init(reply);
+			sdb_errf(err, errlen, SDB_EUNAVAILABLE, "shard %s is unreachable: %s", id,
+				 e.message);
+			return SHARDCONN_NET_ERR;
+		}
+		*server_id = mongoc_server_description_id(sd);
+		mongoc_server_description_destroy(sd);
+	}
+	ok = mongoc_client_command_simple_with_server_id(cl, db, cmd, NULL, *server_id, reply, &e);
+	mongoc_client_pool_push(pool, cl);
+	if (ok)
+		return SHARDCONN_OK;
+	if (e.domain == MONGOC_ERROR_SERVER || e.domain == MONGOC_ERROR_WRITE_CONCERN) {
+		rc = SHARDCONN_CMD_ERR;
+		if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it) &&
+		    bson_iter_as_int64(&it) == WIRE_ERR_STALE_CONFIG)
+			rc = SHARDCONN_STALE;
+		if (bson_empty(reply)) {
+			BSON_APPEND_DOUBLE(reply, "ok", 0);
+			BSON_APPEND_UTF8(reply, "errmsg", e.message);
+			BSON_APPEND_INT32(reply, "code", (int32_t)e.code);
+		}
+		return rc;
+	}
+	sdb_errf(err, errlen, SDB_EUNAVAILABLE, "shard %s: %s", id, e.message);
+	return SHARDCONN_NET_ERR;
+}
+
+void shardconn_submit(shardconn *sc, void (*fn)(void *arg), void *arg)
+{
+	tpool_push(&sc->req, fn, arg);
+}
+
+typedef struct fan {
+	uv_mutex_t mu;
+	uv_cond_t cv;
+	size_t left;
+	void (*fn)(void *ctx, size_t i);
+	void *ctx;
+} fan;
+
+typedef struct fan_item {
+	fan *f;
+	size_t i;
+} fan_item;
+
+static void fan_run(void *arg)
+{
+	fan_item *it = arg;
+	fan *f = it->f;
+
+	f->fn(f->ctx, it->i);
+	uv_mutex_lock(&f->mu);
+	if (--f->left == 0)
+		uv_cond_signal(&f->cv);
+	uv_mutex_unlock(&f->mu);
+	free(it);
+}
+
+void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), void *ctx)
+{
+	fan f;
+	size_t i;
+
+	if (n == 0)
+		return;
+	if (n == 1) {
+		fn(ctx, 0);
+		return;
+	}
+	uv_mutex_init(&f.mu);
+	uv_cond_init(&f.cv);
+	f.left = n;
+	f.fn = fn;
+	f.ctx = ctx;
+	for (i = 0; i < n; i++) {
+		fan_item *it = sdb_calloc(1, sizeof *it);
+		it->f = &f;
+		it->i = i;
+		tpool_push(&sc->io, fan_run, it);
+	}
+	uv_mutex_lock(&f.mu);
+	while (f.left > 0)
+		uv_cond_wait(&f.cv, &f.mu);
+	uv_mutex_unlock(&f.mu);
+	uv_cond_destroy(&f.cv);
+	uv_mutex_destroy(&f.mu);
+}
+
+mongoc_client_pool_t *shardconn_metadata_pool(const char *addrs, char *err, size_t errlen)
+{
+	char *uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=3000"
+				 "&connectTimeoutMS=2000&socketTimeoutMS=30000",
+				 addrs);
+	mongoc_client_pool_t *p = pool_for(uri, err, errlen);
+
+	free(uri);
+	return p;
+}

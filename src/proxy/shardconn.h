@@ -1,0 +1,72 @@
+/* Connections from the proxy to shards and to the metadata service, and the worker
+ * threads that run every blocking libmongoc call off the event loop.
+ *
+ * One mongoc_client_pool_t per shard (DESIGN.md §2: the same libmongoc code path for
+ * embedded shards and MongoDB replica sets); its max size bounds the requests in flight
+ * to that shard (SHARDCONN_MAX_INFLIGHT), protecting shards from a burst: a request beyond
+ * it waits for a free client. Shard URIs come from the metadata service (listShards:
+ * {id, uri}); the proxy adds serverSelectionTimeoutMS/connectTimeoutMS of
+ * SHARDCONN_CONNECT_TIMEOUT_MS when the URI has none, so a shard that is down fails fast
+ * with a retryable error for its chunks only.
+ *
+ * Threads: shardconn_submit() queues a job on the request pool (SHARDCONN_WORKERS threads);
+ * shardconn_fanout() runs n sub-tasks of one request in parallel on a second pool (so a
+ * request worker waiting for its sub-tasks can never starve them) and waits for all.
+ */
+#ifndef SDB_PROXY_SHARDCONN_H
+#define SDB_PROXY_SHARDCONN_H
+
+#include <bson/bson.h>
+#include <mongoc/mongoc.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SHARDCONN_WORKERS 16
+#define SHARDCONN_IO_WORKERS 32
+#define SHARDCONN_MAX_INFLIGHT 64
+#define SHARDCONN_CONNECT_TIMEOUT_MS 2000
+
+typedef struct shardconn shardconn;
+
+/* Create the pools and start the threads. Never fails (allocation aborts). */
+shardconn *shardconn_new(void);
+/* Stop the threads (jobs already queued run first) and free everything. Call once no
+ * job can be submitted any more. */
+void shardconn_free(shardconn *sc);
+
+/* Add or replace shard id with uri ("mongodb://..." or "HOST:PORT"). Returns 0 or
+ * SDB_EINVAL (unparsable URI) with a message. Thread-safe. */
+int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *err, size_t errlen);
+/* True when shard id is known. */
+bool shardconn_has_shard(shardconn *sc, const char *id);
+/* The known shard ids, sorted (heap array of heap strings; free each and the array). */
+size_t shardconn_shard_ids(shardconn *sc, char ***out);
+
+/* Result classes of shardconn_command. */
+enum {
+	SHARDCONN_OK = 0,      /* reply has ok: 1 */
+	SHARDCONN_CMD_ERR = 1, /* the shard answered ok: 0 (reply holds code/errmsg) */
+	SHARDCONN_STALE = 2,   /* the shard answered StaleConfig (13388) */
+	SHARDCONN_NET_ERR = 3, /* no answer: unknown shard, down, timeout (err says which) */
+};
+
+/* Run cmd on shard id's primary in database db (blocking: worker threads only).
+ * *server_id: 0 = select the primary and store its id (so getMore can follow the same
+ * server); non-zero = run on that server. reply is always initialised (caller destroys).
+ * Returns one of the SHARDCONN_* classes; on NET_ERR, err holds a message naming the
+ * shard. */
+int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
+		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen);
+
+/* Queue fn(arg) on a request worker. Thread-safe. */
+void shardconn_submit(shardconn *sc, void (*fn)(void *arg), void *arg);
+/* Run fn(ctx, i) for i in [0, n) in parallel on the I/O pool and return when all have
+ * finished (n == 1 runs inline). */
+void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
+
+/* A client pool for the metadata members "H:P,H:P" (replicaSet=stripedb-meta, so the
+ * leader is found by libmongoc). Returns NULL with a message on a bad address list. */
+mongoc_client_pool_t *shardconn_metadata_pool(const char *addrs, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,367 @@
+"""Integration tests of the proxy role (issue #6): metadata + 3 embedded shards + 2 proxies
+on loopback, driven by pymongo (and the Node.js driver when node is installed)."""
+import json
+import os
+import random
+import shutil
+import subprocess
+import threading
+import time
+
+import pymongo
+import pytest
+from bson import MinKey, MaxKey
+from pymongo.errors import BulkWriteError, OperationFailure
+
+from conftest import free_port, wait_until
+from proxy_helpers import ProxyCluster
+
+
+@pytest.fixture
+def cluster(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=3, proxies=2)
+    yield cl
+    cl.close()
+
+
+def ranged(cl, ns="db.c"):
+    """k in [MinKey,100) on shard-a, [100,200) on shard-b, [200,MaxKey) on shard-c."""
+    cl.shard_collection(ns, {"k": 1}, split_points=[{"k": 100}, {"k": 200}],
+                        shards=["shard-a", "shard-b", "shard-c"])
+
+
+def chunk_for(table, k):
+    for ch in table["chunks"]:
+        lo, hi = ch["min"]["k"], ch["max"]["k"]
+        if (isinstance(lo, MinKey) or lo <= k) and (isinstance(hi, MaxKey) or k < hi):
+            return ch
+    raise AssertionError(f"no chunk for {k}")
+
+
+def test_hello_is_mongos(cluster):
+    hello = cluster.proxy_client(0).admin.command("hello")
+    assert hello["msg"] == "isdbgrid"
+    assert hello["isWritablePrimary"] is True
+
+
+def test_documents_land_on_their_chunks_shard(cluster):
+    ranged(cluster)
+    c = cluster.proxy_client(0).db.c
+    c.insert_many([{"_id": i, "k": i * 3, "v": f"x{i}"} for i in range(100)])
+    table = cluster.routing("db.c")
+    expected = {sid: set() for sid in cluster.shard_ids}
+    for i in range(100):
+        expected[chunk_for(table, i * 3)["shard"]].add(i)
+    for sid in cluster.shard_ids:
+        got = {d["_id"] for d in cluster.shard_client(sid).db.c.find({}, {"_id": 1})}
+        assert got == expected[sid], sid
+    assert [len(expected[s]) for s in cluster.shard_ids] == [34, 33, 33]
+    # point read through the other proxy, and a targeted update
+    c2 = cluster.proxy_client(1).db.c
+    assert c2.find_one({"k": 150}) == {"_id": 50, "k": 150, "v": "x50"}
+    assert c2.update_one({"k": 150}, {"$set": {"v": "y"}}).modified_count == 1
+    assert cluster.shard_client("shard-b").db.c.find_one({"_id": 50})["v"] == "y"
+
+
+def test_hashed_collection_spreads_and_routes(cluster):
+    cluster.shard_collection("db.h", {"u": "hashed"}, num_chunks=6)
+    c = cluster.proxy_client(0).db.h
+    c.insert_many([{"_id": i, "u": f"user{i}"} for i in range(300)])
+    per_shard = {sid: {d["_id"] for d in cluster.shard_client(sid).db.h.find({}, {"_id": 1})}
+                 for sid in cluster.shard_ids}
+    assert sum(len(v) for v in per_shard.values()) == 300
+    assert set().union(*per_shard.values()) == set(range(300))
+    assert all(len(v) > 30 for v in per_shard.values())  # 6 even chunks on 3 shards
+    for i in (0, 17, 299):
+        assert c.find_one({"u": f"user{i}"}) == {"_id": i, "u": f"user{i}"}
+    assert c.count_documents({}) == 300
+    assert c.count_documents({"_id": {"$lt": 10}}) == 10
+
+
+def test_merged_getmore_sort_skip_limit(cluster):
+    ranged(cluster)
+    c = cluster.proxy_client(0).db.c
+    c.insert_many([{"_id": i, "k": (i * 7) % 300, "g": i % 5} for i in range(300)])
+    cur = c.find({}, batch_size=7).sort([("g", 1), ("k", -1)]).skip(13).limit(250)
+    docs = list(cur)
+    expect = sorted(({"_id": i, "k": (i * 7) % 300, "g": i % 5} for i in range(300)),
+                    key=lambda d: (d["g"], -d["k"]))[13:263]
+    assert docs == expect
+    # a raw getMore sequence: firstBatch 10, then batches of 50 until exhausted
+    db = cluster.proxy_client(1).db
+    r = db.command("find", "c", filter={"k": {"$gte": 50}}, sort={"k": 1}, batchSize=10)
+    got = [d["k"] for d in r["cursor"]["firstBatch"]]
+    cid = r["cursor"]["id"]
+    assert len(got) == 10 and cid != 0
+    while cid:
+        r = db.command("getMore", cid, collection="c", batchSize=50)
+        got += [d["k"] for d in r["cursor"]["nextBatch"]]
+        cid = r["cursor"]["id"]
+    assert got == list(range(50, 300))
+    # killCursors
+    r = db.command("find", "c", batchSize=2)
+    cid = r["cursor"]["id"]
+    k = db.command("killCursors", "c", cursors=[cid, 12345])
+    assert k["cursorsKilled"] == [cid] and k["cursorsNotFound"] == [12345]
+    with pytest.raises(OperationFailure) as e:
+        db.command("getMore", cid, collection="c")
+    assert e.value.code == 43
+
+
+def test_ordered_unordered_duplicates_across_shards(cluster):
+    ranged(cluster)
+    c = cluster.proxy_client(0).db.c
+    c.insert_many([{"_id": 1, "k": 1}, {"_id": 150, "k": 150}])
+    batch = [{"_id": 2, "k": 2}, {"_id": 151, "k": 151}, {"_id": 150, "k": 150},
+             {"_id": 250, "k": 250}, {"_id": 1, "k": 1}, {"_id": 3, "k": 3}]
+    with pytest.raises(BulkWriteError) as e:
+        c.insert_many(batch, ordered=True)
+    res = e.value.details
+    assert res["nInserted"] == 2
+    assert [(w["index"], w["code"]) for w in res["writeErrors"]] == [(2, 11000)]
+    assert sorted(d["_id"] for d in c.find()) == [1, 2, 150, 151]
+    c.delete_many({"_id": {"$in": [2, 151]}})
+    with pytest.raises(BulkWriteError) as e:
+        c.insert_many(batch, ordered=False)
+    res = e.value.details
+    assert res["nInserted"] == 4
+    assert [(w["index"], w["code"]) for w in res["writeErrors"]] == [(2, 11000), (4, 11000)]
+    assert sorted(d["_id"] for d in c.find()) == [1, 2, 3, 150, 151, 250]
+
+
+def test_writes_multi_and_shard_key_rules(cluster):
+    ranged(cluster)
+    c = cluster.proxy_client(0).db.c
+    c.insert_many([{"_id": i, "k": i, "n": 0} for i in range(0, 300, 10)])
+    assert c.update_many({"k": {"$gte": 50}}, {"$inc": {"n": 1}}).raw_result["nModified"] == 25
+    assert c.count_documents({"n": 1}) == 25
+    assert c.update_many({}, {"$inc": {"n": 1}}).modified_count == 30
+    assert c.delete_many({"k": {"$gte": 250}}).deleted_count == 5
+    # single-document forms without the shard key
+    assert c.update_one({"n": 2}, {"$set": {"one": True}}).modified_count == 1
+    assert c.count_documents({"one": True}) == 1
+    assert c.delete_one({"n": 1}).deleted_count == 1
+    assert c.count_documents({}) == 24
+    # changing the shard key is refused (MongoDB ImmutableField)
+    with pytest.raises(OperationFailure) as e:
+        c.update_one({"k": 100}, {"$set": {"k": 101}})
+    assert e.value.code == 66
+    # upsert needs the full shard key
+    with pytest.raises(OperationFailure) as e:
+        c.update_one({"n": 99}, {"$set": {"z": 1}}, upsert=True)
+    assert e.value.code == 61
+    r = c.update_one({"k": 777}, {"$set": {"z": 1}}, upsert=True)
+    assert r.upserted_id is not None
+    assert cluster.shard_client("shard-c").db.c.count_documents({"k": 777}) == 1
+    # findAndModify with and without the key
+    d = c.find_one_and_update({"k": 120}, {"$set": {"f": 1}}, return_document=True)
+    assert d["f"] == 1 and d["k"] == 120
+    d = c.find_one_and_update({"n": 2}, {"$set": {"f": 2}}, sort=[("k", -1)],
+                              return_document=True)
+    assert d["k"] == 240 and d["f"] == 2
+    assert sorted(c.distinct("f")) == [1, 2]
+    # $where and JavaScript are never accepted
+    with pytest.raises(OperationFailure):
+        list(c.find({"$where": "this.k > 1"}))
+    with pytest.raises(OperationFailure):
+        c.count_documents({"$where": "true"})
+
+
+def test_unsharded_collection_on_primary(cluster):
+    c = cluster.proxy_client(0).db2.plain
+    c.insert_many([{"_id": i} for i in range(5)])
+    assert cluster.shard_client("shard-a").db2.plain.count_documents({}) == 5
+    assert [d["_id"] for d in c.find().sort("_id", -1).limit(2)] == [4, 3]
+    c.create_index("x")
+    names = sorted(ix["name"] for ix in c.list_indexes())
+    assert names == ["_id_", "x_1"]
+
+
+def test_indexes_broadcast_and_aggregate(cluster):
+    ranged(cluster)
+    c = cluster.proxy_client(0).db.c
+    c.insert_many([{"_id": i, "k": i, "g": i % 3} for i in range(300)])
+    c.create_index([("g", 1)])
+    for sid in cluster.shard_ids:
+        names = sorted(ix["name"] for ix in cluster.shard_client(sid).db.c.list_indexes())
+        assert names == ["_id_", "g_1"], sid
+    out = list(c.aggregate([{"$match": {"k": {"$gte": 90}}},
+                            {"$group": {"_id": "$g", "n": {"$sum": 1}, "s": {"$sum": "$k"}}},
+                            {"$sort": {"_id": 1}}]))
+    exp = {}
+    for i in range(90, 300):
+        e = exp.setdefault(i % 3, [0, 0])
+        e[0] += 1
+        e[1] += i
+    assert out == [{"_id": g, "n": exp[g][0], "s": exp[g][1]} for g in (0, 1, 2)]
+    assert "c" in cluster.proxy_client(0).db.list_collection_names()
+    assert "db" in cluster.proxy_client(0).list_database_names()
+
+
+# ---------------------------------------------------------------- differential test
+
+OPS = ["$lt", "$lte", "$gt", "$gte", "$ne", "$in", "$eq"]
+
+
+def rand_doc(rng, i):
+    d = {"_id": i, "k": rng.randrange(-50, 350), "a": rng.randrange(0, 20),
+         "s": rng.choice(["x", "y", "z", "w"]) + str(rng.randrange(0, 5))}
+    if rng.random() < 0.3:
+        d["arr"] = [rng.randrange(0, 10) for _ in range(rng.randrange(0, 4))]
+    if rng.random() < 0.2:
+        d["k"] = rng.choice([None, "str", 1.5, 2 ** 40])
+    if rng.random() < 0.1:
+        del d["a"]
+    return d
+
+
+def rand_query(rng):
+    f = {}
+    for _ in range(rng.randrange(0, 3)):
+        field = rng.choice(["k", "a", "arr", "s"])
+        op = rng.choice(OPS)
+        if op == "$in":
+            f[field] = {op: [rng.randrange(-50, 350) for _ in range(3)]}
+        elif field == "s":
+            f[field] = {op: rng.choice(["x1", "y2", "z0"])} if op != "$in" else {op: ["x1"]}
+        else:
+            f[field] = {op: rng.randrange(-50, 350)}
+    sort_fields = rng.sample(["k", "a", "s", "arr"], rng.randrange(0, 3))
+    sort = [(s, rng.choice([1, -1])) for s in sort_fields] + [("_id", rng.choice([1, -1]))]
+    proj = rng.choice([None, {"k": 1, "a": 1}, {"s": 0}, {"_id": 0, "k": 1}])
+    return f, sort, rng.randrange(0, 30), rng.choice([0, 0, 5, 50]), proj
+
+
+def test_differential_vs_one_shard(cluster, start_role, tmp_path):
+    port = free_port()
+    d = tmp_path / "solo"
+    d.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+    solo = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True).db.c
+    ranged(cluster)
+    prox = cluster.proxy_client(0).db.c
+    rng = random.Random(6)
+    docs = [rand_doc(rng, i) for i in range(600)]
+    prox.insert_many(docs)
+    solo.insert_many(docs)
+    assert prox.count_documents({}) == 600
+    for n in range(150):
+        f, sort, skip, limit, proj = rand_query(rng)
+        a = list(prox.find(f, proj, batch_size=rng.choice([3, 50, 1000])).sort(sort)
+                 .skip(skip).limit(limit))
+        b = list(solo.find(f, proj).sort(sort).skip(skip).limit(limit))
+        assert a == b, f"query {n}: filter={f} sort={sort} skip={skip} limit={limit}"
+        assert prox.count_documents(f) == solo.count_documents(f), f
+        if n % 10 == 0:
+            assert sorted(prox.distinct("a", f)) == sorted(solo.distinct("a", f))
+
+
+# ---------------------------------------------------------------- routing change
+
+def move_chunk(cl, ns, chunk, target):
+    """The migration's switch, done by hand: bump the token on the source (it refuses the
+    old token from now on), copy the chunk's documents, update the routing."""
+    cid, token, source = chunk["id"], chunk["token"], chunk["shard"]
+    src = cl.shard_client(source)
+    src.admin.command({"stripedbSetVersion": 1, "chunk": str(cid), "token": token + 1})
+    dbname, coll = ns.split(".", 1)
+    lo, hi = chunk["min"]["k"], chunk["max"]["k"]
+    q = {}
+    if not isinstance(lo, MinKey):
+        q.setdefault("k", {})["$gte"] = lo
+    if not isinstance(hi, MaxKey):
+        q.setdefault("k", {})["$lt"] = hi
+    docs = list(src[dbname][coll].find(q))
+    if docs:
+        cl.shard_client(target)[dbname][coll].insert_many(docs)
+    cl.meta_cmd({"setChunkShard": cid, "shard": target, "token": token + 1})
+    return len(docs)
+
+
+def test_routing_change_under_load(cluster):
+    ranged(cluster)
+    c = cluster.proxies_client()
+    coll = c.db.c
+    acked, errors = [], []
+    stop = threading.Event()
+
+    def writer(wid):
+        i = 0
+        while not stop.is_set():
+            doc = {"_id": f"{wid}-{i}", "k": (wid * 37 + i) % 300}
+            try:
+                coll.insert_one(doc)
+                acked.append(doc["_id"])
+                if i % 5 == 0:
+                    assert coll.find_one({"_id": doc["_id"], "k": doc["k"]}) is not None
+            except Exception as e:  # noqa: BLE001 - every error is a failure
+                errors.append(repr(e))
+            i += 1
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(acked) > 200, 30, what="writes before the move")
+    table = cluster.routing("db.c")
+    chunk = [ch for ch in table["chunks"] if ch["shard"] == "shard-a"][0]
+    moved = move_chunk(cluster, "db.c", chunk, "shard-b")
+    n_at_move = len(acked)
+    wait_until(lambda: len(acked) > n_at_move + 200, 30, what="writes after the move")
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert moved > 0
+    got = {d["_id"] for d in coll.find({}, {"_id": 1})}
+    assert got == set(acked)
+    assert coll.count_documents({}) == len(acked)
+    # the chunk's writes after the switch went to shard-b only
+    new_table = cluster.routing("db.c")
+    assert [ch["shard"] for ch in new_table["chunks"]] == ["shard-b", "shard-b", "shard-c"]
+    late = cluster.shard_client("shard-b").db.c.count_documents({"k": {"$lt": 100}})
+    assert late >= moved
+
+
+# ---------------------------------------------------------------- CRUD compatibility
+
+def test_crud_unified_through_proxy(cluster, start_role, tmp_path):
+    import crud_unified
+    cdir = crud_unified.compat_dir()
+    if cdir is None:
+        pytest.skip("no CRUD compatibility files (shared/compat/mongodb-crud-unified)")
+    files = sorted(f for f in os.listdir(cdir) if f.endswith(".json"))
+    # one shard alone as the reference
+    port = free_port()
+    d = tmp_path / "solo"
+    d.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+    # every collection the files use is sharded on a hashed _id over 3 shards
+    seen = set()
+    for f in files:
+        spec = crud_unified.load_file(os.path.join(cdir, f))
+        dbs = {e["database"]["id"]: e["database"]["databaseName"]
+               for e in spec.get("createEntities", []) if "database" in e}
+        for e in spec.get("createEntities", []):
+            if "collection" in e:
+                ns = f"{dbs[e['collection']['database']]}.{e['collection']['collectionName']}"
+                if ns not in seen:
+                    seen.add(ns)
+                    cluster.shard_collection(ns, {"_id": "hashed"}, num_chunks=3)
+    proxy_uri = f"mongodb://127.0.0.1:{cluster.proxy_ports[0]}/"
+    solo_uri = f"mongodb://127.0.0.1:{port}/"
+    regressions = []
+    total_direct = total_proxy = 0
+    for f in files:
+        _, direct = crud_unified.run_file(solo_uri, os.path.join(cdir, f))
+        _, proxied = crud_unified.run_file(proxy_uri, os.path.join(cdir, f))
+        ok_direct = {t for t, st, _ in direct if st == "passed"}
+        ok_proxy = {t for t, st, _ in proxied if st == "passed"}
+        total_direct += len(ok_direct)
+        total_proxy += len(ok_proxy & ok_direct)
+        for t, st, detail in proxied:
+            if t in ok_direct and st != "passed":
+                regressions.append(f"{f}: {t}: {detail}")
+    print(f"CRUD unified: {total_direct} pass against one shard, {total_proxy} of them pass "
+          f"through the proxy over 3 shards")
+    assert regressions == []
+    assert total_direct > 0
