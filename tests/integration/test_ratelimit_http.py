@@ -299,3 +299,42 @@ def test_bad_cache_size_env(start_role):
     rc = p.p.wait(timeout=20)
     assert rc != 0
     assert "GUBER_CACHE_SIZE: want a positive integer, got 'lots'" in p.tail()
+
+
+def test_three_nodes_forward_http_to_owner(start_role):
+    # The gateway decides through the cluster: whichever node a client asks, a key's count
+    # lives on its owner, named in metadata.owner.
+    grpc = [free_port() for _ in range(3)]
+    peers = ",".join(f"127.0.0.1:{g}" for g in grpc)
+    ports = []
+    for g in grpc:
+        p = start_role(["--role=ratelimit", f"--grpc-listen=127.0.0.1:{g}", f"--peers={peers}"])
+        wait_until(lambda: http_get(p.http_port, "/v1/LiveCheck", timeout=1.0)[0] == 200,
+                   what="/v1/LiveCheck")
+        ports.append(p.http_port)
+    addrs = {f"127.0.0.1:{g}" for g in grpc}
+    for port in ports:
+        assert get_json(port, "/v1/HealthCheck") == (200, {"status": "healthy", "message": "",
+                                                           "peer_count": 3})
+
+    def raw_one(port, key, at):
+        body = {"requests": [{"name": "fwd", "unique_key": key, "hits": 1, "limit": 10,
+                              "duration": 60000, "created_at": at}]}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/GetRateLimits",
+                                     data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+            return json.loads(r.read())["responses"][0]
+
+    owners = set()
+    for i in range(12):
+        key = f"acct-{i}"
+        answers = [raw_one(port, key, T0 + n) for n, port in enumerate(ports)]
+        owner = answers[0]["metadata"]["owner"]
+        assert owner in addrs
+        owners.add(owner)
+        for n, a in enumerate(answers):
+            assert a == {"status": "UNDER_LIMIT", "limit": "10", "remaining": str(9 - n),
+                         "reset_time": str(T0 + 60000), "error": "",
+                         "metadata": {"owner": owner, "retry_after": "0"}}, (key, n)
+    assert len(owners) >= 2  # 12 keys over 3 peers land on more than one owner
