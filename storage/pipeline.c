@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -261,6 +262,18 @@ typedef enum {
 	OP_IN,
 	OP_ARRAYELEMAT,
 	OP_LITERAL,
+	OP_SUM,
+	OP_AVG,
+	OP_MIN,
+	OP_MAX,
+	OP_TYPE,
+	OP_ISARRAY,
+	OP_CONCATARRAYS,
+	OP_FLOOR,
+	OP_CEIL,
+	OP_STRLENBYTES,
+	OP_SUBSTRBYTES,
+	OP_TOSTRING,
 } xop;
 
 static const struct {
@@ -293,6 +306,19 @@ static const struct {
 	{"$in", OP_IN, 2, 2},
 	{"$arrayElemAt", OP_ARRAYELEMAT, 2, 2},
 	{"$literal", OP_LITERAL, 1, 1},
+	{"$sum", OP_SUM, 0, -1},
+	{"$avg", OP_AVG, 0, -1},
+	{"$min", OP_MIN, 0, -1},
+	{"$max", OP_MAX, 0, -1},
+	{"$type", OP_TYPE, 1, 1},
+	{"$isArray", OP_ISARRAY, 1, 1},
+	{"$concatArrays", OP_CONCATARRAYS, 0, -1},
+	{"$floor", OP_FLOOR, 1, 1},
+	{"$ceil", OP_CEIL, 1, 1},
+	{"$strLenBytes", OP_STRLENBYTES, 1, 1},
+	{"$substrBytes", OP_SUBSTRBYTES, 3, 3},
+	{"$substr", OP_SUBSTRBYTES, 3, 3},
+	{"$toString", OP_TOSTRING, 1, 1},
 };
 
 typedef struct expr expr;
@@ -759,12 +785,89 @@ static char *to_string_value(const docbuild_node *v, const char *op, const ectx 
 		snprintf(buf, sizeof buf, "%lld", (long long)v->value.value.v_int64);
 		return sdb_strdup(buf);
 	case BSON_TYPE_DOUBLE:
-		snprintf(buf, sizeof buf, "%.17g", v->value.value.v_double);
+		/* the shortest representation that reads back as the same double */
+		for (int prec = 15; prec <= 17; prec++) {
+			snprintf(buf, sizeof buf, "%.*g", prec, v->value.value.v_double);
+			if (strtod(buf, NULL) == v->value.value.v_double) {
+				break;
+			}
+		}
 		return sdb_strdup(buf);
 	default:
 		*rc = efail(e, 16007, "can't convert from BSON type %s to String (%s)", type_name(v->type),
 			    op);
 		return NULL;
+	}
+}
+
+/* The operands of $sum/$avg/$min/$max as expressions: the elements of the single
+ * argument when it is an array, else the arguments themselves. */
+static void list_operands(const expr *x, docbuild_node **vals, docbuild_node ***items, size_t *n)
+{
+	if (x->n == 1 && ntype(vals[0]) == BSON_TYPE_ARRAY) {
+		*items = vals[0]->kids;
+		*n = vals[0]->n;
+	} else {
+		*items = vals;
+		*n = x->n;
+	}
+}
+
+static docbuild_node *eval_sum_avg(bool avg, docbuild_node **items, size_t n)
+{
+	int64_t isum = 0;
+	double dsum = 0;
+	bool is_long = false, is_double = false, overflow = false;
+	size_t count = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		const docbuild_node *v = items[i];
+
+		if (!is_number(v)) {
+			continue;
+		}
+		count++;
+		dsum += num_double(v);
+		if (v->type == BSON_TYPE_DOUBLE || v->type == BSON_TYPE_DECIMAL128) {
+			is_double = true;
+			continue;
+		}
+		if (v->type == BSON_TYPE_INT64) {
+			is_long = true;
+		}
+		if (__builtin_add_overflow(isum,
+					   v->type == BSON_TYPE_INT64 ? v->value.value.v_int64
+								      : v->value.value.v_int32,
+					   &isum)) {
+			overflow = true;
+		}
+	}
+	if (avg) {
+		return count == 0 ? v_null() : v_double(dsum / (double)count);
+	}
+	if (is_double || overflow) {
+		return v_double(dsum);
+	}
+	if (is_long || isum < INT32_MIN || isum > INT32_MAX) {
+		return v_int64(isum);
+	}
+	return v_int32((int32_t)isum);
+}
+
+static const char *agg_type_name(const docbuild_node *v)
+{
+	if (v == NULL) {
+		return "missing";
+	}
+	switch (v->type) {
+	case BSON_TYPE_CODE: return "javascript";
+	case BSON_TYPE_SYMBOL: return "symbol";
+	case BSON_TYPE_CODEWSCOPE: return "javascriptWithScope";
+	case BSON_TYPE_UNDEFINED: return "undefined";
+	case BSON_TYPE_DBPOINTER: return "dbPointer";
+	case BSON_TYPE_MINKEY: return "minKey";
+	case BSON_TYPE_MAXKEY: return "maxKey";
+	default: return type_name(v->type);
 	}
 }
 
@@ -985,6 +1088,160 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 			}
 		}
 		break;
+	case OP_SUM:
+	case OP_AVG: {
+		docbuild_node **items;
+		size_t n;
+
+		list_operands(x, vals, &items, &n);
+		*out = eval_sum_avg(x->op == OP_AVG, items, n);
+		break;
+	}
+	case OP_MIN:
+	case OP_MAX: {
+		docbuild_node **items;
+		size_t n;
+		const docbuild_node *best = NULL;
+
+		list_operands(x, vals, &items, &n);
+		for (size_t i = 0; i < n; i++) {
+			if (is_nullish(items[i])) {
+				continue;
+			}
+			if (best == NULL || (x->op == OP_MIN ? vcmp(items[i], best) < 0
+							      : vcmp(items[i], best) > 0)) {
+				best = items[i];
+			}
+		}
+		*out = best != NULL ? docbuild_clone(best) : v_null();
+		docbuild_set_key(*out, NULL);
+		break;
+	}
+	case OP_TYPE: {
+		const char *t = agg_type_name(vals[0]);
+
+		*out = v_string(t, strlen(t));
+		break;
+	}
+	case OP_ISARRAY:
+		*out = v_bool(ntype(vals[0]) == BSON_TYPE_ARRAY);
+		break;
+	case OP_CONCATARRAYS: {
+		docbuild_node *arr = docbuild_new_array(NULL);
+
+		for (size_t i = 0; i < x->n && rc == 0; i++) {
+			if (is_nullish(vals[i])) {
+				docbuild_free(arr);
+				arr = v_null();
+				break;
+			}
+			if (vals[i]->type != BSON_TYPE_ARRAY) {
+				rc = efail(e, 28664, "$concatArrays only supports arrays, not %s",
+					   type_name(vals[i]->type));
+				break;
+			}
+			for (size_t k = 0; k < vals[i]->n; k++) {
+				docbuild_push(arr, docbuild_clone(vals[i]->kids[k]));
+			}
+		}
+		*out = arr;
+		break;
+	}
+	case OP_FLOOR:
+	case OP_CEIL:
+		if (is_nullish(vals[0])) {
+			*out = v_null();
+		} else if (!is_number(vals[0]) || vals[0]->type == BSON_TYPE_DECIMAL128) {
+			rc = efail(e, 28765, "%s only supports numeric types, not %s",
+				   x->op == OP_FLOOR ? "$floor" : "$ceil", type_name(vals[0]->type));
+		} else if (vals[0]->type == BSON_TYPE_DOUBLE) {
+			*out = v_double(x->op == OP_FLOOR ? floor(vals[0]->value.value.v_double)
+							 : ceil(vals[0]->value.value.v_double));
+		} else {
+			*out = docbuild_clone(vals[0]);
+		}
+		break;
+	case OP_STRLENBYTES:
+		if (ntype(vals[0]) != BSON_TYPE_UTF8) {
+			rc = efail(e, 34473, "$strLenBytes requires a string argument, found: %s",
+				   type_name(ntype(vals[0])));
+			break;
+		}
+		*out = v_int32((int32_t)vals[0]->value.value.v_utf8.len);
+		break;
+	case OP_SUBSTRBYTES: {
+		char *str = to_string_value(vals[0], "$substrBytes", e, &rc);
+		size_t len, start, count;
+
+		if (str == NULL) {
+			break;
+		}
+		len = strlen(str);
+		if (!is_number(vals[1]) || !is_number(vals[2])) {
+			rc = efail(e, 16034, "$substrBytes: starting index and length must be numeric");
+			free(str);
+			break;
+		}
+		if (num_double(vals[1]) < 0) {
+			rc = efail(e, 50752, "$substrBytes: starting index must be non-negative (got: %g)",
+				   num_double(vals[1]));
+			free(str);
+			break;
+		}
+		start = num_double(vals[1]) >= (double)len ? len : (size_t)num_double(vals[1]);
+		count = num_double(vals[2]) < 0 || num_double(vals[2]) >= (double)(len - start)
+				? len - start
+				: (size_t)num_double(vals[2]);
+		if ((start < len && ((unsigned char)str[start] & 0xC0) == 0x80) ||
+		    (start + count < len && ((unsigned char)str[start + count] & 0xC0) == 0x80)) {
+			rc = efail(e, 28656,
+				   "$substrBytes:  Invalid range, starting index is a UTF-8 continuation byte.");
+			free(str);
+			break;
+		}
+		*out = v_string(str + start, count);
+		free(str);
+		break;
+	}
+	case OP_TOSTRING: {
+		char buf[64];
+
+		if (is_nullish(vals[0])) {
+			*out = v_null();
+			break;
+		}
+		switch (vals[0]->type) {
+		case BSON_TYPE_BOOL:
+			*out = v_string(vals[0]->value.value.v_bool ? "true" : "false",
+					vals[0]->value.value.v_bool ? 4 : 5);
+			break;
+		case BSON_TYPE_OID:
+			bson_oid_to_string(&vals[0]->value.value.v_oid, buf);
+			*out = v_string(buf, strlen(buf));
+			break;
+		case BSON_TYPE_DATE_TIME: {
+			int64_t ms = vals[0]->value.value.v_datetime;
+			time_t secs = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+			struct tm tm;
+
+			gmtime_r(&secs, &tm);
+			snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ",
+				 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+				 tm.tm_sec, (int)(((ms % 1000) + 1000) % 1000));
+			*out = v_string(buf, strlen(buf));
+			break;
+		}
+		default: {
+			char *str = to_string_value(vals[0], "$toString", e, &rc);
+
+			if (str != NULL) {
+				*out = v_string(str, strlen(str));
+				free(str);
+			}
+		}
+		}
+		break;
+	}
 	case OP_ARRAYELEMAT: {
 		int64_t idx;
 

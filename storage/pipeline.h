@@ -19,7 +19,9 @@
  * $add $subtract $multiply $divide $mod (int32 -> int64 -> double widening; dates in $add and
  * $subtract), $concat $toUpper $toLower, $cond (array and document forms) $ifNull, $eq $ne
  * $gt $gte $lt $lte $cmp (MongoDB's comparison order; missing sorts below null), $and $or
- * $not, $size $in $arrayElemAt $abs. Decimal128 arithmetic is refused (code 238).
+ * $not, $size $in $arrayElemAt $abs, $sum $avg $min $max (expression forms: over one array
+ * argument or over the arguments), $type $isArray $concatArrays $floor $ceil $strLenBytes
+ * $substrBytes/$substr $toString. Decimal128 arithmetic is refused (code 238).
  * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count. Groups are
  * keyed by the order-preserving encoding of _id (storage/keyenc.h), so 1, 1.0 and
  * NumberLong(1) are one group; groups come out in first-seen order.

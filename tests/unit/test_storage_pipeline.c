@@ -396,6 +396,21 @@ static void test_expressions(void **state)
 	      "[{'c': 'Ada-LOVELACE', 'u': 'ADA', 'lo': 'lovelace', 'eq': true, 'eq2': true, 'gt': true, 'lt': false,"
 	      " 'ne': false, 'cmp': -1, 'sz': 3, 'in': true, 'and': true, 'or': false, 'not': false, 'cnull': null,"
 	      " 'path': 9, 'arrpath': [1, 3]}]");
+	/* list operators, types, arrays, rounding and string slicing */
+	check("[{'$project': {'_id': 0, 'sum': {'$sum': '$arr'}, 'sum2': {'$sum': ['$n', 2.5, 'x']}, 'avg': {'$avg': '$arr'},"
+	      " 'min': {'$min': '$arr'}, 'max': {'$max': ['$n', '$f', null]}, 'mnone': {'$min': []},"
+	      " 't': [{'$type': '$n'}, {'$type': '$f'}, {'$type': '$none'}, {'$type': '$arr'}, {'$type': '$sub'}],"
+	      " 'isa': {'$isArray': ['$arr']}, 'cat': {'$concatArrays': ['$arr', [4], []]}, 'catn': {'$concatArrays': ['$arr', '$none']},"
+	      " 'fl': {'$floor': 2.7}, 'ce': {'$ceil': 2.1}, 'fli': {'$floor': '$n'}, 'len': {'$strLenBytes': '$f'},"
+	      " 'sub': {'$substrBytes': ['$f', 1, 2]}, 'sub2': {'$substr': ['$f', 1, -1]},"
+	      " 'ts': [{'$toString': '$n'}, {'$toString': 0.1}, {'$toString': true}, {'$toString': '$d'}, {'$toString': '$none'}]}}]",
+	      "[{'f': 'Ada', 'n': 5, 'arr': [1, 2, 3], 'sub': {'x': 9}, 'd': {'$date': '2024-01-02T03:04:05.006Z'}}]",
+	      "[{'sum': 6, 'sum2': 7.5, 'avg': 2.0, 'min': 1, 'max': 'Ada', 'mnone': null,"
+	      " 't': ['int', 'string', 'missing', 'array', 'object'], 'isa': true, 'cat': [1, 2, 3, 4], 'catn': null,"
+	      " 'fl': 2.0, 'ce': 3.0, 'fli': 5, 'len': 3, 'sub': 'da', 'sub2': 'da',"
+	      " 'ts': ['5', '0.1', 'true', '2024-01-02T03:04:05.006Z', null]}]");
+	check_err("[{'$project': {'x': {'$concatArrays': [[1], 2]}}}]", "[{'a': 1}]", 28664, NULL);
+	check_err("[{'$project': {'x': {'$strLenBytes': 5}}}]", "[{'a': 1}]", 34473, NULL);
 	check_err("[{'$project': {'x': {'$divide': ['$a', 0]}}}]", "[{'a': 1}]", 16608, "by 0");
 	check_err("[{'$project': {'x': {'$size': '$a'}}}]", "[{'a': 1}]", 17124, "must be an array");
 	check_err("[{'$project': {'x': {'$concat': ['$a']}}}]", "[{'a': 1}]", 16702, "only supports strings");
