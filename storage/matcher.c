@@ -1218,6 +1218,20 @@ static void push_point(sdb_bounds *b, const bson_value_t *v)
 	bounds_push(b, &iv);
 }
 
+/* null and undefined are equal for $eq/$in (cmp_value): either gives both points. */
+static void push_null_aware(sdb_bounds *b, const bson_value_t *v)
+{
+	static const bson_value_t undef = {.value_type = BSON_TYPE_UNDEFINED};
+	static const bson_value_t null = {.value_type = BSON_TYPE_NULL};
+
+	if (v->value_type == BSON_TYPE_NULL || v->value_type == BSON_TYPE_UNDEFINED) {
+		push_point(b, &undef);
+		push_point(b, &null);
+		return;
+	}
+	push_point(b, v);
+}
+
 static int iv_cmp(const void *a, const void *b)
 {
 	const sdb_interval *x = a, *y = b;
@@ -1228,7 +1242,6 @@ static int iv_cmp(const void *a, const void *b)
 /* Intervals that one predicate implies; false when it implies nothing usable. */
 static bool pred_bounds(const node *n, sdb_bounds *out)
 {
-	static const bson_value_t undef = {.value_type = BSON_TYPE_UNDEFINED};
 	sdb_interval iv;
 	int br;
 
@@ -1237,9 +1250,7 @@ static bool pred_bounds(const node *n, sdb_bounds *out)
 	case OP_EQ:
 		if (!point_ok(&n->val))
 			return false;
-		if (n->val.value_type == BSON_TYPE_NULL)
-			push_point(out, &undef);
-		push_point(out, &n->val);
+		push_null_aware(out, &n->val);
 		out->kind = SDB_BOUNDS_POINTS;
 		return true;
 	case OP_IN:
@@ -1249,9 +1260,7 @@ static bool pred_bounds(const node *n, sdb_bounds *out)
 			if (!point_ok(&n->in[i]))
 				return false;
 		for (size_t i = 0; i < n->nin; i++) {
-			if (n->in[i].value_type == BSON_TYPE_NULL)
-				push_point(out, &undef);
-			push_point(out, &n->in[i]);
+			push_null_aware(out, &n->in[i]);
 		}
 		if (out->n == 0) {
 			out->kind = SDB_BOUNDS_EMPTY;

@@ -98,7 +98,7 @@ typedef struct sdb_bounds {
 /* Report what the filter's top-level AND (the top-level fields and $and members,
  * recursively) implies for the values of path (a field path exactly as written in the
  * filter, e.g. "a" or "a.b"), as ascending key intervals:
- *   {f: v} / $eq v  -> the point v (v scalar); null also covers undefined; an array or
+ *   {f: v} / $eq v  -> the point v (v scalar); null and undefined give both; an array or
  *                      regex operand gives ALL (the matcher re-checks);
  *   $in [..]        -> the points of the list (ALL if it contains an array or regex);
  *   $gt/$gte/$lt/$lte -> an interval inside the operand's type bracket

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "storage/matcher.h"
+#include "storage/path.h"
 
 /* Copy src into dst renaming keys that start with '%' to '$' (libbson's JSON reader
  * takes {"$type": ...} for the legacy binary syntax, so tests write %type). */
@@ -768,6 +769,122 @@ static void test_bounds_superset(void **state)
 	}
 }
 
+/* Random planner property (fixed seed): for random filters over "a" built from a pool of
+ * values of every bracket, and documents whose "a" is a pool value, missing, or an array
+ * of pool values: whenever the matcher accepts a document, one of the document's index
+ * keys for {a: 1} lies inside the bounds (computed with multikey = the document's own
+ * multikey flag, as a store would for a collection holding only such documents). */
+static const char *const pool[] = {
+	"{'$minKey': 1}", "null", "{'$undefined': true}", "{'$numberDouble': 'NaN'}",
+	"{'$numberDouble': '-Infinity'}", "-5", "-1.5", "0", "1", "1.0",
+	"{'$numberLong': '2'}", "{'$numberDecimal': '2.5'}", "3", "9007199254740993",
+	"{'$numberDouble': 'Infinity'}", "''", "'a'", "'b'", "'ba'", "{}", "{'x': 1}",
+	"{'x': 'y'}", "[]", "[1]", "[1, 2]", "{'$binary': {'base64': 'AA==', 'subType': '00'}}",
+	"{'$oid': '000000000000000000000001'}", "false", "true",
+	"{'$date': {'$numberLong': '0'}}", "{'$date': {'$numberLong': '99'}}",
+	"{'$timestamp': {'t': 1, 'i': 1}}",
+	"{'$regularExpression': {'pattern': 'a', 'options': ''}}", "{'$maxKey': 1}",
+};
+#define N_POOL (sizeof pool / sizeof pool[0])
+
+static uint64_t prng = 0x9E3779B97F4A7C15ULL;
+
+static unsigned rnd(unsigned n)
+{
+	prng ^= prng << 13;
+	prng ^= prng >> 7;
+	prng ^= prng << 17;
+	return (unsigned)(prng % n);
+}
+
+static void test_bounds_random_property(void **state)
+{
+	static const char *const ops[] = {"$eq", "$gt", "$gte", "$lt", "$lte", "$in", "$ne"};
+	char filter[1024], doc[512];
+	int checked = 0, matched = 0;
+
+	(void)state;
+	for (int round = 0; round < 3000; round++) {
+		int npred = 1 + (int)rnd(3);
+		bson_t *f;
+		sdb_matcher *m;
+		sdb_bounds bounds[2]; /* [0] non-multikey, [1] multikey */
+		char err[256];
+
+		snprintf(filter, sizeof filter, "{'$and': [");
+		for (int i = 0; i < npred; i++) {
+			const char *op = ops[rnd(7)];
+			size_t len = strlen(filter);
+
+			if (strcmp(op, "$in") == 0)
+				snprintf(filter + len, sizeof filter - len, "%s{'a': {'$in': [%s, %s]}}",
+					 i ? ", " : "", pool[rnd(N_POOL)], pool[rnd(N_POOL)]);
+			else
+				snprintf(filter + len, sizeof filter - len, "%s{'a': {'%s': %s}}",
+					 i ? ", " : "", op, pool[rnd(N_POOL)]);
+		}
+		strncat(filter, "]}", sizeof filter - strlen(filter) - 1);
+		f = J(filter);
+		assert_int_equal(sdb_matcher_new(f, &m, NULL, err, sizeof err), 0);
+		assert_int_equal(sdb_matcher_bounds(f, "a", false, &bounds[0], err, sizeof err), 0);
+		assert_int_equal(sdb_matcher_bounds(f, "a", true, &bounds[1], err, sizeof err), 0);
+		for (int d = 0; d < 60; d++) {
+			unsigned shape = rnd(4);
+			bson_t *db;
+			const char *path = "a";
+			sdb_key *keys = NULL;
+			size_t nkeys = 0;
+			bool mk = false, inside = false;
+			int code;
+
+			if (shape == 0)
+				snprintf(doc, sizeof doc, "{'b': 1}");
+			else if (shape == 1)
+				snprintf(doc, sizeof doc, "{'a': %s}", pool[rnd(N_POOL)]);
+			else
+				snprintf(doc, sizeof doc, "{'a': [%s, %s]}", pool[rnd(N_POOL)],
+					 pool[rnd(N_POOL)]);
+			db = J(doc);
+			if (!sdb_matcher_match(m, db)) {
+				bson_destroy(db);
+				continue;
+			}
+			matched++;
+			assert_int_equal(sdb_index_keys(db, &path, NULL, 1, &keys, &nkeys, &mk, &code,
+							err, sizeof err),
+					 0);
+			{
+				const sdb_bounds *b = &bounds[mk ? 1 : 0];
+
+				inside = b->kind == SDB_BOUNDS_ALL;
+				for (size_t k = 0; k < nkeys && !inside; k++) {
+					for (size_t i = 0; i < b->n; i++) {
+						int lo = sdb_key_cmp(&keys[k], &b->iv[i].lo);
+						int hi = sdb_key_cmp(&keys[k], &b->iv[i].hi);
+
+						if ((lo > 0 || (lo == 0 && b->iv[i].lo_incl)) &&
+						    (hi < 0 || (hi == 0 && b->iv[i].hi_incl)))
+							inside = true;
+					}
+				}
+			}
+			if (!inside)
+				fail_msg("filter %s matches %s but no index key is inside the bounds",
+					 filter, doc);
+			checked++;
+			sdb_index_keys_free(keys, nkeys);
+			bson_destroy(db);
+		}
+		sdb_bounds_free(&bounds[0]);
+		sdb_bounds_free(&bounds[1]);
+		sdb_matcher_free(m);
+		bson_destroy(f);
+	}
+	/* the random filters matched a meaningful number of documents */
+	assert_true(matched > 5000);
+	assert_int_equal(checked, matched);
+}
+
 /* Found by fuzzing: a nested document whose length field is inconsistent (libbson's
  * bson_validate() accepts the outer document, bson_iter_value() gives NULL data for the
  * inner one). Matching it against a filter compiled from itself must not abort. */
@@ -808,6 +925,7 @@ int main(void)
 		cmocka_unit_test(test_value_form),
 		cmocka_unit_test(test_bounds),
 		cmocka_unit_test(test_bounds_superset),
+		cmocka_unit_test(test_bounds_random_property),
 		cmocka_unit_test(test_malformed_nested),
 	};
 
