@@ -1264,12 +1264,28 @@ fail:
 	return SDB_EIO;
 }
 
+/* The BSON document at the start of an entry buffer. libraft's disk format pads entry
+ * data to a multiple of 8 bytes, so an entry loaded from disk may be longer than the
+ * document: the length comes from the document's own int32 header, checked against the
+ * buffer (never trusted beyond it). Returns 1 on success. */
+static int entry_doc(const struct raft_buffer *buf, bson_t *out)
+{
+	uint32_t len;
+	if (buf->len < 5 || buf->len > INT32_MAX)
+		return 0;
+	memcpy(&len, buf->base, 4);
+	len = BSON_UINT32_FROM_LE(len);
+	if (len < 5 || len > buf->len)
+		return 0;
+	return bson_init_static(out, buf->base, len) ? 1 : 0;
+}
+
 static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **result)
 {
 	sdb_fsm *f = vt->data;
 	bson_t cmd, *res = sdb_malloc(sizeof *res);
 	uint64_t index = f->raft ? raft_last_applied(f->raft) + 1 : f->last_applied + 1;
-	int rc;
+	int rc, valid;
 
 	*result = NULL;
 	if (f->last_result) {
@@ -1277,13 +1293,17 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 		free(f->last_result);
 		f->last_result = NULL;
 	}
-	if (buf->len < 5 || buf->len > INT32_MAX || !bson_init_static(&cmd, buf->base, buf->len)) {
+	valid = entry_doc(buf, &cmd);
+	if (!valid) {
 		/* A malformed entry: applied as a no-op so every member agrees. */
 		bson_t empty = BSON_INITIALIZER;
 		rc = sdb_fsm_apply_doc(f, index, &empty, res);
 	} else {
 		rc = sdb_fsm_apply_doc(f, index, &cmd, res);
 	}
+	sdb_debug("fsm: apply", "index=%llu op=%s last_applied=%llu len=%zu", (unsigned long long)index,
+		  valid && arg_str(&cmd, "op") ? arg_str(&cmd, "op") : "-",
+		  (unsigned long long)f->last_applied, buf->len);
 	if (rc != 0) {
 		bson_destroy(res);
 		free(res);

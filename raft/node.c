@@ -478,13 +478,16 @@ int sdb_node_propose(sdb_node *n, const char *op, const bson_t *args, sdb_node_a
 	BSON_APPEND_UTF8(&cmd, "op", op);
 	BSON_APPEND_INT64(&cmd, "ts", epoch_ms());
 	BSON_APPEND_DOCUMENT(&cmd, "args", args);
-	buf.len = cmd.len;
-	buf.base = raft_malloc(buf.len);
+	/* libraft's disk format lays entries out back to back assuming every entry's
+	 * length is a multiple of 8 (uv_encoding.c): pad with zeros; the fsm reads the
+	 * document's own length. */
+	buf.len = (cmd.len + 7u) & ~(size_t)7u;
+	buf.base = raft_calloc(1, buf.len);
 	if (!buf.base) {
 		bson_destroy(&cmd);
 		return SDB_ENOMEM;
 	}
-	memcpy(buf.base, bson_get_data(&cmd), buf.len);
+	memcpy(buf.base, bson_get_data(&cmd), cmd.len);
 	bson_destroy(&cmd);
 	p = sdb_calloc(1, sizeof *p);
 	p->n = n;

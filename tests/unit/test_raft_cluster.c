@@ -83,9 +83,9 @@ static prop *submit(cluster *c, unsigned i, const char *op, const char *json)
 	BSON_APPEND_UTF8(&cmd, "op", op);
 	BSON_APPEND_INT64(&cmd, "ts", 1700000000000);
 	BSON_APPEND_DOCUMENT(&cmd, "args", args);
-	buf.len = cmd.len;
-	buf.base = raft_malloc(buf.len);
-	memcpy(buf.base, bson_get_data(&cmd), buf.len);
+	buf.len = (cmd.len + 7u) & ~(size_t)7u; /* as raft/node.c: 8-byte multiples */
+	buf.base = raft_calloc(1, buf.len);
+	memcpy(buf.base, bson_get_data(&cmd), cmd.len);
 	bson_destroy(&cmd);
 	bson_destroy(args);
 	p->fsm = c->fsm[i];
