@@ -629,16 +629,22 @@ static docbuild_node *path_eval_iter(const bson_iter_t *it, const char *path)
 
 static docbuild_node *path_eval(const bson_t *doc, const char *path)
 {
-	bson_t wrap = BSON_INITIALIZER;
+	const char *dot = strchr(path, '.');
+	size_t len = dot != NULL ? (size_t)(dot - path) : strlen(path);
 	bson_iter_t it;
-	docbuild_node *r;
 
-	/* iterate the document as the value of a wrapper field */
-	bson_append_document(&wrap, "d", 1, doc);
-	bson_iter_init_find(&it, &wrap, "d");
-	r = path_eval_container(&it, path);
-	bson_destroy(&wrap);
-	return r;
+	if (!bson_iter_init(&it, doc)) {
+		return NULL;
+	}
+	while (bson_iter_next(&it)) {
+		if (bson_iter_key_len(&it) == len && memcmp(bson_iter_key(&it), path, len) == 0) {
+			if (dot == NULL) {
+				return docbuild_from_iter(&it, false);
+			}
+			return path_eval_container(&it, dot + 1);
+		}
+	}
+	return NULL;
 }
 
 static int expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e);
@@ -2469,10 +2475,15 @@ typedef struct group {
 	struct group *next_in_bucket;
 } group;
 
+typedef struct sitem {
+	bson_t *doc;
+	uint64_t seq;
+	sdb_key key;
+} sitem;
+
 typedef struct {
 	/* $sort */
-	bson_t **docs;
-	uint64_t *seq;
+	sitem *items; /* $sort: held documents with their sort keys */
 	size_t n, cap;
 	size_t pos;
 	bool loaded;
@@ -2518,10 +2529,10 @@ void sdb_pipeline_open(const sdb_pipeline *p, sdb_pipeline_next_fn next, void *c
 static void state_clear(stage_state *s)
 {
 	for (size_t i = s->pos; i < s->n; i++) {
-		bson_destroy(s->docs[i]);
+		bson_destroy(s->items[i].doc);
+		sdb_key_free(&s->items[i].key);
 	}
-	free(s->docs);
-	free(s->seq);
+	free(s->items);
 	for (size_t i = 0; i < s->n_groups; i++) {
 		group *g = s->order[i];
 
@@ -2612,14 +2623,9 @@ static int memory_error(const ectx *e, const char *stage)
 	return SDB_ETOOBIG;
 }
 
-typedef struct {
-	bson_t *doc;
-	uint64_t seq;
-} sitem;
-
-static int sitem_cmp(const sdb_sortspec *ss, const sitem *x, const sitem *y)
+static int sitem_cmp(const sitem *x, const sitem *y)
 {
-	int r = sdb_sortspec_cmp(ss, x->doc, y->doc);
+	int r = sdb_key_cmp(&x->key, &y->key);
 
 	if (r != 0) {
 		return r;
@@ -2629,7 +2635,7 @@ static int sitem_cmp(const sdb_sortspec *ss, const sitem *x, const sitem *y)
 
 /* Merge sort of items[0..n) with scratch space tmp (n entries); no global state, so
  * cursors on several threads may sort at once. */
-static void msort(const sdb_sortspec *ss, sitem *items, sitem *tmp, size_t n)
+static void msort(sitem *items, sitem *tmp, size_t n)
 {
 	size_t h, i, j, k;
 
@@ -2637,10 +2643,10 @@ static void msort(const sdb_sortspec *ss, sitem *items, sitem *tmp, size_t n)
 		return;
 	}
 	h = n / 2;
-	msort(ss, items, tmp, h);
-	msort(ss, items + h, tmp, n - h);
+	msort(items, tmp, h);
+	msort(items + h, tmp, n - h);
 	for (i = 0, j = h, k = 0; i < h && j < n;) {
-		tmp[k++] = sitem_cmp(ss, &items[j], &items[i]) < 0 ? items[j++] : items[i++];
+		tmp[k++] = sitem_cmp(&items[j], &items[i]) < 0 ? items[j++] : items[i++];
 	}
 	while (i < h) {
 		tmp[k++] = items[i++];
@@ -2651,31 +2657,26 @@ static void msort(const sdb_sortspec *ss, sitem *items, sitem *tmp, size_t n)
 	memcpy(items, tmp, n * sizeof *items);
 }
 
-/* Sort s->docs[0..n) stably; keep at most keep (0 = all). */
-static void sort_docs(const stage *st, stage_state *s, size_t keep)
+static size_t sitem_mem(const sitem *it)
 {
-	sitem *items = sdb_malloc((s->n + 1) * sizeof *items);
+	return it->doc->len + sizeof(bson_t) + it->key.len + sizeof *it;
+}
 
-	for (size_t i = 0; i < s->n; i++) {
-		items[i].doc = s->docs[i];
-		items[i].seq = s->seq[i];
-	}
+/* Sort s->items[0..n) stably; keep at most keep (0 = all). */
+static void sort_docs(stage_state *s, size_t keep)
+{
 	sitem *tmp = sdb_malloc((s->n + 1) * sizeof *tmp);
 
-	msort(st->sort, items, tmp, s->n);
+	msort(s->items, tmp, s->n);
 	free(tmp);
 	if (keep > 0 && s->n > keep) {
 		for (size_t i = keep; i < s->n; i++) {
-			s->mem -= items[i].doc->len + sizeof(bson_t);
-			bson_destroy(items[i].doc);
+			s->mem -= sitem_mem(&s->items[i]);
+			bson_destroy(s->items[i].doc);
+			sdb_key_free(&s->items[i].key);
 		}
 		s->n = keep;
 	}
-	for (size_t i = 0; i < s->n; i++) {
-		s->docs[i] = items[i].doc;
-		s->seq[i] = items[i].seq;
-	}
-	free(items);
 }
 
 static int run_sort(sdb_pipeline_cursor *c, size_t i, const ectx *e)
@@ -2687,6 +2688,7 @@ static int run_sort(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 
 	for (;;) {
 		bson_t *d = NULL;
+		sitem *it;
 		int rc = pull(c, i, &d, e);
 
 		if (rc != 0) {
@@ -2697,21 +2699,30 @@ static int run_sort(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 		}
 		if (s->n == s->cap) {
 			s->cap = s->cap == 0 ? 64 : s->cap * 2;
-			s->docs = sdb_realloc(s->docs, s->cap * sizeof *s->docs);
-			s->seq = sdb_realloc(s->seq, s->cap * sizeof *s->seq);
+			s->items = sdb_realloc(s->items, s->cap * sizeof *s->items);
 		}
-		s->docs[s->n] = d;
-		s->seq[s->n] = seq++;
+		it = &s->items[s->n];
+		it->doc = d;
+		it->seq = seq++;
+		sdb_key_init(&it->key);
+		/* the sort key is computed once per document (storage/sortspec.h) */
+		rc = sdb_sortspec_key(st->sort, d, &it->key, e->err, e->errlen);
 		s->n++;
-		s->mem += d->len + sizeof(bson_t);
+		if (rc != 0) {
+			if (e->code != NULL) {
+				*e->code = C_BAD_VALUE;
+			}
+			return rc;
+		}
+		s->mem += sitem_mem(it);
 		if (keep > 0 && s->n >= 2 * keep + 64) {
-			sort_docs(st, s, keep);
+			sort_docs(s, keep);
 		}
 		if (s->mem > c->p->max_mem) {
 			return memory_error(e, "$sort");
 		}
 	}
-	sort_docs(st, s, keep);
+	sort_docs(s, keep);
 	return 0;
 }
 
@@ -3115,7 +3126,8 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 				}
 			}
 			if (s->pos < s->n) {
-				*doc = s->docs[s->pos++];
+				sdb_key_free(&s->items[s->pos].key);
+				*doc = s->items[s->pos++].doc;
 			}
 			return 0;
 		case S_GROUP:
