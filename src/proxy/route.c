@@ -596,6 +596,8 @@ bool route_update_changes_key(const route_coll *c, const bson_t *update, const b
 				continue;
 			while (bson_iter_next(&f)) {
 				for (i = 0; i < c->nkeys; i++) {
+					if (strcmp(c->keys[i], "_id") == 0)
+						continue; /* immutable anyway: the shard refuses changes */
 					if (!paths_conflict(bson_iter_key(&f), c->keys[i]))
 						continue;
 					if (strcmp(op, "$set") == 0 &&
@@ -614,9 +616,11 @@ bool route_update_changes_key(const route_coll *c, const bson_t *update, const b
 		}
 		return false;
 	}
-	/* replacement */
+	/* replacement (an _id key is kept by the shard: _id is immutable there) */
 	for (i = 0; i < c->nkeys; i++) {
 		bson_iter_t v;
+		if (strcmp(c->keys[i], "_id") == 0)
+			continue;
 		int r = path_find(update, c->keys[i], &v);
 		bson_value_t null_v;
 		null_v.value_type = BSON_TYPE_NULL;

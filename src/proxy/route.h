@@ -107,7 +107,9 @@ size_t route_target_range(const route_coll *c, const bson_t *min, const bson_t *
  * op-style when any modifier path equals, contains or lies inside a key path (except $set
  * to the value eq_key already pins); replacement when its key differs from eq_key (or any
  * key field is missing and eq_key is NULL). eq_key is the filter's pinned key value
- * (unhashed field values) or NULL. On true, err names the field (MongoDB's message). */
+ * (unhashed field values) or NULL. A key field _id is never checked here: _id is immutable
+ * and the shard itself refuses to change it (ImmutableField). On true, err names the field
+ * (MongoDB's message). */
 bool route_update_changes_key(const route_coll *c, const bson_t *update, const bson_t *filter,
 			      char *err, size_t errlen);
 

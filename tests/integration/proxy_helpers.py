@@ -8,7 +8,7 @@ embedded shards and M proxies, each a real `stripedb` process on free ports.
 """
 import pymongo
 
-from conftest import free_port, wait_until
+from conftest import free_port, http_get, wait_until
 from metadata_cluster import Cluster
 
 
@@ -102,6 +102,20 @@ class ProxyCluster:
     def routing_version(self):
         return self.meta_query({"metadataStatus": 1})["routingVersion"]
 
+    def metric(self, i, name):
+        """Sum of the samples of metric `name` on proxy i (Prometheus text)."""
+        st, body = http_get(self.proxy_procs[i].http_port, "/metrics")
+        assert st == 200
+        total = 0.0
+        for line in body.decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
     def close(self):
+        """Close clients and stop the proxies first (while shards and metadata still
+        answer, so they stop at once)."""
         for c in self._clients:
             c.close()
+        for p in self.proxy_procs:
+            p.stop()
