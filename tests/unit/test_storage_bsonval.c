@@ -441,6 +441,88 @@ static void test_sortspec_compound_dotted(void **state)
 	check_sort("{'a.b': 1, 'c': -1}", d, 5, want);
 }
 
+/* Property (fixed seed): for random documents, the memcmp order of sdb_sortspec_key
+ * equals sdb_sortspec_cmp for every pair, for several specs (arrays, missing, dotted). */
+static uint64_t prng = 0xC0FFEE1234ULL;
+
+static unsigned rnd(unsigned n)
+{
+	prng ^= prng << 13;
+	prng ^= prng >> 7;
+	prng ^= prng << 17;
+	return (unsigned)(prng % n);
+}
+
+static void test_sortspec_key_property(void **state)
+{
+	static const char *const specs[] = {"{'a': 1}", "{'a': -1}", "{'a': 1, 'b': -1}",
+					    "{'b': -1, 'a': -1}", "{'a.x': 1, 'b': 1}"};
+	enum { NDOCS = 300 };
+	bson_t *d[NDOCS];
+	char json[512];
+
+	(void)state;
+	for (int i = 0; i < NDOCS; i++) {
+		size_t len;
+
+		snprintf(json, sizeof json, "{");
+		for (int f = 0; f < 2; f++) {
+			const char *name = f ? "b" : "a";
+			unsigned shape = rnd(5);
+
+			len = strlen(json);
+			if (shape == 0)
+				continue; /* missing */
+			if (shape == 1)
+				snprintf(json + len, sizeof json - len, "%s'%s': %s", len > 1 ? ", " : "",
+					 name, order[rnd(N_ORDER)].json);
+			else if (shape == 2)
+				snprintf(json + len, sizeof json - len, "%s'%s': [%s, %s]",
+					 len > 1 ? ", " : "", name, order[rnd(N_ORDER)].json,
+					 order[rnd(N_ORDER)].json);
+			else if (shape == 3)
+				snprintf(json + len, sizeof json - len, "%s'%s': {'x': %s}",
+					 len > 1 ? ", " : "", name, order[rnd(N_ORDER)].json);
+			else
+				snprintf(json + len, sizeof json - len, "%s'%s': [{'x': %s}, {'y': 1}]",
+					 len > 1 ? ", " : "", name, order[rnd(N_ORDER)].json);
+		}
+		strncat(json, "}", sizeof json - strlen(json) - 1);
+		d[i] = J(json);
+	}
+	for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+		bson_t *sb = J(specs[s]);
+		sdb_sortspec *ss = NULL;
+		sdb_key keys[NDOCS];
+		char err[128];
+
+		assert_int_equal(sdb_sortspec_parse(sb, &ss, NULL, err, sizeof err), 0);
+		for (int i = 0; i < NDOCS; i++) {
+			sdb_key_init(&keys[i]);
+			assert_int_equal(sdb_sortspec_key(ss, d[i], &keys[i], err, sizeof err), 0);
+		}
+		for (int i = 0; i < NDOCS; i++) {
+			for (int j = 0; j < NDOCS; j++) {
+				int c = sign(sdb_sortspec_cmp(ss, d[i], d[j]));
+				int k = sign(sdb_key_cmp(&keys[i], &keys[j]));
+
+				if (c != k) {
+					char *a = bson_as_relaxed_extended_json(d[i], NULL);
+					char *b = bson_as_relaxed_extended_json(d[j], NULL);
+
+					fail_msg("%s: cmp(%s, %s) = %d, keys %d", specs[s], a, b, c, k);
+				}
+			}
+		}
+		for (int i = 0; i < NDOCS; i++)
+			sdb_key_free(&keys[i]);
+		sdb_sortspec_free(ss);
+		bson_destroy(sb);
+	}
+	for (int i = 0; i < NDOCS; i++)
+		bson_destroy(d[i]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -454,6 +536,7 @@ int main(void)
 		cmocka_unit_test(test_sortspec_parse),
 		cmocka_unit_test(test_sortspec_arrays_missing),
 		cmocka_unit_test(test_sortspec_compound_dotted),
+		cmocka_unit_test(test_sortspec_key_property),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
