@@ -662,7 +662,7 @@ static int parse_leaf(unode *n, op_t op, const char *opname, const bson_iter_t *
 	}
 }
 
-/* Does path have a numeric component (an array element)? (for $rename's checks) */
+/* $rename {from: "to"}: a leaf at each path (conflicts checked for both). */
 static int parse_rename(sdb_update *u, const char *from, const bson_iter_t *it, int *code,
 			char *err, size_t errlen)
 {
@@ -817,12 +817,7 @@ static int parse_ops(sdb_update *u, const bson_t *spec, int *code, char *err, si
 			}
 		}
 		if (op < 0) {
-			if (opname[0] != '$') {
-				return fail(code, C_FAILED_TO_PARSE, err, errlen,
-					    "Unknown modifier: %s. Expected a valid update modifier or "
-					    "pipeline-style update specified as an array",
-					    opname);
-			}
+			/* also a plain field after an operator ({$set: {...}, a: 1}) */
 			return fail(code, C_FAILED_TO_PARSE, err, errlen,
 				    "Unknown modifier: %s. Expected a valid update modifier or "
 				    "pipeline-style update specified as an array",

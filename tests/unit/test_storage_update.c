@@ -496,6 +496,7 @@ static void test_errors(void **state)
 	(void)state;
 	check_err("{'_id': 1}", "{'$foo': {'a': 1}}", NULL, 9, "Unknown modifier: $foo");
 	check_err("{'_id': 1}", "{'$set': {}}", NULL, 9, "'$set' is empty");
+	check_err("{'_id': 1}", "{'$set': {'b': 1}, 'a': 1}", NULL, 9, "Unknown modifier: a");
 	check_err("{'_id': 1}", "{'$set': 5}", NULL, 9, "Modifiers operate on fields");
 	check_err("{'_id': 1}", "{'$set': {'a': 1}, '$inc': {'a.b': 1}}", NULL, 40,
 		  "Updating the path 'a.b' would create a conflict at 'a'");
