@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "wire/internal.h"
 #include "wire/msg.h"
+#include "wire/topology.h"
 
 #ifndef PACKAGE_VERSION
 #define PACKAGE_VERSION "0.1.0"
@@ -34,9 +35,10 @@ struct wire_hello_wait {
 	uv_timer_t timer;
 	wire_server *srv;
 	wire_req *req;
-	bson_t *reply;
 	wire_hello_wait *prev, *next;
 };
+
+static bson_t *hello_build(wire_server *srv, wire_req *req);
 
 static void on_hello_timer_closed(uv_handle_t *h)
 {
@@ -55,7 +57,10 @@ static void hello_wait_finish(wire_hello_wait *w)
 	if (w->next)
 		w->next->prev = w->prev;
 	uv_timer_stop(&w->timer);
-	wire_req_reply(w->req, w->reply);
+	if (wire_req_conn(w->req)->state == WIRE_CONN_CLOSING)
+		wire_req_reply(w->req, NULL); /* nobody to answer */
+	else
+		wire_req_reply(w->req, hello_build(srv, w->req));
 	uv_close((uv_handle_t *)&w->timer, on_hello_timer_closed);
 }
 
@@ -84,7 +89,8 @@ void wire__hello_flush(wire_server *srv)
 /* An awaitable hello (SDAM streaming protocol) carries the topologyVersion the client
  * already knows and maxAwaitTimeMS: when that version is still ours, mongod waits until
  * the topology changes or the time is up. stripedb's topology of one server does not
- * change, so the reply comes after maxAwaitTimeMS (or at shutdown). Without this wait a
+ * change by itself, so the reply comes after maxAwaitTimeMS, at shutdown, or when the role
+ * calls wire_server_topology_changed(). Without this wait a
  * streaming driver (pymongo, Node.js) would re-send hello in a tight loop. Returns the
  * wait in ms, or -1 to answer at once. */
 static int64_t hello_await_ms(const wire_server *srv, const bson_t *cmd)
@@ -104,27 +110,26 @@ static int64_t hello_await_ms(const wire_server *srv, const bson_t *cmd)
 	    !bson_oid_equal(bson_iter_oid(&tv), &srv->process_id))
 		return -1;
 	if (!bson_iter_recurse(&it, &tv) || !bson_iter_find(&tv, "counter") ||
-	    !BSON_ITER_HOLDS_NUMBER(&tv) || bson_iter_as_int64(&tv) != 0)
+	    !BSON_ITER_HOLDS_NUMBER(&tv) || bson_iter_as_int64(&tv) != srv->topology_counter)
 		return -1;
 	return ms > WIRE_MAX_AWAIT_MS ? WIRE_MAX_AWAIT_MS : ms;
 }
 
-static void cmd_hello(wire_req *req, void *role_data)
+/* The hello reply, built when it is sent (an awaitable hello reports the state at the end
+ * of its wait, not at its start). */
+static bson_t *hello_build(wire_server *srv, wire_req *req)
 {
-	wire_server *srv = req->srv;
 	const bson_t *cmd = wire_req_cmd(req);
 	const char *name = wire_req_name(req);
 	bool legacy = strcmp(name, "hello") != 0; /* isMaster / ismaster */
 	bson_t *reply = bson_new();
 	bson_t tv;
-	int64_t wait_ms;
 
-	(void)role_data;
 	BSON_APPEND_BOOL(reply, "helloOk", true);
 	BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", true);
 	BSON_APPEND_DOCUMENT_BEGIN(reply, "topologyVersion", &tv);
 	BSON_APPEND_OID(&tv, "processId", &srv->process_id);
-	BSON_APPEND_INT64(&tv, "counter", 0);
+	BSON_APPEND_INT64(&tv, "counter", srv->topology_counter);
 	bson_append_document_end(reply, &tv);
 	BSON_APPEND_INT32(reply, "maxBsonObjectSize", WIRE_MAX_BSON_SIZE);
 	BSON_APPEND_INT32(reply, "maxMessageSizeBytes", WIRE_MAX_MESSAGE_SIZE);
@@ -140,13 +145,20 @@ static void cmd_hello(wire_req *req, void *role_data)
 		BSON_APPEND_UTF8(reply, "msg", "isdbgrid");
 	if (srv->hello)
 		srv->hello(srv->role_data, cmd, reply);
+	return reply;
+}
 
-	wait_ms = hello_await_ms(srv, cmd);
+static void cmd_hello(wire_req *req, void *role_data)
+{
+	wire_server *srv = req->srv;
+	int64_t wait_ms;
+
+	(void)role_data;
+	wait_ms = hello_await_ms(srv, wire_req_cmd(req));
 	if (wait_ms > 0 && srv->state == WIRE_SRV_RUNNING) {
 		wire_hello_wait *w = sdb_calloc(1, sizeof *w);
 		w->srv = srv;
 		w->req = req;
-		w->reply = reply;
 		uv_timer_init(srv->loop, &w->timer);
 		w->timer.data = w;
 		w->next = srv->hello_waits;
@@ -158,7 +170,13 @@ static void cmd_hello(wire_req *req, void *role_data)
 		wire__conn_watch_eof(wire_req_conn(req));
 		return;
 	}
-	wire_req_reply(req, reply);
+	wire_req_reply(req, hello_build(srv, req));
+}
+
+void wire_server_topology_changed(wire_server *srv)
+{
+	srv->topology_counter++;
+	wire__hello_flush(srv);
 }
 
 /* ---- simple commands ---- */

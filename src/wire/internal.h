@@ -86,6 +86,7 @@ struct wire_server {
 	bool is_mongos;
 	int port;
 	bson_oid_t process_id;    /* topologyVersion.processId */
+	int64_t topology_counter; /* topologyVersion.counter */
 
 	wire_cmd_entry **cmds;    /* each entry heap-allocated: requests keep pointers */
 	size_t n_cmds, cap_cmds;

@@ -7,7 +7,8 @@ libstripedb_a_SOURCES += \
 noinst_HEADERS += \
 	src/wire/internal.h \
 	src/wire/msg.h \
-	src/wire/server.h
+	src/wire/server.h \
+	src/wire/topology.h
 
 check_PROGRAMS += tests/unit/test_wire_msg tests/unit/test_wire_server
 TESTS += tests/unit/test_wire_msg tests/unit/test_wire_server

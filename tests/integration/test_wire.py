@@ -202,7 +202,20 @@ def _send_50mb(s):
         pass
 
 
+def _big_body_msg(request_id, nbytes):
+    """OP_MSG whose body is a {insert: "c", $db: "test", blob: <nbytes of binary>}."""
+    blob = b"\x05blob\x00" + struct.pack("<i", nbytes) + b"\x00" + b"\x00" * nbytes
+    fields = (b"\x02insert\x00" + struct.pack("<i", 2) + b"c\x00"
+              + b"\x02$db\x00" + struct.pack("<i", 5) + b"test\x00" + blob)
+    doc = struct.pack("<i", 4 + len(fields) + 1) + fields + b"\x00"
+    payload = struct.pack("<I", 0) + b"\x00" + doc
+    return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_MSG) + payload
+
+
 BAD_INPUTS = {
+    # framing is valid (17 MiB < 48 MB) but the body is over maxBsonObjectSize
+    "body_over_16MiB": (lambda s: s.sendall(_big_body_msg(6, 17 * 1024 * 1024)),
+                        ("error", 6, 10334)),
     # a 150-byte message of which 50 bytes arrive, then the peer stops sending: the server
     # must not answer a partial message; it closes when the peer shuts its side down
     "truncated": (lambda s: (s.sendall(op_msg(1, {"ping": 1, "$db": "admin",

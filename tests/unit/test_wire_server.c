@@ -26,6 +26,7 @@
 #include "common/err.h"
 #include "wire/msg.h"
 #include "wire/server.h"
+#include "wire/topology.h"
 
 typedef struct fixture fixture;
 typedef void (*scenario_fn)(fixture *f);
@@ -35,6 +36,7 @@ struct fixture {
 	wire_server *srv;
 	int port;
 	uv_async_t close_async;
+	uv_async_t topo_async;
 	uv_thread_t client;
 	scenario_fn scenario;
 	bool closed;
@@ -138,6 +140,13 @@ static void on_close_async(uv_async_t *a)
 	fixture *f = a->data;
 	wire_server_close(f->srv, f->close_timeout_ms, on_server_closed, f);
 	uv_close((uv_handle_t *)&f->close_async, NULL);
+	uv_close((uv_handle_t *)&f->topo_async, NULL);
+}
+
+static void on_topo_async(uv_async_t *a)
+{
+	fixture *f = a->data;
+	wire_server_topology_changed(f->srv);
 }
 
 static void client_main(void *arg)
@@ -178,6 +187,8 @@ static void run_scenario(scenario_fn fn, int max_connections)
 	wire_server_register(f->srv, "fail", cmd_fail);
 	assert_int_equal(uv_async_init(&f->loop, &f->close_async, on_close_async), 0);
 	f->close_async.data = f;
+	assert_int_equal(uv_async_init(&f->loop, &f->topo_async, on_topo_async), 0);
+	f->topo_async.data = f;
 	f->scenario = fn;
 	assert_int_equal(uv_thread_create(&f->client, client_main, f), 0);
 	assert_int_equal(uv_run(&f->loop, UV_RUN_DEFAULT), 0);
@@ -863,6 +874,56 @@ static void test_graceful_close(void **state)
 	run_scenario(sc_graceful_close, 0);
 }
 
+/* wire_server_topology_changed answers a held awaitable hello at once with counter 1. */
+static void sc_topology_changed(fixture *f)
+{
+	int fd = raw_connect(f);
+	bson_t *hello = BCON_NEW("hello", BCON_INT32(1), "$db", BCON_UTF8("admin"));
+	bson_t first, *await;
+	int32_t rto;
+	size_t len;
+	uint8_t *m;
+	wire_msg msg;
+	char err[256];
+	int code;
+	bson_iter_t it;
+
+	CHECK(f, op_msg(f, fd, 500, 0, hello, &first, &rto), "hello");
+	CHECK(f, get_i32(&first, "topologyVersion.counter") == 0, "counter 0");
+	await = bson_new();
+	BSON_APPEND_INT32(await, "hello", 1);
+	if (bson_iter_init_find(&it, &first, "topologyVersion"))
+		bson_append_iter(await, "topologyVersion", -1, &it);
+	BSON_APPEND_INT64(await, "maxAwaitTimeMS", 60000);
+	BSON_APPEND_UTF8(await, "$db", "admin");
+	m = wire_msg_encode_msg(501, 0, 0, await, &len);
+	CHECK(f, send_all(fd, m, len), "send awaitable hello");
+	free(m);
+	/* whether the change lands before or after the server reads the hello, the answer
+	 * comes now (not after 60 s, which the 20 s receive timeout would turn into a failure)
+	 * and carries the new counter */
+	uv_async_send(&f->topo_async);
+	m = recv_msg(fd, &len);
+	CHECK(f, m != NULL, "awaitable hello not answered after the topology change");
+	if (m) {
+		CHECK(f, wire_msg_parse(m, len, &msg, &code, err, sizeof err) == 0, "parse");
+		CHECK(f, msg.hdr.response_to == 501, "responseTo %d", msg.hdr.response_to);
+		CHECK(f, get_i32(&msg.body, "topologyVersion.counter") == 1, "counter %d",
+		      get_i32(&msg.body, "topologyVersion.counter"));
+		free(m);
+	}
+	bson_destroy(&first);
+	bson_destroy(hello);
+	bson_destroy(await);
+	close(fd);
+}
+
+static void test_topology_changed(void **state)
+{
+	(void)state;
+	run_scenario(sc_topology_changed, 0);
+}
+
 /* max_connections 1: the second connection is closed at once; the first keeps working. */
 static void sc_connection_limit(fixture *f)
 {
@@ -930,6 +991,7 @@ int main(void)
 		cmocka_unit_test(test_more_to_come_pipelined),
 		cmocka_unit_test(test_disconnect_in_flight),
 		cmocka_unit_test(test_graceful_close),
+		cmocka_unit_test(test_topology_changed),
 		cmocka_unit_test(test_connection_limit),
 		cmocka_unit_test(test_listen_errors),
 	};
