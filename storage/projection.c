@@ -1,6 +1,8 @@
 /* Find projections: see projection.h. */
 #include "storage/projection.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -480,6 +480,20 @@ static void test_path_walk(void **state)
 	expect_walk("{'a': [{'0': 'x'}, 4]}", "a.0", 0, "{ \"0\" : \"x\" } \"x\"");
 	expect_walk("{'a': [[{'b': 1}]]}", "a.b", 0, "");
 	expect_walk("{'a': {'b': {'c': [1]}}}", "a.b.c", SDB_PATH_EXPAND_LEAF, "[ 1 ] e:1");
+	{
+		/* walking from an element: a document and an array container */
+		bson_t *d = J("{'doc': {'b': [7, 8]}, 'arr': [{'b': 1}, 2, {'c': 3}]}");
+		bson_iter_t it;
+		collect c1 = {{0}}, c2 = {{0}};
+
+		assert_true(bson_iter_init_find(&it, d, "doc"));
+		assert_false(sdb_path_walk_iter(&it, "b", SDB_PATH_EXPAND_LEAF, collect_visit, &c1));
+		assert_string_equal(c1.out, "[ 7, 8 ] e:7 e:8");
+		assert_true(bson_iter_init_find(&it, d, "arr"));
+		assert_false(sdb_path_walk_iter(&it, "b", 0, collect_visit, &c2));
+		assert_string_equal(c2.out, "1 MISSING");
+		bson_destroy(d);
+	}
 }
 
 /* ---- index keys ------------------------------------------------------------------- */
