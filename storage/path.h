@@ -4,16 +4,17 @@
  * Documents", "Query an Array of Embedded Documents", "Multikey Indexes" and
  * "Comparison/Sort Order" (arrays), mongo/db/matcher/path.cpp (BSONElementIterator).
  *
- * A path is a dotted string of components ("a.b.0.c"); empty components are invalid.
+ * A path is a dotted string of components ("a.b.0.c").
  * Walking a path through a document:
  *   - a component on a document looks the field up; a missing field ends that branch as
  *     MISSING; a scalar (non-document, non-array) before the last component also ends the
  *     branch as MISSING ({a: 5} and path "a.b": b is missing);
- *   - a component on an array (not the last array of a leaf) does two things: when the
- *     component is a decimal index ("0", "12", no sign, no leading zero) it continues with
- *     the element at that index (if present); and it continues into every element that is
- *     a document (field lookup by name, so {a: [{"0": 1}]} reaches 1 via "a.0"), reporting
- *     MISSING for documents that lack the field; scalar elements are skipped;
+ *   - a component on an array that is not at the end of the path does two things: when
+ *     the component is a decimal index ("0", "12", no sign, no leading zero) it continues
+ *     with the element at that index (if present); and it continues into every element
+ *     that is a document (field lookup by name, so {a: [{"0": 1}]} reaches 1 via "a.0").
+ *     Documents that lack the field report MISSING, except for index components;
+ *     scalar and array elements are skipped (nested arrays are not traversed by name);
  *   - at the end of the path, the value is reported; when it is an array and the walk
  *     expands leaf arrays (SDB_PATH_EXPAND_LEAF), the array itself is reported and then
  *     each of its elements (flag SDB_PATH_ELEM); nested arrays are not expanded further.
