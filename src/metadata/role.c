@@ -300,10 +300,14 @@ static void read_fenced(void *arg, int status)
 }
 
 /* Does the command accept a possibly stale local answer? ($readPreference other than
- * primary, or allowStale: true.) */
+ * primary, or allowStale: true; never with readConcern {level: "linearizable"}.) */
 static bool stale_ok(const bson_t *cmd)
 {
 	bson_iter_t it, sub;
+	if (bson_iter_init_find(&it, cmd, "readConcern") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+	    bson_iter_recurse(&it, &sub) && bson_iter_find(&sub, "level") &&
+	    BSON_ITER_HOLDS_UTF8(&sub) && strcmp(bson_iter_utf8(&sub, NULL), "linearizable") == 0)
+		return false;
 	if (bson_iter_init_find(&it, cmd, "allowStale") && bson_iter_as_bool(&it))
 		return true;
 	if (bson_iter_init_find(&it, cmd, "$readPreference") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
