@@ -218,8 +218,11 @@ static bool regex_match(const regex *r, const bson_value_t *v)
 		return false;
 	}
 	md = pcre2_match_data_create_from_pattern(r->code, NULL);
-	if (!md)
-		abort(); /* out of memory: the stripedb policy is to abort */
+	if (!md) {
+		/* out of memory: the stripedb policy (common/alloc.h) is to abort loudly */
+		fprintf(stderr, "stripedb: out of memory (pcre2 match data)\n");
+		abort();
+	}
 	rc = pcre2_match(r->code, (PCRE2_SPTR)s, len, 0, 0, md, NULL);
 	pcre2_match_data_free(md);
 	return rc >= 0;
