@@ -175,10 +175,37 @@ void wire_req_reply(wire_req *req, bson_t *reply)
 	req_complete(req, reply);
 }
 
+/* errmsg must be valid UTF-8 (drivers refuse to decode the reply otherwise), but it may
+ * quote client bytes cut mid-character by a "%.200s": replace each byte that does not
+ * start a valid sequence with '?', in place. */
+static void utf8_repair(char *s)
+{
+	unsigned char *p = (unsigned char *)s;
+
+	while (*p) {
+		size_t len = *p < 0x80 ? 1
+			     : (*p & 0xE0) == 0xC0 ? 2
+			     : (*p & 0xF0) == 0xE0 ? 3
+			     : (*p & 0xF8) == 0xF0 ? 4
+						   : 0;
+		size_t i = 1;
+
+		while (i < len && (p[i] & 0xC0) == 0x80) /* stops at the NUL too */
+			i++;
+		if (len == 0 || i < len || !bson_utf8_validate((const char *)p, len, false)) {
+			*p++ = '?';
+			continue;
+		}
+		p += len;
+	}
+}
+
 static bson_t *error_doc(int code, bson_t *extra, const char *fmt, va_list ap)
 {
 	bson_t *doc = bson_new();
 	char *msg = bson_strdupv_printf(fmt, ap);
+
+	utf8_repair(msg);
 
 	BSON_APPEND_DOUBLE(doc, "ok", 0.0);
 	BSON_APPEND_UTF8(doc, "errmsg", msg);

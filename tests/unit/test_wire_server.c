@@ -517,6 +517,31 @@ static void sc_raw_commands(fixture *f)
 	bson_destroy(&reply);
 	bson_destroy(cmd);
 
+	/* an unknown 301-byte command name: errmsg quotes 200 bytes, and the character cut
+	 * in half there becomes '?' so the reply stays valid UTF-8 */
+	{
+		char name[302], want[400];
+		int n = 0;
+		name[n++] = 'x';
+		for (int i = 0; i < 150; i++) {
+			name[n++] = (char)0xC3;
+			name[n++] = (char)0xA9; /* U+00E9 */
+		}
+		name[n] = '\0';
+		n = snprintf(want, sizeof want, "no such command: '");
+		memcpy(want + n, name, 199); /* x + 99 complete characters */
+		n += 199;
+		snprintf(want + n, sizeof want - (size_t)n, "?'");
+		cmd = bson_new();
+		BSON_APPEND_INT32(cmd, name, 1);
+		BSON_APPEND_UTF8(cmd, "$db", "admin");
+		CHECK(f, op_msg(f, fd, 112, 0, cmd, &reply, &rto), "long name");
+		CHECK(f, get_i32(&reply, "code") == 59, "long name code");
+		CHECK(f, strcmp(get_str(&reply, "errmsg"), want) == 0, "long name errmsg");
+		bson_destroy(&reply);
+		bson_destroy(cmd);
+	}
+
 	/* empty command document */
 	cmd = BCON_NEW("$db", BCON_UTF8("admin"));
 	CHECK(f, op_msg(f, fd, 111, 0, cmd, &reply, &rto), "$db only");
