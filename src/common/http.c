@@ -243,10 +243,10 @@ static int http_start(sdb_http *h, char *err, size_t errlen)
 		flags |= MHD_USE_IPv6;
 	}
 	h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, h,
-				MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
-				on_completed, NULL, MHD_OPTION_THREAD_POOL_SIZE, 4u,
-				MHD_OPTION_CONNECTION_TIMEOUT, 60u, MHD_OPTION_EXTERNAL_LOGGER,
-				mhd_log, NULL, MHD_OPTION_END);
+				MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
+				ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+				MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_TIMEOUT, 60u,
+				MHD_OPTION_END);
 	freeaddrinfo(ai);
 	if (h->d == NULL) {
 		return sdb_errf(err, errlen, SDB_EIO, "http: cannot listen on %s", h->addr);
