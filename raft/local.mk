@@ -12,3 +12,8 @@ tests_unit_test_raft_fsm_LDADD = $(UNIT_LDADD)
 tests_unit_test_raft_cluster_SOURCES = tests/unit/test_raft_cluster.c
 tests_unit_test_raft_cluster_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_raft_cluster_LDADD = $(UNIT_LDADD)
+
+# the metadata service's integration tests, linearizability checker and benchmark
+EXTRA_DIST += src/metadata/README.md tests/integration/metadata_cluster.py \
+	tests/integration/test_metadata.py tests/integration/linearizability.py \
+	tests/integration/test_metadata_linearizability.py tests/bench/metadata_bench.py

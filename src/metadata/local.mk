@@ -1,3 +1,3 @@
 # src/metadata: the metadata role (wire commands over the raft/ state machine)
 libstripedb_a_SOURCES += src/metadata/role.c
-EXTRA_DIST += src/metadata/README.md
+
