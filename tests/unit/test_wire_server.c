@@ -43,8 +43,8 @@ struct fixture {
 	uint64_t close_timeout_ms;
 	char fail[1024];
 	atomic_int sleeps_started;
-	int hello_calls;
-	int gate_calls;
+	atomic_int hello_calls;
+	atomic_int gate_calls;
 };
 
 #define CHECK(f, cond, ...)                                                                     \
@@ -112,14 +112,14 @@ static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 {
 	fixture *f = data;
 	(void)cmd;
-	f->hello_calls++;
+	atomic_fetch_add(&f->hello_calls, 1);
 	BSON_APPEND_UTF8(reply, "stripedbRole", "test");
 }
 
 static bool gate(wire_req *req, void *data)
 {
 	fixture *f = data;
-	f->gate_calls++;
+	atomic_fetch_add(&f->gate_calls, 1);
 	if (strcmp(wire_req_name(req), "forbidden") == 0) {
 		wire_req_error(req, WIRE_ERR_UNAUTHORIZED, "not allowed");
 		return false;
@@ -164,7 +164,7 @@ static void request_close(fixture *f)
 	uv_async_send(&f->close_async);
 }
 
-static void run_scenario(scenario_fn fn, int max_connections)
+static void run_scenario_opts(scenario_fn fn, int max_connections, bool is_mongos)
 {
 	fixture *f = calloc(1, sizeof *f);
 	wire_server_opts opts = {0};
@@ -178,6 +178,7 @@ static void run_scenario(scenario_fn fn, int max_connections)
 	opts.hello = hello_hook;
 	opts.gate = gate;
 	opts.max_connections = max_connections;
+	opts.is_mongos = is_mongos;
 	f->close_timeout_ms = 5000;
 	assert_int_equal(wire_server_new(&f->loop, &opts, &f->srv, err, sizeof err), 0);
 	f->port = wire_server_port(f->srv);
@@ -197,6 +198,11 @@ static void run_scenario(scenario_fn fn, int max_connections)
 	assert_string_equal(f->fail, "");
 	assert_int_equal(uv_loop_close(&f->loop), 0); /* no handle left */
 	free(f);
+}
+
+static void run_scenario(scenario_fn fn, int max_connections)
+{
+	run_scenario_opts(fn, max_connections, false);
 }
 
 /* ---- raw socket client ---- */
@@ -949,6 +955,30 @@ static void test_topology_changed(void **state)
 	run_scenario(sc_topology_changed, 0);
 }
 
+/* A proxy presents itself as mongos: hello says msg: "isdbgrid", before the hook's fields. */
+static void sc_mongos(fixture *f)
+{
+	int fd = raw_connect(f);
+	bson_t *hello = BCON_NEW("hello", BCON_INT32(1), "$db", BCON_UTF8("admin"));
+	bson_t reply;
+	int32_t rto;
+
+	CHECK(f, op_msg(f, fd, 600, 0, hello, &reply, &rto), "hello");
+	CHECK(f, strcmp(get_str(&reply, "msg"), "isdbgrid") == 0, "msg %s",
+	      get_str(&reply, "msg"));
+	CHECK(f, strcmp(get_str(&reply, "stripedbRole"), "test") == 0, "hook field");
+	CHECK(f, atomic_load(&f->hello_calls) == 1, "hello hook calls %d", atomic_load(&f->hello_calls));
+	bson_destroy(&reply);
+	bson_destroy(hello);
+	close(fd);
+}
+
+static void test_mongos_hello(void **state)
+{
+	(void)state;
+	run_scenario_opts(sc_mongos, 0, true);
+}
+
 /* max_connections 1: the second connection is closed at once; the first keeps working. */
 static void sc_connection_limit(fixture *f)
 {
@@ -1017,6 +1047,7 @@ int main(void)
 		cmocka_unit_test(test_disconnect_in_flight),
 		cmocka_unit_test(test_graceful_close),
 		cmocka_unit_test(test_topology_changed),
+		cmocka_unit_test(test_mongos_hello),
 		cmocka_unit_test(test_connection_limit),
 		cmocka_unit_test(test_listen_errors),
 	};
