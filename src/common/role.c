@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <systemd/sd-daemon.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,6 +194,10 @@ int sdb_roles_run(const sdb_config_set *set)
 	}
 
 	if (!failed) {
+		/* systemd Type=notify readiness: every role has opened its listeners. A no-op
+		 * when not started by systemd (NOTIFY_SOCKET unset). */
+		sd_notifyf(0, "READY=1\nSTATUS=serving %zu role(s)\nMAINPID=%lu", set->n_roles,
+			   (unsigned long)getpid());
 		for (;;) {
 			int sig = 0;
 			if (sigwait(&sigs, &sig) != 0) {
@@ -204,6 +209,7 @@ int sdb_roles_run(const sdb_config_set *set)
 			}
 			sdb_log(SDB_LOG_INFO, "shutdown requested", "signal=%s",
 				sig == SIGTERM ? "SIGTERM" : "SIGINT");
+			sd_notify(0, "STOPPING=1");
 			break;
 		}
 	} else {
