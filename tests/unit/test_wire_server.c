@@ -967,7 +967,8 @@ static void sc_mongos(fixture *f)
 	CHECK(f, strcmp(get_str(&reply, "msg"), "isdbgrid") == 0, "msg %s",
 	      get_str(&reply, "msg"));
 	CHECK(f, strcmp(get_str(&reply, "stripedbRole"), "test") == 0, "hook field");
-	CHECK(f, atomic_load(&f->hello_calls) == 1, "hello hook calls %d", atomic_load(&f->hello_calls));
+	CHECK(f, atomic_load(&f->hello_calls) == 1, "hello hook calls %d",
+	      atomic_load(&f->hello_calls));
 	bson_destroy(&reply);
 	bson_destroy(hello);
 	close(fd);
