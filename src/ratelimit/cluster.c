@@ -371,7 +371,16 @@ static void queue_bcast(rl_cluster *cl, const rl_req *r, uint64_t hash)
 		return;
 	pthread_mutex_lock(&cl->mu);
 	if (!cl->stopping) {
-		gmap_get(&cl->bcast, hash, r->name, r->unique_key, &created);
+		cl_gent *e = gmap_get(&cl->bcast, hash, r->name, r->unique_key, &created);
+		int64_t at = created ? r->created_at : e->req.created_at;
+
+		/* the latest configuration, and the latest request clock seen */
+		e->req = *r;
+		e->req.name = e->name;
+		e->req.unique_key = e->uk;
+		e->req.metadata = NULL;
+		e->req.n_metadata = 0;
+		e->req.created_at = at > r->created_at ? at : r->created_at;
 		global_armed(cl);
 	}
 	pthread_mutex_unlock(&cl->mu);
@@ -739,7 +748,6 @@ static void flush_bcast(rl_cluster *cl, cl_gent *list)
 	cl_gent *e;
 	bcast_slot *slots = NULL;
 	Pb__Gubernator__UpdatePeerGlobal **ptrs;
-	int64_t now = cl->clock(cl->clock_data);
 
 	for (e = list; e != NULL; e = e->next)
 		cap++;
@@ -749,9 +757,16 @@ static void flush_bcast(rl_cluster *cl, cl_gent *list)
 	for (e = list; e != NULL; e = e->next) {
 		bcast_slot *s = &slots[n];
 		rl_state st;
+		rl_req q = e->req;
+		rl_resp qr;
 		size_t m;
 
-		if (rl_limiter_get_state(cl->lim, e->name, e->uk, &st) != 0)
+		/* The key's current state, read as Gubernator does with a hits=0 request on the
+		 * owner at the latest request clock seen (not the wall clock: requests may carry
+		 * their own created_at). */
+		q.hits = 0;
+		q.behavior &= ~(RL_RESET_REMAINING | RL_DRAIN_OVER_LIMIT);
+		if (rl_limiter_decide_owner(cl->lim, &q, &qr, &st) != 0)
 			continue;
 		pb__gubernator__update_peer_global__init(&s->g);
 		snprintf(s->key, sizeof(s->key), "%s_%s", e->name, e->uk);
@@ -759,7 +774,7 @@ static void flush_bcast(rl_cluster *cl, cl_gent *list)
 		s->g.algorithm = (Pb__Gubernator__Algorithm)st.algorithm;
 		s->g.duration = st.duration;
 		s->g.created_at = st.created_at;
-		rl_state_to_resp(&st, now > st.created_at ? now : st.created_at, &s->resp);
+		s->resp = qr;
 		snprintf(s->resp.owner, sizeof(s->resp.owner), "%s", cl->advertise);
 		rl_proto_resp_to_pb(&s->resp, &s->status);
 		/* extend the metadata: name, unique_key, sdb_state */

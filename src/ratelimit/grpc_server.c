@@ -604,6 +604,15 @@ static void free_list(char **v, size_t n)
 	free(v);
 }
 
+/* rl_frontend.health adapter: Gubernator's HealthCheck is unhealthy while a peer is
+ * unreachable. */
+static bool cluster_health(void *ctx, char *msg, size_t msglen)
+{
+	int peers;
+
+	return rl_cluster_health(ctx, &peers, msg, msglen);
+}
+
 int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, size_t errlen)
 {
 	const sdb_config *cfg = role->cfg;
@@ -661,6 +670,7 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 	fe->decide_ctx = g->cluster;
 	fe->peer_count = rl_cluster_peer_count;
 	fe->peer_ctx = g->cluster;
+	fe->health = cluster_health;
 	sdb_info("ratelimit gRPC listening", "addr=%s port=%d advertise=%s", listen,
 		 rl_grpc_server_port(g->server), advertise);
 	*out = g;
@@ -681,6 +691,7 @@ void rl_grpc_stop(rl_grpc *g)
 	g->fe->decide_ctx = g->fe->limiter;
 	g->fe->peer_count = NULL;
 	g->fe->peer_ctx = NULL;
+	g->fe->health = NULL;
 	rl_grpc_server_shutdown(g->server);
 	rl_cluster_free(g->cluster);
 	rl_grpc_server_free(g->server);

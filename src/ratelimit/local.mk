@@ -56,4 +56,5 @@ tests_unit_test_ratelimit_cluster_SOURCES = tests/unit/test_ratelimit_cluster.c
 tests_unit_test_ratelimit_cluster_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_ratelimit_cluster_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_ratelimit_ring tests/unit/test_ratelimit_cluster
+EXTRA_DIST += tests/integration/test_ratelimit_grpc.py
 # --- end cluster engineer block ---
