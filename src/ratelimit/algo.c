@@ -189,11 +189,17 @@ static void token_bucket(rl_state *st, bool exists, const rl_req *req, int64_t n
 		 * status), and computes Gregorian ends from the server clock. Here the
 		 * renewed bucket is what the request is decided against. */
 		if (st->duration != req->duration || (st->behavior & RL_DURATION_IS_GREGORIAN) != greg) {
-			if (greg)
+			bool renew;
+			if (greg) {
+				/* calendar windows: a window begun before the current interval
+				 * has passed */
 				window_at(req, now, &start, &end);
-			else
+				renew = st->created_at < start;
+			} else {
 				end = sat_add(st->created_at, req->duration);
-			if (end <= now) {
+				renew = end <= now;
+			}
+			if (renew) {
 				window_at(req, now, &st->created_at, &end);
 				st->remaining = st->limit;
 			}

@@ -168,6 +168,25 @@ static void test_token_bucket_change_duration(void **state)
 	rl_limiter_free(lim);
 }
 
+/* Switching a live key between a ms duration and a Gregorian interval moves the window's
+ * end to the interval's end (computed from the request's clock), keeping the count. */
+static void test_token_bucket_switch_to_gregorian(void **state)
+{
+	(void)state;
+	rl_limiter *lim = new_limiter();
+	const int32_t G = RL_DURATION_IS_GREGORIAN;
+	const int64_t t = INT64_C(1709210096789), minute_end = INT64_C(1709210100000);
+	EXPECT(TB(lim, "sw", 0, 1, 5, 60000, t), RL_UNDER_LIMIT, 4, t + 60000);
+	EXPECT(TB(lim, "sw", G, 1, 5, RL_GREGORIAN_MINUTES, t + 1000), RL_UNDER_LIMIT, 3, minute_end - 1);
+	/* and back: the window still starts at the first hit, so it ends at t + 10 s */
+	EXPECT(TB(lim, "sw", 0, 1, 5, 10000, t + 2000), RL_UNDER_LIMIT, 2, t + 10000);
+	/* switching to minutes in the next minute: the window began before this interval,
+	 * so the bucket is renewed for the current minute */
+	EXPECT(TB(lim, "sw", G, 1, 5, RL_GREGORIAN_MINUTES, minute_end + 5), RL_UNDER_LIMIT, 4,
+	       minute_end + 60000 - 1);
+	rl_limiter_free(lim);
+}
+
 /* --- leaky bucket ------------------------------------------------------------------ */
 
 /* Gubernator TestLeakyBucket: limit 10 per 30 s (one token per 3 s), with its sleeps. */
@@ -548,6 +567,7 @@ int main(void)
 		cmocka_unit_test(test_token_bucket_reset_remaining),
 		cmocka_unit_test(test_token_bucket_change_limit),
 		cmocka_unit_test(test_token_bucket_change_duration),
+		cmocka_unit_test(test_token_bucket_switch_to_gregorian),
 		cmocka_unit_test(test_leaky_bucket),
 		cmocka_unit_test(test_leaky_bucket_burst),
 		cmocka_unit_test(test_leaky_bucket_negative_hits),
