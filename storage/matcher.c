@@ -1364,40 +1364,79 @@ typedef struct bounds_acc {
 	sdb_bounds cur;
 } bounds_acc;
 
-static void bounds_collect(const node *n, bounds_acc *acc)
+/* Set kind from the intervals: EMPTY, POINTS or RANGE. */
+static void bounds_fix_kind(sdb_bounds *b)
 {
-	sdb_bounds b, r;
-
-	if (n->kind == N_AND) {
-		for (size_t i = 0; i < n->nkids; i++)
-			bounds_collect(n->kids[i], acc);
+	if (b->n == 0) {
+		b->kind = SDB_BOUNDS_EMPTY;
 		return;
 	}
-	if (n->kind != N_PATH || !n->path || strcmp(n->path, acc->path) != 0)
-		return;
-	if (!pred_bounds(n, &b))
-		return;
+	b->kind = SDB_BOUNDS_POINTS;
+	for (size_t i = 0; i < b->n; i++) {
+		if (!b->iv[i].lo_incl || !b->iv[i].hi_incl ||
+		    sdb_key_cmp(&b->iv[i].lo, &b->iv[i].hi) != 0)
+			b->kind = SDB_BOUNDS_RANGE;
+	}
+}
+
+/* Combine one predicate's bounds (taken over) into the accumulator. */
+static void acc_add(bounds_acc *acc, sdb_bounds *b)
+{
+	sdb_bounds r;
+
 	if (!acc->have) {
-		acc->cur = b;
+		acc->cur = *b;
 		acc->have = true;
-		acc->have_points = b.kind != SDB_BOUNDS_RANGE;
+		acc->have_points = b->kind != SDB_BOUNDS_RANGE;
 		return;
 	}
 	if (acc->multikey) {
 		/* one predicate only: prefer points (equality / $in) over a range */
-		if (!acc->have_points && b.kind != SDB_BOUNDS_RANGE) {
+		if (!acc->have_points && b->kind != SDB_BOUNDS_RANGE) {
 			sdb_bounds_free(&acc->cur);
-			acc->cur = b;
+			acc->cur = *b;
 			acc->have_points = true;
 		} else {
-			sdb_bounds_free(&b);
+			sdb_bounds_free(b);
 		}
 		return;
 	}
-	bounds_intersect(&acc->cur, &b, &r);
+	bounds_intersect(&acc->cur, b, &r);
+	bounds_fix_kind(&r);
 	sdb_bounds_free(&acc->cur);
-	sdb_bounds_free(&b);
+	sdb_bounds_free(b);
 	acc->cur = r;
+}
+
+/* pathless: collecting the value-level predicates inside a $elemMatch (value form). */
+static void bounds_collect(const node *n, bounds_acc *acc, bool pathless)
+{
+	sdb_bounds b;
+
+	if (n->kind == N_AND) {
+		for (size_t i = 0; i < n->nkids; i++)
+			bounds_collect(n->kids[i], acc, pathless);
+		return;
+	}
+	if (n->kind != N_PATH)
+		return;
+	if (pathless ? n->path != NULL : (!n->path || strcmp(n->path, acc->path) != 0))
+		return;
+	if (!pathless && n->op == OP_ELEM_VALUE) {
+		/* every predicate holds for one element, whose index key is that element:
+		 * intersect them even on a multikey index (MongoDB does the same) */
+		bounds_acc sub = {.path = NULL, .multikey = false};
+
+		bounds_collect(n->kids[0], &sub, true);
+		if (sub.have) {
+			bounds_fix_kind(&sub.cur);
+			acc_add(acc, &sub.cur);
+		}
+		return;
+	}
+	if (!pred_bounds(n, &b))
+		return;
+	acc_add(acc, &b);
 }
 
 int sdb_matcher_bounds(const bson_t *filter, const char *path, bool multikey, sdb_bounds *out,
@@ -1411,20 +1450,11 @@ int sdb_matcher_bounds(const bson_t *filter, const char *path, bool multikey, sd
 	rc = sdb_matcher_new(filter, &m, NULL, err, errlen);
 	if (rc)
 		return rc;
-	bounds_collect(m->root, &acc);
+	bounds_collect(m->root, &acc, false);
 	sdb_matcher_free(m);
 	if (!acc.have)
 		return 0;
 	*out = acc.cur;
-	if (out->n == 0) {
-		out->kind = SDB_BOUNDS_EMPTY;
-		return 0;
-	}
-	out->kind = SDB_BOUNDS_POINTS;
-	for (size_t i = 0; i < out->n; i++) {
-		if (!out->iv[i].lo_incl || !out->iv[i].hi_incl ||
-		    sdb_key_cmp(&out->iv[i].lo, &out->iv[i].hi) != 0)
-			out->kind = SDB_BOUNDS_RANGE;
-	}
+	bounds_fix_kind(out);
 	return 0;
 }

@@ -104,7 +104,9 @@ typedef struct sdb_bounds {
  *   $gt/$gte/$lt/$lte -> an interval inside the operand's type bracket
  *                      ({$gt: 5} -> (5, +inf]; {$lt: "m"} -> ["", "m"));
  *   several on one path -> intersected, unless multikey is true: then (MongoDB's rule
- *                      for multikey indexes) only one predicate is used, points first.
+ *                      for multikey indexes) only one predicate is used, points first;
+ *   $elemMatch value form ({f: {$elemMatch: {$gte: 1, $lt: 5}}}) -> its comparison and
+ *                      equality predicates intersected, also on a multikey index.
  * Every other operator ($ne, $nin, $not, $exists, $type, $regex, $or, ...) gives ALL.
  * The bounds are a superset of the matching documents' keys: the caller must still run
  * the matcher on every candidate. Returns 0, or SDB_EINVAL with a message when the

@@ -698,6 +698,24 @@ static void test_bounds(void **state)
 		expect_bounds("{'a': {'$in': [1, 2, 3, 'z']}, 'b': 1, '$and': [{'a': {'$gte': 2}}]}",
 			      "a", false, SDB_BOUNDS_POINTS, w, 2);
 	}
+	{
+		/* $elemMatch intersects even on a multikey index */
+		static const xiv w[] = {{"1", true, "5", false}};
+
+		expect_bounds("{'a': {'$elemMatch': {'$gte': 1, '$lt': 5}}}", "a", true,
+			      SDB_BOUNDS_RANGE, w, 1);
+	}
+	{
+		/* ... and combines with other predicates by the multikey rule (points first) */
+		static const xiv w[] = {{"3", true, "3", true}};
+
+		expect_bounds("{'a': {'$elemMatch': {'$gte': 1, '$lt': 5}, '$in': [3]}}", "a", true,
+			      SDB_BOUNDS_POINTS, w, 1);
+	}
+	expect_bounds("{'a': {'$elemMatch': {'$gte': 5, '$lt': 1}}}", "a", true, SDB_BOUNDS_EMPTY,
+		      NULL, 0);
+	/* the object form says nothing about the values of a itself */
+	expect_bounds("{'a': {'$elemMatch': {'b': 1}}}", "a", true, SDB_BOUNDS_ALL, NULL, 0);
 	/* contradiction: intersection is empty */
 	expect_bounds("{'a': {'$gt': 5, '$lt': 1}}", "a", false, SDB_BOUNDS_EMPTY, NULL, 0);
 	expect_bounds("{'a': {'$gt': 5, '$lt': 'x'}}", "a", false, SDB_BOUNDS_EMPTY, NULL, 0);
@@ -816,7 +834,11 @@ static void test_bounds_random_property(void **state)
 			const char *op = ops[rnd(7)];
 			size_t len = strlen(filter);
 
-			if (strcmp(op, "$in") == 0)
+			if (rnd(6) == 0)
+				snprintf(filter + len, sizeof filter - len,
+					 "%s{'a': {'$elemMatch': {'$gte': %s, '$lt': %s}}}", i ? ", " : "",
+					 pool[rnd(N_POOL)], pool[rnd(N_POOL)]);
+			else if (strcmp(op, "$in") == 0)
 				snprintf(filter + len, sizeof filter - len, "%s{'a': {'$in': [%s, %s]}}",
 					 i ? ", " : "", pool[rnd(N_POOL)], pool[rnd(N_POOL)]);
 			else
