@@ -46,7 +46,7 @@ static void set_state(sdb_role *r, int to)
 #else
 	(void)transition_ok;
 #endif
-	r->state = to;
+	__atomic_store_n(&r->state, to, __ATOMIC_RELEASE);
 }
 
 static const sdb_role_def *const all_roles[] = {
@@ -153,6 +153,22 @@ static void role_thread(void *arg)
 	r->loop = NULL;
 }
 
+/* /healthz check per role: healthy only while RUNNING, so a probe never sees "ok" before
+ * the role's listeners are open or after shutdown began. */
+static int role_health(void *data, char *msg, size_t msglen)
+{
+	sdb_role *r = data;
+	int st = __atomic_load_n(&r->state, __ATOMIC_ACQUIRE);
+
+	if (st == ST_RUNNING) {
+		return 1;
+	}
+	snprintf(msg, msglen, "%s", st == ST_NEW || st == ST_STARTING ? "starting"
+				    : st == ST_FAILED		   ? "failed to start"
+								   : "stopping");
+	return 0;
+}
+
 int sdb_roles_run(const sdb_config_set *set)
 {
 	sdb_role *roles = sdb_calloc(set->n_roles, sizeof *roles);
@@ -181,6 +197,7 @@ int sdb_roles_run(const sdb_config_set *set)
 				failed = 1;
 				break;
 			}
+			sdb_http_add_health(r->http, r->def->name, role_health, r);
 		}
 		uv_sem_init(&r->started, 0);
 		uv_thread_create(&r->thread, role_thread, r);
@@ -228,6 +245,7 @@ int sdb_roles_run(const sdb_config_set *set)
 	}
 	for (size_t i = 0; i < set->n_roles; i++) {
 		if (roles[i].http != NULL) {
+			sdb_http_unroute(roles[i].http, &roles[i]);
 			sdb_http_release(roles[i].http);
 		}
 	}

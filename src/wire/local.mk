@@ -27,6 +27,3 @@ tests_integration_wire_test_server_LDADD = libstripedb.a $(SDB_LIBS)
 EXTRA_DIST += tests/integration/test_wire.py tests/integration/package.json \
 	tests/integration/package-lock.json
 
-# The fuzz targets live in tests/fuzz/local.mk (owned with this module); the top
-# Makefile.am does not include it yet.
-include $(top_srcdir)/tests/fuzz/local.mk

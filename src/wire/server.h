@@ -65,6 +65,8 @@
 #define WIRE_ERR_HOST_UNREACHABLE 6
 #define WIRE_ERR_RATE_LIMITED 462            /* stripedb quota: IngressRequestRateLimitExceeded */
 #define WIRE_ERR_FAILED_TO_PARSE 9
+#define WIRE_ERR_PROTOCOL_ERROR 17            /* ProtocolError */
+#define WIRE_ERR_INVALID_BSON 22              /* InvalidBSON */
 #define WIRE_ERR_LOCATION_40352 40352        /* FieldPath cannot be constructed with empty string */
 #define WIRE_ERR_OVERFLOW 15
 #define WIRE_ERR_NOT_IMPLEMENTED 238
@@ -108,12 +110,20 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
  * called on the loop thread. Later registrations replace earlier ones. */
 void wire_server_register(wire_server *srv, const char *name, wire_cmd_fn fn);
 
+/* SDAM streaming: increment hello's topologyVersion.counter and answer every held
+ * awaitable hello now with a fresh reply (the hello hook runs again). A role whose hello
+ * state can change (metadata: isWritablePrimary, primary, electionId) calls it on every
+ * change. Loop thread only. See wire/topology.h. */
+void wire_server_topology_changed(wire_server *srv);
+
 /* Bound port (useful with port 0). */
 int wire_server_port(const wire_server *srv);
 
 /* Begin a graceful stop: close the listener, let requests in flight finish and their
  * replies be written (for at most timeout_ms), then close every connection and call cb
- * on the loop thread. After cb, the server is freed. */
+ * on the loop thread. cb waits for every handler that was called to have replied (past
+ * the timeout connections are closed, but a late reply must not touch freed memory).
+ * After cb, the server is freed. */
 void wire_server_close(wire_server *srv, uint64_t timeout_ms, void (*cb)(void *arg), void *arg);
 
 /* --- requests (valid from the handler call until reply/error) --- */
