@@ -2201,6 +2201,40 @@ static void do_list_union(ctx *c, bool databases)
 
 /* ---------- dispatch ---------- */
 
+/* Admission: the tenant's quotas (proxy/quota.h). Answers and returns false when over. */
+static bool admit(ctx *c, const char *name)
+{
+	int64_t docs = 0, retry = 0;
+	char msg[256];
+	bson_t arr;
+	bson_iter_t it;
+	const char *field = NULL;
+
+	if (strcmp(name, "killCursors") == 0)
+		return true;
+	if (strcmp(name, "insert") == 0)
+		field = "documents";
+	else if (strcmp(name, "update") == 0)
+		field = "updates";
+	else if (strcmp(name, "delete") == 0)
+		field = "deletes";
+	else if (strcmp(name, "findAndModify") == 0 || strcmp(name, "findandmodify") == 0)
+		docs = 1;
+	if (field && get_array(c->cmd, field, &arr) && bson_iter_init(&it, &arr))
+		while (bson_iter_next(&it))
+			docs++;
+	if (proxy_quota_admit(c->p->quota, c->db, docs, (int64_t)c->cmd->len, &retry, msg,
+			      sizeof msg))
+		return true;
+	sdb_counter_inc(c->p->m_rejected);
+	{
+		bson_t *extra = bson_new();
+		BSON_APPEND_INT64(extra, "retryAfterMS", retry);
+		wire_req_error_extra(c->req, WIRE_ERR_RATE_LIMITED, extra, "%s", msg);
+	}
+	return false;
+}
+
 typedef struct pjob {
 	proxy *p;
 	wire_req *req;
@@ -2224,6 +2258,8 @@ static void run_job(void *arg)
 		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
 	}
 	free(j);
+	if (!admit(&c, name))
+		return;
 	if (strcmp(name, "getMore") == 0) {
 		do_get_more(&c);
 		return;

@@ -3,12 +3,14 @@ libstripedb_a_SOURCES += \
 	src/proxy/cursor.c \
 	src/proxy/exec.c \
 	src/proxy/merge.c \
+	src/proxy/quota.c \
 	src/proxy/role.c \
 	src/proxy/route.c \
 	src/proxy/shardconn.c
 noinst_HEADERS += \
 	src/proxy/merge.h \
 	src/proxy/proxy.h \
+	src/proxy/quota.h \
 	src/proxy/route.h \
 	src/proxy/shardconn.h
 

@@ -12,6 +12,7 @@
 
 #include "common/metrics.h"
 #include "proxy/merge.h"
+#include "proxy/quota.h"
 #include "proxy/route.h"
 #include "proxy/shardconn.h"
 #include "wire/server.h"
@@ -31,6 +32,7 @@ typedef struct proxy {
 	uv_mutex_t mu;
 	uv_cond_t cv;
 	bool stopping;
+	bool ready;                 /* metadata reached once (shards, quotas): /healthz */
 	int64_t known_version;
 	char *primary;              /* primary shard id (first shard by id), under mu */
 	/* cursors */
@@ -43,8 +45,9 @@ typedef struct proxy {
 	sdb_counter *m_targeted;
 	sdb_counter *m_refreshes;
 	sdb_counter *m_rejected;
-	/* quotas (optional) */
-	void *quota;
+	/* admission (tenant quotas); tables refreshed by the refresh thread */
+	proxy_quota *quota;
+	uint64_t quota_loaded_ms;
 } proxy;
 
 /* role.c */

@@ -18,6 +18,7 @@
 #define PROXY_WAIT_MS 500       /* long-poll timeout (bounds shutdown latency) */
 #define PROXY_RETRY_MS 200      /* pause after a failed metadata call */
 #define PROXY_REAP_EVERY_MS 1000
+#define PROXY_QUOTA_RELOAD_MS 1000  /* tenants and quotas are re-read this often */
 
 /* ---------- metadata access ---------- */
 
@@ -179,6 +180,30 @@ route_coll *proxy_route(proxy *p, const char *ns, bool force, char *err, size_t 
 	return c;
 }
 
+/* Reload tenants and database owners for the quota tables. */
+static bool load_quotas(proxy *p)
+{
+	bool ok = false;
+	bson_t c1 = BSON_INITIALIZER, c2 = BSON_INITIALIZER, r1, r2;
+	char err[256];
+	int code;
+
+	BSON_APPEND_INT32(&c1, "listTenants", 1);
+	BSON_APPEND_INT32(&c2, "listDatabases", 1);
+	/* meta_command always initialises its reply */
+	if (meta_command(p, &c1, &r1, &code, err, sizeof err) == 0) {
+		if (meta_command(p, &c2, &r2, &code, err, sizeof err) == 0) {
+			proxy_quota_load(p->quota, &r1, &r2);
+			ok = true;
+		}
+		bson_destroy(&r2);
+	}
+	bson_destroy(&r1);
+	bson_destroy(&c1);
+	bson_destroy(&c2);
+	return ok;
+}
+
 /* ---------- refresh thread ---------- */
 
 static bool wait_stop(proxy *p, uint64_t ms)
@@ -216,6 +241,15 @@ static void refresher_main(void *arg)
 		if (!have_shards) {
 			if (proxy_load_shards(p, err, sizeof err) == 0)
 				have_shards = true;
+		}
+		if (have_shards &&
+		    uv_hrtime() / 1000000u >= p->quota_loaded_ms + PROXY_QUOTA_RELOAD_MS) {
+			if (load_quotas(p)) {
+				uv_mutex_lock(&p->mu);
+				p->ready = true;
+				uv_mutex_unlock(&p->mu);
+			}
+			p->quota_loaded_ms = uv_hrtime() / 1000000u;
 		}
 		BSON_APPEND_INT32(&cmd, "waitRoutingVersion", 1);
 		BSON_APPEND_INT64(&cmd, "gt", p->known_version);
@@ -263,6 +297,20 @@ static void on_reap_timer(uv_timer_t *t)
 	shardconn_submit(p->sc, reap_job, p);
 }
 
+/* /healthz: ready once the shard list and quotas were read from metadata once. */
+static int health(void *data, char *msg, size_t msglen)
+{
+	proxy *p = data;
+	bool ready;
+
+	uv_mutex_lock(&p->mu);
+	ready = p->ready;
+	uv_mutex_unlock(&p->mu);
+	if (!ready)
+		snprintf(msg, msglen, "proxy: metadata not reached yet");
+	return ready ? 1 : 0;
+}
+
 static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 {
 	(void)data;
@@ -301,6 +349,9 @@ static int proxy_start(sdb_role *role)
 		rc = SDB_EUSAGE;
 		goto err;
 	}
+	rc = proxy_quota_new(role, &p->quota, role->err, sizeof role->err);
+	if (rc != 0)
+		goto err;
 	p->m_stale_retries = sdb_metrics_counter("stripedb_proxy_stale_retries_total",
 						 "Requests retried after StaleConfig.", NULL);
 	p->m_scatter = sdb_metrics_counter("stripedb_proxy_routed_total",
@@ -326,6 +377,8 @@ static int proxy_start(sdb_role *role)
 		rc = sdb_errf(role->err, sizeof role->err, SDB_EIO, "proxy: cannot start a thread");
 		goto err_srv;
 	}
+	if (role->http)
+		sdb_http_add_health(role->http, "proxy", health, p);
 	uv_timer_init(role->loop, &p->reap_timer);
 	p->reap_timer.data = p;
 	uv_timer_start(&p->reap_timer, on_reap_timer, PROXY_REAP_EVERY_MS, PROXY_REAP_EVERY_MS);
@@ -336,6 +389,7 @@ static int proxy_start(sdb_role *role)
 err_srv:
 	wire_server_close(p->srv, 0, NULL, NULL);
 err:
+	proxy_quota_free(p->quota);
 	if (p->meta)
 		mongoc_client_pool_destroy(p->meta);
 	shardconn_free(p->sc);
@@ -361,6 +415,7 @@ static void on_timer_closed(uv_handle_t *h)
 	shardconn_free(p->sc); /* runs queued jobs first, joins the workers */
 	p->sc = NULL;
 	mongoc_client_pool_destroy(p->meta);
+	proxy_quota_free(p->quota);
 	route_cache_free(p->rc);
 	free(p->primary);
 	uv_mutex_destroy(&p->cmu);
@@ -385,6 +440,8 @@ static void proxy_stop(sdb_role *role)
 	proxy *p = role->impl;
 
 	uv_timer_stop(&p->reap_timer);
+	if (role->http)
+		sdb_http_unroute(role->http, p);
 	wire_server_close(p->srv, (uint64_t)sdb_config_get_int(role->cfg,
 								 SDB_OPT_shutdown_timeout_ms, 10000),
 			  on_server_closed, role);

@@ -13,7 +13,7 @@ import pytest
 from bson import MinKey, MaxKey
 from pymongo.errors import BulkWriteError, OperationFailure
 
-from conftest import free_port, wait_until
+from conftest import free_port, http_get, wait_until
 from proxy_helpers import ProxyCluster
 
 
@@ -372,3 +372,54 @@ def test_crud_unified_through_proxy(cluster, start_role, tmp_path):
           f"through the proxy over 3 shards")
     assert regressions == [], "\n".join(regressions)
     assert total_direct > 0
+
+
+# ---------------------------------------------------------------- quotas
+
+def test_quota_across_two_proxies(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=3, proxies=0)
+    try:
+        cl.meta_cmd({"createTenant": "t1"})
+        cl.meta_cmd({"createTenant": "t2"})
+        # 5 requests per minute: no window ends while the test runs
+        cl.meta_cmd({"setQuota": "t1", "quota": {"requestsPerSec": 5, "periodMS": 60000}})
+        cl.meta_cmd({"setQuota": "t2", "quota": {"requestsPerSec": 100000}})
+        cl.create_database("t1db", tenant="t1")
+        cl.create_database("t2db", tenant="t2")
+        g = [free_port(), free_port()]
+        peers = ",".join(f"127.0.0.1:{p}" for p in g)
+        for i in range(2):  # the proxies join one rate-limit peer ring
+            cl.add_proxy([f"--grpc-listen=127.0.0.1:{g[i]}", f"--peers={peers}"])
+        dbs = [cl.proxy_client(i).t1db for i in range(2)]
+        ok = 0
+        refusal = None
+        for n in range(40):  # alternate proxies until the first refusal
+            try:
+                dbs[n % 2].c.find_one({"_id": n})
+                ok += 1
+            except OperationFailure as e:
+                refusal = e
+                break
+        # 5 requests for the tenant in total, not 5 per proxy
+        if ok != 5:
+            for i in range(2):
+                st, body = http_get(cl.proxy_procs[i].http_port, "/metrics")
+                print("\n".join(l for l in body.decode().splitlines() if "ratelimit" in l and not l.startswith("#")))
+        assert ok == 5
+        assert refusal.code == 462
+        assert refusal.details["retryAfterMS"] > 0
+        assert "tenant t1 is over its quota of 5 requests per 60000 ms" in \
+            refusal.details["errmsg"]
+        # nothing executed: an insert refused by quota leaves no document
+        with pytest.raises(OperationFailure) as e:
+            dbs[0].c.insert_one({"_id": "refused"})
+        assert e.value.code == 462
+        # the other tenant is unaffected, through both proxies
+        for n in range(20):
+            cl.proxy_client(n % 2).t2db.c.insert_one({"_id": n})
+        assert cl.proxy_client(1).t2db.c.count_documents({}) == 20
+        assert cl.shard_client("shard-a").t1db.c.count_documents({"_id": "refused"}) == 0
+        assert cl.metric(0, "stripedb_proxy_quota_rejected_total") + \
+            cl.metric(1, "stripedb_proxy_quota_rejected_total") == 2
+    finally:
+        cl.close()

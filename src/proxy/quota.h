@@ -1,0 +1,42 @@
+/* Admission of the proxy: per-tenant quotas through the rate limiter (DESIGN.md §5 step 2).
+ *
+ * Tenants and their quotas come from the metadata service (listTenants: {name, quota};
+ * listDatabases: {name, tenant}); a request's tenant is the tenant owning its database.
+ * A quota document may hold (all optional; token buckets of periodMS, default 1000 ms):
+ *   {requestsPerSec: N, docsWrittenPerSec: N, bytesPerSec: N, periodMS: P}
+ * (with periodMS the limits are "N per P ms", e.g. for quotas per minute).
+ * A request is admitted only when every bucket of its tenant has room: requests count 1,
+ * documents written count the documents of insert and the statements of update/delete,
+ * bytes count the command document's size. Decisions use Gubernator's model through the
+ * rate limiter's C API (ratelimit/limiter.h): name "stripedb_tenant_requests" /
+ * "..._docs_written" / "..._bytes", unique_key the tenant name. With --grpc-listen and
+ * --peers the proxy joins the rate-limit peer ring (ratelimit/grpc_server.h), so a
+ * tenant's buckets have one owner and the quota holds across every proxy.
+ * Over quota: MongoDB-style error 462 (WIRE_ERR_RATE_LIMITED) with a `retryAfterMS` field,
+ * and nothing is executed.
+ */
+#ifndef SDB_PROXY_QUOTA_H
+#define SDB_PROXY_QUOTA_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/role.h"
+
+typedef struct proxy_quota proxy_quota;
+
+/* Start the limiter (and the peer ring when the role has --grpc-listen). Returns 0 or an
+ * SDB_E* code with a message. */
+int proxy_quota_new(sdb_role *role, proxy_quota **out, char *err, size_t errlen);
+void proxy_quota_free(proxy_quota *q);
+
+/* Replace the tenant tables from metadata replies (listTenants, listDatabases). */
+void proxy_quota_load(proxy_quota *q, const bson_t *tenants, const bson_t *dbs);
+
+/* Admit a request on db carrying docs documents written and bytes bytes. Returns true to
+ * go on; false with *retry_after_ms, the tenant and a message filled. Thread-safe. */
+bool proxy_quota_admit(proxy_quota *q, const char *db, int64_t docs, int64_t bytes,
+		       int64_t *retry_after_ms, char *msg, size_t msglen);
+
+#endif
