@@ -294,6 +294,7 @@ int64_t proxy_cursor_register(proxy *p, proxy_cursor *c)
 	c->next = p->cursors;
 	p->cursors = c;
 	uv_mutex_unlock(&p->cmu);
+	sdb_gauge_add(p->m_cursors, 1);
 	return id;
 }
 
@@ -339,6 +340,7 @@ void proxy_cursor_destroy(proxy *p, proxy_cursor *c)
 		uv_mutex_lock(&p->cmu);
 		unlink_cursor(p, c);
 		uv_mutex_unlock(&p->cmu);
+		sdb_gauge_add(p->m_cursors, -1);
 	}
 	for (i = 0; i < c->n; i++) {
 		pstream *s = &c->s[i];
@@ -387,6 +389,7 @@ void proxy_cursor_reap(proxy *p, bool all)
 		dead = c->next;
 		sdb_debug("cursor timed out", "id=%lld ns=%s", (long long)c->id, c->ns);
 		c->id = 0;
+		sdb_gauge_add(p->m_cursors, -1);
 		proxy_cursor_destroy(p, c);
 	}
 }

@@ -45,6 +45,7 @@ typedef struct proxy {
 	sdb_counter *m_targeted;
 	sdb_counter *m_refreshes;
 	sdb_counter *m_rejected;
+	sdb_gauge *m_cursors;
 	/* admission (tenant quotas); tables refreshed by the refresh thread */
 	proxy_quota *quota;
 	uint64_t quota_loaded_ms;

@@ -362,6 +362,8 @@ static int proxy_start(sdb_role *role)
 					     "Routing tables fetched from metadata.", NULL);
 	p->m_rejected = sdb_metrics_counter("stripedb_proxy_quota_rejected_total",
 					    "Requests refused by quota.", NULL);
+	p->m_cursors = sdb_metrics_gauge("stripedb_proxy_cursors_open",
+					 "Proxy cursors open (merged cursors kept for getMore).", NULL);
 	memset(&o, 0, sizeof o);
 	o.listen = listen;
 	o.role = "proxy";

@@ -423,3 +423,92 @@ def test_quota_across_two_proxies(start_role, tmp_path):
             cl.metric(1, "stripedb_proxy_quota_rejected_total") == 2
     finally:
         cl.close()
+
+
+# ---------------------------------------------------------------- Node.js driver
+
+NODE_MODULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_modules")
+
+NODE_SCRIPT = r"""
+const { MongoClient } = require('mongodb');
+(async () => {
+  // both proxies in one URI: the driver sees two mongos and spreads the load
+  const c = new MongoClient(process.argv[1], { serverSelectionTimeoutMS: 10000, retryWrites: false });
+  await c.connect();
+  const coll = c.db('db').collection('c');
+  await coll.insertMany(Array.from({ length: 300 }, (_, i) => ({ _id: i, k: (i * 7) % 300 })));
+  const sorted = await coll.find({ k: { $gte: 90 } }).sort({ k: -1 }).skip(5).limit(100)
+    .batchSize(7).toArray();
+  let dupErr = null, inserted = null;
+  try {
+    await coll.insertMany([{ _id: 1000, k: 1 }, { _id: 5, k: 35 }, { _id: 1001, k: 150 },
+      { _id: 1002, k: 250 }], { ordered: false });
+  } catch (e) {
+    dupErr = e.writeErrors.map((w) => [w.index, w.code]);
+    inserted = e.result.insertedCount;
+  }
+  const upd = await coll.updateMany({ k: { $lt: 100 } }, { $set: { low: true } });
+  const n = await coll.countDocuments({});
+  const topo = c.topology.description.type;
+  console.log(JSON.stringify({ first: sorted[0].k, last: sorted[sorted.length - 1].k,
+    len: sorted.length, dupErr, inserted, modified: upd.modifiedCount, n, topo }));
+  await c.close();
+})().catch((e) => { console.error(e); process.exit(1); });
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(NODE_MODULES, "mongodb")) or
+                    shutil.which("node") is None,
+                    reason="node or tests/integration/node_modules absent (npm install there)")
+def test_node_driver_through_two_proxies(cluster):
+    ranged(cluster)
+    hosts = ",".join(f"127.0.0.1:{p}" for p in cluster.proxy_ports)
+    r = subprocess.run(["node", "-e", NODE_SCRIPT, f"mongodb://{hosts}/"], capture_output=True,
+                       text=True, timeout=120, cwd=os.path.dirname(NODE_MODULES),
+                       env=dict(os.environ, NODE_PATH=NODE_MODULES))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    # k is a permutation of 0..299: k >= 90 descending, skip 5 -> 294 .. 195
+    assert out == {"first": 294, "last": 195, "len": 100, "dupErr": [[1, 11000]],
+                   "inserted": 3, "modified": 101, "n": 303, "topo": "Sharded"}
+
+
+# ---------------------------------------------------------------- cursors and failures
+
+def test_idle_cursor_times_out(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=3, proxies=1,
+                      proxy_args=["--cursor-timeout-ms=300"])
+    try:
+        ranged(cl)
+        db = cl.proxy_client(0).db
+        db.c.insert_many([{"_id": i, "k": i} for i in range(300)])
+        cid = db.command("find", "c", sort={"k": 1}, batchSize=2)["cursor"]["id"]
+        assert cid != 0
+        assert cl.metric(0, "stripedb_proxy_cursors_open") == 1
+        # left alone, the cursor is reaped (watching /metrics does not touch it)
+        wait_until(lambda: cl.metric(0, "stripedb_proxy_cursors_open") == 0, 15,
+                   what="the idle cursor to be killed")
+        with pytest.raises(OperationFailure) as e:
+            db.command("getMore", cid, collection="c")
+        assert e.value.code == 43
+        # the shard cursors were killed too: a new query still works
+        assert db.c.count_documents({}) == 300
+    finally:
+        cl.close()
+
+
+def test_shard_down_fails_only_its_chunks(cluster):
+    ranged(cluster)
+    c = cluster.proxy_client(0).db.c
+    c.insert_many([{"_id": i, "k": i} for i in range(0, 300, 50)])
+    cluster.shard_procs["shard-c"].stop()
+    assert c.find_one({"k": 50}) == {"_id": 50, "k": 50}
+    c.insert_one({"_id": 7, "k": 7})
+    assert c.count_documents({"k": {"$lt": 200}}) == 5
+    with pytest.raises(OperationFailure) as e:
+        c.find_one({"k": 250})
+    assert e.value.code == 6  # HostUnreachable: drivers retry it
+    assert "shard-c" in str(e.value)
+    with pytest.raises(OperationFailure) as e:
+        list(c.find({}))
+    assert e.value.code == 6
