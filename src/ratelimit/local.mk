@@ -57,4 +57,8 @@ tests_unit_test_ratelimit_cluster_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_ratelimit_cluster_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_ratelimit_ring tests/unit/test_ratelimit_cluster
 EXTRA_DIST += tests/integration/test_ratelimit_grpc.py
+# gRPC load generator for tests/bench/ratelimit_bench.sh (never in make check)
+noinst_PROGRAMS += tests/bench/ratelimit_grpc_bench
+tests_bench_ratelimit_grpc_bench_SOURCES = tests/bench/ratelimit_grpc_bench.c
+tests_bench_ratelimit_grpc_bench_LDADD = libstripedb.a $(SDB_LIBS)
 # --- end cluster engineer block ---

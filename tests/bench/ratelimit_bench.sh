@@ -6,7 +6,8 @@
 #   (d) redis-server with the EVALSHA script ratelimit_token_bucket.lua, driven by
 #       redis-benchmark,
 # side by side in one run, then the cache memory measurement with 1,000,000 keys.
-# (c) gRPC numbers come from the gRPC engineer's client (see tests/bench/README.md).
+#   (c) the gRPC service of the same process, driven by tests/bench/ratelimit_grpc_bench
+#       (a C client on gRPC's C core, --conns calls in flight over --threads channels),
 #
 # Usage: tests/bench/ratelimit_bench.sh BUILD_DIR [SECONDS]
 #   BUILD_DIR: an optimised build (configure without --enable-debug/--enable-sanitizers)
@@ -65,6 +66,12 @@ wait_for curl -sf "http://127.0.0.1:$HP/v1/LiveCheck"
 RL_KEYS=$KEYS wrk -t "$THREADS" -c "$CONNS" -d "${SECS}s" -s "$here/ratelimit_wrk.lua" \
 	"http://127.0.0.1:$HP/v1/GetRateLimits" >"$tmp/wrk.out"
 grep '^http ' "$tmp/wrk.out" | tee "$tmp/http"
+
+echo "# (c) gRPC GetRateLimits, ratelimit_grpc_bench (C client on gRPC C core): $CONNS calls in flight over $THREADS channels"
+"$B/tests/bench/ratelimit_grpc_bench" --addr "127.0.0.1:$GP" --conns "$CONNS" \
+	--threads "$THREADS" --seconds "$SECS" --keys "$KEYS" | tee "$tmp/grpc"
+"$B/tests/bench/ratelimit_grpc_bench" --addr "127.0.0.1:$GP" --conns "$CONNS" \
+	--threads "$THREADS" --seconds "$SECS" --keys "$KEYS" --batch 100 | tee "$tmp/grpc_batch"
 kill "$RLPID"
 wait "$RLPID" || true
 RLPID=
@@ -98,11 +105,14 @@ def kv(name):
     line = open(os.path.join(d, name)).read().split("\n")[0]
     return dict(x.split("=", 1) for x in line.split()[1:])
 api1, api, apib, http, redis = kv("api1"), kv("api"), kv("api_batch"), kv("http"), kv("redis")
+grpc, grpcb = kv("grpc"), kv("grpc_batch")
 rows = [
     ("C API, 1 thread", float(api1["rate"]), int(api1["p50_ns"]) / 1000, int(api1["p99_ns"]) / 1000),
     (f"C API, {api['threads']} threads", float(api["rate"]), int(api["p50_ns"]) / 1000, int(api["p99_ns"]) / 1000),
     (f"C API, {apib['threads']} threads, batches of 100", float(apib["rate"]), int(apib["p50_ns"]) / 1000, int(apib["p99_ns"]) / 1000),
     ("HTTP/JSON (wrk)", float(http["rate"]), float(http["p50_us"]), float(http["p99_us"])),
+    (f"gRPC (C core client, {grpc['conns']} in flight)", float(grpc["rate"]), float(grpc["p50_us"]), float(grpc["p99_us"])),
+    (f"gRPC, batches of 100", float(grpcb["rate"]), float(grpcb["p50_us"]), float(grpcb["p99_us"])),
     ("Redis EVALSHA (redis-benchmark)", float(redis["rate"]), float(redis["p50_us"]), float(redis["p99_us"])),
 ]
 r = float(redis["rate"])
