@@ -505,18 +505,29 @@ static int op_drop_database(sdb_fsm *f, cmdctx *c, bson_t *res)
 
 /* Build a key document {f1: v, f2: v, ...} with the same value for every field of
  * keypat (used for MinKey/MaxKey bounds). */
-static void key_fill(const bson_t *keypat, bson_type_t t, bson_t *out)
+static bson_t *key_fill(const bson_t *keypat, bson_type_t t)
 {
 	bson_iter_t it;
-	bson_init(out);
+	bson_t *out = bson_new();
 	if (!bson_iter_init(&it, keypat))
-		return;
+		return out;
 	while (bson_iter_next(&it)) {
 		if (t == BSON_TYPE_MINKEY)
 			bson_append_minkey(out, bson_iter_key(&it), -1);
 		else
 			bson_append_maxkey(out, bson_iter_key(&it), -1);
 	}
+	return out;
+}
+
+/* Length of a heap document, read from its data: libbson declares bson_t 128-byte
+ * aligned but its allocator does not align that much, so we never touch members of a
+ * heap bson_t (UBSan's alignment check). */
+static int doc_len(const bson_t *b)
+{
+	uint32_t len;
+	memcpy(&len, bson_get_data(b), 4);
+	return (int)BSON_UINT32_FROM_LE(len);
 }
 
 static int insert_chunk(sdb_fsm *f, int64_t id, const char *ns, const bson_t *min,
@@ -524,8 +535,8 @@ static int insert_chunk(sdb_fsm *f, int64_t id, const char *ns, const bson_t *mi
 {
 	return x(f,
 		 "INSERT INTO chunks(id, ns, min, max, shard, token, version) VALUES(?, ?, ?, ?, ?, ?, ?)",
-		 "itbbtii", id, ns, bson_get_data(min), (int)min->len, bson_get_data(max),
-		 (int)max->len, shard, token, version);
+		 "itbbtii", id, ns, bson_get_data(min), doc_len(min), bson_get_data(max),
+		 doc_len(max), shard, token, version);
 }
 
 static int op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
@@ -538,7 +549,7 @@ static int op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 	char dbname[256];
 	char **shards = NULL;
 	size_t nshards = 0, i;
-	bson_t *bounds = NULL;
+	bson_t **bounds = NULL; /* bson_new()'d: bson_t needs libbson's alignment */
 	size_t nbounds = 0;
 
 	if (!ns || !strchr(ns, '.') || strchr(ns, '.') == ns || strlen(ns) >= sizeof dbname)
@@ -628,7 +639,7 @@ static int op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 	if (!have_split && nchunks == 0)
 		nchunks = hashed ? (int64_t)nshards : 1;
 	bounds = sdb_calloc((size_t)(have_split ? MAX_CHUNKS_PER_OP : nchunks) + 2, sizeof *bounds);
-	key_fill(&key, BSON_TYPE_MINKEY, &bounds[nbounds++]);
+	bounds[nbounds++] = key_fill(&key, BSON_TYPE_MINKEY);
 	if (have_split) {
 		bson_iter_init(&it, &split);
 		while (bson_iter_next(&it)) {
@@ -644,11 +655,11 @@ static int op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 				rc = lerr(res, E_BAD_VALUE, "split point does not match the shard key");
 				goto out;
 			}
-			if (cmp_key(&bounds[nbounds - 1], &sp) >= 0) {
+			if (cmp_key(bounds[nbounds - 1], &sp) >= 0) {
 				rc = lerr(res, E_BAD_VALUE, "splitPoints must be strictly increasing");
 				goto out;
 			}
-			bson_copy_to(&sp, &bounds[nbounds++]);
+			bounds[nbounds++] = bson_copy(&sp);
 		}
 	} else if (hashed && nchunks > 1) {
 		/* Even split of the int64 hash space. */
@@ -658,12 +669,12 @@ static int op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 		uint64_t step = UINT64_MAX / (uint64_t)nchunks;
 		for (int64_t k = 1; k < nchunks; k++) {
 			int64_t p = (int64_t)((uint64_t)INT64_MIN + (uint64_t)k * step);
-			bson_init(&bounds[nbounds]);
-			BSON_APPEND_INT64(&bounds[nbounds], fld, p);
+			bounds[nbounds] = bson_new();
+			BSON_APPEND_INT64(bounds[nbounds], fld, p);
 			nbounds++;
 		}
 	}
-	key_fill(&key, BSON_TYPE_MAXKEY, &bounds[nbounds++]);
+	bounds[nbounds++] = key_fill(&key, BSON_TYPE_MAXKEY);
 
 	if (x(f, "INSERT INTO colls(ns, db, key, hashed, created_ms) VALUES(?, ?, ?, ?, ?)", "ttbii",
 	      ns, dbname, bson_get_data(&key), (int)key.len, (int64_t)hashed, c->ts) ||
@@ -674,7 +685,7 @@ static int op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 	for (i = 0; i + 1 < nbounds; i++) {
 		int64_t cid;
 		if (next_id(f, "next_chunk_id", &cid) ||
-		    insert_chunk(f, cid, ns, &bounds[i], &bounds[i + 1], shards[i % nshards], 1, rv)) {
+		    insert_chunk(f, cid, ns, bounds[i], bounds[i + 1], shards[i % nshards], 1, rv)) {
 			rc = SDB_EIO;
 			goto out;
 		}
@@ -685,7 +696,7 @@ static int op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 	BSON_APPEND_INT64(res, "routingVersion", rv);
 out:
 	for (i = 0; i < nbounds; i++)
-		bson_destroy(&bounds[i]);
+		bson_destroy(bounds[i]);
 	free(bounds);
 	for (i = 0; i < nshards; i++)
 		free(shards[i]);
@@ -715,7 +726,7 @@ typedef struct chunk_row {
 	int64_t id;
 	char ns[512];
 	char shard[256];
-	bson_t min, max; /* owned copies */
+	bson_t *min, *max; /* owned, bson_new()'d */
 	int64_t token;
 } chunk_row;
 
@@ -736,21 +747,20 @@ static int chunk_load(sdb_fsm *f, int64_t id, chunk_row *out)
 	snprintf(out->ns, sizeof out->ns, "%s", (const char *)sqlite3_column_text(st, 0));
 	snprintf(out->shard, sizeof out->shard, "%s", (const char *)sqlite3_column_text(st, 3));
 	out->token = sqlite3_column_int64(st, 4);
-	bson_t v;
-	bson_init(&out->min);
-	bson_init(&out->max);
-	if (bson_init_static(&v, sqlite3_column_blob(st, 1), (size_t)sqlite3_column_bytes(st, 1)))
-		bson_concat(&out->min, &v);
-	if (bson_init_static(&v, sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2)))
-		bson_concat(&out->max, &v);
+	out->min = bson_new_from_data(sqlite3_column_blob(st, 1), (size_t)sqlite3_column_bytes(st, 1));
+	out->max = bson_new_from_data(sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2));
+	if (!out->min)
+		out->min = bson_new();
+	if (!out->max)
+		out->max = bson_new();
 	sqlite3_finalize(st);
 	return 1;
 }
 
 static void chunk_free(chunk_row *c)
 {
-	bson_destroy(&c->min);
-	bson_destroy(&c->max);
+	bson_destroy(c->min);
+	bson_destroy(c->max);
 }
 
 static int op_split_chunk(sdb_fsm *f, cmdctx *c, bson_t *res)
@@ -780,14 +790,14 @@ static int op_split_chunk(sdb_fsm *f, cmdctx *c, bson_t *res)
 		goto out;
 	}
 	sqlite3_finalize(st);
-	if (cmp_key(&ch.min, &at) >= 0 || cmp_key(&at, &ch.max) >= 0) {
+	if (cmp_key(ch.min, &at) >= 0 || cmp_key(&at, ch.max) >= 0) {
 		rc = lerr(res, E_BAD_VALUE, "split point is not inside chunk %lld", (long long)id);
 		goto out;
 	}
 	if (bump_routing(f, &rv) || next_id(f, "next_chunk_id", &nid) ||
 	    x(f, "UPDATE chunks SET max = ?, version = ? WHERE id = ?", "bii", bson_get_data(&at),
 	      (int)at.len, rv, id) ||
-	    insert_chunk(f, nid, ch.ns, &at, &ch.max, ch.shard, ch.token, rv)) {
+	    insert_chunk(f, nid, ch.ns, &at, ch.max, ch.shard, ch.token, rv)) {
 		rc = SDB_EIO;
 		goto out;
 	}
@@ -836,7 +846,7 @@ static int op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res)
 	for (i = 1; i < n; i++) {
 		chunk_row t = rows[i];
 		size_t j = i;
-		while (j > 0 && cmp_key(&rows[j - 1].min, &t.min) > 0) {
+		while (j > 0 && cmp_key(rows[j - 1].min, t.min) > 0) {
 			rows[j] = rows[j - 1];
 			j--;
 		}
@@ -847,7 +857,7 @@ static int op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res)
 			rc = lerr(res, E_ILLEGAL, "chunks to merge must share collection and shard");
 			goto out;
 		}
-		if (i > 0 && cmp_key(&rows[i - 1].max, &rows[i].min) != 0) {
+		if (i > 0 && cmp_key(rows[i - 1].max, rows[i].min) != 0) {
 			rc = lerr(res, E_ILLEGAL, "chunks %lld and %lld are not adjacent",
 				  (long long)rows[i - 1].id, (long long)rows[i].id);
 			goto out;
@@ -857,7 +867,7 @@ static int op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res)
 	}
 	if (bump_routing(f, &rv) ||
 	    x(f, "UPDATE chunks SET max = ?, token = ?, version = ? WHERE id = ?", "biii",
-	      bson_get_data(&rows[n - 1].max), (int)rows[n - 1].max.len, token, rv, rows[0].id)) {
+	      bson_get_data(rows[n - 1].max), doc_len(rows[n - 1].max), token, rv, rows[0].id)) {
 		rc = SDB_EIO;
 		goto out;
 	}
@@ -1209,7 +1219,7 @@ int sdb_fsm_apply_doc(sdb_fsm *f, uint64_t index, const bson_t *cmd, bson_t *res
 	op_fn fn = NULL;
 	int rc;
 
-	bson_init(result);
+	bson_reinit(result);
 	if (index <= f->last_applied) {
 		BSON_APPEND_DOUBLE(result, "ok", 1.0);
 		BSON_APPEND_BOOL(result, "skipped", true);
@@ -1283,14 +1293,13 @@ static int entry_doc(const struct raft_buffer *buf, bson_t *out)
 static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **result)
 {
 	sdb_fsm *f = vt->data;
-	bson_t cmd, *res = sdb_malloc(sizeof *res);
+	bson_t cmd, *res = bson_new();
 	uint64_t index = f->raft ? raft_last_applied(f->raft) + 1 : f->last_applied + 1;
 	int rc, valid;
 
 	*result = NULL;
 	if (f->last_result) {
 		bson_destroy(f->last_result);
-		free(f->last_result);
 		f->last_result = NULL;
 	}
 	valid = entry_doc(buf, &cmd);
@@ -1306,7 +1315,6 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 		  (unsigned long long)f->last_applied, buf->len);
 	if (rc != 0) {
 		bson_destroy(res);
-		free(res);
 		return RAFT_IOERR;
 	}
 	f->last_result = res;
@@ -1439,10 +1447,8 @@ void sdb_fsm_close(sdb_fsm *f)
 {
 	if (!f)
 		return;
-	if (f->last_result) {
+	if (f->last_result)
 		bson_destroy(f->last_result);
-		free(f->last_result);
-	}
 	free(f->wire_cache);
 	sqlite3_close(f->db);
 	free(f);

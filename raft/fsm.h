@@ -50,13 +50,13 @@ void sdb_fsm_bind(sdb_fsm *fsm, struct raft *r);
 
 /* Apply one command document at log index `index` (used by the raft vtable and by
  * tests directly). Entries with index <= the stored last applied index are skipped
- * and get {ok: 1, skipped: true}. On return *result (initialised by this call) holds
- * the result document; the caller destroys it. Returns 0, or SDB_EIO when SQLite
+ * and get {ok: 1, skipped: true}. result must be an initialised document (bson_new()
+ * or BSON_INITIALIZER); it is cleared and receives the result. Returns 0, or SDB_EIO when SQLite
  * failed (the transaction is rolled back and *result holds an error doc). */
 int sdb_fsm_apply_doc(sdb_fsm *fsm, uint64_t index, const bson_t *cmd, bson_t *result);
 
-/* The result of the most recent raft apply, handed over to the caller (who destroys it
- * with bson_destroy), or NULL. The raft apply callback of the proposer runs right after
+/* The result of the most recent raft apply (a bson_new() document), handed over to the
+ * caller (who frees it with bson_destroy), or NULL. The raft apply callback of the proposer runs right after
  * the entry is applied, in the same call stack, so it can take its result here. */
 bson_t *sdb_fsm_take_result(sdb_fsm *fsm);
 

@@ -443,10 +443,8 @@ static void prop_done(struct raft_apply *req, int status, void *result)
 	if (rc == 0) {
 		res = sdb_fsm_take_result(p->n->fsm);
 		if (!res || sdb_fsm_last_applied(p->n->fsm) != req->index) {
-			if (res) {
+			if (res)
 				bson_destroy(res);
-				free(res);
-			}
 			res = bson_new();
 			BSON_APPEND_DOUBLE(res, "ok", 1.0);
 		}

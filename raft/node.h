@@ -57,11 +57,10 @@ bool sdb_node_ready(sdb_node *n);
 uint64_t sdb_node_term(sdb_node *n);
 void sdb_node_leader(sdb_node *n, uint64_t *id, const char **raft_addr);
 
-/* Completion of a proposal. status is 0 (result is the fsm's result document: the
- * callee owns it and must bson_destroy + free it... see below), SDB_ENOTLEADER (lost
- * leadership before commit: the outcome is unknown), SDB_ECANCELED (shutdown) or
- * SDB_EIO. result is heap-allocated (bson_t *) on status 0, NULL otherwise; the
- * callback takes ownership (bson_destroy then free). */
+/* Completion of a proposal. status is 0 (result is the state machine's result document),
+ * SDB_ENOTLEADER (lost leadership before commit: the outcome is unknown), SDB_ECANCELED
+ * (shutdown) or SDB_EIO. result is a bson_new() document on status 0, NULL otherwise;
+ * the callback takes ownership and frees it with bson_destroy. */
 typedef void (*sdb_node_apply_cb)(void *arg, int status, bson_t *result);
 
 /* Propose command op with args (copied) stamped with the leader's epoch ms clock and,

@@ -210,7 +210,6 @@ static void write_done(void *arg, int status, bson_t *result)
 		sdb_histogram_observe_ns(w->m->h_commit, uv_hrtime() - w->start_ns);
 		wire_req_reply(w->req, bson_copy(result));
 		bson_destroy(result);
-		free(result);
 	} else {
 		reply_status(w->req, status, "write");
 	}
@@ -448,7 +447,6 @@ static void member_registered(void *arg, int status, bson_t *result)
 		BSON_APPEND_DOUBLE(rep, "ok", 1.0);
 		wire_req_reply(r->req, rep);
 		bson_destroy(result);
-		free(result);
 	} else {
 		reply_status(r->req, status, r->remove ? "removeMember" : "addMember");
 	}
@@ -727,7 +725,6 @@ static void propose_self_done(void *arg, int status, bson_t *result)
 	(void)m;
 	if (result) {
 		bson_destroy(result);
-		free(result);
 	}
 	if (status != 0)
 		sdb_debug("metadata: self registration did not commit", "status=%d", status);

@@ -113,10 +113,8 @@ static double ok_of(const bson_t *r)
 
 static void prop_free(prop *p)
 {
-	if (p->result) {
+	if (p->result)
 		bson_destroy(p->result);
-		free(p->result);
-	}
 	free(p);
 }
 

@@ -43,7 +43,7 @@ static bson_t *apply_at(sdb_fsm *f, uint64_t index, const char *op, int64_t ts, 
 	bson_error_t e;
 	bson_t *args = bson_new_from_json((const uint8_t *)json, -1, &e);
 	bson_t cmd = BSON_INITIALIZER;
-	bson_t *res = malloc(sizeof *res);
+	bson_t *res = bson_new();
 	if (!args)
 		fail_msg("bad json %s: %s", json, e.message);
 	BSON_APPEND_UTF8(&cmd, "op", op);
@@ -87,7 +87,6 @@ static const char *str_of(const bson_t *r, const char *key)
 static void done(bson_t *r)
 {
 	bson_destroy(r);
-	free(r);
 }
 
 /* ok:1 expected */
