@@ -29,6 +29,7 @@ struct sdb_query {
 	bool empty;        /* bounds proved nothing matches */
 	bool collscan;     /* no bounds, no index */
 	char *index;       /* secondary index name, NULL = _id / collection order */
+	bool multikey;     /* the chosen index is multikey */
 	bson_t key_pattern;
 	bool reverse;
 	bool blocking_sort;
@@ -248,9 +249,10 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		bool desc = false;
 		const char *path = first_field(ix->key, &desc);
 		q->index = sdb_strdup(ix->name);
+		q->multikey = ix->multikey;
 		set_pattern(q, ix->key);
 		sdb_bounds b = {0};
-		if (path && sdb_matcher_bounds(&q->filter, path, true, &b, NULL, 0) == 0) {
+		if (path && sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) == 0) {
 			if (b.kind == SDB_BOUNDS_EMPTY && !ix->sparse)
 				q->empty = true;
 			else if (b.kind != SDB_BOUNDS_ALL && b.kind != SDB_BOUNDS_EMPTY)
@@ -276,7 +278,8 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 		int rc = plan_hint(q, co, hint, code, err, errlen);
 		if (rc == 0 && q->sort && !q->collscan) {
 			bool rev = false;
-			q->blocking_sort = !pattern_provides_sort(&q->key_pattern, q->sort, &rev);
+			q->blocking_sort = q->multikey ||
+					   !pattern_provides_sort(&q->key_pattern, q->sort, &rev);
 			if (!q->blocking_sort)
 				q->reverse = rev;
 		} else if (q->sort && sdb_sortspec_nfields(q->sort)) {
@@ -308,11 +311,11 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 			continue; /* a sparse index misses documents: only by hint */
 		bool desc = false;
 		const char *path = first_field(ix->key, &desc);
-		if (!path || sdb_matcher_bounds(&q->filter, path, true, &b, NULL, 0) != 0)
+		if (!path || sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) != 0)
 			continue;
 		int score = bounds_score(&b);
 		bool rev;
-		bool gives_sort = pattern_provides_sort(ix->key, q->sort, &rev);
+		bool gives_sort = !ix->multikey && pattern_provides_sort(ix->key, q->sort, &rev);
 		if (score > best_score || (score == best_score && score > 0 && gives_sort &&
 					   !best_sort)) {
 			sdb_bounds_free(&best_b);
@@ -331,6 +334,7 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 	} else if (best_score > 0) {
 		if (best) {
 			q->index = sdb_strdup(best->name);
+			q->multikey = best->multikey;
 			set_pattern(q, best->key);
 		}
 		bounds_to_ranges(q, &best_b, best_desc);
@@ -342,7 +346,7 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 		} else {
 			const sdb_store_index *si = NULL;
 			for (size_t i = 0; i < co->n_indexes && !si; i++)
-				if (!co->indexes[i].sparse &&
+				if (!co->indexes[i].sparse && !co->indexes[i].multikey &&
 				    pattern_provides_sort(co->indexes[i].key, q->sort, &rev))
 					si = &co->indexes[i];
 			if (si) {
@@ -357,7 +361,8 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 	bson_destroy(&idpat);
 	if (q->sort && sdb_sortspec_nfields(q->sort)) {
 		bool rev = false;
-		if (!q->collscan && pattern_provides_sort(&q->key_pattern, q->sort, &rev)) {
+		if (!q->collscan && !q->multikey &&
+		    pattern_provides_sort(&q->key_pattern, q->sort, &rev)) {
 			q->reverse = rev;
 		} else {
 			q->blocking_sort = true;
@@ -573,7 +578,7 @@ void sdb_query_explain(const sdb_query *q, bool stats, bson_t *out)
 		BSON_APPEND_UTF8(&wp, "stage", "IXSCAN");
 		BSON_APPEND_UTF8(&wp, "indexName", q->index ? q->index : "_id_");
 		BSON_APPEND_DOCUMENT(&wp, "keyPattern", &q->key_pattern);
-		BSON_APPEND_BOOL(&wp, "isMultiKey", q->index != NULL);
+		BSON_APPEND_BOOL(&wp, "isMultiKey", q->multikey);
 		BSON_APPEND_UTF8(&wp, "direction", q->reverse ? "backward" : "forward");
 		BSON_APPEND_INT32(&wp, "intervals", (int32_t)q->n_ranges);
 	}

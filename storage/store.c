@@ -156,6 +156,7 @@ static const char *const schema_sql =
 	" PRIMARY KEY(db, coll)) WITHOUT ROWID;"
 	"CREATE TABLE IF NOT EXISTS catalog_index(db TEXT NOT NULL, coll TEXT NOT NULL,"
 	" name TEXT NOT NULL, tbl INTEGER NOT NULL, spec BLOB NOT NULL,"
+	" multikey INTEGER NOT NULL DEFAULT 0,"
 	" PRIMARY KEY(db, coll, name)) WITHOUT ROWID;"
 	"CREATE TABLE IF NOT EXISTS oplog(ts INTEGER PRIMARY KEY, wall INTEGER NOT NULL,"
 	" entry BLOB NOT NULL);"
@@ -355,8 +356,9 @@ static int cache_load(sdb_store_conn *c, char *err, size_t errlen)
 			co->options = bson_new();
 	}
 	sqlite3_reset(s);
-	s = stmt_get(c, "SELECT db, coll, name, tbl, spec FROM catalog_index ORDER BY tbl", err,
-		     errlen);
+	s = stmt_get(c,
+		     "SELECT db, coll, name, tbl, spec, multikey FROM catalog_index ORDER BY tbl",
+		     err, errlen);
 	if (!s)
 		return SDB_EIO;
 	while (sqlite3_step(s) == SQLITE_ROW) {
@@ -372,6 +374,7 @@ static int cache_load(sdb_store_conn *c, char *err, size_t errlen)
 			memset(ix, 0, sizeof *ix);
 			ix->name = sdb_strdup((const char *)sqlite3_column_text(s, 2));
 			ix->tbl = sqlite3_column_int64(s, 3);
+			ix->multikey = sqlite3_column_int64(s, 5) != 0;
 			ix->spec = bson_new_from_data(sqlite3_column_blob(s, 4),
 						      (size_t)sqlite3_column_bytes(s, 4));
 			if (!ix->spec)
@@ -981,7 +984,7 @@ static bool visit_present(void *ctx, const bson_iter_t *it, unsigned flags)
 }
 
 static int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
-				bool *all_missing, char *err, size_t errlen)
+				bool *all_missing, bool *multikey_out, char *err, size_t errlen)
 {
 	const char *paths[STORE_MAX_INDEX_FIELDS];
 	bool desc[STORE_MAX_INDEX_FIELDS];
@@ -996,6 +999,8 @@ static int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_
 	for (size_t i = 0; i < nf && !any; i++)
 		sdb_path_walk(doc, paths[i], 0, visit_present, &any);
 	*all_missing = !any;
+	if (multikey_out)
+		*multikey_out = multikey;
 	return 0;
 }
 
@@ -1204,7 +1209,33 @@ static int id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, char *err,
 static int index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
 		      bool *all_missing, char *err, size_t errlen)
 {
-	return store_key_index_keys(ix->key, doc, ks, all_missing, err, errlen);
+	return store_key_index_keys(ix->key, doc, ks, all_missing, NULL, err, errlen);
+}
+
+/* Record that ix became multikey (in this transaction; the cache entry is updated in
+ * place, other connections reload the catalog at their next transaction). */
+static int index_mark_multikey(sdb_store_conn *c, const sdb_store_coll *co,
+			       sdb_store_index *ix, char *err, size_t errlen)
+{
+	sqlite3_stmt *s = stmt_get(c,
+				   "UPDATE catalog_index SET multikey = 1 WHERE db = ? AND coll = ? "
+				   "AND name = ?",
+				   err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, co->db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, co->coll, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 3, ix->name, -1, SQLITE_STATIC);
+	int rc = step_done(c, s, err, errlen, "multikey");
+	if (rc)
+		return rc;
+	s = stmt_get(c, "UPDATE meta SET v = v + 1 WHERE k='catalog_gen'", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	rc = step_done(c, s, err, errlen, "catalog gen");
+	if (rc == 0)
+		ix->multikey = true;
+	return rc;
 }
 
 static int index_insert_keys(sdb_store_conn *c, const sdb_store_coll *co,
@@ -1273,15 +1304,17 @@ static int index_delete_keys(sdb_store_conn *c, const sdb_store_index *ix,
 
 /* Add doc's keys to every index of co (skipping sparse indexes where all fields are
  * missing). */
-static int indexes_add(sdb_store_conn *c, const sdb_store_coll *co, const bson_t *doc,
+static int indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
 		       const sdb_key *idk, sdb_store_dup *dup, char *err, size_t errlen)
 {
 	for (size_t i = 0; i < co->n_indexes; i++) {
-		const sdb_store_index *ix = &co->indexes[i];
+		sdb_store_index *ix = &co->indexes[i];
 		store_keyset ks;
 		store_keyset_init(&ks);
-		bool missing = false;
-		int rc = index_keys(ix, doc, &ks, &missing, err, errlen);
+		bool missing = false, multikey = false;
+		int rc = store_key_index_keys(ix->key, doc, &ks, &missing, &multikey, err, errlen);
+		if (rc == 0 && multikey && !ix->multikey)
+			rc = index_mark_multikey(c, co, ix, err, errlen);
 		if (rc == 0 && !(ix->sparse && missing))
 			rc = index_insert_keys(c, co, ix, &ks, idk, doc, dup, err, errlen);
 		store_keyset_destroy(&ks);
@@ -1354,7 +1387,7 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 		bson_destroy(&kv);
 		goto out;
 	}
-	rc = indexes_add(c, co, doc, &idk, dup, err, errlen);
+	rc = indexes_add(c, (sdb_store_coll *)co, doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
 	char *ns = ns_of(db, coll);
@@ -1438,7 +1471,7 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 	rc = step_done(c, s, err, errlen, "update");
 	if (rc)
 		goto out;
-	rc = indexes_add(c, co, new_doc, &idk, dup, err, errlen);
+	rc = indexes_add(c, (sdb_store_coll *)co, new_doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
 	bson_t o2;
@@ -1544,7 +1577,7 @@ int64_t sdb_store_data_size(sdb_store_conn *c, const char *db, const char *coll)
 
 /* ------------------------------------------------------------------ indexes */
 
-static int index_build(sdb_store_conn *c, const sdb_store_coll *co, const sdb_store_index *ix,
+static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_index *ix,
 		       sdb_store_dup *dup, char *err, size_t errlen);
 
 int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
@@ -1695,7 +1728,7 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 		goto out;
 	}
 	sdb_store_dup dup = {0};
-	rc = index_build(c, co, ix, &dup, err, errlen);
+	rc = index_build(c, co, (sdb_store_index *)ix, &dup, err, errlen);
 	if (rc == SDB_EEXISTS)
 		*mongo_code = 11000;
 	sdb_store_dup_clear(&dup);
@@ -1718,7 +1751,7 @@ out:
 	return rc;
 }
 
-static int index_build(sdb_store_conn *c, const sdb_store_coll *co, const sdb_store_index *ix,
+static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_index *ix,
 		       sdb_store_dup *dup, char *err, size_t errlen)
 {
 	char sql[96];
@@ -1743,8 +1776,10 @@ static int index_build(sdb_store_conn *c, const sdb_store_coll *co, const sdb_st
 				     (size_t)sqlite3_column_bytes(s, 0));
 		store_keyset ks;
 		store_keyset_init(&ks);
-		bool missing = false;
-		rc = index_keys(ix, &doc, &ks, &missing, err, errlen);
+		bool missing = false, multikey = false;
+		rc = store_key_index_keys(ix->key, &doc, &ks, &missing, &multikey, err, errlen);
+		if (rc == 0 && multikey && !ix->multikey)
+			rc = index_mark_multikey(c, co, ix, err, errlen);
 		if (rc == 0 && !(ix->sparse && missing))
 			rc = index_insert_keys(c, co, ix, &ks, &idk, &doc, dup, err, errlen);
 		store_keyset_destroy(&ks);

@@ -11,7 +11,8 @@
  * Schema (all tables WITHOUT ROWID unless said):
  *   meta(k TEXT PRIMARY KEY, v)                          format version, last oplog ts
  *   catalog_coll(db, coll, tbl INTEGER, uuid BLOB, options BLOB, PRIMARY KEY(db, coll))
- *   catalog_index(db, coll, name, tbl INTEGER, spec BLOB, PRIMARY KEY(db, coll, name))
+ *   catalog_index(db, coll, name, tbl INTEGER, spec BLOB, multikey INTEGER,
+ *                 PRIMARY KEY(db, coll, name))
  *   c_N(k BLOB PRIMARY KEY, doc BLOB)                  one per collection; k = keyenc(_id)
  *   i_N(k BLOB, id BLOB, PRIMARY KEY(k, id))            one per secondary index;
  *                                                        k = compound key, id = c_N.k
@@ -93,7 +94,9 @@ typedef struct sdb_store_index {
 	bson_t *key;  /* the key pattern {a: 1, b: -1} (points into spec's data copy) */
 	bool unique;
 	bool sparse;
-	int64_t tbl; /* i_N table number */
+	bool multikey; /* some document gave it several keys (arrays): bounds and sorts are
+			* restricted as in MongoDB */
+	int64_t tbl;   /* i_N table number */
 } sdb_store_index;
 
 typedef struct sdb_store_coll {

@@ -1,0 +1,434 @@
+/* Unit tests of storage/store.c and storage/query.c: documents, indexes, duplicate keys,
+ * oplog ts (injected clock, restarts, capping), version tokens, the integrity check, and
+ * the planner's plans and counters. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <sqlite3.h>
+
+#include "common/err.h"
+#include "storage/query.h"
+#include "storage/store.h"
+
+typedef struct fx {
+	char dir[256];
+	int64_t now_ms;
+	sdb_store *st;
+	sdb_store_conn *c;
+	char err[512];
+} fx;
+
+static int64_t fake_clock(void *arg)
+{
+	return ((fx *)arg)->now_ms;
+}
+
+static void fx_open(fx *f, int64_t oplog_max)
+{
+	sdb_store_opts o = {.clock_ms = fake_clock, .clock_arg = f, .oplog_max_bytes = oplog_max};
+	assert_int_equal(sdb_store_open(f->dir, &o, &f->st, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_conn_open(f->st, &f->c, f->err, sizeof f->err), 0);
+}
+
+static void fx_close(fx *f)
+{
+	sdb_store_conn_close(f->c);
+	sdb_store_close(f->st);
+	f->c = NULL;
+	f->st = NULL;
+}
+
+static int setup(void **state)
+{
+	fx *f = calloc(1, sizeof *f);
+	snprintf(f->dir, sizeof f->dir, "/tmp/sdb-store-test-XXXXXX");
+	assert_non_null(mkdtemp(f->dir));
+	f->now_ms = 1700000000000LL;
+	fx_open(f, 0);
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	fx *f = *state;
+	fx_close(f);
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+	assert_int_equal(system(cmd), 0);
+	free(f);
+	return 0;
+}
+
+static bson_t *doc_id_a(int id, int a)
+{
+	bson_t *d = bson_new();
+	BSON_APPEND_INT32(d, "_id", id);
+	BSON_APPEND_INT32(d, "a", a);
+	return d;
+}
+
+static int insert(fx *f, int id, int a, sdb_store_dup *dup)
+{
+	bson_t *d = doc_id_a(id, a);
+	int rc = sdb_store_insert(f->c, "db", "c", d, NULL, dup, f->err, sizeof f->err);
+	bson_destroy(d);
+	return rc;
+}
+
+static void begin_w(fx *f)
+{
+	assert_int_equal(sdb_store_begin(f->c, true, f->err, sizeof f->err), 0);
+}
+
+static void commit(fx *f)
+{
+	assert_int_equal(sdb_store_commit(f->c, f->err, sizeof f->err), 0);
+}
+
+static uint64_t ts_of(const bson_t *e)
+{
+	bson_iter_t it;
+	uint32_t t = 0, i = 0;
+	assert_true(bson_iter_init_find(&it, e, "ts"));
+	bson_iter_timestamp(&it, &t, &i);
+	return sdb_store_ts_pack(t, i);
+}
+
+static void test_crud_and_oplog(void **state)
+{
+	fx *f = *state;
+	begin_w(f);
+	assert_int_equal(insert(f, 1, 10, NULL), 0);
+	assert_int_equal(insert(f, 2, 20, NULL), 0);
+	commit(f);
+	begin_w(f);
+	bson_t *old = doc_id_a(1, 10), *neu = doc_id_a(1, 11);
+	assert_int_equal(sdb_store_replace(f->c, "db", "c", old, neu, "mig-1", NULL, f->err,
+					   sizeof f->err),
+			 0);
+	assert_int_equal(sdb_store_delete(f->c, "db", "c", neu, NULL, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_delete(f->c, "db", "c", neu, NULL, f->err, sizeof f->err),
+			 SDB_ENOTFOUND);
+	commit(f);
+	bson_destroy(old);
+	bson_destroy(neu);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_count(f->c, "db", "c"), 1);
+	bson_t **e = NULL;
+	size_t n = 0;
+	assert_int_equal(sdb_store_oplog_read(f->c, 0, 100, &e, &n, f->err, sizeof f->err), 0);
+	/* create, i, i, u, d */
+	assert_int_equal(n, 5);
+	const char *ops[] = {"c", "i", "i", "u", "d"};
+	for (size_t i = 0; i < n; i++) {
+		bson_iter_t it;
+		assert_true(bson_iter_init_find(&it, e[i], "op"));
+		assert_string_equal(bson_iter_utf8(&it, NULL), ops[i]);
+		if (i > 0)
+			assert_true(ts_of(e[i]) > ts_of(e[i - 1]));
+		if (i == 3) {
+			assert_true(bson_iter_init_find(&it, e[i], "origin"));
+			assert_string_equal(bson_iter_utf8(&it, NULL), "mig-1");
+			assert_true(bson_iter_init_find(&it, e[i], "o2"));
+		}
+	}
+	assert_int_equal(sdb_store_oplog_last(f->c), ts_of(e[4]));
+	for (size_t i = 0; i < n; i++)
+		bson_destroy(e[i]);
+	free(e);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+}
+
+static void test_unique_index_duplicate(void **state)
+{
+	fx *f = *state;
+	begin_w(f);
+	assert_int_equal(insert(f, 1, 5, NULL), 0);
+	bson_t *spec = BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1", "unique",
+				BCON_BOOL(true));
+	bool created = false;
+	int code = 0;
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 0);
+	assert_true(created);
+	/* same spec again: nothing to do */
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 SDB_EEXISTS);
+	bson_destroy(spec);
+	commit(f);
+	begin_w(f);
+	sdb_store_savepoint(f->c);
+	sdb_store_dup dup = {0};
+	assert_int_equal(insert(f, 2, 5, &dup), SDB_EEXISTS);
+	sdb_store_savepoint_rollback(f->c);
+	assert_true(dup.set);
+	assert_string_equal(dup.errmsg, "E11000 duplicate key error collection: db.c index: a_1 "
+					"dup key: { a: 5 }");
+	bson_iter_t it;
+	assert_true(bson_iter_init_find(&it, &dup.key_value, "a"));
+	assert_int_equal(bson_iter_int32(&it), 5);
+	sdb_store_dup_clear(&dup);
+	assert_int_equal(insert(f, 1, 6, &dup), SDB_EEXISTS);
+	assert_string_equal(dup.errmsg, "E11000 duplicate key error collection: db.c index: _id_ "
+					"dup key: { _id: 1 }");
+	sdb_store_dup_clear(&dup);
+	commit(f);
+	/* the failed items left nothing behind */
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_count(f->c, "db", "c"), 1);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+}
+
+static void test_ts_monotonic_with_clock_jumps_and_restart(void **state)
+{
+	fx *f = *state;
+	begin_w(f);
+	assert_int_equal(insert(f, 1, 1, NULL), 0);
+	commit(f);
+	uint64_t t1 = sdb_store_oplog_committed(f->st);
+	assert_int_equal(t1 >> 32, 1700000000);
+	f->now_ms -= 3600 * 1000; /* the wall clock jumps back an hour */
+	begin_w(f);
+	assert_int_equal(insert(f, 2, 1, NULL), 0);
+	commit(f);
+	uint64_t t2 = sdb_store_oplog_committed(f->st);
+	assert_true(t2 > t1);
+	fx_close(f);
+	fx_open(f, 0); /* restart with the clock still behind */
+	begin_w(f);
+	assert_int_equal(insert(f, 3, 1, NULL), 0);
+	commit(f);
+	assert_true(sdb_store_oplog_committed(f->st) > t2);
+	f->now_ms += 7200 * 1000; /* and forward: seconds follow the clock again */
+	begin_w(f);
+	assert_int_equal(insert(f, 4, 1, NULL), 0);
+	commit(f);
+	uint64_t t4 = sdb_store_oplog_committed(f->st);
+	assert_int_equal(t4 >> 32, 1700003600);
+	assert_int_equal(t4 & 0xffffffffu, 1);
+}
+
+static void test_version_tokens(void **state)
+{
+	fx *f = *state;
+	int64_t stored = -1;
+	begin_w(f);
+	assert_int_equal(sdb_store_version_check(f->c, "k", 0, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(stored, 0);
+	assert_int_equal(sdb_store_version_set(f->c, "k", 7, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(stored, 7);
+	assert_int_equal(sdb_store_version_set(f->c, "k", 3, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(stored, 7);
+	commit(f);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_version_check(f->c, "k", 6, &stored, f->err, sizeof f->err),
+			 SDB_ESTALE);
+	assert_int_equal(stored, 7);
+	assert_int_equal(sdb_store_version_check(f->c, "k", 7, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_version_check(f->c, "other", 1, &stored, f->err, sizeof f->err),
+			 0);
+	sdb_store_rollback(f->c);
+}
+
+static void test_oplog_capped_by_size(void **state)
+{
+	fx *f = *state;
+	fx_close(f);
+	fx_open(f, 8192);
+	for (int i = 0; i < 200; i++) {
+		begin_w(f);
+		assert_int_equal(insert(f, i, i, NULL), 0);
+		commit(f);
+	}
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	int64_t n = sdb_store_oplog_count(f->c);
+	assert_true(n > 10);
+	assert_true(n < 200);
+	/* the newest entry is always kept and is the last insert */
+	bson_t **e = NULL;
+	size_t ne = 0;
+	assert_int_equal(sdb_store_oplog_read_desc(f->c, 1, &e, &ne, f->err, sizeof f->err), 0);
+	assert_int_equal(ne, 1);
+	bson_iter_t it;
+	assert_true(bson_iter_init_find(&it, e[0], "o"));
+	bson_destroy(e[0]);
+	free(e);
+	assert_int_equal(sdb_store_count(f->c, "db", "c"), 200);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+}
+
+static void test_check_finds_a_missing_index_entry(void **state)
+{
+	fx *f = *state;
+	begin_w(f);
+	for (int i = 0; i < 5; i++)
+		assert_int_equal(insert(f, i, i * 10, NULL), 0);
+	bson_t *spec = BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1");
+	bool created;
+	int code;
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 0);
+	bson_destroy(spec);
+	commit(f);
+	/* damage the index behind the store's back */
+	char path[300];
+	snprintf(path, sizeof path, "%s/shard.db", f->dir);
+	sqlite3 *db;
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	sqlite3_busy_timeout(db, 5000);
+	assert_int_equal(sqlite3_exec(db, "DELETE FROM i_2 WHERE k = (SELECT min(k) FROM i_2)",
+				      NULL, NULL, NULL),
+			 SQLITE_OK);
+	sqlite3_close(db);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	bson_t problems = BSON_INITIALIZER;
+	int np = 0;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 2); /* a missing key, and the entry count */
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+}
+
+static void test_query_plans_and_counters(void **state)
+{
+	fx *f = *state;
+	begin_w(f);
+	for (int i = 0; i < 100; i++)
+		assert_int_equal(insert(f, i, i % 10, NULL), 0);
+	bson_t *spec = BCON_NEW("key", "{", "a", BCON_INT32(-1), "}", "name", "a_-1");
+	bool created;
+	int code;
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 0);
+	bson_destroy(spec);
+	commit(f);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	/* range on a descending index, sorted ascending by the same field */
+	bson_t *filter = BCON_NEW("a", "{", "$gte", BCON_INT32(3), "$lt", BCON_INT32(5), "}");
+	bson_t *sort = BCON_NEW("a", BCON_INT32(1), "_id", BCON_INT32(1));
+	sdb_query_spec qs = {.filter = filter, .sort = sort, .limit = 0};
+	sdb_query *q = NULL;
+	assert_int_equal(sdb_query_open(f->c, "db", "c", &qs, &q, &code, f->err, sizeof f->err),
+			 0);
+	const bson_t *d;
+	int n = 0, last_a = -1, last_id = -1;
+	while (sdb_query_next(q, &d, &code, f->err, sizeof f->err) == 1) {
+		bson_iter_t it;
+		assert_true(bson_iter_init_find(&it, d, "a"));
+		int a = bson_iter_int32(&it);
+		assert_true(bson_iter_init_find(&it, d, "_id"));
+		int id = bson_iter_int32(&it);
+		assert_true(a == 3 || a == 4);
+		assert_true(a > last_a || (a == last_a && id > last_id));
+		last_a = a;
+		last_id = id;
+		n++;
+	}
+	assert_int_equal(n, 20);
+	int64_t ret, keys, docs;
+	sdb_query_stats(q, &ret, &keys, &docs);
+	assert_int_equal(ret, 20);
+	assert_int_equal(docs, 20);
+	assert_int_equal(keys, 20); /* not multikey: both predicates bound the scan */
+	bson_t ex = BSON_INITIALIZER;
+	sdb_query_explain(q, true, &ex);
+	bson_iter_t it;
+	assert_true(bson_iter_init(&it, &ex));
+	bson_iter_t sub;
+	assert_true(bson_iter_find_descendant(&it, "queryPlanner.winningPlan.indexName", &sub));
+	assert_string_equal(bson_iter_utf8(&sub, NULL), "a_-1");
+	bson_destroy(&ex);
+	sdb_query_free(q);
+	/* limit and skip without an index */
+	bson_t empty = BSON_INITIALIZER;
+	sdb_query_spec qs2 = {.filter = &empty, .skip = 10, .limit = 5};
+	assert_int_equal(sdb_query_open(f->c, "db", "c", &qs2, &q, &code, f->err, sizeof f->err),
+			 0);
+	n = 0;
+	while (sdb_query_next(q, &d, &code, f->err, sizeof f->err) == 1) {
+		assert_true(bson_iter_init_find(&it, d, "_id"));
+		assert_int_equal(bson_iter_int32(&it), 10 + n);
+		n++;
+	}
+	assert_int_equal(n, 5);
+	sdb_query_free(q);
+	/* a bad filter is a BadValue with MongoDB's code */
+	bson_t *bad = BCON_NEW("a", "{", "$bogus", BCON_INT32(1), "}");
+	sdb_query_spec qs3 = {.filter = bad};
+	assert_int_equal(sdb_query_open(f->c, "db", "c", &qs3, &q, &code, f->err, sizeof f->err),
+			 SDB_EINVAL);
+	assert_int_equal(code, 2);
+	bson_destroy(bad);
+	sdb_store_rollback(f->c);
+	/* an array makes the index multikey: still exactly the matching documents, once each */
+	begin_w(f);
+	bson_t *arr = BCON_NEW("_id", BCON_INT32(1000), "a", "[", BCON_INT32(3), BCON_INT32(4),
+			       BCON_INT32(100), "]");
+	assert_int_equal(sdb_store_insert(f->c, "db", "c", arr, NULL, NULL, f->err, sizeof f->err),
+			 0);
+	bson_destroy(arr);
+	commit(f);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	const sdb_store_coll *co = NULL;
+	assert_int_equal(sdb_store_coll_get(f->c, "db", "c", &co, f->err, sizeof f->err), 0);
+	assert_true(co->indexes[0].multikey);
+	assert_int_equal(sdb_query_open(f->c, "db", "c", &qs, &q, &code, f->err, sizeof f->err),
+			 0);
+	n = 0;
+	int seen_1000 = 0;
+	while (sdb_query_next(q, &d, &code, f->err, sizeof f->err) == 1) {
+		assert_true(bson_iter_init_find(&it, d, "_id"));
+		if (bson_iter_int32(&it) == 1000)
+			seen_1000++;
+		n++;
+	}
+	assert_int_equal(n, 21);
+	assert_int_equal(seen_1000, 1);
+	sdb_query_free(q);
+	bson_destroy(filter);
+	bson_destroy(sort);
+	sdb_store_rollback(f->c);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_crud_and_oplog, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unique_index_duplicate, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_ts_monotonic_with_clock_jumps_and_restart,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_version_tokens, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_oplog_capped_by_size, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_check_finds_a_missing_index_entry, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_query_plans_and_counters, setup, teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
