@@ -356,6 +356,10 @@ static void h_read(wire_req *req, void *data)
 static void h_routing(wire_req *req, void *data)
 {
 	meta *m = data;
+	if (m->stopping) {
+		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, "metadata member stopping");
+		return;
+	}
 	run_query(m, req);
 }
 
@@ -378,6 +382,10 @@ static void h_wait_routing(wire_req *req, void *data)
 	const bson_t *cmd = wire_req_cmd(req);
 	bson_iter_t it;
 	int64_t gt = -1, tmo = 10000;
+	if (m->stopping) {
+		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, "metadata member stopping");
+		return;
+	}
 	if (bson_iter_init_find(&it, cmd, "gt") && BSON_ITER_HOLDS_NUMBER(&it))
 		gt = bson_iter_as_int64(&it);
 	else if (!first_int(cmd, &gt)) {
@@ -394,7 +402,7 @@ static void h_wait_routing(wire_req *req, void *data)
 	w->req = req;
 	w->gt = gt;
 	w->deadline_ms = uv_now(m->role->loop) + (uint64_t)tmo;
-	if (m->stopping || sdb_fsm_routing_version(sdb_node_fsm(m->node)) > gt) {
+	if (sdb_fsm_routing_version(sdb_node_fsm(m->node)) > gt) {
 		waiter_reply(m, w, false);
 		return;
 	}
@@ -574,6 +582,10 @@ static void h_transfer(wire_req *req, void *data)
 static void h_status(wire_req *req, void *data)
 {
 	meta *m = data;
+	if (m->stopping) {
+		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, "metadata member stopping");
+		return;
+	}
 	sdb_fsm *f = sdb_node_fsm(m->node);
 	struct raft *r = sdb_node_raft(m->node);
 	bson_t *rep = bson_new();
@@ -616,9 +628,7 @@ static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 	bool legacy = true;
 	uint64_t lid;
 	const char *la;
-	bool ready = sdb_node_ready(m->node);
-	struct raft *r = sdb_node_raft(m->node);
-	sdb_fsm *f = sdb_node_fsm(m->node);
+	bool ready = !m->stopping && sdb_node_ready(m->node);
 	uint8_t eid[12];
 	bson_oid_t oid;
 	unsigned i, n = 0;
@@ -626,6 +636,18 @@ static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 
 	if (bson_iter_init(&it, cmd) && bson_iter_next(&it))
 		legacy = strcmp(bson_iter_key(&it), "hello") != 0;
+	if (m->stopping) { /* the node may already be gone: say only "not writable" */
+		bson_init(&tmp);
+		bson_copy_to_excluding_noinit(reply, &tmp, "isWritablePrimary", "ismaster", NULL);
+		bson_reinit(reply);
+		bson_concat(reply, &tmp);
+		bson_destroy(&tmp);
+		BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", false);
+		BSON_APPEND_UTF8(reply, "setName", META_SET_NAME);
+		return;
+	}
+	struct raft *r = sdb_node_raft(m->node);
+	sdb_fsm *f = sdb_node_fsm(m->node);
 	/* The shared layer answered "writable primary": replace with our view. */
 	bson_init(&tmp);
 	bson_copy_to_excluding_noinit(reply, &tmp, "isWritablePrimary", "ismaster", NULL);
@@ -908,7 +930,12 @@ static int metadata_start(sdb_role *role)
 		free_meta(m);
 		return rc;
 	}
-	m->wire_addr = sdb_asprintf("%s:%d", host, wire_server_port(m->srv));
+	/* The address drivers and peers use: --advertise when given (e.g. listening on
+	 * 0.0.0.0), else the --listen host with the bound port. */
+	if (sdb_config_get(cfg, SDB_OPT_advertise))
+		m->wire_addr = sdb_strdup(sdb_config_get(cfg, SDB_OPT_advertise));
+	else
+		m->wire_addr = sdb_asprintf("%s:%d", host, wire_server_port(m->srv));
 
 	memset(&no, 0, sizeof no);
 	no.id = id;

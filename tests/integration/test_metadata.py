@@ -101,29 +101,35 @@ def test_catch_up_from_snapshot(start_role, tmp_path):
     assert c.converged(c.members) == h
 
 
-def test_minority_refuses_writes(start_role, tmp_path):
-    c = Cluster(start_role, tmp_path, 3)
+@pytest.mark.parametrize("n", [3, 5])
+def test_minority_refuses_writes(start_role, tmp_path, n):
+    c = Cluster(start_role, tmp_path, n)
     seed_routing(c)
     leader = c.leader()
-    others = [m for m in c.members if m is not leader]
-    for m in others:
+    # the minority: the leader and, with 5 members, one follower; the rest is stopped
+    minority = [leader] + [m for m in c.members if m is not leader][:(n - 1) // 2 - 1]
+    stopped = [m for m in c.members if m not in minority]
+    assert len(minority) == (n - 1) // 2 and len(stopped) == n // 2 + 1
+    for m in stopped:
         m.proc.signal(signal.SIGSTOP)
     try:
         # cut off from the majority, the old leader steps down
-        wait_until(lambda: not leader.status()["ready"], 20, what="the isolated leader to step down")
-        # (pymongo raises NotPrimaryError for both codes)
-        with pytest.raises(NotPrimaryError) as ei:
-            leader.cmd("addShard", "shard-x", uri="mongodb://x:1")
-        assert ei.value.details["code"] == 10107
-        assert "not primary" in ei.value.details["errmsg"]
-        # a direct connection reads with primaryPreferred: served from local state
-        assert [s["id"] for s in leader.cmd("listShards")["shards"]] == ["shard-a", "shard-b"]
-        # routing reads still answer from local state, with the version attached
-        rt = leader.cmd("getRoutingTable", "app.users")
-        assert rt["routingVersion"] == 1 and len(rt["chunks"]) == 3
-        assert leader.cmd("hello")["isWritablePrimary"] is False
+        wait_until(lambda: not any(m.status()["ready"] for m in minority), 20,
+                   what="the isolated leader to step down")
+        for m in minority:
+            # (pymongo 3 raises NotMasterError for NotWritablePrimary)
+            with pytest.raises(NotPrimaryError) as ei:
+                m.cmd("addShard", "shard-x", uri="mongodb://x:1")
+            assert ei.value.details["code"] == 10107
+            assert "not primary" in ei.value.details["errmsg"]
+            assert m.cmd("hello")["isWritablePrimary"] is False
+            # a direct connection reads with primaryPreferred: served from local state
+            assert [s["id"] for s in m.cmd("listShards")["shards"]] == ["shard-a", "shard-b"]
+            # routing reads still answer from local state, with the version attached
+            rt = m.cmd("getRoutingTable", "app.users")
+            assert rt["routingVersion"] == 1 and len(rt["chunks"]) == 3
     finally:
-        for m in others:
+        for m in stopped:
             m.proc.signal(signal.SIGCONT)
     # the majority is back: writes go on and nothing from the minority leaked in
     c.write("addShard", "shard-y", uri="mongodb://y:1")
