@@ -332,9 +332,32 @@ void proxy_cursor_checkin(proxy *p, proxy_cursor *c)
 	uv_mutex_unlock(&p->cmu);
 }
 
+typedef struct kill_ctx {
+	proxy *p;
+	proxy_cursor *c;
+	size_t *idx;
+} kill_ctx;
+
+static void kill_one(void *arg, size_t k)
+{
+	kill_ctx *kc = arg;
+	pstream *s = &kc->c->s[kc->idx[k]];
+	bson_t cmd = BSON_INITIALIZER, reply, arr;
+	char err[128];
+
+	BSON_APPEND_UTF8(&cmd, "killCursors", s->coll);
+	bson_append_array_begin(&cmd, "cursors", -1, &arr);
+	BSON_APPEND_INT64(&arr, "0", s->cursor_id);
+	bson_append_array_end(&cmd, &arr);
+	shardconn_command(kc->p->sc, s->shard, s->db, &cmd, &s->server_id, &reply, err, sizeof err);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
 void proxy_cursor_destroy(proxy *p, proxy_cursor *c)
 {
-	size_t i;
+	size_t i, n = 0;
+	size_t *idx = sdb_calloc(c->n ? c->n : 1, sizeof *idx);
 
 	if (c->id != 0) {
 		uv_mutex_lock(&p->cmu);
@@ -342,22 +365,18 @@ void proxy_cursor_destroy(proxy *p, proxy_cursor *c)
 		uv_mutex_unlock(&p->cmu);
 		sdb_gauge_add(p->m_cursors, -1);
 	}
+	/* kill the shard cursors still open, in parallel */
+	for (i = 0; i < c->n; i++)
+		if (c->s[i].cursor_id != 0 && c->s[i].shard != NULL)
+			idx[n++] = i;
+	if (n > 0) {
+		kill_ctx kc = {p, c, idx};
+		shardconn_fanout(p->sc, n, kill_one, &kc);
+	}
+	free(idx);
 	for (i = 0; i < c->n; i++) {
-		pstream *s = &c->s[i];
-		if (s->cursor_id != 0 && s->shard != NULL) {
-			bson_t cmd = BSON_INITIALIZER, reply, arr;
-			char err[128];
-			BSON_APPEND_UTF8(&cmd, "killCursors", s->coll);
-			bson_append_array_begin(&cmd, "cursors", -1, &arr);
-			BSON_APPEND_INT64(&arr, "0", s->cursor_id);
-			bson_append_array_end(&cmd, &arr);
-			shardconn_command(p->sc, s->shard, s->db, &cmd, &s->server_id, &reply, err,
-					  sizeof err);
-			bson_destroy(&reply);
-			bson_destroy(&cmd);
-		}
-		pstream_clear(s);
-		bson_destroy(&s->err_reply);
+		pstream_clear(&c->s[i]);
+		bson_destroy(&c->s[i].err_reply);
 	}
 	free(c->s);
 	merge_sort_free(c->sort);
