@@ -1,1 +1,10 @@
-# src/cdc: sources and unit tests of this folder (included by the top Makefile.am)
+# src/cdc: the CDC pipeline (issue #7): log backends, archive, publisher, consumer API.
+libstripedb_a_SOURCES += src/cdc/log.c src/cdc/segdir.c src/cdc/embedded.c src/cdc/kafka.c \
+	src/cdc/archive.c src/cdc/reader.c
+noinst_HEADERS += src/cdc/log.h src/cdc/segdir.h src/cdc/archive.h src/cdc/reader.h
+
+check_PROGRAMS += tests/unit/test_cdc_log
+tests_unit_test_cdc_log_SOURCES = tests/unit/test_cdc_log.c
+tests_unit_test_cdc_log_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_cdc_log_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_cdc_log
