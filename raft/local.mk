@@ -4,14 +4,18 @@ libstripedb_a_SOURCES += raft/fsm.c raft/node.c
 noinst_HEADERS += raft/fsm.h raft/node.h
 EXTRA_DIST += raft/README.md
 
-check_PROGRAMS += tests/unit/test_raft_fsm tests/unit/test_raft_cluster
-TESTS += tests/unit/test_raft_fsm tests/unit/test_raft_cluster
+check_PROGRAMS += tests/unit/test_raft_fsm tests/unit/test_raft_cluster tests/unit/test_raft_node
+TESTS += tests/unit/test_raft_fsm tests/unit/test_raft_cluster tests/unit/test_raft_node
 tests_unit_test_raft_fsm_SOURCES = tests/unit/test_raft_fsm.c
 tests_unit_test_raft_fsm_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_raft_fsm_LDADD = $(UNIT_LDADD)
 tests_unit_test_raft_cluster_SOURCES = tests/unit/test_raft_cluster.c
 tests_unit_test_raft_cluster_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_raft_cluster_LDADD = $(UNIT_LDADD)
+# compiled against raft/node.c itself (it #includes it) to reach its statics
+tests_unit_test_raft_node_SOURCES = tests/unit/test_raft_node.c
+tests_unit_test_raft_node_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_raft_node_LDADD = $(UNIT_LDADD)
 
 # the metadata service's integration tests, linearizability checker and benchmark
 EXTRA_DIST += src/metadata/README.md tests/integration/metadata_cluster.py \
