@@ -126,7 +126,7 @@ static int get_string(const bson_iter_t *it, const char *field, const char **out
 
 static bool int32_of(const bson_iter_t *it, int32_t *out)
 {
-	int64_t v;
+	int64_t v = 0;
 	if (get_int64(it, "", &v, NULL, 0) != 0 || v < INT32_MIN || v > INT32_MAX)
 		return false;
 	*out = (int32_t)v;
@@ -271,7 +271,7 @@ int rl_json_parse_reqs(const char *body, size_t len, rl_json_reqs *out, char *er
 	size_t n = 0, n_kv = 0, i = 0;
 	size_t skip = 0;
 	priv *p;
-	int rc;
+	int rc = 0;
 
 	memset(out, 0, sizeof(*out));
 	while (skip < len && (body[skip] == ' ' || body[skip] == '\t' || body[skip] == '\r' ||
@@ -291,7 +291,6 @@ int rl_json_parse_reqs(const char *body, size_t len, rl_json_reqs *out, char *er
 	}
 	/* First pass: find "requests", count items and metadata pairs, check the types the
 	 * arrays need; nothing is allocated per item before the count is known good. */
-	rc = 0;
 	bson_iter_init(&top, p->doc);
 	if (bson_iter_find(&top, "requests") && bson_iter_type(&top) != BSON_TYPE_NULL) {
 		if (bson_iter_type(&top) != BSON_TYPE_ARRAY || !bson_iter_recurse(&top, &arr)) {
