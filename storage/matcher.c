@@ -1052,7 +1052,7 @@ static int parse_logical(node_kind kind, const char *name, const bson_iter_t *it
 	}
 	if (count == 0) {
 		node_free(n);
-		return fail(pe, ERR_BAD_VALUE, "%s argument must be a non-empty array", name);
+		return fail(pe, ERR_BAD_VALUE, "$and/$or/$nor must be a nonempty array");
 	}
 	node_add(and_out, n);
 	return 0;

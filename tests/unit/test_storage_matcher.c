@@ -499,7 +499,7 @@ static void test_errors(void **state)
 		{"{'a': {'$nin': {}}}", 2, "$nin needs an array"},
 		{"{'a': {'$in': [{'$gt': 1}]}}", 2, "cannot nest $ under $in"},
 		{"{'a': {'$all': 1}}", 2, "$all needs an array"},
-		{"{'$and': []}", 2, "$and argument must be a non-empty array"},
+		{"{'$and': []}", 2, "$and/$or/$nor must be a nonempty array"},
 		{"{'$or': {}}", 2, "$or must be an array"},
 		{"{'$nor': [1]}", 2, "$or/$and/$nor entries need to be full objects"},
 		{"{'a': {'$size': -1}}", 2, "$size may not be negative"},
