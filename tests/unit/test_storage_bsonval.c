@@ -123,11 +123,15 @@ static const ranked order[] = {
 	{61, "{'$regularExpression': {'pattern': 'a', 'options': ''}}"},
 	{62, "{'$regularExpression': {'pattern': 'a', 'options': 'i'}}"},
 	{63, "{'$regularExpression': {'pattern': 'b', 'options': ''}}"},
-	{64, "{'$code': 'x'}"},
-	{65, "{'$code': 'y'}"},
-	{66, "{'$code': 'x', '$scope': {}}"},
-	{67, "{'$code': 'x', '$scope': {'a': 1}}"},
-	{68, "{'$maxKey': 1}"},
+	{64, "{'$dbPointer': {'$ref': 'b', '$id': {'$oid': '000000000000000000000000'}}}"},
+	/* dbPointer: namespace length first, so 'aa' > 'b' */
+	{65, "{'$dbPointer': {'$ref': 'aa', '$id': {'$oid': '000000000000000000000000'}}}"},
+	{66, "{'$dbPointer': {'$ref': 'aa', '$id': {'$oid': '000000000000000000000001'}}}"},
+	{67, "{'$code': 'x'}"},
+	{68, "{'$code': 'y'}"},
+	{69, "{'$code': 'x', '$scope': {}}"},
+	{70, "{'$code': 'x', '$scope': {'a': 1}}"},
+	{71, "{'$maxKey': 1}"},
 };
 #define N_ORDER (sizeof order / sizeof order[0])
 

@@ -242,7 +242,7 @@ static void gen_value(bson_t *parent, const char *key, int depth)
 	static const char *const strs[] = {"", "a", "b", "ab", "a\0", "\0", "ba", "\xc3\xa9",
 					   "\xff"};
 	static const size_t strl[] = {0, 1, 1, 2, 2, 1, 2, 2, 1};
-	unsigned t = pick(depth >= 3 ? 19 : 21);
+	unsigned t = pick(depth >= 3 ? 20 : 22);
 	bson_t sub;
 	uint8_t bin[2];
 	bson_oid_t oid;
@@ -330,6 +330,11 @@ static void gen_value(bson_t *parent, const char *key, int depth)
 		break;
 	}
 	case 19:
+		memset(oid.bytes, 0, 12);
+		oid.bytes[11] = (uint8_t)pick(2);
+		bson_append_dbpointer(parent, key, -1, pick(2) ? "b" : "aa", &oid);
+		break;
+	case 20:
 		bson_append_document_begin(parent, key, -1, &sub);
 		gen_doc_body(&sub, false, depth);
 		bson_append_document_end(parent, &sub);
