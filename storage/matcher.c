@@ -532,14 +532,18 @@ static bool true_value(const bson_iter_t *it)
 	}
 }
 
-/* A document value whose first field starts with '$' is an operator document. */
+/* A document value whose first field starts with '$' is an operator document, except a
+ * DBRef ({$ref, $id, $db}), which MongoDB compares as a literal. */
 static bool is_op_doc(const bson_iter_t *it)
 {
 	bson_iter_t c;
+	const char *k;
 
-	if (!BSON_ITER_HOLDS_DOCUMENT(it) || !bson_iter_recurse(it, &c))
+	if (!BSON_ITER_HOLDS_DOCUMENT(it) || !bson_iter_recurse(it, &c) || !bson_iter_next(&c))
 		return false;
-	return bson_iter_next(&c) && bson_iter_key(&c)[0] == '$';
+	k = bson_iter_key(&c);
+	return k[0] == '$' && strcmp(k, "$ref") != 0 && strcmp(k, "$id") != 0 &&
+	       strcmp(k, "$db") != 0;
 }
 
 static bool num_as_i64(const bson_iter_t *it, int64_t *out, bool *whole)

@@ -123,6 +123,9 @@ static void test_equality(void **state)
 		{"{'_id': {'$oid': '5f0000000000000000000001'}}",
 		 "{'_id': {'$oid': '5f0000000000000000000001'}}", true},
 		{"{'$comment': 'ignored', 'a': 1}", "{'a': 1}", true},
+		/* a DBRef is a literal, not an operator document */
+		{"{'r': {'$ref': 'c', '$id': 1}}", "{'r': {'$ref': 'c', '$id': 1}}", true},
+		{"{'r': {'$ref': 'c', '$id': 1}}", "{'r': {'$ref': 'c', '$id': 2}}", false},
 	};
 
 	(void)state;
