@@ -13,9 +13,11 @@
  *   numbers    by value across types; NaN == NaN and NaN is below every other number;
  *              -0 == 0; int64 vs double is exact (no precision loss for |v| > 2^53).
  *              decimal128 is compared through its nearest long double (on x86-64 a
- *              64-bit significand, exponent range ~1e+-4932): exact for every decimal
- *              with at most 19 significant digits inside that range, approximate
- *              beyond (documented limit; decimals beyond the range become +-inf).
+ *              64-bit significand, exponent range ~1e+-4932; parsed with strtold in the
+ *              C locale, which stripedb never changes). Documented limit: the order is
+ *              never inverted, but values closer than about 1 part in 2^64 (two
+ *              decimals, or a decimal and a double) may compare equal, and decimals
+ *              beyond the range compare as +-inf.
  *   strings    by bytes (simple binary collation), shorter prefix first; symbol == string.
  *   objects    element by element: canonical type bracket, then field name (bytes),
  *              then value; a document that ends first is smaller.

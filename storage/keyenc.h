@@ -37,9 +37,9 @@
  * (x ^ 0xFF). Because encodings are prefix-free, inversion exactly reverses the order and
  * stays prefix-free, so compound keys mixing directions still compare component-wise.
  *
- * Limits: decimal128 keys go through long double (see storage/bsonval.h): two decimals
- * that differ beyond ~19 significant digits may get the same key. Nesting deeper than
- * SDB_BSON_MAX_DEPTH is refused with SDB_EINVAL.
+ * Limits: decimal128 keys go through long double (see storage/bsonval.h): values closer
+ * than about 1 part in 2^64 may get the same key (order is never inverted). Nesting
+ * deeper than SDB_BSON_MAX_DEPTH is refused with SDB_EINVAL.
  */
 #ifndef SDB_STORAGE_KEYENC_H
 #define SDB_STORAGE_KEYENC_H
