@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
 
 #include "storage/bsonval.h"
 #include "storage/keyenc.h"
@@ -349,6 +350,22 @@ static void gen_value(bson_t *parent, const char *key, int depth)
 
 #define N_RANDOM 2500
 
+/* Number of values equal to an earlier value (so distinct = n - n_dups). */
+static size_t n_dups(const bson_value_t *v, size_t n)
+{
+	size_t d = 0;
+
+	for (size_t i = 1; i < n; i++) {
+		for (size_t j = 0; j < i; j++) {
+			if (sdb_bson_value_cmp(&v[i], &v[j]) == 0) {
+				d++;
+				break;
+			}
+		}
+	}
+	return d;
+}
+
 static void test_property_random(void **state)
 {
 	bson_t **docs = calloc(N_RANDOM, sizeof *docs);
@@ -412,6 +429,42 @@ static void test_property_random(void **state)
 			fail_msg("compound mismatch at round %d: got %d want %d", r, got, want);
 		sdb_key_free(&x);
 		sdb_key_free(&y);
+	}
+	/* SQLite orders BLOB primary keys the same way: insert every key (duplicates
+	 * ignored), read them back in index order and check the values ascend. */
+	{
+		sqlite3 *db;
+		sqlite3_stmt *ins, *sel;
+		int prev = -1, rows = 0;
+
+		assert_int_equal(sqlite3_open(":memory:", &db), SQLITE_OK);
+		assert_int_equal(sqlite3_exec(db, "CREATE TABLE t(k BLOB PRIMARY KEY, i INT) WITHOUT ROWID",
+					      NULL, NULL, NULL),
+				 SQLITE_OK);
+		assert_int_equal(sqlite3_prepare_v2(db, "INSERT OR IGNORE INTO t VALUES(?, ?)", -1, &ins,
+						    NULL),
+				 SQLITE_OK);
+		for (size_t i = 0; i < N_RANDOM; i++) {
+			sqlite3_bind_blob(ins, 1, asc[i].data, (int)asc[i].len, SQLITE_STATIC);
+			sqlite3_bind_int(ins, 2, (int)i);
+			assert_int_equal(sqlite3_step(ins), SQLITE_DONE);
+			sqlite3_reset(ins);
+		}
+		sqlite3_finalize(ins);
+		assert_int_equal(sqlite3_prepare_v2(db, "SELECT i FROM t ORDER BY k", -1, &sel, NULL),
+				 SQLITE_OK);
+		while (sqlite3_step(sel) == SQLITE_ROW) {
+			int i = sqlite3_column_int(sel, 0);
+
+			if (prev >= 0 && sdb_bson_value_cmp(&vals[prev], &vals[i]) >= 0)
+				fail_msg("SQLite order: value %d does not sort after value %d", i, prev);
+			prev = i;
+			rows++;
+		}
+		sqlite3_finalize(sel);
+		sqlite3_close(db);
+		/* one row per distinct value */
+		assert_int_equal(rows, (int)(N_RANDOM - n_dups(vals, N_RANDOM)));
 	}
 	for (size_t i = 0; i < N_RANDOM; i++) {
 		sdb_key_free(&asc[i]);
