@@ -430,6 +430,31 @@ static void test_sortspec_arrays_missing(void **state)
 	check_sort("{'a': -1}", d, 7, desc);
 }
 
+/* MongoDB jstests/core/query/sort/sorta.js (SERVER-2905) and
+ * sort_key_with_missing_fields.js (SERVER-42565): [] sorts as undefined (equal to
+ * undefined, below null), missing sorts as null. */
+static void test_sortspec_jstests(void **state)
+{
+	static const char *const sorta[] = {
+		"{'i': 0, 'a': {'$minKey': 1}}", "{'i': 1, 'a': []}", "{'i': 2, 'a': []}",
+		"{'i': 3, 'a': null}",		 "{'i': 4}",	       "{'i': 5, 'a': null}",
+		"{'i': 6, 'a': 1}",		 "{'i': 7, 'a': [2]}", "{'i': 8, 'a': {'$maxKey': 1}}",
+	};
+	static const int sorta_want[] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+	static const char *const missing[] = {
+		"{'i': 1, 'a': {'$undefined': true}}", "{'i': 2, 'a': null}", "{'i': 3, 'a': []}",
+		"{'i': 4}", "{'i': 5}", "{'i': 6, 'a': []}", "{'i': 7, 'a': null}",
+		"{'i': 8, 'a': {'$undefined': true}}",
+	};
+	static const int asc_want[] = {1, 3, 6, 8, 2, 4, 5, 7};
+	static const int desc_want[] = {2, 4, 5, 7, 1, 3, 6, 8};
+
+	(void)state;
+	check_sort("{'a': 1, 'i': 1}", sorta, 9, sorta_want);
+	check_sort("{'a': 1, 'i': 1}", missing, 8, asc_want);
+	check_sort("{'a': -1, 'i': 1}", missing, 8, desc_want);
+}
+
 static void test_sortspec_compound_dotted(void **state)
 {
 	static const char *const d[] = {
@@ -539,6 +564,7 @@ int main(void)
 		cmocka_unit_test(test_deep_compare),
 		cmocka_unit_test(test_sortspec_parse),
 		cmocka_unit_test(test_sortspec_arrays_missing),
+		cmocka_unit_test(test_sortspec_jstests),
 		cmocka_unit_test(test_sortspec_compound_dotted),
 		cmocka_unit_test(test_sortspec_key_property),
 	};
