@@ -21,6 +21,7 @@ typedef struct cli_ctx {
 } cli_ctx;
 
 typedef int (*cli_cmd_fn)(cli_ctx *ctx, int argc, char **argv);
+int cli_cdc_main(cli_ctx *ctx, int argc, char **argv); /* cli/cdc.c */
 
 static void ctl_usage(FILE *f)
 {
@@ -101,6 +102,7 @@ static const struct {
 	cli_cmd_fn fn;
 } cmds[] = {
 	{"ping", cmd_ping},
+	{"cdc", cli_cdc_main},
 };
 
 int cli_main(int argc, char **argv)

@@ -1,10 +1,20 @@
 # src/cdc: the CDC pipeline (issue #7): log backends, archive, publisher, consumer API.
 libstripedb_a_SOURCES += src/cdc/log.c src/cdc/segdir.c src/cdc/embedded.c src/cdc/kafka.c \
-	src/cdc/archive.c src/cdc/reader.c
-noinst_HEADERS += src/cdc/log.h src/cdc/segdir.h src/cdc/archive.h src/cdc/reader.h
+	src/cdc/archive.c src/cdc/reader.c src/cdc/publisher.c
+noinst_HEADERS += src/cdc/log.h src/cdc/segdir.h src/cdc/archive.h src/cdc/reader.h \
+	src/cdc/publisher.h
 
 check_PROGRAMS += tests/unit/test_cdc_log
 tests_unit_test_cdc_log_SOURCES = tests/unit/test_cdc_log.c
 tests_unit_test_cdc_log_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_cdc_log_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_cdc_log
+
+# `stripedb ctl cdc status|read` (cli/ctl.c dispatches to cli_cdc_main)
+libstripedb_a_SOURCES += cli/cdc.c
+
+# Test helper: a librdkafka mock cluster (a real Kafka protocol broker on loopback), started
+# by tests/integration/test_cdc.py.
+check_PROGRAMS += tests/integration/kafka_mock
+tests_integration_kafka_mock_SOURCES = tests/integration/kafka_mock.c
+tests_integration_kafka_mock_LDADD = $(RDKAFKA_LIBS)

@@ -60,7 +60,16 @@ typedef enum {
 	X("cursor-timeout-ms", cursor_timeout_ms, SDB_OPT_INT, "600000",                        \
 	  "proxy: idle proxy cursors are killed after this long (ms)")                \
 	X("cache-size", cache_size, SDB_OPT_INT, NULL,                                          \
-	  "ratelimit: max keys in the rate-limit cache (default GUBER_CACHE_SIZE or 50000)")
+	  "ratelimit: max keys in the rate-limit cache (default GUBER_CACHE_SIZE or 50000)") \
+	X("cdc-fsync", cdc_fsync, SDB_OPT_STRING, "batch",                                      \
+	  "coordinator: embedded CDC log fsync: batch (every published batch), segment, never") \
+	X("cdc-segment-bytes", cdc_segment_bytes, SDB_OPT_INT, "67108864",                      \
+	  "coordinator: embedded CDC log segment size (bytes)")                                 \
+	X("cdc-retention-bytes", cdc_retention_bytes, SDB_OPT_INT, "0",                         \
+	  "coordinator: embedded CDC log bytes of closed segments kept per shard; older ones "   \
+	  "are archived then deleted (0 = keep all)")                                           \
+	X("cdc-lease-ms", cdc_lease_ms, SDB_OPT_INT, "5000",                                    \
+	  "coordinator: TTL of the cdc/<shard> publisher leases (ms)")
 
 typedef enum {
 #define SDB__OPT_ENUM(name, id, kind, def, help) SDB_OPT_##id,

@@ -1,16 +1,498 @@
-/* The coordinator role. Placeholder until issue #8 lands: starting it fails with a clear
- * message rather than pretending to serve. */
+/* The coordinator role (DESIGN.md §2, §6-7):
+ *
+ *   stripedb --role=coordinator --http-listen=H:P --metadata=H:P,... \
+ *            --cdc=embedded:DIR|kafka:BOOTSTRAP [--archive=file:DIR] \
+ *            [--cdc-fsync=batch|segment|never] [--cdc-segment-bytes=N] \
+ *            [--cdc-retention-bytes=N] [--cdc-lease-ms=5000]
+ *
+ * A coordinator holds no durable state. It runs:
+ *   1. the CDC publishers (issue #7): for every shard listed in metadata, it tries to take
+ *      the lease `cdc/<shard id>` (holder = this coordinator's id, ttl --cdc-lease-ms);
+ *      the holder runs that shard's publisher (src/cdc/publisher.h) and renews the lease
+ *      every ttl/3; a publisher only appends before its fence (renewal time + ttl - ttl/5),
+ *      so when a coordinator dies or is cut off, its leases expire and another coordinator
+ *      takes them over and resumes from the published position in the log.
+ *   2. the migration runner (issue #8): see the "migration runner" section below; it is
+ *      started and stopped next to the CDC publishers and reads CDC events through
+ *      src/cdc/reader.h.
+ *
+ * Threads: the role's loop thread only starts and stops; a manager thread does all the
+ * blocking metadata work (libmongoc) and owns the publisher table (under mu, which the
+ * HTTP handler also takes).
+ *
+ * HTTP: /healthz, /metrics (the publishers' stripedb_cdc_* series and
+ * stripedb_cdc_archive_{first,next}_offset, stripedb_cdc_archive_{first,last}_ts_seconds,
+ * stripedb_cdc_publisher_held), and GET /cdc/status: JSON
+ *   {holder, backend, shards: [{shard, uri, running, publishedTs, nextOffset, headTs,
+ *    lagSeconds, lagEvents, events, error, archive: {firstOffset, nextOffset, firstTs,
+ *    lastTs}}]}  (ts as Extended JSON Timestamps).
+ */
+#include <inttypes.h>
+#include <mongoc/mongoc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cdc/archive.h"
+#include "cdc/log.h"
+#include "cdc/publisher.h"
+#include "common/alloc.h"
+#include "common/config.h"
 #include "common/err.h"
+#include "common/log.h"
+#include "common/metrics.h"
 #include "common/role.h"
+
+#define LEASE_ERR_BUSY 46 /* LockBusy */
+
+typedef struct coord_pub {
+	char *shard;
+	char *uri;
+	cdc_publisher *pub;
+	int64_t epoch;
+	sdb_gauge *g_held, *g_arch_first, *g_arch_next, *g_arch_first_ts, *g_arch_last_ts;
+	cdc_range arch;
+	struct coord_pub *next;
+} coord_pub;
+
+typedef struct coord {
+	sdb_role *role;
+	cdc_log *log;
+	char *meta_uri;
+	char *holder;
+	int64_t lease_ms;
+	pthread_t mgr;
+	int mgr_started;
+	atomic_int stop;
+	pthread_mutex_t mu; /* pubs, and the manager's sleeps */
+	pthread_cond_t cv;
+	coord_pub *pubs;
+	char meta_error[256];
+} coord;
+
+/* ------------------------------------------------------------ metadata calls */
+
+/* Run cmd on the metadata leader. Returns 0, or the server's error code (> 0), or -1 for
+ * a network error; message in err. */
+static int meta_cmd(mongoc_client_t *c, bson_t *cmd, bson_t *reply, char *err, size_t errlen)
+{
+	bson_error_t e;
+	if (mongoc_client_command_simple(c, "admin", cmd, NULL, reply, &e))
+		return 0;
+	sdb_errf(err, errlen, SDB_EIO, "%s", e.message);
+	return e.domain == MONGOC_ERROR_SERVER ? (int)e.code : -1;
+}
+
+static int lease_cmd(coord *co, mongoc_client_t *c, const char *verb, const char *shard,
+		     int64_t *epoch, char *err, size_t errlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it;
+	char name[256];
+	snprintf(name, sizeof name, "cdc/%s", shard);
+	BSON_APPEND_UTF8(&cmd, verb, name);
+	BSON_APPEND_UTF8(&cmd, "holder", co->holder);
+	if (strcmp(verb, "releaseLease") != 0)
+		BSON_APPEND_INT64(&cmd, "ttlMS", co->lease_ms);
+	int rc = meta_cmd(c, &cmd, &reply, err, errlen);
+	if (rc == 0 && epoch && bson_iter_init_find(&it, &reply, "epoch"))
+		*epoch = bson_iter_as_int64(&it);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return rc;
+}
+
+typedef struct shard_ref {
+	char *id, *uri;
+} shard_ref;
+
+static int list_shards(mongoc_client_t *c, shard_ref **out, size_t *n, char *err, size_t errlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it, arr;
+	size_t cap = 0;
+	*out = NULL;
+	*n = 0;
+	BSON_APPEND_INT32(&cmd, "listShards", 1);
+	int rc = meta_cmd(c, &cmd, &reply, err, errlen);
+	if (rc == 0 && bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it) &&
+	    bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			bson_iter_t f;
+			const char *id = NULL, *uri = NULL;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &f))
+				continue;
+			while (bson_iter_next(&f)) {
+				if (strcmp(bson_iter_key(&f), "id") == 0 && BSON_ITER_HOLDS_UTF8(&f))
+					id = bson_iter_utf8(&f, NULL);
+				else if (strcmp(bson_iter_key(&f), "uri") == 0 &&
+					 BSON_ITER_HOLDS_UTF8(&f))
+					uri = bson_iter_utf8(&f, NULL);
+			}
+			if (id == NULL || uri == NULL)
+				continue;
+			if (*n == cap) {
+				cap = cap ? 2 * cap : 8;
+				*out = sdb_realloc(*out, cap * sizeof **out);
+			}
+			(*out)[*n].id = sdb_strdup(id);
+			(*out)[(*n)++].uri = sdb_strdup(uri);
+		}
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return rc;
+}
+
+static void shards_free(shard_ref *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(s[i].id);
+		free(s[i].uri);
+	}
+	free(s);
+}
+
+/* ------------------------------------------------------------ CDC publishers */
+
+static coord_pub *find_pub(coord *co, const char *shard)
+{
+	for (coord_pub *p = co->pubs; p; p = p->next)
+		if (strcmp(p->shard, shard) == 0)
+			return p;
+	return NULL;
+}
+
+static int64_t fence_after(coord *co, int64_t t0)
+{
+	return t0 + co->lease_ms - co->lease_ms / 5;
+}
+
+static void pub_gauges(coord_pub *p)
+{
+	char labels[200];
+	snprintf(labels, sizeof labels, "shard=\"%s\"", p->shard);
+	p->g_held = sdb_metrics_gauge("stripedb_cdc_publisher_held",
+				      "CDC: 1 while this coordinator holds the shard's publisher lease",
+				      labels);
+	p->g_arch_first = sdb_metrics_gauge("stripedb_cdc_archive_first_offset",
+					    "CDC: first offset in the archive", labels);
+	p->g_arch_next = sdb_metrics_gauge("stripedb_cdc_archive_next_offset",
+					   "CDC: offset after the last one in the archive", labels);
+	p->g_arch_first_ts = sdb_metrics_gauge("stripedb_cdc_archive_first_ts_seconds",
+					       "CDC: oplog ts (s) of the archive's first event", labels);
+	p->g_arch_last_ts = sdb_metrics_gauge("stripedb_cdc_archive_last_ts_seconds",
+					      "CDC: oplog ts (s) of the archive's last event", labels);
+}
+
+static void drop_pub(coord *co, coord_pub *p, mongoc_client_t *c, int release)
+{
+	char err[256];
+	pthread_mutex_lock(&co->mu);
+	for (coord_pub **pp = &co->pubs; *pp; pp = &(*pp)->next)
+		if (*pp == p) {
+			*pp = p->next;
+			break;
+		}
+	pthread_mutex_unlock(&co->mu);
+	cdc_publisher_stop(p->pub); /* flushes and closes the writer before the release */
+	if (release && c)
+		(void)lease_cmd(co, c, "releaseLease", p->shard, NULL, err, sizeof err);
+	sdb_gauge_set(p->g_held, 0);
+	sdb_info("cdc publisher released", "shard=%s", p->shard);
+	free(p->shard);
+	free(p->uri);
+	free(p);
+}
+
+static void cdc_tick(coord *co, mongoc_client_t *c)
+{
+	shard_ref *shards;
+	size_t n;
+	char err[256];
+	int rc = list_shards(c, &shards, &n, err, sizeof err);
+	if (rc != 0) {
+		pthread_mutex_lock(&co->mu);
+		sdb_errf(co->meta_error, sizeof co->meta_error, rc, "listShards: %s", err);
+		pthread_mutex_unlock(&co->mu);
+	} else {
+		pthread_mutex_lock(&co->mu);
+		co->meta_error[0] = '\0';
+		pthread_mutex_unlock(&co->mu);
+	}
+	/* renew what we hold; drop what we lost or what left the shard list */
+	for (coord_pub *p = co->pubs, *nx; p; p = nx) {
+		nx = p->next;
+		int listed = rc != 0;
+		for (size_t i = 0; i < n && !listed; i++)
+			listed = strcmp(shards[i].id, p->shard) == 0;
+		int64_t t0 = cdc_now_ms();
+		int lrc = listed ? lease_cmd(co, c, "renewLease", p->shard, NULL, err, sizeof err)
+				 : LEASE_ERR_BUSY;
+		if (lrc == 0) {
+			cdc_publisher_fence(p->pub, fence_after(co, t0));
+		} else if (lrc > 0) {
+			sdb_warn("cdc lease lost", "shard=%s code=%d", p->shard, lrc);
+			drop_pub(co, p, c, 0);
+		}
+		/* network error: keep running until the fence stops appends */
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (find_pub(co, shards[i].id))
+			continue;
+		int64_t epoch = 0, t0 = cdc_now_ms();
+		if (lease_cmd(co, c, "acquireLease", shards[i].id, &epoch, err, sizeof err) != 0)
+			continue;
+		coord_pub *p = sdb_calloc(1, sizeof *p);
+		p->shard = sdb_strdup(shards[i].id);
+		p->uri = sdb_strdup(shards[i].uri);
+		p->epoch = epoch;
+		pub_gauges(p);
+		if (cdc_publisher_start(co->log, p->shard, p->uri, fence_after(co, t0), &p->pub, err,
+					sizeof err) != 0) {
+			sdb_warn("cdc publisher", "shard=%s error=\"%s\"", p->shard, err);
+			(void)lease_cmd(co, c, "releaseLease", p->shard, NULL, err, sizeof err);
+			free(p->shard);
+			free(p->uri);
+			free(p);
+			continue;
+		}
+		sdb_gauge_set(p->g_held, 1);
+		sdb_info("cdc publisher acquired", "shard=%s epoch=%" PRId64, p->shard, epoch);
+		pthread_mutex_lock(&co->mu);
+		p->next = co->pubs;
+		co->pubs = p;
+		pthread_mutex_unlock(&co->mu);
+	}
+	/* archive range of the shards we publish */
+	for (coord_pub *p = co->pubs; p; p = p->next) {
+		cdc_range g = {0};
+		if (cdc_log_archive(co->log) &&
+		    cdc_archive_range(cdc_log_archive(co->log), p->shard, &g, err, sizeof err) != 0)
+			continue;
+		pthread_mutex_lock(&co->mu);
+		p->arch = g;
+		pthread_mutex_unlock(&co->mu);
+		sdb_gauge_set(p->g_arch_first, (int64_t)g.first_offset);
+		sdb_gauge_set(p->g_arch_next, (int64_t)g.next_offset);
+		sdb_gauge_set(p->g_arch_first_ts, (int64_t)(g.first_ts >> 32));
+		sdb_gauge_set(p->g_arch_last_ts, (int64_t)(g.last_ts >> 32));
+	}
+	shards_free(shards, n);
+}
+
+static void cdc_shutdown(coord *co, mongoc_client_t *c)
+{
+	while (co->pubs)
+		drop_pub(co, co->pubs, c, 1);
+}
+
+/* ------------------------------------------------------------ migration runner (issue #8)
+ *
+ * The Data Movement Platform starts here. migrations_tick runs on the manager thread after
+ * the CDC tick, with the metadata client; migrations_shutdown before the publishers stop.
+ * Replication reads CDC events with cdc_reader_open(co->log, shard, checkpoint_ts, ...)
+ * (src/cdc/reader.h). Nothing yet. */
+
+static void migrations_tick(coord *co, mongoc_client_t *c)
+{
+	(void)co;
+	(void)c;
+}
+
+static void migrations_shutdown(coord *co, mongoc_client_t *c)
+{
+	(void)co;
+	(void)c;
+}
+
+/* ------------------------------------------------------------ manager thread */
+
+static void *manager(void *arg)
+{
+	coord *co = arg;
+	mongoc_client_t *c = mongoc_client_new(co->meta_uri);
+	int64_t period = co->lease_ms / 3 < 500 ? co->lease_ms / 3 : 500;
+	sdb_log_set_thread("coordinator", NULL);
+	if (c == NULL) {
+		sdb_error("bad metadata uri", "uri=%s", co->meta_uri);
+		return NULL;
+	}
+	mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
+	mongoc_client_set_appname(c, "stripedb-coordinator");
+	while (!atomic_load(&co->stop)) {
+		cdc_tick(co, c);
+		migrations_tick(co, c);
+		struct timespec ts;
+		pthread_mutex_lock(&co->mu);
+		clock_gettime(CLOCK_REALTIME, &ts); /* pthread_cond_timedwait's clock */
+		ts.tv_nsec += (long)(period % 1000) * 1000000;
+		ts.tv_sec += period / 1000 + ts.tv_nsec / 1000000000;
+		ts.tv_nsec %= 1000000000;
+		if (!atomic_load(&co->stop))
+			pthread_cond_timedwait(&co->cv, &co->mu, &ts);
+		pthread_mutex_unlock(&co->mu);
+	}
+	migrations_shutdown(co, c);
+	cdc_shutdown(co, c);
+	mongoc_client_destroy(c);
+	return NULL;
+}
+
+/* ------------------------------------------------------------ HTTP */
+
+static void append_ts(bson_t *b, const char *k, uint64_t ts)
+{
+	BSON_APPEND_TIMESTAMP(b, k, (uint32_t)(ts >> 32), (uint32_t)ts);
+}
+
+static void h_status(void *data, const sdb_http_req *req, sdb_http_resp *resp)
+{
+	coord *co = data;
+	bson_t doc = BSON_INITIALIZER, arr, sh, ar;
+	char k[16];
+	const char *kp;
+	uint32_t i = 0;
+	(void)req;
+	BSON_APPEND_UTF8(&doc, "holder", co->holder);
+	BSON_APPEND_UTF8(&doc, "backend", cdc_log_backend(co->log));
+	pthread_mutex_lock(&co->mu);
+	if (co->meta_error[0])
+		BSON_APPEND_UTF8(&doc, "metadataError", co->meta_error);
+	BSON_APPEND_ARRAY_BEGIN(&doc, "shards", &arr);
+	for (coord_pub *p = co->pubs; p; p = p->next) {
+		cdc_publisher_status st;
+		cdc_publisher_get_status(p->pub, &st);
+		bson_uint32_to_string(i++, &kp, k, sizeof k);
+		BSON_APPEND_DOCUMENT_BEGIN(&arr, kp, &sh);
+		BSON_APPEND_UTF8(&sh, "shard", p->shard);
+		BSON_APPEND_UTF8(&sh, "uri", p->uri);
+		BSON_APPEND_BOOL(&sh, "running", st.running);
+		append_ts(&sh, "publishedTs", st.published_ts);
+		BSON_APPEND_INT64(&sh, "nextOffset", (int64_t)st.next_offset);
+		append_ts(&sh, "headTs", st.head_ts);
+		BSON_APPEND_INT64(&sh, "lagSeconds",
+				  st.head_ts ? (int64_t)(st.head_ts >> 32) -
+						       (int64_t)(st.published_ts >> 32)
+					     : 0);
+		BSON_APPEND_INT64(&sh, "lagEvents", st.lag_events);
+		BSON_APPEND_INT64(&sh, "events", (int64_t)st.events);
+		BSON_APPEND_INT64(&sh, "leaseEpoch", p->epoch);
+		BSON_APPEND_UTF8(&sh, "error", st.last_error);
+		BSON_APPEND_DOCUMENT_BEGIN(&sh, "archive", &ar);
+		BSON_APPEND_INT64(&ar, "firstOffset", (int64_t)p->arch.first_offset);
+		BSON_APPEND_INT64(&ar, "nextOffset", (int64_t)p->arch.next_offset);
+		append_ts(&ar, "firstTs", p->arch.first_ts);
+		append_ts(&ar, "lastTs", p->arch.last_ts);
+		bson_append_document_end(&sh, &ar);
+		bson_append_document_end(&arr, &sh);
+	}
+	pthread_mutex_unlock(&co->mu);
+	bson_append_array_end(&doc, &arr);
+	size_t len;
+	char *j = bson_as_relaxed_extended_json(&doc, &len);
+	resp->body = sdb_strndup(j, len);
+	resp->body_len = len;
+	bson_free(j);
+	bson_destroy(&doc);
+}
+
+static int health(void *data, char *msg, size_t msglen)
+{
+	coord *co = data;
+	snprintf(msg, msglen, "coordinator %s", co->holder);
+	return 1;
+}
+
+/* ------------------------------------------------------------ role */
+
+static void coord_free(coord *co)
+{
+	cdc_log_close(co->log);
+	pthread_mutex_destroy(&co->mu);
+	pthread_cond_destroy(&co->cv);
+	free(co->meta_uri);
+	free(co->holder);
+	free(co);
+}
 
 static int coordinator_start(sdb_role *role)
 {
-	return sdb_errf(role->err, sizeof role->err, SDB_EINVAL,
-			"the coordinator role is not implemented yet (issue #8)");
+	const sdb_config *cfg = role->cfg;
+	const char *meta = sdb_config_get(cfg, SDB_OPT_metadata);
+	const char *cdc = sdb_config_get(cfg, SDB_OPT_cdc);
+	const char *http = sdb_config_get(cfg, SDB_OPT_http_listen);
+	cdc_log_opts o = {0};
+	int rc;
+
+	if (meta == NULL)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"coordinator: --metadata=H:P,... is required");
+	if (cdc == NULL)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"coordinator: --cdc=embedded:DIR or kafka:BOOTSTRAP is required");
+	if (cdc_fsync_parse(sdb_config_get(cfg, SDB_OPT_cdc_fsync), &o.fsync) != 0)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"coordinator: --cdc-fsync must be batch, segment or never");
+	o.segment_bytes = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_cdc_segment_bytes, 64 << 20);
+	o.retention_bytes = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_cdc_retention_bytes, 0);
+	o.archive = sdb_config_get(cfg, SDB_OPT_archive);
+
+	coord *co = sdb_calloc(1, sizeof *co);
+	co->role = role;
+	co->lease_ms = sdb_config_get_int(cfg, SDB_OPT_cdc_lease_ms, 5000);
+	if (co->lease_ms < 300)
+		co->lease_ms = 300;
+	pthread_mutex_init(&co->mu, NULL);
+	pthread_cond_init(&co->cv, NULL);
+	atomic_init(&co->stop, 0);
+	rc = cdc_log_open(cdc, &o, &co->log, role->err, sizeof role->err);
+	if (rc) {
+		coord_free(co);
+		return sdb_errwrap(role->err, sizeof role->err, rc, "coordinator");
+	}
+	co->meta_uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta"
+				    "&serverSelectionTimeoutMS=2000&connectTimeoutMS=2000"
+				    "&socketTimeoutMS=10000",
+				    meta);
+	char host[256];
+	if (gethostname(host, sizeof host) != 0)
+		snprintf(host, sizeof host, "localhost");
+	host[sizeof host - 1] = '\0';
+	co->holder = sdb_asprintf("%s/%d/%s", host, (int)getpid(), http ? http : "-");
+	mongoc_init();
+	if (pthread_create(&co->mgr, NULL, manager, co) != 0)
+		abort();
+	co->mgr_started = 1;
+	if (role->http) {
+		rc = sdb_http_route(role->http, "GET", "/cdc/status", h_status, co);
+		if (rc == 0)
+			sdb_http_add_health(role->http, "coordinator", health, co);
+	}
+	role->impl = co;
+	sdb_info("coordinator started", "holder=%s cdc=%s lease_ms=%" PRId64, co->holder, cdc,
+		 co->lease_ms);
+	return 0;
 }
 
 static void coordinator_stop(sdb_role *role)
 {
+	coord *co = role->impl;
+	if (co) {
+		if (role->http)
+			sdb_http_unroute(role->http, co);
+		pthread_mutex_lock(&co->mu);
+		atomic_store(&co->stop, 1);
+		pthread_cond_broadcast(&co->cv);
+		pthread_mutex_unlock(&co->mu);
+		if (co->mgr_started)
+			pthread_join(co->mgr, NULL);
+		coord_free(co);
+		role->impl = NULL;
+	}
 	sdb_role_stopped(role);
 }
 

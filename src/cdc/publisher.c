@@ -1,0 +1,387 @@
+/* The per-shard CDC publisher thread. See publisher.h. */
+#include "cdc/publisher.h"
+
+#include <inttypes.h>
+#include <mongoc/mongoc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/metrics.h"
+
+#define BATCH 1000
+#define AWAIT_MS 500
+#define PROBE_EVERY_MS 1000
+
+struct cdc_publisher {
+	cdc_log *log;
+	char *shard;
+	char *uri;
+	pthread_t thread;
+	atomic_int stop;
+	atomic_llong fence_ms;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	cdc_publisher_status st; /* under mu */
+	sdb_gauge *g_ts, *g_off, *g_lag_s, *g_lag_n;
+	sdb_counter *c_events, *c_errors;
+};
+
+int64_t cdc_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Wait up to ms unless stopping; returns 1 when stopping. */
+static int nap(cdc_publisher *p, int ms)
+{
+	struct timespec ts;
+	pthread_mutex_lock(&p->mu);
+	clock_gettime(CLOCK_REALTIME, &ts); /* pthread_cond_timedwait's clock */
+	ts.tv_nsec += (long)(ms % 1000) * 1000000;
+	ts.tv_sec += ms / 1000 + ts.tv_nsec / 1000000000;
+	ts.tv_nsec %= 1000000000;
+	if (!atomic_load(&p->stop))
+		pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+	pthread_mutex_unlock(&p->mu);
+	return atomic_load(&p->stop);
+}
+
+static void set_error(cdc_publisher *p, const char *msg)
+{
+	pthread_mutex_lock(&p->mu);
+	snprintf(p->st.last_error, sizeof p->st.last_error, "%s", msg);
+	pthread_mutex_unlock(&p->mu);
+	sdb_counter_inc(p->c_errors);
+	char q[300];
+	sdb_warn("cdc publisher", "shard=%s error=%s", p->shard, sdb_logq(q, sizeof q, msg));
+}
+
+static void publish_progress(cdc_publisher *p, cdc_writer *w, uint64_t added)
+{
+	uint64_t ts = cdc_writer_last_ts(w);
+	pthread_mutex_lock(&p->mu);
+	p->st.running = 1;
+	p->st.published_ts = ts;
+	p->st.next_offset = cdc_writer_next_offset(w);
+	p->st.events += added;
+	p->st.last_error[0] = '\0';
+	int caught_up = p->st.head_ts && p->st.head_ts <= ts;
+	if (caught_up)
+		p->st.lag_events = 0;
+	if (p->st.head_ts < ts)
+		p->st.head_ts = ts;
+	uint64_t head = p->st.head_ts;
+	pthread_mutex_unlock(&p->mu);
+	sdb_gauge_set(p->g_ts, (int64_t)(ts >> 32));
+	sdb_gauge_set(p->g_off, (int64_t)cdc_writer_next_offset(w));
+	sdb_gauge_set(p->g_lag_s, (int64_t)(head >> 32) - (int64_t)(ts >> 32));
+	if (caught_up)
+		sdb_gauge_set(p->g_lag_n, 0);
+	sdb_counter_add(p->c_events, added);
+}
+
+static bool ts_field(const bson_t *doc, uint64_t *ts)
+{
+	bson_iter_t it;
+	uint32_t t, i;
+	if (!bson_iter_init_find(&it, doc, "ts") || !BSON_ITER_HOLDS_TIMESTAMP(&it))
+		return false;
+	bson_iter_timestamp(&it, &t, &i);
+	*ts = ((uint64_t)t << 32) | i;
+	return true;
+}
+
+/* Head of the oplog and the number of entries after `after` (capped). */
+static void probe_lag(cdc_publisher *p, mongoc_client_t *c, uint64_t after)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, sort, filt, gt;
+	bson_error_t e;
+	bson_iter_t it, arr;
+	uint64_t head = 0;
+	int64_t n = -1;
+	BSON_APPEND_UTF8(&cmd, "find", "oplog.rs");
+	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "sort", &sort);
+	BSON_APPEND_INT32(&sort, "$natural", -1);
+	bson_append_document_end(&cmd, &sort);
+	BSON_APPEND_INT32(&cmd, "limit", 1);
+	BSON_APPEND_BOOL(&cmd, "singleBatch", true);
+	if (mongoc_client_command_simple(c, "local", &cmd, NULL, &reply, &e) &&
+	    bson_iter_init(&it, &reply) && bson_iter_find_descendant(&it, "cursor.firstBatch", &arr) &&
+	    BSON_ITER_HOLDS_ARRAY(&arr) && bson_iter_recurse(&arr, &it) && bson_iter_next(&it)) {
+		const uint8_t *d;
+		uint32_t l;
+		bson_t doc;
+		bson_iter_document(&it, &l, &d);
+		if (bson_init_static(&doc, d, l))
+			ts_field(&doc, &head);
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	if (head != 0 && head <= after) {
+		n = 0;
+	} else if (head != 0) {
+		bson_init(&cmd);
+		BSON_APPEND_UTF8(&cmd, "find", "oplog.rs");
+		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "filter", &filt);
+		BSON_APPEND_DOCUMENT_BEGIN(&filt, "ts", &gt);
+		BSON_APPEND_TIMESTAMP(&gt, "$gt", (uint32_t)(after >> 32), (uint32_t)after);
+		bson_append_document_end(&filt, &gt);
+		bson_append_document_end(&cmd, &filt);
+		BSON_APPEND_INT32(&cmd, "limit", CDC_LAG_EVENTS_CAP);
+		BSON_APPEND_INT32(&cmd, "batchSize", CDC_LAG_EVENTS_CAP);
+		BSON_APPEND_BOOL(&cmd, "singleBatch", true);
+		if (mongoc_client_command_simple(c, "local", &cmd, NULL, &reply, &e) &&
+		    bson_iter_init(&it, &reply) &&
+		    bson_iter_find_descendant(&it, "cursor.firstBatch", &arr) &&
+		    BSON_ITER_HOLDS_ARRAY(&arr) && bson_iter_recurse(&arr, &it)) {
+			n = 0;
+			while (bson_iter_next(&it))
+				n++;
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+	}
+	pthread_mutex_lock(&p->mu);
+	if (head > p->st.head_ts)
+		p->st.head_ts = head;
+	p->st.lag_events = n;
+	head = p->st.head_ts;
+	pthread_mutex_unlock(&p->mu);
+	sdb_gauge_set(p->g_lag_n, n);
+	sdb_gauge_set(p->g_lag_s, head ? (int64_t)(head >> 32) - (int64_t)(after >> 32) : 0);
+}
+
+/* Append every entry of the batch array at arr; returns 0 or an error (stops at it). */
+static int append_batch(cdc_publisher *p, cdc_writer *w, bson_iter_t *arr, uint64_t *added,
+			char *err, size_t errlen)
+{
+	bson_iter_t it;
+	if (!BSON_ITER_HOLDS_ARRAY(arr) || !bson_iter_recurse(arr, &it))
+		return sdb_errf(err, errlen, SDB_EPROTO, "cursor batch is not an array");
+	while (bson_iter_next(&it)) {
+		const uint8_t *d;
+		uint32_t l;
+		bson_t doc;
+		uint64_t ts;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+			return sdb_errf(err, errlen, SDB_EPROTO, "oplog entry is not a document");
+		bson_iter_document(&it, &l, &d);
+		if (!bson_init_static(&doc, d, l) || !ts_field(&doc, &ts))
+			return sdb_errf(err, errlen, SDB_EPROTO, "oplog entry without a Timestamp ts");
+		if (ts <= cdc_writer_last_ts(w))
+			continue; /* already published */
+		int64_t fence = atomic_load(&p->fence_ms);
+		if (fence && cdc_now_ms() >= fence)
+			return sdb_errf(err, errlen, SDB_ECANCELED,
+					"lease not renewed in time: publishing paused");
+		int rc = cdc_writer_append(w, ts, d, l, err, errlen);
+		if (rc)
+			return rc;
+		(*added)++;
+	}
+	return 0;
+}
+
+/* One tailing session: find + getMore until error or stop. */
+static int tail(cdc_publisher *p, mongoc_client_t *c, cdc_writer *w, char *err, size_t errlen)
+{
+	int64_t cursor = 0, next_probe = 0;
+	int rc = 0;
+	while (!atomic_load(&p->stop)) {
+		bson_t cmd = BSON_INITIALIZER, reply, filt, gt;
+		bson_error_t e;
+		bson_iter_t it, arr;
+		uint64_t added = 0;
+		if (cursor == 0) {
+			uint64_t from = cdc_writer_last_ts(w);
+			BSON_APPEND_UTF8(&cmd, "find", "oplog.rs");
+			BSON_APPEND_DOCUMENT_BEGIN(&cmd, "filter", &filt);
+			BSON_APPEND_DOCUMENT_BEGIN(&filt, "ts", &gt);
+			BSON_APPEND_TIMESTAMP(&gt, "$gt", (uint32_t)(from >> 32), (uint32_t)from);
+			bson_append_document_end(&filt, &gt);
+			bson_append_document_end(&cmd, &filt);
+			BSON_APPEND_BOOL(&cmd, "tailable", true);
+			BSON_APPEND_BOOL(&cmd, "awaitData", true);
+			BSON_APPEND_INT32(&cmd, "batchSize", BATCH);
+		} else {
+			BSON_APPEND_INT64(&cmd, "getMore", cursor);
+			BSON_APPEND_UTF8(&cmd, "collection", "oplog.rs");
+			BSON_APPEND_INT32(&cmd, "batchSize", BATCH);
+			BSON_APPEND_INT64(&cmd, "maxTimeMS", AWAIT_MS);
+		}
+		if (!mongoc_client_command_simple(c, "local", &cmd, NULL, &reply, &e)) {
+			rc = sdb_errf(err, errlen, SDB_EUNAVAILABLE, "shard %s: %s", p->shard,
+				      e.message);
+			bson_destroy(&reply);
+			bson_destroy(&cmd);
+			break;
+		}
+		bson_destroy(&cmd);
+		int has = bson_iter_init(&it, &reply) &&
+			  (bson_iter_find_descendant(&it, "cursor.firstBatch", &arr) ||
+			   (bson_iter_init(&it, &reply) &&
+			    bson_iter_find_descendant(&it, "cursor.nextBatch", &arr)));
+		if (has)
+			rc = append_batch(p, w, &arr, &added, err, errlen);
+		if (rc == 0 && added > 0)
+			rc = cdc_writer_flush(w, err, errlen);
+		if (bson_iter_init(&it, &reply) && bson_iter_find_descendant(&it, "cursor.id", &arr))
+			cursor = bson_iter_as_int64(&arr);
+		else
+			cursor = 0;
+		bson_destroy(&reply);
+		if (rc)
+			break;
+		publish_progress(p, w, added);
+		if (cdc_now_ms() >= next_probe) {
+			probe_lag(p, c, cdc_writer_last_ts(w));
+			next_probe = cdc_now_ms() + PROBE_EVERY_MS;
+		}
+		if (cursor == 0 && added == 0 && nap(p, 100))
+			break;
+	}
+	if (cursor != 0) {
+		bson_t cmd = BSON_INITIALIZER, ids;
+		BSON_APPEND_UTF8(&cmd, "killCursors", "oplog.rs");
+		BSON_APPEND_ARRAY_BEGIN(&cmd, "cursors", &ids);
+		BSON_APPEND_INT64(&ids, "0", cursor);
+		bson_append_array_end(&cmd, &ids);
+		(void)mongoc_client_command_simple(c, "local", &cmd, NULL, NULL, NULL);
+		bson_destroy(&cmd);
+	}
+	return rc;
+}
+
+static void *run(void *arg)
+{
+	cdc_publisher *p = arg;
+	char err[512];
+	cdc_writer *w = NULL;
+	mongoc_client_t *c = NULL;
+	sdb_log_set_thread("coordinator", p->shard);
+	while (!atomic_load(&p->stop)) {
+		int rc;
+		if (w == NULL) {
+			rc = cdc_log_writer_open(p->log, p->shard, &w, err, sizeof err);
+			if (rc) {
+				w = NULL;
+				set_error(p, err);
+				nap(p, 200);
+				continue;
+			}
+			sdb_info("cdc publisher resumes", "shard=%s after_ts=%u:%u offset=%" PRIu64,
+				 p->shard, (unsigned)(cdc_writer_last_ts(w) >> 32),
+				 (unsigned)cdc_writer_last_ts(w), cdc_writer_next_offset(w));
+			publish_progress(p, w, 0);
+		}
+		if (c == NULL) {
+			c = mongoc_client_new(p->uri);
+			if (c == NULL) {
+				set_error(p, "bad shard uri");
+				nap(p, 1000);
+				continue;
+			}
+			mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
+			mongoc_client_set_appname(c, "stripedb-cdc");
+		}
+		rc = tail(p, c, w, err, sizeof err);
+		if (rc) {
+			set_error(p, err);
+			/* the log is the checkpoint: reopen the writer so its state is re-read */
+			if (rc != SDB_EUNAVAILABLE || strncmp(err, "shard", 5) != 0) {
+				cdc_writer_close(w);
+				w = NULL;
+				pthread_mutex_lock(&p->mu);
+				p->st.running = 0;
+				pthread_mutex_unlock(&p->mu);
+			}
+			mongoc_client_destroy(c);
+			c = NULL;
+			nap(p, 200);
+		}
+	}
+	if (w) {
+		if (cdc_writer_flush(w, err, sizeof err) != 0)
+			set_error(p, err);
+		cdc_writer_close(w);
+	}
+	if (c)
+		mongoc_client_destroy(c);
+	return NULL;
+}
+
+int cdc_publisher_start(cdc_log *log, const char *shard, const char *uri, int64_t fence_ms,
+			cdc_publisher **out, char *err, size_t errlen)
+{
+	bson_error_t e;
+	mongoc_uri_t *u = mongoc_uri_new_with_error(uri, &e);
+	if (u == NULL)
+		return sdb_errf(err, errlen, SDB_EINVAL, "shard %s: bad uri: %s", shard, e.message);
+	mongoc_uri_destroy(u);
+	cdc_publisher *p = sdb_calloc(1, sizeof *p);
+	char labels[200];
+	p->log = log;
+	p->shard = sdb_strdup(shard);
+	p->uri = sdb_strdup(uri);
+	atomic_init(&p->stop, 0);
+	atomic_init(&p->fence_ms, fence_ms);
+	p->st.lag_events = -1;
+	pthread_mutex_init(&p->mu, NULL);
+	pthread_cond_init(&p->cv, NULL);
+	snprintf(labels, sizeof labels, "shard=\"%s\"", shard);
+	p->g_ts = sdb_metrics_gauge("stripedb_cdc_published_ts_seconds",
+				    "CDC: oplog ts (seconds) of the last published event", labels);
+	p->g_off = sdb_metrics_gauge("stripedb_cdc_published_offset",
+				     "CDC: offset the next published event gets", labels);
+	p->g_lag_s = sdb_metrics_gauge("stripedb_cdc_lag_seconds",
+				       "CDC: oplog head ts minus published ts (seconds)", labels);
+	p->g_lag_n = sdb_metrics_gauge("stripedb_cdc_lag_events",
+				       "CDC: oplog entries not published yet (capped at 10000; -1 unknown)",
+				       labels);
+	p->c_events = sdb_metrics_counter("stripedb_cdc_events_published_total",
+					  "CDC: events appended to the log", labels);
+	p->c_errors = sdb_metrics_counter("stripedb_cdc_publish_errors_total",
+					  "CDC: publisher errors (retried)", labels);
+	sdb_gauge_set(p->g_lag_n, -1);
+	if (pthread_create(&p->thread, NULL, run, p) != 0)
+		abort();
+	*out = p;
+	return 0;
+}
+
+void cdc_publisher_fence(cdc_publisher *p, int64_t fence_ms)
+{
+	atomic_store(&p->fence_ms, fence_ms);
+}
+
+void cdc_publisher_get_status(cdc_publisher *p, cdc_publisher_status *out)
+{
+	pthread_mutex_lock(&p->mu);
+	*out = p->st;
+	pthread_mutex_unlock(&p->mu);
+}
+
+void cdc_publisher_stop(cdc_publisher *p)
+{
+	if (p == NULL)
+		return;
+	pthread_mutex_lock(&p->mu);
+	atomic_store(&p->stop, 1);
+	pthread_cond_broadcast(&p->cv);
+	pthread_mutex_unlock(&p->mu);
+	pthread_join(p->thread, NULL);
+	pthread_mutex_destroy(&p->mu);
+	pthread_cond_destroy(&p->cv);
+	free(p->shard);
+	free(p->uri);
+	free(p);
+}
