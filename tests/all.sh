@@ -35,10 +35,18 @@ if ! (cd build && make -j"$jobs" check); then
 fi
 cat build/tests/integration/run.sh.log | tail -n 40
 
-step "fuzz the wire-protocol parser (${FUZZ_SECONDS:-60} s)"
+step "fuzz the parsers (wire ${FUZZ_SECONDS:-60} s, the others ${FUZZ_SECONDS_OTHER:-20} s each)"
 rm -rf build-fuzz && mkdir build-fuzz
-(cd build-fuzz && CC=clang ../configure --enable-fuzzing >configure.out && make -j"$jobs" tests/fuzz/fuzz_wire_msg)
-tests/fuzz/run.sh "${FUZZ_SECONDS:-60}" build-fuzz/tests/fuzz/fuzz_wire_msg
+fuzzers="fuzz_wire_msg $(cd tests/fuzz && ls fuzz_*.c | sed 's/\.c$//' | grep -v '^fuzz_wire_msg$' | tr '\n' ' ')"
+(cd build-fuzz && CC=clang ../configure --enable-fuzzing >configure.out &&
+	make -j"$jobs" $(for f in $fuzzers; do printf 'tests/fuzz/%s ' "$f"; done))
+for f in $fuzzers; do
+	secs=${FUZZ_SECONDS_OTHER:-20}
+	[ "$f" = fuzz_wire_msg ] && secs=${FUZZ_SECONDS:-60}
+	echo "--- $f for $secs s"
+	tests/fuzz/run.sh "$secs" "build-fuzz/tests/fuzz/$f" 2>&1 | tail -n 3
+	[ "${PIPESTATUS[0]}" = 0 ] || { echo "fuzzer $f found a crash"; exit 1; }
+done
 
 if [ "${SKIP_DISTCHECK:-0}" != 1 ]; then
 	step "make distcheck"

@@ -10,3 +10,14 @@ tests_fuzz_fuzz_wire_msg_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefin
 tests_fuzz_fuzz_wire_msg_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 tests_fuzz_fuzz_wire_msg_LDADD = libstripedb.a $(SDB_LIBS)
 endif
+
+# The shard's query core (matcher, projection, sort spec, paths, key encoding).
+EXTRA_DIST += tests/fuzz/corpus/storage_query
+if FUZZING
+noinst_PROGRAMS += tests/fuzz/fuzz_storage_query
+tests_fuzz_fuzz_storage_query_SOURCES = tests/fuzz/fuzz_storage_query.c storage/bsonval.c \
+	storage/keyenc.c storage/matcher.c storage/path.c storage/projection.c storage/sortspec.c
+tests_fuzz_fuzz_storage_query_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_storage_query_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_storage_query_LDADD = libstripedb.a $(SDB_LIBS)
+endif
