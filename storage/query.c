@@ -381,7 +381,7 @@ int sdb_query_open(sdb_store_conn *c, const char *db, const char *coll,
 {
 	*out = NULL;
 	*code = 0;
-	sdb_query *q = sdb_calloc(1, sizeof *q);
+	sdb_query *q = sdb_store_calloc_aligned(sizeof *q);
 	q->start_ns = uv_hrtime();
 	q->db = sdb_strdup(db);
 	q->coll = sdb_strdup(coll);
@@ -485,7 +485,7 @@ static int load_sorted(sdb_query *q, int *code, char *err, size_t errlen)
 			cap = cap ? cap * 2 : 64;
 			q->held = sdb_realloc(q->held, cap * sizeof *q->held);
 		}
-		q->held[q->n_held].doc = bson_copy(&d);
+		q->held[q->n_held].doc = sdb_doc_copy(&d);
 		q->held[q->n_held].seq = q->n_held;
 		q->n_held++;
 	}
@@ -599,10 +599,10 @@ void sdb_query_explain(const sdb_query *q, bool stats, bson_t *out)
 	uint64_t end = q->end_ns ? q->end_ns : uv_hrtime();
 	BSON_APPEND_DOCUMENT_BEGIN(out, "executionStats", &es);
 	BSON_APPEND_BOOL(&es, "executionSuccess", true);
-	BSON_APPEND_INT64(&es, "nReturned", n);
-	BSON_APPEND_INT64(&es, "executionTimeMillis", (int64_t)((end - q->start_ns) / 1000000));
-	BSON_APPEND_INT64(&es, "totalKeysExamined", k);
-	BSON_APPEND_INT64(&es, "totalDocsExamined", d);
+	BSON_APPEND_INT32(&es, "nReturned", n > INT32_MAX ? INT32_MAX : (int32_t)n);
+	BSON_APPEND_INT32(&es, "executionTimeMillis", (int32_t)((end - q->start_ns) / 1000000));
+	BSON_APPEND_INT32(&es, "totalKeysExamined", k > INT32_MAX ? INT32_MAX : (int32_t)k);
+	BSON_APPEND_INT32(&es, "totalDocsExamined", d > INT32_MAX ? INT32_MAX : (int32_t)d);
 	bson_append_document_end(out, &es);
 }
 
@@ -621,7 +621,7 @@ void sdb_query_free(sdb_query *q)
 	free(q->range_keys);
 	free(q->ranges);
 	for (size_t i = 0; i < q->n_held; i++)
-		bson_destroy(q->held[i].doc);
+		sdb_doc_free(q->held[i].doc);
 	free(q->held);
 	free(q->index);
 	free(q->db);

@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -145,6 +146,48 @@ static int step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errle
 	if (rc != SQLITE_DONE && rc != SQLITE_ROW)
 		return sqlerr(c->db, err, errlen, what);
 	return 0;
+}
+
+void *sdb_store_calloc_aligned(size_t size)
+{
+	void *p = NULL;
+	size_t n = (size + 127) & ~(size_t)127;
+	if (posix_memalign(&p, 128, n ? n : 128) != 0) {
+		fprintf(stderr, "stripedb: out of memory (%zu bytes)\n", n);
+		abort();
+	}
+	memset(p, 0, n ? n : 128);
+	return p;
+}
+
+bson_t *sdb_doc_new(void)
+{
+	bson_t *b = sdb_store_calloc_aligned(sizeof *b);
+	bson_init(b);
+	return b;
+}
+
+bson_t *sdb_doc_copy(const bson_t *src)
+{
+	bson_t *b = sdb_store_calloc_aligned(sizeof *b);
+	bson_copy_to(src, b);
+	return b;
+}
+
+bson_t *sdb_doc_new_from_data(const uint8_t *data, size_t len)
+{
+	bson_t view;
+	if (!data || !bson_init_static(&view, data, len))
+		return NULL;
+	return sdb_doc_copy(&view);
+}
+
+void sdb_doc_free(bson_t *b)
+{
+	if (!b)
+		return;
+	bson_destroy(b);
+	free(b);
 }
 
 /* ------------------------------------------------------------------ open/close */
@@ -673,7 +716,7 @@ static int oplog_read_impl(sdb_store_conn *c, bool desc, uint64_t after, size_t 
 	sqlite3_bind_int64(s, 2, max > INT64_MAX ? INT64_MAX : (int64_t)max);
 	int rc;
 	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-		bson_t *d = bson_new_from_data(sqlite3_column_blob(s, 0),
+		bson_t *d = sdb_doc_new_from_data(sqlite3_column_blob(s, 0),
 					       (size_t)sqlite3_column_bytes(s, 0));
 		if (!d)
 			continue;
@@ -780,7 +823,7 @@ int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(s, 3, tbl);
 	sqlite3_bind_blob(s, 4, uuid, 16, SQLITE_STATIC);
-	sqlite3_bind_blob(s, 5, bson_get_data(opt), (int)opt->len, SQLITE_STATIC);
+	sqlite3_bind_blob(s, 5, bson_get_data(opt), (int)sdb_store_doc_len(opt), SQLITE_STATIC);
 	rc = step_done(c, s, err, errlen, "catalog insert");
 	if (rc)
 		return rc;
@@ -1372,7 +1415,7 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 	if (!s)
 		goto out;
 	sqlite3_bind_blob(s, 1, idk.data, (int)idk.len, SQLITE_STATIC);
-	sqlite3_bind_blob(s, 2, bson_get_data(doc), (int)doc->len, SQLITE_STATIC);
+	sqlite3_bind_blob(s, 2, bson_get_data(doc), (int)sdb_store_doc_len(doc), SQLITE_STATIC);
 	rc = step_done(c, s, err, errlen, "insert");
 	if (rc)
 		goto out;
@@ -1466,7 +1509,7 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 	rc = SDB_EIO;
 	if (!s)
 		goto out;
-	sqlite3_bind_blob(s, 1, bson_get_data(new_doc), (int)new_doc->len, SQLITE_STATIC);
+	sqlite3_bind_blob(s, 1, bson_get_data(new_doc), (int)sdb_store_doc_len(new_doc), SQLITE_STATIC);
 	sqlite3_bind_blob(s, 2, idk.data, (int)idk.len, SQLITE_STATIC);
 	rc = step_done(c, s, err, errlen, "update");
 	if (rc)

@@ -218,7 +218,7 @@ void sdb_store_cursor_close(sdb_store_cursor *cur);
 
 /* Read up to max oplog entries with ts > after (a Timestamp packed as secs<<32|inc), in ts
  * order, appending each entry document to *docs (an array of heap bson_t*, *n updated; free
- * each with bson_destroy and the array with free). Read txn. */
+ * each with sdb_doc_free and the array with free). Read txn. */
 int sdb_store_oplog_read(sdb_store_conn *c, uint64_t after, size_t max, bson_t ***docs,
 			 size_t *n, char *err, size_t errlen);
 /* The newest max entries, newest first (the `sort: {$natural: -1}` read). Same ownership
@@ -257,6 +257,29 @@ int sdb_store_version_set(sdb_store_conn *c, const char *chunk, int64_t token,
  * (an array builder: strings) and counted in *n_problems. Returns 0 or SDB_EIO. */
 int sdb_store_check(sdb_store_conn *c, bson_t *problems, int *n_problems, char *err,
 		    size_t errlen);
+
+/* The byte length of a document, read from its data: heap bson_t (bson_new, bson_copy)
+ * are not allocated with the 128-byte alignment the type declares, so their members must
+ * not be read directly (UBSan), only through libbson. */
+static inline uint32_t sdb_store_doc_len(const bson_t *b)
+{
+	const uint8_t *d = bson_get_data(b);
+	return (uint32_t)d[0] | (uint32_t)d[1] << 8 | (uint32_t)d[2] << 16 | (uint32_t)d[3] << 24;
+}
+
+/* Zeroed heap memory aligned for structs that embed a bson_t (which declares 128-byte
+ * alignment; malloc gives 16). Aborts with a message on out-of-memory like sdb_malloc.
+ * Free with free(). (Candidate for common/alloc.h.) */
+void *sdb_store_calloc_aligned(size_t size);
+
+/* Heap documents that other modules may read through the bson_t members: allocated with
+ * the type's alignment (bson_new's are not). Every document array of the store and the
+ * shard (oplog reads, query results, cursors) holds these; free with sdb_doc_free, never
+ * bson_destroy alone. sdb_doc_new_from_data returns NULL for invalid BSON framing. */
+bson_t *sdb_doc_new(void);
+bson_t *sdb_doc_copy(const bson_t *src);
+bson_t *sdb_doc_new_from_data(const uint8_t *data, size_t len);
+void sdb_doc_free(bson_t *b);
 
 /* Pack/unpack a BSON Timestamp into the oplog's 64-bit ts. */
 static inline uint64_t sdb_store_ts_pack(uint32_t secs, uint32_t inc)

@@ -293,14 +293,14 @@ void shard_cmd_list_indexes(shard_ctx *x)
 	}
 	bson_t **docs = NULL;
 	size_t n = 0, cap = 0;
-	bson_t *idx = bson_new();
+	bson_t *idx = sdb_doc_new();
 	bson_t tmp;
 	id_index_spec(&tmp);
 	bson_concat(idx, &tmp);
 	bson_destroy(&tmp);
 	util_docs_push(&docs, &n, &cap, idx);
 	for (size_t i = 0; i < co->n_indexes; i++)
-		util_docs_push(&docs, &n, &cap, bson_copy(co->indexes[i].spec));
+		util_docs_push(&docs, &n, &cap, sdb_doc_copy(co->indexes[i].spec));
 	sdb_store_rollback(x->conn);
 	char *ns = sdb_asprintf("%s.$cmd.listIndexes.%s", x->db, coll);
 	reply_listing(x, ns, docs, n);
@@ -340,7 +340,7 @@ void shard_cmd_list_collections(shard_ctx *x)
 		const sdb_store_coll *co = NULL;
 		if (sdb_store_coll_get(x->conn, x->db, names[i * 2 + 1], &co, NULL, 0) != 0)
 			continue;
-		bson_t *d = bson_new();
+		bson_t *d = sdb_doc_new();
 		BSON_APPEND_UTF8(d, "name", co->coll);
 		bson_iter_t vit;
 		BSON_APPEND_UTF8(d, "type", bson_iter_init_find(&vit, co->options, "viewOn")
@@ -360,7 +360,7 @@ void shard_cmd_list_collections(shard_ctx *x)
 		if (sdb_matcher_match(m, d))
 			util_docs_push(&docs, &n, &cap, d);
 		else
-			bson_destroy(d);
+			sdb_doc_free(d);
 	}
 	sdb_store_names_free(names, nn);
 	sdb_store_rollback(x->conn);

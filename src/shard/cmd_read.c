@@ -176,7 +176,7 @@ static bool collect(shard_ctx *x, const char *coll, const sdb_query_spec *spec,
 	}
 	const bson_t *d;
 	while ((rc = sdb_query_next(q, &d, &code, x->err, sizeof x->err)) == 1) {
-		bson_t *out = bson_new();
+		bson_t *out = sdb_doc_new();
 		if (proj) {
 			if (sdb_projection_apply(proj, d, out, x->err, sizeof x->err) != 0) {
 				bson_destroy(out);
@@ -218,11 +218,11 @@ static void reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, 
 	if (tail) {
 		/* tailable: the cursor lives on even when drained */
 		for (size_t i = take; i < n; i++)
-			bson_destroy(docs[i]);
+			sdb_doc_free(docs[i]);
 		n = take;
 		id = shard_cursor_add(x->sh, tail);
 	} else if (more) {
-		shard_cursor *c = sdb_calloc(1, sizeof *c);
+		shard_cursor *c = sdb_store_calloc_aligned(sizeof *c);
 		c->ns = sdb_strdup(ns);
 		bson_init(&c->filter);
 		c->docs = sdb_calloc(n - take + 1, sizeof *c->docs);
@@ -235,9 +235,9 @@ static void reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, 
 	size_t taken;
 	shard_cursor_reply(reply, ns, id, true, docs, take, 0, &taken, extra);
 	for (size_t i = 0; i < take; i++)
-		bson_destroy(docs[i]);
+		sdb_doc_free(docs[i]);
 	for (size_t i = take; i < n; i++)
-		bson_destroy(docs[i]);
+		sdb_doc_free(docs[i]);
 	free(docs);
 	wire_req_reply(x->req, reply);
 }
@@ -309,7 +309,7 @@ static int oplog_scan(shard_ctx *x, const sdb_matcher *m, uint64_t *after, size_
 		}
 		for (size_t j = 0; j < nraw; j++)
 			if (raw[j])
-				bson_destroy(raw[j]);
+				sdb_doc_free(raw[j]);
 		free(raw);
 		if (nraw < 1000 || i < nraw)
 			break;
@@ -347,7 +347,7 @@ static void find_oplog(shard_ctx *x, find_opts *o)
 			if ((!o->limit || (int64_t)n < o->limit) && sdb_matcher_match(m, raw[i]))
 				util_docs_push(&docs, &n, &cap, raw[i]);
 			else
-				bson_destroy(raw[i]);
+				sdb_doc_free(raw[i]);
 		}
 		free(raw);
 	} else {
@@ -364,13 +364,13 @@ static void find_oplog(shard_ctx *x, find_opts *o)
 	if (o->skip > 0) {
 		size_t s = (size_t)o->skip < n ? (size_t)o->skip : n;
 		for (size_t i = 0; i < s; i++)
-			bson_destroy(docs[i]);
+			sdb_doc_free(docs[i]);
 		memmove(docs, docs + s, (n - s) * sizeof *docs);
 		n -= s;
 	}
 	shard_cursor *tail = NULL;
 	if (o->tailable && !o->single_batch) {
-		tail = sdb_calloc(1, sizeof *tail);
+		tail = sdb_store_calloc_aligned(sizeof *tail);
 		tail->ns = sdb_strdup("local.oplog.rs");
 		tail->tailable = true;
 		tail->await_data = o->await_data;
@@ -643,7 +643,7 @@ void shard_cmd_getmore(shard_ctx *x)
 				   c->n_docs - c->pos, batch > 0 ? (size_t)batch : 0, &taken, NULL);
 	}
 	for (size_t i = 0; i < taken; i++)
-		bson_destroy(c->docs[c->pos + i]);
+		sdb_doc_free(c->docs[c->pos + i]);
 	c->pos += taken;
 	shard_cursor_put(x->sh, c, exhausted);
 	wire_req_reply(x->req, reply);
@@ -1054,7 +1054,7 @@ static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 	const bson_t *d;
 	int rc;
 	while ((rc = sdb_pipeline_cursor_next(pc, &d, &code, x->err, sizeof x->err)) == 1)
-		util_docs_push(&docs, &n, &cap, bson_copy(d));
+		util_docs_push(&docs, &n, &cap, sdb_doc_copy(d));
 	sdb_pipeline_cursor_free(pc);
 	sdb_pipeline_free(p);
 	util_docs_free(sessions.docs, sessions.n);

@@ -208,7 +208,7 @@ static int match_docs(shard_ctx *x, const char *coll, const bson_t *filter,
 		return rc;
 	const bson_t *d;
 	while ((rc = sdb_query_next(q, &d, code, x->err, sizeof x->err)) == 1)
-		util_docs_push(docs, n, &cap, bson_copy(d));
+		util_docs_push(docs, n, &cap, sdb_doc_copy(d));
 	sdb_query_free(q);
 	if (rc < 0) {
 		util_docs_free(*docs, *n);
@@ -378,8 +378,8 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 			r->modified++;
 		}
 		if (keep_images && !r->before) {
-			r->before = bson_copy(docs[i]);
-			r->after = bson_copy(&out);
+			r->before = sdb_doc_copy(docs[i]);
+			r->after = sdb_doc_copy(&out);
 		}
 		bson_destroy(&out);
 	}
@@ -406,7 +406,7 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 			bson_value_copy(bson_iter_value(&it), &r->upserted_id);
 			r->upserted = true;
 			if (keep_images)
-				r->after = bson_copy(&ready);
+				r->after = sdb_doc_copy(&ready);
 		}
 		bson_destroy(&ready);
 	}
@@ -419,9 +419,9 @@ static void upd_result_destroy(upd_result *r)
 	if (r->upserted)
 		bson_value_destroy(&r->upserted_id);
 	if (r->before)
-		bson_destroy(r->before);
+		sdb_doc_free(r->before);
 	if (r->after)
-		bson_destroy(r->after);
+		sdb_doc_free(r->after);
 	memset(r, 0, sizeof *r);
 }
 
@@ -731,7 +731,7 @@ void shard_cmd_findandmodify(shard_ctx *x)
 		BSON_APPEND_INT32(&leo, "n", (int32_t)n);
 		bson_append_document_end(reply, &leo);
 		if (n == 1)
-			value_own = bson_copy(docs[0]);
+			value_own = sdb_doc_copy(docs[0]);
 		util_docs_free(docs, n);
 	} else {
 		upd_stmt s;
@@ -770,22 +770,22 @@ void shard_cmd_findandmodify(shard_ctx *x)
 			BSON_APPEND_VALUE(&leo, "upserted", &r.upserted_id);
 		bson_append_document_end(reply, &leo);
 		if (want_new && r.after)
-			value_own = bson_copy(r.after);
+			value_own = sdb_doc_copy(r.after);
 		else if (!want_new && r.before)
-			value_own = bson_copy(r.before);
+			value_own = sdb_doc_copy(r.before);
 		upd_result_destroy(&r);
 	}
 	if (!shard_commit(x)) {
 		bson_destroy(reply);
 		if (value_own)
-			bson_destroy(value_own);
+			sdb_doc_free(value_own);
 		goto out;
 	}
 	value = value_own;
 	if (value && proj) {
-		bson_t *p = bson_new();
+		bson_t *p = sdb_doc_new();
 		sdb_projection_apply(proj, value, p, x->err, sizeof x->err);
-		bson_destroy(value_own);
+		sdb_doc_free(value_own);
 		value_own = p;
 		value = p;
 	}
@@ -794,7 +794,7 @@ void shard_cmd_findandmodify(shard_ctx *x)
 	else
 		BSON_APPEND_NULL(reply, "value");
 	if (value_own)
-		bson_destroy(value_own);
+		sdb_doc_free(value_own);
 	wire_req_reply(x->req, reply);
 out:
 	sdb_projection_free(proj);

@@ -106,7 +106,7 @@ void shard_cursor_free(shard_cursor *c)
 	if (!c)
 		return;
 	for (size_t i = c->pos; i < c->n_docs; i++)
-		bson_destroy(c->docs[i]);
+		sdb_doc_free(c->docs[i]);
 	free(c->docs);
 	free(c->ns);
 	bson_destroy(&c->filter);
@@ -151,13 +151,13 @@ void shard_cursor_reply(bson_t *reply, const char *ns, int64_t id, bool first, b
 	for (; k < n; k++) {
 		if (batch && k >= batch)
 			break;
-		if (k > 0 && bytes + docs[k]->len > SHARD_MAX_REPLY_BYTES)
+		if (k > 0 && bytes + sdb_store_doc_len(docs[k]) > SHARD_MAX_REPLY_BYTES)
 			break;
 		char key[16];
 		const char *kp;
 		bson_uint32_to_string((uint32_t)k, &kp, key, sizeof key);
 		bson_append_document(&arr, kp, -1, docs[k]);
-		bytes += docs[k]->len;
+		bytes += sdb_store_doc_len(docs[k]);
 	}
 	bson_append_array_end(&cur, &arr);
 	BSON_APPEND_INT64(&cur, "id", id);
@@ -178,9 +178,9 @@ size_t shard_batch_fit(bson_t **docs, size_t n, size_t batch)
 	for (; k < n; k++) {
 		if (batch && k >= batch)
 			break;
-		if (k > 0 && bytes + docs[k]->len > SHARD_MAX_REPLY_BYTES)
+		if (k > 0 && bytes + sdb_store_doc_len(docs[k]) > SHARD_MAX_REPLY_BYTES)
 			break;
-		bytes += docs[k]->len;
+		bytes += sdb_store_doc_len(docs[k]);
 	}
 	return k;
 }
@@ -231,7 +231,7 @@ void shard_sessions_list(shard *sh, bson_t ***docs, size_t *n)
 	if (sh->n_sessions)
 		*docs = sdb_calloc(sh->n_sessions, sizeof **docs);
 	for (size_t i = 0; i < sh->n_sessions; i++) {
-		bson_t *d = bson_new(), id;
+		bson_t *d = sdb_doc_new(), id;
 		BSON_APPEND_DOCUMENT_BEGIN(d, "_id", &id);
 		bson_append_binary(&id, "id", 2, BSON_SUBTYPE_UUID, sh->sessions[i].id, 16);
 		bson_append_binary(&id, "uid", 3, BSON_SUBTYPE_BINARY, uid, 32);

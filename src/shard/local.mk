@@ -4,4 +4,11 @@ libstripedb_a_SOURCES += src/shard/role.c src/shard/pool.c src/shard/cursors.c \
 	src/shard/commands.c src/shard/util.c src/shard/cmd_read.c src/shard/cmd_write.c \
 	src/shard/cmd_admin.c
 noinst_HEADERS += src/shard/shard.h src/shard/util.h
-EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unified.py
+EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unified.py \
+	tests/integration/crud_unified_node.js tests/integration/test_shard_node.py \
+	tests/integration/test_shard.py
+
+# benchmark (never in make check): see tests/bench/README.md "shard_bench"
+noinst_PROGRAMS += tests/bench/shard_bench
+tests_bench_shard_bench_SOURCES = tests/bench/shard_bench.c
+tests_bench_shard_bench_LDADD = $(SDB_LIBS)

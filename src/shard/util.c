@@ -79,7 +79,7 @@ bool util_get_int(shard_ctx *x, const char *cmd, const bson_iter_t *it, int64_t 
 void util_docs_free(bson_t **docs, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
-		bson_destroy(docs[i]);
+		sdb_doc_free(docs[i]);
 	free(docs);
 }
 

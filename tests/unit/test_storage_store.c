@@ -142,7 +142,7 @@ static void test_crud_and_oplog(void **state)
 	}
 	assert_int_equal(sdb_store_oplog_last(f->c), ts_of(e[4]));
 	for (size_t i = 0; i < n; i++)
-		bson_destroy(e[i]);
+		sdb_doc_free(e[i]);
 	free(e);
 	bson_t problems = BSON_INITIALIZER;
 	int np = -1;
@@ -271,7 +271,7 @@ static void test_oplog_capped_by_size(void **state)
 	assert_int_equal(ne, 1);
 	bson_iter_t it;
 	assert_true(bson_iter_init_find(&it, e[0], "o"));
-	bson_destroy(e[0]);
+	sdb_doc_free(e[0]);
 	free(e);
 	assert_int_equal(sdb_store_count(f->c, "db", "c"), 200);
 	bson_t problems = BSON_INITIALIZER;
