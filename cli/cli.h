@@ -10,4 +10,8 @@
 /* Run `stripedb ctl ARGS...`; argv excludes "stripedb ctl". Returns the exit code. */
 int cli_main(int argc, char **argv);
 
+/* Run `stripedb dev ARGS...` (a local cluster: up, status, down, kill, restart; see
+ * cli/dev.c); argv excludes "stripedb dev". Returns the exit code (0, 1 failure, 2 usage). */
+int cli_dev_main(int argc, char **argv);
+
 #endif

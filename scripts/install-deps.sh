@@ -6,7 +6,7 @@ export DEBIAN_FRONTEND=noninteractive
 PKGS="build-essential autoconf automake libtool pkg-config git
 libuv1-dev libraft-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev librdkafka-dev
 libssl-dev libcmocka-dev libmicrohttpd-dev libinih-dev libxxhash-dev libpcre2-dev
-libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev
+libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcurl4-openssl-dev
 python3 python3-pymongo python3-pytest python3-grpcio python3-grpc-tools
 python3-prometheus-client redis-server kcat clang curl ca-certificates"
 missing=""

@@ -2,6 +2,7 @@
  *
  *   stripedb --role=ROLE [--config FILE] [flags]   run one or several roles
  *   stripedb ctl ...                               the operator CLI (cli/)
+ *   stripedb dev up|status|down|kill|restart       a local cluster (cli/dev.c)
  *   stripedb --version | --help
  *
  * Exit codes: 0 clean shutdown, 1 runtime failure (e.g. a port in use), 2 bad usage
@@ -26,6 +27,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: stripedb --role=ROLE [--role=ROLE ...] [options]\n"
 		"       stripedb ctl --metadata=H:P,... SUBCOMMAND ...   (stripedb ctl --help)\n"
+		"       stripedb dev up|status|down|kill|restart [--dir DIR]   (stripedb dev --help)\n"
 		"       stripedb --version | --help\n"
 		"\n"
 		"roles: metadata, proxy, coordinator, ratelimit, shard. Options given after a\n"
@@ -46,6 +48,9 @@ int main(int argc, char **argv)
 	sdb_alloc_init();
 	if (argc >= 2 && strcmp(argv[1], "ctl") == 0) {
 		return cli_main(argc - 2, argv + 2);
+	}
+	if (argc >= 2 && strcmp(argv[1], "dev") == 0) {
+		return cli_dev_main(argc - 2, argv + 2);
 	}
 	if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
 		printf("stripedb %s\n", PACKAGE_VERSION);
