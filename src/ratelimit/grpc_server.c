@@ -43,6 +43,28 @@ typedef struct srv_call {
 	size_t n;
 } srv_call;
 
+#ifdef SDB_DEBUG
+static const bool sc_transitions[4][4] = {
+	/* to:             REQUESTED READING DECIDING SENDING */
+	[SC_REQUESTED] = {false, true, false, false},
+	[SC_READING] = {false, false, true, true},
+	[SC_DECIDING] = {false, false, false, true},
+	[SC_SENDING] = {false, false, false, false},
+};
+#endif
+
+static void sc_set_state(srv_call *c, sc_state to)
+{
+#ifdef SDB_DEBUG
+	if (!sc_transitions[c->state][to]) {
+		sdb_error("grpc: illegal call state transition", "from=%d to=%d", (int)c->state,
+			  (int)to);
+		abort();
+	}
+#endif
+	c->state = to;
+}
+
 enum { M_GET_RATE_LIMITS, M_HEALTH_CHECK, M_LIVE_CHECK, M_GET_PEER, M_UPDATE_GLOBALS, M__COUNT };
 
 static const char *const methods[M__COUNT] = {
@@ -114,7 +136,7 @@ static void reply(srv_call *c, grpc_status_code code, uint8_t *msg, size_t len,
 	grpc_op ops[4];
 	size_t n = 0;
 
-	c->state = SC_SENDING;
+	sc_set_state(c, SC_SENDING);
 	memset(ops, 0, sizeof(ops));
 	ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
 	ops[n].data.send_initial_metadata.count = 0;
@@ -215,7 +237,7 @@ static void handle_get_rate_limits(srv_call *c, const uint8_t *data, size_t len)
 		rl_proto_req_from_pb(m->requests[i], &reqs[i]);
 	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
 	c->n = n;
-	c->state = SC_DECIDING;
+	sc_set_state(c, SC_DECIDING);
 	/* on_decided may complete and free c before this returns: do not touch c after */
 	if (rl_cluster_decide_async(srv->cluster, reqs, n, c->resps, on_decided, c, err,
 				    sizeof(err)) != 0)
@@ -368,7 +390,7 @@ static void on_event(rl_grpc_server *srv, srv_call *c, bool ok)
 		}
 		post_request(srv);
 		c->start_ns = uv_hrtime();
-		c->state = SC_READING;
+		sc_set_state(c, SC_READING);
 		memset(&op, 0, sizeof(op));
 		op.op = GRPC_OP_RECV_MESSAGE;
 		op.data.recv_message.recv_message = &c->recv;

@@ -61,4 +61,18 @@ EXTRA_DIST += tests/integration/test_ratelimit_grpc.py
 noinst_PROGRAMS += tests/bench/ratelimit_grpc_bench
 tests_bench_ratelimit_grpc_bench_SOURCES = tests/bench/ratelimit_grpc_bench.c
 tests_bench_ratelimit_grpc_bench_LDADD = libstripedb.a $(SDB_LIBS)
+# libFuzzer target over the gRPC messages a client or peer controls (proto.c, cluster.c's
+# peer side and the limiter compiled in for coverage); built only with --enable-fuzzing
+EXTRA_DIST += tests/fuzz/corpus/ratelimit_pb
+if FUZZING
+noinst_PROGRAMS += tests/fuzz/fuzz_ratelimit_pb
+tests_fuzz_fuzz_ratelimit_pb_SOURCES = tests/fuzz/fuzz_ratelimit_pb.c src/ratelimit/proto.c \
+	src/ratelimit/cluster.c src/ratelimit/limiter.c src/ratelimit/algo.c src/ratelimit/cache.c
+nodist_tests_fuzz_fuzz_ratelimit_pb_SOURCES = src/ratelimit/gubernator_c.pb-c.c
+tests_fuzz_fuzz_ratelimit_pb_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined \
+	-fno-sanitize-recover=undefined
+tests_fuzz_fuzz_ratelimit_pb_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined \
+	-fno-sanitize-recover=undefined
+tests_fuzz_fuzz_ratelimit_pb_LDADD = libstripedb.a $(SDB_LIBS)
+endif
 # --- end cluster engineer block ---

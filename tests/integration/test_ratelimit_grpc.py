@@ -330,3 +330,41 @@ def test_killed_peer_keys_move_to_next_owner(cluster, pb):
     h = cluster[0].v1.HealthCheck(pb2.HealthCheckReq(), timeout=5)
     assert (h.status, h.peer_count) == ("unhealthy", 3)
     assert victim.addr in h.message
+
+
+def test_http_gateway_forwards_through_the_cluster(cluster, pb):
+    import json
+    import urllib.request
+    a, b = cluster[0], cluster[1]
+    owners = owners_of(cluster, pb, [f"http-{i}" for i in range(200)])
+    key = next(k for k, o in owners.items() if o == b.addr)
+    body = json.dumps({"requests": [{"name": "requests_per_minute", "unique_key": key,
+                                     "hits": 2, "limit": 10, "duration": MINUTE,
+                                     "created_at": T0}]}).encode()
+    r = urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{a.http_port}/v1/GetRateLimits", data=body,
+        headers={"Content-Type": "application/json"}), timeout=10)
+    (resp,) = json.loads(r.read())["responses"]
+    assert (resp.get("status", "UNDER_LIMIT"), resp["remaining"], resp["reset_time"],
+            resp["metadata"]["owner"]) == ("UNDER_LIMIT", "8", str(T0 + MINUTE), b.addr)
+    # the owner holds that count: gRPC on the third node sees it
+    expect(cluster[2].one(req(pb, key, hits=0)), pb[0].UNDER_LIMIT, 8, T0 + MINUTE)
+
+
+def test_gubernator_env_addresses(start_role, pb):
+    """Without --grpc-listen/--advertise, GUBER_GRPC_ADDRESS and GUBER_ADVERTISE_ADDRESS
+    apply, so a Gubernator deployment can swap the binary."""
+    gp = free_port()
+    proc = start_role(["--role=ratelimit"], env={
+        "GUBER_GRPC_ADDRESS": f"127.0.0.1:{gp}",
+        "GUBER_ADVERTISE_ADDRESS": f"127.0.0.1:{gp}"})
+    wait_until(lambda: port_open(gp), what=f"gRPC port {gp}")
+    nd = Node(proc, gp, proc.http_port, pb)
+    try:
+        h = nd.v1.HealthCheck(nd.pb2.HealthCheckReq(), timeout=5)
+        assert (h.status, h.peer_count, h.advertise_address) == ("healthy", 1, f"127.0.0.1:{gp}")
+        r = nd.one(req(pb, "env", hits=3))
+        expect(r, nd.pb2.UNDER_LIMIT, 7, T0 + MINUTE)
+        assert r.metadata["owner"] == f"127.0.0.1:{gp}"
+    finally:
+        nd.close()

@@ -259,8 +259,13 @@ static void test_two_nodes(void **state)
 	(void)state;
 	memset(&a, 0, sizeof(a));
 	memset(&b, 0, sizeof(b));
-	snprintf(a.addr, sizeof(a.addr), "127.0.0.1:%d", free_port());
-	snprintf(b.addr, sizeof(b.addr), "127.0.0.1:%d", free_port());
+	{
+		int pa = free_port(), pb = free_port();
+		while (pb == pa) /* the kernel may hand the same free port out twice */
+			pb = free_port();
+		snprintf(a.addr, sizeof(a.addr), "127.0.0.1:%d", pa);
+		snprintf(b.addr, sizeof(b.addr), "127.0.0.1:%d", pb);
+	}
 	peers[0] = a.addr;
 	peers[1] = b.addr;
 	node_start(&a, peers, 2);
