@@ -608,7 +608,7 @@ void shard_cmd_getmore(shard_ctx *x)
 	shard_cursor *c = shard_cursor_take(x->sh, id, &busy);
 	if (!c) {
 		if (busy)
-			shard_fail(x, 292 /* placeholder */, "cursor id %lld is already in use",
+			shard_fail(x, WIRE_ERR_OPERATION_FAILED, "cursor id %lld is already in use",
 				   (long long)id);
 		else
 			shard_fail(x, WIRE_ERR_CURSOR_NOT_FOUND, "cursor id %lld not found",

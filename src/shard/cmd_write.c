@@ -11,6 +11,7 @@
 #include "common/err.h"
 #include "shard/shard.h"
 #include "shard/util.h"
+#include "storage/bsonval.h"
 #include "storage/projection.h"
 #include "storage/query.h"
 #include "storage/update.h"
@@ -160,6 +161,19 @@ void shard_cmd_insert(shard_ctx *x)
 		bson_iter_document(&arr, &len, &data);
 		bson_t in, doc;
 		bson_init_static(&in, data, len);
+		if (len > WIRE_MAX_BSON_SIZE) {
+			werr_add(&w, i, WIRE_ERR_BSON_TOO_LARGE, "object to insert too large", NULL);
+			if (ordered)
+				break;
+			continue;
+		}
+		if (!sdb_bson_depth_ok(&in, 100)) {
+			werr_add(&w, i, WIRE_ERR_OVERFLOW,
+				 "Document exceeds maximum nesting depth of 100", NULL);
+			if (ordered)
+				break;
+			continue;
+		}
 		prepare_insert(&in, &doc);
 		sdb_store_dup dup = {0};
 		sdb_store_savepoint(x->conn);

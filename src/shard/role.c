@@ -3,6 +3,7 @@
  * oplog, tailable cursors and version gating (issue #4). See shard.h for the threading
  * model and the stripedb command extensions. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -60,7 +61,16 @@ static int shard_start(sdb_role *role)
 	pthread_mutex_init(&sh->cur_mu, NULL);
 	pthread_mutex_init(&sh->sess_mu, NULL);
 	char err[256];
-	int rc = sdb_store_open(dir, NULL, &sh->store, err, sizeof err);
+	/* Oplog caps: until SDB_OPTIONS has --oplog-max-bytes / --oplog-max-age-s, read the
+	 * environment variables those options would use. */
+	sdb_store_opts so = {0};
+	const char *v = getenv("STRIPEDB_OPLOG_MAX_BYTES");
+	if (v && *v)
+		so.oplog_max_bytes = strtoll(v, NULL, 10);
+	v = getenv("STRIPEDB_OPLOG_MAX_AGE_S");
+	if (v && *v)
+		so.oplog_max_age_s = strtoll(v, NULL, 10);
+	int rc = sdb_store_open(dir, &so, &sh->store, err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
 		shard_free(sh);

@@ -8,7 +8,7 @@ import time
 
 import pymongo
 import pytest
-from bson import Timestamp
+from bson import Timestamp, encode as bson_encode
 from pymongo.errors import OperationFailure, DuplicateKeyError
 
 from conftest import free_port, wait_until
@@ -386,3 +386,34 @@ def test_catalog_commands(shard):
     assert db.list_collection_names() == ["b"]
     c.drop_database("cat")
     assert "cat" not in c.list_database_names()
+
+
+def test_oplog_capped_by_size(start_role, tmp_path):
+    port = free_port()
+    data = tmp_path / "capped"
+    data.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}"],
+               env={"STRIPEDB_OPLOG_MAX_BYTES": "20000"})
+    c = client_for(port)
+    for i in range(300):
+        c.cap.c.insert_one({"_id": i, "pad": "p" * 100})
+    entries = list(c.local["oplog.rs"].find())
+    assert 0 < len(entries) < 300
+    assert entries[-1]["o"] == {"_id": 299, "pad": "p" * 100}
+    assert sum(len(bson_encode(e)) for e in entries) <= 20000 + 1000
+    assert c.cap.c.count_documents({}) == 300
+    check_ok(c.cap)
+
+
+def test_write_limits(shard):
+    _, port = shard
+    db = client_for(port).lim
+    deep = {"x": 1}
+    for _ in range(120):
+        deep = {"d": deep}
+    r = db.command("insert", "c", documents=[{"_id": 1, "d": deep}, {"_id": 2}], ordered=False)
+    assert r["n"] == 1
+    assert [(e["index"], e["code"]) for e in r["writeErrors"]] == [(0, 15)]
+    with pytest.raises(OperationFailure) as ei:
+        db.command("insert", "c", documents=[{"_id": 3}], **{"$stripedbVersion": {"chunk": 1}})
+    assert ei.value.code == 2
