@@ -239,6 +239,8 @@ static void prepare_cb(uv_prepare_t *h)
 
 /* ------------------------------------------------------- start/close */
 
+static void raft_closed(struct raft *r);
+
 static int mkdir_p(const char *path)
 {
 	char buf[4096];
@@ -336,7 +338,8 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 		raft_configuration_close(&conf);
 	}
 	if ((rv = raft_start(&n->raft)) != 0) {
-		rc = sdb_errf(err, errlen, SDB_EIO, "raft start on %s: %s", n->raft_addr,
+		rc = sdb_errf(err, errlen, SDB_EIO, "raft start on %s: %s%s%s", n->raft_addr,
+			      raft_strerror(rv), raft_errmsg(&n->raft)[0] ? ": " : "",
 			      raft_errmsg(&n->raft));
 		goto err_raft;
 	}
@@ -349,9 +352,11 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 	return 0;
 
 err_raft:
-	/* raft_close needs the loop to finish; a role that failed to start exits, so we
-	 * only release what is safe to release synchronously. */
+	/* raft_close completes on the loop: the caller's loop run frees the rest
+	 * (raft_closed -> node_finish). */
 	n->closing = 1;
+	n->pending_close = 1;
+	raft_close(&n->raft, raft_closed);
 	free(raft_dir);
 	free(db_path);
 	return rc;

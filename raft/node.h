@@ -39,7 +39,9 @@ typedef struct sdb_node_opts {
 /* Create the data directories, open the state machine, bootstrap when the directory is
  * pristine and this id is in the bootstrap list (every member gets the same list, so the
  * configuration entry is identical; a member with state ignores the list), and start
- * raft. Returns 0, SDB_EINVAL (bad id/address/list), SDB_EIO (disk, bind) with a message. */
+ * raft. Returns 0, SDB_EINVAL (bad id/address/list), SDB_EIO (disk, bind) with a message.
+ * On error, handles already opened are closed asynchronously: the caller must run the
+ * loop (as the role runner does after a failed start) to release them. */
 int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, char *err,
 		   size_t errlen);
 

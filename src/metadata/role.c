@@ -869,6 +869,11 @@ static void free_meta(meta *m)
 	free(m);
 }
 
+static void failed_start_closed(void *arg)
+{
+	free_meta(arg);
+}
+
 static int metadata_start(sdb_role *role)
 {
 	const sdb_config *cfg = role->cfg;
@@ -886,11 +891,11 @@ static int metadata_start(sdb_role *role)
 
 	if (!listen || !node_id || !raft_listen || !data_dir)
 		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
-				"metadata needs --node-id, --data-dir, --listen and --raft-listen");
+				"needs --node-id, --data-dir, --listen and --raft-listen");
 	unsigned long long id = strtoull(node_id, &end, 10);
 	if (!end || *end || id == 0)
 		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
-				"metadata: --node-id must be a positive integer, got %s", node_id);
+				"--node-id must be a positive integer, got %s", node_id);
 	rc = sdb_addr_split(listen, host, sizeof host, &port, role->err, sizeof role->err);
 	if (rc != 0)
 		return rc;
@@ -949,8 +954,8 @@ static int metadata_start(sdb_role *role)
 	no.data = m;
 	rc = sdb_node_start(role->loop, &no, &m->node, role->err, sizeof role->err);
 	if (rc != 0) {
-		/* The wire server must be closed on the loop; the runner exits the process
-		 * after a failed start, so the listener is left to process exit. */
+		/* The runner runs the loop after a failed start: close the listener there. */
+		wire_server_close(m->srv, 0, failed_start_closed, m);
 		return rc;
 	}
 

@@ -230,3 +230,27 @@ def test_scram_verifier_never_stores_the_password(start_role, tmp_path):
             for f in files:
                 with open(os.path.join(root, f), "rb") as fh:
                     assert secret.encode() not in fh.read(), f"password found in {f}"
+
+
+def test_start_errors_are_one_clear_line(tmp_path):
+    import socket
+    import subprocess
+    from conftest import BIN, free_port
+    env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
+    base = ["--role=metadata", f"--data-dir={tmp_path / 'd'}",
+            f"--listen=127.0.0.1:{free_port()}"]
+    r = subprocess.run([BIN] + base + ["--node-id=abc", f"--raft-listen=127.0.0.1:{free_port()}"],
+                       capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 1
+    assert "stripedb: metadata: --node-id must be a positive integer, got abc" in r.stderr
+    # the raft port is taken: start fails (and the process exits instead of hanging)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    r = subprocess.run([BIN] + base + ["--node-id=1", f"--raft-listen=127.0.0.1:{port}",
+                                       f"--bootstrap-members=1@127.0.0.1:{port}"],
+                       capture_output=True, text=True, env=env, timeout=30)
+    s.close()
+    assert r.returncode == 1
+    assert f"stripedb: metadata: raft start on 127.0.0.1:{port}: I/O error" in r.stderr
