@@ -944,6 +944,17 @@ int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **ou
 		goto err_after_alloc;
 	cl->n_peers = rl_ring_size(cl->ring);
 	cl->self = rl_ring_find(cl->ring, cl->advertise);
+	for (i = 0; i < opts->n_peers; i++)
+		if (strcmp(opts->peers[i], cl->advertise) == 0)
+			break;
+	if (opts->n_peers > 0 && i == opts->n_peers)
+		sdb_warn("ratelimit: the advertise address is not in --peers; added to the ring "
+			 "(other peers must list it the same way or they will disagree on owners)",
+			 "advertise=%s", cl->advertise);
+	if (strncmp(cl->advertise, "0.0.0.0:", 8) == 0 || strncmp(cl->advertise, "[::]:", 5) == 0)
+		sdb_warn("ratelimit: advertising a wildcard address; set --advertise "
+			 "(or GUBER_ADVERTISE_ADDRESS) to the address peers reach this node at",
+			 "advertise=%s", cl->advertise);
 
 	rv = rl_peers_new(&cl->client, err, errlen);
 	if (rv != 0)
