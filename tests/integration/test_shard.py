@@ -417,3 +417,47 @@ def test_write_limits(shard):
     with pytest.raises(OperationFailure) as ei:
         db.command("insert", "c", documents=[{"_id": 3}], **{"$stripedbVersion": {"chunk": 1}})
     assert ei.value.code == 2
+
+
+def test_find_and_modify_and_update_forms(shard):
+    _, port = shard
+    db = client_for(port).fam
+    db.c.insert_many([{"_id": 1, "a": 5, "g": [{"x": 1}, {"x": 7}]},
+                      {"_id": 2, "a": 3, "g": []}, {"_id": 3, "a": 9, "g": []}])
+    # sort picks the document; new returns the post-image; fields projects it
+    r = db.command("findAndModify", "c", query={"a": {"$gte": 4}}, sort={"a": -1},
+                   update={"$inc": {"a": 1}}, new=True, fields={"a": 1})
+    assert r["value"] == {"_id": 3, "a": 10}
+    assert r["lastErrorObject"] == {"n": 1, "updatedExisting": True}
+    r = db.command("findAndModify", "c", query={"_id": 2}, remove=True)
+    assert r["value"] == {"_id": 2, "a": 3, "g": []}
+    assert r["lastErrorObject"]["n"] == 1
+    r = db.command("findAndModify", "c", query={"_id": 50}, update={"$set": {"a": 0}},
+                   upsert=True, new=True)
+    assert r["value"] == {"_id": 50, "a": 0}
+    assert r["lastErrorObject"]["upserted"] == 50
+    r = db.command("findAndModify", "c", query={"_id": 51}, update={"$set": {"a": 0}})
+    assert r["value"] is None
+    assert r["lastErrorObject"] == {"n": 0, "updatedExisting": False}
+    with pytest.raises(OperationFailure) as ei:
+        db.command("findAndModify", "c", query={}, remove=True, update={"$set": {"a": 1}})
+    assert ei.value.code == 9
+    # arrayFilters, replacement, multi
+    r = db.command("update", "c", updates=[{"q": {"_id": 1}, "u": {"$set": {"g.$[e].x": 0}},
+                                            "arrayFilters": [{"e.x": {"$gt": 5}}]}])
+    assert (r["n"], r["nModified"]) == (1, 1)
+    assert db.c.find_one({"_id": 1})["g"] == [{"x": 1}, {"x": 0}]
+    r = db.command("update", "c", updates=[{"q": {"_id": 3}, "u": {"b": 1}}])
+    assert db.c.find_one({"_id": 3}) == {"_id": 3, "b": 1}
+    r = db.command("update", "c", updates=[{"q": {}, "u": {"$set": {"m": True}}, "multi": True}])
+    assert (r["n"], r["nModified"]) == (3, 3)
+    r = db.command("update", "c", updates=[{"q": {}, "u": {"z": 1}, "multi": True}])
+    assert r["writeErrors"][0]["code"] == 9
+    r = db.command("update", "c", updates=[{"q": {"_id": 1}, "u": {"$set": {"_id": 2}}}])
+    assert r["writeErrors"][0]["code"] == 66
+    # delete limit 1 and 0
+    db.d.insert_many([{"_id": i, "k": i % 2} for i in range(6)])
+    assert db.command("delete", "d", deletes=[{"q": {"k": 0}, "limit": 1}])["n"] == 1
+    assert db.command("delete", "d", deletes=[{"q": {"k": 0}, "limit": 0}])["n"] == 2
+    assert sorted(d["_id"] for d in db.d.find()) == [1, 3, 5]
+    check_ok(db)
