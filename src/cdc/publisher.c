@@ -191,6 +191,38 @@ static int append_batch(cdc_publisher *p, cdc_writer *w, bson_iter_t *arr, uint6
 	return 0;
 }
 
+/* Oldest oplog ts of the shard (0 when empty); -1 on error. */
+static int oplog_oldest(mongoc_client_t *c, uint64_t *oldest, char *err, size_t errlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, sort;
+	bson_error_t e;
+	bson_iter_t it, arr;
+	int rc = 0;
+	*oldest = 0;
+	BSON_APPEND_UTF8(&cmd, "find", "oplog.rs");
+	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "sort", &sort);
+	BSON_APPEND_INT32(&sort, "$natural", 1);
+	bson_append_document_end(&cmd, &sort);
+	BSON_APPEND_INT32(&cmd, "limit", 1);
+	BSON_APPEND_BOOL(&cmd, "singleBatch", true);
+	if (!mongoc_client_command_simple(c, "local", &cmd, NULL, &reply, &e)) {
+		rc = sdb_errf(err, errlen, SDB_EUNAVAILABLE, "shard: %s", e.message);
+	} else if (bson_iter_init(&it, &reply) &&
+		   bson_iter_find_descendant(&it, "cursor.firstBatch", &arr) &&
+		   BSON_ITER_HOLDS_ARRAY(&arr) && bson_iter_recurse(&arr, &it) && bson_iter_next(&it) &&
+		   BSON_ITER_HOLDS_DOCUMENT(&it)) {
+		const uint8_t *d;
+		uint32_t l;
+		bson_t doc;
+		bson_iter_document(&it, &l, &d);
+		if (bson_init_static(&doc, d, l))
+			ts_field(&doc, oldest);
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return rc;
+}
+
 /* One tailing session: find + getMore until error or stop. */
 static int tail(cdc_publisher *p, mongoc_client_t *c, cdc_writer *w, char *err, size_t errlen)
 {
@@ -202,7 +234,22 @@ static int tail(cdc_publisher *p, mongoc_client_t *c, cdc_writer *w, char *err, 
 		bson_iter_t it, arr;
 		uint64_t added = 0;
 		if (cursor == 0) {
-			uint64_t from = cdc_writer_last_ts(w);
+			uint64_t from = cdc_writer_last_ts(w), oldest;
+			/* resume only if the published position is still in the oplog (as a
+			 * change stream's resume token must be): otherwise entries after it may
+			 * have been trimmed, and publishing on would hide the loss */
+			rc = oplog_oldest(c, &oldest, err, errlen);
+			if (rc == 0 && from != 0 && oldest > from)
+				rc = sdb_errf(err, errlen, SDB_ENOTFOUND,
+					      "oplog history lost: the shard's oldest oplog entry "
+					      "%u:%u is newer than the published position %u:%u; the "
+					      "log needs a resync",
+					      (unsigned)(oldest >> 32), (unsigned)oldest,
+					      (unsigned)(from >> 32), (unsigned)from);
+			if (rc) {
+				bson_destroy(&cmd);
+				break;
+			}
 			BSON_APPEND_UTF8(&cmd, "find", "oplog.rs");
 			BSON_APPEND_DOCUMENT_BEGIN(&cmd, "filter", &filt);
 			BSON_APPEND_DOCUMENT_BEGIN(&filt, "ts", &gt);
@@ -306,7 +353,7 @@ static void *run(void *arg)
 			}
 			mongoc_client_destroy(c);
 			c = NULL;
-			nap(p, 200);
+			nap(p, rc == SDB_ENOTFOUND ? 5000 : 200);
 		}
 	}
 	if (w) {
