@@ -16,7 +16,9 @@ from bson.min_key import MinKey
 import pytest
 from pymongo.errors import NotMasterError as NotPrimaryError, OperationFailure
 
-from conftest import wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import http_get, wait_until
 from metadata_cluster import Cluster, scram_stored_key
 
 
@@ -212,6 +214,25 @@ def test_routing_reads_and_long_poll(start_role, tmp_path):
         c.leader().cmd("setChunkShard", chunk_id, shard="shard-a", expectToken=1, token=3)
     assert ei.value.code == 112
     assert ei.value.details["currentToken"] == 2
+
+    # /metrics of the leader
+    ldr = c.leader()
+
+    def metrics():
+        st, body = http_get(ldr.http_port, "/metrics")
+        assert st == 200
+        vals = {}
+        for fam in text_string_to_metric_families(body.decode()):
+            for smp in fam.samples:
+                if smp.name.startswith("stripedb_metadata_"):
+                    vals[smp.name] = smp.value
+        return vals
+    wait_until(lambda: metrics().get("stripedb_metadata_routing_version") == 3,
+               what="routing version gauge")
+    m = metrics()
+    assert m["stripedb_metadata_is_leader"] == 1
+    assert m["stripedb_metadata_commits_total"] >= 1
+    assert m["stripedb_metadata_commit_seconds_count"] >= 1
 
 
 def test_scram_verifier_never_stores_the_password(start_role, tmp_path):
