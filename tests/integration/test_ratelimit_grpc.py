@@ -368,3 +368,25 @@ def test_gubernator_env_addresses(start_role, pb):
         assert r.metadata["owner"] == f"127.0.0.1:{gp}"
     finally:
         nd.close()
+
+
+def test_hung_peer_times_out_to_next_owner(cluster, pb):
+    """A peer that stops answering (SIGSTOP) is treated as dead after the peer-call deadline
+    (GUBER_BATCH_TIMEOUT, 500 ms): its keys are answered by the next owner, no client error."""
+    pb2 = pb[0]
+    victim = cluster[1]
+    owners = owners_of(cluster, pb, [f"hung-{i}" for i in range(300)])
+    key = next(k for k, o in owners.items() if o == victim.addr)
+    victim.proc.p.send_signal(signal.SIGSTOP)
+
+    def stopped():
+        with open(f"/proc/{victim.proc.p.pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    try:
+        wait_until(stopped, what="the peer to stop")
+        r = cluster[0].one(req(pb, key, behavior=pb2.NO_BATCHING))
+        expect(r, pb2.UNDER_LIMIT, 9, T0 + MINUTE)
+        assert r.metadata["owner"] in {cluster[0].addr, cluster[2].addr}
+        assert cluster[0].metric("stripedb_ratelimit_rerouted_requests_total") == 1
+    finally:
+        victim.proc.p.send_signal(signal.SIGCONT)
