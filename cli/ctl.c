@@ -22,6 +22,9 @@ typedef struct cli_ctx {
 
 typedef int (*cli_cmd_fn)(cli_ctx *ctx, int argc, char **argv);
 int cli_cdc_main(cli_ctx *ctx, int argc, char **argv); /* cli/cdc.c */
+int cli_migrate_main(cli_ctx *ctx, int argc, char **argv);   /* cli/migrate.c */
+int cli_migration_main(cli_ctx *ctx, int argc, char **argv); /* cli/migrate.c */
+int cli_shard_main(cli_ctx *ctx, int argc, char **argv);     /* cli/migrate.c: drain, split */
 
 static void ctl_usage(FILE *f)
 {
@@ -103,6 +106,9 @@ static const struct {
 } cmds[] = {
 	{"ping", cmd_ping},
 	{"cdc", cli_cdc_main},
+	{"migrate", cli_migrate_main},
+	{"migration", cli_migration_main},
+	{"shard", cli_shard_main},
 };
 
 int cli_main(int argc, char **argv)

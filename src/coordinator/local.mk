@@ -1,3 +1,11 @@
 # src/coordinator: the coordinator role (DESIGN.md §2, §6). role.c runs the CDC publishers
 # (src/cdc/) and hosts the migration runner; add the Data Movement Platform's files here.
 libstripedb_a_SOURCES += src/coordinator/role.c
+# the Data Movement Platform (issue #8)
+libstripedb_a_SOURCES += src/coordinator/migrate.c src/coordinator/migrate_sm.c cli/migrate.c
+noinst_HEADERS += src/coordinator/migrate.h
+check_PROGRAMS += tests/unit/test_coordinator_migrate
+tests_unit_test_coordinator_migrate_SOURCES = tests/unit/test_coordinator_migrate.c
+tests_unit_test_coordinator_migrate_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_coordinator_migrate_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_coordinator_migrate

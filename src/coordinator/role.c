@@ -45,6 +45,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/role.h"
+#include "coordinator/migrate.h" /* issue #8 */
 
 #define LEASE_ERR_BUSY 46 /* LockBusy */
 
@@ -71,6 +72,7 @@ typedef struct coord {
 	pthread_cond_t cv;
 	coord_pub *pubs;
 	char meta_error[256];
+	migrate_runner *mig; /* issue #8: the migration runner (coordinator/migrate.h) */
 } coord;
 
 /* ------------------------------------------------------------ metadata calls */
@@ -299,14 +301,15 @@ static void cdc_shutdown(coord *co, mongoc_client_t *c)
 
 static void migrations_tick(coord *co, mongoc_client_t *c)
 {
-	(void)co;
-	(void)c;
+	if (co->mig == NULL)
+		co->mig = migrate_runner_new(co->log, co->meta_uri, co->holder, co->lease_ms);
+	migrate_runner_tick(co->mig, c);
 }
 
 static void migrations_shutdown(coord *co, mongoc_client_t *c)
 {
-	(void)co;
-	(void)c;
+	migrate_runner_free(co->mig, c);
+	co->mig = NULL;
 }
 
 /* ------------------------------------------------------------ manager thread */

@@ -1,0 +1,133 @@
+/* The Data Movement Platform: online migration of one chunk between shards (DESIGN.md §6,
+ * issue #8), run by coordinators.
+ *
+ * A migration is a record in metadata (registerMigration / updateMigration / getMigration,
+ * src/metadata/README.md) with a state, a spec (what to move), a checkpoint (how far it got)
+ * and stats (what it measured). Coordinators hold no state of their own: a coordinator
+ * drives a migration only while it holds the metadata lease `mig/<id>`, and every state
+ * change is a compare-and-set on the state (updateMigration expectState), so a migration is
+ * resumed by any coordinator after a crash, from the last state and checkpoint.
+ *
+ * States and the allowed transitions (migrate_transition_ok, checked before every update):
+ *
+ *   registered -> importing -> replicating -> verifying -> switching -> switched
+ *        |            |            |   ^         |   |         |  ^          |   \
+ *        v            v            v   '---------'   |         |  |          v    v
+ *     aborted      aborted      aborted   (retry)   aborted    |  '-- rolling_back
+ *                                                              |  (pause   |
+ *                          switching -> replicating (pause      |  bound)  v
+ *                          bound exceeded: retry later)         |       rolled_back
+ *                                                     switched -> cleaning -> complete
+ *
+ *   registered   recorded; the runner waits for the concurrency budget and for any older
+ *                migration of an overlapping range of the same collection to finish.
+ *   importing    indexes copied to the target; the chunk's documents on the target are
+ *                cleared (a restarted import starts clean), then a point-in-time snapshot
+ *                of the source at oplog position T (stripedbSnapshot atOplogTs) is loaded
+ *                into the target in the order of the shard-key index, in batches, every
+ *                write tagged $stripedbOrigin: <id>. Checkpoint: {ts: T}.
+ *   replicating  the source's CDC events after ts (src/cdc/reader.h) for the chunk are
+ *                applied to the target idempotently (i/u -> replace with upsert by _id,
+ *                d -> delete by _id when the target's document is in the chunk), tagged;
+ *                events tagged with this migration's id are skipped. The position is
+ *                checkpointed at most every second. Keeps retrying while the target is
+ *                down. When an empty poll shows it caught up -> verifying.
+ *   verifying    a snapshot of the source at position P; the replicator applies up to P
+ *                exactly; the target is read; both sides are compared as (_id, XXH64 of
+ *                the document's bytes) in _id order (MongoDB's order, storage/bsonval.h):
+ *                missing, extra and different _ids are listed in stats.verify. A
+ *                difference -> aborted with the reason; equal -> switching.
+ *   switching    only when caught up: the source's token of the chunk is bumped
+ *                (stripedbSetVersion N -> N+1: from then on the source refuses every
+ *                request with token N), the source's oplog head P after the bump is read,
+ *                the replicator applies up to P, then metadata routes the chunk to the
+ *                target with token N+1 (setChunkShard expectToken N). The pause (bump to
+ *                routing commit) is measured (stats.pauses). When the catch-up does not
+ *                finish within spec.maxPauseMS (default 2000), the bump is "rolled back":
+ *                tokens only move forward on shards, so metadata routes the chunk to the
+ *                SOURCE with token N+1 (proxies learn it through StaleConfig + refresh, and
+ *                their retries succeed on the source); the migration returns to
+ *                replicating and retries (aborted after spec.maxSwitchAttempts, default 5).
+ *                Before the routing update the target's oplog head is saved as revTs.
+ *   switched     reverse replication target -> source from revTs (skipping this
+ *                migration's tagged writes: no loop) keeps the source current for a
+ *                rollback, for spec.graceMS (default 5000; restarted after a coordinator
+ *                crash) -> cleaning. `stripedb ctl migration rollback ID` moves it to
+ *                rolling_back.
+ *   rolling_back the same switch in the other direction: bump on the target, reverse
+ *                replication up to the target's head, route to the source
+ *                -> rolled_back (then the target's copy is deleted); on timeout routing
+ *                stays on the target with the newer token and the state returns to
+ *                switched.
+ *   cleaning     the chunk's documents are deleted from the source in batches of
+ *                spec.deleteBatch (default 500), spec.deleteDelayMS (default 5) apart.
+ *   complete, aborted, rolled_back: terminal. An aborted migration's target copy is
+ *                deleted unless routing points at the target.
+ *
+ * Concurrency budgets: a registered migration starts only while fewer than the global
+ * budget (STRIPEDB_MIGRATION_BUDGET, default 8) migrations are active fleet-wide and fewer
+ * than the per-shard budget (STRIPEDB_MIGRATION_SHARD_BUDGET, default 2) touch each of its
+ * shards.
+ */
+#ifndef SDB_COORDINATOR_MIGRATE_H
+#define SDB_COORDINATOR_MIGRATE_H
+
+#include <mongoc/mongoc.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cdc/log.h"
+
+typedef enum {
+	MIG_REGISTERED = 0,
+	MIG_IMPORTING,
+	MIG_REPLICATING,
+	MIG_VERIFYING,
+	MIG_SWITCHING,
+	MIG_SWITCHED,
+	MIG_CLEANING,
+	MIG_COMPLETE,
+	MIG_ABORTED,
+	MIG_ROLLING_BACK,
+	MIG_ROLLED_BACK,
+	MIG__COUNT,
+	MIG_UNKNOWN = -1,
+} mig_state;
+
+/* The state's name as stored in metadata ("registered", ...); "unknown" out of range.
+ * Static string. */
+const char *migrate_state_name(mig_state s);
+/* Parse a stored name; MIG_UNKNOWN when not one of the names. */
+mig_state migrate_state_parse(const char *name);
+/* True when from -> to is an edge of the transition table above. */
+bool migrate_transition_ok(mig_state from, mig_state to);
+/* complete, aborted, rolled_back. */
+bool migrate_state_terminal(mig_state s);
+/* States in which the migration counts against the concurrency budgets (importing ..
+ * rolling_back, not registered, not terminal). */
+bool migrate_state_active(mig_state s);
+
+/* Percentile p (0..100) of n values (sorted in place, nearest-rank). 0 when n == 0. */
+int64_t migrate_percentile(int64_t *v, size_t n, double p);
+
+/* The runner: the part of a coordinator that drives migrations. */
+typedef struct migrate_runner migrate_runner;
+
+/* Create a runner. log: the coordinator's CDC log (borrowed, must outlive the runner);
+ * meta_uri: a libmongoc URI of the metadata replica set (copied); holder: this
+ * coordinator's lease holder name (copied); lease_ms: TTL of the mig/<id> leases. Never
+ * fails (aborts on OOM). */
+migrate_runner *migrate_runner_new(cdc_log *log, const char *meta_uri, const char *holder,
+				   int64_t lease_ms);
+/* One scheduling round, on the coordinator's manager thread with its metadata client c:
+ * list migrations, take the leases of runnable ones within the budgets and start a worker
+ * thread for each; join workers that ended. Never blocks on a migration's work. */
+void migrate_runner_tick(migrate_runner *r, mongoc_client_t *c);
+/* Stop every worker (they stop at the next batch boundary; state and checkpoint stay in
+ * metadata), join them, release their leases through c, free the runner. r may be NULL. */
+void migrate_runner_free(migrate_runner *r, mongoc_client_t *c);
+/* Number of workers running now (tests, /metrics). */
+int migrate_runner_running(migrate_runner *r);
+
+#endif
