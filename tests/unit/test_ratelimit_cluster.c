@@ -163,6 +163,107 @@ static void test_single_node(void **state)
 	rl_limiter_free(lim);
 }
 
+static Pb__Gubernator__RateLimitResp__MetadataEntry md(const char *k, const char *v)
+{
+	Pb__Gubernator__RateLimitResp__MetadataEntry e =
+		PB__GUBERNATOR__RATE_LIMIT_RESP__METADATA_ENTRY__INIT;
+
+	e.key = (char *)k;
+	e.value = (char *)v;
+	return e;
+}
+
+/* UpdatePeerGlobals as a receiving peer: a stripedb entry (name, unique_key, sdb_state in
+ * status.metadata) replaces the local state; entries without them, with a malformed
+ * state or with an invalid algorithm are skipped and leave the state alone. */
+static void test_apply_globals(void **state)
+{
+	rl_limiter *lim = mklimiter();
+	rl_cluster_opts o;
+	rl_cluster *cl = NULL;
+	char err[160], st_ok[200], st_badalg[200];
+	Pb__Gubernator__RateLimitResp__MetadataEntry e_ok[3], e_bad[3], e_alg[3], e_gub[1];
+	Pb__Gubernator__RateLimitResp__MetadataEntry *p_ok[3], *p_bad[3], *p_alg[3], *p_gub[1];
+	Pb__Gubernator__RateLimitResp r_ok = PB__GUBERNATOR__RATE_LIMIT_RESP__INIT,
+				      r_bad = PB__GUBERNATOR__RATE_LIMIT_RESP__INIT,
+				      r_alg = PB__GUBERNATOR__RATE_LIMIT_RESP__INIT,
+				      r_gub = PB__GUBERNATOR__RATE_LIMIT_RESP__INIT;
+	Pb__Gubernator__UpdatePeerGlobal g[5];
+	Pb__Gubernator__UpdatePeerGlobal *gp[5];
+	Pb__Gubernator__UpdatePeerGlobalsReq req = PB__GUBERNATOR__UPDATE_PEER_GLOBALS_REQ__INIT;
+	rl_state st;
+	rl_req q;
+	rl_resp out;
+	int i;
+
+	(void)state;
+	memset(&o, 0, sizeof(o));
+	o.advertise = "127.0.0.1:1";
+	o.clock = test_clock;
+	assert_int_equal(rl_cluster_new(lim, &o, &cl, err, sizeof(err)), 0);
+
+	/* algorithm,behavior,status,limit,duration,burst,remaining,remaining_f,tat,
+	 * created_at,updated_at,expire_at */
+	snprintf(st_ok, sizeof(st_ok), "0,2,0,10,60000,0,4,0,0,%lld,%lld,%lld", T0, T0,
+		 T0 + 60000);
+	snprintf(st_badalg, sizeof(st_badalg), "9,2,0,10,60000,0,1,0,0,%lld,%lld,%lld", T0, T0,
+		 T0 + 60000);
+	e_ok[0] = md("name", "test_cluster");
+	e_ok[1] = md("unique_key", "g1");
+	e_ok[2] = md("sdb_state", st_ok);
+	e_bad[0] = md("name", "test_cluster");
+	e_bad[1] = md("unique_key", "g2");
+	e_bad[2] = md("sdb_state", "0,2,0,10,60000,0,x");
+	e_alg[0] = md("name", "test_cluster");
+	e_alg[1] = md("unique_key", "g3");
+	e_alg[2] = md("sdb_state", st_badalg);
+	e_gub[0] = md("owner", "127.0.0.1:2");
+	for (i = 0; i < 3; i++) {
+		p_ok[i] = &e_ok[i];
+		p_bad[i] = &e_bad[i];
+		p_alg[i] = &e_alg[i];
+	}
+	p_gub[0] = &e_gub[0];
+	r_ok.n_metadata = 3;
+	r_ok.metadata = p_ok;
+	r_bad.n_metadata = 3;
+	r_bad.metadata = p_bad;
+	r_alg.n_metadata = 3;
+	r_alg.metadata = p_alg;
+	r_gub.n_metadata = 1;
+	r_gub.metadata = p_gub;
+	for (i = 0; i < 5; i++) {
+		pb__gubernator__update_peer_global__init(&g[i]);
+		gp[i] = &g[i];
+	}
+	g[0].status = &r_ok;
+	g[1].status = &r_bad;
+	g[2].status = &r_alg;
+	g[3].status = &r_gub; /* from a Gubernator peer: key cannot be split */
+	g[3].key = (char *)"test_cluster_g4";
+	g[4].status = NULL;
+	req.n_globals = 5;
+	req.globals = gp;
+	rl_cluster_apply_globals(cl, &req);
+
+	assert_int_equal(rl_limiter_get_state(lim, "test_cluster", "g1", &st), 0);
+	assert_int_equal(st.remaining, 4);
+	assert_int_equal(st.limit, 10);
+	assert_int_equal(st.expire_at, T0 + 60000);
+	assert_int_equal(rl_limiter_get_state(lim, "test_cluster", "g2", &st), SDB_ENOTFOUND);
+	assert_int_equal(rl_limiter_get_state(lim, "test_cluster", "g3", &st), SDB_ENOTFOUND);
+	assert_int_equal(rl_limiter_get_state(lim, "test_cluster", "g4", &st), SDB_ENOTFOUND);
+	/* later requests for g1 decide from the installed state */
+	q = mkreq("g1", 1, RL_GLOBAL);
+	q.created_at = T0 + 10;
+	assert_int_equal(rl_cluster_decide(cl, &q, 1, &out, err, sizeof(err)), 0);
+	assert_string_equal(out.error, "");
+	assert_int_equal(out.remaining, 3);
+	assert_int_equal(out.reset_time, T0 + 60000);
+	rl_cluster_free(cl);
+	rl_limiter_free(lim);
+}
+
 /* ---- two nodes over loopback gRPC ---- */
 
 typedef struct node {
@@ -348,6 +449,7 @@ int main(void)
 		cmocka_unit_test(test_go_duration),
 		cmocka_unit_test(test_env),
 		cmocka_unit_test(test_single_node),
+		cmocka_unit_test(test_apply_globals),
 		cmocka_unit_test(test_two_nodes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
