@@ -21,3 +21,15 @@ tests_unit_test_raft_node_LDADD = $(UNIT_LDADD)
 EXTRA_DIST += src/metadata/README.md tests/integration/metadata_cluster.py \
 	tests/integration/test_metadata.py tests/integration/linearizability.py \
 	tests/integration/test_metadata_linearizability.py tests/bench/metadata_bench.py
+
+# libFuzzer target over the state machine (commands, queries and raw entries); built only
+# with `CC=clang ./configure --enable-fuzzing`. fsm.c is compiled into the target for
+# coverage.
+EXTRA_DIST += tests/fuzz/corpus/raft_fsm
+if FUZZING
+noinst_PROGRAMS += tests/fuzz/fuzz_raft_fsm
+tests_fuzz_fuzz_raft_fsm_SOURCES = tests/fuzz/fuzz_raft_fsm.c raft/fsm.c
+tests_fuzz_fuzz_raft_fsm_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_raft_fsm_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_raft_fsm_LDADD = libstripedb.a $(SDB_LIBS)
+endif
