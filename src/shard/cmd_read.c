@@ -159,51 +159,6 @@ static void find_opts_destroy(find_opts *o)
 	bson_destroy(&o->sort);
 }
 
-/* Run a query (in the open transaction), applying the projection, collecting copies. On
- * error replies and returns false. */
-static bool collect(shard_ctx *x, const char *coll, const sdb_query_spec *spec,
-		    const sdb_projection *proj, bson_t ***docs, size_t *n, sdb_query **keep)
-{
-	sdb_query *q = NULL;
-	int code = 0;
-	*docs = NULL;
-	*n = 0;
-	size_t cap = 0;
-	int rc = sdb_query_open(x->conn, x->db, coll, spec, &q, &code, x->err, sizeof x->err);
-	if (rc) {
-		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
-		return false;
-	}
-	const bson_t *d;
-	while ((rc = sdb_query_next(q, &d, &code, x->err, sizeof x->err)) == 1) {
-		bson_t *out = sdb_doc_new();
-		if (proj) {
-			if (sdb_projection_apply(proj, d, out, x->err, sizeof x->err) != 0) {
-				bson_destroy(out);
-				rc = -1;
-				code = WIRE_ERR_BAD_VALUE;
-				break;
-			}
-		} else {
-			bson_concat(out, d);
-		}
-		util_docs_push(docs, n, &cap, out);
-	}
-	if (rc < 0) {
-		sdb_query_free(q);
-		util_docs_free(*docs, *n);
-		*docs = NULL;
-		*n = 0;
-		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
-		return false;
-	}
-	if (keep)
-		*keep = q;
-	else
-		sdb_query_free(q);
-	return true;
-}
-
 /* Reply with a cursor over docs (ownership taken). batch < 0: default. */
 static void reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, int64_t batch,
 			 bool single, const bson_t *extra, shard_cursor *tail)
@@ -396,6 +351,54 @@ static void find_oplog(shard_ctx *x, find_opts *o)
 		     NULL, tail);
 }
 
+/* Append to arr up to batch documents (0 = no count limit) of q, projected, within the
+ * reply byte cap; a document that does not fit waits in *pending for the next batch.
+ * *done is set when q has nothing more (looked ahead one document, so an exactly drained
+ * query closes its cursor). Returns the count appended, or -1 (x->err, *code). */
+static int stream_batch(shard_ctx *x, sdb_query *q, const sdb_projection *proj,
+			bson_t **pending, size_t batch, bson_t *arr, bool *done, int *code)
+{
+	size_t k = 0, bytes = 0;
+	*done = false;
+	for (;;) {
+		bson_t *d = *pending;
+		*pending = NULL;
+		if (!d) {
+			const bson_t *raw;
+			int r = sdb_query_next(q, &raw, code, x->err, sizeof x->err);
+			if (r < 0)
+				return -1;
+			if (r == 0) {
+				*done = true;
+				break;
+			}
+			d = sdb_doc_new();
+			if (proj) {
+				if (sdb_projection_apply(proj, raw, d, x->err, sizeof x->err) != 0) {
+					sdb_doc_free(d);
+					*code = WIRE_ERR_BAD_VALUE;
+					return -1;
+				}
+			} else {
+				bson_concat(d, raw);
+			}
+		}
+		uint32_t len = sdb_store_doc_len(d);
+		if ((batch && k >= batch) || (k > 0 && bytes + len > SHARD_MAX_REPLY_BYTES)) {
+			*pending = d; /* the look-ahead: there is more */
+			break;
+		}
+		char key[16];
+		const char *kp;
+		bson_uint32_to_string((uint32_t)k, &kp, key, sizeof key);
+		bson_append_document(arr, kp, -1, d);
+		sdb_doc_free(d);
+		bytes += len;
+		k++;
+	}
+	return (int)k;
+}
+
 static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot)
 {
 	sdb_projection *proj = NULL;
@@ -443,6 +446,23 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		free(ns);
 		return;
 	}
+	/* The view check ran in the worker's transaction; the query itself runs on a pooled
+	 * connection that a cursor can keep (every batch from one snapshot). */
+	sdb_store_rollback(x->conn);
+	sdb_store_conn *worker_conn = x->conn;
+	sdb_store_conn *fc = shard_conn_get(x->sh, x->err, sizeof x->err);
+	if (!fc) {
+		sdb_projection_free(proj);
+		shard_fail(x, WIRE_ERR_INTERNAL, "shard: %s", x->err);
+		return;
+	}
+	x->conn = fc;
+	if (!shard_begin(x, false)) {
+		x->conn = worker_conn;
+		shard_conn_put(x->sh, fc);
+		sdb_projection_free(proj);
+		return;
+	}
 	sdb_query_spec spec = {
 		.filter = &o->filter,
 		.sort = o->have_sort ? &o->sort : NULL,
@@ -450,20 +470,62 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		.skip = o->skip,
 		.limit = o->limit,
 	};
-	ok = collect(x, coll, &spec, proj, &docs, &n, NULL);
-	uint64_t at = ok && snapshot ? sdb_store_oplog_last(x->conn) : 0;
-	sdb_store_rollback(x->conn);
-	sdb_projection_free(proj);
-	if (!ok)
+	sdb_query *q = NULL;
+	code = 0;
+	if (sdb_query_open(fc, x->db, coll, &spec, &q, &code, x->err, sizeof x->err) != 0) {
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		x->conn = worker_conn;
+		shard_conn_put(x->sh, fc);
+		sdb_projection_free(proj);
 		return;
+	}
+	uint64_t at = snapshot ? sdb_store_oplog_last(fc) : 0;
+	size_t batch = o->have_batch ? (size_t)o->batch : SHARD_DEFAULT_BATCH;
+	bson_t *reply = bson_new();
+	bson_t cur, arr;
+	bson_t *pending = NULL;
+	bool done = false;
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "cursor", &cur);
+	BSON_APPEND_ARRAY_BEGIN(&cur, "firstBatch", &arr);
+	int k = 0;
+	if (!(o->have_batch && o->batch == 0 && !o->single_batch))
+		k = stream_batch(x, q, proj, &pending, batch, &arr, &done, &code);
+	bson_append_array_end(&cur, &arr);
+	if (k < 0) {
+		bson_destroy(reply);
+		sdb_query_free(q);
+		sdb_doc_free(pending);
+		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
+		x->conn = worker_conn;
+		shard_conn_put(x->sh, fc);
+		sdb_projection_free(proj);
+		return;
+	}
+	x->conn = worker_conn;
 	char *ns = sdb_asprintf("%s.%s", x->db, coll);
-	bson_t extra = BSON_INITIALIZER;
+	int64_t id = 0;
+	if (done || o->single_batch) {
+		sdb_query_free(q);
+		sdb_doc_free(pending);
+		shard_conn_put(x->sh, fc);
+		sdb_projection_free(proj);
+	} else {
+		shard_cursor *c = sdb_store_calloc_aligned(sizeof *c);
+		c->ns = sdb_strdup(ns);
+		bson_init(&c->filter);
+		c->conn = fc;
+		c->q = q;
+		c->proj = proj;
+		c->pending = pending;
+		id = shard_cursor_add(x->sh, c);
+	}
+	BSON_APPEND_INT64(&cur, "id", id);
+	BSON_APPEND_UTF8(&cur, "ns", ns);
 	if (snapshot)
-		BSON_APPEND_TIMESTAMP(&extra, "atOplogTs", (uint32_t)(at >> 32), (uint32_t)at);
-	reply_cursor(x, ns, docs, n, o->have_batch ? o->batch : -1, o->single_batch,
-		     snapshot ? &extra : NULL, NULL);
-	bson_destroy(&extra);
+		BSON_APPEND_TIMESTAMP(&cur, "atOplogTs", (uint32_t)(at >> 32), (uint32_t)at);
+	bson_append_document_end(reply, &cur);
 	free(ns);
+	wire_req_reply(x->req, reply);
 }
 
 void shard_cmd_find(shard_ctx *x)
@@ -628,6 +690,29 @@ void shard_cmd_getmore(shard_ctx *x)
 	free(ns);
 	if (c->tailable) {
 		getmore_tail(x, c, batch, max_time);
+		return;
+	}
+	if (c->q) {
+		bson_t *reply = bson_new();
+		bson_t cur, arr;
+		bool done = false;
+		int code = 0;
+		BSON_APPEND_DOCUMENT_BEGIN(reply, "cursor", &cur);
+		BSON_APPEND_ARRAY_BEGIN(&cur, "nextBatch", &arr);
+		int k = stream_batch(x, c->q, c->proj, &c->pending, batch > 0 ? (size_t)batch : 0,
+				     &arr, &done, &code);
+		bson_append_array_end(&cur, &arr);
+		if (k < 0) {
+			bson_destroy(reply);
+			shard_cursor_put(x->sh, c, true);
+			shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
+			return;
+		}
+		BSON_APPEND_INT64(&cur, "id", done ? 0 : c->id);
+		BSON_APPEND_UTF8(&cur, "ns", c->ns);
+		bson_append_document_end(reply, &cur);
+		shard_cursor_put(x->sh, c, done);
+		wire_req_reply(x->req, reply);
 		return;
 	}
 	bson_t *reply = bson_new();

@@ -7,6 +7,8 @@
 
 #include "common/alloc.h"
 #include "shard/shard.h"
+#include "storage/projection.h"
+#include "storage/query.h"
 
 static int64_t random_id(void)
 {
@@ -36,6 +38,7 @@ int64_t shard_cursor_add(shard *sh, shard_cursor *c)
 			break;
 	}
 	c->last_used_ms = uv_hrtime() / 1000000;
+	c->sh = sh;
 	c->next = sh->cursors;
 	sh->cursors = c;
 	int64_t id = c->id;
@@ -107,6 +110,13 @@ void shard_cursor_free(shard_cursor *c)
 		return;
 	for (size_t i = c->pos; i < c->n_docs; i++)
 		sdb_doc_free(c->docs[i]);
+	if (c->q)
+		sdb_query_free(c->q);
+	if (c->proj)
+		sdb_projection_free(c->proj);
+	sdb_doc_free(c->pending);
+	if (c->conn)
+		shard_conn_put(c->sh, c->conn);
 	free(c->docs);
 	free(c->ns);
 	bson_destroy(&c->filter);

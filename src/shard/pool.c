@@ -142,3 +142,38 @@ void shard_oplog_notify(shard *sh)
 	pthread_cond_broadcast(&sh->oplog_cv);
 	pthread_mutex_unlock(&sh->oplog_mu);
 }
+
+sdb_store_conn *shard_conn_get(shard *sh, char *err, size_t errlen)
+{
+	sdb_store_conn *c = NULL;
+	pthread_mutex_lock(&sh->conn_mu);
+	if (sh->n_spare > 0)
+		c = sh->spare[--sh->n_spare];
+	pthread_mutex_unlock(&sh->conn_mu);
+	if (!c && sdb_store_conn_open(sh->store, &c, err, errlen) != 0)
+		return NULL;
+	return c;
+}
+
+void shard_conn_put(shard *sh, sdb_store_conn *c)
+{
+	if (!c)
+		return;
+	sdb_store_rollback(c);
+	pthread_mutex_lock(&sh->conn_mu);
+	if (sh->n_spare < (int)(sizeof sh->spare / sizeof sh->spare[0])) {
+		sh->spare[sh->n_spare++] = c;
+		c = NULL;
+	}
+	pthread_mutex_unlock(&sh->conn_mu);
+	if (c)
+		sdb_store_conn_close(c);
+}
+
+void shard_conns_close(shard *sh)
+{
+	pthread_mutex_lock(&sh->conn_mu);
+	while (sh->n_spare > 0)
+		sdb_store_conn_close(sh->spare[--sh->n_spare]);
+	pthread_mutex_unlock(&sh->conn_mu);
+}

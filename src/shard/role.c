@@ -30,15 +30,17 @@ static void reap_cb(uv_timer_t *t)
 
 static void shard_free(shard *sh)
 {
+	shard_cursors_free_all(sh); /* before the connections they hold go */
+	shard_conns_close(sh);
 	if (sh->store)
 		sdb_store_close(sh->store);
-	shard_cursors_free_all(sh);
 	pthread_mutex_destroy(&sh->mu);
 	pthread_cond_destroy(&sh->cv);
 	pthread_mutex_destroy(&sh->oplog_mu);
 	pthread_cond_destroy(&sh->oplog_cv);
 	pthread_mutex_destroy(&sh->cur_mu);
 	pthread_mutex_destroy(&sh->sess_mu);
+	pthread_mutex_destroy(&sh->conn_mu);
 	free(sh);
 }
 
@@ -60,6 +62,7 @@ static int shard_start(sdb_role *role)
 	pthread_cond_init(&sh->oplog_cv, NULL);
 	pthread_mutex_init(&sh->cur_mu, NULL);
 	pthread_mutex_init(&sh->sess_mu, NULL);
+	pthread_mutex_init(&sh->conn_mu, NULL);
 	char err[256];
 	/* Oplog caps: until SDB_OPTIONS has --oplog-max-bytes / --oplog-max-age-s, read the
 	 * environment variables those options would use. */

@@ -89,6 +89,10 @@ struct shard {
 	pthread_mutex_t cur_mu;
 	shard_cursor *cursors; /* linked list */
 	uv_timer_t reap_timer;
+	/* spare store connections */
+	pthread_mutex_t conn_mu;
+	sdb_store_conn *spare[16];
+	int n_spare;
 	/* sessions */
 	pthread_mutex_t sess_mu;
 	shard_session sessions[SHARD_MAX_SESSIONS];
@@ -96,6 +100,12 @@ struct shard {
 };
 
 /* --- pool.c --- */
+/* A store connection from the shard's pool of spare connections (opened on demand), for
+ * work that may outlive the command (streaming cursors). Any thread. NULL on error. */
+sdb_store_conn *shard_conn_get(shard *sh, char *err, size_t errlen);
+/* Return a connection (its transaction is rolled back); extra ones are closed. */
+void shard_conn_put(shard *sh, sdb_store_conn *c);
+void shard_conns_close(shard *sh);
 int shard_pool_start(shard *sh, char *err, size_t errlen);
 /* Queue fn for req (loop thread). */
 void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req);
@@ -107,6 +117,7 @@ void shard_oplog_notify(shard *sh);
 /* --- cursors.c --- */
 struct shard_cursor {
 	shard_cursor *next;
+	shard *sh;
 	int64_t id;
 	char *ns; /* db.coll */
 	bson_t **docs;
@@ -115,6 +126,13 @@ struct shard_cursor {
 	uint64_t last_ts; /* tailable oplog cursors: newest ts returned */
 	bson_t filter;    /* tailable: the filter re-applied to new entries */
 	bool busy;        /* checked out by a getMore */
+	/* streaming cursors (find): the query runs in a read transaction of a pooled
+	 * connection the cursor keeps, so every batch comes from one snapshot and memory
+	 * stays bounded by one batch */
+	sdb_store_conn *conn;
+	struct sdb_query *q;
+	struct sdb_projection *proj;
+	bson_t *pending; /* a document that did not fit the previous batch */
 	uint64_t last_used_ms;
 };
 /* Register a cursor over docs (ownership taken) and return its id (random, non-zero). */

@@ -461,3 +461,23 @@ def test_find_and_modify_and_update_forms(shard):
     assert db.command("delete", "d", deletes=[{"q": {"k": 0}, "limit": 0}])["n"] == 2
     assert sorted(d["_id"] for d in db.d.find()) == [1, 3, 5]
     check_ok(db)
+
+
+def test_cursor_reads_one_snapshot_across_getmores(shard):
+    _, port = shard
+    db = client_for(port).snap
+    db.c.insert_many([{"_id": i} for i in range(100)])
+    r = db.command("find", "c", filter={}, batchSize=10)
+    cid = r["cursor"]["id"]
+    got = [d["_id"] for d in r["cursor"]["firstBatch"]]
+    db.c.delete_many({})  # committed while the cursor is open
+    db.c.insert_one({"_id": 1000})
+    while cid:
+        g = db.command("getMore", cid, collection="c", batchSize=25)
+        got.extend(d["_id"] for d in g["cursor"]["nextBatch"])
+        cid = g["cursor"]["id"]
+    assert got == list(range(100))
+    assert [d["_id"] for d in db.c.find()] == [1000]
+    # a cursor drained exactly by its first batch is closed at once
+    r = db.command("find", "c", filter={}, batchSize=1)
+    assert r["cursor"]["id"] == 0
