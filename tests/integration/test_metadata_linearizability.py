@@ -239,8 +239,11 @@ def test_cas_linearizable_under_leader_kills(start_role, tmp_path):
     assert sum(1 for o in done if o["kind"] == "cas" and o["outcome"] == "ok") >= 10
     assert sum(1 for o in done if o["kind"] == "read") >= 10
 
+    t0 = time.monotonic()
     ok, details = check(history, {MIG: "s0", "token": 1}, budget_s=60)
-    print(f"{len(history)} operations, {nemesis.kills} kills: {details}")
+    unknown = sum(1 for o in history if o["ret"] is None)
+    print(f"{len(history)} operations ({unknown} unknown), {nemesis.kills} kills, checked in"
+          f" {time.monotonic() - t0:.2f}s: {details}")
     assert ok is True, details
 
     # and the final state agrees with a final linearizable read on every member
