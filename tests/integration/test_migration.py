@@ -51,3 +51,101 @@ def test_migrate_one_chunk_under_writes(start_role, tmp_path):
         assert len(pre) == 200 and all(pre[f"p{i}"]["v"] == -i for i in range(200))
     finally:
         cl.close()
+
+
+def _holder_coord(cl, mid):
+    """The coordinator process holding the migration's lease (holder = host/pid/http)."""
+    lease = cl.meta_read({"getLease": f"mig/{mid}"})["lease"]
+    port = int(lease["holder"].rsplit(":", 1)[1])
+    (co,) = [c for c in cl.coords if c.http_port == port]
+    return co
+
+
+def _wait_state(cl, mid, states, timeout=60):
+    return cl.wait_migration(mid, set(states) | {"complete", "aborted", "rolled_back"}, timeout)
+
+
+def run_end_to_end(start_role, tmp_path, cdc=None):
+    """metadata x3 + 3 shards + 2 proxies + 2 coordinators; writers and readers through
+    both proxies; chunks migrate back and forth, a chunk splits, a shard splits onto a new
+    shard, two chunks merge; a nemesis kills a coordinator mid-migration, restarts a target
+    shard and the metadata leader. Returns the checker's verdict."""
+    cl = MigCluster(start_role, tmp_path, meta=3, shards=3, proxies=2, coordinators=2, cdc=cdc)
+    try:
+        ns = "app.e"
+        cl.shard_collection(ns, {"k": 1}, split_points=[{"k": 50}, {"k": 100}, {"k": 150}],
+                            shards=["shard-a", "shard-b", "shard-c", "shard-a"])
+        wl = Workload(cl, ns, writers=3, readers=2, keys=200).start()
+        wait_until(lambda: wl.acked() >= 100, 30, what="workload running")
+
+        def chunk_at(k):
+            (c,) = [c for c in cl.chunks(ns) if c["min"]["k"] == k]
+            return c
+
+        from bson.min_key import MinKey
+        lo = MinKey()
+        done = []
+        # 1. a plain move: [MinKey, 50) a -> b
+        mid = cl.migrate(ns, chunk_at(lo)["id"], "shard-b", "--grace-ms=300")
+        done.append(cl.wait_migration(mid))
+        # 2. a coordinator killed mid-migration: [50, 100) b -> c
+        mid = cl.migrate(ns, chunk_at(50)["id"], "shard-c", "--grace-ms=300")
+        _wait_state(cl, mid, {"importing", "replicating", "verifying", "switching",
+                              "switched", "cleaning"})
+        victim = _holder_coord(cl, mid)
+        victim.kill()
+        done.append(cl.wait_migration(mid))
+        victim.restart()
+        victim.wait_healthy()
+        # 3. the target shard restarted while replicating: [100, 150) c -> a
+        mid = cl.migrate(ns, chunk_at(100)["id"], "shard-a", "--grace-ms=300")
+        _wait_state(cl, mid, {"replicating", "verifying", "switching", "switched"})
+        cl.restart_shard("shard-a")
+        done.append(cl.wait_migration(mid))
+        # 4. back again, with the metadata leader restarted: [MinKey, 50) b -> a
+        mid = cl.migrate(ns, chunk_at(lo)["id"], "shard-a", "--grace-ms=300")
+        _wait_state(cl, mid, {"importing", "replicating", "verifying", "switching",
+                              "switched"})
+        leader = cl.meta.leader()
+        cl.meta.kill(leader)
+        cl.meta.restart(leader)
+        done.append(cl.wait_migration(mid))
+        # 5. a chunk split in metadata, then a shard split onto a new shard
+        cl.meta_write({"splitChunk": chunk_at(150)["id"], "at": {"k": 175}})
+        cl.add_shard("shard-d")
+        r = cl.ctl("shard", "split", "shard-a", "--to", "shard-d", "--grace-ms=300", "--wait",
+                   timeout=180)
+        split_ids = [l for l in r.stdout.decode().splitlines() if len(l.split()) == 1]
+        assert len(split_ids) >= 1
+        # 6. merge two adjacent chunks of one shard (move one next to the other first)
+        chunks = sorted(cl.chunks(ns), key=lambda c: 0 if c["min"]["k"] == lo else 1)
+        a, b = chunk_at(150), chunk_at(175)
+        if a["shard"] != b["shard"]:
+            mid = cl.migrate(ns, b["id"], a["shard"], "--grace-ms=300")
+            done.append(cl.wait_migration(mid))
+        cl.meta_write({"mergeChunks": ns, "ids": [a["id"], b["id"]]})
+        n_acked_at_end = wl.acked()
+        wait_until(lambda: wl.acked() >= n_acked_at_end + 50, 30, what="writes after merge")
+        wl.stop()
+        for m in done:
+            assert m["state"] == "complete", m
+        for mid in split_ids:
+            assert cl.migration(mid)["state"] == "complete"
+        verdict = check(wl.history, cl.owned_docs(ns))
+        # every non-owning shard holds nothing of ns outside its chunks (cleanup ran)
+        owned = cl.owned_docs(ns)
+        total = sum(cl.shard_client(s)["app"]["e"].count_documents({}) for s in cl.shard_ids)
+        verdict["stray"] = total - len(owned)
+        verdict["migrations"] = len(done) + len(split_ids)
+        return verdict
+    finally:
+        cl.close()
+
+
+def test_end_to_end_embedded(start_role, tmp_path):
+    verdict = run_end_to_end(start_role, tmp_path)
+    print("verdict:", verdict["ok"], verdict["stats"], "migrations:", verdict["migrations"])
+    assert verdict["ok"], verdict["violations"][:10]
+    assert verdict["stray"] == 0
+    assert verdict["stats"]["acked"] >= 300
+    assert verdict["stats"]["reads"] >= 50
