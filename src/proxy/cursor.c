@@ -1,5 +1,6 @@
 /* Proxy-side cursors: a merged view over shard cursors, continued with getMore and
  * killed with killCursors or after an idle timeout (MongoDB's cursorTimeoutMillis). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,43 @@ struct proxy_cursor {
 	proxy_cursor *next;
 };
 
+void *proxy_calloc_bson(size_t n, size_t size)
+{
+	void *p = NULL;
+	size_t bytes = (n ? n : 1) * size;
+
+	if (posix_memalign(&p, 128, bytes) != 0) {
+		fprintf(stderr, "stripedb: out of memory (%zu bytes)\n", bytes);
+		abort();
+	}
+	memset(p, 0, bytes);
+	return p;
+}
+
+bson_t *proxy_doc_copy(const bson_t *src)
+{
+	bson_t *d = proxy_calloc_bson(1, sizeof *d);
+
+	bson_copy_to(src, d); /* a STATIC bson: bson_destroy leaves the struct to us */
+	return d;
+}
+
+bson_t *proxy_doc_new(void)
+{
+	bson_t *d = proxy_calloc_bson(1, sizeof *d);
+
+	bson_init(d);
+	return d;
+}
+
+void proxy_doc_free(bson_t *doc)
+{
+	if (doc == NULL)
+		return;
+	bson_destroy(doc);
+	free(doc);
+}
+
 static uint64_t now_ms(void)
 {
 	return uv_hrtime() / 1000000u;
@@ -38,7 +76,7 @@ void pstream_clear(pstream *s)
 	size_t i;
 
 	for (i = s->pos; i < s->n; i++)
-		bson_destroy(s->docs[i]);
+		proxy_doc_free(s->docs[i]);
 	free(s->docs);
 	s->docs = NULL;
 	s->n = s->pos = 0;
@@ -59,7 +97,7 @@ int pstream_take_batch(pstream *s, const bson_t *reply, const char *field)
 	size_t i, cap;
 
 	for (i = s->pos; i < s->n; i++)
-		bson_destroy(s->docs[i]);
+		proxy_doc_free(s->docs[i]);
 	s->n = s->pos = 0;
 	if (!bson_iter_init_find(&it, reply, "cursor") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
 	    !bson_iter_recurse(&it, &cur))
@@ -87,7 +125,7 @@ int pstream_take_batch(pstream *s, const bson_t *reply, const char *field)
 					cap = cap ? cap * 2 : 64;
 					s->docs = sdb_realloc(s->docs, cap * sizeof *s->docs);
 				}
-				s->docs[s->n++] = bson_copy(&tmp);
+				s->docs[s->n++] = proxy_doc_copy(&tmp);
 			}
 		}
 	}
@@ -206,22 +244,22 @@ int proxy_cursor_next(proxy *p, proxy_cursor *c, bson_t **doc_out, int *code, ch
 		doc = c->s[pick].docs[c->s[pick].pos++];
 		if (c->skip > 0) {
 			c->skip--;
-			bson_destroy(doc);
+			proxy_doc_free(doc);
 			continue;
 		}
 		c->returned++;
 		if (c->proj) {
-			bson_t *out = bson_new();
+			bson_t *out = proxy_doc_new();
 			char perr[256];
 			if (sdb_projection_apply(c->proj, doc, out, perr, sizeof perr) != 0) {
-				bson_destroy(out);
-				bson_destroy(doc);
+				proxy_doc_free(out);
+				proxy_doc_free(doc);
 				*code = WIRE_ERR_BAD_VALUE;
 				snprintf(err, errlen, "%s", perr);
 				rc = SDB_EINVAL;
 				goto out;
 			}
-			bson_destroy(doc);
+			proxy_doc_free(doc);
 			doc = out;
 		}
 		*doc_out = doc;
@@ -257,8 +295,8 @@ int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size
 		}
 		snprintf(key, sizeof key, "%lld", (long long)count);
 		BSON_APPEND_DOCUMENT(arr, key, doc);
-		bytes += doc->len;
-		bson_destroy(doc);
+		bytes += proxy_bson_len(doc);
+		proxy_doc_free(doc);
 		count++;
 	}
 	if (rc == 0 && c->limit > 0 && c->returned >= c->limit)

@@ -291,7 +291,7 @@ static void forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t
 			   bool single)
 {
 	bson_t fwd = BSON_INITIALIZER, reply;
-	pstream *s = sdb_calloc(1, sizeof *s);
+	pstream *s = proxy_calloc_bson(1, sizeof *s);
 	char nerr[256];
 	int r;
 	bson_iter_t it, cur;
@@ -363,6 +363,22 @@ static bool with_primary(ctx *c, char **primary)
 
 /* ---------- scatter reads: per-chunk streams ---------- */
 
+/* Options of a client's find that each per-chunk find carries as they are. */
+static void copy_find_options(const bson_t *cmd, bson_t *out)
+{
+	static const char *const keep[] = {"hint", "collation", "maxTimeMS", "comment",
+					   "allowDiskUse", "let", "min", "max", NULL};
+	bson_iter_t it;
+	size_t i;
+
+	if (!bson_iter_init(&it, cmd))
+		return;
+	while (bson_iter_next(&it))
+		for (i = 0; keep[i]; i++)
+			if (strcmp(bson_iter_key(&it), keep[i]) == 0)
+				bson_append_iter(out, keep[i], -1, &it);
+}
+
 typedef struct scatter {
 	ctx *c;
 	route_coll *rc;
@@ -414,8 +430,8 @@ static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *f
 	for (i = 0; i < rc->nchunks; i++)
 		if (sel[i])
 			sc.chunks[sc.n++] = i;
-	sc.s = sdb_calloc(sc.n ? sc.n : 1, sizeof *sc.s);
-	sc.cmds = sdb_calloc(sc.n ? sc.n : 1, sizeof *sc.cmds);
+	sc.s = proxy_calloc_bson(sc.n, sizeof *sc.s);
+	sc.cmds = proxy_calloc_bson(sc.n, sizeof *sc.cmds);
 	for (i = 0; i < sc.n; i++) {
 		route_chunk *ch = &rc->chunks[sc.chunks[i]];
 		stream_init(&sc.s[i], ch->shard, c->db, c->coll);
@@ -431,6 +447,7 @@ static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *f
 		if (proj && !bson_empty(proj))
 			BSON_APPEND_DOCUMENT(&sc.cmds[i], "projection", proj);
 		BSON_APPEND_INT64(&sc.cmds[i], "batchSize", batch);
+		copy_find_options(c->cmd, &sc.cmds[i]);
 		append_version(&sc.cmds[i], ch);
 	}
 	shardconn_fanout(c->p->sc, sc.n, scatter_one, &sc);
@@ -1131,7 +1148,7 @@ static int collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, con
 			 char *nerr, size_t nelen)
 {
 	route_chunk *ch = &rc->chunks[ci];
-	pstream *s = sdb_calloc(1, sizeof *s);
+	pstream *s = proxy_calloc_bson(1, sizeof *s);
 	bson_t cmd = BSON_INITIALIZER, proj = BSON_INITIALIZER, reply;
 	proxy_cursor *cur;
 	int cls, code = 0;
@@ -1194,7 +1211,7 @@ static int collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, con
 			bson_append_iter(ids, k, -1, &it);
 			(*n)++;
 		}
-		bson_destroy(d);
+		proxy_doc_free(d);
 	}
 	proxy_cursor_destroy(c->p, cur);
 	return cls;
@@ -1786,7 +1803,7 @@ static void count_or_distinct(ctx *c, const bson_t *q, const char *distinct_key)
 		bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
 		bool exact;
 		size_t nsel = route_target(rc, q, sel, &exact), i, k = 0;
-		agg_chunk *a = sdb_calloc(nsel ? nsel : 1, sizeof *a);
+		agg_chunk *a = proxy_calloc_bson(nsel, sizeof *a);
 		int64_t total = 0;
 		int cls = SHARDCONN_OK;
 		size_t bad = 0;
@@ -1888,7 +1905,7 @@ static int agg_next(void *arg, const bson_t **doc, int *code, char *err, size_t 
 	int r;
 
 	if (in->last) {
-		bson_destroy(in->last);
+		proxy_doc_free(in->last);
 		in->last = NULL;
 	}
 	r = proxy_cursor_next(in->p, in->cur, &d, code, err, errlen);
@@ -1973,7 +1990,7 @@ static void do_aggregate(ctx *c)
 	in.cur = in_cur;
 	in.last = NULL;
 	sdb_pipeline_open(pl, agg_next, &in, &pc);
-	out_s = sdb_calloc(1, sizeof *out_s);
+	out_s = proxy_calloc_bson(1, sizeof *out_s);
 	memset(out_s, 0, sizeof *out_s);
 	out_s->chunk = -1;
 	bson_init(&out_s->err_reply);
@@ -1986,11 +2003,10 @@ static void do_aggregate(ctx *c)
 			cap = cap ? cap * 2 : 64;
 			out_s->docs = sdb_realloc(out_s->docs, cap * sizeof *out_s->docs);
 		}
-		out_s->docs[out_s->n++] = bson_copy(d);
+		out_s->docs[out_s->n++] = proxy_doc_copy(d);
 	}
 	sdb_pipeline_cursor_free(pc);
-	if (in.last)
-		bson_destroy(in.last);
+	proxy_doc_free(in.last);
 	proxy_cursor_destroy(c->p, in_cur);
 	sdb_pipeline_pushdown_destroy(&pd);
 	sdb_pipeline_free(pl);
@@ -2037,7 +2053,7 @@ static size_t broadcast(ctx *c, const bson_t *cmd, bcast *b)
 	b->c = c;
 	n = shardconn_shard_ids(c->p->sc, &b->ids);
 	b->cmd = fwd;
-	b->replies = sdb_calloc(n ? n : 1, sizeof *b->replies);
+	b->replies = proxy_calloc_bson(n, sizeof *b->replies);
 	b->cls = sdb_calloc(n ? n : 1, sizeof *b->cls);
 	b->nerr = sdb_calloc(n ? n : 1, sizeof *b->nerr);
 	shardconn_fanout(c->p->sc, n, bcast_one, b);
@@ -2201,6 +2217,8 @@ static void do_list_union(ctx *c, bool databases)
 
 /* ---------- dispatch ---------- */
 
+static bool policy_ok(ctx *c, const char *name);
+
 /* Admission: the tenant's quotas (proxy/quota.h). Answers and returns false when over. */
 static bool admit(ctx *c, const char *name)
 {
@@ -2223,7 +2241,7 @@ static bool admit(ctx *c, const char *name)
 	if (field && get_array(c->cmd, field, &arr) && bson_iter_init(&it, &arr))
 		while (bson_iter_next(&it))
 			docs++;
-	if (proxy_quota_admit(c->p->quota, c->db, docs, (int64_t)c->cmd->len, &retry, msg,
+	if (proxy_quota_admit(c->p->quota, c->db, docs, (int64_t)proxy_bson_len(c->cmd), &retry, msg,
 			      sizeof msg))
 		return true;
 	sdb_counter_inc(c->p->m_rejected);
@@ -2258,7 +2276,7 @@ static void run_job(void *arg)
 		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
 	}
 	free(j);
-	if (!admit(&c, name))
+	if (!admit(&c, name) || !policy_ok(&c, name))
 		return;
 	if (strcmp(name, "getMore") == 0) {
 		do_get_more(&c);
@@ -2307,6 +2325,152 @@ static void run_job(void *arg)
 		do_list_indexes(&c);
 	else
 		do_broadcast(&c); /* createIndexes, dropIndexes, drop, create, collMod */
+}
+
+/* ---------- collection policy ("minimum features") ---------- */
+
+#define ERR_NO_QUERY_EXECUTION_PLANS 291
+
+/* True when the shard would scan the whole collection for filter q (explain). */
+static bool plan_is_collscan(ctx *c, const char *shard, const bson_t *q)
+{
+	bson_t cmd = BSON_INITIALIZER, inner, reply;
+	bson_iter_t it;
+	char nerr[256];
+	bool scan = false;
+
+	bson_append_document_begin(&cmd, "explain", -1, &inner);
+	BSON_APPEND_UTF8(&inner, "find", c->coll);
+	BSON_APPEND_DOCUMENT(&inner, "filter", q);
+	bson_append_document_end(&cmd, &inner);
+	BSON_APPEND_UTF8(&cmd, "verbosity", "queryPlanner");
+	if (run_on(c, shard, &cmd, NULL, &reply, nerr, sizeof nerr) == SHARDCONN_OK &&
+	    bson_iter_init(&it, &reply) &&
+	    bson_iter_find_descendant(&it, "queryPlanner.winningPlan.stage", &it) &&
+	    BSON_ITER_HOLDS_UTF8(&it))
+		scan = strcmp(bson_iter_utf8(&it, NULL), "COLLSCAN") == 0;
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return scan;
+}
+
+/* Check one filter against the scatter and unindexed switches. */
+static bool policy_filter_ok(ctx *c, unsigned flags, route_coll *rc, const bson_t *q)
+{
+	char *shard = NULL;
+	bool ok = true;
+
+	if (rc->nchunks > 0) {
+		bool *sel = sdb_calloc(rc->nchunks, sizeof *sel), exact;
+		size_t nsel = route_target(rc, q, sel, &exact), i;
+		if ((flags & PROXY_POLICY_NO_SCATTER) && rc->nchunks > 1 && nsel == rc->nchunks &&
+		    !exact) {
+			wire_req_error(c->req, WIRE_ERR_ILLEGAL_OPERATION,
+				       "scatter-gather queries are forbidden on %s by its collection "
+				       "policy: the filter must use the shard key",
+				       c->ns);
+			ok = false;
+		}
+		for (i = 0; ok && i < rc->nchunks && shard == NULL; i++)
+			if (sel[i])
+				shard = sdb_strdup(rc->chunks[i].shard);
+		free(sel);
+	} else {
+		shard = proxy_primary(c->p);
+	}
+	if (ok && (flags & PROXY_POLICY_NO_UNINDEXED) && shard && plan_is_collscan(c, shard, q)) {
+		wire_req_error(c->req, ERR_NO_QUERY_EXECUTION_PLANS,
+			       "No indexed plans available for this filter on %s, and its collection "
+			       "policy forbids unindexed queries (forbidUnindexed)",
+			       c->ns);
+		ok = false;
+	}
+	free(shard);
+	return ok;
+}
+
+/* The collection policy switches (proxy/quota.h). Answers and returns false on refusal. */
+static bool policy_ok(ctx *c, const char *name)
+{
+	unsigned flags;
+	bson_t q, arr, empty = BSON_INITIALIZER;
+	bool bounded = true, ok = true, has_q = false;
+	const char *stmts = NULL;
+	route_coll *rc;
+	char err[256];
+	bson_iter_t it;
+
+	if (c->coll == NULL)
+		return true;
+	flags = proxy_policy(c->p->quota, c->db, c->ns);
+	if (flags == 0)
+		return true;
+	if (strcmp(name, "find") == 0) {
+		has_q = get_doc(c->cmd, "filter", &q);
+		bounded = get_int(c->cmd, "limit", 0) != 0;
+	} else if (strcmp(name, "count") == 0 || strcmp(name, "distinct") == 0 ||
+		   strcmp(name, "findAndModify") == 0 || strcmp(name, "findandmodify") == 0) {
+		has_q = get_doc(c->cmd, "query", &q);
+	} else if (strcmp(name, "aggregate") == 0) {
+		bounded = false;
+		if (get_array(c->cmd, "pipeline", &arr) && bson_iter_init(&it, &arr)) {
+			bool first = true;
+			while (bson_iter_next(&it)) {
+				bson_t st;
+				uint32_t len;
+				const uint8_t *data;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+					continue;
+				bson_iter_document(&it, &len, &data);
+				if (!bson_init_static(&st, data, len))
+					continue;
+				if (bson_has_field(&st, "$limit") || bson_has_field(&st, "$count"))
+					bounded = true;
+				if (first && get_doc(&st, "$match", &q))
+					has_q = true;
+				first = false;
+			}
+		}
+	} else if (strcmp(name, "update") == 0) {
+		stmts = "updates";
+	} else if (strcmp(name, "delete") == 0) {
+		stmts = "deletes";
+	} else {
+		return true;
+	}
+	if ((flags & PROXY_POLICY_NO_UNBOUNDED) && !bounded) {
+		wire_req_error(c->req, WIRE_ERR_ILLEGAL_OPERATION,
+			       "unbounded result sets are forbidden on %s by its collection policy: "
+			       "give a limit",
+			       c->ns);
+		return false;
+	}
+	if (!(flags & (PROXY_POLICY_NO_SCATTER | PROXY_POLICY_NO_UNINDEXED)))
+		return true;
+	rc = proxy_route(c->p, c->ns, false, err, sizeof err);
+	if (rc == NULL)
+		return true; /* the handler reports the routing problem */
+	if (stmts) {
+		if (get_array(c->cmd, stmts, &arr) && bson_iter_init(&it, &arr)) {
+			while (ok && bson_iter_next(&it)) {
+				bson_t st, sq;
+				uint32_t len;
+				const uint8_t *data;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+					continue;
+				bson_iter_document(&it, &len, &data);
+				if (!bson_init_static(&st, data, len))
+					continue;
+				if (!get_doc(&st, "q", &sq))
+					bson_init(&sq);
+				ok = policy_filter_ok(c, flags, rc, &sq);
+			}
+		}
+	} else {
+		ok = policy_filter_ok(c, flags, rc, has_q ? &q : &empty);
+	}
+	route_coll_unref(rc);
+	return ok;
 }
 
 static void h_submit(wire_req *req, void *data)

@@ -23,4 +23,5 @@ tests_unit_test_proxy_merge_SOURCES = tests/unit/test_proxy_merge.c
 tests_unit_test_proxy_merge_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_merge_LDADD = $(UNIT_LDADD)
 
-EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py
+EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py \
+	tests/bench/proxy_bench.py src/proxy/README.md

@@ -141,8 +141,7 @@ int64_t merge_pushdown_limit(int64_t skip, int64_t limit)
 /* ---------- distinct ---------- */
 
 struct merge_distinct {
-	bson_t store; /* values appended under keys "0", "1", ... (owned copies) */
-	bson_value_t *vals; /* views into store after finishing: rebuilt lazily */
+	bson_t *store; /* values appended under keys "0", "1", ... (owned copies) */
 	size_t n;
 };
 
@@ -150,7 +149,7 @@ merge_distinct *merge_distinct_new(void)
 {
 	merge_distinct *d = sdb_calloc(1, sizeof *d);
 
-	bson_init(&d->store);
+	d->store = bson_new();
 	return d;
 }
 
@@ -158,7 +157,7 @@ void merge_distinct_free(merge_distinct *d)
 {
 	if (d == NULL)
 		return;
-	bson_destroy(&d->store);
+	bson_destroy(d->store);
 	free(d);
 }
 
@@ -166,7 +165,7 @@ static bool distinct_has(merge_distinct *d, const bson_value_t *v)
 {
 	bson_iter_t it;
 
-	if (!bson_iter_init(&it, &d->store))
+	if (!bson_iter_init(&it, d->store))
 		return false;
 	while (bson_iter_next(&it))
 		if (sdb_bson_value_eq(bson_iter_value(&it), v))
@@ -181,7 +180,7 @@ void merge_distinct_add_value(merge_distinct *d, const bson_value_t *v)
 	if (distinct_has(d, v))
 		return;
 	snprintf(k, sizeof k, "%zu", d->n++);
-	BSON_APPEND_VALUE(&d->store, k, v);
+	BSON_APPEND_VALUE(d->store, k, v);
 }
 
 static bool distinct_visit(void *ctx, const bson_iter_t *it, unsigned flags)
@@ -214,7 +213,7 @@ void merge_distinct_append(merge_distinct *d, bson_t *out, const char *name)
 	size_t i = 0;
 	char k[24];
 
-	if (bson_iter_init(&it, &d->store))
+	if (bson_iter_init(&it, d->store))
 		while (bson_iter_next(&it) && i < d->n)
 			v[i++] = *bson_iter_value(&it);
 	qsort(v, i, sizeof *v, value_qsort_cmp);

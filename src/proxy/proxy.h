@@ -8,6 +8,7 @@
 #include <mongoc/mongoc.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 #include <uv.h>
 
 #include "common/metrics.h"
@@ -18,6 +19,30 @@
 #include "wire/server.h"
 
 typedef struct proxy_cursor proxy_cursor;
+
+/* Zeroed heap memory for n objects that contain a bson_t (libbson declares bson_t 128-byte
+ * aligned, more than malloc guarantees). Aborts on out-of-memory like sdb_calloc; free with
+ * free(). (A shared sdb_aligned_calloc in common/alloc.h would replace this.) */
+void *proxy_calloc_bson(size_t n, size_t size);
+
+/* Documents the proxy holds (shard results) are copied into 128-byte aligned bson_t, as the
+ * storage/ query core (sort, projection, pipeline) accesses bson_t members. Free with
+ * proxy_doc_free (NULL is a no-op). */
+bson_t *proxy_doc_copy(const bson_t *src);
+/* An empty aligned document (to fill, e.g. as a projection's output). */
+bson_t *proxy_doc_new(void);
+void proxy_doc_free(bson_t *doc);
+
+/* Byte length of a document, read from its data: heap bson_t from libbson (bson_new,
+ * bson_copy) come from our malloc wrapper and are not 128-byte aligned, so UBSan refuses
+ * member access (doc->len) on them. */
+static inline uint32_t proxy_bson_len(const bson_t *doc)
+{
+	uint32_t len;
+
+	memcpy(&len, bson_get_data(doc), sizeof len);
+	return BSON_UINT32_FROM_LE(len);
+}
 
 typedef struct proxy {
 	uv_loop_t *loop;

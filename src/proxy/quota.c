@@ -15,6 +15,7 @@ typedef struct tenant {
 	char *name;
 	int64_t rps, dps, bps; /* 0 = unlimited */
 	int64_t period_ms;     /* bucket window, default 1000 */
+	bson_t *policy;        /* the tenant's policy document or NULL */
 } tenant;
 
 typedef struct dbmap {
@@ -57,8 +58,11 @@ static void tables_free(proxy_quota *q)
 {
 	size_t i;
 
-	for (i = 0; i < q->nt; i++)
+	for (i = 0; i < q->nt; i++) {
 		free(q->t[i].name);
+		if (q->t[i].policy)
+			bson_destroy(q->t[i].policy);
+	}
 	for (i = 0; i < q->nd; i++) {
 		free(q->d[i].db);
 		free(q->d[i].tenant);
@@ -111,10 +115,21 @@ void proxy_quota_load(proxy_quota *q, const bson_t *tenants, const bson_t *dbs)
 					x.dps = quota_field(&f, "docsWrittenPerSec");
 					x.bps = quota_field(&f, "bytesPerSec");
 					x.period_ms = quota_field(&f, "periodMS");
+				} else if (strcmp(bson_iter_key(&f), "policy") == 0 &&
+					   BSON_ITER_HOLDS_DOCUMENT(&f)) {
+					uint32_t len;
+					const uint8_t *data;
+					bson_t view;
+					bson_iter_document(&f, &len, &data);
+					if (bson_init_static(&view, data, len))
+						x.policy = bson_copy(&view);
 				}
 			}
-			if (x.name == NULL)
+			if (x.name == NULL) {
+				if (x.policy)
+					bson_destroy(x.policy);
 				continue;
+			}
 			if (x.period_ms <= 0)
 				x.period_ms = 1000;
 			if (nt == ct) {
@@ -156,6 +171,44 @@ void proxy_quota_load(proxy_quota *q, const bson_t *tenants, const bson_t *dbs)
 	q->d = d;
 	q->nd = nd;
 	uv_rwlock_wrunlock(&q->lock);
+}
+
+unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns)
+{
+	unsigned flags = 0;
+	size_t i, j;
+	bson_iter_t it, coll, f;
+
+	if (q == NULL)
+		return 0;
+	uv_rwlock_rdlock(&q->lock);
+	for (i = 0; i < q->nd; i++) {
+		if (strcmp(q->d[i].db, db) != 0)
+			continue;
+		for (j = 0; j < q->nt; j++) {
+			if (strcmp(q->t[j].name, q->d[i].tenant) != 0 || q->t[j].policy == NULL)
+				continue;
+			if (!bson_iter_init_find(&it, q->t[j].policy, "collections") ||
+			    !BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &coll))
+				continue;
+			if (!bson_iter_find(&coll, ns) || !BSON_ITER_HOLDS_DOCUMENT(&coll) ||
+			    !bson_iter_recurse(&coll, &f))
+				continue;
+			while (bson_iter_next(&f)) {
+				const char *k = bson_iter_key(&f);
+				if (!bson_iter_as_bool(&f))
+					continue;
+				if (strcmp(k, "forbidScatter") == 0)
+					flags |= PROXY_POLICY_NO_SCATTER;
+				else if (strcmp(k, "forbidUnindexed") == 0)
+					flags |= PROXY_POLICY_NO_UNINDEXED;
+				else if (strcmp(k, "forbidUnbounded") == 0)
+					flags |= PROXY_POLICY_NO_UNBOUNDED;
+			}
+		}
+	}
+	uv_rwlock_rdunlock(&q->lock);
+	return flags;
 }
 
 bool proxy_quota_admit(proxy_quota *q, const char *db, int64_t docs, int64_t bytes,

@@ -34,6 +34,17 @@ void proxy_quota_free(proxy_quota *q);
 /* Replace the tenant tables from metadata replies (listTenants, listDatabases). */
 void proxy_quota_load(proxy_quota *q, const bson_t *tenants, const bson_t *dbs);
 
+/* Per-collection "minimum features" switches (DESIGN.md §5), from the tenant's policy
+ * document (setPolicy): {collections: {"db.coll": {forbidScatter: true,
+ * forbidUnindexed: true, forbidUnbounded: true}}}. */
+enum {
+	PROXY_POLICY_NO_SCATTER = 1,   /* queries must target a subset of the chunks */
+	PROXY_POLICY_NO_UNINDEXED = 2, /* the shard's plan must not be a collection scan */
+	PROXY_POLICY_NO_UNBOUNDED = 4, /* finds need a limit, pipelines a $limit */
+};
+/* The switches for ns (a bit set of PROXY_POLICY_*), 0 when none. Thread-safe. */
+unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns);
+
 /* Admit a request on db carrying docs documents written and bytes bytes. Returns true to
  * go on; false with *retry_after_ms, the tenant and a message filled. Thread-safe. */
 bool proxy_quota_admit(proxy_quota *q, const char *db, int64_t docs, int64_t bytes,

@@ -232,20 +232,29 @@ def rand_query(rng):
     return f, sort, rng.randrange(0, 30), rng.choice([0, 0, 5, 50]), proj
 
 
-def test_differential_vs_one_shard(cluster, start_role, tmp_path):
+SHARDINGS = {
+    "ranged": dict(key={"k": 1}, split_points=[{"k": 100}, {"k": 200}]),
+    "hashed": dict(key={"_id": "hashed"}, num_chunks=6),
+    "compound": dict(key={"a": 1, "k": 1},
+                     split_points=[{"a": 5, "k": 0}, {"a": 12, "k": MinKey()}]),
+}
+
+
+@pytest.mark.parametrize("sharding", sorted(SHARDINGS))
+def test_differential_vs_one_shard(cluster, start_role, tmp_path, sharding):
     port = free_port()
     d = tmp_path / "solo"
     d.mkdir()
     start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
     solo = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True).db.c
-    ranged(cluster)
+    cluster.shard_collection("db.c", **SHARDINGS[sharding])
     prox = cluster.proxy_client(0).db.c
     rng = random.Random(6)
     docs = [rand_doc(rng, i) for i in range(600)]
     prox.insert_many(docs)
     solo.insert_many(docs)
     assert prox.count_documents({}) == 600
-    for n in range(150):
+    for n in range(100):
         f, sort, skip, limit, proj = rand_query(rng)
         a = list(prox.find(f, proj, batch_size=rng.choice([3, 50, 1000])).sort(sort)
                  .skip(skip).limit(limit))
@@ -512,3 +521,45 @@ def test_shard_down_fails_only_its_chunks(cluster):
     with pytest.raises(OperationFailure) as e:
         list(c.find({}))
     assert e.value.code == 6
+
+
+def test_collection_policy_switches(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=3, proxies=1)
+    try:
+        cl.meta_cmd({"createTenant": "t1"})
+        cl.create_database("t1db", tenant="t1")
+        cl.shard_collection("t1db.c", {"k": 1}, split_points=[{"k": 100}, {"k": 200}])
+        strict = {"forbidScatter": True, "forbidUnindexed": True, "forbidUnbounded": True}
+        cl.meta_cmd({"setPolicy": "t1", "policy": {"collections": {
+            "t1db.c": strict, "t1db.u": {"forbidUnindexed": True}}}})
+        db = cl.proxy_client(0).t1db
+        db.c.create_index("k")
+        db.c.insert_many([{"_id": i, "k": i, "x": i % 7} for i in range(300)])
+        db.u.insert_many([{"_id": i, "y": i} for i in range(10)])
+
+        def refused(fn):
+            """The error code fn fails with, or None when it succeeds."""
+            try:
+                fn()
+            except OperationFailure as e:
+                return e.code
+            return None
+        # the proxy re-reads policies every second: wait until this one is in force
+        wait_until(lambda: refused(lambda: db.c.find_one({"x": 1})) == 20, 15,
+                   what="the policy to be loaded")
+        assert db.c.find_one({"k": 5}) == {"_id": 5, "k": 5, "x": 5}
+        assert len(list(db.c.find({"k": {"$gte": 150}}).limit(500))) == 150
+        assert refused(lambda: list(db.c.find({"k": {"$gte": 0}}).limit(5))) == 20
+        assert refused(lambda: list(db.c.find({"k": 5}))) == 20       # no limit
+        assert refused(lambda: db.c.update_many({"x": 3}, {"$set": {"z": 1}})) == 20
+        assert db.c.update_many({"k": {"$in": [3, 250]}}, {"$set": {"z": 1}}).modified_count == 2
+        assert refused(lambda: list(db.c.aggregate([{"$match": {"k": 3}}]))) == 20
+        assert list(db.c.aggregate([{"$match": {"k": 3}}, {"$limit": 1}])) == \
+            [{"_id": 3, "k": 3, "x": 3, "z": 1}]
+        # unindexed: an unsharded collection without an index on y
+        assert refused(lambda: db.u.find_one({"y": 3})) == 291
+        assert db.u.find_one({"_id": 3}) == {"_id": 3, "y": 3}
+        db.u.create_index("y")
+        assert db.u.find_one({"y": 3}) == {"_id": 3, "y": 3}
+    finally:
+        cl.close()
