@@ -20,12 +20,17 @@
 #include "common/metrics.h"
 #include "ratelimit/proto.h"
 
-#define OUTSTANDING_REQUESTS 64
+/* calls requested ahead from gRPC, per method */
+static const int outstanding[] = {64, 4, 4, 32, 8};
+#define OUTSTANDING_UNKNOWN 2
 #define MAX_THREADS 16
 
-/* Call lifecycle: REQUESTED (waiting for a client) -> READING (request message) ->
- * DECIDING (the cluster answers, maybe later) -> SENDING (reply + status) -> freed. */
-typedef enum { SC_REQUESTED, SC_READING, SC_DECIDING, SC_SENDING } sc_state;
+/* Call lifecycle: REQUESTED (waiting for a client; our methods are registered with
+ * GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, so the request message arrives with the call)
+ * -> DECIDING (the cluster answers, maybe later) -> SENDING (reply + status) -> freed.
+ * A call to an unknown method arrives unregistered and goes REQUESTED -> SENDING
+ * (UNIMPLEMENTED); so do calls answered at once (errors, peer calls, health). */
+typedef enum { SC_REQUESTED, SC_DECIDING, SC_SENDING } sc_state;
 
 typedef struct srv_call {
 	rl_grpc_server *srv;
@@ -37,19 +42,19 @@ typedef struct srv_call {
 	grpc_byte_buffer *send;
 	int cancelled;
 	grpc_slice status_details;
+	gpr_timespec deadline;
 	uint64_t start_ns;
-	int method; /* index into methods[] */
+	int method; /* index into methods[], -1 for an unregistered (unknown) method */
 	rl_resp *resps;
 	size_t n;
 } srv_call;
 
 #ifdef SDB_DEBUG
-static const bool sc_transitions[4][4] = {
-	/* to:             REQUESTED READING DECIDING SENDING */
-	[SC_REQUESTED] = {false, true, false, false},
-	[SC_READING] = {false, false, true, true},
-	[SC_DECIDING] = {false, false, false, true},
-	[SC_SENDING] = {false, false, false, false},
+static const bool sc_transitions[3][3] = {
+	/* to:             REQUESTED DECIDING SENDING */
+	[SC_REQUESTED] = {false, true, true},
+	[SC_DECIDING] = {false, false, true},
+	[SC_SENDING] = {false, false, false},
 };
 #endif
 
@@ -87,6 +92,7 @@ struct rl_grpc_server {
 	bool fenced;
 	bool shut;
 	int shutdown_tag; /* its address is the server shutdown tag */
+	void *registered[M__COUNT];
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	bool shutdown_done;
@@ -96,18 +102,26 @@ struct rl_grpc_server {
 	sdb_counter *m_decisions;
 };
 
-static void post_request(rl_grpc_server *srv)
+/* Ask gRPC for the next call of method m (-1: of any unregistered method). */
+static void post_request(rl_grpc_server *srv, int m)
 {
 	srv_call *c = sdb_calloc(1, sizeof(*c));
+	grpc_call_error ce;
 
 	c->srv = srv;
 	c->state = SC_REQUESTED;
-	c->method = -1;
+	c->method = m;
 	c->status_details = grpc_empty_slice();
 	grpc_call_details_init(&c->details);
 	grpc_metadata_array_init(&c->req_md);
-	if (grpc_server_request_call(srv->server, &c->call, &c->details, &c->req_md, srv->cq,
-				     srv->cq, c) != GRPC_CALL_OK) {
+	if (m >= 0)
+		ce = grpc_server_request_registered_call(srv->server, srv->registered[m], &c->call,
+							 &c->deadline, &c->req_md, &c->recv,
+							 srv->cq, srv->cq, c);
+	else
+		ce = grpc_server_request_call(srv->server, &c->call, &c->details, &c->req_md,
+					      srv->cq, srv->cq, c);
+	if (ce != GRPC_CALL_OK) {
 		grpc_call_details_destroy(&c->details);
 		grpc_metadata_array_destroy(&c->req_md);
 		free(c);
@@ -330,14 +344,11 @@ static void dispatch(srv_call *c)
 	grpc_byte_buffer_reader rd;
 	int m;
 
-	for (m = 0; m < M__COUNT; m++)
-		if (grpc_slice_str_cmp(c->details.method, methods[m]) == 0)
-			break;
-	if (m == M__COUNT) {
+	m = c->method;
+	if (m < 0) {
 		reply(c, GRPC_STATUS_UNIMPLEMENTED, NULL, 0, "unknown method");
 		return;
 	}
-	c->method = m;
 	sdb_counter_inc(srv->m_calls[m]);
 	if (c->recv == NULL) {
 		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0, "no request message");
@@ -380,29 +391,15 @@ static void dispatch(srv_call *c)
 
 static void on_event(rl_grpc_server *srv, srv_call *c, bool ok)
 {
-	grpc_op op;
-
 	switch (c->state) {
 	case SC_REQUESTED:
 		if (!ok) { /* server shutting down */
 			call_free(c);
 			return;
 		}
-		post_request(srv);
+		post_request(srv, c->method);
 		c->start_ns = uv_hrtime();
-		sc_set_state(c, SC_READING);
-		memset(&op, 0, sizeof(op));
-		op.op = GRPC_OP_RECV_MESSAGE;
-		op.data.recv_message.recv_message = &c->recv;
-		if (grpc_call_start_batch(c->call, &op, 1, c, NULL) != GRPC_CALL_OK)
-			call_free(c);
-		return;
-	case SC_READING:
-		if (!ok) {
-			call_free(c);
-			return;
-		}
-		dispatch(c);
+		dispatch(c); /* the request message came with the call */
 		return;
 	case SC_DECIDING:
 		return; /* not reached: no batch is pending while deciding */
@@ -479,6 +476,9 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 	srv->server = grpc_server_create(&chargs, NULL);
 	srv->cq = grpc_completion_queue_create_for_next(NULL);
 	grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
+	for (i = 0; i < M__COUNT; i++)
+		srv->registered[i] = grpc_server_register_method(
+			srv->server, methods[i], NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
 	creds = grpc_insecure_server_credentials_create();
 	srv->port = grpc_server_add_http2_port(srv->server, opts->listen, creds);
 	grpc_server_credentials_release(creds);
@@ -487,8 +487,11 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 		goto err_after_server;
 	}
 	grpc_server_start(srv->server);
-	for (i = 0; i < OUTSTANDING_REQUESTS; i++)
-		post_request(srv);
+	for (i = 0; i < M__COUNT; i++)
+		for (int k = 0; k < outstanding[i]; k++)
+			post_request(srv, i);
+	for (i = 0; i < OUTSTANDING_UNKNOWN; i++)
+		post_request(srv, -1);
 	for (i = 0; i < srv->n_threads; i++) {
 		rv = pthread_create(&srv->threads[i], NULL, cq_main, srv);
 		if (rv != 0) {
