@@ -417,6 +417,104 @@ static void test_query_plans_and_counters(void **state)
 	sdb_store_rollback(f->c);
 }
 
+static void test_catalog_drop_and_oplog_commands(void **state)
+{
+	fx *f = *state;
+	begin_w(f);
+	assert_int_equal(insert(f, 1, 1, NULL), 0);
+	bson_t *spec = BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1");
+	bool created;
+	int code;
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 0);
+	bson_destroy(spec);
+	/* same name, other key: IndexKeySpecsConflict 86 */
+	spec = BCON_NEW("key", "{", "b", BCON_INT32(1), "}", "name", "a_1");
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 SDB_ECONFLICT);
+	assert_int_equal(code, 86);
+	bson_destroy(spec);
+	assert_int_equal(sdb_store_index_drop(f->c, "db", "c", "nope", NULL, f->err, sizeof f->err),
+			 SDB_ENOTFOUND);
+	assert_int_equal(sdb_store_index_drop(f->c, "db", "c", "a_1", NULL, f->err, sizeof f->err),
+			 0);
+	assert_int_equal(sdb_store_coll_create(f->c, "db", "d", NULL, NULL, NULL, f->err,
+					       sizeof f->err),
+			 0);
+	assert_int_equal(sdb_store_coll_create(f->c, "db", "d", NULL, NULL, NULL, f->err,
+					       sizeof f->err),
+			 SDB_EEXISTS);
+	assert_int_equal(sdb_store_coll_create(f->c, "bad.db", "d", NULL, NULL, NULL, f->err,
+					       sizeof f->err),
+			 SDB_EINVAL);
+	commit(f);
+	begin_w(f);
+	char **names = NULL;
+	size_t n = 0;
+	assert_int_equal(sdb_store_coll_list(f->c, "db", &names, &n, f->err, sizeof f->err), 0);
+	assert_int_equal(n, 2);
+	sdb_store_names_free(names, n);
+	int dropped = 0;
+	assert_int_equal(sdb_store_db_drop(f->c, "db", "mig-9", &dropped, f->err, sizeof f->err),
+			 0);
+	assert_int_equal(dropped, 2);
+	assert_int_equal(sdb_store_count(f->c, "db", "c"), 0);
+	commit(f);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	bson_t **e = NULL;
+	size_t ne = 0;
+	assert_int_equal(sdb_store_oplog_read_desc(f->c, 1, &e, &ne, f->err, sizeof f->err), 0);
+	assert_int_equal(ne, 1);
+	bson_iter_t it;
+	assert_true(bson_iter_init_find(&it, e[0], "o"));
+	bson_iter_t sub;
+	assert_true(bson_iter_recurse(&it, &sub) && bson_iter_find(&sub, "dropDatabase"));
+	assert_true(bson_iter_init_find(&it, e[0], "ns"));
+	assert_string_equal(bson_iter_utf8(&it, NULL), "db.$cmd");
+	assert_true(bson_iter_init_find(&it, e[0], "origin"));
+	assert_string_equal(bson_iter_utf8(&it, NULL), "mig-9");
+	sdb_doc_free(e[0]);
+	free(e);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+}
+
+static void test_check_finds_data_that_disagrees_with_the_oplog(void **state)
+{
+	fx *f = *state;
+	begin_w(f);
+	assert_int_equal(insert(f, 1, 1, NULL), 0);
+	assert_int_equal(insert(f, 2, 2, NULL), 0);
+	commit(f);
+	char path[300];
+	snprintf(path, sizeof path, "%s/shard.db", f->dir);
+	sqlite3 *db;
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	sqlite3_busy_timeout(db, 5000);
+	/* a write that bypassed the oplog: one document lost */
+	assert_int_equal(sqlite3_exec(db, "DELETE FROM c_1 WHERE k = (SELECT max(k) FROM c_1)",
+				      NULL, NULL, NULL),
+			 SQLITE_OK);
+	sqlite3_close(db);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	bson_t problems = BSON_INITIALIZER;
+	int np = 0;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 1);
+	bson_iter_t it;
+	assert_true(bson_iter_init_find(&it, &problems, "0"));
+	assert_non_null(strstr(bson_iter_utf8(&it, NULL),
+			       "db.c: 1 documents disagree with their latest oplog entry"));
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -429,6 +527,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_check_finds_a_missing_index_entry, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_query_plans_and_counters, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_catalog_drop_and_oplog_commands, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_check_finds_data_that_disagrees_with_the_oplog,
+						setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
