@@ -149,3 +149,20 @@ def test_end_to_end_embedded(start_role, tmp_path):
     assert verdict["stray"] == 0
     assert verdict["stats"]["acked"] >= 300
     assert verdict["stats"]["reads"] >= 50
+
+
+def test_end_to_end_kafka(start_role, tmp_path):
+    """The same end-to-end run with the CDC log on Kafka (librdkafka's mock cluster)."""
+    from cdc_helpers import KafkaMock, kafka_mock_path
+    if not os.path.exists(kafka_mock_path()):
+        pytest.skip("tests/integration/kafka_mock not built (make check builds it)")
+    k = KafkaMock(1, [f"stripedb.cdc.shard-{s}" for s in "abcd"])
+    try:
+        verdict = run_end_to_end(start_role, tmp_path, cdc=f"kafka:{k.bootstrap}")
+        print("verdict:", verdict["ok"], verdict["stats"], "migrations:", verdict["migrations"])
+    finally:
+        k.close()
+    assert verdict["ok"], verdict["violations"][:10]
+    assert verdict["stray"] == 0
+    assert verdict["stats"]["acked"] >= 300
+    assert verdict["stats"]["reads"] >= 50
