@@ -77,6 +77,8 @@ void shard_cursor_put(shard *sh, shard_cursor *c, bool drop)
 	pthread_mutex_lock(&sh->cur_mu);
 	c->busy = false;
 	c->last_used_ms = uv_hrtime() / 1000000;
+	if (c->killed)
+		drop = true;
 	if (drop)
 		unlink_locked(sh, c);
 	pthread_mutex_unlock(&sh->cur_mu);
@@ -94,8 +96,8 @@ bool shard_cursor_kill(shard *sh, int64_t id)
 	if (c && !c->busy) {
 		unlink_locked(sh, c);
 	} else if (c) {
-		/* in use by a getMore: let it finish; it will be reaped as idle */
-		c->last_used_ms = 0;
+		/* in use by a getMore: it is dropped when that getMore puts it back */
+		c->killed = true;
 		c = NULL;
 	}
 	pthread_mutex_unlock(&sh->cur_mu);

@@ -126,6 +126,7 @@ struct shard_cursor {
 	uint64_t last_ts; /* tailable oplog cursors: newest ts returned */
 	bson_t filter;    /* tailable: the filter re-applied to new entries */
 	bool busy;        /* checked out by a getMore */
+	bool killed;      /* killCursors while busy: dropped when put back */
 	/* streaming cursors (find): the query runs in a read transaction of a pooled
 	 * connection the cursor keeps, so every batch comes from one snapshot and memory
 	 * stays bounded by one batch */
