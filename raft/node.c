@@ -207,6 +207,14 @@ static void prepare_cb(uv_prepare_t *h)
 		return;
 	state = raft_state(&n->raft);
 	term = n->raft.current_term;
+	if (state == RAFT_UNAVAILABLE) {
+		/* libraft 0.15 converts to unavailable after an I/O error it cannot handle
+		 * (e.g. persisting the term or vote) and then stays silent forever: stop the
+		 * process so a supervisor restarts it from disk. */
+		sdb_error("raft: became unavailable, aborting", "err=\"%s\" io=\"%s\"",
+			  raft_errmsg(&n->raft), n->io.errmsg);
+		abort();
+	}
 	if (state == RAFT_LEADER && n->ready_term != term && n->barrier_term != term) {
 		struct barrier_req *b = sdb_calloc(1, sizeof *b);
 		b->n = n;

@@ -197,11 +197,36 @@ static void test_failed_append_aborts(void **state)
 	assert_int_equal(WTERMSIG(st), SIGABRT);
 }
 
+/* libraft 0.15 going silent in the unavailable state (after an I/O error it handled
+ * itself) must take the process down too. */
+static void test_unavailable_aborts(void **state)
+{
+	env *e = *state;
+	int st;
+	pid_t pid;
+	fflush(NULL);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		start(e);
+		if (!run_until(e, is_ready))
+			_exit(3);
+		e->node->raft.state = RAFT_UNAVAILABLE; /* what libraft does on such errors */
+		for (int i = 0; i < 100; i++)
+			uv_run(&e->loop, UV_RUN_ONCE);
+		_exit(4); /* must not get here */
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFSIGNALED(st));
+	assert_int_equal(WTERMSIG(st), SIGABRT);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_ready_propose_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_append_aborts, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unavailable_aborts, setup, teardown),
 	};
 	return cmocka_run_group_tests_name("raft_node", tests, NULL, NULL);
 }
