@@ -1,6 +1,7 @@
 /* file: archive of closed CDC segments. See archive.h. */
 #include "cdc/archive.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,4 +58,98 @@ int cdc_archive_range(cdc_archive *a, const char *shard, cdc_range *out, char *e
 	int rc = cdc_segdir_range(dir, out, err, errlen);
 	free(dir);
 	return rc;
+}
+
+/* ------------------------------------------------------------ Kafka archiver */
+
+struct cdc_archiver {
+	cdc_log *log;
+	char *shard;
+	cdc_segwriter *sw;
+	void *src; /* live source positioned at next, or NULL */
+	uint64_t next;
+};
+
+int cdc_archiver_open(cdc_log *log, const char *shard, cdc_archiver **out, char *err,
+		      size_t errlen)
+{
+	cdc_range live;
+	uint64_t last_ts;
+	int rc;
+	if (log->archive == NULL)
+		return sdb_errf(err, errlen, SDB_EINVAL, "archiver: no archive configured");
+	rc = cdc_log_range(log, shard, &live, err, errlen);
+	if (rc)
+		return rc;
+	cdc_archiver *a = sdb_calloc(1, sizeof *a);
+	char *dir = cdc_archive_dir(log->archive, shard);
+	a->log = log;
+	a->shard = sdb_strdup(shard);
+	rc = cdc_segwriter_open(dir, log->opts.fsync, log->opts.segment_bytes, live.first_offset,
+				&a->sw, &a->next, &last_ts, err, errlen);
+	free(dir);
+	if (rc) {
+		free(a->shard);
+		free(a);
+		return sdb_errwrap(err, errlen, rc, "archive");
+	}
+	*out = a;
+	return 0;
+}
+
+int cdc_archiver_step(cdc_archiver *a, size_t max, size_t *copied, char *err, size_t errlen)
+{
+	cdc_event ev;
+	int rc = 0;
+	*copied = 0;
+	if (a->src == NULL) {
+		rc = a->log->be->src_open(a->log, a->shard, a->next, &a->src, err, errlen);
+		if (rc)
+			return rc;
+	}
+	while (*copied < max) {
+		rc = a->log->be->src_next(a->src, &ev, 0, err, errlen);
+		if (rc <= 0)
+			break;
+		if (ev.offset != a->next) {
+			rc = sdb_errf(err, errlen, SDB_ENOTFOUND,
+				      "archive gap: offsets %" PRIu64 "..%" PRIu64
+				      " left the log before they were archived",
+				      a->next, ev.offset);
+			break;
+		}
+		int rolled;
+		rc = cdc_segwriter_append(a->sw, ev.offset, ev.ts, ev.data, ev.len, &rolled, err,
+					  errlen);
+		if (rc)
+			break;
+		a->next++;
+		(*copied)++;
+	}
+	if (rc < 0) {
+		a->log->be->src_close(a->src);
+		a->src = NULL;
+	}
+	if (*copied > 0) {
+		int frc = cdc_segwriter_flush(a->sw, err, errlen);
+		if (rc >= 0)
+			rc = frc;
+	}
+	return rc < 0 ? rc : 0;
+}
+
+uint64_t cdc_archiver_next(const cdc_archiver *a)
+{
+	return a->next;
+}
+
+void cdc_archiver_close(cdc_archiver *a)
+{
+	if (a == NULL)
+		return;
+	if (a->src)
+		a->log->be->src_close(a->src);
+	cdc_segwriter_close(a->sw);
+	free(a->shard);
+	free(a);
 }

@@ -92,7 +92,7 @@ static int emb_writer_open(cdc_log *log, const char *shard, void **out, uint64_t
 	w->log = log;
 	w->shard = sdb_strdup(shard);
 	w->dir = shard_dir(log, shard);
-	rc = cdc_segwriter_open(w->dir, log->opts.fsync, log->opts.segment_bytes, &w->sw,
+	rc = cdc_segwriter_open(w->dir, log->opts.fsync, log->opts.segment_bytes, 0, &w->sw,
 				next_offset, last_ts, err, errlen);
 	if (rc == 0)
 		rc = emb_retain(w, err, errlen);

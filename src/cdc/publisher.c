@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cdc/archive.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -30,7 +31,8 @@ struct cdc_publisher {
 	pthread_cond_t cv;
 	cdc_publisher_status st; /* under mu */
 	sdb_gauge *g_ts, *g_off, *g_lag_s, *g_lag_n;
-	sdb_counter *c_events, *c_errors;
+	sdb_counter *c_events, *c_errors, *c_archived;
+	cdc_archiver *arch; /* Kafka with an archive: copies the topic into it */
 };
 
 int64_t cdc_now_ms(void)
@@ -191,6 +193,25 @@ static int append_batch(cdc_publisher *p, cdc_writer *w, bson_iter_t *arr, uint6
 	return 0;
 }
 
+/* Kafka backend with an archive: copy what the broker has and the archive has not. An
+ * archive failure is reported (status, metric, log) but does not stop publishing. */
+static void archive_step(cdc_publisher *p)
+{
+	char err[512];
+	size_t copied = 0;
+	if (cdc_log_archive(p->log) == NULL || strcmp(cdc_log_backend(p->log), "kafka") != 0)
+		return;
+	if (p->arch == NULL && cdc_archiver_open(p->log, p->shard, &p->arch, err, sizeof err) != 0) {
+		p->arch = NULL;
+		set_error(p, err);
+		return;
+	}
+	int rc = cdc_archiver_step(p->arch, 100000, &copied, err, sizeof err);
+	sdb_counter_add(p->c_archived, copied);
+	if (rc)
+		set_error(p, err);
+}
+
 /* Oldest oplog ts of the shard (0 when empty); -1 on error. */
 static int oplog_oldest(mongoc_client_t *c, uint64_t *oldest, char *err, size_t errlen)
 {
@@ -289,6 +310,8 @@ static int tail(cdc_publisher *p, mongoc_client_t *c, cdc_writer *w, char *err, 
 		if (rc)
 			break;
 		publish_progress(p, w, added);
+		if (added > 0 || cdc_now_ms() >= next_probe)
+			archive_step(p);
 		if (cdc_now_ms() >= next_probe) {
 			probe_lag(p, c, cdc_writer_last_ts(w));
 			next_probe = cdc_now_ms() + PROBE_EVERY_MS;
@@ -361,6 +384,8 @@ static void *run(void *arg)
 			set_error(p, err);
 		cdc_writer_close(w);
 	}
+	cdc_archiver_close(p->arch);
+	p->arch = NULL;
 	if (c)
 		mongoc_client_destroy(c);
 	return NULL;
@@ -398,6 +423,8 @@ int cdc_publisher_start(cdc_log *log, const char *shard, const char *uri, int64_
 					  "CDC: events appended to the log", labels);
 	p->c_errors = sdb_metrics_counter("stripedb_cdc_publish_errors_total",
 					  "CDC: publisher errors (retried)", labels);
+	p->c_archived = sdb_metrics_counter("stripedb_cdc_archived_events_total",
+					    "CDC: events copied from Kafka into the archive", labels);
 	sdb_gauge_set(p->g_lag_n, -1);
 	if (pthread_create(&p->thread, NULL, run, p) != 0)
 		abort();

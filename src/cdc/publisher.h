@@ -12,9 +12,17 @@
  * cdc_publisher_fence (the lease expiry minus a margin), so a coordinator that cannot renew
  * its lease stops publishing before another one can take over.
  *
+ * With the Kafka backend and an archive, the publisher also runs the shard's archiver
+ * (archive.h) after each batch: the topic is copied into the archive as it grows.
+ *
+ * A published position that is no longer in the shard's oplog (the oplog was trimmed past
+ * it while no publisher ran) stops the publisher with "oplog history lost" rather than
+ * silently skipping what was trimmed (as a change stream's ChangeStreamHistoryLost).
+ *
  * Metrics (label shard="ID"): stripedb_cdc_published_ts_seconds, stripedb_cdc_published_offset,
  * stripedb_cdc_events_published_total, stripedb_cdc_lag_seconds, stripedb_cdc_lag_events
- * (capped at CDC_LAG_EVENTS_CAP), stripedb_cdc_publish_errors_total.
+ * (capped at CDC_LAG_EVENTS_CAP), stripedb_cdc_publish_errors_total,
+ * stripedb_cdc_archived_events_total (Kafka archiver).
  */
 #ifndef SDB_CDC_PUBLISHER_H
 #define SDB_CDC_PUBLISHER_H

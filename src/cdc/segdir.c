@@ -582,8 +582,8 @@ out:
 }
 
 int cdc_segwriter_open(const char *dir, cdc_fsync_policy fsync, uint64_t segment_bytes,
-		       cdc_segwriter **out, uint64_t *next_offset, uint64_t *last_ts, char *err,
-		       size_t errlen)
+		       uint64_t first_if_empty, cdc_segwriter **out, uint64_t *next_offset,
+		       uint64_t *last_ts, char *err, size_t errlen)
 {
 	cdc_segwriter *w;
 	cdc_seginfo *s = NULL;
@@ -614,9 +614,10 @@ int cdc_segwriter_open(const char *dir, cdc_fsync_policy fsync, uint64_t segment
 	if (rc)
 		goto fail;
 	if (n == 0) {
-		rc = open_seg_files(w, 0, 1, err, errlen);
+		rc = open_seg_files(w, first_if_empty, 1, err, errlen);
 		if (rc)
 			goto fail;
+		w->next = first_if_empty;
 	} else {
 		rc = open_seg_files(w, s[n - 1].first_offset, 0, err, errlen);
 		if (rc)

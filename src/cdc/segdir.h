@@ -59,13 +59,14 @@ int cdc_segread_open(const char *dir, uint64_t offset, cdc_segread **out, char *
 int cdc_segread_next(cdc_segread *r, cdc_event *ev, char *err, size_t errlen);
 void cdc_segread_close(cdc_segread *r);
 
-/* Writer (one per dir; see cdc_log_writer_open for locking and recovery). roll is called
- * after a segment is closed, with its paths, so the caller may archive it; it returns 0 or
- * an error that stops the append. */
+/* Writer (one per dir; see cdc_log_writer_open for locking and recovery). An empty dir
+ * starts with a segment at first_if_empty (the Kafka archiver starts where the broker's
+ * log starts). append sets *rolled when it closed a segment and opened the next.
+ * Duplicated ts are accepted (an archive copies a Kafka range as it is). */
 typedef struct cdc_segwriter cdc_segwriter;
 int cdc_segwriter_open(const char *dir, cdc_fsync_policy fsync, uint64_t segment_bytes,
-		       cdc_segwriter **out, uint64_t *next_offset, uint64_t *last_ts, char *err,
-		       size_t errlen);
+		       uint64_t first_if_empty, cdc_segwriter **out, uint64_t *next_offset,
+		       uint64_t *last_ts, char *err, size_t errlen);
 int cdc_segwriter_append(cdc_segwriter *w, uint64_t offset, uint64_t ts, const uint8_t *data,
 			 size_t len, int *rolled, char *err, size_t errlen);
 int cdc_segwriter_flush(cdc_segwriter *w, char *err, size_t errlen);
