@@ -7,10 +7,12 @@
  *   stripedb ctl metadata transfer [ID]                   hand leadership to ID (or any)
  *   stripedb ctl metadata status                          every member's raft view
  *
- * Entry point for cli/ctl.c: cli_metadata_main(argc, argv) with argv[0] == "metadata".
- * Options --metadata=H:P,... (default $STRIPEDB_METADATA), --json and --timeout-ms=N may
- * appear anywhere in argv, so ctl can forward its global options in front. Exit codes:
- * 0 ok, 1 the cluster answered with an error or was unreachable, 2 bad usage.
+ * Entry points for cli/ctl.c (either one):
+ *   cli_metadata_cmd(ctx, argc, argv): the shape of ctl.c's subcommand table (cli_cmd_fn),
+ *     argv after "metadata", global options from ctx;
+ *   cli_metadata_main(argc, argv): argv[0] == "metadata"; options --metadata=H:P,...
+ *     (default $STRIPEDB_METADATA), --json and --timeout-ms=N anywhere in argv.
+ * Exit codes: 0 ok, 1 the cluster answered with an error or was unreachable, 2 bad usage.
  */
 #include <mongoc/mongoc.h>
 #include <stdio.h>
@@ -148,60 +150,65 @@ static int cmd_status(const mctx *c)
 	return rc;
 }
 
-int cli_metadata_main(int argc, char **argv)
+/* Parse argv[from..] into c (options anywhere, up to 4 positional words). */
+static int parse_args(mctx *c, int argc, char **argv, int from)
 {
-	mctx c = {.metadata = getenv("STRIPEDB_METADATA"), .timeout_ms = 5000};
+	for (int i = from; i < argc; i++) {
+		const char *a = argv[i];
+		if (strncmp(a, "--metadata=", 11) == 0)
+			c->metadata = a + 11;
+		else if (strcmp(a, "--json") == 0)
+			c->json = 1;
+		else if (strncmp(a, "--timeout-ms=", 13) == 0)
+			c->timeout_ms = strtol(a + 13, NULL, 10);
+		else if (strncmp(a, "--raft=", 7) == 0)
+			c->raft = a + 7;
+		else if (strncmp(a, "--wire=", 7) == 0)
+			c->wire = a + 7;
+		else if (strncmp(a, "--", 2) == 0)
+			return usage("unknown option");
+		else if (c->npos < 4)
+			c->pos[c->npos++] = argv[i];
+		else
+			return usage("too many arguments");
+	}
+	return 0;
+}
+
+static int run_sub(mctx *c)
+{
 	bson_t cmd = BSON_INITIALIZER, reply;
 	long long id = 0;
 	int rc;
 	char line[256];
 
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (strncmp(a, "--metadata=", 11) == 0)
-			c.metadata = a + 11;
-		else if (strcmp(a, "--json") == 0)
-			c.json = 1;
-		else if (strncmp(a, "--timeout-ms=", 13) == 0)
-			c.timeout_ms = strtol(a + 13, NULL, 10);
-		else if (strncmp(a, "--raft=", 7) == 0)
-			c.raft = a + 7;
-		else if (strncmp(a, "--wire=", 7) == 0)
-			c.wire = a + 7;
-		else if (strncmp(a, "--", 2) == 0)
-			return usage("unknown option");
-		else if (c.npos < 4)
-			c.pos[c.npos++] = argv[i];
-		else
-			return usage("too many arguments");
-	}
-	if (c.npos == 0)
+	if (c->npos == 0)
 		return usage("missing subcommand");
-	if (!c.metadata || !*c.metadata)
+	if (!c->metadata || !*c->metadata)
 		return usage("no metadata address: pass --metadata=H:P,... or set STRIPEDB_METADATA");
-	if (c.timeout_ms <= 0)
+	if (c->timeout_ms <= 0)
 		return usage("--timeout-ms must be positive");
 	mongoc_init();
-	if (strcmp(c.pos[0], "status") == 0) {
-		if (c.npos != 1)
+	if (strcmp(c->pos[0], "status") == 0) {
+		if (c->npos != 1)
 			return usage("status takes no argument");
-		return cmd_status(&c);
+		return cmd_status(c);
 	}
-	if (strcmp(c.pos[0], "join") == 0) {
-		if (c.npos != 2 || parse_id(c.pos[1], &id) != 0 || id == 0 || !c.raft)
+	if (strcmp(c->pos[0], "join") == 0) {
+		if (c->npos != 2 || parse_id(c->pos[1], &id) != 0 || id == 0 || !c->raft)
 			return usage("join needs ID and --raft=H:P (and --wire=H:P)");
 		BSON_APPEND_INT64(&cmd, "addMember", id);
-		BSON_APPEND_UTF8(&cmd, "raft", c.raft);
-		if (c.wire)
-			BSON_APPEND_UTF8(&cmd, "wire", c.wire);
+		BSON_APPEND_UTF8(&cmd, "raft", c->raft);
+		if (c->wire)
+			BSON_APPEND_UTF8(&cmd, "wire", c->wire);
 		snprintf(line, sizeof line, "member %lld joined as a voter", id);
-	} else if (strcmp(c.pos[0], "remove") == 0) {
-		if (c.npos != 2 || parse_id(c.pos[1], &id) != 0 || id == 0)
+	} else if (strcmp(c->pos[0], "remove") == 0) {
+		if (c->npos != 2 || parse_id(c->pos[1], &id) != 0 || id == 0)
 			return usage("remove needs ID");
 		BSON_APPEND_INT64(&cmd, "removeMember", id);
 		snprintf(line, sizeof line, "member %lld removed", id);
-	} else if (strcmp(c.pos[0], "transfer") == 0) {
-		if (c.npos > 2 || (c.npos == 2 && parse_id(c.pos[1], &id) != 0))
+	} else if (strcmp(c->pos[0], "transfer") == 0) {
+		if (c->npos > 2 || (c->npos == 2 && parse_id(c->pos[1], &id) != 0))
 			return usage("transfer takes an optional ID");
 		BSON_APPEND_INT64(&cmd, "transferLeadership", id);
 		snprintf(line, sizeof line, "leadership transferred");
@@ -209,10 +216,33 @@ int cli_metadata_main(int argc, char **argv)
 		bson_destroy(&cmd);
 		return usage("unknown subcommand");
 	}
-	rc = run_on_leader(&c, &cmd, &reply);
+	rc = run_on_leader(c, &cmd, &reply);
 	if (rc == 0)
-		print_doc(&c, &reply, line);
+		print_doc(c, &reply, line);
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	return rc;
+}
+
+int cli_metadata_main(int argc, char **argv)
+{
+	mctx c = {.metadata = getenv("STRIPEDB_METADATA"), .timeout_ms = 5000};
+	int rc = parse_args(&c, argc, argv, 1);
+	return rc != 0 ? rc : run_sub(&c);
+}
+
+/* The same with ctl's parsed global options, in the shape of ctl.c's subcommand table
+ * (cli_cmd_fn): argv starts after "metadata". */
+struct cli_ctx {
+	const char *metadata;
+	int json;
+	int timeout_ms;
+};
+int cli_metadata_cmd(struct cli_ctx *ctx, int argc, char **argv);
+
+int cli_metadata_cmd(struct cli_ctx *ctx, int argc, char **argv)
+{
+	mctx c = {.metadata = ctx->metadata, .json = ctx->json, .timeout_ms = ctx->timeout_ms};
+	int rc = parse_args(&c, argc, argv, 0);
+	return rc != 0 ? rc : run_sub(&c);
 }
