@@ -71,6 +71,7 @@ typedef struct proxy {
 	sdb_counter *m_refreshes;
 	sdb_counter *m_rejected;
 	sdb_gauge *m_cursors;
+	sdb_gauge *m_ring_ready;
 	/* admission (tenant quotas); tables refreshed by the refresh thread */
 	proxy_quota *quota;
 	uint64_t quota_loaded_ms;

@@ -211,6 +211,51 @@ unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns)
 	return flags;
 }
 
+bool proxy_quota_ring_probe(proxy_quota *q)
+{
+	rl_cluster *cl;
+	rl_req reqs[16];
+	rl_resp resp[16];
+	char keys[16][32], err[160], msg[256];
+	const char *owners[16];
+	size_t n = 0, i, j;
+	int peers;
+
+	if (q == NULL || q->grpc == NULL || q->fe.decide_ctx == (void *)q->lim)
+		return true;
+	cl = q->fe.decide_ctx;
+	memset(reqs, 0, sizeof reqs);
+	for (i = 0; i < 256 && n < 16; i++) {
+		char key[32];
+		const char *owner;
+		bool seen = false;
+		snprintf(key, sizeof key, "probe-%zu", i);
+		owner = rl_cluster_owner_of(cl, "stripedb_ring_probe", key);
+		if (owner == NULL || strcmp(owner, rl_cluster_advertise(cl)) == 0)
+			continue;
+		for (j = 0; j < n; j++)
+			if (strcmp(owners[j], owner) == 0)
+				seen = true;
+		if (seen)
+			continue;
+		owners[n] = owner;
+		snprintf(keys[n], sizeof keys[n], "%s", key);
+		reqs[n].name = "stripedb_ring_probe";
+		reqs[n].unique_key = keys[n];
+		reqs[n].hits = 0;
+		reqs[n].limit = 1;
+		reqs[n].duration = 1000;
+		reqs[n].behavior = RL_NO_BATCHING;
+		n++;
+	}
+	if (n > 0 && q->fe.decide(q->fe.decide_ctx, reqs, n, resp, err, sizeof err) != 0)
+		return false;
+	for (i = 0; i < n; i++)
+		if (resp[i].error[0])
+			return false;
+	return rl_cluster_health(cl, &peers, msg, sizeof msg);
+}
+
 bool proxy_quota_admit(proxy_quota *q, const char *db, int64_t docs, int64_t bytes,
 		       int64_t *retry_after_ms, char *msg, size_t msglen)
 {

@@ -45,6 +45,11 @@ enum {
 /* The switches for ns (a bit set of PROXY_POLICY_*), 0 when none. Thread-safe. */
 unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns);
 
+/* With a peer ring: ask each other peer once (hits: 0 on a probe key it owns) so that the
+ * channels are up before quotas matter; true once every peer answered and none is marked
+ * dead (always true without a ring). Blocking: call from the refresh thread. */
+bool proxy_quota_ring_probe(proxy_quota *q);
+
 /* Admit a request on db carrying docs documents written and bytes bytes. Returns true to
  * go on; false with *retry_after_ms, the tenant and a message filled. Thread-safe. */
 bool proxy_quota_admit(proxy_quota *q, const char *db, int64_t docs, int64_t bytes,

@@ -222,7 +222,7 @@ static void refresher_main(void *arg)
 {
 	proxy *p = arg;
 	char err[256];
-	bool have_shards = false;
+	bool have_shards = false, ring_ready = false;
 
 	sdb_log_set_thread("proxy", NULL);
 	for (;;) {
@@ -241,6 +241,10 @@ static void refresher_main(void *arg)
 		if (!have_shards) {
 			if (proxy_load_shards(p, err, sizeof err) == 0)
 				have_shards = true;
+		}
+		if (!ring_ready && proxy_quota_ring_probe(p->quota)) {
+			ring_ready = true;
+			sdb_gauge_set(p->m_ring_ready, 1);
 		}
 		if (have_shards &&
 		    uv_hrtime() / 1000000u >= p->quota_loaded_ms + PROXY_QUOTA_RELOAD_MS) {
@@ -362,6 +366,8 @@ static int proxy_start(sdb_role *role)
 					     "Routing tables fetched from metadata.", NULL);
 	p->m_rejected = sdb_metrics_counter("stripedb_proxy_quota_rejected_total",
 					    "Requests refused by quota.", NULL);
+	p->m_ring_ready = sdb_metrics_gauge("stripedb_proxy_quota_ring_ready",
+					    "1 once every rate-limit peer answered this proxy.", NULL);
 	p->m_cursors = sdb_metrics_gauge("stripedb_proxy_cursors_open",
 					 "Proxy cursors open (merged cursors kept for getMore).", NULL);
 	memset(&o, 0, sizeof o);

@@ -37,10 +37,10 @@ class ProxyCluster:
             self.add_proxy(proxy_args)
         self._clients = []
 
-    def add_proxy(self, extra=()):
+    def add_proxy(self, extra=(), wait=True):
         port = free_port()
         p = self.start_role(["--role=proxy", f"--listen=127.0.0.1:{port}",
-                             f"--metadata={self.metadata_addr}"] + list(extra))
+                             f"--metadata={self.metadata_addr}"] + list(extra), wait=wait)
         self.proxy_ports.append(port)
         self.proxy_procs.append(p)
         return port

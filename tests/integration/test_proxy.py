@@ -398,7 +398,12 @@ def test_quota_across_two_proxies(start_role, tmp_path):
         g = [free_port(), free_port()]
         peers = ",".join(f"127.0.0.1:{p}" for p in g)
         for i in range(2):  # the proxies join one rate-limit peer ring
-            cl.add_proxy([f"--grpc-listen=127.0.0.1:{g[i]}", f"--peers={peers}"])
+            cl.add_proxy([f"--grpc-listen=127.0.0.1:{g[i]}", f"--peers={peers}"], wait=False)
+        for i in range(2):
+            cl.proxy_procs[i].wait_healthy()
+        # each proxy has reached its peer once (channels up): quotas are shared from now on
+        wait_until(lambda: all(cl.metric(i, "stripedb_proxy_quota_ring_ready") == 1
+                               for i in range(2)), 20, what="the rate-limit ring")
         dbs = [cl.proxy_client(i).t1db for i in range(2)]
         ok = 0
         refusal = None
