@@ -1,0 +1,176 @@
+/* Unit tests of src/proxy/cursor.c without any network: streams filled from cursor replies,
+ * the ownership filter (a shard's documents of other chunks are dropped), the k-way merge
+ * with skip, limit and projection, and batch boundaries. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "proxy/proxy.h"
+#include "storage/projection.h"
+
+/* chunks [MinKey,100) id 1 and [100,MaxKey) id 2 on key k */
+static route_coll *table(void)
+{
+	bson_t *t = BCON_NEW("chunks", "[",
+			     "{", "id", BCON_INT64(1), "min", "{", "k", BCON_MINKEY, "}",
+			     "max", "{", "k", BCON_INT32(100), "}", "shard", "a", "token", BCON_INT64(1), "}",
+			     "{", "id", BCON_INT64(2), "min", "{", "k", BCON_INT32(100), "}",
+			     "max", "{", "k", BCON_MAXKEY, "}", "shard", "a", "token", BCON_INT64(1), "}",
+			     "]");
+	bson_t *key = BCON_NEW("k", BCON_INT32(1));
+	route_coll *c = NULL;
+	char err[128];
+
+	assert_int_equal(route_coll_build("db.c", key, t, &c, err, sizeof err), 0);
+	bson_destroy(t);
+	bson_destroy(key);
+	return c;
+}
+
+/* A cursor reply whose firstBatch holds {_id: v, k: v} for each v. */
+static bson_t *reply_of(const int *ks, size_t n)
+{
+	bson_t *r = bson_new(), cur, arr, d;
+	char key[16];
+	size_t i;
+
+	bson_append_document_begin(r, "cursor", -1, &cur);
+	BSON_APPEND_INT64(&cur, "id", 0);
+	bson_append_array_begin(&cur, "firstBatch", -1, &arr);
+	for (i = 0; i < n; i++) {
+		snprintf(key, sizeof key, "%zu", i);
+		bson_append_document_begin(&arr, key, -1, &d);
+		BSON_APPEND_INT32(&d, "_id", ks[i]);
+		BSON_APPEND_INT32(&d, "k", ks[i]);
+		BSON_APPEND_UTF8(&d, "pad", "x");
+		bson_append_document_end(&arr, &d);
+	}
+	bson_append_array_end(&cur, &arr);
+	bson_append_document_end(r, &cur);
+	return r;
+}
+
+static void fill_stream(pstream *s, route_coll *rc, ssize_t chunk, const int *ks, size_t n)
+{
+	bson_t *r = reply_of(ks, n);
+
+	memset(s, 0, sizeof *s);
+	bson_init(&s->err_reply);
+	s->chunk = chunk;
+	if (rc) {
+		s->rcoll = rc;
+		route_coll_ref(rc);
+	}
+	assert_int_equal(pstream_take_batch(s, r, "firstBatch"), 0);
+	bson_destroy(r);
+}
+
+static int64_t k_of(const bson_t *d)
+{
+	bson_iter_t it;
+
+	assert_true(bson_iter_init_find(&it, d, "k"));
+	return bson_iter_as_int64(&it);
+}
+
+static void test_ownership_filter(void **state)
+{
+	route_coll *rc = table();
+	pstream *s = proxy_calloc_bson(1, sizeof *s);
+	/* the shard holds both chunks: the request for chunk 1 keeps k < 100 only */
+	int ks[] = {5, 150, 99, 100, 42};
+
+	(void)state;
+	fill_stream(s, rc, 0, ks, 5);
+	assert_int_equal(s->n, 3);
+	assert_int_equal(k_of(s->docs[0]), 5);
+	assert_int_equal(k_of(s->docs[1]), 99);
+	assert_int_equal(k_of(s->docs[2]), 42);
+	assert_int_equal(s->cursor_id, 0);
+	pstream_clear(s);
+	bson_destroy(&s->err_reply);
+	free(s);
+	route_coll_unref(rc);
+}
+
+static void test_merge_skip_limit_projection(void **state)
+{
+	proxy p;
+	pstream *s = proxy_calloc_bson(2, sizeof *s);
+	int a[] = {1, 4, 7, 10}, b[] = {2, 3, 8, 9, 11};
+	merge_sort *sort = NULL;
+	sdb_projection *proj = NULL;
+	bson_t *spec = BCON_NEW("k", BCON_INT32(1)), *pspec = BCON_NEW("pad", BCON_INT32(0));
+	proxy_cursor *c;
+	bson_t arr = BSON_INITIALIZER;
+	char err[256], *json;
+	int code = 0;
+
+	(void)state;
+	memset(&p, 0, sizeof p);
+	fill_stream(&s[0], NULL, -1, a, 4);
+	fill_stream(&s[1], NULL, -1, b, 5);
+	assert_int_equal(merge_sort_parse(spec, &sort, &code, err, sizeof err), 0);
+	assert_int_equal(sdb_projection_new(pspec, &proj, &code, err, sizeof err), 0);
+	/* skip 2, limit 5 over 1 2 3 4 7 8 9 10 11 -> 3 4 7 8 9, in batches of 3 then 2 */
+	c = proxy_cursor_new(&p, "db.c", s, 2, sort, proj, 2, 5);
+	assert_int_equal(proxy_cursor_fill(&p, c, &arr, 3, &code, err, sizeof err), 0);
+	json = bson_as_relaxed_extended_json(&arr, NULL);
+	assert_string_equal(json, "{ \"0\" : { \"_id\" : 3, \"k\" : 3 }, \"1\" : { \"_id\" : 4, "
+				  "\"k\" : 4 }, \"2\" : { \"_id\" : 7, \"k\" : 7 } }");
+	bson_free(json);
+	bson_reinit(&arr);
+	assert_int_equal(proxy_cursor_fill(&p, c, &arr, 3, &code, err, sizeof err), 1);
+	json = bson_as_relaxed_extended_json(&arr, NULL);
+	assert_string_equal(json, "{ \"0\" : { \"_id\" : 8, \"k\" : 8 }, \"1\" : { \"_id\" : 9, "
+				  "\"k\" : 9 } }");
+	bson_free(json);
+	bson_destroy(&arr);
+	proxy_cursor_destroy(&p, c);
+	bson_destroy(spec);
+	bson_destroy(pspec);
+}
+
+static void test_unsorted_streams_in_order(void **state)
+{
+	proxy p;
+	pstream *s = proxy_calloc_bson(2, sizeof *s);
+	int a[] = {9, 1}, b[] = {5};
+	proxy_cursor *c;
+	bson_t *d;
+	int64_t got[3];
+	int code = 0, i;
+	char err[64];
+
+	(void)state;
+	memset(&p, 0, sizeof p);
+	fill_stream(&s[0], NULL, -1, a, 2);
+	fill_stream(&s[1], NULL, -1, b, 1);
+	c = proxy_cursor_new(&p, "db.c", s, 2, NULL, NULL, 0, 0);
+	for (i = 0; i < 3; i++) {
+		assert_int_equal(proxy_cursor_next(&p, c, &d, &code, err, sizeof err), 1);
+		got[i] = k_of(d);
+		proxy_doc_free(d);
+	}
+	assert_int_equal(proxy_cursor_next(&p, c, &d, &code, err, sizeof err), 0);
+	/* stream order, then each stream's order */
+	assert_int_equal(got[0], 9);
+	assert_int_equal(got[1], 1);
+	assert_int_equal(got[2], 5);
+	assert_false(proxy_cursor_has_more(c));
+	proxy_cursor_destroy(&p, c);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_ownership_filter),
+		cmocka_unit_test(test_merge_skip_limit_projection),
+		cmocka_unit_test(test_unsorted_streams_in_order),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
