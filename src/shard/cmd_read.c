@@ -415,40 +415,8 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 			   "collection");
 		return;
 	}
-	if (!shard_begin(x, false)) {
-		sdb_projection_free(proj);
-		return;
-	}
-	bson_t **docs;
-	size_t n;
-	bool ok;
-	if (coll_is_view(x, coll)) {
-		/* a find on a view is an aggregation over its source */
-		bson_t stages = BSON_INITIALIZER;
-		uint32_t nst = 0;
-		stage_doc(&stages, &nst, "$match", &o->filter);
-		if (o->have_sort && !bson_empty(&o->sort))
-			stage_doc(&stages, &nst, "$sort", &o->sort);
-		if (o->skip)
-			stage_int(&stages, &nst, "$skip", o->skip);
-		if (o->limit)
-			stage_int(&stages, &nst, "$limit", o->limit);
-		if (o->have_projection && !bson_empty(&o->projection))
-			stage_doc(&stages, &nst, "$project", &o->projection);
-		ok = agg_exec(x, coll, &stages, NULL, &docs, &n, NULL);
-		bson_destroy(&stages);
-		sdb_projection_free(proj);
-		if (!ok)
-			return;
-		char *ns = sdb_asprintf("%s.%s", x->db, coll);
-		reply_cursor(x, ns, docs, n, o->have_batch ? o->batch : -1, o->single_batch, NULL,
-			     NULL);
-		free(ns);
-		return;
-	}
-	/* The view check ran in the worker's transaction; the query itself runs on a pooled
-	 * connection that a cursor can keep (every batch from one snapshot). */
-	sdb_store_rollback(x->conn);
+	/* The query runs on a pooled connection that a cursor can keep (every batch from one
+	 * snapshot); the version check and the view lookup run in that same transaction. */
 	sdb_store_conn *worker_conn = x->conn;
 	sdb_store_conn *fc = shard_conn_get(x->sh, x->err, sizeof x->err);
 	if (!fc) {
@@ -461,6 +429,34 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		x->conn = worker_conn;
 		shard_conn_put(x->sh, fc);
 		sdb_projection_free(proj);
+		return;
+	}
+	if (coll_is_view(x, coll)) {
+		/* a find on a view is an aggregation over its source */
+		bson_t **docs;
+		size_t n;
+		bson_t stages = BSON_INITIALIZER;
+		uint32_t nst = 0;
+		stage_doc(&stages, &nst, "$match", &o->filter);
+		if (o->have_sort && !bson_empty(&o->sort))
+			stage_doc(&stages, &nst, "$sort", &o->sort);
+		if (o->skip)
+			stage_int(&stages, &nst, "$skip", o->skip);
+		if (o->limit)
+			stage_int(&stages, &nst, "$limit", o->limit);
+		if (o->have_projection && !bson_empty(&o->projection))
+			stage_doc(&stages, &nst, "$project", &o->projection);
+		bool ok = agg_exec(x, coll, &stages, NULL, &docs, &n, NULL);
+		bson_destroy(&stages);
+		sdb_projection_free(proj);
+		x->conn = worker_conn;
+		shard_conn_put(x->sh, fc);
+		if (!ok)
+			return;
+		char *ns = sdb_asprintf("%s.%s", x->db, coll);
+		reply_cursor(x, ns, docs, n, o->have_batch ? o->batch : -1, o->single_batch, NULL,
+			     NULL);
+		free(ns);
 		return;
 	}
 	sdb_query_spec spec = {
