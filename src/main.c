@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/bench.h"
 #include "cli/cli.h"
 #include "common/alloc.h"
 #include "common/config.h"
@@ -51,6 +52,9 @@ int main(int argc, char **argv)
 	}
 	if (argc >= 2 && strcmp(argv[1], "dev") == 0) {
 		return cli_dev_main(argc - 2, argv + 2);
+	}
+	if (argc >= 2 && strcmp(argv[1], "bench") == 0) {
+		return bench_main(argc - 2, argv + 2);
 	}
 	if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
 		printf("stripedb %s\n", PACKAGE_VERSION);
