@@ -280,7 +280,7 @@ int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size
 	int rc = 0;
 	char key[24];
 
-	if (batch_size <= 0)
+	if (batch_size < 0)
 		batch_size = INT64_MAX;
 	while (count < batch_size && bytes < CURSOR_MAX_BATCH_BYTES) {
 		bson_t *doc;

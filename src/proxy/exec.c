@@ -221,7 +221,16 @@ static bool stale_backoff(ctx *c)
 static route_coll *refresh(ctx *c, route_coll *old)
 {
 	char err[256];
-	route_coll *n = proxy_route(c->p, c->ns, true, err, sizeof err);
+	route_coll *n = route_cache_get(c->p->rc, c->ns);
+
+	/* another request (or the refresh thread) may have loaded a newer table already */
+	if (n != NULL && old != NULL && n->version > old->version) {
+		route_coll_unref(old);
+		return n;
+	}
+	if (n != NULL)
+		route_coll_unref(n);
+	n = proxy_route(c->p, c->ns, true, err, sizeof err);
 
 	if (n == NULL)
 		return old;
@@ -627,7 +636,9 @@ static void do_get_more(ctx *c)
 		return;
 	}
 	bson_init(&arr);
-	r = proxy_cursor_fill(c->p, cur, &arr, get_int(c->cmd, "batchSize", 0), &code, err,
+	r = proxy_cursor_fill(c->p, cur, &arr, get_int(c->cmd, "batchSize", 0) > 0 ?
+						      get_int(c->cmd, "batchSize", 0) : -1,
+			      &code, err,
 			      sizeof err);
 	if (r < 0) {
 		bson_destroy(&arr);
@@ -2120,7 +2131,7 @@ static void do_list_indexes(ctx *c)
 	route_coll_unref(rc);
 	if (shard == NULL && !with_primary(c, &shard))
 		return;
-	forward_cursor(c, shard, c->cmd, get_int(c->cmd, "batchSize", 0), false);
+	forward_cursor(c, shard, c->cmd, -1, false);
 	free(shard);
 }
 

@@ -114,7 +114,7 @@ void pstream_clear(pstream *s);
 proxy_cursor *proxy_cursor_new(proxy *p, const char *ns, pstream *streams, size_t n,
 			       merge_sort *sort, void *proj, int64_t skip, int64_t limit);
 /* Produce the next batch into arr (an array being built) of at most batch_size documents
- * (0 = 101 first batch default) and at most ~8 MiB. Returns 0 when the cursor has more
+ * (< 0 = no count limit; 0 = an empty batch, as find's batchSize: 0) and at most ~8 MiB. Returns 0 when the cursor has more
  * (still alive), 1 when exhausted, or an error < 0 with code/errmsg set. */
 int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size, int *code,
 		      char *err, size_t errlen);

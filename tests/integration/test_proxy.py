@@ -98,6 +98,12 @@ def test_merged_getmore_sort_skip_limit(cluster):
         got += [d["k"] for d in r["cursor"]["nextBatch"]]
         cid = r["cursor"]["id"]
     assert got == list(range(50, 300))
+    # batchSize 0: an empty first batch, then everything on getMore (no batchSize)
+    r = db.command("find", "c", filter={"k": {"$lt": 20}}, sort={"k": -1}, batchSize=0)
+    assert r["cursor"]["firstBatch"] == [] and r["cursor"]["id"] != 0
+    r = db.command("getMore", r["cursor"]["id"], collection="c")
+    assert [d["k"] for d in r["cursor"]["nextBatch"]] == list(range(19, -1, -1))
+    assert r["cursor"]["id"] == 0
     # killCursors
     r = db.command("find", "c", batchSize=2)
     cid = r["cursor"]["id"]
