@@ -1258,6 +1258,17 @@ int sdb_fsm_apply_doc(sdb_fsm *f, uint64_t index, const bson_t *cmd, bson_t *res
 		goto fail;
 	if (meta_set(f, "last_applied", (int64_t)index) != 0)
 		goto fail;
+	/* The apply chain: a hash over every applied command and its index, in order, so
+	 * two members with equal chains applied the same commands in the same order (not
+	 * merely reached the same state). */
+	{
+		int64_t prev;
+		if (meta_get(f, "apply_chain", &prev) != 0)
+			goto fail;
+		uint64_t chain = XXH64(bson_get_data(cmd), (size_t)doc_len(cmd), (uint64_t)prev ^ index);
+		if (meta_set(f, "apply_chain", (int64_t)chain) != 0)
+			goto fail;
+	}
 	if (sqlite3_exec(f->db, "COMMIT;", NULL, NULL, NULL) != SQLITE_OK)
 		goto fail;
 	f->last_applied = index;
@@ -1457,6 +1468,13 @@ void sdb_fsm_close(sdb_fsm *f)
 struct raft_fsm *sdb_fsm_raft(sdb_fsm *f) { return &f->vt; }
 void sdb_fsm_bind(sdb_fsm *f, struct raft *r) { f->raft = r; }
 uint64_t sdb_fsm_last_applied(const sdb_fsm *f) { return f->last_applied; }
+
+uint64_t sdb_fsm_apply_chain(sdb_fsm *f)
+{
+	int64_t v = 0;
+	meta_get(f, "apply_chain", &v);
+	return (uint64_t)v;
+}
 int64_t sdb_fsm_routing_version(const sdb_fsm *f) { return f->routing_version; }
 
 const char *sdb_fsm_member_wire(sdb_fsm *f, uint64_t id)

@@ -75,6 +75,11 @@ int64_t sdb_fsm_routing_version(const sdb_fsm *fsm);
  * next apply/restore; copy it. */
 const char *sdb_fsm_member_wire(sdb_fsm *fsm, uint64_t id);
 
+/* The apply chain: XXH64 folded over (index, command bytes) of every command applied,
+ * in order (stored with the state, so it survives restarts and travels in snapshots).
+ * Equal on two members exactly when they applied the same commands in the same order. */
+uint64_t sdb_fsm_apply_chain(sdb_fsm *fsm);
+
 /* XXH64 over every row of every table in primary-key order: equal on two members
  * exactly when they applied the same commands. */
 uint64_t sdb_fsm_hash(sdb_fsm *fsm);

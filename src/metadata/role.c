@@ -613,6 +613,8 @@ static void h_status(wire_req *req, void *data)
 	char hash[32];
 	snprintf(hash, sizeof hash, "%016llx", (unsigned long long)sdb_fsm_hash(f));
 	BSON_APPEND_UTF8(rep, "stateHash", hash);
+	snprintf(hash, sizeof hash, "%016llx", (unsigned long long)sdb_fsm_apply_chain(f));
+	BSON_APPEND_UTF8(rep, "applyChain", hash);
 	sdb_node_append_config(m->node, rep, "members");
 	sdb_fsm_query(f, "listMembers", &dummy, rep, err, sizeof err);
 	wire_req_reply(req, rep);

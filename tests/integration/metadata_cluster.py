@@ -164,8 +164,10 @@ class Cluster:
         def same():
             sts = [m.status() for m in (members or self.alive())]
             hashes = {s["stateHash"] for s in sts}
+            chains = {s["applyChain"] for s in sts}  # same commands, same order
             applied = {s["fsmLastApplied"] for s in sts}
-            return sts[0]["stateHash"] if len(hashes) == 1 and len(applied) == 1 else None
+            ok = len(hashes) == 1 and len(chains) == 1 and len(applied) == 1
+            return sts[0]["stateHash"] if ok else None
         return wait_until(same, timeout, what="members to converge")
 
 

@@ -156,8 +156,11 @@ static void assert_converged(cluster *c, unsigned leader, int64_t want_rv, int w
 	struct raft *lr = raft_fixture_get(&c->f, leader);
 	raft_index last = raft_last_applied(lr);
 	assert_true(raft_fixture_step_until_applied(&c->f, c->n, last, 30000));
-	uint64_t h0 = sdb_fsm_hash(c->fsm[0]);
+	uint64_t h0 = sdb_fsm_hash(c->fsm[0]), chain0 = sdb_fsm_apply_chain(c->fsm[0]);
+	assert_true(chain0 != 0);
 	for (unsigned i = 0; i < c->n; i++) {
+		/* same commands in the same order, and the same resulting state */
+		assert_true(sdb_fsm_apply_chain(c->fsm[i]) == chain0);
 		assert_true(sdb_fsm_hash(c->fsm[i]) == h0);
 		assert_int_equal(sdb_fsm_routing_version(c->fsm[i]), want_rv);
 		assert_int_equal(sdb_fsm_last_applied(c->fsm[i]), sdb_fsm_last_applied(c->fsm[0]));

@@ -310,6 +310,8 @@ static void test_replay_skips(void **state)
 {
 	t *x = *state;
 	ok(x, "addShard", "{\"id\": \"s\", \"uri\": \"u\"}");
+	uint64_t chain = sdb_fsm_apply_chain(x->f);
+	assert_true(chain != 0);
 	/* the same entry again (a replay after restart) is skipped, not re-applied */
 	bson_t *r = apply_at(x->f, 1, "addShard", 1, "{\"id\": \"s\", \"uri\": \"u\"}");
 	assert_true(ok_of(r) == 1.0);
@@ -317,6 +319,25 @@ static void test_replay_skips(void **state)
 	assert_true(bson_iter_init_find(&it, r, "skipped"));
 	done(r);
 	assert_int_equal(sdb_fsm_last_applied(x->f), 1);
+	assert_true(sdb_fsm_apply_chain(x->f) == chain);
+}
+
+/* The chain tells order apart where the final state may not. */
+static void test_apply_chain_order(void **state)
+{
+	(void)state;
+	sdb_fsm *a, *b;
+	char err[128];
+	assert_int_equal(sdb_fsm_open(":memory:", &a, err, sizeof err), 0);
+	assert_int_equal(sdb_fsm_open(":memory:", &b, err, sizeof err), 0);
+	bson_t *r;
+	r = apply_at(a, 1, "createTenant", 1, "{\"name\": \"x\"}"); done(r);
+	r = apply_at(a, 2, "createTenant", 1, "{\"name\": \"y\"}"); done(r);
+	r = apply_at(b, 1, "createTenant", 1, "{\"name\": \"y\"}"); done(r);
+	r = apply_at(b, 2, "createTenant", 1, "{\"name\": \"x\"}"); done(r);
+	assert_true(sdb_fsm_apply_chain(a) != sdb_fsm_apply_chain(b));
+	sdb_fsm_close(a);
+	sdb_fsm_close(b);
 }
 
 static void test_persist_and_snapshot(void **state)
@@ -495,6 +516,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_users, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replay_skips, setup, teardown),
+		cmocka_unit_test(test_apply_chain_order),
 		cmocka_unit_test(test_persist_and_snapshot),
 		cmocka_unit_test_setup_teardown(test_corrupt_snapshot_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_padded_entries, setup, teardown),
