@@ -175,9 +175,8 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
  * {o: {_id}}. Returns 0 or SDB_ENOTFOUND. */
 int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, char *err, size_t errlen);
-/* Find the document with this _id value (iter positioned on an _id element). *out is
- * initialised (bson_init_static over a copy owned by *out: bson_destroy it) on found.
- * Returns 0, SDB_ENOTFOUND. */
+/* Find the document with this _id value (iter positioned on an _id element). On found,
+ * *out (uninitialised) receives a copy: bson_destroy it. Returns 0 or SDB_ENOTFOUND. */
 int sdb_store_get_by_id(sdb_store_conn *c, const char *db, const char *coll,
 			const bson_iter_t *id, bson_t *out, char *err, size_t errlen);
 /* Count documents of db.coll (0 if missing). */
