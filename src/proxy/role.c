@@ -18,6 +18,7 @@
 #define PROXY_WAIT_MS 500       /* long-poll timeout (bounds shutdown latency) */
 #define PROXY_RETRY_MS 200      /* pause after a failed metadata call */
 #define PROXY_REAP_EVERY_MS 1000
+#define PROXY_PER_NS_RELOAD 4   /* more cached namespaces: reload them all in two calls */
 #define PROXY_QUOTA_RELOAD_MS 1000  /* tenants and quotas are re-read this often */
 
 /* ---------- metadata access ---------- */
@@ -204,6 +205,70 @@ static bool load_quotas(proxy *p)
 	return ok;
 }
 
+/* Reload every cached namespace with two metadata calls (listCollections for the key
+ * patterns, getRoutingTable "all" for the chunks) instead of one call per namespace.
+ * Returns 0 or an error (then the caller reloads namespace by namespace). */
+static int reload_all(proxy *p, char **names, size_t n)
+{
+	bson_t c1 = BSON_INITIALIZER, c2 = BSON_INITIALIZER, colls, table;
+	bson_iter_t it, arr, f;
+	char err[256];
+	int code, rc;
+	size_t i;
+
+	BSON_APPEND_INT32(&c1, "listCollections", 1);
+	BSON_APPEND_UTF8(&c2, "getRoutingTable", "all");
+	rc = meta_command(p, &c1, &colls, &code, err, sizeof err);
+	if (rc == 0) {
+		rc = meta_command(p, &c2, &table, &code, err, sizeof err);
+		if (rc != 0)
+			bson_destroy(&table);
+	}
+	bson_destroy(&c1);
+	bson_destroy(&c2);
+	if (rc != 0) {
+		bson_destroy(&colls);
+		return rc;
+	}
+	sdb_counter_inc(p->m_refreshes);
+	for (i = 0; i < n; i++) {
+		route_coll *c = NULL;
+		bson_t key;
+		bool found = false;
+		if (bson_iter_init_find(&it, &colls, "collections") && bson_iter_recurse(&it, &arr)) {
+			while (!found && bson_iter_next(&arr)) {
+				bson_iter_t ns;
+				uint32_t len;
+				const uint8_t *data;
+				if (!bson_iter_recurse(&arr, &f) || !bson_iter_find(&f, "ns") ||
+				    !BSON_ITER_HOLDS_UTF8(&f) ||
+				    strcmp(bson_iter_utf8(&f, NULL), names[i]) != 0)
+					continue;
+				if (!bson_iter_recurse(&arr, &ns) || !bson_iter_find(&ns, "key") ||
+				    !BSON_ITER_HOLDS_DOCUMENT(&ns))
+					continue;
+				bson_iter_document(&ns, &len, &data);
+				found = bson_init_static(&key, data, len);
+			}
+		}
+		if (found) {
+			if (route_coll_build(names[i], &key, &table, &c, err, sizeof err) != 0) {
+				sdb_warn("routing table refused", "ns=%s err=\"%s\"", names[i], err);
+				continue;
+			}
+		} else {
+			int64_t v = 0;
+			if (bson_iter_init_find(&it, &table, "routingVersion") && BSON_ITER_HOLDS_NUMBER(&it))
+				v = bson_iter_as_int64(&it);
+			c = route_coll_unsharded(names[i], v);
+		}
+		route_cache_put(p->rc, c);
+	}
+	bson_destroy(&colls);
+	bson_destroy(&table);
+	return 0;
+}
+
 /* ---------- refresh thread ---------- */
 
 static bool wait_stop(proxy *p, uint64_t ms)
@@ -274,12 +339,15 @@ static void refresher_main(void *arg)
 			char **names;
 			size_t n = route_cache_names(p->rc, &names), i;
 			proxy_load_shards(p, err, sizeof err);
-			for (i = 0; i < n; i++) {
-				route_coll *c = fetch_route(p, names[i], err, sizeof err);
-				if (c)
-					route_cache_put(p->rc, c);
-				free(names[i]);
+			if (n <= PROXY_PER_NS_RELOAD || reload_all(p, names, n) != 0) {
+				for (i = 0; i < n; i++) {
+					route_coll *c = fetch_route(p, names[i], err, sizeof err);
+					if (c)
+						route_cache_put(p->rc, c);
+				}
 			}
+			for (i = 0; i < n; i++)
+				free(names[i]);
 			free(names);
 			sdb_debug("routing refreshed", "version=%lld collections=%zu", (long long)v, n);
 			p->known_version = v;

@@ -574,3 +574,22 @@ def test_collection_policy_switches(start_role, tmp_path):
         assert db.u.find_one({"y": 3}) == {"_id": 3, "y": 3}
     finally:
         cl.close()
+
+
+def test_routing_refresh_by_long_poll(cluster):
+    """A routing change with no StaleConfig (tokens untouched) reaches the proxy through its
+    long poll on waitRoutingVersion; with 6 cached collections the proxy reloads them all
+    in two metadata calls."""
+    p = cluster.proxy_client(0)
+    for i in range(6):
+        ranged(cluster, f"db.c{i}")
+        p.db[f"c{i}"].insert_one({"_id": 1, "k": 1, "where": "a"})
+    chunk = [ch for ch in cluster.routing("db.c3")["chunks"] if ch["shard"] == "shard-a"][0]
+    # a copy with a different marker on shard-c, then the routing points there
+    cluster.shard_client("shard-c").db.c3.insert_one({"_id": 1, "k": 1, "where": "c"})
+    cluster.meta_cmd({"setChunkShard": chunk["id"], "shard": "shard-c",
+                      "token": chunk["token"]})
+    wait_until(lambda: p.db.c3.find_one({"k": 1})["where"] == "c", 10,
+               what="the proxy to follow the new routing")
+    assert p.db.c2.find_one({"k": 1})["where"] == "a"
+    assert cluster.metric(0, "stripedb_proxy_stale_retries_total") == 0
