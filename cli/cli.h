@@ -7,6 +7,18 @@
 #ifndef SDB_CLI_CLI_H
 #define SDB_CLI_CLI_H
 
+/* Global options of `stripedb ctl`, parsed once by cli_main and passed to every
+ * subcommand: the metadata members ("H:P,H:P"; from --metadata or STRIPEDB_METADATA),
+ * --json output, and the per-request timeout in ms (--timeout-ms, default 5000). */
+typedef struct cli_ctx {
+	const char *metadata;
+	int json;
+	int timeout_ms;
+} cli_ctx;
+
+/* A `ctl` subcommand: argv starts after its name. Returns the exit code. */
+typedef int (*cli_cmd_fn)(cli_ctx *ctx, int argc, char **argv);
+
 /* Run `stripedb ctl ARGS...`; argv excludes "stripedb ctl". Returns the exit code. */
 int cli_main(int argc, char **argv);
 

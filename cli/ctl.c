@@ -14,17 +14,11 @@
 #include "common/config.h"
 #include "common/err.h"
 
-typedef struct cli_ctx {
-	const char *metadata; /* "H:P,H:P" */
-	int json;
-	int timeout_ms;
-} cli_ctx;
-
-typedef int (*cli_cmd_fn)(cli_ctx *ctx, int argc, char **argv);
 int cli_cdc_main(cli_ctx *ctx, int argc, char **argv); /* cli/cdc.c */
 int cli_migrate_main(cli_ctx *ctx, int argc, char **argv);   /* cli/migrate.c */
 int cli_migration_main(cli_ctx *ctx, int argc, char **argv); /* cli/migrate.c */
 int cli_shard_main(cli_ctx *ctx, int argc, char **argv);     /* cli/migrate.c: drain, split */
+int cli_metadata_cmd(cli_ctx *ctx, int argc, char **argv);   /* cli/metadata.c */
 
 static void ctl_usage(FILE *f)
 {
@@ -33,6 +27,12 @@ static void ctl_usage(FILE *f)
 		"\n"
 		"subcommands:\n"
 		"  ping                 ask every metadata member for hello; print who is leader\n"
+		"  metadata join|remove|transfer|status    Raft membership of the metadata service\n"
+		"  shard add|list|drain|split ...          shards and moving their chunks\n"
+		"  migrate DB.COLL --chunk ID --to SHARD [--wait] [--dry-run]\n"
+		"  migration list|status ID|rollback ID    migrations in flight and done\n"
+		"  cdc status|read ...                     change data capture per shard\n"
+		"Each subcommand takes --help.\n"
 		"\n"
 		"--metadata defaults to STRIPEDB_METADATA. Exit codes: 0 ok, 1 error from the\n"
 		"cluster or unreachable, 2 bad usage.\n");
@@ -109,6 +109,7 @@ static const struct {
 	{"migrate", cli_migrate_main},
 	{"migration", cli_migration_main},
 	{"shard", cli_shard_main},
+	{"metadata", cli_metadata_cmd},
 };
 
 int cli_main(int argc, char **argv)

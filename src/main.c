@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench/bench.h"
 #include "cli/cli.h"
@@ -46,6 +47,14 @@ int main(int argc, char **argv)
 	sdb_log_level lvl;
 	int rc;
 
+	/* libmongoc initialises itself before main() and maps a /dev/shm counters file per
+	 * process, which a SIGKILL leaves behind and whose failure it reports on stderr.
+	 * stripedb exports its own metrics, so the counters are off; the variable must be set
+	 * before the library loads, hence one re-exec at start (skipped if exec fails). */
+	if (getenv("MONGOC_DISABLE_SHM") == NULL) {
+		setenv("MONGOC_DISABLE_SHM", "1", 1);
+		execv("/proc/self/exe", argv);
+	}
 	sdb_alloc_init();
 	if (argc >= 2 && strcmp(argv[1], "ctl") == 0) {
 		return cli_main(argc - 2, argv + 2);
