@@ -115,6 +115,8 @@ typedef struct mig {
 	char src[64], dst[64];
 	char *src_uri, *dst_uri;
 	int64_t lag_since, max_catchup_ms;
+	int64_t apply_rate; /* spec.applyRate: max events/s the replicator applies (0 = no cap) */
+	int64_t rate_t0, rate_n;
 	int code; /* server error code of the last failed shard command */
 	int64_t max_pause_ms, grace_ms, delete_batch, delete_delay_ms, max_attempts;
 	bool arrival_order;
@@ -123,7 +125,7 @@ typedef struct mig {
 	bson_t *min, *max;
 	bson_t *key; /* key pattern */
 	/* checkpoint */
-	uint64_t ts, import_ts, rev_ts;
+	uint64_t ts, import_ts, rev_ts, bump_ts;
 	int64_t token;
 	int64_t attempts;
 	bool target_cleaned;
@@ -141,6 +143,40 @@ typedef struct mig {
 	bool lost;
 	char err[512];
 } mig;
+
+/* Fault injection for the crash tests (tests/integration/test_migration_faults.py):
+ * STRIPEDB_MIGRATION_CRASH is a comma-separated list of points; the coordinator process
+ * _exit(86)s the first time a worker reaches one of them:
+ *   before:STATE / after:STATE   around the metadata update that enters STATE
+ *   mid:import mid:replicate mid:verify mid:switch (after the bump, before the routing
+ *   update) mid:clean
+ * Unset in production: crash_point() is one getenv-cached strstr. */
+static const char *crash_spec(void)
+{
+	static const char *spec;
+	static int init;
+	if (!init) {
+		spec = getenv("STRIPEDB_MIGRATION_CRASH");
+		init = 1;
+	}
+	return spec;
+}
+
+static void crash_point(const char *kind, const char *what)
+{
+	const char *spec = crash_spec();
+	char pt[64];
+	if (!spec || !*spec)
+		return;
+	snprintf(pt, sizeof pt, "%s:%s", kind, what);
+	size_t n = strlen(pt);
+	for (const char *p = spec; (p = strstr(p, pt)) != NULL; p += n) {
+		if ((p == spec || p[-1] == ',') && (p[n] == '\0' || p[n] == ',')) {
+			sdb_warn("migration crash point", "point=%s", pt);
+			_exit(86);
+		}
+	}
+}
 
 static bool stopping(mig *m)
 {
@@ -253,6 +289,7 @@ static void build_checkpoint(mig *m, bson_t *cp)
 	append_ts(cp, "ts", m->fwd.pos ? m->fwd.pos : m->ts);
 	append_ts(cp, "importTs", m->import_ts);
 	append_ts(cp, "revTs", m->rev.pos ? m->rev.pos : m->rev_ts);
+	append_ts(cp, "bumpTs", m->bump_ts);
 	BSON_APPEND_INT64(cp, "token", m->token);
 	BSON_APPEND_INT64(cp, "attempts", m->attempts);
 	BSON_APPEND_BOOL(cp, "targetCleaned", m->target_cleaned);
@@ -310,6 +347,8 @@ static int save(mig *m, mig_state to)
 		return sdb_errf(m->err, sizeof m->err, SDB_EINVAL, "transition %s -> %s not allowed",
 				migrate_state_name(m->state), migrate_state_name(to));
 	}
+	if (to != m->state)
+		crash_point("before", migrate_state_name(to));
 	bson_t cmd = BSON_INITIALIZER, cp, st, reply;
 	BSON_APPEND_UTF8(&cmd, "updateMigration", m->id);
 	BSON_APPEND_UTF8(&cmd, "expectState", migrate_state_name(m->state));
@@ -327,11 +366,14 @@ static int save(mig *m, mig_state to)
 		return SDB_ECONFLICT;
 	if (rc != 0)
 		return SDB_EIO;
-	if (to != m->state)
-		sdb_info("migration state", "id=%s from=%s to=%s", m->id,
-			 migrate_state_name(m->state), migrate_state_name(to));
+	mig_state from = m->state;
 	m->state = to;
 	m->last_ckpt = mono_ms();
+	if (to != from) {
+		sdb_info("migration state", "id=%s from=%s to=%s", m->id, migrate_state_name(from),
+			 migrate_state_name(to));
+		crash_point("after", migrate_state_name(to));
+	}
 	return 0;
 }
 
@@ -366,7 +408,8 @@ static int load(mig *m)
 		m->delete_batch = it_int(&spec, "deleteBatch", 500);
 		m->delete_delay_ms = it_int(&spec, "deleteDelayMS", 5);
 		m->max_attempts = it_int(&spec, "maxSwitchAttempts", 5);
-		m->max_catchup_ms = it_int(&spec, "maxCatchUpMS", 60000);
+		m->max_catchup_ms = it_int(&spec, "maxCatchUpMS", 600000);
+		m->apply_rate = it_int(&spec, "applyRate", 0);
 		char order[32] = "";
 		it_str(&spec, "importOrder", order, sizeof order);
 		m->arrival_order = strcmp(order, "arrival") == 0;
@@ -378,6 +421,7 @@ static int load(mig *m)
 		m->ts = it_ts(&cp, "ts");
 		m->import_ts = it_ts(&cp, "importTs");
 		m->rev_ts = it_ts(&cp, "revTs");
+		m->bump_ts = it_ts(&cp, "bumpTs");
 		m->token = it_int(&cp, "token", 0);
 		m->attempts = it_int(&cp, "attempts", 0);
 		bson_iter_t it;
@@ -639,7 +683,7 @@ static int scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson
 		      uint64_t *at, doc_fn fn, void *arg)
 {
 	bson_t cmd = BSON_INITIALIZER, reply, cur;
-	int rc;
+	int rc = 0;
 	if (at) {
 		BSON_APPEND_UTF8(&cmd, "stripedbSnapshot", m->coll);
 		bson_t f = BSON_INITIALIZER;
@@ -652,7 +696,22 @@ static int scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson
 	if (proj)
 		BSON_APPEND_DOCUMENT(&cmd, "projection", proj);
 	BSON_APPEND_INT32(&cmd, "batchSize", 1000);
-	rc = shard_run(m, c, &cmd, &reply);
+	/* pin the command and its getMores to one selected server (serverId) */
+	bson_error_t e;
+	mongoc_server_description_t *sd = mongoc_client_select_server(c, false, NULL, &e);
+	if (!sd) {
+		bson_destroy(&cmd);
+		return sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "scan: %s", e.message);
+	}
+	uint32_t server_id = mongoc_server_description_id(sd);
+	mongoc_server_description_destroy(sd);
+	m->code = 0;
+	if (!mongoc_client_command_simple_with_server_id(c, m->db, &cmd, NULL, server_id, &reply,
+							 &e)) {
+		m->code = e.domain == MONGOC_ERROR_SERVER ? (int)e.code : -1;
+		rc = sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "scan: %s", e.message);
+		bson_destroy(&reply);
+	}
 	bson_destroy(&cmd);
 	if (rc)
 		return rc;
@@ -662,7 +721,10 @@ static int scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson
 			*at = it_ts(&cur, "atOplogTs");
 	}
 	/* takes ownership of reply */
-	mongoc_cursor_t *cs = mongoc_cursor_new_from_command_reply_with_opts(c, &reply, NULL);
+	bson_t copts = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&copts, "serverId", (int32_t)server_id);
+	mongoc_cursor_t *cs = mongoc_cursor_new_from_command_reply_with_opts(c, &reply, &copts);
+	bson_destroy(&copts);
 	const bson_t *doc;
 	while (rc == 0 && mongoc_cursor_next(cs, &doc)) {
 		if (in_chunk(m, doc))
@@ -670,7 +732,6 @@ static int scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson
 		if (stopping(m))
 			rc = sdb_errf(m->err, sizeof m->err, SDB_ECANCELED, "stopping");
 	}
-	bson_error_t e;
 	if (rc == 0 && mongoc_cursor_error(cs, &e))
 		rc = sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "scan: %s", e.message);
 	mongoc_cursor_destroy(cs);
@@ -698,6 +759,8 @@ static int flush_deletes(mig *m, id_batch *b)
 	if (rc == 0)
 		m->deleted += b->n;
 	b->n = 0;
+	if (rc == 0 && m->state == MIG_CLEANING)
+		crash_point("mid", "clean");
 	return rc;
 }
 
@@ -785,6 +848,8 @@ static int add_insert(mig *m, const bson_t *doc, void *arg)
 	if (b->n && (b->n >= IMPORT_BATCH_DOCS || b->bytes + doc->len > APPLY_BATCH_BYTES) &&
 	    (rc = flush_inserts(m, b)) != 0)
 		return rc;
+	if (m->imported > 0)
+		crash_point("mid", "import");
 	char k[16];
 	snprintf(k, sizeof k, "%u", b->n++);
 	BSON_APPEND_DOCUMENT(&b->arr, k, doc);
@@ -874,6 +939,8 @@ static int repl_flush(mig *m, repl *p)
 	p->applied += p->nbatch;
 	repl_reset_batch(p);
 	p->pos = p->batch_pos;
+	if (m->state == MIG_REPLICATING)
+		crash_point("mid", "replicate");
 	return 0;
 }
 
@@ -1067,6 +1134,18 @@ static int repl_run(mig *m, repl *p, uint64_t start, uint64_t until, int64_t dea
 			return rc;
 		p->pend.have = false;
 		keepalive(m);
+		if (m->apply_rate > 0) {
+			/* throttle: at most apply_rate events per second */
+			int64_t now = mono_ms();
+			if (now - m->rate_t0 >= 1000) {
+				m->rate_t0 = now;
+				m->rate_n = 0;
+			}
+			if (++m->rate_n >= m->apply_rate) {
+				(void)repl_flush(m, p);
+				nap(m, 1000 - (mono_ms() - m->rate_t0));
+			}
+		}
 	}
 }
 
@@ -1163,8 +1242,20 @@ static int step_replicate(mig *m)
 		rc = 0;
 	if (rc == SDB_ENOTFOUND)
 		return fail(m, m->err);
-	if (rc == 0 && m->fwd.caught_up)
+	if (rc == 0 && m->fwd.caught_up) {
+		m->lag_since = 0;
 		return save(m, MIG_VERIFYING);
+	}
+	/* a write rate the target cannot match: abort cleanly instead of lagging forever */
+	if (m->lag_since == 0)
+		m->lag_since = mono_ms();
+	if (rc == 0 && mono_ms() - m->lag_since > m->max_catchup_ms) {
+		char why[200];
+		snprintf(why, sizeof why,
+			 "replication could not catch up with the source within maxCatchUpMS=%" PRId64,
+			 m->max_catchup_ms);
+		return fail(m, why);
+	}
 	if (mono_ms() - m->last_ckpt >= CHECKPOINT_EVERY_MS) {
 		int r2 = save(m, m->state);
 		if (rc == 0)
@@ -1233,6 +1324,7 @@ static int step_verify(mig *m)
 	bson_t sort = BSON_INITIALIZER;
 	BSON_APPEND_INT32(&sort, "_id", 1);
 	rc = scan_chunk(m, m->sc, &sort, NULL, &at, collect, &s);
+	crash_point("mid", "verify");
 	/* the target at the same position: apply exactly up to `at` */
 	if (rc == 0)
 		rc = repl_run(m, &m->fwd, m->ts, at, mono_ms() + 30000);
@@ -1359,12 +1451,23 @@ static int do_switch(mig *m, repl *p, uint64_t start, mongoc_client_t *from_c,
 		return SDB_EBUSY;
 	if (rc)
 		return rc;
-	int64_t t0 = mono_us(), stored = 0;
+	/* the CDC log itself may lag the source's oplog (a slow publisher): catch up with
+	 * the oplog head as of now before pausing writes, else do not switch */
 	uint64_t head = 0;
+	if ((rc = oplog_head(m, from_c, &head)) != 0)
+		return rc;
+	rc = repl_run(m, p, start, head, mono_ms() + 1000);
+	if (rc == SDB_ETIMEOUT)
+		return SDB_EBUSY;
+	if (rc)
+		return rc;
+	int64_t t0 = mono_us(), stored = 0;
 	if ((rc = bump(m, from_c, cur + 1, &stored)) != 0)
 		return rc;
 	if ((rc = oplog_head(m, from_c, &head)) != 0)
 		return rc;
+	m->bump_ts = head;
+	crash_point("mid", "switch");
 	rc = repl_run(m, p, start, head, mono_ms() + m->max_pause_ms);
 	if (rc == 0)
 		rc = oplog_head(m, to_c, to_head);
@@ -1409,6 +1512,7 @@ static int step_switch(mig *m)
 	uint64_t to_head = 0;
 	rc = do_switch(m, &m->fwd, m->ts, m->sc, m->src, m->dc, m->dst, token, &to_head);
 	if (rc == 0) {
+		m->lag_since = 0;
 		m->token = token + 1;
 		m->rev_ts = to_head;
 		m->rev.pos = 0;
