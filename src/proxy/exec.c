@@ -2135,6 +2135,63 @@ static void do_list_indexes(ctx *c)
 	free(shard);
 }
 
+/* Sharded collections metadata knows that no shard has created yet (nothing inserted):
+ * listed too, unless the client filtered the listing (the filter ran on the shards). */
+static void add_metadata_collections(ctx *c, bson_t *merged, size_t *count)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, f;
+	bson_iter_t it, arr, e;
+	char err[256];
+	int code;
+	bool name_only = get_bool(c->cmd, "nameOnly", false);
+
+	if (get_doc(c->cmd, "filter", &f) && !bson_empty(&f))
+		return;
+	BSON_APPEND_INT32(&cmd, "listCollections", 1);
+	BSON_APPEND_UTF8(&cmd, "db", c->db);
+	if (proxy_meta_command(c->p, &cmd, &reply, &code, err, sizeof err) == 0 &&
+	    bson_iter_init_find(&it, &reply, "collections") && bson_iter_recurse(&it, &arr)) {
+		size_t dblen = strlen(c->db);
+		while (bson_iter_next(&arr)) {
+			const char *ns, *name;
+			bool dup = false;
+			bson_iter_t m;
+			if (!bson_iter_recurse(&arr, &e) || !bson_iter_find(&e, "ns") ||
+			    !BSON_ITER_HOLDS_UTF8(&e))
+				continue;
+			ns = bson_iter_utf8(&e, NULL);
+			if (strncmp(ns, c->db, dblen) != 0 || ns[dblen] != '.')
+				continue;
+			name = ns + dblen + 1;
+			if (bson_iter_init(&m, merged))
+				while (bson_iter_next(&m)) {
+					bson_iter_t mf;
+					if (bson_iter_recurse(&m, &mf) && bson_iter_find(&mf, "name") &&
+					    BSON_ITER_HOLDS_UTF8(&mf) && strcmp(bson_iter_utf8(&mf, NULL), name) == 0)
+						dup = true;
+				}
+			if (!dup) {
+				char k[24];
+				bson_t d, o, info;
+				snprintf(k, sizeof k, "%zu", (*count)++);
+				bson_append_document_begin(merged, k, -1, &d);
+				BSON_APPEND_UTF8(&d, "name", name);
+				BSON_APPEND_UTF8(&d, "type", "collection");
+				if (!name_only) {
+					bson_append_document_begin(&d, "options", -1, &o);
+					bson_append_document_end(&d, &o);
+					bson_append_document_begin(&d, "info", -1, &info);
+					BSON_APPEND_BOOL(&info, "readOnly", false);
+					bson_append_document_end(&d, &info);
+				}
+				bson_append_document_end(merged, &d);
+			}
+		}
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
 /* Union over shards of a listing: arrays at path cursor.firstBatch or `field`, deduplicated
  * by `name`; sizes (sizeOnDisk) summed for databases. */
 static void do_list_union(ctx *c, bool databases)
@@ -2206,6 +2263,8 @@ static void do_list_union(ctx *c, bool databases)
 		bson_destroy(&merged);
 		return;
 	}
+	if (!databases)
+		add_metadata_collections(c, &merged, &count);
 	out = bson_new();
 	if (databases) {
 		bson_append_array(out, "databases", -1, &merged);

@@ -78,6 +78,11 @@ typedef struct proxy {
 } proxy;
 
 /* role.c */
+/* Run cmd on the metadata service (the leader, found by libmongoc) in db admin. reply is
+ * always initialised (caller destroys). Returns 0, SDB_EPROTO (the service answered an
+ * error: *code, message in err) or SDB_EUNAVAILABLE. Worker/refresh threads only. */
+int proxy_meta_command(proxy *p, const bson_t *cmd, bson_t *reply, int *code, char *err,
+		       size_t errlen);
 /* Current routing for ns (a reference: unref it), fetched from metadata when not cached or
  * when force. NULL with a message when metadata cannot be reached and nothing is cached. */
 route_coll *proxy_route(proxy *p, const char *ns, bool force, char *err, size_t errlen);

@@ -23,8 +23,8 @@
 
 /* ---------- metadata access ---------- */
 
-static int meta_command(proxy *p, const bson_t *cmd, bson_t *reply, int *code, char *err,
-			size_t errlen)
+int proxy_meta_command(proxy *p, const bson_t *cmd, bson_t *reply, int *code, char *err,
+		       size_t errlen)
 {
 	mongoc_client_t *cl;
 	bson_error_t e;
@@ -55,7 +55,7 @@ int proxy_load_shards(proxy *p, char *err, size_t errlen)
 	char *first = NULL;
 
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
-	rc = meta_command(p, &cmd, &reply, &code, err, errlen);
+	rc = proxy_meta_command(p, &cmd, &reply, &code, err, errlen);
 	if (rc != 0)
 		goto out;
 	if (bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it) &&
@@ -125,7 +125,7 @@ static route_coll *fetch_route(proxy *p, const char *ns, char *err, size_t errle
 	bool unknown_shard = false;
 
 	BSON_APPEND_UTF8(&cmd, "getRoutingTable", ns);
-	rc = meta_command(p, &cmd, &reply, &code, err, errlen);
+	rc = proxy_meta_command(p, &cmd, &reply, &code, err, errlen);
 	sdb_counter_inc(p->m_refreshes);
 	if (rc == SDB_EPROTO && (code == WIRE_ERR_NAMESPACE_NOT_FOUND || code == 0 ||
 				 strstr(err, "not sharded") != NULL)) {
@@ -192,8 +192,8 @@ static bool load_quotas(proxy *p)
 	BSON_APPEND_INT32(&c1, "listTenants", 1);
 	BSON_APPEND_INT32(&c2, "listDatabases", 1);
 	/* meta_command always initialises its reply */
-	if (meta_command(p, &c1, &r1, &code, err, sizeof err) == 0) {
-		if (meta_command(p, &c2, &r2, &code, err, sizeof err) == 0) {
+	if (proxy_meta_command(p, &c1, &r1, &code, err, sizeof err) == 0) {
+		if (proxy_meta_command(p, &c2, &r2, &code, err, sizeof err) == 0) {
 			proxy_quota_load(p->quota, &r1, &r2);
 			ok = true;
 		}
@@ -218,9 +218,9 @@ static int reload_all(proxy *p, char **names, size_t n)
 
 	BSON_APPEND_INT32(&c1, "listCollections", 1);
 	BSON_APPEND_UTF8(&c2, "getRoutingTable", "all");
-	rc = meta_command(p, &c1, &colls, &code, err, sizeof err);
+	rc = proxy_meta_command(p, &c1, &colls, &code, err, sizeof err);
 	if (rc == 0) {
-		rc = meta_command(p, &c2, &table, &code, err, sizeof err);
+		rc = proxy_meta_command(p, &c2, &table, &code, err, sizeof err);
 		if (rc != 0)
 			bson_destroy(&table);
 	}
@@ -323,7 +323,7 @@ static void refresher_main(void *arg)
 		BSON_APPEND_INT32(&cmd, "waitRoutingVersion", 1);
 		BSON_APPEND_INT64(&cmd, "gt", p->known_version);
 		BSON_APPEND_INT64(&cmd, "timeoutMS", PROXY_WAIT_MS);
-		rc = meta_command(p, &cmd, &reply, &code, err, sizeof err);
+		rc = proxy_meta_command(p, &cmd, &reply, &code, err, sizeof err);
 		bson_destroy(&cmd);
 		if (rc != 0) {
 			bson_destroy(&reply);
