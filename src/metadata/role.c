@@ -54,6 +54,9 @@ typedef struct meta {
 	sdb_gauge *g_term, *g_leader, *g_rv, *g_applied;
 	sdb_counter *c_commits, *c_rejected;
 	sdb_histogram *h_commit;
+	/* what hello last reported, to wake held awaitable hellos when it changes */
+	int topo_ready;
+	uint64_t topo_leader, topo_term;
 } meta;
 
 /* ------------------------------------------------------------------ helpers */
@@ -812,6 +815,19 @@ static void update_gauges(meta *m)
 	sdb_gauge_set(m->g_leader, sdb_node_ready(m->node) ? 1 : 0);
 	sdb_gauge_set(m->g_rv, sdb_fsm_routing_version(sdb_node_fsm(m->node)));
 	sdb_gauge_set(m->g_applied, (int64_t)sdb_fsm_last_applied(sdb_node_fsm(m->node)));
+	/* SDAM streaming: a held awaitable hello must learn of an election or step-down now,
+	 * not after maxAwaitTimeMS (wire/server.h: wire_server_topology_changed). */
+	{
+		int ready = sdb_node_ready(m->node) ? 1 : 0;
+		uint64_t term = sdb_node_term(m->node);
+		if (m->srv != NULL && !m->stopping &&
+		    (ready != m->topo_ready || lid != m->topo_leader || term != m->topo_term)) {
+			m->topo_ready = ready;
+			m->topo_leader = lid;
+			m->topo_term = term;
+			wire_server_topology_changed(m->srv);
+		}
+	}
 }
 
 static void on_change(void *data)
