@@ -97,7 +97,8 @@ int cdc_archiver_open(cdc_log *log, const char *shard, cdc_archiver **out, char 
 	return 0;
 }
 
-int cdc_archiver_step(cdc_archiver *a, size_t max, size_t *copied, char *err, size_t errlen)
+int cdc_archiver_step(cdc_archiver *a, size_t max, int timeout_ms, size_t *copied, char *err,
+		      size_t errlen)
 {
 	cdc_event ev;
 	int rc = 0;
@@ -108,7 +109,7 @@ int cdc_archiver_step(cdc_archiver *a, size_t max, size_t *copied, char *err, si
 			return rc;
 	}
 	while (*copied < max) {
-		rc = a->log->be->src_next(a->src, &ev, 0, err, errlen);
+		rc = a->log->be->src_next(a->src, &ev, *copied ? 0 : timeout_ms, err, errlen);
 		if (rc <= 0)
 			break;
 		if (ev.offset != a->next) {

@@ -40,11 +40,12 @@ typedef struct cdc_archiver cdc_archiver;
  * archiver holds the dir), SDB_EIO, SDB_EUNAVAILABLE. */
 int cdc_archiver_open(cdc_log *log, const char *shard, cdc_archiver **out, char *err,
 		      size_t errlen);
-/* Copy up to max events that are in the log and not yet archived; *copied gets the
- * count. Errors: SDB_ENOTFOUND when the next offset to archive already left the broker (a
+/* Copy up to max events that are in the log and not yet archived, waiting up to
+ * timeout_ms for the first one; *copied gets the count. Errors: SDB_ENOTFOUND when the next offset to archive already left the broker (a
  * gap in the archive: reported, never filled with later events), SDB_EIO, SDB_EUNAVAILABLE.
  */
-int cdc_archiver_step(cdc_archiver *a, size_t max, size_t *copied, char *err, size_t errlen);
+int cdc_archiver_step(cdc_archiver *a, size_t max, int timeout_ms, size_t *copied, char *err,
+		      size_t errlen);
 /* Next offset to archive. */
 uint64_t cdc_archiver_next(const cdc_archiver *a);
 void cdc_archiver_close(cdc_archiver *a);

@@ -86,6 +86,8 @@ static int new_consumer(cdc_log *log, rd_kafka_t **out, char *err, size_t errlen
 	rd_kafka_conf_set(c, "enable.partition.eof", "true", e, sizeof e);
 	rd_kafka_conf_set(c, "auto.offset.reset", "error", e, sizeof e);
 	rd_kafka_conf_set(c, "fetch.message.max.bytes", "20000000", e, sizeof e);
+	/* CDC consumers follow the head: answer fast rather than batch */
+	rd_kafka_conf_set(c, "fetch.wait.max.ms", "20", e, sizeof e);
 	rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, c, e, sizeof e);
 	if (rk == NULL)
 		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "kafka consumer: %s", e);

@@ -193,12 +193,16 @@ static int append_batch(cdc_publisher *p, cdc_writer *w, bson_iter_t *arr, uint6
 	return 0;
 }
 
-/* Kafka backend with an archive: copy what the broker has and the archive has not. An
- * archive failure is reported (status, metric, log) but does not stop publishing. */
-static void archive_step(cdc_publisher *p)
+/* Kafka backend with an archive: copy what the broker has and the archive has not, up to
+ * `upto` (the published offset), waiting for it at most 5 s: the publisher does not run
+ * ahead of its archive, so the broker's retention cannot drop a range before it is
+ * archived unless the archive itself is stuck (then this is reported: status, metric,
+ * log, and publishing goes on). */
+static void archive_step(cdc_publisher *p, uint64_t upto)
 {
 	char err[512];
 	size_t copied = 0;
+	int rc = 0;
 	if (cdc_log_archive(p->log) == NULL || strcmp(cdc_log_backend(p->log), "kafka") != 0)
 		return;
 	if (p->arch == NULL && cdc_archiver_open(p->log, p->shard, &p->arch, err, sizeof err) != 0) {
@@ -206,8 +210,12 @@ static void archive_step(cdc_publisher *p)
 		set_error(p, err);
 		return;
 	}
-	int rc = cdc_archiver_step(p->arch, 100000, &copied, err, sizeof err);
-	sdb_counter_add(p->c_archived, copied);
+	int64_t deadline = cdc_now_ms() + 5000;
+	do {
+		rc = cdc_archiver_step(p->arch, 100000, 50, &copied, err, sizeof err);
+		sdb_counter_add(p->c_archived, copied);
+	} while (rc == 0 && cdc_archiver_next(p->arch) < upto && cdc_now_ms() < deadline &&
+		 !atomic_load(&p->stop));
 	if (rc)
 		set_error(p, err);
 }
@@ -311,7 +319,7 @@ static int tail(cdc_publisher *p, mongoc_client_t *c, cdc_writer *w, char *err, 
 			break;
 		publish_progress(p, w, added);
 		if (added > 0 || cdc_now_ms() >= next_probe)
-			archive_step(p);
+			archive_step(p, cdc_writer_next_offset(w));
 		if (cdc_now_ms() >= next_probe) {
 			probe_lag(p, c, cdc_writer_last_ts(w));
 			next_probe = cdc_now_ms() + PROBE_EVERY_MS;

@@ -54,6 +54,7 @@ typedef struct coord_pub {
 	char *uri;
 	cdc_publisher *pub;
 	int64_t epoch;
+	int64_t renewed_ms; /* monotonic time of the last successful acquire/renew */
 	sdb_gauge *g_held, *g_arch_first, *g_arch_next, *g_arch_first_ts, *g_arch_last_ts;
 	cdc_range arch;
 	struct coord_pub *next;
@@ -234,6 +235,13 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 		int64_t t0 = cdc_now_ms();
 		int lrc = listed ? lease_cmd(co, c, "renewLease", p->shard, NULL, err, sizeof err)
 				 : LEASE_ERR_BUSY;
+		int64_t took = cdc_now_ms() - t0;
+		if (lrc != 0 || took > co->lease_ms / 3)
+			sdb_warn("cdc lease renewal", "shard=%s code=%d took_ms=%" PRId64
+				 " since_last_ms=%" PRId64 " error=\"%s\"",
+				 p->shard, lrc, took, t0 - p->renewed_ms, lrc ? err : "");
+		if (lrc == 0)
+			p->renewed_ms = t0;
 		if (lrc == 0) {
 			cdc_publisher_fence(p->pub, fence_after(co, t0));
 		} else if (lrc > 0) {
@@ -252,6 +260,7 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 		p->shard = sdb_strdup(shards[i].id);
 		p->uri = sdb_strdup(shards[i].uri);
 		p->epoch = epoch;
+		p->renewed_ms = t0;
 		pub_gauges(p);
 		if (cdc_publisher_start(co->log, p->shard, p->uri, fence_after(co, t0), &p->pub, err,
 					sizeof err) != 0) {
