@@ -1,7 +1,8 @@
 #!/bin/bash
 # Fast consistency checks of the packaged files against the binary (run by `make check`):
 #   - every option of `stripedb --help` is documented in stripedb(1) and stripedb.conf(5)
-#     and listed (commented out) in packaging/stripedb.conf; every role in stripedb(1);
+#     and listed (commented out) in packaging/stripedb.conf; every role and every command
+#     of the usage lines (ctl, dev, ...) in stripedb(1);
 #     every subcommand of `stripedb ctl --help` in stripedb-ctl(1);
 #   - packaging/stripedb.conf is accepted by the real parser as shipped and with every key
 #     uncommented (exit 2 "no role given" and nothing else);
@@ -58,6 +59,13 @@ roles=$("$bin" --help | sed -n 's/^roles: \([a-z, ]*\)\..*/\1/p' | tr -d ,)
 for r in $roles; do
 	grep -q -- "^\.B $r\$" "$man1" && ok || fail "stripedb.1: role $r not documented under ROLES"
 	grep -q -- "^\[$r\]\$" "$conf" && ok || fail "packaging/stripedb.conf: no [$r] section"
+done
+
+# --- top-level commands (`stripedb ctl|dev|... `) of the usage lines ---
+cmds=$("$bin" --help | sed -n '1,/^$/s/^\(usage:\)\? *stripedb \([a-z][a-z-]*\)\( .*\)\?$/\2/p')
+[ -n "$cmds" ] || fail "no command found in the usage lines of '$bin --help'"
+for c in $cmds; do
+	grep -q -- "^\.B $(esc "$c")\$" "$man1" && ok || fail "stripedb.1: command '$c' not documented under COMMANDS"
 done
 
 # --- ctl subcommands ---
