@@ -141,46 +141,47 @@ int64_t merge_pushdown_limit(int64_t skip, int64_t limit)
 /* ---------- distinct ---------- */
 
 struct merge_distinct {
-	bson_t *store; /* values appended under keys "0", "1", ... (owned copies) */
-	size_t n;
+	bson_value_t *v; /* owned copies, sorted in MongoDB order, no two equal */
+	size_t n, cap;
 };
 
 merge_distinct *merge_distinct_new(void)
 {
-	merge_distinct *d = sdb_calloc(1, sizeof *d);
-
-	d->store = bson_new();
-	return d;
+	return sdb_calloc(1, sizeof(merge_distinct));
 }
 
 void merge_distinct_free(merge_distinct *d)
 {
+	size_t i;
+
 	if (d == NULL)
 		return;
-	bson_destroy(d->store);
+	for (i = 0; i < d->n; i++)
+		bson_value_destroy(&d->v[i]);
+	free(d->v);
 	free(d);
-}
-
-static bool distinct_has(merge_distinct *d, const bson_value_t *v)
-{
-	bson_iter_t it;
-
-	if (!bson_iter_init(&it, d->store))
-		return false;
-	while (bson_iter_next(&it))
-		if (sdb_bson_value_eq(bson_iter_value(&it), v))
-			return true;
-	return false;
 }
 
 void merge_distinct_add_value(merge_distinct *d, const bson_value_t *v)
 {
-	char k[24];
+	size_t lo = 0, hi = d->n, mid;
 
-	if (distinct_has(d, v))
+	while (lo < hi) { /* first element >= v */
+		mid = lo + (hi - lo) / 2;
+		if (sdb_bson_value_cmp(&d->v[mid], v) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo < d->n && sdb_bson_value_cmp(&d->v[lo], v) == 0)
 		return;
-	snprintf(k, sizeof k, "%zu", d->n++);
-	BSON_APPEND_VALUE(d->store, k, v);
+	if (d->n == d->cap) {
+		d->cap = d->cap ? d->cap * 2 : 16;
+		d->v = sdb_realloc(d->v, d->cap * sizeof *d->v);
+	}
+	memmove(&d->v[lo + 1], &d->v[lo], (d->n - lo) * sizeof *d->v);
+	bson_value_copy(v, &d->v[lo]);
+	d->n++;
 }
 
 static bool distinct_visit(void *ctx, const bson_iter_t *it, unsigned flags)
@@ -200,30 +201,18 @@ void merge_distinct_add_doc(merge_distinct *d, const bson_t *doc, const char *pa
 	sdb_path_walk(doc, path, SDB_PATH_EXPAND_LEAF, distinct_visit, d);
 }
 
-static int value_qsort_cmp(const void *a, const void *b)
-{
-	return sdb_bson_value_cmp(a, b);
-}
-
 void merge_distinct_append(merge_distinct *d, bson_t *out, const char *name)
 {
-	bson_value_t *v = sdb_calloc(d->n ? d->n : 1, sizeof *v);
-	bson_iter_t it;
 	bson_t arr;
-	size_t i = 0;
 	char k[24];
+	size_t i;
 
-	if (bson_iter_init(&it, d->store))
-		while (bson_iter_next(&it) && i < d->n)
-			v[i++] = *bson_iter_value(&it);
-	qsort(v, i, sizeof *v, value_qsort_cmp);
 	bson_append_array_begin(out, name, -1, &arr);
-	for (size_t j = 0; j < i; j++) {
-		snprintf(k, sizeof k, "%zu", j);
-		BSON_APPEND_VALUE(&arr, k, &v[j]);
+	for (i = 0; i < d->n; i++) {
+		snprintf(k, sizeof k, "%zu", i);
+		BSON_APPEND_VALUE(&arr, k, &d->v[i]);
 	}
 	bson_append_array_end(out, &arr);
-	free(v);
 }
 
 size_t merge_distinct_count(const merge_distinct *d)

@@ -46,8 +46,8 @@ int64_t merge_count_window(int64_t total, int64_t skip, int64_t limit);
  * 0 = none when limit is 0). Saturates instead of overflowing. */
 int64_t merge_pushdown_limit(int64_t skip, int64_t limit);
 
-/* A set of distinct values (MongoDB distinct: values compared with sdb_bson_value_eq, so
- * 1 and 1.0 are one value). Values are copied. */
+/* A set of distinct values (MongoDB distinct: values equal under sdb_bson_value_cmp are one
+ * value, so 1 and 1.0 are one), kept sorted: O(log n) lookups. Values are copied. */
 typedef struct merge_distinct merge_distinct;
 merge_distinct *merge_distinct_new(void);
 void merge_distinct_free(merge_distinct *d);
