@@ -187,10 +187,31 @@ static int ts_at(cdc_log *log, const char *topic, int64_t offset, uint64_t *ts, 
 	return rc;
 }
 
+/* 1 when the broker knows topic (with at least one partition), 0 when not, or an error. */
+static int topic_exists(rd_kafka_t *rk, const char *topic, char *err, size_t errlen)
+{
+	const struct rd_kafka_metadata *md = NULL;
+	rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+	rd_kafka_resp_err_t r = rd_kafka_metadata(rk, 0, rkt, &md, KAFKA_TIMEOUT_MS);
+	int rc;
+	if (r) {
+		rc = sdb_errf(err, errlen, SDB_EUNAVAILABLE, "kafka metadata of %s: %s", topic,
+			      rd_kafka_err2str(r));
+	} else {
+		rc = md->topic_cnt == 1 && md->topics[0].err == 0 &&
+		     md->topics[0].partition_cnt >= 1;
+		rd_kafka_metadata_destroy(md);
+	}
+	rd_kafka_topic_destroy(rkt);
+	return rc;
+}
+
 static int create_topic(rd_kafka_t *rk, const char *topic, char *err, size_t errlen)
 {
 	char e[256];
-	int rc = 0;
+	int rc = topic_exists(rk, topic, err, errlen);
+	if (rc != 0)
+		return rc < 0 ? rc : 0;
 	rd_kafka_NewTopic_t *nt = rd_kafka_NewTopic_new(topic, 1, -1, e, sizeof e);
 	if (nt == NULL)
 		return sdb_errf(err, errlen, SDB_EINVAL, "kafka topic %s: %s", topic, e);
@@ -249,6 +270,8 @@ static int kafka_writer_open(cdc_log *log, const char *shard, void **out, uint64
 	int rc = 0;
 	w->topic = topic_of(shard);
 	rd_kafka_conf_set(c, "enable.idempotence", "true", e, sizeof e);
+	/* topics are created explicitly with one partition, never by a metadata request */
+	rd_kafka_conf_set(c, "allow.auto.create.topics", "false", e, sizeof e);
 	rd_kafka_conf_set(c, "linger.ms", "2", e, sizeof e);
 	rd_kafka_conf_set_opaque(c, w);
 	rd_kafka_conf_set_dr_msg_cb(c, on_delivery);

@@ -9,6 +9,11 @@ tests_unit_test_cdc_log_SOURCES = tests/unit/test_cdc_log.c
 tests_unit_test_cdc_log_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_cdc_log_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_cdc_log
+check_PROGRAMS += tests/unit/test_cdc_kafka
+tests_unit_test_cdc_kafka_SOURCES = tests/unit/test_cdc_kafka.c
+tests_unit_test_cdc_kafka_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_cdc_kafka_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_cdc_kafka
 
 # `stripedb ctl cdc status|read` (cli/ctl.c dispatches to cli_cdc_main)
 libstripedb_a_SOURCES += cli/cdc.c
