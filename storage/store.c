@@ -702,18 +702,20 @@ int64_t sdb_store_oplog_count(sdb_store_conn *c)
 	return query_int(c, "SELECT count(*) FROM oplog", 0);
 }
 
-static int oplog_read_impl(sdb_store_conn *c, bool desc, uint64_t after, size_t max,
-			   bson_t ***docs, size_t *n, char *err, size_t errlen)
+static int oplog_read_impl(sdb_store_conn *c, bool desc, uint64_t after, uint64_t before,
+			   size_t max, bson_t ***docs, size_t *n, char *err, size_t errlen)
 {
 	sqlite3_stmt *s = stmt_get(c,
-				   desc ? "SELECT entry FROM oplog WHERE ts > ? ORDER BY ts DESC "
-					  "LIMIT ?"
-					: "SELECT entry FROM oplog WHERE ts > ? ORDER BY ts LIMIT ?",
+				   desc ? "SELECT entry FROM oplog WHERE ts > ?1 AND ts < ?2 ORDER BY "
+					  "ts DESC LIMIT ?3"
+					: "SELECT entry FROM oplog WHERE ts > ?1 AND ts < ?2 ORDER BY "
+					  "ts LIMIT ?3",
 				   err, errlen);
 	if (!s)
 		return SDB_EIO;
 	sqlite3_bind_int64(s, 1, (int64_t)after);
-	sqlite3_bind_int64(s, 2, max > INT64_MAX ? INT64_MAX : (int64_t)max);
+	sqlite3_bind_int64(s, 2, before && before <= INT64_MAX ? (int64_t)before : INT64_MAX);
+	sqlite3_bind_int64(s, 3, max > INT64_MAX ? INT64_MAX : (int64_t)max);
 	int rc;
 	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
 		bson_t *d = sdb_doc_new_from_data(sqlite3_column_blob(s, 0),
@@ -732,13 +734,13 @@ static int oplog_read_impl(sdb_store_conn *c, bool desc, uint64_t after, size_t 
 int sdb_store_oplog_read(sdb_store_conn *c, uint64_t after, size_t max, bson_t ***docs,
 			 size_t *n, char *err, size_t errlen)
 {
-	return oplog_read_impl(c, false, after, max, docs, n, err, errlen);
+	return oplog_read_impl(c, false, after, 0, max, docs, n, err, errlen);
 }
 
-int sdb_store_oplog_read_desc(sdb_store_conn *c, size_t max, bson_t ***docs, size_t *n,
-			      char *err, size_t errlen)
+int sdb_store_oplog_read_desc(sdb_store_conn *c, uint64_t after, uint64_t before, size_t max,
+			      bson_t ***docs, size_t *n, char *err, size_t errlen)
 {
-	return oplog_read_impl(c, true, 0, max, docs, n, err, errlen);
+	return oplog_read_impl(c, true, after, before, max, docs, n, err, errlen);
 }
 
 /* ------------------------------------------------------------------ catalog */

@@ -220,10 +220,10 @@ void sdb_store_cursor_close(sdb_store_cursor *cur);
  * each with sdb_doc_free and the array with free). Read txn. */
 int sdb_store_oplog_read(sdb_store_conn *c, uint64_t after, size_t max, bson_t ***docs,
 			 size_t *n, char *err, size_t errlen);
-/* The newest max entries, newest first (the `sort: {$natural: -1}` read). Same ownership
- * as sdb_store_oplog_read. */
-int sdb_store_oplog_read_desc(sdb_store_conn *c, size_t max, bson_t ***docs, size_t *n,
-			      char *err, size_t errlen);
+/* Up to max entries with after < ts < before (before 0 = no upper bound), newest first
+ * (the `sort: {$natural: -1}` read, in chunks). Same ownership as sdb_store_oplog_read. */
+int sdb_store_oplog_read_desc(sdb_store_conn *c, uint64_t after, uint64_t before, size_t max,
+			      bson_t ***docs, size_t *n, char *err, size_t errlen);
 /* Newest committed oplog ts visible to the transaction (0 when the oplog is empty). */
 uint64_t sdb_store_oplog_last(sdb_store_conn *c);
 /* Oldest ts in the oplog (0 if empty). */

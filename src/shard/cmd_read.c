@@ -294,17 +294,30 @@ static void find_oplog(shard_ctx *x, find_opts *o)
 		natural_desc = bson_iter_as_double(&it) < 0;
 	int rc;
 	if (natural_desc && !o->tailable) {
-		bson_t **raw = NULL;
-		size_t nraw = 0;
-		rc = sdb_store_oplog_read_desc(x->conn, SIZE_MAX, &raw, &nraw, x->err,
-					       sizeof x->err);
-		for (size_t i = 0; i < nraw; i++) {
-			if ((!o->limit || (int64_t)n < o->limit) && sdb_matcher_match(m, raw[i]))
-				util_docs_push(&docs, &n, &cap, raw[i]);
-			else
-				sdb_doc_free(raw[i]);
+		/* newest first, in chunks, until the limit is met or the oplog ends */
+		uint64_t before = 0;
+		rc = 0;
+		for (;;) {
+			bson_t **raw = NULL;
+			size_t nraw = 0;
+			rc = sdb_store_oplog_read_desc(x->conn, start_after, before, 1000, &raw,
+						       &nraw, x->err, sizeof x->err);
+			for (size_t i = 0; i < nraw; i++) {
+				bson_iter_t ti;
+				uint64_t ts = 0;
+				if (bson_iter_init_find(&ti, raw[i], "ts"))
+					ts_of(&ti, &ts);
+				before = ts;
+				if ((!o->limit || (int64_t)n < o->limit) &&
+				    sdb_matcher_match(m, raw[i]))
+					util_docs_push(&docs, &n, &cap, raw[i]);
+				else
+					sdb_doc_free(raw[i]);
+			}
+			free(raw);
+			if (rc || nraw < 1000 || before == 0 || (o->limit && (int64_t)n >= o->limit))
+				break;
 		}
-		free(raw);
 	} else {
 		rc = oplog_scan(x, m, &after, o->limit > 0 ? (size_t)o->limit : 0, SIZE_MAX,
 				&docs, &n, &cap);

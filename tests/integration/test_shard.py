@@ -481,3 +481,16 @@ def test_cursor_reads_one_snapshot_across_getmores(shard):
     # a cursor drained exactly by its first batch is closed at once
     r = db.command("find", "c", filter={}, batchSize=1)
     assert r["cursor"]["id"] == 0
+
+
+def test_oplog_newest_first_reads_in_chunks(shard):
+    _, port = shard
+    c = client_for(port)
+    c.nf.c.insert_many([{"_id": i} for i in range(2500)])
+    last = list(c.local["oplog.rs"].find().sort("$natural", -1).limit(2))
+    assert [e["o"]["_id"] for e in last] == [2499, 2498]
+    # a filter that only matches far back in the oplog (beyond the first chunks)
+    old = list(c.local["oplog.rs"].find({"o._id": 5}).sort("$natural", -1).limit(1))
+    assert [(e["op"], e["o"]) for e in old] == [("i", {"_id": 5})]
+    n = len(list(c.local["oplog.rs"].find({"ns": "nf.c"}).sort("$natural", -1)))
+    assert n == 2500

@@ -267,7 +267,7 @@ static void test_oplog_capped_by_size(void **state)
 	/* the newest entry is always kept and is the last insert */
 	bson_t **e = NULL;
 	size_t ne = 0;
-	assert_int_equal(sdb_store_oplog_read_desc(f->c, 1, &e, &ne, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_oplog_read_desc(f->c, 0, 0, 1, &e, &ne, f->err, sizeof f->err), 0);
 	assert_int_equal(ne, 1);
 	bson_iter_t it;
 	assert_true(bson_iter_init_find(&it, e[0], "o"));
@@ -465,7 +465,7 @@ static void test_catalog_drop_and_oplog_commands(void **state)
 	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
 	bson_t **e = NULL;
 	size_t ne = 0;
-	assert_int_equal(sdb_store_oplog_read_desc(f->c, 1, &e, &ne, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_oplog_read_desc(f->c, 0, 0, 1, &e, &ne, f->err, sizeof f->err), 0);
 	assert_int_equal(ne, 1);
 	bson_iter_t it;
 	assert_true(bson_iter_init_find(&it, e[0], "o"));
