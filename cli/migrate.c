@@ -8,6 +8,8 @@
  *   migration status ID [--json]  state, per-phase counts, lag, switch pauses
  *   migration rollback ID         before the switch: abort; after it (switched): traffic
  *                                 back to the source (the coordinator runs rolling_back)
+ *   migration pause ID            pause replication (takes the lease mig-pause/ID for 24 h)
+ *   migration resume ID           resume it (releases that lease)
  *   shard drain SHARD [--to SHARD] [--wait] [--dry-run]   move every chunk off SHARD
  *   shard split SHARD --to NEW [--wait] [--dry-run]        move half of SHARD's chunks
  *
@@ -440,6 +442,23 @@ static int migration_rollback(mongoc_client_t *c, const char *id)
 	return 1;
 }
 
+static int migration_pause(mongoc_client_t *c, const char *id, bool pause)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	char name[200];
+	snprintf(name, sizeof name, "mig-pause/%s", id);
+	BSON_APPEND_UTF8(&cmd, pause ? "acquireLease" : "releaseLease", name);
+	BSON_APPEND_UTF8(&cmd, "holder", "stripedb-ctl");
+	if (pause)
+		BSON_APPEND_INT64(&cmd, "ttlMS", 86400000);
+	int rc = run(c, &cmd, &reply);
+	bson_destroy(&cmd);
+	bson_destroy(&reply);
+	if (rc == 0)
+		printf("%s: replication %s\n", id, pause ? "paused" : "resumed");
+	return rc == 0 ? 0 : 1;
+}
+
 int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	int json = ctx->json;
@@ -456,9 +475,10 @@ int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv)
 	}
 	ctx->json = json;
 	if (!verb || (strcmp(verb, "list") != 0 && !id) ||
-	    (strcmp(verb, "list") && strcmp(verb, "status") && strcmp(verb, "rollback"))) {
+	    (strcmp(verb, "list") && strcmp(verb, "status") && strcmp(verb, "rollback") &&
+	     strcmp(verb, "pause") && strcmp(verb, "resume"))) {
 		fprintf(stderr, "stripedb ctl migration: usage: migration list | status ID | rollback ID "
-				"[--json]\n");
+				"| pause ID | resume ID [--json]\n");
 		return 2;
 	}
 	mongoc_client_t *c = meta_client(ctx);
@@ -474,6 +494,8 @@ int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv)
 			print_status(ctx, &m);
 			bson_destroy(&m);
 		}
+	} else if (strcmp(verb, "pause") == 0 || strcmp(verb, "resume") == 0) {
+		rc = migration_pause(c, id, strcmp(verb, "pause") == 0);
 	} else {
 		rc = migration_rollback(c, id);
 	}

@@ -117,6 +117,8 @@ typedef struct mig {
 	int64_t lag_since, max_catchup_ms;
 	int64_t apply_rate; /* spec.applyRate: max events/s the replicator applies (0 = no cap) */
 	int64_t rate_t0, rate_n;
+	int64_t pause_checked;
+	bool is_paused;
 	int code; /* server error code of the last failed shard command */
 	int64_t max_pause_ms, grace_ms, delete_batch, delete_delay_ms, max_attempts;
 	bool arrival_order;
@@ -240,6 +242,42 @@ static void keepalive(mig *m)
 	}
 }
 
+static bool it_str(const bson_t *d, const char *k, char *out, size_t n);
+static int64_t it_int(const bson_t *d, const char *k, int64_t def);
+
+/* Replication is paused while the lease mig-pause/<id> is held (`ctl migration pause ID`
+ * takes it, `resume` releases it). Checked at most every 500 ms; metadata errors keep the
+ * last answer. */
+static bool paused(mig *m)
+{
+	int64_t now = mono_ms();
+	if (now - m->pause_checked < 500)
+		return m->is_paused;
+	m->pause_checked = now;
+	bson_t cmd = BSON_INITIALIZER, reply, l;
+	bson_iter_t it;
+	const uint8_t *data;
+	uint32_t len;
+	char name[200], err[256];
+	snprintf(name, sizeof name, "mig-pause/%s", m->id);
+	BSON_APPEND_UTF8(&cmd, "getLease", name);
+	int rc = meta_run(m->meta, &cmd, &reply, err, sizeof err);
+	if (rc == 0) {
+		m->is_paused = false;
+		if (bson_iter_init_find(&it, &reply, "lease") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			bson_iter_document(&it, &len, &data);
+			bson_init_static(&l, data, len);
+			/* expiresMS is the leader's epoch ms */
+			m->is_paused = it_int(&l, "expiresMS", 0) > wall_ms();
+		}
+	} else if (rc > 0) {
+		m->is_paused = false; /* no such lease */
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return m->is_paused;
+}
+
 static bool it_str(const bson_t *d, const char *k, char *out, size_t n)
 {
 	bson_iter_t it;
@@ -317,6 +355,7 @@ static void build_stats(mig *m, bson_t *st)
 		lag = wall_ms() - (int64_t)(m->fwd.pos >> 32) * 1000;
 	BSON_APPEND_INT64(st, "lagMS", lag < 0 ? 0 : lag);
 	BSON_APPEND_BOOL(st, "caughtUp", m->fwd.caught_up);
+	BSON_APPEND_BOOL(st, "paused", m->is_paused);
 	BSON_APPEND_INT64(st, "switchAttempts", m->attempts);
 	BSON_APPEND_ARRAY_BEGIN(st, "pausesMS", &a);
 	for (int i = 0; i < m->npauses; i++) {
@@ -1237,6 +1276,11 @@ static int step_replicate(mig *m)
 	int rc;
 	if ((rc = connect_shards(m)) != 0 || (rc = build_view(m)) != 0)
 		return rc;
+	if (paused(m)) {
+		m->lag_since = 0;
+		nap(m, 100);
+		return 0;
+	}
 	rc = repl_catch_up(m, &m->fwd, m->ts, mono_ms() + 1000);
 	if (rc == SDB_ETIMEOUT)
 		rc = 0;
@@ -1320,6 +1364,10 @@ static int step_verify(mig *m)
 	vlist s = {0}, t = {0};
 	if ((rc = connect_shards(m)) != 0 || (rc = build_view(m)) != 0)
 		return rc;
+	if (paused(m)) {
+		nap(m, 100);
+		return 0;
+	}
 	uint64_t at = 0;
 	bson_t sort = BSON_INITIALIZER;
 	BSON_APPEND_INT32(&sort, "_id", 1);
@@ -1497,6 +1545,11 @@ static int step_switch(mig *m)
 	int64_t token = 0;
 	if ((rc = connect_shards(m)) != 0 || (rc = build_view(m)) != 0)
 		return rc;
+	if (paused(m)) {
+		m->lag_since = 0;
+		nap(m, 100);
+		return 0;
+	}
 	rc = routing_chunk(m, shard, sizeof shard, &token);
 	if (rc == SDB_ENOTFOUND)
 		return fail(m, "chunk vanished from routing before the switch (split or merged)");

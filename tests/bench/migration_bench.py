@@ -1,0 +1,154 @@
+#!/usr/bin/python3
+"""Benchmark of the Data Movement Platform (issue #8). Never run by `make check`.
+
+    STRIPEDB_BIN=/tmp/build-rel/stripedb /usr/bin/python3 tests/bench/migration_bench.py \
+        [--docs 50000] [--doc-bytes 200] [--backlog 20000] [--migrations 20]
+
+Starts 1 metadata member, 2 embedded shards, 1 proxy and 1 coordinator on free loopback
+ports (tmp dir), then measures:
+  (a) bulk import: the same N documents (inserted in random shard-key order) migrated once
+      with importOrder=index (snapshot sorted by the shard key) and once with
+      importOrder=arrival; docs/s and MB/s from the migration's stats (imported,
+      importBytes, importMS); the ratio index/arrival is the headline;
+  (b) replication: the migration's replication paused (`ctl migration pause`), a backlog
+      of B events written on the source (the CDC publisher keeps publishing it), then
+      resumed: events/s from resume until the replicator caught up and the migration left
+      replicating (read from the CDC log + apply to the target), and the lag at resume
+      (that same time: how far behind the replicator was);
+  (c) the write pause at the switch over M migrations of one chunk back and forth under a
+      light write load through the proxy: p50 / p99 / max of stats.pausesMS.
+Prints one key=value line per measurement.
+"""
+import argparse
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+
+from conftest import Proc, free_port  # noqa: E402
+from migration_helpers import MigCluster  # noqa: E402
+
+
+def percentile(v, p):
+    v = sorted(v)
+    if not v:
+        return 0
+    k = max(1, min(len(v), int(-(-p * len(v) // 100))))
+    return v[k - 1]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs", type=int, default=50000)
+    ap.add_argument("--doc-bytes", type=int, default=200)
+    ap.add_argument("--backlog", type=int, default=20000)
+    ap.add_argument("--migrations", type=int, default=20)
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="migbench-"))
+    procs = []
+    n = [0]
+
+    def start_role(args, http=True, env=None, wait=True):
+        args = list(args)
+        port = free_port()
+        args.append(f"--http-listen=127.0.0.1:{port}")
+        n[0] += 1
+        p = Proc(args, str(tmp / f"proc{n[0]}.log"), port, env)
+        procs.append(p)
+        if wait:
+            p.wait_healthy()
+        return p
+
+    cl = MigCluster(start_role, tmp, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        # (a) bulk import, index order vs arrival order
+        pad = "x" * a.doc_bytes
+        keys = list(range(a.docs))
+        random.Random(1).shuffle(keys)
+        res = {}
+        for order in ("index", "arrival"):
+            ns = f"bench.{order}"
+            cl.shard_collection(ns, {"k": 1}, shards=["shard-a"])
+            coll = cl.proxy_client()["bench"][order]
+            coll.create_index("k")
+            for s in range(0, a.docs, 1000):
+                coll.insert_many([{"_id": f"{k:09d}-{order}", "k": k, "pad": pad}
+                                  for k in keys[s:s + 1000]])
+            (c,) = cl.chunks(ns)
+            mid = cl.migrate(ns, c["id"], "shard-b", f"--import-order={order}", "--grace-ms=0")
+            m = cl.wait_migration(mid, timeout=600)
+            st = m["stats"]
+            ms = max(1, st["importMS"])
+            res[order] = st["imported"] / ms * 1000
+            print(f"import_{order}_docs={st['imported']} import_{order}_ms={ms} "
+                  f"import_{order}_docs_per_s={res[order]:.0f} "
+                  f"import_{order}_mb_per_s={st['importBytes'] / ms / 1000:.1f}", flush=True)
+        print(f"import_index_over_arrival={res['index'] / res['arrival']:.2f}", flush=True)
+
+        # (b) replication of a backlog: replication paused (ctl migration pause), B events
+        # written on the source, then resumed; events/s until the replicator caught up
+        ns = "bench.repl"
+        cl.shard_collection(ns, {"k": 1}, shards=["shard-a"])
+        (c,) = cl.chunks(ns)
+        cl.proxy_client()["bench"]["repl"].insert_one({"_id": "seed", "k": -1})
+        cl.ctl("migration", "pause", "bench-repl")
+        mid = cl.migrate(ns, c["id"], "shard-b", "--grace-ms=0", "--id=bench-repl")
+        cl.wait_migration(mid, {"replicating"}, timeout=120)
+        src = cl.shard_client("shard-a")["bench"]["repl"]
+        for s in range(0, a.backlog, 1000):
+            src.insert_many([{"_id": f"r{i}", "k": i, "pad": pad}
+                             for i in range(s, min(a.backlog, s + 1000))])
+        t0 = time.monotonic()
+        cl.ctl("migration", "resume", mid)
+        cl.wait_migration(mid, {"verifying", "switching", "switched", "cleaning", "complete"},
+                          timeout=600)
+        dt = time.monotonic() - t0
+        m = cl.wait_migration(mid, timeout=120)
+        assert m["state"] == "complete", m
+        print(f"replication_events={a.backlog} replication_s={dt:.2f} "
+              f"replication_events_per_s={a.backlog / dt:.0f} replication_lag_max_s={dt:.2f} "
+              f"applied={m['stats']['applied']}", flush=True)
+
+        # (c) write pause over M migrations under a light write load
+        ns = "bench.pause"
+        cl.shard_collection(ns, {"k": 1}, split_points=[{"k": 1000}],
+                            shards=["shard-a", "shard-b"])
+        stop = threading.Event()
+        writes = [0]
+
+        def writer():
+            coll = cl.proxy_client()["bench"]["pause"]
+            i = 0
+            while not stop.is_set():
+                i += 1
+                coll.update_one({"_id": i % 500, "k": i % 500}, {"$set": {"v": i}}, upsert=True)
+                writes[0] += 1
+        t = threading.Thread(target=writer, daemon=True)
+        t.start()
+        pauses = []
+        for i in range(a.migrations):
+            (c,) = [x for x in cl.chunks(ns) if x["min"]["k"] != 1000]
+            to = "shard-b" if c["shard"] == "shard-a" else "shard-a"
+            mid = cl.migrate(ns, c["id"], to, "--grace-ms=0")
+            m = cl.wait_migration(mid, timeout=120)
+            assert m["state"] == "complete", m
+            pauses += m["stats"]["pausesMS"]
+        stop.set()
+        t.join()
+        print(f"pause_migrations={a.migrations} pause_samples={len(pauses)} "
+              f"pause_p50_ms={percentile(pauses, 50)} pause_p99_ms={percentile(pauses, 99)} "
+              f"pause_max_ms={max(pauses)} writes_during={writes[0]}", flush=True)
+    finally:
+        cl.close()
+        for p in procs:
+            p.stop()
+
+
+if __name__ == "__main__":
+    main()
