@@ -319,8 +319,17 @@ static void find_oplog(shard_ctx *x, find_opts *o)
 				break;
 		}
 	} else {
-		rc = oplog_scan(x, m, &after, o->limit > 0 ? (size_t)o->limit : 0, SIZE_MAX,
-				&docs, &n, &cap);
+		/* a tailable cursor reads only its first batch now (getMore resumes from
+		 * there), so catching up from far back never loads the whole oplog */
+		size_t want = o->limit > 0 ? (size_t)o->limit : 0;
+		if (o->tailable) {
+			size_t b = o->have_batch ? (size_t)o->batch : SHARD_DEFAULT_BATCH;
+			if (b == 0)
+				b = 1;
+			if (!want || b < want)
+				want = b;
+		}
+		rc = oplog_scan(x, m, &after, want, SIZE_MAX, &docs, &n, &cap);
 	}
 	sdb_store_rollback(x->conn);
 	if (rc) {

@@ -494,3 +494,28 @@ def test_oplog_newest_first_reads_in_chunks(shard):
     assert [(e["op"], e["o"]) for e in old] == [("i", {"_id": 5})]
     n = len(list(c.local["oplog.rs"].find({"ns": "nf.c"}).sort("$natural", -1)))
     assert n == 2500
+
+
+def test_tailable_catch_up_in_batches_without_gaps(shard):
+    _, port = shard
+    c = client_for(port)
+    c.cu.c.insert_one({"_id": "start"})
+    start = c.local["oplog.rs"].find().sort("$natural", -1).limit(1)[0]["ts"]
+    c.cu.c.insert_many([{"_id": i} for i in range(300)])
+    r = c.local.command("find", "oplog.rs", filter={"ts": {"$gt": start}}, tailable=True,
+                        awaitData=True, batchSize=50)
+    got = [e["o"]["_id"] for e in r["cursor"]["firstBatch"]]
+    assert got == list(range(50))
+    cid = r["cursor"]["id"]
+    assert cid != 0
+    for _ in range(20):
+        if len(got) >= 301:
+            break
+        if len(got) == 300:
+            c.cu.c.insert_one({"_id": 300})
+        g = c.local.command("getMore", cid, collection="oplog.rs", batchSize=100,
+                            maxTimeMS=2000)
+        got.extend(e["o"]["_id"] for e in g["cursor"]["nextBatch"])
+        assert g["cursor"]["id"] == cid  # a tailable cursor stays open
+    assert got == list(range(301))
+    c.local.command("killCursors", "oplog.rs", cursors=[cid])
