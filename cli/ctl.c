@@ -18,6 +18,9 @@ int cli_cdc_main(cli_ctx *ctx, int argc, char **argv); /* cli/cdc.c */
 int cli_migrate_main(cli_ctx *ctx, int argc, char **argv);   /* cli/migrate.c */
 int cli_migration_main(cli_ctx *ctx, int argc, char **argv); /* cli/migrate.c */
 int cli_shard_main(cli_ctx *ctx, int argc, char **argv);     /* cli/migrate.c: drain, split */
+int cli_chunk_main(cli_ctx *ctx, int argc, char **argv);     /* cli/migrate.c */
+int cli_rebalance_main(cli_ctx *ctx, int argc, char **argv); /* cli/migrate.c */
+int cli_tenant_main(cli_ctx *ctx, int argc, char **argv);    /* cli/migrate.c: isolate */
 int cli_metadata_cmd(cli_ctx *ctx, int argc, char **argv);   /* cli/metadata.c */
 
 static void ctl_usage(FILE *f)
@@ -109,6 +112,9 @@ static const struct {
 	{"migrate", cli_migrate_main},
 	{"migration", cli_migration_main},
 	{"shard", cli_shard_main},
+	{"chunk", cli_chunk_main},
+	{"rebalance", cli_rebalance_main},
+	{"tenant", cli_tenant_main},
 	{"metadata", cli_metadata_cmd},
 };
 

@@ -12,6 +12,11 @@
  *   migration resume ID           resume it (releases that lease)
  *   shard drain SHARD [--to SHARD] [--wait] [--dry-run]   move every chunk off SHARD
  *   shard split SHARD --to NEW [--wait] [--dry-run]        move half of SHARD's chunks
+ *   rebalance --bin-pack [--wait] [--dry-run]   drain the shard with the fewest chunks into
+ *                                 the next coldest one (chunk count stands for heat)
+ *   tenant isolate TENANT --to SHARD [--wait] [--dry-run]  move every chunk of the
+ *                                 tenant's databases to SHARD
+ *   chunk list DB.COLL | chunk split DB.COLL --at JSON_KEY | chunk merge DB.COLL --chunks A,B
  *
  * Talks only to metadata (registerMigration, updateMigration with expectState,
  * getMigration, listMigrations, getRoutingTable). Exit codes: 0 ok, 1 cluster error or a
@@ -26,6 +31,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "proxy/route.h"
 #include "coordinator/migrate.h"
 
 /* Same members as in cli/ctl.c (compatible type, C11 6.2.7) until cli.h exports it. */
@@ -38,6 +44,9 @@ struct cli_ctx {
 int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv);
+int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv);
+int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv);
+int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv);
 
 static mongoc_client_t *meta_client(struct cli_ctx *ctx)
 {
@@ -615,6 +624,332 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 out:
 	free(ids);
 	bson_destroy(&rt);
+	mongoc_client_destroy(c);
+	return rc;
+}
+
+/* ------------------------------------------------------------ chunk table helpers */
+
+typedef struct chunk_row {
+	int64_t id;
+	char ns[256], shard[64];
+	bson_t *min, *max;
+} chunk_row;
+
+static size_t load_chunks(mongoc_client_t *c, const char *ns, chunk_row **out)
+{
+	bson_t rt, chunks;
+	bson_iter_t it;
+	size_t n = 0, cap = 0;
+	*out = NULL;
+	if (routing(c, ns, &rt) != 0)
+		return (size_t)-1;
+	if (sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks))
+		while (bson_iter_next(&it)) {
+			bson_t ch, b;
+			const uint8_t *data;
+			uint32_t len;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+				continue;
+			bson_iter_document(&it, &len, &data);
+			bson_init_static(&ch, data, len);
+			if (n == cap) {
+				cap = cap ? 2 * cap : 32;
+				*out = sdb_realloc(*out, cap * sizeof **out);
+			}
+			chunk_row *r = &(*out)[n++];
+			r->id = ival(&ch, "id");
+			sval(&ch, "ns", r->ns, sizeof r->ns);
+			sval(&ch, "shard", r->shard, sizeof r->shard);
+			r->min = sub(&ch, "min", &b) ? bson_copy(&b) : bson_new();
+			r->max = sub(&ch, "max", &b) ? bson_copy(&b) : bson_new();
+		}
+	bson_destroy(&rt);
+	return n;
+}
+
+static void free_chunks(chunk_row *r, size_t n)
+{
+	for (size_t i = 0; i < n && r; i++) {
+		bson_destroy(r[i].min);
+		bson_destroy(r[i].max);
+	}
+	free(r);
+}
+
+/* Register migrations of chunks sel[] to dst[] (or print them for --dry-run); wait. */
+static int run_plan(struct cli_ctx *ctx, mongoc_client_t *c, chunk_row *rows, size_t n,
+		    const char *const *dst, const mig_opts *o)
+{
+	char(*ids)[128] = NULL;
+	size_t k = 0;
+	int rc = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!dst[i])
+			continue;
+		if (o->dry_run) {
+			printf("would migrate %s chunk %" PRId64 " from %s to %s\n", rows[i].ns,
+			       rows[i].id, rows[i].shard, dst[i]);
+			continue;
+		}
+		ids = sdb_realloc(ids, (k + 1) * sizeof *ids);
+		mig_opts o1 = *o;
+		o1.id = NULL;
+		if (register_one(c, rows[i].ns, rows[i].id, rows[i].shard, dst[i], &o1, ids[k],
+				 sizeof ids[0]) != 0) {
+			rc = 1;
+			break;
+		}
+		printf("%s\n", ids[k++]);
+	}
+	fflush(stdout);
+	if (rc == 0 && o->wait && k)
+		rc = wait_all(ctx, c, ids, k);
+	free(ids);
+	return rc;
+}
+
+int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv)
+{
+	mig_opts o = {.grace_ms = -1};
+	int bin_pack = 0;
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--bin-pack") == 0)
+			bin_pack = 1;
+		else if (!parse_common(argv[i], &o)) {
+			fprintf(stderr, "stripedb ctl rebalance: unexpected argument '%s'\n", argv[i]);
+			return 2;
+		}
+	}
+	if (!bin_pack) {
+		fprintf(stderr, "stripedb ctl rebalance: usage: rebalance --bin-pack [--dry-run] "
+				"[--wait]\n");
+		return 2;
+	}
+	mongoc_client_t *c = meta_client(ctx);
+	if (!c)
+		return 2;
+	chunk_row *rows;
+	size_t n = load_chunks(c, "all", &rows);
+	int rc = 1;
+	if (n == (size_t)-1)
+		goto out;
+	/* chunk count per shard that owns any */
+	char shards[64][64];
+	size_t cnt[64] = {0}, ns = 0;
+	for (size_t i = 0; i < n; i++) {
+		size_t j = 0;
+		while (j < ns && strcmp(shards[j], rows[i].shard))
+			j++;
+		if (j == ns && ns < 64)
+			snprintf(shards[ns++], sizeof shards[0], "%s", rows[i].shard);
+		if (j < 64)
+			cnt[j]++;
+	}
+	if (ns < 3) {
+		printf("nothing to bin-pack: %zu shard(s) own chunks\n", ns);
+		rc = 0;
+		goto out;
+	}
+	size_t a = 0, b = 1;
+	if (cnt[b] < cnt[a] || (cnt[b] == cnt[a] && strcmp(shards[b], shards[a]) < 0)) {
+		a = 1;
+		b = 0;
+	}
+	for (size_t j = 2; j < ns; j++) {
+		if (cnt[j] < cnt[a] || (cnt[j] == cnt[a] && strcmp(shards[j], shards[a]) < 0)) {
+			b = a;
+			a = j;
+		} else if (cnt[j] < cnt[b] || (cnt[j] == cnt[b] && strcmp(shards[j], shards[b]) < 0)) {
+			b = j;
+		}
+	}
+	const char **dst = sdb_calloc(n ? n : 1, sizeof *dst);
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(rows[i].shard, shards[a]) == 0)
+			dst[i] = shards[b];
+	printf("bin-pack: drain %s (%zu chunks) into %s (%zu chunks)\n", shards[a], cnt[a],
+	       shards[b], cnt[b]);
+	rc = run_plan(ctx, c, rows, n, dst, &o);
+	free(dst);
+out:
+	free_chunks(rows, n == (size_t)-1 ? 0 : n);
+	mongoc_client_destroy(c);
+	return rc;
+}
+
+int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
+{
+	mig_opts o = {.grace_ms = -1};
+	const char *tenant = NULL, *to = NULL;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (parse_common(a, &o))
+			continue;
+		if (strcmp(a, "--to") == 0 && i + 1 < argc)
+			to = argv[++i];
+		else if (strncmp(a, "--to=", 5) == 0)
+			to = a + 5;
+		else if (a[0] != '-' && !tenant)
+			tenant = a;
+		else {
+			fprintf(stderr, "stripedb ctl tenant: unexpected argument '%s'\n", a);
+			return 2;
+		}
+	}
+	if (argc < 1 || strcmp(argv[0], "isolate") != 0 || !tenant || !to) {
+		fprintf(stderr, "stripedb ctl tenant: usage: tenant isolate TENANT --to SHARD "
+				"[--dry-run] [--wait]\n");
+		return 2;
+	}
+	mongoc_client_t *c = meta_client(ctx);
+	if (!c)
+		return 2;
+	bson_t cmd = BSON_INITIALIZER, reply, arr;
+	bson_iter_t it;
+	char dbs[256][128];
+	size_t ndb = 0;
+	int rc = 1;
+	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
+	if (run(c, &cmd, &reply) == 0 && sub(&reply, "databases", &arr) && bson_iter_init(&it, &arr))
+		while (bson_iter_next(&it) && ndb < 256) {
+			bson_t d;
+			const uint8_t *data;
+			uint32_t len;
+			char t[128];
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+				continue;
+			bson_iter_document(&it, &len, &data);
+			bson_init_static(&d, data, len);
+			if (strcmp(sval(&d, "tenant", t, sizeof t), tenant) == 0)
+				sval(&d, "name", dbs[ndb++], sizeof dbs[0]);
+		}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	chunk_row *rows;
+	size_t n = load_chunks(c, "all", &rows);
+	if (n == (size_t)-1) {
+		mongoc_client_destroy(c);
+		return 1;
+	}
+	const char **dst = sdb_calloc(n ? n : 1, sizeof *dst);
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = 0; j < ndb; j++) {
+			size_t l = strlen(dbs[j]);
+			if (strncmp(rows[i].ns, dbs[j], l) == 0 && rows[i].ns[l] == '.' &&
+			    strcmp(rows[i].shard, to) != 0)
+				dst[i] = to;
+		}
+	rc = run_plan(ctx, c, rows, n, dst, &o);
+	free(dst);
+	free_chunks(rows, n);
+	mongoc_client_destroy(c);
+	return rc;
+}
+
+int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv)
+{
+	const char *verb = argc > 0 ? argv[0] : NULL, *ns = NULL, *at = NULL, *ids = NULL;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (strcmp(a, "--at") == 0 && i + 1 < argc)
+			at = argv[++i];
+		else if (strncmp(a, "--at=", 5) == 0)
+			at = a + 5;
+		else if (strcmp(a, "--chunks") == 0 && i + 1 < argc)
+			ids = argv[++i];
+		else if (strncmp(a, "--chunks=", 9) == 0)
+			ids = a + 9;
+		else if (strcmp(a, "--json") == 0)
+			ctx->json = 1;
+		else if (a[0] != '-' && !ns)
+			ns = a;
+		else {
+			fprintf(stderr, "stripedb ctl chunk: unexpected argument '%s'\n", a);
+			return 2;
+		}
+	}
+	if (!verb || !ns || (strcmp(verb, "split") == 0 && !at) ||
+	    (strcmp(verb, "merge") == 0 && !ids) ||
+	    (strcmp(verb, "list") && strcmp(verb, "split") && strcmp(verb, "merge"))) {
+		fprintf(stderr, "stripedb ctl chunk: usage: chunk list DB.COLL | chunk split DB.COLL "
+				"--at '{\"k\": V}' | chunk merge DB.COLL --chunks A,B\n");
+		return 2;
+	}
+	bson_error_t e;
+	bson_t *key = NULL;
+	if (at && !(key = bson_new_from_json((const uint8_t *)at, -1, &e))) {
+		fprintf(stderr, "stripedb ctl chunk split: --at: %s\n", e.message);
+		return 2;
+	}
+	mongoc_client_t *c = meta_client(ctx);
+	if (!c) {
+		if (key)
+			bson_destroy(key);
+		return 2;
+	}
+	chunk_row *rows;
+	size_t n = load_chunks(c, ns, &rows);
+	int rc = 1;
+	if (n == (size_t)-1)
+		goto out;
+	if (strcmp(verb, "list") == 0) {
+		for (size_t i = 0; i < n; i++) {
+			char *mn = bson_as_relaxed_extended_json(rows[i].min, NULL);
+			char *mx = bson_as_relaxed_extended_json(rows[i].max, NULL);
+			if (ctx->json)
+				printf("{\"id\": %" PRId64 ", \"shard\": \"%s\", \"min\": %s, \"max\": %s}\n",
+				       rows[i].id, rows[i].shard, mn, mx);
+			else
+				printf("%-8" PRId64 " %-10s %s .. %s\n", rows[i].id, rows[i].shard, mn, mx);
+			bson_free(mn);
+			bson_free(mx);
+		}
+		rc = 0;
+	} else if (strcmp(verb, "split") == 0) {
+		bson_t cmd = BSON_INITIALIZER, reply;
+		int64_t id = 0;
+		for (size_t i = 0; i < n; i++)
+			if (route_key_cmp(rows[i].min, key) < 0 && route_key_cmp(key, rows[i].max) < 0)
+				id = rows[i].id;
+		if (id == 0) {
+			fprintf(stderr, "stripedb ctl chunk split: no chunk has %s strictly inside\n", at);
+			bson_destroy(&cmd);
+			goto out;
+		}
+		BSON_APPEND_INT64(&cmd, "splitChunk", id);
+		BSON_APPEND_DOCUMENT(&cmd, "at", key);
+		if (run(c, &cmd, &reply) == 0) {
+			printf("split chunk %" PRId64 ": left %" PRId64 ", right %" PRId64 "\n", id,
+			       ival(&reply, "left"), ival(&reply, "right"));
+			rc = 0;
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+	} else {
+		bson_t cmd = BSON_INITIALIZER, reply, arr;
+		char *list = sdb_strdup(ids), *save = NULL;
+		uint32_t k = 0;
+		BSON_APPEND_UTF8(&cmd, "mergeChunks", ns);
+		BSON_APPEND_ARRAY_BEGIN(&cmd, "ids", &arr);
+		for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+			char kk[16];
+			snprintf(kk, sizeof kk, "%u", k++);
+			BSON_APPEND_INT64(&arr, kk, atoll(t));
+		}
+		bson_append_array_end(&cmd, &arr);
+		free(list);
+		if (run(c, &cmd, &reply) == 0) {
+			printf("merged into chunk %" PRId64 "\n", ival(&reply, "merged"));
+			rc = 0;
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+	}
+out:
+	free_chunks(rows, n == (size_t)-1 ? 0 : n);
+	if (key)
+		bson_destroy(key);
 	mongoc_client_destroy(c);
 	return rc;
 }

@@ -64,6 +64,32 @@
  *   complete, aborted, rolled_back: terminal. An aborted migration's target copy is
  *                deleted unless routing points at the target.
  *
+ * Record (metadata migrations table):
+ *   spec        {ns, chunk (int64 id), from, to, maxPauseMS 2000, graceMS 5000,
+ *                importOrder "index"|"arrival", deleteBatch 500, deleteDelayMS 5,
+ *                maxSwitchAttempts 5, maxCatchUpMS 600000 (replicating/switching without
+ *                catching up this long -> aborted), applyRate 0 (events/s cap of the
+ *                replicator: the throttle)}
+ *   checkpoint  {ts (forward position), importTs (T), revTs (reverse position), bumpTs
+ *                (the source's oplog head right after the bump: no client write of the
+ *                chunk may follow it there), token, attempts, targetCleaned, key, min, max,
+ *                hashed (the chunk's range, fixed at registration)}
+ *   stats       {imported, importBytes, importMS, applied, skipped, reverseApplied,
+ *                deleted, lagMS, caughtUp, paused, switchAttempts, pausesMS [..], pauseMS,
+ *                verify {count, missing, extra, different}, error}
+ *
+ * Pause/resume: replication (and so verification and the switch) waits while the lease
+ * mig-pause/<id> is held (`stripedb ctl migration pause|resume ID`).
+ *
+ * Fencing: a worker stops as soon as renewing mig/<id> fails (or metadata is unreachable
+ * for 4/5 of the ttl); every state change is a compare-and-set on the state and the
+ * routing change a compare-and-set on the chunk's token, so a worker that lost its lease
+ * late cannot move a migration backwards or route a chunk twice.
+ *
+ * Fault injection (tests only): STRIPEDB_MIGRATION_CRASH="after:importing,mid:switch,..."
+ * makes the coordinator process _exit(86) at those points (before:STATE, after:STATE,
+ * mid:import|replicate|verify|switch|clean).
+ *
  * Concurrency budgets: a registered migration starts only while fewer than the global
  * budget (STRIPEDB_MIGRATION_BUDGET, default 8) migrations are active fleet-wide and fewer
  * than the per-shard budget (STRIPEDB_MIGRATION_SHARD_BUDGET, default 2) touch each of its

@@ -1,6 +1,7 @@
 """The Data Movement Platform end to end (issue #8): chunks move between embedded shards
 through the six steps while pymongo clients write and read through the proxies; the
 checker (checker.py) compares the acknowledged history with the final data."""
+import json
 import os
 import time
 
@@ -166,3 +167,59 @@ def test_end_to_end_kafka(start_role, tmp_path):
     assert verdict["stray"] == 0
     assert verdict["stats"]["acked"] >= 300
     assert verdict["stats"]["reads"] >= 50
+
+
+def test_cli_uses(start_role, tmp_path):
+    """The operator commands built on migrations: chunk list/split/merge, migrate --dry-run,
+    tenant isolate, rebalance --bin-pack, shard drain, migration list/status, bad usage."""
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=3, proxies=1, coordinators=1)
+    try:
+        cl.meta_write({"createTenant": "acme"})
+        cl.meta_write({"createDatabase": "acme_db", "tenant": "acme"})
+        ns = "acme_db.c"
+        cl.meta_write({"shardCollection": ns, "key": {"k": 1},
+                       "splitPoints": [{"k": 50}, {"k": 100}],
+                       "shards": ["shard-a", "shard-b", "shard-a"]})
+        coll = cl.proxy_client()["acme_db"]["c"]
+        coll.insert_many([{"_id": i, "k": i} for i in range(150)])
+        out = cl.ctl("chunk", "list", ns).stdout.decode().splitlines()
+        assert len(out) == 3
+        r = cl.ctl("chunk", "split", ns, "--at", '{"k": 25}')
+        assert r.stdout.decode().startswith("split chunk ")
+        assert len(cl.chunks(ns)) == 4
+        c25 = [c for c in cl.chunks(ns) if c["min"] == {"k": 25}][0]
+        r = cl.ctl("migrate", ns, "--chunk", str(c25["id"]), "--to", "shard-c", "--dry-run")
+        assert r.stdout.decode() == f"would migrate {ns} chunk {c25['id']} from shard-a to shard-c\n"
+        assert cl.meta_read({"listMigrations": 1})["migrations"] == []
+        r = cl.ctl("tenant", "isolate", "acme", "--to", "shard-c", "--grace-ms=100", "--wait",
+                   timeout=180)
+        ids = [l for l in r.stdout.decode().splitlines() if len(l.split()) == 1]
+        assert len(ids) == 4
+        assert sorted(c["shard"] for c in cl.chunks(ns)) == ["shard-c"] * 4
+        assert coll.count_documents({}) == 150
+        st = cl.ctl("migration", "status", ids[0]).stdout.decode()
+        assert "state complete" in st and "0 missing, 0 extra, 0 different" in st
+        listed = json.loads(cl.ctl("--json", "migration", "list").stdout)["migrations"]
+        assert sorted(m["id"] for m in listed) == sorted(ids)
+        a, b = sorted(cl.chunks(ns), key=lambda c: c["max"]["k"] if isinstance(
+            c["max"]["k"], int) else 1 << 60)[:2]
+        r = cl.ctl("chunk", "merge", ns, "--chunks", f"{a['id']},{b['id']}")
+        assert r.stdout.decode().startswith("merged into chunk ")
+        assert len(cl.chunks(ns)) == 3
+        # bin-pack: a second collection gives shard-a 1 chunk, shard-b 2, shard-c 3
+        cl.shard_collection("app.bp", {"k": 1}, split_points=[{"k": 10}, {"k": 20}],
+                            shards=["shard-a", "shard-b", "shard-b"])
+        r = cl.ctl("rebalance", "--bin-pack", "--dry-run")
+        lines = r.stdout.decode().splitlines()
+        (bp,) = [c for c in cl.chunks("app.bp") if c["shard"] == "shard-a"]
+        assert lines == ["bin-pack: drain shard-a (1 chunks) into shard-b (2 chunks)",
+                         f"would migrate app.bp chunk {bp['id']} from shard-a to shard-b"]
+        cl.ctl("rebalance", "--bin-pack", "--grace-ms=100", "--wait", timeout=120)
+        assert sorted(c["shard"] for c in cl.chunks("app.bp")) == ["shard-b"] * 3
+        cl.ctl("shard", "drain", "shard-b", "--to", "shard-a", "--grace-ms=100", "--wait",
+               timeout=180)
+        assert [c for c in cl.chunks("app.bp") + cl.chunks(ns) if c["shard"] == "shard-b"] == []
+        assert cl.ctl("migrate", ns, check=False).returncode == 2
+        assert cl.ctl("migration", "frobnicate", check=False).returncode == 2
+    finally:
+        cl.close()
