@@ -19,6 +19,7 @@
  * Exit codes: 0 ok, 1 a process failed to start or the cluster misbehaved, 2 bad usage.
  */
 #include "cli/cli.h"
+#include "cli/dev.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -41,30 +42,7 @@
 
 #include "common/alloc.h"
 
-#define DEV_MAX_PROCS 48
-#define DEV_MAX_ARGS 24
 #define DEV_START_TIMEOUT_MS 60000
-
-typedef struct dev_proc {
-	char name[32];    /* metadata-1, shard-a, proxy-1, coordinator-1, ratelimit-1 */
-	char role[16];
-	int pid;
-	int wire;         /* wire port (metadata, shard, proxy) or 0 */
-	int http;         /* HTTP port */
-	int raft;         /* metadata raft port or 0 */
-	int grpc;         /* ratelimit / proxy gRPC port or 0 */
-	char *argv[DEV_MAX_ARGS];
-	int argc;
-} dev_proc;
-
-typedef struct dev_cluster {
-	char dir[PATH_MAX];
-	dev_proc procs[DEV_MAX_PROCS];
-	int n;
-	char cdc[16];
-	char kafka[256];   /* bootstrap servers when cdc=kafka */
-	int kafka_pid;
-} dev_cluster;
 
 static uint64_t now_ms(void)
 {
@@ -841,7 +819,8 @@ static void stop_all(dev_cluster *c, int sig_first)
 	}
 	if (c->kafka_pid > 0 && pid_alive(c->kafka_pid)) {
 		kill(c->kafka_pid, SIGTERM);
-		for (uint64_t d = now_ms() + 5000; pid_alive(c->kafka_pid) && now_ms() < d;) {
+		uint64_t kdeadline = now_ms() + 5000;
+		while (pid_alive(c->kafka_pid) && now_ms() < kdeadline) {
 			sleep_ms(20);
 		}
 		if (pid_alive(c->kafka_pid)) {
@@ -1098,4 +1077,41 @@ int cli_dev_main(int argc, char **argv)
 	mongoc_cleanup();
 	curl_global_cleanup();
 	return rc;
+}
+
+/* --- cli/dev.h: for the commands built on a dev cluster (stripedb demo) --- */
+
+int dev_cluster_load(const char *dir, dev_cluster *c)
+{
+	return load_cluster(dir, c);
+}
+
+void dev_cluster_free(dev_cluster *c)
+{
+	free_cluster(c);
+}
+
+void dev_cluster_stop(dev_cluster *c, int sig)
+{
+	stop_all(c, sig);
+}
+
+int dev_cluster_alive(const dev_cluster *c)
+{
+	int n = 0;
+
+	for (int i = 0; i < c->n; i++) {
+		n += pid_alive(c->procs[i].pid);
+	}
+	return n + (c->kafka_pid > 0 && pid_alive(c->kafka_pid));
+}
+
+void dev_cluster_addrs(const dev_cluster *c, const char *role, int grpc, char *buf, size_t n)
+{
+	addr_list(c, role, grpc, buf, n);
+}
+
+void dev_self_exe(char *buf, size_t n)
+{
+	self_exe(buf, n);
 }

@@ -65,6 +65,9 @@ int main(int argc, char **argv)
 	if (argc >= 2 && strcmp(argv[1], "bench") == 0) {
 		return bench_main(argc - 2, argv + 2);
 	}
+	if (argc >= 2 && strcmp(argv[1], "demo") == 0) {
+		return cli_demo_main(argc - 2, argv + 2);
+	}
 	if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
 		printf("stripedb %s\n", PACKAGE_VERSION);
 		return 0;

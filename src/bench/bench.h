@@ -64,6 +64,7 @@ typedef struct bench_opts {
 	int merchants;        /* payments: number of merchants (default 200) */
 	int create_indexes;   /* payments: create {merchant: 1, created: 1} (default 1) */
 	uint64_t seed;        /* 0 = from the clock */
+	const char *label;    /* the first phase's label (default "run") */
 } bench_opts;
 
 typedef struct bench_phase_stats {
@@ -131,5 +132,8 @@ void bench_free(bench *b);
 
 /* `stripedb bench ARGS...` (argv excludes "stripedb bench"). Exit code 0, 1, 2 usage. */
 int bench_main(int argc, char **argv);
+
+/* `stripedb demo ARGS...` (cli/demo.c; argv excludes "stripedb demo"): see that file. */
+int cli_demo_main(int argc, char **argv);
 
 #endif
