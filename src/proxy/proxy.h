@@ -75,6 +75,9 @@ typedef struct proxy {
 	/* admission (tenant quotas); tables refreshed by the refresh thread */
 	proxy_quota *quota;
 	uint64_t quota_loaded_ms;
+	/* issue #10: authentication/authorization gate (src/auth/gate.h); NULL with
+	 * --auth=disabled. Tables reloaded with the quotas. */
+	struct auth_gate *auth;
 } proxy;
 
 /* role.c */

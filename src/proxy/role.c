@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/role.h"
+#include "auth/gate.h"
 #include "proxy/proxy.h"
 
 #define PROXY_WAIT_MS 500       /* long-poll timeout (bounds shutdown latency) */
@@ -195,6 +196,8 @@ static bool load_quotas(proxy *p)
 	if (proxy_meta_command(p, &c1, &r1, &code, err, sizeof err) == 0) {
 		if (proxy_meta_command(p, &c2, &r2, &code, err, sizeof err) == 0) {
 			proxy_quota_load(p->quota, &r1, &r2);
+			if (p->auth) /* issue #10: tenant tables of the auth gate */
+				auth_gate_load(p->auth, &r1, &r2);
 			ok = true;
 		}
 		bson_destroy(&r2);
@@ -385,10 +388,46 @@ static int health(void *data, char *msg, size_t msglen)
 
 static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 {
-	(void)data;
-	(void)cmd;
-	(void)reply; /* msg: "isdbgrid" comes from is_mongos */
+	proxy *p = data;
+	/* msg: "isdbgrid" comes from is_mongos */
+	if (p->auth) /* issue #10: saslSupportedMechs */
+		auth_gate_hello(p->auth, cmd, reply);
 }
+
+/* ---- issue #10: authentication and authorization hook (src/auth/gate.h) ---- */
+static int auth_meta(void *arg, const bson_t *cmd, bson_t *reply, int *code, char *err,
+		     size_t errlen)
+{
+	return proxy_meta_command(arg, cmd, reply, code, err, errlen);
+}
+
+static bool auth_gate_hook(wire_req *req, void *data)
+{
+	return auth_gate_check(((proxy *)data)->auth, req);
+}
+
+/* --auth=enabled|disabled: create the gate (p->auth) or leave it NULL. */
+static int auth_setup(sdb_role *role, proxy *p)
+{
+	const char *mode = sdb_config_get(role->cfg, SDB_OPT_auth);
+	auth_gate_opts ao;
+
+	if (mode == NULL || strcmp(mode, "disabled") == 0)
+		return 0;
+	if (strcmp(mode, "enabled") != 0)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"proxy: --auth must be enabled or disabled, not '%s'", mode);
+	memset(&ao, 0, sizeof ao);
+	ao.loop = role->loop;
+	ao.meta = auth_meta;
+	ao.meta_arg = p;
+	ao.failure_limit = sdb_config_get_int(role->cfg, SDB_OPT_auth_failure_limit, 10);
+	p->auth = auth_gate_new(&ao);
+	sdb_info("proxy authentication enabled", "mechanisms=%s failure_limit=%lld",
+		 "SCRAM-SHA-256", (long long)ao.failure_limit);
+	return 0;
+}
+/* ---- end of issue #10 hook ---- */
 
 static int proxy_start(sdb_role *role)
 {
@@ -424,6 +463,9 @@ static int proxy_start(sdb_role *role)
 	rc = proxy_quota_new(role, &p->quota, role->err, sizeof role->err);
 	if (rc != 0)
 		goto err;
+	rc = auth_setup(role, p);
+	if (rc != 0)
+		goto err;
 	p->m_stale_retries = sdb_metrics_counter("stripedb_proxy_stale_retries_total",
 						 "Requests retried after StaleConfig.", NULL);
 	p->m_scatter = sdb_metrics_counter("stripedb_proxy_routed_total",
@@ -445,6 +487,8 @@ static int proxy_start(sdb_role *role)
 	o.role_data = p;
 	o.hello = hello_hook;
 	o.is_mongos = true;
+	if (p->auth)
+		o.gate = auth_gate_hook;
 	rc = wire_server_new(role->loop, &o, &p->srv, role->err, sizeof role->err);
 	if (rc != 0)
 		goto err;
@@ -465,6 +509,7 @@ static int proxy_start(sdb_role *role)
 err_srv:
 	wire_server_close(p->srv, 0, NULL, NULL);
 err:
+	auth_gate_free(p->auth);
 	proxy_quota_free(p->quota);
 	if (p->meta)
 		mongoc_client_pool_destroy(p->meta);
@@ -492,6 +537,7 @@ static void on_timer_closed(uv_handle_t *h)
 	p->sc = NULL;
 	mongoc_client_pool_destroy(p->meta);
 	proxy_quota_free(p->quota);
+	auth_gate_free(p->auth);
 	route_cache_free(p->rc);
 	free(p->primary);
 	uv_mutex_destroy(&p->cmu);

@@ -1,0 +1,686 @@
+/* The proxy's authentication and authorization gate. See auth/gate.h. */
+#include "auth/gate.h"
+
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "auth/audit.h"
+#include "auth/policy.h"
+#include "auth/scram.h"
+#include "common/alloc.h"
+#include "common/log.h"
+#include "ratelimit/limiter.h"
+
+#define AUTH_FAILURE_WINDOW_MS 60000
+#define AUTH_MAX_PIPELINE_DEPTH 16
+
+struct auth_gate {
+	uv_loop_t *loop;
+	auth_meta_fn meta;
+	void *meta_arg;
+	int64_t failure_limit;
+	int64_t fail_delay_ms;
+	rl_limiter *lim;
+	uv_mutex_t mu; /* guards pol */
+	auth_policy *pol;
+};
+
+/* Per-connection state (wire_conn_set_data). Loop thread only. */
+typedef enum { CONN_NONE = 0, CONN_CONVERSING, CONN_AUTHENTICATED } conn_state;
+
+typedef struct auth_conn {
+	conn_state state;
+	bool busy;          /* a saslStart is looking up its user */
+	auth_scram scram;
+	char user[AUTH_SCRAM_MAX_USER + 1];
+	char tenant[256];
+} auth_conn;
+
+auth_gate *auth_gate_new(const auth_gate_opts *opts)
+{
+	auth_gate *g = sdb_calloc(1, sizeof *g);
+	g->loop = opts->loop;
+	g->meta = opts->meta;
+	g->meta_arg = opts->meta_arg;
+	g->failure_limit = opts->failure_limit > 0 ? opts->failure_limit : 10;
+	g->fail_delay_ms = opts->fail_delay_ms > 0 ? opts->fail_delay_ms : AUTH_GATE_FAIL_DELAY_MS;
+	g->lim = rl_limiter_new(NULL);
+	uv_mutex_init(&g->mu);
+	g->pol = auth_policy_build(NULL, NULL);
+	return g;
+}
+
+void auth_gate_free(auth_gate *g)
+{
+	if (!g)
+		return;
+	auth_policy_free(g->pol);
+	uv_mutex_destroy(&g->mu);
+	rl_limiter_free(g->lim);
+	free(g);
+}
+
+void auth_gate_load(auth_gate *g, const bson_t *tenants, const bson_t *dbs)
+{
+	auth_policy *np = auth_policy_build(tenants, dbs), *old;
+	uv_mutex_lock(&g->mu);
+	old = g->pol;
+	g->pol = np;
+	uv_mutex_unlock(&g->mu);
+	auth_policy_free(old);
+}
+
+void auth_gate_hello(auth_gate *g, const bson_t *cmd, bson_t *reply)
+{
+	bson_t arr;
+	(void)g;
+	if (!bson_has_field(cmd, "saslSupportedMechs"))
+		return;
+	/* the same answer for every user name: no user enumeration */
+	BSON_APPEND_ARRAY_BEGIN(reply, "saslSupportedMechs", &arr);
+	BSON_APPEND_UTF8(&arr, "0", "SCRAM-SHA-256");
+	bson_append_array_end(reply, &arr);
+}
+
+/* ------------------------------------------------------------ brute-force limit */
+
+static bool limiter_take(auth_gate *g, const char *kind, const char *val, int64_t hits)
+{
+	char key[300];
+	rl_req r;
+	rl_resp out;
+
+	snprintf(key, sizeof key, "%s:%s", kind, val);
+	memset(&r, 0, sizeof r);
+	r.name = "stripedb_auth_failures";
+	r.unique_key = key;
+	r.hits = hits;
+	r.limit = g->failure_limit;
+	r.duration = AUTH_FAILURE_WINDOW_MS;
+	r.algorithm = RL_TOKEN_BUCKET;
+	memset(&out, 0, sizeof out);
+	if (rl_limiter_decide(g->lim, &r, 1, &out, NULL, 0) != 0 || out.error[0])
+		return false;
+	return hits > 0 ? out.status == RL_UNDER_LIMIT : out.remaining > 0;
+}
+
+static void peer_host(const char *peer, char *host, size_t hostlen)
+{
+	const char *c = strrchr(peer, ':');
+	size_t n = c ? (size_t)(c - peer) : strlen(peer);
+	if (n >= hostlen)
+		n = hostlen - 1;
+	memcpy(host, peer, n);
+	host[n] = '\0';
+}
+
+/* ------------------------------------------------------------ failures */
+
+typedef struct delayed {
+	uv_timer_t timer;
+	wire_req *req;
+} delayed;
+
+static void on_delayed_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+static void on_delay(uv_timer_t *t)
+{
+	delayed *d = t->data;
+	wire_req_error(d->req, WIRE_ERR_AUTH_FAILED, "Authentication failed.");
+	uv_close((uv_handle_t *)&d->timer, on_delayed_closed);
+}
+
+/* Answer AuthenticationFailed fail_delay_ms after the request arrived; count the failure. */
+static void auth_fail(auth_gate *g, wire_req *req, auth_conn *c, auth_audit_event ev,
+		      const char *user, const char *why)
+{
+	wire_conn *conn = wire_req_conn(req);
+	uint64_t elapsed_ms = (uv_hrtime() - wire_req_start_ns(req)) / 1000000;
+	uint64_t wait = elapsed_ms < (uint64_t)g->fail_delay_ms
+				? (uint64_t)g->fail_delay_ms - elapsed_ms
+				: 0;
+	char host[80];
+	delayed *d;
+
+	peer_host(wire_conn_peer(conn), host, sizeof host);
+	if (ev == AUTH_AUDIT_AUTH_FAILED) {
+		if (user && user[0])
+			limiter_take(g, "user", user, 1);
+		limiter_take(g, "host", host, 1);
+	}
+	auth_audit(ev, user, NULL, wire_conn_peer(conn), why);
+	if (c) {
+		c->state = CONN_NONE;
+		c->busy = false;
+		auth_scram_init(&c->scram, AUTH_SCRAM_SHA256);
+	}
+	d = sdb_calloc(1, sizeof *d);
+	d->req = req;
+	uv_timer_init(g->loop, &d->timer);
+	d->timer.data = d;
+	uv_timer_start(&d->timer, on_delay, wait, 0);
+}
+
+/* ------------------------------------------------------------ SASL */
+
+static auth_conn *conn_state_get(wire_req *req)
+{
+	wire_conn *conn = wire_req_conn(req);
+	auth_conn *c = wire_conn_data(conn);
+	if (!c) {
+		c = sdb_calloc(1, sizeof *c);
+		wire_conn_set_data(conn, c, free);
+	}
+	return c;
+}
+
+/* The payload field: binary (drivers) or a string (mongosh tests). */
+static bool get_payload(const bson_t *cmd, const uint8_t **data, uint32_t *len)
+{
+	bson_iter_t it;
+	bson_subtype_t st;
+	if (!bson_iter_init_find(&it, cmd, "payload"))
+		return false;
+	if (BSON_ITER_HOLDS_BINARY(&it)) {
+		bson_iter_binary(&it, &st, len, data);
+		return true;
+	}
+	if (BSON_ITER_HOLDS_UTF8(&it)) {
+		*data = (const uint8_t *)bson_iter_utf8(&it, len);
+		return true;
+	}
+	return false;
+}
+
+static void reply_sasl(wire_req *req, const char *payload, bool done)
+{
+	bson_t *r = bson_new();
+	BSON_APPEND_INT32(r, "conversationId", 1);
+	BSON_APPEND_BOOL(r, "done", done);
+	BSON_APPEND_BINARY(r, "payload", BSON_SUBTYPE_BINARY, (const uint8_t *)payload,
+			   (uint32_t)strlen(payload));
+	wire_req_reply(req, r);
+}
+
+typedef struct lookup {
+	uv_work_t work;
+	auth_gate *g;
+	wire_req *req;
+	char user[AUTH_SCRAM_MAX_USER + 1];
+	bool found;
+	char tenant[256];
+	auth_scram_creds creds;
+	char err[256];
+} lookup;
+
+static bool bin_field(bson_iter_t *d, const char *key, uint8_t *out, size_t cap, size_t *len)
+{
+	bson_iter_t f = *d;
+	bson_subtype_t st;
+	uint32_t l;
+	const uint8_t *p;
+	if (!bson_iter_find(&f, key) || !BSON_ITER_HOLDS_BINARY(&f))
+		return false;
+	bson_iter_binary(&f, &st, &l, &p);
+	if (l > cap)
+		return false;
+	memcpy(out, p, l);
+	*len = l;
+	return true;
+}
+
+static void lookup_work(uv_work_t *w)
+{
+	lookup *l = w->data;
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it, d, f;
+	int code = 0;
+	size_t kl;
+
+	BSON_APPEND_UTF8(&cmd, "getUser", l->user);
+	if (l->g->meta(l->g->meta_arg, &cmd, &reply, &code, l->err, sizeof l->err) == 0 &&
+	    bson_iter_init_find(&it, &reply, "user") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+	    bson_iter_recurse(&it, &d)) {
+		f = d;
+		if (bson_iter_find(&f, "tenant") && BSON_ITER_HOLDS_UTF8(&f))
+			snprintf(l->tenant, sizeof l->tenant, "%s", bson_iter_utf8(&f, NULL));
+		f = d;
+		if (bson_iter_find(&f, "iterations") && BSON_ITER_HOLDS_NUMBER(&f))
+			l->creds.iterations = (int)bson_iter_as_int64(&f);
+		l->creds.mech = AUTH_SCRAM_SHA256;
+		l->found = l->tenant[0] && l->creds.iterations >= AUTH_SCRAM_MIN_ITERATIONS &&
+			   bin_field(&d, "salt", l->creds.salt, sizeof l->creds.salt,
+				     &l->creds.salt_len) &&
+			   bin_field(&d, "storedKey", l->creds.stored_key, 32, &kl) && kl == 32 &&
+			   bin_field(&d, "serverKey", l->creds.server_key, 32, &kl) && kl == 32 &&
+			   l->creds.salt_len >= 16;
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
+static void lookup_done(uv_work_t *w, int status)
+{
+	lookup *l = w->data;
+	auth_gate *g = l->g;
+	wire_req *req = l->req;
+	auth_conn *c = wire_conn_data(wire_req_conn(req));
+	uint8_t snonce[24];
+	char out[AUTH_SCRAM_MAX_MSG + 1], err[256], host[80];
+
+	peer_host(wire_conn_peer(wire_req_conn(req)), host, sizeof host);
+	c->busy = false;
+	if (status != 0 || !l->found) {
+		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, l->user,
+			  l->err[0] ? l->err : "unknown user");
+	} else if (!limiter_take(g, "user", l->user, 0) || !limiter_take(g, "host", host, 0)) {
+		auth_fail(g, req, c, AUTH_AUDIT_RATE_LIMITED, l->user,
+			  "too many failed authentications");
+	} else if (RAND_bytes(snonce, sizeof snonce) != 1 ||
+		   auth_scram_server_first(&c->scram, &l->creds, snonce, sizeof snonce, out,
+					   sizeof out, err, sizeof err) != 0) {
+		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, l->user, "server-first failed");
+	} else {
+		snprintf(c->tenant, sizeof c->tenant, "%s", l->tenant);
+		reply_sasl(req, out, false);
+	}
+	OPENSSL_cleanse(&l->creds, sizeof l->creds);
+	free(l);
+}
+
+static void sasl_start(auth_gate *g, wire_req *req, auth_conn *c)
+{
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_iter_t it;
+	const uint8_t *payload;
+	uint32_t plen;
+	auth_mech mech = 0;
+	char err[256];
+	lookup *l;
+
+	if (bson_iter_init_find(&it, cmd, "mechanism") && BSON_ITER_HOLDS_UTF8(&it))
+		mech = auth_scram_mech_parse(bson_iter_utf8(&it, NULL));
+	if (c->busy) {
+		wire_req_error(req, WIRE_ERR_PROTOCOL_ERROR, "saslStart: a conversation is in progress");
+		return;
+	}
+	/* a new conversation drops any previous authentication of the connection */
+	c->state = CONN_NONE;
+	c->user[0] = c->tenant[0] = '\0';
+	if (mech != AUTH_SCRAM_SHA256) {
+		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, NULL,
+			  mech ? "SCRAM-SHA-1 verifiers are not stored" : "unsupported mechanism");
+		return;
+	}
+	auth_scram_init(&c->scram, mech);
+	if (!get_payload(cmd, &payload, &plen) ||
+	    auth_scram_client_first(&c->scram, payload, plen, err, sizeof err) != 0) {
+		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, NULL, "malformed client-first");
+		return;
+	}
+	c->state = CONN_CONVERSING;
+	c->busy = true;
+	snprintf(c->user, sizeof c->user, "%s", c->scram.user);
+	l = sdb_calloc(1, sizeof *l);
+	l->g = g;
+	l->req = req;
+	l->work.data = l;
+	snprintf(l->user, sizeof l->user, "%s", c->scram.user);
+	if (uv_queue_work(g->loop, &l->work, lookup_work, lookup_done) != 0) {
+		free(l);
+		c->busy = false;
+		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, c->user, "cannot queue user lookup");
+	}
+}
+
+static void sasl_continue(auth_gate *g, wire_req *req, auth_conn *c)
+{
+	const uint8_t *payload;
+	uint32_t plen;
+	char out[AUTH_SCRAM_MAX_MSG + 1], err[256], user[AUTH_SCRAM_MAX_USER + 1];
+	int rc;
+
+	snprintf(user, sizeof user, "%s", c->user);
+	if (c->state != CONN_CONVERSING || c->busy || c->scram.state != AUTH_SCRAM_SENT_FIRST) {
+		if (c->state == CONN_AUTHENTICATED) { /* the optional empty last step */
+			reply_sasl(req, "", true);
+			return;
+		}
+		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, user, "saslContinue without saslStart");
+		return;
+	}
+	if (!get_payload(wire_req_cmd(req), &payload, &plen)) {
+		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, user, "saslContinue without payload");
+		return;
+	}
+	rc = auth_scram_client_final(&c->scram, payload, plen, out, sizeof out, err, sizeof err);
+	if (rc != 0) {
+		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, user, err);
+		return;
+	}
+	c->state = CONN_AUTHENTICATED;
+	sdb_info("authenticated", "user=\"%s\" tenant=\"%s\" peer=%s", c->user, c->tenant,
+		 wire_conn_peer(wire_req_conn(req)));
+	reply_sasl(req, out, true);
+}
+
+/* ------------------------------------------------------------ authorization */
+
+typedef struct authz {
+	const auth_policy *pol;
+	const char *tenant;
+	const char *db;
+	bool ok;
+	char *what;
+	size_t whatlen;
+} authz;
+
+static void need(authz *a, const char *db, const char *coll, unsigned action)
+{
+	if (!a->ok)
+		return;
+	for (unsigned bit = 1; bit <= AUTH_ACT_ALL; bit <<= 1) {
+		if (!(action & bit))
+			continue;
+		if (!auth_policy_allowed(a->pol, a->tenant, db, coll, bit)) {
+			a->ok = false;
+			snprintf(a->what, a->whatlen, "%s on %s%s%s", auth_action_name(bit), db,
+				 coll ? "." : "", coll ? coll : "");
+			return;
+		}
+	}
+}
+
+static void deny(authz *a, const char *why)
+{
+	if (a->ok) {
+		a->ok = false;
+		snprintf(a->what, a->whatlen, "%s", why);
+	}
+}
+
+static const char *str_field(const bson_t *d, const char *key)
+{
+	bson_iter_t it;
+	if (bson_iter_init_find(&it, d, key) && BSON_ITER_HOLDS_UTF8(&it))
+		return bson_iter_utf8(&it, NULL);
+	return NULL;
+}
+
+static bool bool_field(const bson_t *d, const char *key)
+{
+	bson_iter_t it;
+	return bson_iter_init_find(&it, d, key) && bson_iter_as_bool(&it);
+}
+
+/* A namespace given as "coll" or {db, coll}; the stage's action on it. */
+static void need_target(authz *a, bson_iter_t *v, const char *coll_key, unsigned action)
+{
+	if (BSON_ITER_HOLDS_UTF8(v)) {
+		need(a, a->db, bson_iter_utf8(v, NULL), action);
+	} else if (BSON_ITER_HOLDS_DOCUMENT(v)) {
+		bson_iter_t d;
+		const char *db = a->db, *coll = NULL;
+		if (!bson_iter_recurse(v, &d))
+			return deny(a, "malformed namespace");
+		while (bson_iter_next(&d)) {
+			if (!BSON_ITER_HOLDS_UTF8(&d))
+				continue;
+			if (strcmp(bson_iter_key(&d), "db") == 0)
+				db = bson_iter_utf8(&d, NULL);
+			else if (strcmp(bson_iter_key(&d), coll_key) == 0)
+				coll = bson_iter_utf8(&d, NULL);
+		}
+		if (!coll)
+			return deny(a, "namespace without a collection");
+		need(a, db, coll, action);
+	} else {
+		deny(a, "malformed namespace");
+	}
+}
+
+static void walk_pipeline(authz *a, bson_iter_t *arr, int depth);
+
+static void walk_sub_pipeline(authz *a, bson_iter_t *spec, int depth)
+{
+	bson_iter_t f, p;
+	if (!BSON_ITER_HOLDS_DOCUMENT(spec) || !bson_iter_recurse(spec, &f))
+		return;
+	if (bson_iter_find(&f, "pipeline")) {
+		if (!BSON_ITER_HOLDS_ARRAY(&f) || !bson_iter_recurse(&f, &p))
+			return deny(a, "malformed pipeline");
+		walk_pipeline(a, &p, depth + 1);
+	}
+}
+
+/* Every namespace a pipeline touches (the stages that name another collection, and the
+ * sub-pipelines of $lookup, $unionWith, $facet). */
+static void walk_pipeline(authz *a, bson_iter_t *arr, int depth)
+{
+	if (depth > AUTH_MAX_PIPELINE_DEPTH)
+		return deny(a, "pipeline nested too deeply");
+	while (a->ok && bson_iter_next(arr)) {
+		bson_iter_t st, v, f;
+		const char *op;
+		if (!BSON_ITER_HOLDS_DOCUMENT(arr) || !bson_iter_recurse(arr, &st) ||
+		    !bson_iter_next(&st))
+			return deny(a, "malformed pipeline stage");
+		op = bson_iter_key(&st);
+		v = st;
+		if (strcmp(op, "$lookup") == 0 || strcmp(op, "$graphLookup") == 0) {
+			if (bson_iter_recurse(&v, &f) && bson_iter_find(&f, "from"))
+				need_target(a, &f, "coll", AUTH_ACT_FIND);
+			walk_sub_pipeline(a, &v, depth);
+		} else if (strcmp(op, "$unionWith") == 0) {
+			if (BSON_ITER_HOLDS_UTF8(&v)) {
+				need_target(a, &v, "coll", AUTH_ACT_FIND);
+			} else {
+				if (bson_iter_recurse(&v, &f) && bson_iter_find(&f, "coll"))
+					need_target(a, &f, "coll", AUTH_ACT_FIND);
+				walk_sub_pipeline(a, &v, depth);
+			}
+		} else if (strcmp(op, "$out") == 0) {
+			need_target(a, &v, "coll", AUTH_ACT_INSERT | AUTH_ACT_REMOVE);
+		} else if (strcmp(op, "$merge") == 0) {
+			if (BSON_ITER_HOLDS_UTF8(&v))
+				need_target(a, &v, "coll", AUTH_ACT_INSERT | AUTH_ACT_UPDATE);
+			else if (bson_iter_recurse(&v, &f) && bson_iter_find(&f, "into"))
+				need_target(a, &f, "coll", AUTH_ACT_INSERT | AUTH_ACT_UPDATE);
+			else
+				deny(a, "$merge without into");
+		} else if (strcmp(op, "$facet") == 0) {
+			bson_iter_t fa, p;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&v) || !bson_iter_recurse(&v, &fa))
+				return deny(a, "malformed $facet");
+			while (bson_iter_next(&fa)) {
+				if (!BSON_ITER_HOLDS_ARRAY(&fa) || !bson_iter_recurse(&fa, &p))
+					return deny(a, "malformed $facet");
+				walk_pipeline(a, &p, depth + 1);
+			}
+		} else if (strcmp(op, "$currentOp") == 0 || strcmp(op, "$listLocalSessions") == 0 ||
+			   strcmp(op, "$listSessions") == 0 || strcmp(op, "$planCacheStats") == 0 ||
+			   strcmp(op, "$collStats") == 0 || strcmp(op, "$indexStats") == 0 ||
+			   strcmp(op, "$changeStream") == 0 || strcmp(op, "$listSearchIndexes") == 0) {
+			/* cluster-wide or cross-tenant views: not for tenants */
+			char why[64];
+			snprintf(why, sizeof why, "stage %s", op);
+			deny(a, why);
+		}
+	}
+}
+
+static void need_pipeline_field(authz *a, const bson_t *cmd)
+{
+	bson_iter_t it, p;
+	if (!bson_iter_init_find(&it, cmd, "pipeline"))
+		return;
+	if (!BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &p))
+		return deny(a, "malformed pipeline");
+	walk_pipeline(a, &p, 0);
+}
+
+/* Any element of array `key` with a true `field` (updates[].upsert)? */
+static bool any_true(const bson_t *cmd, const char *key, const char *field)
+{
+	bson_iter_t it, arr, d;
+	if (!bson_iter_init_find(&it, cmd, key) || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &arr))
+		return false;
+	while (bson_iter_next(&arr))
+		if (BSON_ITER_HOLDS_DOCUMENT(&arr) && bson_iter_recurse(&arr, &d) &&
+		    bson_iter_find(&d, field) && bson_iter_as_bool(&d))
+			return true;
+	return false;
+}
+
+/* Commands any authenticated tenant may run (no namespace). */
+static const char *const open_cmds[] = {"hello", "isMaster", "ismaster", "ping", "buildInfo",
+					"buildinfo", "whatsmyuri", "connectionStatus",
+					"endSessions", "saslStart", "saslContinue", NULL};
+
+/* Commands on the collection named by their first value, and the actions they need. */
+static const struct {
+	const char *name;
+	unsigned action;
+} coll_cmds[] = {
+	{"find", AUTH_ACT_FIND},          {"count", AUTH_ACT_FIND},
+	{"distinct", AUTH_ACT_FIND},      {"listIndexes", AUTH_ACT_FIND},
+	{"killCursors", AUTH_ACT_FIND},   {"insert", AUTH_ACT_INSERT},
+	{"update", AUTH_ACT_UPDATE},      {"delete", AUTH_ACT_REMOVE},
+	{"createIndexes", AUTH_ACT_CREATE_INDEX}, {"dropIndexes", AUTH_ACT_CREATE_INDEX},
+	{"drop", AUTH_ACT_ADMIN},         {"collMod", AUTH_ACT_ADMIN},
+	{"create", AUTH_ACT_ADMIN},       {"findAndModify", AUTH_ACT_FIND},
+	{"findandmodify", AUTH_ACT_FIND}, {"aggregate", AUTH_ACT_FIND},
+};
+
+bool auth_gate_authorize(const auth_policy *pol, const char *tenant, const char *name,
+			 const char *db, const bson_t *cmd, char *what, size_t whatlen)
+{
+	authz a = {pol, tenant, db, true, what, whatlen};
+	bson_iter_t it;
+	size_t i;
+
+	what[0] = '\0';
+	for (i = 0; open_cmds[i]; i++)
+		if (strcmp(name, open_cmds[i]) == 0)
+			return true;
+	if (!db || !db[0] || !tenant)
+		return false;
+	if (strcmp(name, "getMore") == 0) {
+		need(&a, db, str_field(cmd, "collection") ? str_field(cmd, "collection") : "",
+		     AUTH_ACT_FIND);
+		return a.ok;
+	}
+	if (strcmp(name, "listCollections") == 0) {
+		need(&a, db, NULL, AUTH_ACT_FIND);
+		return a.ok;
+	}
+	if (strcmp(name, "dropDatabase") == 0) {
+		need(&a, db, NULL, AUTH_ACT_ADMIN);
+		return a.ok;
+	}
+	for (i = 0; i < sizeof coll_cmds / sizeof coll_cmds[0]; i++) {
+		unsigned act = coll_cmds[i].action;
+		const char *coll = NULL;
+		if (strcmp(name, coll_cmds[i].name) != 0)
+			continue;
+		if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it))
+			return false;
+		if (BSON_ITER_HOLDS_UTF8(&it))
+			coll = bson_iter_utf8(&it, NULL);
+		else if (strcmp(name, "aggregate") != 0 || !BSON_ITER_HOLDS_NUMBER(&it)) {
+			snprintf(what, whatlen, "%s needs a collection name", name);
+			return false;
+		}
+		if (strncmp(name, "findAndModify", 13) == 0 || strcmp(name, "findandmodify") == 0) {
+			act |= bool_field(cmd, "remove") ? AUTH_ACT_REMOVE : AUTH_ACT_UPDATE;
+			if (bool_field(cmd, "upsert"))
+				act |= AUTH_ACT_INSERT;
+		}
+		if (strcmp(name, "update") == 0 && any_true(cmd, "updates", "upsert"))
+			act |= AUTH_ACT_INSERT;
+		need(&a, db, coll, act); /* coll NULL: aggregate: 1 needs the database */
+		if (strcmp(name, "aggregate") == 0) {
+			need_pipeline_field(&a, cmd);
+		} else if (strcmp(name, "create") == 0) {
+			const char *on = str_field(cmd, "viewOn");
+			if (on)
+				need(&a, db, on, AUTH_ACT_FIND);
+			need_pipeline_field(&a, cmd);
+		}
+		return a.ok;
+	}
+	snprintf(what, whatlen, "command %s", name);
+	return false; /* deny by default: a command without a rule here is refused */
+}
+
+static void add_db_cb(void *arg, const char *db)
+{
+	bson_t *arr = arg;
+	char k[16];
+	bson_t d;
+	snprintf(k, sizeof k, "%u", bson_count_keys(arr));
+	bson_append_document_begin(arr, k, -1, &d);
+	BSON_APPEND_UTF8(&d, "name", db);
+	BSON_APPEND_INT64(&d, "sizeOnDisk", 0);
+	BSON_APPEND_BOOL(&d, "empty", false);
+	bson_append_document_end(arr, &d);
+}
+
+/* listDatabases for a tenant: its databases only (from the same table as the checks). */
+static void list_databases(auth_gate *g, wire_req *req, auth_conn *c)
+{
+	bson_t *r = bson_new(), arr;
+	BSON_APPEND_ARRAY_BEGIN(r, "databases", &arr);
+	uv_mutex_lock(&g->mu);
+	auth_policy_each_db(g->pol, c->tenant, add_db_cb, &arr);
+	uv_mutex_unlock(&g->mu);
+	bson_append_array_end(r, &arr);
+	BSON_APPEND_INT64(r, "totalSize", 0);
+	wire_req_reply(req, r);
+}
+
+bool auth_gate_check(auth_gate *g, wire_req *req)
+{
+	const char *name = wire_req_name(req);
+	auth_conn *c = conn_state_get(req);
+	char what[300];
+	bool ok;
+
+	if (strcmp(name, "saslStart") == 0) {
+		sasl_start(g, req, c);
+		return false;
+	}
+	if (strcmp(name, "saslContinue") == 0) {
+		sasl_continue(g, req, c);
+		return false;
+	}
+	if (strcmp(name, "hello") == 0 || strcmp(name, "isMaster") == 0 ||
+	    strcmp(name, "ismaster") == 0 || strcmp(name, "ping") == 0)
+		return true;
+	if (c->state != CONN_AUTHENTICATED) {
+		auth_audit(AUTH_AUDIT_UNAUTHENTICATED, NULL, NULL, wire_conn_peer(wire_req_conn(req)),
+			   name);
+		wire_req_error(req, WIRE_ERR_UNAUTHORIZED, "command %s requires authentication",
+			       name);
+		return false;
+	}
+	if (strcmp(name, "listDatabases") == 0) {
+		list_databases(g, req, c);
+		return false;
+	}
+	uv_mutex_lock(&g->mu);
+	ok = auth_gate_authorize(g->pol, c->tenant, name, wire_req_db(req), wire_req_cmd(req),
+				 what, sizeof what);
+	uv_mutex_unlock(&g->mu);
+	if (ok)
+		return true;
+	auth_audit(AUTH_AUDIT_DENIED, c->user, c->tenant, wire_conn_peer(wire_req_conn(req)), what);
+	wire_req_error(req, WIRE_ERR_UNAUTHORIZED, "not authorized on %s to execute command %s",
+		       wire_req_db(req), name);
+	return false;
+}

@@ -1,0 +1,72 @@
+/* The proxy's authentication and authorization gate (issue #10, DESIGN.md §5 step 1),
+ * installed as wire_server_opts.gate when --auth=enabled.
+ *
+ *  - Unauthenticated connections may run hello/isMaster, ping, saslStart and (inside a
+ *    conversation) saslContinue; anything else fails with Unauthorized (13).
+ *  - saslStart/saslContinue run SCRAM-SHA-256 (auth/scram.h) against the verifier read from
+ *    the metadata service (getUser, on the libuv thread pool). SCRAM-SHA-1 is accepted by
+ *    the conversation code but the metadata service stores SHA-256 verifiers only, so it
+ *    fails as an unknown mechanism for now. hello answers saslSupportedMechs.
+ *  - Every failure (unknown user, wrong password, malformed message, brute-force limit)
+ *    answers AuthenticationFailed (18) "Authentication failed." exactly fail_delay_ms
+ *    after the request arrived, so timing tells nothing.
+ *  - Brute force: failures are counted with the rate limiter's C API (ratelimit/limiter.h,
+ *    token bucket "stripedb_auth_failures", keys "user:NAME" and "host:IP", limit
+ *    failure_limit per 60 s); once a key is exhausted, authentication is refused for it
+ *    even with the right password until the bucket refills.
+ *  - Authenticated connections: each command is mapped to actions on namespaces (including
+ *    every namespace inside aggregate pipelines, views and findAndModify) and checked
+ *    with auth/policy.h for the user's tenant; a denial is Unauthorized (13) and audited.
+ *    listDatabases is answered here with the tenant's databases only.
+ */
+#ifndef SDB_AUTH_GATE_H
+#define SDB_AUTH_GATE_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "wire/server.h"
+
+/* Run a command on the metadata service (blocking; called on a thread-pool thread). reply
+ * is always initialised (the gate destroys it). Returns 0 or an error with *code (the
+ * service's error code, 0 when unreachable) and a message. */
+typedef int (*auth_meta_fn)(void *arg, const bson_t *cmd, bson_t *reply, int *code, char *err,
+			    size_t errlen);
+
+typedef struct auth_gate_opts {
+	uv_loop_t *loop;
+	auth_meta_fn meta;
+	void *meta_arg;
+	int64_t failure_limit;   /* failed authentications per key per 60 s; 0 = 10 */
+	int64_t fail_delay_ms;   /* 0 = AUTH_GATE_FAIL_DELAY_MS */
+} auth_gate_opts;
+
+#define AUTH_GATE_FAIL_DELAY_MS 200
+
+typedef struct auth_gate auth_gate;
+
+/* Create (never fails; allocation aborts). Free with auth_gate_free after the wire server
+ * has closed (no request in flight). */
+auth_gate *auth_gate_new(const auth_gate_opts *opts);
+void auth_gate_free(auth_gate *g);
+
+/* Replace the tenant tables (listTenants and listDatabases replies of the metadata
+ * service). Any thread. */
+void auth_gate_load(auth_gate *g, const bson_t *tenants, const bson_t *dbs);
+
+/* The wire gate (wire_gate_fn with role data g). Loop thread. */
+bool auth_gate_check(auth_gate *g, wire_req *req);
+
+/* hello hook part: adds saslSupportedMechs when the hello asks for it. */
+void auth_gate_hello(auth_gate *g, const bson_t *cmd, bson_t *reply);
+
+/* Pure command classification, exposed for unit tests and fuzzing: may tenant run cmd
+ * (name = first key) on db under pol? On denial, *what names the refused action and
+ * namespace (static buffer of whatlen bytes). */
+struct auth_policy;
+bool auth_gate_authorize(const struct auth_policy *pol, const char *tenant, const char *name,
+			 const char *db, const bson_t *cmd, char *what, size_t whatlen);
+
+#endif

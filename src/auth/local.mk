@@ -1,0 +1,12 @@
+# src/auth: authentication (SCRAM), authorization (tenant policies), audit (issue #10).
+libstripedb_a_SOURCES += src/auth/scram.c src/auth/policy.c src/auth/audit.c src/auth/gate.c
+noinst_HEADERS += src/auth/scram.h src/auth/policy.h src/auth/audit.h src/auth/gate.h
+
+check_PROGRAMS += tests/unit/test_auth_scram tests/unit/test_auth_policy
+TESTS += tests/unit/test_auth_scram tests/unit/test_auth_policy
+tests_unit_test_auth_scram_SOURCES = tests/unit/test_auth_scram.c
+tests_unit_test_auth_scram_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_auth_scram_LDADD = $(UNIT_LDADD)
+tests_unit_test_auth_policy_SOURCES = tests/unit/test_auth_policy.c
+tests_unit_test_auth_policy_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_auth_policy_LDADD = $(UNIT_LDADD)

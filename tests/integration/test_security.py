@@ -1,0 +1,222 @@
+"""Security of the proxy (issue #10): SCRAM-SHA-256 authentication with pymongo and the
+Node.js driver, tenant isolation through every command the proxy registers, the
+unauthenticated command set, the fixed failure delay, and the brute-force limit.
+
+Setup: one metadata member, one embedded shard, one proxy with --auth=enabled. Tenants A
+(user alice, database adb) and B (user bob, database bdb).
+"""
+import json
+import os
+import subprocess
+import time
+
+import pymongo
+import pytest
+from bson.int64 import Int64
+from pymongo.errors import OperationFailure
+
+from conftest import http_get, wait_until
+from proxy_helpers import ProxyCluster
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NODE_MODULES = os.path.join(HERE, "node_modules")
+FAIL_DELAY_S = 0.2      # AUTH_GATE_FAIL_DELAY_MS
+FAILURE_LIMIT = 4       # --auth-failure-limit
+
+# Every command the proxy registers (src/proxy/exec.c proxy_exec_register), each aimed at
+# tenant B's database, plus server-side JavaScript that the proxy refuses anyway.
+def b_commands(db="bdb"):
+    return [
+        ("find", {"find": "c"}),
+        ("getMore", {"getMore": Int64(1), "collection": "c"}),
+        ("killCursors", {"killCursors": "c", "cursors": [Int64(1)]}),
+        ("insert", {"insert": "c", "documents": [{"_id": "evil"}]}),
+        ("update", {"update": "c", "updates": [{"q": {}, "u": {"$set": {"x": 666}}, "multi": True}]}),
+        ("delete", {"delete": "c", "deletes": [{"q": {}, "limit": 0}]}),
+        ("findAndModify", {"findAndModify": "c", "query": {}, "update": {"$set": {"x": 666}}}),
+        ("findandmodify", {"findandmodify": "c", "query": {}, "remove": True}),
+        ("count", {"count": "c"}),
+        ("distinct", {"distinct": "c", "key": "x"}),
+        ("aggregate", {"aggregate": "c", "pipeline": [], "cursor": {}}),
+        ("createIndexes", {"createIndexes": "c", "indexes": [{"key": {"x": 1}, "name": "x_1"}]}),
+        ("dropIndexes", {"dropIndexes": "c", "index": "*"}),
+        ("drop", {"drop": "c"}),
+        ("create", {"create": "c2"}),
+        ("collMod", {"collMod": "c"}),
+        ("dropDatabase", {"dropDatabase": 1}),
+        ("listIndexes", {"listIndexes": "c"}),
+        ("listCollections", {"listCollections": 1}),
+        ("mapReduce", {"mapReduce": "c", "map": "function(){}", "reduce": "function(){}",
+                       "out": {"inline": 1}}),
+    ]
+
+
+# Routes to tenant B's data from tenant A's own database.
+def cross_db_commands():
+    return [
+        ("aggregate", {"aggregate": "c", "cursor": {}, "pipeline": [
+            {"$lookup": {"from": {"db": "bdb", "coll": "c"}, "localField": "x",
+                         "foreignField": "x", "as": "j"}}]}),
+        ("aggregate", {"aggregate": "c", "cursor": {}, "pipeline": [
+            {"$unionWith": {"coll": "c", "pipeline": [
+                {"$lookup": {"from": {"db": "bdb", "coll": "c"}, "pipeline": [], "as": "j"}}]}}]}),
+        ("aggregate", {"aggregate": "c", "cursor": {}, "pipeline": [
+            {"$facet": {"f": [{"$graphLookup": {"from": {"db": "bdb", "coll": "c"},
+                                                "startWith": "$x", "connectFromField": "x",
+                                                "connectToField": "x", "as": "g"}}]}}]}),
+        ("aggregate", {"aggregate": "c", "cursor": {}, "pipeline": [
+            {"$out": {"db": "bdb", "coll": "c"}}]}),
+        ("aggregate", {"aggregate": "c", "cursor": {}, "pipeline": [
+            {"$merge": {"into": {"db": "bdb", "coll": "c"}}}]}),
+        ("aggregate", {"aggregate": 1, "cursor": {}, "pipeline": [{"$currentOp": {}}]}),
+        ("create", {"create": "v", "viewOn": "c", "pipeline": [
+            {"$lookup": {"from": {"db": "bdb", "coll": "c"}, "pipeline": [], "as": "j"}}]}),
+    ]
+
+
+@pytest.fixture
+def sec(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
+                      proxy_args=["--auth=enabled", f"--auth-failure-limit={FAILURE_LIMIT}"])
+    for t, db, user, pw in (("A", "adb", "alice", "alice-pw"), ("B", "bdb", "bob", "bob-pw")):
+        cl.meta_cmd({"createTenant": t})
+        cl.create_database(db, tenant=t)
+        cl.meta_cmd({"createUser": user, "tenant": t, "password": pw})
+    # the proxy re-reads tenants once a second: wait until bob may write his database
+    bob = cl.proxy_client(0, username="bob", password="bob-pw", authSource="admin")
+    wait_until(lambda: bob.bdb.c.insert_many([{"_id": i, "x": i} for i in range(5)]),
+               20, what="bob's first write")
+    yield cl
+    cl.close()
+
+
+def audit_counts(cl):
+    st, body = http_get(cl.proxy_procs[0].http_port, "/metrics")
+    assert st == 200
+    out = {}
+    for line in body.decode().splitlines():
+        if line.startswith('stripedb_auth_audit_events_total{event="'):
+            out[line.split('"')[1]] = int(float(line.split()[-1]))
+    return out
+
+
+def client(cl, user, pw, **kw):
+    return cl.proxy_client(0, username=user, password=pw, authSource="admin", **kw)
+
+
+def test_pymongo_correct_password_works_wrong_fails_with_18_after_fixed_delay(sec):
+    alice = client(sec, "alice", "alice-pw")
+    alice.adb.c.insert_one({"_id": 1, "who": "alice"})
+    assert list(alice.adb.c.find({}, {"_id": 0})) == [{"who": "alice"}]
+    for user, pw in (("alice", "wrong"), ("nobody", "alice-pw")):
+        bad = client(sec, user, pw)
+        t0 = time.monotonic()
+        with pytest.raises(OperationFailure) as ei:
+            bad.adb.c.find_one()
+        elapsed = time.monotonic() - t0
+        assert ei.value.code == 18
+        assert ei.value.details["errmsg"] == "Authentication failed."
+        assert elapsed >= FAIL_DELAY_S
+    # SCRAM-SHA-1 is not offered (no SHA-1 verifiers are stored): refused the same way
+    with pytest.raises(OperationFailure) as ei:
+        client(sec, "alice", "alice-pw", authMechanism="SCRAM-SHA-1").adb.c.find_one()
+    assert ei.value.code == 18
+
+
+def test_unauthenticated_connection_can_only_hello_ping_saslstart(sec):
+    anon = sec.proxy_client(0)
+    assert anon.admin.command("ping")["ok"] == 1.0
+    assert anon.admin.command("hello")["msg"] == "isdbgrid"
+    assert anon.admin.command("isMaster")["ismaster"] is True
+    r = anon.admin.command("hello", saslSupportedMechs="admin.alice")
+    assert r["saslSupportedMechs"] == ["SCRAM-SHA-256"]
+    names = [n for n, _ in b_commands("adb")] + ["listDatabases", "buildInfo", "endSessions",
+                                                 "connectionStatus", "getLog",
+                                                 "killAllSessions", "saslContinue"]
+    cmds = dict(b_commands("adb"))
+    cmds.update({"listDatabases": {"listDatabases": 1}, "buildInfo": {"buildInfo": 1},
+                 "endSessions": {"endSessions": []}, "connectionStatus": {"connectionStatus": 1},
+                 "getLog": {"getLog": "global"}, "killAllSessions": {"killAllSessions": []},
+                 "saslContinue": {"saslContinue": 1, "conversationId": 1, "payload": b"x"}})
+    codes = {}
+    for n in names:
+        with pytest.raises(OperationFailure) as ei:
+            anon.adb.command(cmds[n])
+        codes[n] = ei.value.code
+    # saslContinue outside a conversation is an authentication failure, the rest Unauthorized
+    assert codes == {n: (18 if n == "saslContinue" else 13) for n in names}
+    # saslStart itself answers (a conversation starts) for a well-formed client-first
+    r = anon.admin.command({"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+                            "payload": b"n,,n=alice,r=abcdefghijklmnop"})
+    assert r["done"] is False and r["conversationId"] == 1
+    assert r["payload"].startswith(b"r=abcdefghijklmnop")
+
+
+def test_tenant_a_cannot_touch_tenant_b_through_any_command(sec):
+    alice = client(sec, "alice", "alice-pw")
+    bob = client(sec, "bob", "bob-pw")
+    alice.adb.c.insert_one({"_id": 1, "x": 1})
+    denied0 = audit_counts(sec).get("denied", 0)
+    before = sorted(bob.bdb.c.find({}), key=lambda d: d["_id"])
+    assert [d["_id"] for d in before] == [0, 1, 2, 3, 4]
+    # listDatabases lists only the tenant's own databases
+    assert [d["name"] for d in alice.admin.command("listDatabases")["databases"]] == ["adb"]
+    assert [d["name"] for d in bob.admin.command("listDatabases")["databases"]] == ["bdb"]
+    results = {}
+    # the same answer for B's existing database and for a database that does not exist
+    for db in ("bdb", "nosuchdb"):
+        for name, cmd in b_commands(db):
+            with pytest.raises(OperationFailure) as ei:
+                alice[db].command(cmd)
+            results[(db, name)] = (ei.value.code, ei.value.details["errmsg"])
+    assert results == {(db, n): (13, f"not authorized on {db} to execute command {n}")
+                       for db in ("bdb", "nosuchdb") for n, _ in b_commands(db)}
+    for name, cmd in cross_db_commands():
+        with pytest.raises(OperationFailure) as ei:
+            alice.adb.command(cmd)
+        assert (name, ei.value.code) == (name, 13)
+    # B's data and namespaces are untouched
+    assert sorted(bob.bdb.c.find({}), key=lambda d: d["_id"]) == before
+    assert bob.bdb.list_collection_names() == ["c"]
+    # and A still works on its own database through the same commands
+    assert alice.adb.command({"count": "c"})["n"] == 1
+    assert list(alice.adb.c.aggregate([{"$project": {"_id": 1}}])) == [{"_id": 1}]
+    # denials are audited
+    assert audit_counts(sec)["denied"] - denied0 == \
+        2 * len(b_commands()) + len(cross_db_commands())
+
+
+def test_brute_force_is_rate_limited(sec):
+    before = audit_counts(sec)
+    for _ in range(FAILURE_LIMIT):
+        with pytest.raises(OperationFailure) as ei:
+            client(sec, "alice", "guess").adb.c.find_one()
+        assert ei.value.code == 18
+    # the bucket of "alice" (and of this host) is empty: even the right password is refused
+    with pytest.raises(OperationFailure) as ei:
+        client(sec, "alice", "alice-pw").adb.c.find_one()
+    assert ei.value.code == 18
+    after = audit_counts(sec)
+    assert after["authFailed"] - before.get("authFailed", 0) == FAILURE_LIMIT
+    assert after["rateLimited"] - before.get("rateLimited", 0) == 1
+    # another user from another key is limited too (same host bucket), so check the
+    # per-user key alone through bob on the host bucket's remaining budget: none left
+    with pytest.raises(OperationFailure) as ei:
+        client(sec, "bob", "bob-pw").bdb.c.find_one()
+    assert ei.value.code == 18
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(NODE_MODULES, "mongodb")),
+                    reason="tests/integration/node_modules absent: run `npm install` there")
+def test_node_driver_auth_and_isolation(sec):
+    r = subprocess.run(["node", os.path.join(HERE, "security_node.js"),
+                        str(sec.proxy_ports[0]), "alice", "alice-pw", "wrong", "adb", "bdb"],
+                       capture_output=True, text=True, timeout=120, cwd=HERE,
+                       env=dict(os.environ, NODE_PATH=NODE_MODULES))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["good"] == {"ok": True, "value": [{"_id": 1, "via": "node"}]}
+    assert (out["bad"]["ok"], out["bad"]["code"]) == (False, 18)
+    assert out["bad"]["ms"] >= FAIL_DELAY_S * 1000
+    assert (out["other"]["ok"], out["other"]["code"], out["other"]["codeName"]) == \
+        (False, 13, "Unauthorized")

@@ -1,0 +1,161 @@
+/* Unit tests of src/auth/policy.c and the command classification of src/auth/gate.c. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "auth/gate.h"
+#include "auth/policy.h"
+
+static auth_policy *make(void)
+{
+	bson_t *t = BCON_NEW("tenants", "[",
+			     "{", "name", "A", "}",
+			     "{", "name", "B", "policy", "{", "databases", "[", "shared", "]",
+			     "actions", "[", "find", "insert", "]", "collections", "{", "b1.ro",
+			     "{", "actions", "[", "find", "]", "}", "b1.rw", "{", "actions", "[",
+			     "find", "insert", "update", "remove", "admin", "]", "}", "}", "}", "}",
+			     "{", "name", BCON_INT32(7), "}", /* malformed: skipped */
+			     "]");
+	bson_t *d = BCON_NEW("databases", "[", "{", "name", "a1", "tenant", "A", "}", "{", "name",
+			     "b1", "tenant", "B", "}", "{", "name", "nobody", "}", "{", "name",
+			     "ghost", "tenant", "Z", "}", "]");
+	auth_policy *p = auth_policy_build(t, d);
+	bson_destroy(t);
+	bson_destroy(d);
+	return p;
+}
+
+static void test_ownership(void **state)
+{
+	(void)state;
+	auth_policy *p = make();
+	assert_true(auth_policy_allowed(p, "A", "a1", "c", AUTH_ACT_ALL));
+	assert_true(auth_policy_allowed(p, "A", "a1", NULL, AUTH_ACT_ADMIN));
+	assert_false(auth_policy_allowed(p, "A", "b1", "c", AUTH_ACT_FIND));
+	assert_false(auth_policy_allowed(p, "A", "nobody", "c", AUTH_ACT_FIND));
+	assert_false(auth_policy_allowed(p, "A", "a1x", "c", AUTH_ACT_FIND));
+	assert_false(auth_policy_allowed(p, "B", "a1", "c", AUTH_ACT_FIND));
+	assert_false(auth_policy_allowed(p, "Z", "ghost", "c", AUTH_ACT_FIND));
+	assert_false(auth_policy_allowed(p, NULL, "a1", "c", AUTH_ACT_FIND));
+	assert_false(auth_policy_allowed(p, "A", "a1", "c", 0));
+	assert_false(auth_policy_allowed(p, "A", "a1", "c", 64));
+	assert_true(auth_policy_has_tenant(p, "B"));
+	assert_false(auth_policy_has_tenant(p, "Z"));
+	auth_policy_free(p);
+}
+
+static void test_actions(void **state)
+{
+	(void)state;
+	auth_policy *p = make();
+	/* tenant-wide: find + insert */
+	assert_true(auth_policy_allowed(p, "B", "b1", "c", AUTH_ACT_FIND | AUTH_ACT_INSERT));
+	assert_false(auth_policy_allowed(p, "B", "b1", "c", AUTH_ACT_UPDATE));
+	assert_true(auth_policy_allowed(p, "B", "shared", "x", AUTH_ACT_FIND));
+	/* per collection */
+	assert_false(auth_policy_allowed(p, "B", "b1", "ro", AUTH_ACT_INSERT));
+	assert_true(auth_policy_allowed(p, "B", "b1", "ro", AUTH_ACT_FIND));
+	assert_true(auth_policy_allowed(p, "B", "b1", "rw", AUTH_ACT_REMOVE | AUTH_ACT_ADMIN));
+	assert_int_equal(auth_action_parse("createIndex"), AUTH_ACT_CREATE_INDEX);
+	assert_int_equal(auth_action_parse("nope"), 0);
+	assert_string_equal(auth_action_name(AUTH_ACT_REMOVE), "remove");
+	auth_policy_free(p);
+}
+
+static void collect(void *arg, const char *db)
+{
+	char *s = arg;
+	strcat(s, db);
+	strcat(s, ";");
+}
+
+static void test_each_db(void **state)
+{
+	(void)state;
+	auth_policy *p = make();
+	char s[128] = "";
+	auth_policy_each_db(p, "B", collect, s);
+	assert_string_equal(s, "b1;shared;");
+	s[0] = '\0';
+	auth_policy_each_db(p, "Z", collect, s);
+	assert_string_equal(s, "");
+	auth_policy_free(p);
+}
+
+static bool authz(auth_policy *p, const char *tenant, const char *db, bson_t *cmd)
+{
+	char what[300];
+	bson_iter_t it;
+	bool ok;
+	bson_iter_init(&it, cmd);
+	bson_iter_next(&it);
+	ok = auth_gate_authorize(p, tenant, bson_iter_key(&it), db, cmd, what, sizeof what);
+	bson_destroy(cmd);
+	return ok;
+}
+
+static void test_commands(void **state)
+{
+	(void)state;
+	auth_policy *p = make();
+	/* own data */
+	assert_true(authz(p, "A", "a1", BCON_NEW("find", "c")));
+	assert_true(authz(p, "A", "a1", BCON_NEW("getMore", BCON_INT64(5), "collection", "c")));
+	assert_true(authz(p, "A", "a1", BCON_NEW("dropDatabase", BCON_INT32(1))));
+	assert_true(authz(p, "A", "a1", BCON_NEW("aggregate", "c", "pipeline", "[", "{", "$lookup",
+						 "{", "from", "d", "}", "}", "]")));
+	assert_true(authz(p, "A", "admin", BCON_NEW("endSessions", "[", "]")));
+	/* another tenant's database, by every route */
+	assert_false(authz(p, "A", "b1", BCON_NEW("find", "c")));
+	assert_false(authz(p, "A", "b1", BCON_NEW("listCollections", BCON_INT32(1))));
+	assert_false(authz(p, "A", "b1", BCON_NEW("getMore", BCON_INT64(5), "collection", "c")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("aggregate", "c", "pipeline", "[", "{",
+						  "$lookup", "{", "from", "{", "db", "b1", "coll",
+						  "x", "}", "}", "}", "]")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("aggregate", "c", "pipeline", "[", "{", "$out",
+						  "{", "db", "b1", "coll", "x", "}", "}", "]")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("aggregate", "c", "pipeline", "[", "{",
+						  "$merge", "{", "into", "{", "db", "b1", "coll",
+						  "x", "}", "}", "}", "]")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("aggregate", "c", "pipeline", "[", "{",
+						  "$facet", "{", "f", "[", "{", "$unionWith", "{",
+						  "coll", "x", "pipeline", "[", "{", "$lookup", "{",
+						  "from", "{", "db", "b1", "coll", "y", "}", "}",
+						  "}", "]", "}", "}", "]", "}", "}", "]")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("aggregate", BCON_INT32(1), "pipeline", "[",
+						  "{", "$currentOp", "{", "}", "}", "]")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("create", "v", "viewOn", "c", "pipeline", "[",
+						  "{", "$lookup", "{", "from", "{", "db", "b1",
+						  "coll", "x", "}", "}", "}", "]")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("getLog", "global")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("killAllSessions", "[", "]")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("find", BCON_INT32(1))));
+	/* actions */
+	assert_true(authz(p, "B", "b1", BCON_NEW("insert", "c")));
+	assert_false(authz(p, "B", "b1", BCON_NEW("update", "c")));
+	assert_false(authz(p, "B", "b1", BCON_NEW("insert", "ro")));
+	assert_false(authz(p, "B", "b1", BCON_NEW("findAndModify", "c", "remove", BCON_BOOL(true))));
+	assert_true(authz(p, "B", "b1", BCON_NEW("findAndModify", "rw", "remove", BCON_BOOL(true))));
+	assert_true(authz(p, "B", "b1", BCON_NEW("update", "rw", "updates", "[", "{", "upsert",
+						 BCON_BOOL(true), "}", "]")));
+	assert_false(authz(p, "B", "b1", BCON_NEW("update", "ro", "updates", "[", "{", "upsert",
+						  BCON_BOOL(true), "}", "]")));
+	assert_false(authz(p, "B", "b1", BCON_NEW("drop", "c")));
+	assert_false(authz(p, "B", "b1", BCON_NEW("createIndexes", "c")));
+	auth_policy_free(p);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_ownership),
+		cmocka_unit_test(test_actions),
+		cmocka_unit_test(test_each_db),
+		cmocka_unit_test(test_commands),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
