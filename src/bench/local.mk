@@ -10,3 +10,5 @@ tests_unit_test_bench_SOURCES = tests/unit/test_bench.c
 tests_unit_test_bench_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_bench_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_bench
+
+EXTRA_DIST += tests/integration/test_bench.py tests/integration/test_demo.py

@@ -1,0 +1,111 @@
+"""`stripedb bench` (issue #9): YCSB and payments workloads through libmongoc against a real
+shard, the text and JSON report, the JSON-lines history and the built-in checker.
+"""
+import json
+import os
+import subprocess
+
+from conftest import BIN
+
+
+def bench(*args, timeout=120):
+    env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
+    return subprocess.run([BIN, "bench", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def uri(port):
+    return f"mongodb://127.0.0.1:{port}/?directConnection=true"
+
+
+def test_bench_ycsb_a_report_history_and_check(shard, tmp_path):
+    _, port = shard
+    j, h = tmp_path / "r.json", tmp_path / "h.jsonl"
+    r = bench("--uri", uri(port), "--workload", "a", "--records", "300", "--threads", "2",
+              "--seconds", "1.5", "--json", str(j), "--history", str(h), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "checker: OK: 300 keys" in r.stdout, r.stdout
+    rep = json.loads(j.read_text())
+    assert rep["workload"] == "a"
+    assert rep["threads"] == 2
+    assert rep["records"] == 300
+    assert [p["label"] for p in rep["phases"]] == ["run"]
+    ph = rep["phases"][0]
+    assert set(ph["latencyMS"]) == {"read", "update"}
+    assert ph["errors"] == {"quota_462": 0, "duplicate_key": 0, "network": 0, "routing": 0,
+                            "timeout": 0, "other": 0}
+    assert ph["ops"] == ph["latencyMS"]["read"]["n"] + ph["latencyMS"]["update"]["n"]
+    assert rep["check"]["ok"] is True
+    assert rep["check"]["violations"] == 0
+    assert rep["check"]["docs"] == 300
+
+    events = [json.loads(line) for line in h.read_text().splitlines()]
+    inserts = [e for e in events if e["op"] == "insert"]
+    assert len(inserts) == 300
+    assert {e["ok"] for e in inserts} == {"ok"}
+    assert sorted(e["key"] for e in inserts) == [f"user{k:012d}" for k in range(300)]
+    updates = [e for e in events if e["op"] == "update"]
+    assert len(updates) == ph["latencyMS"]["update"]["n"]
+    # one writer per key: the versions of a key's updates are 2, 3, 4, ... in start order
+    by_key = {}
+    for e in sorted(updates, key=lambda e: e["start_ns"]):
+        by_key.setdefault(e["key"], []).append(e["value"])
+    for vals in by_key.values():
+        assert vals == list(range(2, 2 + len(vals)))
+    assert all(e["n"] == 1 for e in updates)
+    assert all(e["start_ns"] <= e["end_ns"] for e in events)
+
+
+def test_bench_payments_documents_and_queries(shard, tmp_path):
+    import pymongo
+    _, port = shard
+    j = tmp_path / "r.json"
+    r = bench("--uri", uri(port), "--workload", "payments", "--records", "400", "--threads", "2",
+              "--seconds", "1.5", "--merchants", "20", "--json", str(j), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "checker: OK" in r.stdout
+    rep = json.loads(j.read_text())
+    assert set(rep["phases"][0]["latencyMS"]) == {"read", "update", "insert", "query"}
+    c = pymongo.MongoClient(uri(port))
+    doc = c.pay.charges.find_one({"_id": {"$regex": "^ch_m"}})
+    assert set(doc) >= {"_id", "v", "merchant", "customer", "amount", "currency", "status",
+                        "amountRefunded", "created", "card", "billingAddress", "metadata"}
+    assert doc["_id"].startswith("ch_" + doc["merchant"] + "_")
+    names = [ix["name"] for ix in c.pay.charges.list_indexes()]
+    assert "merchant_1_created_1" in names
+    # zipfian merchants: m0000 is the busiest
+    counts = {m: c.pay.charges.count_documents({"merchant": m}) for m in ("m0000", "m0019")}
+    assert counts["m0000"] > counts["m0019"]
+
+
+def test_bench_compare_two_endpoints(start_role, tmp_path):
+    from conftest import free_port
+    ports = []
+    for name in ("s1", "s2"):
+        port = free_port()
+        d = tmp_path / name
+        d.mkdir()
+        start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+        ports.append(port)
+    r = bench("--uri", uri(ports[0]), "--label", "first", "--uri", uri(ports[1]), "--label",
+              "second", "--workload", "c", "--records", "200", "--threads", "1", "--seconds", "1",
+              "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("comparison"))
+    rows = [line.split()[0] for line in lines[i + 1:i + 3]]
+    assert rows == ["first", "second"]
+    assert lines[i + 1].split()[-1] == "OK" and lines[i + 2].split()[-1] == "OK"
+
+
+def test_bench_usage_errors():
+    r = bench("--workload", "a")
+    assert r.returncode == 2
+    assert "--uri is required" in r.stderr
+    r = bench("--uri", "mongodb://127.0.0.1:1/", "--workload", "z")
+    assert r.returncode == 1
+    assert "unknown workload 'z'" in r.stderr
+    r = bench("--uri", "mongodb://127.0.0.1:1/", "--threads", "0")
+    assert r.returncode == 2
+    r = bench("--frobnicate")
+    assert r.returncode == 2

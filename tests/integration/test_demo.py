@@ -1,0 +1,91 @@
+"""`stripedb demo` (issue #9): the whole job on one command, with a short --seconds.
+
+Checks the report (three migrations completed with a measured write pause, a tenant refused
+with 462, the checker's verdict OK), and that no process is left, also after Ctrl-C.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+
+from conftest import BIN, wait_until
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == os.path.realpath(BIN)
+    except OSError:
+        return False
+
+
+def pids(d):
+    cl = json.loads((d / "cluster.json").read_text())
+    return [p["pid"] for p in cl["processes"]] + ([cl["kafkaPid"]] if cl["kafkaPid"] else [])
+
+
+def run_demo(d, cdc):
+    env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
+    r = subprocess.run([BIN, "demo", "--dir", str(d), "--cdc", cdc, "--seconds", "20",
+                        "--records", "2000", "--threads", "3"],
+                       capture_output=True, text=True, timeout=400, env=env)
+    return r
+
+
+def check_report(r, d):
+    out = r.stdout
+    assert r.returncode == 0, out[-4000:] + r.stderr[-2000:]
+    assert re.search(r"^checker verdict: OK: \d+ keys, \d+ writes \(\d+ acknowledged, 0 failed, "
+                     r"0 unknown\), \d+ reads, \d+ final documents, 0 violations$", out, re.M), out
+    migs = re.findall(r"^  (bin-pack|split)\s+chunk (\d+)\s+(shard-\w) -> (shard-\w)\s+(\w+)\s.*"
+                      r"write pause (\d+) ms$", out, re.M)
+    # drain shard-d (its one chunk) into shard-c, then half of shard-a's four chunks to shard-d
+    assert [(m[0], m[1], m[2], m[3], m[4]) for m in migs] == [
+        ("bin-pack", "8", "shard-d", "shard-c", "complete"),
+        ("split", "1", "shard-a", "shard-d", "complete"),
+        ("split", "2", "shard-a", "shard-d", "complete")], out
+    assert re.search(r"^quota: tenant burst \(20 requests/s\): 200 inserts sent, \d+ accepted, "
+                     r"[1-9]\d* refused with 462 \(retryAfterMS [1-9]\d*\)$", out, re.M), out
+    for label in ("before", "bin-pack d->c (during)", "between", "split a->d (during)", "after"):
+        assert re.search(r"^phase " + re.escape(label) + r"\s+[\d.]+ s\s+[1-9]\d* ops", out,
+                         re.M), label
+    assert "== 7. stripedb dev down: every process stopped" in out
+    assert [p for p in pids(d) if alive(p)] == []
+
+
+def test_demo_embedded(tmp_path):
+    d = tmp_path / "demo"
+    check_report(run_demo(d, "embedded"), d)
+
+
+def test_demo_kafka(tmp_path):
+    d = tmp_path / "demo"
+    r = run_demo(d, "kafka")
+    check_report(r, d)
+    assert "kafka (mock):" in r.stdout
+
+
+def test_demo_ctrl_c_leaves_nothing_running(tmp_path):
+    d = tmp_path / "demo"
+    env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
+    log = open(tmp_path / "out.txt", "w+")
+    p = subprocess.Popen([BIN, "demo", "--dir", str(d), "--seconds", "60", "--records", "500"],
+                         stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_until(lambda: "== 3." in (tmp_path / "out.txt").read_text(), timeout=120,
+                   what="the workload to start")
+        started = pids(d)
+        assert len(started) == 12  # metadata x3, shards a-d, ratelimit, 2 proxies, 2 coordinators
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=120) == 130
+    finally:
+        if p.poll() is None:
+            p.kill()
+    out = (tmp_path / "out.txt").read_text()
+    assert "interrupted: stopping the workload and the cluster" in out
+    assert "every process stopped" in out
+    assert [x for x in started if alive(x)] == []
