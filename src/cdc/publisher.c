@@ -16,7 +16,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 
-#define BATCH 1000
+#define BATCH 5000
 #define AWAIT_MS 500
 #define PROBE_EVERY_MS 1000
 
@@ -425,7 +425,7 @@ int cdc_publisher_start(cdc_log *log, const char *shard, const char *uri, int64_
 	p->g_lag_s = sdb_metrics_gauge("stripedb_cdc_lag_seconds",
 				       "CDC: oplog head ts minus published ts (seconds)", labels);
 	p->g_lag_n = sdb_metrics_gauge("stripedb_cdc_lag_events",
-				       "CDC: oplog entries not published yet (capped at 10000; -1 unknown)",
+				       "CDC: oplog entries not published yet (capped at 1000; -1 unknown)",
 				       labels);
 	p->c_events = sdb_metrics_counter("stripedb_cdc_events_published_total",
 					  "CDC: events appended to the log", labels);

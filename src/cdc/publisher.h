@@ -32,7 +32,7 @@
 
 #include "cdc/log.h"
 
-#define CDC_LAG_EVENTS_CAP 10000
+#define CDC_LAG_EVENTS_CAP 1000
 
 typedef struct cdc_publisher cdc_publisher;
 

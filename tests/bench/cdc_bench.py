@@ -6,7 +6,7 @@ without a publisher attached. Never part of `make check`.
 Usage (from the build dir; kafka_mock is built by `make check` or
 `make tests/integration/kafka_mock`):
     STRIPEDB_BIN=./stripedb /usr/bin/python3 $SRCDIR/tests/bench/cdc_bench.py \
-        [--seconds 10] [--clients 4] [--doc-bytes 200] [--backends embedded,kafka]
+        [--seconds 10] [--clients 4] [--doc-bytes 200] [--batch 1] [--backends embedded,kafka]
 
 For each backend: a fresh metadata member and embedded shard; phase 1 writes for
 --seconds with no coordinator (baseline writes/s) and leaves that backlog in the oplog;
@@ -15,7 +15,9 @@ events/s: backlog / time from the coordinator's start until the log reached the 
 head, lease acquisition included); phase 3 writes again for --seconds with the publisher
 attached (writes/s with a publisher); finally the whole log is read with
 `stripedb ctl cdc read` (the consumer API, raw BSON into a pipe): consumed events/s.
-Writes are single-document inserts from --clients pymongo threads.
+Writes are inserts of --batch documents (insert_one when 1) from --clients pymongo
+threads; each insert is one shard transaction (one fsync) with one oplog entry per
+document.
 """
 import argparse
 import json
@@ -35,7 +37,7 @@ import conftest  # noqa: E402
 from cdc_helpers import CdcCluster, KafkaMock  # noqa: E402
 
 
-def write_for(cl, seconds, clients, doc_bytes, base):
+def write_for(cl, seconds, clients, doc_bytes, base, batch):
     stop = threading.Event()
     counts = [0] * clients
 
@@ -45,8 +47,12 @@ def write_for(cl, seconds, clients, doc_bytes, base):
         n = 0
         pad = "x" * doc_bytes
         while not stop.is_set():
-            coll.insert_one({"_id": f"{base}-{i}-{n}", "pad": pad})
-            n += 1
+            if batch == 1:
+                coll.insert_one({"_id": f"{base}-{i}-{n}", "pad": pad})
+            else:
+                coll.insert_many([{"_id": f"{base}-{i}-{n + k}", "pad": pad}
+                                  for k in range(batch)])
+            n += batch
         counts[i] = n
 
     ts = [threading.Thread(target=writer, args=(i,)) for i in range(clients)]
@@ -79,13 +85,13 @@ def run_backend(backend, args, tmp):
             cdc = f"kafka:{kafka.bootstrap}"
         else:
             cdc = f"embedded:{tmp}/cdc"
-        base = write_for(cl, args.seconds, args.clients, args.doc_bytes, "a")
+        base = write_for(cl, args.seconds, args.clients, args.doc_bytes, "a", args.batch)
         t0 = time.perf_counter()
         co = cl.start_coordinator(cdc)
         cl.wait_published(co, "shard-a", timeout=600)
         pub_s = time.perf_counter() - t0
         backlog = cl.shard_status(co, "shard-a")["nextOffset"]
-        attached = write_for(cl, args.seconds, args.clients, args.doc_bytes, "b")
+        attached = write_for(cl, args.seconds, args.clients, args.doc_bytes, "b", args.batch)
         cl.wait_published(co, "shard-a", timeout=600)
         env = dict(os.environ, STRIPEDB_CDC=cdc)
         # from the oldest event still in the log (the mock broker has its own retention)
@@ -116,6 +122,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--doc-bytes", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=1,
+                    help="documents per insert (1: insert_one, fsync-bound; 100: CPU-bound)")
     ap.add_argument("--backends", default="embedded,kafka")
     args = ap.parse_args()
     for backend in args.backends.split(","):

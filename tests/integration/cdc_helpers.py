@@ -107,7 +107,7 @@ class CdcCluster:
         """Every oplog entry of the shard, raw, in ts order: [(ts, bytes)]."""
         coll = self.shard_client(sid).local.get_collection("oplog.rs", codec_options=RAW)
         out = []
-        for d in coll.find({}):
+        for d in coll.find({}, batch_size=500):
             out.append((ts_key(d["ts"]), d.raw))
         return out
 
@@ -124,7 +124,8 @@ class CdcCluster:
 
     def wait_published(self, coord, sid, timeout=60.0):
         """Wait until coord's publisher of sid has published the oplog head."""
-        head = self.oplog(sid)[-1][0]
+        coll = self.shard_client(sid).local.get_collection("oplog.rs", codec_options=RAW)
+        head = ts_key(next(iter(coll.find({}, sort=[("$natural", -1)], limit=1)))["ts"])
 
         def done():
             s = self.shard_status(coord, sid)
