@@ -128,8 +128,9 @@ def test_notify_under_unit_sandbox(tmp_path):
             "--role=ratelimit", f"--http-listen=127.0.0.1:{p['rl_http']}",
             f"--grpc-listen=127.0.0.1:{p['rl_grpc']}"]
     notify = Notify(str(tmp_path / "notify.sock"))
-    env = {"PATH": "/usr/bin:/bin", "STRIPEDB_CONFIG": "/dev/null",
-           "NOTIFY_SOCKET": notify.path}
+    # The caller's environment (ASAN_OPTIONS...) without STRIPEDB_* settings.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRIPEDB_")}
+    env.update({"STRIPEDB_CONFIG": "/dev/null", "NOTIFY_SOCKET": notify.path})
     log = open(tmp_path / "stripedb.log", "wb")
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
                             preexec_fn=_sandbox)

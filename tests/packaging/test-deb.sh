@@ -10,7 +10,8 @@
 #    mirror;
 # 3. in the root: the files, the stripedb system user, the conffile, /var/lib/stripedb,
 #    `stripedb --version`, and a shard run as the stripedb user with the packaged config
-#    (answers /healthz, stops on SIGTERM with exit 0); then purge removes the conffile.
+#    (answers /healthz, stops on SIGTERM with exit 0); a reinstall keeps a changed
+#    conffile; purge removes it.
 # Env: SDB_KEEP_TMP=1 keeps the temp dir; SDB_DEBIAN_MIRROR overrides the mirror.
 # Prints "test-deb: PASS (N checks)" and exits 0, or prints each failure and exits 1.
 set -euo pipefail
@@ -147,6 +148,12 @@ wait "$shard_pid" || rc=$?
 shard_pid=
 check "the shard exits 0 on SIGTERM" test "$rc" = 0
 [ "$fails" = 0 ] || tail -n 20 "$tmp/shard.log"
+
+step "reinstall over a modified conffile"
+echo "log-level = debug" >>"$root/etc/stripedb/stripedb.conf"
+in_root env DEBIAN_FRONTEND=noninteractive dpkg -i "/tmp/$(basename "$deb")" >"$tmp/reinstall.log" 2>&1 || cat "$tmp/reinstall.log"
+check "reinstall keeps the local change of the conffile" grep -qx 'log-level = debug' "$root/etc/stripedb/stripedb.conf"
+check "reinstall keeps the user" test "$(in_root getent passwd stripedb)" = "$pw"
 
 step "purge"
 in_root env DEBIAN_FRONTEND=noninteractive dpkg --purge stripedb >"$tmp/purge.log" 2>&1 || cat "$tmp/purge.log"
