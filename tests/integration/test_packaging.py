@@ -114,7 +114,7 @@ def test_notify_under_unit_sandbox(tmp_path):
     grpc = pytest.importorskip("grpc")
 
     p = {k: free_port() for k in ("meta", "raft", "meta_http", "shard", "shard_http", "proxy",
-                                   "proxy_http", "rl_http", "rl_grpc")}
+                                   "proxy_http", "rl_http", "rl_grpc", "co_http")}
     (tmp_path / "meta").mkdir()
     args = [BIN,
             "--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
@@ -126,7 +126,10 @@ def test_notify_under_unit_sandbox(tmp_path):
             "--role=proxy", f"--listen=127.0.0.1:{p['proxy']}",
             f"--http-listen=127.0.0.1:{p['proxy_http']}", f"--metadata=127.0.0.1:{p['meta']}",
             "--role=ratelimit", f"--http-listen=127.0.0.1:{p['rl_http']}",
-            f"--grpc-listen=127.0.0.1:{p['rl_grpc']}"]
+            f"--grpc-listen=127.0.0.1:{p['rl_grpc']}",
+            "--role=coordinator", f"--http-listen=127.0.0.1:{p['co_http']}",
+            f"--metadata=127.0.0.1:{p['meta']}", f"--cdc=embedded:{tmp_path / 'cdc'}",
+            f"--archive=file:{tmp_path / 'archive'}"]
     notify = Notify(str(tmp_path / "notify.sock"))
     # The caller's environment (ASAN_OPTIONS...) without STRIPEDB_* settings.
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRIPEDB_")}
@@ -142,10 +145,10 @@ def test_notify_under_unit_sandbox(tmp_path):
         assert ready.get("MAINPID") == str(proc.pid)
         # READY=1 promises that every listener is up: no polling here.
         for k in ("meta", "raft", "meta_http", "shard", "shard_http", "proxy", "proxy_http",
-                  "rl_http", "rl_grpc"):
+                  "rl_http", "rl_grpc", "co_http"):
             assert _accepts(p[k]) is True, k
         # Healthy is more than listening (the proxy waits for routing from metadata).
-        for k in ("meta_http", "shard_http", "proxy_http", "rl_http"):
+        for k in ("meta_http", "shard_http", "proxy_http", "rl_http", "co_http"):
             wait_until(lambda: http_get(p[k], "/healthz")[0] == 200, 30, what=f"{k} /healthz")
 
         # shard: SQLite storage and a PCRE2 $regex
