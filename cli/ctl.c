@@ -18,6 +18,7 @@ int cli_cdc_main(cli_ctx *ctx, int argc, char **argv); /* cli/cdc.c */
 int cli_migrate_main(cli_ctx *ctx, int argc, char **argv);   /* cli/migrate.c */
 int cli_migration_main(cli_ctx *ctx, int argc, char **argv); /* cli/migrate.c */
 int cli_shard_main(cli_ctx *ctx, int argc, char **argv);     /* cli/migrate.c: drain, split */
+int cli_top_main(cli_ctx *ctx, int argc, char **argv);       /* cli/top.c */
 int cli_chunk_main(cli_ctx *ctx, int argc, char **argv);     /* cli/migrate.c */
 int cli_rebalance_main(cli_ctx *ctx, int argc, char **argv); /* cli/migrate.c */
 int cli_tenant_main(cli_ctx *ctx, int argc, char **argv);    /* cli/migrate.c: isolate */
@@ -112,6 +113,7 @@ static const struct {
 	{"migrate", cli_migrate_main},
 	{"migration", cli_migration_main},
 	{"shard", cli_shard_main},
+	{"top", cli_top_main},
 	{"chunk", cli_chunk_main},
 	{"rebalance", cli_rebalance_main},
 	{"tenant", cli_tenant_main},

@@ -89,3 +89,53 @@ def test_demo_ctrl_c_leaves_nothing_running(tmp_path):
     assert "interrupted: stopping the workload and the cluster" in out
     assert "every process stopped" in out
     assert [x for x in started if alive(x)] == []
+
+
+def test_ctl_top_once_and_json(tmp_path):
+    import pymongo
+    d = tmp_path / "dev"
+    env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
+    r = subprocess.run([BIN, "dev", "up", "--dir", str(d), "--shards", "2", "--proxies", "1",
+                        "--coordinators", "0"], capture_output=True, text=True, timeout=180,
+                       env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        cl = json.loads((d / "cluster.json").read_text())
+        meta = ",".join(f"127.0.0.1:{p['wire']}" for p in cl["processes"]
+                        if p["role"] == "metadata")
+        proxy = [p["wire"] for p in cl["processes"] if p["role"] == "proxy"][0]
+        m = pymongo.MongoClient(f"mongodb://{meta}/?replicaSet=stripedb-meta")
+        m.admin.command({"createDatabase": "app"})
+        m.admin.command({"shardCollection": "app.c", "key": {"k": 1},
+                         "splitPoints": [{"k": 100}], "shards": ["shard-a", "shard-b"]})
+        c = pymongo.MongoClient(f"mongodb://127.0.0.1:{proxy}/")
+        c.app.c.insert_many([{"_id": i, "k": i} for i in range(130)])
+        # no coordinators: a registered migration stays in flight
+        r = subprocess.run([BIN, "ctl", f"--metadata={meta}", "migrate", "app.c", "--chunk", "1",
+                            "--to", "shard-b"], capture_output=True, text=True, timeout=60,
+                           env=env)
+        assert r.returncode == 0, r.stderr
+        mig = r.stdout.strip()
+        r = subprocess.run([BIN, "ctl", f"--metadata={meta}", "top", "--json", "--dir", str(d)],
+                           capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        top = json.loads(r.stdout)
+        shards = {s["id"]: s for s in top["shards"]}
+        assert sorted(shards) == ["shard-a", "shard-b"]
+        assert (shards["shard-a"]["chunks"], shards["shard-a"]["docs"]) == (1, 100)
+        assert (shards["shard-b"]["chunks"], shards["shard-b"]["docs"]) == (1, 30)
+        assert all(s["qps"] is not None and s["qps"] >= 0 for s in top["shards"])
+        assert [(g["id"], g["ns"], g["chunk"], g["from"], g["to"], g["state"])
+                for g in top["migrations"]] == [(mig, "app.c", 1, "shard-a", "shard-b",
+                                                 "registered")]
+        r = subprocess.run([BIN, "ctl", f"--metadata={meta}", "top", "--once"],
+                           capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[2].split() == ["SHARD", "STATE", "CHUNKS", "DOCS", "SIZE", "QPS"]
+        assert lines[3].split()[:4] == ["shard-a", "active", "1", "100"]
+        assert lines[3].split()[-1] == "-"  # no metrics address without --dir
+        assert "migrations in flight: 1" in r.stdout
+    finally:
+        subprocess.run([BIN, "dev", "down", "--dir", str(d)], capture_output=True, timeout=120,
+                       env=env)
