@@ -14,4 +14,4 @@ echo "==> building stripedb (build-release/)"
 [ -f configure ] || autoreconf -fi
 mkdir -p build-release
 (cd build-release && { [ -f Makefile ] || ../configure >configure.out; } && make -j"$jobs" >make.out 2>&1) || { tail -n 40 build-release/make.out; exit 1; }
-exec /usr/bin/python3 scripts/quickstart.py "$top/build-release/stripedb"
+/usr/bin/python3 scripts/quickstart.py "$top/build-release/stripedb" && exec "$top/build-release/stripedb" demo --dir "${STRIPEDB_DEMO_DIR:-$top/stripedb-demo}" "$@"
