@@ -139,3 +139,26 @@ def test_ctl_top_once_and_json(tmp_path):
     finally:
         subprocess.run([BIN, "dev", "down", "--dir", str(d)], capture_output=True, timeout=120,
                        env=env)
+
+
+def test_grafana_dashboard_names_only_registered_metrics():
+    from conftest import SRCDIR
+    dash = json.loads(open(os.path.join(SRCDIR, "packaging/grafana/stripedb.json")).read())
+    registered = set()
+    for root, _, files in os.walk(os.path.join(SRCDIR, "src")):
+        for f in files:
+            if f.endswith(".c"):
+                registered |= set(re.findall(r'"(stripedb_[a-z0-9_]+)"',
+                                             open(os.path.join(root, f)).read()))
+    used = set()
+    for p in dash["panels"]:
+        for t in p.get("targets", []):
+            for name in re.findall(r"\b(stripedb_[a-z0-9_]+)", t["expr"]):
+                used.add(re.sub(r"_(bucket|sum|count)$", "", name))
+    assert used - registered == set()
+    # every role has a row, and every panel queries the chosen data source
+    rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
+    assert rows == ["Overview", "Proxies", "Shards", "Metadata (Raft)", "CDC (coordinators)",
+                    "Rate limiter"]
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in dash["panels"]
+               if p["type"] != "row")
