@@ -22,6 +22,8 @@ struct auth_gate {
 	int64_t failure_limit;
 	int64_t fail_delay_ms;
 	rl_limiter *lim;
+	bool has_cluster;
+	auth_scram_creds cluster; /* __system's verifier when has_cluster */
 	uv_mutex_t mu; /* guards pol */
 	auth_policy *pol;
 };
@@ -32,6 +34,7 @@ typedef enum { CONN_NONE = 0, CONN_CONVERSING, CONN_AUTHENTICATED } conn_state;
 typedef struct auth_conn {
 	conn_state state;
 	bool busy;          /* a saslStart is looking up its user */
+	bool is_system;     /* authenticated as the internal user __system */
 	auth_scram scram;
 	char user[AUTH_SCRAM_MAX_USER + 1];
 	char tenant[256];
@@ -48,6 +51,10 @@ auth_gate *auth_gate_new(const auth_gate_opts *opts)
 	g->lim = rl_limiter_new(NULL);
 	uv_mutex_init(&g->mu);
 	g->pol = auth_policy_build(NULL, NULL);
+	if (opts->cluster) {
+		g->has_cluster = true;
+		g->cluster = *opts->cluster;
+	}
 	return g;
 }
 
@@ -156,7 +163,12 @@ static void auth_fail(auth_gate *g, wire_req *req, auth_conn *c, auth_audit_even
 	if (c) {
 		c->state = CONN_NONE;
 		c->busy = false;
+		c->is_system = false;
 		auth_scram_init(&c->scram, AUTH_SCRAM_SHA256);
+	}
+	if (!g->loop) { /* internal listener: no delay */
+		wire_req_error(req, WIRE_ERR_AUTH_FAILED, "Authentication failed.");
+		return;
 	}
 	d = sdb_calloc(1, sizeof *d);
 	d->req = req;
@@ -310,6 +322,7 @@ static void sasl_start(auth_gate *g, wire_req *req, auth_conn *c)
 	}
 	/* a new conversation drops any previous authentication of the connection */
 	c->state = CONN_NONE;
+	c->is_system = false;
 	c->user[0] = c->tenant[0] = '\0';
 	if (mech != AUTH_SCRAM_SHA256) {
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, NULL,
@@ -323,8 +336,25 @@ static void sasl_start(auth_gate *g, wire_req *req, auth_conn *c)
 		return;
 	}
 	c->state = CONN_CONVERSING;
-	c->busy = true;
 	snprintf(c->user, sizeof c->user, "%s", c->scram.user);
+	if (g->has_cluster && strcmp(c->scram.user, "__system") == 0) {
+		uint8_t snonce[24];
+		char out[AUTH_SCRAM_MAX_MSG + 1];
+		if (RAND_bytes(snonce, sizeof snonce) != 1 ||
+		    auth_scram_server_first(&c->scram, &g->cluster, snonce, sizeof snonce, out,
+					    sizeof out, err, sizeof err) != 0) {
+			auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, c->user, "server-first failed");
+			return;
+		}
+		reply_sasl(req, out, false);
+		return;
+	}
+	if (!g->meta) {
+		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, c->user,
+			  "only cluster members authenticate here");
+		return;
+	}
+	c->busy = true;
 	l = sdb_calloc(1, sizeof *l);
 	l->g = g;
 	l->req = req;
@@ -363,6 +393,7 @@ static void sasl_continue(auth_gate *g, wire_req *req, auth_conn *c)
 		return;
 	}
 	c->state = CONN_AUTHENTICATED;
+	c->is_system = strcmp(c->user, "__system") == 0 && g->has_cluster;
 	sdb_info("authenticated", "user=\"%s\" tenant=\"%s\" peer=%s", c->user, c->tenant,
 		 wire_conn_peer(wire_req_conn(req)));
 	reply_sasl(req, out, true);
@@ -669,6 +700,8 @@ bool auth_gate_check(auth_gate *g, wire_req *req)
 			       name);
 		return false;
 	}
+	if (c->is_system)
+		return true;
 	if (strcmp(name, "listDatabases") == 0) {
 		list_databases(g, req, c);
 		return false;

@@ -41,6 +41,11 @@ typedef struct auth_gate_opts {
 	void *meta_arg;
 	int64_t failure_limit;   /* failed authentications per key per 60 s; 0 = 10 */
 	int64_t fail_delay_ms;   /* 0 = AUTH_GATE_FAIL_DELAY_MS */
+	/* Verifier of the internal user __system (auth/cluster.h), or NULL. A connection
+	 * authenticated as __system may run any command. With meta NULL the gate is the
+	 * cluster gate of an internal listener: only __system can authenticate, and failures
+	 * are answered at once (loop may be NULL). */
+	const struct auth_scram_creds *cluster;
 } auth_gate_opts;
 
 #define AUTH_GATE_FAIL_DELAY_MS 200

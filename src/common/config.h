@@ -74,7 +74,10 @@ typedef enum {
 	  "proxy: enabled (SCRAM-SHA-256 and tenant authorization, issue #10) or disabled")     \
 	X("auth-failure-limit", auth_failure_limit, SDB_OPT_INT, "10",                          \
 	  "proxy: failed authentications per user and per client host per minute before "     \
-	  "authentication is refused (brute-force limit)")
+	  "authentication is refused (brute-force limit)")                                      \
+	X("cluster-key-file", cluster_key_file, SDB_OPT_PATH, NULL,                             \
+	  "shared secret of the cluster members (mode 600, base64 characters): shard and "      \
+	  "metadata listeners then accept commands only from members (SCRAM as __system)")
 
 typedef enum {
 #define SDB__OPT_ENUM(name, id, kind, def, help) SDB_OPT_##id,

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -717,7 +718,7 @@ static void reg_run(uv_work_t *w)
 	char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&serverSelectionTimeoutMS=1000"
 				 "&connectTimeoutMS=1000&socketTimeoutMS=2000",
 				 rw->target);
-	mongoc_client_t *c = mongoc_client_new(uri);
+	mongoc_client_t *c = auth_cluster_client_new(uri); /* issue #10: cluster key */
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_error_t e;
 	free(uri);
@@ -948,6 +949,13 @@ static int metadata_start(sdb_role *role)
 	wo.max_connections = (int)sdb_config_get_int(cfg, SDB_OPT_max_connections, 10000);
 	wo.role_data = m;
 	wo.hello = hello_hook;
+	/* issue #10: with --cluster-key-file only cluster members may run commands */
+	rc = auth_cluster_setup(cfg, role->err, sizeof role->err);
+	if (rc != 0) {
+		free_meta(m);
+		return rc;
+	}
+	wo.gate = auth_cluster_gate();
 	rc = wire_server_new(role->loop, &wo, &m->srv, role->err, sizeof role->err);
 	if (rc != 0) {
 		free_meta(m);

@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/role.h"
+#include "auth/cluster.h"
 #include "auth/gate.h"
 #include "proxy/proxy.h"
 
@@ -455,6 +456,10 @@ static int proxy_start(sdb_role *role)
 	uv_mutex_init(&p->cmu);
 	p->rc = route_cache_new();
 	p->sc = shardconn_new();
+	/* issue #10: the cluster key before any pool to shards or metadata is made */
+	rc = auth_cluster_setup(role->cfg, role->err, sizeof role->err);
+	if (rc != 0)
+		goto err;
 	p->meta = shardconn_metadata_pool(meta, role->err, sizeof role->err);
 	if (p->meta == NULL) {
 		rc = SDB_EUSAGE;

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -200,6 +201,7 @@ static mongoc_client_pool_t *pool_for(const char *full, char *err, size_t errlen
 		sdb_errf(err, errlen, SDB_EINVAL, "bad URI %s: %s", full, e.message);
 		return NULL;
 	}
+	auth_cluster_uri_apply(u); /* issue #10: authenticate as a cluster member */
 	p = mongoc_client_pool_new(u);
 	mongoc_uri_destroy(u);
 	if (p == NULL) {

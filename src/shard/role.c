@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -92,6 +93,15 @@ static int shard_start(sdb_role *role)
 		.max_connections = (int)sdb_config_get_int(role->cfg, SDB_OPT_max_connections, 0),
 		.role_data = sh,
 	};
+	/* issue #10: with --cluster-key-file only cluster members may run commands */
+	rc = auth_cluster_setup(role->cfg, err, sizeof err);
+	if (rc) {
+		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
+		shard_pool_stop(sh);
+		shard_free(sh);
+		return rc;
+	}
+	o.gate = auth_cluster_gate();
 	rc = wire_server_new(role->loop, &o, &sh->srv, err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);

@@ -1,0 +1,51 @@
+/* Internal trust between roles: the cluster key (issue #10).
+ *
+ * With --cluster-key-file=PATH, the shard and metadata wire listeners refuse every command
+ * but hello/isMaster, ping, saslStart and saslContinue until the connection has
+ * authenticated with SCRAM-SHA-256 as the internal user "__system" whose password is the
+ * key, exactly as MongoDB's keyFile internal authentication works (so libmongoc speaks it
+ * unchanged). Internal commands (routing updates and registrations on metadata,
+ * stripedbSetVersion and replication writes on shards) are therefore reachable only by
+ * cluster members; clients of the cluster go through the proxy, which authenticates to
+ * shards and metadata with the key (auth_cluster_uri_apply).
+ *
+ * Key file (MongoDB's rules): 6..1024 characters of the base64 alphabet once whitespace
+ * is removed; the file must not be readable by group or others (mode & 077 == 0).
+ * One key per process (all roles of a process share it). Thread-safe after setup.
+ */
+#ifndef SDB_AUTH_CLUSTER_H
+#define SDB_AUTH_CLUSTER_H
+
+#include <mongoc/mongoc.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/config.h"
+#include "wire/server.h"
+
+#define AUTH_CLUSTER_USER "__system"
+
+/* Read the key of cfg's --cluster-key-file (a no-op returning 0 when unset). Idempotent
+ * for the same key; SDB_EINVAL when another role of the process gave a different key or
+ * the file breaks the rules above, SDB_EIO when it cannot be read; message in err. */
+int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen);
+
+/* Load a key from a path directly (used by setup and tests). Same errors. */
+int auth_cluster_load(const char *path, char *err, size_t errlen);
+
+/* Is a cluster key loaded in this process? */
+bool auth_cluster_enabled(void);
+
+/* The wire gate for internal listeners: NULL when no key is loaded (nothing changes),
+ * else a wire_gate_fn that ignores its role_data. */
+wire_gate_fn auth_cluster_gate(void);
+
+/* Give a client URI the cluster credentials (user __system, the key, authSource admin,
+ * SCRAM-SHA-256) when a key is loaded; no-op otherwise. Returns true on success. */
+bool auth_cluster_uri_apply(mongoc_uri_t *uri);
+
+/* mongoc_client_new(uri) with the cluster credentials applied (a drop-in replacement for
+ * internal clients). NULL when the URI is invalid. */
+mongoc_client_t *auth_cluster_client_new(const char *uri);
+
+#endif
