@@ -175,6 +175,7 @@ static int emb_src_next(void *sp, cdc_event *ev, int timeout_ms, char *err, size
 {
 	emb_src *s = sp;
 	struct timespec start, now;
+	int64_t nap_ms = 1;
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	for (;;) {
 		int rc = 0;
@@ -192,9 +193,14 @@ static int emb_src_next(void *sp, cdc_event *ev, int timeout_ms, char *err, size
 				 (now.tv_nsec - start.tv_nsec) / 1000000;
 		if (waited >= timeout_ms)
 			return 0;
-		/* the log grows by appends from another thread or process: poll it */
-		struct timespec d = {0, 2 * 1000 * 1000};
+		/* the log grows by appends from another thread or process: poll it, backing
+		 * off from 1 ms to 50 ms while nothing comes */
+		int64_t left = timeout_ms - waited;
+		int64_t ms = nap_ms < left ? nap_ms : left;
+		struct timespec d = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000};
 		nanosleep(&d, NULL);
+		if (nap_ms < 50)
+			nap_ms *= 2;
 	}
 }
 

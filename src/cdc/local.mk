@@ -23,3 +23,6 @@ libstripedb_a_SOURCES += cli/cdc.c
 check_PROGRAMS += tests/integration/kafka_mock
 tests_integration_kafka_mock_SOURCES = tests/integration/kafka_mock.c
 tests_integration_kafka_mock_LDADD = $(RDKAFKA_LIBS)
+
+EXTRA_DIST += src/cdc/README.md tests/integration/test_cdc.py tests/integration/cdc_helpers.py \
+	tests/bench/cdc_bench.py

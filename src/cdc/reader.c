@@ -57,8 +57,11 @@ static int resolve(cdc_reader *r, char *err, size_t errlen)
 		if (rc != SDB_ENOTFOUND)
 			return rc;
 	}
-	if (covers(&arch, r->next))
-		return cdc_segread_open(r->archive_dir, r->next, &r->arch, err, errlen);
+	if (covers(&arch, r->next)) {
+		rc = cdc_segread_open(r->archive_dir, r->next, &r->arch, err, errlen);
+		if (rc != SDB_ENOTFOUND) /* else a segment missing inside the archive's range */
+			return rc;
+	}
 	return sdb_errf(err, errlen, SDB_ENOTFOUND,
 			"cdc %s: offset %" PRIu64 " is neither in the log (offsets %" PRIu64
 			"..%" PRIu64 ") nor in the archive (%" PRIu64 "..%" PRIu64 ")",

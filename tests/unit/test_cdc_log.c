@@ -187,6 +187,30 @@ static void test_retention_reads_through_archive(void **state)
 	cdc_log_close(log);
 }
 
+/* An archive that lost a segment: the reader stops with an error at the hole, after the
+ * events before it, and never skips to the events after it. */
+static void test_gap_in_the_archive_is_an_error(void **state)
+{
+	(void)state;
+	cdc_log *log = open_log(1000, 1500, 1);
+	cdc_reader *r;
+	cdc_event ev;
+	char err[256], path[400];
+	append_n(log, 0, 60);
+	snprintf(path, sizeof path, "%s/archive/s1/%020d.seg", root, 16);
+	assert_int_equal(unlink(path), 0);
+	assert_int_equal(cdc_reader_open(log, "s1", 0, &r, err, sizeof err), 0);
+	for (unsigned i = 0; i < 16; i++) {
+		assert_int_equal(cdc_reader_next(r, &ev, 0, err, sizeof err), 1);
+		assert_int_equal(ev.offset, i);
+	}
+	assert_int_equal(cdc_reader_next(r, &ev, 0, err, sizeof err), SDB_ENOTFOUND);
+	assert_non_null(strstr(err, "offset 16 is neither in the log"));
+	assert_int_equal(cdc_reader_position(r), ((uint64_t)1015 << 32) | 1);
+	cdc_reader_close(r);
+	cdc_log_close(log);
+}
+
 static void test_position_that_exists_nowhere(void **state)
 {
 	(void)state;
@@ -246,6 +270,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_torn_tail_is_cut, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_retention_reads_through_archive, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(test_gap_in_the_archive_is_an_error, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_position_that_exists_nowhere, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_empty_log_waits, setup, teardown),
 		cmocka_unit_test(test_bad_specs),
