@@ -23,6 +23,8 @@ int cli_chunk_main(cli_ctx *ctx, int argc, char **argv);     /* cli/migrate.c */
 int cli_rebalance_main(cli_ctx *ctx, int argc, char **argv); /* cli/migrate.c */
 int cli_tenant_main(cli_ctx *ctx, int argc, char **argv);    /* cli/migrate.c: isolate */
 int cli_metadata_cmd(cli_ctx *ctx, int argc, char **argv);   /* cli/metadata.c */
+int cli_tenant_cmd(cli_ctx *ctx, int argc, char **argv);     /* cli/tenant.c */
+int cli_user_cmd(cli_ctx *ctx, int argc, char **argv);       /* cli/tenant.c */
 
 static void ctl_usage(FILE *f)
 {
@@ -116,7 +118,8 @@ static const struct {
 	{"top", cli_top_main},
 	{"chunk", cli_chunk_main},
 	{"rebalance", cli_rebalance_main},
-	{"tenant", cli_tenant_main},
+	{"tenant", cli_tenant_cmd}, /* cli/tenant.c: create/list/quota/policy, else isolate */
+	{"user", cli_user_cmd},     /* cli/tenant.c */
 	{"metadata", cli_metadata_cmd},
 };
 
