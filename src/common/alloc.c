@@ -65,6 +65,20 @@ char *sdb_strndup(const char *s, size_t n)
 	return p;
 }
 
+void *sdb_aligned_calloc(size_t alignment, size_t size)
+{
+	void *p = NULL;
+
+	if (alignment < sizeof(void *)) {
+		alignment = sizeof(void *);
+	}
+	if (posix_memalign(&p, alignment, size == 0 ? 1 : size) != 0 || p == NULL) {
+		oom(size);
+	}
+	memset(p, 0, size);
+	return p;
+}
+
 char *sdb_asprintf(const char *fmt, ...)
 {
 	va_list ap;
@@ -88,6 +102,20 @@ static void *bson_vt_malloc(size_t n) { return sdb_malloc(n); }
 static void *bson_vt_calloc(size_t c, size_t s) { return sdb_calloc(c, s); }
 static void *bson_vt_realloc(void *p, size_t n) { return sdb_realloc(p, n); }
 static void bson_vt_free(void *p) { free(p); }
+/* bson_new()/bson_copy() allocate bson_t (declared 128-byte aligned) through this hook;
+ * without it libbson falls back to malloc and every member access is misaligned (UBSan). */
+static void *bson_vt_aligned_alloc(size_t alignment, size_t n)
+{
+	void *p = NULL;
+
+	if (alignment < sizeof(void *)) {
+		alignment = sizeof(void *);
+	}
+	if (posix_memalign(&p, alignment, n == 0 ? 1 : n) != 0 || p == NULL) {
+		oom(n);
+	}
+	return p;
+}
 
 void sdb_alloc_init(void)
 {
@@ -96,6 +124,7 @@ void sdb_alloc_init(void)
 		.calloc = bson_vt_calloc,
 		.realloc = bson_vt_realloc,
 		.free = bson_vt_free,
+		.aligned_alloc = bson_vt_aligned_alloc,
 	};
 
 	bson_mem_set_vtable(&vt);

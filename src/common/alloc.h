@@ -18,10 +18,14 @@ void *sdb_calloc(size_t count, size_t size);
 void *sdb_realloc(void *p, size_t n);
 char *sdb_strdup(const char *s);
 char *sdb_strndup(const char *s, size_t n);
+/* Zeroed memory aligned to `alignment` bytes (a power of two), for structs that embed a
+ * bson_t, which libbson declares 128-byte aligned (BSON_ALIGNOF(bson_t)). Free with free(). */
+void *sdb_aligned_calloc(size_t alignment, size_t size);
 /* printf into a fresh heap string (caller frees). */
 char *sdb_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Install the wrappers into libbson's allocator vtable. Call once from main(). */
+/* Install the wrappers into libbson's allocator vtable (including aligned_alloc, so
+ * bson_new() stays 128-byte aligned). Call once from main(). */
 void sdb_alloc_init(void);
 
 #endif
