@@ -68,7 +68,7 @@ class KafkaMock:
 
 
 class CdcCluster:
-    def __init__(self, start_role, tmp_path, shards=1):
+    def __init__(self, start_role, tmp_path, shards=1, shard_env=None):
         self.start_role = start_role
         self.tmp_path = tmp_path
         self.meta = Cluster(start_role, tmp_path, 1, election_ms=300)
@@ -83,7 +83,8 @@ class CdcCluster:
             d = tmp_path / sid
             d.mkdir()
             self.shard_procs[sid] = start_role(
-                ["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+                ["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"],
+                env=shard_env)
             self.shard_ports[sid] = port
             self.meta.write({"addShard": sid, "uri": f"mongodb://127.0.0.1:{port}/"})
         self.cdc = None

@@ -17,7 +17,7 @@ import pytest
 from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
 from bson.dbref import DBRef
 
-from cdc_helpers import CdcCluster, KafkaMock, kafka_mock_path, split_bson
+from cdc_helpers import CdcCluster, KafkaMock, kafka_mock_path, split_bson, ts_key
 from conftest import http_get, wait_until
 import os
 
@@ -273,3 +273,35 @@ def test_kafka_retention_reads_through_the_archive(cl, kafka, tmp_path):
     r = cl.ctl("cdc", "read", "shard-a", f"--after={oplog[100][0][0]}:{oplog[100][0][1]}",
                check=False, archive="file:" + str(tmp_path / "empty-archive"))
     assert r.returncode == 1 and b"exists nowhere" in r.stderr
+
+
+def test_oplog_history_lost_is_reported_not_skipped(start_role, tmp_path):
+    # a shard whose oplog keeps about 60 KB: while no publisher runs, writes push the
+    # published position out of it; the next publisher must refuse to go on
+    cl = CdcCluster(start_role, tmp_path, shards=1,
+                    shard_env={"STRIPEDB_OPLOG_MAX_BYTES": "60000"})
+    try:
+        cdc = f"embedded:{tmp_path}/cdc"
+        co = cl.start_coordinator(cdc)
+        c = cl.shard_client("shard-a")
+        c.db.c.insert_many([{"_id": i, "pad": "x" * 100} for i in range(20)])
+        head = cl.wait_published(co, "shard-a")
+        assert co.stop() == 0
+        for k in range(10):
+            c.db.c.insert_many([{"_id": 1000 + k * 100 + i, "pad": "y" * 500}
+                                for i in range(100)])
+        oldest = ts_key(next(iter(c.local["oplog.rs"].find({}, limit=1)))["ts"])
+        assert oldest > head  # the oplog was trimmed past the published position
+        co2 = cl.start_coordinator(cdc)
+        wait_until(lambda: "oplog history lost" in
+                   (cl.shard_status(co2, "shard-a") or {}).get("error", ""), 20,
+                   what="history lost reported")
+        s = cl.shard_status(co2, "shard-a")
+        p = s["publishedTs"]["$timestamp"]
+        assert (p["t"], p["i"]) == head  # nothing published over the hole
+        assert s["nextOffset"] == 21
+        assert metric(co2.http_port, "stripedb_cdc_publish_errors_total",
+                      'shard="shard-a"') >= 1
+        assert [t for t, _ in cl.read_log("shard-a")][-1] == head
+    finally:
+        cl.close()
