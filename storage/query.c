@@ -491,9 +491,11 @@ static int load_sorted(sdb_query *q, int *code, char *err, size_t errlen)
 	}
 	if (r < 0)
 		return r;
-	tls_sort = q->sort;
-	qsort(q->held, q->n_held, sizeof *q->held, held_cmp_tls);
-	tls_sort = NULL;
+	if (q->n_held > 1) { /* qsort(NULL, 0, ...) is undefined (UBSan) */
+		tls_sort = q->sort;
+		qsort(q->held, q->n_held, sizeof *q->held, held_cmp_tls);
+		tls_sort = NULL;
+	}
 	q->sorted_ready = true;
 	return 0;
 }
