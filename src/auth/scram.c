@@ -103,6 +103,9 @@ int auth_b64_decode(const char *in, size_t len, uint8_t *out, size_t outlen)
 			if (v[k] < 0)
 				return -1;
 		}
+		/* canonical only (RFC 4648 §3.5): the bits padding drops must be zero */
+		if ((pad == 1 && (v[2] & 3)) || (pad == 2 && (v[1] & 15)))
+			return -1;
 		uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 |
 			     (uint32_t)v[3];
 		if (o + (size_t)(3 - pad) > outlen)

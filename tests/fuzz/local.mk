@@ -21,3 +21,18 @@ tests_fuzz_fuzz_storage_query_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,un
 tests_fuzz_fuzz_storage_query_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 tests_fuzz_fuzz_storage_query_LDADD = libstripedb.a $(SDB_LIBS)
 endif
+
+# Authentication (issue #10): the SCRAM conversation parser, and the authorization evaluator
+# with the proxy gate's command classification.
+EXTRA_DIST += tests/fuzz/corpus/sasl tests/fuzz/corpus/policy
+if FUZZING
+noinst_PROGRAMS += tests/fuzz/fuzz_sasl tests/fuzz/fuzz_policy
+tests_fuzz_fuzz_sasl_SOURCES = tests/fuzz/fuzz_sasl.c src/auth/scram.c
+tests_fuzz_fuzz_sasl_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_sasl_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_sasl_LDADD = libstripedb.a $(SDB_LIBS)
+tests_fuzz_fuzz_policy_SOURCES = tests/fuzz/fuzz_policy.c src/auth/policy.c src/auth/gate.c
+tests_fuzz_fuzz_policy_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_policy_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_policy_LDADD = libstripedb.a $(SDB_LIBS)
+endif

@@ -193,6 +193,9 @@ static void test_base64(void **state)
 	assert_int_equal(auth_b64_decode("Y===", 4, b, sizeof b), -1);
 	assert_int_equal(auth_b64_decode("YW=I", 4, b, sizeof b), -1);
 	assert_int_equal(auth_b64_decode("YWI", 3, b, sizeof b), -1);
+	/* non-canonical: the bits dropped by padding are not zero (found by fuzz_sasl) */
+	assert_int_equal(auth_b64_decode("alt=", 4, b, sizeof b), -1);
+	assert_int_equal(auth_b64_decode("YR==", 4, b, sizeof b), -1);
 	assert_int_equal(auth_b64_encode(U8("abcdef"), 6, out, 8), -1);
 }
 
