@@ -77,7 +77,13 @@ typedef enum {
 	  "authentication is refused (brute-force limit)")                                      \
 	X("cluster-key-file", cluster_key_file, SDB_OPT_PATH, NULL,                             \
 	  "shared secret of the cluster members (mode 600, base64 characters): shard and "      \
-	  "metadata listeners then accept commands only from members (SCRAM as __system)")
+	  "metadata listeners then accept commands only from members (SCRAM as __system)")      \
+	X("tls-mode", tls_mode, SDB_OPT_STRING, "disabled",                                     \
+	  "proxy: TLS on the wire listener: disabled, allowed (TLS or plaintext) or required")  \
+	X("tls-cert", tls_cert, SDB_OPT_PATH, NULL, "PEM certificate chain of the listener")     \
+	X("tls-key", tls_key, SDB_OPT_PATH, NULL, "PEM private key of the listener")             \
+	X("tls-ca", tls_ca, SDB_OPT_PATH, NULL,                                                 \
+	  "PEM CA bundle: client certificates are verified when presented")
 
 typedef enum {
 #define SDB__OPT_ENUM(name, id, kind, def, help) SDB_OPT_##id,

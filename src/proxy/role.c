@@ -15,6 +15,7 @@
 #include "common/role.h"
 #include "auth/cluster.h"
 #include "auth/gate.h"
+#include "auth/tls.h"
 #include "proxy/proxy.h"
 
 #define PROXY_WAIT_MS 500       /* long-poll timeout (bounds shutdown latency) */
@@ -407,12 +408,17 @@ static bool auth_gate_hook(wire_req *req, void *data)
 	return auth_gate_check(((proxy *)data)->auth, req);
 }
 
-/* --auth=enabled|disabled: create the gate (p->auth) or leave it NULL. */
+/* --tls-*: TLS of the client listener (auth/tls.h); --auth=enabled|disabled: create the
+ * gate (p->auth) or leave it NULL. */
 static int auth_setup(sdb_role *role, proxy *p)
 {
 	const char *mode = sdb_config_get(role->cfg, SDB_OPT_auth);
 	auth_gate_opts ao;
 
+	int rc = auth_tls_setup(role->cfg, "proxy", role->err, sizeof role->err);
+
+	if (rc != 0)
+		return rc;
 	if (mode == NULL || strcmp(mode, "disabled") == 0)
 		return 0;
 	if (strcmp(mode, "enabled") != 0)

@@ -48,6 +48,10 @@ struct wire_conn {
 	size_t rlen, rcap;
 	void *data;
 	void (*data_free)(void *);
+	/* issue #10: TLS (src/auth/tls.h). tls_state: 0 undecided (first byte not seen),
+	 * 1 plaintext, 2 TLS (tls set). */
+	int tls_state;
+	struct auth_tls_conn *tls;
 };
 
 struct wire_req {
@@ -84,6 +88,7 @@ struct wire_server {
 	wire_hello_fn hello;
 	wire_gate_fn gate;
 	bool is_mongos;
+	int tls_mode;             /* issue #10: auth_tls_mode of this listener's role */
 	int port;
 	bson_oid_t process_id;    /* topologyVersion.processId */
 	int64_t topology_counter; /* topologyVersion.counter */

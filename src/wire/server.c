@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth/tls.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -64,6 +65,7 @@ static void conn_unref(wire_conn *conn)
 		return;
 	if (conn->data_free)
 		conn->data_free(conn->data);
+	auth_tls_conn_free(conn->tls);
 	free(conn->rbuf);
 	free(conn);
 }
@@ -346,8 +348,114 @@ static void on_write(uv_write_t *wr, int status)
 	conn_unref(conn);
 }
 
-/* Queue buf (len bytes, heap, taken over) on conn. */
+static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len);
+
+/* ---- issue #10: TLS through memory BIOs (src/auth/tls.h) ---- */
+typedef struct tls_out {
+	uint8_t *buf;
+	size_t len, cap;
+} tls_out;
+
+static void tls_collect(void *arg, const uint8_t *data, size_t len)
+{
+	tls_out *o = arg;
+	if (o->cap - o->len < len) {
+		o->cap = (o->len + len) * 2;
+		o->buf = sdb_realloc(o->buf, o->cap);
+	}
+	memcpy(o->buf + o->len, data, len);
+	o->len += len;
+}
+
+typedef struct tls_rx {
+	wire_conn *conn;
+	tls_out out; /* handshake bytes to send */
+} tls_rx;
+
+static void tls_rx_send(void *arg, const uint8_t *data, size_t len)
+{
+	tls_collect(&((tls_rx *)arg)->out, data, len);
+}
+
+/* Append decrypted bytes to the read buffer. */
+static void tls_plain(void *arg, const uint8_t *data, size_t len)
+{
+	wire_conn *conn = ((tls_rx *)arg)->conn;
+	if (conn->rcap - conn->rlen < len) {
+		conn->rcap = conn->rlen + len;
+		conn->rbuf = sdb_realloc(conn->rbuf, conn->rcap);
+	}
+	memcpy(conn->rbuf + conn->rlen, data, len);
+	conn->rlen += len;
+}
+
+/* nread bytes just arrived at rbuf + rlen. Returns true when they are plaintext for the
+ * normal path; false when TLS consumed them (or the connection was closed). */
+static bool tls_on_read(wire_conn *conn, size_t nread)
+{
+	uint8_t *cipher;
+	tls_rx rx = {conn, {0}};
+	int rc;
+
+	if (conn->tls_state == 0) {
+		if (conn->rbuf[conn->rlen] == 0x16) { /* TLS handshake record */
+			conn->tls = auth_tls_conn_new(conn->srv->role);
+			conn->tls_state = conn->tls ? 2 : 1;
+		} else {
+			conn->tls_state = 1;
+		}
+		if (conn->tls_state == 1 && conn->srv->tls_mode == AUTH_TLS_REQUIRED) {
+			sdb_warn("wire: plaintext connection refused (--tls-mode=required)",
+				 "conn=%lld peer=%s", (long long)conn->id, conn->peer);
+			conn_close(conn);
+			return false;
+		}
+	}
+	if (conn->tls_state == 1)
+		return true;
+	cipher = sdb_malloc(nread);
+	memcpy(cipher, conn->rbuf + conn->rlen, nread);
+	sdb_counter_add(conn->srv->m_bytes_in, (uint64_t)nread);
+	rc = auth_tls_conn_feed(conn->tls, cipher, nread, tls_plain, tls_rx_send, &rx);
+	free(cipher);
+	if (rx.out.len)
+		conn_write_raw(conn, rx.out.buf, rx.out.len);
+	else
+		free(rx.out.buf);
+	if (rc != 0) {
+		sdb_debug("wire: TLS session failed, closing connection", "conn=%lld peer=%s",
+			  (long long)conn->id, conn->peer);
+		conn_close(conn);
+		return false;
+	}
+	conn_process(conn);
+	return false;
+}
+
+/* Queue buf (len bytes, heap, taken over) on conn, encrypted when the connection is TLS. */
 static void conn_write(wire_conn *conn, uint8_t *buf, size_t len)
+{
+	tls_out out = {0};
+
+	if (conn->tls_state != 2) {
+		conn_write_raw(conn, buf, len);
+		return;
+	}
+	if (conn->state == WIRE_CONN_CLOSING ||
+	    auth_tls_conn_write(conn->tls, buf, len, tls_collect, &out) != 0) {
+		free(buf);
+		free(out.buf);
+		if (conn->state != WIRE_CONN_CLOSING)
+			conn_close(conn);
+		return;
+	}
+	free(buf);
+	conn_write_raw(conn, out.buf, out.len);
+}
+/* ---- end of issue #10 TLS ---- */
+
+/* Queue buf (len bytes, heap, taken over) on conn as is. */
+static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len)
 {
 	wire_write *w;
 	uv_buf_t b;
@@ -629,6 +737,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	}
 	if (nread == 0)
 		return;
+	if (conn->srv->tls_mode != AUTH_TLS_DISABLED && !tls_on_read(conn, (size_t)nread))
+		return; /* issue #10: TLS consumed the bytes */
 	conn->rlen += (size_t)nread;
 	sdb_counter_add(conn->srv->m_bytes_in, (uint64_t)nread);
 	/* A message whose length is already known to be invalid is refused before more
@@ -893,6 +1003,7 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	srv->role_data = opts->role_data;
 	srv->hello = opts->hello;
 	srv->gate = opts->gate;
+	srv->tls_mode = (int)auth_tls_listener_mode(opts->role ? opts->role : "");
 	srv->is_mongos = opts->is_mongos;
 	bson_oid_init(&srv->process_id, NULL);
 	uv_mutex_init(&srv->mu);

@@ -1,0 +1,247 @@
+/* TLS for wire listeners with OpenSSL memory BIOs. See auth/tls.h. */
+#include "auth/tls.h"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <string.h>
+#include <uv.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+
+#define TLS_MAX_LISTENERS 8
+
+typedef struct listener {
+	char role[32];
+	auth_tls_mode mode;
+	char *cert, *key, *ca;
+	SSL_CTX *ctx;
+} listener;
+
+static uv_once_t once = UV_ONCE_INIT;
+static uv_mutex_t mu;
+static listener lst[TLS_MAX_LISTENERS];
+static size_t n_lst;
+
+struct auth_tls_conn {
+	SSL *ssl;
+	BIO *rbio, *wbio; /* owned by ssl */
+};
+
+static void init_mu(void)
+{
+	uv_mutex_init(&mu);
+}
+
+static int ssl_errf(char *err, size_t errlen, int rc, const char *what)
+{
+	char buf[256];
+	unsigned long e = ERR_get_error();
+	ERR_error_string_n(e, buf, sizeof buf);
+	ERR_clear_error();
+	return sdb_errf(err, errlen, rc, "tls: %s: %s", what, e ? buf : "failed");
+}
+
+static int make_ctx(const listener *l, SSL_CTX **out, char *err, size_t errlen)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+	if (!ctx)
+		return ssl_errf(err, errlen, SDB_EINVAL, "SSL_CTX_new");
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	if (SSL_CTX_use_certificate_chain_file(ctx, l->cert) != 1) {
+		SSL_CTX_free(ctx);
+		return ssl_errf(err, errlen, SDB_EINVAL, l->cert);
+	}
+	if (SSL_CTX_use_PrivateKey_file(ctx, l->key, SSL_FILETYPE_PEM) != 1 ||
+	    SSL_CTX_check_private_key(ctx) != 1) {
+		SSL_CTX_free(ctx);
+		return ssl_errf(err, errlen, SDB_EINVAL, l->key);
+	}
+	if (l->ca) {
+		if (SSL_CTX_load_verify_locations(ctx, l->ca, NULL) != 1) {
+			SSL_CTX_free(ctx);
+			return ssl_errf(err, errlen, SDB_EINVAL, l->ca);
+		}
+		/* client certificates are checked when presented */
+		SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+	}
+	*out = ctx;
+	return 0;
+}
+
+int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen)
+{
+	const char *mode = sdb_config_get(cfg, SDB_OPT_tls_mode);
+	const char *cert = sdb_config_get(cfg, SDB_OPT_tls_cert);
+	const char *key = sdb_config_get(cfg, SDB_OPT_tls_key);
+	const char *ca = sdb_config_get(cfg, SDB_OPT_tls_ca);
+	listener l;
+	int rc;
+
+	uv_once(&once, init_mu);
+	memset(&l, 0, sizeof l);
+	if (!mode || strcmp(mode, "disabled") == 0)
+		return 0;
+	if (strcmp(mode, "allowed") == 0)
+		l.mode = AUTH_TLS_ALLOWED;
+	else if (strcmp(mode, "required") == 0)
+		l.mode = AUTH_TLS_REQUIRED;
+	else
+		return sdb_errf(err, errlen, SDB_EUSAGE,
+				"--tls-mode must be disabled, allowed or required, not '%s'", mode);
+	if (!cert || !key)
+		return sdb_errf(err, errlen, SDB_EUSAGE, "--tls-mode=%s needs --tls-cert and --tls-key",
+				mode);
+	snprintf(l.role, sizeof l.role, "%s", role);
+	l.cert = (char *)cert;
+	l.key = (char *)key;
+	l.ca = (char *)ca;
+	rc = make_ctx(&l, &l.ctx, err, errlen);
+	if (rc)
+		return rc;
+	l.cert = sdb_strdup(cert);
+	l.key = sdb_strdup(key);
+	l.ca = ca ? sdb_strdup(ca) : NULL;
+	uv_mutex_lock(&mu);
+	if (n_lst == TLS_MAX_LISTENERS) {
+		uv_mutex_unlock(&mu);
+		SSL_CTX_free(l.ctx);
+		free(l.cert);
+		free(l.key);
+		free(l.ca);
+		return sdb_errf(err, errlen, SDB_EUSAGE, "tls: too many listeners");
+	}
+	lst[n_lst++] = l;
+	uv_mutex_unlock(&mu);
+	sdb_info("tls configured", "role=%s mode=%s cert=%s ca=%s", role, mode, cert,
+		 ca ? ca : "-");
+	return 0;
+}
+
+auth_tls_mode auth_tls_listener_mode(const char *role)
+{
+	auth_tls_mode m = AUTH_TLS_DISABLED;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	for (size_t i = 0; i < n_lst; i++)
+		if (strcmp(lst[i].role, role) == 0)
+			m = lst[i].mode;
+	uv_mutex_unlock(&mu);
+	return m;
+}
+
+int auth_tls_reload(char *err, size_t errlen)
+{
+	int rc = 0;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	for (size_t i = 0; i < n_lst && rc == 0; i++) {
+		SSL_CTX *ctx;
+		rc = make_ctx(&lst[i], &ctx, err, errlen);
+		if (rc == 0) {
+			SSL_CTX_free(lst[i].ctx); /* sessions keep their own reference */
+			lst[i].ctx = ctx;
+			sdb_info("tls certificate reloaded", "role=%s cert=%s", lst[i].role,
+				 lst[i].cert);
+		}
+	}
+	uv_mutex_unlock(&mu);
+	return rc;
+}
+
+auth_tls_conn *auth_tls_conn_new(const char *role)
+{
+	auth_tls_conn *c = NULL;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	for (size_t i = 0; i < n_lst; i++) {
+		if (strcmp(lst[i].role, role) != 0)
+			continue;
+		c = sdb_calloc(1, sizeof *c);
+		c->ssl = SSL_new(lst[i].ctx);
+		c->rbio = BIO_new(BIO_s_mem());
+		c->wbio = BIO_new(BIO_s_mem());
+		if (!c->ssl || !c->rbio || !c->wbio) {
+			BIO_free(c->rbio);
+			BIO_free(c->wbio);
+			SSL_free(c->ssl);
+			free(c);
+			c = NULL;
+			break;
+		}
+		SSL_set_bio(c->ssl, c->rbio, c->wbio);
+		SSL_set_accept_state(c->ssl);
+		break;
+	}
+	uv_mutex_unlock(&mu);
+	return c;
+}
+
+void auth_tls_conn_free(auth_tls_conn *c)
+{
+	if (!c)
+		return;
+	SSL_free(c->ssl);
+	free(c);
+}
+
+static void flush(auth_tls_conn *c, auth_tls_out_fn send, void *arg)
+{
+	uint8_t buf[16384];
+	int n;
+	while ((n = BIO_read(c->wbio, buf, sizeof buf)) > 0)
+		send(arg, buf, (size_t)n);
+}
+
+int auth_tls_conn_feed(auth_tls_conn *c, const uint8_t *in, size_t len, auth_tls_out_fn plain,
+		       auth_tls_out_fn send, void *arg)
+{
+	uint8_t buf[16384];
+	int n, e;
+
+	while (len > 0) {
+		int w = BIO_write(c->rbio, in, len > 1 << 20 ? 1 << 20 : (int)len);
+		if (w <= 0)
+			return SDB_EPROTO;
+		in += w;
+		len -= (size_t)w;
+	}
+	if (!SSL_is_init_finished(c->ssl)) {
+		n = SSL_do_handshake(c->ssl);
+		flush(c, send, arg);
+		if (n <= 0) {
+			e = SSL_get_error(c->ssl, n);
+			ERR_clear_error();
+			return e == SSL_ERROR_WANT_READ ? 0 : SDB_EPROTO;
+		}
+	}
+	for (;;) {
+		n = SSL_read(c->ssl, buf, sizeof buf);
+		if (n > 0) {
+			plain(arg, buf, (size_t)n);
+			continue;
+		}
+		e = SSL_get_error(c->ssl, n);
+		ERR_clear_error();
+		flush(c, send, arg);
+		return e == SSL_ERROR_WANT_READ ? 0 : SDB_EPROTO;
+	}
+}
+
+int auth_tls_conn_write(auth_tls_conn *c, const uint8_t *data, size_t len, auth_tls_out_fn send,
+			void *arg)
+{
+	while (len > 0) {
+		int chunk = len > 1 << 20 ? 1 << 20 : (int)len;
+		int n = SSL_write(c->ssl, data, chunk);
+		if (n <= 0) {
+			ERR_clear_error();
+			return SDB_EPROTO;
+		}
+		flush(c, send, arg);
+		data += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}

@@ -1,0 +1,55 @@
+/* TLS (OpenSSL, memory BIOs) for the MongoDB wire protocol listeners (issue #10).
+ *
+ * A role configures TLS for its wire listener with --tls-mode=disabled|allowed|required,
+ * --tls-cert (PEM chain), --tls-key (PEM) and optionally --tls-ca (PEM: client
+ * certificates are then verified when presented). The wire server (src/wire/server.c) asks
+ * auth_tls_listener_enabled() for its role; each connection decides on its first byte: a
+ * TLS handshake record (0x16) starts TLS, anything else is plaintext, which `required`
+ * refuses by closing the connection (a driver sees a network error, as with mongod's
+ * net.tls.mode=requireTLS). Sockets stay libuv streams: ciphertext goes through memory
+ * BIOs (auth_tls_conn_feed / auth_tls_conn_write), so no blocking I/O happens in OpenSSL.
+ * auth_tls_reload re-reads the certificate and key (for SIGHUP); new connections use them.
+ * Currently configured for the proxy listener (applications); shard and metadata
+ * listeners use the cluster key (auth/cluster.h) for trust.
+ */
+#ifndef SDB_AUTH_TLS_H
+#define SDB_AUTH_TLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+
+typedef enum { AUTH_TLS_DISABLED = 0, AUTH_TLS_ALLOWED, AUTH_TLS_REQUIRED } auth_tls_mode;
+
+/* Read the --tls-* options of cfg for the listener of role (e.g. "proxy"). 0 when the mode
+ * is disabled or unset; SDB_EUSAGE for a bad mode or a missing cert/key; SDB_EINVAL when
+ * OpenSSL refuses the files; message in err. */
+int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen);
+
+/* The mode of role's listener (AUTH_TLS_DISABLED when not set up). Thread-safe. */
+auth_tls_mode auth_tls_listener_mode(const char *role);
+
+/* Re-read certificate and key of every configured listener. 0 or an error (then the old
+ * ones stay). Thread-safe. */
+int auth_tls_reload(char *err, size_t errlen);
+
+typedef struct auth_tls_conn auth_tls_conn;
+typedef void (*auth_tls_out_fn)(void *arg, const uint8_t *data, size_t len);
+
+/* A server-side TLS session for role's listener; NULL when it has no TLS. */
+auth_tls_conn *auth_tls_conn_new(const char *role);
+void auth_tls_conn_free(auth_tls_conn *c); /* NULL is a no-op */
+
+/* Feed len ciphertext bytes received. Decrypted bytes go to plain(arg, ...), bytes to send
+ * (handshake, alerts) to send(arg, ...), both called synchronously. Returns 0, or
+ * SDB_EPROTO when the session failed or was closed by the peer (close the connection). */
+int auth_tls_conn_feed(auth_tls_conn *c, const uint8_t *in, size_t len, auth_tls_out_fn plain,
+		       auth_tls_out_fn send, void *arg);
+
+/* Encrypt len plaintext bytes; the ciphertext goes to send(arg, ...). 0 or SDB_EPROTO. */
+int auth_tls_conn_write(auth_tls_conn *c, const uint8_t *data, size_t len, auth_tls_out_fn send,
+			void *arg);
+
+#endif
