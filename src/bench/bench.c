@@ -65,6 +65,7 @@ struct bench {
 	/* status line */
 	bench_hist last;
 	uint64_t last_errs, last_ns;
+	int last_phase;
 };
 
 static uint64_t mono_ns(void)
@@ -331,6 +332,7 @@ static void build_doc(bench *b, worker *w, int64_t key, int32_t v, bson_t *d)
 		static const char *const brand[] = {"visa", "mastercard", "amex", "discover"};
 		static const char *const city[] = {"Berlin", "Lisbon", "Austin", "Osaka", "Toronto"};
 		char m[16], cus[32], last4[8], buf[64];
+		const char *pick;
 		bson_t card, addr, meta;
 		int64_t amount = 100 + (int64_t)(rnd(&w->rng) % 50000);
 		int64_t created = b->epoch_ms0 + (int64_t)((mono_ns() - b->t0) / 1000000);
@@ -345,14 +347,16 @@ static void build_doc(bench *b, worker *w, int64_t key, int32_t v, bson_t *d)
 		BSON_APPEND_UTF8(d, "merchant", m);
 		BSON_APPEND_UTF8(d, "customer", cus);
 		BSON_APPEND_INT64(d, "amount", amount);
-		BSON_APPEND_UTF8(d, "currency", cur[rnd(&w->rng) % 6]);
+		pick = cur[rnd(&w->rng) % 6]; /* BSON_APPEND_UTF8 evaluates its value twice */
+		BSON_APPEND_UTF8(d, "currency", pick);
 		BSON_APPEND_UTF8(d, "status", "succeeded");
 		BSON_APPEND_INT64(d, "amountRefunded", 0);
 		BSON_APPEND_DATE_TIME(d, "created", created);
 		snprintf(buf, sizeof buf, "Order %" PRIu64 " at %s", rnd(&w->rng) % 100000000, m);
 		BSON_APPEND_UTF8(d, "description", buf);
 		BSON_APPEND_DOCUMENT_BEGIN(d, "card", &card);
-		BSON_APPEND_UTF8(&card, "brand", brand[rnd(&w->rng) % 4]);
+		pick = brand[rnd(&w->rng) % 4]; /* BSON_APPEND_UTF8 evaluates its value twice */
+		BSON_APPEND_UTF8(&card, "brand", pick);
 		BSON_APPEND_UTF8(&card, "last4", last4);
 		BSON_APPEND_INT32(&card, "expMonth", 1 + (int)(rnd(&w->rng) % 12));
 		BSON_APPEND_INT32(&card, "expYear", 2027 + (int)(rnd(&w->rng) % 6));
@@ -362,7 +366,8 @@ static void build_doc(bench *b, worker *w, int64_t key, int32_t v, bson_t *d)
 		BSON_APPEND_DOCUMENT_BEGIN(d, "billingAddress", &addr);
 		snprintf(buf, sizeof buf, "%d Market Street", 1 + (int)(rnd(&w->rng) % 9999));
 		BSON_APPEND_UTF8(&addr, "line1", buf);
-		BSON_APPEND_UTF8(&addr, "city", city[rnd(&w->rng) % 5]);
+		pick = city[rnd(&w->rng) % 5]; /* BSON_APPEND_UTF8 evaluates its value twice */
+		BSON_APPEND_UTF8(&addr, "city", pick);
 		snprintf(buf, sizeof buf, "%05d", (int)(rnd(&w->rng) % 100000));
 		BSON_APPEND_UTF8(&addr, "postalCode", buf);
 		bson_append_document_end(d, &addr);
@@ -940,9 +945,12 @@ void bench_status_line(bench *b, char *buf, size_t n)
 	for (int k = 0; k < BENCH_N_ERRS; k++) {
 		errs += ps.errs[k];
 	}
-	if (all.n < b->last.n) {
-		memset(&b->last, 0, sizeof b->last); /* a new phase began */
+	if (p != b->last_phase) {
+		/* a new phase began: the interval starts with it */
+		memset(&b->last, 0, sizeof b->last);
 		b->last_errs = 0;
+		b->last_ns = b->t0 + b->phase_ns[p];
+		b->last_phase = p;
 	}
 	bench_hist_diff(&iv, &all, &b->last);
 	dt = (double)(now - b->last_ns) / 1e9;
