@@ -11,4 +11,5 @@ tests_unit_test_bench_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_bench_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_bench
 
-EXTRA_DIST += tests/integration/test_bench.py tests/integration/test_demo.py packaging/grafana/stripedb.json
+EXTRA_DIST += tests/integration/test_bench.py tests/integration/test_demo.py packaging/grafana/stripedb.json \
+	docs/demo.md
