@@ -118,6 +118,7 @@ typedef struct mig {
 	int64_t apply_rate; /* spec.applyRate: max events/s the replicator applies (0 = no cap) */
 	int64_t rate_t0, rate_n;
 	int64_t pause_checked;
+	int64_t import_latency_ms, throttled_ms;
 	bool is_paused;
 	int code; /* server error code of the last failed shard command */
 	int64_t max_pause_ms, grace_ms, delete_batch, delete_delay_ms, max_attempts;
@@ -346,6 +347,7 @@ static void build_stats(mig *m, bson_t *st)
 	BSON_APPEND_INT64(st, "imported", m->imported);
 	BSON_APPEND_INT64(st, "importBytes", m->import_bytes);
 	BSON_APPEND_INT64(st, "importMS", m->import_ms);
+	BSON_APPEND_INT64(st, "importThrottledMS", m->throttled_ms);
 	BSON_APPEND_INT64(st, "applied", m->fwd.applied);
 	BSON_APPEND_INT64(st, "skipped", m->fwd.skipped);
 	BSON_APPEND_INT64(st, "reverseApplied", m->rev.applied);
@@ -449,6 +451,7 @@ static int load(mig *m)
 		m->max_attempts = it_int(&spec, "maxSwitchAttempts", 5);
 		m->max_catchup_ms = it_int(&spec, "maxCatchUpMS", 600000);
 		m->apply_rate = it_int(&spec, "applyRate", 0);
+		m->import_latency_ms = it_int(&spec, "importLatencyMS", 50);
 		char order[32] = "";
 		it_str(&spec, "importOrder", order, sizeof order);
 		m->arrival_order = strcmp(order, "arrival") == 0;
@@ -765,11 +768,20 @@ static int scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson
 	mongoc_cursor_t *cs = mongoc_cursor_new_from_command_reply_with_opts(c, &reply, &copts);
 	bson_destroy(&copts);
 	const bson_t *doc;
+	int64_t t_next = mono_us();
 	while (rc == 0 && mongoc_cursor_next(cs, &doc)) {
+		/* import throttle: a getMore of the snapshot slower than importLatencyMS means
+		 * the source is busy; back off as long as it took */
+		int64_t took = mono_us() - t_next;
+		if (at && m->import_latency_ms > 0 && took > m->import_latency_ms * 1000) {
+			m->throttled_ms += took / 1000;
+			nap(m, took / 1000);
+		}
 		if (in_chunk(m, doc))
 			rc = fn(m, doc, arg);
 		if (stopping(m))
 			rc = sdb_errf(m->err, sizeof m->err, SDB_ECANCELED, "stopping");
+		t_next = mono_us();
 	}
 	if (rc == 0 && mongoc_cursor_error(cs, &e))
 		rc = sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "scan: %s", e.message);
@@ -1384,8 +1396,10 @@ static int step_verify(mig *m)
 		vfree(&t);
 		return rc == SDB_ENOTFOUND ? fail(m, m->err) : rc;
 	}
-	qsort(s.v, s.n, sizeof *s.v, vcmp);
-	qsort(t.v, t.n, sizeof *t.v, vcmp);
+	if (s.n > 1)
+		qsort(s.v, s.n, sizeof *s.v, vcmp);
+	if (t.n > 1)
+		qsort(t.v, t.n, sizeof *t.v, vcmp);
 	size_t i = 0, j = 0;
 	int64_t miss = 0, extra = 0, diff = 0;
 	char why[512] = "", one[160];
@@ -1943,8 +1957,11 @@ void migrate_runner_tick(migrate_runner *r, mongoc_client_t *c)
 				}
 				bool older = o->state != MIG_REGISTERED || o->created < w->created ||
 					     (o->created == w->created && strcmp(o->id, w->id) < 0);
-				if (!strcmp(o->ns, w->ns) && older && !migrate_state_terminal(o->state) &&
-				    o->state != MIG_UNKNOWN && ranges_overlap(o, w))
+				/* an aborted one still deleting its copy on its target counts too */
+				bool live = !migrate_state_terminal(o->state) ||
+					    (o->state == MIG_ABORTED && !o->cleaned);
+				if (!strcmp(o->ns, w->ns) && older && live && o->state != MIG_UNKNOWN &&
+				    ranges_overlap(o, w))
 					blocked = true;
 			}
 			if (blocked || per_src >= r->budget_shard || per_dst >= r->budget_shard)

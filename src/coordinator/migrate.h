@@ -69,12 +69,13 @@
  *                importOrder "index"|"arrival", deleteBatch 500, deleteDelayMS 5,
  *                maxSwitchAttempts 5, maxCatchUpMS 600000 (replicating/switching without
  *                catching up this long -> aborted), applyRate 0 (events/s cap of the
- *                replicator: the throttle)}
+ *                replicator: the throttle), importLatencyMS 50 (a snapshot getMore slower
+ *                than this means the source is busy: the import backs off as long)}
  *   checkpoint  {ts (forward position), importTs (T), revTs (reverse position), bumpTs
  *                (the source's oplog head right after the bump: no client write of the
  *                chunk may follow it there), token, attempts, targetCleaned, key, min, max,
  *                hashed (the chunk's range, fixed at registration)}
- *   stats       {imported, importBytes, importMS, applied, skipped, reverseApplied,
+ *   stats       {imported, importBytes, importMS, importThrottledMS, applied, skipped, reverseApplied,
  *                deleted, lagMS, caughtUp, paused, switchAttempts, pausesMS [..], pauseMS,
  *                verify {count, missing, extra, different}, error}
  *
