@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "auth/tls.h" /* issue #10: SIGHUP reload hook */
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -221,7 +222,13 @@ int sdb_roles_run(const sdb_config_set *set)
 				continue;
 			}
 			if (sig == SIGHUP) {
-				sdb_log(SDB_LOG_INFO, "SIGHUP received", "action=none");
+				/* ---- issue #10 reload hook: TLS certificates and keys ---- */
+				char rerr[256] = "";
+				if (auth_tls_reload(rerr, sizeof rerr) != 0)
+					sdb_log(SDB_LOG_ERROR, "SIGHUP: TLS reload failed, keeping the "
+						"old certificates", "err=\"%s\"", rerr);
+				else
+					sdb_log(SDB_LOG_INFO, "SIGHUP received", "action=tls-reload");
 				continue;
 			}
 			sdb_log(SDB_LOG_INFO, "shutdown requested", "signal=%s",

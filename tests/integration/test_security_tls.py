@@ -92,3 +92,32 @@ def test_tls_mode_without_certificate_is_a_usage_error(start_role, tmp_path):
     assert "--tls-mode=required needs --tls-cert and --tls-key" in proc.tail()
     assert port > 0
     cl.close()
+
+
+def test_sighup_reloads_the_certificate(start_role, tmp_path):
+    import shutil
+    import signal
+    ca1, args = tls_args(tmp_path, "required")
+    d2 = tmp_path / "certs2"
+    d2.mkdir()
+    ca2, cert2, key2 = make_certs(d2)
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1, proxy_args=args)
+    port = cl.proxy_ports[0]
+    c1 = tls_client(port, ca1)
+    assert c1.admin.command("ping")["ok"] == 1.0
+    c1.close()
+    # new certificate and key from another CA in place, then SIGHUP
+    shutil.copy(cert2, tmp_path / "certs" / "server.pem")
+    shutil.copy(key2, tmp_path / "certs" / "server.key")
+    proc = cl.proxy_procs[0]
+    proc.signal(signal.SIGHUP)
+    wait_until(lambda: "tls certificate reloaded" in proc.tail(100000), 20, what="reload")
+    c2 = tls_client(port, ca2)
+    assert c2.admin.command("ping")["ok"] == 1.0
+    c2.close()
+    old = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True,
+                              serverSelectionTimeoutMS=1500, tls=True, tlsCAFile=ca1)
+    with pytest.raises(ServerSelectionTimeoutError):
+        old.admin.command("ping")
+    old.close()
+    cl.close()
