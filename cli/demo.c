@@ -681,8 +681,12 @@ int cli_demo_main(int argc, char **argv)
 	bench_mark(b, "between");
 	{
 		uint64_t until = now_ms() + (uint64_t)(seconds * 100);
+		char status[256];
 		while (!interrupted && now_ms() < until) {
-			sleep_ms(200);
+			sleep_ms(1000);
+			bench_status_line(b, status, sizeof status);
+			printf("  workload %s\n", status);
+			fflush(stdout);
 		}
 	}
 	if (interrupted) {

@@ -117,7 +117,9 @@ int bench_report(bench *b, FILE *f, const char *json_path, const bench_verdict *
  *   {"op": "insert|update|read", "key": "_id", "value": V, "ok": "ok|fail|unknown",
  *    "n": N, "start_ns": T0, "end_ns": T1}
  * value: the version written, or for a read the version seen (0 = absent); n: matched
- * count of an update. Returns 0 or SDB_EIO. */
+ * count of an update. Returns 0 or SDB_EIO. The fields map one to one onto the tuples of
+ * tests/integration/checker.py: (op, writer, key, value or None for an absent read,
+ * start_ns, end_ns, ok, n for an update); test_bench.py checks a history with it. */
 int bench_write_history(bench *b, const char *path);
 
 /* Read every document of the workload's collection through the URI and check the

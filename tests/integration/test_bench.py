@@ -55,6 +55,23 @@ def test_bench_ycsb_a_report_history_and_check(shard, tmp_path):
     assert all(e["n"] == 1 for e in updates)
     assert all(e["start_ns"] <= e["end_ns"] for e in events)
 
+    # the same history through the migration tests' checker (tests/integration/checker.py):
+    # (kind, writer, _id, value, start, end, outcome, result); a read of an absent key is None
+    import checker
+    import pymongo
+    hist = [(e["op"], 0, e["key"], (e["value"] or None) if e["op"] == "read" else e["value"],
+             e["start_ns"], e["end_ns"], e["ok"], e["n"] if e["op"] == "update" else None)
+            for e in events]
+    final = {d["_id"]: d for d in pymongo.MongoClient(uri(port)).ycsb.usertable.find({}, {"v": 1})}
+    verdict = checker.check(hist, final)
+    assert verdict["ok"], verdict["violations"][:5]
+    assert verdict["stats"]["ids"] == 300
+    # and it notices a lost write: drop the last acknowledged update of one key
+    k = updates[0]["key"]
+    last = max((e for e in updates if e["key"] == k), key=lambda e: e["start_ns"])
+    final[k] = dict(final[k], v=last["value"] - 1)
+    assert not checker.check(hist, final)["ok"]
+
 
 def test_bench_payments_documents_and_queries(shard, tmp_path):
     import pymongo
