@@ -6,8 +6,8 @@ Always run (seconds):
     kernel restrictions behind MemoryDenyWriteExecute=yes and NoNewPrivileges=yes applied
     with prctl (PR_SET_MDWE, PR_SET_NO_NEW_PRIVS). READY=1 must come from the main pid
     once every listener accepts connections; every role must then serve (SQLite, PCRE2
-    $regex, libuv, gRPC core, libmicrohttpd, libraft); SIGTERM must bring STOPPING=1 and
-    exit status 0.
+    $regex, libuv, gRPC core, libmicrohttpd, libraft); SIGHUP (ExecReload) must leave it
+    serving; SIGTERM must bring STOPPING=1 and exit status 0.
 
 Only with STRIPEDB_PACKAGING_TESTS=1 (minutes each; need root, debhelper, rpm, lintian,
 debootstrap and the Debian mirror): tests/packaging/test-deb.sh and test-rpm.sh.
@@ -184,7 +184,12 @@ def test_notify_under_unit_sandbox(tmp_path):
         # HealthCheckResp field 1 (status), a string: tag 0x0a, length, "healthy"
         assert health[0] == 0x0A and health[2:2 + health[1]] == b"healthy"
 
+        # ExecReload sends SIGHUP (TLS reload): the process must keep serving.
+        proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: b"SIGHUP received" in (tmp_path / "stripedb.log").read_bytes(), 30,
+                   what="SIGHUP handled")
         assert proc.poll() is None
+        assert c.pkg.t.count_documents({}) == 10
         for c in clients:
             c.close()
         proc.send_signal(signal.SIGTERM)
