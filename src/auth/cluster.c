@@ -4,6 +4,9 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <stdio.h>
 #include <string.h>
@@ -23,6 +26,7 @@ static uv_mutex_t mu;
 static uv_once_t once = UV_ONCE_INIT;
 static char key[CLUSTER_KEY_MAX + 1];
 static auth_gate *gate; /* set once; never freed (process lifetime) */
+static char peer_token[65];
 
 static void init_mu(void)
 {
@@ -91,6 +95,14 @@ int auth_cluster_load(const char *path, char *err, size_t errlen)
 			rc = SDB_EINTERNAL;
 		} else {
 			memcpy(key, k, n + 1);
+			{
+				uint8_t mac[32];
+				unsigned int ml = 0;
+				HMAC(EVP_sha256(), key, (int)n, (const uint8_t *)"stripedb PeersV1", 16,
+				     mac, &ml);
+				for (int i = 0; i < 32; i++)
+					snprintf(peer_token + 2 * i, 3, "%02x", mac[i]);
+			}
 			memset(&o, 0, sizeof o);
 			o.cluster = &creds;
 			gate = auth_gate_new(&o);
@@ -135,6 +147,19 @@ bool auth_cluster_uri_apply(mongoc_uri_t *uri)
 	     mongoc_uri_set_auth_mechanism(uri, "SCRAM-SHA-256");
 	uv_mutex_unlock(&mu);
 	return ok;
+}
+
+const char *auth_cluster_peer_token(void)
+{
+	return auth_cluster_enabled() ? peer_token : NULL;
+}
+
+bool auth_cluster_peer_token_ok(const char *value, size_t len)
+{
+	const char *t = auth_cluster_peer_token();
+	if (!t)
+		return true;
+	return value && len == 64 && CRYPTO_memcmp(value, t, 64) == 0;
 }
 
 mongoc_client_t *auth_cluster_client_new(const char *s)

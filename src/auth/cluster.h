@@ -48,4 +48,16 @@ bool auth_cluster_uri_apply(mongoc_uri_t *uri);
  * internal clients). NULL when the URI is invalid. */
 mongoc_client_t *auth_cluster_client_new(const char *uri);
 
+/* PeersV1 (rate-limit peer ring, gRPC): peers send the gRPC metadata
+ * AUTH_CLUSTER_PEER_HEADER: HEX(HMAC-SHA-256(key, "stripedb PeersV1")), a token derived from
+ * the key (seeing it on the wire does not reveal the key). */
+#define AUTH_CLUSTER_PEER_HEADER "x-stripedb-cluster-token"
+
+/* The token (64 hex characters, static storage) or NULL when no key is loaded. */
+const char *auth_cluster_peer_token(void);
+
+/* Does value (len bytes, untrusted) carry the token? True when no key is loaded (nothing
+ * to check). Constant-time comparison. */
+bool auth_cluster_peer_token_ok(const char *value, size_t len);
+
 #endif

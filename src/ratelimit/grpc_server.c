@@ -13,6 +13,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/config.h"
 #include "common/err.h"
@@ -361,6 +362,25 @@ static void dispatch(srv_call *c)
 	flat = grpc_byte_buffer_reader_readall(&rd);
 	grpc_byte_buffer_reader_destroy(&rd);
 
+	/* ---- issue #10: PeersV1 only from cluster members (auth/cluster.h) ---- */
+	if ((m == M_GET_PEER || m == M_UPDATE_GLOBALS) && auth_cluster_peer_token() != NULL) {
+		bool ok = false;
+		for (size_t i = 0; i < c->req_md.count && !ok; i++) {
+			grpc_metadata *md = &c->req_md.metadata[i];
+			if (grpc_slice_str_cmp(md->key, AUTH_CLUSTER_PEER_HEADER) == 0)
+				ok = auth_cluster_peer_token_ok(
+					(const char *)GRPC_SLICE_START_PTR(md->value),
+					GRPC_SLICE_LENGTH(md->value));
+		}
+		if (!ok) {
+			sdb_warn("audit", "event=denied what=\"PeersV1 without the cluster token\"%s",
+				 "");
+			grpc_slice_unref(flat);
+			reply(c, GRPC_STATUS_UNAUTHENTICATED, NULL, 0,
+			      "PeersV1 needs the cluster token (--cluster-key-file)");
+			return;
+		}
+	}
 	pthread_rwlock_rdlock(&srv->fence);
 	if (srv->fenced) {
 		reply(c, GRPC_STATUS_UNAVAILABLE, NULL, 0, "rate limiter shutting down");

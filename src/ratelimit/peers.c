@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -253,6 +254,15 @@ int rl_peer_call(rl_peer *peer, const char *method, const uint8_t *req, size_t l
 	memset(ops, 0, sizeof(ops));
 	ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
 	ops[0].data.send_initial_metadata.count = 0;
+	/* issue #10: the cluster token on PeersV1 calls (auth/cluster.h) */
+	grpc_metadata token_md;
+	if (auth_cluster_peer_token()) {
+		memset(&token_md, 0, sizeof token_md);
+		token_md.key = grpc_slice_from_static_string(AUTH_CLUSTER_PEER_HEADER);
+		token_md.value = grpc_slice_from_static_string(auth_cluster_peer_token());
+		ops[0].data.send_initial_metadata.count = 1;
+		ops[0].data.send_initial_metadata.metadata = &token_md;
+	}
 	ops[1].op = GRPC_OP_SEND_MESSAGE;
 	ops[1].data.send_message.send_message = c->send;
 	ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/config.h"
 #include "common/err.h"
@@ -181,6 +182,10 @@ static int ratelimit_start(sdb_role *role)
 	int rc;
 
 	rc = cache_size_of(role->cfg, &lo.cache_size, role->err, sizeof role->err);
+	if (rc != 0)
+		return rc;
+	/* issue #10: PeersV1 checks the cluster token with --cluster-key-file */
+	rc = auth_cluster_setup(role->cfg, role->err, sizeof role->err);
 	if (rc != 0)
 		return rc;
 	rr = sdb_calloc(1, sizeof(*rr));

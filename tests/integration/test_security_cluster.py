@@ -11,6 +11,7 @@ from bson.int64 import Int64
 from pymongo.errors import OperationFailure
 
 from conftest import free_port, wait_until
+from test_ratelimit_grpc import pb  # noqa: F401 - the stubs fixture
 
 KEY = "c3RyaXBlZGItdGVzdC1jbHVzdGVyLWtleQ"
 
@@ -119,3 +120,42 @@ def test_key_file_readable_by_others_is_refused(start_role, tmp_path, keyfile):
     rc = p.p.wait(timeout=20)
     assert rc != 0
     assert "permissions are too open" in p.tail()
+
+
+# ---------------------------------------------------------------- rate limiter PeersV1
+
+def test_ratelimit_peers_v1_needs_the_cluster_token(start_role, pb, keyfile):
+    import hashlib
+    import hmac
+
+    import grpc
+    from test_ratelimit_grpc import req, start_nodes
+
+    pb2 = pb[0]
+    a, b = start_nodes(start_role, pb, 2, env={"STRIPEDB_CLUSTER_KEY_FILE": keyfile})
+    try:
+        # the ring works with the token: both nodes count one bucket (owner forwarding)
+        keys = [f"k{i}" for i in range(8)]
+        first = [r.remaining for r in a.get(*[req(pb, k) for k in keys])]
+        second = [r.remaining for r in b.get(*[req(pb, k) for k in keys])]
+        assert (first, second) == ([9] * 8, [8] * 8)
+        # PeersV1 without the token is refused by every node; with it, it answers
+        token = hmac.new(KEY.encode(), b"stripedb PeersV1", hashlib.sha256).hexdigest()
+        body = pb2.GetPeerRateLimitsReq(requests=[req(pb, "direct")]).SerializeToString()
+        for nd in (a, b):
+            for method in ("GetPeerRateLimits", "UpdatePeerGlobals"):
+                raw = nd.channel.unary_unary(f"/pb.gubernator.PeersV1/{method}")
+                payload = body if method == "GetPeerRateLimits" else b""
+                with pytest.raises(grpc.RpcError) as e:
+                    raw(payload, timeout=5)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                with pytest.raises(grpc.RpcError) as e:
+                    raw(payload, timeout=5, metadata=[("x-stripedb-cluster-token", "0" * 64)])
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            raw = nd.channel.unary_unary("/pb.gubernator.PeersV1/GetPeerRateLimits")
+            out = pb2.GetPeerRateLimitsResp.FromString(
+                raw(body, timeout=5, metadata=[("x-stripedb-cluster-token", token)]))
+            assert len(out.rate_limits) == 1 and out.rate_limits[0].error == ""
+    finally:
+        a.close()
+        b.close()
