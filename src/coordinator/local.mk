@@ -9,3 +9,6 @@ tests_unit_test_coordinator_migrate_SOURCES = tests/unit/test_coordinator_migrat
 tests_unit_test_coordinator_migrate_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_coordinator_migrate_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_coordinator_migrate
+EXTRA_DIST += tests/integration/test_migration.py tests/integration/test_migration_faults.py \
+	tests/integration/migration_helpers.py tests/integration/checker.py \
+	tests/bench/migration_bench.py
