@@ -26,6 +26,7 @@ struct cdc_publisher {
 	char *uri;
 	pthread_t thread;
 	atomic_int stop;
+	atomic_int done; /* the thread has closed its writer */
 	atomic_llong fence_ms;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -396,6 +397,7 @@ static void *run(void *arg)
 	p->arch = NULL;
 	if (c)
 		mongoc_client_destroy(c);
+	atomic_store(&p->done, 1);
 	return NULL;
 }
 
@@ -413,6 +415,7 @@ int cdc_publisher_start(cdc_log *log, const char *shard, const char *uri, int64_
 	p->shard = sdb_strdup(shard);
 	p->uri = sdb_strdup(uri);
 	atomic_init(&p->stop, 0);
+	atomic_init(&p->done, 0);
 	atomic_init(&p->fence_ms, fence_ms);
 	p->st.lag_events = -1;
 	pthread_mutex_init(&p->mu, NULL);
@@ -452,14 +455,24 @@ void cdc_publisher_get_status(cdc_publisher *p, cdc_publisher_status *out)
 	pthread_mutex_unlock(&p->mu);
 }
 
-void cdc_publisher_stop(cdc_publisher *p)
+void cdc_publisher_request_stop(cdc_publisher *p)
 {
-	if (p == NULL)
-		return;
 	pthread_mutex_lock(&p->mu);
 	atomic_store(&p->stop, 1);
 	pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
+}
+
+int cdc_publisher_stopped(cdc_publisher *p)
+{
+	return atomic_load(&p->done);
+}
+
+void cdc_publisher_stop(cdc_publisher *p)
+{
+	if (p == NULL)
+		return;
+	cdc_publisher_request_stop(p);
 	pthread_join(p->thread, NULL);
 	pthread_mutex_destroy(&p->mu);
 	pthread_cond_destroy(&p->cv);

@@ -55,6 +55,8 @@ typedef struct coord_pub {
 	cdc_publisher *pub;
 	int64_t epoch;
 	int64_t renewed_ms; /* monotonic time of the last successful acquire/renew */
+	int stopping;       /* retired: its publisher is stopping (written under mu) */
+	int release;        /* release the lease once stopped */
 	sdb_gauge *g_held, *g_arch_first, *g_arch_next, *g_arch_first_ts, *g_arch_last_ts;
 	cdc_range arch;
 	struct coord_pub *next;
@@ -191,24 +193,43 @@ static void pub_gauges(coord_pub *p)
 					      "CDC: oplog ts (s) of the archive's last event", labels);
 }
 
-static void drop_pub(coord *co, coord_pub *p, mongoc_client_t *c, int release)
+/* Stop p's publisher without waiting for it (a Kafka flush may take seconds and the
+ * manager must keep renewing the other leases); reap_pubs frees it once stopped and, when
+ * release is set, releases its lease then (never before its writer is closed). */
+static void retire_pub(coord *co, coord_pub *p, int release)
+{
+	if (p->stopping)
+		return;
+	pthread_mutex_lock(&co->mu); /* h_status reads it */
+	p->stopping = 1;
+	pthread_mutex_unlock(&co->mu);
+	p->release = release;
+	cdc_publisher_request_stop(p->pub);
+	sdb_gauge_set(p->g_held, 0);
+}
+
+static void reap_pubs(coord *co, mongoc_client_t *c, int wait)
 {
 	char err[256];
-	pthread_mutex_lock(&co->mu);
-	for (coord_pub **pp = &co->pubs; *pp; pp = &(*pp)->next)
-		if (*pp == p) {
-			*pp = p->next;
-			break;
-		}
-	pthread_mutex_unlock(&co->mu);
-	cdc_publisher_stop(p->pub); /* flushes and closes the writer before the release */
-	if (release && c)
-		(void)lease_cmd(co, c, "releaseLease", p->shard, NULL, err, sizeof err);
-	sdb_gauge_set(p->g_held, 0);
-	sdb_info("cdc publisher released", "shard=%s", p->shard);
-	free(p->shard);
-	free(p->uri);
-	free(p);
+	for (coord_pub *p = co->pubs, *nx; p; p = nx) {
+		nx = p->next;
+		if (!p->stopping || (!wait && !cdc_publisher_stopped(p->pub)))
+			continue;
+		pthread_mutex_lock(&co->mu);
+		for (coord_pub **pp = &co->pubs; *pp; pp = &(*pp)->next)
+			if (*pp == p) {
+				*pp = p->next;
+				break;
+			}
+		pthread_mutex_unlock(&co->mu);
+		cdc_publisher_stop(p->pub); /* joins; the writer is flushed and closed */
+		if (p->release && c)
+			(void)lease_cmd(co, c, "releaseLease", p->shard, NULL, err, sizeof err);
+		sdb_info("cdc publisher released", "shard=%s", p->shard);
+		free(p->shard);
+		free(p->uri);
+		free(p);
+	}
 }
 
 static void cdc_tick(coord *co, mongoc_client_t *c)
@@ -226,9 +247,12 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 		co->meta_error[0] = '\0';
 		pthread_mutex_unlock(&co->mu);
 	}
+	reap_pubs(co, c, 0);
 	/* renew what we hold; drop what we lost or what left the shard list */
 	for (coord_pub *p = co->pubs, *nx; p; p = nx) {
 		nx = p->next;
+		if (p->stopping)
+			continue;
 		int listed = rc != 0;
 		for (size_t i = 0; i < n && !listed; i++)
 			listed = strcmp(shards[i].id, p->shard) == 0;
@@ -246,7 +270,7 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 			cdc_publisher_fence(p->pub, fence_after(co, t0));
 		} else if (lrc > 0) {
 			sdb_warn("cdc lease lost", "shard=%s code=%d", p->shard, lrc);
-			drop_pub(co, p, c, 0);
+			retire_pub(co, p, 0);
 		}
 		/* network error: keep running until the fence stops appends */
 	}
@@ -281,6 +305,8 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 	/* archive range of the shards we publish */
 	for (coord_pub *p = co->pubs; p; p = p->next) {
 		cdc_range g = {0};
+		if (p->stopping)
+			continue;
 		if (cdc_log_archive(co->log) &&
 		    cdc_archive_range(cdc_log_archive(co->log), p->shard, &g, err, sizeof err) != 0)
 			continue;
@@ -297,8 +323,9 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 
 static void cdc_shutdown(coord *co, mongoc_client_t *c)
 {
-	while (co->pubs)
-		drop_pub(co, co->pubs, c, 1);
+	for (coord_pub *p = co->pubs; p; p = p->next)
+		retire_pub(co, p, 1); /* (one already retired after losing its lease keeps release 0) */
+	reap_pubs(co, c, 1);
 }
 
 /* ------------------------------------------------------------ migration runner (issue #8)
@@ -377,6 +404,8 @@ static void h_status(void *data, const sdb_http_req *req, sdb_http_resp *resp)
 	BSON_APPEND_ARRAY_BEGIN(&doc, "shards", &arr);
 	for (coord_pub *p = co->pubs; p; p = p->next) {
 		cdc_publisher_status st;
+		if (p->stopping)
+			continue;
 		cdc_publisher_get_status(p->pub, &st);
 		bson_uint32_to_string(i++, &kp, k, sizeof k);
 		BSON_APPEND_DOCUMENT_BEGIN(&arr, kp, &sh);
