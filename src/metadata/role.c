@@ -178,7 +178,8 @@ static void build_args(const bson_t *cmd, const char *name, bson_t *args)
  * ASCII passwords.) Returns 0 or -1. */
 static int scram_verifier(const char *password, bson_t *args)
 {
-	unsigned char salt[16], salted[32], ckey[32], skey[32], stored[32];
+	/* salt: 28 bytes, MongoDB's length for SHA-256 (libmongoc refuses any other) */
+	unsigned char salt[28], salted[32], ckey[32], skey[32], stored[32];
 	unsigned int len = 0;
 	if (RAND_bytes(salt, sizeof salt) != 1)
 		return -1;

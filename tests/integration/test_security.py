@@ -220,3 +220,32 @@ def test_node_driver_auth_and_isolation(sec):
     assert out["bad"]["ms"] >= FAIL_DELAY_S * 1000
     assert (out["other"]["ok"], out["other"]["code"], out["other"]["codeName"]) == \
         (False, 13, "Unauthorized")
+
+
+def test_libmongoc_client_authenticates(sec, tmp_path):
+    """The C driver (the one every stripedb role uses) speaks SCRAM-SHA-256 to the proxy;
+    it requires MongoDB's 28-byte salt in server-first."""
+    import shutil
+    if not shutil.which("gcc") or not shutil.which("pkg-config"):
+        pytest.skip("gcc/pkg-config needed to build the libmongoc client")
+    exe = str(tmp_path / "mongoc_client")
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "libmongoc-1.0"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    subprocess.run(["gcc", os.path.join(HERE, "security_mongoc_client.c"), "-o", exe] + flags,
+                   check=True)
+    port = sec.proxy_ports[0]
+    base = f"127.0.0.1:{port}/?directConnection=true&authSource=admin" \
+           "&authMechanism=SCRAM-SHA-256&serverSelectionTimeoutMS=10000"
+    r = subprocess.run([exe, f"mongodb://bob:bob-pw@{base}", "bdb"], capture_output=True,
+                       text=True, timeout=60)
+    last = lambda r: r.stdout.strip().splitlines()[-1]  # noqa: E731 - libmongoc logs first
+    assert (r.returncode, last(r)) == (0, "ok 5"), r.stderr
+    r = subprocess.run([exe, f"mongodb://bob:nope@{base}", "bdb"], capture_output=True,
+                       text=True, timeout=60)
+    # libmongoc reports a failed handshake as MONGOC_ERROR_CLIENT_AUTHENTICATE (11) with the
+    # server's message
+    assert (r.returncode, last(r)) == (1, "error 11 Authentication failed."), r.stdout
+    r = subprocess.run([exe, f"mongodb://bob:bob-pw@{base}", "adb"], capture_output=True,
+                       text=True, timeout=60)
+    assert (r.returncode, last(r)) == \
+        (1, "error 13 not authorized on adb to execute command count"), r.stdout
