@@ -12,3 +12,8 @@ tests_unit_test_auth_scram_LDADD = $(UNIT_LDADD)
 tests_unit_test_auth_policy_SOURCES = tests/unit/test_auth_policy.c
 tests_unit_test_auth_policy_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_auth_policy_LDADD = $(UNIT_LDADD)
+
+EXTRA_DIST += src/auth/README.md tests/integration/test_security.py \
+	tests/integration/test_security_cluster.py tests/integration/test_security_ctl.py \
+	tests/integration/test_security_tls.py tests/integration/security_node.js \
+	tests/integration/security_mongoc_client.c
