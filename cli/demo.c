@@ -30,6 +30,7 @@
  */
 #define _XOPEN_SOURCE 700
 #define _DEFAULT_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -135,6 +136,42 @@ static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ft
 	(void)flag;
 	(void)ftw;
 	return remove(p);
+}
+
+/* Make dir ready for a fresh cluster: a missing or empty directory is fine; one left by an
+ * earlier demo or dev cluster loses exactly what `dev up` creates (data/, logs/,
+ * cluster.json, kafka.bootstrap); a directory with anything else is refused, so a mistyped
+ * --dir never deletes a user's files. Returns 0 or -1 (one line on stderr). */
+static int clear_dir(const char *dir)
+{
+	static const char *const made[] = {"data", "logs", "cluster.json", "cluster.json.tmp",
+					   "kafka.bootstrap"};
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int foreign = 0;
+
+	if (d == NULL) {
+		return 0; /* dev up creates it */
+	}
+	while ((e = readdir(d)) != NULL) {
+		int ours = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0;
+		for (size_t i = 0; i < sizeof made / sizeof made[0] && !ours; i++) {
+			ours = strcmp(e->d_name, made[i]) == 0;
+		}
+		foreign += !ours;
+	}
+	closedir(d);
+	if (foreign > 0) {
+		fprintf(stderr, "stripedb demo: %s holds files that are not a stripedb cluster's; "
+				"give an empty or new --dir\n", dir);
+		return -1;
+	}
+	for (size_t i = 0; i < sizeof made / sizeof made[0]; i++) {
+		char *p = sdb_asprintf("%s/%s", dir, made[i]);
+		nftw(p, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+		free(p);
+	}
+	return 0;
 }
 
 /* --- metadata --- */
@@ -602,8 +639,12 @@ int cli_demo_main(int argc, char **argv)
 				goto out;
 			}
 		}
+		if (clear_dir(dir) != 0) {
+			free(cj);
+			rc = 1;
+			goto out;
+		}
 		free(cj);
-		nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 	}
 	printf("== 1. a local cluster: stripedb dev up --dir %s --shards 4 --cdc %s\n", dir, cdc);
 	{

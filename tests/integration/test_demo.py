@@ -163,3 +163,16 @@ def test_grafana_dashboard_names_only_registered_metrics():
                     "Rate limiter"]
     assert all(p["datasource"]["uid"] == "${datasource}" for p in dash["panels"]
                if p["type"] != "row")
+
+
+def test_demo_refuses_a_directory_of_other_files(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep me")
+    env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
+    r = subprocess.run([BIN, "demo", "--dir", str(tmp_path), "--seconds", "10"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1
+    assert "holds files that are not a stripedb cluster's" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt"]
+    r = subprocess.run([BIN, "demo", "--cdc", "pigeon"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 2
