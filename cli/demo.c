@@ -102,6 +102,9 @@ static int run_self(char *const *args, char *out, size_t n)
 		return -1;
 	}
 	if (pid == 0) {
+		/* own process group: a terminal's Ctrl-C reaches the demo only, which lets `dev up`
+		 * finish recording what it started and then stops all of it */
+		setpgid(0, 0);
 		if (out != NULL) {
 			dup2(fds[1], 1);
 			close(fds[0]);

@@ -9,6 +9,8 @@ import re
 import signal
 import subprocess
 
+import pytest
+
 from conftest import BIN, wait_until
 
 
@@ -70,26 +72,44 @@ def test_demo_kafka(tmp_path):
     assert "kafka (mock):" in r.stdout
 
 
-def test_demo_ctrl_c_leaves_nothing_running(tmp_path):
+def ours_alive(d):
+    """Live stripedb processes whose command line names the directory d."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        if str(d) in cmd and alive(int(pid)):
+            found.append((int(pid), cmd.replace("\0", " ")))
+    return found
+
+
+@pytest.mark.parametrize("when", ["starting a local stripedb cluster", "== 3."])
+def test_demo_ctrl_c_leaves_nothing_running(tmp_path, when):
+    """Ctrl-C on a terminal: SIGINT to the whole foreground process group, during `dev up`
+    and during the workload."""
     d = tmp_path / "demo"
     env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
-    log = open(tmp_path / "out.txt", "w+")
+    out = tmp_path / "out.txt"
+    log = open(out, "w+")
     p = subprocess.Popen([BIN, "demo", "--dir", str(d), "--seconds", "60", "--records", "500"],
-                         stdout=log, stderr=subprocess.STDOUT, env=env)
+                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        wait_until(lambda: "== 3." in (tmp_path / "out.txt").read_text(), timeout=120,
-                   what="the workload to start")
-        started = pids(d)
-        assert len(started) == 12  # metadata x3, shards a-d, ratelimit, 2 proxies, 2 coordinators
-        p.send_signal(signal.SIGINT)
+        wait_until(lambda: when in out.read_text(), timeout=120, what=when)
+        os.killpg(p.pid, signal.SIGINT)
         assert p.wait(timeout=120) == 130
     finally:
         if p.poll() is None:
             p.kill()
-    out = (tmp_path / "out.txt").read_text()
-    assert "interrupted: stopping the workload and the cluster" in out
-    assert "every process stopped" in out
-    assert [x for x in started if alive(x)] == []
+    text = out.read_text()
+    assert "interrupted: stopping the workload and the cluster" in text
+    assert "every process stopped" in text
+    assert ours_alive(d) == []
+    if when == "== 3.":
+        assert len(pids(d)) == 12  # metadata x3, shards a-d, ratelimit, 2 proxies, 2 coordinators
 
 
 def test_ctl_top_once_and_json(tmp_path):
