@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "bench/bench.h"
@@ -52,6 +53,12 @@ int main(int argc, char **argv)
 	 * stripedb exports its own metrics, so the counters are off; the variable must be set
 	 * before the library loads, hence one re-exec at start (skipped if exec fails). */
 	if (getenv("MONGOC_DISABLE_SHM") == NULL) {
+		char shm[32];
+		/* the counters file this process image already created (libmongoc names it
+		 * "/mongoc-PID"); exec would leak it, and a later process reusing the pid would
+		 * find it taken */
+		snprintf(shm, sizeof shm, "/mongoc-%d", (int)getpid());
+		shm_unlink(shm);
 		setenv("MONGOC_DISABLE_SHM", "1", 1);
 		execv("/proc/self/exe", argv);
 	}
