@@ -192,10 +192,16 @@ static void print_status(struct cli_ctx *ctx, const bson_t *m)
 	}
 	printf("%s  %s chunk %s  %s -> %s  state %s\n", id, ns, chunk, from, to, st);
 	if (sub(m, "stats", &stats)) {
-		printf("  import     %" PRId64 " docs, %" PRId64 " bytes in %" PRId64 " ms\n",
-		       ival(&stats, "imported"), ival(&stats, "importBytes"), ival(&stats, "importMS"));
-		printf("  replicate  %" PRId64 " applied, %" PRId64 " skipped, lag %" PRId64 " ms\n",
-		       ival(&stats, "applied"), ival(&stats, "skipped"), ival(&stats, "lagMS"));
+		int64_t ims = ival(&stats, "importMS");
+		printf("  import     %" PRId64 " docs, %" PRId64 " bytes in %" PRId64 " ms (%" PRId64
+		       " docs/s)\n",
+		       ival(&stats, "imported"), ival(&stats, "importBytes"), ims,
+		       ims > 0 ? ival(&stats, "imported") * 1000 / ims : 0);
+		bson_iter_t pit;
+		bool is_paused = bson_iter_init_find(&pit, &stats, "paused") && bson_iter_as_bool(&pit);
+		printf("  replicate  %" PRId64 " applied, %" PRId64 " skipped, lag %" PRId64 " ms%s\n",
+		       ival(&stats, "applied"), ival(&stats, "skipped"), ival(&stats, "lagMS"),
+		       is_paused ? " (paused)" : "");
 		if (sub(&stats, "verify", &v))
 			printf("  verify     %" PRId64 " docs, %" PRId64 " missing, %" PRId64
 			       " extra, %" PRId64 " different\n",

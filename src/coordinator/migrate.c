@@ -24,6 +24,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "coordinator/migrate.h"
 #include "proxy/route.h"
 #include "storage/bsonval.h"
@@ -53,6 +54,10 @@ struct migrate_runner {
 	atomic_int stop;
 	pthread_mutex_t mu;
 	mig_job *jobs;
+	/* /metrics */
+	sdb_histogram *h_pause;
+	sdb_counter *c_switches, *c_rolled, *c_complete, *c_aborted;
+	sdb_gauge *g_running;
 };
 
 /* ------------------------------------------------------------ time */
@@ -413,6 +418,14 @@ static int save(mig *m, mig_state to)
 	if (to != from) {
 		sdb_info("migration state", "id=%s from=%s to=%s", m->id, migrate_state_name(from),
 			 migrate_state_name(to));
+		if (to == MIG_SWITCHED && from == MIG_SWITCHING)
+			sdb_counter_inc(m->r->c_switches);
+		else if (to == MIG_REPLICATING && from == MIG_SWITCHING)
+			sdb_counter_inc(m->r->c_rolled);
+		else if (to == MIG_COMPLETE)
+			sdb_counter_inc(m->r->c_complete);
+		else if (to == MIG_ABORTED)
+			sdb_counter_inc(m->r->c_aborted);
 		crash_point("after", migrate_state_name(to));
 	}
 	return 0;
@@ -1490,6 +1503,7 @@ static int route_to(mig *m, const char *shard, int64_t token, int64_t expect)
 
 static void record_pause(mig *m, int64_t us)
 {
+	sdb_histogram_observe_ns(m->r->h_pause, (uint64_t)us * 1000);
 	int64_t ms = (us + 999) / 1000;
 	m->last_pause_ms = ms;
 	if (m->npauses == 64)
@@ -1827,6 +1841,20 @@ migrate_runner *migrate_runner_new(cdc_log *log, const char *meta_uri, const cha
 	r->budget_shard = s && atoi(s) > 0 ? atoi(s) : 2;
 	atomic_init(&r->stop, 0);
 	pthread_mutex_init(&r->mu, NULL);
+	r->h_pause = sdb_metrics_histogram("stripedb_migration_switch_pause_seconds",
+					   "migrations: write pause at a traffic switch (token bump "
+					   "to routing commit, or to the bump's rollback)",
+					   NULL);
+	r->c_switches = sdb_metrics_counter("stripedb_migration_switches_total",
+					    "migrations: traffic switches committed", NULL);
+	r->c_rolled = sdb_metrics_counter("stripedb_migration_switch_rollbacks_total",
+					  "migrations: switches rolled back at the pause bound", NULL);
+	r->c_complete = sdb_metrics_counter("stripedb_migration_completed_total",
+					    "migrations: completed", NULL);
+	r->c_aborted = sdb_metrics_counter("stripedb_migration_aborted_total",
+					   "migrations: aborted", NULL);
+	r->g_running = sdb_metrics_gauge("stripedb_migration_running",
+					 "migrations: workers running in this coordinator", NULL);
 	return r;
 }
 
@@ -1887,7 +1915,11 @@ void migrate_runner_tick(migrate_runner *r, mongoc_client_t *c)
 	size_t n = 0, cap = 0;
 	pthread_mutex_lock(&r->mu);
 	reap(r);
+	int64_t running = 0;
+	for (mig_job *j = r->jobs; j; j = j->next)
+		running++;
 	pthread_mutex_unlock(&r->mu);
+	sdb_gauge_set(r->g_running, running);
 	BSON_APPEND_INT32(&cmd, "listMigrations", 1);
 	int rc = meta_run(c, &cmd, &reply, err, sizeof err);
 	bson_destroy(&cmd);

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from checker import check
-from conftest import wait_until
+from conftest import http_get, wait_until
 from migration_helpers import MigCluster, Workload
 
 
@@ -50,6 +50,16 @@ def test_migrate_one_chunk_under_writes(start_role, tmp_path):
         assert verdict["stats"]["acked"] >= 200
         pre = {k: v for k, v in cl.owned_docs(ns).items() if str(k).startswith("p")}
         assert len(pre) == 200 and all(pre[f"p{i}"]["v"] == -i for i in range(200))
+        st, body = http_get(cl.coords[0].http_port, "/metrics")
+        metrics = dict(l.rsplit(" ", 1) for l in body.decode().splitlines()
+                       if l.startswith("stripedb_migration_"))
+        assert metrics["stripedb_migration_switches_total"] == "1"
+        assert metrics["stripedb_migration_completed_total"] == "1"
+        assert metrics["stripedb_migration_switch_pause_seconds_count"] == "1"
+        # status shows the per-phase counts
+        out = cl.ctl("migration", "status", mid).stdout.decode()
+        assert f"{mid}  {ns} chunk {c0['id']}  shard-a -> shard-b  state complete" in out
+        assert "0 missing, 0 extra, 0 different" in out
     finally:
         cl.close()
 
