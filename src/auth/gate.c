@@ -10,9 +10,12 @@
 #include "auth/scram.h"
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "ratelimit/limiter.h"
 
 #define AUTH_FAILURE_WINDOW_MS 60000
+#define AUTH_USER_CACHE 64          /* verifiers kept for speculative authentication */
+#define AUTH_USER_CACHE_TTL_NS (10 * 1000000000ull)
 #define AUTH_MAX_PIPELINE_DEPTH 16
 
 struct auth_gate {
@@ -26,6 +29,19 @@ struct auth_gate {
 	auth_scram_creds cluster; /* __system's verifier when has_cluster */
 	uv_mutex_t mu; /* guards pol */
 	auth_policy *pol;
+	/* Speculative authentication (hello's speculativeAuthenticate): verifiers of recent
+	 * saslStart lookups, and the server-first the hello hook adds to the reply of the
+	 * hello being dispatched (spec_cmd). Loop thread only. */
+	struct cached_user {
+		char user[AUTH_SCRAM_MAX_USER + 1];
+		char tenant[256];
+		auth_scram_creds creds;
+		uint64_t at_ns;
+	} cache[AUTH_USER_CACHE];
+	size_t cache_next;
+	const bson_t *spec_cmd;
+	char spec_payload[AUTH_SCRAM_MAX_MSG + 1];
+	sdb_counter *m_speculative;
 };
 
 /* Per-connection state (wire_conn_set_data). Loop thread only. */
@@ -51,6 +67,9 @@ auth_gate *auth_gate_new(const auth_gate_opts *opts)
 	g->lim = rl_limiter_new(NULL);
 	uv_mutex_init(&g->mu);
 	g->pol = auth_policy_build(NULL, NULL);
+	g->m_speculative = sdb_metrics_counter(
+		"stripedb_auth_speculative_total",
+		"Conversations started in hello (speculativeAuthenticate).", NULL);
 	if (opts->cluster) {
 		g->has_cluster = true;
 		g->cluster = *opts->cluster;
@@ -80,8 +99,19 @@ void auth_gate_load(auth_gate *g, const bson_t *tenants, const bson_t *dbs)
 
 void auth_gate_hello(auth_gate *g, const bson_t *cmd, bson_t *reply)
 {
-	bson_t arr;
-	(void)g;
+	bson_t arr, sp;
+	if (g->spec_cmd == cmd && g->spec_payload[0]) {
+		BSON_APPEND_DOCUMENT_BEGIN(reply, "speculativeAuthenticate", &sp);
+		BSON_APPEND_INT32(&sp, "conversationId", 1);
+		BSON_APPEND_BOOL(&sp, "done", false);
+		BSON_APPEND_BINARY(&sp, "payload", BSON_SUBTYPE_BINARY,
+				   (const uint8_t *)g->spec_payload,
+				   (uint32_t)strlen(g->spec_payload));
+		bson_append_document_end(reply, &sp);
+		sdb_counter_inc(g->m_speculative);
+	}
+	g->spec_cmd = NULL;
+	g->spec_payload[0] = '\0';
 	if (!bson_has_field(cmd, "saslSupportedMechs"))
 		return;
 	/* the same answer for every user name: no user enumeration */
@@ -297,6 +327,11 @@ static void lookup_done(uv_work_t *w, int status)
 					   sizeof out, err, sizeof err) != 0) {
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, l->user, "server-first failed");
 	} else {
+		struct cached_user *u = &g->cache[g->cache_next++ % AUTH_USER_CACHE];
+		snprintf(u->user, sizeof u->user, "%s", l->user);
+		snprintf(u->tenant, sizeof u->tenant, "%s", l->tenant);
+		u->creds = l->creds;
+		u->at_ns = uv_hrtime();
 		snprintf(c->tenant, sizeof c->tenant, "%s", l->tenant);
 		reply_sasl(req, out, false);
 	}
@@ -675,6 +710,60 @@ static void list_databases(auth_gate *g, wire_req *req, auth_conn *c)
 	wire_req_reply(req, r);
 }
 
+/* hello with speculativeAuthenticate: {saslStart: 1, mechanism, payload, db}. When the
+ * user's verifier is cached (a saslStart looked it up less than 10 s ago) the conversation
+ * starts here and the hello hook returns server-first in the same reply; otherwise
+ * nothing happens and the driver runs saslStart (the specification's fallback). */
+static void speculative(auth_gate *g, wire_req *req, auth_conn *c)
+{
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_iter_t it;
+	bson_t spec;
+	uint32_t len;
+	const uint8_t *data, *payload;
+	uint32_t plen;
+	auth_scram s;
+	uint8_t snonce[24];
+	char err[256], host[80];
+	uint64_t now = uv_hrtime();
+
+	g->spec_cmd = NULL;
+	if (!g->meta || c->busy || bson_has_field(cmd, "topologyVersion") ||
+	    !bson_iter_init_find(&it, cmd, "speculativeAuthenticate") ||
+	    !BSON_ITER_HOLDS_DOCUMENT(&it))
+		return;
+	bson_iter_document(&it, &len, &data);
+	if (!bson_init_static(&spec, data, len) || !bson_iter_init_find(&it, &spec, "mechanism") ||
+	    !BSON_ITER_HOLDS_UTF8(&it) ||
+	    auth_scram_mech_parse(bson_iter_utf8(&it, NULL)) != AUTH_SCRAM_SHA256 ||
+	    !get_payload(&spec, &payload, &plen))
+		return;
+	auth_scram_init(&s, AUTH_SCRAM_SHA256);
+	if (auth_scram_client_first(&s, payload, plen, err, sizeof err) != 0)
+		return;
+	peer_host(wire_conn_peer(wire_req_conn(req)), host, sizeof host);
+	if (!limiter_take(g, "user", s.user, 0) || !limiter_take(g, "host", host, 0))
+		return; /* saslStart will answer (and audit) the refusal */
+	for (size_t i = 0; i < AUTH_USER_CACHE; i++) {
+		struct cached_user *u = &g->cache[i];
+		if (!u->user[0] || strcmp(u->user, s.user) != 0 || now - u->at_ns > AUTH_USER_CACHE_TTL_NS)
+			continue;
+		if (RAND_bytes(snonce, sizeof snonce) != 1 ||
+		    auth_scram_server_first(&s, &u->creds, snonce, sizeof snonce, g->spec_payload,
+					    sizeof g->spec_payload, err, sizeof err) != 0) {
+			g->spec_payload[0] = '\0';
+			return;
+		}
+		c->scram = s;
+		c->state = CONN_CONVERSING;
+		c->is_system = false;
+		snprintf(c->user, sizeof c->user, "%s", s.user);
+		snprintf(c->tenant, sizeof c->tenant, "%s", u->tenant);
+		g->spec_cmd = cmd;
+		return;
+	}
+}
+
 bool auth_gate_check(auth_gate *g, wire_req *req)
 {
 	const char *name = wire_req_name(req);
@@ -691,7 +780,11 @@ bool auth_gate_check(auth_gate *g, wire_req *req)
 		return false;
 	}
 	if (strcmp(name, "hello") == 0 || strcmp(name, "isMaster") == 0 ||
-	    strcmp(name, "ismaster") == 0 || strcmp(name, "ping") == 0)
+	    strcmp(name, "ismaster") == 0) {
+		speculative(g, req, c);
+		return true;
+	}
+	if (strcmp(name, "ping") == 0)
 		return true;
 	if (c->state != CONN_AUTHENTICATED) {
 		auth_audit(AUTH_AUDIT_UNAUTHENTICATED, NULL, NULL, wire_conn_peer(wire_req_conn(req)),

@@ -7,6 +7,8 @@
  *    the metadata service (getUser, on the libuv thread pool). SCRAM-SHA-1 is accepted by
  *    the conversation code but the metadata service stores SHA-256 verifiers only, so it
  *    fails as an unknown mechanism for now. hello answers saslSupportedMechs.
+ *  - hello's speculativeAuthenticate starts the conversation in hello when the user's
+ *    verifier was looked up by a saslStart in the last 10 s (else drivers run saslStart).
  *  - Every failure (unknown user, wrong password, malformed message, brute-force limit)
  *    answers AuthenticationFailed (18) "Authentication failed." exactly fail_delay_ms
  *    after the request arrived, so timing tells nothing.

@@ -249,3 +249,24 @@ def test_libmongoc_client_authenticates(sec, tmp_path):
                        text=True, timeout=60)
     assert (r.returncode, last(r)) == \
         (1, "error 13 not authorized on adb to execute command count"), r.stdout
+
+
+def test_speculative_authentication_in_hello(sec):
+    # the first authentication of alice looks her verifier up (saslStart)...
+    client(sec, "alice", "alice-pw").adb.c.insert_one({"_id": "warm"})
+    before = audit_counts(sec)
+    st, body = http_get(sec.proxy_procs[0].http_port, "/metrics")
+    n0 = [float(line.split()[-1]) for line in body.decode().splitlines()
+          if line.startswith("stripedb_auth_speculative_total")]
+    # ...the next connection starts its conversation inside hello (one round trip less)
+    c = client(sec, "alice", "alice-pw")
+    assert c.adb.c.find_one({"_id": "warm"}) == {"_id": "warm"}
+    st, body = http_get(sec.proxy_procs[0].http_port, "/metrics")
+    n1 = [float(line.split()[-1]) for line in body.decode().splitlines()
+          if line.startswith("stripedb_auth_speculative_total")]
+    assert n1[0] - (n0[0] if n0 else 0.0) == 1.0
+    # and a wrong password through the speculative path still fails with 18
+    with pytest.raises(OperationFailure) as ei:
+        client(sec, "alice", "wrong").adb.c.find_one()
+    assert ei.value.code == 18
+    assert audit_counts(sec)["authFailed"] - before.get("authFailed", 0) == 1
