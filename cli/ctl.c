@@ -38,6 +38,8 @@ static void ctl_usage(FILE *f)
 		"  migrate DB.COLL --chunk ID --to SHARD [--wait] [--dry-run]\n"
 		"  migration list|status ID|rollback ID    migrations in flight and done\n"
 		"  cdc status|read ...                     change data capture per shard\n"
+		"  tenant create|list|quota|policy ...     tenants, quotas, authorization policies\n"
+		"  user create|passwd|drop ...             users (SCRAM-SHA-256 verifiers)\n"
 		"Each subcommand takes --help.\n"
 		"\n"
 		"--metadata defaults to STRIPEDB_METADATA. Exit codes: 0 ok, 1 error from the\n"
