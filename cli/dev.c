@@ -183,6 +183,16 @@ static long http_status(int port, const char *path)
 	return code;
 }
 
+static void strip_deleted(char *path)
+{
+	static const char suffix[] = " (deleted)";
+	size_t n = strlen(path), k = sizeof suffix - 1;
+
+	if (n > k && strcmp(path + n - k, suffix) == 0) {
+		path[n - k] = '\0';
+	}
+}
+
 /* Whether pid is a live stripedb process (our binary: guards against pid reuse after a
  * crash). Reaps our own exited children. */
 static int pid_alive(int pid)
@@ -203,6 +213,9 @@ static int pid_alive(int pid)
 	}
 	exe[n] = '\0';
 	self_exe(self, sizeof self);
+	/* a binary rebuilt while the cluster runs: the kernel names the old file "... (deleted)" */
+	strip_deleted(exe);
+	strip_deleted(self);
 	return strcmp(exe, self) == 0;
 }
 
