@@ -21,6 +21,9 @@ from conftest import BIN, free_port, wait_until
 from metadata_cluster import Cluster
 
 TERMINAL = {"complete", "aborted", "rolled_back"}
+# errors after which a write is known not to have been applied: StaleConfig after the
+# proxy's retry budget, over quota, shard key rules
+DEFINITE_CODES = {13388, 462, 66, 61}
 
 
 class MigCluster:
@@ -194,8 +197,9 @@ def in_range(doc, chunk):
 class Workload:
     """Writers and readers through the proxies, recording every operation with its outcome
     for checker.py. Each writer owns a disjoint set of _ids; an operation is `ok` only when
-    the proxy acknowledged it, `fail` when it returned a definite error, `unknown` when the
-    outcome is unknown (network error / timeout)."""
+    the proxy acknowledged it, `fail` when it returned an error that proves it was not
+    applied (DEFINITE_CODES, duplicate key), `unknown` otherwise (network errors, timeouts,
+    HostUnreachable from a proxy whose shard connection dropped mid-write)."""
 
     def __init__(self, cluster, ns, writers=3, readers=1, keys=200, seed=1, key_field="k"):
         self.cl = cluster
@@ -263,7 +267,12 @@ class Workload:
             except pymongo.errors.DuplicateKeyError:
                 out, res = "fail", "dup"
             except pymongo.errors.OperationFailure as e:
-                out, res = "fail", e.code
+                # only errors that prove the write was not applied are definite; a shard
+                # connection lost mid-write (HostUnreachable 6, RetryableWriteError) may
+                # have been applied
+                definite = e.code in DEFINITE_CODES and not e.has_error_label(
+                    "RetryableWriteError")
+                out, res = ("fail" if definite else "unknown"), e.code
             except PyMongoError as e:
                 out, res = "unknown", str(e)
             self._rec(op, w, _id, val, t0, time.monotonic(), out, res)
