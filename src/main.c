@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include <mongoc/mongoc.h>
+
 #include "cli/cli.h"
 #include "common/alloc.h"
 #include "common/config.h"
@@ -25,12 +27,43 @@
 
 extern char **environ;
 
+/* libmongoc logs through its own handler to stdout/stderr, unstructured and at DEBUG level
+ * too; route it into our logfmt logger (role and node on every line) at the right level. */
+static void mongoc_log_to_sdb(mongoc_log_level_t level, const char *domain, const char *message,
+			      void *data)
+{
+	sdb_log_level l;
+	char q[1024];
+
+	(void)data;
+	switch (level) {
+	case MONGOC_LOG_LEVEL_ERROR:
+	case MONGOC_LOG_LEVEL_CRITICAL:
+		l = SDB_LOG_ERROR;
+		break;
+	case MONGOC_LOG_LEVEL_WARNING:
+		l = SDB_LOG_WARN;
+		break;
+	case MONGOC_LOG_LEVEL_MESSAGE:
+	case MONGOC_LOG_LEVEL_INFO:
+		l = SDB_LOG_INFO;
+		break;
+	default:
+		l = SDB_LOG_DEBUG;
+		break;
+	}
+	sdb_log(l, "libmongoc", "domain=%s detail=%s", domain != NULL ? domain : "",
+		sdb_logq(q, sizeof q, message != NULL ? message : ""));
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: stripedb --role=ROLE [--role=ROLE ...] [options]\n"
 		"       stripedb ctl --metadata=H:P,... SUBCOMMAND ...   (stripedb ctl --help)\n"
 		"       stripedb dev up|status|down|kill|restart [--dir DIR]   (stripedb dev --help)\n"
+		"       stripedb demo [--dir DIR] [--cdc embedded|kafka]      the whole system at work\n"
+		"       stripedb bench [options]                              workload generator\n"
 		"       stripedb --version | --help\n"
 		"\n"
 		"roles: metadata, proxy, coordinator, ratelimit, shard. Options given after a\n"
@@ -63,6 +96,7 @@ int main(int argc, char **argv)
 		execv("/proc/self/exe", argv);
 	}
 	sdb_alloc_init();
+	mongoc_log_set_handler(mongoc_log_to_sdb, NULL);
 	if (argc >= 2 && strcmp(argv[1], "ctl") == 0) {
 		return cli_main(argc - 2, argv + 2);
 	}
@@ -74,6 +108,11 @@ int main(int argc, char **argv)
 	}
 	if (argc >= 2 && strcmp(argv[1], "demo") == 0) {
 		return cli_demo_main(argc - 2, argv + 2);
+	}
+	if (argc > 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0 ||
+			 strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+		fprintf(stderr, "stripedb: unexpected argument '%s' after %s\n", argv[2], argv[1]);
+		return 2;
 	}
 	if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
 		printf("stripedb %s\n", PACKAGE_VERSION);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -162,6 +163,9 @@ static int validate(int opt, const char *value, char *err, size_t errlen)
 			return sdb_errf(err, errlen, SDB_EUSAGE, "'%s' is not a non-negative integer",
 					value);
 		}
+		if (v == 0 && opt == SDB_OPT_max_connections) {
+			return sdb_errf(err, errlen, SDB_EUSAGE, "must be at least 1");
+		}
 		return 0;
 	}
 	case SDB_OPT_BOOL:
@@ -304,6 +308,14 @@ static int load_file(const char *path, int explicit_path, layer *l, char *roles,
 		}
 		return sdb_errf(err, errlen, SDB_EIO, "cannot read config file %s: %s", path,
 				strerror(errno));
+	}
+	{
+		struct stat st;
+		if (fstat(fileno(f), &st) != 0 || S_ISDIR(st.st_mode)) {
+			fclose(f);
+			return sdb_errf(err, errlen, SDB_EIO, "cannot read config file %s: %s", path,
+					strerror(EISDIR));
+		}
 	}
 	fc.f = f;
 	rc = ini_parse_stream(ini_reader_fn, &fc, ini_cb, &fc);

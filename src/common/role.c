@@ -3,6 +3,9 @@
 #include "common/role.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <signal.h>
 #include <systemd/sd-daemon.h>
@@ -115,13 +118,78 @@ static void walk_leak(uv_handle_t *h, void *arg)
 	}
 }
 
+/* Create DIR if missing and take an exclusive flock on DIR/stripedb.lock (kept for the
+ * process lifetime, released by the kernel on exit or crash). Returns 0 or SDB_EIO. */
+static int lock_data_dir(sdb_role *r, const char *dir)
+{
+	char path[4096];
+	char pid[32] = "";
+	int fd;
+	ssize_t n;
+
+	if (mkdir(dir, 0750) != 0 && errno != EEXIST) {
+		return sdb_errf(r->err, sizeof r->err, SDB_EIO, "cannot create data dir %s: %s", dir,
+				strerror(errno));
+	}
+	snprintf(path, sizeof path, "%s/stripedb.lock", dir);
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+	if (fd < 0) {
+		return sdb_errf(r->err, sizeof r->err, SDB_EIO, "cannot open %s: %s", path,
+				strerror(errno));
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		n = read(fd, pid, sizeof pid - 1);
+		pid[n > 0 ? n : 0] = '\0';
+		pid[strcspn(pid, "\n")] = '\0';
+		close(fd);
+		return sdb_errf(r->err, sizeof r->err, SDB_EIO,
+				"data dir %s is in use by another stripedb process%s%s%s", dir,
+				pid[0] ? " (pid " : "", pid, pid[0] ? ")" : "");
+	}
+	if (ftruncate(fd, 0) == 0) {
+		n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+		if (write(fd, pid, (size_t)n) != n) {
+			/* the pid is informational only */
+		}
+	}
+	r->lock_fd = fd;
+	return 0;
+}
+
+/* The node id in every log line: --node-id, else the role's first listen address. */
+static void pick_node(sdb_role *r)
+{
+	static const sdb_opt addrs[] = {SDB_OPT_node_id, SDB_OPT_listen, SDB_OPT_grpc_listen,
+					SDB_OPT_http_listen};
+
+	r->node[0] = '\0';
+	for (size_t i = 0; i < sizeof addrs / sizeof addrs[0]; i++) {
+		const char *v = sdb_config_get(r->cfg, addrs[i]);
+		if (v != NULL) {
+			snprintf(r->node, sizeof r->node, "%s", v);
+			return;
+		}
+	}
+}
+
+/* "ROLE: msg" from a role's own error text would print as "stripedb: ROLE: ROLE: msg". */
+static const char *strip_role_prefix(const sdb_role *r)
+{
+	size_t n = strlen(r->def->name);
+
+	if (strncmp(r->err, r->def->name, n) == 0 && r->err[n] == ':' && r->err[n + 1] == ' ') {
+		return r->err + n + 2;
+	}
+	return r->err;
+}
+
 static void role_thread(void *arg)
 {
 	sdb_role *r = arg;
 	uv_loop_t loop;
 	int leaks = 0;
 
-	sdb_log_set_thread(r->def->name, sdb_config_get(r->cfg, SDB_OPT_node_id));
+	sdb_log_set_thread(r->def->name, r->node[0] ? r->node : NULL);
 	uv_loop_init(&loop);
 	r->loop = &loop;
 	uv_async_init(&loop, &r->stop_async, stop_async_cb);
@@ -185,16 +253,28 @@ int sdb_roles_run(const sdb_config_set *set)
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
+	for (size_t i = 0; i < set->n_roles; i++) {
+		roles[i].lock_fd = -1;
+	}
 	for (size_t i = 0; i < set->n_roles && !failed; i++) {
 		sdb_role *r = &roles[i];
 		const char *http = sdb_config_get(&set->roles[i], SDB_OPT_http_listen);
+		const char *data_dir = sdb_config_get(&set->roles[i], SDB_OPT_data_dir);
 		r->def = sdb_role_find(set->roles[i].role);
 		r->cfg = &set->roles[i];
 		r->state = ST_NEW;
+		pick_node(r);
+		if (data_dir != NULL && lock_data_dir(r, data_dir) != 0) {
+			fprintf(stderr, "stripedb: %s: %s\n", r->def->name, r->err);
+			exit_code = 1;
+			failed = 1;
+			break;
+		}
 		if (http != NULL) {
 			int rc = sdb_http_acquire(http, &r->http, r->err, sizeof r->err);
 			if (rc != 0) {
 				fprintf(stderr, "stripedb: %s: %s\n", r->def->name, r->err);
+				exit_code = rc == SDB_EINVAL ? 2 : 1;
 				failed = 1;
 				break;
 			}
@@ -205,8 +285,8 @@ int sdb_roles_run(const sdb_config_set *set)
 		uv_sem_wait(&r->started);
 		started++;
 		if (r->start_rc != 0) {
-			fprintf(stderr, "stripedb: %s: %s\n", r->def->name, r->err);
-			sdb_log(SDB_LOG_ERROR, "start failed", "role=%s rc=%d", r->def->name, r->start_rc);
+			fprintf(stderr, "stripedb: %s: %s\n", r->def->name, strip_role_prefix(r));
+			exit_code = r->start_rc == SDB_EUSAGE || r->start_rc == SDB_EINVAL ? 2 : 1;
 			failed = 1;
 		}
 	}
@@ -236,8 +316,6 @@ int sdb_roles_run(const sdb_config_set *set)
 			sd_notify(0, "STOPPING=1");
 			break;
 		}
-	} else {
-		exit_code = 1;
 	}
 
 	/* Stop every role that is running, then join all started threads. */
@@ -254,6 +332,9 @@ int sdb_roles_run(const sdb_config_set *set)
 		if (roles[i].http != NULL) {
 			sdb_http_unroute(roles[i].http, &roles[i]);
 			sdb_http_release(roles[i].http);
+		}
+		if (roles[i].lock_fd >= 0) {
+			close(roles[i].lock_fd);
 		}
 	}
 	free(roles);

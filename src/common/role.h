@@ -47,6 +47,8 @@ struct sdb_role {
 	uv_timer_t stop_timer;
 	uv_sem_t started;
 	int start_rc;
+	int lock_fd; /* flock on DATA_DIR/stripedb.lock, or -1 */
+	char node[64]; /* node id used in logs: --node-id, else the first listen address */
 };
 
 /* The role definitions, implemented in their folders. */
@@ -62,9 +64,13 @@ const sdb_role_def *sdb_role_find(const char *name);
 /* Signal from a role's stop() path that it has fully stopped (loop thread only). */
 void sdb_role_stopped(sdb_role *role);
 
-/* Run every role of set until SIGTERM/SIGINT and a graceful stop. Returns the process exit
- * code: 0 after a clean shutdown, 1 when a role failed to start (its message logged and
- * printed on stderr). */
+/* Run every role of set until SIGTERM/SIGINT and a graceful stop. Before a role with a
+ * --data-dir starts, the directory is created if missing and locked (flock on
+ * DIR/stripedb.lock, holding the pid), so two processes never share one data directory.
+ * Returns the process exit code: 0 after a clean shutdown; 2 when a role refused its
+ * configuration (start returned SDB_EUSAGE or SDB_EINVAL: a missing flag, an address that
+ * does not resolve); 1 for any other start failure (port in use, data dir locked, I/O).
+ * Start failures print exactly one line on stderr: "stripedb: ROLE: MESSAGE". */
 int sdb_roles_run(const sdb_config_set *set);
 
 #endif

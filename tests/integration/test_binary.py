@@ -141,3 +141,27 @@ def test_config_file_and_env(start_role, tmp_path):
     c.close()
     assert p.stop() == 0
     assert "level=debug" in p.tail(100000)
+
+
+def test_data_dir_is_locked_against_a_second_process(start_role, tmp_path):
+    p = start_role(["--role=shard", f"--listen=127.0.0.1:{free_port()}", f"--data-dir={tmp_path}"])
+    r = run(["--role=shard", f"--listen=127.0.0.1:{free_port()}", f"--data-dir={tmp_path}"])
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"stripedb: shard: data dir {tmp_path} is in use by another stripedb process (pid {p.p.pid})"]
+    assert p.stop() == 0
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--role=shard"], "stripedb: shard: --data-dir is required"),
+    (["--role=shard", "--data-dir=DIR", "--listen=host.invalid:1"], "stripedb: shard: listen address 'host.invalid:1'"),
+    (["--role=shard", "--config=/"], "stripedb: cannot read config file /: Is a directory"),
+    (["--role=shard", "--max-connections=0"], "stripedb: --max-connections: must be at least 1"),
+    (["--version", "extra"], "stripedb: unexpected argument 'extra'"),
+])
+def test_start_refusals_exit_2_with_one_line(tmp_path, args, needle):
+    args = [a.replace("DIR", str(tmp_path)) for a in args]
+    r = run(args)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(needle), r.stderr
