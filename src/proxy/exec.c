@@ -836,9 +836,12 @@ static void answer_write(ctx *c, wresult *w, bool is_update)
 {
 	bson_t *out = bson_new();
 
-	BSON_APPEND_INT64(out, "n", w->n);
+	/* int32 as mongod and mongos send them: libmongoc reads n/nModified only when they
+	 * hold an int32 (an int64 n made update_one report matchedCount 0) */
+	BSON_APPEND_INT32(out, "n", (int32_t)(w->n > INT32_MAX ? INT32_MAX : w->n));
 	if (is_update) {
-		BSON_APPEND_INT64(out, "nModified", w->n_modified);
+		BSON_APPEND_INT32(out, "nModified",
+				  (int32_t)(w->n_modified > INT32_MAX ? INT32_MAX : w->n_modified));
 		if (w->nups)
 			append_sorted(out, "upserted", &w->upserted, w->nups);
 	}

@@ -61,6 +61,12 @@ def test_dev_cluster_lifecycle(tmp_path):
         c = pymongo.MongoClient(f"mongodb://{px}/")
         c.pay.charges.insert_many([{"_id": i, "merchant": f"m{i % 10}", "amount": i} for i in range(200)])
         assert c.pay.charges.count_documents({}) == 200
+        # write results carry n/nModified as int32, as mongos does (libmongoc ignores an
+        # int64 n: update_one then reported matchedCount 0)
+        r = c.pay.command("update", "charges",
+                          updates=[{"q": {"_id": 7, "merchant": "m7"}, "u": {"$set": {"x": 1}}}])
+        assert (r["n"], r["nModified"]) == (1, 1)
+        assert type(r["n"]) is int and type(r["nModified"]) is int  # bson Int64 would differ
         per_shard = [pymongo.MongoClient(f"mongodb://127.0.0.1:{procs[s]['wire']}/?directConnection=true")
                      .pay.charges.count_documents({}) for s in ("shard-a", "shard-b")]
         assert per_shard == [100, 100]  # m0..m4 below the split point, m5..m9 above
