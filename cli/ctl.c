@@ -32,15 +32,18 @@ static void ctl_usage(FILE *f)
 		"usage: stripedb ctl [--metadata=H:P,...] [--json] [--timeout-ms=N] SUBCOMMAND ...\n"
 		"\n"
 		"subcommands:\n"
-		"  ping                 ask every metadata member for hello; print who is leader\n"
+		"  ping                                    hello to every metadata member; who leads\n"
 		"  metadata join|remove|transfer|status    Raft membership of the metadata service\n"
-		"  shard add|list|drain|split ...          shards and moving their chunks\n"
+		"  shard drain|split ...                   move every / half of a shard's chunks\n"
 		"  migrate DB.COLL --chunk ID --to SHARD [--wait] [--dry-run]\n"
-		"  migration list|status ID|rollback ID    migrations in flight and done\n"
+		"  migration list|status|rollback|pause|resume ...   migrations in flight and done\n"
+		"  chunk list|split|merge ...              chunks of a sharded collection\n"
+		"  rebalance --bin-pack                    propose and run drains of cold shards\n"
+		"  top [--once]                            shards and migrations, live\n"
 		"  cdc status|read ...                     change data capture per shard\n"
-		"  tenant create|list|quota|policy ...     tenants, quotas, authorization policies\n"
+		"  tenant create|list|quota|policy|isolate ...   tenants, quotas, policies\n"
 		"  user create|passwd|drop ...             users (SCRAM-SHA-256 verifiers)\n"
-		"Each subcommand takes --help.\n"
+		"See stripedb-ctl(1) for every subcommand's options.\n"
 		"\n"
 		"--metadata defaults to STRIPEDB_METADATA. Exit codes: 0 ok, 1 error from the\n"
 		"cluster or unreachable, 2 bad usage.\n");
@@ -160,9 +163,25 @@ int cli_main(int argc, char **argv)
 	}
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(cmds[k].name, argv[i]) == 0) {
+			char *list, *save = NULL;
+			int bad = 0;
 			if (ctx.metadata == NULL || ctx.metadata[0] == '\0') {
 				fprintf(stderr, "stripedb ctl: no metadata address: pass --metadata=H:P,... "
 						"or set STRIPEDB_METADATA\n");
+				return 2;
+			}
+			list = sdb_strdup(ctx.metadata);
+			for (char *tok = strtok_r(list, ",", &save); tok != NULL && !bad;
+			     tok = strtok_r(NULL, ",", &save)) {
+				char host[256], err[256];
+				int port;
+				if (sdb_addr_split(tok, host, sizeof host, &port, err, sizeof err) != 0) {
+					fprintf(stderr, "stripedb ctl: --metadata: %s\n", err);
+					bad = 1;
+				}
+			}
+			free(list);
+			if (bad) {
 				return 2;
 			}
 			mongoc_init();

@@ -777,7 +777,7 @@ static int dev_up(int argc, char **argv)
 		metadata_uri(c, uri, sizeof uri);
 		printf("  metadata:      %s\n", uri);
 	}
-	printf("  ctl:           stripedb ctl --metadata=%s status\n", meta);
+	printf("  ctl:           stripedb ctl --metadata=%s metadata status\n", meta);
 	if (strcmp(c->cdc, "kafka") == 0) {
 		printf("  kafka (mock):  %s\n", c->kafka);
 	}
