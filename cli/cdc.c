@@ -21,18 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
 #include "cdc/archive.h"
 #include "cdc/log.h"
 #include "cdc/reader.h"
 #include "common/alloc.h"
 #include "common/err.h"
 
-/* Same members as in cli/ctl.c (compatible type, C11 6.2.7) until cli.h exports it. */
-struct cli_ctx {
-	const char *metadata;
-	int json;
-	int timeout_ms;
-};
 
 int cli_cdc_main(struct cli_ctx *ctx, int argc, char **argv);
 

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
 #include "common/alloc.h"
 
 int cli_metadata_main(int argc, char **argv);
@@ -233,11 +234,6 @@ int cli_metadata_main(int argc, char **argv)
 
 /* The same with ctl's parsed global options, in the shape of ctl.c's subcommand table
  * (cli_cmd_fn): argv starts after "metadata". */
-struct cli_ctx {
-	const char *metadata;
-	int json;
-	int timeout_ms;
-};
 int cli_metadata_cmd(struct cli_ctx *ctx, int argc, char **argv);
 
 int cli_metadata_cmd(struct cli_ctx *ctx, int argc, char **argv)

@@ -30,16 +30,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "common/alloc.h"
 #include "proxy/route.h"
 #include "coordinator/migrate.h"
 
-/* Same members as in cli/ctl.c (compatible type, C11 6.2.7) until cli.h exports it. */
-struct cli_ctx {
-	const char *metadata;
-	int json;
-	int timeout_ms;
-};
 
 int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv);

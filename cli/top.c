@@ -23,18 +23,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/cli.h"
 #include "cli/dev.h"
 #include "common/alloc.h"
 
 #define TOP_MAX_SHARDS 64
 #define TOP_MAX_MIGS 64
 
-/* Same members as in cli/ctl.c (compatible type, C11 6.2.7), as in cli/migrate.c. */
-struct cli_ctx {
-	const char *metadata;
-	int json;
-	int timeout_ms;
-};
 
 int cli_top_main(struct cli_ctx *ctx, int argc, char **argv);
 

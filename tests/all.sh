@@ -14,6 +14,17 @@ jobs=$(nproc 2>/dev/null || echo 2)
 
 step() { printf '\n=== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 
+step "remove stale libmongoc counter files"
+# libmongoc (before stripedb unlinks it at start) maps /dev/shm/mongoc-PID; processes killed
+# by older builds left theirs behind, and a new process that gets the same pid prints a
+# warning on stderr. Remove the files of processes that no longer exist.
+for f in /dev/shm/mongoc-*; do
+	[ -e "$f" ] || continue
+	pid=${f##*-}
+	case "$pid" in *[!0-9]*) continue ;; esac
+	[ -d "/proc/$pid" ] || rm -f "$f"
+done
+
 step "install dependencies"
 scripts/install-deps.sh
 

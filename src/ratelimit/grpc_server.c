@@ -6,6 +6,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -455,6 +456,17 @@ static void *cq_main(void *arg)
 	return NULL;
 }
 
+
+/* gRPC core logs to stderr in its own multi-line format; route it into the logfmt logger
+ * (errors only: its INFO/DEBUG chatter is not an operator's concern). */
+static void grpc_log_to_sdb(gpr_log_func_args *a)
+{
+	char q[1024];
+
+	sdb_log(a->severity == GPR_LOG_SEVERITY_ERROR ? SDB_LOG_ERROR : SDB_LOG_DEBUG, "grpc",
+		"detail=%s", sdb_logq(q, sizeof q, a->message != NULL ? a->message : ""));
+}
+
 int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, char *err,
 		       size_t errlen)
 {
@@ -467,6 +479,8 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 	*out = NULL;
 	if (opts->listen == NULL || opts->listen[0] == '\0')
 		return sdb_errf(err, errlen, SDB_EINVAL, "grpc: no listen address");
+	gpr_set_log_function(grpc_log_to_sdb);
+	gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
 	grpc_init();
 	srv = sdb_calloc(1, sizeof(*srv));
 	srv->cluster = opts->cluster;

@@ -799,7 +799,7 @@ static void on_connection(uv_stream_t *listener, int status)
 	wire_conn *conn;
 
 	if (status < 0) {
-		sdb_warn("wire: accept failed", "role=%s error=%s", srv->role, uv_strerror(status));
+		sdb_warn("wire: accept failed", "error=%s", uv_strerror(status));
 		return;
 	}
 	if (srv->state != WIRE_SRV_RUNNING)
@@ -808,10 +808,22 @@ static void on_connection(uv_stream_t *listener, int status)
 		uv_tcp_t *t = sdb_malloc(sizeof *t);
 		uv_tcp_init(srv->loop, t);
 		if (uv_accept(listener, (uv_stream_t *)t) == 0) {
-			char peer[64];
-			format_peer(t, peer, sizeof peer);
-			sdb_warn("wire: connection limit reached, refusing connection",
-				 "peer=%s max_connections=%d", peer, srv->max_connections);
+			/* at most one line per second: a runaway client must not flood the log
+			 * (the refused counter has the exact number) */
+			static _Thread_local uint64_t last_ms;
+			static _Thread_local uint64_t suppressed;
+			uint64_t now = uv_now(srv->loop);
+			if (last_ms == 0 || now - last_ms >= 1000) {
+				char peer[64];
+				format_peer(t, peer, sizeof peer);
+				sdb_warn("wire: connection limit reached, refusing connections",
+					 "peer=%s max_connections=%d suppressed=%llu", peer,
+					 srv->max_connections, (unsigned long long)suppressed);
+				last_ms = now;
+				suppressed = 0;
+			} else {
+				suppressed++;
+			}
 		}
 		sdb_counter_inc(srv->m_refused);
 		uv_close((uv_handle_t *)t, on_refused_closed);
@@ -865,7 +877,7 @@ static void on_srv_handle_closed(uv_handle_t *h)
 		return;
 	cb = srv->close_cb;
 	arg = srv->close_arg;
-	sdb_info("wire: server closed", "role=%s port=%d", srv->role, srv->port);
+	sdb_info("wire: server closed", "port=%d", srv->port);
 	srv_free(srv);
 	if (cb)
 		cb(arg);
@@ -896,8 +908,7 @@ static void on_close_timeout(uv_timer_t *t)
 	wire_conn *conn, *next;
 
 	sdb_warn("wire: shutdown timeout, closing connections",
-		 "role=%s connections=%zu requests_running=%zu", srv->role, srv->n_conns,
-		 srv->n_outstanding);
+		 "connections=%zu requests_running=%zu", srv->n_conns, srv->n_outstanding);
 	for (conn = srv->conns; conn; conn = next) {
 		next = conn->next;
 		conn_close(conn);
@@ -913,8 +924,8 @@ void wire_server_close(wire_server *srv, uint64_t timeout_ms, void (*cb)(void *a
 	srv->state = WIRE_SRV_DRAINING;
 	srv->close_cb = cb;
 	srv->close_arg = arg;
-	sdb_info("wire: server closing", "role=%s port=%d connections=%zu requests_running=%zu",
-		 srv->role, srv->port, srv->n_conns, srv->n_outstanding);
+	sdb_info("wire: server closing", "port=%d connections=%zu requests_running=%zu",
+		 srv->port, srv->n_conns, srv->n_outstanding);
 	uv_close((uv_handle_t *)&srv->listener, on_listener_closed);
 	wire__hello_flush(srv);
 	for (conn = srv->conns; conn; conn = next) {
@@ -1048,7 +1059,7 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	entry_init_metrics(srv, &srv->invalid, "invalid");
 	wire__register_builtins(srv);
 
-	sdb_info("wire: listening", "role=%s addr=%s port=%d", srv->role, opts->listen, srv->port);
+	sdb_info("wire: listening", "addr=%s port=%d", opts->listen, srv->port);
 	*out = srv;
 	return 0;
 }
