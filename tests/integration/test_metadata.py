@@ -262,8 +262,9 @@ def test_start_errors_are_one_clear_line(tmp_path):
             f"--listen=127.0.0.1:{free_port()}"]
     r = subprocess.run([BIN] + base + ["--node-id=abc", f"--raft-listen=127.0.0.1:{free_port()}"],
                        capture_output=True, text=True, env=env, timeout=30)
-    assert r.returncode == 1
-    assert "stripedb: metadata: --node-id must be a positive integer, got abc" in r.stderr
+    # a bad flag value is a usage error: exit 2 and exactly one line
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["stripedb: metadata: --node-id must be a positive integer, got abc"]
     # the raft port is taken: start fails (and the process exits instead of hanging)
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
