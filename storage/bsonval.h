@@ -100,6 +100,12 @@ int sdb_bson_num_cmp(const sdb_bson_num *a, const sdb_bson_num *b);
  * null (equal to null, MongoDB's sort semantics). The iterators are not advanced. */
 int sdb_bson_cmp(const bson_iter_t *a, const bson_iter_t *b);
 
+/* MongoDB's alias of a BSON type, as $type and error messages spell it ("double",
+ * "string", "object", "array", "binData", "objectId", "bool", "date", "null", "regex",
+ * "int", "timestamp", "long", "decimal", "minKey", "maxKey", ...); BSON_TYPE_EOD (no value)
+ * is "missing". Static string, never NULL. Source: MongoDB manual, $type "Available Types". */
+const char *sdb_bson_type_name(bson_type_t t);
+
 /* The same on bson_value_t (for documents/arrays, value.v_doc.data must point at a whole
  * BSON document of data_len bytes). NULL means missing (== null). */
 int sdb_bson_value_cmp(const bson_value_t *a, const bson_value_t *b);

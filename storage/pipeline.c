@@ -57,24 +57,7 @@ static int efail(const ectx *e, int c, const char *fmt, ...)
 
 static const char *type_name(bson_type_t t)
 {
-	switch (t) {
-	case BSON_TYPE_EOD: return "missing";
-	case BSON_TYPE_DOUBLE: return "double";
-	case BSON_TYPE_UTF8: return "string";
-	case BSON_TYPE_DOCUMENT: return "object";
-	case BSON_TYPE_ARRAY: return "array";
-	case BSON_TYPE_BINARY: return "binData";
-	case BSON_TYPE_OID: return "objectId";
-	case BSON_TYPE_BOOL: return "bool";
-	case BSON_TYPE_DATE_TIME: return "date";
-	case BSON_TYPE_NULL: return "null";
-	case BSON_TYPE_REGEX: return "regex";
-	case BSON_TYPE_INT32: return "int";
-	case BSON_TYPE_TIMESTAMP: return "timestamp";
-	case BSON_TYPE_INT64: return "long";
-	case BSON_TYPE_DECIMAL128: return "decimal";
-	default: return "other";
-	}
+	return sdb_bson_type_name(t);
 }
 
 static bson_type_t ntype(const docbuild_node *n)
@@ -862,19 +845,7 @@ static docbuild_node *eval_sum_avg(bool avg, docbuild_node **items, size_t n)
 
 static const char *agg_type_name(const docbuild_node *v)
 {
-	if (v == NULL) {
-		return "missing";
-	}
-	switch (v->type) {
-	case BSON_TYPE_CODE: return "javascript";
-	case BSON_TYPE_SYMBOL: return "symbol";
-	case BSON_TYPE_CODEWSCOPE: return "javascriptWithScope";
-	case BSON_TYPE_UNDEFINED: return "undefined";
-	case BSON_TYPE_DBPOINTER: return "dbPointer";
-	case BSON_TYPE_MINKEY: return "minKey";
-	case BSON_TYPE_MAXKEY: return "maxKey";
-	default: return type_name(v->type);
-	}
+	return v == NULL ? "missing" : sdb_bson_type_name(v->type);
 }
 
 static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
