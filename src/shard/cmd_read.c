@@ -405,14 +405,16 @@ static int stream_batch(shard_ctx *x, sdb_query *q, const sdb_projection *proj,
 				bson_concat(d, raw);
 			}
 		}
-		uint32_t len = sdb_store_doc_len(d);
+		char key[16];
+		const char *kp;
+		bson_uint32_to_string((uint32_t)k, &kp, key, sizeof key);
+		/* the array element costs its key and type byte too: with small documents that
+		 * overhead alone pushed a full getMore past 16 MiB */
+		size_t len = sdb_store_doc_len(d) + strlen(kp) + 2;
 		if ((batch && k >= batch) || (k > 0 && bytes + len > SHARD_MAX_REPLY_BYTES)) {
 			*pending = d; /* the look-ahead: there is more */
 			break;
 		}
-		char key[16];
-		const char *kp;
-		bson_uint32_to_string((uint32_t)k, &kp, key, sizeof key);
 		bson_append_document(arr, kp, -1, d);
 		sdb_doc_free(d);
 		bytes += len;

@@ -519,3 +519,20 @@ def test_tailable_catch_up_in_batches_without_gaps(shard):
         assert g["cursor"]["id"] == cid  # a tailable cursor stays open
     assert got == list(range(301))
     c.local.command("killCursors", "oplog.rs", cursors=[cid])
+
+
+def test_plain_find_over_many_small_documents_stays_under_16_mib_per_batch(shard):
+    # 800k documents of ~24 bytes: the array keys and type bytes alone add ~7 MB to a
+    # batch, which once pushed a getMore reply past maxBsonObjectSize (10334)
+    import pymongo
+    _, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    coll = c.big.small
+    n = 800_000
+    for start in range(0, n, 100_000):
+        coll.insert_many([{"_id": i} for i in range(start, start + 100_000)], ordered=False)
+    seen = 0
+    for _ in coll.find({}, {"_id": 1}):
+        seen += 1
+    assert seen == n
+    c.close()
