@@ -491,13 +491,11 @@ void shard_cmd_set_version(shard_ctx *x)
 	bool have_token = false;
 	if (bson_iter_init_find(&it, x->cmd, "chunk") && BSON_ITER_HOLDS_UTF8(&it))
 		chunk = bson_iter_utf8(&it, NULL);
-	if (bson_iter_init_find(&it, x->cmd, "token") && BSON_ITER_HOLDS_NUMBER(&it)) {
-		token = bson_iter_as_int64(&it);
+	if (bson_iter_init_find(&it, x->cmd, "token") && util_token(&it, &token))
 		have_token = true;
-	}
 	if (!chunk || !*chunk || !have_token) {
 		shard_fail(x, WIRE_ERR_BAD_VALUE,
-			   "stripedbSetVersion needs chunk: <string> and token: <number>");
+			   "stripedbSetVersion needs chunk: <string> and token: <integer>");
 		return;
 	}
 	/* a bump is not itself gated by the token it moves */

@@ -6,6 +6,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "shard/util.h"
 #include "shard/shard.h"
 
 /* Parse $stripedbOrigin and $stripedbVersion of the command into x. Replies and returns
@@ -28,15 +29,14 @@ static bool ctx_parse_ext(shard_ctx *x)
 				x->chunk = bson_iter_utf8(&sub, NULL);
 				have_chunk = true;
 			} else if (strcmp(bson_iter_key(&sub), "token") == 0 &&
-				   BSON_ITER_HOLDS_NUMBER(&sub)) {
-				x->token = bson_iter_as_int64(&sub);
+				   util_token(&sub, &x->token)) {
 				have_token = true;
 			}
 		}
 		if (!ok || !have_chunk || !have_token) {
 			x->chunk = NULL;
 			shard_fail(x, WIRE_ERR_BAD_VALUE,
-				   "$stripedbVersion must be {chunk: <string>, token: <number>}");
+				   "$stripedbVersion must be {chunk: <string>, token: <integer>}");
 			return false;
 		}
 	}

@@ -6,6 +6,29 @@
 #include "shard/util.h"
 #include "storage/bsonval.h"
 
+bool util_token(const bson_iter_t *it, int64_t *out)
+{
+	double d;
+
+	switch (bson_iter_type(it)) {
+	case BSON_TYPE_INT32:
+		*out = bson_iter_int32(it);
+		return true;
+	case BSON_TYPE_INT64:
+		*out = bson_iter_int64(it);
+		return true;
+	case BSON_TYPE_DOUBLE:
+		d = bson_iter_double(it);
+		if (!isfinite(d) || d != floor(d) || d >= 9223372036854775808.0 ||
+		    d < -9223372036854775808.0)
+			return false;
+		*out = (int64_t)d;
+		return true;
+	default:
+		return false;
+	}
+}
+
 const char *util_type_name(bson_type_t t)
 {
 	return sdb_bson_type_name(t);

@@ -19,6 +19,12 @@ bool util_get_int(shard_ctx *x, const char *cmd, const bson_iter_t *it, int64_t 
 /* MongoDB's name of a BSON type ("object", "string", ...). */
 const char *util_type_name(bson_type_t t);
 
+/* A version token from a command field: an int32, an int64, or a double that is finite,
+ * integral and within int64 (|v| < 2^63). Anything else (NaN, inf, 1.5, 1e300, strings)
+ * returns false, so a fencing token can never be rounded or wrapped (an infinite token once
+ * became INT64_MIN and disabled the gate). */
+bool util_token(const bson_iter_t *it, int64_t *out);
+
 /* Arrays of heap documents (bson_new/bson_copy). */
 void util_docs_push(bson_t ***docs, size_t *n, size_t *cap, bson_t *d);
 void util_docs_free(bson_t **docs, size_t n);

@@ -536,3 +536,21 @@ def test_plain_find_over_many_small_documents_stays_under_16_mib_per_batch(shard
         seen += 1
     assert seen == n
     c.close()
+
+
+@pytest.mark.parametrize("token", [float("inf"), float("nan"), 1e300, 1.5, "7"])
+def test_version_tokens_must_be_integers(shard, token):
+    _, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    with pytest.raises(pymongo.errors.OperationFailure) as e:
+        c.admin.command({"stripedbSetVersion": 1, "chunk": "c-bad", "token": token})
+    assert e.value.code == 2
+    with pytest.raises(pymongo.errors.OperationFailure) as e:
+        c.db.command({"insert": "t", "documents": [{"_id": 1}],
+                      "$stripedbVersion": {"chunk": "c-bad", "token": token}})
+    assert e.value.code == 2
+    assert c.db.t.count_documents({}) == 0
+    # an integral double is an integer token
+    r = c.admin.command({"stripedbSetVersion": 1, "chunk": "c-ok", "token": 3.0})
+    assert r["token"] == 3
+    c.close()
