@@ -135,6 +135,8 @@ void shard_cmd_create_indexes(shard_ctx *x)
 	}
 	if (!shard_begin(x, true))
 		return;
+	if (shard_refuse_view(x, coll))
+		return;
 	const sdb_store_coll *co = NULL;
 	bool created_coll = sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0;
 	int before = created_coll ? 1 : (int)co->n_indexes + 1;

@@ -144,6 +144,8 @@ void shard_cmd_insert(shard_ctx *x)
 	bool ordered = get_ordered(x->cmd);
 	if (!shard_begin(x, true))
 		return;
+	if (shard_refuse_view(x, coll))
+		return;
 	werrs w = {.n = 0};
 	bson_init(&w.arr);
 	int64_t n = 0, i = -1;
@@ -451,6 +453,8 @@ void shard_cmd_update(shard_ctx *x)
 	bool ordered = get_ordered(x->cmd);
 	if (!shard_begin(x, true))
 		return;
+	if (shard_refuse_view(x, coll))
+		return;
 	werrs w = {.n = 0};
 	bson_init(&w.arr);
 	bson_t upserted = BSON_INITIALIZER;
@@ -539,6 +543,8 @@ void shard_cmd_delete(shard_ctx *x)
 		return;
 	bool ordered = get_ordered(x->cmd);
 	if (!shard_begin(x, true))
+		return;
+	if (shard_refuse_view(x, coll))
 		return;
 	werrs w = {.n = 0};
 	bson_init(&w.arr);

@@ -101,6 +101,19 @@ int shard_code_of(int rc)
 	}
 }
 
+bool shard_refuse_view(shard_ctx *x, const char *coll)
+{
+	const sdb_store_coll *co = NULL;
+	bson_iter_t it;
+
+	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) == 0 && co != NULL &&
+	    bson_iter_init_find(&it, co->options, "viewOn")) {
+		shard_fail(x, 166, "Namespace %s.%s is a view, not a collection", x->db, coll);
+		return true;
+	}
+	return false;
+}
+
 bool shard_begin(shard_ctx *x, bool write)
 {
 	int rc = sdb_store_begin(x->conn, write, x->err, sizeof x->err);

@@ -172,6 +172,10 @@ void shard_register_commands(shard *sh);
 /* helpers shared by command files (commands.c) */
 /* Begin a transaction and check $stripedbVersion; on failure replies and returns false. */
 bool shard_begin(shard_ctx *x, bool write);
+/* Inside a transaction: when db.coll is a view, fail the request with
+ * CommandNotSupportedOnView (166), roll back, and return true (MongoDB refuses writes and
+ * index builds on views). */
+bool shard_refuse_view(shard_ctx *x, const char *coll);
 /* Commit; on failure replies with an error and returns false. On success notifies tailers
  * when write. */
 bool shard_commit(shard_ctx *x);

@@ -63,6 +63,7 @@ static const struct {
 	{115, "CommandNotSupported"},
 	{125, "CommandFailed"},
 	{133, "FailedToSatisfyReadPreference"},
+	{166, "CommandNotSupportedOnView"},
 	{189, "PrimarySteppedDown"},
 	{202, "NetworkInterfaceExceededTimeLimit"},
 	{211, "KeyNotFound"},

@@ -554,3 +554,21 @@ def test_version_tokens_must_be_integers(shard, token):
     r = c.admin.command({"stripedbSetVersion": 1, "chunk": "c-ok", "token": 3.0})
     assert r["token"] == 3
     c.close()
+
+
+def test_writes_and_index_builds_on_a_view_are_refused(shard):
+    _, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    db = c.vw
+    db.g.insert_many([{"_id": 1, "k": "a"}, {"_id": 2, "k": "b"}])
+    db.create_collection("gv", viewOn="g", pipeline=[{"$match": {"k": "a"}}])
+    for op in (lambda: db.gv.insert_one({"a": 1}),
+               lambda: db.gv.update_many({}, {"$set": {"zz": 1}}),
+               lambda: db.gv.delete_many({}),
+               lambda: db.gv.create_index("k")):
+        with pytest.raises(pymongo.errors.OperationFailure) as e:
+            op()
+        assert e.value.code == 166
+    assert list(db.gv.find()) == [{"_id": 1, "k": "a"}]
+    assert db.g.count_documents({}) == 2
+    c.close()
