@@ -588,7 +588,7 @@ int cli_demo_main(int argc, char **argv)
 
 	memset(&q, 0, sizeof q);
 	memset(&v, 0, sizeof v);
-	for (int i = 0; i < argc; i++) {
+	for (int i = 0; i < argc; i += 2) { /* --flag value pairs */
 		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
 		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
 			usage(stdout);
@@ -618,7 +618,6 @@ int cli_demo_main(int argc, char **argv)
 			free(cl);
 			return 2;
 		}
-		i++;
 	}
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = on_signal;

@@ -555,7 +555,7 @@ static int dev_up(int argc, char **argv)
 
 	memset(c, 0, sizeof *c);
 	snprintf(c->cdc, sizeof c->cdc, "embedded");
-	for (int i = 0; i < argc; i++) {
+	for (int i = 0; i < argc; i += 2) { /* --flag value pairs */
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (strcmp(a, "--help") == 0) {
@@ -592,7 +592,6 @@ static int dev_up(int argc, char **argv)
 			fprintf(stderr, "stripedb dev up: unknown flag %s (see stripedb dev --help)\n", a);
 			return 2;
 		}
-		i++;
 	}
 	if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
 		fprintf(stderr, "stripedb dev: cannot create %s: %s\n", dir, strerror(errno));

@@ -529,7 +529,7 @@ static void op_insert(bench *b, worker *w, mongoc_collection_t *c)
 	record_ev(w, BENCH_EV_INSERT, key, 1, outcome, 1, t0, t1);
 	pthread_mutex_unlock(&w->mu);
 	if (ok) {
-		int64_t hi = atomic_load(&b->inserted_hi);
+		long long hi = atomic_load(&b->inserted_hi);
 		while (key + 1 > hi && !atomic_compare_exchange_weak(&b->inserted_hi, &hi, key + 1)) {
 		}
 	}
