@@ -263,6 +263,37 @@ static int parse_req(const bson_iter_t *item, rl_req *r, priv *p, char *err, siz
 	return rc;
 }
 
+/* libbson's JSON reader wraps integer literals of 20 or more digits modulo 2^64 instead of
+ * failing (2^64+1 would become a limit of 1). Every field here is at most int64 (19 digits),
+ * so refuse any run of 20+ digits outside string literals before parsing. This scans, it
+ * does not parse: libbson still validates the document. */
+static bool has_oversized_number(const char *body, size_t len)
+{
+	bool in_str = false;
+	size_t run = 0;
+
+	for (size_t i = 0; i < len; i++) {
+		char c = body[i];
+		if (in_str) {
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_str = false;
+			continue;
+		}
+		if (c == '"') {
+			in_str = true;
+			run = 0;
+		} else if (c >= '0' && c <= '9') {
+			if (++run >= 20)
+				return true;
+		} else {
+			run = 0;
+		}
+	}
+	return false;
+}
+
 int rl_json_parse_reqs(const char *body, size_t len, rl_json_reqs *out, char *err,
 		       size_t errlen)
 {
@@ -283,6 +314,9 @@ int rl_json_parse_reqs(const char *body, size_t len, rl_json_reqs *out, char *er
 		return sdb_errf(err, errlen, SDB_EPROTO, "malformed JSON: want an object");
 	if (len > (size_t)SSIZE_MAX)
 		return sdb_errf(err, errlen, SDB_ETOOBIG, "request body too large");
+	if (has_oversized_number(body, len))
+		return sdb_errf(err, errlen, SDB_EPROTO,
+				"malformed JSON: an integer literal is outside the int64 range");
 	p = sdb_calloc(1, sizeof(*p));
 	p->doc = bson_new_from_json((const uint8_t *)body, (ssize_t)len, &berr);
 	if (p->doc == NULL) {

@@ -240,6 +240,15 @@ def test_call_errors(rl):
         "code": 3, "details": [],
         "message": "invalid value for field 'hits': want an int64 (number or decimal string)"})
     assert post(rl, {"requests": [dict(item, hits=1.5)]})[0] == 400
+    # an integer literal beyond int64 must not wrap (libbson's reader would make 2^64+1 a 1)
+    huge = (b'{"requests": [{"name": "h", "unique_key": "k", "hits": 1, '
+            b'"limit": 18446744073709551617, "duration": 1000}]}')
+    assert post(rl, huge, raw=True) == (400, {
+        "code": 3, "details": [],
+        "message": "malformed JSON: an integer literal is outside the int64 range"})
+    # digits inside strings are not numbers
+    st, out = post(rl, {"requests": [dict(item, unique_key="1" * 40)]})
+    assert st == 200 and out["responses"][0]["error"] == ""
     assert post(rl, {"requests": [dict(item, algorithm="FOO")]}) == (400, {
         "code": 3, "details": [],
         "message": "invalid value for enum field 'algorithm': want TOKEN_BUCKET, "
