@@ -482,6 +482,17 @@ static unsigned rnd(unsigned n)
 	return (unsigned)(prng % n);
 }
 
+/* A random value of order[] for the JSON generator, never a dbPointer: libbson 1.23's JSON
+ * reader intermittently fails with "Error storing DBPointer" for one inside an array. */
+static const char *pick_json(void)
+{
+	for (;;) {
+		const char *j = order[rnd(N_ORDER)].json;
+		if (strstr(j, "$dbPointer") == NULL)
+			return j;
+	}
+}
+
 static void test_sortspec_key_property(void **state)
 {
 	static const char *const specs[] = {"{'a': 1}", "{'a': -1}", "{'a': 1, 'b': -1}",
@@ -504,17 +515,17 @@ static void test_sortspec_key_property(void **state)
 				continue; /* missing */
 			if (shape == 1)
 				snprintf(json + len, sizeof json - len, "%s'%s': %s", len > 1 ? ", " : "",
-					 name, order[rnd(N_ORDER)].json);
+					 name, pick_json());
 			else if (shape == 2)
 				snprintf(json + len, sizeof json - len, "%s'%s': [%s, %s]",
-					 len > 1 ? ", " : "", name, order[rnd(N_ORDER)].json,
-					 order[rnd(N_ORDER)].json);
+					 len > 1 ? ", " : "", name, pick_json(),
+					 pick_json());
 			else if (shape == 3)
 				snprintf(json + len, sizeof json - len, "%s'%s': {'x': %s}",
-					 len > 1 ? ", " : "", name, order[rnd(N_ORDER)].json);
+					 len > 1 ? ", " : "", name, pick_json());
 			else
 				snprintf(json + len, sizeof json - len, "%s'%s': [{'x': %s}, {'y': 1}]",
-					 len > 1 ? ", " : "", name, order[rnd(N_ORDER)].json);
+					 len > 1 ? ", " : "", name, pick_json());
 		}
 		strncat(json, "}", sizeof json - strlen(json) - 1);
 		d[i] = J(json);
