@@ -25,6 +25,7 @@
 #include "cdc/archive.h"
 #include "cdc/log.h"
 #include "cdc/reader.h"
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
 
@@ -170,7 +171,7 @@ static int cmd_read(const cdc_opts *o)
 
 static mongoc_client_t *client(const char *uri)
 {
-	mongoc_client_t *c = mongoc_client_new(uri);
+	mongoc_client_t *c = auth_cluster_client_new(uri);
 	if (c)
 		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
 	return c;

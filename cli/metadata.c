@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "auth/cluster.h"
 #include "common/alloc.h"
 
 int cli_metadata_main(int argc, char **argv);
@@ -48,7 +49,7 @@ static mongoc_client_t *client_for(const mctx *c, const char *hosts, int direct)
 				 "&socketTimeoutMS=%ld",
 				 hosts, direct ? "directConnection=true" : "replicaSet=stripedb-meta",
 				 c->timeout_ms, c->timeout_ms, c->timeout_ms * 3);
-	mongoc_client_t *cl = mongoc_client_new(uri);
+	mongoc_client_t *cl = auth_cluster_client_new(uri);
 	free(uri);
 	if (cl)
 		mongoc_client_set_error_api(cl, MONGOC_ERROR_API_VERSION_2);

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "proxy/route.h"
 #include "coordinator/migrate.h"
@@ -48,7 +49,7 @@ static mongoc_client_t *meta_client(struct cli_ctx *ctx)
 	char *u = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=%d"
 			       "&connectTimeoutMS=%d",
 			       ctx->metadata, ctx->timeout_ms, ctx->timeout_ms);
-	mongoc_client_t *c = mongoc_client_new(u);
+	mongoc_client_t *c = auth_cluster_client_new(u);
 	free(u);
 	if (c)
 		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);

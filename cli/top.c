@@ -25,6 +25,7 @@
 
 #include "cli/cli.h"
 #include "cli/dev.h"
+#include "auth/cluster.h"
 #include "common/alloc.h"
 
 #define TOP_MAX_SHARDS 64
@@ -196,7 +197,7 @@ static void top_shard_size(top_shard *s, int timeout_ms)
 {
 	char *uri = sdb_asprintf("%s%sserverSelectionTimeoutMS=%d&connectTimeoutMS=%d", s->uri,
 				 strchr(s->uri, '?') ? "&" : "/?", timeout_ms, timeout_ms);
-	mongoc_client_t *c = mongoc_client_new(uri);
+	mongoc_client_t *c = auth_cluster_client_new(uri);
 	bson_t reply, arr, d;
 	bson_iter_t it;
 
@@ -447,7 +448,7 @@ int cli_top_main(struct cli_ctx *ctx, int argc, char **argv)
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 	uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=%d",
 			   ctx->metadata, ctx->timeout_ms);
-	m = mongoc_client_new(uri);
+	m = auth_cluster_client_new(uri);
 	free(uri);
 	if (m == NULL) {
 		fprintf(stderr, "stripedb ctl top: bad metadata address '%s'\n", ctx->metadata);

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "cdc/archive.h"
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -363,7 +364,7 @@ static void *run(void *arg)
 			publish_progress(p, w, 0);
 		}
 		if (c == NULL) {
-			c = mongoc_client_new(p->uri);
+			c = auth_cluster_client_new(p->uri); /* issue #10 */
 			if (c == NULL) {
 				set_error(p, "bad shard uri");
 				nap(p, 1000);

@@ -21,6 +21,7 @@
 #include <xxhash.h>
 
 #include "cdc/reader.h"
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -656,7 +657,7 @@ static mongoc_client_t *shard_client(const char *uri)
 		u = sdb_asprintf("%s?%s", uri, opts);
 	else
 		u = sdb_asprintf("%s/?%s", uri, opts);
-	mongoc_client_t *c = mongoc_client_new(u);
+	mongoc_client_t *c = auth_cluster_client_new(u); /* issue #10 */
 	free(u);
 	if (c) {
 		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
@@ -1741,7 +1742,7 @@ static void *worker(void *arg)
 	m->r = job->r;
 	m->job = job;
 	snprintf(m->id, sizeof m->id, "%s", job->id);
-	m->meta = mongoc_client_new(m->r->meta_uri);
+	m->meta = auth_cluster_client_new(m->r->meta_uri);
 	if (!m->meta)
 		goto out;
 	mongoc_client_set_error_api(m->meta, MONGOC_ERROR_API_VERSION_2);

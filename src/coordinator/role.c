@@ -38,6 +38,7 @@
 
 #include "cdc/archive.h"
 #include "cdc/log.h"
+#include "auth/cluster.h" /* issue #10: internal clients carry the cluster key */
 #include "cdc/publisher.h"
 #include "common/alloc.h"
 #include "common/config.h"
@@ -353,7 +354,7 @@ static void migrations_shutdown(coord *co, mongoc_client_t *c)
 static void *manager(void *arg)
 {
 	coord *co = arg;
-	mongoc_client_t *c = mongoc_client_new(co->meta_uri);
+	mongoc_client_t *c = auth_cluster_client_new(co->meta_uri);
 	int64_t period = co->lease_ms / 3 < 500 ? co->lease_ms / 3 : 500;
 	sdb_log_set_thread("coordinator", NULL);
 	if (c == NULL) {
@@ -481,6 +482,11 @@ static int coordinator_start(sdb_role *role)
 	o.segment_bytes = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_cdc_segment_bytes, 64 << 20);
 	o.retention_bytes = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_cdc_retention_bytes, 0);
 	o.archive = sdb_config_get(cfg, SDB_OPT_archive);
+	/* Shards and metadata of a keyed cluster refuse internal commands (routing updates,
+	 * version bumps, replication writes) from anyone without the key (issue #10). */
+	rc = auth_cluster_setup(cfg, role->err, sizeof role->err);
+	if (rc)
+		return rc;
 
 	coord *co = sdb_calloc(1, sizeof *co);
 	co->role = role;

@@ -122,6 +122,59 @@ def test_key_file_readable_by_others_is_refused(start_role, tmp_path, keyfile):
     assert "permissions are too open" in p.tail()
 
 
+def test_keyed_cluster_migrates_a_chunk_with_ctl_and_coordinator(keyed, start_role, tmp_path,
+                                                                 keyfile):
+    """The coordinator, its CDC publishers and `stripedb ctl` all authenticate with the
+    key: a chunk moves between two keyed shards while the data stays readable."""
+    import json
+    import subprocess
+
+    from conftest import BIN
+    m = member(keyed["meta"])
+    s2 = free_port()
+    (tmp_path / "shard-b").mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{s2}",
+                f"--data-dir={tmp_path / 'shard-b'}", f"--cluster-key-file={keyfile}"])
+    m.admin.command({"addShard": "shard-b", "uri": f"mongodb://127.0.0.1:{s2}/"})
+    m.admin.command({"createDatabase": "app"})
+    m.admin.command({"shardCollection": "app.c", "key": {"k": 1},
+                     "shards": ["shard-a", "shard-b"], "splitPoints": [{"k": 50}]})
+    app = client(keyed["proxy"])
+    docs = [{"_id": i, "k": i} for i in range(100)]
+    wait_until(lambda: app.app.c.insert_many(docs), 20, what="proxy writes")
+    start_role(["--role=coordinator", f"--metadata=127.0.0.1:{keyed['meta']}",
+                f"--cdc=embedded:{tmp_path / 'cdc'}", "--cdc-lease-ms=1500",
+                f"--cluster-key-file={keyfile}"])
+    meta = f"--metadata=127.0.0.1:{keyed['meta']}"
+
+    def ctl(*args, key=True):
+        env = dict(os.environ)
+        env.pop("STRIPEDB_CLUSTER_KEY_FILE", None)
+        flags = [f"--cluster-key-file={keyfile}"] if key else []
+        return subprocess.run([BIN, "ctl", meta, "--json", *flags, *args], env=env,
+                              capture_output=True, timeout=120)
+
+    # without the key, metadata refuses ctl: exit 1 and one line naming the refusal
+    r = ctl("chunk", "list", "app.c", key=False)
+    assert r.returncode == 1, r
+    assert len(r.stderr.decode().strip().splitlines()) == 1, r.stderr
+    chunks = m.admin.command({"getRoutingTable": "app.c", "sinceVersion": 0})["chunks"]
+    low = [c for c in chunks if c["shard"] == "shard-a"][0]
+    r = ctl("migrate", "app.c", "--chunk", str(low["id"]), "--to", "shard-b", "--grace-ms=300",
+            "--wait")
+    assert r.returncode == 0, r.stderr.decode()
+    mid = json.loads(r.stdout.decode().splitlines()[0])["id"]
+    assert m.admin.command({"getMigration": mid})["migration"]["state"] == "complete"
+    owners = {c["shard"] for c in
+              m.admin.command({"getRoutingTable": "app.c", "sinceVersion": 0})["chunks"]}
+    assert owners == {"shard-b"}
+    assert sorted(d["_id"] for d in app.app.c.find({})) == list(range(100))
+    assert member(s2).app.c.count_documents({}) == 100
+    # the source shard was cleaned up after the switch
+    wait_until(lambda: member(keyed["shard"]).app.c.count_documents({}) == 0, 30,
+               what="source cleanup")
+
+
 # ---------------------------------------------------------------- rate limiter PeersV1
 
 def test_ratelimit_peers_v1_needs_the_cluster_token(start_role, pb, keyfile):
