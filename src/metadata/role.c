@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "auth/cluster.h"
+#include "auth/scram.h"
+#include "auth/tls.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -23,6 +25,7 @@
 #define META_SET_NAME "stripedb-meta"
 #define META_MAX_WAIT_MS 60000
 #define META_SCRAM_ITERATIONS 15000
+#define META_SCRAM_SHA1_ITERATIONS 10000 /* MongoDB's scramIterationCount default */
 #define ERR_INTERRUPTED_REPL_CHANGE 11602
 #define ERR_NOT_PRIMARY_NO_SECONDARY_OK 13435
 
@@ -140,6 +143,7 @@ static const struct {
 	{"acquireLease", "name"},   {"renewLease", "name"},     {"releaseLease", "name"},
 	{"createTenant", "name"},   {"setQuota", "tenant"},     {"setPolicy", "tenant"},
 	{"createUser", "name"},     {"registerMember", "id"},   {"removeMember", "id"},
+	{"updateUser", "name"},     {"dropUser", "name"},
 };
 
 /* Build the args document of a write: every field but the command key, driver
@@ -164,7 +168,8 @@ static void build_args(const bson_t *cmd, const char *name, bson_t *args)
 			continue;
 		}
 		if (k[0] == '$' || strcmp(k, "lsid") == 0 || strcmp(k, "txnNumber") == 0 ||
-		    strcmp(k, "password") == 0 || strcmp(k, "writeConcern") == 0 ||
+		    strcmp(k, "password") == 0 || strcmp(k, "pwd") == 0 ||
+		    strcmp(k, "writeConcern") == 0 ||
 		    strcmp(k, "readConcern") == 0)
 			continue;
 		bson_append_value(args, k, -1, bson_iter_value(&it));
@@ -196,6 +201,29 @@ static int scram_verifier(const char *password, bson_t *args)
 	BSON_APPEND_INT32(args, "iterations", META_SCRAM_ITERATIONS);
 	BSON_APPEND_BINARY(args, "storedKey", BSON_SUBTYPE_BINARY, stored, sizeof stored);
 	BSON_APPEND_BINARY(args, "serverKey", BSON_SUBTYPE_BINARY, skey, sizeof skey);
+	return 0;
+}
+
+/* SCRAM-SHA-1 verifier (issue #10) as args.scramSha1 {salt, iterations, storedKey,
+ * serverKey}: MongoDB's parameters (16-byte salt, 10000 iterations) over its password
+ * digest HEX(MD5(user ":mongo:" password)) (auth/scram.h). Returns 0 or -1. */
+static int scram_sha1_verifier(const char *user, const char *password, bson_t *args)
+{
+	uint8_t salt[16];
+	auth_scram_creds c;
+	char err[128];
+	bson_t d;
+	if (RAND_bytes(salt, sizeof salt) != 1 ||
+	    auth_scram_verifier(AUTH_SCRAM_SHA1, user, password, salt, sizeof salt,
+				META_SCRAM_SHA1_ITERATIONS, &c, err, sizeof err) != 0)
+		return -1;
+	BSON_APPEND_DOCUMENT_BEGIN(args, "scramSha1", &d);
+	BSON_APPEND_BINARY(&d, "salt", BSON_SUBTYPE_BINARY, c.salt, (uint32_t)c.salt_len);
+	BSON_APPEND_INT32(&d, "iterations", c.iterations);
+	BSON_APPEND_BINARY(&d, "storedKey", BSON_SUBTYPE_BINARY, c.stored_key, 20);
+	BSON_APPEND_BINARY(&d, "serverKey", BSON_SUBTYPE_BINARY, c.server_key, 20);
+	bson_append_document_end(args, &d);
+	OPENSSL_cleanse(&c, sizeof c);
 	return 0;
 }
 
@@ -239,11 +267,16 @@ static void h_write(wire_req *req, void *data)
 		return;
 	}
 	build_args(cmd, name, &args);
-	if (strcmp(name, "createUser") == 0) {
-		const char *pw = field_str(cmd, "password");
-		if (pw && scram_verifier(pw, &args) != 0) {
+	if (strcmp(name, "createUser") == 0 || strcmp(name, "updateUser") == 0) {
+		/* the password (MongoDB's pwd, or password) never enters the Raft log: the
+		 * leader proposes SCRAM-SHA-256 and SCRAM-SHA-1 verifiers instead */
+		const char *pw = field_str(cmd, "password"), *user = field_str(&args, "name");
+		if (!pw)
+			pw = field_str(cmd, "pwd");
+		if (pw && (!user || scram_verifier(pw, &args) != 0 ||
+			   scram_sha1_verifier(user, pw, &args) != 0)) {
 			bson_destroy(&args);
-			wire_req_error(req, WIRE_ERR_INTERNAL, "createUser: SCRAM verifier failed");
+			wire_req_error(req, WIRE_ERR_INTERNAL, "%s: SCRAM verifier failed", name);
 			return;
 		}
 	}
@@ -875,6 +908,7 @@ static const char *const write_cmds[] = {
 	"setChunkShard", "registerMigration", "updateMigration", "deleteMigration",
 	"acquireLease",  "renewLease",        "releaseLease",    "createTenant",
 	"setQuota",      "setPolicy",         "createUser",      "registerMember",
+	"updateUser",    "dropUser",
 };
 
 static const char *const read_cmds[] = {
@@ -952,6 +986,8 @@ static int metadata_start(sdb_role *role)
 	wo.hello = hello_hook;
 	/* issue #10: with --cluster-key-file only cluster members may run commands */
 	rc = auth_cluster_setup(cfg, role->err, sizeof role->err);
+	if (rc == 0) /* issue #10: TLS on the wire listener (auth/tls.h) */
+		rc = auth_tls_setup(cfg, "metadata", role->err, sizeof role->err);
 	if (rc != 0) {
 		free_meta(m);
 		return rc;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "auth/cluster.h"
+#include "auth/tls.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -95,6 +96,8 @@ static int shard_start(sdb_role *role)
 	};
 	/* issue #10: with --cluster-key-file only cluster members may run commands */
 	rc = auth_cluster_setup(role->cfg, err, sizeof err);
+	if (rc == 0) /* issue #10: TLS on the wire listener (auth/tls.h) */
+		rc = auth_tls_setup(role->cfg, "shard", err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
 		shard_pool_stop(sh);
