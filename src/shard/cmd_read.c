@@ -588,7 +588,13 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void getmore_tail(shard_ctx *x, shard_cursor *c, int64_t batch, int64_t max_time_ms)
+static void getmore_resume(shard_ctx *x);
+
+/* One pass of a tailable getMore: scan the oplog after c->last_ts (at most batch matching
+ * entries, 0 = no limit); with awaitData and nothing new before deadline_ms (monotonic),
+ * park the request (shard_await_park) instead of blocking this worker, so any number of
+ * tailers costs no worker while they wait; it runs again after the next oplog commit. */
+static void getmore_tail(shard_ctx *x, shard_cursor *c, int64_t batch, int64_t deadline)
 {
 	sdb_matcher *m = NULL;
 	int code = 0;
@@ -597,53 +603,37 @@ static void getmore_tail(shard_ctx *x, shard_cursor *c, int64_t batch, int64_t m
 		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
 		return;
 	}
-	int64_t deadline = now_ms() + (max_time_ms > 0 ? max_time_ms : 1000);
 	bson_t **docs = NULL;
 	size_t n = 0, cap = 0;
-	for (;;) {
-		if (!shard_begin(x, false)) {
-			shard_cursor_put(x->sh, c, false);
+	if (!shard_begin(x, false)) {
+		shard_cursor_put(x->sh, c, false);
+		sdb_matcher_free(m);
+		return;
+	}
+	uint64_t after = c->last_ts;
+	int rc = oplog_scan(x, m, &after, batch > 0 ? (size_t)batch : 0, 100000, &docs, &n, &cap);
+	sdb_store_rollback(x->conn);
+	if (rc) {
+		shard_cursor_put(x->sh, c, false);
+		sdb_matcher_free(m);
+		util_docs_free(docs, n);
+		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+		return;
+	}
+	c->last_ts = after;
+	if (n == 0 && c->await_data) {
+		shard_await *a = sdb_calloc(1, sizeof *a);
+		a->fn = getmore_resume;
+		a->req = x->req;
+		a->c = c;
+		a->batch = batch;
+		a->deadline_ms = deadline;
+		if (shard_await_park(x->sh, a, c->last_ts)) {
 			sdb_matcher_free(m);
 			util_docs_free(docs, n);
-			return;
+			return; /* answered by a later pass */
 		}
-		uint64_t after = c->last_ts;
-		int rc = oplog_scan(x, m, &after, batch > 0 ? (size_t)batch : 0, 100000, &docs, &n,
-				    &cap);
-		sdb_store_rollback(x->conn);
-		if (rc) {
-			shard_cursor_put(x->sh, c, false);
-			sdb_matcher_free(m);
-			util_docs_free(docs, n);
-			shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
-			return;
-		}
-		c->last_ts = after;
-		if (n > 0 || !c->await_data)
-			break;
-		/* awaitData: wait for a commit that moves the oplog past last_ts */
-		pthread_mutex_lock(&x->sh->oplog_mu);
-		bool stop = false;
-		while (sdb_store_oplog_committed(x->sh->store) <= c->last_ts) {
-			pthread_mutex_lock(&x->sh->mu);
-			stop = x->sh->stopping;
-			pthread_mutex_unlock(&x->sh->mu);
-			int64_t left = deadline - now_ms();
-			if (stop || left <= 0)
-				break;
-			struct timespec ts;
-			clock_gettime(CLOCK_REALTIME, &ts);
-			int64_t wait = left < 200 ? left : 200;
-			ts.tv_nsec += (wait % 1000) * 1000000;
-			ts.tv_sec += wait / 1000 + ts.tv_nsec / 1000000000;
-			ts.tv_nsec %= 1000000000;
-			pthread_cond_timedwait(&x->sh->oplog_cv, &x->sh->oplog_mu, &ts);
-		}
-		pthread_mutex_unlock(&x->sh->oplog_mu);
-		if (stop || now_ms() >= deadline) {
-			if (sdb_store_oplog_committed(x->sh->store) <= c->last_ts)
-				break;
-		}
+		free(a);
 	}
 	sdb_matcher_free(m);
 	bson_t *reply = bson_new();
@@ -661,6 +651,16 @@ static void getmore_tail(shard_ctx *x, shard_cursor *c, int64_t batch, int64_t m
 	util_docs_free(docs, n);
 	shard_cursor_put(x->sh, c, false);
 	wire_req_reply(x->req, reply);
+}
+
+/* A parked tailable getMore queued again (shard_ctx.resume is its shard_await). */
+static void getmore_resume(shard_ctx *x)
+{
+	shard_await *a = x->resume;
+	shard_cursor *c = a->c;
+	int64_t batch = a->batch, deadline = a->deadline_ms;
+	free(a);
+	getmore_tail(x, c, batch, deadline);
 }
 
 void shard_cmd_getmore(shard_ctx *x)
@@ -709,7 +709,9 @@ void shard_cmd_getmore(shard_ctx *x)
 	}
 	free(ns);
 	if (c->tailable) {
-		getmore_tail(x, c, batch, max_time);
+		/* mongod: an awaitData getMore waits up to maxTimeMS (default 1 s) for new
+		 * entries, then answers with an empty batch */
+		getmore_tail(x, c, batch, now_ms() + (max_time > 0 ? max_time : 1000));
 		return;
 	}
 	if (c->q) {

@@ -1,11 +1,14 @@
 /* The shard's worker pool: each worker owns one store connection (SQLite connections are
  * per thread) and runs queued commands to completion. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "shard/util.h"
 #include "shard/shard.h"
 
@@ -76,6 +79,7 @@ static void *worker_main(void *arg)
 		x.req = job->req;
 		x.cmd = wire_req_cmd(job->req);
 		x.db = wire_req_db(job->req);
+		x.resume = job->resume;
 		shard_sessions_note(sh, x.cmd);
 		if (ctx_parse_ext(&x))
 			job->fn(&x);
@@ -87,6 +91,19 @@ static void *worker_main(void *arg)
 	free(wa);
 	return NULL;
 }
+
+static sdb_gauge *parked_gauge;
+static pthread_once_t parked_once = PTHREAD_ONCE_INIT;
+
+static void parked_init(void)
+{
+	parked_gauge = sdb_metrics_gauge("stripedb_shard_parked_getmores",
+					 "awaitData getMores waiting for new oplog entries without "
+					 "holding a worker",
+					 "role=\"shard\"");
+}
+
+static void *await_main(void *arg);
 
 int shard_pool_start(shard *sh, char *err, size_t errlen)
 {
@@ -106,14 +123,19 @@ int shard_pool_start(shard *sh, char *err, size_t errlen)
 		}
 		sh->n_threads++;
 	}
+	pthread_once(&parked_once, parked_init);
+	if (pthread_create(&sh->await_thread, NULL, await_main, sh) != 0)
+		return sdb_errf(err, errlen, SDB_EIO, "shard: cannot start the await thread");
+	sh->await_started = true;
 	return 0;
 }
 
-void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req)
+static void submit(shard *sh, shard_cmd_fn fn, wire_req *req, void *resume)
 {
 	shard_job *job = sdb_calloc(1, sizeof *job);
 	job->fn = fn;
 	job->req = req;
+	job->resume = resume;
 	pthread_mutex_lock(&sh->mu);
 	if (sh->tail)
 		sh->tail->next = job;
@@ -124,13 +146,122 @@ void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req)
 	pthread_mutex_unlock(&sh->mu);
 }
 
+void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req)
+{
+	submit(sh, fn, req, NULL);
+}
+
+/* ------------------------------------------------------------ parked awaitData getMores */
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Queue the waiters for which pick(a, now) holds (every one when pick is NULL).
+ * oplog_mu held. Returns the earliest deadline of those left (INT64_MAX if none). */
+static int64_t requeue_locked(shard *sh, bool (*pick)(const shard_await *a, int64_t now))
+{
+	shard_await **pp = &sh->waiters;
+	int64_t now = mono_ms(), next = INT64_MAX;
+	while (*pp) {
+		shard_await *a = *pp;
+		if (pick == NULL || pick(a, now)) {
+			*pp = a->next;
+			a->next = NULL;
+			sdb_gauge_add(parked_gauge, -1);
+			submit(sh, a->fn, a->req, a);
+		} else {
+			if (a->deadline_ms < next)
+				next = a->deadline_ms;
+			pp = &a->next;
+		}
+	}
+	return next;
+}
+
+static bool expired(const shard_await *a, int64_t now)
+{
+	return a->deadline_ms <= now;
+}
+
+/* The await thread: queues parked getMores whose deadline passed (they then answer with
+ * an empty batch, as mongod does when maxTimeMS of an awaitData getMore elapses). */
+static void *await_main(void *arg)
+{
+	shard *sh = arg;
+	sdb_log_set_thread("shard", "await");
+	pthread_mutex_lock(&sh->oplog_mu);
+	while (!sh->await_stop) {
+		int64_t next = requeue_locked(sh, expired);
+		if (next == INT64_MAX) {
+			pthread_cond_wait(&sh->oplog_cv, &sh->oplog_mu);
+		} else {
+			/* oplog_cv uses the default (realtime) clock: convert the monotonic wait */
+			int64_t wait = next - mono_ms();
+			struct timespec ts;
+			if (wait < 1)
+				wait = 1;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += wait / 1000;
+			ts.tv_nsec += (wait % 1000) * 1000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&sh->oplog_cv, &sh->oplog_mu, &ts);
+		}
+	}
+	pthread_mutex_unlock(&sh->oplog_mu);
+	return NULL;
+}
+
+bool shard_await_park(shard *sh, shard_await *a, uint64_t after_ts)
+{
+	bool parked = false;
+	pthread_mutex_lock(&sh->oplog_mu);
+	if (!sh->await_closed && a->deadline_ms > mono_ms()) {
+		parked = true;
+		if (sdb_store_oplog_committed(sh->store) > after_ts) {
+			submit(sh, a->fn, a->req, a); /* a commit raced the scan: rescan now */
+		} else {
+			a->next = sh->waiters;
+			sh->waiters = a;
+			sdb_gauge_add(parked_gauge, 1);
+			pthread_cond_signal(&sh->oplog_cv); /* the await thread re-reads deadlines */
+		}
+	}
+	pthread_mutex_unlock(&sh->oplog_mu);
+	return parked;
+}
+
+void shard_await_close(shard *sh)
+{
+	pthread_mutex_lock(&sh->oplog_mu);
+	sh->await_closed = true;
+	requeue_locked(sh, NULL);
+	pthread_mutex_unlock(&sh->oplog_mu);
+}
+
 void shard_pool_stop(shard *sh)
 {
+	/* parked getMores go back to the queue before the workers are told to stop, so each
+	 * is answered (a worker leaves only once the queue is empty) */
+	shard_await_close(sh);
+	if (sh->await_started) {
+		pthread_mutex_lock(&sh->oplog_mu);
+		sh->await_stop = true;
+		pthread_cond_broadcast(&sh->oplog_cv);
+		pthread_mutex_unlock(&sh->oplog_mu);
+		pthread_join(sh->await_thread, NULL);
+		sh->await_started = false;
+	}
 	pthread_mutex_lock(&sh->mu);
 	sh->stopping = true;
 	pthread_cond_broadcast(&sh->cv);
 	pthread_mutex_unlock(&sh->mu);
-	shard_oplog_notify(sh);
 	for (int i = 0; i < sh->n_threads; i++)
 		pthread_join(sh->threads[i], NULL);
 	sh->n_threads = 0;
@@ -139,7 +270,8 @@ void shard_pool_stop(shard *sh)
 void shard_oplog_notify(shard *sh)
 {
 	pthread_mutex_lock(&sh->oplog_mu);
-	pthread_cond_broadcast(&sh->oplog_cv);
+	if (sh->waiters)
+		requeue_locked(sh, NULL);
 	pthread_mutex_unlock(&sh->oplog_mu);
 }
 

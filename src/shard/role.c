@@ -154,6 +154,7 @@ static void shard_stop(sdb_role *role)
 	uv_timer_stop(&sh->reap_timer);
 	uint64_t timeout = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_timeout_ms,
 							 10000);
+	shard_await_close(sh); /* parked awaitData getMores answer now, not at their deadline */
 	wire_server_close(sh->srv, timeout, server_closed, sh);
 }
 

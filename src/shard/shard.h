@@ -62,6 +62,7 @@ struct shard_ctx {
 	const char *origin;  /* $stripedbOrigin or NULL */
 	const char *chunk;   /* $stripedbVersion.chunk or NULL */
 	int64_t token;
+	void *resume; /* a parked command's continuation (shard_await), else NULL */
 	char err[512];
 };
 
@@ -69,7 +70,20 @@ typedef struct shard_job {
 	struct shard_job *next;
 	shard_cmd_fn fn;
 	wire_req *req;
+	void *resume; /* handed to the command as shard_ctx.resume */
 } shard_job;
+
+/* An awaitData getMore that found nothing new, parked without holding a worker: it is
+ * queued again (fn with resume = this) when a commit moves the oplog, when its deadline
+ * passes, or when the shard stops. The cursor stays checked out (busy) while parked. */
+typedef struct shard_await {
+	struct shard_await *next;
+	shard_cmd_fn fn;
+	wire_req *req;
+	shard_cursor *c;
+	int64_t batch;
+	int64_t deadline_ms; /* CLOCK_MONOTONIC ms: answer with an empty batch then */
+} shard_await;
 
 struct shard {
 	sdb_role *role;
@@ -82,9 +96,15 @@ struct shard {
 	bool stopping;
 	pthread_t threads[SHARD_WORKERS];
 	int n_threads;
-	/* oplog commit notifications for awaitData */
+	/* parked awaitData getMores (shard_await), guarded by oplog_mu; the await thread
+	 * sleeps on oplog_cv until the earliest deadline. Lock order: oplog_mu, then mu. */
 	pthread_mutex_t oplog_mu;
 	pthread_cond_t oplog_cv;
+	shard_await *waiters;
+	bool await_closed;  /* no more parking: answer at once (shutdown) */
+	bool await_stop;    /* the await thread exits */
+	bool await_started;
+	pthread_t await_thread;
 	/* cursors */
 	pthread_mutex_t cur_mu;
 	shard_cursor *cursors; /* linked list */
@@ -109,9 +129,19 @@ void shard_conns_close(shard *sh);
 int shard_pool_start(shard *sh, char *err, size_t errlen);
 /* Queue fn for req (loop thread). */
 void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req);
+/* Park a (heap, ownership taken on true) for later: returns false, keeping a with the
+ * caller, when it cannot wait (the shard stops or a->deadline_ms has passed) and the
+ * command must answer now. When the oplog already moved past after_ts (a commit raced
+ * the caller's scan) a is queued at once. Any worker thread. */
+bool shard_await_park(shard *sh, shard_await *a, uint64_t after_ts);
+/* Queue every parked getMore now and refuse new parking (the start of a shutdown: each
+ * answers with what it has, so the wire server's drain does not wait for their
+ * deadlines). Any thread; idempotent. */
+void shard_await_close(shard *sh);
 /* Stop and join every worker (blocks until running jobs finish). */
 void shard_pool_stop(shard *sh);
-/* Wake awaitData waiters after a commit that wrote the oplog. */
+/* Wake awaitData waiters after a commit that wrote the oplog: every parked getMore is
+ * queued to rescan the oplog from its last_ts (and parks again if nothing matched). */
 void shard_oplog_notify(shard *sh);
 
 /* --- cursors.c --- */

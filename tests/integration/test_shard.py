@@ -229,6 +229,64 @@ def test_tailable_await_oplog_cursor(shard):
     cur.close()
 
 
+def test_waiting_tailers_do_not_hold_workers(shard):
+    """awaitData getMores with nothing to return are parked, not blocking one of the
+    shard's 8 worker threads: 12 tailers waiting up to 10 minutes each leave every other
+    command running, and one insert wakes them all with its entry."""
+    import concurrent.futures
+    import re
+
+    from conftest import http_get
+    proc, port = shard
+    http = proc.http_port
+
+    def parked(hp):
+        _, body = http_get(hp, "/metrics")
+        m = re.search(rb'^stripedb_shard_parked_getmores\{role="shard"\} (\d+)$', body, re.M)
+        return int(m.group(1)) if m else 0
+    c = client_for(port)
+    c.park.c.insert_one({"_id": "start"})
+    start = c.local["oplog.rs"].find().sort("$natural", -1).limit(1)[0]["ts"]
+    tailers = []
+    for _ in range(12):
+        t = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                                socketTimeoutMS=120000)
+        r = t.local.command("find", "oplog.rs", filter={"ns": "park.c", "ts": {"$gt": start}},
+                            tailable=True, awaitData=True)
+        assert r["cursor"]["firstBatch"] == []
+        tailers.append((t, r["cursor"]["id"]))
+
+    def wait_next(tc):
+        t, cid = tc
+        g = t.local.command("getMore", cid, collection="oplog.rs", maxTimeMS=600000)
+        return [e["o"]["_id"] for e in g["cursor"]["nextBatch"]]
+
+    pool = concurrent.futures.ThreadPoolExecutor(len(tailers))
+    futs = [pool.submit(wait_next, tc) for tc in tailers]
+    # every tailer's getMore is parked on the shard before the commands below
+    wait_until(lambda: parked(http) == 12, 30, what="12 parked getMores")
+    w = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                            socketTimeoutMS=60000)
+    # with the tailers parked, reads, writes and index builds still run (before the fix
+    # they queued behind 8 workers blocked for 10 minutes: this socket timeout fired)
+    for i in range(20):
+        w.park.other.insert_one({"_id": i})
+    assert w.park.other.count_documents({}) == 20
+    w.park.other.create_index("x")
+    # the writes to park.other woke the tailers, which found nothing of park.c and parked
+    # again
+    wait_until(lambda: parked(http) == 12, 30, what="12 parked getMores again")
+    assert not any(f.done() for f in futs)
+    w.park.c.insert_one({"_id": "wake"})
+    assert [f.result(timeout=60) for f in futs] == [["wake"]] * 12
+    assert parked(http) == 0
+    pool.shutdown()
+    for t, cid in tailers:
+        t.local.command("killCursors", "oplog.rs", cursors=[cid])
+        t.close()
+    w.close()
+
+
 def test_point_in_time_read_with_oplog_position(shard):
     _, port = shard
     c = client_for(port)
