@@ -1,6 +1,7 @@
 /* MongoDB error code names (codeName in error replies).
  * Source: src/mongo/base/error_codes.yml of the MongoDB server (6.0), for the codes in
  * server.h and msg.h and the other common ones drivers look at. */
+#include <stdio.h>
 #include <stddef.h>
 
 #include "wire/msg.h"
@@ -86,8 +87,14 @@ static const struct {
 
 const char *wire_code_name(int code)
 {
+	/* mongod names a code without an ErrorCodes entry (an assertion id such as 31254 or
+	 * 15975) "Location<code>" (ErrorCodes::errorString); one buffer per thread */
+	static _Thread_local char location[24];
 	for (size_t i = 0; i < sizeof code_names / sizeof code_names[0]; i++)
 		if (code_names[i].code == code)
 			return code_names[i].name;
-	return "UnknownError";
+	if (code <= 0)
+		return "UnknownError";
+	snprintf(location, sizeof location, "Location%d", code);
+	return location;
 }

@@ -71,7 +71,9 @@
 #define WIRE_ERR_OVERFLOW 15
 #define WIRE_ERR_NOT_IMPLEMENTED 238
 
-/* wire_code_name returns MongoDB's codeName for a code ("BadValue"), or "UnknownError". */
+/* wire_code_name returns MongoDB's codeName for a code ("BadValue"); a positive code
+ * without a name is "Location<code>" as mongod says (the string lives in a per-thread
+ * buffer until the next call on that thread), a non-positive one "UnknownError". */
 const char *wire_code_name(int code);
 
 typedef struct wire_server wire_server;

@@ -729,7 +729,11 @@ static void test_code_names(void **state)
 	assert_string_equal(wire_code_name(WIRE_ERR_RATE_LIMITED),
 			    "IngressRequestRateLimitExceeded");
 	assert_string_equal(wire_code_name(WIRE_ERR_PROTOCOL_ERROR), "ProtocolError");
-	assert_string_equal(wire_code_name(123456789), "UnknownError");
+	/* mongod: codes without an ErrorCodes name are "Location<code>" */
+	assert_string_equal(wire_code_name(31254), "Location31254");
+	assert_string_equal(wire_code_name(15975), "Location15975");
+	assert_string_equal(wire_code_name(8), "UnknownError");
+	assert_string_equal(wire_code_name(-3), "UnknownError");
 }
 
 int main(void)
