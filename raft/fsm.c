@@ -15,6 +15,7 @@
 /* MongoDB error codes carried in results (src/mongo/base/error_codes.yml). */
 #define E_BAD_VALUE 2, "BadValue"
 #define E_NO_SUCH_KEY 4, "NoSuchKey"
+#define E_USER_NOT_FOUND 11, "UserNotFound"
 #define E_ILLEGAL 20, "IllegalOperation"
 #define E_NS_NOT_FOUND 26, "NamespaceNotFound"
 #define E_LOCK_BUSY 46, "LockBusy"
@@ -367,11 +368,16 @@ static const char *const schema_sql =
 	"CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, tenant TEXT NOT NULL,"
 	" mechanism TEXT NOT NULL, salt BLOB NOT NULL, iterations INTEGER NOT NULL,"
 	" stored_key BLOB NOT NULL, server_key BLOB NOT NULL);"
+	/* SCRAM-SHA-1 verifiers (issue #10), next to the SHA-256 one in users; a separate
+	 * table so that databases and snapshots of earlier versions gain it by CREATE */
+	"CREATE TABLE IF NOT EXISTS user_sha1 (name TEXT PRIMARY KEY, salt BLOB NOT NULL,"
+	" iterations INTEGER NOT NULL, stored_key BLOB NOT NULL, server_key BLOB NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS members (id INTEGER PRIMARY KEY, raft TEXT, wire TEXT);";
 
 /* Tables hashed by sdb_fsm_hash, in a fixed order. */
 static const char *const hash_tables[] = {"meta",   "shards", "dbs",     "colls", "chunks",
-					  "migrations", "leases", "tenants", "users", "members"};
+					  "migrations", "leases", "tenants", "users", "user_sha1",
+					  "members"};
 
 static int load_cache(sdb_fsm *f)
 {
@@ -1121,19 +1127,70 @@ static int arg_bin(const bson_t *args, const char *key, const uint8_t **data, ui
 	return 1;
 }
 
-static int op_create_user(sdb_fsm *f, cmdctx *c, bson_t *res)
-{
-	const char *name = arg_str(&c->args, "name"), *tenant = arg_str(&c->args, "tenant");
+/* A SCRAM verifier in args (RFC 5802 §3): salt (16..64 bytes), iterations >= 4096,
+ * storedKey and serverKey of keylen bytes (32: SHA-256, 20: SHA-1). */
+typedef struct verifier {
 	const uint8_t *salt, *sk, *svk;
 	uint32_t lsalt, lsk, lsvk;
 	int64_t iters;
-	if (!name || !tenant || !arg_bin(&c->args, "salt", &salt, &lsalt) ||
-	    !arg_bin(&c->args, "storedKey", &sk, &lsk) || !arg_bin(&c->args, "serverKey", &svk, &lsvk) ||
-	    !arg_int(&c->args, "iterations", &iters) || iters < 4096 || lsk != 32 || lsvk != 32 ||
-	    lsalt < 16 || lsalt > 64)
+} verifier;
+
+static int arg_verifier(const bson_t *args, uint32_t keylen, verifier *v)
+{
+	return arg_bin(args, "salt", &v->salt, &v->lsalt) &&
+	       arg_bin(args, "storedKey", &v->sk, &v->lsk) &&
+	       arg_bin(args, "serverKey", &v->svk, &v->lsvk) &&
+	       arg_int(args, "iterations", &v->iters) && v->iters >= 4096 &&
+	       v->iters <= 10000000 && v->lsk == keylen && v->lsvk == keylen && v->lsalt >= 16 &&
+	       v->lsalt <= 64;
+}
+
+/* Optional scramSha1: {salt, iterations, storedKey, serverKey}. Returns 1 when present and
+ * valid (*has set), 1 when absent (*has clear), 0 when present but malformed. */
+static int arg_sha1(const bson_t *args, verifier *v, int *has)
+{
+	bson_t d;
+	*has = 0;
+	if (!bson_has_field(args, "scramSha1"))
+		return 1;
+	if (!arg_doc(args, "scramSha1", &d, 0) || !arg_verifier(&d, 20, v))
+		return 0;
+	*has = 1;
+	return 1;
+}
+
+/* Replace the user's SHA-1 verifier (none when has is 0). */
+static int put_sha1(sdb_fsm *f, const char *name, int has, const verifier *v)
+{
+	if (x(f, "DELETE FROM user_sha1 WHERE name = ?", "t", name))
+		return SDB_EIO;
+	if (has && x(f,
+		     "INSERT INTO user_sha1(name, salt, iterations, stored_key, server_key)"
+		     " VALUES(?, ?, ?, ?, ?)",
+		     "tbibb", name, v->salt, (int)v->lsalt, v->iters, v->sk, (int)v->lsk, v->svk,
+		     (int)v->lsvk))
+		return SDB_EIO;
+	return 0;
+}
+
+/* Every change of a user's credentials bumps meta users_version (getUser and listTenants
+ * report it; the proxy drops cached verifiers of older versions). */
+static int bump_users(sdb_fsm *f)
+{
+	int64_t v;
+	return next_id(f, "users_version", &v);
+}
+
+static int op_create_user(sdb_fsm *f, cmdctx *c, bson_t *res)
+{
+	const char *name = arg_str(&c->args, "name"), *tenant = arg_str(&c->args, "tenant");
+	verifier v, v1;
+	int has1 = 0;
+	if (!name || !*name || !tenant || !arg_verifier(&c->args, 32, &v) ||
+	    !arg_sha1(&c->args, &v1, &has1))
 		return lerr(res, E_BAD_VALUE,
 			    "createUser needs name, tenant and a SCRAM-SHA-256 verifier (salt, "
-			    "iterations >= 4096, storedKey, serverKey)");
+			    "iterations >= 4096, storedKey, serverKey), optionally scramSha1");
 	int e = exists(f, "SELECT 1 FROM tenants WHERE name = ?", tenant);
 	if (e < 0)
 		return e;
@@ -1144,12 +1201,56 @@ static int op_create_user(sdb_fsm *f, cmdctx *c, bson_t *res)
 		return e;
 	if (e)
 		return lerr(res, E_DUPLICATE, "user %s already exists", name);
-	return x(f,
-		 "INSERT INTO users(name, tenant, mechanism, salt, iterations, stored_key, server_key)"
-		 " VALUES(?, ?, 'SCRAM-SHA-256', ?, ?, ?, ?)",
-		 "ttbibb", name, tenant, salt, (int)lsalt, iters, sk, (int)lsk, svk, (int)lsvk)
-		       ? SDB_EIO
-		       : 0;
+	if (x(f,
+	      "INSERT INTO users(name, tenant, mechanism, salt, iterations, stored_key, server_key)"
+	      " VALUES(?, ?, 'SCRAM-SHA-256', ?, ?, ?, ?)",
+	      "ttbibb", name, tenant, v.salt, (int)v.lsalt, v.iters, v.sk, (int)v.lsk, v.svk,
+	      (int)v.lsvk) ||
+	    put_sha1(f, name, has1, &v1) || bump_users(f))
+		return SDB_EIO;
+	return 0;
+}
+
+/* updateUser (MongoDB's name): new verifiers for an existing user. The SHA-1 verifier is
+ * replaced too, or removed when the command carries none, so an old password never
+ * keeps working through the other mechanism. */
+static int op_update_user(sdb_fsm *f, cmdctx *c, bson_t *res)
+{
+	const char *name = arg_str(&c->args, "name");
+	verifier v, v1;
+	int has1 = 0;
+	if (!name || !*name || !arg_verifier(&c->args, 32, &v) || !arg_sha1(&c->args, &v1, &has1))
+		return lerr(res, E_BAD_VALUE,
+			    "updateUser needs name and a SCRAM-SHA-256 verifier (salt, iterations "
+			    ">= 4096, storedKey, serverKey), optionally scramSha1");
+	int e = exists(f, "SELECT 1 FROM users WHERE name = ?", name);
+	if (e < 0)
+		return e;
+	if (!e)
+		return lerr(res, E_USER_NOT_FOUND, "Could not find user \"%s\"", name);
+	if (x(f,
+	      "UPDATE users SET mechanism = 'SCRAM-SHA-256', salt = ?, iterations = ?,"
+	      " stored_key = ?, server_key = ? WHERE name = ?",
+	      "bibbt", v.salt, (int)v.lsalt, v.iters, v.sk, (int)v.lsk, v.svk, (int)v.lsvk, name) ||
+	    put_sha1(f, name, has1, &v1) || bump_users(f))
+		return SDB_EIO;
+	return 0;
+}
+
+static int op_drop_user(sdb_fsm *f, cmdctx *c, bson_t *res)
+{
+	const char *name = arg_str(&c->args, "name");
+	if (!name || !*name)
+		return lerr(res, E_BAD_VALUE, "dropUser needs a string field name");
+	int e = exists(f, "SELECT 1 FROM users WHERE name = ?", name);
+	if (e < 0)
+		return e;
+	if (!e)
+		return lerr(res, E_USER_NOT_FOUND, "Could not find user \"%s\"", name);
+	if (x(f, "DELETE FROM users WHERE name = ?", "t", name) ||
+	    x(f, "DELETE FROM user_sha1 WHERE name = ?", "t", name) || bump_users(f))
+		return SDB_EIO;
+	return 0;
 }
 
 static int op_register_member(sdb_fsm *f, cmdctx *c, bson_t *res)
@@ -1199,6 +1300,8 @@ static const struct {
 	{"setQuota", op_tenant_doc},
 	{"setPolicy", op_tenant_doc},
 	{"createUser", op_create_user},
+	{"updateUser", op_update_user},
+	{"dropUser", op_drop_user},
 	{"registerMember", op_register_member},
 	{"removeMember", op_remove_member},
 };
@@ -1394,6 +1497,9 @@ static int restore_image(sdb_fsm *f, const void *data, size_t len)
 		goto out;
 	sqlite3_backup_step(bk, -1);
 	if (sqlite3_backup_finish(bk) != SQLITE_OK)
+		goto out;
+	/* an image from an earlier version lacks the newer tables (user_sha1) */
+	if (sqlite3_exec(f->db, schema_sql, NULL, NULL, NULL) != SQLITE_OK)
 		goto out;
 	free(f->wire_cache);
 	f->wire_cache = NULL;
@@ -1707,6 +1813,10 @@ int sdb_fsm_query(sdb_fsm *f, const char *name, const bson_t *cmd, bson_t *reply
 		}
 		bson_append_array_end(reply, &arr);
 	} else if (strcmp(name, "listTenants") == 0) {
+		int64_t uv;
+		if (meta_get(f, "users_version", &uv) != 0)
+			return SDB_EIO;
+		BSON_APPEND_INT64(reply, "usersVersion", uv);
 		st = q(f, "SELECT name, quota, policy FROM tenants ORDER BY name", NULL);
 		if (!st)
 			return SDB_EIO;
@@ -1747,7 +1857,46 @@ int sdb_fsm_query(sdb_fsm *f, const char *name, const bson_t *cmd, bson_t *reply
 				   (uint32_t)sqlite3_column_bytes(st, 5));
 		BSON_APPEND_BINARY(&d, "serverKey", BSON_SUBTYPE_BINARY, sqlite3_column_blob(st, 6),
 				   (uint32_t)sqlite3_column_bytes(st, 6));
+		sqlite3_finalize(st);
+		st = q(f,
+		       "SELECT salt, iterations, stored_key, server_key FROM user_sha1 WHERE name = ?",
+		       "t", u);
+		if (!st) {
+			bson_append_document_end(reply, &d);
+			return SDB_EIO;
+		}
+		{
+			bson_t m, v;
+			int has1 = sqlite3_step(st) == SQLITE_ROW;
+			bson_append_array_begin(&d, "mechanisms", -1, &m);
+			if (has1)
+				BSON_APPEND_UTF8(&m, "0", "SCRAM-SHA-1");
+			BSON_APPEND_UTF8(&m, has1 ? "1" : "0", "SCRAM-SHA-256");
+			bson_append_array_end(&d, &m);
+			if (has1) {
+				bson_append_document_begin(&d, "scramSha1", -1, &v);
+				BSON_APPEND_BINARY(&v, "salt", BSON_SUBTYPE_BINARY,
+						   sqlite3_column_blob(st, 0),
+						   (uint32_t)sqlite3_column_bytes(st, 0));
+				BSON_APPEND_INT64(&v, "iterations", sqlite3_column_int64(st, 1));
+				BSON_APPEND_BINARY(&v, "storedKey", BSON_SUBTYPE_BINARY,
+						   sqlite3_column_blob(st, 2),
+						   (uint32_t)sqlite3_column_bytes(st, 2));
+				BSON_APPEND_BINARY(&v, "serverKey", BSON_SUBTYPE_BINARY,
+						   sqlite3_column_blob(st, 3),
+						   (uint32_t)sqlite3_column_bytes(st, 3));
+				bson_append_document_end(&d, &v);
+			}
+		}
 		bson_append_document_end(reply, &d);
+		{
+			int64_t uv;
+			if (meta_get(f, "users_version", &uv) != 0) {
+				sqlite3_finalize(st);
+				return SDB_EIO;
+			}
+			BSON_APPEND_INT64(reply, "usersVersion", uv);
+		}
 	} else if (strcmp(name, "listMembers") == 0) {
 		st = q(f, "SELECT id, raft, wire FROM members ORDER BY id", NULL);
 		if (!st)

@@ -1,7 +1,9 @@
 /* The proxy's authentication and authorization gate. See auth/gate.h. */
 #include "auth/gate.h"
 
+#include <openssl/crypto.h>
 #include <openssl/rand.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -35,13 +37,18 @@ struct auth_gate {
 	struct cached_user {
 		char user[AUTH_SCRAM_MAX_USER + 1];
 		char tenant[256];
-		auth_scram_creds creds;
+		auth_scram_creds creds; /* creds.mech: one entry per user and mechanism */
 		uint64_t at_ns;
+		int64_t users_version; /* metadata usersVersion the verifier was read at */
 	} cache[AUTH_USER_CACHE];
 	size_t cache_next;
 	const bson_t *spec_cmd;
 	char spec_payload[AUTH_SCRAM_MAX_MSG + 1];
 	sdb_counter *m_speculative;
+	/* Highest metadata usersVersion seen (listTenants poll, getUser replies); cache
+	 * entries of an older version are not used. Any thread. */
+	_Atomic int64_t users_version;
+	sdb_gauge *m_users_version;
 };
 
 /* Per-connection state (wire_conn_set_data). Loop thread only. */
@@ -51,6 +58,8 @@ typedef struct auth_conn {
 	conn_state state;
 	bool busy;          /* a saslStart is looking up its user */
 	bool is_system;     /* authenticated as the internal user __system */
+	bool recheck;       /* conversation started from the cache (speculative): the verifier
+			     * is read again from metadata before the connection is authenticated */
 	auth_scram scram;
 	char user[AUTH_SCRAM_MAX_USER + 1];
 	char tenant[256];
@@ -70,6 +79,10 @@ auth_gate *auth_gate_new(const auth_gate_opts *opts)
 	g->m_speculative = sdb_metrics_counter(
 		"stripedb_auth_speculative_total",
 		"Conversations started in hello (speculativeAuthenticate).", NULL);
+	g->m_users_version = sdb_metrics_gauge(
+		"stripedb_auth_users_version",
+		"Highest metadata usersVersion seen (cached verifiers of older ones are unused).",
+		NULL);
 	if (opts->cluster) {
 		g->has_cluster = true;
 		g->cluster = *opts->cluster;
@@ -87,9 +100,22 @@ void auth_gate_free(auth_gate *g)
 	free(g);
 }
 
+static void see_users_version(auth_gate *g, int64_t v)
+{
+	int64_t cur = atomic_load(&g->users_version);
+	while (v > cur && !atomic_compare_exchange_weak(&g->users_version, &cur, v))
+		;
+	if (v > cur)
+		sdb_gauge_set(g->m_users_version, atomic_load(&g->users_version));
+}
+
 void auth_gate_load(auth_gate *g, const bson_t *tenants, const bson_t *dbs)
 {
 	auth_policy *np = auth_policy_build(tenants, dbs), *old;
+	bson_iter_t it;
+	if (tenants && bson_iter_init_find(&it, tenants, "usersVersion") &&
+	    BSON_ITER_HOLDS_NUMBER(&it))
+		see_users_version(g, bson_iter_as_int64(&it));
 	uv_mutex_lock(&g->mu);
 	old = g->pol;
 	g->pol = np;
@@ -116,7 +142,8 @@ void auth_gate_hello(auth_gate *g, const bson_t *cmd, bson_t *reply)
 		return;
 	/* the same answer for every user name: no user enumeration */
 	BSON_APPEND_ARRAY_BEGIN(reply, "saslSupportedMechs", &arr);
-	BSON_APPEND_UTF8(&arr, "0", "SCRAM-SHA-256");
+	BSON_APPEND_UTF8(&arr, "0", "SCRAM-SHA-1");
+	BSON_APPEND_UTF8(&arr, "1", "SCRAM-SHA-256");
 	bson_append_array_end(reply, &arr);
 }
 
@@ -194,6 +221,7 @@ static void auth_fail(auth_gate *g, wire_req *req, auth_conn *c, auth_audit_even
 		c->state = CONN_NONE;
 		c->busy = false;
 		c->is_system = false;
+		c->recheck = false;
 		auth_scram_init(&c->scram, AUTH_SCRAM_SHA256);
 	}
 	if (!g->loop) { /* internal listener: no delay */
@@ -248,14 +276,21 @@ static void reply_sasl(wire_req *req, const char *payload, bool done)
 	wire_req_reply(req, r);
 }
 
+/* A getUser on the thread pool: for saslStart (the verifier to start with), or with
+ * recheck for the last step of a conversation started from the cache (is the verifier
+ * still the one the proof was checked against? out then holds server-final). */
 typedef struct lookup {
 	uv_work_t work;
 	auth_gate *g;
 	wire_req *req;
 	char user[AUTH_SCRAM_MAX_USER + 1];
+	auth_mech mech;
+	bool recheck;
 	bool found;
 	char tenant[256];
 	auth_scram_creds creds;
+	int64_t users_version;
+	char out[AUTH_SCRAM_MAX_MSG + 1];
 	char err[256];
 } lookup;
 
@@ -275,13 +310,35 @@ static bool bin_field(bson_iter_t *d, const char *key, uint8_t *out, size_t cap,
 	return true;
 }
 
+/* The verifier of mech in a getUser reply's user document: SCRAM-SHA-256 at the top
+ * level, SCRAM-SHA-1 in scramSha1 (absent for users created before it was stored). */
+static bool parse_creds(bson_iter_t *user, auth_mech mech, auth_scram_creds *c)
+{
+	bson_iter_t d = *user, f, sub;
+	size_t kl = auth_scram_key_len(mech), n;
+	if (mech == AUTH_SCRAM_SHA1) {
+		if (!bson_iter_find(&d, "scramSha1") || !BSON_ITER_HOLDS_DOCUMENT(&d) ||
+		    !bson_iter_recurse(&d, &sub))
+			return false;
+		d = sub;
+	}
+	c->mech = mech;
+	f = d;
+	if (bson_iter_find(&f, "iterations") && BSON_ITER_HOLDS_NUMBER(&f) &&
+	    bson_iter_as_int64(&f) <= 10000000)
+		c->iterations = (int)bson_iter_as_int64(&f);
+	return c->iterations >= AUTH_SCRAM_MIN_ITERATIONS &&
+	       bin_field(&d, "salt", c->salt, sizeof c->salt, &c->salt_len) && c->salt_len >= 16 &&
+	       bin_field(&d, "storedKey", c->stored_key, kl, &n) && n == kl &&
+	       bin_field(&d, "serverKey", c->server_key, kl, &n) && n == kl;
+}
+
 static void lookup_work(uv_work_t *w)
 {
 	lookup *l = w->data;
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_iter_t it, d, f;
 	int code = 0;
-	size_t kl;
 
 	BSON_APPEND_UTF8(&cmd, "getUser", l->user);
 	if (l->g->meta(l->g->meta_arg, &cmd, &reply, &code, l->err, sizeof l->err) == 0 &&
@@ -290,19 +347,32 @@ static void lookup_work(uv_work_t *w)
 		f = d;
 		if (bson_iter_find(&f, "tenant") && BSON_ITER_HOLDS_UTF8(&f))
 			snprintf(l->tenant, sizeof l->tenant, "%s", bson_iter_utf8(&f, NULL));
-		f = d;
-		if (bson_iter_find(&f, "iterations") && BSON_ITER_HOLDS_NUMBER(&f))
-			l->creds.iterations = (int)bson_iter_as_int64(&f);
-		l->creds.mech = AUTH_SCRAM_SHA256;
-		l->found = l->tenant[0] && l->creds.iterations >= AUTH_SCRAM_MIN_ITERATIONS &&
-			   bin_field(&d, "salt", l->creds.salt, sizeof l->creds.salt,
-				     &l->creds.salt_len) &&
-			   bin_field(&d, "storedKey", l->creds.stored_key, 32, &kl) && kl == 32 &&
-			   bin_field(&d, "serverKey", l->creds.server_key, 32, &kl) && kl == 32 &&
-			   l->creds.salt_len >= 16;
+		l->found = l->tenant[0] && parse_creds(&d, l->mech, &l->creds);
+		if (l->mech == AUTH_SCRAM_SHA1 && !l->found && !l->err[0])
+			snprintf(l->err, sizeof l->err, "no SCRAM-SHA-1 verifier stored");
+		if (bson_iter_init_find(&it, &reply, "usersVersion") && BSON_ITER_HOLDS_NUMBER(&it))
+			l->users_version = bson_iter_as_int64(&it);
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
+}
+
+static void conn_authenticated(auth_gate *g, wire_req *req, auth_conn *c, const char *out)
+{
+	c->state = CONN_AUTHENTICATED;
+	c->recheck = false;
+	c->is_system = strcmp(c->user, "__system") == 0 && g->has_cluster;
+	sdb_info("authenticated", "user=\"%s\" tenant=\"%s\" mechanism=%s peer=%s", c->user,
+		 c->tenant, auth_scram_mech_name(c->scram.mech), wire_conn_peer(wire_req_conn(req)));
+	reply_sasl(req, out, true);
+}
+
+static bool same_creds(const auth_scram_creds *a, const auth_scram_creds *b)
+{
+	return a->mech == b->mech && a->iterations == b->iterations &&
+	       a->salt_len == b->salt_len && memcmp(a->salt, b->salt, a->salt_len) == 0 &&
+	       CRYPTO_memcmp(a->stored_key, b->stored_key, auth_scram_key_len(a->mech)) == 0 &&
+	       CRYPTO_memcmp(a->server_key, b->server_key, auth_scram_key_len(a->mech)) == 0;
 }
 
 static void lookup_done(uv_work_t *w, int status)
@@ -316,7 +386,18 @@ static void lookup_done(uv_work_t *w, int status)
 
 	peer_host(wire_conn_peer(wire_req_conn(req)), host, sizeof host);
 	c->busy = false;
-	if (status != 0 || !l->found) {
+	if (status == 0 && l->found)
+		see_users_version(g, l->users_version);
+	if (l->recheck) {
+		/* the proof matched the cached verifier: is it still the user's? (a dropped
+		 * user or a changed password fails here, whatever the cache held) */
+		if (status != 0 || !l->found || strcmp(l->tenant, c->tenant) != 0 ||
+		    !same_creds(&l->creds, &c->scram.creds))
+			auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, l->user,
+				  l->err[0] ? l->err : "user dropped or password changed");
+		else
+			conn_authenticated(g, req, c, l->out);
+	} else if (status != 0 || !l->found) {
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, l->user,
 			  l->err[0] ? l->err : "unknown user");
 	} else if (!limiter_take(g, "user", l->user, 0) || !limiter_take(g, "host", host, 0)) {
@@ -327,16 +408,46 @@ static void lookup_done(uv_work_t *w, int status)
 					   sizeof out, err, sizeof err) != 0) {
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, l->user, "server-first failed");
 	} else {
-		struct cached_user *u = &g->cache[g->cache_next++ % AUTH_USER_CACHE];
+		struct cached_user *u = NULL;
+		for (size_t i = 0; i < AUTH_USER_CACHE && !u; i++)
+			if (strcmp(g->cache[i].user, l->user) == 0 &&
+			    g->cache[i].creds.mech == l->mech)
+				u = &g->cache[i];
+		if (!u)
+			u = &g->cache[g->cache_next++ % AUTH_USER_CACHE];
 		snprintf(u->user, sizeof u->user, "%s", l->user);
 		snprintf(u->tenant, sizeof u->tenant, "%s", l->tenant);
 		u->creds = l->creds;
 		u->at_ns = uv_hrtime();
+		u->users_version = l->users_version;
 		snprintf(c->tenant, sizeof c->tenant, "%s", l->tenant);
 		reply_sasl(req, out, false);
 	}
 	OPENSSL_cleanse(&l->creds, sizeof l->creds);
+	OPENSSL_cleanse(l->out, sizeof l->out);
 	free(l);
+}
+
+/* Queue a getUser for the conversation of c (see struct lookup). Returns 0 or -1. */
+static int lookup_start(auth_gate *g, wire_req *req, auth_conn *c, bool recheck, const char *out)
+{
+	lookup *l = sdb_calloc(1, sizeof *l);
+	l->g = g;
+	l->req = req;
+	l->work.data = l;
+	l->mech = c->scram.mech;
+	l->recheck = recheck;
+	if (out)
+		snprintf(l->out, sizeof l->out, "%s", out);
+	snprintf(l->user, sizeof l->user, "%s", c->scram.user);
+	c->busy = true;
+	if (uv_queue_work(g->loop, &l->work, lookup_work, lookup_done) != 0) {
+		OPENSSL_cleanse(l->out, sizeof l->out);
+		free(l);
+		c->busy = false;
+		return -1;
+	}
+	return 0;
 }
 
 static void sasl_start(auth_gate *g, wire_req *req, auth_conn *c)
@@ -347,7 +458,6 @@ static void sasl_start(auth_gate *g, wire_req *req, auth_conn *c)
 	uint32_t plen;
 	auth_mech mech = 0;
 	char err[256];
-	lookup *l;
 
 	if (bson_iter_init_find(&it, cmd, "mechanism") && BSON_ITER_HOLDS_UTF8(&it))
 		mech = auth_scram_mech_parse(bson_iter_utf8(&it, NULL));
@@ -358,10 +468,10 @@ static void sasl_start(auth_gate *g, wire_req *req, auth_conn *c)
 	/* a new conversation drops any previous authentication of the connection */
 	c->state = CONN_NONE;
 	c->is_system = false;
+	c->recheck = false;
 	c->user[0] = c->tenant[0] = '\0';
-	if (mech != AUTH_SCRAM_SHA256) {
-		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, NULL,
-			  mech ? "SCRAM-SHA-1 verifiers are not stored" : "unsupported mechanism");
+	if (mech != AUTH_SCRAM_SHA256 && mech != AUTH_SCRAM_SHA1) {
+		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, NULL, "unsupported mechanism");
 		return;
 	}
 	auth_scram_init(&c->scram, mech);
@@ -389,17 +499,8 @@ static void sasl_start(auth_gate *g, wire_req *req, auth_conn *c)
 			  "only cluster members authenticate here");
 		return;
 	}
-	c->busy = true;
-	l = sdb_calloc(1, sizeof *l);
-	l->g = g;
-	l->req = req;
-	l->work.data = l;
-	snprintf(l->user, sizeof l->user, "%s", c->scram.user);
-	if (uv_queue_work(g->loop, &l->work, lookup_work, lookup_done) != 0) {
-		free(l);
-		c->busy = false;
+	if (lookup_start(g, req, c, false, NULL) != 0)
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, c->user, "cannot queue user lookup");
-	}
 }
 
 static void sasl_continue(auth_gate *g, wire_req *req, auth_conn *c)
@@ -427,11 +528,13 @@ static void sasl_continue(auth_gate *g, wire_req *req, auth_conn *c)
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, user, err);
 		return;
 	}
-	c->state = CONN_AUTHENTICATED;
-	c->is_system = strcmp(c->user, "__system") == 0 && g->has_cluster;
-	sdb_info("authenticated", "user=\"%s\" tenant=\"%s\" peer=%s", c->user, c->tenant,
-		 wire_conn_peer(wire_req_conn(req)));
-	reply_sasl(req, out, true);
+	if (c->recheck) {
+		if (lookup_start(g, req, c, true, out) != 0)
+			auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, user, "cannot queue user lookup");
+		OPENSSL_cleanse(out, sizeof out);
+		return;
+	}
+	conn_authenticated(g, req, c, out);
 }
 
 /* ------------------------------------------------------------ authorization */
@@ -723,9 +826,11 @@ static void speculative(auth_gate *g, wire_req *req, auth_conn *c)
 	const uint8_t *data, *payload;
 	uint32_t plen;
 	auth_scram s;
+	auth_mech mech;
 	uint8_t snonce[24];
 	char err[256], host[80];
 	uint64_t now = uv_hrtime();
+	int64_t version = atomic_load(&g->users_version);
 
 	g->spec_cmd = NULL;
 	if (!g->meta || c->busy || bson_has_field(cmd, "topologyVersion") ||
@@ -735,10 +840,10 @@ static void speculative(auth_gate *g, wire_req *req, auth_conn *c)
 	bson_iter_document(&it, &len, &data);
 	if (!bson_init_static(&spec, data, len) || !bson_iter_init_find(&it, &spec, "mechanism") ||
 	    !BSON_ITER_HOLDS_UTF8(&it) ||
-	    auth_scram_mech_parse(bson_iter_utf8(&it, NULL)) != AUTH_SCRAM_SHA256 ||
+	    !(mech = auth_scram_mech_parse(bson_iter_utf8(&it, NULL))) ||
 	    !get_payload(&spec, &payload, &plen))
 		return;
-	auth_scram_init(&s, AUTH_SCRAM_SHA256);
+	auth_scram_init(&s, mech);
 	if (auth_scram_client_first(&s, payload, plen, err, sizeof err) != 0)
 		return;
 	peer_host(wire_conn_peer(wire_req_conn(req)), host, sizeof host);
@@ -746,7 +851,8 @@ static void speculative(auth_gate *g, wire_req *req, auth_conn *c)
 		return; /* saslStart will answer (and audit) the refusal */
 	for (size_t i = 0; i < AUTH_USER_CACHE; i++) {
 		struct cached_user *u = &g->cache[i];
-		if (!u->user[0] || strcmp(u->user, s.user) != 0 || now - u->at_ns > AUTH_USER_CACHE_TTL_NS)
+		if (!u->user[0] || strcmp(u->user, s.user) != 0 || u->creds.mech != mech ||
+		    u->users_version != version || now - u->at_ns > AUTH_USER_CACHE_TTL_NS)
 			continue;
 		if (RAND_bytes(snonce, sizeof snonce) != 1 ||
 		    auth_scram_server_first(&s, &u->creds, snonce, sizeof snonce, g->spec_payload,
@@ -757,6 +863,7 @@ static void speculative(auth_gate *g, wire_req *req, auth_conn *c)
 		c->scram = s;
 		c->state = CONN_CONVERSING;
 		c->is_system = false;
+		c->recheck = true;
 		snprintf(c->user, sizeof c->user, "%s", s.user);
 		snprintf(c->tenant, sizeof c->tenant, "%s", u->tenant);
 		g->spec_cmd = cmd;

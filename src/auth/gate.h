@@ -3,12 +3,17 @@
  *
  *  - Unauthenticated connections may run hello/isMaster, ping, saslStart and (inside a
  *    conversation) saslContinue; anything else fails with Unauthorized (13).
- *  - saslStart/saslContinue run SCRAM-SHA-256 (auth/scram.h) against the verifier read from
- *    the metadata service (getUser, on the libuv thread pool). SCRAM-SHA-1 is accepted by
- *    the conversation code but the metadata service stores SHA-256 verifiers only, so it
- *    fails as an unknown mechanism for now. hello answers saslSupportedMechs.
+ *  - saslStart/saslContinue run SCRAM-SHA-256 or SCRAM-SHA-1 (auth/scram.h) against the
+ *    verifier read from the metadata service (getUser, on the libuv thread pool: the
+ *    top-level verifier, or scramSha1; a user created before SHA-1 verifiers were stored
+ *    has none and fails SCRAM-SHA-1 with 18). hello answers saslSupportedMechs with both,
+ *    for every name (no user enumeration).
  *  - hello's speculativeAuthenticate starts the conversation in hello when the user's
- *    verifier was looked up by a saslStart in the last 10 s (else drivers run saslStart).
+ *    verifier for that mechanism was looked up by a saslStart in the last 10 s and no
+ *    user changed since (metadata usersVersion, seen through auth_gate_load and getUser);
+ *    else drivers run saslStart. Such a conversation reads the verifier again from
+ *    metadata before it succeeds, so a dropped user or an old password never
+ *    authenticates after the change committed.
  *  - Every failure (unknown user, wrong password, malformed message, brute-force limit)
  *    answers AuthenticationFailed (18) "Authentication failed." exactly fail_delay_ms
  *    after the request arrived, so timing tells nothing.
@@ -60,7 +65,7 @@ auth_gate *auth_gate_new(const auth_gate_opts *opts);
 void auth_gate_free(auth_gate *g);
 
 /* Replace the tenant tables (listTenants and listDatabases replies of the metadata
- * service). Any thread. */
+ * service); listTenants' usersVersion invalidates older cached verifiers. Any thread. */
 void auth_gate_load(auth_gate *g, const bson_t *tenants, const bson_t *dbs);
 
 /* The wire gate (wire_gate_fn with role data g). Loop thread. */

@@ -134,38 +134,38 @@ static int hash(auth_mech mech, const uint8_t *data, size_t len, uint8_t *out)
 	return EVP_Digest(data, len, out, &olen, mech_md(mech), NULL) == 1 ? 0 : -1;
 }
 
-int auth_scram_verifier(auth_mech mech, const char *user, const char *password,
-			const uint8_t *salt, size_t salt_len, int iterations,
-			auth_scram_creds *out, char *err, size_t errlen)
+int auth_scram_mongo_digest(const char *user, const char *password, char out[33])
+{
+	uint8_t md[MD5_DIGEST_LENGTH];
+	unsigned int mdlen = 0;
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	int ok = ctx && EVP_DigestInit_ex(ctx, EVP_md5(), NULL) == 1 &&
+		 EVP_DigestUpdate(ctx, user, strlen(user)) == 1 &&
+		 EVP_DigestUpdate(ctx, ":mongo:", 7) == 1 &&
+		 EVP_DigestUpdate(ctx, password, strlen(password)) == 1 &&
+		 EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen == MD5_DIGEST_LENGTH;
+	EVP_MD_CTX_free(ctx);
+	if (!ok)
+		return SDB_EINTERNAL;
+	for (unsigned i = 0; i < MD5_DIGEST_LENGTH; i++)
+		snprintf(out + 2 * i, 3, "%02x", md[i]);
+	OPENSSL_cleanse(md, sizeof md);
+	return 0;
+}
+
+int auth_scram_verifier_raw(auth_mech mech, const char *pw, const uint8_t *salt,
+			    size_t salt_len, int iterations, auth_scram_creds *out, char *err,
+			    size_t errlen)
 {
 	uint8_t salted[AUTH_SCRAM_MAX_KEY], ckey[AUTH_SCRAM_MAX_KEY];
-	char digest[2 * MD5_DIGEST_LENGTH + 1];
-	const char *pw = password;
 	size_t kl = auth_scram_key_len(mech);
+	int rc = 0;
 
-	if ((mech != AUTH_SCRAM_SHA1 && mech != AUTH_SCRAM_SHA256) || !password ||
-	    salt_len < 16 || salt_len > AUTH_SCRAM_MAX_SALT ||
-	    iterations < AUTH_SCRAM_MIN_ITERATIONS || (mech == AUTH_SCRAM_SHA1 && !user))
+	if ((mech != AUTH_SCRAM_SHA1 && mech != AUTH_SCRAM_SHA256) || !pw || !salt ||
+	    salt_len < 1 || salt_len > AUTH_SCRAM_MAX_SALT ||
+	    iterations < AUTH_SCRAM_MIN_ITERATIONS)
 		return sdb_errf(err, errlen, SDB_EINVAL,
-				"scram verifier: bad mechanism, salt (16..64 bytes) or iterations");
-	if (mech == AUTH_SCRAM_SHA1) {
-		/* MongoDB: SCRAM-SHA-1 hashes HEX(MD5(user ":mongo:" password)) */
-		uint8_t md[MD5_DIGEST_LENGTH];
-		unsigned int mdlen = 0;
-		EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-		if (!ctx || EVP_DigestInit_ex(ctx, EVP_md5(), NULL) != 1 ||
-		    EVP_DigestUpdate(ctx, user, strlen(user)) != 1 ||
-		    EVP_DigestUpdate(ctx, ":mongo:", 7) != 1 ||
-		    EVP_DigestUpdate(ctx, password, strlen(password)) != 1 ||
-		    EVP_DigestFinal_ex(ctx, md, &mdlen) != 1) {
-			EVP_MD_CTX_free(ctx);
-			return sdb_errf(err, errlen, SDB_EINTERNAL, "scram verifier: MD5 failed");
-		}
-		EVP_MD_CTX_free(ctx);
-		for (unsigned i = 0; i < MD5_DIGEST_LENGTH; i++)
-			snprintf(digest + 2 * i, 3, "%02x", md[i]);
-		pw = digest;
-	}
+				"scram verifier: bad mechanism, salt (1..64 bytes) or iterations");
 	memset(out, 0, sizeof *out);
 	out->mech = mech;
 	memcpy(out->salt, salt, salt_len);
@@ -176,10 +176,32 @@ int auth_scram_verifier(auth_mech mech, const char *user, const char *password,
 	    hmac(mech, salted, kl, "Client Key", 10, ckey) != 0 ||
 	    hmac(mech, salted, kl, "Server Key", 10, out->server_key) != 0 ||
 	    hash(mech, ckey, kl, out->stored_key) != 0)
-		return sdb_errf(err, errlen, SDB_EINTERNAL, "scram verifier: OpenSSL failed");
+		rc = sdb_errf(err, errlen, SDB_EINTERNAL, "scram verifier: OpenSSL failed");
 	OPENSSL_cleanse(salted, sizeof salted);
 	OPENSSL_cleanse(ckey, sizeof ckey);
-	return 0;
+	return rc;
+}
+
+int auth_scram_verifier(auth_mech mech, const char *user, const char *password,
+			const uint8_t *salt, size_t salt_len, int iterations,
+			auth_scram_creds *out, char *err, size_t errlen)
+{
+	char digest[2 * MD5_DIGEST_LENGTH + 1];
+	int rc;
+
+	if (!password || (mech == AUTH_SCRAM_SHA1 && !user) || salt_len < 16)
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"scram verifier: a password (for SCRAM-SHA-1 a user) and a salt of "
+				"16..64 bytes are needed");
+	if (mech != AUTH_SCRAM_SHA1)
+		return auth_scram_verifier_raw(mech, password, salt, salt_len, iterations, out,
+					       err, errlen);
+	/* MongoDB: SCRAM-SHA-1 hashes HEX(MD5(user ":mongo:" password)) */
+	if (auth_scram_mongo_digest(user, password, digest) != 0)
+		return sdb_errf(err, errlen, SDB_EINTERNAL, "scram verifier: MD5 failed");
+	rc = auth_scram_verifier_raw(mech, digest, salt, salt_len, iterations, out, err, errlen);
+	OPENSSL_cleanse(digest, sizeof digest);
+	return rc;
 }
 
 /* ------------------------------------------------------------ conversation */
@@ -372,17 +394,8 @@ int auth_scram_client_final_make(auth_mech mech, const char *user, const char *p
 		char digest[33];
 		const char *pw = password;
 		if (mech == AUTH_SCRAM_SHA1) {
-			uint8_t md[16];
-			unsigned int mdlen = 0;
-			EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-			EVP_DigestInit_ex(ctx, EVP_md5(), NULL);
-			EVP_DigestUpdate(ctx, user, strlen(user));
-			EVP_DigestUpdate(ctx, ":mongo:", 7);
-			EVP_DigestUpdate(ctx, password, strlen(password));
-			EVP_DigestFinal_ex(ctx, md, &mdlen);
-			EVP_MD_CTX_free(ctx);
-			for (int i = 0; i < 16; i++)
-				snprintf(digest + 2 * i, 3, "%02x", md[i]);
+			if (auth_scram_mongo_digest(user, password, digest) != 0)
+				return sdb_errf(err, errlen, SDB_EINTERNAL, "client: MD5 failed");
 			pw = digest;
 		}
 		PKCS5_PBKDF2_HMAC(pw, (int)strlen(pw), salt, sl, iters, mech_md(mech), (int)kl,

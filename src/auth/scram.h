@@ -98,6 +98,19 @@ int auth_scram_verifier(auth_mech mech, const char *user, const char *password,
 			const uint8_t *salt, size_t salt_len, int iterations,
 			auth_scram_creds *out, char *err, size_t errlen);
 
+/* MongoDB's SCRAM-SHA-1 password (auth spec, "SCRAM-SHA-1"): HEX(MD5(user ":mongo:"
+ * password)), 32 lowercase hex digits, written NUL-terminated into out (33 bytes).
+ * Returns 0 or SDB_EINTERNAL (OpenSSL failure). */
+int auth_scram_mongo_digest(const char *user, const char *password, char out[33]);
+
+/* RFC 5802 §3 verifier from the SCRAM password as is (no MongoDB digest): what
+ * auth_scram_verifier computes after the digest; exposed for the RFC test vectors, whose
+ * salts are shorter (salt_len 1..64 here). Otherwise the arguments and errors of
+ * auth_scram_verifier. */
+int auth_scram_verifier_raw(auth_mech mech, const char *scram_password, const uint8_t *salt,
+			    size_t salt_len, int iterations, auth_scram_creds *out, char *err,
+			    size_t errlen);
+
 /* Client side, for tests and fuzzing only: compute client-final for a conversation given
  * the password and server-first. Returns 0 or an error. */
 int auth_scram_client_final_make(auth_mech mech, const char *user, const char *password,

@@ -117,9 +117,27 @@ def test_pymongo_correct_password_works_wrong_fails_with_18_after_fixed_delay(se
         assert ei.value.code == 18
         assert ei.value.details["errmsg"] == "Authentication failed."
         assert elapsed >= FAIL_DELAY_S
-    # SCRAM-SHA-1 is not offered (no SHA-1 verifiers are stored): refused the same way
+
+
+def test_pymongo_scram_sha1_correct_and_wrong_password(sec):
+    """SCRAM-SHA-1 (older drivers): the leader stored a SHA-1 verifier over MongoDB's
+    password digest next to the SHA-256 one at createUser."""
+    u = sec.meta_query({"getUser": "alice"})["user"]
+    assert u["mechanisms"] == ["SCRAM-SHA-1", "SCRAM-SHA-256"]
+    assert (len(u["scramSha1"]["salt"]), u["scramSha1"]["iterations"]) == (16, 10000)
+    alice = client(sec, "alice", "alice-pw", authMechanism="SCRAM-SHA-1")
+    alice.adb.c.insert_one({"_id": "sha1"})
+    assert alice.adb.c.find_one({"_id": "sha1"}) == {"_id": "sha1"}
+    # twice more: the second connection of the client may start in hello (speculative)
+    for _ in range(2):
+        c = client(sec, "alice", "alice-pw", authMechanism="SCRAM-SHA-1")
+        assert c.adb.c.count_documents({"_id": "sha1"}) == 1
     with pytest.raises(OperationFailure) as ei:
-        client(sec, "alice", "alice-pw", authMechanism="SCRAM-SHA-1").adb.c.find_one()
+        client(sec, "alice", "wrong", authMechanism="SCRAM-SHA-1").adb.c.find_one()
+    assert (ei.value.code, ei.value.details["errmsg"]) == (18, "Authentication failed.")
+    # a SHA-256 client's credentials do not authenticate another mechanism's user name
+    with pytest.raises(OperationFailure) as ei:
+        client(sec, "nobody", "alice-pw", authMechanism="SCRAM-SHA-1").adb.c.find_one()
     assert ei.value.code == 18
 
 
@@ -129,7 +147,10 @@ def test_unauthenticated_connection_can_only_hello_ping_saslstart(sec):
     assert anon.admin.command("hello")["msg"] == "isdbgrid"
     assert anon.admin.command("isMaster")["ismaster"] is True
     r = anon.admin.command("hello", saslSupportedMechs="admin.alice")
-    assert r["saslSupportedMechs"] == ["SCRAM-SHA-256"]
+    assert r["saslSupportedMechs"] == ["SCRAM-SHA-1", "SCRAM-SHA-256"]
+    # the same list for a user that does not exist (no enumeration)
+    r = anon.admin.command("hello", saslSupportedMechs="admin.nobody")
+    assert r["saslSupportedMechs"] == ["SCRAM-SHA-1", "SCRAM-SHA-256"]
     names = [n for n, _ in b_commands("adb")] + ["listDatabases", "buildInfo", "endSessions",
                                                  "connectionStatus", "getLog",
                                                  "killAllSessions", "saslContinue"]

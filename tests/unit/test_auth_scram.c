@@ -76,6 +76,65 @@ static void test_mongodb_sha1_vector(void **state)
 	assert_string_equal(out, "v=UMWeI25JD1yNYZRMpZ4VHvhZ9e0=");
 }
 
+/* RFC 5802 §5's example: plain SCRAM-SHA-1 over the password "pencil" itself (no
+ * MongoDB digest): salt QSXCR+Q6sek8bf92 (12 bytes), i=4096; proof and server signature
+ * from the RFC. */
+static void test_rfc5802_vector(void **state)
+{
+	(void)state;
+	auth_scram s;
+	auth_scram_creds c;
+	uint8_t salt[64];
+	char out[512], err[256];
+	const char *cf = "n,,n=user,r=fyko+d2lbbFgONRv9qkxdawL";
+	const char *cfin = "c=biws,r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,"
+			   "p=v0X8v3Bz2T0CJGbJQyF0X+HI4Ts=";
+	int sl = auth_b64_decode("QSXCR+Q6sek8bf92", 16, salt, sizeof salt);
+
+	assert_int_equal(sl, 12);
+	/* auth_scram_verifier (stored verifiers) wants 16 bytes; the raw form takes the RFC's */
+	assert_int_equal(auth_scram_verifier(AUTH_SCRAM_SHA1, "user", "pencil", salt, (size_t)sl,
+					     4096, &c, err, sizeof err),
+			 SDB_EINVAL);
+	assert_int_equal(auth_scram_verifier_raw(AUTH_SCRAM_SHA1, "pencil", salt, (size_t)sl, 4096,
+						 &c, err, sizeof err),
+			 0);
+	auth_scram_init(&s, AUTH_SCRAM_SHA1);
+	assert_int_equal(auth_scram_client_first(&s, U8(cf), strlen(cf), err, sizeof err), 0);
+	s.creds = c;
+	strcpy(s.nonce, "fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j");
+	strcpy(s.server_first, "r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,s=QSXCR+Q6sek8bf92,"
+			       "i=4096");
+	s.state = AUTH_SCRAM_SENT_FIRST;
+	assert_int_equal(auth_scram_client_final(&s, U8(cfin), strlen(cfin), out, sizeof out, err,
+						 sizeof err),
+			 0);
+	assert_string_equal(out, "v=rmF9pqV8S7suAoZWja4dJRkFsKQ=");
+	/* the same proof against MongoDB's verifier of "pencil" (the MD5 digest) fails */
+	assert_int_equal(auth_scram_verifier(AUTH_SCRAM_SHA1, "user", "pencil", (const uint8_t *)
+					     "0123456789abcdef", 16, 4096, &c, err, sizeof err),
+			 0);
+	auth_scram_init(&s, AUTH_SCRAM_SHA1);
+	assert_int_equal(auth_scram_client_first(&s, U8(cf), strlen(cf), err, sizeof err), 0);
+	s.creds = c;
+	strcpy(s.nonce, "fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j");
+	strcpy(s.server_first, "r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,s=QSXCR+Q6sek8bf92,"
+			       "i=4096");
+	s.state = AUTH_SCRAM_SENT_FIRST;
+	assert_int_equal(auth_scram_client_final(&s, U8(cfin), strlen(cfin), out, sizeof out, err,
+						 sizeof err),
+			 SDB_EAUTH);
+}
+
+/* The MongoDB auth spec's digest of user "user", password "pencil". */
+static void test_mongodb_digest(void **state)
+{
+	(void)state;
+	char d[33];
+	assert_int_equal(auth_scram_mongo_digest("user", "pencil", d), 0);
+	assert_string_equal(d, "1c33006ec1ffd90f9cadcbcc0e118200");
+}
+
 /* A full conversation with a random-looking server nonce; then the same with a wrong
  * password fails with SDB_EAUTH. */
 static void round_trip(auth_mech mech, const char *pw_client, int expect)
@@ -203,6 +262,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_rfc7677_vector),   cmocka_unit_test(test_mongodb_sha1_vector),
+		cmocka_unit_test(test_rfc5802_vector),   cmocka_unit_test(test_mongodb_digest),
 		cmocka_unit_test(test_round_trip_sha256), cmocka_unit_test(test_round_trip_sha1),
 		cmocka_unit_test(test_client_first_rejects),
 		cmocka_unit_test(test_client_final_rejects), cmocka_unit_test(test_base64),

@@ -303,6 +303,91 @@ static void test_users(void **state)
 	assert_true(bson_iter_init_find(&it, r, "user") && bson_iter_recurse(&it, &sub));
 	assert_true(bson_iter_find(&sub, "iterations"));
 	assert_int_equal(bson_iter_as_int64(&sub), 15000);
+	assert_int_equal(int_of(r, "usersVersion"), 1);
+	assert_true(bson_iter_init_find(&it, r, "user") && bson_iter_recurse(&it, &sub));
+	assert_false(bson_iter_find(&sub, "scramSha1")); /* created without a SHA-1 verifier */
+	bson_destroy(r);
+}
+
+static const char *const B16 = "{\"$binary\": {\"base64\": \"EREREREREREREREREREREQ==\", \"subType\": \"00\"}}";
+static const char *const B20 = "{\"$binary\": {\"base64\": \"IiIiIiIiIiIiIiIiIiIiIiIiIiI=\", \"subType\": \"00\"}}";
+static const char *const B32 = "{\"$binary\": {\"base64\": \"MzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzMzM=\", \"subType\": \"00\"}}";
+
+/* Iterations of the user's stored SCRAM-SHA-1 verifier, -1 when it has none. */
+static int64_t sha1_iterations(t *x, const char *user)
+{
+	char q[128];
+	bson_iter_t it, u, v;
+	int64_t n = -1;
+	snprintf(q, sizeof q, "{\"getUser\": \"%s\"}", user);
+	bson_t *r = query(x, "getUser", q);
+	if (bson_iter_init_find(&it, r, "user") && bson_iter_recurse(&it, &u) &&
+	    bson_iter_find(&u, "scramSha1") && bson_iter_recurse(&u, &v) &&
+	    bson_iter_find(&v, "iterations"))
+		n = bson_iter_as_int64(&v);
+	bson_destroy(r);
+	return n;
+}
+
+/* updateUser / dropUser (issue #10): UserNotFound (11) for unknown users, the SHA-1
+ * verifier replaced or removed with the SHA-256 one, usersVersion bumped by each. */
+static void test_update_drop_user(void **state)
+{
+	t *x = *state;
+	char cmd[2048];
+	ok(x, "createTenant", "{\"name\": \"acme\"}");
+	snprintf(cmd, sizeof cmd,
+		 "{\"name\": \"alice\", \"tenant\": \"acme\", \"iterations\": 15000, \"salt\": %s,"
+		 " \"storedKey\": %s, \"serverKey\": %s, \"scramSha1\": {\"iterations\": 10000,"
+		 " \"salt\": %s, \"storedKey\": %s, \"serverKey\": %s}}",
+		 B16, B32, B32, B16, B20, B20);
+	ok(x, "createUser", cmd);
+	assert_int_equal(sha1_iterations(x, "alice"), 10000);
+	/* a SHA-1 verifier with 32-byte keys is malformed */
+	snprintf(cmd, sizeof cmd,
+		 "{\"name\": \"bob\", \"tenant\": \"acme\", \"iterations\": 15000, \"salt\": %s,"
+		 " \"storedKey\": %s, \"serverKey\": %s, \"scramSha1\": {\"iterations\": 10000,"
+		 " \"salt\": %s, \"storedKey\": %s, \"serverKey\": %s}}",
+		 B16, B32, B32, B16, B32, B32);
+	fails(x, "createUser", cmd, 2);
+	/* update with a new SHA-1 verifier */
+	snprintf(cmd, sizeof cmd,
+		 "{\"name\": \"alice\", \"iterations\": 20000, \"salt\": %s, \"storedKey\": %s,"
+		 " \"serverKey\": %s, \"scramSha1\": {\"iterations\": 12000, \"salt\": %s,"
+		 " \"storedKey\": %s, \"serverKey\": %s}}",
+		 B16, B32, B32, B16, B20, B20);
+	ok(x, "updateUser", cmd);
+	assert_int_equal(sha1_iterations(x, "alice"), 12000);
+	/* update without one removes the old SHA-1 verifier */
+	snprintf(cmd, sizeof cmd,
+		 "{\"name\": \"alice\", \"iterations\": 20000, \"salt\": %s, \"storedKey\": %s,"
+		 " \"serverKey\": %s}",
+		 B16, B32, B32);
+	ok(x, "updateUser", cmd);
+	assert_int_equal(sha1_iterations(x, "alice"), -1);
+	bson_t *r = query(x, "getUser", "{\"getUser\": \"alice\"}");
+	assert_int_equal(int_of(r, "usersVersion"), 3);
+	bson_destroy(r);
+	/* unknown user, missing verifier */
+	snprintf(cmd, sizeof cmd,
+		 "{\"name\": \"nobody\", \"iterations\": 20000, \"salt\": %s, \"storedKey\": %s,"
+		 " \"serverKey\": %s}",
+		 B16, B32, B32);
+	fails(x, "updateUser", cmd, 11);
+	fails(x, "updateUser", "{\"name\": \"alice\"}", 2);
+	fails(x, "dropUser", "{\"name\": \"nobody\"}", 11);
+	fails(x, "dropUser", "{}", 2);
+	ok(x, "dropUser", "{\"name\": \"alice\"}");
+	fails(x, "dropUser", "{\"name\": \"alice\"}", 11);
+	bson_t *rep = bson_new();
+	char err[256];
+	bson_error_t e;
+	bson_t *q = bson_new_from_json((const uint8_t *)"{\"getUser\": \"alice\"}", -1, &e);
+	assert_int_equal(sdb_fsm_query(x->f, "getUser", q, rep, err, sizeof err), SDB_ENOTFOUND);
+	bson_destroy(q);
+	bson_destroy(rep);
+	r = query(x, "listTenants", "{\"listTenants\": 1}");
+	assert_int_equal(int_of(r, "usersVersion"), 4);
 	bson_destroy(r);
 }
 
@@ -444,13 +529,13 @@ static void test_garbage_arguments(void **state)
 		"dropCollection", "splitChunk", "mergeChunks", "setChunkShard", "registerMigration",
 		"updateMigration", "deleteMigration", "acquireLease", "renewLease", "releaseLease",
 		"createTenant", "setQuota", "setPolicy", "createUser", "registerMember",
-		"removeMember"};
+		"removeMember", "updateUser", "dropUser"};
 	static const char *const keys[] = {"id", "uri", "name", "tenant", "ns", "key",
 					   "splitPoints", "numChunks", "shards", "at", "ids",
 					   "shard", "token", "expectToken", "state", "expectState",
 					   "checkpoint", "stats", "holder", "ttlMS", "quota",
 					   "policy", "salt", "iterations", "storedKey", "serverKey",
-					   "raft", "wire"};
+					   "raft", "wire", "scramSha1"};
 	unsigned seed = 12345;
 	base_cluster(x);
 	ok(x, "shardCollection", "{\"ns\": \"app.c\", \"key\": {\"k\": 1}, \"splitPoints\": [{\"k\": 5}]}");
@@ -515,6 +600,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_migration_cas, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_users, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_update_drop_user, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replay_skips, setup, teardown),
 		cmocka_unit_test(test_apply_chain_order),
 		cmocka_unit_test(test_persist_and_snapshot),
