@@ -341,6 +341,15 @@ static int tree_insert(sdb_update *u, const char *path, bool allow_positional, u
 			}
 			u->filters[filter].used = true;
 		}
+		if (comp == C_FIELD && p == path && name[0] == '$') {
+			/* mongod 5.0+: $-prefixed names are allowed below the top level only */
+			int rc = fail(code, C_DOLLAR_PREFIXED, err, errlen,
+				      "The dollar ($) prefixed field '%s' in '%s' is not valid for "
+				      "storage.",
+				      name, path);
+			free(name);
+			return rc;
+		}
 		if (comp != C_FIELD && (!allow_positional || p == path)) {
 			int rc;
 
@@ -1584,7 +1593,9 @@ static int apply_obj(actx *a, const unode *un, docbuild_node *c, const char *cna
 		}
 		if (found) {
 			if (c->type == BSON_TYPE_ARRAY &&
-			    (kid->op == OP_RENAME_TO || kid->op == OP_RENAME_FROM) && kid->leaf) {
+			    ((kid->op == OP_RENAME_TO && a->rename_vals[kid->rename] != NULL) ||
+			     kid->op == OP_RENAME_FROM) &&
+			    kid->leaf) {
 				return fail(a->code, C_BAD_VALUE, a->err, a->errlen,
 					    "The %s field cannot be an array element, '%s' in doc with "
 					    "%s",
@@ -1650,6 +1661,33 @@ static int apply_obj(actx *a, const unode *un, docbuild_node *c, const char *cna
 	return 0;
 }
 
+/* mongod refuses a $rename whose destination path goes through an array (BadValue:
+ * "The destination field cannot be an array element, 'b.0' in doc with _id: 1 has an
+ * array field called 'b'"): walk `to` in the document; 0 or the failure. */
+static int rename_dest_check(actx *a, const docbuild_node *root, const char *to)
+{
+	const docbuild_node *cur = root;
+	const char *p = to;
+
+	while (cur != NULL && cur->type == BSON_TYPE_DOCUMENT) {
+		const char *dot = strchr(p, '.');
+		size_t len = dot != NULL ? (size_t)(dot - p) : strlen(p);
+
+		if (dot == NULL) {
+			return 0;
+		}
+		cur = docbuild_field(cur, p, len, NULL);
+		if (cur != NULL && cur->type == BSON_TYPE_ARRAY) {
+			return fail(a->code, C_BAD_VALUE, a->err, a->errlen,
+				    "The destination field cannot be an array element, '%s' in doc "
+				    "has an array field called '%.*s'",
+				    to, (int)(dot - to), to);
+		}
+		p = dot + 1;
+	}
+	return 0;
+}
+
 /* Resolve the value each $rename moves (a clone of the source, or NULL when missing). */
 static int resolve_renames(actx *a, const docbuild_node *root)
 {
@@ -1680,6 +1718,12 @@ static int resolve_renames(actx *a, const docbuild_node *root)
 		}
 		if (cur != NULL) {
 			a->rename_vals[r] = docbuild_clone(cur);
+		}
+		if (a->rename_vals[r] != NULL) {
+			int rc = rename_dest_check(a, root, a->u->renames[r].to);
+			if (rc != 0) {
+				return rc;
+			}
 		}
 	}
 	return 0;

@@ -47,6 +47,60 @@ static const cmd_entry cmd_table[] = {
 
 static sdb_counter *cmd_counters[N_CMDS];
 
+/* Commands whose first value names a collection, and which of them write. */
+static const struct {
+	const char *name;
+	bool write;
+} ns_cmds[] = {
+	{"count", false},	  {"distinct", false},	     {"aggregate", false},
+	{"insert", true},	  {"update", true},	     {"delete", true},
+	{"findAndModify", true},  {"findandmodify", true},   {"create", true},
+	{"createIndexes", true},  {"dropIndexes", true},     {"deleteIndexes", true},
+	{"drop", true},
+};
+
+/* Refuse namespaces the embedded shard keeps for itself before a worker sees them:
+ * local.oplog.rs (read by find/getMore only: it is not a collection here, so a count or
+ * an aggregate would silently see nothing) and writes to system.* collections (mongod:
+ * "cannot write to 'db.system.x'", InvalidNamespace 73). Loop thread. True if answered. */
+static bool refuse_reserved_ns(wire_req *req, const char *name)
+{
+	const bson_t *cmd = wire_req_cmd(req);
+	const char *db = wire_req_db(req);
+	bson_iter_t it;
+	const char *coll;
+	bool write = false, known = false;
+
+	for (size_t i = 0; i < sizeof ns_cmds / sizeof ns_cmds[0]; i++) {
+		if (strcmp(ns_cmds[i].name, name) == 0) {
+			known = true;
+			write = ns_cmds[i].write;
+			break;
+		}
+	}
+	if (!known || !bson_iter_init(&it, cmd) || !bson_iter_next(&it) ||
+	    !BSON_ITER_HOLDS_UTF8(&it))
+		return false; /* the command reports a bad namespace itself */
+	coll = bson_iter_utf8(&it, NULL);
+	if (strcmp(db, "local") == 0 && strcmp(coll, "oplog.rs") == 0) {
+		if (write)
+			wire_req_error(req, WIRE_ERR_INVALID_NAMESPACE,
+				       "cannot write to 'local.oplog.rs': the oplog is written by "
+				       "the shard only");
+		else
+			wire_req_error(req, 115,
+				       "%s on local.oplog.rs is not supported by the embedded "
+				       "shard; read the oplog with find (tailable cursors)",
+				       name);
+		return true;
+	}
+	if (write && strncmp(coll, "system.", 7) == 0) {
+		wire_req_error(req, WIRE_ERR_INVALID_NAMESPACE, "cannot write to '%s.%s'", db, coll);
+		return true;
+	}
+	return false;
+}
+
 static void dispatch(wire_req *req, void *role_data)
 {
 	shard *sh = role_data;
@@ -54,6 +108,8 @@ static void dispatch(wire_req *req, void *role_data)
 	for (size_t i = 0; i < N_CMDS; i++) {
 		if (strcmp(cmd_table[i].name, name) == 0) {
 			sdb_counter_inc(cmd_counters[i]);
+			if (refuse_reserved_ns(req, name))
+				return;
 			shard_pool_submit(sh, cmd_table[i].fn, req);
 			return;
 		}

@@ -287,6 +287,39 @@ def test_waiting_tailers_do_not_hold_workers(shard):
     w.close()
 
 
+def test_reserved_namespaces_and_dollar_fields_are_refused(shard):
+    _, port = shard
+    c = client_for(port)
+    c.rz.c.insert_one({"_id": 1, "a": [1, 2]})
+    cases = [
+        # the oplog is read with find only: a count would silently see nothing
+        (lambda: c.local.command("count", "oplog.rs"), 115, "CommandNotSupported"),
+        (lambda: c.local.command("aggregate", "oplog.rs", pipeline=[], cursor={}), 115,
+         "CommandNotSupported"),
+        (lambda: c.local["oplog.rs"].insert_one({"x": 1}), 73, "InvalidNamespace"),
+        (lambda: c.rz["system.x"].insert_one({"x": 1}), 73, "InvalidNamespace"),
+        (lambda: c.rz.command("create", "system.y"), 73, "InvalidNamespace"),
+        (lambda: c.rz.c.update_one({"_id": 1}, {"$set": {"$x": 1}}), 52,
+         "DollarPrefixedFieldName"),
+        (lambda: c.rz.c.update_one({"_id": 1, "b": 1}, {"$rename": {"_x": "a.5"}},
+                                   upsert=False), None, None),
+    ]
+    c.rz.c.update_one({"_id": 1}, {"$set": {"m": 1}})
+    for fn, code, name in cases:
+        if code is None:
+            fn()  # a missing source renames nothing
+            continue
+        with pytest.raises(OperationFailure) as ei:
+            fn()
+        assert (ei.value.code, ei.value.details.get("codeName")) == (code, name)
+    with pytest.raises(OperationFailure) as ei:
+        c.rz.c.update_one({"_id": 1}, {"$rename": {"m": "a.5"}})
+    assert ei.value.code == 2
+    assert "destination field cannot be an array element" in str(ei.value)
+    assert c.rz.c.find_one({"_id": 1}) == {"_id": 1, "a": [1, 2], "m": 1}
+    assert "system.x" not in c.rz.list_collection_names()
+
+
 def test_point_in_time_read_with_oplog_position(shard):
     _, port = shard
     c = client_for(port)

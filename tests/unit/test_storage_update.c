@@ -129,6 +129,11 @@ static void check_err(const char *doc, const char *update, const char *filters, 
 /* https://www.mongodb.com/docs/manual/reference/operator/update/set/ */
 static void test_set(void **state)
 {
+	/* top-level $-prefixed names are not storable (DollarPrefixedFieldName, 52); nested
+	 * ones are (MongoDB 5.0+) */
+	check_err("{'_id': 1}", "{'$set': {'$x': 1}}", NULL, 52, "'$x' in '$x' is not valid");
+	check_err("{'_id': 1}", "{'$inc': {'$x.y': 1}}", NULL, 52, "'$x' in '$x.y'");
+	check("{'_id': 1}", "{'$set': {'a.$b': 1}}", "{'_id': 1, 'a': {'$b': 1}}");
 	(void)state;
 	const char *doc = "{'_id': 100, 'quantity': 250, 'instock': true, 'reorder': false, "
 			  "'details': {'model': '14QQ', 'make': 'Clothes Corp'}, "
@@ -241,6 +246,12 @@ static void test_rename(void **state)
 	check("{'_id': 1, 'a': 1, 'b': 2, 'c': 3}", "{'$rename': {'c': 'a'}}",
 	      "{'_id': 1, 'a': 3, 'b': 2}");
 	check_err(doc, "{'$rename': {'alias.0': 'x'}}", NULL, 2, "array element");
+	/* nor into one (mongod: "The destination field cannot be an array element") */
+	check_err(doc, "{'$rename': {'mobile': 'alias.0'}}", NULL, 2,
+		  "destination field cannot be an array element, 'alias.0'");
+	check_err(doc, "{'$rename': {'mobile': 'alias.x.y'}}", NULL, 2, "field called 'alias'");
+	/* a missing source renames nothing, wherever the destination points */
+	check_full(doc, "{'$rename': {'wife': 'alias.0'}}", NULL, NULL, false, doc, false);
 	check_err(doc, "{'$rename': {'a': 'a'}}", NULL, 2, "must differ");
 	check_err(doc, "{'$rename': {'a': 5}}", NULL, 2, "must be a string");
 	check_err(doc, "{'$rename': {'a': 'b'}, '$set': {'b.c': 1}}", NULL, 40, "conflict");
