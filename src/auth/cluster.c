@@ -15,6 +15,7 @@
 
 #include "auth/gate.h"
 #include "auth/scram.h"
+#include "auth/tls.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -118,7 +119,189 @@ int auth_cluster_load(const char *path, char *err, size_t errlen)
 int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen)
 {
 	const char *path = sdb_config_get(cfg, SDB_OPT_cluster_key_file);
-	return path ? auth_cluster_load(path, err, errlen) : 0;
+	int rc = path ? auth_cluster_load(path, err, errlen) : 0;
+	if (rc == 0 && sdb_config_get_bool(cfg, SDB_OPT_tls_internal, 0)) {
+		const char *ca = sdb_config_get(cfg, SDB_OPT_tls_ca);
+		if (!ca)
+			return sdb_errf(err, errlen, SDB_EUSAGE, "--tls-internal needs --tls-ca");
+		rc = auth_cluster_tls_load(ca, sdb_config_get(cfg, SDB_OPT_tls_cert),
+					   sdb_config_get(cfg, SDB_OPT_tls_key), err, errlen);
+	}
+	return rc;
+}
+
+/* ---- internal TLS (see cluster.h) ---- */
+
+static char *tls_ca, *tls_cert, *tls_key; /* paths as configured; NULL: internal TLS off */
+static char *tls_pem;                     /* the file given to libmongoc: cert+key */
+static bool tls_pem_ours;                 /* tls_pem is our temporary file */
+
+static void tls_pem_unlink(void)
+{
+	if (tls_pem_ours && tls_pem)
+		unlink(tls_pem);
+}
+
+static bool streq(const char *a, const char *b)
+{
+	return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+/* Write cert then key into a new private file and rename it over tls_pem (or make
+ * tls_pem when it is NULL). Called with mu held. */
+static int write_combined(char *err, size_t errlen)
+{
+	const char *dir = getenv("TMPDIR");
+	char *c = NULL, *k = NULL, *tmp;
+	int fd, rc;
+	FILE *f;
+
+	if ((rc = auth_tls_read_pem(tls_cert, &c, err, errlen)) != 0)
+		return rc;
+	if ((rc = auth_tls_read_pem(tls_key, &k, err, errlen)) != 0) {
+		free(c);
+		return rc;
+	}
+	tmp = sdb_asprintf("%s/stripedb-client-XXXXXX.pem", dir && dir[0] ? dir : "/tmp");
+	fd = mkstemps(tmp, 4); /* mode 600 */
+	if (fd < 0) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "tls-internal: %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	f = fdopen(fd, "w");
+	if (!f) {
+		close(fd);
+		unlink(tmp);
+		rc = sdb_errf(err, errlen, SDB_EIO, "tls-internal: %s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	fputs(c, f);
+	if (c[0] && c[strlen(c) - 1] != '\n')
+		fputc('\n', f);
+	fputs(k, f);
+	if (fclose(f) != 0) {
+		unlink(tmp);
+		rc = sdb_errf(err, errlen, SDB_EIO, "tls-internal: %s: write failed", tmp);
+		goto out;
+	}
+	if (tls_pem) {
+		if (rename(tmp, tls_pem) != 0) {
+			unlink(tmp);
+			rc = sdb_errf(err, errlen, SDB_EIO, "tls-internal: %s: %s", tls_pem,
+				      strerror(errno));
+		}
+	} else {
+		tls_pem = tmp;
+		tmp = NULL;
+		tls_pem_ours = true;
+		atexit(tls_pem_unlink);
+	}
+out:
+	free(tmp);
+	OPENSSL_cleanse(k, strlen(k));
+	free(k);
+	free(c);
+	return rc;
+}
+
+int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, char *err,
+			  size_t errlen)
+{
+	char *t = NULL;
+	int rc = 0;
+
+	uv_once(&once, init_mu);
+	if (!ca)
+		return sdb_errf(err, errlen, SDB_EUSAGE, "--tls-internal needs --tls-ca");
+	if (!cert != !key)
+		return sdb_errf(err, errlen, SDB_EUSAGE,
+				"--tls-internal: --tls-cert and --tls-key go together");
+	/* the CA must be readable now, not at the first connection */
+	if ((rc = auth_tls_read_pem(ca, &t, err, errlen)) != 0)
+		return rc;
+	free(t);
+	uv_mutex_lock(&mu);
+	if (tls_ca) {
+		if (!streq(tls_ca, ca) || !streq(tls_cert, cert) || !streq(tls_key, key))
+			rc = sdb_errf(err, errlen, SDB_EINVAL,
+				      "--tls-internal: another role of this process set other "
+				      "--tls-ca/--tls-cert/--tls-key");
+		goto out;
+	}
+	tls_ca = sdb_strdup(ca);
+	tls_cert = cert ? sdb_strdup(cert) : NULL;
+	tls_key = key ? sdb_strdup(key) : NULL;
+	if (cert && strcmp(cert, key) == 0)
+		tls_pem = sdb_strdup(cert);
+	else if (cert)
+		rc = write_combined(err, errlen);
+	if (rc != 0) {
+		free(tls_ca);
+		free(tls_cert);
+		free(tls_key);
+		tls_ca = tls_cert = tls_key = NULL;
+		goto out;
+	}
+	sdb_info("internal TLS configured", "ca=%s client_cert=%s", ca, cert ? cert : "-");
+out:
+	uv_mutex_unlock(&mu);
+	return rc;
+}
+
+bool auth_cluster_tls_enabled(void)
+{
+	bool on;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	on = tls_ca != NULL;
+	uv_mutex_unlock(&mu);
+	return on;
+}
+
+int auth_cluster_tls_reload(char *err, size_t errlen)
+{
+	int rc = 0;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	if (tls_ca && tls_cert && tls_pem_ours)
+		rc = write_combined(err, errlen);
+	if (rc == 0 && tls_cert)
+		sdb_info("internal TLS client certificate reloaded", "cert=%s", tls_cert);
+	uv_mutex_unlock(&mu);
+	return rc;
+}
+
+int auth_cluster_tls_pem(char **ca, char **cert, char **key, char *err, size_t errlen)
+{
+	char *pa = NULL, *pc = NULL, *pk = NULL;
+	int rc;
+
+	*ca = *cert = *key = NULL;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	if (tls_ca) {
+		pa = sdb_strdup(tls_ca);
+		pc = tls_cert ? sdb_strdup(tls_cert) : NULL;
+		pk = tls_key ? sdb_strdup(tls_key) : NULL;
+	}
+	uv_mutex_unlock(&mu);
+	if (!pa)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "internal TLS is not configured");
+	rc = auth_tls_read_pem(pa, ca, err, errlen);
+	if (rc == 0 && pc)
+		rc = auth_tls_read_pem(pc, cert, err, errlen);
+	if (rc == 0 && pk)
+		rc = auth_tls_read_pem(pk, key, err, errlen);
+	if (rc != 0) {
+		free(*ca);
+		free(*cert);
+		free(*key);
+		*ca = *cert = *key = NULL;
+	}
+	free(pa);
+	free(pc);
+	free(pk);
+	return rc;
 }
 
 bool auth_cluster_enabled(void)
@@ -138,13 +321,21 @@ wire_gate_fn auth_cluster_gate(void)
 
 bool auth_cluster_uri_apply(mongoc_uri_t *uri)
 {
-	bool ok;
-	if (!auth_cluster_enabled())
-		return true;
+	bool ok = true;
+	uv_once(&once, init_mu);
 	uv_mutex_lock(&mu);
-	ok = mongoc_uri_set_username(uri, AUTH_CLUSTER_USER) && mongoc_uri_set_password(uri, key) &&
-	     mongoc_uri_set_auth_source(uri, "admin") &&
-	     mongoc_uri_set_auth_mechanism(uri, "SCRAM-SHA-256");
+	if (gate)
+		ok = mongoc_uri_set_username(uri, AUTH_CLUSTER_USER) &&
+		     mongoc_uri_set_password(uri, key) && mongoc_uri_set_auth_source(uri, "admin") &&
+		     mongoc_uri_set_auth_mechanism(uri, "SCRAM-SHA-256");
+	/* issue #10: internal TLS; explicit options of the URI win */
+	if (ok && tls_ca && !mongoc_uri_has_option(uri, MONGOC_URI_TLS) &&
+	    !mongoc_uri_has_option(uri, MONGOC_URI_SSL))
+		ok = mongoc_uri_set_option_as_bool(uri, MONGOC_URI_TLS, true);
+	if (ok && tls_ca && !mongoc_uri_has_option(uri, MONGOC_URI_TLSCAFILE))
+		ok = mongoc_uri_set_option_as_utf8(uri, MONGOC_URI_TLSCAFILE, tls_ca);
+	if (ok && tls_pem && !mongoc_uri_has_option(uri, MONGOC_URI_TLSCERTIFICATEKEYFILE))
+		ok = mongoc_uri_set_option_as_utf8(uri, MONGOC_URI_TLSCERTIFICATEKEYFILE, tls_pem);
 	uv_mutex_unlock(&mu);
 	return ok;
 }

@@ -25,9 +25,11 @@
 
 #define AUTH_CLUSTER_USER "__system"
 
-/* Read the key of cfg's --cluster-key-file (a no-op returning 0 when unset). Idempotent
- * for the same key; SDB_EINVAL when another role of the process gave a different key or
- * the file breaks the rules above, SDB_EIO when it cannot be read; message in err. */
+/* Read the key of cfg's --cluster-key-file (a no-op when unset), then, with
+ * --tls-internal=true, the internal TLS client settings (auth_cluster_tls_load with
+ * --tls-ca, --tls-cert, --tls-key). Idempotent for the same key; SDB_EINVAL when another
+ * role of the process gave a different key or the file breaks the rules above, SDB_EIO
+ * when it cannot be read, SDB_EUSAGE for --tls-internal without --tls-ca; message in err. */
 int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen);
 
 /* Load a key from a path directly (used by setup and tests). Same errors. */
@@ -41,12 +43,49 @@ bool auth_cluster_enabled(void);
 wire_gate_fn auth_cluster_gate(void);
 
 /* Give a client URI the cluster credentials (user __system, the key, authSource admin,
- * SCRAM-SHA-256) when a key is loaded; no-op otherwise. Returns true on success. */
+ * SCRAM-SHA-256) when a key is loaded, and the internal TLS options when
+ * auth_cluster_tls_enabled(): tls=true, tlsCAFile=--tls-ca and
+ * tlsCertificateKeyFile=the client PEM (see auth_cluster_tls_load), each only when the URI
+ * does not set that option itself. libmongoc applies URI TLS options to clients and
+ * pools made from the URI (mongoc_client_new_from_uri, mongoc_client_pool_new).
+ * No-op when neither is configured. Returns true on success. */
 bool auth_cluster_uri_apply(mongoc_uri_t *uri);
 
-/* mongoc_client_new(uri) with the cluster credentials applied (a drop-in replacement for
- * internal clients). NULL when the URI is invalid. */
+/* mongoc_client_new(uri) with the cluster credentials and internal TLS applied (a drop-in
+ * replacement for internal clients). NULL when the URI is invalid. */
 mongoc_client_t *auth_cluster_client_new(const char *uri);
+
+/* ---- internal TLS: the client side of mutual TLS between roles (issue #10) ----
+ * Explicit, per process: --tls-internal=true (config file: tls-internal = true) makes
+ * every internal client (libmongoc to shards and metadata members through the helpers
+ * above, rate-limit peers over gRPC in ratelimit/peers.c) use TLS, verify the server's
+ * certificate and host name against --tls-ca, and present --tls-cert/--tls-key as client
+ * certificate. It does not depend on --tls-mode (which is about this process's own
+ * listeners). libmongoc wants certificate and key in one PEM file: when --tls-cert and
+ * --tls-key name the same file it is used as is, otherwise the two are concatenated into
+ * a private file (mode 600) $TMPDIR/stripedb-client-XXXXXX.pem (TMPDIR unset: /tmp),
+ * rewritten on reload and removed at exit. One setting per process. */
+
+/* Set the internal TLS client settings: ca (required), cert and key (both or neither).
+ * Idempotent for the same paths. Errors: SDB_EUSAGE (no ca, cert without key), SDB_EINVAL
+ * (different paths already loaded by another role, or unreadable PEM), SDB_EIO (the
+ * combined file cannot be written), with a message. Thread-safe. */
+int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, char *err,
+			  size_t errlen);
+
+/* Is internal TLS configured in this process? Thread-safe. */
+bool auth_cluster_tls_enabled(void);
+
+/* Rewrite the combined client PEM from the current --tls-cert/--tls-key files (SIGHUP,
+ * called by auth_tls_reload); clients and pools made afterwards present the new
+ * certificate. 0 (also when internal TLS is off), or SDB_EIO/SDB_EINVAL (the old file
+ * stays). */
+int auth_cluster_tls_reload(char *err, size_t errlen);
+
+/* The PEM texts for a TLS stack that takes memory (gRPC peers): *ca, and *cert and *key (NULL
+ * when no client certificate is configured); heap strings the caller frees. Errors:
+ * SDB_ENOTFOUND (internal TLS off), SDB_EIO/SDB_EINVAL (unreadable), with a message. */
+int auth_cluster_tls_pem(char **ca, char **cert, char **key, char *err, size_t errlen);
 
 /* PeersV1 (rate-limit peer ring, gRPC): peers send the gRPC metadata
  * AUTH_CLUSTER_PEER_HEADER: HEX(HMAC-SHA-256(key, "stripedb PeersV1")), a token derived from

@@ -1,11 +1,15 @@
 /* TLS for wire listeners with OpenSSL memory BIOs. See auth/tls.h. */
 #include "auth/tls.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <stdio.h>
 #include <string.h>
 #include <uv.h>
 
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -15,6 +19,8 @@
 typedef struct listener {
 	char role[32];
 	auth_tls_mode mode;
+	bool internal; /* every role but the proxy: with a CA, a client certificate is required */
+	unsigned gen;  /* bumped by each successful reload */
 	char *cert, *key, *ca;
 	SSL_CTX *ctx;
 } listener;
@@ -63,11 +69,53 @@ static int make_ctx(const listener *l, SSL_CTX **out, char *err, size_t errlen)
 			SSL_CTX_free(ctx);
 			return ssl_errf(err, errlen, SDB_EINVAL, l->ca);
 		}
-		/* client certificates are checked when presented */
-		SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+		/* proxy: client certificates are checked when presented; internal listeners
+		 * (shard, metadata, ratelimit): a client certificate is required (mutual TLS,
+		 * MongoDB's default net.tls.allowConnectionsWithoutCertificates=false) */
+		SSL_CTX_set_verify(ctx,
+				   SSL_VERIFY_PEER |
+					   (l->internal ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
+				   NULL);
+		SSL_CTX_set_verify_depth(ctx, 8);
+		{
+			/* send the CA names in the CertificateRequest so clients pick the
+			 * right certificate */
+			STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(l->ca);
+			if (names)
+				SSL_CTX_set_client_CA_list(ctx, names);
+		}
+		SSL_CTX_set_session_id_context(ctx, (const unsigned char *)l->role,
+					       (unsigned)strlen(l->role));
 	}
 	*out = ctx;
 	return 0;
+}
+
+/* Raft's libuv TCP transport has no TLS: warn once when it listens beyond loopback while
+ * the wire listener is TLS (raft/README.md: the raft port belongs on a private network). */
+static void raft_warning(const sdb_config *cfg)
+{
+	static bool warned;
+	const char *raft = sdb_config_get(cfg, SDB_OPT_raft_listen);
+	char host[256], e[128];
+	int port;
+	unsigned char a[16];
+	bool loopback = false;
+
+	if (!raft || warned || sdb_addr_split(raft, host, sizeof host, &port, e, sizeof e) != 0)
+		return;
+	if (inet_pton(AF_INET, host, a) == 1)
+		loopback = a[0] == 127;
+	else if (inet_pton(AF_INET6, host, a) == 1)
+		loopback = memcmp(a, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\1", 16) == 0;
+	else
+		loopback = strcmp(host, "localhost") == 0;
+	if (loopback)
+		return;
+	warned = true;
+	sdb_warn("tls: the raft transport is not encrypted; keep --raft-listen on a private "
+		 "network (raft/README.md)",
+		 "raft_listen=%s", raft);
 }
 
 int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen)
@@ -94,6 +142,8 @@ int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t er
 		return sdb_errf(err, errlen, SDB_EUSAGE, "--tls-mode=%s needs --tls-cert and --tls-key",
 				mode);
 	snprintf(l.role, sizeof l.role, "%s", role);
+	l.internal = strcmp(role, "proxy") != 0;
+	l.gen = 1;
 	l.cert = (char *)cert;
 	l.key = (char *)key;
 	l.ca = (char *)ca;
@@ -114,8 +164,10 @@ int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t er
 	}
 	lst[n_lst++] = l;
 	uv_mutex_unlock(&mu);
-	sdb_info("tls configured", "role=%s mode=%s cert=%s ca=%s", role, mode, cert,
-		 ca ? ca : "-");
+	sdb_info("tls configured", "role=%s mode=%s cert=%s ca=%s client_cert=%s", role, mode,
+		 cert, ca ? ca : "-", !ca ? "not-requested" : l.internal ? "required" : "optional");
+	if (strcmp(role, "metadata") == 0)
+		raft_warning(cfg);
 	return 0;
 }
 
@@ -142,11 +194,92 @@ int auth_tls_reload(char *err, size_t errlen)
 		if (rc == 0) {
 			SSL_CTX_free(lst[i].ctx); /* sessions keep their own reference */
 			lst[i].ctx = ctx;
+			lst[i].gen++;
 			sdb_info("tls certificate reloaded", "role=%s cert=%s", lst[i].role,
 				 lst[i].cert);
 		}
 	}
 	uv_mutex_unlock(&mu);
+	if (rc == 0)
+		rc = auth_cluster_tls_reload(err, errlen);
+	return rc;
+}
+
+static int read_file(const char *path, char **out, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	size_t len = 0, cap = 0, n;
+
+	*out = NULL;
+	if (!f)
+		return sdb_errf(err, errlen, SDB_EIO, "tls: %s: %s", path, strerror(errno));
+	for (;;) {
+		if (cap - len < 4096) {
+			if (cap >= AUTH_TLS_PEM_MAX) {
+				fclose(f);
+				free(buf);
+				return sdb_errf(err, errlen, SDB_EINVAL, "tls: %s: larger than %d bytes",
+						path, AUTH_TLS_PEM_MAX);
+			}
+			cap = cap ? cap * 2 : 16384;
+			buf = sdb_realloc(buf, cap + 1);
+		}
+		n = fread(buf + len, 1, cap - len, f);
+		if (n == 0)
+			break;
+		len += n;
+	}
+	fclose(f);
+	buf[len] = '\0';
+	*out = buf;
+	return 0;
+}
+
+int auth_tls_read_pem(const char *path, char **out, char *err, size_t errlen)
+{
+	return read_file(path, out, err, errlen);
+}
+
+int auth_tls_listener_pem(const char *role, unsigned *gen, char **cert, char **key, char **ca,
+			  char *err, size_t errlen)
+{
+	char *c = NULL, *k = NULL, *a = NULL, *pc = NULL, *pk = NULL, *pa = NULL;
+	unsigned g = 0;
+	int rc = 0, found = 0;
+
+	*cert = *key = *ca = NULL;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	for (size_t i = 0; i < n_lst; i++)
+		if (strcmp(lst[i].role, role) == 0) {
+			found = 1;
+			g = lst[i].gen;
+			pc = sdb_strdup(lst[i].cert);
+			pk = sdb_strdup(lst[i].key);
+			pa = lst[i].ca ? sdb_strdup(lst[i].ca) : NULL;
+		}
+	uv_mutex_unlock(&mu);
+	if (!found)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "tls: no listener for %s", role);
+	if (*gen == g)
+		goto out; /* unchanged */
+	if ((rc = read_file(pc, &c, err, errlen)) != 0 || (rc = read_file(pk, &k, err, errlen)) != 0 ||
+	    (pa && (rc = read_file(pa, &a, err, errlen)) != 0)) {
+		free(c);
+		free(k);
+		free(a);
+		goto out;
+	}
+	*cert = c;
+	*key = k;
+	*ca = a;
+	*gen = g;
+	rc = 1;
+out:
+	free(pc);
+	free(pk);
+	free(pa);
 	return rc;
 }
 

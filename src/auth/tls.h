@@ -9,8 +9,14 @@
  * net.tls.mode=requireTLS). Sockets stay libuv streams: ciphertext goes through memory
  * BIOs (auth_tls_conn_feed / auth_tls_conn_write), so no blocking I/O happens in OpenSSL.
  * auth_tls_reload re-reads the certificate and key (for SIGHUP); new connections use them.
- * Currently configured for the proxy listener (applications); shard and metadata
- * listeners use the cluster key (auth/cluster.h) for trust.
+ *
+ * Listeners (role names): "proxy" (applications), "shard", "metadata" (wire, through
+ * src/wire/server.c) and "ratelimit" (the gRPC listener, which reads the PEM texts with
+ * auth_tls_listener_pem and serves TLS whenever the mode is not disabled, since one gRPC
+ * port cannot serve both). With --tls-ca the proxy verifies client certificates when
+ * presented; every other listener requires one signed by the CA (mutual TLS between
+ * roles; MongoDB's default allowConnectionsWithoutCertificates=false). The client side of
+ * internal connections is --tls-internal, in auth/cluster.h.
  */
 #ifndef SDB_AUTH_TLS_H
 #define SDB_AUTH_TLS_H
@@ -31,9 +37,25 @@ int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t er
 /* The mode of role's listener (AUTH_TLS_DISABLED when not set up). Thread-safe. */
 auth_tls_mode auth_tls_listener_mode(const char *role);
 
-/* Re-read certificate and key of every configured listener. 0 or an error (then the old
- * ones stay). Thread-safe. */
+/* Re-read certificate, key and CA of every configured listener, then the client
+ * certificate of --tls-internal (auth_cluster_tls_reload). 0 or an error (then the old
+ * ones of the failing listener stay). Thread-safe; called on SIGHUP by common/role.c. */
 int auth_tls_reload(char *err, size_t errlen);
+
+#define AUTH_TLS_PEM_MAX (1 << 20) /* bytes: larger PEM files are refused */
+
+/* The PEM texts of role's listener files, for TLS stacks that take memory (gRPC).
+ * *gen is the caller's generation (0 the first time): when the listener was reloaded
+ * since (or on the first call) the files are read, *cert, *key and *ca (NULL without
+ * --tls-ca) are heap strings the caller frees, *gen is updated and 1 is returned; 0 when
+ * unchanged (nothing allocated). Errors: SDB_ENOTFOUND (no TLS for role), SDB_EIO or
+ * SDB_EINVAL (unreadable, larger than AUTH_TLS_PEM_MAX), with a message. Thread-safe. */
+int auth_tls_listener_pem(const char *role, unsigned *gen, char **cert, char **key, char **ca,
+			  char *err, size_t errlen);
+
+/* Read a whole PEM file (at most AUTH_TLS_PEM_MAX bytes) into a NUL-terminated heap string
+ * the caller frees. 0, SDB_EIO or SDB_EINVAL with a message. */
+int auth_tls_read_pem(const char *path, char **out, char *err, size_t errlen);
 
 typedef struct auth_tls_conn auth_tls_conn;
 typedef void (*auth_tls_out_fn)(void *arg, const uint8_t *data, size_t len);

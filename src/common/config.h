@@ -79,11 +79,21 @@ typedef enum {
 	  "shared secret of the cluster members (mode 600, base64 characters): shard and "      \
 	  "metadata listeners then accept commands only from members (SCRAM as __system)")      \
 	X("tls-mode", tls_mode, SDB_OPT_STRING, "disabled",                                     \
-	  "proxy: TLS on the wire listener: disabled, allowed (TLS or plaintext) or required")  \
-	X("tls-cert", tls_cert, SDB_OPT_PATH, NULL, "PEM certificate chain of the listener")     \
-	X("tls-key", tls_key, SDB_OPT_PATH, NULL, "PEM private key of the listener")             \
+	  "TLS on the wire listener (proxy, shard, metadata) and the ratelimit gRPC listener: " \
+	  "disabled, allowed (TLS or plaintext; gRPC: TLS) or required")                        \
+	X("tls-cert", tls_cert, SDB_OPT_PATH, NULL,                                             \
+	  "PEM certificate chain of the listeners (and the client certificate of "              \
+	  "--tls-internal)")                                                                    \
+	X("tls-key", tls_key, SDB_OPT_PATH, NULL, "PEM private key matching --tls-cert")         \
 	X("tls-ca", tls_ca, SDB_OPT_PATH, NULL,                                                 \
-	  "PEM CA bundle: client certificates are verified when presented")
+	  "PEM CA bundle: proxy clients' certificates are verified when presented; shard, "     \
+	  "metadata and gRPC clients must present one signed by it (mutual TLS)")               \
+	X("tls-internal", tls_internal, SDB_OPT_BOOL, "false",                                  \
+	  "connect to shards, metadata members and rate-limit peers with TLS: servers "         \
+	  "verified against --tls-ca, --tls-cert/--tls-key presented as client certificate")    \
+	X("http-tls", http_tls, SDB_OPT_BOOL, "false",                                          \
+	  "serve the HTTP listener (/healthz, /metrics, rate-limit gateway) over HTTPS with "   \
+	  "--tls-cert/--tls-key")
 
 typedef enum {
 #define SDB__OPT_ENUM(name, id, kind, def, help) SDB_OPT_##id,

@@ -44,6 +44,7 @@ struct sdb_http {
 				 * sdb_http_unroute() returns only after its handlers finished */
 	route *routes;
 	health *checks;
+	char *tls_cert, *tls_key; /* PEM texts (issue #10 --http-tls), NULL: plaintext */
 };
 
 /* Per-request upload buffer. */
@@ -242,11 +243,21 @@ static int http_start(sdb_http *h, char *err, size_t errlen)
 	if (ai->ai_family == AF_INET6) {
 		flags |= MHD_USE_IPv6;
 	}
+	if (h->tls_cert) {
+		/* issue #10: HTTPS (libmicrohttpd's GnuTLS build, Debian 12 has it) */
+		if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+			freeaddrinfo(ai);
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"http: --http-tls: libmicrohttpd was built without TLS");
+		}
+		flags |= MHD_USE_TLS;
+	}
 	h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, h,
 				MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
 				ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
 				MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_TIMEOUT, 60u,
-				MHD_OPTION_END);
+				h->tls_cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, h->tls_cert,
+				MHD_OPTION_HTTPS_MEM_KEY, h->tls_key, MHD_OPTION_END);
 	freeaddrinfo(ai);
 	if (h->d == NULL) {
 		return sdb_errf(err, errlen, SDB_EIO, "http: cannot listen on %s", h->addr);
@@ -256,7 +267,68 @@ static int http_start(sdb_http *h, char *err, size_t errlen)
 	return 0;
 }
 
+static void free_pem(char *s)
+{
+	if (s) {
+		memset(s, 0, strlen(s));
+		free(s);
+	}
+}
+
+/* Read a PEM file (at most 1 MiB) into a heap string. */
+static int read_pem(const char *path, char **out, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	size_t n;
+
+	*out = NULL;
+	if (f == NULL)
+		return sdb_errf(err, errlen, SDB_EIO, "http: --http-tls: cannot read %s", path);
+	buf = sdb_malloc((1u << 20) + 1);
+	n = fread(buf, 1, 1u << 20, f);
+	fclose(f);
+	if (n == 0 || n == 1u << 20) {
+		free(buf);
+		return sdb_errf(err, errlen, SDB_EINVAL, "http: --http-tls: %s is empty or too large",
+				path);
+	}
+	buf[n] = '\0';
+	*out = buf;
+	return 0;
+}
+
+static int acquire(const char *addr, char *cert, char *key, sdb_http **out, char *err,
+		   size_t errlen);
+
 int sdb_http_acquire(const char *addr, sdb_http **out, char *err, size_t errlen)
+{
+	return acquire(addr, NULL, NULL, out, err, errlen);
+}
+
+int sdb_http_acquire_cfg(const char *addr, const sdb_config *cfg, sdb_http **out, char *err,
+			 size_t errlen)
+{
+	const char *cp = sdb_config_get(cfg, SDB_OPT_tls_cert);
+	const char *kp = sdb_config_get(cfg, SDB_OPT_tls_key);
+	char *cert = NULL, *key = NULL;
+	int rc;
+
+	if (!sdb_config_get_bool(cfg, SDB_OPT_http_tls, 0))
+		return acquire(addr, NULL, NULL, out, err, errlen);
+	if (cp == NULL || kp == NULL)
+		return sdb_errf(err, errlen, SDB_EUSAGE, "--http-tls needs --tls-cert and --tls-key");
+	if ((rc = read_pem(cp, &cert, err, errlen)) != 0)
+		return rc;
+	if ((rc = read_pem(kp, &key, err, errlen)) != 0) {
+		free_pem(cert);
+		return rc;
+	}
+	return acquire(addr, cert, key, out, err, errlen); /* takes cert and key */
+}
+
+static int acquire(const char *addr, char *cert, char *key, sdb_http **out, char *err,
+		   size_t errlen)
 {
 	sdb_http *h;
 	int rc;
@@ -264,6 +336,15 @@ int sdb_http_acquire(const char *addr, sdb_http **out, char *err, size_t errlen)
 	pthread_mutex_lock(&servers_mu);
 	for (h = servers; h != NULL; h = h->next) {
 		if (strcmp(h->addr, addr) == 0) {
+			if ((h->tls_cert != NULL) != (cert != NULL)) {
+				pthread_mutex_unlock(&servers_mu);
+				free_pem(cert);
+				free_pem(key);
+				return sdb_errf(err, errlen, SDB_EINVAL,
+						"http: roles sharing %s disagree on --http-tls", addr);
+			}
+			free_pem(cert);
+			free_pem(key);
 			h->refs++;
 			*out = h;
 			pthread_mutex_unlock(&servers_mu);
@@ -273,11 +354,15 @@ int sdb_http_acquire(const char *addr, sdb_http **out, char *err, size_t errlen)
 	h = sdb_calloc(1, sizeof *h);
 	h->addr = sdb_strdup(addr);
 	h->refs = 1;
+	h->tls_cert = cert;
+	h->tls_key = key;
 	pthread_mutex_init(&h->mu, NULL);
 	pthread_rwlock_init(&h->rw, NULL);
 	rc = http_start(h, err, errlen);
 	if (rc != 0) {
 		pthread_mutex_unlock(&servers_mu);
+		free_pem(h->tls_cert);
+		free_pem(h->tls_key);
 		pthread_mutex_destroy(&h->mu);
 		pthread_rwlock_destroy(&h->rw);
 		free(h->addr);
@@ -287,7 +372,8 @@ int sdb_http_acquire(const char *addr, sdb_http **out, char *err, size_t errlen)
 	h->next = servers;
 	servers = h;
 	pthread_mutex_unlock(&servers_mu);
-	sdb_log(SDB_LOG_INFO, "http listening", "addr=%s port=%d", addr, h->port);
+	sdb_log(SDB_LOG_INFO, "http listening", "addr=%s port=%d tls=%s", addr, h->port,
+		h->tls_cert ? "https" : "no");
 	*out = h;
 	return 0;
 }
@@ -324,6 +410,8 @@ void sdb_http_release(sdb_http *h)
 	}
 	pthread_mutex_destroy(&h->mu);
 	pthread_rwlock_destroy(&h->rw);
+	free_pem(h->tls_cert);
+	free_pem(h->tls_key);
 	free(h->addr);
 	free(h);
 }

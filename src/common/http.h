@@ -48,6 +48,17 @@ typedef int (*sdb_http_health_fn)(void *data, char *msg, size_t msglen);
 int sdb_http_acquire(const char *addr, sdb_http **out, char *err, size_t errlen);
 void sdb_http_release(sdb_http *h);
 
+/* sdb_http_acquire with the role's options (issue #10): with --http-tls=true the server
+ * speaks HTTPS only (libmicrohttpd + GnuTLS, MHD_USE_TLS), certificate chain --tls-cert
+ * and key --tls-key read once at start (a changed certificate needs a restart: SIGHUP
+ * does not reach this listener); no client certificates are requested. Roles sharing
+ * an address must agree on --http-tls. Errors as sdb_http_acquire, plus SDB_EUSAGE
+ * (--http-tls without --tls-cert/--tls-key), SDB_EIO/SDB_EINVAL (unreadable PEM, or
+ * libmicrohttpd without TLS), SDB_EINVAL (sharing roles disagree). */
+struct sdb_config;
+int sdb_http_acquire_cfg(const char *addr, const struct sdb_config *cfg, sdb_http **out,
+			 char *err, size_t errlen);
+
 /* Register a route (exact path match; method "GET", "POST", ... or "*"). May be called
  * while the server runs. Returns 0 or SDB_EEXISTS. */
 int sdb_http_route(sdb_http *h, const char *method, const char *path, sdb_http_handler fn,

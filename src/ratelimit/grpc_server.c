@@ -15,6 +15,7 @@
 #include <uv.h>
 
 #include "auth/cluster.h"
+#include "auth/tls.h"
 #include "common/alloc.h"
 #include "common/config.h"
 #include "common/err.h"
@@ -85,6 +86,8 @@ static const char *const method_labels[M__COUNT] = {
 
 struct rl_grpc_server {
 	grpc_server *server;
+	pthread_mutex_t tls_mu; /* guards tls_gen (the certificate fetcher runs on any thread) */
+	unsigned tls_gen;       /* generation of the certificates gRPC serves (auth/tls.h) */
 	grpc_completion_queue *cq;
 	int port;
 	int n_threads;
@@ -467,6 +470,83 @@ static void grpc_log_to_sdb(gpr_log_func_args *a)
 		"detail=%s", sdb_logq(q, sizeof q, a->message != NULL ? a->message : ""));
 }
 
+/* ---- issue #10: TLS on the gRPC listener ----
+ * When the "ratelimit" TLS listener is configured (auth_tls_setup in rl_grpc_start), the
+ * port serves TLS only. gRPC asks this fetcher for the certificate configuration at the
+ * start of each handshake: it answers NEW after a SIGHUP reload (auth_tls_reload bumps
+ * the listener's generation), so new connections use the new certificate without a
+ * restart; UNCHANGED otherwise, or when the new files cannot be read (old ones stay). */
+#define TLS_ROLE "ratelimit"
+
+static grpc_ssl_certificate_config_reload_status tls_fetch(void *arg,
+							   grpc_ssl_server_certificate_config **cfg)
+{
+	rl_grpc_server *srv = arg;
+	char *cert, *key, *ca, err[256];
+	grpc_ssl_pem_key_cert_pair pair;
+	unsigned gen;
+	int rc;
+
+	pthread_mutex_lock(&srv->tls_mu);
+	gen = srv->tls_gen;
+	rc = auth_tls_listener_pem(TLS_ROLE, &gen, &cert, &key, &ca, err, sizeof err);
+	if (rc == 1)
+		srv->tls_gen = gen;
+	pthread_mutex_unlock(&srv->tls_mu);
+	if (rc == 0)
+		return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
+	if (rc < 0) {
+		sdb_error("grpc: TLS certificates", "err=\"%s\"", err);
+		return gen ? GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED
+			   : GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_FAIL;
+	}
+	pair.private_key = key;
+	pair.cert_chain = cert;
+	/* gRPC 1.51 asserts pem_root_certs != NULL in a fetched config even when client
+	 * certificates are not requested: without --tls-ca give it our own chain, which is
+	 * then never used (GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE) */
+	*cfg = grpc_ssl_server_certificate_config_create(ca ? ca : cert, &pair, 1); /* copies */
+	free(cert);
+	memset(key, 0, strlen(key));
+	free(key);
+	free(ca);
+	if (gen > 1)
+		sdb_info("grpc: TLS certificate reloaded", "generation=%u", gen);
+	return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
+}
+
+/* Insecure credentials, or TLS ones when the listener is configured (with --tls-ca a
+ * client certificate signed by it is required: mutual TLS). NULL with err on failure. */
+static grpc_server_credentials *server_credentials(rl_grpc_server *srv, char *err,
+						   size_t errlen)
+{
+	grpc_ssl_server_credentials_options *o;
+	char *cert, *key, *ca;
+	unsigned gen = 0;
+	bool mutual;
+
+	if (auth_tls_listener_mode(TLS_ROLE) == AUTH_TLS_DISABLED)
+		return grpc_insecure_server_credentials_create();
+	/* read once now so that bad files fail the start with a clear message */
+	if (auth_tls_listener_pem(TLS_ROLE, &gen, &cert, &key, &ca, err, errlen) < 0)
+		return NULL;
+	mutual = ca != NULL;
+	free(cert);
+	memset(key, 0, strlen(key));
+	free(key);
+	free(ca);
+	o = grpc_ssl_server_credentials_create_options_using_config_fetcher(
+		mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+		       : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+		tls_fetch, srv);
+	if (!o) {
+		sdb_errf(err, errlen, SDB_EINVAL, "grpc: TLS options refused");
+		return NULL;
+	}
+	sdb_info("grpc: TLS on the listener", "client_cert=%s", mutual ? "required" : "no");
+	return grpc_ssl_server_credentials_create_with_options(o); /* takes o */
+}
+
 int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, char *err,
 		       size_t errlen)
 {
@@ -489,6 +569,7 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 		srv->n_threads = MAX_THREADS;
 	pthread_rwlock_init(&srv->fence, NULL);
 	pthread_mutex_init(&srv->mu, NULL);
+	pthread_mutex_init(&srv->tls_mu, NULL);
 	pthread_cond_init(&srv->cv, NULL);
 	for (i = 0; i < M__COUNT; i++) {
 		srv->m_calls[i] = sdb_metrics_counter("stripedb_ratelimit_grpc_calls_total",
@@ -513,7 +594,11 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 	for (i = 0; i < M__COUNT; i++)
 		srv->registered[i] = grpc_server_register_method(
 			srv->server, methods[i], NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-	creds = grpc_insecure_server_credentials_create();
+	creds = server_credentials(srv, err, errlen);
+	if (creds == NULL) {
+		rv = SDB_EINVAL;
+		goto err_after_server;
+	}
 	srv->port = grpc_server_add_http2_port(srv->server, opts->listen, creds);
 	grpc_server_credentials_release(creds);
 	if (srv->port <= 0) {
@@ -553,6 +638,7 @@ err_after_server:
 	grpc_completion_queue_destroy(srv->cq);
 	pthread_cond_destroy(&srv->cv);
 	pthread_mutex_destroy(&srv->mu);
+	pthread_mutex_destroy(&srv->tls_mu);
 	pthread_rwlock_destroy(&srv->fence);
 	free(srv);
 	grpc_shutdown();
@@ -615,6 +701,7 @@ void rl_grpc_server_free(rl_grpc_server *srv)
 	grpc_completion_queue_destroy(srv->cq);
 	pthread_cond_destroy(&srv->cv);
 	pthread_mutex_destroy(&srv->mu);
+	pthread_mutex_destroy(&srv->tls_mu);
 	pthread_rwlock_destroy(&srv->fence);
 	free(srv);
 	grpc_shutdown();
@@ -700,6 +787,10 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 	if (advertise == NULL || *advertise == '\0')
 		advertise = listen;
 
+	/* issue #10: TLS of the gRPC listener from --tls-mode/--tls-cert/--tls-key/--tls-ca */
+	rv = auth_tls_setup(cfg, TLS_ROLE, err, errlen);
+	if (rv != 0)
+		return rv;
 	memset(&copts, 0, sizeof(copts));
 	rv = rl_cluster_opts_from_env(&copts, err, errlen);
 	if (rv != 0)

@@ -177,10 +177,36 @@ void rl_peers_free(rl_peers *p)
 	grpc_shutdown();
 }
 
+/* issue #10: with --tls-internal, TLS to the peer (server verified against --tls-ca,
+ * --tls-cert/--tls-key presented), read when the channel is made; never a silent fallback
+ * to plaintext: unreadable files give TLS credentials without our CA, so the handshake
+ * fails and the peer is reported unreachable. */
+static grpc_channel_credentials *peer_credentials(const char *addr)
+{
+	grpc_channel_credentials *creds;
+	grpc_ssl_pem_key_cert_pair pair;
+	char *ca = NULL, *cert = NULL, *key = NULL, err[256];
+
+	if (!auth_cluster_tls_enabled())
+		return grpc_insecure_credentials_create();
+	if (auth_cluster_tls_pem(&ca, &cert, &key, err, sizeof err) != 0)
+		sdb_error("ratelimit: peer TLS credentials", "peer=%s err=\"%s\"", addr, err);
+	pair.private_key = key;
+	pair.cert_chain = cert;
+	creds = grpc_ssl_credentials_create(ca, cert && key ? &pair : NULL, NULL, NULL);
+	free(ca);
+	free(cert);
+	if (key) {
+		memset(key, 0, strlen(key));
+		free(key);
+	}
+	return creds;
+}
+
 rl_peer *rl_peers_connect(rl_peers *p, const char *addr)
 {
 	rl_peer *peer = sdb_calloc(1, sizeof(*peer));
-	grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+	grpc_channel_credentials *creds = peer_credentials(addr);
 	grpc_arg args[4];
 	grpc_channel_args chargs;
 
