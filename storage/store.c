@@ -1110,6 +1110,59 @@ static void store_key_dup_value(const bson_t *pattern, const bson_t *doc, bson_t
 	}
 }
 
+/* The clashing key of a multikey unique index names the element that clashed, as
+ * mongod's keyValue does ({tags: "x"}, not the whole array): for each field in turn,
+ * find a value the path reaches (leaf arrays expanded) whose encoding is the next
+ * component of the encoded key. */
+typedef struct dup_probe {
+	const uint8_t *key;
+	size_t len, off;
+	bool desc, found;
+	bson_value_t v;
+	size_t vlen;
+} dup_probe;
+
+static bool dup_probe_visit(void *ctx, const bson_iter_t *it, unsigned flags)
+{
+	dup_probe *p = ctx;
+	sdb_key k = {0};
+	char e[128];
+	bool missing = (flags & SDB_PATH_MISSING) || it == NULL;
+	if (sdb_keyenc_append_iter(&k, missing ? NULL : it, p->desc, e, sizeof e) == 0 &&
+	    p->off + k.len <= p->len && memcmp(p->key + p->off, k.data, k.len) == 0) {
+		if (missing)
+			p->v.value_type = BSON_TYPE_NULL; /* a missing field is indexed as null */
+		else
+			p->v = *bson_iter_value((bson_iter_t *)it);
+		p->vlen = k.len;
+		p->found = true;
+	}
+	sdb_key_free(&k);
+	return p->found;
+}
+
+/* keyValue for the encoded key (key, len) of doc under pattern; false when some field's
+ * component was not recognised (then the caller reports the first values reached). */
+static bool store_key_dup_value_of(const bson_t *pattern, const bson_t *doc, const uint8_t *key,
+				   size_t len, bson_t *out)
+{
+	bson_iter_t it;
+	size_t off = 0;
+	bson_init(out);
+	if (!bson_iter_init(&it, pattern))
+		return false;
+	while (bson_iter_next(&it)) {
+		dup_probe p = {.key = key, .len = len, .off = off,
+			       .desc = bson_iter_as_double(&it) < 0};
+		sdb_path_walk(doc, bson_iter_key(&it), SDB_PATH_EXPAND_LEAF, dup_probe_visit, &p);
+		if (!p.found)
+			return false; /* out stays initialized: the caller destroys it */
+		bson_append_value(out, bson_iter_key(&it), -1, &p.v);
+		off += p.vlen;
+	}
+	return off == len;
+}
+
 /* A set of byte strings (document keys already returned by a multikey index scan). */
 typedef struct store_idset {
 	sdb_key *slots;
@@ -1304,7 +1357,11 @@ static int index_insert_keys(sdb_store_conn *c, const sdb_store_coll *co,
 			sqlite3_reset(s);
 			if (r == SQLITE_ROW) {
 				bson_t kv;
-				store_key_dup_value(ix->key, doc, &kv);
+				if (!store_key_dup_value_of(ix->key, doc, ks->keys[i].data,
+							    ks->keys[i].len, &kv)) {
+					bson_destroy(&kv);
+					store_key_dup_value(ix->key, doc, &kv);
+				}
 				dup_fill(dup, co->db, co->coll, ix->name, ix->key, &kv);
 				bson_destroy(&kv);
 				return sdb_errf(err, errlen, SDB_EEXISTS, "%s",

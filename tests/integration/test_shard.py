@@ -405,6 +405,28 @@ def test_descending_compound_index_ranges(shard):
 
 # ----------------------------------------------------------------------------- errors, cursors
 
+def test_duplicate_key_on_a_multikey_index_names_the_clashing_element(shard):
+    _, port = shard
+    db = client_for(port).dupm
+    db.t.create_index("tags", unique=True)
+    db.t.insert_one({"_id": 1, "tags": ["a", "b"]})
+    with pytest.raises(DuplicateKeyError) as ei:
+        db.t.insert_one({"_id": 2, "tags": ["c", "b"]})
+    assert ei.value.details["keyValue"] == {"tags": "b"}
+    assert ei.value.details["errmsg"].endswith('dup key: { tags: "b" }')
+    # compound, one descending field, the array in a sub-document path
+    db.u.create_index([("k", 1), ("x.tags", -1)], unique=True)
+    db.u.insert_one({"_id": 1, "k": 7, "x": {"tags": [1, 2, 3]}})
+    with pytest.raises(DuplicateKeyError) as ei:
+        db.u.insert_one({"_id": 2, "k": 7, "x": {"tags": [9, 3]}})
+    assert ei.value.details["keyValue"] == {"k": 7, "x.tags": 3}
+    # a missing field is indexed as null
+    db.u.insert_one({"_id": 3, "x": {"tags": 5}})
+    with pytest.raises(DuplicateKeyError) as ei:
+        db.u.insert_one({"_id": 4, "x": {"tags": [4, 5]}})
+    assert ei.value.details["keyValue"] == {"k": None, "x.tags": 5}
+
+
 def test_duplicate_key_error_names_index_and_key(shard):
     _, port = shard
     db = client_for(port).dup
