@@ -125,13 +125,16 @@ def test_pymongo_scram_sha1_correct_and_wrong_password(sec):
     u = sec.meta_query({"getUser": "alice"})["user"]
     assert u["mechanisms"] == ["SCRAM-SHA-1", "SCRAM-SHA-256"]
     assert (len(u["scramSha1"]["salt"]), u["scramSha1"]["iterations"]) == (16, 10000)
+    spec0 = sec.metric(0, "stripedb_auth_speculative_total")
     alice = client(sec, "alice", "alice-pw", authMechanism="SCRAM-SHA-1")
     alice.adb.c.insert_one({"_id": "sha1"})
     assert alice.adb.c.find_one({"_id": "sha1"}) == {"_id": "sha1"}
-    # twice more: the second connection of the client may start in hello (speculative)
+    # twice more: these conversations start in hello (speculative) from the verifier the
+    # first saslStart looked up
     for _ in range(2):
         c = client(sec, "alice", "alice-pw", authMechanism="SCRAM-SHA-1")
         assert c.adb.c.count_documents({"_id": "sha1"}) == 1
+    assert sec.metric(0, "stripedb_auth_speculative_total") - spec0 == 2
     with pytest.raises(OperationFailure) as ei:
         client(sec, "alice", "wrong", authMechanism="SCRAM-SHA-1").adb.c.find_one()
     assert (ei.value.code, ei.value.details["errmsg"]) == (18, "Authentication failed.")
@@ -229,9 +232,11 @@ def test_brute_force_is_rate_limited(sec):
 
 @pytest.mark.skipif(not os.path.isdir(os.path.join(NODE_MODULES, "mongodb")),
                     reason="tests/integration/node_modules absent: run `npm install` there")
-def test_node_driver_auth_and_isolation(sec):
+@pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-1"])
+def test_node_driver_auth_and_isolation(sec, mech):
     r = subprocess.run(["node", os.path.join(HERE, "security_node.js"),
-                        str(sec.proxy_ports[0]), "alice", "alice-pw", "wrong", "adb", "bdb"],
+                        str(sec.proxy_ports[0]), "alice", "alice-pw", "wrong", "adb", "bdb",
+                        mech],
                        capture_output=True, text=True, timeout=120, cwd=HERE,
                        env=dict(os.environ, NODE_PATH=NODE_MODULES))
     assert r.returncode == 0, r.stderr

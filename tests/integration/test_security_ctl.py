@@ -1,11 +1,19 @@
 """`stripedb ctl tenant create|list|quota|policy` and `ctl user create|passwd|drop`
 (issue #10) against a one-member metadata service."""
+import hashlib
+import hmac
 import json
 import os
 import subprocess
 
-from conftest import BIN
+import pytest
+from pymongo.errors import OperationFailure
+
+from conftest import BIN, wait_until
 from metadata_cluster import Cluster
+from proxy_helpers import ProxyCluster
+
+MECHS = ("SCRAM-SHA-1", "SCRAM-SHA-256")
 
 
 def ctl(cl, *args, env=None):
@@ -45,3 +53,93 @@ def test_ctl_tenant_and_user(start_role, tmp_path):
                  ["tenant", "list", "extra"]):
         r = ctl(cl, *args)
         assert r.returncode == 2, (args, r.stderr)
+
+
+def _verifier_sha256(password, salt, iterations):
+    """RFC 5802 §3 SCRAM-SHA-256 verifier, as the leader computes it (no SHA-1 one)."""
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    ck = hmac.new(salted, b"Client Key", "sha256").digest()
+    return {"salt": salt, "iterations": iterations,
+            "storedKey": hashlib.sha256(ck).digest(),
+            "serverKey": hmac.new(salted, b"Server Key", "sha256").digest()}
+
+
+def test_ctl_user_passwd_and_drop_through_the_proxy(start_role, tmp_path):
+    """`ctl user passwd` / `ctl user drop` reach the proxy: the old password and a dropped
+    user fail at once with AuthenticationFailed (18) through SCRAM-SHA-1 and -256, even
+    when a conversation starts from the proxy's verifier cache (speculative); the new
+    password works once the proxy saw the change (usersVersion). Connections that
+    authenticated before the drop keep working until they authenticate again."""
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
+                      proxy_args=["--auth=enabled", "--auth-failure-limit=50"])
+    meta = Cluster.__new__(Cluster)  # ctl() only needs seeds()
+    meta.seeds = lambda: cl.metadata_addr
+    cl.meta_cmd({"createTenant": "A"})
+    cl.create_database("adb", tenant="A")
+    r = ctl(meta, "user", "create", "alice", "--tenant", "A", "--password", "old-pw")
+    assert (r.returncode, r.stdout) == (0, "user alice created in tenant A\n"), r.stderr
+    # a user stored before SCRAM-SHA-1 verifiers existed: a SHA-256 verifier only
+    cl.meta_cmd({"createUser": "legacy", "tenant": "A",
+                 **_verifier_sha256("legacy-pw", bytes(range(28)), 15000)})
+    assert cl.meta_query({"getUser": "legacy"})["user"]["mechanisms"] == ["SCRAM-SHA-256"]
+
+    def login(user, pw, mech):
+        return cl.proxy_client(0, username=user, password=pw, authSource="admin",
+                               authMechanism=mech)
+
+    def fails18(user, pw, mech):
+        with pytest.raises(OperationFailure) as ei:
+            login(user, pw, mech).adb.c.find_one()
+        return ei.value.code == 18
+
+    def proxy_saw_users_version():
+        want = cl.meta_query({"listTenants": 1})["usersVersion"]
+        return cl.metric(0, "stripedb_auth_users_version") >= want
+
+    # the proxy re-reads tenants once a second: wait until alice may write her database
+    wait_until(lambda: login("alice", "old-pw", "SCRAM-SHA-256").adb.c.insert_one({"w": 1}),
+               20, what="alice's first write")
+    assert login("legacy", "legacy-pw", "SCRAM-SHA-256").adb.c.count_documents({}) == 1
+    assert fails18("legacy", "legacy-pw", "SCRAM-SHA-1")
+    wait_until(proxy_saw_users_version, 10, what="proxy usersVersion")
+    # warm the verifier cache of both mechanisms: later conversations start in hello
+    spec0 = cl.metric(0, "stripedb_auth_speculative_total")
+    for mech in MECHS:
+        for _ in range(2):
+            assert login("alice", "old-pw", mech).adb.c.count_documents({}) == 1
+    # SCRAM-SHA-256 was cached by the writes above (2 in hello); SCRAM-SHA-1's first
+    # conversation looks it up (saslStart), its second starts in hello
+    assert cl.metric(0, "stripedb_auth_speculative_total") - spec0 == 3
+    kept = login("alice", "old-pw", "SCRAM-SHA-256")
+    assert kept.adb.c.count_documents({}) == 1
+
+    r = ctl(meta, "user", "passwd", "alice", env={"STRIPEDB_PASSWORD": "new-pw"})
+    assert (r.returncode, r.stdout, r.stderr) == (0, "user alice: password changed\n", "")
+    # the old password fails at once, whichever path the conversation takes
+    for mech in MECHS:
+        assert fails18("alice", "old-pw", mech), mech
+    wait_until(proxy_saw_users_version, 10, what="proxy usersVersion after passwd")
+    for mech in MECHS:
+        for _ in range(2):
+            assert login("alice", "new-pw", mech).adb.c.count_documents({}) == 1, mech
+
+    r = ctl(meta, "user", "drop", "alice")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "user alice dropped\n", "")
+    for mech in MECHS:
+        assert fails18("alice", "new-pw", mech), mech
+    with pytest.raises(OperationFailure) as ei:
+        cl.meta_query({"getUser": "alice"})
+    assert ei.value.code == 4
+    # documented: an already authenticated connection is not cut off by the drop
+    assert kept.adb.c.count_documents({}) == 1
+
+    # unknown users: non-zero exit, exactly one line on stderr; UserNotFound (11) on the wire
+    for args in (["user", "passwd", "alice", "--password", "x"], ["user", "drop", "nobody"]):
+        r = ctl(meta, *args)
+        assert (r.returncode, r.stdout, r.stderr) == \
+            (1, "", f'stripedb ctl: Could not find user "{args[2]}"\n'), args
+    for cmd in ({"dropUser": "nobody"}, {"updateUser": "nobody", "password": "x"}):
+        with pytest.raises(OperationFailure) as ei:
+            cl.meta_cmd(cmd)
+        assert (ei.value.code, ei.value.details["codeName"]) == (11, "UserNotFound")
+    cl.close()
