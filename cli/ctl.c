@@ -26,6 +26,7 @@ int cli_tenant_main(cli_ctx *ctx, int argc, char **argv);    /* cli/migrate.c: i
 int cli_metadata_cmd(cli_ctx *ctx, int argc, char **argv);   /* cli/metadata.c */
 int cli_tenant_cmd(cli_ctx *ctx, int argc, char **argv);     /* cli/tenant.c */
 int cli_user_cmd(cli_ctx *ctx, int argc, char **argv);       /* cli/tenant.c */
+int cli_cluster_main(int argc, char **argv);                 /* cli/cluster.c: no --metadata */
 
 static void ctl_usage(FILE *f)
 {
@@ -45,6 +46,7 @@ static void ctl_usage(FILE *f)
 		"  cdc status|read ...                     change data capture per shard\n"
 		"  tenant create|list|quota|policy|isolate ...   tenants, quotas, policies\n"
 		"  user create|passwd|drop ...             users (SCRAM-SHA-256 verifiers)\n"
+		"  cluster bootstrap|status|config ...     build a cluster on bare hosts over SSH\n"
 		"See stripedb-ctl(1) for every subcommand's options.\n"
 		"\n"
 		"--metadata defaults to STRIPEDB_METADATA, --cluster-key-file to\n"
@@ -179,6 +181,9 @@ int cli_main(int argc, char **argv)
 	if (i == argc) {
 		fprintf(stderr, "stripedb ctl: missing subcommand (see stripedb ctl --help)\n");
 		return 2;
+	}
+	if (strcmp(argv[i], "cluster") == 0) { /* the spec names the hosts: no --metadata */
+		return cli_cluster_main(argc - i - 1, argv + i + 1);
 	}
 	/* issue #10: with the key loaded, every client made by auth_cluster_client_new
 	 * authenticates as a cluster member (metadata and shards refuse ctl otherwise). */

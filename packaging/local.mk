@@ -3,6 +3,7 @@
 # config file and the sysusers.d file themselves. packaging/build-deb.sh and
 # packaging/build-rpm.sh build the packages from `make dist`'s tarball.
 EXTRA_DIST += packaging/README.md packaging/stripedb.conf packaging/systemd/stripedb@.service \
+	packaging/cluster.conf.example \
 	packaging/sysusers.d/stripedb.conf packaging/build-deb.sh packaging/build-rpm.sh packaging/dist.sh \
 	packaging/rpm/stripedb.spec packaging/debian/changelog packaging/debian/control \
 	packaging/debian/copyright packaging/debian/rules packaging/debian/source/format \

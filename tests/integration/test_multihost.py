@@ -1,0 +1,390 @@
+"""`stripedb ctl cluster bootstrap` (issue #11) across five "VMs": network namespaces on this
+machine, each with its own address on a bridge and its own sshd, each running stripedb as it
+would on a VM (launcher = direct: the namespaces have no systemd).
+
+    h1  10.213.N.1  metadata                    (the member the partition cuts off)
+    h2  10.213.N.2  metadata, proxy, ratelimit
+    h3  10.213.N.3  metadata, proxy, coordinator
+    h4  10.213.N.4  shard (shard-h4)
+    h5  10.213.N.5  shard (shard-h5)
+
+The bootstrap runs from the root namespace (the bridge has 10.213.N.254) over SSH with a key
+made for the test. Checked: the complete cluster comes up; a second run is a no-op (same pids);
+a role killed with SIGKILL comes back on the next run and nothing else restarts; the YCSB
+workload of `stripedb bench` runs through both proxies against a collection sharded over both
+shards while h1 is cut off the network (its veth is set down on the host side: it loses every
+peer, the metadata group keeps its quorum of two, a metadata write commits without it) and then
+restored; h1 catches up (same last applied index and state hash as the leader), the checker
+finds every acknowledged write in the final state, and every role is healthy.
+
+Needs root, `ip netns`, sshd and ssh; skipped otherwise. Each host has its own data dir under
+the test's tmp dir (the namespaces share the filesystem). Teardown kills every process left in
+the namespaces and deletes them and the bridge.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from conftest import BIN, SRCDIR, free_port, wait_until
+
+SSHD = "/usr/sbin/sshd"
+
+
+def _why_skip():
+    if os.geteuid() != 0:
+        return "needs root (ip netns, veth, bridge)"
+    for tool in ("ip", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"no {tool} in PATH"
+    if not os.path.exists(SSHD):
+        return f"no {SSHD} (apt-get install openssh-server)"
+    probe = f"sdbprobe{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"ip netns does not work here: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+_SKIP = _why_skip()
+needs_netns = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+
+N_HOSTS = 5
+ROLES = {1: ["metadata"], 2: ["metadata", "proxy", "ratelimit"],
+         3: ["metadata", "proxy", "coordinator"], 4: ["shard"], 5: ["shard"]}
+HTTP = {"metadata": 9101, "shard": 9102, "proxy": 9103, "coordinator": 9104, "ratelimit": 9105}
+
+
+def sh(*args, check=True):
+    r = subprocess.run(list(args), capture_output=True, text=True, timeout=30)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: {r.stderr.strip()}")
+    return r
+
+
+class Net:
+    """Five namespaces on a bridge, an sshd in each."""
+
+    def __init__(self, tmp):
+        pid = os.getpid()
+        self.tag = f"{pid % 100000:05d}"
+        self.subnet = f"10.213.{pid % 250}"
+        self.bridge = f"sb{self.tag}"
+        self.tmp = tmp
+        self.ns = {i: f"sdb-{self.tag}-h{i}" for i in range(1, N_HOSTS + 1)}
+        self.veth = {i: f"sv{self.tag}h{i}" for i in range(1, N_HOSTS + 1)}
+        self.sshd = {}
+        self.made_bridge = False
+
+    def addr(self, i):
+        return f"{self.subnet}.{i}"
+
+    def up(self):
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        self.made_bridge = True
+        sh("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        for i, ns in self.ns.items():
+            peer = f"sv{self.tag}n{i}"
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", self.veth[i], "type", "veth", "peer", "name", peer)
+            sh("ip", "link", "set", peer, "netns", ns)
+            sh("ip", "link", "set", self.veth[i], "master", self.bridge)
+            sh("ip", "link", "set", self.veth[i], "up")
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.addr(i)}/24", "dev", peer)
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
+        # ssh: a host key and a client key made for this test, root by key only
+        ssh = self.tmp / "ssh"
+        ssh.mkdir()
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / "host_key"))
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / "client_key"))
+        (ssh / "authorized_keys").write_text((ssh / "client_key.pub").read_text())
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
+        for i, ns in self.ns.items():
+            cfg = ssh / f"sshd_h{i}.conf"
+            cfg.write_text(
+                f"ListenAddress {self.addr(i)}\nPort 22\nHostKey {ssh / 'host_key'}\n"
+                f"PidFile {ssh / f'sshd_h{i}.pid'}\nAuthorizedKeysFile {ssh / 'authorized_keys'}\n"
+                "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+                "PubkeyAuthentication yes\nX11Forwarding no\nPrintMotd no\n")
+            log = open(self.tmp / f"sshd_h{i}.log", "wb")
+            self.sshd[i] = subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f",
+                                             str(cfg)], stdout=log, stderr=log)
+            log.close()
+        for i in self.ns:
+            wait_until(lambda i=i: self.ssh(i, "true").returncode == 0, 20,
+                       what=f"sshd on h{i}")
+
+    def ssh(self, i, cmd):
+        return subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+                               "-i", str(self.tmp / "ssh" / "client_key"), f"root@{self.addr(i)}",
+                               cmd], capture_output=True, text=True, timeout=20)
+
+    def cut(self, i):
+        sh("ip", "link", "set", self.veth[i], "down")
+
+    def restore(self, i):
+        sh("ip", "link", "set", self.veth[i], "up")
+
+    def down(self):
+        # every process left in our namespaces was started by this test (sshd, roles)
+        for ns in self.ns.values():
+            r = sh("ip", "netns", "pids", ns, check=False)
+            for p in r.stdout.split():
+                try:
+                    os.kill(int(p), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+        for p in self.sshd.values():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        # the host ends of the veth pairs explicitly: a namespace the kernel frees late would
+        # keep its pair (and its address) alive
+        for v in self.veth.values():
+            sh("ip", "link", "del", v, check=False)
+        for ns in self.ns.values():
+            sh("ip", "netns", "del", ns, check=False)
+        if self.made_bridge:
+            sh("ip", "link", "del", self.bridge, check=False)
+
+
+@pytest.fixture
+def net(tmp_path):
+    n = Net(tmp_path)
+    try:
+        n.up()
+        yield n
+    finally:
+        n.down()
+
+
+def write_spec(net, tmp):
+    lines = ["[cluster]", "ssh-user = root", f"ssh-identity = {tmp / 'ssh' / 'client_key'}",
+             "ssh-option = StrictHostKeyChecking=no", "ssh-option = UserKnownHostsFile=/dev/null",
+             "ssh-option = LogLevel=ERROR", f"binary = {os.path.abspath(BIN)}",
+             "launcher = direct", "timeout-ms = 60000", ""]
+    for i in range(1, N_HOSTS + 1):
+        lines += [f"[h{i}]", f"address = {net.addr(i)}", f"roles = {', '.join(ROLES[i])}",
+                  f"data-dir = {tmp / f'h{i}'}", ""]
+    spec = tmp / "cluster.conf"
+    spec.write_text("\n".join(lines))
+    return spec
+
+
+def bootstrap(spec, sub="bootstrap"):
+    return subprocess.run([BIN, "ctl", "cluster", sub, "--spec", str(spec)], capture_output=True,
+                          text=True, timeout=240)
+
+
+def healthy(net, i, role):
+    try:
+        with urllib.request.urlopen(f"http://{net.addr(i)}:{HTTP[role]}/healthz", timeout=2) as r:
+            return r.status == 200
+    except Exception:  # noqa: BLE001 - down or unreachable
+        return False
+
+
+def pids(tmp):
+    out = {}
+    for i in range(1, N_HOSTS + 1):
+        for role in ROLES[i]:
+            out[(i, role)] = int((tmp / f"h{i}" / "run" / f"{role}.pid").read_text())
+    return out
+
+
+def logs(tmp):
+    text = []
+    for i in range(1, N_HOSTS + 1):
+        d = tmp / f"h{i}" / "logs"
+        for f in sorted(d.glob("*.log")) if d.exists() else []:
+            text.append(f"--- h{i}/{f.name} (tail)\n" + "\n".join(f.read_text(errors="replace")
+                                                               .splitlines()[-15:]))
+    return "\n".join(text)
+
+
+@needs_netns
+def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
+    pymongo = pytest.importorskip("pymongo")
+    spec = write_spec(net, tmp_path)
+
+    # 1. from bare hosts to a complete cluster
+    r = bootstrap(spec)
+    assert r.returncode == 0, r.stdout + r.stderr + logs(tmp_path)
+    assert "cluster complete" in r.stdout, r.stdout
+    for i in range(1, N_HOSTS + 1):
+        for role in ROLES[i]:
+            assert healthy(net, i, role), (i, role)
+    assert "shard-h4" in r.stdout and "shard-h5" in r.stdout
+    meta = ",".join(f"{net.addr(i)}:27019" for i in (1, 2, 3))
+    m = pymongo.MongoClient(f"mongodb://{meta}/?replicaSet=stripedb-meta",
+                            serverSelectionTimeoutMS=20000)
+    assert sorted(s["id"] for s in m.admin.command("listShards")["shards"]) == \
+        ["shard-h4", "shard-h5"]
+    first = pids(tmp_path)
+
+    # 2. a second run changes nothing
+    r = bootstrap(spec)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("already healthy") == 9, r.stdout
+    assert r.stdout.count("already registered") == 2, r.stdout
+    assert pids(tmp_path) == first
+
+    # 3. a role killed with SIGKILL comes back on the next run, nothing else restarts
+    os.kill(first[(5, "shard")], signal.SIGKILL)
+    wait_until(lambda: not healthy(net, 5, "shard"), 20, what="h5's shard down")
+    r = bootstrap(spec)
+    assert r.returncode == 0, r.stdout + r.stderr + logs(tmp_path)
+    assert r.stdout.count("already healthy") == 8, r.stdout
+    again = pids(tmp_path)
+    assert again[(5, "shard")] != first[(5, "shard")]
+    assert {k: v for k, v in again.items() if k != (5, "shard")} == \
+        {k: v for k, v in first.items() if k != (5, "shard")}
+    assert healthy(net, 5, "shard")
+
+    # the workload's collection, sharded over both shards
+    m.admin.command("createDatabase", "ycsb")
+    m.admin.command("shardCollection", "ycsb.usertable", key={"_id": 1},
+                    splitPoints=[{"_id": "user000000000150"}], shards=["shard-h4", "shard-h5"])
+
+    # h1 must hold a follower: hand the leadership away from it if it leads
+    def status(i):
+        c = pymongo.MongoClient(f"mongodb://{net.addr(i)}:27019/?directConnection=true",
+                                serverSelectionTimeoutMS=2000)
+        try:
+            return c.admin.command("metadataStatus")
+        finally:
+            c.close()
+
+    if status(1)["state"] == "leader":
+        t = subprocess.run([BIN, "ctl", f"--metadata={meta}", "metadata", "transfer", "2"],
+                           capture_output=True, text=True, timeout=60)
+        assert t.returncode == 0, t.stderr
+    wait_until(lambda: status(1)["state"] == "follower" and status(1)["leaderId"] in (2, 3), 30,
+               what="h1 a follower")
+
+    # 4. the workload through both proxies; h1 cut off while it runs
+    proxies = f"{net.addr(2)}:27017,{net.addr(3)}:27017"
+    report = tmp_path / "bench.json"
+    bench = subprocess.Popen(
+        [BIN, "bench", "--uri", f"mongodb://{proxies}/", "--workload", "a", "--records", "300",
+         "--threads", "2", "--seconds", "10", "--json", str(report), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, STRIPEDB_CONFIG="/dev/null"))
+    try:
+        px = pymongo.MongoClient(f"mongodb://{proxies}/", serverSelectionTimeoutMS=20000)
+        wait_until(lambda: px.ycsb.usertable.count_documents({}) == 300, 60,
+                   what="the 300 records loaded")
+        net.cut(1)
+        wait_until(lambda: not healthy(net, 1, "metadata"), 10, what="h1 unreachable")
+        # a metadata write commits on the two members left; h1 misses it
+        wait_until(lambda: m.admin.command("createTenant", "partitioned")["ok"] == 1, 30,
+                   what="createTenant without h1")
+        leader = 2 if status(2)["state"] == "leader" else 3
+        assert status(leader)["state"] == "leader"
+        assert not healthy(net, 1, "metadata")
+        net.restore(1)
+
+        def caught_up():
+            a, b = status(1), status(leader)
+            return (a["state"] == "follower" and a["lastApplied"] == b["lastApplied"]
+                    and a["stateHash"] == b["stateHash"])
+        wait_until(caught_up, 30, what="h1 caught up with the leader")
+        out, err = bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 0, out + err
+    assert "checker: OK: 300 keys" in out, out + err
+    rep = json.loads(report.read_text())
+    assert rep["check"]["ok"] is True and rep["check"]["violations"] == 0
+    assert rep["check"]["docs"] == 300
+    # a metadata follower away changes nothing for the clients
+    assert rep["phases"][0]["errors"] == {"quota_462": 0, "duplicate_key": 0, "network": 0,
+                                          "routing": 0, "timeout": 0, "other": 0}
+    assert rep["phases"][0]["ops"] > 0
+    assert "partitioned" in [t["name"] for t in m.admin.command("listTenants")["tenants"]]
+
+    # 5. every role healthy, as `ctl cluster status` sees it
+    r = bootstrap(spec, "status")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("healthy") == 9 and "(leader)" in r.stdout, r.stdout
+    m.close()
+    px.close()
+
+
+def _cluster(*args):
+    return subprocess.run([BIN, "ctl", "cluster", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_example_spec_config_per_host():
+    """The shipped example parses; `cluster config` prints what bootstrap writes on a host."""
+    example = os.path.join(SRCDIR, "packaging", "cluster.conf.example")
+    r = _cluster("config", "--spec", example, "db2")
+    assert r.returncode == 0, r.stderr
+    body = [l for l in r.stdout.splitlines() if l and not l.startswith("#")]
+    assert body == [
+        "log-level = info", "metadata = 10.0.0.1:27019,10.0.0.2:27019,10.0.0.3:27019",
+        "[metadata]", "node-id = 2", "data-dir = /var/lib/stripedb/metadata",
+        "listen = 10.0.0.2:27019", "raft-listen = 10.0.0.2:27029", "http-listen = 10.0.0.2:9101",
+        "bootstrap-members = 1@10.0.0.1:27029,2@10.0.0.2:27029,3@10.0.0.3:27029",
+        "[proxy]", "node-id = proxy-db2", "listen = 10.0.0.2:27017",
+        "http-listen = 10.0.0.2:9103", "grpc-listen = 10.0.0.2:1052",
+        "peers = 10.0.0.1:1051,10.0.0.2:1052,10.0.0.3:1052"]
+    r = _cluster("config", "--spec", example, "db4")
+    assert "[shard]\nnode-id = shard-a\ndata-dir = /var/lib/stripedb/shard\n" in r.stdout
+    r = _cluster("config", "--spec", example, "nosuch")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no host [nosuch]" in r.stderr
+
+
+HOST_OK = "[h1]\naddress = 127.0.0.1\nroles = metadata\n"
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("[cluster]\nlauncher = docker\n" + HOST_OK, ":2: launcher: 'docker' is not systemd or direct"),
+    ("[h1]\naddress = 127.0.0.1\nroles = metadata, mongos\n", "unknown role 'mongos'"),
+    ("[h1]\naddress = -oProxyCommand=touch\nroles = metadata\n", "is not a host name"),
+    (HOST_OK + "data-dir = /tmp/x;reboot\n", "data-dir: '/tmp/x;reboot' is not an absolute path"),
+    (HOST_OK + "data-dir = /tmp/../etc\n", "is not an absolute path"),
+    ("[cluster]\nbinary = /usr/bin/stripedb $(id)\n" + HOST_OK, "binary:"),
+    ("[cluster]\nssh-option = -oProxyCommand\n" + HOST_OK, "is not KEY=VALUE"),
+    ("[h1]\naddress = 127.0.0.1\nroles = shard\n", "no host has the metadata role"),
+    ("[h1]\naddress = 127.0.0.1\n", "host [h1] needs address and roles"),
+    (HOST_OK + "metadata-id = 2\n[h2]\naddress = 127.0.0.2\nroles = metadata\nmetadata-id = 2\n",
+     "hosts [h1] and [h2] have metadata-id 2"),
+    ("[h$1]\naddress = 127.0.0.1\nroles = metadata\n", "host section [h$1]"),
+    (HOST_OK + "proxy-port = 70000\n", "proxy-port: '70000' is not a port"),
+    ("[cluster\n" + HOST_OK, "syntax error"),
+    ("", "no host section"),
+])
+def test_bad_spec_is_one_line_exit_2(tmp_path, spec, message):
+    f = tmp_path / "bad.conf"
+    f.write_text(spec)
+    r = _cluster("bootstrap", "--spec", str(f))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+def test_unreachable_host_names_it(tmp_path):
+    """ssh cannot connect: exit 1, one stderr line naming the host and the step."""
+    f = tmp_path / "c.conf"
+    f.write_text(f"[cluster]\nssh-port = {free_port()}\nlauncher = direct\n"
+                 f"[far]\naddress = 127.0.0.1\nroles = metadata\ndata-dir = {tmp_path}/far\n")
+    r = _cluster("bootstrap", "--spec", str(f))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("stripedb ctl cluster bootstrap: host far (127.0.0.1) writing "
+                               "the config: "), r.stderr
