@@ -22,7 +22,7 @@ static const char *const ops[] = {
 	"setChunkShard",  "registerMigration", "updateMigration", "deleteMigration",
 	"acquireLease",   "renewLease",        "releaseLease",    "createTenant",
 	"setQuota",       "setPolicy",         "createUser",      "registerMember",
-	"removeMember",
+	"removeMember",   "updateUser",        "dropUser",
 };
 static const char *const queries[] = {
 	"getRoutingTable", "listShards", "listDatabases", "listCollections", "getMigration",
