@@ -56,7 +56,11 @@ typedef enum {
 	X("raft-election-timeout-ms", raft_election_timeout_ms, SDB_OPT_INT, "1000",            \
 	  "metadata: raft election timeout (ms); heartbeats every tenth of it")                 \
 	X("stale-retry-ms", stale_retry_ms, SDB_OPT_INT, "5000",                                \
-	  "proxy: budget for retrying a request refused with StaleConfig (ms)")                 \
+	  "proxy: budget for retrying a request refused with StaleConfig, or by a shard that "  \
+	  "is restarting (ms)")                                                                 \
+	X("shutdown-quiesce-ms", shutdown_quiesce_ms, SDB_OPT_INT, "0",                         \
+	  "graceful shutdown: quiesce period (ms) before the drain, during which wire clients " \
+	  "are told ShutdownInProgress and move to other servers")                              \
 	X("cursor-timeout-ms", cursor_timeout_ms, SDB_OPT_INT, "600000",                        \
 	  "proxy: idle proxy cursors are killed after this long (ms)")                \
 	X("cache-size", cache_size, SDB_OPT_INT, NULL,                                          \

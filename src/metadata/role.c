@@ -987,6 +987,7 @@ static int metadata_start(sdb_role *role)
 	wo.max_connections = (int)sdb_config_get_int(cfg, SDB_OPT_max_connections, 10000);
 	wo.role_data = m;
 	wo.hello = hello_hook;
+	wo.quiesce_ms = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_shutdown_quiesce_ms, 0);
 	/* issue #10: with --cluster-key-file only cluster members may run commands */
 	rc = auth_cluster_setup(cfg, role->err, sizeof role->err);
 	if (rc == 0) /* issue #10: TLS on the wire listener (auth/tls.h) */

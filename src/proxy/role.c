@@ -498,6 +498,7 @@ static int proxy_start(sdb_role *role)
 	o.role_data = p;
 	o.hello = hello_hook;
 	o.is_mongos = true;
+	o.quiesce_ms = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_quiesce_ms, 0);
 	if (p->auth)
 		o.gate = auth_gate_hook;
 	rc = wire_server_new(role->loop, &o, &p->srv, role->err, sizeof role->err);

@@ -40,6 +40,28 @@ struct wire_hello_wait {
 
 static bson_t *hello_build(wire_server *srv, wire_req *req);
 
+void wire__append_topology_version(const wire_server *srv, bson_t *doc)
+{
+	bson_t tv;
+
+	BSON_APPEND_DOCUMENT_BEGIN(doc, "topologyVersion", &tv);
+	BSON_APPEND_OID(&tv, "processId", &srv->process_id);
+	BSON_APPEND_INT64(&tv, "counter", srv->topology_counter);
+	bson_append_document_end(doc, &tv);
+}
+
+/* Answer hello while the server is closing (quiesce mode): ShutdownInProgress with the
+ * bumped topologyVersion, as mongod/mongos 5.0+ do, so monitors mark the server Unknown
+ * and drivers select another one. */
+static void hello_shutdown(wire_server *srv, wire_req *req)
+{
+	bson_t *extra = bson_new();
+
+	wire__append_topology_version(srv, extra);
+	wire_req_error_extra(req, WIRE_ERR_SHUTDOWN_IN_PROGRESS, extra,
+			     "The server is in quiesce mode and will shut down");
+}
+
 static void on_hello_timer_closed(uv_handle_t *h)
 {
 	free(h->data);
@@ -59,6 +81,8 @@ static void hello_wait_finish(wire_hello_wait *w)
 	uv_timer_stop(&w->timer);
 	if (wire_req_conn(w->req)->state == WIRE_CONN_CLOSING)
 		wire_req_reply(w->req, NULL); /* nobody to answer */
+	else if (srv->state != WIRE_SRV_RUNNING)
+		hello_shutdown(srv, w->req);
 	else
 		wire_req_reply(w->req, hello_build(srv, w->req));
 	uv_close((uv_handle_t *)&w->timer, on_hello_timer_closed);
@@ -154,6 +178,10 @@ static void cmd_hello(wire_req *req, void *role_data)
 	int64_t wait_ms;
 
 	(void)role_data;
+	if (srv->state != WIRE_SRV_RUNNING) {
+		hello_shutdown(srv, req);
+		return;
+	}
 	wait_ms = hello_await_ms(srv, wire_req_cmd(req));
 	if (wait_ms > 0 && srv->state == WIRE_SRV_RUNNING) {
 		wire_hello_wait *w = sdb_calloc(1, sizeof *w);

@@ -88,6 +88,9 @@ struct wire_server {
 	wire_hello_fn hello;
 	wire_gate_fn gate;
 	bool is_mongos;
+	uint64_t quiesce_ms;      /* wire_server_close phase 2 */
+	bool quiescing;           /* DRAINING, phase 2: commands still read (and refused) */
+	uint64_t close_deadline;  /* uv_now() at which connections are force-closed */
 	int tls_mode;             /* issue #10: auth_tls_mode of this listener's role */
 	int port;
 	bson_oid_t process_id;    /* topologyVersion.processId */
@@ -117,6 +120,8 @@ struct wire_server {
 
 /* commands.c: register the shared commands (hello, ping, buildInfo, ...). */
 void wire__register_builtins(wire_server *srv);
+/* commands.c: append topologyVersion {processId, counter} (SDAM) to doc. Loop thread. */
+void wire__append_topology_version(const wire_server *srv, bson_t *doc);
 /* commands.c: answer every awaitable hello now (server closing). Loop thread. */
 void wire__hello_flush(wire_server *srv);
 /* commands.c: answer (into the void) the awaitable hellos of a connection that closed. */

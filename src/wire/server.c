@@ -35,6 +35,14 @@ static void conn_process(wire_conn *conn);
 static void srv_maybe_finish(wire_server *srv);
 static void conn_start_reading(wire_conn *conn);
 
+/* True while connections are read and their commands dispatched: running, or quiescing
+ * (wire_server_close phase 2: commands are read to be refused with ShutdownInProgress). */
+static bool srv_reading(const wire_server *srv)
+{
+	return srv->state == WIRE_SRV_RUNNING ||
+	       (srv->state == WIRE_SRV_DRAINING && srv->quiescing);
+}
+
 /* ---- connection state machine ---- */
 
 #ifdef SDB_DEBUG
@@ -324,7 +332,7 @@ static void conn_close(wire_conn *conn)
 static void conn_maybe_close_idle(wire_conn *conn)
 {
 	if (conn->state == WIRE_CONN_READING && conn->writes_pending == 0 &&
-	    (conn->close_when_idle || conn->srv->state != WIRE_SRV_RUNNING))
+	    (conn->close_when_idle || !srv_reading(conn->srv)))
 		conn_close(conn);
 }
 
@@ -549,7 +557,7 @@ static void on_async(uv_async_t *a)
 				conn_set_state(conn, WIRE_CONN_READING);
 				conn_maybe_close_idle(conn);
 				if (conn->state == WIRE_CONN_READING && !conn->close_when_idle &&
-				    srv->state == WIRE_SRV_RUNNING)
+				    srv_reading(srv))
 					conn_process(conn);
 			}
 		}
@@ -578,6 +586,40 @@ static char *db_from_namespace(const char *ns)
 	if (!dot || dot == ns || strcmp(dot, ".$cmd") != 0)
 		return NULL;
 	return sdb_strndup(ns, (size_t)(dot - ns));
+}
+
+/* Commands a closing server still runs: they continue work the client already has here
+ * (a cursor, a session), so refusing them would surface as an error instead of a retry.
+ * hello answers ShutdownInProgress by itself (commands.c). */
+static bool refused_at_shutdown(const char *name)
+{
+	static const char *const allowed[] = {"getMore", "killCursors", "endSessions", "hello",
+					      "isMaster", "ismaster"};
+
+	for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++)
+		if (strcmp(name, allowed[i]) == 0)
+			return false;
+	return true;
+}
+
+/* Answer a command that was not executed with ShutdownInProgress (91) and the
+ * RetryableWriteError label: drivers of MongoDB 4.4+ retry a write only when the server
+ * labels the error (retryable writes spec), and retry reads on code 91. */
+static void refuse_shutdown(wire_req *req)
+{
+	bson_t *extra = bson_new();
+	bson_t labels;
+
+	bson_append_array_begin(extra, "errorLabels", -1, &labels);
+	BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
+	bson_append_array_end(extra, &labels);
+	wire__append_topology_version(req->srv, extra);
+	sdb_debug("wire: command refused at shutdown", "conn=%lld cmd=%s",
+		  (long long)req->conn->id, req->name);
+	wire_req_error_extra(req, WIRE_ERR_SHUTDOWN_IN_PROGRESS, extra,
+			     "The server is in quiesce mode and will shut down; command '%.100s' "
+			     "was not executed",
+			     req->name);
 }
 
 /* Handle one complete message buf[0 .. len). Loop thread; conn is READING. */
@@ -654,6 +696,10 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 	req->name = sdb_strdup(bson_iter_key(&it));
 	entry = srv_lookup(srv, req->name);
 	req->entry = entry ? entry : &srv->unknown;
+	if (srv->state != WIRE_SRV_RUNNING && refused_at_shutdown(req->name)) {
+		refuse_shutdown(req);
+		return;
+	}
 	if (srv->gate && !srv->gate(req, srv->role_data))
 		return;
 	if (!entry) {
@@ -669,7 +715,7 @@ static void conn_process(wire_conn *conn)
 {
 	size_t off = 0;
 
-	while (conn->state == WIRE_CONN_READING && conn->srv->state == WIRE_SRV_RUNNING &&
+	while (conn->state == WIRE_CONN_READING && srv_reading(conn->srv) &&
 	       conn->rlen - off >= 4) {
 		int32_t mlen = wire_msg_peek_length(conn->rbuf + off);
 		if (!wire_msg_length_ok(mlen)) {
@@ -694,8 +740,7 @@ static void conn_process(wire_conn *conn)
 		conn->rbuf = NULL;
 		conn->rcap = 0;
 	}
-	if (conn->state == WIRE_CONN_READING && !conn->reading &&
-	    conn->srv->state == WIRE_SRV_RUNNING) {
+	if (conn->state == WIRE_CONN_READING && !conn->reading && srv_reading(conn->srv)) {
 		conn_start_reading(conn);
 	} else if (conn->state == WIRE_CONN_BUSY && conn->reading &&
 		   !(conn->watch_eof && conn->rlen == 0)) {
@@ -902,11 +947,42 @@ static void srv_maybe_finish(wire_server *srv)
 	uv_close((uv_handle_t *)&srv->async, on_srv_handle_closed);
 }
 
+static void on_close_timeout(uv_timer_t *t);
+
+/* wire_server_close phase 3: stop reading; close idle connections now, busy ones once
+ * their reply is written; force-close everything at close_deadline. */
+static void srv_drain(wire_server *srv)
+{
+	wire_conn *conn, *next;
+	uint64_t now = uv_now(srv->loop);
+
+	srv->quiescing = false;
+	for (conn = srv->conns; conn; conn = next) {
+		next = conn->next;
+		if (conn->reading) {
+			uv_read_stop((uv_stream_t *)&conn->tcp);
+			conn->reading = false;
+		}
+		if (conn->state == WIRE_CONN_READING && conn->writes_pending == 0)
+			conn_close(conn);
+	}
+	uv_timer_start(&srv->close_timer, on_close_timeout,
+		       srv->close_deadline > now ? srv->close_deadline - now : 0, 0);
+	srv_maybe_finish(srv);
+}
+
 static void on_close_timeout(uv_timer_t *t)
 {
 	wire_server *srv = t->data;
 	wire_conn *conn, *next;
 
+	if (srv->quiescing) {
+		sdb_info("wire: quiesce period over, draining",
+			 "port=%d connections=%zu requests_running=%zu", srv->port, srv->n_conns,
+			 srv->n_outstanding);
+		srv_drain(srv);
+		return;
+	}
 	sdb_warn("wire: shutdown timeout, closing connections",
 		 "connections=%zu requests_running=%zu", srv->n_conns, srv->n_outstanding);
 	for (conn = srv->conns; conn; conn = next) {
@@ -917,28 +993,32 @@ static void on_close_timeout(uv_timer_t *t)
 
 void wire_server_close(wire_server *srv, uint64_t timeout_ms, void (*cb)(void *arg), void *arg)
 {
-	wire_conn *conn, *next;
+	uint64_t quiesce = srv->quiesce_ms < timeout_ms ? srv->quiesce_ms : timeout_ms;
 
 	if (srv->state != WIRE_SRV_RUNNING)
 		return;
 	srv->state = WIRE_SRV_DRAINING;
 	srv->close_cb = cb;
 	srv->close_arg = arg;
-	sdb_info("wire: server closing", "port=%d connections=%zu requests_running=%zu",
-		 srv->port, srv->n_conns, srv->n_outstanding);
+	srv->close_deadline = uv_now(srv->loop) + timeout_ms;
+	sdb_info("wire: server closing", "port=%d connections=%zu requests_running=%zu quiesce_ms=%llu",
+		 srv->port, srv->n_conns, srv->n_outstanding, (unsigned long long)quiesce);
 	uv_close((uv_handle_t *)&srv->listener, on_listener_closed);
+	/* SDAM: a changed topologyVersion and a ShutdownInProgress hello tell drivers now */
+	srv->topology_counter++;
 	wire__hello_flush(srv);
-	for (conn = srv->conns; conn; conn = next) {
-		next = conn->next;
-		if (conn->reading) {
-			uv_read_stop((uv_stream_t *)&conn->tcp);
-			conn->reading = false;
-		}
-		if (conn->state == WIRE_CONN_READING && conn->writes_pending == 0)
-			conn_close(conn);
+	if (quiesce > 0) {
+		srv->quiescing = true;
+		uv_timer_start(&srv->close_timer, on_close_timeout, quiesce, 0);
+		srv_maybe_finish(srv);
+		return;
 	}
-	uv_timer_start(&srv->close_timer, on_close_timeout, timeout_ms, 0);
-	srv_maybe_finish(srv);
+	srv_drain(srv);
+}
+
+bool wire_server_closing(const wire_server *srv)
+{
+	return srv->state != WIRE_SRV_RUNNING;
 }
 
 /* Split "HOST:PORT" / "[V6]:PORT" and resolve into *sa. */
@@ -1016,6 +1096,7 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	srv->gate = opts->gate;
 	srv->tls_mode = (int)auth_tls_listener_mode(opts->role ? opts->role : "");
 	srv->is_mongos = opts->is_mongos;
+	srv->quiesce_ms = opts->quiesce_ms;
 	bson_oid_init(&srv->process_id, NULL);
 	uv_mutex_init(&srv->mu);
 

@@ -57,6 +57,7 @@
 #define WIRE_ERR_NETWORK_TIMEOUT 89
 #define WIRE_ERR_OPERATION_FAILED 96
 #define WIRE_ERR_INTERRUPTED_AT_SHUTDOWN 11600
+#define WIRE_ERR_SHUTDOWN_IN_PROGRESS 91     /* ShutdownInProgress: refused, not executed */
 #define WIRE_ERR_NOT_WRITABLE_PRIMARY 10107  /* NotWritablePrimary */
 #define WIRE_ERR_BSON_TOO_LARGE 10334        /* BSONObjectTooLarge */
 #define WIRE_ERR_DUPLICATE_KEY 11000         /* DuplicateKey */
@@ -101,6 +102,8 @@ typedef struct wire_server_opts {
 	wire_hello_fn hello;        /* optional */
 	wire_gate_fn gate;          /* optional */
 	bool is_mongos;             /* hello says msg: "isdbgrid" */
+	/* Quiesce period of wire_server_close, in ms (0 = none). See wire_server_close. */
+	uint64_t quiesce_ms;
 } wire_server_opts;
 
 /* Create and start listening on loop. Returns 0, SDB_EINVAL (bad address) or SDB_EIO
@@ -118,14 +121,28 @@ void wire_server_register(wire_server *srv, const char *name, wire_cmd_fn fn);
  * change. Loop thread only. See wire/topology.h. */
 void wire_server_topology_changed(wire_server *srv);
 
+/* True once wire_server_close began (hello says ShutdownInProgress). Loop thread. */
+bool wire_server_closing(const wire_server *srv);
+
 /* Bound port (useful with port 0). */
 int wire_server_port(const wire_server *srv);
 
-/* Begin a graceful stop: close the listener, let requests in flight finish and their
- * replies be written (for at most timeout_ms), then close every connection and call cb
- * on the loop thread. cb waits for every handler that was called to have replied (past
- * the timeout connections are closed, but a late reply must not touch freed memory).
- * After cb, the server is freed. */
+/* Begin a graceful stop (MongoDB's quiesce mode, mongod/mongos 5.0+):
+ *  1. close the listener (new connections are refused), bump topologyVersion.counter and
+ *     answer every hello, held awaitable ones first, with ShutdownInProgress (91): drivers
+ *     mark the server Unknown, clear its pool and select another server;
+ *  2. quiesce, for opts.quiesce_ms (capped at timeout_ms; ends early once no connection
+ *     is left): open connections stay open; a new command other than getMore,
+ *     killCursors and endSessions is NOT executed and is answered with ShutdownInProgress
+ *     (91) carrying errorLabels ["RetryableWriteError"], which drivers retry on another
+ *     server (retryable writes and reads); commands already running go on;
+ *  3. drain: stop reading, let requests in flight finish and their replies be written,
+ *     close each connection once idle; past timeout_ms from the start every connection
+ *     is closed;
+ * then call cb on the loop thread. cb waits for every handler that was called to have
+ * replied (past the timeout connections are closed, but a late reply must not touch
+ * freed memory). After cb, the server is freed. A command is never answered with 91
+ * after it reached its handler. */
 void wire_server_close(wire_server *srv, uint64_t timeout_ms, void (*cb)(void *arg), void *arg);
 
 /* --- requests (valid from the handler call until reply/error) --- */

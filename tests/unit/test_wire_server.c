@@ -164,6 +164,8 @@ static void request_close(fixture *f)
 	uv_async_send(&f->close_async);
 }
 
+static uint64_t scenario_quiesce_ms; /* wire_server_opts.quiesce_ms of the next scenario */
+
 static void run_scenario_opts(scenario_fn fn, int max_connections, bool is_mongos)
 {
 	fixture *f = calloc(1, sizeof *f);
@@ -179,6 +181,7 @@ static void run_scenario_opts(scenario_fn fn, int max_connections, bool is_mongo
 	opts.gate = gate;
 	opts.max_connections = max_connections;
 	opts.is_mongos = is_mongos;
+	opts.quiesce_ms = scenario_quiesce_ms;
 	f->close_timeout_ms = 5000;
 	assert_int_equal(wire_server_new(&f->loop, &opts, &f->srv, err, sizeof err), 0);
 	f->port = wire_server_port(f->srv);
@@ -888,7 +891,11 @@ static void sc_graceful_close(fixture *f)
 	if (r) {
 		CHECK(f, wire_msg_parse(r, len, &msg, &code, err, sizeof err) == 0, "parse");
 		CHECK(f, msg.hdr.response_to == 401, "hello responseTo");
-		CHECK(f, get_bool(&msg.body, "isWritablePrimary"), "hello body");
+		/* quiesce mode (issue #11): ShutdownInProgress with the bumped topologyVersion */
+		CHECK(f, get_i32(&msg.body, "code") == 91, "hello code %d",
+		      get_i32(&msg.body, "code"));
+		CHECK(f, get_i32(&msg.body, "topologyVersion.counter") == 1, "hello counter %d",
+		      get_i32(&msg.body, "topologyVersion.counter"));
 		free(r);
 	}
 	CHECK(f, recv_eof(fd2), "fd2 not closed");
@@ -903,6 +910,82 @@ static void test_graceful_close(void **state)
 {
 	(void)state;
 	run_scenario(sc_graceful_close, 0);
+}
+
+/* Quiesce (issue #11, MongoDB quiesce mode): once the close began, a running command
+ * finishes and is answered; a new command on an open connection is not executed and gets
+ * ShutdownInProgress (91) with the RetryableWriteError label and the bumped
+ * topologyVersion; hello gets 91 too; the close completes once the clients disconnect
+ * (before the 5 s quiesce). */
+static void sc_quiesce(fixture *f)
+{
+	int fd = raw_connect(f), fd2 = raw_connect(f);
+	bson_t *s = BCON_NEW("sleep", BCON_INT32(200), "$db", BCON_UTF8("admin"));
+	bson_t *echo = BCON_NEW("echo", BCON_INT32(1), "$db", BCON_UTF8("admin"));
+	bson_t *hello = BCON_NEW("hello", BCON_INT32(1), "$db", BCON_UTF8("admin"));
+	bson_t reply;
+	int32_t rto;
+	size_t len;
+	uint8_t *m, *r;
+	wire_msg msg;
+	char err[256];
+	int code;
+
+	CHECK(f, op_msg(f, fd2, 600, 0, echo, &reply, &rto), "echo before close");
+	CHECK(f, get_i32(&reply, "ok") == 1, "echo before close ok=%d", get_i32(&reply, "ok"));
+	bson_destroy(&reply);
+	m = wire_msg_encode_msg(601, 0, 0, s, &len);
+	CHECK(f, send_all(fd, m, len), "send sleep");
+	free(m);
+	for (int i = 0; i < 10000 && atomic_load(&f->sleeps_started) == 0; i++)
+		uv_sleep(1);
+	CHECK(f, atomic_load(&f->sleeps_started) == 1, "sleep never started");
+	request_close(f);
+	/* the close is asynchronous: poll with a deadline until echo is refused */
+	for (int i = 0; i < 1000; i++) {
+		CHECK(f, op_msg(f, fd2, 602, 0, echo, &reply, &rto), "echo during quiesce");
+		if (get_i32(&reply, "code") == 91)
+			break;
+		bson_destroy(&reply);
+		bson_init(&reply);
+		uv_sleep(1);
+	}
+	CHECK(f, get_i32(&reply, "ok") == 0, "echo during quiesce ok=%d", get_i32(&reply, "ok"));
+	CHECK(f, get_i32(&reply, "code") == 91, "echo code %d", get_i32(&reply, "code"));
+	CHECK(f, strcmp(get_str(&reply, "codeName"), "ShutdownInProgress") == 0, "codeName %s",
+	      get_str(&reply, "codeName"));
+	CHECK(f, strcmp(get_str(&reply, "errorLabels.0"), "RetryableWriteError") == 0,
+	      "errorLabels.0 %s", get_str(&reply, "errorLabels.0"));
+	CHECK(f, get_i32(&reply, "topologyVersion.counter") == 1, "counter %d",
+	      get_i32(&reply, "topologyVersion.counter"));
+	bson_destroy(&reply);
+	CHECK(f, op_msg(f, fd2, 603, 0, hello, &reply, &rto), "hello during quiesce");
+	CHECK(f, get_i32(&reply, "code") == 91, "hello code %d", get_i32(&reply, "code"));
+	bson_destroy(&reply);
+	/* the sleep that was running when the close began still gets its reply */
+	r = recv_msg(fd, &len);
+	CHECK(f, r != NULL, "sleep reply lost in quiesce");
+	if (r) {
+		CHECK(f, wire_msg_parse(r, len, &msg, &code, err, sizeof err) == 0, "parse");
+		CHECK(f, msg.hdr.response_to == 601, "responseTo");
+		CHECK(f, get_i32(&msg.body, "slept") == 200, "slept %d",
+		      get_i32(&msg.body, "slept"));
+		free(r);
+	}
+	CHECK(f, atomic_load(&f->sleeps_started) == 1, "a refused command ran");
+	bson_destroy(s);
+	bson_destroy(echo);
+	bson_destroy(hello);
+	close(fd);
+	close(fd2);
+}
+
+static void test_quiesce(void **state)
+{
+	(void)state;
+	scenario_quiesce_ms = 5000;
+	run_scenario(sc_quiesce, 0);
+	scenario_quiesce_ms = 0;
 }
 
 /* wire_server_topology_changed answers a held awaitable hello at once with counter 1. */
@@ -1047,6 +1130,7 @@ int main(void)
 		cmocka_unit_test(test_more_to_come_pipelined),
 		cmocka_unit_test(test_disconnect_in_flight),
 		cmocka_unit_test(test_graceful_close),
+		cmocka_unit_test(test_quiesce),
 		cmocka_unit_test(test_topology_changed),
 		cmocka_unit_test(test_mongos_hello),
 		cmocka_unit_test(test_connection_limit),
