@@ -9,6 +9,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -246,6 +247,26 @@ int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, cha
 out:
 	uv_mutex_unlock(&mu);
 	return rc;
+}
+
+static const char *env(const char *name)
+{
+	const char *v = getenv(name);
+	return v && v[0] ? v : NULL;
+}
+
+int auth_cluster_setup_env(char *err, size_t errlen)
+{
+	const char *kf = env("STRIPEDB_CLUSTER_KEY_FILE"), *t = env("STRIPEDB_TLS_INTERNAL");
+	int rc = kf ? auth_cluster_load(kf, err, errlen) : 0;
+
+	if (rc != 0 || !t || !(strcmp(t, "true") == 0 || strcmp(t, "1") == 0 ||
+			       strcmp(t, "yes") == 0))
+		return rc;
+	if (!env("STRIPEDB_TLS_CA"))
+		return sdb_errf(err, errlen, SDB_EUSAGE, "STRIPEDB_TLS_INTERNAL needs STRIPEDB_TLS_CA");
+	return auth_cluster_tls_load(env("STRIPEDB_TLS_CA"), env("STRIPEDB_TLS_CERT"),
+				     env("STRIPEDB_TLS_KEY"), err, errlen);
 }
 
 bool auth_cluster_tls_enabled(void)

@@ -367,3 +367,20 @@ def test_http_tls_with_curl(start_role, tmp_path):
     # plaintext HTTP and an untrusting client both fail
     assert curl(f"http://127.0.0.1:{hport}/healthz").returncode != 0
     assert curl(f"{url}/healthz").returncode != 0
+
+
+def test_metadata_warns_about_raft_beyond_loopback(start_role, tmp_path):
+    """libraft's transport has no TLS: with TLS configured and --raft-listen not on
+    loopback, the member warns once at start (it still runs: a private network is the
+    operator's documented duty)."""
+    p = pki(tmp_path)
+    md = tmp_path / "meta"
+    md.mkdir()
+    raft = free_port()
+    proc = start_role(["--role=metadata", "--node-id=1", f"--data-dir={md}",
+                       f"--listen=127.0.0.1:{free_port()}", f"--raft-listen=0.0.0.0:{raft}",
+                       f"--bootstrap-members=1@127.0.0.1:{raft}"] + mtls_args(p))
+    warn = "the raft transport is not encrypted"
+    wait_until(lambda: warn in proc.tail(100000), 20, what="raft warning")
+    assert proc.tail(100000).count(warn) == 1
+    assert f"raft_listen=0.0.0.0:{raft}" in proc.tail(100000)
