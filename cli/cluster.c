@@ -723,17 +723,13 @@ static int ssh_run(const cl_spec *s, const cl_host *h, const char *cmd, const ch
 	}
 	rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 	{
-		FILE *f = fout;
 		char line[512] = "";
-		for (int k = 0; k < 2; k++, f = ferr) {
-			rewind(f);
-			if (fgets(line, sizeof line, f) != NULL && line[0] != '\n') {
-				break;
-			}
+		rewind(fout);
+		if (fgets(line, sizeof line, fout) == NULL) {
 			line[0] = '\0';
 		}
 		line[strcspn(line, "\r\n")] = '\0';
-		/* prefer stderr's message on failure */
+		/* on failure, stderr's message (ssh's own, or the remote command's) */
 		if (rc != 0) {
 			char eline[512] = "";
 			rewind(ferr);
@@ -1377,7 +1373,11 @@ static int agent_start(int argc, char **argv)
 	close(fd);
 	snprintf(tmp, sizeof tmp, "%s.tmp", pidfile);
 	f = fopen(tmp, "w");
-	if (f == NULL || fprintf(f, "%d\n", (int)child) < 0 || fclose(f) != 0 || rename(tmp, pidfile) != 0) {
+	if (f != NULL && fprintf(f, "%d\n", (int)child) < 0) {
+		fclose(f);
+		f = NULL;
+	}
+	if (f == NULL || fclose(f) != 0 || rename(tmp, pidfile) != 0) {
 		fprintf(stderr, "stripedb ctl cluster agent start: %s: %s\n", pidfile, strerror(errno));
 		return 1;
 	}
