@@ -462,6 +462,7 @@ static int proxy_start(sdb_role *role)
 	uv_mutex_init(&p->cmu);
 	p->rc = route_cache_new();
 	p->sc = shardconn_new();
+	shardconn_set_retry_budget(p->sc, p->stale_retry_ms);
 	/* issue #10: the cluster key before any pool to shards or metadata is made */
 	rc = auth_cluster_setup(role->cfg, role->err, sizeof role->err);
 	if (rc != 0)

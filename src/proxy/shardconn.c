@@ -9,6 +9,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "wire/server.h"
 
 /* ---------- a fixed thread pool ---------- */
@@ -110,6 +111,8 @@ struct shardconn {
 	shard *shards;
 	shard *retired; /* replaced pools stay alive until free (clients may be out) */
 	tpool req, io;
+	int64_t retry_ms;       /* shard-restart retry budget (shardconn_set_retry_budget) */
+	sdb_counter *m_retries; /* requests re-sent after a shard refused them unexecuted */
 };
 
 shardconn *shardconn_new(void)
@@ -120,6 +123,11 @@ shardconn *shardconn_new(void)
 	uv_rwlock_init(&sc->lock);
 	tpool_init(&sc->req, SHARDCONN_WORKERS);
 	tpool_init(&sc->io, SHARDCONN_IO_WORKERS);
+	sc->retry_ms = 5000;
+	sc->m_retries = sdb_metrics_counter(
+		"stripedb_proxy_shard_retries_total",
+		"Shard commands re-sent because the shard refused them unexecuted (restarting).",
+		NULL);
 	return sc;
 }
 
@@ -301,8 +309,30 @@ static mongoc_client_pool_t *find_pool(shardconn *sc, const char *id)
 	return p;
 }
 
-int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
-		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen)
+/* Commands whose re-execution changes nothing: retried even when the outcome of an attempt
+ * is unknown (the connection broke after the command was sent). */
+static bool idempotent_read(const bson_t *cmd)
+{
+	static const char *const reads[] = {"find", "count", "distinct", "listIndexes",
+					    "listCollections", "collStats", "dbStats", "ping"};
+	bson_iter_t it;
+
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it))
+		return false;
+	for (size_t i = 0; i < sizeof reads / sizeof reads[0]; i++)
+		if (strcmp(bson_iter_key(&it), reads[i]) == 0)
+			return true;
+	return false;
+}
+
+/* One attempt of shardconn_command. *unexecuted is set when the shard certainly did not
+ * run cmd: no server could be selected (connect refused or timed out), the connection could
+ * not be opened, or the shard answered ShutdownInProgress (91: refused before execution by
+ * a shard in quiesce, see wire_server_close). *ambiguous is set on any other network error
+ * (the command may or may not have run). */
+static int command_once(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
+			uint32_t *server_id, bson_t *reply, char *err, size_t errlen,
+			bool *unexecuted, bool *ambiguous)
 {
 	mongoc_client_pool_t *pool = find_pool(sc, id);
 	mongoc_client_t *cl;
@@ -324,6 +354,7 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 			bson_init(reply);
 			sdb_errf(err, errlen, SDB_EUNAVAILABLE, "shard %s is unreachable: %s", id,
 				 e.message);
+			*unexecuted = true;
 			return SHARDCONN_NET_ERR;
 		}
 		*server_id = mongoc_server_description_id(sd);
@@ -338,6 +369,10 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 		if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it) &&
 		    bson_iter_as_int64(&it) == WIRE_ERR_STALE_CONFIG)
 			rc = SHARDCONN_STALE;
+		if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it) &&
+		    bson_iter_as_int64(&it) == WIRE_ERR_SHUTDOWN_IN_PROGRESS &&
+		    e.domain == MONGOC_ERROR_SERVER)
+			*unexecuted = true;
 		if (bson_empty(reply)) {
 			BSON_APPEND_DOUBLE(reply, "ok", 0);
 			BSON_APPEND_UTF8(reply, "errmsg", e.message);
@@ -346,7 +381,51 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 		return rc;
 	}
 	sdb_errf(err, errlen, SDB_EUNAVAILABLE, "shard %s: %s", id, e.message);
+	if (e.domain == MONGOC_ERROR_SERVER_SELECTION ||
+	    (e.domain == MONGOC_ERROR_STREAM && (e.code == MONGOC_ERROR_STREAM_CONNECT ||
+						 e.code == MONGOC_ERROR_STREAM_NAME_RESOLUTION)))
+		*unexecuted = true;
+	else
+		*ambiguous = true;
 	return SHARDCONN_NET_ERR;
+}
+
+void shardconn_set_retry_budget(shardconn *sc, int64_t ms)
+{
+	sc->retry_ms = ms < 0 ? 0 : ms;
+}
+
+int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
+		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen)
+{
+	uint32_t first_server = *server_id;
+	uint64_t deadline = 0, backoff = SHARDCONN_RETRY_MIN_MS, now;
+	bool read = idempotent_read(cmd);
+	int rc;
+
+	for (;;) {
+		bool unexecuted = false, ambiguous = false;
+		rc = command_once(sc, id, db, cmd, server_id, reply, err, errlen, &unexecuted,
+				  &ambiguous);
+		if (!unexecuted && !(ambiguous && read))
+			return rc;
+		now = uv_hrtime() / 1000000;
+		if (deadline == 0)
+			deadline = now + (uint64_t)sc->retry_ms;
+		if (now + backoff > deadline) {
+			sdb_warn("shard retry budget spent", "shard=%s budget_ms=%lld err=\"%s\"",
+				 id, (long long)sc->retry_ms,
+				 rc == SHARDCONN_NET_ERR ? err : "ShutdownInProgress");
+			return rc;
+		}
+		sdb_debug("shard refused a command unexecuted, retrying", "shard=%s backoff_ms=%llu",
+			  id, (unsigned long long)backoff);
+		sdb_counter_inc(sc->m_retries);
+		bson_destroy(reply);
+		uv_sleep((unsigned)backoff);
+		backoff = backoff * 2 > SHARDCONN_RETRY_MAX_MS ? SHARDCONN_RETRY_MAX_MS : backoff * 2;
+		*server_id = first_server; /* 0: select again (the restarted shard) */
+	}
 }
 
 void shardconn_submit(shardconn *sc, void (*fn)(void *arg), void *arg)

@@ -26,6 +26,8 @@
 #define SHARDCONN_IO_WORKERS 32
 #define SHARDCONN_MAX_INFLIGHT 64
 #define SHARDCONN_CONNECT_TIMEOUT_MS 1000
+#define SHARDCONN_RETRY_MIN_MS 50
+#define SHARDCONN_RETRY_MAX_MS 500
 
 typedef struct shardconn shardconn;
 
@@ -34,6 +36,10 @@ shardconn *shardconn_new(void);
 /* Stop the threads (jobs already queued run first) and free everything. Call once no
  * job can be submitted any more. */
 void shardconn_free(shardconn *sc);
+
+/* Budget in ms for re-sending a command a restarting shard refused unexecuted (see
+ * shardconn_command); the proxy sets it from --stale-retry-ms. Default 5000. */
+void shardconn_set_retry_budget(shardconn *sc, int64_t ms);
 
 /* Add or replace shard id with uri ("mongodb://..." or "HOST:PORT"). Returns 0 or
  * SDB_EINVAL (unparsable URI) with a message. Thread-safe. */
@@ -55,7 +61,16 @@ enum {
  * *server_id: 0 = select the primary and store its id (so getMore can follow the same
  * server); non-zero = run on that server. reply is always initialised (caller destroys).
  * Returns one of the SHARDCONN_* classes; on NET_ERR, err holds a message naming the
- * shard. */
+ * shard.
+ * Shard restarts (issue #11): when the shard certainly did not execute cmd (no server
+ * could be selected or connected: the shard is down or restarting; or it answered
+ * ShutdownInProgress (91), which a stopping stripedb shard sends only for commands it
+ * did not run), cmd is sent again to the same shard with backoff (50 ms doubling to
+ * 500 ms) for at most the retry budget (shardconn_set_retry_budget), so a shard restart
+ * shorter than the budget shows as latency only. A network error after cmd was sent
+ * (connection reset, timeout: the outcome is unknown) is retried only for idempotent
+ * reads (find, count, distinct, list*, *Stats); for any other command it is returned
+ * (NET_ERR) and never retried, so a write is never applied twice. */
 int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
 		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen);
 
