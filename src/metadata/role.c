@@ -1098,13 +1098,55 @@ static void reg_drain(uv_timer_t *t)
 	uv_close((uv_handle_t *)t, handle_closed);
 }
 
+static void stop_after_handover(meta *m);
+
+/* Rolling restarts (issue #11): a leader that stops hands leadership to the most
+ * up-to-date voter first (raft_transfer, dissertation §3.10), so the group never waits an
+ * election timeout for a new leader. Bounded by libraft: the callback fires when the
+ * target won or after an election timeout; either way the stop goes on. */
+static void stop_transfer_done(void *arg, int status)
+{
+	meta *m = arg;
+	uint64_t lid = 0;
+	const char *laddr = NULL;
+
+	sdb_node_leader(m->node, &lid, &laddr);
+	if (status == 0)
+		sdb_info("metadata: leadership transferred before stopping", "new_leader=%llu",
+			 (unsigned long long)lid);
+	else
+		sdb_warn("metadata: leadership transfer before stopping did not complete",
+			 "status=%d leader=%llu", status, (unsigned long long)lid);
+	stop_after_handover(m);
+}
+
 static void metadata_stop(sdb_role *role)
 {
 	meta *m = role->impl;
+	int rc;
+
 	if (!m) {
 		sdb_role_stopped(role);
 		return;
 	}
+	if (raft_state(sdb_node_raft(m->node)) == RAFT_LEADER &&
+	    sdb_node_raft(m->node)->configuration.n > 1) {
+		sdb_info("metadata: leader stopping: transferring leadership", "term=%llu",
+			 (unsigned long long)sdb_node_term(m->node));
+		rc = sdb_node_transfer(m->node, 0, stop_transfer_done, m);
+		if (rc == 0)
+			return;
+		sdb_warn("metadata: leadership transfer before stopping refused", "rc=%d", rc);
+	}
+	stop_after_handover(m);
+}
+
+/* The rest of a graceful stop, once this member is no longer the leader (or could not
+ * hand leadership over). */
+static void stop_after_handover(meta *m)
+{
+	sdb_role *role = m->role;
+
 	m->stopping = 1;
 	if (role->http)
 		sdb_http_unroute(role->http, m);
