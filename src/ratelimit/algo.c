@@ -307,10 +307,19 @@ static void leaky_bucket(rl_state *st, bool exists, const rl_req *req, int64_t n
 		out->status = RL_OVER_LIMIT;
 		if (req->behavior & RL_DRAIN_OVER_LIMIT)
 			st->remaining_f = 0;
-		if (req->hits > burst || !isfinite(rate))
+		if (req->hits > burst || !isfinite(rate)) {
 			out->retry_after = -1;
-		else
-			out->retry_after = ceil_ms(((double)req->hits - st->remaining_f) * rate);
+		} else {
+			/* tokens available at T: remaining + (T - updated_at) / rate, counted
+			 * once a whole token leaked; the part of the current leak interval
+			 * already elapsed counts (and a drain above keeps it) */
+			double need = (double)req->hits - st->remaining_f;
+			double at;
+			if (need < 1.0 - TOKEN_EPS)
+				need = 1.0 - TOKEN_EPS;
+			at = (double)st->updated_at + need * rate;
+			out->retry_after = at > (double)now ? ceil_ms(at - (double)now) : 0;
+		}
 	}
 	if (req->hits != 0)
 		st->expire_at = sat_add(now, alive);
@@ -381,8 +390,11 @@ static void gcra(rl_state *st, bool exists, const rl_req *req, int64_t now, rl_r
 			tat = next;
 		} else {
 			out->status = RL_OVER_LIMIT;
-			if (req->behavior & RL_DRAIN_OVER_LIMIT)
+			if (req->behavior & RL_DRAIN_OVER_LIMIT) {
+				/* drained: the request is allowed once hits tokens came back */
 				tat = (double)now + tau;
+				allow_at = tat + (double)req->hits * rate - tau;
+			}
 			out->retry_after = req->hits > burst ? -1 : ceil_ms(allow_at - (double)now);
 		}
 	}

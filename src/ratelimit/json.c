@@ -216,10 +216,27 @@ static int count_metadata(const bson_iter_t *it, size_t *n, char *err, size_t er
 	return 0;
 }
 
+/* RateLimitReq's fields (proto names, and the JSON names protojson also accepts): the
+ * index of k, or -1 for an unknown field. */
+static int field_index(const char *k)
+{
+	static const char *const names[][2] = {
+		{"name", NULL},		{"unique_key", "uniqueKey"}, {"hits", NULL},
+		{"limit", NULL},	{"duration", NULL},	      {"burst", NULL},
+		{"created_at", "createdAt"}, {"algorithm", NULL},   {"behavior", NULL},
+		{"metadata", NULL},
+	};
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (key_is(k, names[i][0], names[i][1]))
+			return (int)i;
+	return -1;
+}
+
 static int parse_req(const bson_iter_t *item, rl_req *r, priv *p, char *err, size_t errlen)
 {
 	bson_iter_t it;
 	int rc = 0;
+	unsigned seen = 0;
 
 	memset(r, 0, sizeof(*r));
 	r->name = "";
@@ -229,6 +246,14 @@ static int parse_req(const bson_iter_t *item, rl_req *r, priv *p, char *err, siz
 				"invalid value for field 'requests': want an array of objects");
 	while (rc == 0 && bson_iter_next(&it)) {
 		const char *k = bson_iter_key(&it);
+		int f = field_index(k);
+		if (f >= 0) {
+			/* protojson refuses a field given twice (also as snake and camel) */
+			if (seen & (1u << f))
+				return sdb_errf(err, errlen, SDB_EPROTO,
+						"duplicate field '%s' in a request", k);
+			seen |= 1u << f;
+		}
 		if (key_is(k, "name", NULL))
 			rc = get_string(&it, "name", &r->name, err, errlen);
 		else if (key_is(k, "unique_key", "uniqueKey"))
@@ -294,6 +319,36 @@ static bool has_oversized_number(const char *body, size_t len)
 	return false;
 }
 
+/* Exactly one JSON object in body (whitespace around it allowed): a second value after
+ * it, as `{...} {...}` or `{...} x`, is malformed, as Go's decoder says. NULL with berr
+ * set on error. */
+static bson_t *parse_one_object(const char *body, size_t len, bson_error_t *berr)
+{
+	bson_json_reader_t *rd = bson_json_data_reader_new(false, 0);
+	bson_t *doc = bson_new(), extra = BSON_INITIALIZER;
+	int r;
+
+	bson_json_data_reader_ingest(rd, (const uint8_t *)body, len);
+	r = bson_json_reader_read(rd, doc, berr);
+	if (r != 1) {
+		if (r == 0)
+			bson_set_error(berr, BSON_ERROR_JSON, 1, "empty document");
+		bson_destroy(doc);
+		doc = NULL;
+	} else {
+		r = bson_json_reader_read(rd, &extra, berr);
+		if (r != 0) {
+			bson_set_error(berr, BSON_ERROR_JSON, 1,
+				       "unexpected data after the top-level object");
+			bson_destroy(doc);
+			doc = NULL;
+		}
+	}
+	bson_destroy(&extra);
+	bson_json_reader_destroy(rd);
+	return doc;
+}
+
 int rl_json_parse_reqs(const char *body, size_t len, rl_json_reqs *out, char *err,
 		       size_t errlen)
 {
@@ -318,10 +373,20 @@ int rl_json_parse_reqs(const char *body, size_t len, rl_json_reqs *out, char *er
 		return sdb_errf(err, errlen, SDB_EPROTO,
 				"malformed JSON: an integer literal is outside the int64 range");
 	p = sdb_calloc(1, sizeof(*p));
-	p->doc = bson_new_from_json((const uint8_t *)body, (ssize_t)len, &berr);
+	p->doc = parse_one_object(body, len, &berr);
 	if (p->doc == NULL) {
 		free(p);
 		return sdb_errf(err, errlen, SDB_EPROTO, "malformed JSON: %s", berr.message);
+	}
+	{
+		int n_requests = 0;
+		bson_iter_init(&top, p->doc);
+		while (bson_iter_next(&top))
+			n_requests += strcmp(bson_iter_key(&top), "requests") == 0;
+		if (n_requests > 1) {
+			rc = sdb_errf(err, errlen, SDB_EPROTO, "duplicate field 'requests'");
+			goto err;
+		}
 	}
 	/* First pass: find "requests", count items and metadata pairs, check the types the
 	 * arrays need; nothing is allocated per item before the count is known good. */
@@ -448,7 +513,7 @@ char *rl_json_render_error(int code, const char *msg, size_t *len)
 }
 
 char *rl_json_render_health(const char *status, const char *message, int peer_count,
-			    size_t *len)
+			    const char *advertise_address, size_t *len)
 {
 	bson_t doc;
 
@@ -456,5 +521,7 @@ char *rl_json_render_health(const char *status, const char *message, int peer_co
 	bson_append_utf8(&doc, "status", -1, status, -1);
 	bson_append_utf8(&doc, "message", -1, message != NULL ? message : "", -1);
 	bson_append_int32(&doc, "peer_count", -1, peer_count);
+	bson_append_utf8(&doc, "advertise_address", -1,
+			 advertise_address != NULL ? advertise_address : "", -1);
 	return to_json(&doc, len);
 }

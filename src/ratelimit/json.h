@@ -49,9 +49,10 @@ char *rl_json_render_resps(const rl_resp *resps, size_t n, size_t *len);
 /* Render grpc-gateway's error body {"code": code, "message": msg, "details": []}. */
 char *rl_json_render_error(int code, const char *msg, size_t *len);
 
-/* Render a HealthCheckResp {"status": ..., "message": ..., "peer_count": N}. */
+/* Render a HealthCheckResp {"status": ..., "message": ..., "peer_count": N,
+ * "advertise_address": ...} (Gubernator >= 2.3 adds advertise_address; NULL renders ""). */
 char *rl_json_render_health(const char *status, const char *message, int peer_count,
-			    size_t *len);
+			    const char *advertise_address, size_t *len);
 
 /* Enum names (proto spelling); NULL for an unknown value. */
 const char *rl_algorithm_name(int32_t algorithm);

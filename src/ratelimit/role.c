@@ -112,7 +112,8 @@ static bool cluster_health(void *ctx, char *msg, size_t msglen)
 	return rl_cluster_health(ctx, &peers, msg, msglen);
 }
 
-/* GET /v1/HealthCheck: {"status": "healthy"|"unhealthy", "message", "peer_count"}. */
+/* GET /v1/HealthCheck: {"status": "healthy"|"unhealthy", "message", "peer_count",
+ * "advertise_address"} (Gubernator's HealthCheckResp). */
 static void h_health_check(void *data, const sdb_http_req *req, sdb_http_resp *resp)
 {
 	rl_role *rr = data;
@@ -124,7 +125,11 @@ static void h_health_check(void *data, const sdb_http_req *req, sdb_http_resp *r
 
 	(void)req;
 	ok = frontend_health(rr, &peers, msg, sizeof msg);
-	body = rl_json_render_health(ok ? "healthy" : "unhealthy", msg, peers, &len);
+	body = rl_json_render_health(ok ? "healthy" : "unhealthy", msg, peers,
+				     rr->fe.peer_count == rl_cluster_peer_count
+					     ? rl_cluster_advertise(rr->fe.peer_ctx)
+					     : NULL,
+				     &len);
 	set_body(resp, 200, body, len);
 }
 
@@ -208,6 +213,12 @@ static int ratelimit_start(sdb_role *role)
 	rr->http = role->http;
 	guber_http = getenv("GUBER_HTTP_ADDRESS");
 	if (rr->http == NULL && guber_http != NULL && guber_http[0] != '\0') {
+		/* Go's ":PORT" (Gubernator's default form) listens on every interface */
+		char any[300];
+		if (guber_http[0] == ':') {
+			snprintf(any, sizeof any, "0.0.0.0%s", guber_http);
+			guber_http = any;
+		}
 		rc = sdb_http_acquire(guber_http, &rr->own_http, role->err, sizeof role->err);
 		if (rc != 0) {
 			sdb_errwrap(role->err, sizeof role->err, rc, "GUBER_HTTP_ADDRESS");

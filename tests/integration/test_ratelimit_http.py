@@ -117,8 +117,10 @@ def test_leaky_bucket_scenario(rl):
     assert lb(1, T0 + 2000) == resp("UNDER_LIMIT", 10, 7, T0 + 2000 + 9000)
     assert lb(0, T0 + 3500) == resp("UNDER_LIMIT", 10, 8, T0 + 3500 + 6000)
     assert lb(8, T0 + 3500) == resp("UNDER_LIMIT", 10, 0, T0 + 3500 + 30000)
-    # 1/6 of a token is left: 5/6 of 3 s to go for one more
-    assert lb(1, T0 + 3500) == resp("OVER_LIMIT", 10, 0, T0 + 3500 + 30000, retry_after=2500)
+    # 1/6 of a token is left, but a leak counts once a whole token leaked since the last
+    # (Gubernator's rule): one more hit is allowed 3 s from now, not 2.5 s
+    assert lb(1, T0 + 3500) == resp("OVER_LIMIT", 10, 0, T0 + 3500 + 30000, retry_after=3000)
+    assert lb(1, T0 + 6499)["status"] == "OVER_LIMIT"
     # burst: 20 tokens available at once, refilled at 10 per 30 s
     r = one(rl, name="http_lb", unique_key="burst", hits=15, limit=10, duration=30000,
             burst=20, algorithm=1, created_at=T0)
@@ -261,7 +263,8 @@ def test_call_errors(rl):
 
 def test_health_and_live_check(rl):
     assert get_json(rl, "/v1/HealthCheck") == (200, {"status": "healthy", "message": "",
-                                                     "peer_count": 1})
+                                                     "peer_count": 1,
+                                                     "advertise_address": OWNERS[rl]})
     assert get_json(rl, "/v1/LiveCheck") == (200, {})
     st, _ = http_get(rl, "/v1/GetRateLimits")
     assert st == 405
@@ -292,11 +295,14 @@ def test_cache_size(start_role, how):
     assert tb(port, "first", 1, T0) == resp("UNDER_LIMIT", 2, 1, T0 + 5000)
 
 
-def test_guber_http_address(start_role):
-    # Gubernator's GUBER_HTTP_ADDRESS works when --http-listen is not given
+@pytest.mark.parametrize("form", ["host", "any"])
+def test_guber_http_address(start_role, form):
+    # Gubernator's GUBER_HTTP_ADDRESS works when --http-listen is not given, also in Go's
+    # ":PORT" form (every interface)
     port, grpc = free_port(), free_port()
+    addr = f"127.0.0.1:{port}" if form == "host" else f":{port}"
     start_role(["--role=ratelimit", f"--grpc-listen=127.0.0.1:{grpc}"], http=False,
-               env={"GUBER_HTTP_ADDRESS": f"127.0.0.1:{port}"})
+               env={"GUBER_HTTP_ADDRESS": addr})
     OWNERS[port] = f"127.0.0.1:{grpc}"
     wait_until(lambda: http_get(port, "/v1/LiveCheck", timeout=1.0)[0] == 200,
                what="LiveCheck on GUBER_HTTP_ADDRESS")
@@ -322,9 +328,11 @@ def test_three_nodes_forward_http_to_owner(start_role):
                    what="/v1/LiveCheck")
         ports.append(p.http_port)
     addrs = {f"127.0.0.1:{g}" for g in grpc}
-    for port in ports:
+    for port, g in zip(ports, grpc):
         assert get_json(port, "/v1/HealthCheck") == (200, {"status": "healthy", "message": "",
-                                                           "peer_count": 3})
+                                                           "peer_count": 3,
+                                                           "advertise_address":
+                                                               f"127.0.0.1:{g}"})
 
     def raw_one(port, key, at):
         body = {"requests": [{"name": "fwd", "unique_key": key, "hits": 1, "limit": 10,

@@ -207,8 +207,23 @@ static void test_leaky_bucket(void **state)
 	EXPECT(LB(lim, "l", 0, 9, 10, 30000, 0, t), RL_UNDER_LIMIT, 0, t + 10 * 3000);
 	rl_resp r = LB(lim, "l", 0, 1, 10, 30000, 0, t);
 	EXPECT(r, RL_OVER_LIMIT, 0, t + 10 * 3000);
-	/* 1/6 of a token is left over from the leak above: 5/6 * 3000 ms to go */
-	assert_int_equal(r.retry_after, 2500);
+	/* 1/6 of a token is left over from the leak above, but leaks count only once a
+	 * whole token leaked since the last one (Gubernator's rule), 3000 ms from now: at
+	 * 2500 ms the hit is still refused, at 3000 ms allowed (checked on a twin bucket) */
+	assert_int_equal(r.retry_after, 3000);
+	{
+		rl_limiter *twin = new_limiter();
+		int64_t u = T0;
+		LB(twin, "l", 0, 10, 10, 30000, 0, u);
+		u += 2000; /* 2/3 of a token leaked, not counted yet */
+		r = LB(twin, "l", 0, 1, 10, 30000, 0, u);
+		assert_int_equal(r.status, RL_OVER_LIMIT);
+		assert_int_equal(r.retry_after, 1000); /* the elapsed 2000 ms count */
+		assert_int_equal(LB(twin, "l", 0, 1, 10, 30000, 0, u + 999).status, RL_OVER_LIMIT);
+		assert_int_equal(LB(twin, "l", 0, 1, 10, 30000, 0, u + 1000).status,
+				 RL_UNDER_LIMIT);
+		rl_limiter_free(twin);
+	}
 	t += 3000;
 	EXPECT(LB(lim, "l", 0, 0, 10, 30000, 0, t), RL_UNDER_LIMIT, 1, t + 9 * 3000);
 	t += 60000;
@@ -450,7 +465,12 @@ static void test_gcra(void **state)
 	r = ask(lim, "b", RL_GCRA, 0, 3, 10, 1000, 2, T0);
 	assert_int_equal(r.status, RL_OVER_LIMIT);
 	assert_int_equal(r.retry_after, -1);
-	EXPECT(ask(lim, "b", RL_GCRA, RL_DRAIN_OVER_LIMIT, 2, 10, 1000, 2, T0 + 100), RL_OVER_LIMIT, 0, T0 + 300);
+	r = ask(lim, "b", RL_GCRA, RL_DRAIN_OVER_LIMIT, 2, 10, 1000, 2, T0 + 100);
+	EXPECT(r, RL_OVER_LIMIT, 0, T0 + 300);
+	/* drained: 2 hits need 2 tokens back, 200 ms (not the 100 ms before the drain) */
+	assert_int_equal(r.retry_after, 200);
+	assert_int_equal(ask(lim, "b", RL_GCRA, 0, 2, 10, 1000, 2, T0 + 299).status,
+			 RL_OVER_LIMIT);
 	EXPECT(ask(lim, "b", RL_GCRA, RL_RESET_REMAINING, 0, 10, 1000, 2, T0 + 100), RL_UNDER_LIMIT, 2, T0 + 100);
 	rl_limiter_free(lim);
 }

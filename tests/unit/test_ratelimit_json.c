@@ -104,6 +104,16 @@ static void test_parse_errors(void **state)
 	expect_parse_error("  \n", SDB_EPROTO, "empty request body: want a JSON object");
 	expect_parse_error("[1]", SDB_EPROTO, "malformed JSON: want an object");
 	expect_parse_error("{\"requests\": [", SDB_EPROTO, "malformed JSON: *");
+	/* one object only, each field once (Go's decoder and protojson) */
+	expect_parse_error("{\"requests\": []} {\"requests\": []}", SDB_EPROTO,
+			   "malformed JSON: unexpected data after the top-level object");
+	expect_parse_error("{\"requests\": []} x", SDB_EPROTO, "malformed JSON: *");
+	expect_parse_error("{\"requests\": [], \"requests\": []}", SDB_EPROTO,
+			   "duplicate field 'requests'");
+	expect_parse_error("{\"requests\": [{\"hits\": 1, \"hits\": 2}]}", SDB_EPROTO,
+			   "duplicate field 'hits' in a request");
+	expect_parse_error("{\"requests\": [{\"unique_key\": \"a\", \"uniqueKey\": \"b\"}]}",
+			   SDB_EPROTO, "duplicate field 'uniqueKey' in a request");
 	expect_parse_error("{\"requests\": 5}", SDB_EPROTO,
 			   "invalid value for field 'requests': want an array");
 	expect_parse_error("{\"requests\": [5]}", SDB_EPROTO,
@@ -205,8 +215,9 @@ static void test_render(void **state)
 	s = rl_json_render_error(11, "too \"many\"", &len);
 	assert_string_equal(s, "{ \"code\" : 11, \"message\" : \"too \\\"many\\\"\", \"details\" : [  ] }");
 	free(s);
-	s = rl_json_render_health("healthy", "", 3, &len);
-	assert_string_equal(s, "{ \"status\" : \"healthy\", \"message\" : \"\", \"peer_count\" : 3 }");
+	s = rl_json_render_health("healthy", "", 3, "10.0.0.1:1051", &len);
+	assert_string_equal(s, "{ \"status\" : \"healthy\", \"message\" : \"\", \"peer_count\" : 3, "
+			       "\"advertise_address\" : \"10.0.0.1:1051\" }");
 	free(s);
 	assert_string_equal(rl_algorithm_name(RL_GCRA), "GCRA");
 	assert_null(rl_algorithm_name(3));
