@@ -1275,7 +1275,7 @@ static bool pred_bounds(const node *n, sdb_bounds *out)
 			out->kind = SDB_BOUNDS_EMPTY;
 			return true;
 		}
-		qsort(out->iv, out->n, sizeof *out->iv, iv_cmp);
+		sdb_qsort(out->iv, out->n, sizeof *out->iv, iv_cmp);
 		{
 			size_t j = 0;
 
@@ -1357,7 +1357,7 @@ static void bounds_intersect(const sdb_bounds *a, const sdb_bounds *b, sdb_bound
 		}
 	}
 	if (out->n > 1)
-		qsort(out->iv, out->n, sizeof *out->iv, iv_cmp);
+		sdb_qsort(out->iv, out->n, sizeof *out->iv, iv_cmp);
 }
 
 typedef struct bounds_acc {

@@ -433,7 +433,7 @@ int sdb_index_keys(const bson_t *doc, const char *const *paths, const bool *desc
 		}
 	}
 	n_out = total;
-	qsort(out, total, sizeof *out, key_qsort_cmp);
+	sdb_qsort(out, total, sizeof *out, key_qsort_cmp);
 	/* dedupe */
 	{
 		size_t j = 0;

@@ -491,9 +491,9 @@ static int load_sorted(sdb_query *q, int *code, char *err, size_t errlen)
 	}
 	if (r < 0)
 		return r;
-	if (q->n_held > 1) { /* qsort(NULL, 0, ...) is undefined (UBSan) */
+	if (q->n_held > 1) {
 		tls_sort = q->sort;
-		qsort(q->held, q->n_held, sizeof *q->held, held_cmp_tls);
+		sdb_qsort(q->held, q->n_held, sizeof *q->held, held_cmp_tls);
 		tls_sort = NULL;
 	}
 	q->sorted_ready = true;

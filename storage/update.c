@@ -1245,7 +1245,7 @@ static void do_add_to_set(const unode *n, docbuild_node *arr)
 		sdb_key_init(&keys[i]);
 		value_key(arr->kids[i], &keys[i]);
 	}
-	qsort(keys, nkeys, sizeof *keys, key_qsort_cmp);
+	sdb_qsort(keys, nkeys, sizeof *keys, key_qsort_cmp);
 	if (n->each) {
 		bson_iter_t it;
 		bson_t each;

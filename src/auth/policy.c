@@ -169,7 +169,7 @@ auth_policy *auth_policy_build(const bson_t *tenants, const bson_t *dbs)
 	}
 	for (size_t i = 0; i < pol->n; i++)
 		if (pol->t[i].n_dbs > 1)
-			qsort(pol->t[i].dbs, pol->t[i].n_dbs, sizeof(char *), cmp_str);
+			sdb_qsort(pol->t[i].dbs, pol->t[i].n_dbs, sizeof(char *), cmp_str);
 	return pol;
 }
 

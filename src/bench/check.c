@@ -133,7 +133,7 @@ void bench_check_history(bench_ev *ev, size_t n, const int64_t *final, int64_t m
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	memset(v, 0, sizeof *v);
 	v->ok = 1;
-	qsort(ev, n, sizeof *ev, ev_cmp);
+	sdb_qsort(ev, n, sizeof *ev, ev_cmp);
 	for (size_t i = 0; i < n;) {
 		size_t j = i;
 		while (j < n && ev[j].key == ev[i].key) {

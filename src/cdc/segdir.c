@@ -215,7 +215,7 @@ int cdc_segdir_list(const char *dir, cdc_seginfo **segs, size_t *n, char *err, s
 	}
 	closedir(d);
 	if (*n > 1)
-		qsort(*segs, *n, sizeof **segs, cmp_seg);
+		sdb_qsort(*segs, *n, sizeof **segs, cmp_seg);
 	for (size_t i = 0; i < *n; i++) {
 		int rc = seg_stat(dir, &(*segs)[i], err, errlen);
 		if (rc) {

@@ -10,6 +10,7 @@
 #define SDB_COMMON_ALLOC_H
 
 #include <stddef.h>
+#include <stdlib.h>
 
 /* Never return NULL: on failure print "stripedb: out of memory (N bytes)" and abort().
  * Free with free(). sdb_malloc(0) returns a unique pointer. */
@@ -23,6 +24,16 @@ char *sdb_strndup(const char *s, size_t n);
 void *sdb_aligned_calloc(size_t alignment, size_t size);
 /* printf into a fresh heap string (caller frees). */
 char *sdb_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* qsort(3) that accepts an empty or one-element array with base NULL: qsort(NULL, 0, ...)
+ * is undefined behaviour (C11 7.22.5: base must be valid even when nmemb is 0), which
+ * UBSan reports. Same arguments as qsort. */
+static inline void sdb_qsort(void *base, size_t nmemb, size_t size,
+			     int (*cmp)(const void *, const void *))
+{
+	if (nmemb > 1)
+		qsort(base, nmemb, size, cmp);
+}
 
 /* Install the wrappers into libbson's allocator vtable (including aligned_alloc, so
  * bson_new() stays 128-byte aligned). Call once from main(). */

@@ -1411,9 +1411,9 @@ static int step_verify(mig *m)
 		return rc == SDB_ENOTFOUND ? fail(m, m->err) : rc;
 	}
 	if (s.n > 1)
-		qsort(s.v, s.n, sizeof *s.v, vcmp);
+		sdb_qsort(s.v, s.n, sizeof *s.v, vcmp);
 	if (t.n > 1)
-		qsort(t.v, t.n, sizeof *t.v, vcmp);
+		sdb_qsort(t.v, t.n, sizeof *t.v, vcmp);
 	size_t i = 0, j = 0;
 	int64_t miss = 0, extra = 0, diff = 0;
 	char why[512] = "", one[160];

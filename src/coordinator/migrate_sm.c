@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "coordinator/migrate.h"
 
 static const char *const names[MIG__COUNT] = {
@@ -71,7 +72,7 @@ int64_t migrate_percentile(int64_t *v, size_t n, double p)
 {
 	if (n == 0)
 		return 0;
-	qsort(v, n, sizeof *v, cmp_i64);
+	sdb_qsort(v, n, sizeof *v, cmp_i64);
 	/* nearest rank: ceil(p/100 * n), at least 1 */
 	double r = p / 100.0 * (double)n;
 	size_t k = (size_t)r;

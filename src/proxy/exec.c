@@ -820,7 +820,7 @@ static void append_sorted(bson_t *out, const char *name, const bson_t *src, size
 			v[i].idx = get_int(&view, "index", 0);
 			i++;
 		}
-	qsort(v, i, sizeof *v, idx_cmp);
+	sdb_qsort(v, i, sizeof *v, idx_cmp);
 	bson_append_array_begin(out, name, -1, &arr);
 	for (size_t j = 0; j < i; j++) {
 		bson_t view;

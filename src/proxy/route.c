@@ -195,7 +195,7 @@ int route_coll_build(const char *ns, const bson_t *key, const bson_t *table, rou
 		}
 	}
 	if (c->nchunks > 1)
-		qsort(c->chunks, c->nchunks, sizeof *c->chunks, chunk_qsort_cmp);
+		sdb_qsort(c->chunks, c->nchunks, sizeof *c->chunks, chunk_qsort_cmp);
 	for (i = 0; i + 1 < c->nchunks; i++) {
 		if (route_key_cmp(c->chunks[i].max, c->chunks[i + 1].min) > 0) {
 			sdb_errf(err, errlen, SDB_EINVAL, "%s: chunks %s and %s overlap", ns,

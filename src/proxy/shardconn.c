@@ -292,7 +292,7 @@ size_t shardconn_shard_ids(shardconn *sc, char ***out)
 	for (s = sc->shards; s; s = s->next)
 		(*out)[i++] = sdb_strdup(s->id);
 	uv_rwlock_rdunlock(&sc->lock);
-	qsort(*out, n, sizeof **out, strp_cmp);
+	sdb_qsort(*out, n, sizeof **out, strp_cmp);
 	return n;
 }
 

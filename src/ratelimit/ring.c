@@ -64,7 +64,7 @@ int rl_ring_new(const char *const *peers, size_t n, unsigned vnodes, rl_ring **o
 	r->peers = sdb_calloc(n, sizeof(char *));
 	for (i = 0; i < n; i++)
 		r->peers[i] = sdb_strdup(peers[i]);
-	qsort(r->peers, n, sizeof(char *), cmp_str);
+	sdb_qsort(r->peers, n, sizeof(char *), cmp_str);
 	/* de-duplicate */
 	for (i = 0, j = 0; i < n; i++) {
 		if (j > 0 && strcmp(r->peers[j - 1], r->peers[i]) == 0) {
@@ -87,7 +87,7 @@ int rl_ring_new(const char *const *peers, size_t n, unsigned vnodes, rl_ring **o
 			r->points[i * vnodes + j].peer = (uint32_t)i;
 		}
 	}
-	qsort(r->points, r->n_points, sizeof(ring_point), cmp_point);
+	sdb_qsort(r->points, r->n_points, sizeof(ring_point), cmp_point);
 	*out = r;
 	return 0;
 }

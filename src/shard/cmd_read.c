@@ -966,8 +966,7 @@ void shard_cmd_distinct(shard_ctx *x)
 		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
 		return;
 	}
-	if (acc.n > 1) /* qsort(NULL, 0, ...) is undefined */
-		qsort(acc.vals, acc.n, sizeof *acc.vals, value_cmp);
+	sdb_qsort(acc.vals, acc.n, sizeof *acc.vals, value_cmp);
 	bson_t *reply = bson_new();
 	bson_t arr;
 	BSON_APPEND_ARRAY_BEGIN(reply, "values", &arr);
