@@ -252,9 +252,12 @@ int auth_tls_listener_pem(const char *role, unsigned *gen, char **cert, char **k
 	uv_once(&once, init_mu);
 	uv_mutex_lock(&mu);
 	for (size_t i = 0; i < n_lst; i++)
-		if (strcmp(lst[i].role, role) == 0) {
+		if (strcmp(lst[i].role, role) == 0) { /* the last one wins, as in _mode */
 			found = 1;
 			g = lst[i].gen;
+			free(pc);
+			free(pk);
+			free(pa);
 			pc = sdb_strdup(lst[i].cert);
 			pk = sdb_strdup(lst[i].key);
 			pa = lst[i].ca ? sdb_strdup(lst[i].ca) : NULL;
