@@ -1,0 +1,189 @@
+"""Issue #11: rolling upgrade and restart of every role without client errors.
+
+A whole cluster (3 metadata members, 2 shards, 2 proxies, a coordinator, a ratelimit node
+in the proxies' peer ring) serves two pymongo threads that insert unique-_id documents and
+read them back through a client given both proxies (retryWrites/retryReads). Every process
+is then stopped with SIGTERM and started again from a COPY of the binary at another path
+(the "upgrade"), one at a time, each healthy before the next, the metadata leader last.
+The application must see no exception at all, every acknowledged insert must be present
+exactly once, and each stopped process must have stopped gracefully (the leader after
+handing leadership over).
+"""
+import collections
+import os
+import shutil
+import subprocess
+import threading
+
+import pymongo
+
+from conftest import BIN, Proc, free_port, wait_until
+from metadata_cluster import Cluster
+
+QUIESCE = ["--shutdown-quiesce-ms=1500", "--shutdown-timeout-ms=8000"]
+SPLIT = 50  # chunk boundary of the shard key k (k in [0, 100))
+
+
+class UpgradedProc(Proc):
+    """A Proc started from another binary path (the upgraded copy)."""
+
+    def __init__(self, binary, args, log_path, http_port):
+        self.binary = binary
+        super().__init__(args, log_path, http_port)
+
+    def start(self):
+        self.log = open(self.log_path, "ab")
+        env = dict(os.environ)
+        env.setdefault("STRIPEDB_CONFIG", "/dev/null")
+        self.p = subprocess.Popen([self.binary] + self.args, stdout=self.log,
+                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+class Workload:
+    """Two threads inserting unique _ids and reading acknowledged ones back."""
+
+    def __init__(self, client):
+        self.coll = client.app.c
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.acked = []
+        self.reads = 0
+        self.errors = []
+        self.threads = [threading.Thread(target=self.run, args=(t,)) for t in range(2)]
+
+    def run(self, t):
+        n = 0
+        while not self.stop.is_set():
+            _id = f"w{t}-{n}"
+            doc = {"_id": _id, "k": n % 100, "t": t, "n": n}
+            try:
+                self.coll.insert_one(doc)
+                with self.lock:
+                    self.acked.append(_id)
+                got = self.coll.find_one({"k": doc["k"], "_id": _id})
+                if got != doc:
+                    raise AssertionError(f"read back {got!r}, wanted {doc!r}")
+                with self.lock:
+                    self.reads += 1
+            except Exception as e:  # noqa: BLE001 - any exception is a failure
+                with self.lock:
+                    self.errors.append(f"{type(e).__name__}: {e}")
+            n += 1
+
+    def count(self):
+        with self.lock:
+            return len(self.acked)
+
+    def progress(self, more=20):
+        """Wait until the workload acknowledged `more` inserts beyond now."""
+        base = self.count()
+        wait_until(lambda: self.count() >= base + more, 60, what="workload progress")
+
+
+def log_text(path):
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "replace")
+
+
+def test_rolling_restart_every_role(start_role, tmp_path):
+    upgraded_bin = str(tmp_path / "upgrade" / "stripedb")
+    os.makedirs(os.path.dirname(upgraded_bin))
+    shutil.copy2(BIN, upgraded_bin)
+    started = []  # UpgradedProc instances, stopped at the end
+
+    meta = Cluster(start_role, tmp_path, 3, election_ms=500, extra=QUIESCE)
+    meta.leader()
+    seeds = meta.seeds()
+
+    shards = {}
+    for sid in ("shard-a", "shard-b"):
+        port = free_port()
+        d = tmp_path / sid
+        d.mkdir()
+        shards[sid] = start_role(["--role=shard", f"--listen=127.0.0.1:{port}",
+                                  f"--data-dir={d}"] + QUIESCE)
+        meta.write({"addShard": sid, "uri": f"mongodb://127.0.0.1:{port}/"})
+    meta.write({"createTenant": "t1"})
+    # a quota large enough never to refuse: every request still asks the limiter
+    meta.write({"setQuota": "t1", "quota": {"requestsPerSec": 1000000}})
+    meta.write({"createDatabase": "app", "tenant": "t1"})
+    meta.write({"shardCollection": "app.c", "key": {"k": 1}, "splitPoints": [{"k": SPLIT}],
+                "shards": ["shard-a", "shard-b"]})
+
+    grpc = [free_port() for _ in range(3)]
+    peers = "--peers=" + ",".join(f"127.0.0.1:{p}" for p in grpc)
+    ratelimit = start_role(["--role=ratelimit", f"--grpc-listen=127.0.0.1:{grpc[2]}", peers])
+    proxy_ports = [free_port(), free_port()]
+    proxies = [start_role(["--role=proxy", f"--listen=127.0.0.1:{proxy_ports[i]}",
+                           f"--metadata={seeds}", f"--grpc-listen=127.0.0.1:{grpc[i]}", peers,
+                           "--stale-retry-ms=20000"] + QUIESCE, wait=False)
+               for i in range(2)]
+    for p in proxies:
+        p.wait_healthy()
+    coordinator = start_role(["--role=coordinator", f"--metadata={seeds}",
+                              f"--cdc=embedded:{tmp_path}/cdc"])
+
+    hosts = ",".join(f"127.0.0.1:{p}" for p in proxy_ports)
+    client = pymongo.MongoClient(f"mongodb://{hosts}/?retryWrites=true&retryReads=true",
+                                 serverSelectionTimeoutMS=30000, heartbeatFrequencyMS=500,
+                                 connectTimeoutMS=5000, socketTimeoutMS=60000)
+    work = Workload(client)
+
+    def roll(proc, name):
+        """SIGTERM proc, check a clean exit, start the upgraded binary with the same
+        arguments, wait for it to be healthy and for the workload to make progress."""
+        work.progress()
+        rc = proc.stop(timeout=30)
+        assert rc == 0, f"{name} exited with {rc}: {proc.tail()}"
+        text = log_text(proc.log_path)
+        assert "shutdown requested" in text and "signal=SIGTERM" in text, name
+        assert "leaked_handles=0" in text, f"{name} did not stop gracefully: {proc.tail()}"
+        new = UpgradedProc(upgraded_bin, proc.args, str(tmp_path / f"{name}-upgraded.log"),
+                           proc.http_port)
+        started.append(new)
+        new.wait_healthy()
+        work.progress()
+        return new, text
+
+    try:
+        for t in work.threads:
+            t.start()
+        roll(ratelimit, "ratelimit")
+        roll(coordinator, "coordinator")
+        for sid in sorted(shards):
+            roll(shards[sid], sid)
+        for i, p in enumerate(proxies):
+            roll(p, f"proxy{i}")
+        # followers first (re-reading the leader in case it moved meanwhile), leader last
+        rolled = set()
+        while True:
+            leader = meta.leader()
+            todo = [m for m in meta.members if m.id not in rolled and m is not leader]
+            if not todo:
+                break
+            for m in todo:
+                m.close_client()
+                m.proc, _ = roll(m.proc, f"metadata{m.id}")
+                rolled.add(m.id)
+        leader.close_client()
+        leader.proc, text = roll(leader.proc, f"metadata{leader.id}-leader")
+        assert "leadership transferred before stopping" in text, text[-4000:]
+        new_leader = meta.leader()
+        assert new_leader is not leader
+        work.progress()
+    finally:
+        work.stop.set()
+        for t in work.threads:
+            t.join(timeout=120)
+
+    try:
+        assert work.errors == []
+        assert work.reads == len(work.acked)
+        docs = list(client.app.c.find({}, {"_id": 1}))
+        counts = collections.Counter(d["_id"] for d in docs)
+        assert sorted(counts) == sorted(work.acked)
+        assert [i for i, c in counts.items() if c != 1] == []
+    finally:
+        client.close()
+        for p in started:
+            p.stop(timeout=15)
