@@ -61,6 +61,14 @@ typedef enum {
 	X("shutdown-quiesce-ms", shutdown_quiesce_ms, SDB_OPT_INT, "0",                         \
 	  "graceful shutdown: quiesce period (ms) before the drain, during which wire clients " \
 	  "are told ShutdownInProgress and move to other servers")                              \
+	X("oplog-max-bytes", oplog_max_bytes, SDB_OPT_INT, "268435456",                         \
+	  "shard: oplog size cap (bytes); the oldest entries beyond it are trimmed")            \
+	X("oplog-max-age-s", oplog_max_age_s, SDB_OPT_INT, "0",                                 \
+	  "shard: oplog age cap (s); older entries are trimmed (0 = no age limit)")             \
+	X("migration-budget", migration_budget, SDB_OPT_INT, "8",                               \
+	  "coordinator: migrations active at once fleet-wide; others wait for a slot")          \
+	X("migration-shard-budget", migration_shard_budget, SDB_OPT_INT, "2",                   \
+	  "coordinator: migrations active at once touching one shard")                          \
 	X("cursor-timeout-ms", cursor_timeout_ms, SDB_OPT_INT, "600000",                        \
 	  "proxy: idle proxy cursors are killed after this long (ms)")                \
 	X("cache-size", cache_size, SDB_OPT_INT, NULL,                                          \

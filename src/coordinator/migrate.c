@@ -1829,17 +1829,15 @@ out:
 /* ------------------------------------------------------------ runner */
 
 migrate_runner *migrate_runner_new(cdc_log *log, const char *meta_uri, const char *holder,
-				   int64_t lease_ms)
+				   int64_t lease_ms, int budget_global, int budget_shard)
 {
 	migrate_runner *r = sdb_calloc(1, sizeof *r);
-	const char *g = getenv("STRIPEDB_MIGRATION_BUDGET");
-	const char *s = getenv("STRIPEDB_MIGRATION_SHARD_BUDGET");
 	r->log = log;
 	r->meta_uri = sdb_strdup(meta_uri);
 	r->holder = sdb_strdup(holder);
 	r->lease_ms = lease_ms;
-	r->budget_global = g && atoi(g) > 0 ? atoi(g) : 8;
-	r->budget_shard = s && atoi(s) > 0 ? atoi(s) : 2;
+	r->budget_global = budget_global > 0 ? budget_global : 1;
+	r->budget_shard = budget_shard > 0 ? budget_shard : 1;
 	atomic_init(&r->stop, 0);
 	pthread_mutex_init(&r->mu, NULL);
 	r->h_pause = sdb_metrics_histogram("stripedb_migration_switch_pause_seconds",

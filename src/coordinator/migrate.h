@@ -92,9 +92,8 @@
  * mid:import|replicate|verify|switch|clean).
  *
  * Concurrency budgets: a registered migration starts only while fewer than the global
- * budget (STRIPEDB_MIGRATION_BUDGET, default 8) migrations are active fleet-wide and fewer
- * than the per-shard budget (STRIPEDB_MIGRATION_SHARD_BUDGET, default 2) touch each of its
- * shards.
+ * budget (--migration-budget, default 8) migrations are active fleet-wide and fewer than
+ * the per-shard budget (--migration-shard-budget, default 2) touch each of its shards.
  */
 #ifndef SDB_COORDINATOR_MIGRATE_H
 #define SDB_COORDINATOR_MIGRATE_H
@@ -143,10 +142,11 @@ typedef struct migrate_runner migrate_runner;
 
 /* Create a runner. log: the coordinator's CDC log (borrowed, must outlive the runner);
  * meta_uri: a libmongoc URI of the metadata replica set (copied); holder: this
- * coordinator's lease holder name (copied); lease_ms: TTL of the mig/<id> leases. Never
- * fails (aborts on OOM). */
+ * coordinator's lease holder name (copied); lease_ms: TTL of the mig/<id> leases;
+ * budget_global / budget_shard: the concurrency budgets (>= 1; smaller values become 1).
+ * Never fails (aborts on OOM). */
 migrate_runner *migrate_runner_new(cdc_log *log, const char *meta_uri, const char *holder,
-				   int64_t lease_ms);
+				   int64_t lease_ms, int budget_global, int budget_shard);
 /* One scheduling round, on the coordinator's manager thread with its metadata client c:
  * list migrations, take the leases of runnable ones within the budgets and start a worker
  * thread for each; join workers that ended. Never blocks on a migration's work. */

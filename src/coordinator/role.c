@@ -69,6 +69,7 @@ typedef struct coord {
 	char *meta_uri;
 	char *holder;
 	int64_t lease_ms;
+	int budget_global, budget_shard; /* --migration-budget, --migration-shard-budget */
 	pthread_t mgr;
 	int mgr_started;
 	atomic_int stop;
@@ -339,7 +340,8 @@ static void cdc_shutdown(coord *co, mongoc_client_t *c)
 static void migrations_tick(coord *co, mongoc_client_t *c)
 {
 	if (co->mig == NULL)
-		co->mig = migrate_runner_new(co->log, co->meta_uri, co->holder, co->lease_ms);
+		co->mig = migrate_runner_new(co->log, co->meta_uri, co->holder, co->lease_ms,
+					     co->budget_global, co->budget_shard);
 	migrate_runner_tick(co->mig, c);
 }
 
@@ -479,6 +481,11 @@ static int coordinator_start(sdb_role *role)
 	if (cdc_fsync_parse(sdb_config_get(cfg, SDB_OPT_cdc_fsync), &o.fsync) != 0)
 		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
 				"coordinator: --cdc-fsync must be batch, segment or never");
+	if (sdb_config_get_int(cfg, SDB_OPT_migration_budget, 8) < 1 ||
+	    sdb_config_get_int(cfg, SDB_OPT_migration_shard_budget, 2) < 1)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"coordinator: --migration-budget and --migration-shard-budget must "
+				"be at least 1");
 	o.segment_bytes = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_cdc_segment_bytes, 64 << 20);
 	o.retention_bytes = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_cdc_retention_bytes, 0);
 	o.archive = sdb_config_get(cfg, SDB_OPT_archive);
@@ -491,6 +498,8 @@ static int coordinator_start(sdb_role *role)
 	coord *co = sdb_calloc(1, sizeof *co);
 	co->role = role;
 	co->lease_ms = sdb_config_get_int(cfg, SDB_OPT_cdc_lease_ms, 5000);
+	co->budget_global = (int)sdb_config_get_int(cfg, SDB_OPT_migration_budget, 8);
+	co->budget_shard = (int)sdb_config_get_int(cfg, SDB_OPT_migration_shard_budget, 2);
 	if (co->lease_ms < 300)
 		co->lease_ms = 300;
 	pthread_mutex_init(&co->mu, NULL);

@@ -66,15 +66,17 @@ static int shard_start(sdb_role *role)
 	pthread_mutex_init(&sh->sess_mu, NULL);
 	pthread_mutex_init(&sh->conn_mu, NULL);
 	char err[256];
-	/* Oplog caps: until SDB_OPTIONS has --oplog-max-bytes / --oplog-max-age-s, read the
-	 * environment variables those options would use. */
+	/* oplog caps (--oplog-max-bytes, --oplog-max-age-s) */
 	sdb_store_opts so = {0};
-	const char *v = getenv("STRIPEDB_OPLOG_MAX_BYTES");
-	if (v && *v)
-		so.oplog_max_bytes = strtoll(v, NULL, 10);
-	v = getenv("STRIPEDB_OPLOG_MAX_AGE_S");
-	if (v && *v)
-		so.oplog_max_age_s = strtoll(v, NULL, 10);
+	so.oplog_max_bytes = sdb_config_get_int(role->cfg, SDB_OPT_oplog_max_bytes, 256 << 20);
+	so.oplog_max_age_s = sdb_config_get_int(role->cfg, SDB_OPT_oplog_max_age_s, 0);
+	if (so.oplog_max_bytes < 4096 || so.oplog_max_age_s < 0) {
+		sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+			 "shard: --oplog-max-bytes must be at least 4096 and --oplog-max-age-s at "
+			 "least 0");
+		shard_free(sh);
+		return SDB_EUSAGE;
+	}
 	int rc = sdb_store_open(dir, &so, &sh->store, err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
