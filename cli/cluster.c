@@ -45,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -1310,7 +1311,7 @@ static int live_pid(const char *file)
 /* agent start ROLE CONFIG DATADIR: start `stripedb --role=ROLE --config=CONFIG` detached
  * unless DATADIR/run/ROLE.pid names a live stripedb. Prints "started (pid N)" or
  * "running (pid N)". */
-static int agent_start(int argc, char **argv)
+static int agent_start_locked(int argc, char **argv)
 {
 	char exe[PATH_MAX], pidfile[PATH_MAX + 32], tmp[PATH_MAX + 48], log[PATH_MAX + 32];
 	char run[PATH_MAX + 8], logs[PATH_MAX + 8], role_arg[64], conf_arg[PATH_MAX + 16];
@@ -1325,15 +1326,15 @@ static int agent_start(int argc, char **argv)
 	snprintf(run, sizeof run, "%s/run", argv[2]);
 	snprintf(logs, sizeof logs, "%s/logs", argv[2]);
 	snprintf(pidfile, sizeof pidfile, "%s/%s.pid", run, argv[0]);
-	pid = live_pid(pidfile);
-	if (pid > 0) {
-		printf("running (pid %d)\n", pid);
-		return 0;
-	}
 	if (mkdirs(run, 0755) != 0 || mkdirs(logs, 0755) != 0) {
 		fprintf(stderr, "stripedb ctl cluster agent start: mkdir %s: %s\n", argv[2],
 			strerror(errno));
 		return 1;
+	}
+	pid = live_pid(pidfile);
+	if (pid > 0) {
+		printf("running (pid %d)\n", pid);
+		return 0;
 	}
 	if (self_exe(exe, sizeof exe) != 0) {
 		fprintf(stderr, "stripedb ctl cluster agent start: /proc/self/exe: %s\n", strerror(errno));
@@ -1383,6 +1384,36 @@ static int agent_start(int argc, char **argv)
 	}
 	printf("started (pid %d)\n", (int)child);
 	return 0;
+}
+
+/* Two bootstraps at once (one interrupted, its ssh still running, and the next) must not
+ * start a role twice: the check of the pid file and the start happen under an exclusive
+ * flock(2) of DATADIR/run/ROLE.lock (released when the agent exits). */
+static int agent_start(int argc, char **argv)
+{
+	char run[PATH_MAX + 8], lock[PATH_MAX + 48];
+	int fd, rc;
+
+	if (argc != 3 || role_index(argv[0]) < 0 || !valid_path(argv[2])) {
+		return agent_start_locked(argc, argv); /* its usage error */
+	}
+	snprintf(run, sizeof run, "%s/run", argv[2]);
+	snprintf(lock, sizeof lock, "%s/%s.lock", run, argv[0]);
+	if (mkdirs(run, 0755) != 0 || (fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0) {
+		fprintf(stderr, "stripedb ctl cluster agent start: %s: %s\n", lock, strerror(errno));
+		return 1;
+	}
+	while (flock(fd, LOCK_EX) != 0) {
+		if (errno != EINTR) {
+			fprintf(stderr, "stripedb ctl cluster agent start: flock %s: %s\n", lock,
+				strerror(errno));
+			close(fd);
+			return 1;
+		}
+	}
+	rc = agent_start_locked(argc, argv);
+	close(fd);
+	return rc;
 }
 
 /* --- entry --- */

@@ -9,7 +9,9 @@ would on a VM (launcher = direct: the namespaces have no systemd).
     h5  10.213.N.5  shard (shard-h5)
 
 The bootstrap runs from the root namespace (the bridge has 10.213.N.254) over SSH with a key
-made for the test. Checked: the complete cluster comes up; a second run is a no-op (same pids);
+made for the test. Checked: a first run killed midway (once the metadata group is up) is finished by the next
+run, which leaves the running members alone; the cluster key of the spec reaches every host
+(mode 0600) and every role uses it; a further run is a no-op (same pids);
 a role killed with SIGKILL comes back on the next run and nothing else restarts; the YCSB
 workload of `stripedb bench` runs through both proxies against a collection sharded over both
 shards while h1 is cut off the network (its veth is set down on the host side: it loses every
@@ -23,6 +25,7 @@ the namespaces and deletes them and the bridge.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -169,8 +172,14 @@ def net(tmp_path):
         n.down()
 
 
+KEY = "c3RyaXBlZGItbXVsdGlob3N0LXRlc3Qta2V5"
+
+
 def write_spec(net, tmp):
-    lines = ["[cluster]", "ssh-user = root", f"ssh-identity = {tmp / 'ssh' / 'client_key'}",
+    key = tmp / "cluster.key"
+    key.write_text(KEY + "\n")
+    key.chmod(0o600)
+    lines = ["[cluster]", f"cluster-key-file = {key}", "ssh-user = root", f"ssh-identity = {tmp / 'ssh' / 'client_key'}",
              "ssh-option = StrictHostKeyChecking=no", "ssh-option = UserKnownHostsFile=/dev/null",
              "ssh-option = LogLevel=ERROR", f"binary = {os.path.abspath(BIN)}",
              "launcher = direct", "timeout-ms = 60000", ""]
@@ -218,17 +227,48 @@ def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
     pymongo = pytest.importorskip("pymongo")
     spec = write_spec(net, tmp_path)
 
-    # 1. from bare hosts to a complete cluster
+    # 1. from bare hosts: a first run interrupted (SIGKILL, with its ssh children) once the
+    # metadata group is up; the next run finishes the job and leaves the members alone
+    first_run = subprocess.Popen([BIN, "ctl", "cluster", "bootstrap", "--spec", str(spec)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True)
+    try:
+        wait_until(lambda: all(healthy(net, i, "metadata") for i in (1, 2, 3)), 90,
+                   what="the metadata members up")
+    finally:
+        try:
+            os.killpg(first_run.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        first_run.communicate()
+    meta_pids = {i: (tmp_path / f"h{i}" / "run" / "metadata.pid").read_text() for i in (1, 2, 3)}
     r = bootstrap(spec)
     assert r.returncode == 0, r.stdout + r.stderr + logs(tmp_path)
     assert "cluster complete" in r.stdout, r.stdout
+    for i in (1, 2, 3):
+        assert re.search(rf"^h{i} +metadata +already healthy$", r.stdout, re.M), r.stdout
+        assert (tmp_path / f"h{i}" / "run" / "metadata.pid").read_text() == meta_pids[i]
     for i in range(1, N_HOSTS + 1):
         for role in ROLES[i]:
             assert healthy(net, i, role), (i, role)
     assert "shard-h4" in r.stdout and "shard-h5" in r.stdout
+    # the cluster key went to every host (mode 0600) and every role uses it: metadata
+    # refuses a client that is not a cluster member
+    for i in range(1, N_HOSTS + 1):
+        assert (tmp_path / f"h{i}" / "cluster.key").read_text() == KEY + "\n"
+        assert (tmp_path / f"h{i}" / "cluster.key").stat().st_mode & 0o777 == 0o600
+        assert f"cluster-key-file = {tmp_path / f'h{i}' / 'cluster.key'}" in \
+            (tmp_path / f"h{i}" / "stripedb.conf").read_text().splitlines()
     meta = ",".join(f"{net.addr(i)}:27019" for i in (1, 2, 3))
+    member = dict(username="__system", password=KEY, authSource="admin",
+                  authMechanism="SCRAM-SHA-256")
+    anon = pymongo.MongoClient(f"mongodb://{net.addr(1)}:27019/?directConnection=true",
+                               serverSelectionTimeoutMS=5000)
+    with pytest.raises(pymongo.errors.OperationFailure):
+        anon.admin.command("listShards")
+    anon.close()
     m = pymongo.MongoClient(f"mongodb://{meta}/?replicaSet=stripedb-meta",
-                            serverSelectionTimeoutMS=20000)
+                            serverSelectionTimeoutMS=20000, **member)
     assert sorted(s["id"] for s in m.admin.command("listShards")["shards"]) == \
         ["shard-h4", "shard-h5"]
     first = pids(tmp_path)
@@ -260,14 +300,16 @@ def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
     # h1 must hold a follower: hand the leadership away from it if it leads
     def status(i):
         c = pymongo.MongoClient(f"mongodb://{net.addr(i)}:27019/?directConnection=true",
-                                serverSelectionTimeoutMS=2000)
+                                serverSelectionTimeoutMS=2000, **member)
         try:
             return c.admin.command("metadataStatus")
         finally:
             c.close()
 
     if status(1)["state"] == "leader":
-        t = subprocess.run([BIN, "ctl", f"--metadata={meta}", "metadata", "transfer", "2"],
+        t = subprocess.run([BIN, "ctl", f"--metadata={meta}",
+                            f"--cluster-key-file={tmp_path / 'cluster.key'}", "metadata",
+                            "transfer", "2"],
                            capture_output=True, text=True, timeout=60)
         assert t.returncode == 0, t.stderr
     wait_until(lambda: status(1)["state"] == "follower" and status(1)["leaderId"] in (2, 3), 30,
