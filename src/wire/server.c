@@ -1016,11 +1016,6 @@ void wire_server_close(wire_server *srv, uint64_t timeout_ms, void (*cb)(void *a
 	srv_drain(srv);
 }
 
-bool wire_server_closing(const wire_server *srv)
-{
-	return srv->state != WIRE_SRV_RUNNING;
-}
-
 /* Split "HOST:PORT" / "[V6]:PORT" and resolve into *sa. */
 static int parse_listen(const char *addr, struct sockaddr_storage *sa, char *err, size_t errlen)
 {

@@ -121,9 +121,6 @@ void wire_server_register(wire_server *srv, const char *name, wire_cmd_fn fn);
  * change. Loop thread only. See wire/topology.h. */
 void wire_server_topology_changed(wire_server *srv);
 
-/* True once wire_server_close began (hello says ShutdownInProgress). Loop thread. */
-bool wire_server_closing(const wire_server *srv);
-
 /* Bound port (useful with port 0). */
 int wire_server_port(const wire_server *srv);
 
