@@ -14,7 +14,8 @@
  * DIR/data/, and records the cluster in DIR/cluster.json (names, roles, pids, ports, argv),
  * which the other subcommands read. Every port is chosen free at `up` time by binding port 0
  * on 127.0.0.1, so two clusters on one machine never clash. `up` returns once every process
- * answers /healthz and the shards are registered with the metadata service.
+ * answers /healthz and the shards are registered with the metadata service. `up` in a DIR
+ * whose cluster was stopped resumes it with its recorded arguments (dev_resume).
  *
  * Exit codes: 0 ok, 1 a process failed to start or the cluster misbehaved, 2 bad usage.
  */
@@ -543,6 +544,79 @@ static int parse_count(const char *flag, const char *v, int lo, int hi, int *out
 
 static void stop_all(dev_cluster *c, int sig_first);
 
+/* The cluster's addresses, processes and how to stop it (after up or a resume). */
+static void print_summary(const dev_cluster *c, const char *meta)
+{
+	printf("\n  applications:  mongodb://");
+	for (int i = 0, first = 1; i < c->n; i++) {
+		if (strcmp(c->procs[i].role, "proxy") == 0) {
+			printf("%s127.0.0.1:%d", first ? "" : ",", c->procs[i].wire);
+			first = 0;
+		}
+	}
+	printf("/\n");
+	{
+		char uri[1024];
+		metadata_uri(c, uri, sizeof uri);
+		printf("  metadata:      %s\n", uri);
+	}
+	printf("  ctl:           stripedb ctl --metadata=%s metadata status\n", meta);
+	if (strcmp(c->cdc, "kafka") == 0) {
+		printf("  kafka (mock):  %s\n", c->kafka);
+	}
+	printf("\n  %-15s %-12s %7s  %-21s %s\n", "NAME", "ROLE", "PID", "WIRE/GRPC", "METRICS");
+	for (int i = 0; i < c->n; i++) {
+		const dev_proc *p = &c->procs[i];
+		char addr[32] = "-";
+		if (p->wire != 0) {
+			snprintf(addr, sizeof addr, "127.0.0.1:%d", p->wire);
+		} else if (p->grpc != 0) {
+			snprintf(addr, sizeof addr, "127.0.0.1:%d", p->grpc);
+		}
+		printf("  %-15s %-12s %7d  %-21s http://127.0.0.1:%d/metrics\n", p->name, p->role,
+		       p->pid, addr, p->http);
+	}
+	printf("\n  logs: %s/logs/   stop: stripedb dev down --dir %s\n", c->dir, c->dir);
+}
+
+/* `dev up` in a DIR whose cluster was stopped (dev down, a reboot): start every recorded
+ * process again with its recorded arguments, so the metadata group finds its members at
+ * the addresses its Raft log names and the shards keep their data. Returns the exit code. */
+static int dev_resume(dev_cluster *c)
+{
+	static const char *const order[] = {"metadata", "shard", "ratelimit", "proxy", "coordinator"};
+	char meta[512];
+
+	if (strcmp(c->cdc, "kafka") == 0) {
+		fprintf(stderr, "stripedb dev up: %s holds a stopped cluster whose CDC log lived in "
+				"a Kafka mock broker that is gone; remove %s/data (or use another "
+				"--dir) to start afresh\n", c->dir, c->dir);
+		return 1;
+	}
+	printf("resuming the stopped cluster in %s (its recorded processes, ports and data; "
+	       "layout flags do not apply)\n", c->dir);
+	fflush(stdout);
+	for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
+		for (int i = 0; i < c->n; i++) {
+			if (strcmp(c->procs[i].role, order[k]) == 0 && spawn(c, &c->procs[i]) != 0) {
+				stop_all(c, SIGKILL);
+				return 1;
+			}
+		}
+		save_cluster(c);
+		for (int i = 0; i < c->n; i++) {
+			if (strcmp(c->procs[i].role, order[k]) == 0 && wait_healthy(c, &c->procs[i]) != 0) {
+				stop_all(c, SIGKILL);
+				return 1;
+			}
+		}
+	}
+	save_cluster(c);
+	addr_list(c, "metadata", 0, meta, sizeof meta);
+	print_summary(c, meta);
+	return 0;
+}
+
 static int dev_up(int argc, char **argv)
 {
 	static dev_cluster cl;
@@ -611,11 +685,16 @@ static int dev_up(int argc, char **argv)
 			for (int i = 0; i < old.n; i++) {
 				live += pid_alive(old.procs[i].pid);
 			}
-			free_cluster(&old);
 			if (live > 0) {
+				free_cluster(&old);
 				fprintf(stderr, "stripedb dev: a cluster is already running in %s "
 						"(stripedb dev down --dir %s first)\n", c->dir, c->dir);
 				return 1;
+			}
+			{
+				int rc = dev_resume(&old);
+				free_cluster(&old);
+				return rc;
 			}
 		}
 	}
@@ -763,36 +842,7 @@ static int dev_up(int argc, char **argv)
 	}
 	save_cluster(c);
 
-	printf("\n  applications:  mongodb://");
-	for (int i = 0, first = 1; i < c->n; i++) {
-		if (strcmp(c->procs[i].role, "proxy") == 0) {
-			printf("%s127.0.0.1:%d", first ? "" : ",", c->procs[i].wire);
-			first = 0;
-		}
-	}
-	printf("/\n");
-	{
-		char uri[1024];
-		metadata_uri(c, uri, sizeof uri);
-		printf("  metadata:      %s\n", uri);
-	}
-	printf("  ctl:           stripedb ctl --metadata=%s metadata status\n", meta);
-	if (strcmp(c->cdc, "kafka") == 0) {
-		printf("  kafka (mock):  %s\n", c->kafka);
-	}
-	printf("\n  %-15s %-12s %7s  %-21s %s\n", "NAME", "ROLE", "PID", "WIRE/GRPC", "METRICS");
-	for (int i = 0; i < c->n; i++) {
-		const dev_proc *p = &c->procs[i];
-		char addr[32] = "-";
-		if (p->wire != 0) {
-			snprintf(addr, sizeof addr, "127.0.0.1:%d", p->wire);
-		} else if (p->grpc != 0) {
-			snprintf(addr, sizeof addr, "127.0.0.1:%d", p->grpc);
-		}
-		printf("  %-15s %-12s %7d  %-21s http://127.0.0.1:%d/metrics\n", p->name, p->role,
-		       p->pid, addr, p->http);
-	}
-	printf("\n  logs: %s/logs/   stop: stripedb dev down --dir %s\n", c->dir, c->dir);
+	print_summary(c, meta);
 	free_cluster(c);
 	return 0;
 }

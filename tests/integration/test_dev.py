@@ -48,6 +48,22 @@ def test_dev_cluster_lifecycle(tmp_path):
         state2 = json.loads((d2 / "cluster.json").read_text())
         ports2 = {p[k] for p in state2["processes"] for k in ("wire", "http", "raft", "grpc") if p[k]}
         assert not ports1 & ports2
+        px2 = [f"127.0.0.1:{p['wire']}" for p in state2["processes"] if p["role"] == "proxy"]
+        c2 = pymongo.MongoClient(f"mongodb://{px2[0]}/")
+        c2.keep.c.insert_one({"_id": "kept"})
+        c2.close()
+        assert dev("down", "--dir", str(d2)).returncode == 0
+        # `dev up` on a stopped cluster resumes it: same processes, ports and data (new
+        # ports would strand the metadata group's Raft log on the old addresses)
+        r2 = dev("up", "--dir", str(d2), "--shards", "3")
+        assert r2.returncode == 0, r2.stderr
+        assert r2.stdout.startswith(f"resuming the stopped cluster in {d2}")
+        resumed = json.loads((d2 / "cluster.json").read_text())
+        assert [(p["name"], p["wire"], p["http"]) for p in resumed["processes"]] == \
+            [(p["name"], p["wire"], p["http"]) for p in state2["processes"]]
+        c2 = pymongo.MongoClient(f"mongodb://{px2[0]}/")
+        assert c2.keep.c.find_one({}) == {"_id": "kept"}
+        c2.close()
         assert dev("down", "--dir", str(d2)).returncode == 0
 
         # a sharded collection through the metadata service, written through both proxies
