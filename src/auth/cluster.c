@@ -127,6 +127,10 @@ int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen)
 			return sdb_errf(err, errlen, SDB_EUSAGE, "--tls-internal needs --tls-ca");
 		rc = auth_cluster_tls_load(ca, sdb_config_get(cfg, SDB_OPT_tls_cert),
 					   sdb_config_get(cfg, SDB_OPT_tls_key), err, errlen);
+		if (rc == 0) /* here, not in _load: ctl keeps stderr for its one error line */
+			sdb_info("internal TLS configured", "ca=%s client_cert=%s", ca,
+				 sdb_config_get(cfg, SDB_OPT_tls_cert) ? sdb_config_get(cfg, SDB_OPT_tls_cert)
+								       : "-");
 	}
 	return rc;
 }
@@ -243,7 +247,6 @@ int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, cha
 		tls_ca = tls_cert = tls_key = NULL;
 		goto out;
 	}
-	sdb_info("internal TLS configured", "ca=%s client_cert=%s", ca, cert ? cert : "-");
 out:
 	uv_mutex_unlock(&mu);
 	return rc;
@@ -255,14 +258,12 @@ static const char *env(const char *name)
 	return v && v[0] ? v : NULL;
 }
 
-int auth_cluster_setup_env(char *err, size_t errlen)
+int auth_cluster_tls_setup_env(char *err, size_t errlen)
 {
-	const char *kf = env("STRIPEDB_CLUSTER_KEY_FILE"), *t = env("STRIPEDB_TLS_INTERNAL");
-	int rc = kf ? auth_cluster_load(kf, err, errlen) : 0;
+	const char *t = env("STRIPEDB_TLS_INTERNAL");
 
-	if (rc != 0 || !t || !(strcmp(t, "true") == 0 || strcmp(t, "1") == 0 ||
-			       strcmp(t, "yes") == 0))
-		return rc;
+	if (!t || !(strcmp(t, "true") == 0 || strcmp(t, "1") == 0 || strcmp(t, "yes") == 0))
+		return 0;
 	if (!env("STRIPEDB_TLS_CA"))
 		return sdb_errf(err, errlen, SDB_EUSAGE, "STRIPEDB_TLS_INTERNAL needs STRIPEDB_TLS_CA");
 	return auth_cluster_tls_load(env("STRIPEDB_TLS_CA"), env("STRIPEDB_TLS_CERT"),

@@ -73,12 +73,12 @@ mongoc_client_t *auth_cluster_client_new(const char *uri);
 int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, char *err,
 			  size_t errlen);
 
-/* For processes without role options (`stripedb ctl`): the cluster key from
- * STRIPEDB_CLUSTER_KEY_FILE and, with STRIPEDB_TLS_INTERNAL=true (or 1, yes), internal
- * TLS from STRIPEDB_TLS_CA, STRIPEDB_TLS_CERT, STRIPEDB_TLS_KEY (empty variables count as
- * unset). 0 when nothing is set. Errors as auth_cluster_load and auth_cluster_tls_load
- * (SDB_EUSAGE for STRIPEDB_TLS_INTERNAL without STRIPEDB_TLS_CA), message in err. */
-int auth_cluster_setup_env(char *err, size_t errlen);
+/* For processes without role options (`stripedb ctl`, which loads the key itself): with
+ * STRIPEDB_TLS_INTERNAL=true (or 1, yes), internal TLS from STRIPEDB_TLS_CA,
+ * STRIPEDB_TLS_CERT, STRIPEDB_TLS_KEY (empty variables count as unset). 0 when
+ * STRIPEDB_TLS_INTERNAL is unset or false. Errors as auth_cluster_tls_load (SDB_EUSAGE
+ * for STRIPEDB_TLS_INTERNAL without STRIPEDB_TLS_CA), message in err. */
+int auth_cluster_tls_setup_env(char *err, size_t errlen);
 
 /* Is internal TLS configured in this process? Thread-safe. */
 bool auth_cluster_tls_enabled(void);
