@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/log.h"
@@ -383,6 +384,96 @@ static void cmd_connection_status(wire_req *req, void *role_data)
 
 /* endSessions / killAllSessions: stripedb keeps no server-side session state in the shared
  * layer, so there is nothing to end (roles with sessions register their own). */
+static uint64_t process_start_ns; /* set once by the first wire__register_builtins */
+static uv_once_t process_start_once = UV_ONCE_INIT;
+
+static void process_start_init(void)
+{
+	process_start_ns = uv_hrtime();
+}
+
+/* Virtual memory size in bytes from /proc/self/statm, or 0 when unknown. */
+static uint64_t virtual_bytes(void)
+{
+	unsigned long pages = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+	if (f == NULL)
+		return 0;
+	if (fscanf(f, "%lu", &pages) != 1)
+		pages = 0;
+	fclose(f);
+	return (uint64_t)pages * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static int64_t cmd_count(const wire_server *srv, const char *name)
+{
+	for (size_t i = 0; i < srv->n_cmds; i++)
+		if (strcmp(srv->cmds[i]->name, name) == 0)
+			return (int64_t)(sdb_counter_value(srv->cmds[i]->ok) +
+					 sdb_counter_value(srv->cmds[i]->error));
+	return 0;
+}
+
+/* serverStatus (MongoDB's command, the part monitoring tools read): host, version,
+ * process ("mongos" on the proxy, else "mongod"), pid, uptime (s), uptimeMillis,
+ * localTime, connections {current, available}, opcounters {insert, query, update, delete,
+ * getmore, command} counted since start by this listener's role, mem {bits, resident,
+ * virtual} (MiB), ok. */
+static void cmd_server_status(wire_req *req, void *role_data)
+{
+	wire_server *srv = req->srv;
+	bson_t *reply = bson_new();
+	bson_t sub;
+	char hostname[256], host[300];
+	size_t hlen = sizeof hostname, rss = 0;
+	int64_t up_ms = (int64_t)((uv_hrtime() - process_start_ns) / 1000000);
+	int64_t all = 0, named;
+	static const char *const named_cmds[][2] = {
+		{"insert", "insert"}, {"find", "query"}, {"update", "update"},
+		{"delete", "delete"}, {"getMore", "getmore"},
+	};
+
+	(void)role_data;
+	if (uv_os_gethostname(hostname, &hlen) != 0)
+		snprintf(hostname, sizeof hostname, "localhost");
+	snprintf(host, sizeof host, "%s:%d", hostname, srv->port);
+	BSON_APPEND_UTF8(reply, "host", host);
+	BSON_APPEND_UTF8(reply, "version", WIRE_COMPAT_VERSION "-stripedb-" PACKAGE_VERSION);
+	BSON_APPEND_UTF8(reply, "process", srv->is_mongos ? "mongos" : "mongod");
+	BSON_APPEND_INT64(reply, "pid", (int64_t)uv_os_getpid());
+	BSON_APPEND_DOUBLE(reply, "uptime", (double)(up_ms / 1000));
+	BSON_APPEND_INT64(reply, "uptimeMillis", up_ms);
+	BSON_APPEND_INT64(reply, "uptimeEstimate", up_ms / 1000);
+	bson_append_now_utc(reply, "localTime", -1);
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "connections", &sub);
+	BSON_APPEND_INT32(&sub, "current", (int32_t)srv->n_conns);
+	BSON_APPEND_INT32(&sub, "available",
+			  srv->max_connections > 0
+				  ? (int32_t)(srv->max_connections - (int)srv->n_conns)
+				  : 838860 - (int32_t)srv->n_conns);
+	bson_append_document_end(reply, &sub);
+	for (size_t i = 0; i < srv->n_cmds; i++)
+		all += (int64_t)(sdb_counter_value(srv->cmds[i]->ok) +
+				 sdb_counter_value(srv->cmds[i]->error));
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "opcounters", &sub);
+	named = 0;
+	for (size_t i = 0; i < sizeof named_cmds / sizeof named_cmds[0]; i++) {
+		int64_t n = cmd_count(srv, named_cmds[i][0]);
+		named += n;
+		BSON_APPEND_INT64(&sub, named_cmds[i][1], n);
+	}
+	BSON_APPEND_INT64(&sub, "command", all - named);
+	bson_append_document_end(reply, &sub);
+	uv_resident_set_memory(&rss);
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "mem", &sub);
+	BSON_APPEND_INT32(&sub, "bits", (int32_t)(sizeof(void *) * 8));
+	BSON_APPEND_INT64(&sub, "resident", (int64_t)(rss / (1024 * 1024)));
+	BSON_APPEND_INT64(&sub, "virtual", (int64_t)(virtual_bytes() / (1024 * 1024)));
+	BSON_APPEND_BOOL(&sub, "supported", true);
+	bson_append_document_end(reply, &sub);
+	wire_req_reply(req, reply);
+}
+
 static void cmd_ok(wire_req *req, void *role_data)
 {
 	(void)role_data;
@@ -402,4 +493,6 @@ void wire__register_builtins(wire_server *srv)
 	wire_server_register(srv, "connectionStatus", cmd_connection_status);
 	wire_server_register(srv, "endSessions", cmd_ok);
 	wire_server_register(srv, "killAllSessions", cmd_ok);
+	wire_server_register(srv, "serverStatus", cmd_server_status);
+	uv_once(&process_start_once, process_start_init);
 }

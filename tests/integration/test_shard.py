@@ -320,6 +320,25 @@ def test_reserved_namespaces_and_dollar_fields_are_refused(shard):
     assert "system.x" not in c.rz.list_collection_names()
 
 
+def test_server_status(shard):
+    proc, port = shard
+    c = client_for(port)
+    for i in range(3):
+        c.ss.c.insert_one({"_id": i})
+    assert len(list(c.ss.c.find({}))) == 3
+    assert c.ss.c.find_one({"_id": 1}) == {"_id": 1}
+    st = c.admin.command("serverStatus")
+    assert st["ok"] == 1.0
+    assert st["process"] == "mongod"
+    assert st["pid"] == proc.p.pid
+    assert st["host"].endswith(f":{port}")
+    assert (st["opcounters"]["insert"], st["opcounters"]["query"]) == (3, 2)
+    assert st["opcounters"]["command"] >= 1  # hello, serverStatus itself is counted after
+    assert st["connections"]["current"] >= 1
+    assert st["uptimeMillis"] >= 0 and st["mem"]["bits"] == 64
+    assert st["mem"]["resident"] > 0 and st["mem"]["virtual"] >= st["mem"]["resident"]
+
+
 def test_point_in_time_read_with_oplog_position(shard):
     _, port = shard
     c = client_for(port)
