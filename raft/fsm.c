@@ -1832,6 +1832,23 @@ int sdb_fsm_query(sdb_fsm *f, const char *name, const bson_t *cmd, bson_t *reply
 			bson_append_document_end(&arr, &d);
 		}
 		bson_append_array_end(reply, &arr);
+	} else if (strcmp(name, "listUsers") == 0) {
+		int64_t uv;
+		if (meta_get(f, "users_version", &uv) != 0)
+			return SDB_EIO;
+		BSON_APPEND_INT64(reply, "usersVersion", uv);
+		st = q(f, "SELECT name, tenant FROM users ORDER BY name", NULL);
+		if (!st)
+			return SDB_EIO;
+		bson_append_array_begin(reply, "users", -1, &arr);
+		while (sqlite3_step(st) == SQLITE_ROW) {
+			snprintf(k, sizeof k, "%d", i++);
+			bson_append_document_begin(&arr, k, -1, &d);
+			BSON_APPEND_UTF8(&d, "name", (const char *)sqlite3_column_text(st, 0));
+			BSON_APPEND_UTF8(&d, "tenant", (const char *)sqlite3_column_text(st, 1));
+			bson_append_document_end(&arr, &d);
+		}
+		bson_append_array_end(reply, &arr);
 	} else if (strcmp(name, "getUser") == 0) {
 		const char *u = first_str(cmd);
 		if (!u)

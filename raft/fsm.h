@@ -63,9 +63,10 @@ bson_t *sdb_fsm_take_result(sdb_fsm *fsm);
 /* Read-only queries (any member). name is the wire command name, cmd the command
  * document; reply (initialised by the caller) gets the answer fields. Supported:
  * listShards, listDatabases(Meta), listCollections, getRoutingTable, getMigration,
- * listMigrations, listTenants, getUser, listMembers, getLease. getUser and listTenants
- * also answer usersVersion: the number of committed createUser/updateUser/dropUser
- * (callers cache verifiers per version). Returns 0, SDB_EINVAL
+ * listMigrations, listTenants, listUsers (names and tenants, no verifiers), getUser,
+ * listMembers, getLease. getUser, listUsers and listTenants also answer usersVersion:
+ * the number of committed createUser/updateUser/dropUser (callers cache verifiers and
+ * user lists per version). Returns 0, SDB_EINVAL
  * (bad argument, message in err), SDB_ENOTFOUND (unknown query or object). */
 int sdb_fsm_query(sdb_fsm *fsm, const char *name, const bson_t *cmd, bson_t *reply,
 		  char *err, size_t errlen);

@@ -49,6 +49,14 @@ struct auth_gate {
 	 * entries of an older version are not used. Any thread. */
 	_Atomic int64_t users_version;
 	sdb_gauge *m_users_version;
+	/* The users that exist (listUsers at users_list_version; sorted), guarded by mu:
+	 * an authenticated connection whose user is missing from a list at least as new as
+	 * its authentication was dropped, and loses its authentication (MongoDB logs a
+	 * dropped user out of its sessions). users_list_known: a list was loaded. */
+	char **users;
+	size_t nusers;
+	int64_t users_list_version;
+	bool users_list_known;
 };
 
 /* Per-connection state (wire_conn_set_data). Loop thread only. */
@@ -60,6 +68,7 @@ typedef struct auth_conn {
 	bool is_system;     /* authenticated as the internal user __system */
 	bool recheck;       /* conversation started from the cache (speculative): the verifier
 			     * is read again from metadata before the connection is authenticated */
+	int64_t auth_version; /* usersVersion of the verifier the user authenticated with */
 	auth_scram scram;
 	char user[AUTH_SCRAM_MAX_USER + 1];
 	char tenant[256];
@@ -90,10 +99,18 @@ auth_gate *auth_gate_new(const auth_gate_opts *opts)
 	return g;
 }
 
+static void free_users(char **users, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(users[i]);
+	free(users);
+}
+
 void auth_gate_free(auth_gate *g)
 {
 	if (!g)
 		return;
+	free_users(g->users, g->nusers);
 	auth_policy_free(g->pol);
 	uv_mutex_destroy(&g->mu);
 	rl_limiter_free(g->lim);
@@ -109,18 +126,99 @@ static void see_users_version(auth_gate *g, int64_t v)
 		sdb_gauge_set(g->m_users_version, atomic_load(&g->users_version));
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Re-read the list of users (listUsers) when usersVersion moved past the loaded list. */
+static void load_users(auth_gate *g, int64_t version)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it, arr, f;
+	char err[256], **users = NULL;
+	size_t n = 0, cap = 0;
+	int code = 0;
+	int64_t lv = -1;
+	bool ok = false, known;
+
+	uv_mutex_lock(&g->mu);
+	known = g->users_list_known && g->users_list_version >= version;
+	uv_mutex_unlock(&g->mu);
+	if (known || !g->meta)
+		return;
+	BSON_APPEND_INT32(&cmd, "listUsers", 1);
+	if (g->meta(g->meta_arg, &cmd, &reply, &code, err, sizeof err) == 0 &&
+	    bson_iter_init_find(&it, &reply, "usersVersion") && BSON_ITER_HOLDS_NUMBER(&it) &&
+	    (lv = bson_iter_as_int64(&it)) >= 0 && bson_iter_init_find(&it, &reply, "users") &&
+	    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr)) {
+		ok = true;
+		while (bson_iter_next(&arr)) {
+			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &f) ||
+			    !bson_iter_find(&f, "name") || !BSON_ITER_HOLDS_UTF8(&f))
+				continue;
+			if (n == cap) {
+				cap = cap ? 2 * cap : 64;
+				users = sdb_realloc(users, cap * sizeof *users);
+			}
+			users[n++] = sdb_strdup(bson_iter_utf8(&f, NULL));
+		}
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	if (!ok) { /* an older metadata service: no list, nobody is logged out */
+		free_users(users, n);
+		return;
+	}
+	if (n > 1)
+		qsort(users, n, sizeof *users, cmp_str);
+	uv_mutex_lock(&g->mu);
+	if (g->users_list_known && g->users_list_version > lv) { /* a newer one won */
+		uv_mutex_unlock(&g->mu);
+		free_users(users, n);
+		return;
+	}
+	{
+		char **old = g->users;
+		size_t on = g->nusers;
+		g->users = users;
+		g->nusers = n;
+		g->users_list_version = lv;
+		g->users_list_known = true;
+		uv_mutex_unlock(&g->mu);
+		free_users(old, on);
+	}
+	see_users_version(g, lv); /* after the swap: the gauge implies the list */
+}
+
 void auth_gate_load(auth_gate *g, const bson_t *tenants, const bson_t *dbs)
 {
 	auth_policy *np = auth_policy_build(tenants, dbs), *old;
 	bson_iter_t it;
 	if (tenants && bson_iter_init_find(&it, tenants, "usersVersion") &&
-	    BSON_ITER_HOLDS_NUMBER(&it))
+	    BSON_ITER_HOLDS_NUMBER(&it)) {
+		load_users(g, bson_iter_as_int64(&it));
 		see_users_version(g, bson_iter_as_int64(&it));
+	}
 	uv_mutex_lock(&g->mu);
 	old = g->pol;
 	g->pol = np;
 	uv_mutex_unlock(&g->mu);
 	auth_policy_free(old);
+}
+
+/* Was the connection's user dropped after it authenticated? (a list at least as new as
+ * the verifier it authenticated with does not name it) */
+static bool user_dropped(auth_gate *g, const auth_conn *c)
+{
+	const char *key = c->user;
+	bool dropped;
+	uv_mutex_lock(&g->mu);
+	dropped = g->users_list_known && g->users_list_version >= c->auth_version &&
+		  !(g->nusers &&
+		    bsearch(&key, g->users, g->nusers, sizeof *g->users, cmp_str) != NULL);
+	uv_mutex_unlock(&g->mu);
+	return dropped;
 }
 
 void auth_gate_hello(auth_gate *g, const bson_t *cmd, bson_t *reply)
@@ -395,8 +493,10 @@ static void lookup_done(uv_work_t *w, int status)
 		    !same_creds(&l->creds, &c->scram.creds))
 			auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, l->user,
 				  l->err[0] ? l->err : "user dropped or password changed");
-		else
+		else {
+			c->auth_version = l->users_version;
 			conn_authenticated(g, req, c, l->out);
+		}
 	} else if (status != 0 || !l->found) {
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, l->user,
 			  l->err[0] ? l->err : "unknown user");
@@ -420,6 +520,7 @@ static void lookup_done(uv_work_t *w, int status)
 		u->creds = l->creds;
 		u->at_ns = uv_hrtime();
 		u->users_version = l->users_version;
+		c->auth_version = l->users_version;
 		snprintf(c->tenant, sizeof c->tenant, "%s", l->tenant);
 		reply_sasl(req, out, false);
 	}
@@ -902,6 +1003,15 @@ bool auth_gate_check(auth_gate *g, wire_req *req)
 	}
 	if (c->is_system)
 		return true;
+	if (user_dropped(g, c)) {
+		auth_audit(AUTH_AUDIT_UNAUTHENTICATED, c->user, c->tenant,
+			   wire_conn_peer(wire_req_conn(req)), "user dropped: logged out");
+		c->state = CONN_NONE;
+		c->user[0] = c->tenant[0] = '\0';
+		wire_req_error(req, WIRE_ERR_UNAUTHORIZED, "command %s requires authentication",
+			       name);
+		return false;
+	}
 	if (strcmp(name, "listDatabases") == 0) {
 		list_databases(g, req, c);
 		return false;

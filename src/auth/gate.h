@@ -14,6 +14,11 @@
  *    else drivers run saslStart. Such a conversation reads the verifier again from
  *    metadata before it succeeds, so a dropped user or an old password never
  *    authenticates after the change committed.
+ *  - Dropped users: auth_gate_load re-reads the user names (listUsers) whenever usersVersion
+ *    moved; a connection authenticated with a verifier of version V whose user is absent
+ *    from a list of version >= V is logged out: its next command fails with Unauthorized
+ *    (13) "command X requires authentication" (MongoDB logs a dropped user out of its
+ *    sessions). A password change logs nobody out.
  *  - Every failure (unknown user, wrong password, malformed message, brute-force limit)
  *    answers AuthenticationFailed (18) "Authentication failed." exactly fail_delay_ms
  *    after the request arrived, so timing tells nothing.
@@ -65,7 +70,9 @@ auth_gate *auth_gate_new(const auth_gate_opts *opts);
 void auth_gate_free(auth_gate *g);
 
 /* Replace the tenant tables (listTenants and listDatabases replies of the metadata
- * service); listTenants' usersVersion invalidates older cached verifiers. Any thread. */
+ * service); listTenants' usersVersion invalidates older cached verifiers and, when it
+ * moved, re-reads the user list with a blocking listUsers through opts.meta: call it from
+ * a thread that may block (the proxy's refresher), never the loop thread. */
 void auth_gate_load(auth_gate *g, const bson_t *tenants, const bson_t *dbs);
 
 /* The wire gate (wire_gate_fn with role data g). Loop thread. */

@@ -916,7 +916,7 @@ static const char *const write_cmds[] = {
 
 static const char *const read_cmds[] = {
 	"listShards", "listDatabases", "listCollections", "getMigration", "listMigrations",
-	"listTenants", "getUser", "listMembers", "getLease",
+	"listTenants", "getUser", "listMembers", "getLease", "listUsers",
 };
 
 static void free_meta(meta *m)

@@ -27,6 +27,7 @@ static const char *const ops[] = {
 static const char *const queries[] = {
 	"getRoutingTable", "listShards", "listDatabases", "listCollections", "getMigration",
 	"listMigrations",  "listTenants", "getUser",      "listMembers",     "getLease",
+	"listUsers",
 };
 
 static void seed(sdb_fsm *f, uint64_t *index)

@@ -68,8 +68,10 @@ def test_ctl_user_passwd_and_drop_through_the_proxy(start_role, tmp_path):
     """`ctl user passwd` / `ctl user drop` reach the proxy: the old password and a dropped
     user fail at once with AuthenticationFailed (18) through SCRAM-SHA-1 and -256, even
     when a conversation starts from the proxy's verifier cache (speculative); the new
-    password works once the proxy saw the change (usersVersion). Connections that
-    authenticated before the drop keep working until they authenticate again."""
+    password works once the proxy saw the change (usersVersion). A connection that
+    authenticated before a passwd keeps working; one that authenticated before a drop is
+    logged out (Unauthorized 13 on its next command once the proxy saw the drop), as
+    MongoDB logs a dropped user out of its sessions."""
     cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
                       proxy_args=["--auth=enabled", "--auth-failure-limit=50"])
     meta = Cluster.__new__(Cluster)  # ctl() only needs seeds()
@@ -122,6 +124,15 @@ def test_ctl_user_passwd_and_drop_through_the_proxy(start_role, tmp_path):
     for mech in MECHS:
         for _ in range(2):
             assert login("alice", "new-pw", mech).adb.c.count_documents({}) == 1, mech
+    assert kept.adb.c.count_documents({}) == 1  # a new password logs nobody out
+    # a user created after the proxy's last user list is not taken for a dropped one
+    r = ctl(meta, "user", "create", "carol", "--tenant", "A", "--password", "carol-pw")
+    assert r.returncode == 0, r.stderr
+    carol = login("carol", "carol-pw", "SCRAM-SHA-256")
+    for _ in range(3):
+        assert carol.adb.c.count_documents({}) == 1
+    wait_until(proxy_saw_users_version, 10, what="proxy usersVersion after create")
+    assert carol.adb.c.count_documents({}) == 1
 
     r = ctl(meta, "user", "drop", "alice")
     assert (r.returncode, r.stdout, r.stderr) == (0, "user alice dropped\n", "")
@@ -130,8 +141,21 @@ def test_ctl_user_passwd_and_drop_through_the_proxy(start_role, tmp_path):
     with pytest.raises(OperationFailure) as ei:
         cl.meta_query({"getUser": "alice"})
     assert ei.value.code == 4
-    # documented: an already authenticated connection is not cut off by the drop
-    assert kept.adb.c.count_documents({}) == 1
+    # the connection authenticated before the drop is logged out once the proxy has
+    # read the user list of the drop's usersVersion (polled: about a second)
+    def kept_logged_out():
+        try:
+            kept.adb.c.count_documents({})
+            return False
+        except OperationFailure as e:
+            assert (e.code, e.details["errmsg"]) == \
+                (13, "command aggregate requires authentication")
+            return True
+    wait_until(kept_logged_out, 10, what="the dropped user's connection logged out")
+    with pytest.raises(OperationFailure) as ei:
+        kept.adb.command("find", "c")
+    assert (ei.value.code, ei.value.details["errmsg"]) == \
+        (13, "command find requires authentication")
 
     # unknown users: non-zero exit, exactly one line on stderr; UserNotFound (11) on the wire
     for args in (["user", "passwd", "alice", "--password", "x"], ["user", "drop", "nobody"]):

@@ -343,6 +343,10 @@ static void test_update_drop_user(void **state)
 		 B16, B32, B32, B16, B20, B20);
 	ok(x, "createUser", cmd);
 	assert_int_equal(sha1_iterations(x, "alice"), 10000);
+	bson_t *l = query(x, "listUsers", "{\"listUsers\": 1}");
+	assert_int_equal(count_array(l, "users"), 1);
+	assert_int_equal(int_of(l, "usersVersion"), 1);
+	bson_destroy(l);
 	/* a SHA-1 verifier with 32-byte keys is malformed */
 	snprintf(cmd, sizeof cmd,
 		 "{\"name\": \"bob\", \"tenant\": \"acme\", \"iterations\": 15000, \"salt\": %s,"
@@ -387,6 +391,10 @@ static void test_update_drop_user(void **state)
 	bson_destroy(q);
 	bson_destroy(rep);
 	r = query(x, "listTenants", "{\"listTenants\": 1}");
+	assert_int_equal(int_of(r, "usersVersion"), 4);
+	bson_destroy(r);
+	r = query(x, "listUsers", "{\"listUsers\": 1}");
+	assert_int_equal(count_array(r, "users"), 0);
 	assert_int_equal(int_of(r, "usersVersion"), 4);
 	bson_destroy(r);
 }
