@@ -202,7 +202,10 @@ def test_shard_tls_required_mutual(start_role, tmp_path):
     assert refused(mtls_client(port, p, cert="rogue", timeout=1500))
 
 
-def test_proxy_shard_metadata_all_tls(start_role, tmp_path):
+def test_proxy_shard_metadata_coordinator_all_tls(start_role, tmp_path):
+    """Every listener TLS-required with mutual TLS, every role --tls-internal: the proxy's
+    metadata and shard pools, the member's own registration, the coordinator and its CDC
+    publishers all connect with TLS and client certificates."""
     p = pki(tmp_path)
     tls = mtls_args(p, internal=True)
     mport, raft = free_port(), free_port()
@@ -221,21 +224,38 @@ def test_proxy_shard_metadata_all_tls(start_role, tmp_path):
     # the member registers its own address through an internal (TLS) client
     wait_until(lambda: m.admin.command("hello")["hosts"] == [f"127.0.0.1:{mport}"], 30,
                what="member registered over internal TLS")
-    _, sport = start_shard(start_role, tmp_path, tls)
-    m.admin.command({"addShard": "shard-a", "uri": f"mongodb://127.0.0.1:{sport}/"})
+    sports = {}
+    for sid in ("shard-a", "shard-b"):
+        _, sports[sid] = start_shard(start_role, tmp_path, tls, name=sid)
+        m.admin.command({"addShard": sid, "uri": f"mongodb://127.0.0.1:{sports[sid]}/"})
+    m.admin.command({"createDatabase": "app"})
+    m.admin.command({"shardCollection": "app.c", "key": {"k": 1},
+                     "shards": ["shard-a", "shard-b"], "splitPoints": [{"k": 50}]})
     pport = free_port()
     start_role(["--role=proxy", f"--listen=127.0.0.1:{pport}",
                 f"--metadata=127.0.0.1:{mport}"] + tls)
     c = mtls_client(pport, p, cert=None)  # applications need no client certificate
-    wait_until(lambda: c.db.c.insert_one({"_id": 7, "x": "tls all the way"}), 30,
-               what="insert through the proxy over TLS")
-    assert list(c.db.c.find({})) == [{"_id": 7, "x": "tls all the way"}]
-    c.close()
-    # the document really is on the TLS-only shard
-    s = mtls_client(sport, p)
-    assert s.db.c.find_one({"_id": 7}) == {"_id": 7, "x": "tls all the way"}
-    s.close()
-    m.close()
+    docs = [{"_id": i, "k": i} for i in range(100)]
+    wait_until(lambda: c.app.c.insert_many(docs), 30, what="inserts through the proxy")
+    assert sorted(d["_id"] for d in c.app.c.find({})) == list(range(100))
+    assert c.app.c.find_one({"k": 7}) == {"_id": 7, "k": 7}
+    # the documents really are on the TLS-only shards
+    sa, sb = mtls_client(sports["shard-a"], p), mtls_client(sports["shard-b"], p)
+    assert (sa.app.c.count_documents({}), sb.app.c.count_documents({})) == (50, 50)
+    # a migration run by a TLS coordinator (bulk import, CDC replication, switch)
+    start_role(["--role=coordinator", f"--metadata=127.0.0.1:{mport}",
+                f"--cdc=embedded:{tmp_path / 'cdc'}", "--cdc-lease-ms=1500"] + tls)
+    chunks = m.admin.command({"getRoutingTable": "app.c", "sinceVersion": 0})["chunks"]
+    low = [ch for ch in chunks if ch["shard"] == "shard-a"][0]
+    m.admin.command({"registerMigration": "mig-tls", "ns": "app.c", "chunk": low["id"],
+                     "from": "shard-a", "to": "shard-b", "graceMS": 300})
+    wait_until(lambda: m.admin.command({"getMigration": "mig-tls"})["migration"]["state"]
+               in ("complete", "aborted", "rolled_back"), 60, what="migration over TLS")
+    assert m.admin.command({"getMigration": "mig-tls"})["migration"]["state"] == "complete"
+    assert sb.app.c.count_documents({}) == 100
+    assert sorted(d["_id"] for d in c.app.c.find({})) == list(range(100))
+    for cl in (c, sa, sb, m):
+        cl.close()
 
 
 def test_tls_internal_without_ca_is_a_usage_error(start_role, tmp_path):
