@@ -16,8 +16,9 @@ import subprocess
 import threading
 
 import pymongo
+from pymongo import monitoring
 
-from conftest import BIN, Proc, free_port, wait_until
+from conftest import BIN, Proc, free_port, http_get, wait_until
 from metadata_cluster import Cluster
 
 QUIESCE = ["--shutdown-quiesce-ms=1500", "--shutdown-timeout-ms=8000"]
@@ -37,6 +38,32 @@ class UpgradedProc(Proc):
         env.setdefault("STRIPEDB_CONFIG", "/dev/null")
         self.p = subprocess.Popen([self.binary] + self.args, stdout=self.log,
                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+class Commands(monitoring.CommandListener):
+    """What the driver sent: whether every insert carried a txnNumber (so the driver treats
+    the proxies as supporting retryable writes), and the codes of failed attempts."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.inserts = 0
+        self.inserts_without_txn = 0
+        self.failures = collections.Counter()
+
+    def started(self, event):
+        if event.command_name == "insert":
+            with self.lock:
+                self.inserts += 1
+                if "txnNumber" not in event.command:
+                    self.inserts_without_txn += 1
+
+    def succeeded(self, event):
+        pass
+
+    def failed(self, event):
+        code = event.failure.get("code") if isinstance(event.failure, dict) else None
+        with self.lock:
+            self.failures[f"{event.command_name}:{code}"] += 1
 
 
 class Workload:
@@ -78,6 +105,13 @@ class Workload:
         """Wait until the workload acknowledged `more` inserts beyond now."""
         base = self.count()
         wait_until(lambda: self.count() >= base + more, 60, what="workload progress")
+
+
+def metric(proc, name):
+    st, body = http_get(proc.http_port, "/metrics")
+    assert st == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
 def log_text(path):
@@ -124,9 +158,12 @@ def test_rolling_restart_every_role(start_role, tmp_path):
                               f"--cdc=embedded:{tmp_path}/cdc"])
 
     hosts = ",".join(f"127.0.0.1:{p}" for p in proxy_ports)
+    shard_retries = []  # per proxy, read before it is rolled
+    commands = Commands()
     client = pymongo.MongoClient(f"mongodb://{hosts}/?retryWrites=true&retryReads=true",
                                  serverSelectionTimeoutMS=30000, heartbeatFrequencyMS=500,
-                                 connectTimeoutMS=5000, socketTimeoutMS=60000)
+                                 connectTimeoutMS=5000, socketTimeoutMS=60000,
+                                 event_listeners=[commands])
     work = Workload(client)
 
     def roll(proc, name):
@@ -153,6 +190,7 @@ def test_rolling_restart_every_role(start_role, tmp_path):
         for sid in sorted(shards):
             roll(shards[sid], sid)
         for i, p in enumerate(proxies):
+            shard_retries.append(metric(p, "stripedb_proxy_shard_retries_total"))
             roll(p, f"proxy{i}")
         # followers first (re-reading the leader in case it moved meanwhile), leader last
         rolled = set()
@@ -176,8 +214,15 @@ def test_rolling_restart_every_role(start_role, tmp_path):
         for t in work.threads:
             t.join(timeout=120)
 
+    # attempts that failed and were retried by the driver (timing-dependent, for the log)
+    print(f"acked={len(work.acked)} failed attempts retried={dict(commands.failures)} "
+          f"proxy shard retries={shard_retries}")
     try:
         assert work.errors == []
+        # the driver sent every insert as a retryable write (hello advertises
+        # logicalSessionTimeoutMinutes and msg: isdbgrid)
+        assert commands.inserts >= len(work.acked) > 0
+        assert commands.inserts_without_txn == 0
         assert work.reads == len(work.acked)
         docs = list(client.app.c.find({}, {"_id": 1}))
         counts = collections.Counter(d["_id"] for d in docs)
