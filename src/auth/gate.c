@@ -170,8 +170,7 @@ static void load_users(auth_gate *g, int64_t version)
 		free_users(users, n);
 		return;
 	}
-	if (n > 1)
-		qsort(users, n, sizeof *users, cmp_str);
+	sdb_qsort(users, n, sizeof *users, cmp_str);
 	uv_mutex_lock(&g->mu);
 	if (g->users_list_known && g->users_list_version > lv) { /* a newer one won */
 		uv_mutex_unlock(&g->mu);
