@@ -6,8 +6,8 @@
  * to that shard (SHARDCONN_MAX_INFLIGHT), protecting shards from a burst: a request beyond
  * it waits for a free client. Shard URIs come from the metadata service (listShards:
  * {id, uri}); the proxy adds serverSelectionTimeoutMS/connectTimeoutMS of
- * SHARDCONN_CONNECT_TIMEOUT_MS when the URI has none, so a shard that is down fails fast
- * with a retryable error for its chunks only.
+ * SHARDCONN_CONNECT_TIMEOUT_MS when the URI has none, so a shard that is down fails (after
+ * the restart retry budget of shardconn_command) with an error for its chunks only.
  *
  * Threads: shardconn_submit() queues a job on the request pool (SHARDCONN_WORKERS threads);
  * shardconn_fanout() runs n sub-tasks of one request in parallel on a second pool (so a
