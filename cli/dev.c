@@ -579,12 +579,41 @@ static void print_summary(const dev_cluster *c, const char *meta)
 	printf("\n  logs: %s/logs/   stop: stripedb dev down --dir %s\n", c->dir, c->dir);
 }
 
+/* Start every process of c in dependency order (metadata, shards, rate limiter, proxies,
+ * coordinators), each role's processes once the previous role's answer /healthz;
+ * register_new: register the shards with metadata after they start (a new cluster).
+ * Saves cluster.json as it goes. On failure every started process is killed; -1. */
+static int start_in_order(dev_cluster *c, bool register_new)
+{
+	static const char *const order[] = {"metadata", "shard", "ratelimit", "proxy", "coordinator"};
+	for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
+		for (int i = 0; i < c->n; i++) {
+			if (strcmp(c->procs[i].role, order[k]) == 0 && spawn(c, &c->procs[i]) != 0) {
+				stop_all(c, SIGKILL);
+				return -1;
+			}
+		}
+		save_cluster(c);
+		for (int i = 0; i < c->n; i++) {
+			if (strcmp(c->procs[i].role, order[k]) == 0 && wait_healthy(c, &c->procs[i]) != 0) {
+				stop_all(c, SIGKILL);
+				return -1;
+			}
+		}
+		if (register_new && strcmp(order[k], "shard") == 0 && register_shards(c) != 0) {
+			stop_all(c, SIGKILL);
+			return -1;
+		}
+	}
+	save_cluster(c);
+	return 0;
+}
+
 /* `dev up` in a DIR whose cluster was stopped (dev down, a reboot): start every recorded
  * process again with its recorded arguments, so the metadata group finds its members at
  * the addresses its Raft log names and the shards keep their data. Returns the exit code. */
 static int dev_resume(dev_cluster *c)
 {
-	static const char *const order[] = {"metadata", "shard", "ratelimit", "proxy", "coordinator"};
 	char meta[512];
 
 	if (strcmp(c->cdc, "kafka") == 0) {
@@ -596,22 +625,8 @@ static int dev_resume(dev_cluster *c)
 	printf("resuming the stopped cluster in %s (its recorded processes, ports and data; "
 	       "layout flags do not apply)\n", c->dir);
 	fflush(stdout);
-	for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
-		for (int i = 0; i < c->n; i++) {
-			if (strcmp(c->procs[i].role, order[k]) == 0 && spawn(c, &c->procs[i]) != 0) {
-				stop_all(c, SIGKILL);
-				return 1;
-			}
-		}
-		save_cluster(c);
-		for (int i = 0; i < c->n; i++) {
-			if (strcmp(c->procs[i].role, order[k]) == 0 && wait_healthy(c, &c->procs[i]) != 0) {
-				stop_all(c, SIGKILL);
-				return 1;
-			}
-		}
-	}
-	save_cluster(c);
+	if (start_in_order(c, false) != 0)
+		return 1;
 	addr_list(c, "metadata", 0, meta, sizeof meta);
 	print_summary(c, meta);
 	return 0;
@@ -820,27 +835,8 @@ static int dev_up(int argc, char **argv)
 	/* Start in dependency order: metadata, shards, then the rest. */
 	printf("starting a local stripedb cluster in %s\n", c->dir);
 	fflush(stdout);
-	static const char *const order[] = {"metadata", "shard", "ratelimit", "proxy", "coordinator"};
-	for (size_t k = 0; k < sizeof order / sizeof order[0]; k++) {
-		for (int i = 0; i < c->n; i++) {
-			if (strcmp(c->procs[i].role, order[k]) == 0 && spawn(c, &c->procs[i]) != 0) {
-				stop_all(c, SIGKILL);
-				return 1;
-			}
-		}
-		save_cluster(c);
-		for (int i = 0; i < c->n; i++) {
-			if (strcmp(c->procs[i].role, order[k]) == 0 && wait_healthy(c, &c->procs[i]) != 0) {
-				stop_all(c, SIGKILL);
-				return 1;
-			}
-		}
-		if (strcmp(order[k], "shard") == 0 && register_shards(c) != 0) {
-			stop_all(c, SIGKILL);
-			return 1;
-		}
-	}
-	save_cluster(c);
+	if (start_in_order(c, true) != 0)
+		return 1;
 
 	print_summary(c, meta);
 	free_cluster(c);
