@@ -188,10 +188,15 @@ int auth_tls_reload(char *err, size_t errlen)
 	int rc = 0;
 	uv_once(&once, init_mu);
 	uv_mutex_lock(&mu);
-	for (size_t i = 0; i < n_lst && rc == 0; i++) {
+	for (size_t i = 0; i < n_lst; i++) { /* every listener; the first error is reported */
 		SSL_CTX *ctx;
-		rc = make_ctx(&lst[i], &ctx, err, errlen);
-		if (rc == 0) {
+		char e[256];
+		int r = make_ctx(&lst[i], &ctx, e, sizeof e);
+		if (r != 0 && rc == 0) {
+			rc = r;
+			snprintf(err, errlen, "%s: %s", lst[i].role, e);
+		}
+		if (r == 0) {
 			SSL_CTX_free(lst[i].ctx); /* sessions keep their own reference */
 			lst[i].ctx = ctx;
 			lst[i].gen++;
@@ -200,8 +205,14 @@ int auth_tls_reload(char *err, size_t errlen)
 		}
 	}
 	uv_mutex_unlock(&mu);
-	if (rc == 0)
-		rc = auth_cluster_tls_reload(err, errlen);
+	{
+		char e[256];
+		int r = auth_cluster_tls_reload(e, sizeof e);
+		if (r != 0 && rc == 0) {
+			rc = r;
+			snprintf(err, errlen, "%s", e);
+		}
+	}
 	return rc;
 }
 
