@@ -185,11 +185,18 @@ static void reply_shard_error(wire_req *req, int cls, const bson_t *reply, const
 	const char *msg = "shard error";
 
 	if (cls == SHARDCONN_NET_ERR) {
-		bson_t *extra = bson_new();
+		bson_t *extra = NULL;
 		bson_t labels;
-		bson_append_array_begin(extra, "errorLabels", -1, &labels);
-		BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
-		bson_append_array_end(extra, &labels);
+		/* issue #11: a driver retries a write only on this label, so it is given only
+		 * when the shard certainly did not execute the command; after a network error
+		 * with an unknown outcome the error goes to the application unlabelled (reads
+		 * are retried by drivers on HostUnreachable's code anyway) */
+		if (shardconn_unexecuted(reply)) {
+			extra = bson_new();
+			bson_append_array_begin(extra, "errorLabels", -1, &labels);
+			BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
+			bson_append_array_end(extra, &labels);
+		}
 		wire_req_error_extra(req, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
 		return;
 	}

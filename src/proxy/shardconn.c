@@ -1,6 +1,7 @@
 /* Shard connections and worker threads of the proxy: see shardconn.h. */
 #include "proxy/shardconn.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
@@ -103,6 +104,9 @@ typedef struct shard {
 	char *id;
 	char *uri;
 	mongoc_client_pool_t *pool;
+	/* a retry budget was spent on this shard and it has not answered since: commands
+	 * get one attempt (a shard that is down for good fails fast, as before issue #11) */
+	atomic_bool down;
 	struct shard *next;
 } shard;
 
@@ -296,6 +300,20 @@ size_t shardconn_shard_ids(shardconn *sc, char ***out)
 	return n;
 }
 
+/* The shard entry of id, or NULL. Entries live until shardconn_free (replaced ones are
+ * retired, not freed). */
+static shard *find_shard(shardconn *sc, const char *id)
+{
+	shard *s, *found = NULL;
+
+	uv_rwlock_rdlock(&sc->lock);
+	for (s = sc->shards; s; s = s->next)
+		if (strcmp(s->id, id) == 0)
+			found = s;
+	uv_rwlock_rdunlock(&sc->lock);
+	return found;
+}
+
 static mongoc_client_pool_t *find_pool(shardconn *sc, const char *id)
 {
 	shard *s;
@@ -390,6 +408,14 @@ static int command_once(shardconn *sc, const char *id, const char *db, const bso
 	return SHARDCONN_NET_ERR;
 }
 
+bool shardconn_unexecuted(const bson_t *reply)
+{
+	bson_iter_t it;
+
+	return bson_iter_init_find(&it, reply, SHARDCONN_UNEXECUTED_FIELD) &&
+	       BSON_ITER_HOLDS_BOOL(&it) && bson_iter_bool(&it);
+}
+
 void shardconn_set_retry_budget(shardconn *sc, int64_t ms)
 {
 	sc->retry_ms = ms < 0 ? 0 : ms;
@@ -401,22 +427,37 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 	uint32_t first_server = *server_id;
 	uint64_t deadline = 0, backoff = SHARDCONN_RETRY_MIN_MS, now;
 	bool read = idempotent_read(cmd);
+	shard *sh = find_shard(sc, id);
+	bool was_down = sh != NULL && atomic_load(&sh->down);
 	int rc;
 
 	for (;;) {
 		bool unexecuted = false, ambiguous = false;
 		rc = command_once(sc, id, db, cmd, server_id, reply, err, errlen, &unexecuted,
 				  &ambiguous);
+		if (sh != NULL && rc != SHARDCONN_NET_ERR && !unexecuted)
+			atomic_store(&sh->down, false); /* it answered */
 		if (!unexecuted && !(ambiguous && read))
 			return rc;
 		now = uv_hrtime() / 1000000;
 		if (deadline == 0)
 			deadline = now + (uint64_t)sc->retry_ms;
-		if (now + backoff > deadline) {
-			sdb_warn("shard retry budget spent", "shard=%s budget_ms=%lld err=\"%s\"",
-				 id, (long long)sc->retry_ms,
-				 rc == SHARDCONN_NET_ERR ? err : "ShutdownInProgress");
-			return rc;
+		if (was_down || now + backoff > deadline) {
+			if (!was_down) {
+				sdb_warn("shard retry budget spent", "shard=%s budget_ms=%lld err=\"%s\"",
+					 id, (long long)sc->retry_ms,
+					 rc == SHARDCONN_NET_ERR ? err : "ShutdownInProgress");
+				if (sh != NULL)
+					atomic_store(&sh->down, true);
+			}
+			if (!unexecuted)
+				return rc; /* a read after an ambiguous network error */
+			if (rc != SHARDCONN_NET_ERR)
+				sdb_errf(err, errlen, SDB_EUNAVAILABLE,
+					 "shard %s is shutting down (ShutdownInProgress)", id);
+			bson_reinit(reply);
+			BSON_APPEND_BOOL(reply, SHARDCONN_UNEXECUTED_FIELD, true);
+			return SHARDCONN_NET_ERR;
 		}
 		sdb_debug("shard refused a command unexecuted, retrying", "shard=%s backoff_ms=%llu",
 			  id, (unsigned long long)backoff);

@@ -67,12 +67,25 @@ enum {
  * ShutdownInProgress (91), which a stopping stripedb shard sends only for commands it
  * did not run), cmd is sent again to the same shard with backoff (50 ms doubling to
  * 500 ms) for at most the retry budget (shardconn_set_retry_budget), so a shard restart
- * shorter than the budget shows as latency only. A network error after cmd was sent
+ * shorter than the budget shows as latency only. Once a budget was spent on a shard,
+ * its commands get a single attempt until it answers again (a shard that is down for
+ * good fails fast instead of holding every request for the budget). A network error after cmd was sent
  * (connection reset, timeout: the outcome is unknown) is retried only for idempotent
  * reads (find, count, distinct, list*, *Stats); for any other command it is returned
- * (NET_ERR) and never retried, so a write is never applied twice. */
+ * (NET_ERR) and never retried, so a write is never applied twice.
+ * When the budget is spent on a command the shard certainly did not execute, the result
+ * is NET_ERR and reply holds SHARDCONN_UNEXECUTED_FIELD: true (see shardconn_unexecuted);
+ * on any other NET_ERR reply is empty. */
 int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
 		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen);
+
+/* Marker set in the reply of a NET_ERR that certainly did not execute the command. */
+#define SHARDCONN_UNEXECUTED_FIELD "$stripedbUnexecuted"
+
+/* True when reply (of a NET_ERR from shardconn_command) says the shard certainly did not
+ * execute the command, so a client may safely retry it, even a write (the proxy then
+ * labels the error RetryableWriteError). False on an unknown outcome. */
+bool shardconn_unexecuted(const bson_t *reply);
 
 /* Queue fn(arg) on a request worker. Thread-safe. */
 void shardconn_submit(shardconn *sc, void (*fn)(void *arg), void *arg);
