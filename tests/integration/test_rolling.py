@@ -12,14 +12,20 @@ handing leadership over).
 import collections
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import threading
 
+import bson
 import pymongo
+import pytest
 from pymongo import monitoring
+from pymongo.errors import OperationFailure
 
 from conftest import BIN, Proc, free_port, http_get, wait_until
 from metadata_cluster import Cluster
+from proxy_helpers import ProxyCluster
 
 QUIESCE = ["--shutdown-quiesce-ms=1500", "--shutdown-timeout-ms=8000"]
 SPLIT = 50  # chunk boundary of the shard key k (k in [0, 100))
@@ -232,3 +238,105 @@ def test_rolling_restart_every_role(start_role, tmp_path):
         client.close()
         for p in started:
             p.stop(timeout=15)
+
+
+class FakeShard:
+    """A MongoDB-wire server that completes the handshake and then drops the connection on
+    every insert and find after reading it: the proxy cannot know whether such a command
+    ran (a network error after the send)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.lock = threading.Lock()
+        self.seen = collections.Counter()
+        self.closed = False
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def count(self, name):
+        with self.lock:
+            return self.seen[name]
+
+    def accept(self):
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def recv_exact(conn, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = conn.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("eof")
+            buf += chunk
+        return buf
+
+    def serve(self, conn):
+        hello = {"ok": 1.0, "helloOk": True, "isWritablePrimary": True, "ismaster": True,
+                 "maxBsonObjectSize": 16777216, "maxMessageSizeBytes": 48000000,
+                 "maxWriteBatchSize": 100000, "logicalSessionTimeoutMinutes": 30,
+                 "minWireVersion": 0, "maxWireVersion": 17}
+        try:
+            while True:
+                head = self.recv_exact(conn, 16)
+                length, rid, _, op = struct.unpack("<iiii", head)
+                body = self.recv_exact(conn, length - 16)
+                if op == 2004:  # OP_QUERY: the handshake hello/isMaster
+                    ns_end = body.index(b"\0", 4)
+                    cmd = bson.decode(body[ns_end + 9:])
+                else:  # OP_MSG, body section first
+                    size = struct.unpack("<i", body[5:9])[0]
+                    cmd = bson.decode(body[5:5 + size])
+                name = next(iter(cmd))
+                with self.lock:
+                    self.seen[name] += 1
+                if name in ("insert", "find"):
+                    conn.close()  # read, maybe applied, never answered
+                    return
+                reply = hello if name.lower() in ("hello", "ismaster") else {"ok": 1.0}
+                doc = bson.encode(reply)
+                if op == 2004:
+                    payload = struct.pack("<iqii", 8, 0, 0, 1) + doc
+                    conn.sendall(struct.pack("<iiii", 16 + len(payload), 1, rid, 1) + payload)
+                else:
+                    payload = struct.pack("<I", 0) + b"\0" + doc
+                    conn.sendall(struct.pack("<iiii", 16 + len(payload), 1, rid, 2013) + payload)
+        except (ConnectionError, OSError, ValueError):
+            conn.close()
+
+    def close(self):
+        self.closed = True
+        self.sock.close()
+
+
+def test_write_with_unknown_outcome_is_not_retried(start_role, tmp_path):
+    """A shard connection lost after an insert was sent: the proxy does not re-send the
+    insert and answers HostUnreachable WITHOUT RetryableWriteError, so a driver with
+    retryWrites does not re-send it either (it may have been applied). An idempotent read
+    in the same situation is re-sent by the proxy within its budget."""
+    fake = FakeShard()
+    cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0)
+    try:
+        cl.meta_cmd({"addShard": "shard-x", "uri": f"mongodb://127.0.0.1:{fake.port}/"})
+        cl.add_proxy(["--stale-retry-ms=1500"])
+        cl.shard_collection("db.c", {"k": 1}, shards=["shard-x"])
+        c = cl.proxy_client(0, retryWrites=True, retryReads=False).db.c
+        with pytest.raises(OperationFailure) as e:
+            c.insert_one({"_id": 1, "k": 1})
+        assert e.value.code == 6
+        assert "shard-x" in str(e.value)
+        assert not e.value.has_error_label("RetryableWriteError")
+        assert fake.count("insert") == 1  # neither the proxy nor the driver re-sent it
+        with pytest.raises(OperationFailure) as e:
+            c.find_one({"k": 1})
+        assert e.value.code == 6
+        assert fake.count("find") >= 2  # re-sent by the proxy: a read is idempotent
+    finally:
+        cl.close()
+        fake.close()
