@@ -444,8 +444,8 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 			deadline = now + (uint64_t)sc->retry_ms;
 		if (was_down || now + backoff > deadline) {
 			if (!was_down) {
-				sdb_warn("shard retry budget spent", "shard=%s budget_ms=%lld err=\"%s\"",
-					 id, (long long)sc->retry_ms,
+				sdb_warn("shard retry budget spent",
+					 "shard=%s budget_ms=%lld err=\"%s\"", id, (long long)sc->retry_ms,
 					 rc == SHARDCONN_NET_ERR ? err : "ShutdownInProgress");
 				if (sh != NULL)
 					atomic_store(&sh->down, true);
@@ -459,12 +459,14 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 			BSON_APPEND_BOOL(reply, SHARDCONN_UNEXECUTED_FIELD, true);
 			return SHARDCONN_NET_ERR;
 		}
-		sdb_debug("shard refused a command unexecuted, retrying", "shard=%s backoff_ms=%llu",
-			  id, (unsigned long long)backoff);
+		sdb_debug("shard refused a command unexecuted, retrying",
+			  "shard=%s backoff_ms=%llu", id, (unsigned long long)backoff);
 		sdb_counter_inc(sc->m_retries);
 		bson_destroy(reply);
 		uv_sleep((unsigned)backoff);
-		backoff = backoff * 2 > SHARDCONN_RETRY_MAX_MS ? SHARDCONN_RETRY_MAX_MS : backoff * 2;
+		backoff *= 2;
+		if (backoff > SHARDCONN_RETRY_MAX_MS)
+			backoff = SHARDCONN_RETRY_MAX_MS;
 		*server_id = first_server; /* 0: select again (the restarted shard) */
 	}
 }

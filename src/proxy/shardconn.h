@@ -69,10 +69,10 @@ enum {
  * 500 ms) for at most the retry budget (shardconn_set_retry_budget), so a shard restart
  * shorter than the budget shows as latency only. Once a budget was spent on a shard,
  * its commands get a single attempt until it answers again (a shard that is down for
- * good fails fast instead of holding every request for the budget). A network error after cmd was sent
- * (connection reset, timeout: the outcome is unknown) is retried only for idempotent
- * reads (find, count, distinct, list*, *Stats); for any other command it is returned
- * (NET_ERR) and never retried, so a write is never applied twice.
+ * good fails fast instead of holding every request for the budget). A network error
+ * after cmd was sent (connection reset, timeout: the outcome is unknown) is retried only
+ * for idempotent reads (find, count, distinct, list*, *Stats); for any other command it
+ * is returned (NET_ERR) and never retried, so a write is never applied twice.
  * When the budget is spent on a command the shard certainly did not execute, the result
  * is NET_ERR and reply holds SHARDCONN_UNEXECUTED_FIELD: true (see shardconn_unexecuted);
  * on any other NET_ERR reply is empty. */

@@ -95,7 +95,8 @@ static int shard_start(sdb_role *role)
 		.role = "shard",
 		.max_connections = (int)sdb_config_get_int(role->cfg, SDB_OPT_max_connections, 0),
 		.role_data = sh,
-		.quiesce_ms = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_quiesce_ms, 0),
+		.quiesce_ms =
+			(uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_quiesce_ms, 0),
 	};
 	/* issue #10: with --cluster-key-file only cluster members may run commands */
 	rc = auth_cluster_setup(role->cfg, err, sizeof err);
