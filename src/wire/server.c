@@ -1002,7 +1002,8 @@ void wire_server_close(wire_server *srv, uint64_t timeout_ms, void (*cb)(void *a
 	srv->close_arg = arg;
 	srv->close_deadline = uv_now(srv->loop) + timeout_ms;
 	sdb_info("wire: server closing",
-		 "port=%d connections=%zu requests_running=%zu quiesce_ms=%llu", srv->port, srv->n_conns, srv->n_outstanding, (unsigned long long)quiesce);
+		 "port=%d connections=%zu requests_running=%zu quiesce_ms=%llu", srv->port,
+		 srv->n_conns, srv->n_outstanding, (unsigned long long)quiesce);
 	uv_close((uv_handle_t *)&srv->listener, on_listener_closed);
 	/* SDAM: a changed topologyVersion and a ShutdownInProgress hello tell drivers now */
 	srv->topology_counter++;
