@@ -12,6 +12,7 @@
 #include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/http.h"
 #include "common/log.h"
 
 #define TLS_MAX_LISTENERS 8
@@ -208,6 +209,11 @@ int auth_tls_reload(char *err, size_t errlen)
 	{
 		char e[256];
 		int r = auth_cluster_tls_reload(e, sizeof e);
+		if (r != 0 && rc == 0) {
+			rc = r;
+			snprintf(err, errlen, "%s", e);
+		}
+		r = sdb_http_tls_reload(e, sizeof e); /* --http-tls servers */
 		if (r != 0 && rc == 0) {
 			rc = r;
 			snprintf(err, errlen, "%s", e);

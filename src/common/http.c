@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/config.h"
@@ -45,6 +46,10 @@ struct sdb_http {
 	route *routes;
 	health *checks;
 	char *tls_cert, *tls_key; /* PEM texts (issue #10 --http-tls), NULL: plaintext */
+	char *cert_path, *key_path;
+	unsigned flags;                /* of MHD_start_daemon, reused by a reload */
+	struct MHD_Daemon *old;        /* quiesced by the last reload, stopped by the next */
+	char *old_cert, *old_key;      /* its PEM texts */
 };
 
 /* Per-request upload buffer. */
@@ -250,8 +255,9 @@ static int http_start(sdb_http *h, char *err, size_t errlen)
 			return sdb_errf(err, errlen, SDB_EINVAL,
 					"http: --http-tls: libmicrohttpd was built without TLS");
 		}
-		flags |= MHD_USE_TLS;
+		flags |= MHD_USE_TLS | MHD_USE_ITC; /* ITC: MHD_quiesce_daemon on reload */
 	}
+	h->flags = flags;
 	h->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, h,
 				MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
 				ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
@@ -294,12 +300,88 @@ static int read_pem(const char *path, char **out, char *err, size_t errlen)
 				path);
 	}
 	buf[n] = '\0';
-	*out = buf;
+	*out = sdb_realloc(buf, n + 1); /* kept for the daemon's lifetime: trim */
 	return 0;
 }
 
 static int acquire(const char *addr, char *cert, char *key, sdb_http **out, char *err,
 		   size_t errlen);
+
+static int read_pem(const char *path, char **out, char *err, size_t errlen);
+
+/* Swap one HTTPS server's daemon for one with the new PEM texts (taken over): the new
+ * daemon accepts on a dup of the listening socket, then the old one is quiesced (stops
+ * accepting; its open connections finish with the old certificate) and stopped at the
+ * next reload or at release. On failure nothing changes. Called with servers_mu held. */
+static int swap_daemon(sdb_http *h, char *cert, char *key, char *err, size_t errlen)
+{
+	const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_LISTEN_FD);
+	struct MHD_Daemon *nd;
+	MHD_socket fd, q;
+
+	if (info == NULL || (fd = dup(info->listen_fd)) < 0) {
+		free_pem(cert);
+		free_pem(key);
+		return sdb_errf(err, errlen, SDB_EIO, "http: %s: no listening socket to share",
+				h->addr);
+	}
+	nd = MHD_start_daemon(h->flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER,
+			      mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, fd,
+			      MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+			      MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_TIMEOUT, 60u,
+			      MHD_OPTION_HTTPS_MEM_CERT, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
+			      MHD_OPTION_END);
+	if (nd == NULL) {
+		close(fd);
+		free_pem(cert);
+		free_pem(key);
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"http: %s: the new certificate or key was refused", h->addr);
+	}
+	if (h->old != NULL) {
+		MHD_stop_daemon(h->old);
+		free_pem(h->old_cert);
+		free_pem(h->old_key);
+	}
+	q = MHD_quiesce_daemon(h->d);
+	if (q != MHD_INVALID_SOCKET)
+		close(q); /* the new daemon listens on its dup */
+	h->old = h->d;
+	h->old_cert = h->tls_cert;
+	h->old_key = h->tls_key;
+	h->d = nd;
+	h->tls_cert = cert;
+	h->tls_key = key;
+	return 0;
+}
+
+int sdb_http_tls_reload(char *err, size_t errlen)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&servers_mu);
+	for (sdb_http *h = servers; h != NULL; h = h->next) {
+		char *cert = NULL, *key = NULL, e[256];
+		int r;
+
+		if (h->tls_cert == NULL || h->cert_path == NULL)
+			continue;
+		r = read_pem(h->cert_path, &cert, e, sizeof e);
+		if (r == 0 && (r = read_pem(h->key_path, &key, e, sizeof e)) != 0)
+			free_pem(cert);
+		if (r == 0)
+			r = swap_daemon(h, cert, key, e, sizeof e);
+		if (r == 0)
+			sdb_log(SDB_LOG_INFO, "http: TLS certificate reloaded", "addr=%s cert=%s",
+				h->addr, h->cert_path);
+		else if (rc == 0) {
+			rc = r;
+			snprintf(err, errlen, "%s", e);
+		}
+	}
+	pthread_mutex_unlock(&servers_mu);
+	return rc;
+}
 
 int sdb_http_acquire(const char *addr, sdb_http **out, char *err, size_t errlen)
 {
@@ -324,7 +406,14 @@ int sdb_http_acquire_cfg(const char *addr, const sdb_config *cfg, sdb_http **out
 		free_pem(cert);
 		return rc;
 	}
-	return acquire(addr, cert, key, out, err, errlen); /* takes cert and key */
+	rc = acquire(addr, cert, key, out, err, errlen); /* takes cert and key */
+	if (rc == 0 && (*out)->cert_path == NULL) {
+		pthread_mutex_lock(&servers_mu);
+		(*out)->cert_path = sdb_strdup(cp);
+		(*out)->key_path = sdb_strdup(kp);
+		pthread_mutex_unlock(&servers_mu);
+	}
+	return rc;
 }
 
 static int acquire(const char *addr, char *cert, char *key, sdb_http **out, char *err,
@@ -395,6 +484,12 @@ void sdb_http_release(sdb_http *h)
 	}
 	pthread_mutex_unlock(&servers_mu);
 	MHD_stop_daemon(h->d);
+	if (h->old != NULL)
+		MHD_stop_daemon(h->old);
+	free_pem(h->old_cert);
+	free_pem(h->old_key);
+	free(h->cert_path);
+	free(h->key_path);
 	while (h->routes != NULL) {
 		route *r = h->routes;
 		h->routes = r->next;

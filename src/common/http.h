@@ -50,14 +50,22 @@ void sdb_http_release(sdb_http *h);
 
 /* sdb_http_acquire with the role's options (issue #10): with --http-tls=true the server
  * speaks HTTPS only (libmicrohttpd + GnuTLS, MHD_USE_TLS), certificate chain --tls-cert
- * and key --tls-key read once at start (a changed certificate needs a restart: SIGHUP
- * does not reach this listener); no client certificates are requested. Roles sharing
- * an address must agree on --http-tls. Errors as sdb_http_acquire, plus SDB_EUSAGE
+ * and key --tls-key (re-read by sdb_http_tls_reload); no client certificates are
+ * requested. Roles sharing an address must agree on --http-tls (the first one's files
+ * are used). Errors as sdb_http_acquire, plus SDB_EUSAGE
  * (--http-tls without --tls-cert/--tls-key), SDB_EIO/SDB_EINVAL (unreadable PEM, or
  * libmicrohttpd without TLS), SDB_EINVAL (sharing roles disagree). */
 struct sdb_config;
 int sdb_http_acquire_cfg(const char *addr, const struct sdb_config *cfg, sdb_http **out,
 			 char *err, size_t errlen);
+
+/* Re-read the certificate and key of every HTTPS server (SIGHUP, through
+ * auth_tls_reload). New connections get the new certificate: a new daemon accepts on the
+ * same listening socket and the old one stops accepting, finishing its open connections
+ * (it is stopped at the next reload or release). 0, or the first error (SDB_EIO,
+ * SDB_EINVAL: unreadable or refused files; that server keeps its old certificate).
+ * Thread-safe. */
+int sdb_http_tls_reload(char *err, size_t errlen);
 
 /* Register a route (exact path match; method "GET", "POST", ... or "*"). May be called
  * while the server runs. Returns 0 or SDB_EEXISTS. */

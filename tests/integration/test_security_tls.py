@@ -387,6 +387,20 @@ def test_http_tls_with_curl(start_role, tmp_path):
     # plaintext HTTP and an untrusting client both fail
     assert curl(f"http://127.0.0.1:{hport}/healthz").returncode != 0
     assert curl(f"{url}/healthz").returncode != 0
+    # SIGHUP: new connections get the new certificate (from another CA)
+    import shutil
+    import signal
+    d2 = tmp_path / "certs2"
+    d2.mkdir()
+    ca2, cert2, key2 = make_certs(d2)
+    shutil.copy(cert2, p["cert"])
+    shutil.copy(key2, p["key"])
+    proc.signal(signal.SIGHUP)
+    wait_until(lambda: "http: TLS certificate reloaded" in proc.tail(100000), 20,
+               what="HTTPS reload")
+    r = curl("--cacert", ca2, f"{url}/healthz")
+    assert (r.returncode, r.stdout.strip()) == (0, "ok")
+    assert curl("--cacert", p["ca"], f"{url}/healthz").returncode != 0
 
 
 def test_metadata_warns_about_raft_beyond_loopback(start_role, tmp_path):
