@@ -3,7 +3,7 @@
  *   stripedb ctl cluster bootstrap --spec FILE [--verbose]
  *   stripedb ctl cluster status --spec FILE [--json]
  *   stripedb ctl cluster config --spec FILE HOST    print the config file bootstrap writes
- *   stripedb ctl cluster agent put PATH MODE [OWNER]        (run on a host, over SSH)
+ *   stripedb ctl cluster agent put PATH MODE OWNER|- SIZE ...  (run on a host, over SSH)
  *   stripedb ctl cluster agent start ROLE CONFIG DATADIR   (run on a host, over SSH)
  *
  * The spec (INI, read with inih like the config file; packaging/cluster.conf.example) has a
@@ -54,6 +54,7 @@
 
 #include "auth/cluster.h"
 #include "common/alloc.h"
+#include "common/log.h"
 
 int cli_cluster_main(int argc, char **argv);
 
@@ -643,29 +644,48 @@ static char *host_config(const cl_spec *s, const cl_host *h)
 
 /* --- ssh --- */
 
-/* Run `ssh HOST CMD` with stdin from `in` (len bytes, may be NULL). Returns the exit
- * status (255: ssh itself failed), -1 when it could not run or timed out; the first line
- * of its output (stdout, else stderr) goes to out. */
-static int ssh_run(const cl_spec *s, const cl_host *h, const char *cmd, const char *in, size_t len,
-		   char *out, size_t outlen)
+/* One `ssh HOST CMD` in flight: several run at once (one per host), each with stdin from a
+ * temporary file and its stdout and stderr captured in others (no pipe to keep drained). */
+typedef struct ssh_job {
+	const cl_host *h;
+	pid_t pid; /* 0: not started (err says why) */
+	FILE *fin, *fout, *ferr;
+	char err[256];
+} ssh_job;
+
+static void ssh_job_close(ssh_job *j)
+{
+	FILE **fs[3] = {&j->fin, &j->fout, &j->ferr};
+
+	for (int k = 0; k < 3; k++) {
+		if (*fs[k] != NULL) {
+			fclose(*fs[k]);
+			*fs[k] = NULL;
+		}
+	}
+}
+
+/* Start `ssh HOST CMD` with stdin from in (len bytes, may be NULL). Returns 0, or -1 with
+ * the reason in j->err (then ssh_finish reports it). */
+static int ssh_start(const cl_spec *s, const cl_host *h, const char *cmd, const char *in,
+		     size_t len, ssh_job *j)
 {
 	char *argv[16 + 2 * CL_MAX_SSH_OPTS];
 	char port[16];
-	int argc = 0, status = 0, rc = -1;
-	FILE *fin = tmpfile(), *fout = tmpfile(), *ferr = tmpfile();
-	pid_t pid;
-	uint64_t deadline;
+	int argc = 0;
 
-	out[0] = '\0';
-	if (fin == NULL || fout == NULL || ferr == NULL) {
-		snprintf(out, outlen, "tmpfile: %s", strerror(errno));
-		goto done;
+	memset(j, 0, sizeof *j);
+	j->h = h;
+	j->fin = tmpfile();
+	j->fout = tmpfile();
+	j->ferr = tmpfile();
+	if (j->fin == NULL || j->fout == NULL || j->ferr == NULL ||
+	    (in != NULL && (fwrite(in, 1, len, j->fin) != len || fflush(j->fin) != 0))) {
+		snprintf(j->err, sizeof j->err, "tmpfile: %s", strerror(errno));
+		ssh_job_close(j);
+		return -1;
 	}
-	if (in != NULL && (fwrite(in, 1, len, fin) != len || fflush(fin) != 0)) {
-		snprintf(out, outlen, "tmpfile: %s", strerror(errno));
-		goto done;
-	}
-	rewind(fin);
+	rewind(j->fin);
 	snprintf(port, sizeof port, "%d", s->ssh_port > 0 ? s->ssh_port : 22);
 	argv[argc++] = "ssh";
 	argv[argc++] = "-o";
@@ -691,23 +711,42 @@ static int ssh_run(const cl_spec *s, const cl_host *h, const char *cmd, const ch
 	if (verbose) {
 		fprintf(stderr, "+ ssh %s %s\n", h->addr, cmd);
 	}
-	pid = fork();
-	if (pid < 0) {
-		snprintf(out, outlen, "fork: %s", strerror(errno));
-		goto done;
+	fflush(stdout);
+	fflush(stderr);
+	j->pid = fork();
+	if (j->pid < 0) {
+		j->pid = 0;
+		snprintf(j->err, sizeof j->err, "fork: %s", strerror(errno));
+		ssh_job_close(j);
+		return -1;
 	}
-	if (pid == 0) {
-		dup2(fileno(fin), 0);
-		dup2(fileno(fout), 1);
-		dup2(fileno(ferr), 2);
+	if (j->pid == 0) {
+		dup2(fileno(j->fin), 0);
+		dup2(fileno(j->fout), 1);
+		dup2(fileno(j->ferr), 2);
 		execvp("ssh", argv);
 		fprintf(stderr, "exec ssh: %s\n", strerror(errno));
 		_exit(127);
 	}
-	deadline = now_ms() + CL_SSH_TIMEOUT_MS;
+	return 0;
+}
+
+/* Wait for a job started by ssh_start (at most CL_SSH_TIMEOUT_MS after deadline_base, then
+ * SIGKILL). Returns the exit status (255: ssh itself failed), -1 when it could not run or
+ * timed out; out gets the first line of stdout on success, of stderr on failure. */
+static int ssh_finish(ssh_job *j, uint64_t deadline, char *out, size_t outlen)
+{
+	int status = 0, rc = -1;
+	char line[512] = "";
+
+	out[0] = '\0';
+	if (j->pid == 0) {
+		snprintf(out, outlen, "%s", j->err);
+		return -1;
+	}
 	for (;;) {
-		pid_t w = waitpid(pid, &status, WNOHANG);
-		if (w == pid) {
+		pid_t w = waitpid(j->pid, &status, WNOHANG);
+		if (w == j->pid) {
 			break;
 		}
 		if (w < 0 && errno != EINTR) {
@@ -715,44 +754,23 @@ static int ssh_run(const cl_spec *s, const cl_host *h, const char *cmd, const ch
 			goto done;
 		}
 		if (now_ms() > deadline) {
-			kill(pid, SIGKILL);
-			waitpid(pid, &status, 0);
+			kill(j->pid, SIGKILL);
+			waitpid(j->pid, &status, 0);
 			snprintf(out, outlen, "ssh timed out after %d s", CL_SSH_TIMEOUT_MS / 1000);
 			goto done;
 		}
 		sleep_ms(10);
 	}
 	rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-	{
-		char line[512] = "";
-		rewind(fout);
-		if (fgets(line, sizeof line, fout) == NULL) {
-			line[0] = '\0';
-		}
-		line[strcspn(line, "\r\n")] = '\0';
-		/* on failure, stderr's message (ssh's own, or the remote command's) */
-		if (rc != 0) {
-			char eline[512] = "";
-			rewind(ferr);
-			if (fgets(eline, sizeof eline, ferr) != NULL) {
-				eline[strcspn(eline, "\r\n")] = '\0';
-				if (eline[0] != '\0') {
-					snprintf(line, sizeof line, "%s", eline);
-				}
-			}
-		}
-		snprintf(out, outlen, "%s", line);
+	rewind(rc == 0 ? j->fout : j->ferr);
+	if (fgets(line, sizeof line, rc == 0 ? j->fout : j->ferr) == NULL) {
+		line[0] = '\0';
 	}
+	line[strcspn(line, "\r\n")] = '\0';
+	snprintf(out, outlen, "%s", line);
 done:
-	if (fin != NULL) {
-		fclose(fin);
-	}
-	if (fout != NULL) {
-		fclose(fout);
-	}
-	if (ferr != NULL) {
-		fclose(ferr);
-	}
+	j->pid = 0;
+	ssh_job_close(j);
 	return rc;
 }
 
@@ -846,87 +864,64 @@ static int fail(const cl_host *h, const char *what, const char *msg)
 	return -1;
 }
 
-/* Write the config file (and the key) on host h. */
-static int configure_host(const cl_spec *s, const cl_host *h)
+/* Write every host's config file (and the cluster key): one `agent put` per host, all
+ * hosts at once. */
+static int configure_all(const cl_spec *s)
 {
-	char path[PATH_MAX], out[512];
-	char *conf = host_config(s, h);
-	sbuf cmd = {0};
-	int rc;
+	static ssh_job jobs[CL_MAX_HOSTS];
+	char keybuf[2048];
+	size_t keylen = 0;
+	uint64_t deadline;
+	int rc = 0;
 
-	host_config_path(s, h, path, sizeof path);
-	sb_printf(&cmd, "%s", "");
-	quote(&cmd, s->binary);
-	sb_printf(&cmd, " ctl cluster agent put");
-	quote(&cmd, path);
-	sb_printf(&cmd, " 0644");
-	rc = ssh_run(s, h, cmd.p + 1, conf, strlen(conf), out, sizeof out);
-	free(conf);
-	free(cmd.p);
-	if (rc != 0) {
-		return fail(h, "writing the config", out[0] ? out : "ssh failed");
-	}
-	if (verbose) {
-		printf("%s: %s %s\n", h->name, path, out);
-	}
 	if (s->key_file[0] != '\0') {
-		char key[PATH_MAX];
 		FILE *f = fopen(s->key_file, "r");
-		char buf[4096];
-		size_t n;
 		if (f == NULL) {
-			return fail(h, "reading the cluster key", strerror(errno));
+			fprintf(stderr, "stripedb ctl cluster bootstrap: %s: %s\n", s->key_file,
+				strerror(errno));
+			return -1;
 		}
-		n = fread(buf, 1, sizeof buf, f);
+		/* auth_cluster_load checked it: at most 1024 base64 characters and whitespace */
+		keylen = fread(keybuf, 1, sizeof keybuf, f);
 		fclose(f);
-		host_key_path(s, h, key, sizeof key);
-		memset(&cmd, 0, sizeof cmd);
-		sb_printf(&cmd, "%s", "");
+	}
+	for (int i = 0; i < s->n_hosts; i++) {
+		const cl_host *h = &s->hosts[i];
+		char path[PATH_MAX], key[PATH_MAX];
+		char *conf = host_config(s, h);
+		sbuf cmd = {0}, in = {0};
+		host_config_path(s, h, path, sizeof path);
 		quote(&cmd, s->binary);
 		sb_printf(&cmd, " ctl cluster agent put");
-		quote(&cmd, key);
-		sb_printf(&cmd, " 0600%s", s->launcher_systemd ? " stripedb" : "");
-		rc = ssh_run(s, h, cmd.p + 1, buf, n, out, sizeof out);
-		memset(buf, 0, sizeof buf);
+		quote(&cmd, path);
+		sb_printf(&cmd, " 0644 - %zu", strlen(conf));
+		sb_printf(&in, "%s", conf);
+		free(conf);
+		if (keylen > 0) {
+			host_key_path(s, h, key, sizeof key);
+			quote(&cmd, key);
+			sb_printf(&cmd, " 0600 %s %zu", s->launcher_systemd ? "stripedb" : "-", keylen);
+			sb_printf(&in, "%.*s", (int)keylen, keybuf);
+		}
+		ssh_start(s, h, cmd.p + 1, in.p, in.len, &jobs[i]);
+		memset(in.p, 0, in.len);
+		free(in.p);
 		free(cmd.p);
-		if (rc != 0) {
-			return fail(h, "copying the cluster key", out[0] ? out : "ssh failed");
+	}
+	memset(keybuf, 0, sizeof keybuf);
+	deadline = now_ms() + CL_SSH_TIMEOUT_MS;
+	for (int i = 0; i < s->n_hosts; i++) {
+		char out[512];
+		if (ssh_finish(&jobs[i], deadline, out, sizeof out) != 0) {
+			if (rc == 0) {
+				fail(&s->hosts[i], "writing the config", out[0] ? out : "ssh failed");
+			}
+			rc = -1; /* the other jobs are still reaped */
+		} else if (verbose) {
+			printf("%-12s %s\n", s->hosts[i].name, out);
 		}
 	}
-	return 0;
-}
-
-/* Start role r on h unless it is healthy. *started tells which. */
-static int start_role(const cl_spec *s, const cl_host *h, int r, int *started)
-{
-	char out[512], what[64];
-	sbuf cmd = {0};
-	int rc;
-
-	*started = 0;
-	if (role_healthy(s, h, r)) {
-		printf("%-12s %-12s already healthy\n", h->name, role_name[r]);
-		return 0;
-	}
-	if (s->launcher_systemd) {
-		sb_printf(&cmd, "systemctl enable --now 'stripedb@%s'", role_name[r]);
-	} else {
-		char conf[PATH_MAX];
-		host_config_path(s, h, conf, sizeof conf);
-		quote(&cmd, s->binary);
-		sb_printf(&cmd, " ctl cluster agent start %s", role_name[r]);
-		quote(&cmd, conf);
-		quote(&cmd, h->data_dir);
-	}
-	rc = ssh_run(s, h, cmd.p[0] == ' ' ? cmd.p + 1 : cmd.p, NULL, 0, out, sizeof out);
-	free(cmd.p);
-	snprintf(what, sizeof what, "role %s", role_name[r]);
-	if (rc != 0) {
-		return fail(h, what, out[0] ? out : "ssh failed");
-	}
-	printf("%-12s %-12s %s\n", h->name, role_name[r], out[0] ? out : "started");
-	*started = 1;
-	return 0;
+	return rc;
 }
 
 static int wait_role(const cl_spec *s, const cl_host *h, int r)
@@ -952,21 +947,61 @@ static int wait_role(const cl_spec *s, const cl_host *h, int r)
 	return fail(h, what, msg);
 }
 
-/* Start every instance of role r, then wait for each to be healthy. */
+/* Start every instance of role r that does not answer /healthz (all hosts at once), then
+ * wait for each to be healthy. */
 static int bring_up(const cl_spec *s, int r)
 {
+	static ssh_job jobs[CL_MAX_HOSTS];
+	int started[CL_MAX_HOSTS] = {0};
+	uint64_t deadline;
+	int rc = 0;
+
 	for (int i = 0; i < s->n_hosts; i++) {
-		int started;
-		if ((s->hosts[i].roles & (1u << r)) && start_role(s, &s->hosts[i], r, &started) != 0) {
-			return -1;
+		const cl_host *h = &s->hosts[i];
+		sbuf cmd = {0};
+		if (!(h->roles & (1u << r))) {
+			continue;
+		}
+		if (role_healthy(s, h, r)) {
+			printf("%-12s %-12s already healthy\n", h->name, role_name[r]);
+			continue;
+		}
+		if (s->launcher_systemd) {
+			sb_printf(&cmd, " systemctl enable --now 'stripedb@%s'", role_name[r]);
+		} else {
+			char conf[PATH_MAX];
+			host_config_path(s, h, conf, sizeof conf);
+			quote(&cmd, s->binary);
+			sb_printf(&cmd, " ctl cluster agent start %s", role_name[r]);
+			quote(&cmd, conf);
+			quote(&cmd, h->data_dir);
+		}
+		ssh_start(s, h, cmd.p + 1, NULL, 0, &jobs[i]);
+		started[i] = 1;
+		free(cmd.p);
+	}
+	deadline = now_ms() + CL_SSH_TIMEOUT_MS;
+	for (int i = 0; i < s->n_hosts; i++) {
+		char out[512], what[64];
+		if (!started[i]) {
+			continue;
+		}
+		snprintf(what, sizeof what, "role %s", role_name[r]);
+		if (ssh_finish(&jobs[i], deadline, out, sizeof out) != 0) {
+			if (rc == 0) {
+				fail(&s->hosts[i], what, out[0] ? out : "ssh failed");
+			}
+			rc = -1;
+		} else {
+			printf("%-12s %-12s %s\n", s->hosts[i].name, role_name[r], out[0] ? out : "started");
 		}
 	}
-	for (int i = 0; i < s->n_hosts; i++) {
+	for (int i = 0; i < s->n_hosts && rc == 0; i++) {
 		if ((s->hosts[i].roles & (1u << r)) && wait_role(s, &s->hosts[i], r) != 0) {
-			return -1;
+			rc = -1;
 		}
 	}
-	return 0;
+	return rc;
 }
 
 static int wait_leader(const cl_spec *s, const cl_host **leader)
@@ -1035,10 +1070,8 @@ static int cluster_bootstrap(const cl_spec *s)
 {
 	const cl_host *leader = NULL;
 
-	for (int i = 0; i < s->n_hosts; i++) {
-		if (configure_host(s, &s->hosts[i]) != 0) {
-			return 1;
-		}
+	if (configure_all(s) != 0) {
+		return 1;
 	}
 	if (bring_up(s, R_METADATA) != 0 || wait_leader(s, &leader) != 0) {
 		return 1;
@@ -1159,57 +1192,17 @@ static int mkdirs(const char *dir, mode_t mode)
 	return mkdir(tmp, mode) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* agent put PATH MODE [OWNER]: stdin (at most 1 MiB) to PATH, atomically, unless PATH
- * already holds exactly that with that mode. Prints "written" or "unchanged". */
-static int agent_put(int argc, char **argv)
+/* Write data (len bytes) to path with mode (and owner pw when not NULL), atomically,
+ * unless path already holds exactly that. Prints "PATH written|unchanged". */
+static int put_one(const char *path, mode_t mode, const struct passwd *pw, const char *data,
+		   size_t len)
 {
-	const char *path, *owner = NULL;
-	char *data = NULL, *old = NULL, *tmp = NULL, *dir = NULL;
-	size_t len = 0, oldlen = 0;
-	long mode;
-	char *end;
+	char *old = NULL, *tmp = NULL, *dir = NULL;
+	size_t oldlen = 0;
 	int fd = -1, rc = 1;
 	struct stat st;
-	struct passwd *pw = NULL;
 
-	if (argc < 2 || argc > 3 || !valid_path(argv[0])) {
-		fprintf(stderr, "stripedb ctl cluster agent put: usage: put PATH MODE [OWNER]\n");
-		return 2;
-	}
-	path = argv[0];
-	mode = strtol(argv[1], &end, 8);
-	if (*end != '\0' || mode < 0 || mode > 0777) {
-		fprintf(stderr, "stripedb ctl cluster agent put: bad mode '%s'\n", argv[1]);
-		return 2;
-	}
-	if (argc == 3) {
-		owner = argv[2];
-		pw = getpwnam(owner);
-		if (pw == NULL) {
-			fprintf(stderr, "stripedb ctl cluster agent put: no user '%s'\n", owner);
-			return 1;
-		}
-	}
-	data = sdb_malloc(CL_MAX_PUT + 1);
-	for (;;) {
-		ssize_t n = read(0, data + len, CL_MAX_PUT + 1 - len);
-		if (n < 0 && errno == EINTR) {
-			continue;
-		}
-		if (n < 0) {
-			fprintf(stderr, "stripedb ctl cluster agent put: stdin: %s\n", strerror(errno));
-			goto done;
-		}
-		if (n == 0) {
-			break;
-		}
-		len += (size_t)n;
-		if (len > CL_MAX_PUT) {
-			fprintf(stderr, "stripedb ctl cluster agent put: more than %d bytes\n", CL_MAX_PUT);
-			goto done;
-		}
-	}
-	if (stat(path, &st) == 0 && (st.st_mode & 0777) == (mode_t)mode && (size_t)st.st_size == len &&
+	if (stat(path, &st) == 0 && (st.st_mode & 0777) == mode && (size_t)st.st_size == len &&
 	    (pw == NULL || st.st_uid == pw->pw_uid)) {
 		FILE *f = fopen(path, "r");
 		old = sdb_malloc(len + 1);
@@ -1218,7 +1211,7 @@ static int agent_put(int argc, char **argv)
 			fclose(f);
 		}
 		if (oldlen == len && memcmp(old, data, len) == 0) {
-			printf("unchanged\n");
+			printf("%s unchanged\n", path);
 			rc = 0;
 			goto done;
 		}
@@ -1231,8 +1224,7 @@ static int agent_put(int argc, char **argv)
 	}
 	tmp = sdb_asprintf("%s.tmp.%d", path, (int)getpid());
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0 || fchmod(fd, (mode_t)mode) != 0 ||
-	    (pw != NULL && fchown(fd, pw->pw_uid, pw->pw_gid) != 0) ||
+	if (fd < 0 || fchmod(fd, mode) != 0 || (pw != NULL && fchown(fd, pw->pw_uid, pw->pw_gid) != 0) ||
 	    write(fd, data, len) != (ssize_t)len || fsync(fd) != 0) {
 		fprintf(stderr, "stripedb ctl cluster agent put: %s: %s\n", tmp, strerror(errno));
 		unlink(tmp);
@@ -1245,19 +1237,92 @@ static int agent_put(int argc, char **argv)
 		goto done;
 	}
 	fd = -1;
-	printf("written\n");
+	printf("%s written\n", path);
 	rc = 0;
 done:
 	if (fd >= 0) {
 		close(fd);
 	}
-	if (data != NULL) {
-		memset(data, 0, len);
+	if (old != NULL) {
+		memset(old, 0, len + 1);
 	}
-	free(data);
 	free(old);
 	free(tmp);
 	free(dir);
+	return rc;
+}
+
+/* agent put PATH MODE OWNER|- SIZE [PATH MODE OWNER|- SIZE]...: stdin (at most 1 MiB in
+ * all) is the files' contents one after the other, SIZE bytes each; each goes to its PATH
+ * (put_one). One ssh round trip writes a host's config file and its cluster key. */
+static int agent_put(int argc, char **argv)
+{
+	char *data = NULL;
+	size_t len = 0, want = 0, off = 0;
+	int rc = 2;
+
+	if (argc == 0 || argc % 4 != 0) {
+		fprintf(stderr, "stripedb ctl cluster agent put: usage: put PATH MODE OWNER|- SIZE ...\n");
+		return 2;
+	}
+	for (int i = 0; i < argc; i += 4) {
+		char *end;
+		long mode = strtol(argv[i + 1], &end, 8);
+		long long size;
+		if (!valid_path(argv[i]) || *end != '\0' || mode < 0 || mode > 0777) {
+			fprintf(stderr, "stripedb ctl cluster agent put: bad path or mode '%s' '%s'\n",
+				argv[i], argv[i + 1]);
+			return 2;
+		}
+		size = strtoll(argv[i + 3], &end, 10);
+		if (*end != '\0' || size < 0 || size > CL_MAX_PUT || want + (size_t)size > CL_MAX_PUT) {
+			fprintf(stderr, "stripedb ctl cluster agent put: bad size '%s' (at most %d bytes "
+					"in all)\n", argv[i + 3], CL_MAX_PUT);
+			return 2;
+		}
+		want += (size_t)size;
+	}
+	data = sdb_malloc(CL_MAX_PUT + 1);
+	for (;;) {
+		ssize_t n = read(0, data + len, CL_MAX_PUT + 1 - len);
+		if (n < 0 && errno == EINTR) {
+			continue;
+		}
+		if (n < 0) {
+			fprintf(stderr, "stripedb ctl cluster agent put: stdin: %s\n", strerror(errno));
+			rc = 1;
+			goto done;
+		}
+		if (n == 0) {
+			break;
+		}
+		len += (size_t)n;
+		if (len > CL_MAX_PUT) {
+			break;
+		}
+	}
+	if (len != want) {
+		fprintf(stderr, "stripedb ctl cluster agent put: got %zu bytes on stdin, want %zu\n", len,
+			want);
+		goto done;
+	}
+	rc = 0;
+	for (int i = 0; i < argc && rc == 0; i += 4) {
+		size_t size = (size_t)strtoll(argv[i + 3], NULL, 10);
+		const struct passwd *pw = NULL;
+		if (strcmp(argv[i + 2], "-") != 0 && (pw = getpwnam(argv[i + 2])) == NULL) {
+			fprintf(stderr, "stripedb ctl cluster agent put: no user '%s'\n", argv[i + 2]);
+			rc = 1;
+			break;
+		}
+		rc = put_one(argv[i], (mode_t)strtol(argv[i + 1], NULL, 8), pw, data + off, size);
+		off += size;
+	}
+done:
+	if (data != NULL) {
+		memset(data, 0, len < CL_MAX_PUT + 1 ? len : CL_MAX_PUT + 1);
+	}
+	free(data);
 	return rc;
 }
 
@@ -1418,6 +1483,14 @@ static int agent_start(int argc, char **argv)
 
 /* --- entry --- */
 
+static void log_drop(mongoc_log_level_t level, const char *domain, const char *message, void *data)
+{
+	(void)level;
+	(void)domain;
+	(void)message;
+	(void)data;
+}
+
 static int usage(const char *msg)
 {
 	fprintf(stderr, "stripedb ctl cluster: %s (usage: cluster bootstrap --spec FILE [--verbose] | "
@@ -1470,6 +1543,10 @@ int cli_cluster_main(int argc, char **argv)
 	if (strcmp(argv[0], "config") == 0 && host == NULL) {
 		return usage("config needs a HOST (a section of the spec)");
 	}
+	/* one stderr line per failure: no info lines (e.g. "cluster key loaded"), no libmongoc
+	 * lines (its errors reach us through bson_error_t) */
+	sdb_log_set_level(verbose ? SDB_LOG_INFO : SDB_LOG_WARN);
+	mongoc_log_set_handler(log_drop, NULL);
 	if (load_spec(spec_path, &spec) != 0) {
 		return 2;
 	}
