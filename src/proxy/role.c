@@ -431,7 +431,7 @@ static int auth_setup(sdb_role *role, proxy *p)
 	ao.failure_limit = sdb_config_get_int(role->cfg, SDB_OPT_auth_failure_limit, 10);
 	p->auth = auth_gate_new(&ao);
 	sdb_info("proxy authentication enabled", "mechanisms=%s failure_limit=%lld",
-		 "SCRAM-SHA-256", (long long)ao.failure_limit);
+		 "SCRAM-SHA-1,SCRAM-SHA-256", (long long)ao.failure_limit);
 	return 0;
 }
 /* ---- end of issue #10 hook ---- */
