@@ -9,7 +9,8 @@ libssl-dev libcmocka-dev libmicrohttpd-dev libinih-dev libxxhash-dev libpcre2-de
 libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcurl4-openssl-dev
 python3 python3-pymongo python3-pytest python3-grpcio python3-grpc-tools
 python3-prometheus-client redis-server kcat clang curl ca-certificates
-iproute2 openssh-client openssh-server"
+iproute2 openssh-client openssh-server
+debhelper dpkg-dev fakeroot rpm lintian debootstrap"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -6,7 +6,9 @@
 #   sudo tests/all.sh            (as root on a fresh Debian 12 machine)
 #
 # Builds go to build/ (sanitizers), build-fuzz/ (clang + libFuzzer); FUZZ_SECONDS=N
-# changes the fuzzing time; SKIP_DISTCHECK=1 skips the distcheck step.
+# changes the fuzzing time; SKIP_DISTCHECK=1 skips the distcheck step. As root, the
+# packaging tests (build the .deb and .rpm, install the .deb into a fresh debootstrap root;
+# a few minutes, needs the Debian mirror) run too; STRIPEDB_PACKAGING_TESTS=0 skips them.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -36,6 +38,9 @@ rm -rf build && mkdir build
 (cd build && ../configure --enable-sanitizers --enable-debug >configure.out && make -j"$jobs")
 
 step "make check (unit + integration)"
+if [ "$(id -u)" = 0 ]; then
+	export STRIPEDB_PACKAGING_TESTS=${STRIPEDB_PACKAGING_TESTS:-1}
+fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 if ! (cd build && make -j"$jobs" check); then
