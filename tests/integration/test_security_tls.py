@@ -418,3 +418,35 @@ def test_metadata_warns_about_raft_beyond_loopback(start_role, tmp_path):
     wait_until(lambda: warn in proc.tail(100000), 20, what="raft warning")
     assert proc.tail(100000).count(warn) == 1
     assert f"raft_listen=0.0.0.0:{raft}" in proc.tail(100000)
+
+
+def test_ctl_over_internal_tls(start_role, tmp_path):
+    """`stripedb ctl` reaches a TLS-only metadata member with STRIPEDB_TLS_INTERNAL,
+    STRIPEDB_TLS_CA, STRIPEDB_TLS_CERT, STRIPEDB_TLS_KEY (auth_cluster_tls_setup_env)."""
+    import os
+
+    from conftest import BIN, SRCDIR
+    with open(os.path.join(SRCDIR, "cli", "ctl.c")) as f:
+        if "auth_cluster_tls_setup_env" not in f.read():
+            pytest.skip("cli/ctl.c does not call auth_cluster_tls_setup_env yet")
+    p = pki(tmp_path)
+    mport, raft = free_port(), free_port()
+    md = tmp_path / "meta"
+    md.mkdir()
+    start_role(["--role=metadata", "--node-id=1", f"--data-dir={md}",
+                f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{raft}",
+                f"--bootstrap-members=1@127.0.0.1:{raft}"] + mtls_args(p, internal=True))
+    env = dict(os.environ, STRIPEDB_TLS_INTERNAL="true", STRIPEDB_TLS_CA=p["ca"],
+               STRIPEDB_TLS_CERT=p["cert"], STRIPEDB_TLS_KEY=p["key"])
+
+    def ctl(env, *args):
+        return subprocess.run([BIN, "ctl", f"--metadata=127.0.0.1:{mport}", *args], env=env,
+                              capture_output=True, text=True, timeout=60)
+    r = wait_until(lambda: (lambda r: r if r.returncode == 0 else None)(ctl(env, "ping")),
+                   30, what="ctl ping over TLS")
+    assert r.stdout.split() == [f"127.0.0.1:{mport}", "leader"]
+    plain = {k: v for k, v in env.items() if not k.startswith("STRIPEDB_TLS_")}
+    assert ctl(plain, "ping").returncode == 1
+    r = ctl(dict(plain, STRIPEDB_TLS_INTERNAL="true"), "ping")
+    assert (r.returncode, r.stderr) == (2, "stripedb ctl: STRIPEDB_TLS_INTERNAL needs "
+                                           "STRIPEDB_TLS_CA\n")
