@@ -17,7 +17,8 @@ workload of `stripedb bench` runs through both proxies against a collection shar
 shards while h1 is cut off the network (its veth is set down on the host side: it loses every
 peer, the metadata group keeps its quorum of two, a metadata write commits without it) and then
 restored; h1 catches up (same last applied index and state hash as the leader), the checker
-finds every acknowledged write in the final state, and every role is healthy.
+finds every acknowledged write in the final state, and every role is healthy. Last, a role that
+cannot start (its port taken) fails the run with one stderr line naming the host and role.
 
 Needs root, `ip netns`, sshd and ssh; skipped otherwise. Each host has its own data dir under
 the test's tmp dir (the namespaces share the filesystem). Teardown kills every process left in
@@ -362,6 +363,21 @@ def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
     r = bootstrap(spec, "status")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("healthy") == 9 and "(leader)" in r.stdout, r.stdout
+
+    # 6. a role that cannot start (a second shard on h4 whose wire port is taken): exit 1 and
+    # one stderr line naming the host and the role; the rest of the cluster is untouched
+    bad = tmp_path / "bad.conf"
+    bad.write_text(spec.read_text().replace("timeout-ms = 60000", "timeout-ms = 3000")
+                   + f"[h6]\naddress = {net.addr(4)}\nroles = shard\n"
+                   f"data-dir = {tmp_path / 'h6'}\nshard-http-port = 9112\n")
+    r = bootstrap(bad)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr == (f"stripedb ctl cluster bootstrap: host h6 ({net.addr(4)}) role shard: no "
+                        f"healthy /healthz on port 9112 after 3 s (see {tmp_path / 'h6'}/logs/"
+                        "shard.log)\n"), r.stderr
+    assert (tmp_path / "h6" / "logs" / "shard.log").exists()
+    assert r.stdout.count("already healthy") == 5, r.stdout  # metadata x3, shards of h4, h5
+    assert pids(tmp_path) == again
     m.close()
     px.close()
 
