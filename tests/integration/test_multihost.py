@@ -363,6 +363,13 @@ def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
     r = bootstrap(spec, "status")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("healthy") == 9 and "(leader)" in r.stdout, r.stdout
+    r = subprocess.run([BIN, "ctl", "cluster", "status", "--spec", str(spec), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert sorted((row["host"], row["role"]) for row in rows) == \
+        sorted((f"h{i}", role) for i in ROLES for role in ROLES[i])
+    assert all(row["healthy"] for row in rows)
+    assert len([row for row in rows if row["leader"]]) == 1
 
     # 6. a role that cannot start (a second shard on h4 whose wire port is taken): exit 1 and
     # one stderr line naming the host and the role; the rest of the cluster is untouched
