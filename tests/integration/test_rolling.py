@@ -12,6 +12,7 @@ handing leadership over).
 import collections
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -340,3 +341,46 @@ def test_write_with_unknown_outcome_is_not_retried(start_role, tmp_path):
     finally:
         cl.close()
         fake.close()
+
+
+def op_msg(sock, rid, cmd):
+    """Send one OP_MSG command on a raw socket and return the reply document."""
+    doc = bson.encode(cmd)
+    payload = struct.pack("<I", 0) + b"\0" + doc
+    sock.sendall(struct.pack("<iiii", 16 + len(payload), rid, 0, 2013) + payload)
+    head = FakeShard.recv_exact(sock, 16)
+    length = struct.unpack("<i", head[:4])[0]
+    body = FakeShard.recv_exact(sock, length - 16)
+    return bson.decode(body[5:])
+
+
+def test_quiescing_proxy_refuses_new_commands_unexecuted(start_role, tmp_path):
+    """A proxy in its quiesce period answers a command on an already open connection with
+    ShutdownInProgress (91) and the RetryableWriteError label, and does not execute it;
+    hello says ShutdownInProgress too; new connections are refused; it exits 0."""
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1)
+    try:
+        port = free_port()
+        quiescing = cl.start_role(["--role=proxy", f"--listen=127.0.0.1:{port}",
+                                   f"--metadata={cl.metadata_addr}",
+                                   "--shutdown-quiesce-ms=30000"])
+        cl.shard_collection("db.c", {"k": 1})
+        sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        assert op_msg(sock, 1, {"insert": "c", "documents": [{"_id": 1, "k": 1}],
+                                "$db": "db"})["n"] == 1
+        quiescing.signal(signal.SIGTERM)
+        # the stop is asynchronous: ping until the proxy says it is shutting down
+        wait_until(lambda: op_msg(sock, 2, {"ping": 1, "$db": "admin"}).get("code") == 91,
+                   20, what="the proxy to quiesce")
+        r = op_msg(sock, 3, {"insert": "c", "documents": [{"_id": 2, "k": 2}], "$db": "db"})
+        assert (r["ok"], r["code"], r["codeName"]) == (0.0, 91, "ShutdownInProgress")
+        assert r["errorLabels"] == ["RetryableWriteError"]
+        assert op_msg(sock, 4, {"hello": 1, "$db": "admin"})["code"] == 91
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.close()  # the last client gone: the quiesce ends early
+        assert quiescing.p.wait(timeout=30) == 0
+        # the refused insert was not executed; the first one was
+        assert sorted(d["_id"] for d in cl.proxy_client(0).db.c.find({})) == [1]
+    finally:
+        cl.close()
