@@ -123,14 +123,14 @@ int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen)
 	int rc = path ? auth_cluster_load(path, err, errlen) : 0;
 	if (rc == 0 && sdb_config_get_bool(cfg, SDB_OPT_tls_internal, 0)) {
 		const char *ca = sdb_config_get(cfg, SDB_OPT_tls_ca);
+		const char *cert = sdb_config_get(cfg, SDB_OPT_tls_cert);
 		if (!ca)
 			return sdb_errf(err, errlen, SDB_EUSAGE, "--tls-internal needs --tls-ca");
-		rc = auth_cluster_tls_load(ca, sdb_config_get(cfg, SDB_OPT_tls_cert),
-					   sdb_config_get(cfg, SDB_OPT_tls_key), err, errlen);
+		rc = auth_cluster_tls_load(ca, cert, sdb_config_get(cfg, SDB_OPT_tls_key), err,
+					   errlen);
 		if (rc == 0) /* here, not in _load: ctl keeps stderr for its one error line */
 			sdb_info("internal TLS configured", "ca=%s client_cert=%s", ca,
-				 sdb_config_get(cfg, SDB_OPT_tls_cert) ? sdb_config_get(cfg, SDB_OPT_tls_cert)
-								       : "-");
+				 cert ? cert : "-");
 	}
 	return rc;
 }
@@ -265,7 +265,8 @@ int auth_cluster_tls_setup_env(char *err, size_t errlen)
 	if (!t || !(strcmp(t, "true") == 0 || strcmp(t, "1") == 0 || strcmp(t, "yes") == 0))
 		return 0;
 	if (!env("STRIPEDB_TLS_CA"))
-		return sdb_errf(err, errlen, SDB_EUSAGE, "STRIPEDB_TLS_INTERNAL needs STRIPEDB_TLS_CA");
+		return sdb_errf(err, errlen, SDB_EUSAGE,
+				"STRIPEDB_TLS_INTERNAL needs STRIPEDB_TLS_CA");
 	return auth_cluster_tls_load(env("STRIPEDB_TLS_CA"), env("STRIPEDB_TLS_CERT"),
 				     env("STRIPEDB_TLS_KEY"), err, errlen);
 }
@@ -348,7 +349,8 @@ bool auth_cluster_uri_apply(mongoc_uri_t *uri)
 	uv_mutex_lock(&mu);
 	if (gate)
 		ok = mongoc_uri_set_username(uri, AUTH_CLUSTER_USER) &&
-		     mongoc_uri_set_password(uri, key) && mongoc_uri_set_auth_source(uri, "admin") &&
+		     mongoc_uri_set_password(uri, key) &&
+		     mongoc_uri_set_auth_source(uri, "admin") &&
 		     mongoc_uri_set_auth_mechanism(uri, "SCRAM-SHA-256");
 	/* issue #10: internal TLS; explicit options of the URI win */
 	if (ok && tls_ca && !mongoc_uri_has_option(uri, MONGOC_URI_TLS) &&

@@ -236,8 +236,9 @@ static int read_file(const char *path, char **out, char *err, size_t errlen)
 			if (cap >= AUTH_TLS_PEM_MAX) {
 				fclose(f);
 				free(buf);
-				return sdb_errf(err, errlen, SDB_EINVAL, "tls: %s: larger than %d bytes",
-						path, AUTH_TLS_PEM_MAX);
+				return sdb_errf(err, errlen, SDB_EINVAL,
+						"tls: %s: larger than %d bytes", path,
+						AUTH_TLS_PEM_MAX);
 			}
 			cap = cap ? cap * 2 : 16384;
 			buf = sdb_realloc(buf, cap + 1);
@@ -284,7 +285,8 @@ int auth_tls_listener_pem(const char *role, unsigned *gen, char **cert, char **k
 		return sdb_errf(err, errlen, SDB_ENOTFOUND, "tls: no listener for %s", role);
 	if (*gen == g)
 		goto out; /* unchanged */
-	if ((rc = read_file(pc, &c, err, errlen)) != 0 || (rc = read_file(pk, &k, err, errlen)) != 0 ||
+	if ((rc = read_file(pc, &c, err, errlen)) != 0 ||
+	    (rc = read_file(pk, &k, err, errlen)) != 0 ||
 	    (pa && (rc = read_file(pa, &a, err, errlen)) != 0)) {
 		free(c);
 		free(k);

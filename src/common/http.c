@@ -262,8 +262,9 @@ static int http_start(sdb_http *h, char *err, size_t errlen)
 				MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
 				ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
 				MHD_OPTION_THREAD_POOL_SIZE, 4u, MHD_OPTION_CONNECTION_TIMEOUT, 60u,
-				h->tls_cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, h->tls_cert,
-				MHD_OPTION_HTTPS_MEM_KEY, h->tls_key, MHD_OPTION_END);
+				/* plaintext: the list ends here */
+				h->tls_cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END,
+				h->tls_cert, MHD_OPTION_HTTPS_MEM_KEY, h->tls_key, MHD_OPTION_END);
 	freeaddrinfo(ai);
 	if (h->d == NULL) {
 		return sdb_errf(err, errlen, SDB_EIO, "http: cannot listen on %s", h->addr);
@@ -296,8 +297,8 @@ static int read_pem(const char *path, char **out, char *err, size_t errlen)
 	fclose(f);
 	if (n == 0 || n == 1u << 20) {
 		free(buf);
-		return sdb_errf(err, errlen, SDB_EINVAL, "http: --http-tls: %s is empty or too large",
-				path);
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"http: --http-tls: %s is empty or too large", path);
 	}
 	buf[n] = '\0';
 	*out = sdb_realloc(buf, n + 1); /* kept for the daemon's lifetime: trim */
@@ -399,7 +400,8 @@ int sdb_http_acquire_cfg(const char *addr, const sdb_config *cfg, sdb_http **out
 	if (!sdb_config_get_bool(cfg, SDB_OPT_http_tls, 0))
 		return acquire(addr, NULL, NULL, out, err, errlen);
 	if (cp == NULL || kp == NULL)
-		return sdb_errf(err, errlen, SDB_EUSAGE, "--http-tls needs --tls-cert and --tls-key");
+		return sdb_errf(err, errlen, SDB_EUSAGE,
+				"--http-tls needs --tls-cert and --tls-key");
 	if ((rc = read_pem(cp, &cert, err, errlen)) != 0)
 		return rc;
 	if ((rc = read_pem(kp, &key, err, errlen)) != 0) {
@@ -430,7 +432,9 @@ static int acquire(const char *addr, char *cert, char *key, sdb_http **out, char
 				free_pem(cert);
 				free_pem(key);
 				return sdb_errf(err, errlen, SDB_EINVAL,
-						"http: roles sharing %s disagree on --http-tls", addr);
+						"http: roles sharing %s disagree on "
+						"--http-tls",
+						addr);
 			}
 			free_pem(cert);
 			free_pem(key);

@@ -141,8 +141,9 @@ def make_pki(d):
         "-subj", "/CN=127.0.0.1")
     run("x509", "-req", "-in", "rogue.csr", "-CA", "rogue-ca.pem", "-CAkey", "rogue-ca.key",
         "-CAcreateserial", "-out", "rogue.pem", "-days", "2", "-extfile", "ext.cnf")
-    (d / "client.pem").write_text((d / "server.pem").read_text() + (d / "server.key").read_text())
-    (d / "rogue-client.pem").write_text((d / "rogue.pem").read_text() + (d / "rogue.key").read_text())
+    for out, crt, k in (("client.pem", "server.pem", "server.key"),
+                        ("rogue-client.pem", "rogue.pem", "rogue.key")):
+        (d / out).write_text((d / crt).read_text() + (d / k).read_text())
     return {"ca": ca, "cert": cert, "key": key, "client": str(d / "client.pem"),
             "rogue": str(d / "rogue-client.pem")}
 
