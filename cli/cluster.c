@@ -54,6 +54,7 @@
 
 #include "auth/cluster.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 int cli_cluster_main(int argc, char **argv);
@@ -129,20 +130,6 @@ typedef struct cl_spec {
 
 static int verbose;
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-
-	nanosleep(&ts, NULL);
-}
 
 /* --- validation: every string that reaches a remote shell passes one of these --- */
 
@@ -753,13 +740,13 @@ static int ssh_finish(ssh_job *j, uint64_t deadline, char *out, size_t outlen)
 			snprintf(out, outlen, "waitpid: %s", strerror(errno));
 			goto done;
 		}
-		if (now_ms() > deadline) {
+		if (sdb_mono_ms() > deadline) {
 			kill(j->pid, SIGKILL);
 			waitpid(j->pid, &status, 0);
 			snprintf(out, outlen, "ssh timed out after %d s", CL_SSH_TIMEOUT_MS / 1000);
 			goto done;
 		}
-		sleep_ms(10);
+		sdb_sleep_ms(10);
 	}
 	rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 	rewind(rc == 0 ? j->fout : j->ferr);
@@ -909,7 +896,7 @@ static int configure_all(const cl_spec *s)
 		free(cmd.p);
 	}
 	memset(keybuf, 0, sizeof keybuf);
-	deadline = now_ms() + CL_SSH_TIMEOUT_MS;
+	deadline = sdb_mono_ms() + CL_SSH_TIMEOUT_MS;
 	for (int i = 0; i < s->n_hosts; i++) {
 		char out[512];
 		if (ssh_finish(&jobs[i], deadline, out, sizeof out) != 0) {
@@ -926,14 +913,14 @@ static int configure_all(const cl_spec *s)
 
 static int wait_role(const cl_spec *s, const cl_host *h, int r)
 {
-	uint64_t deadline = now_ms() + (uint64_t)s->timeout_ms;
+	uint64_t deadline = sdb_mono_ms() + (uint64_t)s->timeout_ms;
 	char what[64], msg[512];
 
-	while (now_ms() < deadline) {
+	while (sdb_mono_ms() < deadline) {
 		if (role_healthy(s, h, r)) {
 			return 0;
 		}
-		sleep_ms(100);
+		sdb_sleep_ms(100);
 	}
 	snprintf(what, sizeof what, "role %s", role_name[r]);
 	if (s->launcher_systemd) {
@@ -980,7 +967,7 @@ static int bring_up(const cl_spec *s, int r)
 		started[i] = 1;
 		free(cmd.p);
 	}
-	deadline = now_ms() + CL_SSH_TIMEOUT_MS;
+	deadline = sdb_mono_ms() + CL_SSH_TIMEOUT_MS;
 	for (int i = 0; i < s->n_hosts; i++) {
 		char out[512], what[64];
 		if (!started[i]) {
@@ -1006,13 +993,13 @@ static int bring_up(const cl_spec *s, int r)
 
 static int wait_leader(const cl_spec *s, const cl_host **leader)
 {
-	uint64_t deadline = now_ms() + (uint64_t)s->timeout_ms;
+	uint64_t deadline = sdb_mono_ms() + (uint64_t)s->timeout_ms;
 
-	while (now_ms() < deadline) {
+	while (sdb_mono_ms() < deadline) {
 		if ((*leader = find_leader(s)) != NULL) {
 			return 0;
 		}
-		sleep_ms(100);
+		sdb_sleep_ms(100);
 	}
 	fprintf(stderr, "stripedb ctl cluster bootstrap: the metadata group elected no leader in %d s\n",
 		s->timeout_ms / 1000);
@@ -1024,7 +1011,7 @@ static int add_shard(const cl_spec *s, const char *name, const char *shard_uri, 
 {
 	sbuf uri = {0};
 	mongoc_client_t *cl;
-	uint64_t deadline = now_ms() + (uint64_t)s->timeout_ms;
+	uint64_t deadline = sdb_mono_ms() + (uint64_t)s->timeout_ms;
 	int rc = -1;
 
 	sb_printf(&uri, "mongodb://");
@@ -1051,7 +1038,7 @@ static int add_shard(const cl_spec *s, const char *name, const char *shard_uri, 
 			rc = 0;
 			break;
 		}
-		if (now_ms() > deadline) {
+		if (sdb_mono_ms() > deadline) {
 			if (h != NULL) {
 				fail(h, "addShard", e.message);
 			} else {
@@ -1060,7 +1047,7 @@ static int add_shard(const cl_spec *s, const char *name, const char *shard_uri, 
 			}
 			break;
 		}
-		sleep_ms(200); /* a leader change: retry within the deadline */
+		sdb_sleep_ms(200); /* a leader change: retry within the deadline */
 	}
 	mongoc_client_destroy(cl);
 	return rc;

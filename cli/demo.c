@@ -48,6 +48,7 @@
 #include "bench/bench.h"
 #include "cli/dev.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 
 #define DEMO_MAX_MIGS 32
 #define DEMO_MIG_TIMEOUT_MS 180000
@@ -62,20 +63,6 @@ static void on_signal(int sig)
 	interrupted = 1;
 }
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-
-	nanosleep(&ts, NULL);
-}
 
 /* Run `stripedb ARGS...` (this binary) and wait; its stdout goes to out (n bytes, NUL
  * terminated) when out is set, else to ours. Returns the exit code, or -1. */
@@ -384,14 +371,14 @@ static void mig_line(const demo_mig *g, char *buf, size_t n)
  * line. Returns 0 when all completed, -1 otherwise (timeout, abort, Ctrl-C). */
 static int follow(mongoc_client_t *m, bench *b, demo_mig *migs, int first, int n)
 {
-	uint64_t deadline = now_ms() + DEMO_MIG_TIMEOUT_MS;
+	uint64_t deadline = sdb_mono_ms() + DEMO_MIG_TIMEOUT_MS;
 	int tty = isatty(1), drawn = 0, done = 0;
 	char last[DEMO_MAX_MIGS][32];
 	char line[512], status[256];
 	uint64_t next_status = 0;
 
 	memset(last, 0, sizeof last);
-	while (!interrupted && now_ms() < deadline) {
+	while (!interrupted && sdb_mono_ms() < deadline) {
 		done = 1;
 		for (int i = first; i < n; i++) {
 			mig_poll(m, &migs[i]);
@@ -418,17 +405,17 @@ static int follow(mongoc_client_t *m, bench *b, demo_mig *migs, int first, int n
 					snprintf(last[i], sizeof last[i], "%s", migs[i].state);
 				}
 			}
-			if (now_ms() >= next_status) {
+			if (sdb_mono_ms() >= next_status) {
 				bench_status_line(b, status, sizeof status);
 				printf("  workload %s\n", status);
-				next_status = now_ms() + 2000;
+				next_status = sdb_mono_ms() + 2000;
 			}
 		}
 		fflush(stdout);
 		if (done) {
 			break;
 		}
-		sleep_ms(tty ? 250 : 200);
+		sdb_sleep_ms(tty ? 250 : 200);
 	}
 	for (int i = first; i < n; i++) {
 		if (strcmp(migs[i].state, "complete") != 0) {
@@ -584,7 +571,7 @@ int cli_demo_main(int argc, char **argv)
 	bench_verdict v;
 	quota_result q;
 	struct sigaction sa;
-	uint64_t t_start = now_ms(), t_end;
+	uint64_t t_start = sdb_mono_ms(), t_end;
 
 	memset(&q, 0, sizeof q);
 	memset(&v, 0, sizeof v);
@@ -694,12 +681,12 @@ int cli_demo_main(int argc, char **argv)
 			goto out;
 		}
 	}
-	t_end = now_ms() + (uint64_t)(seconds * 1000);
+	t_end = sdb_mono_ms() + (uint64_t)(seconds * 1000);
 	{
-		uint64_t until = now_ms() + (uint64_t)(seconds * 150); /* 15 % of the run */
+		uint64_t until = sdb_mono_ms() + (uint64_t)(seconds * 150); /* 15 % of the run */
 		char status[256];
-		while (!interrupted && now_ms() < until) {
-			sleep_ms(1000);
+		while (!interrupted && sdb_mono_ms() < until) {
+			sdb_sleep_ms(1000);
 			bench_status_line(b, status, sizeof status);
 			printf("  workload %s\n", status);
 			fflush(stdout);
@@ -723,10 +710,10 @@ int cli_demo_main(int argc, char **argv)
 	}
 	bench_mark(b, "between");
 	{
-		uint64_t until = now_ms() + (uint64_t)(seconds * 100);
+		uint64_t until = sdb_mono_ms() + (uint64_t)(seconds * 100);
 		char status[256];
-		while (!interrupted && now_ms() < until) {
-			sleep_ms(1000);
+		while (!interrupted && sdb_mono_ms() < until) {
+			sdb_sleep_ms(1000);
 			bench_status_line(b, status, sizeof status);
 			printf("  workload %s\n", status);
 			fflush(stdout);
@@ -749,10 +736,10 @@ int cli_demo_main(int argc, char **argv)
 	bench_mark(b, "after");
 	{
 		char status[256];
-		uint64_t min_after = now_ms() + (uint64_t)(seconds * 150);
+		uint64_t min_after = sdb_mono_ms() + (uint64_t)(seconds * 150);
 		uint64_t until = t_end > min_after ? t_end : min_after;
-		while (!interrupted && now_ms() < until) {
-			sleep_ms(1000);
+		while (!interrupted && sdb_mono_ms() < until) {
+			sdb_sleep_ms(1000);
 			bench_status_line(b, status, sizeof status);
 			printf("  workload %s\n", status);
 			fflush(stdout);
@@ -805,7 +792,7 @@ out:
 			dev_cluster_free(cl);
 		}
 	}
-	printf("demo finished in %.0f s\n", (double)(now_ms() - t_start) / 1000.0);
+	printf("demo finished in %.0f s\n", (double)(sdb_mono_ms() - t_start) / 1000.0);
 	free(cl);
 	mongoc_cleanup();
 	return rc;

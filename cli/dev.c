@@ -42,23 +42,10 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 
 #define DEV_START_TIMEOUT_MS 60000
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void sleep_ms(int ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-
-	nanosleep(&ts, NULL);
-}
 
 /* Reserve a free loopback port: the socket stays bound (and so the port reserved against
  * the other allocations of this `up`) until dev_release_ports(). */
@@ -222,9 +209,9 @@ static int pid_alive(int pid)
 
 static int wait_healthy(dev_cluster *c, dev_proc *p)
 {
-	uint64_t deadline = now_ms() + DEV_START_TIMEOUT_MS;
+	uint64_t deadline = sdb_mono_ms() + DEV_START_TIMEOUT_MS;
 
-	while (now_ms() < deadline) {
+	while (sdb_mono_ms() < deadline) {
 		if (!pid_alive(p->pid)) {
 			fprintf(stderr, "stripedb dev: %s exited during start; see %s/logs/%s.log\n",
 				p->name, c->dir, p->name);
@@ -233,7 +220,7 @@ static int wait_healthy(dev_cluster *c, dev_proc *p)
 		if (http_status(p->http, "/healthz") == 200) {
 			return 0;
 		}
-		sleep_ms(50);
+		sdb_sleep_ms(50);
 	}
 	fprintf(stderr, "stripedb dev: %s did not become healthy in %d s; see %s/logs/%s.log\n",
 		p->name, DEV_START_TIMEOUT_MS / 1000, c->dir, p->name);
@@ -430,7 +417,7 @@ static int register_shards(const dev_cluster *c)
 		bson_t cmd = BSON_INITIALIZER, reply;
 		bson_error_t e;
 		char suri[128];
-		uint64_t deadline = now_ms() + 30000;
+		uint64_t deadline = sdb_mono_ms() + 30000;
 		if (strcmp(p->role, "shard") != 0) {
 			continue;
 		}
@@ -443,12 +430,12 @@ static int register_shards(const dev_cluster *c)
 			if (ok || e.code == 11000) {
 				break;
 			}
-			if (now_ms() > deadline) {
+			if (sdb_mono_ms() > deadline) {
 				fprintf(stderr, "stripedb dev: addShard %s: %s\n", p->name, e.message);
 				rc = -1;
 				break;
 			}
-			sleep_ms(100); /* leader election in progress: retry with a deadline */
+			sdb_sleep_ms(100); /* leader election in progress: retry with a deadline */
 		}
 		bson_destroy(&cmd);
 		if (rc != 0) {
@@ -501,8 +488,8 @@ static int start_kafka_mock(dev_cluster *c)
 	}
 	close(fd);
 	c->kafka_pid = (int)pid;
-	deadline = now_ms() + 20000;
-	while (now_ms() < deadline) {
+	deadline = sdb_mono_ms() + 20000;
+	while (sdb_mono_ms() < deadline) {
 		FILE *f = fopen(out, "r");
 		if (f != NULL) {
 			int ok = fgets(c->kafka, sizeof c->kafka, f) != NULL;
@@ -512,7 +499,7 @@ static int start_kafka_mock(dev_cluster *c)
 				return 0;
 			}
 		}
-		sleep_ms(20);
+		sdb_sleep_ms(20);
 	}
 	fprintf(stderr, "stripedb dev: the Kafka mock broker did not start; see %s\n", log);
 	return -1;
@@ -855,7 +842,7 @@ static void stop_all(dev_cluster *c, int sig_first)
 				kill(c->procs[i].pid, sig_first);
 			}
 		}
-		deadline = now_ms() + 20000;
+		deadline = sdb_mono_ms() + 20000;
 		do {
 			any = 0;
 			for (int i = 0; i < c->n; i++) {
@@ -864,9 +851,9 @@ static void stop_all(dev_cluster *c, int sig_first)
 				}
 			}
 			if (any) {
-				sleep_ms(20);
+				sdb_sleep_ms(20);
 			}
-		} while (any && now_ms() < deadline);
+		} while (any && sdb_mono_ms() < deadline);
 		for (int i = 0; i < c->n; i++) {
 			if (strcmp(c->procs[i].role, order[k]) == 0 && pid_alive(c->procs[i].pid)) {
 				fprintf(stderr, "stripedb dev: %s did not stop in 20 s, SIGKILL\n",
@@ -877,9 +864,9 @@ static void stop_all(dev_cluster *c, int sig_first)
 	}
 	if (c->kafka_pid > 0 && pid_alive(c->kafka_pid)) {
 		kill(c->kafka_pid, SIGTERM);
-		uint64_t kdeadline = now_ms() + 5000;
-		while (pid_alive(c->kafka_pid) && now_ms() < kdeadline) {
-			sleep_ms(20);
+		uint64_t kdeadline = sdb_mono_ms() + 5000;
+		while (pid_alive(c->kafka_pid) && sdb_mono_ms() < kdeadline) {
+			sdb_sleep_ms(20);
 		}
 		if (pid_alive(c->kafka_pid)) {
 			kill(c->kafka_pid, SIGKILL);

@@ -8,6 +8,7 @@ libstripedb_a_SOURCES += \
 	src/common/metrics.c \
 	src/common/role.c
 noinst_HEADERS += \
+	src/common/clock.h \
 	src/common/alloc.h \
 	src/common/config.h \
 	src/common/err.h \
