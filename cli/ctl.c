@@ -194,6 +194,15 @@ int cli_main(int argc, char **argv)
 			return 2;
 		}
 	}
+	{
+		/* TLS to the cluster's internal listeners: STRIPEDB_TLS_INTERNAL, _CA, _CERT,
+		 * _KEY, as the roles' own options (issue #10) */
+		char terr[300];
+		if (auth_cluster_tls_setup_env(terr, sizeof terr) != 0) {
+			fprintf(stderr, "stripedb ctl: %s\n", terr);
+			return 2;
+		}
+	}
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(cmds[k].name, argv[i]) == 0) {
 			char *list, *save = NULL;

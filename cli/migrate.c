@@ -63,6 +63,9 @@ static int run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply)
 	bson_error_t e;
 	if (mongoc_client_command_simple(c, "admin", cmd, NULL, reply, &e))
 		return 0;
+	/* libmongoc fills reply on failure too: callers only keep it on success */
+	bson_destroy(reply);
+	bson_init(reply);
 	fprintf(stderr, "stripedb ctl: %s\n", e.message);
 	return e.domain == MONGOC_ERROR_SERVER ? (int)e.code : -1;
 }

@@ -271,7 +271,8 @@ int sdb_roles_run(const sdb_config_set *set)
 			break;
 		}
 		if (http != NULL) {
-			int rc = sdb_http_acquire(http, &r->http, r->err, sizeof r->err);
+			int rc = sdb_http_acquire_cfg(http, &set->roles[i], &r->http, r->err,
+						      sizeof r->err);
 			if (rc != 0) {
 				fprintf(stderr, "stripedb: %s: %s\n", r->def->name, r->err);
 				exit_code = rc == SDB_EINVAL ? 2 : 1;

@@ -219,7 +219,8 @@ static int ratelimit_start(sdb_role *role)
 			snprintf(any, sizeof any, "0.0.0.0%s", guber_http);
 			guber_http = any;
 		}
-		rc = sdb_http_acquire(guber_http, &rr->own_http, role->err, sizeof role->err);
+		rc = sdb_http_acquire_cfg(guber_http, role->cfg, &rr->own_http, role->err,
+					  sizeof role->err);
 		if (rc != 0) {
 			sdb_errwrap(role->err, sizeof role->err, rc, "GUBER_HTTP_ADDRESS");
 			goto err_after_grpc;
