@@ -58,7 +58,7 @@ typedef enum {
 	X("stale-retry-ms", stale_retry_ms, SDB_OPT_INT, "5000",                                \
 	  "proxy: budget for retrying a request refused with StaleConfig, or by a shard that "  \
 	  "is restarting (ms)")                                                                 \
-	X("shutdown-quiesce-ms", shutdown_quiesce_ms, SDB_OPT_INT, "0",                         \
+	X("shutdown-quiesce-ms", shutdown_quiesce_ms, SDB_OPT_INT, "2000",                      \
 	  "graceful shutdown: quiesce period (ms) before the drain, during which wire clients " \
 	  "are told ShutdownInProgress and move to other servers")                              \
 	X("oplog-max-bytes", oplog_max_bytes, SDB_OPT_INT, "268435456",                         \

@@ -23,6 +23,11 @@ SRCDIR = os.environ.get("STRIPEDB_SRCDIR") or os.path.abspath(
 
 _used_ports = set()
 
+# Roles quiesce for --shutdown-quiesce-ms (default 2000) on SIGTERM while clients stay
+# connected; test teardowns stop hundreds of processes with clients still open, so every
+# process a test starts drains at once unless the test passes the flag (test_rolling.py).
+os.environ.setdefault("STRIPEDB_SHUTDOWN_QUIESCE_MS", "0")
+
 
 def free_port():
     """Return a loopback TCP port that is free now and not handed out before in this run."""
