@@ -275,8 +275,14 @@ static void h_write(wire_req *req, void *data)
 		if (!pw)
 			pw = field_str(cmd, "pwd");
 		snprintf(user, sizeof user, "%s", name_arg ? name_arg : "");
-		if (pw && (!name_arg || strlen(name_arg) >= sizeof user ||
-			   scram_verifier(pw, &args) != 0 ||
+		if (pw && (!name_arg || name_arg[0] == '\0' || strlen(name_arg) >= sizeof user)) {
+			bson_destroy(&args);
+			wire_req_error(req, WIRE_ERR_BAD_VALUE,
+				       "%s: the user name must be 1 to %zu bytes", name,
+				       sizeof user - 1);
+			return;
+		}
+		if (pw && (scram_verifier(pw, &args) != 0 ||
 			   scram_sha1_verifier(user, pw, &args) != 0)) {
 			bson_destroy(&args);
 			wire_req_error(req, WIRE_ERR_INTERNAL, "%s: SCRAM verifier failed", name);

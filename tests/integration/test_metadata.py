@@ -245,6 +245,11 @@ def test_scram_verifier_never_stores_the_password(start_role, tmp_path):
     assert u["mechanism"] == "SCRAM-SHA-256"
     assert u["iterations"] == 15000
     assert u["storedKey"] == scram_stored_key(secret, u["salt"], u["iterations"])
+    # a name the verifier cannot carry is the caller's error, not the service's
+    for bad in ("", "u" * 300):
+        e = c.write("createUser", bad, tenant="acme", password="pw", ok_codes=(2,))
+        assert (e["code"], e["codeName"]) == (2, "BadValue"), e
+        assert "the user name must be 1 to 255 bytes" in e["errmsg"]
     c.converged(c.members)
     for m in c.members:
         for root, _, files in os.walk(m.data_dir):
