@@ -824,7 +824,14 @@ static const struct {
 	{"drop", AUTH_ACT_ADMIN},         {"collMod", AUTH_ACT_ADMIN},
 	{"create", AUTH_ACT_ADMIN},       {"findAndModify", AUTH_ACT_FIND},
 	{"findandmodify", AUTH_ACT_FIND}, {"aggregate", AUTH_ACT_FIND},
+	{"collStats", AUTH_ACT_FIND},     {"collstats", AUTH_ACT_FIND},
 };
+
+/* Commands explain may wrap (the proxy's explainable commands); explain needs the rights
+ * of the command it explains. */
+static const char *const explain_cmds[] = {"find",     "count",  "distinct",
+					   "aggregate", "update", "delete",
+					   "findAndModify", "findandmodify", NULL};
 
 bool auth_gate_authorize(const auth_policy *pol, const char *tenant, const char *name,
 			 const char *db, const bson_t *cmd, char *what, size_t whatlen)
@@ -851,6 +858,28 @@ bool auth_gate_authorize(const auth_policy *pol, const char *tenant, const char 
 	if (strcmp(name, "dropDatabase") == 0) {
 		need(&a, db, NULL, AUTH_ACT_ADMIN);
 		return a.ok;
+	}
+	if (strcmp(name, "dbStats") == 0 || strcmp(name, "dbstats") == 0) {
+		need(&a, db, NULL, AUTH_ACT_FIND);
+		return a.ok;
+	}
+	if (strcmp(name, "explain") == 0) {
+		bson_t inner;
+		uint32_t len;
+		const uint8_t *data;
+		snprintf(what, whatlen, "explain needs a command document");
+		if (!bson_iter_init_find(&it, cmd, "explain") || !BSON_ITER_HOLDS_DOCUMENT(&it))
+			return false;
+		bson_iter_document(&it, &len, &data);
+		if (!bson_init_static(&inner, data, len) || !bson_iter_init(&it, &inner) ||
+		    !bson_iter_next(&it))
+			return false;
+		for (i = 0; explain_cmds[i]; i++)
+			if (strcmp(bson_iter_key(&it), explain_cmds[i]) == 0)
+				return auth_gate_authorize(pol, tenant, explain_cmds[i], db, &inner,
+							   what, whatlen);
+		snprintf(what, whatlen, "explain of %s", bson_iter_key(&it));
+		return false;
 	}
 	for (i = 0; i < sizeof coll_cmds / sizeof coll_cmds[0]; i++) {
 		unsigned act = coll_cmds[i].action;

@@ -15,8 +15,11 @@
  * Projections of sharded finds run on the proxy (the shard key and sort fields must come
  * back for the ownership filter and the merge).
  */
+#include "build_config.h"
+
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -2295,6 +2298,667 @@ static void do_list_union(ctx *c, bool databases)
 	bcast_free(&b, n);
 }
 
+/* Every command the proxy routes (registered by proxy_exec_register). */
+static const char *const proxy_cmds[] = {
+	"find",          "getMore",       "killCursors",   "insert",      "update",
+	"delete",        "findAndModify", "findandmodify", "count",       "distinct",
+	"aggregate",     "createIndexes", "dropIndexes",   "drop",        "create",
+	"collMod",       "dropDatabase",  "listIndexes",   "listCollections",
+	"listDatabases", "explain",       "dbStats",       "dbstats",     "collStats",
+	"collstats",     NULL};
+
+/* ---------- collStats / dbStats / explain (mongos' combined replies) ---------- */
+
+/* One command for one shard, run in parallel with others (a fan-out unit). */
+typedef struct pcall {
+	ctx *c;
+	char *shard;  /* heap */
+	bson_t cmd;
+	bson_t reply; /* always initialised */
+	int cls;      /* SHARDCONN_* */
+	char nerr[256];
+} pcall;
+
+static void pcall_one(void *arg, size_t i)
+{
+	pcall *pc = &((pcall *)arg)[i];
+
+	bson_destroy(&pc->reply);
+	pc->cls = run_on(pc->c, pc->shard, &pc->cmd, NULL, &pc->reply, pc->nerr, sizeof pc->nerr);
+}
+
+/* n calls for the shards ids (their strings are taken over; the array is freed). */
+static pcall *pcalls_new(ctx *c, char **ids, size_t n)
+{
+	pcall *pc = proxy_calloc_bson(n ? n : 1, sizeof *pc);
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		pc[i].c = c;
+		pc[i].shard = ids[i];
+		bson_init(&pc[i].cmd);
+		bson_init(&pc[i].reply);
+	}
+	free(ids);
+	return pc;
+}
+
+static void pcalls_free(pcall *pc, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		free(pc[i].shard);
+		bson_destroy(&pc[i].cmd);
+		bson_destroy(&pc[i].reply);
+	}
+	free(pc);
+}
+
+/* The first failed call (NULL when all succeeded); codes in skip_codes (0-terminated) of
+ * shard errors are not failures. */
+static pcall *pcalls_failed(pcall *pc, size_t n, const int *skip_codes)
+{
+	size_t i, k;
+
+	for (i = 0; i < n; i++) {
+		bool skip = false;
+		if (pc[i].cls == SHARDCONN_OK)
+			continue;
+		for (k = 0; skip_codes && skip_codes[k] && pc[i].cls == SHARDCONN_CMD_ERR; k++)
+			if (get_int(&pc[i].reply, "code", 0) == skip_codes[k])
+				skip = true;
+		if (!skip)
+			return &pc[i];
+	}
+	return NULL;
+}
+
+/* A shard's reply as a sub-document, without the cluster time fields. */
+static void append_shard_reply(bson_t *out, const char *key, const bson_t *reply)
+{
+	bson_t d;
+	bson_iter_t it;
+
+	bson_append_document_begin(out, key, -1, &d);
+	if (bson_iter_init(&it, reply))
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			if (strcmp(k, "$clusterTime") == 0 || strcmp(k, "operationTime") == 0)
+				continue;
+			bson_append_iter(&d, k, -1, &it);
+		}
+	bson_append_document_end(out, &d);
+}
+
+static int str_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The shards owning a chunk of rc, sorted by id (heap array of heap strings). */
+static size_t owning_shards(const route_coll *rc, char ***out)
+{
+	char **ids = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *ids);
+	size_t i, k, n = 0;
+
+	for (i = 0; i < rc->nchunks; i++) {
+		bool dup = false;
+		for (k = 0; k < n && !dup; k++)
+			dup = strcmp(ids[k], rc->chunks[i].shard) == 0;
+		if (!dup)
+			ids[n++] = sdb_strdup(rc->chunks[i].shard);
+	}
+	sdb_qsort(ids, n, sizeof *ids, str_cmp);
+	*out = ids;
+	return n;
+}
+
+/* Per-index sums of collStats.indexSizes. */
+typedef struct isizes {
+	char **names;
+	int64_t *vals;
+	size_t n, cap;
+} isizes;
+
+static void isizes_add(isizes *s, const char *name, int64_t v)
+{
+	size_t i;
+
+	for (i = 0; i < s->n; i++)
+		if (strcmp(s->names[i], name) == 0) {
+			s->vals[i] += v;
+			return;
+		}
+	if (s->n == s->cap) {
+		s->cap = s->cap ? s->cap * 2 : 8;
+		s->names = sdb_realloc(s->names, s->cap * sizeof *s->names);
+		s->vals = sdb_realloc(s->vals, s->cap * sizeof *s->vals);
+	}
+	s->names[s->n] = sdb_strdup(name);
+	s->vals[s->n++] = v;
+}
+
+static void isizes_free(isizes *s)
+{
+	size_t i;
+
+	for (i = 0; i < s->n; i++)
+		free(s->names[i]);
+	free(s->names);
+	free(s->vals);
+}
+
+/* collStats (mongos' cluster collStats): sent to every shard owning a chunk of the
+ * collection (unsharded: its primary shard); count, size, storageSize, totalIndexSize and
+ * indexSizes are summed, nindexes is the largest, avgObjSize = size / count, the replies
+ * are kept under shards.<id>. A shard that has no document of a sharded collection yet
+ * answers NamespaceNotFound and adds nothing. */
+static void do_coll_stats(ctx *c)
+{
+	static const int absent[] = {WIRE_ERR_NAMESPACE_NOT_FOUND, 0};
+	route_coll *rc = route_or_fail(c);
+	char **ids = NULL;
+	size_t n, i;
+	pcall *pc, *bad;
+	bool sharded;
+	int64_t nchunks, count = 0, size = 0, storage = 0, total_idx = 0, nindexes = 0;
+	isizes sizes;
+	bson_t *out, shards, idx;
+
+	if (rc == NULL)
+		return;
+	sharded = rc->nkeys > 0;
+	nchunks = sharded ? (int64_t)rc->nchunks : 1;
+	if (sharded) {
+		n = owning_shards(rc, &ids);
+		route_coll_unref(rc);
+	} else {
+		char *primary;
+		route_coll_unref(rc);
+		if (!with_primary(c, &primary))
+			return;
+		ids = sdb_calloc(1, sizeof *ids);
+		ids[0] = primary;
+		n = 1;
+	}
+	pc = pcalls_new(c, ids, n);
+	for (i = 0; i < n; i++)
+		copy_cmd(c->cmd, &pc[i].cmd, NULL);
+	shardconn_fanout(c->p->sc, n, pcall_one, pc);
+	bad = pcalls_failed(pc, n, sharded ? absent : NULL);
+	if (bad) {
+		if (bad->cls == SHARDCONN_NET_ERR)
+			reply_shard_error(c->req, bad->cls, &bad->reply, bad->nerr);
+		else
+			reply_copy(c->req, &bad->reply); /* e.g. the collection does not exist */
+		pcalls_free(pc, n);
+		return;
+	}
+	memset(&sizes, 0, sizeof sizes);
+	out = bson_new();
+	BSON_APPEND_UTF8(out, "ns", c->ns);
+	BSON_APPEND_BOOL(out, "sharded", sharded);
+	if (!sharded)
+		BSON_APPEND_UTF8(out, "primary", pc[0].shard);
+	bson_append_document_begin(out, "shards", -1, &shards);
+	for (i = 0; i < n; i++) {
+		bson_iter_t it, sub;
+		if (pc[i].cls != SHARDCONN_OK)
+			continue;
+		count += get_int(&pc[i].reply, "count", 0);
+		size += get_int(&pc[i].reply, "size", 0);
+		storage += get_int(&pc[i].reply, "storageSize", 0);
+		total_idx += get_int(&pc[i].reply, "totalIndexSize", 0);
+		if (get_int(&pc[i].reply, "nindexes", 0) > nindexes)
+			nindexes = get_int(&pc[i].reply, "nindexes", 0);
+		if (bson_iter_init_find(&it, &pc[i].reply, "indexSizes") &&
+		    BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &sub))
+			while (bson_iter_next(&sub))
+				if (BSON_ITER_HOLDS_NUMBER(&sub))
+					isizes_add(&sizes, bson_iter_key(&sub), bson_iter_as_int64(&sub));
+		append_shard_reply(&shards, pc[i].shard, &pc[i].reply);
+	}
+	bson_append_document_end(out, &shards);
+	BSON_APPEND_INT64(out, "count", count);
+	BSON_APPEND_INT64(out, "size", size);
+	BSON_APPEND_INT64(out, "storageSize", storage);
+	BSON_APPEND_INT64(out, "totalIndexSize", total_idx);
+	BSON_APPEND_INT64(out, "avgObjSize", count ? size / count : 0);
+	BSON_APPEND_INT64(out, "nindexes", nindexes);
+	bson_append_document_begin(out, "indexSizes", -1, &idx);
+	for (i = 0; i < sizes.n; i++)
+		BSON_APPEND_INT64(&idx, sizes.names[i], sizes.vals[i]);
+	bson_append_document_end(out, &idx);
+	BSON_APPEND_BOOL(out, "capped", false);
+	BSON_APPEND_INT64(out, "nchunks", nchunks);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	isizes_free(&sizes);
+	pcalls_free(pc, n);
+	wire_req_reply(c->req, out);
+}
+
+/* dbStats (mongos' cluster dbStats): sent to every shard, as mongos does; collections,
+ * views, objects, dataSize, storageSize, indexes and indexSize are summed (a collection
+ * with documents on k shards counts k times, as on mongos), avgObjSize = dataSize /
+ * objects, each shard's reply under raw.<id>. */
+static void do_db_stats(ctx *c)
+{
+	static const char *const sums[] = {"collections", "views",   "objects",   "dataSize",
+					   "storageSize", "indexes", "indexSize", NULL};
+	int64_t tot[7] = {0};
+	bcast b;
+	size_t n = broadcast(c, c->cmd, &b), i, k;
+	bson_t *out, raw;
+
+	if (n == 0) {
+		bcast_free(&b, n);
+		wire_req_error(c->req, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
+		return;
+	}
+	for (i = 0; i < n; i++)
+		if (b.cls[i] != SHARDCONN_OK) {
+			reply_shard_error(c->req, b.cls[i], &b.replies[i], b.nerr[i]);
+			bcast_free(&b, n);
+			return;
+		}
+	out = bson_new();
+	bson_append_document_begin(out, "raw", -1, &raw);
+	for (i = 0; i < n; i++) {
+		for (k = 0; sums[k]; k++)
+			tot[k] += get_int(&b.replies[i], sums[k], 0);
+		append_shard_reply(&raw, b.ids[i], &b.replies[i]);
+	}
+	bson_append_document_end(out, &raw);
+	BSON_APPEND_UTF8(out, "db", c->db);
+	for (k = 0; sums[k]; k++) {
+		BSON_APPEND_INT64(out, sums[k], tot[k]);
+		if (strcmp(sums[k], "objects") == 0)
+			BSON_APPEND_DOUBLE(out, "avgObjSize",
+					   tot[k] ? (double)tot[3] / (double)tot[k] : 0.0);
+	}
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	bcast_free(&b, n);
+	wire_req_reply(c->req, out);
+}
+
+/* Commands explain accepts (as mongos: the explainable commands the proxy routes). */
+static const char *const explainable[] = {"find",   "count",         "distinct",
+					  "aggregate", "update", "delete", "findAndModify",
+					  "findandmodify", NULL};
+
+static bool in_list(const char *const *list, const char *name)
+{
+	size_t i;
+
+	for (i = 0; list[i]; i++)
+		if (strcmp(list[i], name) == 0)
+			return true;
+	return false;
+}
+
+
+/* OR into sel the chunks the inner command verb would target (the same route_target
+ * calls its handler makes; aggregate: its first $match stage, as pushed down). */
+static void explain_target(route_coll *rc, const char *verb, const bson_t *inner, bool *sel)
+{
+	bson_t q, arr, empty = BSON_INITIALIZER;
+	bson_iter_t it;
+	bool exact, any = false;
+	bool *tmp = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *tmp);
+	size_t i;
+
+	if (strcmp(verb, "update") == 0 || strcmp(verb, "delete") == 0) {
+		if (get_array(inner, verb[0] == 'u' ? "updates" : "deletes", &arr) &&
+		    bson_iter_init(&it, &arr))
+			while (bson_iter_next(&it)) {
+				bson_t st, sq;
+				uint32_t len;
+				const uint8_t *data;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+					continue;
+				bson_iter_document(&it, &len, &data);
+				if (!bson_init_static(&st, data, len))
+					continue;
+				if (!get_doc(&st, "q", &sq))
+					bson_init(&sq);
+				memset(tmp, 0, rc->nchunks * sizeof *tmp);
+				route_target(rc, &sq, tmp, &exact);
+				for (i = 0; i < rc->nchunks; i++)
+					sel[i] = sel[i] || tmp[i];
+				any = true;
+			}
+		if (!any)
+			route_target(rc, &empty, sel, &exact);
+		free(tmp);
+		return;
+	}
+	if (strcmp(verb, "find") == 0)
+		any = get_doc(inner, "filter", &q);
+	else if (strcmp(verb, "aggregate") == 0) {
+		if (get_array(inner, "pipeline", &arr) && bson_iter_init(&it, &arr) &&
+		    bson_iter_next(&it) && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			bson_t st;
+			uint32_t len;
+			const uint8_t *data;
+			bson_iter_document(&it, &len, &data);
+			if (bson_init_static(&st, data, len))
+				any = get_doc(&st, "$match", &q);
+		}
+	} else
+		any = get_doc(inner, "query", &q);
+	route_target(rc, any ? &q : &empty, sel, &exact);
+	free(tmp);
+}
+
+/* The inner command as the proxy sends it to a shard: session fields dropped; a sharded
+ * find gets limit + skip pushed down and no skip (the proxy skips after the merge). */
+static void explain_inner(const char *verb, const bson_t *inner, bool sharded, bson_t *out)
+{
+	static const char *const find_skip[] = {"skip", "limit", NULL};
+	int64_t skip = get_int(inner, "skip", 0), limit = get_int(inner, "limit", 0);
+
+	if (sharded && strcmp(verb, "find") == 0 && skip > 0) {
+		copy_cmd(inner, out, find_skip);
+		if (limit != 0)
+			BSON_APPEND_INT64(out, "limit",
+					  merge_pushdown_limit(skip, limit < 0 ? -limit : limit));
+		return;
+	}
+	copy_cmd(inner, out, NULL);
+}
+
+/* Sum (or max) of a number field of the shards' executionStats. */
+static int64_t exec_stat(pcall *pc, size_t n, const char *field, bool max)
+{
+	int64_t r = 0, v;
+	size_t i;
+	bson_t es;
+
+	for (i = 0; i < n; i++) {
+		if (!get_doc(&pc[i].reply, "executionStats", &es))
+			continue;
+		v = get_int(&es, field, 0);
+		r = max ? (v > r ? v : r) : r + v;
+	}
+	return r;
+}
+
+/* The mongos form of explain (cluster_explain.cpp): queryPlanner.winningPlan {stage,
+ * shards: [per shard]} and, with executionStats or allPlansExecution, executionStats with
+ * executionStages {stage, sums, shards: [per shard]}. */
+static void explain_answer(ctx *c, const bson_t *inner, const char *verbosity, bool sorted,
+			   pcall *pc, size_t n)
+{
+	const char *stage = n == 1 ? "SINGLE_SHARD" : sorted ? "SHARD_MERGE_SORT" : "SHARD_MERGE";
+	bool stats = strcmp(verbosity, "queryPlanner") != 0;
+	bson_t *out = bson_new(), qp, wp, arr, d, es, st, sarr, info, cmd;
+	char key[24], host[256];
+	size_t i;
+
+	bson_append_document_begin(out, "queryPlanner", -1, &qp);
+	BSON_APPEND_INT32(&qp, "mongosPlannerVersion", 1);
+	bson_append_document_begin(&qp, "winningPlan", -1, &wp);
+	BSON_APPEND_UTF8(&wp, "stage", stage);
+	bson_append_array_begin(&wp, "shards", -1, &arr);
+	for (i = 0; i < n; i++) {
+		char *hosts = shardconn_shard_hosts(c->p->sc, pc[i].shard);
+		bson_t sq, si;
+		bson_iter_t it;
+		snprintf(key, sizeof key, "%zu", i);
+		bson_append_document_begin(&arr, key, -1, &d);
+		BSON_APPEND_UTF8(&d, "shardName", pc[i].shard);
+		BSON_APPEND_UTF8(&d, "connectionString", hosts ? hosts : "");
+		free(hosts);
+		if (get_doc(&pc[i].reply, "serverInfo", &si))
+			BSON_APPEND_DOCUMENT(&d, "serverInfo", &si);
+		if (get_doc(&pc[i].reply, "queryPlanner", &sq)) {
+			if (bson_iter_init(&it, &sq))
+				while (bson_iter_next(&it))
+					bson_append_iter(&d, bson_iter_key(&it), -1, &it);
+		} else if (bson_iter_init(&it, &pc[i].reply)) {
+			/* a plan the shard describes otherwise (aggregate without a query) */
+			while (bson_iter_next(&it)) {
+				const char *k = bson_iter_key(&it);
+				if (strcmp(k, "ok") != 0 && strcmp(k, "serverInfo") != 0 &&
+				    strcmp(k, "executionStats") != 0 && strcmp(k, "$clusterTime") != 0 &&
+				    strcmp(k, "operationTime") != 0)
+					bson_append_iter(&d, k, -1, &it);
+			}
+		}
+		bson_append_document_end(&arr, &d);
+	}
+	bson_append_array_end(&wp, &arr);
+	bson_append_document_end(&qp, &wp);
+	bson_append_document_end(out, &qp);
+	if (stats) {
+		int64_t nret = exec_stat(pc, n, "nReturned", false);
+		int64_t ms = exec_stat(pc, n, "executionTimeMillis", true);
+		int64_t keys = exec_stat(pc, n, "totalKeysExamined", false);
+		int64_t docs = exec_stat(pc, n, "totalDocsExamined", false);
+		bson_append_document_begin(out, "executionStats", -1, &es);
+		BSON_APPEND_INT64(&es, "nReturned", nret);
+		BSON_APPEND_INT64(&es, "executionTimeMillis", ms);
+		BSON_APPEND_INT64(&es, "totalKeysExamined", keys);
+		BSON_APPEND_INT64(&es, "totalDocsExamined", docs);
+		bson_append_document_begin(&es, "executionStages", -1, &st);
+		BSON_APPEND_UTF8(&st, "stage", stage);
+		BSON_APPEND_INT64(&st, "nReturned", nret);
+		BSON_APPEND_INT64(&st, "executionTimeMillis", ms);
+		BSON_APPEND_INT64(&st, "totalKeysExamined", keys);
+		BSON_APPEND_INT64(&st, "totalDocsExamined", docs);
+		BSON_APPEND_INT64(&st, "totalChildMillis", exec_stat(pc, n, "executionTimeMillis",
+								       false));
+		bson_append_array_begin(&st, "shards", -1, &sarr);
+		for (i = 0; i < n; i++) {
+			bson_t ses, one;
+			bool have = get_doc(&pc[i].reply, "executionStats", &ses);
+			snprintf(key, sizeof key, "%zu", i);
+			bson_append_document_begin(&sarr, key, -1, &one);
+			BSON_APPEND_UTF8(&one, "shardName", pc[i].shard);
+			BSON_APPEND_BOOL(&one, "executionSuccess",
+					 have ? get_bool(&ses, "executionSuccess", true) : true);
+			if (have) {
+				BSON_APPEND_INT64(&one, "nReturned", get_int(&ses, "nReturned", 0));
+				BSON_APPEND_INT64(&one, "executionTimeMillis",
+						  get_int(&ses, "executionTimeMillis", 0));
+				BSON_APPEND_INT64(&one, "totalKeysExamined",
+						  get_int(&ses, "totalKeysExamined", 0));
+				BSON_APPEND_INT64(&one, "totalDocsExamined",
+						  get_int(&ses, "totalDocsExamined", 0));
+				BSON_APPEND_DOCUMENT(&one, "executionStages", &ses);
+			}
+			bson_append_document_end(&sarr, &one);
+		}
+		bson_append_array_end(&st, &sarr);
+		bson_append_document_end(&es, &st);
+		if (strcmp(verbosity, "allPlansExecution") == 0) {
+			bson_t ap, one, none;
+			bson_append_array_begin(&es, "allPlansExecution", -1, &ap);
+			for (i = 0; i < n; i++) {
+				snprintf(key, sizeof key, "%zu", i);
+				bson_append_document_begin(&ap, key, -1, &one);
+				BSON_APPEND_UTF8(&one, "shardName", pc[i].shard);
+				bson_append_array_begin(&one, "allPlans", -1, &none);
+				bson_append_array_end(&one, &none);
+				bson_append_document_end(&ap, &one);
+			}
+			bson_append_array_end(&es, &ap);
+		}
+		bson_append_document_end(out, &es);
+	}
+	if (gethostname(host, sizeof host) != 0)
+		snprintf(host, sizeof host, "localhost");
+	host[sizeof host - 1] = '\0';
+	bson_append_document_begin(out, "serverInfo", -1, &info);
+	BSON_APPEND_UTF8(&info, "host", host);
+	BSON_APPEND_UTF8(&info, "version", "6.0.0-stripedb-" PACKAGE_VERSION);
+	bson_append_document_end(out, &info);
+	bson_init(&cmd);
+	copy_cmd(inner, &cmd, NULL);
+	BSON_APPEND_DOCUMENT(out, "command", &cmd);
+	bson_destroy(&cmd);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	wire_req_reply(c->req, out);
+}
+
+/* explain (mongos' cluster explain): {explain: <find | count | distinct | aggregate |
+ * update | delete | findAndModify>, verbosity}. The inner command is targeted as its own
+ * handler targets it (route_target on its filter); each targeted shard gets
+ * {explain: <inner as the proxy sends it>, verbosity, $stripedbVersion: <the token of
+ * its first targeted chunk>} once, so a shard that lost the chunk answers StaleConfig
+ * and the proxy reloads the routing and explains again (within --stale-retry-ms). */
+static void do_explain(ctx *c)
+{
+	static const char *const verbs[] = {"queryPlanner", "executionStats", "allPlansExecution",
+					    NULL};
+	bson_t inner, sort;
+	bson_iter_t it;
+	const char *verbosity = "allPlansExecution", *verb;
+	ctx x;
+	route_coll *rc;
+
+	if (!bson_iter_init_find(&it, c->cmd, "explain") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+	    !get_doc(c->cmd, "explain", &inner)) {
+		wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
+			       "explain command requires a nested object");
+		return;
+	}
+	if (bson_iter_init_find(&it, c->cmd, "verbosity")) {
+		if (!BSON_ITER_HOLDS_UTF8(&it)) {
+			wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
+				       "explain verbosity must be a string");
+			return;
+		}
+		verbosity = bson_iter_utf8(&it, NULL);
+		if (!in_list(verbs, verbosity)) {
+			wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
+				       "verbosity string must be one of {'queryPlanner', "
+				       "'executionStats', 'allPlansExecution'}");
+			return;
+		}
+	}
+	if (!bson_iter_init(&it, &inner) || !bson_iter_next(&it)) {
+		wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
+			       "explain command requires a nested object");
+		return;
+	}
+	verb = bson_iter_key(&it);
+	if (!in_list(explainable, verb)) {
+		if (in_list(proxy_cmds, verb))
+			wire_req_error(c->req, WIRE_ERR_ILLEGAL_OPERATION, "Cannot explain cmd: %s",
+				       verb);
+		else
+			wire_req_error(c->req, WIRE_ERR_COMMAND_NOT_FOUND,
+				       "Explain failed due to unknown command: %s", verb);
+		return;
+	}
+	if (uses_js(&inner, 0)) {
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
+			       "$where and server-side JavaScript are not allowed on stripedb");
+		return;
+	}
+	x = *c;
+	x.cmd = &inner;
+	x.coll = NULL;
+	x.ns[0] = '\0';
+	if (BSON_ITER_HOLDS_UTF8(&it)) {
+		x.coll = bson_iter_utf8(&it, NULL);
+		snprintf(x.ns, sizeof x.ns, "%s.%s", x.db, x.coll);
+	} else if (strcmp(verb, "aggregate") != 0) {
+		wire_req_error(c->req, WIRE_ERR_INVALID_NAMESPACE,
+			       "%s needs a collection name string as its first field", verb);
+		return;
+	}
+	rc = x.coll ? route_or_fail(&x) : route_coll_unsharded("", 0);
+	if (rc == NULL)
+		return;
+	for (;;) {
+		char **ids;
+		size_t *first, n = 0, i, k;
+		pcall *pc, *bad;
+		bool sharded = rc->nkeys > 0, *sel;
+
+		if (!sharded) {
+			char *primary;
+			if (!with_primary(&x, &primary))
+				break;
+			ids = sdb_calloc(1, sizeof *ids);
+			first = sdb_calloc(1, sizeof *first);
+			ids[n++] = primary;
+		} else {
+			sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
+			explain_target(rc, verb, &inner, sel);
+			ids = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *ids);
+			first = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *first);
+			for (i = 0; i < rc->nchunks; i++) {
+				bool dup = false;
+				if (!sel[i])
+					continue;
+				for (k = 0; k < n && !dup; k++)
+					dup = strcmp(ids[k], rc->chunks[i].shard) == 0;
+				if (!dup) {
+					ids[n] = sdb_strdup(rc->chunks[i].shard);
+					first[n++] = i;
+				}
+			}
+			free(sel);
+			/* by shard id, so the answer is deterministic */
+			for (i = 1; i < n; i++)
+				for (k = i; k > 0 && strcmp(ids[k - 1], ids[k]) > 0; k--) {
+					char *t = ids[k];
+					size_t f = first[k];
+					ids[k] = ids[k - 1];
+					first[k] = first[k - 1];
+					ids[k - 1] = t;
+					first[k - 1] = f;
+				}
+		}
+		if (n == 0) { /* a sharded collection without chunks: nothing to explain */
+			ids[n] = proxy_primary(c->p);
+			if (ids[n] == NULL) {
+				free(ids);
+				free(first);
+				wire_req_error(c->req, WIRE_ERR_SHARD_NOT_FOUND,
+					       "no shard is registered in the metadata service");
+				break;
+			}
+			first[n++] = SIZE_MAX;
+		}
+		pc = pcalls_new(c, ids, n);
+		for (i = 0; i < n; i++) {
+			bson_t in;
+			bson_append_document_begin(&pc[i].cmd, "explain", -1, &in);
+			explain_inner(verb, &inner, sharded, &in);
+			bson_append_document_end(&pc[i].cmd, &in);
+			BSON_APPEND_UTF8(&pc[i].cmd, "verbosity", verbosity);
+			if (sharded && first[i] != SIZE_MAX)
+				append_version(&pc[i].cmd, &rc->chunks[first[i]]);
+		}
+		free(first);
+		shardconn_fanout(c->p->sc, n, pcall_one, pc);
+		bad = pcalls_failed(pc, n, NULL);
+		for (i = 0; i < n; i++)
+			if (pc[i].cls == SHARDCONN_STALE)
+				bad = &pc[i];
+		if (bad && bad->cls == SHARDCONN_STALE && stale_backoff(c)) {
+			pcalls_free(pc, n);
+			rc = refresh(&x, rc);
+			continue;
+		}
+		if (bad)
+			reply_shard_error(c->req, bad->cls, &bad->reply, bad->nerr);
+		else
+			explain_answer(c, &inner, verbosity,
+				       strcmp(verb, "find") == 0 && get_doc(&inner, "sort", &sort) &&
+					       !bson_empty(&sort),
+				       pc, n);
+		pcalls_free(pc, n);
+		break;
+	}
+	route_coll_unref(rc);
+}
+
 /* ---------- dispatch ---------- */
 
 static bool policy_ok(ctx *c, const char *name);
@@ -2382,6 +3046,14 @@ static void run_job(void *arg)
 		do_aggregate(&c);
 		return;
 	}
+	if (strcmp(name, "explain") == 0) {
+		do_explain(&c);
+		return;
+	}
+	if (strcmp(name, "dbStats") == 0 || strcmp(name, "dbstats") == 0) {
+		do_db_stats(&c);
+		return;
+	}
 	if (c.coll == NULL) {
 		wire_req_error(c.req, WIRE_ERR_INVALID_NAMESPACE,
 			       "%s needs a collection name string as its first field", name);
@@ -2403,6 +3075,8 @@ static void run_job(void *arg)
 		do_distinct(&c);
 	else if (strcmp(name, "listIndexes") == 0)
 		do_list_indexes(&c);
+	else if (strcmp(name, "collStats") == 0 || strcmp(name, "collstats") == 0)
+		do_coll_stats(&c);
 	else
 		do_broadcast(&c); /* createIndexes, dropIndexes, drop, create, collMod */
 }
@@ -2573,18 +3247,12 @@ static void h_refuse_js(wire_req *req, void *data)
 
 void proxy_exec_register(proxy *p)
 {
-	static const char *const cmds[] = {
-		"find",          "getMore",       "killCursors",   "insert",      "update",
-		"delete",        "findAndModify", "findandmodify", "count",       "distinct",
-		"aggregate",     "createIndexes", "dropIndexes",   "drop",        "create",
-		"collMod",       "dropDatabase",  "listIndexes",   "listCollections",
-		"listDatabases", NULL};
 	static const char *const js[] = {"mapReduce", "mapreduce", "eval", "$eval", "group",
 					 NULL};
 	size_t i;
 
-	for (i = 0; cmds[i]; i++)
-		wire_server_register(p->srv, cmds[i], h_submit);
+	for (i = 0; proxy_cmds[i]; i++)
+		wire_server_register(p->srv, proxy_cmds[i], h_submit);
 	for (i = 0; js[i]; i++)
 		wire_server_register(p->srv, js[i], h_refuse_js);
 }

@@ -300,6 +300,29 @@ size_t shardconn_shard_ids(shardconn *sc, char ***out)
 	return n;
 }
 
+char *shardconn_shard_hosts(shardconn *sc, const char *id)
+{
+	shard *s;
+	char *out = NULL;
+
+	uv_rwlock_rdlock(&sc->lock);
+	for (s = sc->shards; s && out == NULL; s = s->next)
+		if (strcmp(s->id, id) == 0) {
+			const char *h = s->uri, *at, *end;
+			if (strncmp(h, "mongodb://", 10) == 0)
+				h += 10;
+			else if (strncmp(h, "mongodb+srv://", 14) == 0)
+				h += 14;
+			end = h + strcspn(h, "/?");
+			at = memchr(h, '@', (size_t)(end - h));
+			if (at)
+				h = at + 1;
+			out = sdb_strndup(h, (size_t)(end - h));
+		}
+	uv_rwlock_rdunlock(&sc->lock);
+	return out;
+}
+
 /* The shard entry of id, or NULL. Entries live until shardconn_free (replaced ones are
  * retired, not freed). */
 static shard *find_shard(shardconn *sc, const char *id)

@@ -49,6 +49,11 @@ bool shardconn_has_shard(shardconn *sc, const char *id);
 /* The known shard ids, sorted (heap array of heap strings; free each and the array). */
 size_t shardconn_shard_ids(shardconn *sc, char ***out);
 
+/* The hosts of shard id's URI as a connection string ("H:P" or "H:P,H:P"; scheme, user
+ * information, database and options removed, so no credential is ever shown), for
+ * explain's connectionString. Heap copy (free it) or NULL when id is unknown. */
+char *shardconn_shard_hosts(shardconn *sc, const char *id);
+
 /* Result classes of shardconn_command. */
 enum {
 	SHARDCONN_OK = 0,      /* reply has ok: 1 */

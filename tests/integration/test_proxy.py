@@ -594,3 +594,105 @@ def test_routing_refresh_by_long_poll(cluster):
                what="the proxy to follow the new routing")
     assert p.db.c2.find_one({"k": 1})["where"] == "a"
     assert cluster.metric(0, "stripedb_proxy_stale_retries_total") == 0
+
+
+# ---------------------------------------------------------------- collStats, dbStats, explain
+
+def test_stats_and_explain(cluster):
+    """collStats / dbStats / explain as mongos answers them: st.s is sharded over shard-a
+    (k < 100) and shard-b (k >= 100); st.u is unsharded (primary shard-a)."""
+    cluster.shard_collection("st.s", {"k": 1}, split_points=[{"k": 100}],
+                             shards=["shard-a", "shard-b"])
+    db = cluster.proxy_client(0).st
+    db.s.insert_many([{"_id": i, "k": i, "pad": "x" * (i % 7)} for i in range(150)])
+    db.u.insert_many([{"_id": i} for i in range(5)])
+    direct = {sid: cluster.shard_client(sid).st for sid in cluster.shard_ids}
+
+    # collStats of the sharded collection: the two owning shards, sums of their replies
+    cs = db.command("collStats", "s")
+    per = {sid: direct[sid].command("collStats", "s") for sid in ("shard-a", "shard-b")}
+    assert cs["ns"] == "st.s" and cs["sharded"] is True and cs["nchunks"] == 2
+    assert sorted(cs["shards"]) == ["shard-a", "shard-b"]
+    assert [cs["shards"][s]["count"] for s in ("shard-a", "shard-b")] == [100, 50]
+    assert cs["count"] == 150
+    assert cs["size"] == per["shard-a"]["size"] + per["shard-b"]["size"] > 0
+    assert cs["storageSize"] == per["shard-a"]["storageSize"] + per["shard-b"]["storageSize"]
+    assert cs["avgObjSize"] == cs["size"] // 150
+    assert cs["nindexes"] == per["shard-a"]["nindexes"]
+    assert sorted(cs["indexSizes"]) == sorted(per["shard-a"]["indexSizes"])
+    assert cs["totalIndexSize"] == sum(p["totalIndexSize"] for p in per.values())
+    # unsharded: its primary shard only
+    cu = db.command("collStats", "u")
+    assert (cu["sharded"], cu["count"], sorted(cu["shards"]), cu["nchunks"]) == \
+        (False, 5, ["shard-a"], 1)
+    with pytest.raises(OperationFailure) as e:
+        db.command("collStats", "nosuch")
+    assert e.value.code == 26
+
+    # dbStats: every shard, sums, raw per shard
+    ds = db.command("dbStats")
+    raw = {sid: direct[sid].command("dbStats") for sid in cluster.shard_ids}
+    assert sorted(ds["raw"]) == cluster.shard_ids
+    assert ds["db"] == "st" and ds["objects"] == 155
+    for f in ("collections", "views", "objects", "dataSize", "storageSize", "indexes",
+              "indexSize"):
+        assert ds[f] == sum(r[f] for r in raw.values()), f
+    assert ds["collections"] == 3  # s on shard-a and shard-b, u on shard-a
+    assert [ds["raw"][s]["objects"] for s in cluster.shard_ids] == [105, 50, 0]
+
+    def shards_of(ex):
+        return [s["shardName"] for s in ex["queryPlanner"]["winningPlan"]["shards"]]
+
+    # a one-shard find (pymongo's explain: allPlansExecution)
+    ex = db.s.find({"k": 5}).explain()
+    assert ex["queryPlanner"]["mongosPlannerVersion"] == 1
+    assert ex["queryPlanner"]["winningPlan"]["stage"] == "SINGLE_SHARD"
+    assert shards_of(ex) == ["shard-a"]
+    one = ex["queryPlanner"]["winningPlan"]["shards"][0]
+    assert one["connectionString"] == f"127.0.0.1:{cluster.shard_ports['shard-a']}"
+    assert one["namespace"] == "st.s" and one["parsedQuery"] == {"k": 5}
+    assert one["winningPlan"]["stage"] in ("IXSCAN", "COLLSCAN")
+    assert ex["executionStats"]["nReturned"] == 1
+    assert ex["executionStats"]["executionStages"]["stage"] == "SINGLE_SHARD"
+    assert [s["shardName"] for s in ex["executionStats"]["executionStages"]["shards"]] == \
+        ["shard-a"]
+    assert ex["command"]["find"] == "s" and ex["ok"] == 1.0
+    # a scatter find, then a sorted one
+    ex = db.s.find({"k": {"$gte": 50}}).explain()
+    assert ex["queryPlanner"]["winningPlan"]["stage"] == "SHARD_MERGE"
+    assert shards_of(ex) == ["shard-a", "shard-b"]
+    assert ex["executionStats"]["nReturned"] == 100
+    assert [s["nReturned"] for s in ex["executionStats"]["executionStages"]["shards"]] == \
+        [50, 50]
+    ex = db.s.find({}).sort("k", -1).explain()
+    assert ex["queryPlanner"]["winningPlan"]["stage"] == "SHARD_MERGE_SORT"
+    # aggregate and count, with explicit verbosities
+    ex = db.command("explain", {"aggregate": "s", "cursor": {},
+                                "pipeline": [{"$match": {"k": {"$gte": 120}}},
+                                             {"$count": "n"}]}, verbosity="queryPlanner")
+    assert ex["queryPlanner"]["winningPlan"]["stage"] == "SINGLE_SHARD"
+    assert shards_of(ex) == ["shard-b"] and "executionStats" not in ex
+    ex = db.command("explain", {"count": "s", "query": {"k": {"$lt": 10}}},
+                    verbosity="executionStats")
+    assert shards_of(ex) == ["shard-a"] and ex["executionStats"]["nReturned"] == 10
+    assert "allPlansExecution" not in ex["executionStats"]
+    # writes are explained, not executed
+    ex = db.command("explain", {"delete": "s", "deletes": [{"q": {"k": 130}, "limit": 1}]})
+    assert shards_of(ex) == ["shard-b"]
+    assert db.s.count_documents({}) == 150
+    # unsharded collection: its primary
+    assert shards_of(db.u.find().explain()) == ["shard-a"]
+    # errors as mongod / mongos give them
+    with pytest.raises(OperationFailure) as e:
+        db.command("explain", {"find": "s"}, verbosity="loud")
+    assert e.value.code == 9 and "verbosity string must be one of" in str(e.value)
+    with pytest.raises(OperationFailure) as e:
+        db.command("explain", {"insert": "s", "documents": [{"k": 1}]})
+    assert (e.value.code, e.value.details["errmsg"]) == (20, "Cannot explain cmd: insert")
+    with pytest.raises(OperationFailure) as e:
+        db.command("explain", {"frobnicate": "s"})
+    assert (e.value.code, e.value.details["errmsg"]) == \
+        (59, "Explain failed due to unknown command: frobnicate")
+    with pytest.raises(OperationFailure) as e:
+        db.command({"explain": "s"})
+    assert e.value.code == 9

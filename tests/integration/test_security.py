@@ -46,6 +46,9 @@ def b_commands(db="bdb"):
         ("dropDatabase", {"dropDatabase": 1}),
         ("listIndexes", {"listIndexes": "c"}),
         ("listCollections", {"listCollections": 1}),
+        ("explain", {"explain": {"find": "c"}}),
+        ("dbStats", {"dbStats": 1}),
+        ("collStats", {"collStats": "c"}),
         ("mapReduce", {"mapReduce": "c", "map": "function(){}", "reduce": "function(){}",
                        "out": {"inline": 1}}),
     ]
@@ -71,6 +74,9 @@ def cross_db_commands():
         ("aggregate", {"aggregate": 1, "cursor": {}, "pipeline": [{"$currentOp": {}}]}),
         ("create", {"create": "v", "viewOn": "c", "pipeline": [
             {"$lookup": {"from": {"db": "bdb", "coll": "c"}, "pipeline": [], "as": "j"}}]}),
+        ("explain", {"explain": {"aggregate": "c", "cursor": {}, "pipeline": [
+            {"$lookup": {"from": {"db": "bdb", "coll": "c"}, "pipeline": [], "as": "j"}}]}}),
+        ("explain", {"explain": {"explain": {"find": "c"}}}),
     ]
 
 
@@ -205,6 +211,11 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_command(sec):
     # and A still works on its own database through the same commands
     assert alice.adb.command({"count": "c"})["n"] == 1
     assert list(alice.adb.c.aggregate([{"$project": {"_id": 1}}])) == [{"_id": 1}]
+    assert alice.adb.command("collStats", "c")["count"] == 1
+    assert alice.adb.command("dbStats")["objects"] == 1
+    ex = alice.adb.command("explain", {"delete": "c", "deletes": [{"q": {}, "limit": 1}]},
+                           verbosity="queryPlanner")
+    assert [s["shardName"] for s in ex["queryPlanner"]["winningPlan"]["shards"]] == ["shard-a"]
     # denials are audited
     assert audit_counts(sec)["denied"] - denied0 == \
         2 * len(b_commands()) + len(cross_db_commands())

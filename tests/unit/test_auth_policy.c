@@ -146,6 +146,24 @@ static void test_commands(void **state)
 						  BCON_BOOL(true), "}", "]")));
 	assert_false(authz(p, "B", "b1", BCON_NEW("drop", "c")));
 	assert_false(authz(p, "B", "b1", BCON_NEW("createIndexes", "c")));
+	/* stats and explain: find on the namespace; explain of a write needs the write's */
+	assert_true(authz(p, "B", "b1", BCON_NEW("collStats", "ro")));
+	assert_true(authz(p, "B", "b1", BCON_NEW("dbStats", BCON_INT32(1))));
+	assert_false(authz(p, "A", "b1", BCON_NEW("collStats", "ro")));
+	assert_false(authz(p, "A", "b1", BCON_NEW("dbStats", BCON_INT32(1))));
+	assert_true(authz(p, "B", "b1", BCON_NEW("explain", "{", "find", "ro", "}")));
+	assert_false(authz(p, "A", "b1", BCON_NEW("explain", "{", "count", "ro", "}")));
+	assert_false(authz(p, "B", "b1", BCON_NEW("explain", "{", "delete", "ro", "}")));
+	assert_true(authz(p, "B", "b1", BCON_NEW("explain", "{", "delete", "rw", "}")));
+	assert_false(authz(p, "B", "b1", BCON_NEW("explain", "{", "findAndModify", "ro", "update",
+						  "{", "}", "}")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("explain", "{", "aggregate", "c", "pipeline",
+						  "[", "{", "$lookup", "{", "from", "{", "db",
+						  "b1", "coll", "x", "}", "}", "}", "]", "}")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("explain", "{", "explain", "{", "find", "c",
+						  "}", "}")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("explain", "{", "drop", "c", "}")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("explain", "c")));
 	auth_policy_free(p);
 }
 
