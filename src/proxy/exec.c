@@ -2391,6 +2391,20 @@ static void append_shard_reply(bson_t *out, const char *key, const bson_t *reply
 	bson_append_document_end(out, &d);
 }
 
+/* cmd with its command name (first key) replaced by name (dbstats -> dbStats: the shards
+ * know the canonical names only), other fields as copy_cmd keeps them. */
+static void copy_renamed(const bson_t *cmd, bson_t *out, const char *name)
+{
+	bson_iter_t it;
+
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it))
+		return;
+	bson_append_value(out, name, -1, bson_iter_value(&it));
+	while (bson_iter_next(&it))
+		if (!is_session_field(bson_iter_key(&it)))
+			bson_append_iter(out, bson_iter_key(&it), -1, &it);
+}
+
 static int str_cmp(const void *a, const void *b)
 {
 	return strcmp(*(char *const *)a, *(char *const *)b);
@@ -2484,7 +2498,7 @@ static void do_coll_stats(ctx *c)
 	}
 	pc = pcalls_new(c, ids, n);
 	for (i = 0; i < n; i++)
-		copy_cmd(c->cmd, &pc[i].cmd, NULL);
+		copy_renamed(c->cmd, &pc[i].cmd, "collStats");
 	shardconn_fanout(c->p->sc, n, pcall_one, pc);
 	bad = pcalls_failed(pc, n, sharded ? absent : NULL);
 	if (bad) {
@@ -2548,8 +2562,12 @@ static void do_db_stats(ctx *c)
 					   "storageSize", "indexes", "indexSize", NULL};
 	int64_t tot[7] = {0};
 	bcast b;
-	size_t n = broadcast(c, c->cmd, &b), i, k;
-	bson_t *out, raw;
+	bson_t fwd = BSON_INITIALIZER, *out, raw;
+	size_t n, i, k;
+
+	copy_renamed(c->cmd, &fwd, "dbStats");
+	n = broadcast(c, &fwd, &b);
+	bson_destroy(&fwd);
 
 	if (n == 0) {
 		bcast_free(&b, n);

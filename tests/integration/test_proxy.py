@@ -639,6 +639,8 @@ def test_stats_and_explain(cluster):
         assert ds[f] == sum(r[f] for r in raw.values()), f
     assert ds["collections"] == 3  # s on shard-a and shard-b, u on shard-a
     assert [ds["raw"][s]["objects"] for s in cluster.shard_ids] == [105, 50, 0]
+    # the lower-case aliases mongod accepts
+    assert (db.command("dbstats")["objects"], db.command("collstats", "s")["count"]) == (155, 150)
 
     def shards_of(ex):
         return [s["shardName"] for s in ex["queryPlanner"]["winningPlan"]["shards"]]
