@@ -1000,6 +1000,12 @@ static void speculative(auth_gate *g, wire_req *req, auth_conn *c)
 	}
 }
 
+const char *auth_gate_conn_user(const wire_conn *conn)
+{
+	const auth_conn *c = conn ? wire_conn_data(conn) : NULL;
+	return c && c->state == CONN_AUTHENTICATED && c->user[0] ? c->user : NULL;
+}
+
 bool auth_gate_check(auth_gate *g, wire_req *req)
 {
 	const char *name = wire_req_name(req);

@@ -78,6 +78,12 @@ void auth_gate_load(auth_gate *g, const bson_t *tenants, const bson_t *dbs);
 /* The wire gate (wire_gate_fn with role data g). Loop thread. */
 bool auth_gate_check(auth_gate *g, wire_req *req);
 
+/* The user conn authenticated as (a tenant user, or __system), or NULL when it has not
+ * (or no gate runs on its listener). The string lives in the connection's state: call on
+ * the loop thread and copy it before handing it to another thread. Used to bind cursors
+ * to their user (MongoDB: a cursor is usable only by the user that created it). */
+const char *auth_gate_conn_user(const wire_conn *conn);
+
 /* hello hook part: adds saslSupportedMechs when the hello asks for it. */
 void auth_gate_hello(auth_gate *g, const bson_t *cmd, bson_t *reply);
 

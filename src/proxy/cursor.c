@@ -1,5 +1,6 @@
 /* Proxy-side cursors: a merged view over shard cursors, continued with getMore and
  * killed with killCursors or after an idle timeout (MongoDB's cursorTimeoutMillis). */
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 struct proxy_cursor {
 	int64_t id;
 	char *ns;
+	char *owner; /* the authenticated user that created it, or NULL (no authentication) */
 	pstream *s;
 	size_t n;
 	merge_sort *sort;
@@ -317,15 +319,19 @@ bool proxy_cursor_has_more(const proxy_cursor *c)
 	return false;
 }
 
-int64_t proxy_cursor_register(proxy *p, proxy_cursor *c)
+int64_t proxy_cursor_register(proxy *p, proxy_cursor *c, const char *owner)
 {
 	int64_t id;
 
+	/* ids are capabilities: unpredictable (OpenSSL's CSPRNG), positive, non-zero */
 	do {
-		id = (int64_t)(((uint64_t)rand() << 31 ^ (uint64_t)rand() << 7 ^ uv_hrtime()) &
-			       0x3fffffffffffffffull);
+		uint64_t r = 0;
+		if (RAND_bytes((unsigned char *)&r, sizeof r) != 1)
+			r = (uint64_t)rand() << 31 ^ (uint64_t)rand() << 7 ^ uv_hrtime();
+		id = (int64_t)(r & 0x3fffffffffffffffull);
 	} while (id == 0);
 	c->id = id;
+	c->owner = owner ? sdb_strdup(owner) : NULL;
 	c->busy = false;
 	c->last_used_ms = now_ms();
 	uv_mutex_lock(&p->cmu);
@@ -334,6 +340,25 @@ int64_t proxy_cursor_register(proxy *p, proxy_cursor *c)
 	uv_mutex_unlock(&p->cmu);
 	sdb_gauge_add(p->m_cursors, 1);
 	return id;
+}
+
+proxy_cursor_access proxy_cursor_check(proxy *p, int64_t id, const char *ns, const char *user)
+{
+	proxy_cursor *c;
+	proxy_cursor_access a = PROXY_CURSOR_OK;
+
+	uv_mutex_lock(&p->cmu);
+	for (c = p->cursors; c; c = c->next) {
+		if (c->id != id)
+			continue;
+		if (c->owner != NULL && (user == NULL || strcmp(c->owner, user) != 0))
+			a = PROXY_CURSOR_OTHER_USER;
+		else if (ns != NULL && strcmp(c->ns, ns) != 0)
+			a = PROXY_CURSOR_OTHER_NS;
+		break;
+	}
+	uv_mutex_unlock(&p->cmu);
+	return a;
 }
 
 proxy_cursor *proxy_cursor_checkout(proxy *p, int64_t id, const char *ns)
@@ -420,6 +445,7 @@ void proxy_cursor_destroy(proxy *p, proxy_cursor *c)
 	merge_sort_free(c->sort);
 	sdb_projection_free(c->proj);
 	free(c->ns);
+	free(c->owner);
 	free(c);
 }
 

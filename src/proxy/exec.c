@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth/gate.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -36,6 +37,7 @@
 typedef struct ctx {
 	proxy *p;
 	wire_req *req;
+	const char *user; /* the authenticated user (copied on the loop thread), or NULL */
 	const bson_t *cmd;
 	const char *db;
 	char ns[512];
@@ -285,7 +287,7 @@ static void answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
 		proxy_cursor_destroy(c->p, cur);
 		BSON_APPEND_INT64(&cd, "id", 0);
 	} else {
-		BSON_APPEND_INT64(&cd, "id", proxy_cursor_register(c->p, cur));
+		BSON_APPEND_INT64(&cd, "id", proxy_cursor_register(c->p, cur, c->user));
 	}
 	BSON_APPEND_UTF8(&cd, "ns", ns);
 	bson_append_array(&cd, batch_field, -1, &arr);
@@ -639,6 +641,21 @@ static void do_get_more(ctx *c)
 		return;
 	}
 	snprintf(ns, sizeof ns, "%s.%s", c->db, coll);
+	switch (proxy_cursor_check(c->p, id, ns, c->user)) {
+	case PROXY_CURSOR_OTHER_USER: /* MongoDB's wording; the namespace is not revealed */
+		wire_req_error(c->req, WIRE_ERR_UNAUTHORIZED,
+			       "cursor id %lld was not created by the authenticated user",
+			       (long long)id);
+		return;
+	case PROXY_CURSOR_OTHER_NS:
+		wire_req_error(c->req, WIRE_ERR_UNAUTHORIZED,
+			       "Requested getMore on namespace '%s', but cursor %lld belongs to a "
+			       "different namespace",
+			       ns, (long long)id);
+		return;
+	case PROXY_CURSOR_OK:
+		break;
+	}
 	cur = proxy_cursor_checkout(c->p, id, NULL);
 	if (cur == NULL) {
 		wire_req_error(c->req, WIRE_ERR_CURSOR_NOT_FOUND, "cursor id %lld not found",
@@ -675,10 +692,25 @@ static void do_get_more(ctx *c)
 
 static void do_kill_cursors(ctx *c)
 {
-	bson_t ids, *out = bson_new(), killed, notfound, empty;
+	bson_t ids, *out, killed, notfound, empty;
 	bson_iter_t it;
 	size_t nk = 0, nn = 0;
 	char k[24];
+
+	/* every cursor named must be the caller's and of this namespace, or nothing is killed
+	 * (MongoDB: Unauthorized) */
+	if (get_array(c->cmd, "cursors", &ids) && bson_iter_init(&it, &ids)) {
+		while (bson_iter_next(&it)) {
+			int64_t id = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
+			if (proxy_cursor_check(c->p, id, c->ns, c->user) != PROXY_CURSOR_OK) {
+				wire_req_error(c->req, WIRE_ERR_UNAUTHORIZED,
+					       "not authorized to kill cursor %lld on %s",
+					       (long long)id, c->ns);
+				return;
+			}
+		}
+	}
+	out = bson_new();
 
 	bson_append_array_begin(out, "cursorsKilled", -1, &killed);
 	if (get_array(c->cmd, "cursors", &ids) && bson_iter_init(&it, &ids)) {
@@ -3018,6 +3050,7 @@ static bool admit(ctx *c, const char *name)
 typedef struct pjob {
 	proxy *p;
 	wire_req *req;
+	char *user; /* auth_gate_conn_user, copied on the loop thread; NULL without auth */
 } pjob;
 
 static void run_job(void *arg)
@@ -3033,49 +3066,49 @@ static void run_job(void *arg)
 	c.cmd = wire_req_cmd(j->req);
 	c.db = wire_req_db(j->req);
 	c.deadline_ms = now_ms() + (uint64_t)j->p->stale_retry_ms;
+	c.user = j->user;
 	if (bson_iter_init(&it, c.cmd) && bson_iter_next(&it) && BSON_ITER_HOLDS_UTF8(&it)) {
 		c.coll = bson_iter_utf8(&it, NULL);
 		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
 	}
-	free(j);
 	if (!admit(&c, name) || !policy_ok(&c, name))
-		return;
+		goto out;
 	if (strcmp(name, "getMore") == 0) {
 		do_get_more(&c);
-		return;
+		goto out;
 	}
 	if (strcmp(name, "killCursors") == 0) {
 		do_kill_cursors(&c);
-		return;
+		goto out;
 	}
 	if (strcmp(name, "listDatabases") == 0) {
 		do_list_union(&c, true);
-		return;
+		goto out;
 	}
 	if (strcmp(name, "listCollections") == 0) {
 		do_list_union(&c, false);
-		return;
+		goto out;
 	}
 	if (strcmp(name, "dropDatabase") == 0) {
 		do_broadcast(&c);
-		return;
+		goto out;
 	}
 	if (strcmp(name, "aggregate") == 0) {
 		do_aggregate(&c);
-		return;
+		goto out;
 	}
 	if (strcmp(name, "explain") == 0) {
 		do_explain(&c);
-		return;
+		goto out;
 	}
 	if (strcmp(name, "dbStats") == 0 || strcmp(name, "dbstats") == 0) {
 		do_db_stats(&c);
-		return;
+		goto out;
 	}
 	if (c.coll == NULL) {
 		wire_req_error(c.req, WIRE_ERR_INVALID_NAMESPACE,
 			       "%s needs a collection name string as its first field", name);
-		return;
+		goto out;
 	}
 	if (strcmp(name, "find") == 0)
 		do_find(&c);
@@ -3097,6 +3130,9 @@ static void run_job(void *arg)
 		do_coll_stats(&c);
 	else
 		do_broadcast(&c); /* createIndexes, dropIndexes, drop, create, collMod */
+out:
+	free(j->user);
+	free(j);
 }
 
 /* ---------- collection policy ("minimum features") ---------- */
@@ -3250,8 +3286,11 @@ static void h_submit(wire_req *req, void *data)
 	proxy *p = data;
 	pjob *j = sdb_calloc(1, sizeof *j);
 
+	const char *user = p->auth ? auth_gate_conn_user(wire_req_conn(req)) : NULL;
+
 	j->p = p;
 	j->req = req;
+	j->user = user ? sdb_strdup(user) : NULL; /* the loop thread owns the connection state */
 	shardconn_submit(p->sc, run_job, j);
 }
 

@@ -132,8 +132,20 @@ int proxy_cursor_next(proxy *p, proxy_cursor *c, bson_t **doc, int *code, char *
 		      size_t errlen);
 /* True while some stream has buffered documents or an open shard cursor. */
 bool proxy_cursor_has_more(const proxy_cursor *c);
-/* Register c in the cursor table and return its id (> 0). */
-int64_t proxy_cursor_register(proxy *p, proxy_cursor *c);
+/* Register c in the cursor table and return its id (> 0, from a CSPRNG: an id is a
+ * capability). owner: the authenticated user creating it (copied), or NULL when
+ * authentication is off; only that user may use it (proxy_cursor_check). */
+int64_t proxy_cursor_register(proxy *p, proxy_cursor *c, const char *owner);
+/* May user (NULL: unauthenticated) use cursor id on namespace ns ("db.coll")? MongoDB
+ * binds a cursor to the user that created it and to its namespace (getMore/killCursors
+ * otherwise fail with Unauthorized 13). An unknown id is PROXY_CURSOR_OK (the caller then
+ * finds nothing). */
+typedef enum {
+	PROXY_CURSOR_OK = 0,
+	PROXY_CURSOR_OTHER_USER,
+	PROXY_CURSOR_OTHER_NS,
+} proxy_cursor_access;
+proxy_cursor_access proxy_cursor_check(proxy *p, int64_t id, const char *ns, const char *user);
 /* Take cursor id out of the table for exclusive use (NULL when unknown). */
 proxy_cursor *proxy_cursor_checkout(proxy *p, int64_t id, const char *ns);
 /* Put it back (refreshing its idle timer). */

@@ -221,6 +221,41 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_command(sec):
         2 * len(b_commands()) + len(cross_db_commands())
 
 
+def test_cursors_belong_to_their_user_and_namespace(sec):
+    """A cursor id is usable only by the user that created it, on its namespace (MongoDB):
+    another tenant's getMore/killCursors on it fails with 13 and reveals nothing; the owner
+    keeps reading."""
+    sec.meta_cmd({"createUser": "alice2", "tenant": "A", "password": "alice2-pw"})
+    alice = client(sec, "alice", "alice-pw")
+    alice2 = client(sec, "alice2", "alice2-pw")
+    bob = client(sec, "bob", "bob-pw")
+    alice.adb.c.insert_many([{"_id": i} for i in range(10, 15)])
+    cid = bob.bdb.command("find", "c", batchSize=2)["cursor"]["id"]
+    assert cid > 0
+    for who, db, coll in ((alice, "adb", "c"), (alice, "bdb", "c")):
+        with pytest.raises(OperationFailure) as ei:
+            who[db].command("getMore", cid, collection=coll)
+        assert ei.value.code == 13
+        if db == "adb":  # the cursor's namespace is not revealed
+            assert "bdb" not in ei.value.details["errmsg"], ei.value.details
+        with pytest.raises(OperationFailure) as ei:
+            who[db].command("killCursors", coll, cursors=[cid])
+        assert ei.value.code == 13
+    # the owner, on another namespace of its own: 13 too
+    with pytest.raises(OperationFailure) as ei:
+        bob.bdb.command("getMore", cid, collection="other")
+    assert ei.value.code == 13
+    # still alive for its owner
+    more = bob.bdb.command("getMore", cid, collection="c", batchSize=2)["cursor"]
+    assert [d["_id"] for d in more["nextBatch"]] == [2, 3]
+    # the same tenant's other user cannot use it either
+    aid = alice.adb.command("find", "c", batchSize=1)["cursor"]["id"]
+    with pytest.raises(OperationFailure) as ei:
+        alice2.adb.command("getMore", aid, collection="c")
+    assert ei.value.code == 13
+    assert bob.bdb.command("killCursors", "c", cursors=[cid])["cursorsKilled"] == [cid]
+
+
 def test_brute_force_is_rate_limited(sec):
     before = audit_counts(sec)
     for _ in range(FAILURE_LIMIT):
