@@ -1,10 +1,12 @@
 /* Authorization decision table. See auth/policy.h. */
 #include "auth/policy.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/err.h"
 
 typedef struct coll_rule {
 	char *ns;       /* "db.coll" */
@@ -120,6 +122,95 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* An array of known action names; false (message in err) otherwise. */
+static bool valid_actions(bson_iter_t *it, const char *where, char *err, size_t errlen)
+{
+	bson_iter_t a;
+	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &a)) {
+		snprintf(err, errlen, "%s must be an array of action names", where);
+		return false;
+	}
+	while (bson_iter_next(&a)) {
+		if (!BSON_ITER_HOLDS_UTF8(&a) || auth_action_parse(bson_iter_utf8(&a, NULL)) == 0) {
+			snprintf(err, errlen,
+				 "%s: unknown action %s%s%s (want find, insert, update, remove, "
+				 "createIndex or admin)",
+				 where, BSON_ITER_HOLDS_UTF8(&a) ? "'" : "",
+				 BSON_ITER_HOLDS_UTF8(&a) ? bson_iter_utf8(&a, NULL) : "of a non-string type",
+				 BSON_ITER_HOLDS_UTF8(&a) ? "'" : "");
+			return false;
+		}
+	}
+	return true;
+}
+
+int auth_policy_validate(const bson_t *policy, char *err, size_t errlen)
+{
+	static const char *const switches[] = {"forbidScatter", "forbidUnindexed",
+					       "forbidUnbounded"};
+	bson_iter_t it, sub, rule;
+
+	if (!bson_iter_init(&it, policy)) {
+		snprintf(err, errlen, "policy: not a document");
+		return SDB_EINVAL;
+	}
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "actions") == 0) {
+			if (!valid_actions(&it, "policy.actions", err, errlen))
+				return SDB_EINVAL;
+		} else if (strcmp(k, "databases") == 0) {
+			if (!BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &sub)) {
+				snprintf(err, errlen, "policy.databases must be an array of names");
+				return SDB_EINVAL;
+			}
+			while (bson_iter_next(&sub))
+				if (!BSON_ITER_HOLDS_UTF8(&sub) || !bson_iter_utf8(&sub, NULL)[0]) {
+					snprintf(err, errlen,
+						 "policy.databases must hold non-empty strings");
+					return SDB_EINVAL;
+				}
+		} else if (strcmp(k, "collections") == 0) {
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
+				snprintf(err, errlen, "policy.collections must be a document "
+						      "{\"db.coll\": {actions: [...]}}");
+				return SDB_EINVAL;
+			}
+			while (bson_iter_next(&sub)) {
+				const char *ns = bson_iter_key(&sub);
+				char where[300];
+				if (!strchr(ns, '.') || ns[0] == '.' || !BSON_ITER_HOLDS_DOCUMENT(&sub) ||
+				    !bson_iter_recurse(&sub, &rule)) {
+					snprintf(err, errlen,
+						 "policy.collections: '%.200s' must be \"db.coll\": "
+						 "{actions: [...]}", ns);
+					return SDB_EINVAL;
+				}
+				while (bson_iter_next(&rule)) {
+					const char *rk = bson_iter_key(&rule);
+					bool known = strcmp(rk, "actions") == 0;
+					snprintf(where, sizeof where, "policy.collections.%.200s.%s", ns, rk);
+					if (known && !valid_actions(&rule, where, err, errlen))
+						return SDB_EINVAL;
+					for (size_t i = 0; !known && i < sizeof switches / sizeof switches[0];
+					     i++)
+						known = strcmp(rk, switches[i]) == 0;
+					if (!known) {
+						snprintf(err, errlen, "%s: unknown field", where);
+						return SDB_EINVAL;
+					}
+				}
+			}
+		} else {
+			snprintf(err, errlen,
+				 "policy: unknown field '%.100s' (want actions, databases, collections)",
+				 k);
+			return SDB_EINVAL;
+		}
+	}
+	return 0;
+}
+
 auth_policy *auth_policy_build(const bson_t *tenants, const bson_t *dbs)
 {
 	auth_policy *pol = sdb_calloc(1, sizeof *pol);
@@ -143,9 +234,20 @@ auth_policy *auth_policy_build(const bson_t *tenants, const bson_t *dbs)
 			t->name = sdb_strdup(name);
 			t->actions = AUTH_ACT_ALL;
 			f = d;
-			if (bson_iter_find(&f, "policy") && BSON_ITER_HOLDS_DOCUMENT(&f) &&
-			    bson_iter_recurse(&f, &d))
-				load_policy(t, &d);
+			if (bson_iter_find(&f, "policy") && BSON_ITER_HOLDS_DOCUMENT(&f)) {
+				uint32_t len;
+				const uint8_t *data;
+				bson_t doc;
+				char err[256];
+				bson_iter_document(&f, &len, &data);
+				/* fail closed: a policy that does not validate (stored by an
+				 * older version, or corrupt) grants nothing */
+				if (!bson_init_static(&doc, data, len) ||
+				    auth_policy_validate(&doc, err, sizeof err) != 0)
+					t->actions = 0;
+				else if (bson_iter_recurse(&f, &d))
+					load_policy(t, &d);
+			}
 		}
 	}
 	if (dbs && bson_iter_init_find(&it, dbs, "databases") && BSON_ITER_HOLDS_ARRAY(&it) &&

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "auth/cluster.h"
+#include "auth/policy.h"
 #include "auth/scram.h"
 #include "auth/tls.h"
 #include "common/alloc.h"
@@ -267,6 +268,24 @@ static void h_write(wire_req *req, void *data)
 		return;
 	}
 	build_args(cmd, name, &args);
+	if (strcmp(name, "setPolicy") == 0) {
+		/* a policy the proxy could not read would grant nothing (fail closed): refuse it
+		 * here, naming the field, instead of storing it */
+		bson_iter_t pit;
+		uint32_t plen;
+		const uint8_t *pdata;
+		bson_t pdoc;
+		char perr[300];
+		if (bson_iter_init_find(&pit, &args, "policy") && BSON_ITER_HOLDS_DOCUMENT(&pit)) {
+			bson_iter_document(&pit, &plen, &pdata);
+			if (bson_init_static(&pdoc, pdata, plen) &&
+			    auth_policy_validate(&pdoc, perr, sizeof perr) != 0) {
+				bson_destroy(&args);
+				wire_req_error(req, WIRE_ERR_BAD_VALUE, "setPolicy: %s", perr);
+				return;
+			}
+		}
+	}
 	if (strcmp(name, "createUser") == 0 || strcmp(name, "updateUser") == 0) {
 		/* the password (MongoDB's pwd, or password) never enters the Raft log: the
 		 * leader proposes SCRAM-SHA-256 and SCRAM-SHA-1 verifiers instead */

@@ -34,6 +34,13 @@ def test_ctl_tenant_and_user(start_role, tmp_path):
     assert (r.returncode, r.stdout) == (0, "tenant acme: quota set\n"), r.stderr
     r = ctl(cl, "tenant", "policy", "acme", '{"actions": ["find"], "databases": ["shared"]}')
     assert (r.returncode, r.stdout) == (0, "tenant acme: policy set\n"), r.stderr
+    # a policy the proxy could not read is refused, naming the field; the old one stays
+    for bad, msg in (('{"actions": "find"}', "policy.actions must be an array"),
+                     ('{"actions": ["find", "bogus"]}', "unknown action 'bogus'"),
+                     ('{"collections": {"secret": ["find"]}}', "'secret' must be")):
+        r = ctl(cl, "tenant", "policy", "acme", bad)
+        assert r.returncode == 1 and r.stdout == "", (bad, r.stdout, r.stderr)
+        assert len(r.stderr.splitlines()) == 1 and msg in r.stderr, (bad, r.stderr)
     r = ctl(cl, "--json", "tenant", "list")
     assert r.returncode == 0, r.stderr
     assert [json.loads(line) for line in r.stdout.splitlines()] == [

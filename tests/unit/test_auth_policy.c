@@ -9,6 +9,7 @@
 
 #include "auth/gate.h"
 #include "auth/policy.h"
+#include "common/err.h"
 
 static auth_policy *make(void)
 {
@@ -167,6 +168,50 @@ static void test_commands(void **state)
 	auth_policy_free(p);
 }
 
+static void expect_invalid(const char *json, const char *msg)
+{
+	bson_error_t e;
+	bson_t *doc = bson_new_from_json((const uint8_t *)json, -1, &e);
+	char err[300] = "";
+	assert_non_null(doc);
+	assert_int_equal(auth_policy_validate(doc, err, sizeof err), SDB_EINVAL);
+	if (strstr(err, msg) == NULL)
+		fail_msg("%s: message '%s' lacks '%s'", json, err, msg);
+	bson_destroy(doc);
+}
+
+/* setPolicy refuses what the proxy could not read; a stored bad policy grants nothing */
+static void test_validate_and_fail_closed(void **state)
+{
+	(void)state;
+	bson_error_t e;
+	char err[300];
+	const char *good = "{\"actions\": [\"find\"], \"databases\": [\"x\"], \"collections\": "
+			   "{\"d.c\": {\"actions\": [\"insert\"], \"forbidScatter\": true}}}";
+	bson_t *doc = bson_new_from_json((const uint8_t *)good, -1, &e);
+	assert_int_equal(auth_policy_validate(doc, err, sizeof err), 0);
+	bson_destroy(doc);
+	expect_invalid("{\"actions\": \"find\"}", "policy.actions must be an array");
+	expect_invalid("{\"actions\": [\"find\", \"bogus\"]}", "unknown action 'bogus'");
+	expect_invalid("{\"actions\": [1]}", "unknown action of a non-string type");
+	expect_invalid("{\"databases\": \"x\"}", "policy.databases must be an array");
+	expect_invalid("{\"databases\": [\"\"]}", "non-empty strings");
+	expect_invalid("{\"collections\": {\"secret\": [\"find\"]}}", "'secret' must be");
+	expect_invalid("{\"collections\": {\"d.c\": {\"action\": [\"find\"]}}}",
+		       "policy.collections.d.c.action: unknown field");
+	expect_invalid("{\"secret\": {\"actions\": []}}", "unknown field 'secret'");
+	/* a tenant whose stored policy does not validate may do nothing, not everything */
+	bson_t *t = BCON_NEW("tenants", "[", "{", "name", "B", "policy", "{", "actions", "find",
+			     "}", "}", "]");
+	bson_t *d = BCON_NEW("databases", "[", "{", "name", "b1", "tenant", "B", "}", "]");
+	auth_policy *p = auth_policy_build(t, d);
+	assert_false(auth_policy_allowed(p, "B", "b1", "c", AUTH_ACT_FIND));
+	assert_false(auth_policy_allowed(p, "B", "b1", "c", AUTH_ACT_INSERT));
+	auth_policy_free(p);
+	bson_destroy(t);
+	bson_destroy(d);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -174,6 +219,7 @@ int main(void)
 		cmocka_unit_test(test_actions),
 		cmocka_unit_test(test_each_db),
 		cmocka_unit_test(test_commands),
+		cmocka_unit_test(test_validate_and_fail_closed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
