@@ -369,6 +369,13 @@ const char *auth_cluster_peer_token(void)
 	return auth_cluster_enabled() ? peer_token : NULL;
 }
 
+bool auth_cluster_reserved_limit(const char *name)
+{
+	return name != NULL && auth_cluster_enabled() &&
+	       strncmp(name, AUTH_CLUSTER_RESERVED_LIMIT_PREFIX,
+		       sizeof AUTH_CLUSTER_RESERVED_LIMIT_PREFIX - 1) == 0;
+}
+
 bool auth_cluster_peer_token_ok(const char *value, size_t len)
 {
 	const char *t = auth_cluster_peer_token();

@@ -99,6 +99,15 @@ int auth_cluster_tls_pem(char **ca, char **cert, char **key, char *err, size_t e
  * the key (seeing it on the wire does not reveal the key). */
 #define AUTH_CLUSTER_PEER_HEADER "x-stripedb-cluster-token"
 
+/* The rate limiter's buckets of the cluster itself (tenant quotas, authentication failure
+ * counts) are named with this prefix. With a key loaded, the public pb.gubernator.V1 API
+ * (gRPC and the HTTP gateway) refuses such names (PERMISSION_DENIED), so a client cannot
+ * drain or reset a tenant's quota; members reach them in-process or through PeersV1. */
+#define AUTH_CLUSTER_RESERVED_LIMIT_PREFIX "stripedb_"
+
+/* Is name (untrusted, may be NULL) reserved, i.e. refused on the public API? */
+bool auth_cluster_reserved_limit(const char *name);
+
 /* The token (64 hex characters, static storage) or NULL when no key is loaded. */
 const char *auth_cluster_peer_token(void);
 

@@ -10,6 +10,7 @@
 #include <grpc/support/time.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
@@ -254,6 +255,18 @@ static void handle_get_rate_limits(srv_call *c, const uint8_t *data, size_t len)
 	reqs = sdb_calloc(n ? n : 1, sizeof(*reqs));
 	for (i = 0; i < n; i++)
 		rl_proto_req_from_pb(m->requests[i], &reqs[i]);
+	for (i = 0; i < n; i++) {
+		if (auth_cluster_reserved_limit(reqs[i].name)) {
+			char msg[200];
+			snprintf(msg, sizeof msg,
+				 "name '%.100s': the prefix " AUTH_CLUSTER_RESERVED_LIMIT_PREFIX
+				 " is reserved for the cluster's own limits",
+				 reqs[i].name);
+			reply(c, GRPC_STATUS_PERMISSION_DENIED, NULL, 0, msg);
+			free(reqs);
+			goto done;
+		}
+	}
 	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
 	c->n = n;
 	sc_set_state(c, SC_DECIDING);

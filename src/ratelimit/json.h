@@ -21,6 +21,7 @@
 
 /* gRPC status codes used in gateway error bodies. */
 #define RL_GRPC_INVALID_ARGUMENT 3
+#define RL_GRPC_PERMISSION_DENIED 7
 #define RL_GRPC_OUT_OF_RANGE 11
 #define RL_GRPC_INTERNAL 13
 #define RL_GRPC_UNAVAILABLE 14

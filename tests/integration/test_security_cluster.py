@@ -209,6 +209,28 @@ def test_ratelimit_peers_v1_needs_the_cluster_token(start_role, pb, keyfile):
             out = pb2.GetPeerRateLimitsResp.FromString(
                 raw(body, timeout=5, metadata=[("x-stripedb-cluster-token", token)]))
             assert len(out.rate_limits) == 1 and out.rate_limits[0].error == ""
+        # the cluster's own buckets (tenant quotas, auth failures) are not on the public
+        # V1 API: nobody can drain a tenant's quota through gRPC or the HTTP gateway
+        import json
+        import urllib.error
+        import urllib.request
+        quota = req(pb, "bob", hits=45, limit=50, name="stripedb_tenant_requests")
+        for nd in (a, b):
+            with pytest.raises(grpc.RpcError) as e:
+                nd.get(req(pb, "fine"), quota)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "prefix stripedb_ is reserved" in e.value.details()
+            body = json.dumps({"requests": [{"name": "stripedb_tenant_requests",
+                                             "unique_key": "bob", "hits": 45, "limit": 50,
+                                             "duration": 60000}]}).encode()
+            rq = urllib.request.Request(f"http://127.0.0.1:{nd.http_port}/v1/GetRateLimits",
+                                        data=body, method="POST")
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(rq, timeout=5)
+            assert e.value.code == 403
+            assert json.loads(e.value.read())["code"] == 7
+        # other names work as before
+        assert a.one(req(pb, "fine")).error == ""
     finally:
         a.close()
         b.close()
