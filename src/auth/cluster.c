@@ -8,6 +8,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <openssl/ssl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,8 +153,32 @@ static bool streq(const char *a, const char *b)
 	return (!a && !b) || (a && b && strcmp(a, b) == 0);
 }
 
-/* Write cert then key into a new private file and rename it over tls_pem (or make
- * tls_pem when it is NULL). Called with mu held. */
+/* Do cert (a PEM chain) and key (PEM) parse, and does the key match the certificate?
+ * 0, or SDB_EINVAL with OpenSSL's reason. A reload checks this before replacing anything,
+ * so a half-written or wrong file keeps the old certificate in use. */
+static int pair_check(const char *cert, const char *key, char *err, size_t errlen)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+	int rc = 0;
+
+	if (ctx == NULL)
+		return sdb_errf(err, errlen, SDB_EINTERNAL, "tls-internal: SSL_CTX_new failed");
+	if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1)
+		rc = sdb_errf(err, errlen, SDB_EINVAL, "tls-internal: %s: not a PEM certificate",
+			      cert);
+	else if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1)
+		rc = sdb_errf(err, errlen, SDB_EINVAL, "tls-internal: %s: not a PEM private key",
+			      key);
+	else if (SSL_CTX_check_private_key(ctx) != 1)
+		rc = sdb_errf(err, errlen, SDB_EINVAL,
+			      "tls-internal: %s does not match the certificate %s", key, cert);
+	SSL_CTX_free(ctx);
+	return rc;
+}
+
+/* Write cert then key (once when they are one file) into a new private file and rename
+ * it over tls_pem (or make tls_pem when it is NULL), after pair_check: a bad pair leaves
+ * the old file untouched. Called with mu held. */
 static int write_combined(char *err, size_t errlen)
 {
 	const char *dir = getenv("TMPDIR");
@@ -161,9 +186,13 @@ static int write_combined(char *err, size_t errlen)
 	int fd, rc;
 	FILE *f;
 
+	if ((rc = pair_check(tls_cert, tls_key, err, errlen)) != 0)
+		return rc;
 	if ((rc = auth_tls_read_pem(tls_cert, &c, err, errlen)) != 0)
 		return rc;
-	if ((rc = auth_tls_read_pem(tls_key, &k, err, errlen)) != 0) {
+	if (strcmp(tls_cert, tls_key) == 0)
+		k = sdb_strdup("");
+	else if ((rc = auth_tls_read_pem(tls_key, &k, err, errlen)) != 0) {
 		free(c);
 		return rc;
 	}
@@ -236,9 +265,7 @@ int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, cha
 	tls_ca = sdb_strdup(ca);
 	tls_cert = cert ? sdb_strdup(cert) : NULL;
 	tls_key = key ? sdb_strdup(key) : NULL;
-	if (cert && strcmp(cert, key) == 0)
-		tls_pem = sdb_strdup(cert);
-	else if (cert)
+	if (cert) /* a private copy (also of a combined file): a reload replaces it atomically */
 		rc = write_combined(err, errlen);
 	if (rc != 0) {
 		free(tls_ca);

@@ -451,3 +451,36 @@ def test_ctl_over_internal_tls(start_role, tmp_path):
     r = ctl(dict(plain, STRIPEDB_TLS_INTERNAL="true"), "ping")
     assert (r.returncode, r.stderr) == (2, "stripedb ctl: STRIPEDB_TLS_INTERNAL needs "
                                            "STRIPEDB_TLS_CA\n")
+
+
+def test_failed_reload_keeps_the_internal_client_certificate(start_role, tmp_path):
+    """SIGHUP with a broken --tls-cert keeps the client certificate internal connections
+    use (the private cert+key copy is replaced only by a pair that loads and matches)."""
+    import glob
+    import shutil
+    import signal
+    p = pki(tmp_path)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    d = tmp_path / "shard"
+    d.mkdir()
+    proc = start_role(["--role=shard", f"--listen=127.0.0.1:{free_port()}", f"--data-dir={d}",
+                       "--tls-internal=true", f"--tls-ca={p['ca']}", f"--tls-cert={p['cert']}",
+                       f"--tls-key={p['key']}"], env={"TMPDIR": str(tmpdir)})
+    (copy,) = glob.glob(str(tmpdir / "stripedb-client-*.pem"))
+    good = open(copy).read()
+    assert "BEGIN CERTIFICATE" in good and "PRIVATE KEY" in good
+    shutil.copy(p["cert"], tmp_path / "cert.bak")
+    with open(p["cert"], "w") as f:
+        f.write("garbage\n")
+    proc.signal(signal.SIGHUP)
+    wait_until(lambda: "TLS reload failed" in proc.tail(100000), 20, what="failed reload")
+    assert "not a PEM certificate" in proc.tail(100000)
+    assert glob.glob(str(tmpdir / "stripedb-client-*.pem")) == [copy]
+    assert open(copy).read() == good
+    # a good pair again: reloaded
+    shutil.copy(tmp_path / "cert.bak", p["cert"])
+    proc.signal(signal.SIGHUP)
+    wait_until(lambda: "internal TLS client certificate reloaded" in proc.tail(100000), 20,
+               what="reload")
+    assert open(copy).read() == good
