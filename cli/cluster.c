@@ -112,6 +112,7 @@ typedef struct cl_spec {
 	char data_dir[CL_PATH];
 	char config[CL_PATH];    /* remote config path ("" = launcher default) */
 	char key_file[PATH_MAX]; /* local cluster key ("" = none) */
+	char auth[16];           /* the proxies' --auth ("" = their default, auto) */
 	char remote_key[CL_PATH];
 	char log_level[16];
 	int timeout_ms;
@@ -264,6 +265,11 @@ static int spec_cluster_key(cl_spec *s, const char *name, const char *v)
 		s->launcher_systemd = strcmp(v, "systemd") == 0;
 	} else if (strcmp(name, "cluster-key-file") == 0) {
 		snprintf(s->key_file, sizeof s->key_file, "%s", v);
+	} else if (strcmp(name, "auth") == 0) {
+		if (strcmp(v, "auto") != 0 && strcmp(v, "enabled") != 0 && strcmp(v, "disabled") != 0) {
+			return spec_fail(s, "auth: '%s' is not auto, enabled or disabled", v);
+		}
+		snprintf(s->auth, sizeof s->auth, "%s", v);
 	} else if (strcmp(name, "log-level") == 0) {
 		if (strcmp(v, "debug") != 0 && strcmp(v, "info") != 0 && strcmp(v, "warn") != 0 &&
 		    strcmp(v, "error") != 0) {
@@ -618,6 +624,8 @@ static char *host_config(const cl_spec *s, const cl_host *h)
 				  h->name, h->addr, port_of(s, h, P_PROXY_WIRE), h->addr,
 				  port_of(s, h, P_HTTP_PROXY), h->addr, port_of(s, h, P_PROXY_GRPC),
 				  peers.p);
+			if (s->auth[0] != '\0')
+				sb_printf(&b, "auth = %s\n", s->auth);
 		}
 		free(peers.p);
 	}

@@ -82,8 +82,9 @@ typedef enum {
 	  "are archived then deleted (0 = keep all)")                                           \
 	X("cdc-lease-ms", cdc_lease_ms, SDB_OPT_INT, "5000",                                    \
 	  "coordinator: TTL of the cdc/<shard> publisher leases (ms)")                          \
-	X("auth", auth, SDB_OPT_STRING, "disabled",                                             \
-	  "proxy: enabled (SCRAM-SHA-256 and tenant authorization, issue #10) or disabled")     \
+	X("auth", auth, SDB_OPT_STRING, "auto",                                                 \
+	  "proxy: enabled (SCRAM and tenant authorization, issue #10), disabled, or auto "     \
+	  "(enabled when --cluster-key-file is set)")                                           \
 	X("auth-failure-limit", auth_failure_limit, SDB_OPT_INT, "10",                          \
 	  "proxy: failed authentications per user and per client host per minute before "     \
 	  "authentication is refused (brute-force limit)")                                      \

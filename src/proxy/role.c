@@ -419,11 +419,20 @@ static int auth_setup(sdb_role *role, proxy *p)
 
 	if (rc != 0)
 		return rc;
-	if (mode == NULL || strcmp(mode, "disabled") == 0)
+	/* auto (the default): on in a keyed cluster, as MongoDB's keyFile implies
+	 * authorization; a key with --auth=disabled is an explicit choice */
+	if (mode == NULL || strcmp(mode, "auto") == 0)
+		mode = sdb_config_get(role->cfg, SDB_OPT_cluster_key_file) ? "enabled" : "disabled";
+	if (strcmp(mode, "disabled") == 0) {
+		if (sdb_config_get(role->cfg, SDB_OPT_cluster_key_file))
+			sdb_warn("proxy: --auth=disabled in a keyed cluster: every client may use "
+				 "every tenant's data",
+				 NULL);
 		return 0;
+	}
 	if (strcmp(mode, "enabled") != 0)
 		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
-				"proxy: --auth must be enabled or disabled, not '%s'", mode);
+				"proxy: --auth must be auto, enabled or disabled, not '%s'", mode);
 	memset(&ao, 0, sizeof ao);
 	ao.loop = role->loop;
 	ao.meta = auth_meta;

@@ -180,7 +180,8 @@ def write_spec(net, tmp):
     key = tmp / "cluster.key"
     key.write_text(KEY + "\n")
     key.chmod(0o600)
-    lines = ["[cluster]", f"cluster-key-file = {key}", "ssh-user = root", f"ssh-identity = {tmp / 'ssh' / 'client_key'}",
+    # the workload below runs without users: proxies of a keyed cluster would ask for them
+    lines = ["[cluster]", f"cluster-key-file = {key}", "auth = disabled", "ssh-user = root", f"ssh-identity = {tmp / 'ssh' / 'client_key'}",
              "ssh-option = StrictHostKeyChecking=no", "ssh-option = UserKnownHostsFile=/dev/null",
              "ssh-option = LogLevel=ERROR", f"binary = {os.path.abspath(BIN)}",
              "launcher = direct", "timeout-ms = 60000", ""]

@@ -52,8 +52,10 @@ def keyed(start_role, tmp_path, keyfile):
     meta = member(mport)
     wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
     meta.admin.command({"addShard": "shard-a", "uri": f"mongodb://127.0.0.1:{sport}/"})
+    # --auth=disabled: these tests are about trust between roles, not client users (a
+    # keyed proxy authenticates clients by default: test_keyed_proxy_requires_auth...)
     start_role(["--role=proxy", f"--listen=127.0.0.1:{pport}",
-                f"--metadata=127.0.0.1:{mport}", key])
+                f"--metadata=127.0.0.1:{mport}", key, "--auth=disabled"])
     yield {"meta": mport, "shard": sport, "proxy": pport}
     meta.close()
 
@@ -109,6 +111,19 @@ def test_cluster_members_and_the_proxy_get_through(keyed):
     assert list(app.db.c.find({})) == [{"_id": 1, "v": "x"}]
     # and the shard, asked by a member, holds it
     assert list(member(keyed["shard"]).db.c.find({})) == [{"_id": 1, "v": "x"}]
+
+
+def test_keyed_proxy_requires_authentication_by_default(keyed, start_role, keyfile):
+    """As a MongoDB keyFile implies authorization, a proxy given the cluster key and no
+    --auth authenticates its clients."""
+    port = free_port()
+    start_role(["--role=proxy", f"--listen=127.0.0.1:{port}",
+                f"--metadata=127.0.0.1:{keyed['meta']}", f"--cluster-key-file={keyfile}"])
+    anon = client(port)
+    assert anon.admin.command("ping")["ok"] == 1.0
+    with pytest.raises(OperationFailure) as ei:
+        anon.db.c.find_one({})
+    assert ei.value.code == 13
 
 
 def test_key_file_readable_by_others_is_refused(start_role, tmp_path, keyfile):
