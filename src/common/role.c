@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <systemd/sd-daemon.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,23 @@ static void stop_timeout_cb(uv_timer_t *t)
 
 	sdb_log(SDB_LOG_ERROR, "graceful stop timed out, forcing exit", NULL);
 	(void)r;
+	_exit(1);
+}
+
+/* The process-wide bound of a graceful stop, on a thread of its own: a role's loop can be
+ * blocked in a library call (libmongoc ending sessions on a shard whose host is
+ * unreachable waits for its 300 s socket timeout) and then its own stop_timer never
+ * fires. arg: the bound in ms (intptr_t). */
+static void stop_watchdog(void *arg)
+{
+	uint64_t ms = (uint64_t)(uintptr_t)arg;
+	struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+
+	while (nanosleep(&ts, &ts) != 0) {
+		/* EINTR: sleep the rest */
+	}
+	sdb_log(SDB_LOG_ERROR, "graceful stop timed out, forcing exit", "after_ms=%llu",
+		(unsigned long long)ms);
 	_exit(1);
 }
 
@@ -319,7 +337,21 @@ int sdb_roles_run(const sdb_config_set *set)
 		}
 	}
 
-	/* Stop every role that is running, then join all started threads. */
+	/* Stop every role that is running, then join all started threads, within the
+	 * longest role's shutdown-timeout-ms plus 5 s whatever a role's loop is doing. */
+	if (started > 0) {
+		uint64_t bound = 0;
+		uv_thread_t wd;
+		for (size_t i = 0; i < set->n_roles; i++) {
+			uint64_t t = (uint64_t)sdb_config_get_int(&set->roles[i],
+								  SDB_OPT_shutdown_timeout_ms, 10000);
+			if (t > bound)
+				bound = t;
+		}
+		bound += 6000; /* after the roles' own bound (their timeout + 5 s) */
+		if (uv_thread_create(&wd, stop_watchdog, (void *)(uintptr_t)bound) != 0)
+			sdb_log(SDB_LOG_WARN, "no stop watchdog thread", NULL);
+	}
 	for (size_t i = 0; i < started; i++) {
 		if (roles[i].start_rc == 0) {
 			uv_async_send(&roles[i].stop_async);

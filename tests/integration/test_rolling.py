@@ -384,3 +384,27 @@ def test_quiescing_proxy_refuses_new_commands_unexecuted(start_role, tmp_path):
         assert sorted(d["_id"] for d in cl.proxy_client(0).db.c.find({})) == [1]
     finally:
         cl.close()
+
+
+def test_stop_is_bounded_while_a_shard_hangs(start_role, tmp_path):
+    """SIGTERM ends the process within shutdown-timeout-ms + ~6 s even when a role's loop
+    is stuck in a library call: here libmongoc ending sessions on a shard that stopped
+    answering (SIGSTOP, as a host cut off) would wait out its 300 s socket timeout."""
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
+                      proxy_args=["--shutdown-timeout-ms=1000"])
+    c = cl.proxy_client(0)
+    wait_until(lambda: c.app.c.insert_one({"_id": 1}), 20, what="a write through the proxy")
+    c.close()
+    shard = cl.shard_procs["shard-a"]
+    shard.signal(signal.SIGSTOP)
+    try:
+        proxy = cl.proxy_procs[0]
+        proxy.signal(signal.SIGTERM)
+        # a hang guard, not a timing assertion: without the bound this waits ~300 s
+        rc = proxy.p.wait(timeout=90)
+        assert rc in (0, 1), rc
+        if rc == 1:
+            assert "graceful stop timed out, forcing exit" in proxy.tail()
+    finally:
+        shard.signal(signal.SIGCONT)
+    cl.close()
