@@ -98,6 +98,8 @@ typedef struct cl_host {
 	char shard_name[64];
 	char data_dir[CL_PATH];
 	int port[P__COUNT];
+	int port_line[P__COUNT]; /* spec line of each port key (0 = not set here) */
+	int addr_line;
 } cl_host;
 
 typedef struct cl_spec {
@@ -117,6 +119,7 @@ typedef struct cl_spec {
 	char log_level[16];
 	int timeout_ms;
 	int port[P__COUNT];
+	int port_line[P__COUNT];
 	cl_host hosts[CL_MAX_HOSTS];
 	int n_hosts;
 	struct {
@@ -233,6 +236,7 @@ static int spec_cluster_key(cl_spec *s, const char *name, const char *v)
 		if ((s->port[pk] = parse_port(v)) < 0) {
 			return spec_fail(s, "%s: '%s' is not a port", name, v);
 		}
+		s->port_line[pk] = s->lineno;
 	} else if (strcmp(name, "ssh-user") == 0) {
 		if (!valid_name(v)) {
 			return spec_fail(s, "ssh-user: '%s' is not a user name", v);
@@ -297,11 +301,13 @@ static int spec_host_key(cl_spec *s, cl_host *h, const char *name, const char *v
 		if ((h->port[pk] = parse_port(v)) < 0) {
 			return spec_fail(s, "%s: '%s' is not a port", name, v);
 		}
+		h->port_line[pk] = s->lineno;
 	} else if (strcmp(name, "address") == 0) {
 		if (!valid_addr(v)) {
 			return spec_fail(s, "address: '%s' is not a host name or IPv4 address", v);
 		}
 		snprintf(h->addr, sizeof h->addr, "%s", v);
+		h->addr_line = s->lineno;
 	} else if (strcmp(name, "roles") == 0) {
 		char *copy = sdb_strdup(v), *save = NULL;
 		int bad = 0;
@@ -396,6 +402,52 @@ static int port_of(const cl_spec *s, const cl_host *h, int p)
 	return h->port[p] != 0 ? h->port[p] : s->port[p] != 0 ? s->port[p] : port_def[p].def;
 }
 
+/* The ports each role listens on (-1 ends a list). */
+static const int role_ports[R__COUNT][4] = {
+	{P_META_WIRE, P_META_RAFT, P_HTTP_META, -1}, {P_SHARD_WIRE, P_HTTP_SHARD, -1, -1},
+	{P_RL_GRPC, P_HTTP_RL, -1, -1}, {P_PROXY_WIRE, P_PROXY_GRPC, P_HTTP_PROXY, -1},
+	{P_HTTP_COORD, -1, -1, -1},
+};
+
+/* The spec line that set port key p of h (the host's key, else [cluster]'s; 0 = default). */
+static int port_line(const cl_spec *s, const cl_host *h, int p)
+{
+	return h->port[p] != 0 ? h->port_line[p] : s->port[p] != 0 ? s->port_line[p] : 0;
+}
+
+/* Every listener of a host (all ports of all its roles) on its own port: else a message
+ * "FILE:LINE: host H: port N used twice (KEY, KEY)" in err and -1. */
+static int check_host_ports(const cl_spec *s, const cl_host *h, char *err, size_t errlen)
+{
+	int used[P__COUNT], n = 0;
+
+	for (int r = 0; r < R__COUNT; r++) {
+		if (!(h->roles & (1u << r))) {
+			continue;
+		}
+		for (int k = 0; k < 4 && role_ports[r][k] >= 0; k++) {
+			used[n++] = role_ports[r][k];
+		}
+	}
+	for (int a = 0; a < n; a++) {
+		for (int b = a + 1; b < n; b++) {
+			int pa = used[a] < used[b] ? used[a] : used[b];
+			int pb = used[a] < used[b] ? used[b] : used[a];
+			int la, lb;
+			if (port_of(s, h, pa) != port_of(s, h, pb)) {
+				continue;
+			}
+			la = port_line(s, h, pa);
+			lb = port_line(s, h, pb);
+			snprintf(err, errlen, "%s:%d: host %s: port %d used twice (%s, %s)", s->path,
+				 la > lb ? la : lb, h->name, port_of(s, h, pa), port_def[pa].key,
+				 port_def[pb].key);
+			return -1;
+		}
+	}
+	return 0;
+}
+
 static void free_spec(cl_spec *s)
 {
 	for (int i = 0; i < s->n_ssh_opts; i++) {
@@ -485,6 +537,21 @@ static int load_spec(const char *path, cl_spec *s)
 			    strcmp(h->shard_name, s->hosts[j].shard_name) == 0) {
 				fprintf(stderr, "stripedb ctl cluster: %s: hosts [%s] and [%s] have shard-name "
 						"%s\n", path, s->hosts[j].name, h->name, h->shard_name);
+				goto err;
+			}
+			/* one section per machine: its roles share the host's config file, data
+			 * dir and pid files */
+			if (strcmp(h->addr, s->hosts[j].addr) == 0) {
+				fprintf(stderr, "stripedb ctl cluster: %s:%d: hosts [%s] and [%s] have address "
+						"%s (one section per host, with all its roles)\n", path,
+					h->addr_line, s->hosts[j].name, h->name, h->addr);
+				goto err;
+			}
+		}
+		{
+			char perr[sizeof s->err];
+			if (check_host_ports(s, h, perr, sizeof perr) != 0) {
+				fprintf(stderr, "stripedb ctl cluster: %s\n", perr);
 				goto err;
 			}
 		}
@@ -1014,19 +1081,91 @@ static int wait_leader(const cl_spec *s, const cl_host **leader)
 	return -1;
 }
 
-/* addShard NAME URI on the metadata group; an existing name (11000) is fine. */
-static int add_shard(const cl_spec *s, const char *name, const char *shard_uri, const cl_host *h)
+/* The URI bootstrap registers the embedded shard of h with. */
+static void shard_uri(const cl_spec *s, const cl_host *h, char *buf, size_t n)
+{
+	snprintf(buf, n, "mongodb://%s:%d/?directConnection=true", h->addr,
+		 port_of(s, h, P_SHARD_WIRE));
+}
+
+/* A client of the metadata group (the replica set of its members); NULL on bad addresses. */
+static mongoc_client_t *meta_client(const cl_spec *s)
 {
 	sbuf uri = {0};
 	mongoc_client_t *cl;
-	uint64_t deadline = sdb_mono_ms() + (uint64_t)s->timeout_ms;
-	int rc = -1;
 
 	sb_printf(&uri, "mongodb://");
 	metadata_list(s, &uri);
 	sb_printf(&uri, "/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=5000");
 	cl = auth_cluster_client_new(uri.p);
 	free(uri.p);
+	return cl;
+}
+
+/* The URI shard name is registered with (listShards: {shards: [{id|_id, uri|host}]}, as
+ * proxy_load_shards reads it) into uri. 1 found, 0 not registered, -1 listShards failed
+ * (reason in err). */
+static int registered_uri(mongoc_client_t *cl, const char *name, char *uri, size_t n, char *err,
+			  size_t errlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_error_t e;
+	bson_iter_t it, arr, sh;
+	int found = 0;
+
+	BSON_APPEND_INT32(&cmd, "listShards", 1);
+	if (!mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e)) {
+		snprintf(err, errlen, "listShards: %s", e.message);
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+		return -1;
+	}
+	if (bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it) &&
+	    bson_iter_recurse(&it, &arr)) {
+		while (!found && bson_iter_next(&arr)) {
+			const char *id = NULL, *u = NULL;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &sh)) {
+				continue;
+			}
+			while (bson_iter_next(&sh)) {
+				const char *k = bson_iter_key(&sh);
+				if (!BSON_ITER_HOLDS_UTF8(&sh)) {
+					continue;
+				}
+				if (strcmp(k, "id") == 0 || strcmp(k, "_id") == 0) {
+					id = bson_iter_utf8(&sh, NULL);
+				} else if (strcmp(k, "uri") == 0 || strcmp(k, "host") == 0) {
+					u = bson_iter_utf8(&sh, NULL);
+				}
+			}
+			if (id != NULL && u != NULL && strcmp(id, name) == 0) {
+				snprintf(uri, n, "%s", u);
+				found = 1;
+			}
+		}
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return found;
+}
+
+/* The one-line complaint about shard name registered at reg while the spec says want. */
+static void mismatch_msg(char *buf, size_t n, const char *name, const char *reg, const char *want)
+{
+	snprintf(buf, n, "shard %s is registered at %s but the spec says %s (bootstrap does not "
+			 "move a registered shard: put the old address back in the spec, or move the "
+			 "shard by hand)", name, reg, want);
+}
+
+/* addShard NAME URI on the metadata group; an existing name (11000) is fine when it is
+ * registered with this URI (listShards), an error otherwise. */
+static int add_shard(const cl_spec *s, const char *name, const char *shard_uri, const cl_host *h)
+{
+	mongoc_client_t *cl;
+	uint64_t deadline = sdb_mono_ms() + (uint64_t)s->timeout_ms;
+	int rc = -1;
+
+	cl = meta_client(s);
 	if (cl == NULL) {
 		fprintf(stderr, "stripedb ctl cluster bootstrap: bad metadata addresses\n");
 		return -1;
@@ -1040,6 +1179,26 @@ static int add_shard(const cl_spec *s, const char *name, const char *shard_uri, 
 		ok = mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e);
 		bson_destroy(&reply);
 		bson_destroy(&cmd);
+		if (!ok && e.code == 11000) {
+			char reg[512], msg[1400];
+			int f = registered_uri(cl, name, reg, sizeof reg, msg, sizeof msg);
+			if (f == 1 && strcmp(reg, shard_uri) != 0) {
+				mismatch_msg(msg, sizeof msg, name, reg, shard_uri);
+			}
+			if (f != 1 || strcmp(reg, shard_uri) != 0) {
+				if (f == 0) {
+					snprintf(msg, sizeof msg, "addShard says %s exists, listShards does "
+								  "not list it", name);
+				}
+				if (h != NULL) {
+					fail(h, "addShard", msg);
+				} else {
+					fprintf(stderr, "stripedb ctl cluster bootstrap: external shard %s: %s\n",
+						name, msg);
+				}
+				break;
+			}
+		}
 		if (ok || e.code == 11000) {
 			printf("%-12s %-12s %s %s\n", h != NULL ? h->name : "-", name,
 			       ok ? "registered" : "already registered", shard_uri);
@@ -1081,8 +1240,7 @@ static int cluster_bootstrap(const cl_spec *s)
 		if (!(h->roles & (1u << R_SHARD))) {
 			continue;
 		}
-		snprintf(suri, sizeof suri, "mongodb://%s:%d/?directConnection=true", h->addr,
-			 port_of(s, h, P_SHARD_WIRE));
+		shard_uri(s, h, suri, sizeof suri);
 		if (add_shard(s, h->shard_name, suri, h) != 0) {
 			return 1;
 		}
@@ -1114,6 +1272,54 @@ static int cluster_bootstrap(const cl_spec *s)
 	return 0;
 }
 
+/* status: every shard of the spec registered with the spec's URI (listShards); one stderr
+ * line per shard that is not. Returns the number of such shards (1 when listShards fails). */
+static int check_registrations(const cl_spec *s)
+{
+	mongoc_client_t *cl = meta_client(s);
+	int bad = 0;
+
+	if (cl == NULL) {
+		fprintf(stderr, "stripedb ctl cluster status: bad metadata addresses\n");
+		return 1;
+	}
+	for (int i = 0; i < s->n_hosts + s->n_ext; i++) {
+		const cl_host *h = i < s->n_hosts ? &s->hosts[i] : NULL;
+		char want[512], reg[512], msg[1400], who[256];
+		int f;
+		if (h != NULL && !(h->roles & (1u << R_SHARD))) {
+			continue;
+		}
+		if (h != NULL) {
+			shard_uri(s, h, want, sizeof want);
+			snprintf(who, sizeof who, "host %s (%s)", h->name, h->addr);
+		} else {
+			snprintf(want, sizeof want, "%s", s->ext[i - s->n_hosts].uri);
+			snprintf(who, sizeof who, "external shard");
+		}
+		f = registered_uri(cl, h != NULL ? h->shard_name : s->ext[i - s->n_hosts].name, reg,
+				   sizeof reg, msg, sizeof msg);
+		if (f < 0) {
+			fprintf(stderr, "stripedb ctl cluster status: %s\n", msg);
+			bad = 1;
+			break;
+		}
+		if (f == 0) {
+			fprintf(stderr, "stripedb ctl cluster status: %s: shard %s is not registered (run "
+					"bootstrap)\n", who,
+				h != NULL ? h->shard_name : s->ext[i - s->n_hosts].name);
+			bad++;
+		} else if (strcmp(reg, want) != 0) {
+			mismatch_msg(msg, sizeof msg, h != NULL ? h->shard_name : s->ext[i - s->n_hosts].name,
+				     reg, want);
+			fprintf(stderr, "stripedb ctl cluster status: %s: %s\n", who, msg);
+			bad++;
+		}
+	}
+	mongoc_client_destroy(cl);
+	return bad;
+}
+
 static int cluster_status(const cl_spec *s, int json)
 {
 	const cl_host *leader = find_leader(s);
@@ -1143,6 +1349,8 @@ static int cluster_status(const cl_spec *s, int json)
 	if (leader == NULL) {
 		fprintf(stderr, "stripedb ctl cluster status: no metadata leader\n");
 		bad++;
+	} else {
+		bad += check_registrations(s);
 	}
 	return bad == 0 ? 0 : 1;
 }
@@ -1321,8 +1529,33 @@ done:
 	return rc;
 }
 
-/* The pid in file, when it is a live process of this binary; else 0. */
-static int live_pid(const char *file)
+/* 1 when the NUL-separated argument vector of /proc/PID/cmdline holds both role_arg
+ * ("--role=ROLE") and conf_arg ("--config=CONFIG"), as agent start execs them; else 0. */
+static int cmdline_is(long pid, const char *role_arg, const char *conf_arg)
+{
+	char path[64], buf[4096];
+	size_t n;
+	int has_role = 0, has_conf = 0;
+	FILE *f;
+
+	snprintf(path, sizeof path, "/proc/%ld/cmdline", pid);
+	f = fopen(path, "r");
+	if (f == NULL) {
+		return 0;
+	}
+	n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	for (size_t off = 0; off < n; off += strlen(buf + off) + 1) {
+		has_role |= strcmp(buf + off, role_arg) == 0;
+		has_conf |= strcmp(buf + off, conf_arg) == 0;
+	}
+	return has_role && has_conf;
+}
+
+/* The pid in file, when it is a live process of this binary started as role_arg with
+ * conf_arg (a reused pid, even of another stripedb role, is not); else 0. */
+static int live_pid(const char *file, const char *role_arg, const char *conf_arg)
 {
 	char buf[32] = "", path[64], exe[PATH_MAX], self[PATH_MAX];
 	FILE *f = fopen(file, "r");
@@ -1365,12 +1598,13 @@ static int live_pid(const char *file)
 			return 0;
 		}
 	}
-	return strcmp(exe, self) == 0 ? (int)pid : 0;
+	return strcmp(exe, self) == 0 && cmdline_is(pid, role_arg, conf_arg) ? (int)pid : 0;
 }
 
 /* agent start ROLE CONFIG DATADIR: start `stripedb --role=ROLE --config=CONFIG` detached
- * unless DATADIR/run/ROLE.pid names a live stripedb. Prints "started (pid N)" or
- * "running (pid N)". */
+ * unless DATADIR/run/ROLE.pid names a live stripedb whose command line is this role and
+ * this config (else the pid file is stale, e.g. a reused pid, and is replaced). Prints
+ * "started (pid N)" or "running (pid N)". */
 static int agent_start_locked(int argc, char **argv)
 {
 	char exe[PATH_MAX], pidfile[PATH_MAX + 32], tmp[PATH_MAX + 48], log[PATH_MAX + 32];
@@ -1391,7 +1625,9 @@ static int agent_start_locked(int argc, char **argv)
 			strerror(errno));
 		return 1;
 	}
-	pid = live_pid(pidfile);
+	snprintf(role_arg, sizeof role_arg, "--role=%s", argv[0]);
+	snprintf(conf_arg, sizeof conf_arg, "--config=%s", argv[1]);
+	pid = live_pid(pidfile, role_arg, conf_arg);
 	if (pid > 0) {
 		printf("running (pid %d)\n", pid);
 		return 0;
@@ -1407,8 +1643,6 @@ static int agent_start_locked(int argc, char **argv)
 		fprintf(stderr, "stripedb ctl cluster agent start: %s: %s\n", log, strerror(errno));
 		return 1;
 	}
-	snprintf(role_arg, sizeof role_arg, "--role=%s", argv[0]);
-	snprintf(conf_arg, sizeof conf_arg, "--config=%s", argv[1]);
 	fflush(stdout);
 	child = fork();
 	if (child < 0) {
@@ -1486,6 +1720,19 @@ static void log_drop(mongoc_log_level_t level, const char *domain, const char *m
 	(void)data;
 }
 
+static const char cluster_usage[] =
+	"usage: stripedb ctl cluster bootstrap --spec FILE [--verbose]\n"
+	"       stripedb ctl cluster status --spec FILE [--json]\n"
+	"       stripedb ctl cluster config --spec FILE HOST\n"
+	"bootstrap builds (or finishes) the cluster the spec describes over SSH, status checks\n"
+	"every role of it, config prints the config file bootstrap writes on HOST.\n"
+	"See stripedb-ctl(1) and packaging/cluster.conf.example.\n";
+
+static int is_help(const char *a)
+{
+	return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0 || strcmp(a, "help") == 0;
+}
+
 static int usage(const char *msg)
 {
 	fprintf(stderr, "stripedb ctl cluster: %s (usage: cluster bootstrap --spec FILE [--verbose] | "
@@ -1510,6 +1757,13 @@ int cli_cluster_main(int argc, char **argv)
 			return agent_start(argc - 2, argv + 2);
 		}
 		return usage("agent put|start");
+	}
+	/* --help (any word after the subcommand but a HOST named help): the usage on stdout, exit 0 */
+	for (int i = 0; i < argc; i++) {
+		if (is_help(argv[i]) && (i == 0 || strcmp(argv[i], "help") != 0)) {
+			fputs(cluster_usage, stdout);
+			return 0;
+		}
 	}
 	if (strcmp(argv[0], "bootstrap") != 0 && strcmp(argv[0], "status") != 0 &&
 	    strcmp(argv[0], "config") != 0) {

@@ -12,13 +12,16 @@ The bootstrap runs from the root namespace (the bridge has 10.213.N.254) over SS
 made for the test. Checked: a first run killed midway (once the metadata group is up) is finished by the next
 run, which leaves the running members alone; the cluster key of the spec reaches every host
 (mode 0600) and every role uses it; a further run is a no-op (same pids);
-a role killed with SIGKILL comes back on the next run and nothing else restarts; the YCSB
+a role killed with SIGKILL comes back on the next run and nothing else restarts, as does a
+role whose pid file names a live stripedb of another role (a reused pid); the YCSB
 workload of `stripedb bench` runs through both proxies against a collection sharded over both
 shards while h1 is cut off the network (its veth is set down on the host side: it loses every
 peer, the metadata group keeps its quorum of two, a metadata write commits without it) and then
 restored; h1 catches up (same last applied index and state hash as the leader), the checker
-finds every acknowledged write in the final state, and every role is healthy. Last, a role that
-cannot start (its port taken) fails the run with one stderr line naming the host and role.
+finds every acknowledged write in the final state, and every role is healthy. A shard whose
+address in the spec changed fails the run (and status) with one line naming both addresses.
+Last, a role that cannot start (its port taken) fails the run with one stderr line naming the
+host and role.
 
 Needs root, `ip netns`, sshd and ssh; skipped otherwise. Each host has its own data dir under
 the test's tmp dir (the namespaces share the filesystem). Teardown kills every process left in
@@ -282,17 +285,25 @@ def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
     assert r.stdout.count("already registered") == 2, r.stdout
     assert pids(tmp_path) == first
 
-    # 3. a role killed with SIGKILL comes back on the next run, nothing else restarts
+    # 3. a role killed with SIGKILL comes back on the next run, nothing else restarts; so
+    # does one whose pid file names a live stripedb of another role (a reused pid)
     os.kill(first[(5, "shard")], signal.SIGKILL)
+    os.kill(first[(3, "proxy")], signal.SIGKILL)
     wait_until(lambda: not healthy(net, 5, "shard"), 20, what="h5's shard down")
+    wait_until(lambda: not healthy(net, 3, "proxy"), 20, what="h3's proxy down")
+    (tmp_path / "h3" / "run" / "proxy.pid").write_text(f"{first[(3, 'metadata')]}\n")
     r = bootstrap(spec)
     assert r.returncode == 0, r.stdout + r.stderr + logs(tmp_path)
-    assert r.stdout.count("already healthy") == 8, r.stdout
+    assert r.stdout.count("already healthy") == 7, r.stdout
+    assert re.search(r"^h3 +proxy +started \(pid \d+\)$", r.stdout, re.M), r.stdout
     again = pids(tmp_path)
-    assert again[(5, "shard")] != first[(5, "shard")]
-    assert {k: v for k, v in again.items() if k != (5, "shard")} == \
-        {k: v for k, v in first.items() if k != (5, "shard")}
-    assert healthy(net, 5, "shard")
+    restarted = [(5, "shard"), (3, "proxy")]
+    for k in restarted:
+        assert again[k] != first[k]
+    assert again[(3, "proxy")] != first[(3, "metadata")]
+    assert {k: v for k, v in again.items() if k not in restarted} == \
+        {k: v for k, v in first.items() if k not in restarted}
+    assert healthy(net, 5, "shard") and healthy(net, 3, "proxy")
 
     # the workload's collection, sharded over both shards
     m.admin.command("createDatabase", "ycsb")
@@ -372,19 +383,42 @@ def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
     assert all(row["healthy"] for row in rows)
     assert len([row for row in rows if row["leader"]]) == 1
 
-    # 6. a role that cannot start (a second shard on h4 whose wire port is taken): exit 1 and
+    # 6. a shard registered at another address than the spec's (its shard-port changed):
+    # bootstrap does not move it; exit 1 with one stderr line naming both addresses, and
+    # status flags it too. Nothing restarts (h5's running shard is healthy).
+    moved = tmp_path / "moved.conf"
+    moved.write_text(spec.read_text().replace(f"data-dir = {tmp_path / 'h5'}\n",
+                                              f"data-dir = {tmp_path / 'h5'}\nshard-port = 27028\n"))
+    old_uri = f"mongodb://{net.addr(5)}:27018/?directConnection=true"
+    new_uri = f"mongodb://{net.addr(5)}:27028/?directConnection=true"
+    what = (f"host h5 ({net.addr(5)}) addShard: shard shard-h5 is registered at {old_uri} but "
+            f"the spec says {new_uri} (bootstrap does not move a registered shard: put the old "
+            "address back in the spec, or move the shard by hand)\n")
+    r = bootstrap(moved)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr == "stripedb ctl cluster bootstrap: " + what, r.stderr
+    assert "cluster complete" not in r.stdout
+    r = bootstrap(moved, "status")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr == ("stripedb ctl cluster status: "
+                        + what.replace(" addShard:", ":")), r.stderr
+    assert pids(tmp_path) == again
+
+    # 7. a role that cannot start (a proxy on h4 whose HTTP port sshd holds): exit 1 and
     # one stderr line naming the host and the role; the rest of the cluster is untouched
     bad = tmp_path / "bad.conf"
     bad.write_text(spec.read_text().replace("timeout-ms = 60000", "timeout-ms = 3000")
-                   + f"[h6]\naddress = {net.addr(4)}\nroles = shard\n"
-                   f"data-dir = {tmp_path / 'h6'}\nshard-http-port = 9112\n")
+                   .replace(f"address = {net.addr(4)}\nroles = shard\n",
+                            f"address = {net.addr(4)}\nroles = shard, proxy\n"
+                            "proxy-http-port = 22\n"))
     r = bootstrap(bad)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert r.stderr == (f"stripedb ctl cluster bootstrap: host h6 ({net.addr(4)}) role shard: no "
-                        f"healthy /healthz on port 9112 after 3 s (see {tmp_path / 'h6'}/logs/"
-                        "shard.log)\n"), r.stderr
-    assert (tmp_path / "h6" / "logs" / "shard.log").exists()
-    assert r.stdout.count("already healthy") == 5, r.stdout  # metadata x3, shards of h4, h5
+    assert r.stderr == (f"stripedb ctl cluster bootstrap: host h4 ({net.addr(4)}) role proxy: no "
+                        f"healthy /healthz on port 22 after 3 s (see {tmp_path / 'h4'}/logs/"
+                        "proxy.log)\n"), r.stderr
+    assert (tmp_path / "h4" / "logs" / "proxy.log").exists()
+    # metadata x3, shards of h4 and h5, h2's ratelimit, proxies of h2 and h3
+    assert r.stdout.count("already healthy") == 8, r.stdout
     assert pids(tmp_path) == again
     m.close()
     px.close()
@@ -434,6 +468,15 @@ HOST_OK = "[h1]\naddress = 127.0.0.1\nroles = metadata\n"
     (HOST_OK + "proxy-port = 70000\n", "proxy-port: '70000' is not a port"),
     ("[cluster\n" + HOST_OK, "syntax error"),
     ("", "no host section"),
+    # every listener of a host on its own port, whichever key (or default) set it
+    ("[h3]\naddress = 10.0.0.3\nroles = metadata, proxy\nproxy-port = 27019\n",
+     ":4: host h3: port 27019 used twice (metadata-port, proxy-port)\n"),
+    ("[cluster]\nproxy-http-port = 9101\n[h3]\naddress = 10.0.0.3\nroles = proxy, metadata\n",
+     ":2: host h3: port 9101 used twice (metadata-http-port, proxy-http-port)\n"),
+    ("[h1]\naddress = 10.0.0.1\nroles = shard, metadata, ratelimit\nraft-port = 1051\n",
+     ":4: host h1: port 1051 used twice (raft-port, ratelimit-port)\n"),
+    (HOST_OK + "[h2]\naddress = 127.0.0.1\nroles = shard\n",
+     ":5: hosts [h1] and [h2] have address 127.0.0.1 (one section per host"),
 ])
 def test_bad_spec_is_one_line_exit_2(tmp_path, spec, message):
     f = tmp_path / "bad.conf"
@@ -442,6 +485,50 @@ def test_bad_spec_is_one_line_exit_2(tmp_path, spec, message):
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+def test_duplicate_port_of_unused_role_is_fine(tmp_path):
+    """Only the roles a host runs count: a proxy port equal to the metadata port of a host
+    without the proxy role is no conflict."""
+    f = tmp_path / "c.conf"
+    f.write_text("[cluster]\nproxy-port = 27019\n" + HOST_OK)
+    r = _cluster("config", "--spec", str(f), "h1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("27019") == 2  # metadata = ..., listen = ...
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"], ["bootstrap", "--help"],
+                                  ["status", "--spec", "/nonexistent", "--help"],
+                                  ["config", "-h"]])
+def test_help_is_usage_on_stdout_exit_0(args):
+    r = _cluster(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert r.stdout.startswith("usage: stripedb ctl cluster bootstrap --spec FILE [--verbose]\n")
+    assert "stripedb ctl cluster status --spec FILE [--json]\n" in r.stdout
+
+
+def test_agent_start_replaces_a_reused_pid(tmp_path):
+    """A pid file naming a live stripedb that is not this role with this config (a reused pid)
+    is stale: agent start starts the role and rewrites the pid file."""
+    data = tmp_path / "data"
+    (data / "run").mkdir(parents=True)
+    # a live stripedb of another command line: an agent put waiting for its stdin
+    other = subprocess.Popen([BIN, "ctl", "cluster", "agent", "put", str(tmp_path / "x"), "0644",
+                              "-", "10"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        (data / "run" / "shard.pid").write_text(f"{other.pid}\n")
+        # the config does not exist: the started shard exits at once, which is fine here
+        r = _cluster("agent", "start", "shard", str(tmp_path / "none.conf"), str(data))
+        assert r.returncode == 0, r.stderr
+        m = re.fullmatch(r"started \(pid (\d+)\)\n", r.stdout)
+        assert m, r.stdout
+        assert int(m.group(1)) != other.pid
+        assert (data / "run" / "shard.pid").read_text() == f"{m.group(1)}\n"
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_unreachable_host_names_it(tmp_path):
