@@ -14,10 +14,14 @@
  * bootstrap, in dependency order: the per-host config file (and key) is written on every
  * host; the metadata members are started and the command waits for a Raft leader (hello,
  * isWritablePrimary); the embedded shards are started and every shard is registered with
- * addShard (an already registered name, 11000, is fine); then the rate limiters, proxies
+ * addShard (an already registered name, 11000, is fine when listShards has it at the
+ * spec's URI: bootstrap does not move a registered shard); then the rate limiters, proxies
  * and coordinators. A role whose /healthz already answers 200 is left alone, so re-running
  * on a half-built cluster finishes it and re-running on a complete one changes nothing.
- * Health and the leader are checked over the network from where the command runs.
+ * Health and the leader are checked over the network from where the command runs. A host
+ * whose config cannot be written or whose role cannot be started over SSH (unreachable)
+ * is named on stderr then and skipped by the later steps; every other host is still
+ * repaired, and the run exits 1 at the end ("cluster incomplete").
  *
  * Remote commands go through the system ssh client (BatchMode=yes), run with fork+exec and
  * an argument vector. The remote side hands the command string to a shell, so every string
@@ -133,6 +137,11 @@ typedef struct cl_spec {
 } cl_spec;
 
 static int verbose;
+
+/* bootstrap: hosts whose config could not be written or whose role could not be started
+ * over SSH (one stderr line each, at the time): the later steps skip them and the run
+ * exits 1 at the end, after repairing every other host. Indexed like cl_spec.hosts. */
+static int host_failed[CL_MAX_HOSTS];
 
 
 /* --- validation: every string that reaches a remote shell passes one of these --- */
@@ -927,7 +936,8 @@ static int fail(const cl_host *h, const char *what, const char *msg)
 }
 
 /* Write every host's config file (and the cluster key): one `agent put` per host, all
- * hosts at once. */
+ * hosts at once. A host that fails is named on stderr and marked in host_failed; -1 only
+ * when the cluster key cannot be read (nothing was sent). */
 static int configure_all(const cl_spec *s)
 {
 	static ssh_job jobs[CL_MAX_HOSTS];
@@ -975,10 +985,9 @@ static int configure_all(const cl_spec *s)
 	for (int i = 0; i < s->n_hosts; i++) {
 		char out[512];
 		if (ssh_finish(&jobs[i], deadline, out, sizeof out) != 0) {
-			if (rc == 0) {
-				fail(&s->hosts[i], "writing the config", out[0] ? out : "ssh failed");
-			}
-			rc = -1; /* the other jobs are still reaped */
+			/* this host is skipped from here on; the others go on */
+			fail(&s->hosts[i], "writing the config", out[0] ? out : "ssh failed");
+			host_failed[i] = 1;
 		} else if (verbose) {
 			printf("%-12s %s\n", s->hosts[i].name, out);
 		}
@@ -1009,8 +1018,9 @@ static int wait_role(const cl_spec *s, const cl_host *h, int r)
 	return fail(h, what, msg);
 }
 
-/* Start every instance of role r that does not answer /healthz (all hosts at once), then
- * wait for each to be healthy. */
+/* Start every instance of role r that does not answer /healthz (all hosts at once, but
+ * those in host_failed), then wait for each to be healthy. A host whose start fails over
+ * SSH joins host_failed; -1 when a started role does not become healthy. */
 static int bring_up(const cl_spec *s, int r)
 {
 	static ssh_job jobs[CL_MAX_HOSTS];
@@ -1022,6 +1032,10 @@ static int bring_up(const cl_spec *s, int r)
 		const cl_host *h = &s->hosts[i];
 		sbuf cmd = {0};
 		if (!(h->roles & (1u << r))) {
+			continue;
+		}
+		if (host_failed[i]) {
+			printf("%-12s %-12s skipped (the host failed)\n", h->name, role_name[r]);
 			continue;
 		}
 		if (role_healthy(s, h, r)) {
@@ -1050,16 +1064,16 @@ static int bring_up(const cl_spec *s, int r)
 		}
 		snprintf(what, sizeof what, "role %s", role_name[r]);
 		if (ssh_finish(&jobs[i], deadline, out, sizeof out) != 0) {
-			if (rc == 0) {
-				fail(&s->hosts[i], what, out[0] ? out : "ssh failed");
-			}
-			rc = -1;
+			/* skipped from here on; the other hosts go on */
+			fail(&s->hosts[i], what, out[0] ? out : "ssh failed");
+			host_failed[i] = 1;
 		} else {
 			printf("%-12s %-12s %s\n", s->hosts[i].name, role_name[r], out[0] ? out : "started");
 		}
 	}
 	for (int i = 0; i < s->n_hosts && rc == 0; i++) {
-		if ((s->hosts[i].roles & (1u << r)) && wait_role(s, &s->hosts[i], r) != 0) {
+		if ((s->hosts[i].roles & (1u << r)) && !host_failed[i] &&
+		    wait_role(s, &s->hosts[i], r) != 0) {
 			rc = -1;
 		}
 	}
@@ -1224,10 +1238,24 @@ static int cluster_bootstrap(const cl_spec *s)
 {
 	const cl_host *leader = NULL;
 
+	int n_meta = 0, n_meta_failed = 0, n_failed = 0;
+
 	if (configure_all(s) != 0) {
 		return 1;
 	}
-	if (bring_up(s, R_METADATA) != 0 || wait_leader(s, &leader) != 0) {
+	if (bring_up(s, R_METADATA) != 0) {
+		return 1;
+	}
+	for (int i = 0; i < s->n_hosts; i++) {
+		if (s->hosts[i].roles & (1u << R_METADATA)) {
+			n_meta++;
+			n_meta_failed += host_failed[i];
+		}
+	}
+	if (n_meta_failed == n_meta) {
+		return 1; /* no member to wait for: each failed host has its line */
+	}
+	if (wait_leader(s, &leader) != 0) {
 		return 1;
 	}
 	printf("%-12s %-12s leader (id %d)\n", leader->name, "metadata", leader->meta_id);
@@ -1237,7 +1265,7 @@ static int cluster_bootstrap(const cl_spec *s)
 	for (int i = 0; i < s->n_hosts; i++) {
 		const cl_host *h = &s->hosts[i];
 		char suri[256];
-		if (!(h->roles & (1u << R_SHARD))) {
+		if (!(h->roles & (1u << R_SHARD)) || host_failed[i]) {
 			continue;
 		}
 		shard_uri(s, h, suri, sizeof suri);
@@ -1254,6 +1282,14 @@ static int cluster_bootstrap(const cl_spec *s)
 		if (bring_up(s, r) != 0) {
 			return 1;
 		}
+	}
+	for (int i = 0; i < s->n_hosts; i++) {
+		n_failed += host_failed[i];
+	}
+	if (n_failed > 0) {
+		printf("cluster incomplete: %d host%s failed (see above); the others are up\n", n_failed,
+		       n_failed == 1 ? "" : "s");
+		return 1;
 	}
 	{
 		sbuf m = {0}, p = {0};

@@ -13,7 +13,8 @@ made for the test. Checked: a first run killed midway (once the metadata group i
 run, which leaves the running members alone; the cluster key of the spec reaches every host
 (mode 0600) and every role uses it; a further run is a no-op (same pids);
 a role killed with SIGKILL comes back on the next run and nothing else restarts, as does a
-role whose pid file names a live stripedb of another role (a reused pid); the YCSB
+role whose pid file names a live stripedb of another role (a reused pid); with one host
+unreachable (its sshd stopped) the run still repairs the others and names it; the YCSB
 workload of `stripedb bench` runs through both proxies against a collection sharded over both
 shards while h1 is cut off the network (its veth is set down on the host side: it loses every
 peer, the metadata group keeps its quorum of two, a metadata write commits without it) and then
@@ -114,21 +115,29 @@ class Net:
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / "client_key"))
         (ssh / "authorized_keys").write_text((ssh / "client_key.pub").read_text())
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
-        for i, ns in self.ns.items():
-            cfg = ssh / f"sshd_h{i}.conf"
-            cfg.write_text(
-                f"ListenAddress {self.addr(i)}\nPort 22\nHostKey {ssh / 'host_key'}\n"
-                f"PidFile {ssh / f'sshd_h{i}.pid'}\nAuthorizedKeysFile {ssh / 'authorized_keys'}\n"
-                "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-                "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
-                "PubkeyAuthentication yes\nX11Forwarding no\nPrintMotd no\n")
-            log = open(self.tmp / f"sshd_h{i}.log", "wb")
-            self.sshd[i] = subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f",
-                                             str(cfg)], stdout=log, stderr=log)
-            log.close()
+        for i in self.ns:
+            self.start_sshd(i)
         for i in self.ns:
             wait_until(lambda i=i: self.ssh(i, "true").returncode == 0, 20,
                        what=f"sshd on h{i}")
+
+    def start_sshd(self, i):
+        ssh = self.tmp / "ssh"
+        cfg = ssh / f"sshd_h{i}.conf"
+        cfg.write_text(
+            f"ListenAddress {self.addr(i)}\nPort 22\nHostKey {ssh / 'host_key'}\n"
+            f"PidFile {ssh / f'sshd_h{i}.pid'}\nAuthorizedKeysFile {ssh / 'authorized_keys'}\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+            "PubkeyAuthentication yes\nX11Forwarding no\nPrintMotd no\n")
+        log = open(self.tmp / f"sshd_h{i}.log", "ab")
+        self.sshd[i] = subprocess.Popen(["ip", "netns", "exec", self.ns[i], SSHD, "-D", "-e",
+                                         "-f", str(cfg)], stdout=log, stderr=log)
+        log.close()
+
+    def stop_sshd(self, i):
+        self.sshd[i].terminate()
+        self.sshd[i].wait(timeout=10)
 
     def ssh(self, i, cmd):
         return subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
@@ -304,6 +313,29 @@ def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
     assert {k: v for k, v in again.items() if k not in restarted} == \
         {k: v for k, v in first.items() if k not in restarted}
     assert healthy(net, 5, "shard") and healthy(net, 3, "proxy")
+
+    # 3b. one host unreachable (h5's sshd stopped) does not block the repair of the others:
+    # h2's killed proxy comes back, h5 is named on the one stderr line, exit 1
+    os.kill(again[(2, "proxy")], signal.SIGKILL)
+    wait_until(lambda: not healthy(net, 2, "proxy"), 20, what="h2's proxy down")
+    net.stop_sshd(5)
+    try:
+        r = bootstrap(spec)
+    finally:
+        net.start_sshd(5)
+    assert r.returncode == 1, r.stdout + r.stderr + logs(tmp_path)
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(
+        f"stripedb ctl cluster bootstrap: host h5 ({net.addr(5)}) writing the config: "), r.stderr
+    assert re.search(r"^h5 +shard +skipped \(the host failed\)$", r.stdout, re.M), r.stdout
+    assert re.search(r"^h2 +proxy +started \(pid \d+\)$", r.stdout, re.M), r.stdout
+    assert "cluster incomplete: 1 host failed" in r.stdout and "cluster complete" not in r.stdout
+    assert healthy(net, 2, "proxy")
+    repaired = pids(tmp_path)
+    assert repaired[(2, "proxy")] != again[(2, "proxy")]
+    assert {k: v for k, v in repaired.items() if k != (2, "proxy")} == \
+        {k: v for k, v in again.items() if k != (2, "proxy")}
+    again = repaired
+    wait_until(lambda: net.ssh(5, "true").returncode == 0, 20, what="sshd on h5 again")
 
     # the workload's collection, sharded over both shards
     m.admin.command("createDatabase", "ycsb")
