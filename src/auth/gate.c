@@ -27,6 +27,8 @@ struct auth_gate {
 	int64_t failure_limit;
 	int64_t fail_delay_ms;
 	rl_limiter *lim;
+	rl_decide_fn decide; /* opts.decide, or rl_decide_local over lim */
+	void *decide_ctx;
 	bool has_cluster;
 	auth_scram_creds cluster; /* __system's verifier when has_cluster */
 	uv_mutex_t mu; /* guards pol */
@@ -83,6 +85,8 @@ auth_gate *auth_gate_new(const auth_gate_opts *opts)
 	g->failure_limit = opts->failure_limit > 0 ? opts->failure_limit : 10;
 	g->fail_delay_ms = opts->fail_delay_ms > 0 ? opts->fail_delay_ms : AUTH_GATE_FAIL_DELAY_MS;
 	g->lim = rl_limiter_new(NULL);
+	g->decide = opts->decide ? opts->decide : rl_decide_local;
+	g->decide_ctx = opts->decide ? opts->decide_ctx : g->lim;
 	uv_mutex_init(&g->mu);
 	g->pol = auth_policy_build(NULL, NULL);
 	g->m_speculative = sdb_metrics_counter(
@@ -246,6 +250,54 @@ void auth_gate_hello(auth_gate *g, const bson_t *cmd, bson_t *reply)
 
 /* ------------------------------------------------------------ brute-force limit */
 
+/* Failures allowed per client host and window: a multiple of the per-user limit, so one
+ * client host mistyping one password does not lock every user of that host out (a
+ * shared NAT), while spraying many user names from one host is still bounded. */
+#define AUTH_HOST_LIMIT_FACTOR 10
+
+/* Count (hits 1) or check (hits 0: is any attempt left?) the failures of user (may be
+ * NULL or empty) and of host through g->decide. May block: thread-pool threads only.
+ * Returns true when under the limits; a limiter that cannot answer lets attempts through
+ * (the fixed delay still applies), as the quota path does. */
+static bool failures_take(auth_gate *g, const char *user, const char *host, int64_t hits)
+{
+	char ukey[300], hkey[300], err[160];
+	rl_req r[2];
+	rl_resp out[2];
+	size_t n = 0;
+
+	memset(r, 0, sizeof r);
+	memset(out, 0, sizeof out);
+	if (user && user[0]) {
+		snprintf(ukey, sizeof ukey, "user:%s", user);
+		r[n].unique_key = ukey;
+		r[n].limit = g->failure_limit;
+		n++;
+	}
+	snprintf(hkey, sizeof hkey, "host:%s", host);
+	r[n].unique_key = hkey;
+	r[n].limit = g->failure_limit * AUTH_HOST_LIMIT_FACTOR;
+	n++;
+	for (size_t i = 0; i < n; i++) {
+		r[i].name = "stripedb_auth_failures";
+		r[i].hits = hits;
+		r[i].duration = AUTH_FAILURE_WINDOW_MS;
+		r[i].algorithm = RL_TOKEN_BUCKET;
+	}
+	if (g->decide(g->decide_ctx, r, n, out, err, sizeof err) != 0) {
+		sdb_warn("auth failure count: the rate limiter did not answer", "err=\"%s\"", err);
+		return true;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (!out[i].error[0] &&
+		    (hits > 0 ? out[i].status != RL_UNDER_LIMIT : out[i].remaining <= 0))
+			return false;
+	return true;
+}
+
+/* The local view, for hello's speculative path on the loop thread (never blocks): only
+ * this gate's private limiter, so it can only refuse early; the conversation's lookup on
+ * the thread pool asks the cluster (failures_take). */
 static bool limiter_take(auth_gate *g, const char *kind, const char *val, int64_t hits)
 {
 	char key[300];
@@ -257,13 +309,40 @@ static bool limiter_take(auth_gate *g, const char *kind, const char *val, int64_
 	r.name = "stripedb_auth_failures";
 	r.unique_key = key;
 	r.hits = hits;
-	r.limit = g->failure_limit;
+	r.limit = g->failure_limit * (strcmp(kind, "host") == 0 ? AUTH_HOST_LIMIT_FACTOR : 1);
 	r.duration = AUTH_FAILURE_WINDOW_MS;
 	r.algorithm = RL_TOKEN_BUCKET;
 	memset(&out, 0, sizeof out);
 	if (rl_limiter_decide(g->lim, &r, 1, &out, NULL, 0) != 0 || out.error[0])
 		return false;
 	return hits > 0 ? out.status == RL_UNDER_LIMIT : out.remaining > 0;
+}
+
+/* A failure counted on the thread pool (g->decide may block); the AuthenticationFailed
+ * answer is sent after the count is in (and no sooner than the fixed delay), so a
+ * client's next attempt, on any proxy, sees it. */
+typedef struct fail_count {
+	uv_work_t work;
+	auth_gate *g;
+	wire_req *req;
+	char user[AUTH_SCRAM_MAX_USER + 1];
+	char host[80];
+} fail_count;
+
+static void reply_failed_later(auth_gate *g, wire_req *req);
+
+static void fail_count_work(uv_work_t *w)
+{
+	fail_count *f = w->data;
+	failures_take(f->g, f->user, f->host, 1);
+}
+
+static void fail_count_done(uv_work_t *w, int status)
+{
+	fail_count *f = w->data;
+	(void)status;
+	reply_failed_later(f->g, f->req);
+	free(f);
 }
 
 static void peer_host(const char *peer, char *host, size_t hostlen)
@@ -300,18 +379,24 @@ static void auth_fail(auth_gate *g, wire_req *req, auth_conn *c, auth_audit_even
 		      const char *user, const char *why)
 {
 	wire_conn *conn = wire_req_conn(req);
-	uint64_t elapsed_ms = (uv_hrtime() - wire_req_start_ns(req)) / 1000000;
-	uint64_t wait = elapsed_ms < (uint64_t)g->fail_delay_ms
-				? (uint64_t)g->fail_delay_ms - elapsed_ms
-				: 0;
 	char host[80];
-	delayed *d;
+
+	fail_count *f = NULL;
 
 	peer_host(wire_conn_peer(conn), host, sizeof host);
 	if (ev == AUTH_AUDIT_AUTH_FAILED) {
 		if (user && user[0])
 			limiter_take(g, "user", user, 1);
 		limiter_take(g, "host", host, 1);
+		/* and in the cluster's limiter, shared by every proxy */
+		if (g->loop && g->decide != rl_decide_local) {
+			f = sdb_calloc(1, sizeof *f);
+			f->g = g;
+			f->req = req;
+			f->work.data = f;
+			snprintf(f->user, sizeof f->user, "%s", user ? user : "");
+			snprintf(f->host, sizeof f->host, "%s", host);
+		}
 	}
 	auth_audit(ev, user, NULL, wire_conn_peer(conn), why);
 	if (c) {
@@ -325,7 +410,23 @@ static void auth_fail(auth_gate *g, wire_req *req, auth_conn *c, auth_audit_even
 		wire_req_error(req, WIRE_ERR_AUTH_FAILED, "Authentication failed.");
 		return;
 	}
-	d = sdb_calloc(1, sizeof *d);
+	if (f != NULL) {
+		if (uv_queue_work(g->loop, &f->work, fail_count_work, fail_count_done) == 0)
+			return; /* answered by fail_count_done */
+		free(f);
+	}
+	reply_failed_later(g, req);
+}
+
+/* AuthenticationFailed, fail_delay_ms after the request arrived (at once when that has
+ * passed). Loop thread. */
+static void reply_failed_later(auth_gate *g, wire_req *req)
+{
+	uint64_t elapsed_ms = (uv_hrtime() - wire_req_start_ns(req)) / 1000000;
+	uint64_t wait = elapsed_ms < (uint64_t)g->fail_delay_ms
+				? (uint64_t)g->fail_delay_ms - elapsed_ms
+				: 0;
+	delayed *d = sdb_calloc(1, sizeof *d);
 	d->req = req;
 	uv_timer_init(g->loop, &d->timer);
 	d->timer.data = d;
@@ -389,6 +490,8 @@ typedef struct lookup {
 	int64_t users_version;
 	char out[AUTH_SCRAM_MAX_MSG + 1];
 	char err[256];
+	char host[80];  /* the client's host (brute-force key) */
+	bool limited;   /* the cluster's limiter refuses more attempts of user or host */
 } lookup;
 
 static bool bin_field(bson_iter_t *d, const char *key, uint8_t *out, size_t cap, size_t *len)
@@ -437,6 +540,8 @@ static void lookup_work(uv_work_t *w)
 	bson_iter_t it, d, f;
 	int code = 0;
 
+	l->limited = l->g->decide != rl_decide_local &&
+		     !failures_take(l->g, l->user, l->host, 0);
 	BSON_APPEND_UTF8(&cmd, "getUser", l->user);
 	if (l->g->meta(l->g->meta_arg, &cmd, &reply, &code, l->err, sizeof l->err) == 0 &&
 	    bson_iter_init_find(&it, &reply, "user") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
@@ -485,7 +590,10 @@ static void lookup_done(uv_work_t *w, int status)
 	c->busy = false;
 	if (status == 0 && l->found)
 		see_users_version(g, l->users_version);
-	if (l->recheck) {
+	if (l->limited) {
+		auth_fail(g, req, c, AUTH_AUDIT_RATE_LIMITED, l->user,
+			  "too many failed authentications");
+	} else if (l->recheck) {
 		/* the proof matched the cached verifier: is it still the user's? (a dropped
 		 * user or a changed password fails here, whatever the cache held) */
 		if (status != 0 || !l->found || strcmp(l->tenant, c->tenant) != 0 ||
@@ -540,6 +648,7 @@ static int lookup_start(auth_gate *g, wire_req *req, auth_conn *c, bool recheck,
 	if (out)
 		snprintf(l->out, sizeof l->out, "%s", out);
 	snprintf(l->user, sizeof l->user, "%s", c->scram.user);
+	peer_host(wire_conn_peer(wire_req_conn(req)), l->host, sizeof l->host);
 	c->busy = true;
 	if (uv_queue_work(g->loop, &l->work, lookup_work, lookup_done) != 0) {
 		OPENSSL_cleanse(l->out, sizeof l->out);

@@ -47,6 +47,9 @@
 typedef int (*auth_meta_fn)(void *arg, const bson_t *cmd, bson_t *reply, int *code, char *err,
 			    size_t errlen);
 
+struct rl_req;
+struct rl_resp;
+
 typedef struct auth_gate_opts {
 	uv_loop_t *loop;
 	auth_meta_fn meta;
@@ -58,6 +61,13 @@ typedef struct auth_gate_opts {
 	 * cluster gate of an internal listener: only __system can authenticate, and failures
 	 * are answered at once (loop may be NULL). */
 	const struct auth_scram_creds *cluster;
+	/* Where failed authentications are counted (the brute-force limit): a Gubernator
+	 * decide over the cluster's rate limiter (the proxy passes its peer ring, so every
+	 * proxy sees one count per user and per client host), or NULL for a limiter private
+	 * to this gate. May block: it is only called on thread-pool threads. */
+	int (*decide)(void *ctx, const struct rl_req *reqs, size_t n, struct rl_resp *out,
+		      char *err, size_t errlen);
+	void *decide_ctx;
 } auth_gate_opts;
 
 #define AUTH_GATE_FAIL_DELAY_MS 200

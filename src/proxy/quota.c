@@ -211,6 +211,13 @@ unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns)
 	return flags;
 }
 
+int proxy_quota_decide(void *ctx, const struct rl_req *reqs, size_t n, struct rl_resp *out,
+		       char *err, size_t errlen)
+{
+	proxy_quota *q = ctx;
+	return q->fe.decide(q->fe.decide_ctx, reqs, n, out, err, errlen);
+}
+
 bool proxy_quota_ring_probe(proxy_quota *q)
 {
 	rl_cluster *cl;

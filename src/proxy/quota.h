@@ -50,6 +50,15 @@ unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns);
  * dead (always true without a ring). Blocking: call from the refresh thread. */
 bool proxy_quota_ring_probe(proxy_quota *q);
 
+/* Decide reqs on the proxy's rate limiter (the peer ring when it has one, else its
+ * private limiter): an rl_decide_fn with ctx the proxy_quota. May block (forwarding to a
+ * key's owner); thread-pool threads only. Used for the brute-force limit of the auth
+ * gate (auth_gate_opts.decide). */
+struct rl_req;
+struct rl_resp;
+int proxy_quota_decide(void *q, const struct rl_req *reqs, size_t n, struct rl_resp *out,
+		       char *err, size_t errlen);
+
 /* Admit a request on db carrying docs documents written and bytes bytes. Returns true to
  * go on; false with *retry_after_ms, the tenant and a message filled. Thread-safe. */
 bool proxy_quota_admit(proxy_quota *q, const char *db, int64_t docs, int64_t bytes,

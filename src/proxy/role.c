@@ -438,6 +438,9 @@ static int auth_setup(sdb_role *role, proxy *p)
 	ao.meta = auth_meta;
 	ao.meta_arg = p;
 	ao.failure_limit = sdb_config_get_int(role->cfg, SDB_OPT_auth_failure_limit, 10);
+	/* failures counted on the peer ring: one count per user and host for every proxy */
+	ao.decide = proxy_quota_decide;
+	ao.decide_ctx = p->quota;
 	p->auth = auth_gate_new(&ao);
 	sdb_info("proxy authentication enabled", "mechanisms=%s failure_limit=%lld",
 		 "SCRAM-SHA-1,SCRAM-SHA-256", (long long)ao.failure_limit);
