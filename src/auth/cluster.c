@@ -122,6 +122,9 @@ int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen)
 {
 	const char *path = sdb_config_get(cfg, SDB_OPT_cluster_key_file);
 	int rc = path ? auth_cluster_load(path, err, errlen) : 0;
+	if (rc == SDB_EIO)
+		rc = SDB_EINVAL; /* a missing or unreadable key file is a configuration error:
+				  * exit 2, as a missing TLS certificate */
 	if (rc == 0 && sdb_config_get_bool(cfg, SDB_OPT_tls_internal, 0)) {
 		const char *ca = sdb_config_get(cfg, SDB_OPT_tls_ca);
 		const char *cert = sdb_config_get(cfg, SDB_OPT_tls_cert);

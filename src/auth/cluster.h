@@ -28,8 +28,9 @@
 /* Read the key of cfg's --cluster-key-file (a no-op when unset), then, with
  * --tls-internal=true, the internal TLS client settings (auth_cluster_tls_load with
  * --tls-ca, --tls-cert, --tls-key). Idempotent for the same key; SDB_EINVAL when another
- * role of the process gave a different key or the file breaks the rules above, SDB_EIO
- * when it cannot be read, SDB_EUSAGE for --tls-internal without --tls-ca; message in err. */
+ * role of the process gave a different key, the file breaks the rules above or cannot be
+ * read (the role exits 2), SDB_EUSAGE for --tls-internal without --tls-ca; message in
+ * err. */
 int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen);
 
 /* Load a key from a path directly (used by setup and tests). Same errors. */

@@ -294,6 +294,14 @@ static void h_write(wire_req *req, void *data)
 		if (!pw)
 			pw = field_str(cmd, "pwd");
 		snprintf(user, sizeof user, "%s", name_arg ? name_arg : "");
+		if (name_arg && strcmp(name_arg, AUTH_CLUSTER_USER) == 0) {
+			bson_destroy(&args);
+			wire_req_error(req, WIRE_ERR_BAD_VALUE,
+				       "%s: the user name " AUTH_CLUSTER_USER
+				       " is reserved for cluster members",
+				       name);
+			return;
+		}
 		if (pw && (!name_arg || name_arg[0] == '\0' || strlen(name_arg) >= sizeof user)) {
 			bson_destroy(&args);
 			wire_req_error(req, WIRE_ERR_BAD_VALUE,

@@ -250,6 +250,8 @@ def test_scram_verifier_never_stores_the_password(start_role, tmp_path):
         e = c.write("createUser", bad, tenant="acme", password="pw", ok_codes=(2,))
         assert (e["code"], e["codeName"]) == (2, "BadValue"), e
         assert "the user name must be 1 to 255 bytes" in e["errmsg"]
+    e = c.write("createUser", "__system", tenant="acme", password="pw", ok_codes=(2,))
+    assert "reserved for cluster members" in e["errmsg"], e
     c.converged(c.members)
     for m in c.members:
         for root, _, files in os.walk(m.data_dir):
