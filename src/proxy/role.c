@@ -408,6 +408,37 @@ static bool auth_gate_hook(wire_req *req, void *data)
 	return auth_gate_check(((proxy *)data)->auth, req);
 }
 
+/* connectionStatus with authentication on: authInfo.authenticatedUsers names the user
+ * the connection authenticated as ({user, db: "admin"}, MongoDB's shape; roles are not a
+ * stripedb concept: tenants are, so authenticatedUserRoles stays empty). Loop thread. */
+static void h_connection_status(wire_req *req, void *data)
+{
+	const char *user = auth_gate_conn_user(wire_req_conn(req));
+	bson_t *reply = bson_new();
+	bson_t auth, arr, u;
+	bson_iter_t it;
+
+	(void)data;
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "authInfo", &auth);
+	BSON_APPEND_ARRAY_BEGIN(&auth, "authenticatedUsers", &arr);
+	if (user) {
+		BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &u);
+		BSON_APPEND_UTF8(&u, "user", user);
+		BSON_APPEND_UTF8(&u, "db", "admin");
+		bson_append_document_end(&arr, &u);
+	}
+	bson_append_array_end(&auth, &arr);
+	BSON_APPEND_ARRAY_BEGIN(&auth, "authenticatedUserRoles", &arr);
+	bson_append_array_end(&auth, &arr);
+	if (bson_iter_init_find(&it, wire_req_cmd(req), "showPrivileges") &&
+	    bson_iter_as_bool(&it)) {
+		BSON_APPEND_ARRAY_BEGIN(&auth, "authenticatedUserPrivileges", &arr);
+		bson_append_array_end(&auth, &arr);
+	}
+	bson_append_document_end(reply, &auth);
+	wire_req_reply(req, reply);
+}
+
 /* --tls-*: TLS of the client listener (auth/tls.h); --auth=enabled|disabled: create the
  * gate (p->auth) or leave it NULL. */
 static int auth_setup(sdb_role *role, proxy *p)
@@ -518,6 +549,8 @@ static int proxy_start(sdb_role *role)
 	if (rc != 0)
 		goto err;
 	proxy_exec_register(p);
+	if (p->auth)
+		wire_server_register(p->srv, "connectionStatus", h_connection_status);
 	if (uv_thread_create(&p->refresher, refresher_main, p) != 0) {
 		rc = sdb_errf(role->err, sizeof role->err, SDB_EIO, "proxy: cannot start a thread");
 		goto err_srv;

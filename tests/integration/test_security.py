@@ -114,6 +114,8 @@ def test_pymongo_correct_password_works_wrong_fails_with_18_after_fixed_delay(se
     alice = client(sec, "alice", "alice-pw")
     alice.adb.c.insert_one({"_id": 1, "who": "alice"})
     assert list(alice.adb.c.find({}, {"_id": 0})) == [{"who": "alice"}]
+    assert alice.admin.command("connectionStatus")["authInfo"]["authenticatedUsers"] == \
+        [{"user": "alice", "db": "admin"}]
     for user, pw in (("alice", "wrong"), ("nobody", "alice-pw")):
         bad = client(sec, user, pw)
         t0 = time.monotonic()
