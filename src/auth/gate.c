@@ -1165,7 +1165,13 @@ bool auth_gate_check(auth_gate *g, wire_req *req)
 	uv_mutex_unlock(&g->mu);
 	if (ok)
 		return true;
-	auth_audit(AUTH_AUDIT_DENIED, c->user, c->tenant, wire_conn_peer(wire_req_conn(req)), what);
+	{
+		/* the command and the refused action: "drop: admin on bdb.secret" */
+		char line[600];
+		snprintf(line, sizeof line, "%s: %s", name, what);
+		auth_audit(AUTH_AUDIT_DENIED, c->user, c->tenant, wire_conn_peer(wire_req_conn(req)),
+			   line);
+	}
 	wire_req_error(req, WIRE_ERR_UNAUTHORIZED, "not authorized on %s to execute command %s",
 		       wire_req_db(req), name);
 	return false;
