@@ -222,6 +222,8 @@ bool shard_await_park(shard *sh, shard_await *a, uint64_t after_ts)
 {
 	bool parked = false;
 	pthread_mutex_lock(&sh->oplog_mu);
+	if (sh->await_close_ms > 0 && a->deadline_ms > sh->await_close_ms)
+		a->deadline_ms = sh->await_close_ms;
 	if (!sh->await_closed && a->deadline_ms > mono_ms()) {
 		parked = true;
 		if (sdb_store_oplog_committed(sh->store) > after_ts) {
@@ -235,6 +237,21 @@ bool shard_await_park(shard *sh, shard_await *a, uint64_t after_ts)
 	}
 	pthread_mutex_unlock(&sh->oplog_mu);
 	return parked;
+}
+
+void shard_await_close_by(shard *sh, int64_t ms)
+{
+	if (ms <= 0) {
+		shard_await_close(sh);
+		return;
+	}
+	pthread_mutex_lock(&sh->oplog_mu);
+	sh->await_close_ms = mono_ms() + ms;
+	for (shard_await *a = sh->waiters; a; a = a->next)
+		if (a->deadline_ms > sh->await_close_ms)
+			a->deadline_ms = sh->await_close_ms;
+	pthread_cond_signal(&sh->oplog_cv); /* the await thread re-reads deadlines */
+	pthread_mutex_unlock(&sh->oplog_mu);
 }
 
 void shard_await_close(shard *sh)

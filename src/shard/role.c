@@ -158,7 +158,11 @@ static void shard_stop(sdb_role *role)
 	uv_timer_stop(&sh->reap_timer);
 	uint64_t timeout = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_timeout_ms,
 							 10000);
-	shard_await_close(sh); /* parked awaitData getMores answer now, not at their deadline */
+	/* parked awaitData getMores answer by the end of the quiesce, not at their deadline */
+	{
+		int64_t q = sdb_config_get_int(role->cfg, SDB_OPT_shutdown_quiesce_ms, 0);
+		shard_await_close_by(sh, q < (int64_t)timeout ? q : (int64_t)timeout);
+	}
 	wire_server_close(sh->srv, timeout, server_closed, sh);
 }
 

@@ -102,6 +102,7 @@ struct shard {
 	pthread_cond_t oplog_cv;
 	shard_await *waiters;
 	bool await_closed;  /* no more parking: answer at once (shutdown) */
+	int64_t await_close_ms; /* shutdown: parked getMores answer by then (0: not closing) */
 	bool await_stop;    /* the await thread exits */
 	bool await_started;
 	pthread_t await_thread;
@@ -138,6 +139,10 @@ bool shard_await_park(shard *sh, shard_await *a, uint64_t after_ts);
  * answers with what it has, so the wire server's drain does not wait for their
  * deadlines). Any thread; idempotent. */
 void shard_await_close(shard *sh);
+/* The start of a graceful stop with a quiesce period of ms: parked getMores (and those
+ * parking meanwhile) answer by then at the latest, so a tailer is neither cut off nor
+ * spun in a loop of empty batches during the quiesce; ms 0 is shard_await_close. */
+void shard_await_close_by(shard *sh, int64_t ms);
 /* Stop and join every worker (blocks until running jobs finish). */
 void shard_pool_stop(shard *sh);
 /* Wake awaitData waiters after a commit that wrote the oplog: every parked getMore is

@@ -11,7 +11,7 @@ import pytest
 from bson import Timestamp, encode as bson_encode
 from pymongo.errors import OperationFailure, DuplicateKeyError
 
-from conftest import free_port, wait_until
+from conftest import free_port, http_get, wait_until
 
 
 def client_for(port):
@@ -337,6 +337,33 @@ def test_server_status(shard):
     assert st["connections"]["current"] >= 1
     assert st["uptimeMillis"] >= 0 and st["mem"]["bits"] == 64
     assert st["mem"]["resident"] > 0 and st["mem"]["virtual"] >= st["mem"]["resident"]
+
+
+def test_parked_tailer_is_answered_during_the_quiesce(start_role, tmp_path):
+    """SIGTERM with a quiesce period: a parked awaitData getMore is answered with an empty
+    batch by the end of the quiesce (not an error, not its 60 s deadline), and the
+    process then exits 0."""
+    import concurrent.futures
+    import signal
+    port = free_port()
+    proc = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={tmp_path}",
+                       "--shutdown-quiesce-ms=1500", "--shutdown-timeout-ms=20000"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                            socketTimeoutMS=120000)
+    c.q.c.insert_one({"_id": 1})
+    r = c.local.command("find", "oplog.rs", filter={"ns": "q.other"}, tailable=True,
+                        awaitData=True)
+    cid = r["cursor"]["id"]
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    fut = pool.submit(lambda: c.local.command("getMore", cid, collection="oplog.rs",
+                                              maxTimeMS=60000))
+    wait_until(lambda: b'stripedb_shard_parked_getmores{role="shard"} 1' in
+               http_get(proc.http_port, "/metrics")[1], 20, what="the parked getMore")
+    proc.signal(signal.SIGTERM)
+    assert fut.result(timeout=30)["cursor"]["nextBatch"] == []
+    assert proc.p.wait(timeout=30) == 0
+    pool.shutdown()
+    c.close()
 
 
 def test_point_in_time_read_with_oplog_position(shard):
