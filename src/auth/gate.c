@@ -881,7 +881,7 @@ static void walk_pipeline(authz *a, bson_iter_t *arr, int depth)
 			}
 		} else if (strcmp(op, "$currentOp") == 0 || strcmp(op, "$listLocalSessions") == 0 ||
 			   strcmp(op, "$listSessions") == 0 || strcmp(op, "$planCacheStats") == 0 ||
-			   strcmp(op, "$collStats") == 0 || strcmp(op, "$indexStats") == 0 ||
+			   strcmp(op, "$indexStats") == 0 ||
 			   strcmp(op, "$changeStream") == 0 || strcmp(op, "$listSearchIndexes") == 0) {
 			/* cluster-wide or cross-tenant views: not for tenants */
 			char why[64];

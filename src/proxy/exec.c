@@ -1972,6 +1972,8 @@ static int agg_next(void *arg, const bson_t **doc, int *code, char *err, size_t 
 	return 1;
 }
 
+static void do_coll_stats_stage(ctx *c, const bson_t *spec);
+
 static void do_aggregate(ctx *c)
 {
 	bson_t stages, cursor_opts;
@@ -1994,6 +1996,31 @@ static void do_aggregate(ctx *c)
 	}
 	if (get_doc(c->cmd, "cursor", &cursor_opts))
 		batch = get_int(&cursor_opts, "batchSize", 101);
+	{
+		/* $collStats: answered by the proxy from the shards' collStats (mongos' way) */
+		bson_iter_t st, first;
+		if (c->coll && bson_iter_init(&st, &stages) && bson_iter_next(&st) &&
+		    BSON_ITER_HOLDS_DOCUMENT(&st) && bson_iter_recurse(&st, &first) &&
+		    bson_iter_next(&first) && strcmp(bson_iter_key(&first), "$collStats") == 0) {
+			bson_t spec;
+			uint32_t len;
+			const uint8_t *data;
+			if (bson_iter_next(&st)) {
+				wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
+					       "$collStats is supported as the only stage of a pipeline");
+				return;
+			}
+			if (!BSON_ITER_HOLDS_DOCUMENT(&first)) {
+				wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
+					       "$collStats must take a nested object");
+				return;
+			}
+			bson_iter_document(&first, &len, &data);
+			if (bson_init_static(&spec, data, len))
+				do_coll_stats_stage(c, &spec);
+			return;
+		}
+	}
 	if (uses_js(&stages, 0)) {
 		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
 			       "$where and server-side JavaScript are not allowed on stripedb");
@@ -2500,47 +2527,147 @@ static void isizes_free(isizes *s)
  * indexSizes are summed, nindexes is the largest, avgObjSize = size / count, the replies
  * are kept under shards.<id>. A shard that has no document of a sharded collection yet
  * answers NamespaceNotFound and adds nothing. */
-static void do_coll_stats(ctx *c)
+/* Run collStats on every shard owning a chunk of c->ns (unsharded: its primary): the
+ * client's command renamed (stage false) or {collStats: coll} (stage true, for the
+ * $collStats aggregation stage). Returns the calls (pcalls_free them) with *n, *sharded
+ * and *nchunks, or NULL after answering the error. */
+static pcall *coll_stats_calls(ctx *c, bool stage, size_t *n_out, bool *sharded,
+			       int64_t *nchunks)
 {
 	static const int absent[] = {WIRE_ERR_NAMESPACE_NOT_FOUND, 0};
 	route_coll *rc = route_or_fail(c);
 	char **ids = NULL;
 	size_t n, i;
 	pcall *pc, *bad;
-	bool sharded;
-	int64_t nchunks, count = 0, size = 0, storage = 0, total_idx = 0, nindexes = 0;
-	isizes sizes;
-	bson_t *out, shards, idx;
 
 	if (rc == NULL)
-		return;
-	sharded = rc->nkeys > 0;
-	nchunks = sharded ? (int64_t)rc->nchunks : 1;
-	if (sharded) {
+		return NULL;
+	*sharded = rc->nkeys > 0;
+	*nchunks = *sharded ? (int64_t)rc->nchunks : 1;
+	if (*sharded) {
 		n = owning_shards(rc, &ids);
 		route_coll_unref(rc);
 	} else {
 		char *primary;
 		route_coll_unref(rc);
 		if (!with_primary(c, &primary))
-			return;
+			return NULL;
 		ids = sdb_calloc(1, sizeof *ids);
 		ids[0] = primary;
 		n = 1;
 	}
 	pc = pcalls_new(c, ids, n);
-	for (i = 0; i < n; i++)
-		copy_renamed(c->cmd, &pc[i].cmd, "collStats");
+	for (i = 0; i < n; i++) {
+		if (stage)
+			BSON_APPEND_UTF8(&pc[i].cmd, "collStats", c->coll);
+		else
+			copy_renamed(c->cmd, &pc[i].cmd, "collStats");
+	}
 	shardconn_fanout(c->p->sc, n, pcall_one, pc);
-	bad = pcalls_failed(pc, n, sharded ? absent : NULL);
+	bad = pcalls_failed(pc, n, *sharded ? absent : NULL);
 	if (bad) {
 		if (bad->cls == SHARDCONN_NET_ERR)
 			reply_shard_error(c->req, bad->cls, &bad->reply, bad->nerr);
 		else
 			reply_copy(c->req, &bad->reply); /* e.g. the collection does not exist */
 		pcalls_free(pc, n);
-		return;
+		return NULL;
 	}
+	*n_out = n;
+	return pc;
+}
+
+/* {$collStats: {storageStats: {...}, count: {}}} as the first (and only) stage of an
+ * aggregate (what mongosh's coll.stats() runs): one document per shard, as mongos answers,
+ * {ns, shard, host, localTime, storageStats: <the shard's collStats>, count: {count}}.
+ * latencyStats and queryExecStats are not kept by stripedb: FailedToParse (9), as a
+ * server that does not know them, so mongosh falls back to the collStats command. */
+static void do_coll_stats_stage(ctx *c, const bson_t *spec)
+{
+	bson_iter_t it;
+	size_t n = 0, i;
+	bool sharded, want_storage = false, want_count = false;
+	int64_t nchunks;
+	pcall *pc;
+	bson_t *out, cur, batch;
+
+	if (bson_iter_init(&it, spec)) {
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			if (strcmp(k, "storageStats") == 0)
+				want_storage = true;
+			else if (strcmp(k, "count") == 0)
+				want_count = true;
+			else {
+				wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
+					       "$collStats: %s is not supported by stripedb "
+					       "(storageStats and count are)",
+					       k);
+				return;
+			}
+		}
+	}
+	pc = coll_stats_calls(c, true, &n, &sharded, &nchunks);
+	if (pc == NULL)
+		return;
+	out = bson_new();
+	bson_append_document_begin(out, "cursor", -1, &cur);
+	BSON_APPEND_INT64(&cur, "id", 0);
+	BSON_APPEND_UTF8(&cur, "ns", c->ns);
+	bson_append_array_begin(&cur, "firstBatch", -1, &batch);
+	for (i = 0; i < n; i++) {
+		bson_t d, st, cnt;
+		char key[24], *hosts;
+		bson_iter_t f;
+		if (pc[i].cls != SHARDCONN_OK)
+			continue;
+		snprintf(key, sizeof key, "%zu", i);
+		bson_append_document_begin(&batch, key, -1, &d);
+		BSON_APPEND_UTF8(&d, "ns", c->ns);
+		BSON_APPEND_UTF8(&d, "shard", pc[i].shard);
+		hosts = shardconn_shard_hosts(c->p->sc, pc[i].shard);
+		if (hosts)
+			BSON_APPEND_UTF8(&d, "host", hosts);
+		free(hosts);
+		bson_append_now_utc(&d, "localTime", -1);
+		if (want_storage) {
+			bson_append_document_begin(&d, "storageStats", -1, &st);
+			if (bson_iter_init(&f, &pc[i].reply))
+				while (bson_iter_next(&f))
+					if (strcmp(bson_iter_key(&f), "ok") != 0 &&
+					    strcmp(bson_iter_key(&f), "$clusterTime") != 0 &&
+					    strcmp(bson_iter_key(&f), "operationTime") != 0)
+						bson_append_iter(&st, NULL, 0, &f);
+			bson_append_document_end(&d, &st);
+		}
+		if (want_count) {
+			bson_append_document_begin(&d, "count", -1, &cnt);
+			BSON_APPEND_INT64(&cnt, "count", get_int(&pc[i].reply, "count", 0));
+			bson_append_document_end(&d, &cnt);
+		}
+		bson_append_document_end(&batch, &d);
+	}
+	bson_append_array_end(&cur, &batch);
+	bson_append_document_end(out, &cur);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	pcalls_free(pc, n);
+	(void)sharded;
+	(void)nchunks;
+	wire_req_reply(c->req, out);
+}
+
+static void do_coll_stats(ctx *c)
+{
+	size_t n = 0, i;
+	pcall *pc;
+	bool sharded;
+	int64_t nchunks, count = 0, size = 0, storage = 0, total_idx = 0, nindexes = 0;
+	isizes sizes;
+	bson_t *out, shards, idx;
+
+	pc = coll_stats_calls(c, false, &n, &sharded, &nchunks);
+	if (pc == NULL)
+		return;
 	memset(&sizes, 0, sizeof sizes);
 	out = bson_new();
 	BSON_APPEND_UTF8(out, "ns", c->ns);

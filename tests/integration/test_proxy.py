@@ -628,6 +628,31 @@ def test_stats_and_explain(cluster):
     with pytest.raises(OperationFailure) as e:
         db.command("collStats", "nosuch")
     assert e.value.code == 26
+    # the $collStats stage (mongosh's coll.stats()): one document per owning shard
+    docs = list(db.s.aggregate([{"$collStats": {"storageStats": {}, "count": {}}}]))
+    assert [(d["ns"], d["shard"], d["storageStats"]["count"], d["count"]["count"])
+            for d in docs] == [("st.s", "shard-a", 100, 100), ("st.s", "shard-b", 50, 50)]
+    assert docs[0]["storageStats"]["size"] == per["shard-a"]["size"]
+    with pytest.raises(OperationFailure) as e:
+        list(db.s.aggregate([{"$collStats": {"latencyStats": {}}}]))
+    assert e.value.code == 9
+    with pytest.raises(OperationFailure) as e:
+        list(db.s.aggregate([{"$collStats": {"storageStats": {}}}, {"$match": {}}]))
+    assert e.value.code == 9
+    # mongosh's db.coll.stats() and db.stats() through the proxy
+    mongosh = os.path.join(os.path.dirname(__file__), "node_modules", ".bin", "mongosh")
+    if os.path.exists(mongosh):
+        script = ("const s = db.getSiblingDB('st').s.stats(); const d = db.getSiblingDB('st')"
+                  ".stats(); print(JSON.stringify({count: s.count, ns: s.ns, "
+                  "shards: Object.keys(s.shards || {}).sort(), objects: Number(d.objects)}))")
+        r = subprocess.run([mongosh, f"mongodb://127.0.0.1:{cluster.proxy_ports[0]}/",
+                            "--quiet", "--norc", "--eval", script],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, MONGOSH_SKIP_NODE_VERSION_CHECK="1",
+                                    DO_NOT_TRACK="1", HOME=os.environ.get("HOME", "/tmp")))
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads(r.stdout.strip().splitlines()[-1]) == \
+            {"count": 150, "ns": "st.s", "shards": ["shard-a", "shard-b"], "objects": 155}
 
     # dbStats: every shard, sums, raw per shard
     ds = db.command("dbStats")
