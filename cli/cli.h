@@ -16,6 +16,11 @@ typedef struct cli_ctx {
 	int timeout_ms;
 } cli_ctx;
 
+/* A client of the metadata replica set (ctx->metadata, ctx->timeout_ms for server
+ * selection and connect), with the cluster key and internal TLS cli_main loaded, error API
+ * v2. NULL after printing the one error line (no or bad address). Caller destroys it. */
+struct _mongoc_client_t *cli_meta_client(const cli_ctx *ctx);
+
 /* A `ctl` subcommand: argv starts after its name. Returns the exit code. */
 typedef int (*cli_cmd_fn)(cli_ctx *ctx, int argc, char **argv);
 

@@ -55,6 +55,27 @@ static void ctl_usage(FILE *f)
 		"cluster or unreachable, 2 bad usage.\n");
 }
 
+struct _mongoc_client_t *cli_meta_client(const cli_ctx *ctx)
+{
+	char *u;
+	mongoc_client_t *c;
+
+	if (ctx->metadata == NULL || ctx->metadata[0] == '\0') {
+		fprintf(stderr, "stripedb ctl: --metadata=H:P,... (or STRIPEDB_METADATA) is required\n");
+		return NULL;
+	}
+	u = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=%d"
+			 "&connectTimeoutMS=%d",
+			 ctx->metadata, ctx->timeout_ms, ctx->timeout_ms);
+	c = auth_cluster_client_new(u);
+	free(u);
+	if (c)
+		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
+	else
+		fprintf(stderr, "stripedb ctl: bad metadata address '%s'\n", ctx->metadata);
+	return c;
+}
+
 /* ping: hello to each member, report its role in the replica set. */
 static int cmd_ping(cli_ctx *ctx, int argc, char **argv)
 {

@@ -44,20 +44,6 @@ int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv);
 
-static mongoc_client_t *meta_client(struct cli_ctx *ctx)
-{
-	char *u = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=%d"
-			       "&connectTimeoutMS=%d",
-			       ctx->metadata, ctx->timeout_ms, ctx->timeout_ms);
-	mongoc_client_t *c = auth_cluster_client_new(u);
-	free(u);
-	if (c)
-		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
-	else
-		fprintf(stderr, "stripedb ctl: bad metadata address '%s'\n", ctx->metadata);
-	return c;
-}
-
 static int run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply)
 {
 	bson_error_t e;
@@ -314,7 +300,7 @@ int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv)
 				"[--import-order=index|arrival]\n");
 		return 2;
 	}
-	mongoc_client_t *c = meta_client(ctx);
+	mongoc_client_t *c = cli_meta_client(ctx);
 	if (!c)
 		return 2;
 	bson_t rt;
@@ -495,7 +481,7 @@ int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv)
 				"| pause ID | resume ID [--json]\n");
 		return 2;
 	}
-	mongoc_client_t *c = meta_client(ctx);
+	mongoc_client_t *c = cli_meta_client(ctx);
 	if (!c)
 		return 2;
 	int rc;
@@ -543,7 +529,7 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 				"[--dry-run] | shard split SHARD --to NEW [--wait] [--dry-run]\n");
 		return 2;
 	}
-	mongoc_client_t *c = meta_client(ctx);
+	mongoc_client_t *c = cli_meta_client(ctx);
 	if (!c)
 		return 2;
 	bson_t rt, chunks;
@@ -731,7 +717,7 @@ int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv)
 				"[--wait]\n");
 		return 2;
 	}
-	mongoc_client_t *c = meta_client(ctx);
+	mongoc_client_t *c = cli_meta_client(ctx);
 	if (!c)
 		return 2;
 	chunk_row *rows;
@@ -807,7 +793,7 @@ int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
 				"[--dry-run] [--wait]\n");
 		return 2;
 	}
-	mongoc_client_t *c = meta_client(ctx);
+	mongoc_client_t *c = cli_meta_client(ctx);
 	if (!c)
 		return 2;
 	bson_t cmd = BSON_INITIALIZER, reply, arr;
@@ -887,7 +873,7 @@ int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv)
 		fprintf(stderr, "stripedb ctl chunk split: --at: %s\n", e.message);
 		return 2;
 	}
-	mongoc_client_t *c = meta_client(ctx);
+	mongoc_client_t *c = cli_meta_client(ctx);
 	if (!c) {
 		if (key)
 			bson_destroy(key);

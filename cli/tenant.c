@@ -1,8 +1,8 @@
 /* `stripedb ctl tenant create|list|quota|policy` and `ctl user create|passwd|drop`
  * (issue #10, DESIGN.md §3a). Other `tenant` verbs (isolate) go to cli/migrate.c.
  *
- * Talks to the metadata leader (replica set URI) with libmongoc; with
- * STRIPEDB_CLUSTER_KEY_FILE set, authenticates as a cluster member (auth/cluster.h).
+ * Talks to the metadata leader (replica set URI) through cli_meta_client, which carries
+ * the cluster key and internal TLS that `stripedb ctl` loaded (cli/ctl.c).
  *   tenant create NAME                       {createTenant: NAME}
  *   tenant list                              {listTenants: 1}
  *   tenant quota NAME JSON                   {setQuota: NAME, quota: JSON}
@@ -26,37 +26,10 @@ int cli_tenant_main(cli_ctx *ctx, int argc, char **argv); /* cli/migrate.c: isol
 int cli_tenant_cmd(cli_ctx *ctx, int argc, char **argv);
 int cli_user_cmd(cli_ctx *ctx, int argc, char **argv);
 
-static mongoc_client_t *meta_client(cli_ctx *ctx)
-{
-	const char *kf = getenv("STRIPEDB_CLUSTER_KEY_FILE");
-	char err[256];
-	char *u;
-	mongoc_client_t *c;
-
-	if (!ctx->metadata) {
-		fprintf(stderr, "stripedb ctl: --metadata=H:P,... (or STRIPEDB_METADATA) is required\n");
-		return NULL;
-	}
-	if (kf && kf[0] && auth_cluster_load(kf, err, sizeof err) != 0) {
-		fprintf(stderr, "stripedb ctl: %s\n", err);
-		return NULL;
-	}
-	u = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=%d"
-			 "&connectTimeoutMS=%d",
-			 ctx->metadata, ctx->timeout_ms, ctx->timeout_ms);
-	c = auth_cluster_client_new(u);
-	free(u);
-	if (c)
-		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
-	else
-		fprintf(stderr, "stripedb ctl: bad metadata address '%s'\n", ctx->metadata);
-	return c;
-}
-
 /* Run cmd on the leader; print the error. Returns 0 or 1 (exit code). */
 static int run(cli_ctx *ctx, const bson_t *cmd, bson_t *reply)
 {
-	mongoc_client_t *c = meta_client(ctx);
+	mongoc_client_t *c = cli_meta_client(ctx);
 	bson_error_t e;
 	int rc = 1;
 
