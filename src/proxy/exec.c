@@ -108,6 +108,24 @@ static bool get_doc(const bson_t *d, const char *name, bson_t *out)
 	return bson_init_static(out, data, len);
 }
 
+/* The filter q of one update/delete statement (it: an element of updates/deletes) into sq
+ * (static, or empty when the statement has none); false when it is not a document. */
+static bool stmt_filter(const bson_iter_t *it, bson_t *sq)
+{
+	bson_t st;
+	uint32_t len;
+	const uint8_t *data;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(it))
+		return false;
+	bson_iter_document(it, &len, &data);
+	if (!bson_init_static(&st, data, len))
+		return false;
+	if (!get_doc(&st, "q", sq))
+		bson_init(sq);
+	return true;
+}
+
 static bool get_array(const bson_t *d, const char *name, bson_t *out)
 {
 	bson_iter_t it;
@@ -2789,16 +2807,9 @@ static void explain_target(route_coll *rc, const char *verb, const bson_t *inner
 		if (get_array(inner, verb[0] == 'u' ? "updates" : "deletes", &arr) &&
 		    bson_iter_init(&it, &arr))
 			while (bson_iter_next(&it)) {
-				bson_t st, sq;
-				uint32_t len;
-				const uint8_t *data;
-				if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+				bson_t sq;
+				if (!stmt_filter(&it, &sq))
 					continue;
-				bson_iter_document(&it, &len, &data);
-				if (!bson_init_static(&st, data, len))
-					continue;
-				if (!get_doc(&st, "q", &sq))
-					bson_init(&sq);
 				memset(tmp, 0, rc->nchunks * sizeof *tmp);
 				route_target(rc, &sq, tmp, &exact);
 				for (i = 0; i < rc->nchunks; i++)
@@ -3388,17 +3399,9 @@ static bool policy_ok(ctx *c, const char *name)
 	if (stmts) {
 		if (get_array(c->cmd, stmts, &arr) && bson_iter_init(&it, &arr)) {
 			while (ok && bson_iter_next(&it)) {
-				bson_t st, sq;
-				uint32_t len;
-				const uint8_t *data;
-				if (!BSON_ITER_HOLDS_DOCUMENT(&it))
-					continue;
-				bson_iter_document(&it, &len, &data);
-				if (!bson_init_static(&st, data, len))
-					continue;
-				if (!get_doc(&st, "q", &sq))
-					bson_init(&sq);
-				ok = policy_filter_ok(c, flags, rc, &sq);
+				bson_t sq;
+				if (stmt_filter(&it, &sq))
+					ok = policy_filter_ok(c, flags, rc, &sq);
 			}
 		}
 	} else {
