@@ -460,6 +460,29 @@ static int start_step(const char *meta, const char *step, char *const *ctl_args,
 	return 0;
 }
 
+/* start_step then follow its migrations to their end (progress bars). 0 or -1. */
+static int run_step(const char *meta, mongoc_client_t *m, bench *b, const char *step,
+		    char *const *ctl_args, demo_mig *migs, int *n)
+{
+	int first = *n;
+	if (start_step(meta, step, ctl_args, migs, n) != 0)
+		return -1;
+	return follow(m, b, migs, first, *n);
+}
+
+/* Print the workload's status line every second until until (monotonic ms) or Ctrl-C. */
+static void show_workload_until(bench *b, uint64_t until)
+{
+	char status[256];
+
+	while (!interrupted && sdb_mono_ms() < until) {
+		sdb_sleep_ms(1000);
+		bench_status_line(b, status, sizeof status);
+		printf("  workload %s\n", status);
+		fflush(stdout);
+	}
+}
+
 /* --- quota --- */
 
 typedef struct quota_result {
@@ -682,16 +705,7 @@ int cli_demo_main(int argc, char **argv)
 		}
 	}
 	t_end = sdb_mono_ms() + (uint64_t)(seconds * 1000);
-	{
-		uint64_t until = sdb_mono_ms() + (uint64_t)(seconds * 150); /* 15 % of the run */
-		char status[256];
-		while (!interrupted && sdb_mono_ms() < until) {
-			sdb_sleep_ms(1000);
-			bench_status_line(b, status, sizeof status);
-			printf("  workload %s\n", status);
-			fflush(stdout);
-		}
-	}
+	show_workload_until(b, sdb_mono_ms() + (uint64_t)(seconds * 150)); /* 15 % of the run */
 	if (interrupted) {
 		goto out;
 	}
@@ -702,23 +716,12 @@ int cli_demo_main(int argc, char **argv)
 	bench_mark(b, "bin-pack d->c (during)");
 	{
 		char *a[] = {"shard", "drain", "shard-d", "--to", "shard-c", NULL};
-		int first = nmigs;
-		if (start_step(meta, "bin-pack", a, migs, &nmigs) != 0 ||
-		    follow(m, b, migs, first, nmigs) != 0) {
+		if (run_step(meta, m, b, "bin-pack", a, migs, &nmigs) != 0) {
 			goto out;
 		}
 	}
 	bench_mark(b, "between");
-	{
-		uint64_t until = sdb_mono_ms() + (uint64_t)(seconds * 100);
-		char status[256];
-		while (!interrupted && sdb_mono_ms() < until) {
-			sdb_sleep_ms(1000);
-			bench_status_line(b, status, sizeof status);
-			printf("  workload %s\n", status);
-			fflush(stdout);
-		}
-	}
+	show_workload_until(b, sdb_mono_ms() + (uint64_t)(seconds * 100));
 	if (interrupted) {
 		goto out;
 	}
@@ -727,23 +730,14 @@ int cli_demo_main(int argc, char **argv)
 	bench_mark(b, "split a->d (during)");
 	{
 		char *a[] = {"shard", "split", "shard-a", "--to", "shard-d", NULL};
-		int first = nmigs;
-		if (start_step(meta, "split", a, migs, &nmigs) != 0 ||
-		    follow(m, b, migs, first, nmigs) != 0) {
+		if (run_step(meta, m, b, "split", a, migs, &nmigs) != 0) {
 			goto out;
 		}
 	}
 	bench_mark(b, "after");
 	{
-		char status[256];
 		uint64_t min_after = sdb_mono_ms() + (uint64_t)(seconds * 150);
-		uint64_t until = t_end > min_after ? t_end : min_after;
-		while (!interrupted && sdb_mono_ms() < until) {
-			sdb_sleep_ms(1000);
-			bench_status_line(b, status, sizeof status);
-			printf("  workload %s\n", status);
-			fflush(stdout);
-		}
+		show_workload_until(b, t_end > min_after ? t_end : min_after);
 	}
 	if (interrupted) {
 		goto out;
