@@ -42,6 +42,18 @@ def free_port():
     raise RuntimeError("no free port")
 
 
+def alive(pid):
+    """Is pid a live process of $STRIPEDB_BIN (not a reused pid of something else)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == os.path.realpath(BIN)
+    except OSError:
+        return False
+
+
 def wait_until(cond, timeout=20.0, interval=0.02, what="condition"):
     """Poll cond() until it returns a truthy value or timeout (s) passes; return the value."""
     deadline = time.monotonic() + timeout

@@ -11,18 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, wait_until
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return os.readlink(f"/proc/{pid}/exe") == os.path.realpath(BIN)
-    except OSError:
-        return False
+from conftest import BIN, alive, wait_until
 
 
 def pids(d):

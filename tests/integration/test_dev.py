@@ -11,23 +11,12 @@ import subprocess
 
 import pymongo
 
-from conftest import BIN
+from conftest import BIN, alive
 
 
 def dev(*args, timeout=180):
     env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
     return subprocess.run([BIN, "dev", *args], capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return os.readlink(f"/proc/{pid}/exe") == os.path.realpath(BIN)
-    except OSError:
-        return False
 
 
 def test_dev_cluster_lifecycle(tmp_path):
