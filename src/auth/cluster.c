@@ -21,6 +21,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "ratelimit/limiter.h"
 
 #define CLUSTER_KEY_MAX 1024
 #define CLUSTER_ITERATIONS 15000
@@ -399,11 +400,23 @@ const char *auth_cluster_peer_token(void)
 	return auth_cluster_enabled() ? peer_token : NULL;
 }
 
-bool auth_cluster_reserved_limit(const char *name)
+bool auth_cluster_reserved_limits(const struct rl_req *reqs, size_t n, char *msg,
+				  size_t msglen)
 {
-	return name != NULL && auth_cluster_enabled() &&
-	       strncmp(name, AUTH_CLUSTER_RESERVED_LIMIT_PREFIX,
-		       sizeof AUTH_CLUSTER_RESERVED_LIMIT_PREFIX - 1) == 0;
+	if (!auth_cluster_enabled())
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		const char *name = reqs[i].name;
+		if (name != NULL && strncmp(name, AUTH_CLUSTER_RESERVED_LIMIT_PREFIX,
+					    sizeof AUTH_CLUSTER_RESERVED_LIMIT_PREFIX - 1) == 0) {
+			snprintf(msg, msglen,
+				 "name '%.100s': the prefix " AUTH_CLUSTER_RESERVED_LIMIT_PREFIX
+				 " is reserved for the cluster's own limits",
+				 name);
+			return true;
+		}
+	}
+	return false;
 }
 
 bool auth_cluster_peer_token_ok(const char *value, size_t len)

@@ -106,8 +106,12 @@ int auth_cluster_tls_pem(char **ca, char **cert, char **key, char *err, size_t e
  * drain or reset a tenant's quota; members reach them in-process or through PeersV1. */
 #define AUTH_CLUSTER_RESERVED_LIMIT_PREFIX "stripedb_"
 
-/* Is name (untrusted, may be NULL) reserved, i.e. refused on the public API? */
-bool auth_cluster_reserved_limit(const char *name);
+/* Does a public V1 request batch (n requests) name a reserved bucket? True with the
+ * refusal message in msg (msglen bytes) for the first one; false when none does or no key
+ * is loaded. Names are untrusted (may be NULL). */
+struct rl_req;
+bool auth_cluster_reserved_limits(const struct rl_req *reqs, size_t n, char *msg,
+				  size_t msglen);
 
 /* The token (64 hex characters, static storage) or NULL when no key is loaded. */
 const char *auth_cluster_peer_token(void);

@@ -240,7 +240,7 @@ static void handle_get_rate_limits(srv_call *c, const uint8_t *data, size_t len)
 		pb__gubernator__get_rate_limits_req__unpack(NULL, len, data);
 	rl_req *reqs;
 	size_t i, n;
-	char err[160];
+	char err[200];
 
 	if (m == NULL) {
 		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0,
@@ -255,17 +255,10 @@ static void handle_get_rate_limits(srv_call *c, const uint8_t *data, size_t len)
 	reqs = sdb_calloc(n ? n : 1, sizeof(*reqs));
 	for (i = 0; i < n; i++)
 		rl_proto_req_from_pb(m->requests[i], &reqs[i]);
-	for (i = 0; i < n; i++) {
-		if (auth_cluster_reserved_limit(reqs[i].name)) {
-			char msg[200];
-			snprintf(msg, sizeof msg,
-				 "name '%.100s': the prefix " AUTH_CLUSTER_RESERVED_LIMIT_PREFIX
-				 " is reserved for the cluster's own limits",
-				 reqs[i].name);
-			reply(c, GRPC_STATUS_PERMISSION_DENIED, NULL, 0, msg);
-			free(reqs);
-			goto done;
-		}
+	if (auth_cluster_reserved_limits(reqs, n, err, sizeof err)) {
+		reply(c, GRPC_STATUS_PERMISSION_DENIED, NULL, 0, err);
+		free(reqs);
+		goto done;
 	}
 	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
 	c->n = n;

@@ -78,16 +78,10 @@ static void h_get_rate_limits(void *data, const sdb_http_req *req, sdb_http_resp
 		reply_error(resp, 400, RL_GRPC_INVALID_ARGUMENT, err);
 		return;
 	}
-	for (size_t i = 0; i < reqs.n; i++) {
-		if (auth_cluster_reserved_limit(reqs.reqs[i].name)) {
-			snprintf(err, sizeof err,
-				 "name '%.100s': the prefix " AUTH_CLUSTER_RESERVED_LIMIT_PREFIX
-				 " is reserved for the cluster's own limits",
-				 reqs.reqs[i].name);
-			rl_json_reqs_free(&reqs);
-			reply_error(resp, 403, RL_GRPC_PERMISSION_DENIED, err);
-			return;
-		}
+	if (auth_cluster_reserved_limits(reqs.reqs, reqs.n, err, sizeof err)) {
+		rl_json_reqs_free(&reqs);
+		reply_error(resp, 403, RL_GRPC_PERMISSION_DENIED, err);
+		return;
 	}
 	out = sdb_malloc(reqs.n * sizeof(rl_resp));
 	err[0] = '\0';
