@@ -1,23 +1,66 @@
 #!/bin/sh
-# Install every Debian 12 package stripedb needs to build, test, benchmark and package.
-# Idempotent; run as root. Node.js and npm come from Debian unless a node is already there.
+# Install the Debian 12 packages stripedb needs. Idempotent; run as root.
+#
+#   scripts/install-deps.sh          what building and running stripedb and its demo need
+#                                    (the README's first command, scripts/quickstart.sh)
+#   scripts/install-deps.sh --test   that, plus the test, fuzz, benchmark and packaging
+#                                    toolchain and the Node.js clients of the integration
+#                                    tests (the README's second command, tests/all.sh)
+#
+# Node.js: the integration tests run mongosh and the MongoDB Node.js driver, pinned in
+# tests/integration/package-lock.json to versions that run on Debian 12's Node.js 18 (see
+# tests/integration/README.md for how the lockfile is made). A node already on PATH is used
+# when it is a supported version (18 or newer), and said so; otherwise Debian's nodejs and npm
+# are installed. `npm ci` installs exactly the lockfile and never rewrites it.
 set -eu
 export DEBIAN_FRONTEND=noninteractive
-PKGS="build-essential autoconf automake libtool pkg-config git
-libuv1-dev libraft-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev librdkafka-dev
+
+test_set=0
+case "${1:-}" in
+"") ;;
+--test) test_set=1 ;;
+*)
+	echo "usage: scripts/install-deps.sh [--test]" >&2
+	exit 2
+	;;
+esac
+
+# Building stripedb (configure checks each of these with pkg-config) and running the
+# quickstart (python3-pymongo drives the smoke test) and `stripedb demo`.
+BUILD_PKGS="build-essential autoconf automake libtool pkg-config ca-certificates
+libuv1-dev libraft-dev libsqlite3-dev libbson-dev libmongoc-dev librdkafka-dev
 libssl-dev libcmocka-dev libmicrohttpd-dev libinih-dev libxxhash-dev libpcre2-dev
 libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcurl4-openssl-dev
-python3 python3-pymongo python3-pytest python3-grpcio python3-grpc-tools
-python3-prometheus-client redis-server kcat clang curl ca-certificates
-iproute2 openssh-client openssh-server
+python3 python3-pymongo"
+# Tests (pytest and its per-test timeout, grpcio, kcat, curl, sqlite3, Redis for the rate
+# limiter benchmark, network namespaces and sshd for the multi-host test), the fuzzers
+# (clang + libFuzzer) and the package builds (debhelper, rpm, lintian, debootstrap).
+TEST_PKGS="git sqlite3 python3-pytest python3-grpcio python3-grpc-tools python3-prometheus-client
+redis-server kcat clang curl iproute2 openssh-client openssh-server
 debhelper dpkg-dev fakeroot rpm lintian debootstrap"
+
+PKGS=$BUILD_PKGS
+[ "$test_set" = 1 ] && PKGS="$PKGS $TEST_PKGS"
+
+node_major() { node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0; }
+
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-	missing="$missing nodejs npm"
+if [ "$test_set" = 1 ]; then
+	if command -v node >/dev/null 2>&1; then
+		if [ "$(node_major)" -lt 18 ]; then
+			echo "install-deps: $(command -v node) is Node.js $(node --version); the tests need 18 or newer (Debian 12's nodejs is 18): remove it or put a newer one first on PATH" >&2
+			exit 1
+		fi
+		echo "install-deps: using Node.js $(node --version) at $(command -v node) (the tests support 18 or newer)"
+		command -v npm >/dev/null 2>&1 || missing="$missing npm"
+	else
+		missing="$missing nodejs npm"
+	fi
 fi
+
 if [ -n "$missing" ]; then
 	apt-get update -qq
 	# openssh-server's postinst starts sshd through the init system, which a container or a
@@ -31,15 +74,19 @@ if [ -n "$missing" ]; then
 		chmod 755 "$policy"
 		trap 'rm -f "$policy"' EXIT
 	fi
+	# Wait for another apt run to finish rather than failing on its lock.
 	# shellcheck disable=SC2086
-	apt-get install -y -qq --no-install-recommends $missing
+	apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 $missing
 	if [ -n "$policy" ]; then
 		rm -f "$policy"
 		trap - EXIT
 	fi
 fi
-# The Node.js driver and mongosh, for the integration tests (pinned in package-lock.json).
-here=$(cd "$(dirname "$0")/.." && pwd)
-if [ -f "$here/tests/integration/package.json" ]; then
-	(cd "$here/tests/integration" && { [ -f package-lock.json ] && npm ci --no-audit --no-fund --loglevel=error || npm install --no-audit --no-fund --loglevel=error; })
+
+# The Node.js driver and mongosh, exactly as pinned in package-lock.json. Optional native
+# dependencies (kerberos, the OS keychain, ...) are left out: they need C headers Debian does
+# not install by default (gssapi/gssapi.h) and no test uses them.
+if [ "$test_set" = 1 ]; then
+	here=$(cd "$(dirname "$0")/.." && pwd)
+	(cd "$here/tests/integration" && npm ci --omit=optional --no-audit --no-fund)
 fi

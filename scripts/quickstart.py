@@ -4,6 +4,7 @@ Usage: quickstart.py PATH/TO/stripedb. Prints what it does; exits non-zero on an
 """
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ def free_port():
 def main():
     binary = sys.argv[1]
     data = tempfile.mkdtemp(prefix="stripedb-quickstart-")
+    ok = False
     port, http = free_port(), free_port()
     log = open(os.path.join(data, "shard.log"), "wb")
     env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
@@ -73,11 +75,16 @@ def main():
         expected = sum(1 for d in docs if d["merchant"] == "acct_07")
         assert n == expected, (n, expected)
         client.close()
+        ok = True
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=30)
-        print(f"==> shard stopped gracefully (exit {rc}); data was in {data}")
         log.close()
+        if rc == 0 and ok:
+            shutil.rmtree(data)
+            print(f"==> shard stopped gracefully (exit {rc}); removed its temp dir {data}")
+        else:
+            print(f"==> shard stopped (exit {rc}); its data and log are kept in {data}")
     return 0 if rc == 0 else 1
 
 

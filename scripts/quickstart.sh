@@ -1,8 +1,11 @@
 #!/bin/bash
-# The README's first command: install dependencies, build stripedb, start a local embedded
-# shard and drive it with a real MongoDB driver (pymongo), then stop it gracefully.
-# Everything runs on loopback ports chosen free at start; data goes to a temp dir that is
-# removed at the end. Run as root on Debian 12 (it installs packages with apt-get).
+# The README's first command: install what building and running stripedb needs (only that:
+# scripts/install-deps.sh without --test), build stripedb into build-release/, start a local
+# embedded shard and drive it with a real MongoDB driver (pymongo), stop it gracefully and
+# remove its temp dir, then run `stripedb demo` (its logs and data stay in stripedb-demo/,
+# or $STRIPEDB_DEMO_DIR). Everything runs on loopback ports chosen free at start, and the
+# checkout stays clean (build-release/ and stripedb-demo/ are ignored by git). Run as root
+# on Debian 12 (it installs packages with apt-get).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"

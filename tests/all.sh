@@ -3,13 +3,25 @@
 # every test: the cmocka unit tests and the pytest integration suite (`make check`), the
 # wire-protocol fuzz target for 60 s (clang, libFuzzer), and `make distcheck`.
 #
-#   sudo tests/all.sh            (as root on a fresh Debian 12 machine)
+#   sudo tests/all.sh               (as root on a fresh Debian 12 machine)
+#   sudo tests/all.sh --build-only  the dependency and build steps only (build/stripedb)
 #
 # Builds go to build/ (sanitizers), build-fuzz/ (clang + libFuzzer); FUZZ_SECONDS=N
 # changes the fuzzing time; SKIP_DISTCHECK=1 skips the distcheck step. As root, the
 # packaging tests (build the .deb and .rpm, install the .deb into a fresh debootstrap root;
-# a few minutes, needs the Debian mirror) run too; STRIPEDB_PACKAGING_TESTS=0 skips them.
+# a few minutes, needs the Debian mirror) run too; STRIPEDB_PACKAGING_TESTS=0 skips them. As
+# root, tests/fresh/test-fresh-root.sh also runs the README's two commands in a fresh
+# debootstrap root (15-25 min); STRIPEDB_FRESH_ROOT_TEST=0 skips it.
 set -euo pipefail
+build_only=0
+case "${1:-}" in
+"") ;;
+--build-only) build_only=1 ;;
+*)
+	echo "usage: tests/all.sh [--build-only]" >&2
+	exit 2
+	;;
+esac
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -27,8 +39,8 @@ for f in /dev/shm/mongoc-*; do
 	[ -d "/proc/$pid" ] || rm -f "$f"
 done
 
-step "install dependencies"
-scripts/install-deps.sh
+step "install dependencies (scripts/install-deps.sh --test)"
+scripts/install-deps.sh --test
 
 step "autoreconf"
 autoreconf -fi
@@ -36,6 +48,10 @@ autoreconf -fi
 step "build with ASan+UBSan"
 rm -rf build && mkdir build
 (cd build && ../configure --enable-sanitizers --enable-debug >configure.out && make -j"$jobs")
+if [ "$build_only" = 1 ]; then
+	step "built build/stripedb (--build-only: no tests run)"
+	exit 0
+fi
 
 step "make check (unit + integration)"
 if [ "$(id -u)" = 0 ]; then
@@ -43,6 +59,8 @@ if [ "$(id -u)" = 0 ]; then
 fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# mongosh and the Node.js driver were installed above: their tests must run, not skip.
+export STRIPEDB_REQUIRE_NODE_CLIENTS=1
 if ! (cd build && make -j"$jobs" check); then
 	for f in build/tests/unit/*.log build/tests/integration/*.log; do
 		[ -f "$f" ] && { echo "--- $f"; tail -n 200 "$f"; }
@@ -63,6 +81,11 @@ for f in $fuzzers; do
 	tests/fuzz/run.sh "$secs" "build-fuzz/tests/fuzz/$f" 2>&1 | tail -n 3
 	[ "${PIPESTATUS[0]}" = 0 ] || { echo "fuzzer $f found a crash"; exit 1; }
 done
+
+if [ "$(id -u)" = 0 ] && [ "${STRIPEDB_FRESH_ROOT_TEST:-1}" != 0 ]; then
+	step "the README's two commands in a fresh Debian 12 root (tests/fresh/test-fresh-root.sh)"
+	tests/fresh/test-fresh-root.sh
+fi
 
 if [ "${SKIP_DISTCHECK:-0}" != 1 ]; then
 	step "make distcheck"

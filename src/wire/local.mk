@@ -24,6 +24,6 @@ tests_unit_test_wire_server_LDADD = $(UNIT_LDADD)
 check_PROGRAMS += tests/integration/wire_test_server
 tests_integration_wire_test_server_SOURCES = tests/integration/wire_test_server.c
 tests_integration_wire_test_server_LDADD = libstripedb.a $(SDB_LIBS)
-EXTRA_DIST += tests/integration/test_wire.py tests/integration/package.json \
+EXTRA_DIST += tests/integration/test_wire.py tests/integration/package.json tests/integration/README.md \
 	tests/integration/package-lock.json
 

@@ -29,6 +29,46 @@ _used_ports = set()
 os.environ.setdefault("STRIPEDB_SHUTDOWN_QUIESCE_MS", "0")
 
 
+# The Node.js clients (the MongoDB Node.js driver and mongosh), installed by
+# `scripts/install-deps.sh --test` (npm ci) into tests/integration/node_modules. Without them
+# their tests are skipped with the reason, unless STRIPEDB_REQUIRE_NODE_CLIENTS=1 (tests/all.sh,
+# and so CI, sets it): then a missing or broken client fails its test instead.
+NODE_MODULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_modules")
+MONGOSH = os.path.join(NODE_MODULES, ".bin", "mongosh")
+NODE_CLIENTS_REQUIRED = os.environ.get("STRIPEDB_REQUIRE_NODE_CLIENTS") == "1"
+
+
+def node_clients_present(what):
+    """Is the Node client `what` ("mongodb" for the driver, "mongosh") installed?"""
+    import shutil
+    if shutil.which("node") is None:
+        return False
+    if what == "mongosh":
+        return os.path.exists(MONGOSH)
+    return os.path.isdir(os.path.join(NODE_MODULES, what))
+
+
+def needs_node_client(what):
+    """Decorator for a test that runs the Node client `what` ("mongodb" or "mongosh"): marks it
+    `node_clients` (tests/fresh/test-fresh-root.sh selects them with -m node_clients) and skips
+    it when the client is absent, unless STRIPEDB_REQUIRE_NODE_CLIENTS=1."""
+    def deco(f):
+        f = pytest.mark.node_clients(f)
+        if not NODE_CLIENTS_REQUIRED:
+            f = pytest.mark.skipif(not node_clients_present(what),
+                                   reason=f"Node.js client {what} absent: run "
+                                   "`scripts/install-deps.sh --test`")(f)
+        return f
+    return deco
+
+
+def node_env(**extra):
+    """Environment for node and mongosh subprocesses: NODE_PATH to the pinned modules, no
+    telemetry, a HOME for mongosh's config."""
+    return dict(os.environ, NODE_PATH=NODE_MODULES, DO_NOT_TRACK="1",
+                HOME=os.environ.get("HOME", "/tmp"), **extra)
+
+
 def free_port():
     """Return a loopback TCP port that is free now and not handed out before in this run."""
     for _ in range(200):

@@ -3,7 +3,6 @@ on loopback, driven by pymongo (and the Node.js driver when node is installed)."
 import json
 import os
 import random
-import shutil
 import subprocess
 import threading
 import time
@@ -13,7 +12,8 @@ import pytest
 from bson import MinKey, MaxKey
 from pymongo.errors import BulkWriteError, OperationFailure
 
-from conftest import free_port, http_get, wait_until
+from conftest import (MONGOSH, NODE_CLIENTS_REQUIRED, NODE_MODULES, free_port, http_get,
+                      needs_node_client, node_clients_present, node_env, wait_until)
 from proxy_helpers import ProxyCluster
 
 
@@ -448,8 +448,6 @@ def test_quota_across_two_proxies(start_role, tmp_path):
 
 # ---------------------------------------------------------------- Node.js driver
 
-NODE_MODULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node_modules")
-
 NODE_SCRIPT = r"""
 const { MongoClient } = require('mongodb');
 (async () => {
@@ -478,15 +476,13 @@ const { MongoClient } = require('mongodb');
 """
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(NODE_MODULES, "mongodb")) or
-                    shutil.which("node") is None,
-                    reason="node or tests/integration/node_modules absent (npm install there)")
+@needs_node_client("mongodb")
 def test_node_driver_through_two_proxies(cluster):
     ranged(cluster)
     hosts = ",".join(f"127.0.0.1:{p}" for p in cluster.proxy_ports)
     r = subprocess.run(["node", "-e", NODE_SCRIPT, f"mongodb://{hosts}/"], capture_output=True,
                        text=True, timeout=120, cwd=os.path.dirname(NODE_MODULES),
-                       env=dict(os.environ, NODE_PATH=NODE_MODULES))
+                       env=node_env())
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     # k is a permutation of 0..299: k >= 90 descending, skip 5 -> 294 .. 195
@@ -598,6 +594,7 @@ def test_routing_refresh_by_long_poll(cluster):
 
 # ---------------------------------------------------------------- collStats, dbStats, explain
 
+@pytest.mark.node_clients
 def test_stats_and_explain(cluster):
     """collStats / dbStats / explain as mongos answers them: st.s is sharded over shard-a
     (k < 100) and shard-b (k >= 100); st.u is unsharded (primary shard-a)."""
@@ -640,16 +637,14 @@ def test_stats_and_explain(cluster):
         list(db.s.aggregate([{"$collStats": {"storageStats": {}}}, {"$match": {}}]))
     assert e.value.code == 9
     # mongosh's db.coll.stats() and db.stats() through the proxy
-    mongosh = os.path.join(os.path.dirname(__file__), "node_modules", ".bin", "mongosh")
-    if os.path.exists(mongosh):
+    # (skipped, and said so, only when mongosh is absent and not required: conftest)
+    if NODE_CLIENTS_REQUIRED or node_clients_present("mongosh"):
         script = ("const s = db.getSiblingDB('st').s.stats(); const d = db.getSiblingDB('st')"
                   ".stats(); print(JSON.stringify({count: s.count, ns: s.ns, "
                   "shards: Object.keys(s.shards || {}).sort(), objects: Number(d.objects)}))")
-        r = subprocess.run([mongosh, f"mongodb://127.0.0.1:{cluster.proxy_ports[0]}/",
+        r = subprocess.run([MONGOSH, f"mongodb://127.0.0.1:{cluster.proxy_ports[0]}/",
                             "--quiet", "--norc", "--eval", script],
-                           capture_output=True, text=True, timeout=120,
-                           env=dict(os.environ, MONGOSH_SKIP_NODE_VERSION_CHECK="1",
-                                    DO_NOT_TRACK="1", HOME=os.environ.get("HOME", "/tmp")))
+                           capture_output=True, text=True, timeout=120, env=node_env())
         assert r.returncode == 0, r.stdout + r.stderr
         assert json.loads(r.stdout.strip().splitlines()[-1]) == \
             {"count": 150, "ns": "st.s", "shards": ["shard-a", "shard-b"], "objects": 155}

@@ -15,12 +15,11 @@ import pytest
 from bson.int64 import Int64
 from pymongo.errors import OperationFailure
 
-from conftest import free_port, http_get, wait_until
+from conftest import free_port, http_get, needs_node_client, node_env, wait_until
 from proxy_helpers import ProxyCluster
 from test_ratelimit_grpc import pb  # noqa: F401 - the stubs fixture
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NODE_MODULES = os.path.join(HERE, "node_modules")
 FAIL_DELAY_S = 0.2      # AUTH_GATE_FAIL_DELAY_MS
 FAILURE_LIMIT = 4       # --auth-failure-limit
 
@@ -309,15 +308,14 @@ def test_brute_force_is_rate_limited_through_the_peer_ring(start_role, tmp_path,
     cl.close()
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(NODE_MODULES, "mongodb")),
-                    reason="tests/integration/node_modules absent: run `npm install` there")
+@needs_node_client("mongodb")
 @pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-1"])
 def test_node_driver_auth_and_isolation(sec, mech):
     r = subprocess.run(["node", os.path.join(HERE, "security_node.js"),
                         str(sec.proxy_ports[0]), "alice", "alice-pw", "wrong", "adb", "bdb",
                         mech],
                        capture_output=True, text=True, timeout=120, cwd=HERE,
-                       env=dict(os.environ, NODE_PATH=NODE_MODULES))
+                       env=node_env())
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["good"] == {"ok": True, "value": [{"_id": 1, "via": "node"}]}

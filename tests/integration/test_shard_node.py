@@ -2,7 +2,7 @@
 
 The Node.js run executes a smoke set of the unified CRUD spec files through the driver's own
 CRUD API (crud_unified_node.js); mongosh runs a short CRUD script. Both need
-tests/integration/node_modules (`npm install` there; CI does it).
+tests/integration/node_modules (`scripts/install-deps.sh --test`; CI does it).
 """
 import json
 import os
@@ -11,18 +11,16 @@ import subprocess
 import pytest
 
 import crud_unified
+from conftest import MONGOSH, needs_node_client, node_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NODE_MODULES = os.path.join(HERE, "node_modules")
-MONGOSH = os.path.join(NODE_MODULES, ".bin", "mongosh")
 DIR = crud_unified.compat_dir()
 SMOKE = ["insertOne.json", "insertMany.json", "updateOne.json", "updateMany.json",
          "replaceOne.json", "deleteOne.json", "deleteMany.json", "find.json", "findOne.json",
          "distinct.json", "aggregate.json", "bulkWrite.json", "estimatedDocumentCount.json"]
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(NODE_MODULES, "mongodb")),
-                    reason="tests/integration/node_modules absent: run `npm install` there")
+@needs_node_client("mongodb")
 @pytest.mark.skipif(not DIR, reason="CRUD spec files not found")
 def test_node_driver_crud_smoke(shard):
     _, port = shard
@@ -30,7 +28,7 @@ def test_node_driver_crud_smoke(shard):
     files = [os.path.join(DIR, f) for f in SMOKE]
     r = subprocess.run(["node", os.path.join(HERE, "crud_unified_node.js"), uri] + files,
                        capture_output=True, text=True, timeout=120, cwd=HERE,
-                       env=dict(os.environ, NODE_PATH=NODE_MODULES))
+                       env=node_env())
     assert r.returncode == 0, r.stderr
     results = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert [x["file"] for x in results] == SMOKE
@@ -57,15 +55,13 @@ print(JSON.stringify({found, cnt, agg, stage: plan.queryPlanner.winningPlan.stag
 """
 
 
-@pytest.mark.skipif(not os.path.exists(MONGOSH),
-                    reason="tests/integration/node_modules absent: run `npm install` there")
+@needs_node_client("mongosh")
 def test_mongosh_crud_smoke(shard):
     _, port = shard
     uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
     r = subprocess.run([MONGOSH, uri, "--quiet", "--norc", "--eval", MONGOSH_SCRIPT],
                        capture_output=True, text=True, timeout=120, cwd=HERE,
-                       env=dict(os.environ, MONGOSH_SKIP_NODE_VERSION_CHECK="1",
-                                DO_NOT_TRACK="1", HOME=os.environ.get("HOME", "/tmp")))
+                       env=node_env())
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == {"found": [{"_id": 2, "a": 8}, {"_id": 1, "a": 5}], "cnt": 1,

@@ -7,7 +7,7 @@ skipped-role case is reported in the test's output, never silently.
 
 Bad input (truncated, wrong length, 50 MB, garbage, OP_COMPRESSED) must get the connection
 closed or a clear error, while a second pymongo client on the same process keeps working.
-The Node.js driver and mongosh checks need `npm install` in tests/integration (CI runs it).
+The Node.js driver and mongosh checks need `scripts/install-deps.sh --test` (CI runs it).
 """
 import json
 import os
@@ -21,10 +21,10 @@ import pymongo
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import BIN, free_port, http_get, wait_until
+from conftest import (BIN, MONGOSH, free_port, http_get, needs_node_client, node_env,
+                      wait_until)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NODE_MODULES = os.path.join(HERE, "node_modules")
 TEST_SERVER = os.path.join(os.path.dirname(os.path.abspath(BIN)), "tests", "integration",
                            "wire_test_server")
 
@@ -341,10 +341,6 @@ def test_awaitable_hello_waits(wire):
         assert rto == 3
 
 
-def _node_env():
-    return dict(os.environ, NODE_PATH=NODE_MODULES)
-
-
 NODE_SCRIPT = r"""
 const { MongoClient } = require('mongodb');
 (async () => {
@@ -360,28 +356,22 @@ const { MongoClient } = require('mongodb');
 """
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(NODE_MODULES, "mongodb")),
-                    reason="tests/integration/node_modules absent: run `npm install` there")
+@needs_node_client("mongodb")
 def test_node_driver(wire):
     uri = f"mongodb://127.0.0.1:{wire.port}/?directConnection=true"
     r = subprocess.run(["node", "-e", NODE_SCRIPT, uri], capture_output=True, text=True,
-                       timeout=60, cwd=HERE, env=_node_env())
+                       timeout=60, cwd=HERE, env=node_env())
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {
         "w": True, "max": 17, "ping": 1, "code": 59}
 
 
-MONGOSH = os.path.join(NODE_MODULES, ".bin", "mongosh")
-
-
-@pytest.mark.skipif(not os.path.exists(MONGOSH),
-                    reason="tests/integration/node_modules absent: run `npm install` there")
+@needs_node_client("mongosh")
 def test_mongosh(wire):
     uri = f"mongodb://127.0.0.1:{wire.port}/?directConnection=true"
     r = subprocess.run([MONGOSH, uri, "--quiet", "--norc", "--eval",
                         "db.runCommand({ping:1}).ok"],
                        capture_output=True, text=True, timeout=120, cwd=HERE,
-                       env=dict(os.environ, MONGOSH_SKIP_NODE_VERSION_CHECK="1",
-                                DO_NOT_TRACK="1", HOME=os.environ.get("HOME", "/tmp")))
+                       env=node_env())
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip() == "1", r.stdout + r.stderr
