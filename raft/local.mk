@@ -1,7 +1,7 @@
 # raft: the metadata service's Raft integration (SQLite state machine, node setup) and
 # its unit tests (included by the top Makefile.am)
-libstripedb_a_SOURCES += raft/fsm.c raft/node.c
-noinst_HEADERS += raft/fsm.h raft/node.h
+libstripedb_a_SOURCES += raft/fsm.c raft/node.c raft/handshake.c raft/transport.c
+noinst_HEADERS += raft/fsm.h raft/node.h raft/handshake.h raft/transport.h
 EXTRA_DIST += raft/README.md
 
 check_PROGRAMS += tests/unit/test_raft_fsm tests/unit/test_raft_cluster tests/unit/test_raft_node
@@ -34,3 +34,10 @@ tests_fuzz_fuzz_raft_fsm_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefin
 tests_fuzz_fuzz_raft_fsm_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 tests_fuzz_fuzz_raft_fsm_LDADD = libstripedb.a $(SDB_LIBS)
 endif
+
+# the Raft transport (issue #21): handshake codec and the transport on a real loop
+check_PROGRAMS += tests/unit/test_raft_transport
+TESTS += tests/unit/test_raft_transport
+tests_unit_test_raft_transport_SOURCES = tests/unit/test_raft_transport.c
+tests_unit_test_raft_transport_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_raft_transport_LDADD = $(UNIT_LDADD)
