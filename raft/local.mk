@@ -41,3 +41,8 @@ TESTS += tests/unit/test_raft_transport
 tests_unit_test_raft_transport_SOURCES = tests/unit/test_raft_transport.c
 tests_unit_test_raft_transport_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_raft_transport_LDADD = $(UNIT_LDADD)
+
+# benchmark of the transport itself (never in make check): tests/bench/README.md
+noinst_PROGRAMS += tests/bench/raft_transport_bench
+tests_bench_raft_transport_bench_SOURCES = tests/bench/raft_transport_bench.c
+tests_bench_raft_transport_bench_LDADD = libstripedb.a $(SDB_LIBS)

@@ -613,7 +613,6 @@ static void conn_begin(conn *c)
 		}
 		snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
 	}
-	uv_tcp_nodelay(c->tcp, 1);
 	uv_timer_start(&c->timer, timer_cb, t->timeout_ms, 0);
 	if (RAND_bytes(nonce, sizeof nonce) != 1) {
 		conn_close(c, "no randomness");
