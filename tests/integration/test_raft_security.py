@@ -27,7 +27,7 @@ import pymongo
 import pytest
 from pymongo.errors import AutoReconnect, OperationFailure, ServerSelectionTimeoutError
 
-from conftest import free_port, wait_until
+from conftest import free_port, http_get, wait_until
 from metadata_cluster import RETRYABLE, Member
 from test_security_tls import make_pki
 
@@ -251,6 +251,14 @@ def rogue_tls(port, payload, cert=None):
     return closed_by_peer(s)
 
 
+def refused_total(m):
+    _, body = http_get(m.http_port, "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith("stripedb_raft_transport_refused_total"):
+            return int(float(line.split()[-1]))
+    return 0
+
+
 def assert_unchanged(g, before):
     after = g.snapshot()
     assert after == before, f"term/leader changed: {before} -> {after}"
@@ -269,6 +277,7 @@ def test_rogue_peer_cannot_vote_or_append(start_role, tmp_path, mode):
     for m in g.members:
         port = int(m.raft.rsplit(":", 1)[1])
         payload = rogue_messages(g, m)
+        n0 = refused_total(m)
         # no key / no certificate: libraft's own preamble straight away
         assert rogue_plain(port, payload), "member kept a rogue connection open"
         if mode == "key":
@@ -277,6 +286,8 @@ def test_rogue_peer_cannot_vote_or_append(start_role, tmp_path, mode):
             assert rogue_tls(port, payload)  # TLS without a client certificate
             assert rogue_tls(port, payload, cert=p["rogue"])  # another CA's certificate
         assert_unchanged(g, before)
+        # each attempt was refused by the member (not just dropped by the client side)
+        assert refused_total(m) >= n0 + (2 if mode == "key" else 3)
     assert "raft: transport peer refused" in g.members[0].proc.tail(200000)
     commits(g, "after-rogue")  # the group still works
     g.close()
