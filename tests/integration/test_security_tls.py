@@ -216,8 +216,9 @@ def test_proxy_shard_metadata_coordinator_all_tls(start_role, tmp_path):
                        f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{raft}",
                        f"--bootstrap-members=1@127.0.0.1:{raft}",
                        "--raft-election-timeout-ms=300"] + tls)
-    # loopback raft address: no warning about the unencrypted raft transport
-    assert "raft transport is not encrypted" not in meta.tail(100000)
+    # the Raft port is mutual TLS too (issue #21): no plaintext warning
+    assert "tls=mutual" in meta.tail(100000)
+    assert "raft transport is plaintext" not in meta.tail(100000)
     assert refused(plain_client(mport))
     m = mtls_client(mport, p)
     wait_until(lambda: m.admin.command("hello").get("isWritablePrimary"), 30,
