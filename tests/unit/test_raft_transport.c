@@ -14,6 +14,9 @@
 
 #include <cmocka.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <sys/socket.h>
 
 #include "raft/handshake.h"
@@ -114,6 +117,60 @@ static void test_codec_malformed(void **state)
 
 /* ---------------------------------------------------------------- on a loop */
 
+/* TLS: self-signed P-256 certificates made here; each is its own CA. ctx[0] server,
+ * ctx[1] client of the cluster; ctx[2] a client whose certificate no member trusts. */
+static SSL_CTX *ctxs[3];
+
+static X509 *self_signed(EVP_PKEY **key)
+{
+	X509 *x = X509_new();
+	X509_NAME *n;
+	*key = EVP_EC_gen("P-256");
+	ASN1_INTEGER_set(X509_get_serialNumber(x), 1);
+	X509_gmtime_adj(X509_getm_notBefore(x), -60);
+	X509_gmtime_adj(X509_getm_notAfter(x), 3600);
+	X509_set_pubkey(x, *key);
+	n = X509_get_subject_name(x);
+	X509_NAME_add_entry_by_txt(n, "CN", MBSTRING_ASC, (const unsigned char *)"member", -1, -1,
+				   0);
+	X509_set_issuer_name(x, n);
+	X509_sign(x, *key, EVP_sha256());
+	return x;
+}
+
+static void make_ctxs(void)
+{
+	EVP_PKEY *k, *rk;
+	X509 *x = self_signed(&k), *rx = self_signed(&rk);
+	for (int i = 0; i < 3; i++) {
+		SSL_CTX *c = SSL_CTX_new(i == 0 ? TLS_server_method() : TLS_client_method());
+		assert_non_null(c);
+		SSL_CTX_use_certificate(c, i == 2 ? rx : x);
+		SSL_CTX_use_PrivateKey(c, i == 2 ? rk : k);
+		X509_STORE_add_cert(SSL_CTX_get_cert_store(c), x);
+		SSL_CTX_set_verify(c, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+		ctxs[i] = c;
+	}
+	X509_free(x);
+	X509_free(rx);
+	EVP_PKEY_free(k);
+	EVP_PKEY_free(rk);
+}
+
+static SSL_CTX *tls_good(bool server, void *arg)
+{
+	(void)arg;
+	SSL_CTX_up_ref(ctxs[server ? 0 : 1]);
+	return ctxs[server ? 0 : 1];
+}
+
+static SSL_CTX *tls_rogue(bool server, void *arg)
+{
+	(void)arg;
+	SSL_CTX_up_ref(ctxs[server ? 0 : 2]);
+	return ctxs[server ? 0 : 2];
+}
+
 typedef struct env {
 	uv_loop_t loop;
 	struct raft_uv_transport a, b;
@@ -199,9 +256,10 @@ static int got_all(env *e) { return e->got_len >= 10; }
 static int connect_done(env *e) { return e->connected > 0; }
 static int both_closed(env *e) { return e->closed == 2; }
 
-static void run_pair(env *e, const uint8_t *ka, const uint8_t *kb)
+static void run_pair_tls(env *e, const uint8_t *ka, const uint8_t *kb,
+			 SSL_CTX *(*tls)(bool, void *))
 {
-	sdb_transport_opts oa = {.key = ka}, ob = {.key = kb};
+	sdb_transport_opts oa = {.key = ka, .tls_ctx = tls}, ob = {.key = kb, .tls_ctx = tls};
 	assert_int_equal(uv_loop_init(&e->loop), 0);
 	snprintf(e->addr, sizeof e->addr, "127.0.0.1:%d", free_port());
 	e->a.data = e->b.data = e;
@@ -213,6 +271,11 @@ static void run_pair(env *e, const uint8_t *ka, const uint8_t *kb)
 	assert_int_equal(e->a.listen(&e->a, accept_cb), 0);
 	assert_int_equal(e->b.connect(&e->b, &e->req, 1, e->addr, connect_cb), 0);
 	assert_true(run_until(e, connect_done));
+}
+
+static void run_pair(env *e, const uint8_t *ka, const uint8_t *kb)
+{
+	run_pair_tls(e, ka, kb, NULL);
 }
 
 static void finish(env *e)
@@ -257,6 +320,39 @@ static void test_loop_wrong_key(void **state)
 	free(e);
 }
 
+static void test_loop_tls(void **state)
+{
+	env *e = calloc(1, sizeof *e);
+	(void)state;
+	/* mutual TLS and the key: the bytes cross the socketpair bridge intact */
+	run_pair_tls(e, K1, K1, tls_good);
+	assert_int_equal(e->conn_status, 0);
+	assert_true(run_until(e, got_all));
+	assert_int_equal(e->accepted, 1);
+	assert_memory_equal(e->got, "raft bytes", 10);
+	finish(e);
+	free(e);
+	/* TLS alone */
+	e = calloc(1, sizeof *e);
+	run_pair_tls(e, NULL, NULL, tls_good);
+	assert_int_equal(e->conn_status, 0);
+	assert_true(run_until(e, got_all));
+	finish(e);
+	free(e);
+}
+
+static void test_loop_tls_untrusted_certificate(void **state)
+{
+	env *e = calloc(1, sizeof *e);
+	(void)state;
+	run_pair_tls(e, NULL, NULL, tls_rogue);
+	assert_int_equal(e->conn_status, RAFT_NOCONNECTION);
+	uv_run(&e->loop, UV_RUN_NOWAIT);
+	assert_int_equal(e->accepted, 0);
+	finish(e);
+	free(e);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -264,6 +360,13 @@ int main(void)
 		cmocka_unit_test(test_codec_malformed),
 		cmocka_unit_test(test_loop_same_key),
 		cmocka_unit_test(test_loop_wrong_key),
+		cmocka_unit_test(test_loop_tls),
+		cmocka_unit_test(test_loop_tls_untrusted_certificate),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	int rc;
+	make_ctxs();
+	rc = cmocka_run_group_tests(tests, NULL, NULL);
+	for (int i = 0; i < 3; i++)
+		SSL_CTX_free(ctxs[i]);
+	return rc;
 }
