@@ -280,6 +280,8 @@ def test_rogue_peer_cannot_vote_or_append(start_role, tmp_path, mode):
         n0 = refused_total(m)
         # no key / no certificate: libraft's own preamble straight away
         assert rogue_plain(port, payload), "member kept a rogue connection open"
+        # malformed and oversized handshake data: 1 MiB of noise
+        assert rogue_plain(port, os.urandom(1 << 20))
         if mode == "key":
             assert rogue_hmac(port, WRONG_KEY, payload)
         else:
@@ -287,7 +289,8 @@ def test_rogue_peer_cannot_vote_or_append(start_role, tmp_path, mode):
             assert rogue_tls(port, payload, cert=p["rogue"])  # another CA's certificate
         assert_unchanged(g, before)
         # each attempt was refused by the member (not just dropped by the client side)
-        assert refused_total(m) >= n0 + (2 if mode == "key" else 3)
+        assert refused_total(m) >= n0 + (3 if mode == "key" else 4)
+        assert m.proc.p.poll() is None  # still running
     assert "raft: transport peer refused" in g.members[0].proc.tail(200000)
     commits(g, "after-rogue")  # the group still works
     g.close()
