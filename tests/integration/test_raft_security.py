@@ -388,10 +388,15 @@ def test_captured_raft_traffic_has_no_plaintext(start_role, tmp_path, mode):
         g = Group(start_role, tmp_path, extra=extra, addr_override={1: rec.port})
     finally:
         Member.__init__ = orig
+    # Replies travel to the address a sender announces in libraft's preamble (member 2's
+    # real port), so the recorder sees the entries only when member 2 is a follower.
+    if g.leader() is g.members[1]:
+        g.members[1].cmd("transferLeadership", g.members[0].id)
+        wait_until(lambda: g.leader() is not g.members[1], 30, what="leader moved off member 2")
     secret = "tenant-zebra-7f3a9c"
     g.write("createTenant", secret)
     g.converged()
-    # member 2 received the entry through the recorder (it applied it)
+    # member 2 applied the entry, which reached it through the recorder
     assert secret in str(g.members[1].cmd("listTenants"))
     data = rec.data()
     assert len(data) > 200, "the recorder saw no Raft traffic"
