@@ -1,7 +1,7 @@
 # raft: the metadata service's Raft integration (SQLite state machine, node setup) and
 # its unit tests (included by the top Makefile.am)
-libstripedb_a_SOURCES += raft/fsm.c raft/node.c
-noinst_HEADERS += raft/fsm.h raft/node.h
+libstripedb_a_SOURCES += raft/fsm.c raft/node.c raft/handshake.c raft/transport.c
+noinst_HEADERS += raft/fsm.h raft/node.h raft/handshake.h raft/transport.h
 EXTRA_DIST += raft/README.md
 
 check_PROGRAMS += tests/unit/test_raft_fsm tests/unit/test_raft_cluster tests/unit/test_raft_node
@@ -21,7 +21,7 @@ tests_unit_test_raft_node_LDADD = $(UNIT_LDADD)
 EXTRA_DIST += src/metadata/README.md tests/integration/metadata_cluster.py \
 	tests/integration/test_metadata.py tests/integration/linearizability.py \
 	tests/integration/test_metadata_linearizability.py tests/integration/test_metadata_ctl.py \
-	tests/bench/metadata_bench.py
+	tests/bench/metadata_bench.py tests/integration/test_raft_security.py
 
 # libFuzzer target over the state machine (commands, queries and raw entries); built only
 # with `CC=clang ./configure --enable-fuzzing`. fsm.c is compiled into the target for
@@ -34,3 +34,15 @@ tests_fuzz_fuzz_raft_fsm_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefin
 tests_fuzz_fuzz_raft_fsm_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 tests_fuzz_fuzz_raft_fsm_LDADD = libstripedb.a $(SDB_LIBS)
 endif
+
+# the Raft transport (issue #21): handshake codec and the transport on a real loop
+check_PROGRAMS += tests/unit/test_raft_transport
+TESTS += tests/unit/test_raft_transport
+tests_unit_test_raft_transport_SOURCES = tests/unit/test_raft_transport.c
+tests_unit_test_raft_transport_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_raft_transport_LDADD = $(UNIT_LDADD)
+
+# benchmark of the transport itself (never in make check): tests/bench/README.md
+noinst_PROGRAMS += tests/bench/raft_transport_bench
+tests_bench_raft_transport_bench_SOURCES = tests/bench/raft_transport_bench.c
+tests_bench_raft_transport_bench_LDADD = libstripedb.a $(SDB_LIBS)

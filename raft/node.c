@@ -20,6 +20,7 @@ struct sdb_node {
 	struct raft raft;
 	struct raft_io io;
 	struct raft_uv_transport transport;
+	bool secure; /* transport is raft/transport.c's, else libraft's TCP one */
 	sdb_fsm *fsm;
 	uint64_t id;
 	char *raft_addr;
@@ -247,6 +248,14 @@ static void prepare_cb(uv_prepare_t *h)
 
 /* ------------------------------------------------------- start/close */
 
+static void transport_free(sdb_node *n)
+{
+	if (n->secure)
+		sdb_transport_close(&n->transport);
+	else
+		raft_uv_tcp_close(&n->transport);
+}
+
 static void raft_closed(struct raft *r);
 
 static int mkdir_p(const char *path)
@@ -296,7 +305,10 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 	rc = sdb_fsm_open(db_path, &n->fsm, err, errlen);
 	if (rc != 0)
 		goto err;
-	if ((rv = raft_uv_tcp_init(&n->transport, loop)) != 0) {
+	n->secure = opts->transport != NULL;
+	rv = n->secure ? sdb_transport_init(&n->transport, loop, opts->transport)
+		       : raft_uv_tcp_init(&n->transport, loop);
+	if (rv != 0) {
 		rc = sdb_errf(err, errlen, SDB_EIO, "raft transport: %s", raft_strerror(rv));
 		goto err_fsm;
 	}
@@ -371,7 +383,7 @@ err_raft:
 err_io:
 	raft_uv_close(&n->io);
 err_transport:
-	raft_uv_tcp_close(&n->transport);
+	transport_free(n);
 err_fsm:
 	sdb_fsm_close(n->fsm);
 err:
@@ -399,7 +411,7 @@ static void raft_closed(struct raft *r)
 {
 	sdb_node *n = r->data;
 	raft_uv_close(&n->io);
-	raft_uv_tcp_close(&n->transport);
+	transport_free(n);
 	node_finish(n);
 }
 

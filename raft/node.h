@@ -20,6 +20,7 @@
 #include <uv.h>
 
 #include "raft/fsm.h"
+#include "raft/transport.h"
 
 typedef struct sdb_node sdb_node;
 
@@ -30,6 +31,9 @@ typedef struct sdb_node_opts {
 	const char *bootstrap;         /* "ID@HOST:PORT,..." or NULL (join later) */
 	unsigned snapshot_threshold;   /* entries between snapshots; 0 = 1024 */
 	unsigned election_timeout_ms;  /* 0 = 1000; heartbeat is a tenth of it */
+	/* The Raft port's security (raft/transport.h): NULL = libraft's plaintext TCP
+	 * transport; else our authenticated/TLS transport with these options (copied). */
+	const sdb_transport_opts *transport;
 	/* Called on the loop thread whenever the raft state, term, leader or readiness
 	 * changed (checked once per loop iteration). May be NULL. */
 	void (*on_change)(void *data);

@@ -368,6 +368,21 @@ bool auth_cluster_enabled(void)
 	return on;
 }
 
+bool auth_cluster_derive(const char *label, uint8_t out[32])
+{
+	bool on;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	on = gate != NULL;
+	if (on) {
+		unsigned int ml = 0;
+		HMAC(EVP_sha256(), key, (int)strlen(key), (const uint8_t *)label, strlen(label), out,
+		     &ml);
+	}
+	uv_mutex_unlock(&mu);
+	return on;
+}
+
 wire_gate_fn auth_cluster_gate(void)
 {
 	return auth_cluster_enabled() ? cluster_gate_fn : NULL;

@@ -39,6 +39,11 @@ int auth_cluster_load(const char *path, char *err, size_t errlen);
 /* Is a cluster key loaded in this process? */
 bool auth_cluster_enabled(void);
 
+/* Derive a 32-byte secret for one purpose from the key: HMAC-SHA-256(key, label) (the key
+ * itself never leaves this file). False (out untouched) when no key is loaded. Used by
+ * the Raft transport's handshake (label "stripedb raft transport v1"). Thread-safe. */
+bool auth_cluster_derive(const char *label, uint8_t out[32]);
+
 /* The wire gate for internal listeners: NULL when no key is loaded (nothing changes),
  * else a wire_gate_fn that ignores its role_data. */
 wire_gate_fn auth_cluster_gate(void);

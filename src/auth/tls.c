@@ -1,7 +1,6 @@
 /* TLS for wire listeners with OpenSSL memory BIOs. See auth/tls.h. */
 #include "auth/tls.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -10,6 +9,7 @@
 #include <uv.h>
 
 #include "auth/cluster.h"
+#include "auth/raftsec.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/http.h"
@@ -92,33 +92,6 @@ static int make_ctx(const listener *l, SSL_CTX **out, char *err, size_t errlen)
 	return 0;
 }
 
-/* Raft's libuv TCP transport has no TLS: warn once when it listens beyond loopback while
- * the wire listener is TLS (raft/README.md: the raft port belongs on a private network). */
-static void raft_warning(const sdb_config *cfg)
-{
-	static bool warned;
-	const char *raft = sdb_config_get(cfg, SDB_OPT_raft_listen);
-	char host[256], e[128];
-	int port;
-	unsigned char a[16];
-	bool loopback = false;
-
-	if (!raft || warned || sdb_addr_split(raft, host, sizeof host, &port, e, sizeof e) != 0)
-		return;
-	if (inet_pton(AF_INET, host, a) == 1)
-		loopback = a[0] == 127;
-	else if (inet_pton(AF_INET6, host, a) == 1)
-		loopback = memcmp(a, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\1", 16) == 0;
-	else
-		loopback = strcmp(host, "localhost") == 0;
-	if (loopback)
-		return;
-	warned = true;
-	sdb_warn("tls: the raft transport is not encrypted; keep --raft-listen on a private "
-		 "network (raft/README.md)",
-		 "raft_listen=%s", raft);
-}
-
 int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen)
 {
 	const char *mode = sdb_config_get(cfg, SDB_OPT_tls_mode);
@@ -167,8 +140,6 @@ int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t er
 	uv_mutex_unlock(&mu);
 	sdb_info("tls configured", "role=%s mode=%s cert=%s ca=%s client_cert=%s", role, mode,
 		 cert, ca ? ca : "-", !ca ? "not-requested" : l.internal ? "required" : "optional");
-	if (strcmp(role, "metadata") == 0)
-		raft_warning(cfg);
 	return 0;
 }
 
@@ -209,6 +180,11 @@ int auth_tls_reload(char *err, size_t errlen)
 	{
 		char e[256];
 		int r = auth_cluster_tls_reload(e, sizeof e);
+		if (r != 0 && rc == 0) {
+			rc = r;
+			snprintf(err, errlen, "%s", e);
+		}
+		r = auth_raft_reload(e, sizeof e); /* the Raft transport (issue #21) */
 		if (r != 0 && rc == 0) {
 			rc = r;
 			snprintf(err, errlen, "%s", e);

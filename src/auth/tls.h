@@ -38,7 +38,8 @@ int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t er
 auth_tls_mode auth_tls_listener_mode(const char *role);
 
 /* Re-read certificate, key and CA of every configured listener, then the client
- * certificate of --tls-internal (auth_cluster_tls_reload). 0 or an error (then the old
+ * certificate of --tls-internal (auth_cluster_tls_reload), the Raft transport's contexts
+ * (auth_raft_reload) and the --http-tls servers. 0 or an error (then the old
  * ones of the failing listener stay). Thread-safe; called on SIGHUP by common/role.c. */
 int auth_tls_reload(char *err, size_t errlen);
 

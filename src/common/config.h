@@ -104,6 +104,10 @@ typedef enum {
 	X("tls-internal", tls_internal, SDB_OPT_BOOL, "false",                                  \
 	  "connect to shards, metadata members and rate-limit peers with TLS: servers "         \
 	  "verified against --tls-ca, --tls-cert/--tls-key presented as client certificate")    \
+	X("raft-tls", raft_tls, SDB_OPT_STRING, "auto",                                         \
+	  "metadata: security of the raft port: enabled (mutual TLS with --tls-cert/--tls-key/" \
+	  "--tls-ca and/or the cluster key's HMAC handshake), disabled (plaintext, warned), or " \
+	  "auto (enabled when either is configured)")                                           \
 	X("http-tls", http_tls, SDB_OPT_BOOL, "false",                                          \
 	  "serve the HTTP listener (/healthz, /metrics, rate-limit gateway) over HTTPS with "   \
 	  "--tls-cert/--tls-key")

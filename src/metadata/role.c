@@ -2,6 +2,7 @@
  * metadata commands over the MongoDB wire protocol, presented to drivers as the replica
  * set "stripedb-meta". Command reference: src/metadata/README.md. */
 #include <mongoc/mongoc.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
@@ -13,6 +14,7 @@
 
 #include "auth/cluster.h"
 #include "auth/policy.h"
+#include "auth/raftsec.h"
 #include "auth/scram.h"
 #include "auth/tls.h"
 #include "common/alloc.h"
@@ -976,6 +978,9 @@ static int metadata_start(sdb_role *role)
 	char *end = NULL;
 	meta *m;
 	sdb_node_opts no;
+	sdb_transport_opts to;
+	uint8_t raft_key[32];
+	bool raft_secure = false;
 	wire_server_opts wo;
 	char nodebuf[32];
 
@@ -1025,6 +1030,8 @@ static int metadata_start(sdb_role *role)
 	rc = auth_cluster_setup(cfg, role->err, sizeof role->err);
 	if (rc == 0) /* issue #10: TLS on the wire listener (auth/tls.h) */
 		rc = auth_tls_setup(cfg, "metadata", role->err, sizeof role->err);
+	if (rc == 0) /* issue #21: the raft port's transport (auth/raftsec.h) */
+		rc = auth_raft_setup(cfg, &to, raft_key, &raft_secure, role->err, sizeof role->err);
 	if (rc != 0) {
 		free_meta(m);
 		return rc;
@@ -1052,7 +1059,9 @@ static int metadata_start(sdb_role *role)
 		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_election_timeout_ms, 1000);
 	no.on_change = on_change;
 	no.data = m;
+	no.transport = raft_secure ? &to : NULL;
 	rc = sdb_node_start(role->loop, &no, &m->node, role->err, sizeof role->err);
+	OPENSSL_cleanse(raft_key, sizeof raft_key);
 	if (rc != 0) {
 		/* The runner runs the loop after a failed start: close the listener there. */
 		wire_server_close(m->srv, 0, failed_start_closed, m);

@@ -36,3 +36,13 @@ tests_fuzz_fuzz_policy_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined
 tests_fuzz_fuzz_policy_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 tests_fuzz_fuzz_policy_LDADD = libstripedb.a $(SDB_LIBS)
 endif
+
+# The Raft transport's handshake decoder (issue #21): hello, key proof, libraft preamble.
+EXTRA_DIST += tests/fuzz/corpus/raft_handshake
+if FUZZING
+noinst_PROGRAMS += tests/fuzz/fuzz_raft_handshake
+tests_fuzz_fuzz_raft_handshake_SOURCES = tests/fuzz/fuzz_raft_handshake.c raft/handshake.c
+tests_fuzz_fuzz_raft_handshake_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_raft_handshake_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_raft_handshake_LDADD = libstripedb.a $(SDB_LIBS)
+endif

@@ -19,8 +19,10 @@ RETRYABLE = {10107, 11602, 13435, 11600}
 
 
 class Member:
-    def __init__(self, idx, node_id, raft_port, wire_port, http_port, data_dir):
+    def __init__(self, idx, node_id, raft_port, wire_port, http_port, data_dir,
+                 client_opts=None):
         self.idx = idx
+        self.client_opts = client_opts or {}  # e.g. __system credentials with a key
         self.id = node_id
         self.raft = f"127.0.0.1:{raft_port}"
         self.wire = f"127.0.0.1:{wire_port}"
@@ -34,7 +36,8 @@ class Member:
         if self._client is None:
             self._client = pymongo.MongoClient(
                 self.wire, directConnection=True, serverSelectionTimeoutMS=5000,
-                heartbeatFrequencyMS=500, connectTimeoutMS=2000, socketTimeoutMS=10000)
+                heartbeatFrequencyMS=500, connectTimeoutMS=2000, socketTimeoutMS=10000,
+                **self.client_opts)
         return self._client
 
     def cmd(self, *args, **kw):
@@ -51,17 +54,19 @@ class Member:
 
 class Cluster:
     def __init__(self, start_role, tmp_path, n, election_ms=500, snapshot_threshold=None,
-                 extra=()):
+                 extra=(), client_opts=None):
         self.start_role = start_role
         self.tmp_path = tmp_path
         self.election_ms = election_ms
         self.snapshot_threshold = snapshot_threshold
         self.extra = list(extra)
+        self.client_opts = client_opts
         self.members = []
         for i in range(n):
             d = tmp_path / f"meta{i + 1}"
             d.mkdir()
-            self.members.append(Member(i, i + 1, free_port(), free_port(), free_port(), d))
+            self.members.append(Member(i, i + 1, free_port(), free_port(), free_port(), d,
+                                       client_opts))
         self.bootstrap = ",".join(f"{m.id}@{m.raft}" for m in self.members)
         for m in self.members:
             self.start(m, bootstrap=True)
@@ -96,7 +101,7 @@ class Cluster:
         i = len(self.members)
         d = self.tmp_path / f"meta{i + 1}"
         d.mkdir()
-        m = Member(i, i + 1, free_port(), free_port(), free_port(), d)
+        m = Member(i, i + 1, free_port(), free_port(), free_port(), d, self.client_opts)
         self.members.append(m)
         self.start(m, bootstrap=False)
         return m

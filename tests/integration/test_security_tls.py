@@ -216,8 +216,9 @@ def test_proxy_shard_metadata_coordinator_all_tls(start_role, tmp_path):
                        f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{raft}",
                        f"--bootstrap-members=1@127.0.0.1:{raft}",
                        "--raft-election-timeout-ms=300"] + tls)
-    # loopback raft address: no warning about the unencrypted raft transport
-    assert "raft transport is not encrypted" not in meta.tail(100000)
+    # the Raft port is mutual TLS too (issue #21): no plaintext warning
+    assert "tls=mutual" in meta.tail(100000)
+    assert "raft transport is plaintext" not in meta.tail(100000)
     assert refused(plain_client(mport))
     m = mtls_client(mport, p)
     wait_until(lambda: m.admin.command("hello").get("isWritablePrimary"), 30,
@@ -404,21 +405,29 @@ def test_http_tls_with_curl(start_role, tmp_path):
     assert curl("--cacert", p["ca"], f"{url}/healthz").returncode != 0
 
 
-def test_metadata_warns_about_raft_beyond_loopback(start_role, tmp_path):
-    """libraft's transport has no TLS: with TLS configured and --raft-listen not on
-    loopback, the member warns once at start (it still runs: a private network is the
-    operator's documented duty)."""
+def test_metadata_raft_port_uses_mutual_tls(start_role, tmp_path):
+    """With --tls-cert/--tls-key/--tls-ca the Raft port is mutual TLS (issue #21,
+    raft/transport.h): the member logs it and no plaintext warning; with
+    --raft-tls=disabled it warns once that the port is plaintext."""
     p = pki(tmp_path)
-    md = tmp_path / "meta"
-    md.mkdir()
-    raft = free_port()
-    proc = start_role(["--role=metadata", "--node-id=1", f"--data-dir={md}",
-                       f"--listen=127.0.0.1:{free_port()}", f"--raft-listen=0.0.0.0:{raft}",
-                       f"--bootstrap-members=1@127.0.0.1:{raft}"] + mtls_args(p))
-    warn = "the raft transport is not encrypted"
-    wait_until(lambda: warn in proc.tail(100000), 20, what="raft warning")
-    assert proc.tail(100000).count(warn) == 1
-    assert f"raft_listen=0.0.0.0:{raft}" in proc.tail(100000)
+    for i, extra in enumerate(([], ["--raft-tls=disabled"])):
+        md = tmp_path / f"meta{i}"
+        md.mkdir()
+        raft = free_port()
+        proc = start_role(["--role=metadata", "--node-id=1", f"--data-dir={md}",
+                           f"--listen=127.0.0.1:{free_port()}", f"--raft-listen=0.0.0.0:{raft}",
+                           f"--bootstrap-members=1@127.0.0.1:{raft}"] + mtls_args(p) + extra)
+        warn = "the raft transport is plaintext and unauthenticated"
+        if extra:
+            wait_until(lambda: warn in proc.tail(100000), 20, what="raft warning")
+            assert proc.tail(100000).count(warn) == 1
+            assert f"raft_listen=0.0.0.0:{raft}" in proc.tail(100000)
+        else:
+            wait_until(lambda: "raft: secure transport" in proc.tail(100000), 20,
+                       what="raft tls")
+            assert "tls=mutual" in proc.tail(100000)
+            assert warn not in proc.tail(100000)
+        proc.stop()
 
 
 def test_ctl_over_internal_tls(start_role, tmp_path):

@@ -1,0 +1,43 @@
+/* Security of the Raft port (issue #21): which transport a role with a raft listener
+ * uses, and the key and TLS contexts it gets.
+ *
+ * --raft-tls=enabled|disabled|auto (default auto):
+ *   - TLS when --tls-cert, --tls-key and --tls-ca are all set (independent of
+ *     --tls-mode, which is about the wire listener): mutual TLS, both members present
+ *     --tls-cert and verify the peer's against --tls-ca; host names are not checked
+ *     (every certificate the cluster CA signed for a member is a member).
+ *   - the cluster key (--cluster-key-file) adds the HMAC challenge-response of
+ *     raft/handshake.h (with or without TLS).
+ *   - enabled: one of the two must be configured (SDB_EUSAGE otherwise); TLS needs all
+ *     three files (SDB_EUSAGE when cert/key are given without --tls-ca).
+ *   - auto: the secure transport when either is configured; otherwise libraft's
+ *     plaintext TCP transport with a start-up warning.
+ *   - disabled: libraft's plaintext TCP transport (wire-compatible with members of
+ *     earlier versions), with a start-up warning.
+ * Call after auth_cluster_setup (the key must be loaded). The TLS contexts are rebuilt
+ * by auth_tls_reload (SIGHUP): new Raft connections use the new certificate and CA, the
+ * open ones keep theirs. A CA bundle with the old and the new CA accepts both during a
+ * rotation.
+ */
+#ifndef SDB_AUTH_RAFTSEC_H
+#define SDB_AUTH_RAFTSEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "raft/transport.h"
+
+/* The transport settings for cfg's raft port. *secure = false: use the plaintext stock
+ * transport (opts untouched); true: sdb_transport_init with *opts, whose key points to
+ * *key_buf (SDB_HS_KEY_LEN bytes the caller keeps alive until init). 0 or SDB_EUSAGE /
+ * SDB_EINVAL (bad mode, missing file, OpenSSL refusing the files), message in err. */
+int auth_raft_setup(const sdb_config *cfg, sdb_transport_opts *opts, uint8_t key_buf[32],
+		    bool *secure, char *err, size_t errlen);
+
+/* Rebuild the Raft TLS contexts from their files (SIGHUP; called by auth_tls_reload).
+ * 0 (also when Raft TLS is off) or an error: the old contexts stay. Thread-safe. */
+int auth_raft_reload(char *err, size_t errlen);
+
+#endif
