@@ -1,6 +1,7 @@
 # src/common: shared infrastructure (errors, allocation, logging, config, metrics, HTTP, role runner).
 libstripedb_a_SOURCES += \
 	src/common/alloc.c \
+	src/common/bsonget.c \
 	src/common/config.c \
 	src/common/err.c \
 	src/common/http.c \
@@ -10,6 +11,7 @@ libstripedb_a_SOURCES += \
 noinst_HEADERS += \
 	src/common/clock.h \
 	src/common/alloc.h \
+	src/common/bsonget.h \
 	src/common/config.h \
 	src/common/err.h \
 	src/common/http.h \
@@ -17,11 +19,14 @@ noinst_HEADERS += \
 	src/common/metrics.h \
 	src/common/role.h
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_metrics_SOURCES = tests/unit/test_common_metrics.c
 tests_unit_test_common_metrics_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_metrics_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_bsonget_SOURCES = tests/unit/test_common_bsonget.c
+tests_unit_test_common_bsonget_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_bsonget_LDADD = $(UNIT_LDADD)

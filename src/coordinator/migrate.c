@@ -23,6 +23,7 @@
 #include "cdc/reader.h"
 #include "auth/cluster.h"
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -297,9 +298,10 @@ static bool it_str(const bson_t *d, const char *k, char *out, size_t n)
 static int64_t it_int(const bson_t *d, const char *k, int64_t def)
 {
 	bson_iter_t it;
-	if (!bson_iter_init_find(&it, d, k) || !BSON_ITER_HOLDS_NUMBER(&it))
+	int64_t v;
+	if (!bson_iter_init_find(&it, d, k) || !sdb_bson_as_int64(&it, &v))
 		return def;
-	return bson_iter_as_int64(&it);
+	return v;
 }
 
 static uint64_t it_ts(const bson_t *d, const char *k)

@@ -16,6 +16,7 @@
 #include "auth/scram.h"
 #include "auth/tls.h"
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -114,13 +115,12 @@ static void reply_status(wire_req *req, int rc, const char *what)
 	}
 }
 
-/* First element of the command as int64 (accepts int32/int64/double). */
+/* First element of the command as int64 (int32, int64 or an integral double). */
 static int first_int(const bson_t *cmd, int64_t *out)
 {
 	bson_iter_t it;
-	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) || !BSON_ITER_HOLDS_NUMBER(&it))
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) || !sdb_bson_as_int64(&it, out))
 		return 0;
-	*out = bson_iter_as_int64(&it);
 	return 1;
 }
 

@@ -79,6 +79,19 @@ def http_get(port, path, timeout=5.0):
         return e.code, e.read()
 
 
+def assert_clean_exit(proc, timeout=20.0):
+    """proc survived and stops gracefully: exit 0 and no sanitizer report in its log.
+
+    Under the ASan+UBSan build a leak is reported by LeakSanitizer at exit (exit code 23
+    with detect_leaks=1, the default on Linux) and undefined behaviour aborts the process,
+    so a test that ends with this fails on either."""
+    assert proc.p.poll() is None, f"exited early with {proc.p.returncode}: {proc.tail()}"
+    code = proc.stop(timeout=timeout)
+    log = proc.tail(1 << 20)
+    assert "Sanitizer" not in log and "runtime error" not in log, log[-6000:]
+    assert code == 0, f"exit code {code}: {log[-4000:]}"
+
+
 class Proc:
     """One running stripedb process."""
 
