@@ -1721,7 +1721,10 @@ static void do_find_and_modify(ctx *c)
 				reply_shard_error(c->req, cls, &er, nerr);
 				bson_destroy(&docs);
 				bson_destroy(&er);
-				goto done_err;
+				free(sel);
+				bson_destroy(&fwd);
+				bson_destroy(&best);
+				goto out;
 			} else if (n > 0 && bson_iter_init(&it, &docs) && bson_iter_next(&it)) {
 				uint32_t len;
 				const uint8_t *data;
@@ -1812,8 +1815,6 @@ static void do_find_and_modify(ctx *c)
 		bson_destroy(&reply);
 		break;
 	}
-	goto out;
-done_err:
 out:
 	merge_sort_free(ms);
 	route_coll_unref(rc);
