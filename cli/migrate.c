@@ -32,6 +32,7 @@
 
 #include "cli/cli.h"
 #include "auth/cluster.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "proxy/route.h"
 #include "coordinator/migrate.h"
@@ -120,13 +121,11 @@ static int register_one(mongoc_client_t *c, const char *ns, int64_t chunk, const
 			const char *to, const mig_opts *o, char *idbuf, size_t idlen)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
 	if (o->id)
 		snprintf(idbuf, idlen, "%s", o->id);
 	else
 		snprintf(idbuf, idlen, "mig-%" PRId64 "-%" PRIx64 "%04x", chunk,
-			 (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, (unsigned)(getpid() & 0xffff));
+			 sdb_wall_ms(), (unsigned)(getpid() & 0xffff));
 	BSON_APPEND_UTF8(&cmd, "registerMigration", idbuf);
 	BSON_APPEND_UTF8(&cmd, "ns", ns);
 	BSON_APPEND_INT64(&cmd, "chunk", chunk);

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -59,9 +60,7 @@ struct sdb_store_conn {
 static int64_t default_clock_ms(void *arg)
 {
 	(void)arg;
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return sdb_wall_ms();
 }
 
 static int64_t store_now_ms(const sdb_store *st)

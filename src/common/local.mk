@@ -2,6 +2,7 @@
 libstripedb_a_SOURCES += \
 	src/common/alloc.c \
 	src/common/bsonget.c \
+	src/common/clock.c \
 	src/common/config.c \
 	src/common/err.c \
 	src/common/http.c \
@@ -19,8 +20,8 @@ noinst_HEADERS += \
 	src/common/metrics.h \
 	src/common/role.h
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -30,3 +31,6 @@ tests_unit_test_common_metrics_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_bsonget_SOURCES = tests/unit/test_common_bsonget.c
 tests_unit_test_common_bsonget_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_bsonget_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_clock_SOURCES = tests/unit/test_common_clock.c
+tests_unit_test_common_clock_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_clock_LDADD = $(UNIT_LDADD)

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "shard/shard.h"
@@ -579,12 +580,6 @@ void shard_cmd_snapshot(shard_ctx *x)
 
 /* ------------------------------------------------------------------ getMore */
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void getmore_resume(shard_ctx *x);
 
@@ -709,7 +704,7 @@ void shard_cmd_getmore(shard_ctx *x)
 	if (c->tailable) {
 		/* mongod: an awaitData getMore waits up to maxTimeMS (default 1 s) for new
 		 * entries, then answers with an empty batch */
-		getmore_tail(x, c, batch, now_ms() + (max_time > 0 ? max_time : 1000));
+		getmore_tail(x, c, batch, (int64_t)sdb_mono_ms() + (max_time > 0 ? max_time : 1000));
 		return;
 	}
 	if (c->q) {
