@@ -35,7 +35,7 @@
 #include "common/clock.h"
 #include "common/alloc.h"
 #include "proxy/route.h"
-#include "coordinator/migrate.h"
+#include "metadata/migstate.h"
 
 
 int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv);
@@ -407,14 +407,14 @@ static int migration_rollback(mongoc_client_t *c, const char *id)
 		bson_destroy(&m);
 		mig_state s = migrate_state_parse(st);
 		mig_state to;
-		if (s == MIG_SWITCHED)
-			to = MIG_ROLLING_BACK;
-		else if (s == MIG_REGISTERED || s == MIG_IMPORTING || s == MIG_REPLICATING ||
-			 s == MIG_VERIFYING)
-			to = MIG_ABORTED;
-		else if (s == MIG_SWITCHING) {
-			usleep(100000); /* transient: wait for its outcome */
+		/* the edges come from the one table (metadata/migstate.h) */
+		if (s == MIG_SWITCHING) {
+			sdb_sleep_ms(100); /* transient: wait for its outcome */
 			continue;
+		} else if (migrate_transition_ok(s, MIG_ROLLING_BACK)) {
+			to = MIG_ROLLING_BACK;
+		} else if (migrate_transition_ok(s, MIG_ABORTED)) {
+			to = MIG_ABORTED;
 		} else {
 			fprintf(stderr, "stripedb ctl migration rollback: %s is %s: nothing to roll back\n",
 				id, st);

@@ -17,6 +17,7 @@
 #include "auth/tls.h"
 #include "common/alloc.h"
 #include "common/bsonget.h"
+#include "metadata/migstate.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -171,7 +172,7 @@ static void build_args(const bson_t *cmd, const char *name, bson_t *args)
 		if (k[0] == '$' || strcmp(k, "lsid") == 0 || strcmp(k, "txnNumber") == 0 ||
 		    strcmp(k, "password") == 0 || strcmp(k, "pwd") == 0 ||
 		    strcmp(k, "writeConcern") == 0 ||
-		    strcmp(k, "readConcern") == 0)
+		    strcmp(k, "readConcern") == 0 || strcmp(k, "opVersion") == 0)
 			continue;
 		bson_append_value(args, k, -1, bson_iter_value(&it));
 	}
@@ -268,6 +269,9 @@ static void h_write(wire_req *req, void *data)
 		return;
 	}
 	build_args(cmd, name, &args);
+	if (strcmp(name, "updateMigration") == 0 || strcmp(name, "registerMigration") == 0)
+		/* the leader, not the client, says which rules apply (metadata/migstate.h) */
+		BSON_APPEND_INT32(&args, "opVersion", MIGSTATE_OP_VERSION);
 	if (strcmp(name, "setPolicy") == 0) {
 		/* a policy the proxy could not read would grant nothing (fail closed): refuse it
 		 * here, naming the field, instead of storing it */
