@@ -7,7 +7,7 @@ PKGS="build-essential autoconf automake libtool pkg-config git
 libuv1-dev libraft-dev libsqlite3-dev sqlite3 libbson-dev libmongoc-dev librdkafka-dev
 libssl-dev libcmocka-dev libmicrohttpd-dev libinih-dev libxxhash-dev libpcre2-dev
 libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcurl4-openssl-dev
-python3 python3-pymongo python3-pytest python3-grpcio python3-grpc-tools
+python3 python3-pymongo python3-pytest python3-pytest-timeout python3-grpcio python3-grpc-tools
 python3-prometheus-client redis-server kcat clang curl ca-certificates
 iproute2 openssh-client openssh-server
 debhelper dpkg-dev fakeroot rpm lintian debootstrap"
