@@ -28,6 +28,7 @@
 #include "auth/cluster.h"
 #include "common/clock.h"
 #include "common/alloc.h"
+#include "common/metauri.h"
 
 #define TOP_MAX_SHARDS 64
 #define TOP_MAX_MIGS 64
@@ -440,8 +441,7 @@ int cli_top_main(struct cli_ctx *ctx, int argc, char **argv)
 	}
 	once = once || json || !isatty(1);
 	curl_global_init(CURL_GLOBAL_DEFAULT);
-	uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=%d",
-			   ctx->metadata, ctx->timeout_ms);
+	uri = sdb_meta_uri(ctx->metadata, false, ctx->timeout_ms, 0, 0);
 	m = auth_cluster_client_new(uri);
 	free(uri);
 	if (m == NULL) {

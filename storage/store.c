@@ -149,14 +149,7 @@ static int step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errle
 
 void *sdb_store_calloc_aligned(size_t size)
 {
-	void *p = NULL;
-	size_t n = (size + 127) & ~(size_t)127;
-	if (posix_memalign(&p, 128, n ? n : 128) != 0) {
-		fprintf(stderr, "stripedb: out of memory (%zu bytes)\n", n);
-		abort();
-	}
-	memset(p, 0, n ? n : 128);
-	return p;
+	return sdb_aligned_calloc(128, size); /* common/alloc.h */
 }
 
 bson_t *sdb_doc_new(void)

@@ -7,6 +7,7 @@ libstripedb_a_SOURCES += \
 	src/common/err.c \
 	src/common/http.c \
 	src/common/log.c \
+	src/common/metauri.c \
 	src/common/metrics.c \
 	src/common/role.c
 noinst_HEADERS += \
@@ -17,11 +18,12 @@ noinst_HEADERS += \
 	src/common/err.h \
 	src/common/http.h \
 	src/common/log.h \
+	src/common/metauri.h \
 	src/common/metrics.h \
 	src/common/role.h
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -34,3 +36,6 @@ tests_unit_test_common_bsonget_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_clock_SOURCES = tests/unit/test_common_clock.c
 tests_unit_test_common_clock_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_clock_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_metauri_SOURCES = tests/unit/test_common_metauri.c
+tests_unit_test_common_metauri_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_metauri_LDADD = $(UNIT_LDADD)

@@ -47,6 +47,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/role.h"
+#include "common/metauri.h"
 #include "coordinator/migrate.h" /* issue #8 */
 
 #define LEASE_ERR_BUSY 46 /* LockBusy */
@@ -506,10 +507,7 @@ static int coordinator_start(sdb_role *role)
 		coord_free(co);
 		return sdb_errwrap(role->err, sizeof role->err, rc, "coordinator");
 	}
-	co->meta_uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta"
-				    "&serverSelectionTimeoutMS=2000&connectTimeoutMS=2000"
-				    "&socketTimeoutMS=10000",
-				    meta);
+	co->meta_uri = sdb_meta_uri(meta, false, 2000, 2000, 10000);
 	char host[256];
 	if (gethostname(host, sizeof host) != 0)
 		snprintf(host, sizeof host, "localhost");

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/role.h"
+#include "common/metauri.h"
 #include "raft/node.h"
 #include "wire/server.h"
 
@@ -789,9 +790,7 @@ typedef struct reg_work {
 static void reg_run(uv_work_t *w)
 {
 	reg_work *rw = w->data;
-	char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&serverSelectionTimeoutMS=1000"
-				 "&connectTimeoutMS=1000&socketTimeoutMS=2000",
-				 rw->target);
+	char *uri = sdb_meta_uri(rw->target, true, 1000, 1000, 2000);
 	mongoc_client_t *c = auth_cluster_client_new(uri); /* issue #10: cluster key */
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_error_t e;
