@@ -72,9 +72,6 @@ def test_int64_min_through_a_proxy(start_role, tmp_path, sharded):
             assert sharded and r["ok"] == 1
         except OperationFailure as e:
             assert not sharded and e.code == 51024, e.details
-        proxy = cl.proxy_procs[0]
-        for c in cl._clients:
-            c.close()
-        assert_clean_exit(proxy)
+        cl.stop_proxy_clean(0)
     finally:
         cl.close()

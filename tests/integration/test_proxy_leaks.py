@@ -7,7 +7,6 @@ Under a build without sanitizers the same tests check only the replies.
 import pytest
 from pymongo.errors import OperationFailure
 
-from conftest import assert_clean_exit
 from proxy_helpers import ProxyCluster
 
 
@@ -36,9 +35,6 @@ def test_find_and_modify_shard_error_does_not_leak(start_role, tmp_path):
                 c.db.command({"findAndModify": "c", "query": {"x": 1},
                               "update": {"$set": {"y": 1}}})
             assert ei.value.code == 6, ei.value.details
-        proxy = cl.proxy_procs[0]
-        for cli in cl._clients:
-            cli.close()
-        assert_clean_exit(proxy)
+        cl.stop_proxy_clean(0)
     finally:
         cl.close()
