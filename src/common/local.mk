@@ -22,6 +22,8 @@ noinst_HEADERS += \
 	src/common/metrics.h \
 	src/common/role.h
 
+EXTRA_DIST += src/common/README.md
+
 check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri
 TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
