@@ -28,6 +28,7 @@
 #include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/metauri.h"
 
 
 int cli_cdc_main(struct cli_ctx *ctx, int argc, char **argv);
@@ -267,9 +268,7 @@ static int cmd_status(struct cli_ctx *ctx, const cdc_opts *o)
 		return usage("status takes no argument");
 	if ((rc = open_log(o, &log)) != 0)
 		return rc;
-	char *uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=%d"
-				 "&connectTimeoutMS=%d",
-				 ctx->metadata, ctx->timeout_ms, ctx->timeout_ms);
+	char *uri = sdb_meta_uri(ctx->metadata, false, ctx->timeout_ms, ctx->timeout_ms, 0);
 	meta = client(uri);
 	free(uri);
 	if (meta == NULL) {

@@ -14,6 +14,7 @@
 #include "common/alloc.h"
 #include "common/config.h"
 #include "common/err.h"
+#include "common/metauri.h"
 
 int cli_cdc_main(cli_ctx *ctx, int argc, char **argv); /* cli/cdc.c */
 int cli_migrate_main(cli_ctx *ctx, int argc, char **argv);   /* cli/migrate.c */
@@ -64,9 +65,7 @@ struct _mongoc_client_t *cli_meta_client(const cli_ctx *ctx)
 		fprintf(stderr, "stripedb ctl: --metadata=H:P,... (or STRIPEDB_METADATA) is required\n");
 		return NULL;
 	}
-	u = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=%d"
-			 "&connectTimeoutMS=%d",
-			 ctx->metadata, ctx->timeout_ms, ctx->timeout_ms);
+	u = sdb_meta_uri(ctx->metadata, false, ctx->timeout_ms, ctx->timeout_ms, 0);
 	c = auth_cluster_client_new(u);
 	free(u);
 	if (c)
@@ -89,17 +88,15 @@ static int cmd_ping(cli_ctx *ctx, int argc, char **argv)
 	}
 	list = sdb_strdup(ctx->metadata);
 	for (char *tok = strtok_r(list, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
-		char uri[512];
+		char *uri;
 		mongoc_client_t *c;
 		bson_t cmd = BSON_INITIALIZER, reply;
 		bson_error_t e;
 		bson_iter_t it;
 
-		snprintf(uri, sizeof uri,
-			 "mongodb://%s/?directConnection=true&serverSelectionTimeoutMS=%d"
-			 "&connectTimeoutMS=%d",
-			 tok, ctx->timeout_ms, ctx->timeout_ms);
+		uri = sdb_meta_uri(tok, true, ctx->timeout_ms, ctx->timeout_ms, 0);
 		c = auth_cluster_client_new(uri);
+		free(uri);
 		if (c == NULL) {
 			fprintf(stderr, "stripedb ctl: bad metadata address '%s'\n", tok);
 			failures++;

@@ -49,6 +49,7 @@
 #include "cli/dev.h"
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/metauri.h"
 
 #define DEMO_MAX_MIGS 32
 #define DEMO_MIG_TIMEOUT_MS 180000
@@ -586,7 +587,7 @@ int cli_demo_main(int argc, char **argv)
 	double seconds = 60;
 	int64_t records = 20000;
 	int threads = 4, rc = 1, nmigs = 0, checked = 0, up = 0;
-	char err[512], meta[512], proxies[512], uri[1024], metauri[1024];
+	char err[512], meta[512], proxies[512], uri[1024], metauri[1024], *mu;
 	demo_mig migs[DEMO_MAX_MIGS];
 	dev_cluster *cl = sdb_calloc(1, sizeof *cl);
 	mongoc_client_t *m = NULL;
@@ -674,7 +675,9 @@ int cli_demo_main(int argc, char **argv)
 	}
 	dev_cluster_addrs(cl, "metadata", 0, meta, sizeof meta);
 	dev_cluster_addrs(cl, "proxy", 0, proxies, sizeof proxies);
-	snprintf(metauri, sizeof metauri, "mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=20000", meta);
+	mu = sdb_meta_uri(meta, false, 20000, 0, 0);
+	snprintf(metauri, sizeof metauri, "%s", mu);
+	free(mu);
 	snprintf(uri, sizeof uri, "mongodb://%s/?serverSelectionTimeoutMS=10000&socketTimeoutMS=20000", proxies);
 	m = mongoc_client_new(metauri);
 	if (m == NULL) {

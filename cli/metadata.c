@@ -22,6 +22,7 @@
 #include "cli/cli.h"
 #include "auth/cluster.h"
 #include "common/alloc.h"
+#include "common/metauri.h"
 
 int cli_metadata_main(int argc, char **argv);
 
@@ -45,10 +46,8 @@ static int usage(const char *msg)
 
 static mongoc_client_t *client_for(const mctx *c, const char *hosts, int direct)
 {
-	char *uri = sdb_asprintf("mongodb://%s/?%s&serverSelectionTimeoutMS=%ld&connectTimeoutMS=%ld"
-				 "&socketTimeoutMS=%ld",
-				 hosts, direct ? "directConnection=true" : "replicaSet=stripedb-meta",
-				 c->timeout_ms, c->timeout_ms, c->timeout_ms * 3);
+	char *uri = sdb_meta_uri(hosts, direct, (int)c->timeout_ms, (int)c->timeout_ms,
+				 (int)(c->timeout_ms * 3));
 	mongoc_client_t *cl = auth_cluster_client_new(uri);
 	free(uri);
 	if (cl)

@@ -32,9 +32,10 @@
 
 #include "cli/cli.h"
 #include "auth/cluster.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "proxy/route.h"
-#include "coordinator/migrate.h"
+#include "metadata/migstate.h"
 
 
 int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv);
@@ -120,13 +121,11 @@ static int register_one(mongoc_client_t *c, const char *ns, int64_t chunk, const
 			const char *to, const mig_opts *o, char *idbuf, size_t idlen)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
 	if (o->id)
 		snprintf(idbuf, idlen, "%s", o->id);
 	else
 		snprintf(idbuf, idlen, "mig-%" PRId64 "-%" PRIx64 "%04x", chunk,
-			 (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, (unsigned)(getpid() & 0xffff));
+			 sdb_wall_ms(), (unsigned)(getpid() & 0xffff));
 	BSON_APPEND_UTF8(&cmd, "registerMigration", idbuf);
 	BSON_APPEND_UTF8(&cmd, "ns", ns);
 	BSON_APPEND_INT64(&cmd, "chunk", chunk);
@@ -408,14 +407,14 @@ static int migration_rollback(mongoc_client_t *c, const char *id)
 		bson_destroy(&m);
 		mig_state s = migrate_state_parse(st);
 		mig_state to;
-		if (s == MIG_SWITCHED)
-			to = MIG_ROLLING_BACK;
-		else if (s == MIG_REGISTERED || s == MIG_IMPORTING || s == MIG_REPLICATING ||
-			 s == MIG_VERIFYING)
-			to = MIG_ABORTED;
-		else if (s == MIG_SWITCHING) {
-			usleep(100000); /* transient: wait for its outcome */
+		/* the edges come from the one table (metadata/migstate.h) */
+		if (s == MIG_SWITCHING) {
+			sdb_sleep_ms(100); /* transient: wait for its outcome */
 			continue;
+		} else if (migrate_transition_ok(s, MIG_ROLLING_BACK)) {
+			to = MIG_ROLLING_BACK;
+		} else if (migrate_transition_ok(s, MIG_ABORTED)) {
+			to = MIG_ABORTED;
 		} else {
 			fprintf(stderr, "stripedb ctl migration rollback: %s is %s: nothing to roll back\n",
 				id, st);

@@ -26,7 +26,9 @@
 #include "cli/cli.h"
 #include "cli/dev.h"
 #include "auth/cluster.h"
+#include "common/clock.h"
 #include "common/alloc.h"
+#include "common/metauri.h"
 
 #define TOP_MAX_SHARDS 64
 #define TOP_MAX_MIGS 64
@@ -63,13 +65,6 @@ static void top_on_signal(int sig)
 	top_stop = 1;
 }
 
-static uint64_t top_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static int64_t top_i64(const bson_t *d, const char *k)
 {
@@ -446,8 +441,7 @@ int cli_top_main(struct cli_ctx *ctx, int argc, char **argv)
 	}
 	once = once || json || !isatty(1);
 	curl_global_init(CURL_GLOBAL_DEFAULT);
-	uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=%d",
-			   ctx->metadata, ctx->timeout_ms);
+	uri = sdb_meta_uri(ctx->metadata, false, ctx->timeout_ms, 0, 0);
 	m = auth_cluster_client_new(uri);
 	free(uri);
 	if (m == NULL) {
@@ -461,7 +455,7 @@ int cli_top_main(struct cli_ctx *ctx, int argc, char **argv)
 		rc = 1;
 		goto out_client;
 	}
-	t_prev = top_now_ms();
+	t_prev = sdb_mono_ms();
 	for (;;) {
 		uint64_t t;
 		if (dev != NULL || !once) {
@@ -477,7 +471,7 @@ int cli_top_main(struct cli_ctx *ctx, int argc, char **argv)
 			rc = 1;
 			break;
 		}
-		t = top_now_ms();
+		t = sdb_mono_ms();
 		top_rates(&v, &prev, (double)(t - t_prev) / 1000.0);
 		if (!once) {
 			printf("\033[H\033[J");

@@ -11,6 +11,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "metadata/migstate.h"
 
 /* MongoDB error codes carried in results (src/mongo/base/error_codes.yml). */
 #define E_BAD_VALUE 2, "BadValue"
@@ -945,8 +946,12 @@ static int op_register_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 		snprintf(gen, sizeof gen, "mig-%llu", (unsigned long long)c->index);
 		id = gen;
 	}
+	int64_t opv = 1;
 	if (!state)
 		state = "registered";
+	if (arg_int(&c->args, "opVersion", &opv) && opv >= MIGSTATE_OP_VERSION &&
+	    migrate_state_parse(state) != MIG_REGISTERED)
+		return lerr(res, E_ILLEGAL, "a migration starts in state registered, not %s", state);
 	int e = exists(f, "SELECT 1 FROM migrations WHERE id = ?", id);
 	if (e < 0)
 		return e;
@@ -970,7 +975,9 @@ static int op_update_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 	bson_t cp, stats;
 	int has_cp = arg_doc(&c->args, "checkpoint", &cp, 0);
 	int has_stats = arg_doc(&c->args, "stats", &stats, 0);
-	int64_t ver = 0;
+	int64_t ver = 0, opv = 1;
+	/* entries from MIGSTATE_OP_VERSION on are checked; older ones replay as they were */
+	int checked = arg_int(&c->args, "opVersion", &opv) && opv >= MIGSTATE_OP_VERSION;
 	if (!id)
 		return lerr(res, E_BAD_VALUE, "updateMigration needs a string field id");
 	sqlite3_stmt *st = q(f, "SELECT state, version FROM migrations WHERE id = ?", "t", id);
@@ -984,6 +991,9 @@ static int op_update_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 	snprintf(cur, sizeof cur, "%s", (const char *)sqlite3_column_text(st, 0));
 	ver = sqlite3_column_int64(st, 1);
 	sqlite3_finalize(st);
+	if (checked && !expect)
+		return lerr(res, E_BAD_VALUE, "updateMigration needs expectState (the state %s is in)",
+			    id);
 	if (expect && strcmp(expect, cur) != 0) {
 		lerr(res, E_WRITE_CONFLICT, "migration %s is in state %s, expected %s", id, cur,
 		     expect);
@@ -993,6 +1003,14 @@ static int op_update_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 	}
 	if (!state)
 		state = cur;
+	/* the one transition table (metadata/migstate.h); the same state saves progress */
+	if (checked && strcmp(state, cur) != 0 &&
+	    !migrate_transition_ok(migrate_state_parse(cur), migrate_state_parse(state))) {
+		lerr(res, E_ILLEGAL, "migration %s: illegal transition %s -> %s", id, cur, state);
+		BSON_APPEND_UTF8(res, "currentState", cur);
+		BSON_APPEND_INT64(res, "version", ver);
+		return LOGICAL;
+	}
 	ver++;
 	if (x(f, "UPDATE migrations SET state = ?, version = ?, updated_ms = ? WHERE id = ?", "tiit",
 	      state, ver, c->ts, id))

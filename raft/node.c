@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 
@@ -478,15 +479,6 @@ static void prop_done(struct raft_apply *req, int status, void *result)
 	free(p);
 }
 
-static int64_t epoch_ms(void)
-{
-	struct timespec ts;
-	/* Wall clock on purpose: lease expiry must mean the same instant on every member
-	 * and across leader changes; it is read once, on the leader, and stamped into the
-	 * command (DESIGN.md: epoch ms where the protocol demands it). */
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 int sdb_node_propose(sdb_node *n, const char *op, const bson_t *args, sdb_node_apply_cb cb,
 		     void *arg)
@@ -499,7 +491,10 @@ int sdb_node_propose(sdb_node *n, const char *op, const bson_t *args, sdb_node_a
 	if (!sdb_node_ready(n))
 		return SDB_ENOTLEADER;
 	BSON_APPEND_UTF8(&cmd, "op", op);
-	BSON_APPEND_INT64(&cmd, "ts", epoch_ms());
+	/* Wall clock on purpose: lease expiry must mean the same instant on every member
+	 * and across leader changes; it is read once, on the leader, and stamped into the
+	 * command (DESIGN.md: epoch ms where the protocol demands it). */
+	BSON_APPEND_INT64(&cmd, "ts", sdb_wall_ms());
 	BSON_APPEND_DOCUMENT(&cmd, "args", args);
 	/* libraft's disk format lays entries out back to back assuming every entry's
 	 * length is a multiple of 8 (uv_encoding.c): pad with zeros; the fsm reads the

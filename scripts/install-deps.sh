@@ -35,8 +35,8 @@ python3 python3-pymongo"
 # Tests (pytest and its per-test timeout, grpcio, kcat, curl, sqlite3, Redis for the rate
 # limiter benchmark, network namespaces and sshd for the multi-host test), the fuzzers
 # (clang + libFuzzer) and the package builds (debhelper, rpm, lintian, debootstrap).
-TEST_PKGS="git sqlite3 python3-pytest python3-grpcio python3-grpc-tools python3-prometheus-client
-redis-server kcat clang curl iproute2 openssh-client openssh-server
+TEST_PKGS="git sqlite3 python3-pytest python3-pytest-timeout python3-grpcio python3-grpc-tools
+python3-prometheus-client redis-server kcat clang curl iproute2 openssh-client openssh-server
 debhelper dpkg-dev fakeroot rpm lintian debootstrap"
 
 PKGS=$BUILD_PKGS

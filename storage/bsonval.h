@@ -44,6 +44,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/bsonget.h"
+
 /* Maximum nesting depth (documents and arrays) the comparison and key encoding recurse
  * into. MongoDB's own limit for stored documents is 100 (BSONDepth::kDefaultMaxAllowableDepth
  * is 200 for reading). */
@@ -100,11 +102,7 @@ int sdb_bson_num_cmp(const sdb_bson_num *a, const sdb_bson_num *b);
  * null (equal to null, MongoDB's sort semantics). The iterators are not advanced. */
 int sdb_bson_cmp(const bson_iter_t *a, const bson_iter_t *b);
 
-/* MongoDB's alias of a BSON type, as $type and error messages spell it ("double",
- * "string", "object", "array", "binData", "objectId", "bool", "date", "null", "regex",
- * "int", "timestamp", "long", "decimal", "minKey", "maxKey", ...); BSON_TYPE_EOD (no value)
- * is "missing". Static string, never NULL. Source: MongoDB manual, $type "Available Types". */
-const char *sdb_bson_type_name(bson_type_t t);
+/* sdb_bson_type_name (MongoDB $type names) lives in common/bsonget.h. */
 
 /* The same on bson_value_t (for documents/arrays, value.v_doc.data must point at a whole
  * BSON document of data_len bytes). NULL means missing (== null). */

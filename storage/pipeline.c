@@ -2008,7 +2008,7 @@ static int parse_num_arg(const bson_iter_t *it, const char *stagename, int64_t *
 	n = docbuild_from_iter(it, false);
 	d = num_double(n);
 	docbuild_free(n);
-	if (d != floor(d) || d > 9.2e18) {
+	if (d != floor(d) || d > 9.2e18 || d < -9.2e18) {
 		return efail(e, 5107200, "invalid argument to %s stage: Cannot represent as a 64-bit integer",
 			     stagename);
 	}

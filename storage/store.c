@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -59,9 +60,7 @@ struct sdb_store_conn {
 static int64_t default_clock_ms(void *arg)
 {
 	(void)arg;
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return sdb_wall_ms();
 }
 
 static int64_t store_now_ms(const sdb_store *st)
@@ -150,14 +149,7 @@ static int step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errle
 
 void *sdb_store_calloc_aligned(size_t size)
 {
-	void *p = NULL;
-	size_t n = (size + 127) & ~(size_t)127;
-	if (posix_memalign(&p, 128, n ? n : 128) != 0) {
-		fprintf(stderr, "stripedb: out of memory (%zu bytes)\n", n);
-		abort();
-	}
-	memset(p, 0, n ? n : 128);
-	return p;
+	return sdb_aligned_calloc(128, size); /* common/alloc.h */
 }
 
 bson_t *sdb_doc_new(void)

@@ -268,7 +268,7 @@ static inline uint32_t sdb_store_doc_len(const bson_t *b)
 
 /* Zeroed heap memory aligned for structs that embed a bson_t (which declares 128-byte
  * alignment; malloc gives 16). Aborts with a message on out-of-memory like sdb_malloc.
- * Free with free(). (Candidate for common/alloc.h.) */
+ * Free with free(). sdb_aligned_calloc(128, size) of common/alloc.h. */
 void *sdb_store_calloc_aligned(size_t size);
 
 /* Heap documents that other modules may read through the bson_t members: allocated with

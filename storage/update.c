@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "storage/bsonval.h"
@@ -1054,13 +1055,10 @@ static docbuild_node *scalar_node(const bson_value_t *v)
 
 static int64_t now_ms(const sdb_update *u)
 {
-	struct timespec ts;
-
 	if (u->clock != NULL) {
 		return u->clock(u->clock_ctx);
 	}
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return sdb_wall_ms();
 }
 
 /* Compare two nodes in MongoDB order. */

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "bench/check.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 
@@ -68,13 +69,6 @@ struct bench {
 	int last_phase;
 };
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static uint64_t rnd(uint64_t *s)
 {
@@ -335,7 +329,7 @@ static void build_doc(bench *b, worker *w, int64_t key, int32_t v, bson_t *d)
 		const char *pick;
 		bson_t card, addr, meta;
 		int64_t amount = 100 + (int64_t)(rnd(&w->rng) % 50000);
-		int64_t created = b->epoch_ms0 + (int64_t)((mono_ns() - b->t0) / 1000000);
+		int64_t created = b->epoch_ms0 + (int64_t)((sdb_mono_ns() - b->t0) / 1000000);
 
 		if (key < b->o.records) {
 			/* loaded history: spread over the 24 h before the run */
@@ -407,13 +401,13 @@ static void op_read(bench *b, worker *w, mongoc_collection_t *c, bench_op kind)
 
 	filter_for(b, key, &f);
 	BSON_APPEND_INT32(&opts, "limit", 1);
-	t0 = mono_ns();
+	t0 = sdb_mono_ns();
 	cur = mongoc_collection_find_with_opts(c, &f, &opts, NULL);
 	if (mongoc_cursor_next(cur, &doc) && bson_iter_init_find(&it, doc, "v")) {
 		seen = bson_iter_as_int64(&it);
 	}
 	failed = mongoc_cursor_error(cur, &e);
-	t1 = mono_ns();
+	t1 = sdb_mono_ns();
 	mongoc_cursor_destroy(cur);
 	pthread_mutex_lock(&w->mu);
 	record_lat(w, kind, t0, t1, &e, failed);
@@ -457,7 +451,7 @@ static void op_update(bench *b, worker *w, mongoc_collection_t *c, bench_op kind
 	}
 	bson_append_document_end(&u, &set);
 	if (t0 == 0) {
-		t0 = mono_ns();
+		t0 = sdb_mono_ns();
 	}
 	/* The update command with an embedded `updates` array (not update_one's OP_MSG document
 	 * sequence: the proxy answers n: 0 to those on sharded collections, see the report of
@@ -474,7 +468,7 @@ static void op_update(bench *b, worker *w, mongoc_collection_t *c, bench_op kind
 		ok = mongoc_collection_write_command_with_opts(c, &cmd, NULL, &reply, &e);
 		bson_destroy(&cmd);
 	}
-	t1 = mono_ns();
+	t1 = sdb_mono_ns();
 	if (ok && bson_iter_init_find(&it, &reply, "writeErrors")) {
 		bson_iter_t we, code;
 		ok = 0;
@@ -517,9 +511,9 @@ static void op_insert(bench *b, worker *w, mongoc_collection_t *c)
 	w->ninserted++;
 	b->ver[key] = 1;
 	build_doc(b, w, key, 1, &d);
-	t0 = mono_ns();
+	t0 = sdb_mono_ns();
 	ok = mongoc_collection_insert_one(c, &d, NULL, NULL, &e);
-	t1 = mono_ns();
+	t1 = sdb_mono_ns();
 	if (!ok) {
 		classify(&e, &definite);
 	}
@@ -549,7 +543,7 @@ static void op_scan(bench *b, worker *w, mongoc_collection_t *c, bench_op kind)
 
 	if (kind == BENCH_QUERY) {
 		char m[16];
-		int64_t span = 86400000 + (int64_t)((mono_ns() - b->t0) / 1000000);
+		int64_t span = 86400000 + (int64_t)((sdb_mono_ns() - b->t0) / 1000000);
 		int64_t from = b->epoch_ms0 - 86400000 + (int64_t)(rnd(&w->rng) % (uint64_t)span);
 		snprintf(m, sizeof m, "m%04d", (int)zipf_next(&b->zmerch, &w->rng));
 		BSON_APPEND_UTF8(&f, "merchant", m);
@@ -569,12 +563,12 @@ static void op_scan(bench *b, worker *w, mongoc_collection_t *c, bench_op kind)
 		bson_append_document_end(&opts, &s);
 		BSON_APPEND_INT32(&opts, "limit", 1 + (int)(rnd(&w->rng) % 100));
 	}
-	t0 = mono_ns();
+	t0 = sdb_mono_ns();
 	cur = mongoc_collection_find_with_opts(c, &f, &opts, NULL);
 	while (mongoc_cursor_next(cur, &doc)) {
 	}
 	failed = mongoc_cursor_error(cur, &e);
-	t1 = mono_ns();
+	t1 = sdb_mono_ns();
 	mongoc_cursor_destroy(cur);
 	pthread_mutex_lock(&w->mu);
 	record_lat(w, kind, t0, t1, &e, failed);
@@ -591,7 +585,7 @@ static void *worker_run(void *arg)
 	mongoc_collection_t *c = mongoc_client_get_collection(cl, b->db, b->coll);
 	uint64_t end = b->o.seconds > 0 ? b->t0 + (uint64_t)(b->o.seconds * 1e9) : UINT64_MAX;
 
-	while (!atomic_load(&b->stop) && mono_ns() < end) {
+	while (!atomic_load(&b->stop) && sdb_mono_ns() < end) {
 		int r = (int)(rnd(&w->rng) % 100), acc = 0, op = 0;
 		for (op = 0; op < BENCH_N_OPS; op++) {
 			acc += b->mix[op];
@@ -611,7 +605,7 @@ static void *worker_run(void *arg)
 			op_scan(b, w, c, (bench_op)op);
 			break;
 		case BENCH_RMW: {
-			uint64_t t0 = mono_ns();
+			uint64_t t0 = sdb_mono_ns();
 			op_read(b, w, c, BENCH_READ);
 			op_update(b, w, c, BENCH_RMW, t0);
 			break;
@@ -653,9 +647,9 @@ static void *worker_load(void *arg)
 			mongoc_bulk_operation_insert(bulk, &d);
 			bson_destroy(&d);
 		}
-		t0 = mono_ns();
+		t0 = sdb_mono_ns();
 		ok = mongoc_bulk_operation_execute(bulk, &reply, &e) != 0;
-		t1 = mono_ns();
+		t1 = sdb_mono_ns();
 		pthread_mutex_lock(&w->mu);
 		for (int64_t j = first; j < k; j += b->nthreads) {
 			record_ev(w, BENCH_EV_INSERT, j, 1, ok ? BENCH_OK : BENCH_UNKNOWN, 1, t0, t1);
@@ -814,7 +808,7 @@ int bench_start(const bench_opts *o, bench **out, char *err, size_t errlen)
 	mongoc_client_pool_max_size(b->pool, (uint32_t)b->nthreads + 2);
 	b->w = sdb_calloc((size_t)b->nthreads, sizeof *b->w);
 	{
-		uint64_t seed = o->seed ? o->seed : mono_ns();
+		uint64_t seed = o->seed ? o->seed : sdb_mono_ns();
 		b->mseed = 0x5EEDC0DEull; /* fixed: a --no-load run addresses the same ids */
 		for (int i = 0; i < b->nthreads; i++) {
 			b->w[i].b = b;
@@ -827,7 +821,7 @@ int bench_start(const bench_opts *o, bench **out, char *err, size_t errlen)
 	if (rc != 0) {
 		goto fail;
 	}
-	b->t0 = mono_ns();
+	b->t0 = sdb_mono_ns();
 	if (b->o.load) {
 		for (int i = 0; i < b->nthreads; i++) {
 			pthread_create(&b->w[i].th, NULL, worker_load, &b->w[i]);
@@ -849,11 +843,11 @@ int bench_start(const bench_opts *o, bench **out, char *err, size_t errlen)
 	atomic_store(&b->inserted_hi, b->o.records);
 	snprintf(b->labels[0], sizeof b->labels[0], "%s", o->label ? o->label : "run");
 	b->nphases = 1;
-	b->phase_ns[0] = mono_ns() - b->t0;
-	b->last_ns = mono_ns();
+	b->phase_ns[0] = sdb_mono_ns() - b->t0;
+	b->last_ns = sdb_mono_ns();
 	if (b->o.seconds > 0) {
 		/* the run's clock starts after the load */
-		b->o.seconds += (double)(mono_ns() - b->t0) / 1e9;
+		b->o.seconds += (double)(sdb_mono_ns() - b->t0) / 1e9;
 	}
 	for (int i = 0; i < b->nthreads; i++) {
 		pthread_create(&b->w[i].th, NULL, worker_run, &b->w[i]);
@@ -875,7 +869,7 @@ void bench_mark(bench *b, const char *label)
 	}
 	p = b->nphases < BENCH_MAX_PHASES ? b->nphases++ : b->nphases - 1;
 	snprintf(b->labels[p], sizeof b->labels[p], "%s", label);
-	b->phase_ns[p] = mono_ns() - b->t0;
+	b->phase_ns[p] = sdb_mono_ns() - b->t0;
 	atomic_store(&b->phase, p);
 	for (int i = b->nthreads - 1; i >= 0; i--) {
 		pthread_mutex_unlock(&b->w[i].mu);
@@ -884,7 +878,7 @@ void bench_mark(bench *b, const char *label)
 
 int bench_done(const bench *b)
 {
-	return b->o.seconds > 0 && mono_ns() >= b->t0 + (uint64_t)(b->o.seconds * 1e9);
+	return b->o.seconds > 0 && sdb_mono_ns() >= b->t0 + (uint64_t)(b->o.seconds * 1e9);
 }
 
 void bench_stop(bench *b)
@@ -897,7 +891,7 @@ void bench_stop(bench *b)
 		pthread_join(b->w[i].th, NULL);
 	}
 	b->started = 0;
-	b->phase_ns[b->nphases] = mono_ns() - b->t0;
+	b->phase_ns[b->nphases] = sdb_mono_ns() - b->t0;
 }
 
 int bench_phase(bench *b, int i, bench_phase_stats *out)
@@ -909,7 +903,7 @@ int bench_phase(bench *b, int i, bench_phase_stats *out)
 	snprintf(out->label, sizeof out->label, "%s", b->labels[i]);
 	out->start_ns = b->phase_ns[i];
 	out->end_ns = i + 1 < b->nphases ? b->phase_ns[i + 1]
-		      : b->started	  ? mono_ns() - b->t0
+		      : b->started	  ? sdb_mono_ns() - b->t0
 					  : b->phase_ns[b->nphases];
 	for (int t = 0; t < b->nthreads; t++) {
 		pthread_mutex_lock(&b->w[t].mu);
@@ -932,7 +926,7 @@ void bench_status_line(bench *b, char *buf, size_t n)
 {
 	static bench_phase_stats ps;
 	bench_hist all, iv;
-	uint64_t now = mono_ns(), errs = 0;
+	uint64_t now = sdb_mono_ns(), errs = 0;
 	double dt;
 	int p = atomic_load(&b->phase);
 

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 
@@ -128,9 +129,9 @@ void bench_check_history(bench_ev *ev, size_t n, const int64_t *final, int64_t m
 			 int64_t extra, bench_verdict *v)
 {
 	uint8_t *seen = sdb_calloc((size_t)maxkeys, 1);
-	struct timespec a, b;
+	uint64_t t0;
 
-	clock_gettime(CLOCK_MONOTONIC, &a);
+	t0 = sdb_mono_ns();
 	memset(v, 0, sizeof *v);
 	v->ok = 1;
 	sdb_qsort(ev, n, sizeof *ev, ev_cmp);
@@ -159,8 +160,7 @@ void bench_check_history(bench_ev *ev, size_t n, const int64_t *final, int64_t m
 		violation(v, "%" PRId64 " documents with ids of no key or duplicated ids", extra);
 	}
 	free(seen);
-	clock_gettime(CLOCK_MONOTONIC, &b);
-	v->check_ms = (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+	v->check_ms = (double)(sdb_mono_ns() - t0) / 1e6;
 }
 
 int bench_check_run(const bench *b, mongoc_collection_t *c, bench_ev *ev, size_t n,

@@ -10,6 +10,7 @@
 #include "cdc/archive.h"
 #include "cdc/log.h"
 #include "cdc/segdir.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -174,9 +175,8 @@ static int emb_src_open(cdc_log *log, const char *shard, uint64_t offset, void *
 static int emb_src_next(void *sp, cdc_event *ev, int timeout_ms, char *err, size_t errlen)
 {
 	emb_src *s = sp;
-	struct timespec start, now;
+	uint64_t start = sdb_mono_ms();
 	int64_t nap_ms = 1;
-	clock_gettime(CLOCK_MONOTONIC, &start);
 	for (;;) {
 		int rc = 0;
 		if (s->r == NULL) {
@@ -188,9 +188,7 @@ static int emb_src_next(void *sp, cdc_event *ev, int timeout_ms, char *err, size
 			rc = cdc_segread_next(s->r, ev, err, errlen);
 		if (rc != 0 && rc != SDB_ENOTFOUND)
 			return rc;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		int64_t waited = (now.tv_sec - start.tv_sec) * 1000 +
-				 (now.tv_nsec - start.tv_nsec) / 1000000;
+		int64_t waited = (int64_t)(sdb_mono_ms() - start);
 		if (waited >= timeout_ms)
 			return 0;
 		/* the log grows by appends from another thread or process: poll it, backing

@@ -12,6 +12,7 @@
 
 #include "cdc/archive.h"
 #include "auth/cluster.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -39,22 +40,15 @@ struct cdc_publisher {
 
 int64_t cdc_now_ms(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return (int64_t)sdb_mono_ms();
 }
 
 /* Wait up to ms unless stopping; returns 1 when stopping. */
 static int nap(cdc_publisher *p, int ms)
 {
-	struct timespec ts;
 	pthread_mutex_lock(&p->mu);
-	clock_gettime(CLOCK_REALTIME, &ts); /* pthread_cond_timedwait's clock */
-	ts.tv_nsec += (long)(ms % 1000) * 1000000;
-	ts.tv_sec += ms / 1000 + ts.tv_nsec / 1000000000;
-	ts.tv_nsec %= 1000000000;
 	if (!atomic_load(&p->stop))
-		pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+		sdb_cond_wait_ms(&p->cv, &p->mu, ms); /* p->cv is CLOCK_MONOTONIC */
 	pthread_mutex_unlock(&p->mu);
 	return atomic_load(&p->stop);
 }
@@ -420,7 +414,7 @@ int cdc_publisher_start(cdc_log *log, const char *shard, const char *uri, int64_
 	atomic_init(&p->fence_ms, fence_ms);
 	p->st.lag_events = -1;
 	pthread_mutex_init(&p->mu, NULL);
-	pthread_cond_init(&p->cv, NULL);
+	sdb_cond_init_mono(&p->cv);
 	snprintf(labels, sizeof labels, "shard=\"%s\"", shard);
 	p->g_ts = sdb_metrics_gauge("stripedb_cdc_published_ts_seconds",
 				    "CDC: oplog ts (seconds) of the last published event", labels);

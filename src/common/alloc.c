@@ -65,7 +65,8 @@ char *sdb_strndup(const char *s, size_t n)
 	return p;
 }
 
-void *sdb_aligned_calloc(size_t alignment, size_t size)
+/* posix_memalign, with its minimum alignment, or the OOM abort: the one aligned path. */
+static void *aligned_alloc_or_die(size_t alignment, size_t size)
 {
 	void *p = NULL;
 
@@ -75,6 +76,13 @@ void *sdb_aligned_calloc(size_t alignment, size_t size)
 	if (posix_memalign(&p, alignment, size == 0 ? 1 : size) != 0 || p == NULL) {
 		oom(size);
 	}
+	return p;
+}
+
+void *sdb_aligned_calloc(size_t alignment, size_t size)
+{
+	void *p = aligned_alloc_or_die(alignment, size);
+
 	memset(p, 0, size);
 	return p;
 }
@@ -106,15 +114,7 @@ static void bson_vt_free(void *p) { free(p); }
  * without it libbson falls back to malloc and every member access is misaligned (UBSan). */
 static void *bson_vt_aligned_alloc(size_t alignment, size_t n)
 {
-	void *p = NULL;
-
-	if (alignment < sizeof(void *)) {
-		alignment = sizeof(void *);
-	}
-	if (posix_memalign(&p, alignment, n == 0 ? 1 : n) != 0 || p == NULL) {
-		oom(n);
-	}
-	return p;
+	return aligned_alloc_or_die(alignment, n);
 }
 
 void sdb_alloc_init(void)

@@ -1,21 +1,41 @@
-/* Monotonic time for timeouts, deadlines and durations (CONVENTIONS.md: never the wall
- * clock except where a protocol demands epoch ms).
+/* Time, decided once (CONVENTIONS.md: monotonic time for timeouts, deadlines and
+ * durations; the wall clock only where a protocol demands epoch ms, and then from one
+ * injectable clock so that tests can drive it).
  *
- * sdb_mono_ms: CLOCK_MONOTONIC in milliseconds (an arbitrary origin; compare and subtract
- * only). sdb_sleep_ms: sleep ms milliseconds, or less when a signal arrives (a wait
- * between polls of a condition with a deadline, never a synchronisation). Both thread-safe. */
+ * sdb_mono_ms/us/ns: CLOCK_MONOTONIC (an arbitrary origin; compare and subtract only).
+ * sdb_sleep_ms: sleep ms milliseconds, or less when a signal arrives (a wait between polls
+ * of a condition with a deadline, never a synchronisation).
+ * sdb_wall_ms: epoch ms (oplog ts, rate-limit reset_time, leases, $currentDate, ids),
+ * CLOCK_REALTIME unless a test installed a clock with sdb_clock_set_wall.
+ * sdb_cond_*: timed condition-variable waits on CLOCK_MONOTONIC, so a jump of the wall
+ * clock neither stalls nor hurries them (a deadline computed from CLOCK_REALTIME waits an
+ * hour when the clock steps back an hour).
+ * Log lines and the process start time metric read the real wall clock on purpose: they
+ * are for humans and Prometheus, and must not follow a test's injected clock.
+ * All thread-safe. */
 #ifndef SDB_COMMON_CLOCK_H
 #define SDB_COMMON_CLOCK_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
-static inline uint64_t sdb_mono_ms(void)
+static inline uint64_t sdb_mono_ns(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t sdb_mono_us(void)
+{
+	return sdb_mono_ns() / 1000u;
+}
+
+static inline uint64_t sdb_mono_ms(void)
+{
+	return sdb_mono_ns() / 1000000u;
 }
 
 static inline void sdb_sleep_ms(int ms)
@@ -24,5 +44,26 @@ static inline void sdb_sleep_ms(int ms)
 
 	nanosleep(&ts, NULL); /* a signal ends it early: callers re-check their condition */
 }
+
+/* Epoch milliseconds from the process's wall clock: CLOCK_REALTIME, or the function a
+ * test installed. Never use it for a duration or a deadline. */
+int64_t sdb_wall_ms(void);
+
+/* Test hook: every later sdb_wall_ms() returns fn() (NULL restores CLOCK_REALTIME).
+ * Not for production code; safe to call while other threads read the clock. */
+void sdb_clock_set_wall(int64_t (*fn)(void));
+
+/* pthread_cond_init with CLOCK_MONOTONIC (pthread_condattr_setclock), the clock every
+ * sdb_cond_wait_* below waits against. Aborts with a message if the platform refuses
+ * (POSIX requires CLOCK_MONOTONIC support for condition variables where it exists). */
+void sdb_cond_init_mono(pthread_cond_t *cv);
+
+/* Wait on cv (initialised by sdb_cond_init_mono; mu held) until signalled or until the
+ * monotonic time reaches deadline_ms (an sdb_mono_ms() value). Returns 0 when woken
+ * (possibly spuriously: callers re-check their predicate) or ETIMEDOUT. */
+int sdb_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ms);
+
+/* sdb_cond_wait_until(cv, mu, sdb_mono_ms() + ms); ms <= 0 returns ETIMEDOUT at once. */
+int sdb_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms);
 
 #endif

@@ -1,27 +1,43 @@
 # src/common: shared infrastructure (errors, allocation, logging, config, metrics, HTTP, role runner).
 libstripedb_a_SOURCES += \
 	src/common/alloc.c \
+	src/common/bsonget.c \
+	src/common/clock.c \
 	src/common/config.c \
 	src/common/err.c \
 	src/common/http.c \
 	src/common/log.c \
+	src/common/metauri.c \
 	src/common/metrics.c \
 	src/common/role.c
 noinst_HEADERS += \
 	src/common/clock.h \
 	src/common/alloc.h \
+	src/common/bsonget.h \
 	src/common/config.h \
 	src/common/err.h \
 	src/common/http.h \
 	src/common/log.h \
+	src/common/metauri.h \
 	src/common/metrics.h \
 	src/common/role.h
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics
+EXTRA_DIST += src/common/README.md
+
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_metrics_SOURCES = tests/unit/test_common_metrics.c
 tests_unit_test_common_metrics_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_metrics_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_bsonget_SOURCES = tests/unit/test_common_bsonget.c
+tests_unit_test_common_bsonget_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_bsonget_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_clock_SOURCES = tests/unit/test_common_clock.c
+tests_unit_test_common_clock_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_clock_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_metauri_SOURCES = tests/unit/test_common_metauri.c
+tests_unit_test_common_metauri_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_metauri_LDADD = $(UNIT_LDADD)

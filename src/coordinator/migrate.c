@@ -22,7 +22,9 @@
 
 #include "cdc/reader.h"
 #include "auth/cluster.h"
+#include "common/clock.h"
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -63,27 +65,7 @@ struct migrate_runner {
 
 /* ------------------------------------------------------------ time */
 
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t mono_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-/* oplog ts and lag need the epoch (the protocol's clock). */
-static int64_t wall_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+/* Time comes from common/clock.h; oplog ts and lag need the epoch (sdb_wall_ms). */
 
 /* ------------------------------------------------------------ one migration */
 
@@ -195,9 +177,9 @@ static bool stopping(mig *m)
 /* Sleep up to ms, waking early on stop. */
 static void nap(mig *m, int64_t ms)
 {
-	int64_t end = mono_ms() + ms;
-	while (!stopping(m) && mono_ms() < end) {
-		int64_t left = end - mono_ms();
+	int64_t end = (int64_t)sdb_mono_ms() + ms;
+	while (!stopping(m) && (int64_t)sdb_mono_ms() < end) {
+		int64_t left = end - (int64_t)sdb_mono_ms();
 		usleep((useconds_t)(left > 50 ? 50000 : left * 1000));
 	}
 }
@@ -232,7 +214,7 @@ static int lease(mongoc_client_t *c, const char *verb, const char *id, const cha
 /* Renew the lease when a third of it passed. Sets m->lost on LockBusy. */
 static void keepalive(mig *m)
 {
-	int64_t now = mono_ms();
+	int64_t now = (int64_t)sdb_mono_ms();
 	if (now - m->last_renew < m->r->lease_ms / 3)
 		return;
 	char err[256];
@@ -257,7 +239,7 @@ static int64_t it_int(const bson_t *d, const char *k, int64_t def);
  * last answer. */
 static bool paused(mig *m)
 {
-	int64_t now = mono_ms();
+	int64_t now = (int64_t)sdb_mono_ms();
 	if (now - m->pause_checked < 500)
 		return m->is_paused;
 	m->pause_checked = now;
@@ -275,7 +257,7 @@ static bool paused(mig *m)
 			bson_iter_document(&it, &len, &data);
 			bson_init_static(&l, data, len);
 			/* expiresMS is the leader's epoch ms */
-			m->is_paused = it_int(&l, "expiresMS", 0) > wall_ms();
+			m->is_paused = it_int(&l, "expiresMS", 0) > sdb_wall_ms();
 		}
 	} else if (rc > 0) {
 		m->is_paused = false; /* no such lease */
@@ -297,9 +279,10 @@ static bool it_str(const bson_t *d, const char *k, char *out, size_t n)
 static int64_t it_int(const bson_t *d, const char *k, int64_t def)
 {
 	bson_iter_t it;
-	if (!bson_iter_init_find(&it, d, k) || !BSON_ITER_HOLDS_NUMBER(&it))
+	int64_t v;
+	if (!bson_iter_init_find(&it, d, k) || !sdb_bson_as_int64(&it, &v))
 		return def;
-	return bson_iter_as_int64(&it);
+	return v;
 }
 
 static uint64_t it_ts(const bson_t *d, const char *k)
@@ -360,7 +343,7 @@ static void build_stats(mig *m, bson_t *st)
 	BSON_APPEND_INT64(st, "deleted", m->deleted);
 	int64_t lag = 0;
 	if (m->fwd.pos && !m->fwd.caught_up)
-		lag = wall_ms() - (int64_t)(m->fwd.pos >> 32) * 1000;
+		lag = sdb_wall_ms() - (int64_t)(m->fwd.pos >> 32) * 1000;
 	BSON_APPEND_INT64(st, "lagMS", lag < 0 ? 0 : lag);
 	BSON_APPEND_BOOL(st, "caughtUp", m->fwd.caught_up);
 	BSON_APPEND_BOOL(st, "paused", m->is_paused);
@@ -415,7 +398,7 @@ static int save(mig *m, mig_state to)
 		return SDB_EIO;
 	mig_state from = m->state;
 	m->state = to;
-	m->last_ckpt = mono_ms();
+	m->last_ckpt = (int64_t)sdb_mono_ms();
 	if (to != from) {
 		sdb_info("migration state", "id=%s from=%s to=%s", m->id, migrate_state_name(from),
 			 migrate_state_name(to));
@@ -782,11 +765,11 @@ static int scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson
 	mongoc_cursor_t *cs = mongoc_cursor_new_from_command_reply_with_opts(c, &reply, &copts);
 	bson_destroy(&copts);
 	const bson_t *doc;
-	int64_t t_next = mono_us();
+	int64_t t_next = (int64_t)sdb_mono_us();
 	while (rc == 0 && mongoc_cursor_next(cs, &doc)) {
 		/* import throttle: a getMore of the snapshot slower than importLatencyMS means
 		 * the source is busy; back off as long as it took */
-		int64_t took = mono_us() - t_next;
+		int64_t took = (int64_t)sdb_mono_us() - t_next;
 		if (at && m->import_latency_ms > 0 && took > m->import_latency_ms * 1000) {
 			m->throttled_ms += took / 1000;
 			nap(m, took / 1000);
@@ -795,7 +778,7 @@ static int scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson
 			rc = fn(m, doc, arg);
 		if (stopping(m))
 			rc = sdb_errf(m->err, sizeof m->err, SDB_ECANCELED, "stopping");
-		t_next = mono_us();
+		t_next = (int64_t)sdb_mono_us();
 	}
 	if (rc == 0 && mongoc_cursor_error(cs, &e))
 		rc = sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "scan: %s", e.message);
@@ -1155,7 +1138,7 @@ static int repl_run(mig *m, repl *p, uint64_t start, uint64_t until, int64_t dea
 			return sdb_errf(m->err, sizeof m->err, SDB_ECANCELED, "stopping");
 		if (until && p->pos >= until && p->nbatch == 0)
 			return 0;
-		if (deadline_ms && mono_ms() >= deadline_ms) {
+		if (deadline_ms && (int64_t)sdb_mono_ms() >= deadline_ms) {
 			(void)repl_flush(m, p);
 			return (until && p->pos >= until) ? 0 : SDB_ETIMEOUT;
 		}
@@ -1201,14 +1184,14 @@ static int repl_run(mig *m, repl *p, uint64_t start, uint64_t until, int64_t dea
 		keepalive(m);
 		if (m->apply_rate > 0) {
 			/* throttle: at most apply_rate events per second */
-			int64_t now = mono_ms();
+			int64_t now = (int64_t)sdb_mono_ms();
 			if (now - m->rate_t0 >= 1000) {
 				m->rate_t0 = now;
 				m->rate_n = 0;
 			}
 			if (++m->rate_n >= m->apply_rate) {
 				(void)repl_flush(m, p);
-				nap(m, 1000 - (mono_ms() - m->rate_t0));
+				nap(m, 1000 - ((int64_t)sdb_mono_ms() - m->rate_t0));
 			}
 		}
 	}
@@ -1265,7 +1248,7 @@ static int step_import(mig *m)
 	int rc;
 	if ((rc = connect_shards(m)) != 0 || (rc = build_view(m)) != 0)
 		return rc;
-	int64_t t0 = mono_ms();
+	int64_t t0 = (int64_t)sdb_mono_ms();
 	/* a restarted import starts from a clean target */
 	if ((rc = delete_chunk(m, m->dc)) != 0)
 		return rc;
@@ -1291,7 +1274,7 @@ static int step_import(mig *m)
 		return rc;
 	m->import_ts = m->ts = at;
 	m->fwd.pos = at;
-	m->import_ms = mono_ms() - t0;
+	m->import_ms = (int64_t)sdb_mono_ms() - t0;
 	sdb_info("migration imported", "id=%s docs=%" PRId64 " bytes=%" PRId64 " ms=%" PRId64,
 		 m->id, m->imported, m->import_bytes, m->import_ms);
 	return save(m, MIG_REPLICATING);
@@ -1307,7 +1290,7 @@ static int step_replicate(mig *m)
 		nap(m, 100);
 		return 0;
 	}
-	rc = repl_catch_up(m, &m->fwd, m->ts, mono_ms() + 1000);
+	rc = repl_catch_up(m, &m->fwd, m->ts, (int64_t)sdb_mono_ms() + 1000);
 	if (rc == SDB_ETIMEOUT)
 		rc = 0;
 	if (rc == SDB_ENOTFOUND)
@@ -1318,15 +1301,15 @@ static int step_replicate(mig *m)
 	}
 	/* a write rate the target cannot match: abort cleanly instead of lagging forever */
 	if (m->lag_since == 0)
-		m->lag_since = mono_ms();
-	if (rc == 0 && mono_ms() - m->lag_since > m->max_catchup_ms) {
+		m->lag_since = (int64_t)sdb_mono_ms();
+	if (rc == 0 && (int64_t)sdb_mono_ms() - m->lag_since > m->max_catchup_ms) {
 		char why[200];
 		snprintf(why, sizeof why,
 			 "replication could not catch up with the source within maxCatchUpMS=%" PRId64,
 			 m->max_catchup_ms);
 		return fail(m, why);
 	}
-	if (mono_ms() - m->last_ckpt >= CHECKPOINT_EVERY_MS) {
+	if ((int64_t)sdb_mono_ms() - m->last_ckpt >= CHECKPOINT_EVERY_MS) {
 		int r2 = save(m, m->state);
 		if (rc == 0)
 			rc = r2;
@@ -1401,7 +1384,7 @@ static int step_verify(mig *m)
 	crash_point("mid", "verify");
 	/* the target at the same position: apply exactly up to `at` */
 	if (rc == 0)
-		rc = repl_run(m, &m->fwd, m->ts, at, mono_ms() + 30000);
+		rc = repl_run(m, &m->fwd, m->ts, at, (int64_t)sdb_mono_ms() + 30000);
 	if (rc == 0)
 		rc = scan_chunk(m, m->dc, &sort, NULL, NULL, collect, &t);
 	bson_destroy(&sort);
@@ -1523,7 +1506,7 @@ static int do_switch(mig *m, repl *p, uint64_t start, mongoc_client_t *from_c,
 {
 	int rc;
 	/* never switch while replication lags: drain first */
-	rc = repl_catch_up(m, p, start, mono_ms() + 1000);
+	rc = repl_catch_up(m, p, start, (int64_t)sdb_mono_ms() + 1000);
 	if (rc == SDB_ETIMEOUT || (rc == 0 && !p->caught_up))
 		return SDB_EBUSY;
 	if (rc)
@@ -1533,24 +1516,24 @@ static int do_switch(mig *m, repl *p, uint64_t start, mongoc_client_t *from_c,
 	uint64_t head = 0;
 	if ((rc = oplog_head(m, from_c, &head)) != 0)
 		return rc;
-	rc = repl_run(m, p, start, head, mono_ms() + 1000);
+	rc = repl_run(m, p, start, head, (int64_t)sdb_mono_ms() + 1000);
 	if (rc == SDB_ETIMEOUT)
 		return SDB_EBUSY;
 	if (rc)
 		return rc;
-	int64_t t0 = mono_us(), stored = 0;
+	int64_t t0 = (int64_t)sdb_mono_us(), stored = 0;
 	if ((rc = bump(m, from_c, cur + 1, &stored)) != 0)
 		return rc;
 	if ((rc = oplog_head(m, from_c, &head)) != 0)
 		return rc;
 	m->bump_ts = head;
 	crash_point("mid", "switch");
-	rc = repl_run(m, p, start, head, mono_ms() + m->max_pause_ms);
+	rc = repl_run(m, p, start, head, (int64_t)sdb_mono_ms() + m->max_pause_ms);
 	if (rc == 0)
 		rc = oplog_head(m, to_c, to_head);
 	if (rc == 0) {
 		rc = route_to(m, to, stored, cur);
-		record_pause(m, mono_us() - t0);
+		record_pause(m, (int64_t)sdb_mono_us() - t0);
 		if (rc == 0)
 			sdb_info("migration switched", "id=%s to=%s token=%" PRId64 " pause_ms=%" PRId64,
 				 m->id, to, stored, m->last_pause_ms);
@@ -1559,7 +1542,7 @@ static int do_switch(mig *m, repl *p, uint64_t start, mongoc_client_t *from_c,
 	/* pause bound exceeded (or the catch-up failed): routing stays on `from`, with the
 	 * bumped token so proxies reach it again */
 	int rc2 = route_to(m, from, stored, cur);
-	record_pause(m, mono_us() - t0);
+	record_pause(m, (int64_t)sdb_mono_us() - t0);
 	sdb_warn("migration switch rolled back", "id=%s pause_ms=%" PRId64 " reason=\"%s\"", m->id,
 		 m->last_pause_ms, m->err);
 	if (rc2 != 0 && rc2 != SDB_ECONFLICT)
@@ -1617,15 +1600,15 @@ static int step_switch(mig *m)
 		/* lagging: never switch; stay in switching while the replicator catches up,
 		 * abort cleanly when it cannot within maxCatchUpMS */
 		if (m->lag_since == 0)
-			m->lag_since = mono_ms();
-		if (mono_ms() - m->lag_since > m->max_catchup_ms) {
+			m->lag_since = (int64_t)sdb_mono_ms();
+		if ((int64_t)sdb_mono_ms() - m->lag_since > m->max_catchup_ms) {
 			char why[200];
 			snprintf(why, sizeof why,
 				 "replication could not catch up with the source within maxCatchUpMS=%" PRId64,
 				 m->max_catchup_ms);
 			return fail(m, why);
 		}
-		if (mono_ms() - m->last_ckpt >= CHECKPOINT_EVERY_MS)
+		if ((int64_t)sdb_mono_ms() - m->last_ckpt >= CHECKPOINT_EVERY_MS)
 			return save(m, m->state);
 		return 0;
 	}
@@ -1638,13 +1621,13 @@ static int step_switched(mig *m, int64_t *since)
 	if ((rc = connect_shards(m)) != 0 || (rc = build_view(m)) != 0)
 		return rc;
 	if (*since == 0)
-		*since = mono_ms();
-	rc = repl_run(m, &m->rev, m->rev_ts, 0, mono_ms() + 500);
+		*since = (int64_t)sdb_mono_ms();
+	rc = repl_run(m, &m->rev, m->rev_ts, 0, (int64_t)sdb_mono_ms() + 500);
 	if (rc && rc != SDB_ETIMEOUT)
 		return rc;
-	if (mono_ms() - *since >= m->grace_ms)
+	if ((int64_t)sdb_mono_ms() - *since >= m->grace_ms)
 		return save(m, MIG_CLEANING);
-	if (mono_ms() - m->last_ckpt >= CHECKPOINT_EVERY_MS)
+	if ((int64_t)sdb_mono_ms() - m->last_ckpt >= CHECKPOINT_EVERY_MS)
 		return save(m, m->state);
 	return 0;
 }
@@ -1746,7 +1729,7 @@ static void *worker(void *arg)
 	if (!m->meta)
 		goto out;
 	mongoc_client_set_error_api(m->meta, MONGOC_ERROR_API_VERSION_2);
-	m->last_renew = mono_ms();
+	m->last_renew = (int64_t)sdb_mono_ms();
 	rc = load(m);
 	while (!stopping(m)) {
 		if (rc == 0) {

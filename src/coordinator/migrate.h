@@ -8,7 +8,8 @@
  * change is a compare-and-set on the state (updateMigration expectState), so a migration is
  * resumed by any coordinator after a crash, from the last state and checkpoint.
  *
- * States and the allowed transitions (migrate_transition_ok, checked before every update):
+ * States and the allowed transitions (migrate_transition_ok, metadata/migstate.c: checked
+ * by the coordinator before every update and by the metadata state machine at apply):
  *
  *   registered -> importing -> replicating -> verifying -> switching -> switched
  *        |            |            |   ^         |   |         |  ^          |   \
@@ -104,35 +105,10 @@
 #include <stdint.h>
 
 #include "cdc/log.h"
+#include "metadata/migstate.h"
 
-typedef enum {
-	MIG_REGISTERED = 0,
-	MIG_IMPORTING,
-	MIG_REPLICATING,
-	MIG_VERIFYING,
-	MIG_SWITCHING,
-	MIG_SWITCHED,
-	MIG_CLEANING,
-	MIG_COMPLETE,
-	MIG_ABORTED,
-	MIG_ROLLING_BACK,
-	MIG_ROLLED_BACK,
-	MIG__COUNT,
-	MIG_UNKNOWN = -1,
-} mig_state;
-
-/* The state's name as stored in metadata ("registered", ...); "unknown" out of range.
- * Static string. */
-const char *migrate_state_name(mig_state s);
-/* Parse a stored name; MIG_UNKNOWN when not one of the names. */
-mig_state migrate_state_parse(const char *name);
-/* True when from -> to is an edge of the transition table above. */
-bool migrate_transition_ok(mig_state from, mig_state to);
-/* complete, aborted, rolled_back. */
-bool migrate_state_terminal(mig_state s);
-/* States in which the migration counts against the concurrency budgets (importing ..
- * rolling_back, not registered, not terminal). */
-bool migrate_state_active(mig_state s);
+/* mig_state, its names and the transition table: metadata/migstate.h (one table, shared
+ * with the metadata state machine, which checks it at apply, and with ctl). */
 
 /* Percentile p (0..100) of n values (sorted in place, nearest-rank). 0 when n == 0. */
 int64_t migrate_percentile(int64_t *v, size_t n, double p);

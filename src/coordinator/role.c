@@ -40,12 +40,14 @@
 #include "cdc/log.h"
 #include "auth/cluster.h" /* issue #10: internal clients carry the cluster key */
 #include "cdc/publisher.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/config.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/role.h"
+#include "common/metauri.h"
 #include "coordinator/migrate.h" /* issue #8 */
 
 #define LEASE_ERR_BUSY 46 /* LockBusy */
@@ -368,14 +370,9 @@ static void *manager(void *arg)
 	while (!atomic_load(&co->stop)) {
 		cdc_tick(co, c);
 		migrations_tick(co, c);
-		struct timespec ts;
 		pthread_mutex_lock(&co->mu);
-		clock_gettime(CLOCK_REALTIME, &ts); /* pthread_cond_timedwait's clock */
-		ts.tv_nsec += (long)(period % 1000) * 1000000;
-		ts.tv_sec += period / 1000 + ts.tv_nsec / 1000000000;
-		ts.tv_nsec %= 1000000000;
 		if (!atomic_load(&co->stop))
-			pthread_cond_timedwait(&co->cv, &co->mu, &ts);
+			sdb_cond_wait_ms(&co->cv, &co->mu, period); /* co->cv is CLOCK_MONOTONIC */
 		pthread_mutex_unlock(&co->mu);
 	}
 	migrations_shutdown(co, c);
@@ -503,17 +500,14 @@ static int coordinator_start(sdb_role *role)
 	if (co->lease_ms < 300)
 		co->lease_ms = 300;
 	pthread_mutex_init(&co->mu, NULL);
-	pthread_cond_init(&co->cv, NULL);
+	sdb_cond_init_mono(&co->cv);
 	atomic_init(&co->stop, 0);
 	rc = cdc_log_open(cdc, &o, &co->log, role->err, sizeof role->err);
 	if (rc) {
 		coord_free(co);
 		return sdb_errwrap(role->err, sizeof role->err, rc, "coordinator");
 	}
-	co->meta_uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta"
-				    "&serverSelectionTimeoutMS=2000&connectTimeoutMS=2000"
-				    "&socketTimeoutMS=10000",
-				    meta);
+	co->meta_uri = sdb_meta_uri(meta, false, 2000, 2000, 10000);
 	char host[256];
 	if (gethostname(host, sizeof host) != 0)
 		snprintf(host, sizeof host, "localhost");

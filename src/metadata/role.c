@@ -18,10 +18,13 @@
 #include "auth/scram.h"
 #include "auth/tls.h"
 #include "common/alloc.h"
+#include "common/bsonget.h"
+#include "metadata/migstate.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/role.h"
+#include "common/metauri.h"
 #include "raft/node.h"
 #include "wire/server.h"
 
@@ -116,13 +119,12 @@ static void reply_status(wire_req *req, int rc, const char *what)
 	}
 }
 
-/* First element of the command as int64 (accepts int32/int64/double). */
+/* First element of the command as int64 (int32, int64 or an integral double). */
 static int first_int(const bson_t *cmd, int64_t *out)
 {
 	bson_iter_t it;
-	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) || !BSON_ITER_HOLDS_NUMBER(&it))
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) || !sdb_bson_as_int64(&it, out))
 		return 0;
-	*out = bson_iter_as_int64(&it);
 	return 1;
 }
 
@@ -173,7 +175,7 @@ static void build_args(const bson_t *cmd, const char *name, bson_t *args)
 		if (k[0] == '$' || strcmp(k, "lsid") == 0 || strcmp(k, "txnNumber") == 0 ||
 		    strcmp(k, "password") == 0 || strcmp(k, "pwd") == 0 ||
 		    strcmp(k, "writeConcern") == 0 ||
-		    strcmp(k, "readConcern") == 0)
+		    strcmp(k, "readConcern") == 0 || strcmp(k, "opVersion") == 0)
 			continue;
 		bson_append_value(args, k, -1, bson_iter_value(&it));
 	}
@@ -270,6 +272,9 @@ static void h_write(wire_req *req, void *data)
 		return;
 	}
 	build_args(cmd, name, &args);
+	if (strcmp(name, "updateMigration") == 0 || strcmp(name, "registerMigration") == 0)
+		/* the leader, not the client, says which rules apply (metadata/migstate.h) */
+		BSON_APPEND_INT32(&args, "opVersion", MIGSTATE_OP_VERSION);
 	if (strcmp(name, "setPolicy") == 0) {
 		/* a policy the proxy could not read would grant nothing (fail closed): refuse it
 		 * here, naming the field, instead of storing it */
@@ -787,9 +792,7 @@ typedef struct reg_work {
 static void reg_run(uv_work_t *w)
 {
 	reg_work *rw = w->data;
-	char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&serverSelectionTimeoutMS=1000"
-				 "&connectTimeoutMS=1000&socketTimeoutMS=2000",
-				 rw->target);
+	char *uri = sdb_meta_uri(rw->target, true, 1000, 1000, 2000);
 	mongoc_client_t *c = auth_cluster_client_new(uri); /* issue #10: cluster key */
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_error_t e;

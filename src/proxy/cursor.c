@@ -33,15 +33,7 @@ struct proxy_cursor {
 
 void *proxy_calloc_bson(size_t n, size_t size)
 {
-	void *p = NULL;
-	size_t bytes = (n ? n : 1) * size;
-
-	if (posix_memalign(&p, 128, bytes) != 0) {
-		fprintf(stderr, "stripedb: out of memory (%zu bytes)\n", bytes);
-		abort();
-	}
-	memset(p, 0, bytes);
-	return p;
+	return sdb_aligned_calloc(128, (n ? n : 1) * size); /* common/alloc.h */
 }
 
 bson_t *proxy_doc_copy(const bson_t *src)

@@ -23,6 +23,7 @@
 
 #include "auth/gate.h"
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "proxy/proxy.h"
@@ -138,13 +139,29 @@ static bool get_array(const bson_t *d, const char *name, bson_t *out)
 	return bson_init_static(out, data, len);
 }
 
+/* A whole number read back from a reply or a checked command (common/bsonget.h rules);
+ * def when absent or not one. Client arguments are range-checked with client_int. */
 static int64_t get_int(const bson_t *d, const char *name, int64_t def)
 {
 	bson_iter_t it;
+	int64_t v;
 
-	if (bson_iter_init_find(&it, d, name) && BSON_ITER_HOLDS_NUMBER(&it))
-		return bson_iter_as_int64(&it);
+	if (bson_iter_init_find(&it, d, name) && sdb_bson_as_int64(&it, &v))
+		return v;
 	return def;
+}
+
+/* The client's argument `name` of c->cmd as a whole number in [lo, hi] (def when absent),
+ * by common/bsonget.h's rules. On a bad value replies its MongoDB error and returns false. */
+static bool client_int(ctx *c, const char *name, int64_t lo, int64_t hi, int64_t def,
+		       int64_t *out)
+{
+	sdb_bson_err e;
+
+	if (sdb_bson_find_int64(c->cmd, name, lo, hi, def, out, &e) == 0)
+		return true;
+	wire_req_error(c->req, e.code, "%s", e.msg);
+	return false;
 }
 
 static bool get_bool(const bson_t *d, const char *name, bool def)
@@ -577,9 +594,7 @@ static void do_find(ctx *c)
 	bool has_filter = get_doc(c->cmd, "filter", &filter);
 	bool has_sort = get_doc(c->cmd, "sort", &sort_spec);
 	bool has_proj = get_doc(c->cmd, "projection", &proj_spec);
-	int64_t skip = get_int(c->cmd, "skip", 0);
-	int64_t limit = get_int(c->cmd, "limit", 0);
-	int64_t batch = get_int(c->cmd, "batchSize", 101);
+	int64_t skip, limit, batch;
 	bool single = get_bool(c->cmd, "singleBatch", false);
 	route_coll *rc;
 	merge_sort *sort = NULL;
@@ -594,14 +609,11 @@ static void do_find(ctx *c)
 			       "$where and server-side JavaScript are not allowed on stripedb");
 		return;
 	}
-	if (skip < 0 || batch < 0) {
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "skip and batchSize must be >= 0");
+	/* find_command.idl: skip, limit and batchSize are safeInt64 with `gte: 0` */
+	if (!client_int(c, "skip", 0, INT64_MAX, 0, &skip) ||
+	    !client_int(c, "limit", 0, INT64_MAX, 0, &limit) ||
+	    !client_int(c, "batchSize", 0, INT64_MAX, 101, &batch))
 		return;
-	}
-	if (limit < 0) {
-		limit = -limit;
-		single = true;
-	}
 	rc = route_or_fail(c);
 	if (rc == NULL)
 		return;
@@ -1709,7 +1721,10 @@ static void do_find_and_modify(ctx *c)
 				reply_shard_error(c->req, cls, &er, nerr);
 				bson_destroy(&docs);
 				bson_destroy(&er);
-				goto done_err;
+				free(sel);
+				bson_destroy(&fwd);
+				bson_destroy(&best);
+				goto out;
 			} else if (n > 0 && bson_iter_init(&it, &docs) && bson_iter_next(&it)) {
 				uint32_t len;
 				const uint8_t *data;
@@ -1800,8 +1815,6 @@ static void do_find_and_modify(ctx *c)
 		bson_destroy(&reply);
 		break;
 	}
-	goto out;
-done_err:
 out:
 	merge_sort_free(ms);
 	route_coll_unref(rc);
@@ -1944,7 +1957,18 @@ static void count_or_distinct(ctx *c, const bson_t *q, const char *distinct_key)
 static void do_count(ctx *c)
 {
 	bson_t q;
+	int64_t v;
 
+	/* count_request.cpp: skip >= 0; limit any int64 but the minimum (-n means n) */
+	if (!client_int(c, "skip", 0, INT64_MAX, 0, &v))
+		return;
+	if (sdb_bson_find_int64(c->cmd, "limit", INT64_MIN, INT64_MAX, 0, &v, NULL) == 0 &&
+	    v == INT64_MIN) {
+		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "limit value for count cannot be min long");
+		return;
+	}
+	if (!client_int(c, "limit", INT64_MIN, INT64_MAX, 0, &v))
+		return;
 	if (!get_doc(c->cmd, "query", &q))
 		bson_init(&q);
 	count_or_distinct(c, &q, NULL);
@@ -2849,8 +2873,7 @@ static void explain_inner(const char *verb, const bson_t *inner, bool sharded, b
 	if (sharded && strcmp(verb, "find") == 0 && skip > 0) {
 		copy_cmd(inner, out, find_skip);
 		if (limit != 0)
-			BSON_APPEND_INT64(out, "limit",
-					  merge_pushdown_limit(skip, limit < 0 ? -limit : limit));
+			BSON_APPEND_INT64(out, "limit", merge_pushdown_limit(skip, limit));
 		return;
 	}
 	copy_cmd(inner, out, NULL);

@@ -111,14 +111,22 @@ ssize_t merge_pick(const merge_sort *s, const bson_t *const *heads, size_t n)
 	return best;
 }
 
+/* |limit|, where INT64_MIN (whose negation is undefined behaviour) counts as INT64_MAX:
+ * callers refuse it at parse time (common/bsonget.h); this keeps the helpers total. */
+static int64_t abs_limit(int64_t limit)
+{
+	if (limit == INT64_MIN)
+		return INT64_MAX;
+	return limit < 0 ? -limit : limit;
+}
+
 int64_t merge_count_window(int64_t total, int64_t skip, int64_t limit)
 {
 	int64_t n;
 
 	if (skip < 0)
 		skip = 0;
-	if (limit < 0)
-		limit = -limit;
+	limit = abs_limit(limit);
 	n = total > skip ? total - skip : 0;
 	if (limit > 0 && n > limit)
 		n = limit;
@@ -127,8 +135,7 @@ int64_t merge_count_window(int64_t total, int64_t skip, int64_t limit)
 
 int64_t merge_pushdown_limit(int64_t skip, int64_t limit)
 {
-	if (limit < 0)
-		limit = -limit;
+	limit = abs_limit(limit);
 	if (limit == 0)
 		return 0;
 	if (skip < 0)

@@ -39,11 +39,13 @@ int merge_sort_cmp(const merge_sort *s, const bson_t *a, const bson_t *b);
 ssize_t merge_pick(const merge_sort *s, const bson_t *const *heads, size_t n);
 
 /* What a count with skip and limit returns for total matching documents (MongoDB count:
- * limit 0 = no limit, a negative limit counts as its absolute value). */
+ * limit 0 = no limit, a negative limit counts as its absolute value; INT64_MIN, which
+ * callers refuse, counts as INT64_MAX rather than overflowing). */
 int64_t merge_count_window(int64_t total, int64_t skip, int64_t limit);
 
 /* The limit to push down to each shard for a find with skip and limit (limit + skip, or
- * 0 = none when limit is 0). Saturates instead of overflowing. */
+ * 0 = none when limit is 0; a negative limit counts as its absolute value, INT64_MIN as
+ * INT64_MAX). Saturates instead of overflowing. */
 int64_t merge_pushdown_limit(int64_t skip, int64_t limit);
 
 /* A set of distinct values (MongoDB distinct: values equal under sdb_bson_value_cmp are one

@@ -11,6 +11,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/metauri.h"
 #include "wire/server.h"
 
 /* ---------- a fixed thread pool ---------- */
@@ -557,9 +558,7 @@ void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), 
 
 mongoc_client_pool_t *shardconn_metadata_pool(const char *addrs, char *err, size_t errlen)
 {
-	char *uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=1500"
-				 "&connectTimeoutMS=2000&socketTimeoutMS=30000",
-				 addrs);
+	char *uri = sdb_meta_uri(addrs, false, 1500, 2000, 30000);
 	mongoc_client_pool_t *p = pool_for(uri, err, errlen);
 
 	free(uri);

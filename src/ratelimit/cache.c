@@ -62,15 +62,8 @@ rl_cache *rl_cache_new(size_t capacity, size_t nshards)
 		nshards >>= 1;
 	c->capacity = capacity;
 	c->nshards = nshards;
-	/* aligned_alloc via posix_memalign for the cache-line aligned shard array */
-	void *mem = NULL;
-	if (posix_memalign(&mem, 64, nshards * sizeof(rl_cache_shard)) != 0 || mem == NULL) {
-		fprintf(stderr, "stripedb: out of memory (%zu bytes)\n",
-			nshards * sizeof(rl_cache_shard));
-		abort();
-	}
-	c->shards = mem;
-	memset(c->shards, 0, nshards * sizeof(rl_cache_shard));
+	/* the cache-line aligned shard array (common/alloc.h) */
+	c->shards = sdb_aligned_calloc(64, nshards * sizeof(rl_cache_shard));
 	for (i = 0; i < nshards; i++) {
 		rl_cache_shard *s = &c->shards[i];
 		size_t nb;

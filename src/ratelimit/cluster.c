@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -111,13 +112,6 @@ struct rl_cluster {
 	sdb_counter *m_global_skip;  /* UpdatePeerGlobal entries skipped (unreadable) */
 };
 
-static int64_t mono_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 /* ---- configuration ---- */
 
@@ -238,7 +232,7 @@ static bool peer_alive(size_t idx, void *arg)
 
 static int owner_index(rl_cluster *cl, uint64_t hash)
 {
-	alive_ctx a = {cl, mono_us() / 1000};
+	alive_ctx a = {cl, (int64_t)sdb_mono_us() / 1000};
 	int o = rl_ring_owner(cl->ring, hash, peer_alive, &a);
 
 	return o < 0 ? cl->self : o;
@@ -247,11 +241,11 @@ static int owner_index(rl_cluster *cl, uint64_t hash)
 static void mark_dead(rl_cluster *cl, int idx, const char *why)
 {
 	cl_peer *p = &cl->peers[idx];
-	int64_t until = mono_us() / 1000 + cl->dead_ms;
+	int64_t until = (int64_t)sdb_mono_us() / 1000 + cl->dead_ms;
 	int64_t prev = atomic_exchange(&p->dead_until_ms, until);
 	char q[200];
 
-	if (prev <= mono_us() / 1000)
+	if (prev <= (int64_t)sdb_mono_us() / 1000)
 		sdb_warn("peer unreachable, its keys move to the next owner", "peer=%s error=%s "
 			 "retry_after_ms=%" PRId64, p->addr, sdb_logq(q, sizeof q, why), cl->dead_ms);
 }
@@ -356,7 +350,7 @@ static void gent_free_list(cl_gent *e)
 static void global_armed(rl_cluster *cl)
 {
 	if (cl->g_deadline_us == 0) {
-		cl->g_deadline_us = mono_us() + cl->sync_wait_us;
+		cl->g_deadline_us = (int64_t)sdb_mono_us() + cl->sync_wait_us;
 		pthread_cond_signal(&cl->cv);
 	}
 	if (cl->hits.n >= cl->global_batch_limit || cl->bcast.n >= cl->global_batch_limit)
@@ -572,7 +566,7 @@ static void route_item(rl_cluster *cl, cl_item *it)
 	p->q_tail = it;
 	p->q_len++;
 	if (p->q_len == 1) {
-		p->q_deadline_us = mono_us() + cl->batch_wait_us;
+		p->q_deadline_us = (int64_t)sdb_mono_us() + cl->batch_wait_us;
 		pthread_cond_signal(&cl->cv);
 	} else if (p->q_len >= cl->batch_limit) {
 		pthread_cond_signal(&cl->cv);
@@ -722,7 +716,7 @@ static void send_updates(rl_cluster *cl, Pb__Gubernator__UpdatePeerGlobal **ptrs
 	Pb__Gubernator__UpdatePeerGlobalsReq msg = PB__GUBERNATOR__UPDATE_PEER_GLOBALS_REQ__INIT;
 	uint8_t *buf;
 	size_t len, i;
-	alive_ctx a = {cl, mono_us() / 1000};
+	alive_ctx a = {cl, (int64_t)sdb_mono_us() / 1000};
 
 	msg.n_globals = n;
 	msg.globals = ptrs;
@@ -849,7 +843,7 @@ static void *flusher_main(void *arg)
 	sdb_log_set_thread("ratelimit", NULL);
 	pthread_mutex_lock(&cl->mu);
 	while (!cl->stopping) {
-		int64_t now = mono_us(), next = now + 1000000;
+		int64_t now = (int64_t)sdb_mono_us(), next = now + 1000000;
 		size_t i;
 		bool worked = false;
 
@@ -912,7 +906,6 @@ int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **ou
 	const char **addrs = NULL;
 	size_t n = 0, i;
 	int rv;
-	pthread_condattr_t ca;
 
 	*out = NULL;
 	if (opts->advertise == NULL || opts->advertise[0] == '\0')
@@ -996,10 +989,7 @@ int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **ou
 		"UpdatePeerGlobals entries received, by result", "result=\"skipped\"");
 
 	pthread_mutex_init(&cl->mu, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&cl->cv, &ca);
-	pthread_condattr_destroy(&ca);
+	sdb_cond_init_mono(&cl->cv);
 	rv = pthread_create(&cl->flusher, NULL, flusher_main, cl);
 	if (rv != 0) {
 		sdb_errf(err, errlen, SDB_EIO, "cluster: thread: %s", strerror(rv));
@@ -1172,7 +1162,7 @@ void rl_cluster_peer_decide(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 
 bool rl_cluster_health(rl_cluster *cl, int *peer_count, char *msg, size_t msglen)
 {
-	alive_ctx a = {cl, mono_us() / 1000};
+	alive_ctx a = {cl, (int64_t)sdb_mono_us() / 1000};
 	size_t i, off = 0;
 	bool ok = true;
 

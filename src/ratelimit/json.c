@@ -5,13 +5,13 @@
 #include <bson/bson.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 
 typedef struct priv {
@@ -68,36 +68,19 @@ static bool parse_decimal(const char *s, int64_t *out)
 	return true;
 }
 
+/* proto3 JSON int64: a number (common/bsonget.h's integral rules), a decimal string, or
+ * null (0). */
 static int get_int64(const bson_iter_t *it, const char *field, int64_t *out, char *err,
 		     size_t errlen)
 {
-	double d;
-
-	switch (bson_iter_type(it)) {
-	case BSON_TYPE_NULL:
+	if (BSON_ITER_HOLDS_NULL(it)) {
 		*out = 0;
 		return 0;
-	case BSON_TYPE_INT32:
-		*out = bson_iter_int32(it);
-		return 0;
-	case BSON_TYPE_INT64:
-		*out = bson_iter_int64(it);
-		return 0;
-	case BSON_TYPE_DOUBLE:
-		d = bson_iter_double(it);
-		if (isfinite(d) && d == floor(d) && d >= -9223372036854775808.0 &&
-		    d < 9223372036854775808.0) {
-			*out = (int64_t)d;
-			return 0;
-		}
-		break;
-	case BSON_TYPE_UTF8:
-		if (parse_decimal(bson_iter_utf8(it, NULL), out))
-			return 0;
-		break;
-	default:
-		break;
 	}
+	if (sdb_bson_as_int64(it, out))
+		return 0;
+	if (BSON_ITER_HOLDS_UTF8(it) && parse_decimal(bson_iter_utf8(it, NULL), out))
+		return 0;
 	return sdb_errf(err, errlen, SDB_EPROTO,
 			"invalid value for field '%s': want an int64 (number or decimal string)",
 			field);

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <xxhash.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/metrics.h"
@@ -27,11 +28,9 @@ struct rl_limiter {
 
 int64_t rl_clock_realtime_ms(void *unused)
 {
-	struct timespec ts;
 	(void)unused;
 	/* The protocol's reset_time and created_at are epoch ms: the one wall-clock read. */
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return sdb_wall_ms();
 }
 
 rl_limiter *rl_limiter_new(const rl_limiter_opts *opts)

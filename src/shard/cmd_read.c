@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "shard/shard.h"
@@ -105,31 +106,29 @@ static bool parse_find_opts(shard_ctx *x, const bson_t *cmd, const char *cmdname
 				return false;
 			}
 		} else if (strcmp(k, "skip") == 0) {
-			if (!util_get_int(x, cmdname, &it, &o->skip))
+			if (!util_get_int(x, cmdname, &it, 0, INT64_MAX, &o->skip))
 				return false;
-			if (o->skip < 0) {
-				shard_fail(x, 51024,
-					   "BSON field 'skip' value must be >= 0, actual value '%lld'",
-					   (long long)o->skip);
+		} else if (strcmp(k, "limit") == 0 && strcmp(cmdname, "count") == 0) {
+			/* count_request.cpp countParseLimit: -n means n, except the one value
+			 * whose absolute value an int64 cannot hold */
+			if (!util_get_int(x, cmdname, &it, INT64_MIN, INT64_MAX, &o->limit))
+				return false;
+			if (o->limit == INT64_MIN) {
+				shard_fail(x, WIRE_ERR_BAD_VALUE,
+					   "limit value for count cannot be min long");
 				return false;
 			}
-		} else if (strcmp(k, "limit") == 0) {
-			if (!util_get_int(x, cmdname, &it, &o->limit))
-				return false;
-			if (o->limit < 0) {
+			if (o->limit < 0)
 				o->limit = -o->limit;
-				o->single_batch = true;
-			}
+		} else if (strcmp(k, "limit") == 0) {
+			/* find_command.idl: limit is a safeInt64 with `validator: { gte: 0 }`
+			 * (a negative limit meaning "single batch" is the legacy OP_QUERY form,
+			 * which drivers translate to limit + singleBatch) */
+			if (!util_get_int(x, cmdname, &it, 0, INT64_MAX, &o->limit))
+				return false;
 		} else if (strcmp(k, "batchSize") == 0) {
-			if (!util_get_int(x, cmdname, &it, &o->batch))
+			if (!util_get_int(x, cmdname, &it, 0, INT64_MAX, &o->batch))
 				return false;
-			if (o->batch < 0) {
-				shard_fail(x, 51024,
-					   "BSON field 'batchSize' value must be >= 0, actual value "
-					   "'%lld'",
-					   (long long)o->batch);
-				return false;
-			}
 			o->have_batch = true;
 		} else if (strcmp(k, "singleBatch") == 0) {
 			o->single_batch = o->single_batch || bson_iter_as_bool(&it);
@@ -138,7 +137,7 @@ static bool parse_find_opts(shard_ctx *x, const bson_t *cmd, const char *cmdname
 		} else if (strcmp(k, "awaitData") == 0) {
 			o->await_data = bson_iter_as_bool(&it);
 		} else if (strcmp(k, "maxTimeMS") == 0) {
-			if (!util_get_int(x, cmdname, &it, &o->max_time_ms))
+			if (!util_get_int(x, cmdname, &it, 0, INT32_MAX, &o->max_time_ms))
 				return false;
 		} else if (strcmp(k, "stripedbSnapshot") == 0) {
 			o->snapshot = bson_iter_as_bool(&it);
@@ -581,12 +580,6 @@ void shard_cmd_snapshot(shard_ctx *x)
 
 /* ------------------------------------------------------------------ getMore */
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void getmore_resume(shard_ctx *x);
 
@@ -681,10 +674,10 @@ void shard_cmd_getmore(shard_ctx *x)
 	}
 	coll = bson_iter_utf8(&it, NULL);
 	if (bson_iter_init_find(&it, x->cmd, "batchSize") &&
-	    !util_get_int(x, "getMore", &it, &batch))
+	    !util_get_int(x, "getMore", &it, 0, INT64_MAX, &batch))
 		return;
 	if (bson_iter_init_find(&it, x->cmd, "maxTimeMS") &&
-	    !util_get_int(x, "getMore", &it, &max_time))
+	    !util_get_int(x, "getMore", &it, 0, INT32_MAX, &max_time))
 		return;
 	bool busy = false;
 	shard_cursor *c = shard_cursor_take(x->sh, id, &busy);
@@ -711,7 +704,7 @@ void shard_cmd_getmore(shard_ctx *x)
 	if (c->tailable) {
 		/* mongod: an awaitData getMore waits up to maxTimeMS (default 1 s) for new
 		 * entries, then answers with an empty batch */
-		getmore_tail(x, c, batch, now_ms() + (max_time > 0 ? max_time : 1000));
+		getmore_tail(x, c, batch, (int64_t)sdb_mono_ms() + (max_time > 0 ? max_time : 1000));
 		return;
 	}
 	if (c->q) {
@@ -1224,15 +1217,8 @@ static bool run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out
 		have_cursor = true;
 		bson_iter_t bi;
 		bool ok = true;
-		if (bson_iter_init_find(&bi, &cur, "batchSize")) {
-			ok = util_get_int(x, "aggregate", &bi, batch);
-			if (ok && *batch < 0) {
-				shard_fail(x, 51024, "BSON field 'batchSize' value must be >= 0, "
-						     "actual value '%lld'",
-					   (long long)*batch);
-				ok = false;
-			}
-		}
+		if (bson_iter_init_find(&bi, &cur, "batchSize"))
+			ok = util_get_int(x, "aggregate", &bi, 0, INT64_MAX, batch);
 		bson_destroy(&cur);
 		if (!ok)
 			return false;

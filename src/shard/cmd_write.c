@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "shard/shard.h"
@@ -320,9 +321,7 @@ static void upd_stmt_destroy(upd_stmt *s)
 static int64_t clock_ms(void *ctx)
 {
 	(void)ctx;
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return sdb_wall_ms();
 }
 
 /* The outcome of one update statement. */

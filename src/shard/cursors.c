@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "shard/shard.h"
 #include "storage/projection.h"
@@ -217,9 +218,7 @@ void shard_sessions_note(shard *sh, const bson_t *cmd)
 	bson_iter_binary(&sub, &st, &len, &data);
 	if (len != 16)
 		return;
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	int64_t now = sdb_wall_ms(); /* lastUse is a Date */
 	pthread_mutex_lock(&sh->sess_mu);
 	size_t oldest = 0;
 	for (size_t i = 0; i < sh->n_sessions; i++) {

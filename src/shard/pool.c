@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -153,19 +154,12 @@ void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req)
 
 /* ------------------------------------------------------------ parked awaitData getMores */
 
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Queue the waiters for which pick(a, now) holds (every one when pick is NULL).
  * oplog_mu held. Returns the earliest deadline of those left (INT64_MAX if none). */
 static int64_t requeue_locked(shard *sh, bool (*pick)(const shard_await *a, int64_t now))
 {
 	shard_await **pp = &sh->waiters;
-	int64_t now = mono_ms(), next = INT64_MAX;
+	int64_t now = (int64_t)sdb_mono_ms(), next = INT64_MAX;
 	while (*pp) {
 		shard_await *a = *pp;
 		if (pick == NULL || pick(a, now)) {
@@ -199,19 +193,8 @@ static void *await_main(void *arg)
 		if (next == INT64_MAX) {
 			pthread_cond_wait(&sh->oplog_cv, &sh->oplog_mu);
 		} else {
-			/* oplog_cv uses the default (realtime) clock: convert the monotonic wait */
-			int64_t wait = next - mono_ms();
-			struct timespec ts;
-			if (wait < 1)
-				wait = 1;
-			clock_gettime(CLOCK_REALTIME, &ts);
-			ts.tv_sec += wait / 1000;
-			ts.tv_nsec += (wait % 1000) * 1000000;
-			if (ts.tv_nsec >= 1000000000) {
-				ts.tv_sec++;
-				ts.tv_nsec -= 1000000000;
-			}
-			pthread_cond_timedwait(&sh->oplog_cv, &sh->oplog_mu, &ts);
+			/* oplog_cv waits on CLOCK_MONOTONIC (sdb_cond_init_mono in role.c) */
+			sdb_cond_wait_until(&sh->oplog_cv, &sh->oplog_mu, (uint64_t)next);
 		}
 	}
 	pthread_mutex_unlock(&sh->oplog_mu);
@@ -224,7 +207,7 @@ bool shard_await_park(shard *sh, shard_await *a, uint64_t after_ts)
 	pthread_mutex_lock(&sh->oplog_mu);
 	if (sh->await_close_ms > 0 && a->deadline_ms > sh->await_close_ms)
 		a->deadline_ms = sh->await_close_ms;
-	if (!sh->await_closed && a->deadline_ms > mono_ms()) {
+	if (!sh->await_closed && a->deadline_ms > (int64_t)sdb_mono_ms()) {
 		parked = true;
 		if (sdb_store_oplog_committed(sh->store) > after_ts) {
 			submit(sh, a->fn, a->req, a); /* a commit raced the scan: rescan now */
@@ -246,7 +229,7 @@ void shard_await_close_by(shard *sh, int64_t ms)
 		return;
 	}
 	pthread_mutex_lock(&sh->oplog_mu);
-	sh->await_close_ms = mono_ms() + ms;
+	sh->await_close_ms = (int64_t)sdb_mono_ms() + ms;
 	for (shard_await *a = sh->waiters; a; a = a->next)
 		if (a->deadline_ms > sh->await_close_ms)
 			a->deadline_ms = sh->await_close_ms;

@@ -8,6 +8,7 @@
 
 #include "auth/cluster.h"
 #include "auth/tls.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -59,9 +60,9 @@ static int shard_start(sdb_role *role)
 	shard *sh = sdb_calloc(1, sizeof *sh);
 	sh->role = role;
 	pthread_mutex_init(&sh->mu, NULL);
-	pthread_cond_init(&sh->cv, NULL);
+	sdb_cond_init_mono(&sh->cv);
 	pthread_mutex_init(&sh->oplog_mu, NULL);
-	pthread_cond_init(&sh->oplog_cv, NULL);
+	sdb_cond_init_mono(&sh->oplog_cv);
 	pthread_mutex_init(&sh->cur_mu, NULL);
 	pthread_mutex_init(&sh->sess_mu, NULL);
 	pthread_mutex_init(&sh->conn_mu, NULL);

@@ -1,32 +1,14 @@
 /* Helpers of the shard's command files (see util.h). */
-#include <math.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "shard/util.h"
 #include "storage/bsonval.h"
 
 bool util_token(const bson_iter_t *it, int64_t *out)
 {
-	double d;
-
-	switch (bson_iter_type(it)) {
-	case BSON_TYPE_INT32:
-		*out = bson_iter_int32(it);
-		return true;
-	case BSON_TYPE_INT64:
-		*out = bson_iter_int64(it);
-		return true;
-	case BSON_TYPE_DOUBLE:
-		d = bson_iter_double(it);
-		if (!isfinite(d) || d != floor(d) || d >= 9223372036854775808.0 ||
-		    d < -9223372036854775808.0)
-			return false;
-		*out = (int64_t)d;
-		return true;
-	default:
-		return false;
-	}
+	return sdb_bson_as_int64(it, out);
 }
 
 const char *util_type_name(bson_type_t t)
@@ -57,24 +39,17 @@ bool util_get_doc(shard_ctx *x, const char *cmd, const bson_iter_t *it, bson_t *
 	return true;
 }
 
-bool util_get_int(shard_ctx *x, const char *cmd, const bson_iter_t *it, int64_t *out)
+bool util_get_int(shard_ctx *x, const char *cmd, const bson_iter_t *it, int64_t lo, int64_t hi,
+		  int64_t *out)
 {
-	if (BSON_ITER_HOLDS_INT32(it) || BSON_ITER_HOLDS_INT64(it)) {
-		*out = bson_iter_as_int64(it);
-		return true;
-	}
-	if (BSON_ITER_HOLDS_DOUBLE(it)) {
-		double d = bson_iter_double(it);
-		if (isfinite(d) && d == floor(d) && fabs(d) < 9.2e18) {
-			*out = (int64_t)d;
-			return true;
-		}
-	}
-	shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
-		   "BSON field '%s.%s' is the wrong type '%s', expected types '[long, int, "
-		   "decimal, double']",
-		   cmd, bson_iter_key(it), util_type_name(bson_iter_type(it)));
-	return false;
+	sdb_bson_err e;
+	char *field = sdb_asprintf("%s.%s", cmd, bson_iter_key(it));
+	int rc = sdb_bson_get_int64(it, field, lo, hi, out, &e);
+
+	free(field);
+	if (rc != 0)
+		shard_fail(x, e.code, "%s", e.msg);
+	return rc == 0;
 }
 
 void util_docs_free(bson_t **docs, size_t n)

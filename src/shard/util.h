@@ -14,15 +14,18 @@
  * 14 ("BSON field 'CMD.F' is the wrong type 'T', expected type 'object'") and returns
  * false otherwise. */
 bool util_get_doc(shard_ctx *x, const char *cmd, const bson_iter_t *it, bson_t *out);
-/* A whole number (int32, int64 or integral double) at it. Replies 14 otherwise. */
-bool util_get_int(shard_ctx *x, const char *cmd, const bson_iter_t *it, int64_t *out);
+/* A whole number (int32, int64 or integral double) in [lo, hi] at it, by the rules of
+ * common/bsonget.h (sdb_bson_get_int64, field named "CMD.F"). Replies its error (14, 9,
+ * 51024 below lo, 2 above hi) and returns false otherwise. */
+bool util_get_int(shard_ctx *x, const char *cmd, const bson_iter_t *it, int64_t lo, int64_t hi,
+		  int64_t *out);
 /* MongoDB's name of a BSON type ("object", "string", ...). */
 const char *util_type_name(bson_type_t t);
 
 /* A version token from a command field: an int32, an int64, or a double that is finite,
  * integral and within int64 (|v| < 2^63). Anything else (NaN, inf, 1.5, 1e300, strings)
  * returns false, so a fencing token can never be rounded or wrapped (an infinite token once
- * became INT64_MIN and disabled the gate). */
+ * became INT64_MIN and disabled the gate). sdb_bson_as_int64 of common/bsonget.h. */
 bool util_token(const bson_iter_t *it, int64_t *out);
 
 /* Arrays of heap documents (bson_new/bson_copy). */

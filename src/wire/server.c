@@ -987,6 +987,16 @@ static void on_close_timeout(uv_timer_t *t)
 		 "connections=%zu requests_running=%zu", srv->n_conns, srv->n_outstanding);
 	for (conn = srv->conns; conn; conn = next) {
 		next = conn->next;
+		/* a handler that never replies is a bug: name it (the integration suite fails
+		 * the test whose process logs this, tests/integration/conftest.py) */
+		if (conn->inflight != NULL)
+			sdb_warn("wire: unanswered request at shutdown",
+				 "port=%d conn=%lld cmd=%s db=%s running_ms=%llu", srv->port,
+				 (long long)conn->id,
+				 conn->inflight->name ? conn->inflight->name : "(invalid)",
+				 conn->inflight->db ? conn->inflight->db : "",
+				 (unsigned long long)((uv_hrtime() - conn->inflight->start_ns) /
+						      1000000u));
 		conn_close(conn);
 	}
 }

@@ -83,6 +83,10 @@ def run(args, mode):
         c.write("shardCollection", "bench.h", key={"k": "hashed"}, numChunks=args.chunks)
         for i in range(args.clients):
             c.write("registerMigration", f"bench-{i}", ns="bench.h")
+            # the transition table is checked at apply (src/metadata/migstate.h): writes
+            # save progress in one state, with the expectState the leader requires
+            c.write("updateMigration", f"bench-{i}", expectState="registered",
+                    state="importing")
         leader = c.leader()
         follower = next(m for m in c.members if m is not leader)
 
@@ -96,7 +100,7 @@ def run(args, mode):
             while not stop.is_set():
                 t0 = time.perf_counter()
                 try:
-                    cl.admin.command("updateMigration", f"bench-{i}", state=f"s{n % 7}",
+                    cl.admin.command("updateMigration", f"bench-{i}", expectState="importing",
                                      checkpoint={"n": n})
                     mine.append(time.perf_counter() - t0)
                 except pymongo.errors.PyMongoError:

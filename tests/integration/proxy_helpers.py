@@ -8,7 +8,7 @@ embedded shards and M proxies, each a real `stripedb` process on free ports.
 """
 import pymongo
 
-from conftest import free_port, http_get, wait_until
+from conftest import assert_clean_exit, free_port, http_get, wait_until
 from metadata_cluster import Cluster
 
 
@@ -111,6 +111,13 @@ class ProxyCluster:
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def stop_proxy_clean(self, i=0):
+        """Close the clients, stop proxy i gracefully and assert it exits 0 with no
+        sanitizer report (LeakSanitizer runs at exit: conftest.assert_clean_exit)."""
+        for c in self._clients:
+            c.close()
+        assert_clean_exit(self.proxy_procs[i])
 
     def close(self):
         """Close clients and stop the proxies first (while shards and metadata still

@@ -237,6 +237,7 @@ def logs(tmp):
 
 
 @needs_netns
+@pytest.mark.timeout(1200)  # five network namespaces with sshd, waits of up to 240 s
 def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
     pymongo = pytest.importorskip("pymongo")
     spec = write_spec(net, tmp_path)

@@ -219,6 +219,7 @@ def _run_script(name, timeout):
 
 
 @pytest.mark.skipif(not PACKAGING, reason=SKIP_REASON)
+@pytest.mark.timeout(3700)  # the script's own bound (3600 s: debootstrap from the mirror)
 def test_deb_in_fresh_debian_root():
     if os.geteuid() != 0:
         pytest.skip("test-deb.sh needs root (debootstrap, chroot)")
@@ -228,6 +229,7 @@ def test_deb_in_fresh_debian_root():
 
 
 @pytest.mark.skipif(not PACKAGING, reason=SKIP_REASON)
+@pytest.mark.timeout(3700)  # the script's own bound
 def test_rpm_same_files_as_deb():
     r = _run_script("test-rpm.sh", timeout=3600)
     assert r.returncode == 0

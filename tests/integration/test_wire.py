@@ -375,3 +375,31 @@ def test_mongosh(wire):
                        env=node_env())
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip() == "1", r.stdout + r.stderr
+
+
+def test_unanswered_request_is_named_when_the_stop_times_out(tmp_path):
+    """A handler that never replies in time must not go unnoticed: when the graceful stop's
+    drain times out (wire_test_server drains for 5 s) the server logs each unanswered
+    request by name, and conftest's start_role fails any test whose process logs it."""
+    assert os.access(TEST_SERVER, os.X_OK), f"{TEST_SERVER} not built (make check builds it)"
+    port = free_port()
+    log_path = tmp_path / "wire_test_server.log"
+    with open(log_path, "wb") as log:
+        p = subprocess.Popen([TEST_SERVER, f"--listen=127.0.0.1:{port}"],
+                             stdout=subprocess.PIPE, stderr=log)
+        try:
+            assert p.stdout.readline().decode() == f"port={port}\n"
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(op_msg(7, {"stripedbTestSleep": 10000, "$db": "admin"}))
+            wait_until(lambda: "stripedbTestSleep started" in log_path.read_text(), 20,
+                       what="the handler running")
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=30)
+            s.close()
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = log_path.read_text()
+    assert "wire: unanswered request at shutdown" in text, text[-3000:]
+    assert "cmd=stripedbTestSleep" in text and "db=admin" in text, text[-3000:]

@@ -44,6 +44,7 @@ static int health(void *data, char *msg, size_t msglen)
 static void sleep_work(uv_work_t *w)
 {
 	work *k = (work *)w;
+	sdb_info("stripedbTestSleep started", "ms=%lld", (long long)k->ms); /* tests wait for it */
 	uv_sleep((unsigned)k->ms);
 	/* completed from the pool thread, as a role with blocking work would */
 	wire_req_reply(k->req, BCON_NEW("slept", BCON_INT64(k->ms)));

@@ -117,6 +117,10 @@ static void test_windows(void **state)
 	assert_int_equal(merge_pushdown_limit(5, 10), 15);
 	assert_int_equal(merge_pushdown_limit(5, 0), 0);
 	assert_int_equal(merge_pushdown_limit(INT64_MAX, 10), 0);
+	/* issue #24: -INT64_MIN overflowed here (UBSan at merge.c:131) */
+	assert_true(merge_count_window(10, 0, INT64_MIN) == 10);
+	assert_true(merge_pushdown_limit(0, INT64_MIN) == INT64_MAX);
+	assert_true(merge_pushdown_limit(1, INT64_MIN) == 0); /* saturated: no pushdown */
 }
 
 static void test_distinct(void **state)

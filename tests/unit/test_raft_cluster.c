@@ -118,16 +118,25 @@ static void prop_free(prop *p)
 	free(p);
 }
 
-/* Submit on the leader i and step until applied there; returns the result's ok. */
-static double commit(cluster *c, unsigned i, const char *op, const char *json)
+/* Submit on the leader i and step until applied there; returns the result's ok and, when
+ * code is not NULL, its code (0 when ok). */
+static double commit_code(cluster *c, unsigned i, const char *op, const char *json, int *code)
 {
 	prop *p = submit(c, i, op, json);
+	bson_iter_t it;
 	assert_true(raft_fixture_step_until(&c->f, prop_done, p, 20000));
 	assert_int_equal(p->status, 0);
 	assert_non_null(p->result);
 	double ok = ok_of(p->result);
+	if (code != NULL)
+		*code = bson_iter_init_find(&it, p->result, "code") ? (int)bson_iter_as_int64(&it) : 0;
 	prop_free(p);
 	return ok;
+}
+
+static double commit(cluster *c, unsigned i, const char *op, const char *json)
+{
+	return commit_code(c, i, op, json, NULL);
 }
 
 typedef struct leader_among {
@@ -271,6 +280,98 @@ static void scenario(unsigned n)
 	cluster_close(&c);
 }
 
+
+/* State and version of migration id on member i. */
+static void mig_on(cluster *c, unsigned i, const char *id, char *state, size_t n, int64_t *ver)
+{
+	bson_t q = BSON_INITIALIZER, rep = BSON_INITIALIZER;
+	bson_iter_t it, sub;
+	char err[128];
+	BSON_APPEND_UTF8(&q, "getMigration", id);
+	assert_int_equal(sdb_fsm_query(c->fsm[i], "getMigration", &q, &rep, err, sizeof err), 0);
+	assert_true(bson_iter_init_find(&it, &rep, "migration") && bson_iter_recurse(&it, &sub));
+	assert_true(bson_iter_find(&sub, "state"));
+	snprintf(state, n, "%s", bson_iter_utf8(&sub, NULL));
+	assert_true(bson_iter_init_find(&it, &rep, "migration") && bson_iter_recurse(&it, &sub));
+	assert_true(bson_iter_find(&sub, "version"));
+	*ver = bson_iter_as_int64(&sub);
+	bson_destroy(&q);
+	bson_destroy(&rep);
+}
+
+/* Issue #24: the replicated state machine checks migration transitions itself, with the
+ * one table of metadata/migstate.h. An updateMigration stamped opVersion 2 (what the
+ * metadata leader proposes) that takes an edge outside the table, or that has no
+ * expectState, is refused at apply by every member, which all keep the same state; an
+ * unstamped entry (an older binary's, replayed) applies with the old rules. */
+static void test_illegal_migration_transition_refused_everywhere(void **state)
+{
+	cluster c;
+	unsigned l, i;
+	int code;
+	char st[64];
+	int64_t ver, ver0 = 0;
+
+	/* op, args, expected code (0 = ok) */
+	static const struct {
+		const char *op, *json;
+		int code;
+	} steps[] = {
+		{"registerMigration", "{\"id\": \"m\", \"ns\": \"app.c\", \"opVersion\": 2}", 0},
+		/* a migration starts in registered */
+		{"registerMigration", "{\"id\": \"m2\", \"state\": \"complete\", \"opVersion\": 2}", 20},
+		{"updateMigration", "{\"id\": \"m\", \"expectState\": \"registered\", \"state\": "
+				    "\"importing\", \"opVersion\": 2}", 0},
+		/* importing -> switched skips replicating, verifying and switching */
+		{"updateMigration", "{\"id\": \"m\", \"expectState\": \"importing\", \"state\": "
+				    "\"switched\", \"checkpoint\": {\"ts\": 9}, \"opVersion\": 2}", 20},
+		/* a name outside the table is no state at all */
+		{"updateMigration", "{\"id\": \"m\", \"expectState\": \"importing\", \"state\": "
+				    "\"copying\", \"opVersion\": 2}", 20},
+		/* expectState is required */
+		{"updateMigration", "{\"id\": \"m\", \"state\": \"aborted\", \"opVersion\": 2}", 2},
+		/* saving progress in the same state is not a transition */
+		{"updateMigration", "{\"id\": \"m\", \"expectState\": \"importing\", \"checkpoint\": "
+				    "{\"ts\": 5}, \"opVersion\": 2}", 0},
+		{"updateMigration", "{\"id\": \"m\", \"expectState\": \"importing\", \"state\": "
+				    "\"aborted\", \"opVersion\": 2}", 0},
+		/* a terminal state has no way out */
+		{"updateMigration", "{\"id\": \"m\", \"expectState\": \"aborted\", \"state\": "
+				    "\"importing\", \"opVersion\": 2}", 20},
+		/* rolling upgrade: an unstamped entry keeps the old rules (any state, no
+		 * expectState) */
+		{"registerMigration", "{\"id\": \"old\", \"state\": \"s0\"}", 0},
+		{"updateMigration", "{\"id\": \"old\", \"state\": \"s1\"}", 0},
+	};
+
+	(void)state;
+	cluster_init(&c, 3);
+	assert_true(raft_fixture_step_until_has_leader(&c.f, 10000));
+	l = raft_fixture_leader_index(&c.f);
+	for (i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+		double ok = commit_code(&c, l, steps[i].op, steps[i].json, &code);
+		if (ok != (steps[i].code == 0 ? 1.0 : 0.0) || code != steps[i].code)
+			fail_msg("step %u (%s %s): ok %g code %d, want code %d", i, steps[i].op,
+				 steps[i].json, ok, code, steps[i].code);
+	}
+
+	/* every member applied the same entries to the same result */
+	raft_index last = raft_last_applied(raft_fixture_get(&c.f, l));
+	assert_true(raft_fixture_step_until_applied(&c.f, c.n, last, 30000));
+	for (i = 0; i < c.n; i++) {
+		mig_on(&c, i, "m", st, sizeof st, &ver);
+		assert_string_equal(st, "aborted");
+		assert_int_equal(ver, 4); /* registered, importing, progress, aborted */
+		if (i == 0)
+			ver0 = ver;
+		assert_int_equal(ver, ver0);
+		mig_on(&c, i, "old", st, sizeof st, &ver);
+		assert_string_equal(st, "s1");
+		assert_true(sdb_fsm_hash(c.fsm[i]) == sdb_fsm_hash(c.fsm[0]));
+	}
+	cluster_close(&c);
+}
+
 static void test_three_members(void **state)
 {
 	(void)state;
@@ -288,6 +389,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_three_members),
 		cmocka_unit_test(test_five_members),
+		cmocka_unit_test(test_illegal_migration_transition_refused_everywhere),
 	};
 	return cmocka_run_group_tests_name("raft_cluster", tests, NULL, NULL);
 }

@@ -1,0 +1,54 @@
+/* The injectable wall clock and monotonic condition-variable waits (see clock.h). */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/clock.h"
+
+static _Atomic(int64_t (*)(void)) wall_hook;
+
+int64_t sdb_wall_ms(void)
+{
+	int64_t (*fn)(void) = atomic_load(&wall_hook);
+	struct timespec ts;
+
+	if (fn != NULL)
+		return fn();
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void sdb_clock_set_wall(int64_t (*fn)(void))
+{
+	atomic_store(&wall_hook, fn);
+}
+
+void sdb_cond_init_mono(pthread_cond_t *cv)
+{
+	pthread_condattr_t ca;
+
+	if (pthread_condattr_init(&ca) != 0 ||
+	    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
+	    pthread_cond_init(cv, &ca) != 0) {
+		fprintf(stderr, "stripedb: cannot create a CLOCK_MONOTONIC condition variable\n");
+		abort();
+	}
+	pthread_condattr_destroy(&ca);
+}
+
+int sdb_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ms)
+{
+	struct timespec ts = {.tv_sec = (time_t)(deadline_ms / 1000),
+			      .tv_nsec = (long)(deadline_ms % 1000) * 1000000L};
+	int rc = pthread_cond_timedwait(cv, mu, &ts);
+
+	return rc == ETIMEDOUT ? ETIMEDOUT : 0;
+}
+
+int sdb_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms)
+{
+	if (ms <= 0)
+		return ETIMEDOUT;
+	return sdb_cond_wait_until(cv, mu, sdb_mono_ms() + (uint64_t)ms);
+}

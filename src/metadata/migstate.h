@@ -1,0 +1,65 @@
+/* The migration state machine: states, their stored names and the one table of allowed
+ * transitions (CONVENTIONS.md: lifecycles are explicit state machines with a table of
+ * allowed transitions; migrations are the same idea, persisted).
+ *
+ * Shared by the three places that move a migration: the metadata state machine
+ * (raft/fsm.c op_update_migration checks every transition at apply, so the replicated
+ * record can never take an edge outside the table whoever sends it), the coordinator's
+ * runner (src/coordinator/migrate.c, which checks before proposing) and
+ * `stripedb ctl migration rollback` (cli/migrate.c). The meaning of each state is in
+ * src/coordinator/migrate.h.
+ *
+ *   registered -> importing -> replicating -> verifying -> switching -> switched
+ *   registered, importing, replicating, verifying, switching -> aborted
+ *   verifying -> replicating (a difference to re-replicate), switching -> replicating
+ *   (pause bound exceeded), switched -> cleaning -> complete,
+ *   switched -> rolling_back -> rolled_back | switched (rollback timed out)
+ *   complete, aborted, rolled_back: terminal.
+ *
+ * Versioning (rolling upgrades): the check applies to updateMigration entries whose
+ * args carry opVersion >= MIGSTATE_OP_VERSION, which the metadata leader stamps on every
+ * updateMigration it proposes (src/metadata/role.c). Entries without it (written by an
+ * older binary, or replayed from an older log) apply with the old rules (any state,
+ * optional expectState), so every member replays a log to the same state whatever
+ * version wrote it.
+ */
+#ifndef SDB_METADATA_MIGSTATE_H
+#define SDB_METADATA_MIGSTATE_H
+
+#include <stdbool.h>
+
+/* updateMigration's op version from which expectState is required and the transition
+ * table is checked at apply. */
+#define MIGSTATE_OP_VERSION 2
+
+typedef enum {
+	MIG_REGISTERED = 0,
+	MIG_IMPORTING,
+	MIG_REPLICATING,
+	MIG_VERIFYING,
+	MIG_SWITCHING,
+	MIG_SWITCHED,
+	MIG_CLEANING,
+	MIG_COMPLETE,
+	MIG_ABORTED,
+	MIG_ROLLING_BACK,
+	MIG_ROLLED_BACK,
+	MIG__COUNT,
+	MIG_UNKNOWN = -1,
+} mig_state;
+
+/* The state's name as stored in metadata ("registered", ...); "unknown" out of range.
+ * Static string. */
+const char *migrate_state_name(mig_state s);
+/* Parse a stored name; MIG_UNKNOWN when NULL or not one of the names. */
+mig_state migrate_state_parse(const char *name);
+/* True when from -> to is an edge of the transition table above (from == to is not an
+ * edge: saving progress in the same state is not a transition). */
+bool migrate_transition_ok(mig_state from, mig_state to);
+/* complete, aborted, rolled_back. */
+bool migrate_state_terminal(mig_state s);
+/* States in which the migration counts against the concurrency budgets (importing ..
+ * rolling_back, not registered, not terminal). */
+bool migrate_state_active(mig_state s);
+
+#endif

@@ -1,0 +1,161 @@
+/* Unit tests of src/common/bsonget.c: MongoDB's numeric-field rules and the range check
+ * that keeps INT64_MIN away from `x = -x`. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/bsonget.h"
+#include "common/err.h"
+
+/* Read field "v" of doc with sdb_bson_find_int64 in [lo, hi]; returns the status. */
+static int get(const bson_t *doc, int64_t lo, int64_t hi, int64_t *out, sdb_bson_err *e)
+{
+	memset(e, 0, sizeof *e);
+	return sdb_bson_find_int64(doc, "v", lo, hi, -7, out, e);
+}
+
+static void test_integral_types_accepted(void **state)
+{
+	bson_t *d32 = BCON_NEW("v", BCON_INT32(-5));
+	bson_t *d64 = BCON_NEW("v", BCON_INT64(INT64_MAX));
+	bson_t *dd = BCON_NEW("v", BCON_DOUBLE(42.0));
+	bson_t *dneg = BCON_NEW("v", BCON_DOUBLE(-9223372036854775808.0)); /* -2^63 exact */
+	sdb_bson_err e;
+	int64_t v = 0;
+
+	(void)state;
+	assert_int_equal(get(d32, INT64_MIN, INT64_MAX, &v, &e), 0);
+	assert_int_equal(v, -5);
+	assert_int_equal(get(d64, INT64_MIN, INT64_MAX, &v, &e), 0);
+	assert_true(v == INT64_MAX);
+	assert_int_equal(get(dd, 0, 100, &v, &e), 0);
+	assert_int_equal(v, 42);
+	assert_int_equal(get(dneg, INT64_MIN, INT64_MAX, &v, &e), 0);
+	assert_true(v == INT64_MIN);
+	bson_destroy(d32);
+	bson_destroy(d64);
+	bson_destroy(dd);
+	bson_destroy(dneg);
+}
+
+static void test_absent_gives_default(void **state)
+{
+	bson_t *d = BCON_NEW("other", BCON_INT32(1));
+	sdb_bson_err e;
+	int64_t v = 0;
+
+	(void)state;
+	assert_int_equal(get(d, 0, 10, &v, &e), 0);
+	assert_int_equal(v, -7);
+	bson_destroy(d);
+}
+
+static void test_doubles_must_be_integral_int64(void **state)
+{
+	const double bad[] = {1.5, -0.25, NAN, INFINITY, -INFINITY, 9223372036854775808.0,
+			      -9223372036854777856.0 /* the double below -2^63 */};
+	sdb_bson_err e;
+	int64_t v = 123;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		bson_t *d = BCON_NEW("v", BCON_DOUBLE(bad[i]));
+		assert_int_equal(get(d, INT64_MIN, INT64_MAX, &v, &e), SDB_EINVAL);
+		assert_int_equal(e.code, SDB_BSONGET_FAILED_TO_PARSE);
+		assert_non_null(strstr(e.msg, "Expected an integer: v:"));
+		assert_int_equal(v, 123); /* untouched on error */
+		bson_destroy(d);
+	}
+}
+
+static void test_wrong_type_names_field_and_type(void **state)
+{
+	bson_t *s = BCON_NEW("v", BCON_UTF8("10"));
+	bson_t *b = BCON_NEW("v", BCON_BOOL(true));
+	sdb_bson_err e;
+	int64_t v;
+
+	(void)state;
+	assert_int_equal(get(s, 0, 100, &v, &e), SDB_EINVAL);
+	assert_int_equal(e.code, SDB_BSONGET_TYPE_MISMATCH);
+	assert_string_equal(e.msg,
+			    "BSON field 'v' is the wrong type 'string', expected types '[long, int, "
+			    "double]'");
+	assert_int_equal(get(b, 0, 100, &v, &e), SDB_EINVAL);
+	assert_int_equal(e.code, SDB_BSONGET_TYPE_MISMATCH);
+	assert_non_null(strstr(e.msg, "'bool'"));
+	bson_destroy(s);
+	bson_destroy(b);
+}
+
+/* The regression of issue #24: INT64_MIN as a limit must be refused before anyone negates
+ * it (and the refusal itself must not overflow formatting it). */
+static void test_int64_min_refused_by_range(void **state)
+{
+	bson_t *d = BCON_NEW("v", BCON_INT64(INT64_MIN));
+	sdb_bson_err e;
+	int64_t v = 0;
+
+	(void)state;
+	assert_int_equal(get(d, -INT64_MAX, INT64_MAX, &v, &e), SDB_EINVAL);
+	assert_int_equal(e.code, SDB_BSONGET_BELOW_MIN);
+	assert_string_equal(e.msg, "BSON field 'v' value must be >= -9223372036854775807, actual "
+				   "value '-9223372036854775808'");
+	assert_int_equal(get(d, 0, INT64_MAX, &v, &e), SDB_EINVAL);
+	assert_int_equal(e.code, SDB_BSONGET_BELOW_MIN);
+	assert_string_equal(e.msg, "BSON field 'v' value must be >= 0, actual value "
+				   "'-9223372036854775808'");
+	bson_destroy(d);
+}
+
+static void test_above_max_refused(void **state)
+{
+	bson_t *d = BCON_NEW("v", BCON_INT32(11));
+	sdb_bson_err e;
+	int64_t v = 0;
+
+	(void)state;
+	assert_int_equal(get(d, 0, 10, &v, &e), SDB_EINVAL);
+	assert_int_equal(e.code, SDB_BSONGET_BAD_VALUE);
+	assert_string_equal(e.msg, "BSON field 'v' value must be <= 10, actual value '11'");
+	assert_int_equal(sdb_bson_find_int64(d, "v", 0, 10, 0, &v, NULL), SDB_EINVAL);
+	bson_destroy(d);
+}
+
+static void test_as_int64_without_message(void **state)
+{
+	bson_t *d = BCON_NEW("a", BCON_INT32(3), "b", BCON_DOUBLE(2.5), "c", BCON_UTF8("x"));
+	bson_iter_t it;
+	int64_t v = 0;
+
+	(void)state;
+	assert_true(bson_iter_init_find(&it, d, "a") && sdb_bson_as_int64(&it, &v));
+	assert_int_equal(v, 3);
+	assert_true(bson_iter_init_find(&it, d, "b"));
+	assert_false(sdb_bson_as_int64(&it, &v));
+	assert_true(bson_iter_init_find(&it, d, "c"));
+	assert_false(sdb_bson_as_int64(&it, &v));
+	assert_string_equal(sdb_bson_type_name(BSON_TYPE_INT64), "long");
+	assert_string_equal(sdb_bson_type_name(BSON_TYPE_EOD), "missing");
+	bson_destroy(d);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_integral_types_accepted),
+		cmocka_unit_test(test_absent_gives_default),
+		cmocka_unit_test(test_doubles_must_be_integral_int64),
+		cmocka_unit_test(test_wrong_type_names_field_and_type),
+		cmocka_unit_test(test_int64_min_refused_by_range),
+		cmocka_unit_test(test_above_max_refused),
+		cmocka_unit_test(test_as_int64_without_message),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
