@@ -2233,6 +2233,67 @@ static void do_broadcast(ctx *c)
 	bcast_free(&b, n);
 }
 
+/* createIndexes on a sharded collection: a unique index each shard cannot enforce alone
+ * (not prefixed by the shard key, nor by _id) is refused with CannotCreateIndex (67) before any
+ * shard builds it, as mongod refuses it on a sharded collection; everything else is broadcast.
+ * Source: MongoDB's checkUniqueIndexConstraints (create_indexes.cpp). */
+static void do_create_indexes(ctx *c)
+{
+	route_coll *rc = route_or_fail(c);
+	bson_iter_t it, arr, spec;
+
+	if (rc == NULL)
+		return; /* answered: routing unavailable, no shard builds an unchecked index */
+	if (rc->nkeys > 0 && bson_iter_init_find(&it, c->cmd, "indexes") &&
+	    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			bson_iter_t f;
+			bson_t key;
+			const uint8_t *data;
+			uint32_t len;
+			bool unique = false, has_key = false;
+
+			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &spec))
+				continue; /* the shards refuse a malformed spec */
+			while (bson_iter_next(&spec)) {
+				if (strcmp(bson_iter_key(&spec), "unique") == 0)
+					unique = bson_iter_as_bool(&spec);
+				else if (strcmp(bson_iter_key(&spec), "key") == 0 &&
+					 BSON_ITER_HOLDS_DOCUMENT(&spec))
+					f = spec, has_key = true;
+			}
+			if (!unique || !has_key)
+				continue;
+			bson_iter_document(&f, &len, &data);
+			if (!bson_init_static(&key, data, len) || route_unique_index_compatible(rc, &key))
+				continue;
+			{
+				char *ks = bson_as_relaxed_extended_json(&key, NULL);
+				bson_t sk = BSON_INITIALIZER;
+				char *ss;
+				size_t i;
+				for (i = 0; i < rc->nkeys; i++) {
+					if (rc->hashed)
+						BSON_APPEND_UTF8(&sk, rc->keys[i], "hashed");
+					else
+						BSON_APPEND_INT32(&sk, rc->keys[i], 1);
+				}
+				ss = bson_as_relaxed_extended_json(&sk, NULL);
+				wire_req_error(c->req, WIRE_ERR_CANNOT_CREATE_INDEX,
+					       "cannot create unique index over %s with shard key pattern %s",
+					       ks ? ks : "?", ss ? ss : "?");
+				bson_free(ks);
+				bson_free(ss);
+				bson_destroy(&sk);
+			}
+			route_coll_unref(rc);
+			return;
+		}
+	}
+	route_coll_unref(rc);
+	do_broadcast(c);
+}
+
 static void do_list_indexes(ctx *c)
 {
 	route_coll *rc = route_or_fail(c);
@@ -3289,8 +3350,10 @@ static void run_job(void *arg)
 		do_list_indexes(&c);
 	else if (strcmp(name, "collStats") == 0 || strcmp(name, "collstats") == 0)
 		do_coll_stats(&c);
+	else if (strcmp(name, "createIndexes") == 0)
+		do_create_indexes(&c);
 	else
-		do_broadcast(&c); /* createIndexes, dropIndexes, drop, create, collMod */
+		do_broadcast(&c); /* dropIndexes, drop, create, collMod */
 out:
 	free(j->user);
 	free(j);

@@ -741,3 +741,23 @@ size_t route_cache_names(route_cache *rc, char ***out)
 	uv_mutex_unlock(&rc->mu);
 	return n;
 }
+
+bool route_unique_index_compatible(const route_coll *c, const bson_t *key)
+{
+	bson_iter_t it;
+	size_t i = 0;
+
+	if (!bson_iter_init(&it, key))
+		return false;
+	while (bson_iter_next(&it)) {
+		const char *f = bson_iter_key(&it);
+		if (i == 0 && strcmp(f, "_id") == 0)
+			return true;
+		if (i == c->nkeys)
+			return true;
+		if (strcmp(f, c->keys[i]) != 0)
+			return false;
+		i++;
+	}
+	return i == c->nkeys;
+}

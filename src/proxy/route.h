@@ -128,4 +128,11 @@ void route_cache_drop(route_cache *rc, const char *ns);
 /* Copy the cached namespaces (heap array of heap strings, caller frees each and the array). */
 size_t route_cache_names(route_cache *rc, char ***out);
 
+/* May a unique index with key pattern `key` ({f: 1, g: -1}) exist on a collection sharded as c
+ * (c->nkeys > 0)? Only if uniqueness can be enforced by each shard alone: the key begins with
+ * _id (unique everywhere by itself) or has the shard key's fields as its leading fields, in
+ * order (directions and "hashed" ignored). MongoDB's ShardKeyPattern::isUniqueIndexCompatible
+ * (src/mongo/s/shard_key_pattern.cpp); a refused index is CannotCreateIndex (67). */
+bool route_unique_index_compatible(const route_coll *c, const bson_t *key);
+
 #endif

@@ -358,18 +358,32 @@ def test_crud_unified_through_proxy(cluster, start_role, tmp_path):
     # use small integer ids: [MinKey,2) [2,4) [4,MaxKey) put their documents on 3 shards;
     # unsorted finds merge chunk by chunk, so they return key order, as the files expect of
     # one server's natural order)
-    seen = set()
+    # A collection whose file creates a unique index that does not start with _id stays
+    # unsharded: on a collection sharded on _id such an index cannot be enforced by each
+    # shard alone, and the proxy refuses it with 67 as MongoDB does
+    # (test_unique_index_must_be_prefixed_by_the_shard_key).
+    namespaces, unsharded = {}, {}
     for f in files:
         spec = crud_unified.load_file(os.path.join(cdir, f))
         dbs = {e["database"]["id"]: e["database"]["databaseName"]
                for e in spec.get("createEntities", []) if "database" in e}
-        for e in spec.get("createEntities", []):
-            if "collection" in e:
-                ns = f"{dbs[e['collection']['database']]}.{e['collection']['collectionName']}"
-                if ns not in seen:
-                    seen.add(ns)
-                    cluster.shard_collection(ns, {"_id": 1},
-                                             split_points=[{"_id": 2}, {"_id": 4}])
+        colls = {e["collection"]["id"]: f"{dbs[e['collection']['database']]}."
+                 f"{e['collection']['collectionName']}"
+                 for e in spec.get("createEntities", []) if "collection" in e}
+        for ns in colls.values():
+            namespaces.setdefault(ns, f)
+        for t in spec.get("tests", []):
+            for op in t.get("operations", []):
+                args = op.get("arguments", {})
+                if (op.get("name") == "createIndex" and args.get("unique") and
+                        next(iter(args.get("keys", {"_id": 1}))) != "_id" and
+                        op.get("object") in colls):
+                    unsharded.setdefault(colls[op["object"]], f)
+    for ns in namespaces:
+        if ns in unsharded:
+            print(f"{ns} left unsharded: {unsharded[ns]} creates a unique index not prefixed by _id")
+            continue
+        cluster.shard_collection(ns, {"_id": 1}, split_points=[{"_id": 2}, {"_id": 4}])
     proxy_uri = f"mongodb://127.0.0.1:{cluster.proxy_ports[0]}/"
     solo_uri = f"mongodb://127.0.0.1:{port}/"
     regressions = []
@@ -388,6 +402,34 @@ def test_crud_unified_through_proxy(cluster, start_role, tmp_path):
           f"through the proxy over 3 shards")
     assert regressions == [], "\n".join(regressions)
     assert total_direct > 0
+
+
+def test_unique_index_must_be_prefixed_by_the_shard_key(cluster):
+    """A unique index on a sharded collection must start with the shard key (or _id), else
+    67 CannotCreateIndex and no shard builds it (MongoDB's isUniqueIndexCompatible); one that
+    is prefixed is enforced across the collection."""
+    cluster.shard_collection("uq.c", {"k": 1}, split_points=[{"k": 100}, {"k": 200}])
+    coll = cluster.proxy_client(0).uq.c
+    for keys in ([("x", 1)], [("x", 1), ("k", 1)], [("x", 1), ("_id", 1)]):
+        with pytest.raises(OperationFailure) as e:
+            coll.create_index(keys, unique=True)
+        assert e.value.code == 67, e.value.details
+        assert "shard key pattern" in str(e.value)
+    for sid in cluster.shard_ids:
+        names = [i["name"] for i in cluster.shard_client(sid).uq.c.list_indexes()]
+        assert not any(n.startswith("x_1") for n in names), (sid, names)
+    # not unique, or prefixed by the shard key, or by _id: built
+    coll.create_index([("x", 1)])
+    coll.create_index([("k", 1), ("x", 1)], unique=True)
+    coll.create_index([("_id", 1), ("x", 1)], unique=True)
+    # the prefixed unique index is enforced: documents with equal (k, x) live on one shard
+    coll.insert_many([{"_id": i, "k": k, "x": "a"} for i, k in enumerate((5, 150, 250))])
+    for i, k in enumerate((5, 150, 250)):
+        with pytest.raises(pymongo.errors.DuplicateKeyError):
+            coll.insert_one({"_id": 100 + i, "k": k, "x": "a"})
+    assert coll.count_documents({}) == 3
+    # an unsharded collection takes any unique index
+    cluster.proxy_client(0).uq.plain.create_index([("x", 1)], unique=True)
 
 
 # ---------------------------------------------------------------- quotas
