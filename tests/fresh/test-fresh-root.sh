@@ -29,17 +29,17 @@ start=$(date +%s)
 cache=${SDB_FRESH_CACHE:-/var/cache/stripedb-tests}
 tmp=$(mktemp -d "${TMPDIR:-/var/tmp}/sdb-fresh-root.XXXXXX")
 root="$tmp/root"
-mounts=()
 cleanup() {
 	# Anything still running in the root (a failed demo, a test's process) goes first.
 	local p
 	for p in /proc/[0-9]*; do
 		[ "$(readlink "$p/root" 2>/dev/null)" = "$root" ] && kill -KILL "${p#/proc/}" 2>/dev/null || true
 	done
-	local i
-	for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
-		umount -l "${mounts[$i]}" 2>/dev/null || true
-	done
+	# Every mount under the root, deepest first: ours, and any that propagated in from the
+	# host meanwhile (an `ip netns add` of another test mounts /run/netns).
+	local m
+	awk -v r="$root" '$2 == r || index($2, r "/") == 1 { print $2 }' /proc/self/mounts | sort -r |
+		while read -r m; do umount -l "$m" 2>/dev/null || true; done
 	if [ "${SDB_KEEP_TMP:-0}" = 1 ]; then echo "test-fresh-root: kept $tmp"; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
@@ -104,15 +104,23 @@ deb $mirror bookworm-updates main
 deb $security bookworm-security main
 EOF
 cp /etc/resolv.conf "$root/etc/resolv.conf"
-mnt() { mount "$@"; mounts+=("${@: -1}"); }
+mnt() { mount "$@"; mount --make-rprivate "${@: -1}"; }
 mnt -t proc proc "$root/proc"
 mnt -t sysfs sysfs "$root/sys"
 mnt --bind /dev "$root/dev"
 mnt -t devpts devpts "$root/dev/pts"
 mnt -t tmpfs tmpfs "$root/dev/shm"
 mkdir -p "$root/mnt/src"
-mnt --bind -o ro "$src" "$root/mnt/src"
+mnt --bind "$src" "$root/mnt/src"
 mount -o remount,bind,ro "$root/mnt/src"
+# The MongoDB specification tests beside the clone, where the suite looks for them
+# (../shared/compat, as CI lays it out), so the Node driver's CRUD smoke set runs too.
+compat=$(cd "$src/.." && pwd)/shared/compat
+if [ -d "$compat" ]; then
+	mkdir -p "$root/root/shared/compat"
+	mnt --bind "$compat" "$root/root/shared/compat"
+	mount -o remount,bind,ro "$root/root/shared/compat"
+fi
 # This machine's own trust anchors (a TLS-intercepting egress proxy's CA in
 # /usr/local/share/ca-certificates) go into the root, as a newcomer on the same network would
 # have them: ca-certificates (installed by the first command) adds them to the system bundle,
