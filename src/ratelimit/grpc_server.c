@@ -3,6 +3,7 @@
 #include "ratelimit/membership.h"
 
 #include <bson/bson.h>
+#include <dlfcn.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -556,6 +557,24 @@ static grpc_server_credentials *server_credentials(rl_grpc_server *srv, char *er
 	return grpc_ssl_server_credentials_create_with_options(o); /* takes o */
 }
 
+void rl_grpc_tune_runtime(void)
+{
+	/* absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore): kIgnore is 0 */
+	static const char *const names[] = {
+		"_ZN4absl7debian329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE",
+		"_ZN4absl12lts_2022062329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE",
+	};
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		void *sym = dlsym(RTLD_DEFAULT, names[i]);
+		if (sym != NULL) {
+			void (*set_mode)(int);
+			memcpy(&set_mode, &sym, sizeof set_mode);
+			set_mode(0);
+			return;
+		}
+	}
+}
+
 int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, char *err,
 		       size_t errlen)
 {
@@ -570,6 +589,7 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 		return sdb_errf(err, errlen, SDB_EINVAL, "grpc: no listen address");
 	gpr_set_log_function(grpc_log_to_sdb);
 	gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+	rl_grpc_tune_runtime();
 	grpc_init();
 	srv = sdb_calloc(1, sizeof(*srv));
 	srv->cluster = opts->cluster;
