@@ -1167,7 +1167,8 @@ int rl_cluster_set_peers(rl_cluster *cl, const char *const *peers, size_t n, uin
 	for (i = 0; same && i < v->n_peers; i++)
 		same = old->peers[i].c == v->peers[i].c;
 	if (same) {
-		old->version = version; /* same ring: keep the queues where they are */
+		/* same ring: keep the queues where they are */
+		__atomic_store_n(&old->version, version, __ATOMIC_RELAXED);
 		pthread_mutex_unlock(&cl->mu);
 		view_put(v);
 		return 0;
@@ -1204,7 +1205,7 @@ size_t rl_cluster_members(rl_cluster *cl, rl_member *out, size_t max, uint64_t *
 	size_t i;
 
 	if (version != NULL)
-		*version = v->version;
+		*version = __atomic_load_n(&v->version, __ATOMIC_RELAXED);
 	for (i = 0; i < v->n_peers && i < max; i++) {
 		int64_t dead = atomic_load(&v->peers[i].c->dead_until_ms);
 		snprintf(out[i].addr, sizeof out[i].addr, "%s", v->peers[i].c->addr);
