@@ -12,12 +12,13 @@ member fails, and GLOBAL hits queued for an owner that dies are applied by the n
 import json
 import random
 import signal
+import subprocess
 import threading
 import time
 
 import pytest
 
-from conftest import free_port, http_get, wait_until
+from conftest import BIN, free_port, http_get, wait_until
 from metadata_cluster import Cluster
 from test_ratelimit_grpc import MINUTE, T0, Node, pb, port_open, req  # noqa: F401 (fixture)
 
@@ -193,6 +194,25 @@ def test_graceful_stop_leaves_at_once(start_role, tmp_path, pb):
     meta.leader()
     rls = [start_ratelimit(start_role, pb, meta.seeds()) for _ in range(2)]
     wait_until(lambda: rings_agree(rls, [m.addr for m in rls]), 30, what="both in the ring")
+    # stripedb ctl ratelimit peers: the registry, in ring order, both live
+    ctl = [BIN, "ctl", f"--metadata={meta.seeds()}"]
+    out = subprocess.run(ctl + ["ratelimit", "peers"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("ring version ")
+    assert [l.split()[:3] for l in lines[1:]] == \
+        [[a, "ratelimit", "live"] for a in sorted(m.addr for m in rls)]
+    out = subprocess.run(ctl + ["--json", "ratelimit", "peers"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert [p["addr"] for p in doc["peers"]] == sorted(m.addr for m in rls)
+    assert all(p["state"] == "live" and 0 < p["leaseLeftMS"] <= LEASE_MS
+               for p in doc["peers"])
+    bad = subprocess.run(ctl + ["ratelimit", "nope"], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == 2
     assert rls[1].proc.stop() == 0  # SIGTERM: deregisters before exiting
     # removed by its own deregistration, not by expiry: the registry no longer has it
     reply = meta.leader().cmd("listRatelimitPeers")
