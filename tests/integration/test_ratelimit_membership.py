@@ -74,14 +74,14 @@ def rings_agree(members, expected):
     return versions if len(versions) == 1 else None
 
 
-def owners_seen(members, pb, keys):
-    """{key: owner} as each rate limiter reports it (hits=0 queries); None unless every
-    rate limiter names the same owner for every key."""
+def owners_seen(members, pb, keys, name="membership_probe"):
+    """{key: owner} of (name, key) as each rate limiter reports it (hits=0 queries); None
+    unless every rate limiter names the same owner for every key."""
     owners = None
     for m in members:
         if m.node is None:
             continue
-        out = m.node.get(*[req(pb, k, hits=0, name="membership_probe") for k in keys])
+        out = m.node.get(*[req(pb, k, hits=0, name=name) for k in keys])
         got = {k: r.metadata["owner"] for k, r in zip(keys, out)}
         if any(r.error for r in out):
             return None
@@ -228,16 +228,19 @@ def test_global_hits_survive_owner_sigkill(start_role, tmp_path, pb):
     rls = [start_ratelimit(start_role, pb, meta.seeds(), env=env) for _ in range(3)]
     wait_until(lambda: rings_agree(rls, [m.addr for m in rls]), 30, what="three in the ring")
     a = rls[0]
-    # a key owned by another member (b); c is the third
+    # a key owned by another member (b); c is the third. The owner is of (name, key):
+    # the same name as the GLOBAL requests below
     keys = [f"g-{i}" for i in range(60)]
-    owners = wait_until(lambda: owners_seen(rls, pb, keys), 20, what="owners")
+    owners = wait_until(lambda: owners_seen(rls, pb, keys, name="global_hits"), 20,
+                        what="owners")
     key = next(k for k in keys if owners[k] != a.addr)
     b = next(m for m in rls if m.addr == owners[key])
     # b hangs (SIGSTOP): hits a takes for the key cannot reach it
     b.proc.signal(signal.SIGSTOP)
     acked = 0
     for i in range(5):
-        r = a.node.one(req(pb, key, hits=1, limit=100, behavior=pb2.GLOBAL, at=T0 + i))
+        r = a.node.one(req(pb, key, hits=1, limit=100, behavior=pb2.GLOBAL, at=T0 + i,
+                           name="global_hits"))
         assert r.error == ""
         assert r.status == pb2.UNDER_LIMIT
         acked += 1
@@ -250,7 +253,7 @@ def test_global_hits_survive_owner_sigkill(start_role, tmp_path, pb):
 
     def owner_count():
         # a plain query (hits 0, not GLOBAL) is decided by the key's owner
-        r = a.node.one(req(pb, key, hits=0, limit=100, at=T0 + 10))
+        r = a.node.one(req(pb, key, hits=0, limit=100, at=T0 + 10, name="global_hits"))
         assert r.error == ""
         return r if r.metadata["owner"] != b.addr and r.remaining <= 100 - acked else None
 
