@@ -76,14 +76,16 @@ int64_t sdb_fsm_peers_version(sqlite3 *db)
 	return v;
 }
 
-int64_t sdb_fsm_peers_next_expiry(sqlite3 *db)
+int64_t sdb_fsm_peers_next_expiry(sqlite3 *db, int64_t since_ms)
 {
 	sqlite3_stmt *st = NULL;
 	int64_t v = INT64_MAX;
 
-	if (sqlite3_prepare_v2(db, "SELECT min(expires_ms) FROM ratelimit_peers", -1, &st,
-			       NULL) != SQLITE_OK)
+	if (sqlite3_prepare_v2(db,
+			       "SELECT min(max(expires_ms, ? + ttl_ms)) FROM ratelimit_peers", -1,
+			       &st, NULL) != SQLITE_OK)
 		return INT64_MAX;
+	sqlite3_bind_int64(st, 1, since_ms);
 	if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
 		v = sqlite3_column_int64(st, 0);
 	sqlite3_finalize(st);
@@ -137,9 +139,9 @@ static int op_register(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 	exists = sqlite3_step(st) == SQLITE_ROW;
 	sqlite3_finalize(st);
 	rc = exec(db,
-		  "INSERT INTO ratelimit_peers(addr, kind, expires_ms, registered_ms)"
-		  " VALUES(?, ?, ?, ?) ON CONFLICT(addr) DO UPDATE SET kind = excluded.kind,"
-		  " expires_ms = excluded.expires_ms",
+		  "INSERT INTO ratelimit_peers(addr, kind, expires_ms, registered_ms, ttl_ms)"
+		  " VALUES(?1, ?2, ?3, ?4, ?3 - ?4) ON CONFLICT(addr) DO UPDATE SET"
+		  " kind = excluded.kind, expires_ms = excluded.expires_ms, ttl_ms = excluded.ttl_ms",
 		  "ttii", addr, kind, ts + ttl, ts, &changes);
 	if (rc != 0)
 		return rc;
@@ -177,19 +179,24 @@ static int op_deregister(sqlite3 *db, const bson_t *args, bson_t *res)
 	return 0;
 }
 
-static int op_expire(sqlite3 *db, int64_t ts, bson_t *res)
+static int op_expire(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 {
 	sqlite3_stmt *st = NULL;
 	bson_t arr;
+	bson_iter_t it;
 	int n = 0, changes = 0;
-	int64_t version;
+	int64_t version, since = 0;
 	char k[16];
 
+	if (bson_iter_init_find(&it, args, "sinceMS") && BSON_ITER_HOLDS_NUMBER(&it))
+		since = bson_iter_as_int64(&it);
 	if (sqlite3_prepare_v2(db,
-			       "SELECT addr FROM ratelimit_peers WHERE expires_ms <= ? ORDER BY addr",
+			       "SELECT addr FROM ratelimit_peers WHERE expires_ms <= ?1"
+			       " AND ?2 + ttl_ms <= ?1 ORDER BY addr",
 			       -1, &st, NULL) != SQLITE_OK)
 		return SDB_EIO;
 	sqlite3_bind_int64(st, 1, ts);
+	sqlite3_bind_int64(st, 2, since);
 	bson_append_array_begin(res, "expired", -1, &arr);
 	while (sqlite3_step(st) == SQLITE_ROW) {
 		snprintf(k, sizeof k, "%d", n++);
@@ -197,8 +204,8 @@ static int op_expire(sqlite3 *db, int64_t ts, bson_t *res)
 	}
 	bson_append_array_end(res, &arr);
 	sqlite3_finalize(st);
-	if (exec(db, "DELETE FROM ratelimit_peers WHERE expires_ms <= ?", "i", NULL, NULL, ts, 0,
-		 &changes) != 0)
+	if (exec(db, "DELETE FROM ratelimit_peers WHERE expires_ms <= ?1 AND ?2 + ttl_ms <= ?1",
+		 "ii", NULL, NULL, ts, since, &changes) != 0)
 		return SDB_EIO;
 	if (changes > 0) {
 		if (bump(db, &version) != 0)
@@ -217,7 +224,7 @@ int sdb_fsm_peers_apply(sqlite3 *db, const char *op, int64_t ts, const bson_t *a
 		return op_register(db, ts, args, res);
 	if (strcmp(op, "deregisterRatelimitPeer") == 0)
 		return op_deregister(db, args, res);
-	return op_expire(db, ts, res);
+	return op_expire(db, ts, args, res);
 }
 
 int sdb_fsm_peers_query(sqlite3 *db, bson_t *reply)

@@ -13,12 +13,17 @@
  * expires_ms <= the command's leader-stamped ts (the only clock apply sees; raft/README).
  * Every member applies the same entries, so every member removes the same peers at the
  * same log index and every ring built from a version is the same.
+ * Grace after a leader change: the command carries `sinceMS`, when its proposer became
+ * the ready leader (its clock, stamped like ts); a row is removed only if also
+ * sinceMS + its ttl <= ts. So a peer is never expired by a leader it has not had one
+ * full lease to renew with: leases that ran out while the metadata service had no
+ * leader (an election, a restart) are renewed, not dropped, and no ring shrinks.
  *
  * Commands (args as the wire command's fields, result fields on success):
  *   registerRatelimitPeer  addr "H:P", kind "ratelimit"|"proxy", ttlMS 1000..600000
  *                          -> version, expiresMS, added (bool)
  *   deregisterRatelimitPeer addr -> version, removed (bool)
- *   expireRatelimitPeers   (none) -> version, expired: [addr]
+ *   expireRatelimitPeers   sinceMS (default 0) -> version, expired: [addr]
  * Query:
  *   listRatelimitPeers     -> version, peers: [{addr, kind, expiresMS, registeredMS}]
  *                             (ascending addr)
@@ -33,7 +38,7 @@
 
 #define SDB_FSM_PEERS_SCHEMA                                                               \
 	"CREATE TABLE IF NOT EXISTS ratelimit_peers (addr TEXT PRIMARY KEY, kind TEXT NOT NULL," \
-	" expires_ms INTEGER NOT NULL, registered_ms INTEGER NOT NULL);"
+	" expires_ms INTEGER NOT NULL, registered_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL);"
 
 /* Is op one of the commands above? */
 int sdb_fsm_peers_is_op(const char *op);
@@ -51,8 +56,9 @@ int sdb_fsm_peers_query(sqlite3 *db, bson_t *reply);
 /* The membership version (0 before any registration); -1 on a storage error. */
 int64_t sdb_fsm_peers_version(sqlite3 *db);
 
-/* The earliest lease expiry among registered peers (epoch ms), or INT64_MAX when none;
- * the leader proposes expireRatelimitPeers once its clock passes it. */
-int64_t sdb_fsm_peers_next_expiry(sqlite3 *db);
+/* The earliest instant (epoch ms) at which expireRatelimitPeers with this sinceMS would
+ * remove a peer (max(expires_ms, since_ms + ttl_ms), minimum over peers), or INT64_MAX
+ * when none; the leader proposes it once its clock passes that instant. */
+int64_t sdb_fsm_peers_next_expiry(sqlite3 *db, int64_t since_ms);
 
 #endif

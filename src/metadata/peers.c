@@ -31,6 +31,8 @@ struct meta_peers {
 	int handles_open;
 	int expire_inflight;
 	bool stopping;
+	bool was_ready;      /* the node was the ready leader at the last tick */
+	int64_t ready_since; /* epoch ms when it became the ready leader (this clock) */
 	pwaiter *waiters;
 	uint64_t seen_applied; /* last_applied when the version was last read */
 	int64_t version;       /* membership version as of seen_applied */
@@ -262,12 +264,19 @@ static void tick_cb(uv_timer_t *t)
 {
 	meta_peers *mp = t->data;
 	bson_t args = BSON_INITIALIZER;
+	bool ready = sdb_node_ready(mp->node);
 
 	wake(mp, false);
-	if (mp->stopping || mp->expire_inflight > 0 || !sdb_node_ready(mp->node))
+	/* grace after a leader change (raft/fsm_peers.h): leases that lapsed while there was
+	 * no leader get one full ttl with this leader before they can be expired */
+	if (ready && !mp->was_ready)
+		mp->ready_since = epoch_ms();
+	mp->was_ready = ready;
+	if (mp->stopping || mp->expire_inflight > 0 || !ready)
 		return;
-	if (sdb_fsm_peers_next_expiry(db_of(mp)) > epoch_ms())
+	if (sdb_fsm_peers_next_expiry(db_of(mp), mp->ready_since) > epoch_ms())
 		return;
+	BSON_APPEND_INT64(&args, "sinceMS", mp->ready_since);
 	if (sdb_node_propose(mp->node, "expireRatelimitPeers", &args, expire_done, mp) == 0)
 		mp->expire_inflight++;
 	bson_destroy(&args);

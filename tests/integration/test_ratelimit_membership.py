@@ -263,3 +263,32 @@ def test_global_hits_survive_owner_sigkill(start_role, tmp_path, pb):
     # owner: its local copy and the owner's state are then one bucket)
     assert r.remaining in (100 - acked, 100 - 2 * acked)
     assert a.node.metric("stripedb_ratelimit_global_hits_dropped_total") == 0
+
+
+def test_metadata_restart_expires_no_one(start_role, tmp_path, pb):
+    """Leases that run out while the metadata service is down are renewed, not expired:
+    a new leader gives every peer one full lease before it may expire it."""
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    rls = [start_ratelimit(start_role, pb, meta.seeds()) for _ in range(3)]
+    wait_until(lambda: rings_agree(rls, [m.addr for m in rls]), 30, what="three in the ring")
+    before = meta.leader().cmd("listRatelimitPeers")
+    version = before["version"]
+    last_expiry = max(p["expiresMS"] for p in before["peers"])
+    m = meta.members[0]
+    meta.kill(m)
+    # down for longer than every lease
+    wait_until(lambda: time.time() * 1000 > last_expiry + 200, 30, what="every lease lapsed")
+    meta.restart(m)
+    meta.leader()
+    t_up = time.time() * 1000
+
+    def renewed():
+        r = meta.leader().cmd("listRatelimitPeers")
+        return r if len(r["peers"]) == 3 and all(p["expiresMS"] > t_up for p in r["peers"]) \
+            else None
+    after = wait_until(renewed, 30, what="every peer renewed with the restarted leader")
+    # nobody was expired and re-added: same membership version, same rings
+    assert after["version"] == version
+    assert sorted(p["addr"] for p in after["peers"]) == sorted(m.addr for m in rls)
+    assert rings_agree(rls, [m.addr for m in rls]) == {version}

@@ -81,8 +81,9 @@ static void test_register_renew_expire(void **state)
 		{"registerRatelimitPeer", 1100,
 		 "{\"addr\": \"127.0.0.1:1\", \"kind\": \"proxy\", \"ttlMS\": 3000}"},
 		{"registerRatelimitPeer", 2000, "{\"addr\": \"127.0.0.1:2\", \"ttlMS\": 3000}"},
-		{"expireRatelimitPeers", 4100, "{}"},
-		{"deregisterRatelimitPeer", 4200, "{\"addr\": \"127.0.0.1:2\"}"},
+		{"expireRatelimitPeers", 4500, "{\"sinceMS\": 3000}"},
+		{"expireRatelimitPeers", 4600, "{}"},
+		{"deregisterRatelimitPeer", 4700, "{\"addr\": \"127.0.0.1:2\"}"},
 	};
 
 	(void)state;
@@ -108,20 +109,28 @@ static void test_register_renew_expire(void **state)
 	bson_destroy(r);
 	listed(f, list, sizeof list, &v);
 	assert_string_equal(list, "127.0.0.1:1,127.0.0.1:2");
-	assert_int_equal(sdb_fsm_peers_next_expiry(sdb_fsm_db(f)), 4100);
-	/* expiry by the entry's ts: :1 (4100) lapsed, :2 (5000) not */
+	assert_int_equal(sdb_fsm_peers_next_expiry(sdb_fsm_db(f), 0), 4100);
+	/* a leader in office since 3000 waits one ttl (3000) before expiring anyone */
+	assert_int_equal(sdb_fsm_peers_next_expiry(sdb_fsm_db(f), 3000), 6000);
+	/* :1's lease (4100) has run out at 4500, but that leader has not had it for a ttl */
 	r = apply_at(f, ++i, log[3].op, log[3].ts, log[3].args);
+	assert_int_equal(int_of(r, "version"), 2);
+	bson_destroy(r);
+	listed(f, list, sizeof list, &v);
+	assert_string_equal(list, "127.0.0.1:1,127.0.0.1:2");
+	/* expiry by the entry's ts: :1 (4100) lapsed, :2 (5000) not */
+	r = apply_at(f, ++i, log[4].op, log[4].ts, log[4].args);
 	assert_int_equal(int_of(r, "version"), 3);
 	bson_destroy(r);
 	listed(f, list, sizeof list, &v);
 	assert_string_equal(list, "127.0.0.1:2");
 	assert_int_equal(v, 3);
-	r = apply_at(f, ++i, log[4].op, log[4].ts, log[4].args);
+	r = apply_at(f, ++i, log[5].op, log[5].ts, log[5].args);
 	assert_int_equal(int_of(r, "version"), 4);
 	bson_destroy(r);
 	listed(f, list, sizeof list, &v);
 	assert_string_equal(list, "");
-	assert_int_equal(sdb_fsm_peers_next_expiry(sdb_fsm_db(f)), INT64_MAX);
+	assert_int_equal(sdb_fsm_peers_next_expiry(sdb_fsm_db(f), 0), INT64_MAX);
 
 	/* refused: no addr, bad kind, ttl out of range (logical errors, nothing changes) */
 	r = apply_at(f, ++i, "registerRatelimitPeer", 5000, "{\"ttlMS\": 3000}");
