@@ -237,6 +237,7 @@ int rl_membership_start(const char *metadata, const char *advertise, const char 
 		return sdb_errf(err, errlen, SDB_EUSAGE,
 				"--ratelimit-lease-ms must be in 1000..600000, got %lld",
 				(long long)lease_ms);
+	mongoc_init(); /* idempotent; the ratelimit role has no other libmongoc user */
 	m = sdb_calloc(1, sizeof(*m));
 	/* socketTimeoutMS above the longest poll (POLL_MAX_MS) */
 	m->uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=1000"
