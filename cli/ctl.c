@@ -27,6 +27,7 @@ int cli_tenant_main(cli_ctx *ctx, int argc, char **argv);    /* cli/migrate.c: i
 int cli_metadata_cmd(cli_ctx *ctx, int argc, char **argv);   /* cli/metadata.c */
 int cli_tenant_cmd(cli_ctx *ctx, int argc, char **argv);     /* cli/tenant.c */
 int cli_user_cmd(cli_ctx *ctx, int argc, char **argv);       /* cli/tenant.c */
+int cli_ratelimit_cmd(cli_ctx *ctx, int argc, char **argv);  /* cli/ratelimit.c */
 int cli_cluster_main(int argc, char **argv);                 /* cli/cluster.c: no --metadata */
 
 static void ctl_usage(FILE *f)
@@ -47,6 +48,7 @@ static void ctl_usage(FILE *f)
 		"  cdc status|read ...                     change data capture per shard\n"
 		"  tenant create|list|quota|policy|isolate ...   tenants, quotas, policies\n"
 		"  user create|passwd|drop ...             users (SCRAM-SHA-256 verifiers)\n"
+		"  ratelimit peers                         the rate-limit peer ring in metadata\n"
 		"  cluster bootstrap|status|config ...     build a cluster on bare hosts over SSH\n"
 		"See stripedb-ctl(1) for every subcommand's options.\n"
 		"\n"
@@ -162,6 +164,7 @@ static const struct {
 	{"tenant", cli_tenant_cmd}, /* cli/tenant.c: create/list/quota/policy, else isolate */
 	{"user", cli_user_cmd},     /* cli/tenant.c */
 	{"metadata", cli_metadata_cmd},
+	{"ratelimit", cli_ratelimit_cmd},
 };
 
 int cli_main(int argc, char **argv)

@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "metadata/migstate.h"
+#include "raft/fsm_peers.h"
 
 /* MongoDB error codes carried in results (src/mongo/base/error_codes.yml). */
 #define E_BAD_VALUE 2, "BadValue"
@@ -373,12 +374,13 @@ static const char *const schema_sql =
 	 * table so that databases and snapshots of earlier versions gain it by CREATE */
 	"CREATE TABLE IF NOT EXISTS user_sha1 (name TEXT PRIMARY KEY, salt BLOB NOT NULL,"
 	" iterations INTEGER NOT NULL, stored_key BLOB NOT NULL, server_key BLOB NOT NULL);"
-	"CREATE TABLE IF NOT EXISTS members (id INTEGER PRIMARY KEY, raft TEXT, wire TEXT);";
+	"CREATE TABLE IF NOT EXISTS members (id INTEGER PRIMARY KEY, raft TEXT, wire TEXT);"
+	SDB_FSM_PEERS_SCHEMA; /* issue #23: rate-limit peer membership (fsm_peers.c) */
 
 /* Tables hashed by sdb_fsm_hash, in a fixed order. */
 static const char *const hash_tables[] = {"meta",   "shards", "dbs",     "colls", "chunks",
 					  "migrations", "leases", "tenants", "users", "user_sha1",
-					  "members"};
+					  "members", "ratelimit_peers"};
 
 static int load_cache(sdb_fsm *f)
 {
@@ -1293,6 +1295,13 @@ static int op_remove_member(sdb_fsm *f, cmdctx *c, bson_t *res)
 	return x(f, "DELETE FROM members WHERE id = ?", "i", id) ? SDB_EIO : 0;
 }
 
+/* issue #23: rate-limit peer membership, kept in its own file (raft/fsm_peers.c) */
+static int op_ratelimit_peers(sdb_fsm *f, cmdctx *c, bson_t *res)
+{
+	int rc = sdb_fsm_peers_apply(f->db, c->op, c->ts, &c->args, res);
+	return rc == 1 ? LOGICAL : rc;
+}
+
 typedef int (*op_fn)(sdb_fsm *f, cmdctx *c, bson_t *res);
 
 static const struct {
@@ -1322,6 +1331,9 @@ static const struct {
 	{"dropUser", op_drop_user},
 	{"registerMember", op_register_member},
 	{"removeMember", op_remove_member},
+	{"registerRatelimitPeer", op_ratelimit_peers},
+	{"deregisterRatelimitPeer", op_ratelimit_peers},
+	{"expireRatelimitPeers", op_ratelimit_peers},
 };
 
 int sdb_fsm_is_command(const char *op)
@@ -1591,6 +1603,11 @@ void sdb_fsm_close(sdb_fsm *f)
 
 struct raft_fsm *sdb_fsm_raft(sdb_fsm *f) { return &f->vt; }
 void sdb_fsm_bind(sdb_fsm *f, struct raft *r) { f->raft = r; }
+struct sqlite3 *sdb_fsm_db(sdb_fsm *f)
+{
+	return f->db;
+}
+
 uint64_t sdb_fsm_last_applied(const sdb_fsm *f) { return f->last_applied; }
 
 uint64_t sdb_fsm_apply_chain(sdb_fsm *f)
@@ -1760,6 +1777,8 @@ int sdb_fsm_query(sdb_fsm *f, const char *name, const bson_t *cmd, bson_t *reply
 
 	if (strcmp(name, "getRoutingTable") == 0)
 		return query_routing(f, cmd, reply, err, errlen);
+	if (strcmp(name, "listRatelimitPeers") == 0)
+		return sdb_fsm_peers_query(f->db, reply);
 	if (strcmp(name, "listShards") == 0) {
 		st = q(f, "SELECT id, uri, state FROM shards ORDER BY id", NULL);
 		if (!st)

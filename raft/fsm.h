@@ -64,7 +64,8 @@ bson_t *sdb_fsm_take_result(sdb_fsm *fsm);
  * document; reply (initialised by the caller) gets the answer fields. Supported:
  * listShards, listDatabases(Meta), listCollections, getRoutingTable, getMigration,
  * listMigrations, listTenants, listUsers (names and tenants, no verifiers), getUser,
- * listMembers, getLease. getUser, listUsers and listTenants also answer usersVersion:
+ * listMembers, getLease, listRatelimitPeers (raft/fsm_peers.h). getUser, listUsers and
+ * listTenants also answer usersVersion:
  * the number of committed createUser/updateUser/dropUser (callers cache verifiers and
  * user lists per version). Returns 0, SDB_EINVAL
  * (bad argument, message in err), SDB_ENOTFOUND (unknown query or object). */
@@ -86,6 +87,11 @@ uint64_t sdb_fsm_apply_chain(sdb_fsm *fsm);
 /* XXH64 over every row of every table in primary-key order: equal on two members
  * exactly when they applied the same commands. */
 uint64_t sdb_fsm_hash(sdb_fsm *fsm);
+
+/* The state machine's SQLite handle, for the state machine's extension files
+ * (raft/fsm_peers.c) to read between applies on the loop thread. Never write to it
+ * outside an apply. */
+struct sqlite3 *sdb_fsm_db(sdb_fsm *fsm);
 
 /* Is op a known command that the leader may propose? */
 int sdb_fsm_is_command(const char *op);

@@ -1,11 +1,17 @@
 # raft: the metadata service's Raft integration (SQLite state machine, node setup) and
 # its unit tests (included by the top Makefile.am)
-libstripedb_a_SOURCES += raft/fsm.c raft/node.c raft/handshake.c raft/transport.c
-noinst_HEADERS += raft/fsm.h raft/node.h raft/handshake.h raft/transport.h
+libstripedb_a_SOURCES += raft/fsm.c raft/fsm_peers.c raft/node.c raft/handshake.c raft/transport.c
+noinst_HEADERS += raft/fsm.h raft/fsm_peers.h raft/node.h raft/handshake.h raft/transport.h
 EXTRA_DIST += raft/README.md
 
 check_PROGRAMS += tests/unit/test_raft_fsm tests/unit/test_raft_cluster tests/unit/test_raft_node
 TESTS += tests/unit/test_raft_fsm tests/unit/test_raft_cluster tests/unit/test_raft_node
+# issue #23: rate-limit peer membership (raft/fsm_peers.c)
+check_PROGRAMS += tests/unit/test_raft_fsm_peers
+TESTS += tests/unit/test_raft_fsm_peers
+tests_unit_test_raft_fsm_peers_SOURCES = tests/unit/test_raft_fsm_peers.c
+tests_unit_test_raft_fsm_peers_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_raft_fsm_peers_LDADD = $(UNIT_LDADD)
 tests_unit_test_raft_fsm_SOURCES = tests/unit/test_raft_fsm.c
 tests_unit_test_raft_fsm_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_raft_fsm_LDADD = $(UNIT_LDADD)

@@ -73,6 +73,9 @@ typedef enum {
 	  "proxy: idle proxy cursors are killed after this long (ms)")                \
 	X("cache-size", cache_size, SDB_OPT_INT, NULL,                                          \
 	  "ratelimit: max keys in the rate-limit cache (default GUBER_CACHE_SIZE or 50000)") \
+	X("ratelimit-lease-ms", ratelimit_lease_ms, SDB_OPT_INT, "3000",                      \
+	  "ratelimit/proxy: lease of this peer's registration in metadata (ms, 1000..600000); "  \
+	  "renewed every third of it; a peer whose lease lapses leaves every ring")              \
 	X("cdc-fsync", cdc_fsync, SDB_OPT_STRING, "batch",                                      \
 	  "coordinator: embedded CDC log fsync: batch (every published batch), segment, never") \
 	X("cdc-segment-bytes", cdc_segment_bytes, SDB_OPT_INT, "67108864",                      \

@@ -300,9 +300,48 @@ static void series_labels(obuf *b, const char *labels, const char *extra)
 	obuf_printf(b, "{%s%s%s}", labels, has && extra != NULL ? "," : "", extra != NULL ? extra : "");
 }
 
+#define MAX_HOOKS 64
+static pthread_mutex_t hook_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	sdb_metrics_hook_fn fn;
+	void *arg;
+} hooks[MAX_HOOKS];
+static size_t n_hooks;
+
+void sdb_metrics_add_hook(sdb_metrics_hook_fn fn, void *arg)
+{
+	pthread_mutex_lock(&hook_mu);
+	if (n_hooks == MAX_HOOKS) {
+		fprintf(stderr, "stripedb: metrics: more than %d render hooks\n", MAX_HOOKS);
+		abort();
+	}
+	hooks[n_hooks].fn = fn;
+	hooks[n_hooks].arg = arg;
+	n_hooks++;
+	pthread_mutex_unlock(&hook_mu);
+}
+
+void sdb_metrics_remove_hook(sdb_metrics_hook_fn fn, void *arg)
+{
+	pthread_mutex_lock(&hook_mu);
+	for (size_t i = 0; i < n_hooks; i++) {
+		if (hooks[i].fn == fn && hooks[i].arg == arg) {
+			memmove(&hooks[i], &hooks[i + 1], (n_hooks - i - 1) * sizeof(hooks[0]));
+			n_hooks--;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&hook_mu);
+}
+
 char *sdb_metrics_render(size_t *len)
 {
 	obuf b = {0};
+
+	pthread_mutex_lock(&hook_mu);
+	for (size_t i = 0; i < n_hooks; i++)
+		hooks[i].fn(hooks[i].arg);
+	pthread_mutex_unlock(&hook_mu);
 
 	b.cap = 4096;
 	b.p = sdb_malloc(b.cap);

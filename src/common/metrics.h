@@ -42,6 +42,14 @@ void sdb_histogram_observe_ns(sdb_histogram *h, uint64_t ns);
 uint64_t sdb_counter_value(const sdb_counter *c);
 int64_t sdb_gauge_value(const sdb_gauge *g);
 
+/* A function that sdb_metrics_render() runs first, e.g. to fold counts that a hot path
+ * keeps per shard (without a shared atomic per event) into its counters. Hooks run one
+ * at a time, in registration order. After sdb_metrics_remove_hook() returns, the hook
+ * is not running and never runs again. At most 64 hooks (aborts beyond). */
+typedef void (*sdb_metrics_hook_fn)(void *arg);
+void sdb_metrics_add_hook(sdb_metrics_hook_fn fn, void *arg);
+void sdb_metrics_remove_hook(sdb_metrics_hook_fn fn, void *arg);
+
 /* Render every series; returns a heap string (caller frees) and its length in *len. */
 char *sdb_metrics_render(size_t *len);
 

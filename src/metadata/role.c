@@ -25,6 +25,7 @@
 #include "common/metrics.h"
 #include "common/role.h"
 #include "common/metauri.h"
+#include "metadata/peers.h"
 #include "raft/node.h"
 #include "wire/server.h"
 
@@ -50,6 +51,7 @@ typedef struct meta {
 	char *wire_addr;
 	char *raft_addr;
 	waiter *waiters;
+	meta_peers *rlpeers; /* issue #23: rate-limit peer membership (peers.c) */
 	uv_timer_t tick;
 	uv_check_t check;
 	int handles_open;
@@ -957,6 +959,22 @@ static const char *const read_cmds[] = {
 	"listTenants", "getUser", "listMembers", "getLease", "listUsers",
 };
 
+/* issue #23: the rate-limit membership commands find their state through this */
+static meta_peers *rlpeers_of(void *data)
+{
+	return ((meta *)data)->rlpeers;
+}
+
+static void maybe_stopped(meta *m);
+
+static void rlpeers_closed(void *arg)
+{
+	meta *m = arg;
+	m->rlpeers = NULL;
+	m->handles_open--;
+	maybe_stopped(m);
+}
+
 static void free_meta(meta *m)
 {
 	free(m->wire_addr);
@@ -1081,6 +1099,7 @@ static int metadata_start(sdb_role *role)
 	wire_server_register(m->srv, "removeMember", h_member);
 	wire_server_register(m->srv, "transferLeadership", h_transfer);
 	wire_server_register(m->srv, "metadataStatus", h_status);
+	m->rlpeers = meta_peers_start(role->loop, m->node, m->srv, rlpeers_of);
 
 	uv_timer_init(role->loop, &m->tick);
 	m->tick.data = m;
@@ -1088,7 +1107,7 @@ static int metadata_start(sdb_role *role)
 	uv_check_init(role->loop, &m->check);
 	m->check.data = m;
 	uv_check_start(&m->check, check_cb);
-	m->handles_open = 2;
+	m->handles_open = 3; /* tick, check, rlpeers */
 	if (role->http)
 		sdb_http_add_health(role->http, "metadata", health, m);
 	update_gauges(m);
@@ -1196,6 +1215,7 @@ static void stop_after_handover(meta *m)
 	if (role->http)
 		sdb_http_unroute(role->http, m);
 	wake_waiters(m, true);
+	meta_peers_stop(m->rlpeers, rlpeers_closed, m);
 	uv_check_stop(&m->check);
 	uv_close((uv_handle_t *)&m->check, handle_closed);
 	/* reuse the tick timer to wait for registration work to drain */

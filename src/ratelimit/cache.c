@@ -19,6 +19,7 @@ typedef struct entry {
 	uint64_t hash;
 	rl_state state;
 	uint32_t keylen;
+	uint8_t ref; /* CLOCK reference bit: set by a hit, cleared by the eviction scan */
 	char key[];
 } entry;
 
@@ -29,6 +30,7 @@ struct rl_cache_shard {
 	size_t mask;      /* buckets - 1 */
 	size_t count;     /* keys in this shard (under mu) */
 	uint64_t evicted; /* written under mu, read relaxed by rl_cache_evictions */
+	uint64_t tally[RL_TALLIES]; /* under mu */
 	entry lru;        /* sentinel: lru.next = MRU, lru.prev = LRU */
 } __attribute__((aligned(64)));
 
@@ -142,10 +144,12 @@ rl_state *rl_cache_find(rl_cache_shard *s, uint64_t hash, const char *key, size_
 	entry *e = *chain_slot(s, hash, key, keylen);
 	if (e == NULL)
 		return NULL;
-	if (s->lru.next != e) {
-		lru_unlink(e);
-		lru_push_front(s, e);
-	}
+	/* CLOCK (second chance): a hit only marks the key; the list is reordered by the
+	 * eviction scan. Moving the key to the front on every hit wrote to three other
+	 * keys' entries and the shard's list head, cache lines that bounce between the
+	 * cores deciding on this shard (tests/bench/README.md: 1 vs 2 threads). */
+	if (!e->ref)
+		e->ref = 1;
 	return &e->state;
 }
 
@@ -159,21 +163,39 @@ static void drop(rl_cache_shard *s, entry *e)
 	__atomic_fetch_sub(&s->cache->count, 1, __ATOMIC_RELAXED);
 }
 
-/* Evict one key of a locked shard: an expired one among the 4 least recently used, else
- * the least recently used. Returns false when the shard is empty. */
+/* Evict one key of a locked shard, CLOCK style: walking from the least recent end, a
+ * key hit since the scan last passed (reference bit set) gets a second chance (bit
+ * cleared, moved to the front); among the first 4 keys without the bit, an expired one
+ * goes first, else the first of them. Every key loses its bit at most once per pass, so
+ * the scan is amortised O(1) per hit. Returns false when the shard is empty. */
 static bool evict_one(rl_cache_shard *s, int64_t now)
 {
-	entry *victim = s->lru.prev, *e = s->lru.prev;
-	int i;
+	entry *victim = NULL, *e = s->lru.prev;
+	int seen = 0;
 
-	if (victim == &s->lru)
+	if (e == &s->lru)
 		return false;
-	for (i = 0; i < 4 && e != &s->lru; i++, e = e->prev) {
-		if (e->state.expire_at <= now) {
-			victim = e;
-			break;
+	while (e != &s->lru && seen < 4) {
+		entry *prev = e->prev;
+		if (e->ref) {
+			e->ref = 0;
+			lru_unlink(e);
+			lru_push_front(s, e);
+			if (prev == &s->lru) /* wrapped: every key was referenced */
+				prev = s->lru.prev;
+		} else {
+			if (victim == NULL)
+				victim = e;
+			if (e->state.expire_at <= now) {
+				victim = e;
+				break;
+			}
+			seen++;
 		}
+		e = prev;
 	}
+	if (victim == NULL)
+		victim = s->lru.prev;
 	drop(s, victim);
 	__atomic_store_n(&s->evicted, s->evicted + 1, __ATOMIC_RELAXED);
 	return true;
@@ -250,6 +272,24 @@ int rl_cache_remove(rl_cache_shard *s, uint64_t hash, const char *key, size_t ke
 		return 0;
 	drop(s, e);
 	return 1;
+}
+
+void rl_cache_tally(rl_cache_shard *s, int which)
+{
+	s->tally[which]++;
+}
+
+void rl_cache_take_tallies(rl_cache *c, uint64_t out[RL_TALLIES])
+{
+	for (size_t i = 0; i < c->nshards; i++) {
+		rl_cache_shard *s = &c->shards[i];
+		pthread_mutex_lock(&s->mu);
+		for (int k = 0; k < RL_TALLIES; k++) {
+			out[k] += s->tally[k];
+			s->tally[k] = 0;
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
 }
 
 size_t rl_cache_size(rl_cache *c)

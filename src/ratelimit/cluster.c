@@ -49,15 +49,36 @@ typedef struct cl_item {
 	struct cl_item *next;
 } cl_item;
 
-typedef struct cl_peer {
+/* One peer address this node has known, for the cluster's lifetime (so an address
+ * string or connection handed out stays valid across ring changes). */
+typedef struct cl_conn {
 	char *addr;
-	bool self;
 	rl_peer *conn;                 /* NULL for self */
 	_Atomic int64_t dead_until_ms; /* CLOCK_MONOTONIC ms; the peer is skipped until then */
-	cl_item *q_head, *q_tail;      /* BATCHING queue, under cl->mu */
+	struct cl_conn *next;
+} cl_conn;
+
+/* A peer in one ring view. */
+typedef struct cl_peer {
+	cl_conn *c;
+	bool self;
+	cl_item *q_head, *q_tail; /* BATCHING queue, under cl->mu (current view only) */
 	size_t q_len;
 	int64_t q_deadline_us;
 } cl_peer;
+
+/* One immutable ring and its peers. The current view is cl->view (swapped under cl->mu
+ * and cl->view_mu by rl_cluster_set_peers); readers hold a reference (view_get/put), so
+ * a view is freed when the last reader is done. Only the current view's queues hold
+ * items: a swap moves them to the new view's owners. */
+typedef struct cl_view {
+	atomic_int refs;
+	uint64_t version; /* membership version it was built from (0: static --peers) */
+	rl_ring *ring;
+	cl_peer *peers; /* indexed like the ring */
+	size_t n_peers;
+	int self;
+} cl_view;
 
 /* GLOBAL bookkeeping: one entry per key in a chained hash map (insertion list too). */
 typedef struct cl_gent {
@@ -78,10 +99,10 @@ typedef struct cl_gmap {
 
 struct rl_cluster {
 	rl_limiter *lim;
-	rl_ring *ring;
-	cl_peer *peers; /* indexed like the ring */
-	size_t n_peers;
-	int self;
+	cl_view *view;            /* current ring; under view_mu (and cl->mu to swap) */
+	pthread_mutex_t view_mu;
+	cl_conn *conns;           /* every address ever in a view; under view_mu */
+	unsigned vnodes;
 	char *advertise;
 	int64_t batch_wait_us;
 	size_t batch_limit;
@@ -110,6 +131,10 @@ struct rl_cluster {
 	sdb_counter *m_global_hits;  /* GLOBAL keys whose hits were sent to an owner */
 	sdb_counter *m_global_apply; /* UpdatePeerGlobal entries installed */
 	sdb_counter *m_global_skip;  /* UpdatePeerGlobal entries skipped (unreadable) */
+	sdb_counter *m_global_requeued; /* GLOBAL keys re-queued after their owner failed */
+	sdb_counter *m_global_dropped;  /* GLOBAL keys whose hits were dropped */
+	sdb_counter *m_ring_changes;    /* ring views installed by rl_cluster_set_peers */
+	size_t global_queue_max;        /* keys in cl->hits beyond which hits are dropped */
 };
 
 
@@ -218,29 +243,48 @@ int rl_cluster_opts_from_env(rl_cluster_opts *o, char *err, size_t errlen)
 /* ---- ring and liveness ---- */
 
 typedef struct alive_ctx {
-	rl_cluster *cl;
+	cl_view *v;
 	int64_t now_ms;
 } alive_ctx;
 
 static bool peer_alive(size_t idx, void *arg)
 {
 	alive_ctx *a = arg;
-	cl_peer *p = &a->cl->peers[idx];
+	cl_peer *p = &a->v->peers[idx];
 
-	return p->self || atomic_load(&p->dead_until_ms) <= a->now_ms;
+	return p->self || atomic_load(&p->c->dead_until_ms) <= a->now_ms;
 }
 
-static int owner_index(rl_cluster *cl, uint64_t hash)
+static cl_view *view_get(rl_cluster *cl)
 {
-	alive_ctx a = {cl, (int64_t)sdb_mono_us() / 1000};
-	int o = rl_ring_owner(cl->ring, hash, peer_alive, &a);
+	cl_view *v;
 
-	return o < 0 ? cl->self : o;
+	pthread_mutex_lock(&cl->view_mu);
+	v = cl->view;
+	atomic_fetch_add(&v->refs, 1);
+	pthread_mutex_unlock(&cl->view_mu);
+	return v;
 }
 
-static void mark_dead(rl_cluster *cl, int idx, const char *why)
+static void view_put(cl_view *v)
 {
-	cl_peer *p = &cl->peers[idx];
+	if (v == NULL || atomic_fetch_sub(&v->refs, 1) != 1)
+		return;
+	rl_ring_free(v->ring);
+	free(v->peers);
+	free(v);
+}
+
+static int owner_index(cl_view *v, uint64_t hash)
+{
+	alive_ctx a = {v, (int64_t)sdb_mono_us() / 1000};
+	int o = rl_ring_owner(v->ring, hash, peer_alive, &a);
+
+	return o < 0 ? v->self : o;
+}
+
+static void mark_dead(rl_cluster *cl, cl_conn *p, const char *why)
+{
 	int64_t until = (int64_t)sdb_mono_us() / 1000 + cl->dead_ms;
 	int64_t prev = atomic_exchange(&p->dead_until_ms, until);
 	char q[200];
@@ -361,7 +405,11 @@ static void queue_bcast(rl_cluster *cl, const rl_req *r, uint64_t hash)
 {
 	bool created;
 
-	if (cl->n_peers < 2)
+	cl_view *v = view_get(cl);
+	size_t npeers = v->n_peers;
+
+	view_put(v);
+	if (npeers < 2)
 		return;
 	pthread_mutex_lock(&cl->mu);
 	if (!cl->stopping) {
@@ -431,9 +479,10 @@ static void decide_here(rl_cluster *cl, const rl_req *r, uint64_t hash, rl_resp 
 
 typedef struct cl_batch {
 	rl_cluster *cl;
-	int peer;
+	cl_conn *peer;
 	size_t n;
 	cl_item **items;
+	cl_gent *hits; /* GLOBAL hits sent (own copies), re-queued if the owner fails */
 } cl_batch;
 
 static void route_item(rl_cluster *cl, cl_item *it);
@@ -443,7 +492,7 @@ static void batch_done(void *arg, int status, const uint8_t *data, size_t len,
 {
 	cl_batch *b = arg;
 	rl_cluster *cl = b->cl;
-	cl_peer *p = &cl->peers[b->peer];
+	cl_conn *p = b->peer;
 	size_t i;
 
 	if (status == GRPC_STATUS_OK) {
@@ -492,10 +541,9 @@ static void batch_done(void *arg, int status, const uint8_t *data, size_t len,
 	free(b);
 }
 
-/* Send n items (taken over) to peer idx in one GetPeerRateLimits call. */
-static void send_batch(rl_cluster *cl, int idx, cl_item **items, size_t n)
+/* Send n items (taken over) to peer p in one GetPeerRateLimits call. */
+static void send_batch(rl_cluster *cl, cl_conn *p, cl_item **items, size_t n)
 {
-	cl_peer *p = &cl->peers[idx];
 	Pb__Gubernator__GetPeerRateLimitsReq msg = PB__GUBERNATOR__GET_PEER_RATE_LIMITS_REQ__INIT;
 	Pb__Gubernator__RateLimitReq *pbs = sdb_calloc(n, sizeof(*pbs));
 	Pb__Gubernator__RateLimitReq **ptrs = sdb_calloc(n, sizeof(*ptrs));
@@ -515,7 +563,7 @@ static void send_batch(rl_cluster *cl, int idx, cl_item **items, size_t n)
 	free(pbs);
 
 	b->cl = cl;
-	b->peer = idx;
+	b->peer = p;
 	b->n = n;
 	b->items = items;
 	sdb_counter_inc(cl->m_calls_get);
@@ -536,27 +584,41 @@ static void send_batch(rl_cluster *cl, int idx, cl_item **items, size_t n)
  * it here when this node is (now) the owner. Takes it over. */
 static void route_item(rl_cluster *cl, cl_item *it)
 {
-	int owner = owner_index(cl, it->hash);
+	cl_view *v;
+	int owner;
 	cl_peer *p;
 
-	if (owner == cl->self || it->attempts > (int)cl->n_peers) {
+again:
+	v = view_get(cl);
+	owner = owner_index(v, it->hash);
+	if (owner == v->self || it->attempts > (int)v->n_peers) {
+		view_put(v);
 		decide_here(cl, &it->req, it->hash, &it->job->out[it->idx]);
 		item_done(it);
 		return;
 	}
-	p = &cl->peers[owner];
+	p = &v->peers[owner];
 	if (it->req.behavior & RL_NO_BATCHING) {
 		cl_item **one = sdb_malloc(sizeof(*one));
+		cl_conn *c = p->c;
+		view_put(v);
 		one[0] = it;
-		send_batch(cl, owner, one, 1);
+		send_batch(cl, c, one, 1);
 		return;
 	}
 	pthread_mutex_lock(&cl->mu);
 	if (cl->stopping) {
 		pthread_mutex_unlock(&cl->mu);
-		item_fail(it, "error while fetching rate limit from peer %s: %s", p->addr,
+		item_fail(it, "error while fetching rate limit from peer %s: %s", p->c->addr,
 			  "rate limiter shutting down");
+		view_put(v);
 		return;
+	}
+	if (v != cl->view) {
+		/* the ring changed meanwhile: its queues were moved; route on the new one */
+		pthread_mutex_unlock(&cl->mu);
+		view_put(v);
+		goto again;
 	}
 	it->next = NULL;
 	if (p->q_tail)
@@ -572,14 +634,82 @@ static void route_item(rl_cluster *cl, cl_item *it)
 		pthread_cond_signal(&cl->cv);
 	}
 	pthread_mutex_unlock(&cl->mu);
+	view_put(v);
 }
 
 /* ---- GLOBAL sync ---- */
 
+/* Put hits that could not be delivered back into the hits map (merged with hits queued
+ * since: they add up; the newer configuration wins), so the next sync sends them to the
+ * key's owner then: the next live peer clockwise while the failed one is marked dead,
+ * or its successor once the ring no longer has it. Beyond global_queue_max keys queued,
+ * hits are dropped and counted. Takes the list over. */
+static void requeue_hits(rl_cluster *cl, cl_gent *list)
+{
+	uint64_t requeued = 0, dropped = 0;
+	cl_gent *e;
+
+	pthread_mutex_lock(&cl->mu);
+	for (e = list; e != NULL; e = e->next) {
+		cl_gent *q;
+		bool created;
+
+		if (cl->stopping || cl->hits.n >= cl->global_queue_max) {
+			dropped++;
+			continue;
+		}
+		q = gmap_get(&cl->hits, e->hash, e->name, e->uk, &created);
+		if (created) {
+			q->req = e->req;
+			q->req.name = q->name;
+			q->req.unique_key = q->uk;
+		} else {
+			q->req.hits += e->req.hits;
+			q->req.behavior |= e->req.behavior & RL_RESET_REMAINING;
+		}
+		requeued++;
+	}
+	if (requeued > 0 && !cl->stopping)
+		global_armed(cl);
+	pthread_mutex_unlock(&cl->mu);
+	if (requeued)
+		sdb_counter_add(cl->m_global_requeued, requeued);
+	if (dropped)
+		sdb_counter_add(cl->m_global_dropped, dropped);
+	gent_free_list(list);
+}
+
 static void global_hits_done(void *arg, int status, const uint8_t *data, size_t len,
 			     const char *details)
 {
-	cl_batch *b = arg; /* items unused: only cl and peer */
+	cl_batch *b = arg; /* items unused: cl, peer and the hits sent */
+	cl_gent *hits = b->hits;
+
+	(void)data;
+	(void)len;
+	if (status != GRPC_STATUS_OK) {
+		sdb_counter_inc(b->cl->m_peer_errors);
+		if (status == GRPC_STATUS_UNAVAILABLE || status == GRPC_STATUS_DEADLINE_EXCEEDED) {
+			/* A deadline may hide hits the owner did apply: re-sending them counts
+			 * them twice (the limit errs towards refusing), never loses them. */
+			mark_dead(b->cl, b->peer, details);
+			requeue_hits(b->cl, hits);
+			hits = NULL;
+		} else if (hits != NULL) {
+			size_t n = 0;
+			for (cl_gent *e = hits; e != NULL; e = e->next)
+				n++;
+			sdb_counter_add(b->cl->m_global_dropped, n);
+		}
+	}
+	gent_free_list(hits);
+	free(b);
+}
+
+static void update_done(void *arg, int status, const uint8_t *data, size_t len,
+			const char *details)
+{
+	cl_batch *b = arg;
 
 	(void)data;
 	(void)len;
@@ -591,7 +721,8 @@ static void global_hits_done(void *arg, int status, const uint8_t *data, size_t 
 	free(b);
 }
 
-static void send_global_hits(rl_cluster *cl, int idx, rl_req *reqs, size_t n)
+static void send_global_hits(rl_cluster *cl, cl_conn *c, rl_req *reqs, uint64_t *hashes,
+			     size_t n)
 {
 	Pb__Gubernator__GetPeerRateLimitsReq msg = PB__GUBERNATOR__GET_PEER_RATE_LIMITS_REQ__INIT;
 	Pb__Gubernator__RateLimitReq *pbs = sdb_calloc(n, sizeof(*pbs));
@@ -610,12 +741,26 @@ static void send_global_hits(rl_cluster *cl, int idx, rl_req *reqs, size_t n)
 	free(ptrs);
 	free(pbs);
 	b->cl = cl;
-	b->peer = idx;
+	b->peer = c;
+	for (i = n; i-- > 0;) { /* own copies, re-queued if the call fails */
+		cl_gent *e = sdb_calloc(1, sizeof(*e));
+		e->hash = hashes[i];
+		e->name = sdb_strdup(reqs[i].name);
+		e->uk = sdb_strdup(reqs[i].unique_key);
+		e->req = reqs[i];
+		e->req.name = e->name;
+		e->req.unique_key = e->uk;
+		e->next = b->hits;
+		b->hits = e;
+	}
 	sdb_counter_inc(cl->m_calls_get);
 	sdb_counter_add(cl->m_global_hits, n);
-	if (rl_peer_call(cl->peers[idx].conn, RL_METHOD_GET_PEER_RATE_LIMITS, buf, len,
+	if (rl_peer_call(c->conn, RL_METHOD_GET_PEER_RATE_LIMITS, buf, len,
 			 cl->batch_timeout_ms, global_hits_done, b) != 0)
+	{
+		requeue_hits(cl, b->hits);
 		free(b);
+	}
 	free(buf);
 }
 
@@ -627,12 +772,14 @@ static void flush_hits(rl_cluster *cl, cl_gent *list)
 	size_t n = 0, cap = 0, i;
 	cl_gent *e;
 	rl_req *reqs = NULL;
+	uint64_t *hashes = NULL;
 	int *owners = NULL;
+	cl_view *v = view_get(cl);
 
 	for (e = list; e != NULL; e = e->next) {
-		int owner = owner_index(cl, e->hash);
+		int owner = owner_index(v, e->hash);
 		e->req.behavior |= RL_DRAIN_OVER_LIMIT;
-		if (owner == cl->self) {
+		if (owner == v->self) {
 			rl_resp out;
 			decide_here(cl, &e->req, e->hash, &out);
 			continue;
@@ -640,35 +787,38 @@ static void flush_hits(rl_cluster *cl, cl_gent *list)
 		if (n == cap) {
 			cap = cap ? cap * 2 : 64;
 			reqs = sdb_realloc(reqs, cap * sizeof(*reqs));
+			hashes = sdb_realloc(hashes, cap * sizeof(*hashes));
 			owners = sdb_realloc(owners, cap * sizeof(*owners));
 		}
 		reqs[n] = e->req;
+		hashes[n] = e->hash;
 		owners[n] = owner;
 		n++;
 	}
-	for (i = 0; i < cl->n_peers; i++) {
+	for (i = 0; i < v->n_peers; i++) {
 		rl_req *mine;
+		uint64_t *mh;
 		size_t m = 0, k;
 
-		if ((int)i == cl->self)
+		if ((int)i == v->self)
 			continue;
 		mine = sdb_calloc(n ? n : 1, sizeof(*mine));
+		mh = sdb_calloc(n ? n : 1, sizeof(*mh));
 		for (k = 0; k < n; k++)
-			if (owners[k] == (int)i)
+			if (owners[k] == (int)i) {
+				mh[m] = hashes[k];
 				mine[m++] = reqs[k];
+			}
 		for (k = 0; k < m; k += RL_MAX_BATCH)
-			send_global_hits(cl, (int)i, mine + k,
+			send_global_hits(cl, v->peers[i].c, mine + k, mh + k,
 					 m - k > RL_MAX_BATCH ? RL_MAX_BATCH : m - k);
 		free(mine);
+		free(mh);
 	}
+	view_put(v);
 	free(reqs);
+	free(hashes);
 	free(owners);
-}
-
-static void update_done(void *arg, int status, const uint8_t *data, size_t len,
-			const char *details)
-{
-	global_hits_done(arg, status, data, len, details);
 }
 
 /* The state travels in status.metadata "sdb_state" so stripedb peers install it exactly;
@@ -716,23 +866,25 @@ static void send_updates(rl_cluster *cl, Pb__Gubernator__UpdatePeerGlobal **ptrs
 	Pb__Gubernator__UpdatePeerGlobalsReq msg = PB__GUBERNATOR__UPDATE_PEER_GLOBALS_REQ__INIT;
 	uint8_t *buf;
 	size_t len, i;
-	alive_ctx a = {cl, (int64_t)sdb_mono_us() / 1000};
+	cl_view *v = view_get(cl);
+	alive_ctx a = {v, (int64_t)sdb_mono_us() / 1000};
 
 	msg.n_globals = n;
 	msg.globals = ptrs;
 	buf = rl_proto_pack(&msg.base, &len);
-	for (i = 0; i < cl->n_peers; i++) {
+	for (i = 0; i < v->n_peers; i++) {
 		cl_batch *b;
-		if ((int)i == cl->self || !peer_alive(i, &a))
+		if ((int)i == v->self || !peer_alive(i, &a))
 			continue;
 		b = sdb_calloc(1, sizeof(*b));
 		b->cl = cl;
-		b->peer = (int)i;
+		b->peer = v->peers[i].c;
 		sdb_counter_inc(cl->m_calls_update);
-		if (rl_peer_call(cl->peers[i].conn, RL_METHOD_UPDATE_PEER_GLOBALS, buf, len,
+		if (rl_peer_call(b->peer->conn, RL_METHOD_UPDATE_PEER_GLOBALS, buf, len,
 				 cl->batch_timeout_ms, update_done, b) != 0)
 			free(b);
 	}
+	view_put(v);
 	free(buf);
 }
 
@@ -846,9 +998,10 @@ static void *flusher_main(void *arg)
 		int64_t now = (int64_t)sdb_mono_us(), next = now + 1000000;
 		size_t i;
 		bool worked = false;
+		cl_view *v = view_get(cl);
 
-		for (i = 0; i < cl->n_peers; i++) {
-			cl_peer *p = &cl->peers[i];
+		for (i = 0; i < v->n_peers && v == cl->view; i++) {
+			cl_peer *p = &v->peers[i];
 			if (p->q_len == 0)
 				continue;
 			if (p->q_len >= cl->batch_limit || now >= p->q_deadline_us) {
@@ -862,13 +1015,16 @@ static void *flusher_main(void *arg)
 				if (p->q_head == NULL)
 					p->q_tail = NULL;
 				pthread_mutex_unlock(&cl->mu);
-				send_batch(cl, (int)i, items, n);
+				send_batch(cl, p->c, items, n);
 				pthread_mutex_lock(&cl->mu);
 				worked = true;
 			} else if (p->q_deadline_us < next) {
 				next = p->q_deadline_us;
 			}
 		}
+		if (v != cl->view)
+			worked = true; /* the ring changed while sending: look again */
+		view_put(v);
 		if (cl->hits.n > 0 || cl->bcast.n > 0) {
 			if (now >= cl->g_deadline_us || cl->hits.n >= cl->global_batch_limit ||
 			    cl->bcast.n >= cl->global_batch_limit) {
@@ -897,14 +1053,172 @@ static void *flusher_main(void *arg)
 	return NULL;
 }
 
+/* ---- ring views ---- */
+
+static void conns_free(rl_cluster *cl)
+{
+	cl_conn *c, *next;
+
+	for (c = cl->conns; c != NULL; c = next) {
+		next = c->next;
+		free(c->addr);
+		free(c); /* the channel belongs to cl->client */
+	}
+	cl->conns = NULL;
+}
+
+/* The connection record of addr, created (and connected, unless it is this node) on
+ * first use. Called with cl->view_mu held. */
+static cl_conn *conn_for(rl_cluster *cl, const char *addr)
+{
+	cl_conn *c;
+
+	for (c = cl->conns; c != NULL; c = c->next)
+		if (strcmp(c->addr, addr) == 0)
+			return c;
+	c = sdb_calloc(1, sizeof(*c));
+	c->addr = sdb_strdup(addr);
+	atomic_init(&c->dead_until_ms, 0);
+	if (strcmp(addr, cl->advertise) != 0)
+		c->conn = rl_peers_connect(cl->client, addr);
+	c->next = cl->conns;
+	cl->conns = c;
+	return c;
+}
+
+/* A view over addrs plus this node (duplicates merged). */
+static int view_build(rl_cluster *cl, const char *const *addrs, size_t n, uint64_t version,
+		      cl_view **out, char *err, size_t errlen)
+{
+	const char **all = sdb_calloc(n + 1, sizeof(*all));
+	cl_view *v = sdb_calloc(1, sizeof(*v));
+	size_t i, k = 0;
+	int rv;
+
+	for (i = 0; i < n; i++)
+		all[k++] = addrs[i];
+	all[k++] = cl->advertise;
+	rv = rl_ring_new(all, k, cl->vnodes, &v->ring, err, errlen);
+	free(all);
+	if (rv != 0) {
+		free(v);
+		return rv;
+	}
+	atomic_init(&v->refs, 1);
+	v->version = version;
+	v->n_peers = rl_ring_size(v->ring);
+	v->self = rl_ring_find(v->ring, cl->advertise);
+	v->peers = sdb_calloc(v->n_peers, sizeof(*v->peers));
+	pthread_mutex_lock(&cl->view_mu);
+	for (i = 0; i < v->n_peers; i++) {
+		v->peers[i].c = conn_for(cl, rl_ring_peer(v->ring, i));
+		v->peers[i].self = (int)i == v->self;
+	}
+	pthread_mutex_unlock(&cl->view_mu);
+	*out = v;
+	return 0;
+}
+
+/* Take every item queued in v's peer queues (cl->mu held). */
+static cl_item *view_take_queued(cl_view *v)
+{
+	cl_item *queued = NULL;
+
+	for (size_t i = 0; i < v->n_peers; i++) {
+		cl_peer *p = &v->peers[i];
+		if (p->q_tail) {
+			p->q_tail->next = queued;
+			queued = p->q_head;
+		}
+		p->q_head = p->q_tail = NULL;
+		p->q_len = 0;
+	}
+	return queued;
+}
+
+int rl_cluster_set_peers(rl_cluster *cl, const char *const *peers, size_t n, uint64_t version,
+			 char *err, size_t errlen)
+{
+	cl_view *v, *old;
+	cl_item *queued, *it, *next;
+	size_t i;
+	int rv;
+	bool same;
+	char list[512];
+	size_t off = 0;
+
+	rv = view_build(cl, peers, n, version, &v, err, errlen);
+	if (rv != 0)
+		return rv;
+	pthread_mutex_lock(&cl->mu);
+	if (cl->stopping) {
+		pthread_mutex_unlock(&cl->mu);
+		view_put(v);
+		return SDB_ECANCELED;
+	}
+	old = cl->view;
+	same = old->n_peers == v->n_peers;
+	for (i = 0; same && i < v->n_peers; i++)
+		same = old->peers[i].c == v->peers[i].c;
+	if (same) {
+		/* same ring: keep the queues where they are */
+		__atomic_store_n(&old->version, version, __ATOMIC_RELAXED);
+		pthread_mutex_unlock(&cl->mu);
+		view_put(v);
+		return 0;
+	}
+	queued = view_take_queued(old);
+	pthread_mutex_lock(&cl->view_mu);
+	cl->view = v;
+	pthread_mutex_unlock(&cl->view_mu);
+	pthread_cond_signal(&cl->cv);
+	pthread_mutex_unlock(&cl->mu);
+	for (i = 0; i < v->n_peers && off < sizeof list; i++) {
+		int w = snprintf(list + off, sizeof list - off, "%s%s", i ? "," : "",
+				 v->peers[i].c->addr);
+		if (w > 0)
+			off += (size_t)w;
+	}
+	sdb_info("ratelimit ring changed", "version=%" PRIu64 " peers=%zu members=%s", version,
+		 v->n_peers, list);
+	sdb_counter_inc(cl->m_ring_changes);
+	view_put(old);
+	/* queued requests go to their owner on the new ring (Gubernator: keys move to their
+	 * new owner, which starts without their state) */
+	for (it = queued; it != NULL; it = next) {
+		next = it->next;
+		route_item(cl, it);
+	}
+	return 0;
+}
+
+size_t rl_cluster_members(rl_cluster *cl, rl_member *out, size_t max, uint64_t *version)
+{
+	cl_view *v = view_get(cl);
+	int64_t now = (int64_t)sdb_mono_us() / 1000;
+	size_t i;
+
+	if (version != NULL)
+		*version = __atomic_load_n(&v->version, __ATOMIC_RELAXED);
+	for (i = 0; i < v->n_peers && i < max; i++) {
+		int64_t dead = atomic_load(&v->peers[i].c->dead_until_ms);
+		snprintf(out[i].addr, sizeof out[i].addr, "%s", v->peers[i].c->addr);
+		out[i].self = v->peers[i].self;
+		out[i].alive = out[i].self || dead <= now;
+		out[i].dead_for_ms = out[i].alive ? 0 : dead - now;
+	}
+	i = v->n_peers;
+	view_put(v);
+	return i;
+}
+
 /* ---- public API ---- */
 
 int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **out, char *err,
 		   size_t errlen)
 {
 	rl_cluster *cl;
-	const char **addrs = NULL;
-	size_t n = 0, i;
+	size_t i;
 	int rv;
 
 	*out = NULL;
@@ -926,17 +1240,17 @@ int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **ou
 	cl->dead_ms = opts->dead_ms > 0 ? opts->dead_ms : 2000;
 	cl->clock = opts->clock ? opts->clock : rl_clock_realtime_ms;
 	cl->clock_data = opts->clock_data;
+	cl->vnodes = opts->vnodes;
+	cl->global_queue_max = opts->global_queue_max > 0 ? (size_t)opts->global_queue_max : 100000;
+	pthread_mutex_init(&cl->view_mu, NULL);
 
-	addrs = sdb_calloc(opts->n_peers + 1, sizeof(*addrs));
-	for (i = 0; i < opts->n_peers; i++)
-		addrs[n++] = opts->peers[i];
-	addrs[n++] = opts->advertise; /* duplicates are merged by the ring */
-	rv = rl_ring_new(addrs, n, opts->vnodes, &cl->ring, err, errlen);
-	free(addrs);
+	rv = rl_peers_new(&cl->client, err, errlen);
 	if (rv != 0)
 		goto err_after_alloc;
-	cl->n_peers = rl_ring_size(cl->ring);
-	cl->self = rl_ring_find(cl->ring, cl->advertise);
+	/* the advertise address is added to the ring; duplicates are merged */
+	rv = view_build(cl, opts->peers, opts->n_peers, 0, &cl->view, err, errlen);
+	if (rv != 0)
+		goto err_after_peers;
 	for (i = 0; i < opts->n_peers; i++)
 		if (strcmp(opts->peers[i], cl->advertise) == 0)
 			break;
@@ -948,19 +1262,6 @@ int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **ou
 		sdb_warn("ratelimit: advertising a wildcard address; set --advertise "
 			 "(or GUBER_ADVERTISE_ADDRESS) to the address peers reach this node at",
 			 "advertise=%s", cl->advertise);
-
-	rv = rl_peers_new(&cl->client, err, errlen);
-	if (rv != 0)
-		goto err_after_ring;
-	cl->peers = sdb_calloc(cl->n_peers, sizeof(*cl->peers));
-	for (i = 0; i < cl->n_peers; i++) {
-		cl_peer *p = &cl->peers[i];
-		p->addr = sdb_strdup(rl_ring_peer(cl->ring, i));
-		p->self = (int)i == cl->self;
-		atomic_init(&p->dead_until_ms, 0);
-		if (!p->self)
-			p->conn = rl_peers_connect(cl->client, p->addr);
-	}
 
 	cl->m_calls_get = sdb_metrics_counter("stripedb_ratelimit_peer_calls_total",
 					      "gRPC calls sent to rate-limit peers",
@@ -987,6 +1288,16 @@ int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **ou
 	cl->m_global_skip = sdb_metrics_counter(
 		"stripedb_ratelimit_global_updates_total",
 		"UpdatePeerGlobals entries received, by result", "result=\"skipped\"");
+	cl->m_global_requeued = sdb_metrics_counter(
+		"stripedb_ratelimit_global_hits_requeued_total",
+		"GLOBAL keys whose hits were queued again after their owner failed", NULL);
+	cl->m_global_dropped = sdb_metrics_counter(
+		"stripedb_ratelimit_global_hits_dropped_total",
+		"GLOBAL keys whose aggregated hits were dropped (queue full, refused, stopping)",
+		NULL);
+	cl->m_ring_changes = sdb_metrics_counter("stripedb_ratelimit_ring_changes_total",
+						 "peer rings installed after a membership change",
+						 NULL);
 
 	pthread_mutex_init(&cl->mu, NULL);
 	sdb_cond_init_mono(&cl->cv);
@@ -996,22 +1307,22 @@ int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **ou
 		rv = SDB_EIO;
 		pthread_cond_destroy(&cl->cv);
 		pthread_mutex_destroy(&cl->mu);
-		goto err_after_peers;
+		goto err_after_view;
 	}
 	sdb_info("ratelimit cluster ready", "advertise=%s peers=%zu batch_wait_us=%" PRId64
 		 " batch_limit=%zu global_sync_wait_us=%" PRId64,
-		 cl->advertise, cl->n_peers, cl->batch_wait_us, cl->batch_limit, cl->sync_wait_us);
+		 cl->advertise, cl->view->n_peers, cl->batch_wait_us, cl->batch_limit,
+		 cl->sync_wait_us);
 	*out = cl;
 	return 0;
 
+err_after_view:
+	view_put(cl->view);
 err_after_peers:
 	rl_peers_free(cl->client);
-	for (i = 0; i < cl->n_peers; i++)
-		free(cl->peers[i].addr);
-	free(cl->peers);
-err_after_ring:
-	rl_ring_free(cl->ring);
+	conns_free(cl);
 err_after_alloc:
+	pthread_mutex_destroy(&cl->view_mu);
 	free(cl->advertise);
 	free(cl);
 	return rv;
@@ -1019,7 +1330,6 @@ err_after_alloc:
 
 void rl_cluster_free(rl_cluster *cl)
 {
-	size_t i;
 	cl_item *queued = NULL, *it, *next;
 
 	if (cl == NULL)
@@ -1027,15 +1337,7 @@ void rl_cluster_free(rl_cluster *cl)
 	pthread_mutex_lock(&cl->mu);
 	cl->stopping = true;
 	pthread_cond_signal(&cl->cv);
-	for (i = 0; i < cl->n_peers; i++) {
-		cl_peer *p = &cl->peers[i];
-		if (p->q_tail) {
-			p->q_tail->next = queued;
-			queued = p->q_head;
-		}
-		p->q_head = p->q_tail = NULL;
-		p->q_len = 0;
-	}
+	queued = view_take_queued(cl->view);
 	gent_free_list(gmap_take(&cl->hits));
 	gent_free_list(gmap_take(&cl->bcast));
 	pthread_mutex_unlock(&cl->mu);
@@ -1043,15 +1345,15 @@ void rl_cluster_free(rl_cluster *cl)
 	for (it = queued; it != NULL; it = next) {
 		next = it->next;
 		item_fail(it, "error while fetching rate limit from peer %s: %s",
-			  cl->peers[owner_index(cl, it->hash)].addr, "rate limiter shutting down");
+			  cl->view->peers[owner_index(cl->view, it->hash)].c->addr,
+			  "rate limiter shutting down");
 	}
 	rl_peers_free(cl->client); /* cancels calls in flight; their callbacks fail items */
 	pthread_cond_destroy(&cl->cv);
 	pthread_mutex_destroy(&cl->mu);
-	for (i = 0; i < cl->n_peers; i++)
-		free(cl->peers[i].addr);
-	free(cl->peers);
-	rl_ring_free(cl->ring);
+	view_put(cl->view);
+	conns_free(cl);
+	pthread_mutex_destroy(&cl->view_mu);
 	free(cl->advertise);
 	free(cl);
 }
@@ -1061,6 +1363,7 @@ int rl_cluster_decide_async(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 {
 	cl_job *job;
 	int64_t now_ms;
+	cl_view *v;
 	size_t i;
 
 	if (n > RL_MAX_BATCH)
@@ -1072,6 +1375,7 @@ int rl_cluster_decide_async(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 	job->done = done;
 	job->arg = arg;
 	now_ms = cl->clock(cl->clock_data);
+	v = view_get(cl);
 
 	for (i = 0; i < n; i++) {
 		rl_req r;
@@ -1087,14 +1391,14 @@ int rl_cluster_decide_async(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 		if (r.created_at == 0)
 			r.created_at = now_ms; /* the owner decides with the receiving peer's clock */
 		hash = rl_key_hash(r.name, r.unique_key);
-		owner = owner_index(cl, hash);
-		if (owner == cl->self) {
+		owner = owner_index(v, hash);
+		if (owner == v->self) {
 			decide_here(cl, &r, hash, &out[i]);
 		} else if (r.behavior & RL_GLOBAL) {
 			rl_limiter_decide(cl->lim, &r, 1, &out[i], NULL, 0);
 			if (out[i].error[0] == '\0') {
 				snprintf(out[i].owner, sizeof(out[i].owner), "%s",
-					 cl->peers[owner].addr);
+					 v->peers[owner].c->addr);
 				if (r.hits != 0 || (r.behavior & RL_RESET_REMAINING))
 					queue_hits(cl, &r, hash, owner);
 			}
@@ -1103,6 +1407,7 @@ int rl_cluster_decide_async(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 			route_item(cl, item_new(job, i, &r, hash));
 		}
 	}
+	view_put(v);
 	job_release(job);
 	return 0;
 }
@@ -1162,30 +1467,37 @@ void rl_cluster_peer_decide(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 
 bool rl_cluster_health(rl_cluster *cl, int *peer_count, char *msg, size_t msglen)
 {
-	alive_ctx a = {cl, (int64_t)sdb_mono_us() / 1000};
+	cl_view *v = view_get(cl);
+	alive_ctx a = {v, (int64_t)sdb_mono_us() / 1000};
 	size_t i, off = 0;
 	bool ok = true;
 
 	if (msglen > 0)
 		msg[0] = '\0';
-	*peer_count = (int)cl->n_peers;
-	for (i = 0; i < cl->n_peers; i++) {
+	*peer_count = (int)v->n_peers;
+	for (i = 0; i < v->n_peers; i++) {
 		if (peer_alive(i, &a))
 			continue;
 		ok = false;
 		if (off < msglen) {
 			int w = snprintf(msg + off, msglen - off, "%speer %s unreachable",
-					 off ? "; " : "", cl->peers[i].addr);
+					 off ? "; " : "", v->peers[i].c->addr);
 			if (w > 0)
 				off += (size_t)w;
 		}
 	}
+	view_put(v);
 	return ok;
 }
 
 int rl_cluster_peer_count(void *ctx)
 {
-	return (int)((rl_cluster *)ctx)->n_peers;
+	rl_cluster *cl = ctx;
+	cl_view *v = view_get(cl);
+	int n = (int)v->n_peers;
+
+	view_put(v);
+	return n;
 }
 
 const char *rl_cluster_advertise(const rl_cluster *cl)
@@ -1195,5 +1507,9 @@ const char *rl_cluster_advertise(const rl_cluster *cl)
 
 const char *rl_cluster_owner_of(rl_cluster *cl, const char *name, const char *unique_key)
 {
-	return cl->peers[owner_index(cl, rl_key_hash(name, unique_key))].addr;
+	cl_view *v = view_get(cl);
+	const char *addr = v->peers[owner_index(v, rl_key_hash(name, unique_key))].c->addr;
+
+	view_put(v); /* the address string lives as long as the cluster */
+	return addr;
 }

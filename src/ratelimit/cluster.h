@@ -25,8 +25,11 @@
  * client's completion thread (forwarded keys); one flusher thread times batches and
  * GLOBAL syncs with CLOCK_MONOTONIC. Every function is thread-safe.
  *
- * Membership: a static peer list (--peers). The metadata service as membership source is
- * future work (rl_cluster has no set_peers yet).
+ * Membership: the peer list given at creation (--peers, static), replaced at any time by
+ * rl_cluster_set_peers (the metadata membership watch, ratelimit/membership.h). A new
+ * ring takes effect for the next request; requests queued for a batch are re-routed to
+ * their owner on the new ring; GLOBAL hits not yet delivered go to the new owner at the
+ * next sync. A key that changes owner starts empty on its new owner (Gubernator).
  */
 #ifndef SDB_RATELIMIT_CLUSTER_H
 #define SDB_RATELIMIT_CLUSTER_H
@@ -51,6 +54,7 @@ typedef struct rl_cluster_opts {
 	int64_t global_batch_limit;  /* 0 = 1000 (at most RL_MAX_BATCH) */
 	int64_t dead_ms;           /* 0 = 2000 */
 	unsigned vnodes;           /* 0 = RL_RING_DEFAULT_VNODES */
+	int64_t global_queue_max;  /* 0 = 100000: GLOBAL keys queued for owners, then dropped */
 	rl_clock_fn clock;         /* epoch ms for requests without created_at; NULL = realtime */
 	void *clock_data;
 } rl_cluster_opts;
@@ -108,6 +112,25 @@ void rl_cluster_apply_globals(rl_cluster *cl, const Pb__Gubernator__UpdatePeerGl
 bool rl_cluster_health(rl_cluster *cl, int *peer_count, char *msg, size_t msglen);
 /* rl_frontend.peer_count adapter (ctx is the rl_cluster). */
 int rl_cluster_peer_count(void *ctx);
+
+/* Replace the ring: peers (gRPC addresses; this node is added when missing) as of
+ * membership version `version` (informational, reported by rl_cluster_members).
+ * Thread-safe; no-op when the set of peers is unchanged.
+ * Errors: SDB_EINVAL (bad list, see rl_ring_new), SDB_ECANCELED (stopping). */
+int rl_cluster_set_peers(rl_cluster *cl, const char *const *peers, size_t n, uint64_t version,
+			 char *err, size_t errlen);
+
+/* One member of the current ring as this node sees it. */
+typedef struct rl_member {
+	char addr[256];
+	bool self;
+	bool alive;          /* false while marked dead after a failed call */
+	int64_t dead_for_ms; /* how much longer it is skipped (0 when alive) */
+} rl_member;
+
+/* Fill up to max members of the current ring (ascending address order) and the
+ * membership version it was built from; returns the ring's size (may exceed max). */
+size_t rl_cluster_members(rl_cluster *cl, rl_member *out, size_t max, uint64_t *version);
 
 /* This node's advertise address (owned by the cluster). */
 const char *rl_cluster_advertise(const rl_cluster *cl);

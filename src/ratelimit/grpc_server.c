@@ -1,6 +1,9 @@
 /* gRPC C core server for pb.gubernator.V1 and PeersV1 (see grpc_server.h). */
 #include "ratelimit/grpc_server.h"
+#include "ratelimit/membership.h"
 
+#include <bson/bson.h>
+#include <dlfcn.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -20,6 +23,7 @@
 #include "common/alloc.h"
 #include "common/config.h"
 #include "common/err.h"
+#include "common/http.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "ratelimit/proto.h"
@@ -553,6 +557,24 @@ static grpc_server_credentials *server_credentials(rl_grpc_server *srv, char *er
 	return grpc_ssl_server_credentials_create_with_options(o); /* takes o */
 }
 
+void rl_grpc_tune_runtime(void)
+{
+	/* absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore): kIgnore is 0 */
+	static const char *const names[] = {
+		"_ZN4absl7debian329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE",
+		"_ZN4absl12lts_2022062329SetMutexDeadlockDetectionModeENS0_15OnDeadlockCycleE",
+	};
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		void *sym = dlsym(RTLD_DEFAULT, names[i]);
+		if (sym != NULL) {
+			void (*set_mode)(int);
+			memcpy(&set_mode, &sym, sizeof set_mode);
+			set_mode(0);
+			return;
+		}
+	}
+}
+
 int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, char *err,
 		       size_t errlen)
 {
@@ -567,6 +589,7 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 		return sdb_errf(err, errlen, SDB_EINVAL, "grpc: no listen address");
 	gpr_set_log_function(grpc_log_to_sdb);
 	gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+	rl_grpc_tune_runtime();
 	grpc_init();
 	srv = sdb_calloc(1, sizeof(*srv));
 	srv->cluster = opts->cluster;
@@ -719,7 +742,46 @@ struct rl_grpc {
 	rl_frontend *fe;
 	rl_cluster *cluster;
 	rl_grpc_server *server;
+	rl_membership *membership; /* issue #23: peers from metadata, or NULL */
+	sdb_http *http;            /* where GET /debug/ratelimit/peers is routed, or NULL */
 };
+
+/* GET /debug/ratelimit/peers (issue #23): this node's ring, as JSON
+ * {"advertise", "version", "peers": [{"address", "self", "state": "alive"|"dead",
+ * "dead_for_ms"}]} in ring order; version is the metadata membership version the ring
+ * was built from (0: --peers or not yet known). */
+static void h_debug_peers(void *data, const sdb_http_req *req, sdb_http_resp *resp)
+{
+	rl_grpc *g = data;
+	rl_member m[64];
+	uint64_t version = 0;
+	size_t n = rl_cluster_members(g->cluster, m, 64, &version), i;
+	bson_t doc = BSON_INITIALIZER, arr, d;
+	char key[16], *json;
+
+	(void)req;
+	BSON_APPEND_UTF8(&doc, "advertise", rl_cluster_advertise(g->cluster));
+	BSON_APPEND_INT64(&doc, "version", (int64_t)version);
+	BSON_APPEND_INT32(&doc, "peer_count", (int32_t)n);
+	bson_append_array_begin(&doc, "peers", -1, &arr);
+	for (i = 0; i < n && i < 64; i++) {
+		snprintf(key, sizeof key, "%zu", i);
+		bson_append_document_begin(&arr, key, -1, &d);
+		BSON_APPEND_UTF8(&d, "address", m[i].addr);
+		BSON_APPEND_BOOL(&d, "self", m[i].self);
+		BSON_APPEND_UTF8(&d, "state", m[i].alive ? "alive" : "dead");
+		BSON_APPEND_INT64(&d, "dead_for_ms", m[i].dead_for_ms);
+		bson_append_document_end(&arr, &d);
+	}
+	bson_append_array_end(&doc, &arr);
+	json = bson_as_relaxed_extended_json(&doc, NULL);
+	resp->status = 200;
+	resp->content_type = "application/json";
+	resp->body = sdb_strdup(json);
+	resp->body_len = strlen(resp->body);
+	bson_free(json);
+	bson_destroy(&doc);
+}
 
 /* Split a comma-separated list into a NULL-terminated heap array of heap strings. */
 static char **split_list(const char *s, size_t *n)
@@ -771,6 +833,8 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 	const char *listen = sdb_config_get(cfg, SDB_OPT_grpc_listen);
 	const char *advertise = sdb_config_get(cfg, SDB_OPT_advertise);
 	const char *peers_s = sdb_config_get(cfg, SDB_OPT_peers);
+	const char *metadata = sdb_config_get(cfg, SDB_OPT_metadata);
+	int64_t lease_ms = sdb_config_get_int(cfg, SDB_OPT_ratelimit_lease_ms, 3000);
 	rl_cluster_opts copts;
 	rl_grpc_server_opts sopts;
 	rl_grpc *g;
@@ -792,6 +856,11 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 	}
 	if (advertise == NULL || *advertise == '\0')
 		advertise = listen;
+	if ((peers_s == NULL || *peers_s == '\0') && metadata != NULL && *metadata != '\0' &&
+	    (lease_ms < 1000 || lease_ms > 600000))
+		return sdb_errf(err, errlen, SDB_EUSAGE,
+				"--ratelimit-lease-ms must be in 1000..600000, got %lld",
+				(long long)lease_ms);
 
 	/* issue #10: TLS of the gRPC listener from --tls-mode/--tls-cert/--tls-key/--tls-ca */
 	rv = auth_tls_setup(cfg, TLS_ROLE, err, errlen);
@@ -829,6 +898,23 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 	fe->health = cluster_health;
 	sdb_info("ratelimit gRPC listening", "addr=%s port=%d advertise=%s", listen,
 		 rl_grpc_server_port(g->server), advertise);
+	/* issue #23: without --peers, the peers are whoever registered in metadata */
+	if ((peers_s == NULL || *peers_s == '\0') && metadata != NULL && *metadata != '\0') {
+		rv = rl_membership_start(metadata, advertise,
+					 strcmp(role->def->name, "proxy") == 0 ? "proxy" : "ratelimit",
+					 lease_ms, g->cluster, &g->membership, err, errlen);
+		if (rv != 0) {
+			rl_grpc_stop(g);
+			return rv;
+		}
+	}
+	if (role->http != NULL) {
+		if (sdb_http_route(role->http, "GET", "/debug/ratelimit/peers", h_debug_peers, g) ==
+		    0)
+			g->http = role->http;
+		else /* another role of this process routed it first */
+			sdb_debug("ratelimit: /debug/ratelimit/peers already routed", NULL);
+	}
 	*out = g;
 	return 0;
 
@@ -843,6 +929,9 @@ void rl_grpc_stop(rl_grpc *g)
 {
 	if (g == NULL)
 		return;
+	if (g->http != NULL)
+		sdb_http_unroute(g->http, g); /* waits for handlers in flight */
+	rl_membership_stop(g->membership); /* deregisters: peers drop this node at once */
 	g->fe->decide = rl_decide_local;
 	g->fe->decide_ctx = g->fe->limiter;
 	g->fe->peer_count = NULL;

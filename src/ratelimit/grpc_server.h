@@ -43,6 +43,13 @@ int rl_grpc_server_port(const rl_grpc_server *srv);
 void rl_grpc_server_shutdown(rl_grpc_server *srv);
 void rl_grpc_server_free(rl_grpc_server *srv);
 
+/* Turn off Abseil's mutex deadlock detection for the process when the linked Abseil has
+ * it on (Debian 12 builds Abseil without NDEBUG, so every absl::Mutex lock inside gRPC
+ * core maintains a lock-order graph: about 5% of the CPU of a gRPC call measured with
+ * perf, tests/bench/README.md). Looked up at run time (dlsym) under the Debian and the
+ * upstream LTS namespaces; a no-op when absent. Call before grpc_init(); idempotent. */
+void rl_grpc_tune_runtime(void);
+
 /* ---- role hook (called from role.c) ---- */
 
 typedef struct rl_grpc rl_grpc;

@@ -26,6 +26,21 @@ struct rl_limiter {
 	sdb_gauge *m_size;
 };
 
+/* Render hook: fold the cache shards' decision tallies into the shared counters (the hot
+ * path counts under the shard lock it already holds; one shared atomic per decision cost
+ * the second thread most of its gain, tests/bench/README.md). */
+static void fold_tallies(void *arg)
+{
+	rl_limiter *lim = arg;
+	uint64_t t[RL_TALLIES] = {0};
+
+	rl_cache_take_tallies(lim->cache, t);
+	if (t[RL_TALLY_UNDER])
+		sdb_counter_add(lim->m_under, t[RL_TALLY_UNDER]);
+	if (t[RL_TALLY_OVER])
+		sdb_counter_add(lim->m_over, t[RL_TALLY_OVER]);
+}
+
 int64_t rl_clock_realtime_ms(void *unused)
 {
 	(void)unused;
@@ -51,6 +66,7 @@ rl_limiter *rl_limiter_new(const rl_limiter_opts *opts)
 					     "Rate-limit decisions by outcome", "status=\"error\"");
 	lim->m_size = sdb_metrics_gauge("stripedb_ratelimit_cache_keys",
 					"Keys held in the rate limiter's cache", NULL);
+	sdb_metrics_add_hook(fold_tallies, lim);
 	return lim;
 }
 
@@ -58,6 +74,8 @@ void rl_limiter_free(rl_limiter *lim)
 {
 	if (lim == NULL)
 		return;
+	sdb_metrics_remove_hook(fold_tallies, lim);
+	fold_tallies(lim);
 	rl_cache_free(lim->cache);
 	free(lim);
 }
@@ -189,6 +207,7 @@ static bool decide_one(rl_limiter *lim, const rl_req *req, rl_resp *out, rl_stat
 	rl_algo_decide(st, exists, req, now, out);
 	if (snap != NULL)
 		*snap = *st;
+	rl_cache_tally(s, out->status == RL_OVER_LIMIT ? RL_TALLY_OVER : RL_TALLY_UNDER);
 	rl_cache_unlock(s);
 	keybuf_free(&kb);
 	return !exists;
@@ -197,7 +216,7 @@ static bool decide_one(rl_limiter *lim, const rl_req *req, rl_resp *out, rl_stat
 int rl_limiter_decide(rl_limiter *lim, const rl_req *reqs, size_t n, rl_resp *out,
 		      char *err, size_t errlen)
 {
-	uint64_t under = 0, over = 0, invalid = 0;
+	uint64_t invalid = 0;
 	bool inserted = false;
 	size_t i;
 
@@ -212,16 +231,8 @@ int rl_limiter_decide(rl_limiter *lim, const rl_req *reqs, size_t n, rl_resp *ou
 			continue;
 		}
 		inserted |= decide_one(lim, &reqs[i], &out[i], NULL);
-		if (out[i].status == RL_OVER_LIMIT)
-			over++;
-		else
-			under++;
 	}
-	/* one atomic add per batch and outcome, not per decision */
-	if (under)
-		sdb_counter_add(lim->m_under, under);
-	if (over)
-		sdb_counter_add(lim->m_over, over);
+	/* under/over are tallied per cache shard (fold_tallies) */
 	if (invalid)
 		sdb_counter_add(lim->m_invalid, invalid);
 	if (inserted)
@@ -245,7 +256,6 @@ int rl_limiter_decide_owner(rl_limiter *lim, const rl_req *req, rl_resp *out,
 	}
 	if (decide_one(lim, req, out, state))
 		sdb_gauge_set(lim->m_size, (int64_t)rl_cache_size(lim->cache));
-	sdb_counter_inc(out->status == RL_OVER_LIMIT ? lim->m_over : lim->m_under);
 	return 0;
 }
 

@@ -1,5 +1,6 @@
 /* gRPC C core client to rate-limit peers (see peers.h). */
 #include "ratelimit/peers.h"
+#include "ratelimit/grpc_server.h"
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -126,6 +127,7 @@ int rl_peers_new(rl_peers **out, char *err, size_t errlen)
 	rl_peers *p = sdb_calloc(1, sizeof(*p));
 	int rv;
 
+	rl_grpc_tune_runtime();
 	grpc_init();
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->drained, NULL);

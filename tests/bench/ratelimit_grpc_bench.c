@@ -29,6 +29,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "ratelimit/grpc_server.h"
 #include "ratelimit/gubernator_c.pb-c.h"
 
 static const char *opt_str(int argc, char **argv, const char *name, const char *def)
@@ -249,6 +250,7 @@ int main(int argc, char **argv)
 	}
 	if (threads > conns)
 		threads = conns;
+	rl_grpc_tune_runtime(); /* as the server: no Abseil deadlock detection */
 	grpc_init();
 	ws = sdb_calloc((size_t)threads, sizeof(*ws));
 	ts = sdb_calloc((size_t)threads, sizeof(*ts));

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "common/err.h"
+#include "common/metrics.h"
 #include "ratelimit/cluster.h"
 #include "ratelimit/grpc_server.h"
 #include "ratelimit/limiter.h"
@@ -443,6 +444,86 @@ static void test_two_nodes(void **state)
 	node_stop(&a);
 }
 
+/* Live ring changes (rl_cluster_set_peers): two nodes that start alone join each other's
+ * ring and agree on every key's owner; then GLOBAL hits queued for an owner that died are
+ * delivered to the key's next owner instead of being dropped. */
+static void test_ring_change(void **state)
+{
+	node a, b;
+	const char *pa[1], *pb[1];
+	char key[32], err[160];
+	rl_member m[4];
+	uint64_t version = 0;
+	int i, owned_b = 0;
+	rl_req r;
+	rl_resp out;
+	rl_state st;
+	int64_t deadline;
+	sdb_counter *requeued = sdb_metrics_counter(
+		"stripedb_ratelimit_global_hits_requeued_total",
+		"GLOBAL keys whose hits were queued again after their owner failed", NULL);
+	uint64_t requeued0 = sdb_counter_value(requeued);
+
+	(void)state;
+	memset(&a, 0, sizeof(a));
+	memset(&b, 0, sizeof(b));
+	{
+		int p1 = free_port(), p2 = free_port();
+		while (p2 == p1)
+			p2 = free_port();
+		snprintf(a.addr, sizeof(a.addr), "127.0.0.1:%d", p1);
+		snprintf(b.addr, sizeof(b.addr), "127.0.0.1:%d", p2);
+	}
+	node_start(&a, NULL, 0);
+	node_start(&b, NULL, 0);
+	assert_int_equal(rl_cluster_peer_count(a.cl), 1);
+	pa[0] = b.addr;
+	pb[0] = a.addr;
+	assert_int_equal(rl_cluster_set_peers(a.cl, pa, 1, 7, err, sizeof(err)), 0);
+	assert_int_equal(rl_cluster_set_peers(b.cl, pb, 1, 7, err, sizeof(err)), 0);
+	assert_int_equal(rl_cluster_peer_count(a.cl), 2);
+	/* the same set again: nothing changes */
+	assert_int_equal(rl_cluster_set_peers(a.cl, pa, 1, 8, err, sizeof(err)), 0);
+	for (i = 0; i < 200; i++) {
+		const char *oa, *ob;
+		snprintf(key, sizeof(key), "ring-%d", i);
+		oa = rl_cluster_owner_of(a.cl, "test_cluster", key);
+		ob = rl_cluster_owner_of(b.cl, "test_cluster", key);
+		assert_string_equal(oa, ob);
+		owned_b += strcmp(oa, b.addr) == 0;
+	}
+	assert_true(owned_b > 0 && owned_b < 200);
+	assert_int_equal(rl_cluster_members(a.cl, m, 4, &version), 2);
+	assert_int_equal(version, 8);
+	assert_true(strcmp(m[0].addr, m[1].addr) < 0);
+	assert_true(m[0].self != m[1].self);
+	assert_true(m[0].alive && m[1].alive);
+
+	/* GLOBAL: a key owned by b, hit on a; b is gone before the sync: the hits are
+	 * re-queued and land on the next owner (here a itself) */
+	node_stop(&b);
+	snprintf(key, sizeof(key), "%s", "x");
+	key_owned_by(a.cl, b.addr, "gone", key, sizeof(key));
+	r = mkreq(key, 3, RL_GLOBAL);
+	assert_int_equal(rl_cluster_decide(a.cl, &r, 1, &out, err, sizeof(err)), 0);
+	assert_int_equal(out.remaining, 7);
+	deadline = mono_ms() + 10000;
+	for (;;) {
+		/* the local copy took the hits once (7); the owner's copy takes them again when
+		 * the owner is this node (4): an acknowledged hit is never lost */
+		if (sdb_counter_value(requeued) > requeued0 &&
+		    rl_limiter_get_state(a.lim, "test_cluster", key, &st) == 0 && st.remaining == 4)
+			break;
+		assert_true(mono_ms() < deadline);
+		usleep(2000);
+	}
+	/* back to a ring of one */
+	assert_int_equal(rl_cluster_set_peers(a.cl, NULL, 0, 9, err, sizeof(err)), 0);
+	assert_int_equal(rl_cluster_peer_count(a.cl), 1);
+	assert_string_equal(rl_cluster_owner_of(a.cl, "test_cluster", key), a.addr);
+	node_stop(&a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -451,6 +532,7 @@ int main(void)
 		cmocka_unit_test(test_single_node),
 		cmocka_unit_test(test_apply_globals),
 		cmocka_unit_test(test_two_nodes),
+		cmocka_unit_test(test_ring_change),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

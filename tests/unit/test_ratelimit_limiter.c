@@ -8,11 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "common/err.h"
+#include "common/metrics.h"
 #include "ratelimit/cache.h"
 #include "ratelimit/limiter.h"
 
@@ -451,7 +453,17 @@ static void test_concurrency(void **state)
 	(void)state;
 	pthread_t th[THREADS];
 	int total = 0;
+	sdb_counter *under = sdb_metrics_counter("stripedb_ratelimit_decisions_total",
+						 "Rate-limit decisions by outcome",
+						 "status=\"under_limit\"");
+	sdb_counter *over = sdb_metrics_counter("stripedb_ratelimit_decisions_total",
+						"Rate-limit decisions by outcome",
+						"status=\"over_limit\"");
+	size_t len;
+	uint64_t before;
 	shared = new_limiter(10000, 16);
+	free(sdb_metrics_render(&len));
+	before = sdb_counter_value(under) + sdb_counter_value(over);
 	for (int i = 0; i < THREADS; i++)
 		pthread_create(&th[i], NULL, hammer, (void *)(intptr_t)i);
 	for (int i = 0; i < THREADS; i++)
@@ -459,6 +471,10 @@ static void test_concurrency(void **state)
 	for (int i = 0; i < THREADS; i++)
 		total += granted[i];
 	assert_int_equal(total, 20000);
+	/* the per-shard tallies are exact once folded (every render folds them) */
+	free(sdb_metrics_render(&len));
+	assert_int_equal(sdb_counter_value(under) + sdb_counter_value(over) - before,
+			 2 * THREADS * HITS_PER_THREAD);
 	assert_int_equal(rl_limiter_size(shared), 1 + THREADS * 50);
 	rl_state st;
 	assert_int_equal(rl_limiter_get_state(shared, "n", "hot", &st), 0);

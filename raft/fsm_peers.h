@@ -1,0 +1,64 @@
+/* Rate-limit peer membership in the metadata state machine (issue #23).
+ *
+ * Every rate limiter and proxy that joins the rate-limit peer ring registers its gRPC
+ * peer address with a lease (`registerRatelimitPeer`) and renews it by registering
+ * again. The registry is the table `ratelimit_peers (addr, kind, expires_ms,
+ * registered_ms)` and a version (`meta.ratelimit_peers_version`) bumped by one in the
+ * same transaction whenever the set of addresses changes (a renewal does not bump it),
+ * so members long-poll the version (`waitRatelimitPeers`) and rebuild their ring only
+ * on a change.
+ *
+ * Expiry is decided in the log, not by any reader's clock: the leader proposes
+ * `expireRatelimitPeers` when it sees a lease lapse, and apply removes the rows whose
+ * expires_ms <= the command's leader-stamped ts (the only clock apply sees; raft/README).
+ * Every member applies the same entries, so every member removes the same peers at the
+ * same log index and every ring built from a version is the same.
+ * Grace after a leader change: the command carries `sinceMS`, when its proposer became
+ * the ready leader (its clock, stamped like ts); a row is removed only if also
+ * sinceMS + its ttl <= ts. So a peer is never expired by a leader it has not had one
+ * full lease to renew with: leases that ran out while the metadata service had no
+ * leader (an election, a restart) are renewed, not dropped, and no ring shrinks.
+ *
+ * Commands (args as the wire command's fields, result fields on success):
+ *   registerRatelimitPeer  addr "H:P", kind "ratelimit"|"proxy", ttlMS 1000..600000
+ *                          -> version, expiresMS, added (bool)
+ *   deregisterRatelimitPeer addr -> version, removed (bool)
+ *   expireRatelimitPeers   sinceMS (default 0) -> version, expired: [addr]
+ * Query:
+ *   listRatelimitPeers     -> version, peers: [{addr, kind, expiresMS, registeredMS}]
+ *                             (ascending addr)
+ * Errors are results {ok: 0, errmsg, code: 2, codeName: "BadValue"}.
+ */
+#ifndef SDB_RAFT_FSM_PEERS_H
+#define SDB_RAFT_FSM_PEERS_H
+
+#include <bson/bson.h>
+#include <sqlite3.h>
+#include <stdint.h>
+
+#define SDB_FSM_PEERS_SCHEMA                                                               \
+	"CREATE TABLE IF NOT EXISTS ratelimit_peers (addr TEXT PRIMARY KEY, kind TEXT NOT NULL," \
+	" expires_ms INTEGER NOT NULL, registered_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL);"
+
+/* Is op one of the commands above? */
+int sdb_fsm_peers_is_op(const char *op);
+
+/* Apply op inside the caller's transaction (db: the state machine's SQLite handle; ts:
+ * the leader-stamped epoch ms; args: the command's args). Returns 0 (res gets the
+ * result fields), 1 (a logical error: res holds {ok: 0, ...}; the caller rolls the op
+ * back) or SDB_EIO (storage failure). */
+int sdb_fsm_peers_apply(sqlite3 *db, const char *op, int64_t ts, const bson_t *args,
+			bson_t *res);
+
+/* listRatelimitPeers into reply. Returns 0 or SDB_EIO. */
+int sdb_fsm_peers_query(sqlite3 *db, bson_t *reply);
+
+/* The membership version (0 before any registration); -1 on a storage error. */
+int64_t sdb_fsm_peers_version(sqlite3 *db);
+
+/* The earliest instant (epoch ms) at which expireRatelimitPeers with this sinceMS would
+ * remove a peer (max(expires_ms, since_ms + ttl_ms), minimum over peers), or INT64_MAX
+ * when none; the leader proposes it once its clock passes that instant. */
+int64_t sdb_fsm_peers_next_expiry(sqlite3 *db, int64_t since_ms);
+
+#endif

@@ -1,0 +1,294 @@
+"""Rate-limit peers discovered through the metadata service (issue #23).
+
+Real processes on loopback: one metadata member, rate limiters and proxies started with
+--metadata and no --peers. They register with a lease (--ratelimit-lease-ms), watch the
+membership and rebuild their ring; a member that is SIGKILLed leaves every ring when the
+metadata leader expires its lease. Checked under a request load: every member's ring
+(GET /debug/ratelimit/peers) is the same set of live members, every key has one owner
+that every rate limiter names (metadata.owner of its answers), no request sent to a live
+member fails, and GLOBAL hits queued for an owner that dies are applied by the next owner
+(no acknowledged hit is lost).
+"""
+import json
+import random
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import BIN, free_port, http_get, wait_until
+from metadata_cluster import Cluster
+from test_ratelimit_grpc import MINUTE, T0, Node, pb, port_open, req  # noqa: F401 (fixture)
+
+LEASE_MS = 2000
+
+
+def ring_of(http_port):
+    """(version, [addresses]) of a member's ring, from its debug endpoint."""
+    st, body = http_get(http_port, "/debug/ratelimit/peers", timeout=2)
+    assert st == 200
+    d = json.loads(body)
+    return d["version"], sorted(p["address"] for p in d["peers"])
+
+
+class Member:
+    """A rate limiter or a proxy in the ring."""
+
+    def __init__(self, proc, grpc_port, http_port, node=None):
+        self.proc = proc
+        self.addr = f"127.0.0.1:{grpc_port}"
+        self.http_port = http_port
+        self.node = node  # gRPC client (rate limiters only)
+
+
+def start_ratelimit(start_role, pb, meta, env=None):
+    gp, hp = free_port(), free_port()
+    proc = start_role(["--role=ratelimit", f"--grpc-listen=127.0.0.1:{gp}",
+                       f"--http-listen=127.0.0.1:{hp}", f"--metadata={meta}",
+                       f"--ratelimit-lease-ms={LEASE_MS}"], env=env)
+    wait_until(lambda: port_open(gp), what=f"gRPC port {gp}")
+    nd = Node(proc, gp, hp, pb)
+    wait_until(lambda: nd.v1.LiveCheck(nd.pb2.LiveCheckReq(), timeout=1) is not None,
+               what=f"LiveCheck on {nd.addr}")
+    return Member(proc, gp, hp, nd)
+
+
+def start_proxy(start_role, meta):
+    gp, hp, wp = free_port(), free_port(), free_port()
+    proc = start_role(["--role=proxy", f"--listen=127.0.0.1:{wp}", f"--metadata={meta}",
+                       f"--grpc-listen=127.0.0.1:{gp}", f"--http-listen=127.0.0.1:{hp}",
+                       f"--ratelimit-lease-ms={LEASE_MS}"])
+    return Member(proc, gp, hp)
+
+
+def rings_agree(members, expected):
+    """Every member's ring is exactly `expected` (addresses); returns the versions."""
+    versions = set()
+    for m in members:
+        v, ring = ring_of(m.http_port)
+        if ring != sorted(expected):
+            return None
+        versions.add(v)
+    return versions if len(versions) == 1 else None
+
+
+def owners_seen(members, pb, keys, name="membership_probe"):
+    """{key: owner} of (name, key) as each rate limiter reports it (hits=0 queries); None
+    unless every rate limiter names the same owner for every key."""
+    owners = None
+    for m in members:
+        if m.node is None:
+            continue
+        out = m.node.get(*[req(pb, k, hits=0, name=name) for k in keys])
+        got = {k: r.metadata["owner"] for k, r in zip(keys, out)}
+        if any(r.error for r in out):
+            return None
+        if owners is None:
+            owners = got
+        elif got != owners:
+            return None
+    return owners
+
+
+class Load:
+    """Clients sending one-request GetRateLimits calls to the live rate limiters while
+    the ring changes; records every per-item error and every failed call."""
+
+    def __init__(self, pb, targets):
+        self.pb = pb
+        self.targets = list(targets)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.calls = 0
+        self.item_errors = []
+        self.call_errors = []
+        self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True)
+                        for i in range(2)]
+        for t in self.threads:
+            t.start()
+
+    def set_targets(self, targets):
+        with self.lock:
+            self.targets = list(targets)
+
+    def run(self, i):
+        rnd = random.Random(i)
+        while not self.stop.is_set():
+            with self.lock:
+                m = rnd.choice(self.targets)
+            key = f"load-{rnd.randrange(500)}"
+            try:
+                r = m.node.one(req(self.pb, key, hits=1, limit=1000000, name="membership_load"))
+            except Exception as e:  # noqa: BLE001 - recorded, asserted on below
+                with self.lock:
+                    if m in self.targets:  # a call to a member being killed may fail
+                        self.call_errors.append((m.addr, repr(e)))
+                continue
+            with self.lock:
+                self.calls += 1
+                if r.error:
+                    self.item_errors.append((m.addr, key, r.error))
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+
+def test_discovery_join_and_leave_under_load(start_role, tmp_path, pb):
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    seeds = meta.seeds()
+    rls = [start_ratelimit(start_role, pb, seeds) for _ in range(3)]
+    proxies = [start_proxy(start_role, seeds) for _ in range(2)]
+    members = rls + proxies
+    # discovery: no --peers anywhere, every member's ring holds all five
+    wait_until(lambda: rings_agree(members, [m.addr for m in members]), 30,
+               what="five members in every ring")
+    keys = [f"k-{i}" for i in range(40)]
+    owners = wait_until(lambda: owners_seen(rls, pb, keys), 20, what="one owner per key")
+    assert set(owners.values()) <= {m.addr for m in members}
+
+    load = Load(pb, rls)
+    try:
+        wait_until(lambda: load.calls > 50, 30, what="load running")
+        # a fourth rate limiter joins
+        rl4 = start_ratelimit(start_role, pb, seeds)
+        rls.append(rl4)
+        members.append(rl4)
+        wait_until(lambda: rings_agree(members, [m.addr for m in members]), 30,
+                   what="the new member in every ring")
+        load.set_targets(rls)
+        # one leaves without a word: SIGKILL, its lease lapses, the leader removes it
+        gone = rls[1]
+        load.set_targets([m for m in rls if m is not gone])
+        t_kill = time.monotonic()
+        gone.proc.kill()
+        live = [m for m in members if m is not gone]
+        versions = wait_until(lambda: rings_agree(live, [m.addr for m in live]), 30,
+                              what="the killed member out of every ring")
+        print(f"ring converged {time.monotonic() - t_kill:.2f} s after SIGKILL "
+              f"(lease {LEASE_MS} ms), version {versions}")
+        rls.remove(gone)
+        members = live
+        owners = wait_until(lambda: owners_seen(rls, pb, keys), 20, what="one owner per key")
+        assert gone.addr not in owners.values()
+        assert set(owners.values()) <= {m.addr for m in live}
+        wait_until(lambda: load.calls > 200, 30, what="more load after the change")
+    finally:
+        load.finish()
+    assert load.item_errors == []
+    assert load.call_errors == []
+    # the registry agrees: ctl-visible membership is the live set
+    reply = meta.leader().cmd("listRatelimitPeers")
+    assert sorted(p["addr"] for p in reply["peers"]) == sorted(m.addr for m in members)
+    kinds = {p["addr"]: p["kind"] for p in reply["peers"]}
+    assert {kinds[p.addr] for p in proxies} == {"proxy"}
+    assert {kinds[r.addr] for r in rls} == {"ratelimit"}
+
+
+def test_graceful_stop_leaves_at_once(start_role, tmp_path, pb):
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    rls = [start_ratelimit(start_role, pb, meta.seeds()) for _ in range(2)]
+    wait_until(lambda: rings_agree(rls, [m.addr for m in rls]), 30, what="both in the ring")
+    # stripedb ctl ratelimit peers: the registry, in ring order, both live
+    ctl = [BIN, "ctl", f"--metadata={meta.seeds()}"]
+    out = subprocess.run(ctl + ["ratelimit", "peers"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("ring version ")
+    assert [l.split()[:3] for l in lines[1:]] == \
+        [[a, "ratelimit", "live"] for a in sorted(m.addr for m in rls)]
+    out = subprocess.run(ctl + ["--json", "ratelimit", "peers"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert [p["addr"] for p in doc["peers"]] == sorted(m.addr for m in rls)
+    assert all(p["state"] == "live" and 0 < p["leaseLeftMS"] <= LEASE_MS
+               for p in doc["peers"])
+    bad = subprocess.run(ctl + ["ratelimit", "nope"], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == 2
+    assert rls[1].proc.stop() == 0  # SIGTERM: deregisters before exiting
+    # removed by its own deregistration, not by expiry: the registry no longer has it
+    reply = meta.leader().cmd("listRatelimitPeers")
+    assert [p["addr"] for p in reply["peers"]] == [rls[0].addr]
+    wait_until(lambda: rings_agree(rls[:1], [rls[0].addr]), 30, what="ring of one")
+
+
+def test_global_hits_survive_owner_sigkill(start_role, tmp_path, pb):
+    pb2 = pb[0]
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    env = {"GUBER_GLOBAL_SYNC_WAIT": "50ms", "GUBER_BATCH_TIMEOUT": "300ms"}
+    rls = [start_ratelimit(start_role, pb, meta.seeds(), env=env) for _ in range(3)]
+    wait_until(lambda: rings_agree(rls, [m.addr for m in rls]), 30, what="three in the ring")
+    a = rls[0]
+    # a key owned by another member (b); c is the third. The owner is of (name, key):
+    # the same name as the GLOBAL requests below
+    keys = [f"g-{i}" for i in range(60)]
+    owners = wait_until(lambda: owners_seen(rls, pb, keys, name="global_hits"), 20,
+                        what="owners")
+    key = next(k for k in keys if owners[k] != a.addr)
+    b = next(m for m in rls if m.addr == owners[key])
+    # b hangs (SIGSTOP): hits a takes for the key cannot reach it
+    b.proc.signal(signal.SIGSTOP)
+    acked = 0
+    for i in range(5):
+        r = a.node.one(req(pb, key, hits=1, limit=100, behavior=pb2.GLOBAL, at=T0 + i,
+                           name="global_hits"))
+        assert r.error == ""
+        assert r.status == pb2.UNDER_LIMIT
+        acked += 1
+    # ... then dies; its lease lapses and the key moves to its next owner
+    wait_until(lambda: a.node.metric("stripedb_ratelimit_global_hits_requeued_total") > 0,
+               30, what="the undelivered hits re-queued")
+    b.proc.kill()
+    live = [m for m in rls if m is not b]
+    wait_until(lambda: rings_agree(live, [m.addr for m in live]), 30, what="b out of the rings")
+
+    def owner_count():
+        # a plain query (hits 0, not GLOBAL) is decided by the key's owner
+        r = a.node.one(req(pb, key, hits=0, limit=100, at=T0 + 10, name="global_hits"))
+        assert r.error == ""
+        return r if r.metadata["owner"] != b.addr and r.remaining <= 100 - acked else None
+
+    r = wait_until(owner_count, 30, what="the new owner holding every acknowledged hit")
+    assert r.metadata["owner"] in {m.addr for m in live}
+    # every acknowledged hit is counted (twice is possible when a itself became the
+    # owner: its local copy and the owner's state are then one bucket)
+    assert r.remaining in (100 - acked, 100 - 2 * acked)
+    assert a.node.metric("stripedb_ratelimit_global_hits_dropped_total") == 0
+
+
+def test_metadata_restart_expires_no_one(start_role, tmp_path, pb):
+    """Leases that run out while the metadata service is down are renewed, not expired:
+    a new leader gives every peer one full lease before it may expire it."""
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    rls = [start_ratelimit(start_role, pb, meta.seeds()) for _ in range(3)]
+    wait_until(lambda: rings_agree(rls, [m.addr for m in rls]), 30, what="three in the ring")
+    before = meta.leader().cmd("listRatelimitPeers")
+    version = before["version"]
+    last_expiry = max(p["expiresMS"] for p in before["peers"])
+    m = meta.members[0]
+    meta.kill(m)
+    # down for longer than every lease
+    wait_until(lambda: time.time() * 1000 > last_expiry + 200, 30, what="every lease lapsed")
+    meta.restart(m)
+    meta.leader()
+    t_up = time.time() * 1000
+
+    def renewed():
+        r = meta.leader().cmd("listRatelimitPeers")
+        return r if len(r["peers"]) == 3 and all(p["expiresMS"] > t_up for p in r["peers"]) \
+            else None
+    after = wait_until(renewed, 30, what="every peer renewed with the restarted leader")
+    # nobody was expired and re-added: same membership version, same rings
+    assert after["version"] == version
+    assert sorted(p["addr"] for p in after["peers"]) == sorted(m.addr for m in rls)
+    assert rings_agree(rls, [m.addr for m in rls]) == {version}
