@@ -6,13 +6,15 @@ libstripedb_a_SOURCES += \
 	src/proxy/quota.c \
 	src/proxy/role.c \
 	src/proxy/route.c \
-	src/proxy/shardconn.c
+	src/proxy/shardconn.c \
+	src/proxy/txn.c
 noinst_HEADERS += \
 	src/proxy/merge.h \
 	src/proxy/proxy.h \
 	src/proxy/quota.h \
 	src/proxy/route.h \
-	src/proxy/shardconn.h
+	src/proxy/shardconn.h \
+	src/proxy/txn.h
 
 check_PROGRAMS += tests/unit/test_proxy_route tests/unit/test_proxy_merge \
 	tests/unit/test_proxy_cursor
@@ -29,4 +31,4 @@ tests_unit_test_proxy_cursor_LDADD = $(UNIT_LDADD)
 
 EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py \
 	tests/bench/proxy_bench.py src/proxy/README.md \
-	tests/integration/test_rolling.py
+	tests/integration/test_rolling.py tests/integration/test_retryable_proxy.py

@@ -16,6 +16,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/metrics.h"
 #include "shard/shard.h"
 #include "shard/util.h"
 
@@ -163,6 +164,12 @@ int shard_txn_lookup(shard_ctx *x, shard_txn *t, uint32_t i, bson_t **res)
 		shard_fail(x, WIRE_ERR_INTERNAL, "shard: session: %s", x->err);
 		return -1;
 	}
+	if (rc == 1)
+		sdb_counter_inc(sdb_metrics_counter(
+			"stripedb_shard_retried_statements_total",
+			"Statements of retryable writes answered from their record (a retry of an "
+			"executed statement, not run again)",
+			"role=\"shard\""));
 	return rc;
 }
 
