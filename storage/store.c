@@ -678,7 +678,8 @@ static int oplog_append(sdb_store_conn *c, const char *op, const char *ns, const
 	BSON_APPEND_DATE_TIME(&e, "wall", wall);
 	if (origin)
 		BSON_APPEND_UTF8(&e, "origin", origin);
-	if (c->op_lsid) {
+	if (c->op_lsid && strcmp(op, "c") != 0) {
+		/* a statement's document writes; not the implicit create of its collection */
 		bson_t lsid;
 		if (bson_init_static(&lsid, c->op_lsid, c->op_lsid_len))
 			BSON_APPEND_DOCUMENT(&e, "lsid", &lsid);

@@ -7,13 +7,15 @@ built) instead of being accepted and ignored.
 Commands are sent raw (db.command with an explicit session, so pymongo adds that session's
 lsid) exactly as a driver's retry sends them: the same lsid, txnNumber and statements.
 """
+import subprocess
+
 import pymongo
 import pytest
 from bson import Int64
 from bson.son import SON
 from pymongo.errors import OperationFailure
 
-from conftest import free_port
+from conftest import BIN, free_port
 
 
 def client_for(port):
@@ -216,3 +218,14 @@ def test_transactions_are_refused_not_ignored(shard_with_dir):
                                      ("autocommit", False)]), session=s)
             assert e.value.code == 20
     assert db.c.find_one({"_id": 1}) == {"_id": 1, "n": 0}
+
+
+@pytest.mark.parametrize("value", ["0", "525601"])
+def test_session_timeout_option_is_checked(tmp_path, value):
+    r = subprocess.run([BIN, "--role=shard", f"--data-dir={tmp_path}",
+                        f"--listen=127.0.0.1:{free_port()}",
+                        f"--logical-session-timeout-minutes={value}"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("stripedb: shard: --logical-session-timeout-minutes must be "
+                                "between 1 and 525600")
