@@ -149,6 +149,27 @@ int sdb_store_session_stmt_put(sdb_store_conn *c, const bson_t *lsid, int32_t st
 	return sdb_store_int_step_done(c, s, err, errlen, "txn_stmts write");
 }
 
+int sdb_store_session_peek(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
+			   bson_t **out, char *err, size_t errlen)
+{
+	*out = NULL;
+	sqlite3_stmt *s = sdb_store_int_stmt(
+		c, "SELECT txn, last_use FROM txn_sessions WHERE lsid = ?", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	bind_lsid(s, 1, lsid);
+	int step = sqlite3_step(s);
+	bool live = step == SQLITE_ROW && sqlite3_column_int64(s, 0) == txn &&
+		    sqlite3_column_int64(s, 1) >=
+			    sdb_store_int_now_ms(c) - sdb_store_int_session_timeout_ms(c);
+	sqlite3_reset(s);
+	if (step != SQLITE_ROW && step != SQLITE_DONE)
+		return sdb_store_int_sqlerr(c, err, errlen, "txn_sessions read");
+	if (!live)
+		return 0;
+	return sdb_store_session_stmt_get(c, lsid, stmt, out, err, errlen);
+}
+
 int64_t sdb_store_session_count(sdb_store_conn *c)
 {
 	char err[128];

@@ -271,6 +271,10 @@ int sdb_store_session_stmt_put(sdb_store_conn *c, const bson_t *lsid, int32_t st
  * carries them; lsid NULL stops tagging. Reset when the transaction ends. */
 void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn,
 			      int32_t stmt);
+/* Read-only look-up (any txn): 1 when lsid's active txnNumber is txn (not expired) and
+ * stmt is recorded for it (*out a heap copy, sdb_doc_free), else 0 (*out NULL); SDB_EIO. */
+int sdb_store_session_peek(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
+			   bson_t **out, char *err, size_t errlen);
 /* Number of live session records (tests, metrics). Any txn. */
 int64_t sdb_store_session_count(sdb_store_conn *c);
 

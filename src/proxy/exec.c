@@ -1515,6 +1515,81 @@ static bool stmt_parse(const bson_iter_t *elem, bool is_update, int64_t idx, wst
 	return true;
 }
 
+/* A retryable single-document write without an exact shard key runs where its collect
+ * phase finds a document, which may differ between an attempt and its retry: ask each
+ * shard owning a selected chunk whether it already executed this statement (issue #16).
+ * 1: executed there, *res = its recorded result (caller destroys); 0: nowhere; -1: a shard
+ * did not answer (unknown: the caller fails the statement with a retryable error, after
+ * filling err_reply/nerr). */
+static int probe_executed(ctx *c, route_coll *rc, const bool *sel, int64_t idx, bson_t *res,
+			  bson_t *err_reply, char *nerr, size_t nelen)
+{
+	char **asked = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *asked);
+	size_t nasked = 0, i, k;
+	int out = 0;
+
+	for (i = 0; i < rc->nchunks && out == 0; i++) {
+		bson_t cmd = BSON_INITIALIZER, reply;
+		bson_iter_t it;
+		bool dup = false;
+		int cls;
+		if (!sel[i])
+			continue;
+		for (k = 0; k < nasked && !dup; k++)
+			dup = strcmp(asked[k], rc->chunks[i].shard) == 0;
+		if (dup)
+			continue;
+		asked[nasked++] = rc->chunks[i].shard;
+		BSON_APPEND_INT32(&cmd, "stripedbStmtResult", 1);
+		BSON_APPEND_DOCUMENT(&cmd, "lsid", &c->txn.lsid);
+		BSON_APPEND_INT64(&cmd, "txnNumber", c->txn.txn);
+		BSON_APPEND_INT32(&cmd, "stmtId", proxy_txn_stmt_id(&c->txn, idx));
+		cls = run_on(c, rc->chunks[i].shard, &cmd, NULL, &reply, nerr, nelen);
+		bson_destroy(&cmd);
+		if (cls != SHARDCONN_OK) {
+			bson_copy_to(&reply, err_reply);
+			out = -1;
+		} else if (get_bool(&reply, "executed", false) &&
+			   bson_iter_init_find(&it, &reply, "result") &&
+			   BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_t view;
+			bson_iter_document(&it, &len, &data);
+			if (bson_init_static(&view, data, len)) {
+				bson_copy_to(&view, res);
+				out = 1;
+			}
+		}
+		bson_destroy(&reply);
+	}
+	free(asked);
+	return out;
+}
+
+/* Fold a shard's recorded result of one update/delete statement ({n, nModified?,
+ * upserted?: _id}, src/shard/retry.c) into w as the statement's outcome. */
+static void fold_recorded(wresult *w, const bson_t *res, int64_t idx)
+{
+	bson_t reply = BSON_INITIALIZER, arr, e;
+	bson_iter_t it;
+	int64_t map[1] = {idx};
+	bool up = bson_iter_init_find(&it, res, "upserted");
+
+	BSON_APPEND_INT64(&reply, "n", get_int(res, "n", 0) + (up ? 1 : 0));
+	BSON_APPEND_INT64(&reply, "nModified", get_int(res, "nModified", 0));
+	if (up) {
+		bson_append_array_begin(&reply, "upserted", -1, &arr);
+		bson_append_document_begin(&arr, "0", -1, &e);
+		BSON_APPEND_INT32(&e, "index", 0);
+		bson_append_iter(&e, "_id", -1, &it);
+		bson_append_document_end(&arr, &e);
+		bson_append_array_end(&reply, &arr);
+	}
+	fold_write_reply(w, &reply, map, 1);
+	bson_destroy(&reply);
+}
+
 /* One update/delete statement on a sharded collection. Returns false when an ordered
  * batch must stop (the statement failed). */
 static bool write_stmt(ctx *c, route_coll **rcp, const wstmt *s, wresult *w)
@@ -1605,7 +1680,26 @@ static bool write_stmt(ctx *c, route_coll **rcp, const wstmt *s, wresult *w)
 		} else {
 			/* single document without an exact key: the first owned match */
 			int64_t n_before = w->n;
-			for (i = 0; i < rc->nchunks && w->nerr == before && w->n == n_before; i++) {
+			if (c->txn.on) {
+				bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
+				char nerr[256];
+				int pr = probe_executed(c, rc, sel, s->idx, &res, &er, nerr,
+							sizeof nerr);
+				if (pr == 1)
+					fold_recorded(w, &res, s->idx);
+				else if (pr < 0)
+					wresult_error_from(w, s->idx, &er,
+							   get_int(&er, "code", 0) ? SHARDCONN_CMD_ERR
+										 : SHARDCONN_NET_ERR,
+							   nerr);
+				bson_destroy(&res);
+				bson_destroy(&er);
+				if (pr != 0)
+					n_before = -1; /* answered: skip the chunk walk */
+			}
+			for (i = 0; n_before >= 0 && i < rc->nchunks && w->nerr == before &&
+				    w->n == n_before;
+			     i++) {
 				if (!sel[i])
 					continue;
 				if (multi_on_chunk(c, rc, i, s, w, 1, &touched) == SHARDCONN_STALE) {
@@ -1701,6 +1795,7 @@ static void do_find_and_modify(ctx *c)
 	char err[512];
 	int attempt;
 	const int64_t fam_stmt = 0; /* findAndModify is statement 0 (stmtId as given) */
+	bool probed = false;
 
 	if (!has_q)
 		bson_init(&query);
@@ -1772,6 +1867,32 @@ static void do_find_and_modify(ctx *c)
 				       "Query for sharded findAndModify with upsert: true must contain "
 				       "the shard key");
 			break;
+		}
+		if (c->txn.on && !probed) {
+			/* a retry of a findAndModify that ran on some shard: its recorded reply */
+			bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
+			int pr = probe_executed(c, rc, sel, fam_stmt, &res, &er, nerr, sizeof nerr);
+			probed = true;
+			if (pr != 0) {
+				free(sel);
+				bson_destroy(&fwd);
+				bson_destroy(&best);
+				if (pr == 1) {
+					bson_t *out = bson_new();
+					bson_copy_to_excluding_noinit(&res, out, "ok", NULL);
+					BSON_APPEND_DOUBLE(out, "ok", 1.0);
+					wire_req_reply(c->req, out);
+				} else if (get_int(&er, "code", 0)) {
+					reply_shard_error(c->req, SHARDCONN_CMD_ERR, &er, nerr);
+				} else {
+					reply_retryable_net_error(c->req, shardconn_unexecuted(&er), nerr);
+				}
+				bson_destroy(&res);
+				bson_destroy(&er);
+				break;
+			}
+			bson_destroy(&res);
+			bson_destroy(&er);
 		}
 		/* find the first owned candidate across chunks */
 		for (i = 0; i < rc->nchunks && !stale; i++) {

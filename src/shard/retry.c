@@ -148,6 +148,36 @@ bool shard_txn_start(shard_ctx *x, shard_txn *t)
 	return true;
 }
 
+void shard_cmd_stmt_result(shard_ctx *x)
+{
+	shard_txn t;
+	bson_t *res = NULL;
+	if (!shard_txn_parse(x, &t, 1))
+		return;
+	if (!t.on) {
+		shard_fail(x, WIRE_ERR_INVALID_OPTIONS,
+			   "stripedbStmtResult needs lsid, txnNumber and stmtId");
+		return;
+	}
+	int rc = sdb_store_begin(x->conn, false, x->err, sizeof x->err);
+	if (rc == 0)
+		rc = sdb_store_session_peek(x->conn, &t.lsid, t.txn, shard_txn_stmt_id(&t, 0),
+					    &res, x->err, sizeof x->err);
+	sdb_store_rollback(x->conn);
+	shard_txn_free(&t);
+	if (rc < 0) {
+		wire_req_error(x->req, WIRE_ERR_INTERNAL, "shard: session: %s", x->err);
+		return;
+	}
+	bson_t *reply = bson_new();
+	BSON_APPEND_BOOL(reply, "executed", rc == 1);
+	if (res) {
+		BSON_APPEND_DOCUMENT(reply, "result", res);
+		sdb_doc_free(res);
+	}
+	wire_req_reply(x->req, reply);
+}
+
 int32_t shard_txn_stmt_id(const shard_txn *t, uint32_t i)
 {
 	return t->ids ? t->ids[i] : t->base + (int32_t)i;

@@ -235,6 +235,11 @@ void shard_txn_free(shard_txn *t);
 /* When x->cmd carries startTransaction or autocommit (transactions are not built yet):
  * replies IllegalOperation (20) and returns true. */
 bool shard_txn_refuse_fields(shard_ctx *x);
+/* {stripedbStmtResult: 1, lsid, txnNumber, stmtId} -> {executed: bool, result?}: whether
+ * this shard executed that statement of the session's active txnNumber, and its recorded
+ * result (insert/delete {n}, update {n, nModified, upserted?}, findAndModify its reply).
+ * Read-only; lets a proxy find which shard ran an untargeted single-document write. */
+void shard_cmd_stmt_result(shard_ctx *x);
 /* commitTransaction / abortTransaction: refused with IllegalOperation (20). */
 void shard_cmd_txn_refuse(shard_ctx *x);
 

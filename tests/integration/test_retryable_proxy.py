@@ -233,3 +233,45 @@ def test_split_batch_keeps_original_stmt_ids_and_retry_is_recognised(start_role,
             assert e["stmtId"] == e["o"]["_id"], e
             assert e["txnNumber"] == 1
     cl.close()
+
+
+def test_untargeted_single_writes_retried_through_another_proxy_run_once(start_role, tmp_path):
+    """updateOne / findOneAndUpdate / deleteOne whose filter has no shard key: the proxy
+    picks a matching document chunk by chunk. The update makes the document stop matching,
+    so a retry's search would pick another document (on the other shard): the proxy asks
+    the shards for the statement's record first, and the retry is answered from it."""
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=2)
+    setup_accounts(cl)  # accounts 0-3 on one shard, 4-7 on the other
+    c0, c1 = cl.proxy_client(0), cl.proxy_client(1)
+    # one open account on the first shard, four on the second: once the first write has
+    # closed account 0, a retry's search finds its candidate on the other shard
+    c0.bank.acc.update_many({"_id": {"$in": [0, 4, 5, 6, 7]}}, {"$set": {"state": "open"}})
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("$clusterTime", "operationTime")}
+
+    def twice(cmd):
+        with c0.start_session() as s:
+            r1 = c0.bank.command(cmd, session=s)
+            lsid = s.session_id
+        with c1.start_session() as s1:
+            s1._server_session.session_id = lsid
+            r2 = c1.bank.command(cmd, session=s1)
+        assert strip(r1) == strip(r2)
+        return r1
+
+    r = twice(SON([("update", "acc"), ("updates", [{"q": {"state": "open"},
+                                                    "u": {"$set": {"state": "closed"}}}]),
+                   ("txnNumber", Int64(1))]))
+    assert (r["n"], r["nModified"]) == (1, 1)
+    assert [d["_id"] for d in c0.bank.acc.find({"state": "closed"})] == [0]
+    r = twice(SON([("findAndModify", "acc"), ("query", {"state": "open"}),
+                   ("update", {"$set": {"state": "frozen"}}), ("new", True),
+                   ("txnNumber", Int64(2))]))
+    assert r["value"]["state"] == "frozen"
+    assert c0.bank.acc.count_documents({"state": "frozen"}) == 1
+    r = twice(SON([("delete", "acc"), ("deletes", [{"q": {"state": "open"}, "limit": 1}]),
+                   ("txnNumber", Int64(3))]))
+    assert r["n"] == 1
+    assert c0.bank.acc.count_documents({}) == ACCOUNTS - 1
+    assert c0.bank.acc.count_documents({"state": "open"}) == 2
+    assert retried_statements(cl) == 0  # answered by the probe, not by a second write
+    cl.close()
