@@ -42,6 +42,7 @@ static const cmd_entry cmd_table[] = {
 	{"stripedbSetVersion", shard_cmd_set_version},
 	{"stripedbCheck", shard_cmd_check},
 	{"stripedbStmtResult", shard_cmd_stmt_result},
+	{"configureFailPoint", shard_cmd_configure_fail_point},
 	{"commitTransaction", shard_cmd_txn_refuse},
 	{"abortTransaction", shard_cmd_txn_refuse},
 };

@@ -79,6 +79,7 @@ static int shard_start(sdb_role *role)
 		return SDB_EUSAGE;
 	}
 	so.session_timeout_ms = sess_min * 60 * 1000;
+	sh->test_commands = sdb_config_get_bool(role->cfg, SDB_OPT_enable_test_commands, 0) != 0;
 	if (so.oplog_max_bytes < 4096 || so.oplog_max_age_s < 0) {
 		sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
 			 "shard: --oplog-max-bytes must be at least 4096 and --oplog-max-age-s at "

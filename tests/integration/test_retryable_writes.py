@@ -229,3 +229,63 @@ def test_session_timeout_option_is_checked(tmp_path, value):
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == ("stripedb: shard: --logical-session-timeout-minutes must be "
                                 "between 1 and 525600")
+
+
+def test_configure_fail_point_is_refused_without_test_commands(shard_with_dir):
+    _, port = shard_with_dir
+    c = client_for(port)
+    with pytest.raises(OperationFailure) as e:
+        c.admin.command(SON([("configureFailPoint", "failCommand"), ("mode", "alwaysOn"),
+                             ("data", {"failCommands": ["insert"], "errorCode": 91})]))
+    assert e.value.code == 59
+    assert "--enable-test-commands" in str(e.value)
+    c.t.c.insert_one({"_id": 1})  # nothing was armed
+
+
+def test_fail_command_with_test_commands(start_role, tmp_path):
+    port = free_port()
+    data = tmp_path / "shard"
+    data.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}",
+                "--enable-test-commands"])
+    c = client_for(port)
+    fp = lambda mode, data: c.admin.command(SON([("configureFailPoint", "failCommand"),
+                                                 ("mode", mode), ("data", data)]))
+    # {times: 2}: the next two inserts fail before running, with the labels given
+    fp({"times": 2}, {"failCommands": ["insert"], "errorCode": 112,
+                      "errorLabels": ["RetryableWriteError"]})
+    for i in range(2):
+        with pytest.raises(OperationFailure) as e:
+            c.t.c.insert_one({"_id": i})
+        assert e.value.code == 112
+        assert e.value.has_error_label("RetryableWriteError")
+    c.t.c.insert_one({"_id": 10})
+    c.t.c.update_one({"_id": 10}, {"$set": {"a": 1}})
+    assert sorted(d["_id"] for d in c.t.c.find()) == [10]
+    # {skip: 1}: the first matching command runs, later ones fail until turned off
+    fp({"skip": 1}, {"failCommands": ["update", "delete"], "errorCode": 96})
+    c.t.c.update_one({"_id": 10}, {"$set": {"a": 2}})
+    with pytest.raises(OperationFailure) as e:
+        c.t.c.update_one({"_id": 10}, {"$set": {"a": 3}})
+    assert e.value.code == 96
+    with pytest.raises(OperationFailure):
+        c.t.c.delete_one({"_id": 10})
+    r = c.admin.command(SON([("configureFailPoint", "failCommand"), ("mode", "off")]))
+    assert r["count"] == 2  # it fired twice (the update and the delete)
+    c.t.c.update_one({"_id": 10}, {"$set": {"a": 4}})
+    assert c.t.c.find_one({"_id": 10}) == {"_id": 10, "a": 4}
+    # blockConnection without an error: the command waits, then runs
+    fp({"times": 1}, {"failCommands": ["find"], "blockConnection": True, "blockTimeMS": 50})
+    assert c.t.c.find_one({"_id": 10})["a"] == 4
+    # options not implemented are refused, never ignored
+    for data in ({"failCommands": ["insert"], "closeConnection": True},
+                 {"failCommands": ["insert"], "errorCode": 1,
+                  "writeConcernError": {"code": 91, "errmsg": "x"}}):
+        with pytest.raises(OperationFailure) as e:
+            fp("alwaysOn", data)
+        assert e.value.code == 2
+    with pytest.raises(OperationFailure) as e:
+        c.admin.command(SON([("configureFailPoint", "onPrimaryTransactionalWrite"),
+                             ("mode", "alwaysOn")]))
+    assert e.value.code == 2
+    c.t.c.insert_one({"_id": 11})  # no refused setting stayed armed
