@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "storage/keyenc.h"
 #include "storage/path.h"
+#include "storage/store_int.h"
 
 #define STORE_FORMAT 1
 #define STORE_DEFAULT_OPLOG_BYTES (256LL * 1024 * 1024)
@@ -31,6 +32,7 @@ struct sdb_store {
 	_Atomic uint64_t committed_ts; /* newest ts committed */
 	int64_t oplog_bytes;           /* bytes in the oplog table (under write_mu) */
 	uint64_t writes_since_trim;    /* under write_mu */
+	int64_t session_sweep_ms;      /* next expired-session sweep, epoch ms (under write_mu) */
 };
 
 typedef struct stmt_slot {
@@ -53,6 +55,12 @@ struct sdb_store_conn {
 	int64_t pending_oplog_bytes;
 	uint64_t pending_ts;
 	bool ddl;
+	/* the statement being written for a retryable write (sdb_store_set_op_session):
+	 * borrowed lsid bytes, recorded into each oplog entry; NULL = none */
+	const uint8_t *op_lsid;
+	uint32_t op_lsid_len;
+	int64_t op_txn;
+	int32_t op_stmt;
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -197,6 +205,12 @@ static const char *const schema_sql =
 	" entry BLOB NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS versions(chunk TEXT PRIMARY KEY, token INTEGER NOT NULL)"
 	" WITHOUT ROWID;"
+	/* retryable writes (storage/session.c): added tables, so format 1 files open */
+	"CREATE TABLE IF NOT EXISTS txn_sessions(lsid BLOB PRIMARY KEY, txn INTEGER NOT NULL,"
+	" last_use INTEGER NOT NULL) WITHOUT ROWID;"
+	"CREATE INDEX IF NOT EXISTS txn_sessions_last_use ON txn_sessions(last_use);"
+	"CREATE TABLE IF NOT EXISTS txn_stmts(lsid BLOB NOT NULL, stmt INTEGER NOT NULL,"
+	" result BLOB NOT NULL, PRIMARY KEY(lsid, stmt)) WITHOUT ROWID;"
 	"INSERT OR IGNORE INTO meta(k, v) VALUES('format', 1), ('catalog_gen', 1),"
 	" ('next_tbl', 1), ('oplog_trimmed', 0);";
 
@@ -503,6 +517,7 @@ static void txn_end(sdb_store_conn *c, bool committed)
 	}
 	c->in_txn = false;
 	c->write = false;
+	c->op_lsid = NULL;
 }
 
 static int oplog_trim(sdb_store_conn *c, char *err, size_t errlen);
@@ -571,6 +586,53 @@ void sdb_store_savepoint_rollback(sdb_store_conn *c)
 	cache_load(c, NULL, 0);
 }
 
+/* ------------------------------------------------------------------ internals for session.c */
+
+sqlite3_stmt *sdb_store_int_stmt(sdb_store_conn *c, const char *sql, char *err, size_t errlen)
+{
+	return stmt_get(c, sql, err, errlen);
+}
+
+int sdb_store_int_step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errlen,
+			    const char *what)
+{
+	return step_done(c, s, err, errlen, what);
+}
+
+int sdb_store_int_sqlerr(sdb_store_conn *c, char *err, size_t errlen, const char *what)
+{
+	return sqlerr(c->db, err, errlen, what);
+}
+
+int64_t sdb_store_int_now_ms(sdb_store_conn *c)
+{
+	return store_now_ms(c->st);
+}
+
+int64_t sdb_store_int_session_timeout_ms(sdb_store_conn *c)
+{
+	return c->st->opts.session_timeout_ms > 0 ? c->st->opts.session_timeout_ms
+						  : SDB_STORE_SESSION_TIMEOUT_MS;
+}
+
+int64_t *sdb_store_int_sweep_mark(sdb_store_conn *c)
+{
+	return &c->st->session_sweep_ms;
+}
+
+bool sdb_store_int_in_write(const sdb_store_conn *c)
+{
+	return c->in_txn && c->write;
+}
+
+void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt)
+{
+	c->op_lsid = lsid ? bson_get_data(lsid) : NULL;
+	c->op_lsid_len = lsid ? sdb_store_doc_len(lsid) : 0;
+	c->op_txn = txn;
+	c->op_stmt = stmt;
+}
+
 /* ------------------------------------------------------------------ oplog */
 
 static uint64_t ts_next(sdb_store *st)
@@ -608,6 +670,14 @@ static int oplog_append(sdb_store_conn *c, const char *op, const char *ns, const
 	BSON_APPEND_DATE_TIME(&e, "wall", wall);
 	if (origin)
 		BSON_APPEND_UTF8(&e, "origin", origin);
+	if (c->op_lsid && strcmp(op, "c") != 0) {
+		/* a statement's document writes; not the implicit create of its collection */
+		bson_t lsid;
+		if (bson_init_static(&lsid, c->op_lsid, c->op_lsid_len))
+			BSON_APPEND_DOCUMENT(&e, "lsid", &lsid);
+		BSON_APPEND_INT64(&e, "txnNumber", c->op_txn);
+		BSON_APPEND_INT32(&e, "stmtId", c->op_stmt);
+	}
 	sqlite3_stmt *s =
 		stmt_get(c, "INSERT INTO oplog(ts, wall, entry) VALUES(?, ?, ?)", err, errlen);
 	int rc = SDB_EIO;

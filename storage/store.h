@@ -18,6 +18,8 @@
  *                                                        k = compound key, id = c_N.k
  *   oplog(ts INTEGER PRIMARY KEY, wall INTEGER, entry BLOB)   (rowid table; ts = secs<<32|inc)
  *   versions(chunk TEXT PRIMARY KEY, token INTEGER)
+ *   txn_sessions(lsid BLOB PRIMARY KEY, txn INTEGER, last_use INTEGER)   retryable writes
+ *   txn_stmts(lsid BLOB, stmt INTEGER, result BLOB, PRIMARY KEY(lsid, stmt))  (session.c)
  *
  * Threading: one sdb_store per data directory, shared by every thread; each thread opens
  * its own sdb_store_conn (a SQLite connection) and uses it alone. Write transactions are
@@ -26,7 +28,8 @@
  *
  * Oplog entries follow local.oplog.rs of a replica-set member:
  *   { ts: Timestamp(secs, inc), t: 1, v: 2, op: "i"|"u"|"d"|"c"|"n", ns: "db.coll",
- *     ui: UUID, o: {...}, o2: {_id: ...} (u only), wall: Date, origin: "mig-42" (optional) }
+ *     ui: UUID, o: {...}, o2: {_id: ...} (u only), wall: Date, origin: "mig-42" (optional),
+ *     lsid: {id: UUID, ...}, txnNumber: long, stmtId: int (retryable writes only) }
  * op "u" carries the full post-image in o (replacement form; applying it is idempotent).
  * op "c" carries {create: coll} / {drop: coll} / {createIndexes: coll, ...spec} /
  * {dropIndexes: coll, index: name} / {dropDatabase: 1} with ns "db.$cmd".
@@ -55,7 +58,12 @@ typedef struct sdb_store_opts {
 	/* Wall clock in epoch ms for oplog ts and wall (NULL = CLOCK_REALTIME). Tests inject it. */
 	int64_t (*clock_ms)(void *arg);
 	void *clock_arg;
+	/* Retryable-write session records expire after this many ms without use (0 = the
+	 * default SDB_STORE_SESSION_TIMEOUT_MS, MongoDB's logicalSessionTimeoutMinutes 30). */
+	int64_t session_timeout_ms;
 } sdb_store_opts;
+
+#define SDB_STORE_SESSION_TIMEOUT_MS (30LL * 60 * 1000)
 
 /* Open (creating if needed) the store in directory dir (created if missing, mode 0700).
  * opts may be NULL for defaults. Returns 0, SDB_EIO (cannot create/open, not a stripedb
@@ -233,6 +241,42 @@ int64_t sdb_store_oplog_count(sdb_store_conn *c);
 /* The highest ts ever committed by this process or found at open (atomic read). Used by
  * awaitData cursors to know whether to re-read. */
 uint64_t sdb_store_oplog_committed(sdb_store *st);
+
+/* --- retryable writes (storage/session.c; MongoDB's config.transactions) ---
+ *
+ * A session (lsid: the command's lsid document, compared byte for byte) has one active
+ * txnNumber; for it the store keeps the result document of every executed statement
+ * (stmtId -> result, opaque to the store), written in the same transaction as the write
+ * itself, so a retry after a crash or a lost reply finds exactly what was applied.
+ * A newer txnNumber forgets the older statements; an older one is refused. Records unused
+ * for sdb_store_opts.session_timeout_ms are gone (treated as absent at once, deleted by a
+ * sweep that runs inside some later session write, at most once a minute). */
+
+/* Start or continue txn of session lsid in the open write transaction (and mark the
+ * session used). Returns 0, SDB_ESTALE when a newer txnNumber has started (*stored gets
+ * it: MongoDB's TransactionTooOld, 225), or SDB_EIO. */
+int sdb_store_session_begin(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int64_t *stored,
+			    char *err, size_t errlen);
+/* The recorded result of statement stmt of lsid's active txnNumber (call after
+ * sdb_store_session_begin in the same transaction): 1 with *out a heap copy (sdb_doc_free),
+ * 0 when not executed (*out NULL), or SDB_EIO. */
+int sdb_store_session_stmt_get(sdb_store_conn *c, const bson_t *lsid, int32_t stmt,
+			       bson_t **out, char *err, size_t errlen);
+/* Record stmt's result for lsid's active txnNumber (write txn, same transaction or
+ * savepoint as the statement's writes). Returns 0 or SDB_EIO. */
+int sdb_store_session_stmt_put(sdb_store_conn *c, const bson_t *lsid, int32_t stmt,
+			       const bson_t *result, char *err, size_t errlen);
+/* Tag the oplog entries written next on c with lsid (borrowed: keep it alive until the
+ * next call or the end of the transaction), txnNumber and stmtId, as MongoDB's oplog
+ * carries them; lsid NULL stops tagging. Reset when the transaction ends. */
+void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn,
+			      int32_t stmt);
+/* Read-only look-up (any txn): 1 when lsid's active txnNumber is txn (not expired) and
+ * stmt is recorded for it (*out a heap copy, sdb_doc_free), else 0 (*out NULL); SDB_EIO. */
+int sdb_store_session_peek(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
+			   bson_t **out, char *err, size_t errlen);
+/* Number of live session records (tests, metrics). Any txn. */
+int64_t sdb_store_session_count(sdb_store_conn *c);
 
 /* --- version tokens --- */
 

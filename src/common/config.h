@@ -65,6 +65,10 @@ typedef enum {
 	  "shard: oplog size cap (bytes); the oldest entries beyond it are trimmed")            \
 	X("oplog-max-age-s", oplog_max_age_s, SDB_OPT_INT, "0",                                 \
 	  "shard: oplog age cap (s); older entries are trimmed (0 = no age limit)")             \
+	X("logical-session-timeout-minutes", logical_session_timeout_minutes, SDB_OPT_INT, "30", \
+	  "shard: retryable-write records of a session unused this long are forgotten (min)")   \
+	X("enable-test-commands", enable_test_commands, SDB_OPT_BOOL, "false",                  \
+	  "shard: accept the test command configureFailPoint (failCommand); never in production") \
 	X("migration-budget", migration_budget, SDB_OPT_INT, "8",                               \
 	  "coordinator: migrations active at once fleet-wide; others wait for a slot")          \
 	X("migration-shard-budget", migration_shard_budget, SDB_OPT_INT, "2",                   \

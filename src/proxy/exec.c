@@ -27,6 +27,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "proxy/proxy.h"
+#include "proxy/txn.h"
 #include "storage/pipeline.h"
 #include "storage/projection.h"
 
@@ -45,6 +46,7 @@ typedef struct ctx {
 	const char *coll;
 	uint64_t deadline_ms;
 	int backoff_ms;
+	proxy_txn txn; /* session fields of a retryable write (txn.h), forwarded to shards */
 } ctx;
 
 static uint64_t now_ms(void)
@@ -247,6 +249,22 @@ static void reply_shard_error(wire_req *req, int cls, const bson_t *reply, const
 	wire_req_error(req, code, "%s", msg);
 }
 
+/* A network error of a retryable write (txn.h: the shards recognise a retry, so the
+ * driver may resend it whatever its outcome was): HostUnreachable with the
+ * RetryableWriteError label, plus NoWritesPerformed when no shard executed any of it. */
+static void reply_retryable_net_error(wire_req *req, bool nothing_written, const char *neterr)
+{
+	bson_t *extra = bson_new();
+	bson_t labels;
+
+	bson_append_array_begin(extra, "errorLabels", -1, &labels);
+	BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
+	if (nothing_written)
+		BSON_APPEND_UTF8(&labels, "1", "NoWritesPerformed");
+	bson_append_array_end(extra, &labels);
+	wire_req_error_extra(req, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
+}
+
 /* Sleep for the StaleConfig backoff; false when the budget is spent. */
 static bool stale_backoff(ctx *c)
 {
@@ -397,9 +415,17 @@ static void forward_plain(ctx *c, const char *shard, const bson_t *cmd)
 	int r;
 
 	copy_cmd(cmd, &fwd, NULL);
+	if (c->txn.on && cmd == c->cmd) {
+		/* an unsharded collection: the whole retryable write (copy_cmd kept its
+		 * stmtId / stmtIds as given) */
+		BSON_APPEND_DOCUMENT(&fwd, "lsid", &c->txn.lsid);
+		BSON_APPEND_INT64(&fwd, "txnNumber", c->txn.txn);
+	}
 	r = run_on(c, shard, &fwd, NULL, &reply, nerr, sizeof nerr);
 	if (r == SHARDCONN_OK || r == SHARDCONN_CMD_ERR || r == SHARDCONN_STALE)
 		reply_copy(c->req, &reply);
+	else if (c->txn.on && cmd == c->cmd)
+		reply_retryable_net_error(c->req, shardconn_unexecuted(&reply), nerr);
 	else
 		reply_shard_error(c->req, r, &reply, nerr);
 	bson_destroy(&reply);
@@ -794,6 +820,9 @@ typedef struct wresult {
 	uv_mutex_t mu;
 	bool stop;       /* ordered batch stopped */
 	int64_t first_err_index;
+	size_t n_net;        /* statements failed by a network error (outcome unknown or not) */
+	size_t n_unexecuted; /* ... of which the shard certainly did not execute */
+	char net_msg[512];   /* the first network error */
 } wresult;
 
 static void wresult_init(wresult *w)
@@ -813,9 +842,10 @@ static void wresult_destroy(wresult *w)
 }
 
 /* Add a write error at the client's index idx: from a shard's entry (copied except index)
- * or from code/msg. */
-static void wresult_error(wresult *w, int64_t idx, const bson_iter_t *entry, int code,
-			  const char *msg)
+ * or from code/msg; label: with errorLabels ["RetryableWriteError"] (it certainly did not
+ * execute). */
+static void wresult_error_ex(wresult *w, int64_t idx, const bson_iter_t *entry, int code,
+			     const char *msg, bool label)
 {
 	bson_t e;
 	char k[24];
@@ -835,11 +865,28 @@ static void wresult_error(wresult *w, int64_t idx, const bson_iter_t *entry, int
 		BSON_APPEND_UTF8(&e, "codeName", wire_code_name(code));
 		BSON_APPEND_UTF8(&e, "errmsg", msg);
 	}
+	if (label) {
+		bson_t labels;
+		bson_append_array_begin(&e, "errorLabels", -1, &labels);
+		BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
+		bson_append_array_end(&e, &labels);
+	}
 	bson_append_document_end(&w->errors, &e);
 	if (idx < w->first_err_index)
 		w->first_err_index = idx;
 	uv_mutex_unlock(&w->mu);
 }
+
+static void wresult_error(wresult *w, int64_t idx, const bson_iter_t *entry, int code,
+			  const char *msg)
+{
+	wresult_error_ex(w, idx, entry, code, msg, false);
+}
+
+/* A statement that failed on shard write reply (class cls): a shard's error, or a network
+ * error counted for answer_write and labelled when the shard certainly did not run it. */
+static void wresult_error_from(wresult *w, int64_t idx, const bson_t *reply, int cls,
+			       const char *neterr);
 
 static void wresult_upserted(wresult *w, int64_t idx, const bson_iter_t *id)
 {
@@ -906,7 +953,20 @@ static void append_sorted(bson_t *out, const char *name, const bson_t *src, size
 
 static void answer_write(ctx *c, wresult *w, bool is_update)
 {
-	bson_t *out = bson_new();
+	bson_t *out;
+
+	/* A network error in a retryable write: the whole command may be resent (the shards
+	 * answer executed statements from their records), so it is a top-level retryable
+	 * error, as a driver expects. Without session fields the same holds when no statement
+	 * was executed and every failure certainly did not execute. */
+	if (w->n_net > 0 &&
+	    (c->txn.on || (w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0))) {
+		reply_retryable_net_error(c->req,
+					  w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0,
+					  w->net_msg);
+		return;
+	}
+	out = bson_new();
 
 	/* int32 as mongod and mongos send them: libmongoc reads n/nModified only when they
 	 * hold an int32 (an int64 n made update_one report matchedCount 0) */
@@ -962,6 +1022,28 @@ static size_t fold_write_reply(wresult *w, const bson_t *reply, const int64_t *m
 		}
 	}
 	return nerr;
+}
+
+static void error_from_reply(const bson_t *reply, int cls, const char *neterr, int *code,
+			     char *msg, size_t msglen);
+
+static void wresult_error_from(wresult *w, int64_t idx, const bson_t *reply, int cls,
+			       const char *neterr)
+{
+	int code;
+	char msg[512];
+	bool unexecuted = cls == SHARDCONN_NET_ERR && shardconn_unexecuted(reply);
+
+	error_from_reply(reply, cls, neterr, &code, msg, sizeof msg);
+	if (cls == SHARDCONN_NET_ERR) {
+		uv_mutex_lock(&w->mu);
+		if (w->n_net++ == 0)
+			snprintf(w->net_msg, sizeof w->net_msg, "%s", msg);
+		if (unexecuted)
+			w->n_unexecuted++;
+		uv_mutex_unlock(&w->mu);
+	}
+	wresult_error_ex(w, idx, NULL, code, msg, unexecuted);
 }
 
 static void error_from_reply(const bson_t *reply, int cls, const char *neterr, int *code,
@@ -1029,15 +1111,13 @@ static void ins_send(void *arg, size_t gi)
 	bson_append_array_end(&cmd, &arr);
 	BSON_APPEND_BOOL(&cmd, "ordered", g->ordered);
 	append_version(&cmd, ch);
+	proxy_txn_append(&g->c->txn, &cmd, map, g->n);
 	g->cls = run_on(g->c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
 	if (g->cls == SHARDCONN_OK) {
 		fold_write_reply(g->w, &reply, map, g->n);
 	} else if (g->cls != SHARDCONN_STALE) {
-		int code;
-		char msg[512];
-		error_from_reply(&reply, g->cls, nerr, &code, msg, sizeof msg);
 		for (i = 0; i < g->n; i++) {
-			wresult_error(g->w, g->docs[i]->idx, NULL, code, msg);
+			wresult_error_from(g->w, g->docs[i]->idx, &reply, g->cls, nerr);
 			if (g->ordered)
 				break;
 		}
@@ -1347,14 +1427,13 @@ static int send_stmt(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bs
 	bson_append_array_end(&cmd, &arr);
 	BSON_APPEND_BOOL(&cmd, "ordered", true);
 	append_version(&cmd, ch);
+	if (!s->multi) /* drivers never retry multi statements; they are not recorded */
+		proxy_txn_append(&c->txn, &cmd, map, 1);
 	cls = run_on(c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
 	if (cls == SHARDCONN_OK) {
 		fold_write_reply(w, &reply, map, 1);
 	} else if (cls != SHARDCONN_STALE) {
-		int code;
-		char msg[512];
-		error_from_reply(&reply, cls, nerr, &code, msg, sizeof msg);
-		wresult_error(w, s->idx, NULL, code, msg);
+		wresult_error_from(w, s->idx, &reply, cls, nerr);
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
@@ -1391,12 +1470,8 @@ static int multi_on_chunk(ctx *c, route_coll *rc, size_t ci, const wstmt *s, wre
 	cls = collect_owned(c, rc, ci, &s->q, NULL, limit, &ids, NULL, &n, &err_reply, nerr,
 			    sizeof nerr);
 	if (cls != SHARDCONN_OK) {
-		if (cls != SHARDCONN_STALE) {
-			int code;
-			char msg[512];
-			error_from_reply(&err_reply, cls, nerr, &code, msg, sizeof msg);
-			wresult_error(w, s->idx, NULL, code, msg);
-		}
+		if (cls != SHARDCONN_STALE)
+			wresult_error_from(w, s->idx, &err_reply, cls, nerr);
 		goto out;
 	}
 	if (n > 0) {
@@ -1450,6 +1525,81 @@ static bool stmt_parse(const bson_iter_t *elem, bool is_update, int64_t idx, wst
 		s->multi = get_int(&s->stmt, "limit", 0) == 0;
 	}
 	return true;
+}
+
+/* A retryable single-document write without an exact shard key runs where its collect
+ * phase finds a document, which may differ between an attempt and its retry: ask each
+ * shard owning a selected chunk whether it already executed this statement (issue #16).
+ * 1: executed there, *res = its recorded result (caller destroys); 0: nowhere; -1: a shard
+ * did not answer (unknown: the caller fails the statement with a retryable error, after
+ * filling err_reply/nerr). */
+static int probe_executed(ctx *c, route_coll *rc, const bool *sel, int64_t idx, bson_t *res,
+			  bson_t *err_reply, char *nerr, size_t nelen)
+{
+	char **asked = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *asked);
+	size_t nasked = 0, i, k;
+	int out = 0;
+
+	for (i = 0; i < rc->nchunks && out == 0; i++) {
+		bson_t cmd = BSON_INITIALIZER, reply;
+		bson_iter_t it;
+		bool dup = false;
+		int cls;
+		if (!sel[i])
+			continue;
+		for (k = 0; k < nasked && !dup; k++)
+			dup = strcmp(asked[k], rc->chunks[i].shard) == 0;
+		if (dup)
+			continue;
+		asked[nasked++] = rc->chunks[i].shard;
+		BSON_APPEND_INT32(&cmd, "stripedbStmtResult", 1);
+		BSON_APPEND_DOCUMENT(&cmd, "lsid", &c->txn.lsid);
+		BSON_APPEND_INT64(&cmd, "txnNumber", c->txn.txn);
+		BSON_APPEND_INT32(&cmd, "stmtId", proxy_txn_stmt_id(&c->txn, idx));
+		cls = run_on(c, rc->chunks[i].shard, &cmd, NULL, &reply, nerr, nelen);
+		bson_destroy(&cmd);
+		if (cls != SHARDCONN_OK) {
+			bson_copy_to(&reply, err_reply);
+			out = -1;
+		} else if (get_bool(&reply, "executed", false) &&
+			   bson_iter_init_find(&it, &reply, "result") &&
+			   BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_t view;
+			bson_iter_document(&it, &len, &data);
+			if (bson_init_static(&view, data, len)) {
+				bson_copy_to(&view, res);
+				out = 1;
+			}
+		}
+		bson_destroy(&reply);
+	}
+	free(asked);
+	return out;
+}
+
+/* Fold a shard's recorded result of one update/delete statement ({n, nModified?,
+ * upserted?: _id}, src/shard/retry.c) into w as the statement's outcome. */
+static void fold_recorded(wresult *w, const bson_t *res, int64_t idx)
+{
+	bson_t reply = BSON_INITIALIZER, arr, e;
+	bson_iter_t it;
+	int64_t map[1] = {idx};
+	bool up = bson_iter_init_find(&it, res, "upserted");
+
+	BSON_APPEND_INT64(&reply, "n", get_int(res, "n", 0) + (up ? 1 : 0));
+	BSON_APPEND_INT64(&reply, "nModified", get_int(res, "nModified", 0));
+	if (up) {
+		bson_append_array_begin(&reply, "upserted", -1, &arr);
+		bson_append_document_begin(&arr, "0", -1, &e);
+		BSON_APPEND_INT32(&e, "index", 0);
+		bson_append_iter(&e, "_id", -1, &it);
+		bson_append_document_end(&arr, &e);
+		bson_append_array_end(&reply, &arr);
+	}
+	fold_write_reply(w, &reply, map, 1);
+	bson_destroy(&reply);
 }
 
 /* One update/delete statement on a sharded collection. Returns false when an ordered
@@ -1542,7 +1692,26 @@ static bool write_stmt(ctx *c, route_coll **rcp, const wstmt *s, wresult *w)
 		} else {
 			/* single document without an exact key: the first owned match */
 			int64_t n_before = w->n;
-			for (i = 0; i < rc->nchunks && w->nerr == before && w->n == n_before; i++) {
+			if (c->txn.on) {
+				bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
+				char nerr[256];
+				int pr = probe_executed(c, rc, sel, s->idx, &res, &er, nerr,
+							sizeof nerr);
+				if (pr == 1)
+					fold_recorded(w, &res, s->idx);
+				else if (pr < 0)
+					wresult_error_from(w, s->idx, &er,
+							   get_int(&er, "code", 0) ? SHARDCONN_CMD_ERR
+										 : SHARDCONN_NET_ERR,
+							   nerr);
+				bson_destroy(&res);
+				bson_destroy(&er);
+				if (pr != 0)
+					n_before = -1; /* answered: skip the chunk walk */
+			}
+			for (i = 0; n_before >= 0 && i < rc->nchunks && w->nerr == before &&
+				    w->n == n_before;
+			     i++) {
 				if (!sel[i])
 					continue;
 				if (multi_on_chunk(c, rc, i, s, w, 1, &touched) == SHARDCONN_STALE) {
@@ -1637,6 +1806,8 @@ static void do_find_and_modify(ctx *c)
 	merge_sort *ms = NULL;
 	char err[512];
 	int attempt;
+	const int64_t fam_stmt = 0; /* findAndModify is statement 0 (stmtId as given) */
+	bool probed = false;
 
 	if (!has_q)
 		bson_init(&query);
@@ -1681,6 +1852,7 @@ static void do_find_and_modify(ctx *c)
 				;
 			copy_cmd(c->cmd, &fwd, NULL);
 			append_version(&fwd, &rc->chunks[i]);
+			proxy_txn_append(&c->txn, &fwd, &fam_stmt, 1);
 			cls = run_on(c, rc->chunks[i].shard, &fwd, NULL, &reply, nerr, sizeof nerr);
 			free(sel);
 			bson_destroy(&fwd);
@@ -1690,7 +1862,9 @@ static void do_find_and_modify(ctx *c)
 				rc = refresh(c, rc);
 				continue;
 			}
-			if (cls == SHARDCONN_NET_ERR)
+			if (cls == SHARDCONN_NET_ERR && c->txn.on)
+				reply_retryable_net_error(c->req, shardconn_unexecuted(&reply), nerr);
+			else if (cls == SHARDCONN_NET_ERR)
 				reply_shard_error(c->req, cls, &reply, nerr);
 			else
 				reply_copy(c->req, &reply);
@@ -1705,6 +1879,32 @@ static void do_find_and_modify(ctx *c)
 				       "Query for sharded findAndModify with upsert: true must contain "
 				       "the shard key");
 			break;
+		}
+		if (c->txn.on && !probed) {
+			/* a retry of a findAndModify that ran on some shard: its recorded reply */
+			bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
+			int pr = probe_executed(c, rc, sel, fam_stmt, &res, &er, nerr, sizeof nerr);
+			probed = true;
+			if (pr != 0) {
+				free(sel);
+				bson_destroy(&fwd);
+				bson_destroy(&best);
+				if (pr == 1) {
+					bson_t *out = bson_new();
+					bson_copy_to_excluding_noinit(&res, out, "ok", NULL);
+					BSON_APPEND_DOUBLE(out, "ok", 1.0);
+					wire_req_reply(c->req, out);
+				} else if (get_int(&er, "code", 0)) {
+					reply_shard_error(c->req, SHARDCONN_CMD_ERR, &er, nerr);
+				} else {
+					reply_retryable_net_error(c->req, shardconn_unexecuted(&er), nerr);
+				}
+				bson_destroy(&res);
+				bson_destroy(&er);
+				break;
+			}
+			bson_destroy(&res);
+			bson_destroy(&er);
 		}
 		/* find the first owned candidate across chunks */
 		for (i = 0; i < rc->nchunks && !stale; i++) {
@@ -1790,6 +1990,7 @@ static void do_find_and_modify(ctx *c)
 			}
 			BSON_APPEND_DOCUMENT(&fwd, "query", &q2);
 			append_version(&fwd, &rc->chunks[best_chunk]);
+			proxy_txn_append(&c->txn, &fwd, &fam_stmt, 1);
 			bson_destroy(&q2);
 		}
 		cls = run_on(c, rc->chunks[best_chunk].shard, &fwd, NULL, &reply, nerr, sizeof nerr);
@@ -1808,7 +2009,9 @@ static void do_find_and_modify(ctx *c)
 				continue;
 			}
 		}
-		if (cls == SHARDCONN_NET_ERR)
+		if (cls == SHARDCONN_NET_ERR && c->txn.on)
+			reply_retryable_net_error(c->req, shardconn_unexecuted(&reply), nerr);
+		else if (cls == SHARDCONN_NET_ERR)
 			reply_shard_error(c->req, cls, &reply, nerr);
 		else
 			reply_copy(c->req, &reply);
@@ -3293,6 +3496,26 @@ static void run_job(void *arg)
 		c.coll = bson_iter_utf8(&it, NULL);
 		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
 	}
+	if (proxy_txn_refuse(c.req))
+		goto out;
+	{
+		const char *stmts = NULL;
+		int code = 0;
+		char err[256];
+		bool is_write = true;
+		if (strcmp(name, "insert") == 0)
+			stmts = "documents";
+		else if (strcmp(name, "update") == 0)
+			stmts = "updates";
+		else if (strcmp(name, "delete") == 0)
+			stmts = "deletes";
+		else if (strcmp(name, "findAndModify") != 0 && strcmp(name, "findandmodify") != 0)
+			is_write = false;
+		if (is_write && !proxy_txn_parse(c.cmd, stmts, &c.txn, &code, err, sizeof err)) {
+			wire_req_error(c.req, code, "%s", err);
+			goto out;
+		}
+	}
 	if (!admit(&c, name) || !policy_ok(&c, name))
 		goto out;
 	if (strcmp(name, "getMore") == 0) {
@@ -3355,6 +3578,7 @@ static void run_job(void *arg)
 	else
 		do_broadcast(&c); /* dropIndexes, drop, create, collMod */
 out:
+	proxy_txn_free(&c.txn);
 	free(j->user);
 	free(j);
 }
@@ -3528,4 +3752,6 @@ void proxy_exec_register(proxy *p)
 		wire_server_register(p->srv, proxy_cmds[i], h_submit);
 	for (i = 0; js[i]; i++)
 		wire_server_register(p->srv, js[i], h_refuse_js);
+	wire_server_register(p->srv, "commitTransaction", proxy_txn_refuse_handler);
+	wire_server_register(p->srv, "abortTransaction", proxy_txn_refuse_handler);
 }

@@ -6,17 +6,20 @@ libstripedb_a_SOURCES += \
 	src/proxy/quota.c \
 	src/proxy/role.c \
 	src/proxy/route.c \
-	src/proxy/shardconn.c
+	src/proxy/shardconn.c \
+	src/proxy/txn.c
 noinst_HEADERS += \
 	src/proxy/merge.h \
 	src/proxy/proxy.h \
 	src/proxy/quota.h \
 	src/proxy/route.h \
-	src/proxy/shardconn.h
+	src/proxy/shardconn.h \
+	src/proxy/txn.h
 
 check_PROGRAMS += tests/unit/test_proxy_route tests/unit/test_proxy_merge \
-	tests/unit/test_proxy_cursor
-TESTS += tests/unit/test_proxy_route tests/unit/test_proxy_merge tests/unit/test_proxy_cursor
+	tests/unit/test_proxy_cursor tests/unit/test_proxy_txn
+TESTS += tests/unit/test_proxy_route tests/unit/test_proxy_merge tests/unit/test_proxy_cursor \
+	tests/unit/test_proxy_txn
 tests_unit_test_proxy_route_SOURCES = tests/unit/test_proxy_route.c
 tests_unit_test_proxy_route_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_route_LDADD = $(UNIT_LDADD)
@@ -26,8 +29,11 @@ tests_unit_test_proxy_merge_LDADD = $(UNIT_LDADD)
 tests_unit_test_proxy_cursor_SOURCES = tests/unit/test_proxy_cursor.c
 tests_unit_test_proxy_cursor_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_cursor_LDADD = $(UNIT_LDADD)
+tests_unit_test_proxy_txn_SOURCES = tests/unit/test_proxy_txn.c
+tests_unit_test_proxy_txn_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_proxy_txn_LDADD = $(UNIT_LDADD)
 
 EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py \
 	tests/bench/proxy_bench.py src/proxy/README.md \
 	tests/integration/test_rolling.py tests/integration/test_int_args.py \
-	tests/integration/test_proxy_leaks.py
+	tests/integration/test_proxy_leaks.py tests/integration/test_retryable_proxy.py

@@ -367,6 +367,16 @@ static bool idempotent_read(const bson_t *cmd)
 	return false;
 }
 
+/* A retryable write (lsid and txnNumber, issue #16): the shard records each executed
+ * statement with the write and answers a retry from the record, so resending it after an
+ * unknown outcome never applies it twice. */
+static bool retryable_write(const bson_t *cmd)
+{
+	bson_iter_t it;
+
+	return bson_iter_init_find(&it, cmd, "txnNumber") && bson_iter_init_find(&it, cmd, "lsid");
+}
+
 /* One attempt of shardconn_command. *unexecuted is set when the shard certainly did not
  * run cmd: no server could be selected (connect refused or timed out), the connection could
  * not be opened, or the shard answered ShutdownInProgress (91: refused before execution by
@@ -450,7 +460,7 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 {
 	uint32_t first_server = *server_id;
 	uint64_t deadline = 0, backoff = SHARDCONN_RETRY_MIN_MS, now;
-	bool read = idempotent_read(cmd);
+	bool read = idempotent_read(cmd) || retryable_write(cmd);
 	shard *sh = find_shard(sc, id);
 	bool was_down = sh != NULL && atomic_load(&sh->down);
 	int rc;

@@ -76,8 +76,10 @@ enum {
  * its commands get a single attempt until it answers again (a shard that is down for
  * good fails fast instead of holding every request for the budget). A network error
  * after cmd was sent (connection reset, timeout: the outcome is unknown) is retried only
- * for idempotent reads (find, count, distinct, list*, *Stats); for any other command it
- * is returned (NET_ERR) and never retried, so a write is never applied twice.
+ * for idempotent reads (find, count, distinct, list*, *Stats) and retryable writes (cmd
+ * carries lsid and txnNumber: the shard answers a retry of an executed statement from its
+ * record, issue #16); for any other command it is returned (NET_ERR) and never retried,
+ * so a write is never applied twice.
  * When the budget is spent on a command the shard certainly did not execute, the result
  * is NET_ERR and reply holds SHARDCONN_UNEXECUTED_FIELD: true (see shardconn_unexecuted);
  * on any other NET_ERR reply is empty. */

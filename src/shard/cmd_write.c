@@ -143,15 +143,30 @@ void shard_cmd_insert(shard_ctx *x)
 	if (!get_array(x, "insert", "documents", &arr, &count))
 		return;
 	bool ordered = get_ordered(x->cmd);
-	if (!shard_begin(x, true))
+	shard_txn t;
+	if (!shard_txn_parse(x, &t, count))
 		return;
-	if (shard_refuse_view(x, coll))
+	if (!shard_begin(x, true) || shard_refuse_view(x, coll) || !shard_txn_start(x, &t)) {
+		shard_txn_free(&t);
 		return;
+	}
 	werrs w = {.n = 0};
 	bson_init(&w.arr);
 	int64_t n = 0, i = -1;
 	while (bson_iter_next(&arr)) {
 		i++;
+		bson_t *done = NULL;
+		int seen = shard_txn_lookup(x, &t, (uint32_t)i, &done);
+		if (seen < 0) {
+			bson_destroy(&w.arr);
+			shard_txn_free(&t);
+			return;
+		}
+		if (seen == 1) { /* a retry: executed before, not again */
+			sdb_doc_free(done);
+			n++;
+			continue;
+		}
 		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
 			werr_add(&w, i, WIRE_ERR_TYPE_MISMATCH, "document to insert must be an object",
 				 NULL);
@@ -180,9 +195,16 @@ void shard_cmd_insert(shard_ctx *x)
 		prepare_insert(&in, &doc);
 		sdb_store_dup dup = {0};
 		sdb_store_savepoint(x->conn);
+		shard_txn_tag(x, &t, (uint32_t)i);
 		int rc = sdb_store_insert(x->conn, x->db, coll, &doc, x->origin, &dup, x->err,
 					  sizeof x->err);
 		bson_destroy(&doc);
+		if (rc == 0 && t.on) {
+			bson_t res = BSON_INITIALIZER;
+			BSON_APPEND_INT32(&res, "n", 1);
+			rc = shard_txn_record(x, &t, (uint32_t)i, &res);
+			bson_destroy(&res);
+		}
 		if (rc == 0) {
 			sdb_store_savepoint_release(x->conn);
 			n++;
@@ -192,6 +214,7 @@ void shard_cmd_insert(shard_ctx *x)
 		if (rc == SDB_EIO || rc == SDB_EBUSY || rc == SDB_ECORRUPT) {
 			sdb_store_dup_clear(&dup);
 			bson_destroy(&w.arr);
+			shard_txn_free(&t);
 			shard_fail(x, WIRE_ERR_INTERNAL, "insert: %s", x->err);
 			return;
 		}
@@ -200,6 +223,7 @@ void shard_cmd_insert(shard_ctx *x)
 		if (ordered)
 			break;
 	}
+	shard_txn_free(&t);
 	if (!shard_commit(x)) {
 		bson_destroy(&w.arr);
 		return;
@@ -440,6 +464,18 @@ static void upd_result_destroy(upd_result *r)
 	memset(r, 0, sizeof *r);
 }
 
+/* Add {index, _id} to the upserted array being built. */
+static void append_upserted(bson_t *upserted, int *n_upserted, int64_t i, const bson_value_t *id)
+{
+	char key[16];
+	bson_t e;
+	snprintf(key, sizeof key, "%d", (*n_upserted)++);
+	BSON_APPEND_DOCUMENT_BEGIN(upserted, key, &e);
+	BSON_APPEND_INT32(&e, "index", (int32_t)i);
+	BSON_APPEND_VALUE(&e, "_id", id);
+	bson_append_document_end(upserted, &e);
+}
+
 void shard_cmd_update(shard_ctx *x)
 {
 	const char *coll = shard_coll_arg(x);
@@ -450,10 +486,13 @@ void shard_cmd_update(shard_ctx *x)
 	if (!get_array(x, "update", "updates", &arr, &count))
 		return;
 	bool ordered = get_ordered(x->cmd);
-	if (!shard_begin(x, true))
+	shard_txn t;
+	if (!shard_txn_parse(x, &t, count))
 		return;
-	if (shard_refuse_view(x, coll))
+	if (!shard_begin(x, true) || shard_refuse_view(x, coll) || !shard_txn_start(x, &t)) {
+		shard_txn_free(&t);
 		return;
+	}
 	werrs w = {.n = 0};
 	bson_init(&w.arr);
 	bson_t upserted = BSON_INITIALIZER;
@@ -461,6 +500,25 @@ void shard_cmd_update(shard_ctx *x)
 	int64_t matched = 0, modified = 0, i = -1;
 	while (bson_iter_next(&arr)) {
 		i++;
+		bson_t *done = NULL;
+		int seen = shard_txn_lookup(x, &t, (uint32_t)i, &done);
+		if (seen < 0) {
+			bson_destroy(&w.arr);
+			bson_destroy(&upserted);
+			shard_txn_free(&t);
+			return;
+		}
+		if (seen == 1) { /* a retry: the recorded outcome, not a second execution */
+			bson_iter_t rit;
+			if (bson_iter_init_find(&rit, done, "n"))
+				matched += bson_iter_as_int64(&rit);
+			if (bson_iter_init_find(&rit, done, "nModified"))
+				modified += bson_iter_as_int64(&rit);
+			if (bson_iter_init_find(&rit, done, "upserted"))
+				append_upserted(&upserted, &n_upserted, i, bson_iter_value(&rit));
+			sdb_doc_free(done);
+			continue;
+		}
 		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
 			werr_add(&w, i, WIRE_ERR_TYPE_MISMATCH, "update statement must be an object",
 				 NULL);
@@ -480,27 +538,32 @@ void shard_cmd_update(shard_ctx *x)
 			/* malformed statements fail the whole command, as mongod */
 			bson_destroy(&w.arr);
 			bson_destroy(&upserted);
+			shard_txn_free(&t);
 			shard_fail(x, code, "%s", x->err);
 			return;
 		}
 		upd_result r;
 		sdb_store_dup dup = {0};
 		sdb_store_savepoint(x->conn);
+		shard_txn_tag(x, &t, (uint32_t)i);
 		code = run_update(x, coll, &s, NULL, false, &r, &dup);
 		upd_stmt_destroy(&s);
+		if (code == 0 && t.on) {
+			bson_t res = BSON_INITIALIZER;
+			BSON_APPEND_INT64(&res, "n", r.matched);
+			BSON_APPEND_INT64(&res, "nModified", r.modified);
+			if (r.upserted)
+				BSON_APPEND_VALUE(&res, "upserted", &r.upserted_id);
+			if (shard_txn_record(x, &t, (uint32_t)i, &res) != 0)
+				code = WIRE_ERR_INTERNAL;
+			bson_destroy(&res);
+		}
 		if (code == 0) {
 			sdb_store_savepoint_release(x->conn);
 			matched += r.matched;
 			modified += r.modified;
-			if (r.upserted) {
-				char key[16];
-				snprintf(key, sizeof key, "%d", n_upserted++);
-				bson_t e;
-				BSON_APPEND_DOCUMENT_BEGIN(&upserted, key, &e);
-				BSON_APPEND_INT32(&e, "index", (int32_t)i);
-				BSON_APPEND_VALUE(&e, "_id", &r.upserted_id);
-				bson_append_document_end(&upserted, &e);
-			}
+			if (r.upserted)
+				append_upserted(&upserted, &n_upserted, i, &r.upserted_id);
 			upd_result_destroy(&r);
 			sdb_store_dup_clear(&dup);
 			continue;
@@ -511,6 +574,7 @@ void shard_cmd_update(shard_ctx *x)
 			sdb_store_dup_clear(&dup);
 			bson_destroy(&w.arr);
 			bson_destroy(&upserted);
+			shard_txn_free(&t);
 			shard_fail(x, WIRE_ERR_INTERNAL, "update: %s", x->err);
 			return;
 		}
@@ -519,6 +583,7 @@ void shard_cmd_update(shard_ctx *x)
 		if (ordered)
 			break;
 	}
+	shard_txn_free(&t);
 	if (!shard_commit(x)) {
 		bson_destroy(&w.arr);
 		bson_destroy(&upserted);
@@ -541,15 +606,32 @@ void shard_cmd_delete(shard_ctx *x)
 	if (!get_array(x, "delete", "deletes", &arr, &count))
 		return;
 	bool ordered = get_ordered(x->cmd);
-	if (!shard_begin(x, true))
+	shard_txn t;
+	if (!shard_txn_parse(x, &t, count))
 		return;
-	if (shard_refuse_view(x, coll))
+	if (!shard_begin(x, true) || shard_refuse_view(x, coll) || !shard_txn_start(x, &t)) {
+		shard_txn_free(&t);
 		return;
+	}
 	werrs w = {.n = 0};
 	bson_init(&w.arr);
 	int64_t n = 0, i = -1;
 	while (bson_iter_next(&arr)) {
 		i++;
+		bson_t *done = NULL;
+		int seen = shard_txn_lookup(x, &t, (uint32_t)i, &done);
+		if (seen < 0) {
+			bson_destroy(&w.arr);
+			shard_txn_free(&t);
+			return;
+		}
+		if (seen == 1) { /* a retry: the recorded outcome */
+			bson_iter_t rit;
+			if (bson_iter_init_find(&rit, done, "n"))
+				n += bson_iter_as_int64(&rit);
+			sdb_doc_free(done);
+			continue;
+		}
 		bson_t st, q = BSON_INITIALIZER;
 		uint32_t len;
 		const uint8_t *data;
@@ -588,6 +670,7 @@ void shard_cmd_delete(shard_ctx *x)
 		if (!have_q || (limit != 0 && limit != 1)) {
 			bson_destroy(&q);
 			bson_destroy(&w.arr);
+			shard_txn_free(&t);
 			if (!have_q)
 				shard_fail(x, 40414, "BSON field 'delete.deletes.q' is missing but a "
 						     "required field");
@@ -605,6 +688,7 @@ void shard_cmd_delete(shard_ctx *x)
 		size_t nd = 0;
 		int code = 0;
 		sdb_store_savepoint(x->conn);
+		shard_txn_tag(x, &t, (uint32_t)i);
 		int rc = match_docs(x, coll, &q, NULL, have_hint ? &hint : NULL, limit, &docs, &nd,
 				    &code);
 		bson_destroy(&q);
@@ -618,6 +702,14 @@ void shard_cmd_delete(shard_ctx *x)
 				code = WIRE_ERR_INTERNAL;
 		}
 		util_docs_free(docs, nd);
+		if (rc == 0 && t.on) {
+			bson_t res = BSON_INITIALIZER;
+			BSON_APPEND_INT64(&res, "n", deleted);
+			rc = shard_txn_record(x, &t, (uint32_t)i, &res);
+			if (rc)
+				code = WIRE_ERR_INTERNAL;
+			bson_destroy(&res);
+		}
 		if (rc == 0) {
 			sdb_store_savepoint_release(x->conn);
 			n += deleted;
@@ -628,6 +720,7 @@ void shard_cmd_delete(shard_ctx *x)
 		if (ordered)
 			break;
 	}
+	shard_txn_free(&t);
 	if (!shard_commit(x)) {
 		bson_destroy(&w.arr);
 		return;
@@ -662,6 +755,8 @@ void shard_cmd_findandmodify(shard_ctx *x)
 	bool have_sort = false, have_fields = false, have_af = false, have_hint = false;
 	bson_iter_t it, update, hint;
 	sdb_projection *proj = NULL;
+	shard_txn t;
+	memset(&t, 0, sizeof t);
 	bool ok = bson_iter_init(&it, x->cmd);
 	while (ok && bson_iter_next(&it)) {
 		const char *k = bson_iter_key(&it);
@@ -726,8 +821,25 @@ void shard_cmd_findandmodify(shard_ctx *x)
 		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
 		goto out;
 	}
-	if (!shard_begin(x, true))
+	if (!shard_txn_parse(x, &t, 1))
 		goto out;
+	if (!shard_begin(x, true) || !shard_txn_start(x, &t))
+		goto out;
+	bson_t *done = NULL;
+	int seen = shard_txn_lookup(x, &t, 0, &done);
+	if (seen < 0)
+		goto out;
+	if (seen == 1) { /* a retry: the recorded reply (pre/post image), not a second run */
+		bson_t *again = bson_new();
+		bson_copy_to_excluding_noinit(done, again, "ok", NULL);
+		sdb_doc_free(done);
+		if (shard_commit(x))
+			wire_req_reply(x->req, again);
+		else
+			bson_destroy(again);
+		goto out;
+	}
+	shard_txn_tag(x, &t, 0);
 	bson_t *reply = bson_new();
 	bson_t leo;
 	const bson_t *value = NULL;
@@ -794,12 +906,6 @@ void shard_cmd_findandmodify(shard_ctx *x)
 			value_own = sdb_doc_copy(r.before);
 		upd_result_destroy(&r);
 	}
-	if (!shard_commit(x)) {
-		bson_destroy(reply);
-		if (value_own)
-			sdb_doc_free(value_own);
-		goto out;
-	}
 	value = value_own;
 	if (value && proj) {
 		bson_t *p = sdb_doc_new();
@@ -814,8 +920,18 @@ void shard_cmd_findandmodify(shard_ctx *x)
 		BSON_APPEND_NULL(reply, "value");
 	if (value_own)
 		sdb_doc_free(value_own);
+	if (shard_txn_record(x, &t, 0, reply) != 0) {
+		bson_destroy(reply);
+		shard_fail(x, WIRE_ERR_INTERNAL, "findAndModify: %s", x->err);
+		goto out;
+	}
+	if (!shard_commit(x)) {
+		bson_destroy(reply);
+		goto out;
+	}
 	wire_req_reply(x->req, reply);
 out:
+	shard_txn_free(&t);
 	sdb_projection_free(proj);
 	bson_destroy(&query);
 	bson_destroy(&sort);

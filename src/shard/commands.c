@@ -41,6 +41,10 @@ static const cmd_entry cmd_table[] = {
 	{"dbStats", shard_cmd_db_stats},
 	{"stripedbSetVersion", shard_cmd_set_version},
 	{"stripedbCheck", shard_cmd_check},
+	{"stripedbStmtResult", shard_cmd_stmt_result},
+	{"configureFailPoint", shard_cmd_configure_fail_point},
+	{"commitTransaction", shard_cmd_txn_refuse},
+	{"abortTransaction", shard_cmd_txn_refuse},
 };
 
 #define N_CMDS (sizeof cmd_table / sizeof cmd_table[0])

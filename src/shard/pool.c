@@ -82,7 +82,9 @@ static void *worker_main(void *arg)
 		x.db = wire_req_db(job->req);
 		x.resume = job->resume;
 		shard_sessions_note(sh, x.cmd);
-		if (ctx_parse_ext(&x))
+		if (!job->resume && shard_failpoint_fire(&x))
+			; /* answered by the test fail point, not run */
+		else if (ctx_parse_ext(&x) && !shard_txn_refuse_fields(&x))
 			job->fn(&x);
 		/* a handler that failed half-way must not leave its transaction open */
 		sdb_store_rollback(wa->conn);

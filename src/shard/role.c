@@ -71,6 +71,16 @@ static int shard_start(sdb_role *role)
 	sdb_store_opts so = {0};
 	so.oplog_max_bytes = sdb_config_get_int(role->cfg, SDB_OPT_oplog_max_bytes, 256 << 20);
 	so.oplog_max_age_s = sdb_config_get_int(role->cfg, SDB_OPT_oplog_max_age_s, 0);
+	int64_t sess_min =
+		sdb_config_get_int(role->cfg, SDB_OPT_logical_session_timeout_minutes, 30);
+	if (sess_min < 1 || sess_min > 60LL * 24 * 365) {
+		sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+			 "shard: --logical-session-timeout-minutes must be between 1 and 525600");
+		shard_free(sh);
+		return SDB_EUSAGE;
+	}
+	so.session_timeout_ms = sess_min * 60 * 1000;
+	sh->test_commands = sdb_config_get_bool(role->cfg, SDB_OPT_enable_test_commands, 0) != 0;
 	if (so.oplog_max_bytes < 4096 || so.oplog_max_age_s < 0) {
 		sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
 			 "shard: --oplog-max-bytes must be at least 4096 and --oplog-max-age-s at "

@@ -118,6 +118,7 @@ struct shard {
 	pthread_mutex_t sess_mu;
 	shard_session sessions[SHARD_MAX_SESSIONS];
 	size_t n_sessions;
+	bool test_commands; /* --enable-test-commands: configureFailPoint accepted */
 };
 
 /* --- pool.c --- */
@@ -200,6 +201,56 @@ void shard_sessions_note(shard *sh, const bson_t *cmd);
 /* The sessions as $listLocalSessions documents {_id: {id, uid}, lastUse} (heap array of
  * heap documents; free with util_docs_free). */
 void shard_sessions_list(shard *sh, bson_t ***docs, size_t *n);
+
+/* --- retryable writes (retry.c, issue #16) ---
+ * A write command's session fields. Usage in a write command with count statements:
+ * shard_txn_parse before shard_begin, shard_txn_start after it; per statement i:
+ * shard_txn_lookup (1: executed before, merge the recorded result and skip it),
+ * shard_txn_tag before its writes (oplog entries carry lsid/txnNumber/stmtId),
+ * shard_txn_record of its result inside its savepoint; shard_txn_free at the end. */
+typedef struct shard_txn {
+	bool on;      /* lsid and txnNumber given: statements are recorded */
+	bson_t lsid;  /* static view into the command */
+	int64_t txn;  /* txnNumber */
+	int32_t base; /* stmtId of statement 0 when there is no stmtIds array */
+	int32_t *ids; /* stmtIds (heap, count entries) or NULL */
+} shard_txn;
+/* Read lsid/txnNumber/stmtId/stmtIds of x->cmd for count statements. Replies (TypeMismatch
+ * 14, InvalidOptions 72: txnNumber without lsid, stmtIds of another length) and returns
+ * false when malformed. */
+bool shard_txn_parse(shard_ctx *x, shard_txn *t, uint32_t count);
+/* Inside the command's write transaction: start or continue the session's txnNumber.
+ * Replies TransactionTooOld (225) or InternalError, rolls back and returns false. */
+bool shard_txn_start(shard_ctx *x, shard_txn *t);
+/* The stmtId of statement i. */
+int32_t shard_txn_stmt_id(const shard_txn *t, uint32_t i);
+/* 1 when statement i already executed (*res: its recorded result, sdb_doc_free), 0 when
+ * not (or no session), -1 after replying an internal error (transaction rolled back). */
+int shard_txn_lookup(shard_ctx *x, shard_txn *t, uint32_t i, bson_t **res);
+/* Tag the oplog entries of statement i's writes with the session fields. */
+void shard_txn_tag(shard_ctx *x, shard_txn *t, uint32_t i);
+/* Record statement i's result (same savepoint as its writes); stops tagging. 0 or a store
+ * error with the message in x->err. */
+int shard_txn_record(shard_ctx *x, shard_txn *t, uint32_t i, const bson_t *res);
+void shard_txn_free(shard_txn *t);
+/* When x->cmd carries startTransaction or autocommit (transactions are not built yet):
+ * replies IllegalOperation (20) and returns true. */
+bool shard_txn_refuse_fields(shard_ctx *x);
+/* {stripedbStmtResult: 1, lsid, txnNumber, stmtId} -> {executed: bool, result?}: whether
+ * this shard executed that statement of the session's active txnNumber, and its recorded
+ * result (insert/delete {n}, update {n, nModified, upserted?}, findAndModify its reply).
+ * Read-only; lets a proxy find which shard ran an untargeted single-document write. */
+void shard_cmd_stmt_result(shard_ctx *x);
+/* commitTransaction / abortTransaction: refused with IllegalOperation (20). */
+void shard_cmd_txn_refuse(shard_ctx *x);
+
+/* --- failpoint.c: configureFailPoint failCommand (test commands only) --- */
+/* {configureFailPoint: "failCommand", mode, data}: with --enable-test-commands, else
+ * CommandNotFound (59). Unsupported options are refused with BadValue (2). */
+void shard_cmd_configure_fail_point(shard_ctx *x);
+/* Before a command runs (worker thread): when the fail point matches it, block and/or
+ * answer its error (then true: the command must not run). */
+bool shard_failpoint_fire(shard_ctx *x);
 
 /* --- commands (commands_*.c) --- */
 void shard_register_commands(shard *sh);

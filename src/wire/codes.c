@@ -68,6 +68,7 @@ static const struct {
 	{189, "PrimarySteppedDown"},
 	{202, "NetworkInterfaceExceededTimeLimit"},
 	{211, "KeyNotFound"},
+	{225, "TransactionTooOld"},
 	{238, "NotImplemented"},
 	{251, "NoSuchTransaction"},
 	{262, "ExceededTimeLimit"},

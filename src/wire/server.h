@@ -72,6 +72,7 @@
 #define WIRE_ERR_LOCATION_40352 40352        /* FieldPath cannot be constructed with empty string */
 #define WIRE_ERR_OVERFLOW 15
 #define WIRE_ERR_NOT_IMPLEMENTED 238
+#define WIRE_ERR_TRANSACTION_TOO_OLD 225     /* TransactionTooOld (retryable writes) */
 
 /* wire_code_name returns MongoDB's codeName for a code ("BadValue"); a positive code
  * without a name is "Location<code>" as mongod says (the string lives in a per-thread

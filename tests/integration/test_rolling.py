@@ -317,27 +317,39 @@ class FakeShard:
 
 
 def test_write_with_unknown_outcome_is_not_retried(start_role, tmp_path):
-    """A shard connection lost after an insert was sent: the proxy does not re-send the
-    insert and answers HostUnreachable WITHOUT RetryableWriteError, so a driver with
-    retryWrites does not re-send it either (it may have been applied). An idempotent read
-    in the same situation is re-sent by the proxy within its budget."""
+    """A shard connection lost after an insert was sent: a plain write (no session fields:
+    retryWrites off) is not re-sent by the proxy, which answers HostUnreachable WITHOUT
+    RetryableWriteError (it may have been applied). A retryable write (lsid + txnNumber,
+    issue #16: the shard answers a retry of an executed statement from its record) is
+    re-sent by the proxy within its budget and then answered with RetryableWriteError, so
+    the driver re-sends it too. An idempotent read is re-sent by the proxy within its
+    budget."""
     fake = FakeShard()
     cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0)
     try:
         cl.meta_cmd({"addShard": "shard-x", "uri": f"mongodb://127.0.0.1:{fake.port}/"})
         cl.add_proxy(["--stale-retry-ms=1500"])
         cl.shard_collection("db.c", {"k": 1}, shards=["shard-x"])
-        c = cl.proxy_client(0, retryWrites=True, retryReads=False).db.c
+        plain = cl.proxy_client(0, retryWrites=False, retryReads=False).db.c
         with pytest.raises(OperationFailure) as e:
-            c.insert_one({"_id": 1, "k": 1})
+            plain.insert_one({"_id": 1, "k": 1})
         assert e.value.code == 6
         assert "shard-x" in str(e.value)
         assert not e.value.has_error_label("RetryableWriteError")
         assert fake.count("insert") == 1  # neither the proxy nor the driver re-sent it
         with pytest.raises(OperationFailure) as e:
-            c.find_one({"k": 1})
+            plain.find_one({"k": 1})
         assert e.value.code == 6
         assert fake.count("find") >= 2  # re-sent by the proxy: a read is idempotent
+        c = cl.proxy_client(0, retryWrites=True, retryReads=False).db.c
+        before = fake.count("insert")
+        with pytest.raises(OperationFailure) as e:
+            c.insert_one({"_id": 2, "k": 2})
+        assert e.value.code == 6
+        assert e.value.has_error_label("RetryableWriteError")
+        # the driver sent it twice (first attempt and its one retry); the proxy may re-send
+        # each within its budget
+        assert fake.count("insert") - before >= 2
     finally:
         cl.close()
         fake.close()

@@ -515,6 +515,83 @@ static void test_check_finds_data_that_disagrees_with_the_oplog(void **state)
 	sdb_store_rollback(f->c);
 }
 
+
+/* Retryable-write records (storage/session.c): a statement recorded in a committed
+ * transaction is found again, one rolled back is not, a newer txnNumber forgets the older
+ * statements, an older one is refused, and a session unused for the timeout is gone (the
+ * injected clock moves past it). */
+static void test_session_records(void **state)
+{
+	fx *f = *state;
+	bson_t *lsid = BCON_NEW("id", BCON_UTF8("session-1"));
+	bson_t *res = BCON_NEW("n", BCON_INT32(1));
+	bson_t *got = NULL;
+	int64_t stored = 0;
+
+	assert_int_equal(sdb_store_begin(f->c, true, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_begin(f->c, lsid, 3, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, 0, &got, f->err, sizeof f->err), 0);
+	assert_null(got);
+	assert_int_equal(sdb_store_session_stmt_put(f->c, lsid, 0, res, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_commit(f->c, f->err, sizeof f->err), 0);
+
+	/* a rolled-back statement leaves no record */
+	assert_int_equal(sdb_store_begin(f->c, true, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_begin(f->c, lsid, 3, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_put(f->c, lsid, 1, res, f->err, sizeof f->err), 0);
+	sdb_store_rollback(f->c);
+
+	assert_int_equal(sdb_store_begin(f->c, true, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_begin(f->c, lsid, 3, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, 0, &got, f->err, sizeof f->err), 1);
+	assert_non_null(got);
+	assert_true(bson_equal(got, res));
+	sdb_doc_free(got);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, 1, &got, f->err, sizeof f->err), 0);
+	/* older: TransactionTooOld */
+	assert_int_equal(sdb_store_session_begin(f->c, lsid, 2, &stored, f->err, sizeof f->err),
+			 SDB_ESTALE);
+	assert_int_equal(stored, 3);
+	/* newer: the statements of 3 are forgotten */
+	assert_int_equal(sdb_store_session_begin(f->c, lsid, 4, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, 0, &got, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_put(f->c, lsid, 0, res, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_commit(f->c, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_count(f->c), 1);
+	sdb_store_rollback(f->c);
+
+	/* 29 minutes later the record is alive; 30 minutes after its last use it is gone */
+	f->now_ms += 29 * 60 * 1000;
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_count(f->c), 1);
+	sdb_store_rollback(f->c);
+	f->now_ms += 60 * 1000 + 1;
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_count(f->c), 0);
+	sdb_store_rollback(f->c);
+	/* an expired session starts afresh: even an older txnNumber is accepted, nothing is
+	 * recorded; the sweep (inside this write) deleted the old rows */
+	assert_int_equal(sdb_store_begin(f->c, true, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_begin(f->c, lsid, 1, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, 0, &got, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_commit(f->c, f->err, sizeof f->err), 0);
+
+	/* the records are in the file: they survive a reopen */
+	assert_int_equal(sdb_store_begin(f->c, true, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_put(f->c, lsid, 5, res, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_commit(f->c, f->err, sizeof f->err), 0);
+	fx_close(f);
+	fx_open(f, 0);
+	assert_int_equal(sdb_store_begin(f->c, true, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_begin(f->c, lsid, 1, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, 5, &got, f->err, sizeof f->err), 1);
+	sdb_doc_free(got);
+	sdb_store_rollback(f->c);
+	bson_destroy(lsid);
+	bson_destroy(res);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -523,6 +600,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_ts_monotonic_with_clock_jumps_and_restart,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_version_tokens, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_session_records, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_oplog_capped_by_size, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_check_finds_a_missing_index_entry, setup,
 						teardown),
