@@ -3,6 +3,7 @@ libstripedb_a_SOURCES += \
 	src/common/alloc.c \
 	src/common/bsonget.c \
 	src/common/clock.c \
+	src/common/cmdopts.c \
 	src/common/config.c \
 	src/common/err.c \
 	src/common/http.c \
@@ -12,6 +13,7 @@ libstripedb_a_SOURCES += \
 	src/common/role.c
 noinst_HEADERS += \
 	src/common/clock.h \
+	src/common/cmdopts.h \
 	src/common/alloc.h \
 	src/common/bsonget.h \
 	src/common/config.h \

@@ -24,6 +24,7 @@
 #include "auth/gate.h"
 #include "common/alloc.h"
 #include "common/bsonget.h"
+#include "common/cmdopts.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "proxy/proxy.h"
@@ -3498,6 +3499,16 @@ static void run_job(void *arg)
 	}
 	if (proxy_txn_refuse(c.req))
 		goto out;
+	{
+		/* options the shards would refuse, refused before the proxy builds requests of
+		 * its own from the command (merge sorts, findAndModify's candidate finds) */
+		char err[256];
+		int code = sdb_cmd_unsupported_option(name, c.cmd, err, sizeof err);
+		if (code != 0) {
+			wire_req_error(c.req, code, "%s", err);
+			goto out;
+		}
+	}
 	{
 		const char *stmts = NULL;
 		int code = 0;

@@ -5,6 +5,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/cmdopts.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "shard/shard.h"
@@ -105,6 +106,19 @@ static bool refuse_reserved_ns(wire_req *req, const char *name)
 	return false;
 }
 
+/* Options the shard would otherwise ignore (a non-simple collation, let, sort in an update
+ * statement) are refused before a worker sees the request: common/cmdopts.h. */
+static bool refuse_ignored_in_cmd(wire_req *req, const char *name)
+{
+	char err[256];
+	int code = sdb_cmd_unsupported_option(name, wire_req_cmd(req), err, sizeof err);
+
+	if (code == 0)
+		return false;
+	wire_req_error(req, code, "%s", err);
+	return true;
+}
+
 static void dispatch(wire_req *req, void *role_data)
 {
 	shard *sh = role_data;
@@ -112,7 +126,7 @@ static void dispatch(wire_req *req, void *role_data)
 	for (size_t i = 0; i < N_CMDS; i++) {
 		if (strcmp(cmd_table[i].name, name) == 0) {
 			sdb_counter_inc(cmd_counters[i]);
-			if (refuse_reserved_ns(req, name))
+			if (refuse_reserved_ns(req, name) || refuse_ignored_in_cmd(req, name))
 				return;
 			shard_pool_submit(sh, cmd_table[i].fn, req);
 			return;

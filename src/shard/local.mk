@@ -5,6 +5,7 @@ libstripedb_a_SOURCES += src/shard/role.c src/shard/pool.c src/shard/cursors.c \
 	src/shard/cmd_admin.c src/shard/retry.c src/shard/failpoint.c
 noinst_HEADERS += src/shard/shard.h src/shard/util.h
 EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unified.py \
+	tests/integration/test_compat_refusals.py docs/compat.md \
 	tests/integration/crud_unified_node.js tests/integration/test_shard_node.py \
 	tests/integration/test_shard.py tests/integration/test_retryable_writes.py \
 	src/shard/README.md

@@ -57,6 +57,44 @@ class Skip(Exception):
     pass
 
 
+def refusal_table(path=None):
+    """The rows of docs/compat.md's refusal table: [{feature, code, fragment, example}]."""
+    if path is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        root = os.environ.get("STRIPEDB_SRCDIR") or os.path.join(here, "..", "..")
+        path = os.path.join(root, "docs", "compat.md")
+    rows, inside = [], False
+    with open(path) as f:
+        for line in f:
+            if line.startswith("<!-- refusal-table"):
+                inside = True
+                continue
+            if line.startswith("<!-- end of refusal-table"):
+                break
+            if not inside or not line.startswith("| ") or line.startswith("| feature") or \
+                    line.startswith("|---"):
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            feature, code, frag, example = cells[0], cells[1], cells[2], cells[3]
+            rows.append({"feature": feature, "code": int(code.split()[0]),
+                         "fragment": frag.strip("`"),
+                         "example": json_util.loads(example.strip("`"))})
+    return rows
+
+
+REFUSALS = refusal_table()
+
+
+def refusal_of(exc):
+    """The docs/compat.md row whose refusal exc is (a ServerError), or None."""
+    if not isinstance(exc, ServerError):
+        return None
+    for r in REFUSALS:
+        if exc.code == r["code"] and r["fragment"] in exc.errmsg:
+            return r
+    return None
+
+
 def compat_dir():
     """Where the spec files are: $STRIPEDB_COMPAT_DIR, else ../shared/compat/... of the repo."""
     env = os.environ.get("STRIPEDB_COMPAT_DIR")
@@ -252,6 +290,7 @@ class Runner:
 
     def create_entities(self):
         self.entities = {}
+        self.unacknowledged = set()  # collections with writeConcern {w: 0}
         for e in self.spec.get("createEntities", []):
             (kind, d), = e.items()
             if kind == "client":
@@ -261,6 +300,9 @@ class Runner:
             elif kind == "collection":
                 dbname = self.entities[d["database"]][1]
                 self.entities[d["id"]] = ("collection", (dbname, d["collectionName"]))
+                wc = d.get("collectionOptions", {}).get("writeConcern", {})
+                if wc.get("w") == 0:
+                    self.unacknowledged.add(d["id"])
             elif kind == "session":
                 raise Skip("sessions are not used by the CRUD files this runner targets")
             else:
@@ -330,12 +372,12 @@ class Runner:
                 self._check_update_doc(a["update"])
                 st = SON([("q", a["filter"]), ("u", a["update"]),
                           ("multi", kind == "updateMany")])
-                self._with(st, a, "upsert", "arrayFilters", "hint", "collation")
+                self._with(st, a, "upsert", "arrayFilters", "hint", "collation", "sort")
                 ops.append(("update", i, st))
             elif kind == "replaceOne":
                 self._check_replacement(a["replacement"])
                 st = SON([("q", a["filter"]), ("u", a["replacement"]), ("multi", False)])
-                self._with(st, a, "upsert", "hint", "collation")
+                self._with(st, a, "upsert", "hint", "collation", "sort")
                 ops.append(("update", i, st))
             elif kind in ("deleteOne", "deleteMany"):
                 st = SON([("q", a["filter"]), ("limit", 1 if kind == "deleteOne" else 0)])
@@ -409,6 +451,18 @@ class Runner:
                            "command the embedded shard does not implement")
             raise Skip(f"testRunner operation {name} is not supported")
         kind, ref = self.entities[obj]
+        if kind == "client" and name == "clientBulkWrite":
+            # The driver validates the models before it sends anything (the CRUD spec's
+            # client bulkWrite rules); the command itself is MongoDB 8.0's bulkWrite.
+            for m in args.get("models", []):
+                (mk, mv), = m.items()
+                if mk == "replaceOne" and any(k.startswith("$") for k in mv["replacement"]):
+                    raise ClientError("replaceOne: the replacement has atomic modifiers")
+                if mk in ("updateOne", "updateMany") and isinstance(mv["update"], dict) and \
+                        not all(k.startswith("$") for k in mv["update"]):
+                    raise ClientError(f"{mk}: the update has no atomic modifiers")
+            raise Skip("clientBulkWrite needs MongoDB 8.0's bulkWrite command; the server "
+                       "reports 6.0")
         comment = args.pop("comment", MISSING)
 
         def com(cmd):
@@ -466,7 +520,7 @@ class Runner:
                 self._check_update_doc(args["update"])
                 u = args["update"]
             st = SON([("q", args["filter"]), ("u", u), ("multi", name == "updateMany")])
-            self._with(st, args, "upsert", "arrayFilters", "hint", "collation")
+            self._with(st, args, "upsert", "arrayFilters", "hint", "collation", "sort")
             cmd = com(SON([("update", coll), ("updates", [st]), ("ordered", True)]))
             self._with(cmd, args, "let")
             r = self.cmd(db, cmd)
@@ -493,7 +547,7 @@ class Runner:
         if name in ("find", "findOne"):
             cmd = SON([("find", coll), ("filter", args.get("filter", {}))])
             self._with(cmd, args, "sort", "projection", "skip", "hint", "maxTimeMS", "let",
-                       "allowDiskUse", "min", "max", "returnKey", "showRecordId")
+                       "allowDiskUse", "min", "max", "returnKey", "showRecordId", "collation")
             if name == "findOne":
                 cmd["limit"] = 1
                 cmd["singleBatch"] = True
@@ -621,11 +675,19 @@ class Runner:
                     result = self.run_operation(op)
                 except (ClientError, ServerError) as e:
                     exc = e
+                if exc is None and op.get("object") in self.unacknowledged:
+                    result = None  # a driver returns nothing for an unacknowledged write
                 if "expectError" in op:
                     r = self.check_error(op["expectError"], exc)
+                    if r and refusal_of(exc):
+                        raise Skip(f"refused by stripedb: {refusal_of(exc)['feature']} "
+                                   "(docs/compat.md)")
                     if r:
                         return "failed", f"operation {i} ({op['name']}): {r}"
                     continue
+                if exc is not None and refusal_of(exc):
+                    raise Skip(f"refused by stripedb: {refusal_of(exc)['feature']} "
+                               "(docs/compat.md)")
                 if exc is not None:
                     return "failed", f"operation {i} ({op['name']}): unexpected error {exc}"
                 if "expectResult" in op:

@@ -1,0 +1,27 @@
+/* Command options stripedb does not implement and must not silently ignore.
+ *
+ * MongoDB commands carry options that change what a command means: a collation changes how
+ * strings compare, `let` defines variables for $expr, an update statement's `sort` picks the
+ * document an updateOne changes (MongoDB 8.0). A server that does not implement one must refuse
+ * the command rather than run it without the option (docs/compat.md lists every refusal).
+ * Shared by the shard (before a worker runs the command) and the proxy (before it routes it,
+ * since it builds shard requests of its own for some commands). Depends on libbson only. */
+#ifndef SDB_COMMON_CMDOPTS_H
+#define SDB_COMMON_CMDOPTS_H
+
+#include <bson/bson.h>
+#include <stddef.h>
+
+/* Does the command `name` (cmd, its whole body, including an explained command and the
+ * statements of update.updates, delete.deletes and createIndexes.indexes) use an option
+ * stripedb does not implement?
+ *   - collation other than {locale: "simple"} anywhere: 238 NotImplemented;
+ *   - top-level `let`: 238 NotImplemented;
+ *   - `sort` in an update statement: 40415 (unknown field, as MongoDB 6.0, the version we
+ *     advertise, answers).
+ * Returns 0 when the command is fine, else the MongoDB error code, with the message in err
+ * (errlen bytes, NUL-terminated). Never fails otherwise; a malformed command is left to the
+ * command itself. */
+int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, size_t errlen);
+
+#endif
