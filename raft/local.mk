@@ -27,7 +27,8 @@ tests_unit_test_raft_node_LDADD = $(UNIT_LDADD)
 EXTRA_DIST += src/metadata/README.md tests/integration/metadata_cluster.py \
 	tests/integration/test_metadata.py tests/integration/linearizability.py \
 	tests/integration/test_metadata_linearizability.py tests/integration/test_metadata_ctl.py \
-	tests/bench/metadata_bench.py
+	tests/bench/metadata_bench.py tests/integration/test_routing_scale.py \
+	tests/bench/routing_bench.py
 
 # libFuzzer target over the state machine (commands, queries and raw entries); built only
 # with `CC=clang ./configure --enable-fuzzing`. fsm.c is compiled into the target for
