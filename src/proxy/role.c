@@ -155,7 +155,8 @@ static int64_t reply_int(const bson_t *reply, const char *key, int64_t def)
 	return def;
 }
 
-/* The resumeAfter document of a batch that says more: true (copied into out). */
+/* The resumeAfter document of a batch that says more: true (appended to out, an empty
+ * initialised document). */
 static bool reply_resume(const bson_t *reply, bson_t *out)
 {
 	bson_iter_t it;
@@ -169,8 +170,9 @@ static bool reply_resume(const bson_t *reply, bson_t *out)
 	bson_iter_document(&it, &len, &data);
 	if (!bson_init_static(&view, data, len))
 		return false;
-	bson_copy_to(&view, out);
-	return true;
+	/* out is an initialised (reinit'ed) document: append, never re-initialise it
+	 * (bson_copy_to would drop its buffer) */
+	return bson_concat(out, &view);
 }
 
 /* Feed the chunks and removals of one batch to the updates (sorted by ns, n of them);
