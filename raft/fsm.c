@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "common/alloc.h"
@@ -1509,10 +1510,19 @@ bson_t *sdb_fsm_take_result(sdb_fsm *f)
 
 /* --------------------------------------------------------------- snapshots */
 
+/* Monotonic ms, for the snapshot and restore durations logged (issue #26). */
+static double mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned *n_bufs)
 {
 	sdb_fsm *f = vt->data;
 	sqlite3_int64 size = 0;
+	double t0 = mono_ms();
 	unsigned char *img = sqlite3_serialize(f->db, "main", &size, 0);
 	if (!img || size < 100)
 		return RAFT_IOERR;
@@ -1535,6 +1545,8 @@ static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned
 	(*bufs)[0].len = (size_t)size;
 	*n_bufs = 1;
 	sqlite3_free(img);
+	sdb_info("fsm: snapshot taken", "last_applied=%llu bytes=%lld ms=%.1f",
+		 (unsigned long long)f->last_applied, (long long)size, mono_ms() - t0);
 	return 0;
 }
 
@@ -1580,11 +1592,13 @@ out:
 static int vt_restore(struct raft_fsm *vt, struct raft_buffer *buf)
 {
 	sdb_fsm *f = vt->data;
+	double t0 = mono_ms();
 	int rc = restore_image(f, buf->base, buf->len);
 	if (rc != 0)
 		return RAFT_CORRUPT;
-	sdb_info("fsm: restored snapshot", "last_applied=%llu routing_version=%lld bytes=%zu",
-		 (unsigned long long)f->last_applied, (long long)f->routing_version, buf->len);
+	sdb_info("fsm: restored snapshot", "last_applied=%llu routing_version=%lld bytes=%zu ms=%.1f",
+		 (unsigned long long)f->last_applied, (long long)f->routing_version, buf->len,
+		 mono_ms() - t0);
 	raft_free(buf->base);
 	return 0;
 }

@@ -95,8 +95,9 @@ def main():
         if not any(x.startswith("--http-listen=") for x in a):
             a = a + [f"--http-listen=127.0.0.1:{free_port()}"]
         port = int([x for x in a if x.startswith("--http-listen=")][0].rsplit(":", 1)[1])
-        p = conftest.Proc(a + ["--log-level=warn"], str(tmp / f"proc{len(procs)}.log"), port,
-                          env)
+        if not any(x.startswith("--log-level=") for x in a):
+            a = a + ["--log-level=warn"]
+        p = conftest.Proc(a, str(tmp / f"proc{len(procs)}.log"), port, env)
         procs.append(p)
         return p.wait_healthy(120) if wait else p
 
@@ -106,7 +107,8 @@ def main():
     try:
         total = args.collections * args.chunks_per_collection
         meta = Cluster(start_role, tmp, args.members, election_ms=args.election_ms,
-                       extra=[f"--raft-snapshot-threshold={args.snapshot_threshold}",
+                       extra=["--log-level=info",
+                              f"--raft-snapshot-threshold={args.snapshot_threshold}",
                               f"--max-chunks-per-command={args.chunks_per_collection}"])
         leader = meta.leader()
         lc = pymongo.MongoClient(leader.wire, directConnection=True, socketTimeoutMS=600000)
@@ -242,9 +244,27 @@ def main():
             out(f"metadata_{m.id}_db_bytes", size)
             out(f"metadata_{m.id}_rss_bytes", proc_status(m.proc.p.pid, "VmRSS"))
             out(f"metadata_{m.id}_peak_rss_bytes", proc_status(m.proc.p.pid, "VmHWM"))
-        snaps = sum(len(list(pathlib.Path(m.data_dir).glob("snapshot-*")))
-                    for m in members if pathlib.Path(m.data_dir).exists())
-        out("metadata_snapshot_files", snaps)
+        for m in members:
+            snaps = sorted(pathlib.Path(m.data_dir, "raft").glob("snapshot-*"))
+            snaps = [p for p in snaps if not p.name.endswith(".meta")]
+            out(f"metadata_{m.id}_snapshots_kept", len(snaps))
+            if snaps:
+                out(f"metadata_{m.id}_snapshot_bytes", snaps[-1].stat().st_size)
+        # snapshot and restore durations, from the members' logs (fsm.c logs each)
+        import re
+        snap_ms, snap_bytes = [], []
+        for p in procs:
+            if "--role=metadata" not in p.args:
+                continue
+            for line in open(p.log_path, errors="replace"):
+                mt = re.search(r'snapshot taken.* bytes=(\d+) ms=([\d.]+)', line)
+                if mt:
+                    snap_bytes.append(int(mt.group(1)))
+                    snap_ms.append(float(mt.group(2)))
+        out("metadata_snapshots_taken", len(snap_ms))
+        if snap_ms:
+            out("metadata_snapshot_ms_max", max(snap_ms))
+            out("metadata_snapshot_bytes_max", max(snap_bytes))
         if args.members > 1:
             f = next(m for m in members if m is not leader)
             meta.kill(f)
@@ -255,6 +275,10 @@ def main():
                        interval=0.05, what="restarted follower caught up")
             out("metadata_follower_restart_seconds", round(time.monotonic() - t0, 2))
             out("metadata_follower_restart_peak_rss_bytes", proc_status(f.proc.p.pid, "VmHWM"))
+            for line in open(f.proc.log_path, errors="replace"):
+                mt = re.search(r'restored snapshot.* bytes=(\d+) ms=([\d.]+)', line)
+                if mt:
+                    out("metadata_follower_restore_ms", mt.group(2))
         lc.close()
     finally:
         for p in reversed(procs):
