@@ -17,6 +17,7 @@ import pytest
 from bson.min_key import MinKey
 
 from conftest import http_get, wait_until
+from metadata_cluster import Cluster
 from proxy_helpers import ProxyCluster
 
 NCHUNKS = 200_000
@@ -124,4 +125,39 @@ def test_cold_proxy_routes_200k_chunks_and_moves_cost_a_diff(cl):
     assert cl.shard_client(dst).big.r.find_one({"k": k}) is not None
     assert cl.shard_client(src).big.r.find_one({"k": k}) is None
     assert px.big.r.find_one({"k": k})["_id"] == k
+
+    # a change to a collection the proxy does not cache costs it no routing read: the
+    # long poll names the collection, and the proxy only moves its version
+    cl.shard_collection("big.other", {"k": 1}, split_points=[{"k": 5}])
+    other = mc.admin.command({"getRoutingTable": "big.other"})["chunks"][0]
+    before = meta_metrics(meta)
+    mv = mc.admin.command({"setChunkShard": other["id"],
+                           "shard": next(s for s in cl.shard_ids if s != other["shard"])})
+    wait_until(lambda: cl.metric(0, "stripedb_proxy_routing_version") >= mv["routingVersion"],
+               30, what="the proxy to see the version")
+    after = meta_metrics(meta)
+    for kind in ("full", "diff"):
+        key = f'stripedb_metadata_routing_replies_total{{kind="{kind}"}}'
+        assert after[key] - before[key] == 0, key
     mc.close()
+
+
+def test_chunk_limit_is_an_option_with_a_clear_error(start_role, tmp_path):
+    """shardCollection above --max-chunks-per-command is refused by the leader (BadValue,
+    naming the option); at the limit it is accepted."""
+    meta = Cluster(start_role, tmp_path, 1, election_ms=300,
+                   extra=["--max-chunks-per-command=1000"])
+    meta.write({"addShard": "a", "uri": "mongodb://127.0.0.1:1/"})
+    meta.write({"createDatabase": "d"})
+    with pytest.raises(pymongo.errors.OperationFailure) as e:
+        meta.write({"shardCollection": "d.h", "key": {"k": "hashed"}, "numChunks": 1001})
+    assert e.value.code == 2
+    assert "--max-chunks-per-command=1000" in str(e.value)
+    with pytest.raises(pymongo.errors.OperationFailure) as e:
+        meta.write({"shardCollection": "d.r", "key": {"k": 1},
+                    "splitPoints": [{"k": i} for i in range(1000)]})
+    assert e.value.code == 2
+    assert meta.write({"shardCollection": "d.h", "key": {"k": "hashed"},
+                       "numChunks": 1000})["chunks"] == 1000
+    assert meta.write({"shardCollection": "d.r", "key": {"k": 1},
+                       "splitPoints": [{"k": i} for i in range(999)]})["chunks"] == 1000
