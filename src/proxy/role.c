@@ -310,11 +310,15 @@ static route_coll *fetch_route(proxy *p, const char *ns, const route_coll *old, 
 		}
 		goto out;
 	}
-	for (i = 0; i < c->nchunks; i++)
-		if (!shardconn_has_shard(p->sc, c->chunks[i].shard))
-			unknown_shard = true;
-	if (unknown_shard)
-		proxy_load_shards(p, err, errlen);
+	{
+		char *const *sh;
+		bool many;
+		size_t ns = route_update_shards(u, &sh, &many);
+		for (i = 0; i < ns && !unknown_shard; i++)
+			unknown_shard = !shardconn_has_shard(p->sc, sh[i]);
+		if (unknown_shard || many)
+			proxy_load_shards(p, err, errlen);
+	}
 out:
 	route_update_free(u);
 	bson_destroy(&resume);
@@ -432,10 +436,14 @@ static int refresh_all(proxy *p, char **names, size_t n, int64_t since, int64_t 
 		if (old)
 			route_coll_unref(old);
 		if (c) {
-			bool unknown = false;
-			for (size_t k = 0; k < c->nchunks && !unknown; k++)
-				unknown = !shardconn_has_shard(p->sc, c->chunks[k].shard);
-			if (unknown)
+			/* only the shards the diff names (a walk of every chunk would cost
+			 * O(chunks of the collection) per change) */
+			char *const *sh;
+			bool many, unknown = false;
+			size_t ns = route_update_shards(u[i], &sh, &many);
+			for (size_t k = 0; k < ns && !unknown; k++)
+				unknown = !shardconn_has_shard(p->sc, sh[k]);
+			if (unknown || many)
 				proxy_load_shards(p, err, sizeof err);
 			route_cache_put(p->rc, c);
 		}

@@ -317,6 +317,9 @@ struct route_update {
 	size_t n, cap;
 	int64_t *gone; /* ids of removed chunks */
 	size_t ngone, capgone;
+	char *shards[ROUTE_UPDATE_MAX_SHARDS]; /* distinct shards of the fed chunks */
+	size_t nshards;
+	bool many_shards;
 };
 
 route_update *route_update_new(const char *ns, bool full)
@@ -338,6 +341,8 @@ void route_update_free(route_update *u)
 		chunk_free(&u->ch[i]);
 	free(u->ch);
 	free(u->gone);
+	for (i = 0; i < u->nshards; i++)
+		free(u->shards[i]);
 	if (u->key)
 		bson_destroy(u->key);
 	free(u->ns);
@@ -360,9 +365,29 @@ int route_update_chunk(route_update *u, const bson_iter_t *elem, char *err, size
 		u->ch = sdb_realloc(u->ch, u->cap * sizeof *u->ch);
 	}
 	rc = chunk_parse_doc(elem, 0, &u->ch[u->n], err, errlen);
-	if (rc == 0)
-		u->n++;
-	return rc;
+	if (rc != 0)
+		return rc;
+	if (!u->many_shards) {
+		const char *sh = u->ch[u->n].shard;
+		size_t i;
+		for (i = 0; i < u->nshards && strcmp(u->shards[i], sh) != 0; i++)
+			;
+		if (i == u->nshards) {
+			if (u->nshards == ROUTE_UPDATE_MAX_SHARDS)
+				u->many_shards = true;
+			else
+				u->shards[u->nshards++] = sdb_strdup(sh);
+		}
+	}
+	u->n++;
+	return 0;
+}
+
+size_t route_update_shards(const route_update *u, char *const **out, bool *many)
+{
+	*out = u->shards;
+	*many = u->many_shards;
+	return u->nshards;
 }
 
 void route_update_removed(route_update *u, const bson_iter_t *elem)

@@ -143,6 +143,12 @@ int route_update_chunk(route_update *u, const bson_iter_t *elem, char *err, size
 void route_update_removed(route_update *u, const bson_iter_t *elem);
 /* Chunks and removals fed so far. */
 size_t route_update_size(const route_update *u);
+/* The distinct shards of the chunks fed so far (pointers valid until the update is
+ * freed; apply does not touch them); *many is set when more than ROUTE_UPDATE_MAX_SHARDS
+ * were seen (then the list is incomplete). Lets a caller check the shards a diff names
+ * without walking the whole collection. */
+#define ROUTE_UPDATE_MAX_SHARDS 64
+size_t route_update_shards(const route_update *u, char *const **out, bool *many);
 /* The snapshot at routing version `version`: old (NULL, unsharded or a full update: start
  * from nothing) with the update applied. Returns 0 and *out (one reference) or SDB_EINVAL
  * (no key pattern for a collection that has chunks, bounds with the wrong number of
