@@ -99,14 +99,65 @@ static void print_json(const bson_t *d)
 	bson_free(j);
 }
 
-/* The chunks of ns: heap copy of the getRoutingTable reply (caller destroys). */
+/* The chunks of ns (or "all"): the getRoutingTable reply, its cursor followed (issue #26:
+ * a table of any size comes in batches of at most 8 MB): {routingVersion, key, hashed,
+ * chunks: [every chunk]} (caller destroys). Returns 0 or run()'s error. */
 static int routing(mongoc_client_t *c, const char *ns, bson_t *reply)
 {
-	bson_t cmd = BSON_INITIALIZER;
-	BSON_APPEND_UTF8(&cmd, "getRoutingTable", ns);
-	BSON_APPEND_INT64(&cmd, "sinceVersion", 0);
-	int rc = run(c, &cmd, reply);
-	bson_destroy(&cmd);
+	bson_t resume = BSON_INITIALIZER, arr;
+	bool more = true, first = true;
+	uint32_t n = 0;
+	int rc = 0;
+
+	bson_init(reply);
+	while (more) {
+		bson_t cmd = BSON_INITIALIZER, cur, batch, chunks;
+		bson_iter_t it;
+		BSON_APPEND_UTF8(&cmd, "getRoutingTable", ns);
+		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "cursor", &cur);
+		bson_append_document_end(&cmd, &cur);
+		if (!first)
+			BSON_APPEND_DOCUMENT(&cmd, "resumeAfter", &resume);
+		rc = run(c, &cmd, &batch);
+		bson_destroy(&cmd);
+		if (rc != 0) {
+			bson_destroy(&batch);
+			break;
+		}
+		if (first) {
+			/* the header fields of the first batch; its version is the table's */
+			if (bson_iter_init(&it, &batch))
+				while (bson_iter_next(&it)) {
+					const char *k = bson_iter_key(&it);
+					if (strcmp(k, "routingVersion") == 0 || strcmp(k, "key") == 0 ||
+					    strcmp(k, "hashed") == 0)
+						bson_append_iter(reply, k, -1, &it);
+				}
+			bson_append_array_begin(reply, "chunks", -1, &arr);
+			first = false;
+		}
+		if (sub(&batch, "chunks", &chunks) && bson_iter_init(&it, &chunks))
+			while (bson_iter_next(&it)) {
+				const char *key;
+				char buf[16];
+				bson_uint32_to_string(n++, &key, buf, sizeof buf);
+				bson_append_iter(&arr, key, -1, &it);
+			}
+		more = bson_iter_init_find(&it, &batch, "more") && bson_iter_as_bool(&it) &&
+		       sub(&batch, "resumeAfter", &chunks);
+		if (more) {
+			bson_reinit(&resume);
+			bson_concat(&resume, &chunks);
+		}
+		bson_destroy(&batch);
+	}
+	if (!first)
+		bson_append_array_end(reply, &arr);
+	bson_destroy(&resume);
+	if (rc != 0) { /* callers keep the reply on success only */
+		bson_destroy(reply);
+		bson_init(reply);
+	}
 	return rc;
 }
 

@@ -253,21 +253,44 @@ static int top_collect(struct cli_ctx *ctx, mongoc_client_t *m, const dev_cluste
 		}
 	}
 	bson_destroy(&reply);
-	if (top_cmd(m, "admin", BCON_NEW("getRoutingTable", "all", "sinceVersion", BCON_INT64(0)),
-		    &reply) == 0) {
-		v->routing_version = top_i64(&reply, "routingVersion");
-		TOP_EACH(&reply, "chunks", arr, it, d)
-		{
-			char sh[64];
-			top_str(&d, "shard", sh, sizeof sh);
-			for (int i = 0; i < v->nshards; i++) {
-				if (strcmp(v->shards[i].id, sh) == 0) {
-					v->shards[i].chunks++;
+	/* the chunks of every collection by cursor (issue #26: batches of at most 8 MB, any
+	 * table size); the first batch's version is the table's */
+	{
+		bson_t resume = BSON_INITIALIZER;
+		bool more = true, first = true;
+		while (more) {
+			bson_t *cmd = BCON_NEW("getRoutingTable", "all", "cursor", "{", "}");
+			bson_t ra;
+			bson_iter_t rit;
+			if (!first)
+				BSON_APPEND_DOCUMENT(cmd, "resumeAfter", &resume);
+			if (top_cmd(m, "admin", cmd, &reply) != 0) {
+				bson_destroy(&reply);
+				break;
+			}
+			if (first)
+				v->routing_version = top_i64(&reply, "routingVersion");
+			first = false;
+			TOP_EACH(&reply, "chunks", arr, it, d)
+			{
+				char sh[64];
+				top_str(&d, "shard", sh, sizeof sh);
+				for (int i = 0; i < v->nshards; i++) {
+					if (strcmp(v->shards[i].id, sh) == 0) {
+						v->shards[i].chunks++;
+					}
 				}
 			}
+			more = bson_iter_init_find(&rit, &reply, "more") && bson_iter_as_bool(&rit) &&
+			       top_sub(&reply, "resumeAfter", &ra);
+			if (more) {
+				bson_reinit(&resume);
+				bson_concat(&resume, &ra);
+			}
+			bson_destroy(&reply);
 		}
+		bson_destroy(&resume);
 	}
-	bson_destroy(&reply);
 	for (int i = 0; i < v->nshards; i++) {
 		top_shard *s = &v->shards[i];
 		top_shard_size(s, ctx->timeout_ms);

@@ -21,7 +21,8 @@
  * src/metadata/README.md. Every op that changes routing (shardCollection,
  * dropCollection, dropDatabase, splitChunk, mergeChunks, setChunkShard) increments the
  * routing version exactly once in its transaction; chunks carry the routing version
- * of their last change.
+ * of their last change, and removed chunks and collections leave tombstones with the
+ * version that removed them, so getRoutingTable answers diffs (raft/routing.h).
  */
 #ifndef SDB_RAFT_FSM_H
 #define SDB_RAFT_FSM_H
@@ -71,6 +72,12 @@ bson_t *sdb_fsm_take_result(sdb_fsm *fsm);
  * (bad argument, message in err), SDB_ENOTFOUND (unknown query or object). */
 int sdb_fsm_query(sdb_fsm *fsm, const char *name, const bson_t *cmd, bson_t *reply,
 		  char *err, size_t errlen);
+
+/* Append which namespaces changed routing after version gt to reply: namespaces:
+ * [ns...], or namespacesAll: true when this member cannot tell (gt older than the
+ * removal horizon, or too many). O(changed chunks). Returns 0 or SDB_EIO. See
+ * raft/routing.h. */
+int sdb_fsm_routing_changed(sdb_fsm *f, int64_t gt, bson_t *reply);
 
 /* Current values (cheap: cached in memory, refreshed by every apply/restore). */
 uint64_t sdb_fsm_last_applied(const sdb_fsm *fsm);

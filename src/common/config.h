@@ -55,6 +55,8 @@ typedef enum {
 	  "metadata: raft log entries between state machine snapshots")                        \
 	X("raft-election-timeout-ms", raft_election_timeout_ms, SDB_OPT_INT, "1000",            \
 	  "metadata: raft election timeout (ms); heartbeats every tenth of it")                 \
+	X("max-chunks-per-command", max_chunks_per_command, SDB_OPT_INT, "1000000",             \
+	  "metadata: most chunks one shardCollection may create (the leader refuses more)")     \
 	X("stale-retry-ms", stale_retry_ms, SDB_OPT_INT, "5000",                                \
 	  "proxy: budget for retrying a request refused with StaleConfig, or by a shard that "  \
 	  "is restarting (ms)")                                                                 \

@@ -519,45 +519,71 @@ static int fail(mig *m, const char *why)
  * more), SDB_EIO. With full, also fills the key pattern and bounds when m has none. */
 static int routing_chunk(mig *m, char *shard, size_t shardlen, int64_t *token)
 {
-	bson_t cmd = BSON_INITIALIZER, reply;
-	bson_iter_t it, arr;
-	int rc;
-	BSON_APPEND_UTF8(&cmd, "getRoutingTable", m->ns);
-	BSON_APPEND_INT64(&cmd, "sinceVersion", 0);
-	rc = meta_run(m->meta, &cmd, &reply, m->err, sizeof m->err);
-	bson_destroy(&cmd);
-	if (rc != 0) {
-		bson_destroy(&reply);
-		return SDB_EIO;
-	}
-	rc = sdb_errf(m->err, sizeof m->err, SDB_ENOTFOUND, "chunk %" PRId64 " not in %s",
-		      m->chunk, m->ns);
-	if (bson_iter_init_find(&it, &reply, "chunks") && bson_iter_recurse(&it, &arr)) {
-		while (bson_iter_next(&arr)) {
-			bson_t ch, d;
-			const uint8_t *data;
-			uint32_t len;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
-				continue;
-			bson_iter_document(&arr, &len, &data);
-			bson_init_static(&ch, data, len);
-			if (it_int(&ch, "id", 0) != m->chunk)
-				continue;
-			it_str(&ch, "shard", shard, shardlen);
-			*token = it_int(&ch, "token", 0);
-			if (!m->min && it_doc(&ch, "min", &d)) {
-				m->min = bson_copy(&d);
-				if (it_doc(&ch, "max", &d))
-					m->max = bson_copy(&d);
-				if (it_doc(&reply, "key", &d))
-					m->key = bson_copy(&d);
-			}
-			rc = 0;
+	bson_t resume = BSON_INITIALIZER, key = BSON_INITIALIZER;
+	bool more = true, first = true, found = false, have_key = false;
+	int rc = 0;
+
+	/* the collection's table by cursor (issue #26: any size, batches of at most 8 MB) */
+	while (more && !found) {
+		bson_t cmd = BSON_INITIALIZER, cur, reply, d;
+		bson_iter_t it, arr;
+		BSON_APPEND_UTF8(&cmd, "getRoutingTable", m->ns);
+		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "cursor", &cur);
+		bson_append_document_end(&cmd, &cur);
+		if (!first)
+			BSON_APPEND_DOCUMENT(&cmd, "resumeAfter", &resume);
+		rc = meta_run(m->meta, &cmd, &reply, m->err, sizeof m->err);
+		bson_destroy(&cmd);
+		if (rc != 0) {
+			bson_destroy(&reply);
+			rc = SDB_EIO;
 			break;
 		}
+		if (first && it_doc(&reply, "key", &d)) {
+			bson_concat(&key, &d);
+			have_key = true;
+		}
+		first = false;
+		if (bson_iter_init_find(&it, &reply, "chunks") && bson_iter_recurse(&it, &arr)) {
+			while (bson_iter_next(&arr)) {
+				bson_t ch;
+				const uint8_t *data;
+				uint32_t len;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
+					continue;
+				bson_iter_document(&arr, &len, &data);
+				bson_init_static(&ch, data, len);
+				if (it_int(&ch, "id", 0) != m->chunk)
+					continue;
+				it_str(&ch, "shard", shard, shardlen);
+				*token = it_int(&ch, "token", 0);
+				if (!m->min && it_doc(&ch, "min", &d)) {
+					m->min = bson_copy(&d);
+					if (it_doc(&ch, "max", &d))
+						m->max = bson_copy(&d);
+					if (have_key)
+						m->key = bson_copy(&key);
+				}
+				found = true;
+				break;
+			}
+		}
+		more = bson_iter_init_find(&it, &reply, "more") && bson_iter_as_bool(&it) &&
+		       it_doc(&reply, "resumeAfter", &d);
+		if (more) {
+			bson_reinit(&resume);
+			bson_concat(&resume, &d);
+		}
+		bson_destroy(&reply);
 	}
-	bson_destroy(&reply);
-	return rc;
+	bson_destroy(&resume);
+	bson_destroy(&key);
+	if (rc != 0)
+		return rc;
+	if (!found)
+		return sdb_errf(m->err, sizeof m->err, SDB_ENOTFOUND, "chunk %" PRId64 " not in %s",
+				m->chunk, m->ns);
+	return 0;
 }
 
 /* Build the routing view of the chunk from key/min/max. */

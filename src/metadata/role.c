@@ -35,10 +35,12 @@
 #define META_SCRAM_SHA1_ITERATIONS 10000 /* MongoDB's scramIterationCount default */
 #define ERR_INTERRUPTED_REPL_CHANGE 11602
 #define ERR_NOT_PRIMARY_NO_SECONDARY_OK 13435
+#define ERR_BSON_OBJECT_TOO_LARGE 10334 /* BSONObjectTooLarge */
 
 typedef struct waiter {
 	wire_req *req;
 	int64_t gt;
+	bool want_ns; /* namespaces: true: name the collections that changed */
 	uint64_t deadline_ms; /* uv_now */
 	struct waiter *next;
 } waiter;
@@ -66,6 +68,11 @@ typedef struct meta {
 	sdb_gauge *g_term, *g_leader, *g_rv, *g_applied;
 	sdb_counter *c_commits, *c_rejected;
 	sdb_histogram *h_commit;
+	/* getRoutingTable answers (issue #26): replies, bytes and chunks sent, by kind */
+	sdb_counter *c_rt_full, *c_rt_diff, *c_rt_full_bytes, *c_rt_diff_bytes;
+	sdb_counter *c_rt_full_chunks, *c_rt_diff_chunks;
+	int64_t max_chunks; /* --max-chunks-per-command */
+
 	/* what hello last reported, to wake held awaitable hellos when it changes */
 	int topo_ready;
 	uint64_t topo_leader, topo_term;
@@ -277,6 +284,25 @@ static void h_write(wire_req *req, void *data)
 	if (strcmp(name, "updateMigration") == 0 || strcmp(name, "registerMigration") == 0)
 		/* the leader, not the client, says which rules apply (metadata/migstate.h) */
 		BSON_APPEND_INT32(&args, "opVersion", MIGSTATE_OP_VERSION);
+	if (strcmp(name, "shardCollection") == 0) {
+		/* issue #26: the chunk count of one command is an operator's limit, checked
+		 * here on the leader (apply itself has no cap, so members never disagree) */
+		bson_iter_t cit, sp;
+		int64_t want = 0;
+		if (bson_iter_init_find(&cit, &args, "numChunks") && BSON_ITER_HOLDS_NUMBER(&cit))
+			want = bson_iter_as_int64(&cit);
+		else if (bson_iter_init_find(&cit, &args, "splitPoints") &&
+			 BSON_ITER_HOLDS_ARRAY(&cit) && bson_iter_recurse(&cit, &sp))
+			for (want = 1; bson_iter_next(&sp);)
+				want++;
+		if (want > m->max_chunks) {
+			bson_destroy(&args);
+			wire_req_error(req, WIRE_ERR_BAD_VALUE,
+				       "shardCollection: %lld chunks exceed --max-chunks-per-command=%lld",
+				       (long long)want, (long long)m->max_chunks);
+			return;
+		}
+	}
 	if (strcmp(name, "setPolicy") == 0) {
 		/* a policy the proxy could not read would grant nothing (fail closed): refuse it
 		 * here, naming the field, instead of storing it */
@@ -342,6 +368,27 @@ static void h_write(wire_req *req, void *data)
 
 /* ------------------------------------------------------------------ reads */
 
+/* Count one getRoutingTable answer in the metrics (issue #26): full loads and diffs,
+ * reply bytes and chunks sent. */
+static void count_routing(meta *m, const bson_t *reply)
+{
+	bson_iter_t it, arr;
+	bool full = true;
+	int64_t n = 0;
+	uint32_t len;
+	memcpy(&len, bson_get_data(reply), 4); /* heap bson_t: never touch its members */
+	len = BSON_UINT32_FROM_LE(len);
+	if (bson_iter_init_find(&it, reply, "full") && BSON_ITER_HOLDS_BOOL(&it))
+		full = bson_iter_bool(&it);
+	if (bson_iter_init_find(&it, reply, "chunks") && BSON_ITER_HOLDS_ARRAY(&it) &&
+	    bson_iter_recurse(&it, &arr))
+		while (bson_iter_next(&arr))
+			n++;
+	sdb_counter_inc(full ? m->c_rt_full : m->c_rt_diff);
+	sdb_counter_add(full ? m->c_rt_full_bytes : m->c_rt_diff_bytes, (uint64_t)len);
+	sdb_counter_add(full ? m->c_rt_full_chunks : m->c_rt_diff_chunks, (uint64_t)n);
+}
+
 static void run_query(meta *m, wire_req *req)
 {
 	char err[256] = "";
@@ -350,6 +397,8 @@ static void run_query(meta *m, wire_req *req)
 			       err, sizeof err);
 	if (rc == 0) {
 		BSON_APPEND_INT64(reply, "lastApplied", (int64_t)sdb_fsm_last_applied(sdb_node_fsm(m->node)));
+		if (strcmp(wire_req_name(req), "getRoutingTable") == 0)
+			count_routing(m, reply);
 		wire_req_reply(req, reply);
 		return;
 	}
@@ -360,6 +409,8 @@ static void run_query(meta *m, wire_req *req)
 			       "%s", err);
 	else if (rc == SDB_EINVAL)
 		wire_req_error(req, WIRE_ERR_BAD_VALUE, "%s", err);
+	else if (rc == SDB_ETOOBIG)
+		wire_req_error(req, ERR_BSON_OBJECT_TOO_LARGE, "%s", err);
 	else
 		wire_req_error(req, WIRE_ERR_INTERNAL, "%s", err[0] ? err : "state machine read failed");
 }
@@ -452,6 +503,10 @@ static void waiter_reply(meta *m, waiter *w, bool timed_out)
 	BSON_APPEND_INT64(r, "routingVersion", sdb_fsm_routing_version(sdb_node_fsm(m->node)));
 	BSON_APPEND_BOOL(r, "changed", !timed_out);
 	BSON_APPEND_BOOL(r, "timedOut", timed_out);
+	/* issue #26: which collections changed after gt, so a client refreshes only those */
+	if (!timed_out && w->want_ns &&
+	    sdb_fsm_routing_changed(sdb_node_fsm(m->node), w->gt, r) != 0)
+		BSON_APPEND_BOOL(r, "namespacesAll", true);
 	wire_req_reply(w->req, r);
 	free(w);
 }
@@ -484,6 +539,7 @@ static void h_wait_routing(wire_req *req, void *data)
 	waiter *w = sdb_calloc(1, sizeof *w);
 	w->req = req;
 	w->gt = gt;
+	w->want_ns = bson_iter_init_find(&it, cmd, "namespaces") && bson_iter_as_bool(&it);
 	w->deadline_ms = uv_now(m->role->loop) + (uint64_t)tmo;
 	if (sdb_fsm_routing_version(sdb_node_fsm(m->node)) > gt) {
 		waiter_reply(m, w, false);
@@ -1039,6 +1095,25 @@ static int metadata_start(sdb_role *role)
 	m->h_commit = sdb_metrics_histogram("stripedb_metadata_commit_seconds",
 					    "Latency from receiving a write to its commit and apply.",
 					    NULL);
+	m->max_chunks = sdb_config_get_int(cfg, SDB_OPT_max_chunks_per_command, 1000000);
+	m->c_rt_full = sdb_metrics_counter("stripedb_metadata_routing_replies_total",
+					   "getRoutingTable replies sent, by kind (full load or diff).",
+					   "kind=\"full\"");
+	m->c_rt_diff = sdb_metrics_counter("stripedb_metadata_routing_replies_total",
+					   "getRoutingTable replies sent, by kind (full load or diff).",
+					   "kind=\"diff\"");
+	m->c_rt_full_bytes = sdb_metrics_counter(
+		"stripedb_metadata_routing_reply_bytes_total",
+		"Bytes of getRoutingTable replies sent, by kind.", "kind=\"full\"");
+	m->c_rt_diff_bytes = sdb_metrics_counter(
+		"stripedb_metadata_routing_reply_bytes_total",
+		"Bytes of getRoutingTable replies sent, by kind.", "kind=\"diff\"");
+	m->c_rt_full_chunks = sdb_metrics_counter(
+		"stripedb_metadata_routing_chunks_sent_total",
+		"Chunks sent in getRoutingTable replies, by kind.", "kind=\"full\"");
+	m->c_rt_diff_chunks = sdb_metrics_counter(
+		"stripedb_metadata_routing_chunks_sent_total",
+		"Chunks sent in getRoutingTable replies, by kind.", "kind=\"diff\"");
 
 	memset(&wo, 0, sizeof wo);
 	wo.listen = listen;

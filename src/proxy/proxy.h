@@ -69,6 +69,10 @@ typedef struct proxy {
 	sdb_counter *m_scatter;
 	sdb_counter *m_targeted;
 	sdb_counter *m_refreshes;
+	sdb_counter *m_routing_bytes;   /* getRoutingTable reply bytes (issue #26) */
+	sdb_gauge *m_routing_chunks;    /* chunks in the routing cache */
+	sdb_gauge *m_routing_version;   /* known_version */
+	sdb_histogram *m_refresh_time;  /* long-poll refreshes */
 	sdb_counter *m_rejected;
 	sdb_gauge *m_cursors;
 	sdb_gauge *m_ring_ready;

@@ -13,14 +13,33 @@
 
 /* ---------- snapshots ---------- */
 
+/* The shared part of a chunk, freed with the last snapshot holding it: ONE allocation
+ * holding the two bson_t bounds (static views, 128-byte aligned as libbson declares
+ * bson_t), the reference count, the id and shard strings and the bounds' bytes. Two
+ * bson_copy() bounds would cost ~330 bytes each; this block costs ~450 in all. */
+typedef struct chunk_body {
+	int refs;    /* atomic */
+	void *block; /* what to free */
+	char data[]; /* id NUL shard NUL min-bytes max-bytes */
+} chunk_body;
+
+#define BODY_BOUNDS (2 * sizeof(bson_t)) /* the two bson_t before the header */
+
 static void chunk_free(route_chunk *ch)
 {
-	free(ch->id);
-	free(ch->shard);
-	if (ch->min)
-		bson_destroy(ch->min);
-	if (ch->max)
-		bson_destroy(ch->max);
+	chunk_body *b = ch->body;
+
+	if (b == NULL)
+		return;
+	if (__atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) != 0)
+		return;
+	free(b->block);
+}
+
+/* Another snapshot holds ch: share its body. */
+static void chunk_share(route_chunk *ch)
+{
+	__atomic_add_fetch(&((chunk_body *)ch->body)->refs, 1, __ATOMIC_RELAXED);
 }
 
 void route_coll_ref(route_coll *c)
@@ -69,27 +88,116 @@ static int chunk_qsort_cmp(const void *a, const void *b)
 	return route_key_cmp(x->min, y->min);
 }
 
-static int bound_copy(bson_iter_t *it, const char *name, size_t nkeys, bson_t **out, char *err,
-		      size_t errlen)
+/* A view of a bound document; nkeys 0: any number of fields (checked later). */
+static int bound_view(bson_iter_t *it, const char *name, size_t nkeys, const uint8_t **data,
+		      uint32_t *len, char *err, size_t errlen)
 {
 	bson_iter_t sub;
-	uint32_t len;
-	const uint8_t *data;
 	size_t n = 0;
 	bson_t view;
 
 	if (!bson_iter_find(it, name) || !BSON_ITER_HOLDS_DOCUMENT(it))
 		return sdb_errf(err, errlen, SDB_EINVAL, "chunk without a %s document", name);
-	bson_iter_document(it, &len, &data);
-	if (!bson_init_static(&view, data, len))
+	bson_iter_document(it, len, data);
+	if (!bson_init_static(&view, *data, *len))
 		return sdb_errf(err, errlen, SDB_EINVAL, "chunk %s: corrupt document", name);
-	if (bson_iter_recurse(it, &sub))
-		while (bson_iter_next(&sub))
+	if (nkeys) {
+		if (bson_iter_recurse(it, &sub))
+			while (bson_iter_next(&sub))
+				n++;
+		if (n != nkeys)
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"chunk %s has %zu fields, key has %zu", name, n, nkeys);
+	}
+	return 0;
+}
+
+static size_t doc_fields(const bson_t *d)
+{
+	bson_iter_t it;
+	size_t n = 0;
+
+	if (bson_iter_init(&it, d))
+		while (bson_iter_next(&it))
 			n++;
-	if (n != nkeys)
-		return sdb_errf(err, errlen, SDB_EINVAL, "chunk %s has %zu fields, key has %zu",
-				name, n, nkeys);
-	*out = bson_copy(&view);
+	return n;
+}
+
+/* Parse one chunk document into ch (with a body of one reference). nkeys 0: bounds are
+ * not checked here. */
+static int chunk_parse_doc(const bson_iter_t *elem, size_t nkeys, route_chunk *ch, char *err,
+			   size_t errlen)
+{
+	bson_iter_t it;
+	char idbuf[32];
+	const char *id = NULL, *shard;
+	int64_t nid = 0;
+	size_t li, ls;
+	chunk_body *b;
+	void *block;
+	bson_t *bounds;
+	const uint8_t *dmin = NULL, *dmax = NULL;
+	uint32_t lmin = 0, lmax = 0;
+	int rc;
+
+	memset(ch, 0, sizeof *ch);
+	if (!BSON_ITER_HOLDS_DOCUMENT(elem) || !bson_iter_recurse(elem, &it))
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunk is not a document");
+	/* Metadata numbers chunks (int64 ids); the shard's version gate keys chunks by string:
+	 * the decimal form of the id is the chunk's name on shards ($stripedbVersion.chunk). */
+	if ((bson_iter_find(&it, "id") || (bson_iter_recurse(elem, &it) && bson_iter_find(&it, "_id"))) &&
+	    (BSON_ITER_HOLDS_UTF8(&it) || BSON_ITER_HOLDS_INT(&it))) {
+		if (BSON_ITER_HOLDS_UTF8(&it)) {
+			id = bson_iter_utf8(&it, NULL);
+			nid = strtoll(id, NULL, 10);
+		} else {
+			nid = bson_iter_as_int64(&it);
+			snprintf(idbuf, sizeof idbuf, "%lld", (long long)nid);
+			id = idbuf;
+		}
+	} else {
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunk without an id");
+	}
+	bson_iter_recurse(elem, &it);
+	if (!bson_iter_find(&it, "shard") || !BSON_ITER_HOLDS_UTF8(&it))
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunk %s without a shard", id);
+	shard = bson_iter_utf8(&it, NULL);
+	bson_iter_recurse(elem, &it);
+	if (bson_iter_find(&it, "token") && BSON_ITER_HOLDS_NUMBER(&it))
+		ch->token = bson_iter_as_int64(&it);
+	bson_iter_recurse(elem, &it);
+	if (bson_iter_find(&it, "version") && BSON_ITER_HOLDS_NUMBER(&it))
+		ch->version = bson_iter_as_int64(&it);
+	bson_iter_recurse(elem, &it);
+	rc = bound_view(&it, "min", nkeys, &dmin, &lmin, err, errlen);
+	if (rc == 0) {
+		bson_iter_recurse(elem, &it);
+		rc = bound_view(&it, "max", nkeys, &dmax, &lmax, err, errlen);
+	}
+	if (rc != 0) {
+		memset(ch, 0, sizeof *ch);
+		return rc;
+	}
+	li = strlen(id);
+	ls = strlen(shard);
+	/* [pad to 128][bson_t min][bson_t max][chunk_body: refs, block, id, shard, bytes] */
+	block = sdb_malloc(127 + BODY_BOUNDS + sizeof *b + li + ls + 2 + lmin + lmax);
+	bounds = (bson_t *)(((uintptr_t)block + 127) & ~(uintptr_t)127);
+	b = (chunk_body *)((char *)bounds + BODY_BOUNDS);
+	b->refs = 1;
+	b->block = block;
+	memcpy(b->data, id, li + 1);
+	memcpy(b->data + li + 1, shard, ls + 1);
+	memcpy(b->data + li + ls + 2, dmin, lmin);
+	memcpy(b->data + li + ls + 2 + lmin, dmax, lmax);
+	bson_init_static(&bounds[0], (const uint8_t *)b->data + li + ls + 2, lmin);
+	bson_init_static(&bounds[1], (const uint8_t *)b->data + li + ls + 2 + lmin, lmax);
+	ch->min = &bounds[0];
+	ch->max = &bounds[1];
+	ch->body = b;
+	ch->id = b->data;
+	ch->shard = b->data + li + 1;
+	ch->nid = nid;
 	return 0;
 }
 
@@ -97,8 +205,6 @@ static int chunk_parse(const bson_iter_t *elem, const route_coll *c, route_chunk
 		       bool *skip, char *err, size_t errlen)
 {
 	bson_iter_t it;
-	const char *s;
-	int rc;
 
 	*skip = false;
 	memset(ch, 0, sizeof *ch);
@@ -109,32 +215,33 @@ static int chunk_parse(const bson_iter_t *elem, const route_coll *c, route_chunk
 		*skip = true;
 		return 0;
 	}
-	/* Metadata numbers chunks (int64 ids); the shard's version gate keys chunks by string:
-	 * the decimal form of the id is the chunk's name on shards ($stripedbVersion.chunk). */
-	bson_iter_recurse(elem, &it);
-	if ((bson_iter_find(&it, "id") || (bson_iter_recurse(elem, &it) && bson_iter_find(&it, "_id"))) &&
-	    (BSON_ITER_HOLDS_UTF8(&it) || BSON_ITER_HOLDS_INT(&it))) {
-		if (BSON_ITER_HOLDS_UTF8(&it))
-			ch->id = sdb_strdup(bson_iter_utf8(&it, NULL));
-		else
-			ch->id = sdb_asprintf("%lld", (long long)bson_iter_as_int64(&it));
-	} else {
-		return sdb_errf(err, errlen, SDB_EINVAL, "chunk without an id");
+	return chunk_parse_doc(elem, c->nkeys, ch, err, errlen);
+}
+
+/* Parse a key pattern into c (keys, nkeys, hashed). */
+static int keys_parse(route_coll *c, const bson_t *key, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	const char *ns = c->ns;
+
+	if (key == NULL || !bson_iter_init(&it, key))
+		return sdb_errf(err, errlen, SDB_EINVAL, "%s: no shard key pattern", ns);
+	while (bson_iter_next(&it)) {
+		if (c->nkeys == ROUTE_MAX_KEY_FIELDS)
+			return sdb_errf(err, errlen, SDB_EINVAL, "%s: shard key has too many fields",
+					ns);
+		if (BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), "hashed") == 0)
+			c->hashed = true;
+		else if (!BSON_ITER_HOLDS_NUMBER(&it))
+			return sdb_errf(err, errlen, SDB_EINVAL, "%s: bad shard key pattern field %s",
+					ns, bson_iter_key(&it));
+		c->keys[c->nkeys++] = sdb_strdup(bson_iter_key(&it));
 	}
-	bson_iter_recurse(elem, &it);
-	if (!bson_iter_find(&it, "shard") || !BSON_ITER_HOLDS_UTF8(&it))
-		return sdb_errf(err, errlen, SDB_EINVAL, "chunk %s without a shard", ch->id);
-	s = bson_iter_utf8(&it, NULL);
-	ch->shard = sdb_strdup(s);
-	bson_iter_recurse(elem, &it);
-	if (bson_iter_find(&it, "token") && BSON_ITER_HOLDS_NUMBER(&it))
-		ch->token = bson_iter_as_int64(&it);
-	bson_iter_recurse(elem, &it);
-	rc = bound_copy(&it, "min", c->nkeys, &ch->min, err, errlen);
-	if (rc != 0)
-		return rc;
-	bson_iter_recurse(elem, &it);
-	return bound_copy(&it, "max", c->nkeys, &ch->max, err, errlen);
+	if (c->nkeys == 0 || (c->hashed && c->nkeys != 1))
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"%s: shard key must have 1..%d fields, hashed only alone", ns,
+				ROUTE_MAX_KEY_FIELDS);
+	return 0;
 }
 
 int route_coll_build(const char *ns, const bson_t *key, const bson_t *table, route_coll **out,
@@ -147,29 +254,8 @@ int route_coll_build(const char *ns, const bson_t *key, const bson_t *table, rou
 
 	c->ns = sdb_strdup(ns);
 	c->refs = 1;
-	if (key == NULL || !bson_iter_init(&it, key)) {
-		sdb_errf(err, errlen, SDB_EINVAL, "%s: no shard key pattern", ns);
+	if (keys_parse(c, key, err, errlen) != 0)
 		goto err;
-	}
-	while (bson_iter_next(&it)) {
-		if (c->nkeys == ROUTE_MAX_KEY_FIELDS) {
-			sdb_errf(err, errlen, SDB_EINVAL, "%s: shard key has too many fields", ns);
-			goto err;
-		}
-		if (BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), "hashed") == 0)
-			c->hashed = true;
-		else if (!BSON_ITER_HOLDS_NUMBER(&it)) {
-			sdb_errf(err, errlen, SDB_EINVAL, "%s: bad shard key pattern field %s", ns,
-				 bson_iter_key(&it));
-			goto err;
-		}
-		c->keys[c->nkeys++] = sdb_strdup(bson_iter_key(&it));
-	}
-	if (c->nkeys == 0 || (c->hashed && c->nkeys != 1)) {
-		sdb_errf(err, errlen, SDB_EINVAL, "%s: shard key must have 1..%d fields, hashed only alone",
-			 ns, ROUTE_MAX_KEY_FIELDS);
-		goto err;
-	}
 	if (table != NULL && bson_iter_init(&it, table)) {
 		if (bson_iter_find(&it, "routingVersion") && BSON_ITER_HOLDS_NUMBER(&it))
 			c->version = bson_iter_as_int64(&it);
@@ -218,6 +304,264 @@ route_coll *route_coll_unsharded(const char *ns, int64_t version)
 	c->refs = 1;
 	c->version = version;
 	return c;
+}
+
+/* ---------- incremental updates (issue #26) ---------- */
+
+struct route_update {
+	char *ns;
+	bool full;     /* a full load: start from nothing */
+	bool dropped;  /* the collection was dropped (and maybe re-created) since old */
+	bson_t *key;   /* key pattern, or NULL */
+	route_chunk *ch; /* chunks in their current state, as fed (bodies owned) */
+	size_t n, cap;
+	int64_t *gone; /* ids of removed chunks */
+	size_t ngone, capgone;
+	char *shards[ROUTE_UPDATE_MAX_SHARDS]; /* distinct shards of the fed chunks */
+	size_t nshards;
+	bool many_shards;
+};
+
+route_update *route_update_new(const char *ns, bool full)
+{
+	route_update *u = sdb_calloc(1, sizeof *u);
+
+	u->ns = sdb_strdup(ns);
+	u->full = full;
+	return u;
+}
+
+void route_update_free(route_update *u)
+{
+	size_t i;
+
+	if (u == NULL)
+		return;
+	for (i = 0; i < u->n; i++)
+		chunk_free(&u->ch[i]);
+	free(u->ch);
+	free(u->gone);
+	for (i = 0; i < u->nshards; i++)
+		free(u->shards[i]);
+	if (u->key)
+		bson_destroy(u->key);
+	free(u->ns);
+	free(u);
+}
+
+void route_update_set_key(route_update *u, const bson_t *key)
+{
+	if (u->key)
+		bson_destroy(u->key);
+	u->key = bson_copy(key);
+}
+
+int route_update_chunk(route_update *u, const bson_iter_t *elem, char *err, size_t errlen)
+{
+	int rc;
+
+	if (u->n == u->cap) {
+		u->cap = u->cap ? u->cap * 2 : 16;
+		u->ch = sdb_realloc(u->ch, u->cap * sizeof *u->ch);
+	}
+	rc = chunk_parse_doc(elem, 0, &u->ch[u->n], err, errlen);
+	if (rc != 0)
+		return rc;
+	if (!u->many_shards) {
+		const char *sh = u->ch[u->n].shard;
+		size_t i;
+		for (i = 0; i < u->nshards && strcmp(u->shards[i], sh) != 0; i++)
+			;
+		if (i == u->nshards) {
+			if (u->nshards == ROUTE_UPDATE_MAX_SHARDS)
+				u->many_shards = true;
+			else
+				u->shards[u->nshards++] = sdb_strdup(sh);
+		}
+	}
+	u->n++;
+	return 0;
+}
+
+size_t route_update_shards(const route_update *u, char *const **out, bool *many)
+{
+	*out = u->shards;
+	*many = u->many_shards;
+	return u->nshards;
+}
+
+void route_update_removed(route_update *u, const bson_iter_t *elem)
+{
+	bson_iter_t it;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(elem) || !bson_iter_recurse(elem, &it))
+		return;
+	if (bson_iter_find(&it, "collection") && bson_iter_as_bool(&it)) {
+		/* everything fed before belongs to the dropped incarnation */
+		for (size_t i = 0; i < u->n; i++)
+			chunk_free(&u->ch[i]);
+		u->n = 0;
+		u->ngone = 0;
+		u->dropped = true;
+		return;
+	}
+	bson_iter_recurse(elem, &it);
+	if (!bson_iter_find(&it, "id") || !BSON_ITER_HOLDS_NUMBER(&it))
+		return;
+	if (u->ngone == u->capgone) {
+		u->capgone = u->capgone ? u->capgone * 2 : 16;
+		u->gone = sdb_realloc(u->gone, u->capgone * sizeof *u->gone);
+	}
+	u->gone[u->ngone++] = bson_iter_as_int64(&it);
+}
+
+size_t route_update_size(const route_update *u)
+{
+	return u->n + u->ngone + (u->dropped ? 1 : 0);
+}
+
+static int i64_cmp(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* by id, newest version first (so the first of equal ids is the one to keep) */
+static int chunk_id_cmp(const void *a, const void *b)
+{
+	const route_chunk *x = a, *y = b;
+
+	if (x->nid != y->nid)
+		return x->nid < y->nid ? -1 : 1;
+	return x->version > y->version ? -1 : x->version < y->version;
+}
+
+static bool id_in(const int64_t *v, size_t n, int64_t id)
+{
+	return n && bsearch(&id, v, n, sizeof *v, i64_cmp) != NULL;
+}
+
+/* First index in [lo, hi) of chunks whose min is > key's min (upper bound). */
+static size_t upper_bound(const route_chunk *v, size_t lo, size_t hi, const bson_t *min)
+{
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (route_key_cmp(v[mid].min, min) <= 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+int route_update_apply(route_update *u, const route_coll *old, int64_t version,
+		       route_coll **out, char *err, size_t errlen)
+{
+	route_coll *c = sdb_calloc(1, sizeof *c);
+	bool fresh = u->full || u->dropped || old == NULL || old->nkeys == 0;
+	int64_t *drop = NULL;
+	size_t ndrop = 0, i, j, nk = 0, pos, nfed = 0;
+	route_chunk *kept = NULL;
+	size_t *ins = NULL;
+
+	c->ns = sdb_strdup(u->ns);
+	c->refs = 1;
+	c->version = version;
+	*out = NULL;
+	/* the key pattern: the old snapshot's, unless starting from nothing */
+	if (!fresh) {
+		for (i = 0; i < old->nkeys; i++)
+			c->keys[i] = sdb_strdup(old->keys[i]);
+		c->nkeys = old->nkeys;
+		c->hashed = old->hashed;
+	} else if (u->key != NULL) {
+		if (keys_parse(c, u->key, err, errlen) != 0)
+			goto err;
+	} else if (u->n > 0) {
+		sdb_errf(err, errlen, SDB_EINVAL, "%s: chunks without a shard key pattern", u->ns);
+		goto err;
+	} else {
+		/* no chunks and no key: the collection is not sharded (any more, or yet) */
+		*out = c;
+		return 0;
+	}
+	/* the fed chunks: newest state of each id, sorted by min */
+	if (u->n > 1) {
+		sdb_qsort(u->ch, u->n, sizeof *u->ch, chunk_id_cmp);
+		for (i = 1, j = 1; i < u->n; i++) {
+			if (u->ch[i].nid == u->ch[j - 1].nid)
+				chunk_free(&u->ch[i]);
+			else
+				u->ch[j++] = u->ch[i];
+		}
+		u->n = j;
+	}
+	for (i = 0; i < u->n; i++) {
+		if (doc_fields(u->ch[i].min) != c->nkeys || doc_fields(u->ch[i].max) != c->nkeys) {
+			sdb_errf(err, errlen, SDB_EINVAL, "%s: chunk %s has bounds of %zu fields, key has %zu",
+				 u->ns, u->ch[i].id, doc_fields(u->ch[i].min), c->nkeys);
+			goto err;
+		}
+	}
+	if (u->n > 1)
+		sdb_qsort(u->ch, u->n, sizeof *u->ch, chunk_qsort_cmp);
+	/* the old chunks that stay: neither removed nor changed (shared, not copied) */
+	if (!fresh) {
+		ndrop = u->ngone + u->n;
+		drop = sdb_malloc((ndrop ? ndrop : 1) * sizeof *drop);
+		if (u->ngone)
+			memcpy(drop, u->gone, u->ngone * sizeof *drop);
+		for (i = 0; i < u->n; i++)
+			drop[u->ngone + i] = u->ch[i].nid;
+		qsort(drop, ndrop, sizeof *drop, i64_cmp);
+		kept = sdb_malloc((old->nchunks ? old->nchunks : 1) * sizeof *kept);
+		for (i = 0; i < old->nchunks; i++)
+			if (!id_in(drop, ndrop, old->chunks[i].nid)) {
+				kept[nk] = old->chunks[i];
+				chunk_share(&kept[nk++]);
+			}
+	}
+	/* merge: each fed chunk goes where its min belongs among the kept ones */
+	nfed = u->n;
+	c->chunks = sdb_malloc((nk + u->n ? nk + u->n : 1) * sizeof *c->chunks);
+	ins = sdb_malloc((u->n ? u->n : 1) * sizeof *ins);
+	for (i = 0, pos = 0; i < u->n; i++) {
+		size_t at = upper_bound(kept, pos, nk, u->ch[i].min);
+		if (at > pos)
+			memcpy(c->chunks + c->nchunks, kept + pos, (at - pos) * sizeof *kept);
+		c->nchunks += at - pos;
+		pos = at;
+		ins[i] = c->nchunks;
+		c->chunks[c->nchunks++] = u->ch[i];
+	}
+	if (nk > pos)
+		memcpy(c->chunks + c->nchunks, kept + pos, (nk - pos) * sizeof *kept);
+	c->nchunks += nk - pos;
+	/* the fed chunks moved into c (their one reference with them) */
+	u->n = 0;
+	/* overlaps can only appear next to an inserted chunk */
+	for (j = 0; j < nfed; j++) {
+		size_t at = ins[j];
+		if ((at > 0 && route_key_cmp(c->chunks[at - 1].max, c->chunks[at].min) > 0) ||
+		    (at + 1 < c->nchunks &&
+		     route_key_cmp(c->chunks[at].max, c->chunks[at + 1].min) > 0)) {
+			sdb_errf(err, errlen, SDB_EINVAL, "%s: chunk %s overlaps a neighbour", u->ns,
+				 c->chunks[at].id);
+			goto err;
+		}
+	}
+	free(drop);
+	free(kept);
+	free(ins);
+	*out = c;
+	return 0;
+err:
+	free(drop);
+	free(kept);
+	free(ins);
+	route_coll_unref(c);
+	return SDB_EINVAL;
 }
 
 /* ---------- keys ---------- */
@@ -671,18 +1015,38 @@ void route_cache_free(route_cache *rc)
 	free(rc);
 }
 
+/* Index of ns in the sorted cache, or where it would go (*found tells). Locked. */
+static size_t cache_find(route_cache *rc, const char *ns, bool *found)
+{
+	size_t lo = 0, hi = rc->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int r = strcmp(rc->v[mid]->ns, ns);
+		if (r == 0) {
+			*found = true;
+			return mid;
+		}
+		if (r < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	*found = false;
+	return lo;
+}
+
 route_coll *route_cache_get(route_cache *rc, const char *ns)
 {
 	route_coll *c = NULL;
+	bool found;
 	size_t i;
 
 	uv_mutex_lock(&rc->mu);
-	for (i = 0; i < rc->n; i++) {
-		if (strcmp(rc->v[i]->ns, ns) == 0) {
-			c = rc->v[i];
-			route_coll_ref(c);
-			break;
-		}
+	i = cache_find(rc, ns, &found);
+	if (found) {
+		c = rc->v[i];
+		route_coll_ref(c);
 	}
 	uv_mutex_unlock(&rc->mu);
 	return c;
@@ -690,27 +1054,29 @@ route_coll *route_cache_get(route_cache *rc, const char *ns)
 
 void route_cache_put(route_cache *rc, route_coll *c)
 {
+	bool found;
 	size_t i;
 
 	uv_mutex_lock(&rc->mu);
-	for (i = 0; i < rc->n; i++) {
-		if (strcmp(rc->v[i]->ns, c->ns) == 0) {
-			if (rc->v[i]->version > c->version) {
-				uv_mutex_unlock(&rc->mu);
-				route_coll_unref(c);
-				return;
-			}
-			route_coll_unref(rc->v[i]);
-			rc->v[i] = c;
+	i = cache_find(rc, c->ns, &found);
+	if (found) {
+		if (rc->v[i]->version > c->version) {
 			uv_mutex_unlock(&rc->mu);
+			route_coll_unref(c);
 			return;
 		}
+		route_coll_unref(rc->v[i]);
+		rc->v[i] = c;
+		uv_mutex_unlock(&rc->mu);
+		return;
 	}
 	if (rc->n == rc->cap) {
 		rc->cap = rc->cap ? rc->cap * 2 : 16;
 		rc->v = sdb_realloc(rc->v, rc->cap * sizeof *rc->v);
 	}
-	rc->v[rc->n++] = c;
+	memmove(rc->v + i + 1, rc->v + i, (rc->n - i) * sizeof *rc->v);
+	rc->v[i] = c;
+	rc->n++;
 	uv_mutex_unlock(&rc->mu);
 }
 
@@ -760,4 +1126,15 @@ bool route_unique_index_compatible(const route_coll *c, const bson_t *key)
 		i++;
 	}
 	return i == c->nkeys;
+}
+
+size_t route_cache_chunks(route_cache *rc)
+{
+	size_t i, n = 0;
+
+	uv_mutex_lock(&rc->mu);
+	for (i = 0; i < rc->n; i++)
+		n += rc->v[i]->nchunks;
+	uv_mutex_unlock(&rc->mu);
+	return n;
 }

@@ -33,12 +33,17 @@
 #define ROUTE_MAX_KEY_FIELDS 8  /* compound shard keys longer than this are refused */
 #define ROUTE_MAX_POINTS 256    /* $in point sets larger than this scatter */
 
+/* One chunk. Its strings and bounds live in a reference-counted body shared by every
+ * snapshot that holds the chunk unchanged (a diff copies the entries, not the bounds). */
 typedef struct route_chunk {
-	char *id;      /* chunk id: metadata's int64 id in decimal ("17"), the name shards gate on */
-	bson_t *min;   /* inclusive lower bound, one element per key field (heap) */
-	bson_t *max;   /* exclusive upper bound (heap) */
-	char *shard;   /* owning shard id, heap */
-	int64_t token; /* version token the shard checks ($stripedbVersion) */
+	char *id;        /* chunk id: metadata's int64 id in decimal ("17"), the name shards gate on */
+	bson_t *min;     /* inclusive lower bound, one element per key field (heap) */
+	bson_t *max;     /* exclusive upper bound (heap) */
+	char *shard;     /* owning shard id */
+	int64_t token;   /* version token the shard checks ($stripedbVersion) */
+	int64_t nid;     /* metadata's numeric id (0 when the id is not numeric) */
+	int64_t version; /* routing version of the chunk's last change */
+	void *body;      /* the shared body owning id, shard, min and max (private) */
 } route_chunk;
 
 typedef struct route_coll {
@@ -113,7 +118,45 @@ size_t route_target_range(const route_coll *c, const bson_t *min, const bson_t *
 bool route_update_changes_key(const route_coll *c, const bson_t *update, const bson_t *filter,
 			      char *err, size_t errlen);
 
-/* The thread-safe cache: ns -> current snapshot. */
+/* ---------- incremental updates (issue #26) ----------
+ *
+ * A route_update collects what getRoutingTable replies say about one collection (chunks
+ * in their current state, removals, the key pattern) over one or more cursor batches,
+ * then builds the next snapshot from the previous one: unchanged chunks are shared (their
+ * bounds are not copied), removed and changed ones are dropped, changed and new ones are
+ * inserted at their place (binary search). Cost: O(changed x log chunks) comparisons plus
+ * one copy of the collection's entry array (pointers and ints, 72 bytes per chunk); other
+ * collections are not touched. */
+typedef struct route_update route_update;
+
+/* A new, empty update for ns. full: the replies are a full load (the previous snapshot is
+ * ignored). Never fails; free with route_update_free. */
+route_update *route_update_new(const char *ns, bool full);
+void route_update_free(route_update *u);
+/* The key pattern of the collection (getRoutingTable's key, or collections[].key). */
+void route_update_set_key(route_update *u, const bson_t *key);
+/* One element of a reply's chunks array ({id, ns, min, max, shard, token, version});
+ * the ns is not checked (the caller dispatches). Returns 0 or SDB_EINVAL. */
+int route_update_chunk(route_update *u, const bson_iter_t *elem, char *err, size_t errlen);
+/* One element of a reply's removed array: {ns, id, ...} (a chunk) or {ns, collection:
+ * true} (the whole collection was dropped: chunks fed later are a new incarnation). */
+void route_update_removed(route_update *u, const bson_iter_t *elem);
+/* Chunks and removals fed so far. */
+size_t route_update_size(const route_update *u);
+/* The distinct shards of the chunks fed so far (pointers valid until the update is
+ * freed; apply does not touch them); *many is set when more than ROUTE_UPDATE_MAX_SHARDS
+ * were seen (then the list is incomplete). Lets a caller check the shards a diff names
+ * without walking the whole collection. */
+#define ROUTE_UPDATE_MAX_SHARDS 64
+size_t route_update_shards(const route_update *u, char *const **out, bool *many);
+/* The snapshot at routing version `version`: old (NULL, unsharded or a full update: start
+ * from nothing) with the update applied. Returns 0 and *out (one reference) or SDB_EINVAL
+ * (no key pattern for a collection that has chunks, bounds with the wrong number of
+ * fields, chunks that overlap after the update: the caller then reloads in full). */
+int route_update_apply(route_update *u, const route_coll *old, int64_t version,
+		       route_coll **out, char *err, size_t errlen);
+
+/* The thread-safe cache: ns -> current snapshot (sorted by ns: O(log collections)). */
 typedef struct route_cache route_cache;
 
 route_cache *route_cache_new(void);
@@ -125,8 +168,11 @@ route_coll *route_cache_get(route_cache *rc, const char *ns);
 void route_cache_put(route_cache *rc, route_coll *c);
 /* Forget ns (or everything when ns is NULL). */
 void route_cache_drop(route_cache *rc, const char *ns);
-/* Copy the cached namespaces (heap array of heap strings, caller frees each and the array). */
+/* Copy the cached namespaces, sorted (heap array of heap strings, caller frees each and
+ * the array). */
 size_t route_cache_names(route_cache *rc, char ***out);
+/* Chunks held by the cached snapshots (for the memory-per-chunk gauge). */
+size_t route_cache_chunks(route_cache *rc);
 
 /* May a unique index with key pattern `key` ({f: 1, g: -1}) exist on a collection sharded as c
  * (c->nkeys > 0)? Only if uniqueness can be enforced by each shard alone: the key begins with
