@@ -9,6 +9,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/ssl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,7 @@ static uv_once_t once = UV_ONCE_INIT;
 static char keys[AUTH_CLUSTER_KEYS_MAX][CLUSTER_KEY_MAX + 1];
 static size_t nkeys;
 static char *key_path;     /* the file loaded, re-read by auth_cluster_reload */
-static uint64_t generation; /* bumped when the keys change */
+static _Atomic uint64_t generation; /* bumped when the keys change (written under mu) */
 static uint8_t salt[28];   /* one SCRAM salt for every key (one server-first for all) */
 static auth_gate *gate;    /* set once; never freed (process lifetime) */
 static const char *peer_token; /* first key's token; old ones are never freed */
@@ -331,12 +332,7 @@ size_t auth_cluster_key_count(void)
 
 uint64_t auth_cluster_generation(void)
 {
-	uint64_t g;
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
-	g = generation;
-	uv_mutex_unlock(&mu);
-	return g;
+	return atomic_load(&generation); /* lock-free: read on every proxy command */
 }
 
 int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen)

@@ -115,6 +115,8 @@ struct shardconn {
 	shard *shards;
 	shard *retired; /* replaced pools stay alive until free (clients may be out) */
 	tpool req, io;
+	shard *meta;            /* the metadata pool (id "", uri: the full URI), or NULL */
+	atomic_uint_least64_t key_gen; /* auth_cluster_generation the pools were made with */
 	int64_t retry_ms;       /* shard-restart retry budget (shardconn_set_retry_budget) */
 	sdb_counter *m_retries; /* requests re-sent after a shard refused them unexecuted */
 };
@@ -128,6 +130,7 @@ shardconn *shardconn_new(void)
 	tpool_init(&sc->req, SHARDCONN_WORKERS);
 	tpool_init(&sc->io, SHARDCONN_IO_WORKERS);
 	sc->retry_ms = 5000;
+	atomic_init(&sc->key_gen, auth_cluster_generation());
 	sc->m_retries = sdb_metrics_counter(
 		"stripedb_proxy_shard_retries_total",
 		"Shard commands re-sent because the shard refused them unexecuted (restarting).",
@@ -165,6 +168,11 @@ void shardconn_free(shardconn *sc)
 	else
 		sc->retired = sc->shards;
 	sc->shards = NULL;
+	if (sc->meta) {
+		sc->meta->next = sc->retired;
+		sc->retired = sc->meta;
+		sc->meta = NULL;
+	}
 	for (s = sc->retired; s; s = n) {
 		n = s->next;
 		tpool_push(&sc->io, shard_free_job, s);
@@ -325,6 +333,53 @@ char *shardconn_shard_hosts(shardconn *sc, const char *id)
 
 /* The shard entry of id, or NULL. Entries live until shardconn_free (replaced ones are
  * retired, not freed). */
+/* Key rotation (issue #21): libmongoc keeps the credentials a pool was made with, so
+ * after the cluster key's first key changed every pool is made anew (new connections
+ * authenticate with the new key); the old ones are retired, not destroyed (clients of
+ * them may be out). A pool that cannot be made keeps the old one. */
+static void rekey(shardconn *sc)
+{
+	uint64_t gen = auth_cluster_generation();
+	shard **pp;
+
+	if (atomic_load(&sc->key_gen) == gen)
+		return;
+	uv_rwlock_wrlock(&sc->lock);
+	if (atomic_load(&sc->key_gen) != gen) {
+		shard **slots[2] = {&sc->shards, &sc->meta};
+		for (int k = 0; k < 2; k++) {
+			for (pp = slots[k]; *pp; pp = k ? NULL : &(*pp)->next) {
+				shard *old = *pp, *s;
+				char err[256];
+				char *full = k ? sdb_strdup(old->uri) : uri_with_defaults(old->uri);
+				mongoc_client_pool_t *pool = pool_for(full, err, sizeof err);
+				free(full);
+				if (!pool) {
+					sdb_warn("proxy: cannot renew a pool with the new cluster key",
+						 "shard=%s err=\"%s\"", old->id, err);
+					if (!k)
+						continue;
+					break;
+				}
+				s = sdb_calloc(1, sizeof *s);
+				s->id = sdb_strdup(old->id);
+				s->uri = sdb_strdup(old->uri);
+				s->pool = pool;
+				s->next = k ? NULL : old->next;
+				*pp = s;
+				old->next = sc->retired;
+				sc->retired = old;
+				if (k)
+					break;
+			}
+		}
+		atomic_store(&sc->key_gen, gen);
+		sdb_info("proxy: pools renewed with the new cluster key", "generation=%llu",
+			 (unsigned long long)gen);
+	}
+	uv_rwlock_wrunlock(&sc->lock);
+}
+
 static shard *find_shard(shardconn *sc, const char *id)
 {
 	shard *s, *found = NULL;
@@ -341,6 +396,8 @@ static mongoc_client_pool_t *find_pool(shardconn *sc, const char *id)
 {
 	shard *s;
 	mongoc_client_pool_t *p = NULL;
+
+	rekey(sc);
 
 	uv_rwlock_rdlock(&sc->lock);
 	for (s = sc->shards; s; s = s->next)
@@ -563,5 +620,42 @@ mongoc_client_pool_t *shardconn_metadata_pool(const char *addrs, char *err, size
 	mongoc_client_pool_t *p = pool_for(uri, err, errlen);
 
 	free(uri);
+	return p;
+}
+
+int shardconn_set_metadata(shardconn *sc, const char *addrs, char *err, size_t errlen)
+{
+	char *uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=1500"
+				 "&connectTimeoutMS=2000&socketTimeoutMS=30000",
+				 addrs);
+	mongoc_client_pool_t *p = pool_for(uri, err, errlen);
+	shard *s;
+
+	if (!p) {
+		free(uri);
+		return SDB_EINVAL;
+	}
+	s = sdb_calloc(1, sizeof *s);
+	s->id = sdb_strdup("metadata");
+	s->uri = uri;
+	s->pool = p;
+	uv_rwlock_wrlock(&sc->lock);
+	if (sc->meta) {
+		sc->meta->next = sc->retired;
+		sc->retired = sc->meta;
+	}
+	sc->meta = s;
+	uv_rwlock_wrunlock(&sc->lock);
+	return 0;
+}
+
+mongoc_client_pool_t *shardconn_metadata(shardconn *sc)
+{
+	mongoc_client_pool_t *p;
+
+	rekey(sc);
+	uv_rwlock_rdlock(&sc->lock);
+	p = sc->meta ? sc->meta->pool : NULL;
+	uv_rwlock_rdunlock(&sc->lock);
 	return p;
 }
