@@ -612,17 +612,6 @@ void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), 
 	uv_mutex_destroy(&f.mu);
 }
 
-mongoc_client_pool_t *shardconn_metadata_pool(const char *addrs, char *err, size_t errlen)
-{
-	char *uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=1500"
-				 "&connectTimeoutMS=2000&socketTimeoutMS=30000",
-				 addrs);
-	mongoc_client_pool_t *p = pool_for(uri, err, errlen);
-
-	free(uri);
-	return p;
-}
-
 int shardconn_set_metadata(shardconn *sc, const char *addrs, char *err, size_t errlen)
 {
 	char *uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=1500"
