@@ -37,7 +37,14 @@ static char *key_path;     /* the file loaded, re-read by auth_cluster_reload */
 static _Atomic uint64_t generation; /* bumped when the keys change (written under mu) */
 static uint8_t salt[28];   /* one SCRAM salt for every key (one server-first for all) */
 static auth_gate *gate;    /* set once; never freed (process lifetime) */
-static const char *peer_token; /* first key's token; old ones are never freed */
+/* The first key's PeersV1 token; callers may hold it without a lock (a static gRPC slice),
+ * so the tokens of earlier first keys stay allocated, chained (80 bytes per rotation). */
+typedef struct token_node {
+	struct token_node *prev;
+	char s[65];
+} token_node;
+static token_node *peer_token_node;
+static const char *peer_token;
 static char peer_tokens[AUTH_CLUSTER_KEYS_MAX][65];
 
 static void init_mu(void)
@@ -229,8 +236,13 @@ static int install(char k[][CLUSTER_KEY_MAX + 1], size_t n, char *err, size_t er
 		for (int j = 0; j < 32; j++)
 			snprintf(tok[i] + 2 * j, 3, "%02x", mac[j]);
 	}
-	if (!peer_token || strcmp(peer_token, tok[0]) != 0)
-		peer_token = sdb_strdup(tok[0]); /* the previous one stays valid (see cluster.h) */
+	if (!peer_token || strcmp(peer_token, tok[0]) != 0) {
+		token_node *t = sdb_calloc(1, sizeof *t); /* the previous one stays valid */
+		memcpy(t->s, tok[0], sizeof t->s);
+		t->prev = peer_token_node;
+		peer_token_node = t;
+		peer_token = t->s;
+	}
 	memcpy(peer_tokens, tok, sizeof tok);
 	for (size_t i = 0; i < AUTH_CLUSTER_KEYS_MAX; i++)
 		OPENSSL_cleanse(keys[i], sizeof keys[i]);
