@@ -26,6 +26,7 @@
 
 #define CLUSTER_KEY_MAX AUTH_CLUSTER_KEY_MAX
 #define CLUSTER_ITERATIONS 15000
+_Static_assert(AUTH_CLUSTER_KEYS_MAX <= AUTH_GATE_CLUSTER_MAX, "the gate holds every key");
 #define CLUSTER_FILE_MAX (AUTH_CLUSTER_KEYS_MAX * (4 * CLUSTER_KEY_MAX + 64))
 
 static uv_mutex_t mu;

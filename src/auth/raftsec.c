@@ -15,6 +15,7 @@
 #include "raft/handshake.h"
 
 #define RAFT_KEY_LABEL "stripedb raft transport v1"
+_Static_assert(AUTH_CLUSTER_KEYS_MAX <= SDB_HS_KEYS_MAX, "the handshake accepts every key");
 
 static uv_once_t once = UV_ONCE_INIT;
 static uv_mutex_t mu;
