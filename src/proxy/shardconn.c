@@ -115,7 +115,7 @@ struct shardconn {
 	shard *shards;
 	shard *retired; /* replaced pools stay alive until free (clients may be out) */
 	tpool req, io;
-	shard *meta;            /* the metadata pool (id "", uri: the full URI), or NULL */
+	shard *meta;            /* the metadata pool (uri: the full URI), or NULL */
 	atomic_uint_least64_t key_gen; /* auth_cluster_generation the pools were made with */
 	int64_t retry_ms;       /* shard-restart retry budget (shardconn_set_retry_budget) */
 	sdb_counter *m_retries; /* requests re-sent after a shard refused them unexecuted */
@@ -331,8 +331,28 @@ char *shardconn_shard_hosts(shardconn *sc, const char *id)
 	return out;
 }
 
-/* The shard entry of id, or NULL. Entries live until shardconn_free (replaced ones are
- * retired, not freed). */
+/* A copy of old (id, uri) with a new pool made with the current cluster key, or NULL
+ * (logged). meta: old->uri is the full metadata URI, else a shard URI. */
+static shard *renewed(const shard *old, bool meta)
+{
+	char err[256];
+	char *full = meta ? sdb_strdup(old->uri) : uri_with_defaults(old->uri);
+	mongoc_client_pool_t *pool = pool_for(full, err, sizeof err);
+	shard *s;
+
+	free(full);
+	if (!pool) {
+		sdb_warn("proxy: cannot renew a pool with the new cluster key", "shard=%s err=\"%s\"",
+			 old->id, err);
+		return NULL;
+	}
+	s = sdb_calloc(1, sizeof *s);
+	s->id = sdb_strdup(old->id);
+	s->uri = sdb_strdup(old->uri);
+	s->pool = pool;
+	return s;
+}
+
 /* Key rotation (issue #21): libmongoc keeps the credentials a pool was made with, so
  * after the cluster key's first key changed every pool is made anew (new connections
  * authenticate with the new key); the old ones are retired, not destroyed (clients of
@@ -340,37 +360,26 @@ char *shardconn_shard_hosts(shardconn *sc, const char *id)
 static void rekey(shardconn *sc)
 {
 	uint64_t gen = auth_cluster_generation();
-	shard **pp;
 
 	if (atomic_load(&sc->key_gen) == gen)
 		return;
 	uv_rwlock_wrlock(&sc->lock);
 	if (atomic_load(&sc->key_gen) != gen) {
-		shard **slots[2] = {&sc->shards, &sc->meta};
-		for (int k = 0; k < 2; k++) {
-			for (pp = slots[k]; *pp; pp = k ? NULL : &(*pp)->next) {
-				shard *old = *pp, *s;
-				char err[256];
-				char *full = k ? sdb_strdup(old->uri) : uri_with_defaults(old->uri);
-				mongoc_client_pool_t *pool = pool_for(full, err, sizeof err);
-				free(full);
-				if (!pool) {
-					sdb_warn("proxy: cannot renew a pool with the new cluster key",
-						 "shard=%s err=\"%s\"", old->id, err);
-					if (!k)
-						continue;
-					break;
-				}
-				s = sdb_calloc(1, sizeof *s);
-				s->id = sdb_strdup(old->id);
-				s->uri = sdb_strdup(old->uri);
-				s->pool = pool;
-				s->next = k ? NULL : old->next;
-				*pp = s;
-				old->next = sc->retired;
-				sc->retired = old;
-				if (k)
-					break;
+		for (shard **pp = &sc->shards; *pp; pp = &(*pp)->next) {
+			shard *old = *pp, *s = renewed(old, false);
+			if (!s)
+				continue;
+			s->next = old->next;
+			*pp = s;
+			old->next = sc->retired;
+			sc->retired = old;
+		}
+		if (sc->meta) {
+			shard *s = renewed(sc->meta, true);
+			if (s) {
+				sc->meta->next = sc->retired;
+				sc->retired = sc->meta;
+				sc->meta = s;
 			}
 		}
 		atomic_store(&sc->key_gen, gen);
@@ -380,6 +389,8 @@ static void rekey(shardconn *sc)
 	uv_rwlock_wrunlock(&sc->lock);
 }
 
+/* The shard entry of id, or NULL. Entries live until shardconn_free (replaced ones are
+ * retired, not freed). */
 static shard *find_shard(shardconn *sc, const char *id)
 {
 	shard *s, *found = NULL;
