@@ -33,7 +33,7 @@ struct auth_gate {
 	bool has_cluster;
 	auth_scram_creds cluster[AUTH_GATE_CLUSTER_MAX]; /* __system's verifiers (under mu) */
 	size_t n_cluster;
-	uv_mutex_t mu; /* guards pol */
+	uv_mutex_t mu; /* guards pol and cluster, n_cluster */
 	auth_policy *pol;
 	/* Speculative authentication (hello's speculativeAuthenticate): verifiers of recent
 	 * saslStart lookups, and the server-first the hello hook adds to the reply of the
