@@ -941,7 +941,7 @@ static int fail(const cl_host *h, const char *what, const char *msg)
 static int configure_all(const cl_spec *s)
 {
 	static ssh_job jobs[CL_MAX_HOSTS];
-	char keybuf[2048];
+	static char keybuf[AUTH_CLUSTER_KEYS_MAX * 4200]; /* a key file of several keys */
 	size_t keylen = 0;
 	uint64_t deadline;
 	int rc = 0;
@@ -953,7 +953,8 @@ static int configure_all(const cl_spec *s)
 				strerror(errno));
 			return -1;
 		}
-		/* auth_cluster_load checked it: at most 1024 base64 characters and whitespace */
+		/* auth_cluster_load checked it: at most AUTH_CLUSTER_KEYS_MAX keys of 1024 base64
+		 * characters, whitespace and YAML list syntax */
 		keylen = fread(keybuf, 1, sizeof keybuf, f);
 		fclose(f);
 	}

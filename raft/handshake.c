@@ -24,16 +24,27 @@ static uint64_t get64(const uint8_t *p)
 	return v;
 }
 
-void sdb_hs_init(sdb_hs *h, bool server, const uint8_t *key, const uint8_t *nonce)
+void sdb_hs_init_keys(sdb_hs *h, bool server, const uint8_t (*keys)[SDB_HS_KEY_LEN],
+		      size_t nkeys, const uint8_t *nonce)
 {
 	memset(h, 0, sizeof *h);
 	h->server = server;
-	h->has_key = key != NULL;
-	if (key)
-		memcpy(h->key, key, SDB_HS_KEY_LEN);
+	if (nkeys > SDB_HS_KEYS_MAX)
+		nkeys = SDB_HS_KEYS_MAX;
+	if (!server && nkeys > 1)
+		nkeys = 1; /* outgoing: the first key only */
+	h->has_key = nkeys > 0;
+	h->nkeys = nkeys;
+	if (nkeys)
+		memcpy(h->key, keys, nkeys * SDB_HS_KEY_LEN);
 	memcpy(h->nonce_self, nonce, SDB_HS_NONCE_LEN);
 	h->state = ST_HELLO;
 	h->need = SDB_HS_HELLO_LEN;
+}
+
+void sdb_hs_init(sdb_hs *h, bool server, const uint8_t *key, const uint8_t *nonce)
+{
+	sdb_hs_init_keys(h, server, (const uint8_t(*)[SDB_HS_KEY_LEN])key, key ? 1 : 0, nonce);
 }
 
 void sdb_hs_set_binding(sdb_hs *h, const uint8_t binding[32])
@@ -56,8 +67,9 @@ size_t sdb_hs_need(const sdb_hs *h)
 	return h->need - h->have;
 }
 
-/* The proof of the side with role 'C' or 'S' over both nonces and the binding. */
-static void proof(const sdb_hs *h, char role, uint8_t out[SDB_HS_PROOF_LEN])
+/* The proof of the side with role 'C' or 'S' made with key k over both nonces and the
+ * binding. */
+static void proof(const sdb_hs *h, size_t k, char role, uint8_t out[SDB_HS_PROOF_LEN])
 {
 	uint8_t msg[sizeof PROOF_LABEL - 1 + 1 + 2 * SDB_HS_NONCE_LEN + 32];
 	const uint8_t *cn = h->server ? h->nonce_peer : h->nonce_self;
@@ -73,7 +85,7 @@ static void proof(const sdb_hs *h, char role, uint8_t out[SDB_HS_PROOF_LEN])
 	o += SDB_HS_NONCE_LEN;
 	memcpy(msg + o, h->binding, 32);
 	o += 32;
-	HMAC(EVP_sha256(), h->key, SDB_HS_KEY_LEN, msg, o, out, &len);
+	HMAC(EVP_sha256(), h->key[k], SDB_HS_KEY_LEN, msg, o, out, &len);
 }
 
 static int fail(sdb_hs *h, const char *why)
@@ -109,8 +121,11 @@ static int complete(sdb_hs *h, uint8_t *out, size_t *outlen)
 		if (memcmp(h->nonce_peer, h->nonce_self, SDB_HS_NONCE_LEN) == 0)
 			return fail(h, "peer echoed our nonce");
 		if (h->has_key) {
-			proof(h, h->server ? 'S' : 'C', out);
-			*outlen = SDB_HS_PROOF_LEN;
+			/* the client proves first; the server answers once it knows the key */
+			if (!h->server) {
+				proof(h, 0, 'C', out);
+				*outlen = SDB_HS_PROOF_LEN;
+			}
 			step(h, ST_PROOF, SDB_HS_PROOF_LEN);
 			return SDB_HS_MORE;
 		}
@@ -118,12 +133,22 @@ static int complete(sdb_hs *h, uint8_t *out, size_t *outlen)
 	}
 	case ST_PROOF: {
 		uint8_t want[SDB_HS_PROOF_LEN];
-		int bad;
-		proof(h, h->server ? 'C' : 'S', want);
-		bad = CRYPTO_memcmp(want, h->buf, SDB_HS_PROOF_LEN);
+		size_t n = h->server ? h->nkeys : 1, match = n;
+		for (size_t k = 0; k < n; k++) { /* every key, no early exit */
+			proof(h, k, h->server ? 'C' : 'S', want);
+			if (CRYPTO_memcmp(want, h->buf, SDB_HS_PROOF_LEN) == 0 && match == n)
+				match = k;
+		}
 		OPENSSL_cleanse(want, sizeof want);
-		if (bad)
+		if (match == n)
 			return fail(h, "wrong cluster key proof");
+		if (h->server) {
+			h->key_used = match;
+			proof(h, match, 'S', out);
+			*outlen = SDB_HS_PROOF_LEN;
+			step(h, ST_PRE_HDR, SDB_HS_PREAMBLE_HDR);
+			return SDB_HS_MORE;
+		}
 		break;
 	}
 	case ST_PRE_HDR: {

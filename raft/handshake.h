@@ -17,6 +17,13 @@
  *                         u64 LE (= 1) | server id u64 LE | address length u64 LE (a
  *                         multiple of 8, 8..SDB_HS_ADDR_MAX) | address, NUL padded
  *
+ * Key rotation (issue #21): the server may hold several keys (K1 first, then the others
+ * of the key file). The client proves with its one key; the server checks the client's
+ * proof against each of its keys and sends its own proof only after one matched, made
+ * with that key (so the client, which knows one key, can check it). A client with
+ * several keys uses the first. Compatible with the one-key version of this protocol,
+ * whose client sends its proof without waiting for the server's.
+ *
  * K is the 32-byte key the caller derives from the cluster key (auth_cluster_derive). The
  * role byte keeps a proof from being reflected back; both nonces make it fresh (MongoDB's
  * keyFile authentication is the same idea with SCRAM). binding is the TLS exporter value
@@ -40,6 +47,7 @@
 #define SDB_HS_HELLO_LEN 48
 #define SDB_HS_PROOF_LEN 32
 #define SDB_HS_KEY_LEN 32
+#define SDB_HS_KEYS_MAX 8 /* keys a server accepts at once (rotation) */
 #define SDB_HS_NONCE_LEN 32
 #define SDB_HS_PREAMBLE_HDR 24
 #define SDB_HS_ADDR_MAX 1024 /* bytes, padded address of the preamble */
@@ -51,7 +59,9 @@ typedef struct sdb_hs {
 	bool server;
 	bool has_key;
 	int state; /* internal step */
-	uint8_t key[SDB_HS_KEY_LEN];
+	uint8_t key[SDB_HS_KEYS_MAX][SDB_HS_KEY_LEN]; /* key[0]: the client's; server: any */
+	size_t nkeys;
+	size_t key_used; /* server: the key that matched the client's proof */
 	uint8_t nonce_self[SDB_HS_NONCE_LEN];
 	uint8_t nonce_peer[SDB_HS_NONCE_LEN];
 	uint8_t binding[32];
@@ -66,6 +76,12 @@ typedef struct sdb_hs {
  * SDB_HS_NONCE_LEN random bytes. binding: 32 bytes or NULL (zeros); may be set later
  * with sdb_hs_set_binding, before the peer's hello is fed. */
 void sdb_hs_init(sdb_hs *h, bool server, const uint8_t *key, const uint8_t *nonce);
+
+/* The same with nkeys keys (keys[0] first; nkeys 0 = none; more than SDB_HS_KEYS_MAX are
+ * ignored): a client proves with keys[0], a server accepts a proof made with any of them
+ * (h->key_used tells which once done). */
+void sdb_hs_init_keys(sdb_hs *h, bool server, const uint8_t (*keys)[SDB_HS_KEY_LEN],
+		      size_t nkeys, const uint8_t *nonce);
 void sdb_hs_set_binding(sdb_hs *h, const uint8_t binding[32]);
 
 /* Write this side's hello (SDB_HS_HELLO_LEN bytes) into out; send it first. */

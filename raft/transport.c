@@ -37,6 +37,8 @@ typedef struct tp {
 	bool closing;
 	bool has_key;
 	uint8_t key[SDB_HS_KEY_LEN];
+	size_t (*keys)(uint8_t (*out)[32], size_t max, void *arg);
+	void *keys_arg;
 	struct ssl_ctx_st *(*tls_ctx)(bool server, void *arg);
 	void *tls_arg;
 	unsigned timeout_ms, max_pending, n_pending;
@@ -618,7 +620,15 @@ static void conn_begin(conn *c)
 		conn_close(c, "no randomness");
 		return;
 	}
-	sdb_hs_init(&c->hs, c->server, t->has_key ? t->key : NULL, nonce);
+	if (t->keys) { /* the current keys (rotation: reloaded on SIGHUP) */
+		uint8_t k[SDB_HS_KEYS_MAX][SDB_HS_KEY_LEN];
+		size_t n = t->keys(k, SDB_HS_KEYS_MAX, t->keys_arg);
+		sdb_hs_init_keys(&c->hs, c->server, (const uint8_t(*)[SDB_HS_KEY_LEN])k,
+				 n > SDB_HS_KEYS_MAX ? SDB_HS_KEYS_MAX : n, nonce);
+		OPENSSL_cleanse(k, sizeof k);
+	} else {
+		sdb_hs_init(&c->hs, c->server, t->has_key ? t->key : NULL, nonce);
+	}
 	if (t->tls_ctx) {
 		SSL_CTX *ctx = t->tls_ctx(c->server, t->tls_arg);
 		if (!ctx) {
@@ -793,7 +803,7 @@ int sdb_transport_init(struct raft_uv_transport *transport, uv_loop_t *loop,
 	tp *t;
 	memset(transport, 0, sizeof *transport);
 	transport->data = data;
-	if (!opts->key && !opts->tls_ctx) {
+	if (!opts->key && !opts->keys && !opts->tls_ctx) {
 		snprintf(transport->errmsg, RAFT_ERRMSG_BUF_SIZE,
 			 "the secure transport needs a key or TLS");
 		return RAFT_INVALID;
@@ -807,6 +817,8 @@ int sdb_transport_init(struct raft_uv_transport *transport, uv_loop_t *loop,
 		t->has_key = true;
 		memcpy(t->key, opts->key, SDB_HS_KEY_LEN);
 	}
+	t->keys = opts->keys;
+	t->keys_arg = opts->keys_arg;
 	t->tls_ctx = opts->tls_ctx;
 	t->tls_arg = opts->tls_arg;
 	t->timeout_ms = opts->handshake_timeout_ms ? opts->handshake_timeout_ms : 5000;

@@ -61,6 +61,12 @@ struct ssl_ctx_st;
 typedef struct sdb_transport_opts {
 	/* SDB_HS_KEY_LEN (32) bytes derived from the cluster key (copied), or NULL. */
 	const uint8_t *key;
+	/* Key rotation: when set, asked at every new connection for the current keys
+	 * (instead of key): writes up to max keys into out, out[0] first (outgoing
+	 * connections prove with it; incoming ones may prove with any), returns the count (0:
+	 * no key). Must be thread-safe if the caller changes the keys from another thread. */
+	size_t (*keys)(uint8_t (*out)[32], size_t max, void *arg);
+	void *keys_arg;
 	/* TLS: a new reference (SSL_CTX_up_ref) to the server (server=true) or client
 	 * context, which must require and verify the peer's certificate; the transport
 	 * frees it. NULL function: no TLS. A NULL return refuses the connection. */
@@ -71,7 +77,7 @@ typedef struct sdb_transport_opts {
 } sdb_transport_opts;
 
 /* Initialise t (its data field is kept) as our transport on loop with opts (copied).
- * At least one of key and tls_ctx must be set (use raft_uv_tcp_init for plaintext).
+ * At least one of key, keys and tls_ctx must be set (use raft_uv_tcp_init for plaintext).
  * Returns 0 or RAFT_INVALID / RAFT_NOMEM with a message in t->errmsg. */
 int sdb_transport_init(struct raft_uv_transport *t, uv_loop_t *loop,
 		       const sdb_transport_opts *opts);

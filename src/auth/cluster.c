@@ -9,6 +9,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/ssl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,14 +24,29 @@
 #include "common/log.h"
 #include "ratelimit/limiter.h"
 
-#define CLUSTER_KEY_MAX 1024
+#define CLUSTER_KEY_MAX AUTH_CLUSTER_KEY_MAX
 #define CLUSTER_ITERATIONS 15000
+_Static_assert(AUTH_CLUSTER_KEYS_MAX <= AUTH_GATE_CLUSTER_MAX, "the gate holds every key");
+#define CLUSTER_FILE_MAX (AUTH_CLUSTER_KEYS_MAX * (4 * CLUSTER_KEY_MAX + 64))
 
 static uv_mutex_t mu;
 static uv_once_t once = UV_ONCE_INIT;
-static char key[CLUSTER_KEY_MAX + 1];
-static auth_gate *gate; /* set once; never freed (process lifetime) */
-static char peer_token[65];
+/* the key file's keys, keys[0] first (outgoing); nkeys == 0: no key loaded */
+static char keys[AUTH_CLUSTER_KEYS_MAX][CLUSTER_KEY_MAX + 1];
+static size_t nkeys;
+static char *key_path;     /* the file loaded, re-read by auth_cluster_reload */
+static _Atomic uint64_t generation; /* bumped when the keys change (written under mu) */
+static uint8_t salt[28];   /* one SCRAM salt for every key (one server-first for all) */
+static auth_gate *gate;    /* set once; never freed (process lifetime) */
+/* The first key's PeersV1 token; callers may hold it without a lock (a static gRPC slice),
+ * so the tokens of earlier first keys stay allocated, chained (80 bytes per rotation). */
+typedef struct token_node {
+	struct token_node *prev;
+	char s[65];
+} token_node;
+static token_node *peer_token_node;
+static const char *peer_token;
+static char peer_tokens[AUTH_CLUSTER_KEYS_MAX][65];
 
 static void init_mu(void)
 {
@@ -43,15 +59,138 @@ static bool cluster_gate_fn(wire_req *req, void *role_data)
 	return auth_gate_check(gate, req);
 }
 
-int auth_cluster_load(const char *path, char *err, size_t errlen)
+static bool b64char(unsigned char c)
 {
-	char buf[4 * CLUSTER_KEY_MAX], k[CLUSTER_KEY_MAX + 1];
-	struct stat st;
-	size_t n = 0;
-	ssize_t r;
-	int fd, rc = 0;
+	return isalnum(c) || c == '+' || c == '/' || c == '=';
+}
 
-	uv_once(&once, init_mu);
+/* Append the base64 characters of [p, e) (whitespace skipped) to key k (*kn chars).
+ * 0 or SDB_EINVAL. */
+static int key_append(const char *p, const char *e, char *k, size_t *kn, const char *what,
+		      int line, char *err, size_t errlen)
+{
+	for (; p < e; p++) {
+		unsigned char c = (unsigned char)*p;
+		if (isspace(c))
+			continue;
+		if (!b64char(c))
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"cluster key file %s: line %d: only base64 characters "
+					"(A-Z a-z 0-9 + / =) in a key",
+					what, line);
+		if (*kn >= CLUSTER_KEY_MAX)
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"cluster key file %s: line %d: key longer than %d characters",
+					what, line, CLUSTER_KEY_MAX);
+		k[(*kn)++] = (char)c;
+	}
+	k[*kn] = '\0';
+	return 0;
+}
+
+int auth_cluster_parse_keys(const char *text, size_t len, const char *what,
+			    char out[][AUTH_CLUSTER_KEY_MAX + 1], size_t *n, char *err,
+			    size_t errlen)
+{
+	const char *p = text, *end = text + len;
+	size_t kn = 0;
+	bool list = false;
+	int line = 0, rc;
+
+	*n = 0;
+	if (memchr(text, '\0', len))
+		return sdb_errf(err, errlen, SDB_EINVAL, "cluster key file %s: NUL byte", what);
+	/* the form: a YAML list when the first non-blank, non-comment line starts with '-' */
+	for (const char *q = text; q < end;) {
+		const char *e = memchr(q, '\n', (size_t)(end - q));
+		const char *b = q;
+		e = e ? e : end;
+		while (b < e && isspace((unsigned char)*b))
+			b++;
+		if (b < e && *b != '#') {
+			list = *b == '-';
+			break;
+		}
+		q = e < end ? e + 1 : end;
+	}
+	if (!list) { /* one key; whitespace (line breaks) ignored, as MongoDB does */
+		line = 1;
+		for (const char *q = text; q < end; q++) {
+			if (*q == '\n')
+				line++;
+			else if ((rc = key_append(q, q + 1, out[0], &kn, what, line, err, errlen)) != 0)
+				return rc;
+		}
+		out[0][kn] = '\0';
+		if (kn < 6)
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"cluster key file %s: key shorter than 6 characters", what);
+		*n = 1;
+		return 0;
+	}
+	while (p < end) {
+		const char *e = memchr(p, '\n', (size_t)(end - p)), *b = p;
+		line++;
+		e = e ? e : end;
+		while (b < e && isspace((unsigned char)*b))
+			b++;
+		if (b == e || *b == '#') {
+			/* blank or comment */
+		} else if (*b == '-') {
+			const char *v = b + 1, *ve = e;
+			if (v < e && !isspace((unsigned char)*v))
+				return sdb_errf(err, errlen, SDB_EINVAL,
+						"cluster key file %s: line %d: a list item is '- KEY'",
+						what, line);
+			if (*n > 0 && kn < 6)
+				return sdb_errf(err, errlen, SDB_EINVAL,
+						"cluster key file %s: key %zu shorter than 6 characters",
+						what, *n);
+			if (*n >= AUTH_CLUSTER_KEYS_MAX)
+				return sdb_errf(err, errlen, SDB_EINVAL,
+						"cluster key file %s: more than %d keys", what,
+						AUTH_CLUSTER_KEYS_MAX);
+			while (v < ve && isspace((unsigned char)*v))
+				v++;
+			while (ve > v && isspace((unsigned char)ve[-1]))
+				ve--;
+			if (ve - v >= 2 && (*v == '\'' || *v == '"') && ve[-1] == *v) {
+				v++;
+				ve--;
+			}
+			kn = 0;
+			(*n)++;
+			out[*n - 1][0] = '\0';
+			if ((rc = key_append(v, ve, out[*n - 1], &kn, what, line, err, errlen)) != 0)
+				return rc;
+		} else if (b > p && *n > 0) { /* indented: continues the item above */
+			if ((rc = key_append(b, e, out[*n - 1], &kn, what, line, err, errlen)) != 0)
+				return rc;
+		} else {
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"cluster key file %s: line %d: expected '- KEY' (a YAML list "
+					"of keys) or one key alone",
+					what, line);
+		}
+		p = e < end ? e + 1 : end;
+	}
+	if (*n == 0 || kn < 6)
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"cluster key file %s: key %zu shorter than 6 characters", what,
+				*n ? *n : 1);
+	return 0;
+}
+
+/* Read and parse path (mode and size checked) into k[], *n keys. */
+static int read_keys(const char *path, char k[][CLUSTER_KEY_MAX + 1], size_t *n, char *err,
+		     size_t errlen)
+{
+	char *buf;
+	struct stat st;
+	ssize_t r;
+	size_t got = 0;
+	int fd, rc;
+
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return sdb_errf(err, errlen, SDB_EIO, "cluster key file %s: %s", path,
@@ -65,58 +204,148 @@ int auth_cluster_load(const char *path, char *err, size_t errlen)
 		return sdb_errf(err, errlen, SDB_EINVAL,
 				"cluster key file %s: permissions are too open (chmod 600)", path);
 	}
-	r = read(fd, buf, sizeof buf);
+	buf = sdb_malloc(CLUSTER_FILE_MAX);
+	while (got < CLUSTER_FILE_MAX && (r = read(fd, buf + got, CLUSTER_FILE_MAX - got)) > 0)
+		got += (size_t)r;
 	close(fd);
-	if (r < 0 || (size_t)r == sizeof buf)
-		return sdb_errf(err, errlen, SDB_EINVAL, "cluster key file %s: unreadable or too large",
-				path);
-	for (ssize_t i = 0; i < r; i++) {
-		unsigned char c = (unsigned char)buf[i];
-		if (isspace(c))
-			continue;
-		if (!(isalnum(c) || c == '+' || c == '/' || c == '=') || n >= CLUSTER_KEY_MAX)
-			return sdb_errf(err, errlen, SDB_EINVAL,
-					"cluster key file %s: only base64 characters, at most %d",
-					path, CLUSTER_KEY_MAX);
-		k[n++] = (char)c;
-	}
-	k[n] = '\0';
-	if (n < 6)
-		return sdb_errf(err, errlen, SDB_EINVAL, "cluster key file %s: key shorter than 6",
-				path);
-	uv_mutex_lock(&mu);
-	if (gate) {
-		if (strcmp(key, k) != 0)
-			rc = sdb_errf(err, errlen, SDB_EINVAL,
-				      "cluster key file %s: differs from the key already loaded", path);
-	} else {
-		uint8_t salt[28]; /* MongoDB's SCRAM-SHA-256 salt length; libmongoc insists on it */
-		auth_scram_creds creds;
-		auth_gate_opts o;
-		if (RAND_bytes(salt, sizeof salt) != 1 ||
-		    auth_scram_verifier(AUTH_SCRAM_SHA256, AUTH_CLUSTER_USER, k, salt, sizeof salt,
-					CLUSTER_ITERATIONS, &creds, err, errlen) != 0) {
-			rc = SDB_EINTERNAL;
-		} else {
-			memcpy(key, k, n + 1);
-			{
-				uint8_t mac[32];
-				unsigned int ml = 0;
-				HMAC(EVP_sha256(), key, (int)n, (const uint8_t *)"stripedb PeersV1", 16,
-				     mac, &ml);
-				for (int i = 0; i < 32; i++)
-					snprintf(peer_token + 2 * i, 3, "%02x", mac[i]);
-			}
-			memset(&o, 0, sizeof o);
-			o.cluster = &creds;
-			gate = auth_gate_new(&o);
-			sdb_info("cluster key loaded", "path=%s", path);
-		}
-	}
-	uv_mutex_unlock(&mu);
-	OPENSSL_cleanse(k, sizeof k);
-	OPENSSL_cleanse(buf, sizeof buf);
+	if (got == CLUSTER_FILE_MAX)
+		rc = sdb_errf(err, errlen, SDB_EINVAL, "cluster key file %s: too large", path);
+	else
+		rc = auth_cluster_parse_keys(buf, got, path, k, n, err, errlen);
+	OPENSSL_cleanse(buf, CLUSTER_FILE_MAX);
+	free(buf);
 	return rc;
+}
+
+/* Install k[0..n) as the keys (mu held): SCRAM verifiers with the process's salt, PeersV1
+ * tokens, and the gate (made at the first call). */
+static int install(char k[][CLUSTER_KEY_MAX + 1], size_t n, char *err, size_t errlen)
+{
+	auth_scram_creds creds[AUTH_CLUSTER_KEYS_MAX];
+	char tok[AUTH_CLUSTER_KEYS_MAX][65];
+
+	if (!gate && RAND_bytes(salt, sizeof salt) != 1) /* MongoDB's length; libmongoc wants it */
+		return sdb_errf(err, errlen, SDB_EINTERNAL, "cluster key: no randomness");
+	for (size_t i = 0; i < n; i++) {
+		uint8_t mac[32];
+		unsigned int ml = 0;
+		if (auth_scram_verifier(AUTH_SCRAM_SHA256, AUTH_CLUSTER_USER, k[i], salt, sizeof salt,
+					CLUSTER_ITERATIONS, &creds[i], err, errlen) != 0)
+			return SDB_EINTERNAL;
+		HMAC(EVP_sha256(), k[i], (int)strlen(k[i]), (const uint8_t *)"stripedb PeersV1", 16,
+		     mac, &ml);
+		for (int j = 0; j < 32; j++)
+			snprintf(tok[i] + 2 * j, 3, "%02x", mac[j]);
+	}
+	if (!peer_token || strcmp(peer_token, tok[0]) != 0) {
+		token_node *t = sdb_calloc(1, sizeof *t); /* the previous one stays valid */
+		memcpy(t->s, tok[0], sizeof t->s);
+		t->prev = peer_token_node;
+		peer_token_node = t;
+		peer_token = t->s;
+	}
+	memcpy(peer_tokens, tok, sizeof tok);
+	for (size_t i = 0; i < AUTH_CLUSTER_KEYS_MAX; i++)
+		OPENSSL_cleanse(keys[i], sizeof keys[i]);
+	for (size_t i = 0; i < n; i++)
+		memcpy(keys[i], k[i], sizeof keys[i]);
+	nkeys = n;
+	generation++;
+	if (gate) {
+		auth_gate_set_cluster(gate, creds, n);
+	} else {
+		auth_gate_opts o;
+		memset(&o, 0, sizeof o);
+		o.cluster = creds;
+		o.n_cluster = n;
+		gate = auth_gate_new(&o);
+	}
+	OPENSSL_cleanse(creds, sizeof creds);
+	return 0;
+}
+
+static bool same_keys(char k[][CLUSTER_KEY_MAX + 1], size_t n)
+{
+	if (n != nkeys)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(k[i], keys[i]) != 0)
+			return false;
+	return true;
+}
+
+int auth_cluster_load(const char *path, char *err, size_t errlen)
+{
+	char(*k)[CLUSTER_KEY_MAX + 1] = sdb_calloc(AUTH_CLUSTER_KEYS_MAX, sizeof *k);
+	size_t n = 0;
+	int rc;
+
+	uv_once(&once, init_mu);
+	rc = read_keys(path, k, &n, err, errlen);
+	if (rc == 0) {
+		uv_mutex_lock(&mu);
+		if (gate) {
+			if (!same_keys(k, n))
+				rc = sdb_errf(err, errlen, SDB_EINVAL,
+					      "cluster key file %s: differs from the keys already "
+					      "loaded",
+					      path);
+		} else if ((rc = install(k, n, err, errlen)) == 0) {
+			key_path = sdb_strdup(path);
+			sdb_info("cluster key loaded", "path=%s keys=%zu", path, n);
+		}
+		uv_mutex_unlock(&mu);
+	}
+	OPENSSL_cleanse(k, AUTH_CLUSTER_KEYS_MAX * sizeof *k);
+	free(k);
+	return rc;
+}
+
+int auth_cluster_reload(char *err, size_t errlen)
+{
+	char(*k)[CLUSTER_KEY_MAX + 1];
+	char *path = NULL;
+	size_t n = 0;
+	int rc;
+
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	if (key_path)
+		path = sdb_strdup(key_path);
+	uv_mutex_unlock(&mu);
+	if (!path)
+		return 0;
+	k = sdb_calloc(AUTH_CLUSTER_KEYS_MAX, sizeof *k);
+	rc = read_keys(path, k, &n, err, errlen);
+	if (rc == 0) {
+		uv_mutex_lock(&mu);
+		if (same_keys(k, n))
+			sdb_info("cluster key file reloaded, keys unchanged", "path=%s keys=%zu", path,
+				 n);
+		else if ((rc = install(k, n, err, errlen)) == 0)
+			sdb_info("cluster key file reloaded", "path=%s keys=%zu generation=%llu", path,
+				 n, (unsigned long long)generation);
+		uv_mutex_unlock(&mu);
+	}
+	OPENSSL_cleanse(k, AUTH_CLUSTER_KEYS_MAX * sizeof *k);
+	free(k);
+	free(path);
+	return rc;
+}
+
+size_t auth_cluster_key_count(void)
+{
+	size_t n;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	n = nkeys;
+	uv_mutex_unlock(&mu);
+	return n;
+}
+
+uint64_t auth_cluster_generation(void)
+{
+	return atomic_load(&generation); /* lock-free: read on every proxy command */
 }
 
 int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen)
@@ -370,17 +599,27 @@ bool auth_cluster_enabled(void)
 
 bool auth_cluster_derive(const char *label, uint8_t out[32])
 {
-	bool on;
+	uint8_t all[1][32];
+	if (auth_cluster_derive_all(label, all, 1) == 0)
+		return false;
+	memcpy(out, all[0], 32);
+	OPENSSL_cleanse(all, sizeof all);
+	return true;
+}
+
+size_t auth_cluster_derive_all(const char *label, uint8_t out[][32], size_t max)
+{
+	size_t n;
 	uv_once(&once, init_mu);
 	uv_mutex_lock(&mu);
-	on = gate != NULL;
-	if (on) {
+	n = nkeys < max ? nkeys : max;
+	for (size_t i = 0; i < n; i++) {
 		unsigned int ml = 0;
-		HMAC(EVP_sha256(), key, (int)strlen(key), (const uint8_t *)label, strlen(label), out,
-		     &ml);
+		HMAC(EVP_sha256(), keys[i], (int)strlen(keys[i]), (const uint8_t *)label,
+		     strlen(label), out[i], &ml);
 	}
 	uv_mutex_unlock(&mu);
-	return on;
+	return n;
 }
 
 wire_gate_fn auth_cluster_gate(void)
@@ -395,7 +634,7 @@ bool auth_cluster_uri_apply(mongoc_uri_t *uri)
 	uv_mutex_lock(&mu);
 	if (gate)
 		ok = mongoc_uri_set_username(uri, AUTH_CLUSTER_USER) &&
-		     mongoc_uri_set_password(uri, key) &&
+		     mongoc_uri_set_password(uri, keys[0]) &&
 		     mongoc_uri_set_auth_source(uri, "admin") &&
 		     mongoc_uri_set_auth_mechanism(uri, "SCRAM-SHA-256");
 	/* issue #10: internal TLS; explicit options of the URI win */
@@ -412,7 +651,12 @@ bool auth_cluster_uri_apply(mongoc_uri_t *uri)
 
 const char *auth_cluster_peer_token(void)
 {
-	return auth_cluster_enabled() ? peer_token : NULL;
+	const char *t;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	t = gate ? peer_token : NULL;
+	uv_mutex_unlock(&mu);
+	return t;
 }
 
 bool auth_cluster_reserved_limits(const struct rl_req *reqs, size_t n, char *msg,
@@ -436,10 +680,16 @@ bool auth_cluster_reserved_limits(const struct rl_req *reqs, size_t n, char *msg
 
 bool auth_cluster_peer_token_ok(const char *value, size_t len)
 {
-	const char *t = auth_cluster_peer_token();
-	if (!t)
-		return true;
-	return value && len == 64 && CRYPTO_memcmp(value, t, 64) == 0;
+	bool ok = false;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	if (!gate)
+		ok = true;
+	else if (value && len == 64)
+		for (size_t i = 0; i < nkeys; i++) /* every key: no early exit */
+			ok |= CRYPTO_memcmp(value, peer_tokens[i], 64) == 0;
+	uv_mutex_unlock(&mu);
+	return ok;
 }
 
 mongoc_client_t *auth_cluster_client_new(const char *s)

@@ -9,9 +9,19 @@
  * cluster members; clients of the cluster go through the proxy, which authenticates to
  * shards and metadata with the key (auth_cluster_uri_apply).
  *
- * Key file (MongoDB's rules): 6..1024 characters of the base64 alphabet once whitespace
- * is removed; the file must not be readable by group or others (mode & 077 == 0).
- * One key per process (all roles of a process share it). Thread-safe after setup.
+ * Key file (MongoDB's rules): the file must not be readable by group or others
+ * (mode & 077 == 0) and holds either
+ *   - one key: 6..1024 characters of the base64 alphabet once whitespace is removed (a
+ *     key wrapped over several lines, as `openssl rand -base64 756` writes it, is ONE
+ *     key, as in MongoDB), or
+ *   - several keys (rotation, issue #21), MongoDB's YAML list form: one `- KEY` item per
+ *     key (optionally quoted with ' or "; an indented line continues the item above;
+ *     blank lines and lines starting with # are ignored), at most AUTH_CLUSTER_KEYS_MAX.
+ * Outgoing authentication (the SCRAM password of internal clients, the PeersV1 token,
+ * the Raft handshake proof) uses the FIRST key; incoming authentication accepts ANY key
+ * of the file (MongoDB's keyfile rotation). auth_cluster_reload (SIGHUP) re-reads the
+ * file. One key file per process (all roles of a process share it). Thread-safe after
+ * setup.
  */
 #ifndef SDB_AUTH_CLUSTER_H
 #define SDB_AUTH_CLUSTER_H
@@ -19,11 +29,22 @@
 #include <mongoc/mongoc.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/config.h"
 #include "wire/server.h"
 
 #define AUTH_CLUSTER_USER "__system"
+#define AUTH_CLUSTER_KEY_MAX 1024 /* characters of one key */
+#define AUTH_CLUSTER_KEYS_MAX 8   /* keys in one file */
+
+/* Parse a key file's text (len bytes, untrusted, not NUL-terminated) into keys (each
+ * NUL-terminated), *n of them (>= 1 on success), in file order. 0 or SDB_EINVAL with a
+ * message naming what (and the line) is wrong; what names the file in messages. No I/O:
+ * exposed for the unit tests. */
+int auth_cluster_parse_keys(const char *text, size_t len, const char *what,
+			    char keys[][AUTH_CLUSTER_KEY_MAX + 1], size_t *n, char *err,
+			    size_t errlen);
 
 /* Read the key of cfg's --cluster-key-file (a no-op when unset), then, with
  * --tls-internal=true, the internal TLS client settings (auth_cluster_tls_load with
@@ -33,8 +54,24 @@
  * err. */
 int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen);
 
-/* Load a key from a path directly (used by setup and tests). Same errors. */
+/* Load the key(s) from a path directly (used by setup, ctl and tests). Same errors;
+ * idempotent for a file with the same keys. */
 int auth_cluster_load(const char *path, char *err, size_t errlen);
+
+/* Re-read the key file loaded by auth_cluster_load (SIGHUP, called by auth_tls_reload):
+ * the new keys replace the old ones for every connection and internal client made
+ * afterwards (SCRAM __system, PeersV1, Raft handshakes); connections already
+ * authenticated stay. 0 (also when no key is loaded), or SDB_EIO / SDB_EINVAL with a
+ * message: the old keys stay in use. Thread-safe. */
+int auth_cluster_reload(char *err, size_t errlen);
+
+/* Number of keys loaded (0: none). */
+size_t auth_cluster_key_count(void);
+
+/* Bumped by every auth_cluster_reload that changed the keys (starts at 1 once loaded):
+ * holders of long-lived internal clients or pools compare it to rebuild them with the
+ * new first key. */
+uint64_t auth_cluster_generation(void);
 
 /* Is a cluster key loaded in this process? */
 bool auth_cluster_enabled(void);
@@ -43,6 +80,11 @@ bool auth_cluster_enabled(void);
  * itself never leaves this file). False (out untouched) when no key is loaded. Used by
  * the Raft transport's handshake (label "stripedb raft transport v1"). Thread-safe. */
 bool auth_cluster_derive(const char *label, uint8_t out[32]);
+
+/* The same derivation for every key, in file order (out[0]: the first key, used for
+ * outgoing connections; all of them are accepted on incoming ones): the count written
+ * (at most max), 0 when no key is loaded. Thread-safe. */
+size_t auth_cluster_derive_all(const char *label, uint8_t out[][32], size_t max);
 
 /* The wire gate for internal listeners: NULL when no key is loaded (nothing changes),
  * else a wire_gate_fn that ignores its role_data. */
@@ -118,11 +160,13 @@ struct rl_req;
 bool auth_cluster_reserved_limits(const struct rl_req *reqs, size_t n, char *msg,
 				  size_t msglen);
 
-/* The token (64 hex characters, static storage) or NULL when no key is loaded. */
+/* The token of the first key (64 hex characters, never freed: a reload that changes the
+ * first key makes a new string and leaves the old one valid) or NULL when no key is
+ * loaded. */
 const char *auth_cluster_peer_token(void);
 
-/* Does value (len bytes, untrusted) carry the token? True when no key is loaded (nothing
- * to check). Constant-time comparison. */
+/* Does value (len bytes, untrusted) carry the token of any loaded key? True when no key
+ * is loaded (nothing to check). Constant-time comparisons. */
 bool auth_cluster_peer_token_ok(const char *value, size_t len);
 
 #endif

@@ -11,6 +11,7 @@
 #include "auth/policy.h"
 #include "auth/scram.h"
 #include "common/alloc.h"
+#include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "ratelimit/limiter.h"
@@ -30,8 +31,9 @@ struct auth_gate {
 	rl_decide_fn decide; /* opts.decide, or rl_decide_local over lim */
 	void *decide_ctx;
 	bool has_cluster;
-	auth_scram_creds cluster; /* __system's verifier when has_cluster */
-	uv_mutex_t mu; /* guards pol */
+	auth_scram_creds cluster[AUTH_GATE_CLUSTER_MAX]; /* __system's verifiers (under mu) */
+	size_t n_cluster;
+	uv_mutex_t mu; /* guards pol and cluster, n_cluster */
 	auth_policy *pol;
 	/* Speculative authentication (hello's speculativeAuthenticate): verifiers of recent
 	 * saslStart lookups, and the server-first the hello hook adds to the reply of the
@@ -98,9 +100,66 @@ auth_gate *auth_gate_new(const auth_gate_opts *opts)
 		NULL);
 	if (opts->cluster) {
 		g->has_cluster = true;
-		g->cluster = *opts->cluster;
+		auth_gate_set_cluster(g, opts->cluster, opts->n_cluster ? opts->n_cluster : 1);
 	}
 	return g;
+}
+
+void auth_gate_set_cluster(auth_gate *g, const auth_scram_creds *creds, size_t n)
+{
+	if (n > AUTH_GATE_CLUSTER_MAX)
+		n = AUTH_GATE_CLUSTER_MAX;
+	uv_mutex_lock(&g->mu);
+	memcpy(g->cluster, creds, n * sizeof *creds);
+	g->n_cluster = n;
+	uv_mutex_unlock(&g->mu);
+}
+
+/* Copy the __system verifiers into out (AUTH_GATE_CLUSTER_MAX); their count. */
+static size_t cluster_creds(auth_gate *g, auth_scram_creds *out)
+{
+	size_t n;
+	uv_mutex_lock(&g->mu);
+	n = g->n_cluster;
+	memcpy(out, g->cluster, n * sizeof *out);
+	uv_mutex_unlock(&g->mu);
+	return n;
+}
+
+/* client-final of a __system conversation against every current verifier with the salt
+ * and iterations that server-first announced (any key of the rotation): 0 for the first
+ * that accepts the proof, else the refusal (s is FAILED then). */
+static int cluster_final(auth_gate *g, auth_scram *s, const uint8_t *payload, uint32_t plen,
+			 char *out, size_t outlen, char *err, size_t errlen)
+{
+	auth_scram_creds all[AUTH_GATE_CLUSTER_MAX];
+	size_t n = cluster_creds(g, all);
+	auth_scram *t = sdb_malloc(sizeof *t);
+	int rc = SDB_EAUTH;
+	bool tried = false;
+
+	for (size_t i = 0; i < n; i++) {
+		if (all[i].salt_len != s->creds.salt_len || all[i].iterations != s->creds.iterations ||
+		    all[i].mech != s->creds.mech ||
+		    memcmp(all[i].salt, s->creds.salt, s->creds.salt_len) != 0)
+			continue;
+		*t = *s;
+		t->creds = all[i];
+		tried = true;
+		rc = auth_scram_client_final(t, payload, plen, out, outlen, err, errlen);
+		if (rc != SDB_EAUTH) /* accepted, or malformed whatever the key */
+			break;
+	}
+	if (tried) {
+		*s = *t;
+	} else {
+		s->state = AUTH_SCRAM_FAILED;
+		rc = sdb_errf(err, errlen, SDB_EAUTH, "SCRAM: the cluster keys changed");
+	}
+	OPENSSL_cleanse(t, sizeof *t);
+	free(t);
+	OPENSSL_cleanse(all, sizeof all);
+	return rc;
 }
 
 static void free_users(char **users, size_t n)
@@ -694,8 +753,10 @@ static void sasl_start(auth_gate *g, wire_req *req, auth_conn *c)
 	if (g->has_cluster && strcmp(c->scram.user, "__system") == 0) {
 		uint8_t snonce[24];
 		char out[AUTH_SCRAM_MAX_MSG + 1];
-		if (RAND_bytes(snonce, sizeof snonce) != 1 ||
-		    auth_scram_server_first(&c->scram, &g->cluster, snonce, sizeof snonce, out,
+		auth_scram_creds all[AUTH_GATE_CLUSTER_MAX];
+		size_t n = cluster_creds(g, all);
+		if (n == 0 || RAND_bytes(snonce, sizeof snonce) != 1 ||
+		    auth_scram_server_first(&c->scram, &all[0], snonce, sizeof snonce, out,
 					    sizeof out, err, sizeof err) != 0) {
 			auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, c->user, "server-first failed");
 			return;
@@ -732,7 +793,11 @@ static void sasl_continue(auth_gate *g, wire_req *req, auth_conn *c)
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, user, "saslContinue without payload");
 		return;
 	}
-	rc = auth_scram_client_final(&c->scram, payload, plen, out, sizeof out, err, sizeof err);
+	if (g->has_cluster && strcmp(c->scram.user, "__system") == 0)
+		rc = cluster_final(g, &c->scram, payload, plen, out, sizeof out, err, sizeof err);
+	else
+		rc = auth_scram_client_final(&c->scram, payload, plen, out, sizeof out, err,
+					     sizeof err);
 	if (rc != 0) {
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, user, err);
 		return;

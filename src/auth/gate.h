@@ -61,6 +61,10 @@ typedef struct auth_gate_opts {
 	 * cluster gate of an internal listener: only __system can authenticate, and failures
 	 * are answered at once (loop may be NULL). */
 	const struct auth_scram_creds *cluster;
+	/* Number of verifiers at cluster (0 counts as 1 when cluster is set): the keys of a
+	 * rotation (auth/cluster.h), all with the same mechanism, salt and iterations. A
+	 * conversation is answered with cluster[0]'s salt and succeeds with any of them. */
+	size_t n_cluster;
 	/* Where failed authentications are counted (the brute-force limit): a Gubernator
 	 * decide over the cluster's rate limiter (the proxy passes its peer ring, so every
 	 * proxy sees one count per user and per client host), or NULL for a limiter private
@@ -73,6 +77,14 @@ typedef struct auth_gate_opts {
 #define AUTH_GATE_FAIL_DELAY_MS 200
 
 typedef struct auth_gate auth_gate;
+
+#define AUTH_GATE_CLUSTER_MAX 8 /* verifiers of __system at once (= AUTH_CLUSTER_KEYS_MAX) */
+
+/* Replace the __system verifiers of a gate made with opts.cluster (creds: n >= 1, at
+ * most AUTH_GATE_CLUSTER_MAX, copied), e.g. after the key file was reloaded. Conversations
+ * already past saslStart finish against the new set. Thread-safe. */
+struct auth_scram_creds;
+void auth_gate_set_cluster(auth_gate *g, const struct auth_scram_creds *creds, size_t n);
 
 /* Create (never fails; allocation aborts). Free with auth_gate_free after the wire server
  * has closed (no request in flight). */

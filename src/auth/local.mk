@@ -4,8 +4,12 @@ libstripedb_a_SOURCES += src/auth/scram.c src/auth/policy.c src/auth/audit.c src
 noinst_HEADERS += src/auth/scram.h src/auth/policy.h src/auth/audit.h src/auth/gate.h \
 	src/auth/cluster.h src/auth/tls.h src/auth/raftsec.h
 
-check_PROGRAMS += tests/unit/test_auth_scram tests/unit/test_auth_policy
-TESTS += tests/unit/test_auth_scram tests/unit/test_auth_policy
+check_PROGRAMS += tests/unit/test_auth_scram tests/unit/test_auth_policy \
+	tests/unit/test_auth_cluster
+TESTS += tests/unit/test_auth_scram tests/unit/test_auth_policy tests/unit/test_auth_cluster
+tests_unit_test_auth_cluster_SOURCES = tests/unit/test_auth_cluster.c
+tests_unit_test_auth_cluster_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_auth_cluster_LDADD = $(UNIT_LDADD)
 tests_unit_test_auth_scram_SOURCES = tests/unit/test_auth_scram.c
 tests_unit_test_auth_scram_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_auth_scram_LDADD = $(UNIT_LDADD)

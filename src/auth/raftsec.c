@@ -15,6 +15,7 @@
 #include "raft/handshake.h"
 
 #define RAFT_KEY_LABEL "stripedb raft transport v1"
+_Static_assert(AUTH_CLUSTER_KEYS_MAX <= SDB_HS_KEYS_MAX, "the handshake accepts every key");
 
 static uv_once_t once = UV_ONCE_INIT;
 static uv_mutex_t mu;
@@ -101,6 +102,13 @@ static struct ssl_ctx_st *tls_ctx(bool server, void *arg)
 	return ctx;
 }
 
+/* sdb_transport_opts.keys: the Raft keys of every key of the key file, now. */
+static size_t raft_keys(uint8_t (*out)[32], size_t max, void *arg)
+{
+	(void)arg;
+	return auth_cluster_derive_all(RAFT_KEY_LABEL, out, max);
+}
+
 int auth_raft_setup(const sdb_config *cfg, sdb_transport_opts *opts, uint8_t key_buf[32],
 		    bool *secure, char *err, size_t errlen)
 {
@@ -145,8 +153,10 @@ int auth_raft_setup(const sdb_config *cfg, sdb_transport_opts *opts, uint8_t key
 		return 0;
 	}
 	memset(opts, 0, sizeof *opts);
-	if (has_key)
+	if (has_key) {
 		opts->key = key_buf;
+		opts->keys = raft_keys; /* key rotation: the current keys at each connection */
+	}
 	if (tls) {
 		uv_mutex_lock(&mu);
 		if (!f_cert) {

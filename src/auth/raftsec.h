@@ -7,7 +7,10 @@
  *     --tls-cert and verify the peer's against --tls-ca; host names are not checked
  *     (every certificate the cluster CA signed for a member is a member).
  *   - the cluster key (--cluster-key-file) adds the HMAC challenge-response of
- *     raft/handshake.h (with or without TLS).
+ *     raft/handshake.h (with or without TLS). The transport asks for the current keys at
+ *     every new connection (opts->keys: auth_cluster_derive_all), so a key file re-read on
+ *     SIGHUP applies to the next connection: the first key proves outgoing connections,
+ *     any key is accepted on incoming ones (key rotation, src/auth/README.md).
  *   - enabled: one of the two must be configured (SDB_EUSAGE otherwise); TLS needs all
  *     three files (SDB_EUSAGE when cert/key are given without --tls-ca).
  *   - auto: the secure transport when either is configured; otherwise libraft's
@@ -31,7 +34,8 @@
 
 /* The transport settings for cfg's raft port. *secure = false: use the plaintext stock
  * transport (opts untouched); true: sdb_transport_init with *opts, whose key points to
- * *key_buf (SDB_HS_KEY_LEN bytes the caller keeps alive until init). 0 or SDB_EUSAGE /
+ * *key_buf (SDB_HS_KEY_LEN bytes the caller keeps alive until init; the first key at
+ * setup) and whose keys callback gives the current ones. 0 or SDB_EUSAGE /
  * SDB_EINVAL (bad mode, missing file, OpenSSL refusing the files), message in err. */
 int auth_raft_setup(const sdb_config *cfg, sdb_transport_opts *opts, uint8_t key_buf[32],
 		    bool *secure, char *err, size_t errlen);

@@ -341,6 +341,7 @@ static void *run(void *arg)
 	char err[512];
 	cdc_writer *w = NULL;
 	mongoc_client_t *c = NULL;
+	uint64_t key_gen = 0; /* auth_cluster_generation c was made with */
 	sdb_log_set_thread("coordinator", p->shard);
 	while (!atomic_load(&p->stop)) {
 		int rc;
@@ -357,7 +358,12 @@ static void *run(void *arg)
 				 (unsigned)cdc_writer_last_ts(w), cdc_writer_next_offset(w));
 			publish_progress(p, w, 0);
 		}
+		if (c != NULL && auth_cluster_generation() != key_gen) {
+			mongoc_client_destroy(c); /* issue #21: made anew with the rotated key */
+			c = NULL;
+		}
 		if (c == NULL) {
+			key_gen = auth_cluster_generation();
 			c = auth_cluster_client_new(p->uri); /* issue #10 */
 			if (c == NULL) {
 				set_error(p, "bad shard uri");

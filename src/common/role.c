@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "auth/cluster.h" /* issue #21: cluster key reload on SIGHUP */
 #include "auth/tls.h" /* issue #10: SIGHUP reload hook */
 #include "common/alloc.h"
 #include "common/err.h"
@@ -328,6 +329,12 @@ int sdb_roles_run(const sdb_config_set *set)
 						"old certificates", "err=\"%s\"", rerr);
 				else
 					sdb_log(SDB_LOG_INFO, "SIGHUP received", "action=tls-reload");
+				/* issue #21: the cluster key file (key rotation); a bad file keeps
+				 * the keys in use */
+				rerr[0] = '\0';
+				if (auth_cluster_reload(rerr, sizeof rerr) != 0)
+					sdb_log(SDB_LOG_ERROR, "SIGHUP: cluster key reload failed, keeping "
+						"the old keys", "err=\"%s\"", rerr);
 				continue;
 			}
 			sdb_log(SDB_LOG_INFO, "shutdown requested", "signal=%s",

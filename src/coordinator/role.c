@@ -365,9 +365,22 @@ static void *manager(void *arg)
 		sdb_error("bad metadata uri", "uri=%s", co->meta_uri);
 		return NULL;
 	}
+	uint64_t key_gen = auth_cluster_generation();
 	mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
 	mongoc_client_set_appname(c, "stripedb-coordinator");
 	while (!atomic_load(&co->stop)) {
+		if (auth_cluster_generation() != key_gen) {
+			/* issue #21: the cluster key rotated; a client keeps the password it was
+			 * made with, so its next connection would use the old key */
+			mongoc_client_t *n = auth_cluster_client_new(co->meta_uri);
+			key_gen = auth_cluster_generation();
+			if (n) {
+				mongoc_client_destroy(c);
+				c = n;
+				mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
+				mongoc_client_set_appname(c, "stripedb-coordinator");
+			}
+		}
 		cdc_tick(co, c);
 		migrations_tick(co, c);
 		pthread_mutex_lock(&co->mu);

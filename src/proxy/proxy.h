@@ -49,7 +49,7 @@ typedef struct proxy {
 	wire_server *srv;
 	shardconn *sc;
 	route_cache *rc;
-	mongoc_client_pool_t *meta;
+	/* the metadata pool lives in sc (shardconn_metadata; renewed at key rotation) */
 	int64_t stale_retry_ms;     /* StaleConfig retry budget */
 	int64_t cursor_timeout_ms;  /* idle proxy cursors are killed after this */
 	/* routing refresh thread */

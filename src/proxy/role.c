@@ -28,18 +28,22 @@
 int proxy_meta_command(proxy *p, const bson_t *cmd, bson_t *reply, int *code, char *err,
 		       size_t errlen)
 {
+	mongoc_client_pool_t *pool;
 	mongoc_client_t *cl;
 	bson_error_t e;
 	bool ok;
 	bson_iter_t it;
 
-	if (p->meta == NULL) {
+	/* issue #21: the current pool (renewed when the cluster key rotates); pushed back to
+	 * the pool it was popped from */
+	pool = p->sc ? shardconn_metadata(p->sc) : NULL;
+	if (pool == NULL) {
 		bson_init(reply);
 		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "no metadata service configured");
 	}
-	cl = mongoc_client_pool_pop(p->meta);
+	cl = mongoc_client_pool_pop(pool);
 	ok = mongoc_client_command_simple(cl, "admin", cmd, NULL, reply, &e);
-	mongoc_client_pool_push(p->meta, cl);
+	mongoc_client_pool_push(pool, cl);
 	if (ok)
 		return 0;
 	*code = 0;
@@ -761,8 +765,7 @@ static int proxy_start(sdb_role *role)
 	rc = auth_cluster_setup(role->cfg, role->err, sizeof role->err);
 	if (rc != 0)
 		goto err;
-	p->meta = shardconn_metadata_pool(meta, role->err, sizeof role->err);
-	if (p->meta == NULL) {
+	if (shardconn_set_metadata(p->sc, meta, role->err, sizeof role->err) != 0) {
 		rc = SDB_EUSAGE;
 		goto err;
 	}
@@ -831,9 +834,7 @@ err_srv:
 err:
 	auth_gate_free(p->auth);
 	proxy_quota_free(p->quota);
-	if (p->meta)
-		mongoc_client_pool_destroy(p->meta);
-	shardconn_free(p->sc);
+	shardconn_free(p->sc); /* and its metadata pool */
 	route_cache_free(p->rc);
 	uv_mutex_destroy(&p->cmu);
 	uv_cond_destroy(&p->cv);
@@ -854,8 +855,7 @@ static void on_timer_closed(uv_handle_t *h)
 	uv_thread_join(&p->refresher);
 	proxy_cursor_reap(p, true);
 	shardconn_free(p->sc); /* runs queued jobs first, joins the workers */
-	p->sc = NULL;
-	mongoc_client_pool_destroy(p->meta);
+	p->sc = NULL; /* the metadata pool went with it */
 	proxy_quota_free(p->quota);
 	auth_gate_free(p->auth);
 	route_cache_free(p->rc);

@@ -116,6 +116,8 @@ struct shardconn {
 	shard *shards;
 	shard *retired; /* replaced pools stay alive until free (clients may be out) */
 	tpool req, io;
+	shard *meta;            /* the metadata pool (uri: the full URI), or NULL */
+	atomic_uint_least64_t key_gen; /* auth_cluster_generation the pools were made with */
 	int64_t retry_ms;       /* shard-restart retry budget (shardconn_set_retry_budget) */
 	sdb_counter *m_retries; /* requests re-sent after a shard refused them unexecuted */
 };
@@ -129,6 +131,7 @@ shardconn *shardconn_new(void)
 	tpool_init(&sc->req, SHARDCONN_WORKERS);
 	tpool_init(&sc->io, SHARDCONN_IO_WORKERS);
 	sc->retry_ms = 5000;
+	atomic_init(&sc->key_gen, auth_cluster_generation());
 	sc->m_retries = sdb_metrics_counter(
 		"stripedb_proxy_shard_retries_total",
 		"Shard commands re-sent because the shard refused them unexecuted (restarting).",
@@ -166,6 +169,11 @@ void shardconn_free(shardconn *sc)
 	else
 		sc->retired = sc->shards;
 	sc->shards = NULL;
+	if (sc->meta) {
+		sc->meta->next = sc->retired;
+		sc->retired = sc->meta;
+		sc->meta = NULL;
+	}
 	for (s = sc->retired; s; s = n) {
 		n = s->next;
 		tpool_push(&sc->io, shard_free_job, s);
@@ -324,6 +332,64 @@ char *shardconn_shard_hosts(shardconn *sc, const char *id)
 	return out;
 }
 
+/* A copy of old (id, uri) with a new pool made with the current cluster key, or NULL
+ * (logged). meta: old->uri is the full metadata URI, else a shard URI. */
+static shard *renewed(const shard *old, bool meta)
+{
+	char err[256];
+	char *full = meta ? sdb_strdup(old->uri) : uri_with_defaults(old->uri);
+	mongoc_client_pool_t *pool = pool_for(full, err, sizeof err);
+	shard *s;
+
+	free(full);
+	if (!pool) {
+		sdb_warn("proxy: cannot renew a pool with the new cluster key", "shard=%s err=\"%s\"",
+			 old->id, err);
+		return NULL;
+	}
+	s = sdb_calloc(1, sizeof *s);
+	s->id = sdb_strdup(old->id);
+	s->uri = sdb_strdup(old->uri);
+	s->pool = pool;
+	return s;
+}
+
+/* Key rotation (issue #21): libmongoc keeps the credentials a pool was made with, so
+ * after the cluster key's first key changed every pool is made anew (new connections
+ * authenticate with the new key); the old ones are retired, not destroyed (clients of
+ * them may be out). A pool that cannot be made keeps the old one. */
+static void rekey(shardconn *sc)
+{
+	uint64_t gen = auth_cluster_generation();
+
+	if (atomic_load(&sc->key_gen) == gen)
+		return;
+	uv_rwlock_wrlock(&sc->lock);
+	if (atomic_load(&sc->key_gen) != gen) {
+		for (shard **pp = &sc->shards; *pp; pp = &(*pp)->next) {
+			shard *old = *pp, *s = renewed(old, false);
+			if (!s)
+				continue;
+			s->next = old->next;
+			*pp = s;
+			old->next = sc->retired;
+			sc->retired = old;
+		}
+		if (sc->meta) {
+			shard *s = renewed(sc->meta, true);
+			if (s) {
+				sc->meta->next = sc->retired;
+				sc->retired = sc->meta;
+				sc->meta = s;
+			}
+		}
+		atomic_store(&sc->key_gen, gen);
+		sdb_info("proxy: pools renewed with the new cluster key", "generation=%llu",
+			 (unsigned long long)gen);
+	}
+	uv_rwlock_wrunlock(&sc->lock);
+}
+
 /* The shard entry of id, or NULL. Entries live until shardconn_free (replaced ones are
  * retired, not freed). */
 static shard *find_shard(shardconn *sc, const char *id)
@@ -342,6 +408,8 @@ static mongoc_client_pool_t *find_pool(shardconn *sc, const char *id)
 {
 	shard *s;
 	mongoc_client_pool_t *p = NULL;
+
+	rekey(sc);
 
 	uv_rwlock_rdlock(&sc->lock);
 	for (s = sc->shards; s; s = s->next)
@@ -566,11 +634,37 @@ void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), 
 	uv_mutex_destroy(&f.mu);
 }
 
-mongoc_client_pool_t *shardconn_metadata_pool(const char *addrs, char *err, size_t errlen)
+int shardconn_set_metadata(shardconn *sc, const char *addrs, char *err, size_t errlen)
 {
 	char *uri = sdb_meta_uri(addrs, false, 1500, 2000, 30000);
 	mongoc_client_pool_t *p = pool_for(uri, err, errlen);
+	shard *s;
 
-	free(uri);
+	if (!p) {
+		free(uri);
+		return SDB_EINVAL;
+	}
+	s = sdb_calloc(1, sizeof *s);
+	s->id = sdb_strdup("metadata");
+	s->uri = uri;
+	s->pool = p;
+	uv_rwlock_wrlock(&sc->lock);
+	if (sc->meta) {
+		sc->meta->next = sc->retired;
+		sc->retired = sc->meta;
+	}
+	sc->meta = s;
+	uv_rwlock_wrunlock(&sc->lock);
+	return 0;
+}
+
+mongoc_client_pool_t *shardconn_metadata(shardconn *sc)
+{
+	mongoc_client_pool_t *p;
+
+	rekey(sc);
+	uv_rwlock_rdlock(&sc->lock);
+	p = sc->meta ? sc->meta->pool : NULL;
+	uv_rwlock_rdunlock(&sc->lock);
 	return p;
 }

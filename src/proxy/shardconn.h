@@ -100,8 +100,15 @@ void shardconn_submit(shardconn *sc, void (*fn)(void *arg), void *arg);
  * finished (n == 1 runs inline). */
 void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
 
-/* A client pool for the metadata members "H:P,H:P" (replicaSet=stripedb-meta, so the
- * leader is found by libmongoc). Returns NULL with a message on a bad address list. */
-mongoc_client_pool_t *shardconn_metadata_pool(const char *addrs, char *err, size_t errlen);
+/* The shardconn's metadata pool, for the members "H:P,H:P" (replicaSet=stripedb-meta, so
+ * the leader is found by libmongoc): made by shardconn_set_metadata (SDB_EINVAL with a
+ * message on a bad address list; a second call replaces it), freed with the shardconn.
+ * shardconn_metadata returns the current pool (NULL before set): pop from it
+ * and push back to the same pointer. Key rotation (issue #21): when the cluster key file
+ * was reloaded with a new first key (auth_cluster_generation moved), this and every shard
+ * pool are made anew with the new key at the next call or command; the old pools stay
+ * alive (their connections are authenticated already) until shardconn_free. Thread-safe. */
+int shardconn_set_metadata(shardconn *sc, const char *addrs, char *err, size_t errlen);
+mongoc_client_pool_t *shardconn_metadata(shardconn *sc);
 
 #endif

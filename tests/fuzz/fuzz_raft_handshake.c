@@ -2,8 +2,9 @@
  * peer sends before any Raft message reaches libraft (hello, key proof, libraft's
  * preamble with its address length), all untrusted.
  *
- * Input: byte 0 picks the side (bit 0: acceptor, else connector) and whether this member
- * has a cluster key (bit 1); the rest is what the peer sends. It is fed twice: at once,
+ * Input: byte 0 picks the side (bit 0: acceptor, else connector), whether this member
+ * has a cluster key (bit 1) and, with a key, two keys of a rotation (bit 2; an acceptor
+ * then checks the proof against both); the rest is what the peer sends. It is fed twice: at once,
  * and split at the points given by byte 1 (chunked reads), which must give the same
  * outcome. Invariants (abort): a member with a key never completes (the fuzzer does not
  * know the key: completing would be a forged proof); a completed acceptor has a peer id
@@ -17,12 +18,14 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static int run(bool server, bool key, const uint8_t *in, size_t len, size_t chunk, sdb_hs *h)
+static int run(bool server, bool key, bool two, const uint8_t *in, size_t len, size_t chunk,
+	       sdb_hs *h)
 {
-	static const uint8_t k[SDB_HS_KEY_LEN] = "fuzz-key-not-guessable-01234567";
+	static const uint8_t k[2][SDB_HS_KEY_LEN] = {"fuzz-key-not-guessable-01234567",
+						     "fuzz-key-two-not-guessable-0123"};
 	static const uint8_t nonce[SDB_HS_NONCE_LEN] = "fixed-nonce-of-this-member-0123";
 	int rc = SDB_HS_MORE;
-	sdb_hs_init(h, server, key ? k : NULL, nonce);
+	sdb_hs_init_keys(h, server, k, key ? (two ? 2 : 1) : 0, nonce);
 	while (len > 0 && rc == SDB_HS_MORE) {
 		uint8_t out[SDB_HS_OUT_MAX];
 		size_t used = 0, outlen = 0, n = len < chunk ? len : chunk;
@@ -50,8 +53,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	server = data[0] & 1;
 	key = data[0] & 2;
 	chunk = (size_t)data[1] % 64 + 1;
-	ra = run(server, key, data + 2, size - 2, size, &a);
-	rb = run(server, key, data + 2, size - 2, chunk, &b);
+	ra = run(server, key, data[0] & 4, data + 2, size - 2, size, &a);
+	rb = run(server, key, data[0] & 4, data + 2, size - 2, chunk, &b);
 	if (ra != rb)
 		abort();
 	if (ra == SDB_HS_DONE) {

@@ -10,7 +10,10 @@ process that reaches the port cannot vote, append or read.
   with --raft-tls=disabled does bump the term (the control: the attack is real);
 * a TCP proxy between members records the Raft traffic: with TLS a tenant name written
   through the leader never appears in it; with --raft-tls=disabled it does (control);
-* certificates rotate on SIGHUP under a write load without a client error.
+* certificates rotate on SIGHUP under a write load without a client error;
+* the cluster key rotates on SIGHUP (a key file of several keys, MongoDB's procedure)
+  under a write load without a client error, and a member left with only the old key is
+  refused.
 """
 import hashlib
 import hmac
@@ -47,7 +50,7 @@ class Group:
     (addr_override: index -> port of a proxy that forwards to the member)."""
 
     def __init__(self, start_role, tmp_path, n=3, extra=(), client_opts=None,
-                 addr_override=None):
+                 addr_override=None, member_extra=None):
         self.client_opts = client_opts or {}
         self.members = []
         for i in range(n):
@@ -62,7 +65,8 @@ class Group:
                                  f"--data-dir={m.data_dir}", f"--listen={m.wire}",
                                  f"--raft-listen={m.raft}", f"--bootstrap-members={boot}",
                                  f"--http-listen=127.0.0.1:{m.http_port}",
-                                 "--raft-election-timeout-ms=500"] + list(extra))
+                                 "--raft-election-timeout-ms=500"] + list(extra)
+                                + (member_extra(m.idx) if member_extra else []))
             m._client = pymongo.MongoClient(
                 m.wire, directConnection=True, serverSelectionTimeoutMS=5000,
                 connectTimeoutMS=2000, socketTimeoutMS=10000, **self.client_opts)
@@ -211,28 +215,66 @@ def rogue_plain(port, payload):
     return closed_by_peer(s)
 
 
+def raft_key(key):
+    return hmac.new(key.encode(), b"stripedb raft transport v1", hashlib.sha256).digest()
+
+
+def hs_proof(key, role, client_nonce, server_nonce):
+    return hmac.new(raft_key(key), b"stripedb raft proof v1" + role + client_nonce +
+                    server_nonce + b"\0" * 32, hashlib.sha256).digest()
+
+
+def recv_exactly(s, n):
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
 def rogue_hmac(port, key, payload):
-    """Speak our handshake with a key (the wrong one): hello, read the member's hello and
-    proof, send a proof made with `key`, then the Raft bytes."""
+    """Speak our handshake with a key (the wrong one): hello, read the member's hello,
+    send a proof made with `key` (the member proves itself only after checking it), then
+    the Raft bytes."""
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
     nonce = os.urandom(32)
     s.sendall(b"SDBRAFT\x01" + b"\x01" + b"\0" * 7 + nonce)
-    data = b""
     s.settimeout(10)
-    while len(data) < 80:
-        chunk = s.recv(80 - len(data))
-        if not chunk:
-            s.close()
-            return True
-        data += chunk
-    k = hmac.new(key.encode(), b"stripedb raft transport v1", hashlib.sha256).digest()
-    proof = hmac.new(k, b"stripedb raft proof v1" + b"C" + nonce + data[16:48] + b"\0" * 32,
-                     hashlib.sha256).digest()
+    data = recv_exactly(s, 48)
+    if data is None:
+        s.close()
+        return True
     try:
-        s.sendall(proof + payload)
+        s.sendall(hs_proof(key, b"C", nonce, data[16:48]) + payload)
     except (ConnectionResetError, BrokenPipeError):
         return True
     return closed_by_peer(s)
+
+
+def raft_key_accepted(port, key):
+    """Run the handshake with `key` up to the member's proof: True when the member accepted
+    our proof and proved the same key back (then the connection is dropped before the
+    preamble), False when it closed the connection instead."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.settimeout(10)
+    try:
+        nonce = os.urandom(32)
+        s.sendall(b"SDBRAFT\x01" + b"\x01" + b"\0" * 7 + nonce)
+        hello = recv_exactly(s, 48)
+        if hello is None:
+            return False
+        s.sendall(hs_proof(key, b"C", nonce, hello[16:48]))
+        proof = recv_exactly(s, 32)
+        if proof is None:
+            return False
+        assert proof == hs_proof(key, b"S", nonce, hello[16:48]), "member proved another key"
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return False
+    finally:
+        s.close()
 
 
 def rogue_tls(port, payload, cert=None):
@@ -507,4 +549,265 @@ def test_certificate_rotation_under_write_load(start_role, tmp_path):
     g.converged()
     names = str(f.cmd("listTenants"))
     assert all(a in names for a in acked)
+    g.close()
+
+
+# ---- cluster key rotation (issue #21) ----
+
+NEW_KEY = "bmV3LWNsdXN0ZXIta2V5LXJvdGF0ZWQtMjAyNg"
+
+
+def key_opts(key):
+    return dict(username="__system", password=key, authSource="admin",
+                authMechanism="SCRAM-SHA-256")
+
+
+def write_keys(path, text):
+    tmp = str(path) + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def wire_auth_ok(m, key):
+    """Does a new connection authenticated as __system with key get in (SCRAM on the
+    member's wire listener)?"""
+    c = pymongo.MongoClient(m.wire, directConnection=True, serverSelectionTimeoutMS=5000,
+                            connectTimeoutMS=2000, **key_opts(key))
+    try:
+        c.admin.command("metadataStatus")
+        return True
+    except OperationFailure as e:
+        assert e.code == 18, e  # AuthenticationFailed
+        return False
+    finally:
+        c.close()
+
+
+def test_cluster_key_rotation_under_write_load(start_role, tmp_path):
+    """MongoDB's keyfile rotation on a 3-member metadata group while writes run, with a
+    SIGHUP per step and no restart: (1) every key file becomes [old, new] (YAML list),
+    (2) [new, old], (3) new alone. After (1) both keys authenticate on the wire (SCRAM
+    __system) and on the Raft port; in the middle of (2) one member, already [new, old]
+    while the others are [old, new], is restarted so that every Raft connection to and from
+    it is handshaken anew in the mixed state; after (3) the old key is refused everywhere.
+    No write fails, every acknowledged write is on every member, the group keeps a leader
+    and the same applied index. Then a member restarted with only the old key is refused
+    (stripedb_raft_transport_refused_total grows on the others, which go on committing)
+    and joins again once its key file is fixed and it gets a SIGHUP."""
+    files = [tmp_path / f"key{i}" for i in range(3)]
+    for f in files:
+        write_keys(f, KEY + "\n")
+    g = Group(start_role, tmp_path, client_opts=key_client_opts(),
+              member_extra=lambda i: [f"--cluster-key-file={files[i]}"])
+    commits(g, "keyrot-start")
+    acked, errors = [], []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def leader():
+        def find():
+            ready = []
+            for m in g.members:
+                try:
+                    if g.status(m)["ready"]:
+                        ready.append(m)
+                except Exception:  # noqa: BLE001 - a member being restarted or refused
+                    pass
+            return ready[0] if len(ready) == 1 else None
+        return wait_until(find, 30, what="a ready metadata leader")
+
+    def write(name):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with lock:
+                    ldr = leader()
+                return ldr.cmd("createTenant", name)
+            except OperationFailure as e:
+                if e.code not in RETRYABLE or time.monotonic() > deadline:
+                    raise
+            except (AutoReconnect, ServerSelectionTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+
+    def load():
+        i = 0
+        while not stop.is_set():
+            name = f"kr-{i}"
+            try:
+                write(name)
+                acked.append(name)
+            except Exception as e:  # noqa: BLE001 - recorded and asserted below
+                errors.append(repr(e))
+            i += 1
+
+    def reloaded(m, n):
+        wait_until(lambda: m.proc.tail(1 << 30).count('msg="cluster key file reloaded"') >= n, 20,
+                   what="cluster key reload")
+
+    def hup(i, text, n):
+        write_keys(files[i], text)
+        g.members[i].proc.signal(signal.SIGHUP)
+        reloaded(g.members[i], n)
+
+    def more_writes(k=5):
+        n = len(acked)
+        wait_until(lambda: len(acked) >= n + k, 60, what="writes during the rotation")
+
+    def switch_clients(key):
+        with lock:
+            for m in g.members:
+                m.close_client()
+                m.client_opts = key_opts(key)
+                m._client = pymongo.MongoClient(
+                    m.wire, directConnection=True, serverSelectionTimeoutMS=5000,
+                    connectTimeoutMS=2000, socketTimeoutMS=10000, **key_opts(key))
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    more_writes()
+    # step 1: the new key second everywhere
+    for i in range(3):
+        hup(i, f"# rotation\n- {KEY}\n- {NEW_KEY}\n", 1)
+    more_writes()
+    for m in g.members:
+        port = int(m.raft.rsplit(":", 1)[1])
+        assert raft_key_accepted(port, KEY) and raft_key_accepted(port, NEW_KEY)
+        assert wire_auth_ok(m, KEY) and wire_auth_ok(m, NEW_KEY)
+        assert not wire_auth_ok(m, WRONG_KEY)
+        assert not raft_key_accepted(port, WRONG_KEY)
+    switch_clients(NEW_KEY)  # clients may move to the new key once every member has it
+    more_writes()
+    # step 2: the new key first, one member after the other; a follower goes first and
+    # is restarted in the mixed state to force new Raft handshakes both ways
+    ldr = leader()
+    order = [m.idx for m in g.members if m is not ldr] + [ldr.idx]
+    f = g.members[order[0]]
+    hup(f.idx, f"- {NEW_KEY}\n- {KEY}\n", 2)
+    with lock:
+        f.close_client()
+        f.proc.stop()
+        f.proc.restart()
+    f.proc.wait_healthy()
+    target = g.status(ldr)["fsmLastApplied"]
+    wait_until(lambda: g.status(f)["fsmLastApplied"] >= target, 60,
+               what="the restarted member to catch up in the mixed state")
+    more_writes()
+    for i in order[1:]:
+        hup(i, f"- {NEW_KEY}\n- {KEY}\n", 2)
+    more_writes()
+    # step 3: the old key dropped (the one-key form again)
+    for i in range(3):
+        hup(i, NEW_KEY + "\n", 3)  # the restarted member's log goes on in the same file
+    more_writes()
+    for m in g.members:
+        port = int(m.raft.rsplit(":", 1)[1])
+        n0 = refused_total(m)
+        assert not raft_key_accepted(port, KEY)
+        assert raft_key_accepted(port, NEW_KEY)
+        assert refused_total(m) >= n0 + 1
+        assert not wire_auth_ok(m, KEY)
+        assert wire_auth_ok(m, NEW_KEY)
+    more_writes()
+    stop.set()
+    t.join(timeout=90)
+    assert errors == []
+    assert len(acked) >= 30
+    sts = g.converged()
+    assert len({s["fsmLastApplied"] for s in sts}) == 1
+    ldr = leader()
+    for m in g.members:
+        names = str(m.cmd("listTenants"))
+        assert all(a in names for a in acked), f"member {m.id} lacks acknowledged writes"
+
+    # a member left with only the old key (restarted with it) is refused by the others
+    stale = next(m for m in g.members if m is not ldr)
+    others = [m for m in g.members if m is not stale]
+    before = {m.id: refused_total(m) for m in others}
+    stale.close_client()
+    stale.proc.stop()
+    write_keys(files[stale.idx], KEY + "\n")
+    stale.proc.restart()
+    for m in others:
+        wait_until(lambda m=m: refused_total(m) > before[m.id], 30,
+                   what="the stale member's connections refused")
+    assert "wrong cluster key proof" in others[0].proc.tail(400000) + \
+        others[1].proc.tail(400000)
+    assert not wire_auth_ok(stale, NEW_KEY)
+    # the two others still elect and commit
+    w = leader()
+    assert w is not stale
+    w.cmd("createTenant", "kr-without-stale")
+    applied = g.status(w)["fsmLastApplied"]
+    peer = next(m for m in others if m is not w)
+    wait_until(lambda: g.status(peer)["fsmLastApplied"] >= applied, 30,
+               what="the write to reach the other member")
+    # fixed by a SIGHUP alone: its outgoing and incoming handshakes use the new key again
+    write_keys(files[stale.idx], NEW_KEY + "\n")
+    stale.proc.signal(signal.SIGHUP)
+    wait_until(lambda: 'msg="cluster key file reloaded"' in stale.proc.tail(1 << 30), 20,
+               what="the stale member's reload")
+    stale.client_opts = key_opts(NEW_KEY)
+    stale._client = pymongo.MongoClient(stale.wire, directConnection=True,
+                                        serverSelectionTimeoutMS=5000, **key_opts(NEW_KEY))
+    g.converged(timeout=60)
+    assert "kr-without-stale" in str(stale.cmd("listTenants"))
+    g.close()
+
+
+def test_bad_key_file_exits_2(tmp_path):
+    """A key file that breaks the rules stops the role at start with exit code 2 and a
+    message naming the problem; a bad file at SIGHUP is covered by
+    test_bad_key_file_at_sighup_keeps_the_keys."""
+    import subprocess
+    from conftest import BIN
+    cases = {"- goodkey1\n- bad\n": "key 2 shorter than 6",
+             "- goodkey1\nkeys: [a, b]\n": "line 2: expected '- KEY'",
+             "key with spaces and a *\n": "only base64"}
+    for text, msg in cases.items():
+        kf = tmp_path / "bad.key"
+        write_keys(kf, text)
+        d = tmp_path / "m"
+        d.mkdir(exist_ok=True)
+        rport = free_port()
+        r = subprocess.run([BIN, "--role=metadata", "--node-id=1", f"--data-dir={d}",
+                            f"--listen=127.0.0.1:{free_port()}",
+                            f"--raft-listen=127.0.0.1:{rport}",
+                            f"--bootstrap-members=1@127.0.0.1:{rport}",
+                            f"--cluster-key-file={kf}"],
+                           capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, STRIPEDB_CONFIG="/dev/null"))
+        assert r.returncode == 2, (text, r.stderr)
+        assert msg in r.stderr, (text, r.stderr)
+
+
+def test_bad_key_file_at_sighup_keeps_the_keys(start_role, tmp_path):
+    """A bad key file at SIGHUP is logged as an error and the keys in use stay: the member
+    still accepts the old key (wire and Raft) and does not accept the new one; the group
+    commits."""
+    kf = tmp_path / "cluster.key"
+    write_keys(kf, KEY + "\n")
+    g = Group(start_role, tmp_path, n=1, extra=[f"--cluster-key-file={kf}"],
+              client_opts=key_client_opts())
+    commits(g, "bad-hup")
+    m = g.members[0]
+    port = int(m.raft.rsplit(":", 1)[1])
+    write_keys(kf, f"- {NEW_KEY}\n- bad\n")
+    m.proc.signal(signal.SIGHUP)
+    wait_until(lambda: "cluster key reload failed, keeping the old keys" in
+               m.proc.tail(200000), 20, what="the reload error")
+    assert "key 2 shorter than 6" in m.proc.tail(200000)
+    assert wire_auth_ok(m, KEY) and not wire_auth_ok(m, NEW_KEY)
+    assert raft_key_accepted(port, KEY) and not raft_key_accepted(port, NEW_KEY)
+    os.chmod(kf, 0o644)  # permissions too open: refused the same way
+    write_keys(kf, f"- {NEW_KEY}\n- {KEY}\n")
+    os.chmod(kf, 0o644)
+    m.proc.signal(signal.SIGHUP)
+    wait_until(lambda: m.proc.tail(200000).count("keeping the old keys") >= 2, 20,
+               what="the second reload error")
+    assert wire_auth_ok(m, KEY) and not wire_auth_ok(m, NEW_KEY)
+    commits(g, "bad-hup-after")
+    assert m.proc.p.poll() is None
     g.close()

@@ -249,3 +249,99 @@ def test_ratelimit_peers_v1_needs_the_cluster_token(start_role, pb, keyfile):
     finally:
         a.close()
         b.close()
+
+
+# ---- cluster key rotation (issue #21) ----
+
+NEW_KEY = "bmV3LWNsdXN0ZXIta2V5LXJvdGF0ZWQtMjAyNg"
+
+
+def write_keys(path, text):
+    tmp = str(path) + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def test_proxy_follows_a_cluster_key_rotation(start_role, tmp_path, keyfile):
+    """metadata + shard + proxy rotate the key with a SIGHUP per step ([old, new], [new,
+    old], [new]) while an application writes through the proxy: no write fails. Then the
+    shard and the metadata member restart (every connection of the proxy's pools is made
+    anew, and only the new key is accepted): the proxy, which was never restarted, writes
+    and creates collections again, because its pools were renewed with the new key."""
+    import signal
+    import threading
+    import time
+    key = f"--cluster-key-file={keyfile}"
+    mport, rport, sport, pport = free_port(), free_port(), free_port(), free_port()
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "shard").mkdir()
+    pm = start_role(["--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
+                     f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{rport}",
+                     f"--bootstrap-members=1@127.0.0.1:{rport}",
+                     "--raft-election-timeout-ms=300", key])
+    ps = start_role(["--role=shard", f"--listen=127.0.0.1:{sport}",
+                     f"--data-dir={tmp_path / 'shard'}", key])
+    meta = member(mport)
+    wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
+    meta.admin.command({"addShard": "shard-a", "uri": f"mongodb://127.0.0.1:{sport}/"})
+    meta.close()
+    pp = start_role(["--role=proxy", f"--listen=127.0.0.1:{pport}",
+                     f"--metadata=127.0.0.1:{mport}", key, "--auth=disabled"])
+    procs = [pm, ps, pp]
+    app = client(pport)
+    wait_until(lambda: app.db.c.insert_one({"_id": "first"}), 20, what="proxy write")
+    acked, errors = [], []
+    stop = threading.Event()
+
+    def load():
+        i = 0
+        while not stop.is_set():
+            try:
+                app.db.c.insert_one({"_id": i})
+                acked.append(i)
+            except Exception as e:  # noqa: BLE001 - recorded and asserted below
+                errors.append(repr(e))
+            i += 1
+
+    def more_writes(k=20):
+        n = len(acked)
+        wait_until(lambda: len(acked) >= n + k, 30, what="writes through the proxy")
+
+    def step(text, n):
+        write_keys(keyfile, text)
+        for p in procs:
+            p.signal(signal.SIGHUP)
+        for p in procs:
+            wait_until(lambda p=p: p.tail(1 << 30).count('msg="cluster key file reloaded"') >= n,
+                       20, what="cluster key reload")
+        more_writes()
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    more_writes()
+    step(f"- {KEY}\n- {NEW_KEY}\n", 1)
+    step(f"- {NEW_KEY}\n- {KEY}\n", 2)
+    step(f"{NEW_KEY}\n", 3)
+    stop.set()
+    t.join(timeout=60)
+    assert errors == []
+    # the old key is refused by the shard and by metadata now
+    for port in (sport, mport):
+        with pytest.raises(OperationFailure) as ei:
+            member(port).admin.command("ping" if port == sport else "metadataStatus")
+        assert ei.value.code == 18
+    # every connection of the proxy is made anew, with the new key alone accepted
+    for p in (ps, pm):
+        p.stop()
+        p.restart()
+        p.wait_healthy()
+    wait_until(lambda: app.db.c.insert_one({"_id": "after-restarts"}), 30,
+               what="a proxy write after the restarts")
+    wait_until(lambda: app.db.c2.insert_one({"_id": 1}), 30,
+               what="a new collection through the proxy (metadata)")
+    n = app.db.c.count_documents({})
+    assert n == len(acked) + 2  # "first", the load, "after-restarts"
+    assert "SCRAM: wrong proof" not in ps.tail(1 << 30).split("shutdown requested")[-1]
+    assert "pools renewed with the new cluster key" in pp.tail(1 << 30)

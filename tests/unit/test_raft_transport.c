@@ -25,36 +25,50 @@
 static const uint8_t K1[32] = "key-one-0123456789abcdefghijklm";
 static const uint8_t K2[32] = "key-two-0123456789abcdefghijklm";
 
-/* Run client and server codecs against each other; returns the server's result. */
-static int pair(const uint8_t *ck, const uint8_t *sk, int *crc, sdb_hs *s)
+/* Run a client codec (key ck or none) against a server codec with nsk keys sks, feeding
+ * each side's output to the other until neither has more to say; returns the server's
+ * result (*crc the client's). */
+static int pair_keys(const uint8_t *ck, const uint8_t (*sks)[32], size_t nsk, int *crc,
+		     sdb_hs *s)
 {
 	static sdb_hs c;
-	uint8_t cn[32], sn[32], ch[48], sh[48], out[SDB_HS_OUT_MAX], cproof[32] = {0},
-								      sproof[32] = {0};
-	size_t used, outlen, cpl = 0, spl = 0;
+	uint8_t cn[32], sn[32], ch[48], sh[48], out[SDB_HS_OUT_MAX], cbuf[64], sbuf[64];
+	size_t used, outlen, cl = 0, sl = 0;
 	int src;
 	memset(cn, 1, sizeof cn);
 	memset(sn, 2, sizeof sn);
 	sdb_hs_init(&c, false, ck, cn);
-	sdb_hs_init(s, true, sk, sn);
+	sdb_hs_init_keys(s, true, sks, nsk, sn);
 	sdb_hs_hello(&c, ch);
 	sdb_hs_hello(s, sh);
+	/* both hellos cross; then each output goes to the other side */
 	*crc = sdb_hs_feed(&c, sh, 48, &used, out, &outlen);
-	if (outlen) {
-		memcpy(cproof, out, outlen);
-		cpl = outlen;
-	}
+	memcpy(cbuf, out, outlen);
+	cl = outlen;
 	src = sdb_hs_feed(s, ch, 48, &used, out, &outlen);
-	if (outlen) {
-		memcpy(sproof, out, outlen);
-		spl = outlen;
+	memcpy(sbuf, out, outlen);
+	sl = outlen;
+	while ((cl || sl) && *crc != SDB_HS_FAILED && src != SDB_HS_FAILED) {
+		size_t ncl = 0, nsl = 0;
+		if (sl) {
+			*crc = sdb_hs_feed(&c, sbuf, sl, &used, out, &outlen);
+			assert_int_equal(used, sl);
+			memcpy(cbuf + cl, out, outlen);
+			ncl = outlen;
+		}
+		if (cl) {
+			src = sdb_hs_feed(s, cbuf, cl, &used, out, &outlen);
+			assert_int_equal(used, cl);
+			memcpy(sbuf, out, outlen);
+			nsl = outlen;
+		}
+		if (ncl)
+			memmove(cbuf, cbuf + cl, ncl);
+		cl = ncl;
+		sl = nsl;
 	}
 	if (*crc == SDB_HS_FAILED || src == SDB_HS_FAILED)
 		return src;
-	if (spl)
-		*crc = sdb_hs_feed(&c, sproof, spl, &used, out, &outlen);
-	if (cpl)
-		src = sdb_hs_feed(s, cproof, cpl, &used, out, &outlen);
 	if (*crc == SDB_HS_DONE && src == SDB_HS_MORE) {
 		uint8_t pre[64];
 		size_t n = sdb_hs_preamble(7, "10.0.0.7:7001", pre, sizeof pre);
@@ -63,6 +77,11 @@ static int pair(const uint8_t *ck, const uint8_t *sk, int *crc, sdb_hs *s)
 		assert_int_equal(used, n);
 	}
 	return src;
+}
+
+static int pair(const uint8_t *ck, const uint8_t *sk, int *crc, sdb_hs *s)
+{
+	return pair_keys(ck, (const uint8_t(*)[32])sk, sk ? 1 : 0, crc, s);
 }
 
 static void test_codec(void **state)
@@ -77,13 +96,60 @@ static void test_codec(void **state)
 	assert_string_equal(s.peer_addr, "10.0.0.7:7001");
 	/* no key on either side (TLS alone) */
 	assert_int_equal(pair(NULL, NULL, &crc, &s), SDB_HS_DONE);
-	/* wrong key: both refuse */
+	/* wrong key: the acceptor refuses before proving anything (the connector is left
+	 * waiting for a proof; the transport closes the connection) */
 	assert_int_equal(pair(K1, K2, &crc, &s), SDB_HS_FAILED);
-	assert_int_equal(crc, SDB_HS_FAILED);
+	assert_int_equal(crc, SDB_HS_MORE);
 	assert_string_equal(s.error, "wrong cluster key proof");
 	/* a side without a key is refused by a side with one, and the other way round */
 	assert_int_equal(pair(NULL, K1, &crc, &s), SDB_HS_FAILED);
 	assert_int_equal(pair(K1, NULL, &crc, &s), SDB_HS_FAILED);
+}
+
+static const uint8_t K3[32] = "key-three-123456789abcdefghijkl";
+
+/* Key rotation (issue #21): a server with several keys accepts a client proving any of
+ * them and answers with the key that matched; a key it does not hold is refused on both
+ * sides; a client with several keys proves with the first only. */
+static void test_codec_rotation(void **state)
+{
+	static const uint8_t old_new[2][32] = {"key-one-0123456789abcdefghijklm",
+					       "key-two-0123456789abcdefghijklm"};
+	static const uint8_t new_old[2][32] = {"key-two-0123456789abcdefghijklm",
+					       "key-one-0123456789abcdefghijklm"};
+	sdb_hs s, c;
+	int crc;
+	(void)state;
+	assert_int_equal(pair_keys(K1, old_new, 2, &crc, &s), SDB_HS_DONE);
+	assert_int_equal(crc, SDB_HS_DONE);
+	assert_int_equal(s.key_used, 0);
+	assert_string_equal(s.peer_addr, "10.0.0.7:7001");
+	assert_int_equal(pair_keys(K2, old_new, 2, &crc, &s), SDB_HS_DONE);
+	assert_int_equal(crc, SDB_HS_DONE);
+	assert_int_equal(s.key_used, 1);
+	assert_int_equal(pair_keys(K1, new_old, 2, &crc, &s), SDB_HS_DONE);
+	assert_int_equal(s.key_used, 1);
+	/* after the old key is dropped (the last step), a member left with it is refused */
+	assert_int_equal(pair_keys(K1, new_old, 1, &crc, &s), SDB_HS_FAILED);
+	assert_string_equal(s.error, "wrong cluster key proof");
+	assert_int_equal(crc, SDB_HS_MORE); /* the client never got a proof: it times out */
+	assert_int_equal(pair_keys(K3, old_new, 2, &crc, &s), SDB_HS_FAILED);
+	/* outgoing: a client given several keys proves with the first */
+	{
+		uint8_t n[32], h[48], out[SDB_HS_OUT_MAX];
+		size_t used, outlen;
+		memset(n, 3, sizeof n);
+		sdb_hs_init_keys(&c, false, new_old, 2, n);
+		assert_int_equal(c.nkeys, 1);
+		assert_memory_equal(c.key[0], K2, 32);
+		/* a server does not send its proof before it has checked the client's */
+		sdb_hs_init_keys(&s, true, old_new, 2, n);
+		sdb_hs_hello(&c, h);
+		h[16] ^= 1; /* another nonce */
+		assert_int_equal(sdb_hs_feed(&s, h, 48, &used, out, &outlen), SDB_HS_MORE);
+		assert_int_equal(outlen, 0);
+		assert_int_equal(sdb_hs_need(&s), SDB_HS_PROOF_LEN);
+	}
 }
 
 static void test_codec_malformed(void **state)
@@ -320,6 +386,56 @@ static void test_loop_wrong_key(void **state)
 	free(e);
 }
 
+/* The acceptor's key list, changed between connections as a SIGHUP reload would. */
+static uint8_t acc_keys[2][32];
+static size_t acc_n;
+
+static size_t acceptor_keys(uint8_t (*out)[32], size_t max, void *arg)
+{
+	size_t n = acc_n < max ? acc_n : max;
+	(void)arg;
+	memcpy(out, acc_keys, n * 32);
+	return n;
+}
+
+/* Key rotation on a loop: the acceptor asks its keys at each connection (opts.keys): with
+ * [K2, K1] a connector proving K1 gets through and its bytes arrive; after the list
+ * became [K2] a new connection with K1 is refused before libraft sees it. */
+static void test_loop_key_rotation(void **state)
+{
+	for (int round = 0; round < 2; round++) {
+		env *e = calloc(1, sizeof *e);
+		sdb_transport_opts oa = {.keys = acceptor_keys}, ob = {.key = K1};
+		(void)state;
+		memcpy(acc_keys[0], K2, 32);
+		memcpy(acc_keys[1], K1, 32);
+		acc_n = round == 0 ? 2 : 1;
+		assert_int_equal(uv_loop_init(&e->loop), 0);
+		snprintf(e->addr, sizeof e->addr, "127.0.0.1:%d", free_port());
+		e->a.data = e->b.data = e;
+		e->req.data = e;
+		assert_int_equal(sdb_transport_init(&e->a, &e->loop, &oa), 0);
+		assert_int_equal(sdb_transport_init(&e->b, &e->loop, &ob), 0);
+		assert_int_equal(e->a.init(&e->a, 1, e->addr), 0);
+		assert_int_equal(e->b.init(&e->b, 2, "127.0.0.1:1"), 0);
+		assert_int_equal(e->a.listen(&e->a, accept_cb), 0);
+		assert_int_equal(e->b.connect(&e->b, &e->req, 1, e->addr, connect_cb), 0);
+		assert_true(run_until(e, connect_done));
+		if (round == 0) {
+			assert_int_equal(e->conn_status, 0);
+			assert_true(run_until(e, got_all));
+			assert_int_equal(e->accepted, 1);
+			assert_memory_equal(e->got, "raft bytes", 10);
+		} else {
+			assert_int_equal(e->conn_status, RAFT_NOCONNECTION);
+			uv_run(&e->loop, UV_RUN_NOWAIT);
+			assert_int_equal(e->accepted, 0);
+		}
+		finish(e);
+		free(e);
+	}
+}
+
 static void test_loop_tls(void **state)
 {
 	env *e = calloc(1, sizeof *e);
@@ -358,8 +474,10 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_codec),
 		cmocka_unit_test(test_codec_malformed),
+		cmocka_unit_test(test_codec_rotation),
 		cmocka_unit_test(test_loop_same_key),
 		cmocka_unit_test(test_loop_wrong_key),
+		cmocka_unit_test(test_loop_key_rotation),
 		cmocka_unit_test(test_loop_tls),
 		cmocka_unit_test(test_loop_tls_untrusted_certificate),
 	};
