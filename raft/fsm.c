@@ -337,15 +337,6 @@ static int key_matches(const bson_t *keypat, const bson_t *doc)
 	}
 }
 
-static void append_blob_doc(bson_t *out, const char *key, const void *blob, int len)
-{
-	bson_t d;
-	if (blob && len > 0 && bson_init_static(&d, blob, (size_t)len))
-		bson_append_document(out, key, -1, &d);
-	else
-		bson_append_null(out, key, -1);
-}
-
 /* --------------------------------------------------------------- schema */
 
 static const char *const schema_sql =
@@ -1781,9 +1772,9 @@ static void append_migration(bson_t *out, const char *key, sqlite3_stmt *st)
 		BSON_APPEND_UTF8(&d, "ns", (const char *)sqlite3_column_text(st, 1));
 	BSON_APPEND_UTF8(&d, "state", (const char *)sqlite3_column_text(st, 2));
 	BSON_APPEND_INT64(&d, "version", sqlite3_column_int64(st, 3));
-	append_blob_doc(&d, "spec", sqlite3_column_blob(st, 4), sqlite3_column_bytes(st, 4));
-	append_blob_doc(&d, "checkpoint", sqlite3_column_blob(st, 5), sqlite3_column_bytes(st, 5));
-	append_blob_doc(&d, "stats", sqlite3_column_blob(st, 6), sqlite3_column_bytes(st, 6));
+	fsm_append_blob_doc(&d, "spec", sqlite3_column_blob(st, 4), sqlite3_column_bytes(st, 4));
+	fsm_append_blob_doc(&d, "checkpoint", sqlite3_column_blob(st, 5), sqlite3_column_bytes(st, 5));
+	fsm_append_blob_doc(&d, "stats", sqlite3_column_blob(st, 6), sqlite3_column_bytes(st, 6));
 	BSON_APPEND_INT64(&d, "createdMS", sqlite3_column_int64(st, 7));
 	BSON_APPEND_INT64(&d, "updatedMS", sqlite3_column_int64(st, 8));
 	bson_append_document_end(out, &d);
@@ -1842,7 +1833,7 @@ int sdb_fsm_query(sdb_fsm *f, const char *name, const bson_t *cmd, bson_t *reply
 			snprintf(k, sizeof k, "%d", i++);
 			bson_append_document_begin(&arr, k, -1, &d);
 			BSON_APPEND_UTF8(&d, "ns", (const char *)sqlite3_column_text(st, 0));
-			append_blob_doc(&d, "key", sqlite3_column_blob(st, 1),
+			fsm_append_blob_doc(&d, "key", sqlite3_column_blob(st, 1),
 					sqlite3_column_bytes(st, 1));
 			BSON_APPEND_BOOL(&d, "hashed", sqlite3_column_int64(st, 2) != 0);
 			bson_append_document_end(&arr, &d);
@@ -1886,9 +1877,9 @@ int sdb_fsm_query(sdb_fsm *f, const char *name, const bson_t *cmd, bson_t *reply
 			snprintf(k, sizeof k, "%d", i++);
 			bson_append_document_begin(&arr, k, -1, &d);
 			BSON_APPEND_UTF8(&d, "name", (const char *)sqlite3_column_text(st, 0));
-			append_blob_doc(&d, "quota", sqlite3_column_blob(st, 1),
+			fsm_append_blob_doc(&d, "quota", sqlite3_column_blob(st, 1),
 					sqlite3_column_bytes(st, 1));
-			append_blob_doc(&d, "policy", sqlite3_column_blob(st, 2),
+			fsm_append_blob_doc(&d, "policy", sqlite3_column_blob(st, 2),
 					sqlite3_column_bytes(st, 2));
 			bson_append_document_end(&arr, &d);
 		}

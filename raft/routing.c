@@ -129,7 +129,7 @@ static int horizon(sqlite3 *db, int64_t rv, int64_t *out)
 
 /* ---------------------------------------------------------------- bson helpers */
 
-static void append_blob_doc(bson_t *out, const char *key, const void *blob, int len)
+void fsm_append_blob_doc(bson_t *out, const char *key, const void *blob, int len)
 {
 	bson_t d;
 	if (blob && len > 0 && bson_init_static(&d, blob, (size_t)len))
@@ -226,8 +226,8 @@ static void append_chunk(bson_t *arr, uint32_t idx, sqlite3_stmt *st)
 	bson_append_document_begin(arr, key, -1, &d);
 	BSON_APPEND_INT64(&d, "id", sqlite3_column_int64(st, 0));
 	BSON_APPEND_UTF8(&d, "ns", (const char *)sqlite3_column_text(st, 1));
-	append_blob_doc(&d, "min", sqlite3_column_blob(st, 2), sqlite3_column_bytes(st, 2));
-	append_blob_doc(&d, "max", sqlite3_column_blob(st, 3), sqlite3_column_bytes(st, 3));
+	fsm_append_blob_doc(&d, "min", sqlite3_column_blob(st, 2), sqlite3_column_bytes(st, 2));
+	fsm_append_blob_doc(&d, "max", sqlite3_column_blob(st, 3), sqlite3_column_bytes(st, 3));
 	BSON_APPEND_UTF8(&d, "shard", (const char *)sqlite3_column_text(st, 4));
 	BSON_APPEND_INT64(&d, "token", sqlite3_column_int64(st, 5));
 	BSON_APPEND_INT64(&d, "version", sqlite3_column_int64(st, 6));
@@ -264,9 +264,9 @@ static int append_removed(sqlite3 *db, const char *ns, int64_t since, size_t bud
 		BSON_APPEND_UTF8(&d, "ns", (const char *)sqlite3_column_text(st, 0));
 		if (sqlite3_column_type(st, 1) != SQLITE_NULL) {
 			BSON_APPEND_INT64(&d, "id", sqlite3_column_int64(st, 1));
-			append_blob_doc(&d, "min", sqlite3_column_blob(st, 2),
+			fsm_append_blob_doc(&d, "min", sqlite3_column_blob(st, 2),
 					sqlite3_column_bytes(st, 2));
-			append_blob_doc(&d, "max", sqlite3_column_blob(st, 3),
+			fsm_append_blob_doc(&d, "max", sqlite3_column_blob(st, 3),
 					sqlite3_column_bytes(st, 3));
 		} else {
 			BSON_APPEND_BOOL(&d, "collection", true);
@@ -300,7 +300,7 @@ static int append_collections(sqlite3 *db, nsset *names, bson_t *reply)
 		bson_uint32_to_string((uint32_t)i, &key, buf, sizeof buf);
 		bson_append_document_begin(&arr, key, -1, &d);
 		BSON_APPEND_UTF8(&d, "ns", v[i]);
-		append_blob_doc(&d, "key", sqlite3_column_blob(st, 0), sqlite3_column_bytes(st, 0));
+		fsm_append_blob_doc(&d, "key", sqlite3_column_blob(st, 0), sqlite3_column_bytes(st, 0));
 		BSON_APPEND_BOOL(&d, "hashed", sqlite3_column_int64(st, 1) != 0);
 		bson_append_document_end(&arr, &d);
 	}
@@ -389,7 +389,7 @@ int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply,
 			return SDB_EIO;
 		sqlite3_bind_text(st, 1, ns, -1, SQLITE_STATIC);
 		if (sqlite3_step(st) == SQLITE_ROW) {
-			append_blob_doc(reply, "key", sqlite3_column_blob(st, 0),
+			fsm_append_blob_doc(reply, "key", sqlite3_column_blob(st, 0),
 					sqlite3_column_bytes(st, 0));
 			BSON_APPEND_BOOL(reply, "hashed", sqlite3_column_int64(st, 1) != 0);
 		}
@@ -410,7 +410,7 @@ int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply,
 					return SDB_EIO;
 				sqlite3_bind_text(st, 1, ns, -1, SQLITE_STATIC);
 				if (sqlite3_step(st) == SQLITE_ROW) {
-					append_blob_doc(reply, "key", sqlite3_column_blob(st, 0),
+					fsm_append_blob_doc(reply, "key", sqlite3_column_blob(st, 0),
 							sqlite3_column_bytes(st, 0));
 					BSON_APPEND_BOOL(reply, "hashed",
 							 sqlite3_column_int64(st, 1) != 0);

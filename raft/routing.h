@@ -57,6 +57,11 @@
 
 /* Create the routing tables; on a database that predates them, record the current
  * routing version as this member's upgrade horizon. Returns 0 or SDB_EIO. */
+/* Append to out, under key, the BSON document stored in a SQLite blob (blob, len bytes, as
+ * sqlite3_column_blob/bytes give it), or null when the blob is empty or not a document.
+ * Shared by fsm.c and routing.c's query answers. */
+void fsm_append_blob_doc(bson_t *out, const char *key, const void *blob, int len);
+
 int fsm_routing_schema(sqlite3 *db);
 
 /* Tombstones, written in the transaction of the change, BEFORE the rows are deleted,
