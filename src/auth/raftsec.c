@@ -109,6 +109,29 @@ static size_t raft_keys(uint8_t (*out)[32], size_t max, void *arg)
 	return auth_cluster_derive_all(RAFT_KEY_LABEL, out, max);
 }
 
+bool auth_raft_is_loopback(const char *hp)
+{
+	size_t n;
+
+	if (hp[0] == '[')
+		return strncmp(hp, "[::1]:", 6) == 0;
+	n = strcspn(hp, ":");
+	if (n == 9 && strncmp(hp, "localhost", 9) == 0)
+		return true;
+	return n >= 4 && strncmp(hp, "127.", 4) == 0;
+}
+
+int auth_raft_check_mode(const sdb_config *cfg, char *err, size_t errlen)
+{
+	const char *mode = sdb_config_get(cfg, SDB_OPT_raft_tls);
+
+	if (!mode || strcmp(mode, "auto") == 0 || strcmp(mode, "enabled") == 0 ||
+	    strcmp(mode, "disabled") == 0)
+		return 0;
+	return sdb_errf(err, errlen, SDB_EUSAGE,
+			"--raft-tls must be enabled, disabled or auto, not '%s'", mode);
+}
+
 int auth_raft_setup(const sdb_config *cfg, sdb_transport_opts *opts, uint8_t key_buf[32],
 		    bool *secure, char *err, size_t errlen)
 {
@@ -146,6 +169,23 @@ int auth_raft_setup(const sdb_config *cfg, sdb_transport_opts *opts, uint8_t key
 			return sdb_errf(err, errlen, SDB_EUSAGE,
 					"--raft-tls=enabled needs --tls-cert, --tls-key and --tls-ca, "
 					"or --cluster-key-file");
+		/* auto never falls back to plaintext behind an operator's back: a partial TLS
+		 * setup (server TLS for the wire listener) does not secure the Raft port, and a
+		 * member reachable from other hosts needs a key or certificates (issue #21:
+		 * plaintext only when explicitly chosen). Loopback stays open for laptops. */
+		if (cert || key || ca)
+			return sdb_errf(err, errlen, SDB_EUSAGE,
+					"--raft-tls=auto: --tls-cert, --tls-key and --tls-ca are not all "
+					"set, so the Raft port would be plaintext and unauthenticated: set "
+					"all three (mutual TLS between members) or --cluster-key-file, or "
+					"choose --raft-tls=disabled");
+		if (raft && !auth_raft_is_loopback(raft))
+			return sdb_errf(err, errlen, SDB_EUSAGE,
+					"--raft-tls=auto: --raft-listen=%s is not a loopback address and "
+					"neither --cluster-key-file nor --tls-cert/--tls-key/--tls-ca is "
+					"set: the Raft port would be plaintext and unauthenticated; set one, "
+					"or choose --raft-tls=disabled",
+					raft);
 		sdb_warn("raft: the raft transport is plaintext and unauthenticated: set "
 			 "--cluster-key-file and/or --tls-cert, --tls-key and --tls-ca (or "
 			 "--raft-tls=disabled to choose plaintext explicitly)",

@@ -44,4 +44,11 @@ int auth_raft_setup(const sdb_config *cfg, sdb_transport_opts *opts, uint8_t key
  * 0 (also when Raft TLS is off) or an error: the old contexts stay. Thread-safe. */
 int auth_raft_reload(char *err, size_t errlen);
 
+/* Is hp ("H:P" or "[H]:P") a loopback address: 127.0.0.0/8, localhost or [::1]? */
+bool auth_raft_is_loopback(const char *hp);
+
+/* Check --raft-tls's value (enabled, disabled, auto) for any role, so that a bad value is bad
+ * usage everywhere and not only where a Raft port exists. Returns 0, or SDB_EUSAGE with err. */
+int auth_raft_check_mode(const sdb_config *cfg, char *err, size_t errlen);
+
 #endif

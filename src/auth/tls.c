@@ -103,6 +103,10 @@ int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t er
 
 	uv_once(&once, init_mu);
 	memset(&l, 0, sizeof l);
+	/* --raft-tls is bad usage in every role that sets up its listeners, not only where a
+	 * Raft port exists (auth/raftsec.h) */
+	if ((rc = auth_raft_check_mode(cfg, err, errlen)) != 0)
+		return rc;
 	if (!mode || strcmp(mode, "disabled") == 0)
 		return 0;
 	if (strcmp(mode, "allowed") == 0)

@@ -471,6 +471,41 @@ def test_raft_tls_enabled_needs_key_or_certificates(start_role, tmp_path):
     assert r.returncode == 2 and "--raft-tls must be" in r.stderr
 
 
+def test_raft_tls_auto_never_falls_back_to_plaintext_silently(tmp_path):
+    """auto refuses (exit 2, one line) what would leave the Raft port open without the
+    operator choosing it: a partial TLS setup, and a non-loopback --raft-listen with neither
+    key nor certificates; a bad --raft-tls is bad usage in every role, not only metadata."""
+    import subprocess
+    from conftest import BIN
+    p = make_pki(tmp_path)
+    env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
+
+    def meta(raft_host, *extra):
+        d = tmp_path / f"m{free_port()}"
+        d.mkdir()
+        rport = free_port()
+        return subprocess.run([BIN, "--role=metadata", "--node-id=1", f"--data-dir={d}",
+                               f"--listen=127.0.0.1:{free_port()}",
+                               f"--raft-listen={raft_host}:{rport}",
+                               f"--bootstrap-members=1@127.0.0.1:{rport}", *extra],
+                              capture_output=True, text=True, timeout=30, env=env)
+    # server TLS for the wire listener only (no --tls-ca): not a secure Raft port
+    r = meta("127.0.0.1", "--tls-mode=required", f"--tls-cert={p['cert']}",
+             f"--tls-key={p['key']}")
+    assert r.returncode == 2, r.stderr
+    assert "are not all set" in r.stderr.strip().splitlines()[-1]
+    # reachable from other hosts, nothing configured
+    r = meta("0.0.0.0")
+    assert r.returncode == 2 and "is not a loopback address" in r.stderr, r.stderr
+    # a shard and a proxy check the value too
+    for role in (["--role=shard", f"--data-dir={tmp_path / 's'}"],
+                 ["--role=proxy", "--metadata=127.0.0.1:1"]):
+        r = subprocess.run([BIN, *role, f"--listen=127.0.0.1:{free_port()}",
+                            "--raft-tls=bogus"], capture_output=True, text=True, timeout=30,
+                           env=env)
+        assert r.returncode == 2 and "--raft-tls must be" in r.stderr, (role, r.stderr)
+
+
 def test_certificate_rotation_under_write_load(start_role, tmp_path):
     """Rotate every member's certificate to one of a new CA while writes run: first the
     CA bundle gains the new CA (SIGHUP), then the certificates change (SIGHUP), then the
