@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 #include "common/log.h"
 
@@ -324,7 +325,18 @@ int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply,
 	uint32_t n = 0;
 	nsset names = {0};
 
-	opt_int(cmd, "sinceVersion", &since);
+	{
+		/* a namespace string or "all", and an integral sinceVersion (<= 0: full load):
+		 * anything else is refused, never read as "all" or as a full load */
+		sdb_bson_err e;
+		if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) || !BSON_ITER_HOLDS_UTF8(&it) ||
+		    !*bson_iter_utf8(&it, NULL))
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"getRoutingTable needs a namespace (\"db.coll\") or \"all\"");
+		if (sdb_bson_find_int64(cmd, "sinceVersion", INT64_MIN, INT64_MAX, -1, &since,
+					&e) != 0)
+			return sdb_errf(err, errlen, SDB_EINVAL, "%s", e.msg);
+	}
 	if (bson_iter_init_find(&it, cmd, "cursor")) {
 		if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub))
 			return sdb_errf(err, errlen, SDB_EINVAL, "cursor must be a document");

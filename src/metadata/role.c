@@ -289,8 +289,16 @@ static void h_write(wire_req *req, void *data)
 		 * here on the leader (apply itself has no cap, so members never disagree) */
 		bson_iter_t cit, sp;
 		int64_t want = 0;
-		if (bson_iter_init_find(&cit, &args, "numChunks") && BSON_ITER_HOLDS_NUMBER(&cit))
-			want = bson_iter_as_int64(&cit);
+		if (bson_iter_init_find(&cit, &args, "numChunks")) {
+			/* an integral count, checked here as the leader's other limits are: a
+			 * string, NaN, 2.5 or 0 used to become the default of 2 chunks */
+			sdb_bson_err e;
+			if (sdb_bson_get_int64(&cit, "numChunks", 1, INT32_MAX, &want, &e) != 0) {
+				bson_destroy(&args);
+				wire_req_error(req, e.code, "shardCollection: %s", e.msg);
+				return;
+			}
+		}
 		else if (bson_iter_init_find(&cit, &args, "splitPoints") &&
 			 BSON_ITER_HOLDS_ARRAY(&cit) && bson_iter_recurse(&cit, &sp))
 			for (want = 1; bson_iter_next(&sp);)
@@ -1128,6 +1136,10 @@ static int metadata_start(sdb_role *role)
 		rc = auth_tls_setup(cfg, "metadata", role->err, sizeof role->err);
 	if (rc == 0) /* issue #21: the raft port's transport (auth/raftsec.h) */
 		rc = auth_raft_setup(cfg, &to, raft_key, &raft_secure, role->err, sizeof role->err);
+	if (rc == 0 && m->max_chunks < 1) /* 0 would refuse every shardCollection */
+		rc = sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+			      "--max-chunks-per-command must be at least 1, not %lld",
+			      (long long)m->max_chunks);
 	if (rc != 0) {
 		free_meta(m);
 		return rc;

@@ -161,3 +161,30 @@ def test_chunk_limit_is_an_option_with_a_clear_error(start_role, tmp_path):
                        "numChunks": 1000})["chunks"] == 1000
     assert meta.write({"shardCollection": "d.r", "key": {"k": 1},
                        "splitPoints": [{"k": i} for i in range(999)]})["chunks"] == 1000
+
+
+def test_bad_routing_and_chunk_arguments_are_refused(start_role, tmp_path):
+    """Found by the fresh-user review of issue #26: getRoutingTable read a non-string
+    namespace as "all" and a non-integral sinceVersion as a full load, shardCollection made
+    2 chunks of numChunks "10", NaN, 2.5 or 0: each is now a clear error, nothing applied."""
+    meta = Cluster(start_role, tmp_path, 1, election_ms=300)
+    meta.write({"addShard": "a", "uri": "mongodb://127.0.0.1:1/"})
+    meta.write({"createDatabase": "d"})
+    meta.write({"shardCollection": "d.ok", "key": {"k": "hashed"}, "numChunks": 4})
+    for bad in (5, "", None, True):
+        with pytest.raises(pymongo.errors.OperationFailure) as e:
+            meta.leader().cmd("getRoutingTable", bad)
+        assert "namespace" in str(e.value), bad
+    for since in ("5", None, True, {}, float("nan"), 1e300, 5.7):
+        with pytest.raises(pymongo.errors.OperationFailure) as e:
+            meta.leader().cmd("getRoutingTable", "d.ok", sinceVersion=since)
+        assert "sinceVersion" in str(e.value), since
+    assert len(meta.leader().cmd("getRoutingTable", "d.ok", sinceVersion=0)["chunks"]) == 4
+    for n in ("10", float("nan"), float("inf"), 2.5, 0, -5):
+        with pytest.raises(pymongo.errors.OperationFailure) as e:
+            meta.write({"shardCollection": f"d.bad{abs(hash(str(n))) % 1000}",
+                        "key": {"k": "hashed"}, "numChunks": n})
+        assert "numChunks" in str(e.value), n
+    # nothing of the refused commands was applied: d.ok's 4 chunks are all there is
+    chunks = meta.leader().cmd("getRoutingTable", "all")["chunks"]
+    assert len(chunks) == 4 and {ch["ns"] for ch in chunks} == {"d.ok"}
