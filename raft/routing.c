@@ -395,6 +395,15 @@ int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply,
 	full = since <= 0 || (!resumed && since < hz);
 	BSON_APPEND_BOOL(reply, "changed", true);
 	BSON_APPEND_BOOL(reply, "full", full);
+	if (all && full && since > 0) {
+		/* a diff of every collection asked from beyond the horizon: the client reloads
+		 * the collections it holds one by one, so a full load of every collection would
+		 * be read and thrown away (found by the review of issue #26: 8 MB per round) */
+		BSON_APPEND_BOOL(reply, "reloadEach", true);
+		bson_append_array_begin(reply, "chunks", -1, &arr);
+		bson_append_array_end(reply, &arr);
+		return 0;
+	}
 	if (!all) {
 		st = prep(db, "SELECT key, hashed FROM colls WHERE ns = ?");
 		if (!st)

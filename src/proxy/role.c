@@ -581,7 +581,9 @@ static void refresher_main(void *arg)
 					/* too far behind for a diff of all: one by one */
 					for (i = 0; i < n; i++)
 						refresh_one(p, names[i]);
-					held = v;
+					/* held is the version of that answer (refresh_all set it),
+					 * not the long poll's older v: another round from v would be
+					 * beyond the horizon again */
 					rc = 0;
 				}
 				sdb_histogram_observe_ns(p->m_refresh_time, uv_hrtime() - t0);

@@ -453,6 +453,12 @@ static void test_horizon(void **state)
 	r = query(x, "{\"getRoutingTable\": \"app.m\", \"sinceVersion\": 1}");
 	assert_true(bool_of(r, "full"));
 	bson_destroy(r);
+	/* "all" from beyond the horizon: reload each collection, no full load sent */
+	r = query(x, "{\"getRoutingTable\": \"all\", \"sinceVersion\": 1}");
+	assert_true(bool_of(r, "full"));
+	assert_true(bool_of(r, "reloadEach"));
+	assert_int_equal(count_array(r, "chunks"), 0);
+	bson_destroy(r);
 	r = query(x, "{\"getRoutingTable\": \"app.m\", \"sinceVersion\": 9000}");
 	assert_false(bool_of(r, "full"));
 	assert_int_equal(count_array(r, "chunks"), 1);
