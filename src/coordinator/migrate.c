@@ -1408,9 +1408,28 @@ static int step_verify(mig *m)
 	BSON_APPEND_INT32(&sort, "_id", 1);
 	rc = scan_chunk(m, m->sc, &sort, NULL, &at, collect, &s);
 	crash_point("mid", "verify");
-	/* the target at the same position: apply exactly up to `at` */
-	if (rc == 0)
-		rc = repl_run(m, &m->fwd, m->ts, at, (int64_t)sdb_mono_ms() + 30000);
+	/* the target at the same position: apply exactly up to `at`, within maxCatchUpMS (at
+	 * most 30 s a try): a replicator that cannot reach the position in that time cannot
+	 * keep up with the source's writes, and the migration aborts cleanly as it does in
+	 * replicating (it used to stall 30 s a try with an empty error until its lease ran
+	 * out: test_catch_up_under_a_write_rate_the_target_cannot_match) */
+	if (rc == 0) {
+		int64_t budget = m->max_catchup_ms < 30000 ? m->max_catchup_ms : 30000;
+		rc = repl_run(m, &m->fwd, m->ts, at, (int64_t)sdb_mono_ms() + budget);
+		if (rc == SDB_ETIMEOUT && budget == m->max_catchup_ms) {
+			char why[200];
+			bson_destroy(&sort);
+			vfree(&s);
+			snprintf(why, sizeof why,
+				 "replication could not catch up with the source within "
+				 "maxCatchUpMS=%" PRId64 " (verifying)",
+				 m->max_catchup_ms);
+			return fail(m, why);
+		}
+		if (rc == SDB_ETIMEOUT)
+			snprintf(m->err, sizeof m->err,
+				 "verify: the target did not reach the source's position in 30 s");
+	}
 	if (rc == 0)
 		rc = scan_chunk(m, m->dc, &sort, NULL, NULL, collect, &t);
 	bson_destroy(&sort);
