@@ -7,6 +7,7 @@
 
 #define CODE_NOT_IMPLEMENTED 238 /* NotImplemented */
 #define CODE_UNKNOWN_FIELD 40415 /* IDL: "BSON field '...' is an unknown field." */
+#define CODE_INVALID_OPTIONS 72  /* InvalidOptions */
 
 /* A collation that compares as stripedb does: exactly {locale: "simple"}. */
 static bool collation_is_simple(const bson_iter_t *field)
@@ -23,8 +24,8 @@ static bool collation_is_simple(const bson_iter_t *field)
 
 /* One document: a command (where NULL) or one statement of its array (where names the array's
  * path, e.g. "update.updates"). */
-static int scan(const bson_t *doc, const char *where, bool update_statement, char *err,
-		size_t errlen)
+static int scan(const bson_t *doc, const char *where, bool update_statement,
+		bool delete_statement, bool retryable, char *err, size_t errlen)
 {
 	bson_iter_t it;
 
@@ -46,6 +47,15 @@ static int scan(const bson_t *doc, const char *where, bool update_statement, cha
 		if (update_statement && strcmp(k, "sort") == 0) {
 			snprintf(err, errlen, "BSON field '%s.sort' is an unknown field.", where);
 			return CODE_UNKNOWN_FIELD;
+		}
+		/* a multi-document statement cannot be made exactly-once: MongoDB refuses it in
+		 * a retryable write (write_ops_exec.cpp) rather than run it without the record */
+		if (retryable &&
+		    ((update_statement && strcmp(k, "multi") == 0 && bson_iter_as_bool(&it)) ||
+		     (delete_statement && strcmp(k, "limit") == 0 && BSON_ITER_HOLDS_NUMBER(&it) &&
+		      bson_iter_as_int64(&it) == 0))) {
+			snprintf(err, errlen, "Cannot use (or request) retryable writes with multi=true");
+			return CODE_INVALID_OPTIONS;
 		}
 	}
 	return 0;
@@ -74,7 +84,8 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 	};
 	bson_iter_t it, arr;
 	bson_t sub;
-	int code = scan(cmd, NULL, false, err, errlen);
+	bool retryable = bson_iter_init_find(&it, cmd, "txnNumber");
+	int code = scan(cmd, NULL, false, false, false, err, errlen);
 
 	if (code != 0)
 		return code;
@@ -91,7 +102,8 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 			continue;
 		while (bson_iter_next(&arr))
 			if (sub_document(&arr, &sub) &&
-			    (code = scan(&sub, arrays[i].where, arrays[i].update, err, errlen)) != 0)
+			    (code = scan(&sub, arrays[i].where, arrays[i].update,
+					 strcmp(arrays[i].cmd, "delete") == 0, retryable, err, errlen)) != 0)
 				return code;
 	}
 	return 0;

@@ -18,7 +18,10 @@
  *   - collation other than {locale: "simple"} anywhere: 238 NotImplemented;
  *   - top-level `let`: 238 NotImplemented;
  *   - `sort` in an update statement: 40415 (unknown field, as MongoDB 6.0, the version we
- *     advertise, answers).
+ *     advertise, answers);
+ *   - with a txnNumber (a retryable write), an update statement with multi: true or a delete
+ *     statement with limit: 0: 72 InvalidOptions, as mongod answers (write_ops_exec.cpp),
+ *     since a statement touching many documents cannot be recorded for an exactly-once retry.
  * Returns 0 when the command is fine, else the MongoDB error code, with the message in err
  * (errlen bytes, NUL-terminated). Never fails otherwise; a malformed command is left to the
  * command itself. */

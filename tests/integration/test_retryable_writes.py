@@ -179,6 +179,32 @@ def test_older_txn_number_is_transaction_too_old(shard_with_dir):
     assert db.c.find_one({"_id": 1})["n"] == 3
 
 
+def test_multi_document_statements_are_refused_in_a_retryable_write(shard_with_dir):
+    """An update with multi: true or a delete with limit: 0 cannot be recorded for an
+    exactly-once retry: with a txnNumber it is refused with InvalidOptions (72), as mongod
+    does, and nothing is applied (it used to run, and run again on a retry)."""
+    _, port = shard_with_dir
+    c = client_for(port)
+    db = c.rw
+    db.m.insert_many([{"_id": i, "x": 1} for i in range(3)])
+    with c.start_session() as s:
+        for n, cmd in enumerate((
+                SON([("update", "m"), ("updates", [{"q": {"x": 1}, "u": {"$inc": {"z": 1}},
+                                                    "multi": True}]),
+                     ("txnNumber", Int64(1))]),
+                SON([("delete", "m"), ("deletes", [{"q": {"x": 1}, "limit": 0}]),
+                     ("txnNumber", Int64(2))]))):
+            with pytest.raises(OperationFailure) as e:
+                db.command(cmd, session=s)
+            assert e.value.code == 72, e.value.details
+            assert "retryable writes with multi=true" in str(e.value)
+    assert sorted(d.get("z", 0) for d in db.m.find()) == [0, 0, 0]
+    # without a txnNumber (what drivers send for multi writes) it runs once
+    assert db.command({"update": "m", "updates": [{"q": {"x": 1}, "u": {"$inc": {"z": 1}},
+                                                   "multi": True}]})["nModified"] == 3
+    c.close()
+
+
 def test_records_survive_kill9_and_restart(shard_with_dir):
     proc, port = shard_with_dir
     c = client_for(port)
