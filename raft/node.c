@@ -22,7 +22,8 @@ struct sdb_node {
 	struct raft_io io;
 	struct raft_uv_transport transport;
 	bool secure; /* transport is raft/transport.c's, else libraft's TCP one */
-	sdb_fsm *fsm;
+	sdb_fsm *fsm; /* the metadata state machine, when sm is the default */
+	sdb_node_sm sm;
 	uint64_t id;
 	char *raft_addr;
 	void (*on_change)(void *data);
@@ -106,6 +107,13 @@ int sdb_node_parse_members(const char *list, struct raft_configuration *conf, ch
 		rc = sdb_errf(err, errlen, SDB_EINVAL, "empty member list");
 	return rc;
 }
+
+/* ------------------------------------------------------- the metadata state machine */
+
+static void meta_bind(void *impl, struct raft *r) { sdb_fsm_bind(impl, r); }
+static bson_t *meta_take_result(void *impl) { return sdb_fsm_take_result(impl); }
+static uint64_t meta_last_applied(void *impl) { return sdb_fsm_last_applied(impl); }
+static void meta_close(void *impl) { sdb_fsm_close(impl); }
 
 /* ------------------------------------------------------- failed-append abort */
 
@@ -289,7 +297,7 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 
 	if (opts->id == 0 || !opts->data_dir || !opts->raft_addr)
 		return sdb_errf(err, errlen, SDB_EINVAL,
-				"metadata needs --node-id (> 0), --data-dir and --raft-listen");
+				"a Raft member needs --node-id (> 0), --data-dir and --raft-listen");
 	n = sdb_calloc(1, sizeof *n);
 	n->loop = loop;
 	n->id = opts->id;
@@ -303,9 +311,19 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 		rc = sdb_errf(err, errlen, SDB_EIO, "create %s: %s", raft_dir, strerror(errno));
 		goto err;
 	}
-	rc = sdb_fsm_open(db_path, &n->fsm, err, errlen);
-	if (rc != 0)
-		goto err;
+	if (opts->sm) {
+		n->sm = *opts->sm;
+	} else {
+		rc = sdb_fsm_open(db_path, &n->fsm, err, errlen);
+		if (rc != 0)
+			goto err;
+		n->sm = (sdb_node_sm){.fsm = sdb_fsm_raft(n->fsm),
+				      .impl = n->fsm,
+				      .bind = meta_bind,
+				      .take_result = meta_take_result,
+				      .last_applied = meta_last_applied,
+				      .close = meta_close};
+	}
 	n->secure = opts->transport != NULL;
 	rv = n->secure ? sdb_transport_init(&n->transport, loop, opts->transport)
 		       : raft_uv_tcp_init(&n->transport, loop);
@@ -320,12 +338,13 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 	raft_uv_set_connect_retry_delay(&n->io, 100);
 	n->orig_append = n->io.append;
 	n->io.append = append_wrap;
-	if ((rv = raft_init(&n->raft, &n->io, sdb_fsm_raft(n->fsm), n->id, n->raft_addr)) != 0) {
+	if ((rv = raft_init(&n->raft, &n->io, n->sm.fsm, n->id, n->raft_addr)) != 0) {
 		rc = sdb_errf(err, errlen, SDB_EIO, "raft init: %s", raft_errmsg(&n->raft));
 		goto err_io;
 	}
 	n->raft.data = n;
-	sdb_fsm_bind(n->fsm, &n->raft);
+	if (n->sm.bind)
+		n->sm.bind(n->sm.impl, &n->raft);
 	{
 		unsigned et = opts->election_timeout_ms ? opts->election_timeout_ms : 1000;
 		unsigned th = opts->snapshot_threshold ? opts->snapshot_threshold : 1024;
@@ -386,7 +405,8 @@ err_io:
 err_transport:
 	transport_free(n);
 err_fsm:
-	sdb_fsm_close(n->fsm);
+	if (n->sm.close)
+		n->sm.close(n->sm.impl);
 err:
 	free(raft_dir);
 	free(db_path);
@@ -401,7 +421,8 @@ static void node_finish(sdb_node *n)
 		return;
 	void (*cb)(void *) = n->close_cb;
 	void *arg = n->close_arg;
-	sdb_fsm_close(n->fsm);
+	if (n->sm.close)
+		n->sm.close(n->sm.impl);
 	free(n->raft_addr);
 	free(n);
 	if (cb)
@@ -467,8 +488,8 @@ static void prop_done(struct raft_apply *req, int status, void *result)
 		abort();
 	}
 	if (rc == 0) {
-		res = sdb_fsm_take_result(p->n->fsm);
-		if (!res || sdb_fsm_last_applied(p->n->fsm) != req->index) {
+		res = p->n->sm.take_result(p->n->sm.impl);
+		if (!res || p->n->sm.last_applied(p->n->sm.impl) != req->index) {
 			if (res)
 				bson_destroy(res);
 			res = bson_new();

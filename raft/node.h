@@ -24,6 +24,24 @@
 
 typedef struct sdb_node sdb_node;
 
+/* The replicated state machine a member runs: libraft's raft_fsm (apply, snapshot,
+ * restore) over impl, plus what the node needs around it. The default (sdb_node_opts.sm
+ * NULL) is metadata's SQLite state machine (raft/fsm.h) at DATA_DIR/meta.db; a shard
+ * replica set passes its own (src/shard/repl.c). Every callback runs on the loop.
+ *   bind(impl, r): once after raft_init (may be NULL);
+ *   take_result(impl): the result document of the entry applied last (bson_new'd,
+ *     ownership to the caller) or NULL; read by a proposal's completion;
+ *   last_applied(impl): the index of the entry applied last;
+ *   close(impl): when the node is freed (may be NULL). */
+typedef struct sdb_node_sm {
+	struct raft_fsm *fsm;
+	void *impl;
+	void (*bind)(void *impl, struct raft *r);
+	bson_t *(*take_result)(void *impl);
+	uint64_t (*last_applied)(void *impl);
+	void (*close)(void *impl);
+} sdb_node_sm;
+
 typedef struct sdb_node_opts {
 	uint64_t id;                   /* raft server id, > 0 */
 	const char *data_dir;          /* DIR: raft log in DIR/raft, state machine DIR/meta.db */
@@ -34,6 +52,8 @@ typedef struct sdb_node_opts {
 	/* The Raft port's security (raft/transport.h): NULL = libraft's plaintext TCP
 	 * transport; else our authenticated/TLS transport with these options (copied). */
 	const sdb_transport_opts *transport;
+	/* The state machine (copied); NULL = metadata's. */
+	const sdb_node_sm *sm;
 	/* Called on the loop thread whenever the raft state, term, leader or readiness
 	 * changed (checked once per loop iteration). May be NULL. */
 	void (*on_change)(void *data);
@@ -54,6 +74,7 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 void sdb_node_close(sdb_node *n, void (*cb)(void *arg), void *arg);
 
 struct raft *sdb_node_raft(sdb_node *n);
+/* Metadata's state machine (NULL when the node runs another one, sdb_node_opts.sm). */
 sdb_fsm *sdb_node_fsm(sdb_node *n);
 uint64_t sdb_node_id(const sdb_node *n);
 

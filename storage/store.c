@@ -61,6 +61,13 @@ struct sdb_store_conn {
 	uint32_t op_lsid_len;
 	int64_t op_txn;
 	int32_t op_stmt;
+	/* A replicated apply transaction (sdb_store_apply_begin) is open: sdb_store_begin/
+	 * commit/rollback of the commands it runs work on the savepoint "cmd" inside it. */
+	bool apply;
+	sdb_store_det det;         /* the apply's deterministic inputs */
+	uint32_t det_counter;      /* ObjectIds generated in this apply */
+	int64_t cmd_pending_bytes; /* pending_oplog_bytes when the current command began */
+	uint64_t cmd_last_ts;      /* st->last_ts when the current command began */
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -76,8 +83,70 @@ static int64_t store_now_ms(const sdb_store *st)
 	return st->opts.clock_ms(st->opts.clock_arg);
 }
 
+/* The connection's notion of now: the apply's leader-stamped time inside a replicated
+ * apply (every member computes the same), else the store's clock. */
+static int64_t conn_now_ms(const sdb_store_conn *c)
+{
+	return c->apply ? c->det.now_ms : store_now_ms(c->st);
+}
+
+int64_t sdb_store_now_ms(const sdb_store_conn *c)
+{
+	return conn_now_ms(c);
+}
+
+void sdb_store_new_oid(sdb_store_conn *c, bson_oid_t *oid)
+{
+	if (!c->apply) {
+		bson_oid_init(oid, NULL);
+		return;
+	}
+	/* MongoDB's layout: 4 bytes of seconds, 5 random bytes, a 3-byte counter; here the
+	 * random bytes are the leader's per-entry seed and the counter counts in the entry,
+	 * so every member generates the same ids. */
+	uint32_t secs = (uint32_t)(c->det.now_ms / 1000);
+	uint32_t n = c->det_counter++;
+	oid->bytes[0] = (uint8_t)(secs >> 24);
+	oid->bytes[1] = (uint8_t)(secs >> 16);
+	oid->bytes[2] = (uint8_t)(secs >> 8);
+	oid->bytes[3] = (uint8_t)secs;
+	memcpy(oid->bytes + 4, c->det.seed, 5);
+	oid->bytes[9] = (uint8_t)(n >> 16);
+	oid->bytes[10] = (uint8_t)(n >> 8);
+	oid->bytes[11] = (uint8_t)n;
+}
+
+/* The last SQLite error of this thread that came from the disk or memory rather than from
+ * the command (sdb_store_take_io_fault). */
+static _Thread_local int io_fault;
+
+static void note_fault(sqlite3 *db)
+{
+	switch (sqlite3_errcode(db) & 0xff) {
+	case SQLITE_FULL:
+	case SQLITE_IOERR:
+	case SQLITE_CORRUPT:
+	case SQLITE_NOMEM:
+	case SQLITE_CANTOPEN:
+	case SQLITE_NOTADB:
+	case SQLITE_READONLY:
+		io_fault = sqlite3_extended_errcode(db);
+		break;
+	default:
+		break;
+	}
+}
+
+int sdb_store_take_io_fault(void)
+{
+	int f = io_fault;
+	io_fault = 0;
+	return f;
+}
+
 static int sqlerr(sqlite3 *db, char *err, size_t errlen, const char *what)
 {
+	note_fault(db);
 	return sdb_errf(err, errlen, SDB_EIO, "sqlite %s: %s", what, sqlite3_errmsg(db));
 }
 
@@ -85,6 +154,7 @@ static int exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen)
 {
 	char *msg = NULL;
 	if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
+		note_fault(db);
 		int rc = sdb_errf(err, errlen, SDB_EIO, "sqlite: %s: %s", sql,
 				  msg ? msg : "error");
 		sqlite3_free(msg);
@@ -477,6 +547,23 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 {
 	if (c->in_txn)
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: transaction already open");
+	if (c->apply) {
+		/* one command of a replicated apply: a savepoint inside the apply transaction */
+		int rc = exec_sql(c->db, "SAVEPOINT cmd", err, errlen);
+		if (rc)
+			return rc;
+		c->in_txn = true;
+		c->write = true;
+		c->savepoints = 0;
+		c->cmd_pending_bytes = c->pending_oplog_bytes;
+		c->cmd_last_ts = c->st->last_ts;
+		rc = cache_load(c, err, errlen);
+		if (rc) {
+			sdb_store_rollback(c);
+			return rc;
+		}
+		return 0;
+	}
 	if (write)
 		pthread_mutex_lock(&c->st->write_mu);
 	int rc = exec_sql(c->db, write ? "BEGIN IMMEDIATE" : "BEGIN", err, errlen);
@@ -527,6 +614,16 @@ int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen)
 	if (!c->in_txn)
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: no transaction");
 	int rc = 0;
+	if (c->apply) {
+		rc = exec_sql(c->db, "RELEASE cmd", err, errlen);
+		if (rc) {
+			sdb_store_rollback(c);
+			return rc;
+		}
+		c->in_txn = false;
+		c->op_lsid = NULL;
+		return 0;
+	}
 	if (c->write && c->pending_ts) {
 		rc = oplog_trim(c, err, errlen);
 		if (rc) {
@@ -547,6 +644,18 @@ void sdb_store_rollback(sdb_store_conn *c)
 {
 	if (!c->in_txn)
 		return;
+	if (c->apply) {
+		exec_sql(c->db, "ROLLBACK TO cmd", NULL, 0);
+		exec_sql(c->db, "RELEASE cmd", NULL, 0);
+		c->pending_oplog_bytes = c->cmd_pending_bytes;
+		/* the ts counter goes back too: a member that restarts derives it from disk */
+		c->st->last_ts = c->cmd_last_ts;
+		c->in_txn = false;
+		c->op_lsid = NULL;
+		c->cache_gen = -1;
+		cache_load(c, NULL, 0);
+		return;
+	}
 	exec_sql(c->db, "ROLLBACK", NULL, 0);
 	if (c->ddl)
 		cache_clear(c);
@@ -586,6 +695,157 @@ void sdb_store_savepoint_rollback(sdb_store_conn *c)
 	cache_load(c, NULL, 0);
 }
 
+/* ------------------------------------------------------------------ replicated apply */
+
+int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err,
+			  size_t errlen)
+{
+	if (c->in_txn || c->apply)
+		return sdb_errf(err, errlen, SDB_EINVAL, "store: transaction already open");
+	pthread_mutex_lock(&c->st->write_mu);
+	int rc = exec_sql(c->db, "BEGIN IMMEDIATE", err, errlen);
+	if (rc) {
+		pthread_mutex_unlock(&c->st->write_mu);
+		return sqlite3_errcode(c->db) == SQLITE_BUSY ? SDB_EBUSY : rc;
+	}
+	c->apply = true;
+	c->det = *det;
+	c->det_counter = 0;
+	c->pending_oplog_bytes = 0;
+	c->pending_ts = 0;
+	c->ddl = false;
+	c->savepoints = 0;
+	/* The ts counter comes from disk, not from this process's history, so that a member
+	 * that restarted allocates the same ts as one that did not. */
+	{
+		uint64_t a = (uint64_t)query_int(c, "SELECT max(ts) FROM oplog", 0);
+		uint64_t b = (uint64_t)query_int(c, "SELECT v FROM meta WHERE k='last_ts'", 0);
+		pthread_mutex_lock(&c->st->ts_mu);
+		c->st->last_ts = a > b ? a : b;
+		pthread_mutex_unlock(&c->st->ts_mu);
+	}
+	c->cache_gen = -1;
+	rc = cache_load(c, err, errlen);
+	if (rc) {
+		sdb_store_apply_rollback(c);
+		return rc;
+	}
+	return 0;
+}
+
+static void apply_end(sdb_store_conn *c, bool committed)
+{
+	if (committed) {
+		c->st->oplog_bytes += c->pending_oplog_bytes;
+		if (c->pending_ts)
+			atomic_store(&c->st->committed_ts, c->pending_ts);
+	}
+	if (c->ddl || !committed) {
+		stmt_forget_all(c);
+		c->cache_gen = -1;
+	}
+	c->apply = false;
+	c->in_txn = false;
+	c->write = false;
+	c->op_lsid = NULL;
+	pthread_mutex_unlock(&c->st->write_mu);
+}
+
+int sdb_store_apply_commit(sdb_store_conn *c, uint64_t index, char *err, size_t errlen)
+{
+	if (!c->apply || c->in_txn)
+		return sdb_errf(err, errlen, SDB_EINVAL, "store: no apply transaction to commit");
+	int rc = 0;
+	if (c->pending_ts)
+		rc = oplog_trim(c, err, errlen);
+	if (rc == 0) {
+		sqlite3_stmt *s = stmt_get(
+			c, "INSERT OR REPLACE INTO meta(k, v) VALUES('raft_applied', ?)", err, errlen);
+		rc = SDB_EIO;
+		if (s) {
+			sqlite3_bind_int64(s, 1, (int64_t)index);
+			rc = step_done(c, s, err, errlen, "raft_applied");
+		}
+	}
+	if (rc == 0)
+		rc = exec_sql(c->db, "COMMIT", err, errlen);
+	if (rc) {
+		sdb_store_apply_rollback(c);
+		return rc;
+	}
+	apply_end(c, true);
+	return 0;
+}
+
+void sdb_store_apply_rollback(sdb_store_conn *c)
+{
+	if (!c->apply)
+		return;
+	exec_sql(c->db, "ROLLBACK", NULL, 0);
+	cache_clear(c);
+	apply_end(c, false);
+}
+
+uint64_t sdb_store_applied_index(sdb_store_conn *c)
+{
+	return (uint64_t)query_int(c, "SELECT v FROM meta WHERE k='raft_applied'", 0);
+}
+
+int sdb_store_set_durability(sdb_store_conn *c, bool full, char *err, size_t errlen)
+{
+	return exec_sql(c->db, full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL",
+			err, errlen);
+}
+
+int sdb_store_sync(sdb_store_conn *c, char *err, size_t errlen)
+{
+	/* A commit with synchronous=FULL fsyncs the WAL, and with it every transaction
+	 * committed before (WAL frames are appended in commit order). */
+	int rc = exec_sql(c->db, "PRAGMA synchronous=FULL", err, errlen);
+	if (rc == 0)
+		rc = exec_sql(c->db,
+			      "BEGIN IMMEDIATE; UPDATE meta SET v = v WHERE k='format'; COMMIT",
+			      err, errlen);
+	if (rc)
+		exec_sql(c->db, "ROLLBACK", NULL, 0);
+	exec_sql(c->db, "PRAGMA synchronous=NORMAL", NULL, 0);
+	return rc;
+}
+
+int sdb_store_meta_put(sdb_store_conn *c, const char *key, const char *value, char *err,
+		       size_t errlen)
+{
+	if (!c->apply && !(c->in_txn && c->write))
+		return sdb_errf(err, errlen, SDB_EINVAL, "store: meta_put needs a write transaction");
+	sqlite3_stmt *s = stmt_get(c, "INSERT OR REPLACE INTO meta(k, v) VALUES(?, ?)", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, value, -1, SQLITE_STATIC);
+	return step_done(c, s, err, errlen, "meta put");
+}
+
+int sdb_store_meta_scan(sdb_store_conn *c, const char *prefix,
+			void (*fn)(void *arg, const char *key, const char *value), void *arg)
+{
+	sqlite3_stmt *s = NULL;
+	int rc;
+	/* its own statement: the cache's may be mid-step in the caller */
+	if (sqlite3_prepare_v2(c->db, "SELECT k, v FROM meta WHERE substr(k, 1, ?1) = ?2", -1, &s,
+			       NULL) != SQLITE_OK)
+		return sqlerr(c->db, NULL, 0, "meta scan");
+	sqlite3_bind_int(s, 1, (int)strlen(prefix));
+	sqlite3_bind_text(s, 2, prefix, -1, SQLITE_STATIC);
+	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+		const char *k = (const char *)sqlite3_column_text(s, 0);
+		const char *v = (const char *)sqlite3_column_text(s, 1);
+		if (k && v)
+			fn(arg, k, v);
+	}
+	sqlite3_finalize(s);
+	return rc == SQLITE_DONE ? 0 : SDB_EIO;
+}
+
 /* ------------------------------------------------------------------ internals for session.c */
 
 sqlite3_stmt *sdb_store_int_stmt(sdb_store_conn *c, const char *sql, char *err, size_t errlen)
@@ -606,7 +866,7 @@ int sdb_store_int_sqlerr(sdb_store_conn *c, char *err, size_t errlen, const char
 
 int64_t sdb_store_int_now_ms(sdb_store_conn *c)
 {
-	return store_now_ms(c->st);
+	return conn_now_ms(c);
 }
 
 int64_t sdb_store_int_session_timeout_ms(sdb_store_conn *c)
@@ -635,9 +895,10 @@ void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn
 
 /* ------------------------------------------------------------------ oplog */
 
-static uint64_t ts_next(sdb_store *st)
+static uint64_t ts_next(sdb_store_conn *c)
 {
-	int64_t now = store_now_ms(st);
+	sdb_store *st = c->st;
+	int64_t now = conn_now_ms(c);
 	uint64_t secs = now > 0 ? (uint64_t)(now / 1000) : 0;
 	pthread_mutex_lock(&st->ts_mu);
 	uint64_t cand = (secs << 32) | 1;
@@ -653,12 +914,12 @@ static int oplog_append(sdb_store_conn *c, const char *op, const char *ns, const
 			const bson_t *o, const bson_t *o2, const char *origin, char *err,
 			size_t errlen)
 {
-	uint64_t ts = ts_next(c->st);
-	int64_t wall = store_now_ms(c->st);
+	uint64_t ts = ts_next(c);
+	int64_t wall = conn_now_ms(c);
 	bson_t e;
 	bson_init(&e);
 	BSON_APPEND_TIMESTAMP(&e, "ts", (uint32_t)(ts >> 32), (uint32_t)ts);
-	BSON_APPEND_INT64(&e, "t", 1);
+	BSON_APPEND_INT64(&e, "t", c->apply ? c->det.term : 1);
 	BSON_APPEND_INT32(&e, "v", 2);
 	BSON_APPEND_UTF8(&e, "op", op);
 	BSON_APPEND_UTF8(&e, "ns", ns);
@@ -706,7 +967,7 @@ static int oplog_trim(sdb_store_conn *c, char *err, size_t errlen)
 	if (!by_size && !by_age)
 		return 0;
 	int64_t target = st->opts.oplog_max_bytes - st->opts.oplog_max_bytes / 10;
-	int64_t cutoff_wall = by_age ? store_now_ms(st) - st->opts.oplog_max_age_s * 1000 : 0;
+	int64_t cutoff_wall = by_age ? conn_now_ms(c) - st->opts.oplog_max_age_s * 1000 : 0;
 	sqlite3_stmt *s = stmt_get(c,
 				   "SELECT ts, wall, length(entry) FROM oplog WHERE ts < (SELECT "
 				   "max(ts) FROM oplog) ORDER BY ts",
@@ -828,16 +1089,19 @@ int sdb_store_coll_get(sdb_store_conn *c, const char *db, const char *coll,
 	return 0;
 }
 
-static void gen_uuid(uint8_t out[16])
+static void gen_uuid(sdb_store_conn *c, uint8_t out[16])
 {
-	/* bson_oid_t has 12 bytes of randomness + counter; fill the rest from it twice. */
+	/* bson_oid_t has 12 bytes of randomness + counter; fill the rest from it twice
+	 * (inside a replicated apply both come from the entry's seed: the same on every
+	 * member). */
 	bson_oid_t a, b;
-	bson_oid_init(&a, NULL);
-	bson_oid_init(&b, NULL);
+	sdb_store_new_oid(c, &a);
+	sdb_store_new_oid(c, &b);
 	memcpy(out, a.bytes + 4, 8);
 	memcpy(out + 8, b.bytes + 4, 8);
-	for (int i = 0; i < 16; i++)
-		out[i] ^= (uint8_t)(rand() & 0xff);
+	if (!c->apply)
+		for (int i = 0; i < 16; i++)
+			out[i] ^= (uint8_t)(rand() & 0xff);
 	out[6] = (out[6] & 0x0f) | 0x40;
 	out[8] = (out[8] & 0x3f) | 0x80;
 }
@@ -874,7 +1138,7 @@ int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 		return rc;
 	c->ddl = true;
 	uint8_t uuid[16];
-	gen_uuid(uuid);
+	gen_uuid(c, uuid);
 	bson_t empty = BSON_INITIALIZER;
 	const bson_t *opt = options ? options : &empty;
 	sqlite3_stmt *s = stmt_get(c,

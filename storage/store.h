@@ -89,6 +89,59 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen);
 int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen);
 /* Roll back; safe to call with no transaction open. */
 void sdb_store_rollback(sdb_store_conn *c);
+/* Replicated apply (shard replica sets, issue #15): the inputs a Raft entry carries so
+ * that every member running the same commands on the same state writes the same bytes.
+ * now_ms: the leader's wall clock when it proposed (epoch ms: oplog ts and wall,
+ * $currentDate, session expiry); term: the entry's Raft term (the oplog's `t`); seed: the
+ * leader's random bytes for the entry (generated ObjectIds and collection UUIDs). */
+typedef struct sdb_store_det {
+	int64_t now_ms;
+	int64_t term;
+	uint8_t seed[5];
+} sdb_store_det;
+
+/* Open the write transaction of one Raft entry (takes the write lock). Until
+ * sdb_store_apply_commit/rollback, sdb_store_begin/commit/rollback of the commands run
+ * inside it act on a savepoint ("cmd"), so one failed command leaves no trace and the
+ * others stay; clocks, ObjectIds and UUIDs come from det; the oplog ts counter is
+ * re-read from disk. Returns 0, SDB_EBUSY or SDB_EIO (message in err). */
+int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err,
+			  size_t errlen);
+/* Record index as the last applied Raft entry (meta 'raft_applied', same transaction),
+ * trim the oplog and commit. Durable only as the connection's synchronous setting says:
+ * the Raft log is the durable record, replayed after a crash from the last applied
+ * index. Returns 0 or SDB_EIO (then rolled back). */
+int sdb_store_apply_commit(sdb_store_conn *c, uint64_t index, char *err, size_t errlen);
+/* Roll back an open apply transaction (no-op when none). */
+void sdb_store_apply_rollback(sdb_store_conn *c);
+/* The last applied Raft entry recorded by sdb_store_apply_commit (0: none). Outside a
+ * transaction. */
+uint64_t sdb_store_applied_index(sdb_store_conn *c);
+/* synchronous=FULL (fsync at every commit) or NORMAL (fsync at checkpoints) for this
+ * connection. 0 or SDB_EIO. */
+int sdb_store_set_durability(sdb_store_conn *c, bool full, char *err, size_t errlen);
+/* Make every commit so far durable (one fsync of the WAL); leaves the connection at
+ * synchronous=NORMAL. Outside a transaction. 0 or SDB_EIO. */
+int sdb_store_sync(sdb_store_conn *c, char *err, size_t errlen);
+/* Text settings in the meta table (replica-set name, member addresses). put: inside a
+ * write or apply transaction; 0 or SDB_EIO/SDB_EINVAL. scan: fn(arg, key, value) for each
+ * key starting with prefix, outside or inside a transaction; 0 or SDB_EIO. */
+int sdb_store_meta_put(sdb_store_conn *c, const char *key, const char *value, char *err,
+		       size_t errlen);
+int sdb_store_meta_scan(sdb_store_conn *c, const char *prefix,
+			void (*fn)(void *arg, const char *key, const char *value), void *arg);
+/* The extended SQLite code of this thread's last disk/memory failure (SQLITE_FULL,
+ * SQLITE_IOERR_*, SQLITE_CORRUPT, SQLITE_NOMEM ...) since the previous call, then
+ * cleared; 0 when none. A replicated apply that saw one must stop the member: the other
+ * members applied the entry. */
+int sdb_store_take_io_fault(void);
+/* Now in epoch ms as the store sees it: the apply's det.now_ms inside a replicated apply,
+ * else the store's clock (sdb_store_opts.clock_ms). */
+int64_t sdb_store_now_ms(const sdb_store_conn *c);
+/* A new ObjectId: bson_oid_init outside an apply; inside it, seconds of det.now_ms, the
+ * 5 seed bytes and a counter of the apply (the same on every member). */
+void sdb_store_new_oid(sdb_store_conn *c, bson_oid_t *oid);
+
 /* Savepoints, to undo one failed item of a batch without losing the others. */
 int sdb_store_savepoint(sdb_store_conn *c);
 void sdb_store_savepoint_release(sdb_store_conn *c);

@@ -149,6 +149,8 @@ struct sdb_update {
 	bool uses_positional;
 	sdb_update_clock_fn clock;
 	void *clock_ctx;
+	void (*oid)(void *ctx, bson_oid_t *out);
+	void *oid_ctx;
 };
 
 /* ---- errors ---------------------------------------------------------------------- */
@@ -876,6 +878,8 @@ int sdb_update_parse(const bson_t *spec, const sdb_update_opts *opts, sdb_update
 	if (opts != NULL) {
 		u->clock = opts->clock;
 		u->clock_ctx = opts->clock_ctx;
+		u->oid = opts->oid;
+		u->oid_ctx = opts->oid_ctx;
 		if (opts->query != NULL) {
 			docbuild_blob_set(&u->query, opts->query);
 			u->has_query = true;
@@ -2211,7 +2215,10 @@ int sdb_update_upsert_doc(const sdb_update *u, const bson_t *filter, bson_t *out
 	if (!bson_iter_init_find(&it, &res, "_id")) {
 		bson_oid_t oid;
 
-		bson_oid_init(&oid, NULL);
+		if (u->oid != NULL)
+			u->oid(u->oid_ctx, &oid);
+		else
+			bson_oid_init(&oid, NULL);
 		bson_append_oid(out, "_id", 3, &oid);
 		bson_concat(out, &res);
 	} else {

@@ -77,6 +77,10 @@ typedef struct sdb_update_opts {
 	/* Clock for $currentDate; NULL means clock_gettime(CLOCK_REALTIME). */
 	sdb_update_clock_fn clock;
 	void *clock_ctx;
+	/* ObjectId for an upsert's generated _id; NULL means bson_oid_init. A replicated
+	 * shard passes sdb_store_new_oid so that every member generates the same id. */
+	void (*oid)(void *ctx, bson_oid_t *out);
+	void *oid_ctx;
 } sdb_update_opts;
 
 /* Parse an update document.

@@ -33,15 +33,18 @@ typedef enum {
 #define SDB_OPTIONS(X)                                                                          \
 	X("config", config, SDB_OPT_PATH, NULL,                                                 \
 	  "config file (default /etc/stripedb/stripedb.conf when it exists)")                   \
-	X("node-id", node_id, SDB_OPT_STRING, NULL, "this node's id (metadata: raft id 1..N)")    \
+	X("node-id", node_id, SDB_OPT_STRING, NULL,                                             \
+	  "this node's id (metadata, shard replica set: raft id 1..N)")                         \
+	X("replica-set", replica_set, SDB_OPT_STRING, NULL,                                     \
+	  "shard: replica set name (hello's setName); members need --raft-listen")              \
 	X("data-dir", data_dir, SDB_OPT_PATH, NULL, "directory for durable state")                \
 	X("listen", listen, SDB_OPT_ADDR, NULL, "MongoDB wire protocol address HOST:PORT")        \
 	X("http-listen", http_listen, SDB_OPT_ADDR, NULL, "HTTP address for /healthz, /metrics")   \
-	X("raft-listen", raft_listen, SDB_OPT_ADDR, NULL, "metadata: raft transport address")     \
+	X("raft-listen", raft_listen, SDB_OPT_ADDR, NULL, "metadata, shard: raft transport address")     \
 	X("grpc-listen", grpc_listen, SDB_OPT_ADDR, NULL, "ratelimit: gRPC address")              \
 	X("advertise", advertise, SDB_OPT_ADDR, NULL, "address peers use to reach this node")     \
 	X("bootstrap-members", bootstrap_members, SDB_OPT_MEMBERS, NULL,                        \
-	  "metadata: initial raft members ID@HOST:PORT,...")                                    \
+	  "metadata, shard: initial raft members ID@HOST:PORT,...")                                    \
 	X("metadata", metadata, SDB_OPT_ADDRS, NULL, "metadata members HOST:PORT,...")            \
 	X("peers", peers, SDB_OPT_ADDRS, NULL, "ratelimit: static peer list HOST:PORT,...")       \
 	X("cdc", cdc, SDB_OPT_STRING, NULL, "coordinator: CDC log embedded:DIR or kafka:BOOTSTRAP") \

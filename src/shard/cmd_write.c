@@ -97,7 +97,7 @@ static int write_code(int rc, const char *msg)
 }
 
 /* A document ready to store: _id first (generated when missing). */
-static void prepare_insert(const bson_t *in, bson_t *out)
+static void prepare_insert(shard_ctx *x, const bson_t *in, bson_t *out)
 {
 	bson_iter_t it;
 	bson_init(out);
@@ -105,7 +105,7 @@ static void prepare_insert(const bson_t *in, bson_t *out)
 		bson_append_iter(out, "_id", 3, &it);
 	} else {
 		bson_oid_t oid;
-		bson_oid_init(&oid, NULL);
+		sdb_store_new_oid(x->conn, &oid);
 		BSON_APPEND_OID(out, "_id", &oid);
 	}
 	if (bson_iter_init(&it, in)) {
@@ -192,7 +192,7 @@ void shard_cmd_insert(shard_ctx *x)
 				break;
 			continue;
 		}
-		prepare_insert(&in, &doc);
+		prepare_insert(x, &in, &doc);
 		sdb_store_dup dup = {0};
 		sdb_store_savepoint(x->conn);
 		shard_txn_tag(x, &t, (uint32_t)i);
@@ -342,10 +342,15 @@ static void upd_stmt_destroy(upd_stmt *s)
 	bson_destroy(&s->array_filters);
 }
 
+/* $currentDate's clock: the store's (the entry's leader time when replicated). */
 static int64_t clock_ms(void *ctx)
 {
-	(void)ctx;
-	return sdb_wall_ms();
+	return sdb_store_now_ms(ctx);
+}
+
+static void new_oid(void *ctx, bson_oid_t *out)
+{
+	sdb_store_new_oid(ctx, out);
 }
 
 /* The outcome of one update statement. */
@@ -366,6 +371,9 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 		.array_filters = s->have_af ? &s->array_filters : NULL,
 		.query = &s->q,
 		.clock = clock_ms,
+		.clock_ctx = x->conn,
+		.oid = new_oid,
+		.oid_ctx = x->conn,
 	};
 	sdb_update *u = NULL;
 	int code = 0;
@@ -431,7 +439,7 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 			return code ? code : WIRE_ERR_BAD_VALUE;
 		}
 		bson_t ready;
-		prepare_insert(&doc, &ready);
+		prepare_insert(x, &doc, &ready);
 		bson_destroy(&doc);
 		rc = sdb_store_insert(x->conn, x->db, coll, &ready, x->origin, dup, x->err,
 				      sizeof x->err);

@@ -8,6 +8,7 @@
 #include "common/cmdopts.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "shard/repl.h"
 #include "shard/shard.h"
 
 typedef struct cmd_entry {
@@ -119,6 +120,29 @@ static bool refuse_ignored_in_cmd(wire_req *req, const char *name)
 	return true;
 }
 
+/* Commands that change the shard's state: each is a Raft log entry (repl.h). */
+static const char *const write_cmds[] = {
+	"insert",	 "update",	  "delete",	 "findAndModify", "findandmodify",
+	"create",	 "drop",	  "createIndexes", "dropIndexes",	  "deleteIndexes",
+	"dropDatabase", "stripedbSetVersion",
+};
+
+bool shard_cmd_is_write(const char *name)
+{
+	for (size_t i = 0; i < sizeof write_cmds / sizeof write_cmds[0]; i++)
+		if (strcmp(write_cmds[i], name) == 0)
+			return true;
+	return false;
+}
+
+shard_cmd_fn shard_cmd_lookup(const char *name)
+{
+	for (size_t i = 0; i < N_CMDS; i++)
+		if (strcmp(cmd_table[i].name, name) == 0)
+			return cmd_table[i].fn;
+	return NULL;
+}
+
 static void dispatch(wire_req *req, void *role_data)
 {
 	shard *sh = role_data;
@@ -128,11 +152,33 @@ static void dispatch(wire_req *req, void *role_data)
 			sdb_counter_inc(cmd_counters[i]);
 			if (refuse_reserved_ns(req, name) || refuse_ignored_in_cmd(req, name))
 				return;
-			shard_pool_submit(sh, cmd_table[i].fn, req);
+			if (shard_cmd_is_write(name)) {
+				/* explain of a write only plans it: a read */
+				if (shard_repl_check_write(sh->repl, req))
+					shard_pool_submit_write(sh, req);
+				return;
+			}
+			if (shard_repl_check_read(sh->repl, req))
+				shard_pool_submit(sh, cmd_table[i].fn, req);
 			return;
 		}
 	}
 	wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'", name);
+}
+
+static void dispatch_register(wire_req *req, void *role_data)
+{
+	shard *sh = role_data;
+	shard_repl_cmd_register(sh->repl, req);
+}
+
+/* {replSetGetStatus: 1}: this member's view of its set (MongoDB's shape, in part). */
+static void dispatch_status(wire_req *req, void *role_data)
+{
+	shard *sh = role_data;
+	bson_t *reply = bson_new();
+	shard_repl_status(sh->repl, reply);
+	wire_req_reply(req, reply);
 }
 
 void shard_register_commands(shard *sh)
@@ -144,6 +190,8 @@ void shard_register_commands(shard *sh)
 						      "Commands received by the shard role", labels);
 		wire_server_register(sh->srv, cmd_table[i].name, dispatch);
 	}
+	wire_server_register(sh->srv, "stripedbRegisterMember", dispatch_register);
+	wire_server_register(sh->srv, "replSetGetStatus", dispatch_status);
 }
 
 void shard_fail(shard_ctx *x, int code, const char *fmt, ...)

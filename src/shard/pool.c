@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "shard/util.h"
+#include "shard/repl.h"
 #include "shard/shard.h"
 
 /* Parse $stripedbOrigin and $stripedbVersion of the command into x. Replies and returns
@@ -45,6 +46,12 @@ static bool ctx_parse_ext(shard_ctx *x)
 		}
 	}
 	return true;
+}
+
+void shard_ctx_run(shard_ctx *x, shard_cmd_fn fn)
+{
+	if (ctx_parse_ext(x) && !shard_txn_refuse_fields(x))
+		fn(x);
 }
 
 typedef struct worker_arg {
@@ -84,8 +91,11 @@ static void *worker_main(void *arg)
 		shard_sessions_note(sh, x.cmd);
 		if (!job->resume && shard_failpoint_fire(&x))
 			; /* answered by the test fail point, not run */
-		else if (ctx_parse_ext(&x) && !shard_txn_refuse_fields(&x))
-			job->fn(&x);
+		else if (job->replicate) {
+			if (ctx_parse_ext(&x) && !shard_txn_refuse_fields(&x))
+				shard_repl_submit(sh->repl, job->req); /* run by the apply */
+		} else
+			shard_ctx_run(&x, job->fn);
 		/* a handler that failed half-way must not leave its transaction open */
 		sdb_store_rollback(wa->conn);
 		free(job);
@@ -133,12 +143,14 @@ int shard_pool_start(shard *sh, char *err, size_t errlen)
 	return 0;
 }
 
-static void submit(shard *sh, shard_cmd_fn fn, wire_req *req, void *resume)
+static void submit_job(shard *sh, shard_cmd_fn fn, wire_req *req, void *resume,
+		       bool replicate)
 {
 	shard_job *job = sdb_calloc(1, sizeof *job);
 	job->fn = fn;
 	job->req = req;
 	job->resume = resume;
+	job->replicate = replicate;
 	pthread_mutex_lock(&sh->mu);
 	if (sh->tail)
 		sh->tail->next = job;
@@ -149,9 +161,19 @@ static void submit(shard *sh, shard_cmd_fn fn, wire_req *req, void *resume)
 	pthread_mutex_unlock(&sh->mu);
 }
 
+static void submit(shard *sh, shard_cmd_fn fn, wire_req *req, void *resume)
+{
+	submit_job(sh, fn, req, resume, false);
+}
+
 void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req)
 {
 	submit(sh, fn, req, NULL);
+}
+
+void shard_pool_submit_write(shard *sh, wire_req *req)
+{
+	submit_job(sh, NULL, req, NULL, true);
 }
 
 /* ------------------------------------------------------------ parked awaitData getMores */

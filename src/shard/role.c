@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/role.h"
+#include "shard/repl.h"
 #include "shard/shard.h"
 
 static int shard_health(void *data, char *msg, size_t msglen)
@@ -23,6 +24,13 @@ static int shard_health(void *data, char *msg, size_t msglen)
 		return 0;
 	}
 	return 1;
+}
+
+static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
+{
+	shard *sh = data;
+	if (sh->repl)
+		shard_repl_hello(sh->repl, cmd, reply);
 }
 
 static void reap_cb(uv_timer_t *t)
@@ -46,6 +54,8 @@ static void shard_free(shard *sh)
 	pthread_mutex_destroy(&sh->conn_mu);
 	free(sh);
 }
+
+static void server_closed(void *arg);
 
 static int shard_start(sdb_role *role)
 {
@@ -120,6 +130,7 @@ static int shard_start(sdb_role *role)
 		return rc;
 	}
 	o.gate = auth_cluster_gate();
+	o.hello = hello_hook;
 	rc = wire_server_new(role->loop, &o, &sh->srv, err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
@@ -127,9 +138,34 @@ static int shard_start(sdb_role *role)
 		shard_free(sh);
 		return rc;
 	}
-	shard_register_commands(sh);
 	uv_timer_init(role->loop, &sh->reap_timer);
 	sh->reap_timer.data = sh;
+	uv_timer_init(role->loop, &sh->abandon_timer);
+	sh->abandon_timer.data = sh;
+	{
+		/* the address drivers and the other members use: --advertise, else the
+		 * --listen host with the bound port */
+		char host[256], *wire_addr;
+		int port = 0;
+		if (sdb_config_get(role->cfg, SDB_OPT_advertise))
+			wire_addr = sdb_strdup(sdb_config_get(role->cfg, SDB_OPT_advertise));
+		else if (sdb_addr_split(listen, host, sizeof host, &port, err, sizeof err) == 0)
+			wire_addr = sdb_asprintf("%s:%d", host, wire_server_port(sh->srv));
+		else
+			wire_addr = sdb_strdup(listen);
+		rc = shard_repl_start(sh, wire_addr, err, sizeof err);
+		free(wire_addr);
+	}
+	if (rc) {
+		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
+		/* the runner runs the loop after a failed start: close there */
+		role->impl = sh;
+		sh->failed_start = true;
+		wire_server_close(sh->srv, 0, server_closed, sh);
+		return rc;
+	}
+	shard_register_commands(sh);
+
 	uv_timer_start(&sh->reap_timer, reap_cb, 60000, 60000);
 	if (role->http)
 		sdb_http_add_health(role->http, "shard", shard_health, sh);
@@ -139,13 +175,28 @@ static int shard_start(sdb_role *role)
 	return 0;
 }
 
-static void timer_closed(uv_handle_t *h)
+static void abandon_closed(uv_handle_t *h)
 {
 	shard *sh = h->data;
 	sdb_role *role = sh->role;
+	bool failed = sh->failed_start;
 	shard_free(sh);
 	role->impl = NULL;
-	sdb_role_stopped(role);
+	if (!failed)
+		sdb_role_stopped(role);
+}
+
+static void timer_closed(uv_handle_t *h)
+{
+	shard *sh = h->data;
+	uv_close((uv_handle_t *)&sh->abandon_timer, abandon_closed);
+}
+
+static void repl_closed(void *arg)
+{
+	shard *sh = arg;
+	sh->repl = NULL;
+	uv_close((uv_handle_t *)&sh->reap_timer, timer_closed);
 }
 
 static void server_closed(void *arg)
@@ -156,7 +207,25 @@ static void server_closed(void *arg)
 	shard_pool_stop(sh);
 	if (sh->role->http)
 		sdb_http_unroute(sh->role->http, sh);
-	uv_close((uv_handle_t *)&sh->reap_timer, timer_closed);
+	if (sh->repl)
+		shard_repl_close(sh->repl, repl_closed, sh);
+	else
+		repl_closed(sh);
+}
+
+static void abandon_cb(uv_timer_t *t)
+{
+	shard *sh = t->data;
+	/* writes still waiting for a majority (the set lost its quorum) must not hold the
+	 * stop forever: their outcome is unknown, say so */
+	if (sh->repl)
+		shard_repl_abandon(sh->repl);
+}
+
+static void transfer_done(void *arg, int status)
+{
+	(void)arg;
+	sdb_info("shard: leadership transfer before stopping", "status=%d", status);
 }
 
 static void shard_stop(sdb_role *role)
@@ -169,6 +238,11 @@ static void shard_stop(sdb_role *role)
 	uv_timer_stop(&sh->reap_timer);
 	uint64_t timeout = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_timeout_ms,
 							 10000);
+	/* rolling restarts: hand the primary role over first, so clients see a new primary
+	 * during the quiesce instead of an election after the stop */
+	if (sh->repl && shard_repl_writable(sh->repl))
+		shard_repl_transfer(sh->repl, transfer_done, sh);
+	uv_timer_start(&sh->abandon_timer, abandon_cb, timeout > 200 ? timeout - 200 : 0, 0);
 	/* parked awaitData getMores answer by the end of the quiesce, not at their deadline */
 	{
 		int64_t q = sdb_config_get_int(role->cfg, SDB_OPT_shutdown_quiesce_ms, 0);

@@ -48,6 +48,7 @@ typedef struct shard_session {
 
 typedef struct shard shard;
 typedef struct shard_ctx shard_ctx;
+typedef struct shard_repl shard_repl; /* repl.h: the member's Raft group */
 typedef struct shard_cursor shard_cursor;
 
 /* A command body run on a worker thread. It must complete x->req exactly once. */
@@ -70,6 +71,7 @@ typedef struct shard_job {
 	struct shard_job *next;
 	shard_cmd_fn fn;
 	wire_req *req;
+	bool replicate; /* a write: checked here, then proposed through repl.h */
 	void *resume; /* handed to the command as shard_ctx.resume */
 } shard_job;
 
@@ -119,6 +121,9 @@ struct shard {
 	shard_session sessions[SHARD_MAX_SESSIONS];
 	size_t n_sessions;
 	bool test_commands; /* --enable-test-commands: configureFailPoint accepted */
+	shard_repl *repl;   /* the replica set this member belongs to (repl.h) */
+	uv_timer_t abandon_timer; /* graceful stop: answer uncommitted writes by the timeout */
+	bool failed_start;        /* closing after a failed start: no sdb_role_stopped */
 };
 
 /* --- pool.c --- */
@@ -131,6 +136,13 @@ void shard_conns_close(shard *sh);
 int shard_pool_start(shard *sh, char *err, size_t errlen);
 /* Queue fn for req (loop thread). */
 void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req);
+/* Queue a write command for a worker's checks (fail points, command extensions), after
+ * which it goes to shard_repl_submit (loop thread). */
+void shard_pool_submit_write(shard *sh, wire_req *req);
+/* Run command fn for x (x->sh, conn, req, cmd and db set): parse the stripedb extensions
+ * ($stripedbOrigin, $stripedbVersion) and refuse transaction fields, then call fn. Used by
+ * the workers and by the replicated apply (repl.c). */
+void shard_ctx_run(shard_ctx *x, shard_cmd_fn fn);
 /* Park a (heap, ownership taken on true) for later: returns false, keeping a with the
  * caller, when it cannot wait (the shard stops or a->deadline_ms has passed) and the
  * command must answer now. When the oplog already moved past after_ts (a commit raced
@@ -149,6 +161,12 @@ void shard_pool_stop(shard *sh);
 /* Wake awaitData waiters after a commit that wrote the oplog: every parked getMore is
  * queued to rescan the oplog from its last_ts (and parks again if nothing matched). */
 void shard_oplog_notify(shard *sh);
+
+/* --- commands.c --- */
+/* The handler of command name, or NULL. */
+shard_cmd_fn shard_cmd_lookup(const char *name);
+/* Does command name change the shard's state (and so go through the Raft log)? */
+bool shard_cmd_is_write(const char *name);
 
 /* --- cursors.c --- */
 struct shard_cursor {

@@ -156,6 +156,8 @@ static void req_complete(wire_req *req, bson_t *reply)
 		abort();
 	}
 	req->reply = reply;
+	if (!srv)
+		return; /* detached: the owner takes the reply */
 	/* uv_async_send under the mutex: once the loop thread has seen this request (and may
 	 * free the server), this thread no longer touches srv. */
 	uv_mutex_lock(&srv->mu);
@@ -249,6 +251,35 @@ void wire_req_error_extra(wire_req *req, int code, bson_t *extra, const char *fm
 	doc = error_doc(code, extra, fmt, ap);
 	va_end(ap);
 	req_complete(req, doc);
+}
+
+wire_req *wire_req_detached_new(const char *db, const bson_t *cmd)
+{
+	wire_req *req = sdb_calloc(1, sizeof *req);
+	bson_iter_t it;
+
+	req->cmd = bson_copy(cmd);
+	req->db = sdb_strdup(db);
+	req->name = sdb_strdup(bson_iter_init(&it, cmd) && bson_iter_next(&it)
+				       ? bson_iter_key(&it)
+				       : "");
+	req->op_code = WIRE_OP_MSG;
+	req->start_ns = uv_hrtime();
+	return req;
+}
+
+bson_t *wire_req_detached_take(wire_req *req)
+{
+	bson_t *reply = atomic_load(&req->completed) ? req->reply : NULL;
+
+	req->reply = NULL;
+	return reply;
+}
+
+void wire_req_detached_free(wire_req *req)
+{
+	if (req)
+		req_free(req);
 }
 
 const bson_t *wire_req_cmd(const wire_req *req)

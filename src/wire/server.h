@@ -60,6 +60,8 @@
 #define WIRE_ERR_INTERRUPTED_AT_SHUTDOWN 11600
 #define WIRE_ERR_SHUTDOWN_IN_PROGRESS 91     /* ShutdownInProgress: refused, not executed */
 #define WIRE_ERR_NOT_WRITABLE_PRIMARY 10107  /* NotWritablePrimary */
+#define WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK 13435 /* NotPrimaryNoSecondaryOk */
+#define WIRE_ERR_INTERRUPTED_REPL_CHANGE 11602 /* InterruptedDueToReplStateChange */
 #define WIRE_ERR_BSON_TOO_LARGE 10334        /* BSONObjectTooLarge */
 #define WIRE_ERR_DUPLICATE_KEY 11000         /* DuplicateKey */
 #define WIRE_ERR_STALE_CONFIG 13388          /* StaleConfig */
@@ -168,6 +170,16 @@ void wire_req_error(wire_req *req, int code, const char *fmt, ...)
  * fields are appended after ok/errmsg/code/codeName. Takes ownership of extra (may be NULL). */
 void wire_req_error_extra(wire_req *req, int code, bson_t *extra, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+
+/* Detached requests: a command run by a handler without a client connection (a shard
+ * replica set's members run the commands of a Raft entry this way, issue #15). The
+ * handler completes it with wire_req_reply/error as usual; the reply is kept for
+ * wire_req_detached_take instead of being sent. wire_req_conn() is NULL. Any thread. */
+wire_req *wire_req_detached_new(const char *db, const bson_t *cmd);
+/* The reply once completed (ownership passes to the caller), else NULL. */
+bson_t *wire_req_detached_take(wire_req *req);
+/* Free a detached request (and an untaken reply). NULL is a no-op. */
+void wire_req_detached_free(wire_req *req);
 
 /* --- connections --- */
 

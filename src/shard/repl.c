@@ -1,0 +1,1101 @@
+/* Shard replica sets (issue #15): every change to a shard's state is a Raft log entry
+ * applied on every member by the same storage code. Contract in repl.h.
+ *
+ * The write path: a write command passes the checks of a worker (fail points, command
+ * extensions), then shard_repl_submit queues it for the loop thread, which proposes every
+ * queued command as one entry ({op: "shardBatch", ts, args: {term, seed, cmds: [{db, cmd}]}})
+ * when it wakes: concurrent writes ride one append (one fsync on each member). Every
+ * member applies the entry in one SQLite transaction (sdb_store_apply_begin), each command
+ * in a savepoint, with the leader's time, term and random seed as the only
+ * non-deterministic inputs (storage/store.h sdb_store_det); the leader answers each
+ * client with its command's reply once the entry applied, so a write is acknowledged
+ * only after a majority has it (w: "majority").
+ *
+ * Snapshots: the state machine is shard.db itself. A snapshot is a marker {applied,
+ * setName} taken after an fsync of shard.db (sdb_store_sync), so libraft may drop the
+ * log before it; after a restart the entries up to meta 'raft_applied' are skipped. A
+ * member that needs a snapshot it does not hold (it fell behind the leader's compacted
+ * log) cannot install it yet: it stops with a clear error (README, "Limits"). */
+#include "shard/repl.h"
+
+#include <errno.h>
+#include <raft.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include <mongoc/mongoc.h>
+#include <openssl/crypto.h>
+
+#include "auth/cluster.h"
+#include "auth/raftsec.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "raft/node.h"
+
+#define REPL_BATCH_MAX_CMDS 512
+#define REPL_BATCH_MAX_BYTES (8u * 1024 * 1024)
+#define MEMBER_KEY "member_wire:"
+
+/* A write waiting to be proposed. */
+typedef struct repl_item {
+	struct repl_item *next;
+	wire_req *req;
+} repl_item;
+
+/* One proposed entry: the requests its replies go to, in command order. */
+typedef struct repl_batch {
+	struct repl_batch *next, *prev;
+	shard_repl *r;
+	wire_req **reqs; /* NULL slots: already answered (stop) */
+	size_t n;
+	uint64_t start_ns;
+} repl_batch;
+
+typedef struct member_wire {
+	uint64_t id;
+	char *wire;
+} member_wire;
+
+struct shard_repl {
+	shard *sh;
+	sdb_node *node;
+	struct raft *raft;
+	struct raft_fsm fsm;
+	sdb_store_conn *conn; /* the apply connection (loop thread) */
+	uint64_t last_applied;
+	bson_t *last_result;
+	char *set_name; /* --replica-set or NULL (hello looks standalone) */
+	char *me;       /* this member's wire address */
+	char *raft_addr;
+	uint64_t id;
+	/* writes queued by workers for the loop */
+	uv_async_t async;
+	bool async_init;
+	pthread_mutex_t mu;
+	repl_item *head, *tail;
+	bool closed; /* no more proposals: queued writes are refused */
+	repl_batch *inflight;
+	/* member wire addresses (replicated: op "shardMember") */
+	member_wire *members;
+	size_t n_members;
+	uint64_t reg_last_ms;
+	int reg_inflight;
+	/* what hello last said, to wake held awaitable hellos on a change */
+	bool topo_ready;
+	uint64_t topo_leader, topo_term;
+	/* metrics */
+	sdb_gauge *g_term, *g_primary, *g_applied;
+	sdb_counter *c_batches, *c_cmds, *c_not_primary;
+	sdb_histogram *h_commit;
+	/* for /healthz and other threads */
+	atomic_int h_state;
+	atomic_llong h_term, h_leader;
+	void (*closed_cb)(void *arg);
+	void *closed_arg;
+};
+
+/* ------------------------------------------------------------------ replies */
+
+static void reply_not_primary(shard_repl *r, wire_req *req)
+{
+	uint64_t lid = 0;
+	const char *la = NULL;
+	const char *lw = NULL;
+	bson_t *extra = bson_new();
+
+	if (r->node) {
+		sdb_node_leader(r->node, &lid, &la);
+		lw = lid ? shard_repl_member_wire(r, lid) : NULL;
+	}
+	if (lw)
+		BSON_APPEND_UTF8(extra, "primary", lw);
+	sdb_counter_inc(r->c_not_primary);
+	wire_req_error_extra(req, WIRE_ERR_NOT_WRITABLE_PRIMARY, extra,
+			     "not primary: this member (id %llu) of replica set %s is not the "
+			     "primary%s%s",
+			     (unsigned long long)r->id, r->set_name ? r->set_name : "(standalone)",
+			     lw ? "; primary is " : "", lw ? lw : "");
+}
+
+static void reply_unknown(wire_req *req, int status)
+{
+	if (status == SDB_ECANCELED) {
+		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
+			       "shutting down before the write committed; its outcome is unknown");
+		return;
+	}
+	bson_t *extra = bson_new();
+	wire_req_error_extra(req, WIRE_ERR_INTERRUPTED_REPL_CHANGE, extra,
+			     "primary stepped down before the write committed; its outcome is "
+			     "unknown (status %d)",
+			     status);
+}
+
+/* ------------------------------------------------------------------ members */
+
+const char *shard_repl_member_wire(shard_repl *r, uint64_t id)
+{
+	if (id == r->id)
+		return r->me;
+	for (size_t i = 0; i < r->n_members; i++)
+		if (r->members[i].id == id)
+			return r->members[i].wire;
+	return NULL;
+}
+
+static void member_set(shard_repl *r, uint64_t id, const char *wire)
+{
+	for (size_t i = 0; i < r->n_members; i++) {
+		if (r->members[i].id == id) {
+			free(r->members[i].wire);
+			r->members[i].wire = sdb_strdup(wire);
+			return;
+		}
+	}
+	r->members = sdb_realloc(r->members, (r->n_members + 1) * sizeof *r->members);
+	r->members[r->n_members].id = id;
+	r->members[r->n_members].wire = sdb_strdup(wire);
+	r->n_members++;
+}
+
+static void member_load(void *arg, const char *key, const char *value)
+{
+	shard_repl *r = arg;
+	char *end = NULL;
+	unsigned long long id = strtoull(key + strlen(MEMBER_KEY), &end, 10);
+	if (end && !*end && id)
+		member_set(r, id, value);
+}
+
+/* ------------------------------------------------------------------ apply */
+
+static bool entry_doc(const struct raft_buffer *buf, bson_t *out)
+{
+	uint32_t len;
+	if (buf->len < 5)
+		return false;
+	memcpy(&len, buf->base, 4);
+	len = BSON_UINT32_FROM_LE(len);
+	if (len < 5 || len > buf->len)
+		return false;
+	return bson_init_static(out, buf->base, len);
+}
+
+static int fatal_fault(shard_repl *r, uint64_t index, const char *what, const char *err)
+{
+	int fault = sdb_store_take_io_fault();
+	(void)r;
+	/* The other members applied (or will apply) this entry: a member that could not must
+	 * not go on with a different state. Stop; a restart replays the log from disk. */
+	sdb_error("shard: cannot apply a replicated entry, stopping this member",
+		  "index=%llu what=%s sqlite=%d err=\"%s\"", (unsigned long long)index, what, fault,
+		  err ? err : "");
+	abort();
+	return RAFT_IOERR;
+}
+
+/* Run one command of an entry in its savepoint; its reply (heap) is appended to replies. */
+static void apply_cmd(shard_repl *r, uint64_t index, const char *db, const bson_t *cmd,
+		      bson_t *replies, uint32_t i)
+{
+	wire_req *req = wire_req_detached_new(db, cmd);
+	const char *name = wire_req_name(req);
+	shard_cmd_fn fn = shard_cmd_lookup(name);
+	shard_ctx x;
+	char key[16];
+
+	memset(&x, 0, sizeof x);
+	x.sh = r->sh;
+	x.conn = r->conn;
+	x.req = req;
+	x.cmd = wire_req_cmd(req);
+	x.db = wire_req_db(req);
+	if (!fn || !shard_cmd_is_write(name))
+		wire_req_error(req, WIRE_ERR_INTERNAL, "not a replicated command: '%s'", name);
+	else
+		shard_ctx_run(&x, fn);
+	sdb_store_rollback(r->conn); /* a command that failed half-way leaves nothing */
+	if (sdb_store_take_io_fault())
+		fatal_fault(r, index, name, x.err);
+	bson_t *reply = wire_req_detached_take(req);
+	snprintf(key, sizeof key, "%u", i);
+	if (reply) {
+		BSON_APPEND_DOCUMENT(replies, key, reply);
+		bson_destroy(reply);
+	} else {
+		bson_t e = BSON_INITIALIZER;
+		BSON_APPEND_DOUBLE(&e, "ok", 0.0);
+		BSON_APPEND_UTF8(&e, "errmsg", "the command did not reply");
+		BSON_APPEND_INT32(&e, "code", WIRE_ERR_INTERNAL);
+		BSON_APPEND_DOCUMENT(replies, key, &e);
+		bson_destroy(&e);
+	}
+	wire_req_detached_free(req);
+}
+
+static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **result)
+{
+	shard_repl *r = vt->data;
+	uint64_t index = raft_last_applied(r->raft) + 1;
+	bson_t env, args, *res;
+	bson_iter_t it, sub;
+	sdb_store_det det;
+	char err[512];
+	const char *op = NULL;
+
+	*result = NULL;
+	if (r->last_result) {
+		bson_destroy(r->last_result);
+		r->last_result = NULL;
+	}
+	if (index <= r->last_applied) {
+		/* already in shard.db (applied before a restart): skip */
+		return 0;
+	}
+	memset(&det, 0, sizeof det);
+	bson_init(&args);
+	if (entry_doc(buf, &env)) {
+		if (bson_iter_init_find(&it, &env, "op") && BSON_ITER_HOLDS_UTF8(&it))
+			op = bson_iter_utf8(&it, NULL);
+		if (bson_iter_init_find(&it, &env, "ts") && BSON_ITER_HOLDS_INT64(&it))
+			det.now_ms = bson_iter_int64(&it);
+		if (bson_iter_init_find(&it, &env, "args") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_iter_document(&it, &len, &data);
+			bson_destroy(&args);
+			if (!bson_init_static(&args, data, len))
+				bson_init(&args);
+		}
+	}
+	if (bson_iter_init_find(&it, &args, "term") && BSON_ITER_HOLDS_INT64(&it))
+		det.term = bson_iter_int64(&it);
+	if (bson_iter_init_find(&it, &args, "seed") && BSON_ITER_HOLDS_BINARY(&it)) {
+		uint32_t len;
+		const uint8_t *data;
+		bson_subtype_t st;
+		bson_iter_binary(&it, &st, &len, &data);
+		memcpy(det.seed, data, len < sizeof det.seed ? len : sizeof det.seed);
+	}
+	int rc = sdb_store_apply_begin(r->conn, &det, err, sizeof err);
+	if (rc)
+		return fatal_fault(r, index, "begin", err);
+	res = bson_new();
+	if (op && strcmp(op, "shardBatch") == 0 && bson_iter_init_find(&it, &args, "cmds") &&
+	    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &sub)) {
+		bson_t replies;
+		uint32_t i = 0;
+		bson_append_array_begin(res, "replies", -1, &replies);
+		while (bson_iter_next(&sub)) {
+			bson_iter_t f;
+			const char *db = NULL;
+			bson_t cmd;
+			uint32_t len;
+			const uint8_t *data;
+			bson_t item;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&sub))
+				continue;
+			bson_iter_document(&sub, &len, &data);
+			if (!bson_init_static(&item, data, len))
+				continue;
+			if (bson_iter_init_find(&f, &item, "db") && BSON_ITER_HOLDS_UTF8(&f))
+				db = bson_iter_utf8(&f, NULL);
+			if (!db || !bson_iter_init_find(&f, &item, "cmd") ||
+			    !BSON_ITER_HOLDS_DOCUMENT(&f))
+				continue;
+			bson_iter_document(&f, &len, &data);
+			if (!bson_init_static(&cmd, data, len))
+				continue;
+			apply_cmd(r, index, db, &cmd, &replies, i++);
+		}
+		bson_append_array_end(res, &replies);
+	} else if (op && strcmp(op, "shardMember") == 0) {
+		int64_t id = 0;
+		const char *wire = NULL;
+		char key[64];
+		if (bson_iter_init_find(&it, &args, "id") && BSON_ITER_HOLDS_INT64(&it))
+			id = bson_iter_int64(&it);
+		if (bson_iter_init_find(&it, &args, "wire") && BSON_ITER_HOLDS_UTF8(&it))
+			wire = bson_iter_utf8(&it, NULL);
+		if (id > 0 && wire) {
+			snprintf(key, sizeof key, MEMBER_KEY "%lld", (long long)id);
+			if (sdb_store_meta_put(r->conn, key, wire, err, sizeof err) != 0)
+				return fatal_fault(r, index, "member", err);
+			member_set(r, (uint64_t)id, wire);
+		}
+	}
+	/* anything else (an entry of a newer version, a malformed one): a no-op everywhere */
+	rc = sdb_store_apply_commit(r->conn, index, err, sizeof err);
+	if (rc)
+		return fatal_fault(r, index, "commit", err);
+	r->last_applied = index;
+	r->last_result = res;
+	shard_oplog_notify(r->sh);
+	sdb_gauge_set(r->g_applied, (int64_t)index);
+	return 0;
+}
+
+static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned *n_bufs)
+{
+	shard_repl *r = vt->data;
+	char err[256];
+	bson_t m = BSON_INITIALIZER;
+
+	/* the log before last_applied may go once shard.db holds it durably */
+	if (sdb_store_sync(r->conn, err, sizeof err) != 0) {
+		sdb_error("shard: snapshot: cannot sync shard.db", "err=\"%s\"", err);
+		return RAFT_IOERR;
+	}
+	BSON_APPEND_INT32(&m, "shardSnapshot", 1);
+	BSON_APPEND_INT64(&m, "applied", (int64_t)r->last_applied);
+	if (r->set_name)
+		BSON_APPEND_UTF8(&m, "setName", r->set_name);
+	*bufs = raft_malloc(sizeof **bufs);
+	if (!*bufs) {
+		bson_destroy(&m);
+		return RAFT_NOMEM;
+	}
+	(*bufs)[0].len = (m.len + 7u) & ~(size_t)7u;
+	(*bufs)[0].base = raft_calloc(1, (*bufs)[0].len);
+	if (!(*bufs)[0].base) {
+		raft_free(*bufs);
+		bson_destroy(&m);
+		return RAFT_NOMEM;
+	}
+	memcpy((*bufs)[0].base, bson_get_data(&m), m.len);
+	*n_bufs = 1;
+	bson_destroy(&m);
+	sdb_info("shard: snapshot taken", "applied=%llu", (unsigned long long)r->last_applied);
+	return 0;
+}
+
+static int vt_restore(struct raft_fsm *vt, struct raft_buffer *buf)
+{
+	shard_repl *r = vt->data;
+	bson_t m;
+	bson_iter_t it;
+	int64_t applied = -1;
+
+	if (entry_doc(buf, &m) && bson_iter_init_find(&it, &m, "applied") &&
+	    BSON_ITER_HOLDS_INT64(&it))
+		applied = bson_iter_int64(&it);
+	if (applied < 0) {
+		sdb_error("shard: restore: not a shard snapshot", "len=%zu", buf->len);
+		return RAFT_CORRUPT;
+	}
+	if ((uint64_t)applied > r->last_applied) {
+		/* The leader compacted its log past what this member holds: the data must come
+		 * from another member (not built yet). */
+		sdb_error("shard: this member is behind the set's compacted log and cannot install "
+			  "a snapshot from another member yet; re-seed its data directory from a "
+			  "copy of a healthy member's shard.db and raft/ taken while stopped",
+			  "snapshot_applied=%lld local_applied=%llu", (long long)applied,
+			  (unsigned long long)r->last_applied);
+		return RAFT_CORRUPT;
+	}
+	raft_free(buf->base);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ node glue */
+
+static bson_t *sm_take_result(void *impl)
+{
+	shard_repl *r = impl;
+	bson_t *res = r->last_result;
+	r->last_result = NULL;
+	return res;
+}
+
+static uint64_t sm_last_applied(void *impl)
+{
+	return ((shard_repl *)impl)->last_applied;
+}
+
+static void sm_bind(void *impl, struct raft *raft)
+{
+	((shard_repl *)impl)->raft = raft;
+}
+
+/* ------------------------------------------------------------------ proposals */
+
+static void batch_unlink(shard_repl *r, repl_batch *b)
+{
+	if (b->prev)
+		b->prev->next = b->next;
+	else
+		r->inflight = b->next;
+	if (b->next)
+		b->next->prev = b->prev;
+}
+
+static void batch_done(void *arg, int status, bson_t *result)
+{
+	repl_batch *b = arg;
+	shard_repl *r = b->r;
+	bson_iter_t it, sub;
+	size_t i = 0;
+
+	batch_unlink(r, b);
+	if (status == 0 && result && bson_iter_init_find(&it, result, "replies") &&
+	    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &sub)) {
+		while (bson_iter_next(&sub) && i < b->n) {
+			uint32_t len;
+			const uint8_t *data;
+			wire_req *req = b->reqs[i++];
+			if (!req)
+				continue;
+			bson_iter_document(&sub, &len, &data);
+			wire_req_reply(req, bson_new_from_data(data, len));
+		}
+		sdb_histogram_observe_ns(r->h_commit, uv_hrtime() - b->start_ns);
+	}
+	for (; i < b->n; i++)
+		if (b->reqs[i])
+			reply_unknown(b->reqs[i], status ? status : SDB_EIO);
+	if (result)
+		bson_destroy(result);
+	free(b->reqs);
+	free(b);
+}
+
+static void propose_items(shard_repl *r, repl_item *items)
+{
+	while (items) {
+		bson_t args = BSON_INITIALIZER, cmds;
+		repl_batch *b = sdb_calloc(1, sizeof *b);
+		size_t bytes = 0, cap = 16;
+		uint8_t seed[5];
+		char key[16];
+
+		b->r = r;
+		b->reqs = sdb_calloc(cap, sizeof *b->reqs);
+		b->start_ns = uv_hrtime();
+		if (getrandom(seed, sizeof seed, 0) != (ssize_t)sizeof seed) {
+			bson_oid_t o; /* libbson's per-process random bytes and counter */
+			bson_oid_init(&o, NULL);
+			memcpy(seed, o.bytes + 4, sizeof seed);
+		}
+		BSON_APPEND_INT64(&args, "term", (int64_t)sdb_node_term(r->node));
+		bson_append_binary(&args, "seed", -1, BSON_SUBTYPE_BINARY, seed, sizeof seed);
+		bson_append_array_begin(&args, "cmds", -1, &cmds);
+		while (items && b->n < REPL_BATCH_MAX_CMDS &&
+		       (b->n == 0 || bytes + wire_req_cmd(items->req)->len <= REPL_BATCH_MAX_BYTES)) {
+			repl_item *it = items;
+			bson_t c;
+			items = it->next;
+			snprintf(key, sizeof key, "%zu", b->n);
+			bson_append_document_begin(&cmds, key, -1, &c);
+			BSON_APPEND_UTF8(&c, "db", wire_req_db(it->req));
+			BSON_APPEND_DOCUMENT(&c, "cmd", wire_req_cmd(it->req));
+			bson_append_document_end(&cmds, &c);
+			bytes += wire_req_cmd(it->req)->len;
+			if (b->n == cap) {
+				cap *= 2;
+				b->reqs = sdb_realloc(b->reqs, cap * sizeof *b->reqs);
+			}
+			b->reqs[b->n++] = it->req;
+			free(it);
+		}
+		bson_append_array_end(&args, &cmds);
+		int rc = sdb_node_propose(r->node, "shardBatch", &args, batch_done, b);
+		bson_destroy(&args);
+		if (rc != 0) {
+			for (size_t i = 0; i < b->n; i++) {
+				if (rc == SDB_ENOTLEADER)
+					reply_not_primary(r, b->reqs[i]);
+				else
+					reply_unknown(b->reqs[i], rc);
+			}
+			free(b->reqs);
+			free(b);
+			continue;
+		}
+		sdb_counter_inc(r->c_batches);
+		sdb_counter_add(r->c_cmds, (int64_t)b->n);
+		b->next = r->inflight;
+		if (r->inflight)
+			r->inflight->prev = b;
+		r->inflight = b;
+	}
+}
+
+static void async_cb(uv_async_t *h)
+{
+	shard_repl *r = h->data;
+	repl_item *items;
+
+	pthread_mutex_lock(&r->mu);
+	items = r->head;
+	r->head = r->tail = NULL;
+	pthread_mutex_unlock(&r->mu);
+	if (!items)
+		return;
+	if (r->closed || !r->node || !sdb_node_ready(r->node)) {
+		while (items) {
+			repl_item *it = items;
+			items = it->next;
+			if (r->closed)
+				wire_req_error(it->req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
+					       "the shard is shutting down");
+			else
+				reply_not_primary(r, it->req);
+			free(it);
+		}
+		return;
+	}
+	propose_items(r, items);
+}
+
+void shard_repl_submit(shard_repl *r, wire_req *req)
+{
+	repl_item *it = sdb_calloc(1, sizeof *it);
+	it->req = req;
+	pthread_mutex_lock(&r->mu);
+	if (r->tail)
+		r->tail->next = it;
+	else
+		r->head = it;
+	r->tail = it;
+	uv_async_send(&r->async);
+	pthread_mutex_unlock(&r->mu);
+}
+
+bool shard_repl_writable(shard_repl *r)
+{
+	return r->node && !r->closed && sdb_node_ready(r->node);
+}
+
+bool shard_repl_check_write(shard_repl *r, wire_req *req)
+{
+	if (shard_repl_writable(r))
+		return true;
+	reply_not_primary(r, req);
+	return false;
+}
+
+/* A read's $readPreference allows a secondary (mode other than "primary"). */
+static bool secondary_ok(const bson_t *cmd)
+{
+	bson_iter_t it, sub;
+	if (!bson_iter_init_find(&it, cmd, "$readPreference") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+	    !bson_iter_recurse(&it, &sub) || !bson_iter_find(&sub, "mode") ||
+	    !BSON_ITER_HOLDS_UTF8(&sub))
+		return false;
+	return strcmp(bson_iter_utf8(&sub, NULL), "primary") != 0;
+}
+
+bool shard_repl_check_read(shard_repl *r, wire_req *req)
+{
+	const char *name = wire_req_name(req);
+	if (!r->set_name || shard_repl_writable(r) || secondary_ok(wire_req_cmd(req)))
+		return true;
+	/* cursors opened under a read preference go on; diagnostics answer anywhere */
+	if (strcmp(name, "getMore") == 0 || strcmp(name, "killCursors") == 0 ||
+	    strcmp(name, "stripedbCheck") == 0 || strcmp(name, "stripedbStmtResult") == 0 ||
+	    strcmp(name, "configureFailPoint") == 0)
+		return true;
+	wire_req_error(req, WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK,
+		       "not primary and secondaryOk=false: member %llu of replica set %s is not the "
+		       "primary; read with readPreference secondary/nearest to read here",
+		       (unsigned long long)r->id, r->set_name);
+	return false;
+}
+
+/* ------------------------------------------------------------------ hello */
+
+void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply)
+{
+	bson_t tmp, hosts;
+	bson_iter_t it;
+	bool legacy = true, ready;
+	uint64_t lid = 0;
+	const char *la = NULL;
+	unsigned n = 0;
+	char k[16];
+
+	if (!r->set_name || !r->node)
+		return; /* a standalone-looking one-member set: the shared layer's answer */
+	if (bson_iter_init(&it, cmd) && bson_iter_next(&it))
+		legacy = strcmp(bson_iter_key(&it), "hello") != 0;
+	ready = shard_repl_writable(r);
+	bson_init(&tmp);
+	bson_copy_to_excluding_noinit(reply, &tmp, "isWritablePrimary", "ismaster", NULL);
+	bson_reinit(reply);
+	bson_concat(reply, &tmp);
+	bson_destroy(&tmp);
+	BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", ready);
+	BSON_APPEND_BOOL(reply, "secondary", !ready && !r->closed);
+	BSON_APPEND_UTF8(reply, "setName", r->set_name);
+	BSON_APPEND_INT64(reply, "setVersion", (int64_t)r->raft->configuration_index);
+	bson_append_array_begin(reply, "hosts", -1, &hosts);
+	for (unsigned i = 0; i < r->raft->configuration.n; i++) {
+		const struct raft_server *s = &r->raft->configuration.servers[i];
+		const char *w = s->role == RAFT_VOTER ? shard_repl_member_wire(r, s->id) : NULL;
+		if (!w)
+			continue;
+		snprintf(k, sizeof k, "%u", n++);
+		BSON_APPEND_UTF8(&hosts, k, w);
+	}
+	bson_append_array_end(reply, &hosts);
+	BSON_APPEND_UTF8(reply, "me", r->me);
+	sdb_node_leader(r->node, &lid, &la);
+	if (lid && (lid != r->id || ready)) {
+		const char *lw = shard_repl_member_wire(r, lid);
+		if (lw)
+			BSON_APPEND_UTF8(reply, "primary", lw);
+	}
+	if (ready) {
+		/* electionId grows with the term, as mongod's does (drivers compare it) */
+		uint8_t eid[12] = {0x7f, 0xff, 0xff, 0xff};
+		uint64_t term = sdb_node_term(r->node);
+		bson_oid_t oid;
+		for (int i = 0; i < 8; i++)
+			eid[4 + i] = (uint8_t)(term >> (56 - 8 * i));
+		bson_oid_init_from_data(&oid, eid);
+		BSON_APPEND_OID(reply, "electionId", &oid);
+	}
+	{
+		bson_t lw;
+		BSON_APPEND_DOCUMENT_BEGIN(reply, "lastWrite", &lw);
+		BSON_APPEND_INT64(&lw, "raftApplied", (int64_t)r->last_applied);
+		bson_append_document_end(reply, &lw);
+	}
+}
+
+/* ------------------------------------------------------------------ registration */
+
+typedef struct reg_work {
+	uv_work_t work;
+	shard_repl *r;
+	char *target;
+	uint64_t id;
+	char *wire;
+	bool ok;
+} reg_work;
+
+static void reg_run(uv_work_t *w)
+{
+	reg_work *rw = w->data;
+	char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&connectTimeoutMS=1000&"
+				 "serverSelectionTimeoutMS=2000&socketTimeoutMS=2000",
+				 rw->target);
+	mongoc_client_t *c = auth_cluster_client_new(uri);
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_error_t e;
+	free(uri);
+	if (!c)
+		return;
+	BSON_APPEND_INT64(&cmd, "stripedbRegisterMember", (int64_t)rw->id);
+	BSON_APPEND_UTF8(&cmd, "wire", rw->wire);
+	rw->ok = mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	mongoc_client_destroy(c);
+}
+
+static void reg_after(uv_work_t *w, int status)
+{
+	reg_work *rw = w->data;
+	(void)status;
+	rw->r->reg_inflight--;
+	free(rw->target);
+	free(rw->wire);
+	free(rw);
+}
+
+static void member_proposed(void *arg, int status, bson_t *result)
+{
+	(void)arg;
+	(void)status;
+	if (result)
+		bson_destroy(result);
+}
+
+static int propose_member(shard_repl *r, uint64_t id, const char *wire, sdb_node_apply_cb cb,
+			  void *arg)
+{
+	bson_t args = BSON_INITIALIZER;
+	BSON_APPEND_INT64(&args, "id", (int64_t)id);
+	BSON_APPEND_UTF8(&args, "wire", wire);
+	int rc = sdb_node_propose(r->node, "shardMember", &args, cb, arg);
+	bson_destroy(&args);
+	return rc;
+}
+
+/* Every member's wire address must be in the replicated map so that each member lists
+ * it in hello's hosts: the leader proposes its own; a follower asks the leader. */
+static void ensure_registered(shard_repl *r)
+{
+	const char *mine = NULL;
+	uint64_t now = sdb_mono_ms(), lid = 0;
+	const char *la = NULL;
+
+	for (size_t i = 0; i < r->n_members; i++)
+		if (r->members[i].id == r->id)
+			mine = r->members[i].wire;
+	if (r->closed || (mine && strcmp(mine, r->me) == 0))
+		return;
+	if (r->reg_inflight || now - r->reg_last_ms < 300)
+		return;
+	r->reg_last_ms = now;
+	if (sdb_node_ready(r->node)) {
+		propose_member(r, r->id, r->me, member_proposed, NULL);
+		return;
+	}
+	sdb_node_leader(r->node, &lid, &la);
+	const char *lw = lid && lid != r->id ? shard_repl_member_wire(r, lid) : NULL;
+	if (!lw)
+		return;
+	reg_work *rw = sdb_calloc(1, sizeof *rw);
+	rw->r = r;
+	rw->target = sdb_strdup(lw);
+	rw->id = r->id;
+	rw->wire = sdb_strdup(r->me);
+	rw->work.data = rw;
+	if (uv_queue_work(uv_handle_get_loop((uv_handle_t *)&r->async), &rw->work, reg_run,
+			  reg_after) == 0) {
+		r->reg_inflight++;
+	} else {
+		free(rw->target);
+		free(rw->wire);
+		free(rw);
+	}
+}
+
+typedef struct reg_req {
+	shard_repl *r;
+	wire_req *req;
+} reg_req;
+
+static void reg_done(void *arg, int status, bson_t *result)
+{
+	reg_req *rr = arg;
+	if (result)
+		bson_destroy(result);
+	if (status == 0)
+		wire_req_reply(rr->req, NULL);
+	else
+		reply_unknown(rr->req, status);
+	free(rr);
+}
+
+void shard_repl_cmd_register(shard_repl *r, wire_req *req)
+{
+	bson_iter_t it;
+	int64_t id = 0;
+	const char *wire = NULL;
+	const bson_t *cmd = wire_req_cmd(req);
+
+	if (bson_iter_init(&it, cmd) && bson_iter_next(&it) && BSON_ITER_HOLDS_INT64(&it))
+		id = bson_iter_int64(&it);
+	if (bson_iter_init_find(&it, cmd, "wire") && BSON_ITER_HOLDS_UTF8(&it))
+		wire = bson_iter_utf8(&it, NULL);
+	if (id <= 0 || !wire || !*wire) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE,
+			       "stripedbRegisterMember needs a positive long id and a wire address");
+		return;
+	}
+	if (!shard_repl_check_write(r, req))
+		return;
+	reg_req *rr = sdb_calloc(1, sizeof *rr);
+	rr->r = r;
+	rr->req = req;
+	int rc = propose_member(r, (uint64_t)id, wire, reg_done, rr);
+	if (rc != 0) {
+		free(rr);
+		reply_not_primary(r, req);
+	}
+}
+
+/* ------------------------------------------------------------------ state changes */
+
+static void on_change(void *data)
+{
+	shard_repl *r = data;
+	uint64_t lid = 0;
+	const char *la = NULL;
+	bool ready;
+
+	if (r->closed)
+		return;
+	sdb_node_leader(r->node, &lid, &la);
+	ready = sdb_node_ready(r->node);
+	atomic_store(&r->h_state, raft_state(r->raft));
+	atomic_store(&r->h_term, (long long)sdb_node_term(r->node));
+	atomic_store(&r->h_leader, (long long)lid);
+	sdb_gauge_set(r->g_term, (int64_t)sdb_node_term(r->node));
+	sdb_gauge_set(r->g_primary, ready ? 1 : 0);
+	ensure_registered(r);
+	if (ready != r->topo_ready || lid != r->topo_leader ||
+	    sdb_node_term(r->node) != r->topo_term) {
+		r->topo_ready = ready;
+		r->topo_leader = lid;
+		r->topo_term = sdb_node_term(r->node);
+		if (r->sh->srv)
+			wire_server_topology_changed(r->sh->srv);
+	}
+}
+
+/* ------------------------------------------------------------------ start/stop */
+
+static void check_name(void *arg, const char *key, const char *value)
+{
+	(void)key;
+	*(char **)arg = sdb_strdup(value);
+}
+
+int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
+{
+	const sdb_config *cfg = sh->role->cfg;
+	const char *dir = sdb_config_get(cfg, SDB_OPT_data_dir);
+	const char *set = sdb_config_get(cfg, SDB_OPT_replica_set);
+	const char *node_id = sdb_config_get(cfg, SDB_OPT_node_id);
+	const char *raft_listen = sdb_config_get(cfg, SDB_OPT_raft_listen);
+	const char *bootstrap = sdb_config_get(cfg, SDB_OPT_bootstrap_members);
+	shard_repl *r = sdb_calloc(1, sizeof *r);
+	sdb_transport_opts to;
+	memset(&to, 0, sizeof to);
+	uint8_t key[32];
+	bool secure = false;
+	sdb_node_opts no;
+	sdb_node_sm sm;
+	char *stored_set = NULL;
+	char *raft_dir = NULL;
+	int rc;
+
+	r->sh = sh;
+	sh->repl = r;
+	pthread_mutex_init(&r->mu, NULL);
+	r->id = 1;
+	if (node_id) {
+		char *end = NULL;
+		unsigned long long v = strtoull(node_id, &end, 10);
+		if (!end || *end || v == 0)
+			return sdb_errf(err, errlen, SDB_EUSAGE,
+					"--node-id must be a positive integer, got %s", node_id);
+		r->id = v;
+	}
+	if (bootstrap && !set)
+		return sdb_errf(err, errlen, SDB_EUSAGE,
+				"--bootstrap-members needs --replica-set=NAME on a shard");
+	if (set && (!*set || strlen(set) > 128 || strpbrk(set, "/ ,$\"")))
+		return sdb_errf(err, errlen, SDB_EUSAGE,
+				"--replica-set must be a non-empty name without '/', ',', ' ', '$' "
+				"or '\"' (128 bytes at most)");
+	if (set && !raft_listen)
+		return sdb_errf(err, errlen, SDB_EUSAGE,
+				"a shard replica set member needs --raft-listen=HOST:PORT");
+	r->set_name = set ? sdb_strdup(set) : NULL;
+	r->me = sdb_strdup(wire_addr);
+	/* a one-member set without --raft-listen listens on an ephemeral loopback port */
+	r->raft_addr = sdb_strdup(raft_listen ? raft_listen : "127.0.0.1:0");
+	r->g_term = sdb_metrics_gauge("stripedb_shard_raft_term", "Current Raft term of this shard member.", NULL);
+	r->g_primary = sdb_metrics_gauge("stripedb_shard_is_primary",
+					 "1 when this shard member is the ready primary.", NULL);
+	r->g_applied = sdb_metrics_gauge("stripedb_shard_raft_applied",
+					 "Index of the last Raft entry applied to shard.db.", NULL);
+	r->c_batches = sdb_metrics_counter("stripedb_shard_repl_batches_total",
+					   "Raft entries of writes proposed by this member.", NULL);
+	r->c_cmds = sdb_metrics_counter("stripedb_shard_repl_commands_total",
+					"Write commands proposed by this member.", NULL);
+	r->c_not_primary = sdb_metrics_counter("stripedb_shard_not_primary_total",
+					       "Commands refused because this member is not primary.",
+					       NULL);
+	r->h_commit = sdb_metrics_histogram("stripedb_shard_commit_seconds",
+					    "From proposing a batch of writes to its apply here.", NULL);
+
+	rc = sdb_store_conn_open(sh->store, &r->conn, err, errlen);
+	if (rc)
+		return rc;
+	/* The Raft log is the durable record: shard.db's own commits need not fsync. */
+	rc = sdb_store_set_durability(r->conn, false, err, errlen);
+	if (rc)
+		return rc;
+	r->last_applied = sdb_store_applied_index(r->conn);
+	sdb_store_meta_scan(r->conn, "replset_name", check_name, &stored_set);
+	if (stored_set && (!set || strcmp(stored_set, set) != 0)) {
+		rc = sdb_errf(err, errlen, SDB_EUSAGE,
+			      "data directory %s belongs to replica set '%s', not %s%s%s", dir,
+			      stored_set, set ? "'" : "a standalone shard", set ? set : "",
+			      set ? "'" : "");
+		free(stored_set);
+		return rc;
+	}
+	free(stored_set);
+	raft_dir = sdb_asprintf("%s/raft", dir);
+	{
+		/* shard.db that applied entries but a raft log that is gone: starting would
+		 * replay a new log over it and skip its first entries. Refuse. */
+		bool pristine = true;
+		char *probe = sdb_asprintf("%s/metadata1", raft_dir);
+		FILE *f = fopen(probe, "r");
+		if (f) {
+			pristine = false;
+			fclose(f);
+		}
+		free(probe);
+		if (pristine && r->last_applied > 0) {
+			free(raft_dir);
+			return sdb_errf(err, errlen, SDB_EUSAGE,
+					"data directory %s has shard.db at Raft index %llu but no "
+					"Raft log (%s/raft): restore both together",
+					dir, (unsigned long long)r->last_applied, dir);
+		}
+	}
+	free(raft_dir);
+	if (set) {
+		/* remember the set's name (every member writes the same; not replicated) */
+		char e2[128];
+		sdb_store_det det = {0};
+		if (sdb_store_apply_begin(r->conn, &det, e2, sizeof e2) == 0) {
+			sdb_store_meta_put(r->conn, "replset_name", set, e2, sizeof e2);
+			sdb_store_apply_commit(r->conn, r->last_applied, e2, sizeof e2);
+		}
+	}
+	sdb_store_meta_scan(r->conn, MEMBER_KEY, member_load, r);
+
+	r->fsm.version = 1;
+	r->fsm.data = r;
+	r->fsm.apply = vt_apply;
+	r->fsm.snapshot = vt_snapshot;
+	r->fsm.restore = vt_restore;
+	sm = (sdb_node_sm){.fsm = &r->fsm,
+			   .impl = r,
+			   .bind = sm_bind,
+			   .take_result = sm_take_result,
+			   .last_applied = sm_last_applied,
+			   .close = NULL};
+	rc = auth_raft_setup(cfg, &to, key, &secure, err, errlen);
+	if (rc)
+		return rc;
+	uv_async_init(sh->role->loop, &r->async, async_cb);
+	r->async.data = r;
+	r->async_init = true;
+	memset(&no, 0, sizeof no);
+	no.id = r->id;
+	no.data_dir = dir;
+	no.raft_addr = r->raft_addr;
+	if (bootstrap)
+		no.bootstrap = bootstrap;
+	else {
+		/* one code path: a shard without --bootstrap-members is a one-member set */
+		static char one[300];
+		snprintf(one, sizeof one, "%llu@%s", (unsigned long long)r->id, r->raft_addr);
+		no.bootstrap = one;
+	}
+	no.snapshot_threshold =
+		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_snapshot_threshold, 1024);
+	no.election_timeout_ms =
+		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_election_timeout_ms, 1000);
+	no.on_change = on_change;
+	no.data = r;
+	no.transport = secure ? &to : NULL;
+	no.sm = &sm;
+	rc = sdb_node_start(sh->role->loop, &no, &r->node, err, errlen);
+	OPENSSL_cleanse(key, sizeof key);
+	if (rc) {
+		r->node = NULL; /* closed asynchronously by node.c */
+		return rc;
+	}
+	sdb_info("shard: replica set member", "set=%s id=%llu raft=%s wire=%s applied=%llu",
+		 set ? set : "(one member)", (unsigned long long)r->id, r->raft_addr, r->me,
+		 (unsigned long long)r->last_applied);
+	return 0;
+}
+
+void shard_repl_abandon(shard_repl *r)
+{
+	r->closed = true;
+	for (repl_batch *b = r->inflight; b; b = b->next) {
+		for (size_t i = 0; i < b->n; i++) {
+			if (b->reqs[i]) {
+				wire_req_error(b->reqs[i], WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
+					       "shutting down before the write committed; its "
+					       "outcome is unknown");
+				b->reqs[i] = NULL;
+			}
+		}
+	}
+	async_cb(&r->async); /* refuse what is queued */
+}
+
+int shard_repl_transfer(shard_repl *r, sdb_node_done_cb cb, void *arg)
+{
+	if (!r->node || !r->set_name || r->raft->configuration.n < 2)
+		return SDB_EINVAL;
+	return sdb_node_transfer(r->node, 0, cb, arg);
+}
+
+static void async_closed(uv_handle_t *h)
+{
+	shard_repl *r = h->data;
+	void (*cb)(void *) = r->closed_cb;
+	void *arg = r->closed_arg;
+	if (r->last_result)
+		bson_destroy(r->last_result);
+	if (r->conn)
+		sdb_store_conn_close(r->conn);
+	for (size_t i = 0; i < r->n_members; i++)
+		free(r->members[i].wire);
+	free(r->members);
+	free(r->set_name);
+	free(r->me);
+	free(r->raft_addr);
+	pthread_mutex_destroy(&r->mu);
+	free(r);
+	cb(arg);
+}
+
+static void node_closed(void *arg)
+{
+	shard_repl *r = arg;
+	r->node = NULL;
+	if (r->async_init) {
+		uv_close((uv_handle_t *)&r->async, async_closed);
+	} else {
+		r->async.data = r;
+		async_closed((uv_handle_t *)&r->async);
+	}
+}
+
+void shard_repl_close(shard_repl *r, void (*cb)(void *arg), void *arg)
+{
+	r->closed_cb = cb;
+	r->closed_arg = arg;
+	if (r->async_init)
+		shard_repl_abandon(r);
+	r->closed = true;
+	if (r->node)
+		sdb_node_close(r->node, node_closed, r);
+	else
+		node_closed(r);
+}
+
+void shard_repl_status(shard_repl *r, bson_t *out)
+{
+	uint64_t lid = 0;
+	const char *la = NULL;
+	if (!r->node)
+		return;
+	sdb_node_leader(r->node, &lid, &la);
+	BSON_APPEND_UTF8(out, "setName", r->set_name ? r->set_name : "");
+	BSON_APPEND_INT64(out, "id", (int64_t)r->id);
+	int st = raft_state(r->raft);
+	BSON_APPEND_UTF8(out, "state",
+			 sdb_node_ready(r->node) ? "PRIMARY"
+			 : st == RAFT_LEADER	 ? "PRIMARY (not ready)"
+			 : st == RAFT_CANDIDATE	 ? "CANDIDATE"
+						 : "SECONDARY");
+	BSON_APPEND_INT64(out, "term", (int64_t)sdb_node_term(r->node));
+	BSON_APPEND_INT64(out, "primaryId", (int64_t)lid);
+	BSON_APPEND_INT64(out, "applied", (int64_t)r->last_applied);
+	BSON_APPEND_INT64(out, "commitIndex", (int64_t)r->raft->commit_index);
+	sdb_node_append_config(r->node, out, "members");
+}

@@ -1,0 +1,60 @@
+/* Shard replica sets (issue #15): a shard is a Raft group of 1, 3 or 5 members on the same
+ * integration as metadata (raft/node.h, canonical raft 0.15, pre-vote, own-term barrier),
+ * whose state machine is the shard's store (storage/store.h). See src/shard/README.md,
+ * "Replica sets", and the file comment of repl.c for the write path.
+ *
+ * Everything runs on the role's loop thread except shard_repl_submit (any thread).
+ */
+#ifndef SDB_SHARD_REPL_H
+#define SDB_SHARD_REPL_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "raft/node.h"
+#include "shard/shard.h"
+
+/* Start this member: open the apply connection, check the data directory against
+ * --replica-set (a directory of another set, shard.db without its Raft log: SDB_EUSAGE),
+ * and start Raft on --raft-listen with --bootstrap-members (none: a one-member set on an
+ * ephemeral loopback port). wire_addr is this member's address for hello's hosts/me.
+ * sh->repl is set even on error (close it with shard_repl_close). 0 or SDB_E* with a
+ * message. */
+int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen);
+/* Refuse new writes, answer every write still waiting for its commit with
+ * InterruptedAtShutdown (11600: outcome unknown), stop Raft and free; cb(arg) on the loop
+ * when done. */
+void shard_repl_close(shard_repl *r, void (*cb)(void *arg), void *arg);
+/* Answer the writes waiting for their commit now (shutdown timeout) and refuse new ones. */
+void shard_repl_abandon(shard_repl *r);
+/* Hand the primary role to another up-to-date member (graceful stop: rolling restarts
+ * without client errors). SDB_EINVAL when this is not a multi-member set, else as
+ * sdb_node_transfer. */
+int shard_repl_transfer(shard_repl *r, sdb_node_done_cb cb, void *arg);
+
+/* Queue a write command (checked by a worker) for the next Raft entry. The request is
+ * answered with its command's reply once the entry applied here, NotWritablePrimary
+ * (10107) when this member is not the primary when it proposes, or
+ * InterruptedDueToReplStateChange (11602) / InterruptedAtShutdown (11600) when leadership
+ * was lost or the member stopped before the commit (the outcome is unknown). Any thread. */
+void shard_repl_submit(shard_repl *r, wire_req *req);
+/* Is this member the primary (the Raft leader whose term barrier applied)? */
+bool shard_repl_writable(shard_repl *r);
+/* Write gate (loop thread): true when writable, else answers NotWritablePrimary. */
+bool shard_repl_check_write(shard_repl *r, wire_req *req);
+/* Read gate: on a named set a read on a non-primary needs a $readPreference other than
+ * primary, else NotPrimaryNoSecondaryOk (13435). True when the read may run. */
+bool shard_repl_check_read(shard_repl *r, wire_req *req);
+/* hello's replica-set fields (setName, hosts, primary, me, secondary, isWritablePrimary,
+ * setVersion, electionId) when --replica-set is given; nothing otherwise. */
+void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply);
+/* {stripedbRegisterMember: <long id>, wire: "H:P"}: record a member's wire address in the
+ * replicated member map (followers ask the primary; hello lists hosts from it). */
+void shard_repl_cmd_register(shard_repl *r, wire_req *req);
+/* The wire address of member id, or NULL when unknown. */
+const char *shard_repl_member_wire(shard_repl *r, uint64_t id);
+/* Append {setName, id, state, term, primaryId, applied, commitIndex, members: [...]}. */
+void shard_repl_status(shard_repl *r, bson_t *out);
+
+#endif
