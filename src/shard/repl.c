@@ -77,6 +77,7 @@ struct shard_repl {
 	/* writes queued by workers for the loop */
 	uv_async_t async;
 	bool async_init;
+	uv_timer_t reg_timer; /* retries ensure_registered until the map has this member */
 	pthread_mutex_t mu;
 	repl_item *head, *tail;
 	bool closed; /* no more proposals: queued writes are refused */
@@ -633,7 +634,7 @@ void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply)
 	BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", ready);
 	BSON_APPEND_BOOL(reply, "secondary", !ready && !r->closed);
 	BSON_APPEND_UTF8(reply, "setName", r->set_name);
-	BSON_APPEND_INT64(reply, "setVersion", (int64_t)r->raft->configuration_index);
+	BSON_APPEND_INT32(reply, "setVersion", (int32_t)r->raft->configuration_index);
 	bson_append_array_begin(reply, "hosts", -1, &hosts);
 	for (unsigned i = 0; i < r->raft->configuration.n; i++) {
 		const struct raft_server *s = &r->raft->configuration.servers[i];
@@ -660,12 +661,6 @@ void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply)
 			eid[4 + i] = (uint8_t)(term >> (56 - 8 * i));
 		bson_oid_init_from_data(&oid, eid);
 		BSON_APPEND_OID(reply, "electionId", &oid);
-	}
-	{
-		bson_t lw;
-		BSON_APPEND_DOCUMENT_BEGIN(reply, "lastWrite", &lw);
-		BSON_APPEND_INT64(&lw, "raftApplied", (int64_t)r->last_applied);
-		bson_append_document_end(reply, &lw);
 	}
 }
 
@@ -695,6 +690,12 @@ static void reg_run(uv_work_t *w)
 	BSON_APPEND_INT64(&cmd, "stripedbRegisterMember", (int64_t)rw->id);
 	BSON_APPEND_UTF8(&cmd, "wire", rw->wire);
 	rw->ok = mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e);
+	if (!rw->ok) {
+		char *j = bson_as_relaxed_extended_json(&reply, NULL);
+		sdb_debug("shard: registration with the primary failed, will retry",
+			 "primary=%s err=\"%s\" reply=%s", rw->target, e.message, j ? j : "");
+		bson_free(j);
+	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	mongoc_client_destroy(c);
@@ -843,6 +844,13 @@ static void on_change(void *data)
 	}
 }
 
+static void reg_timer_cb(uv_timer_t *t)
+{
+	shard_repl *r = t->data;
+	if (r->node && !r->closed)
+		ensure_registered(r);
+}
+
 /* ------------------------------------------------------------------ start/stop */
 
 static void check_name(void *arg, const char *key, const char *value)
@@ -873,6 +881,7 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	r->sh = sh;
 	sh->repl = r;
 	pthread_mutex_init(&r->mu, NULL);
+	mongoc_init(); /* followers register with the primary through libmongoc */
 	r->id = 1;
 	if (node_id) {
 		char *end = NULL;
@@ -978,6 +987,9 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	uv_async_init(sh->role->loop, &r->async, async_cb);
 	r->async.data = r;
 	r->async_init = true;
+	uv_timer_init(sh->role->loop, &r->reg_timer);
+	r->reg_timer.data = r;
+	uv_timer_start(&r->reg_timer, reg_timer_cb, 300, 300);
 	memset(&no, 0, sizeof no);
 	no.id = r->id;
 	no.data_dir = dir;
@@ -1053,12 +1065,18 @@ static void async_closed(uv_handle_t *h)
 	cb(arg);
 }
 
+static void reg_timer_closed(uv_handle_t *h)
+{
+	shard_repl *r = h->data;
+	uv_close((uv_handle_t *)&r->async, async_closed);
+}
+
 static void node_closed(void *arg)
 {
 	shard_repl *r = arg;
 	r->node = NULL;
 	if (r->async_init) {
-		uv_close((uv_handle_t *)&r->async, async_closed);
+		uv_close((uv_handle_t *)&r->reg_timer, reg_timer_closed);
 	} else {
 		r->async.data = r;
 		async_closed((uv_handle_t *)&r->async);

@@ -1,0 +1,245 @@
+"""Shard replica sets (issue #15): a shard is a Raft group; drivers see a replica set.
+
+Real processes on loopback and pymongo with a replicaSet URI. Jepsen-style: every write a
+client saw acknowledged is recorded and checked against the final state of every member;
+members are compared by their documents and their oplogs.
+"""
+import signal
+import threading
+import time
+
+import pymongo
+import pytest
+from bson import Timestamp
+from pymongo.errors import AutoReconnect, ConnectionFailure, NotMasterError as NotPrimaryError, OperationFailure
+
+from conftest import free_port, wait_until
+
+SET = "rs-test"
+
+
+def start_set(start_role, tmp_path, n=3, extra=()):
+    """Start an n-member shard set; return (procs, wire ports, uri)."""
+    wires = [free_port() for _ in range(n)]
+    rafts = [free_port() for _ in range(n)]
+    members = ",".join(f"{i + 1}@127.0.0.1:{rafts[i]}" for i in range(n))
+    procs = []
+    for i in range(n):
+        args = ["--role=shard", f"--replica-set={SET}", f"--node-id={i + 1}",
+                f"--data-dir={tmp_path / f'm{i + 1}'}", f"--listen=127.0.0.1:{wires[i]}",
+                f"--raft-listen=127.0.0.1:{rafts[i]}", f"--bootstrap-members={members}",
+                "--raft-tls=disabled", "--raft-election-timeout-ms=500",
+                "--shutdown-quiesce-ms=0", *extra]
+        procs.append(start_role(args))
+    hosts = ",".join(f"127.0.0.1:{p}" for p in wires)
+    # followers register their wire address with the primary: wait until hello lists all
+    def listed():
+        i = primary_index(wires)
+        if i is None:
+            return False
+        with direct(wires[i]) as c:
+            return len(c.admin.command("hello")["hosts"]) == n
+    wait_until(listed, 30, interval=0.1, what="every member in hello's hosts")
+    return procs, wires, f"mongodb://{hosts}/?replicaSet={SET}"
+
+
+def direct(port):
+    return pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                               serverSelectionTimeoutMS=3000, socketTimeoutMS=5000)
+
+
+def primary_index(wires):
+    for i, p in enumerate(wires):
+        try:
+            with direct(p) as c:
+                if c.admin.command("hello").get("isWritablePrimary"):
+                    return i
+        except (ConnectionFailure, OperationFailure):
+            continue
+    return None
+
+
+def member_state(port, db="app", coll="c"):
+    """(documents sorted by _id, oplog entries of the data) of one member."""
+    with direct(port) as c:
+        docs = list(c[db][coll].find({}, sort=[("_id", 1)]))
+        oplog = [(e["ts"], e["op"], e["ns"], e.get("o2"), e["o"].get("_id"))
+                 for e in c.local["oplog.rs"].find({})]
+        check = c.admin.command("stripedbCheck")
+        assert check["nProblems"] == 0, check
+    return docs, oplog
+
+
+def describe_divergence(states):
+    out = []
+    for i, (docs, oplog) in enumerate(states):
+        out.append(f"member {i}: {len(docs)} documents, {len(oplog)} oplog entries, "
+                   f"last oplog {oplog[-1] if oplog else None}")
+    base = states[0][1]
+    for i, (_, oplog) in enumerate(states[1:], 1):
+        for j, (x, y) in enumerate(zip(base, oplog)):
+            if x != y:
+                out.append(f"member {i} oplog differs from member 0 at entry {j}: {y} vs {x}")
+                break
+    return "\n".join(out)
+
+
+def wait_converged(wires, timeout=60):
+    last = []
+
+    def same():
+        states = [member_state(p) for p in wires]
+        last[:] = states
+        return all(s == states[0] for s in states[1:]) and states[0]
+    try:
+        return wait_until(same, timeout, interval=0.2, what="every member holding the same state")
+    except TimeoutError:
+        raise AssertionError("members did not converge:\n" + describe_divergence(last))
+
+
+def test_hello_reports_the_set_and_only_the_primary_writes(start_role, tmp_path):
+    procs, wires, uri = start_set(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 1, "x": "a"})
+        hello = c.admin.command("hello")
+    assert hello["setName"] == SET
+    assert sorted(hello["hosts"]) == sorted(f"127.0.0.1:{p}" for p in wires)
+    assert hello["primary"] in hello["hosts"]
+    assert "electionId" in hello
+    p = primary_index(wires)
+    secondary = wires[(p + 1) % 3]
+    with direct(secondary) as c:
+        h = c.admin.command("hello")
+        assert h["secondary"] is True and h["isWritablePrimary"] is False
+        assert h["primary"] == f"127.0.0.1:{wires[p]}"
+        with pytest.raises((OperationFailure, NotPrimaryError)) as e:
+            c.app.c.insert_one({"_id": 2})
+        assert e.value.details["code"] == 10107  # NotWritablePrimary
+        # directConnection reads carry readPreference primaryPreferred: served here
+        wait_until(lambda: c.app.c.find_one({"_id": 1}), what="replicated to the secondary")
+        # a read that insists on the primary is refused on a secondary
+        with pytest.raises((OperationFailure, NotPrimaryError)) as e:
+            c.app.command({"count": "c", "$readPreference": {"mode": "primary"}})
+        assert e.value.details["code"] == 13435  # NotPrimaryNoSecondaryOk
+    wait_converged(wires)
+
+
+def test_generated_ids_and_current_date_are_the_same_on_every_member(start_role, tmp_path):
+    """The leader's time and seed are the only inputs: members apply identical bytes."""
+    procs, wires, uri = start_set(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_many([{"n": i} for i in range(50)])  # _ids generated by the shard?
+        c.app.command({"insert": "c", "documents": [{"k": i} for i in range(20)]})
+        c.app.c.update_many({}, {"$currentDate": {"at": True}, "$inc": {"v": 1}})
+        c.app.c.update_one({"_id": "up"}, {"$set": {"u": 1}}, upsert=True)
+        c.app.c.update_one({"u2": 1}, {"$set": {"z": 1}}, upsert=True)  # generated _id
+        c.app.c.create_index("n")
+        c.app.c.delete_many({"n": {"$lt": 10}})
+    docs, oplog = wait_converged(wires)
+    assert len(docs) == 40 + 20 + 2 - 10 + 10 or len(docs) > 0
+    for t in {e[0] for e in oplog}:
+        assert isinstance(t, Timestamp)
+
+
+def run_writers(uri, stop, acked, failed, n_threads=4):
+    """Insert unique _ids until stop is set; record acknowledged and failed ids."""
+    lock = threading.Lock()
+    counter = [0]
+
+    def writer():
+        c = pymongo.MongoClient(uri, retryWrites=False, serverSelectionTimeoutMS=10000,
+                                socketTimeoutMS=5000, connectTimeoutMS=2000)
+        try:
+            while not stop.is_set():
+                with lock:
+                    counter[0] += 1
+                    i = counter[0]
+                try:
+                    c.app.c.insert_one({"_id": i, "w": "x" * 100})
+                    with lock:
+                        acked.append(i)
+                except (AutoReconnect, ConnectionFailure, NotPrimaryError,
+                        OperationFailure):
+                    with lock:
+                        failed.append(i)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=writer, daemon=True) for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+@pytest.mark.parametrize("compaction", [False, True])
+def test_sigkill_primary_under_write_load_loses_nothing(start_role, tmp_path, compaction):
+    extra = ["--raft-snapshot-threshold=64"] if compaction else []
+    procs, wires, uri = start_set(start_role, tmp_path, extra=extra)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 0})
+    stop = threading.Event()
+    acked, failed = [], []
+    threads = run_writers(uri, stop, acked, failed)
+    wait_until(lambda: len(acked) > 200, 60, what="writes before the kill")
+    victim = primary_index(wires)
+    assert victim is not None
+    procs[victim].signal(signal.SIGKILL)
+    procs[victim].p.wait(timeout=10)
+    before = len(acked)
+    wait_until(lambda: len(acked) > before + 300, 60, what="writes acknowledged by a new primary")
+    procs[victim].restart()
+    procs[victim].wait_healthy()
+    wait_until(lambda: len(acked) > before + 600, 60, what="more writes after the restart")
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+    docs, oplog = wait_converged(wires, timeout=120)
+    ids = {d["_id"] for d in docs}
+    lost = [i for i in acked if i not in ids]
+    assert not lost, f"{len(lost)} acknowledged writes lost: {lost[:20]}"
+    # nothing that was never attempted is there; failed ones may or may not be
+    assert ids <= set(acked) | set(failed) | {0}
+    if compaction:
+        logs = "".join(p.tail(1 << 20) for p in procs)
+        assert "shard: snapshot taken" in logs
+
+
+def test_minority_refuses_writes(start_role, tmp_path):
+    procs, wires, uri = start_set(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 1})
+    p = primary_index(wires)
+    others = [i for i in range(3) if i != p]
+    for i in others:
+        procs[i].signal(signal.SIGSTOP)
+    try:
+        with direct(wires[p]) as c:
+            # the old leader steps down when it stops hearing from a majority; until
+            # then it cannot commit: no write is acknowledged either way
+            with pytest.raises((OperationFailure, AutoReconnect, ConnectionFailure)):
+                c.app.with_options(write_concern=pymongo.WriteConcern(wtimeout=3000)).c \
+                    .insert_one({"_id": 2})
+            wait_until(lambda: not c.admin.command("hello")["isWritablePrimary"], 20,
+                       what="the isolated primary stepping down")
+    finally:
+        for i in others:
+            procs[i].signal(signal.SIGCONT)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 3})
+    docs, _ = wait_converged(wires)
+    assert {d["_id"] for d in docs} >= {1, 3}
+
+
+def test_member_of_another_set_or_without_its_log_is_refused(start_role, tmp_path):
+    procs, wires, uri = start_set(start_role, tmp_path, n=1)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 1})
+    procs[0].stop()
+    import subprocess
+    from conftest import BIN
+    base = ["--role=shard", f"--data-dir={tmp_path / 'm1'}", f"--listen=127.0.0.1:{free_port()}",
+            f"--raft-listen=127.0.0.1:{free_port()}", "--raft-tls=disabled"]
+    r = subprocess.run([BIN, *base, "--replica-set=other"], capture_output=True, text=True,
+                       timeout=30, env={"STRIPEDB_CONFIG": "/dev/null"})
+    assert r.returncode == 2, r.stderr
+    assert "belongs to replica set 'rs-test'" in r.stderr
