@@ -123,6 +123,18 @@ int sdb_store_set_durability(sdb_store_conn *c, bool full, char *err, size_t err
 /* Make every commit so far durable (one fsync of the WAL); leaves the connection at
  * synchronous=NORMAL. Outside a transaction. 0 or SDB_EIO. */
 int sdb_store_sync(sdb_store_conn *c, char *err, size_t errlen);
+/* Whole-database copies (a shard member's snapshot installation, issue #15).
+ * copy_to: write a consistent copy of the store (one read transaction) to the file path
+ * (replaced), a plain SQLite file; *applied is its meta 'raft_applied'. Memory stays
+ * bounded by SQLite's page caches (no sqlite3_serialize). 0 or SDB_EIO.
+ * replace_from: make this store's content the copy at path (same format), in place: other
+ * connections keep working and see the new content from their next transaction (their
+ * catalog caches reload); in-memory oplog counters are re-read. *applied is the new
+ * 'raft_applied'. Outside a transaction. 0, SDB_ECORRUPT (not a store copy) or SDB_EIO. */
+int sdb_store_copy_to(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
+		      size_t errlen);
+int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
+			   size_t errlen);
 /* Text settings in the meta table (replica-set name, member addresses). put: inside a
  * write or apply transaction; 0 or SDB_EIO/SDB_EINVAL. scan: fn(arg, key, value) for each
  * key starting with prefix, outside or inside a transaction; 0 or SDB_EIO. */

@@ -10,6 +10,7 @@
 #include "common/metrics.h"
 #include "shard/repl.h"
 #include "shard/shard.h"
+#include "shard/snapfile.h"
 
 typedef struct cmd_entry {
 	const char *name;
@@ -43,6 +44,7 @@ static const cmd_entry cmd_table[] = {
 	{"dbStats", shard_cmd_db_stats},
 	{"stripedbSetVersion", shard_cmd_set_version},
 	{"stripedbCheck", shard_cmd_check},
+	{"stripedbSnapshotFile", shard_cmd_snapshot_file},
 	{"stripedbStmtResult", shard_cmd_stmt_result},
 	{"configureFailPoint", shard_cmd_configure_fail_point},
 	{"commitTransaction", shard_cmd_txn_refuse},

@@ -37,6 +37,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "raft/node.h"
+#include "shard/snapfile.h"
 
 #define REPL_BATCH_MAX_CMDS 512
 #define REPL_BATCH_MAX_BYTES (8u * 1024 * 1024)
@@ -391,14 +392,40 @@ static int vt_restore(struct raft_fsm *vt, struct raft_buffer *buf)
 		return RAFT_CORRUPT;
 	}
 	if ((uint64_t)applied > r->last_applied) {
-		/* The leader compacted its log past what this member holds: the data must come
-		 * from another member (not built yet). */
-		sdb_error("shard: this member is behind the set's compacted log and cannot install "
-			  "a snapshot from another member yet; re-seed its data directory from a "
-			  "copy of a healthy member's shard.db and raft/ taken while stopped",
-			  "snapshot_applied=%lld local_applied=%llu", (long long)applied,
-			  (unsigned long long)r->last_applied);
-		return RAFT_CORRUPT;
+		/* The set compacted its log past what this member holds: copy shard.db from
+		 * the leader (it sent this snapshot, so it holds at least that index), else
+		 * from any other member that does. */
+		char err[512] = "no other member's address known";
+		uint64_t lid = 0, got = 0;
+		const char *la = NULL;
+		int rc = SDB_EIO;
+		if (r->node)
+			sdb_node_leader(r->node, &lid, &la);
+		const char *lw = lid && lid != r->id ? shard_repl_member_wire(r, lid) : NULL;
+		sdb_info("shard: installing a snapshot from another member", "need_applied=%lld "
+			 "local_applied=%llu leader=%s", (long long)applied,
+			 (unsigned long long)r->last_applied, lw ? lw : "?");
+		if (lw)
+			rc = shard_snapshot_fetch(r->sh, r->conn, lw, (uint64_t)applied, &got, err,
+						  sizeof err);
+		for (size_t i = 0; rc != 0 && i < r->n_members; i++) {
+			if (r->members[i].id == r->id || r->members[i].id == lid)
+				continue;
+			rc = shard_snapshot_fetch(r->sh, r->conn, r->members[i].wire,
+						  (uint64_t)applied, &got, err, sizeof err);
+		}
+		if (rc != 0) {
+			sdb_error("shard: cannot install a snapshot from another member",
+				  "need_applied=%lld err=\"%s\"", (long long)applied, err);
+			return RAFT_IOERR;
+		}
+		r->last_applied = got;
+		/* the member map came with the copy */
+		for (size_t i = 0; i < r->n_members; i++)
+			free(r->members[i].wire);
+		r->n_members = 0;
+		sdb_store_meta_scan(r->conn, MEMBER_KEY, member_load, r);
+		shard_oplog_notify(r->sh);
 	}
 	raft_free(buf->base);
 	return 0;
@@ -600,6 +627,7 @@ bool shard_repl_check_read(shard_repl *r, wire_req *req)
 	/* cursors opened under a read preference go on; diagnostics answer anywhere */
 	if (strcmp(name, "getMore") == 0 || strcmp(name, "killCursors") == 0 ||
 	    strcmp(name, "stripedbCheck") == 0 || strcmp(name, "stripedbStmtResult") == 0 ||
+	    strcmp(name, "stripedbSnapshotFile") == 0 ||
 	    strcmp(name, "configureFailPoint") == 0)
 		return true;
 	wire_req_error(req, WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK,

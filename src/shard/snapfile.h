@@ -1,0 +1,33 @@
+/* Snapshot installation for shard replica sets (issue #15).
+ *
+ * A shard member's Raft snapshot is a marker (src/shard/repl.c): the data is shard.db. A
+ * member that needs a snapshot it does not hold (it was down while the others compacted
+ * their logs, or it was just added) copies a consistent shard.db from another member:
+ *   {stripedbSnapshotFile: "open"} -> {id, size, applied}: the source writes a consistent
+ *       copy (sdb_store_copy_to: one read transaction, bounded memory) to
+ *       DATA_DIR/snapshots/out-ID.db;
+ *   {stripedbSnapshotFile: "read", id, offset, length <= 8 MiB} -> {data: BinData,
+ *       sha256: BinData}: one chunk and its SHA-256 (checked by the receiver);
+ *   {stripedbSnapshotFile: "close", id}: the copy is deleted (copies left behind by a
+ *       receiver that died are deleted 30 minutes later).
+ * Cluster members only when --cluster-key-file is set (the wire gate), as every command.
+ */
+#ifndef SDB_SHARD_SNAPFILE_H
+#define SDB_SHARD_SNAPFILE_H
+
+#include <stdint.h>
+
+#include "shard/shard.h"
+
+/* The stripedbSnapshotFile command (worker thread). */
+void shard_cmd_snapshot_file(shard_ctx *x);
+
+/* Copy shard.db from the member at source ("H:P") into this member's store through conn
+ * (sdb_store_replace_from), chunk by chunk through DATA_DIR/snapshots/in.db: memory stays
+ * bounded by one 8 MiB chunk. The copy must have applied at least need_applied; *applied
+ * gets its last applied Raft index. Blocking (libmongoc). 0, SDB_ECORRUPT (a chunk's
+ * checksum) or SDB_EIO with a message. */
+int shard_snapshot_fetch(shard *sh, sdb_store_conn *conn, const char *source,
+			 uint64_t need_applied, uint64_t *applied, char *err, size_t errlen);
+
+#endif
