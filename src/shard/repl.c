@@ -47,6 +47,8 @@
 typedef struct repl_item {
 	struct repl_item *next;
 	wire_req *req;
+	int32_t w;
+	int64_t wtimeout;
 } repl_item;
 
 /* One proposed entry: the requests its replies go to, in command order. */
@@ -54,9 +56,21 @@ typedef struct repl_batch {
 	struct repl_batch *next, *prev;
 	shard_repl *r;
 	wire_req **reqs; /* NULL slots: already answered (stop) */
+	int32_t *w;      /* each command's numeric writeConcern.w (0: majority or less) */
+	int64_t *wtimeout; /* its wtimeout in ms (0: none) */
 	size_t n;
 	uint64_t start_ns;
 } repl_batch;
+
+/* A reply held until writeConcern.w members hold its entry (w above a majority). */
+typedef struct wc_wait {
+	struct wc_wait *next;
+	wire_req *req;
+	bson_t *reply;
+	uint64_t index;
+	int32_t w;
+	uint64_t deadline_ms; /* sdb_mono_ms; 0: none (wait as long as it takes) */
+} wc_wait;
 
 typedef struct member_wire {
 	uint64_t id;
@@ -83,6 +97,8 @@ struct shard_repl {
 	repl_item *head, *tail;
 	bool closed; /* no more proposals: queued writes are refused */
 	repl_batch *inflight;
+	wc_wait *wc_waits; /* replies waiting for more members than a majority */
+	uv_timer_t wc_timer;
 	/* member wire addresses (replicated: op "shardMember") */
 	member_wire *members;
 	size_t n_members;
@@ -463,6 +479,150 @@ static void batch_unlink(shard_repl *r, repl_batch *b)
 		b->next->prev = b->prev;
 }
 
+/* Voting members of the current configuration. */
+static unsigned voters(shard_repl *r)
+{
+	unsigned n = 0;
+	for (unsigned i = 0; i < r->raft->configuration.n; i++)
+		n += r->raft->configuration.servers[i].role == RAFT_VOTER;
+	return n;
+}
+
+/* How many voters hold index (leader only; 0 otherwise). */
+static unsigned holders(shard_repl *r, uint64_t index)
+{
+	unsigned n = 0;
+	if (raft_state(r->raft) != RAFT_LEADER)
+		return 0;
+	for (unsigned i = 0; i < r->raft->configuration.n; i++) {
+		const struct raft_server *s = &r->raft->configuration.servers[i];
+		if (s->role != RAFT_VOTER)
+			continue;
+		if (s->id == r->id ? r->raft->last_stored >= index
+				   : r->raft->leader_state.progress[i].match_index >= index)
+			n++;
+	}
+	return n;
+}
+
+static void add_wce(bson_t *reply, int code, const char *msg, bool wtimeout)
+{
+	bson_t wce, info;
+	BSON_APPEND_DOCUMENT_BEGIN(reply, "writeConcernError", &wce);
+	BSON_APPEND_INT32(&wce, "code", code);
+	BSON_APPEND_UTF8(&wce, "codeName", wire_code_name(code));
+	BSON_APPEND_UTF8(&wce, "errmsg", msg);
+	if (wtimeout) {
+		BSON_APPEND_DOCUMENT_BEGIN(&wce, "errInfo", &info);
+		BSON_APPEND_BOOL(&info, "wtimeout", true);
+		bson_append_document_end(&wce, &info);
+	}
+	bson_append_document_end(reply, &wce);
+}
+
+static void wc_check(uv_timer_t *t)
+{
+	shard_repl *r = t->data;
+	uint64_t now = sdb_mono_ms();
+	wc_wait **pp = &r->wc_waits;
+	while (*pp) {
+		wc_wait *w = *pp;
+		bool enough = holders(r, w->index) >= (unsigned)w->w;
+		bool late = w->deadline_ms && now >= w->deadline_ms;
+		bool gone = r->closed || raft_state(r->raft) != RAFT_LEADER;
+		if (!enough && !late && !gone) {
+			pp = &w->next;
+			continue;
+		}
+		*pp = w->next;
+		if (!enough)
+			add_wce(w->reply, 64, gone ? "waiting for replication interrupted: no longer "
+						   "primary; the write is committed on a majority"
+						 : "waiting for replication timed out; the write is "
+						   "committed on a majority",
+				late && !gone);
+		wire_req_reply(w->req, w->reply);
+		free(w);
+	}
+	if (!r->wc_waits)
+		uv_timer_stop(&r->wc_timer);
+}
+
+/* Finish one command's reply by its writeConcern (w: number above the set's majority
+ * waits for that many members; above the set's size: UnsatisfiableWriteConcern, as
+ * mongod). Takes reply. */
+static void reply_with_wc(shard_repl *r, repl_batch *b, size_t i, bson_t *reply, uint64_t index)
+{
+	int32_t w = b->w[i];
+	unsigned nv = voters(r);
+	if (w <= (int32_t)(nv / 2 + 1)) {
+		wire_req_reply(b->reqs[i], reply);
+		return;
+	}
+	if (w > (int32_t)nv) {
+		add_wce(reply, 100, "Not enough data-bearing nodes", false);
+		wire_req_reply(b->reqs[i], reply);
+		return;
+	}
+	wc_wait *ww = sdb_calloc(1, sizeof *ww);
+	ww->req = b->reqs[i];
+	ww->reply = reply;
+	ww->index = index;
+	ww->w = w;
+	ww->deadline_ms = b->wtimeout[i] > 0 ? sdb_mono_ms() + (uint64_t)b->wtimeout[i] : 0;
+	ww->next = r->wc_waits;
+	r->wc_waits = ww;
+	if (!uv_is_active((uv_handle_t *)&r->wc_timer))
+		uv_timer_start(&r->wc_timer, wc_check, 5, 5);
+}
+
+/* writeConcern of a write: *w the numeric w (0 for "majority", 0 or 1), *wtimeout ms.
+ * Answers and returns false when it cannot be honoured before anything runs: a tag set
+ * (UnknownReplWriteConcern 79) or a malformed one (FailedToParse 9). */
+static bool parse_wc(wire_req *req, int32_t *w, int64_t *wtimeout)
+{
+	bson_iter_t it, sub;
+	*w = 0;
+	*wtimeout = 0;
+	if (!bson_iter_init_find(&it, wire_req_cmd(req), "writeConcern"))
+		return true;
+	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
+		wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE, "writeConcern must be an object");
+		return false;
+	}
+	while (bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+		if (strcmp(k, "w") == 0) {
+			if (BSON_ITER_HOLDS_UTF8(&sub)) {
+				const char *m = bson_iter_utf8(&sub, NULL);
+				if (strcmp(m, "majority") != 0) {
+					wire_req_error(req, 79,
+						       "unrecognized write concern mode: %s (tag sets "
+						       "are not supported; use a number or \"majority\")",
+						       m);
+					return false;
+				}
+			} else if (BSON_ITER_HOLDS_NUMBER(&sub)) {
+				int64_t v = bson_iter_as_int64(&sub);
+				if (v < 0 || v > 50) {
+					wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
+						       "w has to be a non-negative number not greater "
+						       "than 50, or \"majority\"");
+					return false;
+				}
+				*w = (int32_t)v;
+			} else {
+				wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
+					       "w has to be a number or a string");
+				return false;
+			}
+		} else if (strcmp(k, "wtimeout") == 0 && BSON_ITER_HOLDS_NUMBER(&sub)) {
+			*wtimeout = bson_iter_as_int64(&sub);
+		}
+	}
+	return true;
+}
+
 static void batch_done(void *arg, int status, bson_t *result)
 {
 	repl_batch *b = arg;
@@ -480,7 +640,7 @@ static void batch_done(void *arg, int status, bson_t *result)
 			if (!req)
 				continue;
 			bson_iter_document(&sub, &len, &data);
-			wire_req_reply(req, bson_new_from_data(data, len));
+			reply_with_wc(r, b, i - 1, bson_new_from_data(data, len), r->last_applied);
 		}
 		sdb_histogram_observe_ns(r->h_commit, uv_hrtime() - b->start_ns);
 	}
@@ -490,6 +650,8 @@ static void batch_done(void *arg, int status, bson_t *result)
 	if (result)
 		bson_destroy(result);
 	free(b->reqs);
+	free(b->w);
+	free(b->wtimeout);
 	free(b);
 }
 
@@ -504,6 +666,8 @@ static void propose_items(shard_repl *r, repl_item *items)
 
 		b->r = r;
 		b->reqs = sdb_calloc(cap, sizeof *b->reqs);
+		b->w = sdb_calloc(cap, sizeof *b->w);
+		b->wtimeout = sdb_calloc(cap, sizeof *b->wtimeout);
 		b->start_ns = uv_hrtime();
 		if (getrandom(seed, sizeof seed, 0) != (ssize_t)sizeof seed) {
 			bson_oid_t o; /* libbson's per-process random bytes and counter */
@@ -527,7 +691,11 @@ static void propose_items(shard_repl *r, repl_item *items)
 			if (b->n == cap) {
 				cap *= 2;
 				b->reqs = sdb_realloc(b->reqs, cap * sizeof *b->reqs);
+				b->w = sdb_realloc(b->w, cap * sizeof *b->w);
+				b->wtimeout = sdb_realloc(b->wtimeout, cap * sizeof *b->wtimeout);
 			}
+			b->w[b->n] = it->w;
+			b->wtimeout[b->n] = it->wtimeout;
 			b->reqs[b->n++] = it->req;
 			free(it);
 		}
@@ -542,6 +710,8 @@ static void propose_items(shard_repl *r, repl_item *items)
 					reply_unknown(b->reqs[i], rc);
 			}
 			free(b->reqs);
+			free(b->w);
+			free(b->wtimeout);
 			free(b);
 			continue;
 		}
@@ -585,6 +755,10 @@ void shard_repl_submit(shard_repl *r, wire_req *req)
 {
 	repl_item *it = sdb_calloc(1, sizeof *it);
 	it->req = req;
+	if (!parse_wc(req, &it->w, &it->wtimeout)) {
+		free(it);
+		return;
+	}
 	pthread_mutex_lock(&r->mu);
 	if (r->tail)
 		r->tail->next = it;
@@ -1017,6 +1191,8 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	r->async_init = true;
 	uv_timer_init(sh->role->loop, &r->reg_timer);
 	r->reg_timer.data = r;
+	uv_timer_init(sh->role->loop, &r->wc_timer);
+	r->wc_timer.data = r;
 	uv_timer_start(&r->reg_timer, reg_timer_cb, 300, 300);
 	memset(&no, 0, sizeof no);
 	no.id = r->id;
@@ -1053,6 +1229,14 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 void shard_repl_abandon(shard_repl *r)
 {
 	r->closed = true;
+	while (r->wc_waits) {
+		wc_wait *w = r->wc_waits;
+		r->wc_waits = w->next;
+		add_wce(w->reply, 64, "waiting for replication interrupted by shutdown; the write "
+				      "is committed on a majority", false);
+		wire_req_reply(w->req, w->reply);
+		free(w);
+	}
 	for (repl_batch *b = r->inflight; b; b = b->next) {
 		for (size_t i = 0; i < b->n; i++) {
 			if (b->reqs[i]) {
@@ -1093,10 +1277,16 @@ static void async_closed(uv_handle_t *h)
 	cb(arg);
 }
 
-static void reg_timer_closed(uv_handle_t *h)
+static void wc_timer_closed(uv_handle_t *h)
 {
 	shard_repl *r = h->data;
 	uv_close((uv_handle_t *)&r->async, async_closed);
+}
+
+static void reg_timer_closed(uv_handle_t *h)
+{
+	shard_repl *r = h->data;
+	uv_close((uv_handle_t *)&r->wc_timer, wc_timer_closed);
 }
 
 static void node_closed(void *arg)

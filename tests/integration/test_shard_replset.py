@@ -245,3 +245,40 @@ def test_member_of_another_set_or_without_its_log_is_refused(start_role, tmp_pat
                        timeout=30, env={"STRIPEDB_CONFIG": "/dev/null"})
     assert r.returncode == 2, r.stderr
     assert "belongs to replica set 'rs-test'" in r.stderr
+
+
+def test_write_concern_is_honoured_or_reported(start_role, tmp_path):
+    """w: majority is what every write gets; w above the set's size is reported as
+    UnsatisfiableWriteConcern (the write itself is applied, as on mongod); w: 3 on three
+    members waits for all three, and times out with WriteConcernFailed when one is
+    stopped; a tag set is refused before anything runs."""
+    procs, wires, uri = start_set(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        db = c.app
+        r = db.command({"insert": "c", "documents": [{"_id": 1}], "writeConcern": {"w": 5}})
+        assert r["writeConcernError"]["code"] == 100, r
+        assert db.c.find_one({"_id": 1}) is not None
+        r = db.command({"insert": "c", "documents": [{"_id": 2}],
+                        "writeConcern": {"w": 3, "wtimeout": 10000}})
+        assert "writeConcernError" not in r, r
+        with pytest.raises(OperationFailure) as e:
+            db.command({"insert": "c", "documents": [{"_id": 3}],
+                        "writeConcern": {"w": "dc-east"}})
+        assert e.value.code == 79
+        assert db.c.find_one({"_id": 3}) is None
+        p = primary_index(wires)
+        other = (p + 1) % 3
+        procs[other].signal(signal.SIGSTOP)
+        try:
+            r = db.command({"insert": "c", "documents": [{"_id": 4}],
+                            "writeConcern": {"w": 3, "wtimeout": 500}})
+            assert r["writeConcernError"]["code"] == 64, r
+            assert r["writeConcernError"]["errInfo"]["wtimeout"] is True
+            # a majority still commits and acknowledges
+            r = db.command({"insert": "c", "documents": [{"_id": 5}],
+                            "writeConcern": {"w": "majority"}})
+            assert r["n"] == 1 and "writeConcernError" not in r
+        finally:
+            procs[other].signal(signal.SIGCONT)
+    docs, _ = wait_converged(wires)
+    assert {d["_id"] for d in docs} == {1, 2, 4, 5}
