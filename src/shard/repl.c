@@ -1088,10 +1088,13 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	if (node_id) {
 		char *end = NULL;
 		unsigned long long v = strtoull(node_id, &end, 10);
-		if (!end || *end || v == 0)
+		if (end && !*end && v > 0)
+			r->id = v;
+		else if (set) /* a member's Raft id; a standalone shard's --node-id is a label */
 			return sdb_errf(err, errlen, SDB_EUSAGE,
-					"--node-id must be a positive integer, got %s", node_id);
-		r->id = v;
+					"--node-id of a replica set member must be a positive "
+					"integer, got %s",
+					node_id);
 	}
 	if (bootstrap && !set)
 		return sdb_errf(err, errlen, SDB_EUSAGE,
