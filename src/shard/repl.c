@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include <mongoc/mongoc.h>
 #include <openssl/crypto.h>
@@ -294,6 +295,26 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 	}
 	if (bson_iter_init_find(&it, &args, "term") && BSON_ITER_HOLDS_INT64(&it))
 		det.term = bson_iter_int64(&it);
+	{
+		/* a member started with another --replica-set joined this group's log (the same
+		 * member list): it must not apply another set's writes */
+		const char *theirs = bson_iter_init_find(&it, &args, "setName") &&
+					     BSON_ITER_HOLDS_UTF8(&it)
+				     ? bson_iter_utf8(&it, NULL)
+				     : NULL;
+		bool same = (!theirs && !r->set_name) ||
+			    (theirs && r->set_name && strcmp(theirs, r->set_name) == 0);
+		if (op && strcmp(op, "shardBatch") == 0 && !same) {
+			sdb_error("shard: this member's Raft log belongs to another replica set; "
+				  "check --replica-set and --bootstrap-members",
+				  "mine=%s log=%s index=%llu", r->set_name ? r->set_name : "(none)",
+				  theirs ? theirs : "(none)", (unsigned long long)index);
+			fprintf(stderr, "stripedb: shard: this member (--replica-set=%s) is in the Raft "
+					"group of replica set %s\n",
+				r->set_name ? r->set_name : "(none)", theirs ? theirs : "(none)");
+			_exit(2);
+		}
+	}
 	if (bson_iter_init_find(&it, &args, "seed") && BSON_ITER_HOLDS_BINARY(&it)) {
 		uint32_t len;
 		const uint8_t *data;
@@ -675,6 +696,8 @@ static void propose_items(shard_repl *r, repl_item *items)
 			memcpy(seed, o.bytes + 4, sizeof seed);
 		}
 		BSON_APPEND_INT64(&args, "term", (int64_t)sdb_node_term(r->node));
+		if (r->set_name)
+			BSON_APPEND_UTF8(&args, "setName", r->set_name);
 		bson_append_binary(&args, "seed", -1, BSON_SUBTYPE_BINARY, seed, sizeof seed);
 		bson_append_array_begin(&args, "cmds", -1, &cmds);
 		while (items && b->n < REPL_BATCH_MAX_CMDS &&
@@ -1186,9 +1209,14 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 			   .take_result = sm_take_result,
 			   .last_applied = sm_last_applied,
 			   .close = NULL};
-	rc = auth_raft_setup(cfg, &to, key, &secure, err, errlen);
-	if (rc)
-		return rc;
+	/* a one-member set on an ephemeral loopback port talks to nobody: no transport
+	 * security to set up (and nothing to warn about) */
+	memset(key, 0, sizeof key);
+	if (raft_listen) {
+		rc = auth_raft_setup(cfg, &to, key, &secure, err, errlen);
+		if (rc)
+			return rc;
+	}
 	uv_async_init(sh->role->loop, &r->async, async_cb);
 	r->async.data = r;
 	r->async_init = true;

@@ -592,6 +592,84 @@ static void test_session_records(void **state)
 	bson_destroy(res);
 }
 
+
+/* Replicated apply (issue #15): two stores applying the same entries with the same
+ * sdb_store_det write the same bytes (ObjectIds, collection UUIDs, oplog ts/t/wall),
+ * whatever their clocks say and whether one restarted in between; a failed command in an
+ * apply leaves no trace and does not move the ts counter. */
+static void apply_entry(fx *f, const sdb_store_det *det, uint64_t index, int base)
+{
+	assert_int_equal(sdb_store_apply_begin(f->c, det, f->err, sizeof f->err), 0);
+	for (int i = 0; i < 3; i++) {
+		bson_oid_t oid;
+		bson_t *d = bson_new();
+		begin_w(f);
+		sdb_store_new_oid(f->c, &oid);
+		BSON_APPEND_OID(d, "_id", &oid);
+		BSON_APPEND_INT32(d, "n", base + i);
+		assert_int_equal(sdb_store_insert(f->c, "db", "r", d, NULL, NULL, f->err,
+						  sizeof f->err),
+				 0);
+		bson_destroy(d);
+		if (i == 1)
+			sdb_store_rollback(f->c); /* a failed command: no trace */
+		else
+			commit(f);
+	}
+	assert_int_equal(sdb_store_apply_commit(f->c, index, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_applied_index(f->c), index);
+}
+
+static void oplog_of(fx *f, bson_t ***docs, size_t *n)
+{
+	*docs = NULL;
+	*n = 0;
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_oplog_read(f->c, 0, 1000, docs, n, f->err, sizeof f->err), 0);
+	sdb_store_rollback(f->c);
+}
+
+static void test_replicated_apply_is_deterministic(void **state)
+{
+	fx *a = *state;
+	fx b_, *b = &b_;
+	memset(b, 0, sizeof *b);
+	snprintf(b->dir, sizeof b->dir, "/tmp/sdb-store-test-XXXXXX");
+	assert_non_null(mkdtemp(b->dir));
+	b->now_ms = 1600000000000LL; /* another clock: it must not matter */
+	fx_open(b, 0);
+	sdb_store_det d1 = {.now_ms = 1750000000123LL, .term = 3, .seed = {1, 2, 3, 4, 5}};
+	sdb_store_det d2 = {.now_ms = 1750000000999LL, .term = 4, .seed = {9, 8, 7, 6, 5}};
+	apply_entry(a, &d1, 10, 0);
+	apply_entry(b, &d1, 10, 0);
+	fx_close(b); /* b restarts between the entries */
+	fx_open(b, 0);
+	assert_int_equal(sdb_store_applied_index(b->c), 10);
+	apply_entry(a, &d2, 11, 100);
+	apply_entry(b, &d2, 11, 100);
+	bson_t **oa, **ob;
+	size_t na, nb;
+	oplog_of(a, &oa, &na);
+	oplog_of(b, &ob, &nb);
+	assert_int_equal(na, 5); /* create + 2 inserts, 2 inserts */
+	assert_int_equal(na, nb);
+	for (size_t i = 0; i < na; i++) {
+		assert_int_equal(oa[i]->len, ob[i]->len);
+		assert_memory_equal(bson_get_data(oa[i]), bson_get_data(ob[i]), oa[i]->len);
+		bson_iter_t it;
+		assert_true(bson_iter_init_find(&it, oa[i], "t"));
+		assert_int_equal(bson_iter_as_int64(&it), i < 3 ? 3 : 4);
+		bson_destroy(oa[i]);
+		bson_destroy(ob[i]);
+	}
+	free(oa);
+	free(ob);
+	fx_close(b);
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf %.250s", b->dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -605,6 +683,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_check_finds_a_missing_index_entry, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_query_plans_and_counters, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_replicated_apply_is_deterministic, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_catalog_drop_and_oplog_commands, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_check_finds_data_that_disagrees_with_the_oplog,
