@@ -113,7 +113,8 @@ struct shard_repl {
 	sdb_counter *c_batches, *c_cmds, *c_not_primary;
 	sdb_histogram *h_commit;
 	/* for /healthz and other threads */
-	atomic_int h_state;
+	atomic_int h_state, h_members;
+	atomic_bool h_ready, h_stopped;
 	atomic_llong h_term, h_leader;
 	void (*closed_cb)(void *arg);
 	void *closed_arg;
@@ -758,6 +759,21 @@ static void async_cb(uv_async_t *h)
 	pthread_mutex_unlock(&r->mu);
 	if (!items)
 		return;
+	if (!r->closed && r->node && raft_state(r->raft) == RAFT_LEADER &&
+	    !sdb_node_ready(r->node)) {
+		/* elected, its term's barrier not applied yet: hold the writes until it is
+		 * (on_change wakes us) rather than refuse them */
+		pthread_mutex_lock(&r->mu);
+		repl_item *last = items;
+		while (last->next)
+			last = last->next;
+		last->next = r->head;
+		r->head = items;
+		if (!r->tail)
+			r->tail = last;
+		pthread_mutex_unlock(&r->mu);
+		return;
+	}
 	if (r->closed || !r->node || !sdb_node_ready(r->node)) {
 		while (items) {
 			repl_item *it = items;
@@ -799,8 +815,9 @@ bool shard_repl_writable(shard_repl *r)
 
 bool shard_repl_check_write(shard_repl *r, wire_req *req)
 {
-	if (shard_repl_writable(r))
-		return true;
+	if (shard_repl_writable(r) ||
+	    (r->node && !r->closed && raft_state(r->raft) == RAFT_LEADER))
+		return true; /* a new leader holds writes until its barrier applied */
 	reply_not_primary(r, req);
 	return false;
 }
@@ -1054,11 +1071,15 @@ static void on_change(void *data)
 	sdb_node_leader(r->node, &lid, &la);
 	ready = sdb_node_ready(r->node);
 	atomic_store(&r->h_state, raft_state(r->raft));
+	atomic_store(&r->h_ready, ready);
+	atomic_store(&r->h_members, (int)r->raft->configuration.n);
 	atomic_store(&r->h_term, (long long)sdb_node_term(r->node));
 	atomic_store(&r->h_leader, (long long)lid);
 	sdb_gauge_set(r->g_term, (int64_t)sdb_node_term(r->node));
 	sdb_gauge_set(r->g_primary, ready ? 1 : 0);
 	ensure_registered(r);
+	if (ready || raft_state(r->raft) != RAFT_LEADER)
+		uv_async_send(&r->async); /* writes held while the barrier applied */
 	if (ready != r->topo_ready || lid != r->topo_leader ||
 	    sdb_node_term(r->node) != r->topo_term) {
 		r->topo_ready = ready;
@@ -1072,8 +1093,10 @@ static void on_change(void *data)
 static void reg_timer_cb(uv_timer_t *t)
 {
 	shard_repl *r = t->data;
-	if (r->node && !r->closed)
+	if (r->node && !r->closed) {
 		ensure_registered(r);
+		atomic_store(&r->h_members, (int)r->raft->configuration.n);
+	}
 }
 
 /* ------------------------------------------------------------------ start/stop */
@@ -1251,6 +1274,7 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 		r->node = NULL; /* closed asynchronously by node.c */
 		return rc;
 	}
+	atomic_store(&r->h_members, (int)r->raft->configuration.n);
 	sdb_info("shard: replica set member", "set=%s id=%llu raft=%s wire=%s applied=%llu",
 		 set ? set : "(one member)", (unsigned long long)r->id, r->raft_addr, r->me,
 		 (unsigned long long)r->last_applied);
@@ -1260,6 +1284,7 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 void shard_repl_abandon(shard_repl *r)
 {
 	r->closed = true;
+	atomic_store(&r->h_stopped, true);
 	while (r->wc_waits) {
 		wc_wait *w = r->wc_waits;
 		r->wc_waits = w->next;
@@ -1343,6 +1368,21 @@ void shard_repl_close(shard_repl *r, void (*cb)(void *arg), void *arg)
 		sdb_node_close(r->node, node_closed, r);
 	else
 		node_closed(r);
+}
+
+bool shard_repl_healthy(shard_repl *r, char *msg, size_t msglen)
+{
+	if (atomic_load(&r->h_stopped)) {
+		snprintf(msg, msglen, "replication stopped");
+		return false;
+	}
+	/* a one-member set serves nothing before it is primary; a member of a larger set is
+	 * healthy while it runs (its set may have no primary: replSetGetStatus says) */
+	if (atomic_load(&r->h_members) <= 1 && !atomic_load(&r->h_ready)) {
+		snprintf(msg, msglen, "one-member set: not primary yet");
+		return false;
+	}
+	return true;
 }
 
 void shard_repl_status(shard_repl *r, bson_t *out)

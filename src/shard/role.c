@@ -23,6 +23,8 @@ static int shard_health(void *data, char *msg, size_t msglen)
 		snprintf(msg, msglen, "store not open");
 		return 0;
 	}
+	if (sh->repl && !shard_repl_healthy(sh->repl, msg, msglen))
+		return 0;
 	return 1;
 }
 
