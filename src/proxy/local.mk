@@ -1,14 +1,20 @@
 # src/proxy: sources and unit tests of this folder (included by the top Makefile.am)
 libstripedb_a_SOURCES += \
+	src/proxy/admin.c \
 	src/proxy/cursor.c \
 	src/proxy/exec.c \
+	src/proxy/explain.c \
 	src/proxy/merge.c \
+	src/proxy/policy.c \
 	src/proxy/quota.c \
+	src/proxy/read.c \
 	src/proxy/role.c \
 	src/proxy/route.c \
 	src/proxy/shardconn.c \
-	src/proxy/txn.c
+	src/proxy/txn.c \
+	src/proxy/write.c
 noinst_HEADERS += \
+	src/proxy/exec.h \
 	src/proxy/merge.h \
 	src/proxy/proxy.h \
 	src/proxy/quota.h \
