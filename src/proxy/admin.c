@@ -43,18 +43,16 @@ static size_t broadcast(ctx *c, const bson_t *cmd, bcast *b)
 {
 	bson_t *fwd = bson_new();
 	size_t n;
-	char err[256];
 
-	proxy_load_shards(c->p, err, sizeof err);
 	px_copy_cmd(cmd, fwd, NULL);
 	memset(b, 0, sizeof *b);
 	b->c = c;
-	n = shardconn_shard_ids(c->p->sc, &b->ids);
+	n = px_shard_ids(c, &b->ids);
 	b->cmd = fwd;
 	b->replies = proxy_calloc_bson(n, sizeof *b->replies);
 	b->cls = sdb_calloc(n ? n : 1, sizeof *b->cls);
 	b->nerr = sdb_calloc(n ? n : 1, sizeof *b->nerr);
-	shardconn_fanout(c->p->sc, n, bcast_one, b);
+	px_fanout(c, n, bcast_one, b);
 	return n;
 }
 
@@ -80,7 +78,7 @@ void px_do_broadcast(ctx *c)
 
 	if (n == 0) {
 		bcast_free(&b, n);
-		wire_req_error(c->req, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
+		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
 		return;
 	}
 	for (i = 0; i < n; i++) {
@@ -98,11 +96,11 @@ void px_do_broadcast(ctx *c)
 		}
 	}
 	if (err_i != SIZE_MAX)
-		px_reply_shard_error(c->req, b.cls[err_i], &b.replies[err_i], b.nerr[err_i]);
+		px_reply_shard_error(c, b.cls[err_i], &b.replies[err_i], b.nerr[err_i]);
 	else if (ok_i != SIZE_MAX)
-		px_reply_copy(c->req, &b.replies[ok_i]);
+		px_reply_copy(c, &b.replies[ok_i]);
 	else
-		px_reply_copy(c->req, &b.replies[0]);
+		px_reply_copy(c, &b.replies[0]);
 	bcast_free(&b, n);
 }
 
@@ -152,9 +150,9 @@ void px_do_create_indexes(ctx *c)
 						BSON_APPEND_INT32(&sk, rc->keys[i], 1);
 				}
 				ss = bson_as_relaxed_extended_json(&sk, NULL);
-				wire_req_error(c->req, WIRE_ERR_CANNOT_CREATE_INDEX,
-					       "cannot create unique index over %s with shard key pattern %s",
-					       ks ? ks : "?", ss ? ss : "?");
+				px_error(c, WIRE_ERR_CANNOT_CREATE_INDEX,
+					 "cannot create unique index over %s with shard key pattern %s",
+					 ks ? ks : "?", ss ? ss : "?");
 				bson_free(ks);
 				bson_free(ss);
 				bson_destroy(&sk);
@@ -304,9 +302,9 @@ void px_do_list_union(ctx *c, bool databases)
 	}
 	if (!any_ok) {
 		if (n > 0)
-			px_reply_shard_error(c->req, b.cls[0], &b.replies[0], b.nerr[0]);
+			px_reply_shard_error(c, b.cls[0], &b.replies[0], b.nerr[0]);
 		else
-			wire_req_error(c->req, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
+			px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
 		bcast_free(&b, n);
 		bson_destroy(&merged);
 		return;
@@ -328,67 +326,12 @@ void px_do_list_union(ctx *c, bool databases)
 		bson_append_document_end(out, &cd);
 	}
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	wire_req_reply(c->req, out);
+	px_reply(c, out);
 	bson_destroy(&merged);
 	bcast_free(&b, n);
 }
 
 /* ---------- collStats / dbStats / explain (mongos' combined replies) ---------- */
-
-void px_pcall_one(void *arg, size_t i)
-{
-	pcall *pc = &((pcall *)arg)[i];
-
-	bson_destroy(&pc->reply);
-	pc->cls = px_run_on(pc->c, pc->shard, &pc->cmd, NULL, &pc->reply, pc->nerr, sizeof pc->nerr);
-}
-
-/* n calls for the shards ids (their strings are taken over; the array is freed). */
-pcall *px_pcalls_new(ctx *c, char **ids, size_t n)
-{
-	pcall *pc = proxy_calloc_bson(n ? n : 1, sizeof *pc);
-	size_t i;
-
-	for (i = 0; i < n; i++) {
-		pc[i].c = c;
-		pc[i].shard = ids[i];
-		bson_init(&pc[i].cmd);
-		bson_init(&pc[i].reply);
-	}
-	free(ids);
-	return pc;
-}
-
-void px_pcalls_free(pcall *pc, size_t n)
-{
-	size_t i;
-
-	for (i = 0; i < n; i++) {
-		free(pc[i].shard);
-		bson_destroy(&pc[i].cmd);
-		bson_destroy(&pc[i].reply);
-	}
-	free(pc);
-}
-
-/* The first failed call (NULL when all succeeded); codes in skip_codes (0-terminated) of
- * shard errors are not failures. */
-pcall *px_pcalls_failed(pcall *pc, size_t n, const int *skip_codes)
-{
-	size_t i, k;
-
-	for (i = 0; i < n; i++) {
-		bool skip = false;
-		if (pc[i].cls == SHARDCONN_OK)
-			continue;
-		for (k = 0; skip_codes && skip_codes[k] && pc[i].cls == SHARDCONN_CMD_ERR; k++)
-			if (px_get_int(&pc[i].reply, "code", 0) == skip_codes[k])
-				skip = true;
-		if (!skip)
-			return &pc[i];
-	}
-	return NULL;
-}
 
 /* A shard's reply as a sub-document, without the cluster time fields. */
 static void append_shard_reply(bson_t *out, const char *key, const bson_t *reply)
@@ -520,13 +463,13 @@ static pcall *coll_stats_calls(ctx *c, bool stage, size_t *n_out, bool *sharded,
 		else
 			copy_renamed(c->cmd, &pc[i].cmd, "collStats");
 	}
-	shardconn_fanout(c->p->sc, n, px_pcall_one, pc);
+	px_fanout(c, n, px_pcall_one, pc);
 	bad = px_pcalls_failed(pc, n, *sharded ? absent : NULL);
 	if (bad) {
 		if (bad->cls == SHARDCONN_NET_ERR)
-			px_reply_shard_error(c->req, bad->cls, &bad->reply, bad->nerr);
+			px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
 		else
-			px_reply_copy(c->req, &bad->reply); /* e.g. the collection does not exist */
+			px_reply_copy(c, &bad->reply); /* e.g. the collection does not exist */
 		px_pcalls_free(pc, n);
 		return NULL;
 	}
@@ -556,10 +499,10 @@ void px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 			else if (strcmp(k, "count") == 0)
 				want_count = true;
 			else {
-				wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
-					       "$collStats: %s is not supported by stripedb "
-					       "(storageStats and count are)",
-					       k);
+				px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+					 "$collStats: %s is not supported by stripedb "
+					 "(storageStats and count are)",
+					 k);
 				return;
 			}
 		}
@@ -582,7 +525,7 @@ void px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 		bson_append_document_begin(&batch, key, -1, &d);
 		BSON_APPEND_UTF8(&d, "ns", c->ns);
 		BSON_APPEND_UTF8(&d, "shard", pc[i].shard);
-		hosts = shardconn_shard_hosts(c->p->sc, pc[i].shard);
+		hosts = px_shard_hosts(c, pc[i].shard);
 		if (hosts)
 			BSON_APPEND_UTF8(&d, "host", hosts);
 		free(hosts);
@@ -610,7 +553,7 @@ void px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 	px_pcalls_free(pc, n);
 	(void)sharded;
 	(void)nchunks;
-	wire_req_reply(c->req, out);
+	px_reply(c, out);
 }
 
 void px_do_coll_stats(ctx *c)
@@ -665,7 +608,7 @@ void px_do_coll_stats(ctx *c)
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	isizes_free(&sizes);
 	px_pcalls_free(pc, n);
-	wire_req_reply(c->req, out);
+	px_reply(c, out);
 }
 
 /* dbStats (mongos' cluster dbStats): sent to every shard, as mongos does; collections,
@@ -687,12 +630,12 @@ void px_do_db_stats(ctx *c)
 
 	if (n == 0) {
 		bcast_free(&b, n);
-		wire_req_error(c->req, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
+		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
 		return;
 	}
 	for (i = 0; i < n; i++)
 		if (b.cls[i] != SHARDCONN_OK) {
-			px_reply_shard_error(c->req, b.cls[i], &b.replies[i], b.nerr[i]);
+			px_reply_shard_error(c, b.cls[i], &b.replies[i], b.nerr[i]);
 			bcast_free(&b, n);
 			return;
 		}
@@ -713,6 +656,6 @@ void px_do_db_stats(ctx *c)
 	}
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	bcast_free(&b, n);
-	wire_req_reply(c->req, out);
+	px_reply(c, out);
 }
 

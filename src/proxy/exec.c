@@ -25,6 +25,7 @@
 #include "auth/gate.h"
 #include "common/alloc.h"
 #include "common/bsonget.h"
+#include "common/clock.h"
 #include "common/cmdopts.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -33,9 +34,88 @@
 #include "storage/pipeline.h"
 #include "storage/projection.h"
 
-static uint64_t now_ms(void)
+/* ---------- answers: recorded by handlers, sent once by run_job ---------- */
+
+/* Record an answer unless one is recorded already (a handler bug: logged, dropped). */
+static bool answer_slot(ctx *c, const char *what)
 {
-	return uv_hrtime() / 1000000u;
+	if (c->ans->state == 0)
+		return true;
+	sdb_error("proxy handler answered twice", "cmd=%s dropped=%s",
+		  c->req ? wire_req_name(c->req) : "?", what);
+#ifdef SDB_DEBUG
+	abort();
+#endif
+	return false;
+}
+
+void px_reply(ctx *c, bson_t *reply)
+{
+	if (!answer_slot(c, "reply")) {
+		bson_destroy(reply);
+		return;
+	}
+	c->ans->state = 1;
+	c->ans->reply = reply;
+}
+
+static void error_va(ctx *c, int code, bson_t *extra, const char *fmt, va_list ap)
+{
+	if (!answer_slot(c, "error")) {
+		if (extra)
+			bson_destroy(extra);
+		return;
+	}
+	c->ans->state = 2;
+	c->ans->code = code;
+	c->ans->extra = extra;
+	c->ans->msg = bson_strdupv_printf(fmt, ap);
+}
+
+void px_error(ctx *c, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	error_va(c, code, NULL, fmt, ap);
+	va_end(ap);
+}
+
+void px_error_extra(ctx *c, int code, bson_t *extra, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	error_va(c, code, extra, fmt, ap);
+	va_end(ap);
+}
+
+bool px_answered(const ctx *c)
+{
+	return c->ans->state != 0;
+}
+
+/* Send the recorded answer: the one place a routed request is completed. */
+static void answer_send(wire_req *req, px_answer *a)
+{
+	switch (a->state) {
+	case 1:
+		wire_req_reply(req, a->reply);
+		break;
+	case 2:
+		wire_req_error_extra(req, a->code, a->extra, "%s", a->msg);
+		bson_free(a->msg);
+		break;
+	default:
+		sdb_error("proxy handler returned without an answer", "cmd=%s", wire_req_name(req));
+#ifdef SDB_DEBUG
+		abort();
+#endif
+		wire_req_error(req, WIRE_ERR_INTERNAL, "%s returned without an answer",
+			       wire_req_name(req));
+		break;
+	}
+	memset(a, 0, sizeof *a);
 }
 
 /* ---------- small helpers ---------- */
@@ -83,16 +163,27 @@ void px_append_version(bson_t *cmd, const route_chunk *ch)
 	bson_append_document_end(cmd, &v);
 }
 
-bool px_get_doc(const bson_t *d, const char *name, bson_t *out)
+/* A static view of the document (array: false) or array (true) field name of d. */
+static bool get_sub(const bson_t *d, const char *name, bool array, bson_t *out)
 {
 	bson_iter_t it;
 	uint32_t len;
 	const uint8_t *data;
 
-	if (!bson_iter_init_find(&it, d, name) || !BSON_ITER_HOLDS_DOCUMENT(&it))
+	if (!bson_iter_init_find(&it, d, name))
 		return false;
-	bson_iter_document(&it, &len, &data);
+	if (array ? !BSON_ITER_HOLDS_ARRAY(&it) : !BSON_ITER_HOLDS_DOCUMENT(&it))
+		return false;
+	if (array)
+		bson_iter_array(&it, &len, &data);
+	else
+		bson_iter_document(&it, &len, &data);
 	return bson_init_static(out, data, len);
+}
+
+bool px_get_doc(const bson_t *d, const char *name, bson_t *out)
+{
+	return get_sub(d, name, false, out);
 }
 
 /* The filter q of one update/delete statement (it: an element of updates/deletes) into sq
@@ -115,14 +206,7 @@ bool px_stmt_filter(const bson_iter_t *it, bson_t *sq)
 
 bool px_get_array(const bson_t *d, const char *name, bson_t *out)
 {
-	bson_iter_t it;
-	uint32_t len;
-	const uint8_t *data;
-
-	if (!bson_iter_init_find(&it, d, name) || !BSON_ITER_HOLDS_ARRAY(&it))
-		return false;
-	bson_iter_array(&it, &len, &data);
-	return bson_init_static(out, data, len);
+	return get_sub(d, name, true, out);
 }
 
 /* A whole number read back from a reply or a checked command (common/bsonget.h rules);
@@ -146,7 +230,7 @@ bool px_client_int(ctx *c, const char *name, int64_t lo, int64_t hi, int64_t def
 
 	if (sdb_bson_find_int64(c->cmd, name, lo, hi, def, out, &e) == 0)
 		return true;
-	wire_req_error(c->req, e.code, "%s", e.msg);
+	px_error(c, e.code, "%s", e.msg);
 	return false;
 }
 
@@ -188,7 +272,7 @@ bool px_uses_js(const bson_t *doc, int depth)
 	return false;
 }
 
-void px_reply_copy(wire_req *req, const bson_t *reply)
+void px_reply_copy(ctx *c, const bson_t *reply)
 {
 	bson_t *out = bson_new();
 	bson_iter_t it;
@@ -200,105 +284,10 @@ void px_reply_copy(wire_req *req, const bson_t *reply)
 				continue;
 			bson_append_iter(out, k, -1, &it);
 		}
-	wire_req_reply(req, out);
-}
-
-/* Answer with the error a shard gave (code and errmsg kept). */
-void px_reply_shard_error(wire_req *req, int cls, const bson_t *reply, const char *neterr)
-{
-	bson_iter_t it;
-	int code = WIRE_ERR_INTERNAL;
-	const char *msg = "shard error";
-
-	if (cls == SHARDCONN_NET_ERR) {
-		bson_t *extra = NULL;
-		bson_t labels;
-		/* issue #11: a driver retries a write only on this label, so it is given only
-		 * when the shard certainly did not execute the command; after a network error
-		 * with an unknown outcome the error goes to the application unlabelled (reads
-		 * are retried by drivers on HostUnreachable's code anyway) */
-		if (shardconn_unexecuted(reply)) {
-			extra = bson_new();
-			bson_append_array_begin(extra, "errorLabels", -1, &labels);
-			BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
-			bson_append_array_end(extra, &labels);
-		}
-		wire_req_error_extra(req, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
-		return;
-	}
-	if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it))
-		code = (int)bson_iter_as_int64(&it);
-	if (bson_iter_init_find(&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
-		msg = bson_iter_utf8(&it, NULL);
-	wire_req_error(req, code, "%s", msg);
-}
-
-/* A network error of a retryable write (txn.h: the shards recognise a retry, so the
- * driver may resend it whatever its outcome was): HostUnreachable with the
- * RetryableWriteError label, plus NoWritesPerformed when no shard executed any of it. */
-void px_reply_retryable_net_error(wire_req *req, bool nothing_written, const char *neterr)
-{
-	bson_t *extra = bson_new();
-	bson_t labels;
-
-	bson_append_array_begin(extra, "errorLabels", -1, &labels);
-	BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
-	if (nothing_written)
-		BSON_APPEND_UTF8(&labels, "1", "NoWritesPerformed");
-	bson_append_array_end(extra, &labels);
-	wire_req_error_extra(req, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
-}
-
-/* Sleep for the StaleConfig backoff; false when the budget is spent. */
-bool px_stale_backoff(ctx *c)
-{
-	uint64_t now = now_ms();
-
-	sdb_counter_inc(c->p->m_stale_retries);
-	if (now >= c->deadline_ms)
-		return false;
-	if (c->backoff_ms == 0)
-		c->backoff_ms = 5;
-	else if (c->backoff_ms < 200)
-		c->backoff_ms *= 2;
-	if (now + (uint64_t)c->backoff_ms > c->deadline_ms)
-		c->backoff_ms = (int)(c->deadline_ms - now);
-	uv_sleep((unsigned)c->backoff_ms);
-	return true;
-}
-
-route_coll *px_refresh(ctx *c, route_coll *old)
-{
-	char err[256];
-	route_coll *n = route_cache_get(c->p->rc, c->ns);
-
-	/* another request (or the refresh thread) may have loaded a newer table already */
-	if (n != NULL && old != NULL && n->version > old->version) {
-		route_coll_unref(old);
-		return n;
-	}
-	if (n != NULL)
-		route_coll_unref(n);
-	n = proxy_route(c->p, c->ns, true, err, sizeof err);
-
-	if (n == NULL)
-		return old;
-	if (old)
-		route_coll_unref(old);
-	return n;
+	px_reply(c, out);
 }
 
 /* ---------- forwarding to one shard ---------- */
-
-/* Run a command on a shard; returns SHARDCONN_* and fills reply. */
-int px_run_on(ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid, bson_t *reply,
-		  char *neterr, size_t nelen)
-{
-	uint32_t local = 0;
-
-	return shardconn_command(c->p->sc, shard, c->db, cmd, sid ? sid : &local, reply, neterr,
-				 nelen);
-}
 
 /* Wrap a cursor reply of one shard into a proxy cursor and answer the client. */
 void px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
@@ -316,7 +305,7 @@ void px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
 		bson_destroy(&arr);
 		bson_destroy(out);
 		proxy_cursor_destroy(c->p, cur);
-		wire_req_error(c->req, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+		px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
 		return;
 	}
 	bson_append_document_begin(out, "cursor", -1, &cd);
@@ -331,7 +320,7 @@ void px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
 	bson_append_document_end(out, &cd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	bson_destroy(&arr);
-	wire_req_reply(c->req, out);
+	px_reply(c, out);
 }
 
 void px_stream_init(pstream *s, const char *shard, const char *db, const char *coll)
@@ -360,7 +349,7 @@ void px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t bat
 	px_stream_init(s, shard, c->db, c->coll ? c->coll : "");
 	r = px_run_on(c, shard, &fwd, &s->server_id, &reply, nerr, sizeof nerr);
 	if (r != SHARDCONN_OK) {
-		px_reply_shard_error(c->req, r, &reply, nerr);
+		px_reply_shard_error(c, r, &reply, nerr);
 		goto fail;
 	}
 	if (bson_iter_init_find(&it, &reply, "cursor") && bson_iter_recurse(&it, &cur) &&
@@ -375,7 +364,7 @@ void px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t bat
 		}
 	}
 	if (pstream_take_batch(s, &reply, "firstBatch") != 0) {
-		px_reply_copy(c->req, &reply);
+		px_reply_copy(c, &reply);
 		goto fail;
 	}
 	bson_destroy(&reply);
@@ -391,63 +380,123 @@ fail:
 	bson_destroy(&fwd);
 }
 
-/* Forward a command to one shard and copy its reply. */
-void px_forward_plain(ctx *c, const char *shard, const bson_t *cmd)
+/* Forward c->cmd to one shard and answer with its result. */
+static void forward_plain(ctx *c, const char *shard)
 {
 	bson_t fwd = BSON_INITIALIZER, reply;
 	char nerr[256];
 	int r;
 
-	px_copy_cmd(cmd, &fwd, NULL);
-	if (c->txn.on && cmd == c->cmd) {
+	px_copy_cmd(c->cmd, &fwd, NULL);
+	if (c->txn.on) {
 		/* an unsharded collection: the whole retryable write (px_copy_cmd kept its
 		 * stmtId / stmtIds as given) */
 		BSON_APPEND_DOCUMENT(&fwd, "lsid", &c->txn.lsid);
 		BSON_APPEND_INT64(&fwd, "txnNumber", c->txn.txn);
 	}
 	r = px_run_on(c, shard, &fwd, NULL, &reply, nerr, sizeof nerr);
-	if (r == SHARDCONN_OK || r == SHARDCONN_CMD_ERR || r == SHARDCONN_STALE)
-		px_reply_copy(c->req, &reply);
-	else if (c->txn.on && cmd == c->cmd)
-		px_reply_retryable_net_error(c->req, shardconn_unexecuted(&reply), nerr);
-	else
-		px_reply_shard_error(c->req, r, &reply, nerr);
+	px_reply_write_result(c, r, &reply, nerr);
 	bson_destroy(&reply);
 	bson_destroy(&fwd);
 }
 
-bool px_with_primary(ctx *c, char **primary)
+void px_forward_primary(ctx *c)
 {
-	*primary = proxy_primary(c->p);
-	if (*primary == NULL) {
-		wire_req_error(c->req, WIRE_ERR_SHARD_NOT_FOUND,
-			       "no shard is registered in the metadata service");
-		return false;
+	char *primary;
+
+	if (px_with_primary(c, &primary)) {
+		forward_plain(c, primary);
+		free(primary);
 	}
-	return true;
 }
 
-route_coll *px_route_or_fail(ctx *c)
+void px_forward_primary_cursor(ctx *c, int64_t batch, bool single)
 {
-	char err[256];
-	route_coll *rc = proxy_route(c->p, c->ns, false, err, sizeof err);
+	char *primary;
 
-	if (rc == NULL)
-		wire_req_error(c->req, WIRE_ERR_HOST_UNREACHABLE,
-			       "routing of %s unavailable: %s", c->ns, err);
-	return rc;
+	if (px_with_primary(c, &primary)) {
+		px_forward_cursor(c, primary, c->cmd, batch, single);
+		free(primary);
+	}
 }
 
-/* Every command the proxy routes (registered by proxy_exec_register). */
-const char *const proxy_cmds[] = {
-	"find",          "getMore",       "killCursors",   "insert",      "update",
-	"delete",        "findAndModify", "findandmodify", "count",       "distinct",
-	"aggregate",     "createIndexes", "dropIndexes",   "drop",        "create",
-	"collMod",       "dropDatabase",  "listIndexes",   "listCollections",
-	"listDatabases", "explain",       "dbStats",       "dbstats",     "collStats",
-	"collstats",     NULL};
+route_coll *px_route_sharded(ctx *c, px_fwd fwd, int64_t batch, bool single)
+{
+	route_coll *rc = px_route_or_fail(c);
 
-/* ---------- dispatch ---------- */
+	if (rc == NULL || rc->nkeys > 0)
+		return rc;
+	route_coll_unref(rc);
+	if (fwd == PX_FWD_CURSOR)
+		px_forward_primary_cursor(c, batch, single);
+	else
+		px_forward_primary(c);
+	return NULL;
+}
+
+/* ---------- dispatch: the command table ---------- */
+
+static void do_update(ctx *c)
+{
+	px_do_write(c, true);
+}
+
+static void do_delete(ctx *c)
+{
+	px_do_write(c, false);
+}
+
+static void do_list_databases(ctx *c)
+{
+	px_do_list_union(c, true);
+}
+
+static void do_list_collections(ctx *c)
+{
+	px_do_list_union(c, false);
+}
+
+/* Every command the proxy routes (registered by proxy_exec_register), with how the job
+ * runner checks it before its handler runs. */
+static const px_cmd cmd_table[] = {
+	{"find", px_do_find, PXC_COLL, NULL, PXP_FIND},
+	{"getMore", px_do_get_more, 0, NULL, PXP_NONE},
+	{"killCursors", px_do_kill_cursors, PXC_FREE, NULL, PXP_NONE},
+	{"insert", px_do_insert, PXC_COLL | PXC_WRITE, "documents", PXP_NONE},
+	{"update", do_update, PXC_COLL | PXC_WRITE, "updates", PXP_STMTS},
+	{"delete", do_delete, PXC_COLL | PXC_WRITE, "deletes", PXP_STMTS},
+	{"findAndModify", px_do_find_and_modify, PXC_COLL | PXC_WRITE | PXC_ONE_DOC, NULL,
+	 PXP_QUERY},
+	{"findandmodify", px_do_find_and_modify, PXC_COLL | PXC_WRITE | PXC_ONE_DOC, NULL,
+	 PXP_QUERY},
+	{"count", px_do_count, PXC_COLL, NULL, PXP_QUERY},
+	{"distinct", px_do_distinct, PXC_COLL, NULL, PXP_QUERY},
+	{"aggregate", px_do_aggregate, 0, NULL, PXP_AGGREGATE}, /* db-level: no collection */
+	{"createIndexes", px_do_create_indexes, PXC_COLL, NULL, PXP_NONE},
+	{"dropIndexes", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
+	{"drop", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
+	{"create", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
+	{"collMod", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
+	{"dropDatabase", px_do_broadcast, 0, NULL, PXP_NONE},
+	{"listIndexes", px_do_list_indexes, PXC_COLL, NULL, PXP_NONE},
+	{"listCollections", do_list_collections, 0, NULL, PXP_NONE},
+	{"listDatabases", do_list_databases, 0, NULL, PXP_NONE},
+	{"explain", px_do_explain, 0, NULL, PXP_NONE}, /* exempt from the policy switches */
+	{"dbStats", px_do_db_stats, 0, NULL, PXP_NONE},
+	{"dbstats", px_do_db_stats, 0, NULL, PXP_NONE},
+	{"collStats", px_do_coll_stats, PXC_COLL, NULL, PXP_NONE},
+	{"collstats", px_do_coll_stats, PXC_COLL, NULL, PXP_NONE},
+};
+
+const px_cmd *px_cmd_find(const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < sizeof cmd_table / sizeof cmd_table[0]; i++)
+		if (strcmp(cmd_table[i].name, name) == 0)
+			return &cmd_table[i];
+	return NULL;
+}
 
 typedef struct pjob {
 	proxy *p;
@@ -455,115 +504,66 @@ typedef struct pjob {
 	char *user; /* auth_gate_conn_user, copied on the loop thread; NULL without auth */
 } pjob;
 
+/* The checks every routed command passes before its handler, in order: options the shards
+ * would refuse, the retryable-write fields of a write, the tenant's quotas, the collection
+ * policy, a collection name where the command needs one. False once c is answered. */
+static bool job_checks(ctx *c, const px_cmd *cmd)
+{
+	char err[256];
+	int code;
+
+	/* options the shards would refuse, refused before the proxy builds requests of its own
+	 * from the command (merge sorts, findAndModify's candidate finds) */
+	code = sdb_cmd_unsupported_option(cmd->name, c->cmd, err, sizeof err);
+	if (code != 0) {
+		px_error(c, code, "%s", err);
+		return false;
+	}
+	if ((cmd->flags & PXC_WRITE) &&
+	    !proxy_txn_parse(c->cmd, cmd->stmts, &c->txn, &code, err, sizeof err)) {
+		px_error(c, code, "%s", err);
+		return false;
+	}
+	if (!px_admit(c, cmd) || !px_policy_ok(c, cmd))
+		return false;
+	if ((cmd->flags & PXC_COLL) && c->coll == NULL) {
+		px_error(c, WIRE_ERR_INVALID_NAMESPACE,
+			 "%s needs a collection name string as its first field", cmd->name);
+		return false;
+	}
+	return true;
+}
+
+/* A request on a worker thread: checks, the handler, then its one answer. */
 static void run_job(void *arg)
 {
 	pjob *j = arg;
 	ctx c;
+	px_answer ans;
 	bson_iter_t it;
-	const char *name = wire_req_name(j->req);
+	const px_cmd *cmd = px_cmd_find(wire_req_name(j->req));
 
 	memset(&c, 0, sizeof c);
+	memset(&ans, 0, sizeof ans);
 	c.p = j->p;
 	c.req = j->req;
+	c.ans = &ans;
 	c.cmd = wire_req_cmd(j->req);
 	c.db = wire_req_db(j->req);
-	c.deadline_ms = now_ms() + (uint64_t)j->p->stale_retry_ms;
+	c.deadline_ms = sdb_mono_ms() + (uint64_t)j->p->stale_retry_ms;
 	c.user = j->user;
 	if (bson_iter_init(&it, c.cmd) && bson_iter_next(&it) && BSON_ITER_HOLDS_UTF8(&it)) {
 		c.coll = bson_iter_utf8(&it, NULL);
 		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
 	}
 	if (proxy_txn_refuse(c.req))
-		goto out;
-	{
-		/* options the shards would refuse, refused before the proxy builds requests of
-		 * its own from the command (merge sorts, findAndModify's candidate finds) */
-		char err[256];
-		int code = sdb_cmd_unsupported_option(name, c.cmd, err, sizeof err);
-		if (code != 0) {
-			wire_req_error(c.req, code, "%s", err);
-			goto out;
-		}
-	}
-	{
-		const char *stmts = NULL;
-		int code = 0;
-		char err[256];
-		bool is_write = true;
-		if (strcmp(name, "insert") == 0)
-			stmts = "documents";
-		else if (strcmp(name, "update") == 0)
-			stmts = "updates";
-		else if (strcmp(name, "delete") == 0)
-			stmts = "deletes";
-		else if (strcmp(name, "findAndModify") != 0 && strcmp(name, "findandmodify") != 0)
-			is_write = false;
-		if (is_write && !proxy_txn_parse(c.cmd, stmts, &c.txn, &code, err, sizeof err)) {
-			wire_req_error(c.req, code, "%s", err);
-			goto out;
-		}
-	}
-	if (!px_admit(&c, name) || !px_policy_ok(&c, name))
-		goto out;
-	if (strcmp(name, "getMore") == 0) {
-		px_do_get_more(&c);
-		goto out;
-	}
-	if (strcmp(name, "killCursors") == 0) {
-		px_do_kill_cursors(&c);
-		goto out;
-	}
-	if (strcmp(name, "listDatabases") == 0) {
-		px_do_list_union(&c, true);
-		goto out;
-	}
-	if (strcmp(name, "listCollections") == 0) {
-		px_do_list_union(&c, false);
-		goto out;
-	}
-	if (strcmp(name, "dropDatabase") == 0) {
-		px_do_broadcast(&c);
-		goto out;
-	}
-	if (strcmp(name, "aggregate") == 0) {
-		px_do_aggregate(&c);
-		goto out;
-	}
-	if (strcmp(name, "explain") == 0) {
-		px_do_explain(&c);
-		goto out;
-	}
-	if (strcmp(name, "dbStats") == 0 || strcmp(name, "dbstats") == 0) {
-		px_do_db_stats(&c);
-		goto out;
-	}
-	if (c.coll == NULL) {
-		wire_req_error(c.req, WIRE_ERR_INVALID_NAMESPACE,
-			       "%s needs a collection name string as its first field", name);
-		goto out;
-	}
-	if (strcmp(name, "find") == 0)
-		px_do_find(&c);
-	else if (strcmp(name, "insert") == 0)
-		px_do_insert(&c);
-	else if (strcmp(name, "update") == 0)
-		px_do_write(&c, true);
-	else if (strcmp(name, "delete") == 0)
-		px_do_write(&c, false);
-	else if (strcmp(name, "findAndModify") == 0 || strcmp(name, "findandmodify") == 0)
-		px_do_find_and_modify(&c);
-	else if (strcmp(name, "count") == 0)
-		px_do_count(&c);
-	else if (strcmp(name, "distinct") == 0)
-		px_do_distinct(&c);
-	else if (strcmp(name, "listIndexes") == 0)
-		px_do_list_indexes(&c);
-	else if (strcmp(name, "collStats") == 0 || strcmp(name, "collstats") == 0)
-		px_do_coll_stats(&c);
-	else if (strcmp(name, "createIndexes") == 0)
-		px_do_create_indexes(&c);
-	else
-		px_do_broadcast(&c); /* dropIndexes, drop, create, collMod */
+		goto out; /* answered by txn.c */
+	if (cmd == NULL) /* registered from cmd_table only: cannot happen */
+		px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'",
+			 wire_req_name(j->req));
+	else if (job_checks(&c, cmd))
+		cmd->run(&c);
+	answer_send(c.req, &ans);
 out:
 	proxy_txn_free(&c.txn);
 	free(j->user);
@@ -597,8 +597,8 @@ void proxy_exec_register(proxy *p)
 					 NULL};
 	size_t i;
 
-	for (i = 0; proxy_cmds[i]; i++)
-		wire_server_register(p->srv, proxy_cmds[i], h_submit);
+	for (i = 0; i < sizeof cmd_table / sizeof cmd_table[0]; i++)
+		wire_server_register(p->srv, cmd_table[i].name, h_submit);
 	for (i = 0; js[i]; i++)
 		wire_server_register(p->srv, js[i], h_refuse_js);
 	wire_server_register(p->srv, "commitTransaction", proxy_txn_refuse_handler);

@@ -33,7 +33,6 @@ static bool in_list(const char *const *list, const char *name)
 	return false;
 }
 
-
 /* OR into sel the chunks the inner command verb would target (the same route_target
  * calls its handler makes; aggregate: its first $match stage, as pushed down). */
 static void explain_target(route_coll *rc, const char *verb, const bson_t *inner, bool *sel)
@@ -130,7 +129,7 @@ static void explain_answer(ctx *c, const bson_t *inner, const char *verbosity, b
 	BSON_APPEND_UTF8(&wp, "stage", stage);
 	bson_append_array_begin(&wp, "shards", -1, &arr);
 	for (i = 0; i < n; i++) {
-		char *hosts = shardconn_shard_hosts(c->p->sc, pc[i].shard);
+		char *hosts = px_shard_hosts(c, pc[i].shard);
 		bson_t sq, si;
 		bson_iter_t it;
 		snprintf(key, sizeof key, "%zu", i);
@@ -227,7 +226,106 @@ static void explain_answer(ctx *c, const bson_t *inner, const char *verbosity, b
 	BSON_APPEND_DOCUMENT(out, "command", &cmd);
 	bson_destroy(&cmd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	wire_req_reply(c->req, out);
+	px_reply(c, out);
+}
+
+/* do_explain's operation: one explain per targeted shard. */
+typedef struct explain_op {
+	const char *verb;      /* the explained command's name */
+	const bson_t *inner;   /* the explained command */
+	const char *verbosity;
+} explain_op;
+
+/* One attempt: each targeted shard explains once, with the version of its first targeted
+ * chunk, so a shard that lost the chunk refuses with StaleConfig. r->c: the explained
+ * command's ctx (its namespace). */
+static int explain_execute(px_retry *r, void *arg)
+{
+	explain_op *o = arg;
+	ctx *c = r->c;
+	route_coll *rc = r->rc;
+	bson_t sort;
+	char **ids;
+	size_t *first, n = 0, i, k;
+	pcall *pc, *bad;
+	bool sharded = rc->nkeys > 0, *sel;
+
+	if (!sharded) {
+		char *primary;
+		if (!px_with_primary(c, &primary))
+			return PX_RETRY_DONE;
+		ids = sdb_calloc(1, sizeof *ids);
+		first = sdb_calloc(1, sizeof *first);
+		ids[n++] = primary;
+	} else {
+		sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
+		explain_target(rc, o->verb, o->inner, sel);
+		ids = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *ids);
+		first = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *first);
+		for (i = 0; i < rc->nchunks; i++) {
+			bool dup = false;
+			if (!sel[i])
+				continue;
+			for (k = 0; k < n && !dup; k++)
+				dup = strcmp(ids[k], rc->chunks[i].shard) == 0;
+			if (!dup) {
+				ids[n] = sdb_strdup(rc->chunks[i].shard);
+				first[n++] = i;
+			}
+		}
+		free(sel);
+		/* by shard id, so the answer is deterministic */
+		for (i = 1; i < n; i++)
+			for (k = i; k > 0 && strcmp(ids[k - 1], ids[k]) > 0; k--) {
+				char *t = ids[k];
+				size_t f = first[k];
+				ids[k] = ids[k - 1];
+				first[k] = first[k - 1];
+				ids[k - 1] = t;
+				first[k - 1] = f;
+			}
+	}
+	if (n == 0) { /* a sharded collection without chunks: nothing to explain */
+		ids[n] = px_primary(c);
+		if (ids[n] == NULL) {
+			free(ids);
+			free(first);
+			px_error(c, WIRE_ERR_SHARD_NOT_FOUND,
+				 "no shard is registered in the metadata service");
+			return PX_RETRY_DONE;
+		}
+		first[n++] = SIZE_MAX;
+	}
+	pc = px_pcalls_new(c, ids, n);
+	for (i = 0; i < n; i++) {
+		bson_t in;
+		bson_append_document_begin(&pc[i].cmd, "explain", -1, &in);
+		explain_inner(o->verb, o->inner, sharded, &in);
+		bson_append_document_end(&pc[i].cmd, &in);
+		BSON_APPEND_UTF8(&pc[i].cmd, "verbosity", o->verbosity);
+		if (sharded && first[i] != SIZE_MAX)
+			px_append_version(&pc[i].cmd, &rc->chunks[first[i]]);
+	}
+	free(first);
+	px_fanout(c, n, px_pcall_one, pc);
+	bad = px_pcalls_failed(pc, n, NULL);
+	for (i = 0; i < n; i++)
+		if (pc[i].cls == SHARDCONN_STALE)
+			bad = &pc[i];
+	if (bad && bad->cls == SHARDCONN_STALE) {
+		px_failure_set(&r->last, bad->cls, &bad->reply, bad->nerr);
+		px_pcalls_free(pc, n);
+		return PX_RETRY_STALE;
+	}
+	if (bad)
+		px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
+	else
+		explain_answer(c, o->inner, o->verbosity,
+			       strcmp(o->verb, "find") == 0 && px_get_doc(o->inner, "sort", &sort) &&
+				       !bson_empty(&sort),
+			       pc, n);
+	px_pcalls_free(pc, n);
+	return PX_RETRY_DONE;
 }
 
 /* explain (mongos' cluster explain): {explain: <find | count | distinct | aggregate |
@@ -240,50 +338,52 @@ void px_do_explain(ctx *c)
 {
 	static const char *const verbs[] = {"queryPlanner", "executionStats", "allPlansExecution",
 					    NULL};
-	bson_t inner, sort;
+	bson_t inner;
 	bson_iter_t it;
 	const char *verbosity = "allPlansExecution", *verb;
 	ctx x;
 	route_coll *rc;
+	explain_op o;
+	px_retry r;
 
 	if (!bson_iter_init_find(&it, c->cmd, "explain") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
 	    !px_get_doc(c->cmd, "explain", &inner)) {
-		wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
-			       "explain command requires a nested object");
+		px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+			 "explain command requires a nested object");
 		return;
 	}
 	if (bson_iter_init_find(&it, c->cmd, "verbosity")) {
 		if (!BSON_ITER_HOLDS_UTF8(&it)) {
-			wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
-				       "explain verbosity must be a string");
+			px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+				 "explain verbosity must be a string");
 			return;
 		}
 		verbosity = bson_iter_utf8(&it, NULL);
 		if (!in_list(verbs, verbosity)) {
-			wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
-				       "verbosity string must be one of {'queryPlanner', "
-				       "'executionStats', 'allPlansExecution'}");
+			px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+				 "verbosity string must be one of {'queryPlanner', "
+				 "'executionStats', 'allPlansExecution'}");
 			return;
 		}
 	}
 	if (!bson_iter_init(&it, &inner) || !bson_iter_next(&it)) {
-		wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
-			       "explain command requires a nested object");
+		px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+			 "explain command requires a nested object");
 		return;
 	}
 	verb = bson_iter_key(&it);
 	if (!in_list(explainable, verb)) {
-		if (in_list(proxy_cmds, verb))
-			wire_req_error(c->req, WIRE_ERR_ILLEGAL_OPERATION, "Cannot explain cmd: %s",
-				       verb);
+		if (px_cmd_find(verb) != NULL)
+			px_error(c, WIRE_ERR_ILLEGAL_OPERATION, "Cannot explain cmd: %s",
+				 verb);
 		else
-			wire_req_error(c->req, WIRE_ERR_COMMAND_NOT_FOUND,
-				       "Explain failed due to unknown command: %s", verb);
+			px_error(c, WIRE_ERR_COMMAND_NOT_FOUND,
+				 "Explain failed due to unknown command: %s", verb);
 		return;
 	}
 	if (px_uses_js(&inner, 0)) {
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
-			       "$where and server-side JavaScript are not allowed on stripedb");
+		px_error(c, WIRE_ERR_BAD_VALUE,
+			 "$where and server-side JavaScript are not allowed on stripedb");
 		return;
 	}
 	x = *c;
@@ -294,96 +394,17 @@ void px_do_explain(ctx *c)
 		x.coll = bson_iter_utf8(&it, NULL);
 		snprintf(x.ns, sizeof x.ns, "%s.%s", x.db, x.coll);
 	} else if (strcmp(verb, "aggregate") != 0) {
-		wire_req_error(c->req, WIRE_ERR_INVALID_NAMESPACE,
-			       "%s needs a collection name string as its first field", verb);
+		px_error(c, WIRE_ERR_INVALID_NAMESPACE,
+			 "%s needs a collection name string as its first field", verb);
 		return;
 	}
 	rc = x.coll ? px_route_or_fail(&x) : route_coll_unsharded("", 0);
 	if (rc == NULL)
 		return;
-	for (;;) {
-		char **ids;
-		size_t *first, n = 0, i, k;
-		pcall *pc, *bad;
-		bool sharded = rc->nkeys > 0, *sel;
-
-		if (!sharded) {
-			char *primary;
-			if (!px_with_primary(&x, &primary))
-				break;
-			ids = sdb_calloc(1, sizeof *ids);
-			first = sdb_calloc(1, sizeof *first);
-			ids[n++] = primary;
-		} else {
-			sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
-			explain_target(rc, verb, &inner, sel);
-			ids = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *ids);
-			first = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *first);
-			for (i = 0; i < rc->nchunks; i++) {
-				bool dup = false;
-				if (!sel[i])
-					continue;
-				for (k = 0; k < n && !dup; k++)
-					dup = strcmp(ids[k], rc->chunks[i].shard) == 0;
-				if (!dup) {
-					ids[n] = sdb_strdup(rc->chunks[i].shard);
-					first[n++] = i;
-				}
-			}
-			free(sel);
-			/* by shard id, so the answer is deterministic */
-			for (i = 1; i < n; i++)
-				for (k = i; k > 0 && strcmp(ids[k - 1], ids[k]) > 0; k--) {
-					char *t = ids[k];
-					size_t f = first[k];
-					ids[k] = ids[k - 1];
-					first[k] = first[k - 1];
-					ids[k - 1] = t;
-					first[k - 1] = f;
-				}
-		}
-		if (n == 0) { /* a sharded collection without chunks: nothing to explain */
-			ids[n] = proxy_primary(c->p);
-			if (ids[n] == NULL) {
-				free(ids);
-				free(first);
-				wire_req_error(c->req, WIRE_ERR_SHARD_NOT_FOUND,
-					       "no shard is registered in the metadata service");
-				break;
-			}
-			first[n++] = SIZE_MAX;
-		}
-		pc = px_pcalls_new(c, ids, n);
-		for (i = 0; i < n; i++) {
-			bson_t in;
-			bson_append_document_begin(&pc[i].cmd, "explain", -1, &in);
-			explain_inner(verb, &inner, sharded, &in);
-			bson_append_document_end(&pc[i].cmd, &in);
-			BSON_APPEND_UTF8(&pc[i].cmd, "verbosity", verbosity);
-			if (sharded && first[i] != SIZE_MAX)
-				px_append_version(&pc[i].cmd, &rc->chunks[first[i]]);
-		}
-		free(first);
-		shardconn_fanout(c->p->sc, n, px_pcall_one, pc);
-		bad = px_pcalls_failed(pc, n, NULL);
-		for (i = 0; i < n; i++)
-			if (pc[i].cls == SHARDCONN_STALE)
-				bad = &pc[i];
-		if (bad && bad->cls == SHARDCONN_STALE && px_stale_backoff(c)) {
-			px_pcalls_free(pc, n);
-			rc = px_refresh(&x, rc);
-			continue;
-		}
-		if (bad)
-			px_reply_shard_error(c->req, bad->cls, &bad->reply, bad->nerr);
-		else
-			explain_answer(c, &inner, verbosity,
-				       strcmp(verb, "find") == 0 && px_get_doc(&inner, "sort", &sort) &&
-					       !bson_empty(&sort),
-				       pc, n);
-		px_pcalls_free(pc, n);
-		break;
-	}
-	route_coll_unref(rc);
+	o.verb = verb;
+	o.inner = &inner;
+	o.verbosity = verbosity;
+	px_retry_init(&r, &x, rc, explain_execute, NULL, &o);
+	px_retry_run(&r);
+	px_retry_done(&r);
 }
-

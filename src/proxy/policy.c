@@ -17,25 +17,18 @@
 #include "storage/pipeline.h"
 #include "storage/projection.h"
 
-
 /* Admission: the tenant's quotas (proxy/quota.h). Answers and returns false when over. */
-bool px_admit(ctx *c, const char *name)
+bool px_admit(ctx *c, const px_cmd *cmd)
 {
 	int64_t docs = 0, retry = 0;
 	char msg[256];
 	bson_t arr;
 	bson_iter_t it;
-	const char *field = NULL;
+	const char *field = cmd->stmts;
 
-	if (strcmp(name, "killCursors") == 0)
+	if (cmd->flags & PXC_FREE)
 		return true;
-	if (strcmp(name, "insert") == 0)
-		field = "documents";
-	else if (strcmp(name, "update") == 0)
-		field = "updates";
-	else if (strcmp(name, "delete") == 0)
-		field = "deletes";
-	else if (strcmp(name, "findAndModify") == 0 || strcmp(name, "findandmodify") == 0)
+	if (cmd->flags & PXC_ONE_DOC)
 		docs = 1;
 	if (field && px_get_array(c->cmd, field, &arr) && bson_iter_init(&it, &arr))
 		while (bson_iter_next(&it))
@@ -47,7 +40,7 @@ bool px_admit(ctx *c, const char *name)
 	{
 		bson_t *extra = bson_new();
 		BSON_APPEND_INT64(extra, "retryAfterMS", retry);
-		wire_req_error_extra(c->req, WIRE_ERR_RATE_LIMITED, extra, "%s", msg);
+		px_error_extra(c, WIRE_ERR_RATE_LIMITED, extra, "%s", msg);
 	}
 	return false;
 }
@@ -90,10 +83,10 @@ static bool policy_filter_ok(ctx *c, unsigned flags, route_coll *rc, const bson_
 		size_t nsel = route_target(rc, q, sel, &exact), i;
 		if ((flags & PROXY_POLICY_NO_SCATTER) && rc->nchunks > 1 && nsel == rc->nchunks &&
 		    !exact) {
-			wire_req_error(c->req, WIRE_ERR_ILLEGAL_OPERATION,
-				       "scatter-gather queries are forbidden on %s by its collection "
-				       "policy: the filter must use the shard key",
-				       c->ns);
+			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				 "scatter-gather queries are forbidden on %s by its collection "
+				 "policy: the filter must use the shard key",
+				 c->ns);
 			ok = false;
 		}
 		for (i = 0; ok && i < rc->nchunks && shard == NULL; i++)
@@ -101,13 +94,13 @@ static bool policy_filter_ok(ctx *c, unsigned flags, route_coll *rc, const bson_
 				shard = sdb_strdup(rc->chunks[i].shard);
 		free(sel);
 	} else {
-		shard = proxy_primary(c->p);
+		shard = px_primary(c);
 	}
 	if (ok && (flags & PROXY_POLICY_NO_UNINDEXED) && shard && plan_is_collscan(c, shard, q)) {
-		wire_req_error(c->req, ERR_NO_QUERY_EXECUTION_PLANS,
-			       "No indexed plans available for this filter on %s, and its collection "
-			       "policy forbids unindexed queries (forbidUnindexed)",
-			       c->ns);
+		px_error(c, ERR_NO_QUERY_EXECUTION_PLANS,
+			 "No indexed plans available for this filter on %s, and its collection "
+			 "policy forbids unindexed queries (forbidUnindexed)",
+			 c->ns);
 		ok = false;
 	}
 	free(shard);
@@ -115,7 +108,7 @@ static bool policy_filter_ok(ctx *c, unsigned flags, route_coll *rc, const bson_
 }
 
 /* The collection policy switches (proxy/quota.h). Answers and returns false on refusal. */
-bool px_policy_ok(ctx *c, const char *name)
+bool px_policy_ok(ctx *c, const px_cmd *cmd)
 {
 	unsigned flags;
 	bson_t q, arr, empty = BSON_INITIALIZER;
@@ -130,13 +123,15 @@ bool px_policy_ok(ctx *c, const char *name)
 	flags = proxy_policy(c->p->quota, c->db, c->ns);
 	if (flags == 0)
 		return true;
-	if (strcmp(name, "find") == 0) {
+	switch (cmd->policy) {
+	case PXP_FIND:
 		has_q = px_get_doc(c->cmd, "filter", &q);
 		bounded = px_get_int(c->cmd, "limit", 0) != 0;
-	} else if (strcmp(name, "count") == 0 || strcmp(name, "distinct") == 0 ||
-		   strcmp(name, "findAndModify") == 0 || strcmp(name, "findandmodify") == 0) {
+		break;
+	case PXP_QUERY:
 		has_q = px_get_doc(c->cmd, "query", &q);
-	} else if (strcmp(name, "aggregate") == 0) {
+		break;
+	case PXP_AGGREGATE:
 		bounded = false;
 		if (px_get_array(c->cmd, "pipeline", &arr) && bson_iter_init(&it, &arr)) {
 			bool first = true;
@@ -156,23 +151,23 @@ bool px_policy_ok(ctx *c, const char *name)
 				first = false;
 			}
 		}
-	} else if (strcmp(name, "update") == 0) {
-		stmts = "updates";
-	} else if (strcmp(name, "delete") == 0) {
-		stmts = "deletes";
-	} else {
+		break;
+	case PXP_STMTS:
+		stmts = cmd->stmts;
+		break;
+	case PXP_NONE:
 		return true;
 	}
 	if ((flags & PROXY_POLICY_NO_UNBOUNDED) && !bounded) {
-		wire_req_error(c->req, WIRE_ERR_ILLEGAL_OPERATION,
-			       "unbounded result sets are forbidden on %s by its collection policy: "
-			       "give a limit",
-			       c->ns);
+		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+			 "unbounded result sets are forbidden on %s by its collection policy: "
+			 "give a limit",
+			 c->ns);
 		return false;
 	}
 	if (!(flags & (PROXY_POLICY_NO_SCATTER | PROXY_POLICY_NO_UNINDEXED)))
 		return true;
-	rc = proxy_route(c->p, c->ns, false, err, sizeof err);
+	rc = px_route(c, false, err, sizeof err);
 	if (rc == NULL)
 		return true; /* the handler reports the routing problem */
 	if (stmts) {

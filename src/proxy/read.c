@@ -107,7 +107,7 @@ static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *f
 		copy_find_options(c->cmd, &sc.cmds[i]);
 		px_append_version(&sc.cmds[i], ch);
 	}
-	shardconn_fanout(c->p->sc, sc.n, scatter_one, &sc);
+	px_fanout(c, sc.n, scatter_one, &sc);
 	for (i = 0; i < sc.n; i++) {
 		if (sc.s[i].status != SHARDCONN_OK && cls == SHARDCONN_OK) {
 			cls = sc.s[i].status;
@@ -134,46 +134,59 @@ static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *f
 	return SHARDCONN_OK;
 }
 
-/* A merged cursor over the chunks a filter targets, retrying StaleConfig within budget.
- * On failure the client has been answered and NULL is returned. */
+/* open_merged's operation: the per-chunk streams of one routing snapshot. */
+typedef struct merged_op {
+	const bson_t *filter, *sort_spec, *shard_proj;
+	int64_t batch;
+	pstream *s; /* the streams opened (count n) ... */
+	size_t n;
+	bool opened; /* ... when done without an answer */
+} merged_op;
+
+static int merged_execute(px_retry *r, void *arg)
+{
+	merged_op *m = arg;
+	size_t nsel;
+	bool exact;
+	bool *sel = px_target(r->rc, m->filter, &nsel, &exact);
+	bson_t err_reply = BSON_INITIALIZER;
+	char nerr[256];
+	int cls;
+
+	px_note_target(r->c, r->rc, nsel);
+	cls = scatter_open(r->c, r->rc, sel, m->filter, m->sort_spec, m->shard_proj, m->batch,
+			   &m->s, &m->n, &err_reply, nerr, sizeof nerr);
+	free(sel);
+	if (cls == SHARDCONN_OK)
+		m->opened = true;
+	else if (cls == SHARDCONN_STALE)
+		px_failure_set(&r->last, cls, &err_reply, nerr);
+	else
+		px_reply_shard_error(r->c, cls, &err_reply, nerr);
+	bson_destroy(&err_reply);
+	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
+}
+
+/* A merged cursor over the chunks a filter targets (px_retry_run: StaleConfig retried
+ * within budget). Takes sort and proj. On failure the client has been answered and NULL is
+ * returned. *rcp: the routing, replaced by a newer one after a refresh. */
 static proxy_cursor *open_merged(ctx *c, route_coll **rcp, const bson_t *filter,
 				 const bson_t *sort_spec, const bson_t *shard_proj, merge_sort *sort,
 				 sdb_projection *proj, int64_t skip, int64_t limit, int64_t batch)
 {
-	for (;;) {
-		route_coll *rc = *rcp;
-		bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
-		bool exact;
-		size_t nsel = route_target(rc, filter, sel, &exact);
-		pstream *s;
-		size_t n;
-		bson_t err_reply;
-		char nerr[256];
-		int cls;
+	merged_op m = {filter, sort_spec, shard_proj, batch, NULL, 0, false};
+	px_retry r;
 
-		bson_init(&err_reply);
-		if (nsel < rc->nchunks)
-			sdb_counter_inc(c->p->m_targeted);
-		else
-			sdb_counter_inc(c->p->m_scatter);
-		cls = scatter_open(c, rc, sel, filter, sort_spec, shard_proj, batch, &s, &n,
-				   &err_reply, nerr, sizeof nerr);
-		free(sel);
-		if (cls == SHARDCONN_OK) {
-			bson_destroy(&err_reply);
-			return proxy_cursor_new(c->p, c->ns, s, n, sort, proj, skip, limit);
-		}
-		if (cls == SHARDCONN_STALE && px_stale_backoff(c)) {
-			bson_destroy(&err_reply);
-			*rcp = px_refresh(c, *rcp);
-			continue;
-		}
-		px_reply_shard_error(c->req, cls, &err_reply, nerr);
-		bson_destroy(&err_reply);
-		merge_sort_free(sort);
-		sdb_projection_free(proj);
-		return NULL;
-	}
+	px_retry_init(&r, c, *rcp, merged_execute, NULL, &m);
+	px_retry_run(&r);
+	*rcp = r.rc;
+	r.rc = NULL; /* the caller's reference */
+	px_retry_done(&r);
+	if (m.opened)
+		return proxy_cursor_new(c->p, c->ns, m.s, m.n, sort, proj, skip, limit);
+	merge_sort_free(sort);
+	sdb_projection_free(proj);
+	return NULL;
 }
 
 /* ---------- find / getMore / killCursors ---------- */
@@ -195,8 +208,8 @@ void px_do_find(ctx *c)
 	int64_t pushed;
 
 	if (has_filter && px_uses_js(&filter, 0)) {
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
-			       "$where and server-side JavaScript are not allowed on stripedb");
+		px_error(c, WIRE_ERR_BAD_VALUE,
+			 "$where and server-side JavaScript are not allowed on stripedb");
 		return;
 	}
 	/* find_command.idl: skip, limit and batchSize are safeInt64 with `gte: 0` */
@@ -204,28 +217,19 @@ void px_do_find(ctx *c)
 	    !px_client_int(c, "limit", 0, INT64_MAX, 0, &limit) ||
 	    !px_client_int(c, "batchSize", 0, INT64_MAX, 101, &batch))
 		return;
-	rc = px_route_or_fail(c);
+	rc = px_route_sharded(c, PX_FWD_CURSOR, batch, single);
 	if (rc == NULL)
 		return;
-	if (rc->nkeys == 0) {
-		char *primary;
-		route_coll_unref(rc);
-		if (px_with_primary(c, &primary)) {
-			px_forward_cursor(c, primary, c->cmd, batch, single);
-			free(primary);
-		}
-		return;
-	}
 	if (merge_sort_parse(has_sort ? &sort_spec : NULL, &sort, &code, err, sizeof err) != 0) {
 		route_coll_unref(rc);
-		wire_req_error(c->req, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 		return;
 	}
 	if (has_proj && !bson_empty(&proj_spec) &&
 	    sdb_projection_new(&proj_spec, &proj, &code, err, sizeof err) != 0) {
 		route_coll_unref(rc);
 		merge_sort_free(sort);
-		wire_req_error(c->req, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 		return;
 	}
 	pushed = merge_pushdown_limit(skip, limit);
@@ -257,29 +261,29 @@ void px_do_get_more(ctx *c)
 	if (bson_iter_init_find(&it, c->cmd, "collection") && BSON_ITER_HOLDS_UTF8(&it))
 		coll = bson_iter_utf8(&it, NULL);
 	if (id == 0 || coll == NULL) {
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "getMore needs a cursor id and collection");
+		px_error(c, WIRE_ERR_BAD_VALUE, "getMore needs a cursor id and collection");
 		return;
 	}
 	snprintf(ns, sizeof ns, "%s.%s", c->db, coll);
 	switch (proxy_cursor_check(c->p, id, ns, c->user)) {
 	case PROXY_CURSOR_OTHER_USER: /* MongoDB's wording; the namespace is not revealed */
-		wire_req_error(c->req, WIRE_ERR_UNAUTHORIZED,
-			       "cursor id %lld was not created by the authenticated user",
-			       (long long)id);
+		px_error(c, WIRE_ERR_UNAUTHORIZED,
+			 "cursor id %lld was not created by the authenticated user",
+			 (long long)id);
 		return;
 	case PROXY_CURSOR_OTHER_NS:
-		wire_req_error(c->req, WIRE_ERR_UNAUTHORIZED,
-			       "Requested getMore on namespace '%s', but cursor %lld belongs to a "
-			       "different namespace",
-			       ns, (long long)id);
+		px_error(c, WIRE_ERR_UNAUTHORIZED,
+			 "Requested getMore on namespace '%s', but cursor %lld belongs to a "
+			 "different namespace",
+			 ns, (long long)id);
 		return;
 	case PROXY_CURSOR_OK:
 		break;
 	}
 	cur = proxy_cursor_checkout(c->p, id, NULL);
 	if (cur == NULL) {
-		wire_req_error(c->req, WIRE_ERR_CURSOR_NOT_FOUND, "cursor id %lld not found",
-			       (long long)id);
+		px_error(c, WIRE_ERR_CURSOR_NOT_FOUND, "cursor id %lld not found",
+			 (long long)id);
 		return;
 	}
 	bson_init(&arr);
@@ -290,7 +294,7 @@ void px_do_get_more(ctx *c)
 	if (r < 0) {
 		bson_destroy(&arr);
 		proxy_cursor_destroy(c->p, cur);
-		wire_req_error(c->req, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+		px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
 		return;
 	}
 	out = bson_new();
@@ -307,7 +311,7 @@ void px_do_get_more(ctx *c)
 	bson_append_document_end(out, &cd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	bson_destroy(&arr);
-	wire_req_reply(c->req, out);
+	px_reply(c, out);
 }
 
 void px_do_kill_cursors(ctx *c)
@@ -323,9 +327,9 @@ void px_do_kill_cursors(ctx *c)
 		while (bson_iter_next(&it)) {
 			int64_t id = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
 			if (proxy_cursor_check(c->p, id, c->ns, c->user) != PROXY_CURSOR_OK) {
-				wire_req_error(c->req, WIRE_ERR_UNAUTHORIZED,
-					       "not authorized to kill cursor %lld on %s",
-					       (long long)id, c->ns);
+				px_error(c, WIRE_ERR_UNAUTHORIZED,
+					 "not authorized to kill cursor %lld on %s",
+					 (long long)id, c->ns);
 				return;
 			}
 		}
@@ -370,7 +374,7 @@ void px_do_kill_cursors(ctx *c)
 	bson_append_array_begin(out, "cursorsUnknown", -1, &empty);
 	bson_append_array_end(out, &empty);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	wire_req_reply(c->req, out);
+	px_reply(c, out);
 }
 
 /* ---------- two-phase writes: collect owned documents of one chunk ---------- */
@@ -507,94 +511,106 @@ static void count_one(void *arg, size_t i)
 	bson_destroy(&ids);
 }
 
+/* count_or_distinct's operation. */
+typedef struct cd_op {
+	const bson_t *q;
+	const char *distinct_key; /* NULL: count */
+} cd_op;
+
+/* One attempt: a gated collect per targeted chunk, in parallel; the answer once all
+ * succeeded. */
+static int cd_execute(px_retry *r, void *arg)
+{
+	cd_op *o = arg;
+	ctx *c = r->c;
+	route_coll *rc = r->rc;
+	bool exact;
+	size_t nsel, i, k = 0;
+	bool *sel = px_target(rc, o->q, &nsel, &exact);
+	agg_chunk *a = proxy_calloc_bson(nsel, sizeof *a);
+	int64_t total = 0;
+	int cls = SHARDCONN_OK;
+	size_t bad = 0;
+
+	for (i = 0; i < rc->nchunks; i++) {
+		if (!sel[i])
+			continue;
+		a[k].c = c;
+		a[k].rc = rc;
+		a[k].ci = i;
+		a[k].q = o->q;
+		a[k].distinct_key = o->distinct_key;
+		a[k].vals = o->distinct_key ? merge_distinct_new() : NULL;
+		bson_init(&a[k].err_reply);
+		k++;
+	}
+	px_fanout(c, k, count_one, a);
+	for (i = 0; i < k; i++) {
+		if (a[i].cls != SHARDCONN_OK && (cls == SHARDCONN_OK || a[i].cls == SHARDCONN_STALE)) {
+			cls = a[i].cls;
+			bad = i;
+		}
+		total += a[i].count;
+	}
+	if (cls == SHARDCONN_OK) {
+		bson_t *out = bson_new();
+		if (o->distinct_key) {
+			merge_distinct *all = merge_distinct_new();
+			for (i = 0; i < k; i++) {
+				bson_t tmp = BSON_INITIALIZER;
+				bson_iter_t it, arr;
+				merge_distinct_append(a[i].vals, &tmp, "v");
+				if (bson_iter_init_find(&it, &tmp, "v") && bson_iter_recurse(&it, &arr))
+					while (bson_iter_next(&arr))
+						merge_distinct_add_value(all, bson_iter_value(&arr));
+				bson_destroy(&tmp);
+			}
+			merge_distinct_append(all, out, "values");
+			merge_distinct_free(all);
+		} else {
+			BSON_APPEND_INT64(out, "n", merge_count_window(total,
+								      px_get_int(c->cmd, "skip", 0),
+								      px_get_int(c->cmd, "limit", 0)));
+		}
+		BSON_APPEND_DOUBLE(out, "ok", 1.0);
+		px_reply(c, out);
+	} else if (cls == SHARDCONN_STALE) {
+		px_failure_set(&r->last, cls, &a[bad].err_reply, a[bad].nerr);
+	} else {
+		px_reply_shard_error(c, cls, &a[bad].err_reply, a[bad].nerr);
+	}
+	for (i = 0; i < k; i++) {
+		bson_destroy(&a[i].err_reply);
+		merge_distinct_free(a[i].vals);
+	}
+	free(a);
+	free(sel);
+	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
+}
+
 /* Run count (distinct_key NULL) or distinct over the chunks q targets. */
 static void count_or_distinct(ctx *c, const bson_t *q, const char *distinct_key)
 {
 	route_coll *rc = px_route_or_fail(c);
+	cd_op o = {q, distinct_key};
+	px_retry r;
 
 	if (rc == NULL)
 		return;
 	if (px_uses_js(q, 0)) {
 		route_coll_unref(rc);
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
-			       "$where and server-side JavaScript are not allowed on stripedb");
+		px_error(c, WIRE_ERR_BAD_VALUE,
+			 "$where and server-side JavaScript are not allowed on stripedb");
 		return;
 	}
 	if (rc->nkeys == 0) {
-		char *primary;
 		route_coll_unref(rc);
-		if (px_with_primary(c, &primary)) {
-			px_forward_plain(c, primary, c->cmd);
-			free(primary);
-		}
+		px_forward_primary(c);
 		return;
 	}
-	for (;;) {
-		bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
-		bool exact;
-		size_t nsel = route_target(rc, q, sel, &exact), i, k = 0;
-		agg_chunk *a = proxy_calloc_bson(nsel, sizeof *a);
-		int64_t total = 0;
-		int cls = SHARDCONN_OK;
-		size_t bad = 0;
-
-		for (i = 0; i < rc->nchunks; i++) {
-			if (!sel[i])
-				continue;
-			a[k].c = c;
-			a[k].rc = rc;
-			a[k].ci = i;
-			a[k].q = q;
-			a[k].distinct_key = distinct_key;
-			a[k].vals = distinct_key ? merge_distinct_new() : NULL;
-			bson_init(&a[k].err_reply);
-			k++;
-		}
-		shardconn_fanout(c->p->sc, k, count_one, a);
-		for (i = 0; i < k; i++) {
-			if (a[i].cls != SHARDCONN_OK && (cls == SHARDCONN_OK || a[i].cls == SHARDCONN_STALE)) {
-				cls = a[i].cls;
-				bad = i;
-			}
-			total += a[i].count;
-		}
-		if (cls == SHARDCONN_OK) {
-			bson_t *out = bson_new();
-			if (distinct_key) {
-				merge_distinct *all = merge_distinct_new();
-				for (i = 0; i < k; i++) {
-					bson_t tmp = BSON_INITIALIZER;
-					bson_iter_t it, arr;
-					merge_distinct_append(a[i].vals, &tmp, "v");
-					if (bson_iter_init_find(&it, &tmp, "v") && bson_iter_recurse(&it, &arr))
-						while (bson_iter_next(&arr))
-							merge_distinct_add_value(all, bson_iter_value(&arr));
-					bson_destroy(&tmp);
-				}
-				merge_distinct_append(all, out, "values");
-				merge_distinct_free(all);
-			} else {
-				BSON_APPEND_INT64(out, "n", merge_count_window(total,
-									      px_get_int(c->cmd, "skip", 0),
-									      px_get_int(c->cmd, "limit", 0)));
-			}
-			BSON_APPEND_DOUBLE(out, "ok", 1.0);
-			wire_req_reply(c->req, out);
-		} else if (cls != SHARDCONN_STALE || !px_stale_backoff(c)) {
-			px_reply_shard_error(c->req, cls, &a[bad].err_reply, a[bad].nerr);
-			cls = SHARDCONN_OK; /* answered */
-		}
-		for (i = 0; i < k; i++) {
-			bson_destroy(&a[i].err_reply);
-			merge_distinct_free(a[i].vals);
-		}
-		free(a);
-		free(sel);
-		if (cls != SHARDCONN_STALE)
-			break;
-		rc = px_refresh(c, rc);
-	}
-	route_coll_unref(rc);
+	px_retry_init(&r, c, rc, cd_execute, NULL, &o);
+	px_retry_run(&r);
+	px_retry_done(&r);
 }
 
 void px_do_count(ctx *c)
@@ -607,7 +623,7 @@ void px_do_count(ctx *c)
 		return;
 	if (sdb_bson_find_int64(c->cmd, "limit", INT64_MIN, INT64_MAX, 0, &v, NULL) == 0 &&
 	    v == INT64_MIN) {
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "limit value for count cannot be min long");
+		px_error(c, WIRE_ERR_BAD_VALUE, "limit value for count cannot be min long");
 		return;
 	}
 	if (!px_client_int(c, "limit", INT64_MIN, INT64_MAX, 0, &v))
@@ -625,7 +641,7 @@ void px_do_distinct(ctx *c)
 	if (!px_get_doc(c->cmd, "query", &q))
 		bson_init(&q);
 	if (!bson_iter_init_find(&it, c->cmd, "key") || !BSON_ITER_HOLDS_UTF8(&it)) {
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "distinct needs a key string");
+		px_error(c, WIRE_ERR_BAD_VALUE, "distinct needs a key string");
 		return;
 	}
 	count_or_distinct(c, &q, bson_iter_utf8(&it, NULL));
@@ -674,7 +690,7 @@ void px_do_aggregate(ctx *c)
 	size_t cap = 0;
 
 	if (!px_get_array(c->cmd, "pipeline", &stages)) {
-		wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
+		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
 		return;
 	}
 	if (px_get_doc(c->cmd, "cursor", &cursor_opts))
@@ -689,13 +705,13 @@ void px_do_aggregate(ctx *c)
 			uint32_t len;
 			const uint8_t *data;
 			if (bson_iter_next(&st)) {
-				wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
-					       "$collStats is supported as the only stage of a pipeline");
+				px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+					 "$collStats is supported as the only stage of a pipeline");
 				return;
 			}
 			if (!BSON_ITER_HOLDS_DOCUMENT(&first)) {
-				wire_req_error(c->req, WIRE_ERR_FAILED_TO_PARSE,
-					       "$collStats must take a nested object");
+				px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+					 "$collStats must take a nested object");
 				return;
 			}
 			bson_iter_document(&first, &len, &data);
@@ -705,33 +721,20 @@ void px_do_aggregate(ctx *c)
 		}
 	}
 	if (px_uses_js(&stages, 0)) {
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
-			       "$where and server-side JavaScript are not allowed on stripedb");
+		px_error(c, WIRE_ERR_BAD_VALUE,
+			 "$where and server-side JavaScript are not allowed on stripedb");
 		return;
 	}
 	if (c->coll == NULL) {
-		char *primary;
-		if (px_with_primary(c, &primary)) {
-			px_forward_cursor(c, primary, c->cmd, batch, false);
-			free(primary);
-		}
+		px_forward_primary_cursor(c, batch, false);
 		return;
 	}
-	rc = px_route_or_fail(c);
+	rc = px_route_sharded(c, PX_FWD_CURSOR, batch, false);
 	if (rc == NULL)
 		return;
-	if (rc->nkeys == 0) {
-		char *primary;
-		route_coll_unref(rc);
-		if (px_with_primary(c, &primary)) {
-			px_forward_cursor(c, primary, c->cmd, batch, false);
-			free(primary);
-		}
-		return;
-	}
 	if (sdb_pipeline_parse(&stages, NULL, &pl, &code, err, sizeof err) != 0) {
 		route_coll_unref(rc);
-		wire_req_error(c->req, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 		return;
 	}
 	sdb_pipeline_pushdown(pl, SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT | SDB_PUSHDOWN_LIMIT, &pd);
@@ -739,7 +742,7 @@ void px_do_aggregate(ctx *c)
 		sdb_pipeline_pushdown_destroy(&pd);
 		sdb_pipeline_free(pl);
 		route_coll_unref(rc);
-		wire_req_error(c->req, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 		return;
 	}
 	in_cur = open_merged(c, &rc, &pd.filter, &pd.sort, NULL, ms, NULL, pd.skip,
@@ -780,7 +783,7 @@ void px_do_aggregate(ctx *c)
 		pstream_clear(out_s);
 		bson_destroy(&out_s->err_reply);
 		free(out_s);
-		wire_req_error(c->req, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+		px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
 		return;
 	}
 	px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0), batch, false,

@@ -171,9 +171,8 @@ static void answer_write(ctx *c, wresult *w, bool is_update)
 	 * was executed and every failure certainly did not execute. */
 	if (w->n_net > 0 &&
 	    (c->txn.on || (w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0))) {
-		px_reply_retryable_net_error(c->req,
-					  w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0,
-					  w->net_msg);
+		px_reply_retryable_net_error(
+			c, w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0, w->net_msg);
 		return;
 	}
 	out = bson_new();
@@ -190,7 +189,7 @@ static void answer_write(ctx *c, wresult *w, bool is_update)
 	if (w->nerr)
 		append_sorted(out, "writeErrors", &w->errors, w->nerr);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	wire_req_reply(c->req, out);
+	px_reply(c, out);
 }
 
 /* Fold one shard write reply into w; map[i] is the client index of the i-th statement
@@ -337,113 +336,143 @@ static void ins_send(void *arg, size_t gi)
 	bson_destroy(&cmd);
 }
 
-/* Insert docs (client order) with routing rc; retries StaleConfig parts. */
+/* insert_docs' operation: the documents still to insert (client order). */
+typedef struct ins_op {
+	ins_doc **docs;
+	size_t n;
+	bool ordered;
+	wresult *w;
+} ins_op;
+
+/* One attempt: route each document, send per chunk (ordered: consecutive runs, stopping at
+ * the first error; unordered: one group per chunk in parallel); the documents a shard
+ * refused with StaleConfig stay in o for the next attempt. */
+static int ins_execute(px_retry *r, void *arg)
+{
+	ins_op *o = arg;
+	ctx *c = r->c;
+	route_coll *rc = r->rc;
+	ins_doc **docs = o->docs;
+	size_t n = o->n, i;
+	bool ordered = o->ordered;
+	wresult *w = o->w;
+	ins_group *g = sdb_calloc(n, sizeof *g);
+	size_t ng = 0, nstale = 0;
+	ins_doc **stale = sdb_calloc(n, sizeof *stale);
+	char err[256];
+
+	for (i = 0; i < n; i++) {
+		bson_t key = BSON_INITIALIZER, view;
+		docs[i]->chunk = -1;
+		ins_view(docs[i], &view);
+		if (route_key_from_doc(rc, &view, &key, err, sizeof err) != 0) {
+			bson_destroy(&key);
+			wresult_error(w, docs[i]->idx, NULL, WIRE_ERR_BAD_VALUE, err);
+			if (ordered)
+				break;
+			continue;
+		}
+		docs[i]->chunk = route_find_chunk(rc, &key);
+		bson_destroy(&key);
+		if (docs[i]->chunk < 0) {
+			wresult_error(w, docs[i]->idx, NULL, WIRE_ERR_SHARD_NOT_FOUND,
+				      "no chunk of the routing table holds this shard key");
+			if (ordered)
+				break;
+		}
+	}
+	if (ordered) {
+		/* consecutive runs, one at a time, stop at the first error */
+		size_t start = 0;
+		while (start < n && docs[start]->chunk >= 0) {
+			size_t end = start;
+			ins_group run;
+			size_t before = w->nerr;
+			while (end < n && docs[end]->chunk == docs[start]->chunk)
+				end++;
+			memset(&run, 0, sizeof run);
+			run.c = c;
+			run.rc = rc;
+			run.docs = &docs[start];
+			run.n = end - start;
+			run.chunk = docs[start]->chunk;
+			run.ordered = true;
+			run.w = w;
+			ins_send(&run, 0);
+			if (run.cls == SHARDCONN_STALE) {
+				for (i = start; i < n; i++)
+					stale[nstale++] = docs[i];
+				break;
+			}
+			if (w->nerr > before)
+				break;
+			start = end;
+		}
+	} else {
+		/* one group per chunk, sent in parallel */
+		for (i = 0; i < n; i++) {
+			size_t j;
+			if (docs[i]->chunk < 0)
+				continue;
+			for (j = 0; j < ng; j++)
+				if (g[j].chunk == docs[i]->chunk)
+					break;
+			if (j == ng) {
+				g[ng].c = c;
+				g[ng].rc = rc;
+				g[ng].docs = sdb_calloc(n, sizeof *g[ng].docs);
+				g[ng].chunk = docs[i]->chunk;
+				g[ng].w = w;
+				ng++;
+			}
+			g[j].docs[g[j].n++] = docs[i];
+		}
+		px_fanout(c, ng, ins_send, g);
+		for (i = 0; i < ng; i++) {
+			if (g[i].cls == SHARDCONN_STALE)
+				for (size_t j = 0; j < g[i].n; j++)
+					stale[nstale++] = g[i].docs[j];
+			free(g[i].docs);
+		}
+	}
+	free(g);
+	/* the refused documents are the next attempt's */
+	memmove(docs, stale, nstale * sizeof *docs);
+	o->n = nstale;
+	free(stale);
+	return nstale == 0 ? PX_RETRY_DONE : PX_RETRY_STALE;
+}
+
+/* The budget is spent: the refused documents fail with StaleConfig (ordered: the first). */
+static void ins_exhausted(px_retry *r, void *arg)
+{
+	ins_op *o = arg;
+	size_t i;
+
+	(void)r;
+	for (i = 0; i < o->n; i++) {
+		wresult_error(o->w, o->docs[i]->idx, NULL, WIRE_ERR_STALE_CONFIG,
+			      "routing kept changing: StaleConfig retry budget exhausted");
+		if (o->ordered)
+			break;
+	}
+}
+
+/* Insert docs (client order) with routing *rcp (replaced by a newer one after a refresh);
+ * retries the parts refused with StaleConfig (px_retry_run). */
 static void insert_docs(ctx *c, route_coll **rcp, ins_doc **docs, size_t n, bool ordered,
 			wresult *w)
 {
-	size_t i;
+	ins_op o = {docs, n, ordered, w};
+	px_retry r;
 
-	while (n > 0) {
-		route_coll *rc = *rcp;
-		ins_group *g = sdb_calloc(n, sizeof *g);
-		size_t ng = 0, nstale = 0;
-		ins_doc **stale = sdb_calloc(n, sizeof *stale);
-		char err[256];
-
-		for (i = 0; i < n; i++) {
-			bson_t key = BSON_INITIALIZER, view;
-			docs[i]->chunk = -1;
-			ins_view(docs[i], &view);
-			if (route_key_from_doc(rc, &view, &key, err, sizeof err) != 0) {
-				bson_destroy(&key);
-				wresult_error(w, docs[i]->idx, NULL, WIRE_ERR_BAD_VALUE, err);
-				if (ordered)
-					break;
-				continue;
-			}
-			docs[i]->chunk = route_find_chunk(rc, &key);
-			bson_destroy(&key);
-			if (docs[i]->chunk < 0) {
-				wresult_error(w, docs[i]->idx, NULL, WIRE_ERR_SHARD_NOT_FOUND,
-					      "no chunk of the routing table holds this shard key");
-				if (ordered)
-					break;
-			}
-		}
-		if (ordered) {
-			/* consecutive runs, one at a time, stop at the first error */
-			size_t start = 0;
-			while (start < n && docs[start]->chunk >= 0) {
-				size_t end = start;
-				ins_group run;
-				size_t before = w->nerr;
-				while (end < n && docs[end]->chunk == docs[start]->chunk)
-					end++;
-				memset(&run, 0, sizeof run);
-				run.c = c;
-				run.rc = rc;
-				run.docs = &docs[start];
-				run.n = end - start;
-				run.chunk = docs[start]->chunk;
-				run.ordered = true;
-				run.w = w;
-				ins_send(&run, 0);
-				if (run.cls == SHARDCONN_STALE) {
-					for (i = start; i < n; i++)
-						stale[nstale++] = docs[i];
-					break;
-				}
-				if (w->nerr > before)
-					break;
-				start = end;
-			}
-		} else {
-			/* one group per chunk, sent in parallel */
-			for (i = 0; i < n; i++) {
-				size_t j;
-				if (docs[i]->chunk < 0)
-					continue;
-				for (j = 0; j < ng; j++)
-					if (g[j].chunk == docs[i]->chunk)
-						break;
-				if (j == ng) {
-					g[ng].c = c;
-					g[ng].rc = rc;
-					g[ng].docs = sdb_calloc(n, sizeof *g[ng].docs);
-					g[ng].chunk = docs[i]->chunk;
-					g[ng].w = w;
-					ng++;
-				}
-				g[j].docs[g[j].n++] = docs[i];
-			}
-			shardconn_fanout(c->p->sc, ng, ins_send, g);
-			for (i = 0; i < ng; i++) {
-				if (g[i].cls == SHARDCONN_STALE)
-					for (size_t j = 0; j < g[i].n; j++)
-						stale[nstale++] = g[i].docs[j];
-				free(g[i].docs);
-			}
-		}
-		free(g);
-		if (nstale == 0) {
-			free(stale);
-			return;
-		}
-		if (!px_stale_backoff(c)) {
-			for (i = 0; i < nstale; i++) {
-				wresult_error(w, stale[i]->idx, NULL, WIRE_ERR_STALE_CONFIG,
-					      "routing kept changing: StaleConfig retry budget exhausted");
-				if (ordered)
-					break;
-			}
-			free(stale);
-			return;
-		}
-		*rcp = px_refresh(c, *rcp);
-		memmove(docs, stale, nstale * sizeof *docs);
-		n = nstale;
-		free(stale);
-	}
+	if (n == 0)
+		return;
+	px_retry_init(&r, c, *rcp, ins_execute, ins_exhausted, &o);
+	px_retry_run(&r);
+	*rcp = r.rc;
+	r.rc = NULL; /* the caller's reference */
+	px_retry_done(&r);
 }
 
 void px_do_insert(ctx *c)
@@ -456,21 +485,12 @@ void px_do_insert(ctx *c)
 	wresult w;
 	bool ordered = px_get_bool(c->cmd, "ordered", true);
 
-	rc = px_route_or_fail(c);
+	rc = px_route_sharded(c, PX_FWD_PLAIN, 0, false);
 	if (rc == NULL)
 		return;
-	if (rc->nkeys == 0) {
-		char *primary;
-		route_coll_unref(rc);
-		if (px_with_primary(c, &primary)) {
-			px_forward_plain(c, primary, c->cmd);
-			free(primary);
-		}
-		return;
-	}
 	if (!px_get_array(c->cmd, "documents", &docs)) {
 		route_coll_unref(rc);
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "insert needs a documents array");
+		px_error(c, WIRE_ERR_BAD_VALUE, "insert needs a documents array");
 		return;
 	}
 	bson_iter_init(&it, &docs);
@@ -722,17 +742,137 @@ static void fold_recorded(wresult *w, const bson_t *res, int64_t idx)
 	bson_destroy(&reply);
 }
 
+/* write_stmt's operation: one statement, and the chunk ranges of a multi statement that
+ * shards refused with StaleConfig (retried alone under the new routing). */
+typedef struct stmt_op {
+	const wstmt *s;
+	wresult *w;
+	size_t before;         /* w->nerr before the statement */
+	bson_t **pmin, **pmax; /* pending ranges (copies), npend of them */
+	size_t npend, cap;
+	bool first;            /* the whole statement (not only pending ranges) */
+} stmt_op;
+
+/* One attempt of a statement: straight to one chunk when the key pins it; otherwise the
+ * owned matches of each targeted chunk (multi), or the first owned match (single). */
+static int stmt_execute(px_retry *r, void *arg)
+{
+	stmt_op *o = arg;
+	ctx *c = r->c;
+	route_coll *rc = r->rc;
+	const wstmt *s = o->s;
+	wresult *w = o->w;
+	size_t before = o->before, i, nsel;
+	bool exact, stale = false, touched = false;
+	bool *sel = px_target(rc, &s->q, &nsel, &exact);
+
+	if (!o->first) {
+		/* restrict to the ranges refused as stale */
+		bool *rr = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *rr);
+		bool *acc = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *acc);
+		for (i = 0; i < o->npend; i++) {
+			route_target_range(rc, o->pmin[i], o->pmax[i], rr);
+			for (size_t j = 0; j < rc->nchunks; j++)
+				acc[j] = acc[j] || rr[j];
+		}
+		nsel = 0;
+		for (i = 0; i < rc->nchunks; i++) {
+			sel[i] = sel[i] && acc[i];
+			nsel += sel[i];
+		}
+		free(rr);
+		free(acc);
+		for (i = 0; i < o->npend; i++) {
+			bson_destroy(o->pmin[i]);
+			bson_destroy(o->pmax[i]);
+		}
+		o->npend = 0;
+	}
+	o->first = false;
+	px_note_target(c, rc, nsel);
+	if (exact && nsel == 1) {
+		for (i = 0; !sel[i]; i++)
+			;
+		if (send_stmt(c, rc, i, s, NULL, false, w) == SHARDCONN_STALE)
+			stale = true;
+	} else if (s->upsert) {
+		wresult_error(w, s->idx, NULL, ERR_SHARD_KEY_NOT_FOUND,
+			      "Failed to target upsert by query :: could not extract exact "
+			      "shard key");
+	} else if (nsel == 0) {
+		/* nothing can match */
+	} else if (s->multi) {
+		for (i = 0; i < rc->nchunks && w->nerr == before; i++) {
+			if (!sel[i])
+				continue;
+			if (multi_on_chunk(c, rc, i, s, w, 0, &touched) == SHARDCONN_STALE) {
+				if (o->npend == o->cap) {
+					o->cap = o->cap ? o->cap * 2 : 8;
+					o->pmin = sdb_realloc(o->pmin, o->cap * sizeof *o->pmin);
+					o->pmax = sdb_realloc(o->pmax, o->cap * sizeof *o->pmax);
+				}
+				o->pmin[o->npend] = bson_copy(rc->chunks[i].min);
+				o->pmax[o->npend] = bson_copy(rc->chunks[i].max);
+				o->npend++;
+				stale = true;
+			}
+		}
+	} else {
+		/* single document without an exact key: the first owned match */
+		int64_t n_before = w->n;
+		if (c->txn.on) {
+			bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
+			char nerr[256];
+			int pr = probe_executed(c, rc, sel, s->idx, &res, &er, nerr,
+						sizeof nerr);
+			if (pr == 1)
+				fold_recorded(w, &res, s->idx);
+			else if (pr < 0)
+				wresult_error_from(w, s->idx, &er,
+						   px_get_int(&er, "code", 0) ? SHARDCONN_CMD_ERR
+									 : SHARDCONN_NET_ERR,
+						   nerr);
+			bson_destroy(&res);
+			bson_destroy(&er);
+			if (pr != 0)
+				n_before = -1; /* answered: skip the chunk walk */
+		}
+		for (i = 0; n_before >= 0 && i < rc->nchunks && w->nerr == before &&
+			    w->n == n_before;
+		     i++) {
+			if (!sel[i])
+				continue;
+			if (multi_on_chunk(c, rc, i, s, w, 1, &touched) == SHARDCONN_STALE) {
+				stale = true;
+				break;
+			}
+		}
+	}
+	free(sel);
+	if (!stale)
+		return PX_RETRY_DONE;
+	if (!s->multi || o->npend == 0)
+		o->first = true; /* redo the whole statement */
+	return PX_RETRY_STALE;
+}
+
+static void stmt_exhausted(px_retry *r, void *arg)
+{
+	stmt_op *o = arg;
+
+	(void)r;
+	wresult_error(o->w, o->s->idx, NULL, WIRE_ERR_STALE_CONFIG,
+		      "routing kept changing: StaleConfig retry budget exhausted");
+}
+
 /* One update/delete statement on a sharded collection. Returns false when an ordered
  * batch must stop (the statement failed). */
 static bool write_stmt(ctx *c, route_coll **rcp, const wstmt *s, wresult *w)
 {
-	size_t before = w->nerr;
+	stmt_op o;
+	px_retry r;
 	char err[512];
-	bool *done_ranges = NULL;
-	/* pending chunk ranges (min/max copies) still to process for a multi statement */
-	bson_t **pmin = NULL, **pmax = NULL;
-	size_t npend = 0, cap = 0, i;
-	bool first = true;
+	size_t i;
 
 	if (px_uses_js(&s->q, 0)) {
 		wresult_error(w, s->idx, NULL, WIRE_ERR_BAD_VALUE,
@@ -749,117 +889,23 @@ static bool write_stmt(ctx *c, route_coll **rcp, const wstmt *s, wresult *w)
 			return false;
 		}
 	}
-	for (;;) {
-		route_coll *rc = *rcp;
-		bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
-		bool exact, stale = false, touched = false;
-		size_t nsel = route_target(rc, &s->q, sel, &exact);
-
-		if (!first) {
-			/* restrict to the ranges refused as stale */
-			bool *r = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *r);
-			bool *acc = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *acc);
-			for (i = 0; i < npend; i++) {
-				route_target_range(rc, pmin[i], pmax[i], r);
-				for (size_t j = 0; j < rc->nchunks; j++)
-					acc[j] = acc[j] || r[j];
-			}
-			nsel = 0;
-			for (i = 0; i < rc->nchunks; i++) {
-				sel[i] = sel[i] && acc[i];
-				nsel += sel[i];
-			}
-			free(r);
-			free(acc);
-			for (i = 0; i < npend; i++) {
-				bson_destroy(pmin[i]);
-				bson_destroy(pmax[i]);
-			}
-			npend = 0;
-		}
-		first = false;
-		if (nsel < rc->nchunks)
-			sdb_counter_inc(c->p->m_targeted);
-		else
-			sdb_counter_inc(c->p->m_scatter);
-		if (exact && nsel == 1) {
-			for (i = 0; !sel[i]; i++)
-				;
-			if (send_stmt(c, rc, i, s, NULL, false, w) == SHARDCONN_STALE)
-				stale = true;
-		} else if (s->upsert) {
-			wresult_error(w, s->idx, NULL, ERR_SHARD_KEY_NOT_FOUND,
-				      "Failed to target upsert by query :: could not extract exact "
-				      "shard key");
-		} else if (nsel == 0) {
-			/* nothing can match */
-		} else if (s->multi) {
-			for (i = 0; i < rc->nchunks && w->nerr == before; i++) {
-				if (!sel[i])
-					continue;
-				if (multi_on_chunk(c, rc, i, s, w, 0, &touched) == SHARDCONN_STALE) {
-					if (npend == cap) {
-						cap = cap ? cap * 2 : 8;
-						pmin = sdb_realloc(pmin, cap * sizeof *pmin);
-						pmax = sdb_realloc(pmax, cap * sizeof *pmax);
-					}
-					pmin[npend] = bson_copy(rc->chunks[i].min);
-					pmax[npend] = bson_copy(rc->chunks[i].max);
-					npend++;
-					stale = true;
-				}
-			}
-		} else {
-			/* single document without an exact key: the first owned match */
-			int64_t n_before = w->n;
-			if (c->txn.on) {
-				bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
-				char nerr[256];
-				int pr = probe_executed(c, rc, sel, s->idx, &res, &er, nerr,
-							sizeof nerr);
-				if (pr == 1)
-					fold_recorded(w, &res, s->idx);
-				else if (pr < 0)
-					wresult_error_from(w, s->idx, &er,
-							   px_get_int(&er, "code", 0) ? SHARDCONN_CMD_ERR
-										 : SHARDCONN_NET_ERR,
-							   nerr);
-				bson_destroy(&res);
-				bson_destroy(&er);
-				if (pr != 0)
-					n_before = -1; /* answered: skip the chunk walk */
-			}
-			for (i = 0; n_before >= 0 && i < rc->nchunks && w->nerr == before &&
-				    w->n == n_before;
-			     i++) {
-				if (!sel[i])
-					continue;
-				if (multi_on_chunk(c, rc, i, s, w, 1, &touched) == SHARDCONN_STALE) {
-					stale = true;
-					break;
-				}
-			}
-		}
-		free(sel);
-		if (!stale)
-			break;
-		if (!px_stale_backoff(c)) {
-			wresult_error(w, s->idx, NULL, WIRE_ERR_STALE_CONFIG,
-				      "routing kept changing: StaleConfig retry budget exhausted");
-			break;
-		}
-		*rcp = px_refresh(c, *rcp);
-		if (!s->multi || npend == 0)
-			first = true; /* redo the whole statement */
+	memset(&o, 0, sizeof o);
+	o.s = s;
+	o.w = w;
+	o.before = w->nerr;
+	o.first = true;
+	px_retry_init(&r, c, *rcp, stmt_execute, stmt_exhausted, &o);
+	px_retry_run(&r);
+	*rcp = r.rc;
+	r.rc = NULL; /* the caller's reference */
+	px_retry_done(&r);
+	for (i = 0; i < o.npend; i++) {
+		bson_destroy(o.pmin[i]);
+		bson_destroy(o.pmax[i]);
 	}
-	for (i = 0; i < npend; i++) {
-		bson_destroy(pmin[i]);
-		bson_destroy(pmax[i]);
-	}
-	free(pmin);
-	free(pmax);
-	free(done_ranges);
-	return w->nerr == before;
+	free(o.pmin);
+	free(o.pmax);
+	return w->nerr == o.before;
 }
 
 void px_do_write(ctx *c, bool is_update)
@@ -876,22 +922,18 @@ void px_do_write(ctx *c, bool is_update)
 		return;
 	if (!px_get_array(c->cmd, is_update ? "updates" : "deletes", &stmts)) {
 		route_coll_unref(rc);
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE, "%s needs a %s array",
-			       is_update ? "update" : "delete", is_update ? "updates" : "deletes");
+		px_error(c, WIRE_ERR_BAD_VALUE, "%s needs a %s array",
+			 is_update ? "update" : "delete", is_update ? "updates" : "deletes");
 		return;
 	}
 	if (rc->nkeys == 0) {
-		char *primary;
 		route_coll_unref(rc);
 		if (px_uses_js(&stmts, 0)) {
-			wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
-				       "$where and server-side JavaScript are not allowed on stripedb");
+			px_error(c, WIRE_ERR_BAD_VALUE,
+				 "$where and server-side JavaScript are not allowed on stripedb");
 			return;
 		}
-		if (px_with_primary(c, &primary)) {
-			px_forward_plain(c, primary, c->cmd);
-			free(primary);
-		}
+		px_forward_primary(c);
 		return;
 	}
 	wresult_init(&w);
@@ -916,230 +958,244 @@ void px_do_write(ctx *c, bool is_update)
 
 /* ---------- findAndModify ---------- */
 
+/* findAndModify's operation on a sharded collection. */
+typedef struct fam_op {
+	const bson_t *query;
+	const bson_t *sort; /* NULL: none */
+	merge_sort *ms;     /* the order of candidates across chunks */
+	bool upsert;
+	bool probed;        /* a retryable write's shards were asked for its recorded result */
+	bool stale_copy;    /* the last stale refusal is answered as the shard gave it */
+} fam_op;
+
+static const int64_t fam_stmt = 0; /* findAndModify is statement 0 (stmtId as given) */
+
+/* The shard's answer of a pinned or final findAndModify sent to chunk ci of r->rc as fwd.
+ * PX_RETRY_STALE keeps the refusal (answered as it is when the budget is spent). */
+static int fam_send(px_retry *r, fam_op *o, size_t ci, bson_t *fwd, bool check_value)
+{
+	ctx *c = r->c;
+	bson_t reply;
+	char nerr[256];
+	int cls;
+
+	px_append_version(fwd, &r->rc->chunks[ci]);
+	proxy_txn_append(&c->txn, fwd, &fam_stmt, 1);
+	cls = px_run_on(c, r->rc->chunks[ci].shard, fwd, NULL, &reply, nerr, sizeof nerr);
+	if (cls == SHARDCONN_STALE) {
+		px_failure_set(&r->last, cls, &reply, nerr);
+		o->stale_copy = true;
+		bson_destroy(&reply);
+		return PX_RETRY_STALE;
+	}
+	if (cls == SHARDCONN_OK && check_value && r->attempt < 3) {
+		bson_iter_t v;
+		if (bson_iter_init_find(&v, &reply, "value") && BSON_ITER_HOLDS_NULL(&v)) {
+			/* the candidate changed under us: look again */
+			bson_destroy(&reply);
+			return PX_RETRY_AGAIN;
+		}
+	}
+	px_reply_write_result(c, cls, &reply, nerr);
+	bson_destroy(&reply);
+	return PX_RETRY_DONE;
+}
+
+/* A retry of a retryable findAndModify that ran on some shard: answer its recorded reply.
+ * True when answered (recorded, or a shard could not be asked). */
+static bool fam_probe(ctx *c, route_coll *rc, const bool *sel)
+{
+	bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
+	char nerr[256];
+	int pr = probe_executed(c, rc, sel, fam_stmt, &res, &er, nerr, sizeof nerr);
+
+	if (pr == 1) {
+		bson_t *out = bson_new();
+		bson_copy_to_excluding_noinit(&res, out, "ok", NULL);
+		BSON_APPEND_DOUBLE(out, "ok", 1.0);
+		px_reply(c, out);
+	} else if (pr < 0 && px_get_int(&er, "code", 0)) {
+		px_reply_shard_error(c, SHARDCONN_CMD_ERR, &er, nerr);
+	} else if (pr < 0) {
+		px_reply_retryable_net_error(c, shardconn_unexecuted(&er), nerr);
+	}
+	bson_destroy(&res);
+	bson_destroy(&er);
+	return pr != 0;
+}
+
+/* Two phases: the first owned candidate across the selected chunks (by the sort), then
+ * the command on {$and: [query, {_id: <candidate's>}]} at its chunk. */
+static int fam_two_phase(px_retry *r, fam_op *o, const bool *sel)
+{
+	ctx *c = r->c;
+	route_coll *rc = r->rc;
+	bson_t fwd = BSON_INITIALIZER, best = BSON_INITIALIZER;
+	bool have_best = false;
+	size_t i, best_chunk = 0;
+	char nerr[256];
+	int cls, res;
+
+	for (i = 0; i < rc->nchunks; i++) {
+		bson_t docs = BSON_INITIALIZER, er = BSON_INITIALIZER;
+		size_t n = 0;
+		bson_iter_t it;
+		if (!sel[i])
+			continue;
+		cls = px_collect_owned(c, rc, i, o->query, o->sort, 1, NULL, &docs, &n, &er, nerr,
+				       sizeof nerr);
+		if (cls != SHARDCONN_OK) {
+			if (cls != SHARDCONN_STALE)
+				px_reply_shard_error(c, cls, &er, nerr);
+			bson_destroy(&docs);
+			bson_destroy(&er);
+			bson_destroy(&best);
+			o->stale_copy = false;
+			return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
+		}
+		if (n > 0 && bson_iter_init(&it, &docs) && bson_iter_next(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_t d;
+			bson_iter_document(&it, &len, &data);
+			bson_init_static(&d, data, len);
+			if (!have_best || merge_sort_cmp(o->ms, &d, &best) < 0) {
+				bson_destroy(&best);
+				bson_copy_to(&d, &best);
+				best_chunk = i;
+				have_best = true;
+			}
+		}
+		bson_destroy(&docs);
+		bson_destroy(&er);
+	}
+	if (!have_best) {
+		bson_t *out = bson_new(), leo;
+		bson_destroy(&best);
+		bson_append_document_begin(out, "lastErrorObject", -1, &leo);
+		BSON_APPEND_INT32(&leo, "n", 0);
+		if (!px_get_bool(c->cmd, "remove", false))
+			BSON_APPEND_BOOL(&leo, "updatedExisting", false);
+		bson_append_document_end(out, &leo);
+		BSON_APPEND_NULL(out, "value");
+		BSON_APPEND_DOUBLE(out, "ok", 1.0);
+		px_reply(c, out);
+		return PX_RETRY_DONE;
+	}
+	{
+		bson_iter_t it, idit;
+		bson_t q2, and, idq;
+		bson_init(&q2);
+		bson_append_array_begin(&q2, "$and", -1, &and);
+		BSON_APPEND_DOCUMENT(&and, "0", o->query);
+		bson_append_document_begin(&and, "1", -1, &idq);
+		if (bson_iter_init_find(&idit, &best, "_id"))
+			bson_append_iter(&idq, "_id", -1, &idit);
+		bson_append_document_end(&and, &idq);
+		bson_append_array_end(&q2, &and);
+		bson_iter_init(&it, c->cmd);
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			if (px_is_session_field(k) || strcmp(k, "sort") == 0)
+				continue;
+			if (strcmp(k, "query") == 0)
+				continue;
+			bson_append_iter(&fwd, k, -1, &it);
+		}
+		BSON_APPEND_DOCUMENT(&fwd, "query", &q2);
+		bson_destroy(&q2);
+	}
+	res = fam_send(r, o, best_chunk, &fwd, true);
+	bson_destroy(&fwd);
+	bson_destroy(&best);
+	return res;
+}
+
+/* One attempt: straight to the chunk an exact shard key pins; otherwise (not for upserts)
+ * the recorded result of a retried retryable write, or the two phases. */
+static int fam_execute(px_retry *r, void *arg)
+{
+	fam_op *o = arg;
+	ctx *c = r->c;
+	size_t nsel, i;
+	bool exact;
+	bool *sel = px_target(r->rc, o->query, &nsel, &exact);
+	int res = PX_RETRY_DONE;
+
+	if (exact && nsel == 1) {
+		bson_t fwd = BSON_INITIALIZER;
+		for (i = 0; !sel[i]; i++)
+			;
+		px_copy_cmd(c->cmd, &fwd, NULL);
+		res = fam_send(r, o, i, &fwd, false);
+		bson_destroy(&fwd);
+	} else if (o->upsert) {
+		px_error(c, ERR_SHARD_KEY_NOT_FOUND,
+			 "Query for sharded findAndModify with upsert: true must contain the shard "
+			 "key");
+	} else {
+		bool answered = false;
+		if (c->txn.on && !o->probed) {
+			o->probed = true;
+			answered = fam_probe(c, r->rc, sel);
+		}
+		if (!answered)
+			res = fam_two_phase(r, o, sel);
+	}
+	free(sel);
+	return res;
+}
+
+/* The budget is spent: a refusal of the command itself is answered as the shard gave it,
+ * one of the candidate search as StaleConfig. */
+static void fam_exhausted(px_retry *r, void *arg)
+{
+	fam_op *o = arg;
+
+	if (o->stale_copy)
+		px_reply_copy(r->c, &r->last.reply);
+	else
+		px_error(r->c, WIRE_ERR_STALE_CONFIG,
+			 "routing kept changing: StaleConfig retry budget exhausted");
+}
+
 void px_do_find_and_modify(ctx *c)
 {
 	bson_t query, sort, update;
 	bool has_q = px_get_doc(c->cmd, "query", &query);
 	bool has_sort = px_get_doc(c->cmd, "sort", &sort);
-	bool upsert = px_get_bool(c->cmd, "upsert", false);
 	route_coll *rc;
-	merge_sort *ms = NULL;
 	char err[512];
-	int attempt;
-	const int64_t fam_stmt = 0; /* findAndModify is statement 0 (stmtId as given) */
-	bool probed = false;
+	fam_op o;
+	px_retry r;
 
 	if (!has_q)
 		bson_init(&query);
 	if (px_uses_js(&query, 0)) {
-		wire_req_error(c->req, WIRE_ERR_BAD_VALUE,
-			       "$where and server-side JavaScript are not allowed on stripedb");
+		px_error(c, WIRE_ERR_BAD_VALUE,
+			 "$where and server-side JavaScript are not allowed on stripedb");
 		return;
 	}
-	rc = px_route_or_fail(c);
+	rc = px_route_sharded(c, PX_FWD_PLAIN, 0, false);
 	if (rc == NULL)
 		return;
-	if (rc->nkeys == 0) {
-		char *primary;
-		route_coll_unref(rc);
-		if (px_with_primary(c, &primary)) {
-			px_forward_plain(c, primary, c->cmd);
-			free(primary);
-		}
-		return;
-	}
 	if (px_get_doc(c->cmd, "update", &update) &&
 	    route_update_changes_key(rc, &update, &query, err, sizeof err)) {
 		route_coll_unref(rc);
-		wire_req_error(c->req,
-			       strstr(err, "without specifying") ? ERR_SHARD_KEY_NOT_FOUND
-								  : WIRE_ERR_IMMUTABLE_FIELD,
-			       "%s", err);
+		px_error(c,
+			 strstr(err, "without specifying") ? ERR_SHARD_KEY_NOT_FOUND
+							    : WIRE_ERR_IMMUTABLE_FIELD,
+			 "%s", err);
 		return;
 	}
-	merge_sort_parse(has_sort ? &sort : NULL, &ms, NULL, err, sizeof err);
-	for (attempt = 0;; attempt++) {
-		bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
-		bool exact;
-		size_t nsel = route_target(rc, &query, sel, &exact), i, best_chunk = 0;
-		bson_t reply, fwd = BSON_INITIALIZER, best = BSON_INITIALIZER;
-		bool have_best = false, stale = false;
-		char nerr[256];
-		int cls;
-
-		if (exact && nsel == 1) {
-			for (i = 0; !sel[i]; i++)
-				;
-			px_copy_cmd(c->cmd, &fwd, NULL);
-			px_append_version(&fwd, &rc->chunks[i]);
-			proxy_txn_append(&c->txn, &fwd, &fam_stmt, 1);
-			cls = px_run_on(c, rc->chunks[i].shard, &fwd, NULL, &reply, nerr, sizeof nerr);
-			free(sel);
-			bson_destroy(&fwd);
-			bson_destroy(&best);
-			if (cls == SHARDCONN_STALE && px_stale_backoff(c)) {
-				bson_destroy(&reply);
-				rc = px_refresh(c, rc);
-				continue;
-			}
-			if (cls == SHARDCONN_NET_ERR && c->txn.on)
-				px_reply_retryable_net_error(c->req, shardconn_unexecuted(&reply), nerr);
-			else if (cls == SHARDCONN_NET_ERR)
-				px_reply_shard_error(c->req, cls, &reply, nerr);
-			else
-				px_reply_copy(c->req, &reply);
-			bson_destroy(&reply);
-			break;
-		}
-		if (upsert) {
-			free(sel);
-			bson_destroy(&fwd);
-			bson_destroy(&best);
-			wire_req_error(c->req, ERR_SHARD_KEY_NOT_FOUND,
-				       "Query for sharded findAndModify with upsert: true must contain "
-				       "the shard key");
-			break;
-		}
-		if (c->txn.on && !probed) {
-			/* a retry of a findAndModify that ran on some shard: its recorded reply */
-			bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
-			int pr = probe_executed(c, rc, sel, fam_stmt, &res, &er, nerr, sizeof nerr);
-			probed = true;
-			if (pr != 0) {
-				free(sel);
-				bson_destroy(&fwd);
-				bson_destroy(&best);
-				if (pr == 1) {
-					bson_t *out = bson_new();
-					bson_copy_to_excluding_noinit(&res, out, "ok", NULL);
-					BSON_APPEND_DOUBLE(out, "ok", 1.0);
-					wire_req_reply(c->req, out);
-				} else if (px_get_int(&er, "code", 0)) {
-					px_reply_shard_error(c->req, SHARDCONN_CMD_ERR, &er, nerr);
-				} else {
-					px_reply_retryable_net_error(c->req, shardconn_unexecuted(&er), nerr);
-				}
-				bson_destroy(&res);
-				bson_destroy(&er);
-				break;
-			}
-			bson_destroy(&res);
-			bson_destroy(&er);
-		}
-		/* find the first owned candidate across chunks */
-		for (i = 0; i < rc->nchunks && !stale; i++) {
-			bson_t docs = BSON_INITIALIZER, er = BSON_INITIALIZER;
-			size_t n = 0;
-			bson_iter_t it;
-			if (!sel[i])
-				continue;
-			cls = px_collect_owned(c, rc, i, &query, has_sort ? &sort : NULL, 1, NULL, &docs,
-					    &n, &er, nerr, sizeof nerr);
-			if (cls == SHARDCONN_STALE) {
-				stale = true;
-			} else if (cls != SHARDCONN_OK) {
-				px_reply_shard_error(c->req, cls, &er, nerr);
-				bson_destroy(&docs);
-				bson_destroy(&er);
-				free(sel);
-				bson_destroy(&fwd);
-				bson_destroy(&best);
-				goto out;
-			} else if (n > 0 && bson_iter_init(&it, &docs) && bson_iter_next(&it)) {
-				uint32_t len;
-				const uint8_t *data;
-				bson_t d;
-				bson_iter_document(&it, &len, &data);
-				bson_init_static(&d, data, len);
-				if (!have_best || merge_sort_cmp(ms, &d, &best) < 0) {
-					bson_destroy(&best);
-					bson_copy_to(&d, &best);
-					best_chunk = i;
-					have_best = true;
-				}
-			}
-			bson_destroy(&docs);
-			bson_destroy(&er);
-		}
-		free(sel);
-		sel = NULL;
-		if (stale) {
-			bson_destroy(&fwd);
-			bson_destroy(&best);
-			if (!px_stale_backoff(c)) {
-				wire_req_error(c->req, WIRE_ERR_STALE_CONFIG,
-					       "routing kept changing: StaleConfig retry budget exhausted");
-				break;
-			}
-			rc = px_refresh(c, rc);
-			continue;
-		}
-		if (!have_best) {
-			bson_t *out = bson_new(), leo;
-			bson_destroy(&fwd);
-			bson_destroy(&best);
-			bson_append_document_begin(out, "lastErrorObject", -1, &leo);
-			BSON_APPEND_INT32(&leo, "n", 0);
-			if (!px_get_bool(c->cmd, "remove", false))
-				BSON_APPEND_BOOL(&leo, "updatedExisting", false);
-			bson_append_document_end(out, &leo);
-			BSON_APPEND_NULL(out, "value");
-			BSON_APPEND_DOUBLE(out, "ok", 1.0);
-			wire_req_reply(c->req, out);
-			break;
-		}
-		{
-			bson_iter_t it, idit;
-			bson_t q2, and, idq;
-			bson_init(&q2);
-			bson_append_array_begin(&q2, "$and", -1, &and);
-			BSON_APPEND_DOCUMENT(&and, "0", &query);
-			bson_append_document_begin(&and, "1", -1, &idq);
-			if (bson_iter_init_find(&idit, &best, "_id"))
-				bson_append_iter(&idq, "_id", -1, &idit);
-			bson_append_document_end(&and, &idq);
-			bson_append_array_end(&q2, &and);
-			bson_iter_init(&it, c->cmd);
-			while (bson_iter_next(&it)) {
-				const char *k = bson_iter_key(&it);
-				if (px_is_session_field(k) || strcmp(k, "sort") == 0)
-					continue;
-				if (strcmp(k, "query") == 0)
-					continue;
-				bson_append_iter(&fwd, k, -1, &it);
-			}
-			BSON_APPEND_DOCUMENT(&fwd, "query", &q2);
-			px_append_version(&fwd, &rc->chunks[best_chunk]);
-			proxy_txn_append(&c->txn, &fwd, &fam_stmt, 1);
-			bson_destroy(&q2);
-		}
-		cls = px_run_on(c, rc->chunks[best_chunk].shard, &fwd, NULL, &reply, nerr, sizeof nerr);
-		bson_destroy(&fwd);
-		bson_destroy(&best);
-		if (cls == SHARDCONN_STALE && px_stale_backoff(c)) {
-			bson_destroy(&reply);
-			rc = px_refresh(c, rc);
-			continue;
-		}
-		if (cls == SHARDCONN_OK && attempt < 3) {
-			bson_iter_t v;
-			if (bson_iter_init_find(&v, &reply, "value") && BSON_ITER_HOLDS_NULL(&v)) {
-				/* the candidate changed under us: look again */
-				bson_destroy(&reply);
-				continue;
-			}
-		}
-		if (cls == SHARDCONN_NET_ERR && c->txn.on)
-			px_reply_retryable_net_error(c->req, shardconn_unexecuted(&reply), nerr);
-		else if (cls == SHARDCONN_NET_ERR)
-			px_reply_shard_error(c->req, cls, &reply, nerr);
-		else
-			px_reply_copy(c->req, &reply);
-		bson_destroy(&reply);
-		break;
-	}
-out:
-	merge_sort_free(ms);
-	route_coll_unref(rc);
+	memset(&o, 0, sizeof o);
+	o.query = &query;
+	o.sort = has_sort ? &sort : NULL;
+	o.upsert = px_get_bool(c->cmd, "upsert", false);
+	merge_sort_parse(o.sort, &o.ms, NULL, err, sizeof err);
+	px_retry_init(&r, c, rc, fam_execute, fam_exhausted, &o);
+	px_retry_run(&r);
+	px_retry_done(&r);
+	merge_sort_free(o.ms);
 }
 
