@@ -272,6 +272,15 @@ bool px_uses_js(const bson_t *doc, int depth)
 	return false;
 }
 
+bool px_refuse_js(ctx *c, const bson_t *doc)
+{
+	if (!px_uses_js(doc, 0))
+		return false;
+	px_error(c, WIRE_ERR_BAD_VALUE,
+		 "$where and server-side JavaScript are not allowed on stripedb");
+	return true;
+}
+
 void px_reply_copy(ctx *c, const bson_t *reply)
 {
 	bson_t *out = bson_new();

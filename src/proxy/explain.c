@@ -381,11 +381,8 @@ void px_do_explain(ctx *c)
 				 "Explain failed due to unknown command: %s", verb);
 		return;
 	}
-	if (px_uses_js(&inner, 0)) {
-		px_error(c, WIRE_ERR_BAD_VALUE,
-			 "$where and server-side JavaScript are not allowed on stripedb");
+	if (px_refuse_js(c, &inner))
 		return;
-	}
 	x = *c;
 	x.cmd = &inner;
 	x.coll = NULL;

@@ -207,11 +207,8 @@ void px_do_find(ctx *c)
 	char err[256];
 	int64_t pushed;
 
-	if (has_filter && px_uses_js(&filter, 0)) {
-		px_error(c, WIRE_ERR_BAD_VALUE,
-			 "$where and server-side JavaScript are not allowed on stripedb");
+	if (has_filter && px_refuse_js(c, &filter))
 		return;
-	}
 	/* find_command.idl: skip, limit and batchSize are safeInt64 with `gte: 0` */
 	if (!px_client_int(c, "skip", 0, INT64_MAX, 0, &skip) ||
 	    !px_client_int(c, "limit", 0, INT64_MAX, 0, &limit) ||
@@ -597,10 +594,8 @@ static void count_or_distinct(ctx *c, const bson_t *q, const char *distinct_key)
 
 	if (rc == NULL)
 		return;
-	if (px_uses_js(q, 0)) {
+	if (px_refuse_js(c, q)) {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_BAD_VALUE,
-			 "$where and server-side JavaScript are not allowed on stripedb");
 		return;
 	}
 	if (rc->nkeys == 0) {
@@ -720,11 +715,8 @@ void px_do_aggregate(ctx *c)
 			return;
 		}
 	}
-	if (px_uses_js(&stages, 0)) {
-		px_error(c, WIRE_ERR_BAD_VALUE,
-			 "$where and server-side JavaScript are not allowed on stripedb");
+	if (px_refuse_js(c, &stages))
 		return;
-	}
 	if (c->coll == NULL) {
 		px_forward_primary_cursor(c, batch, false);
 		return;

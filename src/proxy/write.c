@@ -928,11 +928,8 @@ void px_do_write(ctx *c, bool is_update)
 	}
 	if (rc->nkeys == 0) {
 		route_coll_unref(rc);
-		if (px_uses_js(&stmts, 0)) {
-			px_error(c, WIRE_ERR_BAD_VALUE,
-				 "$where and server-side JavaScript are not allowed on stripedb");
+		if (px_refuse_js(c, &stmts))
 			return;
-		}
 		px_forward_primary(c);
 		return;
 	}
@@ -1171,11 +1168,8 @@ void px_do_find_and_modify(ctx *c)
 
 	if (!has_q)
 		bson_init(&query);
-	if (px_uses_js(&query, 0)) {
-		px_error(c, WIRE_ERR_BAD_VALUE,
-			 "$where and server-side JavaScript are not allowed on stripedb");
+	if (px_refuse_js(c, &query))
 		return;
-	}
 	rc = px_route_sharded(c, PX_FWD_PLAIN, 0, false);
 	if (rc == NULL)
 		return;
