@@ -163,8 +163,8 @@ static void refill_one(void *arg, size_t k)
 	BSON_APPEND_INT64(&cmd, "getMore", s->cursor_id);
 	BSON_APPEND_UTF8(&cmd, "collection", s->coll);
 	BSON_APPEND_INT64(&cmd, "batchSize", CURSOR_SHARD_BATCH);
-	r = shardconn_command(rc->p->sc, s->shard, s->db, &cmd, &s->server_id, &reply, s->neterr,
-			      sizeof s->neterr);
+	r = proxy_shard_command(rc->p, s->shard, s->db, &cmd, &s->server_id, &reply, s->neterr,
+				sizeof s->neterr);
 	s->status = r;
 	if (r == SHARDCONN_OK) {
 		if (pstream_take_batch(s, &reply, "nextBatch") != 0) {
@@ -220,7 +220,7 @@ int proxy_cursor_next(proxy *p, proxy_cursor *c, bson_t **doc_out, int *code, ch
 				idx[nidx++] = i;
 		if (nidx > 0) {
 			refill_ctx rcx = {p, c, idx};
-			shardconn_fanout(p->sc, nidx, refill_one, &rcx);
+			proxy_shard_fanout(p, nidx, refill_one, &rcx);
 			for (i = 0; i < nidx; i++) {
 				pstream *s = &c->s[idx[i]];
 				if (s->status != SHARDCONN_OK) {
@@ -404,7 +404,7 @@ static void kill_one(void *arg, size_t k)
 	bson_append_array_begin(&cmd, "cursors", -1, &arr);
 	BSON_APPEND_INT64(&arr, "0", s->cursor_id);
 	bson_append_array_end(&cmd, &arr);
-	shardconn_command(kc->p->sc, s->shard, s->db, &cmd, &s->server_id, &reply, err, sizeof err);
+	proxy_shard_command(kc->p, s->shard, s->db, &cmd, &s->server_id, &reply, err, sizeof err);
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 }
@@ -426,7 +426,7 @@ void proxy_cursor_destroy(proxy *p, proxy_cursor *c)
 			idx[n++] = i;
 	if (n > 0) {
 		kill_ctx kc = {p, c, idx};
-		shardconn_fanout(p->sc, n, kill_one, &kc);
+		proxy_shard_fanout(p, n, kill_one, &kc);
 	}
 	free(idx);
 	for (i = 0; i < c->n; i++) {

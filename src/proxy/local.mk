@@ -1,25 +1,33 @@
 # src/proxy: sources and unit tests of this folder (included by the top Makefile.am)
 libstripedb_a_SOURCES += \
+	src/proxy/admin.c \
 	src/proxy/cursor.c \
 	src/proxy/exec.c \
+	src/proxy/explain.c \
 	src/proxy/merge.c \
+	src/proxy/policy.c \
 	src/proxy/quota.c \
+	src/proxy/read.c \
+	src/proxy/retry.c \
 	src/proxy/role.c \
 	src/proxy/route.c \
 	src/proxy/shardconn.c \
-	src/proxy/txn.c
+	src/proxy/txn.c \
+	src/proxy/write.c
 noinst_HEADERS += \
+	src/proxy/exec.h \
 	src/proxy/merge.h \
 	src/proxy/proxy.h \
 	src/proxy/quota.h \
+	src/proxy/retry.h \
 	src/proxy/route.h \
 	src/proxy/shardconn.h \
 	src/proxy/txn.h
 
 check_PROGRAMS += tests/unit/test_proxy_route tests/unit/test_proxy_merge \
-	tests/unit/test_proxy_cursor tests/unit/test_proxy_txn
+	tests/unit/test_proxy_cursor tests/unit/test_proxy_txn tests/unit/test_proxy_exec
 TESTS += tests/unit/test_proxy_route tests/unit/test_proxy_merge tests/unit/test_proxy_cursor \
-	tests/unit/test_proxy_txn
+	tests/unit/test_proxy_txn tests/unit/test_proxy_exec
 tests_unit_test_proxy_route_SOURCES = tests/unit/test_proxy_route.c
 tests_unit_test_proxy_route_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_route_LDADD = $(UNIT_LDADD)
@@ -32,6 +40,9 @@ tests_unit_test_proxy_cursor_LDADD = $(UNIT_LDADD)
 tests_unit_test_proxy_txn_SOURCES = tests/unit/test_proxy_txn.c
 tests_unit_test_proxy_txn_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_txn_LDADD = $(UNIT_LDADD)
+tests_unit_test_proxy_exec_SOURCES = tests/unit/test_proxy_exec.c
+tests_unit_test_proxy_exec_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_proxy_exec_LDADD = $(UNIT_LDADD)
 
 EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py \
 	tests/bench/proxy_bench.py src/proxy/README.md \

@@ -82,7 +82,17 @@ typedef struct proxy {
 	/* issue #10: authentication/authorization gate (src/auth/gate.h); NULL with
 	 * --auth=disabled. Tables reloaded with the quotas. */
 	struct auth_gate *auth;
+	/* How handlers and cursors reach shards and routing (retry.h): NULL = the real cluster
+	 * (px_cluster_default with impl = this proxy); a unit test sets a fake. */
+	const struct px_cluster *cluster;
+	void *cluster_impl;
 } proxy;
+
+/* retry.c: every shard command and fan-out of the proxy (handlers and cursors) goes through
+ * these two, to p->cluster: shardconn_command's and shardconn_fanout's contracts. */
+int proxy_shard_command(proxy *p, const char *shard, const char *db, const bson_t *cmd,
+			uint32_t *sid, bson_t *reply, char *neterr, size_t nelen);
+void proxy_shard_fanout(proxy *p, size_t n, void (*fn)(void *arg, size_t i), void *arg);
 
 /* role.c */
 /* Run cmd on the metadata service (the leader, found by libmongoc) in db admin. reply is

@@ -1,0 +1,235 @@
+/* Internal interface between the proxy's command files (issue #24's split of exec.c):
+ * exec.c (job runner, dispatch, shared helpers), read.c, write.c, admin.c, explain.c,
+ * policy.c. Not a public contract: only src/proxy includes it.
+ *
+ * Threading: every function here runs on a request worker thread (shardconn_submit), with
+ * one ctx per request; fan-out units (pcall_one, ...) run on the fan-out pool and touch
+ * only their own unit.
+ */
+#ifndef SDB_PROXY_EXEC_H
+#define SDB_PROXY_EXEC_H
+
+#include "proxy/proxy.h"
+#include "proxy/retry.h"
+#include "proxy/txn.h"
+
+#define ERR_SHARD_KEY_NOT_FOUND 61
+#define ERR_CURSOR_IN_USE 292
+#define TWO_PHASE_IN_BATCH 5000
+#define COLLECT_BATCH 5000
+
+/* The answer a handler gives (recorded, then sent once by the job runner). */
+typedef struct px_answer {
+	int state;       /* 0 none yet, 1 reply, 2 error */
+	bson_t *reply;   /* state 1: the reply document (owned) */
+	int code;        /* state 2: MongoDB error code */
+	bson_t *extra;   /* state 2: extra fields (errorLabels, retryAfterMS...), owned, or NULL */
+	char *msg;       /* state 2: errmsg (bson_malloc'd) */
+} px_answer;
+
+/* One client request being executed. */
+typedef struct ctx {
+	proxy *p;
+	wire_req *req;
+	const char *user; /* the authenticated user (copied on the loop thread), or NULL */
+	const bson_t *cmd;
+	const char *db;
+	char ns[512];
+	const char *coll;
+	uint64_t deadline_ms; /* end of the StaleConfig retry budget (monotonic ms) */
+	int backoff_ms;
+	proxy_txn txn; /* session fields of a retryable write (txn.h), forwarded to shards */
+	px_answer *ans; /* where handlers put their answer (shared by copies of the ctx) */
+} ctx;
+
+/* The command table (exec.c), as src/shard/commands.c's. */
+enum {
+	PXC_COLL = 1,    /* needs a collection name string as its first field */
+	PXC_WRITE = 2,   /* a write: its retryable-write fields are read (txn.h) */
+	PXC_FREE = 4,    /* not counted by the tenant's quotas (killCursors) */
+	PXC_ONE_DOC = 8, /* counts one document written for the quotas (findAndModify) */
+};
+/* What the collection policy switches look at (policy.c). */
+typedef enum {
+	PXP_NONE,      /* not subject to the switches */
+	PXP_FIND,      /* filter; bounded by a limit */
+	PXP_QUERY,     /* query (count, distinct, findAndModify) */
+	PXP_AGGREGATE, /* the first $match; bounded by $limit / $count */
+	PXP_STMTS,     /* each statement's q (update, delete: the array cmd->stmts) */
+} px_policy_kind;
+typedef struct px_cmd {
+	const char *name;
+	void (*run)(ctx *c);  /* the handler: answers c exactly once (px_reply / px_error) */
+	unsigned flags;       /* PXC_* */
+	const char *stmts;    /* a write's statement array ("documents", ...), or NULL */
+	px_policy_kind policy;
+} px_cmd;
+/* The routed command called name (exact case), or NULL. */
+const px_cmd *px_cmd_find(const char *name);
+
+/* ---- BSON helpers (exec.c) ---- */
+
+/* True for the session/driver fields the proxy never forwards as they are ($db, lsid,
+ * txnNumber, $clusterTime, $readPreference, readConcern, api*, ...). */
+bool px_is_session_field(const char *k);
+/* Append cmd to out (initialised) without session fields and without the names in skip
+ * (NULL-terminated, may be NULL). */
+void px_copy_cmd(const bson_t *cmd, bson_t *out, const char *const *skip);
+/* Append `$stripedbVersion: {chunk: ch->id, token: ch->token}` to cmd. */
+void px_append_version(bson_t *cmd, const route_chunk *ch);
+/* Static view of the document / array field name of d; false when absent or another type. */
+bool px_get_doc(const bson_t *d, const char *name, bson_t *out);
+bool px_get_array(const bson_t *d, const char *name, bson_t *out);
+/* The filter q of one update/delete statement (it: an element of updates/deletes) into sq
+ * (static, or empty when the statement has none); false when it is not a document. */
+bool px_stmt_filter(const bson_iter_t *it, bson_t *sq);
+/* A whole number read back from a reply or a checked command (common/bsonget.h rules);
+ * def when absent or not one. Client arguments are range-checked with px_client_int. */
+int64_t px_get_int(const bson_t *d, const char *name, int64_t def);
+/* The client's argument name of c->cmd as a whole number in [lo, hi] (def when absent).
+ * On a bad value replies its MongoDB error and returns false. */
+bool px_client_int(ctx *c, const char *name, int64_t lo, int64_t hi, int64_t def,
+		   int64_t *out);
+/* A field as a boolean (bson_iter_as_bool), def when absent. */
+bool px_get_bool(const bson_t *d, const char *name, bool def);
+/* True when doc uses server-side JavaScript ($where, $function, $accumulator, code). */
+bool px_uses_js(const bson_t *doc, int depth);
+/* When doc uses server-side JavaScript: answers BadValue (2) and returns true. */
+bool px_refuse_js(ctx *c, const bson_t *doc);
+
+/* ---- answers (exec.c) ----
+ * A handler answers by recording ONE reply or error in c->ans; the job runner sends it
+ * when the handler returns, so a request is completed exactly once. A second answer is a
+ * bug: it is logged and dropped (debug builds abort); a handler that returns without
+ * answering is answered InternalError (1) and logged (debug builds abort). */
+
+/* Answer with reply (taken over; `ok: 1.0` appended by the wire server when absent). */
+void px_reply(ctx *c, bson_t *reply);
+/* Answer {ok: 0, errmsg, code, codeName}. */
+void px_error(ctx *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The same with extra fields appended (extra taken over, may be NULL). */
+void px_error_extra(ctx *c, int code, bson_t *extra, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+/* True once c has an answer. */
+bool px_answered(const ctx *c);
+
+/* Answer with a shard's reply, without its $clusterTime / operationTime. */
+void px_reply_copy(ctx *c, const bson_t *reply);
+/* Answer with the error of a failed shard call (cls: SHARDCONN_*): the shard's code and
+ * errmsg, or HostUnreachable (6) for a network error, labelled RetryableWriteError only
+ * when the shard certainly did not execute the command (issue #11). */
+void px_reply_shard_error(ctx *c, int cls, const bson_t *reply, const char *neterr);
+/* A network error of a retryable write: HostUnreachable with the RetryableWriteError
+ * label, plus NoWritesPerformed when no shard executed any of it. */
+void px_reply_retryable_net_error(ctx *c, bool nothing_written, const char *neterr);
+/* The answer to a write sent whole to one shard (cls, reply: its result): the reply copied;
+ * a network error as px_reply_retryable_net_error when the write is retryable (c->txn.on),
+ * else as px_reply_shard_error. (retry.c, with the two above.) */
+void px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *neterr);
+
+/* ---- StaleConfig retries, routing, the cluster (retry.c; the loop is retry.h's) ---- */
+
+/* The routing of c->ns (a reference). NULL after answering HostUnreachable (6) when
+ * metadata cannot be reached and nothing is cached. */
+route_coll *px_route_or_fail(ctx *c);
+/* The primary shard id (heap) into *primary; false after answering ShardNotFound when no
+ * shard is registered. */
+bool px_with_primary(ctx *c, char **primary);
+/* The routing of c->ns / the primary shard id, without answering (the proxy's cluster: route and
+ * primary). */
+route_coll *px_route(ctx *c, bool force, char *err, size_t errlen);
+char *px_primary(ctx *c);
+/* Every known shard's id (shard list reloaded first) / one shard's hosts (retry.h). */
+size_t px_shard_ids(ctx *c, char ***out);
+char *px_shard_hosts(ctx *c, const char *id);
+/* Run fn(arg, 0..n-1) in parallel on the proxy's cluster (shardconn_fanout). */
+void px_fanout(ctx *c, size_t n, void (*fn)(void *arg, size_t i), void *arg);
+
+/* ---- one shard (px_run_on: retry.c; the rest: exec.c) ---- */
+
+/* Run cmd on shard in c->db (the proxy's cluster: shardconn_command): returns SHARDCONN_*; reply is
+ * always initialised (caller destroys); *sid (may be NULL) gets the server id for getMores. */
+int px_run_on(ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid, bson_t *reply,
+	      char *neterr, size_t nelen);
+/* Initialise a stream of shard for db.coll (no ownership filter). */
+void px_stream_init(pstream *s, const char *shard, const char *db, const char *coll);
+/* Answer the client with the first batch of cur (batch documents at most; single: close it
+ * after this batch), registering it when it has more. Takes cur. */
+void px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
+		      const char *batch_field, const char *ns);
+/* Forward a cursor-returning command to one shard as is and answer through a proxy cursor. */
+void px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batch,
+		       bool single);
+/* Forward c->cmd as it is (session fields dropped; a retryable write keeps lsid,
+ * txnNumber and its stmtIds) to the primary shard, where unsharded collections live, and
+ * answer with its result (px_reply_write_result); ShardNotFound when there is none. */
+void px_forward_primary(ctx *c);
+/* The same for a cursor command, answered through a proxy cursor (px_forward_cursor). */
+void px_forward_primary_cursor(ctx *c, int64_t batch, bool single);
+/* How px_route_sharded forwards an unsharded collection's command. */
+typedef enum { PX_FWD_PLAIN, PX_FWD_CURSOR } px_fwd;
+/* The routing of c->ns when it is sharded (a reference), else NULL with the request
+ * answered: routing unavailable (px_route_or_fail), or the collection unsharded and c->cmd
+ * forwarded whole to the primary shard (px_forward_primary, or with PX_FWD_CURSOR
+ * px_forward_primary_cursor(batch, single)). */
+route_coll *px_route_sharded(ctx *c, px_fwd fwd, int64_t batch, bool single);
+
+/* ---- reads (read.c) ---- */
+
+/* Collect from chunk ci the owned documents matching q (in sort order when sort is given),
+ * at most limit (0 = all): their _id values into ids (an array being built; *n counts),
+ * or, when docs is not NULL, the whole documents into docs. Returns SHARDCONN_*;
+ * on failure err_reply/nerr hold the error. */
+int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const bson_t *sort,
+		     int64_t limit, bson_t *ids, bson_t *docs, size_t *n, bson_t *err_reply,
+		     char *nerr, size_t nelen);
+
+/* ---- parallel calls, one per shard (retry.c) ---- */
+
+/* One command for one shard, run in parallel with others (a fan-out unit). */
+typedef struct pcall {
+	ctx *c;
+	char *shard;  /* heap */
+	bson_t cmd;
+	bson_t reply; /* always initialised */
+	int cls;      /* SHARDCONN_* */
+	char nerr[256];
+} pcall;
+
+/* Fan-out unit (shardconn_fanout): runs call i of the pcall array arg. */
+void px_pcall_one(void *arg, size_t i);
+/* n calls for the shards ids (their strings are taken over; the array is freed). */
+pcall *px_pcalls_new(ctx *c, char **ids, size_t n);
+void px_pcalls_free(pcall *pc, size_t n);
+/* The first failed call (NULL when all succeeded); codes in skip_codes (0-terminated) of
+ * shard errors are not failures. */
+pcall *px_pcalls_failed(pcall *pc, size_t n, const int *skip_codes);
+
+/* ---- command handlers: each completes c->req exactly once ---- */
+
+void px_do_find(ctx *c);                      /* read.c */
+void px_do_get_more(ctx *c);
+void px_do_kill_cursors(ctx *c);
+void px_do_count(ctx *c);
+void px_do_distinct(ctx *c);
+void px_do_aggregate(ctx *c);
+void px_do_insert(ctx *c);                    /* write.c */
+void px_do_write(ctx *c, bool is_update);     /* update (true) / delete (false) */
+void px_do_find_and_modify(ctx *c);
+void px_do_broadcast(ctx *c);                 /* admin.c */
+void px_do_create_indexes(ctx *c);
+void px_do_list_indexes(ctx *c);
+void px_do_list_union(ctx *c, bool databases); /* listDatabases / listCollections */
+void px_do_coll_stats(ctx *c);
+void px_do_coll_stats_stage(ctx *c, const bson_t *spec); /* aggregate [{$collStats}] */
+void px_do_db_stats(ctx *c);
+void px_do_explain(ctx *c);                   /* explain.c */
+
+/* ---- admission and policy (policy.c) ---- */
+
+/* The tenant's quotas (quota.h). Answers RateLimited (462) and returns false when over. */
+bool px_admit(ctx *c, const px_cmd *cmd);
+/* The collection policy switches (quota.h). Answers and returns false on refusal. */
+bool px_policy_ok(ctx *c, const px_cmd *cmd);
+
+#endif

@@ -1,0 +1,784 @@
+/* Proxy reads (issue #6): per-chunk scatter streams merged into proxy cursors (find,
+ * aggregate), getMore / killCursors, the gated collect of owned documents (shared with the
+ * two-phase writes of write.c), count and distinct. See exec.c for version gating. */
+#include "build_config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "auth/gate.h"
+#include "common/alloc.h"
+#include "common/bsonget.h"
+#include "common/cmdopts.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "proxy/exec.h"
+#include "proxy/txn.h"
+#include "storage/pipeline.h"
+#include "storage/projection.h"
+
+/* ---------- scatter reads: per-chunk streams ---------- */
+
+/* Options of a client's find that each per-chunk find carries as they are. */
+static void copy_find_options(const bson_t *cmd, bson_t *out)
+{
+	static const char *const keep[] = {"hint", "collation", "maxTimeMS", "comment",
+					   "allowDiskUse", "let", "min", "max", NULL};
+	bson_iter_t it;
+	size_t i;
+
+	if (!bson_iter_init(&it, cmd))
+		return;
+	while (bson_iter_next(&it))
+		for (i = 0; keep[i]; i++)
+			if (strcmp(bson_iter_key(&it), keep[i]) == 0)
+				bson_append_iter(out, keep[i], -1, &it);
+}
+
+typedef struct scatter {
+	ctx *c;
+	route_coll *rc;
+	size_t *chunks; /* chunk indexes */
+	size_t n;
+	pstream *s;     /* n streams */
+	bson_t *cmds;   /* n commands */
+} scatter;
+
+static void scatter_one(void *arg, size_t i)
+{
+	scatter *sc = arg;
+	pstream *s = &sc->s[i];
+	bson_t reply;
+
+	s->status = px_run_on(sc->c, s->shard, &sc->cmds[i], &s->server_id, &reply, s->neterr,
+			   sizeof s->neterr);
+	if (s->status == SHARDCONN_OK) {
+		if (pstream_take_batch(s, &reply, "firstBatch") != 0) {
+			s->status = SHARDCONN_CMD_ERR;
+			bson_destroy(&s->err_reply);
+			bson_init(&s->err_reply);
+			BSON_APPEND_INT32(&s->err_reply, "code", WIRE_ERR_INTERNAL);
+			BSON_APPEND_UTF8(&s->err_reply, "errmsg", "shard answered without a cursor");
+		}
+	} else {
+		bson_destroy(&s->err_reply);
+		bson_copy_to(&reply, &s->err_reply);
+	}
+	bson_destroy(&reply);
+}
+
+/* Open one find cursor per selected chunk. base is the find command body without the
+ * collection name, filter, projection or version (those are added here).
+ * Returns SHARDCONN_OK with *out streams (count *nout), or the first failure class with
+ * *fail pointing at the failed stream's error (streams freed, shard cursors killed). */
+static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
+			const bson_t *sort, const bson_t *proj, int64_t batch, pstream **out,
+			size_t *nout, bson_t *err_reply, char *neterr, size_t nelen)
+{
+	scatter sc;
+	size_t i, k = 0;
+	int cls = SHARDCONN_OK;
+
+	memset(&sc, 0, sizeof sc);
+	sc.c = c;
+	sc.rc = rc;
+	sc.chunks = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sc.chunks);
+	for (i = 0; i < rc->nchunks; i++)
+		if (sel[i])
+			sc.chunks[sc.n++] = i;
+	sc.s = proxy_calloc_bson(sc.n, sizeof *sc.s);
+	sc.cmds = proxy_calloc_bson(sc.n, sizeof *sc.cmds);
+	for (i = 0; i < sc.n; i++) {
+		route_chunk *ch = &rc->chunks[sc.chunks[i]];
+		px_stream_init(&sc.s[i], ch->shard, c->db, c->coll);
+		sc.s[i].rcoll = rc;
+		route_coll_ref(rc);
+		sc.s[i].chunk = (ssize_t)sc.chunks[i];
+		bson_init(&sc.cmds[i]);
+		BSON_APPEND_UTF8(&sc.cmds[i], "find", c->coll);
+		if (filter && !bson_empty(filter))
+			BSON_APPEND_DOCUMENT(&sc.cmds[i], "filter", filter);
+		if (sort && !bson_empty(sort))
+			BSON_APPEND_DOCUMENT(&sc.cmds[i], "sort", sort);
+		if (proj && !bson_empty(proj))
+			BSON_APPEND_DOCUMENT(&sc.cmds[i], "projection", proj);
+		BSON_APPEND_INT64(&sc.cmds[i], "batchSize", batch);
+		copy_find_options(c->cmd, &sc.cmds[i]);
+		px_append_version(&sc.cmds[i], ch);
+	}
+	px_fanout(c, sc.n, scatter_one, &sc);
+	for (i = 0; i < sc.n; i++) {
+		if (sc.s[i].status != SHARDCONN_OK && cls == SHARDCONN_OK) {
+			cls = sc.s[i].status;
+			bson_copy_to(&sc.s[i].err_reply, err_reply);
+			snprintf(neterr, nelen, "%s", sc.s[i].neterr);
+		}
+		if (sc.s[i].status == SHARDCONN_STALE)
+			cls = SHARDCONN_STALE;
+	}
+	for (i = 0; i < sc.n; i++)
+		bson_destroy(&sc.cmds[i]);
+	free(sc.cmds);
+	free(sc.chunks);
+	if (cls != SHARDCONN_OK) {
+		proxy_cursor *tmp = proxy_cursor_new(c->p, c->ns, sc.s, sc.n, NULL, NULL, 0, 0);
+		proxy_cursor_destroy(c->p, tmp);
+		*out = NULL;
+		*nout = 0;
+		return cls;
+	}
+	*out = sc.s;
+	*nout = sc.n;
+	(void)k;
+	return SHARDCONN_OK;
+}
+
+/* open_merged's operation: the per-chunk streams of one routing snapshot. */
+typedef struct merged_op {
+	const bson_t *filter, *sort_spec, *shard_proj;
+	int64_t batch;
+	pstream *s; /* the streams opened (count n) ... */
+	size_t n;
+	bool opened; /* ... when done without an answer */
+} merged_op;
+
+static int merged_execute(px_retry *r, void *arg)
+{
+	merged_op *m = arg;
+	size_t nsel;
+	bool exact;
+	bool *sel = px_target(r->rc, m->filter, &nsel, &exact);
+	bson_t err_reply = BSON_INITIALIZER;
+	char nerr[256];
+	int cls;
+
+	px_note_target(r->c, r->rc, nsel);
+	cls = scatter_open(r->c, r->rc, sel, m->filter, m->sort_spec, m->shard_proj, m->batch,
+			   &m->s, &m->n, &err_reply, nerr, sizeof nerr);
+	free(sel);
+	if (cls == SHARDCONN_OK)
+		m->opened = true;
+	else if (cls == SHARDCONN_STALE)
+		px_failure_set(&r->last, cls, &err_reply, nerr);
+	else
+		px_reply_shard_error(r->c, cls, &err_reply, nerr);
+	bson_destroy(&err_reply);
+	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
+}
+
+/* A merged cursor over the chunks a filter targets (px_retry_run: StaleConfig retried
+ * within budget). Takes sort and proj. On failure the client has been answered and NULL is
+ * returned. *rcp: the routing, replaced by a newer one after a refresh. */
+static proxy_cursor *open_merged(ctx *c, route_coll **rcp, const bson_t *filter,
+				 const bson_t *sort_spec, const bson_t *shard_proj, merge_sort *sort,
+				 sdb_projection *proj, int64_t skip, int64_t limit, int64_t batch)
+{
+	merged_op m = {filter, sort_spec, shard_proj, batch, NULL, 0, false};
+	px_retry r;
+
+	px_retry_init(&r, c, *rcp, merged_execute, NULL, &m);
+	px_retry_run(&r);
+	*rcp = r.rc;
+	r.rc = NULL; /* the caller's reference */
+	px_retry_done(&r);
+	if (m.opened)
+		return proxy_cursor_new(c->p, c->ns, m.s, m.n, sort, proj, skip, limit);
+	merge_sort_free(sort);
+	sdb_projection_free(proj);
+	return NULL;
+}
+
+/* ---------- find / getMore / killCursors ---------- */
+
+void px_do_find(ctx *c)
+{
+	bson_t filter, sort_spec, proj_spec;
+	bool has_filter = px_get_doc(c->cmd, "filter", &filter);
+	bool has_sort = px_get_doc(c->cmd, "sort", &sort_spec);
+	bool has_proj = px_get_doc(c->cmd, "projection", &proj_spec);
+	int64_t skip, limit, batch;
+	bool single = px_get_bool(c->cmd, "singleBatch", false);
+	route_coll *rc;
+	merge_sort *sort = NULL;
+	sdb_projection *proj = NULL;
+	proxy_cursor *cur;
+	int code = 0;
+	char err[256];
+	int64_t pushed;
+
+	if (has_filter && px_refuse_js(c, &filter))
+		return;
+	/* find_command.idl: skip, limit and batchSize are safeInt64 with `gte: 0` */
+	if (!px_client_int(c, "skip", 0, INT64_MAX, 0, &skip) ||
+	    !px_client_int(c, "limit", 0, INT64_MAX, 0, &limit) ||
+	    !px_client_int(c, "batchSize", 0, INT64_MAX, 101, &batch))
+		return;
+	rc = px_route_sharded(c, PX_FWD_CURSOR, batch, single);
+	if (rc == NULL)
+		return;
+	if (merge_sort_parse(has_sort ? &sort_spec : NULL, &sort, &code, err, sizeof err) != 0) {
+		route_coll_unref(rc);
+		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		return;
+	}
+	if (has_proj && !bson_empty(&proj_spec) &&
+	    sdb_projection_new(&proj_spec, &proj, &code, err, sizeof err) != 0) {
+		route_coll_unref(rc);
+		merge_sort_free(sort);
+		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		return;
+	}
+	pushed = merge_pushdown_limit(skip, limit);
+	if (pushed == 0 || pushed > 1000)
+		pushed = 1000;
+	if (batch > 0 && batch + skip < pushed)
+		pushed = batch + skip;
+	if (pushed < 1)
+		pushed = 1;
+	cur = open_merged(c, &rc, has_filter ? &filter : NULL, has_sort ? &sort_spec : NULL, NULL,
+			  sort, proj, skip, limit, pushed);
+	route_coll_unref(rc);
+	if (cur)
+		px_answer_cursor(c, cur, batch, single, "firstBatch", c->ns);
+}
+
+void px_do_get_more(ctx *c)
+{
+	bson_iter_t it;
+	int64_t id = 0;
+	const char *coll = NULL;
+	proxy_cursor *cur;
+	bson_t *out, cd, arr;
+	int code = 0, r;
+	char err[512], ns[512];
+
+	if (bson_iter_init_find(&it, c->cmd, "getMore") && BSON_ITER_HOLDS_NUMBER(&it))
+		id = bson_iter_as_int64(&it);
+	if (bson_iter_init_find(&it, c->cmd, "collection") && BSON_ITER_HOLDS_UTF8(&it))
+		coll = bson_iter_utf8(&it, NULL);
+	if (id == 0 || coll == NULL) {
+		px_error(c, WIRE_ERR_BAD_VALUE, "getMore needs a cursor id and collection");
+		return;
+	}
+	snprintf(ns, sizeof ns, "%s.%s", c->db, coll);
+	switch (proxy_cursor_check(c->p, id, ns, c->user)) {
+	case PROXY_CURSOR_OTHER_USER: /* MongoDB's wording; the namespace is not revealed */
+		px_error(c, WIRE_ERR_UNAUTHORIZED,
+			 "cursor id %lld was not created by the authenticated user",
+			 (long long)id);
+		return;
+	case PROXY_CURSOR_OTHER_NS:
+		px_error(c, WIRE_ERR_UNAUTHORIZED,
+			 "Requested getMore on namespace '%s', but cursor %lld belongs to a "
+			 "different namespace",
+			 ns, (long long)id);
+		return;
+	case PROXY_CURSOR_OK:
+		break;
+	}
+	cur = proxy_cursor_checkout(c->p, id, NULL);
+	if (cur == NULL) {
+		px_error(c, WIRE_ERR_CURSOR_NOT_FOUND, "cursor id %lld not found",
+			 (long long)id);
+		return;
+	}
+	bson_init(&arr);
+	r = proxy_cursor_fill(c->p, cur, &arr, px_get_int(c->cmd, "batchSize", 0) > 0 ?
+						      px_get_int(c->cmd, "batchSize", 0) : -1,
+			      &code, err,
+			      sizeof err);
+	if (r < 0) {
+		bson_destroy(&arr);
+		proxy_cursor_destroy(c->p, cur);
+		px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+		return;
+	}
+	out = bson_new();
+	bson_append_document_begin(out, "cursor", -1, &cd);
+	if (r == 1) {
+		proxy_cursor_destroy(c->p, cur);
+		BSON_APPEND_INT64(&cd, "id", 0);
+	} else {
+		proxy_cursor_checkin(c->p, cur);
+		BSON_APPEND_INT64(&cd, "id", id);
+	}
+	BSON_APPEND_UTF8(&cd, "ns", ns);
+	bson_append_array(&cd, "nextBatch", -1, &arr);
+	bson_append_document_end(out, &cd);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	bson_destroy(&arr);
+	px_reply(c, out);
+}
+
+void px_do_kill_cursors(ctx *c)
+{
+	bson_t ids, *out, killed, notfound, empty;
+	bson_iter_t it;
+	size_t nk = 0, nn = 0;
+	char k[24];
+
+	/* every cursor named must be the caller's and of this namespace, or nothing is killed
+	 * (MongoDB: Unauthorized) */
+	if (px_get_array(c->cmd, "cursors", &ids) && bson_iter_init(&it, &ids)) {
+		while (bson_iter_next(&it)) {
+			int64_t id = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
+			if (proxy_cursor_check(c->p, id, c->ns, c->user) != PROXY_CURSOR_OK) {
+				px_error(c, WIRE_ERR_UNAUTHORIZED,
+					 "not authorized to kill cursor %lld on %s",
+					 (long long)id, c->ns);
+				return;
+			}
+		}
+	}
+	out = bson_new();
+
+	bson_append_array_begin(out, "cursorsKilled", -1, &killed);
+	if (px_get_array(c->cmd, "cursors", &ids) && bson_iter_init(&it, &ids)) {
+		while (bson_iter_next(&it)) {
+			int64_t id = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
+			proxy_cursor *cur = proxy_cursor_checkout(c->p, id, NULL);
+			if (cur) {
+				proxy_cursor_destroy(c->p, cur);
+				snprintf(k, sizeof k, "%zu", nk++);
+				BSON_APPEND_INT64(&killed, k, id);
+			}
+		}
+	}
+	bson_append_array_end(out, &killed);
+	bson_append_array_begin(out, "cursorsNotFound", -1, &notfound);
+	if (px_get_array(c->cmd, "cursors", &ids) && bson_iter_init(&it, &ids)) {
+		while (bson_iter_next(&it)) {
+			int64_t id = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
+			bool was_killed = false;
+			bson_iter_t kit;
+			if (bson_iter_init(&kit, out) && bson_iter_find(&kit, "cursorsKilled")) {
+				bson_iter_t a;
+				bson_iter_recurse(&kit, &a);
+				while (bson_iter_next(&a))
+					if (bson_iter_as_int64(&a) == id)
+						was_killed = true;
+			}
+			if (!was_killed) {
+				snprintf(k, sizeof k, "%zu", nn++);
+				BSON_APPEND_INT64(&notfound, k, id);
+			}
+		}
+	}
+	bson_append_array_end(out, &notfound);
+	bson_append_array_begin(out, "cursorsAlive", -1, &empty);
+	bson_append_array_end(out, &empty);
+	bson_append_array_begin(out, "cursorsUnknown", -1, &empty);
+	bson_append_array_end(out, &empty);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	px_reply(c, out);
+}
+
+/* ---------- two-phase writes: collect owned documents of one chunk ---------- */
+
+static void key_projection(const route_coll *rc, bson_t *proj)
+{
+	size_t i;
+
+	BSON_APPEND_INT32(proj, "_id", 1);
+	for (i = 0; i < rc->nkeys; i++)
+		if (strcmp(rc->keys[i], "_id") != 0)
+			BSON_APPEND_INT32(proj, rc->keys[i], 1);
+}
+
+/* Collect from chunk ci the owned documents matching q (in sort order when sort is given),
+ * at most limit (0 = all): their _id values into ids (an array being built; *n counts),
+ * or, when docs is not NULL, the whole documents into docs. Returns SHARDCONN_*;
+ * on failure err_reply/nerr hold the error. */
+int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const bson_t *sort,
+			 int64_t limit, bson_t *ids, bson_t *docs, size_t *n, bson_t *err_reply,
+			 char *nerr, size_t nelen)
+{
+	route_chunk *ch = &rc->chunks[ci];
+	pstream *s = proxy_calloc_bson(1, sizeof *s);
+	bson_t cmd = BSON_INITIALIZER, proj = BSON_INITIALIZER, reply;
+	proxy_cursor *cur;
+	int cls, code = 0;
+	char err[512], k[24];
+
+	px_stream_init(s, ch->shard, c->db, c->coll);
+	s->rcoll = rc;
+	route_coll_ref(rc);
+	s->chunk = (ssize_t)ci;
+	BSON_APPEND_UTF8(&cmd, "find", c->coll);
+	if (q && !bson_empty(q))
+		BSON_APPEND_DOCUMENT(&cmd, "filter", q);
+	if (sort && !bson_empty(sort))
+		BSON_APPEND_DOCUMENT(&cmd, "sort", sort);
+	if (docs == NULL) {
+		key_projection(rc, &proj);
+		BSON_APPEND_DOCUMENT(&cmd, "projection", &proj);
+	}
+	BSON_APPEND_INT64(&cmd, "batchSize", limit > 0 && limit < COLLECT_BATCH ? limit + 16
+									     : COLLECT_BATCH);
+	px_append_version(&cmd, ch);
+	cls = px_run_on(c, ch->shard, &cmd, &s->server_id, &reply, nerr, nelen);
+	bson_destroy(&cmd);
+	bson_destroy(&proj);
+	if (cls == SHARDCONN_OK && pstream_take_batch(s, &reply, "firstBatch") != 0) {
+		cls = SHARDCONN_CMD_ERR;
+		bson_destroy(&reply);
+		bson_init(&reply);
+		BSON_APPEND_INT32(&reply, "code", WIRE_ERR_INTERNAL);
+		BSON_APPEND_UTF8(&reply, "errmsg", "shard answered find without a cursor");
+	}
+	if (cls != SHARDCONN_OK) {
+		bson_copy_to(&reply, err_reply);
+		bson_destroy(&reply);
+		pstream_clear(s);
+		bson_destroy(&s->err_reply);
+		free(s);
+		return cls;
+	}
+	bson_destroy(&reply);
+	cur = proxy_cursor_new(c->p, c->ns, s, 1, NULL, NULL, 0, limit);
+	for (;;) {
+		bson_t *d;
+		int r = proxy_cursor_next(c->p, cur, &d, &code, err, sizeof err);
+		bson_iter_t it;
+		if (r < 0) {
+			cls = SHARDCONN_CMD_ERR;
+			bson_init(err_reply);
+			BSON_APPEND_INT32(err_reply, "code", code ? code : WIRE_ERR_INTERNAL);
+			BSON_APPEND_UTF8(err_reply, "errmsg", err);
+			break;
+		}
+		if (r == 0)
+			break;
+		snprintf(k, sizeof k, "%zu", *n);
+		if (docs) {
+			BSON_APPEND_DOCUMENT(docs, k, d);
+			(*n)++;
+		} else if (bson_iter_init_find(&it, d, "_id")) {
+			bson_append_iter(ids, k, -1, &it);
+			(*n)++;
+		}
+		proxy_doc_free(d);
+	}
+	proxy_cursor_destroy(c->p, cur);
+	return cls;
+}
+
+/* ---------- count / distinct ---------- */
+
+typedef struct agg_chunk {
+	ctx *c;
+	route_coll *rc;
+	size_t ci;
+	const bson_t *q;
+	const char *distinct_key;
+	int64_t count;
+	merge_distinct *vals;
+	int cls;
+	bson_t err_reply;
+	char nerr[256];
+} agg_chunk;
+
+static void count_one(void *arg, size_t i)
+{
+	agg_chunk *a = &((agg_chunk *)arg)[i];
+	bson_t docs = BSON_INITIALIZER, ids = BSON_INITIALIZER;
+	size_t n = 0;
+
+	if (a->distinct_key) {
+		bson_iter_t it;
+		a->cls = px_collect_owned(a->c, a->rc, a->ci, a->q, NULL, 0, NULL, &docs, &n,
+				       &a->err_reply, a->nerr, sizeof a->nerr);
+		if (a->cls == SHARDCONN_OK && bson_iter_init(&it, &docs)) {
+			while (bson_iter_next(&it)) {
+				uint32_t len;
+				const uint8_t *data;
+				bson_t d;
+				bson_iter_document(&it, &len, &data);
+				if (bson_init_static(&d, data, len))
+					merge_distinct_add_doc(a->vals, &d, a->distinct_key);
+			}
+		}
+	} else {
+		a->cls = px_collect_owned(a->c, a->rc, a->ci, a->q, NULL, 0, &ids, NULL, &n,
+				       &a->err_reply, a->nerr, sizeof a->nerr);
+		a->count = (int64_t)n;
+	}
+	bson_destroy(&docs);
+	bson_destroy(&ids);
+}
+
+/* count_or_distinct's operation. */
+typedef struct cd_op {
+	const bson_t *q;
+	const char *distinct_key; /* NULL: count */
+} cd_op;
+
+/* One attempt: a gated collect per targeted chunk, in parallel; the answer once all
+ * succeeded. */
+static int cd_execute(px_retry *r, void *arg)
+{
+	cd_op *o = arg;
+	ctx *c = r->c;
+	route_coll *rc = r->rc;
+	bool exact;
+	size_t nsel, i, k = 0;
+	bool *sel = px_target(rc, o->q, &nsel, &exact);
+	agg_chunk *a = proxy_calloc_bson(nsel, sizeof *a);
+	int64_t total = 0;
+	int cls = SHARDCONN_OK;
+	size_t bad = 0;
+
+	for (i = 0; i < rc->nchunks; i++) {
+		if (!sel[i])
+			continue;
+		a[k].c = c;
+		a[k].rc = rc;
+		a[k].ci = i;
+		a[k].q = o->q;
+		a[k].distinct_key = o->distinct_key;
+		a[k].vals = o->distinct_key ? merge_distinct_new() : NULL;
+		bson_init(&a[k].err_reply);
+		k++;
+	}
+	px_fanout(c, k, count_one, a);
+	for (i = 0; i < k; i++) {
+		if (a[i].cls != SHARDCONN_OK && (cls == SHARDCONN_OK || a[i].cls == SHARDCONN_STALE)) {
+			cls = a[i].cls;
+			bad = i;
+		}
+		total += a[i].count;
+	}
+	if (cls == SHARDCONN_OK) {
+		bson_t *out = bson_new();
+		if (o->distinct_key) {
+			merge_distinct *all = merge_distinct_new();
+			for (i = 0; i < k; i++) {
+				bson_t tmp = BSON_INITIALIZER;
+				bson_iter_t it, arr;
+				merge_distinct_append(a[i].vals, &tmp, "v");
+				if (bson_iter_init_find(&it, &tmp, "v") && bson_iter_recurse(&it, &arr))
+					while (bson_iter_next(&arr))
+						merge_distinct_add_value(all, bson_iter_value(&arr));
+				bson_destroy(&tmp);
+			}
+			merge_distinct_append(all, out, "values");
+			merge_distinct_free(all);
+		} else {
+			BSON_APPEND_INT64(out, "n", merge_count_window(total,
+								      px_get_int(c->cmd, "skip", 0),
+								      px_get_int(c->cmd, "limit", 0)));
+		}
+		BSON_APPEND_DOUBLE(out, "ok", 1.0);
+		px_reply(c, out);
+	} else if (cls == SHARDCONN_STALE) {
+		px_failure_set(&r->last, cls, &a[bad].err_reply, a[bad].nerr);
+	} else {
+		px_reply_shard_error(c, cls, &a[bad].err_reply, a[bad].nerr);
+	}
+	for (i = 0; i < k; i++) {
+		bson_destroy(&a[i].err_reply);
+		merge_distinct_free(a[i].vals);
+	}
+	free(a);
+	free(sel);
+	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
+}
+
+/* Run count (distinct_key NULL) or distinct over the chunks q targets. */
+static void count_or_distinct(ctx *c, const bson_t *q, const char *distinct_key)
+{
+	route_coll *rc = px_route_or_fail(c);
+	cd_op o = {q, distinct_key};
+	px_retry r;
+
+	if (rc == NULL)
+		return;
+	if (px_refuse_js(c, q)) {
+		route_coll_unref(rc);
+		return;
+	}
+	if (rc->nkeys == 0) {
+		route_coll_unref(rc);
+		px_forward_primary(c);
+		return;
+	}
+	px_retry_init(&r, c, rc, cd_execute, NULL, &o);
+	px_retry_run(&r);
+	px_retry_done(&r);
+}
+
+void px_do_count(ctx *c)
+{
+	bson_t q;
+	int64_t v;
+
+	/* count_request.cpp: skip >= 0; limit any int64 but the minimum (-n means n) */
+	if (!px_client_int(c, "skip", 0, INT64_MAX, 0, &v))
+		return;
+	if (sdb_bson_find_int64(c->cmd, "limit", INT64_MIN, INT64_MAX, 0, &v, NULL) == 0 &&
+	    v == INT64_MIN) {
+		px_error(c, WIRE_ERR_BAD_VALUE, "limit value for count cannot be min long");
+		return;
+	}
+	if (!px_client_int(c, "limit", INT64_MIN, INT64_MAX, 0, &v))
+		return;
+	if (!px_get_doc(c->cmd, "query", &q))
+		bson_init(&q);
+	count_or_distinct(c, &q, NULL);
+}
+
+void px_do_distinct(ctx *c)
+{
+	bson_t q;
+	bson_iter_t it;
+
+	if (!px_get_doc(c->cmd, "query", &q))
+		bson_init(&q);
+	if (!bson_iter_init_find(&it, c->cmd, "key") || !BSON_ITER_HOLDS_UTF8(&it)) {
+		px_error(c, WIRE_ERR_BAD_VALUE, "distinct needs a key string");
+		return;
+	}
+	count_or_distinct(c, &q, bson_iter_utf8(&it, NULL));
+}
+
+/* ---------- aggregate ---------- */
+
+typedef struct agg_in {
+	proxy *p;
+	proxy_cursor *cur;
+	bson_t *last;
+} agg_in;
+
+static int agg_next(void *arg, const bson_t **doc, int *code, char *err, size_t errlen)
+{
+	agg_in *in = arg;
+	bson_t *d;
+	int r;
+
+	if (in->last) {
+		proxy_doc_free(in->last);
+		in->last = NULL;
+	}
+	r = proxy_cursor_next(in->p, in->cur, &d, code, err, errlen);
+	if (r <= 0)
+		return r;
+	in->last = d;
+	*doc = d;
+	return 1;
+}
+
+void px_do_aggregate(ctx *c)
+{
+	bson_t stages, cursor_opts;
+	route_coll *rc;
+	sdb_pipeline *pl = NULL;
+	sdb_pipeline_pushdown_t pd;
+	sdb_pipeline_cursor *pc = NULL;
+	merge_sort *ms = NULL;
+	proxy_cursor *in_cur;
+	agg_in in;
+	pstream *out_s;
+	int64_t batch = 101;
+	int code = 0, r;
+	char err[512];
+	size_t cap = 0;
+
+	if (!px_get_array(c->cmd, "pipeline", &stages)) {
+		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
+		return;
+	}
+	if (px_get_doc(c->cmd, "cursor", &cursor_opts))
+		batch = px_get_int(&cursor_opts, "batchSize", 101);
+	{
+		/* $collStats: answered by the proxy from the shards' collStats (mongos' way) */
+		bson_iter_t st, first;
+		if (c->coll && bson_iter_init(&st, &stages) && bson_iter_next(&st) &&
+		    BSON_ITER_HOLDS_DOCUMENT(&st) && bson_iter_recurse(&st, &first) &&
+		    bson_iter_next(&first) && strcmp(bson_iter_key(&first), "$collStats") == 0) {
+			bson_t spec;
+			uint32_t len;
+			const uint8_t *data;
+			if (bson_iter_next(&st)) {
+				px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+					 "$collStats is supported as the only stage of a pipeline");
+				return;
+			}
+			if (!BSON_ITER_HOLDS_DOCUMENT(&first)) {
+				px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+					 "$collStats must take a nested object");
+				return;
+			}
+			bson_iter_document(&first, &len, &data);
+			if (bson_init_static(&spec, data, len))
+				px_do_coll_stats_stage(c, &spec);
+			return;
+		}
+	}
+	if (px_refuse_js(c, &stages))
+		return;
+	if (c->coll == NULL) {
+		px_forward_primary_cursor(c, batch, false);
+		return;
+	}
+	rc = px_route_sharded(c, PX_FWD_CURSOR, batch, false);
+	if (rc == NULL)
+		return;
+	if (sdb_pipeline_parse(&stages, NULL, &pl, &code, err, sizeof err) != 0) {
+		route_coll_unref(rc);
+		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		return;
+	}
+	sdb_pipeline_pushdown(pl, SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT | SDB_PUSHDOWN_LIMIT, &pd);
+	if (merge_sort_parse(&pd.sort, &ms, &code, err, sizeof err) != 0) {
+		sdb_pipeline_pushdown_destroy(&pd);
+		sdb_pipeline_free(pl);
+		route_coll_unref(rc);
+		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		return;
+	}
+	in_cur = open_merged(c, &rc, &pd.filter, &pd.sort, NULL, ms, NULL, pd.skip,
+			     pd.limit > 0 ? pd.limit : 0,
+			     pd.limit > 0 && pd.limit + pd.skip < 1000 ? pd.limit + pd.skip : 1000);
+	route_coll_unref(rc);
+	if (in_cur == NULL) {
+		sdb_pipeline_pushdown_destroy(&pd);
+		sdb_pipeline_free(pl);
+		return;
+	}
+	/* run the rest of the pipeline on the proxy, materialising its output */
+	in.p = c->p;
+	in.cur = in_cur;
+	in.last = NULL;
+	sdb_pipeline_open(pl, agg_next, &in, &pc);
+	out_s = proxy_calloc_bson(1, sizeof *out_s);
+	memset(out_s, 0, sizeof *out_s);
+	out_s->chunk = -1;
+	bson_init(&out_s->err_reply);
+	for (;;) {
+		const bson_t *d;
+		r = sdb_pipeline_cursor_next(pc, &d, &code, err, sizeof err);
+		if (r <= 0)
+			break;
+		if (out_s->n == cap) {
+			cap = cap ? cap * 2 : 64;
+			out_s->docs = sdb_realloc(out_s->docs, cap * sizeof *out_s->docs);
+		}
+		out_s->docs[out_s->n++] = proxy_doc_copy(d);
+	}
+	sdb_pipeline_cursor_free(pc);
+	proxy_doc_free(in.last);
+	proxy_cursor_destroy(c->p, in_cur);
+	sdb_pipeline_pushdown_destroy(&pd);
+	sdb_pipeline_free(pl);
+	if (r < 0) {
+		pstream_clear(out_s);
+		bson_destroy(&out_s->err_reply);
+		free(out_s);
+		px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+		return;
+	}
+	px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0), batch, false,
+		      "firstBatch", c->ns);
+}
+

@@ -1,0 +1,391 @@
+/* The proxy's one retry path (issue #24): see retry.h. The StaleConfig loop of every
+ * routed operation is px_retry_run; the cluster (shards, fan-out, routing) is reached
+ * through ctx->cluster only. */
+#include "build_config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "proxy/exec.h"
+
+/* ---------- the real cluster ---------- */
+
+static int cluster_command(void *impl, const char *shard, const char *db, const bson_t *cmd,
+			   uint32_t *sid, bson_t *reply, char *neterr, size_t nelen)
+{
+	proxy *p = impl;
+
+	return shardconn_command(p->sc, shard, db, cmd, sid, reply, neterr, nelen);
+}
+
+static void cluster_fanout(void *impl, size_t n, void (*fn)(void *arg, size_t i), void *arg)
+{
+	proxy *p = impl;
+
+	shardconn_fanout(p->sc, n, fn, arg);
+}
+
+static route_coll *cluster_route(void *impl, const char *ns, bool force, char *err,
+				 size_t errlen)
+{
+	return proxy_route(impl, ns, force, err, errlen);
+}
+
+static char *cluster_primary(void *impl)
+{
+	return proxy_primary(impl);
+}
+
+static size_t cluster_shard_ids(void *impl, char ***out)
+{
+	proxy *p = impl;
+	char err[256];
+
+	proxy_load_shards(p, err, sizeof err);
+	return shardconn_shard_ids(p->sc, out);
+}
+
+static char *cluster_shard_hosts(void *impl, const char *id)
+{
+	proxy *p = impl;
+
+	return shardconn_shard_hosts(p->sc, id);
+}
+
+const px_cluster px_cluster_default = {cluster_command,  cluster_fanout,    cluster_route,
+					cluster_primary,  cluster_shard_ids, cluster_shard_hosts};
+
+/* The cluster of p and its state. */
+static const px_cluster *cluster_of(proxy *p, void **impl)
+{
+	if (p->cluster == NULL) {
+		*impl = p;
+		return &px_cluster_default;
+	}
+	*impl = p->cluster_impl;
+	return p->cluster;
+}
+
+int proxy_shard_command(proxy *p, const char *shard, const char *db, const bson_t *cmd,
+			uint32_t *sid, bson_t *reply, char *neterr, size_t nelen)
+{
+	void *impl;
+	const px_cluster *cl = cluster_of(p, &impl);
+
+	return cl->command(impl, shard, db, cmd, sid, reply, neterr, nelen);
+}
+
+void proxy_shard_fanout(proxy *p, size_t n, void (*fn)(void *arg, size_t i), void *arg)
+{
+	void *impl;
+	const px_cluster *cl = cluster_of(p, &impl);
+
+	cl->fanout(impl, n, fn, arg);
+}
+
+/* ---------- one shard ---------- */
+
+/* Run a command on a shard; returns SHARDCONN_* and fills reply. */
+int px_run_on(ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid, bson_t *reply,
+		  char *neterr, size_t nelen)
+{
+	uint32_t local = 0;
+
+	return proxy_shard_command(c->p, shard, c->db, cmd, sid ? sid : &local, reply, neterr,
+				   nelen);
+}
+
+void px_fanout(ctx *c, size_t n, void (*fn)(void *arg, size_t i), void *arg)
+{
+	proxy_shard_fanout(c->p, n, fn, arg);
+}
+
+/* ---------- routing and targeting ---------- */
+
+route_coll *px_route(ctx *c, bool force, char *err, size_t errlen)
+{
+	void *impl;
+	const px_cluster *cl = cluster_of(c->p, &impl);
+
+	return cl->route(impl, c->ns, force, err, errlen);
+}
+
+char *px_primary(ctx *c)
+{
+	void *impl;
+	const px_cluster *cl = cluster_of(c->p, &impl);
+
+	return cl->primary(impl);
+}
+
+size_t px_shard_ids(ctx *c, char ***out)
+{
+	void *impl;
+	const px_cluster *cl = cluster_of(c->p, &impl);
+
+	return cl->shard_ids(impl, out);
+}
+
+char *px_shard_hosts(ctx *c, const char *id)
+{
+	void *impl;
+	const px_cluster *cl = cluster_of(c->p, &impl);
+
+	return cl->shard_hosts(impl, id);
+}
+
+/* The primary shard, or ShardNotFound answered (see exec.h). */
+bool px_with_primary(ctx *c, char **primary)
+{
+	*primary = px_primary(c);
+	if (*primary == NULL) {
+		px_error(c, WIRE_ERR_SHARD_NOT_FOUND,
+			 "no shard is registered in the metadata service");
+		return false;
+	}
+	return true;
+}
+
+/* The routing of c->ns, or HostUnreachable answered (see exec.h). */
+route_coll *px_route_or_fail(ctx *c)
+{
+	char err[256];
+	route_coll *rc = px_route(c, false, err, sizeof err);
+
+	if (rc == NULL)
+		px_error(c, WIRE_ERR_HOST_UNREACHABLE,
+			 "routing of %s unavailable: %s", c->ns, err);
+	return rc;
+}
+
+bool *px_target(route_coll *rc, const bson_t *q, size_t *nsel, bool *exact)
+{
+	bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
+
+	*nsel = route_target(rc, q, sel, exact);
+	return sel;
+}
+
+void px_note_target(ctx *c, const route_coll *rc, size_t nsel)
+{
+	if (nsel < rc->nchunks)
+		sdb_counter_inc(c->p->m_targeted);
+	else
+		sdb_counter_inc(c->p->m_scatter);
+}
+
+/* ---------- the retry loop ---------- */
+
+/* Sleep for the next StaleConfig backoff (5 ms doubling to 200 ms, within c->deadline_ms);
+ * counts a stale retry. False when the budget is spent (no sleep). */
+static bool stale_backoff(ctx *c)
+{
+	uint64_t now = sdb_mono_ms();
+
+	sdb_counter_inc(c->p->m_stale_retries);
+	if (now >= c->deadline_ms)
+		return false;
+	if (c->backoff_ms == 0)
+		c->backoff_ms = 5;
+	else if (c->backoff_ms < 200)
+		c->backoff_ms *= 2;
+	if (now + (uint64_t)c->backoff_ms > c->deadline_ms)
+		c->backoff_ms = (int)(c->deadline_ms - now);
+	uv_sleep((unsigned)c->backoff_ms);
+	return true;
+}
+
+/* A newer routing snapshot of c->ns than old (old's reference is released; old itself is
+ * returned when metadata cannot be reached). */
+static route_coll *refresh(ctx *c, route_coll *old)
+{
+	char err[256];
+	route_coll *n = c->p->rc ? route_cache_get(c->p->rc, c->ns) : NULL;
+
+	/* another request (or the refresh thread) may have loaded a newer table already */
+	if (n != NULL && old != NULL && n->version > old->version) {
+		route_coll_unref(old);
+		return n;
+	}
+	if (n != NULL)
+		route_coll_unref(n);
+	n = px_route(c, true, err, sizeof err);
+
+	if (n == NULL)
+		return old;
+	if (old)
+		route_coll_unref(old);
+	return n;
+}
+
+void px_failure_set(px_failure *f, int cls, const bson_t *reply, const char *nerr)
+{
+	bson_destroy(&f->reply);
+	bson_copy_to(reply, &f->reply);
+	f->cls = cls;
+	snprintf(f->nerr, sizeof f->nerr, "%s", nerr ? nerr : "");
+}
+
+void px_retry_init(px_retry *r, ctx *c, route_coll *rc, int (*execute)(px_retry *r, void *arg),
+		   void (*exhausted)(px_retry *r, void *arg), void *arg)
+{
+	memset(r, 0, sizeof *r);
+	bson_init(&r->last.reply);
+	r->c = c;
+	r->rc = rc;
+	r->execute = execute;
+	r->exhausted = exhausted;
+	r->arg = arg;
+}
+
+void px_retry_done(px_retry *r)
+{
+	bson_destroy(&r->last.reply);
+	if (r->rc)
+		route_coll_unref(r->rc);
+	r->rc = NULL;
+}
+
+int px_retry_run(px_retry *r)
+{
+	for (r->attempt = 0;; r->attempt++) {
+		int res = r->execute(r, r->arg);
+
+		if (res == PX_RETRY_DONE)
+			return PX_RETRY_DONE;
+		if (res == PX_RETRY_AGAIN)
+			continue;
+		if (!stale_backoff(r->c)) {
+			if (r->exhausted)
+				r->exhausted(r, r->arg);
+			else if (r->last.cls != SHARDCONN_OK)
+				px_reply_shard_error(r->c, r->last.cls, &r->last.reply, r->last.nerr);
+			else
+				px_error(r->c, WIRE_ERR_STALE_CONFIG,
+					 "routing kept changing: StaleConfig retry budget exhausted");
+			return PX_RETRY_STALE;
+		}
+		r->rc = refresh(r->c, r->rc);
+	}
+}
+
+/* ---------- classification: a failed shard call as the client's error ---------- */
+
+/* Answer with the error a shard gave (code and errmsg kept). */
+void px_reply_shard_error(ctx *c, int cls, const bson_t *reply, const char *neterr)
+{
+	bson_iter_t it;
+	int code = WIRE_ERR_INTERNAL;
+	const char *msg = "shard error";
+
+	if (cls == SHARDCONN_NET_ERR) {
+		bson_t *extra = NULL;
+		bson_t labels;
+		/* issue #11: a driver retries a write only on this label, so it is given only
+		 * when the shard certainly did not execute the command; after a network error
+		 * with an unknown outcome the error goes to the application unlabelled (reads
+		 * are retried by drivers on HostUnreachable's code anyway) */
+		if (shardconn_unexecuted(reply)) {
+			extra = bson_new();
+			bson_append_array_begin(extra, "errorLabels", -1, &labels);
+			BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
+			bson_append_array_end(extra, &labels);
+		}
+		px_error_extra(c, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
+		return;
+	}
+	if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it))
+		code = (int)bson_iter_as_int64(&it);
+	if (bson_iter_init_find(&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
+		msg = bson_iter_utf8(&it, NULL);
+	px_error(c, code, "%s", msg);
+}
+
+/* A network error of a retryable write (txn.h: the shards recognise a retry, so the
+ * driver may resend it whatever its outcome was): HostUnreachable with the
+ * RetryableWriteError label, plus NoWritesPerformed when no shard executed any of it. */
+void px_reply_retryable_net_error(ctx *c, bool nothing_written, const char *neterr)
+{
+	bson_t *extra = bson_new();
+	bson_t labels;
+
+	bson_append_array_begin(extra, "errorLabels", -1, &labels);
+	BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
+	if (nothing_written)
+		BSON_APPEND_UTF8(&labels, "1", "NoWritesPerformed");
+	bson_append_array_end(extra, &labels);
+	px_error_extra(c, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
+}
+
+void px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *neterr)
+{
+	if (cls == SHARDCONN_NET_ERR && c->txn.on)
+		px_reply_retryable_net_error(c, shardconn_unexecuted(reply), neterr);
+	else if (cls == SHARDCONN_NET_ERR)
+		px_reply_shard_error(c, cls, reply, neterr);
+	else
+		px_reply_copy(c, reply);
+}
+
+/* ---------- fan-out: one call per shard ---------- */
+
+/* Fan-out unit: call i of a pcall array. */
+void px_pcall_one(void *arg, size_t i)
+{
+	pcall *pc = &((pcall *)arg)[i];
+
+	bson_destroy(&pc->reply);
+	pc->cls = px_run_on(pc->c, pc->shard, &pc->cmd, NULL, &pc->reply, pc->nerr, sizeof pc->nerr);
+}
+
+/* n calls for the shards ids (their strings are taken over; the array is freed). */
+pcall *px_pcalls_new(ctx *c, char **ids, size_t n)
+{
+	pcall *pc = proxy_calloc_bson(n ? n : 1, sizeof *pc);
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		pc[i].c = c;
+		pc[i].shard = ids[i];
+		bson_init(&pc[i].cmd);
+		bson_init(&pc[i].reply);
+	}
+	free(ids);
+	return pc;
+}
+
+/* Free n calls (their shards, commands and replies). */
+void px_pcalls_free(pcall *pc, size_t n)
+{
+	size_t i;
+
+	for (i = 0; i < n; i++) {
+		free(pc[i].shard);
+		bson_destroy(&pc[i].cmd);
+		bson_destroy(&pc[i].reply);
+	}
+	free(pc);
+}
+
+/* The first failed call (NULL when all succeeded); codes in skip_codes (0-terminated) of
+ * shard errors are not failures. */
+pcall *px_pcalls_failed(pcall *pc, size_t n, const int *skip_codes)
+{
+	size_t i, k;
+
+	for (i = 0; i < n; i++) {
+		bool skip = false;
+		if (pc[i].cls == SHARDCONN_OK)
+			continue;
+		for (k = 0; skip_codes && skip_codes[k] && pc[i].cls == SHARDCONN_CMD_ERR; k++)
+			if (px_get_int(&pc[i].reply, "code", 0) == skip_codes[k])
+				skip = true;
+		if (!skip)
+			return &pc[i];
+	}
+	return NULL;
+}
+

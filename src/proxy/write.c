@@ -1,0 +1,1195 @@
+/* Proxy writes (issue #6): insert batches split by chunk, update/delete statements (one
+ * chunk when the shard key pins it, otherwise two phases per chunk: collect owned _ids,
+ * then write them), findAndModify, and the write results folded back to the client's
+ * indexes. Retryable writes forward lsid/txnNumber/stmtIds (txn.h). */
+#include "build_config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "auth/gate.h"
+#include "common/alloc.h"
+#include "common/bsonget.h"
+#include "common/cmdopts.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "proxy/exec.h"
+#include "proxy/txn.h"
+#include "storage/pipeline.h"
+#include "storage/projection.h"
+
+/* ---------- write results ---------- */
+
+typedef struct wresult {
+	int64_t n, n_modified;
+	bson_t errors;   /* array being collected unsorted: {index, code, errmsg, ...} */
+	size_t nerr;
+	bson_t upserted; /* {index, _id} */
+	size_t nups;
+	uv_mutex_t mu;
+	bool stop;       /* ordered batch stopped */
+	int64_t first_err_index;
+	size_t n_net;        /* statements failed by a network error (outcome unknown or not) */
+	size_t n_unexecuted; /* ... of which the shard certainly did not execute */
+	char net_msg[512];   /* the first network error */
+} wresult;
+
+static void wresult_init(wresult *w)
+{
+	memset(w, 0, sizeof *w);
+	bson_init(&w->errors);
+	bson_init(&w->upserted);
+	uv_mutex_init(&w->mu);
+	w->first_err_index = INT64_MAX;
+}
+
+static void wresult_destroy(wresult *w)
+{
+	bson_destroy(&w->errors);
+	bson_destroy(&w->upserted);
+	uv_mutex_destroy(&w->mu);
+}
+
+/* Add a write error at the client's index idx: from a shard's entry (copied except index)
+ * or from code/msg; label: with errorLabels ["RetryableWriteError"] (it certainly did not
+ * execute). */
+static void wresult_error_ex(wresult *w, int64_t idx, const bson_iter_t *entry, int code,
+			     const char *msg, bool label)
+{
+	bson_t e;
+	char k[24];
+
+	uv_mutex_lock(&w->mu);
+	snprintf(k, sizeof k, "%zu", w->nerr++);
+	bson_append_document_begin(&w->errors, k, -1, &e);
+	BSON_APPEND_INT64(&e, "index", idx);
+	if (entry) {
+		bson_iter_t it;
+		bson_iter_recurse(entry, &it);
+		while (bson_iter_next(&it))
+			if (strcmp(bson_iter_key(&it), "index") != 0)
+				bson_append_iter(&e, bson_iter_key(&it), -1, &it);
+	} else {
+		BSON_APPEND_INT32(&e, "code", code);
+		BSON_APPEND_UTF8(&e, "codeName", wire_code_name(code));
+		BSON_APPEND_UTF8(&e, "errmsg", msg);
+	}
+	if (label) {
+		bson_t labels;
+		bson_append_array_begin(&e, "errorLabels", -1, &labels);
+		BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
+		bson_append_array_end(&e, &labels);
+	}
+	bson_append_document_end(&w->errors, &e);
+	if (idx < w->first_err_index)
+		w->first_err_index = idx;
+	uv_mutex_unlock(&w->mu);
+}
+
+static void wresult_error(wresult *w, int64_t idx, const bson_iter_t *entry, int code,
+			  const char *msg)
+{
+	wresult_error_ex(w, idx, entry, code, msg, false);
+}
+
+/* A statement that failed on shard write reply (class cls): a shard's error, or a network
+ * error counted for answer_write and labelled when the shard certainly did not run it. */
+static void wresult_error_from(wresult *w, int64_t idx, const bson_t *reply, int cls,
+			       const char *neterr);
+
+static void wresult_upserted(wresult *w, int64_t idx, const bson_iter_t *id)
+{
+	bson_t e;
+	char k[24];
+
+	uv_mutex_lock(&w->mu);
+	snprintf(k, sizeof k, "%zu", w->nups++);
+	bson_append_document_begin(&w->upserted, k, -1, &e);
+	BSON_APPEND_INT64(&e, "index", idx);
+	bson_append_iter(&e, "_id", -1, id);
+	bson_append_document_end(&w->upserted, &e);
+	uv_mutex_unlock(&w->mu);
+}
+
+/* Documents kept as (data, len) rather than bson_t: a bson_t view points at itself and
+ * must never be moved (qsort, realloc). */
+typedef struct idxdoc {
+	int64_t idx;
+	const uint8_t *data;
+	uint32_t len;
+} idxdoc;
+
+static int idx_cmp(const void *a, const void *b)
+{
+	const idxdoc *x = a, *y = b;
+
+	return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Append an array `name` of the documents of src sorted by their index field. */
+static void append_sorted(bson_t *out, const char *name, const bson_t *src, size_t n)
+{
+	idxdoc *v = sdb_calloc(n ? n : 1, sizeof *v);
+	bson_iter_t it;
+	bson_t arr;
+	size_t i = 0;
+	char k[24];
+
+	if (bson_iter_init(&it, src))
+		while (bson_iter_next(&it) && i < n) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_t view;
+			bson_iter_document(&it, &len, &data);
+			if (!bson_init_static(&view, data, len))
+				continue;
+			v[i].data = data;
+			v[i].len = len;
+			v[i].idx = px_get_int(&view, "index", 0);
+			i++;
+		}
+	sdb_qsort(v, i, sizeof *v, idx_cmp);
+	bson_append_array_begin(out, name, -1, &arr);
+	for (size_t j = 0; j < i; j++) {
+		bson_t view;
+		snprintf(k, sizeof k, "%zu", j);
+		if (bson_init_static(&view, v[j].data, v[j].len))
+			BSON_APPEND_DOCUMENT(&arr, k, &view);
+	}
+	bson_append_array_end(out, &arr);
+	free(v);
+}
+
+static void answer_write(ctx *c, wresult *w, bool is_update)
+{
+	bson_t *out;
+
+	/* A network error in a retryable write: the whole command may be resent (the shards
+	 * answer executed statements from their records), so it is a top-level retryable
+	 * error, as a driver expects. Without session fields the same holds when no statement
+	 * was executed and every failure certainly did not execute. */
+	if (w->n_net > 0 &&
+	    (c->txn.on || (w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0))) {
+		px_reply_retryable_net_error(
+			c, w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0, w->net_msg);
+		return;
+	}
+	out = bson_new();
+
+	/* int32 as mongod and mongos send them: libmongoc reads n/nModified only when they
+	 * hold an int32 (an int64 n made update_one report matchedCount 0) */
+	BSON_APPEND_INT32(out, "n", (int32_t)(w->n > INT32_MAX ? INT32_MAX : w->n));
+	if (is_update) {
+		BSON_APPEND_INT32(out, "nModified",
+				  (int32_t)(w->n_modified > INT32_MAX ? INT32_MAX : w->n_modified));
+		if (w->nups)
+			append_sorted(out, "upserted", &w->upserted, w->nups);
+	}
+	if (w->nerr)
+		append_sorted(out, "writeErrors", &w->errors, w->nerr);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	px_reply(c, out);
+}
+
+/* Fold one shard write reply into w; map[i] is the client index of the i-th statement
+ * sent. Returns the number of statements the shard reported as errors. */
+static size_t fold_write_reply(wresult *w, const bson_t *reply, const int64_t *map, size_t nmap)
+{
+	bson_iter_t it, arr;
+	size_t nerr = 0;
+
+	uv_mutex_lock(&w->mu);
+	w->n += px_get_int(reply, "n", 0);
+	w->n_modified += px_get_int(reply, "nModified", 0);
+	uv_mutex_unlock(&w->mu);
+	if (bson_iter_init_find(&it, reply, "upserted") && bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			bson_iter_t e, id;
+			int64_t i = 0;
+			if (!bson_iter_recurse(&arr, &e))
+				continue;
+			if (bson_iter_find(&e, "index"))
+				i = bson_iter_as_int64(&e);
+			bson_iter_recurse(&arr, &id);
+			if (bson_iter_find(&id, "_id") && i >= 0 && (size_t)i < nmap)
+				wresult_upserted(w, map[i], &id);
+		}
+	}
+	if (bson_iter_init_find(&it, reply, "writeErrors") && bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			bson_iter_t e;
+			int64_t i = 0;
+			if (!bson_iter_recurse(&arr, &e))
+				continue;
+			if (bson_iter_find(&e, "index"))
+				i = bson_iter_as_int64(&e);
+			if (i < 0 || (size_t)i >= nmap)
+				i = 0;
+			wresult_error(w, map[i], &arr, 0, NULL);
+			nerr++;
+		}
+	}
+	return nerr;
+}
+
+static void error_from_reply(const bson_t *reply, int cls, const char *neterr, int *code,
+			     char *msg, size_t msglen);
+
+static void wresult_error_from(wresult *w, int64_t idx, const bson_t *reply, int cls,
+			       const char *neterr)
+{
+	int code;
+	char msg[512];
+	bool unexecuted = cls == SHARDCONN_NET_ERR && shardconn_unexecuted(reply);
+
+	error_from_reply(reply, cls, neterr, &code, msg, sizeof msg);
+	if (cls == SHARDCONN_NET_ERR) {
+		uv_mutex_lock(&w->mu);
+		if (w->n_net++ == 0)
+			snprintf(w->net_msg, sizeof w->net_msg, "%s", msg);
+		if (unexecuted)
+			w->n_unexecuted++;
+		uv_mutex_unlock(&w->mu);
+	}
+	wresult_error_ex(w, idx, NULL, code, msg, unexecuted);
+}
+
+static void error_from_reply(const bson_t *reply, int cls, const char *neterr, int *code,
+			     char *msg, size_t msglen)
+{
+	bson_iter_t it;
+
+	if (cls == SHARDCONN_NET_ERR) {
+		*code = WIRE_ERR_HOST_UNREACHABLE;
+		snprintf(msg, msglen, "%s", neterr);
+		return;
+	}
+	*code = (int)px_get_int(reply, "code", WIRE_ERR_INTERNAL);
+	if (bson_iter_init_find(&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
+		snprintf(msg, msglen, "%s", bson_iter_utf8(&it, NULL));
+	else
+		snprintf(msg, msglen, "shard error");
+}
+
+/* ---------- insert ---------- */
+
+typedef struct ins_doc {
+	int64_t idx;      /* client index */
+	const uint8_t *data; /* the document, inside the command */
+	uint32_t len;
+	ssize_t chunk;
+} ins_doc;
+
+static void ins_view(const ins_doc *d, bson_t *view)
+{
+	if (!bson_init_static(view, d->data, d->len))
+		bson_init(view);
+}
+
+typedef struct ins_group {
+	ctx *c;
+	route_coll *rc;
+	ins_doc **docs;
+	size_t n;
+	ssize_t chunk;
+	bool ordered;
+	wresult *w;
+	int cls;        /* result class */
+	size_t done;    /* docs handled before a stale answer (ordered) */
+} ins_group;
+
+static void ins_send(void *arg, size_t gi)
+{
+	ins_group *g = &((ins_group *)arg)[gi];
+	route_chunk *ch = &g->rc->chunks[g->chunk];
+	bson_t cmd = BSON_INITIALIZER, arr, reply;
+	int64_t *map = sdb_calloc(g->n, sizeof *map);
+	char k[24], nerr[256];
+	size_t i;
+
+	BSON_APPEND_UTF8(&cmd, "insert", g->c->coll);
+	bson_append_array_begin(&cmd, "documents", -1, &arr);
+	for (i = 0; i < g->n; i++) {
+		bson_t view;
+		snprintf(k, sizeof k, "%zu", i);
+		ins_view(g->docs[i], &view);
+		BSON_APPEND_DOCUMENT(&arr, k, &view);
+		map[i] = g->docs[i]->idx;
+	}
+	bson_append_array_end(&cmd, &arr);
+	BSON_APPEND_BOOL(&cmd, "ordered", g->ordered);
+	px_append_version(&cmd, ch);
+	proxy_txn_append(&g->c->txn, &cmd, map, g->n);
+	g->cls = px_run_on(g->c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
+	if (g->cls == SHARDCONN_OK) {
+		fold_write_reply(g->w, &reply, map, g->n);
+	} else if (g->cls != SHARDCONN_STALE) {
+		for (i = 0; i < g->n; i++) {
+			wresult_error_from(g->w, g->docs[i]->idx, &reply, g->cls, nerr);
+			if (g->ordered)
+				break;
+		}
+	}
+	free(map);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
+/* insert_docs' operation: the documents still to insert (client order). */
+typedef struct ins_op {
+	ins_doc **docs;
+	size_t n;
+	bool ordered;
+	wresult *w;
+} ins_op;
+
+/* One attempt: route each document, send per chunk (ordered: consecutive runs, stopping at
+ * the first error; unordered: one group per chunk in parallel); the documents a shard
+ * refused with StaleConfig stay in o for the next attempt. */
+static int ins_execute(px_retry *r, void *arg)
+{
+	ins_op *o = arg;
+	ctx *c = r->c;
+	route_coll *rc = r->rc;
+	ins_doc **docs = o->docs;
+	size_t n = o->n, i;
+	bool ordered = o->ordered;
+	wresult *w = o->w;
+	ins_group *g = sdb_calloc(n, sizeof *g);
+	size_t ng = 0, nstale = 0;
+	ins_doc **stale = sdb_calloc(n, sizeof *stale);
+	char err[256];
+
+	for (i = 0; i < n; i++) {
+		bson_t key = BSON_INITIALIZER, view;
+		docs[i]->chunk = -1;
+		ins_view(docs[i], &view);
+		if (route_key_from_doc(rc, &view, &key, err, sizeof err) != 0) {
+			bson_destroy(&key);
+			wresult_error(w, docs[i]->idx, NULL, WIRE_ERR_BAD_VALUE, err);
+			if (ordered)
+				break;
+			continue;
+		}
+		docs[i]->chunk = route_find_chunk(rc, &key);
+		bson_destroy(&key);
+		if (docs[i]->chunk < 0) {
+			wresult_error(w, docs[i]->idx, NULL, WIRE_ERR_SHARD_NOT_FOUND,
+				      "no chunk of the routing table holds this shard key");
+			if (ordered)
+				break;
+		}
+	}
+	if (ordered) {
+		/* consecutive runs, one at a time, stop at the first error */
+		size_t start = 0;
+		while (start < n && docs[start]->chunk >= 0) {
+			size_t end = start;
+			ins_group run;
+			size_t before = w->nerr;
+			while (end < n && docs[end]->chunk == docs[start]->chunk)
+				end++;
+			memset(&run, 0, sizeof run);
+			run.c = c;
+			run.rc = rc;
+			run.docs = &docs[start];
+			run.n = end - start;
+			run.chunk = docs[start]->chunk;
+			run.ordered = true;
+			run.w = w;
+			ins_send(&run, 0);
+			if (run.cls == SHARDCONN_STALE) {
+				for (i = start; i < n; i++)
+					stale[nstale++] = docs[i];
+				break;
+			}
+			if (w->nerr > before)
+				break;
+			start = end;
+		}
+	} else {
+		/* one group per chunk, sent in parallel */
+		for (i = 0; i < n; i++) {
+			size_t j;
+			if (docs[i]->chunk < 0)
+				continue;
+			for (j = 0; j < ng; j++)
+				if (g[j].chunk == docs[i]->chunk)
+					break;
+			if (j == ng) {
+				g[ng].c = c;
+				g[ng].rc = rc;
+				g[ng].docs = sdb_calloc(n, sizeof *g[ng].docs);
+				g[ng].chunk = docs[i]->chunk;
+				g[ng].w = w;
+				ng++;
+			}
+			g[j].docs[g[j].n++] = docs[i];
+		}
+		px_fanout(c, ng, ins_send, g);
+		for (i = 0; i < ng; i++) {
+			if (g[i].cls == SHARDCONN_STALE)
+				for (size_t j = 0; j < g[i].n; j++)
+					stale[nstale++] = g[i].docs[j];
+			free(g[i].docs);
+		}
+	}
+	free(g);
+	/* the refused documents are the next attempt's */
+	memmove(docs, stale, nstale * sizeof *docs);
+	o->n = nstale;
+	free(stale);
+	return nstale == 0 ? PX_RETRY_DONE : PX_RETRY_STALE;
+}
+
+/* The budget is spent: the refused documents fail with StaleConfig (ordered: the first). */
+static void ins_exhausted(px_retry *r, void *arg)
+{
+	ins_op *o = arg;
+	size_t i;
+
+	(void)r;
+	for (i = 0; i < o->n; i++) {
+		wresult_error(o->w, o->docs[i]->idx, NULL, WIRE_ERR_STALE_CONFIG,
+			      "routing kept changing: StaleConfig retry budget exhausted");
+		if (o->ordered)
+			break;
+	}
+}
+
+/* Insert docs (client order) with routing *rcp (replaced by a newer one after a refresh);
+ * retries the parts refused with StaleConfig (px_retry_run). */
+static void insert_docs(ctx *c, route_coll **rcp, ins_doc **docs, size_t n, bool ordered,
+			wresult *w)
+{
+	ins_op o = {docs, n, ordered, w};
+	px_retry r;
+
+	if (n == 0)
+		return;
+	px_retry_init(&r, c, *rcp, ins_execute, ins_exhausted, &o);
+	px_retry_run(&r);
+	*rcp = r.rc;
+	r.rc = NULL; /* the caller's reference */
+	px_retry_done(&r);
+}
+
+void px_do_insert(ctx *c)
+{
+	bson_t docs;
+	bson_iter_t it;
+	route_coll *rc;
+	ins_doc *items = NULL, **ptrs = NULL;
+	size_t n = 0, cap = 0, i;
+	wresult w;
+	bool ordered = px_get_bool(c->cmd, "ordered", true);
+
+	rc = px_route_sharded(c, PX_FWD_PLAIN, 0, false);
+	if (rc == NULL)
+		return;
+	if (!px_get_array(c->cmd, "documents", &docs)) {
+		route_coll_unref(rc);
+		px_error(c, WIRE_ERR_BAD_VALUE, "insert needs a documents array");
+		return;
+	}
+	bson_iter_init(&it, &docs);
+	while (bson_iter_next(&it)) {
+		uint32_t len;
+		const uint8_t *data;
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			items = sdb_realloc(items, cap * sizeof *items);
+		}
+		items[n].idx = (int64_t)n;
+		items[n].data = NULL;
+		items[n].len = 0;
+		if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			bson_iter_document(&it, &len, &data);
+			items[n].data = data;
+			items[n].len = len;
+		}
+		n++;
+	}
+	ptrs = sdb_calloc(n ? n : 1, sizeof *ptrs);
+	for (i = 0; i < n; i++)
+		ptrs[i] = &items[i];
+	wresult_init(&w);
+	insert_docs(c, &rc, ptrs, n, ordered, &w);
+	route_coll_unref(rc);
+	answer_write(c, &w, false);
+	wresult_destroy(&w);
+	free(ptrs);
+	free(items);
+}
+
+/* ---------- update / delete ---------- */
+
+typedef struct wstmt {
+	bool is_update;
+	int64_t idx;       /* client index */
+	bson_t stmt;       /* view: {q, u, multi, upsert, ...} or {q, limit} */
+	bson_t q;
+	bool multi;
+	bool upsert;
+} wstmt;
+
+/* Send one statement (possibly rewritten with q2) to chunk ci. Returns SHARDCONN_*; folds
+ * the result into w (with index idx) unless stale. */
+static int send_stmt(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bson_t *q2,
+		     bool force_multi, wresult *w)
+{
+	route_chunk *ch = &rc->chunks[ci];
+	bson_t cmd = BSON_INITIALIZER, arr, st, reply;
+	bson_iter_t it;
+	int64_t map[1] = {s->idx};
+	char nerr[256];
+	int cls;
+
+	BSON_APPEND_UTF8(&cmd, s->is_update ? "update" : "delete", c->coll);
+	bson_append_array_begin(&cmd, s->is_update ? "updates" : "deletes", -1, &arr);
+	bson_append_document_begin(&arr, "0", -1, &st);
+	bson_iter_init(&it, &s->stmt);
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (q2 && strcmp(k, "q") == 0)
+			BSON_APPEND_DOCUMENT(&st, "q", q2);
+		else if (force_multi && s->is_update && strcmp(k, "multi") == 0)
+			continue;
+		else if (q2 && strcmp(k, "upsert") == 0)
+			continue;
+		else
+			bson_append_iter(&st, k, -1, &it);
+	}
+	if (force_multi && s->is_update)
+		BSON_APPEND_BOOL(&st, "multi", true);
+	bson_append_document_end(&arr, &st);
+	bson_append_array_end(&cmd, &arr);
+	BSON_APPEND_BOOL(&cmd, "ordered", true);
+	px_append_version(&cmd, ch);
+	if (!s->multi) /* drivers never retry multi statements; they are not recorded */
+		proxy_txn_append(&c->txn, &cmd, map, 1);
+	cls = px_run_on(c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
+	if (cls == SHARDCONN_OK) {
+		fold_write_reply(w, &reply, map, 1);
+	} else if (cls != SHARDCONN_STALE) {
+		wresult_error_from(w, s->idx, &reply, cls, nerr);
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return cls;
+}
+
+/* {$and: [q, {_id: {$in: ids}}]} */
+static void and_ids(const bson_t *q, const bson_t *ids, bson_t *out)
+{
+	bson_t and, d, idd;
+
+	bson_init(out);
+	bson_append_array_begin(out, "$and", -1, &and);
+	BSON_APPEND_DOCUMENT(&and, "0", q);
+	bson_append_document_begin(&and, "1", -1, &d);
+	bson_append_document_begin(&d, "_id", -1, &idd);
+	bson_append_array(&idd, "$in", -1, ids);
+	bson_append_document_end(&d, &idd);
+	bson_append_document_end(&and, &d);
+	bson_append_array_end(out, &and);
+}
+
+/* Multi statement over chunk ci: collect owned ids, then write them in batches.
+ * Returns SHARDCONN_* (STALE: nothing of this chunk is known to be applied in the failed
+ * batch; earlier batches were applied and are not re-sent). */
+static int multi_on_chunk(ctx *c, route_coll *rc, size_t ci, const wstmt *s, wresult *w,
+			  int64_t limit, bool *touched)
+{
+	bson_t ids = BSON_INITIALIZER, err_reply = BSON_INITIALIZER;
+	size_t n = 0;
+	char nerr[256];
+	int cls;
+
+	cls = px_collect_owned(c, rc, ci, &s->q, NULL, limit, &ids, NULL, &n, &err_reply, nerr,
+			    sizeof nerr);
+	if (cls != SHARDCONN_OK) {
+		if (cls != SHARDCONN_STALE)
+			wresult_error_from(w, s->idx, &err_reply, cls, nerr);
+		goto out;
+	}
+	if (n > 0) {
+		/* send in batches of TWO_PHASE_IN_BATCH ids */
+		bson_iter_t it;
+		size_t done = 0;
+		bson_iter_init(&it, &ids);
+		while (done < n) {
+			bson_t part = BSON_INITIALIZER, q2;
+			size_t k = 0;
+			char key[24];
+			while (k < TWO_PHASE_IN_BATCH && bson_iter_next(&it)) {
+				snprintf(key, sizeof key, "%zu", k++);
+				bson_append_iter(&part, key, -1, &it);
+			}
+			done += k;
+			and_ids(&s->q, &part, &q2);
+			cls = send_stmt(c, rc, ci, s, &q2, s->multi, w);
+			bson_destroy(&q2);
+			bson_destroy(&part);
+			if (k == 0 || cls != SHARDCONN_OK)
+				break;
+			*touched = true;
+		}
+	}
+out:
+	bson_destroy(&ids);
+	bson_destroy(&err_reply);
+	return cls;
+}
+
+static bool stmt_parse(const bson_iter_t *elem, bool is_update, int64_t idx, wstmt *s)
+{
+	uint32_t len;
+	const uint8_t *data;
+
+	memset(s, 0, sizeof *s);
+	s->is_update = is_update;
+	s->idx = idx;
+	if (!BSON_ITER_HOLDS_DOCUMENT(elem))
+		return false;
+	bson_iter_document(elem, &len, &data);
+	if (!bson_init_static(&s->stmt, data, len))
+		return false;
+	if (!px_get_doc(&s->stmt, "q", &s->q))
+		bson_init(&s->q);
+	if (is_update) {
+		s->multi = px_get_bool(&s->stmt, "multi", false);
+		s->upsert = px_get_bool(&s->stmt, "upsert", false);
+	} else {
+		s->multi = px_get_int(&s->stmt, "limit", 0) == 0;
+	}
+	return true;
+}
+
+/* A retryable single-document write without an exact shard key runs where its collect
+ * phase finds a document, which may differ between an attempt and its retry: ask each
+ * shard owning a selected chunk whether it already executed this statement (issue #16).
+ * 1: executed there, *res = its recorded result (caller destroys); 0: nowhere; -1: a shard
+ * did not answer (unknown: the caller fails the statement with a retryable error, after
+ * filling err_reply/nerr). */
+static int probe_executed(ctx *c, route_coll *rc, const bool *sel, int64_t idx, bson_t *res,
+			  bson_t *err_reply, char *nerr, size_t nelen)
+{
+	char **asked = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *asked);
+	size_t nasked = 0, i, k;
+	int out = 0;
+
+	for (i = 0; i < rc->nchunks && out == 0; i++) {
+		bson_t cmd = BSON_INITIALIZER, reply;
+		bson_iter_t it;
+		bool dup = false;
+		int cls;
+		if (!sel[i])
+			continue;
+		for (k = 0; k < nasked && !dup; k++)
+			dup = strcmp(asked[k], rc->chunks[i].shard) == 0;
+		if (dup)
+			continue;
+		asked[nasked++] = rc->chunks[i].shard;
+		BSON_APPEND_INT32(&cmd, "stripedbStmtResult", 1);
+		BSON_APPEND_DOCUMENT(&cmd, "lsid", &c->txn.lsid);
+		BSON_APPEND_INT64(&cmd, "txnNumber", c->txn.txn);
+		BSON_APPEND_INT32(&cmd, "stmtId", proxy_txn_stmt_id(&c->txn, idx));
+		cls = px_run_on(c, rc->chunks[i].shard, &cmd, NULL, &reply, nerr, nelen);
+		bson_destroy(&cmd);
+		if (cls != SHARDCONN_OK) {
+			bson_copy_to(&reply, err_reply);
+			out = -1;
+		} else if (px_get_bool(&reply, "executed", false) &&
+			   bson_iter_init_find(&it, &reply, "result") &&
+			   BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_t view;
+			bson_iter_document(&it, &len, &data);
+			if (bson_init_static(&view, data, len)) {
+				bson_copy_to(&view, res);
+				out = 1;
+			}
+		}
+		bson_destroy(&reply);
+	}
+	free(asked);
+	return out;
+}
+
+/* Fold a shard's recorded result of one update/delete statement ({n, nModified?,
+ * upserted?: _id}, src/shard/retry.c) into w as the statement's outcome. */
+static void fold_recorded(wresult *w, const bson_t *res, int64_t idx)
+{
+	bson_t reply = BSON_INITIALIZER, arr, e;
+	bson_iter_t it;
+	int64_t map[1] = {idx};
+	bool up = bson_iter_init_find(&it, res, "upserted");
+
+	BSON_APPEND_INT64(&reply, "n", px_get_int(res, "n", 0) + (up ? 1 : 0));
+	BSON_APPEND_INT64(&reply, "nModified", px_get_int(res, "nModified", 0));
+	if (up) {
+		bson_append_array_begin(&reply, "upserted", -1, &arr);
+		bson_append_document_begin(&arr, "0", -1, &e);
+		BSON_APPEND_INT32(&e, "index", 0);
+		bson_append_iter(&e, "_id", -1, &it);
+		bson_append_document_end(&arr, &e);
+		bson_append_array_end(&reply, &arr);
+	}
+	fold_write_reply(w, &reply, map, 1);
+	bson_destroy(&reply);
+}
+
+/* write_stmt's operation: one statement, and the chunk ranges of a multi statement that
+ * shards refused with StaleConfig (retried alone under the new routing). */
+typedef struct stmt_op {
+	const wstmt *s;
+	wresult *w;
+	size_t before;         /* w->nerr before the statement */
+	bson_t **pmin, **pmax; /* pending ranges (copies), npend of them */
+	size_t npend, cap;
+	bool first;            /* the whole statement (not only pending ranges) */
+} stmt_op;
+
+/* One attempt of a statement: straight to one chunk when the key pins it; otherwise the
+ * owned matches of each targeted chunk (multi), or the first owned match (single). */
+static int stmt_execute(px_retry *r, void *arg)
+{
+	stmt_op *o = arg;
+	ctx *c = r->c;
+	route_coll *rc = r->rc;
+	const wstmt *s = o->s;
+	wresult *w = o->w;
+	size_t before = o->before, i, nsel;
+	bool exact, stale = false, touched = false;
+	bool *sel = px_target(rc, &s->q, &nsel, &exact);
+
+	if (!o->first) {
+		/* restrict to the ranges refused as stale */
+		bool *rr = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *rr);
+		bool *acc = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *acc);
+		for (i = 0; i < o->npend; i++) {
+			route_target_range(rc, o->pmin[i], o->pmax[i], rr);
+			for (size_t j = 0; j < rc->nchunks; j++)
+				acc[j] = acc[j] || rr[j];
+		}
+		nsel = 0;
+		for (i = 0; i < rc->nchunks; i++) {
+			sel[i] = sel[i] && acc[i];
+			nsel += sel[i];
+		}
+		free(rr);
+		free(acc);
+		for (i = 0; i < o->npend; i++) {
+			bson_destroy(o->pmin[i]);
+			bson_destroy(o->pmax[i]);
+		}
+		o->npend = 0;
+	}
+	o->first = false;
+	px_note_target(c, rc, nsel);
+	if (exact && nsel == 1) {
+		for (i = 0; !sel[i]; i++)
+			;
+		if (send_stmt(c, rc, i, s, NULL, false, w) == SHARDCONN_STALE)
+			stale = true;
+	} else if (s->upsert) {
+		wresult_error(w, s->idx, NULL, ERR_SHARD_KEY_NOT_FOUND,
+			      "Failed to target upsert by query :: could not extract exact "
+			      "shard key");
+	} else if (nsel == 0) {
+		/* nothing can match */
+	} else if (s->multi) {
+		for (i = 0; i < rc->nchunks && w->nerr == before; i++) {
+			if (!sel[i])
+				continue;
+			if (multi_on_chunk(c, rc, i, s, w, 0, &touched) == SHARDCONN_STALE) {
+				if (o->npend == o->cap) {
+					o->cap = o->cap ? o->cap * 2 : 8;
+					o->pmin = sdb_realloc(o->pmin, o->cap * sizeof *o->pmin);
+					o->pmax = sdb_realloc(o->pmax, o->cap * sizeof *o->pmax);
+				}
+				o->pmin[o->npend] = bson_copy(rc->chunks[i].min);
+				o->pmax[o->npend] = bson_copy(rc->chunks[i].max);
+				o->npend++;
+				stale = true;
+			}
+		}
+	} else {
+		/* single document without an exact key: the first owned match */
+		int64_t n_before = w->n;
+		if (c->txn.on) {
+			bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
+			char nerr[256];
+			int pr = probe_executed(c, rc, sel, s->idx, &res, &er, nerr,
+						sizeof nerr);
+			if (pr == 1)
+				fold_recorded(w, &res, s->idx);
+			else if (pr < 0)
+				wresult_error_from(w, s->idx, &er,
+						   px_get_int(&er, "code", 0) ? SHARDCONN_CMD_ERR
+									 : SHARDCONN_NET_ERR,
+						   nerr);
+			bson_destroy(&res);
+			bson_destroy(&er);
+			if (pr != 0)
+				n_before = -1; /* answered: skip the chunk walk */
+		}
+		for (i = 0; n_before >= 0 && i < rc->nchunks && w->nerr == before &&
+			    w->n == n_before;
+		     i++) {
+			if (!sel[i])
+				continue;
+			if (multi_on_chunk(c, rc, i, s, w, 1, &touched) == SHARDCONN_STALE) {
+				stale = true;
+				break;
+			}
+		}
+	}
+	free(sel);
+	if (!stale)
+		return PX_RETRY_DONE;
+	if (!s->multi || o->npend == 0)
+		o->first = true; /* redo the whole statement */
+	return PX_RETRY_STALE;
+}
+
+static void stmt_exhausted(px_retry *r, void *arg)
+{
+	stmt_op *o = arg;
+
+	(void)r;
+	wresult_error(o->w, o->s->idx, NULL, WIRE_ERR_STALE_CONFIG,
+		      "routing kept changing: StaleConfig retry budget exhausted");
+}
+
+/* One update/delete statement on a sharded collection. Returns false when an ordered
+ * batch must stop (the statement failed). */
+static bool write_stmt(ctx *c, route_coll **rcp, const wstmt *s, wresult *w)
+{
+	stmt_op o;
+	px_retry r;
+	char err[512];
+	size_t i;
+
+	if (px_uses_js(&s->q, 0)) {
+		wresult_error(w, s->idx, NULL, WIRE_ERR_BAD_VALUE,
+			      "$where and server-side JavaScript are not allowed on stripedb");
+		return false;
+	}
+	if (s->is_update) {
+		bson_t u;
+		if (px_get_doc(&s->stmt, "u", &u) && route_update_changes_key(*rcp, &u, &s->q, err,
+									    sizeof err)) {
+			bool no_key = strstr(err, "without specifying") != NULL;
+			wresult_error(w, s->idx, NULL,
+				      no_key ? ERR_SHARD_KEY_NOT_FOUND : WIRE_ERR_IMMUTABLE_FIELD, err);
+			return false;
+		}
+	}
+	memset(&o, 0, sizeof o);
+	o.s = s;
+	o.w = w;
+	o.before = w->nerr;
+	o.first = true;
+	px_retry_init(&r, c, *rcp, stmt_execute, stmt_exhausted, &o);
+	px_retry_run(&r);
+	*rcp = r.rc;
+	r.rc = NULL; /* the caller's reference */
+	px_retry_done(&r);
+	for (i = 0; i < o.npend; i++) {
+		bson_destroy(o.pmin[i]);
+		bson_destroy(o.pmax[i]);
+	}
+	free(o.pmin);
+	free(o.pmax);
+	return w->nerr == o.before;
+}
+
+void px_do_write(ctx *c, bool is_update)
+{
+	bson_t stmts;
+	bson_iter_t it;
+	route_coll *rc;
+	wresult w;
+	bool ordered = px_get_bool(c->cmd, "ordered", true);
+	int64_t idx = 0;
+
+	rc = px_route_or_fail(c);
+	if (rc == NULL)
+		return;
+	if (!px_get_array(c->cmd, is_update ? "updates" : "deletes", &stmts)) {
+		route_coll_unref(rc);
+		px_error(c, WIRE_ERR_BAD_VALUE, "%s needs a %s array",
+			 is_update ? "update" : "delete", is_update ? "updates" : "deletes");
+		return;
+	}
+	if (rc->nkeys == 0) {
+		route_coll_unref(rc);
+		if (px_refuse_js(c, &stmts))
+			return;
+		px_forward_primary(c);
+		return;
+	}
+	wresult_init(&w);
+	bson_iter_init(&it, &stmts);
+	while (bson_iter_next(&it)) {
+		wstmt s;
+		bool ok;
+		if (!stmt_parse(&it, is_update, idx, &s)) {
+			wresult_error(&w, idx, NULL, WIRE_ERR_BAD_VALUE, "statement is not a document");
+			ok = false;
+		} else {
+			ok = write_stmt(c, &rc, &s, &w);
+		}
+		idx++;
+		if (!ok && ordered)
+			break;
+	}
+	route_coll_unref(rc);
+	answer_write(c, &w, is_update);
+	wresult_destroy(&w);
+}
+
+/* ---------- findAndModify ---------- */
+
+/* findAndModify's operation on a sharded collection. */
+typedef struct fam_op {
+	const bson_t *query;
+	const bson_t *sort; /* NULL: none */
+	merge_sort *ms;     /* the order of candidates across chunks */
+	bool upsert;
+	bool probed;        /* a retryable write's shards were asked for its recorded result */
+	bool stale_copy;    /* the last stale refusal is answered as the shard gave it */
+} fam_op;
+
+static const int64_t fam_stmt = 0; /* findAndModify is statement 0 (stmtId as given) */
+
+/* The shard's answer of a pinned or final findAndModify sent to chunk ci of r->rc as fwd.
+ * PX_RETRY_STALE keeps the refusal (answered as it is when the budget is spent). */
+static int fam_send(px_retry *r, fam_op *o, size_t ci, bson_t *fwd, bool check_value)
+{
+	ctx *c = r->c;
+	bson_t reply;
+	char nerr[256];
+	int cls;
+
+	px_append_version(fwd, &r->rc->chunks[ci]);
+	proxy_txn_append(&c->txn, fwd, &fam_stmt, 1);
+	cls = px_run_on(c, r->rc->chunks[ci].shard, fwd, NULL, &reply, nerr, sizeof nerr);
+	if (cls == SHARDCONN_STALE) {
+		px_failure_set(&r->last, cls, &reply, nerr);
+		o->stale_copy = true;
+		bson_destroy(&reply);
+		return PX_RETRY_STALE;
+	}
+	if (cls == SHARDCONN_OK && check_value && r->attempt < 3) {
+		bson_iter_t v;
+		if (bson_iter_init_find(&v, &reply, "value") && BSON_ITER_HOLDS_NULL(&v)) {
+			/* the candidate changed under us: look again */
+			bson_destroy(&reply);
+			return PX_RETRY_AGAIN;
+		}
+	}
+	px_reply_write_result(c, cls, &reply, nerr);
+	bson_destroy(&reply);
+	return PX_RETRY_DONE;
+}
+
+/* A retry of a retryable findAndModify that ran on some shard: answer its recorded reply.
+ * True when answered (recorded, or a shard could not be asked). */
+static bool fam_probe(ctx *c, route_coll *rc, const bool *sel)
+{
+	bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
+	char nerr[256];
+	int pr = probe_executed(c, rc, sel, fam_stmt, &res, &er, nerr, sizeof nerr);
+
+	if (pr == 1) {
+		bson_t *out = bson_new();
+		bson_copy_to_excluding_noinit(&res, out, "ok", NULL);
+		BSON_APPEND_DOUBLE(out, "ok", 1.0);
+		px_reply(c, out);
+	} else if (pr < 0 && px_get_int(&er, "code", 0)) {
+		px_reply_shard_error(c, SHARDCONN_CMD_ERR, &er, nerr);
+	} else if (pr < 0) {
+		px_reply_retryable_net_error(c, shardconn_unexecuted(&er), nerr);
+	}
+	bson_destroy(&res);
+	bson_destroy(&er);
+	return pr != 0;
+}
+
+/* Two phases: the first owned candidate across the selected chunks (by the sort), then
+ * the command on {$and: [query, {_id: <candidate's>}]} at its chunk. */
+static int fam_two_phase(px_retry *r, fam_op *o, const bool *sel)
+{
+	ctx *c = r->c;
+	route_coll *rc = r->rc;
+	bson_t fwd = BSON_INITIALIZER, best = BSON_INITIALIZER;
+	bool have_best = false;
+	size_t i, best_chunk = 0;
+	char nerr[256];
+	int cls, res;
+
+	for (i = 0; i < rc->nchunks; i++) {
+		bson_t docs = BSON_INITIALIZER, er = BSON_INITIALIZER;
+		size_t n = 0;
+		bson_iter_t it;
+		if (!sel[i])
+			continue;
+		cls = px_collect_owned(c, rc, i, o->query, o->sort, 1, NULL, &docs, &n, &er, nerr,
+				       sizeof nerr);
+		if (cls != SHARDCONN_OK) {
+			if (cls != SHARDCONN_STALE)
+				px_reply_shard_error(c, cls, &er, nerr);
+			bson_destroy(&docs);
+			bson_destroy(&er);
+			bson_destroy(&best);
+			o->stale_copy = false;
+			return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
+		}
+		if (n > 0 && bson_iter_init(&it, &docs) && bson_iter_next(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_t d;
+			bson_iter_document(&it, &len, &data);
+			bson_init_static(&d, data, len);
+			if (!have_best || merge_sort_cmp(o->ms, &d, &best) < 0) {
+				bson_destroy(&best);
+				bson_copy_to(&d, &best);
+				best_chunk = i;
+				have_best = true;
+			}
+		}
+		bson_destroy(&docs);
+		bson_destroy(&er);
+	}
+	if (!have_best) {
+		bson_t *out = bson_new(), leo;
+		bson_destroy(&best);
+		bson_append_document_begin(out, "lastErrorObject", -1, &leo);
+		BSON_APPEND_INT32(&leo, "n", 0);
+		if (!px_get_bool(c->cmd, "remove", false))
+			BSON_APPEND_BOOL(&leo, "updatedExisting", false);
+		bson_append_document_end(out, &leo);
+		BSON_APPEND_NULL(out, "value");
+		BSON_APPEND_DOUBLE(out, "ok", 1.0);
+		px_reply(c, out);
+		return PX_RETRY_DONE;
+	}
+	{
+		bson_iter_t it, idit;
+		bson_t q2, and, idq;
+		bson_init(&q2);
+		bson_append_array_begin(&q2, "$and", -1, &and);
+		BSON_APPEND_DOCUMENT(&and, "0", o->query);
+		bson_append_document_begin(&and, "1", -1, &idq);
+		if (bson_iter_init_find(&idit, &best, "_id"))
+			bson_append_iter(&idq, "_id", -1, &idit);
+		bson_append_document_end(&and, &idq);
+		bson_append_array_end(&q2, &and);
+		bson_iter_init(&it, c->cmd);
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			if (px_is_session_field(k) || strcmp(k, "sort") == 0)
+				continue;
+			if (strcmp(k, "query") == 0)
+				continue;
+			bson_append_iter(&fwd, k, -1, &it);
+		}
+		BSON_APPEND_DOCUMENT(&fwd, "query", &q2);
+		bson_destroy(&q2);
+	}
+	res = fam_send(r, o, best_chunk, &fwd, true);
+	bson_destroy(&fwd);
+	bson_destroy(&best);
+	return res;
+}
+
+/* One attempt: straight to the chunk an exact shard key pins; otherwise (not for upserts)
+ * the recorded result of a retried retryable write, or the two phases. */
+static int fam_execute(px_retry *r, void *arg)
+{
+	fam_op *o = arg;
+	ctx *c = r->c;
+	size_t nsel, i;
+	bool exact;
+	bool *sel = px_target(r->rc, o->query, &nsel, &exact);
+	int res = PX_RETRY_DONE;
+
+	if (exact && nsel == 1) {
+		bson_t fwd = BSON_INITIALIZER;
+		for (i = 0; !sel[i]; i++)
+			;
+		px_copy_cmd(c->cmd, &fwd, NULL);
+		res = fam_send(r, o, i, &fwd, false);
+		bson_destroy(&fwd);
+	} else if (o->upsert) {
+		px_error(c, ERR_SHARD_KEY_NOT_FOUND,
+			 "Query for sharded findAndModify with upsert: true must contain the shard "
+			 "key");
+	} else {
+		bool answered = false;
+		if (c->txn.on && !o->probed) {
+			o->probed = true;
+			answered = fam_probe(c, r->rc, sel);
+		}
+		if (!answered)
+			res = fam_two_phase(r, o, sel);
+	}
+	free(sel);
+	return res;
+}
+
+/* The budget is spent: a refusal of the command itself is answered as the shard gave it,
+ * one of the candidate search as StaleConfig. */
+static void fam_exhausted(px_retry *r, void *arg)
+{
+	fam_op *o = arg;
+
+	if (o->stale_copy)
+		px_reply_copy(r->c, &r->last.reply);
+	else
+		px_error(r->c, WIRE_ERR_STALE_CONFIG,
+			 "routing kept changing: StaleConfig retry budget exhausted");
+}
+
+void px_do_find_and_modify(ctx *c)
+{
+	bson_t query, sort, update;
+	bool has_q = px_get_doc(c->cmd, "query", &query);
+	bool has_sort = px_get_doc(c->cmd, "sort", &sort);
+	route_coll *rc;
+	char err[512];
+	fam_op o;
+	px_retry r;
+
+	if (!has_q)
+		bson_init(&query);
+	if (px_refuse_js(c, &query))
+		return;
+	rc = px_route_sharded(c, PX_FWD_PLAIN, 0, false);
+	if (rc == NULL)
+		return;
+	if (px_get_doc(c->cmd, "update", &update) &&
+	    route_update_changes_key(rc, &update, &query, err, sizeof err)) {
+		route_coll_unref(rc);
+		px_error(c,
+			 strstr(err, "without specifying") ? ERR_SHARD_KEY_NOT_FOUND
+							    : WIRE_ERR_IMMUTABLE_FIELD,
+			 "%s", err);
+		return;
+	}
+	memset(&o, 0, sizeof o);
+	o.query = &query;
+	o.sort = has_sort ? &sort : NULL;
+	o.upsert = px_get_bool(c->cmd, "upsert", false);
+	merge_sort_parse(o.sort, &o.ms, NULL, err, sizeof err);
+	px_retry_init(&r, c, rc, fam_execute, fam_exhausted, &o);
+	px_retry_run(&r);
+	px_retry_done(&r);
+	merge_sort_free(o.ms);
+}
+

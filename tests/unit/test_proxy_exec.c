@@ -1,0 +1,504 @@
+/* Unit tests of the proxy's command handlers (src/proxy/read.c, write.c) and its one retry
+ * path (src/proxy/retry.c, issue #24), against a fake cluster (retry.h's px_cluster seam):
+ * two shards a and b, a collection db.c sharded on k with chunks [MinKey, 100) on a and
+ * [100, MaxKey) on b. The fake records every command it is sent and answers as the test
+ * scripted it (documents held, StaleConfig refusals, network errors); the handlers run on
+ * the test's thread with a zeroed proxy, and their one answer is read from the ctx. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/clock.h"
+#include "proxy/exec.h"
+
+#define ERR_STALE_CONFIG 13388
+
+typedef struct fake {
+	route_coll *rc;      /* the routing the metadata service would give */
+	route_coll *next;    /* given (and kept) at the next forced reload when not NULL */
+	int reloads;         /* forced reloads asked (StaleConfig refreshes) */
+	int stale[2];        /* per shard (a, b): StaleConfig answers still to give */
+	bool always_stale;   /* every versioned command is refused with StaleConfig */
+	bool net_err_b;      /* shard b does not answer (after executing nothing) */
+	const bson_t *docs[2]; /* per shard: an array of the documents it holds */
+	bson_t log[64];      /* every command sent (copies) ... */
+	char log_shard[64];  /* ... and its shard ('a' or 'b') */
+	size_t nlog;
+} fake;
+
+static int shard_index(const char *shard)
+{
+	return strcmp(shard, "a") == 0 ? 0 : 1;
+}
+
+static int fake_command(void *impl, const char *shard, const char *db, const bson_t *cmd,
+			uint32_t *sid, bson_t *reply, char *neterr, size_t nelen)
+{
+	fake *f = impl;
+	int s = shard_index(shard);
+	bson_iter_t it;
+	const char *name = "";
+
+	(void)sid;
+	if (bson_iter_init(&it, cmd) && bson_iter_next(&it))
+		name = bson_iter_key(&it);
+	assert_true(f->nlog < 64);
+	bson_copy_to(cmd, &f->log[f->nlog]);
+	f->log_shard[f->nlog++] = shard[0];
+	bson_init(reply);
+	if (bson_has_field(cmd, "$stripedbVersion") && (f->always_stale || f->stale[s] > 0)) {
+		if (f->stale[s] > 0)
+			f->stale[s]--;
+		BSON_APPEND_DOUBLE(reply, "ok", 0.0);
+		BSON_APPEND_UTF8(reply, "errmsg", "version mismatch");
+		BSON_APPEND_INT32(reply, "code", ERR_STALE_CONFIG);
+		BSON_APPEND_UTF8(reply, "codeName", "StaleConfig");
+		return SHARDCONN_STALE;
+	}
+	if (s == 1 && f->net_err_b) {
+		BSON_APPEND_BOOL(reply, SHARDCONN_UNEXECUTED_FIELD, true);
+		snprintf(neterr, nelen, "shard b: no suitable servers");
+		return SHARDCONN_NET_ERR;
+	}
+	if (strcmp(name, "find") == 0) {
+		bson_t cur;
+		char ns[128];
+		snprintf(ns, sizeof ns, "%s.%s", db, bson_iter_utf8(&it, NULL));
+		bson_append_document_begin(reply, "cursor", -1, &cur);
+		BSON_APPEND_INT64(&cur, "id", 0);
+		BSON_APPEND_UTF8(&cur, "ns", ns);
+		BSON_APPEND_ARRAY(&cur, "firstBatch", f->docs[s]);
+		bson_append_document_end(reply, &cur);
+	} else if (strcmp(name, "insert") == 0) {
+		bson_iter_t docs;
+		int n = 0;
+		if (bson_iter_init_find(&it, cmd, "documents") && bson_iter_recurse(&it, &docs))
+			while (bson_iter_next(&docs))
+				n++;
+		BSON_APPEND_INT32(reply, "n", n);
+	} else if (strcmp(name, "findAndModify") == 0) {
+		bson_t leo;
+		bson_append_document_begin(reply, "lastErrorObject", -1, &leo);
+		BSON_APPEND_INT32(&leo, "n", 1);
+		bson_append_document_end(reply, &leo);
+		BSON_APPEND_NULL(reply, "value");
+	}
+	BSON_APPEND_DOUBLE(reply, "ok", 1.0);
+	return SHARDCONN_OK;
+}
+
+static void fake_fanout(void *impl, size_t n, void (*fn)(void *arg, size_t i), void *arg)
+{
+	size_t i;
+
+	(void)impl;
+	for (i = 0; i < n; i++)
+		fn(arg, i);
+}
+
+static route_coll *fake_route(void *impl, const char *ns, bool force, char *err, size_t errlen)
+{
+	fake *f = impl;
+
+	(void)ns;
+	(void)err;
+	(void)errlen;
+	if (force) {
+		f->reloads++;
+		if (f->next) {
+			route_coll_unref(f->rc);
+			f->rc = f->next;
+			f->next = NULL;
+		}
+	}
+	route_coll_ref(f->rc);
+	return f->rc;
+}
+
+static char *fake_primary(void *impl)
+{
+	(void)impl;
+	return strdup("a");
+}
+
+static size_t fake_shard_ids(void *impl, char ***out)
+{
+	(void)impl;
+	*out = calloc(2, sizeof **out);
+	(*out)[0] = strdup("a");
+	(*out)[1] = strdup("b");
+	return 2;
+}
+
+static char *fake_shard_hosts(void *impl, const char *id)
+{
+	(void)impl;
+	return strdup(id);
+}
+
+static const px_cluster fake_cluster = {fake_command, fake_fanout,    fake_route,
+					fake_primary, fake_shard_ids, fake_shard_hosts};
+
+/* db.c on k: [MinKey, 100) chunk "1" on a, [100, MaxKey) chunk "2" on b, tokens t1, t2. */
+static route_coll *table(int64_t version, int64_t t1, int64_t t2)
+{
+	bson_t *t = BCON_NEW("routingVersion", BCON_INT64(version), "chunks", "[", "{", "id",
+			     BCON_INT64(1), "ns", "db.c", "min", "{", "k", BCON_MINKEY, "}", "max",
+			     "{", "k", BCON_INT32(100), "}", "shard", "a", "token", BCON_INT64(t1),
+			     "}", "{", "id", BCON_INT64(2), "ns", "db.c", "min", "{", "k",
+			     BCON_INT32(100), "}", "max", "{", "k", BCON_MAXKEY, "}", "shard", "b",
+			     "token", BCON_INT64(t2), "}", "]");
+	bson_t *key = BCON_NEW("k", BCON_INT32(1));
+	route_coll *c = NULL;
+	char err[256];
+
+	assert_int_equal(route_coll_build("db.c", key, t, &c, err, sizeof err), 0);
+	bson_destroy(t);
+	bson_destroy(key);
+	return c;
+}
+
+typedef struct env {
+	fake f;
+	proxy p;
+	px_answer ans;
+	ctx c;
+	bson_t *docs_a, *docs_b;
+} env;
+
+/* a holds k = 1, 2 and an orphan k = 150 a migration left behind; b holds k = 150, 160 */
+static int setup(void **state)
+{
+	env *e = calloc(1, sizeof *e);
+
+	e->f.rc = table(7, 1, 1);
+	e->docs_a = BCON_NEW("0", "{", "_id", BCON_INT32(1), "k", BCON_INT32(1), "}", "1", "{",
+			     "_id", BCON_INT32(2), "k", BCON_INT32(2), "}", "2", "{", "_id",
+			     BCON_INT32(3), "k", BCON_INT32(150), "}");
+	e->docs_b = BCON_NEW("0", "{", "_id", BCON_INT32(3), "k", BCON_INT32(150), "}", "1", "{",
+			     "_id", BCON_INT32(4), "k", BCON_INT32(160), "}");
+	e->f.docs[0] = e->docs_a;
+	e->f.docs[1] = e->docs_b;
+	e->p.cluster = &fake_cluster;
+	e->p.cluster_impl = &e->f;
+	e->p.stale_retry_ms = 5000;
+	e->p.m_stale_retries = sdb_metrics_counter("test_stale_retries_total", "t", NULL);
+	e->p.m_scatter = sdb_metrics_counter("test_routed_total", "t", "kind=\"scatter\"");
+	e->p.m_targeted = sdb_metrics_counter("test_routed_total", "t", "kind=\"targeted\"");
+	e->p.m_cursors = sdb_metrics_gauge("test_cursors", "t", NULL);
+	uv_mutex_init(&e->p.cmu);
+	*state = e;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	env *e = *state;
+	size_t i;
+
+	for (i = 0; i < e->f.nlog; i++)
+		bson_destroy(&e->f.log[i]);
+	route_coll_unref(e->f.rc);
+	if (e->f.next)
+		route_coll_unref(e->f.next);
+	if (e->ans.reply)
+		bson_destroy(e->ans.reply);
+	if (e->ans.extra)
+		bson_destroy(e->ans.extra);
+	bson_free(e->ans.msg);
+	proxy_txn_free(&e->c.txn);
+	bson_destroy(e->docs_a);
+	bson_destroy(e->docs_b);
+	proxy_cursor_reap(&e->p, true);
+	uv_mutex_destroy(&e->p.cmu);
+	free(e);
+	return 0;
+}
+
+/* Prepare e->c for cmd (collection "c" of db "db") with a StaleConfig budget of budget_ms. */
+static void request(env *e, const bson_t *cmd, int64_t budget_ms)
+{
+	memset(&e->c, 0, sizeof e->c);
+	e->c.p = &e->p;
+	e->c.ans = &e->ans;
+	e->c.cmd = cmd;
+	e->c.db = "db";
+	e->c.coll = "c";
+	snprintf(e->c.ns, sizeof e->c.ns, "db.c");
+	e->c.deadline_ms = sdb_mono_ms() + (uint64_t)budget_ms;
+}
+
+static int64_t reply_int(const env *e, const char *field)
+{
+	bson_iter_t it;
+
+	assert_int_equal(e->ans.state, 1);
+	assert_true(bson_iter_init_find(&it, e->ans.reply, field));
+	return bson_iter_as_int64(&it);
+}
+
+/* The token the i-th logged command carried in $stripedbVersion (-1: none). */
+static int64_t sent_token(const env *e, size_t i)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init(&it, &e->f.log[i]) &&
+	    bson_iter_find_descendant(&it, "$stripedbVersion.token", &it))
+		return bson_iter_as_int64(&it);
+	return -1;
+}
+
+static size_t count_sent(const env *e, const char *name, char shard)
+{
+	size_t i, n = 0;
+
+	for (i = 0; i < e->f.nlog; i++)
+		if (e->f.log_shard[i] == shard && bson_has_field(&e->f.log[i], name))
+			n++;
+	return n;
+}
+
+/* count: one gated find per chunk, the orphan on a dropped by the ownership filter. */
+static void test_count_owned(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("count", "c");
+
+	request(e, cmd, 5000);
+	px_do_count(&e->c);
+	assert_int_equal(reply_int(e, "n"), 4);
+	assert_int_equal(e->f.nlog, 2);
+	assert_int_equal(sent_token(e, 0), 1);
+	assert_int_equal(sent_token(e, 1), 1);
+	bson_destroy(cmd);
+}
+
+/* A StaleConfig refusal: the routing is reloaded and the count asked again under the new
+ * tokens; one answer. */
+static void test_count_stale_retried(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("count", "c");
+	uint64_t before = sdb_counter_value(e->p.m_stale_retries);
+
+	e->f.stale[0] = 1;
+	e->f.next = table(8, 5, 6);
+	request(e, cmd, 5000);
+	px_do_count(&e->c);
+	assert_int_equal(reply_int(e, "n"), 4);
+	assert_int_equal(e->f.reloads, 1);
+	assert_int_equal(sdb_counter_value(e->p.m_stale_retries), before + 1);
+	assert_int_equal(e->f.nlog, 4); /* a (refused), b, then a and b under version 8 */
+	assert_int_equal(sent_token(e, 2), 5);
+	assert_int_equal(sent_token(e, 3), 6);
+	bson_destroy(cmd);
+}
+
+/* The budget spent: the shard's StaleConfig is the answer, given once, with no reload. */
+static void test_count_stale_exhausted(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("count", "c");
+
+	e->f.always_stale = true;
+	request(e, cmd, 0);
+	px_do_count(&e->c);
+	assert_int_equal(e->ans.state, 2);
+	assert_int_equal(e->ans.code, ERR_STALE_CONFIG);
+	assert_int_equal(e->f.reloads, 0);
+	bson_destroy(cmd);
+}
+
+/* find merges the chunks' owned documents (k order) into one cursor batch. */
+static void test_find_merged(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("find", "c", "sort", "{", "k", BCON_INT32(1), "}");
+	bson_iter_t it, arr;
+	int32_t ks[8];
+	size_t n = 0;
+
+	request(e, cmd, 5000);
+	px_do_find(&e->c);
+	assert_int_equal(e->ans.state, 1);
+	assert_true(bson_iter_init(&it, e->ans.reply) &&
+		    bson_iter_find_descendant(&it, "cursor.firstBatch", &it) &&
+		    bson_iter_recurse(&it, &arr));
+	while (bson_iter_next(&arr) && n < 8) {
+		bson_iter_t d;
+		assert_true(bson_iter_recurse(&arr, &d) && bson_iter_find(&d, "k"));
+		ks[n++] = bson_iter_int32(&d);
+	}
+	assert_int_equal(n, 4);
+	assert_int_equal(ks[0], 1);
+	assert_int_equal(ks[1], 2);
+	assert_int_equal(ks[2], 150);
+	assert_int_equal(ks[3], 160);
+	bson_destroy(cmd);
+}
+
+/* A retryable ordered insert across chunks: runs per chunk, each carrying lsid, txnNumber
+ * and the ORIGINAL stmtIds of its documents (txn.h). */
+static void test_insert_retryable_stmt_ids(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("insert", "c", "documents", "[", "{", "k", BCON_INT32(1), "}", "{",
+			       "k", BCON_INT32(150), "}", "{", "k", BCON_INT32(2), "}", "]", "lsid",
+			       "{", "id", BCON_INT32(42), "}", "txnNumber", BCON_INT64(5));
+	int code = 0;
+	char err[256];
+	int32_t want[3] = {0, 1, 2};
+	char want_shard[3] = {'a', 'b', 'a'};
+	size_t i;
+
+	request(e, cmd, 5000);
+	assert_true(proxy_txn_parse(cmd, "documents", &e->c.txn, &code, err, sizeof err));
+	px_do_insert(&e->c);
+	assert_int_equal(reply_int(e, "n"), 3);
+	assert_int_equal(e->f.nlog, 3);
+	for (i = 0; i < 3; i++) {
+		bson_iter_t it;
+		assert_int_equal(e->f.log_shard[i], want_shard[i]);
+		assert_true(bson_iter_init_find(&it, &e->f.log[i], "txnNumber"));
+		assert_int_equal(bson_iter_as_int64(&it), 5);
+		assert_true(bson_has_field(&e->f.log[i], "lsid"));
+		assert_true(bson_iter_init(&it, &e->f.log[i]) &&
+			    bson_iter_find_descendant(&it, "stmtIds.0", &it));
+		assert_int_equal(bson_iter_as_int64(&it), want[i]);
+	}
+	bson_destroy(cmd);
+}
+
+/* Unordered: only the documents of the refused chunk are sent again after the reload. */
+static void test_insert_stale_resends_refused_part(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("insert", "c", "ordered", BCON_BOOL(false), "documents", "[", "{",
+			       "k", BCON_INT32(1), "}", "{", "k", BCON_INT32(150), "}", "]");
+
+	e->f.stale[1] = 1;
+	e->f.next = table(8, 1, 2);
+	request(e, cmd, 5000);
+	px_do_insert(&e->c);
+	assert_int_equal(reply_int(e, "n"), 2);
+	assert_int_equal(count_sent(e, "insert", 'a'), 1);
+	assert_int_equal(count_sent(e, "insert", 'b'), 2);
+	assert_int_equal(e->f.reloads, 1);
+	bson_destroy(cmd);
+}
+
+/* A retryable write a shard did not answer: HostUnreachable labelled RetryableWriteError,
+ * and not NoWritesPerformed (a's share was written). */
+static void test_insert_net_error_labels(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("insert", "c", "documents", "[", "{", "k", BCON_INT32(1), "}", "{",
+			       "k", BCON_INT32(150), "}", "]", "lsid", "{", "id", BCON_INT32(7),
+			       "}", "txnNumber", BCON_INT64(1));
+	int code = 0;
+	char err[256];
+	bson_iter_t it;
+	bool retryable = false, nowrites = false;
+
+	e->f.net_err_b = true;
+	request(e, cmd, 5000);
+	assert_true(proxy_txn_parse(cmd, "documents", &e->c.txn, &code, err, sizeof err));
+	px_do_insert(&e->c);
+	assert_int_equal(e->ans.state, 2);
+	assert_int_equal(e->ans.code, WIRE_ERR_HOST_UNREACHABLE);
+	assert_non_null(e->ans.extra);
+	assert_true(bson_iter_init_find(&it, e->ans.extra, "errorLabels") &&
+		    bson_iter_recurse(&it, &it));
+	while (bson_iter_next(&it)) {
+		retryable |= strcmp(bson_iter_utf8(&it, NULL), "RetryableWriteError") == 0;
+		nowrites |= strcmp(bson_iter_utf8(&it, NULL), "NoWritesPerformed") == 0;
+	}
+	assert_true(retryable);
+	assert_false(nowrites);
+	bson_destroy(cmd);
+}
+
+/* findAndModify pinned to one chunk, refused until the budget is spent: the shard's reply
+ * is the answer, once. */
+static void test_find_and_modify_stale_exhausted(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("findAndModify", "c", "query", "{", "k", BCON_INT32(150), "}",
+			       "update", "{", "$set", "{", "x", BCON_INT32(1), "}", "}");
+	bson_iter_t it;
+
+	e->f.always_stale = true;
+	request(e, cmd, 0);
+	px_do_find_and_modify(&e->c);
+	assert_int_equal(e->ans.state, 1);
+	assert_true(bson_iter_init_find(&it, e->ans.reply, "code"));
+	assert_int_equal(bson_iter_as_int64(&it), ERR_STALE_CONFIG);
+	assert_int_equal(count_sent(e, "findAndModify", 'b'), 1);
+	assert_int_equal(count_sent(e, "findAndModify", 'a'), 0);
+	bson_destroy(cmd);
+}
+
+/* findAndModify without the key: the first owned candidate by the sort across chunks, then
+ * the command on {$and: [query, {_id}]} at that chunk; a null value (the candidate changed)
+ * looks again, at most three attempts. */
+static void test_find_and_modify_two_phase(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("findAndModify", "c", "query", "{", "}", "sort", "{", "k",
+			       BCON_INT32(-1), "}", "remove", BCON_BOOL(true));
+
+	request(e, cmd, 5000);
+	px_do_find_and_modify(&e->c);
+	assert_int_equal(e->ans.state, 1);
+	/* the fake answers value: null every time: looked again 3 times, then its reply */
+	assert_int_equal(count_sent(e, "findAndModify", 'b'), 4);
+	assert_int_equal(count_sent(e, "findAndModify", 'a'), 0);
+	assert_int_equal(count_sent(e, "find", 'a'), 4);
+	assert_int_equal(count_sent(e, "find", 'b'), 4);
+	bson_destroy(cmd);
+}
+
+/* An answer is recorded once; the dispatch table knows the routed commands. */
+static void test_answer_and_table(void **state)
+{
+	env *e = *state;
+	const px_cmd *fam = px_cmd_find("findandmodify");
+
+	request(e, NULL, 0);
+	assert_false(px_answered(&e->c));
+	px_error(&e->c, WIRE_ERR_BAD_VALUE, "bad %d", 1);
+	assert_true(px_answered(&e->c));
+	assert_string_equal(e->ans.msg, "bad 1");
+	assert_non_null(fam);
+	assert_true(fam->flags & PXC_WRITE);
+	assert_true(fam->flags & PXC_ONE_DOC);
+	assert_int_equal(fam->policy, PXP_QUERY);
+	assert_non_null(px_cmd_find("killCursors"));
+	assert_true(px_cmd_find("killCursors")->flags & PXC_FREE);
+	assert_null(px_cmd_find("mapReduce"));
+	assert_null(px_cmd_find("FIND"));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_count_owned, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_count_stale_retried, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_count_stale_exhausted, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_find_merged, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_insert_retryable_stmt_ids, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_insert_stale_resends_refused_part, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_insert_net_error_labels, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_find_and_modify_stale_exhausted, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_find_and_modify_two_phase, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_answer_and_table, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
