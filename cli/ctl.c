@@ -40,6 +40,8 @@ static void ctl_usage(FILE *f)
 		"  ping                                    hello to every metadata member; who leads\n"
 		"  metadata join|remove|transfer|status    Raft membership of the metadata service\n"
 		"  shard drain|split ...                   move every / half of a shard's chunks\n"
+		"  shard list                              every shard's replica-set members\n"
+		"  shard member add|remove|transfer|status membership of a shard replica set\n"
 		"  migrate DB.COLL --chunk ID --to SHARD [--wait] [--dry-run]\n"
 		"  migration list|status|rollback|pause|resume ...   migrations in flight and done\n"
 		"  chunk list|split|merge ...              chunks of a sharded collection\n"

@@ -1,0 +1,349 @@
+/* Online membership of a shard replica set: contract in members.h.
+ *
+ * The membership change itself is libraft's (one server at a time, dissertation §4.1):
+ * raft/node.h's sdb_node_add adds the member as a spare, lets it catch up and promotes it
+ * to voter; a new member is started with the set's --replica-set and a --bootstrap-members
+ * list that does not contain its own --node-id, so it starts empty and waits to be added
+ * (raft/node.c bootstraps only the members of the list). */
+#include "shard/members.h"
+
+#include <raft.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/bsonget.h"
+#include "common/config.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "shard/repl.h"
+
+/* repl.h keeps struct shard_repl private and has no accessor for its node yet (the lead
+ * owns repl.c). Its first two members are `shard *sh; sdb_node *node;`: this mirror reads
+ * them, and shard_members_node checks the result (sh back-pointer and node id) so that a
+ * layout change fails closed (NULL: commands answer InternalError) instead of crashing.
+ * TODO: replace with a `sdb_node *shard_repl_node(shard_repl *)` defined in repl.c. */
+struct repl_prefix {
+	shard *sh;
+	sdb_node *node;
+};
+
+static uint64_t configured_id(shard *sh)
+{
+	const char *s = sdb_config_get(sh->role->cfg, SDB_OPT_node_id);
+	return s ? strtoull(s, NULL, 10) : 1;
+}
+
+sdb_node *shard_members_node(shard *sh)
+{
+	const struct repl_prefix *p = (const struct repl_prefix *)sh->repl;
+	if (!p || p->sh != sh || !p->node || sdb_node_id(p->node) != configured_id(sh))
+		return NULL;
+	return p->node;
+}
+
+typedef struct mreq {
+	shard *sh;
+	sdb_node *node;
+	wire_req *req;
+	uint64_t id;
+	char *wire;
+	const char *what;
+} mreq;
+
+static void mreq_free(mreq *m)
+{
+	free(m->wire);
+	free(m);
+}
+
+static void reply_not_primary(shard *sh, sdb_node *n, wire_req *req)
+{
+	uint64_t lid = 0;
+	const char *la = NULL;
+	const char *lw = NULL;
+	bson_t *extra = bson_new();
+	sdb_node_leader(n, &lid, &la);
+	if (lid)
+		lw = shard_repl_member_wire(sh->repl, lid);
+	if (lw)
+		BSON_APPEND_UTF8(extra, "primary", lw);
+	wire_req_error_extra(req, WIRE_ERR_NOT_WRITABLE_PRIMARY, extra,
+			     "not primary: %s must run on the primary of the replica set%s%s",
+			     wire_req_name(req), lw ? "; primary is " : "", lw ? lw : "");
+}
+
+static void reply_status(mreq *m, int rc)
+{
+	switch (rc) {
+	case SDB_ENOTLEADER:
+		wire_req_error(m->req, WIRE_ERR_INTERRUPTED_REPL_CHANGE,
+			       "%s: the primary stepped down before the change committed; its "
+			       "outcome is unknown (see replSetGetStatus)",
+			       m->what);
+		return;
+	case SDB_ECANCELED:
+		wire_req_error(m->req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, "%s: shutting down",
+			       m->what);
+		return;
+	case SDB_EINVAL:
+		wire_req_error(m->req, WIRE_ERR_BAD_VALUE, "%s: invalid member id or address",
+			       m->what);
+		return;
+	case SDB_EBUSY:
+		wire_req_error(m->req, WIRE_ERR_OPERATION_FAILED,
+			       "%s: a membership change is in progress", m->what);
+		return;
+	case SDB_ETIMEOUT:
+		wire_req_error(m->req, WIRE_ERR_OPERATION_FAILED,
+			       "%s: the transfer did not complete in time (no up-to-date voter?)",
+			       m->what);
+		return;
+	default:
+		wire_req_error(m->req, WIRE_ERR_INTERNAL, "%s: %s", m->what, sdb_strerror(rc));
+		return;
+	}
+}
+
+static void reply_members(mreq *m)
+{
+	bson_t *rep = bson_new();
+	BSON_APPEND_INT64(rep, "id", (int64_t)m->id);
+	sdb_node_append_config(m->node, rep, "members");
+	wire_req_reply(m->req, rep);
+}
+
+static void wire_recorded(void *arg, int status, bson_t *result)
+{
+	mreq *m = arg;
+	if (result)
+		bson_destroy(result);
+	/* the member is in the configuration whatever happened here: it registers its wire
+	 * address itself when this did not commit */
+	if (status != 0)
+		sdb_warn("shard: member added, recording its wire address failed (it will "
+			 "register itself)",
+			 "id=%llu status=%d", (unsigned long long)m->id, status);
+	reply_members(m);
+	mreq_free(m);
+}
+
+static void member_changed(void *arg, int status)
+{
+	mreq *m = arg;
+	if (status != 0) {
+		reply_status(m, status);
+		mreq_free(m);
+		return;
+	}
+	sdb_info("shard: replica set membership changed", "op=%s id=%llu", m->what,
+		 (unsigned long long)m->id);
+	if (m->wire) {
+		bson_t args = BSON_INITIALIZER;
+		BSON_APPEND_INT64(&args, "id", (int64_t)m->id);
+		BSON_APPEND_UTF8(&args, "wire", m->wire);
+		int rc = sdb_node_propose(m->node, "shardMember", &args, wire_recorded, m);
+		bson_destroy(&args);
+		if (rc == 0)
+			return;
+	}
+	reply_members(m);
+	mreq_free(m);
+}
+
+static bool first_id(wire_req *req, int64_t *id)
+{
+	bson_iter_t it;
+	return bson_iter_init(&it, wire_req_cmd(req)) && bson_iter_next(&it) &&
+	       sdb_bson_as_int64(&it, id);
+}
+
+static const char *str_field(wire_req *req, const char *key)
+{
+	bson_iter_t it;
+	if (bson_iter_init_find(&it, wire_req_cmd(req), key) && BSON_ITER_HOLDS_UTF8(&it))
+		return bson_iter_utf8(&it, NULL);
+	return NULL;
+}
+
+/* The node when this member is the ready primary; else the request is answered. */
+static sdb_node *primary_node(shard *sh, wire_req *req)
+{
+	sdb_node *n = shard_members_node(sh);
+	if (!n) {
+		wire_req_error(req, WIRE_ERR_INTERNAL,
+			       "%s: this shard member has no running replica set",
+			       wire_req_name(req));
+		return NULL;
+	}
+	if (!sdb_node_ready(n)) {
+		reply_not_primary(sh, n, req);
+		return NULL;
+	}
+	return n;
+}
+
+static bool valid_addr(const char *a)
+{
+	char host[256], err[128];
+	int port = 0;
+	return a && sdb_addr_split(a, host, sizeof host, &port, err, sizeof err) == 0 && port > 0;
+}
+
+static void h_add(wire_req *req, void *data)
+{
+	shard *sh = data;
+	int64_t id = 0;
+	const char *raft_addr = str_field(req, "raft"), *wire = str_field(req, "wire");
+	if (!first_id(req, &id) || id <= 0) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "addMember needs a positive member id");
+		return;
+	}
+	if (!valid_addr(raft_addr)) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "addMember needs raft: \"HOST:PORT\"");
+		return;
+	}
+	if (wire && !valid_addr(wire)) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "addMember: wire must be \"HOST:PORT\"");
+		return;
+	}
+	sdb_node *n = primary_node(sh, req);
+	if (!n)
+		return;
+	/* refuse a duplicate before libraft sees it: one clear message, nothing changes */
+	const struct raft_configuration *conf = &sdb_node_raft(n)->configuration;
+	for (unsigned i = 0; i < conf->n; i++) {
+		const struct raft_server *s = &conf->servers[i];
+		if (s->id == (raft_id)id) {
+			wire_req_error(req, WIRE_ERR_BAD_VALUE,
+				       "addMember: member id %lld is already in the replica set (raft "
+				       "%s); pick another --node-id",
+				       (long long)id, s->address);
+			return;
+		}
+		if (strcmp(s->address, raft_addr) == 0) {
+			wire_req_error(req, WIRE_ERR_BAD_VALUE,
+				       "addMember: raft address %s is already member %llu of the "
+				       "replica set",
+				       raft_addr, (unsigned long long)s->id);
+			return;
+		}
+	}
+	mreq *m = sdb_calloc(1, sizeof *m);
+	m->sh = sh;
+	m->node = n;
+	m->req = req;
+	m->id = (uint64_t)id;
+	m->what = "addMember";
+	m->wire = wire ? sdb_strdup(wire) : NULL;
+	int rc = sdb_node_add(n, m->id, raft_addr, member_changed, m);
+	if (rc != 0) {
+		if (rc == SDB_ENOTLEADER)
+			reply_not_primary(sh, n, req);
+		else
+			reply_status(m, rc);
+		mreq_free(m);
+	}
+}
+
+static void h_remove(wire_req *req, void *data)
+{
+	shard *sh = data;
+	int64_t id = 0;
+	bool found = false;
+	if (!first_id(req, &id) || id <= 0) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "removeMember needs a positive member id");
+		return;
+	}
+	sdb_node *n = primary_node(sh, req);
+	if (!n)
+		return;
+	const struct raft_configuration *conf = &sdb_node_raft(n)->configuration;
+	for (unsigned i = 0; i < conf->n; i++)
+		found |= conf->servers[i].id == (raft_id)id;
+	if (!found) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE,
+			       "removeMember: member id %lld is not in the replica set",
+			       (long long)id);
+		return;
+	}
+	if ((uint64_t)id == sdb_node_id(n)) {
+		wire_req_error(req, WIRE_ERR_ILLEGAL_OPERATION,
+			       "removeMember: member %lld is the primary; transfer the primary role "
+			       "first (transferLeadership / stripedb ctl shard member transfer)",
+			       (long long)id);
+		return;
+	}
+	mreq *m = sdb_calloc(1, sizeof *m);
+	m->sh = sh;
+	m->node = n;
+	m->req = req;
+	m->id = (uint64_t)id;
+	m->what = "removeMember";
+	int rc = sdb_node_remove(n, m->id, member_changed, m);
+	if (rc != 0) {
+		if (rc == SDB_ENOTLEADER)
+			reply_not_primary(sh, n, req);
+		else
+			reply_status(m, rc);
+		mreq_free(m);
+	}
+}
+
+static void transfer_done(void *arg, int status)
+{
+	mreq *m = arg;
+	if (status == 0) {
+		uint64_t lid = 0;
+		const char *la = NULL;
+		bson_t *rep = bson_new();
+		sdb_node_leader(m->node, &lid, &la);
+		BSON_APPEND_INT64(rep, "leaderId", (int64_t)lid);
+		wire_req_reply(m->req, rep);
+	} else {
+		reply_status(m, status);
+	}
+	mreq_free(m);
+}
+
+static void h_transfer(wire_req *req, void *data)
+{
+	shard *sh = data;
+	int64_t id = 0;
+	first_id(req, &id);
+	sdb_node *n = primary_node(sh, req);
+	if (!n)
+		return;
+	if (id < 0 || (uint64_t)id == sdb_node_id(n)) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE,
+			       "transferLeadership needs another member's id (or 0: any)");
+		return;
+	}
+	if (sdb_node_raft(n)->configuration.n < 2) {
+		wire_req_error(req, WIRE_ERR_ILLEGAL_OPERATION,
+			       "transferLeadership: this replica set has one member");
+		return;
+	}
+	mreq *m = sdb_calloc(1, sizeof *m);
+	m->sh = sh;
+	m->node = n;
+	m->req = req;
+	m->id = (uint64_t)id;
+	m->what = "transferLeadership";
+	int rc = sdb_node_transfer(n, m->id, transfer_done, m);
+	if (rc != 0) {
+		if (rc == SDB_ENOTLEADER)
+			reply_not_primary(sh, n, req);
+		else
+			reply_status(m, rc);
+		mreq_free(m);
+	}
+}
+
+void shard_members_register(shard *sh)
+{
+	wire_server_register(sh->srv, "addMember", h_add);
+	wire_server_register(sh->srv, "removeMember", h_remove);
+	wire_server_register(sh->srv, "transferLeadership", h_transfer);
+}
