@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "shard/repl.h"
 
 /* repl.h keeps struct shard_repl private and has no accessor for its node yet (the lead
@@ -346,4 +347,104 @@ void shard_members_register(shard *sh)
 	wire_server_register(sh->srv, "addMember", h_add);
 	wire_server_register(sh->srv, "removeMember", h_remove);
 	wire_server_register(sh->srv, "transferLeadership", h_transfer);
+}
+
+/* ------------------------------------------------------------------ metrics */
+
+#define LAG_MAX 16
+
+struct shard_members {
+	uv_timer_t timer;
+	shard *sh;
+	sdb_gauge *g_state, *g_primary, *g_commit, *g_last;
+	uint64_t lag_ids[LAG_MAX]; /* member ids with a lag series, n_lag of them */
+	sdb_gauge *g_lag[LAG_MAX];
+	size_t n_lag;
+};
+
+static sdb_gauge *lag_gauge(struct shard_members *m, uint64_t id)
+{
+	char labels[48];
+	for (size_t i = 0; i < m->n_lag; i++)
+		if (m->lag_ids[i] == id)
+			return m->g_lag[i];
+	if (m->n_lag == LAG_MAX)
+		return NULL;
+	snprintf(labels, sizeof labels, "member=\"%llu\"", (unsigned long long)id);
+	m->lag_ids[m->n_lag] = id;
+	m->g_lag[m->n_lag] = sdb_metrics_gauge(
+		"stripedb_shard_member_lag_entries",
+		"On the primary: Raft entries each member is behind the primary's log; -1 elsewhere.",
+		labels);
+	return m->g_lag[m->n_lag++];
+}
+
+static void sample(uv_timer_t *t)
+{
+	struct shard_members *m = t->data;
+	sdb_node *n = shard_members_node(m->sh);
+	struct raft *r;
+	uint64_t lid = 0;
+	const char *la = NULL;
+	int st;
+	if (!n)
+		return;
+	r = sdb_node_raft(n);
+	st = raft_state(r);
+	sdb_node_leader(n, &lid, &la);
+	sdb_gauge_set(m->g_state, st == RAFT_LEADER ? 2 : st == RAFT_CANDIDATE ? 1 : 0);
+	sdb_gauge_set(m->g_primary, (int64_t)lid);
+	sdb_gauge_set(m->g_commit, (int64_t)r->commit_index);
+	raft_index last = raft_last_index(r);
+	sdb_gauge_set(m->g_last, (int64_t)last);
+	for (size_t i = 0; i < m->n_lag; i++)
+		sdb_gauge_set(m->g_lag[i], -1);
+	if (st != RAFT_LEADER || !r->leader_state.progress)
+		return;
+	for (unsigned i = 0; i < r->configuration.n; i++) {
+		const struct raft_server *s = &r->configuration.servers[i];
+		raft_index match = s->id == r->id ? last : r->leader_state.progress[i].match_index;
+		sdb_gauge *g = lag_gauge(m, s->id);
+		if (g)
+			sdb_gauge_set(g, last > match ? (int64_t)(last - match) : 0);
+	}
+}
+
+void shard_members_start(shard *sh)
+{
+	struct shard_members *m;
+	if (sh->members)
+		return;
+	m = sdb_calloc(1, sizeof *m);
+	m->sh = sh;
+	m->g_state = sdb_metrics_gauge("stripedb_shard_raft_state",
+				       "Raft state of this shard member: 0 secondary, 1 candidate, "
+				       "2 primary.",
+				       NULL);
+	m->g_primary = sdb_metrics_gauge("stripedb_shard_raft_primary_id",
+					 "Member id of the primary as this member knows it (0: none).",
+					 NULL);
+	m->g_commit = sdb_metrics_gauge("stripedb_shard_raft_commit_index",
+					"Raft commit index known to this shard member.", NULL);
+	m->g_last = sdb_metrics_gauge("stripedb_shard_raft_last_index",
+				      "Index of the last entry of this shard member's Raft log.", NULL);
+	uv_timer_init(sh->role->loop, &m->timer);
+	m->timer.data = m;
+	uv_timer_start(&m->timer, sample, 0, 1000);
+	sh->members = m;
+}
+
+static void timer_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+void shard_members_stop(shard *sh)
+{
+	struct shard_members *m = sh->members;
+	if (!m)
+		return;
+	sh->members = NULL;
+	uv_timer_stop(&m->timer);
+	uv_close((uv_handle_t *)&m->timer, timer_closed);
 }

@@ -148,3 +148,45 @@ def test_transfer_then_remove(start_role, tmp_path):
         with pymongo.MongoClient(f"mongodb://127.0.0.1:{w}/?directConnection=true",
                                  readPreference="secondaryPreferred") as c:
             assert sorted(d["_id"] for d in c.app.c.find({}, {"_id": 1})) == sorted(acked)
+
+
+def _metrics(port):
+    from prometheus_client.parser import text_string_to_metric_families
+    from conftest import http_get
+    st, body = http_get(port, "/metrics")
+    assert st == 200
+    return {s.name + str(sorted(s.labels.items())): s.value
+            for f in text_string_to_metric_families(body.decode()) for s in f.samples}
+
+
+def test_metrics_show_state_primary_and_lag(start_role, tmp_path):
+    procs, wires, uri = start_set(start_role, tmp_path)
+    write_acked(uri, range(20))
+    pi = primary_index(wires)
+    pst = status(wires[pi])
+
+    def sampled():
+        m = _metrics(procs[pi].http_port)
+        return (m.get("stripedb_shard_raft_state[]") == 2
+                and m.get("stripedb_shard_raft_last_index[]", 0) >= pst["applied"]
+                and all(f"stripedb_shard_member_lag_entries[('member', '{i}')]" in m
+                        for i in (1, 2, 3)))
+    wait_until(sampled, 10, interval=0.2, what="the primary's replica-set metrics")
+    m = _metrics(procs[pi].http_port)
+    assert m["stripedb_shard_raft_primary_id[]"] == pi + 1
+    assert m[f"stripedb_shard_member_lag_entries[('member', '{pi + 1}')]"] == 0
+    for i, p in enumerate(procs):
+        if i == pi:
+            continue
+        wait_until(lambda: _metrics(p.http_port).get("stripedb_shard_raft_primary_id[]") == pi + 1,
+                   10, interval=0.2, what="a secondary's view of the primary")
+        ms = _metrics(p.http_port)
+        assert ms["stripedb_shard_raft_state[]"] == 0
+    # a member killed: the primary's lag for it grows with new writes
+    victim = (pi + 1) % 3
+    procs[victim].p.kill()
+    procs[victim].p.wait()
+    write_acked(uri, range(20, 60))
+    lag = lambda: _metrics(procs[pi].http_port)[
+        f"stripedb_shard_member_lag_entries[('member', '{victim + 1}')]"]
+    wait_until(lambda: lag() > 0, 10, interval=0.2, what="lag of the dead member")
