@@ -55,15 +55,45 @@
 static int reserved_fds[DEV_MAX_PROCS * 4];
 static int n_reserved;
 
+/* The lowest port of the kernel's ephemeral range (outgoing connections take theirs from
+ * it), 32768 when unknown. */
+static int ephemeral_low(void)
+{
+	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	int lo = 32768, hi = 0;
+
+	if (f != NULL) {
+		if (fscanf(f, "%d %d", &lo, &hi) != 2 || lo < 2048) {
+			lo = 32768;
+		}
+		fclose(f);
+	}
+	return lo;
+}
+
+/* Ports are taken below the ephemeral range: a port reserved here is released before the
+ * processes start, and the Raft connections between members (outgoing, ephemeral ports)
+ * must not take a listen port of a process that starts later. Falls back to the kernel's
+ * choice (port 0) when no such port is free. */
 static int reserve_port(void)
 {
 	struct sockaddr_in a;
 	socklen_t len = sizeof a;
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	int lo = ephemeral_low();
 
 	memset(&a, 0, sizeof a);
 	a.sin_family = AF_INET;
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	for (int i = 0; fd >= 0 && lo > 12000 && i < 200; i++) {
+		int port = 10000 + (int)((unsigned)rand() % (unsigned)(lo - 10000));
+		a.sin_port = htons((uint16_t)port);
+		if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+			reserved_fds[n_reserved++] = fd;
+			return port;
+		}
+	}
+	a.sin_port = 0;
 	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
 	    getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
 		fprintf(stderr, "stripedb dev: cannot reserve a loopback port: %s\n", strerror(errno));
@@ -725,6 +755,7 @@ static int dev_up(int argc, char **argv)
 	int meta_idx[3];
 
 	memset(c, 0, sizeof *c);
+	srand((unsigned)getpid() ^ (unsigned)sdb_mono_ms());
 	snprintf(c->cdc, sizeof c->cdc, "embedded");
 	for (int i = 0; i < argc; i += 2) { /* --flag value pairs */
 		const char *a = argv[i];

@@ -28,7 +28,9 @@ typedef struct probe {
 	char last_err[200];
 } probe;
 
-/* A server error that says the write was not executed (refused before it ran). */
+/* A server error that says the write was not executed (refused before it ran). Anything
+ * else (a network error, HostUnreachable 6 from the proxy when the shard's connection broke
+ * mid-command, InterruptedDueToReplStateChange 11602) leaves the outcome unknown. */
 static int refused(const bson_error_t *e)
 {
 	if (e->domain != MONGOC_ERROR_SERVER && e->domain != MONGOC_ERROR_WRITE_CONCERN)
@@ -37,7 +39,6 @@ static int refused(const bson_error_t *e)
 	case 10107: /* NotWritablePrimary */
 	case 13435: /* NotPrimaryNoSecondaryOk */
 	case 91:    /* ShutdownInProgress */
-	case 6:     /* HostUnreachable: the proxy could not reach the shard */
 	case 70:    /* ShardNotFound */
 	case 13388: /* StaleConfig */
 		return 1;

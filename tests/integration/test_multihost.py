@@ -422,8 +422,9 @@ def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
     moved = tmp_path / "moved.conf"
     moved.write_text(spec.read_text().replace(f"data-dir = {tmp_path / 'h5'}\n",
                                               f"data-dir = {tmp_path / 'h5'}\nshard-port = 27028\n"))
-    old_uri = f"mongodb://{net.addr(5)}:27018/?directConnection=true"
-    new_uri = f"mongodb://{net.addr(5)}:27028/?directConnection=true"
+    # shard-h5 is a one-member replica set (issue #15): registered by its replica-set URI
+    old_uri = f"mongodb://{net.addr(5)}:27018/?replicaSet=shard-h5"
+    new_uri = f"mongodb://{net.addr(5)}:27028/?replicaSet=shard-h5"
     what = (f"host h5 ({net.addr(5)}) addShard: shard shard-h5 is registered at {old_uri} but "
             f"the spec says {new_uri} (bootstrap does not move a registered shard: put the old "
             "address back in the spec, or move the shard by hand)\n")
@@ -477,7 +478,10 @@ def test_example_spec_config_per_host():
         "http-listen = 10.0.0.2:9103", "grpc-listen = 10.0.0.2:1052",
         "peers = 10.0.0.1:1051,10.0.0.2:1052,10.0.0.3:1052"]
     r = _cluster("config", "--spec", example, "db4")
-    assert "[shard]\nnode-id = shard-a\ndata-dir = /var/lib/stripedb/shard\n" in r.stdout
+    # db1, db4 and db5 share shard-name shard-a: one 3-member replica set (issue #15)
+    assert ("[shard]\nreplica-set = shard-a\nnode-id = 2\ndata-dir = /var/lib/stripedb/shard\n"
+            "listen = 10.0.0.4:27018\nraft-listen = 10.0.0.4:27039\nhttp-listen = 10.0.0.4:9102\n"
+            "bootstrap-members = 1@10.0.0.1:27039,2@10.0.0.4:27039,3@10.0.0.5:27039\n") in r.stdout
     r = _cluster("config", "--spec", example, "nosuch")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no host [nosuch]" in r.stderr
 
