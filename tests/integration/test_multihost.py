@@ -514,6 +514,17 @@ HOST_OK = "[h1]\naddress = 127.0.0.1\nroles = metadata\n"
      ":4: host h1: port 1051 used twice (raft-port, ratelimit-port)\n"),
     (HOST_OK + "[h2]\naddress = 127.0.0.1\nroles = shard\n",
      ":5: hosts [h1] and [h2] have address 127.0.0.1 (one section per host"),
+    # issue #15: hosts sharing a shard-name form one replica set of 1, 3 or 5 members
+    (HOST_OK + "[h2]\naddress = 10.0.0.2\nroles = shard\nshard-name = s\n"
+     "[h3]\naddress = 10.0.0.3\nroles = shard\nshard-name = s\n",
+     "shard s has 2 members (hosts with that shard-name): a replica set has 1, 3 or 5"),
+    (HOST_OK + "".join(f"[h{i}]\naddress = 10.0.0.{i}\nroles = shard\nshard-name = s\n"
+                       f"shard-member-id = {1 if i < 4 else i}\n" for i in (2, 3, 4)),
+     "hosts [h2] and [h3] of shard s have shard-member-id 1"),
+    (HOST_OK + "[h2]\naddress = 10.0.0.2\nroles = shard\nshard-member-id = 0\n",
+     "shard-member-id: '0' is not a positive integer"),
+    ("[h1]\naddress = 10.0.0.1\nroles = shard, metadata\nshard-raft-port = 27029\n",
+     ":4: host h1: port 27029 used twice (raft-port, shard-raft-port)\n"),
 ])
 def test_bad_spec_is_one_line_exit_2(tmp_path, spec, message):
     f = tmp_path / "bad.conf"
