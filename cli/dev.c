@@ -1064,7 +1064,8 @@ static int dev_status(int argc, char **argv)
 		return 1;
 	}
 	if (!json) {
-		printf("%-15s %-12s %7s  %-9s %s\n", "NAME", "ROLE", "PID", "STATE", "METRICS");
+		printf("%-15s %-12s %7s  %-9s %-34s %s\n", "NAME", "ROLE", "PID", "STATE", "METRICS",
+		       "REPLICA SET");
 	}
 	for (int i = 0; i < c.n; i++) {
 		const dev_proc *p = &c.procs[i];
@@ -1072,13 +1073,20 @@ static int dev_status(int argc, char **argv)
 		long st = alive ? http_status(p->http, "/healthz") : 0;
 		const char *state = !alive ? "down" : st == 200 ? "healthy" : "unhealthy";
 		down += st != 200;
+		/* a shard member: its set and whether it is the primary now */
+		int primary = strcmp(p->role, "shard") == 0 && alive && is_primary(p);
 		if (json) {
 			printf("{\"name\": \"%s\", \"role\": \"%s\", \"pid\": %d, \"state\": \"%s\", "
-			       "\"wire\": %d, \"http\": %d, \"grpc\": %d}\n",
-			       p->name, p->role, p->pid, state, p->wire, p->http, p->grpc);
+			       "\"wire\": %d, \"http\": %d, \"grpc\": %d, \"set\": \"%s\", "
+			       "\"primary\": %s}\n",
+			       p->name, p->role, p->pid, state, p->wire, p->http, p->grpc, p->set,
+			       primary ? "true" : "false");
 		} else {
-			printf("%-15s %-12s %7d  %-9s http://127.0.0.1:%d/metrics\n", p->name, p->role,
-			       p->pid, state, p->http);
+			char metrics[48];
+			snprintf(metrics, sizeof metrics, "http://127.0.0.1:%d/metrics", p->http);
+			printf("%-15s %-12s %7d  %-9s %-34s %s%s%s\n", p->name, p->role, p->pid, state,
+			       metrics, p->set, p->set[0] ? " " : "",
+			       !p->set[0] || !alive ? "" : primary ? "primary" : "secondary");
 		}
 	}
 	free_cluster(&c);
