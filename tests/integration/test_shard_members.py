@@ -6,6 +6,7 @@ Jepsen-style: every write a client saw acknowledged must be on every member afte
 the added one included.
 """
 import json
+import os
 import subprocess
 
 import pymongo
@@ -15,12 +16,13 @@ from pymongo.errors import NotMasterError as NotPrimaryError
 from conftest import BIN, free_port, wait_until
 from test_shard_replset import SET, direct, primary_index, start_set
 
-# ctl needs a --metadata list; a shard given by its address never uses it
-CTL = [BIN, "ctl", "--metadata=127.0.0.1:1", "--timeout-ms=3000"]
+# a shard given by its address needs no --metadata
+CTL = [BIN, "ctl", "--timeout-ms=3000"]
 
 
 def ctl(*args):
-    return subprocess.run(CTL + list(args), capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k != "STRIPEDB_METADATA"}
+    return subprocess.run(CTL + list(args), capture_output=True, text=True, timeout=60, env=env)
 
 
 def status(port):
@@ -103,6 +105,10 @@ def test_add_refuses_duplicate_id_and_address(start_role, tmp_path):
     # usage errors exit 2 without touching the set
     assert ctl("shard", "member", "add", uri, "9").returncode == 2
     assert ctl("shard", "member", "frobnicate", uri).returncode == 2
+    # a shard named by its id is looked up in metadata: that needs --metadata
+    r = ctl("shard", "member", "status", "shard-a")
+    assert r.returncode == 2 and "--metadata" in r.stderr, r.stderr
+    assert ctl("shard", "list").returncode == 2
     # nothing joined
     assert status(wires[primary_index(wires)])["members"] == before
     # on a secondary the command itself answers NotWritablePrimary with the primary
