@@ -8,7 +8,7 @@
  *   stripedb ctl shard member transfer SHARD [ID]
  *
  * SHARD is a shard id registered with metadata (its URI comes from listShards), or the
- * shard's address itself (mongodb://... URI or H:P,H:P). add/remove/transfer run on the
+ * shard's address itself (mongodb://... URI or H:P,H:P; then no --metadata is needed). add/remove/transfer run on the
  * primary (found through hello); the member to add is started first with the set's
  * --replica-set and a --bootstrap-members list without its own --node-id.
  */
