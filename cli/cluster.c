@@ -78,7 +78,8 @@ static const char *const role_name[R__COUNT] = {"metadata", "shard", "ratelimit"
 
 /* Ports of one host; 0 = the [cluster] default. */
 enum { P_META_WIRE, P_META_RAFT, P_SHARD_WIRE, P_PROXY_WIRE, P_PROXY_GRPC, P_RL_GRPC,
-       P_HTTP_META, P_HTTP_SHARD, P_HTTP_RL, P_HTTP_PROXY, P_HTTP_COORD, P__COUNT };
+       P_HTTP_META, P_HTTP_SHARD, P_HTTP_RL, P_HTTP_PROXY, P_HTTP_COORD, P_SHARD_RAFT,
+       P__COUNT };
 
 static const struct {
 	const char *key;
@@ -88,6 +89,7 @@ static const struct {
 	{"proxy-port", 27017},	     {"proxy-grpc-port", 1052},	   {"ratelimit-port", 1051},
 	{"metadata-http-port", 9101}, {"shard-http-port", 9102},   {"ratelimit-http-port", 9105},
 	{"proxy-http-port", 9103},   {"coordinator-http-port", 9104},
+	{"shard-raft-port", 27039},
 };
 
 /* The HTTP port key of each role. */
@@ -100,6 +102,7 @@ typedef struct cl_host {
 	unsigned roles; /* bit per R_* */
 	int meta_id;    /* metadata: Raft id (0 = by order) */
 	char shard_name[64];
+	int shard_id;   /* shard: member id in its replica set (0 = by order) */
 	char data_dir[CL_PATH];
 	int port[P__COUNT];
 	int port_line[P__COUNT]; /* spec line of each port key (0 = not set here) */
@@ -342,6 +345,13 @@ static int spec_host_key(cl_spec *s, cl_host *h, const char *name, const char *v
 			return spec_fail(s, "metadata-id: '%s' is not a positive integer", v);
 		}
 		h->meta_id = (int)id;
+	} else if (strcmp(name, "shard-member-id") == 0) {
+		char *end;
+		long id = strtol(v, &end, 10);
+		if (*end != '\0' || id <= 0 || id > 1000000) {
+			return spec_fail(s, "shard-member-id: '%s' is not a positive integer", v);
+		}
+		h->shard_id = (int)id;
 	} else if (strcmp(name, "shard-name") == 0) {
 		if (!valid_name(v)) {
 			return spec_fail(s, "shard-name: '%s' is not a name of [A-Za-z0-9._-]", v);
@@ -413,7 +423,7 @@ static int port_of(const cl_spec *s, const cl_host *h, int p)
 
 /* The ports each role listens on (-1 ends a list). */
 static const int role_ports[R__COUNT][4] = {
-	{P_META_WIRE, P_META_RAFT, P_HTTP_META, -1}, {P_SHARD_WIRE, P_HTTP_SHARD, -1, -1},
+	{P_META_WIRE, P_META_RAFT, P_HTTP_META, -1}, {P_SHARD_WIRE, P_SHARD_RAFT, P_HTTP_SHARD, -1},
 	{P_RL_GRPC, P_HTTP_RL, -1, -1}, {P_PROXY_WIRE, P_PROXY_GRPC, P_HTTP_PROXY, -1},
 	{P_HTTP_COORD, -1, -1, -1},
 };
@@ -542,10 +552,13 @@ static int load_spec(const char *path, cl_spec *s)
 						"%d\n", path, s->hosts[j].name, h->name, h->meta_id);
 				goto err;
 			}
+			/* hosts with the same shard-name are the members of one replica set */
 			if ((h->roles & s->hosts[j].roles & (1u << R_SHARD)) &&
-			    strcmp(h->shard_name, s->hosts[j].shard_name) == 0) {
-				fprintf(stderr, "stripedb ctl cluster: %s: hosts [%s] and [%s] have shard-name "
-						"%s\n", path, s->hosts[j].name, h->name, h->shard_name);
+			    strcmp(h->shard_name, s->hosts[j].shard_name) == 0 && h->shard_id != 0 &&
+			    h->shard_id == s->hosts[j].shard_id) {
+				fprintf(stderr, "stripedb ctl cluster: %s: hosts [%s] and [%s] of shard %s have "
+						"shard-member-id %d\n", path, s->hosts[j].name, h->name,
+					h->shard_name, h->shard_id);
 				goto err;
 			}
 			/* one section per machine: its roles share the host's config file, data
@@ -562,6 +575,39 @@ static int load_spec(const char *path, cl_spec *s)
 			if (check_host_ports(s, h, perr, sizeof perr) != 0) {
 				fprintf(stderr, "stripedb ctl cluster: %s\n", perr);
 				goto err;
+			}
+		}
+	}
+	/* shard replica sets: member ids by order where not given, 1, 3 or 5 members */
+	for (int i = 0; i < s->n_hosts; i++) {
+		cl_host *h = &s->hosts[i];
+		int members = 0, next = 1;
+		if (!(h->roles & (1u << R_SHARD))) {
+			continue;
+		}
+		for (int j = 0; j < s->n_hosts; j++) {
+			const cl_host *o = &s->hosts[j];
+			if ((o->roles & (1u << R_SHARD)) && strcmp(o->shard_name, h->shard_name) == 0) {
+				members++;
+				if (o->shard_id >= next) {
+					next = o->shard_id + 1;
+				}
+			}
+		}
+		if (members != 1 && members != 3 && members != 5) {
+			fprintf(stderr, "stripedb ctl cluster: %s: shard %s has %d members (hosts with "
+					"that shard-name): a replica set has 1, 3 or 5\n",
+				path, h->shard_name, members);
+			goto err;
+		}
+		if (h->shard_id == 0) {
+			/* the first host without an id takes the next free one, in spec order */
+			for (int j = 0; j < s->n_hosts; j++) {
+				cl_host *o = &s->hosts[j];
+				if ((o->roles & (1u << R_SHARD)) && strcmp(o->shard_name, h->shard_name) == 0 &&
+				    o->shard_id == 0) {
+					o->shard_id = next++;
+				}
 			}
 		}
 	}
@@ -669,10 +715,21 @@ static char *host_config(const cl_spec *s, const cl_host *h)
 		sb_printf(&b, "\n");
 	}
 	if (h->roles & (1u << R_SHARD)) {
-		sb_printf(&b, "\n[shard]\nnode-id = %s\ndata-dir = %s/shard\nlisten = %s:%d\n"
-			      "http-listen = %s:%d\n",
-			  h->shard_name, h->data_dir, h->addr, port_of(s, h, P_SHARD_WIRE), h->addr,
-			  port_of(s, h, P_HTTP_SHARD));
+		/* a member of the replica set of every host with this shard-name (issue #15) */
+		sb_printf(&b, "\n[shard]\nreplica-set = %s\nnode-id = %d\ndata-dir = %s/shard\n"
+			      "listen = %s:%d\nraft-listen = %s:%d\nhttp-listen = %s:%d\n"
+			      "bootstrap-members = ",
+			  h->shard_name, h->shard_id, h->data_dir, h->addr, port_of(s, h, P_SHARD_WIRE),
+			  h->addr, port_of(s, h, P_SHARD_RAFT), h->addr, port_of(s, h, P_HTTP_SHARD));
+		for (int i = 0, first = 1; i < s->n_hosts; i++) {
+			const cl_host *m = &s->hosts[i];
+			if ((m->roles & (1u << R_SHARD)) && strcmp(m->shard_name, h->shard_name) == 0) {
+				sb_printf(&b, "%s%d@%s:%d", first ? "" : ",", m->shard_id, m->addr,
+					  port_of(s, m, P_SHARD_RAFT));
+				first = 0;
+			}
+		}
+		sb_printf(&b, "\n");
 	}
 	if (h->roles & ((1u << R_RATELIMIT) | (1u << R_PROXY))) {
 		/* the rate-limit peer ring: every rate limiter and every proxy (as `dev up`) */
@@ -1096,11 +1153,33 @@ static int wait_leader(const cl_spec *s, const cl_host **leader)
 	return -1;
 }
 
-/* The URI bootstrap registers the embedded shard of h with. */
+/* The URI bootstrap registers the embedded shard of h with: the replica-set URI of every
+ * host with h's shard-name, in spec order. */
 static void shard_uri(const cl_spec *s, const cl_host *h, char *buf, size_t n)
 {
-	snprintf(buf, n, "mongodb://%s:%d/?directConnection=true", h->addr,
-		 port_of(s, h, P_SHARD_WIRE));
+	size_t o = (size_t)snprintf(buf, n, "mongodb://");
+	for (int i = 0, first = 1; i < s->n_hosts && o < n; i++) {
+		const cl_host *m = &s->hosts[i];
+		if ((m->roles & (1u << R_SHARD)) && strcmp(m->shard_name, h->shard_name) == 0) {
+			o += (size_t)snprintf(buf + o, n - o, "%s%s:%d", first ? "" : ",", m->addr,
+					      port_of(s, m, P_SHARD_WIRE));
+			first = 0;
+		}
+	}
+	if (o < n) {
+		snprintf(buf + o, n - o, "/?replicaSet=%s", h->shard_name);
+	}
+}
+
+/* Whether an earlier host of the spec is a member of h's shard (one registration per set). */
+static int shard_seen(const cl_spec *s, const cl_host *h)
+{
+	for (const cl_host *o = s->hosts; o < h; o++) {
+		if ((o->roles & (1u << R_SHARD)) && strcmp(o->shard_name, h->shard_name) == 0) {
+			return 1;
+		}
+	}
+	return 0;
 }
 
 /* A client of the metadata group (the replica set of its members); NULL on bad addresses. */
@@ -1265,8 +1344,13 @@ static int cluster_bootstrap(const cl_spec *s)
 	}
 	for (int i = 0; i < s->n_hosts; i++) {
 		const cl_host *h = &s->hosts[i];
-		char suri[256];
-		if (!(h->roles & (1u << R_SHARD)) || host_failed[i]) {
+		char suri[1024];
+		int earlier = 0; /* one registration per set, by its first member still up */
+		for (int j = 0; j < i; j++) {
+			earlier |= !host_failed[j] && (s->hosts[j].roles & (1u << R_SHARD)) &&
+				   strcmp(s->hosts[j].shard_name, h->shard_name) == 0;
+		}
+		if (!(h->roles & (1u << R_SHARD)) || host_failed[i] || earlier) {
 			continue;
 		}
 		shard_uri(s, h, suri, sizeof suri);
@@ -1324,7 +1408,7 @@ static int check_registrations(const cl_spec *s)
 		const cl_host *h = i < s->n_hosts ? &s->hosts[i] : NULL;
 		char want[512], reg[512], msg[1400], who[256];
 		int f;
-		if (h != NULL && !(h->roles & (1u << R_SHARD))) {
+		if (h != NULL && (!(h->roles & (1u << R_SHARD)) || shard_seen(s, h))) {
 			continue;
 		}
 		if (h != NULL) {

@@ -40,6 +40,8 @@ static void ctl_usage(FILE *f)
 		"  ping                                    hello to every metadata member; who leads\n"
 		"  metadata join|remove|transfer|status    Raft membership of the metadata service\n"
 		"  shard drain|split ...                   move every / half of a shard's chunks\n"
+		"  shard list                              every shard's replica-set members\n"
+		"  shard member add|remove|transfer|status membership of a shard replica set\n"
 		"  migrate DB.COLL --chunk ID --to SHARD [--wait] [--dry-run]\n"
 		"  migration list|status|rollback|pause|resume ...   migrations in flight and done\n"
 		"  chunk list|split|merge ...              chunks of a sharded collection\n"
@@ -228,12 +230,16 @@ int cli_main(int argc, char **argv)
 		if (strcmp(cmds[k].name, argv[i]) == 0) {
 			char *list, *save = NULL;
 			int bad = 0;
-			if (ctx.metadata == NULL || ctx.metadata[0] == '\0') {
+			/* `shard member ... SHARD` with SHARD given as the set's address needs no
+			 * metadata (cli/shardset.c asks for it when SHARD is a registered id) */
+			int no_meta_ok = strcmp(argv[i], "shard") == 0 && i + 1 < argc &&
+					 strcmp(argv[i + 1], "member") == 0;
+			if ((ctx.metadata == NULL || ctx.metadata[0] == '\0') && !no_meta_ok) {
 				fprintf(stderr, "stripedb ctl: no metadata address: pass --metadata=H:P,... "
 						"or set STRIPEDB_METADATA\n");
 				return 2;
 			}
-			list = sdb_strdup(ctx.metadata);
+			list = sdb_strdup(ctx.metadata ? ctx.metadata : "");
 			for (char *tok = strtok_r(list, ",", &save); tok != NULL && !bad;
 			     tok = strtok_r(NULL, ",", &save)) {
 				char host[256], err[256];

@@ -1,10 +1,11 @@
 /* `stripedb demo`: the main job on one command (issue #9).
  *
  *   stripedb demo [--dir DIR] [--cdc embedded|kafka] [--seconds N] [--records N]
- *                 [--threads N] [--json FILE]
+ *                 [--threads N] [--shard-members 1|3|5] [--json FILE]
  *
  * 1. `stripedb dev up` in DIR (default ./stripedb-demo, wiped first when no cluster runs
- *    there): metadata x3, shards a-d, a rate limiter, 2 proxies, 2 coordinators.
+ *    there): metadata x3, shards a-d as replica sets of --shard-members members (default
+ *    3), a rate limiter, 1 proxy, 1 coordinator (18 processes: sized for a 2-core machine).
  * 2. Tenants: `acme` (the payments tenant, a generous quota) owns database `pay`;
  *    `burst` (requestsPerSec 20) owns database `burst`. pay.charges is sharded by
  *    {merchant: 1} in 8 ranges placed so that shard-a holds the busiest merchants (a
@@ -15,11 +16,16 @@
  *    (`stripedb ctl shard split shard-a --to shard-d`: half of its chunks move to the
  *    shard the bin-pack freed); after. A progress bar per migration follows its state in
  *    metadata (getMigration).
+ * 3c. Failover (replica sets of 3 or 5): SIGKILL the primary of the busiest shard (the
+ *    one holding merchant m0000) while the workload runs (cli/failover.c): the time from
+ *    the kill to the first acknowledged write on the new primary, as a client through the
+ *    proxies sees it, then `dev restart` of the killed member and its catch-up.
  * 4. Tenant `burst` is pushed over its quota (inserts as fast as one client goes):
  *    error 462 with retryAfterMS.
  * 5. The report: per phase operations, errors by kind, latency percentiles per kind; per
  *    migration the chunk, the write pause of each switch attempt, documents and bytes
- *    moved; the quota result; the verdict of the history checker (src/bench/check.c,
+ *    moved; the failover time and the probe's check (nothing lost or duplicated); the
+ *    quota result; the verdict of the history checker (src/bench/check.c,
  *    in-process C: no Python needed) over every acknowledged operation and the final
  *    documents read through the proxies.
  * 6. `dev down`: every process stops; on Ctrl-C (SIGINT/SIGTERM/SIGHUP) the demo stops
@@ -47,6 +53,7 @@
 
 #include "bench/bench.h"
 #include "cli/dev.h"
+#include "cli/failover.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/metauri.h"
@@ -531,7 +538,7 @@ static void push_quota(const char *proxy_uri, quota_result *q)
 /* --- the report --- */
 
 static void print_report(bench *b, demo_mig *migs, int nmigs, const quota_result *q,
-			 const bench_verdict *v, int checked)
+			 const demo_failover *fo, const bench_verdict *v, int checked)
 {
 	int64_t docs = 0, bytes = 0;
 
@@ -557,6 +564,12 @@ static void print_report(bench *b, demo_mig *migs, int nmigs, const quota_result
 	}
 	printf("  data moved: %" PRId64 " documents imported or replicated, %.1f KiB imported\n", docs,
 	       (double)bytes / 1024.0);
+	printf("\n");
+	if (fo != NULL) {
+		demo_failover_print(fo, stdout);
+	} else {
+		printf("failover: skipped (one-member shards: --shard-members 1)\n");
+	}
 	printf("\nquota: tenant burst (20 requests/s): %d inserts sent, %d accepted, %d refused with "
 	       "462 (retryAfterMS %" PRId64 ")%s%s\n",
 	       q->sent, q->ok, q->over, q->retry_after_ms, q->other ? ", other errors: " : "",
@@ -578,7 +591,20 @@ static void print_report(bench *b, demo_mig *migs, int nmigs, const quota_result
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: stripedb demo [--dir DIR] [--cdc embedded|kafka] [--seconds N] "
-		   "[--records N] [--threads N] [--json FILE]\n");
+		   "[--records N] [--threads N] [--shard-members 1|3|5] [--json FILE]\n");
+}
+
+static int run_self_wait(char *const *args)
+{
+	return run_self(args, NULL, 0);
+}
+
+static void tick_workload(void *arg)
+{
+	char status[256];
+	bench_status_line(arg, status, sizeof status);
+	printf("  workload %s\n", status);
+	fflush(stdout);
 }
 
 int cli_demo_main(int argc, char **argv)
@@ -586,7 +612,9 @@ int cli_demo_main(int argc, char **argv)
 	const char *dir = "stripedb-demo", *cdc = "embedded", *json = NULL;
 	double seconds = 60;
 	int64_t records = 20000;
-	int threads = 4, rc = 1, nmigs = 0, checked = 0, up = 0;
+	int threads = 4, rc = 1, nmigs = 0, checked = 0, up = 0, members = 3, fo_rc = 0;
+	char members_arg[8];
+	demo_failover fo;
 	char err[512], meta[512], proxies[512], uri[1024], metauri[1024], *mu;
 	demo_mig migs[DEMO_MAX_MIGS];
 	dev_cluster *cl = sdb_calloc(1, sizeof *cl);
@@ -599,6 +627,7 @@ int cli_demo_main(int argc, char **argv)
 
 	memset(&q, 0, sizeof q);
 	memset(&v, 0, sizeof v);
+	memset(&fo, 0, sizeof fo);
 	for (int i = 0; i < argc; i += 2) { /* --flag value pairs */
 		const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
 		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -621,11 +650,14 @@ int cli_demo_main(int argc, char **argv)
 			records = atoll(val);
 		} else if (strcmp(a, "--threads") == 0 && atoi(val) >= 1 && atoi(val) <= 64) {
 			threads = atoi(val);
+		} else if (strcmp(a, "--shard-members") == 0 &&
+			   (strcmp(val, "1") == 0 || strcmp(val, "3") == 0 || strcmp(val, "5") == 0)) {
+			members = atoi(val);
 		} else if (strcmp(a, "--json") == 0) {
 			json = val;
 		} else {
 			fprintf(stderr, "stripedb demo: bad flag or value: %s %s (--cdc embedded|kafka, "
-					"--seconds 10..3600, --records 100.., --threads 1..64)\n", a, val);
+					"--seconds 10..3600, --records 100.., --threads 1..64, --shard-members 1|3|5)\n", a, val);
 			free(cl);
 			return 2;
 		}
@@ -659,10 +691,14 @@ int cli_demo_main(int argc, char **argv)
 		}
 		free(cj);
 	}
-	printf("== 1. a local cluster: stripedb dev up --dir %s --shards 4 --cdc %s\n", dir, cdc);
+	snprintf(members_arg, sizeof members_arg, "%d", members);
+	printf("== 1. a local cluster: stripedb dev up --dir %s --shards 4 --shard-members %d "
+	       "--proxies 1 --coordinators 1 --cdc %s\n",
+	       dir, members, cdc);
 	{
-		char *args[] = {"dev", "up", "--dir", (char *)dir, "--shards", "4", "--proxies", "2",
-				"--coordinators", "2", "--cdc", (char *)cdc, "--log-level", "warn", NULL};
+		char *args[] = {"dev", "up", "--dir", (char *)dir, "--shards", "4", "--shard-members",
+				members_arg, "--proxies", "1", "--coordinators", "1", "--cdc",
+				(char *)cdc, "--log-level", "warn", NULL};
 		int r = run_self(args, NULL, 0);
 		up = 1; /* whatever happened, cluster.json names what must be stopped */
 		if (r != 0 || interrupted) {
@@ -737,6 +773,17 @@ int cli_demo_main(int argc, char **argv)
 			goto out;
 		}
 	}
+	if (members > 1) {
+		printf("\n== 4c. failover: SIGKILL the primary of the busiest shard while the workload "
+		       "runs\n");
+		fflush(stdout);
+		bench_mark(b, "failover (during)");
+		fo_rc = demo_failover_run(cl, uri, m, run_self_wait, tick_workload, b, &interrupted,
+					  &fo);
+		if (interrupted) {
+			goto out;
+		}
+	}
 	bench_mark(b, "after");
 	{
 		uint64_t min_after = sdb_mono_ms() + (uint64_t)(seconds * 150);
@@ -759,11 +806,14 @@ int cli_demo_main(int argc, char **argv)
 	} else {
 		checked = 1;
 	}
-	print_report(b, migs, nmigs, &q, &v, checked);
+	print_report(b, migs, nmigs, &q, members > 1 ? &fo : NULL, &v, checked);
 	if (json != NULL) {
 		bench_report(b, NULL, json, checked ? &v : NULL);
 	}
-	rc = checked && v.ok && q.over > 0 ? 0 : 1;
+	rc = checked && v.ok && q.over > 0 && fo_rc == 0 ? 0 : 1;
+	if (fo_rc != 0) {
+		fprintf(stderr, "stripedb demo: the failover step failed or found a violation\n");
+	}
 	if (q.over == 0) {
 		fprintf(stderr, "stripedb demo: tenant burst was never refused (462 expected)\n");
 	}

@@ -1,20 +1,23 @@
 /* `stripedb dev`: a complete local cluster for laptops, demos and tests.
  *
- *   stripedb dev up [--dir DIR] [--shards N] [--proxies N] [--coordinators N]
- *                   [--cdc embedded|kafka] [--log-level L]
+ *   stripedb dev up [--dir DIR] [--shards N] [--shard-members 1|3|5] [--proxies N]
+ *                   [--coordinators N] [--cdc embedded|kafka] [--log-level L]
  *   stripedb dev status [--dir DIR] [--json]
  *   stripedb dev down [--dir DIR]
- *   stripedb dev kill NAME|ROLE [--dir DIR]       SIGKILL (ROLE "metadata" = the leader)
+ *   stripedb dev kill NAME|ROLE|SHARD [--dir DIR] SIGKILL (ROLE "metadata" = the leader;
+ *                                                  SHARD, e.g. shard-a = its primary)
  *   stripedb dev restart NAME [--dir DIR]
  *   stripedb dev kafka-mock --out FILE TOPIC...   (internal: a Kafka-protocol broker, librdkafka's
  *                                                  mock cluster, for --cdc kafka)
  *
- * `up` starts every role as a child process of its own (metadata x3, N shards, proxies,
- * coordinators, one rate limiter) in their own session, logs under DIR/logs/, data under
+ * `up` starts every role as a child process of its own (metadata x3, N shards of
+ * --shard-members replica-set members each (default 3: shard-a-1..3, a Raft group named
+ * shard-a; with 1 the member is named shard-a), proxies, coordinators, one rate limiter) in their own session, logs under DIR/logs/, data under
  * DIR/data/, and records the cluster in DIR/cluster.json (names, roles, pids, ports, argv),
  * which the other subcommands read. Every port is chosen free at `up` time by binding port 0
  * on 127.0.0.1, so two clusters on one machine never clash. `up` returns once every process
- * answers /healthz and the shards are registered with the metadata service. `up` in a DIR
+ * answers /healthz, every shard set has a primary and the shards are registered with the
+ * metadata service by their replica-set URIs (mongodb://h1,h2,h3/?replicaSet=shard-a). `up` in a DIR
  * whose cluster was stopped resumes it with its recorded arguments (dev_resume).
  *
  * Exit codes: 0 ok, 1 a process failed to start or the cluster misbehaved, 2 bad usage.
@@ -52,15 +55,45 @@
 static int reserved_fds[DEV_MAX_PROCS * 4];
 static int n_reserved;
 
+/* The lowest port of the kernel's ephemeral range (outgoing connections take theirs from
+ * it), 32768 when unknown. */
+static int ephemeral_low(void)
+{
+	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	int lo = 32768, hi = 0;
+
+	if (f != NULL) {
+		if (fscanf(f, "%d %d", &lo, &hi) != 2 || lo < 2048) {
+			lo = 32768;
+		}
+		fclose(f);
+	}
+	return lo;
+}
+
+/* Ports are taken below the ephemeral range: a port reserved here is released before the
+ * processes start, and the Raft connections between members (outgoing, ephemeral ports)
+ * must not take a listen port of a process that starts later. Falls back to the kernel's
+ * choice (port 0) when no such port is free. */
 static int reserve_port(void)
 {
 	struct sockaddr_in a;
 	socklen_t len = sizeof a;
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	int lo = ephemeral_low();
 
 	memset(&a, 0, sizeof a);
 	a.sin_family = AF_INET;
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	for (int i = 0; fd >= 0 && lo > 12000 && i < 200; i++) {
+		int port = 10000 + (int)((unsigned)rand() % (unsigned)(lo - 10000));
+		a.sin_port = htons((uint16_t)port);
+		if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+			reserved_fds[n_reserved++] = fd;
+			return port;
+		}
+	}
+	a.sin_port = 0;
 	if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
 	    getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
 		fprintf(stderr, "stripedb dev: cannot reserve a loopback port: %s\n", strerror(errno));
@@ -250,6 +283,7 @@ static int save_cluster(const dev_cluster *c)
 		bson_append_document_begin(&arr, k, -1, &d);
 		BSON_APPEND_UTF8(&d, "name", p->name);
 		BSON_APPEND_UTF8(&d, "role", p->role);
+		BSON_APPEND_UTF8(&d, "set", p->set);
 		BSON_APPEND_INT32(&d, "pid", p->pid);
 		BSON_APPEND_INT32(&d, "wire", p->wire);
 		BSON_APPEND_INT32(&d, "http", p->http);
@@ -335,6 +369,8 @@ static int load_cluster(const char *dir, dev_cluster *c)
 					snprintf(p->name, sizeof p->name, "%s", bson_iter_utf8(&d, NULL));
 				} else if (strcmp(k, "role") == 0 && BSON_ITER_HOLDS_UTF8(&d)) {
 					snprintf(p->role, sizeof p->role, "%s", bson_iter_utf8(&d, NULL));
+				} else if (strcmp(k, "set") == 0 && BSON_ITER_HOLDS_UTF8(&d)) {
+					snprintf(p->set, sizeof p->set, "%s", bson_iter_utf8(&d, NULL));
 				} else if (strcmp(k, "pid") == 0) {
 					p->pid = (int)bson_iter_as_int64(&d);
 				} else if (strcmp(k, "wire") == 0) {
@@ -399,7 +435,70 @@ static void addr_list(const dev_cluster *c, const char *role, int grpc, char *bu
 	}
 }
 
-/* Register every shard with the metadata service (idempotent: an existing id is fine). */
+/* The replica-set URI of shard set: every member's wire address. */
+static void shard_uri(const dev_cluster *c, const char *set, char *buf, size_t n)
+{
+	size_t o = (size_t)snprintf(buf, n, "mongodb://");
+	int first = 1;
+
+	for (int i = 0; i < c->n && o < n; i++) {
+		const dev_proc *p = &c->procs[i];
+		if (strcmp(p->role, "shard") == 0 && strcmp(p->set, set) == 0) {
+			o += (size_t)snprintf(buf + o, n - o, "%s127.0.0.1:%d", first ? "" : ",", p->wire);
+			first = 0;
+		}
+	}
+	if (o < n) {
+		snprintf(buf + o, n - o, "/?replicaSet=%s", set);
+	}
+}
+
+/* Whether the member answers hello as the writable primary. */
+static int is_primary(const dev_proc *p)
+{
+	char uri[160];
+	mongoc_client_t *cl;
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_error_t e;
+	bson_iter_t it;
+	int yes = 0;
+
+	snprintf(uri, sizeof uri,
+		 "mongodb://127.0.0.1:%d/?directConnection=true&serverSelectionTimeoutMS=1000&"
+		 "connectTimeoutMS=1000",
+		 p->wire);
+	cl = mongoc_client_new(uri);
+	BSON_APPEND_INT32(&cmd, "hello", 1);
+	if (cl != NULL && mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e)) {
+		yes = bson_iter_init_find(&it, &reply, "isWritablePrimary") && bson_iter_as_bool(&it);
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	mongoc_client_destroy(cl);
+	return yes;
+}
+
+static const dev_proc *set_primary(const dev_cluster *c, const char *set, int timeout_ms)
+{
+	uint64_t deadline = sdb_mono_ms() + (uint64_t)timeout_ms;
+
+	do {
+		for (int i = 0; i < c->n; i++) {
+			const dev_proc *p = &c->procs[i];
+			if (strcmp(p->role, "shard") == 0 && strcmp(p->set, set) == 0 &&
+			    pid_alive(p->pid) && is_primary(p)) {
+				return p;
+			}
+		}
+		if (timeout_ms > 0) {
+			sdb_sleep_ms(50);
+		}
+	} while (sdb_mono_ms() < deadline);
+	return NULL;
+}
+
+/* Register every shard with the metadata service by its replica-set URI, once the set has
+ * a primary (idempotent: an existing id is fine). */
 static int register_shards(const dev_cluster *c)
 {
 	char uri[1024];
@@ -416,13 +515,26 @@ static int register_shards(const dev_cluster *c)
 		const dev_proc *p = &c->procs[i];
 		bson_t cmd = BSON_INITIALIZER, reply;
 		bson_error_t e;
-		char suri[128];
+		char suri[1024];
 		uint64_t deadline = sdb_mono_ms() + 30000;
+		int seen = 0;
 		if (strcmp(p->role, "shard") != 0) {
 			continue;
 		}
-		snprintf(suri, sizeof suri, "mongodb://127.0.0.1:%d/?directConnection=true", p->wire);
-		BSON_APPEND_UTF8(&cmd, "addShard", p->name);
+		for (int j = 0; j < i; j++) {
+			seen |= strcmp(c->procs[j].role, "shard") == 0 && strcmp(c->procs[j].set, p->set) == 0;
+		}
+		if (seen) {
+			continue; /* one addShard per set */
+		}
+		if (set_primary(c, p->set, 30000) == NULL) {
+			fprintf(stderr, "stripedb dev: shard %s elected no primary in 30 s; see %s/logs/\n",
+				p->set, c->dir);
+			rc = -1;
+			break;
+		}
+		shard_uri(c, p->set, suri, sizeof suri);
+		BSON_APPEND_UTF8(&cmd, "addShard", p->set);
 		BSON_APPEND_UTF8(&cmd, "uri", suri);
 		for (;;) {
 			bool ok = mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e);
@@ -431,7 +543,7 @@ static int register_shards(const dev_cluster *c)
 				break;
 			}
 			if (sdb_mono_ms() > deadline) {
-				fprintf(stderr, "stripedb dev: addShard %s: %s\n", p->name, e.message);
+				fprintf(stderr, "stripedb dev: addShard %s: %s\n", p->set, e.message);
 				rc = -1;
 				break;
 			}
@@ -507,11 +619,12 @@ static int start_kafka_mock(dev_cluster *c)
 
 static void usage_dev(FILE *f)
 {
-	fprintf(f, "usage: stripedb dev up [--dir DIR] [--shards N] [--proxies N] [--coordinators N]\n"
+	fprintf(f, "usage: stripedb dev up [--dir DIR] [--shards N] [--shard-members 1|3|5]\n"
+		   "                       [--proxies N] [--coordinators N]\n"
 		   "                       [--cdc embedded|kafka] [--log-level LEVEL]\n"
 		   "       stripedb dev status [--dir DIR] [--json]\n"
 		   "       stripedb dev down [--dir DIR]\n"
-		   "       stripedb dev kill NAME|ROLE [--dir DIR]\n"
+		   "       stripedb dev kill NAME|ROLE|SHARD [--dir DIR]   (SHARD: its primary)\n"
 		   "       stripedb dev restart NAME [--dir DIR]\n"
 		   "DIR defaults to ./stripedb-dev.\n");
 }
@@ -547,7 +660,19 @@ static void print_summary(const dev_cluster *c, const char *meta)
 		metadata_uri(c, uri, sizeof uri);
 		printf("  metadata:      %s\n", uri);
 	}
-	printf("  ctl:           stripedb ctl --metadata=%s metadata status\n", meta);
+	for (int i = 0; i < c->n; i++) {
+		const dev_proc *p = &c->procs[i];
+		int seen = 0;
+		char uri[1024];
+		for (int j = 0; j < i; j++) {
+			seen |= strcmp(c->procs[j].role, "shard") == 0 && strcmp(c->procs[j].set, p->set) == 0;
+		}
+		if (strcmp(p->role, "shard") == 0 && p->set[0] && !seen) {
+			shard_uri(c, p->set, uri, sizeof uri);
+			printf("  %-14s %s\n", p->set, uri);
+		}
+	}
+	printf("  ctl:           stripedb ctl --metadata=%s metadata status | shard list\n", meta);
 	if (strcmp(c->cdc, "kafka") == 0) {
 		printf("  kafka (mock):  %s\n", c->kafka);
 	}
@@ -625,11 +750,12 @@ static int dev_up(int argc, char **argv)
 	dev_cluster *c = &cl;
 	const char *dir = "stripedb-dev";
 	const char *level = "info";
-	int shards = 3, proxies = 2, coords = 2;
+	int shards = 3, members_per_shard = 3, proxies = 2, coords = 2;
 	char members[512], meta[512], peers[512];
 	int meta_idx[3];
 
 	memset(c, 0, sizeof *c);
+	srand((unsigned)getpid() ^ (unsigned)sdb_mono_ms());
 	snprintf(c->cdc, sizeof c->cdc, "embedded");
 	for (int i = 0; i < argc; i += 2) { /* --flag value pairs */
 		const char *a = argv[i];
@@ -646,6 +772,16 @@ static int dev_up(int argc, char **argv)
 			dir = v;
 		} else if (strcmp(a, "--shards") == 0) {
 			if (parse_count(a, v, 1, 16, &shards) != 0) {
+				return 2;
+			}
+		} else if (strcmp(a, "--shard-members") == 0) {
+			if (parse_count(a, v, 1, 5, &members_per_shard) != 0) {
+				return 2;
+			}
+			if (members_per_shard % 2 == 0) {
+				fprintf(stderr, "stripedb dev up: --shard-members must be 1, 3 or 5 (an odd "
+						"number: a majority must survive a failure), not %d\n",
+					members_per_shard);
 				return 2;
 			}
 		} else if (strcmp(a, "--proxies") == 0) {
@@ -738,17 +874,38 @@ static int dev_up(int argc, char **argv)
 		proc_arg(p, "--bootstrap-members=%s", members);
 		proc_arg(p, "--log-level=%s", level);
 	}
+	/* Shard replica sets: a Raft group of members_per_shard members per shard. */
 	for (int i = 0; i < shards; i++) {
-		char name[32];
-		dev_proc *p;
-		snprintf(name, sizeof name, "shard-%c", 'a' + i);
-		p = add_proc(c, "shard", name);
-		p->wire = reserve_port();
-		proc_arg(p, "--node-id=%s", name);
-		proc_arg(p, "--data-dir=%s/data/%s", c->dir, name);
-		proc_arg(p, "--listen=127.0.0.1:%d", p->wire);
-		proc_arg(p, "--http-listen=127.0.0.1:%d", p->http);
-		proc_arg(p, "--log-level=%s", level);
+		char set[32], list[512];
+		int first = c->n;
+		size_t o = 0;
+		snprintf(set, sizeof set, "shard-%c", 'a' + i);
+		for (int k = 0; k < members_per_shard; k++) {
+			char name[32];
+			dev_proc *p;
+			if (members_per_shard == 1) {
+				snprintf(name, sizeof name, "%s", set);
+			} else {
+				snprintf(name, sizeof name, "%.24s-%d", set, (k + 1) % 10);
+			}
+			p = add_proc(c, "shard", name);
+			snprintf(p->set, sizeof p->set, "%s", set);
+			p->wire = reserve_port();
+			p->raft = reserve_port();
+			o += (size_t)snprintf(list + o, o < sizeof list ? sizeof list - o : 0,
+					      "%s%d@127.0.0.1:%d", k ? "," : "", k + 1, p->raft);
+		}
+		for (int k = 0; k < members_per_shard; k++) {
+			dev_proc *p = &c->procs[first + k];
+			proc_arg(p, "--replica-set=%s", set);
+			proc_arg(p, "--node-id=%d", k + 1);
+			proc_arg(p, "--data-dir=%s/data/%s", c->dir, p->name);
+			proc_arg(p, "--listen=127.0.0.1:%d", p->wire);
+			proc_arg(p, "--raft-listen=127.0.0.1:%d", p->raft);
+			proc_arg(p, "--bootstrap-members=%s", list);
+			proc_arg(p, "--http-listen=127.0.0.1:%d", p->http);
+			proc_arg(p, "--log-level=%s", level);
+		}
 	}
 	{
 		dev_proc *p = add_proc(c, "ratelimit", "ratelimit-1");
@@ -907,7 +1064,8 @@ static int dev_status(int argc, char **argv)
 		return 1;
 	}
 	if (!json) {
-		printf("%-15s %-12s %7s  %-9s %s\n", "NAME", "ROLE", "PID", "STATE", "METRICS");
+		printf("%-15s %-12s %7s  %-9s %-34s %s\n", "NAME", "ROLE", "PID", "STATE", "METRICS",
+		       "REPLICA SET");
 	}
 	for (int i = 0; i < c.n; i++) {
 		const dev_proc *p = &c.procs[i];
@@ -915,13 +1073,20 @@ static int dev_status(int argc, char **argv)
 		long st = alive ? http_status(p->http, "/healthz") : 0;
 		const char *state = !alive ? "down" : st == 200 ? "healthy" : "unhealthy";
 		down += st != 200;
+		/* a shard member: its set and whether it is the primary now */
+		int primary = strcmp(p->role, "shard") == 0 && alive && is_primary(p);
 		if (json) {
 			printf("{\"name\": \"%s\", \"role\": \"%s\", \"pid\": %d, \"state\": \"%s\", "
-			       "\"wire\": %d, \"http\": %d, \"grpc\": %d}\n",
-			       p->name, p->role, p->pid, state, p->wire, p->http, p->grpc);
+			       "\"wire\": %d, \"http\": %d, \"grpc\": %d, \"set\": \"%s\", "
+			       "\"primary\": %s}\n",
+			       p->name, p->role, p->pid, state, p->wire, p->http, p->grpc, p->set,
+			       primary ? "true" : "false");
 		} else {
-			printf("%-15s %-12s %7d  %-9s http://127.0.0.1:%d/metrics\n", p->name, p->role,
-			       p->pid, state, p->http);
+			char metrics[48];
+			snprintf(metrics, sizeof metrics, "http://127.0.0.1:%d/metrics", p->http);
+			printf("%-15s %-12s %7d  %-9s %-34s %s%s%s\n", p->name, p->role, p->pid, state,
+			       metrics, p->set, p->set[0] ? " " : "",
+			       !p->set[0] || !alive ? "" : primary ? "primary" : "secondary");
 		}
 	}
 	free_cluster(&c);
@@ -1007,6 +1172,16 @@ static int dev_kill_restart(int argc, char **argv, int restart)
 			target = metadata_leader(&c);
 		}
 		for (int i = 0; i < c.n && target == NULL; i++) {
+			if (strcmp(c.procs[i].role, "shard") == 0 && strcmp(c.procs[i].set, name) == 0) {
+				target = set_primary(&c, name, 0);
+				if (target == NULL) {
+					fprintf(stderr, "stripedb dev: shard %s has no primary now\n", name);
+					free_cluster(&c);
+					return 1;
+				}
+			}
+		}
+		for (int i = 0; i < c.n && target == NULL; i++) {
 			if (strcmp(c.procs[i].role, name) == 0 && pid_alive(c.procs[i].pid)) {
 				target = &c.procs[i];
 			}
@@ -1023,7 +1198,9 @@ static int dev_kill_restart(int argc, char **argv, int restart)
 			rc = 1;
 		} else {
 			kill(target->pid, SIGKILL);
-			printf("killed %s (pid %d) with SIGKILL\n", target->name, target->pid);
+			printf("killed %s (pid %d%s%s) with SIGKILL\n", target->name, target->pid,
+			       strcmp(target->name, name) != 0 && target->set[0] ? ", primary of " : "",
+			       strcmp(target->name, name) != 0 && target->set[0] ? target->set : "");
 		}
 	} else {
 		dev_proc *p = (dev_proc *)target;
@@ -1154,6 +1331,16 @@ int dev_cluster_alive(const dev_cluster *c)
 void dev_cluster_addrs(const dev_cluster *c, const char *role, int grpc, char *buf, size_t n)
 {
 	addr_list(c, role, grpc, buf, n);
+}
+
+const dev_proc *dev_cluster_primary(const dev_cluster *c, const char *set, int timeout_ms)
+{
+	return set_primary(c, set, timeout_ms);
+}
+
+void dev_cluster_shard_uri(const dev_cluster *c, const char *set, char *buf, size_t n)
+{
+	shard_uri(c, set, buf, n);
 }
 
 void dev_self_exe(char *buf, size_t n)

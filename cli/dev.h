@@ -10,16 +10,18 @@
 #include <limits.h>
 #include <stddef.h>
 
-#define DEV_MAX_PROCS 48
+#define DEV_MAX_PROCS 104 /* 16 shards x 5 members + the other roles */
 #define DEV_MAX_ARGS 24
 
 typedef struct dev_proc {
-	char name[32];    /* metadata-1, shard-a, proxy-1, coordinator-1, ratelimit-1 */
+	char name[32];    /* metadata-1, shard-a-1 (shard-a with one member per set), proxy-1,
+			   * coordinator-1, ratelimit-1 */
 	char role[16];
+	char set[32];     /* shard members: the replica set (= shard id, e.g. shard-a); else "" */
 	int pid;
 	int wire;         /* wire port (metadata, shard, proxy) or 0 */
 	int http;         /* HTTP port */
-	int raft;         /* metadata raft port or 0 */
+	int raft;         /* metadata / shard member raft port or 0 */
 	int grpc;         /* ratelimit / proxy gRPC port or 0 */
 	char *argv[DEV_MAX_ARGS];
 	int argc;
@@ -51,6 +53,13 @@ int dev_cluster_alive(const dev_cluster *c);
 
 /* "H:P,H:P,..." of the wire (grpc = 0) or gRPC (grpc = 1) addresses of role into buf. */
 void dev_cluster_addrs(const dev_cluster *c, const char *role, int grpc, char *buf, size_t n);
+
+/* The live member of shard replica set `set` that answers hello as the writable primary,
+ * or NULL (none within timeout_ms, polling). */
+const dev_proc *dev_cluster_primary(const dev_cluster *c, const char *set, int timeout_ms);
+
+/* The replica-set URI of shard `set` (mongodb://127.0.0.1:P,.../?replicaSet=set) into buf. */
+void dev_cluster_shard_uri(const dev_cluster *c, const char *set, char *buf, size_t n);
 
 /* The path of the running stripedb binary into buf (for spawning `stripedb dev ...`). */
 void dev_self_exe(char *buf, size_t n);

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/shardset.h"
 #include "auth/cluster.h"
 #include "common/clock.h"
 #include "common/alloc.h"
@@ -558,6 +559,8 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	const char *verb = argc > 0 ? argv[0] : NULL, *shard = NULL, *to = NULL;
 	mig_opts o = {.grace_ms = -1};
+	if (verb && (strcmp(verb, "list") == 0 || strcmp(verb, "member") == 0))
+		return cli_shardset_main(ctx, argc, argv); /* cli/shardset.c: replica sets */
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (parse_common(a, &o))

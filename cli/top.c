@@ -4,7 +4,9 @@
  *                [--interval-ms N]
  *
  * Shards (listShards) with their chunks (getRoutingTable "all"), documents and bytes (each
- * shard's listDatabases + dbStats over the wire) and commands per second; migrations in
+ * shard's listDatabases + dbStats over the wire) and commands per second, and under each
+ * shard its replica-set members (replSetGetStatus on each: state, term, applied index and
+ * lag in Raft entries behind the primary; cli/shardset.h); migrations in
  * flight (listMigrations: every state but complete, aborted, rolled_back) with their
  * progress. QPS is the rate of stripedb_wire_commands_total on each shard's /metrics between
  * two samples: metadata does not record HTTP ports, so it needs the shard's metrics address,
@@ -25,6 +27,7 @@
 
 #include "cli/cli.h"
 #include "cli/dev.h"
+#include "cli/shardset.h"
 #include "auth/cluster.h"
 #include "common/clock.h"
 #include "common/alloc.h"
@@ -39,7 +42,10 @@ int cli_top_main(struct cli_ctx *ctx, int argc, char **argv);
 typedef struct top_shard {
 	char id[64], uri[256], state[32];
 	int64_t chunks, docs, bytes;
-	int http;          /* metrics port, 0 when unknown */
+	int http[SHARDSET_MAX]; /* metrics ports of its members (dev cluster), nhttp of them */
+	int nhttp;
+	shardset_member members[SHARDSET_MAX]; /* replSetGetStatus of each member */
+	int nmembers;
 	double cmds;       /* last stripedb_wire_commands_total sample, -1 unknown */
 	double qps;        /* -1 unknown */
 } top_shard;
@@ -226,7 +232,6 @@ static int top_collect(struct cli_ctx *ctx, mongoc_client_t *m, const dev_cluste
 {
 	bson_t reply, arr, d;
 	bson_iter_t it;
-	top_view old = *v;
 
 	v->nshards = 0;
 	v->nmigs = 0;
@@ -247,8 +252,9 @@ static int top_collect(struct cli_ctx *ctx, mongoc_client_t *m, const dev_cluste
 		top_str(&d, "state", s->state, sizeof s->state);
 		s->cmds = s->qps = -1;
 		for (int i = 0; dev != NULL && i < dev->n; i++) {
-			if (strcmp(dev->procs[i].name, s->id) == 0) {
-				s->http = dev->procs[i].http;
+			if ((strcmp(dev->procs[i].name, s->id) == 0 || strcmp(dev->procs[i].set, s->id) == 0) &&
+			    s->nhttp < SHARDSET_MAX) {
+				s->http[s->nhttp++] = dev->procs[i].http;
 			}
 		}
 	}
@@ -294,8 +300,12 @@ static int top_collect(struct cli_ctx *ctx, mongoc_client_t *m, const dev_cluste
 	for (int i = 0; i < v->nshards; i++) {
 		top_shard *s = &v->shards[i];
 		top_shard_size(s, ctx->timeout_ms);
-		if (s->http != 0) {
-			s->cmds = top_commands(s->http);
+		s->nmembers = shardset_status(s->uri, ctx->timeout_ms, s->members, SHARDSET_MAX);
+		for (int k = 0; k < s->nhttp; k++) { /* commands of every member of the set */
+			double n = top_commands(s->http[k]);
+			if (n >= 0) {
+				s->cmds = (s->cmds < 0 ? 0 : s->cmds) + n;
+			}
 		}
 	}
 	if (top_cmd(m, "admin", BCON_NEW("listMigrations", BCON_INT32(1)), &reply) == 0) {
@@ -326,7 +336,6 @@ static int top_collect(struct cli_ctx *ctx, mongoc_client_t *m, const dev_cluste
 		}
 	}
 	bson_destroy(&reply);
-	(void)old;
 	return 0;
 }
 
@@ -367,10 +376,21 @@ static void top_print(struct cli_ctx *ctx, const top_view *v, int json)
 			       ", \"bytes\": %" PRId64 ", \"qps\": ",
 			       i ? ", " : "", s->id, s->state, s->chunks, s->docs, s->bytes);
 			if (s->qps >= 0) {
-				printf("%.1f}", s->qps);
+				printf("%.1f", s->qps);
 			} else {
-				printf("null}");
+				printf("null");
 			}
+			printf(", \"members\": [");
+			for (int k = 0; k < s->nmembers; k++) {
+				const shardset_member *m = &s->members[k];
+				printf("%s{\"host\": \"%s\", \"reachable\": %s, \"id\": %" PRId64
+				       ", \"state\": \"%s\", \"term\": %" PRId64 ", \"applied\": %" PRId64
+				       ", \"lag\": %" PRId64 ", \"primary\": %s}",
+				       k ? ", " : "", m->host, m->reachable ? "true" : "false", m->id,
+				       m->reachable ? m->state : "UNREACHABLE", m->term, m->applied, m->lag,
+				       m->is_primary ? "true" : "false");
+			}
+			printf("]}");
 		}
 		printf("], \"migrations\": [");
 		for (int i = 0; i < v->nmigs; i++) {
@@ -402,6 +422,23 @@ static void top_print(struct cli_ctx *ctx, const top_view *v, int json)
 		}
 		printf("%-12s %-9s %7" PRId64 " %10s %11s %9s\n", s->id, s->state[0] ? s->state : "-",
 		       s->chunks, docs, size, qps);
+		/* the replica set: each member's state, term and lag (entries behind the primary) */
+		for (int k = 0; k < s->nmembers; k++) {
+			const shardset_member *m = &s->members[k];
+			char lag[24];
+			if (!m->reachable) {
+				printf("  %-21s %s\n", m->host, "UNREACHABLE");
+				continue;
+			}
+			if (m->lag >= 0) {
+				snprintf(lag, sizeof lag, "%" PRId64, m->lag);
+			} else {
+				snprintf(lag, sizeof lag, "-");
+			}
+			printf("  %-21s id %-2" PRId64 " %-10s term %-5" PRId64 " applied %-8" PRId64
+			       " lag %s\n",
+			       m->host, m->id, m->state, m->term, m->applied, lag);
+		}
 	}
 	printf("\nmigrations in flight: %d\n", v->nmigs);
 	if (v->nmigs > 0) {

@@ -2,8 +2,8 @@
 # `stripedb demo` / `stripedb ctl top` (cli/demo.c, cli/top.c) (issue #9).
 libstripedb_a_SOURCES += src/bench/hist.c src/bench/bench.c src/bench/check.c src/bench/cmd.c
 noinst_HEADERS += src/bench/hist.h src/bench/bench.h src/bench/check.h
-libstripedb_a_SOURCES += cli/demo.c cli/top.c
-noinst_HEADERS += cli/dev.h
+libstripedb_a_SOURCES += cli/demo.c cli/top.c cli/failover.c
+noinst_HEADERS += cli/dev.h cli/failover.h
 
 check_PROGRAMS += tests/unit/test_bench
 tests_unit_test_bench_SOURCES = tests/unit/test_bench.c

@@ -8,6 +8,7 @@
 #include "common/cmdopts.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "shard/members.h"
 #include "shard/repl.h"
 #include "shard/shard.h"
 #include "shard/snapfile.h"
@@ -194,6 +195,7 @@ void shard_register_commands(shard *sh)
 	}
 	wire_server_register(sh->srv, "stripedbRegisterMember", dispatch_register);
 	wire_server_register(sh->srv, "replSetGetStatus", dispatch_status);
+	shard_members_register(sh);
 }
 
 void shard_fail(shard_ctx *x, int code, const char *fmt, ...)

@@ -1370,6 +1370,11 @@ void shard_repl_close(shard_repl *r, void (*cb)(void *arg), void *arg)
 		node_closed(r);
 }
 
+sdb_node *shard_repl_node(shard_repl *r)
+{
+	return r->closed ? NULL : r->node;
+}
+
 bool shard_repl_healthy(shard_repl *r, char *msg, size_t msglen)
 {
 	if (atomic_load(&r->h_stopped)) {

@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/role.h"
+#include "shard/members.h"
 #include "shard/repl.h"
 #include "shard/shard.h"
 
@@ -167,6 +168,7 @@ static int shard_start(sdb_role *role)
 		return rc;
 	}
 	shard_register_commands(sh);
+	shard_members_start(sh);
 
 	uv_timer_start(&sh->reap_timer, reap_cb, 60000, 60000);
 	if (role->http)
@@ -238,6 +240,7 @@ static void shard_stop(sdb_role *role)
 		return;
 	}
 	uv_timer_stop(&sh->reap_timer);
+	shard_members_stop(sh);
 	uint64_t timeout = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_timeout_ms,
 							 10000);
 	/* rolling restarts: hand the primary role over first, so clients see a new primary

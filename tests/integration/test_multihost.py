@@ -422,8 +422,9 @@ def test_bootstrap_five_hosts_workload_partition(net, tmp_path):
     moved = tmp_path / "moved.conf"
     moved.write_text(spec.read_text().replace(f"data-dir = {tmp_path / 'h5'}\n",
                                               f"data-dir = {tmp_path / 'h5'}\nshard-port = 27028\n"))
-    old_uri = f"mongodb://{net.addr(5)}:27018/?directConnection=true"
-    new_uri = f"mongodb://{net.addr(5)}:27028/?directConnection=true"
+    # shard-h5 is a one-member replica set (issue #15): registered by its replica-set URI
+    old_uri = f"mongodb://{net.addr(5)}:27018/?replicaSet=shard-h5"
+    new_uri = f"mongodb://{net.addr(5)}:27028/?replicaSet=shard-h5"
     what = (f"host h5 ({net.addr(5)}) addShard: shard shard-h5 is registered at {old_uri} but "
             f"the spec says {new_uri} (bootstrap does not move a registered shard: put the old "
             "address back in the spec, or move the shard by hand)\n")
@@ -477,7 +478,10 @@ def test_example_spec_config_per_host():
         "http-listen = 10.0.0.2:9103", "grpc-listen = 10.0.0.2:1052",
         "peers = 10.0.0.1:1051,10.0.0.2:1052,10.0.0.3:1052"]
     r = _cluster("config", "--spec", example, "db4")
-    assert "[shard]\nnode-id = shard-a\ndata-dir = /var/lib/stripedb/shard\n" in r.stdout
+    # db1, db4 and db5 share shard-name shard-a: one 3-member replica set (issue #15)
+    assert ("[shard]\nreplica-set = shard-a\nnode-id = 2\ndata-dir = /var/lib/stripedb/shard\n"
+            "listen = 10.0.0.4:27018\nraft-listen = 10.0.0.4:27039\nhttp-listen = 10.0.0.4:9102\n"
+            "bootstrap-members = 1@10.0.0.1:27039,2@10.0.0.4:27039,3@10.0.0.5:27039\n") in r.stdout
     r = _cluster("config", "--spec", example, "nosuch")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no host [nosuch]" in r.stderr
 
@@ -510,6 +514,17 @@ HOST_OK = "[h1]\naddress = 127.0.0.1\nroles = metadata\n"
      ":4: host h1: port 1051 used twice (raft-port, ratelimit-port)\n"),
     (HOST_OK + "[h2]\naddress = 127.0.0.1\nroles = shard\n",
      ":5: hosts [h1] and [h2] have address 127.0.0.1 (one section per host"),
+    # issue #15: hosts sharing a shard-name form one replica set of 1, 3 or 5 members
+    (HOST_OK + "[h2]\naddress = 10.0.0.2\nroles = shard\nshard-name = s\n"
+     "[h3]\naddress = 10.0.0.3\nroles = shard\nshard-name = s\n",
+     "shard s has 2 members (hosts with that shard-name): a replica set has 1, 3 or 5"),
+    (HOST_OK + "".join(f"[h{i}]\naddress = 10.0.0.{i}\nroles = shard\nshard-name = s\n"
+                       f"shard-member-id = {1 if i < 4 else i}\n" for i in (2, 3, 4)),
+     "hosts [h2] and [h3] of shard s have shard-member-id 1"),
+    (HOST_OK + "[h2]\naddress = 10.0.0.2\nroles = shard\nshard-member-id = 0\n",
+     "shard-member-id: '0' is not a positive integer"),
+    ("[h1]\naddress = 10.0.0.1\nroles = shard, metadata\nshard-raft-port = 27029\n",
+     ":4: host h1: port 27029 used twice (raft-port, shard-raft-port)\n"),
 ])
 def test_bad_spec_is_one_line_exit_2(tmp_path, spec, message):
     f = tmp_path / "bad.conf"

@@ -1,0 +1,431 @@
+/* Online membership of a shard replica set: contract in members.h.
+ *
+ * The membership change itself is libraft's (one server at a time, dissertation §4.1):
+ * raft/node.h's sdb_node_add adds the member as a spare, lets it catch up and promotes it
+ * to voter; a new member is started with the set's --replica-set and a --bootstrap-members
+ * list that does not contain its own --node-id, so it starts empty and waits to be added
+ * (raft/node.c bootstraps only the members of the list). */
+#include "shard/members.h"
+
+#include <raft.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/bsonget.h"
+#include "common/config.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "shard/repl.h"
+
+sdb_node *shard_members_node(shard *sh)
+{
+	return sh->repl ? shard_repl_node(sh->repl) : NULL;
+}
+
+typedef struct mreq {
+	shard *sh;
+	sdb_node *node;
+	wire_req *req;
+	uint64_t id;
+	char *wire;
+	const char *what;
+} mreq;
+
+static void mreq_free(mreq *m)
+{
+	free(m->wire);
+	free(m);
+}
+
+static void reply_not_primary(shard *sh, sdb_node *n, wire_req *req)
+{
+	uint64_t lid = 0;
+	const char *la = NULL;
+	const char *lw = NULL;
+	bson_t *extra = bson_new();
+	sdb_node_leader(n, &lid, &la);
+	if (lid)
+		lw = shard_repl_member_wire(sh->repl, lid);
+	if (lw)
+		BSON_APPEND_UTF8(extra, "primary", lw);
+	wire_req_error_extra(req, WIRE_ERR_NOT_WRITABLE_PRIMARY, extra,
+			     "not primary: %s must run on the primary of the replica set%s%s",
+			     wire_req_name(req), lw ? "; primary is " : "", lw ? lw : "");
+}
+
+static void reply_status(mreq *m, int rc)
+{
+	switch (rc) {
+	case SDB_ENOTLEADER:
+		wire_req_error(m->req, WIRE_ERR_INTERRUPTED_REPL_CHANGE,
+			       "%s: the primary stepped down before the change committed; its "
+			       "outcome is unknown (see replSetGetStatus)",
+			       m->what);
+		return;
+	case SDB_ECANCELED:
+		wire_req_error(m->req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, "%s: shutting down",
+			       m->what);
+		return;
+	case SDB_EINVAL:
+		wire_req_error(m->req, WIRE_ERR_BAD_VALUE, "%s: invalid member id or address",
+			       m->what);
+		return;
+	case SDB_EBUSY:
+		wire_req_error(m->req, WIRE_ERR_OPERATION_FAILED,
+			       "%s: a membership change is in progress", m->what);
+		return;
+	case SDB_ETIMEOUT:
+		wire_req_error(m->req, WIRE_ERR_OPERATION_FAILED,
+			       "%s: the transfer did not complete in time (no up-to-date voter?)",
+			       m->what);
+		return;
+	default:
+		wire_req_error(m->req, WIRE_ERR_INTERNAL, "%s: %s", m->what, sdb_strerror(rc));
+		return;
+	}
+}
+
+static void reply_members(mreq *m)
+{
+	bson_t *rep = bson_new();
+	BSON_APPEND_INT64(rep, "id", (int64_t)m->id);
+	sdb_node_append_config(m->node, rep, "members");
+	wire_req_reply(m->req, rep);
+}
+
+static void wire_recorded(void *arg, int status, bson_t *result)
+{
+	mreq *m = arg;
+	if (result)
+		bson_destroy(result);
+	/* the member is in the configuration whatever happened here: it registers its wire
+	 * address itself when this did not commit */
+	if (status != 0)
+		sdb_warn("shard: member added, recording its wire address failed (it will "
+			 "register itself)",
+			 "id=%llu status=%d", (unsigned long long)m->id, status);
+	reply_members(m);
+	mreq_free(m);
+}
+
+static void member_changed(void *arg, int status)
+{
+	mreq *m = arg;
+	if (status != 0) {
+		reply_status(m, status);
+		mreq_free(m);
+		return;
+	}
+	sdb_info("shard: replica set membership changed", "op=%s id=%llu", m->what,
+		 (unsigned long long)m->id);
+	if (m->wire) {
+		bson_t args = BSON_INITIALIZER;
+		BSON_APPEND_INT64(&args, "id", (int64_t)m->id);
+		BSON_APPEND_UTF8(&args, "wire", m->wire);
+		int rc = sdb_node_propose(m->node, "shardMember", &args, wire_recorded, m);
+		bson_destroy(&args);
+		if (rc == 0)
+			return;
+	}
+	reply_members(m);
+	mreq_free(m);
+}
+
+static bool first_id(wire_req *req, int64_t *id)
+{
+	bson_iter_t it;
+	return bson_iter_init(&it, wire_req_cmd(req)) && bson_iter_next(&it) &&
+	       sdb_bson_as_int64(&it, id);
+}
+
+static const char *str_field(wire_req *req, const char *key)
+{
+	bson_iter_t it;
+	if (bson_iter_init_find(&it, wire_req_cmd(req), key) && BSON_ITER_HOLDS_UTF8(&it))
+		return bson_iter_utf8(&it, NULL);
+	return NULL;
+}
+
+/* The node when this member is the ready primary; else the request is answered. */
+static sdb_node *primary_node(shard *sh, wire_req *req)
+{
+	sdb_node *n = shard_members_node(sh);
+	if (!n) {
+		wire_req_error(req, WIRE_ERR_INTERNAL,
+			       "%s: this shard member has no running replica set",
+			       wire_req_name(req));
+		return NULL;
+	}
+	if (!sdb_node_ready(n)) {
+		reply_not_primary(sh, n, req);
+		return NULL;
+	}
+	return n;
+}
+
+static bool valid_addr(const char *a)
+{
+	char host[256], err[128];
+	int port = 0;
+	return a && sdb_addr_split(a, host, sizeof host, &port, err, sizeof err) == 0 && port > 0;
+}
+
+static void h_add(wire_req *req, void *data)
+{
+	shard *sh = data;
+	int64_t id = 0;
+	const char *raft_addr = str_field(req, "raft"), *wire = str_field(req, "wire");
+	if (!first_id(req, &id) || id <= 0) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "addMember needs a positive member id");
+		return;
+	}
+	if (!valid_addr(raft_addr)) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "addMember needs raft: \"HOST:PORT\"");
+		return;
+	}
+	if (wire && !valid_addr(wire)) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "addMember: wire must be \"HOST:PORT\"");
+		return;
+	}
+	sdb_node *n = primary_node(sh, req);
+	if (!n)
+		return;
+	/* refuse a duplicate before libraft sees it: one clear message, nothing changes */
+	const struct raft_configuration *conf = &sdb_node_raft(n)->configuration;
+	for (unsigned i = 0; i < conf->n; i++) {
+		const struct raft_server *s = &conf->servers[i];
+		if (s->id == (raft_id)id) {
+			wire_req_error(req, WIRE_ERR_BAD_VALUE,
+				       "addMember: member id %lld is already in the replica set (raft "
+				       "%s); pick another --node-id",
+				       (long long)id, s->address);
+			return;
+		}
+		if (strcmp(s->address, raft_addr) == 0) {
+			wire_req_error(req, WIRE_ERR_BAD_VALUE,
+				       "addMember: raft address %s is already member %llu of the "
+				       "replica set",
+				       raft_addr, (unsigned long long)s->id);
+			return;
+		}
+	}
+	mreq *m = sdb_calloc(1, sizeof *m);
+	m->sh = sh;
+	m->node = n;
+	m->req = req;
+	m->id = (uint64_t)id;
+	m->what = "addMember";
+	m->wire = wire ? sdb_strdup(wire) : NULL;
+	int rc = sdb_node_add(n, m->id, raft_addr, member_changed, m);
+	if (rc != 0) {
+		if (rc == SDB_ENOTLEADER)
+			reply_not_primary(sh, n, req);
+		else
+			reply_status(m, rc);
+		mreq_free(m);
+	}
+}
+
+static void h_remove(wire_req *req, void *data)
+{
+	shard *sh = data;
+	int64_t id = 0;
+	bool found = false;
+	if (!first_id(req, &id) || id <= 0) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "removeMember needs a positive member id");
+		return;
+	}
+	sdb_node *n = primary_node(sh, req);
+	if (!n)
+		return;
+	const struct raft_configuration *conf = &sdb_node_raft(n)->configuration;
+	for (unsigned i = 0; i < conf->n; i++)
+		found |= conf->servers[i].id == (raft_id)id;
+	if (!found) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE,
+			       "removeMember: member id %lld is not in the replica set",
+			       (long long)id);
+		return;
+	}
+	if ((uint64_t)id == sdb_node_id(n)) {
+		wire_req_error(req, WIRE_ERR_ILLEGAL_OPERATION,
+			       "removeMember: member %lld is the primary; transfer the primary role "
+			       "first (transferLeadership / stripedb ctl shard member transfer)",
+			       (long long)id);
+		return;
+	}
+	mreq *m = sdb_calloc(1, sizeof *m);
+	m->sh = sh;
+	m->node = n;
+	m->req = req;
+	m->id = (uint64_t)id;
+	m->what = "removeMember";
+	int rc = sdb_node_remove(n, m->id, member_changed, m);
+	if (rc != 0) {
+		if (rc == SDB_ENOTLEADER)
+			reply_not_primary(sh, n, req);
+		else
+			reply_status(m, rc);
+		mreq_free(m);
+	}
+}
+
+static void transfer_done(void *arg, int status)
+{
+	mreq *m = arg;
+	if (status == 0) {
+		uint64_t lid = 0;
+		const char *la = NULL;
+		bson_t *rep = bson_new();
+		sdb_node_leader(m->node, &lid, &la);
+		BSON_APPEND_INT64(rep, "leaderId", (int64_t)lid);
+		wire_req_reply(m->req, rep);
+	} else {
+		reply_status(m, status);
+	}
+	mreq_free(m);
+}
+
+static void h_transfer(wire_req *req, void *data)
+{
+	shard *sh = data;
+	int64_t id = 0;
+	first_id(req, &id);
+	sdb_node *n = primary_node(sh, req);
+	if (!n)
+		return;
+	if (id < 0 || (uint64_t)id == sdb_node_id(n)) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE,
+			       "transferLeadership needs another member's id (or 0: any)");
+		return;
+	}
+	if (sdb_node_raft(n)->configuration.n < 2) {
+		wire_req_error(req, WIRE_ERR_ILLEGAL_OPERATION,
+			       "transferLeadership: this replica set has one member");
+		return;
+	}
+	mreq *m = sdb_calloc(1, sizeof *m);
+	m->sh = sh;
+	m->node = n;
+	m->req = req;
+	m->id = (uint64_t)id;
+	m->what = "transferLeadership";
+	int rc = sdb_node_transfer(n, m->id, transfer_done, m);
+	if (rc != 0) {
+		if (rc == SDB_ENOTLEADER)
+			reply_not_primary(sh, n, req);
+		else
+			reply_status(m, rc);
+		mreq_free(m);
+	}
+}
+
+void shard_members_register(shard *sh)
+{
+	wire_server_register(sh->srv, "addMember", h_add);
+	wire_server_register(sh->srv, "removeMember", h_remove);
+	wire_server_register(sh->srv, "transferLeadership", h_transfer);
+}
+
+/* ------------------------------------------------------------------ metrics */
+
+#define LAG_MAX 16
+
+struct shard_members {
+	uv_timer_t timer;
+	shard *sh;
+	sdb_gauge *g_state, *g_primary, *g_commit, *g_last;
+	uint64_t lag_ids[LAG_MAX]; /* member ids with a lag series, n_lag of them */
+	sdb_gauge *g_lag[LAG_MAX];
+	size_t n_lag;
+};
+
+static sdb_gauge *lag_gauge(struct shard_members *m, uint64_t id)
+{
+	char labels[48];
+	for (size_t i = 0; i < m->n_lag; i++)
+		if (m->lag_ids[i] == id)
+			return m->g_lag[i];
+	if (m->n_lag == LAG_MAX)
+		return NULL;
+	snprintf(labels, sizeof labels, "member=\"%llu\"", (unsigned long long)id);
+	m->lag_ids[m->n_lag] = id;
+	m->g_lag[m->n_lag] = sdb_metrics_gauge(
+		"stripedb_shard_member_lag_entries",
+		"On the primary: Raft entries each member is behind the primary's log; -1 elsewhere.",
+		labels);
+	return m->g_lag[m->n_lag++];
+}
+
+static void sample(uv_timer_t *t)
+{
+	struct shard_members *m = t->data;
+	sdb_node *n = shard_members_node(m->sh);
+	struct raft *r;
+	uint64_t lid = 0;
+	const char *la = NULL;
+	int st;
+	if (!n)
+		return;
+	r = sdb_node_raft(n);
+	st = raft_state(r);
+	sdb_node_leader(n, &lid, &la);
+	sdb_gauge_set(m->g_state, st == RAFT_LEADER ? 2 : st == RAFT_CANDIDATE ? 1 : 0);
+	sdb_gauge_set(m->g_primary, (int64_t)lid);
+	sdb_gauge_set(m->g_commit, (int64_t)r->commit_index);
+	raft_index last = raft_last_index(r);
+	sdb_gauge_set(m->g_last, (int64_t)last);
+	for (size_t i = 0; i < m->n_lag; i++)
+		sdb_gauge_set(m->g_lag[i], -1);
+	if (st != RAFT_LEADER || !r->leader_state.progress)
+		return;
+	for (unsigned i = 0; i < r->configuration.n; i++) {
+		const struct raft_server *s = &r->configuration.servers[i];
+		raft_index match = s->id == r->id ? last : r->leader_state.progress[i].match_index;
+		sdb_gauge *g = lag_gauge(m, s->id);
+		if (g)
+			sdb_gauge_set(g, last > match ? (int64_t)(last - match) : 0);
+	}
+}
+
+void shard_members_start(shard *sh)
+{
+	struct shard_members *m;
+	if (sh->members)
+		return;
+	m = sdb_calloc(1, sizeof *m);
+	m->sh = sh;
+	m->g_state = sdb_metrics_gauge("stripedb_shard_raft_state",
+				       "Raft state of this shard member: 0 secondary, 1 candidate, "
+				       "2 primary.",
+				       NULL);
+	m->g_primary = sdb_metrics_gauge("stripedb_shard_raft_primary_id",
+					 "Member id of the primary as this member knows it (0: none).",
+					 NULL);
+	m->g_commit = sdb_metrics_gauge("stripedb_shard_raft_commit_index",
+					"Raft commit index known to this shard member.", NULL);
+	m->g_last = sdb_metrics_gauge("stripedb_shard_raft_last_index",
+				      "Index of the last entry of this shard member's Raft log.", NULL);
+	uv_timer_init(sh->role->loop, &m->timer);
+	m->timer.data = m;
+	uv_timer_start(&m->timer, sample, 0, 1000);
+	sh->members = m;
+}
+
+static void timer_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+void shard_members_stop(shard *sh)
+{
+	struct shard_members *m = sh->members;
+	if (!m)
+		return;
+	sh->members = NULL;
+	uv_timer_stop(&m->timer);
+	uv_close((uv_handle_t *)&m->timer, timer_closed);
+}
