@@ -2180,6 +2180,29 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 		*mongo_code = 67;
 		return rc;
 	}
+	if (bson_iter_init_find(&it, spec, "expireAfterSeconds")) {
+		/* a TTL index (expired documents are deleted by the shard's TTL monitor,
+		 * src/shard/ttl.c): MongoDB's rules */
+		double v = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_double(&it) : -1;
+		if (!BSON_ITER_HOLDS_NUMBER(&it) || v != v || v < 0 || v > 2147483647.0) {
+			*mongo_code = 67;
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"TTL index 'expireAfterSeconds' option must be within an "
+					"acceptable range, try a lower number");
+		}
+		if (bson_count_keys(&key) != 1) {
+			*mongo_code = 67;
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"TTL indexes are single-field indexes, compound indexes do "
+					"not support TTL");
+		}
+		if (bson_iter_init_find(&it, &key, "_id")) {
+			*mongo_code = 67;
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"The field 'expireAfterSeconds' is not valid for an _id index "
+					"specification");
+		}
+	}
 	const sdb_store_coll *co = cache_find(c, db, coll);
 	if (!co) {
 		rc = sdb_store_coll_create(c, db, coll, NULL, origin, &co, err, errlen);

@@ -66,6 +66,8 @@ typedef enum {
 	X("shutdown-quiesce-ms", shutdown_quiesce_ms, SDB_OPT_INT, "2000",                      \
 	  "graceful shutdown: quiesce period (ms) before the drain, during which wire clients " \
 	  "are told ShutdownInProgress and move to other servers")                              \
+	X("ttl-monitor-sleep-secs", ttl_monitor_sleep_secs, SDB_OPT_INT, "60",                   \
+	  "shard: seconds between TTL monitor passes on the primary (0 = off)")                 \
 	X("oplog-max-bytes", oplog_max_bytes, SDB_OPT_INT, "268435456",                         \
 	  "shard: oplog size cap (bytes); the oldest entries beyond it are trimmed")            \
 	X("oplog-max-age-s", oplog_max_age_s, SDB_OPT_INT, "0",                                 \

@@ -15,6 +15,7 @@
 #include "common/role.h"
 #include "shard/members.h"
 #include "shard/repl.h"
+#include "shard/ttl.h"
 #include "shard/shard.h"
 
 static int shard_health(void *data, char *msg, size_t msglen)
@@ -93,6 +94,13 @@ static int shard_start(sdb_role *role)
 		return SDB_EUSAGE;
 	}
 	so.session_timeout_ms = sess_min * 60 * 1000;
+	int64_t ttl_s = sdb_config_get_int(role->cfg, SDB_OPT_ttl_monitor_sleep_secs, 60);
+	if (ttl_s < 0 || ttl_s > 86400) {
+		sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+			 "shard: --ttl-monitor-sleep-secs must be between 0 (off) and 86400");
+		shard_free(sh);
+		return SDB_EUSAGE;
+	}
 	sh->test_commands = sdb_config_get_bool(role->cfg, SDB_OPT_enable_test_commands, 0) != 0;
 	if (so.oplog_max_bytes < 4096 || so.oplog_max_age_s < 0) {
 		sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
@@ -169,6 +177,7 @@ static int shard_start(sdb_role *role)
 	}
 	shard_register_commands(sh);
 	shard_members_start(sh);
+	sh->ttl = shard_ttl_start(sh, ttl_s);
 
 	uv_timer_start(&sh->reap_timer, reap_cb, 60000, 60000);
 	if (role->http)
@@ -196,11 +205,19 @@ static void timer_closed(uv_handle_t *h)
 	uv_close((uv_handle_t *)&sh->abandon_timer, abandon_closed);
 }
 
+static void ttl_stopped(void *arg)
+{
+	shard *sh = arg;
+	uv_close((uv_handle_t *)&sh->reap_timer, timer_closed);
+}
+
 static void repl_closed(void *arg)
 {
 	shard *sh = arg;
 	sh->repl = NULL;
-	uv_close((uv_handle_t *)&sh->reap_timer, timer_closed);
+	shard_ttl *t = sh->ttl;
+	sh->ttl = NULL;
+	shard_ttl_stop(t, ttl_stopped, sh);
 }
 
 static void server_closed(void *arg)

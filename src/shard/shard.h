@@ -122,6 +122,7 @@ struct shard {
 	size_t n_sessions;
 	bool test_commands; /* --enable-test-commands: configureFailPoint accepted */
 	shard_repl *repl;   /* the replica set this member belongs to (repl.h) */
+	struct shard_ttl *ttl; /* the TTL monitor (ttl.h), NULL when disabled */
 	struct shard_members *members; /* membership metrics sampler (members.h) */
 	uv_timer_t abandon_timer; /* graceful stop: answer uncommitted writes by the timeout */
 	bool failed_start;        /* closing after a failed start: no sdb_role_stopped */

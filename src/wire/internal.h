@@ -70,6 +70,9 @@ struct wire_req {
 	uint64_t start_ns;
 	bson_t *reply;
 	atomic_int completed;
+	/* detached requests (wire_req_detached_on_done) */
+	void (*detached_done)(void *arg, wire_req *req);
+	void *detached_arg;
 };
 
 enum wire_srv_state { WIRE_SRV_RUNNING = 0, WIRE_SRV_DRAINING, WIRE_SRV_CLOSING };

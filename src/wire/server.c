@@ -156,8 +156,12 @@ static void req_complete(wire_req *req, bson_t *reply)
 		abort();
 	}
 	req->reply = reply;
-	if (!srv)
-		return; /* detached: the owner takes the reply */
+	if (!srv) {
+		/* detached: the owner takes the reply, or its completion callback does */
+		if (req->detached_done)
+			req->detached_done(req->detached_arg, req);
+		return;
+	}
 	/* uv_async_send under the mutex: once the loop thread has seen this request (and may
 	 * free the server), this thread no longer touches srv. */
 	uv_mutex_lock(&srv->mu);
@@ -266,6 +270,12 @@ wire_req *wire_req_detached_new(const char *db, const bson_t *cmd)
 	req->op_code = WIRE_OP_MSG;
 	req->start_ns = uv_hrtime();
 	return req;
+}
+
+void wire_req_detached_on_done(wire_req *req, void (*cb)(void *arg, wire_req *req), void *arg)
+{
+	req->detached_done = cb;
+	req->detached_arg = arg;
 }
 
 bson_t *wire_req_detached_take(wire_req *req)

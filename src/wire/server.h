@@ -176,6 +176,9 @@ void wire_req_error_extra(wire_req *req, int code, bson_t *extra, const char *fm
  * handler completes it with wire_req_reply/error as usual; the reply is kept for
  * wire_req_detached_take instead of being sent. wire_req_conn() is NULL. Any thread. */
 wire_req *wire_req_detached_new(const char *db, const bson_t *cmd);
+/* Call cb(arg, req) on the completing thread once req is answered (it may take the reply
+ * and free req). Set before the request can complete. */
+void wire_req_detached_on_done(wire_req *req, void (*cb)(void *arg, wire_req *req), void *arg);
 /* The reply once completed (ownership passes to the caller), else NULL. */
 bson_t *wire_req_detached_take(wire_req *req);
 /* Free a detached request (and an untaken reply). NULL is a no-op. */

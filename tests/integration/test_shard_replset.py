@@ -282,3 +282,29 @@ def test_write_concern_is_honoured_or_reported(start_role, tmp_path):
             procs[other].signal(signal.SIGCONT)
     docs, _ = wait_converged(wires)
     assert {d["_id"] for d in docs} == {1, 2, 4, 5}
+
+
+def test_ttl_index_expires_documents_on_every_member(start_role, tmp_path):
+    """A TTL index deletes expired documents (the primary's monitor, replicated deletes);
+    documents without a date or not yet expired stay; bad TTL specs are refused (67)."""
+    import datetime
+    procs, wires, uri = start_set(start_role, tmp_path, extra=["--ttl-monitor-sleep-secs=1"])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    old = now - datetime.timedelta(hours=2)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        coll = c.app.c
+        coll.create_index("at", expireAfterSeconds=3600)
+        coll.insert_many([{"_id": 1, "at": old}, {"_id": 2, "at": now},
+                          {"_id": 3, "at": "not a date"}, {"_id": 4},
+                          {"_id": 5, "at": [now, old]}])
+        wait_until(lambda: {d["_id"] for d in coll.find()} == {2, 3, 4}, 30,
+                   what="the TTL monitor deleting _id 1 and 5")
+        for bad in ({"key": {"a": 1, "b": 1}, "name": "ab", "expireAfterSeconds": 10},
+                    {"key": {"a": 1}, "name": "a_neg", "expireAfterSeconds": -1},
+                    {"key": {"a": 1}, "name": "a_str", "expireAfterSeconds": "10"}):
+            with pytest.raises(OperationFailure) as e:
+                c.app.command({"createIndexes": "c", "indexes": [bad]})
+            assert e.value.code == 67, bad
+    docs, oplog = wait_converged(wires)
+    assert {d["_id"] for d in docs} == {2, 3, 4}
+    assert sum(1 for e in oplog if e[1] == "d") == 2
