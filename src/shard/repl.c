@@ -1383,7 +1383,7 @@ bool shard_repl_healthy(shard_repl *r, char *msg, size_t msglen)
 	}
 	/* a one-member set serves nothing before it is primary; a member of a larger set is
 	 * healthy while it runs (its set may have no primary: replSetGetStatus says) */
-	if (atomic_load(&r->h_members) <= 1 && !atomic_load(&r->h_ready)) {
+	if (atomic_load(&r->h_members) == 1 && !atomic_load(&r->h_ready)) {
 		snprintf(msg, msglen, "one-member set: not primary yet");
 		return false;
 	}
