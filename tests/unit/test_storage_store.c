@@ -659,8 +659,8 @@ static void test_replicated_apply_is_deterministic(void **state)
 		bson_iter_t it;
 		assert_true(bson_iter_init_find(&it, oa[i], "t"));
 		assert_int_equal(bson_iter_as_int64(&it), i < 3 ? 3 : 4);
-		bson_destroy(oa[i]);
-		bson_destroy(ob[i]);
+		sdb_doc_free(oa[i]);
+		sdb_doc_free(ob[i]);
 	}
 	free(oa);
 	free(ob);
