@@ -1,4 +1,5 @@
-/* file: archive of closed CDC segments. See archive.h. */
+/* The CDC archive: the backend vtable, the file: backend and the Kafka archiver. See
+ * archive.h; the s3 backend is archive_s3.c. */
 #include "cdc/archive.h"
 
 #include <inttypes.h>
@@ -9,22 +10,94 @@
 #include "common/alloc.h"
 #include "common/err.h"
 
-struct cdc_archive {
-	char *root;
+/* ------------------------------------------------------------ file: backend */
+
+static char *file_dir(const cdc_archive *a, const char *shard)
+{
+	return sdb_asprintf("%s/%s", (const char *)a->impl, shard);
+}
+
+static void file_close(cdc_archive *a)
+{
+	free(a->impl);
+}
+
+static int file_put(cdc_archive *a, const char *shard, const char *live_dir,
+		    uint64_t first_offset, char *err, size_t errlen)
+{
+	char *dir = file_dir(a, shard);
+	int rc = cdc_segdir_copy(live_dir, dir, first_offset, err, errlen);
+	free(dir);
+	return rc;
+}
+
+static int file_range(cdc_archive *a, const char *shard, cdc_range *out, char *err,
+		      size_t errlen)
+{
+	char *dir = file_dir(a, shard);
+	int rc = cdc_segdir_range(dir, out, err, errlen);
+	free(dir);
+	return rc;
+}
+
+/* The view of a file: archive is the shard's directory itself. */
+static char *file_view_open(cdc_archive *a, const char *shard)
+{
+	return file_dir(a, shard);
+}
+
+static void file_view_close(cdc_archive *a, char *view)
+{
+	(void)a;
+	free(view);
+}
+
+static int file_locate(cdc_archive *a, const char *shard, const char *view, uint64_t after_ts,
+		       uint64_t *offset, char *err, size_t errlen)
+{
+	(void)a;
+	(void)shard;
+	return cdc_segdir_locate(view, after_ts, offset, err, errlen);
+}
+
+static int file_read_open(cdc_archive *a, const char *shard, const char *view, uint64_t offset,
+			  cdc_segread **out, char *err, size_t errlen)
+{
+	(void)a;
+	(void)shard;
+	return cdc_segread_open(view, offset, out, err, errlen);
+}
+
+static const cdc_archive_ops file_ops = {
+	.scheme = "file",
+	.close = file_close,
+	.put = file_put,
+	.range = file_range,
+	.view_open = file_view_open,
+	.view_close = file_view_close,
+	.locate = file_locate,
+	.read_open = file_read_open,
 };
 
-int cdc_archive_open(const char *spec, cdc_archive **out, char *err, size_t errlen)
+/* ------------------------------------------------------------ dispatch */
+
+int cdc_archive_open(const char *spec, const cdc_log_opts *opts, cdc_archive **out,
+		     char *err, size_t errlen)
 {
 	cdc_archive *a;
 	int rc;
+	if (strncmp(spec, "s3://", 5) == 0)
+		return cdc_archive_s3_open(spec, opts, out, err, errlen);
 	if (strncmp(spec, "file:", 5) != 0 || spec[5] == '\0')
 		return sdb_errf(err, errlen, SDB_EINVAL,
-				"archive '%s': expected file:DIR", spec);
+				"archive '%s': expected file:DIR or s3://BUCKET/PREFIX", spec);
 	rc = cdc_mkdirs(spec + 5, err, errlen);
 	if (rc)
 		return sdb_errwrap(err, errlen, rc, "archive");
 	a = sdb_calloc(1, sizeof *a);
-	a->root = sdb_strdup(spec + 5);
+	a->ops = &file_ops;
+	a->spec = sdb_strdup(spec);
+	a->impl = sdb_strdup(spec + 5);
 	*out = a;
 	return 0;
 }
@@ -33,31 +106,55 @@ void cdc_archive_close(cdc_archive *a)
 {
 	if (a == NULL)
 		return;
-	free(a->root);
+	a->ops->close(a);
+	free(a->spec);
 	free(a);
+}
+
+const char *cdc_archive_scheme(const cdc_archive *a)
+{
+	return a->ops->scheme;
 }
 
 char *cdc_archive_dir(const cdc_archive *a, const char *shard)
 {
-	return sdb_asprintf("%s/%s", a->root, shard);
+	return a->ops == &file_ops ? file_dir(a, shard) : NULL;
 }
 
 int cdc_archive_put(cdc_archive *a, const char *shard, const char *live_dir,
 		    uint64_t first_offset, char *err, size_t errlen)
 {
-	char *dir = cdc_archive_dir(a, shard);
-	int rc = cdc_segdir_copy(live_dir, dir, first_offset, err, errlen);
-	free(dir);
+	int rc = a->ops->put(a, shard, live_dir, first_offset, err, errlen);
 	return rc ? sdb_errwrap(err, errlen, rc, "archive") : 0;
 }
 
 int cdc_archive_range(cdc_archive *a, const char *shard, cdc_range *out, char *err,
 		      size_t errlen)
 {
-	char *dir = cdc_archive_dir(a, shard);
-	int rc = cdc_segdir_range(dir, out, err, errlen);
-	free(dir);
-	return rc;
+	return a->ops->range(a, shard, out, err, errlen);
+}
+
+char *cdc_archive_view_open(cdc_archive *a, const char *shard)
+{
+	return a->ops->view_open(a, shard);
+}
+
+void cdc_archive_view_close(cdc_archive *a, char *view)
+{
+	if (view)
+		a->ops->view_close(a, view);
+}
+
+int cdc_archive_locate(cdc_archive *a, const char *shard, const char *view, uint64_t after_ts,
+		       uint64_t *offset, char *err, size_t errlen)
+{
+	return a->ops->locate(a, shard, view, after_ts, offset, err, errlen);
+}
+
+int cdc_archive_read_open(cdc_archive *a, const char *shard, const char *view,
+			  uint64_t offset, cdc_segread **out, char *err, size_t errlen)
+{
+	return a->ops->read_open(a, shard, view, offset, out, err, errlen);
 }
 
 /* ------------------------------------------------------------ Kafka archiver */
@@ -76,8 +173,8 @@ int cdc_archiver_open(cdc_log *log, const char *shard, cdc_archiver **out, char 
 	cdc_range live;
 	uint64_t last_ts;
 	int rc;
-	if (log->archive == NULL)
-		return sdb_errf(err, errlen, SDB_EINVAL, "archiver: no archive configured");
+	if (log->archive == NULL || log->archive->ops != &file_ops)
+		return sdb_errf(err, errlen, SDB_EINVAL, "archiver: no file: archive configured");
 	rc = cdc_log_range(log, shard, &live, err, errlen);
 	if (rc)
 		return rc;

@@ -1,7 +1,7 @@
 /* The coordinator role (DESIGN.md §2, §6-7):
  *
  *   stripedb --role=coordinator --http-listen=H:P --metadata=H:P,... \
- *            --cdc=embedded:DIR|kafka:BOOTSTRAP [--archive=file:DIR] \
+ *            --cdc=embedded:DIR|kafka:BOOTSTRAP [--archive=file:DIR|s3://BUCKET/PREFIX] \
  *            [--cdc-fsync=batch|segment|never] [--cdc-segment-bytes=N] \
  *            [--cdc-retention-bytes=N] [--cdc-lease-ms=5000]
  *
@@ -499,6 +499,9 @@ static int coordinator_start(sdb_role *role)
 	o.segment_bytes = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_cdc_segment_bytes, 64 << 20);
 	o.retention_bytes = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_cdc_retention_bytes, 0);
 	o.archive = sdb_config_get(cfg, SDB_OPT_archive);
+	o.s3_endpoint = sdb_config_get(cfg, SDB_OPT_s3_endpoint);
+	o.s3_region = sdb_config_get(cfg, SDB_OPT_s3_region);
+	o.s3_credentials_file = sdb_config_get(cfg, SDB_OPT_s3_credentials_file);
 	/* Shards and metadata of a keyed cluster refuse internal commands (routing updates,
 	 * version bumps, replication writes) from anyone without the key (issue #10). */
 	rc = auth_cluster_setup(cfg, role->err, sizeof role->err);

@@ -255,7 +255,7 @@ static void test_bad_specs(void **state)
 	char err[256];
 	cdc_fsync_policy p;
 	assert_int_equal(cdc_log_open("s3:bucket", NULL, &log, err, sizeof err), SDB_EINVAL);
-	assert_int_equal(cdc_archive_open("s3://bucket", &a, err, sizeof err), SDB_EINVAL);
+	assert_int_equal(cdc_archive_open("ftp://bucket", NULL, &a, err, sizeof err), SDB_EINVAL);
 	assert_int_equal(cdc_fsync_parse("segment", &p), 0);
 	assert_int_equal(p, CDC_FSYNC_SEGMENT);
 	assert_int_equal(cdc_fsync_parse("sometimes", &p), SDB_EINVAL);
