@@ -70,6 +70,8 @@ static int emb_retain(emb_writer *w, char *err, size_t errlen)
 	int rc;
 	if (keep == 0)
 		return 0;
+	if (w->retry_at_ms && sdb_mono_ms() < w->retry_at_ms)
+		return 0; /* the archive failed recently: keep everything until the backoff ends */
 	rc = cdc_segdir_list(w->dir, &s, &n, err, errlen);
 	if (rc)
 		return rc;

@@ -78,6 +78,8 @@ pid file = {d}/run/$name.pid
 keyring = {d}/keyring
 ms bind ipv6 = false
 public addr = 127.0.0.1
+osd class update on start = false
+osd crush update on start = false
 osd max object name len = 256
 osd max object namespace len = 64
 rgw data = {d}/rgw
@@ -98,6 +100,10 @@ rgw lc debug interval = -1
             osd_uuid = str(uuid.uuid4())
             self._run("ceph", "-c", self.conf, "--connect-timeout", "30", "osd", "new", osd_uuid)
             self._run("ceph-osd", "-c", self.conf, "-i", "0", "--mkfs", "--osd-uuid", osd_uuid)
+            # placed in the CRUSH map here rather than by the OSD at boot: a freshly started
+            # ceph-osd 16.2 may send that command before it knows the cluster's fsid, and dies
+            self._run("ceph", "-c", self.conf, "osd", "crush", "add", "osd.0", "1",
+                      "root=default", "host=localhost")
             self._spawn("osd", ["ceph-osd", "-c", self.conf, "-f", "-i", "0"])
             self.start_rgw()
             self._run("radosgw-admin", "-c", self.conf, "user", "create", "--uid=stripedb",

@@ -205,7 +205,11 @@ def live_segments(tmp_path):
 def test_s3_server_killed_during_uploads_nothing_lost(s3cl, tmp_path):
     cl = s3cl
     spec = f"s3://{cl.bucket}/p"
-    co = cl.start_coordinator(f"embedded:{tmp_path}/cdc", archive=spec, extra=SMALL)
+    # segments of ~190 events: the publisher uploads each closed segment before it deletes
+    # it, and keeps up with the writer
+    co = cl.start_coordinator(f"embedded:{tmp_path}/cdc", archive=spec,
+                              extra=["--cdc-segment-bytes=65536",
+                                     "--cdc-retention-bytes=131072"])
     c = cl.shard_client("shard-a")
     acked, stop = [], threading.Event()
 
@@ -226,11 +230,11 @@ def test_s3_server_killed_during_uploads_nothing_lost(s3cl, tmp_path):
         n0 = len(acked)
         wait_until(lambda: "cdc segment kept: archive failed" in co.tail(1 << 20), 60,
                    what="an upload failing")
-        wait_until(lambda: len(acked) > n0 + 300, 60, what="writes while S3 is down")
+        wait_until(lambda: len(acked) > n0 + 2000, 60, what="writes while S3 is down")
         cl.wait_published(co, "shard-a")
         assert live_segments(tmp_path) > 5, "segments waiting for the archive were deleted"
         cl.rgw.start_rgw()
-        wait_until(lambda: len(acked) > n0 + 600, 60, what="writes after the restart")
+        wait_until(lambda: len(acked) > n0 + 3000, 60, what="writes after the restart")
     finally:
         stop.set()
         t.join()
