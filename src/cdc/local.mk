@@ -15,6 +15,11 @@ tests_unit_test_cdc_kafka_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_cdc_kafka_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_cdc_kafka
 
+# benchmark of the S3 archive client (never in make check): tests/bench/README.md
+noinst_PROGRAMS += tests/bench/s3_archive_bench
+tests_bench_s3_archive_bench_SOURCES = tests/bench/s3_archive_bench.c
+tests_bench_s3_archive_bench_LDADD = libstripedb.a $(SDB_LIBS)
+
 # `stripedb ctl cdc status|read` (cli/ctl.c dispatches to cli_cdc_main)
 libstripedb_a_SOURCES += cli/cdc.c
 
@@ -26,4 +31,4 @@ tests_integration_kafka_mock_LDADD = $(RDKAFKA_LIBS)
 
 EXTRA_DIST += src/cdc/README.md tests/integration/test_cdc.py tests/integration/cdc_helpers.py \
 	tests/integration/test_cdc_s3.py tests/integration/s3_server.py \
-	tests/bench/cdc_bench.py
+	tests/bench/cdc_bench.py tests/bench/s3_archive_bench.py

@@ -389,6 +389,9 @@ static int attempt(cdc_s3 *s, const s3_req *q, s3_resp *r, char *err, size_t err
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
 	curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
 	curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, 30L);
+	/* libcurl sends "Expect: 100-continue" before large bodies and waits for the 100;
+	 * the header cannot be removed (see below), so do not wait for it */
+	curl_easy_setopt(h, CURLOPT_EXPECT_100_TIMEOUT_MS, 1L);
 	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
 	curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
