@@ -68,6 +68,28 @@ static int file_read_open(cdc_archive *a, const char *shard, const char *view, u
 	return cdc_segread_open(view, offset, out, err, errlen);
 }
 
+static int file_expire(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
+		       char *err, size_t errlen)
+{
+	char *dir = file_dir(a, shard);
+	cdc_seginfo *segs;
+	size_t n;
+	int rc = cdc_segdir_list(dir, &segs, &n, err, errlen);
+	*removed = 0;
+	if (rc) {
+		free(dir);
+		return rc;
+	}
+	for (size_t i = 0; rc == 0 && i < n && segs[i].last_ts < before_ts; i++) {
+		rc = cdc_segdir_remove(dir, segs[i].first_offset, err, errlen);
+		if (rc == 0)
+			(*removed)++;
+	}
+	free(segs);
+	free(dir);
+	return rc;
+}
+
 static const cdc_archive_ops file_ops = {
 	.scheme = "file",
 	.close = file_close,
@@ -77,6 +99,7 @@ static const cdc_archive_ops file_ops = {
 	.view_close = file_view_close,
 	.locate = file_locate,
 	.read_open = file_read_open,
+	.expire = file_expire,
 };
 
 /* ------------------------------------------------------------ dispatch */
@@ -149,6 +172,30 @@ int cdc_archive_locate(cdc_archive *a, const char *shard, const char *view, uint
 		       uint64_t *offset, char *err, size_t errlen)
 {
 	return a->ops->locate(a, shard, view, after_ts, offset, err, errlen);
+}
+
+int cdc_archive_expire(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
+		       char *err, size_t errlen)
+{
+	int rc = a->ops->expire(a, shard, before_ts, removed, err, errlen);
+	return rc ? sdb_errwrap(err, errlen, rc, "archive retention") : 0;
+}
+
+int cdc_archive_retention_parse(const char *s, uint64_t *seconds)
+{
+	char *end;
+	if (s == NULL || *s < '0' || *s > '9')
+		return SDB_EINVAL;
+	unsigned long long v = strtoull(s, &end, 10);
+	uint64_t mul = *end == '\0' || strcmp(end, "s") == 0 ? 1
+		       : strcmp(end, "m") == 0		     ? 60
+		       : strcmp(end, "h") == 0		     ? 3600
+		       : strcmp(end, "d") == 0		     ? 86400
+							     : 0;
+	if (mul == 0 || v > UINT32_MAX)
+		return SDB_EINVAL;
+	*seconds = (uint64_t)v * mul;
+	return 0;
 }
 
 int cdc_archive_read_open(cdc_archive *a, const char *shard, const char *view,

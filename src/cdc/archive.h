@@ -35,6 +35,8 @@ typedef struct cdc_archive_ops {
 		      uint64_t *offset, char *err, size_t errlen);
 	int (*read_open)(cdc_archive *a, const char *shard, const char *view, uint64_t offset,
 			 cdc_segread **out, char *err, size_t errlen);
+	int (*expire)(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
+		      char *err, size_t errlen);
 } cdc_archive_ops;
 
 struct cdc_archive {
@@ -82,6 +84,17 @@ int cdc_archive_locate(cdc_archive *a, const char *shard, const char *view, uint
  * SDB_EIO, s3 errors. */
 int cdc_archive_read_open(cdc_archive *a, const char *shard, const char *view,
 			  uint64_t offset, cdc_segread **out, char *err, size_t errlen);
+
+/* Retention (--archive-retention): delete shard's archived segments from the oldest on,
+ * while a segment's last event is older than before_ts (oplog ts, secs << 32 | inc); the
+ * archive stays one range (no hole). *removed gets the count. Run by the holder of the
+ * shard's cdc/<shard> lease. Errors: SDB_EIO, s3 errors. */
+int cdc_archive_expire(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
+		       char *err, size_t errlen);
+
+/* Parse a retention duration: N, Ns, Nm, Nh or Nd (N a decimal integer; no unit =
+ * seconds) into seconds. 0 disables retention. Returns 0 or SDB_EINVAL. */
+int cdc_archive_retention_parse(const char *s, uint64_t *seconds);
 
 /* The S3 backend (archive_s3.c): spec "s3://BUCKET[/PREFIX]". */
 int cdc_archive_s3_open(const char *spec, const cdc_log_opts *opts, cdc_archive **out,

@@ -231,8 +231,8 @@ static int fetch(cdc_archive *a, const char *shard, const char *view, const cdc_
 	return rc;
 }
 
-static int s3a_locate(cdc_archive *a, const char *shard, const char *view, uint64_t after_ts,
-		      uint64_t *offset, char *err, size_t errlen)
+static int s3a_locate_once(cdc_archive *a, const char *shard, const char *view,
+			   uint64_t after_ts, uint64_t *offset, char *err, size_t errlen)
 {
 	cdc_seginfo *segs;
 	size_t n, k;
@@ -252,8 +252,8 @@ static int s3a_locate(cdc_archive *a, const char *shard, const char *view, uint6
 	return rc;
 }
 
-static int s3a_read_open(cdc_archive *a, const char *shard, const char *view, uint64_t offset,
-			 cdc_segread **out, char *err, size_t errlen)
+static int s3a_read_open_once(cdc_archive *a, const char *shard, const char *view,
+			      uint64_t offset, cdc_segread **out, char *err, size_t errlen)
 {
 	cdc_seginfo *segs;
 	size_t n, k;
@@ -274,6 +274,55 @@ static int s3a_read_open(cdc_archive *a, const char *shard, const char *view, ui
 	return rc;
 }
 
+/* The .seg object goes first: without it the segment is not in the archive any more (a
+ * crash between the two deletes leaves an .idx that listings ignore). */
+static int s3a_expire(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
+		      char *err, size_t errlen)
+{
+	s3_arch *s = a->impl;
+	cdc_seginfo *segs;
+	size_t n;
+	int rc = s3_segments(s, shard, &segs, &n, err, errlen);
+	*removed = 0;
+	if (rc)
+		return rc;
+	for (size_t i = 0; rc == 0 && i < n && segs[i].last_ts < before_ts; i++) {
+		const char *ext[2] = {"seg", "idx"};
+		for (int e = 0; e < 2 && rc == 0; e++) {
+			char *key = obj_key(s, shard, &segs[i], ext[e]);
+			rc = cdc_s3_delete(s->s3, key, err, errlen);
+			free(key);
+		}
+		if (rc == 0)
+			(*removed)++;
+	}
+	free(segs);
+	return rc;
+}
+
+/* A segment listed a moment ago may be gone when we get it (deleted by the archive's
+ * retention in another coordinator): list again, so that the caller sees the archive as it
+ * is now (and the reader reports a position that exists nowhere as such). */
+#define S3_RELIST 3
+
+static int s3a_locate(cdc_archive *a, const char *shard, const char *view, uint64_t after_ts,
+		      uint64_t *offset, char *err, size_t errlen)
+{
+	int rc = SDB_ENOTFOUND;
+	for (int i = 0; i < S3_RELIST && rc == SDB_ENOTFOUND; i++)
+		rc = s3a_locate_once(a, shard, view, after_ts, offset, err, errlen);
+	return rc;
+}
+
+static int s3a_read_open(cdc_archive *a, const char *shard, const char *view, uint64_t offset,
+			 cdc_segread **out, char *err, size_t errlen)
+{
+	int rc = SDB_ENOTFOUND;
+	for (int i = 0; i < S3_RELIST && rc == SDB_ENOTFOUND; i++)
+		rc = s3a_read_open_once(a, shard, view, offset, out, err, errlen);
+	return rc;
+}
+
 static const cdc_archive_ops s3_ops = {
 	.scheme = "s3",
 	.close = s3a_close,
@@ -283,6 +332,7 @@ static const cdc_archive_ops s3_ops = {
 	.view_close = s3a_view_close,
 	.locate = s3a_locate,
 	.read_open = s3a_read_open,
+	.expire = s3a_expire,
 };
 
 int cdc_archive_s3_open(const char *spec, const cdc_log_opts *opts, cdc_archive **out,

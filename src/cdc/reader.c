@@ -93,6 +93,11 @@ int cdc_reader_open(cdc_log *log, const char *shard, uint64_t after_ts, cdc_read
 		rc = cdc_archive_locate(r->archive, shard, r->view, after_ts, &r->next, err, errlen);
 	else
 		rc = cdc_log_locate(log, shard, after_ts, &r->next, err, errlen);
+	/* the ranges again: the archive's retention (another coordinator) may have deleted
+	 * segments while we located, and the check below must see the archive's first offset
+	 * as it is now, or a position that exists nowhere would be skipped silently */
+	if (rc == 0 && r->archive)
+		rc = ranges(r, &live, &arch, err, errlen);
 	if (rc)
 		goto fail;
 	/* Starting at the oldest event a source has is only safe if the event before it is

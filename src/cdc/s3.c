@@ -509,6 +509,17 @@ int cdc_s3_check(cdc_s3 *s, char *err, size_t errlen)
 	return rc;
 }
 
+int cdc_s3_delete(cdc_s3 *s, const char *key, char *err, size_t errlen)
+{
+	s3_req q = {.op = "DeleteObject", .method = "DELETE", .key = key};
+	s3_resp r = {0};
+	pthread_mutex_lock(&s->mu);
+	int rc = request(s, &q, &r, err, errlen);
+	pthread_mutex_unlock(&s->mu);
+	resp_free(&r);
+	return rc == SDB_ENOTFOUND ? 0 : rc;
+}
+
 int cdc_s3_list(cdc_s3 *s, const char *prefix, char ***keys, size_t *n, char *err,
 		size_t errlen)
 {

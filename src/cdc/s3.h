@@ -73,6 +73,10 @@ int cdc_s3_put_file(cdc_s3 *s, const char *key, const char *path, char *err, siz
  * mismatch or missing), SDB_EIO, and as cdc_s3_check. */
 int cdc_s3_get_file(cdc_s3 *s, const char *key, const char *path, char *err, size_t errlen);
 
+/* Delete object key (DeleteObject; a key that is not there is not an error). Errors: as
+ * cdc_s3_check. */
+int cdc_s3_delete(cdc_s3 *s, const char *key, char *err, size_t errlen);
+
 /* Keys under prefix, in S3's (lexicographic) order, all pages. *keys is a heap array of
  * heap strings (free each, then the array); *n may be 0. Errors: as cdc_s3_check. */
 int cdc_s3_list(cdc_s3 *s, const char *prefix, char ***keys, size_t *n, char *err,

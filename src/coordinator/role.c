@@ -3,7 +3,7 @@
  *   stripedb --role=coordinator --http-listen=H:P --metadata=H:P,... \
  *            --cdc=embedded:DIR|kafka:BOOTSTRAP [--archive=file:DIR|s3://BUCKET/PREFIX] \
  *            [--cdc-fsync=batch|segment|never] [--cdc-segment-bytes=N] \
- *            [--cdc-retention-bytes=N] [--cdc-lease-ms=5000]
+ *            [--cdc-retention-bytes=N] [--cdc-lease-ms=5000] [--archive-retention=7d]
  *
  * A coordinator holds no durable state. It runs:
  *   1. the CDC publishers (issue #7): for every shard listed in metadata, it tries to take
@@ -74,6 +74,9 @@ typedef struct coord {
 	int budget_global, budget_shard; /* --migration-budget, --migration-shard-budget */
 	pthread_t mgr;
 	int mgr_started;
+	uint64_t arch_retention_s; /* --archive-retention (0: keep forever) */
+	pthread_t ret;             /* the archive retention thread */
+	int ret_started;
 	atomic_int stop;
 	pthread_mutex_t mu; /* pubs, and the manager's sleeps */
 	pthread_cond_t cv;
@@ -353,6 +356,59 @@ static void migrations_shutdown(coord *co, mongoc_client_t *c)
 	co->mig = NULL;
 }
 
+/* ------------------------------------------------------------ archive retention */
+
+/* --archive-retention (issue #22): the holder of a shard's cdc/<shard> lease (so one
+ * coordinator per shard) deletes the shard's archived segments whose last event is older
+ * than the retention (by the oplog ts, epoch seconds, against the injectable wall clock),
+ * every retention/4 clamped to 1..60 s. Its own thread: S3 requests may take seconds with
+ * retries, and lease renewals in the manager must not wait for them. */
+static void *retention(void *arg)
+{
+	coord *co = arg;
+	uint64_t period = co->arch_retention_s * 1000 / 4;
+	period = period < 1000 ? 1000 : period > 60000 ? 60000 : period;
+	sdb_log_set_thread("coordinator", NULL);
+	pthread_mutex_lock(&co->mu);
+	while (!atomic_load(&co->stop)) {
+		sdb_cond_wait_ms(&co->cv, &co->mu, (int64_t)period);
+		if (atomic_load(&co->stop))
+			break;
+		size_t n = 0, cap = 0;
+		char **ids = NULL;
+		for (coord_pub *p = co->pubs; p; p = p->next) {
+			if (p->stopping)
+				continue;
+			if (n == cap) {
+				cap = cap ? cap * 2 : 8;
+				ids = sdb_realloc(ids, cap * sizeof *ids);
+			}
+			ids[n++] = sdb_strdup(p->shard);
+		}
+		pthread_mutex_unlock(&co->mu);
+		uint64_t now_s = (uint64_t)sdb_wall_ms() / 1000;
+		uint64_t cutoff = now_s > co->arch_retention_s
+					  ? (now_s - co->arch_retention_s) << 32
+					  : 0;
+		for (size_t i = 0; i < n; i++) {
+			char err[512];
+			size_t removed = 0;
+			int rc = cdc_archive_expire(cdc_log_archive(co->log), ids[i], cutoff, &removed,
+						    err, sizeof err);
+			if (rc)
+				sdb_warn("cdc archive retention", "shard=%s error=\"%s\"", ids[i], err);
+			else if (removed)
+				sdb_info("cdc archive retention", "shard=%s segments_deleted=%zu "
+					 "before_ts_seconds=%" PRIu64, ids[i], removed, cutoff >> 32);
+			free(ids[i]);
+		}
+		free(ids);
+		pthread_mutex_lock(&co->mu);
+	}
+	pthread_mutex_unlock(&co->mu);
+	return NULL;
+}
+
 /* ------------------------------------------------------------ manager thread */
 
 static void *manager(void *arg)
@@ -502,6 +558,12 @@ static int coordinator_start(sdb_role *role)
 	o.s3_endpoint = sdb_config_get(cfg, SDB_OPT_s3_endpoint);
 	o.s3_region = sdb_config_get(cfg, SDB_OPT_s3_region);
 	o.s3_credentials_file = sdb_config_get(cfg, SDB_OPT_s3_credentials_file);
+	uint64_t arch_retention_s = 0;
+	if (cdc_archive_retention_parse(sdb_config_get(cfg, SDB_OPT_archive_retention),
+					&arch_retention_s) != 0)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"coordinator: --archive-retention must be N, Ns, Nm, Nh or Nd "
+				"(0 keeps archived segments forever)");
 	/* Shards and metadata of a keyed cluster refuse internal commands (routing updates,
 	 * version bumps, replication writes) from anyone without the key (issue #10). */
 	rc = auth_cluster_setup(cfg, role->err, sizeof role->err);
@@ -533,6 +595,12 @@ static int coordinator_start(sdb_role *role)
 	if (pthread_create(&co->mgr, NULL, manager, co) != 0)
 		abort();
 	co->mgr_started = 1;
+	co->arch_retention_s = arch_retention_s;
+	if (cdc_log_archive(co->log) && arch_retention_s > 0) {
+		if (pthread_create(&co->ret, NULL, retention, co) != 0)
+			abort();
+		co->ret_started = 1;
+	}
 	if (role->http) {
 		rc = sdb_http_route(role->http, "GET", "/cdc/status", h_status, co);
 		if (rc == 0)
@@ -556,6 +624,8 @@ static void coordinator_stop(sdb_role *role)
 		pthread_mutex_unlock(&co->mu);
 		if (co->mgr_started)
 			pthread_join(co->mgr, NULL);
+		if (co->ret_started)
+			pthread_join(co->ret, NULL);
 		coord_free(co);
 		role->impl = NULL;
 	}

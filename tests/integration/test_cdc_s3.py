@@ -256,3 +256,41 @@ def test_s3_server_killed_during_uploads_nothing_lost(s3cl, tmp_path):
     lost = set(acked) - inserted
     assert not lost, f"{len(lost)} acknowledged inserts missing from the CDC log + archive"
     assert archive_status(cl)["archive"]["firstOffset"] == 0
+
+
+def test_s3_archive_retention_deletes_old_segments_only(s3cl, tmp_path):
+    cl = s3cl
+    spec = f"s3://{cl.bucket}/p"
+    # a bad duration is refused
+    bad = cl.start_coordinator(f"embedded:{tmp_path}/cdc0", archive=spec,
+                               extra=["--archive-retention=7 days"], wait=False)
+    assert bad.p.wait(timeout=60) == 2
+    assert "--archive-retention must be" in bad.tail()
+    co = cl.start_coordinator(f"embedded:{tmp_path}/cdc", archive=spec,
+                              extra=SMALL + ["--archive-retention=4s"])
+    c = cl.shard_client("shard-a")
+    c.db.c.insert_many([{"_id": i, "pad": "r" * 200} for i in range(200)])
+    cl.wait_published(co, "shard-a")
+    wait_until(lambda: archive_status(cl)["archive"]["nextOffset"] > 0, 60, what="archived")
+    old = archive_status(cl)["archive"]
+    assert old["firstOffset"] == 0
+    # once those events are older than 4 s, their segments leave the bucket, oldest first;
+    # newer ones archived since stay
+    wait_until(lambda: not any(k.startswith("p/shard-a/00000000000000000000-")
+                               for k in cl.objects("p/shard-a/")), 60,
+               what="the oldest segment deleted")
+    wait_until(lambda: "cdc archive retention" in co.tail(1 << 20), 10, what="retention log")
+    c.db.c.insert_many([{"_id": 1000 + i, "pad": "s" * 200} for i in range(200)])
+    cl.wait_published(co, "shard-a")
+    wait_until(lambda: archive_status(cl)["archive"]["nextOffset"] > old["nextOffset"], 60,
+               what="the new events archived")
+    st = archive_status(cl)
+    assert st["archive"]["firstOffset"] > 0
+    objs = cl.objects("p/shard-a/")
+    assert len([k for k in objs if k.endswith(".seg")]) == len([k for k in objs
+                                                                 if k.endswith(".idx")])
+    # reading from the beginning: the deleted range exists nowhere, and says so
+    r = cl.ctl("cdc", "read", "shard-a", check=False)
+    assert r.returncode == 1 and b"exists nowhere" in r.stderr, r.stderr
+    # the live log is untouched by the archive's retention
+    assert st["log"]["nextOffset"] == len(cl.oplog("shard-a"))
