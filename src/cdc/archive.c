@@ -212,33 +212,73 @@ struct cdc_archiver {
 	cdc_segwriter *sw;
 	void *src; /* live source positioned at next, or NULL */
 	uint64_t next;
+	char *staging; /* object-store archive: the local segment directory the topic is
+			  copied into; its closed segments are uploaded, then removed */
 };
 
 int cdc_archiver_open(cdc_log *log, const char *shard, cdc_archiver **out, char *err,
 		      size_t errlen)
 {
-	cdc_range live;
-	uint64_t last_ts;
+	cdc_range live, arch;
+	uint64_t last_ts, first;
 	int rc;
-	if (log->archive == NULL || log->archive->ops != &file_ops)
-		return sdb_errf(err, errlen, SDB_EINVAL, "archiver: no file: archive configured");
+	if (log->archive == NULL)
+		return sdb_errf(err, errlen, SDB_EINVAL, "archiver: no archive configured");
 	rc = cdc_log_range(log, shard, &live, err, errlen);
 	if (rc)
 		return rc;
+	first = live.first_offset;
 	cdc_archiver *a = sdb_calloc(1, sizeof *a);
-	char *dir = cdc_archive_dir(log->archive, shard);
+	char *dir;
+	if (log->archive->ops == &file_ops) {
+		dir = cdc_archive_dir(log->archive, shard);
+	} else {
+		/* An object store: stage into a fresh private directory from where the archive
+		 * ends (what a previous archiver staged and did not upload is copied again
+		 * from the broker). */
+		rc = cdc_archive_range(log->archive, shard, &arch, err, errlen);
+		if (rc) {
+			free(a);
+			return sdb_errwrap(err, errlen, rc, "archive");
+		}
+		if (arch.next_offset > arch.first_offset)
+			first = arch.next_offset;
+		a->staging = cdc_archive_view_open(log->archive, shard);
+		dir = sdb_strdup(a->staging);
+	}
 	a->log = log;
 	a->shard = sdb_strdup(shard);
-	rc = cdc_segwriter_open(dir, log->opts.fsync, log->opts.segment_bytes, live.first_offset,
-				&a->sw, &a->next, &last_ts, err, errlen);
+	rc = cdc_segwriter_open(dir, log->opts.fsync, log->opts.segment_bytes, first, &a->sw,
+				&a->next, &last_ts, err, errlen);
 	free(dir);
 	if (rc) {
+		if (a->staging)
+			cdc_archive_view_close(log->archive, a->staging);
 		free(a->shard);
 		free(a);
 		return sdb_errwrap(err, errlen, rc, "archive");
 	}
 	*out = a;
 	return 0;
+}
+
+/* Object-store archive: upload the closed segments of the staging directory, oldest
+ * first, each removed only after its upload was confirmed. */
+static int upload_staged(cdc_archiver *a, char *err, size_t errlen)
+{
+	cdc_seginfo *segs;
+	size_t n;
+	int rc = cdc_segdir_list(a->staging, &segs, &n, err, errlen);
+	if (rc)
+		return rc;
+	for (size_t i = 0; rc == 0 && i + 1 < n; i++) {
+		rc = cdc_archive_put(a->log->archive, a->shard, a->staging, segs[i].first_offset,
+				     err, errlen);
+		if (rc == 0)
+			rc = cdc_segdir_remove(a->staging, segs[i].first_offset, err, errlen);
+	}
+	free(segs);
+	return rc;
 }
 
 int cdc_archiver_step(cdc_archiver *a, size_t max, int timeout_ms, size_t *copied, char *err,
@@ -280,6 +320,8 @@ int cdc_archiver_step(cdc_archiver *a, size_t max, int timeout_ms, size_t *copie
 		if (rc >= 0)
 			rc = frc;
 	}
+	if (rc >= 0 && a->staging)
+		rc = upload_staged(a, err, errlen);
 	return rc < 0 ? rc : 0;
 }
 
@@ -295,6 +337,8 @@ void cdc_archiver_close(cdc_archiver *a)
 	if (a->src)
 		a->log->be->src_close(a->src);
 	cdc_segwriter_close(a->sw);
+	if (a->staging)
+		cdc_archive_view_close(a->log->archive, a->staging);
 	free(a->shard);
 	free(a);
 }

@@ -101,7 +101,9 @@ int cdc_archive_s3_open(const char *spec, const cdc_log_opts *opts, cdc_archive 
 			char *err, size_t errlen);
 
 /* The archiver of a Kafka-backed log: copies the shard's topic, in offset order, into the
- * archive's segment directory as it grows (Kafka offsets kept, so the reader moves between
+ * archive's segment directory as it grows (an s3:// archive: into a private staging
+ * directory starting where the archive ends, whose closed segments are uploaded, then
+ * removed locally) (Kafka offsets kept, so the reader moves between
  * archive and broker by offset), so that a consumer can still read a range after the
  * broker's retention dropped it. Run by the shard's publisher, under its lease; the
  * archive dir's flock makes it single-writer. The embedded log needs none (it archives

@@ -57,14 +57,6 @@ int cdc_log_open(const char *spec, const cdc_log_opts *opts, cdc_log **out, char
 		rc = cdc_archive_open(log->archive_spec, opts, &log->archive, err, errlen);
 		if (rc)
 			goto fail;
-		if (be == &cdc_backend_kafka && strcmp(cdc_archive_scheme(log->archive), "s3") == 0) {
-			/* the Kafka archiver writes a growing segment directory in place */
-			rc = sdb_errf(err, errlen, SDB_EINVAL,
-				      "archive %s: an s3:// archive works with the embedded log "
-				      "only; with --cdc=kafka:... use --archive=file:DIR",
-				      log->archive_spec);
-			goto fail;
-		}
 	}
 	log->opts.archive = log->archive_spec;
 	log->opts.s3_endpoint = log->opts.s3_region = log->opts.s3_credentials_file = NULL;
