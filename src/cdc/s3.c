@@ -21,11 +21,42 @@
 #include "common/err.h"
 #include "common/log.h"
 
+/* Idle curl handles kept for their connections. */
+#define S3_POOL 8
+
 struct cdc_s3 {
 	char *bucket, *endpoint, *region, *access_key, *secret_key, *token, *sigv4;
-	CURL *h;
-	pthread_mutex_t mu;
+	pthread_mutex_t mu; /* pool */
+	CURL *pool[S3_POOL];
+	int npool;
 };
+
+/* A curl handle for one request: an idle one (its connection reused) or a new one. */
+static CURL *pool_get(cdc_s3 *s)
+{
+	CURL *h = NULL;
+	pthread_mutex_lock(&s->mu);
+	if (s->npool > 0)
+		h = s->pool[--s->npool];
+	pthread_mutex_unlock(&s->mu);
+	if (h == NULL)
+		h = curl_easy_init();
+	if (h == NULL)
+		abort(); /* out of memory, as sdb_malloc */
+	return h;
+}
+
+static void pool_put(cdc_s3 *s, CURL *h)
+{
+	pthread_mutex_lock(&s->mu);
+	if (s->npool < S3_POOL) {
+		s->pool[s->npool++] = h;
+		h = NULL;
+	}
+	pthread_mutex_unlock(&s->mu);
+	if (h)
+		curl_easy_cleanup(h);
+}
 
 /* One request. query: the canonical query string (parameters sorted by name, names and
  * values URI-encoded, "name=" for a parameter without value): libcurl 7.88 signs the
@@ -167,6 +198,7 @@ int cdc_s3_open(const char *bucket, const cdc_s3_conf *conf, cdc_s3 **out, char 
 				conf->endpoint);
 	pthread_once(&curl_once, curl_init_once);
 	cdc_s3 *s = sdb_calloc(1, sizeof *s);
+	pthread_mutex_init(&s->mu, NULL);
 	s->bucket = sdb_strdup(bucket);
 	s->endpoint = sdb_strdup(conf->endpoint);
 	size_t el = strlen(s->endpoint);
@@ -176,16 +208,9 @@ int cdc_s3_open(const char *bucket, const cdc_s3_conf *conf, cdc_s3 **out, char 
 	s->sigv4 = sdb_asprintf("aws:amz:%s:s3", s->region);
 	int rc = load_credentials(s, conf->credentials_file, err, errlen);
 	if (rc) {
-		s->h = NULL;
 		cdc_s3_close(s);
 		return rc;
 	}
-	s->h = curl_easy_init();
-	if (s->h == NULL) {
-		cdc_s3_close(s);
-		return sdb_errf(err, errlen, SDB_ENOMEM, "s3: curl_easy_init failed");
-	}
-	pthread_mutex_init(&s->mu, NULL);
 	*out = s;
 	return 0;
 }
@@ -194,10 +219,9 @@ void cdc_s3_close(cdc_s3 *s)
 {
 	if (s == NULL)
 		return;
-	if (s->h) {
-		curl_easy_cleanup(s->h);
-		pthread_mutex_destroy(&s->mu);
-	}
+	for (int i = 0; i < s->npool; i++)
+		curl_easy_cleanup(s->pool[i]);
+	pthread_mutex_destroy(&s->mu);
 	free(s->bucket);
 	free(s->endpoint);
 	free(s->region);
@@ -355,8 +379,7 @@ static int attempt(cdc_s3 *s, const s3_req *q, s3_resp *r, char *err, size_t err
 {
 	char url_where[512], sha[65], hdr[256];
 	struct curl_slist *hl = NULL;
-	CURL *h = s->h;
-	char *ekey = q->key ? escape_key(h, q->key) : NULL;
+	char *ekey = q->key ? escape_key(NULL, q->key) : NULL;
 	char *url = sdb_asprintf("%s/%s%s%s%s%s", s->endpoint, s->bucket, ekey ? "/" : "",
 				 ekey ? ekey : "", q->query ? "?" : "", q->query ? q->query : "");
 	free(ekey);
@@ -368,7 +391,6 @@ static int attempt(cdc_s3 *s, const s3_req *q, s3_resp *r, char *err, size_t err
 	r->overflow = r->write_err = 0;
 	r->status = 0;
 	r->etag[0] = r->sha[0] = '\0';
-	r->h = h;
 	r->req = q;
 	if (q->out) {
 		rewind(q->out);
@@ -379,6 +401,8 @@ static int attempt(cdc_s3 *s, const s3_req *q, s3_resp *r, char *err, size_t err
 		}
 		EVP_DigestInit_ex(q->out_md, EVP_sha256(), NULL);
 	}
+	CURL *h = pool_get(s);
+	r->h = h;
 
 	curl_easy_reset(h);
 	curl_easy_setopt(h, CURLOPT_URL, url);
@@ -463,10 +487,11 @@ static int attempt(cdc_s3 *s, const s3_req *q, s3_resp *r, char *err, size_t err
 		rc = retry ? 1 : sdb;
 	}
 	free(url);
+	pool_put(s, h);
 	return rc;
 }
 
-/* A request with retries (s->mu held by the caller). */
+/* A request with retries. Requests of different threads run in parallel. */
 static int request(cdc_s3 *s, const s3_req *q, s3_resp *r, char *err, size_t errlen)
 {
 	int delay = 100;
@@ -502,9 +527,7 @@ int cdc_s3_check(cdc_s3 *s, char *err, size_t errlen)
 {
 	s3_req q = {.op = "ListObjectsV2", .method = "GET", .query = "list-type=2&max-keys=1"};
 	s3_resp r = {0};
-	pthread_mutex_lock(&s->mu);
 	int rc = request(s, &q, &r, err, errlen);
-	pthread_mutex_unlock(&s->mu);
 	resp_free(&r);
 	return rc;
 }
@@ -513,9 +536,7 @@ int cdc_s3_delete(cdc_s3 *s, const char *key, char *err, size_t errlen)
 {
 	s3_req q = {.op = "DeleteObject", .method = "DELETE", .key = key};
 	s3_resp r = {0};
-	pthread_mutex_lock(&s->mu);
 	int rc = request(s, &q, &r, err, errlen);
-	pthread_mutex_unlock(&s->mu);
 	resp_free(&r);
 	return rc == SDB_ENOTFOUND ? 0 : rc;
 }
@@ -527,10 +548,9 @@ int cdc_s3_list(cdc_s3 *s, const char *prefix, char ***keys, size_t *n, char *er
 	char **out = NULL;
 	size_t cnt = 0, cap = 0;
 	int rc = 0;
-	pthread_mutex_lock(&s->mu);
-	char *ep = qenc(s->h, prefix);
+	char *ep = qenc(NULL, prefix);
 	for (;;) {
-		char *et = token ? qenc(s->h, token) : NULL;
+		char *et = token ? qenc(NULL, token) : NULL;
 		char *query = sdb_asprintf("%s%s%slist-type=2&max-keys=1000&prefix=%s",
 					   et ? "continuation-token=" : "", et ? et : "",
 					   et ? "&" : "", ep);
@@ -578,7 +598,6 @@ int cdc_s3_list(cdc_s3 *s, const char *prefix, char ***keys, size_t *n, char *er
 	}
 	free(ep);
 	free(token);
-	pthread_mutex_unlock(&s->mu);
 	if (rc) {
 		for (size_t i = 0; i < cnt; i++)
 			free(out[i]);
@@ -649,7 +668,7 @@ static int multipart(cdc_s3 *s, const char *key, int fd, uint64_t size, const ch
 			      s->bucket, key);
 		goto out;
 	}
-	eid = qenc(s->h, id);
+	eid = qenc(NULL, id);
 	buf = sdb_malloc(CDC_S3_PART_BYTES);
 	etags = sdb_calloc(parts, sizeof *etags);
 	for (; done < parts; done++) {
@@ -740,7 +759,6 @@ int cdc_s3_put_file(cdc_s3 *s, const char *key, const char *path, char *err, siz
 	int rc = file_sha(fd, path, sha, &size, err, errlen);
 	if (rc)
 		goto out;
-	pthread_mutex_lock(&s->mu);
 	if (size > CDC_S3_PART_BYTES) {
 		rc = multipart(s, key, fd, size, sha, err, errlen);
 	} else {
@@ -757,7 +775,6 @@ int cdc_s3_put_file(cdc_s3 *s, const char *key, const char *path, char *err, siz
 		}
 		free(buf);
 	}
-	pthread_mutex_unlock(&s->mu);
 out:
 	close(fd);
 	return rc;
@@ -777,9 +794,7 @@ int cdc_s3_get_file(cdc_s3 *s, const char *key, const char *path, char *err, siz
 	EVP_MD_CTX *md = EVP_MD_CTX_new();
 	s3_req q = {.op = "GetObject", .method = "GET", .key = key, .out = f, .out_md = md};
 	s3_resp r = {0};
-	pthread_mutex_lock(&s->mu);
 	rc = request(s, &q, &r, err, errlen);
-	pthread_mutex_unlock(&s->mu);
 	if (rc == 0) {
 		uint8_t d[32];
 		unsigned int dl = 0;

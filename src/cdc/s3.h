@@ -19,7 +19,8 @@
  * the key, the HTTP status and the S3 error code (e.g. "s3 GetObject s3://b/k: HTTP 403
  * SignatureDoesNotMatch: ...").
  *
- * Threading: a cdc_s3 serialises its requests with a mutex (one curl handle).
+ * Threading: a cdc_s3 may be used by several threads at once; each request takes a curl
+ * handle from a small pool (connections are reused) and runs in parallel with the others.
  */
 #ifndef SDB_CDC_S3_H
 #define SDB_CDC_S3_H

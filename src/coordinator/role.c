@@ -75,7 +75,7 @@ typedef struct coord {
 	pthread_t mgr;
 	int mgr_started;
 	uint64_t arch_retention_s; /* --archive-retention (0: keep forever) */
-	pthread_t ret;             /* the archive retention thread */
+	pthread_t ret;             /* the archive thread (ranges, retention) */
 	int ret_started;
 	atomic_int stop;
 	pthread_mutex_t mu; /* pubs, and the manager's sleeps */
@@ -309,22 +309,8 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 		co->pubs = p;
 		pthread_mutex_unlock(&co->mu);
 	}
-	/* archive range of the shards we publish */
-	for (coord_pub *p = co->pubs; p; p = p->next) {
-		cdc_range g = {0};
-		if (p->stopping)
-			continue;
-		if (cdc_log_archive(co->log) &&
-		    cdc_archive_range(cdc_log_archive(co->log), p->shard, &g, err, sizeof err) != 0)
-			continue;
-		pthread_mutex_lock(&co->mu);
-		p->arch = g;
-		pthread_mutex_unlock(&co->mu);
-		sdb_gauge_set(p->g_arch_first, (int64_t)g.first_offset);
-		sdb_gauge_set(p->g_arch_next, (int64_t)g.next_offset);
-		sdb_gauge_set(p->g_arch_first_ts, (int64_t)(g.first_ts >> 32));
-		sdb_gauge_set(p->g_arch_last_ts, (int64_t)(g.last_ts >> 32));
-	}
+	/* (the archive ranges of the shards we publish are refreshed by the archive thread:
+	 * an object store may take seconds to answer, and renewals must not wait) */
 	shards_free(shards, n);
 }
 
@@ -356,22 +342,26 @@ static void migrations_shutdown(coord *co, mongoc_client_t *c)
 	co->mig = NULL;
 }
 
-/* ------------------------------------------------------------ archive retention */
+/* ------------------------------------------------------------ archive thread */
 
-/* --archive-retention (issue #22): the holder of a shard's cdc/<shard> lease (so one
- * coordinator per shard) deletes the shard's archived segments whose last event is older
- * than the retention (by the oplog ts, epoch seconds, against the injectable wall clock),
- * every retention/4 clamped to 1..60 s. Its own thread: S3 requests may take seconds with
- * retries, and lease renewals in the manager must not wait for them. */
-static void *retention(void *arg)
+/* Runs when an archive is configured, in its own thread because an object store may take
+ * seconds to answer (retries with backoff) and lease renewals in the manager must not
+ * wait for it. Every second it refreshes the archive range of the shards this coordinator
+ * publishes (/cdc/status, stripedb_cdc_archive_* metrics). With --archive-retention
+ * (issue #22), the holder of a shard's cdc/<shard> lease (so one coordinator per shard)
+ * deletes the shard's archived segments whose last event is older than the retention (by
+ * the oplog ts, epoch seconds, against the injectable wall clock), every retention/4
+ * clamped to 1..60 s. */
+static void *archive_thread(void *arg)
 {
 	coord *co = arg;
-	uint64_t period = co->arch_retention_s * 1000 / 4;
+	cdc_archive *a = cdc_log_archive(co->log);
+	uint64_t period = co->arch_retention_s * 1000 / 4, next_expire = 0;
 	period = period < 1000 ? 1000 : period > 60000 ? 60000 : period;
 	sdb_log_set_thread("coordinator", NULL);
 	pthread_mutex_lock(&co->mu);
 	while (!atomic_load(&co->stop)) {
-		sdb_cond_wait_ms(&co->cv, &co->mu, (int64_t)period);
+		sdb_cond_wait_ms(&co->cv, &co->mu, 1000);
 		if (atomic_load(&co->stop))
 			break;
 		size_t n = 0, cap = 0;
@@ -386,6 +376,30 @@ static void *retention(void *arg)
 			ids[n++] = sdb_strdup(p->shard);
 		}
 		pthread_mutex_unlock(&co->mu);
+		for (size_t i = 0; i < n; i++) {
+			char err[512];
+			cdc_range g = {0};
+			if (cdc_archive_range(a, ids[i], &g, err, sizeof err) != 0)
+				continue;
+			pthread_mutex_lock(&co->mu);
+			coord_pub *p = find_pub(co, ids[i]);
+			if (p) {
+				p->arch = g;
+				sdb_gauge_set(p->g_arch_first, (int64_t)g.first_offset);
+				sdb_gauge_set(p->g_arch_next, (int64_t)g.next_offset);
+				sdb_gauge_set(p->g_arch_first_ts, (int64_t)(g.first_ts >> 32));
+				sdb_gauge_set(p->g_arch_last_ts, (int64_t)(g.last_ts >> 32));
+			}
+			pthread_mutex_unlock(&co->mu);
+		}
+		if (co->arch_retention_s == 0 || sdb_mono_ms() < next_expire) {
+			for (size_t i = 0; i < n; i++)
+				free(ids[i]);
+			free(ids);
+			pthread_mutex_lock(&co->mu);
+			continue;
+		}
+		next_expire = sdb_mono_ms() + period;
 		uint64_t now_s = (uint64_t)sdb_wall_ms() / 1000;
 		uint64_t cutoff = now_s > co->arch_retention_s
 					  ? (now_s - co->arch_retention_s) << 32
@@ -393,8 +407,7 @@ static void *retention(void *arg)
 		for (size_t i = 0; i < n; i++) {
 			char err[512];
 			size_t removed = 0;
-			int rc = cdc_archive_expire(cdc_log_archive(co->log), ids[i], cutoff, &removed,
-						    err, sizeof err);
+			int rc = cdc_archive_expire(a, ids[i], cutoff, &removed, err, sizeof err);
 			if (rc)
 				sdb_warn("cdc archive retention", "shard=%s error=\"%s\"", ids[i], err);
 			else if (removed)
@@ -596,8 +609,8 @@ static int coordinator_start(sdb_role *role)
 		abort();
 	co->mgr_started = 1;
 	co->arch_retention_s = arch_retention_s;
-	if (cdc_log_archive(co->log) && arch_retention_s > 0) {
-		if (pthread_create(&co->ret, NULL, retention, co) != 0)
+	if (cdc_log_archive(co->log)) {
+		if (pthread_create(&co->ret, NULL, archive_thread, co) != 0)
 			abort();
 		co->ret_started = 1;
 	}
