@@ -325,3 +325,38 @@ def test_s3_archive_with_kafka_log_reads_through_after_broker_retention(s3cl, tm
                                 oplog[101:])
     finally:
         k.close()
+
+
+def test_s3_uploads_resume_after_coordinator_crash(s3cl, tmp_path):
+    cl = s3cl
+    spec = f"s3://{cl.bucket}/p"
+    extra = ["--cdc-segment-bytes=65536", "--cdc-retention-bytes=131072"]
+    co = cl.start_coordinator(f"embedded:{tmp_path}/cdc", archive=spec, extra=extra)
+    c = cl.shard_client("shard-a")
+    c.db.c.insert_many([{"_id": i, "pad": "a" * 300} for i in range(500)])
+    cl.wait_published(co, "shard-a")
+    wait_until(lambda: archive_status(cl)["archive"]["nextOffset"] > 0, 60, what="archived")
+    # the gateway goes down; segments pile up in the log; the coordinator dies (kill -9)
+    cl.rgw.kill_rgw()
+    try:
+        c.db.c.insert_many([{"_id": 1000 + i, "pad": "b" * 300} for i in range(3000)])
+        cl.wait_published(co, "shard-a")
+        wait_until(lambda: "cdc segment kept: archive failed" in co.tail(1 << 20), 60,
+                   what="an upload failing")
+        co.kill()
+        assert live_segments(tmp_path) > 5
+    finally:
+        cl.rgw.start_rgw()
+    # another coordinator takes the shard over and uploads what was kept
+    co2 = cl.start_coordinator(f"embedded:{tmp_path}/cdc", archive=spec, extra=extra)
+    c.db.c.insert_one({"_id": "after"})
+    cl.wait_published(co2, "shard-a")
+
+    def caught_up():
+        s = archive_status(cl)
+        return s["archive"]["nextOffset"] == s["log"]["firstOffset"] and \
+            live_segments(tmp_path) <= 4
+    wait_until(caught_up, 60, interval=0.5, what="the kept segments uploaded")
+    oplog = cl.oplog("shard-a")
+    assert_log_equals_oplog(cl, "shard-a", cl.read_log("shard-a"), oplog)
+    assert archive_status(cl)["archive"]["firstOffset"] == 0
