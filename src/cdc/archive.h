@@ -47,9 +47,11 @@ struct cdc_archive {
 
 /* Open "file:DIR" (DIR created when missing) or "s3://BUCKET[/PREFIX]" (opts->s3_*
  * give the endpoint, region and credentials; the bucket and credentials are checked with
- * one request, retried with backoff). Errors: SDB_EINVAL (other scheme, bad spec, no
- * endpoint), SDB_EIO, SDB_EAUTH (credentials missing or refused), SDB_ENOTFOUND (no such
- * bucket), SDB_EUNAVAILABLE (endpoint down). Free with cdc_archive_close. */
+ * one request, retried with backoff; an endpoint still down after the retries is only
+ * logged, so that a coordinator starts and publishes while the store is down). Errors:
+ * SDB_EINVAL (other scheme, bad spec, no endpoint), SDB_EIO, SDB_EAUTH (credentials
+ * missing or refused), SDB_ENOTFOUND (no such bucket), SDB_EPROTO. Free with
+ * cdc_archive_close. */
 int cdc_archive_open(const char *spec, const cdc_log_opts *opts, cdc_archive **out,
 		     char *err, size_t errlen);
 void cdc_archive_close(cdc_archive *a);

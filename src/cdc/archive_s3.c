@@ -47,7 +47,8 @@ static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *
 	(void)st;
 	(void)flag;
 	(void)ftw;
-	return remove(path) == 0 || errno == ENOENT ? 0 : 0;
+	(void)remove(path); /* best effort: a cache directory */
+	return 0;
 }
 
 static void rm_rf(const char *path)
@@ -369,6 +370,12 @@ int cdc_archive_s3_open(const char *spec, const cdc_log_opts *opts, cdc_archive 
 		goto fail;
 	}
 	rc = cdc_s3_check(s->s3, err, errlen);
+	if (rc == SDB_EUNAVAILABLE) {
+		/* a coordinator must start (and publish: the log keeps what is not archived)
+		 * while the store is down; refused credentials or a missing bucket stop it */
+		sdb_warn("s3 archive unreachable", "archive=%s error=\"%s\"", spec, err);
+		rc = 0;
+	}
 	if (rc)
 		goto fail;
 	free(bucket);

@@ -179,6 +179,13 @@ def test_s3_wrong_secret_missing_bucket_endpoint_down(s3cl, tmp_path):
     assert r.returncode == 1
     assert f"s3 ListObjectsV2 s3://{cl.bucket}/".encode() in r.stderr, r.stderr
     assert b"after 6 tries" in r.stderr, r.stderr
+    # a coordinator starts anyway (it must publish; the log keeps what is not archived)
+    co = cl.start_coordinator(f"embedded:{tmp_path}/cdc-down", archive=spec, env=down)
+    wait_until(lambda: "s3 archive unreachable" in co.tail(1 << 20), 30, what="the warning")
+    c = cl.shard_client("shard-a")
+    c.db.c.insert_one({"_id": "while-down"})
+    cl.wait_published(co, "shard-a")
+    co.stop()
     # no credentials at all
     nocred = {k: v for k, v in cl.env.items() if not k.startswith("AWS_")}
     e = dict(os.environ)
