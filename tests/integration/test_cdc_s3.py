@@ -45,7 +45,9 @@ class S3Cluster(CdcCluster):
         self.rgw = rgw
         self.bucket = bucket
         rgw.create_bucket(bucket)
-        self.env = rgw.env()
+        # the S3 archive's download cache goes under $TMPDIR: keep it in the test's directory
+        # (a coordinator killed with -9 leaves it behind)
+        self.env = dict(rgw.env(), TMPDIR=str(tmp_path))
 
     def start_coordinator(self, cdc, archive=None, extra=(), env=None, wait=True):
         self.cdc, self.archive = cdc, archive
