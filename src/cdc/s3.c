@@ -645,6 +645,73 @@ static int read_at(int fd, uint8_t *buf, size_t n, uint64_t pos)
 	return 0;
 }
 
+/* Parts of one multipart upload, uploaded by up to CDC_S3_PART_THREADS threads (a part
+ * costs the server about as much as a whole object: one after the other, 8 parts took
+ * 2.5x the time of one PUT of the same bytes on radosgw). */
+typedef struct part_job {
+	cdc_s3 *s;
+	const char *key, *eid;
+	int fd;
+	uint64_t size;
+	size_t parts;
+	char **etags; /* [parts], each written by the thread that uploaded that part */
+	pthread_mutex_t mu;
+	size_t next; /* next part to take */
+	int rc;      /* first error */
+	char err[512];
+} part_job;
+
+static void part_fail(part_job *j, int rc, const char *err)
+{
+	pthread_mutex_lock(&j->mu);
+	if (j->rc == 0) {
+		j->rc = rc;
+		snprintf(j->err, sizeof j->err, "%s", err);
+	}
+	pthread_mutex_unlock(&j->mu);
+}
+
+static void *part_worker(void *arg)
+{
+	part_job *j = arg;
+	uint8_t *buf = sdb_malloc(CDC_S3_PART_BYTES);
+	s3_resp r = {0};
+	char err[512];
+	for (;;) {
+		pthread_mutex_lock(&j->mu);
+		size_t i = j->rc ? j->parts : j->next++;
+		pthread_mutex_unlock(&j->mu);
+		if (i >= j->parts)
+			break;
+		uint64_t pos = (uint64_t)i * CDC_S3_PART_BYTES;
+		size_t len = j->size - pos < CDC_S3_PART_BYTES ? (size_t)(j->size - pos)
+							       : CDC_S3_PART_BYTES;
+		if (read_at(j->fd, buf, len, pos) != 0) {
+			sdb_errf(err, sizeof err, SDB_EIO, "s3 upload s3://%s/%s: reading: %s",
+				 j->s->bucket, j->key, strerror(errno));
+			part_fail(j, SDB_EIO, err);
+			break;
+		}
+		char *query = sdb_asprintf("partNumber=%zu&uploadId=%s", i + 1, j->eid);
+		s3_req p = {.op = "UploadPart", .method = "PUT", .key = j->key, .query = query,
+			    .body = buf, .blen = len};
+		int rc = request(j->s, &p, &r, err, sizeof err);
+		free(query);
+		if (rc == 0 && r.etag[0] == '\0')
+			rc = sdb_errf(err, sizeof err, SDB_EPROTO,
+				      "s3 UploadPart s3://%s/%s: no ETag in the answer",
+				      j->s->bucket, j->key);
+		if (rc) {
+			part_fail(j, rc, err);
+			break;
+		}
+		j->etags[i] = sdb_strdup(r.etag);
+	}
+	resp_free(&r);
+	free(buf);
+	return NULL;
+}
+
 static int multipart(cdc_s3 *s, const char *key, int fd, uint64_t size, const char *sha,
 		     char *err, size_t errlen)
 {
@@ -652,8 +719,7 @@ static int multipart(cdc_s3 *s, const char *key, int fd, uint64_t size, const ch
 		    .query = "uploads=", .meta_sha = sha};
 	s3_resp r = {0};
 	char **etags = NULL;
-	size_t parts = (size_t)((size + CDC_S3_PART_BYTES - 1) / CDC_S3_PART_BYTES), done = 0;
-	uint8_t *buf = NULL;
+	size_t parts = (size_t)((size + CDC_S3_PART_BYTES - 1) / CDC_S3_PART_BYTES);
 	char *id = NULL, *eid = NULL;
 	int rc = request(s, &q, &r, err, errlen);
 	if (rc)
@@ -669,30 +735,25 @@ static int multipart(cdc_s3 *s, const char *key, int fd, uint64_t size, const ch
 		goto out;
 	}
 	eid = qenc(NULL, id);
-	buf = sdb_malloc(CDC_S3_PART_BYTES);
 	etags = sdb_calloc(parts, sizeof *etags);
-	for (; done < parts; done++) {
-		uint64_t pos = (uint64_t)done * CDC_S3_PART_BYTES;
-		size_t len = size - pos < CDC_S3_PART_BYTES ? (size_t)(size - pos) : CDC_S3_PART_BYTES;
-		if (read_at(fd, buf, len, pos) != 0) {
-			rc = sdb_errf(err, errlen, SDB_EIO, "s3 upload s3://%s/%s: reading: %s",
-				      s->bucket, key, strerror(errno));
+	{
+		part_job j = {.s = s, .key = key, .eid = eid, .fd = fd, .size = size,
+			      .parts = parts, .etags = etags};
+		pthread_t th[CDC_S3_PART_THREADS];
+		size_t nth = 0;
+		pthread_mutex_init(&j.mu, NULL);
+		while (nth < CDC_S3_PART_THREADS && nth < parts &&
+		       pthread_create(&th[nth], NULL, part_worker, &j) == 0)
+			nth++;
+		if (nth == 0)
+			part_worker(&j);
+		for (size_t i = 0; i < nth; i++)
+			pthread_join(th[i], NULL);
+		pthread_mutex_destroy(&j.mu);
+		if (j.rc) {
+			rc = sdb_errf(err, errlen, j.rc, "%s", j.err);
 			goto abort;
 		}
-		char *query = sdb_asprintf("partNumber=%zu&uploadId=%s", done + 1, eid);
-		s3_req p = {.op = "UploadPart", .method = "PUT", .key = key, .query = query,
-			    .body = buf, .blen = len};
-		rc = request(s, &p, &r, err, errlen);
-		free(query);
-		if (rc)
-			goto abort;
-		if (r.etag[0] == '\0') {
-			rc = sdb_errf(err, errlen, SDB_EPROTO,
-				      "s3 UploadPart s3://%s/%s: no ETag in the answer", s->bucket,
-				      key);
-			goto abort;
-		}
-		etags[done] = sdb_strdup(r.etag);
 	}
 	/* CompleteMultipartUpload body, built with libxml2 */
 	{
@@ -741,7 +802,6 @@ out:
 		for (size_t i = 0; i < parts; i++)
 			free(etags[i]);
 	free(etags);
-	free(buf);
 	free(id);
 	free(eid);
 	resp_free(&r);

@@ -29,8 +29,10 @@
 #include <stdint.h>
 
 /* Bodies larger than this are uploaded with a multipart upload in parts of this size
- * (S3's minimum part size is 5 MiB). */
+ * (S3's minimum part size is 5 MiB), CDC_S3_PART_THREADS parts at a time. */
 #define CDC_S3_PART_BYTES (8u * 1024 * 1024)
+/* Parts of one upload sent at the same time (each thread holds one part in memory). */
+#define CDC_S3_PART_THREADS 4
 /* Tries per request (first try included). */
 #define CDC_S3_ATTEMPTS 6
 /* Largest ListObjectsV2 response page accepted (bytes). */
