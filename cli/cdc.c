@@ -1,10 +1,10 @@
 /* `stripedb ctl cdc status|read`: the operator view of the CDC pipeline (issue #7).
  *
- *   stripedb ctl [--metadata=H:P,...] [--json] cdc status [--cdc=SPEC] [--archive=file:DIR]
+ *   stripedb ctl [--metadata=H:P,...] [--json] cdc status [--cdc=SPEC] [--archive=SPEC]
  *       per shard in metadata: the publisher lease holder, the published position (last ts
  *       and next offset of the shard's CDC log), the oplog head, the lag in seconds and in
  *       events (capped at 10000), the live log's and the archive's ranges.
- *   stripedb ctl cdc read SHARD [--cdc=SPEC] [--archive=file:DIR] [--after=SECS:INC]
+ *   stripedb ctl cdc read SHARD [--cdc=SPEC] [--archive=SPEC] [--after=SECS:INC]
  *       [--follow-ms=N] [--max=N] [--format=bson|json]
  *       print the shard's events after the position (default: all) through the archive and
  *       the live log, deduped on ts: raw BSON oplog entries back to back (bson, default)
@@ -12,7 +12,10 @@
  *       event came for --follow-ms (default 0: at the end of what is there), or after
  *       --max events. A position that exists nowhere is an error (exit 1).
  *
- * --cdc and --archive default to STRIPEDB_CDC and STRIPEDB_ARCHIVE. Exit codes: 0 ok, 1 an
+ * --archive=SPEC is file:DIR or s3://BUCKET/PREFIX; an s3 archive also takes
+ * --s3-endpoint=URL, --s3-region=R and --s3-credentials-file=F (else the AWS_* environment).
+ * --cdc, --archive and the --s3-* flags default to STRIPEDB_CDC, STRIPEDB_ARCHIVE,
+ * STRIPEDB_S3_ENDPOINT, STRIPEDB_S3_REGION and STRIPEDB_S3_CREDENTIALS_FILE. Exit codes: 0 ok, 1 an
  * error from the cluster or the log, 2 bad usage.
  */
 #include <inttypes.h>
@@ -35,6 +38,7 @@ int cli_cdc_main(struct cli_ctx *ctx, int argc, char **argv);
 
 typedef struct cdc_opts {
 	const char *cdc, *archive, *after, *format;
+	const char *s3_endpoint, *s3_region, *s3_credentials_file;
 	long follow_ms, max;
 	const char *pos[2];
 	int npos;
@@ -42,7 +46,7 @@ typedef struct cdc_opts {
 
 static int usage(const char *msg)
 {
-	fprintf(stderr, "stripedb ctl cdc: %s (usage: cdc status [--cdc=SPEC] [--archive=file:DIR]"
+	fprintf(stderr, "stripedb ctl cdc: %s (usage: cdc status [--cdc=SPEC] [--archive=SPEC]"
 			" | cdc read SHARD [--after=SECS:INC] [--follow-ms=N] [--max=N] "
 			"[--format=bson|json])\n",
 		msg);
@@ -54,6 +58,9 @@ static int parse(int argc, char **argv, cdc_opts *o)
 	memset(o, 0, sizeof *o);
 	o->cdc = getenv("STRIPEDB_CDC");
 	o->archive = getenv("STRIPEDB_ARCHIVE");
+	o->s3_endpoint = getenv("STRIPEDB_S3_ENDPOINT");
+	o->s3_region = getenv("STRIPEDB_S3_REGION");
+	o->s3_credentials_file = getenv("STRIPEDB_S3_CREDENTIALS_FILE");
 	o->format = "bson";
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
@@ -62,6 +69,12 @@ static int parse(int argc, char **argv, cdc_opts *o)
 			o->cdc = a + 6;
 		} else if (strncmp(a, "--archive=", 10) == 0) {
 			o->archive = a + 10;
+		} else if (strncmp(a, "--s3-endpoint=", 14) == 0) {
+			o->s3_endpoint = a + 14;
+		} else if (strncmp(a, "--s3-region=", 12) == 0) {
+			o->s3_region = a + 12;
+		} else if (strncmp(a, "--s3-credentials-file=", 22) == 0) {
+			o->s3_credentials_file = a + 22;
 		} else if (strncmp(a, "--after=", 8) == 0) {
 			o->after = a + 8;
 		} else if (strncmp(a, "--format=", 9) == 0) {
@@ -93,7 +106,10 @@ static int parse(int argc, char **argv, cdc_opts *o)
 static int open_log(const cdc_opts *o, cdc_log **log)
 {
 	char err[512];
-	cdc_log_opts lo = {.archive = o->archive && o->archive[0] ? o->archive : NULL};
+	cdc_log_opts lo = {.archive = o->archive && o->archive[0] ? o->archive : NULL,
+			   .s3_endpoint = o->s3_endpoint,
+			   .s3_region = o->s3_region,
+			   .s3_credentials_file = o->s3_credentials_file};
 	int rc = cdc_log_open(o->cdc, &lo, log, err, sizeof err);
 	if (rc) {
 		fprintf(stderr, "stripedb ctl cdc: %s\n", err);

@@ -1,4 +1,5 @@
-/* file: archive of closed CDC segments. See archive.h. */
+/* The CDC archive: the backend vtable, the file: backend and the Kafka archiver. See
+ * archive.h; the s3 backend is archive_s3.c. */
 #include "cdc/archive.h"
 
 #include <inttypes.h>
@@ -9,22 +10,117 @@
 #include "common/alloc.h"
 #include "common/err.h"
 
-struct cdc_archive {
-	char *root;
+/* ------------------------------------------------------------ file: backend */
+
+static char *file_dir(const cdc_archive *a, const char *shard)
+{
+	return sdb_asprintf("%s/%s", (const char *)a->impl, shard);
+}
+
+static void file_close(cdc_archive *a)
+{
+	free(a->impl);
+}
+
+static int file_put(cdc_archive *a, const char *shard, const char *live_dir,
+		    uint64_t first_offset, char *err, size_t errlen)
+{
+	char *dir = file_dir(a, shard);
+	int rc = cdc_segdir_copy(live_dir, dir, first_offset, err, errlen);
+	free(dir);
+	return rc;
+}
+
+static int file_range(cdc_archive *a, const char *shard, cdc_range *out, char *err,
+		      size_t errlen)
+{
+	char *dir = file_dir(a, shard);
+	int rc = cdc_segdir_range(dir, out, err, errlen);
+	free(dir);
+	return rc;
+}
+
+/* The view of a file: archive is the shard's directory itself. */
+static char *file_view_open(cdc_archive *a, const char *shard)
+{
+	return file_dir(a, shard);
+}
+
+static void file_view_close(cdc_archive *a, char *view)
+{
+	(void)a;
+	free(view);
+}
+
+static int file_locate(cdc_archive *a, const char *shard, const char *view, uint64_t after_ts,
+		       uint64_t *offset, char *err, size_t errlen)
+{
+	(void)a;
+	(void)shard;
+	return cdc_segdir_locate(view, after_ts, offset, err, errlen);
+}
+
+static int file_read_open(cdc_archive *a, const char *shard, const char *view, uint64_t offset,
+			  cdc_segread **out, char *err, size_t errlen)
+{
+	(void)a;
+	(void)shard;
+	return cdc_segread_open(view, offset, out, err, errlen);
+}
+
+static int file_expire(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
+		       char *err, size_t errlen)
+{
+	char *dir = file_dir(a, shard);
+	cdc_seginfo *segs;
+	size_t n;
+	int rc = cdc_segdir_list(dir, &segs, &n, err, errlen);
+	*removed = 0;
+	if (rc) {
+		free(dir);
+		return rc;
+	}
+	for (size_t i = 0; rc == 0 && i < n && segs[i].last_ts < before_ts; i++) {
+		rc = cdc_segdir_remove(dir, segs[i].first_offset, err, errlen);
+		if (rc == 0)
+			(*removed)++;
+	}
+	free(segs);
+	free(dir);
+	return rc;
+}
+
+static const cdc_archive_ops file_ops = {
+	.scheme = "file",
+	.close = file_close,
+	.put = file_put,
+	.range = file_range,
+	.view_open = file_view_open,
+	.view_close = file_view_close,
+	.locate = file_locate,
+	.read_open = file_read_open,
+	.expire = file_expire,
 };
 
-int cdc_archive_open(const char *spec, cdc_archive **out, char *err, size_t errlen)
+/* ------------------------------------------------------------ dispatch */
+
+int cdc_archive_open(const char *spec, const cdc_log_opts *opts, cdc_archive **out,
+		     char *err, size_t errlen)
 {
 	cdc_archive *a;
 	int rc;
+	if (strncmp(spec, "s3://", 5) == 0)
+		return cdc_archive_s3_open(spec, opts, out, err, errlen);
 	if (strncmp(spec, "file:", 5) != 0 || spec[5] == '\0')
 		return sdb_errf(err, errlen, SDB_EINVAL,
-				"archive '%s': expected file:DIR", spec);
+				"archive '%s': expected file:DIR or s3://BUCKET/PREFIX", spec);
 	rc = cdc_mkdirs(spec + 5, err, errlen);
 	if (rc)
 		return sdb_errwrap(err, errlen, rc, "archive");
 	a = sdb_calloc(1, sizeof *a);
-	a->root = sdb_strdup(spec + 5);
+	a->ops = &file_ops;
+	a->spec = sdb_strdup(spec);
+	a->impl = sdb_strdup(spec + 5);
 	*out = a;
 	return 0;
 }
@@ -33,31 +129,79 @@ void cdc_archive_close(cdc_archive *a)
 {
 	if (a == NULL)
 		return;
-	free(a->root);
+	a->ops->close(a);
+	free(a->spec);
 	free(a);
+}
+
+const char *cdc_archive_scheme(const cdc_archive *a)
+{
+	return a->ops->scheme;
 }
 
 char *cdc_archive_dir(const cdc_archive *a, const char *shard)
 {
-	return sdb_asprintf("%s/%s", a->root, shard);
+	return a->ops == &file_ops ? file_dir(a, shard) : NULL;
 }
 
 int cdc_archive_put(cdc_archive *a, const char *shard, const char *live_dir,
 		    uint64_t first_offset, char *err, size_t errlen)
 {
-	char *dir = cdc_archive_dir(a, shard);
-	int rc = cdc_segdir_copy(live_dir, dir, first_offset, err, errlen);
-	free(dir);
+	int rc = a->ops->put(a, shard, live_dir, first_offset, err, errlen);
 	return rc ? sdb_errwrap(err, errlen, rc, "archive") : 0;
 }
 
 int cdc_archive_range(cdc_archive *a, const char *shard, cdc_range *out, char *err,
 		      size_t errlen)
 {
-	char *dir = cdc_archive_dir(a, shard);
-	int rc = cdc_segdir_range(dir, out, err, errlen);
-	free(dir);
-	return rc;
+	return a->ops->range(a, shard, out, err, errlen);
+}
+
+char *cdc_archive_view_open(cdc_archive *a, const char *shard)
+{
+	return a->ops->view_open(a, shard);
+}
+
+void cdc_archive_view_close(cdc_archive *a, char *view)
+{
+	if (view)
+		a->ops->view_close(a, view);
+}
+
+int cdc_archive_locate(cdc_archive *a, const char *shard, const char *view, uint64_t after_ts,
+		       uint64_t *offset, char *err, size_t errlen)
+{
+	return a->ops->locate(a, shard, view, after_ts, offset, err, errlen);
+}
+
+int cdc_archive_expire(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
+		       char *err, size_t errlen)
+{
+	int rc = a->ops->expire(a, shard, before_ts, removed, err, errlen);
+	return rc ? sdb_errwrap(err, errlen, rc, "archive retention") : 0;
+}
+
+int cdc_archive_retention_parse(const char *s, uint64_t *seconds)
+{
+	char *end;
+	if (s == NULL || *s < '0' || *s > '9')
+		return SDB_EINVAL;
+	unsigned long long v = strtoull(s, &end, 10);
+	uint64_t mul = *end == '\0' || strcmp(end, "s") == 0 ? 1
+		       : strcmp(end, "m") == 0		     ? 60
+		       : strcmp(end, "h") == 0		     ? 3600
+		       : strcmp(end, "d") == 0		     ? 86400
+							     : 0;
+	if (mul == 0 || v > UINT32_MAX)
+		return SDB_EINVAL;
+	*seconds = (uint64_t)v * mul;
+	return 0;
+}
+
+int cdc_archive_read_open(cdc_archive *a, const char *shard, const char *view,
+			  uint64_t offset, cdc_segread **out, char *err, size_t errlen)
+{
+	return a->ops->read_open(a, shard, view, offset, out, err, errlen);
 }
 
 /* ------------------------------------------------------------ Kafka archiver */
@@ -68,33 +212,73 @@ struct cdc_archiver {
 	cdc_segwriter *sw;
 	void *src; /* live source positioned at next, or NULL */
 	uint64_t next;
+	char *staging; /* object-store archive: the local segment directory the topic is
+			  copied into; its closed segments are uploaded, then removed */
 };
 
 int cdc_archiver_open(cdc_log *log, const char *shard, cdc_archiver **out, char *err,
 		      size_t errlen)
 {
-	cdc_range live;
-	uint64_t last_ts;
+	cdc_range live, arch;
+	uint64_t last_ts, first;
 	int rc;
 	if (log->archive == NULL)
 		return sdb_errf(err, errlen, SDB_EINVAL, "archiver: no archive configured");
 	rc = cdc_log_range(log, shard, &live, err, errlen);
 	if (rc)
 		return rc;
+	first = live.first_offset;
 	cdc_archiver *a = sdb_calloc(1, sizeof *a);
-	char *dir = cdc_archive_dir(log->archive, shard);
+	char *dir;
+	if (log->archive->ops == &file_ops) {
+		dir = cdc_archive_dir(log->archive, shard);
+	} else {
+		/* An object store: stage into a fresh private directory from where the archive
+		 * ends (what a previous archiver staged and did not upload is copied again
+		 * from the broker). */
+		rc = cdc_archive_range(log->archive, shard, &arch, err, errlen);
+		if (rc) {
+			free(a);
+			return sdb_errwrap(err, errlen, rc, "archive");
+		}
+		if (arch.next_offset > arch.first_offset)
+			first = arch.next_offset;
+		a->staging = cdc_archive_view_open(log->archive, shard);
+		dir = sdb_strdup(a->staging);
+	}
 	a->log = log;
 	a->shard = sdb_strdup(shard);
-	rc = cdc_segwriter_open(dir, log->opts.fsync, log->opts.segment_bytes, live.first_offset,
-				&a->sw, &a->next, &last_ts, err, errlen);
+	rc = cdc_segwriter_open(dir, log->opts.fsync, log->opts.segment_bytes, first, &a->sw,
+				&a->next, &last_ts, err, errlen);
 	free(dir);
 	if (rc) {
+		if (a->staging)
+			cdc_archive_view_close(log->archive, a->staging);
 		free(a->shard);
 		free(a);
 		return sdb_errwrap(err, errlen, rc, "archive");
 	}
 	*out = a;
 	return 0;
+}
+
+/* Object-store archive: upload the closed segments of the staging directory, oldest
+ * first, each removed only after its upload was confirmed. */
+static int upload_staged(cdc_archiver *a, char *err, size_t errlen)
+{
+	cdc_seginfo *segs;
+	size_t n;
+	int rc = cdc_segdir_list(a->staging, &segs, &n, err, errlen);
+	if (rc)
+		return rc;
+	for (size_t i = 0; rc == 0 && i + 1 < n; i++) {
+		rc = cdc_archive_put(a->log->archive, a->shard, a->staging, segs[i].first_offset,
+				     err, errlen);
+		if (rc == 0)
+			rc = cdc_segdir_remove(a->staging, segs[i].first_offset, err, errlen);
+	}
+	free(segs);
+	return rc;
 }
 
 int cdc_archiver_step(cdc_archiver *a, size_t max, int timeout_ms, size_t *copied, char *err,
@@ -136,6 +320,8 @@ int cdc_archiver_step(cdc_archiver *a, size_t max, int timeout_ms, size_t *copie
 		if (rc >= 0)
 			rc = frc;
 	}
+	if (rc >= 0 && a->staging)
+		rc = upload_staged(a, err, errlen);
 	return rc < 0 ? rc : 0;
 }
 
@@ -151,6 +337,8 @@ void cdc_archiver_close(cdc_archiver *a)
 	if (a->src)
 		a->log->be->src_close(a->src);
 	cdc_segwriter_close(a->sw);
+	if (a->staging)
+		cdc_archive_view_close(a->log->archive, a->staging);
 	free(a->shard);
 	free(a);
 }

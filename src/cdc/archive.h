@@ -1,7 +1,16 @@
 /* The CDC archive: closed segments of every shard's log kept in object storage after the
- * log's retention drops them (DESIGN.md §7). Backend `file:DIR` (a directory, e.g. a
- * mounted bucket); the layout is the segment directory of segdir.h under DIR/<shard>/, so
- * archived events are read with the same code as the live embedded log.
+ * log's retention drops them (DESIGN.md §7). Two backends behind one small vtable
+ * (cdc_archive_ops):
+ *
+ *   file:DIR              a directory (e.g. a mounted bucket; laptops): the segment
+ *                         directory of segdir.h under DIR/<shard>/ (archive.c)
+ *   s3://BUCKET[/PREFIX]  any S3-compatible object store (archive_s3.c, client in s3.h):
+ *                         objects PREFIX/<shard>/<first>-<next>-<first ts>-<last ts>.idx and
+ *                         .seg (20-digit decimals), each a closed segment's file as is
+ *
+ * Archived events are read with the segment reader of segdir.h in both cases: an S3
+ * segment is downloaded (checksum verified) into a private cache directory of the reader
+ * (a "view") before it is read.
  */
 #ifndef SDB_CDC_ARCHIVE_H
 #define SDB_CDC_ARCHIVE_H
@@ -10,26 +19,93 @@
 #include <stdint.h>
 
 #include "cdc/log.h"
+#include "cdc/segdir.h"
 
-/* Open "file:DIR" (DIR created when missing). Errors: SDB_EINVAL (other scheme),
- * SDB_EIO. Free with cdc_archive_close. */
-int cdc_archive_open(const char *spec, cdc_archive **out, char *err, size_t errlen);
+/* A backend. Every function returns 0 or an SDB_E* code with err filled. */
+typedef struct cdc_archive_ops {
+	const char *scheme; /* "file" or "s3" */
+	void (*close)(cdc_archive *a);
+	int (*put)(cdc_archive *a, const char *shard, const char *live_dir,
+		   uint64_t first_offset, char *err, size_t errlen);
+	int (*range)(cdc_archive *a, const char *shard, cdc_range *out, char *err,
+		     size_t errlen);
+	char *(*view_open)(cdc_archive *a, const char *shard);
+	void (*view_close)(cdc_archive *a, char *view);
+	int (*locate)(cdc_archive *a, const char *shard, const char *view, uint64_t after_ts,
+		      uint64_t *offset, char *err, size_t errlen);
+	int (*read_open)(cdc_archive *a, const char *shard, const char *view, uint64_t offset,
+			 cdc_segread **out, char *err, size_t errlen);
+	int (*expire)(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
+		      char *err, size_t errlen);
+} cdc_archive_ops;
+
+struct cdc_archive {
+	const cdc_archive_ops *ops;
+	char *spec; /* as given, for messages */
+	void *impl;
+};
+
+/* Open "file:DIR" (DIR created when missing) or "s3://BUCKET[/PREFIX]" (opts->s3_*
+ * give the endpoint, region and credentials; the bucket and credentials are checked with
+ * one request, retried with backoff; an endpoint still down after the retries is only
+ * logged, so that a coordinator starts and publishes while the store is down). Errors:
+ * SDB_EINVAL (other scheme, bad spec, no endpoint), SDB_EIO, SDB_EAUTH (credentials
+ * missing or refused), SDB_ENOTFOUND (no such bucket), SDB_EPROTO. Free with
+ * cdc_archive_close. */
+int cdc_archive_open(const char *spec, const cdc_log_opts *opts, cdc_archive **out,
+		     char *err, size_t errlen);
 void cdc_archive_close(cdc_archive *a);
+/* "file" or "s3". */
+const char *cdc_archive_scheme(const cdc_archive *a);
 
-/* Directory holding shard's archived segments (heap string, caller frees). */
+/* Directory holding shard's archived segments, file: archives only (heap string, caller
+ * frees); NULL for s3. */
 char *cdc_archive_dir(const cdc_archive *a, const char *shard);
 
-/* Copy the closed segment first_offset of live_dir into the archive, durably, before the
- * caller deletes it. Idempotent. Errors: SDB_EIO. */
+/* Copy the closed segment first_offset of live_dir into the archive, durably (file:
+ * fsync'd; s3: the server confirmed the upload), before the caller deletes it.
+ * Idempotent. Errors: SDB_EIO, and for s3 those of cdc_archive_open. */
 int cdc_archive_put(cdc_archive *a, const char *shard, const char *live_dir,
 		    uint64_t first_offset, char *err, size_t errlen);
 
-/* Offsets and ts the archive holds for shard (all 0 when nothing). Errors: SDB_EIO. */
+/* Offsets and ts the archive holds for shard (all 0 when nothing). Errors: SDB_EIO, and
+ * for s3 those of cdc_archive_open. */
 int cdc_archive_range(cdc_archive *a, const char *shard, cdc_range *out, char *err,
 		      size_t errlen);
 
+/* A reader's view of shard's archive: a handle (a string) for locate and read_open;
+ * for s3 a private cache directory of downloaded segments, removed by view_close. */
+char *cdc_archive_view_open(cdc_archive *a, const char *shard);
+void cdc_archive_view_close(cdc_archive *a, char *view);
+/* First archived offset with ts > after_ts (the range's next_offset when none). */
+int cdc_archive_locate(cdc_archive *a, const char *shard, const char *view, uint64_t after_ts,
+		       uint64_t *offset, char *err, size_t errlen);
+/* Sequential reader of archived events from offset (segdir.h cdc_segread_*; for s3 it
+ * ends, returning 0, at the end of the segments downloaded so far: open again at the
+ * next offset). Errors: SDB_ENOTFOUND (offset not archived), SDB_ECORRUPT (checksum),
+ * SDB_EIO, s3 errors. */
+int cdc_archive_read_open(cdc_archive *a, const char *shard, const char *view,
+			  uint64_t offset, cdc_segread **out, char *err, size_t errlen);
+
+/* Retention (--archive-retention): delete shard's archived segments from the oldest on,
+ * while a segment's last event is older than before_ts (oplog ts, secs << 32 | inc); the
+ * archive stays one range (no hole). *removed gets the count. Run by the holder of the
+ * shard's cdc/<shard> lease. Errors: SDB_EIO, s3 errors. */
+int cdc_archive_expire(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
+		       char *err, size_t errlen);
+
+/* Parse a retention duration: N, Ns, Nm, Nh or Nd (N a decimal integer; no unit =
+ * seconds) into seconds. 0 disables retention. Returns 0 or SDB_EINVAL. */
+int cdc_archive_retention_parse(const char *s, uint64_t *seconds);
+
+/* The S3 backend (archive_s3.c): spec "s3://BUCKET[/PREFIX]". */
+int cdc_archive_s3_open(const char *spec, const cdc_log_opts *opts, cdc_archive **out,
+			char *err, size_t errlen);
+
 /* The archiver of a Kafka-backed log: copies the shard's topic, in offset order, into the
- * archive's segment directory as it grows (Kafka offsets kept, so the reader moves between
+ * archive's segment directory as it grows (an s3:// archive: into a private staging
+ * directory starting where the archive ends, whose closed segments are uploaded, then
+ * removed locally) (Kafka offsets kept, so the reader moves between
  * archive and broker by offset), so that a consumer can still read a range after the
  * broker's retention dropped it. Run by the shard's publisher, under its lease; the
  * archive dir's flock makes it single-writer. The embedded log needs none (it archives

@@ -20,7 +20,13 @@ typedef struct emb_writer {
 	char *shard;
 	char *dir;
 	cdc_segwriter *sw;
+	uint64_t retry_at_ms; /* archive failed: retry retention at flush from then (monotonic) */
+	uint64_t retry_delay_ms; /* current backoff, 0 after a success */
 } emb_writer;
+
+/* After an archive failure, retry no sooner than this (ms), doubling up to the max. */
+#define EMB_ARCHIVE_RETRY_MS 1000
+#define EMB_ARCHIVE_RETRY_MAX_MS 8000
 
 typedef struct emb_src {
 	cdc_segread *r; /* NULL while the shard's log has no segment yet */
@@ -52,7 +58,10 @@ static void emb_close(cdc_log *log)
 }
 
 /* Archive then delete the oldest closed segments while closed segments exceed the
- * retention. */
+ * retention. A segment is deleted only after the archive confirmed it; when the archive
+ * fails (an S3 endpoint down, refused credentials), the segment stays, the failure is
+ * logged, publishing goes on, and the retention is retried at the next roll or at a
+ * flush after a backoff (EMB_ARCHIVE_RETRY_MS doubling). */
 static int emb_retain(emb_writer *w, char *err, size_t errlen)
 {
 	cdc_seginfo *s;
@@ -61,6 +70,8 @@ static int emb_retain(emb_writer *w, char *err, size_t errlen)
 	int rc;
 	if (keep == 0)
 		return 0;
+	if (w->retry_at_ms && sdb_mono_ms() < w->retry_at_ms)
+		return 0; /* the archive failed recently: keep everything until the backoff ends */
 	rc = cdc_segdir_list(w->dir, &s, &n, err, errlen);
 	if (rc)
 		return rc;
@@ -70,8 +81,18 @@ static int emb_retain(emb_writer *w, char *err, size_t errlen)
 		if (w->log->archive) {
 			rc = cdc_archive_put(w->log->archive, w->shard, w->dir, s[i].first_offset,
 					     err, errlen);
-			if (rc)
-				break;
+			if (rc) {
+				sdb_warn("cdc segment kept: archive failed",
+					 "shard=%s first=%" PRIu64 " error=\"%s\"", w->shard,
+					 s[i].first_offset, err);
+				w->retry_delay_ms = w->retry_delay_ms == 0 ? EMB_ARCHIVE_RETRY_MS
+						    : w->retry_delay_ms * 2 > EMB_ARCHIVE_RETRY_MAX_MS
+							    ? EMB_ARCHIVE_RETRY_MAX_MS
+							    : w->retry_delay_ms * 2;
+				w->retry_at_ms = sdb_mono_ms() + w->retry_delay_ms;
+				free(s);
+				return 0;
+			}
 		}
 		rc = cdc_segdir_remove(w->dir, s[i].first_offset, err, errlen);
 		if (rc)
@@ -82,6 +103,8 @@ static int emb_retain(emb_writer *w, char *err, size_t errlen)
 		total -= s[i].bytes;
 	}
 	free(s);
+	if (rc == 0)
+		w->retry_delay_ms = 0;
 	return rc;
 }
 
@@ -122,7 +145,12 @@ static int emb_append(void *wp, uint64_t offset, uint64_t ts, const uint8_t *dat
 static int emb_flush(void *wp, char *err, size_t errlen)
 {
 	emb_writer *w = wp;
-	return cdc_segwriter_flush(w->sw, err, errlen);
+	int rc = cdc_segwriter_flush(w->sw, err, errlen);
+	if (rc == 0 && w->retry_at_ms && sdb_mono_ms() >= w->retry_at_ms) {
+		w->retry_at_ms = 0;
+		rc = emb_retain(w, err, errlen);
+	}
+	return rc;
 }
 
 static void emb_writer_close(void *wp)

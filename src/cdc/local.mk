@@ -1,7 +1,7 @@
 # src/cdc: the CDC pipeline (issue #7): log backends, archive, publisher, consumer API.
 libstripedb_a_SOURCES += src/cdc/log.c src/cdc/segdir.c src/cdc/embedded.c src/cdc/kafka.c \
-	src/cdc/archive.c src/cdc/reader.c src/cdc/publisher.c
-noinst_HEADERS += src/cdc/log.h src/cdc/segdir.h src/cdc/archive.h src/cdc/reader.h \
+	src/cdc/archive.c src/cdc/archive_s3.c src/cdc/s3.c src/cdc/reader.c src/cdc/publisher.c
+noinst_HEADERS += src/cdc/log.h src/cdc/segdir.h src/cdc/archive.h src/cdc/s3.h src/cdc/reader.h \
 	src/cdc/publisher.h
 
 check_PROGRAMS += tests/unit/test_cdc_log
@@ -15,6 +15,11 @@ tests_unit_test_cdc_kafka_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_cdc_kafka_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_cdc_kafka
 
+# benchmark of the S3 archive client (never in make check): tests/bench/README.md
+noinst_PROGRAMS += tests/bench/s3_archive_bench
+tests_bench_s3_archive_bench_SOURCES = tests/bench/s3_archive_bench.c
+tests_bench_s3_archive_bench_LDADD = libstripedb.a $(SDB_LIBS)
+
 # `stripedb ctl cdc status|read` (cli/ctl.c dispatches to cli_cdc_main)
 libstripedb_a_SOURCES += cli/cdc.c
 
@@ -25,4 +30,5 @@ tests_integration_kafka_mock_SOURCES = tests/integration/kafka_mock.c
 tests_integration_kafka_mock_LDADD = $(RDKAFKA_LIBS)
 
 EXTRA_DIST += src/cdc/README.md tests/integration/test_cdc.py tests/integration/cdc_helpers.py \
-	tests/bench/cdc_bench.py
+	tests/integration/test_cdc_s3.py tests/integration/s3_server.py \
+	tests/bench/cdc_bench.py tests/bench/s3_archive_bench.py

@@ -54,11 +54,12 @@ int cdc_log_open(const char *spec, const cdc_log_opts *opts, cdc_log **out, char
 		log->opts = *opts;
 	if (opts && opts->archive && opts->archive[0]) {
 		log->archive_spec = sdb_strdup(opts->archive);
-		rc = cdc_archive_open(log->archive_spec, &log->archive, err, errlen);
+		rc = cdc_archive_open(log->archive_spec, opts, &log->archive, err, errlen);
 		if (rc)
 			goto fail;
 	}
 	log->opts.archive = log->archive_spec;
+	log->opts.s3_endpoint = log->opts.s3_region = log->opts.s3_credentials_file = NULL;
 	rc = be->open(log, arg, err, errlen);
 	if (rc)
 		goto fail;

@@ -58,7 +58,11 @@ typedef struct cdc_log_opts {
 	uint64_t retention_bytes; /* embedded: keep at most this many bytes of closed segments
 				     on disk; older ones go to the archive, then are deleted
 				     (0 = keep everything) */
-	const char *archive;      /* "file:DIR" or NULL (copied) */
+	const char *archive;      /* "file:DIR", "s3://BUCKET[/PREFIX]" or NULL (copied) */
+	/* s3 archive only (archive.h), used while cdc_log_open runs (not kept): */
+	const char *s3_endpoint;         /* http(s)://HOST[:PORT] */
+	const char *s3_region;           /* signing region, NULL: us-east-1 */
+	const char *s3_credentials_file; /* NULL: AWS_* environment variables */
 } cdc_log_opts;
 
 typedef struct cdc_log cdc_log;

@@ -13,7 +13,8 @@
 struct cdc_reader {
 	cdc_log *log;
 	char *shard;
-	char *archive_dir; /* NULL without archive */
+	cdc_archive *archive; /* NULL without archive */
+	char *view;           /* the reader's view of the archive (archive.h) */
 	uint64_t next;     /* offset of the next event to read */
 	uint64_t last_ts;  /* position */
 	uint64_t archived;
@@ -25,8 +26,8 @@ static int ranges(cdc_reader *r, cdc_range *live, cdc_range *arch, char *err, si
 {
 	int rc = cdc_log_range(r->log, r->shard, live, err, errlen);
 	memset(arch, 0, sizeof *arch);
-	if (rc == 0 && r->archive_dir)
-		rc = cdc_segdir_range(r->archive_dir, arch, err, errlen);
+	if (rc == 0 && r->archive)
+		rc = cdc_archive_range(r->archive, r->shard, arch, err, errlen);
 	return rc;
 }
 
@@ -58,7 +59,8 @@ static int resolve(cdc_reader *r, char *err, size_t errlen)
 			return rc;
 	}
 	if (covers(&arch, r->next)) {
-		rc = cdc_segread_open(r->archive_dir, r->next, &r->arch, err, errlen);
+		rc = cdc_archive_read_open(r->archive, r->shard, r->view, r->next, &r->arch, err,
+					   errlen);
 		if (rc != SDB_ENOTFOUND) /* else a segment missing inside the archive's range */
 			return rc;
 	}
@@ -78,8 +80,9 @@ int cdc_reader_open(cdc_log *log, const char *shard, uint64_t after_ts, cdc_read
 	r->log = log;
 	r->shard = sdb_strdup(shard);
 	r->last_ts = after_ts;
-	if (cdc_log_archive(log))
-		r->archive_dir = cdc_archive_dir(cdc_log_archive(log), shard);
+	r->archive = cdc_log_archive(log);
+	if (r->archive)
+		r->view = cdc_archive_view_open(r->archive, shard);
 	rc = ranges(r, &live, &arch, err, errlen);
 	if (rc)
 		goto fail;
@@ -87,9 +90,14 @@ int cdc_reader_open(cdc_log *log, const char *shard, uint64_t after_ts, cdc_read
 	const cdc_range *src = from_archive ? &arch : &live;
 	const cdc_range *other = from_archive ? &live : &arch;
 	if (from_archive)
-		rc = cdc_segdir_locate(r->archive_dir, after_ts, &r->next, err, errlen);
+		rc = cdc_archive_locate(r->archive, shard, r->view, after_ts, &r->next, err, errlen);
 	else
 		rc = cdc_log_locate(log, shard, after_ts, &r->next, err, errlen);
+	/* the ranges again: the archive's retention (another coordinator) may have deleted
+	 * segments while we located, and the check below must see the archive's first offset
+	 * as it is now, or a position that exists nowhere would be skipped silently */
+	if (rc == 0 && r->archive)
+		rc = ranges(r, &live, &arch, err, errlen);
 	if (rc)
 		goto fail;
 	/* Starting at the oldest event a source has is only safe if the event before it is
@@ -102,7 +110,7 @@ int cdc_reader_open(cdc_log *log, const char *shard, uint64_t after_ts, cdc_read
 			      shard, (unsigned)(after_ts >> 32), (unsigned)after_ts, src->first_offset,
 			      (unsigned)(src->first_ts >> 32), (unsigned)src->first_ts,
 			      from_archive ? "archive" : "log",
-			      r->archive_dir ? " and are not in the archive" : " with no archive");
+			      r->archive ? " and are not in the archive" : " with no archive");
 		goto fail;
 	}
 	*out = r;
@@ -176,6 +184,7 @@ void cdc_reader_close(cdc_reader *r)
 		return;
 	drop_sources(r);
 	free(r->shard);
-	free(r->archive_dir);
+	if (r->archive)
+		cdc_archive_view_close(r->archive, r->view);
 	free(r);
 }

@@ -48,7 +48,17 @@ typedef enum {
 	X("metadata", metadata, SDB_OPT_ADDRS, NULL, "metadata members HOST:PORT,...")            \
 	X("peers", peers, SDB_OPT_ADDRS, NULL, "ratelimit: static peer list HOST:PORT,...")       \
 	X("cdc", cdc, SDB_OPT_STRING, NULL, "coordinator: CDC log embedded:DIR or kafka:BOOTSTRAP") \
-	X("archive", archive, SDB_OPT_STRING, NULL, "coordinator: CDC archive file:DIR")          \
+	X("archive", archive, SDB_OPT_STRING, NULL,                                             \
+	  "coordinator: CDC archive file:DIR or s3://BUCKET/PREFIX")                            \
+	X("archive-retention", archive_retention, SDB_OPT_STRING, "7d",                          \
+	  "coordinator: how long archived CDC segments are kept: N[s|m|h|d], 0 = forever")      \
+	X("s3-endpoint", s3_endpoint, SDB_OPT_STRING, NULL,                                     \
+	  "coordinator: S3-compatible endpoint URL of an s3:// archive")                        \
+	X("s3-region", s3_region, SDB_OPT_STRING, "us-east-1",                                  \
+	  "coordinator: signing region of an s3:// archive")                                    \
+	X("s3-credentials-file", s3_credentials_file, SDB_OPT_PATH, NULL,                       \
+	  "coordinator: AWS shared credentials file (default: AWS_ACCESS_KEY_ID, "              \
+	  "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN)")                                          \
 	X("max-connections", max_connections, SDB_OPT_INT, "10000",                             \
 	  "maximum client connections per wire listener")                                       \
 	X("log-level", log_level, SDB_OPT_LEVEL, "info", "debug, info, warn or error")            \

@@ -1,9 +1,9 @@
 /* The coordinator role (DESIGN.md §2, §6-7):
  *
  *   stripedb --role=coordinator --http-listen=H:P --metadata=H:P,... \
- *            --cdc=embedded:DIR|kafka:BOOTSTRAP [--archive=file:DIR] \
+ *            --cdc=embedded:DIR|kafka:BOOTSTRAP [--archive=file:DIR|s3://BUCKET/PREFIX] \
  *            [--cdc-fsync=batch|segment|never] [--cdc-segment-bytes=N] \
- *            [--cdc-retention-bytes=N] [--cdc-lease-ms=5000]
+ *            [--cdc-retention-bytes=N] [--cdc-lease-ms=5000] [--archive-retention=7d]
  *
  * A coordinator holds no durable state. It runs:
  *   1. the CDC publishers (issue #7): for every shard listed in metadata, it tries to take
@@ -74,6 +74,9 @@ typedef struct coord {
 	int budget_global, budget_shard; /* --migration-budget, --migration-shard-budget */
 	pthread_t mgr;
 	int mgr_started;
+	uint64_t arch_retention_s; /* --archive-retention (0: keep forever) */
+	pthread_t ret;             /* the archive thread (ranges, retention) */
+	int ret_started;
 	atomic_int stop;
 	pthread_mutex_t mu; /* pubs, and the manager's sleeps */
 	pthread_cond_t cv;
@@ -306,22 +309,8 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 		co->pubs = p;
 		pthread_mutex_unlock(&co->mu);
 	}
-	/* archive range of the shards we publish */
-	for (coord_pub *p = co->pubs; p; p = p->next) {
-		cdc_range g = {0};
-		if (p->stopping)
-			continue;
-		if (cdc_log_archive(co->log) &&
-		    cdc_archive_range(cdc_log_archive(co->log), p->shard, &g, err, sizeof err) != 0)
-			continue;
-		pthread_mutex_lock(&co->mu);
-		p->arch = g;
-		pthread_mutex_unlock(&co->mu);
-		sdb_gauge_set(p->g_arch_first, (int64_t)g.first_offset);
-		sdb_gauge_set(p->g_arch_next, (int64_t)g.next_offset);
-		sdb_gauge_set(p->g_arch_first_ts, (int64_t)(g.first_ts >> 32));
-		sdb_gauge_set(p->g_arch_last_ts, (int64_t)(g.last_ts >> 32));
-	}
+	/* (the archive ranges of the shards we publish are refreshed by the archive thread:
+	 * an object store may take seconds to answer, and renewals must not wait) */
 	shards_free(shards, n);
 }
 
@@ -351,6 +340,86 @@ static void migrations_shutdown(coord *co, mongoc_client_t *c)
 {
 	migrate_runner_free(co->mig, c);
 	co->mig = NULL;
+}
+
+/* ------------------------------------------------------------ archive thread */
+
+/* Runs when an archive is configured, in its own thread because an object store may take
+ * seconds to answer (retries with backoff) and lease renewals in the manager must not
+ * wait for it. Every second it refreshes the archive range of the shards this coordinator
+ * publishes (/cdc/status, stripedb_cdc_archive_* metrics). With --archive-retention
+ * (issue #22), the holder of a shard's cdc/<shard> lease (so one coordinator per shard)
+ * deletes the shard's archived segments whose last event is older than the retention (by
+ * the oplog ts, epoch seconds, against the injectable wall clock), every retention/4
+ * clamped to 1..60 s. */
+static void *archive_thread(void *arg)
+{
+	coord *co = arg;
+	cdc_archive *a = cdc_log_archive(co->log);
+	uint64_t period = co->arch_retention_s * 1000 / 4, next_expire = 0;
+	period = period < 1000 ? 1000 : period > 60000 ? 60000 : period;
+	sdb_log_set_thread("coordinator", NULL);
+	pthread_mutex_lock(&co->mu);
+	while (!atomic_load(&co->stop)) {
+		sdb_cond_wait_ms(&co->cv, &co->mu, 1000);
+		if (atomic_load(&co->stop))
+			break;
+		size_t n = 0, cap = 0;
+		char **ids = NULL;
+		for (coord_pub *p = co->pubs; p; p = p->next) {
+			if (p->stopping)
+				continue;
+			if (n == cap) {
+				cap = cap ? cap * 2 : 8;
+				ids = sdb_realloc(ids, cap * sizeof *ids);
+			}
+			ids[n++] = sdb_strdup(p->shard);
+		}
+		pthread_mutex_unlock(&co->mu);
+		for (size_t i = 0; i < n; i++) {
+			char err[512];
+			cdc_range g = {0};
+			if (cdc_archive_range(a, ids[i], &g, err, sizeof err) != 0)
+				continue;
+			pthread_mutex_lock(&co->mu);
+			coord_pub *p = find_pub(co, ids[i]);
+			if (p) {
+				p->arch = g;
+				sdb_gauge_set(p->g_arch_first, (int64_t)g.first_offset);
+				sdb_gauge_set(p->g_arch_next, (int64_t)g.next_offset);
+				sdb_gauge_set(p->g_arch_first_ts, (int64_t)(g.first_ts >> 32));
+				sdb_gauge_set(p->g_arch_last_ts, (int64_t)(g.last_ts >> 32));
+			}
+			pthread_mutex_unlock(&co->mu);
+		}
+		if (co->arch_retention_s == 0 || sdb_mono_ms() < next_expire) {
+			for (size_t i = 0; i < n; i++)
+				free(ids[i]);
+			free(ids);
+			pthread_mutex_lock(&co->mu);
+			continue;
+		}
+		next_expire = sdb_mono_ms() + period;
+		uint64_t now_s = (uint64_t)sdb_wall_ms() / 1000;
+		uint64_t cutoff = now_s > co->arch_retention_s
+					  ? (now_s - co->arch_retention_s) << 32
+					  : 0;
+		for (size_t i = 0; i < n; i++) {
+			char err[512];
+			size_t removed = 0;
+			int rc = cdc_archive_expire(a, ids[i], cutoff, &removed, err, sizeof err);
+			if (rc)
+				sdb_warn("cdc archive retention", "shard=%s error=\"%s\"", ids[i], err);
+			else if (removed)
+				sdb_info("cdc archive retention", "shard=%s segments_deleted=%zu "
+					 "before_ts_seconds=%" PRIu64, ids[i], removed, cutoff >> 32);
+			free(ids[i]);
+		}
+		free(ids);
+		pthread_mutex_lock(&co->mu);
+	}
+	pthread_mutex_unlock(&co->mu);
+	return NULL;
 }
 
 /* ------------------------------------------------------------ manager thread */
@@ -499,6 +568,15 @@ static int coordinator_start(sdb_role *role)
 	o.segment_bytes = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_cdc_segment_bytes, 64 << 20);
 	o.retention_bytes = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_cdc_retention_bytes, 0);
 	o.archive = sdb_config_get(cfg, SDB_OPT_archive);
+	o.s3_endpoint = sdb_config_get(cfg, SDB_OPT_s3_endpoint);
+	o.s3_region = sdb_config_get(cfg, SDB_OPT_s3_region);
+	o.s3_credentials_file = sdb_config_get(cfg, SDB_OPT_s3_credentials_file);
+	uint64_t arch_retention_s = 0;
+	if (cdc_archive_retention_parse(sdb_config_get(cfg, SDB_OPT_archive_retention),
+					&arch_retention_s) != 0)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"coordinator: --archive-retention must be N, Ns, Nm, Nh or Nd "
+				"(0 keeps archived segments forever)");
 	/* Shards and metadata of a keyed cluster refuse internal commands (routing updates,
 	 * version bumps, replication writes) from anyone without the key (issue #10). */
 	rc = auth_cluster_setup(cfg, role->err, sizeof role->err);
@@ -530,6 +608,12 @@ static int coordinator_start(sdb_role *role)
 	if (pthread_create(&co->mgr, NULL, manager, co) != 0)
 		abort();
 	co->mgr_started = 1;
+	co->arch_retention_s = arch_retention_s;
+	if (cdc_log_archive(co->log)) {
+		if (pthread_create(&co->ret, NULL, archive_thread, co) != 0)
+			abort();
+		co->ret_started = 1;
+	}
 	if (role->http) {
 		rc = sdb_http_route(role->http, "GET", "/cdc/status", h_status, co);
 		if (rc == 0)
@@ -553,6 +637,8 @@ static void coordinator_stop(sdb_role *role)
 		pthread_mutex_unlock(&co->mu);
 		if (co->mgr_started)
 			pthread_join(co->mgr, NULL);
+		if (co->ret_started)
+			pthread_join(co->ret, NULL);
 		coord_free(co);
 		role->impl = NULL;
 	}

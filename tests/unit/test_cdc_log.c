@@ -187,6 +187,67 @@ static void test_retention_reads_through_archive(void **state)
 	cdc_log_close(log);
 }
 
+/* --archive-retention on a file: archive: segments whose last event is older than the
+ * cutoff go, oldest first, and never one after a younger one; then a position in the
+ * deleted range exists nowhere, a later one still reads. */
+static void test_archive_expire(void **state)
+{
+	(void)state;
+	cdc_log *log = open_log(1000, 1500, 1);
+	cdc_archive *a;
+	cdc_range arch;
+	size_t removed = 99;
+	char err[256];
+	cdc_reader *r = NULL;
+	append_n(log, 0, 60);
+	a = cdc_log_archive(log);
+	assert_string_equal(cdc_archive_scheme(a), "file");
+	/* segments of 8 events: [0,8) ends at ts 1007, [8,16) at 1015, ... archive [0,48) */
+	assert_int_equal(cdc_archive_expire(a, "s1", (uint64_t)1000 << 32, &removed, err,
+					    sizeof err),
+			 0);
+	assert_int_equal(removed, 0);
+	assert_int_equal(cdc_archive_expire(a, "s1", ((uint64_t)1016 << 32), &removed, err,
+					    sizeof err),
+			 0);
+	assert_int_equal(removed, 2);
+	assert_int_equal(cdc_archive_range(a, "s1", &arch, err, sizeof err), 0);
+	assert_int_equal(arch.first_offset, 16);
+	assert_int_equal(arch.next_offset, 48);
+	assert_int_equal(cdc_reader_open(log, "s1", 0, &r, err, sizeof err), SDB_ENOTFOUND);
+	assert_non_null(strstr(err, "exists nowhere"));
+	expect_events(log, ((uint64_t)1020 << 32) | 1, 21, 60, NULL);
+	/* everything older than the newest archived event: the archive empties, the log stays */
+	assert_int_equal(cdc_archive_expire(a, "s1", (uint64_t)2000 << 32, &removed, err,
+					    sizeof err),
+			 0);
+	assert_int_equal(removed, 4);
+	assert_int_equal(cdc_archive_range(a, "s1", &arch, err, sizeof err), 0);
+	assert_int_equal(arch.next_offset, 0);
+	expect_events(log, ((uint64_t)1050 << 32) | 1, 51, 60, NULL);
+	cdc_log_close(log);
+}
+
+static void test_retention_parse(void **state)
+{
+	(void)state;
+	uint64_t s = 1;
+	assert_int_equal(cdc_archive_retention_parse("7d", &s), 0);
+	assert_int_equal(s, 7 * 86400);
+	assert_int_equal(cdc_archive_retention_parse("90", &s), 0);
+	assert_int_equal(s, 90);
+	assert_int_equal(cdc_archive_retention_parse("3h", &s), 0);
+	assert_int_equal(s, 3 * 3600);
+	assert_int_equal(cdc_archive_retention_parse("15m", &s), 0);
+	assert_int_equal(s, 900);
+	assert_int_equal(cdc_archive_retention_parse("0", &s), 0);
+	assert_int_equal(s, 0);
+	assert_int_equal(cdc_archive_retention_parse("7 days", &s), SDB_EINVAL);
+	assert_int_equal(cdc_archive_retention_parse("-1d", &s), SDB_EINVAL);
+	assert_int_equal(cdc_archive_retention_parse("", &s), SDB_EINVAL);
+	assert_int_equal(cdc_archive_retention_parse(NULL, &s), SDB_EINVAL);
+}
+
 /* An archive that lost a segment: the reader stops with an error at the hole, after the
  * events before it, and never skips to the events after it. */
 static void test_gap_in_the_archive_is_an_error(void **state)
@@ -255,7 +316,15 @@ static void test_bad_specs(void **state)
 	char err[256];
 	cdc_fsync_policy p;
 	assert_int_equal(cdc_log_open("s3:bucket", NULL, &log, err, sizeof err), SDB_EINVAL);
-	assert_int_equal(cdc_archive_open("s3://bucket", &a, err, sizeof err), SDB_EINVAL);
+	assert_int_equal(cdc_archive_open("ftp://bucket", NULL, &a, err, sizeof err), SDB_EINVAL);
+	/* s3: no endpoint, a bad bucket name: refused before any request */
+	cdc_log_opts o = {0};
+	assert_int_equal(cdc_archive_open("s3://bucket/p", &o, &a, err, sizeof err), SDB_EINVAL);
+	assert_non_null(strstr(err, "--s3-endpoint=URL is required"));
+	o.s3_endpoint = "http://127.0.0.1:1";
+	assert_int_equal(cdc_archive_open("s3://Bad_Bucket/p", &o, &a, err, sizeof err),
+			 SDB_EINVAL);
+	assert_non_null(strstr(err, "Bad_Bucket"));
 	assert_int_equal(cdc_fsync_parse("segment", &p), 0);
 	assert_int_equal(p, CDC_FSYNC_SEGMENT);
 	assert_int_equal(cdc_fsync_parse("sometimes", &p), SDB_EINVAL);
@@ -274,6 +343,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_position_that_exists_nowhere, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_empty_log_waits, setup, teardown),
 		cmocka_unit_test(test_bad_specs),
+		cmocka_unit_test_setup_teardown(test_archive_expire, setup, teardown),
+		cmocka_unit_test(test_retention_parse),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
