@@ -13,6 +13,7 @@ Checked against the final state of every member of every set (Jepsen style):
 * no operation id applied twice; every acknowledged one applied; nothing applied that was
   not sent;
 * each account: n == number of applied ops and balance == initial + their amounts;
+* no application error is a shard's change of primary (10107, 11602: the proxy retries);
 * the sum invariant: the total balance equals the initial total plus the amounts of the
   applied halves of transfers; a transfer with only one half applied had that half or the
   other half unacknowledged (outcome unknown or failed), never both acknowledged.
@@ -34,6 +35,11 @@ from metadata_cluster import Cluster
 from shard_net import ShardNet, skip_reason
 
 _SKIP = skip_reason()
+# Until a member behind the set's compacted log can install a snapshot from another member
+# (being built for #15), a member killed and restarted after a compaction cannot catch up
+# ("cannot install a snapshot from another member yet") and the set loses its spare
+# member: compaction is kept out of this test's way. Remove once snapshots install.
+NO_COMPACTION = ["--raft-snapshot-threshold=1000000"]
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 ACCOUNTS = 20
@@ -63,6 +69,7 @@ class Bank:
         self.unknown = set()
         self.transfers = []  # (debit id, credit id)
         self.errors = {}     # "ExceptionClass code: message" -> count (printed)
+        self.codes = []      # the code of each error the application saw
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self.run, args=(w,), daemon=True)
@@ -84,6 +91,7 @@ class Bank:
             with self.lock:
                 self.unknown.add(oid)
                 self.errors[key] = self.errors.get(key, 0) + 1
+                self.codes.append(code)
             return False
 
     def run(self, w):
@@ -147,8 +155,8 @@ def test_bank_through_proxies_with_primary_kills_and_partitions(start_role, tmp_
     cycles = int(os.environ.get("STRIPEDB_BANK_CYCLES", "6"))
     seed = int(os.environ.get("STRIPEDB_BANK_SEED", str(int(time.time()))))
     print(f"seed={seed} cycles={cycles}")
-    sets = {"shard-a": net.replset("shard-a", [1, 2, 3]),
-            "shard-b": net.replset("shard-b", [4, 5, 6])}
+    sets = {"shard-a": net.replset("shard-a", [1, 2, 3], NO_COMPACTION),
+            "shard-b": net.replset("shard-b", [4, 5, 6], NO_COMPACTION)}
     meta = Cluster(start_role, tmp_path, 1, election_ms=300)
     meta.leader()
     for sid, rs in sets.items():
@@ -215,5 +223,10 @@ def test_bank_through_proxies_with_primary_kills_and_partitions(start_role, tmp_
     for k, v in sorted(bank.errors.items(), key=lambda kv: -kv[1]):
         print(f"  {v} x {k}")
     assert len(bank.acked) >= 100
+    # a shard's change of primary is the proxy's to absorb (as mongos does): it retries a
+    # retryable write refused by a former primary (10107) or interrupted by its step-down
+    # (11602) on the new one within its retry budget; the application never sees them
+    seen = [c for c in bank.codes if c in (10107, 13435, 11602, 11600)]
+    assert seen == [], f"{len(seen)} primary changes reached the application: {bank.errors}"
     assert sum(done.values()) == cycles
     client.close()
