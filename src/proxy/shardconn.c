@@ -455,6 +455,13 @@ static int64_t reply_code(const bson_t *reply)
 	return 0;
 }
 
+/* Is code a replica-set member's answer to losing (or not having) the primary role? */
+static bool primary_change(int64_t code)
+{
+	return code == WIRE_ERR_NOT_WRITABLE_PRIMARY || code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK ||
+	       code == WIRE_ERR_INTERRUPTED_REPL_CHANGE || code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN;
+}
+
 /* One attempt of shardconn_command. *unexecuted is set when the shard certainly did not
  * run cmd: no server could be selected (connect refused or timed out), the connection could
  * not be opened, the shard answered ShutdownInProgress (91: refused before execution by
@@ -510,8 +517,7 @@ static int command_once(shardconn *sc, const char *id, const char *db, const bso
 			    code == WIRE_ERR_NOT_WRITABLE_PRIMARY ||
 			    code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK)
 				*unexecuted = true;
-			else if (code == WIRE_ERR_INTERRUPTED_REPL_CHANGE ||
-				 code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN)
+			else if (primary_change(code))
 				*ambiguous = true;
 		}
 		if (bson_empty(reply)) {
@@ -560,6 +566,8 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 				  &ambiguous);
 		if (sh != NULL && rc != SHARDCONN_NET_ERR && !unexecuted)
 			atomic_store(&sh->down, false); /* it answered */
+		if (first_server != 0 && rc == SHARDCONN_CMD_ERR && primary_change(reply_code(reply)))
+			return rc; /* pinned (a cursor's member): another attempt there cannot help */
 		if (!unexecuted && !(ambiguous && read))
 			return rc;
 		now = uv_hrtime() / 1000000;
