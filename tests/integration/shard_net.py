@@ -17,10 +17,10 @@ writes to the minority and see them refused. No iptables is needed (there is non
 image): routes and link state are enough.
 
 Needs root and `ip netns`: `skip_reason()` says why not. Every process is started by this
-module in its namespace with setns(2) in the child (the pid is the stripedb process itself,
-so SIGKILL/SIGSTOP reach it); teardown kills what is left in the namespaces and deletes them.
+module in its namespace with `ip netns exec`, which execs the binary in place (the pid is
+the stripedb process itself, so SIGKILL/SIGSTOP reach it); teardown kills what is left in
+the namespaces and deletes them.
 """
-import ctypes
 import os
 import shutil
 import signal
@@ -31,7 +31,6 @@ from pymongo.errors import ConnectionFailure, OperationFailure
 
 from conftest import BIN, Proc, wait_until
 
-CLONE_NEWNET = 0x40000000
 WIRE, RAFT, HTTP = 27017, 27018, 9102
 
 
@@ -56,19 +55,6 @@ def skip_reason():
     return None
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _enter(ns):
-    def pre():
-        fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
-        if _libc.setns(fd, CLONE_NEWNET) != 0:
-            os._exit(121)
-        os.close(fd)
-        os.setsid()
-    return pre
-
-
 class NsProc(Proc):
     """A stripedb process inside a namespace; /healthz is reached over the bridge."""
 
@@ -80,8 +66,10 @@ class NsProc(Proc):
         self.log = open(self.log_path, "ab")
         env = dict(os.environ)
         env.setdefault("STRIPEDB_CONFIG", "/dev/null")
-        self.p = subprocess.Popen([BIN] + self.args, stdout=self.log, stderr=subprocess.STDOUT,
-                                  env=env, preexec_fn=_enter(self.ns))
+        # `ip netns exec` execs the binary in place (no fork): the pid is stripedb's own
+        self.p = subprocess.Popen(["ip", "netns", "exec", self.ns, BIN] + self.args,
+                                  stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                  start_new_session=True)
 
     def wait_healthy(self, timeout=30.0):
         import urllib.request
