@@ -232,11 +232,20 @@ class ShardNet:
         return "\n".join(f"--- {' '.join(p.args[:3])} ---\n{p.tail(n)}" for p in self.procs)
 
     def down(self):
+        """Stop every member gracefully, then remove the namespaces. Returns the problems
+        found: a member that did not exit 0 on SIGTERM, or a sanitizer report in a log."""
+        problems = []
         for p in self.procs:
             try:
-                p.stop(timeout=10)
-            except Exception:  # noqa: BLE001 - teardown goes on
-                pass
+                p.signal(signal.SIGCONT)  # a member left paused would never see SIGTERM
+                code = p.stop(timeout=20)
+                log = p.tail(1 << 20)
+                if "Sanitizer" in log or "runtime error:" in log:
+                    problems.append(f"{p.log_path}: sanitizer report:\n{log[-4000:]}")
+                elif code != 0:
+                    problems.append(f"{p.log_path}: exit code {code} on SIGTERM:\n{log[-2000:]}")
+            except Exception as e:  # noqa: BLE001 - teardown goes on
+                problems.append(f"{p.log_path}: {e!r}")
         # anything left in our namespaces was started by this test
         for ns in self.ns.values():
             r = sh("ip", "netns", "pids", ns, check=False)
@@ -251,3 +260,4 @@ class ShardNet:
             sh("ip", "netns", "del", ns, check=False)
         if self.made_bridge:
             sh("ip", "link", "del", self.bridge, check=False)
+        return problems

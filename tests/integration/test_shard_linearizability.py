@@ -50,7 +50,8 @@ def net(tmp_path, request):
         if failed:
             print(n.logs())
     finally:
-        n.down()
+        problems = n.down()
+    assert not problems, "\n".join(problems)
 
 
 def refused(e):
