@@ -231,3 +231,63 @@ def test_bank_through_proxies_with_primary_kills_and_partitions(start_role, tmp_
     assert seen == [], f"{len(seen)} primary changes reached the application: {bank.errors}"
     assert sum(done.values()) == cycles
     client.close()
+
+
+@pytest.mark.xfail(strict=True, reason="the proxy's shard connections have no socket timeout "
+                   "(libmongoc's default, 300 s) and every request sent to a blackholed "
+                   "primary holds one of the 16 SHARDCONN_WORKERS request threads until the "
+                   "old primary is reachable again; with more clients than workers all of "
+                   "them end up waiting there and the proxy stalls (for every shard). With 4 "
+                   "client threads this test passes")
+def test_proxy_writes_to_the_new_primary_while_the_old_one_is_cut_off(start_role, tmp_path,
+                                                                       net):
+    """The primary of the only shard is cut off the network (no RST: packets vanish, as
+    when a host dies), with more client threads than the proxy has request workers. A new
+    primary is elected within about a second; writes through the proxy must reach it while
+    the old one stays unreachable."""
+    rs = net.replset("shard-a", [1, 2, 3], NO_COMPACTION)
+    meta = Cluster(start_role, tmp_path, 1, election_ms=300)
+    meta.leader()
+    meta.write({"addShard": "shard-a", "uri": rs.uri})
+    port = free_port()
+    start_role(["--role=proxy", f"--listen=127.0.0.1:{port}", f"--metadata={meta.seeds()}",
+                "--stale-retry-ms=15000"])
+    uri = f"mongodb://127.0.0.1:{port}/"
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        wait_until(lambda: c.app.c.insert_one({"w": "first"}), 30, what="a first write")
+    stop = threading.Event()
+    acked, lock = [], threading.Lock()
+
+    def writer(n):
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000, socketTimeoutMS=5000) as c:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    c.app.c.insert_one({"_id": f"{n}-{i}"})
+                    with lock:
+                        acked.append(time.monotonic())
+                except PyMongoError:
+                    pass
+    threads = [threading.Thread(target=writer, args=(n,), daemon=True) for n in range(24)]
+    for t in threads:
+        t.start()
+    old = None
+    try:
+        wait_until(lambda: len(acked) >= 50, 30, what="writes before the cut")
+        old = rs.primary()
+        net.cut(rs.hosts[old])
+        rs.wait_primary(exclude=(old,))
+        elected = time.monotonic()
+
+        def after():
+            with lock:
+                return sum(1 for t in acked if t > elected)
+        wait_until(lambda: after() >= 100, 30,
+                   what="writes acknowledged by the new primary while the old one is cut off")
+    finally:
+        if old is not None:
+            net.restore(rs.hosts[old])
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
