@@ -445,11 +445,33 @@ static bool retryable_write(const bson_t *cmd)
 	return bson_iter_init_find(&it, cmd, "txnNumber") && bson_iter_init_find(&it, cmd, "lsid");
 }
 
+/* The numeric code of an error reply, 0 when it has none. */
+static int64_t reply_code(const bson_t *reply)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it))
+		return bson_iter_as_int64(&it);
+	return 0;
+}
+
+/* Is code a replica-set member's answer to losing (or not having) the primary role? */
+static bool primary_change(int64_t code)
+{
+	return code == WIRE_ERR_NOT_WRITABLE_PRIMARY || code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK ||
+	       code == WIRE_ERR_INTERRUPTED_REPL_CHANGE || code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN;
+}
+
 /* One attempt of shardconn_command. *unexecuted is set when the shard certainly did not
  * run cmd: no server could be selected (connect refused or timed out), the connection could
- * not be opened, or the shard answered ShutdownInProgress (91: refused before execution by
- * a shard in quiesce, see wire_server_close). *ambiguous is set on any other network error
- * (the command may or may not have run). */
+ * not be opened, the shard answered ShutdownInProgress (91: refused before execution by
+ * a shard in quiesce, see wire_server_close), or a member of a shard replica set answered
+ * NotWritablePrimary (10107) / NotPrimaryNoSecondaryOk (13435: refused before anything was
+ * proposed, src/shard/repl.h; the next attempt selects the new primary). *ambiguous is set
+ * on any other network error and on InterruptedDueToReplStateChange (11602) /
+ * InterruptedAtShutdown (11600): the primary lost its role or stopped before the command
+ * committed, so it may or may not have run (retried only when that is safe, as mongos
+ * retries a retryable write on a shard's new primary). */
 static int command_once(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
 			uint32_t *server_id, bson_t *reply, char *err, size_t errlen,
 			bool *unexecuted, bool *ambiguous)
@@ -489,10 +511,15 @@ static int command_once(shardconn *sc, const char *id, const char *db, const bso
 		if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it) &&
 		    bson_iter_as_int64(&it) == WIRE_ERR_STALE_CONFIG)
 			rc = SHARDCONN_STALE;
-		if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it) &&
-		    bson_iter_as_int64(&it) == WIRE_ERR_SHUTDOWN_IN_PROGRESS &&
-		    e.domain == MONGOC_ERROR_SERVER)
-			*unexecuted = true;
+		if (e.domain == MONGOC_ERROR_SERVER) {
+			int64_t code = reply_code(reply);
+			if (code == WIRE_ERR_SHUTDOWN_IN_PROGRESS ||
+			    code == WIRE_ERR_NOT_WRITABLE_PRIMARY ||
+			    code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK)
+				*unexecuted = true;
+			else if (primary_change(code))
+				*ambiguous = true;
+		}
 		if (bson_empty(reply)) {
 			BSON_APPEND_DOUBLE(reply, "ok", 0);
 			BSON_APPEND_UTF8(reply, "errmsg", e.message);
@@ -539,6 +566,8 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 				  &ambiguous);
 		if (sh != NULL && rc != SHARDCONN_NET_ERR && !unexecuted)
 			atomic_store(&sh->down, false); /* it answered */
+		if (first_server != 0 && rc == SHARDCONN_CMD_ERR && primary_change(reply_code(reply)))
+			return rc; /* pinned (a cursor's member): another attempt there cannot help */
 		if (!unexecuted && !(ambiguous && read))
 			return rc;
 		now = uv_hrtime() / 1000000;
@@ -547,8 +576,10 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 		if (was_down || now + backoff > deadline) {
 			if (!was_down) {
 				sdb_warn("shard retry budget spent",
-					 "shard=%s budget_ms=%lld err=\"%s\"", id, (long long)sc->retry_ms,
-					 rc == SHARDCONN_NET_ERR ? err : "ShutdownInProgress");
+					 "shard=%s budget_ms=%lld err=\"%s\" code=%lld", id,
+					 (long long)sc->retry_ms,
+					 rc == SHARDCONN_NET_ERR ? err : "refused by the shard",
+					 (long long)(rc == SHARDCONN_NET_ERR ? 0 : reply_code(reply)));
 				if (sh != NULL)
 					atomic_store(&sh->down, true);
 			}
@@ -556,7 +587,9 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 				return rc; /* a read after an ambiguous network error */
 			if (rc != SHARDCONN_NET_ERR)
 				sdb_errf(err, errlen, SDB_EUNAVAILABLE,
-					 "shard %s is shutting down (ShutdownInProgress)", id);
+					 "shard %s refused the command unexecuted until the retry "
+					 "budget ran out (code %lld: shutting down, or no primary)",
+					 id, (long long)reply_code(reply));
 			bson_reinit(reply);
 			BSON_APPEND_BOOL(reply, SHARDCONN_UNEXECUTED_FIELD, true);
 			return SHARDCONN_NET_ERR;

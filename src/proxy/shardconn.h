@@ -80,6 +80,11 @@ enum {
  * carries lsid and txnNumber: the shard answers a retry of an executed statement from its
  * record, issue #16); for any other command it is returned (NET_ERR) and never retried,
  * so a write is never applied twice.
+ * Shard replica sets (issue #15): NotWritablePrimary (10107) and NotPrimaryNoSecondaryOk
+ * (13435) count as "certainly did not execute" (a member refuses before proposing) and
+ * InterruptedDueToReplStateChange (11602) / InterruptedAtShutdown (11600) as an unknown
+ * outcome; each attempt selects the primary again (libmongoc's discovery follows the new
+ * one), as mongos retries a retryable write on a shard's new primary.
  * When the budget is spent on a command the shard certainly did not execute, the result
  * is NET_ERR and reply holds SHARDCONN_UNEXECUTED_FIELD: true (see shardconn_unexecuted);
  * on any other NET_ERR reply is empty. */

@@ -16,7 +16,11 @@ Each operation is a dict:
     {"key": K, "call": t0, "ret": t1 or None, "kind": "read", "value": V}
     {"key": K, "call": t0, "ret": t1 or None, "kind": "cas", "expect": X, "new": Y,
      "outcome": "ok" | "fail" | "unknown", "current": C (for fail)}
-A failed CAS reports the current value it saw, so it is also a read of C != X.
+A failed CAS reports the current value it saw, so it is also a read of C != X; one that
+cannot say (a findAndModify matching nothing) has no "current" and only tells state != X.
+    {"key": K, "call": t0, "ret": t1 or None, "kind": "write", "value": V,
+     "outcome": "ok" | "unknown"}
+A blind write sets the register whatever it held.
 """
 import time
 
@@ -25,7 +29,11 @@ def step(state, op):
     """Apply op to the register model: (allowed, new_state)."""
     if op["kind"] == "read":
         return state == op["value"], state
+    if op["kind"] == "write":
+        return True, op["value"]
     if op["outcome"] == "fail":
+        if "current" not in op:
+            return state != op["expect"], state
         cur = op["current"]
         return state == cur and cur != op["expect"], state
     # ok or unknown: linearized as having taken effect (an unknown CAS that did not

@@ -1,0 +1,217 @@
+"""Network partitions of a shard replica set (issue #15, "Must show": a member cut off and
+restored; a minority side refuses writes).
+
+Each member runs in its own network namespace (shard_net.py): `cut` sets its veth down (it
+loses every peer and every client), `partition` drops the packets between two sides while
+the test, in the root namespace, still reaches both. Jepsen-style: every write a client saw
+acknowledged is recorded and looked for in the final state of every member (documents and
+oplog equal across members, stripedbCheck clean); a write sent to the minority must never be
+acknowledged nor survive the heal.
+"""
+import signal
+import threading
+
+import pymongo
+import pytest
+from pymongo.errors import PyMongoError
+from pymongo.read_concern import ReadConcern
+
+from conftest import wait_until
+from shard_net import ShardNet, skip_reason
+
+_SKIP = skip_reason()
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+
+
+@pytest.fixture
+def net(tmp_path, request):
+    n = ShardNet(tmp_path, 3)
+    try:
+        n.up()
+        yield n
+        failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
+        if failed:
+            print(n.logs())
+    finally:
+        problems = n.down()
+    assert not problems, "\n".join(problems)
+
+
+class Writers:
+    """n threads inserting unique _ids through the replicaSet URI (retryWrites off: the
+    driver hides nothing); acked and failed ids are recorded."""
+
+    def __init__(self, uri, n=3):
+        self.uri, self.acked, self.failed = uri, [], []
+        self.lock, self.stop, self.next = threading.Lock(), threading.Event(), 0
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def run(self):
+        c = pymongo.MongoClient(self.uri, retryWrites=False, serverSelectionTimeoutMS=10000,
+                                socketTimeoutMS=4000, connectTimeoutMS=1000,
+                                heartbeatFrequencyMS=500)
+        try:
+            while not self.stop.is_set():
+                with self.lock:
+                    self.next += 1
+                    i = self.next
+                try:
+                    c.app.c.insert_one({"_id": i, "w": "x" * 64})
+                    with self.lock:
+                        self.acked.append(i)
+                except PyMongoError:
+                    with self.lock:
+                        self.failed.append(i)
+        finally:
+            c.close()
+
+    def count(self):
+        with self.lock:
+            return len(self.acked)
+
+    def more(self, n, what, timeout=60):
+        base = self.count()
+        wait_until(lambda: self.count() >= base + n, timeout, what=what)
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+
+def check_final(rs, writers, forbidden=()):
+    docs, oplog = rs.converged("app", "c", timeout=90)
+    ids = {d["_id"] for d in docs}
+    lost = [i for i in writers.acked if i not in ids]
+    assert not lost, f"{len(lost)} acknowledged writes lost: {lost[:20]}"
+    stray = ids - set(writers.acked) - set(writers.failed) - set(forbidden) - {0}
+    assert not stray, f"documents nobody wrote: {sorted(stray)[:20]}"
+    assert len(oplog) >= len(writers.acked)
+    return ids
+
+
+@pytest.mark.parametrize("who", ["primary", "secondary"])
+def test_member_cut_off_and_restored(net, who):
+    rs = net.replset("rs-cut", [1, 2, 3])
+    with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 0})
+    w = Writers(rs.uri)
+    try:
+        w.more(100, "writes before the cut")
+        p = rs.primary()
+        victim = p if who == "primary" else (p + 1) % 3
+        net.cut(rs.hosts[victim])
+        if who == "primary":
+            rs.wait_primary(exclude=(victim,))
+        w.more(200, "writes acknowledged by the majority while a member is cut off")
+        net.restore(rs.hosts[victim])
+        w.more(200, "writes after the member is back")
+    finally:
+        w.finish()
+    check_final(rs, w)
+    # the member that was cut off serves again and is no second primary
+    assert sum(1 for i in range(3) if rs.hello(i).get("isWritablePrimary")) == 1
+
+
+def test_minority_side_refuses_writes_and_the_majority_goes_on(net):
+    rs = net.replset("rs-min", [1, 2, 3])
+    with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 0})
+    w = Writers(rs.uri)
+    minority_attempts, minority_acked = [], []
+    try:
+        w.more(100, "writes before the partition")
+        old = rs.primary()
+        others = [i for i in range(3) if i != old]
+        net.partition([rs.hosts[old]], [rs.hosts[i] for i in others])
+        # the old primary, alone, keeps being asked for writes by a client that reaches it
+        stop = threading.Event()
+
+        def minority_writer():
+            k = 0
+            with rs.direct(old, socketTimeoutMS=3000, retryWrites=False) as c:
+                while not stop.is_set():
+                    k += 1
+                    _id = f"minority-{k}"
+                    minority_attempts.append(_id)
+                    try:
+                        c.app.c.insert_one({"_id": _id})
+                        minority_acked.append(_id)
+                    except PyMongoError:
+                        stop.wait(0.05)  # pacing after a refusal only
+        t = threading.Thread(target=minority_writer, daemon=True)
+        t.start()
+        new = rs.wait_primary(exclude=(old,))
+        assert new != old
+        w.more(200, "writes acknowledged by the majority side")
+        # the isolated member steps down: it says so in hello
+        wait_until(lambda: not rs.hello(old).get("isWritablePrimary"), 20,
+                   what="the isolated primary stepping down")
+        stop.set()
+        t.join(timeout=30)
+        assert len(minority_attempts) >= 2
+        net.heal()
+        w.more(100, "writes after the heal")
+    finally:
+        w.finish()
+        net.heal()
+    assert minority_acked == [], f"the minority acknowledged {minority_acked}"
+    ids = check_final(rs, w, forbidden=minority_attempts)
+    survived = [m for m in minority_attempts if m in ids]
+    assert not survived, f"writes sent to the minority survived the heal: {survived}"
+
+
+@pytest.mark.xfail(strict=True, reason="the shard ignores readConcern (no read barrier): a "
+                   "deposed primary that has not noticed yet serves stale reads; remove this "
+                   "marker when readConcern 'linearizable' confirms leadership before answering")
+def test_deposed_primary_does_not_serve_a_stale_linearizable_read(net):
+    """A primary paused (SIGSTOP: a GC pause, a stalled VM) and partitioned while a new one
+    is elected and acknowledges a write; a read with readConcern "linearizable" sent to the
+    old one while it is paused must not return the value before that write once it resumes
+    (MongoDB: such a read confirms with a majority that the node is still primary)."""
+    rs = net.replset("rs-lin-read", [1, 2, 3])
+    with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 1, "v": 0})
+    old = rs.primary()
+    stale = rs.direct(old, socketTimeoutMS=10000, retryWrites=False, retryReads=False)
+    stale.admin.command("ping")  # connected before the pause
+    rs.procs[old].signal(signal.SIGSTOP)
+    try:
+        net.partition([rs.hosts[old]], [rs.hosts[i] for i in range(3) if i != old])
+        new = rs.wait_primary(exclude=(old,))
+        with rs.direct(new, retryWrites=False) as c:
+            c.app.c.update_one({"_id": 1}, {"$set": {"v": 1}})  # acknowledged by a majority
+        out = {}
+
+        def read():
+            coll = stale.app.c.with_options(read_concern=ReadConcern("linearizable"))
+            try:
+                out["doc"] = coll.find_one({"_id": 1})
+            except PyMongoError as e:
+                out["err"] = e
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        # the request is in the paused process's socket when it resumes
+        wait_until(lambda: _recv_queue_nonempty(rs.procs[old].p.pid), 10,
+                   what="the read queued at the paused primary")
+    finally:
+        rs.procs[old].signal(signal.SIGCONT)
+    t.join(timeout=30)
+    stale.close()
+    net.heal()
+    assert "doc" not in out or out["doc"]["v"] == 1, \
+        f"the deposed primary answered a linearizable read with {out['doc']} after v=1 was acknowledged"
+
+
+def _recv_queue_nonempty(pid):
+    """Does a TCP socket of process pid have unread bytes (ss -tnp in its namespace)?"""
+    import subprocess
+    r = subprocess.run(["nsenter", "-t", str(pid), "-n", "ss", "-tnp"], capture_output=True,
+                       text=True, timeout=10)
+    for line in r.stdout.splitlines()[1:]:
+        f = line.split()
+        if len(f) > 5 and f"pid={pid}," in line and f[1] != "0":
+            return True
+    return False
