@@ -161,7 +161,8 @@ static void dispatch(wire_req *req, void *role_data)
 					shard_pool_submit_write(sh, req);
 				return;
 			}
-			if (shard_repl_check_read(sh->repl, req))
+			if (shard_repl_check_read(sh->repl, req) &&
+			    shard_repl_read_concern(sh->repl, req, cmd_table[i].fn))
 				shard_pool_submit(sh, cmd_table[i].fn, req);
 			return;
 		}

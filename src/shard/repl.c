@@ -41,7 +41,7 @@
 #include "shard/snapfile.h"
 
 #define REPL_BATCH_MAX_CMDS 512
-#define REPL_BATCH_MAX_BYTES (8u * 1024 * 1024)
+#define REPL_BATCH_MAX_BYTES (2u * 1024 * 1024)
 #define MEMBER_KEY "member_wire:"
 
 /* A write waiting to be proposed. */
@@ -848,6 +848,89 @@ bool shard_repl_check_read(shard_repl *r, wire_req *req)
 		       "not primary and secondaryOk=false: member %llu of replica set %s is not the "
 		       "primary; read with readPreference secondary/nearest to read here",
 		       (unsigned long long)r->id, r->set_name);
+	return false;
+}
+
+/* ------------------------------------------------------------------ readConcern */
+
+typedef struct lin_read {
+	shard_repl *r;
+	wire_req *req;
+	shard_cmd_fn fn;
+} lin_read;
+
+static void lin_barrier_done(void *arg, int status)
+{
+	lin_read *l = arg;
+	if (status == 0 && !l->r->closed)
+		shard_pool_submit(l->r->sh, l->fn, l->req);
+	else if (status == SDB_ENOTLEADER)
+		reply_not_primary(l->r, l->req);
+	else
+		wire_req_error(l->req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
+			       "linearizable read interrupted (status %d)", status);
+	free(l);
+}
+
+bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
+{
+	bson_iter_t it, sub;
+	const char *level = NULL;
+	if (!bson_iter_init_find(&it, wire_req_cmd(req), "readConcern"))
+		return true;
+	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
+		wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE, "readConcern must be an object");
+		return false;
+	}
+	while (bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+		if (strcmp(k, "level") == 0) {
+			if (!BSON_ITER_HOLDS_UTF8(&sub)) {
+				wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
+					       "readConcern.level must be a string");
+				return false;
+			}
+			level = bson_iter_utf8(&sub, NULL);
+		} else if (strcmp(k, "atClusterTime") == 0) {
+			wire_req_error(req, WIRE_ERR_INVALID_OPTIONS,
+				       "readConcern atClusterTime is not supported by the stripedb "
+				       "shard (no snapshot reads at a cluster time)");
+			return false;
+		}
+	}
+	/* every member applies committed entries only: what it reads is majority-committed */
+	if (!level || strcmp(level, "local") == 0 || strcmp(level, "available") == 0 ||
+	    strcmp(level, "majority") == 0)
+		return true;
+	if (strcmp(level, "snapshot") == 0) {
+		wire_req_error(req, WIRE_ERR_INVALID_OPTIONS,
+			       "readConcern level \"snapshot\" is not supported by the stripedb "
+			       "shard (transactions are not built)");
+		return false;
+	}
+	if (strcmp(level, "linearizable") != 0) {
+		wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
+			       "%s is not a valid readConcern level (local, available, majority, "
+			       "linearizable)",
+			       level);
+		return false;
+	}
+	/* linearizable: only the primary, and only after a barrier of its term committed, so
+	 * the read sees every write acknowledged before it arrived even if a newer primary
+	 * exists somewhere (dissertation §6.4) */
+	if (!shard_repl_writable(r)) {
+		reply_not_primary(r, req);
+		return false;
+	}
+	lin_read *l = sdb_calloc(1, sizeof *l);
+	l->r = r;
+	l->req = req;
+	l->fn = fn;
+	int rc = sdb_node_barrier(r->node, lin_barrier_done, l);
+	if (rc != 0) {
+		free(l);
+		reply_not_primary(r, req);
+	}
 	return false;
 }
 

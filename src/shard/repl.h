@@ -46,6 +46,13 @@ bool shard_repl_check_write(shard_repl *r, wire_req *req);
 /* Read gate: on a named set a read on a non-primary needs a $readPreference other than
  * primary, else NotPrimaryNoSecondaryOk (13435). True when the read may run. */
 bool shard_repl_check_read(shard_repl *r, wire_req *req);
+/* readConcern of a read (loop thread): level local, available and majority run at once
+ * (a member only applies committed entries); linearizable runs on the primary after a
+ * barrier of its term committed (fn is then submitted to the pool), elsewhere
+ * NotWritablePrimary; snapshot and atClusterTime are refused (InvalidOptions 72), other
+ * levels FailedToParse (9). True when the read may be submitted now; false when it was
+ * answered or deferred. */
+bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn);
 /* hello's replica-set fields (setName, hosts, primary, me, secondary, isWritablePrimary,
  * setVersion, electionId) when --replica-set is given; nothing otherwise. */
 void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply);

@@ -30,11 +30,9 @@ from linearizability import check
 from shard_net import ShardNet, skip_reason
 
 _SKIP = skip_reason()
-# Until a member behind the set's compacted log can install a snapshot from another member
-# (being built for #15), a member killed and restarted after a compaction cannot catch up
-# ("cannot install a snapshot from another member yet") and the set loses its spare
-# member: compaction is kept out of this test's way. Remove once snapshots install.
-NO_COMPACTION = ["--raft-snapshot-threshold=1000000"]
+# Compaction every 128 entries: members killed or cut off catch up from a snapshot
+# installed from another member as well as from the log.
+COMPACTION = ["--raft-snapshot-threshold=128"]
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 KEYS = ["r0", "r1", "r2"]
@@ -165,7 +163,7 @@ def test_single_document_read_write_cas_linearizable(net, kinds):
     seconds = float(os.environ.get("STRIPEDB_LIN_SECONDS", "15"))
     seed = int(os.environ.get("STRIPEDB_LIN_SEED", str(int(time.time()))))
     print(f"seed={seed} seconds={seconds} nemesis={kinds}")
-    rs = net.replset("rs-lin", [1, 2, 3], NO_COMPACTION)
+    rs = net.replset("rs-lin", [1, 2, 3], COMPACTION)
     with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=20000) as c:
         c.app.reg.insert_many([{"_id": k, "v": 0} for k in KEYS])
     history, lock, stop = [], threading.Lock(), threading.Event()

@@ -163,9 +163,6 @@ def test_minority_side_refuses_writes_and_the_majority_goes_on(net):
     assert not survived, f"writes sent to the minority survived the heal: {survived}"
 
 
-@pytest.mark.xfail(strict=True, reason="the shard ignores readConcern (no read barrier): a "
-                   "deposed primary that has not noticed yet serves stale reads; remove this "
-                   "marker when readConcern 'linearizable' confirms leadership before answering")
 def test_deposed_primary_does_not_serve_a_stale_linearizable_read(net):
     """A primary paused (SIGSTOP: a GC pause, a stalled VM) and partitioned while a new one
     is elected and acknowledges a write; a read with readConcern "linearizable" sent to the

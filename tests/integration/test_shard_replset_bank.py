@@ -35,11 +35,9 @@ from metadata_cluster import Cluster
 from shard_net import ShardNet, skip_reason
 
 _SKIP = skip_reason()
-# Until a member behind the set's compacted log can install a snapshot from another member
-# (being built for #15), a member killed and restarted after a compaction cannot catch up
-# ("cannot install a snapshot from another member yet") and the set loses its spare
-# member: compaction is kept out of this test's way. Remove once snapshots install.
-NO_COMPACTION = ["--raft-snapshot-threshold=1000000"]
+# Compaction every 128 entries: members killed or cut off catch up from a snapshot
+# installed from another member as well as from the log.
+COMPACTION = ["--raft-snapshot-threshold=128"]
 pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 ACCOUNTS = 20
@@ -156,8 +154,8 @@ def test_bank_through_proxies_with_primary_kills_and_partitions(start_role, tmp_
     cycles = int(os.environ.get("STRIPEDB_BANK_CYCLES", "6"))
     seed = int(os.environ.get("STRIPEDB_BANK_SEED", str(int(time.time()))))
     print(f"seed={seed} cycles={cycles}")
-    sets = {"shard-a": net.replset("shard-a", [1, 2, 3], NO_COMPACTION),
-            "shard-b": net.replset("shard-b", [4, 5, 6], NO_COMPACTION)}
+    sets = {"shard-a": net.replset("shard-a", [1, 2, 3], COMPACTION),
+            "shard-b": net.replset("shard-b", [4, 5, 6], COMPACTION)}
     meta = Cluster(start_role, tmp_path, 1, election_ms=300)
     meta.leader()
     for sid, rs in sets.items():
@@ -245,7 +243,7 @@ def test_proxy_writes_to_the_new_primary_while_the_old_one_is_cut_off(start_role
     when a host dies), with more client threads than the proxy has request workers. A new
     primary is elected within about a second; writes through the proxy must reach it while
     the old one stays unreachable."""
-    rs = net.replset("shard-a", [1, 2, 3], NO_COMPACTION)
+    rs = net.replset("shard-a", [1, 2, 3], COMPACTION)
     meta = Cluster(start_role, tmp_path, 1, election_ms=300)
     meta.leader()
     meta.write({"addShard": "shard-a", "uri": rs.uri})
