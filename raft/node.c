@@ -668,6 +668,17 @@ int sdb_node_transfer(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg)
 	return 0;
 }
 
+void sdb_node_append_election_id(sdb_node *n, bson_t *out)
+{
+	uint8_t eid[12] = {0x7f, 0xff, 0xff, 0xff};
+	uint64_t term = n->raft.current_term;
+	bson_oid_t oid;
+	for (int i = 0; i < 8; i++)
+		eid[4 + i] = (uint8_t)(term >> (56 - 8 * i));
+	bson_oid_init_from_data(&oid, eid);
+	BSON_APPEND_OID(out, "electionId", &oid);
+}
+
 void sdb_node_append_config(sdb_node *n, bson_t *out, const char *key)
 {
 	bson_t arr, d;

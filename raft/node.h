@@ -112,6 +112,11 @@ int sdb_node_add(sdb_node *n, uint64_t id, const char *raft_addr, sdb_node_done_
 int sdb_node_remove(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg);
 int sdb_node_transfer(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg);
 
+/* Append hello's electionId for the current term: an ObjectId 7fffffff followed by the
+ * term as 8 big-endian bytes, so that it grows with the term as mongod's does (drivers
+ * compare (setVersion, electionId) to ignore a stale primary). */
+void sdb_node_append_election_id(sdb_node *n, bson_t *out);
+
 /* Append the current raft configuration as an array of {id, raft, role} to out under
  * key. */
 void sdb_node_append_config(sdb_node *n, bson_t *out, const char *key);

@@ -778,8 +778,6 @@ static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 	uint64_t lid;
 	const char *la;
 	bool ready = !m->stopping && sdb_node_ready(m->node);
-	uint8_t eid[12];
-	bson_oid_t oid;
 	unsigned i, n = 0;
 	char k[16];
 
@@ -830,17 +828,8 @@ static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 		if (lw)
 			BSON_APPEND_UTF8(reply, "primary", lw);
 	}
-	if (ready) {
-		/* electionId: an ObjectId that grows with the term (as mongod's does). */
-		uint64_t term = sdb_node_term(m->node);
-		memset(eid, 0, sizeof eid);
-		eid[0] = 0x7f;
-		eid[1] = eid[2] = eid[3] = 0xff;
-		for (i = 0; i < 8; i++)
-			eid[4 + i] = (uint8_t)(term >> (56 - 8 * i));
-		bson_oid_init_from_data(&oid, eid);
-		BSON_APPEND_OID(reply, "electionId", &oid);
-	}
+	if (ready)
+		sdb_node_append_election_id(m->node, reply);
 }
 
 /* ------------------------------------------------------------------ follower registration */

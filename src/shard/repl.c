@@ -977,16 +977,8 @@ void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply)
 		if (lw)
 			BSON_APPEND_UTF8(reply, "primary", lw);
 	}
-	if (ready) {
-		/* electionId grows with the term, as mongod's does (drivers compare it) */
-		uint8_t eid[12] = {0x7f, 0xff, 0xff, 0xff};
-		uint64_t term = sdb_node_term(r->node);
-		bson_oid_t oid;
-		for (int i = 0; i < 8; i++)
-			eid[4 + i] = (uint8_t)(term >> (56 - 8 * i));
-		bson_oid_init_from_data(&oid, eid);
-		BSON_APPEND_OID(reply, "electionId", &oid);
-	}
+	if (ready)
+		sdb_node_append_election_id(r->node, reply);
 }
 
 /* ------------------------------------------------------------------ registration */
