@@ -495,6 +495,20 @@ static const px_cmd cmd_table[] = {
 	{"dbstats", px_do_db_stats, 0, NULL, PXP_NONE},
 	{"collStats", px_do_coll_stats, PXC_COLL, NULL, PXP_NONE},
 	{"collstats", px_do_coll_stats, PXC_COLL, NULL, PXP_NONE},
+	/* sharding administration, as on a mongos (sharding.c, issue #18) */
+	{"enableSharding", px_do_enable_sharding, 0, NULL, PXP_NONE},
+	{"enablesharding", px_do_enable_sharding, 0, NULL, PXP_NONE},
+	{"shardCollection", px_do_shard_collection, 0, NULL, PXP_NONE},
+	{"shardcollection", px_do_shard_collection, 0, NULL, PXP_NONE},
+	{"listShards", px_do_list_shards, 0, NULL, PXP_NONE},
+	{"listshards", px_do_list_shards, 0, NULL, PXP_NONE},
+	{"addShard", px_do_add_shard, 0, NULL, PXP_NONE},
+	{"addshard", px_do_add_shard, 0, NULL, PXP_NONE},
+	{"balancerStatus", px_do_balancer, 0, NULL, PXP_NONE},
+	{"balancerStart", px_do_balancer, 0, NULL, PXP_NONE},
+	{"balancerStop", px_do_balancer, 0, NULL, PXP_NONE},
+	{"refineCollectionShardKey", px_do_refused_sharding, 0, NULL, PXP_NONE},
+	{"reshardCollection", px_do_refused_sharding, 0, NULL, PXP_NONE},
 };
 
 const px_cmd *px_cmd_find(const char *name)

@@ -224,6 +224,12 @@ void px_do_coll_stats(ctx *c);
 void px_do_coll_stats_stage(ctx *c, const bson_t *spec); /* aggregate [{$collStats}] */
 void px_do_db_stats(ctx *c);
 void px_do_explain(ctx *c);                   /* explain.c */
+void px_do_enable_sharding(ctx *c);           /* sharding.c (issue #18) */
+void px_do_shard_collection(ctx *c);
+void px_do_list_shards(ctx *c);
+void px_do_add_shard(ctx *c);
+void px_do_balancer(ctx *c);                  /* balancerStatus / balancerStart / balancerStop */
+void px_do_refused_sharding(ctx *c);          /* refineCollectionShardKey, reshardCollection */
 
 /* ---- admission and policy (policy.c) ---- */
 

@@ -31,6 +31,7 @@ static const struct {
 	{18, "AuthenticationFailed"},
 	{20, "IllegalOperation"},
 	{22, "InvalidBSON"},
+	{23, "AlreadyInitialized"},
 	{24, "LockTimeout"},
 	{26, "NamespaceNotFound"},
 	{27, "IndexNotFound"},

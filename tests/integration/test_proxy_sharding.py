@@ -1,0 +1,186 @@
+"""Sharding administration through the proxy, as on a mongos (issue #18): enableSharding,
+shardCollection (including of a non-empty collection: no document hidden or duplicated),
+listShards, addShard, the balancer commands and the clear refusals. Real processes:
+one metadata member, shards and a proxy on loopback, driven by pymongo."""
+import pytest
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+from conftest import free_port, wait_until
+from proxy_helpers import ProxyCluster
+
+
+@pytest.fixture
+def cluster(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=3, proxies=2)
+    yield cl
+    cl.close()
+
+
+def fails(fn, code, words=()):
+    with pytest.raises(OperationFailure) as e:
+        fn()
+    assert e.value.code == code, e.value.details
+    for w in words:
+        assert w in e.value.details["errmsg"], e.value.details
+    return e.value.details
+
+
+def meta_chunks(cl, ns):
+    return cl.routing(ns)["chunks"]
+
+
+def test_enable_sharding_and_shard_empty_collection_ranged(cluster):
+    admin = cluster.proxy_client(0).admin
+    assert admin.command("enableSharding", "app")["ok"] == 1
+    assert admin.command("enableSharding", "app")["ok"] == 1  # idempotent
+    assert "app" in [d["name"] for d in cluster.meta_query({"listDatabases": 1})["databases"]]
+    r = admin.command("shardCollection", "app.users", key={"uid": 1})
+    assert r["collectionsharded"] == "app.users"
+    t = cluster.routing("app.users")
+    assert t["key"] == {"uid": 1} and len(t["chunks"]) == 1
+    # the same key again is fine, another key is AlreadyInitialized (23)
+    assert admin.command("shardCollection", "app.users", key={"uid": 1})["ok"] == 1
+    fails(lambda: admin.command("shardCollection", "app.users", key={"x": 1}), 23,
+          ["different shard key"])
+    # documents written through either proxy are all read back exactly once
+    c = cluster.proxy_client(1).app.users
+    c.insert_many([{"_id": i, "uid": i} for i in range(50)])
+    assert sorted(d["_id"] for d in cluster.proxy_client(0).app.users.find()) == list(range(50))
+
+
+def test_shard_empty_collection_hashed_num_initial_chunks(cluster):
+    admin = cluster.proxy_client(0).admin
+    r = admin.command("shardCollection", "h.c", key={"_id": "hashed"}, numInitialChunks=6)
+    assert r["ok"] == 1
+    chunks = meta_chunks(cluster, "h.c")
+    assert len(chunks) == 6
+    assert {ch["shard"] for ch in chunks} == set(cluster.shard_ids)  # spread: empty
+    c = cluster.proxy_client(0).h.c
+    c.insert_many([{"_id": i} for i in range(200)])
+    assert sorted(d["_id"] for d in c.find()) == list(range(200))
+    per_shard = [cluster.shard_client(s).h.c.count_documents({}) for s in cluster.shard_ids]
+    assert sum(per_shard) == 200 and all(n > 0 for n in per_shard), per_shard
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"_id": 7})
+
+
+@pytest.mark.parametrize("key,extra", [({"_id": "hashed"}, {"numInitialChunks": 6}),
+                                       ({"_id": 1}, {})])
+def test_shard_non_empty_collection_hides_and_duplicates_nothing(cluster, key, extra):
+    """The issue's reproduction: _id 1-5 inserted unsharded, then sharded."""
+    p = cluster.proxy_client(0)
+    p.r.c.insert_many([{"_id": i, "v": i} for i in range(1, 6)])
+    holders = [s for s in cluster.shard_ids if cluster.shard_client(s).r.c.count_documents({})]
+    assert len(holders) == 1
+    p.admin.command("shardCollection", "r.c", key=key, **extra)
+    chunks = meta_chunks(cluster, "r.c")
+    assert len(chunks) == (6 if extra else 1)
+    assert {ch["shard"] for ch in chunks} == set(holders)  # MongoDB: all on the holder
+    for i in range(2):  # both proxies (the other learns through its refresh)
+        c = cluster.proxy_client(i).r.c
+        wait_until(lambda: sorted(d["_id"] for d in c.find()) == [1, 2, 3, 4, 5], 10,
+                   what="every document visible once")
+        assert c.count_documents({}) == 5
+        for k in range(1, 6):
+            assert c.find_one({"_id": k}) == {"_id": k, "v": k}
+            with pytest.raises(DuplicateKeyError):
+                c.insert_one({"_id": k})
+    c = p.r.c
+    c.insert_many([{"_id": i, "v": i} for i in range(6, 40)])
+    assert sorted(d["_id"] for d in c.find()) == list(range(1, 40))
+    assert c.count_documents({}) == 39
+
+
+def test_shard_collection_on_several_shards_is_refused(cluster):
+    for sid in cluster.shard_ids[:2]:
+        cluster.shard_client(sid).x.c.insert_one({"_id": sid})
+    d = fails(lambda: cluster.proxy_client(0).admin.command(
+        "shardCollection", "x.c", key={"_id": 1}), 20, ["on 2 shards"])
+    assert d["codeName"] == "IllegalOperation"
+    with pytest.raises(OperationFailure):
+        cluster.routing("x.c")  # nothing recorded
+
+
+def test_shard_collection_bad_input(cluster):
+    admin = cluster.proxy_client(0).admin
+    fails(lambda: cluster.proxy_client(0).app.command("shardCollection", "app.c",
+                                                      key={"a": 1}), 13, ["admin database"])
+    fails(lambda: admin.command("shardCollection", "nodot", key={"a": 1}), 73)
+    fails(lambda: admin.command("shardCollection", "app.c"), 72, ["no shard key"])
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": -1}), 2)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": "text"}), 2)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": "hashed", "b": 1}), 72)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": "hashed"},
+                                unique=True), 72, ["unique"])
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": 1},
+                                numInitialChunks=4), 72, ["hashed"])
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": "hashed"},
+                                numInitialChunks=-1), 51024)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": "hashed"},
+                                numInitialChunks=8192 * 3 + 1), 72)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": 1},
+                                collation={"locale": "fr"}), 238, ["simple"])
+    fails(lambda: admin.command("shardCollection", "config.c", key={"a": 1}), 20)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": 1},
+                                timeseries={"timeField": "t"}), 72, ["timeseries"])
+    fails(lambda: admin.command("enableSharding", "a.b"), 73)
+    fails(lambda: admin.command("enableSharding", "config"), 72)
+    # collation simple is accepted; nothing of the refusals above was recorded
+    assert admin.command("shardCollection", "app.c", key={"a": 1},
+                         collation={"locale": "simple"})["ok"] == 1
+    assert cluster.routing("app.c")["key"] == {"a": 1}
+
+
+def test_unique_shard_key_is_enforced(cluster):
+    admin = cluster.proxy_client(0).admin
+    admin.command("shardCollection", "u.c", key={"email": 1}, unique=True)
+    names = [ix["name"] for ix in cluster.proxy_client(0).u.c.list_indexes()]
+    assert "email_1" in names
+    c = cluster.proxy_client(0).u.c
+    c.insert_one({"email": "a@x"})
+    with pytest.raises(DuplicateKeyError):
+        cluster.proxy_client(1).u.c.insert_one({"email": "a@x"})
+    assert c.count_documents({"email": "a@x"}) == 1
+
+
+def test_list_shards_and_add_shard_replica_set_uri(cluster, start_role, tmp_path):
+    admin = cluster.proxy_client(0).admin
+    shards = admin.command("listShards")["shards"]
+    assert [s["_id"] for s in shards] == cluster.shard_ids
+    for s in shards:
+        assert s["host"] == f"127.0.0.1:{cluster.shard_ports[s['_id']]}" and s["state"] == 1
+    port = free_port()
+    d = tmp_path / "rs-d"
+    d.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+    r = admin.command("addShard", f"rsd/127.0.0.1:{port}")
+    assert r["shardAdded"] == "rsd"
+    got = {s["_id"]: s["host"] for s in admin.command("listShards")["shards"]}
+    assert got["rsd"] == f"rsd/127.0.0.1:{port}"
+    meta = {s["id"]: s["uri"] for s in cluster.meta_query({"listShards": 1})["shards"]}
+    assert meta["rsd"] == f"mongodb://127.0.0.1:{port}/?replicaSet=rsd"
+    r = admin.command("addShard", "127.0.0.1:1", name="other")
+    assert r["shardAdded"] == "other"
+    fails(lambda: admin.command("addShard", "127.0.0.1:2", name="other"), 11000)
+    fails(lambda: admin.command("addShard", ""), 2)
+    fails(lambda: cluster.proxy_client(0).db.command("listShards"), 13)
+
+
+def test_balancer_commands_tell_the_truth(cluster):
+    admin = cluster.proxy_client(0).admin
+    st = admin.command("balancerStatus")
+    assert st["mode"] == "off" and st["inBalancerRound"] is False
+    assert "no balancer" in st["note"]
+    assert "no balancer" in admin.command("balancerStop")["note"]
+    d = fails(lambda: admin.command("balancerStart"), 115, ["no balancer"])
+    assert d["codeName"] == "CommandNotSupported"
+
+
+def test_refine_and_reshard_are_refused(cluster):
+    admin = cluster.proxy_client(0).admin
+    admin.command("shardCollection", "z.c", key={"a": 1})
+    fails(lambda: admin.command("refineCollectionShardKey", "z.c", key={"a": 1, "b": 1}),
+          115, ["refineCollectionShardKey"])
+    fails(lambda: admin.command("reshardCollection", "z.c", key={"b": 1}), 115,
+          ["reshardCollection"])
+    assert cluster.routing("z.c")["key"] == {"a": 1}
