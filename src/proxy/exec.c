@@ -584,7 +584,7 @@ static void run_job(void *arg)
 	if (cmd == NULL) /* registered from cmd_table only: cannot happen */
 		px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'",
 			 wire_req_name(j->req));
-	else if (job_checks(&c, cmd))
+	else if (job_checks(&c, cmd) && !px_config_db(&c, cmd))
 		cmd->run(&c);
 	answer_send(c.req, &ans);
 out:

@@ -230,6 +230,13 @@ void px_do_list_shards(ctx *c);
 void px_do_add_shard(ctx *c);
 void px_do_balancer(ctx *c);                  /* balancerStatus / balancerStart / balancerStop */
 void px_do_refused_sharding(ctx *c);          /* refineCollectionShardKey, reshardCollection */
+/* MongoDB's host string of a shard URI (heap): "rs/h1:p1,h2:p2" for a replica set, else
+ * "h1:p1,..."; the URI itself when unparsable. */
+char *px_shard_host_string(const char *uri);
+/* The read-only config database (configdb.c, issue #18): true when c->db is "config" and
+ * the command is answered there (find, aggregate, count, listCollections from metadata;
+ * anything else but getMore/killCursors refused with IllegalOperation). */
+bool px_config_db(ctx *c, const px_cmd *cmd);
 
 /* ---- admission and policy (policy.c) ---- */
 

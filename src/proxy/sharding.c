@@ -527,8 +527,7 @@ done_ok:
 
 /* ---------- shards ---------- */
 
-/* MongoDB's host string of a shard URI: "rs/h1:p1,h2:p2" for a replica set, else the hosts. */
-static char *host_string(const char *uri)
+char *px_shard_host_string(const char *uri)
 {
 	mongoc_uri_t *u = mongoc_uri_new(uri);
 	const mongoc_host_list_t *h;
@@ -585,7 +584,7 @@ static void do_list_shards(ctx *c)
 			if (id == NULL || uri == NULL)
 				continue;
 			snprintf(k, sizeof k, "%u", i++);
-			host = host_string(uri);
+			host = px_shard_host_string(uri);
 			BSON_APPEND_DOCUMENT_BEGIN(&arr, k, &d);
 			BSON_APPEND_UTF8(&d, "_id", id);
 			BSON_APPEND_UTF8(&d, "host", host);

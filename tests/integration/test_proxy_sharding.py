@@ -2,10 +2,13 @@
 shardCollection (including of a non-empty collection: no document hidden or duplicated),
 listShards, addShard, the balancer commands and the clear refusals. Real processes:
 one metadata member, shards and a proxy on loopback, driven by pymongo."""
+import json
+import subprocess
+
 import pytest
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
-from conftest import free_port, wait_until
+from conftest import MONGOSH, free_port, needs_node_client, node_env, wait_until
 from proxy_helpers import ProxyCluster
 
 
@@ -184,3 +187,78 @@ def test_refine_and_reshard_are_refused(cluster):
     fails(lambda: admin.command("reshardCollection", "z.c", key={"b": 1}), 115,
           ["reshardCollection"])
     assert cluster.routing("z.c")["key"] == {"a": 1}
+
+
+# ---------- the config database (read-only views of metadata) ----------
+
+def test_config_database_shapes(cluster):
+    p = cluster.proxy_client(0)
+    p.admin.command("shardCollection", "cfg.h", key={"_id": "hashed"}, numInitialChunks=4)
+    p.admin.command("shardCollection", "cfg.r", key={"a": 1, "b": 1})
+    cfg = p.config
+    assert cfg.version.find_one()["_id"] == 1
+    shards = list(cfg.shards.find().sort("_id", 1))
+    assert [s["_id"] for s in shards] == cluster.shard_ids
+    assert all(s["state"] == 1 and s["host"].startswith("127.0.0.1:") for s in shards)
+    dbs = {d["_id"]: d for d in cfg.databases.find()}
+    assert dbs["cfg"]["primary"] == "shard-a" and dbs["cfg"]["partitioned"] is True
+    colls = {c["_id"]: c for c in cfg.collections.find({"dropped": {"$ne": True}})}
+    assert colls["cfg.h"]["key"] == {"_id": "hashed"}
+    assert colls["cfg.r"]["key"] == {"a": 1, "b": 1}
+    # config.chunks is exactly metadata's routing table
+    for ns in ("cfg.h", "cfg.r"):
+        want = sorted((str(ch["id"]), ch["shard"]) for ch in cluster.routing(ns)["chunks"])
+        got = sorted((str(ch["_id"]), ch["shard"]) for ch in cfg.chunks.find({"ns": ns}))
+        assert got == want
+    assert cfg.chunks.count_documents({"ns": "cfg.h"}) == 4
+    per_shard = list(cfg.chunks.aggregate([
+        {"$match": {"ns": "cfg.h"}}, {"$group": {"_id": "$shard", "n": {"$sum": 1}}},
+        {"$sort": {"_id": 1}}]))
+    assert sum(x["n"] for x in per_shard) == 4
+    # batches: getMore through the proxy cursor
+    assert len(list(cfg.chunks.find(batch_size=2))) == 5
+    assert cfg.settings.find_one({"_id": "balancer"})["stopped"] is True
+    assert list(cfg.changelog.find()) == []
+    names = cfg.list_collection_names()
+    assert {"shards", "chunks", "collections", "databases", "version"} <= set(names)
+    fails(lambda: cfg.settings.insert_one({"_id": "x"}), 20, ["read-only"])
+    fails(lambda: cfg.shards.drop(), 20)
+
+
+MONGOSH_STATUS = r"""
+sh.enableSharding('ms');
+sh.shardCollection('ms.empty', {k: 1});
+const d = db.getSiblingDB('ms');
+d.full.insertMany([{_id: 1}, {_id: 2}, {_id: 3}, {_id: 4}, {_id: 5}]);
+sh.shardCollection('ms.full', {_id: 'hashed'}, false, {numInitialChunks: 6});
+const st = sh.status();
+const docs = d.full.find().sort({_id: 1}).toArray().map(x => x._id);
+const out = {
+  shards: st.value.shards.map(s => s._id),
+  dbs: st.value.databases.map(x => x.database._id),
+  full: st.value.databases.find(x => x.database._id === 'ms').collections['ms.full'],
+  balancerEnabled: st.value.balancer['Currently enabled'],
+  balancerState: sh.getBalancerState(),
+  docs,
+};
+print(JSON.stringify(out));
+"""
+
+
+@needs_node_client("mongosh")
+def test_mongosh_sh_status(cluster):
+    uri = f"mongodb://127.0.0.1:{cluster.proxy_ports[0]}/?directConnection=true"
+    r = subprocess.run([MONGOSH, uri, "--quiet", "--norc", "--eval", MONGOSH_STATUS],
+                       capture_output=True, text=True, timeout=120, env=node_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["shards"] == cluster.shard_ids
+    assert "ms" in out["dbs"] and "config" in out["dbs"]
+    full = out["full"]
+    assert full["shardKey"] == {"_id": "hashed"}
+    holder = [ch["shard"] for ch in cluster.routing("ms.full")["chunks"]]
+    assert len(holder) == 6 and len(set(holder)) == 1  # non-empty: all on the holder
+    assert full["chunkMetadata"] == [{"shard": holder[0], "nChunks": 6}]
+    assert len(full["chunks"]) == 6
+    assert out["balancerEnabled"] == "no" and out["balancerState"] is False
+    assert out["docs"] == [1, 2, 3, 4, 5]
