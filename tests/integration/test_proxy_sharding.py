@@ -3,12 +3,13 @@ shardCollection (including of a non-empty collection: no document hidden or dupl
 listShards, addShard, the balancer commands and the clear refusals. Real processes:
 one metadata member, shards and a proxy on loopback, driven by pymongo."""
 import json
+import os
 import subprocess
 
 import pytest
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
-from conftest import MONGOSH, free_port, needs_node_client, node_env, wait_until
+from conftest import BIN, MONGOSH, free_port, needs_node_client, node_env, wait_until
 from proxy_helpers import ProxyCluster
 
 
@@ -262,3 +263,97 @@ def test_mongosh_sh_status(cluster):
     assert len(full["chunks"]) == 6
     assert out["balancerEnabled"] == "no" and out["balancerState"] is False
     assert out["docs"] == [1, 2, 3, 4, 5]
+
+
+# ---------- stripedb ctl shard add|remove, db, collection ----------
+
+def ctl(cl, *args, metadata=None):
+    env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
+    return subprocess.run([BIN, "ctl", f"--metadata={metadata or cl.metadata_addr}", *args],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def ok(r):
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def usage_error(r, words):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert words in r.stderr, r.stderr
+
+
+def cluster_error(r, words):
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+
+
+def test_ctl_catalog(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        # shard add / remove (a replica-set URI), seen by the proxy as by metadata
+        uri = "mongodb://127.0.0.1:1,127.0.0.1:2/?replicaSet=rsx"
+        assert ok(ctl(cl, "shard", "add", "rsx", uri)).strip() == f"shard rsx added ({uri})"
+        meta = {s["id"]: s["uri"] for s in cl.meta_query({"listShards": 1})["shards"]}
+        assert meta["rsx"] == uri
+        hosts = {s["_id"]: s["host"] for s in
+                 cl.proxy_client(0).admin.command("listShards")["shards"]}
+        assert hosts["rsx"] == "rsx/127.0.0.1:1,127.0.0.1:2"
+        cluster_error(ctl(cl, "shard", "add", "rsx", uri), "stripedb ctl:")
+        assert ok(ctl(cl, "shard", "remove", "rsx")).strip() == "shard rsx removed"
+        assert "rsx" not in {s["id"] for s in cl.meta_query({"listShards": 1})["shards"]}
+        cluster_error(ctl(cl, "shard", "remove", "nosuch"), "stripedb ctl:")
+        usage_error(ctl(cl, "shard", "add", "x"), "usage")
+        usage_error(ctl(cl, "shard", "add", "x", "not-a-uri"), "usage")
+        usage_error(ctl(cl, "shard", "remove"), "usage")
+
+        # db create / list
+        assert ok(ctl(cl, "db", "create", "cat")).strip() == "database cat created"
+        cluster_error(ctl(cl, "db", "create", "cat"), "stripedb ctl:")
+        cluster_error(ctl(cl, "db", "create", "t1db", "--tenant", "nosuch"), "stripedb ctl:")
+        rows = [json.loads(x) for x in ok(ctl(cl, "--json", "db", "list")).splitlines()]
+        assert {"name": "cat"} in [{"name": r["name"]} for r in rows]
+        assert "cat" in ok(ctl(cl, "db", "list")).split()
+        usage_error(ctl(cl, "db", "create"), "usage")
+        usage_error(ctl(cl, "db", "create", "a.b"), "invalid database name")
+        usage_error(ctl(cl, "db", "frob"), "usage")
+
+        # collection create / list / drop
+        out = ok(ctl(cl, "collection", "create", "cat.h", "--shard-key", "u", "--hashed",
+                     "--chunks", "4"))
+        assert out.strip() == "collection cat.h sharded"
+        t = cl.routing("cat.h")
+        assert t["key"] == {"u": "hashed"} and t["hashed"] is True and len(t["chunks"]) == 4
+        ok(ctl(cl, "collection", "create", "cat.r", "--shard-key=a,b", "--on", "shard-b"))
+        t = cl.routing("cat.r")
+        assert [ch["shard"] for ch in t["chunks"]] == ["shard-b"]
+        rows = [json.loads(x) for x in
+                ok(ctl(cl, "--json", "collection", "list", "cat")).splitlines()]
+        assert sorted(r["ns"] for r in rows) == ["cat.h", "cat.r"]
+        text = ok(ctl(cl, "collection", "list"))
+        assert "cat.h" in text and "hashed" in text and "ranged" in text
+        cluster_error(ctl(cl, "collection", "create", "cat.h", "--shard-key", "u"),
+                      "stripedb ctl:")
+        # the proxy routes by what ctl created
+        c = cl.proxy_client(0).cat.r
+        c.insert_many([{"_id": i, "a": i, "b": 0} for i in range(10)])
+        assert cl.shard_client("shard-b").cat.r.count_documents({}) == 10
+        assert ok(ctl(cl, "collection", "drop", "cat.h")).strip().startswith(
+            "collection cat.h dropped")
+        with pytest.raises(OperationFailure):
+            cl.routing("cat.h")
+        usage_error(ctl(cl, "collection", "create", "cat.x"), "--shard-key is required")
+        usage_error(ctl(cl, "collection", "create", "cat.x", "--shard-key", "a,b",
+                        "--hashed"), "hashed key has one field")
+        usage_error(ctl(cl, "collection", "create", "cat.x", "--shard-key", "a",
+                        "--chunks", "3"), "--chunks needs --hashed")
+        usage_error(ctl(cl, "collection", "create", "cat.x", "--shard-key", "a",
+                        "--hashed", "--chunks", "zero"), "positive integer")
+        usage_error(ctl(cl, "collection", "create", "nodot", "--shard-key", "a"), "usage")
+        usage_error(ctl(cl, "collection", "drop"), "usage")
+        # unreachable metadata: exit 1, one line
+        cluster_error(ctl(cl, "--timeout-ms=500", "db", "list", metadata="127.0.0.1:1"),
+                      "stripedb ctl:")
+    finally:
+        cl.close()
