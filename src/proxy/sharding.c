@@ -784,3 +784,28 @@ void px_do_refused_sharding(ctx *c)
 	else
 		do_refine(c);
 }
+
+/* drop through the proxy (issue #18): the collection's sharding metadata is dropped first
+ * (metadata dropCollection; "not sharded", 26, is fine), this proxy's routing reloaded, then
+ * the collection is dropped on every shard (px_do_broadcast). In this order a write racing
+ * the drop lands on the primary shard and is dropped with the rest; a failed broadcast is
+ * repaired by sending drop again (the shards' part is idempotent). */
+void px_do_drop(ctx *c)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	static const int fine[] = {WIRE_ERR_NAMESPACE_NOT_FOUND, 0};
+	char err[256];
+	route_coll *rc;
+
+	BSON_APPEND_UTF8(&cmd, "dropCollection", c->ns);
+	if (!meta_call(c, &cmd, &reply, fine, NULL)) {
+		bson_destroy(&cmd);
+		return;
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	rc = px_route(c, true, err, sizeof err);
+	if (rc)
+		route_coll_unref(rc);
+	px_do_broadcast(c);
+}

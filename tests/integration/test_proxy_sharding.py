@@ -357,3 +357,24 @@ def test_ctl_catalog(start_role, tmp_path):
                       "stripedb ctl:")
     finally:
         cl.close()
+
+
+def test_drop_through_proxy_drops_sharding_metadata(cluster):
+    p = cluster.proxy_client(0)
+    p.admin.command("shardCollection", "dr.c", key={"_id": "hashed"}, numInitialChunks=3)
+    p.dr.c.insert_many([{"_id": i} for i in range(30)])
+    p.dr.c.drop()
+    with pytest.raises(OperationFailure) as e:
+        cluster.routing("dr.c")
+    assert e.value.code == 26
+    assert all(cluster.shard_client(s).dr.c.count_documents({}) == 0 for s in cluster.shard_ids)
+    # the other proxy follows; the collection is unsharded now, and can be sharded anew
+    q = cluster.proxy_client(1)
+    q.dr.c.insert_many([{"_id": i, "k": i} for i in range(5)])
+    assert sorted(d["_id"] for d in q.dr.c.find()) == list(range(5))
+    holders = [s for s in cluster.shard_ids if cluster.shard_client(s).dr.c.count_documents({})]
+    assert len(holders) == 1
+    p.admin.command("shardCollection", "dr.c", key={"k": 1})
+    assert cluster.routing("dr.c")["key"] == {"k": 1}
+    assert sorted(d["_id"] for d in p.dr.c.find()) == list(range(5))
+    p.dr.nothere.drop()  # dropping an unknown collection is fine
