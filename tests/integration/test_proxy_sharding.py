@@ -93,6 +93,8 @@ def test_shard_non_empty_collection_hides_and_duplicates_nothing(cluster, key, e
     c.insert_many([{"_id": i, "v": i} for i in range(6, 40)])
     assert sorted(d["_id"] for d in c.find()) == list(range(1, 40))
     assert c.count_documents({}) == 39
+    fails(lambda: p.admin.command("shardCollection", "r.c", key={"other": 1}), 23)
+    cluster.stop_proxy_clean(0)
 
 
 def test_shard_collection_on_several_shards_is_refused(cluster):
@@ -224,6 +226,12 @@ def test_config_database_shapes(cluster):
     assert {"shards", "chunks", "collections", "databases", "version"} <= set(names)
     fails(lambda: cfg.settings.insert_one({"_id": "x"}), 20, ["read-only"])
     fails(lambda: cfg.shards.drop(), 20)
+    # every answer above freed what it built: a clean exit, no sanitizer report
+    admin = p.admin
+    admin.command("listShards")
+    admin.command("balancerStatus")
+    fails(lambda: admin.command("balancerStart"), 115)
+    cluster.stop_proxy_clean(0)
 
 
 MONGOSH_STATUS = r"""
