@@ -386,3 +386,26 @@ def test_drop_through_proxy_drops_sharding_metadata(cluster):
     assert cluster.routing("dr.c")["key"] == {"k": 1}
     assert sorted(d["_id"] for d in p.dr.c.find()) == list(range(5))
     p.dr.nothere.drop()  # dropping an unknown collection is fine
+
+
+def test_tenants_cannot_administer_sharding(start_role, tmp_path):
+    """--auth=enabled: cluster administration is not a tenant's (13 Unauthorized)."""
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1, proxy_args=["--auth=enabled"])
+    try:
+        cl.meta_cmd({"createTenant": "A"})
+        cl.create_database("adb", tenant="A")
+        cl.meta_cmd({"createUser": "alice", "tenant": "A", "password": "alice-pw"})
+        alice = cl.proxy_client(0, username="alice", password="alice-pw", authSource="admin")
+        wait_until(lambda: alice.adb.c.insert_one({"_id": 1}), 20, what="alice's first write")
+        for cmd in ({"enableSharding": "adb"},
+                    {"shardCollection": "adb.c", "key": {"_id": 1}},
+                    {"listShards": 1}, {"addShard": "127.0.0.1:1"},
+                    {"balancerStatus": 1}, {"balancerStop": 1},
+                    {"reshardCollection": "adb.c", "key": {"x": 1}}):
+            fails(lambda: alice.admin.command(cmd), 13)
+        fails(lambda: alice.config.shards.find_one(), 13)
+        fails(lambda: alice.config.chunks.count_documents({}), 13)
+        with pytest.raises(OperationFailure):
+            cl.routing("adb.c")  # nothing was sharded
+    finally:
+        cl.close()
