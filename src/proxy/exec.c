@@ -507,6 +507,7 @@ static const px_cmd cmd_table[] = {
 	{"balancerStatus", px_do_balancer, 0, NULL, PXP_NONE},
 	{"balancerStart", px_do_balancer, 0, NULL, PXP_NONE},
 	{"balancerStop", px_do_balancer, 0, NULL, PXP_NONE},
+	{"split", px_do_split, 0, NULL, PXP_NONE},
 	{"refineCollectionShardKey", px_do_refused_sharding, 0, NULL, PXP_NONE},
 	{"reshardCollection", px_do_refused_sharding, 0, NULL, PXP_NONE},
 };

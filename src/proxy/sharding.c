@@ -809,3 +809,65 @@ void px_do_drop(ctx *c)
 		route_coll_unref(rc);
 	px_do_broadcast(c);
 }
+
+/* {split: "db.coll", middle: {key...}} (mongosh sh.splitAt): metadata splitChunk of the chunk
+ * holding middle, at middle (for a hashed key, middle is a value of the hash space, as in
+ * MongoDB). `find` and `bounds` (split at the median of the chunk's data) are refused with
+ * CommandNotSupported (115). */
+void px_do_split(ctx *c)
+{
+	const char *ns = first_utf8(c->cmd);
+	ctx sub = *c;
+	bson_t middle, cmd = BSON_INITIALIZER, reply, *out;
+	route_coll *rc;
+	ssize_t ci;
+	char err[256];
+	int64_t id;
+
+	if (!need_admin_db(c, "split"))
+		return;
+	if (ns == NULL || strchr(ns, '.') == NULL) {
+		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
+			 ns ? ns : "(not a string)");
+		return;
+	}
+	if (bson_has_field(c->cmd, "find") || bson_has_field(c->cmd, "bounds")) {
+		px_error(c, 115 /* CommandNotSupported */,
+			 "split with find or bounds (at the median of the chunk's documents) is not "
+			 "supported by stripedb: give the split point as middle");
+		return;
+	}
+	if (!px_get_doc(c->cmd, "middle", &middle) || bson_empty(&middle)) {
+		px_error(c, WIRE_ERR_BAD_VALUE, "need to specify the split point as middle");
+		return;
+	}
+	snprintf(sub.ns, sizeof sub.ns, "%s", ns);
+	rc = px_route(&sub, true, err, sizeof err);
+	if (rc == NULL) {
+		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+		return;
+	}
+	if (rc->nkeys == 0) {
+		route_coll_unref(rc);
+		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
+		return;
+	}
+	ci = route_find_chunk(rc, &middle);
+	id = ci >= 0 ? rc->chunks[ci].nid : 0;
+	route_coll_unref(rc);
+	if (ci < 0 || id == 0) {
+		px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the split point", ns);
+		return;
+	}
+	BSON_APPEND_INT64(&cmd, "splitChunk", id);
+	BSON_APPEND_DOCUMENT(&cmd, "at", &middle);
+	if (meta_call(c, &cmd, &reply, NULL, NULL)) {
+		bson_destroy(&reply);
+		rc = px_route(&sub, true, err, sizeof err);
+		if (rc)
+			route_coll_unref(rc);
+		out = bson_new();
+		px_reply(c, out);
+	}
+	bson_destroy(&cmd);
+}

@@ -63,6 +63,7 @@ static const struct {
 	{100, "UnsatisfiableWriteConcern"},
 	{112, "WriteConflict"},
 	{115, "CommandNotSupported"},
+	{118, "NamespaceNotSharded"},
 	{125, "CommandFailed"},
 	{133, "FailedToSatisfyReadPreference"},
 	{166, "CommandNotSupportedOnView"},

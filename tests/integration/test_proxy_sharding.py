@@ -240,12 +240,14 @@ sh.shardCollection('ms.empty', {k: 1});
 const d = db.getSiblingDB('ms');
 d.full.insertMany([{_id: 1}, {_id: 2}, {_id: 3}, {_id: 4}, {_id: 5}]);
 sh.shardCollection('ms.full', {_id: 'hashed'}, false, {numInitialChunks: 6});
+sh.splitAt('ms.empty', {k: 10});
 const st = sh.status();
 const docs = d.full.find().sort({_id: 1}).toArray().map(x => x._id);
 const out = {
   shards: st.value.shards.map(s => s._id),
   dbs: st.value.databases.map(x => x.database._id),
   full: st.value.databases.find(x => x.database._id === 'ms').collections['ms.full'],
+  empty: st.value.databases.find(x => x.database._id === 'ms').collections['ms.empty'],
   balancerEnabled: st.value.balancer['Currently enabled'],
   balancerState: sh.getBalancerState(),
   docs,
@@ -271,6 +273,9 @@ def test_mongosh_sh_status(cluster):
     assert len(full["chunks"]) == 6
     assert out["balancerEnabled"] == "no" and out["balancerState"] is False
     assert out["docs"] == [1, 2, 3, 4, 5]
+    empty = out["empty"]
+    assert empty["shardKey"] == {"k": 1} and len(empty["chunks"]) == 2
+    assert sum(x["nChunks"] for x in empty["chunkMetadata"]) == 2
 
 
 # ---------- stripedb ctl shard add|remove, db, collection ----------
@@ -409,3 +414,28 @@ def test_tenants_cannot_administer_sharding(start_role, tmp_path):
             cl.routing("adb.c")  # nothing was sharded
     finally:
         cl.close()
+
+
+def test_split_at_middle(cluster):
+    p = cluster.proxy_client(0)
+    admin = p.admin
+    admin.command("shardCollection", "sp.c", key={"k": 1})
+    p.sp.c.insert_many([{"_id": i, "k": i} for i in range(100)])
+    assert admin.command("split", "sp.c", middle={"k": 50})["ok"] == 1
+    assert admin.command("split", "sp.c", middle={"k": 20})["ok"] == 1
+    chunks = sorted(cluster.routing("sp.c")["chunks"], key=lambda ch: str(ch["min"]))
+    bounds = sorted(ch["max"]["k"] for ch in chunks if isinstance(ch["max"]["k"], int))
+    assert bounds == [20, 50] and len(chunks) == 3
+    for i in range(2):
+        c = cluster.proxy_client(i).sp.c
+        wait_until(lambda: sorted(d["_id"] for d in c.find()) == list(range(100)), 10,
+                   what="every document once after the splits")
+    fails(lambda: admin.command("split", "sp.c", middle={"k": 50}), 2)  # a bound already
+    fails(lambda: admin.command("split", "sp.c", middle={"x": 5}), 2)
+    fails(lambda: admin.command("split", "sp.c", find={"k": 5}), 115, ["middle"])
+    fails(lambda: admin.command("split", "sp.c", bounds=[{"k": 0}, {"k": 20}]), 115)
+    fails(lambda: admin.command("split", "sp.c"), 2, ["middle"])
+    p.sp.u.insert_one({"_id": 1})
+    d = fails(lambda: admin.command("split", "sp.u", middle={"_id": 5}), 118)
+    assert d["codeName"] == "NamespaceNotSharded"
+    fails(lambda: p.sp.command("split", "sp.c", middle={"k": 5}), 13)
