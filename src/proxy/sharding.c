@@ -871,3 +871,107 @@ void px_do_split(ctx *c)
 	}
 	bson_destroy(&cmd);
 }
+
+/* Chunks of every collection that shard owns (getRoutingTable "all", batch by batch);
+ * -1 after answering c. */
+static int64_t chunks_on(ctx *c, const char *shard)
+{
+	bson_t resume;
+	bool have_resume = false, more = true;
+	int64_t n = 0;
+
+	while (more) {
+		bson_t cmd = BSON_INITIALIZER, cur, reply, r;
+		bson_iter_t it, arr, f;
+		BSON_APPEND_UTF8(&cmd, "getRoutingTable", "all");
+		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "cursor", &cur);
+		bson_append_document_end(&cmd, &cur);
+		if (have_resume) {
+			BSON_APPEND_DOCUMENT(&cmd, "resumeAfter", &resume);
+			bson_destroy(&resume);
+			have_resume = false;
+		}
+		if (!meta_call(c, &cmd, &reply, NULL, NULL)) {
+			bson_destroy(&cmd);
+			return -1;
+		}
+		if (bson_iter_init_find(&it, &reply, "chunks") && BSON_ITER_HOLDS_ARRAY(&it) &&
+		    bson_iter_recurse(&it, &arr))
+			while (bson_iter_next(&arr))
+				if (bson_iter_recurse(&arr, &f) && bson_iter_find(&f, "shard") &&
+				    BSON_ITER_HOLDS_UTF8(&f) &&
+				    strcmp(bson_iter_utf8(&f, NULL), shard) == 0)
+					n++;
+		more = px_get_bool(&reply, "more", false) && px_get_doc(&reply, "resumeAfter", &r);
+		if (more) {
+			bson_copy_to(&r, &resume);
+			have_resume = true;
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+	}
+	return n;
+}
+
+/* {removeShard: ID}: a shard that owns no chunk and is not the primary shard is removed
+ * (MongoDB's final answer, state "completed"). Otherwise IllegalOperation (20): stripedb
+ * has no balancer to drain it (drain it with `stripedb ctl shard drain ID --wait`), and the
+ * primary shard holds every unsharded collection (there is no movePrimary). */
+void px_do_remove_shard(ctx *c)
+{
+	const char *id = first_utf8(c->cmd);
+	char *primary;
+	int64_t n;
+	bson_t cmd = BSON_INITIALIZER, reply, *out;
+	char **ids = NULL, err[256];
+	size_t nids, i;
+	bool known = false;
+
+	if (!need_admin_db(c, "removeShard"))
+		return;
+	if (id == NULL || id[0] == '\0') {
+		px_error(c, WIRE_ERR_BAD_VALUE, "removeShard needs a shard id string");
+		return;
+	}
+	nids = px_shard_ids(c, &ids);
+	for (i = 0; i < nids; i++) {
+		known |= strcmp(ids[i], id) == 0;
+		free(ids[i]);
+	}
+	free(ids);
+	if (!known) {
+		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", id);
+		return;
+	}
+	primary = px_primary(c);
+	if (primary && strcmp(primary, id) == 0 && nids > 1) {
+		free(primary);
+		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+			 "cannot remove shard %s: it is the primary shard, which holds every "
+			 "unsharded collection (stripedb has no movePrimary)", id);
+		return;
+	}
+	free(primary);
+	n = chunks_on(c, id);
+	if (n < 0)
+		return;
+	if (n > 0) {
+		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+			 "shard %s still owns %lld chunks and stripedb has no balancer to drain it: "
+			 "run `stripedb ctl shard drain %s --wait`, then removeShard again",
+			 id, (long long)n, id);
+		return;
+	}
+	BSON_APPEND_UTF8(&cmd, "removeShard", id);
+	if (meta_call(c, &cmd, &reply, NULL, NULL)) {
+		bson_destroy(&reply);
+		if (proxy_load_shards(c->p, err, sizeof err) != 0)
+			sdb_warn("shard list reload failed", "err=\"%s\"", err);
+		out = bson_new();
+		BSON_APPEND_UTF8(out, "msg", "removeshard completed successfully");
+		BSON_APPEND_UTF8(out, "state", "completed");
+		BSON_APPEND_UTF8(out, "shard", id);
+		px_reply(c, out);
+	}
+	bson_destroy(&cmd);
+}

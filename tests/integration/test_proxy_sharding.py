@@ -439,3 +439,27 @@ def test_split_at_middle(cluster):
     d = fails(lambda: admin.command("split", "sp.u", middle={"_id": 5}), 118)
     assert d["codeName"] == "NamespaceNotSharded"
     fails(lambda: p.sp.command("split", "sp.c", middle={"k": 5}), 13)
+
+
+def test_remove_shard(cluster, start_role, tmp_path):
+    p = cluster.proxy_client(0)
+    admin = p.admin
+    port = free_port()
+    d = tmp_path / "spare"
+    d.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+    assert admin.command("addShard", f"127.0.0.1:{port}", name="spare")["shardAdded"] == "spare"
+    admin.command("shardCollection", "rm.c", key={"_id": "hashed"}, numInitialChunks=4)
+    on_spare = [ch for ch in cluster.routing("rm.c")["chunks"] if ch["shard"] == "spare"]
+    assert len(on_spare) == 1
+    fails(lambda: admin.command("removeShard", "spare"), 20,
+          ["still owns 1 chunks", "ctl shard drain spare"])
+    fails(lambda: admin.command("removeShard", "shard-a"), 20, ["primary shard"])
+    fails(lambda: admin.command("removeShard", "nosuch"), 70)
+    fails(lambda: admin.command("removeShard", ""), 2)
+    # once its chunk is elsewhere, it goes
+    cluster.meta_cmd({"setChunkShard": on_spare[0]["id"], "shard": "shard-b"})
+    r = admin.command("removeShard", "spare")
+    assert r["state"] == "completed" and r["shard"] == "spare"
+    assert "spare" not in [s["_id"] for s in admin.command("listShards")["shards"]]
+    assert "spare" not in [s["id"] for s in cluster.meta_query({"listShards": 1})["shards"]]
