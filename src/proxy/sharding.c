@@ -1,5 +1,6 @@
 /* Sharding administration through the proxy, as on a mongos (issue #18): enableSharding,
- * shardCollection, listShards, addShard, the balancer commands, and clear refusals of
+ * shardCollection, listShards, addShard, removeShard (of a shard without chunks), split (at
+ * middle), drop (with the sharding metadata), the balancer commands, and clear refusals of
  * refineCollectionShardKey / reshardCollection. Each command is translated to the metadata
  * service's own commands (src/metadata/README.md "Commands") and runs on the admin
  * database, as on a mongos (elsewhere: Unauthorized, 13, with MongoDB's message).
