@@ -251,6 +251,7 @@ const out = {
   balancerEnabled: st.value.balancer['Currently enabled'],
   balancerState: sh.getBalancerState(),
   docs,
+  dist: d.full.getShardDistribution().value.Totals,
 };
 print(JSON.stringify(out));
 """
@@ -273,6 +274,7 @@ def test_mongosh_sh_status(cluster):
     assert len(full["chunks"]) == 6
     assert out["balancerEnabled"] == "no" and out["balancerState"] is False
     assert out["docs"] == [1, 2, 3, 4, 5]
+    assert out["dist"]["docs"] == 5 and out["dist"]["chunks"] == 6, out["dist"]
     empty = out["empty"]
     assert empty["shardKey"] == {"k": 1} and len(empty["chunks"]) == 2
     assert sum(x["nChunks"] for x in empty["chunkMetadata"]) == 2
