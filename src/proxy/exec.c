@@ -508,6 +508,8 @@ static const px_cmd cmd_table[] = {
 	{"balancerStart", px_do_balancer, 0, NULL, PXP_NONE},
 	{"balancerStop", px_do_balancer, 0, NULL, PXP_NONE},
 	{"split", px_do_split, 0, NULL, PXP_NONE},
+	{"moveChunk", px_do_move_chunk, 0, NULL, PXP_NONE},
+	{"movechunk", px_do_move_chunk, 0, NULL, PXP_NONE},
 	{"removeShard", px_do_remove_shard, 0, NULL, PXP_NONE},
 	{"removeshard", px_do_remove_shard, 0, NULL, PXP_NONE},
 	{"refineCollectionShardKey", px_do_refused_sharding, 0, NULL, PXP_NONE},

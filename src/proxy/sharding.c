@@ -1,6 +1,6 @@
 /* Sharding administration through the proxy, as on a mongos (issue #18): enableSharding,
  * shardCollection, listShards, addShard, removeShard (of a shard without chunks), split (at
- * middle), drop (with the sharding metadata), the balancer commands, and clear refusals of
+ * middle), moveChunk (one migration, waited for), drop (with the sharding metadata), the balancer commands, and clear refusals of
  * refineCollectionShardKey / reshardCollection. Each command is translated to the metadata
  * service's own commands (src/metadata/README.md "Commands") and runs on the admin
  * database, as on a mongos (elsewhere: Unauthorized, 13, with MongoDB's message).
@@ -20,6 +20,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "proxy/exec.h"
 
@@ -975,4 +976,171 @@ void px_do_remove_shard(ctx *c)
 		px_reply(c, out);
 	}
 	bson_destroy(&cmd);
+}
+
+/* The state of migration id into state (heap) and its migration document into mig (initialised
+ * when true). False after answering c. */
+static bool migration_state(ctx *c, const char *id, char **state, bson_t *mig)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, m;
+	bool ok;
+
+	BSON_APPEND_UTF8(&cmd, "getMigration", id);
+	ok = meta_call(c, &cmd, &reply, NULL, NULL);
+	bson_destroy(&cmd);
+	if (!ok)
+		return false;
+	bson_init(mig);
+	*state = NULL;
+	if (px_get_doc(&reply, "migration", &m)) {
+		bson_destroy(mig);
+		bson_copy_to(&m, mig);
+		bson_iter_t it;
+		if (bson_iter_init_find(&it, &m, "state") && BSON_ITER_HOLDS_UTF8(&it))
+			*state = sdb_strdup(bson_iter_utf8(&it, NULL));
+	}
+	bson_destroy(&reply);
+	if (*state == NULL)
+		*state = sdb_strdup("?");
+	return true;
+}
+
+/* {moveChunk: "db.coll", find: {key...} | bounds: [min, max], to: SHARD} (sh.moveChunk): one
+ * migration of the Data Movement Platform (metadata registerMigration {ns, chunk, from, to}),
+ * run by the coordinators; answered when it is complete, as MongoDB's moveChunk is
+ * synchronous (`_waitForDelete`, `secondaryThrottle`, `writeConcern` are accepted: a migration
+ * completes after its cleanup). A migration that ends otherwise: OperationFailed (96) with
+ * its id and state; still running after maxTimeMS (default 15 minutes): MaxTimeMSExpired (50)
+ * with its id (it goes on). Already on `to`: ok at once. */
+void px_do_move_chunk(ctx *c)
+{
+	const char *ns = first_utf8(c->cmd), *to = NULL;
+	ctx sub = *c;
+	bson_t find, bounds, cmd = BSON_INITIALIZER, reply, mig, *out;
+	bson_iter_t it;
+	route_coll *rc;
+	ssize_t ci = -1;
+	char err[256], mid[128], *from = NULL, *state = NULL;
+	int64_t nid = 0, max_ms;
+	uint64_t start = sdb_mono_ms();
+
+	if (!need_admin_db(c, "moveChunk"))
+		return;
+	if (ns == NULL || strchr(ns, '.') == NULL) {
+		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
+			 ns ? ns : "(not a string)");
+		return;
+	}
+	if (bson_iter_init_find(&it, c->cmd, "to") && BSON_ITER_HOLDS_UTF8(&it))
+		to = bson_iter_utf8(&it, NULL);
+	if (to == NULL || to[0] == '\0') {
+		px_error(c, WIRE_ERR_BAD_VALUE, "moveChunk needs the destination shard as to");
+		return;
+	}
+	if (!px_client_int(c, "maxTimeMS", 0, INT32_MAX, 15 * 60 * 1000, &max_ms))
+		return;
+	{
+		char **ids = NULL;
+		size_t n = px_shard_ids(c, &ids), i;
+		bool known = false;
+		for (i = 0; i < n; i++) {
+			known |= strcmp(ids[i], to) == 0;
+			free(ids[i]);
+		}
+		free(ids);
+		if (!known) {
+			px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", to);
+			return;
+		}
+	}
+	if (max_ms == 0)
+		max_ms = 15 * 60 * 1000;
+	snprintf(sub.ns, sizeof sub.ns, "%s", ns);
+	rc = px_route(&sub, true, err, sizeof err);
+	if (rc == NULL) {
+		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+		return;
+	}
+	if (rc->nkeys == 0) {
+		route_coll_unref(rc);
+		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
+		return;
+	}
+	if (px_get_doc(c->cmd, "find", &find)) {
+		bson_t key = BSON_INITIALIZER;
+		if (route_key_from_doc(rc, &find, &key, err, sizeof err) == 0)
+			ci = route_find_chunk(rc, &key);
+		bson_destroy(&key);
+	} else if (px_get_array(c->cmd, "bounds", &bounds)) {
+		bson_t lo, hi;
+		if (px_get_doc(&bounds, "0", &lo) && px_get_doc(&bounds, "1", &hi)) {
+			ci = route_find_chunk(rc, &lo);
+			if (ci >= 0 && (route_key_cmp(rc->chunks[ci].min, &lo) != 0 ||
+					route_key_cmp(rc->chunks[ci].max, &hi) != 0))
+				ci = -1;
+		}
+	} else {
+		route_coll_unref(rc);
+		px_error(c, WIRE_ERR_BAD_VALUE, "moveChunk needs find or bounds");
+		return;
+	}
+	if (ci >= 0) {
+		nid = rc->chunks[ci].nid;
+		from = sdb_strdup(rc->chunks[ci].shard);
+	}
+	route_coll_unref(rc);
+	if (ci < 0 || nid == 0) {
+		free(from);
+		px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s matches the find or bounds given", ns);
+		return;
+	}
+	if (strcmp(from, to) == 0) {
+		free(from);
+		px_reply(c, bson_new()); /* already there (MongoDB: ok) */
+		return;
+	}
+	snprintf(mid, sizeof mid, "mig-proxy-%lld-%llx", (long long)nid,
+		 (unsigned long long)sdb_wall_ms());
+	BSON_APPEND_UTF8(&cmd, "registerMigration", mid);
+	BSON_APPEND_UTF8(&cmd, "ns", ns);
+	BSON_APPEND_INT64(&cmd, "chunk", nid);
+	BSON_APPEND_UTF8(&cmd, "from", from);
+	BSON_APPEND_UTF8(&cmd, "to", to);
+	free(from);
+	if (!meta_call(c, &cmd, &reply, NULL, NULL)) {
+		bson_destroy(&cmd);
+		return;
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	for (;;) {
+		if (!migration_state(c, mid, &state, &mig))
+			return;
+		if (strcmp(state, "complete") == 0 || strcmp(state, "aborted") == 0 ||
+		    strcmp(state, "rolled_back") == 0)
+			break;
+		bson_destroy(&mig);
+		free(state);
+		state = NULL;
+		if (sdb_mono_ms() - start > (uint64_t)max_ms) {
+			px_error(c, WIRE_ERR_MAX_TIME_EXPIRED,
+				 "moveChunk: migration %s still running after %lld ms (it goes on: "
+				 "stripedb ctl migration status %s)", mid, (long long)max_ms, mid);
+			return;
+		}
+		sdb_sleep_ms(100); /* the coordinators' progress, polled */
+	}
+	bson_destroy(&mig);
+	if (strcmp(state, "complete") == 0) {
+		rc = px_route(&sub, true, err, sizeof err);
+		if (rc)
+			route_coll_unref(rc);
+		out = bson_new();
+		BSON_APPEND_INT64(out, "millis", (int64_t)(sdb_mono_ms() - start));
+		BSON_APPEND_UTF8(out, "migration", mid);
+		px_reply(c, out);
+	} else {
+		px_error(c, WIRE_ERR_OPERATION_FAILED, "moveChunk: migration %s ended %s", mid, state);
+	}
+	free(state);
 }

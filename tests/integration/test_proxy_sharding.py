@@ -465,3 +465,40 @@ def test_remove_shard(cluster, start_role, tmp_path):
     assert r["state"] == "completed" and r["shard"] == "spare"
     assert "spare" not in [s["_id"] for s in admin.command("listShards")["shards"]]
     assert "spare" not in [s["id"] for s in cluster.meta_query({"listShards": 1})["shards"]]
+
+
+def test_move_chunk_runs_a_migration(start_role, tmp_path):
+    """sh.moveChunk / moveChunk through the proxy: one migration of the Data Movement
+    Platform (a coordinator runs it); answered once it is complete."""
+    from migration_helpers import MigCluster
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        p = cl.proxy_client(0)
+        admin = p.admin
+        admin.command("shardCollection", "mv.c", key={"k": 1})
+        admin.command("split", "mv.c", middle={"k": 50})
+        p.mv.c.insert_many([{"_id": i, "k": i} for i in range(100)])
+        low = [ch for ch in cl.chunks("mv.c") if ch["max"] == {"k": 50}][0]
+        to = [s for s in cl.shard_ids if s != low["shard"]][0]
+        r = admin.command("moveChunk", "mv.c", find={"k": 7}, to=to, _waitForDelete=True)
+        assert r["ok"] == 1 and r["migration"].startswith("mig-proxy-")
+        assert cl.migration(r["migration"])["state"] == "complete"
+        assert [ch["shard"] for ch in cl.chunks("mv.c") if ch["max"] == {"k": 50}] == [to]
+        owned = cl.owned_docs("mv.c")
+        assert sorted(owned) == list(range(100))
+        assert sorted(d["_id"] for d in p.mv.c.find()) == list(range(100))
+        assert sorted(d["_id"] for d in cl.shard_client(to).mv.c.find({"k": {"$lt": 50}})) \
+            == list(range(50))
+        # by bounds, and a no-op when already there
+        high = [ch for ch in cl.chunks("mv.c") if ch["min"] == {"k": 50}][0]
+        assert admin.command("moveChunk", "mv.c", bounds=[high["min"], high["max"]],
+                             to=high["shard"])["ok"] == 1
+        fails(lambda: admin.command("moveChunk", "mv.c", bounds=[{"k": 1}, {"k": 2}], to=to), 2)
+        fails(lambda: admin.command("moveChunk", "mv.c", find={"k": 1}), 2, ["to"])
+        fails(lambda: admin.command("moveChunk", "mv.c", to=to), 2, ["find or bounds"])
+        p.mv.u.insert_one({"_id": 1})
+        fails(lambda: admin.command("moveChunk", "mv.u", find={"_id": 1}, to=to), 118)
+        fails(lambda: admin.command("moveChunk", "mv.c", find={"k": 1}, to="nosuch"), 70)
+        assert sorted(d["_id"] for d in p.mv.c.find()) == list(range(100))
+    finally:
+        cl.close()
