@@ -29,6 +29,8 @@ int cli_tenant_cmd(cli_ctx *ctx, int argc, char **argv);     /* cli/tenant.c */
 int cli_user_cmd(cli_ctx *ctx, int argc, char **argv);       /* cli/tenant.c */
 int cli_ratelimit_cmd(cli_ctx *ctx, int argc, char **argv);  /* cli/ratelimit.c */
 int cli_cluster_main(int argc, char **argv);                 /* cli/cluster.c: no --metadata */
+int cli_db_cmd(cli_ctx *ctx, int argc, char **argv);         /* cli/catalog.c */
+int cli_collection_cmd(cli_ctx *ctx, int argc, char **argv); /* cli/catalog.c */
 
 static void ctl_usage(FILE *f)
 {
@@ -41,6 +43,9 @@ static void ctl_usage(FILE *f)
 		"  metadata join|remove|transfer|status    Raft membership of the metadata service\n"
 		"  shard drain|split ...                   move every / half of a shard's chunks\n"
 		"  shard list                              every shard's replica-set members\n"
+		"  shard add ID URI | shard remove ID      register / unregister a shard\n"
+		"  db create NAME [--tenant T] | db list   databases\n"
+		"  collection create|list|drop ...         sharded collections (shard key, chunks)\n"
 		"  shard member add|remove|transfer|status membership of a shard replica set\n"
 		"  migrate DB.COLL --chunk ID --to SHARD [--wait] [--dry-run]\n"
 		"  migration list|status|rollback|pause|resume ...   migrations in flight and done\n"
@@ -162,6 +167,8 @@ static const struct {
 	{"shard", cli_shard_main},
 	{"top", cli_top_main},
 	{"chunk", cli_chunk_main},
+	{"db", cli_db_cmd},                 /* cli/catalog.c */
+	{"collection", cli_collection_cmd}, /* cli/catalog.c */
 	{"rebalance", cli_rebalance_main},
 	{"tenant", cli_tenant_cmd}, /* cli/tenant.c: create/list/quota/policy, else isolate */
 	{"user", cli_user_cmd},     /* cli/tenant.c */

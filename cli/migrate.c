@@ -42,6 +42,7 @@
 int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv);
+int cli_catalog_shard(struct cli_ctx *ctx, int argc, char **argv); /* cli/catalog.c */
 int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv);
@@ -561,6 +562,8 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 	mig_opts o = {.grace_ms = -1};
 	if (verb && (strcmp(verb, "list") == 0 || strcmp(verb, "member") == 0))
 		return cli_shardset_main(ctx, argc, argv); /* cli/shardset.c: replica sets */
+	if (verb && (strcmp(verb, "add") == 0 || strcmp(verb, "remove") == 0))
+		return cli_catalog_shard(ctx, argc, argv); /* cli/catalog.c */
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (parse_common(a, &o))

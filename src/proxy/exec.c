@@ -483,7 +483,7 @@ static const px_cmd cmd_table[] = {
 	{"aggregate", px_do_aggregate, 0, NULL, PXP_AGGREGATE}, /* db-level: no collection */
 	{"createIndexes", px_do_create_indexes, PXC_COLL, NULL, PXP_NONE},
 	{"dropIndexes", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
-	{"drop", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
+	{"drop", px_do_drop, PXC_COLL, NULL, PXP_NONE}, /* sharding metadata too (sharding.c) */
 	{"create", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
 	{"collMod", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
 	{"dropDatabase", px_do_broadcast, 0, NULL, PXP_NONE},
@@ -495,6 +495,25 @@ static const px_cmd cmd_table[] = {
 	{"dbstats", px_do_db_stats, 0, NULL, PXP_NONE},
 	{"collStats", px_do_coll_stats, PXC_COLL, NULL, PXP_NONE},
 	{"collstats", px_do_coll_stats, PXC_COLL, NULL, PXP_NONE},
+	/* sharding administration, as on a mongos (sharding.c, issue #18) */
+	{"enableSharding", px_do_enable_sharding, 0, NULL, PXP_NONE},
+	{"enablesharding", px_do_enable_sharding, 0, NULL, PXP_NONE},
+	{"shardCollection", px_do_shard_collection, 0, NULL, PXP_NONE},
+	{"shardcollection", px_do_shard_collection, 0, NULL, PXP_NONE},
+	{"listShards", px_do_list_shards, 0, NULL, PXP_NONE},
+	{"listshards", px_do_list_shards, 0, NULL, PXP_NONE},
+	{"addShard", px_do_add_shard, 0, NULL, PXP_NONE},
+	{"addshard", px_do_add_shard, 0, NULL, PXP_NONE},
+	{"balancerStatus", px_do_balancer, 0, NULL, PXP_NONE},
+	{"balancerStart", px_do_balancer, 0, NULL, PXP_NONE},
+	{"balancerStop", px_do_balancer, 0, NULL, PXP_NONE},
+	{"split", px_do_split, 0, NULL, PXP_NONE},
+	{"moveChunk", px_do_move_chunk, 0, NULL, PXP_NONE},
+	{"movechunk", px_do_move_chunk, 0, NULL, PXP_NONE},
+	{"removeShard", px_do_remove_shard, 0, NULL, PXP_NONE},
+	{"removeshard", px_do_remove_shard, 0, NULL, PXP_NONE},
+	{"refineCollectionShardKey", px_do_refused_sharding, 0, NULL, PXP_NONE},
+	{"reshardCollection", px_do_refused_sharding, 0, NULL, PXP_NONE},
 };
 
 const px_cmd *px_cmd_find(const char *name)
@@ -570,7 +589,7 @@ static void run_job(void *arg)
 	if (cmd == NULL) /* registered from cmd_table only: cannot happen */
 		px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'",
 			 wire_req_name(j->req));
-	else if (job_checks(&c, cmd))
+	else if (job_checks(&c, cmd) && !px_config_db(&c, cmd))
 		cmd->run(&c);
 	answer_send(c.req, &ans);
 out:

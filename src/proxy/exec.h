@@ -224,6 +224,23 @@ void px_do_coll_stats(ctx *c);
 void px_do_coll_stats_stage(ctx *c, const bson_t *spec); /* aggregate [{$collStats}] */
 void px_do_db_stats(ctx *c);
 void px_do_explain(ctx *c);                   /* explain.c */
+void px_do_enable_sharding(ctx *c);           /* sharding.c (issue #18) */
+void px_do_shard_collection(ctx *c);
+void px_do_list_shards(ctx *c);
+void px_do_add_shard(ctx *c);
+void px_do_balancer(ctx *c);                  /* balancerStatus / balancerStart / balancerStop */
+void px_do_refused_sharding(ctx *c);          /* refineCollectionShardKey, reshardCollection */
+void px_do_remove_shard(ctx *c);              /* removeShard of a shard without chunks */
+void px_do_move_chunk(ctx *c);                /* moveChunk: one migration, waited for */
+void px_do_split(ctx *c);                     /* split with middle (sh.splitAt) */
+void px_do_drop(ctx *c);                      /* drop: sharding metadata, then every shard */
+/* MongoDB's host string of a shard URI (heap): "rs/h1:p1,h2:p2" for a replica set, else
+ * "h1:p1,..."; the URI itself when unparsable. */
+char *px_shard_host_string(const char *uri);
+/* The read-only config database (configdb.c, issue #18): true when c->db is "config" and
+ * the command is answered there (find, aggregate, count, listCollections from metadata;
+ * anything else but getMore/killCursors refused with IllegalOperation). */
+bool px_config_db(ctx *c, const px_cmd *cmd);
 
 /* ---- admission and policy (policy.c) ---- */
 

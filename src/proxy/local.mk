@@ -1,6 +1,8 @@
 # src/proxy: sources and unit tests of this folder (included by the top Makefile.am)
 libstripedb_a_SOURCES += \
 	src/proxy/admin.c \
+	src/proxy/sharding.c \
+	src/proxy/configdb.c \
 	src/proxy/cursor.c \
 	src/proxy/exec.c \
 	src/proxy/explain.c \

@@ -1,0 +1,472 @@
+/* The `config` database through the proxy (issue #18): read-only views answered from the
+ * metadata service in MongoDB's config-server shapes, so that mongosh's sh.status() and
+ * Compass-style readers work against a proxy as against a mongos.
+ *
+ *   config.version      {_id: 1, currentVersion: 6, minCompatibleVersion: 5}
+ *   config.shards       {_id, host ("rs/h:p,..." or "h:p"), state: 1, draining?}   listShards
+ *   config.databases    {_id, primary, partitioned: true, version: {lastMod: 1}}   listDatabases
+ *   config.collections  {_id: ns, key, unique: false, noBalance: true}             listCollections
+ *   config.chunks       {_id, ns, min, max, shard, lastmod: Timestamp(version, 0)} getRoutingTable
+ *   config.settings     {_id: "balancer", mode: "off", stopped: true}, {_id: "autosplit", enabled: false}
+ *   anything else       empty (mongos, changelog, actionlog, locks, tags, migrations ...)
+ *
+ * find, aggregate and count run the request over these documents with the proxy's pipeline
+ * engine (storage/pipeline.h); the result is a proxy cursor (getMore works). Every other
+ * command on the config database is refused with IllegalOperation (20): it is not a
+ * database clients write. Sources: MongoDB's config.* schemas (docs "Config Database"),
+ * mongosh's getPrintableShardStatus (shell-api helpers.js). */
+#include "build_config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "proxy/exec.h"
+#include "storage/pipeline.h"
+
+/* A growable list of owned documents. */
+typedef struct doclist {
+	bson_t **v;
+	size_t n, cap;
+} doclist;
+
+static void dl_push(doclist *l, bson_t *d)
+{
+	if (l->n == l->cap) {
+		l->cap = l->cap ? l->cap * 2 : 16;
+		l->v = sdb_realloc(l->v, l->cap * sizeof *l->v);
+	}
+	l->v[l->n++] = d;
+}
+
+static void dl_free(doclist *l)
+{
+	size_t i;
+
+	for (i = 0; i < l->n; i++)
+		bson_destroy(l->v[i]);
+	free(l->v);
+}
+
+/* A metadata read; false after answering c. */
+static bool meta_read(ctx *c, const bson_t *cmd, bson_t *reply)
+{
+	char err[512];
+	int code = 0, rc = proxy_meta_command(c->p, cmd, reply, &code, err, sizeof err);
+
+	if (rc == 0)
+		return true;
+	bson_destroy(reply);
+	px_error(c, rc == SDB_EPROTO && code ? code : WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+	return false;
+}
+
+/* The array field name of reply, iterated with fn(doc) for each document element. */
+static void each_doc(const bson_t *reply, const char *name, void (*fn)(const bson_t *, void *),
+		     void *arg)
+{
+	bson_iter_t it, arr;
+
+	if (!bson_iter_init_find(&it, reply, name) || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &arr))
+		return;
+	while (bson_iter_next(&arr)) {
+		bson_t d;
+		uint32_t len;
+		const uint8_t *data;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
+			continue;
+		bson_iter_document(&arr, &len, &data);
+		if (bson_init_static(&d, data, len))
+			fn(&d, arg);
+	}
+}
+
+static const char *str_of(const bson_t *d, const char *name)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, d, name) && BSON_ITER_HOLDS_UTF8(&it))
+		return bson_iter_utf8(&it, NULL);
+	return NULL;
+}
+
+static void add_shard(const bson_t *s, void *arg)
+{
+	const char *id = str_of(s, "id"), *uri = str_of(s, "uri"), *state = str_of(s, "state");
+	bson_t *d;
+	char *host;
+
+	if (id == NULL || uri == NULL)
+		return;
+	host = px_shard_host_string(uri);
+	d = bson_new();
+	BSON_APPEND_UTF8(d, "_id", id);
+	BSON_APPEND_UTF8(d, "host", host);
+	BSON_APPEND_INT32(d, "state", 1);
+	if (state && strcmp(state, "active") != 0)
+		BSON_APPEND_BOOL(d, "draining", true);
+	free(host);
+	dl_push(arg, d);
+}
+
+typedef struct db_arg {
+	doclist *l;
+	const char *primary;
+} db_arg;
+
+static void add_database(const bson_t *s, void *arg)
+{
+	db_arg *a = arg;
+	const char *name = str_of(s, "name"), *tenant = str_of(s, "tenant");
+	bson_t *d, v;
+
+	if (name == NULL)
+		return;
+	d = bson_new();
+	BSON_APPEND_UTF8(d, "_id", name);
+	BSON_APPEND_UTF8(d, "primary", a->primary ? a->primary : "");
+	BSON_APPEND_BOOL(d, "partitioned", true);
+	BSON_APPEND_DOCUMENT_BEGIN(d, "version", &v);
+	BSON_APPEND_INT32(&v, "lastMod", 1);
+	bson_append_document_end(d, &v);
+	if (tenant)
+		BSON_APPEND_UTF8(d, "stripedbTenant", tenant);
+	dl_push(a->l, d);
+}
+
+static void add_collection(const bson_t *s, void *arg)
+{
+	const char *ns = str_of(s, "ns");
+	bool hashed = px_get_bool(s, "hashed", false);
+	bson_t *d, key, k;
+	bson_iter_t it;
+
+	if (ns == NULL)
+		return;
+	d = bson_new();
+	BSON_APPEND_UTF8(d, "_id", ns);
+	BSON_APPEND_DOCUMENT_BEGIN(d, "key", &key);
+	if (px_get_doc(s, "key", &k) && bson_iter_init(&it, &k))
+		while (bson_iter_next(&it)) {
+			if (hashed)
+				BSON_APPEND_UTF8(&key, bson_iter_key(&it), "hashed");
+			else
+				BSON_APPEND_INT32(&key, bson_iter_key(&it), 1);
+		}
+	bson_append_document_end(d, &key);
+	BSON_APPEND_BOOL(d, "unique", false);
+	BSON_APPEND_BOOL(d, "noBalance", true); /* there is no balancer */
+	dl_push(arg, d);
+}
+
+static void add_chunk(const bson_t *s, void *arg)
+{
+	bson_t *d = bson_new(), b;
+	bson_iter_t it;
+	int64_t version = px_get_int(s, "version", 0);
+
+	if (bson_iter_init_find(&it, s, "id"))
+		bson_append_iter(d, "_id", -1, &it);
+	if (bson_iter_init_find(&it, s, "ns"))
+		bson_append_iter(d, "ns", -1, &it);
+	if (px_get_doc(s, "min", &b))
+		BSON_APPEND_DOCUMENT(d, "min", &b);
+	if (px_get_doc(s, "max", &b))
+		BSON_APPEND_DOCUMENT(d, "max", &b);
+	if (bson_iter_init_find(&it, s, "shard"))
+		bson_append_iter(d, "shard", -1, &it);
+	BSON_APPEND_TIMESTAMP(d, "lastmod", (uint32_t)version, 0);
+	dl_push(arg, d);
+}
+
+/* Every chunk of every collection (getRoutingTable "all", batch by batch). */
+static bool load_chunks(ctx *c, doclist *l)
+{
+	bson_t resume;
+	bool have_resume = false, more = true;
+
+	while (more) {
+		bson_t cmd = BSON_INITIALIZER, cur, reply, r;
+		BSON_APPEND_UTF8(&cmd, "getRoutingTable", "all");
+		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "cursor", &cur);
+		bson_append_document_end(&cmd, &cur);
+		if (have_resume) {
+			BSON_APPEND_DOCUMENT(&cmd, "resumeAfter", &resume);
+			bson_destroy(&resume);
+			have_resume = false;
+		}
+		if (!meta_read(c, &cmd, &reply)) {
+			bson_destroy(&cmd);
+			return false;
+		}
+		each_doc(&reply, "chunks", add_chunk, l);
+		more = px_get_bool(&reply, "more", false);
+		if (more && px_get_doc(&reply, "resumeAfter", &r)) {
+			bson_copy_to(&r, &resume);
+			have_resume = true;
+		} else {
+			more = false;
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+	}
+	return true;
+}
+
+/* The documents of config.<coll> into l; false after answering c. */
+static bool load(ctx *c, const char *coll, doclist *l)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bool ok = true;
+
+	if (strcmp(coll, "version") == 0) {
+		bson_t *d = bson_new();
+		BSON_APPEND_INT32(d, "_id", 1);
+		BSON_APPEND_INT32(d, "minCompatibleVersion", 5);
+		BSON_APPEND_INT32(d, "currentVersion", 6);
+		dl_push(l, d);
+	} else if (strcmp(coll, "settings") == 0) {
+		bson_t *d = bson_new();
+		BSON_APPEND_UTF8(d, "_id", "balancer");
+		BSON_APPEND_UTF8(d, "mode", "off");
+		BSON_APPEND_BOOL(d, "stopped", true);
+		dl_push(l, d);
+		d = bson_new();
+		BSON_APPEND_UTF8(d, "_id", "autosplit");
+		BSON_APPEND_BOOL(d, "enabled", false);
+		dl_push(l, d);
+	} else if (strcmp(coll, "shards") == 0) {
+		BSON_APPEND_INT32(&cmd, "listShards", 1);
+		if ((ok = meta_read(c, &cmd, &reply))) {
+			each_doc(&reply, "shards", add_shard, l);
+			bson_destroy(&reply);
+		}
+	} else if (strcmp(coll, "databases") == 0) {
+		db_arg a = {l, NULL};
+		char *primary = px_primary(c);
+		a.primary = primary;
+		BSON_APPEND_INT32(&cmd, "listDatabases", 1);
+		if ((ok = meta_read(c, &cmd, &reply))) {
+			each_doc(&reply, "databases", add_database, &a);
+			bson_destroy(&reply);
+		}
+		free(primary);
+	} else if (strcmp(coll, "collections") == 0) {
+		BSON_APPEND_INT32(&cmd, "listCollections", 1);
+		if ((ok = meta_read(c, &cmd, &reply))) {
+			each_doc(&reply, "collections", add_collection, l);
+			bson_destroy(&reply);
+		}
+	} else if (strcmp(coll, "chunks") == 0) {
+		ok = load_chunks(c, l);
+	}
+	bson_destroy(&cmd);
+	return ok;
+}
+
+typedef struct feed {
+	doclist *l;
+	size_t i;
+} feed;
+
+static int feed_next(void *arg, const bson_t **doc, int *code, char *err, size_t errlen)
+{
+	feed *f = arg;
+
+	(void)code, (void)err, (void)errlen;
+	if (f->i >= f->l->n)
+		return 0;
+	*doc = f->l->v[f->i++];
+	return 1;
+}
+
+/* Run stages over l; the output into out (appended). False after answering c. */
+static bool run_pipeline(ctx *c, const bson_t *stages, doclist *l, doclist *out)
+{
+	sdb_pipeline *pl = NULL;
+	sdb_pipeline_cursor *pc = NULL;
+	feed f = {l, 0};
+	int code = 0, r;
+	char err[512];
+
+	if (sdb_pipeline_parse(stages, NULL, &pl, &code, err, sizeof err) != 0) {
+		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		return false;
+	}
+	sdb_pipeline_open(pl, feed_next, &f, &pc);
+	for (;;) {
+		const bson_t *d;
+		r = sdb_pipeline_cursor_next(pc, &d, &code, err, sizeof err);
+		if (r <= 0)
+			break;
+		dl_push(out, bson_copy(d));
+	}
+	sdb_pipeline_cursor_free(pc);
+	sdb_pipeline_free(pl);
+	if (r < 0) {
+		px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+		return false;
+	}
+	return true;
+}
+
+/* The stages of a find: $match, $sort, $skip, $limit, $project. */
+static bool find_stages(ctx *c, bson_t *stages, int64_t *batch, bool *single)
+{
+	bson_t f, st;
+	int64_t skip, limit;
+	uint32_t i = 0;
+	char k[16];
+
+	if (!px_client_int(c, "skip", 0, INT64_MAX, 0, &skip) ||
+	    !px_client_int(c, "limit", 0, INT64_MAX, 0, &limit) ||
+	    !px_client_int(c, "batchSize", 0, INT64_MAX, 101, batch))
+		return false;
+	*single = px_get_bool(c->cmd, "singleBatch", false);
+	bson_init(stages);
+#define STAGE(name, append)                                                                 \
+	do {                                                                                \
+		snprintf(k, sizeof k, "%u", i++);                                           \
+		BSON_APPEND_DOCUMENT_BEGIN(stages, k, &st);                                 \
+		append;                                                                     \
+		bson_append_document_end(stages, &st);                                      \
+	} while (0)
+	if (px_get_doc(c->cmd, "filter", &f) && !bson_empty(&f))
+		STAGE("$match", BSON_APPEND_DOCUMENT(&st, "$match", &f));
+	if (px_get_doc(c->cmd, "sort", &f) && !bson_empty(&f))
+		STAGE("$sort", BSON_APPEND_DOCUMENT(&st, "$sort", &f));
+	if (skip > 0)
+		STAGE("$skip", BSON_APPEND_INT64(&st, "$skip", skip));
+	if (limit > 0)
+		STAGE("$limit", BSON_APPEND_INT64(&st, "$limit", limit));
+	if (px_get_doc(c->cmd, "projection", &f) && !bson_empty(&f))
+		STAGE("$project", BSON_APPEND_DOCUMENT(&st, "$project", &f));
+#undef STAGE
+	return true;
+}
+
+/* Answer c with out as a proxy cursor over c->ns (out's documents taken over). */
+static void answer_docs(ctx *c, doclist *out, int64_t batch, bool single)
+{
+	pstream *s = proxy_calloc_bson(1, sizeof *s);
+	size_t i;
+
+	memset(s, 0, sizeof *s);
+	s->chunk = -1;
+	bson_init(&s->err_reply);
+	s->docs = sdb_calloc(out->n ? out->n : 1, sizeof *s->docs);
+	for (i = 0; i < out->n; i++) {
+		s->docs[i] = proxy_doc_copy(out->v[i]);
+		bson_destroy(out->v[i]);
+	}
+	s->n = out->n;
+	free(out->v);
+	memset(out, 0, sizeof *out);
+	px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, s, 1, NULL, NULL, 0, 0), batch, single,
+			 "firstBatch", c->ns);
+}
+
+/* listCollections on config: the collections answered here. */
+static void list_collections(ctx *c)
+{
+	static const char *const names[] = {"chunks", "collections", "databases", "settings",
+					    "shards", "version", NULL};
+	doclist l = {0}, out = {0};
+	bson_t f, stages = BSON_INITIALIZER, st;
+	size_t i;
+
+	for (i = 0; names[i]; i++) {
+		bson_t *d = bson_new(), o;
+		BSON_APPEND_UTF8(d, "name", names[i]);
+		BSON_APPEND_UTF8(d, "type", "collection");
+		BSON_APPEND_DOCUMENT_BEGIN(d, "options", &o);
+		bson_append_document_end(d, &o);
+		BSON_APPEND_DOCUMENT_BEGIN(d, "info", &o);
+		BSON_APPEND_BOOL(&o, "readOnly", true);
+		bson_append_document_end(d, &o);
+		dl_push(&l, d);
+	}
+	if (px_get_doc(c->cmd, "filter", &f) && !bson_empty(&f)) {
+		BSON_APPEND_DOCUMENT_BEGIN(&stages, "0", &st);
+		BSON_APPEND_DOCUMENT(&st, "$match", &f);
+		bson_append_document_end(&stages, &st);
+	}
+	if (run_pipeline(c, &stages, &l, &out)) {
+		snprintf(c->ns, sizeof c->ns, "config.$cmd.listCollections");
+		answer_docs(c, &out, INT64_MAX, true);
+	}
+	dl_free(&out);
+	dl_free(&l);
+	bson_destroy(&stages);
+}
+
+bool px_config_db(ctx *c, const px_cmd *cmd)
+{
+	doclist l = {0}, out = {0};
+	bson_t stages;
+	int64_t batch = 101;
+	bool single = false;
+	const char *name = cmd->name;
+
+	if (c->db == NULL || strcmp(c->db, "config") != 0)
+		return false;
+	if (strcmp(name, "getMore") == 0 || strcmp(name, "killCursors") == 0)
+		return false; /* the proxy cursors answered below */
+	if (strcmp(name, "listCollections") == 0) {
+		list_collections(c);
+		return true;
+	}
+	if ((strcmp(name, "find") != 0 && strcmp(name, "aggregate") != 0 &&
+	     strcmp(name, "count") != 0) || c->coll == NULL) {
+		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+			 "%s on the config database is not supported by stripedb: config is a "
+			 "read-only view of the metadata service (find, aggregate, count)",
+			 name);
+		return true;
+	}
+	if (strcmp(name, "find") == 0) {
+		if (!find_stages(c, &stages, &batch, &single))
+			return true;
+	} else if (strcmp(name, "aggregate") == 0) {
+		bson_t p, co;
+		if (!px_get_array(c->cmd, "pipeline", &p)) {
+			px_error(c, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
+			return true;
+		}
+		if (px_get_doc(c->cmd, "cursor", &co))
+			batch = px_get_int(&co, "batchSize", 101);
+		bson_copy_to(&p, &stages);
+	} else { /* count: [{$match: query}, {$count: "n"}] */
+		bson_t q, st;
+		bson_init(&stages);
+		BSON_APPEND_DOCUMENT_BEGIN(&stages, "0", &st);
+		if (px_get_doc(c->cmd, "query", &q))
+			BSON_APPEND_DOCUMENT(&st, "$match", &q);
+		else
+			BSON_APPEND_DOCUMENT(&st, "$match", &(bson_t)BSON_INITIALIZER);
+		bson_append_document_end(&stages, &st);
+		BSON_APPEND_DOCUMENT_BEGIN(&stages, "1", &st);
+		BSON_APPEND_UTF8(&st, "$count", "n");
+		bson_append_document_end(&stages, &st);
+	}
+	if (px_uses_js(&stages, 0)) {
+		bson_destroy(&stages);
+		px_refuse_js(c, c->cmd);
+		return true;
+	}
+	if (load(c, c->coll, &l) && run_pipeline(c, &stages, &l, &out)) {
+		if (strcmp(name, "count") == 0) {
+			bson_t *r = bson_new();
+			BSON_APPEND_INT64(r, "n", out.n ? px_get_int(out.v[0], "n", 0) : 0);
+			px_reply(c, r);
+		} else {
+			answer_docs(c, &out, batch, single);
+		}
+	}
+	dl_free(&out);
+	dl_free(&l);
+	bson_destroy(&stages);
+	return true;
+}

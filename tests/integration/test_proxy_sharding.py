@@ -1,0 +1,504 @@
+"""Sharding administration through the proxy, as on a mongos (issue #18): enableSharding,
+shardCollection (including of a non-empty collection: no document hidden or duplicated),
+listShards, addShard, the balancer commands and the clear refusals. Real processes:
+one metadata member, shards and a proxy on loopback, driven by pymongo."""
+import json
+import os
+import subprocess
+
+import pytest
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+from conftest import BIN, MONGOSH, free_port, needs_node_client, node_env, wait_until
+from proxy_helpers import ProxyCluster
+
+
+@pytest.fixture
+def cluster(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=3, proxies=2)
+    yield cl
+    cl.close()
+
+
+def fails(fn, code, words=()):
+    with pytest.raises(OperationFailure) as e:
+        fn()
+    assert e.value.code == code, e.value.details
+    for w in words:
+        assert w in e.value.details["errmsg"], e.value.details
+    return e.value.details
+
+
+def meta_chunks(cl, ns):
+    return cl.routing(ns)["chunks"]
+
+
+def test_enable_sharding_and_shard_empty_collection_ranged(cluster):
+    admin = cluster.proxy_client(0).admin
+    assert admin.command("enableSharding", "app")["ok"] == 1
+    assert admin.command("enableSharding", "app")["ok"] == 1  # idempotent
+    assert "app" in [d["name"] for d in cluster.meta_query({"listDatabases": 1})["databases"]]
+    r = admin.command("shardCollection", "app.users", key={"uid": 1})
+    assert r["collectionsharded"] == "app.users"
+    t = cluster.routing("app.users")
+    assert t["key"] == {"uid": 1} and len(t["chunks"]) == 1
+    # the same key again is fine, another key is AlreadyInitialized (23)
+    assert admin.command("shardCollection", "app.users", key={"uid": 1})["ok"] == 1
+    fails(lambda: admin.command("shardCollection", "app.users", key={"x": 1}), 23,
+          ["different shard key"])
+    # documents written through either proxy are all read back exactly once
+    c = cluster.proxy_client(1).app.users
+    c.insert_many([{"_id": i, "uid": i} for i in range(50)])
+    assert sorted(d["_id"] for d in cluster.proxy_client(0).app.users.find()) == list(range(50))
+
+
+def test_shard_empty_collection_hashed_num_initial_chunks(cluster):
+    admin = cluster.proxy_client(0).admin
+    r = admin.command("shardCollection", "h.c", key={"_id": "hashed"}, numInitialChunks=6)
+    assert r["ok"] == 1
+    chunks = meta_chunks(cluster, "h.c")
+    assert len(chunks) == 6
+    assert {ch["shard"] for ch in chunks} == set(cluster.shard_ids)  # spread: empty
+    c = cluster.proxy_client(0).h.c
+    c.insert_many([{"_id": i} for i in range(200)])
+    assert sorted(d["_id"] for d in c.find()) == list(range(200))
+    per_shard = [cluster.shard_client(s).h.c.count_documents({}) for s in cluster.shard_ids]
+    assert sum(per_shard) == 200 and all(n > 0 for n in per_shard), per_shard
+    with pytest.raises(DuplicateKeyError):
+        c.insert_one({"_id": 7})
+
+
+@pytest.mark.parametrize("key,extra", [({"_id": "hashed"}, {"numInitialChunks": 6}),
+                                       ({"_id": 1}, {})])
+def test_shard_non_empty_collection_hides_and_duplicates_nothing(cluster, key, extra):
+    """The issue's reproduction: _id 1-5 inserted unsharded, then sharded."""
+    p = cluster.proxy_client(0)
+    p.r.c.insert_many([{"_id": i, "v": i} for i in range(1, 6)])
+    holders = [s for s in cluster.shard_ids if cluster.shard_client(s).r.c.count_documents({})]
+    assert len(holders) == 1
+    p.admin.command("shardCollection", "r.c", key=key, **extra)
+    chunks = meta_chunks(cluster, "r.c")
+    assert len(chunks) == (6 if extra else 1)
+    assert {ch["shard"] for ch in chunks} == set(holders)  # MongoDB: all on the holder
+    for i in range(2):  # both proxies (the other learns through its refresh)
+        c = cluster.proxy_client(i).r.c
+        wait_until(lambda: sorted(d["_id"] for d in c.find()) == [1, 2, 3, 4, 5], 10,
+                   what="every document visible once")
+        assert c.count_documents({}) == 5
+        for k in range(1, 6):
+            assert c.find_one({"_id": k}) == {"_id": k, "v": k}
+            with pytest.raises(DuplicateKeyError):
+                c.insert_one({"_id": k})
+    c = p.r.c
+    c.insert_many([{"_id": i, "v": i} for i in range(6, 40)])
+    assert sorted(d["_id"] for d in c.find()) == list(range(1, 40))
+    assert c.count_documents({}) == 39
+    fails(lambda: p.admin.command("shardCollection", "r.c", key={"other": 1}), 23)
+    cluster.stop_proxy_clean(0)
+
+
+def test_shard_collection_on_several_shards_is_refused(cluster):
+    for sid in cluster.shard_ids[:2]:
+        cluster.shard_client(sid).x.c.insert_one({"_id": sid})
+    d = fails(lambda: cluster.proxy_client(0).admin.command(
+        "shardCollection", "x.c", key={"_id": 1}), 20, ["on 2 shards"])
+    assert d["codeName"] == "IllegalOperation"
+    with pytest.raises(OperationFailure):
+        cluster.routing("x.c")  # nothing recorded
+
+
+def test_shard_collection_bad_input(cluster):
+    admin = cluster.proxy_client(0).admin
+    fails(lambda: cluster.proxy_client(0).app.command("shardCollection", "app.c",
+                                                      key={"a": 1}), 13, ["admin database"])
+    fails(lambda: admin.command("shardCollection", "nodot", key={"a": 1}), 73)
+    fails(lambda: admin.command("shardCollection", "app.c"), 72, ["no shard key"])
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": -1}), 2)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": "text"}), 2)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": "hashed", "b": 1}), 72)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": "hashed"},
+                                unique=True), 72, ["unique"])
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": 1},
+                                numInitialChunks=4), 72, ["hashed"])
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": "hashed"},
+                                numInitialChunks=-1), 51024)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": "hashed"},
+                                numInitialChunks=8192 * 3 + 1), 72)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": 1},
+                                collation={"locale": "fr"}), 238, ["simple"])
+    fails(lambda: admin.command("shardCollection", "config.c", key={"a": 1}), 20)
+    fails(lambda: admin.command("shardCollection", "app.c", key={"a": 1},
+                                timeseries={"timeField": "t"}), 72, ["timeseries"])
+    fails(lambda: admin.command("enableSharding", "a.b"), 73)
+    fails(lambda: admin.command("enableSharding", "config"), 72)
+    # collation simple is accepted; nothing of the refusals above was recorded
+    assert admin.command("shardCollection", "app.c", key={"a": 1},
+                         collation={"locale": "simple"})["ok"] == 1
+    assert cluster.routing("app.c")["key"] == {"a": 1}
+
+
+def test_unique_shard_key_is_enforced(cluster):
+    admin = cluster.proxy_client(0).admin
+    admin.command("shardCollection", "u.c", key={"email": 1}, unique=True)
+    names = [ix["name"] for ix in cluster.proxy_client(0).u.c.list_indexes()]
+    assert "email_1" in names
+    c = cluster.proxy_client(0).u.c
+    c.insert_one({"email": "a@x"})
+    with pytest.raises(DuplicateKeyError):
+        cluster.proxy_client(1).u.c.insert_one({"email": "a@x"})
+    assert c.count_documents({"email": "a@x"}) == 1
+
+
+def test_list_shards_and_add_shard_replica_set_uri(cluster, start_role, tmp_path):
+    admin = cluster.proxy_client(0).admin
+    shards = admin.command("listShards")["shards"]
+    assert [s["_id"] for s in shards] == cluster.shard_ids
+    for s in shards:
+        assert s["host"] == f"127.0.0.1:{cluster.shard_ports[s['_id']]}" and s["state"] == 1
+    port = free_port()
+    d = tmp_path / "rs-d"
+    d.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+    r = admin.command("addShard", f"rsd/127.0.0.1:{port}")
+    assert r["shardAdded"] == "rsd"
+    got = {s["_id"]: s["host"] for s in admin.command("listShards")["shards"]}
+    assert got["rsd"] == f"rsd/127.0.0.1:{port}"
+    meta = {s["id"]: s["uri"] for s in cluster.meta_query({"listShards": 1})["shards"]}
+    assert meta["rsd"] == f"mongodb://127.0.0.1:{port}/?replicaSet=rsd"
+    r = admin.command("addShard", "127.0.0.1:1", name="other")
+    assert r["shardAdded"] == "other"
+    fails(lambda: admin.command("addShard", "127.0.0.1:2", name="other"), 11000)
+    fails(lambda: admin.command("addShard", ""), 2)
+    fails(lambda: cluster.proxy_client(0).db.command("listShards"), 13)
+
+
+def test_balancer_commands_tell_the_truth(cluster):
+    admin = cluster.proxy_client(0).admin
+    st = admin.command("balancerStatus")
+    assert st["mode"] == "off" and st["inBalancerRound"] is False
+    assert "no balancer" in st["note"]
+    assert "no balancer" in admin.command("balancerStop")["note"]
+    d = fails(lambda: admin.command("balancerStart"), 115, ["no balancer"])
+    assert d["codeName"] == "CommandNotSupported"
+
+
+def test_refine_and_reshard_are_refused(cluster):
+    admin = cluster.proxy_client(0).admin
+    admin.command("shardCollection", "z.c", key={"a": 1})
+    fails(lambda: admin.command("refineCollectionShardKey", "z.c", key={"a": 1, "b": 1}),
+          115, ["refineCollectionShardKey"])
+    fails(lambda: admin.command("reshardCollection", "z.c", key={"b": 1}), 115,
+          ["reshardCollection"])
+    assert cluster.routing("z.c")["key"] == {"a": 1}
+
+
+# ---------- the config database (read-only views of metadata) ----------
+
+def test_config_database_shapes(cluster):
+    p = cluster.proxy_client(0)
+    p.admin.command("shardCollection", "cfg.h", key={"_id": "hashed"}, numInitialChunks=4)
+    p.admin.command("shardCollection", "cfg.r", key={"a": 1, "b": 1})
+    cfg = p.config
+    assert cfg.version.find_one()["_id"] == 1
+    shards = list(cfg.shards.find().sort("_id", 1))
+    assert [s["_id"] for s in shards] == cluster.shard_ids
+    assert all(s["state"] == 1 and s["host"].startswith("127.0.0.1:") for s in shards)
+    dbs = {d["_id"]: d for d in cfg.databases.find()}
+    assert dbs["cfg"]["primary"] == "shard-a" and dbs["cfg"]["partitioned"] is True
+    colls = {c["_id"]: c for c in cfg.collections.find({"dropped": {"$ne": True}})}
+    assert colls["cfg.h"]["key"] == {"_id": "hashed"}
+    assert colls["cfg.r"]["key"] == {"a": 1, "b": 1}
+    # config.chunks is exactly metadata's routing table
+    for ns in ("cfg.h", "cfg.r"):
+        want = sorted((str(ch["id"]), ch["shard"]) for ch in cluster.routing(ns)["chunks"])
+        got = sorted((str(ch["_id"]), ch["shard"]) for ch in cfg.chunks.find({"ns": ns}))
+        assert got == want
+    assert cfg.chunks.count_documents({"ns": "cfg.h"}) == 4
+    per_shard = list(cfg.chunks.aggregate([
+        {"$match": {"ns": "cfg.h"}}, {"$group": {"_id": "$shard", "n": {"$sum": 1}}},
+        {"$sort": {"_id": 1}}]))
+    assert sum(x["n"] for x in per_shard) == 4
+    # batches: getMore through the proxy cursor
+    assert len(list(cfg.chunks.find(batch_size=2))) == 5
+    assert cfg.settings.find_one({"_id": "balancer"})["stopped"] is True
+    assert list(cfg.changelog.find()) == []
+    names = cfg.list_collection_names()
+    assert {"shards", "chunks", "collections", "databases", "version"} <= set(names)
+    fails(lambda: cfg.settings.insert_one({"_id": "x"}), 20, ["read-only"])
+    fails(lambda: cfg.shards.drop(), 20)
+    # every answer above freed what it built: a clean exit, no sanitizer report
+    admin = p.admin
+    admin.command("listShards")
+    admin.command("balancerStatus")
+    fails(lambda: admin.command("balancerStart"), 115)
+    cluster.stop_proxy_clean(0)
+
+
+MONGOSH_STATUS = r"""
+sh.enableSharding('ms');
+sh.shardCollection('ms.empty', {k: 1});
+const d = db.getSiblingDB('ms');
+d.full.insertMany([{_id: 1}, {_id: 2}, {_id: 3}, {_id: 4}, {_id: 5}]);
+sh.shardCollection('ms.full', {_id: 'hashed'}, false, {numInitialChunks: 6});
+sh.splitAt('ms.empty', {k: 10});
+const st = sh.status();
+const docs = d.full.find().sort({_id: 1}).toArray().map(x => x._id);
+const out = {
+  shards: st.value.shards.map(s => s._id),
+  dbs: st.value.databases.map(x => x.database._id),
+  full: st.value.databases.find(x => x.database._id === 'ms').collections['ms.full'],
+  empty: st.value.databases.find(x => x.database._id === 'ms').collections['ms.empty'],
+  balancerEnabled: st.value.balancer['Currently enabled'],
+  balancerState: sh.getBalancerState(),
+  docs,
+  dist: d.full.getShardDistribution().value.Totals,
+};
+print(JSON.stringify(out));
+"""
+
+
+@needs_node_client("mongosh")
+def test_mongosh_sh_status(cluster):
+    uri = f"mongodb://127.0.0.1:{cluster.proxy_ports[0]}/?directConnection=true"
+    r = subprocess.run([MONGOSH, uri, "--quiet", "--norc", "--eval", MONGOSH_STATUS],
+                       capture_output=True, text=True, timeout=120, env=node_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["shards"] == cluster.shard_ids
+    assert "ms" in out["dbs"] and "config" in out["dbs"]
+    full = out["full"]
+    assert full["shardKey"] == {"_id": "hashed"}
+    holder = [ch["shard"] for ch in cluster.routing("ms.full")["chunks"]]
+    assert len(holder) == 6 and len(set(holder)) == 1  # non-empty: all on the holder
+    assert full["chunkMetadata"] == [{"shard": holder[0], "nChunks": 6}]
+    assert len(full["chunks"]) == 6
+    assert out["balancerEnabled"] == "no" and out["balancerState"] is False
+    assert out["docs"] == [1, 2, 3, 4, 5]
+    assert out["dist"]["docs"] == 5 and out["dist"]["chunks"] == 6, out["dist"]
+    empty = out["empty"]
+    assert empty["shardKey"] == {"k": 1} and len(empty["chunks"]) == 2
+    assert sum(x["nChunks"] for x in empty["chunkMetadata"]) == 2
+
+
+# ---------- stripedb ctl shard add|remove, db, collection ----------
+
+def ctl(cl, *args, metadata=None):
+    env = dict(os.environ, STRIPEDB_CONFIG="/dev/null")
+    return subprocess.run([BIN, "ctl", f"--metadata={metadata or cl.metadata_addr}", *args],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def ok(r):
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def usage_error(r, words):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert words in r.stderr, r.stderr
+
+
+def cluster_error(r, words):
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+
+
+def test_ctl_catalog(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        # shard add / remove (a replica-set URI), seen by the proxy as by metadata
+        uri = "mongodb://127.0.0.1:1,127.0.0.1:2/?replicaSet=rsx"
+        assert ok(ctl(cl, "shard", "add", "rsx", uri)).strip() == f"shard rsx added ({uri})"
+        meta = {s["id"]: s["uri"] for s in cl.meta_query({"listShards": 1})["shards"]}
+        assert meta["rsx"] == uri
+        hosts = {s["_id"]: s["host"] for s in
+                 cl.proxy_client(0).admin.command("listShards")["shards"]}
+        assert hosts["rsx"] == "rsx/127.0.0.1:1,127.0.0.1:2"
+        cluster_error(ctl(cl, "shard", "add", "rsx", uri), "stripedb ctl:")
+        assert ok(ctl(cl, "shard", "remove", "rsx")).strip() == "shard rsx removed"
+        assert "rsx" not in {s["id"] for s in cl.meta_query({"listShards": 1})["shards"]}
+        cluster_error(ctl(cl, "shard", "remove", "nosuch"), "stripedb ctl:")
+        usage_error(ctl(cl, "shard", "add", "x"), "usage")
+        usage_error(ctl(cl, "shard", "add", "x", "not-a-uri"), "usage")
+        usage_error(ctl(cl, "shard", "remove"), "usage")
+
+        # db create / list
+        assert ok(ctl(cl, "db", "create", "cat")).strip() == "database cat created"
+        cluster_error(ctl(cl, "db", "create", "cat"), "stripedb ctl:")
+        cluster_error(ctl(cl, "db", "create", "t1db", "--tenant", "nosuch"), "stripedb ctl:")
+        rows = [json.loads(x) for x in ok(ctl(cl, "--json", "db", "list")).splitlines()]
+        assert {"name": "cat"} in [{"name": r["name"]} for r in rows]
+        assert "cat" in ok(ctl(cl, "db", "list")).split()
+        usage_error(ctl(cl, "db", "create"), "usage")
+        usage_error(ctl(cl, "db", "create", "a.b"), "invalid database name")
+        usage_error(ctl(cl, "db", "frob"), "usage")
+
+        # collection create / list / drop
+        out = ok(ctl(cl, "collection", "create", "cat.h", "--shard-key", "u", "--hashed",
+                     "--chunks", "4"))
+        assert out.strip() == "collection cat.h sharded"
+        t = cl.routing("cat.h")
+        assert t["key"] == {"u": "hashed"} and t["hashed"] is True and len(t["chunks"]) == 4
+        ok(ctl(cl, "collection", "create", "cat.r", "--shard-key=a,b", "--on", "shard-b"))
+        t = cl.routing("cat.r")
+        assert [ch["shard"] for ch in t["chunks"]] == ["shard-b"]
+        rows = [json.loads(x) for x in
+                ok(ctl(cl, "--json", "collection", "list", "cat")).splitlines()]
+        assert sorted(r["ns"] for r in rows) == ["cat.h", "cat.r"]
+        text = ok(ctl(cl, "collection", "list"))
+        assert "cat.h" in text and "hashed" in text and "ranged" in text
+        cluster_error(ctl(cl, "collection", "create", "cat.h", "--shard-key", "u"),
+                      "stripedb ctl:")
+        # the proxy routes by what ctl created
+        c = cl.proxy_client(0).cat.r
+        c.insert_many([{"_id": i, "a": i, "b": 0} for i in range(10)])
+        assert cl.shard_client("shard-b").cat.r.count_documents({}) == 10
+        assert ok(ctl(cl, "collection", "drop", "cat.h")).strip().startswith(
+            "collection cat.h dropped")
+        with pytest.raises(OperationFailure):
+            cl.routing("cat.h")
+        usage_error(ctl(cl, "collection", "create", "cat.x"), "--shard-key is required")
+        usage_error(ctl(cl, "collection", "create", "cat.x", "--shard-key", "a,b",
+                        "--hashed"), "hashed key has one field")
+        usage_error(ctl(cl, "collection", "create", "cat.x", "--shard-key", "a",
+                        "--chunks", "3"), "--chunks needs --hashed")
+        usage_error(ctl(cl, "collection", "create", "cat.x", "--shard-key", "a",
+                        "--hashed", "--chunks", "zero"), "positive integer")
+        usage_error(ctl(cl, "collection", "create", "nodot", "--shard-key", "a"), "usage")
+        usage_error(ctl(cl, "collection", "drop"), "usage")
+        # unreachable metadata: exit 1, one line
+        cluster_error(ctl(cl, "--timeout-ms=500", "db", "list", metadata="127.0.0.1:1"),
+                      "stripedb ctl:")
+    finally:
+        cl.close()
+
+
+def test_drop_through_proxy_drops_sharding_metadata(cluster):
+    p = cluster.proxy_client(0)
+    p.admin.command("shardCollection", "dr.c", key={"_id": "hashed"}, numInitialChunks=3)
+    p.dr.c.insert_many([{"_id": i} for i in range(30)])
+    p.dr.c.drop()
+    with pytest.raises(OperationFailure) as e:
+        cluster.routing("dr.c")
+    assert e.value.code == 26
+    assert all(cluster.shard_client(s).dr.c.count_documents({}) == 0 for s in cluster.shard_ids)
+    # the other proxy follows; the collection is unsharded now, and can be sharded anew
+    q = cluster.proxy_client(1)
+    q.dr.c.insert_many([{"_id": i, "k": i} for i in range(5)])
+    assert sorted(d["_id"] for d in q.dr.c.find()) == list(range(5))
+    holders = [s for s in cluster.shard_ids if cluster.shard_client(s).dr.c.count_documents({})]
+    assert len(holders) == 1
+    p.admin.command("shardCollection", "dr.c", key={"k": 1})
+    assert cluster.routing("dr.c")["key"] == {"k": 1}
+    assert sorted(d["_id"] for d in p.dr.c.find()) == list(range(5))
+    p.dr.nothere.drop()  # dropping an unknown collection is fine
+
+
+def test_tenants_cannot_administer_sharding(start_role, tmp_path):
+    """--auth=enabled: cluster administration is not a tenant's (13 Unauthorized)."""
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1, proxy_args=["--auth=enabled"])
+    try:
+        cl.meta_cmd({"createTenant": "A"})
+        cl.create_database("adb", tenant="A")
+        cl.meta_cmd({"createUser": "alice", "tenant": "A", "password": "alice-pw"})
+        alice = cl.proxy_client(0, username="alice", password="alice-pw", authSource="admin")
+        wait_until(lambda: alice.adb.c.insert_one({"_id": 1}), 20, what="alice's first write")
+        for cmd in ({"enableSharding": "adb"},
+                    {"shardCollection": "adb.c", "key": {"_id": 1}},
+                    {"listShards": 1}, {"addShard": "127.0.0.1:1"},
+                    {"balancerStatus": 1}, {"balancerStop": 1},
+                    {"reshardCollection": "adb.c", "key": {"x": 1}}):
+            fails(lambda: alice.admin.command(cmd), 13)
+        fails(lambda: alice.config.shards.find_one(), 13)
+        fails(lambda: alice.config.chunks.count_documents({}), 13)
+        with pytest.raises(OperationFailure):
+            cl.routing("adb.c")  # nothing was sharded
+    finally:
+        cl.close()
+
+
+def test_split_at_middle(cluster):
+    p = cluster.proxy_client(0)
+    admin = p.admin
+    admin.command("shardCollection", "sp.c", key={"k": 1})
+    p.sp.c.insert_many([{"_id": i, "k": i} for i in range(100)])
+    assert admin.command("split", "sp.c", middle={"k": 50})["ok"] == 1
+    assert admin.command("split", "sp.c", middle={"k": 20})["ok"] == 1
+    chunks = sorted(cluster.routing("sp.c")["chunks"], key=lambda ch: str(ch["min"]))
+    bounds = sorted(ch["max"]["k"] for ch in chunks if isinstance(ch["max"]["k"], int))
+    assert bounds == [20, 50] and len(chunks) == 3
+    for i in range(2):
+        c = cluster.proxy_client(i).sp.c
+        wait_until(lambda: sorted(d["_id"] for d in c.find()) == list(range(100)), 10,
+                   what="every document once after the splits")
+    fails(lambda: admin.command("split", "sp.c", middle={"k": 50}), 2)  # a bound already
+    fails(lambda: admin.command("split", "sp.c", middle={"x": 5}), 2)
+    fails(lambda: admin.command("split", "sp.c", find={"k": 5}), 115, ["middle"])
+    fails(lambda: admin.command("split", "sp.c", bounds=[{"k": 0}, {"k": 20}]), 115)
+    fails(lambda: admin.command("split", "sp.c"), 2, ["middle"])
+    p.sp.u.insert_one({"_id": 1})
+    d = fails(lambda: admin.command("split", "sp.u", middle={"_id": 5}), 118)
+    assert d["codeName"] == "NamespaceNotSharded"
+    fails(lambda: p.sp.command("split", "sp.c", middle={"k": 5}), 13)
+
+
+def test_remove_shard(cluster, start_role, tmp_path):
+    p = cluster.proxy_client(0)
+    admin = p.admin
+    port = free_port()
+    d = tmp_path / "spare"
+    d.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+    assert admin.command("addShard", f"127.0.0.1:{port}", name="spare")["shardAdded"] == "spare"
+    admin.command("shardCollection", "rm.c", key={"_id": "hashed"}, numInitialChunks=4)
+    on_spare = [ch for ch in cluster.routing("rm.c")["chunks"] if ch["shard"] == "spare"]
+    assert len(on_spare) == 1
+    fails(lambda: admin.command("removeShard", "spare"), 20,
+          ["still owns 1 chunks", "ctl shard drain spare"])
+    fails(lambda: admin.command("removeShard", "shard-a"), 20, ["primary shard"])
+    fails(lambda: admin.command("removeShard", "nosuch"), 70)
+    fails(lambda: admin.command("removeShard", ""), 2)
+    # once its chunk is elsewhere, it goes
+    cluster.meta_cmd({"setChunkShard": on_spare[0]["id"], "shard": "shard-b"})
+    r = admin.command("removeShard", "spare")
+    assert r["state"] == "completed" and r["shard"] == "spare"
+    assert "spare" not in [s["_id"] for s in admin.command("listShards")["shards"]]
+    assert "spare" not in [s["id"] for s in cluster.meta_query({"listShards": 1})["shards"]]
+
+
+def test_move_chunk_runs_a_migration(start_role, tmp_path):
+    """sh.moveChunk / moveChunk through the proxy: one migration of the Data Movement
+    Platform (a coordinator runs it); answered once it is complete."""
+    from migration_helpers import MigCluster
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        p = cl.proxy_client(0)
+        admin = p.admin
+        admin.command("shardCollection", "mv.c", key={"k": 1})
+        admin.command("split", "mv.c", middle={"k": 50})
+        p.mv.c.insert_many([{"_id": i, "k": i} for i in range(100)])
+        low = [ch for ch in cl.chunks("mv.c") if ch["max"] == {"k": 50}][0]
+        to = [s for s in cl.shard_ids if s != low["shard"]][0]
+        r = admin.command("moveChunk", "mv.c", find={"k": 7}, to=to, _waitForDelete=True)
+        assert r["ok"] == 1 and r["migration"].startswith("mig-proxy-")
+        assert cl.migration(r["migration"])["state"] == "complete"
+        assert [ch["shard"] for ch in cl.chunks("mv.c") if ch["max"] == {"k": 50}] == [to]
+        owned = cl.owned_docs("mv.c")
+        assert sorted(owned) == list(range(100))
+        assert sorted(d["_id"] for d in p.mv.c.find()) == list(range(100))
+        assert sorted(d["_id"] for d in cl.shard_client(to).mv.c.find({"k": {"$lt": 50}})) \
+            == list(range(50))
+        # by bounds, and a no-op when already there
+        high = [ch for ch in cl.chunks("mv.c") if ch["min"] == {"k": 50}][0]
+        assert admin.command("moveChunk", "mv.c", bounds=[high["min"], high["max"]],
+                             to=high["shard"])["ok"] == 1
+        fails(lambda: admin.command("moveChunk", "mv.c", bounds=[{"k": 1}, {"k": 2}], to=to), 2)
+        fails(lambda: admin.command("moveChunk", "mv.c", find={"k": 1}), 2, ["to"])
+        fails(lambda: admin.command("moveChunk", "mv.c", to=to), 2, ["find or bounds"])
+        p.mv.u.insert_one({"_id": 1})
+        fails(lambda: admin.command("moveChunk", "mv.u", find={"_id": 1}, to=to), 118)
+        fails(lambda: admin.command("moveChunk", "mv.c", find={"k": 1}, to="nosuch"), 70)
+        assert sorted(d["_id"] for d in p.mv.c.find()) == list(range(100))
+    finally:
+        cl.close()
