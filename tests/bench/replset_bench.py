@@ -81,6 +81,25 @@ def hello(port):
         return c.admin.command("hello")
 
 
+def make_raft_pki(tmp):
+    """A CA and one certificate for 127.0.0.1 (openssl CLI): the args that put mutual TLS
+    on the Raft port only (--tls-mode stays off: the wire listener is plaintext)."""
+    d = tmp / "pki"
+    d.mkdir(exist_ok=True)
+
+    def run(*a):
+        subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d)
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=bench-ca")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr",
+        "-subj", "/CN=127.0.0.1")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "node.pem", "-days", "2", "-extfile", "ext.cnf")
+    return [f"--tls-cert={d / 'node.pem'}", f"--tls-key={d / 'node.key'}",
+            f"--tls-ca={d / 'ca.pem'}", "--raft-tls=enabled"]
+
+
 def start_set(binary, tmp, n, name, extra=()):
     wires = [free_port() for _ in range(n)]
     rafts = [free_port() for _ in range(n)]
@@ -89,8 +108,10 @@ def start_set(binary, tmp, n, name, extra=()):
     for i in range(n):
         args = ["--role=shard", f"--replica-set={name}", f"--node-id={i + 1}",
                 f"--data-dir={tmp / f'{name}-m{i + 1}'}", f"--listen=127.0.0.1:{wires[i]}",
-                f"--raft-listen=127.0.0.1:{rafts[i]}", "--raft-tls=disabled",
+                f"--raft-listen=127.0.0.1:{rafts[i]}",
                 f"--http-listen=127.0.0.1:{free_port()}", *extra]
+        if not any(a.startswith("--raft-tls=") for a in extra):
+            args.append("--raft-tls=disabled")
         if n > 1:
             args.append(f"--bootstrap-members={members}")
         procs.append(Member(binary, args, tmp / f"{name}-m{i + 1}.log"))
@@ -197,6 +218,9 @@ def ycsb(args, tmp):
     targets = []
     extra = [f"--raft-election-timeout-ms={args.ycsb_election_ms}"] if args.ycsb_election_ms else []
     three, _, uri3 = start_set(args.bin, tmp, 3, "ycsb3", extra)
+    tls = []
+    if args.raft_tls:
+        tls, _, uri3t = start_set(args.bin, tmp, 3, "ycsb3tls", extra + make_raft_pki(tmp))
     one, _, uri1 = start_set(args.bin, tmp, 1, "ycsb1")
     port = free_port()
     old = Member(args.base_bin, ["--role=shard", f"--data-dir={tmp / 'old'}",
@@ -205,6 +229,8 @@ def ycsb(args, tmp):
     wait_until(lambda: hello(port)["ok"], 30, what="old shard up")
     targets = [("3-member", uri3), ("1-member", uri1),
                ("old-single", f"mongodb://127.0.0.1:{port}/?directConnection=true")]
+    if args.raft_tls:
+        targets.insert(1, ("3-member-raft-tls", uri3t))
     results = {}
     try:
         for rnd in range(args.rounds):
@@ -229,7 +255,7 @@ def ycsb(args, tmp):
                     lat = ph.get("latencyMS", {})
                     results.setdefault((wl, label), []).append((ph["opsPerSec"], lat))
     finally:
-        for m in three + one + [old]:
+        for m in three + tls + one + [old]:
             m.stop()
     return results
 
@@ -249,6 +275,8 @@ def main():
     ap.add_argument("--heartbeat-ms", type=int, default=500,
                     help="the client's heartbeatFrequencyMS")
     ap.add_argument("--skip-failover", action="store_true")
+    ap.add_argument("--raft-tls", action="store_true",
+                    help="also a 3-member set with mutual TLS on the Raft port (issue #21)")
     ap.add_argument("--skip-ycsb", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs and logs")
     args = ap.parse_args()
@@ -268,7 +296,10 @@ def main():
             print("\nworkload target        ops/s (median of rounds)  ratio to old-single")
             for wl in ("a", "c"):
                 base = statistics.median(o for o, _ in res[(wl, "old-single")])
-                for label in ("3-member", "1-member", "old-single"):
+                labels = ["3-member", "1-member", "old-single"]
+                if args.raft_tls:
+                    labels.insert(1, "3-member-raft-tls")
+                for label in labels:
                     if not res.get((wl, label)):
                         print(f"ycsb_{wl}_{re.sub('-', '_', label)}=FAILED")
                         continue
