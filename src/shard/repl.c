@@ -49,7 +49,8 @@ typedef struct repl_item {
 	struct repl_item *next;
 	wire_req *req;
 	int32_t w;
-	int64_t wtimeout;
+	int64_t wtimeout;  /* ms bound on the replication wait (0: none) */
+	bool by_maxtime;   /* the bound is the command's maxTimeMS */
 } repl_item;
 
 /* One proposed entry: the requests its replies go to, in command order. */
@@ -59,6 +60,7 @@ typedef struct repl_batch {
 	wire_req **reqs; /* NULL slots: already answered (stop) */
 	int32_t *w;      /* each command's numeric writeConcern.w (0: majority or less) */
 	int64_t *wtimeout; /* its wtimeout in ms (0: none) */
+	bool *by_maxtime;  /* that bound is maxTimeMS (MaxTimeMSExpired when it passes) */
 	size_t n;
 	uint64_t start_ns;
 } repl_batch;
@@ -71,6 +73,7 @@ typedef struct wc_wait {
 	uint64_t index;
 	int32_t w;
 	uint64_t deadline_ms; /* sdb_mono_ms; 0: none (wait as long as it takes) */
+	bool by_maxtime;      /* the deadline is the command's maxTimeMS */
 } wc_wait;
 
 typedef struct member_wire {
@@ -396,6 +399,9 @@ static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned
 	BSON_APPEND_INT64(&m, "applied", (int64_t)r->last_applied);
 	if (r->set_name)
 		BSON_APPEND_UTF8(&m, "setName", r->set_name);
+	/* where a member that installs this snapshot can copy shard.db from: the member that
+	 * took it (the leader that sends it), whose address a fresh member cannot know yet */
+	BSON_APPEND_UTF8(&m, "wire", r->me);
 	*bufs = raft_malloc(sizeof **bufs);
 	if (!*bufs) {
 		bson_destroy(&m);
@@ -421,10 +427,13 @@ static int vt_restore(struct raft_fsm *vt, struct raft_buffer *buf)
 	bson_t m;
 	bson_iter_t it;
 	int64_t applied = -1;
+	char *sender = NULL;
 
 	if (entry_doc(buf, &m) && bson_iter_init_find(&it, &m, "applied") &&
 	    BSON_ITER_HOLDS_INT64(&it))
 		applied = bson_iter_int64(&it);
+	if (applied >= 0 && bson_iter_init_find(&it, &m, "wire") && BSON_ITER_HOLDS_UTF8(&it))
+		sender = sdb_strdup(bson_iter_utf8(&it, NULL));
 	if (applied < 0) {
 		sdb_error("shard: restore: not a shard snapshot", "len=%zu", buf->len);
 		return RAFT_CORRUPT;
@@ -443,7 +452,10 @@ static int vt_restore(struct raft_fsm *vt, struct raft_buffer *buf)
 		sdb_info("shard: installing a snapshot from another member", "need_applied=%lld "
 			 "local_applied=%llu leader=%s", (long long)applied,
 			 (unsigned long long)r->last_applied, lw ? lw : "?");
-		if (lw)
+		if (sender && strcmp(sender, r->me) != 0)
+			rc = shard_snapshot_fetch(r->sh, r->conn, sender, (uint64_t)applied, &got,
+						  err, sizeof err);
+		if (rc != 0 && lw && (!sender || strcmp(lw, sender) != 0))
 			rc = shard_snapshot_fetch(r->sh, r->conn, lw, (uint64_t)applied, &got, err,
 						  sizeof err);
 		for (size_t i = 0; rc != 0 && i < r->n_members; i++) {
@@ -452,10 +464,14 @@ static int vt_restore(struct raft_fsm *vt, struct raft_buffer *buf)
 			rc = shard_snapshot_fetch(r->sh, r->conn, r->members[i].wire,
 						  (uint64_t)applied, &got, err, sizeof err);
 		}
+		free(sender);
+		sender = NULL;
 		if (rc != 0) {
-			sdb_error("shard: cannot install a snapshot from another member",
+			/* Serving on with data from before the snapshot would answer reads with
+			 * missing documents: stop; a supervisor restart tries again. */
+			sdb_error("shard: cannot install a snapshot from another member, stopping",
 				  "need_applied=%lld err=\"%s\"", (long long)applied, err);
-			return RAFT_IOERR;
+			abort();
 		}
 		r->last_applied = got;
 		/* the member map came with the copy */
@@ -465,6 +481,7 @@ static int vt_restore(struct raft_fsm *vt, struct raft_buffer *buf)
 		sdb_store_meta_scan(r->conn, MEMBER_KEY, member_load, r);
 		shard_oplog_notify(r->sh);
 	}
+	free(sender);
 	raft_free(buf->base);
 	return 0;
 }
@@ -557,7 +574,12 @@ static void wc_check(uv_timer_t *t)
 			continue;
 		}
 		*pp = w->next;
-		if (!enough)
+		if (!enough && late && !gone && w->by_maxtime)
+			add_wce(w->reply, WIRE_ERR_MAX_TIME_EXPIRED,
+				"operation exceeded time limit (maxTimeMS) while waiting for "
+				"replication; the write is committed on a majority",
+				false);
+		else if (!enough)
 			add_wce(w->reply, 64, gone ? "waiting for replication interrupted: no longer "
 						   "primary; the write is committed on a majority"
 						 : "waiting for replication timed out; the write is "
@@ -592,20 +614,26 @@ static void reply_with_wc(shard_repl *r, repl_batch *b, size_t i, bson_t *reply,
 	ww->index = index;
 	ww->w = w;
 	ww->deadline_ms = b->wtimeout[i] > 0 ? sdb_mono_ms() + (uint64_t)b->wtimeout[i] : 0;
+	ww->by_maxtime = b->by_maxtime[i];
 	ww->next = r->wc_waits;
 	r->wc_waits = ww;
 	if (!uv_is_active((uv_handle_t *)&r->wc_timer))
 		uv_timer_start(&r->wc_timer, wc_check, 5, 5);
 }
 
-/* writeConcern of a write: *w the numeric w (0 for "majority", 0 or 1), *wtimeout ms.
- * Answers and returns false when it cannot be honoured before anything runs: a tag set
- * (UnknownReplWriteConcern 79) or a malformed one (FailedToParse 9). */
-static bool parse_wc(wire_req *req, int32_t *w, int64_t *wtimeout)
+/* writeConcern of a write: *w the numeric w (0 for "majority", 0 or 1), *wtimeout ms
+ * (0: none; a command's maxTimeMS bounds the wait too, *maxtime ms). Answers and returns
+ * false when it cannot be honoured before anything runs: a tag set (UnknownReplWriteConcern
+ * 79) or a malformed one (FailedToParse 9), as mongod (WriteConcernOptions::parse). */
+static bool parse_wc(wire_req *req, int32_t *w, int64_t *wtimeout, int64_t *maxtime)
 {
 	bson_iter_t it, sub;
 	*w = 0;
 	*wtimeout = 0;
+	*maxtime = 0;
+	if (bson_iter_init_find(&it, wire_req_cmd(req), "maxTimeMS") &&
+	    BSON_ITER_HOLDS_NUMBER(&it) && bson_iter_as_int64(&it) > 0)
+		*maxtime = bson_iter_as_int64(&it);
 	if (!bson_iter_init_find(&it, wire_req_cmd(req), "writeConcern"))
 		return true;
 	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
@@ -625,10 +653,10 @@ static bool parse_wc(wire_req *req, int32_t *w, int64_t *wtimeout)
 					return false;
 				}
 			} else if (BSON_ITER_HOLDS_NUMBER(&sub)) {
-				int64_t v = bson_iter_as_int64(&sub);
-				if (v < 0 || v > 50) {
+				double v = bson_iter_as_double(&sub);
+				if (v < 0 || v > 50 || v != (double)(int64_t)v) {
 					wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
-						       "w has to be a non-negative number not greater "
+						       "w has to be a non-negative integer not greater "
 						       "than 50, or \"majority\"");
 					return false;
 				}
@@ -638,8 +666,25 @@ static bool parse_wc(wire_req *req, int32_t *w, int64_t *wtimeout)
 					       "w has to be a number or a string");
 				return false;
 			}
-		} else if (strcmp(k, "wtimeout") == 0 && BSON_ITER_HOLDS_NUMBER(&sub)) {
-			*wtimeout = bson_iter_as_int64(&sub);
+		} else if (strcmp(k, "wtimeout") == 0 || strcmp(k, "wtimeoutMS") == 0) {
+			double v = BSON_ITER_HOLDS_NUMBER(&sub) ? bson_iter_as_double(&sub) : -1;
+			if (v < 0 || v != (double)(int64_t)v) {
+				wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
+					       "wtimeout must be a non-negative integer (ms)");
+				return false;
+			}
+			*wtimeout = (int64_t)v;
+		} else if (strcmp(k, "j") == 0 || strcmp(k, "fsync") == 0) {
+			/* every acknowledged write is in a majority's fsync'ed Raft log */
+			if (!BSON_ITER_HOLDS_BOOL(&sub) && !BSON_ITER_HOLDS_NUMBER(&sub)) {
+				wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
+					       "%s must be numeric or a boolean value", k);
+				return false;
+			}
+		} else if (strcmp(k, "provenance") != 0 && strcmp(k, "getLastError") != 0) {
+			wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
+				       "unrecognized write concern field: %s", k);
+			return false;
 		}
 	}
 	return true;
@@ -674,6 +719,7 @@ static void batch_done(void *arg, int status, bson_t *result)
 	free(b->reqs);
 	free(b->w);
 	free(b->wtimeout);
+	free(b->by_maxtime);
 	free(b);
 }
 
@@ -690,6 +736,7 @@ static void propose_items(shard_repl *r, repl_item *items)
 		b->reqs = sdb_calloc(cap, sizeof *b->reqs);
 		b->w = sdb_calloc(cap, sizeof *b->w);
 		b->wtimeout = sdb_calloc(cap, sizeof *b->wtimeout);
+		b->by_maxtime = sdb_calloc(cap, sizeof *b->by_maxtime);
 		b->start_ns = uv_hrtime();
 		if (getrandom(seed, sizeof seed, 0) != (ssize_t)sizeof seed) {
 			bson_oid_t o; /* libbson's per-process random bytes and counter */
@@ -717,9 +764,12 @@ static void propose_items(shard_repl *r, repl_item *items)
 				b->reqs = sdb_realloc(b->reqs, cap * sizeof *b->reqs);
 				b->w = sdb_realloc(b->w, cap * sizeof *b->w);
 				b->wtimeout = sdb_realloc(b->wtimeout, cap * sizeof *b->wtimeout);
+				b->by_maxtime =
+					sdb_realloc(b->by_maxtime, cap * sizeof *b->by_maxtime);
 			}
 			b->w[b->n] = it->w;
 			b->wtimeout[b->n] = it->wtimeout;
+			b->by_maxtime[b->n] = it->by_maxtime;
 			b->reqs[b->n++] = it->req;
 			free(it);
 		}
@@ -736,6 +786,7 @@ static void propose_items(shard_repl *r, repl_item *items)
 			free(b->reqs);
 			free(b->w);
 			free(b->wtimeout);
+			free(b->by_maxtime);
 			free(b);
 			continue;
 		}
@@ -794,9 +845,14 @@ void shard_repl_submit(shard_repl *r, wire_req *req)
 {
 	repl_item *it = sdb_calloc(1, sizeof *it);
 	it->req = req;
-	if (!parse_wc(req, &it->w, &it->wtimeout)) {
+	int64_t maxtime = 0;
+	if (!parse_wc(req, &it->w, &it->wtimeout, &maxtime)) {
 		free(it);
 		return;
+	}
+	if (maxtime > 0 && (it->wtimeout == 0 || maxtime < it->wtimeout)) {
+		it->wtimeout = maxtime;
+		it->by_maxtime = true;
 	}
 	pthread_mutex_lock(&r->mu);
 	if (r->tail)
@@ -895,6 +951,19 @@ bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
 			wire_req_error(req, WIRE_ERR_INVALID_OPTIONS,
 				       "readConcern atClusterTime is not supported by the stripedb "
 				       "shard (no snapshot reads at a cluster time)");
+			return false;
+		} else if (strcmp(k, "afterClusterTime") == 0 || strcmp(k, "afterOpTime") == 0) {
+			/* causal consistency needs operationTime/$clusterTime in replies, which the
+			 * shard does not send yet: refuse rather than read possibly before it */
+			wire_req_error(req, WIRE_ERR_INVALID_OPTIONS,
+				       "readConcern %s is not supported by the stripedb shard (no "
+				       "causal consistency: replies carry no operationTime); read from "
+				       "the primary to read your own writes",
+				       k);
+			return false;
+		} else if (strcmp(k, "provenance") != 0) {
+			wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
+				       "unrecognized readConcern field: %s", k);
 			return false;
 		}
 	}
@@ -1206,10 +1275,16 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	pthread_mutex_init(&r->mu, NULL);
 	mongoc_init(); /* followers register with the primary through libmongoc */
 	r->id = 1;
+	if (set && !node_id)
+		return sdb_errf(err, errlen, SDB_EUSAGE,
+				"a shard replica set member needs --node-id=N (its Raft id, the "
+				"N of N@HOST:PORT in --bootstrap-members)");
 	if (node_id) {
 		char *end = NULL;
-		unsigned long long v = strtoull(node_id, &end, 10);
-		if (end && !*end && v > 0)
+		unsigned long long v = node_id[0] >= '0' && node_id[0] <= '9'
+					       ? strtoull(node_id, &end, 10)
+					       : 0;
+		if (end && !*end && v > 0 && v < (1ULL << 53))
 			r->id = v;
 		else if (set) /* a member's Raft id; a standalone shard's --node-id is a label */
 			return sdb_errf(err, errlen, SDB_EUSAGE,
@@ -1227,6 +1302,38 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	if (set && !raft_listen)
 		return sdb_errf(err, errlen, SDB_EUSAGE,
 				"a shard replica set member needs --raft-listen=HOST:PORT");
+	if (bootstrap) {
+		/* this member's own entry must be its --raft-listen, and a set has 1, 3 or 5
+		 * voters (an even count tolerates no more failures than one fewer) */
+		struct raft_configuration conf;
+		int prc;
+		raft_configuration_init(&conf);
+		prc = sdb_node_parse_members(bootstrap, &conf, err, errlen);
+		if (prc == 0 && conf.n != 1 && conf.n != 3 && conf.n != 5)
+			prc = sdb_errf(err, errlen, SDB_EUSAGE,
+				       "--bootstrap-members lists %u members: a replica set has 1, 3 "
+				       "or 5",
+				       conf.n);
+		for (unsigned i = 0; prc == 0 && i < conf.n; i++) {
+			if (conf.servers[i].id == r->id &&
+			    strcmp(conf.servers[i].address, raft_listen) != 0)
+				prc = sdb_errf(err, errlen, SDB_EUSAGE,
+					       "--bootstrap-members gives member %llu the Raft address "
+					       "%s but this member listens on --raft-listen=%s",
+					       (unsigned long long)r->id, conf.servers[i].address,
+					       raft_listen);
+			if (conf.servers[i].id != r->id &&
+			    strcmp(conf.servers[i].address, raft_listen) == 0)
+				prc = sdb_errf(err, errlen, SDB_EUSAGE,
+					       "--raft-listen=%s is member %llu's address in "
+					       "--bootstrap-members, not this member's (--node-id=%llu)",
+					       raft_listen, (unsigned long long)conf.servers[i].id,
+					       (unsigned long long)r->id);
+		}
+		raft_configuration_close(&conf);
+		if (prc)
+			return prc == SDB_EINVAL ? SDB_EUSAGE : prc;
+	}
 	r->set_name = set ? sdb_strdup(set) : NULL;
 	r->me = sdb_strdup(wire_addr);
 	/* a one-member set without --raft-listen listens on an ephemeral loopback port */
@@ -1350,6 +1457,7 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 		return rc;
 	}
 	atomic_store(&r->h_members, (int)r->raft->configuration.n);
+	sdb_gauge_set(r->g_applied, (int64_t)r->last_applied);
 	sdb_info("shard: replica set member", "set=%s id=%llu raft=%s wire=%s applied=%llu",
 		 set ? set : "(one member)", (unsigned long long)r->id, r->raft_addr, r->me,
 		 (unsigned long long)r->last_applied);

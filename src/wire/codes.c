@@ -52,6 +52,7 @@ static const struct {
 	{67, "CannotCreateIndex"},
 	{68, "IndexAlreadyExists"},
 	{70, "ShardNotFound"},
+	{64, "WriteConcernFailed"},
 	{72, "InvalidOptions"},
 	{73, "InvalidNamespace"},
 	{79, "UnknownReplWriteConcern"},

@@ -308,3 +308,80 @@ def test_ttl_index_expires_documents_on_every_member(start_role, tmp_path):
     docs, oplog = wait_converged(wires)
     assert {d["_id"] for d in docs} == {2, 3, 4}
     assert sum(1 for e in oplog if e[1] == "d") == 2
+
+
+def test_bad_concerns_and_member_identity_are_refused(start_role, tmp_path):
+    """Malformed write concerns, causal reads the shard cannot honour and member identities
+    that contradict --bootstrap-members are refused, not accepted and ignored."""
+    import subprocess
+    from conftest import BIN
+    procs, wires, uri = start_set(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        db = c.app
+        for wc in ({"w": 1.5}, {"wtimeout": -5}, {"wtimeout": "x"}, {"j": "yes"},
+                   {"w": 1, "bogus": 1}):
+            with pytest.raises(OperationFailure) as e:
+                db.command({"insert": "c", "documents": [{"x": 1}], "writeConcern": wc})
+            assert e.value.code == 9, wc
+        assert db.c.count_documents({}) == 0
+        for rc in ({"afterClusterTime": Timestamp(1, 1)}, {"level": "snapshot"},
+                   {"level": "bogus"}, {"bogus": 1}):
+            with pytest.raises(OperationFailure) as e:
+                db.command({"find": "c", "readConcern": rc})
+            assert e.value.code in (9, 72), rc
+        # maxTimeMS bounds a write-concern wait that cannot be satisfied
+        p = primary_index(wires)
+        other = (p + 1) % 3
+        procs[other].signal(signal.SIGSTOP)
+        try:
+            r = db.command({"insert": "c", "documents": [{"_id": "m"}],
+                            "writeConcern": {"w": 3}, "maxTimeMS": 500})
+            assert r["writeConcernError"]["code"] == 50, r
+        finally:
+            procs[other].signal(signal.SIGCONT)
+    # identities
+    rafts = [free_port() for _ in range(3)]
+    boot = ",".join(f"{i + 1}@127.0.0.1:{rafts[i]}" for i in range(3))
+    base = ["--role=shard", "--replica-set=x", f"--listen=127.0.0.1:{free_port()}",
+            "--raft-tls=disabled", f"--bootstrap-members={boot}"]
+    cases = [
+        ([f"--node-id=2", f"--raft-listen=127.0.0.1:{free_port()}"], "listens on"),
+        ([f"--node-id=1", f"--raft-listen=127.0.0.1:{rafts[1]}"], "member 1"),
+        ([f"--raft-listen=127.0.0.1:{rafts[0]}"], "needs --node-id"),
+        ([f"--node-id=-1", f"--raft-listen=127.0.0.1:{rafts[0]}"], "positive integer"),
+    ]
+    for i, (args, msg) in enumerate(cases):
+        r = subprocess.run([BIN, *base, f"--data-dir={tmp_path / f'bad{i}'}", *args],
+                           capture_output=True, text=True, timeout=30,
+                           env={"STRIPEDB_CONFIG": "/dev/null"})
+        assert r.returncode == 2, (args, r.stderr)
+        assert msg in r.stderr, (args, r.stderr)
+    four = boot + f",4@127.0.0.1:{free_port()}"
+    r = subprocess.run([BIN, "--role=shard", "--replica-set=x", "--node-id=1",
+                        f"--listen=127.0.0.1:{free_port()}", "--raft-tls=disabled",
+                        f"--raft-listen=127.0.0.1:{rafts[0]}", f"--bootstrap-members={four}",
+                        f"--data-dir={tmp_path / 'four'}"],
+                       capture_output=True, text=True, timeout=30,
+                       env={"STRIPEDB_CONFIG": "/dev/null"})
+    assert r.returncode == 2 and "1, 3 or 5" in r.stderr, r.stderr
+
+
+def test_member_that_lost_its_disk_is_rebuilt_from_another_member(start_role, tmp_path):
+    """A secondary's data directory is lost (kill -9, directory gone, restarted empty) after
+    the set compacted its log: it installs a copy of shard.db from the member that sent the
+    snapshot (whose address it cannot know yet) and ends equal to the others."""
+    import shutil
+    procs, wires, uri = start_set(start_role, tmp_path, extra=["--raft-snapshot-threshold=32"])
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        for i in range(300):
+            c.app.c.insert_one({"_id": i, "v": "x" * 200})
+    p = primary_index(wires)
+    lost = (p + 1) % 3
+    procs[lost].signal(signal.SIGKILL)
+    procs[lost].p.wait(timeout=10)
+    shutil.rmtree(tmp_path / f"m{lost + 1}")
+    procs[lost].restart()
+    procs[lost].wait_healthy()
+    docs, _ = wait_converged(wires, timeout=120)
+    assert [d["_id"] for d in docs] == list(range(300))
+    assert "installed a snapshot from another member" in procs[lost].tail(1 << 20)
