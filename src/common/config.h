@@ -65,9 +65,9 @@ typedef enum {
 	X("shutdown-timeout-ms", shutdown_timeout_ms, SDB_OPT_INT, "10000",                     \
 	  "graceful shutdown: how long to drain in-flight requests (ms)")                       \
 	X("raft-snapshot-threshold", raft_snapshot_threshold, SDB_OPT_INT, "1024",              \
-	  "metadata: raft log entries between state machine snapshots")                        \
+	  "metadata, shard: raft log entries between state machine snapshots")                        \
 	X("raft-election-timeout-ms", raft_election_timeout_ms, SDB_OPT_INT, "1000",            \
-	  "metadata: raft election timeout (ms); heartbeats every tenth of it")                 \
+	  "metadata, shard: raft election timeout (ms); heartbeats every tenth of it")                 \
 	X("max-chunks-per-command", max_chunks_per_command, SDB_OPT_INT, "1000000",             \
 	  "metadata: most chunks one shardCollection may create (the leader refuses more)")     \
 	X("stale-retry-ms", stale_retry_ms, SDB_OPT_INT, "5000",                                \
