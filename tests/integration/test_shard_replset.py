@@ -240,7 +240,7 @@ def test_member_of_another_set_or_without_its_log_is_refused(start_role, tmp_pat
     import subprocess
     from conftest import BIN
     base = ["--role=shard", f"--data-dir={tmp_path / 'm1'}", f"--listen=127.0.0.1:{free_port()}",
-            f"--raft-listen=127.0.0.1:{free_port()}", "--raft-tls=disabled"]
+            f"--raft-listen=127.0.0.1:{free_port()}", "--raft-tls=disabled", "--node-id=1"]
     r = subprocess.run([BIN, *base, "--replica-set=other"], capture_output=True, text=True,
                        timeout=30, env={"STRIPEDB_CONFIG": "/dev/null"})
     assert r.returncode == 2, r.stderr
