@@ -128,3 +128,80 @@ def test_captured_shard_raft_traffic_has_no_plaintext(start_role, tmp_path, mode
     else:
         assert secret.encode() in data  # control: the capture does see plaintext
     rec.close()
+
+
+def test_shard_set_certificate_rotation_under_write_load(start_role, tmp_path):
+    """Rotate every shard member's Raft certificate to one of a new CA while a client writes
+    through the replica-set URI: CA bundle old+new (SIGHUP), new certificates (SIGHUP), new
+    CA only (SIGHUP), then a member restarts so new Raft connections use the new
+    certificates. No write fails; every acknowledged write is on every member."""
+    import shutil
+    import signal
+    import threading
+    from test_raft_security import make_ca_and_cert
+    old, new, live = tmp_path / "old", tmp_path / "new", tmp_path / "live"
+    for d in (old, new, live):
+        d.mkdir()
+    ca1, cert1, key1 = make_ca_and_cert(old, "shard-raft-ca-2025")
+    ca2, cert2, key2 = make_ca_and_cert(new, "shard-raft-ca-2026")
+    for src, dst in ((ca1, "ca.pem"), (cert1, "cert.pem"), (key1, "key.pem")):
+        shutil.copy(src, live / dst)
+    args = [f"--tls-cert={live / 'cert.pem'}", f"--tls-key={live / 'key.pem'}",
+            f"--tls-ca={live / 'ca.pem'}"]
+    s = ShardSet(start_role, tmp_path, args, {})
+    acked, errors = [], []
+    stop = threading.Event()
+
+    def load():
+        c = pymongo.MongoClient(s.uri, serverSelectionTimeoutMS=30000, retryWrites=True)
+        i = 0
+        while not stop.is_set():
+            try:
+                c.app.c.insert_one({"_id": i})
+                acked.append(i)
+            except Exception as e:  # noqa: BLE001 - recorded and asserted below
+                errors.append(repr(e))
+            i += 1
+        c.close()
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+
+    def hup_all(n):
+        for p in s.procs:
+            p.signal(signal.SIGHUP)
+        for p in s.procs:
+            wait_until(lambda p=p: p.tail(1 << 20).count("raft: tls certificate reloaded") >= n,
+                       20, what="raft tls reload")
+
+    def step():
+        n = len(acked)
+        wait_until(lambda: len(acked) >= n + 20, 30, what="writes during rotation")
+
+    step()
+    (live / "ca.pem").write_text(open(ca1).read() + open(ca2).read())
+    hup_all(1)
+    step()
+    shutil.copy(cert2, live / "cert.pem.tmp")
+    shutil.copy(key2, live / "key.pem.tmp")
+    os.replace(live / "key.pem.tmp", live / "key.pem")
+    os.replace(live / "cert.pem.tmp", live / "cert.pem")
+    hup_all(2)
+    step()
+    shutil.copy(ca2, live / "ca.pem")
+    hup_all(3)
+    # new Raft connections need the new CA on both sides: restart a secondary
+    f = (s.primary() + 1) % 3
+    s.procs[f].stop()
+    s.procs[f].restart()
+    s.procs[f].wait_healthy()
+    step()
+    stop.set()
+    t.join(timeout=60)
+    assert errors == []
+    last = acked[-1]
+    s.everywhere(last)
+    for i in range(3):
+        with s.direct(i) as c:
+            have = {d["_id"] for d in c.app.c.find({}, {"_id": 1})}
+        assert set(acked) <= have, f"member {i + 1} lacks acknowledged writes"
