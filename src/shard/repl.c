@@ -1315,13 +1315,14 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 				       "or 5",
 				       conf.n);
 		for (unsigned i = 0; prc == 0 && i < conf.n; i++) {
+			/* the others reach this member at its entry's address, which may be
+			 * a forwarder in front of --raft-listen: say so, do not refuse */
 			if (conf.servers[i].id == r->id &&
 			    strcmp(conf.servers[i].address, raft_listen) != 0)
-				prc = sdb_errf(err, errlen, SDB_EUSAGE,
-					       "--bootstrap-members gives member %llu the Raft address "
-					       "%s but this member listens on --raft-listen=%s",
-					       (unsigned long long)r->id, conf.servers[i].address,
-					       raft_listen);
+				sdb_warn("shard: --bootstrap-members gives this member another Raft "
+					 "address than --raft-listen; the others will connect there",
+					 "id=%llu entry=%s raft_listen=%s", (unsigned long long)r->id,
+					 conf.servers[i].address, raft_listen);
 			if (conf.servers[i].id != r->id &&
 			    strcmp(conf.servers[i].address, raft_listen) == 0)
 				prc = sdb_errf(err, errlen, SDB_EUSAGE,
