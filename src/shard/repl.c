@@ -102,6 +102,8 @@ struct shard_repl {
 	bool closed; /* no more proposals: queued writes are refused */
 	repl_batch *inflight;
 	wc_wait *wc_waits; /* replies waiting for more members than a majority */
+	struct lin_read *lin_reads; /* linearizable reads waiting for their barrier */
+	struct reg_req *reg_reqs;   /* stripedbRegisterMember waiting for its commit */
 	uv_timer_t wc_timer;
 	/* member wire addresses (replicated: op "shardMember") */
 	member_wire *members;
@@ -910,14 +912,26 @@ bool shard_repl_check_read(shard_repl *r, wire_req *req)
 /* ------------------------------------------------------------------ readConcern */
 
 typedef struct lin_read {
+	struct lin_read *next, *prev;
 	shard_repl *r;
-	wire_req *req;
+	wire_req *req; /* NULL once answered by shard_repl_abandon */
 	shard_cmd_fn fn;
 } lin_read;
 
 static void lin_barrier_done(void *arg, int status)
 {
 	lin_read *l = arg;
+	shard_repl *r = l->r;
+	if (l->prev)
+		l->prev->next = l->next;
+	else
+		r->lin_reads = l->next;
+	if (l->next)
+		l->next->prev = l->prev;
+	if (!l->req) {
+		free(l); /* answered at shutdown already */
+		return;
+	}
 	if (status == 0 && !l->r->closed)
 		shard_pool_submit(l->r->sh, l->fn, l->req);
 	else if (status == SDB_ENOTLEADER)
@@ -999,7 +1013,12 @@ bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
 	if (rc != 0) {
 		free(l);
 		reply_not_primary(r, req);
+		return false;
 	}
+	l->next = r->lin_reads;
+	if (r->lin_reads)
+		r->lin_reads->prev = l;
+	r->lin_reads = l;
 	return false;
 }
 
@@ -1157,15 +1176,27 @@ static void ensure_registered(shard_repl *r)
 }
 
 typedef struct reg_req {
+	struct reg_req *next, *prev;
 	shard_repl *r;
-	wire_req *req;
+	wire_req *req; /* NULL once answered by shard_repl_abandon */
 } reg_req;
 
 static void reg_done(void *arg, int status, bson_t *result)
 {
 	reg_req *rr = arg;
+	shard_repl *r = rr->r;
 	if (result)
 		bson_destroy(result);
+	if (rr->prev)
+		rr->prev->next = rr->next;
+	else
+		r->reg_reqs = rr->next;
+	if (rr->next)
+		rr->next->prev = rr->prev;
+	if (!rr->req) {
+		free(rr);
+		return;
+	}
 	if (status == 0)
 		wire_req_reply(rr->req, NULL);
 	else
@@ -1198,7 +1229,12 @@ void shard_repl_cmd_register(shard_repl *r, wire_req *req)
 	if (rc != 0) {
 		free(rr);
 		reply_not_primary(r, req);
+		return;
 	}
+	rr->next = r->reg_reqs;
+	if (r->reg_reqs)
+		r->reg_reqs->prev = rr;
+	r->reg_reqs = rr;
 }
 
 /* ------------------------------------------------------------------ state changes */
@@ -1469,6 +1505,22 @@ void shard_repl_abandon(shard_repl *r)
 {
 	r->closed = true;
 	atomic_store(&r->h_stopped, true);
+	/* every request must be answered before the wire server goes: the callbacks that
+	 * fire later (barrier, commit) find req NULL and only free */
+	for (lin_read *l = r->lin_reads; l; l = l->next) {
+		if (l->req) {
+			wire_req_error(l->req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
+				       "linearizable read interrupted by shutdown");
+			l->req = NULL;
+		}
+	}
+	for (reg_req *rr = r->reg_reqs; rr; rr = rr->next) {
+		if (rr->req) {
+			wire_req_error(rr->req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
+				       "member registration interrupted by shutdown");
+			rr->req = NULL;
+		}
+	}
 	while (r->wc_waits) {
 		wc_wait *w = r->wc_waits;
 		r->wc_waits = w->next;
