@@ -453,8 +453,10 @@ static void shard_uri(const dev_cluster *c, const char *set, char *buf, size_t n
 	}
 }
 
-/* Whether the member answers hello as the writable primary. */
-static int is_primary(const dev_proc *p)
+/* Whether the member answers hello as the writable primary (and, when want_hosts > 0,
+ * lists at least that many members in hosts: a driver keeps only the members the primary
+ * lists, so a set is handed out once every member has registered with the primary). */
+static int is_primary_listing(const dev_proc *p, int want_hosts)
 {
 	char uri[160];
 	mongoc_client_t *cl;
@@ -471,6 +473,15 @@ static int is_primary(const dev_proc *p)
 	BSON_APPEND_INT32(&cmd, "hello", 1);
 	if (cl != NULL && mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e)) {
 		yes = bson_iter_init_find(&it, &reply, "isWritablePrimary") && bson_iter_as_bool(&it);
+		if (yes && want_hosts > 0) {
+			bson_iter_t h;
+			int n = 0;
+			if (bson_iter_init_find(&it, &reply, "hosts") && BSON_ITER_HOLDS_ARRAY(&it) &&
+			    bson_iter_recurse(&it, &h))
+				while (bson_iter_next(&h))
+					n++;
+			yes = n >= want_hosts;
+		}
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
@@ -478,15 +489,29 @@ static int is_primary(const dev_proc *p)
 	return yes;
 }
 
-static const dev_proc *set_primary(const dev_cluster *c, const char *set, int timeout_ms)
+static int is_primary(const dev_proc *p)
+{
+	return is_primary_listing(p, 0);
+}
+
+static const dev_proc *set_primary(const dev_cluster *c, const char *set, int timeout_ms,
+				   bool all_listed)
 {
 	uint64_t deadline = sdb_mono_ms() + (uint64_t)timeout_ms;
+	int members = 0, alive = 0;
 
+	for (int i = 0; i < c->n; i++)
+		if (strcmp(c->procs[i].role, "shard") == 0 && strcmp(c->procs[i].set, set) == 0) {
+			members++;
+			alive += pid_alive(c->procs[i].pid) ? 1 : 0;
+		}
 	do {
 		for (int i = 0; i < c->n; i++) {
 			const dev_proc *p = &c->procs[i];
+			/* with every member running, wait until the primary lists them all */
 			if (strcmp(p->role, "shard") == 0 && strcmp(p->set, set) == 0 &&
-			    pid_alive(p->pid) && is_primary(p)) {
+			    pid_alive(p->pid) &&
+			    is_primary_listing(p, all_listed && alive == members ? members : 0)) {
 				return p;
 			}
 		}
@@ -527,7 +552,7 @@ static int register_shards(const dev_cluster *c)
 		if (seen) {
 			continue; /* one addShard per set */
 		}
-		if (set_primary(c, p->set, 30000) == NULL) {
+		if (set_primary(c, p->set, 30000, true) == NULL) {
 			fprintf(stderr, "stripedb dev: shard %s elected no primary in 30 s; see %s/logs/\n",
 				p->set, c->dir);
 			rc = -1;
@@ -1173,7 +1198,7 @@ static int dev_kill_restart(int argc, char **argv, int restart)
 		}
 		for (int i = 0; i < c.n && target == NULL; i++) {
 			if (strcmp(c.procs[i].role, "shard") == 0 && strcmp(c.procs[i].set, name) == 0) {
-				target = set_primary(&c, name, 0);
+				target = set_primary(&c, name, 0, false);
 				if (target == NULL) {
 					fprintf(stderr, "stripedb dev: shard %s has no primary now\n", name);
 					free_cluster(&c);
@@ -1335,7 +1360,7 @@ void dev_cluster_addrs(const dev_cluster *c, const char *role, int grpc, char *b
 
 const dev_proc *dev_cluster_primary(const dev_cluster *c, const char *set, int timeout_ms)
 {
-	return set_primary(c, set, timeout_ms);
+	return set_primary(c, set, timeout_ms, false);
 }
 
 void dev_cluster_shard_uri(const dev_cluster *c, const char *set, char *buf, size_t n)

@@ -373,6 +373,12 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 			if (sdb_store_meta_put(r->conn, key, wire, err, sizeof err) != 0)
 				return fatal_fault(r, index, "member", err);
 			member_set(r, (uint64_t)id, wire);
+			/* hello's hosts changed: answer held awaitable hellos now, or a driver
+			 * that saw a shorter list keeps it (and drops the missing members from
+			 * its topology) until its next heartbeat, and loses the set if the
+			 * primary dies meanwhile */
+			if (r->set_name && r->sh->srv)
+				wire_server_topology_changed(r->sh->srv);
 		}
 	}
 	/* anything else (an entry of a newer version, a malformed one): a no-op everywhere */
@@ -1265,7 +1271,8 @@ static void on_change(void *data)
 		r->topo_ready = ready;
 		r->topo_leader = lid;
 		r->topo_term = sdb_node_term(r->node);
-		if (r->sh->srv)
+		/* a standalone-looking member's hello does not change: no topology version */
+		if (r->sh->srv && r->set_name)
 			wire_server_topology_changed(r->sh->srv);
 	}
 }
