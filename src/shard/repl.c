@@ -44,90 +44,11 @@
 #define REPL_BATCH_MAX_BYTES (2u * 1024 * 1024)
 #define MEMBER_KEY "member_wire:"
 
-/* A write waiting to be proposed. */
-typedef struct repl_item {
-	struct repl_item *next;
-	wire_req *req;
-	int32_t w;
-	int64_t wtimeout;  /* ms bound on the replication wait (0: none) */
-	bool by_maxtime;   /* the bound is the command's maxTimeMS */
-} repl_item;
-
-/* One proposed entry: the requests its replies go to, in command order. */
-typedef struct repl_batch {
-	struct repl_batch *next, *prev;
-	shard_repl *r;
-	wire_req **reqs; /* NULL slots: already answered (stop) */
-	int32_t *w;      /* each command's numeric writeConcern.w (0: majority or less) */
-	int64_t *wtimeout; /* its wtimeout in ms (0: none) */
-	bool *by_maxtime;  /* that bound is maxTimeMS (MaxTimeMSExpired when it passes) */
-	size_t n;
-	uint64_t start_ns;
-} repl_batch;
-
-/* A reply held until writeConcern.w members hold its entry (w above a majority). */
-typedef struct wc_wait {
-	struct wc_wait *next;
-	wire_req *req;
-	bson_t *reply;
-	uint64_t index;
-	int32_t w;
-	uint64_t deadline_ms; /* sdb_mono_ms; 0: none (wait as long as it takes) */
-	bool by_maxtime;      /* the deadline is the command's maxTimeMS */
-} wc_wait;
-
-typedef struct member_wire {
-	uint64_t id;
-	char *wire;
-} member_wire;
-
-struct shard_repl {
-	shard *sh;
-	sdb_node *node;
-	struct raft *raft;
-	struct raft_fsm fsm;
-	sdb_store_conn *conn; /* the apply connection (loop thread) */
-	uint64_t last_applied;
-	bson_t *last_result;
-	char *set_name; /* --replica-set or NULL (hello looks standalone) */
-	char *me;       /* this member's wire address */
-	char *raft_addr;
-	uint64_t id;
-	/* writes queued by workers for the loop */
-	uv_async_t async;
-	bool async_init;
-	uv_timer_t reg_timer; /* retries ensure_registered until the map has this member */
-	pthread_mutex_t mu;
-	repl_item *head, *tail;
-	bool closed; /* no more proposals: queued writes are refused */
-	repl_batch *inflight;
-	wc_wait *wc_waits; /* replies waiting for more members than a majority */
-	struct lin_read *lin_reads; /* linearizable reads waiting for their barrier */
-	struct reg_req *reg_reqs;   /* stripedbRegisterMember waiting for its commit */
-	uv_timer_t wc_timer;
-	/* member wire addresses (replicated: op "shardMember") */
-	member_wire *members;
-	size_t n_members;
-	uint64_t reg_last_ms;
-	int reg_inflight;
-	/* what hello last said, to wake held awaitable hellos on a change */
-	bool topo_ready;
-	uint64_t topo_leader, topo_term;
-	/* metrics */
-	sdb_gauge *g_term, *g_primary, *g_applied;
-	sdb_counter *c_batches, *c_cmds, *c_not_primary;
-	sdb_histogram *h_commit;
-	/* for /healthz and other threads */
-	atomic_int h_state, h_members;
-	atomic_bool h_ready, h_stopped;
-	atomic_llong h_term, h_leader;
-	void (*closed_cb)(void *arg);
-	void *closed_arg;
-};
+#include "shard/repl_int.h"
 
 /* ------------------------------------------------------------------ replies */
 
-static void reply_not_primary(shard_repl *r, wire_req *req)
+void shard_repl_reply_not_primary(shard_repl *r, wire_req *req)
 {
 	uint64_t lid = 0;
 	const char *la = NULL;
@@ -148,7 +69,7 @@ static void reply_not_primary(shard_repl *r, wire_req *req)
 			     lw ? "; primary is " : "", lw ? lw : "");
 }
 
-static void reply_unknown(wire_req *req, int status)
+void shard_repl_reply_unknown(wire_req *req, int status)
 {
 	if (status == SDB_ECANCELED) {
 		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
@@ -721,7 +642,7 @@ static void batch_done(void *arg, int status, bson_t *result)
 	}
 	for (; i < b->n; i++)
 		if (b->reqs[i])
-			reply_unknown(b->reqs[i], status ? status : SDB_EIO);
+			shard_repl_reply_unknown(b->reqs[i], status ? status : SDB_EIO);
 	if (result)
 		bson_destroy(result);
 	free(b->reqs);
@@ -787,9 +708,9 @@ static void propose_items(shard_repl *r, repl_item *items)
 		if (rc != 0) {
 			for (size_t i = 0; i < b->n; i++) {
 				if (rc == SDB_ENOTLEADER)
-					reply_not_primary(r, b->reqs[i]);
+					shard_repl_reply_not_primary(r, b->reqs[i]);
 				else
-					reply_unknown(b->reqs[i], rc);
+					shard_repl_reply_unknown(b->reqs[i], rc);
 			}
 			free(b->reqs);
 			free(b->w);
@@ -841,7 +762,7 @@ static void async_cb(uv_async_t *h)
 				wire_req_error(it->req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
 					       "the shard is shutting down");
 			else
-				reply_not_primary(r, it->req);
+				shard_repl_reply_not_primary(r, it->req);
 			free(it);
 		}
 		return;
@@ -882,365 +803,8 @@ bool shard_repl_check_write(shard_repl *r, wire_req *req)
 	if (shard_repl_writable(r) ||
 	    (r->node && !r->closed && raft_state(r->raft) == RAFT_LEADER))
 		return true; /* a new leader holds writes until its barrier applied */
-	reply_not_primary(r, req);
+	shard_repl_reply_not_primary(r, req);
 	return false;
-}
-
-/* A read's $readPreference allows a secondary (mode other than "primary"). */
-static bool secondary_ok(const bson_t *cmd)
-{
-	bson_iter_t it, sub;
-	if (!bson_iter_init_find(&it, cmd, "$readPreference") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
-	    !bson_iter_recurse(&it, &sub) || !bson_iter_find(&sub, "mode") ||
-	    !BSON_ITER_HOLDS_UTF8(&sub))
-		return false;
-	return strcmp(bson_iter_utf8(&sub, NULL), "primary") != 0;
-}
-
-bool shard_repl_check_read(shard_repl *r, wire_req *req)
-{
-	const char *name = wire_req_name(req);
-	if (!r->set_name || shard_repl_writable(r) || secondary_ok(wire_req_cmd(req)))
-		return true;
-	/* cursors opened under a read preference go on; diagnostics answer anywhere */
-	if (strcmp(name, "getMore") == 0 || strcmp(name, "killCursors") == 0 ||
-	    strcmp(name, "stripedbCheck") == 0 || strcmp(name, "stripedbStmtResult") == 0 ||
-	    strcmp(name, "stripedbSnapshotFile") == 0 ||
-	    strcmp(name, "configureFailPoint") == 0)
-		return true;
-	wire_req_error(req, WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK,
-		       "not primary and secondaryOk=false: member %llu of replica set %s is not the "
-		       "primary; read with readPreference secondary/nearest to read here",
-		       (unsigned long long)r->id, r->set_name);
-	return false;
-}
-
-/* ------------------------------------------------------------------ readConcern */
-
-typedef struct lin_read {
-	struct lin_read *next, *prev;
-	shard_repl *r;
-	wire_req *req; /* NULL once answered by shard_repl_abandon */
-	shard_cmd_fn fn;
-} lin_read;
-
-static void lin_barrier_done(void *arg, int status)
-{
-	lin_read *l = arg;
-	shard_repl *r = l->r;
-	if (l->prev)
-		l->prev->next = l->next;
-	else
-		r->lin_reads = l->next;
-	if (l->next)
-		l->next->prev = l->prev;
-	if (!l->req) {
-		free(l); /* answered at shutdown already */
-		return;
-	}
-	if (status == 0 && !l->r->closed)
-		shard_pool_submit(l->r->sh, l->fn, l->req);
-	else if (status == SDB_ENOTLEADER)
-		reply_not_primary(l->r, l->req);
-	else
-		wire_req_error(l->req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
-			       "linearizable read interrupted (status %d)", status);
-	free(l);
-}
-
-bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
-{
-	bson_iter_t it, sub;
-	const char *level = NULL;
-	if (!bson_iter_init_find(&it, wire_req_cmd(req), "readConcern"))
-		return true;
-	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
-		wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE, "readConcern must be an object");
-		return false;
-	}
-	while (bson_iter_next(&sub)) {
-		const char *k = bson_iter_key(&sub);
-		if (strcmp(k, "level") == 0) {
-			if (!BSON_ITER_HOLDS_UTF8(&sub)) {
-				wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
-					       "readConcern.level must be a string");
-				return false;
-			}
-			level = bson_iter_utf8(&sub, NULL);
-		} else if (strcmp(k, "atClusterTime") == 0) {
-			wire_req_error(req, WIRE_ERR_INVALID_OPTIONS,
-				       "readConcern atClusterTime is not supported by the stripedb "
-				       "shard (no snapshot reads at a cluster time)");
-			return false;
-		} else if (strcmp(k, "afterClusterTime") == 0 || strcmp(k, "afterOpTime") == 0) {
-			/* causal consistency needs operationTime/$clusterTime in replies, which the
-			 * shard does not send yet: refuse rather than read possibly before it */
-			wire_req_error(req, WIRE_ERR_INVALID_OPTIONS,
-				       "readConcern %s is not supported by the stripedb shard (no "
-				       "causal consistency: replies carry no operationTime); read from "
-				       "the primary to read your own writes",
-				       k);
-			return false;
-		} else if (strcmp(k, "provenance") != 0) {
-			wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
-				       "unrecognized readConcern field: %s", k);
-			return false;
-		}
-	}
-	/* every member applies committed entries only: what it reads is majority-committed */
-	if (!level || strcmp(level, "local") == 0 || strcmp(level, "available") == 0 ||
-	    strcmp(level, "majority") == 0)
-		return true;
-	if (strcmp(level, "snapshot") == 0) {
-		wire_req_error(req, WIRE_ERR_INVALID_OPTIONS,
-			       "readConcern level \"snapshot\" is not supported by the stripedb "
-			       "shard (transactions are not built)");
-		return false;
-	}
-	if (strcmp(level, "linearizable") != 0) {
-		wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
-			       "%s is not a valid readConcern level (local, available, majority, "
-			       "linearizable)",
-			       level);
-		return false;
-	}
-	/* linearizable: only the primary, and only after a barrier of its term committed, so
-	 * the read sees every write acknowledged before it arrived even if a newer primary
-	 * exists somewhere (dissertation §6.4) */
-	if (!shard_repl_writable(r)) {
-		reply_not_primary(r, req);
-		return false;
-	}
-	lin_read *l = sdb_calloc(1, sizeof *l);
-	l->r = r;
-	l->req = req;
-	l->fn = fn;
-	int rc = sdb_node_barrier(r->node, lin_barrier_done, l);
-	if (rc != 0) {
-		free(l);
-		reply_not_primary(r, req);
-		return false;
-	}
-	l->next = r->lin_reads;
-	if (r->lin_reads)
-		r->lin_reads->prev = l;
-	r->lin_reads = l;
-	return false;
-}
-
-/* ------------------------------------------------------------------ hello */
-
-void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply)
-{
-	bson_t tmp, hosts;
-	bson_iter_t it;
-	bool legacy = true, ready;
-	uint64_t lid = 0;
-	const char *la = NULL;
-	unsigned n = 0;
-	char k[16];
-
-	if (!r->set_name || !r->node)
-		return; /* a standalone-looking one-member set: the shared layer's answer */
-	if (bson_iter_init(&it, cmd) && bson_iter_next(&it))
-		legacy = strcmp(bson_iter_key(&it), "hello") != 0;
-	ready = shard_repl_writable(r);
-	bson_init(&tmp);
-	bson_copy_to_excluding_noinit(reply, &tmp, "isWritablePrimary", "ismaster", NULL);
-	bson_reinit(reply);
-	bson_concat(reply, &tmp);
-	bson_destroy(&tmp);
-	BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", ready);
-	BSON_APPEND_BOOL(reply, "secondary", !ready && !r->closed);
-	BSON_APPEND_UTF8(reply, "setName", r->set_name);
-	BSON_APPEND_INT32(reply, "setVersion", (int32_t)r->raft->configuration_index);
-	bson_append_array_begin(reply, "hosts", -1, &hosts);
-	for (unsigned i = 0; i < r->raft->configuration.n; i++) {
-		const struct raft_server *s = &r->raft->configuration.servers[i];
-		const char *w = s->role == RAFT_VOTER ? shard_repl_member_wire(r, s->id) : NULL;
-		if (!w)
-			continue;
-		snprintf(k, sizeof k, "%u", n++);
-		BSON_APPEND_UTF8(&hosts, k, w);
-	}
-	bson_append_array_end(reply, &hosts);
-	BSON_APPEND_UTF8(reply, "me", r->me);
-	sdb_node_leader(r->node, &lid, &la);
-	if (lid && (lid != r->id || ready)) {
-		const char *lw = shard_repl_member_wire(r, lid);
-		if (lw)
-			BSON_APPEND_UTF8(reply, "primary", lw);
-	}
-	if (ready)
-		sdb_node_append_election_id(r->node, reply);
-}
-
-/* ------------------------------------------------------------------ registration */
-
-typedef struct reg_work {
-	uv_work_t work;
-	shard_repl *r;
-	char *target;
-	uint64_t id;
-	char *wire;
-	bool ok;
-} reg_work;
-
-static void reg_run(uv_work_t *w)
-{
-	reg_work *rw = w->data;
-	char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&connectTimeoutMS=1000&"
-				 "serverSelectionTimeoutMS=2000&socketTimeoutMS=2000",
-				 rw->target);
-	mongoc_client_t *c = auth_cluster_client_new(uri);
-	bson_t cmd = BSON_INITIALIZER, reply;
-	bson_error_t e;
-	free(uri);
-	if (!c)
-		return;
-	BSON_APPEND_INT64(&cmd, "stripedbRegisterMember", (int64_t)rw->id);
-	BSON_APPEND_UTF8(&cmd, "wire", rw->wire);
-	rw->ok = mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e);
-	if (!rw->ok) {
-		char *j = bson_as_relaxed_extended_json(&reply, NULL);
-		sdb_debug("shard: registration with the primary failed, will retry",
-			 "primary=%s err=\"%s\" reply=%s", rw->target, e.message, j ? j : "");
-		bson_free(j);
-	}
-	bson_destroy(&reply);
-	bson_destroy(&cmd);
-	mongoc_client_destroy(c);
-}
-
-static void reg_after(uv_work_t *w, int status)
-{
-	reg_work *rw = w->data;
-	(void)status;
-	rw->r->reg_inflight--;
-	free(rw->target);
-	free(rw->wire);
-	free(rw);
-}
-
-static void member_proposed(void *arg, int status, bson_t *result)
-{
-	(void)arg;
-	(void)status;
-	if (result)
-		bson_destroy(result);
-}
-
-static int propose_member(shard_repl *r, uint64_t id, const char *wire, sdb_node_apply_cb cb,
-			  void *arg)
-{
-	bson_t args = BSON_INITIALIZER;
-	BSON_APPEND_INT64(&args, "id", (int64_t)id);
-	BSON_APPEND_UTF8(&args, "wire", wire);
-	int rc = sdb_node_propose(r->node, "shardMember", &args, cb, arg);
-	bson_destroy(&args);
-	return rc;
-}
-
-/* Every member's wire address must be in the replicated map so that each member lists
- * it in hello's hosts: the leader proposes its own; a follower asks the leader. */
-static void ensure_registered(shard_repl *r)
-{
-	const char *mine = NULL;
-	uint64_t now = sdb_mono_ms(), lid = 0;
-	const char *la = NULL;
-
-	for (size_t i = 0; i < r->n_members; i++)
-		if (r->members[i].id == r->id)
-			mine = r->members[i].wire;
-	if (r->closed || (mine && strcmp(mine, r->me) == 0))
-		return;
-	if (r->reg_inflight || now - r->reg_last_ms < 300)
-		return;
-	r->reg_last_ms = now;
-	if (sdb_node_ready(r->node)) {
-		propose_member(r, r->id, r->me, member_proposed, NULL);
-		return;
-	}
-	sdb_node_leader(r->node, &lid, &la);
-	const char *lw = lid && lid != r->id ? shard_repl_member_wire(r, lid) : NULL;
-	if (!lw)
-		return;
-	reg_work *rw = sdb_calloc(1, sizeof *rw);
-	rw->r = r;
-	rw->target = sdb_strdup(lw);
-	rw->id = r->id;
-	rw->wire = sdb_strdup(r->me);
-	rw->work.data = rw;
-	if (uv_queue_work(uv_handle_get_loop((uv_handle_t *)&r->async), &rw->work, reg_run,
-			  reg_after) == 0) {
-		r->reg_inflight++;
-	} else {
-		free(rw->target);
-		free(rw->wire);
-		free(rw);
-	}
-}
-
-typedef struct reg_req {
-	struct reg_req *next, *prev;
-	shard_repl *r;
-	wire_req *req; /* NULL once answered by shard_repl_abandon */
-} reg_req;
-
-static void reg_done(void *arg, int status, bson_t *result)
-{
-	reg_req *rr = arg;
-	shard_repl *r = rr->r;
-	if (result)
-		bson_destroy(result);
-	if (rr->prev)
-		rr->prev->next = rr->next;
-	else
-		r->reg_reqs = rr->next;
-	if (rr->next)
-		rr->next->prev = rr->prev;
-	if (!rr->req) {
-		free(rr);
-		return;
-	}
-	if (status == 0)
-		wire_req_reply(rr->req, NULL);
-	else
-		reply_unknown(rr->req, status);
-	free(rr);
-}
-
-void shard_repl_cmd_register(shard_repl *r, wire_req *req)
-{
-	bson_iter_t it;
-	int64_t id = 0;
-	const char *wire = NULL;
-	const bson_t *cmd = wire_req_cmd(req);
-
-	if (bson_iter_init(&it, cmd) && bson_iter_next(&it) && BSON_ITER_HOLDS_INT64(&it))
-		id = bson_iter_int64(&it);
-	if (bson_iter_init_find(&it, cmd, "wire") && BSON_ITER_HOLDS_UTF8(&it))
-		wire = bson_iter_utf8(&it, NULL);
-	if (id <= 0 || !wire || !*wire) {
-		wire_req_error(req, WIRE_ERR_BAD_VALUE,
-			       "stripedbRegisterMember needs a positive long id and a wire address");
-		return;
-	}
-	if (!shard_repl_check_write(r, req))
-		return;
-	reg_req *rr = sdb_calloc(1, sizeof *rr);
-	rr->r = r;
-	rr->req = req;
-	int rc = propose_member(r, (uint64_t)id, wire, reg_done, rr);
-	if (rc != 0) {
-		free(rr);
-		reply_not_primary(r, req);
-		return;
-	}
-	rr->next = r->reg_reqs;
-	if (r->reg_reqs)
-		r->reg_reqs->prev = rr;
-	r->reg_reqs = rr;
 }
 
 /* ------------------------------------------------------------------ state changes */
@@ -1263,7 +827,7 @@ static void on_change(void *data)
 	atomic_store(&r->h_leader, (long long)lid);
 	sdb_gauge_set(r->g_term, (int64_t)sdb_node_term(r->node));
 	sdb_gauge_set(r->g_primary, ready ? 1 : 0);
-	ensure_registered(r);
+	shard_repl_ensure_registered(r);
 	if (ready || raft_state(r->raft) != RAFT_LEADER)
 		uv_async_send(&r->async); /* writes held while the barrier applied */
 	if (ready != r->topo_ready || lid != r->topo_leader ||
@@ -1281,7 +845,7 @@ static void reg_timer_cb(uv_timer_t *t)
 {
 	shard_repl *r = t->data;
 	if (r->node && !r->closed) {
-		ensure_registered(r);
+		shard_repl_ensure_registered(r);
 		atomic_store(&r->h_members, (int)r->raft->configuration.n);
 	}
 }

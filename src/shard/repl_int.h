@@ -1,0 +1,122 @@
+/* Internals of a shard replica set member shared by src/shard/repl.c (state machine,
+ * proposals, start/stop) and src/shard/repl_hello.c (hello, read gates, read concern,
+ * member registration). Not for other files: the contract is repl.h. Loop thread unless
+ * a field says otherwise. */
+#ifndef SDB_SHARD_REPL_INT_H
+#define SDB_SHARD_REPL_INT_H
+
+#include <pthread.h>
+#include <raft.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/metrics.h"
+#include "raft/node.h"
+#include "shard/repl.h"
+
+/* A write waiting to be proposed. */
+typedef struct repl_item {
+	struct repl_item *next;
+	wire_req *req;
+	int32_t w;
+	int64_t wtimeout;  /* ms bound on the replication wait (0: none) */
+	bool by_maxtime;   /* the bound is the command's maxTimeMS */
+} repl_item;
+
+/* One proposed entry: the requests its replies go to, in command order. */
+typedef struct repl_batch {
+	struct repl_batch *next, *prev;
+	shard_repl *r;
+	wire_req **reqs; /* NULL slots: already answered (stop) */
+	int32_t *w;      /* each command's numeric writeConcern.w (0: majority or less) */
+	int64_t *wtimeout; /* its wtimeout in ms (0: none) */
+	bool *by_maxtime;  /* that bound is maxTimeMS (MaxTimeMSExpired when it passes) */
+	size_t n;
+	uint64_t start_ns;
+} repl_batch;
+
+/* A reply held until writeConcern.w members hold its entry (w above a majority). */
+typedef struct wc_wait {
+	struct wc_wait *next;
+	wire_req *req;
+	bson_t *reply;
+	uint64_t index;
+	int32_t w;
+	uint64_t deadline_ms; /* sdb_mono_ms; 0: none (wait as long as it takes) */
+	bool by_maxtime;      /* the deadline is the command's maxTimeMS */
+} wc_wait;
+
+typedef struct member_wire {
+	uint64_t id;
+	char *wire;
+} member_wire;
+
+struct shard_repl {
+	shard *sh;
+	sdb_node *node;
+	struct raft *raft;
+	struct raft_fsm fsm;
+	sdb_store_conn *conn; /* the apply connection (loop thread) */
+	uint64_t last_applied;
+	bson_t *last_result;
+	char *set_name; /* --replica-set or NULL (hello looks standalone) */
+	char *me;       /* this member's wire address */
+	char *raft_addr;
+	uint64_t id;
+	/* writes queued by workers for the loop */
+	uv_async_t async;
+	bool async_init;
+	uv_timer_t reg_timer; /* retries ensure_registered until the map has this member */
+	pthread_mutex_t mu;
+	repl_item *head, *tail;
+	bool closed; /* no more proposals: queued writes are refused */
+	repl_batch *inflight;
+	wc_wait *wc_waits; /* replies waiting for more members than a majority */
+	struct lin_read *lin_reads; /* linearizable reads waiting for their barrier */
+	struct reg_req *reg_reqs;   /* stripedbRegisterMember waiting for its commit */
+	uv_timer_t wc_timer;
+	/* member wire addresses (replicated: op "shardMember") */
+	member_wire *members;
+	size_t n_members;
+	uint64_t reg_last_ms;
+	int reg_inflight;
+	/* what hello last said, to wake held awaitable hellos on a change */
+	bool topo_ready;
+	uint64_t topo_leader, topo_term;
+	/* metrics */
+	sdb_gauge *g_term, *g_primary, *g_applied;
+	sdb_counter *c_batches, *c_cmds, *c_not_primary;
+	sdb_histogram *h_commit;
+	/* for /healthz and other threads */
+	atomic_int h_state, h_members;
+	atomic_bool h_ready, h_stopped;
+	atomic_llong h_term, h_leader;
+	void (*closed_cb)(void *arg);
+	void *closed_arg;
+};
+
+typedef struct lin_read {
+	struct lin_read *next, *prev;
+	shard_repl *r;
+	wire_req *req; /* NULL once answered by shard_repl_abandon */
+	shard_cmd_fn fn;
+} lin_read;
+
+typedef struct reg_req {
+	struct reg_req *next, *prev;
+	shard_repl *r;
+	wire_req *req; /* NULL once answered by shard_repl_abandon */
+} reg_req;
+
+/* Answer req NotWritablePrimary (10107) naming the primary when known. */
+void shard_repl_reply_not_primary(shard_repl *r, wire_req *req);
+/* Answer a write whose outcome is unknown: InterruptedAtShutdown (11600) when status is
+ * SDB_ECANCELED, else InterruptedDueToReplStateChange (11602). */
+void shard_repl_reply_unknown(wire_req *req, int status);
+/* Make sure the replicated member map has this member's wire address: the primary
+ * proposes its own, a follower asks the primary (stripedbRegisterMember). */
+void shard_repl_ensure_registered(shard_repl *r);
+
+#endif
