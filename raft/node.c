@@ -679,6 +679,55 @@ void sdb_node_append_election_id(sdb_node *n, bson_t *out)
 	BSON_APPEND_OID(out, "electionId", &oid);
 }
 
+void sdb_hello_set_writable(const bson_t *cmd, bson_t *reply, bool writable)
+{
+	bson_t tmp;
+	bson_iter_t it;
+	bool legacy = true;
+	if (bson_iter_init(&it, cmd) && bson_iter_next(&it))
+		legacy = strcmp(bson_iter_key(&it), "hello") != 0;
+	bson_init(&tmp);
+	bson_copy_to_excluding_noinit(reply, &tmp, "isWritablePrimary", "ismaster", NULL);
+	bson_reinit(reply);
+	bson_concat(reply, &tmp);
+	bson_destroy(&tmp);
+	BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", writable);
+}
+
+void sdb_node_hello(sdb_node *n, const bson_t *cmd, bson_t *reply, const sdb_node_hello_info *h)
+{
+	const struct raft_configuration *c = &n->raft.configuration;
+	bson_t hosts;
+	unsigned k = 0;
+	char key[16];
+	uint64_t lid = 0;
+	const char *la = NULL;
+
+	sdb_hello_set_writable(cmd, reply, h->ready);
+	BSON_APPEND_BOOL(reply, "secondary", h->secondary);
+	BSON_APPEND_UTF8(reply, "setName", h->set_name);
+	BSON_APPEND_INT32(reply, "setVersion", h->set_version);
+	bson_append_array_begin(reply, "hosts", -1, &hosts);
+	for (unsigned i = 0; i < c->n; i++) {
+		const char *w = c->servers[i].role == RAFT_VOTER ? h->wire(h->ctx, c->servers[i].id)
+								   : NULL;
+		if (!w)
+			continue;
+		snprintf(key, sizeof key, "%u", k++);
+		BSON_APPEND_UTF8(&hosts, key, w);
+	}
+	bson_append_array_end(reply, &hosts);
+	BSON_APPEND_UTF8(reply, "me", h->me);
+	sdb_node_leader(n, &lid, &la);
+	if (lid && (lid != n->id || h->ready)) {
+		const char *lw = h->wire(h->ctx, lid);
+		if (lw)
+			BSON_APPEND_UTF8(reply, "primary", lw);
+	}
+	if (h->ready)
+		sdb_node_append_election_id(n, reply);
+}
+
 void sdb_node_append_config(sdb_node *n, bson_t *out, const char *key)
 {
 	bson_t arr, d;

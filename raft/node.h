@@ -117,6 +117,36 @@ int sdb_node_transfer(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg);
  * compare (setVersion, electionId) to ignore a stale primary). */
 void sdb_node_append_election_id(sdb_node *n, bson_t *out);
 
+/* The member-address lookup of sdb_node_hello_info: the wire (MongoDB protocol) address
+ * "host:port" of voter id, or NULL when unknown (the member is left out of hosts). The
+ * string is borrowed; it must stay valid until the reply is built. */
+typedef const char *(*sdb_node_wire_fn)(void *ctx, uint64_t id);
+
+/* What a Raft-replicated role tells drivers in hello about itself (the replica-set
+ * fields of MongoDB's hello command: setName, setVersion, hosts, me, primary,
+ * isWritablePrimary/ismaster, secondary, electionId; Server Discovery and Monitoring
+ * specification). All strings are borrowed for the duration of the call. */
+typedef struct sdb_node_hello_info {
+	const char *set_name;
+	int32_t set_version;
+	const char *me;	 /* this member's wire address */
+	bool ready;	 /* a writable primary: leader with its own-term barrier applied */
+	bool secondary;	 /* the value of "secondary" */
+	sdb_node_wire_fn wire;
+	void *ctx;
+} sdb_node_hello_info;
+
+/* Rewrite reply (a hello or legacy isMaster reply the shared wire layer built as if the
+ * server were a standalone writable primary) so that isWritablePrimary (or ismaster when
+ * cmd is the legacy isMaster) says writable. Other fields are kept. */
+void sdb_hello_set_writable(const bson_t *cmd, bson_t *reply, bool writable);
+
+/* Replace reply's writability with h->ready and append the replica-set fields from the
+ * node's current configuration (voters only, in configuration order) and leader:
+ * "primary" is the leader's wire address, left out when no leader is known or when this
+ * member leads but is not ready yet; electionId only when ready. */
+void sdb_node_hello(sdb_node *n, const bson_t *cmd, bson_t *reply, const sdb_node_hello_info *h);
+
 /* Append the current raft configuration as an array of {id, raft, role} to out under
  * key. */
 void sdb_node_append_config(sdb_node *n, bson_t *out, const char *key);

@@ -769,67 +769,32 @@ static void h_status(wire_req *req, void *data)
 
 /* ------------------------------------------------------------------ hello */
 
+/* sdb_node_hello's address lookup: this member's own wire address (it may not be in the
+ * state machine's member table yet), else the registered one. */
+static const char *hello_wire(void *ctx, uint64_t id)
+{
+	meta *m = ctx;
+	return id == m->id ? m->wire_addr : sdb_fsm_member_wire(sdb_node_fsm(m->node), id);
+}
+
 static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 {
 	meta *m = data;
-	bson_t tmp, hosts;
-	bson_iter_t it;
-	bool legacy = true;
-	uint64_t lid;
-	const char *la;
-	bool ready = !m->stopping && sdb_node_ready(m->node);
-	unsigned i, n = 0;
-	char k[16];
 
-	if (bson_iter_init(&it, cmd) && bson_iter_next(&it))
-		legacy = strcmp(bson_iter_key(&it), "hello") != 0;
 	if (m->stopping) { /* the node may already be gone: say only "not writable" */
-		bson_init(&tmp);
-		bson_copy_to_excluding_noinit(reply, &tmp, "isWritablePrimary", "ismaster", NULL);
-		bson_reinit(reply);
-		bson_concat(reply, &tmp);
-		bson_destroy(&tmp);
-		BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", false);
+		sdb_hello_set_writable(cmd, reply, false);
 		BSON_APPEND_UTF8(reply, "setName", META_SET_NAME);
 		return;
 	}
-	struct raft *r = sdb_node_raft(m->node);
-	sdb_fsm *f = sdb_node_fsm(m->node);
-	/* The shared layer answered "writable primary": replace with our view. */
-	bson_init(&tmp);
-	bson_copy_to_excluding_noinit(reply, &tmp, "isWritablePrimary", "ismaster", NULL);
-	bson_reinit(reply);
-	bson_concat(reply, &tmp);
-	bson_destroy(&tmp);
-	BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", ready);
-	BSON_APPEND_BOOL(reply, "secondary", !ready);
-	BSON_APPEND_UTF8(reply, "setName", META_SET_NAME);
-	BSON_APPEND_INT32(reply, "setVersion", 1);
-	bson_append_array_begin(reply, "hosts", -1, &hosts);
-	for (i = 0; i < r->configuration.n; i++) {
-		if (r->configuration.servers[i].role != RAFT_VOTER)
-			continue;
-		const char *w = sdb_fsm_member_wire(f, r->configuration.servers[i].id);
-		if (r->configuration.servers[i].id == m->id)
-			w = m->wire_addr;
-		if (!w)
-			continue;
-		snprintf(k, sizeof k, "%u", n++);
-		BSON_APPEND_UTF8(&hosts, k, w);
-	}
-	bson_append_array_end(reply, &hosts);
-	BSON_APPEND_UTF8(reply, "me", m->wire_addr);
-	sdb_node_leader(m->node, &lid, &la);
-	if (lid == m->id) {
-		if (ready)
-			BSON_APPEND_UTF8(reply, "primary", m->wire_addr);
-	} else if (lid) {
-		const char *lw = sdb_fsm_member_wire(f, lid);
-		if (lw)
-			BSON_APPEND_UTF8(reply, "primary", lw);
-	}
-	if (ready)
-		sdb_node_append_election_id(m->node, reply);
+	bool ready = sdb_node_ready(m->node);
+	sdb_node_hello_info h = {.set_name = META_SET_NAME,
+			    .set_version = 1,
+			    .me = m->wire_addr,
+			    .ready = ready,
+			    .secondary = !ready,
+			    .wire = hello_wire,
+			    .ctx = m};
+	sdb_node_hello(m->node, cmd, reply, &h);
 }
 
 /* ------------------------------------------------------------------ follower registration */

@@ -158,49 +158,25 @@ bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
 
 /* ------------------------------------------------------------------ hello */
 
+/* sdb_node_hello's address lookup. */
+static const char *hello_wire(void *ctx, uint64_t id)
+{
+	return shard_repl_member_wire(ctx, id);
+}
+
 void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply)
 {
-	bson_t tmp, hosts;
-	bson_iter_t it;
-	bool legacy = true, ready;
-	uint64_t lid = 0;
-	const char *la = NULL;
-	unsigned n = 0;
-	char k[16];
-
 	if (!r->set_name || !r->node)
 		return; /* a standalone-looking one-member set: the shared layer's answer */
-	if (bson_iter_init(&it, cmd) && bson_iter_next(&it))
-		legacy = strcmp(bson_iter_key(&it), "hello") != 0;
-	ready = shard_repl_writable(r);
-	bson_init(&tmp);
-	bson_copy_to_excluding_noinit(reply, &tmp, "isWritablePrimary", "ismaster", NULL);
-	bson_reinit(reply);
-	bson_concat(reply, &tmp);
-	bson_destroy(&tmp);
-	BSON_APPEND_BOOL(reply, legacy ? "ismaster" : "isWritablePrimary", ready);
-	BSON_APPEND_BOOL(reply, "secondary", !ready && !r->closed);
-	BSON_APPEND_UTF8(reply, "setName", r->set_name);
-	BSON_APPEND_INT32(reply, "setVersion", (int32_t)r->raft->configuration_index);
-	bson_append_array_begin(reply, "hosts", -1, &hosts);
-	for (unsigned i = 0; i < r->raft->configuration.n; i++) {
-		const struct raft_server *s = &r->raft->configuration.servers[i];
-		const char *w = s->role == RAFT_VOTER ? shard_repl_member_wire(r, s->id) : NULL;
-		if (!w)
-			continue;
-		snprintf(k, sizeof k, "%u", n++);
-		BSON_APPEND_UTF8(&hosts, k, w);
-	}
-	bson_append_array_end(reply, &hosts);
-	BSON_APPEND_UTF8(reply, "me", r->me);
-	sdb_node_leader(r->node, &lid, &la);
-	if (lid && (lid != r->id || ready)) {
-		const char *lw = shard_repl_member_wire(r, lid);
-		if (lw)
-			BSON_APPEND_UTF8(reply, "primary", lw);
-	}
-	if (ready)
-		sdb_node_append_election_id(r->node, reply);
+	bool ready = shard_repl_writable(r);
+	sdb_node_hello_info h = {.set_name = r->set_name,
+			    .set_version = (int32_t)r->raft->configuration_index,
+			    .me = r->me,
+			    .ready = ready,
+			    .secondary = !ready && !r->closed,
+			    .wire = hello_wire,
+			    .ctx = r};
+	sdb_node_hello(r->node, cmd, reply, &h);
 }
 
 /* ------------------------------------------------------------------ registration */
