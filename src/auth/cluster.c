@@ -703,3 +703,69 @@ mongoc_client_t *auth_cluster_client_new(const char *s)
 	mongoc_uri_destroy(u);
 	return c;
 }
+
+/* ------------------------------------------------------------------ peer commands */
+
+typedef struct cluster_cmd_work {
+	uv_work_t work;
+	char *host;
+	char *what;
+	bson_t cmd;
+	bool ok;
+	auth_cluster_command_cb cb;
+	void *arg;
+} cluster_cmd_work;
+
+static void cluster_cmd_run(uv_work_t *w)
+{
+	cluster_cmd_work *cw = w->data;
+	char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&connectTimeoutMS=1000&"
+				 "serverSelectionTimeoutMS=2000&socketTimeoutMS=2000",
+				 cw->host);
+	mongoc_client_t *c = auth_cluster_client_new(uri);
+	bson_t reply;
+	bson_error_t e;
+	free(uri);
+	if (!c)
+		return;
+	cw->ok = mongoc_client_command_simple(c, "admin", &cw->cmd, NULL, &reply, &e);
+	if (!cw->ok) {
+		char *j = bson_as_relaxed_extended_json(&reply, NULL);
+		sdb_debug("cluster: a command to a peer failed, will retry", "what=%s peer=%s "
+			  "err=\"%s\" reply=%s", cw->what, cw->host, e.message, j ? j : "");
+		bson_free(j);
+	}
+	bson_destroy(&reply);
+	mongoc_client_destroy(c);
+}
+
+static void cluster_cmd_after(uv_work_t *w, int status)
+{
+	cluster_cmd_work *cw = w->data;
+	(void)status;
+	cw->cb(cw->arg, cw->ok);
+	bson_destroy(&cw->cmd);
+	free(cw->host);
+	free(cw->what);
+	free(cw);
+}
+
+int auth_cluster_command_async(uv_loop_t *loop, const char *host, const bson_t *cmd,
+			       const char *what, auth_cluster_command_cb cb, void *arg)
+{
+	cluster_cmd_work *cw = sdb_calloc(1, sizeof *cw);
+	cw->host = sdb_strdup(host);
+	cw->what = sdb_strdup(what);
+	bson_copy_to(cmd, &cw->cmd);
+	cw->cb = cb;
+	cw->arg = arg;
+	cw->work.data = cw;
+	if (uv_queue_work(loop, &cw->work, cluster_cmd_run, cluster_cmd_after) != 0) {
+		bson_destroy(&cw->cmd);
+		free(cw->host);
+		free(cw->what);
+		free(cw);
+		return SDB_EIO;
+	}
+	return 0;
+}

@@ -30,6 +30,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <uv.h>
 
 #include "common/config.h"
 #include "wire/server.h"
@@ -102,6 +103,20 @@ bool auth_cluster_uri_apply(mongoc_uri_t *uri);
 /* mongoc_client_new(uri) with the cluster credentials and internal TLS applied (a drop-in
  * replacement for internal clients). NULL when the URI is invalid. */
 mongoc_client_t *auth_cluster_client_new(const char *uri);
+
+/* Called on the loop thread when an auth_cluster_command_async command has finished:
+ * ok is true when the peer answered {ok: 1}. */
+typedef void (*auth_cluster_command_cb)(void *arg, bool ok);
+
+/* Send one admin-database command to a peer of the same cluster ("host:port", a direct
+ * connection with the cluster credentials and internal TLS, 1 s connect and 2 s
+ * socket/server-selection timeouts) on libuv's thread pool, then call cb(arg, ok) on the
+ * loop thread (never synchronously). cmd is copied. what names the caller in the debug
+ * log line written when the command fails. Used by Raft-replicated roles whose followers
+ * register themselves with the leader. Returns 0, or SDB_EIO when the work could not be
+ * queued (cb is then never called). */
+int auth_cluster_command_async(uv_loop_t *loop, const char *host, const bson_t *cmd,
+			       const char *what, auth_cluster_command_cb cb, void *arg);
 
 /* ---- internal TLS: the client side of mutual TLS between roles (issue #10) ----
  * Explicit, per process: --tls-internal=true (config file: tls-internal = true) makes

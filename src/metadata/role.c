@@ -24,7 +24,6 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/role.h"
-#include "common/metauri.h"
 #include "metadata/peers.h"
 #include "raft/node.h"
 #include "wire/server.h"
@@ -799,47 +798,12 @@ static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 
 /* ------------------------------------------------------------------ follower registration */
 
-typedef struct reg_work {
-	uv_work_t work;
-	meta *m;
-	char *target;
-	uint64_t id;
-	char *raft;
-	char *wire;
-	int ok;
-} reg_work;
-
-static void reg_run(uv_work_t *w)
+/* A follower's registration with the leader has finished (ok: the leader committed it). */
+static void reg_after(void *arg, bool ok)
 {
-	reg_work *rw = w->data;
-	char *uri = sdb_meta_uri(rw->target, true, 1000, 1000, 2000);
-	mongoc_client_t *c = auth_cluster_client_new(uri); /* issue #10: cluster key */
-	bson_t cmd = BSON_INITIALIZER, reply;
-	bson_error_t e;
-	free(uri);
-	if (!c)
-		return;
-	BSON_APPEND_INT64(&cmd, "registerMember", (int64_t)rw->id);
-	BSON_APPEND_UTF8(&cmd, "raft", rw->raft);
-	BSON_APPEND_UTF8(&cmd, "wire", rw->wire);
-	rw->ok = mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e);
-	bson_destroy(&reply);
-	bson_destroy(&cmd);
-	mongoc_client_destroy(c);
-}
-
-static void reg_after(uv_work_t *w, int status)
-{
-	reg_work *rw = w->data;
-	(void)status;
-	rw->m->reg_inflight--;
-	if (!rw->ok)
-		sdb_debug("metadata: registration with the leader failed, will retry", "leader=%s",
-			  rw->target);
-	free(rw->target);
-	free(rw->raft);
-	free(rw->wire);
-	free(rw);
+	meta *m = arg;
+	m->reg_inflight--;
+	(void)ok; /* a failure is logged by the helper; ensure_registered tries again */
 }
 
 static void propose_self_done(void *arg, int status, bson_t *result)
@@ -879,21 +843,14 @@ static void ensure_registered(meta *m)
 	const char *lw = lid && lid != m->id ? sdb_fsm_member_wire(f, lid) : NULL;
 	if (!lw)
 		return;
-	reg_work *rw = sdb_calloc(1, sizeof *rw);
-	rw->m = m;
-	rw->target = sdb_strdup(lw);
-	rw->id = m->id;
-	rw->raft = sdb_strdup(m->raft_addr);
-	rw->wire = sdb_strdup(m->wire_addr);
-	rw->work.data = rw;
-	if (uv_queue_work(m->role->loop, &rw->work, reg_run, reg_after) == 0) {
+	bson_t cmd = BSON_INITIALIZER;
+	BSON_APPEND_INT64(&cmd, "registerMember", (int64_t)m->id);
+	BSON_APPEND_UTF8(&cmd, "raft", m->raft_addr);
+	BSON_APPEND_UTF8(&cmd, "wire", m->wire_addr);
+	if (auth_cluster_command_async(m->role->loop, lw, &cmd, "metadata registerMember",
+				       reg_after, m) == 0)
 		m->reg_inflight++;
-	} else {
-		free(rw->target);
-		free(rw->raft);
-		free(rw->wire);
-		free(rw);
-	}
+	bson_destroy(&cmd);
 }
 
 /* ------------------------------------------------------------------ loop hooks */

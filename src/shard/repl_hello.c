@@ -181,49 +181,13 @@ void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply)
 
 /* ------------------------------------------------------------------ registration */
 
-typedef struct reg_work {
-	uv_work_t work;
-	shard_repl *r;
-	char *target;
-	uint64_t id;
-	char *wire;
-	bool ok;
-} reg_work;
-
-static void reg_run(uv_work_t *w)
+/* A follower's registration with the primary has finished (a failure is logged by the
+ * helper; shard_repl_ensure_registered tries again). */
+static void reg_after(void *arg, bool ok)
 {
-	reg_work *rw = w->data;
-	char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&connectTimeoutMS=1000&"
-				 "serverSelectionTimeoutMS=2000&socketTimeoutMS=2000",
-				 rw->target);
-	mongoc_client_t *c = auth_cluster_client_new(uri);
-	bson_t cmd = BSON_INITIALIZER, reply;
-	bson_error_t e;
-	free(uri);
-	if (!c)
-		return;
-	BSON_APPEND_INT64(&cmd, "stripedbRegisterMember", (int64_t)rw->id);
-	BSON_APPEND_UTF8(&cmd, "wire", rw->wire);
-	rw->ok = mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e);
-	if (!rw->ok) {
-		char *j = bson_as_relaxed_extended_json(&reply, NULL);
-		sdb_debug("shard: registration with the primary failed, will retry",
-			 "primary=%s err=\"%s\" reply=%s", rw->target, e.message, j ? j : "");
-		bson_free(j);
-	}
-	bson_destroy(&reply);
-	bson_destroy(&cmd);
-	mongoc_client_destroy(c);
-}
-
-static void reg_after(uv_work_t *w, int status)
-{
-	reg_work *rw = w->data;
-	(void)status;
-	rw->r->reg_inflight--;
-	free(rw->target);
-	free(rw->wire);
-	free(rw);
+	shard_repl *r = arg;
+	(void)ok;
+	r->reg_inflight--;
 }
 
 static void member_proposed(void *arg, int status, bson_t *result)
@@ -269,20 +233,13 @@ void shard_repl_ensure_registered(shard_repl *r)
 	const char *lw = lid && lid != r->id ? shard_repl_member_wire(r, lid) : NULL;
 	if (!lw)
 		return;
-	reg_work *rw = sdb_calloc(1, sizeof *rw);
-	rw->r = r;
-	rw->target = sdb_strdup(lw);
-	rw->id = r->id;
-	rw->wire = sdb_strdup(r->me);
-	rw->work.data = rw;
-	if (uv_queue_work(uv_handle_get_loop((uv_handle_t *)&r->async), &rw->work, reg_run,
-			  reg_after) == 0) {
+	bson_t cmd = BSON_INITIALIZER;
+	BSON_APPEND_INT64(&cmd, "stripedbRegisterMember", (int64_t)r->id);
+	BSON_APPEND_UTF8(&cmd, "wire", r->me);
+	if (auth_cluster_command_async(uv_handle_get_loop((uv_handle_t *)&r->async), lw, &cmd,
+				       "shard stripedbRegisterMember", reg_after, r) == 0)
 		r->reg_inflight++;
-	} else {
-		free(rw->target);
-		free(rw->wire);
-		free(rw);
-	}
+	bson_destroy(&cmd);
 }
 
 
