@@ -26,38 +26,6 @@ int cli_catalog_shard(cli_ctx *ctx, int argc, char **argv);
 int cli_db_cmd(cli_ctx *ctx, int argc, char **argv);
 int cli_collection_cmd(cli_ctx *ctx, int argc, char **argv);
 
-/* Run cmd on the metadata leader; print the error line. Returns 0 or 1 (exit code). */
-static int run(cli_ctx *ctx, const bson_t *cmd, bson_t *reply)
-{
-	mongoc_client_t *c = cli_meta_client(ctx);
-	bson_error_t e;
-	int rc = 1;
-
-	bson_init(reply);
-	if (!c)
-		return 1;
-	bson_destroy(reply);
-	if (mongoc_client_command_simple(c, "admin", cmd, NULL, reply, &e))
-		rc = 0;
-	else
-		fprintf(stderr, "stripedb ctl: %s\n", e.message);
-	mongoc_client_destroy(c);
-	return rc;
-}
-
-/* Run cmd (destroyed) and print done (or {"ok": true} with --json). */
-static int simple(cli_ctx *ctx, bson_t *cmd, const char *done)
-{
-	bson_t reply;
-	int rc = run(ctx, cmd, &reply);
-
-	if (rc == 0)
-		printf("%s\n", ctx->json ? "{\"ok\": true}" : done);
-	bson_destroy(&reply);
-	bson_destroy(cmd);
-	return rc;
-}
-
 static const char *str_of(const bson_t *d, const char *name)
 {
 	bson_iter_t it;
@@ -74,7 +42,7 @@ static int listing(cli_ctx *ctx, bson_t *cmd, const char *field, const char *hea
 {
 	bson_t reply;
 	bson_iter_t it, arr;
-	int rc = run(ctx, cmd, &reply);
+	int rc = cli_meta_run(ctx, cmd, &reply);
 
 	bson_destroy(cmd);
 	if (rc == 0) {
@@ -130,12 +98,12 @@ int cli_catalog_shard(cli_ctx *ctx, int argc, char **argv)
 		BSON_APPEND_UTF8(&cmd, "addShard", argv[1]);
 		BSON_APPEND_UTF8(&cmd, "uri", argv[2]);
 		snprintf(done, sizeof done, "shard %s added (%s)", argv[1], argv[2]);
-		return simple(ctx, &cmd, done);
+		return cli_meta_simple(ctx, &cmd, done);
 	}
 	if (argc == 2 && strcmp(argv[0], "remove") == 0 && argv[1][0] != '-') {
 		BSON_APPEND_UTF8(&cmd, "removeShard", argv[1]);
 		snprintf(done, sizeof done, "shard %s removed", argv[1]);
-		return simple(ctx, &cmd, done);
+		return cli_meta_simple(ctx, &cmd, done);
 	}
 	bson_destroy(&cmd);
 	return usage("shard", "shard add ID mongodb://H:P[,H:P...][/?replicaSet=NAME] | shard "
@@ -182,7 +150,7 @@ int cli_db_cmd(cli_ctx *ctx, int argc, char **argv)
 		if (tenant)
 			BSON_APPEND_UTF8(&cmd, "tenant", tenant);
 		snprintf(done, sizeof done, "database %s created", argv[1]);
-		return simple(ctx, &cmd, done);
+		return cli_meta_simple(ctx, &cmd, done);
 	}
 	bson_destroy(&cmd);
 	return usage("db", u);
@@ -273,7 +241,7 @@ int cli_collection_cmd(cli_ctx *ctx, int argc, char **argv)
 		BSON_APPEND_UTF8(&cmd, "dropCollection", argv[1]);
 		snprintf(done, sizeof done, "collection %s dropped (its sharding metadata)",
 			 argv[1]);
-		return simple(ctx, &cmd, done);
+		return cli_meta_simple(ctx, &cmd, done);
 	}
 	if (strcmp(verb, "create") == 0 && argc >= 2 && valid_ns(argv[1])) {
 		const char *key = NULL, *on = NULL;
@@ -332,7 +300,7 @@ int cli_collection_cmd(cli_ctx *ctx, int argc, char **argv)
 			return usage("collection", u);
 		}
 		snprintf(done, sizeof done, "collection %s sharded", argv[1]);
-		return simple(ctx, &cmd, done);
+		return cli_meta_simple(ctx, &cmd, done);
 	}
 	bson_destroy(&cmd);
 	return usage("collection", u);

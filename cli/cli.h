@@ -7,6 +7,8 @@
 #ifndef SDB_CLI_CLI_H
 #define SDB_CLI_CLI_H
 
+#include <bson/bson.h>
+
 /* Global options of `stripedb ctl`, parsed once by cli_main and passed to every
  * subcommand: the metadata members ("H:P,H:P"; from --metadata or STRIPEDB_METADATA),
  * --json output, and the per-request timeout in ms (--timeout-ms, default 5000). */
@@ -20,6 +22,15 @@ typedef struct cli_ctx {
  * selection and connect), with the cluster key and internal TLS cli_main loaded, error API
  * v2. NULL after printing the one error line (no or bad address). Caller destroys it. */
 struct _mongoc_client_t *cli_meta_client(const cli_ctx *ctx);
+
+/* Run cmd on the admin database of the metadata leader (cli_meta_client). reply is
+ * always initialised (caller destroys it): the leader's answer, or empty when none came.
+ * Returns the exit code: 0, or 1 after printing the one error line. */
+int cli_meta_run(const cli_ctx *ctx, const bson_t *cmd, bson_t *reply);
+
+/* cli_meta_run, then destroy cmd and, on success, print done (or {"ok": true} with
+ * --json). Returns the exit code. */
+int cli_meta_simple(const cli_ctx *ctx, bson_t *cmd, const char *done);
 
 /* A `ctl` subcommand: argv starts after its name. Returns the exit code. */
 typedef int (*cli_cmd_fn)(cli_ctx *ctx, int argc, char **argv);

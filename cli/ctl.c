@@ -84,6 +84,36 @@ struct _mongoc_client_t *cli_meta_client(const cli_ctx *ctx)
 	return c;
 }
 
+int cli_meta_run(const cli_ctx *ctx, const bson_t *cmd, bson_t *reply)
+{
+	mongoc_client_t *c = cli_meta_client(ctx);
+	bson_error_t e;
+	int rc = 1;
+
+	bson_init(reply);
+	if (!c)
+		return 1;
+	bson_destroy(reply);
+	if (mongoc_client_command_simple(c, "admin", cmd, NULL, reply, &e))
+		rc = 0;
+	else
+		fprintf(stderr, "stripedb ctl: %s\n", e.message);
+	mongoc_client_destroy(c);
+	return rc;
+}
+
+int cli_meta_simple(const cli_ctx *ctx, bson_t *cmd, const char *done)
+{
+	bson_t reply;
+	int rc = cli_meta_run(ctx, cmd, &reply);
+
+	if (rc == 0)
+		printf("%s\n", ctx->json ? "{\"ok\": true}" : done);
+	bson_destroy(&reply);
+	bson_destroy(cmd);
+	return rc;
+}
+
 /* ping: hello to each member, report its role in the replica set. */
 static int cmd_ping(cli_ctx *ctx, int argc, char **argv)
 {

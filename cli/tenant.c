@@ -26,40 +26,6 @@ int cli_tenant_main(cli_ctx *ctx, int argc, char **argv); /* cli/migrate.c: isol
 int cli_tenant_cmd(cli_ctx *ctx, int argc, char **argv);
 int cli_user_cmd(cli_ctx *ctx, int argc, char **argv);
 
-/* Run cmd on the leader; print the error. Returns 0 or 1 (exit code). */
-static int run(cli_ctx *ctx, const bson_t *cmd, bson_t *reply)
-{
-	mongoc_client_t *c = cli_meta_client(ctx);
-	bson_error_t e;
-	int rc = 1;
-
-	bson_init(reply);
-	if (!c)
-		return 1;
-	bson_destroy(reply);
-	if (mongoc_client_command_simple(c, "admin", cmd, NULL, reply, &e))
-		rc = 0;
-	else
-		fprintf(stderr, "stripedb ctl: %s\n", e.message);
-	mongoc_client_destroy(c);
-	return rc;
-}
-
-static int simple(cli_ctx *ctx, bson_t *cmd, const char *done)
-{
-	bson_t reply;
-	int rc = run(ctx, cmd, &reply);
-	if (rc == 0) {
-		if (ctx->json)
-			printf("{\"ok\": true}\n");
-		else
-			printf("%s\n", done);
-	}
-	bson_destroy(&reply);
-	bson_destroy(cmd);
-	return rc;
-}
-
 static void tenant_usage(FILE *f)
 {
 	fprintf(f, "usage: stripedb ctl tenant create NAME | list | quota NAME JSON | policy NAME JSON\n"
@@ -78,7 +44,7 @@ static int tenant_list(cli_ctx *ctx)
 	int rc;
 
 	BSON_APPEND_INT32(&cmd, "listTenants", 1);
-	rc = run(ctx, &cmd, &reply);
+	rc = cli_meta_run(ctx, &cmd, &reply);
 	bson_destroy(&cmd);
 	if (rc == 0 && bson_iter_init_find(&it, &reply, "tenants") && bson_iter_recurse(&it, &arr)) {
 		if (!ctx->json)
@@ -143,7 +109,7 @@ int cli_tenant_cmd(cli_ctx *ctx, int argc, char **argv)
 		bson_destroy(cmd);
 		char msg[300];
 		snprintf(msg, sizeof msg, "tenant %s created", argv[1]);
-		return simple(ctx, &c, msg);
+		return cli_meta_simple(ctx, &c, msg);
 	}
 	if (strcmp(verb, "list") == 0) {
 		if (argc != 1) {
@@ -169,7 +135,7 @@ int cli_tenant_cmd(cli_ctx *ctx, int argc, char **argv)
 		BSON_APPEND_DOCUMENT(&cmd, quota ? "quota" : "policy", &doc);
 		bson_destroy(&doc);
 		snprintf(msg, sizeof msg, "tenant %s: %s set", argv[1], verb);
-		return simple(ctx, &cmd, msg);
+		return cli_meta_simple(ctx, &cmd, msg);
 	}
 	return cli_tenant_main(ctx, argc, argv);
 }
@@ -251,5 +217,5 @@ int cli_user_cmd(cli_ctx *ctx, int argc, char **argv)
 		bson_destroy(&cmd);
 		return 2;
 	}
-	return simple(ctx, &cmd, msg);
+	return cli_meta_simple(ctx, &cmd, msg);
 }
