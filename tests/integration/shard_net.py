@@ -22,7 +22,6 @@ the stripedb process itself, so SIGKILL/SIGSTOP reach it); teardown kills what i
 the namespaces and deletes them.
 """
 import os
-import shutil
 import signal
 import subprocess
 
@@ -30,29 +29,9 @@ import pymongo
 from pymongo.errors import ConnectionFailure, OperationFailure
 
 from conftest import BIN, Proc, wait_until
+from netns import BridgeNet, skip_reason  # noqa: F401 - skip_reason: re-exported for the tests
 
 WIRE, RAFT, HTTP = 27017, 27018, 9102
-
-
-def sh(*args, check=True):
-    r = subprocess.run(list(args), capture_output=True, text=True, timeout=30)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)}: {r.stderr.strip()}")
-    return r
-
-
-def skip_reason():
-    """None when namespaces work here, else why the tests are skipped."""
-    if os.geteuid() != 0:
-        return "needs root (ip netns, veth, bridge)"
-    if shutil.which("ip") is None:
-        return "no ip (iproute2) in PATH"
-    probe = f"sdbrsprobe{os.getpid()}"
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if r.returncode != 0:
-        return f"ip netns does not work here: {r.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
 
 
 class NsProc(Proc):
@@ -167,66 +146,15 @@ class ReplSet:
             raise AssertionError(f"{self.name}: members did not converge: {desc}")
 
 
-class ShardNet:
-    """n_hosts namespaces h1..hn on a bridge; the root namespace has .254."""
+class ShardNet(BridgeNet):
+    """n_hosts namespaces h1..hn on a bridge (netns.BridgeNet); the root namespace has .254."""
 
     def __init__(self, tmp, n_hosts):
-        pid = os.getpid()
-        self.tag = f"{pid % 100000:05d}"
-        self.subnet = f"10.215.{pid % 250}"
-        self.bridge = f"rb{self.tag}"
-        self.tmp = tmp
-        self.ns = {i: f"sdbrs-{self.tag}-h{i}" for i in range(1, n_hosts + 1)}
-        self.veth = {i: f"rv{self.tag}h{i}" for i in range(1, n_hosts + 1)}
-        self.blackholes = []  # (host, address)
+        super().__init__(tmp, n_hosts, f"10.215.{os.getpid() % 250}", "rv")
         self.procs = []
-        self.made_bridge = False
-
-    def addr(self, i):
-        return f"{self.subnet}.{i}"
-
-    def up(self):
-        sh("ip", "link", "add", self.bridge, "type", "bridge")
-        self.made_bridge = True
-        sh("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
-        sh("ip", "link", "set", self.bridge, "up")
-        for i, ns in self.ns.items():
-            peer = f"rv{self.tag}n{i}"
-            sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", self.veth[i], "type", "veth", "peer", "name", peer)
-            sh("ip", "link", "set", peer, "netns", ns)
-            sh("ip", "link", "set", self.veth[i], "master", self.bridge)
-            sh("ip", "link", "set", self.veth[i], "up")
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.addr(i)}/24", "dev", peer)
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
-        return self
 
     def replset(self, name, hosts, extra=()):
         return ReplSet(self, name, hosts, extra)
-
-    def cut(self, i):
-        """Host i loses every peer and every client."""
-        sh("ip", "link", "set", self.veth[i], "down")
-
-    def restore(self, i):
-        sh("ip", "link", "set", self.veth[i], "up")
-
-    def partition(self, side_a, side_b):
-        """Drop every packet between the hosts of side_a and those of side_b (both ways);
-        the root namespace still reaches both sides."""
-        for a in side_a:
-            for b in side_b:
-                for h, dst in ((a, b), (b, a)):
-                    sh("ip", "netns", "exec", self.ns[h], "ip", "route", "add", "blackhole",
-                       f"{self.addr(dst)}/32")
-                    self.blackholes.append((h, self.addr(dst)))
-
-    def heal(self):
-        for h, dst in self.blackholes:
-            sh("ip", "netns", "exec", self.ns[h], "ip", "route", "del", "blackhole", f"{dst}/32",
-               check=False)
-        self.blackholes = []
 
     def logs(self, n=3000):
         return "\n".join(f"--- {' '.join(p.args[:3])} ---\n{p.tail(n)}" for p in self.procs)
@@ -246,18 +174,6 @@ class ShardNet:
                     problems.append(f"{p.log_path}: exit code {code} on SIGTERM:\n{log[-2000:]}")
             except Exception as e:  # noqa: BLE001 - teardown goes on
                 problems.append(f"{p.log_path}: {e!r}")
-        # anything left in our namespaces was started by this test
-        for ns in self.ns.values():
-            r = sh("ip", "netns", "pids", ns, check=False)
-            for pid in r.stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
-        for v in self.veth.values():
-            sh("ip", "link", "del", v, check=False)
-        for ns in self.ns.values():
-            sh("ip", "netns", "del", ns, check=False)
-        if self.made_bridge:
-            sh("ip", "link", "del", self.bridge, check=False)
+        self.kill_all()
+        self.remove()
         return problems

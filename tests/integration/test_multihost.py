@@ -31,36 +31,19 @@ the namespaces and deletes them and the bridge.
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 
 import pytest
 
 from conftest import BIN, SRCDIR, free_port, wait_until
+from netns import BridgeNet, sh, skip_reason
 
 SSHD = "/usr/sbin/sshd"
 
 
-def _why_skip():
-    if os.geteuid() != 0:
-        return "needs root (ip netns, veth, bridge)"
-    for tool in ("ip", "ssh", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            return f"no {tool} in PATH"
-    if not os.path.exists(SSHD):
-        return f"no {SSHD} (apt-get install openssh-server)"
-    probe = f"sdbprobe{os.getpid()}"
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if r.returncode != 0:
-        return f"ip netns does not work here: {r.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-_SKIP = _why_skip()
+_SKIP = skip_reason(tools=("ip", "ssh", "ssh-keygen"), files=((SSHD, "openssh-server"),))
 needs_netns = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 
 N_HOSTS = 5
@@ -69,45 +52,15 @@ ROLES = {1: ["metadata"], 2: ["metadata", "proxy", "ratelimit"],
 HTTP = {"metadata": 9101, "shard": 9102, "proxy": 9103, "coordinator": 9104, "ratelimit": 9105}
 
 
-def sh(*args, check=True):
-    r = subprocess.run(list(args), capture_output=True, text=True, timeout=30)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)}: {r.stderr.strip()}")
-    return r
-
-
-class Net:
-    """Five namespaces on a bridge, an sshd in each."""
+class Net(BridgeNet):
+    """Five namespaces on a bridge (netns.BridgeNet), an sshd in each."""
 
     def __init__(self, tmp):
-        pid = os.getpid()
-        self.tag = f"{pid % 100000:05d}"
-        self.subnet = f"10.213.{pid % 250}"
-        self.bridge = f"sb{self.tag}"
-        self.tmp = tmp
-        self.ns = {i: f"sdb-{self.tag}-h{i}" for i in range(1, N_HOSTS + 1)}
-        self.veth = {i: f"sv{self.tag}h{i}" for i in range(1, N_HOSTS + 1)}
+        super().__init__(tmp, N_HOSTS, f"10.213.{os.getpid() % 250}", "sv")
         self.sshd = {}
-        self.made_bridge = False
-
-    def addr(self, i):
-        return f"{self.subnet}.{i}"
 
     def up(self):
-        sh("ip", "link", "add", self.bridge, "type", "bridge")
-        self.made_bridge = True
-        sh("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
-        sh("ip", "link", "set", self.bridge, "up")
-        for i, ns in self.ns.items():
-            peer = f"sv{self.tag}n{i}"
-            sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", self.veth[i], "type", "veth", "peer", "name", peer)
-            sh("ip", "link", "set", peer, "netns", ns)
-            sh("ip", "link", "set", self.veth[i], "master", self.bridge)
-            sh("ip", "link", "set", self.veth[i], "up")
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{self.addr(i)}/24", "dev", peer)
-            sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
+        super().up()
         # ssh: a host key and a client key made for this test, root by key only
         ssh = self.tmp / "ssh"
         ssh.mkdir()
@@ -145,34 +98,14 @@ class Net:
                                "-i", str(self.tmp / "ssh" / "client_key"), f"root@{self.addr(i)}",
                                cmd], capture_output=True, text=True, timeout=20)
 
-    def cut(self, i):
-        sh("ip", "link", "set", self.veth[i], "down")
-
-    def restore(self, i):
-        sh("ip", "link", "set", self.veth[i], "up")
-
     def down(self):
-        # every process left in our namespaces was started by this test (sshd, roles)
-        for ns in self.ns.values():
-            r = sh("ip", "netns", "pids", ns, check=False)
-            for p in r.stdout.split():
-                try:
-                    os.kill(int(p), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+        self.kill_all()  # sshd and the roles
         for p in self.sshd.values():
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        # the host ends of the veth pairs explicitly: a namespace the kernel frees late would
-        # keep its pair (and its address) alive
-        for v in self.veth.values():
-            sh("ip", "link", "del", v, check=False)
-        for ns in self.ns.values():
-            sh("ip", "netns", "del", ns, check=False)
-        if self.made_bridge:
-            sh("ip", "link", "del", self.bridge, check=False)
+        self.remove()
 
 
 @pytest.fixture
