@@ -173,6 +173,53 @@ static bool valid_addr(const char *a)
 	return a && sdb_addr_split(a, host, sizeof host, &port, err, sizeof err) == 0 && port > 0;
 }
 
+/* Starts the libraft change of m (sdb_node_add, _remove or _transfer with m's callback);
+ * arg is the raft address for an add. Returns 0 or an SDB_E* code (nothing started). */
+typedef int (*change_fn)(mreq *m, const char *arg);
+
+/* Start membership change `what` (a command name) of member id on primary n through fn;
+ * the request is answered by the change's callback, or here when it cannot start. wire
+ * (may be NULL: recorded after an add) is copied. */
+
+static void start_change(shard *sh, sdb_node *n, wire_req *req, int64_t id, const char *what,
+			 const char *wire, change_fn fn, const char *arg)
+{
+	mreq *m = sdb_calloc(1, sizeof *m);
+	m->sh = sh;
+	m->node = n;
+	m->req = req;
+	m->id = (uint64_t)id;
+	m->what = what;
+	m->wire = wire ? sdb_strdup(wire) : NULL;
+	int rc = fn(m, arg);
+	if (rc != 0) {
+		if (rc == SDB_ENOTLEADER)
+			reply_not_primary(sh, n, req);
+		else
+			reply_status(m, rc);
+		mreq_free(m);
+	}
+}
+
+static void transfer_done(void *arg, int status);
+
+static int do_add(mreq *m, const char *raft_addr)
+{
+	return sdb_node_add(m->node, m->id, raft_addr, member_changed, m);
+}
+
+static int do_remove(mreq *m, const char *unused)
+{
+	(void)unused;
+	return sdb_node_remove(m->node, m->id, member_changed, m);
+}
+
+static int do_transfer(mreq *m, const char *unused)
+{
+	(void)unused;
+	return sdb_node_transfer(m->node, m->id, transfer_done, m);
+}
+
 static void h_add(wire_req *req, void *data)
 {
 	shard *sh = data;
@@ -212,21 +259,7 @@ static void h_add(wire_req *req, void *data)
 			return;
 		}
 	}
-	mreq *m = sdb_calloc(1, sizeof *m);
-	m->sh = sh;
-	m->node = n;
-	m->req = req;
-	m->id = (uint64_t)id;
-	m->what = "addMember";
-	m->wire = wire ? sdb_strdup(wire) : NULL;
-	int rc = sdb_node_add(n, m->id, raft_addr, member_changed, m);
-	if (rc != 0) {
-		if (rc == SDB_ENOTLEADER)
-			reply_not_primary(sh, n, req);
-		else
-			reply_status(m, rc);
-		mreq_free(m);
-	}
+	start_change(sh, n, req, id, "addMember", wire, do_add, raft_addr);
 }
 
 static void h_remove(wire_req *req, void *data)
@@ -257,20 +290,7 @@ static void h_remove(wire_req *req, void *data)
 			       (long long)id);
 		return;
 	}
-	mreq *m = sdb_calloc(1, sizeof *m);
-	m->sh = sh;
-	m->node = n;
-	m->req = req;
-	m->id = (uint64_t)id;
-	m->what = "removeMember";
-	int rc = sdb_node_remove(n, m->id, member_changed, m);
-	if (rc != 0) {
-		if (rc == SDB_ENOTLEADER)
-			reply_not_primary(sh, n, req);
-		else
-			reply_status(m, rc);
-		mreq_free(m);
-	}
+	start_change(sh, n, req, id, "removeMember", NULL, do_remove, NULL);
 }
 
 static void transfer_done(void *arg, int status)
@@ -307,20 +327,7 @@ static void h_transfer(wire_req *req, void *data)
 			       "transferLeadership: this replica set has one member");
 		return;
 	}
-	mreq *m = sdb_calloc(1, sizeof *m);
-	m->sh = sh;
-	m->node = n;
-	m->req = req;
-	m->id = (uint64_t)id;
-	m->what = "transferLeadership";
-	int rc = sdb_node_transfer(n, m->id, transfer_done, m);
-	if (rc != 0) {
-		if (rc == SDB_ENOTLEADER)
-			reply_not_primary(sh, n, req);
-		else
-			reply_status(m, rc);
-		mreq_free(m);
-	}
+	start_change(sh, n, req, id, "transferLeadership", NULL, do_transfer, NULL);
 }
 
 void shard_members_register(shard *sh)
