@@ -1,0 +1,1097 @@
+/* The aggregation expression language of the pipeline engine (see pipeline_int.h):
+ * expressions are compiled once into a tree (agg_expr_parse) and evaluated into docbuild
+ * nodes (agg_expr_eval; NULL meaning "missing"), with MongoDB's operators, argument counts,
+ * type rules and error codes (mongo/db/pipeline/expression.cpp). */
+#include "storage/pipeline.h"
+#include "storage/pipeline_int.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "storage/bsonval.h"
+#include "storage/docbuild.h"
+#include "storage/keyenc.h"
+#include "storage/matcher.h"
+#include "storage/sortspec.h"
+
+/* ---- expressions ------------------------------------------------------------------- */
+
+static const struct {
+	const char *name;
+	xop op;
+	int min, max; /* argument counts; max -1 = any */
+} ops[] = {
+	{"$add", OP_ADD, 0, -1},
+	{"$subtract", OP_SUBTRACT, 2, 2},
+	{"$multiply", OP_MULTIPLY, 0, -1},
+	{"$divide", OP_DIVIDE, 2, 2},
+	{"$mod", OP_MOD, 2, 2},
+	{"$concat", OP_CONCAT, 0, -1},
+	{"$toUpper", OP_TOUPPER, 1, 1},
+	{"$toLower", OP_TOLOWER, 1, 1},
+	{"$cond", OP_COND, 3, 3},
+	{"$ifNull", OP_IFNULL, 2, -1},
+	{"$eq", OP_EQ, 2, 2},
+	{"$ne", OP_NE, 2, 2},
+	{"$gt", OP_GT, 2, 2},
+	{"$gte", OP_GTE, 2, 2},
+	{"$lt", OP_LT, 2, 2},
+	{"$lte", OP_LTE, 2, 2},
+	{"$cmp", OP_CMP, 2, 2},
+	{"$and", OP_AND, 0, -1},
+	{"$or", OP_OR, 0, -1},
+	{"$not", OP_NOT, 1, 1},
+	{"$size", OP_SIZE, 1, 1},
+	{"$abs", OP_ABS, 1, 1},
+	{"$in", OP_IN, 2, 2},
+	{"$arrayElemAt", OP_ARRAYELEMAT, 2, 2},
+	{"$literal", OP_LITERAL, 1, 1},
+	{"$sum", OP_SUM, 0, -1},
+	{"$avg", OP_AVG, 0, -1},
+	{"$min", OP_MIN, 0, -1},
+	{"$max", OP_MAX, 0, -1},
+	{"$type", OP_TYPE, 1, 1},
+	{"$isArray", OP_ISARRAY, 1, 1},
+	{"$concatArrays", OP_CONCATARRAYS, 0, -1},
+	{"$floor", OP_FLOOR, 1, 1},
+	{"$ceil", OP_CEIL, 1, 1},
+	{"$strLenBytes", OP_STRLENBYTES, 1, 1},
+	{"$substrBytes", OP_SUBSTRBYTES, 3, 3},
+	{"$substr", OP_SUBSTRBYTES, 3, 3},
+	{"$toString", OP_TOSTRING, 1, 1},
+};
+
+
+void agg_expr_free(expr *x)
+{
+	if (x == NULL) {
+		return;
+	}
+	docbuild_free(x->lit);
+	free(x->path);
+	for (size_t i = 0; i < x->n; i++) {
+		agg_expr_free(x->args[i]);
+		if (x->keys != NULL) {
+			free(x->keys[i]);
+		}
+	}
+	free(x->args);
+	free(x->keys);
+	free(x);
+}
+
+static void expr_push(expr *x, expr *arg, const char *key)
+{
+	x->args = sdb_realloc(x->args, (x->n + 1) * sizeof *x->args);
+	if (key != NULL) {
+		x->keys = sdb_realloc(x->keys, (x->n + 1) * sizeof *x->keys);
+		x->keys[x->n] = sdb_strdup(key);
+	}
+	x->args[x->n++] = arg;
+}
+
+
+int agg_field_path_ok(const char *p, const ectx *e)
+{
+	if (p[0] == '\0') {
+		return efail(e, 40352, "FieldPath cannot be constructed with empty string");
+	}
+	if (p[0] == '.' || p[strlen(p) - 1] == '.' || strstr(p, "..") != NULL) {
+		return efail(e, 15998, "FieldPath field names may not be empty strings.");
+	}
+	size_t dots = 0;
+
+	for (const char *c = p; *c; c++) {
+		if (*c == '$' && (c == p || c[-1] == '.')) {
+			return efail(e, 16410, "FieldPath field names may not start with '$'.");
+		}
+		dots += *c == '.';
+	}
+	if (dots >= 255) {
+		return efail(e, C_BAD_VALUE, "FieldPath '%.64s...' has more than 255 components", p);
+	}
+	return 0;
+}
+
+static int parse_string(const char *s, expr **out, const ectx *e)
+{
+	expr *x = sdb_calloc(1, sizeof *x);
+	int rc = 0;
+
+	*out = x;
+	if (s[0] != '$') {
+		x->kind = X_LIT;
+		x->lit = v_string(s, strlen(s));
+		return 0;
+	}
+	if (s[1] == '$') {
+		const char *var = s + 2;
+		const char *dot = strchr(var, '.');
+		size_t len = dot != NULL ? (size_t)(dot - var) : strlen(var);
+
+		if ((len == 4 && strncmp(var, "ROOT", 4) == 0) ||
+		    (len == 7 && strncmp(var, "CURRENT", 7) == 0)) {
+			x->kind = X_PATH;
+			if (dot != NULL) {
+				x->path = sdb_strdup(dot + 1);
+				rc = agg_field_path_ok(x->path, e);
+			}
+			return rc;
+		}
+		if (len == 6 && strncmp(var, "REMOVE", 6) == 0 && dot == NULL) {
+			x->kind = X_REMOVE;
+			return 0;
+		}
+		return efail(e, 17276, "Use of undefined variable: %.*s", (int)len, var);
+	}
+	x->kind = X_PATH;
+	x->path = sdb_strdup(s + 1);
+	return agg_field_path_ok(x->path, e);
+}
+
+static int parse_op(const char *name, const bson_iter_t *arg, expr **out, const ectx *e)
+{
+	expr *x = sdb_calloc(1, sizeof *x);
+	int idx = -1;
+	int rc = 0;
+
+	*out = x;
+	x->kind = X_OP;
+	for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
+		if (strcmp(ops[i].name, name) == 0) {
+			idx = (int)i;
+		}
+	}
+	if (idx < 0) {
+		return efail(e, C_INVALID_OP, "Unrecognized expression '%s'", name);
+	}
+	x->op = ops[idx].op;
+	if (x->op == OP_LITERAL) {
+		expr *l = sdb_calloc(1, sizeof *l);
+
+		l->kind = X_LIT;
+		l->lit = docbuild_from_iter(arg, false);
+		expr_push(x, l, NULL);
+		return 0;
+	}
+	if (x->op == OP_COND && BSON_ITER_HOLDS_DOCUMENT(arg)) {
+		static const char *const names[3] = {"if", "then", "else"};
+		expr *parts[3] = {NULL, NULL, NULL};
+		bson_iter_t sub;
+
+		bson_iter_recurse(arg, &sub);
+		while (rc == 0 && bson_iter_next(&sub)) {
+			int which = -1;
+
+			for (int i = 0; i < 3; i++) {
+				if (strcmp(bson_iter_key(&sub), names[i]) == 0) {
+					which = i;
+				}
+			}
+			if (which < 0) {
+				rc = efail(e, 17083, "Unrecognized parameter to $cond: %s",
+					   bson_iter_key(&sub));
+				break;
+			}
+			agg_expr_free(parts[which]);
+			parts[which] = NULL;
+			rc = agg_expr_parse(&sub, &parts[which], e);
+		}
+		for (int i = 0; i < 3; i++) {
+			if (rc == 0 && parts[i] == NULL) {
+				rc = efail(e, 17080 + i, "Missing '%s' parameter to $cond", names[i]);
+			}
+			if (parts[i] != NULL) {
+				expr_push(x, parts[i], NULL);
+			}
+		}
+		return rc;
+	}
+	if (BSON_ITER_HOLDS_ARRAY(arg)) {
+		bson_iter_t sub;
+
+		bson_iter_recurse(arg, &sub);
+		while (rc == 0 && bson_iter_next(&sub)) {
+			expr *a = NULL;
+
+			rc = agg_expr_parse(&sub, &a, e);
+			expr_push(x, a, NULL);
+		}
+	} else {
+		expr *a = NULL;
+
+		rc = agg_expr_parse(arg, &a, e);
+		expr_push(x, a, NULL);
+	}
+	if (rc != 0) {
+		return rc;
+	}
+	if ((int)x->n < ops[idx].min || (ops[idx].max >= 0 && (int)x->n > ops[idx].max)) {
+		if (ops[idx].min == ops[idx].max) {
+			return efail(e, 16020, "Expression %s takes exactly %d arguments. %zu were passed in.",
+				     name, ops[idx].min, x->n);
+		}
+		return efail(e, 16020, "Expression %s takes at least %d arguments, and %zu were passed in.",
+			     name, ops[idx].min, x->n);
+	}
+	return 0;
+}
+
+int agg_expr_parse(const bson_iter_t *it, expr **out, const ectx *e)
+{
+	expr *x;
+	int rc = 0;
+
+	if (BSON_ITER_HOLDS_UTF8(it)) {
+		return parse_string(bson_iter_utf8(it, NULL), out, e);
+	}
+	if (BSON_ITER_HOLDS_DOCUMENT(it)) {
+		bson_iter_t sub;
+		size_t n = 0;
+		bool first_dollar = false;
+
+		bson_iter_recurse(it, &sub);
+		while (bson_iter_next(&sub)) {
+			if (n == 0) {
+				first_dollar = bson_iter_key(&sub)[0] == '$';
+			}
+			n++;
+		}
+		if (first_dollar) {
+			if (n != 1) {
+				*out = sdb_calloc(1, sizeof **out);
+				return efail(e, 15983,
+					     "an expression specification must contain exactly one field, "
+					     "the name of the expression. Found %zu fields",
+					     n);
+			}
+			bson_iter_recurse(it, &sub);
+			bson_iter_next(&sub);
+			return parse_op(bson_iter_key(&sub), &sub, out, e);
+		}
+		x = sdb_calloc(1, sizeof *x);
+		*out = x;
+		x->kind = X_OBJ;
+		bson_iter_recurse(it, &sub);
+		while (rc == 0 && bson_iter_next(&sub)) {
+			expr *a = NULL;
+			const char *k = bson_iter_key(&sub);
+
+			if (k[0] == '$') {
+				return efail(e, 16404, "a field name cannot start with '$': %s", k);
+			}
+			if (strchr(k, '.') != NULL) {
+				return efail(e, 16412, "FieldPath field names may not contain '.'.");
+			}
+			rc = agg_expr_parse(&sub, &a, e);
+			expr_push(x, a, k);
+		}
+		return rc;
+	}
+	if (BSON_ITER_HOLDS_ARRAY(it)) {
+		bson_iter_t sub;
+
+		x = sdb_calloc(1, sizeof *x);
+		*out = x;
+		x->kind = X_ARR;
+		bson_iter_recurse(it, &sub);
+		while (rc == 0 && bson_iter_next(&sub)) {
+			expr *a = NULL;
+
+			rc = agg_expr_parse(&sub, &a, e);
+			expr_push(x, a, "");
+		}
+		return rc;
+	}
+	x = sdb_calloc(1, sizeof *x);
+	*out = x;
+	x->kind = X_LIT;
+	x->lit = docbuild_from_iter(it, false);
+	return 0;
+}
+
+/* Field path evaluation with aggregation's array rules: an array on the way maps the rest
+ * of the path over its elements (documents and nested arrays), dropping missing results. */
+static docbuild_node *path_eval_iter(const bson_iter_t *it, const char *path);
+
+static docbuild_node *path_eval_container(const bson_iter_t *container, const char *path)
+{
+	bson_iter_t sub;
+
+	if (BSON_ITER_HOLDS_DOCUMENT(container)) {
+		const char *dot = strchr(path, '.');
+		size_t len = dot != NULL ? (size_t)(dot - path) : strlen(path);
+
+		bson_iter_recurse(container, &sub);
+		while (bson_iter_next(&sub)) {
+			if (bson_iter_key_len(&sub) == len && memcmp(bson_iter_key(&sub), path, len) == 0) {
+				if (dot == NULL) {
+					return docbuild_from_iter(&sub, false);
+				}
+				return path_eval_iter(&sub, dot + 1);
+			}
+		}
+		return NULL;
+	}
+	if (BSON_ITER_HOLDS_ARRAY(container)) {
+		docbuild_node *arr = docbuild_new_array(NULL);
+
+		bson_iter_recurse(container, &sub);
+		while (bson_iter_next(&sub)) {
+			if (BSON_ITER_HOLDS_DOCUMENT(&sub) || BSON_ITER_HOLDS_ARRAY(&sub)) {
+				docbuild_node *v = path_eval_container(&sub, path);
+
+				if (v != NULL) {
+					docbuild_push(arr, v);
+				}
+			}
+		}
+		return arr;
+	}
+	return NULL;
+}
+
+static docbuild_node *path_eval_iter(const bson_iter_t *it, const char *path)
+{
+	return path_eval_container(it, path);
+}
+
+static docbuild_node *path_eval(const bson_t *doc, const char *path)
+{
+	const char *dot = strchr(path, '.');
+	size_t len = dot != NULL ? (size_t)(dot - path) : strlen(path);
+	bson_iter_t it;
+
+	if (!bson_iter_init(&it, doc)) {
+		return NULL;
+	}
+	while (bson_iter_next(&it)) {
+		if (bson_iter_key_len(&it) == len && memcmp(bson_iter_key(&it), path, len) == 0) {
+			if (dot == NULL) {
+				return docbuild_from_iter(&it, false);
+			}
+			return path_eval_container(&it, dot + 1);
+		}
+	}
+	return NULL;
+}
+
+
+static int eval_args(const expr *x, const bson_t *root, docbuild_node **vals, const ectx *e)
+{
+	for (size_t i = 0; i < x->n; i++) {
+		int rc = agg_expr_eval(x->args[i], root, &vals[i], e);
+
+		if (rc != 0) {
+			return rc;
+		}
+	}
+	return 0;
+}
+
+static void free_vals(docbuild_node **vals, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		docbuild_free(vals[i]);
+	}
+	free(vals);
+}
+
+/* $add / $multiply: int32 -> int64 -> double widening as MongoDB; one date allowed in $add. */
+static int eval_arith(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
+{
+	bool mul = x->op == OP_MULTIPLY;
+	int64_t iacc = mul ? 1 : 0;
+	double dacc = mul ? 1 : 0;
+	bool is_long = false, is_double = false, overflow = false, has_date = false;
+	const char *name = mul ? "$multiply" : "$add";
+
+	for (size_t i = 0; i < x->n; i++) {
+		docbuild_node *v = vals[i];
+
+		if (is_nullish(v)) {
+			*out = v_null();
+			return 0;
+		}
+		if (v->type == BSON_TYPE_DATE_TIME && !mul) {
+			if (has_date) {
+				return efail(e, 16612, "only one date allowed in an $add expression");
+			}
+			has_date = true;
+			if (__builtin_add_overflow(iacc, v->value.value.v_datetime, &iacc)) {
+				overflow = true;
+			}
+			dacc += (double)v->value.value.v_datetime;
+			continue;
+		}
+		if (!is_number(v) || v->type == BSON_TYPE_DECIMAL128) {
+			if (v->type == BSON_TYPE_DECIMAL128) {
+				return efail(e, C_NOT_IMPLEMENTED,
+					     "%s on decimal128 values is not supported by the embedded shard",
+					     name);
+			}
+			return efail(e, mul ? 16555 : 16554,
+				     "%s only supports numeric%s types, not %s", name,
+				     mul ? "" : " or date", type_name(v->type));
+		}
+		if (v->type == BSON_TYPE_DOUBLE) {
+			is_double = true;
+		}
+		if (v->type == BSON_TYPE_INT64) {
+			is_long = true;
+		}
+		int64_t iv = v->type == BSON_TYPE_INT64 ? v->value.value.v_int64
+			     : v->type == BSON_TYPE_INT32 ? v->value.value.v_int32
+							  : 0;
+
+		if (v->type != BSON_TYPE_DOUBLE &&
+		    (mul ? __builtin_mul_overflow(iacc, iv, &iacc) : __builtin_add_overflow(iacc, iv, &iacc))) {
+			overflow = true;
+		}
+		dacc = mul ? dacc * num_double(v) : dacc + num_double(v);
+	}
+	if (has_date) {
+		*out = v_date(is_double ? (int64_t)llround(dacc) : iacc);
+	} else if (is_double || overflow) {
+		*out = v_double(dacc);
+	} else if (is_long || iacc < INT32_MIN || iacc > INT32_MAX) {
+		*out = v_int64(iacc);
+	} else {
+		*out = v_int32((int32_t)iacc);
+	}
+	return 0;
+}
+
+static int eval_subtract(docbuild_node *a, docbuild_node *b, docbuild_node **out, const ectx *e)
+{
+	if (is_nullish(a) || is_nullish(b)) {
+		*out = v_null();
+		return 0;
+	}
+	if (a->type == BSON_TYPE_DATE_TIME && b->type == BSON_TYPE_DATE_TIME) {
+		*out = v_int64(a->value.value.v_datetime - b->value.value.v_datetime);
+		return 0;
+	}
+	if (a->type == BSON_TYPE_DATE_TIME && is_number(b)) {
+		*out = v_date(a->value.value.v_datetime - (int64_t)llround(num_double(b)));
+		return 0;
+	}
+	if (!is_number(a) || !is_number(b) || a->type == BSON_TYPE_DECIMAL128 ||
+	    b->type == BSON_TYPE_DECIMAL128) {
+		return efail(e, 16556, "cant $subtract a%s %s from a %s",
+			     b->type == BSON_TYPE_INT32 ? "n" : "", type_name(b->type),
+			     type_name(a->type));
+	}
+	if (a->type == BSON_TYPE_DOUBLE || b->type == BSON_TYPE_DOUBLE) {
+		*out = v_double(num_double(a) - num_double(b));
+		return 0;
+	}
+	int64_t x = a->type == BSON_TYPE_INT64 ? a->value.value.v_int64 : a->value.value.v_int32;
+	int64_t y = b->type == BSON_TYPE_INT64 ? b->value.value.v_int64 : b->value.value.v_int32;
+	int64_t r;
+
+	if (__builtin_sub_overflow(x, y, &r)) {
+		*out = v_double((double)x - (double)y);
+	} else if (a->type == BSON_TYPE_INT64 || b->type == BSON_TYPE_INT64 || r < INT32_MIN ||
+		   r > INT32_MAX) {
+		*out = v_int64(r);
+	} else {
+		*out = v_int32((int32_t)r);
+	}
+	return 0;
+}
+
+static char *to_string_value(const docbuild_node *v, const char *op, const ectx *e, int *rc)
+{
+	char buf[64];
+
+	*rc = 0;
+	if (is_nullish(v)) {
+		return sdb_strdup("");
+	}
+	switch (v->type) {
+	case BSON_TYPE_UTF8:
+		return sdb_strndup(v->value.value.v_utf8.str, v->value.value.v_utf8.len);
+	case BSON_TYPE_INT32:
+		snprintf(buf, sizeof buf, "%d", v->value.value.v_int32);
+		return sdb_strdup(buf);
+	case BSON_TYPE_INT64:
+		snprintf(buf, sizeof buf, "%lld", (long long)v->value.value.v_int64);
+		return sdb_strdup(buf);
+	case BSON_TYPE_DOUBLE:
+		/* the shortest representation that reads back as the same double */
+		for (int prec = 15; prec <= 17; prec++) {
+			snprintf(buf, sizeof buf, "%.*g", prec, v->value.value.v_double);
+			if (strtod(buf, NULL) == v->value.value.v_double) {
+				break;
+			}
+		}
+		return sdb_strdup(buf);
+	default:
+		*rc = efail(e, 16007, "can't convert from BSON type %s to String (%s)", type_name(v->type),
+			    op);
+		return NULL;
+	}
+}
+
+/* The operands of $sum/$avg/$min/$max as expressions: the elements of the single
+ * argument when it is an array, else the arguments themselves. */
+static void list_operands(const expr *x, docbuild_node **vals, docbuild_node ***items, size_t *n)
+{
+	if (x->n == 1 && ntype(vals[0]) == BSON_TYPE_ARRAY) {
+		*items = vals[0]->kids;
+		*n = vals[0]->n;
+	} else {
+		*items = vals;
+		*n = x->n;
+	}
+}
+
+static docbuild_node *eval_sum_avg(bool avg, docbuild_node **items, size_t n)
+{
+	int64_t isum = 0;
+	double dsum = 0;
+	bool is_long = false, is_double = false, overflow = false;
+	size_t count = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		const docbuild_node *v = items[i];
+
+		if (!is_number(v)) {
+			continue;
+		}
+		count++;
+		dsum += num_double(v);
+		if (v->type == BSON_TYPE_DOUBLE || v->type == BSON_TYPE_DECIMAL128) {
+			is_double = true;
+			continue;
+		}
+		if (v->type == BSON_TYPE_INT64) {
+			is_long = true;
+		}
+		if (__builtin_add_overflow(isum,
+					   v->type == BSON_TYPE_INT64 ? v->value.value.v_int64
+								      : v->value.value.v_int32,
+					   &isum)) {
+			overflow = true;
+		}
+	}
+	if (avg) {
+		return count == 0 ? v_null() : v_double(dsum / (double)count);
+	}
+	if (is_double || overflow) {
+		return v_double(dsum);
+	}
+	if (is_long || isum < INT32_MIN || isum > INT32_MAX) {
+		return v_int64(isum);
+	}
+	return v_int32((int32_t)isum);
+}
+
+static const char *agg_type_name(const docbuild_node *v)
+{
+	return v == NULL ? "missing" : sdb_bson_type_name(v->type);
+}
+
+static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
+{
+	docbuild_node **vals;
+	int rc = 0;
+
+	*out = NULL;
+	/* short-circuit and lazy operators first */
+	switch (x->op) {
+	case OP_LITERAL:
+		*out = docbuild_clone(x->args[0]->lit);
+		return 0;
+	case OP_COND: {
+		docbuild_node *c = NULL;
+
+		rc = agg_expr_eval(x->args[0], root, &c, e);
+		if (rc == 0) {
+			rc = agg_expr_eval(x->args[truthy(c) ? 1 : 2], root, out, e);
+		}
+		docbuild_free(c);
+		return rc;
+	}
+	case OP_IFNULL:
+		for (size_t i = 0; i < x->n; i++) {
+			docbuild_node *v = NULL;
+
+			rc = agg_expr_eval(x->args[i], root, &v, e);
+			if (rc != 0) {
+				return rc;
+			}
+			if (!is_nullish(v) || i == x->n - 1) {
+				*out = v;
+				return 0;
+			}
+			docbuild_free(v);
+		}
+		return 0;
+	case OP_AND:
+	case OP_OR:
+		for (size_t i = 0; i < x->n; i++) {
+			docbuild_node *v = NULL;
+			bool t;
+
+			rc = agg_expr_eval(x->args[i], root, &v, e);
+			t = truthy(v);
+			docbuild_free(v);
+			if (rc != 0) {
+				return rc;
+			}
+			if (x->op == OP_AND && !t) {
+				*out = v_bool(false);
+				return 0;
+			}
+			if (x->op == OP_OR && t) {
+				*out = v_bool(true);
+				return 0;
+			}
+		}
+		*out = v_bool(x->op == OP_AND);
+		return 0;
+	default:
+		break;
+	}
+	vals = sdb_calloc(x->n + 1, sizeof *vals);
+	rc = eval_args(x, root, vals, e);
+	if (rc != 0) {
+		goto done;
+	}
+	switch (x->op) {
+	case OP_ADD:
+	case OP_MULTIPLY:
+		rc = eval_arith(x, vals, out, e);
+		break;
+	case OP_SUBTRACT:
+		rc = eval_subtract(vals[0], vals[1], out, e);
+		break;
+	case OP_DIVIDE:
+	case OP_MOD: {
+		const char *name = x->op == OP_DIVIDE ? "$divide" : "$mod";
+
+		if (is_nullish(vals[0]) || is_nullish(vals[1])) {
+			*out = v_null();
+			break;
+		}
+		if (!is_number(vals[0]) || !is_number(vals[1])) {
+			rc = efail(e, x->op == OP_DIVIDE ? 16609 : 16611,
+				   "%s only supports numeric types, not %s and %s", name,
+				   type_name(vals[0]->type), type_name(vals[1]->type));
+			break;
+		}
+		if (num_double(vals[1]) == 0) {
+			rc = efail(e, x->op == OP_DIVIDE ? 16608 : 16610, "can't %s by 0", name);
+			break;
+		}
+		if (x->op == OP_DIVIDE) {
+			*out = v_double(num_double(vals[0]) / num_double(vals[1]));
+		} else if (vals[0]->type == BSON_TYPE_DOUBLE || vals[1]->type == BSON_TYPE_DOUBLE ||
+			   vals[0]->type == BSON_TYPE_DECIMAL128 ||
+			   vals[1]->type == BSON_TYPE_DECIMAL128) {
+			*out = v_double(fmod(num_double(vals[0]), num_double(vals[1])));
+		} else {
+			int64_t a = (int64_t)num_double(vals[0]), b = (int64_t)num_double(vals[1]);
+			int64_t r = (b == -1) ? 0 : a % b;
+
+			if (vals[0]->type == BSON_TYPE_INT64 || vals[1]->type == BSON_TYPE_INT64) {
+				*out = v_int64(r);
+			} else {
+				*out = v_int32((int32_t)r);
+			}
+		}
+		break;
+	}
+	case OP_CONCAT: {
+		size_t len = 0, cap = 64;
+		char *buf = sdb_malloc(cap);
+
+		for (size_t i = 0; i < x->n; i++) {
+			if (is_nullish(vals[i])) {
+				*out = v_null();
+				free(buf);
+				goto done;
+			}
+			if (vals[i]->type != BSON_TYPE_UTF8) {
+				rc = efail(e, 16702, "$concat only supports strings, not %s",
+					   type_name(vals[i]->type));
+				free(buf);
+				goto done;
+			}
+			uint32_t l = vals[i]->value.value.v_utf8.len;
+
+			while (len + l + 1 > cap) {
+				cap *= 2;
+			}
+			buf = sdb_realloc(buf, cap);
+			memcpy(buf + len, vals[i]->value.value.v_utf8.str, l);
+			len += l;
+		}
+		*out = v_string(buf, len);
+		free(buf);
+		break;
+	}
+	case OP_TOUPPER:
+	case OP_TOLOWER: {
+		char *s = to_string_value(vals[0], x->op == OP_TOUPPER ? "$toUpper" : "$toLower", e, &rc);
+
+		if (s != NULL) {
+			for (char *c = s; *c; c++) {
+				if (x->op == OP_TOUPPER && *c >= 'a' && *c <= 'z') {
+					*c = (char)(*c - 'a' + 'A');
+				} else if (x->op == OP_TOLOWER && *c >= 'A' && *c <= 'Z') {
+					*c = (char)(*c - 'A' + 'a');
+				}
+			}
+			*out = v_string(s, strlen(s));
+			free(s);
+		}
+		break;
+	}
+	case OP_EQ:
+	case OP_NE:
+	case OP_GT:
+	case OP_GTE:
+	case OP_LT:
+	case OP_LTE:
+	case OP_CMP: {
+		int c = vcmp(vals[0], vals[1]);
+
+		switch (x->op) {
+		case OP_EQ: *out = v_bool(c == 0); break;
+		case OP_NE: *out = v_bool(c != 0); break;
+		case OP_GT: *out = v_bool(c > 0); break;
+		case OP_GTE: *out = v_bool(c >= 0); break;
+		case OP_LT: *out = v_bool(c < 0); break;
+		case OP_LTE: *out = v_bool(c <= 0); break;
+		default: *out = v_int32(c < 0 ? -1 : c > 0); break;
+		}
+		break;
+	}
+	case OP_NOT:
+		*out = v_bool(!truthy(vals[0]));
+		break;
+	case OP_SIZE:
+		if (ntype(vals[0]) != BSON_TYPE_ARRAY) {
+			rc = efail(e, 17124, "The argument to $size must be an array. Type of argument: %s",
+				   type_name(ntype(vals[0])));
+			break;
+		}
+		*out = v_int32((int32_t)vals[0]->n);
+		break;
+	case OP_ABS:
+		if (is_nullish(vals[0])) {
+			*out = v_null();
+		} else if (!is_number(vals[0])) {
+			rc = efail(e, 28765, "$abs only supports numeric types, not %s",
+				   type_name(vals[0]->type));
+		} else if (vals[0]->type == BSON_TYPE_INT32 && vals[0]->value.value.v_int32 != INT32_MIN) {
+			*out = v_int32(abs(vals[0]->value.value.v_int32));
+		} else if (vals[0]->type == BSON_TYPE_INT64 && vals[0]->value.value.v_int64 != INT64_MIN) {
+			*out = v_int64(llabs(vals[0]->value.value.v_int64));
+		} else {
+			*out = v_double(fabs(num_double(vals[0])));
+		}
+		break;
+	case OP_IN:
+		if (ntype(vals[1]) != BSON_TYPE_ARRAY) {
+			rc = efail(e, 40081, "$in requires an array as a second argument, found: %s",
+				   type_name(ntype(vals[1])));
+			break;
+		}
+		*out = v_bool(false);
+		for (size_t i = 0; i < vals[1]->n; i++) {
+			if (vals[0] != NULL && vcmp(vals[0], vals[1]->kids[i]) == 0) {
+				docbuild_free(*out);
+				*out = v_bool(true);
+				break;
+			}
+		}
+		break;
+	case OP_SUM:
+	case OP_AVG: {
+		docbuild_node **items;
+		size_t n;
+
+		list_operands(x, vals, &items, &n);
+		*out = eval_sum_avg(x->op == OP_AVG, items, n);
+		break;
+	}
+	case OP_MIN:
+	case OP_MAX: {
+		docbuild_node **items;
+		size_t n;
+		const docbuild_node *best = NULL;
+
+		list_operands(x, vals, &items, &n);
+		for (size_t i = 0; i < n; i++) {
+			if (is_nullish(items[i])) {
+				continue;
+			}
+			if (best == NULL || (x->op == OP_MIN ? vcmp(items[i], best) < 0
+							      : vcmp(items[i], best) > 0)) {
+				best = items[i];
+			}
+		}
+		*out = best != NULL ? docbuild_clone(best) : v_null();
+		docbuild_set_key(*out, NULL);
+		break;
+	}
+	case OP_TYPE: {
+		const char *t = agg_type_name(vals[0]);
+
+		*out = v_string(t, strlen(t));
+		break;
+	}
+	case OP_ISARRAY:
+		*out = v_bool(ntype(vals[0]) == BSON_TYPE_ARRAY);
+		break;
+	case OP_CONCATARRAYS: {
+		docbuild_node *arr = docbuild_new_array(NULL);
+
+		for (size_t i = 0; i < x->n && rc == 0; i++) {
+			if (is_nullish(vals[i])) {
+				docbuild_free(arr);
+				arr = v_null();
+				break;
+			}
+			if (vals[i]->type != BSON_TYPE_ARRAY) {
+				rc = efail(e, 28664, "$concatArrays only supports arrays, not %s",
+					   type_name(vals[i]->type));
+				break;
+			}
+			for (size_t k = 0; k < vals[i]->n; k++) {
+				docbuild_push(arr, docbuild_clone(vals[i]->kids[k]));
+			}
+		}
+		*out = arr;
+		break;
+	}
+	case OP_FLOOR:
+	case OP_CEIL:
+		if (is_nullish(vals[0])) {
+			*out = v_null();
+		} else if (!is_number(vals[0]) || vals[0]->type == BSON_TYPE_DECIMAL128) {
+			rc = efail(e, 28765, "%s only supports numeric types, not %s",
+				   x->op == OP_FLOOR ? "$floor" : "$ceil", type_name(vals[0]->type));
+		} else if (vals[0]->type == BSON_TYPE_DOUBLE) {
+			*out = v_double(x->op == OP_FLOOR ? floor(vals[0]->value.value.v_double)
+							 : ceil(vals[0]->value.value.v_double));
+		} else {
+			*out = docbuild_clone(vals[0]);
+		}
+		break;
+	case OP_STRLENBYTES:
+		if (ntype(vals[0]) != BSON_TYPE_UTF8) {
+			rc = efail(e, 34473, "$strLenBytes requires a string argument, found: %s",
+				   type_name(ntype(vals[0])));
+			break;
+		}
+		*out = v_int32((int32_t)vals[0]->value.value.v_utf8.len);
+		break;
+	case OP_SUBSTRBYTES: {
+		char *str = to_string_value(vals[0], "$substrBytes", e, &rc);
+		size_t len, start, count;
+
+		if (str == NULL) {
+			break;
+		}
+		len = strlen(str);
+		if (!is_number(vals[1]) || !is_number(vals[2])) {
+			rc = efail(e, 16034, "$substrBytes: starting index and length must be numeric");
+			free(str);
+			break;
+		}
+		if (num_double(vals[1]) < 0) {
+			rc = efail(e, 50752, "$substrBytes: starting index must be non-negative (got: %g)",
+				   num_double(vals[1]));
+			free(str);
+			break;
+		}
+		start = num_double(vals[1]) >= (double)len ? len : (size_t)num_double(vals[1]);
+		count = num_double(vals[2]) < 0 || num_double(vals[2]) >= (double)(len - start)
+				? len - start
+				: (size_t)num_double(vals[2]);
+		if ((start < len && ((unsigned char)str[start] & 0xC0) == 0x80) ||
+		    (start + count < len && ((unsigned char)str[start + count] & 0xC0) == 0x80)) {
+			rc = efail(e, 28656,
+				   "$substrBytes:  Invalid range, starting index is a UTF-8 continuation byte.");
+			free(str);
+			break;
+		}
+		*out = v_string(str + start, count);
+		free(str);
+		break;
+	}
+	case OP_TOSTRING: {
+		char buf[64];
+
+		if (is_nullish(vals[0])) {
+			*out = v_null();
+			break;
+		}
+		switch (vals[0]->type) {
+		case BSON_TYPE_BOOL:
+			*out = v_string(vals[0]->value.value.v_bool ? "true" : "false",
+					vals[0]->value.value.v_bool ? 4 : 5);
+			break;
+		case BSON_TYPE_OID:
+			bson_oid_to_string(&vals[0]->value.value.v_oid, buf);
+			*out = v_string(buf, strlen(buf));
+			break;
+		case BSON_TYPE_DATE_TIME: {
+			int64_t ms = vals[0]->value.value.v_datetime;
+			time_t secs = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+			struct tm tm;
+
+			gmtime_r(&secs, &tm);
+			snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ",
+				 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+				 tm.tm_sec, (int)(((ms % 1000) + 1000) % 1000));
+			*out = v_string(buf, strlen(buf));
+			break;
+		}
+		default: {
+			char *str = to_string_value(vals[0], "$toString", e, &rc);
+
+			if (str != NULL) {
+				*out = v_string(str, strlen(str));
+				free(str);
+			}
+		}
+		}
+		break;
+	}
+	case OP_ARRAYELEMAT: {
+		int64_t idx;
+
+		if (is_nullish(vals[0]) || is_nullish(vals[1])) {
+			*out = v_null();
+			break;
+		}
+		if (vals[0]->type != BSON_TYPE_ARRAY) {
+			rc = efail(e, 28689, "$arrayElemAt's first argument must be an array, but is %s",
+				   type_name(vals[0]->type));
+			break;
+		}
+		if (!is_number(vals[1]) || num_double(vals[1]) != floor(num_double(vals[1]))) {
+			rc = efail(e, 28691, "$arrayElemAt's second argument must be a numeric value");
+			break;
+		}
+		idx = (int64_t)num_double(vals[1]);
+		if (idx < 0) {
+			idx += (int64_t)vals[0]->n;
+		}
+		if (idx >= 0 && (size_t)idx < vals[0]->n) {
+			*out = docbuild_clone(vals[0]->kids[idx]);
+			docbuild_set_key(*out, NULL);
+		}
+		break;
+	}
+	default:
+		rc = efail(e, C_INTERNAL, "unhandled expression");
+		break;
+	}
+done:
+	free_vals(vals, x->n);
+	if (rc != 0) {
+		docbuild_free(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
+int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
+{
+	int rc = 0;
+
+	*out = NULL;
+	switch (x->kind) {
+	case X_LIT:
+		*out = docbuild_clone(x->lit);
+		docbuild_set_key(*out, NULL);
+		return 0;
+	case X_REMOVE:
+		return 0;
+	case X_PATH:
+		*out = x->path == NULL ? docbuild_from_bson(root) : path_eval(root, x->path);
+		if (*out != NULL) {
+			docbuild_set_key(*out, NULL);
+		}
+		return 0;
+	case X_OBJ: {
+		docbuild_node *d = docbuild_new_doc(NULL);
+
+		for (size_t i = 0; i < x->n && rc == 0; i++) {
+			docbuild_node *v = NULL;
+
+			rc = agg_expr_eval(x->args[i], root, &v, e);
+			if (v != NULL) {
+				docbuild_set_key(v, x->keys[i]);
+				docbuild_push(d, v);
+			}
+		}
+		*out = d;
+		break;
+	}
+	case X_ARR: {
+		docbuild_node *a = docbuild_new_array(NULL);
+
+		for (size_t i = 0; i < x->n && rc == 0; i++) {
+			docbuild_node *v = NULL;
+
+			rc = agg_expr_eval(x->args[i], root, &v, e);
+			docbuild_push(a, v != NULL ? v : v_null());
+		}
+		*out = a;
+		break;
+	}
+	case X_OP:
+		return eval_op(x, root, out, e);
+	}
+	if (rc != 0) {
+		docbuild_free(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
+int sdb_pipeline_eval_expr(const bson_iter_t *it, const bson_t *doc, bson_t *out, int *code,
+			   char *err, size_t errlen)
+{
+	ectx e = {code, err, errlen};
+	expr *x = NULL;
+	docbuild_node *v = NULL;
+	int rc;
+
+	bson_init(out);
+	if (BSON_ITER_HOLDS_DOCUMENT(it) || BSON_ITER_HOLDS_ARRAY(it)) {
+		bson_t wrap = BSON_INITIALIZER;
+		bool ok;
+
+		bson_append_iter(&wrap, "v", 1, it);
+		ok = sdb_bson_depth_ok(&wrap, SDB_BSON_MAX_DEPTH);
+		bson_destroy(&wrap);
+		if (!ok) {
+			return efail(&e, 15, "expression nests deeper than %d levels", SDB_BSON_MAX_DEPTH);
+		}
+	}
+	rc = agg_expr_parse(it, &x, &e);
+	if (rc == 0) {
+		rc = agg_expr_eval(x, doc, &v, &e);
+	}
+	if (rc == 0 && v != NULL) {
+		docbuild_append(out, "v", 1, v);
+	}
+	docbuild_free(v);
+	agg_expr_free(x);
+	return rc;
+}

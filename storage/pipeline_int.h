@@ -1,0 +1,334 @@
+/* Internals of the aggregation pipeline engine shared by its stages (pipeline.c), its
+ * expression language (pipeline_expr.c) and its projections (pipeline_project.c): error context, value constructors and
+ * comparisons over docbuild nodes (NULL meaning "missing"), and the compiled expression
+ * tree. Not for use outside storage/pipeline*.c. */
+#ifndef SDB_STORAGE_PIPELINE_INT_H
+#define SDB_STORAGE_PIPELINE_INT_H
+
+#include "storage/pipeline.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "storage/bsonval.h"
+#include "storage/docbuild.h"
+#include "storage/keyenc.h"
+#include "storage/matcher.h"
+#include "storage/sortspec.h"
+#define C_INTERNAL 1
+#define C_BAD_VALUE 2
+#define C_TYPE_MISMATCH 14
+#define C_FAILED_TO_PARSE 9
+#define C_INVALID_OP 168
+#define C_NOT_IMPLEMENTED 238
+#define C_MEMORY 292
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+typedef struct {
+	int *code;
+	char *err;
+	size_t errlen;
+} ectx;
+
+static inline int efail(const ectx *e, int c, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (e->code != NULL) {
+		*e->code = c;
+	}
+	if (e->err != NULL && e->errlen > 0) {
+		va_start(ap, fmt);
+		vsnprintf(e->err, e->errlen, fmt, ap);
+		va_end(ap);
+	}
+	return SDB_EINVAL;
+}
+
+static inline const char *type_name(bson_type_t t)
+{
+	return sdb_bson_type_name(t);
+}
+
+static inline bson_type_t ntype(const docbuild_node *n)
+{
+	return n == NULL ? BSON_TYPE_EOD : n->type;
+}
+
+/* ---- values -------------------------------------------------------------------------- */
+
+static inline docbuild_node *v_scalar(const bson_value_t *v)
+{
+	return docbuild_from_value(v, NULL);
+}
+
+static inline docbuild_node *v_null(void)
+{
+	return docbuild_new_null(NULL);
+}
+
+static inline docbuild_node *v_bool(bool b)
+{
+	bson_value_t v = {0};
+
+	v.value_type = BSON_TYPE_BOOL;
+	v.value.v_bool = b;
+	return v_scalar(&v);
+}
+
+static inline docbuild_node *v_int32(int32_t i)
+{
+	bson_value_t v = {0};
+
+	v.value_type = BSON_TYPE_INT32;
+	v.value.v_int32 = i;
+	return v_scalar(&v);
+}
+
+static inline docbuild_node *v_int64(int64_t i)
+{
+	bson_value_t v = {0};
+
+	v.value_type = BSON_TYPE_INT64;
+	v.value.v_int64 = i;
+	return v_scalar(&v);
+}
+
+static inline docbuild_node *v_double(double d)
+{
+	bson_value_t v = {0};
+
+	v.value_type = BSON_TYPE_DOUBLE;
+	v.value.v_double = d;
+	return v_scalar(&v);
+}
+
+static inline docbuild_node *v_date(int64_t ms)
+{
+	bson_value_t v = {0};
+
+	v.value_type = BSON_TYPE_DATE_TIME;
+	v.value.v_datetime = ms;
+	return v_scalar(&v);
+}
+
+static inline docbuild_node *v_string(const char *s, size_t len)
+{
+	bson_value_t v = {0};
+
+	v.value_type = BSON_TYPE_UTF8;
+	v.value.v_utf8.str = (char *)s;
+	v.value.v_utf8.len = (uint32_t)len;
+	return v_scalar(&v);
+}
+
+static inline bool is_nullish(const docbuild_node *n)
+{
+	return n == NULL || n->type == BSON_TYPE_NULL || n->type == BSON_TYPE_UNDEFINED;
+}
+
+static inline bool is_number(const docbuild_node *n)
+{
+	return n != NULL && (n->type == BSON_TYPE_INT32 || n->type == BSON_TYPE_INT64 ||
+			     n->type == BSON_TYPE_DOUBLE || n->type == BSON_TYPE_DECIMAL128);
+}
+
+static inline double num_double(const docbuild_node *n)
+{
+	switch (n->type) {
+	case BSON_TYPE_INT32: return n->value.value.v_int32;
+	case BSON_TYPE_INT64: return (double)n->value.value.v_int64;
+	case BSON_TYPE_DOUBLE: return n->value.value.v_double;
+	case BSON_TYPE_DECIMAL128: {
+		char s[BSON_DECIMAL128_STRING];
+
+		bson_decimal128_to_string(&n->value.value.v_decimal128, s);
+		return strtod(s, NULL);
+	}
+	default: return 0;
+	}
+}
+
+/* Aggregation truthiness: false, null, undefined, missing and 0 are false. */
+static inline bool truthy(const docbuild_node *n)
+{
+	if (is_nullish(n)) {
+		return false;
+	}
+	if (n->type == BSON_TYPE_BOOL) {
+		return n->value.value.v_bool;
+	}
+	if (is_number(n)) {
+		return num_double(n) != 0;
+	}
+	return true;
+}
+
+/* Compare in MongoDB order; missing sorts below everything (aggregation semantics). */
+static inline int vcmp(const docbuild_node *a, const docbuild_node *b)
+{
+	bson_t sa, sb;
+	bson_value_t va, vb;
+	int r;
+
+	if (a == NULL || b == NULL) {
+		return (a != NULL) - (b != NULL);
+	}
+	docbuild_value(a, &sa, &va);
+	docbuild_value(b, &sb, &vb);
+	r = sdb_bson_value_cmp(&va, &vb);
+	bson_destroy(&sa);
+	bson_destroy(&sb);
+	return r;
+}
+
+static inline size_t node_size(const docbuild_node *n)
+{
+	size_t s = sizeof *n + 16;
+
+	if (n->type == BSON_TYPE_DOCUMENT || n->type == BSON_TYPE_ARRAY) {
+		for (size_t i = 0; i < n->n; i++) {
+			s += node_size(n->kids[i]);
+		}
+	} else if (n->type == BSON_TYPE_UTF8) {
+		s += n->value.value.v_utf8.len;
+	} else if (n->type == BSON_TYPE_BINARY) {
+		s += n->value.value.v_binary.data_len;
+	}
+	return s;
+}
+
+/* ---- expressions (pipeline_expr.c) ---------------------------------------------------- */
+
+typedef enum {
+	X_LIT = 0,
+	X_PATH, /* "$a.b" (path), "$$ROOT"/"$$CURRENT" (path NULL) */
+	X_OBJ,
+	X_ARR,
+	X_OP,
+	X_REMOVE, /* $$REMOVE: missing */
+} xkind;
+
+typedef enum {
+	OP_ADD = 0,
+	OP_SUBTRACT,
+	OP_MULTIPLY,
+	OP_DIVIDE,
+	OP_MOD,
+	OP_CONCAT,
+	OP_TOUPPER,
+	OP_TOLOWER,
+	OP_COND,
+	OP_IFNULL,
+	OP_EQ,
+	OP_NE,
+	OP_GT,
+	OP_GTE,
+	OP_LT,
+	OP_LTE,
+	OP_CMP,
+	OP_AND,
+	OP_OR,
+	OP_NOT,
+	OP_SIZE,
+	OP_ABS,
+	OP_IN,
+	OP_ARRAYELEMAT,
+	OP_LITERAL,
+	OP_SUM,
+	OP_AVG,
+	OP_MIN,
+	OP_MAX,
+	OP_TYPE,
+	OP_ISARRAY,
+	OP_CONCATARRAYS,
+	OP_FLOOR,
+	OP_CEIL,
+	OP_STRLENBYTES,
+	OP_SUBSTRBYTES,
+	OP_TOSTRING,
+} xop;
+
+typedef struct expr expr;
+struct expr {
+	xkind kind;
+	docbuild_node *lit; /* X_LIT */
+	char *path;         /* X_PATH */
+	xop op;             /* X_OP */
+	expr **args;        /* X_OP, X_OBJ, X_ARR */
+	char **keys;        /* X_OBJ */
+	size_t n;
+};
+
+/* Compile the aggregation expression at it (a literal, "$path", "$$VAR", {op: args} or an
+ * object/array of expressions) into *out (caller frees with agg_expr_free). 0, or
+ * SDB_EINVAL with MongoDB's code and message in e. */
+int agg_expr_parse(const bson_iter_t *it, expr **out, const ectx *e);
+
+/* Evaluate x against the document root into *out (a new node the caller frees with
+ * docbuild_free, or NULL for "missing"). 0, or SDB_EINVAL with code and message in e. */
+int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e);
+
+/* Free x (NULL is fine). */
+void agg_expr_free(expr *x);
+
+/* 0 when p is a valid field path (no empty component, no leading '$'), else SDB_EINVAL
+ * with MongoDB's message in e. */
+int agg_field_path_ok(const char *p, const ectx *e);
+
+/* ---- projection trees ($project, $addFields, $unset; pipeline_project.c) ---------------- */
+
+typedef enum { P_SUB = 0, P_INCLUDE, P_EXCLUDE, P_EXPR } pkind;
+
+typedef struct pnode pnode;
+struct pnode {
+	char *name;
+	pkind kind;
+	expr *x;
+	pnode **kids;
+	size_t n;
+};
+
+/* How a projection spec is read: $addFields/$set (every value an expression) or $project
+ * (inclusion or exclusion, decided by the first non-_id field). */
+typedef struct {
+	bool addfields; /* $addFields/$set: every value is an expression */
+	int mode;       /* $project: 0 unknown, 1 inclusion, -1 exclusion */
+	bool id_set;
+} pctx;
+
+/* Free the tree p (NULL is fine). */
+void agg_pnode_free(pnode *p);
+
+/* The child of p named name[0..len), or NULL; agg_pnode_add appends a new one. */
+pnode *agg_pnode_child(pnode *p, const char *name, size_t len);
+pnode *agg_pnode_add(pnode *p, const char *name, size_t len);
+
+/* Place a leaf at the dotted path under root (*leaf); full is the path for messages.
+ * 0, or SDB_EINVAL (31250 on a path collision) with the message in e. */
+int agg_pnode_put(pnode *root, const char *path, const char *full, pnode **leaf, const ectx *e);
+
+/* Parse a projection spec under root (prefix: the dotted path of spec, "" at the top).
+ * 0, or SDB_EINVAL with MongoDB's code and message in e. */
+int agg_pspec_parse(pnode *root, const bson_t *spec, const char *prefix, pctx *pc,
+		    const ectx *e);
+
+/* Set field name of document node doc to v (ownership of v passes to doc; replaces an
+ * existing field in place). */
+void agg_set_field(docbuild_node *doc, const char *name, docbuild_node *v);
+
+/* Apply an inclusion projection to in (evaluating expressions against root) into *out; an
+ * exclusion projection to d in place; $addFields to d in place. 0 or SDB_EINVAL (e). */
+int agg_p_include(const pnode *spec, const docbuild_node *in, const bson_t *root,
+		  docbuild_node **out, const ectx *e);
+void agg_p_exclude(const pnode *spec, docbuild_node *d);
+int agg_p_addfields(const pnode *spec, docbuild_node *d, const bson_t *root, const ectx *e);
+
+#endif
