@@ -380,3 +380,38 @@ int auth_tls_conn_write(auth_tls_conn *c, const uint8_t *data, size_t len, auth_
 	}
 	return 0;
 }
+
+/* ------------------------------------------------------------------ wire provider */
+
+static void *wire_conn_new(const char *role)
+{
+	return auth_tls_conn_new(role);
+}
+
+static void wire_conn_free(void *c)
+{
+	auth_tls_conn_free(c);
+}
+
+static int wire_feed(void *c, const uint8_t *in, size_t len, wire_tls_out_fn plain,
+		     wire_tls_out_fn send, void *arg)
+{
+	return auth_tls_conn_feed(c, in, len, plain, send, arg);
+}
+
+static int wire_write(void *c, const uint8_t *data, size_t len, wire_tls_out_fn send, void *arg)
+{
+	return auth_tls_conn_write(c, data, len, send, arg);
+}
+
+void auth_tls_wire(const char *role, wire_tls *out)
+{
+	auth_tls_mode m = auth_tls_listener_mode(role);
+	out->mode = m == AUTH_TLS_REQUIRED  ? WIRE_TLS_REQUIRED
+		    : m == AUTH_TLS_ALLOWED ? WIRE_TLS_ALLOWED
+					    : WIRE_TLS_DISABLED;
+	out->conn_new = wire_conn_new;
+	out->conn_free = wire_conn_free;
+	out->feed = wire_feed;
+	out->write = wire_write;
+}

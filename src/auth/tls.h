@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "common/config.h"
+#include "wire/server.h"
 
 typedef enum { AUTH_TLS_DISABLED = 0, AUTH_TLS_ALLOWED, AUTH_TLS_REQUIRED } auth_tls_mode;
 
@@ -74,5 +75,9 @@ int auth_tls_conn_feed(auth_tls_conn *c, const uint8_t *in, size_t len, auth_tls
 /* Encrypt len plaintext bytes; the ciphertext goes to send(arg, ...). 0 or SDB_EPROTO. */
 int auth_tls_conn_write(auth_tls_conn *c, const uint8_t *data, size_t len, auth_tls_out_fn send,
 			void *arg);
+
+/* The wire server's TLS provider for role's listener (wire_server_opts.tls): its mode
+ * (auth_tls_listener_mode) and the session functions above. Fills *out; thread-safe. */
+void auth_tls_wire(const char *role, wire_tls *out);
 
 #endif

@@ -1056,6 +1056,9 @@ static int metadata_start(sdb_role *role)
 		return rc;
 	}
 	wo.gate = auth_cluster_gate();
+	wire_tls tls;
+	auth_tls_wire("metadata", &tls); /* issue #10: the role's TLS, if set up */
+	wo.tls = &tls;
 	rc = wire_server_new(role->loop, &wo, &m->srv, role->err, sizeof role->err);
 	if (rc != 0) {
 		free_meta(m);

@@ -812,6 +812,9 @@ static int proxy_start(sdb_role *role)
 	o.quiesce_ms = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_quiesce_ms, 0);
 	if (p->auth)
 		o.gate = auth_gate_hook;
+	wire_tls tls;
+	auth_tls_wire("proxy", &tls); /* issue #10: the role's TLS, if set up */
+	o.tls = &tls;
 	rc = wire_server_new(role->loop, &o, &p->srv, role->err, sizeof role->err);
 	if (rc != 0)
 		goto err;

@@ -142,6 +142,9 @@ static int shard_start(sdb_role *role)
 	}
 	o.gate = auth_cluster_gate();
 	o.hello = hello_hook;
+	wire_tls tls;
+	auth_tls_wire("shard", &tls); /* issue #10: the role's TLS, if set up */
+	o.tls = &tls;
 	rc = wire_server_new(role->loop, &o, &sh->srv, err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);

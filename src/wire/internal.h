@@ -48,10 +48,10 @@ struct wire_conn {
 	size_t rlen, rcap;
 	void *data;
 	void (*data_free)(void *);
-	/* issue #10: TLS (src/auth/tls.h). tls_state: 0 undecided (first byte not seen),
-	 * 1 plaintext, 2 TLS (tls set). */
+	/* issue #10: TLS (wire_server_opts.tls). tls_state: 0 undecided (first byte not
+	 * seen), 1 plaintext, 2 TLS (tls set). */
 	int tls_state;
-	struct auth_tls_conn *tls;
+	void *tls;
 };
 
 struct wire_req {
@@ -94,7 +94,7 @@ struct wire_server {
 	uint64_t quiesce_ms;      /* wire_server_close phase 2 */
 	bool quiescing;           /* DRAINING, phase 2: commands still read (and refused) */
 	uint64_t close_deadline;  /* uv_now() at which connections are force-closed */
-	int tls_mode;             /* issue #10: auth_tls_mode of this listener's role */
+	wire_tls tls;             /* issue #10: the role's TLS provider (mode DISABLED: none) */
 	int port;
 	bson_oid_t process_id;    /* topologyVersion.processId */
 	int64_t topology_counter; /* topologyVersion.counter */

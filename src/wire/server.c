@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "auth/tls.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -73,7 +72,8 @@ static void conn_unref(wire_conn *conn)
 		return;
 	if (conn->data_free)
 		conn->data_free(conn->data);
-	auth_tls_conn_free(conn->tls);
+	if (conn->tls)
+		conn->srv->tls.conn_free(conn->tls);
 	free(conn->rbuf);
 	free(conn);
 }
@@ -448,12 +448,12 @@ static bool tls_on_read(wire_conn *conn, size_t nread)
 
 	if (conn->tls_state == 0) {
 		if (conn->rbuf[conn->rlen] == 0x16) { /* TLS handshake record */
-			conn->tls = auth_tls_conn_new(conn->srv->role);
+			conn->tls = conn->srv->tls.conn_new(conn->srv->role);
 			conn->tls_state = conn->tls ? 2 : 1;
 		} else {
 			conn->tls_state = 1;
 		}
-		if (conn->tls_state == 1 && conn->srv->tls_mode == AUTH_TLS_REQUIRED) {
+		if (conn->tls_state == 1 && conn->srv->tls.mode == WIRE_TLS_REQUIRED) {
 			sdb_warn("wire: plaintext connection refused (--tls-mode=required)",
 				 "conn=%lld peer=%s", (long long)conn->id, conn->peer);
 			conn_close(conn);
@@ -465,7 +465,7 @@ static bool tls_on_read(wire_conn *conn, size_t nread)
 	cipher = sdb_malloc(nread);
 	memcpy(cipher, conn->rbuf + conn->rlen, nread);
 	sdb_counter_add(conn->srv->m_bytes_in, (uint64_t)nread);
-	rc = auth_tls_conn_feed(conn->tls, cipher, nread, tls_plain, tls_rx_send, &rx);
+	rc = conn->srv->tls.feed(conn->tls, cipher, nread, tls_plain, tls_rx_send, &rx);
 	free(cipher);
 	if (rx.out.len)
 		conn_write_raw(conn, rx.out.buf, rx.out.len);
@@ -491,7 +491,7 @@ static void conn_write(wire_conn *conn, uint8_t *buf, size_t len)
 		return;
 	}
 	if (conn->state == WIRE_CONN_CLOSING ||
-	    auth_tls_conn_write(conn->tls, buf, len, tls_collect, &out) != 0) {
+	    conn->srv->tls.write(conn->tls, buf, len, tls_collect, &out) != 0) {
 		free(buf);
 		free(out.buf);
 		if (conn->state != WIRE_CONN_CLOSING)
@@ -823,7 +823,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	}
 	if (nread == 0)
 		return;
-	if (conn->srv->tls_mode != AUTH_TLS_DISABLED && !tls_on_read(conn, (size_t)nread))
+	if (conn->srv->tls.mode != WIRE_TLS_DISABLED && !tls_on_read(conn, (size_t)nread))
 		return; /* issue #10: TLS consumed the bytes */
 	conn->rlen += (size_t)nread;
 	sdb_counter_add(conn->srv->m_bytes_in, (uint64_t)nread);
@@ -1141,7 +1141,8 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	srv->role_data = opts->role_data;
 	srv->hello = opts->hello;
 	srv->gate = opts->gate;
-	srv->tls_mode = (int)auth_tls_listener_mode(opts->role ? opts->role : "");
+	if (opts->tls)
+		srv->tls = *opts->tls;
 	srv->is_mongos = opts->is_mongos;
 	srv->quiesce_ms = opts->quiesce_ms;
 	bson_oid_init(&srv->process_id, NULL);
