@@ -36,7 +36,7 @@
 #include "common/clock.h"
 #include "common/alloc.h"
 #include "proxy/route.h"
-#include "metadata/migstate.h"
+#include "raft/migstate.h"
 
 
 int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv);
@@ -460,7 +460,7 @@ static int migration_rollback(mongoc_client_t *c, const char *id)
 		bson_destroy(&m);
 		mig_state s = migrate_state_parse(st);
 		mig_state to;
-		/* the edges come from the one table (metadata/migstate.h) */
+		/* the edges come from the one table (raft/migstate.h) */
 		if (s == MIG_SWITCHING) {
 			sdb_sleep_ms(100); /* transient: wait for its outcome */
 			continue;

@@ -12,7 +12,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "metadata/migstate.h"
+#include "raft/migstate.h"
 #include "raft/fsm_peers.h"
 #include "raft/routing.h"
 
@@ -1062,7 +1062,7 @@ static int op_update_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 	}
 	if (!state)
 		state = cur;
-	/* the one transition table (metadata/migstate.h); the same state saves progress */
+	/* the one transition table (raft/migstate.h); the same state saves progress */
 	if (checked && strcmp(state, cur) != 0 &&
 	    !migrate_transition_ok(migrate_state_parse(cur), migrate_state_parse(state))) {
 		lerr(res, E_ILLEGAL, "migration %s: illegal transition %s -> %s", id, cur, state);

@@ -8,7 +8,7 @@
  * change is a compare-and-set on the state (updateMigration expectState), so a migration is
  * resumed by any coordinator after a crash, from the last state and checkpoint.
  *
- * States and the allowed transitions (migrate_transition_ok, metadata/migstate.c: checked
+ * States and the allowed transitions (migrate_transition_ok, raft/migstate.c: checked
  * by the coordinator before every update and by the metadata state machine at apply):
  *
  *   registered -> importing -> replicating -> verifying -> switching -> switched
@@ -105,9 +105,9 @@
 #include <stdint.h>
 
 #include "cdc/log.h"
-#include "metadata/migstate.h"
+#include "raft/migstate.h"
 
-/* mig_state, its names and the transition table: metadata/migstate.h (one table, shared
+/* mig_state, its names and the transition table: raft/migstate.h (one table, shared
  * with the metadata state machine, which checks it at apply, and with ctl). */
 
 /* Percentile p (0..100) of n values (sorted in place, nearest-rank). 0 when n == 0. */

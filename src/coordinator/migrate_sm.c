@@ -1,5 +1,5 @@
 /* Helpers of the migration runner (see migrate.h). The state table itself is
- * metadata/migstate.c. */
+ * raft/migstate.c. */
 #include <stdlib.h>
 #include <string.h>
 

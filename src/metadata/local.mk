@@ -1,4 +1,4 @@
 # src/metadata: the metadata role (wire commands over the raft/ state machine), the
 # migration state table it shares with the coordinator and ctl, and rate-limit peer membership
-libstripedb_a_SOURCES += src/metadata/role.c src/metadata/migstate.c src/metadata/peers.c
-noinst_HEADERS += src/metadata/migstate.h src/metadata/peers.h
+libstripedb_a_SOURCES += src/metadata/role.c src/metadata/peers.c
+noinst_HEADERS += src/metadata/peers.h

@@ -19,7 +19,7 @@
 #include "auth/tls.h"
 #include "common/alloc.h"
 #include "common/bsonget.h"
-#include "metadata/migstate.h"
+#include "raft/migstate.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -281,7 +281,7 @@ static void h_write(wire_req *req, void *data)
 	}
 	build_args(cmd, name, &args);
 	if (strcmp(name, "updateMigration") == 0 || strcmp(name, "registerMigration") == 0)
-		/* the leader, not the client, says which rules apply (metadata/migstate.h) */
+		/* the leader, not the client, says which rules apply (raft/migstate.h) */
 		BSON_APPEND_INT32(&args, "opVersion", MIGSTATE_OP_VERSION);
 	if (strcmp(name, "shardCollection") == 0) {
 		/* issue #26: the chunk count of one command is an operator's limit, checked

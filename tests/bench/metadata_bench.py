@@ -83,7 +83,7 @@ def run(args, mode):
         c.write("shardCollection", "bench.h", key={"k": "hashed"}, numChunks=args.chunks)
         for i in range(args.clients):
             c.write("registerMigration", f"bench-{i}", ns="bench.h")
-            # the transition table is checked at apply (src/metadata/migstate.h): writes
+            # the transition table is checked at apply (src/raft/migstate.h): writes
             # save progress in one state, with the expectState the leader requires
             c.write("updateMigration", f"bench-{i}", expectState="registered",
                     state="importing")

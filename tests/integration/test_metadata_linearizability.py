@@ -20,7 +20,7 @@ from pymongo.errors import AutoReconnect, OperationFailure, PyMongoError
 from linearizability import check, check_register
 from metadata_cluster import Cluster
 
-# The migration state table (src/metadata/migstate.h) is checked at apply, so the CAS
+# The migration state table (src/raft/migstate.h) is checked at apply, so the CAS
 # register runs on its one cycle of legal edges (and same-state saves, also legal).
 STATES = ["replicating", "verifying", "switching"]
 EDGES = [("replicating", "verifying"), ("verifying", "replicating"),

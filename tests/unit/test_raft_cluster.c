@@ -300,7 +300,7 @@ static void mig_on(cluster *c, unsigned i, const char *id, char *state, size_t n
 }
 
 /* Issue #24: the replicated state machine checks migration transitions itself, with the
- * one table of metadata/migstate.h. An updateMigration stamped opVersion 2 (what the
+ * one table of raft/migstate.h. An updateMigration stamped opVersion 2 (what the
  * metadata leader proposes) that takes an edge outside the table, or that has no
  * expectState, is refused at apply by every member, which all keep the same state; an
  * unstamped entry (an older binary's, replayed) applies with the old rules. */

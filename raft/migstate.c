@@ -1,7 +1,7 @@
 /* The migration state table (see migstate.h). */
 #include <string.h>
 
-#include "metadata/migstate.h"
+#include "raft/migstate.h"
 
 static const char *const names[MIG__COUNT] = {
 	[MIG_REGISTERED] = "registered",	[MIG_IMPORTING] = "importing",
