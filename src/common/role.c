@@ -16,11 +16,22 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "auth/cluster.h" /* issue #21: cluster key reload on SIGHUP */
-#include "auth/tls.h" /* issue #10: SIGHUP reload hook */
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+
+/* SIGHUP reload hooks (sdb_on_sighup), set before the roles start. */
+static struct {
+	const char *what, *kept;
+	sdb_reload_fn fn;
+} sighup[8];
+static size_t n_sighup;
+
+void sdb_on_sighup(const char *what, const char *kept, sdb_reload_fn fn)
+{
+	if (n_sighup < sizeof sighup / sizeof sighup[0])
+		sighup[n_sighup++] = (typeof(sighup[0])){what, kept, fn};
+}
 
 enum { ST_NEW, ST_STARTING, ST_RUNNING, ST_STOPPING, ST_STOPPED, ST_FAILED };
 
@@ -322,19 +333,18 @@ int sdb_roles_run(const sdb_config_set *set)
 				continue;
 			}
 			if (sig == SIGHUP) {
-				/* ---- issue #10 reload hook: TLS certificates and keys ---- */
-				char rerr[256] = "";
-				if (auth_tls_reload(rerr, sizeof rerr) != 0)
-					sdb_log(SDB_LOG_ERROR, "SIGHUP: TLS reload failed, keeping the "
-						"old certificates", "err=\"%s\"", rerr);
-				else
-					sdb_log(SDB_LOG_INFO, "SIGHUP received", "action=tls-reload");
-				/* issue #21: the cluster key file (key rotation); a bad file keeps
-				 * the keys in use */
-				rerr[0] = '\0';
-				if (auth_cluster_reload(rerr, sizeof rerr) != 0)
-					sdb_log(SDB_LOG_ERROR, "SIGHUP: cluster key reload failed, keeping "
-						"the old keys", "err=\"%s\"", rerr);
+				/* issue #10 and #21: TLS certificates, the cluster key (rotation) */
+				sdb_log(SDB_LOG_INFO, "SIGHUP received", "action=reload");
+				for (size_t i = 0; i < n_sighup; i++) {
+					char rerr[256] = "";
+					char msg[128];
+					if (sighup[i].fn(rerr, sizeof rerr) == 0)
+						continue;
+					snprintf(msg, sizeof msg,
+						 "SIGHUP: %s reload failed, keeping the old %s",
+						 sighup[i].what, sighup[i].kept);
+					sdb_log(SDB_LOG_ERROR, msg, "err=\"%s\"", rerr);
+				}
 				continue;
 			}
 			sdb_log(SDB_LOG_INFO, "shutdown requested", "signal=%s",

@@ -64,6 +64,17 @@ const sdb_role_def *sdb_role_find(const char *name);
 /* Signal from a role's stop() path that it has fully stopped (loop thread only). */
 void sdb_role_stopped(sdb_role *role);
 
+/* A SIGHUP reload hook: re-read files (certificates, keys) and swap them in, keeping the
+ * old ones on failure. Returns 0, or an SDB_E* code with a message in err. */
+typedef int (*sdb_reload_fn)(char *err, size_t errlen);
+
+/* Run fn on every SIGHUP that sdb_roles_run receives, in registration order. On failure
+ * the runner logs "SIGHUP: WHAT reload failed, keeping the old KEPT" (an error line with
+ * the message). At most 8 hooks; call before sdb_roles_run, from the main thread. Lets the
+ * layers above (auth: TLS certificates, the cluster key) hook in without common depending
+ * on them. */
+void sdb_on_sighup(const char *what, const char *kept, sdb_reload_fn fn);
+
 /* Run every role of set until SIGTERM/SIGINT and a graceful stop. Before a role with a
  * --data-dir starts, the directory is created if missing and locked (flock on
  * DIR/stripedb.lock, holding the pid), so two processes never share one data directory.
