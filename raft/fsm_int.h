@@ -1,0 +1,115 @@
+/* Internals of the metadata state machine (raft/fsm.c: SQL and argument helpers, schema,
+ * apply, snapshots, queries, members; fsm_routing.c: shards, databases, collections and
+ * chunks; fsm_migration.c: migrations and leases; fsm_auth.c: tenants and users). Not for
+ * use outside raft/fsm*.c. */
+#ifndef SDB_RAFT_FSM_INT_H
+#define SDB_RAFT_FSM_INT_H
+
+#include <bson/bson.h>
+#include <sqlite3.h>
+#include <stdint.h>
+
+#include "raft/fsm.h"
+
+/* MongoDB error codes carried in results (src/mongo/base/error_codes.yml). */
+#define E_BAD_VALUE 2, "BadValue"
+#define E_NO_SUCH_KEY 4, "NoSuchKey"
+#define E_USER_NOT_FOUND 11, "UserNotFound"
+#define E_ILLEGAL 20, "IllegalOperation"
+#define E_NS_NOT_FOUND 26, "NamespaceNotFound"
+#define E_LOCK_BUSY 46, "LockBusy"
+#define E_NS_EXISTS 48, "NamespaceExists"
+#define E_SHARD_NOT_FOUND 70, "ShardNotFound"
+#define E_WRITE_CONFLICT 112, "WriteConflict"
+#define E_DUPLICATE 11000, "DuplicateKey"
+#define E_FAILED_TO_PARSE 9, "FailedToParse"
+
+#define LOGICAL 1 /* op outcome: a logical error, result already filled */
+
+struct sdb_fsm {
+	sqlite3 *db;
+	struct raft_fsm vt;
+	struct raft *raft;
+	uint64_t last_applied;
+	int64_t routing_version;
+	bson_t *last_result;
+	char *wire_cache;
+};
+
+typedef struct cmdctx {
+	const char *op;
+	int64_t ts;       /* leader-stamped epoch ms */
+	bson_t args;      /* view */
+	uint64_t index;   /* log index */
+} cmdctx;
+
+/* An op: apply command c (its args a view into the log entry) inside the entry's SQLite
+ * transaction. Returns 0 (res filled), LOGICAL (a logical error already written to res
+ * by fsm_lerr: the transaction is rolled back, the entry still applies) or an SDB_E*
+ * code (I/O: the member stops). */
+typedef int (*op_fn)(sdb_fsm *f, cmdctx *c, bson_t *res);
+
+/* SQL helpers. fmt names the bind types of the variadic arguments, one letter each:
+ * 't' text (const char *; NULL binds NULL), 'i' int64_t, 'b' blob (const uint8_t *, int
+ * length; NULL binds NULL), any other letter NULL (no argument consumed). fsm_q: a
+ * prepared, bound statement (caller finalizes) or NULL; fsm_x: execute, 0 or SDB_EIO;
+ * fsm_q_int: the first column of the first row into *out: 1, 0 when there is no row,
+ * SDB_EIO. */
+sqlite3_stmt *fsm_q(sdb_fsm *f, const char *sql, const char *fmt, ...);
+int fsm_x(sdb_fsm *f, const char *sql, const char *fmt, ...);
+int fsm_q_int(sdb_fsm *f, int64_t *out, const char *sql, const char *fmt, ...);
+
+/* The integer under key in the meta table (0 when absent), and setting it. 0 or SDB_EIO. */
+int fsm_meta_get(sdb_fsm *f, const char *key, int64_t *out);
+int fsm_meta_set(sdb_fsm *f, const char *key, int64_t v);
+
+/* Command arguments: a UTF-8 field (NULL when missing or not a string, borrowed from
+ * args); an integer field (int32, int64 or an in-range double: 1, else 0 and *out
+ * untouched); a subdocument (or array, want_array) as a static view into args (1, else 0).
+ */
+const char *fsm_arg_str(const bson_t *args, const char *key);
+int fsm_arg_int(const bson_t *args, const char *key, int64_t *out);
+int fsm_arg_doc(const bson_t *args, const char *key, bson_t *out, int want_array);
+
+/* Write a logical error (code, codeName: name, errmsg) into res; returns LOGICAL. Used
+ * with the E_* macros: fsm_lerr(res, E_BAD_VALUE, "...", ...). */
+int fsm_lerr(bson_t *res, int code, const char *name, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/* Compare two shard-key value documents in MongoDB's BSON order (<0, 0, >0); 1 when doc
+ * has exactly keypat's fields in keypat's order, else 0. */
+int fsm_cmp_key(const bson_t *a, const bson_t *b);
+int fsm_key_matches(const bson_t *keypat, const bson_t *doc);
+
+/* Bump the routing version (pruning the routing diff log) into *rv, and take the next
+ * value of counter key into *out: 0 or SDB_EIO. fsm_exists: 1 when sql with the one text
+ * parameter val returns a row, 0 when not, SDB_EIO. */
+int fsm_bump_routing(sdb_fsm *f, int64_t *rv);
+int fsm_next_id(sdb_fsm *f, const char *key, int64_t *out);
+int fsm_exists(sdb_fsm *f, const char *sql, const char *val);
+
+/* Length of a heap document, read from its data (libbson declares bson_t 128-byte
+ * aligned but its allocator does not align that much: UBSan's alignment check). */
+int fsm_doc_len(const bson_t *b);
+
+/* The ops, by family (the table is in fsm.c). */
+int fsm_op_add_shard(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_create_database(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_create_tenant(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_create_user(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_delete_migration(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_drop_collection(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_drop_database(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_drop_user(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_lease(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_register_migration(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_remove_shard(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_set_chunk_shard(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_split_chunk(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_tenant_doc(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_update_migration(sdb_fsm *f, cmdctx *c, bson_t *res);
+int fsm_op_update_user(sdb_fsm *f, cmdctx *c, bson_t *res);
+
+#endif
