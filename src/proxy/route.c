@@ -923,15 +923,15 @@ static bool filter_point(const bson_t *filter, const char *path, bson_value_t *v
 	return true;
 }
 
-bool route_update_changes_key(const route_coll *c, const bson_t *update, const bson_t *filter,
-			      char *err, size_t errlen)
+route_key_change route_update_changes_key(const route_coll *c, const bson_t *update,
+					  const bson_t *filter, char *err, size_t errlen)
 {
 	bson_iter_t it, f;
 	size_t i;
 	bson_value_t pinned;
 
 	if (!bson_iter_init(&it, update) || !bson_iter_next(&it))
-		return false;
+		return ROUTE_KEY_KEPT;
 	if (bson_iter_key(&it)[0] == '$') {
 		bson_iter_init(&it, update);
 		while (bson_iter_next(&it)) {
@@ -954,11 +954,11 @@ bool route_update_changes_key(const route_coll *c, const bson_t *update, const b
 						 "was found to have been altered: updating the shard key "
 						 "of a document is not supported",
 						 c->keys[i]);
-					return true;
+					return ROUTE_KEY_CHANGED;
 				}
 			}
 		}
-		return false;
+		return ROUTE_KEY_KEPT;
 	}
 	/* replacement (an _id key is kept by the shard: _id is immutable there) */
 	for (i = 0; i < c->nkeys; i++) {
@@ -973,17 +973,17 @@ bool route_update_changes_key(const route_coll *c, const bson_t *update, const b
 				 "Shard key update is not allowed without specifying the full "
 				 "shard key in the query: field '%s'",
 				 c->keys[i]);
-			return true;
+			return ROUTE_KEY_NOT_PINNED;
 		}
 		if (r < 0 || !sdb_bson_value_eq(r ? bson_iter_value(&v) : &null_v, &pinned)) {
 			sdb_errf(err, errlen, SDB_EINVAL,
 				 "After applying the update, the (immutable) field '%s' was found "
 				 "to have been altered",
 				 c->keys[i]);
-			return true;
+			return ROUTE_KEY_CHANGED;
 		}
 	}
-	return false;
+	return ROUTE_KEY_KEPT;
 }
 
 /* ---------- cache ---------- */

@@ -113,10 +113,16 @@ size_t route_target_range(const route_coll *c, const bson_t *min, const bson_t *
  * to the value eq_key already pins); replacement when its key differs from eq_key (or any
  * key field is missing and eq_key is NULL). eq_key is the filter's pinned key value
  * (unhashed field values) or NULL. A key field _id is never checked here: _id is immutable
- * and the shard itself refuses to change it (ImmutableField). On true, err names the field
- * (MongoDB's message). */
-bool route_update_changes_key(const route_coll *c, const bson_t *update, const bson_t *filter,
-			      char *err, size_t errlen);
+ * and the shard itself refuses to change it (ImmutableField). Returns what the update does
+ * to the key; when not ROUTE_KEY_KEPT, err names the field (MongoDB's message). */
+typedef enum {
+	ROUTE_KEY_KEPT = 0,	/* the update leaves the shard key alone */
+	ROUTE_KEY_CHANGED,	/* it changes a key field: ImmutableField (66) */
+	ROUTE_KEY_NOT_PINNED,	/* a replacement whose filter does not pin the whole key:
+				 * ShardKeyNotFound (61) */
+} route_key_change;
+route_key_change route_update_changes_key(const route_coll *c, const bson_t *update,
+					  const bson_t *filter, char *err, size_t errlen);
 
 /* ---------- incremental updates (issue #26) ----------
  *

@@ -881,11 +881,14 @@ static bool write_stmt(ctx *c, route_coll **rcp, const wstmt *s, wresult *w)
 	}
 	if (s->is_update) {
 		bson_t u;
-		if (px_get_doc(&s->stmt, "u", &u) && route_update_changes_key(*rcp, &u, &s->q, err,
-									    sizeof err)) {
-			bool no_key = strstr(err, "without specifying") != NULL;
+		route_key_change kc = px_get_doc(&s->stmt, "u", &u)
+					      ? route_update_changes_key(*rcp, &u, &s->q, err, sizeof err)
+					      : ROUTE_KEY_KEPT;
+		if (kc != ROUTE_KEY_KEPT) {
 			wresult_error(w, s->idx, NULL,
-				      no_key ? ERR_SHARD_KEY_NOT_FOUND : WIRE_ERR_IMMUTABLE_FIELD, err);
+				      kc == ROUTE_KEY_NOT_PINNED ? ERR_SHARD_KEY_NOT_FOUND
+								 : WIRE_ERR_IMMUTABLE_FIELD,
+				      err);
 			return false;
 		}
 	}
@@ -1173,12 +1176,14 @@ void px_do_find_and_modify(ctx *c)
 	rc = px_route_sharded(c, PX_FWD_PLAIN, 0, false);
 	if (rc == NULL)
 		return;
-	if (px_get_doc(c->cmd, "update", &update) &&
-	    route_update_changes_key(rc, &update, &query, err, sizeof err)) {
+	route_key_change kc = px_get_doc(c->cmd, "update", &update)
+				      ? route_update_changes_key(rc, &update, &query, err, sizeof err)
+				      : ROUTE_KEY_KEPT;
+	if (kc != ROUTE_KEY_KEPT) {
 		route_coll_unref(rc);
 		px_error(c,
-			 strstr(err, "without specifying") ? ERR_SHARD_KEY_NOT_FOUND
-							    : WIRE_ERR_IMMUTABLE_FIELD,
+			 kc == ROUTE_KEY_NOT_PINNED ? ERR_SHARD_KEY_NOT_FOUND
+						    : WIRE_ERR_IMMUTABLE_FIELD,
 			 "%s", err);
 		return;
 	}
