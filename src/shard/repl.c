@@ -472,8 +472,8 @@ static void batch_unlink(shard_repl *r, repl_batch *b)
 		b->next->prev = b->prev;
 	r->n_inflight--;
 	/* writes held by the in-flight bound go now (next loop turn: not from inside
-	 * libraft's apply) */
-	if (r->head && r->async_init && !r->closed)
+	 * libraft's apply; async_cb finds the queue empty when nothing waits) */
+	if (r->async_init && !r->closed)
 		uv_async_send(&r->async);
 }
 
