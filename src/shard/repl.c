@@ -40,9 +40,20 @@
 #include "raft/node.h"
 #include "shard/snapfile.h"
 
+/* Bounds of one Raft entry of writes. Every member applies an entry in one step of its
+ * loop thread, during which it neither sends nor reads heartbeats: the byte bound keeps
+ * that step short (a bigger command still goes alone in its entry). */
 #define REPL_BATCH_MAX_CMDS 512
-#define REPL_BATCH_MAX_BYTES (2u * 1024 * 1024)
+#define REPL_BATCH_MAX_BYTES (512u * 1024)
+/* Group commit: entries of writes proposed and not yet applied. While that many are in
+ * flight, new writes wait in the queue and ride the next entry together, proposed as
+ * soon as one applies (a lone writer finds nothing in flight: no linger). It also bounds
+ * what a member applies in one go (libraft applies every committed entry at once). */
+#define REPL_MAX_INFLIGHT 1u
 #define MEMBER_KEY "member_wire:"
+/* a loop-thread step longer than this is logged (heartbeats wait for it) */
+#define REPL_SLOW_NS (100u * 1000 * 1000)
+#define REPL_STALL_TICK_MS 50
 
 #include "shard/repl_int.h"
 
@@ -195,6 +206,9 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 	char err[512];
 	const char *op = NULL;
 
+	uint64_t t0 = uv_hrtime();
+	size_t n_cmds = 0;
+
 	*result = NULL;
 	if (r->last_result) {
 		bson_destroy(r->last_result);
@@ -280,6 +294,7 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 				continue;
 			apply_cmd(r, index, db, &cmd, &replies, i++);
 		}
+		n_cmds = i;
 		bson_append_array_end(res, &replies);
 	} else if (op && strcmp(op, "shardMember") == 0) {
 		int64_t id = 0;
@@ -310,6 +325,14 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 	r->last_result = res;
 	shard_oplog_notify(r->sh);
 	sdb_gauge_set(r->g_applied, (int64_t)index);
+	{
+		uint64_t dt = uv_hrtime() - t0;
+		sdb_histogram_observe_ns(r->h_apply, dt);
+		if (dt > REPL_SLOW_NS)
+			sdb_warn("shard: slow apply on the loop thread", "index=%llu ms=%llu cmds=%zu "
+				 "bytes=%zu", (unsigned long long)index,
+				 (unsigned long long)(dt / 1000000), n_cmds, buf->len);
+	}
 	return 0;
 }
 
@@ -318,6 +341,7 @@ static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned
 	shard_repl *r = vt->data;
 	char err[256];
 	bson_t m = BSON_INITIALIZER;
+	uint64_t t0 = uv_hrtime();
 
 	/* the log before last_applied may go once shard.db holds it durably */
 	if (sdb_store_sync(r->conn, err, sizeof err) != 0) {
@@ -346,7 +370,8 @@ static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned
 	memcpy((*bufs)[0].base, bson_get_data(&m), m.len);
 	*n_bufs = 1;
 	bson_destroy(&m);
-	sdb_info("shard: snapshot taken", "applied=%llu", (unsigned long long)r->last_applied);
+	sdb_info("shard: snapshot taken", "applied=%llu ms=%llu", (unsigned long long)r->last_applied,
+		 (unsigned long long)((uv_hrtime() - t0) / 1000000));
 	return 0;
 }
 
@@ -445,6 +470,11 @@ static void batch_unlink(shard_repl *r, repl_batch *b)
 		r->inflight = b->next;
 	if (b->next)
 		b->next->prev = b->prev;
+	r->n_inflight--;
+	/* writes held by the in-flight bound go now (next loop turn: not from inside
+	 * libraft's apply; async_cb finds the queue empty when nothing waits) */
+	if (r->async_init && !r->closed)
+		uv_async_send(&r->async);
 }
 
 /* Voting members of the current configuration. */
@@ -652,9 +682,29 @@ static void batch_done(void *arg, int status, bson_t *result)
 	free(b);
 }
 
+/* Put items (a list) back at the head of the queue. */
+static void requeue(shard_repl *r, repl_item *items)
+{
+	repl_item *last = items;
+	if (!items)
+		return;
+	while (last->next)
+		last = last->next;
+	pthread_mutex_lock(&r->mu);
+	last->next = r->head;
+	r->head = items;
+	if (!r->tail)
+		r->tail = last;
+	pthread_mutex_unlock(&r->mu);
+}
+
 static void propose_items(shard_repl *r, repl_item *items)
 {
 	while (items) {
+		if (r->n_inflight >= REPL_MAX_INFLIGHT) {
+			requeue(r, items); /* proposed when an in-flight entry applies */
+			return;
+		}
 		bson_t args = BSON_INITIALIZER, cmds;
 		repl_batch *b = sdb_calloc(1, sizeof *b);
 		size_t bytes = 0, cap = 16;
@@ -721,6 +771,7 @@ static void propose_items(shard_repl *r, repl_item *items)
 		}
 		sdb_counter_inc(r->c_batches);
 		sdb_counter_add(r->c_cmds, (int64_t)b->n);
+		r->n_inflight++;
 		b->next = r->inflight;
 		if (r->inflight)
 			r->inflight->prev = b;
@@ -743,15 +794,7 @@ static void async_cb(uv_async_t *h)
 	    !sdb_node_ready(r->node)) {
 		/* elected, its term's barrier not applied yet: hold the writes until it is
 		 * (on_change wakes us) rather than refuse them */
-		pthread_mutex_lock(&r->mu);
-		repl_item *last = items;
-		while (last->next)
-			last = last->next;
-		last->next = r->head;
-		r->head = items;
-		if (!r->tail)
-			r->tail = last;
-		pthread_mutex_unlock(&r->mu);
+		requeue(r, items);
 		return;
 	}
 	if (r->closed || !r->node || !sdb_node_ready(r->node)) {
@@ -839,6 +882,25 @@ static void on_change(void *data)
 		if (r->sh->srv && r->set_name)
 			wire_server_topology_changed(r->sh->srv);
 	}
+}
+
+/* Fires every REPL_STALL_TICK_MS: a late fire is time the loop thread spent elsewhere
+ * (apply, snapshot, a big message), during which libraft sent no heartbeat and read
+ * none. Observed in stripedb_shard_loop_stall_seconds; long ones are logged. */
+static void stall_cb(uv_timer_t *t)
+{
+	shard_repl *r = t->data;
+	uint64_t now = uv_hrtime();
+	if (r->stall_last_ns) {
+		uint64_t gap = now - r->stall_last_ns;
+		uint64_t tick = (uint64_t)REPL_STALL_TICK_MS * 1000000;
+		uint64_t late = gap > tick ? gap - tick : 0;
+		sdb_histogram_observe_ns(r->h_stall, late);
+		if (late > REPL_SLOW_NS * 2)
+			sdb_warn("shard: loop thread stalled", "ms=%llu",
+				 (unsigned long long)(late / 1000000));
+	}
+	r->stall_last_ns = now;
 }
 
 static void reg_timer_cb(uv_timer_t *t)
@@ -960,6 +1022,13 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 					       NULL);
 	r->h_commit = sdb_metrics_histogram("stripedb_shard_commit_seconds",
 					    "From proposing a batch of writes to its apply here.", NULL);
+	r->h_apply = sdb_metrics_histogram("stripedb_shard_apply_seconds",
+					   "Time to apply one Raft entry to shard.db (loop thread).",
+					   NULL);
+	r->h_stall = sdb_metrics_histogram("stripedb_shard_loop_stall_seconds",
+					   "How late a 50 ms loop-thread timer fired (time the loop "
+					   "was busy: no Raft heartbeat sent or read meanwhile).",
+					   NULL);
 
 	rc = sdb_store_conn_open(sh->store, &r->conn, err, errlen);
 	if (rc)
@@ -1038,6 +1107,9 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	uv_timer_init(sh->role->loop, &r->wc_timer);
 	r->wc_timer.data = r;
 	uv_timer_start(&r->reg_timer, reg_timer_cb, 300, 300);
+	uv_timer_init(sh->role->loop, &r->stall_timer);
+	r->stall_timer.data = r;
+	uv_timer_start(&r->stall_timer, stall_cb, REPL_STALL_TICK_MS, REPL_STALL_TICK_MS);
 	memset(&no, 0, sizeof no);
 	no.id = r->id;
 	no.data_dir = dir;
@@ -1052,8 +1124,12 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	}
 	no.snapshot_threshold =
 		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_snapshot_threshold, 1024);
+	/* 750 ms: a SIGKILLed primary is replaced within ~1.6 s (p99, randomized timeouts of
+	 * 750-1500 ms plus pre-vote, vote and barrier), while a member whose loop applies a
+	 * bulk insert still answers in time (tests/bench/README.md, replica-set section:
+	 * 500 ms re-elected under bulk inserts on a loaded 2-core machine) */
 	no.election_timeout_ms =
-		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_election_timeout_ms, 1000);
+		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_election_timeout_ms, 750);
 	no.on_change = on_change;
 	no.data = r;
 	no.transport = secure ? &to : NULL;
@@ -1146,10 +1222,16 @@ static void wc_timer_closed(uv_handle_t *h)
 	uv_close((uv_handle_t *)&r->async, async_closed);
 }
 
-static void reg_timer_closed(uv_handle_t *h)
+static void stall_timer_closed(uv_handle_t *h)
 {
 	shard_repl *r = h->data;
 	uv_close((uv_handle_t *)&r->wc_timer, wc_timer_closed);
+}
+
+static void reg_timer_closed(uv_handle_t *h)
+{
+	shard_repl *r = h->data;
+	uv_close((uv_handle_t *)&r->stall_timer, stall_timer_closed);
 }
 
 static void node_closed(void *arg)

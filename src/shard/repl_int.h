@@ -73,10 +73,13 @@ struct shard_repl {
 	repl_item *head, *tail;
 	bool closed; /* no more proposals: queued writes are refused */
 	repl_batch *inflight;
+	unsigned n_inflight; /* entries proposed, not applied yet (<= REPL_MAX_INFLIGHT) */
 	wc_wait *wc_waits; /* replies waiting for more members than a majority */
 	struct lin_read *lin_reads; /* linearizable reads waiting for their barrier */
 	struct reg_req *reg_reqs;   /* stripedbRegisterMember waiting for its commit */
 	uv_timer_t wc_timer;
+	uv_timer_t stall_timer; /* measures how long the loop thread was busy (see stall_cb) */
+	uint64_t stall_last_ns;
 	/* member wire addresses (replicated: op "shardMember") */
 	member_wire *members;
 	size_t n_members;
@@ -88,7 +91,7 @@ struct shard_repl {
 	/* metrics */
 	sdb_gauge *g_term, *g_primary, *g_applied;
 	sdb_counter *c_batches, *c_cmds, *c_not_primary;
-	sdb_histogram *h_commit;
+	sdb_histogram *h_commit, *h_apply, *h_stall;
 	/* for /healthz and other threads */
 	atomic_int h_state, h_members;
 	atomic_bool h_ready, h_stopped;

@@ -10,10 +10,15 @@
  2. YCSB A (50% reads / 50% updates) and C (100% reads), `stripedb bench` with --threads
     client threads (16), the same records and seconds, against, side by side:
       * "3-member": a 3-member set (this build), replicaSet URI;
+      * "3-member-before" (--before-bin): a 3-member set of another build, to compare a
+        change in the same run;
       * "1-member": a one-member set (this build, no --bootstrap-members);
       * "old-single": the single-process shard of the commit before issue #15 (--base-bin,
         e.g. a build of 30dde90), which committed every write with its own SQLite fsync.
     Prints ops/s, p50 and p99 per target and the ratios to "old-single".
+    For each 3-member set, before it stops: the terms in which a member was leader (1: no
+    re-election during load and runs), the longest loop-thread stall and entry apply its
+    logs show, and write commands per Raft entry (group commit) from its /metrics.
 
 Usage (release builds; see tests/bench/README.md):
     git worktree add /tmp/base 30dde90 && (cd /tmp/base && autoreconf -fi) && \\
@@ -36,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "integration"))
@@ -214,10 +220,39 @@ def leader_ready_after(procs, killed, wall0):
     return None if best is None else best - wall0
 
 
+def set_stats(procs, name, tmp):
+    """Before the set stops: the Raft terms in which a member became leader (1: no
+    re-election since the first), the longest loop-thread stall and entry apply logged,
+    and the write commands per Raft entry summed over the members' /metrics."""
+    leader_terms, stall, apply_ms, entries, cmds = set(), 0, 0, 0.0, 0.0
+    for i, m in enumerate(procs):
+        log = (tmp / f"{name}-m{i + 1}.log").read_text(errors="replace")
+        leader_terms |= set(re.findall(r'msg="raft: state" state=leader term=(\d+)', log))
+        stall = max([stall] + [int(x) for x in re.findall(r"loop thread stalled.* ms=(\d+)", log)])
+        apply_ms = max([apply_ms] + [int(x) for x in
+                                     re.findall(r"slow apply on the loop thread.* ms=(\d+)", log)])
+        hp = [a.split("=", 1)[1] for a in m.args if a.startswith("--http-listen=")][0]
+        try:
+            text = urllib.request.urlopen(f"http://{hp}/metrics", timeout=5).read().decode()
+        except OSError:
+            continue
+        for metric, acc in (("batches", "e"), ("commands", "c")):
+            mm = re.search(rf"^stripedb_shard_repl_{metric}_total\S* (\S+)", text, re.M)
+            if mm and acc == "e":
+                entries += float(mm.group(1))
+            elif mm:
+                cmds += float(mm.group(1))
+    return {"leader_terms": len(leader_terms), "max_stall_ms": stall, "max_apply_ms": apply_ms,
+            "cmds_per_entry": cmds / entries if entries else 0.0}
+
+
 def ycsb(args, tmp):
     targets = []
     extra = [f"--raft-election-timeout-ms={args.ycsb_election_ms}"] if args.ycsb_election_ms else []
     three, _, uri3 = start_set(args.bin, tmp, 3, "ycsb3", extra)
+    before = []
+    if args.before_bin:
+        before, _, uri3b = start_set(args.before_bin, tmp, 3, "ycsb3b", extra)
     tls = []
     if args.raft_tls:
         tls, _, uri3t = start_set(args.bin, tmp, 3, "ycsb3tls", extra + make_raft_pki(tmp))
@@ -231,6 +266,8 @@ def ycsb(args, tmp):
                ("old-single", f"mongodb://127.0.0.1:{port}/?directConnection=true")]
     if args.raft_tls:
         targets.insert(1, ("3-member-raft-tls", uri3t))
+    if args.before_bin:
+        targets.insert(1, ("3-member-before", uri3b))
     results = {}
     try:
         for rnd in range(args.rounds):
@@ -254,8 +291,15 @@ def ycsb(args, tmp):
                     ph = rep["phases"][0]
                     lat = ph.get("latencyMS", {})
                     results.setdefault((wl, label), []).append((ph["opsPerSec"], lat))
+        sets = [("3-member", three, "ycsb3")] + (
+            [("3-member-before", before, "ycsb3b")] if before else [])
+        for label, procs, name in sets:
+            st = set_stats(procs, name, tmp)
+            print(f"ycsb_set_{re.sub('-', '_', label)}: leader_terms={st['leader_terms']} "
+                  f"max_loop_stall_ms={st['max_stall_ms']} max_apply_ms={st['max_apply_ms']} "
+                  f"commands_per_entry={st['cmds_per_entry']:.2f}", flush=True)
     finally:
-        for m in three + tls + one + [old]:
+        for m in three + before + tls + one + [old]:
             m.stop()
     return results
 
@@ -278,10 +322,14 @@ def main():
     ap.add_argument("--raft-tls", action="store_true",
                     help="also a 3-member set with mutual TLS on the Raft port (issue #21)")
     ap.add_argument("--skip-ycsb", action="store_true")
+    ap.add_argument("--before-bin", default=None,
+                    help="also a 3-member set of this build in the YCSB runs (before/after)")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs and logs")
     args = ap.parse_args()
     args.bin = os.path.abspath(args.bin)
     args.base_bin = os.path.abspath(args.base_bin)
+    if args.before_bin:
+        args.before_bin = os.path.abspath(args.before_bin)
     os.environ["STRIPEDB_BIN"] = args.bin
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="replset_bench."))
     try:
@@ -297,6 +345,8 @@ def main():
             for wl in ("a", "c"):
                 base = statistics.median(o for o, _ in res[(wl, "old-single")])
                 labels = ["3-member", "1-member", "old-single"]
+                if args.before_bin:
+                    labels.insert(1, "3-member-before")
                 if args.raft_tls:
                     labels.insert(1, "3-member-raft-tls")
                 for label in labels:
