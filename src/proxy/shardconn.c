@@ -1,6 +1,7 @@
 /* Shard connections and worker threads of the proxy: see shardconn.h. */
 #include "proxy/shardconn.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +15,14 @@
 #include "common/metauri.h"
 #include "wire/server.h"
 
-/* ---------- a fixed thread pool ---------- */
+/* ---------- an elastic thread pool ----------
+ * min threads always run; when a job is queued and no thread is idle, one more starts, up
+ * to max; a thread above min that has been idle for TPOOL_IDLE_NS exits. A request that
+ * waits long on one shard (a primary cut off the network, where packets vanish and
+ * nothing answers until the socket timeout) so holds one thread, and the requests behind
+ * it still get threads and reach the new primary (issue #15). */
+
+#define TPOOL_IDLE_NS (30ULL * 1000 * 1000 * 1000)
 
 typedef struct job {
 	void (*fn)(void *arg);
@@ -24,48 +32,77 @@ typedef struct job {
 
 typedef struct tpool {
 	uv_mutex_t mu;
-	uv_cond_t cv;
+	uv_cond_t cv;	/* jobs queued, or stop */
+	uv_cond_t gone; /* a thread exited (tpool_destroy waits for n == 0) */
 	job *head, *tail;
 	bool stop;
-	size_t n;
-	uv_thread_t *threads;
+	size_t n, idle, min, max;
+	sdb_gauge *g_threads; /* may be NULL */
 } tpool;
+
+static void tpool_main(void *arg);
+
+/* Start one more thread; mu held. False when the thread cannot be created (the queued
+ * jobs still run on the threads there are). */
+static bool tpool_spawn(tpool *p)
+{
+	uv_thread_t t;
+	if (uv_thread_create(&t, tpool_main, p) != 0)
+		return false;
+	pthread_detach(t); /* tpool_destroy waits on n, not on joins */
+	p->n++;
+	if (p->g_threads)
+		sdb_gauge_set(p->g_threads, (int64_t)p->n);
+	return true;
+}
 
 static void tpool_main(void *arg)
 {
 	tpool *p = arg;
 
+	uv_mutex_lock(&p->mu);
 	for (;;) {
 		job *j;
-		uv_mutex_lock(&p->mu);
-		while (p->head == NULL && !p->stop)
-			uv_cond_wait(&p->cv, &p->mu);
-		j = p->head;
-		if (j == NULL) {
-			uv_mutex_unlock(&p->mu);
-			return;
+		while (p->head == NULL && !p->stop) {
+			p->idle++;
+			int rc = uv_cond_timedwait(&p->cv, &p->mu, TPOOL_IDLE_NS);
+			p->idle--;
+			if (rc == UV_ETIMEDOUT && p->head == NULL && p->n > p->min)
+				goto out;
 		}
+		j = p->head;
+		if (j == NULL)
+			goto out; /* stop, nothing left */
 		p->head = j->next;
 		if (p->head == NULL)
 			p->tail = NULL;
 		uv_mutex_unlock(&p->mu);
 		j->fn(j->arg);
 		free(j);
+		uv_mutex_lock(&p->mu);
 	}
+out:
+	p->n--;
+	if (p->g_threads)
+		sdb_gauge_set(p->g_threads, (int64_t)p->n);
+	uv_cond_broadcast(&p->gone);
+	uv_mutex_unlock(&p->mu);
 }
 
-static void tpool_init(tpool *p, size_t n)
+static void tpool_init(tpool *p, size_t min, size_t max, sdb_gauge *g)
 {
-	size_t i;
-
 	memset(p, 0, sizeof *p);
 	uv_mutex_init(&p->mu);
 	uv_cond_init(&p->cv);
-	p->n = n;
-	p->threads = sdb_calloc(n, sizeof *p->threads);
-	for (i = 0; i < n; i++)
-		if (uv_thread_create(&p->threads[i], tpool_main, p) != 0)
+	uv_cond_init(&p->gone);
+	p->min = min;
+	p->max = max;
+	p->g_threads = g;
+	uv_mutex_lock(&p->mu);
+	for (size_t i = 0; i < min; i++)
+		if (!tpool_spawn(p))
 			abort();
+	uv_mutex_unlock(&p->mu);
 }
 
 static void tpool_push(tpool *p, void (*fn)(void *), void *arg)
@@ -80,21 +117,23 @@ static void tpool_push(tpool *p, void (*fn)(void *), void *arg)
 	else
 		p->head = j;
 	p->tail = j;
-	uv_cond_signal(&p->cv);
+	if (p->idle == 0 && p->n < p->max)
+		tpool_spawn(p);
+	else
+		uv_cond_signal(&p->cv);
 	uv_mutex_unlock(&p->mu);
 }
 
+/* Stop: the jobs already queued run first, then every thread exits. */
 static void tpool_destroy(tpool *p)
 {
-	size_t i;
-
 	uv_mutex_lock(&p->mu);
 	p->stop = true;
 	uv_cond_broadcast(&p->cv);
+	while (p->n > 0)
+		uv_cond_wait(&p->gone, &p->mu);
 	uv_mutex_unlock(&p->mu);
-	for (i = 0; i < p->n; i++)
-		uv_thread_join(&p->threads[i]);
-	free(p->threads);
+	uv_cond_destroy(&p->gone);
 	uv_cond_destroy(&p->cv);
 	uv_mutex_destroy(&p->mu);
 }
@@ -128,8 +167,14 @@ shardconn *shardconn_new(void)
 
 	mongoc_init();
 	uv_rwlock_init(&sc->lock);
-	tpool_init(&sc->req, SHARDCONN_WORKERS);
-	tpool_init(&sc->io, SHARDCONN_IO_WORKERS);
+	tpool_init(&sc->req, SHARDCONN_WORKERS, SHARDCONN_MAX_WORKERS,
+		   sdb_metrics_gauge("stripedb_proxy_request_threads",
+				     "Threads of the proxy's shard request pool (grows when requests "
+				     "wait on a slow or unreachable shard).",
+				     NULL));
+	tpool_init(&sc->io, SHARDCONN_IO_WORKERS, SHARDCONN_MAX_WORKERS,
+		   sdb_metrics_gauge("stripedb_proxy_fanout_threads",
+				     "Threads of the proxy's fan-out pool.", NULL));
 	sc->retry_ms = 5000;
 	atomic_init(&sc->key_gen, auth_cluster_generation());
 	sc->m_retries = sdb_metrics_counter(
@@ -200,6 +245,9 @@ static char *uri_with_defaults(const char *uri)
 	if (strstr(base, "connectTimeoutMS") == NULL)
 		snprintf(t + strlen(t), sizeof t - strlen(t), "%sconnectTimeoutMS=%d",
 			 t[0] ? "&" : "", SHARDCONN_CONNECT_TIMEOUT_MS);
+	if (strstr(base, "heartbeatFrequencyMS") == NULL)
+		snprintf(t + strlen(t), sizeof t - strlen(t), "%sheartbeatFrequencyMS=%d",
+			 t[0] ? "&" : "", SHARDCONN_HEARTBEAT_MS);
 	if (t[0] == '\0')
 		return base;
 	if (strchr(base, '?'))

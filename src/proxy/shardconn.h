@@ -11,7 +11,13 @@
  *
  * Threads: shardconn_submit() queues a job on the request pool (SHARDCONN_WORKERS threads);
  * shardconn_fanout() runs n sub-tasks of one request in parallel on a second pool (so a
- * request worker waiting for its sub-tasks can never starve them) and waits for all.
+ * request worker waiting for its sub-tasks can never starve them) and waits for all. Both
+ * pools grow by one thread when a job is queued and none is idle (up to
+ * SHARDCONN_MAX_WORKERS; threads above the base count exit after 30 s idle), so requests
+ * stuck on an unreachable shard member (a primary cut off the network answers nothing
+ * until the socket timeout) do not hold up the requests behind them. Pools ask for
+ * heartbeatFrequencyMS=SHARDCONN_HEARTBEAT_MS unless the URI sets it, so a new primary is
+ * found within about a second.
  */
 #ifndef SDB_PROXY_SHARDCONN_H
 #define SDB_PROXY_SHARDCONN_H
@@ -22,10 +28,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SHARDCONN_WORKERS 16
-#define SHARDCONN_IO_WORKERS 32
+#define SHARDCONN_WORKERS 16     /* request threads always running */
+#define SHARDCONN_IO_WORKERS 32  /* fan-out threads always running */
+#define SHARDCONN_MAX_WORKERS 256 /* either pool grows to this when requests wait */
 #define SHARDCONN_MAX_INFLIGHT 64
 #define SHARDCONN_CONNECT_TIMEOUT_MS 1000
+#define SHARDCONN_HEARTBEAT_MS 1000
 #define SHARDCONN_RETRY_MIN_MS 50
 #define SHARDCONN_RETRY_MAX_MS 500
 

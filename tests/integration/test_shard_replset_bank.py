@@ -231,19 +231,14 @@ def test_bank_through_proxies_with_primary_kills_and_partitions(start_role, tmp_
     client.close()
 
 
-@pytest.mark.xfail(strict=False, reason="(passes when the proxy's workers are not all taken) "
-                   "the proxy's shard connections have no socket timeout "
-                   "(libmongoc's default, 300 s) and every request sent to a blackholed "
-                   "primary holds one of the 16 SHARDCONN_WORKERS request threads until the "
-                   "old primary is reachable again; with more clients than workers all of "
-                   "them end up waiting there and the proxy stalls (for every shard). With 4 "
-                   "client threads this test passes")
 def test_proxy_writes_to_the_new_primary_while_the_old_one_is_cut_off(start_role, tmp_path,
                                                                        net):
     """The primary of the only shard is cut off the network (no RST: packets vanish, as
-    when a host dies), with more client threads than the proxy has request workers. A new
-    primary is elected within about a second; writes through the proxy must reach it while
-    the old one stays unreachable."""
+    when a host dies), with more client threads (24) than the proxy's base request workers
+    (16). A new primary is elected within about a second; writes through the proxy must
+    reach it while the old one stays unreachable: the requests stuck on the old primary
+    (no socket timeout short enough to help) each hold a worker, so the pool grows
+    (shardconn.c) and the proxy's shard pools find the new primary (heartbeat 1 s)."""
     rs = net.replset("shard-a", [1, 2, 3], COMPACTION)
     meta = Cluster(start_role, tmp_path, 1, election_ms=300)
     meta.leader()
