@@ -142,6 +142,7 @@ static int shard_start(sdb_role *role)
 	}
 	o.gate = auth_cluster_gate();
 	o.hello = hello_hook;
+	o.test_commands = sh->test_commands; /* configureFailPoint: wire/failpoint.c */
 	rc = wire_server_new(role->loop, &o, &sh->srv, err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);

@@ -264,14 +264,6 @@ void shard_cmd_stmt_result(shard_ctx *x);
 /* commitTransaction / abortTransaction: refused with IllegalOperation (20). */
 void shard_cmd_txn_refuse(shard_ctx *x);
 
-/* --- failpoint.c: configureFailPoint failCommand (test commands only) --- */
-/* {configureFailPoint: "failCommand", mode, data}: with --enable-test-commands, else
- * CommandNotFound (59). Unsupported options are refused with BadValue (2). */
-void shard_cmd_configure_fail_point(shard_ctx *x);
-/* Before a command runs (worker thread): when the fail point matches it, block and/or
- * answer its error (then true: the command must not run). */
-bool shard_failpoint_fire(shard_ctx *x);
-
 /* --- commands (commands_*.c) --- */
 void shard_register_commands(shard *sh);
 

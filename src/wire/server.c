@@ -141,6 +141,8 @@ static void req_free(wire_req *req)
 	bson_destroy(req->cmd);
 	if (req->reply)
 		bson_destroy(req->reply);
+	if (req->reply_extra)
+		bson_destroy(req->reply_extra);
 	free(req->name);
 	free(req->db);
 	free(req);
@@ -188,6 +190,8 @@ void wire_req_reply(wire_req *req, bson_t *reply)
 		reply = bson_new();
 	if (!bson_iter_init_find(&it, reply, "ok"))
 		BSON_APPEND_DOUBLE(reply, "ok", 1.0);
+	if (req->reply_extra && reply_is_ok(reply))
+		bson_concat(reply, req->reply_extra); /* failCommand's writeConcernError */
 	req_complete(req, reply);
 }
 
@@ -563,6 +567,34 @@ static void send_reply(wire_req *req)
 	conn_write(conn, buf, len);
 }
 
+/* mongod's appendErrorLabelsAndTopologyVersion: an error of the NotPrimaryError or
+ * ShutdownError category carries the server's current topologyVersion, so that a driver
+ * (SDAM spec, "stale errors") does not mark the server Unknown for an error older than what
+ * its monitor already knows. Loop thread (the counter changes there). */
+static void reply_add_topology_version(wire_req *req)
+{
+	bson_iter_t it;
+	int code;
+
+	if (reply_is_ok(req->reply) || !bson_iter_init_find(&it, req->reply, "code") ||
+	    bson_has_field(req->reply, "topologyVersion"))
+		return;
+	code = (int)bson_iter_as_int64(&it);
+	switch (code) {
+	case WIRE_ERR_NOT_WRITABLE_PRIMARY:
+	case WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK:
+	case 13436: /* NotPrimaryOrSecondary */
+	case 189:   /* PrimarySteppedDown */
+	case WIRE_ERR_INTERRUPTED_REPL_CHANGE:
+	case WIRE_ERR_INTERRUPTED_AT_SHUTDOWN:
+	case WIRE_ERR_SHUTDOWN_IN_PROGRESS:
+		wire__append_topology_version(req->srv, req->reply);
+		break;
+	default:
+		break;
+	}
+}
+
 /* Loop thread: finish every request completed since the last wakeup. */
 static void on_async(uv_async_t *a)
 {
@@ -590,8 +622,10 @@ static void on_async(uv_async_t *a)
 			conn->inflight = NULL;
 		conn->watch_eof = false;
 		if (conn->state != WIRE_CONN_CLOSING) {
-			if (!req->no_reply)
+			if (!req->no_reply) {
+				reply_add_topology_version(req);
 				send_reply(req);
+			}
 			if (req->close_after)
 				conn->close_when_idle = true;
 			if (conn->state == WIRE_CONN_BUSY) {
@@ -748,6 +782,8 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 			       req->name);
 		return;
 	}
+	if (srv->fp && wire__failpoint_intercept(req, entry))
+		return;
 	entry->fn(req, srv->role_data);
 }
 
@@ -948,6 +984,7 @@ static void srv_free(wire_server *srv)
 		free(srv->cmds[i]);
 	}
 	free(srv->cmds);
+	wire__failpoint_free(srv->fp);
 	uv_mutex_destroy(&srv->mu);
 	free(srv->role);
 	free(srv);
@@ -1143,6 +1180,7 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	srv->gate = opts->gate;
 	srv->tls_mode = (int)auth_tls_listener_mode(opts->role ? opts->role : "");
 	srv->is_mongos = opts->is_mongos;
+	srv->fp = opts->test_commands ? wire__failpoint_new() : NULL;
 	srv->quiesce_ms = opts->quiesce_ms;
 	bson_oid_init(&srv->process_id, NULL);
 	uv_mutex_init(&srv->mu);

@@ -8,7 +8,8 @@
  *
  * Commands are dispatched through a table that the role fills (wire_server_register);
  * the shared layer answers hello/isMaster, ping, buildInfo, getParameter, getLog,
- * whatsmyuri, hostInfo, connectionStatus, endSessions, killAllSessions, and any of them
+ * whatsmyuri, hostInfo, connectionStatus, endSessions, killAllSessions, configureFailPoint
+ * (test commands only, see wire_server_opts.test_commands), and any of them
  * can be overridden by registering the same name. Command names match case-sensitively
  * except hello/isMaster/ismaster which are aliases.
  *
@@ -106,6 +107,10 @@ typedef struct wire_server_opts {
 	wire_hello_fn hello;        /* optional */
 	wire_gate_fn gate;          /* optional */
 	bool is_mongos;             /* hello says msg: "isdbgrid" */
+	/* Test commands (--enable-test-commands, MongoDB's enableTestCommands): the shared
+	 * configureFailPoint command and its failCommand fail point (wire/failpoint.c). Off:
+	 * configureFailPoint is refused with CommandNotFound (59). Never in production. */
+	bool test_commands;
 	/* Quiesce period of wire_server_close, in ms (0 = none). See wire_server_close. */
 	uint64_t quiesce_ms;
 } wire_server_opts;
