@@ -12,6 +12,8 @@ import os
 import re
 
 import pytest
+from bson.son import SON
+from pymongo.errors import OperationFailure
 
 import crud_unified
 import retryable_unified
@@ -76,6 +78,22 @@ def test_retryable_unified_against_a_proxy(start_role, tmp_path):
         print(text)
         assert failures == [], text
         assert sum(c["passed"] for c in per_file.values()) > 0, text
+        # the proxy's fail point is its own (not the shards'); blockConnection waits on a
+        # timer, then fails the command with errorCode
+        c = cl.proxy_client(0)
+        c.admin.command(SON([("configureFailPoint", "failCommand"), ("mode", {"times": 1}),
+                             ("data", {"failCommands": ["find"], "blockConnection": True,
+                                       "blockTimeMS": 100, "errorCode": 96})]))
+        with pytest.raises(OperationFailure) as e:
+            c.t.c.find_one({})
+        assert e.value.code == 96
+        c.t.c.find_one({})  # {times: 1}: spent
+        # without --enable-test-commands a proxy refuses configureFailPoint
+        port = cl.add_proxy()
+        with pytest.raises(OperationFailure) as e:
+            cl._client(port).admin.command(SON([("configureFailPoint", "failCommand"),
+                                                ("mode", "off")]))
+        assert e.value.code == 59 and "--enable-test-commands" in str(e.value)
     finally:
         cl.close()
 
