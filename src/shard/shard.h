@@ -242,6 +242,11 @@ bool shard_txn_parse(shard_ctx *x, shard_txn *t, uint32_t count);
 /* Inside the command's write transaction: start or continue the session's txnNumber.
  * Replies TransactionTooOld (225) or InternalError, rolls back and returns false. */
 bool shard_txn_start(shard_ctx *x, shard_txn *t);
+/* Test commands: MongoDB's onPrimaryTransactionalWrite fail point (wire/server.h
+ * wire_failpoint_primary_write) for a retryable write received from a client that has a
+ * statement not executed before. True when the fail point answered x->req (the command
+ * must not run). Worker thread, before the command runs or is replicated. */
+bool shard_txn_fail_point(shard_ctx *x);
 /* The stmtId of statement i. */
 int32_t shard_txn_stmt_id(const shard_txn *t, uint32_t i);
 /* 1 when statement i already executed (*res: its recorded result, sdb_doc_free), 0 when

@@ -24,6 +24,7 @@
  * ignored. The setting is per wire server (one per role, as one per mongod process).
  * Loop thread only: the command and the evaluation both run there.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,26 +145,25 @@ static void action_free(fp_action *a)
 		bson_destroy(a->wce);
 }
 
-/* Parse mode and data into n; answers req and returns false when refused. */
-static bool fp_parse(wire_req *req, wire_failpoint *n)
+/* The mode of configureFailPoint into always/times/skip. Returns 1 (on), 0 (off: "off" or
+ * {times: 0}) or -1 after answering req with BadValue. */
+static int parse_mode(wire_req *req, bool *always, int64_t *times, int64_t *skip)
 {
 	bson_iter_t it, d;
-	bool block = false;
-	int64_t block_ms = 0;
 
 	if (!bson_iter_init_find(&it, req->cmd, "mode")) {
 		wire_req_error(req, WIRE_ERR_BAD_VALUE, "configureFailPoint needs a mode");
-		return false;
+		return -1;
 	}
 	if (BSON_ITER_HOLDS_UTF8(&it)) {
 		const char *m = bson_iter_utf8(&it, NULL);
 		if (strcmp(m, "off") == 0)
-			return true;
+			return 0;
 		if (strcmp(m, "alwaysOn") != 0) {
 			wire_req_error(req, WIRE_ERR_BAD_VALUE, "unknown fail point mode '%.50s'", m);
-			return false;
+			return -1;
 		}
-		n->always = true;
+		*always = true;
 	} else if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &d) &&
 		   bson_iter_next(&d) && BSON_ITER_HOLDS_NUMBER(&d) &&
 		   (strcmp(bson_iter_key(&d), "times") == 0 ||
@@ -171,21 +171,34 @@ static bool fp_parse(wire_req *req, wire_failpoint *n)
 		int64_t v = bson_iter_as_int64(&d);
 		if (v < 0) {
 			wire_req_error(req, WIRE_ERR_BAD_VALUE, "fail point mode counts must be >= 0");
-			return false;
+			return -1;
 		}
 		if (strcmp(bson_iter_key(&d), "times") == 0) {
-			n->times = v;
+			*times = v;
 			if (v == 0)
-				return true; /* {times: 0} is off */
+				return 0; /* {times: 0} is off */
 		} else {
-			n->skip = v;
-			n->always = true;
+			*skip = v;
+			*always = true;
 		}
 	} else {
 		wire_req_error(req, WIRE_ERR_BAD_VALUE,
 			       "fail point mode must be 'alwaysOn', 'off', {times: N} or {skip: N}");
-		return false;
+		return -1;
 	}
+	return 1;
+}
+
+/* Parse mode and data into n; answers req and returns false when refused. */
+static bool fp_parse(wire_req *req, wire_failpoint *n)
+{
+	bson_iter_t it, d;
+	bool block = false;
+	int64_t block_ms = 0;
+
+	int m = parse_mode(req, &n->always, &n->times, &n->skip);
+	if (m <= 0)
+		return m == 0;
 	n->on = true;
 	if (!bson_iter_init_find(&it, req->cmd, "data") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
 	    !bson_iter_recurse(&it, &d)) {
@@ -253,6 +266,123 @@ static bool fp_parse(wire_req *req, wire_failpoint *n)
 	return true;
 }
 
+/* ---- onPrimaryTransactionalWrite (servers that run retryable writes: the shard) ---- */
+
+struct wire_ptw {
+	pthread_mutex_t mu; /* the setting is read by worker threads */
+	bool on, always;
+	int64_t times, skip, fired;
+	bool close;     /* closeConnection (default true) */
+	int fail_code;  /* failBeforeCommitExceptionCode, 0: none */
+};
+
+wire_ptw *wire__ptw_new(void)
+{
+	wire_ptw *p = sdb_calloc(1, sizeof *p);
+	pthread_mutex_init(&p->mu, NULL);
+	return p;
+}
+
+void wire__ptw_free(wire_ptw *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_destroy(&p->mu);
+	free(p);
+}
+
+static void ptw_configure(wire_req *req, wire_ptw *p)
+{
+	wire_ptw n = {.close = true};
+	bson_iter_t it, d;
+	int m = parse_mode(req, &n.always, &n.times, &n.skip);
+	int64_t count;
+
+	if (m < 0)
+		return;
+	n.on = m == 1;
+	if (bson_iter_init_find(&it, req->cmd, "data") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+	    bson_iter_recurse(&it, &d)) {
+		while (bson_iter_next(&d)) {
+			const char *k = bson_iter_key(&d);
+			if (strcmp(k, "closeConnection") == 0) {
+				n.close = bson_iter_as_bool(&d);
+			} else if (strcmp(k, "failBeforeCommitExceptionCode") == 0 &&
+				   BSON_ITER_HOLDS_NUMBER(&d) && bson_iter_as_int64(&d) > 0) {
+				n.fail_code = (int)bson_iter_as_int64(&d);
+			} else {
+				wire_req_error(req, WIRE_ERR_BAD_VALUE,
+					       "onPrimaryTransactionalWrite option '%.100s' is not "
+					       "supported by stripedb",
+					       k);
+				return;
+			}
+		}
+	}
+	pthread_mutex_lock(&p->mu);
+	count = p->fired;
+	p->on = n.on;
+	p->always = n.always;
+	p->times = n.times;
+	p->skip = n.skip;
+	p->close = n.close;
+	p->fail_code = n.fail_code;
+	p->fired = 0;
+	pthread_mutex_unlock(&p->mu);
+	wire_req_reply(req, BCON_NEW("count", BCON_INT64(count)));
+}
+
+bool wire_failpoint_primary_write_armed(const wire_req *req)
+{
+	wire_ptw *p = req->srv ? req->srv->ptw : NULL;
+	bool on;
+
+	if (!p)
+		return false;
+	pthread_mutex_lock(&p->mu);
+	on = p->on;
+	pthread_mutex_unlock(&p->mu);
+	return on;
+}
+
+bool wire_failpoint_primary_write(wire_req *req)
+{
+	wire_ptw *p = req->srv ? req->srv->ptw : NULL;
+	bool hit = false, close = false;
+	int code = 0;
+
+	if (!p)
+		return false;
+	pthread_mutex_lock(&p->mu);
+	if (p->on && p->skip > 0) {
+		p->skip--;
+	} else if (p->on) {
+		hit = true;
+		p->fired++;
+		close = p->close;
+		code = p->fail_code;
+		if (!p->always && --p->times <= 0)
+			p->on = false;
+	}
+	pthread_mutex_unlock(&p->mu);
+	if (!hit)
+		return false;
+	sdb_debug("wire: onPrimaryTransactionalWrite fired", "cmd=%s close=%d code=%d", req->name,
+		  (int)close, code);
+	if (close) {
+		/* mongod ends the client's session: no reply reaches the client */
+		req->no_reply = true;
+		req->close_after = true;
+	}
+	if (code == 0)
+		return false; /* the write runs (and commits); only its reply is lost */
+	if (close)
+		wire_req_reply(req, NULL);
+	else
+		wire_req_error(req, code, "Failing write for test before commit");
+	return true;
+}
+
 void wire__cmd_configure_fail_point(wire_req *req, void *role_data)
 {
 	wire_failpoint *fp = req->srv->fp;
@@ -273,10 +403,18 @@ void wire__cmd_configure_fail_point(wire_req *req, void *role_data)
 			       "configureFailPoint may only be run against the admin database.");
 		return;
 	}
+	if (bson_iter_init_find(&it, req->cmd, "configureFailPoint") &&
+	    BSON_ITER_HOLDS_UTF8(&it) &&
+	    strcmp(bson_iter_utf8(&it, NULL), "onPrimaryTransactionalWrite") == 0 &&
+	    req->srv->ptw) {
+		ptw_configure(req, req->srv->ptw);
+		return;
+	}
 	if (!bson_iter_init_find(&it, req->cmd, "configureFailPoint") ||
 	    !BSON_ITER_HOLDS_UTF8(&it) || strcmp(bson_iter_utf8(&it, NULL), "failCommand") != 0) {
 		wire_req_error(req, WIRE_ERR_BAD_VALUE,
-			       "stripedb implements the failCommand fail point only");
+			       "stripedb implements the failCommand fail point%s only",
+			       req->srv->ptw ? " and onPrimaryTransactionalWrite" : "");
 		return;
 	}
 	if (!fp_parse(req, &n)) {

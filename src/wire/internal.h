@@ -31,6 +31,7 @@ enum wire_conn_state { WIRE_CONN_READING = 0, WIRE_CONN_BUSY, WIRE_CONN_CLOSING 
 
 typedef struct wire_hello_wait wire_hello_wait;
 typedef struct wire_failpoint wire_failpoint;
+typedef struct wire_ptw wire_ptw;
 
 struct wire_conn {
 	uv_tcp_t tcp;
@@ -95,6 +96,8 @@ struct wire_server {
 	wire_gate_fn gate;
 	bool is_mongos;
 	wire_failpoint *fp;       /* failCommand setting; NULL without test commands */
+	wire_ptw *ptw;            /* onPrimaryTransactionalWrite; NULL unless test commands
+				   * and not a mongos */
 	uint64_t quiesce_ms;      /* wire_server_close phase 2 */
 	bool quiescing;           /* DRAINING, phase 2: commands still read (and refused) */
 	uint64_t close_deadline;  /* uv_now() at which connections are force-closed */
@@ -128,6 +131,8 @@ struct wire_server {
 /* failpoint.c: the failCommand fail point (test commands, issue #16). */
 wire_failpoint *wire__failpoint_new(void);
 void wire__failpoint_free(wire_failpoint *fp);
+wire_ptw *wire__ptw_new(void);
+void wire__ptw_free(wire_ptw *p);
 /* The configureFailPoint command (registered as a shared command; refused with
  * CommandNotFound when the server has no test commands). */
 void wire__cmd_configure_fail_point(wire_req *req, void *role_data);

@@ -985,6 +985,7 @@ static void srv_free(wire_server *srv)
 	}
 	free(srv->cmds);
 	wire__failpoint_free(srv->fp);
+	wire__ptw_free(srv->ptw);
 	uv_mutex_destroy(&srv->mu);
 	free(srv->role);
 	free(srv);
@@ -1181,6 +1182,7 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	srv->tls_mode = (int)auth_tls_listener_mode(opts->role ? opts->role : "");
 	srv->is_mongos = opts->is_mongos;
 	srv->fp = opts->test_commands ? wire__failpoint_new() : NULL;
+	srv->ptw = opts->test_commands && !opts->is_mongos ? wire__ptw_new() : NULL;
 	srv->quiesce_ms = opts->quiesce_ms;
 	bson_oid_init(&srv->process_id, NULL);
 	uv_mutex_init(&srv->mu);

@@ -189,6 +189,23 @@ bson_t *wire_req_detached_take(wire_req *req);
 /* Free a detached request (and an untaken reply). NULL is a no-op. */
 void wire_req_detached_free(wire_req *req);
 
+/* --- test fail points for roles (wire/failpoint.c; test commands only) --- */
+
+/* MongoDB's onPrimaryTransactionalWrite fail point, set with configureFailPoint on a
+ * server with test commands that is not a mongos: data {closeConnection: bool (default
+ * true), failBeforeCommitExceptionCode: N}, modes as failCommand. mongod evaluates it for
+ * each statement of a retryable write it executes on the primary; stripedb once per
+ * command that executes at least one statement not executed before (a retry answered
+ * wholly from the session records does not count). armed: whether it is on (a cheap
+ * check before the role looks its records up). Any thread. */
+bool wire_failpoint_primary_write_armed(const wire_req *req);
+/* Call it for such a command before running it. Not firing: false, run it. Firing:
+ * closeConnection drops the reply and closes the connection once answered; with
+ * failBeforeCommitExceptionCode the command must not run: req is answered (closed, or
+ * the error when closeConnection is false) and true is returned; without it false (the
+ * write runs and commits, its reply is lost). Any thread. */
+bool wire_failpoint_primary_write(wire_req *req);
+
 /* --- connections --- */
 
 /* Per-connection role state (e.g. authenticated user): a pointer the role owns, with a

@@ -88,6 +88,11 @@ def test_retryable_unified_against_a_proxy(start_role, tmp_path):
             c.t.c.find_one({})
         assert e.value.code == 96
         c.t.c.find_one({})  # {times: 1}: spent
+        # onPrimaryTransactionalWrite is a mongod fail point: a proxy (mongos) refuses it
+        with pytest.raises(OperationFailure) as e:
+            c.admin.command(SON([("configureFailPoint", "onPrimaryTransactionalWrite"),
+                                 ("mode", "alwaysOn")]))
+        assert e.value.code == 2
         # without --enable-test-commands a proxy refuses configureFailPoint
         port = cl.add_proxy()
         with pytest.raises(OperationFailure) as e:

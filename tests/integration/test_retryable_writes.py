@@ -322,7 +322,7 @@ def test_fail_command_with_test_commands(start_role, tmp_path):
             fp("alwaysOn", data)
         assert e.value.code == 2
     with pytest.raises(OperationFailure) as e:
-        c.admin.command(SON([("configureFailPoint", "onPrimaryTransactionalWrite"),
+        c.admin.command(SON([("configureFailPoint", "hangAfterCollectionInserts"),
                              ("mode", "alwaysOn")]))
     assert e.value.code == 2
     c.t.c.insert_one({"_id": 11})  # no refused setting stayed armed
