@@ -13,16 +13,16 @@ is tested is the SERVER's side of it:
   RetryableWriteError BY THE SERVER (MongoDB 4.4+ drivers do not label server errors
   themselves); a network error of a retryable write gets the label from the "driver";
   when the retry fails with NoWritesPerformed the first error is reported;
-- the testRunner failPoint operation: configureFailPoint sent to the server (it must run
-  with test commands on), the fail point turned off after each test;
+- the testRunner failPoint operation: configureFailPoint (failCommand, or
+  onPrimaryTransactionalWrite, which only a replica set member has) sent to the server (it
+  must run with test commands on), the fail points turned off after each test;
 - expectEvents for commandStartedEvent (pymongo command monitoring): the commands sent for
   the client entity, in order, matched as the unified format says (root-level extra fields
   allowed); fail point, initialData and outcome commands are not observed.
 
 Skips carry their reason: runOnRequirements the server does not meet (version, topology,
-auth), MongoDB 8.0's client bulkWrite, and the onPrimaryTransactionalWrite fail point
-(mongod-internal: it fires inside the storage transaction of each executed statement of a
-retryable write; stripedb implements failCommand only).
+auth), MongoDB 8.0's client bulkWrite, a feature stripedb refuses (docs/compat.md), other
+fail points.
 
     python3 retryable_unified.py mongodb://127.0.0.1:PORT [FILE.json ...]
 """
