@@ -286,8 +286,9 @@ class Runner:
                 why.append(f"needs server <= {r['maxServerVersion']} (the shard reports "
                            f"{'.'.join(map(str, self.version))})")
             if "topologies" in r and self.topology not in r["topologies"]:
-                why.append(f"needs topology {r['topologies']} (the server is a "
-                           f"{self.topology})")
+                kind = {"single": "standalone", "replicaset": "replica set member",
+                        "sharded": "mongos"}.get(self.topology, self.topology)
+                why.append(f"needs topology {r['topologies']} (the server is a {kind})")
             if r.get("serverless") == "require":
                 why.append("needs a serverless deployment")
             if r.get("auth") is True:
