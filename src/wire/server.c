@@ -567,34 +567,6 @@ static void send_reply(wire_req *req)
 	conn_write(conn, buf, len);
 }
 
-/* mongod's appendErrorLabelsAndTopologyVersion: an error of the NotPrimaryError or
- * ShutdownError category carries the server's current topologyVersion, so that a driver
- * (SDAM spec, "stale errors") does not mark the server Unknown for an error older than what
- * its monitor already knows. Loop thread (the counter changes there). */
-static void reply_add_topology_version(wire_req *req)
-{
-	bson_iter_t it;
-	int code;
-
-	if (reply_is_ok(req->reply) || !bson_iter_init_find(&it, req->reply, "code") ||
-	    bson_has_field(req->reply, "topologyVersion"))
-		return;
-	code = (int)bson_iter_as_int64(&it);
-	switch (code) {
-	case WIRE_ERR_NOT_WRITABLE_PRIMARY:
-	case WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK:
-	case 13436: /* NotPrimaryOrSecondary */
-	case 189:   /* PrimarySteppedDown */
-	case WIRE_ERR_INTERRUPTED_REPL_CHANGE:
-	case WIRE_ERR_INTERRUPTED_AT_SHUTDOWN:
-	case WIRE_ERR_SHUTDOWN_IN_PROGRESS:
-		wire__append_topology_version(req->srv, req->reply);
-		break;
-	default:
-		break;
-	}
-}
-
 /* Loop thread: finish every request completed since the last wakeup. */
 static void on_async(uv_async_t *a)
 {
@@ -622,10 +594,8 @@ static void on_async(uv_async_t *a)
 			conn->inflight = NULL;
 		conn->watch_eof = false;
 		if (conn->state != WIRE_CONN_CLOSING) {
-			if (!req->no_reply) {
-				reply_add_topology_version(req);
+			if (!req->no_reply)
 				send_reply(req);
-			}
 			if (req->close_after)
 				conn->close_when_idle = true;
 			if (conn->state == WIRE_CONN_BUSY) {
