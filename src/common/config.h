@@ -86,7 +86,7 @@ typedef enum {
 	X("logical-session-timeout-minutes", logical_session_timeout_minutes, SDB_OPT_INT, "30", \
 	  "shard: retryable-write records of a session unused this long are forgotten (min)")   \
 	X("enable-test-commands", enable_test_commands, SDB_OPT_BOOL, "false",                  \
-	  "shard: accept the test command configureFailPoint (failCommand); never in production") \
+	  "shard, proxy: accept the test command configureFailPoint (failCommand); never in production") \
 	X("migration-budget", migration_budget, SDB_OPT_INT, "8",                               \
 	  "coordinator: migrations active at once fleet-wide; others wait for a slot")          \
 	X("migration-shard-budget", migration_shard_budget, SDB_OPT_INT, "2",                   \

@@ -809,6 +809,8 @@ static int proxy_start(sdb_role *role)
 	o.role_data = p;
 	o.hello = hello_hook;
 	o.is_mongos = true;
+	/* configureFailPoint failCommand (issue #16): wire/failpoint.c */
+	o.test_commands = sdb_config_get_bool(role->cfg, SDB_OPT_enable_test_commands, 0) != 0;
 	o.quiesce_ms = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_quiesce_ms, 0);
 	if (p->auth)
 		o.gate = auth_gate_hook;

@@ -89,8 +89,8 @@ static void *worker_main(void *arg)
 		x.db = wire_req_db(job->req);
 		x.resume = job->resume;
 		shard_sessions_note(sh, x.cmd);
-		if (!job->resume && shard_failpoint_fire(&x))
-			; /* answered by the test fail point, not run */
+		if (!job->resume && shard_txn_fail_point(&x))
+			; /* answered by the onPrimaryTransactionalWrite test fail point */
 		else if (job->replicate) {
 			if (ctx_parse_ext(&x) && !shard_txn_refuse_fields(&x))
 				shard_repl_submit(sh->repl, job->req); /* run by the apply */

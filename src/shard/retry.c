@@ -217,3 +217,52 @@ int shard_txn_record(shard_ctx *x, shard_txn *t, uint32_t i, const bson_t *res)
 	return sdb_store_session_stmt_put(x->conn, &t->lsid, shard_txn_stmt_id(t, i), res,
 					  x->err, sizeof x->err);
 }
+
+/* The number of statements of a write command (0: not a write that records statements). */
+static uint32_t write_statements(shard_ctx *x)
+{
+	static const struct {
+		const char *cmd, *arr;
+	} w[] = {{"insert", "documents"}, {"update", "updates"}, {"delete", "deletes"}};
+	const char *name = wire_req_name(x->req);
+	bson_iter_t it, a;
+	uint32_t n = 0;
+
+	if (strcmp(name, "findAndModify") == 0 || strcmp(name, "findandmodify") == 0)
+		return 1;
+	for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+		if (strcmp(name, w[i].cmd) != 0)
+			continue;
+		if (bson_iter_init_find(&it, x->cmd, w[i].arr) && BSON_ITER_HOLDS_ARRAY(&it) &&
+		    bson_iter_recurse(&it, &a))
+			while (bson_iter_next(&a))
+				n++;
+	}
+	return n;
+}
+
+bool shard_txn_fail_point(shard_ctx *x)
+{
+	if (!x->req || !wire_req_conn(x->req) || !wire_failpoint_primary_write_armed(x->req))
+		return false; /* off, or a member applying a replicated command */
+	uint32_t count = write_statements(x);
+	if (count == 0)
+		return false;
+	shard_txn t;
+	if (!shard_txn_parse(x, &t, count))
+		return true; /* answered: malformed session fields */
+	bool fresh = false;
+	if (t.on && sdb_store_begin(x->conn, false, x->err, sizeof x->err) == 0) {
+		for (uint32_t i = 0; i < count && !fresh; i++) {
+			bson_t *res = NULL;
+			int rc = sdb_store_session_peek(x->conn, &t.lsid, t.txn,
+							shard_txn_stmt_id(&t, i), &res, x->err,
+							sizeof x->err);
+			sdb_doc_free(res);
+			fresh = rc == 0;
+		}
+		sdb_store_rollback(x->conn);
+	}
+	shard_txn_free(&t);
+	return fresh && wire_failpoint_primary_write(x->req);
+}

@@ -145,6 +145,7 @@ static int shard_start(sdb_role *role)
 	wire_tls tls;
 	auth_tls_wire("shard", &tls); /* issue #10: the role's TLS, if set up */
 	o.tls = &tls;
+	o.test_commands = sh->test_commands; /* configureFailPoint: wire/failpoint.c */
 	rc = wire_server_new(role->loop, &o, &sh->srv, err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);

@@ -242,6 +242,11 @@ bool shard_txn_parse(shard_ctx *x, shard_txn *t, uint32_t count);
 /* Inside the command's write transaction: start or continue the session's txnNumber.
  * Replies TransactionTooOld (225) or InternalError, rolls back and returns false. */
 bool shard_txn_start(shard_ctx *x, shard_txn *t);
+/* Test commands: MongoDB's onPrimaryTransactionalWrite fail point (wire/server.h
+ * wire_failpoint_primary_write) for a retryable write received from a client that has a
+ * statement not executed before. True when the fail point answered x->req (the command
+ * must not run). Worker thread, before the command runs or is replicated. */
+bool shard_txn_fail_point(shard_ctx *x);
 /* The stmtId of statement i. */
 int32_t shard_txn_stmt_id(const shard_txn *t, uint32_t i);
 /* 1 when statement i already executed (*res: its recorded result, sdb_doc_free), 0 when
@@ -263,14 +268,6 @@ bool shard_txn_refuse_fields(shard_ctx *x);
 void shard_cmd_stmt_result(shard_ctx *x);
 /* commitTransaction / abortTransaction: refused with IllegalOperation (20). */
 void shard_cmd_txn_refuse(shard_ctx *x);
-
-/* --- failpoint.c: configureFailPoint failCommand (test commands only) --- */
-/* {configureFailPoint: "failCommand", mode, data}: with --enable-test-commands, else
- * CommandNotFound (59). Unsupported options are refused with BadValue (2). */
-void shard_cmd_configure_fail_point(shard_ctx *x);
-/* Before a command runs (worker thread): when the fail point matches it, block and/or
- * answer its error (then true: the command must not run). */
-bool shard_failpoint_fire(shard_ctx *x);
 
 /* --- commands (commands_*.c) --- */
 void shard_register_commands(shard *sh);

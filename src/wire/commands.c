@@ -494,5 +494,6 @@ void wire__register_builtins(wire_server *srv)
 	wire_server_register(srv, "endSessions", cmd_ok);
 	wire_server_register(srv, "killAllSessions", cmd_ok);
 	wire_server_register(srv, "serverStatus", cmd_server_status);
+	wire_server_register(srv, "configureFailPoint", wire__cmd_configure_fail_point);
 	uv_once(&process_start_once, process_start_init);
 }

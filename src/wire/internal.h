@@ -30,6 +30,8 @@ typedef struct wire_cmd_entry {
 enum wire_conn_state { WIRE_CONN_READING = 0, WIRE_CONN_BUSY, WIRE_CONN_CLOSING };
 
 typedef struct wire_hello_wait wire_hello_wait;
+typedef struct wire_failpoint wire_failpoint;
+typedef struct wire_ptw wire_ptw;
 
 struct wire_conn {
 	uv_tcp_t tcp;
@@ -69,6 +71,8 @@ struct wire_req {
 	char *db;
 	uint64_t start_ns;
 	bson_t *reply;
+	bson_t *reply_extra;      /* fields appended to an ok reply (failCommand's
+				   * writeConcernError), or NULL */
 	atomic_int completed;
 	/* detached requests (wire_req_detached_on_done) */
 	void (*detached_done)(void *arg, wire_req *req);
@@ -91,6 +95,9 @@ struct wire_server {
 	wire_hello_fn hello;
 	wire_gate_fn gate;
 	bool is_mongos;
+	wire_failpoint *fp;       /* failCommand setting; NULL without test commands */
+	wire_ptw *ptw;            /* onPrimaryTransactionalWrite; NULL unless test commands
+				   * and not a mongos */
 	uint64_t quiesce_ms;      /* wire_server_close phase 2 */
 	bool quiescing;           /* DRAINING, phase 2: commands still read (and refused) */
 	uint64_t close_deadline;  /* uv_now() at which connections are force-closed */
@@ -120,6 +127,19 @@ struct wire_server {
 	sdb_counter *m_bytes_out;
 	sdb_counter *m_refused;
 };
+
+/* failpoint.c: the failCommand fail point (test commands, issue #16). */
+wire_failpoint *wire__failpoint_new(void);
+void wire__failpoint_free(wire_failpoint *fp);
+wire_ptw *wire__ptw_new(void);
+void wire__ptw_free(wire_ptw *p);
+/* The configureFailPoint command (registered as a shared command; refused with
+ * CommandNotFound when the server has no test commands). */
+void wire__cmd_configure_fail_point(wire_req *req, void *role_data);
+/* Before entry's handler runs: true when the fail point took req over (answered it, closed
+ * the connection, or blocks and will call the handler itself); false to run the handler
+ * now (maybe with req->reply_extra set). Loop thread. */
+bool wire__failpoint_intercept(wire_req *req, wire_cmd_entry *entry);
 
 /* commands.c: register the shared commands (hello, ping, buildInfo, ...). */
 void wire__register_builtins(wire_server *srv);

@@ -141,6 +141,8 @@ static void req_free(wire_req *req)
 	bson_destroy(req->cmd);
 	if (req->reply)
 		bson_destroy(req->reply);
+	if (req->reply_extra)
+		bson_destroy(req->reply_extra);
 	free(req->name);
 	free(req->db);
 	free(req);
@@ -188,6 +190,8 @@ void wire_req_reply(wire_req *req, bson_t *reply)
 		reply = bson_new();
 	if (!bson_iter_init_find(&it, reply, "ok"))
 		BSON_APPEND_DOUBLE(reply, "ok", 1.0);
+	if (req->reply_extra && reply_is_ok(reply))
+		bson_concat(reply, req->reply_extra); /* failCommand's writeConcernError */
 	req_complete(req, reply);
 }
 
@@ -748,6 +752,8 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 			       req->name);
 		return;
 	}
+	if (srv->fp && wire__failpoint_intercept(req, entry))
+		return;
 	entry->fn(req, srv->role_data);
 }
 
@@ -948,6 +954,8 @@ static void srv_free(wire_server *srv)
 		free(srv->cmds[i]);
 	}
 	free(srv->cmds);
+	wire__failpoint_free(srv->fp);
+	wire__ptw_free(srv->ptw);
 	uv_mutex_destroy(&srv->mu);
 	free(srv->role);
 	free(srv);
@@ -1144,6 +1152,8 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	if (opts->tls)
 		srv->tls = *opts->tls;
 	srv->is_mongos = opts->is_mongos;
+	srv->fp = opts->test_commands ? wire__failpoint_new() : NULL;
+	srv->ptw = opts->test_commands && !opts->is_mongos ? wire__ptw_new() : NULL;
 	srv->quiesce_ms = opts->quiesce_ms;
 	bson_oid_init(&srv->process_id, NULL);
 	uv_mutex_init(&srv->mu);

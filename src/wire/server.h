@@ -8,7 +8,8 @@
  *
  * Commands are dispatched through a table that the role fills (wire_server_register);
  * the shared layer answers hello/isMaster, ping, buildInfo, getParameter, getLog,
- * whatsmyuri, hostInfo, connectionStatus, endSessions, killAllSessions, and any of them
+ * whatsmyuri, hostInfo, connectionStatus, endSessions, killAllSessions, configureFailPoint
+ * (test commands only, see wire_server_opts.test_commands), and any of them
  * can be overridden by registering the same name. Command names match case-sensitively
  * except hello/isMaster/ismaster which are aliases.
  *
@@ -124,6 +125,10 @@ typedef struct wire_server_opts {
 	wire_gate_fn gate;          /* optional */
 	bool is_mongos;             /* hello says msg: "isdbgrid" */
 	const wire_tls *tls;        /* optional (NULL: plaintext only); copied */
+	/* Test commands (--enable-test-commands, MongoDB's enableTestCommands): the shared
+	 * configureFailPoint command and its failCommand fail point (wire/failpoint.c). Off:
+	 * configureFailPoint is refused with CommandNotFound (59). Never in production. */
+	bool test_commands;
 	/* Quiesce period of wire_server_close, in ms (0 = none). See wire_server_close. */
 	uint64_t quiesce_ms;
 } wire_server_opts;
@@ -201,6 +206,23 @@ void wire_req_detached_on_done(wire_req *req, void (*cb)(void *arg, wire_req *re
 bson_t *wire_req_detached_take(wire_req *req);
 /* Free a detached request (and an untaken reply). NULL is a no-op. */
 void wire_req_detached_free(wire_req *req);
+
+/* --- test fail points for roles (wire/failpoint.c; test commands only) --- */
+
+/* MongoDB's onPrimaryTransactionalWrite fail point, set with configureFailPoint on a
+ * server with test commands that is not a mongos: data {closeConnection: bool (default
+ * true), failBeforeCommitExceptionCode: N}, modes as failCommand. mongod evaluates it for
+ * each statement of a retryable write it executes on the primary; stripedb once per
+ * command that executes at least one statement not executed before (a retry answered
+ * wholly from the session records does not count). armed: whether it is on (a cheap
+ * check before the role looks its records up). Any thread. */
+bool wire_failpoint_primary_write_armed(const wire_req *req);
+/* Call it for such a command before running it. Not firing: false, run it. Firing:
+ * closeConnection drops the reply and closes the connection once answered; with
+ * failBeforeCommitExceptionCode the command must not run: req is answered (closed, or
+ * the error when closeConnection is false) and true is returned; without it false (the
+ * write runs and commits, its reply is lost). Any thread. */
+bool wire_failpoint_primary_write(wire_req *req);
 
 /* --- connections --- */
 

@@ -95,20 +95,20 @@ def refusal_of(exc):
     return None
 
 
-def compat_dir():
-    """Where the spec files are: $STRIPEDB_COMPAT_DIR, else ../shared/compat/... of the repo."""
+def compat_dir(name="mongodb-crud-unified"):
+    """Where spec files are: $STRIPEDB_COMPAT_DIR (the compat folder, or the set itself for
+    the CRUD set), else ../shared/compat/NAME of the repo, else /work/shared/compat/NAME."""
     env = os.environ.get("STRIPEDB_COMPAT_DIR")
     if env:
-        d = env if os.path.basename(env.rstrip("/")) == "mongodb-crud-unified" else \
-            os.path.join(env, "mongodb-crud-unified")
+        d = env if os.path.basename(env.rstrip("/")) == name else os.path.join(env, name)
         if os.path.isdir(d):
             return d
-        if os.path.isdir(env):
+        if name == "mongodb-crud-unified" and os.path.isdir(env):
             return env
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.environ.get("STRIPEDB_SRCDIR") or os.path.join(here, "..", "..")
-    for cand in (os.path.join(root, "..", "shared", "compat", "mongodb-crud-unified"),
-                 "/work/shared/compat/mongodb-crud-unified"):
+    for cand in (os.path.join(root, "..", "shared", "compat", name),
+                 os.path.join("/work/shared/compat", name)):
         if os.path.isdir(cand):
             return os.path.abspath(cand)
     return None
@@ -216,14 +216,26 @@ def match(expected, actual, root=True, path="$"):
 
 # ----------------------------------------------------------------------------- commands
 
+def _write_error(reply):
+    """The driver's error for a single write's writeErrors[0]: its code and message, with
+    the reply's top-level errorLabels (a retryable write's labels live there)."""
+    err = dict(reply["writeErrors"][0])
+    if "errorLabels" in reply:
+        err["errorLabels"] = list(reply["errorLabels"])
+    return err
+
+
 class Runner:
     """Runs one spec file against one server (pymongo client to its URI)."""
 
-    def __init__(self, uri, spec):
+    topology = TOPOLOGY  # what runOnRequirements' topologies are checked against
+
+    def __init__(self, uri, spec, **client_kwargs):
         self.uri = uri
         self.spec = spec
         self.client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000,
-                                          retryWrites=False, retryReads=False)
+                                          retryWrites=False, retryReads=False,
+                                          **client_kwargs)
         self.opts = CodecOptions(document_class=dict, tz_aware=False)
         info = self.client.admin.command("buildInfo")
         self.version = tuple(int(x) for x in re.findall(r"\d+", info["version"])[:3])
@@ -273,8 +285,10 @@ class Runner:
             if "maxServerVersion" in r and self.version > self._ver(r["maxServerVersion"]):
                 why.append(f"needs server <= {r['maxServerVersion']} (the shard reports "
                            f"{'.'.join(map(str, self.version))})")
-            if "topologies" in r and TOPOLOGY not in r["topologies"]:
-                why.append(f"needs topology {r['topologies']} (the shard is a standalone)")
+            if "topologies" in r and self.topology not in r["topologies"]:
+                kind = {"single": "standalone", "replicaset": "replica set member",
+                        "sharded": "mongos"}.get(self.topology, self.topology)
+                why.append(f"needs topology {r['topologies']} (the server is a {kind})")
             if r.get("serverless") == "require":
                 why.append("needs a serverless deployment")
             if r.get("auth") is True:
@@ -506,7 +520,7 @@ class Runner:
             r = self.cmd(db, com(SON([("insert", coll), ("documents", [doc]),
                                       ("ordered", True)])))
             if r.get("writeErrors"):
-                raise ServerError(dict(r["writeErrors"][0]))
+                raise ServerError(_write_error(r))
             return {"insertedId": doc["_id"]}
         if name == "insertMany":
             reqs = [{"insertOne": {"document": d}} for d in args["documents"]]
@@ -525,7 +539,7 @@ class Runner:
             self._with(cmd, args, "let")
             r = self.cmd(db, cmd)
             if r.get("writeErrors"):
-                raise ServerError(dict(r["writeErrors"][0]))
+                raise ServerError(_write_error(r))
             ups = r.get("upserted", [])
             out = {"matchedCount": r.get("n", 0) - len(ups), "modifiedCount":
                    r.get("nModified", 0), "upsertedCount": len(ups)}
@@ -539,7 +553,7 @@ class Runner:
             self._with(cmd, args, "let")
             r = self.cmd(db, cmd)
             if r.get("writeErrors"):
-                raise ServerError(dict(r["writeErrors"][0]))
+                raise ServerError(_write_error(r))
             return {"deletedCount": r.get("n", 0)}
         if name == "bulkWrite":
             return self.bulk(db, coll, args["requests"], args.get("ordered", True), comment,
@@ -706,10 +720,10 @@ class Runner:
             return "skipped", str(s)
 
 
-def run_file(uri, path):
+def run_file(uri, path, runner_class=None):
     """Run every test of one file. Returns (file name, [(description, status, detail)])."""
     spec = load_file(path)
-    runner = Runner(uri, spec)
+    runner = (runner_class or Runner)(uri, spec)
     results = []
     try:
         why = runner.requirement_skip(spec.get("runOnRequirements"))

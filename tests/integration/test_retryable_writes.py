@@ -13,7 +13,7 @@ import pymongo
 import pytest
 from bson import Int64
 from bson.son import SON
-from pymongo.errors import OperationFailure
+from pymongo.errors import AutoReconnect, OperationFailure
 
 from conftest import BIN, free_port
 
@@ -303,15 +303,26 @@ def test_fail_command_with_test_commands(start_role, tmp_path):
     # blockConnection without an error: the command waits, then runs
     fp({"times": 1}, {"failCommands": ["find"], "blockConnection": True, "blockTimeMS": 50})
     assert c.t.c.find_one({"_id": 10})["a"] == 4
+    # closeConnection: no reply, the connection goes; nothing ran
+    fp({"times": 1}, {"failCommands": ["insert"], "closeConnection": True})
+    with pytest.raises(AutoReconnect):
+        c.t.c.insert_one({"_id": 20})
+    assert c.t.c.find_one({"_id": 20}) is None
+    # writeConcernError: the command runs and its ok reply carries the error
+    fp({"times": 1}, {"failCommands": ["insert"],
+                      "writeConcernError": {"code": 91, "errmsg": "shutting down"}})
+    r = c.t.command(SON([("insert", "c"), ("documents", [{"_id": 21}])]))
+    assert r["ok"] == 1 and r["n"] == 1 and r["writeConcernError"]["code"] == 91
+    assert "errorLabels" not in r  # no txnNumber: not a retryable write
     # options not implemented are refused, never ignored
-    for data in ({"failCommands": ["insert"], "closeConnection": True},
-                 {"failCommands": ["insert"], "errorCode": 1,
-                  "writeConcernError": {"code": 91, "errmsg": "x"}}):
+    for data in ({"failCommands": ["insert"], "errorCode": 1, "appName": "x"},
+                 {"failCommands": ["insert"], "errorCode": 1, "failInternalCommands": True},
+                 {"failCommands": ["insert"], "blockConnection": True}):
         with pytest.raises(OperationFailure) as e:
             fp("alwaysOn", data)
         assert e.value.code == 2
     with pytest.raises(OperationFailure) as e:
-        c.admin.command(SON([("configureFailPoint", "onPrimaryTransactionalWrite"),
+        c.admin.command(SON([("configureFailPoint", "hangAfterCollectionInserts"),
                              ("mode", "alwaysOn")]))
     assert e.value.code == 2
     c.t.c.insert_one({"_id": 11})  # no refused setting stayed armed
