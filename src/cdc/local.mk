@@ -22,6 +22,8 @@ tests_bench_s3_archive_bench_LDADD = libstripedb.a $(SDB_LIBS)
 
 # `stripedb ctl cdc status|read` (cli/ctl.c dispatches to cli_cdc_main)
 libstripedb_a_SOURCES += cli/cdc.c
+# `stripedb ctl backup create|list|delete` and `stripedb ctl restore` (issue #22)
+libstripedb_a_SOURCES += cli/backup.c
 
 # Test helper: a librdkafka mock cluster (a real Kafka protocol broker on loopback), started
 # by tests/integration/test_cdc.py.
@@ -30,5 +32,5 @@ tests_integration_kafka_mock_SOURCES = tests/integration/kafka_mock.c
 tests_integration_kafka_mock_LDADD = $(RDKAFKA_LIBS)
 
 EXTRA_DIST += src/cdc/README.md tests/integration/test_cdc.py tests/integration/cdc_helpers.py \
-	tests/integration/test_cdc_s3.py tests/integration/s3_server.py \
+	tests/integration/test_cdc_s3.py tests/integration/s3_server.py tests/integration/test_backup.py \
 	tests/bench/cdc_bench.py tests/bench/s3_archive_bench.py
