@@ -53,6 +53,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/log.h"
 
 int cli_backup_main(cli_ctx *ctx, int argc, char **argv);
 int cli_restore_main(cli_ctx *ctx, int argc, char **argv);
@@ -603,6 +604,9 @@ static int open_archive(const char *who, const bk_opts *o, cdc_archive **a)
 {
 	char err[1024];
 	cdc_log_opts lo = log_opts(o);
+	/* an unreachable s3 endpoint is only a warning at open (the coordinator starts
+	 * anyway); here the first request fails with the one error line */
+	sdb_log_set_level(SDB_LOG_ERROR);
 	int rc = cdc_archive_open(o->archive, &lo, a, err, sizeof err);
 	if (rc) {
 		fprintf(stderr, "stripedb ctl %s: %s\n", who, err);
@@ -1312,6 +1316,7 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 		goto out;
 	}
 	cdc_log_opts lo = log_opts(&o);
+	sdb_log_set_level(SDB_LOG_ERROR); /* as open_archive */
 	if ((rc = cdc_log_open(o.cdc, &lo, &log, r.err, sizeof r.err)) != 0) {
 		fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
 		rc = rc == SDB_EINVAL ? 2 : 1;

@@ -94,8 +94,9 @@ def test_backup_to_unreachable_s3_names_bucket_and_operation(cl, tmp_path):
             f"--s3-endpoint=http://127.0.0.1:{port}",
             env_extra={"AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "x"}, check=False)
     assert r.returncode == 1
-    err = r.stderr.decode().strip().splitlines()[-1]
-    assert "bkt-missing" in err and "ListObjectsV2" in err, err
+    lines = r.stderr.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "bkt-missing" in lines[0] and "ListObjectsV2" in lines[0], lines
 
 
 def now_ms():
