@@ -33,4 +33,4 @@ tests_integration_kafka_mock_LDADD = $(RDKAFKA_LIBS)
 
 EXTRA_DIST += src/cdc/README.md tests/integration/test_cdc.py tests/integration/cdc_helpers.py \
 	tests/integration/test_cdc_s3.py tests/integration/s3_server.py tests/integration/test_backup.py tests/integration/test_backup_s3.py \
-	tests/bench/cdc_bench.py tests/bench/s3_archive_bench.py
+	tests/bench/cdc_bench.py tests/bench/s3_archive_bench.py tests/bench/backup_bench.py
