@@ -47,6 +47,7 @@
 
 #include "auth/cluster.h"
 #include "cdc/archive.h"
+#include "cdc/backup.h"
 #include "cdc/log.h"
 #include "cdc/reader.h"
 #include "cli/cli.h"
@@ -148,11 +149,6 @@ static cdc_log_opts log_opts(const bk_opts *o)
 
 /* ------------------------------------------------------------ small helpers */
 
-static void hex(const uint8_t *b, size_t n, char *out)
-{
-	for (size_t i = 0; i < n; i++)
-		sprintf(out + 2 * i, "%02x", b[i]);
-}
 
 static void fmt_ms(int64_t ms, char *buf, size_t n)
 {
@@ -198,17 +194,6 @@ static int parse_time(const char *s, int64_t *ms)
 	return 0;
 }
 
-static mongoc_client_t *client(const char *uri, int timeout_ms)
-{
-	char *u = sdb_asprintf("%s%sserverSelectionTimeoutMS=%d&connectTimeoutMS=%d", uri,
-			       strchr(uri, '?') ? "&" : (uri[strlen(uri) - 1] == '/' ? "?" : "/?"),
-			       timeout_ms, timeout_ms);
-	mongoc_client_t *c = auth_cluster_client_new(u);
-	free(u);
-	if (c)
-		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
-	return c;
-}
 
 typedef struct shard_ref {
 	char *id, *uri;
@@ -259,204 +244,17 @@ static void shards_free(shard_ref *s, size_t n)
 	free(s);
 }
 
-static char *tmp_dir(void)
-{
-	const char *t = getenv("TMPDIR");
-	char *d = sdb_asprintf("%s/stripedb-backup-XXXXXX", t && t[0] ? t : "/tmp");
-	if (mkdtemp(d) == NULL) {
-		free(d);
-		return NULL;
-	}
-	return d;
-}
 
-static uint64_t iter_ts(const bson_t *doc, const char *path)
-{
-	bson_iter_t it;
-	uint32_t t, i;
-	if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &it) ||
-	    !BSON_ITER_HOLDS_TIMESTAMP(&it))
-		return 0;
-	bson_iter_timestamp(&it, &t, &i);
-	return ((uint64_t)t << 32) | i;
-}
 
-static int64_t iter_i64(const bson_t *doc, const char *path)
-{
-	bson_iter_t it;
-	if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &it))
-		return 0;
-	if (BSON_ITER_HOLDS_DATE_TIME(&it))
-		return bson_iter_date_time(&it);
-	return bson_iter_as_int64(&it);
-}
 
-static const char *iter_str(const bson_t *doc, const char *path)
-{
-	bson_iter_t it;
-	if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &it) ||
-	    !BSON_ITER_HOLDS_UTF8(&it))
-		return NULL;
-	return bson_iter_utf8(&it, NULL);
-}
 
 /* ------------------------------------------------------------ backup create */
 
-/* Wall clock (epoch ms) of the shard's oplog entry at ts (0 for ts 0); the caller's
- * clock now when that entry is gone (trimmed: an upper bound, which only makes the
- * backup usable later). */
-static int oplog_wall(mongoc_client_t *c, uint64_t ts, int64_t *wall, char *err, size_t errlen)
-{
-	bson_t cmd = BSON_INITIALIZER, reply, f;
-	bson_error_t e;
-	*wall = 0;
-	if (ts == 0)
-		return 0;
-	BSON_APPEND_UTF8(&cmd, "find", "oplog.rs");
-	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "filter", &f);
-	BSON_APPEND_TIMESTAMP(&f, "ts", (uint32_t)(ts >> 32), (uint32_t)ts);
-	bson_append_document_end(&cmd, &f);
-	BSON_APPEND_INT32(&cmd, "limit", 1);
-	BSON_APPEND_BOOL(&cmd, "singleBatch", true);
-	int ok = mongoc_client_command_simple(c, "local", &cmd, NULL, &reply, &e);
-	bson_destroy(&cmd);
-	if (!ok) {
-		bson_destroy(&reply);
-		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "find local.oplog.rs: %s",
-				e.message);
-	}
-	*wall = iter_i64(&reply, "cursor.firstBatch.0.wall");
-	if (*wall == 0)
-		*wall = sdb_wall_ms();
-	bson_destroy(&reply);
-	return 0;
-}
 
-typedef struct snap_out {
-	uint64_t at;
-	int64_t count, bytes;
-	char sha[65];
-} snap_out;
 
-/* Stream the point-in-time read of db.coll on c into path (documents back to back). */
-static int snapshot_coll(mongoc_client_t *c, const char *db, const char *coll, const char *path,
-			 snap_out *so, char *err, size_t errlen)
-{
-	bson_t cmd = BSON_INITIALIZER, reply, f = BSON_INITIALIZER;
-	bson_error_t e;
-	int rc = 0;
-	memset(so, 0, sizeof *so);
-	BSON_APPEND_UTF8(&cmd, "stripedbSnapshot", coll);
-	BSON_APPEND_DOCUMENT(&cmd, "filter", &f);
-	BSON_APPEND_INT32(&cmd, "batchSize", BATCH);
-	/* the command and its getMores on one server */
-	mongoc_server_description_t *sd = mongoc_client_select_server(c, false, NULL, &e);
-	if (!sd) {
-		bson_destroy(&cmd);
-		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "%s", e.message);
-	}
-	uint32_t sid = mongoc_server_description_id(sd);
-	mongoc_server_description_destroy(sd);
-	if (!mongoc_client_command_simple_with_server_id(c, db, &cmd, NULL, sid, &reply, &e)) {
-		bson_destroy(&reply);
-		bson_destroy(&cmd);
-		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "stripedbSnapshot %s.%s: %s", db,
-				coll, e.message);
-	}
-	bson_destroy(&cmd);
-	so->at = iter_ts(&reply, "cursor.atOplogTs");
-	FILE *out = fopen(path, "wb");
-	if (out == NULL) {
-		bson_destroy(&reply);
-		return sdb_errf(err, errlen, SDB_EIO, "create %s: %s", path, strerror(errno));
-	}
-	EVP_MD_CTX *md = EVP_MD_CTX_new();
-	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-	bson_t copts = BSON_INITIALIZER;
-	BSON_APPEND_INT32(&copts, "serverId", (int32_t)sid);
-	mongoc_cursor_t *cs = mongoc_cursor_new_from_command_reply_with_opts(c, &reply, &copts);
-	bson_destroy(&copts);
-	const bson_t *doc;
-	while (rc == 0 && mongoc_cursor_next(cs, &doc)) {
-		if (fwrite(bson_get_data(doc), 1, doc->len, out) != doc->len)
-			rc = sdb_errf(err, errlen, SDB_EIO, "write %s: %s", path, strerror(errno));
-		EVP_DigestUpdate(md, bson_get_data(doc), doc->len);
-		so->count++;
-		so->bytes += doc->len;
-	}
-	if (rc == 0 && mongoc_cursor_error(cs, &e))
-		rc = sdb_errf(err, errlen, SDB_EUNAVAILABLE, "stripedbSnapshot %s.%s: %s", db, coll,
-			      e.message);
-	mongoc_cursor_destroy(cs);
-	uint8_t dg[32];
-	unsigned dl = 0;
-	EVP_DigestFinal_ex(md, dg, &dl);
-	EVP_MD_CTX_free(md);
-	hex(dg, 32, so->sha);
-	if (fclose(out) != 0 && rc == 0)
-		rc = sdb_errf(err, errlen, SDB_EIO, "close %s: %s", path, strerror(errno));
-	return rc;
-}
 
-/* Names under `field` of the first batch of cmd's reply (listDatabases: "databases",
- * listCollections: "cursor.firstBatch"), skipping views. Heap array of heap strings. */
-static int list_names(mongoc_client_t *c, const char *db, const bson_t *cmd, const char *field,
-		      char ***names, size_t *n, char *err, size_t errlen)
-{
-	bson_t reply;
-	bson_error_t e;
-	bson_iter_t it, arr;
-	*names = NULL;
-	*n = 0;
-	if (!mongoc_client_command_simple(c, db, cmd, NULL, &reply, &e)) {
-		bson_destroy(&reply);
-		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "%s", e.message);
-	}
-	if (bson_iter_init(&it, &reply) && bson_iter_find_descendant(&it, field, &it) &&
-	    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr)) {
-		while (bson_iter_next(&arr)) {
-			bson_t d;
-			uint32_t l;
-			const uint8_t *data;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
-				continue;
-			bson_iter_document(&arr, &l, &data);
-			if (!bson_init_static(&d, data, l))
-				continue;
-			const char *name = iter_str(&d, "name"), *type = iter_str(&d, "type");
-			if (name == NULL || (type && strcmp(type, "collection") != 0))
-				continue;
-			*names = sdb_realloc(*names, (*n + 1) * sizeof **names);
-			(*names)[(*n)++] = sdb_strdup(name);
-		}
-	}
-	bson_destroy(&reply);
-	return 0;
-}
 
-static void names_free(char **names, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		free(names[i]);
-	free(names);
-}
 
-/* Write doc as canonical Extended JSON to path. */
-static int write_json(const bson_t *doc, const char *path, char *err, size_t errlen)
-{
-	size_t l;
-	char *j = bson_as_canonical_extended_json(doc, &l);
-	FILE *f = fopen(path, "wb");
-	int rc = 0;
-	if (f == NULL || fwrite(j, 1, l, f) != l || fclose(f) != 0)
-		rc = sdb_errf(err, errlen, SDB_EIO, "write %s: %s", path, strerror(errno));
-	else
-		f = NULL;
-	if (f)
-		fclose(f);
-	bson_free(j);
-	return rc;
-}
 
 /* Parse the Extended JSON file at path into *doc (heap). */
 static int load_json(const char *path, bson_t **doc, char *err, size_t errlen)
@@ -482,123 +280,6 @@ static int load_json(const char *path, bson_t **doc, char *err, size_t errlen)
 	return rc;
 }
 
-/* Back up one shard as backup id. Prints one line on success. */
-static int backup_shard(const cli_ctx *ctx, cdc_archive *a, const shard_ref *s, const char *id,
-			const char *tmp, char *err, size_t errlen)
-{
-	mongoc_client_t *c = client(s->uri, ctx->timeout_ms);
-	char **dbs = NULL;
-	size_t ndb = 0;
-	int rc = 0, nobj = 0;
-	int64_t started = sdb_wall_ms(), docs = 0, bytes = 0;
-	snap_out head;
-	bson_t man = BSON_INITIALIZER, arr;
-	if (c == NULL)
-		return sdb_errf(err, errlen, SDB_EINVAL, "shard %s: bad uri %s", s->id, s->uri);
-	/* the head first: a collection not listed below was empty then */
-	char *probe = sdb_asprintf("%s/probe.bson", tmp);
-	rc = snapshot_coll(c, "admin", "stripedb.backup.probe", probe, &head, err, errlen);
-	unlink(probe);
-	free(probe);
-	int64_t head_wall = 0;
-	if (rc == 0)
-		rc = oplog_wall(c, head.at, &head_wall, err, errlen);
-	BSON_APPEND_UTF8(&man, "id", id);
-	BSON_APPEND_UTF8(&man, "shard", s->id);
-	BSON_APPEND_DATE_TIME(&man, "startedAt", started);
-	BSON_APPEND_TIMESTAMP(&man, "headTs", (uint32_t)(head.at >> 32), (uint32_t)head.at);
-	BSON_APPEND_DATE_TIME(&man, "headWall", head_wall);
-	BSON_APPEND_ARRAY_BEGIN(&man, "collections", &arr);
-	if (rc == 0) {
-		bson_t cmd = BSON_INITIALIZER;
-		BSON_APPEND_INT32(&cmd, "listDatabases", 1);
-		BSON_APPEND_BOOL(&cmd, "nameOnly", true);
-		rc = list_names(c, "admin", &cmd, "databases", &dbs, &ndb, err, errlen);
-		bson_destroy(&cmd);
-	}
-	for (size_t d = 0; rc == 0 && d < ndb; d++) {
-		if (!strcmp(dbs[d], "local") || !strcmp(dbs[d], "config") || !strcmp(dbs[d], "admin"))
-			continue;
-		char **colls = NULL;
-		size_t nc = 0;
-		bson_t cmd = BSON_INITIALIZER;
-		BSON_APPEND_INT32(&cmd, "listCollections", 1);
-		rc = list_names(c, dbs[d], &cmd, "cursor.firstBatch", &colls, &nc, err, errlen);
-		bson_destroy(&cmd);
-		for (size_t i = 0; rc == 0 && i < nc; i++) {
-			if (strncmp(colls[i], "system.", 7) == 0)
-				continue;
-			snap_out so;
-			char *path = sdb_asprintf("%s/data.bson", tmp);
-			char *obj = sdb_asprintf("backups/%s/%s/data-%05d.bson", s->id, id, nobj++);
-			int64_t wall = 0;
-			rc = snapshot_coll(c, dbs[d], colls[i], path, &so, err, errlen);
-			if (rc == 0)
-				rc = oplog_wall(c, so.at, &wall, err, errlen);
-			if (rc == 0)
-				rc = cdc_archive_obj_put(a, obj, path, err, errlen);
-			unlink(path);
-			if (rc == 0) {
-				bson_t e;
-				char k[16], *ns = sdb_asprintf("%s.%s", dbs[d], colls[i]);
-				snprintf(k, sizeof k, "%d", nobj - 1);
-				BSON_APPEND_DOCUMENT_BEGIN(&arr, k, &e);
-				BSON_APPEND_UTF8(&e, "ns", ns);
-				BSON_APPEND_UTF8(&e, "object", obj);
-				BSON_APPEND_TIMESTAMP(&e, "atOplogTs", (uint32_t)(so.at >> 32),
-						      (uint32_t)so.at);
-				BSON_APPEND_DATE_TIME(&e, "atWall", wall);
-				BSON_APPEND_INT64(&e, "count", so.count);
-				BSON_APPEND_INT64(&e, "bytes", so.bytes);
-				BSON_APPEND_UTF8(&e, "sha256", so.sha);
-				bson_append_document_end(&arr, &e);
-				free(ns);
-				docs += so.count;
-				bytes += so.bytes;
-			}
-			free(path);
-			free(obj);
-		}
-		names_free(colls, nc);
-	}
-	bson_append_array_end(&man, &arr);
-	BSON_APPEND_DATE_TIME(&man, "finishedAt", sdb_wall_ms());
-	BSON_APPEND_INT64(&man, "documents", docs);
-	BSON_APPEND_INT64(&man, "bytes", bytes);
-	if (rc == 0) {
-		char *path = sdb_asprintf("%s/manifest.json", tmp);
-		char *obj = sdb_asprintf("backups/%s/%s/manifest.json", s->id, id);
-		rc = write_json(&man, path, err, errlen);
-		if (rc == 0)
-			rc = cdc_archive_obj_put(a, obj, path, err, errlen);
-		unlink(path);
-		free(path);
-		free(obj);
-	}
-	if (rc == 0) {
-		if (ctx->json)
-			printf("{\"id\": \"%s\", \"shard\": \"%s\", \"collections\": %d, "
-			       "\"documents\": %" PRId64 ", \"bytes\": %" PRId64 "}\n",
-			       id, s->id, nobj, docs, bytes);
-		else
-			printf("backup %s of %s: %d collections, %" PRId64 " documents, %" PRId64
-			       " bytes\n",
-			       id, s->id, nobj, docs, bytes);
-		fflush(stdout);
-	} else {
-		/* a backup without its manifest does not exist: remove what was uploaded */
-		for (int i = 0; i < nobj; i++) {
-			char e2[256], *obj = sdb_asprintf("backups/%s/%s/data-%05d.bson", s->id, id, i);
-			(void)cdc_archive_obj_delete(a, obj, e2, sizeof e2);
-			free(obj);
-		}
-		sdb_errwrap(err, errlen, rc, "backup of %s", s->id);
-	}
-	bson_destroy(&man);
-	names_free(dbs, ndb);
-	mongoc_client_destroy(c);
-	return rc;
-}
 
 static int open_archive(const char *who, const bk_opts *o, cdc_archive **a)
 {
@@ -632,35 +313,32 @@ static int cmd_create(cli_ctx *ctx, const bk_opts *o)
 		cdc_archive_close(a);
 		return rc;
 	}
-	/* the id: the start time, sortable */
-	int64_t now = sdb_wall_ms();
-	time_t s = (time_t)(now / 1000);
-	struct tm tm;
-	gmtime_r(&s, &tm);
-	size_t l = strftime(id, sizeof id, "%Y%m%dT%H%M%S", &tm);
-	snprintf(id + l, sizeof id - l, ".%03dZ", (int)(now % 1000));
-	char *tmp = tmp_dir();
-	if (tmp == NULL) {
-		fprintf(stderr, "stripedb ctl backup: temporary directory: %s\n", strerror(errno));
-		rc = 1;
-	}
+	cdc_backup_id(sdb_wall_ms(), id, sizeof id);
 	for (size_t i = 0; rc == 0 && i < n; i++) {
+		cdc_backup_stats st;
 		if (!o->all && strcmp(shards[i].id, o->shard) != 0)
 			continue;
 		done++;
-		if (backup_shard(ctx, a, &shards[i], id, tmp, err, sizeof err) != 0) {
+		if (cdc_backup_shard(a, shards[i].id, shards[i].uri, id, ctx->timeout_ms, &st, err,
+				     sizeof err) != 0) {
 			fprintf(stderr, "stripedb ctl backup: %s\n", err);
 			rc = 1;
+		} else if (ctx->json) {
+			printf("{\"id\": \"%s\", \"shard\": \"%s\", \"collections\": %d, "
+			       "\"documents\": %" PRId64 ", \"bytes\": %" PRId64 "}\n",
+			       id, shards[i].id, st.collections, st.documents, st.bytes);
+		} else {
+			printf("backup %s of %s: %d collections, %" PRId64 " documents, %" PRId64
+			       " bytes\n",
+			       id, shards[i].id, st.collections, st.documents, st.bytes);
 		}
+		fflush(stdout);
 	}
 	if (rc == 0 && done == 0) {
 		fprintf(stderr, "stripedb ctl backup: no shard %s in metadata\n",
 			o->shard ? o->shard : "");
 		rc = 1;
 	}
-	if (tmp)
-		rmdir(tmp);
-	free(tmp);
 	shards_free(shards, n);
 	cdc_archive_close(a);
 	return rc;
@@ -719,7 +397,7 @@ static int list_manifests(cdc_archive *a, const char *shard, int load, const cha
 		*out = sdb_realloc(*out, (*n + 1) * sizeof **out);
 		(*out)[(*n)++] = m;
 	}
-	names_free(keys, nk);
+	cdc_backup_names_free(keys, nk);
 	if (rc) {
 		manifests_free(*out, *n);
 		*out = NULL;
@@ -739,7 +417,7 @@ static int cmd_list(cli_ctx *ctx, const bk_opts *o)
 		return usage("backup", "list takes no argument");
 	if ((rc = open_archive("backup", o, &a)) != 0)
 		return rc;
-	char *tmp = tmp_dir();
+	char *tmp = cdc_backup_tmpdir();
 	rc = list_manifests(a, o->shard, 1, tmp ? tmp : "/tmp", &m, &n, err, sizeof err);
 	if (tmp) {
 		rmdir(tmp);
@@ -757,7 +435,7 @@ static int cmd_list(cli_ctx *ctx, const bk_opts *o)
 		       "COLLS", "DOCUMENTS", "BYTES");
 	for (size_t i = 0; i < n; i++) {
 		char t[40];
-		uint64_t h = iter_ts(m[i].doc, "headTs");
+		uint64_t h = cdc_bson_ts(m[i].doc, "headTs");
 		bson_iter_t it;
 		uint32_t colls = 0;
 		if (bson_iter_init_find(&it, m[i].doc, "collections") && BSON_ITER_HOLDS_ARRAY(&it)) {
@@ -766,7 +444,7 @@ static int cmd_list(cli_ctx *ctx, const bk_opts *o)
 			while (bson_iter_next(&c))
 				colls++;
 		}
-		fmt_ms(iter_i64(m[i].doc, "headWall"), t, sizeof t);
+		fmt_ms(cdc_bson_i64(m[i].doc, "headWall"), t, sizeof t);
 		if (ctx->json) {
 			char *j = bson_as_canonical_extended_json(m[i].doc, NULL);
 			printf("%s%s", i ? ", " : "", j);
@@ -775,8 +453,8 @@ static int cmd_list(cli_ctx *ctx, const bk_opts *o)
 			char hs[32];
 			snprintf(hs, sizeof hs, "%u:%u", (unsigned)(h >> 32), (unsigned)h);
 			printf("%-22s %-12s %-24s %-16s %6u %10" PRId64 " %12" PRId64 "\n", m[i].id,
-			       m[i].shard, t, hs, colls, iter_i64(m[i].doc, "documents"),
-			       iter_i64(m[i].doc, "bytes"));
+			       m[i].shard, t, hs, colls, cdc_bson_i64(m[i].doc, "documents"),
+			       cdc_bson_i64(m[i].doc, "bytes"));
 		}
 	}
 	if (ctx->json)
@@ -811,7 +489,7 @@ static int cmd_delete(cli_ctx *ctx, const bk_opts *o)
 			rc = cdc_archive_obj_list(a, prefix, &keys, &nk, err, sizeof err);
 		for (size_t k = 0; rc == 0 && k < nk; k++)
 			rc = cdc_archive_obj_delete(a, keys[k], err, sizeof err);
-		names_free(keys, nk);
+		cdc_backup_names_free(keys, nk);
 		free(prefix);
 		if (rc == 0 && !ctx->json)
 			printf("deleted backup %s of %s\n", m[i].id, m[i].shard);
@@ -1096,9 +774,9 @@ static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t af
 			rc = sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "event %" PRIu64, ev.offset);
 			break;
 		}
-		if (iter_i64(&e, "wall") > r->to_ms)
+		if (cdc_bson_i64(&e, "wall") > r->to_ms)
 			break;
-		const char *ns = iter_str(&e, "ns"), *op = iter_str(&e, "op");
+		const char *ns = cdc_bson_str(&e, "ns"), *op = cdc_bson_str(&e, "op");
 		if (ns == NULL || op == NULL || !bson_iter_init_find(&it, &e, "o") ||
 		    !BSON_ITER_HOLDS_DOCUMENT(&it))
 			continue;
@@ -1110,12 +788,12 @@ static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t af
 		int mine = strcmp(ns, r->ns) == 0;
 		if (!mine && !(strcmp(ns, dbcmd) == 0 && strcmp(op, "c") == 0))
 			continue;
-		if (mine && iter_str(&e, "origin")) {
+		if (mine && cdc_bson_str(&e, "origin")) {
 			rc = sdb_errf(r->err, sizeof r->err, SDB_ECONFLICT,
 				      "%s: event %u:%u of %s comes from chunk migration %s: a "
 				      "restore across a migration is not supported",
 				      r->ns, (unsigned)(ev.ts >> 32), (unsigned)ev.ts, shard,
-				      iter_str(&e, "origin"));
+				      cdc_bson_str(&e, "origin"));
 			break;
 		}
 		int apply = 0;
@@ -1130,7 +808,7 @@ static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t af
 					apply = 0;
 			}
 		} else {
-			const char *dropped = iter_str(&o, "drop");
+			const char *dropped = cdc_bson_str(&o, "drop");
 			if ((dropped && strcmp(dropped, r->coll) == 0) ||
 			    bson_iter_init_find(&it, &o, "dropDatabase")) {
 				apply = 1;
@@ -1183,8 +861,8 @@ static void point_of(const manifest *m, const char *ns, uint64_t *at, int64_t *w
 		     const char **obj, int64_t *docs)
 {
 	bson_iter_t it, c;
-	*at = iter_ts(m->doc, "headTs");
-	*wall = iter_i64(m->doc, "headWall");
+	*at = cdc_bson_ts(m->doc, "headTs");
+	*wall = cdc_bson_i64(m->doc, "headWall");
 	*obj = NULL;
 	*docs = 0;
 	if (!bson_iter_init_find(&it, m->doc, "collections") || !BSON_ITER_HOLDS_ARRAY(&it) ||
@@ -1199,12 +877,12 @@ static void point_of(const manifest *m, const char *ns, uint64_t *at, int64_t *w
 		bson_iter_document(&c, &l, &data);
 		if (!bson_init_static(&d, data, l))
 			continue;
-		const char *n = iter_str(&d, "ns");
+		const char *n = cdc_bson_str(&d, "ns");
 		if (n && strcmp(n, ns) == 0) {
-			*at = iter_ts(&d, "atOplogTs");
-			*wall = iter_i64(&d, "atWall");
-			*obj = iter_str(&d, "object");
-			*docs = iter_i64(&d, "count");
+			*at = cdc_bson_ts(&d, "atOplogTs");
+			*wall = cdc_bson_i64(&d, "atWall");
+			*obj = cdc_bson_str(&d, "object");
+			*docs = cdc_bson_i64(&d, "count");
 			return;
 		}
 	}
@@ -1223,14 +901,14 @@ static int newest_ms(const cli_ctx *ctx, cdc_log *log, const shard_ref *s, int64
 		return rc;
 	uint64_t last = live.last_ts > ar.last_ts ? live.last_ts : ar.last_ts;
 	int64_t now = sdb_wall_ms();
-	mongoc_client_t *c = client(s->uri, ctx->timeout_ms);
-	snap_out head = {0};
+	mongoc_client_t *c = cdc_backup_client(s->uri, ctx->timeout_ms);
+	cdc_snap head = {0};
 	*out = 0;
 	if (c) {
-		char *tmp = tmp_dir();
+		char *tmp = cdc_backup_tmpdir();
 		char *p = sdb_asprintf("%s/probe.bson", tmp ? tmp : "/tmp");
 		char e2[512];
-		if (snapshot_coll(c, "admin", "stripedb.backup.probe", p, &head, e2, sizeof e2) == 0 &&
+		if (cdc_backup_snapshot(c, "admin", "stripedb.backup.probe", p, &head, e2, sizeof e2) == 0 &&
 		    head.at == last)
 			*out = now;
 		unlink(p);
@@ -1250,7 +928,7 @@ static int newest_ms(const cli_ctx *ctx, cdc_log *log, const shard_ref *s, int64
 		if (cdc_reader_next(rd, &ev, 0, err, errlen) == 1) {
 			bson_t e;
 			if (bson_init_static(&e, ev.data, ev.len))
-				*out = iter_i64(&e, "wall");
+				*out = cdc_bson_i64(&e, "wall");
 		}
 		cdc_reader_close(rd);
 	}
@@ -1325,7 +1003,7 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 	cdc_archive *a = cdc_log_archive(log);
 	if ((rc = list_shards(ctx, &shards, &nsh)) != 0)
 		goto out;
-	tmp = tmp_dir();
+	tmp = cdc_backup_tmpdir();
 	if (tmp == NULL) {
 		fprintf(stderr, "stripedb ctl restore: temporary directory: %s\n", strerror(errno));
 		rc = 1;
@@ -1396,7 +1074,7 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 	/* the target: never over live data */
 	if (!o.dry_run) {
 		bson_error_t e;
-		r.c = client(o.uri, ctx->timeout_ms);
+		r.c = cdc_backup_client(o.uri, ctx->timeout_ms);
 		if (r.c == NULL) {
 			fprintf(stderr, "stripedb ctl restore: bad --uri %s\n", o.uri);
 			rc = 2;

@@ -1,8 +1,9 @@
 # src/cdc: the CDC pipeline (issue #7): log backends, archive, publisher, consumer API.
 libstripedb_a_SOURCES += src/cdc/log.c src/cdc/segdir.c src/cdc/embedded.c src/cdc/kafka.c \
-	src/cdc/archive.c src/cdc/archive_s3.c src/cdc/s3.c src/cdc/reader.c src/cdc/publisher.c
+	src/cdc/archive.c src/cdc/archive_s3.c src/cdc/s3.c src/cdc/reader.c src/cdc/publisher.c \
+	src/cdc/backup.c
 noinst_HEADERS += src/cdc/log.h src/cdc/segdir.h src/cdc/archive.h src/cdc/s3.h src/cdc/reader.h \
-	src/cdc/publisher.h
+	src/cdc/publisher.h src/cdc/backup.h
 
 check_PROGRAMS += tests/unit/test_cdc_log
 tests_unit_test_cdc_log_SOURCES = tests/unit/test_cdc_log.c
