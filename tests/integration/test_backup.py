@@ -216,3 +216,31 @@ def test_point_in_time_restore_under_write_load(cl, tmp_path):
     name = [n for n in c.db.list_collection_names() if n.startswith("c_restored_")]
     assert len(name) == 1
     assert {d["_id"]: d for d in c.db[name[0]].find()} == got
+
+
+def test_scheduled_backups(cl, tmp_path):
+    # without an archive the option is refused at start
+    r = subprocess.run([BIN, "--role=coordinator", f"--metadata={cl.metadata}",
+                        f"--cdc=embedded:{tmp_path}/cdc0", "--backup-interval=1s"],
+                       capture_output=True, timeout=30)
+    assert r.returncode == 2 and b"--backup-interval needs --archive" in r.stderr, r.stderr
+    co = cl.start_coordinator(f"embedded:{tmp_path}/cdc", archive=f"file:{tmp_path}/arch",
+                              extra=["--backup-interval=1s"])
+    c = cl.shard_client("shard-a")
+    c.db.s.insert_many([{"_id": i} for i in range(10)])
+    import json
+
+    def backups():
+        return json.loads(ctl(cl, "--json", "backup", "list").stdout)["backups"]
+    wait_until(lambda: len(backups()) >= 1 and
+               any(e["ns"] == "db.s" for b in backups() for e in b["collections"]), 60,
+               what="a scheduled backup holding db.s")
+    first = backups()[-1]["id"]
+    wait_until(lambda: backups()[-1]["id"] > first, 60, what="the next scheduled backup")
+    assert all(b["shard"] == "shard-a" for b in backups())
+    # a restore from a scheduled backup
+    cl.wait_published(co, "shard-a")
+    t = now_ms()
+    r = ctl(cl, "restore", "db.s", f"--to-time={t // 1000}.{t % 1000:03d}", "--into=db.s2",
+            f"--uri={shard_uri(cl)}")
+    assert sorted(d["_id"] for d in c.db.s2.find()) == list(range(10))
