@@ -517,6 +517,10 @@ int cli_backup_main(cli_ctx *ctx, int argc, char **argv)
 		return rc;
 	if (o.npos == 0)
 		return usage("backup", "missing subcommand");
+	if (o.to_time || o.into || o.dry_run)
+		return usage("backup", "--to-time, --into and --dry-run are restore flags");
+	if (o.all && strcmp(o.pos[0], "create") != 0)
+		return usage("backup", "--all is a create flag");
 	if (strcmp(o.pos[0], "create") == 0)
 		return cmd_create(ctx, &o);
 	if (strcmp(o.pos[0], "list") == 0)
@@ -953,6 +957,9 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 	r.dry_run = o.dry_run;
 	if (o.npos != 1)
 		return usage("restore", "restore takes one DB.COLL");
+	if (o.shard || o.all)
+		return usage("restore", "--shard and --all are backup flags (a restore reads every "
+					"shard; --to-shard is not supported)");
 	const char *dot = strchr(o.pos[0], '.');
 	if (dot == NULL || dot == o.pos[0] || dot[1] == '\0')
 		return usage("restore", "expected DB.COLL");

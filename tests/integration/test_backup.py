@@ -244,3 +244,17 @@ def test_scheduled_backups(cl, tmp_path):
     r = ctl(cl, "restore", "db.s", f"--to-time={t // 1000}.{t % 1000:03d}", "--into=db.s2",
             f"--uri={shard_uri(cl)}")
     assert sorted(d["_id"] for d in c.db.s2.find()) == list(range(10))
+
+
+def test_flags_of_another_command_are_refused(cl, tmp_path):
+    start(cl, tmp_path)
+    for args in (["backup", "create", "--all", "--dry-run"],
+                 ["backup", "list", "--all"],
+                 ["backup", "create", "--all", "--to-time=1"],
+                 ["restore", "db.c", "--to-time=1", "--shard=shard-a"],
+                 ["restore", "db.c", "--to-time=1", "--to-shard=shard-a"],
+                 ["restore", "db.c", "--to-time=yesterday"],
+                 ["restore", "db.c"]):
+        r = ctl(cl, *args, check=False)
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.decode().strip().splitlines()) == 1, (args, r.stderr)
