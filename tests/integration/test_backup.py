@@ -70,7 +70,6 @@ def test_backup_create_list_delete(cl, tmp_path):
     assert hashlib.sha256(data).hexdigest() == by_ns["db1.a"]["sha256"]
     assert int(by_ns["db1.a"]["count"]["$numberLong"]) == 300
     # a second backup, then delete the first one
-    time.sleep(0.002)  # distinct ids (ms resolution), not synchronisation
     ctl(cl, "backup", "create", "--shard=shard-a")
     ids = [b["id"] for b in json.loads(ctl(cl, "--json", "backup", "list").stdout)["backups"]]
     assert len(ids) == 2 and ids[0] != ids[1]
