@@ -17,6 +17,8 @@
 #include "common/metauri.h"
 
 int cli_cdc_main(cli_ctx *ctx, int argc, char **argv); /* cli/cdc.c */
+int cli_backup_main(cli_ctx *ctx, int argc, char **argv);  /* cli/backup.c */
+int cli_restore_main(cli_ctx *ctx, int argc, char **argv); /* cli/backup.c */
 int cli_migrate_main(cli_ctx *ctx, int argc, char **argv);   /* cli/migrate.c */
 int cli_migration_main(cli_ctx *ctx, int argc, char **argv); /* cli/migrate.c */
 int cli_shard_main(cli_ctx *ctx, int argc, char **argv);     /* cli/migrate.c: drain, split */
@@ -53,6 +55,8 @@ static void ctl_usage(FILE *f)
 		"  rebalance --bin-pack                    propose and run drains of cold shards\n"
 		"  top [--once]                            shards and migrations, live\n"
 		"  cdc status|read ...                     change data capture per shard\n"
+		"  backup create|list|delete ...           shard snapshots in the CDC archive\n"
+		"  restore DB.COLL --to-time=TIME ...      point-in-time restore of a collection\n"
 		"  tenant create|list|quota|policy|isolate ...   tenants, quotas, policies\n"
 		"  user create|passwd|drop ...             users (SCRAM-SHA-256 verifiers)\n"
 		"  ratelimit peers                         the rate-limit peer ring in metadata\n"
@@ -192,6 +196,8 @@ static const struct {
 } cmds[] = {
 	{"ping", cmd_ping},
 	{"cdc", cli_cdc_main},
+	{"backup", cli_backup_main},
+	{"restore", cli_restore_main},
 	{"migrate", cli_migrate_main},
 	{"migration", cli_migration_main},
 	{"shard", cli_shard_main},

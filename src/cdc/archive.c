@@ -2,9 +2,15 @@
  * archive.h; the s3 backend is archive_s3.c. */
 #include "cdc/archive.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cdc/segdir.h"
 #include "common/alloc.h"
@@ -90,6 +96,189 @@ static int file_expire(cdc_archive *a, const char *shard, uint64_t before_ts, si
 	return rc;
 }
 
+/* Copy src to dst durably: dst.tmp, fsync, rename, fsync the directory. */
+static int copy_file(const char *src, const char *dst, char *err, size_t errlen)
+{
+	char *tmp = sdb_asprintf("%s.tmp", dst);
+	char buf[65536];
+	int in = open(src, O_RDONLY | O_CLOEXEC), out = -1, rc = 0;
+	if (in < 0) {
+		rc = sdb_errf(err, errlen, errno == ENOENT ? SDB_ENOTFOUND : SDB_EIO, "open %s: %s",
+			      src, strerror(errno));
+		goto done;
+	}
+	out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (out < 0) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "create %s: %s", tmp, strerror(errno));
+		goto done;
+	}
+	for (;;) {
+		ssize_t r = read(in, buf, sizeof buf);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			rc = sdb_errf(err, errlen, SDB_EIO, "read %s: %s", src, strerror(errno));
+			goto done;
+		}
+		if (r == 0)
+			break;
+		for (ssize_t d = 0; d < r;) {
+			ssize_t w = write(out, buf + d, (size_t)(r - d));
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0) {
+				rc = sdb_errf(err, errlen, SDB_EIO, "write %s: %s", tmp,
+					      strerror(errno));
+				goto done;
+			}
+			d += w;
+		}
+	}
+	if (fsync(out) != 0 || close(out) != 0) {
+		out = -1;
+		rc = sdb_errf(err, errlen, SDB_EIO, "fsync %s: %s", tmp, strerror(errno));
+		goto done;
+	}
+	out = -1;
+	if (rename(tmp, dst) != 0) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "rename %s: %s", dst, strerror(errno));
+		goto done;
+	}
+	char *dir = sdb_strdup(dst), *slash = strrchr(dir, '/');
+	if (slash) {
+		*slash = '\0';
+		int fd = open(dir, O_RDONLY | O_DIRECTORY);
+		if (fd >= 0) {
+			(void)fsync(fd);
+			close(fd);
+		}
+	}
+	free(dir);
+done:
+	if (in >= 0)
+		close(in);
+	if (out >= 0)
+		close(out);
+	if (rc)
+		(void)unlink(tmp);
+	free(tmp);
+	return rc;
+}
+
+static int file_obj_put(cdc_archive *a, const char *key, const char *path, char *err,
+			size_t errlen)
+{
+	char *dst = sdb_asprintf("%s/%s", (const char *)a->impl, key);
+	char *dir = sdb_strdup(dst);
+	int rc = 0;
+	char *slash = strrchr(dir, '/');
+	*slash = '\0';
+	rc = cdc_mkdirs(dir, err, errlen);
+	if (rc == 0)
+		rc = copy_file(path, dst, err, errlen);
+	free(dir);
+	free(dst);
+	return rc;
+}
+
+static int file_obj_get(cdc_archive *a, const char *key, const char *path, char *err,
+			size_t errlen)
+{
+	char *src = sdb_asprintf("%s/%s", (const char *)a->impl, key);
+	int rc = copy_file(src, path, err, errlen);
+	free(src);
+	return rc;
+}
+
+static int cmp_str(const void *x, const void *y)
+{
+	return strcmp(*(char *const *)x, *(char *const *)y);
+}
+
+/* Append the files under DIR/rel (recursively) to *keys. */
+static int list_rec(const char *root, const char *rel, char ***keys, size_t *n, size_t *cap,
+		    char *err, size_t errlen)
+{
+	char *path = sdb_asprintf("%s/%s", root, rel);
+	DIR *d = opendir(path);
+	int rc = 0;
+	if (d == NULL) {
+		if (errno != ENOENT && errno != ENOTDIR)
+			rc = sdb_errf(err, errlen, SDB_EIO, "opendir %s: %s", path,
+				      strerror(errno));
+		free(path);
+		return rc;
+	}
+	struct dirent *e;
+	while (rc == 0 && (e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.')
+			continue;
+		size_t l = strlen(e->d_name);
+		if (l > 4 && strcmp(e->d_name + l - 4, ".tmp") == 0)
+			continue;
+		char *sub = rel[0] ? sdb_asprintf("%s/%s", rel, e->d_name) : sdb_strdup(e->d_name);
+		char *full = sdb_asprintf("%s/%s", root, sub);
+		struct stat st;
+		if (stat(full, &st) == 0 && S_ISDIR(st.st_mode)) {
+			rc = list_rec(root, sub, keys, n, cap, err, errlen);
+			free(sub);
+		} else {
+			if (*n == *cap) {
+				*cap = *cap ? *cap * 2 : 16;
+				*keys = sdb_realloc(*keys, *cap * sizeof **keys);
+			}
+			(*keys)[(*n)++] = sub;
+		}
+		free(full);
+	}
+	closedir(d);
+	free(path);
+	return rc;
+}
+
+static int file_obj_list(cdc_archive *a, const char *prefix, char ***keys, size_t *n,
+			 char *err, size_t errlen)
+{
+	/* prefix is a directory path ("backups/" or "backups/shard-a/") */
+	char *rel = sdb_strdup(prefix);
+	size_t l = strlen(rel), cap = 0;
+	while (l > 0 && rel[l - 1] == '/')
+		rel[--l] = '\0';
+	*keys = NULL;
+	*n = 0;
+	int rc = list_rec(a->impl, rel, keys, n, &cap, err, errlen);
+	free(rel);
+	if (rc) {
+		for (size_t i = 0; i < *n; i++)
+			free((*keys)[i]);
+		free(*keys);
+		*keys = NULL;
+		*n = 0;
+		return rc;
+	}
+	if (*n > 1)
+		qsort(*keys, *n, sizeof **keys, cmp_str);
+	return 0;
+}
+
+static int file_obj_delete(cdc_archive *a, const char *key, char *err, size_t errlen)
+{
+	char *path = sdb_asprintf("%s/%s", (const char *)a->impl, key);
+	int rc = 0;
+	if (unlink(path) != 0 && errno != ENOENT)
+		rc = sdb_errf(err, errlen, SDB_EIO, "unlink %s: %s", path, strerror(errno));
+	/* remove the directories left empty (best effort) */
+	char *slash;
+	while (rc == 0 && (slash = strrchr(path, '/')) != NULL &&
+	       (size_t)(slash - path) > strlen(a->impl)) {
+		*slash = '\0';
+		if (rmdir(path) != 0)
+			break;
+	}
+	free(path);
+	return rc;
+}
+
 static const cdc_archive_ops file_ops = {
 	.scheme = "file",
 	.close = file_close,
@@ -100,6 +289,10 @@ static const cdc_archive_ops file_ops = {
 	.locate = file_locate,
 	.read_open = file_read_open,
 	.expire = file_expire,
+	.obj_put = file_obj_put,
+	.obj_get = file_obj_get,
+	.obj_list = file_obj_list,
+	.obj_delete = file_obj_delete,
 };
 
 /* ------------------------------------------------------------ dispatch */
@@ -179,6 +372,33 @@ int cdc_archive_expire(cdc_archive *a, const char *shard, uint64_t before_ts, si
 {
 	int rc = a->ops->expire(a, shard, before_ts, removed, err, errlen);
 	return rc ? sdb_errwrap(err, errlen, rc, "archive retention") : 0;
+}
+
+int cdc_archive_obj_put(cdc_archive *a, const char *key, const char *path, char *err,
+			size_t errlen)
+{
+	int rc = a->ops->obj_put(a, key, path, err, errlen);
+	return rc ? sdb_errwrap(err, errlen, rc, "archive %s: put %s", a->spec, key) : 0;
+}
+
+int cdc_archive_obj_get(cdc_archive *a, const char *key, const char *path, char *err,
+			size_t errlen)
+{
+	int rc = a->ops->obj_get(a, key, path, err, errlen);
+	return rc ? sdb_errwrap(err, errlen, rc, "archive %s: get %s", a->spec, key) : 0;
+}
+
+int cdc_archive_obj_list(cdc_archive *a, const char *prefix, char ***keys, size_t *n,
+			 char *err, size_t errlen)
+{
+	int rc = a->ops->obj_list(a, prefix, keys, n, err, errlen);
+	return rc ? sdb_errwrap(err, errlen, rc, "archive %s: list %s", a->spec, prefix) : 0;
+}
+
+int cdc_archive_obj_delete(cdc_archive *a, const char *key, char *err, size_t errlen)
+{
+	int rc = a->ops->obj_delete(a, key, err, errlen);
+	return rc ? sdb_errwrap(err, errlen, rc, "archive %s: delete %s", a->spec, key) : 0;
 }
 
 int cdc_archive_retention_parse(const char *s, uint64_t *seconds)

@@ -37,6 +37,14 @@ typedef struct cdc_archive_ops {
 			 cdc_segread **out, char *err, size_t errlen);
 	int (*expire)(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
 		      char *err, size_t errlen);
+	/* plain objects (backups, see cdc_archive_obj_put) */
+	int (*obj_put)(cdc_archive *a, const char *key, const char *path, char *err,
+		       size_t errlen);
+	int (*obj_get)(cdc_archive *a, const char *key, const char *path, char *err,
+		       size_t errlen);
+	int (*obj_list)(cdc_archive *a, const char *prefix, char ***keys, size_t *n, char *err,
+			size_t errlen);
+	int (*obj_delete)(cdc_archive *a, const char *key, char *err, size_t errlen);
 } cdc_archive_ops;
 
 struct cdc_archive {
@@ -93,6 +101,26 @@ int cdc_archive_read_open(cdc_archive *a, const char *shard, const char *view,
  * shard's cdc/<shard> lease. Errors: SDB_EIO, s3 errors. */
 int cdc_archive_expire(cdc_archive *a, const char *shard, uint64_t before_ts, size_t *removed,
 		       char *err, size_t errlen);
+
+/* Plain objects next to the segments, for backups (src/cdc/backup.h): key is a relative
+ * path of '/'-separated names ("backups/shard-a/20261202T051300.123Z/manifest.json"),
+ * stored as DIR/key (file:) or PREFIX/key (s3:). No shard may be named "backups".
+ *
+ * obj_put: store the file at path as key, durably (file: copied to a temporary name,
+ * fsync'd, renamed; s3: uploaded, multipart beyond CDC_S3_PART_BYTES, confirmed by the
+ * server, SHA-256 kept as metadata); replaces an existing object. Memory: one buffer.
+ * obj_get: copy key into the file path (s3: SHA-256 checked). SDB_ENOTFOUND when absent.
+ * obj_list: keys under prefix (relative, sorted; *keys heap array of heap strings, free
+ * each then the array). obj_delete: remove key (absent is not an error).
+ * Errors: SDB_EIO, SDB_ENOTFOUND, and for s3 those of cdc_archive_open; messages name
+ * the operation and the object (for s3 the bucket). */
+int cdc_archive_obj_put(cdc_archive *a, const char *key, const char *path, char *err,
+			size_t errlen);
+int cdc_archive_obj_get(cdc_archive *a, const char *key, const char *path, char *err,
+			size_t errlen);
+int cdc_archive_obj_list(cdc_archive *a, const char *prefix, char ***keys, size_t *n,
+			 char *err, size_t errlen);
+int cdc_archive_obj_delete(cdc_archive *a, const char *key, char *err, size_t errlen);
 
 /* Parse a retention duration: N, Ns, Nm, Nh or Nd (N a decimal integer; no unit =
  * seconds) into seconds. 0 disables retention. Returns 0 or SDB_EINVAL. */

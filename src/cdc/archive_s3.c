@@ -324,6 +324,52 @@ static int s3a_read_open(cdc_archive *a, const char *shard, const char *view, ui
 	return rc;
 }
 
+/* ------------------------------------------------------------ plain objects */
+
+static int s3a_obj_put(cdc_archive *a, const char *key, const char *path, char *err,
+		       size_t errlen)
+{
+	s3_arch *s = a->impl;
+	char *k = sdb_asprintf("%s%s", s->prefix, key);
+	int rc = cdc_s3_put_file(s->s3, k, path, err, errlen);
+	free(k);
+	return rc;
+}
+
+static int s3a_obj_get(cdc_archive *a, const char *key, const char *path, char *err,
+		       size_t errlen)
+{
+	s3_arch *s = a->impl;
+	char *k = sdb_asprintf("%s%s", s->prefix, key);
+	int rc = cdc_s3_get_file(s->s3, k, path, err, errlen);
+	free(k);
+	return rc;
+}
+
+static int s3a_obj_list(cdc_archive *a, const char *prefix, char ***keys, size_t *n,
+			char *err, size_t errlen)
+{
+	s3_arch *s = a->impl;
+	char *p = sdb_asprintf("%s%s", s->prefix, prefix);
+	size_t pl = strlen(s->prefix);
+	int rc = cdc_s3_list(s->s3, p, keys, n, err, errlen);
+	free(p);
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < *n; i++) /* keys relative to the archive's prefix */
+		memmove((*keys)[i], (*keys)[i] + pl, strlen((*keys)[i] + pl) + 1);
+	return 0;
+}
+
+static int s3a_obj_delete(cdc_archive *a, const char *key, char *err, size_t errlen)
+{
+	s3_arch *s = a->impl;
+	char *k = sdb_asprintf("%s%s", s->prefix, key);
+	int rc = cdc_s3_delete(s->s3, k, err, errlen);
+	free(k);
+	return rc;
+}
+
 static const cdc_archive_ops s3_ops = {
 	.scheme = "s3",
 	.close = s3a_close,
@@ -334,6 +380,10 @@ static const cdc_archive_ops s3_ops = {
 	.locate = s3a_locate,
 	.read_open = s3a_read_open,
 	.expire = s3a_expire,
+	.obj_put = s3a_obj_put,
+	.obj_get = s3a_obj_get,
+	.obj_list = s3a_obj_list,
+	.obj_delete = s3a_obj_delete,
 };
 
 int cdc_archive_s3_open(const char *spec, const cdc_log_opts *opts, cdc_archive **out,

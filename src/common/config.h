@@ -52,6 +52,8 @@ typedef enum {
 	  "coordinator: CDC archive file:DIR or s3://BUCKET/PREFIX")                            \
 	X("archive-retention", archive_retention, SDB_OPT_STRING, "7d",                          \
 	  "coordinator: how long archived CDC segments are kept: N[s|m|h|d], 0 = forever")      \
+	X("backup-interval", backup_interval, SDB_OPT_STRING, "0",                              \
+	  "coordinator: back each shard up into the archive this often: N[s|m|h|d], 0 = never") \
 	X("s3-endpoint", s3_endpoint, SDB_OPT_STRING, NULL,                                     \
 	  "coordinator: S3-compatible endpoint URL of an s3:// archive")                        \
 	X("s3-region", s3_region, SDB_OPT_STRING, "us-east-1",                                  \

@@ -3,7 +3,8 @@
  *   stripedb --role=coordinator --http-listen=H:P --metadata=H:P,... \
  *            --cdc=embedded:DIR|kafka:BOOTSTRAP [--archive=file:DIR|s3://BUCKET/PREFIX] \
  *            [--cdc-fsync=batch|segment|never] [--cdc-segment-bytes=N] \
- *            [--cdc-retention-bytes=N] [--cdc-lease-ms=5000] [--archive-retention=7d]
+ *            [--cdc-retention-bytes=N] [--cdc-lease-ms=5000] [--archive-retention=7d] \
+ *            [--backup-interval=0]
  *
  * A coordinator holds no durable state. It runs:
  *   1. the CDC publishers (issue #7): for every shard listed in metadata, it tries to take
@@ -40,6 +41,7 @@
 #include "cdc/log.h"
 #include "auth/cluster.h" /* issue #10: internal clients carry the cluster key */
 #include "cdc/publisher.h"
+#include "cdc/backup.h" /* issue #22: --backup-interval */
 #include "common/clock.h"
 #include "common/alloc.h"
 #include "common/config.h"
@@ -75,6 +77,7 @@ typedef struct coord {
 	pthread_t mgr;
 	int mgr_started;
 	uint64_t arch_retention_s; /* --archive-retention (0: keep forever) */
+	uint64_t backup_interval_s; /* --backup-interval (0: no scheduled backups) */
 	pthread_t ret;             /* the archive thread (ranges, retention) */
 	int ret_started;
 	atomic_int stop;
@@ -344,6 +347,28 @@ static void migrations_shutdown(coord *co, mongoc_client_t *c)
 
 /* ------------------------------------------------------------ archive thread */
 
+/* Back up shard when its newest backup is older than --backup-interval. The backup's id
+ * is its start time, so "older" is a comparison of ids (they sort as time). */
+static void scheduled_backup(coord *co, cdc_archive *a, const char *shard, const char *uri)
+{
+	char err[1024], newest[64], cutoff[40], id[40];
+	int64_t now = sdb_wall_ms();
+	if (cdc_backup_newest(a, shard, newest, sizeof newest, err, sizeof err) != 0) {
+		sdb_warn("scheduled backup", "shard=%s error=\"%s\"", shard, err);
+		return;
+	}
+	cdc_backup_id(now - (int64_t)co->backup_interval_s * 1000, cutoff, sizeof cutoff);
+	if (newest[0] && strcmp(newest, cutoff) > 0)
+		return;
+	cdc_backup_stats st;
+	cdc_backup_id(now, id, sizeof id);
+	if (cdc_backup_shard(a, shard, uri, id, 10000, &st, err, sizeof err) != 0)
+		sdb_warn("scheduled backup", "shard=%s id=%s error=\"%s\"", shard, id, err);
+	else
+		sdb_info("scheduled backup", "shard=%s id=%s collections=%d documents=%" PRId64
+			 " bytes=%" PRId64, shard, id, st.collections, st.documents, st.bytes);
+}
+
 /* Runs when an archive is configured, in its own thread because an object store may take
  * seconds to answer (retries with backoff) and lease renewals in the manager must not
  * wait for it. Every second it refreshes the archive range of the shards this coordinator
@@ -351,12 +376,18 @@ static void migrations_shutdown(coord *co, mongoc_client_t *c)
  * (issue #22), the holder of a shard's cdc/<shard> lease (so one coordinator per shard)
  * deletes the shard's archived segments whose last event is older than the retention (by
  * the oplog ts, epoch seconds, against the injectable wall clock), every retention/4
- * clamped to 1..60 s. */
+ * clamped to 1..60 s. With --backup-interval (issue #22), the same holder backs the shard
+ * up (src/cdc/backup.h) when its newest backup in the archive is older than the interval,
+ * checked every interval/4 clamped to 1..60 s (a backup blocks this thread, not the
+ * manager). */
 static void *archive_thread(void *arg)
 {
 	coord *co = arg;
 	cdc_archive *a = cdc_log_archive(co->log);
 	uint64_t period = co->arch_retention_s * 1000 / 4, next_expire = 0;
+	uint64_t backup_period = co->backup_interval_s * 1000 / 4, next_backup = 0;
+	char **uris = NULL;
+	backup_period = backup_period < 1000 ? 1000 : backup_period > 60000 ? 60000 : backup_period;
 	period = period < 1000 ? 1000 : period > 60000 ? 60000 : period;
 	sdb_log_set_thread("coordinator", NULL);
 	pthread_mutex_lock(&co->mu);
@@ -372,10 +403,21 @@ static void *archive_thread(void *arg)
 			if (n == cap) {
 				cap = cap ? cap * 2 : 8;
 				ids = sdb_realloc(ids, cap * sizeof *ids);
+				uris = sdb_realloc(uris, cap * sizeof *uris);
 			}
+			uris[n] = sdb_strdup(p->uri);
 			ids[n++] = sdb_strdup(p->shard);
 		}
 		pthread_mutex_unlock(&co->mu);
+		if (co->backup_interval_s && sdb_mono_ms() >= next_backup) {
+			next_backup = sdb_mono_ms() + backup_period;
+			for (size_t i = 0; i < n && !atomic_load(&co->stop); i++)
+				scheduled_backup(co, a, ids[i], uris[i]);
+		}
+		for (size_t i = 0; i < n; i++)
+			free(uris[i]);
+		free(uris);
+		uris = NULL;
 		for (size_t i = 0; i < n; i++) {
 			char err[512];
 			cdc_range g = {0};
@@ -577,6 +619,16 @@ static int coordinator_start(sdb_role *role)
 		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
 				"coordinator: --archive-retention must be N, Ns, Nm, Nh or Nd "
 				"(0 keeps archived segments forever)");
+	uint64_t backup_interval_s = 0;
+	if (cdc_archive_retention_parse(sdb_config_get(cfg, SDB_OPT_backup_interval),
+					&backup_interval_s) != 0)
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"coordinator: --backup-interval must be N, Ns, Nm, Nh or Nd "
+				"(0: no scheduled backups)");
+	if (backup_interval_s && (o.archive == NULL || o.archive[0] == '\0'))
+		return sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+				"coordinator: --backup-interval needs --archive (backups are kept "
+				"in the archive)");
 	/* Shards and metadata of a keyed cluster refuse internal commands (routing updates,
 	 * version bumps, replication writes) from anyone without the key (issue #10). */
 	rc = auth_cluster_setup(cfg, role->err, sizeof role->err);
@@ -609,6 +661,7 @@ static int coordinator_start(sdb_role *role)
 		abort();
 	co->mgr_started = 1;
 	co->arch_retention_s = arch_retention_s;
+	co->backup_interval_s = backup_interval_s;
 	if (cdc_log_archive(co->log)) {
 		if (pthread_create(&co->ret, NULL, archive_thread, co) != 0)
 			abort();

@@ -1,0 +1,1194 @@
+/* `stripedb ctl backup create|list|delete` and `stripedb ctl restore` (issue #22): consistent
+ * snapshots of the shards kept in the CDC archive store, and point-in-time restore of a
+ * collection from a backup plus the CDC events after it. Design and format in
+ * src/cdc/README.md ("Backups and point-in-time restore").
+ *
+ *   ctl backup create [--shard=ID | --all] [--archive=SPEC] [--s3-*]
+ *   ctl backup list [--shard=ID]
+ *   ctl backup delete ID [--shard=ID]
+ *   ctl restore DB.COLL --to-time=TIME --cdc=SPEC --archive=SPEC --uri=MONGODB_URI
+ *       [--into=DB.OTHER] [--dry-run]
+ *
+ * ctl itself runs a backup (no server-side job): per shard it reads every collection with
+ * the shard's point-in-time read (stripedbSnapshot, the Data Movement Platform's snapshot
+ * import, which returns the snapshot's oplog position atOplogTs), streams the documents in
+ * batches of 1000 into a temporary BSON file (memory: one batch) while hashing them, uploads
+ * the file to the archive (S3: multipart beyond 8 MiB), deletes it, and at the end uploads
+ * the shard's manifest, the commit point of the backup:
+ *   backups/<shard>/<id>/manifest.json   {id, shard, startedAt, headTs, headWall,
+ *                                         collections: [{ns, object, atOplogTs, atWall,
+ *                                         count, bytes, sha256}]}
+ *   backups/<shard>/<id>/data-NNNNN.bson documents back to back (mongodump's format)
+ * Each collection is its own snapshot (its own atOplogTs); a collection missing from a
+ * manifest was empty at headTs (read before the collections were listed).
+ *
+ * Restore to TIME (epoch ms, compared with the oplog entries' `wall`): per shard, the newest
+ * backup whose snapshot of the collection is at or before TIME; its documents, then the
+ * shard's CDC events (cdc_reader: archive, then live log) after the snapshot's atOplogTs
+ * while their wall <= TIME, applied to the target in order (insert/update: replace with
+ * upsert by _id, the oplog's `o` being the full post-image; delete; drop of the
+ * collection or of its database: everything removed). The target must be empty. The
+ * restore keeps, per _id, the SHA-256 of the document it wrote last (memory: ~100 bytes a
+ * document), and verifies at the end that the target holds exactly that: the same count
+ * and the same order-independent hash (the sum of the documents' SHA-256).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <mongoc/mongoc.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "auth/cluster.h"
+#include "cdc/archive.h"
+#include "cdc/backup.h"
+#include "cdc/log.h"
+#include "cdc/reader.h"
+#include "cli/cli.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
+
+int cli_backup_main(cli_ctx *ctx, int argc, char **argv);
+int cli_restore_main(cli_ctx *ctx, int argc, char **argv);
+
+#define BATCH 1000
+
+typedef struct bk_opts {
+	const char *cdc, *archive, *s3_endpoint, *s3_region, *s3_credentials_file;
+	const char *shard, *to_time, *into, *uri;
+	int all, dry_run;
+	const char *pos[3];
+	int npos;
+} bk_opts;
+
+static int usage(const char *who, const char *msg)
+{
+	fprintf(stderr,
+		"stripedb ctl %s: %s (usage: backup create [--shard=ID|--all] | backup list "
+		"[--shard=ID] | backup delete ID [--shard=ID] | restore DB.COLL --to-time=TIME "
+		"--uri=URI [--into=DB.OTHER] [--dry-run]; with --archive=SPEC, and --cdc=SPEC "
+		"for restore)\n",
+		who, msg);
+	return 2;
+}
+
+static int parse(const char *who, int argc, char **argv, bk_opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->cdc = getenv("STRIPEDB_CDC");
+	o->archive = getenv("STRIPEDB_ARCHIVE");
+	o->s3_endpoint = getenv("STRIPEDB_S3_ENDPOINT");
+	o->s3_region = getenv("STRIPEDB_S3_REGION");
+	o->s3_credentials_file = getenv("STRIPEDB_S3_CREDENTIALS_FILE");
+	o->uri = getenv("STRIPEDB_URI");
+	static const struct {
+		const char *flag;
+		size_t off;
+	} flags[] = {
+		{"--cdc=", offsetof(bk_opts, cdc)},
+		{"--archive=", offsetof(bk_opts, archive)},
+		{"--s3-endpoint=", offsetof(bk_opts, s3_endpoint)},
+		{"--s3-region=", offsetof(bk_opts, s3_region)},
+		{"--s3-credentials-file=", offsetof(bk_opts, s3_credentials_file)},
+		{"--shard=", offsetof(bk_opts, shard)},
+		{"--to-time=", offsetof(bk_opts, to_time)},
+		{"--into=", offsetof(bk_opts, into)},
+		{"--uri=", offsetof(bk_opts, uri)},
+	};
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		int done = 0;
+		for (size_t f = 0; f < sizeof flags / sizeof flags[0] && !done; f++) {
+			size_t l = strlen(flags[f].flag);
+			if (strncmp(a, flags[f].flag, l) == 0) {
+				*(const char **)((char *)o + flags[f].off) = a + l;
+				done = 1;
+			} else if (strncmp(a, flags[f].flag, l - 1) == 0 && a[l - 1] == '\0' &&
+				   i + 1 < argc) {
+				*(const char **)((char *)o + flags[f].off) = argv[++i];
+				done = 1;
+			}
+		}
+		if (done)
+			continue;
+		if (strcmp(a, "--all") == 0) {
+			o->all = 1;
+		} else if (strcmp(a, "--dry-run") == 0) {
+			o->dry_run = 1;
+		} else if (strncmp(a, "--", 2) == 0) {
+			fprintf(stderr, "stripedb ctl %s: unknown flag %s\n", who, a);
+			return 2;
+		} else if (o->npos < 3) {
+			o->pos[o->npos++] = a;
+		} else {
+			return usage(who, "too many arguments");
+		}
+	}
+	if (o->archive == NULL || o->archive[0] == '\0')
+		return usage(who, "no archive: pass --archive=file:DIR|s3://BUCKET/PREFIX or set "
+				  "STRIPEDB_ARCHIVE");
+	return 0;
+}
+
+static cdc_log_opts log_opts(const bk_opts *o)
+{
+	cdc_log_opts lo = {.archive = o->archive,
+			   .s3_endpoint = o->s3_endpoint,
+			   .s3_region = o->s3_region,
+			   .s3_credentials_file = o->s3_credentials_file};
+	return lo;
+}
+
+/* ------------------------------------------------------------ small helpers */
+
+
+static void fmt_ms(int64_t ms, char *buf, size_t n)
+{
+	time_t s = (time_t)(ms / 1000);
+	struct tm tm;
+	gmtime_r(&s, &tm);
+	size_t l = strftime(buf, n, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(buf + l, n - l, ".%03dZ", (int)(ms % 1000));
+}
+
+/* "2026-12-02T05:13:00[.123]Z" or epoch seconds "1796001491[.123]" -> epoch ms. */
+static int parse_time(const char *s, int64_t *ms)
+{
+	char *end;
+	struct tm tm;
+	memset(&tm, 0, sizeof tm);
+	const char *p = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+	int64_t frac = 0;
+	if (p) {
+		*ms = (int64_t)timegm(&tm) * 1000;
+	} else {
+		long long v = strtoll(s, &end, 10);
+		if (end == s || v < 0)
+			return -1;
+		*ms = (int64_t)v * 1000;
+		p = end;
+	}
+	if (*p == '.') {
+		int digits = 0;
+		for (p++; *p >= '0' && *p <= '9'; p++, digits++)
+			if (digits < 3)
+				frac = frac * 10 + (*p - '0');
+		if (digits == 0)
+			return -1;
+		while (digits++ < 3)
+			frac *= 10;
+	}
+	if (*p == 'Z')
+		p++;
+	if (*p)
+		return -1;
+	*ms += frac;
+	return 0;
+}
+
+
+typedef struct shard_ref {
+	char *id, *uri;
+} shard_ref;
+
+/* The shards registered in metadata (listShards). Returns the exit code. */
+static int list_shards(const cli_ctx *ctx, shard_ref **out, size_t *n)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it, arr;
+	BSON_APPEND_INT32(&cmd, "listShards", 1);
+	int rc = cli_meta_run(ctx, &cmd, &reply);
+	bson_destroy(&cmd);
+	*out = NULL;
+	*n = 0;
+	if (rc == 0 && bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it) &&
+	    bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			bson_iter_t f;
+			const char *id = NULL, *uri = NULL;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &f))
+				continue;
+			while (bson_iter_next(&f)) {
+				if (strcmp(bson_iter_key(&f), "id") == 0 && BSON_ITER_HOLDS_UTF8(&f))
+					id = bson_iter_utf8(&f, NULL);
+				else if (strcmp(bson_iter_key(&f), "uri") == 0 &&
+					 BSON_ITER_HOLDS_UTF8(&f))
+					uri = bson_iter_utf8(&f, NULL);
+			}
+			if (id == NULL || uri == NULL)
+				continue;
+			*out = sdb_realloc(*out, (*n + 1) * sizeof **out);
+			(*out)[*n].id = sdb_strdup(id);
+			(*out)[*n].uri = sdb_strdup(uri);
+			(*n)++;
+		}
+	}
+	bson_destroy(&reply);
+	return rc;
+}
+
+static void shards_free(shard_ref *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(s[i].id);
+		free(s[i].uri);
+	}
+	free(s);
+}
+
+
+
+
+
+/* ------------------------------------------------------------ backup create */
+
+
+
+
+
+
+
+/* Parse the Extended JSON file at path into *doc (heap). */
+static int load_json(const char *path, bson_t **doc, char *err, size_t errlen)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	size_t n = 0;
+	int rc = 0;
+	if (f == NULL)
+		return sdb_errf(err, errlen, SDB_EIO, "open %s: %s", path, strerror(errno));
+	FILE *mem = open_memstream(&buf, &n);
+	char chunk[8192];
+	size_t r;
+	while ((r = fread(chunk, 1, sizeof chunk, f)) > 0)
+		fwrite(chunk, 1, r, mem);
+	fclose(f);
+	fclose(mem);
+	bson_error_t e;
+	*doc = bson_new_from_json((const uint8_t *)buf, (ssize_t)n, &e);
+	if (*doc == NULL)
+		rc = sdb_errf(err, errlen, SDB_ECORRUPT, "bad manifest: %s", e.message);
+	free(buf);
+	return rc;
+}
+
+
+static int open_archive(const char *who, const bk_opts *o, cdc_archive **a)
+{
+	char err[1024];
+	cdc_log_opts lo = log_opts(o);
+	/* an unreachable s3 endpoint is only a warning at open (the coordinator starts
+	 * anyway); here the first request fails with the one error line */
+	sdb_log_set_level(SDB_LOG_ERROR);
+	int rc = cdc_archive_open(o->archive, &lo, a, err, sizeof err);
+	if (rc) {
+		fprintf(stderr, "stripedb ctl %s: %s\n", who, err);
+		return rc == SDB_EINVAL ? 2 : 1;
+	}
+	return 0;
+}
+
+static int cmd_create(cli_ctx *ctx, const bk_opts *o)
+{
+	cdc_archive *a;
+	shard_ref *shards;
+	size_t n;
+	char err[1024], id[40];
+	int rc, done = 0;
+	if (o->npos != 1)
+		return usage("backup", "create takes no argument");
+	if (!o->all && o->shard == NULL)
+		return usage("backup", "create needs --shard=ID or --all");
+	if ((rc = open_archive("backup", o, &a)) != 0)
+		return rc;
+	if ((rc = list_shards(ctx, &shards, &n)) != 0) {
+		cdc_archive_close(a);
+		return rc;
+	}
+	cdc_backup_id(sdb_wall_ms(), id, sizeof id);
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		cdc_backup_stats st;
+		if (!o->all && strcmp(shards[i].id, o->shard) != 0)
+			continue;
+		done++;
+		if (cdc_backup_shard(a, shards[i].id, shards[i].uri, id, ctx->timeout_ms, &st, err,
+				     sizeof err) != 0) {
+			fprintf(stderr, "stripedb ctl backup: %s\n", err);
+			rc = 1;
+		} else if (ctx->json) {
+			printf("{\"id\": \"%s\", \"shard\": \"%s\", \"collections\": %d, "
+			       "\"documents\": %" PRId64 ", \"bytes\": %" PRId64 "}\n",
+			       id, shards[i].id, st.collections, st.documents, st.bytes);
+		} else {
+			printf("backup %s of %s: %d collections, %" PRId64 " documents, %" PRId64
+			       " bytes\n",
+			       id, shards[i].id, st.collections, st.documents, st.bytes);
+		}
+		fflush(stdout);
+	}
+	if (rc == 0 && done == 0) {
+		fprintf(stderr, "stripedb ctl backup: no shard %s in metadata\n",
+			o->shard ? o->shard : "");
+		rc = 1;
+	}
+	shards_free(shards, n);
+	cdc_archive_close(a);
+	return rc;
+}
+
+/* ------------------------------------------------------------ list / manifests */
+
+typedef struct manifest {
+	char *shard, *id, *key;
+	bson_t *doc;
+} manifest;
+
+static void manifests_free(manifest *m, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(m[i].shard);
+		free(m[i].id);
+		free(m[i].key);
+		if (m[i].doc)
+			bson_destroy(m[i].doc);
+	}
+	free(m);
+}
+
+/* The committed backups (those with a manifest) of shard (NULL: all), oldest first per
+ * shard; with load, the manifests are downloaded and parsed. */
+static int list_manifests(cdc_archive *a, const char *shard, int load, const char *tmp,
+			  manifest **out, size_t *n, char *err, size_t errlen)
+{
+	char **keys = NULL;
+	size_t nk = 0;
+	char *prefix = shard ? sdb_asprintf("backups/%s/", shard) : sdb_strdup("backups/");
+	int rc = cdc_archive_obj_list(a, prefix, &keys, &nk, err, errlen);
+	free(prefix);
+	*out = NULL;
+	*n = 0;
+	for (size_t i = 0; rc == 0 && i < nk; i++) {
+		/* backups/<shard>/<id>/manifest.json */
+		char sh[256], id[256], file[64];
+		if (sscanf(keys[i], "backups/%255[^/]/%255[^/]/%63s", sh, id, file) != 3 ||
+		    strcmp(file, "manifest.json") != 0)
+			continue;
+		manifest m = {.shard = sdb_strdup(sh), .id = sdb_strdup(id),
+			      .key = sdb_strdup(keys[i])};
+		if (load) {
+			char *path = sdb_asprintf("%s/m.json", tmp);
+			rc = cdc_archive_obj_get(a, keys[i], path, err, errlen);
+			if (rc == 0) {
+				rc = load_json(path, &m.doc, err, errlen);
+				if (rc)
+					sdb_errwrap(err, errlen, rc, "%s", keys[i]);
+			}
+			unlink(path);
+			free(path);
+		}
+		*out = sdb_realloc(*out, (*n + 1) * sizeof **out);
+		(*out)[(*n)++] = m;
+	}
+	cdc_backup_names_free(keys, nk);
+	if (rc) {
+		manifests_free(*out, *n);
+		*out = NULL;
+		*n = 0;
+	}
+	return rc;
+}
+
+static int cmd_list(cli_ctx *ctx, const bk_opts *o)
+{
+	cdc_archive *a;
+	manifest *m;
+	size_t n;
+	char err[1024];
+	int rc;
+	if (o->npos != 1)
+		return usage("backup", "list takes no argument");
+	if ((rc = open_archive("backup", o, &a)) != 0)
+		return rc;
+	char *tmp = cdc_backup_tmpdir();
+	rc = list_manifests(a, o->shard, 1, tmp ? tmp : "/tmp", &m, &n, err, sizeof err);
+	if (tmp) {
+		rmdir(tmp);
+		free(tmp);
+	}
+	if (rc) {
+		fprintf(stderr, "stripedb ctl backup list: %s\n", err);
+		cdc_archive_close(a);
+		return 1;
+	}
+	if (ctx->json)
+		printf("{\"backups\": [");
+	else
+		printf("%-22s %-12s %-24s %-16s %6s %10s %12s\n", "ID", "SHARD", "TIME", "HEAD_TS",
+		       "COLLS", "DOCUMENTS", "BYTES");
+	for (size_t i = 0; i < n; i++) {
+		char t[40];
+		uint64_t h = cdc_bson_ts(m[i].doc, "headTs");
+		bson_iter_t it;
+		uint32_t colls = 0;
+		if (bson_iter_init_find(&it, m[i].doc, "collections") && BSON_ITER_HOLDS_ARRAY(&it)) {
+			bson_iter_t c;
+			bson_iter_recurse(&it, &c);
+			while (bson_iter_next(&c))
+				colls++;
+		}
+		fmt_ms(cdc_bson_i64(m[i].doc, "headWall"), t, sizeof t);
+		if (ctx->json) {
+			char *j = bson_as_canonical_extended_json(m[i].doc, NULL);
+			printf("%s%s", i ? ", " : "", j);
+			bson_free(j);
+		} else {
+			char hs[32];
+			snprintf(hs, sizeof hs, "%u:%u", (unsigned)(h >> 32), (unsigned)h);
+			printf("%-22s %-12s %-24s %-16s %6u %10" PRId64 " %12" PRId64 "\n", m[i].id,
+			       m[i].shard, t, hs, colls, cdc_bson_i64(m[i].doc, "documents"),
+			       cdc_bson_i64(m[i].doc, "bytes"));
+		}
+	}
+	if (ctx->json)
+		printf("]}\n");
+	manifests_free(m, n);
+	cdc_archive_close(a);
+	return 0;
+}
+
+static int cmd_delete(cli_ctx *ctx, const bk_opts *o)
+{
+	cdc_archive *a;
+	manifest *m;
+	size_t n;
+	char err[1024];
+	int rc, found = 0;
+	if (o->npos != 2)
+		return usage("backup", "delete takes one ID");
+	if ((rc = open_archive("backup", o, &a)) != 0)
+		return rc;
+	rc = list_manifests(a, o->shard, 0, "/tmp", &m, &n, err, sizeof err);
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		if (strcmp(m[i].id, o->pos[1]) != 0)
+			continue;
+		found++;
+		/* the manifest first: the backup stops existing, then its data goes */
+		rc = cdc_archive_obj_delete(a, m[i].key, err, sizeof err);
+		char **keys = NULL;
+		size_t nk = 0;
+		char *prefix = sdb_asprintf("backups/%s/%s/", m[i].shard, m[i].id);
+		if (rc == 0)
+			rc = cdc_archive_obj_list(a, prefix, &keys, &nk, err, sizeof err);
+		for (size_t k = 0; rc == 0 && k < nk; k++)
+			rc = cdc_archive_obj_delete(a, keys[k], err, sizeof err);
+		cdc_backup_names_free(keys, nk);
+		free(prefix);
+		if (rc == 0 && !ctx->json)
+			printf("deleted backup %s of %s\n", m[i].id, m[i].shard);
+	}
+	manifests_free(m, n);
+	cdc_archive_close(a);
+	if (rc) {
+		fprintf(stderr, "stripedb ctl backup delete: %s\n", err);
+		return 1;
+	}
+	if (!found) {
+		fprintf(stderr, "stripedb ctl backup delete: no backup %s\n", o->pos[1]);
+		return 1;
+	}
+	if (ctx->json)
+		printf("{\"ok\": true, \"deleted\": %d}\n", found);
+	return 0;
+}
+
+int cli_backup_main(cli_ctx *ctx, int argc, char **argv)
+{
+	bk_opts o;
+	int rc = parse("backup", argc, argv, &o);
+	if (rc)
+		return rc;
+	if (o.npos == 0)
+		return usage("backup", "missing subcommand");
+	if (o.to_time || o.into || o.dry_run)
+		return usage("backup", "--to-time, --into and --dry-run are restore flags");
+	if (o.all && strcmp(o.pos[0], "create") != 0)
+		return usage("backup", "--all is a create flag");
+	if (strcmp(o.pos[0], "create") == 0)
+		return cmd_create(ctx, &o);
+	if (strcmp(o.pos[0], "list") == 0)
+		return cmd_list(ctx, &o);
+	if (strcmp(o.pos[0], "delete") == 0)
+		return cmd_delete(ctx, &o);
+	return usage("backup", "unknown subcommand");
+}
+
+/* ------------------------------------------------------------ restore: the _id map */
+
+/* _id (as a one-element BSON value, type byte included) -> SHA-256 of the document the
+ * restore wrote last for it. Open addressing, linear probing; a deleted document keeps
+ * its slot (live = 0). */
+typedef struct id_ent {
+	uint8_t *key; /* NULL: empty slot */
+	uint32_t klen;
+	uint8_t live;
+	uint8_t h[32];
+} id_ent;
+
+typedef struct id_map {
+	id_ent *e;
+	size_t cap, used; /* slots, slots with a key */
+} id_map;
+
+static id_ent *map_slot(id_map *m, const uint8_t *k, uint32_t kl)
+{
+	size_t i = (size_t)XXH64(k, kl, 0) & (m->cap - 1);
+	while (m->e[i].key && (m->e[i].klen != kl || memcmp(m->e[i].key, k, kl) != 0))
+		i = (i + 1) & (m->cap - 1);
+	return &m->e[i];
+}
+
+static id_ent *map_get(id_map *m, const uint8_t *k, uint32_t kl)
+{
+	if (2 * (m->used + 1) > m->cap) {
+		id_map n = {.cap = m->cap ? m->cap * 2 : 1024};
+		n.e = sdb_calloc(n.cap, sizeof *n.e);
+		for (size_t i = 0; i < m->cap; i++)
+			if (m->e[i].key) {
+				*map_slot(&n, m->e[i].key, m->e[i].klen) = m->e[i];
+				n.used++;
+			}
+		free(m->e);
+		*m = n;
+	}
+	id_ent *s = map_slot(m, k, kl);
+	if (s->key == NULL) {
+		s->key = sdb_malloc(kl);
+		memcpy(s->key, k, kl);
+		s->klen = kl;
+		m->used++;
+	}
+	return s;
+}
+
+static void map_free(id_map *m)
+{
+	for (size_t i = 0; i < m->cap; i++)
+		free(m->e[i].key);
+	free(m->e);
+}
+
+static void sha256(const uint8_t *d, size_t n, uint8_t out[32])
+{
+	unsigned l;
+	EVP_Digest(d, n, out, &l, EVP_sha256(), NULL);
+}
+
+/* The order-independent hash of a set of documents: the sum, per 64-bit lane, of their
+ * SHA-256 (as 4 little-endian u64), printed as 64 hex digits. */
+typedef struct set_hash {
+	uint64_t lane[4];
+	int64_t count;
+} set_hash;
+
+static void set_add(set_hash *s, const uint8_t h[32])
+{
+	for (int i = 0; i < 4; i++) {
+		uint64_t v;
+		memcpy(&v, h + 8 * i, 8);
+		s->lane[i] += v;
+	}
+	s->count++;
+}
+
+static void set_hex(const set_hash *s, char out[65])
+{
+	for (int i = 0; i < 4; i++)
+		sprintf(out + 16 * i, "%016" PRIx64, s->lane[i]);
+}
+
+/* ------------------------------------------------------------ restore: applying */
+
+typedef struct restore {
+	const cli_ctx *ctx;
+	const char *db, *coll, *ns; /* source */
+	char *tdb, *tcoll;          /* target */
+	int64_t to_ms;
+	int dry_run;
+	mongoc_client_t *c;
+	mongoc_collection_t *tc;
+	mongoc_bulk_operation_t *bulk;
+	int pending;
+	id_map ids;
+	int64_t docs_in, events_in; /* read from the backups, applied from the CDC log */
+	char err[1024];
+} restore;
+
+static int flush_bulk(restore *r)
+{
+	bson_error_t e;
+	bson_t reply;
+	int rc = 0;
+	if (r->bulk == NULL)
+		return 0;
+	if (r->pending && !mongoc_bulk_operation_execute(r->bulk, &reply, &e))
+		rc = sdb_errf(r->err, sizeof r->err, SDB_EIO, "writing %s.%s: %s", r->tdb, r->tcoll,
+			      e.message);
+	if (r->pending)
+		bson_destroy(&reply);
+	mongoc_bulk_operation_destroy(r->bulk);
+	r->bulk = NULL;
+	r->pending = 0;
+	return rc;
+}
+
+static mongoc_bulk_operation_t *bulk(restore *r)
+{
+	if (r->bulk == NULL) {
+		bson_t opts = BSON_INITIALIZER;
+		BSON_APPEND_BOOL(&opts, "ordered", true);
+		r->bulk = mongoc_collection_create_bulk_operation_with_opts(r->tc, &opts);
+		bson_destroy(&opts);
+	}
+	return r->bulk;
+}
+
+static int queued(restore *r)
+{
+	return ++r->pending >= BATCH ? flush_bulk(r) : 0;
+}
+
+/* Key of doc's _id in the map (a one-element document holding it), 0 when it has none. */
+static int id_key(const bson_t *doc, bson_t *key)
+{
+	bson_iter_t it;
+	bson_init(key);
+	if (!bson_iter_init_find(&it, doc, "_id")) {
+		bson_destroy(key);
+		return 0;
+	}
+	bson_append_iter(key, "_id", 3, &it);
+	return 1;
+}
+
+/* doc is the document of _id now (insert, or update's full post-image). */
+static int put_doc(restore *r, const bson_t *doc, int insert)
+{
+	bson_t key;
+	bson_error_t e;
+	if (!id_key(doc, &key))
+		return sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "a document without _id");
+	id_ent *s = map_get(&r->ids, bson_get_data(&key), key.len);
+	int was = s->live;
+	s->live = 1;
+	sha256(bson_get_data(doc), doc->len, s->h);
+	int ok;
+	if (insert && !was) {
+		ok = mongoc_bulk_operation_insert_with_opts(bulk(r), doc, NULL, &e);
+	} else {
+		bson_t opts = BSON_INITIALIZER;
+		BSON_APPEND_BOOL(&opts, "upsert", true);
+		ok = mongoc_bulk_operation_replace_one_with_opts(bulk(r), &key, doc, &opts, &e);
+		bson_destroy(&opts);
+	}
+	bson_destroy(&key);
+	if (!ok)
+		return sdb_errf(r->err, sizeof r->err, SDB_EINVAL, "%s", e.message);
+	return queued(r);
+}
+
+static int del_doc(restore *r, const bson_t *doc)
+{
+	bson_t key;
+	bson_error_t e;
+	if (!id_key(doc, &key))
+		return 0;
+	id_ent *s = map_get(&r->ids, bson_get_data(&key), key.len);
+	s->live = 0;
+	int ok = mongoc_bulk_operation_remove_one_with_opts(bulk(r), &key, NULL, &e);
+	bson_destroy(&key);
+	if (!ok)
+		return sdb_errf(r->err, sizeof r->err, SDB_EINVAL, "%s", e.message);
+	return queued(r);
+}
+
+static int drop_all(restore *r)
+{
+	bson_t all = BSON_INITIALIZER;
+	bson_error_t e;
+	for (size_t i = 0; i < r->ids.cap; i++)
+		r->ids.e[i].live = 0;
+	int ok = mongoc_bulk_operation_remove_many_with_opts(bulk(r), &all, NULL, &e);
+	bson_destroy(&all);
+	if (!ok)
+		return sdb_errf(r->err, sizeof r->err, SDB_EINVAL, "%s", e.message);
+	return queued(r);
+}
+
+/* Load the backup data object (documents back to back) into the target. */
+static int apply_backup(restore *r, cdc_archive *a, const char *obj, const char *tmp)
+{
+	char *path = sdb_asprintf("%s/data.bson", tmp);
+	int rc = cdc_archive_obj_get(a, obj, path, r->err, sizeof r->err);
+	if (rc) {
+		free(path);
+		return rc;
+	}
+	FILE *f = fopen(path, "rb");
+	bson_reader_t *rd = f ? bson_reader_new_from_fd(fileno(f), false) : NULL;
+	const bson_t *doc;
+	bool eof = false;
+	while (rc == 0 && rd && (doc = bson_reader_read(rd, &eof)) != NULL) {
+		r->docs_in++;
+		if (!r->dry_run)
+			rc = put_doc(r, doc, 1);
+	}
+	if (rc == 0 && (rd == NULL || !eof))
+		rc = sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "%s: not a BSON file", obj);
+	if (rd)
+		bson_reader_destroy(rd);
+	if (f)
+		fclose(f);
+	unlink(path);
+	free(path);
+	return rc;
+}
+
+/* Apply the shard's CDC events after `after` while their wall <= to_ms. */
+static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t after)
+{
+	cdc_reader *rd;
+	cdc_event ev;
+	int rc = cdc_reader_open(log, shard, after, &rd, r->err, sizeof r->err);
+	if (rc)
+		return sdb_errwrap(r->err, sizeof r->err, rc, "CDC log of %s", shard);
+	char dbcmd[512];
+	snprintf(dbcmd, sizeof dbcmd, "%s.$cmd", r->db);
+	while ((rc = cdc_reader_next(rd, &ev, 0, r->err, sizeof r->err)) == 1) {
+		bson_t e, o;
+		bson_iter_t it;
+		if (!bson_init_static(&e, ev.data, ev.len)) {
+			rc = sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "event %" PRIu64, ev.offset);
+			break;
+		}
+		if (cdc_bson_i64(&e, "wall") > r->to_ms)
+			break;
+		const char *ns = cdc_bson_str(&e, "ns"), *op = cdc_bson_str(&e, "op");
+		if (ns == NULL || op == NULL || !bson_iter_init_find(&it, &e, "o") ||
+		    !BSON_ITER_HOLDS_DOCUMENT(&it))
+			continue;
+		uint32_t ol;
+		const uint8_t *od;
+		bson_iter_document(&it, &ol, &od);
+		if (!bson_init_static(&o, od, ol))
+			continue;
+		int mine = strcmp(ns, r->ns) == 0;
+		if (!mine && !(strcmp(ns, dbcmd) == 0 && strcmp(op, "c") == 0))
+			continue;
+		if (mine && cdc_bson_str(&e, "origin")) {
+			rc = sdb_errf(r->err, sizeof r->err, SDB_ECONFLICT,
+				      "%s: event %u:%u of %s comes from chunk migration %s: a "
+				      "restore across a migration is not supported",
+				      r->ns, (unsigned)(ev.ts >> 32), (unsigned)ev.ts, shard,
+				      cdc_bson_str(&e, "origin"));
+			break;
+		}
+		int apply = 0;
+		if (mine) {
+			apply = 1;
+			if (!r->dry_run) {
+				if (!strcmp(op, "i") || !strcmp(op, "u"))
+					rc = put_doc(r, &o, 0);
+				else if (!strcmp(op, "d"))
+					rc = del_doc(r, &o);
+				else
+					apply = 0;
+			}
+		} else {
+			const char *dropped = cdc_bson_str(&o, "drop");
+			if ((dropped && strcmp(dropped, r->coll) == 0) ||
+			    bson_iter_init_find(&it, &o, "dropDatabase")) {
+				apply = 1;
+				if (!r->dry_run)
+					rc = drop_all(r);
+			}
+		}
+		r->events_in += apply;
+		if (rc)
+			break;
+	}
+	cdc_reader_close(rd);
+	return rc < 0 ? rc : 0;
+}
+
+/* Count and set hash of the target as it is now. */
+static int target_hash(restore *r, set_hash *h)
+{
+	bson_t q = BSON_INITIALIZER;
+	bson_error_t e;
+	const bson_t *doc;
+	memset(h, 0, sizeof *h);
+	mongoc_cursor_t *cs = mongoc_collection_find_with_opts(r->tc, &q, NULL, NULL);
+	while (mongoc_cursor_next(cs, &doc)) {
+		uint8_t d[32];
+		sha256(bson_get_data(doc), doc->len, d);
+		set_add(h, d);
+	}
+	int rc = 0;
+	if (mongoc_cursor_error(cs, &e))
+		rc = sdb_errf(r->err, sizeof r->err, SDB_EIO, "reading %s.%s back: %s", r->tdb,
+			      r->tcoll, e.message);
+	mongoc_cursor_destroy(cs);
+	bson_destroy(&q);
+	return rc;
+}
+
+/* ------------------------------------------------------------ restore: planning */
+
+typedef struct plan {
+	const shard_ref *s;
+	const manifest *m; /* chosen backup, NULL when none */
+	uint64_t at;       /* its snapshot of the collection */
+	int64_t at_wall, oldest_wall, newest_ms, docs;
+	const char *obj; /* data object, NULL: the collection was empty */
+} plan;
+
+/* Snapshot point of ns in backup m: its collection entry, else the backup's head. */
+static void point_of(const manifest *m, const char *ns, uint64_t *at, int64_t *wall,
+		     const char **obj, int64_t *docs)
+{
+	bson_iter_t it, c;
+	*at = cdc_bson_ts(m->doc, "headTs");
+	*wall = cdc_bson_i64(m->doc, "headWall");
+	*obj = NULL;
+	*docs = 0;
+	if (!bson_iter_init_find(&it, m->doc, "collections") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &c))
+		return;
+	while (bson_iter_next(&c)) {
+		bson_t d;
+		uint32_t l;
+		const uint8_t *data;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&c))
+			continue;
+		bson_iter_document(&c, &l, &data);
+		if (!bson_init_static(&d, data, l))
+			continue;
+		const char *n = cdc_bson_str(&d, "ns");
+		if (n && strcmp(n, ns) == 0) {
+			*at = cdc_bson_ts(&d, "atOplogTs");
+			*wall = cdc_bson_i64(&d, "atWall");
+			*obj = cdc_bson_str(&d, "object");
+			*docs = cdc_bson_i64(&d, "count");
+			return;
+		}
+	}
+}
+
+/* Newest time the shard's history is complete to: now when its CDC log holds its oplog
+ * head (nothing unpublished), else the wall of the last event in the log. */
+static int newest_ms(const cli_ctx *ctx, cdc_log *log, const shard_ref *s, int64_t *out,
+		     char *err, size_t errlen)
+{
+	cdc_range live = {0}, ar = {0};
+	int rc = cdc_log_range(log, s->id, &live, err, errlen);
+	if (rc == 0 && cdc_log_archive(log))
+		rc = cdc_archive_range(cdc_log_archive(log), s->id, &ar, err, errlen);
+	if (rc)
+		return rc;
+	uint64_t last = live.last_ts > ar.last_ts ? live.last_ts : ar.last_ts;
+	int64_t now = sdb_wall_ms();
+	mongoc_client_t *c = cdc_backup_client(s->uri, ctx->timeout_ms);
+	cdc_snap head = {0};
+	*out = 0;
+	if (c) {
+		char *tmp = cdc_backup_tmpdir();
+		char *p = sdb_asprintf("%s/probe.bson", tmp ? tmp : "/tmp");
+		char e2[512];
+		if (cdc_backup_snapshot(c, "admin", "stripedb.backup.probe", p, &head, e2, sizeof e2) == 0 &&
+		    head.at == last)
+			*out = now;
+		unlink(p);
+		free(p);
+		if (tmp) {
+			rmdir(tmp);
+			free(tmp);
+		}
+		mongoc_client_destroy(c);
+	}
+	if (*out == 0 && last) {
+		cdc_reader *rd;
+		cdc_event ev;
+		rc = cdc_reader_open(log, s->id, last - 1, &rd, err, errlen);
+		if (rc)
+			return rc;
+		if (cdc_reader_next(rd, &ev, 0, err, errlen) == 1) {
+			bson_t e;
+			if (bson_init_static(&e, ev.data, ev.len))
+				*out = cdc_bson_i64(&e, "wall");
+		}
+		cdc_reader_close(rd);
+	}
+	return 0;
+}
+
+int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
+{
+	bk_opts o;
+	restore r;
+	cdc_log *log = NULL;
+	shard_ref *shards = NULL;
+	size_t nsh = 0, nm = 0;
+	manifest *ms = NULL;
+	plan *plans = NULL;
+	char *tmp = NULL;
+	int rc = parse("restore", argc, argv, &o);
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof r);
+	r.ctx = ctx;
+	r.dry_run = o.dry_run;
+	if (o.npos != 1)
+		return usage("restore", "restore takes one DB.COLL");
+	if (o.shard || o.all)
+		return usage("restore", "--shard and --all are backup flags (a restore reads every "
+					"shard; --to-shard is not supported)");
+	const char *dot = strchr(o.pos[0], '.');
+	if (dot == NULL || dot == o.pos[0] || dot[1] == '\0')
+		return usage("restore", "expected DB.COLL");
+	if (o.to_time == NULL || parse_time(o.to_time, &r.to_ms) != 0)
+		return usage("restore", "--to-time must be YYYY-MM-DDTHH:MM:SS[.mmm]Z or epoch "
+					"seconds[.mmm]");
+	if (o.cdc == NULL || o.cdc[0] == '\0')
+		return usage("restore", "no CDC log: pass --cdc=SPEC or set STRIPEDB_CDC");
+	if (!o.dry_run && (o.uri == NULL || o.uri[0] == '\0'))
+		return usage("restore", "no target: pass --uri=mongodb://PROXY or set STRIPEDB_URI");
+	char *db = sdb_strndup(o.pos[0], (size_t)(dot - o.pos[0]));
+	r.db = db;
+	r.coll = dot + 1;
+	r.ns = o.pos[0];
+	char tstr[40];
+	fmt_ms(r.to_ms, tstr, sizeof tstr);
+	if (o.into) {
+		const char *d2 = strchr(o.into, '.');
+		if (d2 == NULL || d2 == o.into || d2[1] == '\0') {
+			free(db);
+			return usage("restore", "--into expects DB.COLL");
+		}
+		r.tdb = sdb_strndup(o.into, (size_t)(d2 - o.into));
+		r.tcoll = sdb_strdup(d2 + 1);
+	} else {
+		time_t s = (time_t)(r.to_ms / 1000);
+		struct tm tm;
+		char b[32];
+		gmtime_r(&s, &tm);
+		strftime(b, sizeof b, "%Y%m%dT%H%M%S", &tm);
+		r.tdb = sdb_strdup(db);
+		r.tcoll = sdb_asprintf("%s_restored_%s", r.coll, b);
+	}
+	if (strcmp(r.tdb, db) == 0 && strcmp(r.tcoll, r.coll) == 0) {
+		fprintf(stderr, "stripedb ctl restore: the target is the source collection %s: "
+				"a restore never writes over live data\n",
+			r.ns);
+		rc = 2;
+		goto out;
+	}
+	cdc_log_opts lo = log_opts(&o);
+	sdb_log_set_level(SDB_LOG_ERROR); /* as open_archive */
+	if ((rc = cdc_log_open(o.cdc, &lo, &log, r.err, sizeof r.err)) != 0) {
+		fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
+		rc = rc == SDB_EINVAL ? 2 : 1;
+		goto out;
+	}
+	cdc_archive *a = cdc_log_archive(log);
+	if ((rc = list_shards(ctx, &shards, &nsh)) != 0)
+		goto out;
+	tmp = cdc_backup_tmpdir();
+	if (tmp == NULL) {
+		fprintf(stderr, "stripedb ctl restore: temporary directory: %s\n", strerror(errno));
+		rc = 1;
+		goto out;
+	}
+	rc = list_manifests(a, NULL, 1, tmp, &ms, &nm, r.err, sizeof r.err);
+	if (rc) {
+		fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
+		rc = 1;
+		goto out;
+	}
+	/* per shard: the newest backup at or before TIME, the available range */
+	plans = sdb_calloc(nsh ? nsh : 1, sizeof *plans);
+	int64_t lower = 0, upper = INT64_MAX;
+	for (size_t i = 0; i < nsh; i++) {
+		plan *p = &plans[i];
+		p->s = &shards[i];
+		p->oldest_wall = INT64_MAX;
+		for (size_t k = 0; k < nm; k++) {
+			if (strcmp(ms[k].shard, shards[i].id) != 0)
+				continue;
+			uint64_t at;
+			int64_t wall, docs;
+			const char *obj;
+			point_of(&ms[k], r.ns, &at, &wall, &obj, &docs);
+			if (wall < p->oldest_wall)
+				p->oldest_wall = wall;
+			if (wall <= r.to_ms && (p->m == NULL || wall >= p->at_wall)) {
+				p->m = &ms[k];
+				p->at = at;
+				p->at_wall = wall;
+				p->obj = obj;
+				p->docs = docs;
+			}
+		}
+		if (p->oldest_wall == INT64_MAX) {
+			fprintf(stderr, "stripedb ctl restore: shard %s has no backup in %s (run "
+					"`stripedb ctl backup create --all`)\n",
+				shards[i].id, o.archive);
+			rc = 1;
+			goto out;
+		}
+		if ((rc = newest_ms(ctx, log, p->s, &p->newest_ms, r.err, sizeof r.err)) != 0) {
+			fprintf(stderr, "stripedb ctl restore: %s: %s\n", shards[i].id, r.err);
+			rc = 1;
+			goto out;
+		}
+		if (p->oldest_wall > lower)
+			lower = p->oldest_wall;
+		if (p->newest_ms < upper)
+			upper = p->newest_ms;
+	}
+	if (nsh == 0) {
+		fprintf(stderr, "stripedb ctl restore: no shard in metadata\n");
+		rc = 1;
+		goto out;
+	}
+	if (r.to_ms < lower || r.to_ms > upper) {
+		char lo_s[40], up_s[40];
+		fmt_ms(lower, lo_s, sizeof lo_s);
+		fmt_ms(upper, up_s, sizeof up_s);
+		fprintf(stderr, "stripedb ctl restore: %s is outside the available range %s .. %s "
+				"(oldest backup .. newest archived event)\n",
+			tstr, lo_s, up_s);
+		rc = 1;
+		goto out;
+	}
+	/* the target: never over live data */
+	if (!o.dry_run) {
+		bson_error_t e;
+		r.c = cdc_backup_client(o.uri, ctx->timeout_ms);
+		if (r.c == NULL) {
+			fprintf(stderr, "stripedb ctl restore: bad --uri %s\n", o.uri);
+			rc = 2;
+			goto out;
+		}
+		r.tc = mongoc_client_get_collection(r.c, r.tdb, r.tcoll);
+		bson_t q = BSON_INITIALIZER;
+		int64_t n = mongoc_collection_count_documents(r.tc, &q, NULL, NULL, NULL, &e);
+		bson_destroy(&q);
+		if (n < 0) {
+			fprintf(stderr, "stripedb ctl restore: count %s.%s: %s\n", r.tdb, r.tcoll,
+				e.message);
+			rc = 1;
+			goto out;
+		}
+		if (n > 0) {
+			fprintf(stderr, "stripedb ctl restore: target %s.%s exists and holds %" PRId64
+					" documents: a restore never writes over live data\n",
+				r.tdb, r.tcoll, n);
+			rc = 1;
+			goto out;
+		}
+	}
+	int64_t t0 = (int64_t)sdb_mono_ms();
+	for (size_t i = 0; i < nsh; i++) {
+		plan *p = &plans[i];
+		int64_t d0 = r.docs_in, e0 = r.events_in;
+		if (p->obj)
+			rc = apply_backup(&r, a, p->obj, tmp);
+		if (rc == 0)
+			rc = apply_events(&r, log, p->s->id, p->at);
+		if (rc == 0)
+			rc = flush_bulk(&r);
+		if (rc) {
+			fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
+			rc = 1;
+			goto out;
+		}
+		if (!ctx->json)
+			printf("%s: backup %s (snapshot at %u:%u) %" PRId64 " documents + %" PRId64
+			       " events up to %s\n",
+			       p->s->id, p->m ? p->m->id : "-", (unsigned)(p->at >> 32),
+			       (unsigned)p->at, r.docs_in - d0, r.events_in - e0, tstr);
+	}
+	int64_t took = (int64_t)sdb_mono_ms() - t0;
+	if (o.dry_run) {
+		if (ctx->json)
+			printf("{\"dryRun\": true, \"toTime\": \"%s\", \"target\": \"%s.%s\", "
+			       "\"documents\": %" PRId64 ", \"events\": %" PRId64 "}\n",
+			       tstr, r.tdb, r.tcoll, r.docs_in, r.events_in);
+		else
+			printf("dry run: would restore %s as of %s into %s.%s from %" PRId64
+			       " backed-up documents and %" PRId64 " events\n",
+			       r.ns, tstr, r.tdb, r.tcoll, r.docs_in, r.events_in);
+		rc = 0;
+		goto out;
+	}
+	/* verification: the target holds exactly the documents computed for TIME */
+	set_hash want = {0}, got;
+	for (size_t i = 0; i < r.ids.cap; i++)
+		if (r.ids.e[i].key && r.ids.e[i].live)
+			set_add(&want, r.ids.e[i].h);
+	char wh[65], gh[65];
+	set_hex(&want, wh);
+	if ((rc = target_hash(&r, &got)) != 0) {
+		fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
+		rc = 1;
+		goto out;
+	}
+	set_hex(&got, gh);
+	if (want.count != got.count || strcmp(wh, gh) != 0) {
+		fprintf(stderr, "stripedb ctl restore: verification failed: %s.%s holds %" PRId64
+				" documents (hash %s), expected %" PRId64 " (hash %s)\n",
+			r.tdb, r.tcoll, got.count, gh, want.count, wh);
+		rc = 1;
+		goto out;
+	}
+	double rate = took > 0 ? (double)(r.docs_in + r.events_in) * 1000.0 / (double)took : 0;
+	if (ctx->json)
+		printf("{\"target\": \"%s.%s\", \"toTime\": \"%s\", \"documents\": %" PRId64
+		       ", \"hash\": \"%s\", \"backupDocuments\": %" PRId64 ", \"events\": %" PRId64
+		       ", \"ms\": %" PRId64 ", \"docsPerSec\": %.0f}\n",
+		       r.tdb, r.tcoll, tstr, got.count, gh, r.docs_in, r.events_in, took, rate);
+	else
+		printf("restored %s as of %s into %s.%s: %" PRId64 " documents, verified (hash %s); "
+		       "%" PRId64 " backed-up documents + %" PRId64 " events in %" PRId64 " ms\n",
+		       r.ns, tstr, r.tdb, r.tcoll, got.count, gh, r.docs_in, r.events_in, took);
+	rc = 0;
+out:
+	if (r.bulk)
+		mongoc_bulk_operation_destroy(r.bulk);
+	if (r.tc)
+		mongoc_collection_destroy(r.tc);
+	if (r.c)
+		mongoc_client_destroy(r.c);
+	map_free(&r.ids);
+	free(plans);
+	manifests_free(ms, nm);
+	shards_free(shards, nsh);
+	if (tmp) {
+		rmdir(tmp);
+		free(tmp);
+	}
+	if (log)
+		cdc_log_close(log);
+	free(r.tdb);
+	free(r.tcoll);
+	free(db);
+	return rc;
+}

@@ -1,0 +1,383 @@
+/* Backups of shards into the CDC archive (issue #22): the part of `stripedb ctl backup
+ * create` (cli/backup.c) that reads a shard and writes the archive, kept here so that a
+ * server-side scheduler can run it too (the coordinator's --backup-interval). Format and
+ * design: src/cdc/README.md "Backups and point-in-time restore". */
+#define _GNU_SOURCE
+#include "cdc/backup.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "auth/cluster.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/err.h"
+
+/* Documents per snapshot batch (memory bound of a backup). */
+#define BATCH 1000
+
+static void hex(const uint8_t *b, size_t n, char *out)
+{
+	for (size_t i = 0; i < n; i++)
+		sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+mongoc_client_t *cdc_backup_client(const char *uri, int timeout_ms)
+{
+	char *u = sdb_asprintf("%s%sserverSelectionTimeoutMS=%d&connectTimeoutMS=%d", uri,
+			       strchr(uri, '?') ? "&" : (uri[strlen(uri) - 1] == '/' ? "?" : "/?"),
+			       timeout_ms, timeout_ms);
+	mongoc_client_t *c = auth_cluster_client_new(u);
+	free(u);
+	if (c)
+		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
+	return c;
+}
+
+char *cdc_backup_tmpdir(void)
+{
+	const char *t = getenv("TMPDIR");
+	char *d = sdb_asprintf("%s/stripedb-backup-XXXXXX", t && t[0] ? t : "/tmp");
+	if (mkdtemp(d) == NULL) {
+		free(d);
+		return NULL;
+	}
+	return d;
+}
+
+uint64_t cdc_bson_ts(const bson_t *doc, const char *path)
+{
+	bson_iter_t it;
+	uint32_t t, i;
+	if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &it) ||
+	    !BSON_ITER_HOLDS_TIMESTAMP(&it))
+		return 0;
+	bson_iter_timestamp(&it, &t, &i);
+	return ((uint64_t)t << 32) | i;
+}
+
+int64_t cdc_bson_i64(const bson_t *doc, const char *path)
+{
+	bson_iter_t it;
+	if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &it))
+		return 0;
+	if (BSON_ITER_HOLDS_DATE_TIME(&it))
+		return bson_iter_date_time(&it);
+	return bson_iter_as_int64(&it);
+}
+
+const char *cdc_bson_str(const bson_t *doc, const char *path)
+{
+	bson_iter_t it;
+	if (!bson_iter_init(&it, doc) || !bson_iter_find_descendant(&it, path, &it) ||
+	    !BSON_ITER_HOLDS_UTF8(&it))
+		return NULL;
+	return bson_iter_utf8(&it, NULL);
+}
+
+/* Wall clock (epoch ms) of the shard's oplog entry at ts (0 for ts 0); the caller's
+ * clock now when that entry is gone (trimmed: an upper bound, which only makes the
+ * backup usable later). */
+static int oplog_wall(mongoc_client_t *c, uint64_t ts, int64_t *wall, char *err, size_t errlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, f;
+	bson_error_t e;
+	*wall = 0;
+	if (ts == 0)
+		return 0;
+	BSON_APPEND_UTF8(&cmd, "find", "oplog.rs");
+	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "filter", &f);
+	BSON_APPEND_TIMESTAMP(&f, "ts", (uint32_t)(ts >> 32), (uint32_t)ts);
+	bson_append_document_end(&cmd, &f);
+	BSON_APPEND_INT32(&cmd, "limit", 1);
+	BSON_APPEND_BOOL(&cmd, "singleBatch", true);
+	int ok = mongoc_client_command_simple(c, "local", &cmd, NULL, &reply, &e);
+	bson_destroy(&cmd);
+	if (!ok) {
+		bson_destroy(&reply);
+		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "find local.oplog.rs: %s",
+				e.message);
+	}
+	*wall = cdc_bson_i64(&reply, "cursor.firstBatch.0.wall");
+	if (*wall == 0)
+		*wall = sdb_wall_ms();
+	bson_destroy(&reply);
+	return 0;
+}
+
+
+/* Stream the point-in-time read of db.coll on c into path (documents back to back). */
+int cdc_backup_snapshot(mongoc_client_t *c, const char *db, const char *coll, const char *path,
+			 cdc_snap *so, char *err, size_t errlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, f = BSON_INITIALIZER;
+	bson_error_t e;
+	int rc = 0;
+	memset(so, 0, sizeof *so);
+	BSON_APPEND_UTF8(&cmd, "stripedbSnapshot", coll);
+	BSON_APPEND_DOCUMENT(&cmd, "filter", &f);
+	BSON_APPEND_INT32(&cmd, "batchSize", BATCH);
+	/* the command and its getMores on one server */
+	mongoc_server_description_t *sd = mongoc_client_select_server(c, false, NULL, &e);
+	if (!sd) {
+		bson_destroy(&cmd);
+		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "%s", e.message);
+	}
+	uint32_t sid = mongoc_server_description_id(sd);
+	mongoc_server_description_destroy(sd);
+	if (!mongoc_client_command_simple_with_server_id(c, db, &cmd, NULL, sid, &reply, &e)) {
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "stripedbSnapshot %s.%s: %s", db,
+				coll, e.message);
+	}
+	bson_destroy(&cmd);
+	so->at = cdc_bson_ts(&reply, "cursor.atOplogTs");
+	FILE *out = fopen(path, "wb");
+	if (out == NULL) {
+		bson_destroy(&reply);
+		return sdb_errf(err, errlen, SDB_EIO, "create %s: %s", path, strerror(errno));
+	}
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+	bson_t copts = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&copts, "serverId", (int32_t)sid);
+	mongoc_cursor_t *cs = mongoc_cursor_new_from_command_reply_with_opts(c, &reply, &copts);
+	bson_destroy(&copts);
+	const bson_t *doc;
+	while (rc == 0 && mongoc_cursor_next(cs, &doc)) {
+		if (fwrite(bson_get_data(doc), 1, doc->len, out) != doc->len)
+			rc = sdb_errf(err, errlen, SDB_EIO, "write %s: %s", path, strerror(errno));
+		EVP_DigestUpdate(md, bson_get_data(doc), doc->len);
+		so->count++;
+		so->bytes += doc->len;
+	}
+	if (rc == 0 && mongoc_cursor_error(cs, &e))
+		rc = sdb_errf(err, errlen, SDB_EUNAVAILABLE, "stripedbSnapshot %s.%s: %s", db, coll,
+			      e.message);
+	mongoc_cursor_destroy(cs);
+	uint8_t dg[32];
+	unsigned dl = 0;
+	EVP_DigestFinal_ex(md, dg, &dl);
+	EVP_MD_CTX_free(md);
+	hex(dg, 32, so->sha);
+	if (fclose(out) != 0 && rc == 0)
+		rc = sdb_errf(err, errlen, SDB_EIO, "close %s: %s", path, strerror(errno));
+	return rc;
+}
+
+/* Names under `field` of the first batch of cmd's reply (listDatabases: "databases",
+ * listCollections: "cursor.firstBatch"), skipping views. Heap array of heap strings. */
+static int list_names(mongoc_client_t *c, const char *db, const bson_t *cmd, const char *field,
+		      char ***names, size_t *n, char *err, size_t errlen)
+{
+	bson_t reply;
+	bson_error_t e;
+	bson_iter_t it, arr;
+	*names = NULL;
+	*n = 0;
+	if (!mongoc_client_command_simple(c, db, cmd, NULL, &reply, &e)) {
+		bson_destroy(&reply);
+		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "%s", e.message);
+	}
+	if (bson_iter_init(&it, &reply) && bson_iter_find_descendant(&it, field, &it) &&
+	    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			bson_t d;
+			uint32_t l;
+			const uint8_t *data;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
+				continue;
+			bson_iter_document(&arr, &l, &data);
+			if (!bson_init_static(&d, data, l))
+				continue;
+			const char *name = cdc_bson_str(&d, "name"), *type = cdc_bson_str(&d, "type");
+			if (name == NULL || (type && strcmp(type, "collection") != 0))
+				continue;
+			*names = sdb_realloc(*names, (*n + 1) * sizeof **names);
+			(*names)[(*n)++] = sdb_strdup(name);
+		}
+	}
+	bson_destroy(&reply);
+	return 0;
+}
+
+void cdc_backup_names_free(char **names, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+}
+
+/* Write doc as canonical Extended JSON to path. */
+static int write_json(const bson_t *doc, const char *path, char *err, size_t errlen)
+{
+	size_t l;
+	char *j = bson_as_canonical_extended_json(doc, &l);
+	FILE *f = fopen(path, "wb");
+	int rc = 0;
+	if (f == NULL || fwrite(j, 1, l, f) != l || fclose(f) != 0)
+		rc = sdb_errf(err, errlen, SDB_EIO, "write %s: %s", path, strerror(errno));
+	else
+		f = NULL;
+	if (f)
+		fclose(f);
+	bson_free(j);
+	return rc;
+}
+
+/* See backup.h. */
+int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const char *id,
+		     int timeout_ms, cdc_backup_stats *st, char *err, size_t errlen)
+{
+	mongoc_client_t *c = cdc_backup_client(uri, timeout_ms);
+	char **dbs = NULL;
+	size_t ndb = 0;
+	int rc = 0, nobj = 0;
+	int64_t started = sdb_wall_ms(), docs = 0, bytes = 0;
+	cdc_snap head;
+	bson_t man = BSON_INITIALIZER, arr;
+	if (c == NULL)
+		return sdb_errf(err, errlen, SDB_EINVAL, "shard %s: bad uri %s", shard, uri);
+	char *tmp = cdc_backup_tmpdir();
+	if (tmp == NULL) {
+		mongoc_client_destroy(c);
+		return sdb_errf(err, errlen, SDB_EIO, "temporary directory: %s", strerror(errno));
+	}
+	memset(st, 0, sizeof *st);
+	/* the head first: a collection not listed below was empty then */
+	char *probe = sdb_asprintf("%s/probe.bson", tmp);
+	rc = cdc_backup_snapshot(c, "admin", "stripedb.backup.probe", probe, &head, err, errlen);
+	unlink(probe);
+	free(probe);
+	int64_t head_wall = 0;
+	if (rc == 0)
+		rc = oplog_wall(c, head.at, &head_wall, err, errlen);
+	BSON_APPEND_UTF8(&man, "id", id);
+	BSON_APPEND_UTF8(&man, "shard", shard);
+	BSON_APPEND_DATE_TIME(&man, "startedAt", started);
+	BSON_APPEND_TIMESTAMP(&man, "headTs", (uint32_t)(head.at >> 32), (uint32_t)head.at);
+	BSON_APPEND_DATE_TIME(&man, "headWall", head_wall);
+	BSON_APPEND_ARRAY_BEGIN(&man, "collections", &arr);
+	if (rc == 0) {
+		bson_t cmd = BSON_INITIALIZER;
+		BSON_APPEND_INT32(&cmd, "listDatabases", 1);
+		BSON_APPEND_BOOL(&cmd, "nameOnly", true);
+		rc = list_names(c, "admin", &cmd, "databases", &dbs, &ndb, err, errlen);
+		bson_destroy(&cmd);
+	}
+	for (size_t d = 0; rc == 0 && d < ndb; d++) {
+		if (!strcmp(dbs[d], "local") || !strcmp(dbs[d], "config") || !strcmp(dbs[d], "admin"))
+			continue;
+		char **colls = NULL;
+		size_t nc = 0;
+		bson_t cmd = BSON_INITIALIZER;
+		BSON_APPEND_INT32(&cmd, "listCollections", 1);
+		rc = list_names(c, dbs[d], &cmd, "cursor.firstBatch", &colls, &nc, err, errlen);
+		bson_destroy(&cmd);
+		for (size_t i = 0; rc == 0 && i < nc; i++) {
+			if (strncmp(colls[i], "system.", 7) == 0)
+				continue;
+			cdc_snap so;
+			char *path = sdb_asprintf("%s/data.bson", tmp);
+			char *obj = sdb_asprintf("backups/%s/%s/data-%05d.bson", shard, id, nobj++);
+			int64_t wall = 0;
+			rc = cdc_backup_snapshot(c, dbs[d], colls[i], path, &so, err, errlen);
+			if (rc == 0)
+				rc = oplog_wall(c, so.at, &wall, err, errlen);
+			if (rc == 0)
+				rc = cdc_archive_obj_put(a, obj, path, err, errlen);
+			unlink(path);
+			if (rc == 0) {
+				bson_t e;
+				char k[16], *ns = sdb_asprintf("%s.%s", dbs[d], colls[i]);
+				snprintf(k, sizeof k, "%d", nobj - 1);
+				BSON_APPEND_DOCUMENT_BEGIN(&arr, k, &e);
+				BSON_APPEND_UTF8(&e, "ns", ns);
+				BSON_APPEND_UTF8(&e, "object", obj);
+				BSON_APPEND_TIMESTAMP(&e, "atOplogTs", (uint32_t)(so.at >> 32),
+						      (uint32_t)so.at);
+				BSON_APPEND_DATE_TIME(&e, "atWall", wall);
+				BSON_APPEND_INT64(&e, "count", so.count);
+				BSON_APPEND_INT64(&e, "bytes", so.bytes);
+				BSON_APPEND_UTF8(&e, "sha256", so.sha);
+				bson_append_document_end(&arr, &e);
+				free(ns);
+				docs += so.count;
+				bytes += so.bytes;
+			}
+			free(path);
+			free(obj);
+		}
+		cdc_backup_names_free(colls, nc);
+	}
+	bson_append_array_end(&man, &arr);
+	BSON_APPEND_DATE_TIME(&man, "finishedAt", sdb_wall_ms());
+	BSON_APPEND_INT64(&man, "documents", docs);
+	BSON_APPEND_INT64(&man, "bytes", bytes);
+	if (rc == 0) {
+		char *path = sdb_asprintf("%s/manifest.json", tmp);
+		char *obj = sdb_asprintf("backups/%s/%s/manifest.json", shard, id);
+		rc = write_json(&man, path, err, errlen);
+		if (rc == 0)
+			rc = cdc_archive_obj_put(a, obj, path, err, errlen);
+		unlink(path);
+		free(path);
+		free(obj);
+	}
+	if (rc == 0) {
+		st->collections = nobj;
+		st->documents = docs;
+		st->bytes = bytes;
+	} else {
+		/* a backup without its manifest does not exist: remove what was uploaded */
+		for (int i = 0; i < nobj; i++) {
+			char e2[256], *obj = sdb_asprintf("backups/%s/%s/data-%05d.bson", shard, id, i);
+			(void)cdc_archive_obj_delete(a, obj, e2, sizeof e2);
+			free(obj);
+		}
+		sdb_errwrap(err, errlen, rc, "backup of %s", shard);
+	}
+	bson_destroy(&man);
+	cdc_backup_names_free(dbs, ndb);
+	mongoc_client_destroy(c);
+	rmdir(tmp);
+	free(tmp);
+	return rc;
+}
+
+void cdc_backup_id(int64_t now_ms, char *buf, size_t n)
+{
+	time_t s = (time_t)(now_ms / 1000);
+	struct tm tm;
+	gmtime_r(&s, &tm);
+	size_t l = strftime(buf, n, "%Y%m%dT%H%M%S", &tm);
+	snprintf(buf + l, n - l, ".%03dZ", (int)(now_ms % 1000));
+}
+
+int cdc_backup_newest(cdc_archive *a, const char *shard, char *id, size_t n, char *err,
+		      size_t errlen)
+{
+	char **keys = NULL;
+	size_t nk = 0;
+	char *prefix = sdb_asprintf("backups/%s/", shard);
+	int rc = cdc_archive_obj_list(a, prefix, &keys, &nk, err, errlen);
+	id[0] = '\0';
+	for (size_t i = 0; rc == 0 && i < nk; i++) {
+		const char *k = keys[i] + strlen(prefix), *slash = strchr(k, '/');
+		if (slash && strcmp(slash, "/manifest.json") == 0 && (size_t)(slash - k) < n &&
+		    strncmp(k, id, (size_t)(slash - k)) > 0)
+			snprintf(id, n, "%.*s", (int)(slash - k), k);
+	}
+	free(prefix);
+	cdc_backup_names_free(keys, nk);
+	return rc;
+}

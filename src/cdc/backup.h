@@ -1,0 +1,76 @@
+/* Backups of shards into the CDC archive (issue #22). A backup of a shard is, in the
+ * archive (cdc_archive_obj_*):
+ *   backups/<shard>/<id>/data-NNNNN.bson  one collection's documents back to back, read
+ *                                          with the shard's point-in-time read
+ *                                          (stripedbSnapshot), one object per collection
+ *   backups/<shard>/<id>/manifest.json    canonical Extended JSON, uploaded last (the
+ *                                          commit point): {id, shard, startedAt, headTs,
+ *                                          headWall, collections: [{ns, object, atOplogTs,
+ *                                          atWall, count, bytes, sha256}], finishedAt,
+ *                                          documents, bytes}
+ * <id> is the start time "YYYYMMDDTHHMMSS.mmmZ" (UTC; sorts as time). Used by
+ * `stripedb ctl backup|restore` (cli/backup.c) and the coordinator's --backup-interval.
+ */
+#ifndef SDB_CDC_BACKUP_H
+#define SDB_CDC_BACKUP_H
+
+#include <bson/bson.h>
+#include <mongoc/mongoc.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cdc/archive.h"
+
+/* What one stripedbSnapshot read gave: its oplog position (secs << 32 | inc), documents,
+ * bytes and the SHA-256 (hex) of the documents as written. */
+typedef struct cdc_snap {
+	uint64_t at;
+	int64_t count, bytes;
+	char sha[65];
+} cdc_snap;
+
+/* Totals of one shard's backup. */
+typedef struct cdc_backup_stats {
+	int collections;
+	int64_t documents, bytes;
+} cdc_backup_stats;
+
+/* Back up the shard (id, mongodb uri) into a as backup id: head probe, listDatabases,
+ * listCollections (admin, local, config, system.* skipped), each collection snapshot
+ * streamed to a temporary file under $TMPDIR (memory: one batch of 1000) and uploaded, the
+ * manifest last. On failure the uploaded data objects are deleted. Blocking (libmongoc,
+ * archive I/O). Errors: SDB_EUNAVAILABLE (shard), SDB_EIO, archive errors; err names the
+ * shard and the operation. */
+int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const char *id,
+		     int timeout_ms, cdc_backup_stats *st, char *err, size_t errlen);
+
+/* Format the backup id of now_ms (epoch ms) into buf (>= 24 bytes). */
+void cdc_backup_id(int64_t now_ms, char *buf, size_t n);
+
+/* Id of shard's newest committed backup into id ("" when none). Errors: archive errors. */
+int cdc_backup_newest(cdc_archive *a, const char *shard, char *id, size_t n, char *err,
+		      size_t errlen);
+
+/* A client of uri with server selection and connect timeouts of timeout_ms, the cluster
+ * key (auth/cluster.h) and error API v2; NULL for a bad uri. Caller destroys it. */
+mongoc_client_t *cdc_backup_client(const char *uri, int timeout_ms);
+
+/* The point-in-time read of db.coll on c (stripedbSnapshot, batches of 1000, one server)
+ * streamed into the file path (documents back to back); *out gets its atOplogTs, count,
+ * bytes and SHA-256. Errors: SDB_EUNAVAILABLE, SDB_EIO. */
+int cdc_backup_snapshot(mongoc_client_t *c, const char *db, const char *coll, const char *path,
+			cdc_snap *out, char *err, size_t errlen);
+
+/* A fresh private directory under $TMPDIR (heap path), NULL with errno on failure. */
+char *cdc_backup_tmpdir(void);
+
+/* Fields of doc by dotted path: a Timestamp packed (0 when absent), an integer or Date as
+ * int64 (0 when absent), a string (NULL when absent; borrowed from doc). */
+uint64_t cdc_bson_ts(const bson_t *doc, const char *path);
+int64_t cdc_bson_i64(const bson_t *doc, const char *path);
+const char *cdc_bson_str(const bson_t *doc, const char *path);
+
+/* Free a heap array of n heap strings. */
+void cdc_backup_names_free(char **names, size_t n);
+
+#endif
