@@ -77,6 +77,18 @@ bool px_is_session_field(const char *k);
 void px_copy_cmd(const bson_t *cmd, bson_t *out, const char *const *skip);
 /* Append `$stripedbVersion: {chunk: ch->id, token: ch->token}` to cmd. */
 void px_append_version(bson_t *cmd, const route_chunk *ch);
+/* Shard versions (shardver.c, issue #17): the collection and shard version of shard in rc
+ * (largest token of the collection; largest token of the chunks rc routes to shard). */
+void px_shard_version_of(const route_coll *rc, const char *shard, int64_t *cver, int64_t *sver);
+/* Append `$stripedbShardVersion: {ns, collectionVersion, shardVersion}` for shard to cmd. */
+void px_append_shard_version(bson_t *cmd, const route_coll *rc, const char *shard);
+/* True when requests of rc's collection go to shard once with its shard version (the shard
+ * filters orphans); false when that shard answered that it has no filtering metadata at
+ * rc's routing version (then per-chunk requests with the ownership filter). */
+bool px_shard_mode(const route_coll *rc, const char *shard);
+/* After a StaleConfig from shard: true when its reply says the shard has no filtering
+ * metadata for the collection (vWanted: null), remembered for rc's routing version. */
+bool px_shard_mode_note(const route_coll *rc, const char *shard, const bson_t *err_reply);
 /* Static view of the document / array field name of d; false when absent or another type. */
 bool px_get_doc(const bson_t *d, const char *name, bson_t *out);
 bool px_get_array(const bson_t *d, const char *name, bson_t *out);

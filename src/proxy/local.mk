@@ -14,6 +14,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/role.c \
 	src/proxy/route.c \
 	src/proxy/shardconn.c \
+	src/proxy/shardver.c \
 	src/proxy/txn.c \
 	src/proxy/write.c
 noinst_HEADERS += \
