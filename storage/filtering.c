@@ -71,3 +71,14 @@ int sdb_store_filtering_drop(sdb_store_conn *c, const char *ns, char *err, size_
 	sqlite3_bind_text(s, 1, ns, -1, SQLITE_STATIC);
 	return sdb_store_int_step_done(c, s, err, errlen, "filtering drop");
 }
+
+int sdb_store_filtering_drop_db(sdb_store_conn *c, const char *db, char *err, size_t errlen)
+{
+	sqlite3_stmt *s = sdb_store_int_stmt(
+		c, "DELETE FROM filtering WHERE substr(ns, 1, length(?1) + 1) = ?1 || '.'", err,
+		errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	return sdb_store_int_step_done(c, s, err, errlen, "filtering drop");
+}

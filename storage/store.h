@@ -376,6 +376,8 @@ int sdb_store_filtering_set(sdb_store_conn *c, const char *ns, int64_t cver, int
 			    const bson_t *doc, char *err, size_t errlen);
 /* Forget ns's metadata (write txn); nothing installed is not an error. */
 int sdb_store_filtering_drop(sdb_store_conn *c, const char *ns, char *err, size_t errlen);
+/* Forget the metadata of every collection of database db (write txn). */
+int sdb_store_filtering_drop_db(sdb_store_conn *c, const char *db, char *err, size_t errlen);
 
 /* --- integrity --- */
 

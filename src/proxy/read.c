@@ -74,9 +74,10 @@ static void scatter_one(void *arg, size_t i)
  * projection or version (those are added here).
  * Returns SHARDCONN_OK with *out streams (count *nout), or the first failure class with
  * *fail pointing at the failed stream's error (streams freed, shard cursors killed). */
-static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
-			const bson_t *sort, const bson_t *proj, int64_t batch, pstream **out,
-			size_t *nout, bson_t *err_reply, char *neterr, size_t nelen)
+static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
+			     const bson_t *sort, const bson_t *proj, int64_t batch, pstream **out,
+			     size_t *nout, bson_t *err_reply, char *neterr, size_t nelen,
+			     bool *nometa)
 {
 	scatter sc;
 	size_t i, j, nsel = 0;
@@ -136,8 +137,9 @@ static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *f
 		}
 		if (sc.s[i].status == SHARDCONN_STALE) {
 			cls = SHARDCONN_STALE;
-			if (sc.s[i].chunk < 0)
-				px_shard_mode_note(rc, sc.s[i].shard, &sc.s[i].err_reply);
+			if (sc.s[i].chunk < 0 &&
+			    px_shard_mode_note(rc, sc.s[i].shard, &sc.s[i].err_reply))
+				*nometa = true;
 		}
 	}
 	for (i = 0; i < sc.n; i++)
@@ -154,6 +156,25 @@ static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *f
 	*out = sc.s;
 	*nout = sc.n;
 	return SHARDCONN_OK;
+}
+
+/* scatter_open_once, again at once when a shard said it has no filtering metadata (it is
+ * remembered: the second pass sends it per-chunk requests; not a StaleConfig retry). */
+static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
+			const bson_t *sort, const bson_t *proj, int64_t batch, pstream **out,
+			size_t *nout, bson_t *err_reply, char *neterr, size_t nelen)
+{
+	bool nometa = false;
+	int cls = scatter_open_once(c, rc, sel, filter, sort, proj, batch, out, nout, err_reply,
+				    neterr, nelen, &nometa);
+
+	if (cls == SHARDCONN_STALE && nometa) {
+		bson_destroy(err_reply);
+		bson_init(err_reply);
+		cls = scatter_open_once(c, rc, sel, filter, sort, proj, batch, out, nout,
+					err_reply, neterr, nelen, &nometa);
+	}
+	return cls;
 }
 
 /* open_merged's operation: the per-chunk streams of one routing snapshot. */
@@ -497,6 +518,7 @@ typedef struct agg_chunk {
 	int64_t count;
 	merge_distinct *vals;
 	bool per_shard; /* one count/distinct for the shard of chunk ci (shardver.c) */
+	bool nometa;    /* ... refused: the shard has no filtering metadata */
 	int cls;
 	bson_t err_reply;
 	char nerr[256];
@@ -534,7 +556,7 @@ static void count_shard(agg_chunk *a)
 	} else {
 		bson_copy_to(&reply, &a->err_reply);
 		if (a->cls == SHARDCONN_STALE)
-			px_shard_mode_note(a->rc, shard, &reply);
+			a->nometa = px_shard_mode_note(a->rc, shard, &reply);
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
@@ -593,7 +615,9 @@ static int cd_execute(px_retry *r, void *arg)
 	int64_t total = 0;
 	int cls = SHARDCONN_OK;
 	size_t bad = 0;
+	int pass = 0;
 
+again:
 	for (i = 0; i < rc->nchunks; i++) {
 		size_t j;
 		if (!sel[i])
@@ -617,6 +641,25 @@ static int cd_execute(px_retry *r, void *arg)
 		k++;
 	}
 	px_fanout(c, k, count_one, a);
+	if (pass++ == 0) {
+		/* a shard without filtering metadata: again at once, per chunk for it */
+		bool redo = false, other = false;
+		for (i = 0; i < k; i++) {
+			if (a[i].cls == SHARDCONN_STALE && a[i].nometa)
+				redo = true;
+			else if (a[i].cls != SHARDCONN_OK)
+				other = true;
+		}
+		if (redo && !other) {
+			for (i = 0; i < k; i++) {
+				bson_destroy(&a[i].err_reply);
+				merge_distinct_free(a[i].vals);
+			}
+			memset(a, 0, nsel * sizeof *a);
+			k = 0;
+			goto again;
+		}
+	}
 	for (i = 0; i < k; i++) {
 		if (a[i].cls != SHARDCONN_OK && (cls == SHARDCONN_OK || a[i].cls == SHARDCONN_STALE)) {
 			cls = a[i].cls;

@@ -73,10 +73,17 @@ def test_orphans_are_never_seen_or_touched_through_the_proxy(cl2):
     assert not any(d.get("orphan") for d in prox.find({"k": {"$lt": 60}}))
     agg = list(prox.aggregate([{"$match": {"g": 0}}, {"$group": {"_id": None, "n": {"$sum": 1}}}]))
     assert agg[0]["n"] == 100
+    before = {s: (shard_cmd_count(cl, s, "update"), shard_cmd_count(cl, s, "delete"),
+                  shard_cmd_count(cl, s, "find")) for s in cl.shard_ids}
     r = prox.update_many({"g": 0}, {"$set": {"touched": True}})
     assert (r.matched_count, r.modified_count) == (100, 100)
     r = prox.delete_many({"k": {"$gte": 300}})
     assert r.deleted_count == 100
+    # one pass per shard: one update and one delete each, no collecting find
+    for s in cl.shard_ids:
+        after = (shard_cmd_count(cl, s, "update"), shard_cmd_count(cl, s, "delete"),
+                 shard_cmd_count(cl, s, "find"))
+        assert [a - b for a, b in zip(after, before[s])] == [1, 1, 0], s
     assert prox.count_documents({}) == 300
     # the orphans are all still on the shards, never updated
     left = sum(cl.shard_client(s).db.c.count_documents({"orphan": True}) for s in cl.shard_ids)

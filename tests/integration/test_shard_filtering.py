@@ -137,6 +137,7 @@ def test_filtering_metadata_survives_restart_and_can_be_dropped(shard_dir):
     db.c.insert_many([{"_id": i, "k": i} for i in range(60)])
     install(adm, "db.c", {"k": 1}, RANGES, 9)
     c.close()
+    proc.stop()
     proc.restart().wait_healthy()
     c = client_for(port)
     db, adm = c.db, c.admin
@@ -154,6 +155,18 @@ def test_filtering_metadata_survives_restart_and_can_be_dropped(shard_dir):
     with pytest.raises(OperationFailure) as e:
         db.command("count", "c", **sv("db.c", 10, 10))
     assert e.value.code == 13388
+    # dropping the collection drops its filtering metadata: sharded again under the same
+    # name, its new routing (tokens from 1 again) installs
+    install(adm, "db.c", {"k": 1}, [dict(RANGES[0], token=10)], 10)
+    db.drop_collection("c")
+    assert adm.command("stripedbGetFiltering", "db.c")["installed"] is False
+    install(adm, "db.c", {"k": 1}, [dict(RANGES[0], token=1)], 1)
+    # also where the shard held no document of it, and for a whole database
+    install(adm, "db.empty", {"k": 1}, [], 4)
+    assert db.command("drop", "empty")["ok"] == 1
+    assert adm.command("stripedbGetFiltering", "db.empty")["installed"] is False
+    c.drop_database("db")
+    assert adm.command("stripedbGetFiltering", "db.c")["installed"] is False
 
 
 def test_hashed_key_ownership_partitions_the_documents(shard_dir):
@@ -171,3 +184,24 @@ def test_hashed_key_ownership_partitions_the_documents(shard_dir):
     assert halves[0] and halves[1]
     assert not (halves[0] & halves[1])
     assert halves[0] | halves[1] == set(range(200))
+
+
+def test_filtering_metadata_is_replicated_to_every_member(start_role, tmp_path):
+    """stripedbSetFiltering is a Raft entry: every member of a shard set holds the same
+    filtering metadata and applies the same gated writes (secondaries re-run the gate)."""
+    from test_shard_replset import start_set, direct, wait_converged
+    _, wires, uri = start_set(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_many([{"_id": i, "k": i} for i in range(60)])
+        install(c.admin, "app.c", {"k": 1}, RANGES, 9)
+        r = c.app.command("update", "c", updates=[{"q": {}, "u": {"$set": {"seen": 1}},
+                                                   "multi": True}], **sv("app.c", 9, 6))
+        assert r["n"] == 30
+    docs, _ = wait_converged(wires)
+    assert sorted(d["_id"] for d in docs if d.get("seen")) == [i for i in range(60) if owned(i)]
+    for p in wires:
+        with direct(p) as m:
+            got = m.admin.command("stripedbGetFiltering", "app.c",
+                                  **{"$readPreference": {"mode": "secondaryPreferred"}})
+            assert got["installed"] and (got["collectionVersion"], got["shardVersion"]) == (9, 6)
+            assert [ch["id"] for ch in got["chunks"]] == ["1", "7"]
