@@ -16,12 +16,15 @@
  * per-chunk requests with the ownership filter for it (DESIGN.md §5) until the collection's
  * routing changes. */
 #include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "proxy/exec.h"
 
-#define LEGACY_SLOTS 256
+/* (ns, shard) pairs without filtering metadata, one per slot of a direct-mapped table
+ * (a collision forgets the older pair: one more probe of that shard, never a wrong answer) */
+#define LEGACY_SLOTS 4096
 
 typedef struct legacy_ent {
 	char *ns, *shard;
@@ -30,7 +33,19 @@ typedef struct legacy_ent {
 
 static pthread_mutex_t legacy_mu = PTHREAD_MUTEX_INITIALIZER;
 static legacy_ent legacy[LEGACY_SLOTS];
-static size_t legacy_next;
+
+static size_t legacy_slot(const char *ns, const char *shard)
+{
+	uint64_t h = 1469598103934665603ULL; /* FNV-1a: a table index, not security */
+	const char *p;
+
+	for (p = ns; *p; p++)
+		h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+	h = (h ^ 0xff) * 1099511628211ULL;
+	for (p = shard; *p; p++)
+		h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+	return (size_t)(h % LEGACY_SLOTS);
+}
 
 void px_shard_version_of(const route_coll *rc, const char *shard, int64_t *cver, int64_t *sver)
 {
@@ -62,14 +77,13 @@ void px_append_shard_version(bson_t *cmd, const route_coll *rc, const char *shar
 
 bool px_shard_mode(const route_coll *rc, const char *shard)
 {
+	legacy_ent *e = &legacy[legacy_slot(rc->ns, shard)];
 	bool on = true;
-	size_t i;
 
 	pthread_mutex_lock(&legacy_mu);
-	for (i = 0; i < LEGACY_SLOTS && on; i++)
-		if (legacy[i].ns && legacy[i].version == rc->version &&
-		    strcmp(legacy[i].ns, rc->ns) == 0 && strcmp(legacy[i].shard, shard) == 0)
-			on = false;
+	if (e->ns && e->version == rc->version && strcmp(e->ns, rc->ns) == 0 &&
+	    strcmp(e->shard, shard) == 0)
+		on = false;
 	pthread_mutex_unlock(&legacy_mu);
 	return on;
 }
@@ -83,8 +97,8 @@ bool px_shard_mode_note(const route_coll *rc, const char *shard, const bson_t *e
 		return false;
 	if (!px_shard_mode(rc, shard))
 		return true;
+	e = &legacy[legacy_slot(rc->ns, shard)];
 	pthread_mutex_lock(&legacy_mu);
-	e = &legacy[legacy_next++ % LEGACY_SLOTS];
 	free(e->ns);
 	free(e->shard);
 	e->ns = sdb_strdup(rc->ns);
