@@ -89,6 +89,18 @@ bool px_shard_mode(const route_coll *rc, const char *shard);
 /* After a StaleConfig from shard: true when its reply says the shard has no filtering
  * metadata for the collection (vWanted: null), remembered for rc's routing version. */
 bool px_shard_mode_note(const route_coll *rc, const char *shard, const bson_t *err_reply);
+/* px_shard_mode once per shard of one request: a request's chunks name few shards, so the
+ * per-chunk cost of a scatter is a few string compares (no lock, no hash). Zero it before
+ * use (PX_MODE_MEMO shards at most; beyond, px_shard_mode is asked each time). `slot` gets
+ * the shard's index in the memo (-1 beyond), for the caller's per-shard bookkeeping. */
+#define PX_MODE_MEMO 32
+typedef struct px_mode_memo {
+	size_t n;
+	const char *shard[PX_MODE_MEMO];
+	bool on[PX_MODE_MEMO];
+	ssize_t stream[PX_MODE_MEMO]; /* caller's: the shard's request, -1 none yet */
+} px_mode_memo;
+bool px_shard_mode_memo(px_mode_memo *m, const route_coll *rc, const char *shard, ssize_t *slot);
 /* Static view of the document / array field name of d; false when absent or another type. */
 bool px_get_doc(const bson_t *d, const char *name, bson_t *out);
 bool px_get_array(const bson_t *d, const char *name, bson_t *out);

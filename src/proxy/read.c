@@ -92,18 +92,24 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 			nsel++;
 	sc.s = proxy_calloc_bson(nsel ? nsel : 1, sizeof *sc.s);
 	sc.cmds = proxy_calloc_bson(nsel ? nsel : 1, sizeof *sc.cmds);
+	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
 	for (i = 0; i < rc->nchunks; i++) {
 		route_chunk *ch = &rc->chunks[i];
 		bool per_shard;
+		ssize_t slot;
 		if (!sel[i])
 			continue;
-		per_shard = px_shard_mode(rc, ch->shard);
+		per_shard = px_shard_mode_memo(memo, rc, ch->shard, &slot);
 		if (per_shard) {
-			for (j = 0; j < sc.n; j++)
+			if (slot >= 0 && memo->stream[slot] >= 0)
+				continue; /* this shard's request is there already */
+			for (j = 0; slot < 0 && j < sc.n; j++)
 				if (sc.s[j].chunk < 0 && strcmp(sc.s[j].shard, ch->shard) == 0)
 					break;
-			if (j < sc.n)
-				continue; /* this shard's request is there already */
+			if (slot < 0 && j < sc.n)
+				continue;
+			if (slot >= 0)
+				memo->stream[slot] = (ssize_t)sc.n;
 		}
 		px_stream_init(&sc.s[sc.n], ch->shard, c->db, c->coll);
 		if (!per_shard) {
@@ -128,6 +134,7 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 			px_append_version(&sc.cmds[sc.n], ch);
 		sc.n++;
 	}
+	free(memo);
 	px_fanout(c, sc.n, scatter_one, &sc);
 	for (i = 0; i < sc.n; i++) {
 		if (sc.s[i].status != SHARDCONN_OK && cls == SHARDCONN_OK) {
@@ -616,20 +623,27 @@ static int cd_execute(px_retry *r, void *arg)
 	int cls = SHARDCONN_OK;
 	size_t bad = 0;
 	int pass = 0;
+	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
 
 again:
+	memset(memo, 0, sizeof *memo);
 	for (i = 0; i < rc->nchunks; i++) {
 		size_t j;
+		ssize_t slot;
 		if (!sel[i])
 			continue;
-		a[k].per_shard = px_shard_mode(rc, rc->chunks[i].shard);
+		a[k].per_shard = px_shard_mode_memo(memo, rc, rc->chunks[i].shard, &slot);
 		if (a[k].per_shard) {
-			for (j = 0; j < k; j++)
+			if (slot >= 0 && memo->stream[slot] >= 0)
+				continue; /* this shard's request is there already */
+			for (j = 0; slot < 0 && j < k; j++)
 				if (a[j].per_shard &&
 				    strcmp(rc->chunks[a[j].ci].shard, rc->chunks[i].shard) == 0)
 					break;
-			if (j < k)
-				continue; /* this shard's request is there already */
+			if (slot < 0 && j < k)
+				continue;
+			if (slot >= 0)
+				memo->stream[slot] = (ssize_t)k;
 		}
 		a[k].c = c;
 		a[k].rc = rc;
@@ -700,6 +714,7 @@ again:
 	}
 	free(a);
 	free(sel);
+	free(memo);
 	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
 }
 

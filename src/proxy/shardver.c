@@ -107,3 +107,23 @@ bool px_shard_mode_note(const route_coll *rc, const char *shard, const bson_t *e
 	pthread_mutex_unlock(&legacy_mu);
 	return true;
 }
+
+bool px_shard_mode_memo(px_mode_memo *m, const route_coll *rc, const char *shard, ssize_t *slot)
+{
+	size_t i;
+
+	for (i = 0; i < m->n; i++)
+		if (m->shard[i] == shard || strcmp(m->shard[i], shard) == 0) {
+			*slot = (ssize_t)i;
+			return m->on[i];
+		}
+	if (m->n == PX_MODE_MEMO) {
+		*slot = -1;
+		return px_shard_mode(rc, shard);
+	}
+	m->shard[m->n] = shard;
+	m->on[m->n] = px_shard_mode(rc, shard);
+	m->stream[m->n] = -1;
+	*slot = (ssize_t)m->n;
+	return m->on[m->n++];
+}
