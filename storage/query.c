@@ -47,6 +47,11 @@ struct sdb_query {
 	size_t n_held, held_pos;
 	bool done;
 	bson_t cur_doc;
+	/* orphan filter (sdb_query_spec.owns) */
+	bool (*owns)(void *arg, const bson_t *doc);
+	void *owns_arg;
+	void (*owns_free)(void *arg);
+	int64_t orphans; /* matching documents skipped as not owned */
 };
 
 /* ------------------------------------------------------------------ plan helpers */
@@ -383,6 +388,9 @@ int sdb_query_open(sdb_store_conn *c, const char *db, const char *coll,
 	*code = 0;
 	sdb_query *q = sdb_store_calloc_aligned(sizeof *q);
 	q->start_ns = uv_hrtime();
+	q->owns = spec->owns;
+	q->owns_arg = spec->owns_arg;
+	q->owns_free = spec->owns_free;
 	q->db = sdb_strdup(db);
 	q->coll = sdb_strdup(coll);
 	bson_init(&q->key_pattern);
@@ -445,8 +453,13 @@ static int scan_next(sdb_query *q, bson_t *doc, int *code, char *err, size_t err
 				*code = 1;
 			return r;
 		}
-		if (sdb_matcher_match(q->matcher, doc))
+		if (sdb_matcher_match(q->matcher, doc)) {
+			if (q->owns && !q->owns(q->owns_arg, doc)) {
+				q->orphans++;
+				continue;
+			}
 			return 1;
+		}
 	}
 }
 
@@ -605,6 +618,8 @@ void sdb_query_explain(const sdb_query *q, bool stats, bson_t *out)
 	BSON_APPEND_INT32(&es, "executionTimeMillis", (int32_t)((end - q->start_ns) / 1000000));
 	BSON_APPEND_INT32(&es, "totalKeysExamined", k > INT32_MAX ? INT32_MAX : (int32_t)k);
 	BSON_APPEND_INT32(&es, "totalDocsExamined", d > INT32_MAX ? INT32_MAX : (int32_t)d);
+	if (q->owns) /* MongoDB's SHARDING_FILTER stage counts these as chunkSkips */
+		BSON_APPEND_INT64(&es, "chunkSkips", q->orphans);
 	bson_append_document_end(out, &es);
 }
 
@@ -613,6 +628,8 @@ void sdb_query_free(sdb_query *q)
 	if (!q)
 		return;
 	sdb_store_cursor_close(q->cur);
+	if (q->owns_free)
+		q->owns_free(q->owns_arg);
 	sdb_matcher_free(q->matcher);
 	sdb_sortspec_free(q->sort);
 	bson_destroy(&q->filter);

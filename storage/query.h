@@ -41,6 +41,13 @@ typedef struct sdb_query_spec {
 	int64_t skip;         /* >= 0 */
 	int64_t limit;        /* 0 = no limit */
 	size_t max_sort_bytes; /* 0 = 100 MB */
+	/* Orphan filter (issue #17): when owns is set, a document that matches the filter is
+	 * returned only if owns(owns_arg, doc) is true (the shard owns its shard key). The
+	 * query takes owns_arg and releases it with owns_free (when set) in sdb_query_free,
+	 * also when sdb_query_open fails. */
+	bool (*owns)(void *owns_arg, const bson_t *doc);
+	void *owns_arg;
+	void (*owns_free)(void *owns_arg);
 } sdb_query_spec;
 
 /* Plan and open a query over db.coll in the connection's open transaction. A missing

@@ -276,6 +276,9 @@ static const char *const schema_sql =
 	" entry BLOB NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS versions(chunk TEXT PRIMARY KEY, token INTEGER NOT NULL)"
 	" WITHOUT ROWID;"
+	/* filtering metadata of sharded collections (storage/filtering.c, issue #17) */
+	"CREATE TABLE IF NOT EXISTS filtering(ns TEXT PRIMARY KEY, cversion INTEGER NOT NULL,"
+	" sversion INTEGER NOT NULL, gen INTEGER NOT NULL, doc BLOB NOT NULL) WITHOUT ROWID;"
 	/* retryable writes (storage/session.c): added tables, so format 1 files open */
 	"CREATE TABLE IF NOT EXISTS txn_sessions(lsid BLOB PRIMARY KEY, txn INTEGER NOT NULL,"
 	" last_use INTEGER NOT NULL) WITHOUT ROWID;"

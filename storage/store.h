@@ -355,6 +355,30 @@ int sdb_store_version_check(sdb_store_conn *c, const char *chunk, int64_t token,
 int sdb_store_version_set(sdb_store_conn *c, const char *chunk, int64_t token,
 			  int64_t *stored, char *err, size_t errlen);
 
+/* --- filtering metadata (storage/filtering.c, issue #17) ---
+ *
+ * What a shard owns of one sharded collection "db.coll": a document
+ *   {key: <shard key pattern>, chunks: [{id: "17", min: {...}, max: {...}, token: N}]}
+ * with two numbers: cversion, the collection version the installer saw (the largest chunk
+ * token of the whole collection at the time of the install), and sversion, this shard's
+ * version (the largest token over the chunks listed, 0 when none). One row per namespace
+ * in table `filtering`, written only by replicated commands (stripedbSetFiltering). */
+
+/* Read ns's row (any txn): 0 with *cver, *sver, *gen (the install count of ns: a new value
+ * at every install, the same on every member), and *doc (a heap copy, bson_destroy)
+ * when doc is not NULL; SDB_ENOTFOUND when the shard has no filtering metadata for ns;
+ * SDB_EIO. */
+int sdb_store_filtering_get(sdb_store_conn *c, const char *ns, int64_t *cver, int64_t *sver,
+			    int64_t *gen, bson_t **doc, char *err, size_t errlen);
+/* Install ns's metadata (write txn). SDB_ESTALE (nothing written) when cver is older than
+ * the installed collection version: an installer never moves the metadata back. */
+int sdb_store_filtering_set(sdb_store_conn *c, const char *ns, int64_t cver, int64_t sver,
+			    const bson_t *doc, char *err, size_t errlen);
+/* Forget ns's metadata (write txn); nothing installed is not an error. */
+int sdb_store_filtering_drop(sdb_store_conn *c, const char *ns, char *err, size_t errlen);
+/* Forget the metadata of every collection of database db (write txn). */
+int sdb_store_filtering_drop_db(sdb_store_conn *c, const char *db, char *err, size_t errlen);
+
 /* --- integrity --- */
 
 /* Verify (read txn) that every index holds exactly the keys its collection's documents

@@ -28,6 +28,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "coordinator/filtering.h"
 #include "coordinator/migrate.h"
 #include "proxy/route.h"
 #include "storage/bsonval.h"
@@ -1566,8 +1567,20 @@ static int do_switch(mig *m, repl *p, uint64_t start, mongoc_client_t *from_c,
 		return SDB_EBUSY;
 	if (rc)
 		return rc;
+	/* issue #17 (coordinator/filtering.h): the chunk's new token is above every token of
+	 * the collection, and the donor's filtering metadata loses the chunk in the same step
+	 * as the bump, before the oplog head is read */
+	cfilt_table ft;
+	if (cfilt_load(m->meta, m->ns, &ft, m->err, sizeof m->err) != 0) {
+		cfilt_table_destroy(&ft);
+		return SDB_EUNAVAILABLE;
+	}
 	int64_t t0 = (int64_t)sdb_mono_us(), stored = 0;
-	if ((rc = bump(m, from_c, cur + 1, &stored)) != 0)
+	rc = bump(m, from_c, cfilt_switch_token(&ft, cur), &stored);
+	if (rc == 0)
+		rc = cfilt_install(from_c, m->ns, from, &ft, m->chunk, stored, m->err, sizeof m->err);
+	cfilt_table_destroy(&ft);
+	if (rc != 0)
 		return rc;
 	if ((rc = oplog_head(m, from_c, &head)) != 0)
 		return rc;
@@ -1580,6 +1593,9 @@ static int do_switch(mig *m, repl *p, uint64_t start, mongoc_client_t *from_c,
 		rc = route_to(m, to, stored, cur);
 		record_pause(m, (int64_t)sdb_mono_us() - t0);
 		if (rc == 0)
+			rc = cfilt_after_route(m->meta, m->ns, from, from_c, to, to_c, m->chunk, stored,
+					       m->err, sizeof m->err);
+		if (rc == 0)
 			sdb_info("migration switched", "id=%s to=%s token=%" PRId64 " pause_ms=%" PRId64,
 				 m->id, to, stored, m->last_pause_ms);
 		return rc;
@@ -1588,6 +1604,8 @@ static int do_switch(mig *m, repl *p, uint64_t start, mongoc_client_t *from_c,
 	 * bumped token so proxies reach it again */
 	int rc2 = route_to(m, from, stored, cur);
 	record_pause(m, (int64_t)sdb_mono_us() - t0);
+	if (rc2 == 0 && cfilt_refresh(m->meta, m->ns, from, from_c, m->err, sizeof m->err) != 0)
+		return SDB_EUNAVAILABLE; /* retried: the switch runs again from the donor */
 	sdb_warn("migration switch rolled back", "id=%s pause_ms=%" PRId64 " reason=\"%s\"", m->id,
 		 m->last_pause_ms, m->err);
 	if (rc2 != 0 && rc2 != SDB_ECONFLICT)
@@ -1615,6 +1633,9 @@ static int step_switch(mig *m)
 	if (strcmp(shard, m->dst) == 0) {
 		/* a previous holder switched and crashed before saving */
 		if (!m->rev_ts && (rc = oplog_head(m, m->dc, &m->rev_ts)) != 0)
+			return rc;
+		if ((rc = cfilt_after_route(m->meta, m->ns, m->src, m->sc, m->dst, m->dc, m->chunk,
+					    token, m->err, sizeof m->err)) != 0)
 			return rc;
 		m->token = token;
 		return save(m, MIG_SWITCHED);

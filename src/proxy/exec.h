@@ -77,6 +77,30 @@ bool px_is_session_field(const char *k);
 void px_copy_cmd(const bson_t *cmd, bson_t *out, const char *const *skip);
 /* Append `$stripedbVersion: {chunk: ch->id, token: ch->token}` to cmd. */
 void px_append_version(bson_t *cmd, const route_chunk *ch);
+/* Shard versions (shardver.c, issue #17): the collection and shard version of shard in rc
+ * (largest token of the collection; largest token of the chunks rc routes to shard). */
+void px_shard_version_of(const route_coll *rc, const char *shard, int64_t *cver, int64_t *sver);
+/* Append `$stripedbShardVersion: {ns, collectionVersion, shardVersion}` for shard to cmd. */
+void px_append_shard_version(bson_t *cmd, const route_coll *rc, const char *shard);
+/* True when requests of rc's collection go to shard once with its shard version (the shard
+ * filters orphans); false when that shard answered that it has no filtering metadata at
+ * rc's routing version (then per-chunk requests with the ownership filter). */
+bool px_shard_mode(const route_coll *rc, const char *shard);
+/* After a StaleConfig from shard: true when its reply says the shard has no filtering
+ * metadata for the collection (vWanted: null), remembered for rc's routing version. */
+bool px_shard_mode_note(const route_coll *rc, const char *shard, const bson_t *err_reply);
+/* px_shard_mode once per shard of one request: a request's chunks name few shards, so the
+ * per-chunk cost of a scatter is a few string compares (no lock, no hash). Zero it before
+ * use (PX_MODE_MEMO shards at most; beyond, px_shard_mode is asked each time). `slot` gets
+ * the shard's index in the memo (-1 beyond), for the caller's per-shard bookkeeping. */
+#define PX_MODE_MEMO 32
+typedef struct px_mode_memo {
+	size_t n;
+	const char *shard[PX_MODE_MEMO];
+	bool on[PX_MODE_MEMO];
+	ssize_t stream[PX_MODE_MEMO]; /* caller's: the shard's request, -1 none yet */
+} px_mode_memo;
+bool px_shard_mode_memo(px_mode_memo *m, const route_coll *rc, const char *shard, ssize_t *slot);
 /* Static view of the document / array field name of d; false when absent or another type. */
 bool px_get_doc(const bson_t *d, const char *name, bson_t *out);
 bool px_get_array(const bson_t *d, const char *name, bson_t *out);

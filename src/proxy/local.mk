@@ -14,6 +14,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/role.c \
 	src/proxy/route.c \
 	src/proxy/shardconn.c \
+	src/proxy/shardver.c \
 	src/proxy/txn.c \
 	src/proxy/write.c
 noinst_HEADERS += \
@@ -48,5 +49,6 @@ tests_unit_test_proxy_exec_LDADD = $(UNIT_LDADD)
 
 EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py \
 	tests/bench/proxy_bench.py src/proxy/README.md \
+	tests/integration/test_proxy_filtering.py tests/bench/chunk_bench.py \
 	tests/integration/test_rolling.py tests/integration/test_int_args.py \
 	tests/integration/test_proxy_leaks.py tests/integration/test_retryable_proxy.py

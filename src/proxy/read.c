@@ -68,16 +68,19 @@ static void scatter_one(void *arg, size_t i)
 	bson_destroy(&reply);
 }
 
-/* Open one find cursor per selected chunk. base is the find command body without the
- * collection name, filter, projection or version (those are added here).
+/* Open the find cursors of the selected chunks: ONE per target shard that has filtering
+ * metadata (shard version, the shard drops orphans: shardver.c), else one per chunk with the
+ * ownership filter. base is the find command body without the collection name, filter,
+ * projection or version (those are added here).
  * Returns SHARDCONN_OK with *out streams (count *nout), or the first failure class with
  * *fail pointing at the failed stream's error (streams freed, shard cursors killed). */
-static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
-			const bson_t *sort, const bson_t *proj, int64_t batch, pstream **out,
-			size_t *nout, bson_t *err_reply, char *neterr, size_t nelen)
+static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
+			     const bson_t *sort, const bson_t *proj, int64_t batch, pstream **out,
+			     size_t *nout, bson_t *err_reply, char *neterr, size_t nelen,
+			     bool *nometa)
 {
 	scatter sc;
-	size_t i, k = 0;
+	size_t i, j, nsel = 0;
 	int cls = SHARDCONN_OK;
 
 	memset(&sc, 0, sizeof sc);
@@ -86,27 +89,52 @@ static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *f
 	sc.chunks = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sc.chunks);
 	for (i = 0; i < rc->nchunks; i++)
 		if (sel[i])
-			sc.chunks[sc.n++] = i;
-	sc.s = proxy_calloc_bson(sc.n, sizeof *sc.s);
-	sc.cmds = proxy_calloc_bson(sc.n, sizeof *sc.cmds);
-	for (i = 0; i < sc.n; i++) {
-		route_chunk *ch = &rc->chunks[sc.chunks[i]];
-		px_stream_init(&sc.s[i], ch->shard, c->db, c->coll);
-		sc.s[i].rcoll = rc;
-		route_coll_ref(rc);
-		sc.s[i].chunk = (ssize_t)sc.chunks[i];
-		bson_init(&sc.cmds[i]);
-		BSON_APPEND_UTF8(&sc.cmds[i], "find", c->coll);
+			nsel++;
+	sc.s = proxy_calloc_bson(nsel ? nsel : 1, sizeof *sc.s);
+	sc.cmds = proxy_calloc_bson(nsel ? nsel : 1, sizeof *sc.cmds);
+	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
+	for (i = 0; i < rc->nchunks; i++) {
+		route_chunk *ch = &rc->chunks[i];
+		bool per_shard;
+		ssize_t slot;
+		if (!sel[i])
+			continue;
+		per_shard = px_shard_mode_memo(memo, rc, ch->shard, &slot);
+		if (per_shard) {
+			if (slot >= 0 && memo->stream[slot] >= 0)
+				continue; /* this shard's request is there already */
+			for (j = 0; slot < 0 && j < sc.n; j++)
+				if (sc.s[j].chunk < 0 && strcmp(sc.s[j].shard, ch->shard) == 0)
+					break;
+			if (slot < 0 && j < sc.n)
+				continue;
+			if (slot >= 0)
+				memo->stream[slot] = (ssize_t)sc.n;
+		}
+		px_stream_init(&sc.s[sc.n], ch->shard, c->db, c->coll);
+		if (!per_shard) {
+			sc.s[sc.n].rcoll = rc;
+			route_coll_ref(rc);
+			sc.s[sc.n].chunk = (ssize_t)i;
+		}
+		sc.chunks[sc.n] = i;
+		bson_init(&sc.cmds[sc.n]);
+		BSON_APPEND_UTF8(&sc.cmds[sc.n], "find", c->coll);
 		if (filter && !bson_empty(filter))
-			BSON_APPEND_DOCUMENT(&sc.cmds[i], "filter", filter);
+			BSON_APPEND_DOCUMENT(&sc.cmds[sc.n], "filter", filter);
 		if (sort && !bson_empty(sort))
-			BSON_APPEND_DOCUMENT(&sc.cmds[i], "sort", sort);
+			BSON_APPEND_DOCUMENT(&sc.cmds[sc.n], "sort", sort);
 		if (proj && !bson_empty(proj))
-			BSON_APPEND_DOCUMENT(&sc.cmds[i], "projection", proj);
-		BSON_APPEND_INT64(&sc.cmds[i], "batchSize", batch);
-		copy_find_options(c->cmd, &sc.cmds[i]);
-		px_append_version(&sc.cmds[i], ch);
+			BSON_APPEND_DOCUMENT(&sc.cmds[sc.n], "projection", proj);
+		BSON_APPEND_INT64(&sc.cmds[sc.n], "batchSize", batch);
+		copy_find_options(c->cmd, &sc.cmds[sc.n]);
+		if (per_shard)
+			px_append_shard_version(&sc.cmds[sc.n], rc, ch->shard);
+		else
+			px_append_version(&sc.cmds[sc.n], ch);
+		sc.n++;
 	}
+	free(memo);
 	px_fanout(c, sc.n, scatter_one, &sc);
 	for (i = 0; i < sc.n; i++) {
 		if (sc.s[i].status != SHARDCONN_OK && cls == SHARDCONN_OK) {
@@ -114,8 +142,12 @@ static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *f
 			bson_copy_to(&sc.s[i].err_reply, err_reply);
 			snprintf(neterr, nelen, "%s", sc.s[i].neterr);
 		}
-		if (sc.s[i].status == SHARDCONN_STALE)
+		if (sc.s[i].status == SHARDCONN_STALE) {
 			cls = SHARDCONN_STALE;
+			if (sc.s[i].chunk < 0 &&
+			    px_shard_mode_note(rc, sc.s[i].shard, &sc.s[i].err_reply))
+				*nometa = true;
+		}
 	}
 	for (i = 0; i < sc.n; i++)
 		bson_destroy(&sc.cmds[i]);
@@ -130,8 +162,26 @@ static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *f
 	}
 	*out = sc.s;
 	*nout = sc.n;
-	(void)k;
 	return SHARDCONN_OK;
+}
+
+/* scatter_open_once, again at once when a shard said it has no filtering metadata (it is
+ * remembered: the second pass sends it per-chunk requests; not a StaleConfig retry). */
+static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
+			const bson_t *sort, const bson_t *proj, int64_t batch, pstream **out,
+			size_t *nout, bson_t *err_reply, char *neterr, size_t nelen)
+{
+	bool nometa = false;
+	int cls = scatter_open_once(c, rc, sel, filter, sort, proj, batch, out, nout, err_reply,
+				    neterr, nelen, &nometa);
+
+	if (cls == SHARDCONN_STALE && nometa) {
+		bson_destroy(err_reply);
+		bson_init(err_reply);
+		cls = scatter_open_once(c, rc, sel, filter, sort, proj, batch, out, nout,
+					err_reply, neterr, nelen, &nometa);
+	}
+	return cls;
 }
 
 /* open_merged's operation: the per-chunk streams of one routing snapshot. */
@@ -474,10 +524,50 @@ typedef struct agg_chunk {
 	const char *distinct_key;
 	int64_t count;
 	merge_distinct *vals;
+	bool per_shard; /* one count/distinct for the shard of chunk ci (shardver.c) */
+	bool nometa;    /* ... refused: the shard has no filtering metadata */
 	int cls;
 	bson_t err_reply;
 	char nerr[256];
 } agg_chunk;
+
+/* count or distinct of a whole shard, gated by its shard version (the shard drops orphans). */
+static void count_shard(agg_chunk *a)
+{
+	const char *shard = a->rc->chunks[a->ci].shard;
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it, arr;
+
+	if (a->distinct_key) {
+		BSON_APPEND_UTF8(&cmd, "distinct", a->c->coll);
+		BSON_APPEND_UTF8(&cmd, "key", a->distinct_key);
+	} else {
+		BSON_APPEND_UTF8(&cmd, "count", a->c->coll);
+	}
+	if (a->q && !bson_empty(a->q))
+		BSON_APPEND_DOCUMENT(&cmd, "query", a->q);
+	if (bson_iter_init_find(&it, a->c->cmd, "hint"))
+		bson_append_iter(&cmd, "hint", -1, &it);
+	if (bson_iter_init_find(&it, a->c->cmd, "maxTimeMS"))
+		bson_append_iter(&cmd, "maxTimeMS", -1, &it);
+	px_append_shard_version(&cmd, a->rc, shard);
+	a->cls = px_run_on(a->c, shard, &cmd, NULL, &reply, a->nerr, sizeof a->nerr);
+	if (a->cls == SHARDCONN_OK) {
+		if (a->distinct_key) {
+			if (bson_iter_init_find(&it, &reply, "values") && bson_iter_recurse(&it, &arr))
+				while (bson_iter_next(&arr))
+					merge_distinct_add_value(a->vals, bson_iter_value(&arr));
+		} else {
+			a->count = px_get_int(&reply, "n", 0);
+		}
+	} else {
+		bson_copy_to(&reply, &a->err_reply);
+		if (a->cls == SHARDCONN_STALE)
+			a->nometa = px_shard_mode_note(a->rc, shard, &reply);
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
 
 static void count_one(void *arg, size_t i)
 {
@@ -485,6 +575,10 @@ static void count_one(void *arg, size_t i)
 	bson_t docs = BSON_INITIALIZER, ids = BSON_INITIALIZER;
 	size_t n = 0;
 
+	if (a->per_shard) {
+		count_shard(a);
+		return;
+	}
 	if (a->distinct_key) {
 		bson_iter_t it;
 		a->cls = px_collect_owned(a->c, a->rc, a->ci, a->q, NULL, 0, NULL, &docs, &n,
@@ -528,10 +622,29 @@ static int cd_execute(px_retry *r, void *arg)
 	int64_t total = 0;
 	int cls = SHARDCONN_OK;
 	size_t bad = 0;
+	int pass = 0;
+	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
 
+again:
+	memset(memo, 0, sizeof *memo);
 	for (i = 0; i < rc->nchunks; i++) {
+		size_t j;
+		ssize_t slot;
 		if (!sel[i])
 			continue;
+		a[k].per_shard = px_shard_mode_memo(memo, rc, rc->chunks[i].shard, &slot);
+		if (a[k].per_shard) {
+			if (slot >= 0 && memo->stream[slot] >= 0)
+				continue; /* this shard's request is there already */
+			for (j = 0; slot < 0 && j < k; j++)
+				if (a[j].per_shard &&
+				    strcmp(rc->chunks[a[j].ci].shard, rc->chunks[i].shard) == 0)
+					break;
+			if (slot < 0 && j < k)
+				continue;
+			if (slot >= 0)
+				memo->stream[slot] = (ssize_t)k;
+		}
 		a[k].c = c;
 		a[k].rc = rc;
 		a[k].ci = i;
@@ -542,6 +655,25 @@ static int cd_execute(px_retry *r, void *arg)
 		k++;
 	}
 	px_fanout(c, k, count_one, a);
+	if (pass++ == 0) {
+		/* a shard without filtering metadata: again at once, per chunk for it */
+		bool redo = false, other = false;
+		for (i = 0; i < k; i++) {
+			if (a[i].cls == SHARDCONN_STALE && a[i].nometa)
+				redo = true;
+			else if (a[i].cls != SHARDCONN_OK)
+				other = true;
+		}
+		if (redo && !other) {
+			for (i = 0; i < k; i++) {
+				bson_destroy(&a[i].err_reply);
+				merge_distinct_free(a[i].vals);
+			}
+			memset(a, 0, nsel * sizeof *a);
+			k = 0;
+			goto again;
+		}
+	}
 	for (i = 0; i < k; i++) {
 		if (a[i].cls != SHARDCONN_OK && (cls == SHARDCONN_OK || a[i].cls == SHARDCONN_STALE)) {
 			cls = a[i].cls;
@@ -582,6 +714,7 @@ static int cd_execute(px_retry *r, void *arg)
 	}
 	free(a);
 	free(sel);
+	free(memo);
 	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
 }
 

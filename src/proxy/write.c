@@ -534,10 +534,11 @@ typedef struct wstmt {
 	bool upsert;
 } wstmt;
 
-/* Send one statement (possibly rewritten with q2) to chunk ci. Returns SHARDCONN_*; folds
- * the result into w (with index idx) unless stale. */
-static int send_stmt(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bson_t *q2,
-		     bool force_multi, wresult *w)
+/* Send one statement (possibly rewritten with q2) to chunk ci, or, per_shard, to the whole
+ * shard of chunk ci with its shard version (the shard skips orphans: shardver.c). Returns
+ * SHARDCONN_*; folds the result into w (with index idx) unless stale. */
+static int send_stmt_v(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bson_t *q2,
+		       bool force_multi, bool per_shard, wresult *w)
 {
 	route_chunk *ch = &rc->chunks[ci];
 	bson_t cmd = BSON_INITIALIZER, arr, st, reply;
@@ -566,7 +567,10 @@ static int send_stmt(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bs
 	bson_append_document_end(&arr, &st);
 	bson_append_array_end(&cmd, &arr);
 	BSON_APPEND_BOOL(&cmd, "ordered", true);
-	px_append_version(&cmd, ch);
+	if (per_shard)
+		px_append_shard_version(&cmd, rc, ch->shard);
+	else
+		px_append_version(&cmd, ch);
 	if (!s->multi) /* drivers never retry multi statements; they are not recorded */
 		proxy_txn_append(&c->txn, &cmd, map, 1);
 	cls = px_run_on(c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
@@ -574,10 +578,18 @@ static int send_stmt(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bs
 		fold_write_reply(w, &reply, map, 1);
 	} else if (cls != SHARDCONN_STALE) {
 		wresult_error_from(w, s->idx, &reply, cls, nerr);
+	} else if (per_shard) {
+		px_shard_mode_note(rc, ch->shard, &reply);
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	return cls;
+}
+
+static int send_stmt(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bson_t *q2,
+		     bool force_multi, wresult *w)
+{
+	return send_stmt_v(c, rc, ci, s, q2, force_multi, false, w);
 }
 
 /* {$and: [q, {_id: {$in: ids}}]} */
@@ -753,6 +765,26 @@ typedef struct stmt_op {
 	bool first;            /* the whole statement (not only pending ranges) */
 } stmt_op;
 
+/* A shard refused a whole-shard pass as stale (nothing applied there): its targeted chunks'
+ * ranges are retried alone. */
+static void stale_shard(stmt_op *o, route_coll *rc, const bool *sel, const char *shard)
+{
+	size_t i;
+
+	for (i = 0; i < rc->nchunks; i++) {
+		if (!sel[i] || strcmp(rc->chunks[i].shard, shard) != 0)
+			continue;
+		if (o->npend == o->cap) {
+			o->cap = o->cap ? o->cap * 2 : 8;
+			o->pmin = sdb_realloc(o->pmin, o->cap * sizeof *o->pmin);
+			o->pmax = sdb_realloc(o->pmax, o->cap * sizeof *o->pmax);
+		}
+		o->pmin[o->npend] = bson_copy(rc->chunks[i].min);
+		o->pmax[o->npend] = bson_copy(rc->chunks[i].max);
+		o->npend++;
+	}
+}
+
 /* One attempt of a statement: straight to one chunk when the key pins it; otherwise the
  * owned matches of each targeted chunk (multi), or the first owned match (single). */
 static int stmt_execute(px_retry *r, void *arg)
@@ -763,7 +795,7 @@ static int stmt_execute(px_retry *r, void *arg)
 	const wstmt *s = o->s;
 	wresult *w = o->w;
 	size_t before = o->before, i, nsel;
-	bool exact, stale = false, touched = false;
+	bool exact, stale = false, touched = false, first_attempt = o->first;
 	bool *sel = px_target(rc, &s->q, &nsel, &exact);
 
 	if (!o->first) {
@@ -802,9 +834,38 @@ static int stmt_execute(px_retry *r, void *arg)
 	} else if (nsel == 0) {
 		/* nothing can match */
 	} else if (s->multi) {
+		/* first attempt: ONE pass on each shard that holds filtering metadata (chunk-aware
+		 * shards, issue #17); a retry of refused ranges, and shards without it, go per
+		 * chunk in two phases (the retry must not touch the other chunks of a shard) */
+		char **done = sdb_calloc(nsel ? nsel : 1, sizeof *done);
+		size_t ndone = 0;
+		bool whole = first_attempt;
 		for (i = 0; i < rc->nchunks && w->nerr == before; i++) {
+			int cls;
+			size_t j;
 			if (!sel[i])
 				continue;
+			if (whole && px_shard_mode(rc, rc->chunks[i].shard)) {
+				for (j = 0; j < ndone; j++)
+					if (strcmp(done[j], rc->chunks[i].shard) == 0)
+						break;
+				if (j < ndone)
+					continue; /* the shard's pass covered this chunk */
+				done[ndone++] = rc->chunks[i].shard;
+				cls = send_stmt_v(c, rc, i, s, NULL, true, true, w);
+				if (cls == SHARDCONN_OK)
+					touched = true;
+				if (cls != SHARDCONN_STALE)
+					continue;
+				if (px_shard_mode(rc, rc->chunks[i].shard)) {
+					stale_shard(o, rc, sel, rc->chunks[i].shard);
+					stale = true;
+					continue;
+				}
+				/* the shard has no filtering metadata (nothing applied there):
+				 * this chunk and its others per chunk, now */
+				ndone--;
+			}
 			if (multi_on_chunk(c, rc, i, s, w, 0, &touched) == SHARDCONN_STALE) {
 				if (o->npend == o->cap) {
 					o->cap = o->cap ? o->cap * 2 : 8;
@@ -817,6 +878,7 @@ static int stmt_execute(px_retry *r, void *arg)
 				stale = true;
 			}
 		}
+		free(done);
 	} else {
 		/* single document without an exact key: the first owned match */
 		int64_t n_before = w->n;

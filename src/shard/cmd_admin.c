@@ -82,9 +82,29 @@ void shard_cmd_drop(shard_ctx *x)
 		return;
 	if (!shard_begin(x, true))
 		return;
+	/* the collection's filtering metadata goes with it (issue #17): a collection sharded
+	 * again under the same name starts from its new routing */
+	char *fns = sdb_asprintf("%s.%s", x->db, coll);
+	int64_t fc = 0, fs = 0, fg = 0;
+	bool had_filtering =
+		sdb_store_filtering_get(x->conn, fns, &fc, &fs, &fg, NULL, x->err, sizeof x->err) == 0;
+	int frc = had_filtering ? sdb_store_filtering_drop(x->conn, fns, x->err, sizeof x->err) : 0;
+	free(fns);
+	if (frc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+		return;
+	}
 	const sdb_store_coll *co = NULL;
 	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0) {
-		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "ns not found");
+		if (had_filtering && shard_commit(x)) {
+			/* only filtering metadata was here (a shard that owned no document) */
+			bson_t *reply = bson_new();
+			BSON_APPEND_INT32(reply, "nIndexesWas", 0);
+			wire_req_reply(x->req, reply);
+			return;
+		}
+		if (!had_filtering)
+			shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "ns not found");
 		return;
 	}
 	int n_idx = (int)co->n_indexes + 1;
@@ -108,7 +128,9 @@ void shard_cmd_drop_database(shard_ctx *x)
 	if (!shard_begin(x, true))
 		return;
 	int n = 0;
-	int rc = sdb_store_db_drop(x->conn, x->db, x->origin, &n, x->err, sizeof x->err);
+	int rc = sdb_store_filtering_drop_db(x->conn, x->db, x->err, sizeof x->err);
+	if (rc == 0)
+		rc = sdb_store_db_drop(x->conn, x->db, x->origin, &n, x->err, sizeof x->err);
 	if (rc) {
 		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
 		return;

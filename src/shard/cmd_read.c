@@ -489,6 +489,7 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		.skip = o->skip,
 		.limit = o->limit,
 	};
+	shard_filtering_spec(x, &spec);
 	sdb_query *q = NULL;
 	code = 0;
 	if (sdb_query_open(fc, x->db, coll, &spec, &q, &code, x->err, sizeof x->err) != 0) {
@@ -839,7 +840,7 @@ void shard_cmd_count(shard_ctx *x)
 		wire_req_reply(x->req, reply);
 		return;
 	}
-	if (bson_empty(&o.filter) && !o.have_hint) {
+	if (bson_empty(&o.filter) && !o.have_hint && !x->owner) {
 		n = sdb_store_count(x->conn, x->db, coll);
 		n -= o.skip;
 		if (n < 0)
@@ -853,6 +854,7 @@ void shard_cmd_count(shard_ctx *x)
 			.skip = o.skip,
 			.limit = o.limit,
 		};
+		shard_filtering_spec(x, &spec);
 		sdb_query *q = NULL;
 		int code = 0;
 		if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err,
@@ -937,6 +939,7 @@ void shard_cmd_distinct(shard_ctx *x)
 		return;
 	}
 	sdb_query_spec spec = {.filter = &o.filter, .hint = o.have_hint ? &o.hint : NULL};
+	shard_filtering_spec(x, &spec);
 	sdb_query *q = NULL;
 	int code = 0;
 	if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err, sizeof x->err) != 0) {
@@ -1135,6 +1138,7 @@ static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 			.skip = pd.skip,
 			.limit = pd.limit > 0 ? pd.limit : 0,
 		};
+		shard_filtering_spec(x, &spec);
 		if (sdb_query_open(x->conn, x->db, coll, &spec, &in.q, &code, x->err,
 				   sizeof x->err) != 0) {
 			sdb_pipeline_pushdown_destroy(&pd);
@@ -1359,6 +1363,7 @@ void shard_cmd_explain(shard_ctx *x)
 			.skip = o.skip,
 			.limit = o.limit,
 		};
+		shard_filtering_spec(x, &spec);
 		sdb_query *q = NULL;
 		int code = 0;
 		if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err,

@@ -240,6 +240,7 @@ static int match_docs(shard_ctx *x, const char *coll, const bson_t *filter,
 		      bson_t ***docs, size_t *n, int *code)
 {
 	sdb_query_spec spec = {.filter = filter, .sort = sort, .hint = hint, .limit = limit};
+	shard_filtering_spec(x, &spec);
 	sdb_query *q = NULL;
 	*docs = NULL;
 	*n = 0;

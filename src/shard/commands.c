@@ -44,6 +44,8 @@ static const cmd_entry cmd_table[] = {
 	{"collStats", shard_cmd_coll_stats},
 	{"dbStats", shard_cmd_db_stats},
 	{"stripedbSetVersion", shard_cmd_set_version},
+	{"stripedbSetFiltering", shard_cmd_set_filtering},
+	{"stripedbGetFiltering", shard_cmd_get_filtering},
 	{"stripedbCheck", shard_cmd_check},
 	{"stripedbSnapshotFile", shard_cmd_snapshot_file},
 	{"stripedbStmtResult", shard_cmd_stmt_result},
@@ -126,7 +128,7 @@ static bool refuse_ignored_in_cmd(wire_req *req, const char *name)
 static const char *const write_cmds[] = {
 	"insert",	 "update",	  "delete",	 "findAndModify", "findandmodify",
 	"create",	 "drop",	  "createIndexes", "dropIndexes",	  "deleteIndexes",
-	"dropDatabase", "stripedbSetVersion",
+	"dropDatabase", "stripedbSetVersion", "stripedbSetFiltering",
 };
 
 bool shard_cmd_is_write(const char *name)
@@ -248,7 +250,7 @@ bool shard_begin(shard_ctx *x, bool write)
 		return false;
 	}
 	if (!x->chunk)
-		return true;
+		return !x->sv_ns || shard_filtering_gate(x);
 	int64_t stored = 0;
 	rc = sdb_store_version_check(x->conn, x->chunk, x->token, &stored, x->err,
 				     sizeof x->err);
@@ -268,7 +270,7 @@ bool shard_begin(shard_ctx *x, bool write)
 		shard_fail(x, WIRE_ERR_INTERNAL, "shard: %s", x->err);
 		return false;
 	}
-	return true;
+	return !x->sv_ns || shard_filtering_gate(x);
 }
 
 bool shard_commit(shard_ctx *x)

@@ -2,7 +2,7 @@
 # The shard role (issue #4): wire commands over storage/store.h, run on a worker pool.
 libstripedb_a_SOURCES += src/shard/role.c src/shard/pool.c src/shard/cursors.c \
 	src/shard/commands.c src/shard/util.c src/shard/cmd_read.c src/shard/cmd_write.c \
-	src/shard/cmd_admin.c src/shard/retry.c \
+	src/shard/cmd_admin.c src/shard/retry.c src/shard/filtering.c \
 	src/shard/repl.c src/shard/repl_hello.c src/shard/snapfile.c src/shard/members.c \
 	src/shard/ttl.c
 noinst_HEADERS += src/shard/shard.h src/shard/util.h src/shard/repl.h src/shard/snapfile.h \
@@ -11,6 +11,7 @@ EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unif
 	tests/integration/test_compat_refusals.py docs/compat.md \
 	tests/integration/crud_unified_node.js tests/integration/test_shard_node.py \
 	tests/integration/test_shard.py tests/integration/test_retryable_writes.py \
+	tests/integration/test_shard_filtering.py \
 	src/shard/README.md
 
 # benchmark (never in make check): see tests/bench/README.md "shard_bench"

@@ -45,13 +45,14 @@ static bool ctx_parse_ext(shard_ctx *x)
 			return false;
 		}
 	}
-	return true;
+	return shard_filtering_parse(x);
 }
 
 void shard_ctx_run(shard_ctx *x, shard_cmd_fn fn)
 {
 	if (ctx_parse_ext(x) && !shard_txn_refuse_fields(x))
 		fn(x);
+	shard_filtering_release(x);
 }
 
 typedef struct worker_arg {

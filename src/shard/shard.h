@@ -32,6 +32,7 @@
 #include <uv.h>
 
 #include "common/role.h"
+#include "storage/query.h"
 #include "storage/store.h"
 #include "wire/server.h"
 
@@ -63,6 +64,12 @@ struct shard_ctx {
 	const char *origin;  /* $stripedbOrigin or NULL */
 	const char *chunk;   /* $stripedbVersion.chunk or NULL */
 	int64_t token;
+	/* $stripedbShardVersion {ns, collectionVersion, shardVersion} (filtering.c): sv_ns
+	 * NULL when absent; owner is the shard's ownership of sv_ns once shard_begin checked
+	 * the versions (a reference released by shard_ctx_run), for the orphan filter. */
+	const char *sv_ns;
+	int64_t sv_cver, sv_sver;
+	struct route_coll *owner;
 	void *resume; /* a parked command's continuation (shard_await), else NULL */
 	char err[512];
 };
@@ -313,6 +320,21 @@ void shard_cmd_drop_database(shard_ctx *x);
 void shard_cmd_coll_stats(shard_ctx *x);
 void shard_cmd_db_stats(shard_ctx *x);
 void shard_cmd_set_version(shard_ctx *x);
+/* Filtering metadata (filtering.c, issue #17). */
+void shard_cmd_set_filtering(shard_ctx *x);
+void shard_cmd_get_filtering(shard_ctx *x);
+/* Parse $stripedbShardVersion of x->cmd into x (sv_*). Replies BadValue and returns false
+ * when it is malformed or names another namespace than the command's. */
+bool shard_filtering_parse(shard_ctx *x);
+/* The version check of $stripedbShardVersion inside x's open transaction: true with
+ * x->owner set when the request's versions match what the shard has installed; else
+ * replies StaleConfig (13388, nothing executed; also when the shard has no filtering
+ * metadata for the namespace), rolls back and returns false. */
+bool shard_filtering_gate(shard_ctx *x);
+/* Set spec's orphan filter from x->owner (a new reference for the query); no-op without. */
+void shard_filtering_spec(shard_ctx *x, sdb_query_spec *spec);
+/* Release x->owner. */
+void shard_filtering_release(shard_ctx *x);
 void shard_cmd_check(shard_ctx *x);
 
 #endif

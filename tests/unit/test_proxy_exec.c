@@ -24,6 +24,11 @@ typedef struct fake {
 	int stale[2];        /* per shard (a, b): StaleConfig answers still to give */
 	bool always_stale;   /* every versioned command is refused with StaleConfig */
 	bool net_err_b;      /* shard b does not answer (after executing nothing) */
+	bool filtering;      /* the shards hold filtering metadata (issue #17); without it a
+			      * command with $stripedbShardVersion is refused StaleConfig with
+			      * vWanted: null before anything runs, and not logged (the tests
+			      * count the per-chunk protocol) */
+	int nometa;          /* such refusals */
 	const bson_t *docs[2]; /* per shard: an array of the documents it holds */
 	bson_t log[64];      /* every command sent (copies) ... */
 	char log_shard[64];  /* ... and its shard ('a' or 'b') */
@@ -46,6 +51,16 @@ static int fake_command(void *impl, const char *shard, const char *db, const bso
 	(void)sid;
 	if (bson_iter_init(&it, cmd) && bson_iter_next(&it))
 		name = bson_iter_key(&it);
+	if (bson_has_field(cmd, "$stripedbShardVersion") && !f->filtering) {
+		f->nometa++;
+		bson_init(reply);
+		BSON_APPEND_DOUBLE(reply, "ok", 0.0);
+		BSON_APPEND_UTF8(reply, "errmsg", "no filtering metadata");
+		BSON_APPEND_INT32(reply, "code", ERR_STALE_CONFIG);
+		BSON_APPEND_UTF8(reply, "codeName", "StaleConfig");
+		BSON_APPEND_NULL(reply, "vWanted");
+		return SHARDCONN_STALE;
+	}
 	assert_true(f->nlog < 64);
 	bson_copy_to(cmd, &f->log[f->nlog]);
 	f->log_shard[f->nlog++] = shard[0];
@@ -73,6 +88,13 @@ static int fake_command(void *impl, const char *shard, const char *db, const bso
 		BSON_APPEND_UTF8(&cur, "ns", ns);
 		BSON_APPEND_ARRAY(&cur, "firstBatch", f->docs[s]);
 		bson_append_document_end(reply, &cur);
+	} else if (strcmp(name, "count") == 0) {
+		bson_iter_t d;
+		int n = 0;
+		if (bson_iter_init(&d, f->docs[s]))
+			while (bson_iter_next(&d))
+				n++;
+		BSON_APPEND_INT32(reply, "n", n); /* a real shard drops its orphans */
 	} else if (strcmp(name, "insert") == 0) {
 		bson_iter_t docs;
 		int n = 0;
@@ -313,6 +335,38 @@ static void test_count_stale_exhausted(void **state)
 	bson_destroy(cmd);
 }
 
+/* Shards with filtering metadata (issue #17): count goes once to each shard with its shard
+ * version (collectionVersion: the largest token; shardVersion: the largest of its chunks),
+ * no per-chunk find; the shards' counts are summed. Without it (the tests above): the
+ * shard-versioned request is refused at once and the per-chunk protocol runs, with no
+ * StaleConfig retry counted. */
+static void test_count_shard_version(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("count", "c");
+	bson_iter_t it;
+	uint64_t before = sdb_counter_value(e->p.m_stale_retries);
+
+	route_coll_unref(e->f.rc);
+	e->f.rc = table(70, 3, 9);
+	e->f.filtering = true;
+	request(e, cmd, 5000);
+	px_do_count(&e->c);
+	assert_int_equal(reply_int(e, "n"), 5); /* the fake keeps a's orphan: 3 + 2 */
+	assert_int_equal(e->f.nlog, 2);
+	assert_int_equal(count_sent(e, "count", 'a'), 1);
+	assert_int_equal(count_sent(e, "count", 'b'), 1);
+	assert_true(bson_iter_init(&it, &e->f.log[0]) &&
+		    bson_iter_find_descendant(&it, "$stripedbShardVersion.shardVersion", &it));
+	assert_int_equal(bson_iter_as_int64(&it), e->f.log_shard[0] == 'a' ? 3 : 9);
+	assert_true(bson_iter_init(&it, &e->f.log[0]) &&
+		    bson_iter_find_descendant(&it, "$stripedbShardVersion.collectionVersion", &it));
+	assert_int_equal(bson_iter_as_int64(&it), 9);
+	assert_false(bson_has_field(&e->f.log[0], "$stripedbVersion"));
+	assert_int_equal(sdb_counter_value(e->p.m_stale_retries), before);
+	bson_destroy(cmd);
+}
+
 /* find merges the chunks' owned documents (k order) into one cursor batch. */
 static void test_find_merged(void **state)
 {
@@ -490,6 +544,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_count_stale_retried, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_count_stale_exhausted, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_find_merged, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_count_shard_version, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_insert_retryable_stmt_ids, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_insert_stale_resends_refused_part, setup,
 						teardown),

@@ -1,0 +1,421 @@
+/* Chunk-aware shards (issue #17): the shard's filtering metadata and the shard version gate.
+ *
+ * For each sharded collection the shard holds what it owns (storage/store.h
+ * sdb_store_filtering_*): the shard key pattern (ranged or hashed) and the chunks it owns,
+ * each {id, min, max, token}. Two numbers summarise it, after MongoDB's ShardVersion
+ * (src/mongo/s/chunk_version.h, CollectionShardingRuntime):
+ *   shardVersion      = the largest token over the chunks the shard owns (0: none);
+ *   collectionVersion = the largest token of the whole collection the installer saw.
+ * A migration gives the moved chunk a token above every token of the collection and bumps
+ * one remaining chunk of the donor (MongoDB's "control chunk") to it too, so the shard
+ * version of both the donor and the recipient changes at every migration and never at a
+ * split or merge (children keep their parent's token; a merge keeps the largest).
+ *
+ * Commands:
+ *   {stripedbSetFiltering: "db.coll", key: {...}, collectionVersion: N,
+ *    chunks: [{id: "17", min: {...}, max: {...}, token: T}]}  (or drop: true)
+ *       A replicated write (a Raft entry like stripedbSetVersion): installs what the shard
+ *       owns, replacing the previous install; refused StaleConfig when N is older than the
+ *       installed collection version. Replies {ns, collectionVersion, shardVersion, nChunks}.
+ *   {stripedbGetFiltering: "db.coll"} -> {ns, installed: bool, key, collectionVersion,
+ *       shardVersion, chunks}.
+ *   $stripedbShardVersion: {ns: "db.coll", collectionVersion: N, shardVersion: M} on a
+ *       command of db.coll: checked in the command's own transaction (shard_begin): the
+ *       shard answers StaleConfig (13388, nothing executed) unless it has filtering metadata
+ *       for ns, M equals its shard version and N is not older than its collection version;
+ *       then every document the command reads, counts or writes through the query planner
+ *       is kept only if its shard key lies in an owned chunk (orphans are skipped).
+ *
+ * The parsed ownership of a namespace is cached per (shard, ns, install generation): a
+ * gated request reads three integers from shard.db, the ranges are parsed once per install.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "proxy/route.h"
+#include "shard/shard.h"
+#include "shard/util.h"
+
+#define FCACHE_SIZE 64
+
+typedef struct fcache_ent {
+	const void *sh;
+	char *ns;
+	int64_t gen;
+	route_coll *rc;
+} fcache_ent;
+
+static pthread_mutex_t fcache_mu = PTHREAD_MUTEX_INITIALIZER;
+static fcache_ent fcache[FCACHE_SIZE];
+static size_t fcache_next;
+
+/* A reference to the cached ownership of (sh, ns, gen), or NULL. */
+static route_coll *fcache_get(const void *sh, const char *ns, int64_t gen)
+{
+	route_coll *rc = NULL;
+	pthread_mutex_lock(&fcache_mu);
+	for (size_t i = 0; i < FCACHE_SIZE; i++) {
+		fcache_ent *e = &fcache[i];
+		if (e->rc && e->sh == sh && e->gen == gen && strcmp(e->ns, ns) == 0) {
+			rc = e->rc;
+			route_coll_ref(rc);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&fcache_mu);
+	return rc;
+}
+
+static void fcache_put(const void *sh, const char *ns, int64_t gen, route_coll *rc)
+{
+	pthread_mutex_lock(&fcache_mu);
+	size_t slot = FCACHE_SIZE;
+	for (size_t i = 0; i < FCACHE_SIZE && slot == FCACHE_SIZE; i++)
+		if (fcache[i].rc && fcache[i].sh == sh && strcmp(fcache[i].ns, ns) == 0)
+			slot = i; /* replace the older install of ns */
+	if (slot == FCACHE_SIZE)
+		slot = fcache_next++ % FCACHE_SIZE;
+	fcache_ent *e = &fcache[slot];
+	if (e->rc) {
+		route_coll_unref(e->rc);
+		free(e->ns);
+	}
+	e->sh = sh;
+	e->ns = sdb_strdup(ns);
+	e->gen = gen;
+	route_coll_ref(rc);
+	e->rc = rc;
+	pthread_mutex_unlock(&fcache_mu);
+}
+
+/* Build the ownership of ns from an install document {key, chunks: [{id, min, max, token}]}:
+ * route.h's snapshot, so ranged and hashed keys locate a document's chunk exactly as the
+ * proxy and the coordinator do. 0 or SDB_EINVAL with a message. */
+static int owner_build(const char *ns, const bson_t *doc, route_coll **out, int64_t *sver,
+		       char *err, size_t errlen)
+{
+	bson_iter_t it, arr;
+	bson_t key, table = BSON_INITIALIZER, tarr;
+	uint32_t len;
+	const uint8_t *data;
+	int rc;
+
+	*sver = 0;
+	if (!bson_iter_init_find(&it, doc, "key") || !BSON_ITER_HOLDS_DOCUMENT(&it))
+		return sdb_errf(err, errlen, SDB_EINVAL, "key must be the shard key pattern");
+	bson_iter_document(&it, &len, &data);
+	bson_init_static(&key, data, len);
+	BSON_APPEND_ARRAY_BEGIN(&table, "chunks", &tarr);
+	if (!bson_iter_init_find(&it, doc, "chunks") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &arr)) {
+		bson_destroy(&table);
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunks must be an array");
+	}
+	uint32_t n = 0;
+	while (bson_iter_next(&arr)) {
+		bson_iter_t f;
+		bson_t ch, o;
+		int64_t tok = -1;
+		bool have_id = false;
+		char k[16];
+		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
+			bson_destroy(&table);
+			return sdb_errf(err, errlen, SDB_EINVAL, "chunks[%u] must be a document", n);
+		}
+		bson_iter_document(&arr, &len, &data);
+		bson_init_static(&ch, data, len);
+		if (bson_iter_init_find(&f, &ch, "token"))
+			util_token(&f, &tok);
+		if (bson_iter_init_find(&f, &ch, "id") && BSON_ITER_HOLDS_UTF8(&f))
+			have_id = true;
+		if (tok < 0 || !have_id) {
+			bson_destroy(&table);
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"chunks[%u] needs id: <string> and token: <integer >= 0>", n);
+		}
+		if (tok > *sver)
+			*sver = tok;
+		snprintf(k, sizeof k, "%u", n++);
+		BSON_APPEND_DOCUMENT_BEGIN(&tarr, k, &o);
+		bson_iter_init(&f, &ch);
+		while (bson_iter_next(&f)) {
+			const char *name = bson_iter_key(&f);
+			if (strcmp(name, "id") == 0 || strcmp(name, "min") == 0 ||
+			    strcmp(name, "max") == 0 || strcmp(name, "token") == 0)
+				bson_append_iter(&o, name, -1, &f);
+		}
+		BSON_APPEND_UTF8(&o, "ns", ns);
+		BSON_APPEND_UTF8(&o, "shard", "self");
+		bson_append_document_end(&tarr, &o);
+	}
+	bson_append_array_end(&table, &tarr);
+	rc = route_coll_build(ns, &key, &table, out, err, errlen);
+	bson_destroy(&table);
+	return rc;
+}
+
+static bool owns_doc(void *arg, const bson_t *doc)
+{
+	return route_chunk_of_doc(arg, doc) >= 0;
+}
+
+static void owns_free(void *arg)
+{
+	route_coll_unref(arg);
+}
+
+/* ns of the command: "<db>.<first value>" into buf (of the inner command of an explain,
+ * which carries the version at its top level as for $stripedbVersion); false when that value
+ * is not a non-empty string. */
+static bool cmd_ns(shard_ctx *x, char *buf, size_t n)
+{
+	bson_iter_t it, in;
+	if (!bson_iter_init(&it, x->cmd) || !bson_iter_next(&it))
+		return false;
+	if (BSON_ITER_HOLDS_DOCUMENT(&it) && strcmp(bson_iter_key(&it), "explain") == 0 &&
+	    bson_iter_recurse(&it, &in) && bson_iter_next(&in))
+		it = in;
+	if (!BSON_ITER_HOLDS_UTF8(&it))
+		return false;
+	const char *coll = bson_iter_utf8(&it, NULL);
+	if (!*coll)
+		return false;
+	return (size_t)snprintf(buf, n, "%s.%s", x->db, coll) < n;
+}
+
+bool shard_filtering_parse(shard_ctx *x)
+{
+	bson_iter_t it, sub;
+	bool have_c = false, have_s = false, ok;
+	char ns[512];
+
+	if (!bson_iter_init_find(&it, x->cmd, "$stripedbShardVersion"))
+		return true;
+	ok = BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &sub);
+	while (ok && bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+		if (strcmp(k, "ns") == 0 && BSON_ITER_HOLDS_UTF8(&sub))
+			x->sv_ns = bson_iter_utf8(&sub, NULL);
+		else if (strcmp(k, "collectionVersion") == 0 && util_token(&sub, &x->sv_cver))
+			have_c = true;
+		else if (strcmp(k, "shardVersion") == 0 && util_token(&sub, &x->sv_sver))
+			have_s = true;
+		else
+			ok = false;
+	}
+	if (!ok || !x->sv_ns || !have_c || !have_s || x->sv_cver < 0 || x->sv_sver < 0) {
+		x->sv_ns = NULL;
+		shard_fail(x, WIRE_ERR_BAD_VALUE,
+			   "$stripedbShardVersion must be {ns: <string>, collectionVersion: "
+			   "<integer >= 0>, shardVersion: <integer >= 0>}");
+		return false;
+	}
+	if (!cmd_ns(x, ns, sizeof ns) || strcmp(ns, x->sv_ns) != 0) {
+		const char *want = x->sv_ns;
+		x->sv_ns = NULL;
+		shard_fail(x, WIRE_ERR_BAD_VALUE,
+			   "$stripedbShardVersion names %s, the command runs on another namespace",
+			   want);
+		return false;
+	}
+	return true;
+}
+
+static void stale(shard_ctx *x, bool installed, int64_t cver, int64_t sver, const char *why)
+{
+	bson_t *extra = bson_new(), d;
+	sdb_store_rollback(x->conn);
+	BSON_APPEND_UTF8(extra, "ns", x->sv_ns);
+	BSON_APPEND_DOCUMENT_BEGIN(extra, "vReceived", &d);
+	BSON_APPEND_INT64(&d, "collectionVersion", x->sv_cver);
+	BSON_APPEND_INT64(&d, "shardVersion", x->sv_sver);
+	bson_append_document_end(extra, &d);
+	if (installed) {
+		BSON_APPEND_DOCUMENT_BEGIN(extra, "vWanted", &d);
+		BSON_APPEND_INT64(&d, "collectionVersion", cver);
+		BSON_APPEND_INT64(&d, "shardVersion", sver);
+		bson_append_document_end(extra, &d);
+	} else {
+		BSON_APPEND_NULL(extra, "vWanted");
+	}
+	wire_req_error_extra(x->req, WIRE_ERR_STALE_CONFIG, extra,
+			     "StaleConfig: %s: %s (received collectionVersion %lld shardVersion "
+			     "%lld)",
+			     x->sv_ns, why, (long long)x->sv_cver, (long long)x->sv_sver);
+}
+
+bool shard_filtering_gate(shard_ctx *x)
+{
+	int64_t cver = 0, sver = 0, gen = 0;
+	int rc = sdb_store_filtering_get(x->conn, x->sv_ns, &cver, &sver, &gen, NULL, x->err,
+					 sizeof x->err);
+	if (rc == SDB_ENOTFOUND) {
+		stale(x, false, 0, 0, "this shard has no filtering metadata for the collection");
+		return false;
+	}
+	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "shard: %s", x->err);
+		return false;
+	}
+	if (x->sv_sver != sver || x->sv_cver < cver) {
+		char why[160];
+		snprintf(why, sizeof why,
+			 "the shard's collectionVersion is %lld and shardVersion %lld", (long long)cver,
+			 (long long)sver);
+		stale(x, true, cver, sver, why);
+		return false;
+	}
+	if (x->owner) /* a second shard_begin of the same command (find's cursor connection) */
+		return true;
+	route_coll *own = fcache_get(x->sh, x->sv_ns, gen);
+	if (!own) {
+		bson_t *doc = NULL;
+		int64_t sv2 = 0;
+		rc = sdb_store_filtering_get(x->conn, x->sv_ns, &cver, &sver, &gen, &doc, x->err,
+					     sizeof x->err);
+		if (rc == 0)
+			rc = owner_build(x->sv_ns, doc, &own, &sv2, x->err, sizeof x->err);
+		if (doc)
+			bson_destroy(doc);
+		if (rc) {
+			shard_fail(x, WIRE_ERR_INTERNAL, "shard: filtering metadata of %s: %s",
+				   x->sv_ns, x->err);
+			return false;
+		}
+		fcache_put(x->sh, x->sv_ns, gen, own);
+	}
+	x->owner = own;
+	return true;
+}
+
+void shard_filtering_spec(shard_ctx *x, sdb_query_spec *spec)
+{
+	if (!x->owner)
+		return;
+	route_coll_ref(x->owner);
+	spec->owns = owns_doc;
+	spec->owns_arg = x->owner;
+	spec->owns_free = owns_free;
+}
+
+void shard_filtering_release(shard_ctx *x)
+{
+	if (x->owner)
+		route_coll_unref(x->owner);
+	x->owner = NULL;
+}
+
+void shard_cmd_set_filtering(shard_ctx *x)
+{
+	bson_iter_t it;
+	const char *ns = NULL;
+	int64_t cver = -1, sver = 0;
+	bool drop = false;
+	route_coll *own = NULL;
+
+	if (bson_iter_init(&it, x->cmd) && bson_iter_next(&it) && BSON_ITER_HOLDS_UTF8(&it))
+		ns = bson_iter_utf8(&it, NULL);
+	if (!ns || !strchr(ns, '.') || ns[0] == '.') {
+		shard_fail(x, WIRE_ERR_BAD_VALUE,
+			   "stripedbSetFiltering needs the namespace \"db.coll\" as its value");
+		return;
+	}
+	if (bson_iter_init_find(&it, x->cmd, "drop"))
+		drop = bson_iter_as_bool(&it);
+	if (!drop) {
+		if (bson_iter_init_find(&it, x->cmd, "collectionVersion"))
+			util_token(&it, &cver);
+		if (cver < 0) {
+			shard_fail(x, WIRE_ERR_BAD_VALUE,
+				   "stripedbSetFiltering needs collectionVersion: <integer >= 0>");
+			return;
+		}
+		if (owner_build(ns, x->cmd, &own, &sver, x->err, sizeof x->err) != 0) {
+			shard_fail(x, WIRE_ERR_BAD_VALUE, "stripedbSetFiltering: %s", x->err);
+			return;
+		}
+		if (sver > cver) {
+			route_coll_unref(own);
+			shard_fail(x, WIRE_ERR_BAD_VALUE,
+				   "stripedbSetFiltering: a chunk token (%lld) above the "
+				   "collectionVersion (%lld)",
+				   (long long)sver, (long long)cver);
+			return;
+		}
+	}
+	if (!shard_begin(x, true)) {
+		if (own)
+			route_coll_unref(own);
+		return;
+	}
+	int rc;
+	size_t nchunks = own ? own->nchunks : 0;
+	if (drop) {
+		rc = sdb_store_filtering_drop(x->conn, ns, x->err, sizeof x->err);
+	} else {
+		/* what is stored: the key and the chunks as given (validated above) */
+		bson_t doc = BSON_INITIALIZER;
+		if (bson_iter_init_find(&it, x->cmd, "key"))
+			bson_append_iter(&doc, "key", -1, &it);
+		if (bson_iter_init_find(&it, x->cmd, "chunks"))
+			bson_append_iter(&doc, "chunks", -1, &it);
+		rc = sdb_store_filtering_set(x->conn, ns, cver, sver, &doc, x->err, sizeof x->err);
+		bson_destroy(&doc);
+		route_coll_unref(own);
+	}
+	if (rc) {
+		shard_fail(x, shard_code_of(rc), "stripedbSetFiltering: %s", x->err);
+		return;
+	}
+	if (!shard_commit(x))
+		return;
+	bson_t *reply = bson_new();
+	BSON_APPEND_UTF8(reply, "ns", ns);
+	if (!drop) {
+		BSON_APPEND_INT64(reply, "collectionVersion", cver);
+		BSON_APPEND_INT64(reply, "shardVersion", sver);
+	}
+	BSON_APPEND_INT64(reply, "nChunks", (int64_t)nchunks);
+	wire_req_reply(x->req, reply);
+}
+
+void shard_cmd_get_filtering(shard_ctx *x)
+{
+	bson_iter_t it;
+	const char *ns = NULL;
+	int64_t cver = 0, sver = 0, gen = 0;
+	bson_t *doc = NULL;
+
+	if (bson_iter_init(&it, x->cmd) && bson_iter_next(&it) && BSON_ITER_HOLDS_UTF8(&it))
+		ns = bson_iter_utf8(&it, NULL);
+	if (!ns) {
+		shard_fail(x, WIRE_ERR_BAD_VALUE,
+			   "stripedbGetFiltering needs the namespace \"db.coll\" as its value");
+		return;
+	}
+	if (!shard_begin(x, false))
+		return;
+	int rc = sdb_store_filtering_get(x->conn, ns, &cver, &sver, &gen, &doc, x->err,
+					 sizeof x->err);
+	sdb_store_rollback(x->conn);
+	if (rc && rc != SDB_ENOTFOUND) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "shard: %s", x->err);
+		return;
+	}
+	bson_t *reply = bson_new();
+	BSON_APPEND_UTF8(reply, "ns", ns);
+	BSON_APPEND_BOOL(reply, "installed", rc == 0);
+	if (rc == 0) {
+		BSON_APPEND_INT64(reply, "collectionVersion", cver);
+		BSON_APPEND_INT64(reply, "shardVersion", sver);
+		if (bson_iter_init(&it, doc))
+			while (bson_iter_next(&it))
+				bson_append_iter(reply, bson_iter_key(&it), -1, &it);
+		bson_destroy(doc);
+	}
+	wire_req_reply(x->req, reply);
+}
