@@ -2,8 +2,9 @@
 # (src/cdc/) and hosts the migration runner; add the Data Movement Platform's files here.
 libstripedb_a_SOURCES += src/coordinator/role.c
 # the Data Movement Platform (issue #8)
-libstripedb_a_SOURCES += src/coordinator/migrate.c src/coordinator/migrate_sm.c cli/migrate.c
-noinst_HEADERS += src/coordinator/migrate.h
+libstripedb_a_SOURCES += src/coordinator/migrate.c src/coordinator/migrate_sm.c \
+	src/coordinator/migrate_sess.c cli/migrate.c
+noinst_HEADERS += src/coordinator/migrate.h src/coordinator/migrate_sess.h
 check_PROGRAMS += tests/unit/test_coordinator_migrate
 tests_unit_test_coordinator_migrate_SOURCES = tests/unit/test_coordinator_migrate.c
 tests_unit_test_coordinator_migrate_CFLAGS = $(UNIT_CFLAGS)

@@ -1,0 +1,251 @@
+"""Exactly-once writes across chunk migrations (issue #16): the session records of
+retryable writes travel with a migrating chunk (MongoDB's session catalog migration).
+
+The source shard's oplog entry of a retryable statement carries lsid, txnNumber, stmtId and
+the statement's recorded outcome (stmtResult); the coordinator's replicator writes that
+record on the target in the same transaction as the replayed write (and the records of
+statements that ran before the import's snapshot, read from the CDC log), so after the
+traffic switch a retry that reaches the new owner is answered from the record, not run
+again. A statement whose history cannot be known (a delete before the import whose chunk
+cannot be told) is refused with IncompleteTransactionHistory (217), never run twice.
+"""
+import random
+import threading
+import uuid
+
+from bson import Binary, Int64
+from bson.son import SON
+from pymongo.errors import PyMongoError
+
+from conftest import http_get, wait_until
+from migration_helpers import MigCluster
+
+NS = "bank.acc"
+
+
+def strip(r):
+    return {k: v for k, v in r.items() if k not in ("$clusterTime", "operationTime")}
+
+
+def new_lsid():
+    return {"id": Binary(uuid.uuid4().bytes, 4)}
+
+
+def run(client, cmd, lsid):
+    """cmd (with its txnNumber) in the session lsid, through client (the proxy)."""
+    with client.start_session() as s:
+        s._server_session.session_id = lsid
+        return client.bank.command(cmd, session=s)
+
+
+def retried_on(cl, sid):
+    _, body = http_get(cl.shard_procs[sid].http_port, "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith("stripedb_shard_retried_statements_total"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def make_cluster(start_role, tmp_path):
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    # [MinKey, 100) on shard-a (the chunk that moves), [100, MaxKey) on shard-b; the shard
+    # key is not _id, so a delete's oplog entry ({_id}) does not tell its chunk
+    cl.shard_collection(NS, {"k": 1}, split_points=[{"k": 100}], shards=["shard-a", "shard-b"])
+    c = cl.proxy_client()
+    c.bank.acc.insert_many([{"_id": f"a{i}", "k": i, "n": 0, "ids": []} for i in range(200)])
+    (chunk,) = [ch for ch in cl.chunks(NS) if ch["shard"] == "shard-a"]
+    return cl, c, chunk
+
+
+def ops(tag, base):
+    """The three retryable writes of the issue: an update with $inc, a findAndModify and an
+    insert (two documents), on accounts base, base+1 of the moving chunk."""
+    return [
+        SON([("update", "acc"),
+             ("updates", [{"q": {"k": base}, "u": {"$inc": {"n": 1}, "$push": {"ids": tag}}}]),
+             ("txnNumber", Int64(1))]),
+        SON([("findAndModify", "acc"), ("query", {"k": base + 1}),
+             ("update", {"$inc": {"n": 5}, "$push": {"ids": tag}}), ("new", True),
+             ("txnNumber", Int64(1))]),
+        SON([("insert", "acc"),
+             ("documents", [{"_id": f"{tag}-x", "k": base + 2, "n": 1, "ids": [tag]},
+                            {"_id": f"{tag}-y", "k": base + 3, "n": 1, "ids": [tag]}]),
+             ("txnNumber", Int64(1))]),
+    ]
+
+
+def test_retry_after_migration_answers_the_recorded_result(start_role, tmp_path):
+    """Writes executed on the source before the migration (their records travel from the
+    CDC log's history window) and while it replicates (their records ride on the replayed
+    writes); after the switch each is retried with its lsid/txnNumber through the proxy:
+    the new owner answers the original reply and nothing is applied twice."""
+    cl, c, chunk = make_cluster(start_role, tmp_path)
+    try:
+        before = [(cmd, new_lsid()) for cmd in ops("pre", 10)]
+        first = [run(c, cmd, lsid) for cmd, lsid in before]
+        # a retryable delete before the import: its chunk cannot be told from {_id}
+        dlsid = new_lsid()
+        dcmd = SON([("delete", "acc"), ("deletes", [{"q": {"k": 30}, "limit": 1}]),
+                    ("txnNumber", Int64(1))])
+        assert strip(run(c, dcmd, dlsid)) == {"n": 1, "ok": 1.0}
+
+        # replication paused before the migration starts (what `ctl migration pause` takes),
+        # so that the writes below run on the source after the import's snapshot
+        mid = "mig-sessions-1"
+        pause = {"acquireLease": f"mig-pause/{mid}", "holder": "test", "ttlMS": 600000}
+        cl.meta_write(pause)
+        assert cl.migrate(NS, chunk["id"], "shard-b", "--grace-ms=300", f"--id={mid}") == mid
+        cl.wait_migration(mid, {"replicating"})
+        during = [(cmd, new_lsid()) for cmd in ops("mid", 20)]
+        first += [run(c, cmd, lsid) for cmd, lsid in during]
+        cl.meta_write({"releaseLease": f"mig-pause/{mid}", "holder": "test"})
+        m = cl.wait_migration(mid)
+        assert m["state"] == "complete", m
+        assert [ch["shard"] for ch in cl.chunks(NS)] == ["shard-b", "shard-b"]
+        assert cl.shard_client("shard-a").bank.acc.count_documents({}) == 0
+
+        # the retries reach the new owner
+        assert retried_on(cl, "shard-b") == 0
+        again = [run(c, cmd, lsid) for cmd, lsid in before + during]
+        assert [strip(r) for r in again] == [strip(r) for r in first]
+        assert retried_on(cl, "shard-b") == 8  # 1 update + 1 findAndModify + 2 inserts, x2
+        # applied once
+        acc = {d["_id"]: d for d in c.bank.acc.find()}
+        for tag, base in (("pre", 10), ("mid", 20)):
+            assert acc[f"a{base}"]["n"] == 1 and acc[f"a{base}"]["ids"] == [tag]
+            assert acc[f"a{base + 1}"]["n"] == 5 and acc[f"a{base + 1}"]["ids"] == [tag]
+            assert acc[f"{tag}-x"]["ids"] == [tag] and acc[f"{tag}-y"]["ids"] == [tag]
+        assert first[1]["value"]["n"] == 5 and again[1]["value"] == first[1]["value"]
+        # the delete's history is unknown at the new owner: refused, not run again
+        r = strip(run(c, dcmd, dlsid))
+        assert r["n"] == 0, r
+        (we,) = r["writeErrors"]
+        assert we["code"] == 217 and we["codeName"] == "IncompleteTransactionHistory", we
+        assert c.bank.acc.count_documents({}) == 200 - 1 + 4
+        # a new txnNumber of the same sessions runs normally on the new owner
+        nxt = SON(list(before[0][0].items()))
+        nxt["txnNumber"] = Int64(2)
+        assert strip(run(c, nxt, before[0][1]))["nModified"] == 1
+        assert c.bank.acc.find_one({"_id": "a10"})["n"] == 2
+        dnext = SON([("delete", "acc"), ("deletes", [{"q": {"k": 32}, "limit": 1}]),
+                     ("txnNumber", Int64(2))])
+        assert strip(run(c, dnext, dlsid)) == {"n": 1, "ok": 1.0}
+    finally:
+        cl.close()
+
+
+class RetryLoad:
+    """Writers of retryable writes through the proxy, each write in its own session
+    (lsid, txnNumber 1), so any of them can be retried later: pushes of unique ids onto
+    accounts of the moving chunk and inserts of unique documents. A write whose reply was
+    lost is retried with the same lsid/txnNumber until it answers (what a driver does);
+    some acknowledged writes are sent again at random while the migration runs."""
+
+    def __init__(self, c, writers=3):
+        self.c = c
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.done = []      # (cmd, lsid, reply, uid, kind)
+        self.mismatch = []  # (cmd, first reply, retry reply)
+        self.retries = 0
+        self.threads = [threading.Thread(target=self.run, args=(w,)) for w in range(writers)]
+
+    def send(self, cmd, lsid):
+        for _ in range(50):
+            try:
+                return run(self.c, cmd, lsid)
+            except PyMongoError as e:
+                last = e
+                if self.stop.wait(0.02):  # pacing after an error only
+                    pass
+        raise last
+
+    def run(self, w):
+        rnd = random.Random(w)
+        i = 0
+        while not self.stop.is_set():
+            uid = f"w{w}-{i}"
+            i += 1
+            lsid = new_lsid()
+            if rnd.random() < 0.7:
+                kind = "push"
+                cmd = SON([("update", "acc"),
+                           ("updates", [{"q": {"k": rnd.randrange(0, 100)},
+                                         "u": {"$push": {"ids": uid}, "$inc": {"n": 1}}}]),
+                           ("txnNumber", Int64(1))])
+            else:
+                kind = "insert"
+                cmd = SON([("insert", "acc"),
+                           ("documents", [{"_id": uid, "k": rnd.randrange(0, 100), "n": 0,
+                                           "ids": []}]),
+                           ("txnNumber", Int64(1))])
+            reply = self.send(cmd, lsid)
+            with self.lock:
+                self.done.append((cmd, lsid, reply, uid, kind))
+                old = rnd.choice(self.done) if rnd.random() < 0.3 else None
+            if old:
+                self.retry(old)
+
+    def retry(self, op):
+        cmd, lsid, reply, _, _ = op
+        r = self.send(cmd, lsid)
+        with self.lock:
+            self.retries += 1
+            if strip(r) != strip(reply):
+                self.mismatch.append((cmd, reply, r))
+
+    def count(self):
+        with self.lock:
+            return len(self.done)
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+
+def test_retryable_write_load_across_a_migration_applies_each_write_once(start_role,
+                                                                          tmp_path):
+    """Jepsen style: a load of retryable writes (each id pushed or inserted once) while the
+    chunk migrates; acknowledged writes are retried at random during the migration and all
+    of the source's are retried again after the switch, at the new owner. Checked against
+    the final state: every id present exactly once, each account's counter equal to its
+    ids, every retry answered with the original reply."""
+    cl, c, chunk = make_cluster(start_role, tmp_path)
+    try:
+        load = RetryLoad(c).start()
+        wait_until(lambda: load.count() >= 60, 30, what="retryable load running")
+        mid = cl.migrate(NS, chunk["id"], "shard-b", "--grace-ms=300")
+        m = cl.wait_migration(mid)
+        n_at_switch = load.count()
+        wait_until(lambda: load.count() >= n_at_switch + 30, 30, what="writes after the switch")
+        load.finish()
+        assert m["state"] == "complete", m
+        assert not load.mismatch, load.mismatch[:3]
+        # every write acknowledged by now is retried once more, at the new owner
+        before = retried_on(cl, "shard-b")
+        for op in list(load.done):
+            load.retry(op)
+        assert not load.mismatch, load.mismatch[:3]
+        assert retried_on(cl, "shard-b") - before == len(load.done)
+
+        docs = list(c.bank.acc.find())
+        seen = {}
+        for d in docs:
+            assert d["n"] == len(d["ids"]), d
+            for u in d["ids"]:
+                seen[u] = seen.get(u, 0) + 1
+            if d["_id"].startswith("w"):
+                seen[d["_id"]] = seen.get(d["_id"], 0) + 1
+        dup = {u: k for u, k in seen.items() if k > 1}
+        assert not dup, dup
+        missing = [uid for _, _, _, uid, _ in load.done if uid not in seen]
+        assert not missing, missing[:10]
+        assert len(load.done) >= 90 and load.retries > len(load.done)
+    finally:
+        cl.close()
