@@ -237,3 +237,34 @@ int64_t sdb_store_session_count(sdb_store_conn *c)
 	sqlite3_reset(s);
 	return n;
 }
+
+int64_t sdb_store_session_list(sdb_store_conn *c, const bson_t *after, int64_t max,
+			       void (*fn)(const bson_t *lsid, int64_t txn, void *arg), void *arg,
+			       char *err, size_t errlen)
+{
+	sqlite3_stmt *s = sdb_store_int_stmt(c,
+					     "SELECT lsid, txn FROM txn_sessions WHERE lsid > ? AND "
+					     "last_use >= ? ORDER BY lsid LIMIT ?",
+					     err, errlen);
+	if (!s)
+		return SDB_EIO;
+	if (after)
+		bind_lsid(s, 1, after);
+	else
+		sqlite3_bind_zeroblob(s, 1, 0);
+	sqlite3_bind_int64(s, 2, sdb_store_int_now_ms(c) - sdb_store_int_session_timeout_ms(c));
+	sqlite3_bind_int64(s, 3, max);
+	int64_t n = 0;
+	int step;
+	while ((step = sqlite3_step(s)) == SQLITE_ROW) {
+		const void *p = sqlite3_column_blob(s, 0);
+		int len = sqlite3_column_bytes(s, 0);
+		bson_t lsid;
+		if (p && len > 0 && bson_init_static(&lsid, p, (size_t)len))
+			fn(&lsid, sqlite3_column_int64(s, 1), arg);
+		n++;
+	}
+	int64_t rc = step == SQLITE_DONE ? n : sdb_store_int_sqlerr(c, err, errlen, "txn_sessions list");
+	sqlite3_reset(s);
+	return rc;
+}

@@ -358,6 +358,13 @@ int sdb_store_session_import(sdb_store_conn *c, const bson_t *lsid, int64_t txn,
  * stmt is recorded for it (*out a heap copy, sdb_doc_free), else 0 (*out NULL); SDB_EIO. */
 int sdb_store_session_peek(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
 			   bson_t **out, char *err, size_t errlen);
+/* The live sessions (not expired) in lsid byte order after `after` (NULL: from the start),
+ * at most max: fn(lsid, txnNumber, arg) each (lsid valid during the call). Any txn.
+ * Returns the count listed (== max: there may be more), or SDB_EIO. A migration marks the
+ * sessions of its source whose history it cannot carry (src/coordinator/migrate_sess.h). */
+int64_t sdb_store_session_list(sdb_store_conn *c, const bson_t *after, int64_t max,
+			       void (*fn)(const bson_t *lsid, int64_t txn, void *arg), void *arg,
+			       char *err, size_t errlen);
 /* Number of live session records (tests, metrics). Any txn. */
 int64_t sdb_store_session_count(sdb_store_conn *c);
 

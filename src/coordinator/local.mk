@@ -12,4 +12,5 @@ tests_unit_test_coordinator_migrate_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_coordinator_migrate
 EXTRA_DIST += tests/integration/test_migration.py tests/integration/test_migration_faults.py \
 	tests/integration/migration_helpers.py tests/integration/checker.py \
-	tests/bench/migration_bench.py
+	tests/bench/migration_bench.py tests/integration/test_retryable_migration.py \
+	src/coordinator/README.md

@@ -1350,13 +1350,17 @@ static int step_register(mig *m)
  * snapshot travel too (their documents are in the snapshot: only the records are written,
  * repl_history). Events of that window are read from the source's CDC log; when the log
  * no longer reaches back that far (retention), the window starts at its oldest event (the
- * older history is not carried: a warning names it). */
-static uint64_t session_history_start(mig *m, uint64_t at)
+ * older history is not carried: *complete is cleared, and the caller marks the source's
+ * sessions incomplete on the target). */
+static uint64_t session_history_start(mig *m, uint64_t at, bool *complete)
 {
 	uint64_t secs = at >> 32, back = (uint64_t)(m->session_history_ms / 1000);
 	uint64_t start = secs > back ? (secs - back) << 32 : 0;
-	if (m->session_history_ms <= 0)
+	*complete = true;
+	if (m->session_history_ms <= 0) {
+		*complete = false;
 		return at;
+	}
 	cdc_reader *rd = NULL;
 	char err[256];
 	int rc = cdc_reader_open(m->r->log, m->src, start, &rd, err, sizeof err);
@@ -1379,7 +1383,78 @@ static uint64_t session_history_start(mig *m, uint64_t at)
 	}
 	sdb_warn("migration: session history not carried in full", "id=%s from_ts=%u:%u",
 		 m->id, (unsigned)(start >> 32), (unsigned)start);
+	*complete = false;
 	return start;
+}
+
+/* The session history before the import could not be carried in full: every session live
+ * on the source gets an incomplete-history marker for its txnNumber on the target
+ * (MongoDB's dead-end sentinel of a truncated history), so a retry there of one of its
+ * statements that has no record is refused (217) instead of running a second time. */
+static int mark_unknown_sessions(mig *m)
+{
+	bson_t *after = NULL;
+	int rc = 0;
+	int64_t marked = 0;
+	for (;;) {
+		bson_t cmd = BSON_INITIALIZER, reply, recs = BSON_INITIALIZER;
+		bson_iter_t it, arr;
+		uint32_t n = 0;
+		bool more = false;
+		BSON_APPEND_INT32(&cmd, "stripedbSessionList", 1);
+		BSON_APPEND_INT32(&cmd, "limit", 1000);
+		if (after)
+			BSON_APPEND_DOCUMENT(&cmd, "after", after);
+		rc = shard_run(m, m->sc, &cmd, &reply);
+		bson_destroy(&cmd);
+		if (rc) {
+			bson_destroy(&recs);
+			break;
+		}
+		if (bson_iter_init_find(&it, &reply, "sessions") && bson_iter_recurse(&it, &arr))
+			while (bson_iter_next(&arr)) {
+				bson_t d;
+				mig_sess s;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
+					continue;
+				const uint8_t *data;
+				uint32_t len;
+				bson_iter_document(&arr, &len, &data);
+				if (!bson_init_static(&d, data, len))
+					continue;
+				mig_sess_of_event(&d, &s);
+				if (!s.on)
+					continue;
+				mig_sess_append_record(&recs, n++, &s, true);
+				if (after)
+					bson_destroy(after);
+				after = bson_copy(&s.lsid);
+			}
+		more = bson_iter_init_find(&it, &reply, "more") && bson_iter_as_bool(&it);
+		bson_destroy(&reply);
+		if (n) {
+			bson_t up = BSON_INITIALIZER, none = BSON_INITIALIZER;
+			BSON_APPEND_UTF8(&up, "update", m->coll);
+			BSON_APPEND_ARRAY(&up, "updates", &none);
+			BSON_APPEND_BOOL(&up, "ordered", true);
+			BSON_APPEND_UTF8(&up, "$stripedbOrigin", m->id);
+			BSON_APPEND_ARRAY(&up, "$stripedbSessions", &recs);
+			rc = shard_run(m, m->dc, &up, NULL);
+			bson_destroy(&up);
+			bson_destroy(&none);
+			marked += n;
+		}
+		bson_destroy(&recs);
+		if (rc || !more || !n)
+			break;
+		keepalive(m);
+	}
+	if (after)
+		bson_destroy(after);
+	if (rc == 0 && marked)
+		sdb_warn("migration: sessions marked with incomplete history on the target",
+			 "id=%s sessions=%" PRId64, m->id, marked);
+	return rc;
 }
 
 static int step_import(mig *m)
@@ -1412,7 +1487,11 @@ static int step_import(mig *m)
 	if (rc)
 		return rc;
 	m->import_ts = at;
-	m->ts = m->fwd.pos = session_history_start(m, at);
+	bool complete = true;
+	uint64_t start = session_history_start(m, at, &complete);
+	if (!complete && (rc = mark_unknown_sessions(m)) != 0)
+		return rc;
+	m->ts = m->fwd.pos = start;
 	m->import_ms = (int64_t)sdb_mono_ms() - t0;
 	sdb_info("migration imported", "id=%s docs=%" PRId64 " bytes=%" PRId64 " ms=%" PRId64,
 		 m->id, m->imported, m->import_bytes, m->import_ms);

@@ -156,3 +156,60 @@ bool shard_mig_sessions_import(shard_ctx *x)
 	}
 	return true;
 }
+
+typedef struct list_acc {
+	bson_t arr;
+	uint32_t n;
+} list_acc;
+
+static void list_one(const bson_t *lsid, int64_t txn, void *arg)
+{
+	list_acc *a = arg;
+	char k[16];
+	bson_t d;
+	snprintf(k, sizeof k, "%u", a->n++);
+	BSON_APPEND_DOCUMENT_BEGIN(&a->arr, k, &d);
+	BSON_APPEND_DOCUMENT(&d, "lsid", lsid);
+	BSON_APPEND_INT64(&d, "txnNumber", txn);
+	bson_append_document_end(&a->arr, &d);
+}
+
+void shard_cmd_session_list(shard_ctx *x)
+{
+	bson_iter_t it;
+	bson_t after;
+	bool have_after = false;
+	int64_t limit = 10000;
+	if (bson_iter_init_find(&it, x->cmd, "after")) {
+		const uint8_t *data;
+		uint32_t len;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			wire_req_error(x->req, WIRE_ERR_BAD_VALUE, "after must be an lsid document");
+			return;
+		}
+		bson_iter_document(&it, &len, &data);
+		have_after = bson_init_static(&after, data, len);
+	}
+	if (bson_iter_init_find(&it, x->cmd, "limit") &&
+	    (!sdb_bson_as_int64(&it, &limit) || limit < 1 || limit > 100000)) {
+		wire_req_error(x->req, WIRE_ERR_BAD_VALUE, "limit must be an integer in 1..100000");
+		return;
+	}
+	list_acc a = {.n = 0};
+	bson_init(&a.arr);
+	int rc = sdb_store_begin(x->conn, false, x->err, sizeof x->err);
+	int64_t n = rc ? rc
+		       : sdb_store_session_list(x->conn, have_after ? &after : NULL, limit,
+						list_one, &a, x->err, sizeof x->err);
+	sdb_store_rollback(x->conn);
+	if (n < 0) {
+		bson_destroy(&a.arr);
+		wire_req_error(x->req, WIRE_ERR_INTERNAL, "shard: session list: %s", x->err);
+		return;
+	}
+	bson_t *reply = bson_new();
+	BSON_APPEND_ARRAY(reply, "sessions", &a.arr);
+	BSON_APPEND_BOOL(reply, "more", n == limit);
+	bson_destroy(&a.arr);
+	wire_req_reply(x->req, reply);
+}

@@ -282,6 +282,10 @@ int shard_mig_sess_record(shard_ctx *x, shard_mig_sess *ms);
  * command's transaction. Replies (BadValue on a malformed record, InternalError) and
  * returns false on failure. */
 bool shard_mig_sessions_import(shard_ctx *x);
+/* {stripedbSessionList: 1, after?: lsid, limit?: 1..100000 (10000)} -> {sessions: [{lsid,
+ * txnNumber}], more}: the live sessions in lsid byte order (read-only; a migration marks
+ * those of its source whose history it cannot carry). */
+void shard_cmd_session_list(shard_ctx *x);
 /* When x->cmd carries startTransaction or autocommit (transactions are not built yet):
  * replies IllegalOperation (20) and returns true. */
 bool shard_txn_refuse_fields(shard_ctx *x);

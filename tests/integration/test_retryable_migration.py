@@ -13,9 +13,10 @@ import random
 import threading
 import uuid
 
+import pytest
 from bson import Binary, Int64
 from bson.son import SON
-from pymongo.errors import PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 
 from conftest import http_get, wait_until
 from migration_helpers import MigCluster
@@ -35,7 +36,7 @@ def run(client, cmd, lsid):
     """cmd (with its txnNumber) in the session lsid, through client (the proxy)."""
     with client.start_session() as s:
         s._server_session.session_id = lsid
-        return client.bank.command(cmd, session=s)
+        return client.bank.command(SON(cmd), session=s)  # pymongo adds fields to its copy
 
 
 def retried_on(cl, sid):
@@ -130,6 +131,40 @@ def test_retry_after_migration_answers_the_recorded_result(start_role, tmp_path)
         dnext = SON([("delete", "acc"), ("deletes", [{"q": {"k": 32}, "limit": 1}]),
                      ("txnNumber", Int64(2))])
         assert strip(run(c, dnext, dlsid)) == {"n": 1, "ok": 1.0}
+    finally:
+        cl.close()
+
+
+def test_history_that_cannot_be_carried_is_refused_not_run_twice(start_role, tmp_path):
+    """A migration that carries no session history from before its import (spec
+    sessionHistoryMS 0: what happens when the CDC log's retention dropped it): every session
+    live on the source is marked on the target; a retry there of a statement that ran on
+    the source is refused with IncompleteTransactionHistory (217), not run a second time,
+    and a newer txnNumber of the same session runs normally."""
+    cl, c, chunk = make_cluster(start_role, tmp_path)
+    try:
+        lsid = new_lsid()
+        upd, fam, _ = ops("pre", 10)
+        assert strip(run(c, upd, lsid))["nModified"] == 1
+        flsid = new_lsid()
+        assert run(c, fam, flsid)["value"]["n"] == 5
+        mid = "mig-no-history"
+        cl.meta_write({"registerMigration": mid, "ns": NS, "chunk": chunk["id"],
+                       "from": "shard-a", "to": "shard-b", "graceMS": 300,
+                       "sessionHistoryMS": 0})
+        m = cl.wait_migration(mid)
+        assert m["state"] == "complete", m
+        r = strip(run(c, upd, lsid))
+        assert r["n"] == 0 and [e["code"] for e in r["writeErrors"]] == [217], r
+        with pytest.raises(OperationFailure) as e:
+            run(c, fam, flsid)
+        assert e.value.code == 217, e.value.details
+        acc = {d["_id"]: d for d in c.bank.acc.find({"_id": {"$in": ["a10", "a11"]}})}
+        assert acc["a10"]["n"] == 1 and acc["a11"]["n"] == 5  # not run again
+        nxt = SON(list(upd.items()))
+        nxt["txnNumber"] = Int64(2)
+        assert strip(run(c, nxt, lsid)) == {"n": 1, "nModified": 1, "ok": 1.0}
+        assert c.bank.acc.find_one({"_id": "a10"})["n"] == 2
     finally:
         cl.close()
 
