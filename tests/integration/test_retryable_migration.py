@@ -176,7 +176,7 @@ class RetryLoad:
     lost is retried with the same lsid/txnNumber until it answers (what a driver does);
     some acknowledged writes are sent again at random while the migration runs."""
 
-    def __init__(self, c, writers=3):
+    def __init__(self, c, writers=2):
         self.c = c
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -244,6 +244,29 @@ class RetryLoad:
             t.join(timeout=60)
 
 
+def sample(ops, first, k=200):
+    """The first `first` operations (at most k of them) and k random others: what a test
+    retries (all of them would take longer than the CI budget)."""
+    head, rest = ops[:min(first, k)], ops[min(first, k):]
+    return head + random.Random(0).sample(rest, min(k, len(rest)))
+
+
+def check_exactly_once(c, load):
+    """The final state against what was acknowledged: each id pushed or inserted exactly
+    once, every acknowledged one present, counters equal to the ids pushed."""
+    seen = {}
+    for d in c.bank.acc.find():
+        assert d["n"] == len(d["ids"]), d
+        for u in d["ids"]:
+            seen[u] = seen.get(u, 0) + 1
+        if d["_id"].startswith("w"):
+            seen[d["_id"]] = seen.get(d["_id"], 0) + 1
+    dup = {u: k for u, k in seen.items() if k > 1}
+    assert not dup, dup
+    missing = [uid for _, _, _, uid, _ in load.done if uid not in seen]
+    assert not missing, missing[:10]
+    assert not load.mismatch, load.mismatch[:3]
+
 def test_retryable_write_load_across_a_migration_applies_each_write_once(start_role,
                                                                           tmp_path):
     """Jepsen style: a load of retryable writes (each id pushed or inserted once) while the
@@ -262,25 +285,70 @@ def test_retryable_write_load_across_a_migration_applies_each_write_once(start_r
         load.finish()
         assert m["state"] == "complete", m
         assert not load.mismatch, load.mismatch[:3]
-        # every write acknowledged by now is retried once more, at the new owner
+        # the writes acknowledged before the switch (those ran on the source) and others
+        # are retried once more, at the new owner
         before = retried_on(cl, "shard-b")
-        for op in list(load.done):
+        again = sample(load.done, n_at_switch)
+        for op in again:
             load.retry(op)
         assert not load.mismatch, load.mismatch[:3]
-        assert retried_on(cl, "shard-b") - before == len(load.done)
+        assert retried_on(cl, "shard-b") - before == len(again)
 
-        docs = list(c.bank.acc.find())
-        seen = {}
-        for d in docs:
-            assert d["n"] == len(d["ids"]), d
-            for u in d["ids"]:
-                seen[u] = seen.get(u, 0) + 1
-            if d["_id"].startswith("w"):
-                seen[d["_id"]] = seen.get(d["_id"], 0) + 1
-        dup = {u: k for u, k in seen.items() if k > 1}
-        assert not dup, dup
-        missing = [uid for _, _, _, uid, _ in load.done if uid not in seen]
-        assert not missing, missing[:10]
-        assert len(load.done) >= 90 and load.retries > len(load.done)
+        check_exactly_once(c, load)
+        assert len(load.done) >= 90 and load.retries > 200
+    finally:
+        cl.close()
+
+
+def test_retryable_load_with_coordinator_crashes_and_a_rollback(start_role, tmp_path):
+    """The same load while the coordinator is killed at replication and switch points (the
+    replayed writes and their records are applied again, idempotently), then the switch is
+    rolled back: writes acknowledged by the new owner travel back with their records
+    (reverse replication). Every acknowledged write is retried at the target after the
+    switch and at the source after the rollback: the original reply each time, and each id
+    applied once."""
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=0)
+    try:
+        cl.shard_collection(NS, {"k": 1}, split_points=[{"k": 100}],
+                            shards=["shard-a", "shard-b"])
+        c = cl.proxy_client()
+        c.bank.acc.insert_many([{"_id": f"a{i}", "k": i, "n": 0, "ids": []}
+                                for i in range(200)])
+        (chunk,) = [ch for ch in cl.chunks(NS) if ch["shard"] == "shard-a"]
+        load = RetryLoad(c).start()
+        wait_until(lambda: load.count() >= 40, 30, what="retryable load running")
+        mid = cl.migrate(NS, chunk["id"], "shard-b", "--grace-ms=600000")
+        for pt in ["after:importing", "mid:replicate", "mid:switch", "after:switched"]:
+            co = cl.start_role(["--role=coordinator", f"--metadata={cl.metadata}",
+                                f"--cdc={cl.cdc}", f"--cdc-lease-ms={cl.lease_ms}"],
+                               env={"STRIPEDB_MIGRATION_CRASH": pt}, wait=False)
+            co.p.wait(timeout=60)
+            assert co.p.returncode == 86, (pt, co.tail())
+        cl.coords.append(cl.start_coordinator())
+        m = cl.wait_migration(mid, {"switched", "aborted"})
+        assert m["state"] == "switched", m
+        n_switch = load.count()
+        wait_until(lambda: load.count() >= n_switch + 30, 30, what="writes on the new owner")
+        before = retried_on(cl, "shard-b")
+        done = sample(list(load.done), n_switch)  # those that ran on the source first
+        for op in done:
+            load.retry(op)
+        assert retried_on(cl, "shard-b") - before >= len(done)
+        r = cl.ctl("migration", "rollback", mid)
+        assert r.stdout.decode().strip() == f"{mid}: switched -> rolling_back"
+        m = cl.wait_migration(mid)
+        assert m["state"] == "rolled_back", m
+        assert m["stats"]["reverseApplied"] > 0
+        n_back = n = load.count()
+        wait_until(lambda: load.count() >= n + 30, 30, what="writes after the rollback")
+        load.finish()
+        before = retried_on(cl, "shard-a")
+        # the writes acknowledged by the new owner (reverse replication carried them back)
+        # and others
+        done = sample(list(load.done)[n_switch:n_back], 0) + list(load.done)[:50]
+        for op in done:
+            load.retry(op)
+        assert retried_on(cl, "shard-a") - before == len(done)
+        check_exactly_once(c, load)
     finally:
         cl.close()
