@@ -1099,9 +1099,16 @@ static int repl_skip(repl *p, uint64_t ts)
 	return 0;
 }
 
+/* A statement whose replay and record together would not fit in one command (16 MiB
+ * BSON): its record is replaced by its session's incomplete-history marker (a retry is
+ * refused, never run twice). */
+#define SESS_RECORD_MAX_BYTES (15u << 20)
+
 /* Queue a session record alone (or the session's incomplete-history marker). */
 static void repl_add_record(repl *p, const mig_sess *sess, bool incomplete)
 {
+	if (sess->have_result && sess->result.len > SESS_RECORD_MAX_BYTES)
+		incomplete = true;
 	mig_sess_append_record(&p->recs, p->nrecs++, sess, incomplete);
 	p->batch_bytes += sess->lsid.len + (sess->have_result ? sess->result.len : 0) + 64;
 }
@@ -1153,6 +1160,7 @@ static int repl_event(mig *m, repl *p, uint64_t ts, const uint8_t *data, size_t 
 		return repl_skip(p, ts);
 	mig_sess sess;
 	mig_sess_of_event(&e, &sess);
+	bool too_big = sess.have_result && (size_t)o.len + sess.result.len > SESS_RECORD_MAX_BYTES;
 	if (p == &m->fwd && ts <= m->import_ts) {
 		/* the session history window before the import's snapshot */
 		if (!sess.on)
@@ -1161,20 +1169,21 @@ static int repl_event(mig *m, repl *p, uint64_t ts, const uint8_t *data, size_t 
 	}
 	if (op[0] == 'd' || (op[0] == 'u' && !in_chunk(m, &o))) {
 		/* a delete (or an update that left the chunk): in order with the batch */
-		if (sess.on && !sess.have_result && op[0] == 'd')
+		bool with_record = op[0] == 'd' && sess.have_result && !too_big;
+		if (op[0] == 'd' && sess.on && !with_record)
 			repl_add_record(p, &sess, true);
 		if ((rc = repl_flush(m, p)) != 0)
 			return rc;
 		if (!bson_iter_init_find(&it, &o, "_id"))
 			return 0;
-		if ((rc = repl_delete(m, p, &it, op[0] == 'd' ? &sess : NULL)) != 0)
+		if ((rc = repl_delete(m, p, &it, with_record ? &sess : NULL)) != 0)
 			return rc;
 		p->pos = p->batch_pos = ts;
 		return 0;
 	}
 	if (!in_chunk(m, &o))
 		return repl_skip(p, ts);
-	size_t extra = sess.have_result ? sess.result.len + sess.lsid.len + 64 : 0;
+	size_t extra = sess.have_result && !too_big ? sess.result.len + sess.lsid.len + 64 : 0;
 	if (repl_pending(p) &&
 	    (p->nbatch >= APPLY_BATCH_DOCS || p->nrecs >= APPLY_BATCH_DOCS ||
 	     p->batch_bytes + o.len + extra > APPLY_BATCH_BYTES) &&
@@ -1191,10 +1200,10 @@ static int repl_event(mig *m, repl *p, uint64_t ts, const uint8_t *data, size_t 
 	bson_append_document_end(&s, &q);
 	BSON_APPEND_DOCUMENT(&s, "u", &o);
 	BSON_APPEND_BOOL(&s, "upsert", true);
-	if (sess.have_result)
+	if (sess.have_result && !too_big)
 		mig_sess_append_stmt(&s, &sess);
 	else if (sess.on)
-		repl_add_record(p, &sess, true); /* a write whose outcome is unknown */
+		repl_add_record(p, &sess, true); /* a write whose outcome is unknown or too big */
 	bson_append_document_end(&p->batch, &s);
 	p->batch_bytes += o.len + extra;
 	p->batch_pos = ts;

@@ -85,6 +85,12 @@ int shard_mig_sess_parse(shard_ctx *x, const bson_t *st, shard_mig_sess *ms)
 			 "($stripedbOrigin)");
 		return WIRE_ERR_BAD_VALUE;
 	}
+	bson_iter_t t;
+	if (bson_iter_init_find(&t, x->cmd, "txnNumber")) {
+		snprintf(x->err, sizeof x->err,
+			 "$stripedbSession replays another shard's statement: not with txnNumber");
+		return WIRE_ERR_BAD_VALUE;
+	}
 	if (!BSON_ITER_HOLDS_DOCUMENT(&it)) {
 		snprintf(x->err, sizeof x->err, "$stripedbSession must be a document");
 		return WIRE_ERR_BAD_VALUE;
