@@ -18,7 +18,9 @@ from bson import Binary, Int64
 from bson.son import SON
 from pymongo.errors import OperationFailure, PyMongoError
 
-from conftest import http_get, wait_until
+import pymongo
+
+from conftest import free_port, http_get, wait_until
 from migration_helpers import MigCluster
 
 NS = "bank.acc"
@@ -45,6 +47,76 @@ def retried_on(cl, sid):
         if line.startswith("stripedb_shard_retried_statements_total"):
             return int(float(line.rsplit(" ", 1)[1]))
     return 0
+
+
+def test_shard_session_fields_of_a_migration(start_role, tmp_path):
+    """One shard, the wire side of the feature: a retryable statement's oplog entry carries
+    stmtResult; $stripedbSession / $stripedbSessions are a migration's only (BadValue
+    without $stripedbOrigin or with a txnNumber); an imported record answers a retry; the
+    marker refuses an unrecorded statement (217); stripedbSessionList pages the sessions."""
+    port = free_port()
+    (tmp_path / "s").mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={tmp_path / 's'}"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                            serverSelectionTimeoutMS=10000, retryWrites=False)
+    try:
+        db = c.bank
+        lsid = new_lsid()
+        with c.start_session() as s:
+            s._server_session.session_id = lsid
+            db.command(SON([("insert", "acc"), ("documents", [{"_id": 1, "n": 0}]),
+                            ("txnNumber", Int64(4))]), session=s)
+        (e,) = list(c.local.oplog.rs.find({"op": "i", "ns": "bank.acc"}))
+        assert (e["txnNumber"], e["stmtId"], e["stmtResult"]) == (4, 0, {"n": 1}), e
+        rec = {"lsid": new_lsid(), "txnNumber": Int64(7), "stmtId": 3,
+               "result": {"n": 1, "nModified": 1}}
+        stmt = {"q": {"_id": 2}, "u": {"_id": 2, "n": 1}, "upsert": True,
+                "$stripedbSession": rec}
+        # (pymongo cannot send an empty updates array: a statement that matches nothing)
+        none = [{"q": {"_id": -1}, "u": {"$set": {"x": 1}}}]
+        for bad in (SON([("update", "acc"), ("updates", [stmt])]),
+                    SON([("update", "acc"), ("updates", [stmt]), ("txnNumber", Int64(1)),
+                         ("$stripedbOrigin", "mig-t")]),
+                    SON([("update", "acc"), ("updates", none), ("$stripedbSessions", [rec])]),
+                    SON([("update", "acc"), ("updates", none), ("$stripedbOrigin", "mig-t"),
+                         ("$stripedbSessions", [{"lsid": rec["lsid"]}])])):
+            with c.start_session() as s, pytest.raises(OperationFailure) as ex:
+                s._server_session.session_id = new_lsid()
+                db.command(bad, session=s)
+            assert ex.value.code == 2, ex.value.details
+        assert db.acc.count_documents({"_id": 2}) == 0
+        db.command(SON([("update", "acc"), ("updates", [stmt]), ("$stripedbOrigin", "mig-t")]))
+        marker = {"lsid": new_lsid(), "txnNumber": Int64(2), "incompleteHistory": True}
+        db.command(SON([("update", "acc"), ("updates", none), ("$stripedbOrigin", "mig-t"),
+                        ("$stripedbSessions", [marker])]))
+        # the replayed statement's entry carries the record again (a later migration)
+        (u,) = list(c.local.oplog.rs.find({"ns": "bank.acc", "o._id": 2}))
+        assert (u["origin"], u["txnNumber"], u["stmtId"]) == ("mig-t", 7, 3), u
+        assert u["stmtResult"] == {"n": 1, "nModified": 1}
+        retry = SON([("update", "acc"), ("updates", [{"q": {"_id": 9}, "u": {"$inc": {"n": 1}}}] * 4),
+                     ("txnNumber", Int64(7)), ("stmtId", 0)])
+        with c.start_session() as s:
+            s._server_session.session_id = rec["lsid"]
+            r = db.command(retry, session=s)  # statement 3 answered from its record
+        assert strip(r) == {"n": 1, "nModified": 1, "ok": 1.0}
+        with c.start_session() as s:
+            s._server_session.session_id = marker["lsid"]
+            with pytest.raises(OperationFailure) as ex:
+                db.command(SON([("delete", "acc"), ("deletes", [{"q": {"_id": 1}, "limit": 1}]),
+                                ("txnNumber", Int64(2))]), session=s)
+            assert ex.value.code == 217, ex.value.details
+        assert db.acc.count_documents({"_id": 1}) == 1
+        listed = db.command({"stripedbSessionList": 1, "limit": 2})
+        assert len(listed["sessions"]) == 2 and listed["more"] is True
+        last = listed["sessions"][-1]["lsid"]["id"]  # decoded as a UUID: its bytes again
+        rest = db.command({"stripedbSessionList": 1, "after": {"id": Binary(last.bytes, 4)}})
+        assert len(rest["sessions"]) == 1 and rest["more"] is False
+        got = {(x["lsid"]["id"].bytes, x["txnNumber"])
+               for x in listed["sessions"] + rest["sessions"]}
+        assert got == {(bytes(l["id"]), t) for l, t in ((lsid, 4), (rec["lsid"], 7),
+                                                         (marker["lsid"], 2))}
+    finally:
+        c.close()
 
 
 def make_cluster(start_role, tmp_path):
