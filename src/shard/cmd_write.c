@@ -584,6 +584,8 @@ void shard_cmd_update(shard_ctx *x)
 			continue;
 		}
 		sdb_store_savepoint_rollback(x->conn);
+		if (ms.on) /* the next statement's entries must not carry this one's session */
+			sdb_store_set_op_session(x->conn, NULL, 0, 0);
 		upd_result_destroy(&r);
 		if (code == WIRE_ERR_INTERNAL) {
 			sdb_store_dup_clear(&dup);
@@ -742,6 +744,8 @@ void shard_cmd_delete(shard_ctx *x)
 			continue;
 		}
 		sdb_store_savepoint_rollback(x->conn);
+		if (ms.on)
+			sdb_store_set_op_session(x->conn, NULL, 0, 0);
 		werr_add(&w, i, code ? code : WIRE_ERR_BAD_VALUE, x->err, NULL);
 		if (ordered)
 			break;
