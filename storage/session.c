@@ -110,6 +110,60 @@ int sdb_store_session_begin(sdb_store_conn *c, const bson_t *lsid, int64_t txn, 
 	return sdb_store_int_step_done(c, s, err, errlen, "txn_sessions write");
 }
 
+int sdb_store_session_import(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
+			     const bson_t *result, char *err, size_t errlen)
+{
+	if (!sdb_store_int_in_write(c))
+		return sdb_errf(err, errlen, SDB_EINVAL, "store: session write outside a write "
+							 "transaction");
+	int64_t now = sdb_store_int_now_ms(c);
+	int64_t timeout = sdb_store_int_session_timeout_ms(c);
+	sqlite3_stmt *s = sdb_store_int_stmt(
+		c, "SELECT txn, last_use FROM txn_sessions WHERE lsid = ?", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	bind_lsid(s, 1, lsid);
+	int step = sqlite3_step(s);
+	bool live = false;
+	int64_t cur = 0;
+	if (step == SQLITE_ROW) {
+		cur = sqlite3_column_int64(s, 0);
+		live = sqlite3_column_int64(s, 1) >= now - timeout;
+	}
+	sqlite3_reset(s);
+	if (step != SQLITE_ROW && step != SQLITE_DONE)
+		return sdb_store_int_sqlerr(c, err, errlen, "txn_sessions read");
+	if (live && txn < cur)
+		return 0; /* the session moved on here: the older statement cannot be retried */
+	int rc;
+	if (!live || txn > cur) {
+		rc = forget_stmts(c, lsid, err, errlen);
+		if (rc)
+			return rc;
+	}
+	s = sdb_store_int_stmt(c,
+			       "INSERT OR REPLACE INTO txn_sessions(lsid, txn, last_use) "
+			       "VALUES(?, ?, ?)",
+			       err, errlen);
+	if (!s)
+		return SDB_EIO;
+	bind_lsid(s, 1, lsid);
+	sqlite3_bind_int64(s, 2, txn);
+	sqlite3_bind_int64(s, 3, now);
+	rc = sdb_store_int_step_done(c, s, err, errlen, "txn_sessions write");
+	if (rc)
+		return rc;
+	bson_t marker = BSON_INITIALIZER;
+	if (!result) {
+		BSON_APPEND_BOOL(&marker, "incompleteHistory", true);
+		result = &marker;
+		stmt = SDB_STMT_INCOMPLETE_HISTORY;
+	}
+	rc = sdb_store_session_stmt_put(c, lsid, stmt, result, err, errlen);
+	bson_destroy(&marker);
+	return rc;
+}
+
 int sdb_store_session_stmt_get(sdb_store_conn *c, const bson_t *lsid, int32_t stmt,
 			       bson_t **out, char *err, size_t errlen)
 {
@@ -182,4 +236,35 @@ int64_t sdb_store_session_count(sdb_store_conn *c)
 	int64_t n = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : -1;
 	sqlite3_reset(s);
 	return n;
+}
+
+int64_t sdb_store_session_list(sdb_store_conn *c, const bson_t *after, int64_t max,
+			       void (*fn)(const bson_t *lsid, int64_t txn, void *arg), void *arg,
+			       char *err, size_t errlen)
+{
+	sqlite3_stmt *s = sdb_store_int_stmt(c,
+					     "SELECT lsid, txn FROM txn_sessions WHERE lsid > ? AND "
+					     "last_use >= ? ORDER BY lsid LIMIT ?",
+					     err, errlen);
+	if (!s)
+		return SDB_EIO;
+	if (after)
+		bind_lsid(s, 1, after);
+	else
+		sqlite3_bind_zeroblob(s, 1, 0);
+	sqlite3_bind_int64(s, 2, sdb_store_int_now_ms(c) - sdb_store_int_session_timeout_ms(c));
+	sqlite3_bind_int64(s, 3, max);
+	int64_t n = 0;
+	int step;
+	while ((step = sqlite3_step(s)) == SQLITE_ROW) {
+		const void *p = sqlite3_column_blob(s, 0);
+		int len = sqlite3_column_bytes(s, 0);
+		bson_t lsid;
+		if (p && len > 0 && bson_init_static(&lsid, p, (size_t)len))
+			fn(&lsid, sqlite3_column_int64(s, 1), arg);
+		n++;
+	}
+	int64_t rc = step == SQLITE_DONE ? n : sdb_store_int_sqlerr(c, err, errlen, "txn_sessions list");
+	sqlite3_reset(s);
+	return rc;
 }

@@ -62,6 +62,9 @@ struct sdb_store_conn {
 	uint32_t op_lsid_len;
 	int64_t op_txn;
 	int32_t op_stmt;
+	/* ts of the first oplog entry written for the tagged statement (0 = none yet):
+	 * sdb_store_oplog_stmt_result adds the statement's outcome to its entries */
+	uint64_t op_first_ts;
 	/* A replicated apply transaction (sdb_store_apply_begin) is open: sdb_store_begin/
 	 * commit/rollback of the commands it runs work on the savepoint "cmd" inside it. */
 	bool apply;
@@ -1028,6 +1031,7 @@ void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn
 	c->op_lsid_len = lsid ? sdb_store_doc_len(lsid) : 0;
 	c->op_txn = txn;
 	c->op_stmt = stmt;
+	c->op_first_ts = 0;
 }
 
 /* ------------------------------------------------------------------ oplog */
@@ -1075,6 +1079,8 @@ static int oplog_append(sdb_store_conn *c, const char *op, const char *ns, const
 			BSON_APPEND_DOCUMENT(&e, "lsid", &lsid);
 		BSON_APPEND_INT64(&e, "txnNumber", c->op_txn);
 		BSON_APPEND_INT32(&e, "stmtId", c->op_stmt);
+		if (!c->op_first_ts)
+			c->op_first_ts = ts;
 	}
 	sqlite3_stmt *s =
 		stmt_get(c, "INSERT INTO oplog(ts, wall, entry) VALUES(?, ?, ?)", err, errlen);
@@ -1090,6 +1096,64 @@ static int oplog_append(sdb_store_conn *c, const char *op, const char *ns, const
 		c->pending_ts = ts;
 	}
 	bson_destroy(&e);
+	return rc;
+}
+
+int sdb_store_oplog_stmt_result(sdb_store_conn *c, const bson_t *result, char *err,
+				size_t errlen)
+{
+	if (!c->op_lsid || !c->op_first_ts)
+		return 0; /* the statement wrote nothing */
+	sqlite3_stmt *s = stmt_get(c, "SELECT ts, entry FROM oplog WHERE ts >= ? ORDER BY ts",
+				   err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_int64(s, 1, (int64_t)c->op_first_ts);
+	int64_t *tss = NULL;
+	bson_t **docs = NULL;
+	size_t n = 0, cap = 0;
+	int step;
+	while ((step = sqlite3_step(s)) == SQLITE_ROW) {
+		const void *p = sqlite3_column_blob(s, 1);
+		int len = sqlite3_column_bytes(s, 1);
+		bson_t old, *e;
+		bson_iter_t it;
+		if (!p || len <= 0 || !bson_init_static(&old, p, (size_t)len) ||
+		    !bson_iter_init_find(&it, &old, "stmtId"))
+			continue; /* not an entry of the statement */
+		if (n == cap) {
+			cap = cap ? 2 * cap : 4;
+			tss = sdb_realloc(tss, cap * sizeof *tss);
+			docs = sdb_realloc(docs, cap * sizeof *docs);
+		}
+		e = bson_new();
+		bson_copy_to_excluding_noinit(&old, e, "stmtResult", NULL);
+		BSON_APPEND_DOCUMENT(e, "stmtResult", result);
+		c->pending_oplog_bytes += (int64_t)e->len - len;
+		tss[n] = sqlite3_column_int64(s, 0);
+		docs[n++] = e;
+	}
+	sqlite3_reset(s);
+	int rc = 0;
+	if (step != SQLITE_DONE)
+		rc = sqlerr(c->db, err, errlen, "oplog read");
+	for (size_t i = 0; i < n; i++) {
+		if (rc == 0) {
+			sqlite3_stmt *u = stmt_get(c, "UPDATE oplog SET entry = ? WHERE ts = ?", err,
+						   errlen);
+			if (!u) {
+				rc = SDB_EIO;
+			} else {
+				sqlite3_bind_blob(u, 1, bson_get_data(docs[i]), (int)docs[i]->len,
+						  SQLITE_STATIC);
+				sqlite3_bind_int64(u, 2, tss[i]);
+				rc = step_done(c, u, err, errlen, "oplog update");
+			}
+		}
+		bson_destroy(docs[i]);
+	}
+	free(tss);
+	free(docs);
 	return rc;
 }
 

@@ -336,10 +336,35 @@ int sdb_store_session_stmt_put(sdb_store_conn *c, const bson_t *lsid, int32_t st
  * carries them; lsid NULL stops tagging. Reset when the transaction ends. */
 void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn,
 			      int32_t stmt);
+/* Add {stmtResult: result} to every oplog entry written for the statement tagged by the
+ * last sdb_store_set_op_session (write txn, before the tag is cleared), so that the
+ * statement's recorded outcome travels with its entries (CDC, migrations: MongoDB carries
+ * the same through its oplog chain and config.image_collection). 0 when the statement
+ * wrote no entry; SDB_EIO. */
+int sdb_store_oplog_stmt_result(sdb_store_conn *c, const bson_t *result, char *err,
+				size_t errlen);
+/* The statement id of a session's "incomplete history" marker (MongoDB's
+ * kIncompleteHistoryStmtId): a retry of a statement of that txnNumber with no record is
+ * refused (IncompleteTransactionHistory, 217) instead of being run again. */
+#define SDB_STMT_INCOMPLETE_HISTORY (-1)
+/* Import a statement record written elsewhere (a migrated chunk's session history, write
+ * txn): when lsid has no live record or an older txnNumber, the session moves to txn
+ * (older statements forgotten); when it has a newer txnNumber the record is dropped (the
+ * client moved on); then stmt's result is stored (result NULL with stmt
+ * SDB_STMT_INCOMPLETE_HISTORY stores the marker). Returns 0 or SDB_EIO. */
+int sdb_store_session_import(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
+			     const bson_t *result, char *err, size_t errlen);
 /* Read-only look-up (any txn): 1 when lsid's active txnNumber is txn (not expired) and
  * stmt is recorded for it (*out a heap copy, sdb_doc_free), else 0 (*out NULL); SDB_EIO. */
 int sdb_store_session_peek(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
 			   bson_t **out, char *err, size_t errlen);
+/* The live sessions (not expired) in lsid byte order after `after` (NULL: from the start),
+ * at most max: fn(lsid, txnNumber, arg) each (lsid valid during the call). Any txn.
+ * Returns the count listed (== max: there may be more), or SDB_EIO. A migration marks the
+ * sessions of its source whose history it cannot carry (src/coordinator/migrate_sess.h). */
+int64_t sdb_store_session_list(sdb_store_conn *c, const bson_t *after, int64_t max,
+			       void (*fn)(const bson_t *lsid, int64_t txn, void *arg), void *arg,
+			       char *err, size_t errlen);
 /* Number of live session records (tests, metrics). Any txn. */
 int64_t sdb_store_session_count(sdb_store_conn *c);
 

@@ -2,9 +2,9 @@
 # (src/cdc/) and hosts the migration runner; add the Data Movement Platform's files here.
 libstripedb_a_SOURCES += src/coordinator/role.c
 # the Data Movement Platform (issue #8)
-libstripedb_a_SOURCES += src/coordinator/migrate.c src/coordinator/migrate_sm.c cli/migrate.c \
-	src/coordinator/filtering.c
-noinst_HEADERS += src/coordinator/migrate.h src/coordinator/filtering.h
+libstripedb_a_SOURCES += src/coordinator/migrate.c src/coordinator/migrate_sm.c \
+	src/coordinator/migrate_sess.c src/coordinator/filtering.c cli/migrate.c
+noinst_HEADERS += src/coordinator/migrate.h src/coordinator/migrate_sess.h src/coordinator/filtering.h
 check_PROGRAMS += tests/unit/test_coordinator_migrate
 tests_unit_test_coordinator_migrate_SOURCES = tests/unit/test_coordinator_migrate.c
 tests_unit_test_coordinator_migrate_CFLAGS = $(UNIT_CFLAGS)
@@ -12,4 +12,5 @@ tests_unit_test_coordinator_migrate_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_coordinator_migrate
 EXTRA_DIST += tests/integration/test_migration.py tests/integration/test_migration_faults.py \
 	tests/integration/migration_helpers.py tests/integration/checker.py \
-	tests/bench/migration_bench.py
+	tests/bench/migration_bench.py tests/integration/test_retryable_migration.py \
+	src/coordinator/README.md

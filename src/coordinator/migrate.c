@@ -30,6 +30,7 @@
 #include "common/metrics.h"
 #include "coordinator/filtering.h"
 #include "coordinator/migrate.h"
+#include "coordinator/migrate_sess.h"
 #include "proxy/route.h"
 #include "storage/bsonval.h"
 
@@ -86,6 +87,8 @@ typedef struct repl {
 	mongoc_client_t *to;
 	bson_t batch;      /* pending update statements */
 	uint32_t nbatch;
+	bson_t recs;       /* pending session records alone ($stripedbSessions) */
+	uint32_t nrecs;
 	size_t batch_bytes;
 	uint64_t batch_pos; /* pos once the batch is applied */
 	int64_t applied, skipped;
@@ -108,6 +111,7 @@ typedef struct mig {
 	int64_t rate_t0, rate_n;
 	int64_t pause_checked;
 	int64_t import_latency_ms, throttled_ms;
+	int64_t session_history_ms; /* spec.sessionHistoryMS (session_history_start) */
 	bool is_paused;
 	int code; /* server error code of the last failed shard command */
 	int64_t max_pause_ms, grace_ms, delete_batch, delete_delay_ms, max_attempts;
@@ -343,7 +347,7 @@ static void build_stats(mig *m, bson_t *st)
 	BSON_APPEND_INT64(st, "reverseApplied", m->rev.applied);
 	BSON_APPEND_INT64(st, "deleted", m->deleted);
 	int64_t lag = 0;
-	if (m->fwd.pos && !m->fwd.caught_up)
+	if (m->fwd.pos && !m->fwd.caught_up && m->fwd.pos > m->import_ts)
 		lag = sdb_wall_ms() - (int64_t)(m->fwd.pos >> 32) * 1000;
 	BSON_APPEND_INT64(st, "lagMS", lag < 0 ? 0 : lag);
 	BSON_APPEND_BOOL(st, "caughtUp", m->fwd.caught_up);
@@ -450,6 +454,7 @@ static int load(mig *m)
 		m->max_catchup_ms = it_int(&spec, "maxCatchUpMS", 600000);
 		m->apply_rate = it_int(&spec, "applyRate", 0);
 		m->import_latency_ms = it_int(&spec, "importLatencyMS", 50);
+		m->session_history_ms = it_int(&spec, "sessionHistoryMS", 31 * 60 * 1000);
 		char order[32] = "";
 		it_str(&spec, "importOrder", order, sizeof order);
 		m->arrival_order = strcmp(order, "arrival") == 0;
@@ -993,20 +998,32 @@ static void repl_reset_batch(repl *p)
 	bson_reinit(&p->batch);
 	p->nbatch = 0;
 	p->batch_bytes = 0;
+	bson_reinit(&p->recs);
+	p->nrecs = 0;
+}
+
+/* Statements or records waiting for repl_flush. */
+static bool repl_pending(const repl *p)
+{
+	return p->nbatch || p->nrecs;
 }
 
 static int repl_flush(mig *m, repl *p)
 {
-	if (p->nbatch == 0) {
+	if (!repl_pending(p)) {
 		if (p->batch_pos > p->pos)
 			p->pos = p->batch_pos;
 		return 0;
 	}
+	/* one command, one transaction on the target: the session records alone first,
+	 * then the replayed statements (each with its own record, if any) */
 	bson_t cmd = BSON_INITIALIZER;
 	BSON_APPEND_UTF8(&cmd, "update", m->coll);
 	BSON_APPEND_ARRAY(&cmd, "updates", &p->batch);
 	BSON_APPEND_BOOL(&cmd, "ordered", true);
 	BSON_APPEND_UTF8(&cmd, "$stripedbOrigin", m->id);
+	if (p->nrecs)
+		BSON_APPEND_ARRAY(&cmd, "$stripedbSessions", &p->recs);
 	int rc = shard_run(m, p->to, &cmd, NULL);
 	bson_destroy(&cmd);
 	if (rc)
@@ -1019,8 +1036,9 @@ static int repl_flush(mig *m, repl *p)
 	return 0;
 }
 
-/* Delete _id on the replica when its document there belongs to the chunk. */
-static int repl_delete(mig *m, repl *p, const bson_iter_t *idit)
+/* Delete _id on the replica when its document there belongs to the chunk; the delete
+ * carries the source statement's session record when sess has one. */
+static int repl_delete(mig *m, repl *p, const bson_iter_t *idit, const mig_sess *sess)
 {
 	bson_t q = BSON_INITIALIZER;
 	int rc = 0;
@@ -1058,6 +1076,8 @@ static int repl_delete(mig *m, repl *p, const bson_iter_t *idit)
 		BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &s);
 		BSON_APPEND_DOCUMENT(&s, "q", &q);
 		BSON_APPEND_INT32(&s, "limit", 1);
+		if (sess && sess->have_result)
+			mig_sess_append_stmt(&s, sess);
 		bson_append_document_end(&arr, &s);
 		bson_append_array_end(&cmd, &arr);
 		BSON_APPEND_UTF8(&cmd, "$stripedbOrigin", m->id);
@@ -1068,6 +1088,59 @@ static int repl_delete(mig *m, repl *p, const bson_iter_t *idit)
 	}
 	bson_destroy(&q);
 	return rc;
+}
+
+/* Skip an event: the position moves with it once nothing before it is pending. */
+static int repl_skip(repl *p, uint64_t ts)
+{
+	p->skipped++;
+	p->batch_pos = ts;
+	if (!repl_pending(p))
+		p->pos = ts;
+	return 0;
+}
+
+/* A statement whose replay and record together would not fit in one command (16 MiB
+ * BSON): its record is replaced by its session's incomplete-history marker (a retry is
+ * refused, never run twice). */
+#define SESS_RECORD_MAX_BYTES (15u << 20)
+
+/* Queue a session record alone (or the session's incomplete-history marker). */
+static void repl_add_record(repl *p, const mig_sess *sess, bool incomplete)
+{
+	if (sess->have_result && sess->result.len > SESS_RECORD_MAX_BYTES)
+		incomplete = true;
+	mig_sess_append_record(&p->recs, p->nrecs++, sess, incomplete);
+	p->batch_bytes += sess->lsid.len + (sess->have_result ? sess->result.len : 0) + 64;
+}
+
+/* An event of a retryable write older than the import's snapshot (its document is already
+ * on the target): only its session record travels, when the statement touched the chunk.
+ * A delete whose chunk cannot be told (the shard key is not _id and the document is gone)
+ * marks its session's history incomplete on the target. */
+static int repl_history(mig *m, repl *p, uint64_t ts, const char *op, const bson_t *o,
+			const mig_sess *sess)
+{
+	bool in, known = true;
+	if (op[0] == 'd') {
+		bson_iter_t it;
+		bson_t q = BSON_INITIALIZER;
+		if (bson_iter_init_find(&it, o, "_id"))
+			bson_append_iter(&q, "_id", 3, &it);
+		known = key_is_id(m);
+		in = known && in_chunk(m, &q);
+		bson_destroy(&q);
+	} else {
+		in = in_chunk(m, o);
+	}
+	if (known && !in)
+		return repl_skip(p, ts);
+	int rc;
+	if (p->nrecs >= APPLY_BATCH_DOCS && (rc = repl_flush(m, p)) != 0)
+		return rc;
+	repl_add_record(p, sess, !known);
+	p->batch_pos = ts;
+	return 0;
 }
 
 /* Apply one event (already known to be after p->pos). Returns 0 or an error (the event
@@ -1084,32 +1157,37 @@ static int repl_event(mig *m, repl *p, uint64_t ts, const uint8_t *data, size_t 
 	it_str(&e, "ns", ns, sizeof ns);
 	it_str(&e, "origin", origin, sizeof origin);
 	if (strcmp(ns, m->ns) != 0 || strcmp(origin, m->id) == 0 ||
-	    (strcmp(op, "i") && strcmp(op, "u") && strcmp(op, "d")) || !it_doc(&e, "o", &o)) {
-		p->skipped++;
-		p->batch_pos = ts;
-		if (p->nbatch == 0)
-			p->pos = ts;
-		return 0;
+	    (strcmp(op, "i") && strcmp(op, "u") && strcmp(op, "d")) || !it_doc(&e, "o", &o))
+		return repl_skip(p, ts);
+	mig_sess sess;
+	mig_sess_of_event(&e, &sess);
+	bool too_big = sess.have_result && (size_t)o.len + sess.result.len > SESS_RECORD_MAX_BYTES;
+	if (p == &m->fwd && ts <= m->import_ts) {
+		/* the session history window before the import's snapshot */
+		if (!sess.on)
+			return repl_skip(p, ts);
+		return repl_history(m, p, ts, op, &o, &sess);
 	}
 	if (op[0] == 'd' || (op[0] == 'u' && !in_chunk(m, &o))) {
 		/* a delete (or an update that left the chunk): in order with the batch */
+		bool with_record = op[0] == 'd' && sess.have_result && !too_big;
+		if (op[0] == 'd' && sess.on && !with_record)
+			repl_add_record(p, &sess, true);
 		if ((rc = repl_flush(m, p)) != 0)
 			return rc;
 		if (!bson_iter_init_find(&it, &o, "_id"))
 			return 0;
-		if ((rc = repl_delete(m, p, &it)) != 0)
+		if ((rc = repl_delete(m, p, &it, with_record ? &sess : NULL)) != 0)
 			return rc;
 		p->pos = p->batch_pos = ts;
 		return 0;
 	}
-	if (!in_chunk(m, &o)) {
-		p->skipped++;
-		p->batch_pos = ts;
-		if (p->nbatch == 0)
-			p->pos = ts;
-		return 0;
-	}
-	if (p->nbatch && (p->nbatch >= APPLY_BATCH_DOCS || p->batch_bytes + o.len > APPLY_BATCH_BYTES) &&
+	if (!in_chunk(m, &o))
+		return repl_skip(p, ts);
+	size_t extra = sess.have_result && !too_big ? sess.result.len + sess.lsid.len + 64 : 0;
+	if (repl_pending(p) &&
+	    (p->nbatch >= APPLY_BATCH_DOCS || p->nrecs >= APPLY_BATCH_DOCS ||
+	     p->batch_bytes + o.len + extra > APPLY_BATCH_BYTES) &&
 	    (rc = repl_flush(m, p)) != 0)
 		return rc;
 	if (!bson_iter_init_find(&it, &o, "_id"))
@@ -1123,8 +1201,12 @@ static int repl_event(mig *m, repl *p, uint64_t ts, const uint8_t *data, size_t 
 	bson_append_document_end(&s, &q);
 	BSON_APPEND_DOCUMENT(&s, "u", &o);
 	BSON_APPEND_BOOL(&s, "upsert", true);
+	if (sess.have_result && !too_big)
+		mig_sess_append_stmt(&s, &sess);
+	else if (sess.on)
+		repl_add_record(p, &sess, true); /* a write whose outcome is unknown or too big */
 	bson_append_document_end(&p->batch, &s);
-	p->batch_bytes += o.len;
+	p->batch_bytes += o.len + extra;
 	p->batch_pos = ts;
 	return 0;
 }
@@ -1137,7 +1219,7 @@ static void repl_close(repl *p)
 	free(p->pend.data);
 	memset(&p->pend, 0, sizeof p->pend);
 	/* unapplied statements are read again from the log after pos */
-	if (p->nbatch)
+	if (repl_pending(p))
 		repl_reset_batch(p);
 	p->batch_pos = p->pos;
 }
@@ -1155,6 +1237,8 @@ static int repl_run(mig *m, repl *p, uint64_t start, uint64_t until, int64_t dea
 		p->batch_pos = p->pos;
 		if (!p->batch.len)
 			bson_init(&p->batch);
+		if (!p->recs.len)
+			bson_init(&p->recs);
 		rc = cdc_reader_open(m->r->log, p->shard, p->pos, &p->rd, m->err, sizeof m->err);
 		if (rc)
 			return rc;
@@ -1163,7 +1247,7 @@ static int repl_run(mig *m, repl *p, uint64_t start, uint64_t until, int64_t dea
 	for (;;) {
 		if (stopping(m))
 			return sdb_errf(m->err, sizeof m->err, SDB_ECANCELED, "stopping");
-		if (until && p->pos >= until && p->nbatch == 0)
+		if (until && p->pos >= until && !repl_pending(p))
 			return 0;
 		if (deadline_ms && (int64_t)sdb_mono_ms() >= deadline_ms) {
 			(void)repl_flush(m, p);
@@ -1270,6 +1354,119 @@ static int step_register(mig *m)
 	return save(m, MIG_IMPORTING);
 }
 
+/* Where the forward replicator starts: spec.sessionHistoryMS (default 31 minutes: the
+ * logical session timeout, 30, and a minute of slack) before the import's snapshot at,
+ * so that the session records of retryable writes to the chunk that ran before the
+ * snapshot travel too (their documents are in the snapshot: only the records are written,
+ * repl_history). Events of that window are read from the source's CDC log; when the log
+ * no longer reaches back that far (retention), the window starts at its oldest event (the
+ * older history is not carried: *complete is cleared, and the caller marks the source's
+ * sessions incomplete on the target). */
+static uint64_t session_history_start(mig *m, uint64_t at, bool *complete)
+{
+	uint64_t secs = at >> 32, back = (uint64_t)(m->session_history_ms / 1000);
+	uint64_t start = secs > back ? (secs - back) << 32 : 0;
+	*complete = true;
+	if (m->session_history_ms <= 0) {
+		*complete = false;
+		return at;
+	}
+	cdc_reader *rd = NULL;
+	char err[256];
+	int rc = cdc_reader_open(m->r->log, m->src, start, &rd, err, sizeof err);
+	if (rd)
+		cdc_reader_close(rd);
+	if (rc != SDB_ENOTFOUND)
+		return start;
+	cdc_range g;
+	if (cdc_log_range(m->r->log, m->src, &g, err, sizeof err) == 0 && g.first_ts > start &&
+	    g.first_ts < at) {
+		rc = cdc_reader_open(m->r->log, m->src, g.first_ts, &rd, err, sizeof err);
+		if (rd)
+			cdc_reader_close(rd);
+		if (rc == 0)
+			start = g.first_ts;
+		else
+			start = at;
+	} else {
+		start = at;
+	}
+	sdb_warn("migration: session history not carried in full", "id=%s from_ts=%u:%u",
+		 m->id, (unsigned)(start >> 32), (unsigned)start);
+	*complete = false;
+	return start;
+}
+
+/* The session history before the import could not be carried in full: every session live
+ * on the source gets an incomplete-history marker for its txnNumber on the target
+ * (MongoDB's dead-end sentinel of a truncated history), so a retry there of one of its
+ * statements that has no record is refused (217) instead of running a second time. */
+static int mark_unknown_sessions(mig *m)
+{
+	bson_t *after = NULL;
+	int rc = 0;
+	int64_t marked = 0;
+	for (;;) {
+		bson_t cmd = BSON_INITIALIZER, reply, recs = BSON_INITIALIZER;
+		bson_iter_t it, arr;
+		uint32_t n = 0;
+		bool more = false;
+		BSON_APPEND_INT32(&cmd, "stripedbSessionList", 1);
+		BSON_APPEND_INT32(&cmd, "limit", 1000);
+		if (after)
+			BSON_APPEND_DOCUMENT(&cmd, "after", after);
+		rc = shard_run(m, m->sc, &cmd, &reply);
+		bson_destroy(&cmd);
+		if (rc) {
+			bson_destroy(&recs);
+			break;
+		}
+		if (bson_iter_init_find(&it, &reply, "sessions") && bson_iter_recurse(&it, &arr))
+			while (bson_iter_next(&arr)) {
+				bson_t d;
+				mig_sess s;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
+					continue;
+				const uint8_t *data;
+				uint32_t len;
+				bson_iter_document(&arr, &len, &data);
+				if (!bson_init_static(&d, data, len))
+					continue;
+				mig_sess_of_event(&d, &s);
+				if (!s.on)
+					continue;
+				mig_sess_append_record(&recs, n++, &s, true);
+				if (after)
+					bson_destroy(after);
+				after = bson_copy(&s.lsid);
+			}
+		more = bson_iter_init_find(&it, &reply, "more") && bson_iter_as_bool(&it);
+		bson_destroy(&reply);
+		if (n) {
+			bson_t up = BSON_INITIALIZER, none = BSON_INITIALIZER;
+			BSON_APPEND_UTF8(&up, "update", m->coll);
+			BSON_APPEND_ARRAY(&up, "updates", &none);
+			BSON_APPEND_BOOL(&up, "ordered", true);
+			BSON_APPEND_UTF8(&up, "$stripedbOrigin", m->id);
+			BSON_APPEND_ARRAY(&up, "$stripedbSessions", &recs);
+			rc = shard_run(m, m->dc, &up, NULL);
+			bson_destroy(&up);
+			bson_destroy(&none);
+			marked += n;
+		}
+		bson_destroy(&recs);
+		if (rc || !more || !n)
+			break;
+		keepalive(m);
+	}
+	if (after)
+		bson_destroy(after);
+	if (rc == 0 && marked)
+		sdb_warn("migration: sessions marked with incomplete history on the target",
+			 "id=%s sessions=%" PRId64, m->id, marked);
+	return rc;
+}
+
 static int step_import(mig *m)
 {
 	int rc;
@@ -1299,8 +1496,12 @@ static int step_import(mig *m)
 	bson_destroy(&sort);
 	if (rc)
 		return rc;
-	m->import_ts = m->ts = at;
-	m->fwd.pos = at;
+	m->import_ts = at;
+	bool complete = true;
+	uint64_t start = session_history_start(m, at, &complete);
+	if (!complete && (rc = mark_unknown_sessions(m)) != 0)
+		return rc;
+	m->ts = m->fwd.pos = start;
 	m->import_ms = (int64_t)sdb_mono_ms() - t0;
 	sdb_info("migration imported", "id=%s docs=%" PRId64 " bytes=%" PRId64 " ms=%" PRId64,
 		 m->id, m->imported, m->import_bytes, m->import_ms);
@@ -1762,6 +1963,10 @@ static void mig_free(mig *m)
 		bson_destroy(&m->fwd.batch);
 	if (m->rev.batch.len)
 		bson_destroy(&m->rev.batch);
+	if (m->fwd.recs.len)
+		bson_destroy(&m->fwd.recs);
+	if (m->rev.recs.len)
+		bson_destroy(&m->rev.recs);
 	if (m->rc)
 		route_coll_unref(m->rc);
 	if (m->min)

@@ -30,8 +30,13 @@
  *   replicating  the source's CDC events after ts (src/cdc/reader.h) for the chunk are
  *                applied to the target idempotently (i/u -> replace with upsert by _id,
  *                d -> delete by _id when the target's document is in the chunk), tagged;
- *                events tagged with this migration's id are skipped. The position is
- *                checkpointed at most every second. Keeps retrying while the target is
+ *                events tagged with this migration's id are skipped. Session records
+ *                travel too (issue #16, migrate_sess.h): an event of a retryable write
+ *                carries lsid/txnNumber/stmtId/stmtResult and its replay on the target
+ *                writes the record in the same transaction; the replicator starts
+ *                spec.sessionHistoryMS before T, and for the events up to T (documents
+ *                already imported) writes only the records of the chunk's statements.
+ *                The position is checkpointed at most every second. Keeps retrying while the target is
  *                down. When an empty poll shows it caught up -> verifying.
  *   verifying    a snapshot of the source at position P; the replicator applies up to P
  *                exactly; the target is read; both sides are compared as (_id, XXH64 of
@@ -71,7 +76,11 @@
  *                maxSwitchAttempts 5, maxCatchUpMS 600000 (replicating/switching without
  *                catching up this long -> aborted), applyRate 0 (events/s cap of the
  *                replicator: the throttle), importLatencyMS 50 (a snapshot getMore slower
- *                than this means the source is busy: the import backs off as long)}
+ *                than this means the source is busy: the import backs off as long),
+ *                sessionHistoryMS 1860000 (how far before the import's snapshot the
+ *                session records of retryable writes are read from the CDC log; 0 =
+ *                none: every session live on the source is marked incomplete on the
+ *                target, as when the log's retention no longer reaches that far)}
  *   checkpoint  {ts (forward position), importTs (T), revTs (reverse position), bumpTs
  *                (the source's oplog head right after the bump: no client write of the
  *                chunk may follow it there), token, attempts, targetCleaned, key, min, max,

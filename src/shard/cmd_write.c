@@ -498,7 +498,8 @@ void shard_cmd_update(shard_ctx *x)
 	shard_txn t;
 	if (!shard_txn_parse(x, &t, count))
 		return;
-	if (!shard_begin(x, true) || shard_refuse_view(x, coll) || !shard_txn_start(x, &t)) {
+	if (!shard_begin(x, true) || shard_refuse_view(x, coll) || !shard_txn_start(x, &t) ||
+	    !shard_mig_sessions_import(x)) {
 		shard_txn_free(&t);
 		return;
 	}
@@ -541,7 +542,10 @@ void shard_cmd_update(shard_ctx *x)
 		bson_t st;
 		bson_init_static(&st, data, len);
 		upd_stmt s;
+		shard_mig_sess ms;
 		int code = parse_upd_stmt(x, &st, &s);
+		if (code == 0)
+			code = shard_mig_sess_parse(x, &st, &ms);
 		if (code) {
 			upd_stmt_destroy(&s);
 			/* malformed statements fail the whole command, as mongod */
@@ -555,8 +559,11 @@ void shard_cmd_update(shard_ctx *x)
 		sdb_store_dup dup = {0};
 		sdb_store_savepoint(x->conn);
 		shard_txn_tag(x, &t, (uint32_t)i);
+		shard_mig_sess_tag(x, &ms);
 		code = run_update(x, coll, &s, NULL, false, &r, &dup);
 		upd_stmt_destroy(&s);
+		if (code == 0 && shard_mig_sess_record(x, &ms) != 0)
+			code = WIRE_ERR_INTERNAL;
 		if (code == 0 && t.on) {
 			bson_t res = BSON_INITIALIZER;
 			BSON_APPEND_INT64(&res, "n", r.matched);
@@ -578,6 +585,8 @@ void shard_cmd_update(shard_ctx *x)
 			continue;
 		}
 		sdb_store_savepoint_rollback(x->conn);
+		if (ms.on) /* the next statement's entries must not carry this one's session */
+			sdb_store_set_op_session(x->conn, NULL, 0, 0);
 		upd_result_destroy(&r);
 		if (code == WIRE_ERR_INTERNAL) {
 			sdb_store_dup_clear(&dup);
@@ -693,11 +702,20 @@ void shard_cmd_delete(shard_ctx *x)
 					   (long long)limit);
 			return;
 		}
+		shard_mig_sess ms;
+		int code = shard_mig_sess_parse(x, &st, &ms);
+		if (code) {
+			bson_destroy(&q);
+			bson_destroy(&w.arr);
+			shard_txn_free(&t);
+			shard_fail(x, code, "%s", x->err);
+			return;
+		}
 		bson_t **docs = NULL;
 		size_t nd = 0;
-		int code = 0;
 		sdb_store_savepoint(x->conn);
 		shard_txn_tag(x, &t, (uint32_t)i);
+		shard_mig_sess_tag(x, &ms);
 		int rc = match_docs(x, coll, &q, NULL, have_hint ? &hint : NULL, limit, &docs, &nd,
 				    &code);
 		bson_destroy(&q);
@@ -711,6 +729,8 @@ void shard_cmd_delete(shard_ctx *x)
 				code = WIRE_ERR_INTERNAL;
 		}
 		util_docs_free(docs, nd);
+		if (rc == 0 && (rc = shard_mig_sess_record(x, &ms)) != 0)
+			code = WIRE_ERR_INTERNAL;
 		if (rc == 0 && t.on) {
 			bson_t res = BSON_INITIALIZER;
 			BSON_APPEND_INT64(&res, "n", deleted);
@@ -725,6 +745,8 @@ void shard_cmd_delete(shard_ctx *x)
 			continue;
 		}
 		sdb_store_savepoint_rollback(x->conn);
+		if (ms.on)
+			sdb_store_set_op_session(x->conn, NULL, 0, 0);
 		werr_add(&w, i, code ? code : WIRE_ERR_BAD_VALUE, x->err, NULL);
 		if (ordered)
 			break;

@@ -49,6 +49,7 @@ static const cmd_entry cmd_table[] = {
 	{"stripedbCheck", shard_cmd_check},
 	{"stripedbSnapshotFile", shard_cmd_snapshot_file},
 	{"stripedbStmtResult", shard_cmd_stmt_result},
+	{"stripedbSessionList", shard_cmd_session_list},
 	{"commitTransaction", shard_cmd_txn_refuse},
 	{"abortTransaction", shard_cmd_txn_refuse},
 };

@@ -194,6 +194,29 @@ int shard_txn_lookup(shard_ctx *x, shard_txn *t, uint32_t i, bson_t **res)
 		shard_fail(x, WIRE_ERR_INTERNAL, "shard: session: %s", x->err);
 		return -1;
 	}
+	if (rc == 0) {
+		/* no record: unless the session's history for this txnNumber is known to be
+		 * incomplete (a migrated chunk whose history could not be carried), run it */
+		bson_t *mark = NULL;
+		rc = sdb_store_session_stmt_get(x->conn, &t->lsid, SDB_STMT_INCOMPLETE_HISTORY,
+						&mark, x->err, sizeof x->err);
+		if (mark)
+			sdb_doc_free(mark);
+		if (rc < 0) {
+			shard_fail(x, WIRE_ERR_INTERNAL, "shard: session: %s", x->err);
+			return -1;
+		}
+		if (rc == 1) {
+			char *j = bson_as_relaxed_extended_json(&t->lsid, NULL);
+			shard_fail(x, WIRE_ERR_INCOMPLETE_TXN_HISTORY,
+				   "Incomplete history detected for transaction %lld on session "
+				   "%s: statement %d may have run before its chunk migrated here and "
+				   "cannot be run again",
+				   (long long)t->txn, j ? j : "?", shard_txn_stmt_id(t, i));
+			bson_free(j);
+			return -1;
+		}
+	}
 	if (rc == 1)
 		sdb_counter_inc(sdb_metrics_counter(
 			"stripedb_shard_retried_statements_total",
@@ -213,7 +236,10 @@ int shard_txn_record(shard_ctx *x, shard_txn *t, uint32_t i, const bson_t *res)
 {
 	if (!t->on)
 		return 0;
+	int rc = sdb_store_oplog_stmt_result(x->conn, res, x->err, sizeof x->err);
 	sdb_store_set_op_session(x->conn, NULL, 0, 0);
+	if (rc)
+		return rc;
 	return sdb_store_session_stmt_put(x->conn, &t->lsid, shard_txn_stmt_id(t, i), res,
 					  x->err, sizeof x->err);
 }

@@ -12,6 +12,11 @@
  *        is older than the stored token, checked in the command's own transaction.
  *   $stripedbOrigin: "mig-42"                  on writes: recorded as `origin` in every
  *        oplog entry the command writes.
+ *   With $stripedbOrigin (a migration's replicator, retry_mig.c): an update or delete
+ *        statement may carry $stripedbSession: {lsid, txnNumber, stmtId, result}, the
+ *        session record of the source's statement it replays, written in the statement's
+ *        savepoint; an update command may carry $stripedbSessions: [{lsid, txnNumber,
+ *        stmtId, result} | {lsid, txnNumber, incompleteHistory: true}], records alone.
  *   {stripedbSetVersion: 1, chunk: ID, token: N} -> {ok: 1, chunk, token: stored}: moves the
  *        token forward only.
  *   {stripedbCheck: 1} -> {ok: 1, problems: [...], nProblems}: indexes vs collections and
@@ -265,6 +270,34 @@ void shard_txn_tag(shard_ctx *x, shard_txn *t, uint32_t i);
  * error with the message in x->err. */
 int shard_txn_record(shard_ctx *x, shard_txn *t, uint32_t i, const bson_t *res);
 void shard_txn_free(shard_txn *t);
+
+/* A migrated statement record (retry_mig.c): $stripedbSession of a replayed statement,
+ * borrowed from the command. */
+typedef struct shard_mig_sess {
+	bool on;
+	bson_t lsid;   /* static, into the command */
+	int64_t txn;
+	int32_t stmt;
+	bson_t result; /* static, into the command */
+} shard_mig_sess;
+/* Read $stripedbSession of statement st into ms (ms->on false when absent). Accepted only
+ * on a command with $stripedbOrigin; a malformed or unauthorised one: x->err filled and a
+ * code returned (BadValue 2), else 0. */
+int shard_mig_sess_parse(shard_ctx *x, const bson_t *st, shard_mig_sess *ms);
+/* Before the replayed statement's writes: tag its oplog entries with the source's
+ * lsid/txnNumber/stmtId. */
+void shard_mig_sess_tag(shard_ctx *x, shard_mig_sess *ms);
+/* After the replayed statement succeeded, in its savepoint: its oplog entries get the
+ * stmtResult, the session record is imported (sdb_store_session_import). 0 or SDB_EIO. */
+int shard_mig_sess_record(shard_ctx *x, shard_mig_sess *ms);
+/* $stripedbSessions of an update command with $stripedbOrigin: import every record in the
+ * command's transaction. Replies (BadValue on a malformed record, InternalError) and
+ * returns false on failure. */
+bool shard_mig_sessions_import(shard_ctx *x);
+/* {stripedbSessionList: 1, after?: lsid, limit?: 1..100000 (10000)} -> {sessions: [{lsid,
+ * txnNumber}], more}: the live sessions in lsid byte order (read-only; a migration marks
+ * those of its source whose history it cannot carry). */
+void shard_cmd_session_list(shard_ctx *x);
 /* When x->cmd carries startTransaction or autocommit (transactions are not built yet):
  * replies IllegalOperation (20) and returns true. */
 bool shard_txn_refuse_fields(shard_ctx *x);

@@ -71,6 +71,7 @@ static const struct {
 	{189, "PrimarySteppedDown"},
 	{202, "NetworkInterfaceExceededTimeLimit"},
 	{211, "KeyNotFound"},
+	{217, "IncompleteTransactionHistory"},
 	{225, "TransactionTooOld"},
 	{238, "NotImplemented"},
 	{251, "NoSuchTransaction"},

@@ -76,6 +76,7 @@
 #define WIRE_ERR_OVERFLOW 15
 #define WIRE_ERR_NOT_IMPLEMENTED 238
 #define WIRE_ERR_TRANSACTION_TOO_OLD 225     /* TransactionTooOld (retryable writes) */
+#define WIRE_ERR_INCOMPLETE_TXN_HISTORY 217  /* IncompleteTransactionHistory (migrated sessions) */
 
 /* wire_code_name returns MongoDB's codeName for a code ("BadValue"); a positive code
  * without a name is "Location<code>" as mongod says (the string lives in a per-thread

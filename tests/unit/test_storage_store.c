@@ -593,6 +593,76 @@ static void test_session_records(void **state)
 }
 
 
+/* Issue #16 across migrations: a retryable statement's oplog entries carry its outcome
+ * (stmtResult) next to lsid/txnNumber/stmtId; records imported from a migration's source
+ * follow the txnNumber order (older dropped, newer forgets), and an incomplete-history
+ * marker is stored as statement -1. */
+static void test_session_oplog_result_and_import(void **state)
+{
+	fx *f = *state;
+	bson_t *lsid = BCON_NEW("id", BCON_UTF8("session-m"));
+	bson_t *res = BCON_NEW("n", BCON_INT32(1), "nModified", BCON_INT32(1));
+	bson_t *doc = BCON_NEW("_id", BCON_INT32(1), "v", BCON_INT32(2));
+	bson_t *got = NULL, **e = NULL;
+	size_t n = 0;
+	int64_t stored = 0;
+
+	assert_int_equal(sdb_store_begin(f->c, true, f->err, sizeof f->err), 0);
+	sdb_store_set_op_session(f->c, lsid, 7, 2);
+	assert_int_equal(sdb_store_insert(f->c, "db", "m", doc, NULL, NULL, f->err,
+					  sizeof f->err), 0);
+	assert_int_equal(sdb_store_oplog_stmt_result(f->c, res, f->err, sizeof f->err), 0);
+	sdb_store_set_op_session(f->c, NULL, 0, 0);
+	/* a statement that wrote nothing: nothing to amend */
+	sdb_store_set_op_session(f->c, lsid, 7, 3);
+	assert_int_equal(sdb_store_oplog_stmt_result(f->c, res, f->err, sizeof f->err), 0);
+	sdb_store_set_op_session(f->c, NULL, 0, 0);
+	assert_int_equal(sdb_store_commit(f->c, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_oplog_read(f->c, 0, 100, &e, &n, f->err, sizeof f->err), 0);
+	sdb_store_rollback(f->c);
+	assert_true(n >= 2); /* the implicit create, then the insert */
+	bson_iter_t it, sub;
+	assert_false(bson_iter_init_find(&it, e[0], "stmtResult"));
+	assert_true(bson_iter_init_find(&it, e[n - 1], "stmtId"));
+	assert_int_equal(bson_iter_int32(&it), 2);
+	assert_true(bson_iter_init_find(&it, e[n - 1], "txnNumber"));
+	assert_int_equal(bson_iter_int64(&it), 7);
+	assert_true(bson_iter_init_find(&it, e[n - 1], "stmtResult"));
+	assert_true(bson_iter_recurse(&it, &sub) && bson_iter_find(&sub, "nModified"));
+	for (size_t i = 0; i < n; i++)
+		sdb_doc_free(e[i]);
+	free(e);
+
+	assert_int_equal(sdb_store_begin(f->c, true, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_begin(f->c, lsid, 3, &stored, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_put(f->c, lsid, 0, res, f->err, sizeof f->err), 0);
+	/* an older txnNumber's record is dropped */
+	assert_int_equal(sdb_store_session_import(f->c, lsid, 2, 1, res, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, 1, &got, f->err, sizeof f->err), 0);
+	/* the same txnNumber's records add up */
+	assert_int_equal(sdb_store_session_import(f->c, lsid, 3, 1, res, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, 0, &got, f->err, sizeof f->err), 1);
+	sdb_doc_free(got);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, 1, &got, f->err, sizeof f->err), 1);
+	sdb_doc_free(got);
+	/* a newer one forgets them; the marker is statement -1 */
+	assert_int_equal(sdb_store_session_import(f->c, lsid, 5, 0, NULL, f->err, sizeof f->err),
+			 0);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, 0, &got, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_session_stmt_get(f->c, lsid, SDB_STMT_INCOMPLETE_HISTORY, &got,
+						    f->err, sizeof f->err),
+			 1);
+	sdb_doc_free(got);
+	assert_int_equal(sdb_store_session_begin(f->c, lsid, 4, &stored, f->err, sizeof f->err),
+			 SDB_ESTALE);
+	assert_int_equal(stored, 5);
+	assert_int_equal(sdb_store_commit(f->c, f->err, sizeof f->err), 0);
+	bson_destroy(lsid);
+	bson_destroy(res);
+	bson_destroy(doc);
+}
+
 /* Replicated apply (issue #15): two stores applying the same entries with the same
  * sdb_store_det write the same bytes (ObjectIds, collection UUIDs, oplog ts/t/wall),
  * whatever their clocks say and whether one restarted in between; a failed command in an
@@ -679,6 +749,8 @@ int main(void)
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_version_tokens, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_session_records, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_session_oplog_result_and_import, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_oplog_capped_by_size, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_check_finds_a_missing_index_entry, setup,
 						teardown),
