@@ -200,3 +200,43 @@ def test_metrics_show_state_primary_and_lag(start_role, tmp_path):
     lag = lambda: _metrics(procs[pi].http_port)[
         f"stripedb_shard_member_lag_entries[('member', '{victim + 1}')]"]
     wait_until(lambda: lag() > 0, 10, interval=0.2, what="lag of the dead member")
+
+
+def test_concurrent_writes_ride_shared_entries_and_apply_is_measured(start_role, tmp_path):
+    """Group commit with one entry in flight: writes that arrive while an entry commits
+    ride the next one together, so 8 concurrent writers need fewer entries than commands;
+    every acknowledged write is on every member; apply time and loop stalls are exported."""
+    import threading
+    procs, wires, uri = start_set(start_role, tmp_path)
+    pi = primary_index(wires)
+    before = _metrics(procs[pi].http_port)
+    acked, errors = [], []
+
+    def writer(t):
+        try:
+            with pymongo.MongoClient(uri, retryWrites=False, serverSelectionTimeoutMS=10000) as c:
+                for i in range(40):
+                    c.app.c.insert_one({"_id": f"{t}-{i}"})
+                    acked.append(f"{t}-{i}")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert primary_index(wires) == pi, "the primary changed during the test"
+    m = _metrics(procs[pi].http_port)
+    cmds = m["stripedb_shard_repl_commands_total[]"] - before["stripedb_shard_repl_commands_total[]"]
+    entries = m["stripedb_shard_repl_batches_total[]"] - before["stripedb_shard_repl_batches_total[]"]
+    assert cmds == 320
+    assert entries < cmds, f"{entries} entries for {cmds} concurrent writes: no group commit"
+    assert m["stripedb_shard_apply_seconds_count[]"] >= entries
+    assert "stripedb_shard_loop_stall_seconds_count[]" in m
+    for w in wires:
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{w}/?directConnection=true",
+                                 readPreference="secondaryPreferred") as c:
+            wait_until(lambda: c.app.c.count_documents({}) == len(acked), 15, interval=0.1,
+                       what="every acknowledged write on every member")
+            assert sorted(d["_id"] for d in c.app.c.find({}, {"_id": 1})) == sorted(acked)
