@@ -20,59 +20,6 @@
 #include "storage/path.h"
 #include "storage/store_int.h"
 
-#define STORE_FORMAT 1
-#define STORE_DEFAULT_OPLOG_BYTES (256LL * 1024 * 1024)
-#define STORE_STMT_CACHE 64
-
-struct sdb_store {
-	char *path; /* DIR/shard.db */
-	sdb_store_opts opts;
-	pthread_mutex_t write_mu; /* serializes write transactions inside the process */
-	pthread_mutex_t ts_mu;
-	uint64_t last_ts;              /* newest ts allocated (under ts_mu) */
-	_Atomic uint64_t committed_ts; /* newest ts committed */
-	int64_t oplog_bytes;           /* bytes in the oplog table (under write_mu) */
-	uint64_t writes_since_trim;    /* under write_mu */
-	int64_t session_sweep_ms;      /* next expired-session sweep, epoch ms (under write_mu) */
-};
-
-typedef struct stmt_slot {
-	char *sql;
-	sqlite3_stmt *stmt;
-} stmt_slot;
-
-struct sdb_store_conn {
-	sdb_store *st;
-	sqlite3 *db;
-	stmt_slot stmts[STORE_STMT_CACHE];
-	unsigned stmt_next; /* round-robin eviction */
-	bool in_txn, write;
-	int savepoints;
-	/* catalog cache, valid for catalog_gen */
-	int64_t cache_gen;
-	size_t n_colls;
-	sdb_store_coll *colls;
-	/* per-transaction accounting applied at commit */
-	int64_t pending_oplog_bytes;
-	uint64_t pending_ts;
-	bool ddl;
-	/* the statement being written for a retryable write (sdb_store_set_op_session):
-	 * borrowed lsid bytes, recorded into each oplog entry; NULL = none */
-	const uint8_t *op_lsid;
-	uint32_t op_lsid_len;
-	int64_t op_txn;
-	int32_t op_stmt;
-	/* ts of the first oplog entry written for the tagged statement (0 = none yet):
-	 * sdb_store_oplog_stmt_result adds the statement's outcome to its entries */
-	uint64_t op_first_ts;
-	/* A replicated apply transaction (sdb_store_apply_begin) is open: sdb_store_begin/
-	 * commit/rollback of the commands it runs work on the savepoint "cmd" inside it. */
-	bool apply;
-	sdb_store_det det;         /* the apply's deterministic inputs */
-	uint32_t det_counter;      /* ObjectIds generated in this apply */
-	int64_t cmd_pending_bytes; /* pending_oplog_bytes when the current command began */
-	uint64_t cmd_last_ts;      /* st->last_ts when the current command began */
-};
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -89,14 +36,14 @@ static int64_t store_now_ms(const sdb_store *st)
 
 /* The connection's notion of now: the apply's leader-stamped time inside a replicated
  * apply (every member computes the same), else the store's clock. */
-static int64_t conn_now_ms(const sdb_store_conn *c)
+int64_t store_conn_now_ms(const sdb_store_conn *c)
 {
 	return c->apply ? c->det.now_ms : store_now_ms(c->st);
 }
 
 int64_t sdb_store_now_ms(const sdb_store_conn *c)
 {
-	return conn_now_ms(c);
+	return store_conn_now_ms(c);
 }
 
 void sdb_store_new_oid(sdb_store_conn *c, bson_oid_t *oid)
@@ -148,13 +95,13 @@ int sdb_store_take_io_fault(void)
 	return f;
 }
 
-static int sqlerr(sqlite3 *db, char *err, size_t errlen, const char *what)
+int store_sqlerr(sqlite3 *db, char *err, size_t errlen, const char *what)
 {
 	note_fault(db);
 	return sdb_errf(err, errlen, SDB_EIO, "sqlite %s: %s", what, sqlite3_errmsg(db));
 }
 
-static int exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen)
+int store_exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen)
 {
 	char *msg = NULL;
 	if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK) {
@@ -168,7 +115,7 @@ static int exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen)
 }
 
 /* A prepared statement from the connection's cache, reset and unbound. */
-static sqlite3_stmt *stmt_get(sdb_store_conn *c, const char *sql, char *err, size_t errlen)
+sqlite3_stmt *store_stmt_get(sdb_store_conn *c, const char *sql, char *err, size_t errlen)
 {
 	for (int i = 0; i < STORE_STMT_CACHE; i++) {
 		if (c->stmts[i].sql && strcmp(c->stmts[i].sql, sql) == 0) {
@@ -180,7 +127,7 @@ static sqlite3_stmt *stmt_get(sdb_store_conn *c, const char *sql, char *err, siz
 	sqlite3_stmt *s = NULL;
 	if (sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &s, NULL) !=
 	    SQLITE_OK) {
-		sqlerr(c->db, err, errlen, "prepare");
+		store_sqlerr(c->db, err, errlen, "prepare");
 		return NULL;
 	}
 	stmt_slot *slot = &c->stmts[c->stmt_next++ % STORE_STMT_CACHE];
@@ -206,10 +153,10 @@ static void stmt_forget_all(sdb_store_conn *c)
 	}
 }
 
-static int64_t query_int(sdb_store_conn *c, const char *sql, int64_t def)
+int64_t store_query_int(sdb_store_conn *c, const char *sql, int64_t def)
 {
 	char err[128];
-	sqlite3_stmt *s = stmt_get(c, sql, err, sizeof err);
+	sqlite3_stmt *s = store_stmt_get(c, sql, err, sizeof err);
 	if (!s)
 		return def;
 	int64_t v = def;
@@ -219,13 +166,13 @@ static int64_t query_int(sdb_store_conn *c, const char *sql, int64_t def)
 	return v;
 }
 
-static int step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errlen,
+int store_step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errlen,
 		     const char *what)
 {
 	int rc = sqlite3_step(s);
 	sqlite3_reset(s);
 	if (rc != SQLITE_DONE && rc != SQLITE_ROW)
-		return sqlerr(c->db, err, errlen, what);
+		return store_sqlerr(c->db, err, errlen, what);
 	return 0;
 }
 
@@ -294,16 +241,16 @@ static const char *const schema_sql =
 static int conn_pragmas(sdb_store *st, sqlite3 *db, char *err, size_t errlen)
 {
 	sqlite3_busy_timeout(db, 10000);
-	int rc = exec_sql(db, "PRAGMA journal_mode=WAL", err, errlen);
+	int rc = store_exec_sql(db, "PRAGMA journal_mode=WAL", err, errlen);
 	if (rc)
 		return rc;
-	rc = exec_sql(db,
+	rc = store_exec_sql(db,
 		      st->opts.sync_normal ? "PRAGMA synchronous=NORMAL"
 					   : "PRAGMA synchronous=FULL",
 		      err, errlen);
 	if (rc)
 		return rc;
-	return exec_sql(db, "PRAGMA cache_size=-16384; PRAGMA temp_store=MEMORY", err, errlen);
+	return store_exec_sql(db, "PRAGMA cache_size=-16384; PRAGMA temp_store=MEMORY", err, errlen);
 }
 
 int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out, char *err,
@@ -336,15 +283,15 @@ int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out,
 	rc = conn_pragmas(st, db, err, errlen);
 	if (rc)
 		goto fail;
-	rc = exec_sql(db, "BEGIN IMMEDIATE", err, errlen);
+	rc = store_exec_sql(db, "BEGIN IMMEDIATE", err, errlen);
 	if (rc)
 		goto fail;
-	rc = exec_sql(db, schema_sql, err, errlen);
+	rc = store_exec_sql(db, schema_sql, err, errlen);
 	if (rc) {
-		exec_sql(db, "ROLLBACK", NULL, 0);
+		store_exec_sql(db, "ROLLBACK", NULL, 0);
 		goto fail;
 	}
-	rc = exec_sql(db, "COMMIT", err, errlen);
+	rc = store_exec_sql(db, "COMMIT", err, errlen);
 	if (rc)
 		goto fail;
 	sqlite3_stmt *s = NULL;
@@ -353,7 +300,7 @@ int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out,
 			       " (SELECT max(ts) FROM oplog), (SELECT v FROM meta WHERE k='last_ts'),"
 			       " (SELECT total(length(entry)) FROM oplog)",
 			       -1, &s, NULL) != SQLITE_OK) {
-		rc = sqlerr(db, err, errlen, "read meta");
+		rc = store_sqlerr(db, err, errlen, "read meta");
 		goto fail;
 	}
 	if (sqlite3_step(s) == SQLITE_ROW) {
@@ -455,11 +402,11 @@ void sdb_store_conn_close(sdb_store_conn *c)
 
 static int cache_load(sdb_store_conn *c, char *err, size_t errlen)
 {
-	int64_t gen = query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", -1);
+	int64_t gen = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", -1);
 	if (gen == c->cache_gen)
 		return 0;
 	cache_clear(c);
-	sqlite3_stmt *s = stmt_get(c, "SELECT db, coll, tbl, uuid, options FROM catalog_coll",
+	sqlite3_stmt *s = store_stmt_get(c, "SELECT db, coll, tbl, uuid, options FROM catalog_coll",
 				   err, errlen);
 	if (!s)
 		return SDB_EIO;
@@ -482,7 +429,7 @@ static int cache_load(sdb_store_conn *c, char *err, size_t errlen)
 			co->options = bson_new();
 	}
 	sqlite3_reset(s);
-	s = stmt_get(c,
+	s = store_stmt_get(c,
 		     "SELECT db, coll, name, tbl, spec, multikey FROM catalog_index ORDER BY tbl",
 		     err, errlen);
 	if (!s)
@@ -527,7 +474,7 @@ static int cache_load(sdb_store_conn *c, char *err, size_t errlen)
 	return 0;
 }
 
-static sdb_store_coll *cache_find(sdb_store_conn *c, const char *db, const char *coll)
+sdb_store_coll *store_cache_find(sdb_store_conn *c, const char *db, const char *coll)
 {
 	for (size_t i = 0; i < c->n_colls; i++)
 		if (strcmp(c->colls[i].db, db) == 0 && strcmp(c->colls[i].coll, coll) == 0)
@@ -535,14 +482,14 @@ static sdb_store_coll *cache_find(sdb_store_conn *c, const char *db, const char 
 	return NULL;
 }
 
-static int catalog_bump(sdb_store_conn *c, char *err, size_t errlen)
+int store_catalog_bump(sdb_store_conn *c, char *err, size_t errlen)
 {
 	sqlite3_stmt *s =
-		stmt_get(c, "UPDATE meta SET v = v + 1 WHERE k='catalog_gen'", err, errlen);
+		store_stmt_get(c, "UPDATE meta SET v = v + 1 WHERE k='catalog_gen'", err, errlen);
 	if (!s)
 		return SDB_EIO;
 	c->ddl = true;
-	int rc = step_done(c, s, err, errlen, "catalog gen");
+	int rc = store_step_done(c, s, err, errlen, "catalog gen");
 	if (rc)
 		return rc;
 	return cache_load(c, err, errlen);
@@ -556,7 +503,7 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: transaction already open");
 	if (c->apply) {
 		/* one command of a replicated apply: a savepoint inside the apply transaction */
-		int rc = exec_sql(c->db, "SAVEPOINT cmd", err, errlen);
+		int rc = store_exec_sql(c->db, "SAVEPOINT cmd", err, errlen);
 		if (rc)
 			return rc;
 		c->in_txn = true;
@@ -573,7 +520,7 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 	}
 	if (write)
 		pthread_mutex_lock(&c->st->write_mu);
-	int rc = exec_sql(c->db, write ? "BEGIN IMMEDIATE" : "BEGIN", err, errlen);
+	int rc = store_exec_sql(c->db, write ? "BEGIN IMMEDIATE" : "BEGIN", err, errlen);
 	if (rc) {
 		if (write)
 			pthread_mutex_unlock(&c->st->write_mu);
@@ -614,7 +561,7 @@ static void txn_end(sdb_store_conn *c, bool committed)
 	c->op_lsid = NULL;
 }
 
-static int oplog_trim(sdb_store_conn *c, char *err, size_t errlen);
+int store_oplog_trim(sdb_store_conn *c, char *err, size_t errlen);
 
 int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen)
 {
@@ -622,7 +569,7 @@ int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen)
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: no transaction");
 	int rc = 0;
 	if (c->apply) {
-		rc = exec_sql(c->db, "RELEASE cmd", err, errlen);
+		rc = store_exec_sql(c->db, "RELEASE cmd", err, errlen);
 		if (rc) {
 			sdb_store_rollback(c);
 			return rc;
@@ -632,13 +579,13 @@ int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen)
 		return 0;
 	}
 	if (c->write && c->pending_ts) {
-		rc = oplog_trim(c, err, errlen);
+		rc = store_oplog_trim(c, err, errlen);
 		if (rc) {
 			sdb_store_rollback(c);
 			return rc;
 		}
 	}
-	rc = exec_sql(c->db, "COMMIT", err, errlen);
+	rc = store_exec_sql(c->db, "COMMIT", err, errlen);
 	if (rc) {
 		sdb_store_rollback(c);
 		return rc;
@@ -652,8 +599,8 @@ void sdb_store_rollback(sdb_store_conn *c)
 	if (!c->in_txn)
 		return;
 	if (c->apply) {
-		exec_sql(c->db, "ROLLBACK TO cmd", NULL, 0);
-		exec_sql(c->db, "RELEASE cmd", NULL, 0);
+		store_exec_sql(c->db, "ROLLBACK TO cmd", NULL, 0);
+		store_exec_sql(c->db, "RELEASE cmd", NULL, 0);
 		c->pending_oplog_bytes = c->cmd_pending_bytes;
 		/* the ts counter goes back too: a member that restarts derives it from disk */
 		c->st->last_ts = c->cmd_last_ts;
@@ -663,7 +610,7 @@ void sdb_store_rollback(sdb_store_conn *c)
 		cache_load(c, NULL, 0);
 		return;
 	}
-	exec_sql(c->db, "ROLLBACK", NULL, 0);
+	store_exec_sql(c->db, "ROLLBACK", NULL, 0);
 	if (c->ddl)
 		cache_clear(c);
 	txn_end(c, false);
@@ -673,7 +620,7 @@ int sdb_store_savepoint(sdb_store_conn *c)
 {
 	char sql[64];
 	snprintf(sql, sizeof sql, "SAVEPOINT sp%d", c->savepoints + 1);
-	int rc = exec_sql(c->db, sql, NULL, 0);
+	int rc = store_exec_sql(c->db, sql, NULL, 0);
 	if (rc == 0)
 		c->savepoints++;
 	return rc;
@@ -685,7 +632,7 @@ void sdb_store_savepoint_release(sdb_store_conn *c)
 	if (c->savepoints <= 0)
 		return;
 	snprintf(sql, sizeof sql, "RELEASE sp%d", c->savepoints--);
-	exec_sql(c->db, sql, NULL, 0);
+	store_exec_sql(c->db, sql, NULL, 0);
 }
 
 void sdb_store_savepoint_rollback(sdb_store_conn *c)
@@ -694,9 +641,9 @@ void sdb_store_savepoint_rollback(sdb_store_conn *c)
 	if (c->savepoints <= 0)
 		return;
 	snprintf(sql, sizeof sql, "ROLLBACK TO sp%d", c->savepoints);
-	exec_sql(c->db, sql, NULL, 0);
+	store_exec_sql(c->db, sql, NULL, 0);
 	snprintf(sql, sizeof sql, "RELEASE sp%d", c->savepoints--);
-	exec_sql(c->db, sql, NULL, 0);
+	store_exec_sql(c->db, sql, NULL, 0);
 	/* a rolled-back DDL must not leave a stale cache */
 	c->cache_gen = -1;
 	cache_load(c, NULL, 0);
@@ -710,7 +657,7 @@ int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err
 	if (c->in_txn || c->apply)
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: transaction already open");
 	pthread_mutex_lock(&c->st->write_mu);
-	int rc = exec_sql(c->db, "BEGIN IMMEDIATE", err, errlen);
+	int rc = store_exec_sql(c->db, "BEGIN IMMEDIATE", err, errlen);
 	if (rc) {
 		pthread_mutex_unlock(&c->st->write_mu);
 		return sqlite3_errcode(c->db) == SQLITE_BUSY ? SDB_EBUSY : rc;
@@ -725,8 +672,8 @@ int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err
 	/* The ts counter comes from disk, not from this process's history, so that a member
 	 * that restarted allocates the same ts as one that did not. */
 	{
-		uint64_t a = (uint64_t)query_int(c, "SELECT max(ts) FROM oplog", 0);
-		uint64_t b = (uint64_t)query_int(c, "SELECT v FROM meta WHERE k='last_ts'", 0);
+		uint64_t a = (uint64_t)store_query_int(c, "SELECT max(ts) FROM oplog", 0);
+		uint64_t b = (uint64_t)store_query_int(c, "SELECT v FROM meta WHERE k='last_ts'", 0);
 		pthread_mutex_lock(&c->st->ts_mu);
 		c->st->last_ts = a > b ? a : b;
 		pthread_mutex_unlock(&c->st->ts_mu);
@@ -764,18 +711,18 @@ int sdb_store_apply_commit(sdb_store_conn *c, uint64_t index, char *err, size_t 
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: no apply transaction to commit");
 	int rc = 0;
 	if (c->pending_ts)
-		rc = oplog_trim(c, err, errlen);
+		rc = store_oplog_trim(c, err, errlen);
 	if (rc == 0) {
-		sqlite3_stmt *s = stmt_get(
+		sqlite3_stmt *s = store_stmt_get(
 			c, "INSERT OR REPLACE INTO meta(k, v) VALUES('raft_applied', ?)", err, errlen);
 		rc = SDB_EIO;
 		if (s) {
 			sqlite3_bind_int64(s, 1, (int64_t)index);
-			rc = step_done(c, s, err, errlen, "raft_applied");
+			rc = store_step_done(c, s, err, errlen, "raft_applied");
 		}
 	}
 	if (rc == 0)
-		rc = exec_sql(c->db, "COMMIT", err, errlen);
+		rc = store_exec_sql(c->db, "COMMIT", err, errlen);
 	if (rc) {
 		sdb_store_apply_rollback(c);
 		return rc;
@@ -788,19 +735,19 @@ void sdb_store_apply_rollback(sdb_store_conn *c)
 {
 	if (!c->apply)
 		return;
-	exec_sql(c->db, "ROLLBACK", NULL, 0);
+	store_exec_sql(c->db, "ROLLBACK", NULL, 0);
 	cache_clear(c);
 	apply_end(c, false);
 }
 
 uint64_t sdb_store_applied_index(sdb_store_conn *c)
 {
-	return (uint64_t)query_int(c, "SELECT v FROM meta WHERE k='raft_applied'", 0);
+	return (uint64_t)store_query_int(c, "SELECT v FROM meta WHERE k='raft_applied'", 0);
 }
 
 int sdb_store_set_durability(sdb_store_conn *c, bool full, char *err, size_t errlen)
 {
-	return exec_sql(c->db, full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL",
+	return store_exec_sql(c->db, full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL",
 			err, errlen);
 }
 
@@ -808,14 +755,14 @@ int sdb_store_sync(sdb_store_conn *c, char *err, size_t errlen)
 {
 	/* A commit with synchronous=FULL fsyncs the WAL, and with it every transaction
 	 * committed before (WAL frames are appended in commit order). */
-	int rc = exec_sql(c->db, "PRAGMA synchronous=FULL", err, errlen);
+	int rc = store_exec_sql(c->db, "PRAGMA synchronous=FULL", err, errlen);
 	if (rc == 0)
-		rc = exec_sql(c->db,
+		rc = store_exec_sql(c->db,
 			      "BEGIN IMMEDIATE; UPDATE meta SET v = v WHERE k='format'; COMMIT",
 			      err, errlen);
 	if (rc)
-		exec_sql(c->db, "ROLLBACK", NULL, 0);
-	exec_sql(c->db, "PRAGMA synchronous=NORMAL", NULL, 0);
+		store_exec_sql(c->db, "ROLLBACK", NULL, 0);
+	store_exec_sql(c->db, "PRAGMA synchronous=NORMAL", NULL, 0);
 	return rc;
 }
 
@@ -824,12 +771,12 @@ int sdb_store_meta_put(sdb_store_conn *c, const char *key, const char *value, ch
 {
 	if (!c->apply && !(c->in_txn && c->write))
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: meta_put needs a write transaction");
-	sqlite3_stmt *s = stmt_get(c, "INSERT OR REPLACE INTO meta(k, v) VALUES(?, ?)", err, errlen);
+	sqlite3_stmt *s = store_stmt_get(c, "INSERT OR REPLACE INTO meta(k, v) VALUES(?, ?)", err, errlen);
 	if (!s)
 		return SDB_EIO;
 	sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
 	sqlite3_bind_text(s, 2, value, -1, SQLITE_STATIC);
-	return step_done(c, s, err, errlen, "meta put");
+	return store_step_done(c, s, err, errlen, "meta put");
 }
 
 int sdb_store_meta_scan(sdb_store_conn *c, const char *prefix,
@@ -840,7 +787,7 @@ int sdb_store_meta_scan(sdb_store_conn *c, const char *prefix,
 	/* its own statement: the cache's may be mid-step in the caller */
 	if (sqlite3_prepare_v2(c->db, "SELECT k, v FROM meta WHERE substr(k, 1, ?1) = ?2", -1, &s,
 			       NULL) != SQLITE_OK)
-		return sqlerr(c->db, NULL, 0, "meta scan");
+		return store_sqlerr(c->db, NULL, 0, "meta scan");
 	sqlite3_bind_int(s, 1, (int)strlen(prefix));
 	sqlite3_bind_text(s, 2, prefix, -1, SQLITE_STATIC);
 	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
@@ -909,7 +856,7 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 	sqlite3 *src = NULL;
 	sqlite3_backup *bk;
 	int rc = SDB_EIO;
-	int64_t gen_before = query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
+	int64_t gen_before = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
 
 	if (c->in_txn || c->apply)
 		return sdb_errf(err, errlen, SDB_EINVAL, "replace: a transaction is open");
@@ -958,26 +905,26 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 	}
 	/* every connection's catalog cache must reload: move the generation past both */
 	{
-		int64_t gen_after = query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
+		int64_t gen_after = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
 		char sql[96];
 		snprintf(sql, sizeof sql, "UPDATE meta SET v = %lld WHERE k='catalog_gen'",
 			 (long long)((gen_after > gen_before ? gen_after : gen_before) + 1));
-		if (exec_sql(c->db, sql, err, errlen) != 0) {
+		if (store_exec_sql(c->db, sql, err, errlen) != 0) {
 			pthread_mutex_unlock(&c->st->write_mu);
 			goto out;
 		}
 	}
 	{
-		uint64_t a = (uint64_t)query_int(c, "SELECT max(ts) FROM oplog", 0);
-		uint64_t b = (uint64_t)query_int(c, "SELECT v FROM meta WHERE k='last_ts'", 0);
+		uint64_t a = (uint64_t)store_query_int(c, "SELECT max(ts) FROM oplog", 0);
+		uint64_t b = (uint64_t)store_query_int(c, "SELECT v FROM meta WHERE k='last_ts'", 0);
 		pthread_mutex_lock(&c->st->ts_mu);
 		c->st->last_ts = a > b ? a : b;
 		pthread_mutex_unlock(&c->st->ts_mu);
 		c->st->oplog_bytes =
-			query_int(c, "SELECT coalesce(sum(length(entry)), 0) FROM oplog", 0);
+			store_query_int(c, "SELECT coalesce(sum(length(entry)), 0) FROM oplog", 0);
 		atomic_store(&c->st->committed_ts, c->st->last_ts);
 	}
-	*applied = (uint64_t)query_int(c, "SELECT v FROM meta WHERE k='raft_applied'", 0);
+	*applied = (uint64_t)store_query_int(c, "SELECT v FROM meta WHERE k='raft_applied'", 0);
 	pthread_mutex_unlock(&c->st->write_mu);
 	c->cache_gen = -1;
 	rc = 0;
@@ -990,23 +937,23 @@ out:
 
 sqlite3_stmt *sdb_store_int_stmt(sdb_store_conn *c, const char *sql, char *err, size_t errlen)
 {
-	return stmt_get(c, sql, err, errlen);
+	return store_stmt_get(c, sql, err, errlen);
 }
 
 int sdb_store_int_step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errlen,
 			    const char *what)
 {
-	return step_done(c, s, err, errlen, what);
+	return store_step_done(c, s, err, errlen, what);
 }
 
 int sdb_store_int_sqlerr(sdb_store_conn *c, char *err, size_t errlen, const char *what)
 {
-	return sqlerr(c->db, err, errlen, what);
+	return store_sqlerr(c->db, err, errlen, what);
 }
 
 int64_t sdb_store_int_now_ms(sdb_store_conn *c)
 {
-	return conn_now_ms(c);
+	return store_conn_now_ms(c);
 }
 
 int64_t sdb_store_int_session_timeout_ms(sdb_store_conn *c)
@@ -1034,239 +981,6 @@ void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn
 	c->op_first_ts = 0;
 }
 
-/* ------------------------------------------------------------------ oplog */
-
-static uint64_t ts_next(sdb_store_conn *c)
-{
-	sdb_store *st = c->st;
-	int64_t now = conn_now_ms(c);
-	uint64_t secs = now > 0 ? (uint64_t)(now / 1000) : 0;
-	pthread_mutex_lock(&st->ts_mu);
-	uint64_t cand = (secs << 32) | 1;
-	if (cand <= st->last_ts)
-		cand = st->last_ts + 1;
-	st->last_ts = cand;
-	pthread_mutex_unlock(&st->ts_mu);
-	return cand;
-}
-
-/* Append an oplog entry (write txn). op "i"/"u"/"d"/"c"; o2 may be NULL; ui may be NULL. */
-static int oplog_append(sdb_store_conn *c, const char *op, const char *ns, const uint8_t *ui,
-			const bson_t *o, const bson_t *o2, const char *origin, char *err,
-			size_t errlen)
-{
-	uint64_t ts = ts_next(c);
-	int64_t wall = conn_now_ms(c);
-	bson_t e;
-	bson_init(&e);
-	BSON_APPEND_TIMESTAMP(&e, "ts", (uint32_t)(ts >> 32), (uint32_t)ts);
-	BSON_APPEND_INT64(&e, "t", c->apply ? c->det.term : 1);
-	BSON_APPEND_INT32(&e, "v", 2);
-	BSON_APPEND_UTF8(&e, "op", op);
-	BSON_APPEND_UTF8(&e, "ns", ns);
-	if (ui)
-		bson_append_binary(&e, "ui", 2, BSON_SUBTYPE_UUID, ui, 16);
-	BSON_APPEND_DOCUMENT(&e, "o", o);
-	if (o2)
-		BSON_APPEND_DOCUMENT(&e, "o2", o2);
-	BSON_APPEND_DATE_TIME(&e, "wall", wall);
-	if (origin)
-		BSON_APPEND_UTF8(&e, "origin", origin);
-	if (c->op_lsid && strcmp(op, "c") != 0) {
-		/* a statement's document writes; not the implicit create of its collection */
-		bson_t lsid;
-		if (bson_init_static(&lsid, c->op_lsid, c->op_lsid_len))
-			BSON_APPEND_DOCUMENT(&e, "lsid", &lsid);
-		BSON_APPEND_INT64(&e, "txnNumber", c->op_txn);
-		BSON_APPEND_INT32(&e, "stmtId", c->op_stmt);
-		if (!c->op_first_ts)
-			c->op_first_ts = ts;
-	}
-	sqlite3_stmt *s =
-		stmt_get(c, "INSERT INTO oplog(ts, wall, entry) VALUES(?, ?, ?)", err, errlen);
-	int rc = SDB_EIO;
-	if (s) {
-		sqlite3_bind_int64(s, 1, (int64_t)ts);
-		sqlite3_bind_int64(s, 2, wall);
-		sqlite3_bind_blob(s, 3, bson_get_data(&e), (int)e.len, SQLITE_STATIC);
-		rc = step_done(c, s, err, errlen, "oplog insert");
-	}
-	if (rc == 0) {
-		c->pending_oplog_bytes += e.len;
-		c->pending_ts = ts;
-	}
-	bson_destroy(&e);
-	return rc;
-}
-
-int sdb_store_oplog_stmt_result(sdb_store_conn *c, const bson_t *result, char *err,
-				size_t errlen)
-{
-	if (!c->op_lsid || !c->op_first_ts)
-		return 0; /* the statement wrote nothing */
-	sqlite3_stmt *s = stmt_get(c, "SELECT ts, entry FROM oplog WHERE ts >= ? ORDER BY ts",
-				   err, errlen);
-	if (!s)
-		return SDB_EIO;
-	sqlite3_bind_int64(s, 1, (int64_t)c->op_first_ts);
-	int64_t *tss = NULL;
-	bson_t **docs = NULL;
-	size_t n = 0, cap = 0;
-	int step;
-	while ((step = sqlite3_step(s)) == SQLITE_ROW) {
-		const void *p = sqlite3_column_blob(s, 1);
-		int len = sqlite3_column_bytes(s, 1);
-		bson_t old, *e;
-		bson_iter_t it;
-		if (!p || len <= 0 || !bson_init_static(&old, p, (size_t)len) ||
-		    !bson_iter_init_find(&it, &old, "stmtId"))
-			continue; /* not an entry of the statement */
-		if (n == cap) {
-			cap = cap ? 2 * cap : 4;
-			tss = sdb_realloc(tss, cap * sizeof *tss);
-			docs = sdb_realloc(docs, cap * sizeof *docs);
-		}
-		e = bson_new();
-		bson_copy_to_excluding_noinit(&old, e, "stmtResult", NULL);
-		BSON_APPEND_DOCUMENT(e, "stmtResult", result);
-		c->pending_oplog_bytes += (int64_t)e->len - len;
-		tss[n] = sqlite3_column_int64(s, 0);
-		docs[n++] = e;
-	}
-	sqlite3_reset(s);
-	int rc = 0;
-	if (step != SQLITE_DONE)
-		rc = sqlerr(c->db, err, errlen, "oplog read");
-	for (size_t i = 0; i < n; i++) {
-		if (rc == 0) {
-			sqlite3_stmt *u = stmt_get(c, "UPDATE oplog SET entry = ? WHERE ts = ?", err,
-						   errlen);
-			if (!u) {
-				rc = SDB_EIO;
-			} else {
-				sqlite3_bind_blob(u, 1, bson_get_data(docs[i]), (int)docs[i]->len,
-						  SQLITE_STATIC);
-				sqlite3_bind_int64(u, 2, tss[i]);
-				rc = step_done(c, u, err, errlen, "oplog update");
-			}
-		}
-		bson_destroy(docs[i]);
-	}
-	free(tss);
-	free(docs);
-	return rc;
-}
-
-/* Keep the oplog under its caps (write txn, at commit). Never deletes the newest entry, so
- * max(ts) on disk keeps ts increasing across restarts. */
-static int oplog_trim(sdb_store_conn *c, char *err, size_t errlen)
-{
-	sdb_store *st = c->st;
-	int64_t bytes = st->oplog_bytes + c->pending_oplog_bytes;
-	bool by_size = bytes > st->opts.oplog_max_bytes;
-	bool by_age = st->opts.oplog_max_age_s > 0 && (++st->writes_since_trim % 256) == 0;
-	if (!by_size && !by_age)
-		return 0;
-	int64_t target = st->opts.oplog_max_bytes - st->opts.oplog_max_bytes / 10;
-	int64_t cutoff_wall = by_age ? conn_now_ms(c) - st->opts.oplog_max_age_s * 1000 : 0;
-	sqlite3_stmt *s = stmt_get(c,
-				   "SELECT ts, wall, length(entry) FROM oplog WHERE ts < (SELECT "
-				   "max(ts) FROM oplog) ORDER BY ts",
-				   err, errlen);
-	if (!s)
-		return SDB_EIO;
-	int64_t freed = 0, upto = -1;
-	while (sqlite3_step(s) == SQLITE_ROW) {
-		int64_t ts = sqlite3_column_int64(s, 0);
-		int64_t wall = sqlite3_column_int64(s, 1);
-		int64_t len = sqlite3_column_int64(s, 2);
-		bool over = by_size && bytes - freed > target;
-		bool old = by_age && wall < cutoff_wall;
-		if (!over && !old)
-			break;
-		freed += len;
-		upto = ts;
-	}
-	sqlite3_reset(s);
-	if (upto < 0)
-		return 0;
-	s = stmt_get(c, "DELETE FROM oplog WHERE ts <= ?", err, errlen);
-	if (!s)
-		return SDB_EIO;
-	sqlite3_bind_int64(s, 1, upto);
-	int rc = step_done(c, s, err, errlen, "oplog trim");
-	if (rc)
-		return rc;
-	s = stmt_get(c, "UPDATE meta SET v = 1 WHERE k='oplog_trimmed'", err, errlen);
-	if (!s)
-		return SDB_EIO;
-	rc = step_done(c, s, err, errlen, "oplog trimmed flag");
-	if (rc == 0)
-		c->pending_oplog_bytes -= freed;
-	return rc;
-}
-
-uint64_t sdb_store_oplog_committed(sdb_store *st)
-{
-	return atomic_load(&st->committed_ts);
-}
-
-uint64_t sdb_store_oplog_last(sdb_store_conn *c)
-{
-	return (uint64_t)query_int(c, "SELECT max(ts) FROM oplog", 0);
-}
-
-uint64_t sdb_store_oplog_first(sdb_store_conn *c)
-{
-	return (uint64_t)query_int(c, "SELECT min(ts) FROM oplog", 0);
-}
-
-int64_t sdb_store_oplog_count(sdb_store_conn *c)
-{
-	return query_int(c, "SELECT count(*) FROM oplog", 0);
-}
-
-static int oplog_read_impl(sdb_store_conn *c, bool desc, uint64_t after, uint64_t before,
-			   size_t max, bson_t ***docs, size_t *n, char *err, size_t errlen)
-{
-	sqlite3_stmt *s = stmt_get(c,
-				   desc ? "SELECT entry FROM oplog WHERE ts > ?1 AND ts < ?2 ORDER BY "
-					  "ts DESC LIMIT ?3"
-					: "SELECT entry FROM oplog WHERE ts > ?1 AND ts < ?2 ORDER BY "
-					  "ts LIMIT ?3",
-				   err, errlen);
-	if (!s)
-		return SDB_EIO;
-	sqlite3_bind_int64(s, 1, (int64_t)after);
-	sqlite3_bind_int64(s, 2, before && before <= INT64_MAX ? (int64_t)before : INT64_MAX);
-	sqlite3_bind_int64(s, 3, max > INT64_MAX ? INT64_MAX : (int64_t)max);
-	int rc;
-	while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-		bson_t *d = sdb_doc_new_from_data(sqlite3_column_blob(s, 0),
-					       (size_t)sqlite3_column_bytes(s, 0));
-		if (!d)
-			continue;
-		*docs = sdb_realloc(*docs, (*n + 1) * sizeof **docs);
-		(*docs)[(*n)++] = d;
-	}
-	sqlite3_reset(s);
-	if (rc != SQLITE_DONE)
-		return sqlerr(c->db, err, errlen, "oplog read");
-	return 0;
-}
-
-int sdb_store_oplog_read(sdb_store_conn *c, uint64_t after, size_t max, bson_t ***docs,
-			 size_t *n, char *err, size_t errlen)
-{
-	return oplog_read_impl(c, false, after, 0, max, docs, n, err, errlen);
-}
-
-int sdb_store_oplog_read_desc(sdb_store_conn *c, uint64_t after, uint64_t before, size_t max,
-			      bson_t ***docs, size_t *n, char *err, size_t errlen)
-{
-	return oplog_read_impl(c, true, after, before, max, docs, n, err, errlen);
-}
-
 /* ------------------------------------------------------------------ catalog */
 
 static bool valid_name(const char *s, bool is_db)
@@ -1284,7 +998,7 @@ static bool valid_name(const char *s, bool is_db)
 int sdb_store_coll_get(sdb_store_conn *c, const char *db, const char *coll,
 		       const sdb_store_coll **out, char *err, size_t errlen)
 {
-	*out = cache_find(c, db, coll);
+	*out = store_cache_find(c, db, coll);
 	if (!*out)
 		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns %s.%s not found", db, coll);
 	return 0;
@@ -1307,7 +1021,7 @@ static void gen_uuid(sdb_store_conn *c, uint8_t out[16])
 	out[8] = (out[8] & 0x3f) | 0x80;
 }
 
-static char *ns_of(const char *db, const char *coll)
+char *store_ns_of(const char *db, const char *coll)
 {
 	return sdb_asprintf("%s.%s", db, coll);
 }
@@ -1322,19 +1036,19 @@ int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid database name: '%s'", db);
 	if (!valid_name(coll, false))
 		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid collection name: %s", coll);
-	sdb_store_coll *co = cache_find(c, db, coll);
+	sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (co) {
 		if (out)
 			*out = co;
 		return sdb_errf(err, errlen, SDB_EEXISTS, "Collection %s.%s already exists.", db,
 				coll);
 	}
-	int64_t tbl = query_int(c, "SELECT v FROM meta WHERE k='next_tbl'", 1);
+	int64_t tbl = store_query_int(c, "SELECT v FROM meta WHERE k='next_tbl'", 1);
 	char sql[160];
 	snprintf(sql, sizeof sql,
 		 "CREATE TABLE c_%lld(k BLOB PRIMARY KEY, doc BLOB NOT NULL) WITHOUT ROWID",
 		 (long long)tbl);
-	int rc = exec_sql(c->db, sql, err, errlen);
+	int rc = store_exec_sql(c->db, sql, err, errlen);
 	if (rc)
 		return rc;
 	c->ddl = true;
@@ -1342,7 +1056,7 @@ int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 	gen_uuid(c, uuid);
 	bson_t empty = BSON_INITIALIZER;
 	const bson_t *opt = options ? options : &empty;
-	sqlite3_stmt *s = stmt_get(c,
+	sqlite3_stmt *s = store_stmt_get(c,
 				   "INSERT INTO catalog_coll(db, coll, tbl, uuid, options) "
 				   "VALUES(?, ?, ?, ?, ?)",
 				   err, errlen);
@@ -1353,17 +1067,17 @@ int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 	sqlite3_bind_int64(s, 3, tbl);
 	sqlite3_bind_blob(s, 4, uuid, 16, SQLITE_STATIC);
 	sqlite3_bind_blob(s, 5, bson_get_data(opt), (int)sdb_store_doc_len(opt), SQLITE_STATIC);
-	rc = step_done(c, s, err, errlen, "catalog insert");
+	rc = store_step_done(c, s, err, errlen, "catalog insert");
 	if (rc)
 		return rc;
-	s = stmt_get(c, "UPDATE meta SET v = ? WHERE k='next_tbl'", err, errlen);
+	s = store_stmt_get(c, "UPDATE meta SET v = ? WHERE k='next_tbl'", err, errlen);
 	if (!s)
 		return SDB_EIO;
 	sqlite3_bind_int64(s, 1, tbl + 1);
-	rc = step_done(c, s, err, errlen, "next_tbl");
+	rc = store_step_done(c, s, err, errlen, "next_tbl");
 	if (rc)
 		return rc;
-	rc = catalog_bump(c, err, errlen);
+	rc = store_catalog_bump(c, err, errlen);
 	if (rc)
 		return rc;
 	bson_t o = BSON_INITIALIZER;
@@ -1374,23 +1088,23 @@ int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 			bson_append_iter(&o, bson_iter_key(&it), -1, &it);
 	}
 	char *ns = sdb_asprintf("%s.$cmd", db);
-	rc = oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
+	rc = store_oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
 	free(ns);
 	bson_destroy(&o);
 	if (rc)
 		return rc;
 	if (out)
-		*out = cache_find(c, db, coll);
+		*out = store_cache_find(c, db, coll);
 	return 0;
 }
 
-static int drop_table(sdb_store_conn *c, const char *prefix, int64_t tbl, char *err,
+int store_drop_table(sdb_store_conn *c, const char *prefix, int64_t tbl, char *err,
 		      size_t errlen)
 {
 	char sql[96];
 	stmt_forget_all(c);
 	snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s_%lld", prefix, (long long)tbl);
-	return exec_sql(c->db, sql, err, errlen);
+	return store_exec_sql(c->db, sql, err, errlen);
 }
 
 static int coll_drop_impl(sdb_store_conn *c, sdb_store_coll *co, const char *origin,
@@ -1401,40 +1115,40 @@ static int coll_drop_impl(sdb_store_conn *c, sdb_store_coll *co, const char *ori
 	uint8_t uuid[16];
 	memcpy(uuid, co->uuid, 16);
 	for (size_t i = 0; i < co->n_indexes; i++) {
-		rc = drop_table(c, "i", co->indexes[i].tbl, err, errlen);
+		rc = store_drop_table(c, "i", co->indexes[i].tbl, err, errlen);
 		if (rc)
 			goto out;
 	}
-	rc = drop_table(c, "c", co->tbl, err, errlen);
+	rc = store_drop_table(c, "c", co->tbl, err, errlen);
 	if (rc)
 		goto out;
 	c->ddl = true;
-	sqlite3_stmt *s = stmt_get(c, "DELETE FROM catalog_coll WHERE db = ? AND coll = ?", err,
+	sqlite3_stmt *s = store_stmt_get(c, "DELETE FROM catalog_coll WHERE db = ? AND coll = ?", err,
 				   errlen);
 	rc = SDB_EIO;
 	if (!s)
 		goto out;
 	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
 	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
-	rc = step_done(c, s, err, errlen, "catalog delete");
+	rc = store_step_done(c, s, err, errlen, "catalog delete");
 	if (rc)
 		goto out;
-	s = stmt_get(c, "DELETE FROM catalog_index WHERE db = ? AND coll = ?", err, errlen);
+	s = store_stmt_get(c, "DELETE FROM catalog_index WHERE db = ? AND coll = ?", err, errlen);
 	rc = SDB_EIO;
 	if (!s)
 		goto out;
 	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
 	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
-	rc = step_done(c, s, err, errlen, "catalog delete");
+	rc = store_step_done(c, s, err, errlen, "catalog delete");
 	if (rc)
 		goto out;
-	rc = catalog_bump(c, err, errlen); /* co is invalid from here */
+	rc = store_catalog_bump(c, err, errlen); /* co is invalid from here */
 	if (rc || !log)
 		goto out;
 	bson_t o = BSON_INITIALIZER;
 	BSON_APPEND_UTF8(&o, "drop", coll);
 	char *ns = sdb_asprintf("%s.$cmd", db);
-	rc = oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
+	rc = store_oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
 	free(ns);
 	bson_destroy(&o);
 out:
@@ -1446,7 +1160,7 @@ out:
 int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,
 			const char *origin, char *err, size_t errlen)
 {
-	sdb_store_coll *co = cache_find(c, db, coll);
+	sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co)
 		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
 	return coll_drop_impl(c, co, origin, true, err, errlen);
@@ -1473,7 +1187,7 @@ int sdb_store_db_drop(sdb_store_conn *c, const char *db, const char *origin, int
 	bson_t o = BSON_INITIALIZER;
 	BSON_APPEND_INT32(&o, "dropDatabase", 1);
 	char *ns = sdb_asprintf("%s.$cmd", db);
-	int rc = oplog_append(c, "c", ns, NULL, &o, NULL, origin, err, errlen);
+	int rc = store_oplog_append(c, "c", ns, NULL, &o, NULL, origin, err, errlen);
 	free(ns);
 	bson_destroy(&o);
 	return rc;
@@ -1508,19 +1222,14 @@ void sdb_store_names_free(char **names, size_t n)
 
 /* ------------------------------------------------------------------ keys */
 
-/* The keys of one document for one index. */
-typedef struct store_keyset {
-	sdb_key *keys;
-	size_t n;
-} store_keyset;
 
-static void store_keyset_init(store_keyset *ks)
+void store_keyset_init(store_keyset *ks)
 {
 	ks->keys = NULL;
 	ks->n = 0;
 }
 
-static void store_keyset_destroy(store_keyset *ks)
+void store_keyset_destroy(store_keyset *ks)
 {
 	if (ks->keys)
 		sdb_index_keys_free(ks->keys, ks->n);
@@ -1555,7 +1264,7 @@ static bool visit_present(void *ctx, const bson_iter_t *it, unsigned flags)
 	return false;
 }
 
-static int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
+int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
 				bool *all_missing, bool *multikey_out, char *err, size_t errlen)
 {
 	const char *paths[STORE_MAX_INDEX_FIELDS];
@@ -1577,7 +1286,7 @@ static int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_
 }
 
 /* Key patterns: field -> 1 / -1 (any non-zero number); "hashed", "text", "2d" are refused. */
-static int store_key_check_pattern(const bson_t *pattern, char *err, size_t errlen)
+int store_key_check_pattern(const bson_t *pattern, char *err, size_t errlen)
 {
 	bson_iter_t it;
 	size_t n = 0;
@@ -1814,7 +1523,7 @@ static void dup_fill(sdb_store_dup *dup, const char *db, const char *coll, const
 	dup->set = true;
 }
 
-static int id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, char *err,
+int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, char *err,
 		  size_t errlen)
 {
 	if (!bson_iter_init_find(id_it, doc, "_id"))
@@ -1831,7 +1540,7 @@ static int id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, char *err,
 }
 
 /* Index keys of doc for index ix: a set of encoded keys (multikey expands arrays). */
-static int index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
+int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
 		      bool *all_missing, char *err, size_t errlen)
 {
 	return store_key_index_keys(ix->key, doc, ks, all_missing, NULL, err, errlen);
@@ -1839,10 +1548,10 @@ static int index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset
 
 /* Record that ix became multikey (in this transaction; the cache entry is updated in
  * place, other connections reload the catalog at their next transaction). */
-static int index_mark_multikey(sdb_store_conn *c, const sdb_store_coll *co,
+int store_index_mark_multikey(sdb_store_conn *c, const sdb_store_coll *co,
 			       sdb_store_index *ix, char *err, size_t errlen)
 {
-	sqlite3_stmt *s = stmt_get(c,
+	sqlite3_stmt *s = store_stmt_get(c,
 				   "UPDATE catalog_index SET multikey = 1 WHERE db = ? AND coll = ? "
 				   "AND name = ?",
 				   err, errlen);
@@ -1851,19 +1560,19 @@ static int index_mark_multikey(sdb_store_conn *c, const sdb_store_coll *co,
 	sqlite3_bind_text(s, 1, co->db, -1, SQLITE_STATIC);
 	sqlite3_bind_text(s, 2, co->coll, -1, SQLITE_STATIC);
 	sqlite3_bind_text(s, 3, ix->name, -1, SQLITE_STATIC);
-	int rc = step_done(c, s, err, errlen, "multikey");
+	int rc = store_step_done(c, s, err, errlen, "multikey");
 	if (rc)
 		return rc;
-	s = stmt_get(c, "UPDATE meta SET v = v + 1 WHERE k='catalog_gen'", err, errlen);
+	s = store_stmt_get(c, "UPDATE meta SET v = v + 1 WHERE k='catalog_gen'", err, errlen);
 	if (!s)
 		return SDB_EIO;
-	rc = step_done(c, s, err, errlen, "catalog gen");
+	rc = store_step_done(c, s, err, errlen, "catalog gen");
 	if (rc == 0)
 		ix->multikey = true;
 	return rc;
 }
 
-static int index_insert_keys(sdb_store_conn *c, const sdb_store_coll *co,
+int store_index_insert_keys(sdb_store_conn *c, const sdb_store_coll *co,
 			     const sdb_store_index *ix, const store_keyset *ks,
 			     const sdb_key *idk, const bson_t *doc, sdb_store_dup *dup,
 			     char *err, size_t errlen)
@@ -1874,7 +1583,7 @@ static int index_insert_keys(sdb_store_conn *c, const sdb_store_coll *co,
 			snprintf(sql, sizeof sql,
 				 "SELECT 1 FROM i_%lld WHERE k = ? AND id <> ? LIMIT 1",
 				 (long long)ix->tbl);
-			sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+			sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
 			if (!s)
 				return SDB_EIO;
 			sqlite3_bind_blob(s, 1, ks->keys[i].data, (int)ks->keys[i].len,
@@ -1895,16 +1604,16 @@ static int index_insert_keys(sdb_store_conn *c, const sdb_store_coll *co,
 						dup ? dup->errmsg : "duplicate key");
 			}
 			if (r != SQLITE_DONE)
-				return sqlerr(c->db, err, errlen, "unique check");
+				return store_sqlerr(c->db, err, errlen, "unique check");
 		}
 		snprintf(sql, sizeof sql, "INSERT OR IGNORE INTO i_%lld(k, id) VALUES(?, ?)",
 			 (long long)ix->tbl);
-		sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+		sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
 		if (!s)
 			return SDB_EIO;
 		sqlite3_bind_blob(s, 1, ks->keys[i].data, (int)ks->keys[i].len, SQLITE_STATIC);
 		sqlite3_bind_blob(s, 2, idk->data, (int)idk->len, SQLITE_STATIC);
-		int rc = step_done(c, s, err, errlen, "index insert");
+		int rc = store_step_done(c, s, err, errlen, "index insert");
 		if (rc)
 			return rc;
 	}
@@ -1919,12 +1628,12 @@ static int index_delete_keys(sdb_store_conn *c, const sdb_store_index *ix,
 	snprintf(sql, sizeof sql, "DELETE FROM i_%lld WHERE k = ? AND id = ?",
 		 (long long)ix->tbl);
 	for (size_t i = 0; i < ks->n; i++) {
-		sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+		sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
 		if (!s)
 			return SDB_EIO;
 		sqlite3_bind_blob(s, 1, ks->keys[i].data, (int)ks->keys[i].len, SQLITE_STATIC);
 		sqlite3_bind_blob(s, 2, idk->data, (int)idk->len, SQLITE_STATIC);
-		int rc = step_done(c, s, err, errlen, "index delete");
+		int rc = store_step_done(c, s, err, errlen, "index delete");
 		if (rc)
 			return rc;
 	}
@@ -1943,9 +1652,9 @@ static int indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
 		bool missing = false, multikey = false;
 		int rc = store_key_index_keys(ix->key, doc, &ks, &missing, &multikey, err, errlen);
 		if (rc == 0 && multikey && !ix->multikey)
-			rc = index_mark_multikey(c, co, ix, err, errlen);
+			rc = store_index_mark_multikey(c, co, ix, err, errlen);
 		if (rc == 0 && !(ix->sparse && missing))
-			rc = index_insert_keys(c, co, ix, &ks, idk, doc, dup, err, errlen);
+			rc = store_index_insert_keys(c, co, ix, &ks, idk, doc, dup, err, errlen);
 		store_keyset_destroy(&ks);
 		if (rc)
 			return rc;
@@ -1961,7 +1670,7 @@ static int indexes_remove(sdb_store_conn *c, const sdb_store_coll *co, const bso
 		store_keyset ks;
 		store_keyset_init(&ks);
 		bool missing = false;
-		int rc = index_keys(ix, doc, &ks, &missing, err, errlen);
+		int rc = store_index_keys(ix, doc, &ks, &missing, err, errlen);
 		if (rc == 0)
 			rc = index_delete_keys(c, ix, &ks, idk, err, errlen);
 		store_keyset_destroy(&ks);
@@ -1980,7 +1689,7 @@ static void id_doc(const bson_iter_t *id_it, bson_t *out)
 int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, sdb_store_dup *dup, char *err, size_t errlen)
 {
-	const sdb_store_coll *co = cache_find(c, db, coll);
+	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	int rc;
 	if (!co) {
 		rc = sdb_store_coll_create(c, db, coll, NULL, origin, &co, err, errlen);
@@ -1990,19 +1699,19 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 	sdb_key idk;
 	sdb_key_init(&idk);
 	bson_iter_t id_it;
-	rc = id_key(doc, &idk, &id_it, err, errlen);
+	rc = store_id_key(doc, &idk, &id_it, err, errlen);
 	if (rc)
 		goto out;
 	char sql[128];
 	snprintf(sql, sizeof sql, "INSERT OR IGNORE INTO c_%lld(k, doc) VALUES(?, ?)",
 		 (long long)co->tbl);
-	sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+	sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
 	rc = SDB_EIO;
 	if (!s)
 		goto out;
 	sqlite3_bind_blob(s, 1, idk.data, (int)idk.len, SQLITE_STATIC);
 	sqlite3_bind_blob(s, 2, bson_get_data(doc), (int)sdb_store_doc_len(doc), SQLITE_STATIC);
-	rc = step_done(c, s, err, errlen, "insert");
+	rc = store_step_done(c, s, err, errlen, "insert");
 	if (rc)
 		goto out;
 	if (sqlite3_changes(c->db) == 0) {
@@ -2019,8 +1728,8 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 	rc = indexes_add(c, (sdb_store_coll *)co, doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
-	char *ns = ns_of(db, coll);
-	rc = oplog_append(c, "i", ns, co->uuid, doc, NULL, origin, err, errlen);
+	char *ns = store_ns_of(db, coll);
+	rc = store_oplog_append(c, "i", ns, co->uuid, doc, NULL, origin, err, errlen);
 	free(ns);
 out:
 	sdb_key_free(&idk);
@@ -2033,7 +1742,7 @@ static int load_doc(sdb_store_conn *c, const sdb_store_coll *co, const sdb_key *
 {
 	char sql[96];
 	snprintf(sql, sizeof sql, "SELECT doc FROM c_%lld WHERE k = ?", (long long)co->tbl);
-	sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+	sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
 	if (!s)
 		return SDB_EIO;
 	sqlite3_bind_blob(s, 1, idk->data, (int)idk->len, SQLITE_STATIC);
@@ -2050,7 +1759,7 @@ static int load_doc(sdb_store_conn *c, const sdb_store_coll *co, const sdb_key *
 	} else if (r == SQLITE_DONE) {
 		rc = sdb_errf(err, errlen, SDB_ENOTFOUND, "no such document");
 	} else {
-		rc = sqlerr(c->db, err, errlen, "load");
+		rc = store_sqlerr(c->db, err, errlen, "load");
 	}
 	sqlite3_reset(s);
 	return rc;
@@ -2060,7 +1769,7 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 		      const bson_t *old_doc, const bson_t *new_doc, const char *origin,
 		      sdb_store_dup *dup, char *err, size_t errlen)
 {
-	const sdb_store_coll *co = cache_find(c, db, coll);
+	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co)
 		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
 	sdb_key idk, idk2;
@@ -2069,10 +1778,10 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 	bson_iter_t id_it, id2;
 	bson_t stored;
 	bool have_stored = false;
-	int rc = id_key(old_doc, &idk, &id_it, err, errlen);
+	int rc = store_id_key(old_doc, &idk, &id_it, err, errlen);
 	if (rc)
 		goto out;
-	rc = id_key(new_doc, &idk2, &id2, err, errlen);
+	rc = store_id_key(new_doc, &idk2, &id2, err, errlen);
 	if (rc)
 		goto out;
 	if (idk.len != idk2.len || memcmp(idk.data, idk2.data, idk.len) != 0) {
@@ -2091,13 +1800,13 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 		goto out;
 	char sql[128];
 	snprintf(sql, sizeof sql, "UPDATE c_%lld SET doc = ? WHERE k = ?", (long long)co->tbl);
-	sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+	sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
 	rc = SDB_EIO;
 	if (!s)
 		goto out;
 	sqlite3_bind_blob(s, 1, bson_get_data(new_doc), (int)sdb_store_doc_len(new_doc), SQLITE_STATIC);
 	sqlite3_bind_blob(s, 2, idk.data, (int)idk.len, SQLITE_STATIC);
-	rc = step_done(c, s, err, errlen, "update");
+	rc = store_step_done(c, s, err, errlen, "update");
 	if (rc)
 		goto out;
 	rc = indexes_add(c, (sdb_store_coll *)co, new_doc, &idk, dup, err, errlen);
@@ -2105,8 +1814,8 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 		goto out;
 	bson_t o2;
 	id_doc(&id_it, &o2);
-	char *ns = ns_of(db, coll);
-	rc = oplog_append(c, "u", ns, co->uuid, new_doc, &o2, origin, err, errlen);
+	char *ns = store_ns_of(db, coll);
+	rc = store_oplog_append(c, "u", ns, co->uuid, new_doc, &o2, origin, err, errlen);
 	free(ns);
 	bson_destroy(&o2);
 out:
@@ -2120,7 +1829,7 @@ out:
 int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, char *err, size_t errlen)
 {
-	const sdb_store_coll *co = cache_find(c, db, coll);
+	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co)
 		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
 	sdb_key idk;
@@ -2128,7 +1837,7 @@ int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const 
 	bson_iter_t id_it;
 	bson_t stored;
 	bool have_stored = false;
-	int rc = id_key(doc, &idk, &id_it, err, errlen);
+	int rc = store_id_key(doc, &idk, &id_it, err, errlen);
 	if (rc)
 		goto out;
 	rc = load_doc(c, co, &idk, &stored, err, errlen);
@@ -2140,18 +1849,18 @@ int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const 
 		goto out;
 	char sql[96];
 	snprintf(sql, sizeof sql, "DELETE FROM c_%lld WHERE k = ?", (long long)co->tbl);
-	sqlite3_stmt *s = stmt_get(c, sql, err, errlen);
+	sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
 	rc = SDB_EIO;
 	if (!s)
 		goto out;
 	sqlite3_bind_blob(s, 1, idk.data, (int)idk.len, SQLITE_STATIC);
-	rc = step_done(c, s, err, errlen, "delete");
+	rc = store_step_done(c, s, err, errlen, "delete");
 	if (rc)
 		goto out;
 	bson_t o;
 	id_doc(&id_it, &o);
-	char *ns = ns_of(db, coll);
-	rc = oplog_append(c, "d", ns, co->uuid, &o, NULL, origin, err, errlen);
+	char *ns = store_ns_of(db, coll);
+	rc = store_oplog_append(c, "d", ns, co->uuid, &o, NULL, origin, err, errlen);
 	free(ns);
 	bson_destroy(&o);
 out:
@@ -2164,7 +1873,7 @@ out:
 int sdb_store_get_by_id(sdb_store_conn *c, const char *db, const char *coll,
 			const bson_iter_t *id, bson_t *out, char *err, size_t errlen)
 {
-	const sdb_store_coll *co = cache_find(c, db, coll);
+	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co)
 		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
 	sdb_key idk;
@@ -2178,23 +1887,23 @@ int sdb_store_get_by_id(sdb_store_conn *c, const char *db, const char *coll,
 
 int64_t sdb_store_count(sdb_store_conn *c, const char *db, const char *coll)
 {
-	const sdb_store_coll *co = cache_find(c, db, coll);
+	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co)
 		return 0;
 	char sql[96];
 	snprintf(sql, sizeof sql, "SELECT count(*) FROM c_%lld", (long long)co->tbl);
-	return query_int(c, sql, 0);
+	return store_query_int(c, sql, 0);
 }
 
 int64_t sdb_store_data_size(sdb_store_conn *c, const char *db, const char *coll)
 {
-	const sdb_store_coll *co = cache_find(c, db, coll);
+	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co)
 		return 0;
 	char sql[96];
 	snprintf(sql, sizeof sql, "SELECT total(length(doc)) FROM c_%lld", (long long)co->tbl);
 	char err[64];
-	sqlite3_stmt *s = stmt_get(c, sql, err, sizeof err);
+	sqlite3_stmt *s = store_stmt_get(c, sql, err, sizeof err);
 	if (!s)
 		return 0;
 	int64_t v = 0;
@@ -2202,291 +1911,6 @@ int64_t sdb_store_data_size(sdb_store_conn *c, const char *db, const char *coll)
 		v = (int64_t)sqlite3_column_double(s, 0);
 	sqlite3_reset(s);
 	return v;
-}
-
-/* ------------------------------------------------------------------ indexes */
-
-static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_index *ix,
-		       sdb_store_dup *dup, char *err, size_t errlen);
-
-int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
-			   const bson_t *spec, const char *origin, bool *created, int *mongo_code,
-			   char *err, size_t errlen)
-{
-	*created = false;
-	*mongo_code = 0;
-	bson_iter_t it;
-	const char *name = NULL;
-	bson_t key;
-	bool have_key = false, unique = false, sparse = false;
-	if (bson_iter_init_find(&it, spec, "name") && BSON_ITER_HOLDS_UTF8(&it))
-		name = bson_iter_utf8(&it, NULL);
-	if (bson_iter_init_find(&it, spec, "key") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
-		uint32_t len;
-		const uint8_t *data;
-		bson_iter_document(&it, &len, &data);
-		have_key = bson_init_static(&key, data, len);
-	}
-	if (bson_iter_init_find(&it, spec, "unique"))
-		unique = bson_iter_as_bool(&it);
-	if (bson_iter_init_find(&it, spec, "sparse"))
-		sparse = bson_iter_as_bool(&it);
-	if (!have_key || bson_count_keys(&key) == 0) {
-		*mongo_code = 67; /* CannotCreateIndex */
-		return sdb_errf(err, errlen, SDB_EINVAL, "Index keys cannot be empty.");
-	}
-	if (!name) {
-		*mongo_code = 9;
-		return sdb_errf(err, errlen, SDB_EINVAL,
-				"Error in specification %s :: caused by :: The 'name' field is a "
-				"required property of an index specification",
-				"{}");
-	}
-	int rc = store_key_check_pattern(&key, err, errlen);
-	if (rc) {
-		*mongo_code = 67;
-		return rc;
-	}
-	if (bson_iter_init_find(&it, spec, "expireAfterSeconds")) {
-		/* a TTL index (expired documents are deleted by the shard's TTL monitor,
-		 * src/shard/ttl.c): MongoDB's rules */
-		double v = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_double(&it) : -1;
-		if (!BSON_ITER_HOLDS_NUMBER(&it) || v != v || v < 0 || v > 2147483647.0) {
-			*mongo_code = 67;
-			return sdb_errf(err, errlen, SDB_EINVAL,
-					"TTL index 'expireAfterSeconds' option must be within an "
-					"acceptable range, try a lower number");
-		}
-		if (bson_count_keys(&key) != 1) {
-			*mongo_code = 67;
-			return sdb_errf(err, errlen, SDB_EINVAL,
-					"TTL indexes are single-field indexes, compound indexes do "
-					"not support TTL");
-		}
-		if (bson_iter_init_find(&it, &key, "_id")) {
-			*mongo_code = 67;
-			return sdb_errf(err, errlen, SDB_EINVAL,
-					"The field 'expireAfterSeconds' is not valid for an _id index "
-					"specification");
-		}
-	}
-	const sdb_store_coll *co = cache_find(c, db, coll);
-	if (!co) {
-		rc = sdb_store_coll_create(c, db, coll, NULL, origin, &co, err, errlen);
-		if (rc)
-			return rc;
-	}
-	/* _id index: only {_id: 1} named _id_ is accepted (exists already). */
-	bool is_id_key = bson_count_keys(&key) == 1 && bson_iter_init_find(&it, &key, "_id");
-	if (strcmp(name, "_id_") == 0 || is_id_key) {
-		if (strcmp(name, "_id_") == 0 && is_id_key)
-			return SDB_EEXISTS;
-		if (is_id_key && !unique && strcmp(name, "_id_") != 0) {
-			*mongo_code = 85;
-			return sdb_errf(err, errlen, SDB_ECONFLICT,
-					"Index already exists with a different name: _id_");
-		}
-		*mongo_code = 67;
-		return sdb_errf(err, errlen, SDB_EINVAL, "cannot create an index named _id_");
-	}
-	for (size_t i = 0; i < co->n_indexes; i++) {
-		const sdb_store_index *ix = &co->indexes[i];
-		bool same_key = bson_equal(ix->key, &key);
-		bool same_name = strcmp(ix->name, name) == 0;
-		if (same_key && same_name) {
-			if (ix->unique != unique || ix->sparse != sparse) {
-				*mongo_code = 86; /* IndexKeySpecsConflict */
-				return sdb_errf(err, errlen, SDB_ECONFLICT,
-						"An existing index has the same name as the "
-						"requested index but different options. Requested "
-						"index name: %s",
-						name);
-			}
-			return SDB_EEXISTS;
-		}
-		if (same_name) {
-			*mongo_code = 86;
-			return sdb_errf(err, errlen, SDB_ECONFLICT,
-					"An existing index has the same name as the requested "
-					"index. When index names are not specified, they are "
-					"auto generated and can cause conflicts. Please refer to "
-					"our documentation. Requested index name: %s",
-					name);
-		}
-		if (same_key && ix->unique == unique && ix->sparse == sparse) {
-			*mongo_code = 85; /* IndexOptionsConflict */
-			return sdb_errf(err, errlen, SDB_ECONFLICT,
-					"Index already exists with a different name: %s",
-					ix->name);
-		}
-	}
-	int64_t tbl = query_int(c, "SELECT v FROM meta WHERE k='next_tbl'", 1);
-	char sql[160];
-	snprintf(sql, sizeof sql,
-		 "CREATE TABLE i_%lld(k BLOB NOT NULL, id BLOB NOT NULL, PRIMARY KEY(k, id)) "
-		 "WITHOUT ROWID",
-		 (long long)tbl);
-	rc = exec_sql(c->db, sql, err, errlen);
-	if (rc)
-		return rc;
-	c->ddl = true;
-	/* stored spec: {v: 2, key, name, ...the rest as given} */
-	bson_t stored = BSON_INITIALIZER;
-	BSON_APPEND_INT32(&stored, "v", 2);
-	BSON_APPEND_DOCUMENT(&stored, "key", &key);
-	BSON_APPEND_UTF8(&stored, "name", name);
-	if (bson_iter_init(&it, spec)) {
-		while (bson_iter_next(&it)) {
-			const char *k = bson_iter_key(&it);
-			if (strcmp(k, "key") == 0 || strcmp(k, "name") == 0 ||
-			    strcmp(k, "v") == 0 || strcmp(k, "ns") == 0)
-				continue;
-			bson_append_iter(&stored, k, -1, &it);
-		}
-	}
-	sqlite3_stmt *s = stmt_get(c,
-				   "INSERT INTO catalog_index(db, coll, name, tbl, spec) "
-				   "VALUES(?, ?, ?, ?, ?)",
-				   err, errlen);
-	rc = SDB_EIO;
-	if (!s)
-		goto out;
-	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
-	sqlite3_bind_int64(s, 4, tbl);
-	sqlite3_bind_blob(s, 5, bson_get_data(&stored), (int)stored.len, SQLITE_STATIC);
-	rc = step_done(c, s, err, errlen, "catalog index");
-	if (rc)
-		goto out;
-	s = stmt_get(c, "UPDATE meta SET v = ? WHERE k='next_tbl'", err, errlen);
-	rc = SDB_EIO;
-	if (!s)
-		goto out;
-	sqlite3_bind_int64(s, 1, tbl + 1);
-	rc = step_done(c, s, err, errlen, "next_tbl");
-	if (rc)
-		goto out;
-	rc = catalog_bump(c, err, errlen);
-	if (rc)
-		goto out;
-	co = cache_find(c, db, coll);
-	const sdb_store_index *ix = NULL;
-	for (size_t i = 0; co && i < co->n_indexes; i++)
-		if (strcmp(co->indexes[i].name, name) == 0)
-			ix = &co->indexes[i];
-	if (!ix) {
-		rc = sdb_errf(err, errlen, SDB_EINTERNAL, "index vanished");
-		goto out;
-	}
-	sdb_store_dup dup = {0};
-	rc = index_build(c, co, (sdb_store_index *)ix, &dup, err, errlen);
-	if (rc == SDB_EEXISTS)
-		*mongo_code = 11000;
-	sdb_store_dup_clear(&dup);
-	if (rc)
-		goto out;
-	bson_t o = BSON_INITIALIZER;
-	BSON_APPEND_UTF8(&o, "createIndexes", coll);
-	if (bson_iter_init(&it, &stored)) {
-		while (bson_iter_next(&it))
-			bson_append_iter(&o, bson_iter_key(&it), -1, &it);
-	}
-	char *ns = sdb_asprintf("%s.$cmd", db);
-	rc = oplog_append(c, "c", ns, co->uuid, &o, NULL, origin, err, errlen);
-	free(ns);
-	bson_destroy(&o);
-	if (rc == 0)
-		*created = true;
-out:
-	bson_destroy(&stored);
-	return rc;
-}
-
-static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_index *ix,
-		       sdb_store_dup *dup, char *err, size_t errlen)
-{
-	char sql[96];
-	snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld ORDER BY k", (long long)co->tbl);
-	sqlite3_stmt *s = NULL;
-	/* a private statement: index_insert_keys uses the cache meanwhile */
-	if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK)
-		return sqlerr(c->db, err, errlen, "index build");
-	int rc = 0, r;
-	sdb_key idk;
-	sdb_key_init(&idk);
-	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
-		bson_t doc;
-		if (!bson_init_static(&doc, sqlite3_column_blob(s, 1),
-				      (size_t)sqlite3_column_bytes(s, 1))) {
-			rc = sdb_errf(err, errlen, SDB_ECORRUPT, "corrupt document in %s.%s",
-				      co->db, co->coll);
-			break;
-		}
-		sdb_key_reset(&idk);
-		sdb_key_append(&idk, sqlite3_column_blob(s, 0),
-				     (size_t)sqlite3_column_bytes(s, 0));
-		store_keyset ks;
-		store_keyset_init(&ks);
-		bool missing = false, multikey = false;
-		rc = store_key_index_keys(ix->key, &doc, &ks, &missing, &multikey, err, errlen);
-		if (rc == 0 && multikey && !ix->multikey)
-			rc = index_mark_multikey(c, co, ix, err, errlen);
-		if (rc == 0 && !(ix->sparse && missing))
-			rc = index_insert_keys(c, co, ix, &ks, &idk, &doc, dup, err, errlen);
-		store_keyset_destroy(&ks);
-		if (rc)
-			break;
-	}
-	if (rc == 0 && r != SQLITE_DONE)
-		rc = sqlerr(c->db, err, errlen, "index build");
-	sdb_key_free(&idk);
-	sqlite3_finalize(s);
-	return rc;
-}
-
-int sdb_store_index_drop(sdb_store_conn *c, const char *db, const char *coll,
-			 const char *name, const char *origin, char *err, size_t errlen)
-{
-	const sdb_store_coll *co = cache_find(c, db, coll);
-	if (!co)
-		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found %s.%s", db, coll);
-	if (strcmp(name, "_id_") == 0)
-		return sdb_errf(err, errlen, SDB_EINVAL, "cannot drop _id index");
-	const sdb_store_index *ix = NULL;
-	for (size_t i = 0; i < co->n_indexes; i++)
-		if (strcmp(co->indexes[i].name, name) == 0)
-			ix = &co->indexes[i];
-	if (!ix)
-		return sdb_errf(err, errlen, SDB_ENOTFOUND, "index not found with name [%s]",
-				name);
-	uint8_t uuid[16];
-	memcpy(uuid, co->uuid, 16);
-	int rc = drop_table(c, "i", ix->tbl, err, errlen);
-	if (rc)
-		return rc;
-	c->ddl = true;
-	sqlite3_stmt *s = stmt_get(
-		c, "DELETE FROM catalog_index WHERE db = ? AND coll = ? AND name = ?", err, errlen);
-	if (!s)
-		return SDB_EIO;
-	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 3, name, -1, SQLITE_TRANSIENT);
-	rc = step_done(c, s, err, errlen, "catalog index delete");
-	if (rc)
-		return rc;
-	bson_t o = BSON_INITIALIZER;
-	BSON_APPEND_UTF8(&o, "dropIndexes", coll);
-	BSON_APPEND_UTF8(&o, "index", name);
-	rc = catalog_bump(c, err, errlen);
-	if (rc == 0) {
-		char *ns = sdb_asprintf("%s.$cmd", db);
-		rc = oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
-		free(ns);
-	}
-	bson_destroy(&o);
-	return rc;
 }
 
 /* ------------------------------------------------------------------ scans */
@@ -2538,7 +1962,7 @@ static int cursor_prepare_range(sdb_store_cursor *cur, char *err, size_t errlen)
 		sqlite3_finalize(cur->stmt);
 	cur->stmt = NULL;
 	if (sqlite3_prepare_v2(c->db, sql, -1, &cur->stmt, NULL) != SQLITE_OK)
-		return sqlerr(c->db, err, errlen, "scan");
+		return store_sqlerr(c->db, err, errlen, "scan");
 	if (r->lo)
 		sqlite3_bind_blob(cur->stmt, 1, r->lo, (int)r->lo_len, SQLITE_STATIC);
 	if (r->hi)
@@ -2551,7 +1975,7 @@ int sdb_store_scan(sdb_store_conn *c, const char *db, const char *coll, const ch
 		   sdb_store_cursor **out, char *err, size_t errlen)
 {
 	*out = NULL;
-	const sdb_store_coll *co = cache_find(c, db, coll);
+	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co)
 		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
 	const sdb_store_index *ix = NULL;
@@ -2617,7 +2041,7 @@ int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t 
 			return 1;
 		}
 		if (r != SQLITE_DONE)
-			return sqlerr(cur->conn->db, err, errlen, "scan");
+			return store_sqlerr(cur->conn->db, err, errlen, "scan");
 		if (cur->cur_range + 1 >= cur->n_ranges) {
 			sqlite3_finalize(cur->stmt);
 			cur->stmt = NULL;
@@ -2654,7 +2078,7 @@ void sdb_store_cursor_close(sdb_store_cursor *cur)
 int sdb_store_version_check(sdb_store_conn *c, const char *chunk, int64_t token,
 			    int64_t *stored, char *err, size_t errlen)
 {
-	sqlite3_stmt *s = stmt_get(c, "SELECT token FROM versions WHERE chunk = ?", err, errlen);
+	sqlite3_stmt *s = store_stmt_get(c, "SELECT token FROM versions WHERE chunk = ?", err, errlen);
 	if (!s)
 		return SDB_EIO;
 	sqlite3_bind_text(s, 1, chunk, -1, SQLITE_STATIC);
@@ -2664,7 +2088,7 @@ int sdb_store_version_check(sdb_store_conn *c, const char *chunk, int64_t token,
 		*stored = sqlite3_column_int64(s, 0);
 	sqlite3_reset(s);
 	if (r != SQLITE_ROW && r != SQLITE_DONE)
-		return sqlerr(c->db, err, errlen, "version check");
+		return store_sqlerr(c->db, err, errlen, "version check");
 	if (token < *stored)
 		return sdb_errf(err, errlen, SDB_ESTALE,
 				"version token %lld of chunk %s is older than the shard's %lld",
@@ -2675,7 +2099,7 @@ int sdb_store_version_check(sdb_store_conn *c, const char *chunk, int64_t token,
 int sdb_store_version_set(sdb_store_conn *c, const char *chunk, int64_t token,
 			  int64_t *stored, char *err, size_t errlen)
 {
-	sqlite3_stmt *s = stmt_get(c,
+	sqlite3_stmt *s = store_stmt_get(c,
 				   "INSERT INTO versions(chunk, token) VALUES(?1, ?2) "
 				   "ON CONFLICT(chunk) DO UPDATE SET token = max(token, ?2)",
 				   err, errlen);
@@ -2683,304 +2107,8 @@ int sdb_store_version_set(sdb_store_conn *c, const char *chunk, int64_t token,
 		return SDB_EIO;
 	sqlite3_bind_text(s, 1, chunk, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(s, 2, token);
-	int rc = step_done(c, s, err, errlen, "version set");
+	int rc = store_step_done(c, s, err, errlen, "version set");
 	if (rc)
 		return rc;
 	return sdb_store_version_check(c, chunk, INT64_MAX, stored, err, errlen);
-}
-
-/* ------------------------------------------------------------------ integrity */
-
-static void problem(bson_t *problems, int *n, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void problem(bson_t *problems, int *n, const char *fmt, ...)
-{
-	char buf[512], key[16];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(buf, sizeof buf, fmt, ap);
-	va_end(ap);
-	snprintf(key, sizeof key, "%d", *n);
-	if (*n < 1000)
-		BSON_APPEND_UTF8(problems, key, buf);
-	(*n)++;
-}
-
-/* Count the index rows of ix and check each document's keys are present. */
-static int check_coll(sdb_store_conn *c, const sdb_store_coll *co, bson_t *problems, int *n,
-		      char *err, size_t errlen)
-{
-	char sql[160];
-	snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld", (long long)co->tbl);
-	sqlite3_stmt *s = NULL;
-	if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK)
-		return sqlerr(c->db, err, errlen, "check");
-	int64_t *expect = sdb_calloc(co->n_indexes + 1, sizeof *expect);
-	sdb_key idk;
-	sdb_key_init(&idk);
-	int r;
-	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
-		bson_t doc;
-		if (!bson_init_static(&doc, sqlite3_column_blob(s, 1),
-				      (size_t)sqlite3_column_bytes(s, 1)) ||
-		    !bson_validate(&doc, BSON_VALIDATE_NONE, NULL)) {
-			problem(problems, n, "%s.%s: a document is not valid BSON", co->db,
-				co->coll);
-			continue;
-		}
-		bson_iter_t id_it;
-		char kerr[64];
-		if (id_key(&doc, &idk, &id_it, kerr, sizeof kerr) != 0 ||
-		    idk.len != (size_t)sqlite3_column_bytes(s, 0) ||
-		    memcmp(idk.data, sqlite3_column_blob(s, 0), idk.len) != 0) {
-			problem(problems, n, "%s.%s: a document's key does not match its _id",
-				co->db, co->coll);
-			continue;
-		}
-		for (size_t i = 0; i < co->n_indexes; i++) {
-			const sdb_store_index *ix = &co->indexes[i];
-			store_keyset ks;
-			store_keyset_init(&ks);
-			bool missing = false;
-			if (index_keys(ix, &doc, &ks, &missing, kerr, sizeof kerr) == 0 &&
-			    !(ix->sparse && missing)) {
-				char q[128];
-				snprintf(q, sizeof q, "SELECT 1 FROM i_%lld WHERE k = ? AND id = ?",
-					 (long long)ix->tbl);
-				for (size_t j = 0; j < ks.n; j++) {
-					sqlite3_stmt *q2 = stmt_get(c, q, err, errlen);
-					if (!q2)
-						break;
-					sqlite3_bind_blob(q2, 1, ks.keys[j].data,
-							  (int)ks.keys[j].len, SQLITE_STATIC);
-					sqlite3_bind_blob(q2, 2, idk.data, (int)idk.len,
-							  SQLITE_STATIC);
-					if (sqlite3_step(q2) != SQLITE_ROW) {
-						char *js = bson_as_relaxed_extended_json(&doc, NULL);
-						problem(problems, n,
-							"%s.%s: index %s misses a key of document %.200s",
-							co->db, co->coll, ix->name, js ? js : "?");
-						bson_free(js);
-					}
-					sqlite3_reset(q2);
-				}
-				expect[i] += (int64_t)ks.n;
-			}
-			store_keyset_destroy(&ks);
-		}
-	}
-	sqlite3_finalize(s);
-	sdb_key_free(&idk);
-	for (size_t i = 0; i < co->n_indexes; i++) {
-		snprintf(sql, sizeof sql, "SELECT count(*) FROM i_%lld",
-			 (long long)co->indexes[i].tbl);
-		int64_t have = query_int(c, sql, -1);
-		if (have != expect[i])
-			problem(problems, n, "%s.%s: index %s has %lld entries, documents give %lld",
-				co->db, co->coll, co->indexes[i].name, (long long)have,
-				(long long)expect[i]);
-		snprintf(sql, sizeof sql,
-			 "SELECT count(*) FROM i_%lld i WHERE NOT EXISTS (SELECT 1 FROM c_%lld c "
-			 "WHERE c.k = i.id)",
-			 (long long)co->indexes[i].tbl, (long long)co->tbl);
-		int64_t orphans = query_int(c, sql, -1);
-		if (orphans != 0)
-			problem(problems, n, "%s.%s: index %s has %lld entries without a document",
-				co->db, co->coll, co->indexes[i].name, (long long)orphans);
-	}
-	free(expect);
-	return r == SQLITE_DONE || r == SQLITE_ROW ? 0 : sqlerr(c->db, err, errlen, "check");
-}
-
-/* Replay the retained oplog per namespace and compare with the data. */
-static int check_oplog(sdb_store_conn *c, bson_t *problems, int *n, char *err, size_t errlen)
-{
-	bool trimmed = query_int(c, "SELECT v FROM meta WHERE k='oplog_trimmed'", 0) != 0;
-	sqlite3_stmt *s = NULL;
-	if (sqlite3_prepare_v2(c->db, "SELECT entry FROM oplog ORDER BY ts", -1, &s, NULL) !=
-	    SQLITE_OK)
-		return sqlerr(c->db, err, errlen, "check oplog");
-	/* latest image per (ns, id key): a temp table keeps memory bounded */
-	int rc = exec_sql(c->db,
-			  "CREATE TEMP TABLE IF NOT EXISTS chk(ns TEXT, k BLOB, doc BLOB,"
-			  " PRIMARY KEY(ns, k)) WITHOUT ROWID; DELETE FROM temp.chk;"
-			  "CREATE TEMP TABLE IF NOT EXISTS chkns(ns TEXT PRIMARY KEY)"
-			  " WITHOUT ROWID; DELETE FROM temp.chkns;",
-			  err, errlen);
-	if (rc) {
-		sqlite3_finalize(s);
-		return rc;
-	}
-	sdb_key idk;
-	sdb_key_init(&idk);
-	int r;
-	uint64_t prev_ts = 0;
-	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
-		bson_t e;
-		if (!bson_init_static(&e, sqlite3_column_blob(s, 0),
-				      (size_t)sqlite3_column_bytes(s, 0)))
-			continue;
-		bson_iter_t it;
-		const char *op = "", *ns = "";
-		uint32_t tsec = 0, tinc = 0;
-		if (bson_iter_init_find(&it, &e, "ts") && BSON_ITER_HOLDS_TIMESTAMP(&it))
-			bson_iter_timestamp(&it, &tsec, &tinc);
-		uint64_t ts = sdb_store_ts_pack(tsec, tinc);
-		if (ts <= prev_ts)
-			problem(problems, n, "oplog: ts not increasing at %u:%u", tsec, tinc);
-		prev_ts = ts;
-		if (bson_iter_init_find(&it, &e, "op") && BSON_ITER_HOLDS_UTF8(&it))
-			op = bson_iter_utf8(&it, NULL);
-		if (bson_iter_init_find(&it, &e, "ns") && BSON_ITER_HOLDS_UTF8(&it))
-			ns = bson_iter_utf8(&it, NULL);
-		bson_t o;
-		bool have_o = false;
-		if (bson_iter_init_find(&it, &e, "o") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
-			uint32_t len;
-			const uint8_t *data;
-			bson_iter_document(&it, &len, &data);
-			have_o = bson_init_static(&o, data, len);
-		}
-		if (!have_o)
-			continue;
-		if (strcmp(op, "c") == 0) {
-			/* drop / dropDatabase: forget the namespaces' history */
-			const char *dbend = strstr(ns, ".$cmd");
-			char *db = dbend ? sdb_strndup(ns, (size_t)(dbend - ns)) : sdb_strdup(ns);
-			if (bson_iter_init_find(&it, &o, "drop") && BSON_ITER_HOLDS_UTF8(&it)) {
-				char *dns = sdb_asprintf("%s.%s", db, bson_iter_utf8(&it, NULL));
-				sqlite3_stmt *d = stmt_get(c, "DELETE FROM temp.chk WHERE ns = ?",
-							   err, errlen);
-				if (d) {
-					sqlite3_bind_text(d, 1, dns, -1, SQLITE_STATIC);
-					step_done(c, d, err, errlen, "chk");
-				}
-				free(dns);
-			} else if (bson_iter_init_find(&it, &o, "dropDatabase")) {
-				char *pfx = sdb_asprintf("%s.", db);
-				sqlite3_stmt *d = stmt_get(
-					c, "DELETE FROM temp.chk WHERE substr(ns, 1, length(?1)) = ?1",
-					err, errlen);
-				if (d) {
-					sqlite3_bind_text(d, 1, pfx, -1, SQLITE_STATIC);
-					step_done(c, d, err, errlen, "chk");
-				}
-				free(pfx);
-			}
-			free(db);
-			continue;
-		}
-		bson_iter_t id_it;
-		char kerr[64];
-		const bson_t *idsrc = &o;
-		bson_t o2;
-		if (strcmp(op, "u") == 0 && bson_iter_init_find(&it, &e, "o2") &&
-		    BSON_ITER_HOLDS_DOCUMENT(&it)) {
-			uint32_t len;
-			const uint8_t *data;
-			bson_iter_document(&it, &len, &data);
-			if (bson_init_static(&o2, data, len))
-				idsrc = &o2;
-		}
-		if (id_key(idsrc, &idk, &id_it, kerr, sizeof kerr) != 0)
-			continue;
-		sqlite3_stmt *u = stmt_get(c,
-					   "INSERT OR REPLACE INTO temp.chk(ns, k, doc) "
-					   "VALUES(?, ?, ?)",
-					   err, errlen);
-		if (!u)
-			break;
-		sqlite3_bind_text(u, 1, ns, -1, SQLITE_STATIC);
-		sqlite3_bind_blob(u, 2, idk.data, (int)idk.len, SQLITE_STATIC);
-		if (strcmp(op, "d") == 0)
-			sqlite3_bind_null(u, 3);
-		else
-			sqlite3_bind_blob(u, 3, bson_get_data(&o), (int)o.len, SQLITE_STATIC);
-		step_done(c, u, err, errlen, "chk");
-		sqlite3_stmt *u2 =
-			stmt_get(c, "INSERT OR IGNORE INTO temp.chkns(ns) VALUES(?)", err, errlen);
-		if (u2) {
-			sqlite3_bind_text(u2, 1, ns, -1, SQLITE_STATIC);
-			step_done(c, u2, err, errlen, "chk");
-		}
-	}
-	sqlite3_finalize(s);
-	sdb_key_free(&idk);
-	/* compare every collection against the replayed images */
-	for (size_t i = 0; i < c->n_colls; i++) {
-		const sdb_store_coll *co = &c->colls[i];
-		char *ns = ns_of(co->db, co->coll);
-		char sql[400];
-		/* images that disagree with the stored document (or a document that should
-		 * exist and does not) */
-		snprintf(sql, sizeof sql,
-			 "SELECT count(*) FROM temp.chk h LEFT JOIN c_%lld c ON c.k = h.k WHERE "
-			 "h.ns = ?1 AND ((h.doc IS NULL AND c.k IS NOT NULL) OR (h.doc IS NOT "
-			 "NULL AND (c.doc IS NULL OR c.doc <> h.doc)))",
-			 (long long)co->tbl);
-		sqlite3_stmt *q = stmt_get(c, sql, err, errlen);
-		if (q) {
-			sqlite3_bind_text(q, 1, ns, -1, SQLITE_STATIC);
-			if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_int64(q, 0) != 0)
-				problem(problems, n,
-					"%s: %lld documents disagree with their latest oplog entry",
-					ns, (long long)sqlite3_column_int64(q, 0));
-			sqlite3_reset(q);
-		}
-		if (!trimmed) {
-			snprintf(sql, sizeof sql,
-				 "SELECT count(*) FROM c_%lld c WHERE NOT EXISTS (SELECT 1 FROM "
-				 "temp.chk h WHERE h.ns = ?1 AND h.k = c.k)",
-				 (long long)co->tbl);
-			q = stmt_get(c, sql, err, errlen);
-			if (q) {
-				sqlite3_bind_text(q, 1, ns, -1, SQLITE_STATIC);
-				if (sqlite3_step(q) == SQLITE_ROW &&
-				    sqlite3_column_int64(q, 0) != 0)
-					problem(problems, n,
-						"%s: %lld documents have no oplog entry", ns,
-						(long long)sqlite3_column_int64(q, 0));
-				sqlite3_reset(q);
-			}
-		}
-		free(ns);
-	}
-	/* namespaces with live images in the oplog but no collection */
-	sqlite3_stmt *q = stmt_get(c,
-				   "SELECT ns, count(*) FROM temp.chk WHERE doc IS NOT NULL GROUP "
-				   "BY ns",
-				   err, errlen);
-	if (q) {
-		while (sqlite3_step(q) == SQLITE_ROW) {
-			const char *ns = (const char *)sqlite3_column_text(q, 0);
-			const char *dot = strchr(ns, '.');
-			bool found = false;
-			for (size_t i = 0; dot && i < c->n_colls; i++)
-				if (strlen(c->colls[i].db) == (size_t)(dot - ns) &&
-				    strncmp(c->colls[i].db, ns, (size_t)(dot - ns)) == 0 &&
-				    strcmp(c->colls[i].coll, dot + 1) == 0)
-					found = true;
-			if (!found)
-				problem(problems, n, "%s: oplog has %lld live documents, no collection",
-					ns, (long long)sqlite3_column_int64(q, 1));
-		}
-		sqlite3_reset(q);
-	}
-	exec_sql(c->db, "DELETE FROM temp.chk; DELETE FROM temp.chkns", NULL, 0);
-	return r == SQLITE_DONE ? 0 : sqlerr(c->db, err, errlen, "check oplog");
-}
-
-int sdb_store_check(sdb_store_conn *c, bson_t *problems, int *n_problems, char *err,
-		    size_t errlen)
-{
-	*n_problems = 0;
-	if (exec_sql(c->db, "PRAGMA quick_check", NULL, 0) != 0)
-		problem(problems, n_problems, "sqlite quick_check failed");
-	for (size_t i = 0; i < c->n_colls; i++) {
-		int rc = check_coll(c, &c->colls[i], problems, n_problems, err, errlen);
-		if (rc)
-			return rc;
-	}
-	return check_oplog(c, problems, n_problems, err, errlen);
 }

@@ -1,5 +1,5 @@
-/* Internals of the store shared with its other files (storage/session.c): not for use
- * outside storage/. Each takes a connection inside a transaction opened with
+/* Internals of the store shared with its other files (storage/session.c, oplog.c,
+ * index.c, check.c): not for use outside storage/. Each takes a connection inside a transaction opened with
  * sdb_store_begin unless said. */
 #ifndef SDB_STORAGE_STORE_INT_H
 #define SDB_STORAGE_STORE_INT_H
@@ -7,6 +7,129 @@
 #include <sqlite3.h>
 
 #include "storage/store.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "storage/keyenc.h"
+
+/* ---- shared by store.c, oplog.c, index.c and check.c ---- */
+
+#define STORE_FORMAT 1
+#define STORE_DEFAULT_OPLOG_BYTES (256LL * 1024 * 1024)
+#define STORE_STMT_CACHE 64
+
+struct sdb_store {
+	char *path; /* DIR/shard.db */
+	sdb_store_opts opts;
+	pthread_mutex_t write_mu; /* serializes write transactions inside the process */
+	pthread_mutex_t ts_mu;
+	uint64_t last_ts;              /* newest ts allocated (under ts_mu) */
+	_Atomic uint64_t committed_ts; /* newest ts committed */
+	int64_t oplog_bytes;           /* bytes in the oplog table (under write_mu) */
+	uint64_t writes_since_trim;    /* under write_mu */
+	int64_t session_sweep_ms;      /* next expired-session sweep, epoch ms (under write_mu) */
+};
+
+typedef struct stmt_slot {
+	char *sql;
+	sqlite3_stmt *stmt;
+} stmt_slot;
+
+struct sdb_store_conn {
+	sdb_store *st;
+	sqlite3 *db;
+	stmt_slot stmts[STORE_STMT_CACHE];
+	unsigned stmt_next; /* round-robin eviction */
+	bool in_txn, write;
+	int savepoints;
+	/* catalog cache, valid for catalog_gen */
+	int64_t cache_gen;
+	size_t n_colls;
+	sdb_store_coll *colls;
+	/* per-transaction accounting applied at commit */
+	int64_t pending_oplog_bytes;
+	uint64_t pending_ts;
+	bool ddl;
+	/* the statement being written for a retryable write (sdb_store_set_op_session):
+	 * borrowed lsid bytes, recorded into each oplog entry; NULL = none */
+	const uint8_t *op_lsid;
+	uint32_t op_lsid_len;
+	int64_t op_txn;
+	int32_t op_stmt;
+	/* ts of the first oplog entry written for the tagged statement (0 = none yet):
+	 * sdb_store_oplog_stmt_result adds the statement's outcome to its entries */
+	uint64_t op_first_ts;
+	/* A replicated apply transaction (sdb_store_apply_begin) is open: sdb_store_begin/
+	 * commit/rollback of the commands it runs work on the savepoint "cmd" inside it. */
+	bool apply;
+	sdb_store_det det;         /* the apply's deterministic inputs */
+	uint32_t det_counter;      /* ObjectIds generated in this apply */
+	int64_t cmd_pending_bytes; /* pending_oplog_bytes when the current command began */
+	uint64_t cmd_last_ts;      /* st->last_ts when the current command began */
+};
+
+/* The keys of one document for one index. */
+typedef struct store_keyset {
+	sdb_key *keys;
+	size_t n;
+} store_keyset;
+
+#define STORE_MAX_INDEX_FIELDS 32
+
+/* Helpers shared by store.c, oplog.c, index.c and check.c (definitions in the file named;
+ * errors: SDB_E* codes with a message in err where they take one). */
+/* A prepared statement from c's cache (as sdb_store_int_stmt). (store.c) */
+sqlite3_stmt *store_stmt_get(sdb_store_conn *c, const char *sql, char *err, size_t errlen);
+/* Step s to its end and reset it (as sdb_store_int_step_done). (store.c) */
+int store_step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errlen,
+		     const char *what);
+/* SDB_EIO with SQLite's message for db, prefixed by what. (store.c) */
+int store_sqlerr(sqlite3 *db, char *err, size_t errlen, const char *what);
+/* The integer in the first column of the first row of sql (no parameters), def when there is no row or on error. (store.c) */
+int64_t store_query_int(sdb_store_conn *c, const char *sql, int64_t def);
+/* The store's injectable wall clock, epoch ms. (store.c) */
+int64_t store_conn_now_ms(const sdb_store_conn *c);
+/* Run sql (one or more statements, no parameters) on db: 0 or SDB_EIO with a message. (store.c) */
+int store_exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen);
+/* The catalog entry of db.coll in c's catalog cache (borrowed until the cache reloads), or NULL. (store.c) */
+sdb_store_coll *store_cache_find(sdb_store_conn *c, const char *db, const char *coll);
+/* Bump the catalog generation (every connection reloads its cache at its next transaction): 0 or SDB_EIO. (store.c) */
+int store_catalog_bump(sdb_store_conn *c, char *err, size_t errlen);
+/* Drop table PREFIX<tbl> (a collection's documents or an index's keys): 0 or SDB_EIO. (store.c) */
+int store_drop_table(sdb_store_conn *c, const char *prefix, int64_t tbl, char *err,
+		      size_t errlen);
+/* Insert one document's keys into one index table (duplicate keys of a unique index: SDB_EEXISTS with MongoDB's message); marks the index multikey when needed. (store.c) */
+int store_index_insert_keys(sdb_store_conn *c, const sdb_store_coll *co,
+			     const sdb_store_index *ix, const store_keyset *ks,
+			     const sdb_key *idk, const bson_t *doc, sdb_store_dup *dup,
+			     char *err, size_t errlen);
+/* Record that an index became multikey (this transaction; the cache entry is updated in place). (store.c) */
+int store_index_mark_multikey(sdb_store_conn *c, const sdb_store_coll *co,
+			       sdb_store_index *ix, char *err, size_t errlen);
+/* Append an oplog entry in the current write transaction (its ts allocated here): op "i"/"u"/"d"/"c"; o2 and ui may be NULL. 0 or SDB_EIO. (oplog.c) */
+int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const uint8_t *ui,
+			const bson_t *o, const bson_t *o2, const char *origin, char *err,
+			size_t errlen);
+/* Delete the oldest oplog entries beyond the byte cap (write transaction): 0 or SDB_EIO. (oplog.c) */
+int store_oplog_trim(sdb_store_conn *c, char *err, size_t errlen);
+/* Append the order-preserving key of doc's _id to kb (id_it: the _id element found): 0, or SDB_EINVAL when _id is missing or of a type _id cannot have. (store.c) */
+int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, char *err,
+		  size_t errlen);
+/* The index keys of doc for index ix into ks (multikey expands arrays): 0 or SDB_EINVAL (parallel arrays, too many keys). (store.c) */
+int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
+		      bool *all_missing, char *err, size_t errlen);
+/* "db.coll" (heap, caller frees). (store.c) */
+char *store_ns_of(const char *db, const char *coll);
+/* Check an index key pattern: field -> 1 / -1 (any non-zero number), at most STORE_MAX_INDEX_FIELDS; "hashed", "text", "2d" refused. 0 or SDB_EINVAL. (store.c) */
+int store_key_check_pattern(const bson_t *pattern, char *err, size_t errlen);
+/* The keys of doc for key pattern into ks (the caller destroys ks): 0 or SDB_EINVAL. (store.c) */
+int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
+				bool *all_missing, bool *multikey_out, char *err, size_t errlen);
+/* Free a keyset's keys (it stays usable, empty). (store.c) */
+void store_keyset_destroy(store_keyset *ks);
+/* An empty keyset. (store.c) */
+void store_keyset_init(store_keyset *ks);
 
 /* A prepared statement from c's cache, reset and unbound (owned by the cache: never
  * finalize it). NULL with a message on error. */

@@ -1,0 +1,308 @@
+/* Secondary indexes of the embedded shard engine: createIndexes / dropIndexes, index
+ * tables of order-preserving keys (storage/keyenc.h) built over the existing documents,
+ * unique checks and multikey marks. See store.h; internals in store_int.h. */
+#include "storage/store.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "storage/keyenc.h"
+#include "storage/path.h"
+#include "storage/store_int.h"
+
+/* ------------------------------------------------------------------ indexes */
+
+static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_index *ix,
+		       sdb_store_dup *dup, char *err, size_t errlen);
+
+int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
+			   const bson_t *spec, const char *origin, bool *created, int *mongo_code,
+			   char *err, size_t errlen)
+{
+	*created = false;
+	*mongo_code = 0;
+	bson_iter_t it;
+	const char *name = NULL;
+	bson_t key;
+	bool have_key = false, unique = false, sparse = false;
+	if (bson_iter_init_find(&it, spec, "name") && BSON_ITER_HOLDS_UTF8(&it))
+		name = bson_iter_utf8(&it, NULL);
+	if (bson_iter_init_find(&it, spec, "key") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+		uint32_t len;
+		const uint8_t *data;
+		bson_iter_document(&it, &len, &data);
+		have_key = bson_init_static(&key, data, len);
+	}
+	if (bson_iter_init_find(&it, spec, "unique"))
+		unique = bson_iter_as_bool(&it);
+	if (bson_iter_init_find(&it, spec, "sparse"))
+		sparse = bson_iter_as_bool(&it);
+	if (!have_key || bson_count_keys(&key) == 0) {
+		*mongo_code = 67; /* CannotCreateIndex */
+		return sdb_errf(err, errlen, SDB_EINVAL, "Index keys cannot be empty.");
+	}
+	if (!name) {
+		*mongo_code = 9;
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"Error in specification %s :: caused by :: The 'name' field is a "
+				"required property of an index specification",
+				"{}");
+	}
+	int rc = store_key_check_pattern(&key, err, errlen);
+	if (rc) {
+		*mongo_code = 67;
+		return rc;
+	}
+	if (bson_iter_init_find(&it, spec, "expireAfterSeconds")) {
+		/* a TTL index (expired documents are deleted by the shard's TTL monitor,
+		 * src/shard/ttl.c): MongoDB's rules */
+		double v = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_double(&it) : -1;
+		if (!BSON_ITER_HOLDS_NUMBER(&it) || v != v || v < 0 || v > 2147483647.0) {
+			*mongo_code = 67;
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"TTL index 'expireAfterSeconds' option must be within an "
+					"acceptable range, try a lower number");
+		}
+		if (bson_count_keys(&key) != 1) {
+			*mongo_code = 67;
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"TTL indexes are single-field indexes, compound indexes do "
+					"not support TTL");
+		}
+		if (bson_iter_init_find(&it, &key, "_id")) {
+			*mongo_code = 67;
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"The field 'expireAfterSeconds' is not valid for an _id index "
+					"specification");
+		}
+	}
+	const sdb_store_coll *co = store_cache_find(c, db, coll);
+	if (!co) {
+		rc = sdb_store_coll_create(c, db, coll, NULL, origin, &co, err, errlen);
+		if (rc)
+			return rc;
+	}
+	/* _id index: only {_id: 1} named _id_ is accepted (exists already). */
+	bool is_id_key = bson_count_keys(&key) == 1 && bson_iter_init_find(&it, &key, "_id");
+	if (strcmp(name, "_id_") == 0 || is_id_key) {
+		if (strcmp(name, "_id_") == 0 && is_id_key)
+			return SDB_EEXISTS;
+		if (is_id_key && !unique && strcmp(name, "_id_") != 0) {
+			*mongo_code = 85;
+			return sdb_errf(err, errlen, SDB_ECONFLICT,
+					"Index already exists with a different name: _id_");
+		}
+		*mongo_code = 67;
+		return sdb_errf(err, errlen, SDB_EINVAL, "cannot create an index named _id_");
+	}
+	for (size_t i = 0; i < co->n_indexes; i++) {
+		const sdb_store_index *ix = &co->indexes[i];
+		bool same_key = bson_equal(ix->key, &key);
+		bool same_name = strcmp(ix->name, name) == 0;
+		if (same_key && same_name) {
+			if (ix->unique != unique || ix->sparse != sparse) {
+				*mongo_code = 86; /* IndexKeySpecsConflict */
+				return sdb_errf(err, errlen, SDB_ECONFLICT,
+						"An existing index has the same name as the "
+						"requested index but different options. Requested "
+						"index name: %s",
+						name);
+			}
+			return SDB_EEXISTS;
+		}
+		if (same_name) {
+			*mongo_code = 86;
+			return sdb_errf(err, errlen, SDB_ECONFLICT,
+					"An existing index has the same name as the requested "
+					"index. When index names are not specified, they are "
+					"auto generated and can cause conflicts. Please refer to "
+					"our documentation. Requested index name: %s",
+					name);
+		}
+		if (same_key && ix->unique == unique && ix->sparse == sparse) {
+			*mongo_code = 85; /* IndexOptionsConflict */
+			return sdb_errf(err, errlen, SDB_ECONFLICT,
+					"Index already exists with a different name: %s",
+					ix->name);
+		}
+	}
+	int64_t tbl = store_query_int(c, "SELECT v FROM meta WHERE k='next_tbl'", 1);
+	char sql[160];
+	snprintf(sql, sizeof sql,
+		 "CREATE TABLE i_%lld(k BLOB NOT NULL, id BLOB NOT NULL, PRIMARY KEY(k, id)) "
+		 "WITHOUT ROWID",
+		 (long long)tbl);
+	rc = store_exec_sql(c->db, sql, err, errlen);
+	if (rc)
+		return rc;
+	c->ddl = true;
+	/* stored spec: {v: 2, key, name, ...the rest as given} */
+	bson_t stored = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&stored, "v", 2);
+	BSON_APPEND_DOCUMENT(&stored, "key", &key);
+	BSON_APPEND_UTF8(&stored, "name", name);
+	if (bson_iter_init(&it, spec)) {
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			if (strcmp(k, "key") == 0 || strcmp(k, "name") == 0 ||
+			    strcmp(k, "v") == 0 || strcmp(k, "ns") == 0)
+				continue;
+			bson_append_iter(&stored, k, -1, &it);
+		}
+	}
+	sqlite3_stmt *s = store_stmt_get(c,
+				   "INSERT INTO catalog_index(db, coll, name, tbl, spec) "
+				   "VALUES(?, ?, ?, ?, ?)",
+				   err, errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 3, name, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 4, tbl);
+	sqlite3_bind_blob(s, 5, bson_get_data(&stored), (int)stored.len, SQLITE_STATIC);
+	rc = store_step_done(c, s, err, errlen, "catalog index");
+	if (rc)
+		goto out;
+	s = store_stmt_get(c, "UPDATE meta SET v = ? WHERE k='next_tbl'", err, errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_int64(s, 1, tbl + 1);
+	rc = store_step_done(c, s, err, errlen, "next_tbl");
+	if (rc)
+		goto out;
+	rc = store_catalog_bump(c, err, errlen);
+	if (rc)
+		goto out;
+	co = store_cache_find(c, db, coll);
+	const sdb_store_index *ix = NULL;
+	for (size_t i = 0; co && i < co->n_indexes; i++)
+		if (strcmp(co->indexes[i].name, name) == 0)
+			ix = &co->indexes[i];
+	if (!ix) {
+		rc = sdb_errf(err, errlen, SDB_EINTERNAL, "index vanished");
+		goto out;
+	}
+	sdb_store_dup dup = {0};
+	rc = index_build(c, co, (sdb_store_index *)ix, &dup, err, errlen);
+	if (rc == SDB_EEXISTS)
+		*mongo_code = 11000;
+	sdb_store_dup_clear(&dup);
+	if (rc)
+		goto out;
+	bson_t o = BSON_INITIALIZER;
+	BSON_APPEND_UTF8(&o, "createIndexes", coll);
+	if (bson_iter_init(&it, &stored)) {
+		while (bson_iter_next(&it))
+			bson_append_iter(&o, bson_iter_key(&it), -1, &it);
+	}
+	char *ns = sdb_asprintf("%s.$cmd", db);
+	rc = store_oplog_append(c, "c", ns, co->uuid, &o, NULL, origin, err, errlen);
+	free(ns);
+	bson_destroy(&o);
+	if (rc == 0)
+		*created = true;
+out:
+	bson_destroy(&stored);
+	return rc;
+}
+
+static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_index *ix,
+		       sdb_store_dup *dup, char *err, size_t errlen)
+{
+	char sql[96];
+	snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld ORDER BY k", (long long)co->tbl);
+	sqlite3_stmt *s = NULL;
+	/* a private statement: index_insert_keys uses the cache meanwhile */
+	if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK)
+		return store_sqlerr(c->db, err, errlen, "index build");
+	int rc = 0, r;
+	sdb_key idk;
+	sdb_key_init(&idk);
+	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+		bson_t doc;
+		if (!bson_init_static(&doc, sqlite3_column_blob(s, 1),
+				      (size_t)sqlite3_column_bytes(s, 1))) {
+			rc = sdb_errf(err, errlen, SDB_ECORRUPT, "corrupt document in %s.%s",
+				      co->db, co->coll);
+			break;
+		}
+		sdb_key_reset(&idk);
+		sdb_key_append(&idk, sqlite3_column_blob(s, 0),
+				     (size_t)sqlite3_column_bytes(s, 0));
+		store_keyset ks;
+		store_keyset_init(&ks);
+		bool missing = false, multikey = false;
+		rc = store_key_index_keys(ix->key, &doc, &ks, &missing, &multikey, err, errlen);
+		if (rc == 0 && multikey && !ix->multikey)
+			rc = store_index_mark_multikey(c, co, ix, err, errlen);
+		if (rc == 0 && !(ix->sparse && missing))
+			rc = store_index_insert_keys(c, co, ix, &ks, &idk, &doc, dup, err, errlen);
+		store_keyset_destroy(&ks);
+		if (rc)
+			break;
+	}
+	if (rc == 0 && r != SQLITE_DONE)
+		rc = store_sqlerr(c->db, err, errlen, "index build");
+	sdb_key_free(&idk);
+	sqlite3_finalize(s);
+	return rc;
+}
+
+int sdb_store_index_drop(sdb_store_conn *c, const char *db, const char *coll,
+			 const char *name, const char *origin, char *err, size_t errlen)
+{
+	const sdb_store_coll *co = store_cache_find(c, db, coll);
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found %s.%s", db, coll);
+	if (strcmp(name, "_id_") == 0)
+		return sdb_errf(err, errlen, SDB_EINVAL, "cannot drop _id index");
+	const sdb_store_index *ix = NULL;
+	for (size_t i = 0; i < co->n_indexes; i++)
+		if (strcmp(co->indexes[i].name, name) == 0)
+			ix = &co->indexes[i];
+	if (!ix)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "index not found with name [%s]",
+				name);
+	uint8_t uuid[16];
+	memcpy(uuid, co->uuid, 16);
+	int rc = store_drop_table(c, "i", ix->tbl, err, errlen);
+	if (rc)
+		return rc;
+	c->ddl = true;
+	sqlite3_stmt *s = store_stmt_get(
+		c, "DELETE FROM catalog_index WHERE db = ? AND coll = ? AND name = ?", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 3, name, -1, SQLITE_TRANSIENT);
+	rc = store_step_done(c, s, err, errlen, "catalog index delete");
+	if (rc)
+		return rc;
+	bson_t o = BSON_INITIALIZER;
+	BSON_APPEND_UTF8(&o, "dropIndexes", coll);
+	BSON_APPEND_UTF8(&o, "index", name);
+	rc = store_catalog_bump(c, err, errlen);
+	if (rc == 0) {
+		char *ns = sdb_asprintf("%s.$cmd", db);
+		rc = store_oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
+		free(ns);
+	}
+	bson_destroy(&o);
+	return rc;
+}
