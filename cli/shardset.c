@@ -3,7 +3,7 @@
  *
  *   stripedb ctl shard list                                  every shard's members
  *   stripedb ctl shard member status SHARD                   one shard's members
- *   stripedb ctl shard member add SHARD ID --raft=H:P [--wire=H:P]
+ *   stripedb ctl shard member add SHARD ID --raft=H:P --wire=H:P
  *   stripedb ctl shard member remove SHARD ID
  *   stripedb ctl shard member transfer SHARD [ID]
  *
@@ -308,7 +308,7 @@ static int member_usage(const char *msg)
 {
 	fprintf(stderr,
 		"stripedb ctl shard member: %s (usage: shard member add SHARD ID --raft=H:P "
-		"[--wire=H:P] | remove SHARD ID | transfer SHARD [ID] | status SHARD)\n",
+		"--wire=H:P | remove SHARD ID | transfer SHARD [ID] | status SHARD)\n",
 		msg);
 	return 2;
 }
@@ -350,12 +350,12 @@ static int cmd_member(cli_ctx *ctx, int argc, char **argv)
 		return member_usage("missing verb or SHARD");
 	const char *verb = pos[0];
 	if (strcmp(verb, "add") == 0) {
-		if (npos != 3 || parse_id(pos[2], &id) != 0 || id == 0 || !raft)
-			return member_usage("add needs SHARD, a positive ID and --raft=H:P");
+		if (npos != 3 || parse_id(pos[2], &id) != 0 || id == 0 || !raft || !wire)
+			return member_usage("add needs SHARD, a positive ID, --raft=H:P and "
+					    "--wire=H:P");
 		BSON_APPEND_INT64(&cmd, "addMember", id);
 		BSON_APPEND_UTF8(&cmd, "raft", raft);
-		if (wire)
-			BSON_APPEND_UTF8(&cmd, "wire", wire);
+		BSON_APPEND_UTF8(&cmd, "wire", wire);
 		snprintf(line, sizeof line, "member %lld joined %s as a voter", id, pos[1]);
 	} else if (strcmp(verb, "remove") == 0) {
 		if (npos != 3 || parse_id(pos[2], &id) != 0 || id == 0)

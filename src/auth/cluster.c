@@ -711,6 +711,7 @@ typedef struct cluster_cmd_work {
 	char *host;
 	char *what;
 	bson_t cmd;
+	bson_t reply; /* initialised by cluster_cmd_run (empty when no client) */
 	bool ok;
 	auth_cluster_command_cb cb;
 	void *arg;
@@ -723,27 +724,29 @@ static void cluster_cmd_run(uv_work_t *w)
 				 "serverSelectionTimeoutMS=2000&socketTimeoutMS=2000",
 				 cw->host);
 	mongoc_client_t *c = auth_cluster_client_new(uri);
-	bson_t reply;
 	bson_error_t e;
 	free(uri);
-	if (!c)
+	if (!c) {
+		bson_init(&cw->reply);
 		return;
-	cw->ok = mongoc_client_command_simple(c, "admin", &cw->cmd, NULL, &reply, &e);
+	}
+	cw->ok = mongoc_client_command_simple(c, "admin", &cw->cmd, NULL, &cw->reply, &e);
 	if (!cw->ok) {
-		char *j = bson_as_relaxed_extended_json(&reply, NULL);
+		char *j = bson_as_relaxed_extended_json(&cw->reply, NULL);
 		sdb_debug("cluster: a command to a peer failed, will retry", "what=%s peer=%s "
 			  "err=\"%s\" reply=%s", cw->what, cw->host, e.message, j ? j : "");
 		bson_free(j);
 	}
-	bson_destroy(&reply);
 	mongoc_client_destroy(c);
 }
 
 static void cluster_cmd_after(uv_work_t *w, int status)
 {
 	cluster_cmd_work *cw = w->data;
-	(void)status;
-	cw->cb(cw->arg, cw->ok);
+	if (status != 0) /* canceled before it ran: no reply was made */
+		bson_init(&cw->reply);
+	cw->cb(cw->arg, cw->ok, &cw->reply);
+	bson_destroy(&cw->reply);
 	bson_destroy(&cw->cmd);
 	free(cw->host);
 	free(cw->what);

@@ -105,8 +105,9 @@ bool auth_cluster_uri_apply(mongoc_uri_t *uri);
 mongoc_client_t *auth_cluster_client_new(const char *uri);
 
 /* Called on the loop thread when an auth_cluster_command_async command has finished:
- * ok is true when the peer answered {ok: 1}. */
-typedef void (*auth_cluster_command_cb)(void *arg, bool ok);
+ * ok is true when the peer answered {ok: 1}; reply is its answer (an empty document when
+ * none came), valid during the call only. */
+typedef void (*auth_cluster_command_cb)(void *arg, bool ok, const bson_t *reply);
 
 /* Send one admin-database command to a peer of the same cluster ("host:port", a direct
  * connection with the cluster credentials and internal TLS, 1 s connect and 2 s

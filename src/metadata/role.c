@@ -799,9 +799,10 @@ static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 /* ------------------------------------------------------------------ follower registration */
 
 /* A follower's registration with the leader has finished (ok: the leader committed it). */
-static void reg_after(void *arg, bool ok)
+static void reg_after(void *arg, bool ok, const bson_t *reply)
 {
 	meta *m = arg;
+	(void)reply;
 	m->reg_inflight--;
 	(void)ok; /* a failure is logged by the helper; ensure_registered tries again */
 }

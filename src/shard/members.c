@@ -18,6 +18,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "auth/cluster.h"
 #include "shard/repl.h"
 
 sdb_node *shard_members_node(shard *sh)
@@ -32,6 +33,7 @@ typedef struct mreq {
 	uint64_t id;
 	char *wire;
 	const char *what;
+	int failed; /* addMember: the status of the change being rolled back (0: none) */
 } mreq;
 
 static void mreq_free(mreq *m)
@@ -111,10 +113,43 @@ static void wire_recorded(void *arg, int status, bson_t *result)
 	mreq_free(m);
 }
 
+/* The removal of a member whose add failed has finished: answer the add's failure. */
+static void add_rolled_back(void *arg, int status)
+{
+	mreq *m = arg;
+	if (status == 0)
+		wire_req_error(m->req, WIRE_ERR_OPERATION_FAILED,
+			       "addMember: member %llu joined as a non-voter but did not catch up "
+			       "to vote (%s; is it reachable at its raft address?); it was removed "
+			       "again, nothing joined",
+			       (unsigned long long)m->id, sdb_strerror(m->failed));
+	else
+		reply_status(m, m->failed);
+	mreq_free(m);
+}
+
+/* True when id is in n's configuration (in any role). */
+static bool in_config(sdb_node *n, uint64_t id)
+{
+	const struct raft_configuration *conf = &sdb_node_raft(n)->configuration;
+	for (unsigned i = 0; i < conf->n; i++)
+		if (conf->servers[i].id == (raft_id)id)
+			return true;
+	return false;
+}
+
 static void member_changed(void *arg, int status)
 {
 	mreq *m = arg;
 	if (status != 0) {
+		/* an add that left a spare behind (libraft added it, the promotion failed): take
+		 * it out again so that nothing joined, as the caller is told */
+		if (strcmp(m->what, "addMember") == 0 && status != SDB_ECANCELED &&
+		    sdb_node_ready(m->node) && in_config(m->node, m->id)) {
+			m->failed = status;
+			if (sdb_node_remove(m->node, m->id, add_rolled_back, m) == 0)
+				return;
+		}
 		reply_status(m, status);
 		mreq_free(m);
 		return;
@@ -220,6 +255,62 @@ static int do_transfer(mreq *m, const char *unused)
 	return sdb_node_transfer(m->node, m->id, transfer_done, m);
 }
 
+/* An addMember waiting for the new member's hello. */
+typedef struct add_check {
+	shard *sh;
+	wire_req *req;
+	int64_t id;
+	char *raft, *wire;
+} add_check;
+
+static void add_check_free(add_check *ac)
+{
+	free(ac->raft);
+	free(ac->wire);
+	free(ac);
+}
+
+/* The new member answered hello (or not): it must be reachable, run with this set's
+ * --replica-set, and not be a primary (a running set of its own, whose data the
+ * snapshot it would receive replaces). Then the change starts. */
+static void add_checked(void *arg, bool ok, const bson_t *reply)
+{
+	add_check *ac = arg;
+	shard *sh = ac->sh;
+	wire_req *req = ac->req;
+	const char *mine = sh->repl ? shard_repl_set_name(sh->repl) : NULL;
+	const char *theirs = NULL;
+	bson_iter_t it;
+	bool primary = false;
+
+	if (ok && bson_iter_init_find(&it, reply, "setName") && BSON_ITER_HOLDS_UTF8(&it))
+		theirs = bson_iter_utf8(&it, NULL);
+	if (ok && bson_iter_init_find(&it, reply, "isWritablePrimary") && BSON_ITER_HOLDS_BOOL(&it))
+		primary = bson_iter_bool(&it);
+	if (!ok) {
+		wire_req_error(req, WIRE_ERR_HOST_UNREACHABLE,
+			       "addMember: the new member does not answer at %s; start it first "
+			       "(stripedb --role=shard --replica-set=%s --node-id=%lld ...)",
+			       ac->wire, mine ? mine : "NAME", (long long)ac->id);
+	} else if (!mine || !theirs || strcmp(mine, theirs) != 0) {
+		wire_req_error(req, WIRE_ERR_INVALID_REPLSET_CONFIG,
+			       "addMember: the member at %s runs with --replica-set=%s, not %s; "
+			       "nothing joined",
+			       ac->wire, theirs ? theirs : "(none)", mine ? mine : "(none)");
+	} else if (primary) {
+		wire_req_error(req, WIRE_ERR_INVALID_REPLSET_CONFIG,
+			       "addMember: the member at %s is the primary of a running replica set "
+			       "of its own; start the new member with an empty --data-dir and no "
+			       "--bootstrap-members; nothing joined",
+			       ac->wire);
+	} else {
+		sdb_node *n = primary_node(sh, req);
+		if (n)
+			start_change(sh, n, req, ac->id, "addMember", ac->wire, do_add, ac->raft);
+	}
+	add_check_free(ac);
+}
+
 static void h_add(wire_req *req, void *data)
 {
 	shard *sh = data;
@@ -233,8 +324,11 @@ static void h_add(wire_req *req, void *data)
 		wire_req_error(req, WIRE_ERR_BAD_VALUE, "addMember needs raft: \"HOST:PORT\"");
 		return;
 	}
-	if (wire && !valid_addr(wire)) {
-		wire_req_error(req, WIRE_ERR_BAD_VALUE, "addMember: wire must be \"HOST:PORT\"");
+	if (!valid_addr(wire)) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE,
+			       "addMember needs wire: \"HOST:PORT\", the new member's client "
+			       "address (the primary checks there that it runs with this set's "
+			       "--replica-set and is not serving a set of its own)");
 		return;
 	}
 	sdb_node *n = primary_node(sh, req);
@@ -259,7 +353,22 @@ static void h_add(wire_req *req, void *data)
 			return;
 		}
 	}
-	start_change(sh, n, req, id, "addMember", wire, do_add, raft_addr);
+	/* ask the new member who it is before it joins: a member of another set (or a
+	 * running set of its own) would otherwise be overwritten by this set's snapshot */
+	add_check *ac = sdb_calloc(1, sizeof *ac);
+	ac->sh = sh;
+	ac->req = req;
+	ac->id = id;
+	ac->raft = sdb_strdup(raft_addr);
+	ac->wire = sdb_strdup(wire);
+	bson_t hello = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&hello, "hello", 1);
+	if (auth_cluster_command_async(sh->role->loop, wire, &hello, "shard addMember hello",
+				       add_checked, ac) != 0) {
+		wire_req_error(req, WIRE_ERR_INTERNAL, "addMember: cannot queue the member check");
+		add_check_free(ac);
+	}
+	bson_destroy(&hello);
 }
 
 static void h_remove(wire_req *req, void *data)

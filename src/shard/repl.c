@@ -96,6 +96,11 @@ void shard_repl_reply_unknown(wire_req *req, int status)
 
 /* ------------------------------------------------------------------ members */
 
+const char *shard_repl_set_name(const shard_repl *r)
+{
+	return r->set_name;
+}
+
 const char *shard_repl_member_wire(shard_repl *r, uint64_t id)
 {
 	if (id == r->id)

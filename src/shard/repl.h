@@ -61,6 +61,9 @@ void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply);
 void shard_repl_cmd_register(shard_repl *r, wire_req *req);
 /* The wire address of member id, or NULL when unknown. */
 const char *shard_repl_member_wire(shard_repl *r, uint64_t id);
+
+/* The set's name (--replica-set), NULL for a standalone-looking one-member set. */
+const char *shard_repl_set_name(const shard_repl *r);
 /* The member's Raft node (membership changes: members.c), NULL once stopping. */
 sdb_node *shard_repl_node(shard_repl *r);
 /* /healthz: a one-member set is healthy once primary, a member of a larger set while

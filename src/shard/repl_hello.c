@@ -183,9 +183,10 @@ void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply)
 
 /* A follower's registration with the primary has finished (a failure is logged by the
  * helper; shard_repl_ensure_registered tries again). */
-static void reg_after(void *arg, bool ok)
+static void reg_after(void *arg, bool ok, const bson_t *reply)
 {
 	shard_repl *r = arg;
+	(void)reply;
 	(void)ok;
 	r->reg_inflight--;
 }

@@ -60,6 +60,7 @@ static const struct {
 	{86, "IndexKeySpecsConflict"},
 	{89, "NetworkTimeout"},
 	{91, "ShutdownInProgress"},
+	{93, "InvalidReplicaSetConfig"},
 	{96, "OperationFailed"},
 	{100, "UnsatisfiableWriteConcern"},
 	{112, "WriteConflict"},

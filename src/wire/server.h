@@ -68,6 +68,7 @@
 #define WIRE_ERR_STALE_CONFIG 13388          /* StaleConfig */
 #define WIRE_ERR_SHARD_NOT_FOUND 70
 #define WIRE_ERR_HOST_UNREACHABLE 6
+#define WIRE_ERR_INVALID_REPLSET_CONFIG 93  /* InvalidReplicaSetConfig */
 #define WIRE_ERR_RATE_LIMITED 462            /* stripedb quota: IngressRequestRateLimitExceeded */
 #define WIRE_ERR_FAILED_TO_PARSE 9
 #define WIRE_ERR_PROTOCOL_ERROR 17            /* ProtocolError */

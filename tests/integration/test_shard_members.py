@@ -100,10 +100,12 @@ def test_add_refuses_duplicate_id_and_address(start_role, tmp_path):
     procs, wires, uri = start_set(start_role, tmp_path)
     before = status(wires[primary_index(wires)])["members"]
     raft2 = next(m["raft"] for m in before if m["id"] == 2)
-    r = ctl("shard", "member", "add", uri, "2", f"--raft=127.0.0.1:{free_port()}")
+    r = ctl("shard", "member", "add", uri, "2", f"--raft=127.0.0.1:{free_port()}",
+            f"--wire=127.0.0.1:{free_port()}")
     assert r.returncode == 1
     assert "member id 2 is already in the replica set" in r.stderr, r.stderr
-    r = ctl("shard", "member", "add", uri, "9", f"--raft={raft2}")
+    r = ctl("shard", "member", "add", uri, "9", f"--raft={raft2}",
+            f"--wire=127.0.0.1:{free_port()}")
     assert r.returncode == 1
     assert f"raft address {raft2} is already member 2" in r.stderr, r.stderr
     # usage errors exit 2 without touching the set
@@ -119,9 +121,66 @@ def test_add_refuses_duplicate_id_and_address(start_role, tmp_path):
     sec = next(p for i, p in enumerate(wires) if i != primary_index(wires))
     with direct(sec) as c:
         with pytest.raises(NotPrimaryError) as ei:
-            c.admin.command({"addMember": 7, "raft": f"127.0.0.1:{free_port()}"})
+            c.admin.command({"addMember": 7, "raft": f"127.0.0.1:{free_port()}",
+                             "wire": f"127.0.0.1:{free_port()}"})
         assert ei.value.details["code"] == 10107
         assert ei.value.details["primary"] in uri
+
+
+def test_add_refuses_a_member_of_another_set_and_rolls_back_one_that_cannot_vote(
+        start_role, tmp_path):
+    """The primary asks the new member (hello at --wire) who it is before it joins: a
+    member started with another --replica-set, or a running set of its own (whose
+    acknowledged data the set's snapshot would replace), is refused and nothing joins; a
+    member that answers but cannot be reached on its raft address is added as a spare,
+    never catches up, and is removed again."""
+    procs, wires, uri = start_set(start_role, tmp_path)
+    before = status(wires[primary_index(wires)])["members"]
+    members = members_of(wires)
+    # 1. started with another set's name (the documented way otherwise)
+    wire, raft = free_port(), free_port()
+    start_role(["--role=shard", "--replica-set=other-set", "--node-id=4",
+                f"--data-dir={tmp_path / 'other'}", f"--listen=127.0.0.1:{wire}",
+                f"--raft-listen=127.0.0.1:{raft}", f"--bootstrap-members={members}",
+                "--raft-tls=disabled", "--shutdown-quiesce-ms=0"])
+    r = ctl("shard", "member", "add", uri, "4", f"--raft=127.0.0.1:{raft}",
+            f"--wire=127.0.0.1:{wire}")
+    assert r.returncode == 1, r.stderr
+    assert "runs with --replica-set=other-set, not " + SET in r.stderr, r.stderr
+    # 2. a running one-member set of the same name holding acknowledged data of its own
+    wire2, raft2 = free_port(), free_port()
+    start_role(["--role=shard", f"--replica-set={SET}", "--node-id=5",
+                f"--data-dir={tmp_path / 'own'}", f"--listen=127.0.0.1:{wire2}",
+                f"--raft-listen=127.0.0.1:{raft2}", "--raft-tls=disabled",
+                "--shutdown-quiesce-ms=0"])
+    own = f"mongodb://127.0.0.1:{wire2}/?directConnection=true"
+    with pymongo.MongoClient(own, serverSelectionTimeoutMS=10000) as c:
+        wait_until(lambda: c.admin.command("hello").get("isWritablePrimary"), 30,
+                   what="the one-member set's primary")
+        c.own.data.insert_one({"_id": "mine"})
+    r = ctl("shard", "member", "add", uri, "5", f"--raft=127.0.0.1:{raft2}",
+            f"--wire=127.0.0.1:{wire2}")
+    assert r.returncode == 1, r.stderr
+    assert "primary of a running replica set of its own" in r.stderr, r.stderr
+    with pymongo.MongoClient(own, serverSelectionTimeoutMS=10000) as c:
+        assert c.own.data.count_documents({}) == 1  # its data is untouched
+    # 3. nobody at --wire
+    r = ctl("shard", "member", "add", uri, "6", f"--raft=127.0.0.1:{free_port()}",
+            f"--wire=127.0.0.1:{free_port()}")
+    assert r.returncode == 1 and "does not answer" in r.stderr, r.stderr
+    # --wire is required
+    assert ctl("shard", "member", "add", uri, "6", f"--raft=127.0.0.1:{free_port()}"
+               ).returncode == 2
+    assert status(wires[primary_index(wires)])["members"] == before
+    # 4. a right joiner, but the raft address given is not where it listens: added as a
+    # spare, never catches up, removed again
+    p7, w7, r7 = start_joiner(start_role, tmp_path, wires, 7, members)
+    r = ctl("shard", "member", "add", uri, "7", f"--raft=127.0.0.1:{free_port()}",
+            f"--wire=127.0.0.1:{w7}")
+    assert r.returncode == 1, r.stdout
+    assert "removed again, nothing joined" in r.stderr, r.stderr
+    wait_until(lambda: status(wires[primary_index(wires)])["members"] == before, 10,
+               what="the configuration back to the three members")
 
 
 def test_transfer_then_remove(start_role, tmp_path):
