@@ -213,6 +213,42 @@ static void print_members(int json, const char *shard, const char *uri, const sh
 /* ------------------------------------------------------------------ commands */
 
 /* The address of shard (an id registered with metadata, or an address). 0 or exit code. */
+/* When addr names a set (replicaSet=NAME), the set its reachable hosts report in hello
+ * must be NAME: a URI with one set's name and another set's hosts would otherwise act on
+ * the other set. Returns 0 (the same set, no name to check, or no host reachable: the
+ * command then fails on its own), or 1 after printing the one error line. */
+static int check_set_name(const char *addr, int timeout_ms)
+{
+	char hosts[SHARDSET_MAX][256];
+	mongoc_uri_t *uri = strncmp(addr, "mongodb://", 10) == 0 ? mongoc_uri_new(addr) : NULL;
+	const char *want = uri ? mongoc_uri_get_replica_set(uri) : NULL;
+	int rc = 0, n = want ? seed_hosts(addr, hosts, SHARDSET_MAX) : 0;
+	for (int i = 0; i < n && rc == 0; i++) {
+		mongoc_client_t *c = direct_client(hosts[i], timeout_ms);
+		bson_t cmd = BSON_INITIALIZER, reply;
+		bson_error_t e;
+		char got[256];
+		BSON_APPEND_INT32(&cmd, "hello", 1);
+		if (c && mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e)) {
+			str(&reply, "setName", got, sizeof got);
+			if (strcmp(got, want) != 0) {
+				fprintf(stderr, "stripedb ctl shard member: %s is a member of replica set "
+						"'%s', not '%s' (replicaSet in the URI)\n",
+					hosts[i], got[0] ? got : "(none)", want);
+				rc = 1;
+			}
+			i = n; /* one reachable host answers for the set */
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+		if (c)
+			mongoc_client_destroy(c);
+	}
+	if (uri)
+		mongoc_uri_destroy(uri);
+	return rc;
+}
+
 static int resolve(cli_ctx *ctx, const char *shard, char *out, size_t n)
 {
 	if (strncmp(shard, "mongodb://", 10) == 0 || strchr(shard, ':')) {
@@ -373,7 +409,8 @@ static int cmd_member(cli_ctx *ctx, int argc, char **argv)
 		bson_destroy(&cmd);
 		if (npos != 2)
 			return member_usage("status takes SHARD");
-		if ((rc = resolve(ctx, pos[1], addr, sizeof addr)) != 0)
+		if ((rc = resolve(ctx, pos[1], addr, sizeof addr)) != 0 ||
+		    (rc = check_set_name(addr, ctx->timeout_ms)) != 0)
 			return rc;
 		int n = shardset_status(addr, ctx->timeout_ms, m, SHARDSET_MAX);
 		if (!ctx->json)
@@ -389,7 +426,8 @@ static int cmd_member(cli_ctx *ctx, int argc, char **argv)
 		bson_destroy(&cmd);
 		return member_usage("unknown verb");
 	}
-	if ((rc = resolve(ctx, pos[1], addr, sizeof addr)) != 0) {
+	if ((rc = resolve(ctx, pos[1], addr, sizeof addr)) != 0 ||
+	    (rc = check_set_name(addr, ctx->timeout_ms)) != 0) {
 		bson_destroy(&cmd);
 		return rc;
 	}

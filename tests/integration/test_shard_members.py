@@ -137,6 +137,13 @@ def test_add_refuses_a_member_of_another_set_and_rolls_back_one_that_cannot_vote
     procs, wires, uri = start_set(start_role, tmp_path)
     before = status(wires[primary_index(wires)])["members"]
     members = members_of(wires)
+    # 0. a URI naming another set than its hosts': refused by ctl, before any change
+    wrong = f"mongodb://127.0.0.1:{wires[0]}/?replicaSet=shard-b"
+    for args in (["status", wrong], ["add", wrong, "8", f"--raft=127.0.0.1:{free_port()}",
+                                     f"--wire=127.0.0.1:{free_port()}"]):
+        r = ctl("shard", "member", *args)
+        assert r.returncode == 1, r.stdout
+        assert f"is a member of replica set '{SET}', not 'shard-b'" in r.stderr, r.stderr
     # 1. started with another set's name (the documented way otherwise)
     wire, raft = free_port(), free_port()
     start_role(["--role=shard", "--replica-set=other-set", "--node-id=4",
