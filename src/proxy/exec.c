@@ -533,12 +533,26 @@ typedef struct pjob {
 } pjob;
 
 /* The checks every routed command passes before its handler, in order: options the shards
- * would refuse, the retryable-write fields of a write, the tenant's quotas, the collection
- * policy, a collection name where the command needs one. False once c is answered. */
+ * would refuse, stripedb's internal fields, the retryable-write fields of a write, the
+ * tenant's quotas, the collection policy, a collection name where the command needs one.
+ * False once c is answered. */
 static bool job_checks(ctx *c, const px_cmd *cmd)
 {
 	char err[256];
 	int code;
+	bson_iter_t it;
+
+	/* the fields the coordinator and the proxy itself send to shards ($stripedbOrigin tags
+	 * a migration's writes, $stripedbSession(s) writes session records,
+	 * $stripedbVersion / $stripedbShardVersion gate): never from a client */
+	if (bson_iter_init(&it, c->cmd))
+		while (bson_iter_next(&it))
+			if (strncmp(bson_iter_key(&it), "$stripedb", 9) == 0) {
+				px_error(c, WIRE_ERR_BAD_VALUE,
+					 "field '%s' is internal to stripedb: a client cannot send it",
+					 bson_iter_key(&it));
+				return false;
+			}
 
 	/* options the shards would refuse, refused before the proxy builds requests of its own
 	 * from the command (merge sorts, findAndModify's candidate finds) */

@@ -1,6 +1,7 @@
 """docs/compat.md's refusal table is true: every row's example is refused with the row's code and
 message by a shard, and through a proxy to an unsharded and to a sharded collection (issue #20:
-whatever is not supported is refused clearly, never accepted and ignored).
+whatever is not supported is refused clearly, never accepted and ignored); the proxy refuses
+stripedb's internal `$stripedb*` fields from clients.
 
 The CRUD spec runner (crud_unified.py) reports a spec test that fails only on one of these
 refusals as skipped with the row's feature; this file keeps the table honest.
@@ -71,6 +72,17 @@ def test_refused_through_a_proxy(start_role, tmp_path):
                 _check(db, row, coll)
             assert db[coll].count_documents({"a": 1}) == 1
             assert sorted(d["x"] for d in db[coll].find({})) == ["PING", "ping"]
+            # the fields the coordinator and the proxy send to shards are never a client's:
+            # a write tagged as a migration's, or carrying a session record, is refused
+            for field, value in (("$stripedbOrigin", "mig-x"),
+                                 ("$stripedbSession", {"stmtId": 0}),
+                                 ("$stripedbShardVersion", {"v": 1})):
+                with pytest.raises(OperationFailure) as ei:
+                    db.command({"update": coll, "updates": [{"q": {"_id": 1},
+                                                             "u": {"$set": {"a": 9}}}],
+                                field: value})
+                assert ei.value.code == 2 and "internal to stripedb" in str(ei.value)
+            assert db[coll].count_documents({"a": 9}) == 0
     finally:
         cl.close()
 
