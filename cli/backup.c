@@ -52,6 +52,7 @@
 #include "cdc/reader.h"
 #include "cli/cli.h"
 #include "common/alloc.h"
+#include "common/shardref.h"
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -195,53 +196,21 @@ static int parse_time(const char *s, int64_t *ms)
 }
 
 
-typedef struct shard_ref {
-	char *id, *uri;
-} shard_ref;
+typedef sdb_shard_ref shard_ref;
 
 /* The shards registered in metadata (listShards). Returns the exit code. */
 static int list_shards(const cli_ctx *ctx, shard_ref **out, size_t *n)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
-	bson_iter_t it, arr;
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
 	int rc = cli_meta_run(ctx, &cmd, &reply);
 	bson_destroy(&cmd);
 	*out = NULL;
 	*n = 0;
-	if (rc == 0 && bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it) &&
-	    bson_iter_recurse(&it, &arr)) {
-		while (bson_iter_next(&arr)) {
-			bson_iter_t f;
-			const char *id = NULL, *uri = NULL;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &f))
-				continue;
-			while (bson_iter_next(&f)) {
-				if (strcmp(bson_iter_key(&f), "id") == 0 && BSON_ITER_HOLDS_UTF8(&f))
-					id = bson_iter_utf8(&f, NULL);
-				else if (strcmp(bson_iter_key(&f), "uri") == 0 &&
-					 BSON_ITER_HOLDS_UTF8(&f))
-					uri = bson_iter_utf8(&f, NULL);
-			}
-			if (id == NULL || uri == NULL)
-				continue;
-			*out = sdb_realloc(*out, (*n + 1) * sizeof **out);
-			(*out)[*n].id = sdb_strdup(id);
-			(*out)[*n].uri = sdb_strdup(uri);
-			(*n)++;
-		}
-	}
+	if (rc == 0)
+		sdb_shard_refs_parse(&reply, out, n);
 	bson_destroy(&reply);
 	return rc;
-}
-
-static void shards_free(shard_ref *s, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		free(s[i].id);
-		free(s[i].uri);
-	}
-	free(s);
 }
 
 
@@ -339,7 +308,7 @@ static int cmd_create(cli_ctx *ctx, const bk_opts *o)
 			o->shard ? o->shard : "");
 		rc = 1;
 	}
-	shards_free(shards, n);
+	sdb_shard_refs_free(shards, n);
 	cdc_archive_close(a);
 	return rc;
 }
@@ -1180,7 +1149,7 @@ out:
 	map_free(&r.ids);
 	free(plans);
 	manifests_free(ms, nm);
-	shards_free(shards, nsh);
+	sdb_shard_refs_free(shards, nsh);
 	if (tmp) {
 		rmdir(tmp);
 		free(tmp);

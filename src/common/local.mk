@@ -10,7 +10,8 @@ libstripedb_a_SOURCES += \
 	src/common/log.c \
 	src/common/metauri.c \
 	src/common/metrics.c \
-	src/common/role.c
+	src/common/role.c \
+	src/common/shardref.c
 noinst_HEADERS += \
 	src/common/clock.h \
 	src/common/cmdopts.h \
@@ -22,7 +23,8 @@ noinst_HEADERS += \
 	src/common/log.h \
 	src/common/metauri.h \
 	src/common/metrics.h \
-	src/common/role.h
+	src/common/role.h \
+	src/common/shardref.h
 
 EXTRA_DIST += src/common/README.md
 

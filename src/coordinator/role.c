@@ -44,6 +44,7 @@
 #include "cdc/backup.h" /* issue #22: --backup-interval */
 #include "common/clock.h"
 #include "common/alloc.h"
+#include "common/shardref.h"
 #include "common/config.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -120,55 +121,20 @@ static int lease_cmd(coord *co, mongoc_client_t *c, const char *verb, const char
 	return rc;
 }
 
-typedef struct shard_ref {
-	char *id, *uri;
-} shard_ref;
+typedef sdb_shard_ref shard_ref;
 
 static int list_shards(mongoc_client_t *c, shard_ref **out, size_t *n, char *err, size_t errlen)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
-	bson_iter_t it, arr;
-	size_t cap = 0;
 	*out = NULL;
 	*n = 0;
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
 	int rc = meta_cmd(c, &cmd, &reply, err, errlen);
-	if (rc == 0 && bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it) &&
-	    bson_iter_recurse(&it, &arr)) {
-		while (bson_iter_next(&arr)) {
-			bson_iter_t f;
-			const char *id = NULL, *uri = NULL;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &f))
-				continue;
-			while (bson_iter_next(&f)) {
-				if (strcmp(bson_iter_key(&f), "id") == 0 && BSON_ITER_HOLDS_UTF8(&f))
-					id = bson_iter_utf8(&f, NULL);
-				else if (strcmp(bson_iter_key(&f), "uri") == 0 &&
-					 BSON_ITER_HOLDS_UTF8(&f))
-					uri = bson_iter_utf8(&f, NULL);
-			}
-			if (id == NULL || uri == NULL)
-				continue;
-			if (*n == cap) {
-				cap = cap ? 2 * cap : 8;
-				*out = sdb_realloc(*out, cap * sizeof **out);
-			}
-			(*out)[*n].id = sdb_strdup(id);
-			(*out)[(*n)++].uri = sdb_strdup(uri);
-		}
-	}
+	if (rc == 0)
+		sdb_shard_refs_parse(&reply, out, n);
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	return rc;
-}
-
-static void shards_free(shard_ref *s, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		free(s[i].id);
-		free(s[i].uri);
-	}
-	free(s);
 }
 
 /* ------------------------------------------------------------ CDC publishers */
@@ -314,7 +280,7 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 	}
 	/* (the archive ranges of the shards we publish are refreshed by the archive thread:
 	 * an object store may take seconds to answer, and renewals must not wait) */
-	shards_free(shards, n);
+	sdb_shard_refs_free(shards, n);
 }
 
 static void cdc_shutdown(coord *co, mongoc_client_t *c)
