@@ -52,6 +52,51 @@ static int sweep(sdb_store_conn *c, int64_t cutoff, char *err, size_t errlen)
 	return sdb_store_int_step_done(c, s, err, errlen, "session sweep");
 }
 
+/* The session's current txnNumber (*cur) and whether it is live (*found: a record last
+ * used at or after live_since, epoch ms; an older one counts as swept). 0 or SDB_EIO. */
+static int session_read(sdb_store_conn *c, const bson_t *lsid, int64_t live_since, bool *found,
+			int64_t *cur, char *err, size_t errlen)
+{
+	sqlite3_stmt *s = sdb_store_int_stmt(
+		c, "SELECT txn, last_use FROM txn_sessions WHERE lsid = ?", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	bind_lsid(s, 1, lsid);
+	int step = sqlite3_step(s);
+	*found = false;
+	*cur = 0;
+	if (step == SQLITE_ROW) {
+		*cur = sqlite3_column_int64(s, 0);
+		*found = sqlite3_column_int64(s, 1) >= live_since;
+	}
+	sqlite3_reset(s);
+	if (step != SQLITE_ROW && step != SQLITE_DONE)
+		return sdb_store_int_sqlerr(c, err, errlen, "txn_sessions read");
+	return 0;
+}
+
+/* Make txn the session's current txnNumber, used at now (epoch ms); forget: drop the
+ * statements recorded for older txnNumbers first. 0 or SDB_EIO. */
+static int session_write(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int64_t now,
+			 bool forget, char *err, size_t errlen)
+{
+	if (forget) {
+		int rc = forget_stmts(c, lsid, err, errlen);
+		if (rc)
+			return rc;
+	}
+	sqlite3_stmt *s = sdb_store_int_stmt(c,
+					     "INSERT OR REPLACE INTO txn_sessions(lsid, txn, last_use) "
+					     "VALUES(?, ?, ?)",
+					     err, errlen);
+	if (!s)
+		return SDB_EIO;
+	bind_lsid(s, 1, lsid);
+	sqlite3_bind_int64(s, 2, txn);
+	sqlite3_bind_int64(s, 3, now);
+	return sdb_store_int_step_done(c, s, err, errlen, "txn_sessions write");
+}
+
 int sdb_store_session_begin(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int64_t *stored,
 			    char *err, size_t errlen)
 {
@@ -68,24 +113,11 @@ int sdb_store_session_begin(sdb_store_conn *c, const bson_t *lsid, int64_t txn, 
 			return rc;
 		*mark = now + (timeout < SESSION_SWEEP_EVERY_MS ? timeout : SESSION_SWEEP_EVERY_MS);
 	}
-	sqlite3_stmt *s = sdb_store_int_stmt(
-		c, "SELECT txn, last_use FROM txn_sessions WHERE lsid = ?", err, errlen);
-	if (!s)
-		return SDB_EIO;
-	bind_lsid(s, 1, lsid);
-	int step = sqlite3_step(s);
-	bool found = false;
-	int64_t cur = 0, last_use = 0;
-	if (step == SQLITE_ROW) {
-		found = true;
-		cur = sqlite3_column_int64(s, 0);
-		last_use = sqlite3_column_int64(s, 1);
-	}
-	sqlite3_reset(s);
-	if (step != SQLITE_ROW && step != SQLITE_DONE)
-		return sdb_store_int_sqlerr(c, err, errlen, "txn_sessions read");
-	if (found && last_use < now - timeout)
-		found = false; /* expired: as if the sweep had run */
+	bool found;
+	int64_t cur;
+	rc = session_read(c, lsid, now - timeout, &found, &cur, err, errlen);
+	if (rc)
+		return rc;
 	*stored = found ? cur : txn;
 	if (found && txn < cur)
 		return sdb_errf(err, errlen, SDB_ESTALE,
@@ -93,21 +125,7 @@ int sdb_store_session_begin(sdb_store_conn *c, const bson_t *lsid, int64_t txn, 
 				"because a newer retryable write with txnNumber %lld has already "
 				"started on this session.",
 				(long long)txn, (long long)cur);
-	if (!found || txn > cur) {
-		rc = forget_stmts(c, lsid, err, errlen);
-		if (rc)
-			return rc;
-	}
-	s = sdb_store_int_stmt(c,
-			       "INSERT OR REPLACE INTO txn_sessions(lsid, txn, last_use) "
-			       "VALUES(?, ?, ?)",
-			       err, errlen);
-	if (!s)
-		return SDB_EIO;
-	bind_lsid(s, 1, lsid);
-	sqlite3_bind_int64(s, 2, txn);
-	sqlite3_bind_int64(s, 3, now);
-	return sdb_store_int_step_done(c, s, err, errlen, "txn_sessions write");
+	return session_write(c, lsid, txn, now, !found || txn > cur, err, errlen);
 }
 
 int sdb_store_session_import(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
@@ -118,39 +136,14 @@ int sdb_store_session_import(sdb_store_conn *c, const bson_t *lsid, int64_t txn,
 							 "transaction");
 	int64_t now = sdb_store_int_now_ms(c);
 	int64_t timeout = sdb_store_int_session_timeout_ms(c);
-	sqlite3_stmt *s = sdb_store_int_stmt(
-		c, "SELECT txn, last_use FROM txn_sessions WHERE lsid = ?", err, errlen);
-	if (!s)
-		return SDB_EIO;
-	bind_lsid(s, 1, lsid);
-	int step = sqlite3_step(s);
-	bool live = false;
-	int64_t cur = 0;
-	if (step == SQLITE_ROW) {
-		cur = sqlite3_column_int64(s, 0);
-		live = sqlite3_column_int64(s, 1) >= now - timeout;
-	}
-	sqlite3_reset(s);
-	if (step != SQLITE_ROW && step != SQLITE_DONE)
-		return sdb_store_int_sqlerr(c, err, errlen, "txn_sessions read");
+	bool live;
+	int64_t cur;
+	int rc = session_read(c, lsid, now - timeout, &live, &cur, err, errlen);
+	if (rc)
+		return rc;
 	if (live && txn < cur)
 		return 0; /* the session moved on here: the older statement cannot be retried */
-	int rc;
-	if (!live || txn > cur) {
-		rc = forget_stmts(c, lsid, err, errlen);
-		if (rc)
-			return rc;
-	}
-	s = sdb_store_int_stmt(c,
-			       "INSERT OR REPLACE INTO txn_sessions(lsid, txn, last_use) "
-			       "VALUES(?, ?, ?)",
-			       err, errlen);
-	if (!s)
-		return SDB_EIO;
-	bind_lsid(s, 1, lsid);
-	sqlite3_bind_int64(s, 2, txn);
-	sqlite3_bind_int64(s, 3, now);
-	rc = sdb_store_int_step_done(c, s, err, errlen, "txn_sessions write");
+	rc = session_write(c, lsid, txn, now, !live || txn > cur, err, errlen);
 	if (rc)
 		return rc;
 	bson_t marker = BSON_INITIALIZER;
