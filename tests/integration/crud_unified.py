@@ -753,15 +753,13 @@ def summarize(name, results):
     return counts, "\n".join([head] + lines)
 
 
-def main(argv):
-    if len(argv) < 2:
-        print(__doc__)
-        return 2
-    uri = argv[1]
-    files = argv[2:] or sorted(glob.glob(os.path.join(compat_dir() or ".", "*.json")))
+def run_files(uri, files, run=None):
+    """Run the spec files (run: a run_file(uri, path); this module's by default), print each
+    file's summary and the total; the exit code: 1 when any test failed, else 0."""
+    run = run or run_file
     total = {"passed": 0, "failed": 0, "skipped": 0}
     for f in files:
-        name, results = run_file(uri, f)
+        name, results = run(uri, f)
         counts, text = summarize(name, results)
         print(text)
         for k in total:
@@ -769,6 +767,14 @@ def main(argv):
     print(f"TOTAL: {total['passed']} passed, {total['failed']} failed, "
           f"{total['skipped']} skipped")
     return 1 if total["failed"] else 0
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(__doc__)
+        return 2
+    files = argv[2:] or sorted(glob.glob(os.path.join(compat_dir() or ".", "*.json")))
+    return run_files(argv[1], files)
 
 
 if __name__ == "__main__":

@@ -313,16 +313,7 @@ def main(argv):
         return 2
     files = argv[2:] or sorted(os.path.join(compat_dir(), f) for f in os.listdir(compat_dir())
                                if f.endswith(".json"))
-    total = {"passed": 0, "failed": 0, "skipped": 0}
-    for f in files:
-        name, results = run_file(argv[1], f)
-        counts, text = crud_unified.summarize(name, results)
-        print(text)
-        for k in total:
-            total[k] += counts[k]
-    print(f"TOTAL: {total['passed']} passed, {total['failed']} failed, "
-          f"{total['skipped']} skipped")
-    return 1 if total["failed"] else 0
+    return crud_unified.run_files(argv[1], files, run_file)
 
 
 if __name__ == "__main__":
