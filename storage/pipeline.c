@@ -3,7 +3,13 @@
  * Stages are pulled: cursor_next asks the last stage for a document, which asks the
  * stage before it, down to the store's input iterator. Documents travel between stages
  * as heap bson_t (bson_new/bson_copy give libbson's 128-byte alignment). Expressions are
- * compiled once into a tree and evaluated into docbuild nodes (NULL meaning "missing").
+ * compiled once into a tree and evaluated into docbuild nodes (NULL meaning "missing";
+ * pipeline_expr.c), projections are pipeline_project.c.
+ *
+ * Why this file is over 1,500 lines: stage parsing, pushdown, the pull cursor and the
+ * blocking stages ($sort, $group, $unwind) share the cursor's private state (sdb_pipeline_
+ * cursor, its memory accounting and sort/keyset helpers) in both directions; moving $group
+ * and $unwind out would put that state in pipeline_int.h for ~550 lines.
  */
 #include "storage/pipeline.h"
 #include "storage/pipeline_int.h"
