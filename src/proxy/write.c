@@ -127,9 +127,45 @@ static int idx_cmp(const void *a, const void *b)
 	return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
-/* Append an array `name` of the documents of src sorted by their index field. */
-static void append_sorted(bson_t *out, const char *name, const bson_t *src, size_t n)
+/* mongod's budget for the errmsgs of one write reply (MongoDB manual, bulk write batches:
+ * past 1 MB of error messages "MongoDB truncates all remaining error messages to the empty
+ * string"), so that 100,000 failed statements answer under maxBsonObjectSize. The shards
+ * truncate their own replies the same way (src/shard/cmd_write.c). */
+#define WRITE_ERRMSG_BUDGET (1024 * 1024)
+
+/* Copy write error e into arr under key k; *errmsg_bytes counts the errmsg bytes appended
+ * so far: past WRITE_ERRMSG_BUDGET the errmsg is "". */
+static void append_write_error(bson_t *arr, const char *k, const bson_t *e, size_t *errmsg_bytes)
 {
+	bson_iter_t it;
+	bson_t d;
+
+	if (*errmsg_bytes < WRITE_ERRMSG_BUDGET) {
+		if (bson_iter_init_find(&it, e, "errmsg") && BSON_ITER_HOLDS_UTF8(&it)) {
+			uint32_t len;
+			bson_iter_utf8(&it, &len);
+			*errmsg_bytes += len;
+		}
+		BSON_APPEND_DOCUMENT(arr, k, e);
+		return;
+	}
+	bson_append_document_begin(arr, k, -1, &d);
+	if (bson_iter_init(&it, e))
+		while (bson_iter_next(&it)) {
+			if (strcmp(bson_iter_key(&it), "errmsg") == 0)
+				BSON_APPEND_UTF8(&d, "errmsg", "");
+			else
+				bson_append_iter(&d, bson_iter_key(&it), -1, &it);
+		}
+	bson_append_document_end(arr, &d);
+}
+
+/* Append an array `name` of the documents of src sorted by their index field; errors:
+ * the documents are write errors, whose errmsgs are truncated past WRITE_ERRMSG_BUDGET. */
+static void append_sorted(bson_t *out, const char *name, const bson_t *src, size_t n,
+			  bool errors)
+{
+	size_t errmsg_bytes = 0;
 	idxdoc *v = sdb_calloc(n ? n : 1, sizeof *v);
 	bson_iter_t it;
 	bson_t arr;
@@ -154,7 +190,11 @@ static void append_sorted(bson_t *out, const char *name, const bson_t *src, size
 	for (size_t j = 0; j < i; j++) {
 		bson_t view;
 		snprintf(k, sizeof k, "%zu", j);
-		if (bson_init_static(&view, v[j].data, v[j].len))
+		if (!bson_init_static(&view, v[j].data, v[j].len))
+			continue;
+		if (errors)
+			append_write_error(&arr, k, &view, &errmsg_bytes);
+		else
 			BSON_APPEND_DOCUMENT(&arr, k, &view);
 	}
 	bson_append_array_end(out, &arr);
@@ -184,10 +224,10 @@ static void answer_write(ctx *c, wresult *w, bool is_update)
 		BSON_APPEND_INT32(out, "nModified",
 				  (int32_t)(w->n_modified > INT32_MAX ? INT32_MAX : w->n_modified));
 		if (w->nups)
-			append_sorted(out, "upserted", &w->upserted, w->nups);
+			append_sorted(out, "upserted", &w->upserted, w->nups, false);
 	}
 	if (w->nerr)
-		append_sorted(out, "writeErrors", &w->errors, w->nerr);
+		append_sorted(out, "writeErrors", &w->errors, w->nerr, true);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	px_reply(c, out);
 }
@@ -296,44 +336,74 @@ typedef struct ins_group {
 	bool ordered;
 	wresult *w;
 	int cls;        /* result class */
-	size_t done;    /* docs handled before a stale answer (ordered) */
+	size_t done;    /* docs handled before a StaleConfig answer (not sent again) */
 } ins_group;
 
+/* The documents of one insert command sent to a shard: at most maxWriteBatchSize of them
+ * and at most this many bytes of documents, so that the command stays under the shard's
+ * maxBsonObjectSize (16 MiB) with room for its other fields (the session fields, the
+ * version, the stmtIds array: at most ~14 bytes a document). A client's batch may be up to
+ * maxMessageSizeBytes (48 MB) in a document sequence: it is sent in several commands. */
+#define INS_SUB_BYTES (WIRE_MAX_BSON_SIZE - 2 * 1024 * 1024)
+
+/* Send group gi (documents of one chunk) to its shard, in as many insert commands as the
+ * limits above need, one after the other. Ordered: stops at the first command with an
+ * error. A StaleConfig answer stops the group: g->done says how many of its documents were
+ * handled before it (those are not sent again; the rest are the retry's). */
 static void ins_send(void *arg, size_t gi)
 {
 	ins_group *g = &((ins_group *)arg)[gi];
 	route_chunk *ch = &g->rc->chunks[g->chunk];
-	bson_t cmd = BSON_INITIALIZER, arr, reply;
-	int64_t *map = sdb_calloc(g->n, sizeof *map);
+	int64_t *map = sdb_calloc(g->n ? g->n : 1, sizeof *map);
 	char k[24], nerr[256];
-	size_t i;
+	size_t i, start = 0;
 
-	BSON_APPEND_UTF8(&cmd, "insert", g->c->coll);
-	bson_append_array_begin(&cmd, "documents", -1, &arr);
-	for (i = 0; i < g->n; i++) {
-		bson_t view;
-		snprintf(k, sizeof k, "%zu", i);
-		ins_view(g->docs[i], &view);
-		BSON_APPEND_DOCUMENT(&arr, k, &view);
-		map[i] = g->docs[i]->idx;
-	}
-	bson_append_array_end(&cmd, &arr);
-	BSON_APPEND_BOOL(&cmd, "ordered", g->ordered);
-	px_append_version(&cmd, ch);
-	proxy_txn_append(&g->c->txn, &cmd, map, g->n);
-	g->cls = px_run_on(g->c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
-	if (g->cls == SHARDCONN_OK) {
-		fold_write_reply(g->w, &reply, map, g->n);
-	} else if (g->cls != SHARDCONN_STALE) {
-		for (i = 0; i < g->n; i++) {
-			wresult_error_from(g->w, g->docs[i]->idx, &reply, g->cls, nerr);
-			if (g->ordered)
-				break;
+	g->done = 0;
+	g->cls = SHARDCONN_OK;
+	while (start < g->n) {
+		bson_t cmd = BSON_INITIALIZER, arr, reply;
+		size_t end = start, bytes = 0, nerr_before = g->w->nerr;
+
+		while (end < g->n && end - start < WIRE_MAX_WRITE_BATCH &&
+		       (end == start || bytes + g->docs[end]->len + 16 <= INS_SUB_BYTES)) {
+			bytes += g->docs[end]->len + 16;
+			end++;
 		}
+		BSON_APPEND_UTF8(&cmd, "insert", g->c->coll);
+		bson_append_array_begin(&cmd, "documents", -1, &arr);
+		for (i = start; i < end; i++) {
+			bson_t view;
+			snprintf(k, sizeof k, "%zu", i - start);
+			ins_view(g->docs[i], &view);
+			BSON_APPEND_DOCUMENT(&arr, k, &view);
+			map[i - start] = g->docs[i]->idx;
+		}
+		bson_append_array_end(&cmd, &arr);
+		BSON_APPEND_BOOL(&cmd, "ordered", g->ordered);
+		px_append_version(&cmd, ch);
+		proxy_txn_append(&g->c->txn, &cmd, map, end - start);
+		g->cls = px_run_on(g->c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
+		if (g->cls == SHARDCONN_OK) {
+			fold_write_reply(g->w, &reply, map, end - start);
+		} else if (g->cls != SHARDCONN_STALE) {
+			for (i = start; i < end; i++) {
+				wresult_error_from(g->w, g->docs[i]->idx, &reply, g->cls, nerr);
+				if (g->ordered)
+					break;
+			}
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+		if (g->cls == SHARDCONN_STALE)
+			break;
+		start = end;
+		g->done = start;
+		/* ordered: stop at the first error (a network error included); unordered: go
+		 * on with the next command as a shard goes on with the next document */
+		if (g->ordered && (g->cls != SHARDCONN_OK || g->w->nerr > nerr_before))
+			break;
 	}
 	free(map);
-	bson_destroy(&reply);
-	bson_destroy(&cmd);
 }
 
 /* insert_docs' operation: the documents still to insert (client order). */
@@ -400,7 +470,7 @@ static int ins_execute(px_retry *r, void *arg)
 			run.w = w;
 			ins_send(&run, 0);
 			if (run.cls == SHARDCONN_STALE) {
-				for (i = start; i < n; i++)
+				for (i = start + run.done; i < n; i++)
 					stale[nstale++] = docs[i];
 				break;
 			}
@@ -430,7 +500,7 @@ static int ins_execute(px_retry *r, void *arg)
 		px_fanout(c, ng, ins_send, g);
 		for (i = 0; i < ng; i++) {
 			if (g[i].cls == SHARDCONN_STALE)
-				for (size_t j = 0; j < g[i].n; j++)
+				for (size_t j = g[i].done; j < g[i].n; j++)
 					stale[nstale++] = g[i].docs[j];
 			free(g[i].docs);
 		}
@@ -475,6 +545,59 @@ static void insert_docs(ctx *c, route_coll **rcp, ins_doc **docs, size_t n, bool
 	px_retry_done(&r);
 }
 
+/* An insert into an unsharded collection too large for one shard command (a client's
+ * document sequence of up to 48 MB): the documents are sent to the primary shard in
+ * consecutive commands of at most INS_SUB_BYTES / maxWriteBatchSize, each with the client
+ * command's other fields (writeConcern, bypassDocumentValidation ...) and, for a retryable
+ * write, the statements' own stmtIds. Ordered: stops at the first error. */
+static void insert_unsharded(ctx *c, const char *shard, ins_doc **docs, size_t n, bool ordered,
+			     wresult *w)
+{
+	static const char *const skip[] = {"documents", "stmtId", "stmtIds", NULL};
+	int64_t *map = sdb_calloc(n ? n : 1, sizeof *map);
+	size_t start = 0, i;
+	char k[24], nerr[256];
+
+	while (start < n) {
+		bson_t cmd = BSON_INITIALIZER, arr, reply;
+		size_t end = start, bytes = 0, nerr_before = w->nerr;
+		int cls;
+
+		while (end < n && end - start < WIRE_MAX_WRITE_BATCH &&
+		       (end == start || bytes + docs[end]->len + 16 <= INS_SUB_BYTES)) {
+			bytes += docs[end]->len + 16;
+			end++;
+		}
+		px_copy_cmd(c->cmd, &cmd, skip);
+		bson_append_array_begin(&cmd, "documents", -1, &arr);
+		for (i = start; i < end; i++) {
+			bson_t view;
+			snprintf(k, sizeof k, "%zu", i - start);
+			ins_view(docs[i], &view);
+			BSON_APPEND_DOCUMENT(&arr, k, &view);
+			map[i - start] = docs[i]->idx;
+		}
+		bson_append_array_end(&cmd, &arr);
+		proxy_txn_append(&c->txn, &cmd, map, end - start);
+		cls = px_run_on(c, shard, &cmd, NULL, &reply, nerr, sizeof nerr);
+		if (cls == SHARDCONN_OK) {
+			fold_write_reply(w, &reply, map, end - start);
+		} else {
+			for (i = start; i < end; i++) {
+				wresult_error_from(w, docs[i]->idx, &reply, cls, nerr);
+				if (ordered)
+					break;
+			}
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+		start = end;
+		if (ordered && (cls != SHARDCONN_OK || w->nerr > nerr_before))
+			break;
+	}
+	free(map);
+}
+
 void px_do_insert(ctx *c)
 {
 	bson_t docs;
@@ -485,9 +608,15 @@ void px_do_insert(ctx *c)
 	wresult w;
 	bool ordered = px_get_bool(c->cmd, "ordered", true);
 
-	rc = px_route_sharded(c, PX_FWD_PLAIN, 0, false);
+	rc = px_route_or_fail(c);
 	if (rc == NULL)
 		return;
+	if (rc->nkeys == 0 && c->cmd->len <= INS_SUB_BYTES) {
+		/* an unsharded collection, one command's worth: forwarded as is */
+		route_coll_unref(rc);
+		px_forward_primary(c);
+		return;
+	}
 	if (!px_get_array(c->cmd, "documents", &docs)) {
 		route_coll_unref(rc);
 		px_error(c, WIRE_ERR_BAD_VALUE, "insert needs a documents array");
@@ -515,9 +644,20 @@ void px_do_insert(ctx *c)
 	for (i = 0; i < n; i++)
 		ptrs[i] = &items[i];
 	wresult_init(&w);
-	insert_docs(c, &rc, ptrs, n, ordered, &w);
-	route_coll_unref(rc);
+	if (rc->nkeys == 0) {
+		char *primary;
+		route_coll_unref(rc);
+		rc = NULL;
+		if (!px_with_primary(c, &primary))
+			goto out;
+		insert_unsharded(c, primary, ptrs, n, ordered, &w);
+		free(primary);
+	} else {
+		insert_docs(c, &rc, ptrs, n, ordered, &w);
+		route_coll_unref(rc);
+	}
 	answer_write(c, &w, false);
+out:
 	wresult_destroy(&w);
 	free(ptrs);
 	free(items);

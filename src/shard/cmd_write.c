@@ -17,10 +17,18 @@
 #include "storage/query.h"
 #include "storage/update.h"
 
-/* Accumulated writeErrors of one command. */
+/* mongod's budget for the errmsgs of one write reply (MongoDB manual, bulk write batches:
+ * "if the error report for a single batch grows too large, MongoDB truncates all remaining
+ * error messages to the empty string", past 1 MB): once the errmsgs
+ * reach 1 MiB the remaining ones are "", so that 100,000 failed statements (maxWriteBatchSize)
+ * answer under maxBsonObjectSize. */
+#define WERR_ERRMSG_BUDGET (1024 * 1024)
+
+/* Accumulated writeErrors of one command; errmsg_bytes: errmsg bytes appended so far. */
 typedef struct werrs {
 	bson_t arr;
 	int n;
+	size_t errmsg_bytes;
 } werrs;
 
 static void werr_add(werrs *w, int64_t index, int code, const char *msg,
@@ -33,7 +41,12 @@ static void werr_add(werrs *w, int64_t index, int code, const char *msg,
 	BSON_APPEND_INT32(&e, "index", (int32_t)index);
 	BSON_APPEND_INT32(&e, "code", code);
 	BSON_APPEND_UTF8(&e, "codeName", wire_code_name(code));
-	BSON_APPEND_UTF8(&e, "errmsg", msg);
+	if (w->errmsg_bytes < WERR_ERRMSG_BUDGET) {
+		w->errmsg_bytes += strlen(msg);
+		BSON_APPEND_UTF8(&e, "errmsg", msg);
+	} else {
+		BSON_APPEND_UTF8(&e, "errmsg", "");
+	}
 	if (dup && dup->set) {
 		BSON_APPEND_DOCUMENT(&e, "keyPattern", &dup->key_pattern);
 		BSON_APPEND_DOCUMENT(&e, "keyValue", &dup->key_value);
