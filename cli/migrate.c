@@ -35,7 +35,7 @@
 #include "auth/cluster.h"
 #include "common/clock.h"
 #include "common/alloc.h"
-#include "proxy/route.h"
+#include "routing/route.h"
 #include "raft/migstate.h"
 
 

@@ -7,6 +7,7 @@
 #   src/wire    -> wire, common
 #   storage     -> storage, common
 #   raft        -> raft, common
+#   src/routing -> routing, storage, common
 # Run by `make check`; by hand: tests/check-layers.sh [SRCDIR]
 srcdir=${1:-${STRIPEDB_SRCDIR:-$(dirname "$0")/..}}
 bad=0
@@ -26,7 +27,7 @@ check() { # DIR ALLOWED-PREFIX...
 	done
 }
 out=$(check src/common common; check src/wire wire common; check storage storage common;
-      check raft raft common)
+      check raft raft common; check src/routing routing storage common)
 if [ -n "$out" ]; then
 	printf '%s\n' "$out" >&2
 	bad=1

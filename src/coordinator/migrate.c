@@ -31,7 +31,7 @@
 #include "coordinator/filtering.h"
 #include "coordinator/migrate.h"
 #include "coordinator/migrate_sess.h"
-#include "proxy/route.h"
+#include "routing/route.h"
 #include "storage/bsonval.h"
 
 #define LEASE_BUSY 46

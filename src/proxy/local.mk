@@ -12,7 +12,6 @@ libstripedb_a_SOURCES += \
 	src/proxy/read.c \
 	src/proxy/retry.c \
 	src/proxy/role.c \
-	src/proxy/route.c \
 	src/proxy/shardconn.c \
 	src/proxy/shardver.c \
 	src/proxy/txn.c \
@@ -23,17 +22,13 @@ noinst_HEADERS += \
 	src/proxy/proxy.h \
 	src/proxy/quota.h \
 	src/proxy/retry.h \
-	src/proxy/route.h \
 	src/proxy/shardconn.h \
 	src/proxy/txn.h
 
-check_PROGRAMS += tests/unit/test_proxy_route tests/unit/test_proxy_merge \
+check_PROGRAMS += tests/unit/test_proxy_merge \
 	tests/unit/test_proxy_cursor tests/unit/test_proxy_txn tests/unit/test_proxy_exec
-TESTS += tests/unit/test_proxy_route tests/unit/test_proxy_merge tests/unit/test_proxy_cursor \
+TESTS += tests/unit/test_proxy_merge tests/unit/test_proxy_cursor \
 	tests/unit/test_proxy_txn tests/unit/test_proxy_exec
-tests_unit_test_proxy_route_SOURCES = tests/unit/test_proxy_route.c
-tests_unit_test_proxy_route_CFLAGS = $(UNIT_CFLAGS)
-tests_unit_test_proxy_route_LDADD = $(UNIT_LDADD)
 tests_unit_test_proxy_merge_SOURCES = tests/unit/test_proxy_merge.c
 tests_unit_test_proxy_merge_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_merge_LDADD = $(UNIT_LDADD)

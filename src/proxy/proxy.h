@@ -14,7 +14,7 @@
 #include "common/metrics.h"
 #include "proxy/merge.h"
 #include "proxy/quota.h"
-#include "proxy/route.h"
+#include "routing/route.h"
 #include "proxy/shardconn.h"
 #include "wire/server.h"
 

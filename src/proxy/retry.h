@@ -22,7 +22,7 @@
 
 #include <bson/bson.h>
 
-#include "proxy/route.h"
+#include "routing/route.h"
 
 struct ctx;
 struct proxy;

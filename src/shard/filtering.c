@@ -36,7 +36,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "proxy/route.h"
+#include "routing/route.h"
 #include "shard/shard.h"
 #include "shard/util.h"
 

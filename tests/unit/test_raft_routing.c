@@ -16,7 +16,7 @@
 #include <cmocka.h>
 
 #include "common/err.h"
-#include "proxy/route.h"
+#include "routing/route.h"
 #include "raft/fsm.h"
 
 typedef struct t {

@@ -1,4 +1,6 @@
-/* The proxy's routing cache: collections, shard keys and chunks, from the metadata service.
+/* Routing tables: collections, shard keys and chunks, as the metadata service serves them.
+ * Shared by the proxy (its routing cache, src/proxy/role.c), the coordinator and ctl
+ * (migrations), and the shard (its filtering metadata, src/shard/filtering.c).
  *
  * Source of the behaviour: DESIGN.md §1 (chunks are half-open shard-key ranges [min, max)),
  * §5 (route by shard key: equality -> one chunk, range -> overlapping chunks, none -> all),
@@ -22,8 +24,8 @@
  * same bytes, so they hash equally; chunk bounds of hashed collections are NumberLongs
  * (or MinKey/MaxKey), as in MongoDB.
  */
-#ifndef SDB_PROXY_ROUTE_H
-#define SDB_PROXY_ROUTE_H
+#ifndef SDB_ROUTING_ROUTE_H
+#define SDB_ROUTING_ROUTE_H
 
 #include <bson/bson.h>
 #include <stdbool.h>

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "proxy/route.h"
+#include "routing/route.h"
 
 /* A routing table reply with chunks [MinKey,100) a, [100,200) b, [200,MaxKey) c on key k. */
 static route_coll *ranged_table(void)

@@ -1,5 +1,5 @@
-/* Routing cache of the proxy: see route.h. */
-#include "proxy/route.h"
+/* Routing tables (collections, shard keys, chunks): see route.h. */
+#include "routing/route.h"
 
 #include <stdlib.h>
 #include <string.h>
