@@ -69,7 +69,9 @@ bson_t *sdb_fsm_take_result(sdb_fsm *fsm);
  * listTenants also answer usersVersion:
  * the number of committed createUser/updateUser/dropUser (callers cache verifiers and
  * user lists per version). Returns 0, SDB_EINVAL
- * (bad argument, message in err), SDB_ENOTFOUND (unknown query or object). */
+ * (bad argument, message in err), SDB_ENOTFOUND (unknown query or object),
+ * SDB_ENSNOTFOUND (getRoutingTable of a collection that is not sharded: NamespaceNotFound
+ * 26 on the wire), SDB_ETOOBIG (getRoutingTable without a cursor over one reply), SDB_EIO. */
 int sdb_fsm_query(sdb_fsm *fsm, const char *name, const bson_t *cmd, bson_t *reply,
 		  char *err, size_t errlen);
 

@@ -372,7 +372,7 @@ int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply,
 		sqlite3_bind_text(st, 1, ns, -1, SQLITE_STATIC);
 		if (sqlite3_step(st) != SQLITE_ROW) {
 			sqlite3_finalize(st);
-			return sdb_errf(err, errlen, SDB_ENOTFOUND, "collection %s is not sharded",
+			return sdb_errf(err, errlen, SDB_ENSNOTFOUND, "collection %s is not sharded",
 					ns);
 		}
 		/* appended below, after the header fields */

@@ -28,7 +28,8 @@
 	X(UNAVAILABLE, 15, "unavailable")                             \
 	X(CORRUPT, 16, "data corrupt")                                \
 	X(USAGE, 17, "bad usage")                                     \
-	X(CONFLICT, 18, "conflict")
+	X(CONFLICT, 18, "conflict")                                   \
+	X(NSNOTFOUND, 19, "namespace not found")
 
 enum {
 	SDB_OK = 0,

@@ -410,10 +410,10 @@ static void run_query(meta *m, wire_req *req)
 		return;
 	}
 	bson_destroy(reply);
-	if (rc == SDB_ENOTFOUND)
-		wire_req_error(req, strncmp(err, "collection", 10) == 0 ? WIRE_ERR_NAMESPACE_NOT_FOUND
-									 : WIRE_ERR_NO_SUCH_KEY,
-			       "%s", err);
+	if (rc == SDB_ENSNOTFOUND)
+		wire_req_error(req, WIRE_ERR_NAMESPACE_NOT_FOUND, "%s", err);
+	else if (rc == SDB_ENOTFOUND)
+		wire_req_error(req, WIRE_ERR_NO_SUCH_KEY, "%s", err);
 	else if (rc == SDB_EINVAL)
 		wire_req_error(req, WIRE_ERR_BAD_VALUE, "%s", err);
 	else if (rc == SDB_ETOOBIG)

@@ -258,9 +258,8 @@ static route_coll *fetch_route(proxy *p, const char *ns, const route_coll *old, 
 	for (;;) {
 		rc = routing_batch(p, ns, since, have_resume ? &resume : NULL, &reply, &code, err,
 				   errlen);
-		if (rc == SDB_EPROTO && batches == 0 &&
-		    (code == WIRE_ERR_NAMESPACE_NOT_FOUND || code == 0 ||
-		     strstr(err, "not sharded") != NULL)) {
+		if (rc == SDB_EPROTO && batches == 0 && code == WIRE_ERR_NAMESPACE_NOT_FOUND) {
+			/* metadata's "collection ... is not sharded" */
 			c = route_coll_unsharded(ns, reply_int(&reply, "routingVersion", 0));
 			bson_destroy(&reply);
 			goto out;

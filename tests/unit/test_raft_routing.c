@@ -300,7 +300,7 @@ static int64_t load(t *x, const char *ns, int64_t since, route_update **u, bool 
 				 "{\"getRoutingTable\": \"%s\", \"cursor\": {\"batchSize\": 3}%s}", ns,
 				 resume);
 		r = query_rc(x, buf, &rc);
-		if (rc == SDB_ENOTFOUND) {
+		if (rc == SDB_ENSNOTFOUND) {
 			bson_destroy(r);
 			*u = route_update_new(ns, true);
 			*full = true;
