@@ -2,6 +2,7 @@
 libstripedb_a_SOURCES += \
 	src/proxy/admin.c \
 	src/proxy/sharding.c \
+	src/proxy/catalog.c \
 	src/proxy/configdb.c \
 	src/proxy/cursor.c \
 	src/proxy/exec.c \

@@ -94,7 +94,7 @@ int proxy_shard_command(proxy *p, const char *shard, const char *db, const bson_
 			uint32_t *sid, bson_t *reply, char *neterr, size_t nelen);
 void proxy_shard_fanout(proxy *p, size_t n, void (*fn)(void *arg, size_t i), void *arg);
 
-/* role.c */
+/* catalog.c: metadata access and the routing cache */
 /* Run cmd on the metadata service (the leader, found by libmongoc) in db admin. reply is
  * always initialised (caller destroys). Returns 0, SDB_EPROTO (the service answered an
  * error: *code, message in err) or SDB_EUNAVAILABLE. Worker/refresh threads only. */
@@ -105,8 +105,12 @@ int proxy_meta_command(proxy *p, const bson_t *cmd, bson_t *reply, int *code, ch
 route_coll *proxy_route(proxy *p, const char *ns, bool force, char *err, size_t errlen);
 /* Primary shard id (heap copy) or NULL when no shard is known (refreshes the shard list). */
 char *proxy_primary(proxy *p);
-/* Reload the shard list from metadata. */
+/* Reload the shard list from metadata. Returns 0 or proxy_meta_command's errors. */
 int proxy_load_shards(proxy *p, char *err, size_t errlen);
+/* The refresh thread's body (arg: the proxy): until p->stopping, long-polls the routing
+ * version and refreshes the cached tables it touches, loads the shard list, tenants and
+ * quotas, and sets p->ready after the first full load. Started by role.c. */
+void proxy_catalog_refresher(void *arg);
 
 /* exec.c: register every command handler on p->srv. */
 void proxy_exec_register(proxy *p);
