@@ -256,6 +256,8 @@ void px_do_balancer(ctx *c);                  /* balancerStatus / balancerStart 
 void px_do_refused_sharding(ctx *c);          /* refineCollectionShardKey, reshardCollection */
 void px_do_remove_shard(ctx *c);              /* removeShard of a shard without chunks */
 void px_do_move_chunk(ctx *c);                /* moveChunk: one migration, waited for */
+void px_do_move_range(ctx *c);                /* moveRange: split out of its chunk, moved */
+void px_do_merge_chunks(ctx *c);              /* mergeChunks: bounds of contiguous chunks */
 void px_do_split(ctx *c);                     /* split with middle (sh.splitAt) */
 void px_do_drop(ctx *c);                      /* drop: sharding metadata, then every shard */
 /* MongoDB's host string of a shard URI (heap): "rs/h1:p1,h2:p2" for a replica set, else

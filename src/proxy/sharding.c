@@ -1,6 +1,7 @@
 /* Sharding administration through the proxy, as on a mongos (issue #18): enableSharding,
- * shardCollection, listShards, addShard, removeShard (of a shard without chunks), split (at
- * middle), moveChunk (one migration, waited for), drop (with the sharding metadata), the balancer commands, and clear refusals of
+ * shardCollection, listShards, addShard, removeShard (a drain by migrations), split (at
+ * middle), moveChunk and moveRange (one migration, waited for), mergeChunks, drop (with the
+ * sharding metadata), the balancer commands, and clear refusals of
  * refineCollectionShardKey / reshardCollection. Each command is translated to the metadata
  * service's own commands (src/metadata/README.md "Commands") and runs on the admin
  * database, as on a mongos (elsewhere: Unauthorized, 13, with MongoDB's message).
@@ -874,17 +875,47 @@ void px_do_split(ctx *c)
 	bson_destroy(&cmd);
 }
 
-/* Chunks of every collection that shard owns (getRoutingTable "all", batch by batch);
- * -1 after answering c. */
-static int64_t chunks_on(ctx *c, const char *shard)
+/* The document it holds into out (a static view). */
+static bool doc_of(const bson_iter_t *it, bson_t *out)
+{
+	uint32_t len;
+	const uint8_t *data;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(it))
+		return false;
+	bson_iter_document(it, &len, &data);
+	return bson_init_static(out, data, len);
+}
+
+/* The UTF-8 string field name of d, or NULL. */
+static const char *str_of(const bson_t *d, const char *name)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, d, name) && BSON_ITER_HOLDS_UTF8(&it))
+		return bson_iter_utf8(&it, NULL);
+	return NULL;
+}
+
+/* A chunk of the shard being removed: its collection and metadata id. */
+typedef struct owned_chunk {
+	char ns[256];
+	int64_t nid;
+} owned_chunk;
+
+/* The chunks of every collection that shard owns (getRoutingTable "all", batch by batch),
+ * into *out (heap, may be NULL when none); their number, or -1 after answering c. */
+static int64_t chunks_on(ctx *c, const char *shard, owned_chunk **out)
 {
 	bson_t resume;
 	bool have_resume = false, more = true;
 	int64_t n = 0;
+	size_t cap = 0;
 
+	*out = NULL;
 	while (more) {
 		bson_t cmd = BSON_INITIALIZER, cur, reply, r;
-		bson_iter_t it, arr, f;
+		bson_iter_t it, arr;
 		BSON_APPEND_UTF8(&cmd, "getRoutingTable", "all");
 		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "cursor", &cur);
 		bson_append_document_end(&cmd, &cur);
@@ -895,15 +926,29 @@ static int64_t chunks_on(ctx *c, const char *shard)
 		}
 		if (!meta_call(c, &cmd, &reply, NULL, NULL)) {
 			bson_destroy(&cmd);
+			free(*out);
+			*out = NULL;
 			return -1;
 		}
 		if (bson_iter_init_find(&it, &reply, "chunks") && BSON_ITER_HOLDS_ARRAY(&it) &&
 		    bson_iter_recurse(&it, &arr))
-			while (bson_iter_next(&arr))
-				if (bson_iter_recurse(&arr, &f) && bson_iter_find(&f, "shard") &&
-				    BSON_ITER_HOLDS_UTF8(&f) &&
-				    strcmp(bson_iter_utf8(&f, NULL), shard) == 0)
-					n++;
+			while (bson_iter_next(&arr)) {
+				bson_t ch;
+				const char *cs, *cns;
+				if (!doc_of(&arr, &ch))
+					continue;
+				cs = str_of(&ch, "shard");
+				cns = str_of(&ch, "ns");
+				if (cs == NULL || cns == NULL || strcmp(cs, shard) != 0)
+					continue;
+				if ((size_t)n == cap) {
+					cap = cap ? cap * 2 : 64;
+					*out = sdb_realloc(*out, cap * sizeof **out);
+				}
+				snprintf((*out)[n].ns, sizeof (*out)[n].ns, "%s", cns);
+				(*out)[n].nid = px_get_int(&ch, "id", 0);
+				n++;
+			}
 		more = px_get_bool(&reply, "more", false) && px_get_doc(&reply, "resumeAfter", &r);
 		if (more) {
 			bson_copy_to(&r, &resume);
@@ -915,19 +960,48 @@ static int64_t chunks_on(ctx *c, const char *shard)
 	return n;
 }
 
-/* {removeShard: ID}: a shard that owns no chunk and is not the primary shard is removed
- * (MongoDB's final answer, state "completed"). Otherwise IllegalOperation (20): stripedb
- * has no balancer to drain it (drain it with `stripedb ctl shard drain ID --wait`), and the
- * primary shard holds every unsharded collection (there is no movePrimary). */
+/* Whether chunk nid has a migration that has not ended (registered ... cleanup) in the
+ * listMigrations reply list. */
+static bool chunk_moving(const bson_t *list, int64_t nid)
+{
+	bson_iter_t it, arr;
+
+	if (!bson_iter_init_find(&it, list, "migrations") || !bson_iter_recurse(&it, &arr))
+		return false;
+	while (bson_iter_next(&arr)) {
+		bson_t m, spec;
+		const char *st;
+		/* the migration's spec is its registerMigration {ns, chunk, from, to} */
+		if (!doc_of(&arr, &m) || !px_get_doc(&m, "spec", &spec) ||
+		    px_get_int(&spec, "chunk", 0) != nid)
+			continue;
+		st = str_of(&m, "state");
+		if (st && strcmp(st, "complete") != 0 && strcmp(st, "aborted") != 0 &&
+		    strcmp(st, "rolled_back") != 0)
+			return true;
+	}
+	return false;
+}
+
+/* {removeShard: ID} as on a mongos. A shard that owns chunks is drained: the first call
+ * registers one Data Movement Platform migration per chunk it owns, spread round-robin over
+ * the other shards (run by the coordinators, as `stripedb ctl shard drain`), and answers
+ * state "started"; later calls answer "ongoing" with remaining.chunks, registering a
+ * migration again for any chunk whose migration ended without moving it (aborted, rolled
+ * back) or that appeared since; once it owns nothing the shard is removed (state
+ * "completed"). The primary shard is refused (IllegalOperation 20: it holds every unsharded
+ * collection and there is no movePrimary). Not built: a "draining" mark in metadata, so a
+ * shardCollection meanwhile may still place chunks on it (the next call drains them). */
 void px_do_remove_shard(ctx *c)
 {
 	const char *id = first_utf8(c->cmd);
 	char *primary;
-	int64_t n;
+	int64_t n, i;
 	bson_t cmd = BSON_INITIALIZER, reply, *out;
 	char **ids = NULL, err[256];
-	size_t nids, i;
+	size_t nids, j, nothers = 0;
 	bool known = false;
+	owned_chunk *owned = NULL;
 
 	if (!need_admin_db(c, "removeShard"))
 		return;
@@ -936,14 +1010,17 @@ void px_do_remove_shard(ctx *c)
 		return;
 	}
 	nids = px_shard_ids(c, &ids);
-	for (i = 0; i < nids; i++) {
-		known |= strcmp(ids[i], id) == 0;
-		free(ids[i]);
+	for (j = 0; j < nids; j++) {
+		if (strcmp(ids[j], id) == 0) {
+			known = true;
+			free(ids[j]);
+		} else {
+			ids[nothers++] = ids[j]; /* the other shards, kept for the drain */
+		}
 	}
-	free(ids);
 	if (!known) {
 		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", id);
-		return;
+		goto out;
 	}
 	primary = px_primary(c);
 	if (primary && strcmp(primary, id) == 0 && nids > 1) {
@@ -951,18 +1028,76 @@ void px_do_remove_shard(ctx *c)
 		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
 			 "cannot remove shard %s: it is the primary shard, which holds every "
 			 "unsharded collection (stripedb has no movePrimary)", id);
-		return;
+		goto out;
 	}
 	free(primary);
-	n = chunks_on(c, id);
+	n = chunks_on(c, id, &owned);
 	if (n < 0)
-		return;
+		goto out;
 	if (n > 0) {
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "shard %s still owns %lld chunks and stripedb has no balancer to drain it: "
-			 "run `stripedb ctl shard drain %s --wait`, then removeShard again",
-			 id, (long long)n, id);
-		return;
+		bson_t q = BSON_INITIALIZER, migs, rem;
+		int64_t moving = 0, started = 0;
+		if (nothers == 0) {
+			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				 "cannot remove shard %s: it owns %lld chunks and there is no other "
+				 "shard to drain them to", id, (long long)n);
+			goto out;
+		}
+		BSON_APPEND_INT32(&q, "listMigrations", 1);
+		if (!meta_call(c, &q, &migs, NULL, NULL)) {
+			bson_destroy(&q);
+			goto out;
+		}
+		bson_destroy(&q);
+		for (i = 0; i < n; i++) {
+			char mid[160];
+			bson_t r;
+			if (chunk_moving(&migs, owned[i].nid)) {
+				moving++;
+				continue;
+			}
+			snprintf(mid, sizeof mid, "drain-%s-%lld-%llx", id, (long long)owned[i].nid,
+				 (unsigned long long)sdb_wall_ms());
+			bson_reinit(&cmd);
+			BSON_APPEND_UTF8(&cmd, "registerMigration", mid);
+			BSON_APPEND_UTF8(&cmd, "ns", owned[i].ns);
+			BSON_APPEND_INT64(&cmd, "chunk", owned[i].nid);
+			BSON_APPEND_UTF8(&cmd, "from", id);
+			BSON_APPEND_UTF8(&cmd, "to", ids[(size_t)i % nothers]);
+			if (!meta_call(c, &cmd, &r, NULL, NULL)) {
+				bson_destroy(&migs);
+				goto out;
+			}
+			bson_destroy(&r);
+			started++;
+		}
+		bson_destroy(&migs);
+		sdb_info("shard drain", "shard=%s chunks=%lld moving=%lld registered=%lld", id,
+			 (long long)n, (long long)moving, (long long)started);
+		out = bson_new();
+		if (moving == 0) {
+			BSON_APPEND_UTF8(out, "msg", "draining started successfully");
+			BSON_APPEND_UTF8(out, "state", "started");
+			BSON_APPEND_UTF8(out, "shard", id);
+		} else {
+			BSON_APPEND_UTF8(out, "msg", "draining ongoing");
+			BSON_APPEND_UTF8(out, "state", "ongoing");
+			bson_append_document_begin(out, "remaining", -1, &rem);
+			BSON_APPEND_INT64(&rem, "chunks", n);
+			BSON_APPEND_INT64(&rem, "dbs", 0);
+			BSON_APPEND_INT64(&rem, "jumboChunks", 0);
+			bson_append_document_end(out, &rem);
+		}
+		BSON_APPEND_UTF8(out, "note",
+				 "the Data Movement Platform moves each chunk (stripedb ctl migration "
+				 "list); call removeShard again to see the progress");
+		{
+			bson_t dbs;
+			bson_append_array_begin(out, "dbsToMove", -1, &dbs);
+			bson_append_array_end(out, &dbs);
+		}
+		px_reply(c, out);
+		goto out;
 	}
 	BSON_APPEND_UTF8(&cmd, "removeShard", id);
 	if (meta_call(c, &cmd, &reply, NULL, NULL)) {
@@ -975,6 +1110,11 @@ void px_do_remove_shard(ctx *c)
 		BSON_APPEND_UTF8(out, "shard", id);
 		px_reply(c, out);
 	}
+out:
+	for (j = 0; j < nothers; j++)
+		free(ids[j]);
+	free(ids);
+	free(owned);
 	bson_destroy(&cmd);
 }
 
@@ -1005,6 +1145,120 @@ static bool migration_state(ctx *c, const char *id, char **state, bson_t *mig)
 	return true;
 }
 
+/* Register one migration of chunk nid of ns from -> to (metadata registerMigration, run by
+ * the coordinators) and wait for its end, answering c: {millis, migration} when complete
+ * (the routing of sub->ns refreshed), OperationFailed (96) when it ended otherwise,
+ * MaxTimeMSExpired (50) when it still runs after max_ms (it goes on). what names the
+ * command in messages. */
+static void move_and_wait(ctx *c, ctx *sub, const char *what, const char *ns, int64_t nid,
+			  const char *from, const char *to, int64_t max_ms, uint64_t start)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, mig, *out;
+	route_coll *rc;
+	char err[256], mid[128], *state = NULL;
+
+	snprintf(mid, sizeof mid, "mig-proxy-%lld-%llx", (long long)nid,
+		 (unsigned long long)sdb_wall_ms());
+	BSON_APPEND_UTF8(&cmd, "registerMigration", mid);
+	BSON_APPEND_UTF8(&cmd, "ns", ns);
+	BSON_APPEND_INT64(&cmd, "chunk", nid);
+	BSON_APPEND_UTF8(&cmd, "from", from);
+	BSON_APPEND_UTF8(&cmd, "to", to);
+	if (!meta_call(c, &cmd, &reply, NULL, NULL)) {
+		bson_destroy(&cmd);
+		return;
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	for (;;) {
+		if (!migration_state(c, mid, &state, &mig))
+			return;
+		if (strcmp(state, "complete") == 0 || strcmp(state, "aborted") == 0 ||
+		    strcmp(state, "rolled_back") == 0)
+			break;
+		bson_destroy(&mig);
+		free(state);
+		state = NULL;
+		if (sdb_mono_ms() - start > (uint64_t)max_ms) {
+			px_error(c, WIRE_ERR_MAX_TIME_EXPIRED,
+				 "%s: migration %s still running after %lld ms (it goes on: "
+				 "stripedb ctl migration status %s)", what, mid, (long long)max_ms, mid);
+			return;
+		}
+		sdb_sleep_ms(100); /* the coordinators' progress, polled */
+	}
+	bson_destroy(&mig);
+	if (strcmp(state, "complete") == 0) {
+		rc = px_route(sub, true, err, sizeof err);
+		if (rc)
+			route_coll_unref(rc);
+		out = bson_new();
+		BSON_APPEND_INT64(out, "millis", (int64_t)(sdb_mono_ms() - start));
+		BSON_APPEND_UTF8(out, "migration", mid);
+		px_reply(c, out);
+	} else {
+		px_error(c, WIRE_ERR_OPERATION_FAILED, "%s: migration %s ended %s", what, mid, state);
+	}
+	free(state);
+}
+
+/* The checks moveChunk and moveRange share: the admin database, ns (the command's first
+ * value) a sharded namespace, the destination (field to_field) a known shard, maxTimeMS.
+ * On success *rc is ns's routing (refreshed; unref it), *to points into c->cmd, sub is c
+ * for ns. False after answering c. */
+static bool move_prepare(ctx *c, const char *what, const char *to_field, ctx *sub,
+			 route_coll **rc, const char **to, int64_t *max_ms)
+{
+	const char *ns = first_utf8(c->cmd);
+	bson_iter_t it;
+	char err[256], **ids = NULL;
+	size_t n, i;
+	bool known = false;
+
+	if (!need_admin_db(c, what))
+		return false;
+	if (ns == NULL || strchr(ns, '.') == NULL) {
+		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
+			 ns ? ns : "(not a string)");
+		return false;
+	}
+	*to = NULL;
+	if (bson_iter_init_find(&it, c->cmd, to_field) && BSON_ITER_HOLDS_UTF8(&it))
+		*to = bson_iter_utf8(&it, NULL);
+	if (*to == NULL || (*to)[0] == '\0') {
+		px_error(c, WIRE_ERR_BAD_VALUE, "%s needs the destination shard as %s", what,
+			 to_field);
+		return false;
+	}
+	if (!px_client_int(c, "maxTimeMS", 0, INT32_MAX, 15 * 60 * 1000, max_ms))
+		return false;
+	if (*max_ms == 0)
+		*max_ms = 15 * 60 * 1000;
+	n = px_shard_ids(c, &ids);
+	for (i = 0; i < n; i++) {
+		known |= strcmp(ids[i], *to) == 0;
+		free(ids[i]);
+	}
+	free(ids);
+	if (!known) {
+		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", *to);
+		return false;
+	}
+	*sub = *c;
+	snprintf(sub->ns, sizeof sub->ns, "%s", ns);
+	*rc = px_route(sub, true, err, sizeof err);
+	if (*rc == NULL) {
+		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+		return false;
+	}
+	if ((*rc)->nkeys == 0) {
+		route_coll_unref(*rc);
+		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
+		return false;
+	}
+	return true;
+}
+
 /* {moveChunk: "db.coll", find: {key...} | bounds: [min, max], to: SHARD} (sh.moveChunk): one
  * migration of the Data Movement Platform (metadata registerMigration {ns, chunk, from, to}),
  * run by the coordinators; answered when it is complete, as MongoDB's moveChunk is
@@ -1015,57 +1269,16 @@ static bool migration_state(ctx *c, const char *id, char **state, bson_t *mig)
 void px_do_move_chunk(ctx *c)
 {
 	const char *ns = first_utf8(c->cmd), *to = NULL;
-	ctx sub = *c;
-	bson_t find, bounds, cmd = BSON_INITIALIZER, reply, mig, *out;
-	bson_iter_t it;
+	ctx sub;
+	bson_t find, bounds;
 	route_coll *rc;
 	ssize_t ci = -1;
-	char err[256], mid[128], *from = NULL, *state = NULL;
+	char err[256], *from = NULL;
 	int64_t nid = 0, max_ms;
 	uint64_t start = sdb_mono_ms();
 
-	if (!need_admin_db(c, "moveChunk"))
+	if (!move_prepare(c, "moveChunk", "to", &sub, &rc, &to, &max_ms))
 		return;
-	if (ns == NULL || strchr(ns, '.') == NULL) {
-		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
-			 ns ? ns : "(not a string)");
-		return;
-	}
-	if (bson_iter_init_find(&it, c->cmd, "to") && BSON_ITER_HOLDS_UTF8(&it))
-		to = bson_iter_utf8(&it, NULL);
-	if (to == NULL || to[0] == '\0') {
-		px_error(c, WIRE_ERR_BAD_VALUE, "moveChunk needs the destination shard as to");
-		return;
-	}
-	if (!px_client_int(c, "maxTimeMS", 0, INT32_MAX, 15 * 60 * 1000, &max_ms))
-		return;
-	{
-		char **ids = NULL;
-		size_t n = px_shard_ids(c, &ids), i;
-		bool known = false;
-		for (i = 0; i < n; i++) {
-			known |= strcmp(ids[i], to) == 0;
-			free(ids[i]);
-		}
-		free(ids);
-		if (!known) {
-			px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", to);
-			return;
-		}
-	}
-	if (max_ms == 0)
-		max_ms = 15 * 60 * 1000;
-	snprintf(sub.ns, sizeof sub.ns, "%s", ns);
-	rc = px_route(&sub, true, err, sizeof err);
-	if (rc == NULL) {
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
-		return;
-	}
-	if (rc->nkeys == 0) {
-		route_coll_unref(rc);
-		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
-		return;
-	}
 	if (px_get_doc(c->cmd, "find", &find)) {
 		bson_t key = BSON_INITIALIZER;
 		if (route_key_from_doc(rc, &find, &key, err, sizeof err) == 0)
@@ -1099,48 +1312,223 @@ void px_do_move_chunk(ctx *c)
 		px_reply(c, bson_new()); /* already there (MongoDB: ok) */
 		return;
 	}
-	snprintf(mid, sizeof mid, "mig-proxy-%lld-%llx", (long long)nid,
-		 (unsigned long long)sdb_wall_ms());
-	BSON_APPEND_UTF8(&cmd, "registerMigration", mid);
-	BSON_APPEND_UTF8(&cmd, "ns", ns);
-	BSON_APPEND_INT64(&cmd, "chunk", nid);
-	BSON_APPEND_UTF8(&cmd, "from", from);
-	BSON_APPEND_UTF8(&cmd, "to", to);
+	move_and_wait(c, &sub, "moveChunk", ns, nid, from, to, max_ms, start);
 	free(from);
-	if (!meta_call(c, &cmd, &reply, NULL, NULL)) {
-		bson_destroy(&cmd);
+}
+
+/* Split chunk nid of sub->ns at key (metadata splitChunk) and refresh sub's routing. False
+ * after answering c. */
+static bool split_at(ctx *c, ctx *sub, int64_t nid, const bson_t *key)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	route_coll *rc;
+	char err[256];
+	bool ok;
+
+	BSON_APPEND_INT64(&cmd, "splitChunk", nid);
+	BSON_APPEND_DOCUMENT(&cmd, "at", key);
+	ok = meta_call(c, &cmd, &reply, NULL, NULL);
+	bson_destroy(&cmd);
+	if (!ok)
+		return false;
+	bson_destroy(&reply);
+	rc = px_route(sub, true, err, sizeof err);
+	if (rc)
+		route_coll_unref(rc);
+	return true;
+}
+
+/* {moveRange: "db.coll", toShard: SHARD, min: {key...}, max: {key...}} (MongoDB 6.0,
+ * sh.moveRange): the range [min, max) must lie within one chunk (MongoDB's rule: a range
+ * spanning chunks is refused); a missing max is the chunk's max, a missing min the min of the
+ * chunk that max ends or holds (stripedb does not cut by chunk size). When the range is a
+ * part of its chunk, the chunk is split at min and/or max first (metadata splitChunk), then
+ * the range's chunk moves as moveChunk's does (waited for; forceJumbo, waitForDelete,
+ * secondaryThrottle and writeConcern accepted: migrations have no jumbo limit and complete
+ * after their cleanup). A range already on toShard: ok. Hashed keys: min/max are values of
+ * the hash space (NumberLong), as in MongoDB. */
+void px_do_move_range(ctx *c)
+{
+	const char *ns = first_utf8(c->cmd), *to = NULL;
+	ctx sub;
+	bson_t lo, hi, lo_c, hi_c; /* lo_c, hi_c: the range, initialised by bson_copy_to */
+	bool have_lo, have_hi;
+	route_coll *rc;
+	ssize_t ci;
+	char *from = NULL;
+	int64_t nid, max_ms;
+	uint64_t start = sdb_mono_ms();
+
+	if (!move_prepare(c, "moveRange", "toShard", &sub, &rc, &to, &max_ms))
+		return;
+	have_lo = px_get_doc(c->cmd, "min", &lo) && !bson_empty(&lo);
+	have_hi = px_get_doc(c->cmd, "max", &hi) && !bson_empty(&hi);
+	if (!have_lo && !have_hi) {
+		route_coll_unref(rc);
+		px_error(c, WIRE_ERR_BAD_VALUE, "moveRange needs min or max (the range to move)");
 		return;
 	}
-	bson_destroy(&reply);
-	bson_destroy(&cmd);
-	for (;;) {
-		if (!migration_state(c, mid, &state, &mig))
-			return;
-		if (strcmp(state, "complete") == 0 || strcmp(state, "aborted") == 0 ||
-		    strcmp(state, "rolled_back") == 0)
-			break;
-		bson_destroy(&mig);
-		free(state);
-		state = NULL;
-		if (sdb_mono_ms() - start > (uint64_t)max_ms) {
-			px_error(c, WIRE_ERR_MAX_TIME_EXPIRED,
-				 "moveChunk: migration %s still running after %lld ms (it goes on: "
-				 "stripedb ctl migration status %s)", mid, (long long)max_ms, mid);
-			return;
-		}
-		sdb_sleep_ms(100); /* the coordinators' progress, polled */
+	if (have_lo) {
+		ci = route_find_chunk(rc, &lo);
+	} else {
+		/* the chunk that ends at max, else the one holding it */
+		ci = route_find_chunk(rc, &hi);
+		if (ci > 0 && route_key_cmp(rc->chunks[ci].min, &hi) == 0)
+			ci--;
+		else if (ci < 0 && rc->nchunks > 0 &&
+			 route_key_cmp(rc->chunks[rc->nchunks - 1].max, &hi) == 0)
+			ci = (ssize_t)rc->nchunks - 1;
 	}
-	bson_destroy(&mig);
-	if (strcmp(state, "complete") == 0) {
+	if (ci < 0) {
+		route_coll_unref(rc);
+		px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the range given", ns);
+		return;
+	}
+	bson_copy_to(have_lo ? &lo : rc->chunks[ci].min, &lo_c);
+	bson_copy_to(have_hi ? &hi : rc->chunks[ci].max, &hi_c);
+	if (route_key_cmp(&lo_c, &hi_c) >= 0 || route_key_cmp(&lo_c, rc->chunks[ci].min) < 0 ||
+	    route_key_cmp(&hi_c, rc->chunks[ci].max) > 0) {
+		route_coll_unref(rc);
+		px_error(c, WIRE_ERR_BAD_VALUE,
+			 "moveRange: [min, max) of %s must be a non-empty range within one chunk "
+			 "(a range spanning several chunks is not allowed, as in MongoDB)", ns);
+		goto out;
+	}
+	nid = rc->chunks[ci].nid;
+	if (strcmp(rc->chunks[ci].shard, to) == 0) {
+		route_coll_unref(rc);
+		px_reply(c, bson_new()); /* already there */
+		goto out;
+	}
+	/* cut the range out of its chunk */
+	if (route_key_cmp(&lo_c, rc->chunks[ci].min) > 0) {
+		route_coll_unref(rc);
+		rc = NULL;
+		if (!split_at(c, &sub, nid, &lo_c))
+			goto out;
+	}
+	if (rc == NULL || route_key_cmp(&hi_c, rc->chunks[ci].max) < 0) {
+		if (rc == NULL) {
+			char err[256];
+			rc = px_route(&sub, false, err, sizeof err);
+			if (rc == NULL) {
+				px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+				goto out;
+			}
+		}
+		ci = route_find_chunk(rc, &lo_c);
+		if (ci >= 0 && route_key_cmp(&hi_c, rc->chunks[ci].max) < 0) {
+			nid = rc->chunks[ci].nid;
+			route_coll_unref(rc);
+			rc = NULL;
+			if (!split_at(c, &sub, nid, &hi_c))
+				goto out;
+		}
+	}
+	if (rc == NULL) {
+		char err[256];
+		rc = px_route(&sub, false, err, sizeof err);
+		if (rc == NULL) {
+			px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+			goto out;
+		}
+	}
+	ci = route_find_chunk(rc, &lo_c);
+	if (ci < 0 || route_key_cmp(rc->chunks[ci].min, &lo_c) != 0 ||
+	    route_key_cmp(rc->chunks[ci].max, &hi_c) != 0) {
+		route_coll_unref(rc);
+		px_error(c, 117 /* ConflictingOperationInProgress */,
+			 "moveRange: the chunks of %s changed while the range was cut out: retry", ns);
+		goto out;
+	}
+	nid = rc->chunks[ci].nid;
+	from = sdb_strdup(rc->chunks[ci].shard);
+	route_coll_unref(rc);
+	move_and_wait(c, &sub, "moveRange", ns, nid, from, to, max_ms, start);
+	free(from);
+out:
+	bson_destroy(&lo_c);
+	bson_destroy(&hi_c);
+}
+
+/* {mergeChunks: "db.coll", bounds: [min, max]} (sh.mergeChunks): the chunks that exactly
+ * cover [min, max) (contiguous, on one shard) become one (metadata mergeChunks; its token is
+ * the largest of theirs, so shard versions do not change). Bounds that are not chunk bounds,
+ * chunks on several shards: IllegalOperation (20); one chunk: ok (nothing to merge). */
+void px_do_merge_chunks(ctx *c)
+{
+	const char *ns = first_utf8(c->cmd), *shard = NULL;
+	ctx sub = *c;
+	bson_t bounds, lo, hi, cmd = BSON_INITIALIZER, ids, reply, *out;
+	route_coll *rc;
+	ssize_t ci;
+	size_t n = 0;
+	char err[256], k[24];
+
+	if (!need_admin_db(c, "mergeChunks"))
+		return;
+	if (ns == NULL || strchr(ns, '.') == NULL) {
+		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
+			 ns ? ns : "(not a string)");
+		return;
+	}
+	if (!px_get_array(c->cmd, "bounds", &bounds) || !px_get_doc(&bounds, "0", &lo) ||
+	    !px_get_doc(&bounds, "1", &hi) || bson_count_keys(&bounds) != 2) {
+		px_error(c, WIRE_ERR_BAD_VALUE, "mergeChunks needs bounds: [min, max]");
+		return;
+	}
+	snprintf(sub.ns, sizeof sub.ns, "%s", ns);
+	rc = px_route(&sub, true, err, sizeof err);
+	if (rc == NULL) {
+		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+		return;
+	}
+	if (rc->nkeys == 0) {
+		route_coll_unref(rc);
+		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
+		return;
+	}
+	ci = route_find_chunk(rc, &lo);
+	if (ci < 0 || route_key_cmp(rc->chunks[ci].min, &lo) != 0) {
+		route_coll_unref(rc);
+		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+			 "could not merge chunks of %s: min is not the lower bound of a chunk", ns);
+		return;
+	}
+	BSON_APPEND_UTF8(&cmd, "mergeChunks", ns);
+	bson_append_array_begin(&cmd, "ids", -1, &ids);
+	for (; (size_t)ci < rc->nchunks; ci++) {
+		const route_chunk *ch = &rc->chunks[ci];
+		if (shard && strcmp(shard, ch->shard) != 0)
+			break;
+		shard = ch->shard;
+		snprintf(k, sizeof k, "%zu", n++);
+		BSON_APPEND_INT64(&ids, k, ch->nid);
+		if (route_key_cmp(ch->max, &hi) >= 0)
+			break;
+	}
+	bson_append_array_end(&cmd, &ids);
+	if ((size_t)ci >= rc->nchunks || route_key_cmp(rc->chunks[ci].max, &hi) != 0) {
+		route_coll_unref(rc);
+		bson_destroy(&cmd);
+		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+			 "could not merge chunks of %s: [min, max) must be exactly covered by "
+			 "contiguous chunks of one shard", ns);
+		return;
+	}
+	route_coll_unref(rc);
+	if (n < 2) {
+		bson_destroy(&cmd);
+		px_reply(c, bson_new()); /* one chunk: nothing to merge */
+		return;
+	}
+	if (meta_call(c, &cmd, &reply, NULL, NULL)) {
+		bson_destroy(&reply);
 		rc = px_route(&sub, true, err, sizeof err);
 		if (rc)
 			route_coll_unref(rc);
 		out = bson_new();
-		BSON_APPEND_INT64(out, "millis", (int64_t)(sdb_mono_ms() - start));
-		BSON_APPEND_UTF8(out, "migration", mid);
 		px_reply(c, out);
-	} else {
-		px_error(c, WIRE_ERR_OPERATION_FAILED, "moveChunk: migration %s ended %s", mid, state);
 	}
-	free(state);
+	bson_destroy(&cmd);
 }

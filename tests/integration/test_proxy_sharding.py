@@ -408,6 +408,8 @@ def test_tenants_cannot_administer_sharding(start_role, tmp_path):
                     {"shardCollection": "adb.c", "key": {"_id": 1}},
                     {"listShards": 1}, {"addShard": "127.0.0.1:1"},
                     {"balancerStatus": 1}, {"balancerStop": 1},
+                    {"moveRange": "adb.c", "toShard": "shard-a", "min": {"_id": 1}},
+                    {"mergeChunks": "adb.c", "bounds": [{"_id": 1}, {"_id": 2}]},
                     {"reshardCollection": "adb.c", "key": {"x": 1}}):
             fails(lambda: alice.admin.command(cmd), 13)
         fails(lambda: alice.config.shards.find_one(), 13)
@@ -451,20 +453,111 @@ def test_remove_shard(cluster, start_role, tmp_path):
     d.mkdir()
     start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
     assert admin.command("addShard", f"127.0.0.1:{port}", name="spare")["shardAdded"] == "spare"
-    admin.command("shardCollection", "rm.c", key={"_id": "hashed"}, numInitialChunks=4)
-    on_spare = [ch for ch in cluster.routing("rm.c")["chunks"] if ch["shard"] == "spare"]
-    assert len(on_spare) == 1
-    fails(lambda: admin.command("removeShard", "spare"), 20,
-          ["still owns 1 chunks", "ctl shard drain spare"])
     fails(lambda: admin.command("removeShard", "shard-a"), 20, ["primary shard"])
     fails(lambda: admin.command("removeShard", "nosuch"), 70)
     fails(lambda: admin.command("removeShard", ""), 2)
-    # once its chunk is elsewhere, it goes
-    cluster.meta_cmd({"setChunkShard": on_spare[0]["id"], "shard": "shard-b"})
+    fails(lambda: p.db.command("removeShard", "spare"), 13)
+    # a shard without chunks goes at once
     r = admin.command("removeShard", "spare")
     assert r["state"] == "completed" and r["shard"] == "spare"
     assert "spare" not in [s["_id"] for s in admin.command("listShards")["shards"]]
     assert "spare" not in [s["id"] for s in cluster.meta_query({"listShards": 1})["shards"]]
+
+
+def test_remove_shard_drains_it_through_migrations(start_role, tmp_path):
+    """removeShard of a shard that owns chunks, as on a mongos: "started" registers one
+    migration per chunk (run by a coordinator), later calls report "ongoing" with the
+    chunks remaining, and once drained the shard is removed ("completed"); every document
+    stays visible exactly once throughout (written and read through the proxy)."""
+    from migration_helpers import MigCluster
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=3, proxies=1, coordinators=1)
+    try:
+        p = cl.proxy_client(0)
+        admin = p.admin
+        # six chunks, two on each shard; the victim is not the primary shard (shard-a)
+        cl.shard_collection("dr.c", {"k": 1}, split_points=[{"k": 50 * i} for i in range(1, 6)],
+                            shards=[cl.shard_ids[i % 3] for i in range(6)])
+        p.dr.c.insert_many([{"_id": i, "k": i} for i in range(300)])
+        victim = cl.shard_ids[2]
+        owned = [ch for ch in cl.chunks("dr.c") if ch["shard"] == victim]
+        assert owned
+        r = admin.command("removeShard", victim)
+        assert r["state"] == "started" and r["shard"] == victim, r
+        assert r["dbsToMove"] == []
+        states = ["started"]
+
+        def drained():
+            r = admin.command("removeShard", victim)
+            states.append(r["state"])
+            if r["state"] == "ongoing":
+                assert 0 < r["remaining"]["chunks"] <= len(owned), r
+            # reads and writes go on while it drains: nothing lost, nothing doubled
+            assert sorted(d["_id"] for d in p.dr.c.find({}, {"_id": 1})) == list(range(300))
+            return r["state"] == "completed"
+        wait_until(drained, 120, interval=0.5, what=f"{victim} drained")
+        assert "ongoing" in states or len(states) == 2
+        assert victim not in [s["_id"] for s in admin.command("listShards")["shards"]]
+        assert all(ch["shard"] != victim for ch in cl.chunks("dr.c"))
+        assert sorted(cl.owned_docs("dr.c")) == list(range(300))
+        assert sorted(d["_id"] for d in p.dr.c.find()) == list(range(300))
+    finally:
+        cl.close()
+
+
+def test_move_range_and_merge_chunks(start_role, tmp_path):
+    """moveRange (MongoDB 6.0): a sub-range of a chunk is cut out (split) and moved; a range
+    spanning chunks is refused. mergeChunks: contiguous chunks of one shard become one."""
+    from migration_helpers import MigCluster
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        p = cl.proxy_client(0)
+        admin = p.admin
+        admin.command("shardCollection", "mr.c", key={"k": 1})
+        p.mr.c.insert_many([{"_id": i, "k": i} for i in range(100)])
+        (only,) = cl.chunks("mr.c")
+        to = [s for s in cl.shard_ids if s != only["shard"]][0]
+        r = admin.command("moveRange", "mr.c", toShard=to, min={"k": 20}, max={"k": 40},
+                          waitForDelete=True)
+        assert r["ok"] == 1 and cl.migration(r["migration"])["state"] == "complete"
+        by_min = {str(ch["min"]): ch for ch in cl.chunks("mr.c")}
+        assert len(by_min) == 3
+        moved = by_min[str({"k": 20})]
+        assert moved["max"] == {"k": 40} and moved["shard"] == to
+        assert sorted(d["_id"] for d in cl.shard_client(to).mr.c.find()) == list(range(20, 40))
+        assert sorted(d["_id"] for d in p.mr.c.find()) == list(range(100))
+        # min only: to the end of its chunk; already there: ok
+        r = admin.command("moveRange", "mr.c", toShard=to, min={"k": 40})
+        assert [ch["shard"] for ch in cl.chunks("mr.c") if ch["min"] == {"k": 40}] == [to]
+        assert admin.command("moveRange", "mr.c", toShard=to, min={"k": 20})["ok"] == 1
+        # refused: spanning chunks, empty, no bounds, unknown shard, not sharded
+        fails(lambda: admin.command("moveRange", "mr.c", toShard=only["shard"],
+                                    min={"k": 10}, max={"k": 30}), 2, ["within one chunk"])
+        fails(lambda: admin.command("moveRange", "mr.c", toShard=to, min={"k": 30},
+                                    max={"k": 30}), 2)
+        fails(lambda: admin.command("moveRange", "mr.c", toShard=to), 2, ["min or max"])
+        fails(lambda: admin.command("moveRange", "mr.c", toShard="nosuch", min={"k": 1}), 70)
+        fails(lambda: admin.command("moveRange", "mr.c", min={"k": 1}), 2, ["toShard"])
+        p.mr.u.insert_one({"_id": 1})
+        fails(lambda: admin.command("moveRange", "mr.u", toShard=to, min={"_id": 1}), 118)
+        # mergeChunks: [20, MaxKey) is two chunks on `to`
+        chunks = sorted(cl.chunks("mr.c"), key=lambda ch: str(ch["min"]))
+        assert len(cl.chunks("mr.c")) == 3
+        from bson import MaxKey, MinKey
+        fails(lambda: admin.command("mergeChunks", "mr.c", bounds=[{"k": MinKey()}, {"k": MaxKey()}]),
+              20, ["contiguous chunks of one shard"])
+        fails(lambda: admin.command("mergeChunks", "mr.c", bounds=[{"k": 25}, {"k": MaxKey()}]),
+              20, ["lower bound"])
+        fails(lambda: admin.command("mergeChunks", "mr.c", bounds=[{"k": 20}]), 2)
+        assert admin.command("mergeChunks", "mr.c", bounds=[{"k": 20}, {"k": MaxKey()}])["ok"] == 1
+        after = cl.chunks("mr.c")
+        assert len(after) == 2
+        assert [ch["shard"] for ch in after if ch["min"] == {"k": 20}] == [to]
+        assert [ch["max"] for ch in after if ch["min"] == {"k": 20}] == [{"k": MaxKey()}]
+        assert sorted(d["_id"] for d in p.mr.c.find()) == list(range(100))
+        assert p.mr.c.count_documents({"k": {"$gte": 20}}) == 80
+        del chunks
+    finally:
+        cl.close()
 
 
 def test_move_chunk_runs_a_migration(start_role, tmp_path):
