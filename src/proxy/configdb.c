@@ -8,7 +8,15 @@
  *   config.collections  {_id: ns, key, unique: false, noBalance: true}             listCollections
  *   config.chunks       {_id, ns, min, max, shard, lastmod: Timestamp(version, 0)} getRoutingTable
  *   config.settings     {_id: "balancer", mode: "off", stopped: true}, {_id: "autosplit", enabled: false}
- *   anything else       empty (mongos, changelog, actionlog, locks, tags, migrations ...)
+ *   config.migrations   {_id: migration id, ns, min, max, fromShard, toShard, state}  the
+ *                       Data Movement Platform migrations that have not ended (listMigrations;
+ *                       min/max from the routing table while the chunk is known)
+ *   config.changelog    {_id: migration id, server: "coordinator", shard, time: Date, what,
+ *                       ns, details: {min, max, from, to, migration, state}}: one entry per
+ *                       migration record, what = moveChunk.commit (complete), moveChunk.error
+ *                       (aborted, rolled back) or moveChunk.start (still running)
+ *   anything else       empty (mongos: proxies do not register anywhere; actionlog, locks,
+ *                       tags ...)
  *
  * find, aggregate and count run the request over these documents with the proxy's pipeline
  * engine (storage/pipeline.h); the result is a proxy cursor (getMore works). Every other
@@ -215,6 +223,99 @@ static bool load_chunks(ctx *c, doclist *l)
 	return true;
 }
 
+/* add_migration's argument: the list, which view (config.changelog or config.migrations:
+ * only migrations that have not ended), and the request (metadata reads of bounds). */
+typedef struct mig_arg {
+	doclist *l;
+	bool changelog;
+	ctx *c;
+} mig_arg;
+
+static bool mig_ended(const char *state)
+{
+	return strcmp(state, "complete") == 0 || strcmp(state, "aborted") == 0 ||
+	       strcmp(state, "rolled_back") == 0;
+}
+
+/* min and max of chunk nid of ns from the metadata routing table into d (nothing when the
+ * chunk is gone: split, merged or its collection dropped since). */
+static void append_bounds(ctx *c, const char *ns, int64_t nid, bson_t *d)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, chunks, ch, b;
+	bson_iter_t it;
+	char err[256];
+	int code = 0;
+
+	BSON_APPEND_UTF8(&cmd, "getRoutingTable", ns);
+	BSON_APPEND_INT64(&cmd, "sinceVersion", 0);
+	if (proxy_meta_command(c->p, &cmd, &reply, &code, err, sizeof err) == 0 &&
+	    px_get_array(&reply, "chunks", &chunks) &&
+	    bson_iter_init(&it, &chunks)) {
+		while (bson_iter_next(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+				continue;
+			bson_iter_document(&it, &len, &data);
+			if (!bson_init_static(&ch, data, len) || px_get_int(&ch, "id", 0) != nid)
+				continue;
+			if (px_get_doc(&ch, "min", &b))
+				BSON_APPEND_DOCUMENT(d, "min", &b);
+			if (px_get_doc(&ch, "max", &b))
+				BSON_APPEND_DOCUMENT(d, "max", &b);
+			break;
+		}
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
+static void add_migration(const bson_t *m, void *arg)
+{
+	mig_arg *a = arg;
+	const char *id = str_of(m, "id"), *ns = str_of(m, "ns"), *state = str_of(m, "state");
+	const char *from = NULL, *to = NULL;
+	int64_t nid = 0;
+	bson_t spec, *d, det;
+
+	if (id == NULL || ns == NULL || state == NULL || (!a->changelog && mig_ended(state)))
+		return;
+	if (px_get_doc(m, "spec", &spec)) { /* its registerMigration {ns, chunk, from, to} */
+		from = str_of(&spec, "from");
+		to = str_of(&spec, "to");
+		nid = px_get_int(&spec, "chunk", 0);
+	}
+	d = bson_new();
+	BSON_APPEND_UTF8(d, "_id", id);
+	if (a->changelog) {
+		BSON_APPEND_UTF8(d, "server", "coordinator");
+		BSON_APPEND_UTF8(d, "shard", from ? from : "");
+		BSON_APPEND_DATE_TIME(d, "time", px_get_int(m, "updatedMS", 0));
+		BSON_APPEND_UTF8(d, "what", strcmp(state, "complete") == 0 ? "moveChunk.commit"
+					    : mig_ended(state)		     ? "moveChunk.error"
+										     : "moveChunk.start");
+		BSON_APPEND_UTF8(d, "ns", ns);
+		BSON_APPEND_DOCUMENT_BEGIN(d, "details", &det);
+		if (!mig_ended(state) && nid)
+			append_bounds(a->c, ns, nid, &det);
+		BSON_APPEND_UTF8(&det, "from", from ? from : "");
+		BSON_APPEND_UTF8(&det, "to", to ? to : "");
+		BSON_APPEND_INT64(&det, "chunk", nid);
+		BSON_APPEND_UTF8(&det, "migration", id);
+		BSON_APPEND_UTF8(&det, "state", state);
+		BSON_APPEND_DATE_TIME(&det, "started", px_get_int(m, "createdMS", 0));
+		bson_append_document_end(d, &det);
+	} else {
+		BSON_APPEND_UTF8(d, "ns", ns);
+		if (nid)
+			append_bounds(a->c, ns, nid, d);
+		BSON_APPEND_UTF8(d, "fromShard", from ? from : "");
+		BSON_APPEND_UTF8(d, "toShard", to ? to : "");
+		BSON_APPEND_UTF8(d, "state", state);
+	}
+	dl_push(a->l, d);
+}
+
 /* The documents of config.<coll> into l; false after answering c. */
 static bool load(ctx *c, const char *coll, doclist *l)
 {
@@ -261,6 +362,13 @@ static bool load(ctx *c, const char *coll, doclist *l)
 		}
 	} else if (strcmp(coll, "chunks") == 0) {
 		ok = load_chunks(c, l);
+	} else if (strcmp(coll, "migrations") == 0 || strcmp(coll, "changelog") == 0) {
+		mig_arg a = {l, strcmp(coll, "changelog") == 0, c};
+		BSON_APPEND_INT32(&cmd, "listMigrations", 1);
+		if ((ok = meta_read(c, &cmd, &reply))) {
+			each_doc(&reply, "migrations", add_migration, &a);
+			bson_destroy(&reply);
+		}
 	}
 	bson_destroy(&cmd);
 	return ok;
@@ -371,8 +479,8 @@ static void answer_docs(ctx *c, doclist *out, int64_t batch, bool single)
 /* listCollections on config: the collections answered here. */
 static void list_collections(ctx *c)
 {
-	static const char *const names[] = {"chunks", "collections", "databases", "settings",
-					    "shards", "version", NULL};
+	static const char *const names[] = {"changelog", "chunks",   "collections", "databases",
+					    "migrations", "settings", "shards",     "version", NULL};
 	doclist l = {0}, out = {0};
 	bson_t f, stages = BSON_INITIALIZER, st;
 	size_t i;

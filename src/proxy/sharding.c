@@ -983,12 +983,38 @@ static bool chunk_moving(const bson_t *list, int64_t nid)
 	return false;
 }
 
+/* The number of migrations in the listMigrations reply list that have not ended and move a
+ * chunk from or to shard. */
+static int64_t migrations_of(const bson_t *list, const char *shard)
+{
+	bson_iter_t it, arr;
+	int64_t n = 0;
+
+	if (!bson_iter_init_find(&it, list, "migrations") || !bson_iter_recurse(&it, &arr))
+		return 0;
+	while (bson_iter_next(&arr)) {
+		bson_t m, spec;
+		const char *st, *from, *to;
+		if (!doc_of(&arr, &m) || !px_get_doc(&m, "spec", &spec))
+			continue;
+		st = str_of(&m, "state");
+		from = str_of(&spec, "from");
+		to = str_of(&spec, "to");
+		if (st && strcmp(st, "complete") != 0 && strcmp(st, "aborted") != 0 &&
+		    strcmp(st, "rolled_back") != 0 &&
+		    ((from && strcmp(from, shard) == 0) || (to && strcmp(to, shard) == 0)))
+			n++;
+	}
+	return n;
+}
+
 /* {removeShard: ID} as on a mongos. A shard that owns chunks is drained: the first call
  * registers one Data Movement Platform migration per chunk it owns, spread round-robin over
  * the other shards (run by the coordinators, as `stripedb ctl shard drain`), and answers
  * state "started"; later calls answer "ongoing" with remaining.chunks, registering a
  * migration again for any chunk whose migration ended without moving it (aborted, rolled
- * back) or that appeared since; once it owns nothing the shard is removed (state
+ * back) or that appeared since; once it owns nothing and no migration from or to it is still
+ * running (a switched migration still cleans up on the donor) the shard is removed (state
  * "completed"). The primary shard is refused (IllegalOperation 20: it holds every unsharded
  * collection and there is no movePrimary). Not built: a "draining" mark in metadata, so a
  * shardCollection meanwhile may still place chunks on it (the next call drains them). */
@@ -1000,8 +1026,10 @@ void px_do_remove_shard(ctx *c)
 	bson_t cmd = BSON_INITIALIZER, reply, *out;
 	char **ids = NULL, err[256];
 	size_t nids, j, nothers = 0;
-	bool known = false;
+	bool known = false, have_migs = false;
 	owned_chunk *owned = NULL;
+	bson_t migs;
+	int64_t running;
 
 	if (!need_admin_db(c, "removeShard"))
 		return;
@@ -1034,21 +1062,26 @@ void px_do_remove_shard(ctx *c)
 	n = chunks_on(c, id, &owned);
 	if (n < 0)
 		goto out;
-	if (n > 0) {
-		bson_t q = BSON_INITIALIZER, migs, rem;
-		int64_t moving = 0, started = 0;
-		if (nothers == 0) {
-			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-				 "cannot remove shard %s: it owns %lld chunks and there is no other "
-				 "shard to drain them to", id, (long long)n);
-			goto out;
-		}
+	{
+		bson_t q = BSON_INITIALIZER;
 		BSON_APPEND_INT32(&q, "listMigrations", 1);
 		if (!meta_call(c, &q, &migs, NULL, NULL)) {
 			bson_destroy(&q);
 			goto out;
 		}
+		have_migs = true;
 		bson_destroy(&q);
+	}
+	running = migrations_of(&migs, id);
+	if (n > 0 || running > 0) {
+		bson_t rem;
+		int64_t moving = 0, started = 0;
+		if (n > 0 && nothers == 0) {
+			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				 "cannot remove shard %s: it owns %lld chunks and there is no other "
+				 "shard to drain them to", id, (long long)n);
+			goto out;
+		}
 		for (i = 0; i < n; i++) {
 			char mid[160];
 			bson_t r;
@@ -1064,18 +1097,16 @@ void px_do_remove_shard(ctx *c)
 			BSON_APPEND_INT64(&cmd, "chunk", owned[i].nid);
 			BSON_APPEND_UTF8(&cmd, "from", id);
 			BSON_APPEND_UTF8(&cmd, "to", ids[(size_t)i % nothers]);
-			if (!meta_call(c, &cmd, &r, NULL, NULL)) {
-				bson_destroy(&migs);
+			if (!meta_call(c, &cmd, &r, NULL, NULL))
 				goto out;
-			}
 			bson_destroy(&r);
 			started++;
 		}
-		bson_destroy(&migs);
-		sdb_info("shard drain", "shard=%s chunks=%lld moving=%lld registered=%lld", id,
-			 (long long)n, (long long)moving, (long long)started);
+		sdb_info("shard drain", "shard=%s chunks=%lld moving=%lld registered=%lld "
+			 "running=%lld", id, (long long)n, (long long)moving, (long long)started,
+			 (long long)running);
 		out = bson_new();
-		if (moving == 0) {
+		if (running == 0) {
 			BSON_APPEND_UTF8(out, "msg", "draining started successfully");
 			BSON_APPEND_UTF8(out, "state", "started");
 			BSON_APPEND_UTF8(out, "shard", id);
@@ -1115,6 +1146,8 @@ out:
 		free(ids[j]);
 	free(ids);
 	free(owned);
+	if (have_migs)
+		bson_destroy(&migs);
 	bson_destroy(&cmd);
 }
 

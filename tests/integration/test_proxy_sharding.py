@@ -485,6 +485,13 @@ def test_remove_shard_drains_it_through_migrations(start_role, tmp_path):
         assert r["state"] == "started" and r["shard"] == victim, r
         assert r["dbsToMove"] == []
         states = ["started"]
+        # config.migrations lists the drain's migrations that have not ended, as on a
+        # config server; config.changelog has one entry per migration record
+        active = list(p.config.migrations.find({"fromShard": victim}))
+        assert {m["_id"] for m in active} <= {m["id"] for m in cl.meta_read(
+            {"listMigrations": 1})["migrations"]}
+        for m in active:
+            assert m["ns"] == "dr.c" and m["toShard"] != victim and "min" in m and "max" in m
 
         def drained():
             r = admin.command("removeShard", victim)
@@ -500,6 +507,11 @@ def test_remove_shard_drains_it_through_migrations(start_role, tmp_path):
         assert all(ch["shard"] != victim for ch in cl.chunks("dr.c"))
         assert sorted(cl.owned_docs("dr.c")) == list(range(300))
         assert sorted(d["_id"] for d in p.dr.c.find()) == list(range(300))
+        assert p.config.migrations.count_documents({}) == 0
+        log = list(p.config.changelog.find({"ns": "dr.c", "what": "moveChunk.commit"}))
+        assert len(log) >= len(owned)
+        assert all(e["details"]["from"] == victim and e["shard"] == victim for e in log)
+        assert "migrations" in p.config.list_collection_names()
     finally:
         cl.close()
 
