@@ -813,19 +813,98 @@ void px_do_drop(ctx *c)
 	px_do_broadcast(c);
 }
 
-/* {split: "db.coll", middle: {key...}} (mongosh sh.splitAt): metadata splitChunk of the chunk
- * holding middle, at middle (for a hashed key, middle is a value of the hash space, as in
- * MongoDB). `find` and `bounds` (split at the median of the chunk's data) are refused with
- * CommandNotSupported (115). */
+/* The median shard-key value of chunk ci of rc (ranged, single-field key) from its shard:
+ * count the chunk's documents (filter {k: {$gte: min, $lt: max}}, a MinKey/MaxKey side
+ * left out), then the key of the one in the middle by key order, into median (initialised
+ * when true). False after answering c: the shard's error, or BadValue when the chunk has
+ * no key strictly inside it to split at (empty, or every document has its min key). */
+static bool chunk_median(ctx *c, const route_coll *rc, ssize_t ci, bson_t *median)
+{
+	const route_chunk *ch = &rc->chunks[ci];
+	const char *k = rc->keys[0];
+	bson_t filter = BSON_INITIALIZER, f, cmd = BSON_INITIALIZER, reply, sort, proj, cur, batch;
+	bson_iter_t lo, hi, it;
+	char nerr[256];
+	int cls;
+	int64_t n;
+	bool ok = false;
+
+	bson_iter_init(&lo, ch->min);
+	bson_iter_init(&hi, ch->max);
+	bson_iter_next(&lo);
+	bson_iter_next(&hi);
+	bson_append_document_begin(&filter, k, -1, &f);
+	if (bson_iter_type(&lo) != BSON_TYPE_MINKEY)
+		bson_append_iter(&f, "$gte", 4, &lo);
+	if (bson_iter_type(&hi) != BSON_TYPE_MAXKEY)
+		bson_append_iter(&f, "$lt", 3, &hi);
+	bson_append_document_end(&filter, &f);
+	BSON_APPEND_UTF8(&cmd, "count", c->coll);
+	BSON_APPEND_DOCUMENT(&cmd, "query", &filter);
+	cls = px_run_on(c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
+	if (cls != SHARDCONN_OK) {
+		px_reply_shard_error(c, cls, &reply, nerr);
+		goto out;
+	}
+	n = px_get_int(&reply, "n", 0);
+	bson_destroy(&reply);
+	bson_reinit(&cmd);
+	BSON_APPEND_UTF8(&cmd, "find", c->coll);
+	BSON_APPEND_DOCUMENT(&cmd, "filter", &filter);
+	bson_append_document_begin(&cmd, "sort", -1, &sort);
+	BSON_APPEND_INT32(&sort, k, 1);
+	bson_append_document_end(&cmd, &sort);
+	bson_append_document_begin(&cmd, "projection", -1, &proj);
+	BSON_APPEND_INT32(&proj, k, 1);
+	BSON_APPEND_INT32(&proj, "_id", 0);
+	bson_append_document_end(&cmd, &proj);
+	BSON_APPEND_INT64(&cmd, "skip", n / 2);
+	BSON_APPEND_INT64(&cmd, "limit", 1);
+	BSON_APPEND_BOOL(&cmd, "singleBatch", true);
+	cls = px_run_on(c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
+	if (cls != SHARDCONN_OK) {
+		px_reply_shard_error(c, cls, &reply, nerr);
+		goto out;
+	}
+	bson_init(median);
+	if (n > 0 && px_get_doc(&reply, "cursor", &cur) && px_get_array(&cur, "firstBatch", &batch)) {
+		bson_t d;
+		if (px_get_doc(&batch, "0", &d) && bson_iter_init_find(&it, &d, k))
+			bson_append_iter(median, k, -1, &it);
+	}
+	bson_destroy(&reply);
+	if (bson_empty(median) || route_key_cmp(median, ch->min) <= 0 ||
+	    route_key_cmp(median, ch->max) >= 0) {
+		bson_destroy(median);
+		px_error(c, WIRE_ERR_BAD_VALUE,
+			 "cannot split chunk of %s at its median: it holds %lld documents and no "
+			 "shard-key value strictly inside its bounds", rc->ns, (long long)n);
+		goto out;
+	}
+	ok = true;
+out:
+	bson_destroy(&cmd);
+	bson_destroy(&filter);
+	return ok;
+}
+
+/* {split: "db.coll", middle: {key...} | find: {key...} | bounds: [min, max]} (mongosh
+ * sh.splitAt / sh.splitFind): metadata splitChunk of the chunk holding middle, at middle
+ * (for a hashed key, middle is a value of the hash space, as in MongoDB); with find (the
+ * chunk holding that document's key) or bounds (exactly a chunk's), at the median key of
+ * the chunk's documents, read from its shard (ranged single-field keys; hashed and compound
+ * keys: CommandNotSupported 115, give middle). */
 void px_do_split(ctx *c)
 {
 	const char *ns = first_utf8(c->cmd);
 	ctx sub = *c;
-	bson_t middle, cmd = BSON_INITIALIZER, reply, *out;
+	bson_t middle, find, bounds, cmd = BSON_INITIALIZER, reply, *out, median;
 	route_coll *rc;
-	ssize_t ci;
+	ssize_t ci = -1;
 	char err[256];
 	int64_t id;
+	int given = 0;
+	bool have_median = false;
 
 	if (!need_admin_db(c, "split"))
 		return;
@@ -834,14 +913,12 @@ void px_do_split(ctx *c)
 			 ns ? ns : "(not a string)");
 		return;
 	}
-	if (bson_has_field(c->cmd, "find") || bson_has_field(c->cmd, "bounds")) {
-		px_error(c, 115 /* CommandNotSupported */,
-			 "split with find or bounds (at the median of the chunk's documents) is not "
-			 "supported by stripedb: give the split point as middle");
-		return;
-	}
-	if (!px_get_doc(c->cmd, "middle", &middle) || bson_empty(&middle)) {
-		px_error(c, WIRE_ERR_BAD_VALUE, "need to specify the split point as middle");
+	given += px_get_doc(c->cmd, "middle", &middle) && !bson_empty(&middle);
+	given += bson_has_field(c->cmd, "find");
+	given += bson_has_field(c->cmd, "bounds");
+	if (given != 1) {
+		px_error(c, WIRE_ERR_BAD_VALUE,
+			 "need to specify exactly one of middle, find or bounds (the split point)");
 		return;
 	}
 	snprintf(sub.ns, sizeof sub.ns, "%s", ns);
@@ -855,15 +932,58 @@ void px_do_split(ctx *c)
 		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
 		return;
 	}
-	ci = route_find_chunk(rc, &middle);
+	if (bson_has_field(c->cmd, "middle")) {
+		ci = route_find_chunk(rc, &middle);
+	} else {
+		if (rc->hashed || rc->nkeys != 1) {
+			route_coll_unref(rc);
+			px_error(c, 115 /* CommandNotSupported */,
+				 "split with find or bounds (at the median of the chunk's documents) "
+				 "needs a ranged single-field shard key in stripedb: give the split "
+				 "point as middle");
+			return;
+		}
+		if (px_get_doc(c->cmd, "find", &find)) {
+			bson_t key = BSON_INITIALIZER;
+			if (route_key_from_doc(rc, &find, &key, err, sizeof err) == 0)
+				ci = route_find_chunk(rc, &key);
+			bson_destroy(&key);
+		} else if (px_get_array(c->cmd, "bounds", &bounds)) {
+			bson_t lo, hi;
+			if (px_get_doc(&bounds, "0", &lo) && px_get_doc(&bounds, "1", &hi)) {
+				ci = route_find_chunk(rc, &lo);
+				if (ci >= 0 && (route_key_cmp(rc->chunks[ci].min, &lo) != 0 ||
+						route_key_cmp(rc->chunks[ci].max, &hi) != 0))
+					ci = -1;
+			}
+		}
+		if (ci >= 0) {
+			/* the shard reads run in the collection's database */
+			ctx in_db = sub;
+			char dbname[256];
+			const char *dot = strchr(ns, '.');
+			snprintf(dbname, sizeof dbname, "%.*s", (int)(dot - ns), ns);
+			in_db.db = dbname;
+			in_db.coll = dot + 1;
+			if (!chunk_median(&in_db, rc, ci, &median)) {
+				route_coll_unref(rc);
+				return;
+			}
+			have_median = true;
+		}
+	}
 	id = ci >= 0 ? rc->chunks[ci].nid : 0;
 	route_coll_unref(rc);
 	if (ci < 0 || id == 0) {
+		if (have_median)
+			bson_destroy(&median);
 		px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the split point", ns);
 		return;
 	}
 	BSON_APPEND_INT64(&cmd, "splitChunk", id);
-	BSON_APPEND_DOCUMENT(&cmd, "at", &middle);
+	BSON_APPEND_DOCUMENT(&cmd, "at", have_median ? &median : &middle);
+	if (have_median)
+		bson_destroy(&median);
 	if (meta_call(c, &cmd, &reply, NULL, NULL)) {
 		bson_destroy(&reply);
 		rc = px_route(&sub, true, err, sizeof err);

@@ -436,9 +436,23 @@ def test_split_at_middle(cluster):
                    what="every document once after the splits")
     fails(lambda: admin.command("split", "sp.c", middle={"k": 50}), 2)  # a bound already
     fails(lambda: admin.command("split", "sp.c", middle={"x": 5}), 2)
-    fails(lambda: admin.command("split", "sp.c", find={"k": 5}), 115, ["middle"])
-    fails(lambda: admin.command("split", "sp.c", bounds=[{"k": 0}, {"k": 20}]), 115)
+    # find / bounds (sh.splitFind): at the median of the chunk's documents
+    assert admin.command("split", "sp.c", find={"k": 70})["ok"] == 1  # [50, MaxKey): 50..99
+    assert admin.command("split", "sp.c", bounds=[{"k": 20}, {"k": 50}])["ok"] == 1  # 20..49
+    bounds = sorted(ch["max"]["k"] for ch in cluster.routing("sp.c")["chunks"]
+                    if isinstance(ch["max"]["k"], int))
+    assert bounds == [20, 35, 50, 75], bounds
+    for i in range(2):
+        c = cluster.proxy_client(i).sp.c
+        wait_until(lambda: sorted(d["_id"] for d in c.find()) == list(range(100)), 10,
+                   what="every document once after the median splits")
+    fails(lambda: admin.command("split", "sp.c", bounds=[{"k": 0}, {"k": 21}]), 2)  # not a chunk
+    p.sp.c.delete_many({"k": {"$gte": 75}})
+    fails(lambda: admin.command("split", "sp.c", find={"k": 80}), 2, ["median"])  # empty chunk
+    admin.command("shardCollection", "sp.h", key={"k": "hashed"})
+    fails(lambda: admin.command("split", "sp.h", find={"k": 5}), 115, ["middle"])
     fails(lambda: admin.command("split", "sp.c"), 2, ["middle"])
+    fails(lambda: admin.command("split", "sp.c", middle={"k": 10}, find={"k": 10}), 2)
     p.sp.u.insert_one({"_id": 1})
     d = fails(lambda: admin.command("split", "sp.u", middle={"_id": 5}), 118)
     assert d["codeName"] == "NamespaceNotSharded"
