@@ -280,6 +280,87 @@ def test_mongosh_sh_status(cluster):
     assert sum(x["nChunks"] for x in empty["chunkMetadata"]) == 2
 
 
+MONGOSH_ADMIN = r"""
+const added = sh.addShard('127.0.0.1:NEWPORT');
+sh.enableSharding('ma');
+const d = db.getSiblingDB('ma');
+sh.shardCollection('ma.empty', {k: 1});
+d.ranged.insertMany(Array.from({length: 100}, (_, i) => ({_id: i, k: i})));
+d.ranged.createIndex({k: 1});
+sh.shardCollection('ma.ranged', {k: 1});
+d.hashed.insertMany(Array.from({length: 50}, (_, i) => ({_id: i, u: 'user' + i})));
+sh.shardCollection('ma.hashed', {u: 'hashed'});
+sh.splitAt('ma.ranged', {k: 50});
+const moved = sh.moveChunk('ma.ranged', {k: 70}, added.shardAdded);
+db.adminCommand({moveRange: 'ma.ranged', toShard: added.shardAdded, min: {k: 10}, max: {k: 20}});
+const st = sh.status();
+const ma = st.value.databases.find(x => x.database._id === 'ma');
+print(JSON.stringify({
+  added: added.shardAdded,
+  shards: st.value.shards.map(s => s._id),
+  moved: moved.ok,
+  ranged: ma.collections['ma.ranged'],
+  hashed: ma.collections['ma.hashed'],
+  empty: ma.collections['ma.empty'],
+  dist: d.ranged.getShardDistribution().value,
+  count: d.ranged.countDocuments({}),
+  hcount: d.hashed.countDocuments({}),
+}));
+"""
+
+
+@needs_node_client("mongosh")
+def test_mongosh_administers_sharding(start_role, tmp_path):
+    """issue #18's mongosh script against a proxy: add a shard, enable sharding, shard an
+    empty and two non-empty collections (ranged, hashed), split, move a chunk and a range
+    (a coordinator runs the migrations), then sh.status() and getShardDistribution() are
+    checked against metadata."""
+    from migration_helpers import MigCluster
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        port = free_port()
+        d = tmp_path / "added"
+        d.mkdir()
+        start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+        uri = f"mongodb://127.0.0.1:{cl.proxy_ports[0]}/?directConnection=true"
+        r = subprocess.run([MONGOSH, uri, "--quiet", "--norc", "--eval",
+                            MONGOSH_ADMIN.replace("NEWPORT", str(port))],
+                           capture_output=True, text=True, timeout=240, env=node_env())
+        assert r.returncode == 0, r.stdout + r.stderr
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        added = out["added"]
+        meta_shards = [s["id"] for s in cl.meta_read({"listShards": 1})["shards"]]
+        assert sorted(out["shards"]) == sorted(meta_shards) and added in meta_shards
+        assert out["moved"] == 1
+        ranged = cl.chunks("ma.ranged")
+        # [MinKey,10) [10,20) [20,50) on the holder; [10,20) and [50,MaxKey) moved
+        on = {(str(ch["min"]), str(ch["max"])): ch["shard"] for ch in ranged}
+        assert len(ranged) == 4, ranged
+        assert on[(str({"k": 10}), str({"k": 20}))] == added
+        assert [ch["shard"] for ch in ranged if ch["min"] == {"k": 50}] == [added]
+        status = out["ranged"]
+        assert status["shardKey"] == {"k": 1} and len(status["chunks"]) == 4
+        per = {x["shard"]: x["nChunks"] for x in status["chunkMetadata"]}
+        expect = {}
+        for ch in ranged:
+            expect[ch["shard"]] = expect.get(ch["shard"], 0) + 1
+        assert per == expect
+        assert out["count"] == 100 and out["hcount"] == 50
+        dist = out["dist"]
+        assert dist["Totals"]["docs"] == 100 and dist["Totals"]["chunks"] == 4, dist
+        assert out["hashed"]["shardKey"] == {"u": "hashed"}
+        assert out["empty"]["shardKey"] == {"k": 1}
+        import pymongo
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true") as sh:
+            there = {x["_id"] for x in sh.ma.ranged.find()}
+        assert set(range(10, 20)) | set(range(50, 100)) <= there  # moved (orphans may wait)
+        p = cl.proxy_client(0)
+        assert sorted(x["_id"] for x in p.ma.ranged.find()) == list(range(100))
+        assert sorted(x["_id"] for x in p.ma.hashed.find()) == list(range(50))
+    finally:
+        cl.close()
+
+
 # ---------- stripedb ctl shard add|remove, db, collection ----------
 
 def ctl(cl, *args, metadata=None):
