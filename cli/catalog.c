@@ -9,6 +9,10 @@
  *   db list                          {listDatabases: 1}
  *   collection create DB.COLL --shard-key F[,F] [--hashed] [--chunks N] [--on SHARD[,SHARD]]
  *                                    {shardCollection: DB.COLL, key, numChunks, shards}
+ *                                    (a collection that already holds documents follows
+ *                                    MongoDB, as a proxy's shardCollection: every chunk
+ *                                    starts on the one shard holding them; on several
+ *                                    shards, or --on elsewhere: refused, exit 1)
  *   collection list [DB]             {listCollections: 1, db: DB}
  *   collection drop DB.COLL          {dropCollection: DB.COLL}  (sharding metadata only:
  *                                    the documents stay on the shards)
@@ -19,8 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth/cluster.h"
 #include "cli/cli.h"
 #include "common/alloc.h"
+#include "common/shardref.h"
 
 int cli_catalog_shard(cli_ctx *ctx, int argc, char **argv);
 int cli_db_cmd(cli_ctx *ctx, int argc, char **argv);
@@ -220,6 +226,68 @@ static bool valid_ns(const char *ns)
 	return ns[0] != '-' && dot && dot != ns && dot[1] != '\0';
 }
 
+/* The shard that holds documents of ns, asked on every registered shard (a count with
+ * limit 1, over the cluster's credentials): into holder (empty when none). Returns 0, 1
+ * after printing one line (several shards hold documents, a shard cannot be asked). */
+static int data_holder(cli_ctx *ctx, const char *ns, char *holder, size_t len)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	sdb_shard_ref *shards = NULL;
+	size_t n = 0, i;
+	const char *dot = strchr(ns, '.');
+	char db[256];
+	int rc = 0;
+
+	holder[0] = '\0';
+	snprintf(db, sizeof db, "%.*s", (int)(dot - ns), ns);
+	BSON_APPEND_INT32(&cmd, "listShards", 1);
+	if (cli_meta_run(ctx, &cmd, &reply) != 0) {
+		bson_destroy(&cmd);
+		return 1;
+	}
+	sdb_shard_refs_parse(&reply, &shards, &n);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	for (i = 0; i < n && rc == 0; i++) {
+		char *u = strstr(shards[i].uri, "://")
+				  ? sdb_asprintf("%s", shards[i].uri)
+				  : sdb_asprintf("mongodb://%s/?directConnection=true", shards[i].uri);
+		mongoc_client_t *c = auth_cluster_client_new(u);
+		bson_t q = BSON_INITIALIZER, r;
+		bson_error_t e;
+		free(u);
+		if (c == NULL) {
+			fprintf(stderr, "stripedb ctl collection: bad URI of shard %s\n", shards[i].id);
+			rc = 1;
+			break;
+		}
+		BSON_APPEND_UTF8(&q, "count", dot + 1);
+		BSON_APPEND_INT32(&q, "limit", 1);
+		if (!mongoc_client_command_simple(c, db, &q, NULL, &r, &e)) {
+			fprintf(stderr, "stripedb ctl collection: cannot ask shard %s whether %s holds "
+					"documents: %s\n", shards[i].id, ns, e.message);
+			rc = 1;
+		} else {
+			bson_iter_t it;
+			if (bson_iter_init_find(&it, &r, "n") && bson_iter_as_int64(&it) > 0) {
+				if (holder[0]) {
+					fprintf(stderr, "stripedb ctl collection: %s holds documents on "
+							"shards %s and %s: refused (shard a collection "
+							"whose documents are on one shard)\n",
+						ns, holder, shards[i].id);
+					rc = 1;
+				}
+				snprintf(holder, len, "%s", shards[i].id);
+			}
+		}
+		bson_destroy(&r);
+		bson_destroy(&q);
+		mongoc_client_destroy(c);
+	}
+	sdb_shard_refs_free(shards, n);
+	return rc;
+}
+
 int cli_collection_cmd(cli_ctx *ctx, int argc, char **argv)
 {
 	static const char *const u =
@@ -295,6 +363,27 @@ int cli_collection_cmd(cli_ctx *ctx, int argc, char **argv)
 		bson_append_document_end(&cmd, &kd);
 		if (chunks > 0)
 			BSON_APPEND_INT64(&cmd, "numChunks", chunks);
+		{
+			/* documents already there stay where they are: every chunk on their shard */
+			char holder[128];
+			if (data_holder(ctx, argv[1], holder, sizeof holder) != 0) {
+				bson_destroy(&cmd);
+				return 1;
+			}
+			if (holder[0] && on && strcmp(on, holder) != 0) {
+				bson_destroy(&cmd);
+				fprintf(stderr, "stripedb ctl collection: %s already holds documents on "
+						"shard %s: its chunks must start there (--on %s)\n",
+					argv[1], holder, holder);
+				return 1;
+			}
+			if (holder[0])
+				on = NULL;
+			if (holder[0] && !append_list(&cmd, "shards", holder)) {
+				bson_destroy(&cmd);
+				return usage("collection", u);
+			}
+		}
 		if (on && !append_list(&cmd, "shards", on)) {
 			bson_destroy(&cmd);
 			return usage("collection", u);

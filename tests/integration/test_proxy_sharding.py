@@ -439,6 +439,19 @@ def test_ctl_catalog(start_role, tmp_path):
             "collection cat.h dropped")
         with pytest.raises(OperationFailure):
             cl.routing("cat.h")
+        # a collection that already holds documents: its chunks start on their shard
+        cl.shard_client("shard-b").cat.full.insert_many([{"_id": i} for i in range(5)])
+        ok(ctl(cl, "collection", "create", "cat.full", "--shard-key", "_id", "--hashed",
+               "--chunks", "4"))
+        assert {ch["shard"] for ch in cl.routing("cat.full")["chunks"]} == {"shard-b"}
+        assert sorted(d["_id"] for d in cl.proxy_client(0).cat.full.find()) == list(range(5))
+        cl.shard_client("shard-a").cat.two.insert_one({"_id": 1})
+        cl.shard_client("shard-b").cat.two.insert_one({"_id": 2})
+        cluster_error(ctl(cl, "collection", "create", "cat.two", "--shard-key", "_id"),
+                      "holds documents on shards")
+        cl.shard_client("shard-a").cat.one.insert_one({"_id": 1})
+        cluster_error(ctl(cl, "collection", "create", "cat.one", "--shard-key", "_id",
+                          "--on", "shard-b"), "must start there")
         usage_error(ctl(cl, "collection", "create", "cat.x"), "--shard-key is required")
         usage_error(ctl(cl, "collection", "create", "cat.x", "--shard-key", "a,b",
                         "--hashed"), "hashed key has one field")
