@@ -213,9 +213,11 @@ int mig_scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson_t 
 
 /* ------------------------------------------------------------ migrate_cleanup.c */
 
-/* Delete the chunk's documents from shard c: the chunk's key range read by mig_scan_chunk
- * (an index range on the shard), deleted by _id in batches of spec.deleteBatch,
- * spec.deleteDelayMS apart; every delete tagged $stripedbOrigin. m->deleted counts. */
+/* Delete the chunk's documents from shard c in batches of at most spec.deleteBatch,
+ * spec.deleteDelayMS apart, tagged $stripedbOrigin; m->deleted counts. Ranged keys: each
+ * batch is one delete statement with keyRange/keyRangeLimit that the shard answers from
+ * its shard-key index (until a batch deletes fewer). Hashed keys: the chunk is read once
+ * by mig_scan_chunk and deleted by _id (the shard has no hashed index to range over). */
 int mig_delete_chunk(mig *m, mongoc_client_t *c);
 
 /* ------------------------------------------------------------ migrate_replicate.c */

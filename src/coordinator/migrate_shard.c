@@ -126,8 +126,6 @@ int mig_oplog_head(mig *m, mongoc_client_t *c, uint64_t *ts)
 
 /* ------------------------------------------------------------ copying documents */
 
-typedef int (*doc_fn)(mig *m, const bson_t *doc, void *arg);
-
 /* Iterate the documents of the chunk in collection coll on client c: a snapshot
  * (stripedbSnapshot, *at = atOplogTs) when at != NULL, else a plain find; sorted by sort
  * (or none). Only documents of the chunk reach fn. */
@@ -143,6 +141,15 @@ int mig_scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson_t 
 	} else {
 		BSON_APPEND_UTF8(&cmd, "find", m->coll);
 	}
+	/* issue #17: the shard returns the chunk's documents only, reading its shard-key
+	 * index between the bounds (ranged keys; hashed keys are checked through the hash on
+	 * the shard, every document examined there); mig_in_chunk below stays as a check */
+	bson_t kr;
+	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "keyRange", &kr);
+	BSON_APPEND_DOCUMENT(&kr, "key", m->key);
+	BSON_APPEND_DOCUMENT(&kr, "min", m->min);
+	BSON_APPEND_DOCUMENT(&kr, "max", m->max);
+	bson_append_document_end(&cmd, &kr);
 	if (sort)
 		BSON_APPEND_DOCUMENT(&cmd, "sort", sort);
 	if (proj)

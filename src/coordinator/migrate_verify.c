@@ -73,10 +73,10 @@ int mig_step_verify(mig *m)
 		mig_nap(m, 100);
 		return 0;
 	}
+	/* both sides are read in the shard-key index's order (no sort on the shards: a
+	 * blocking sort of a large chunk would hit their 100 MB limit) and sorted by _id here */
 	uint64_t at = 0;
-	bson_t sort = BSON_INITIALIZER;
-	BSON_APPEND_INT32(&sort, "_id", 1);
-	rc = mig_scan_chunk(m, m->sc, &sort, NULL, &at, collect, &s);
+	rc = mig_scan_chunk(m, m->sc, NULL, NULL, &at, collect, &s);
 	mig_crash_point("mid", "verify");
 	/* the target at the same position: apply exactly up to `at`, within maxCatchUpMS (at
 	 * most 30 s a try): a replicator that cannot reach the position in that time cannot
@@ -88,7 +88,6 @@ int mig_step_verify(mig *m)
 		rc = mig_repl_run(m, &m->fwd, m->ts, at, (int64_t)sdb_mono_ms() + budget);
 		if (rc == SDB_ETIMEOUT && budget == m->max_catchup_ms) {
 			char why[200];
-			bson_destroy(&sort);
 			vfree(&s);
 			snprintf(why, sizeof why,
 				 "replication could not catch up with the source within "
@@ -101,8 +100,7 @@ int mig_step_verify(mig *m)
 				 "verify: the target did not reach the source's position in 30 s");
 	}
 	if (rc == 0)
-		rc = mig_scan_chunk(m, m->dc, &sort, NULL, NULL, collect, &t);
-	bson_destroy(&sort);
+		rc = mig_scan_chunk(m, m->dc, NULL, NULL, NULL, collect, &t);
 	if (rc) {
 		vfree(&s);
 		vfree(&t);
