@@ -23,7 +23,8 @@ ports (tmp dir), then measures:
       chunk of each is moved to the other shard in the same run: documents examined on
       the source (the shard's stripedb_shard_docs_examined_total / _returned_total, read
       from /metrics around each migration), the migration's wall time (ctl migrate to
-      complete, grace 0) and its importMS, and the ratios big / small.
+      complete, grace 0) and its importMS, and the ratios big / small (medians of
+      --chunk-reps moves of each, alternating, the chunk going back and forth).
 --parts selects the measurements (default import,repl,pause,chunk).
 Prints one key=value line per measurement.
 """
@@ -59,6 +60,7 @@ def main():
     ap.add_argument("--migrations", type=int, default=20)
     ap.add_argument("--chunk-docs", type=int, default=100000)
     ap.add_argument("--chunk-fraction", type=float, default=0.01)
+    ap.add_argument("--chunk-reps", type=int, default=3)
     ap.add_argument("--parts", default="import,repl,pause,chunk")
     a = ap.parse_args()
     parts = set(a.parts.split(","))
@@ -187,16 +189,19 @@ def shard_counters(cl, sid):
     return out
 
 
-def timed_migration(cl, ns, chunk):
-    """Move chunk to shard-b: (wall seconds, migration record, examined, returned on the
-    source shard-a)."""
-    before = shard_counters(cl, "shard-a")
+def timed_migration(cl, ns, chunk_id):
+    """Move the chunk to the other shard: (wall seconds, migration record, documents
+    examined and returned on the source)."""
+    (chunk,) = [c for c in cl.chunks(ns) if c["id"] == chunk_id]
+    src = chunk["shard"]
+    dst = "shard-b" if src == "shard-a" else "shard-a"
+    before = shard_counters(cl, src)
     t0 = time.monotonic()
-    mid = cl.migrate(ns, chunk["id"], "shard-b", "--grace-ms=0")
+    mid = cl.migrate(ns, chunk_id, dst, "--grace-ms=0")
     m = cl.wait_migration(mid, timeout=1800)
     dt = time.monotonic() - t0
     assert m["state"] == "complete", m
-    after = shard_counters(cl, "shard-a")
+    after = shard_counters(cl, src)
     ex = after["stripedb_shard_docs_examined_total"] - before["stripedb_shard_docs_examined_total"]
     rt = after["stripedb_shard_docs_returned_total"] - before["stripedb_shard_docs_returned_total"]
     return dt, m, ex, rt
@@ -226,17 +231,23 @@ def chunk_bench(cl, a, pad):
     print(f"chunk_load_docs={n + c_n} chunk_load_s={time.monotonic() - t0:.1f}", flush=True)
     (cb,) = [c for c in cl.chunks(big) if c["min"] == {"k": lo}]
     (cs,) = cl.chunks(small)
-    res = {}
-    # the collection holding only the chunk first, then the big one, one after the other
-    for name, ns, ch in (("small", small, cs), ("big", big, cb)):
-        dt, m, ex, rt = timed_migration(cl, ns, ch)
-        st = m["stats"]
-        assert st["imported"] == c_n, st
-        res[name] = (dt, st["importMS"], ex, rt)
-        print(f"chunk_{name}_collection_docs={n if name == 'big' else c_n} "
-              f"chunk_{name}_moved={st['imported']} chunk_{name}_wall_s={dt:.2f} "
-              f"chunk_{name}_import_ms={st['importMS']} chunk_{name}_source_examined={ex} "
-              f"chunk_{name}_source_returned={rt}", flush=True)
+    res = {"small": [], "big": []}
+    # alternately the collection holding only the chunk and the big one, --chunk-reps
+    # times each (the chunk moves back and forth); medians
+    for rep in range(a.chunk_reps):
+        for name, ns, ch in (("small", small, cs), ("big", big, cb)):
+            dt, m, ex, rt = timed_migration(cl, ns, ch["id"])
+            st = m["stats"]
+            assert st["imported"] == c_n, st
+            res[name].append((dt, st["importMS"], ex, rt))
+            print(f"chunk_{name}_rep={rep} chunk_{name}_collection_docs="
+                  f"{n if name == 'big' else c_n} chunk_{name}_moved={st['imported']} "
+                  f"chunk_{name}_wall_s={dt:.2f} chunk_{name}_import_ms={st['importMS']} "
+                  f"chunk_{name}_source_examined={ex} chunk_{name}_source_returned={rt}",
+                  flush=True)
+    for name in res:
+        res[name] = tuple(sorted(r[i] for r in res[name])[len(res[name]) // 2]
+                          for i in range(4))
     (dt_b, im_b, ex_b, rt_b), (dt_s, im_s, ex_s, rt_s) = res["big"], res["small"]
     print(f"chunk_big_examined_over_collection={ex_b / n:.4f} "
           f"chunk_big_returned_over_collection={rt_b / n:.4f} "
