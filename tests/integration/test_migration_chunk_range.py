@@ -141,9 +141,9 @@ def test_key_range_on_a_shard_is_exact_and_reads_the_index(start_role, tmp_path)
     cl.close()
 
 
-@pytest.mark.parametrize("hashed", [False, True], ids=["ranged", "hashed"])
-def test_migration_of_one_chunk_reads_only_the_chunk_on_the_source(start_role, tmp_path,
-                                                                     hashed):
+@pytest.mark.parametrize("kind", ["ranged", "compound", "hashed"])
+def test_migration_of_one_chunk_reads_only_the_chunk_on_the_source(start_role, tmp_path, kind):
+    hashed = kind == "hashed"
     cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
     try:
         # hashed: fewer documents and chunks (each insert batch is split per chunk)
@@ -152,19 +152,30 @@ def test_migration_of_one_chunk_reads_only_the_chunk_on_the_source(start_role, t
             cl.meta_write({"createDatabase": "app"}, ok_codes=(48, 11000))
             cl.meta_write({"shardCollection": ns, "key": {"k": "hashed"}, "numChunks": 50,
                            "shards": ["shard-a"]})
+        elif kind == "compound":
+            # a = j // 100, b = j: the chunk is a=50 from b=5050, all of a=51, a=52 below
+            # b=5210 (160 documents); its bounds read a in [50, 52] (300 documents)
+            cl.shard_collection(ns, {"a": 1, "b": 1},
+                                split_points=[{"a": 50, "b": 5050}, {"a": 52, "b": 5210}],
+                                shards=["shard-a"])
         else:
             cl.shard_collection(ns, {"k": 1}, split_points=[{"k": 10000}, {"k": 10200}],
                                 shards=["shard-a"])
         coll = cl.proxy_client()["app"]["c"]
-        if not hashed:
-            # the shard key index (MongoDB requires one; shardCollection through the
-            # proxy creates it, metadata's own does not)
+        # the shard key index (MongoDB requires one; shardCollection through the proxy
+        # creates it, metadata's own does not)
+        if kind == "ranged":
             coll.create_index("k")
+        elif kind == "compound":
+            coll.create_index([("a", 1), ("b", 1)])
         for i in range(0, n, 5000):
-            coll.insert_many([{"_id": j, "k": j, "pad": "x" * 50} for j in range(i, i + 5000)])
+            coll.insert_many([{"_id": j, "k": j, "a": j // 100, "b": j, "pad": "x" * 50}
+                              for j in range(i, i + 5000)])
         src = cl.shard_client("shard-a")["app"]["c"]
         if hashed:
             chunk = cl.chunks(ns)[17]
+        elif kind == "compound":
+            (chunk,) = [c for c in cl.chunks(ns) if c["min"] == {"a": 50, "b": 5050}]
         else:
             (chunk,) = [c for c in cl.chunks(ns) if c["min"] == {"k": 10000}]
         ids = _find_range(src.database, cl.meta_read({"getRoutingTable": ns})["key"],
@@ -192,6 +203,11 @@ def test_migration_of_one_chunk_reads_only_the_chunk_on_the_source(start_role, t
             # the cleanup deletes by _id (one point lookup each)
             assert returned <= 4 * in_chunk + 10, (returned, in_chunk)
             assert 3 * n <= examined <= 3 * n + in_chunk + 10, (examined, n)
+        elif kind == "compound":
+            assert in_chunk == 160
+            assert returned <= 3 * in_chunk + 10, (returned, in_chunk)
+            # each read scans the index over a's values 50..52: 300 documents
+            assert examined <= 3 * 300 + 10, (examined, in_chunk)
         else:
             assert returned <= 3 * in_chunk + 10, (returned, in_chunk)
             assert examined <= 3 * in_chunk + 10, (examined, in_chunk)
