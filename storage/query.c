@@ -1,6 +1,7 @@
 /* Planner and executor of the embedded shard (see query.h). */
 #include "storage/query.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,8 @@
 #include "storage/sortspec.h"
 
 #define QUERY_MAX_SORT_BYTES (100u * 1024u * 1024u)
+
+static _Atomic uint64_t total_keys, total_docs, total_returned; /* sdb_query_totals */
 
 typedef struct held_doc {
 	bson_t *doc;
@@ -272,6 +275,64 @@ bad:
 			"hint provided does not correspond to an existing index");
 }
 
+/* The key range of spec (sdb_query_spec.range_field): plan an index scan of its bounds.
+ * Returns false (nothing planned) when no usable index has range_field first. */
+static bool plan_range(sdb_query *q, const sdb_store_coll *co, const sdb_query_spec *spec,
+		       char *err, size_t errlen)
+{
+	const sdb_store_index *ix = NULL;
+	bool is_id = strcmp(spec->range_field, "_id") == 0, desc = false, rev = false;
+	for (size_t i = 0; !is_id && i < co->n_indexes; i++) {
+		const sdb_store_index *c = &co->indexes[i];
+		bool d = false;
+		const char *f = first_field(c->key, &d);
+		if (c->sparse || c->multikey || !f || strcmp(f, spec->range_field) != 0)
+			continue;
+		if (!ix || (!pattern_provides_sort(ix->key, q->sort, &rev) &&
+			    pattern_provides_sort(c->key, q->sort, &rev))) {
+			ix = c;
+			desc = d;
+		}
+	}
+	if (!is_id && !ix)
+		return false;
+	sdb_key lo, hi, a, z;
+	sdb_key_init(&lo);
+	sdb_key_init(&hi);
+	sdb_key_init(&a);
+	sdb_key_init(&z);
+	bool ok = (!spec->range_lo ||
+		   sdb_keyenc_append_value(&lo, spec->range_lo, false, err, errlen) == 0) &&
+		  (!spec->range_hi ||
+		   sdb_keyenc_append_value(&hi, spec->range_hi, false, err, errlen) == 0);
+	if (ok) {
+		if (is_id) {
+			bson_t pat = BSON_INITIALIZER;
+			BSON_APPEND_INT32(&pat, "_id", 1);
+			set_pattern(q, &pat);
+			bson_destroy(&pat);
+		} else {
+			q->index = sdb_strdup(ix->name);
+			set_pattern(q, ix->key);
+		}
+		if (!desc) {
+			add_range(q, spec->range_lo ? &lo : NULL, true, spec->range_hi ? &hi : NULL,
+				  spec->range_hi_incl);
+		} else {
+			key_invert(&hi, &a);
+			key_invert(&lo, &z);
+			add_range(q, spec->range_hi ? &a : NULL, spec->range_hi_incl,
+				  spec->range_lo ? &z : NULL, true);
+		}
+		ranges_fix(q);
+	}
+	sdb_key_free(&lo);
+	sdb_key_free(&hi);
+	sdb_key_free(&a);
+	sdb_key_free(&z);
+	return ok;
+}
+
 static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint, int *code,
 		char *err, size_t errlen)
 {
@@ -421,7 +482,18 @@ int sdb_query_open(sdb_store_conn *c, const char *db, const char *coll,
 	}
 	const sdb_store_coll *co = NULL;
 	sdb_store_coll_get(c, db, coll, &co, NULL, 0);
-	rc = plan(q, co, spec->hint, code, err, errlen);
+	if (co && !spec->hint && spec->range_field && plan_range(q, co, spec, err, errlen)) {
+		if (q->sort && sdb_sortspec_nfields(q->sort)) {
+			bool rev = false;
+			if (pattern_provides_sort(&q->key_pattern, q->sort, &rev))
+				q->reverse = rev;
+			else
+				q->blocking_sort = true;
+		}
+		rc = 0;
+	} else {
+		rc = plan(q, co, spec->hint, code, err, errlen);
+	}
 	if (rc)
 		goto fail;
 	if (co && !q->empty) {
@@ -623,10 +695,22 @@ void sdb_query_explain(const sdb_query *q, bool stats, bson_t *out)
 	bson_append_document_end(out, &es);
 }
 
+void sdb_query_totals(uint64_t *keys, uint64_t *docs, uint64_t *returned)
+{
+	*returned = atomic_load_explicit(&total_returned, memory_order_relaxed);
+	*keys = atomic_load_explicit(&total_keys, memory_order_relaxed);
+	*docs = atomic_load_explicit(&total_docs, memory_order_relaxed);
+}
+
 void sdb_query_free(sdb_query *q)
 {
 	if (!q)
 		return;
+	int64_t k = 0, d = 0, n = 0;
+	sdb_query_stats(q, &n, &k, &d);
+	atomic_fetch_add_explicit(&total_returned, (uint64_t)n, memory_order_relaxed);
+	atomic_fetch_add_explicit(&total_keys, (uint64_t)k, memory_order_relaxed);
+	atomic_fetch_add_explicit(&total_docs, (uint64_t)d, memory_order_relaxed);
 	sdb_store_cursor_close(q->cur);
 	if (q->owns_free)
 		q->owns_free(q->owns_arg);

@@ -48,6 +48,18 @@ typedef struct sdb_query_spec {
 	bool (*owns)(void *owns_arg, const bson_t *doc);
 	void *owns_arg;
 	void (*owns_free)(void *owns_arg);
+	/* Key range (issue #17, a migration reading one chunk): when range_field is set and no
+	 * hint is given, the plan scans the index whose FIRST field is range_field (the _id
+	 * index for "_id"; a secondary index neither sparse nor multikey, its pattern
+	 * preferred when it also gives the sort) over the first-component values from
+	 * range_lo (inclusive; NULL = from the start) to range_hi (inclusive when
+	 * range_hi_incl, else exclusive; NULL = to the end), in the index's own value order
+	 * (storage/keyenc.h: MongoDB's cross-type order, no type bracketing). Bounds are a
+	 * superset: the caller's exact check is owns. Without such an index the plan is
+	 * chosen as without a range (owns still filters). */
+	const char *range_field;
+	const bson_value_t *range_lo, *range_hi;
+	bool range_hi_incl;
 } sdb_query_spec;
 
 /* Plan and open a query over db.coll in the connection's open transaction. A missing
@@ -69,6 +81,11 @@ void sdb_query_explain(const sdb_query *q, bool stats, bson_t *out);
 
 /* Counters so far. */
 void sdb_query_stats(const sdb_query *q, int64_t *n_returned, int64_t *keys, int64_t *docs);
+
+/* Process-wide totals of keys and documents examined, and documents returned, by every
+ * query freed so far (each query adds its sdb_query_stats at sdb_query_free): the shard's
+ * stripedb_shard_{keys,docs}_examined_total and stripedb_shard_docs_returned_total. */
+void sdb_query_totals(uint64_t *keys, uint64_t *docs, uint64_t *returned);
 
 void sdb_query_free(sdb_query *q);
 

@@ -1,7 +1,7 @@
 /* Installing the shards' filtering metadata from the coordinator (issue #17; the shard side
  * is src/shard/filtering.c, which explains the versions).
  *
- * At a migration switch (migrate.c do_switch) the coordinator, which already bumps the moved
+ * At a migration switch (migrate_switch.c do_switch) the coordinator, which already bumps the moved
  * chunk's token on the donor and routes the chunk in metadata, also:
  *   1. gives the moved chunk a token above every token of the collection (cfilt_switch_token);
  *   2. right after the bump on the donor, installs on the donor what it keeps, with one

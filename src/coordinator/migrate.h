@@ -24,7 +24,8 @@
  *                migration of an overlapping range of the same collection to finish.
  *   importing    indexes copied to the target; the chunk's documents on the target are
  *                cleared (a restarted import starts clean), then a point-in-time snapshot
- *                of the source at oplog position T (stripedbSnapshot atOplogTs) is loaded
+ *                of the chunk on the source at oplog position T (stripedbSnapshot
+ *                atOplogTs, keyRange: the shard reads only the chunk) is loaded
  *                into the target in the order of the shard-key index, in batches, every
  *                write tagged $stripedbOrigin: <id>. Checkpoint: {ts: T}.
  *   replicating  the source's CDC events after ts (src/cdc/reader.h) for the chunk are
@@ -65,8 +66,10 @@
  *                -> rolled_back (then the target's copy is deleted); on timeout routing
  *                stays on the target with the newer token and the state returns to
  *                switched.
- *   cleaning     the chunk's documents are deleted from the source in batches of
- *                spec.deleteBatch (default 500), spec.deleteDelayMS (default 5) apart.
+ *   cleaning     the chunk's documents are deleted from the source by key range (the
+ *                shard's shard-key index; hashed keys: by _id after one read of the
+ *                chunk) in batches of spec.deleteBatch (default 500),
+ *                spec.deleteDelayMS (default 5) apart.
  *   complete, aborted, rolled_back: terminal. An aborted migration's target copy is
  *                deleted unless routing points at the target.
  *

@@ -1,5 +1,5 @@
 /* Session records that travel with a migrating chunk (issue #16; MongoDB's
- * session_catalog_migration_source/destination): helpers of the replicator (migrate.c).
+ * session_catalog_migration_source/destination): helpers of the replicator (migrate_replicate.c).
  *
  * A shard's oplog entry of a retryable write carries lsid, txnNumber, stmtId and the
  * statement's recorded outcome stmtResult (storage/store.h); the CDC event is that entry.

@@ -61,6 +61,8 @@ typedef struct find_opts {
 	int64_t skip, limit, batch;
 	bool have_batch, single_batch, tailable, await_data, snapshot;
 	int64_t max_time_ms;
+	bson_t key_range; /* keyRange (find, stripedbSnapshot: shard_filtering_key_range) */
+	bool have_key_range;
 } find_opts;
 
 static bool parse_find_opts(shard_ctx *x, const bson_t *cmd, const char *cmdname,
@@ -70,6 +72,7 @@ static bool parse_find_opts(shard_ctx *x, const bson_t *cmd, const char *cmdname
 	bson_init(&o->filter);
 	bson_init(&o->projection);
 	bson_init(&o->sort);
+	bson_init(&o->key_range);
 	bson_iter_t it;
 	if (!bson_iter_init(&it, cmd))
 		return false;
@@ -141,6 +144,15 @@ static bool parse_find_opts(shard_ctx *x, const bson_t *cmd, const char *cmdname
 				return false;
 		} else if (strcmp(k, "stripedbSnapshot") == 0) {
 			o->snapshot = bson_iter_as_bool(&it);
+		} else if (strcmp(k, "keyRange") == 0) {
+			if (strcmp(cmdname, "find") != 0 && strcmp(cmdname, "stripedbSnapshot") != 0) {
+				shard_fail(x, WIRE_ERR_BAD_VALUE,
+					   "keyRange is only allowed on find and stripedbSnapshot");
+				return false;
+			}
+			if (!util_get_doc(x, cmdname, &it, &o->key_range))
+				return false;
+			o->have_key_range = true;
 		}
 	}
 	if (o->await_data && !o->tailable) {
@@ -156,6 +168,7 @@ static void find_opts_destroy(find_opts *o)
 	bson_destroy(&o->filter);
 	bson_destroy(&o->projection);
 	bson_destroy(&o->sort);
+	bson_destroy(&o->key_range);
 }
 
 /* Reply with a cursor over docs (ownership taken). batch < 0: default. */
@@ -454,6 +467,14 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		sdb_projection_free(proj);
 		return;
 	}
+	if (o->have_key_range && coll_is_view(x, coll)) {
+		sdb_store_rollback(x->conn);
+		x->conn = worker_conn;
+		shard_conn_put(x->sh, fc);
+		sdb_projection_free(proj);
+		shard_fail(x, WIRE_ERR_BAD_VALUE, "keyRange is not allowed on a view");
+		return;
+	}
 	if (coll_is_view(x, coll)) {
 		/* a find on a view is an aggregation over its source */
 		bson_t **docs;
@@ -489,7 +510,21 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		.skip = o->skip,
 		.limit = o->limit,
 	};
-	shard_filtering_spec(x, &spec);
+	shard_key_range kr;
+	if (o->have_key_range) {
+		char *kns = sdb_asprintf("%s.%s", x->db, coll);
+		int kc = shard_filtering_key_range(x, kns, &o->key_range, &kr, &spec);
+		free(kns);
+		if (kc) {
+			shard_fail(x, kc, "%s", x->err);
+			x->conn = worker_conn;
+			shard_conn_put(x->sh, fc);
+			sdb_projection_free(proj);
+			return;
+		}
+	} else {
+		shard_filtering_spec(x, &spec);
+	}
 	sdb_query *q = NULL;
 	code = 0;
 	if (sdb_query_open(fc, x->db, coll, &spec, &q, &code, x->err, sizeof x->err) != 0) {
@@ -558,7 +593,9 @@ void shard_cmd_find(shard_ctx *x)
 		find_opts_destroy(&o);
 		return;
 	}
-	if (strcmp(x->db, OPLOG_DB) == 0 && strcmp(coll, OPLOG_COLL) == 0)
+	if (strcmp(x->db, OPLOG_DB) == 0 && strcmp(coll, OPLOG_COLL) == 0 && o.have_key_range)
+		shard_fail(x, WIRE_ERR_BAD_VALUE, "keyRange is not allowed on the oplog");
+	else if (strcmp(x->db, OPLOG_DB) == 0 && strcmp(coll, OPLOG_COLL) == 0)
 		find_oplog(x, &o);
 	else
 		run_find(x, coll, &o, o.snapshot);
@@ -1363,7 +1400,21 @@ void shard_cmd_explain(shard_ctx *x)
 			.skip = o.skip,
 			.limit = o.limit,
 		};
-		shard_filtering_spec(x, &spec);
+		shard_key_range kr;
+		if (o.have_key_range) {
+			char *kns = sdb_asprintf("%s.%s", x->db, coll);
+			int kc = shard_filtering_key_range(x, kns, &o.key_range, &kr, &spec);
+			free(kns);
+			if (kc) {
+				find_opts_destroy(&o);
+				bson_destroy(reply);
+				bson_destroy(&inner);
+				shard_fail(x, kc, "%s", x->err);
+				return;
+			}
+		} else {
+			shard_filtering_spec(x, &spec);
+		}
 		sdb_query *q = NULL;
 		int code = 0;
 		if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err,

@@ -247,16 +247,25 @@ void shard_cmd_insert(shard_ctx *x)
 
 /* ------------------------------------------------------------------ update */
 
-/* Collect copies of the documents q matches (at most limit, 0 = all). */
-static int match_docs(shard_ctx *x, const char *coll, const bson_t *filter,
-		      const bson_t *sort, const bson_iter_t *hint, int64_t limit,
-		      bson_t ***docs, size_t *n, int *code)
+/* Collect copies of the documents q matches (at most limit, 0 = all); with key_range (a
+ * delete's keyRange, shard_filtering_key_range) only those of that shard-key range. */
+static int match_docs_in(shard_ctx *x, const char *coll, const bson_t *filter,
+			 const bson_t *sort, const bson_iter_t *hint, int64_t limit,
+			 const bson_t *key_range, bson_t ***docs, size_t *n, int *code)
 {
 	sdb_query_spec spec = {.filter = filter, .sort = sort, .hint = hint, .limit = limit};
-	shard_filtering_spec(x, &spec);
-	sdb_query *q = NULL;
+	shard_key_range kr;
 	*docs = NULL;
 	*n = 0;
+	if (key_range) {
+		char ns[512];
+		snprintf(ns, sizeof ns, "%s.%s", x->db, coll);
+		if ((*code = shard_filtering_key_range(x, ns, key_range, &kr, &spec)) != 0)
+			return SDB_EINVAL;
+	} else {
+		shard_filtering_spec(x, &spec);
+	}
+	sdb_query *q = NULL;
 	size_t cap = 0;
 	int rc = sdb_query_open(x->conn, x->db, coll, &spec, &q, code, x->err, sizeof x->err);
 	if (rc)
@@ -272,6 +281,13 @@ static int match_docs(shard_ctx *x, const char *coll, const bson_t *filter,
 		return rc;
 	}
 	return 0;
+}
+
+static int match_docs(shard_ctx *x, const char *coll, const bson_t *filter,
+		      const bson_t *sort, const bson_iter_t *hint, int64_t limit,
+		      bson_t ***docs, size_t *n, int *code)
+{
+	return match_docs_in(x, coll, filter, sort, hint, limit, NULL, docs, n, code);
 }
 
 typedef struct upd_stmt {
@@ -676,8 +692,9 @@ void shard_cmd_delete(shard_ctx *x)
 		bson_iter_document(&arr, &len, &data);
 		bson_init_static(&st, data, len);
 		bson_iter_t it, hint;
-		bool have_hint = false, have_q = false;
-		int64_t limit = -1;
+		bool have_hint = false, have_q = false, have_kr = false;
+		int64_t limit = -1, kr_limit = 0;
+		bson_t kr;
 		if (bson_iter_init(&it, &st)) {
 			while (bson_iter_next(&it)) {
 				const char *k = bson_iter_key(&it);
@@ -695,8 +712,36 @@ void shard_cmd_delete(shard_ctx *x)
 					    BSON_ITER_HOLDS_DOCUMENT(&it))) {
 					hint = it;
 					have_hint = true;
+				} else if (strcmp(k, "keyRange") == 0 &&
+					   BSON_ITER_HOLDS_DOCUMENT(&it)) {
+					bson_iter_document(&it, &len, &data);
+					bson_init_static(&kr, data, len);
+					have_kr = true;
+				} else if (strcmp(k, "keyRangeLimit") == 0 &&
+					   BSON_ITER_HOLDS_NUMBER(&it)) {
+					kr_limit = bson_iter_as_int64(&it);
 				}
 			}
+		}
+		if (have_kr || kr_limit) {
+			/* a migration's cleanup (src/shard/README.md): q is the marker
+			 * {$stripedbKeyRange: true}, which a shard without this extension refuses
+			 * as an unknown operator instead of deleting everything */
+			bson_iter_t qi;
+			bool marker = bson_count_keys(&q) == 1 &&
+				      bson_iter_init_find(&qi, &q, "$stripedbKeyRange");
+			if (!x->origin || !have_kr || !marker || limit != 0 || kr_limit < 0 ||
+			    have_hint) {
+				bson_destroy(&q);
+				bson_destroy(&w.arr);
+				shard_txn_free(&t);
+				shard_fail(x, WIRE_ERR_BAD_VALUE,
+					   "keyRange on a delete statement (a migration's cleanup) "
+					   "needs $stripedbOrigin, q: {$stripedbKeyRange: true}, limit: "
+					   "0 and no hint; keyRangeLimit >= 0 needs keyRange");
+				return;
+			}
+			bson_reinit(&q);
 		}
 		if (!have_q || (limit != 0 && limit != 1)) {
 			bson_destroy(&q);
@@ -729,8 +774,9 @@ void shard_cmd_delete(shard_ctx *x)
 		sdb_store_savepoint(x->conn);
 		shard_txn_tag(x, &t, (uint32_t)i);
 		shard_mig_sess_tag(x, &ms);
-		int rc = match_docs(x, coll, &q, NULL, have_hint ? &hint : NULL, limit, &docs, &nd,
-				    &code);
+		int rc = match_docs_in(x, coll, &q, NULL, have_hint ? &hint : NULL,
+				       have_kr ? kr_limit : limit, have_kr ? &kr : NULL, &docs, &nd,
+				       &code);
 		bson_destroy(&q);
 		int64_t deleted = 0;
 		for (size_t j = 0; rc == 0 && j < nd; j++) {

@@ -1,5 +1,6 @@
 /* Command table of the shard role and helpers shared by the command files. */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -187,8 +188,43 @@ static void dispatch_status(wire_req *req, void *role_data)
 	wire_req_reply(req, reply);
 }
 
+/* stripedb_shard_{keys,docs}_examined_total: the storage's query totals
+ * (sdb_query_totals: every query of the process, added when it is freed), folded in at
+ * each /metrics render. Hooks run one at a time, so the last values need no lock. */
+static void examined_hook(void *arg)
+{
+	static sdb_counter *ck, *cd, *cr;
+	static uint64_t last_k, last_d, last_r;
+	(void)arg;
+	if (!ck) {
+		ck = sdb_metrics_counter("stripedb_shard_keys_examined_total",
+					 "Index keys examined by the shard's queries (explain's "
+					 "totalKeysExamined, summed)",
+					 NULL);
+		cd = sdb_metrics_counter("stripedb_shard_docs_examined_total",
+					 "Documents examined by the shard's queries (explain's "
+					 "totalDocsExamined, summed)",
+					 NULL);
+		cr = sdb_metrics_counter("stripedb_shard_docs_returned_total",
+					 "Documents returned by the shard's queries (explain's "
+					 "nReturned, summed)",
+					 NULL);
+	}
+	uint64_t k, d, r;
+	sdb_query_totals(&k, &d, &r);
+	sdb_counter_add(cr, r - last_r);
+	last_r = r;
+	sdb_counter_add(ck, k - last_k);
+	sdb_counter_add(cd, d - last_d);
+	last_k = k;
+	last_d = d;
+}
+
 void shard_register_commands(shard *sh)
 {
+	static atomic_int hooked;
+	if (atomic_exchange(&hooked, 1) == 0)
+		sdb_metrics_add_hook(examined_hook, NULL);
 	for (size_t i = 0; i < N_CMDS; i++) {
 		char labels[96];
 		snprintf(labels, sizeof labels, "role=\"shard\",cmd=\"%s\"", cmd_table[i].name);

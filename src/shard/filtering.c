@@ -309,6 +309,72 @@ void shard_filtering_release(shard_ctx *x)
 	x->owner = NULL;
 }
 
+int shard_filtering_key_range(shard_ctx *x, const char *ns, const bson_t *kr,
+			      shard_key_range *r, sdb_query_spec *spec)
+{
+	bson_iter_t it;
+	bson_t key, min, max, table = BSON_INITIALIZER, arr, ch;
+	uint32_t len;
+	const uint8_t *data;
+	route_coll *rc = NULL;
+	const char *bad = NULL;
+
+	if (x->owner || x->sv_ns) {
+		snprintf(x->err, sizeof x->err,
+			 "keyRange cannot be combined with $stripedbShardVersion");
+		return WIRE_ERR_BAD_VALUE;
+	}
+	bson_t *parts[3] = {&key, &min, &max};
+	const char *names[3] = {"key", "min", "max"};
+	for (int i = 0; i < 3 && !bad; i++) {
+		if (!bson_iter_init_find(&it, kr, names[i]) || !BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			bad = names[i];
+			break;
+		}
+		bson_iter_document(&it, &len, &data);
+		bson_init_static(parts[i], data, len);
+	}
+	if (bad || bson_count_keys(kr) != 3) {
+		snprintf(x->err, sizeof x->err,
+			 "keyRange must be {key: <shard key pattern>, min: <document>, max: "
+			 "<document>}");
+		return WIRE_ERR_BAD_VALUE;
+	}
+	BSON_APPEND_ARRAY_BEGIN(&table, "chunks", &arr);
+	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &ch);
+	BSON_APPEND_UTF8(&ch, "id", "keyRange");
+	BSON_APPEND_UTF8(&ch, "ns", ns);
+	BSON_APPEND_DOCUMENT(&ch, "min", &min);
+	BSON_APPEND_DOCUMENT(&ch, "max", &max);
+	BSON_APPEND_UTF8(&ch, "shard", "self");
+	BSON_APPEND_INT64(&ch, "token", 1);
+	bson_append_document_end(&arr, &ch);
+	bson_append_array_end(&table, &arr);
+	char why[256];
+	int e = route_coll_build(ns, &key, &table, &rc, why, sizeof why);
+	bson_destroy(&table);
+	if (e) {
+		snprintf(x->err, sizeof x->err, "keyRange: %s", why);
+		return WIRE_ERR_BAD_VALUE;
+	}
+	spec->owns = owns_doc;
+	spec->owns_arg = rc; /* the query's reference */
+	spec->owns_free = owns_free;
+	if (rc->hashed || rc->nkeys == 0)
+		return 0;
+	/* the first key field's values: [min, max) for one field; [min, max] for a compound
+	 * key (documents whose first field equals max's may still lie below max) */
+	spec->range_field = rc->keys[0];
+	spec->range_hi_incl = rc->nkeys > 1;
+	if (bson_iter_init_find(&r->lo, &min, rc->keys[0]) &&
+	    bson_iter_type(&r->lo) != BSON_TYPE_MINKEY)
+		spec->range_lo = bson_iter_value(&r->lo);
+	if (bson_iter_init_find(&r->hi, &max, rc->keys[0]) &&
+	    bson_iter_type(&r->hi) != BSON_TYPE_MAXKEY)
+		spec->range_hi = bson_iter_value(&r->hi);
+	return 0;
+}
+
 void shard_cmd_set_filtering(shard_ctx *x)
 {
 	bson_iter_t it;

@@ -368,6 +368,22 @@ bool shard_filtering_gate(shard_ctx *x);
 void shard_filtering_spec(shard_ctx *x, sdb_query_spec *spec);
 /* Release x->owner. */
 void shard_filtering_release(shard_ctx *x);
+/* keyRange: {key, min, max} of a find or stripedbSnapshot (issue #17: a migration reads
+ * exactly one chunk). The bounds of the query's key range point into kr's iterators
+ * (lo, hi: the caller keeps this struct until sdb_query_open returns). */
+typedef struct shard_key_range {
+	bson_iter_t lo, hi;
+} shard_key_range;
+/* Parse kr (the keyRange document of x->cmd's collection ns) into spec: the orphan
+ * filter becomes "the shard key lies in [min, max)" (route.h's chunk test, ranged or
+ * hashed: exactly the proxy's and the coordinator's), and for a ranged key the query's key
+ * range bounds the scan of the shard-key index (the first key field from min's to max's
+ * value; MinKey / MaxKey leave that side open). A hashed key has no index to bound (the
+ * shard has no hashed indexes): every document is examined, only the chunk's returned.
+ * Returns 0, or BadValue (2) with the message in x->err (nothing replied) on a malformed
+ * range or together with $stripedbShardVersion. */
+int shard_filtering_key_range(shard_ctx *x, const char *ns, const bson_t *kr,
+			      shard_key_range *r, sdb_query_spec *spec);
 void shard_cmd_check(shard_ctx *x);
 
 #endif

@@ -16,7 +16,16 @@ ports (tmp dir), then measures:
       replicating (read from the CDC log + apply to the target), and the lag at resume
       (that same time: how far behind the replicator was);
   (c) the write pause at the switch over M migrations of one chunk back and forth under a
-      light write load through the proxy: p50 / p99 / max of stats.pausesMS.
+      light write load through the proxy: p50 / p99 / max of stats.pausesMS;
+  (d) reading only the chunk (issue #17): a collection of --chunk-docs documents (ranged
+      key k with its index) of which one chunk holds --chunk-fraction (default 1%), and a
+      second collection holding only that chunk's documents (same keys, same bytes); the
+      chunk of each is moved to the other shard in the same run: documents examined on
+      the source (the shard's stripedb_shard_docs_examined_total / _returned_total, read
+      from /metrics around each migration), the migration's wall time (ctl migrate to
+      complete, grace 0) and its importMS, and the ratios big / small (medians of
+      --chunk-reps moves of each, alternating, the chunk going back and forth).
+--parts selects the measurements (default import,repl,pause,chunk).
 Prints one key=value line per measurement.
 """
 import argparse
@@ -31,7 +40,7 @@ from pathlib import Path
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 
-from conftest import Proc, free_port  # noqa: E402
+from conftest import Proc, free_port, http_get  # noqa: E402
 from migration_helpers import MigCluster  # noqa: E402
 
 
@@ -49,7 +58,12 @@ def main():
     ap.add_argument("--doc-bytes", type=int, default=200)
     ap.add_argument("--backlog", type=int, default=20000)
     ap.add_argument("--migrations", type=int, default=20)
+    ap.add_argument("--chunk-docs", type=int, default=100000)
+    ap.add_argument("--chunk-fraction", type=float, default=0.01)
+    ap.add_argument("--chunk-reps", type=int, default=3)
+    ap.add_argument("--parts", default="import,repl,pause,chunk")
     a = ap.parse_args()
+    parts = set(a.parts.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="migbench-"))
     procs = []
     n = [0]
@@ -67,14 +81,16 @@ def main():
 
     cl = MigCluster(start_role, tmp, meta=1, shards=2, proxies=1, coordinators=1)
     try:
-        # (a) bulk import, index order vs arrival order
         pad = "x" * a.doc_bytes
+        if "chunk" in parts:
+            chunk_bench(cl, a, pad)
+        # (a) bulk import, index order vs arrival order
         keys = list(range(a.docs))
         random.Random(1).shuffle(keys)
         rnd = random.Random(2)
         ids = [f"{rnd.getrandbits(64):016x}" for _ in range(a.docs)]
         res = {}
-        for order in ("index", "arrival"):
+        for order in (("index", "arrival") if "import" in parts else ()):
             ns = f"bench.{order}"
             cl.shard_collection(ns, {"k": 1}, shards=["shard-a"])
             coll = cl.proxy_client()["bench"][order]
@@ -93,65 +109,152 @@ def main():
             print(f"import_{order}_docs={st['imported']} import_{order}_ms={ms} "
                   f"import_{order}_docs_per_s={res[order]:.0f} "
                   f"import_{order}_mb_per_s={st['importBytes'] / ms / 1000:.1f}", flush=True)
-        print(f"import_index_over_arrival={res['index'] / res['arrival']:.2f}", flush=True)
-
-        # (b) replication of a backlog: replication paused (ctl migration pause), B events
-        # written on the source, then resumed; events/s until the replicator caught up
-        ns = "bench.repl"
-        cl.shard_collection(ns, {"k": 1}, shards=["shard-a"])
-        (c,) = cl.chunks(ns)
-        cl.proxy_client()["bench"]["repl"].insert_one({"_id": "seed", "k": -1})
-        cl.ctl("migration", "pause", "bench-repl")
-        mid = cl.migrate(ns, c["id"], "shard-b", "--grace-ms=0", "--id=bench-repl")
-        cl.wait_migration(mid, {"replicating"}, timeout=120)
-        src = cl.shard_client("shard-a")["bench"]["repl"]
-        for s in range(0, a.backlog, 1000):
-            src.insert_many([{"_id": f"r{i}", "k": i, "pad": pad}
-                             for i in range(s, min(a.backlog, s + 1000))])
-        t0 = time.monotonic()
-        cl.ctl("migration", "resume", mid)
-        cl.wait_migration(mid, {"verifying", "switching", "switched", "cleaning", "complete"},
-                          timeout=600)
-        dt = time.monotonic() - t0
-        m = cl.wait_migration(mid, timeout=120)
-        assert m["state"] == "complete", m
-        print(f"replication_events={a.backlog} replication_s={dt:.2f} "
-              f"replication_events_per_s={a.backlog / dt:.0f} replication_lag_max_s={dt:.2f} "
-              f"applied={m['stats']['applied']}", flush=True)
-
-        # (c) write pause over M migrations under a light write load
-        ns = "bench.pause"
-        cl.shard_collection(ns, {"k": 1}, split_points=[{"k": 1000}],
-                            shards=["shard-a", "shard-b"])
-        stop = threading.Event()
-        writes = [0]
-
-        def writer():
-            coll = cl.proxy_client()["bench"]["pause"]
-            i = 0
-            while not stop.is_set():
-                i += 1
-                coll.update_one({"_id": i % 500, "k": i % 500}, {"$set": {"v": i}}, upsert=True)
-                writes[0] += 1
-        t = threading.Thread(target=writer, daemon=True)
-        t.start()
-        pauses = []
-        for i in range(a.migrations):
-            (c,) = [x for x in cl.chunks(ns) if x["min"]["k"] != 1000]
-            to = "shard-b" if c["shard"] == "shard-a" else "shard-a"
-            mid = cl.migrate(ns, c["id"], to, "--grace-ms=0")
-            m = cl.wait_migration(mid, timeout=120)
-            assert m["state"] == "complete", m
-            pauses += m["stats"]["pausesMS"]
-        stop.set()
-        t.join()
-        print(f"pause_migrations={a.migrations} pause_samples={len(pauses)} "
-              f"pause_p50_ms={percentile(pauses, 50)} pause_p99_ms={percentile(pauses, 99)} "
-              f"pause_max_ms={max(pauses)} writes_during={writes[0]}", flush=True)
+        if res:
+            print(f"import_index_over_arrival={res['index'] / res['arrival']:.2f}", flush=True)
+        if "repl" in parts:
+            repl_bench(cl, a, pad)
+        if "pause" in parts:
+            pause_bench(cl, a)
     finally:
         cl.close()
         for p in procs:
             p.stop()
+
+
+def repl_bench(cl, a, pad):
+    """(b) replication of a backlog: replication paused (ctl migration pause), B events
+    written on the source, then resumed; events/s until the replicator caught up."""
+    ns = "bench.repl"
+    cl.shard_collection(ns, {"k": 1}, shards=["shard-a"])
+    (c,) = cl.chunks(ns)
+    cl.proxy_client()["bench"]["repl"].insert_one({"_id": "seed", "k": -1})
+    cl.ctl("migration", "pause", "bench-repl")
+    mid = cl.migrate(ns, c["id"], "shard-b", "--grace-ms=0", "--id=bench-repl")
+    cl.wait_migration(mid, {"replicating"}, timeout=120)
+    src = cl.shard_client("shard-a")["bench"]["repl"]
+    for s in range(0, a.backlog, 1000):
+        src.insert_many([{"_id": f"r{i}", "k": i, "pad": pad}
+                         for i in range(s, min(a.backlog, s + 1000))])
+    t0 = time.monotonic()
+    cl.ctl("migration", "resume", mid)
+    cl.wait_migration(mid, {"verifying", "switching", "switched", "cleaning", "complete"},
+                      timeout=600)
+    dt = time.monotonic() - t0
+    m = cl.wait_migration(mid, timeout=120)
+    assert m["state"] == "complete", m
+    print(f"replication_events={a.backlog} replication_s={dt:.2f} "
+          f"replication_events_per_s={a.backlog / dt:.0f} replication_lag_max_s={dt:.2f} "
+          f"applied={m['stats']['applied']}", flush=True)
+
+
+def pause_bench(cl, a):
+    """(c) write pause over M migrations under a light write load."""
+    ns = "bench.pause"
+    cl.shard_collection(ns, {"k": 1}, split_points=[{"k": 1000}],
+                        shards=["shard-a", "shard-b"])
+    stop = threading.Event()
+    writes = [0]
+
+    def writer():
+        coll = cl.proxy_client()["bench"]["pause"]
+        i = 0
+        while not stop.is_set():
+            i += 1
+            coll.update_one({"_id": i % 500, "k": i % 500}, {"$set": {"v": i}}, upsert=True)
+            writes[0] += 1
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    pauses = []
+    for i in range(a.migrations):
+        (c,) = [x for x in cl.chunks(ns) if x["min"]["k"] != 1000]
+        to = "shard-b" if c["shard"] == "shard-a" else "shard-a"
+        mid = cl.migrate(ns, c["id"], to, "--grace-ms=0")
+        m = cl.wait_migration(mid, timeout=120)
+        assert m["state"] == "complete", m
+        pauses += m["stats"]["pausesMS"]
+    stop.set()
+    t.join()
+    print(f"pause_migrations={a.migrations} pause_samples={len(pauses)} "
+          f"pause_p50_ms={percentile(pauses, 50)} pause_p99_ms={percentile(pauses, 99)} "
+          f"pause_max_ms={max(pauses)} writes_during={writes[0]}", flush=True)
+
+
+def shard_counters(cl, sid):
+    st, body = http_get(cl.shard_procs[sid].http_port, "/metrics")
+    out = {}
+    for line in body.decode().splitlines():
+        if line.startswith("stripedb_shard_docs_"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = int(float(v))
+    return out
+
+
+def timed_migration(cl, ns, chunk_id):
+    """Move the chunk to the other shard: (wall seconds, migration record, documents
+    examined and returned on the source)."""
+    (chunk,) = [c for c in cl.chunks(ns) if c["id"] == chunk_id]
+    src = chunk["shard"]
+    dst = "shard-b" if src == "shard-a" else "shard-a"
+    before = shard_counters(cl, src)
+    t0 = time.monotonic()
+    mid = cl.migrate(ns, chunk_id, dst, "--grace-ms=0")
+    m = cl.wait_migration(mid, timeout=1800)
+    dt = time.monotonic() - t0
+    assert m["state"] == "complete", m
+    after = shard_counters(cl, src)
+    ex = after["stripedb_shard_docs_examined_total"] - before["stripedb_shard_docs_examined_total"]
+    rt = after["stripedb_shard_docs_returned_total"] - before["stripedb_shard_docs_returned_total"]
+    return dt, m, ex, rt
+
+
+def chunk_bench(cl, a, pad):
+    """(d) Moving one chunk of a large collection reads that chunk, not the collection."""
+    n = a.chunk_docs
+    c_n = max(1, int(n * a.chunk_fraction))
+    lo = n // 2
+    t0 = time.monotonic()
+    big, small = "bench.big", "bench.small"
+    cl.shard_collection(big, {"k": 1}, split_points=[{"k": lo}, {"k": lo + c_n}],
+                        shards=["shard-a"])
+    cl.shard_collection(small, {"k": 1}, shards=["shard-a"])
+    db = cl.proxy_client()["bench"]
+    db["big"].create_index("k")
+    db["small"].create_index("k")
+    rnd = random.Random(3)
+    keys = list(range(n))
+    rnd.shuffle(keys)
+    for s in range(0, n, 5000):
+        db["big"].insert_many([{"_id": k, "k": k, "pad": pad} for k in keys[s:s + 5000]],
+                              ordered=False)
+    db["small"].insert_many([{"_id": k, "k": k, "pad": pad} for k in range(lo, lo + c_n)],
+                            ordered=False)
+    print(f"chunk_load_docs={n + c_n} chunk_load_s={time.monotonic() - t0:.1f}", flush=True)
+    (cb,) = [c for c in cl.chunks(big) if c["min"] == {"k": lo}]
+    (cs,) = cl.chunks(small)
+    res = {"small": [], "big": []}
+    # alternately the collection holding only the chunk and the big one, --chunk-reps
+    # times each (the chunk moves back and forth); medians
+    for rep in range(a.chunk_reps):
+        for name, ns, ch in (("small", small, cs), ("big", big, cb)):
+            dt, m, ex, rt = timed_migration(cl, ns, ch["id"])
+            st = m["stats"]
+            assert st["imported"] == c_n, st
+            res[name].append((dt, st["importMS"], ex, rt))
+            print(f"chunk_{name}_rep={rep} chunk_{name}_collection_docs="
+                  f"{n if name == 'big' else c_n} chunk_{name}_moved={st['imported']} "
+                  f"chunk_{name}_wall_s={dt:.2f} chunk_{name}_import_ms={st['importMS']} "
+                  f"chunk_{name}_source_examined={ex} chunk_{name}_source_returned={rt}",
+                  flush=True)
+    for name in res:
+        res[name] = tuple(sorted(r[i] for r in res[name])[len(res[name]) // 2]
+                          for i in range(4))
+    (dt_b, im_b, ex_b, rt_b), (dt_s, im_s, ex_s, rt_s) = res["big"], res["small"]
+    print(f"chunk_big_examined_over_collection={ex_b / n:.4f} "
+          f"chunk_big_returned_over_collection={rt_b / n:.4f} "
+          f"chunk_examined_big_over_small={ex_b / max(1, ex_s):.2f} "
+          f"chunk_returned_big_over_small={rt_b / max(1, rt_s):.2f} "
+          f"chunk_wall_big_over_small={dt_b / dt_s:.2f} "
+          f"chunk_import_big_over_small={im_b / max(1, im_s):.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 /* Unit tests of incremental routing (issue #26): getRoutingTable diffs and cursors of
  * the metadata state machine (raft/routing.c), and the proxy's routing cache applying
- * them (proxy/route.c route_update_*). The state machine is applied directly (no raft).
+ * them (routing/route.c route_update_*). The state machine is applied directly (no raft).
  *
  * The central check: after every routing change of a random sequence (splits, merges,
  * moves, drops and re-creations), the snapshot a client builds by applying diffs to its

@@ -1,4 +1,4 @@
-/* Unit tests of src/proxy/route.c: table building, O(log n) chunk lookup, hashed keys,
+/* Unit tests of src/routing/route.c: table building, O(log n) chunk lookup, hashed keys,
  * query targeting and shard-key update checks. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -315,6 +315,67 @@ static void test_check_finds_a_missing_index_entry(void **state)
 	sdb_store_rollback(f->c);
 }
 
+/* sdb_query_spec.range_field (issue #17, a migration reading one chunk): an index scan of
+ * the first field's values between the bounds, on a descending index and on _id; the
+ * process totals count what each query examined. */
+static int64_t range_count(fx *f, const char *field, int lo, bool have_lo, int hi, bool have_hi,
+			   bool hi_incl, int64_t *docs)
+{
+	bson_value_t vlo = {.value_type = BSON_TYPE_INT32, .value.v_int32 = lo};
+	bson_value_t vhi = {.value_type = BSON_TYPE_INT32, .value.v_int32 = hi};
+	sdb_query_spec qs = {.range_field = field,
+			     .range_lo = have_lo ? &vlo : NULL,
+			     .range_hi = have_hi ? &vhi : NULL,
+			     .range_hi_incl = hi_incl};
+	sdb_query *q = NULL;
+	int code = 0;
+	const bson_t *d;
+	assert_int_equal(sdb_query_open(f->c, "db", "c", &qs, &q, &code, f->err, sizeof f->err),
+			 0);
+	int64_t n = 0, ret, keys;
+	while (sdb_query_next(q, &d, &code, f->err, sizeof f->err) == 1)
+		n++;
+	sdb_query_stats(q, &ret, &keys, docs);
+	sdb_query_free(q);
+	return n;
+}
+
+static void test_query_key_range(void **state)
+{
+	fx *f = *state;
+	begin_w(f);
+	for (int i = 0; i < 100; i++)
+		assert_int_equal(insert(f, i, i % 10, NULL), 0);
+	bson_t *spec = BCON_NEW("key", "{", "a", BCON_INT32(-1), "}", "name", "a_-1");
+	bool created;
+	int code;
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 0);
+	bson_destroy(spec);
+	commit(f);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	uint64_t k0, d0, r0, k1, d1, r1;
+	sdb_query_totals(&k0, &d0, &r0);
+	int64_t docs = 0;
+	assert_int_equal(range_count(f, "a", 3, true, 5, true, false, &docs), 20);
+	assert_int_equal(docs, 20); /* only the range is read */
+	assert_int_equal(range_count(f, "a", 3, true, 5, true, true, &docs), 30);
+	assert_int_equal(docs, 30);
+	assert_int_equal(range_count(f, "a", 0, false, 2, true, false, &docs), 20);
+	assert_int_equal(docs, 20);
+	assert_int_equal(range_count(f, "a", 8, true, 0, false, false, &docs), 20);
+	assert_int_equal(docs, 20);
+	assert_int_equal(range_count(f, "_id", 10, true, 20, true, false, &docs), 10);
+	assert_int_equal(docs, 10);
+	/* no index has the field first: planned as without a range (every document) */
+	assert_int_equal(range_count(f, "b", 10, true, 20, true, false, &docs), 100);
+	sdb_query_totals(&k1, &d1, &r1);
+	assert_int_equal(d1 - d0, 20 + 30 + 20 + 20 + 10 + 100);
+	assert_int_equal(r1 - r0, 20 + 30 + 20 + 20 + 10 + 100);
+	sdb_store_rollback(f->c);
+}
+
 static void test_query_plans_and_counters(void **state)
 {
 	fx *f = *state;
@@ -744,6 +805,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_crud_and_oplog, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_query_key_range, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unique_index_duplicate, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ts_monotonic_with_clock_jumps_and_restart,
 						setup, teardown),

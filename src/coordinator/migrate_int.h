@@ -1,0 +1,250 @@
+/* Internals of the Data Movement Platform (migrate.h), shared by its files. Not a public
+ * interface: only src/coordinator/migrate*.c include it.
+ *
+ * Where each step lives (the states are described in migrate.h):
+ *   migrate.c            the runner (budgets, leases mig/<id>) and the worker thread that
+ *                        runs one migration's steps in a loop
+ *   migrate_record.c     the migration's record in metadata (load, save = compare-and-set
+ *                        on the state, fail), its lease, pause and crash points, the chunk
+ *                        as routed and its range
+ *   migrate_shard.c      shard I/O: clients, commands, the source's oplog head, and the
+ *                        range-bounded read of the chunk (mig_scan_chunk)
+ *   migrate_import.c     registered -> importing -> replicating: indexes, the snapshot
+ *                        import, the session history window before it
+ *   migrate_replicate.c  the CDC replicator (both directions) and the replicating step
+ *   migrate_verify.c     verifying: both sides compared as (_id, hash)
+ *   migrate_switch.c     switching, switched (reverse replication, grace) and rolling_back
+ *   migrate_cleanup.c    cleaning (the source's copy), an aborted migration's target copy
+ *
+ * Conventions of every mig_* function below: m is the worker's migration (never NULL);
+ * an error returns an SDB_E* code with a message in m->err (m->code: the server's error
+ * code of the last failed shard command, -1 for a transport error); a step returns 0 when
+ * it made progress or has nothing to do yet (the worker calls it again), SDB_ECONFLICT
+ * when the record's state changed under it (the worker reloads), SDB_ECANCELED when the
+ * worker is stopping, any other error to be retried after a reload.
+ */
+#ifndef SDB_COORDINATOR_MIGRATE_INT_H
+#define SDB_COORDINATOR_MIGRATE_INT_H
+
+#include <mongoc/mongoc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cdc/reader.h"
+#include "common/metrics.h"
+#include "coordinator/migrate.h"
+#include "coordinator/migrate_sess.h"
+#include "routing/route.h"
+
+#define LEASE_BUSY 46
+#define WRITE_CONFLICT 112
+#define APPLY_BATCH_DOCS 500
+#define APPLY_BATCH_BYTES (4u << 20)
+#define IMPORT_BATCH_DOCS 1000
+#define CHECKPOINT_EVERY_MS 1000
+#define MAX_LISTED_DIFFS 20
+
+typedef struct mig_job {
+	char *id;
+	pthread_t th;
+	atomic_int done;
+	struct migrate_runner *r;
+	struct mig_job *next;
+} mig_job;
+
+struct migrate_runner {
+	cdc_log *log;
+	char *meta_uri;
+	char *holder;
+	int64_t lease_ms;
+	int budget_global, budget_shard;
+	atomic_int stop;
+	pthread_mutex_t mu;
+	mig_job *jobs;
+	/* /metrics */
+	sdb_histogram *h_pause;
+	sdb_counter *c_switches, *c_rolled, *c_complete, *c_aborted;
+	sdb_gauge *g_running;
+};
+
+/* ------------------------------------------------------------ one migration */
+
+/* An event read beyond a replicator's stop position, kept for its next run. */
+typedef struct pending_ev {
+	uint8_t *data;
+	size_t len, cap;
+	uint64_t ts;
+	bool have;
+} pending_ev;
+
+/* A replicator: one direction of CDC replay (forward: source -> target; reverse after the
+ * switch: target -> source). Owned by its mig. */
+typedef struct repl {
+	const char *shard; /* whose log */
+	cdc_reader *rd;
+	uint64_t pos;      /* last ts applied (or skipped) */
+	pending_ev pend;   /* an event read beyond a stop position */
+	bool caught_up;    /* the last poll found nothing new */
+	mongoc_client_t *to;
+	bson_t batch;      /* pending update statements */
+	uint32_t nbatch;
+	bson_t recs;       /* pending session records alone ($stripedbSessions) */
+	uint32_t nrecs;
+	size_t batch_bytes;
+	uint64_t batch_pos; /* pos once the batch is applied */
+	int64_t applied, skipped;
+} repl;
+
+/* One migration driven by this coordinator: its record (spec, checkpoint, stats) as
+ * loaded from metadata, its clients and its replicators. Owned by its worker thread;
+ * never shared between threads. */
+typedef struct mig {
+	migrate_runner *r;
+	mig_job *job;
+	char id[128];
+	mongoc_client_t *meta;
+	mig_state state;
+	/* spec */
+	char ns[256], db[128], coll[128];
+	int64_t chunk;
+	char chunk_s[32];
+	char src[64], dst[64];
+	char *src_uri, *dst_uri;
+	int64_t lag_since, max_catchup_ms;
+	int64_t apply_rate; /* spec.applyRate: max events/s the replicator applies (0 = no cap) */
+	int64_t rate_t0, rate_n;
+	int64_t pause_checked;
+	int64_t import_latency_ms, throttled_ms;
+	int64_t session_history_ms; /* spec.sessionHistoryMS (session_history_start) */
+	bool is_paused;
+	int code; /* server error code of the last failed shard command */
+	int64_t max_pause_ms, grace_ms, delete_batch, delete_delay_ms, max_attempts;
+	bool arrival_order;
+	/* routing view of the chunk (built from the checkpoint's range) */
+	route_coll *rc;
+	bson_t *min, *max;
+	bson_t *key; /* key pattern */
+	/* checkpoint */
+	uint64_t ts, import_ts, rev_ts, bump_ts;
+	int64_t token;
+	int64_t attempts;
+	bool target_cleaned;
+	/* stats */
+	int64_t imported, import_bytes, import_ms, deleted;
+	int64_t pauses[64];
+	int npauses;
+	int64_t last_pause_ms;
+	int64_t verify_count, verify_missing, verify_extra, verify_different;
+	char error[1024];
+	/* work */
+	mongoc_client_t *sc, *dc;
+	repl fwd, rev;
+	int64_t last_renew, last_ckpt;
+	bool lost;
+	char err[512];
+} mig;
+
+/* ------------------------------------------------------------ migrate_record.c */
+
+/* Fault injection (STRIPEDB_MIGRATION_CRASH, tests only): _exit(86) at point kind:what. */
+void mig_crash_point(const char *kind, const char *what);
+/* The lease was lost or the runner is stopping: the step must return at once. */
+bool mig_stopping(mig *m);
+/* Sleep up to ms, waking early when stopping. */
+void mig_nap(mig *m, int64_t ms);
+/* A command on metadata's admin database. 0, the server's error code (> 0) or -1
+ * (transport) with a message in err. *reply is always initialised. */
+int mig_meta_run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply, char *err,
+		 size_t errlen);
+/* acquireLease / renewLease / releaseLease of mig/<id>; return as mig_meta_run. */
+int mig_lease(mongoc_client_t *c, const char *verb, const char *id, const char *holder,
+	      int64_t ttl, char *err, size_t errlen);
+/* Renew mig/<id> when a third of its ttl passed; sets m->lost when it is lost. */
+void mig_keepalive(mig *m);
+/* Whether `ctl migration pause` holds mig-pause/<id> (checked at most every 500 ms). */
+bool mig_paused(mig *m);
+/* Field readers of a reply: a missing or mistyped field gives false / def / 0. it_doc's
+ * out borrows d's bytes. */
+bool mig_it_str(const bson_t *d, const char *k, char *out, size_t n);
+int64_t mig_it_int(const bson_t *d, const char *k, int64_t def);
+uint64_t mig_it_ts(const bson_t *d, const char *k);
+bool mig_it_doc(const bson_t *d, const char *k, bson_t *out);
+/* updateMigration to state `to` (to == m->state: save the checkpoint and stats only),
+ * compare-and-set on m->state. 0, SDB_ECONFLICT, SDB_EINVAL (transition not in the table),
+ * SDB_EIO. */
+int mig_save(mig *m, mig_state to);
+/* Load the record into m. 0, SDB_ENOTFOUND, SDB_EIO, SDB_EINVAL (bad spec). */
+int mig_load(mig *m);
+/* Abort for good with the reason (mig_save to aborted). */
+int mig_fail(mig *m, const char *why);
+/* The chunk as routed now: its shard and token; fills m->min/max/key when m has none.
+ * 0, SDB_ENOTFOUND (no such chunk any more), SDB_EIO. */
+int mig_routing_chunk(mig *m, char *shard, size_t shardlen, int64_t *token);
+/* Build m->rc (a one-chunk routing view) from m->key/min/max. 0 or SDB_EINVAL. */
+int mig_build_view(mig *m);
+/* Whether doc's shard key lies in the chunk (hashed keys through the hash). */
+bool mig_in_chunk(mig *m, const bson_t *doc);
+/* Whether every shard key field is _id (a document's chunk follows from its _id). */
+bool mig_key_is_id(mig *m);
+
+/* ------------------------------------------------------------ migrate_shard.c */
+
+/* Resolve the source's and target's URIs (listShards) and open their clients (once). */
+int mig_connect_shards(mig *m);
+/* A command on m->db of a shard; a reply with writeErrors is an error (SDB_EIO). With
+ * reply_out (not NULL), *reply_out is a copy of the reply on success only. */
+int mig_shard_run(mig *m, mongoc_client_t *c, const bson_t *cmd, bson_t *reply_out);
+/* The shard's oplog head (0 for an empty oplog). */
+int mig_oplog_head(mig *m, mongoc_client_t *c, uint64_t *ts);
+
+/* Called for each document of the chunk by mig_scan_chunk (doc borrowed for the call);
+ * a non-zero return stops the scan and is returned. */
+typedef int (*doc_fn)(mig *m, const bson_t *doc, void *arg);
+/* The documents of the chunk in m->coll on shard c, and only them: the shard is asked
+ * for the chunk's key range (keyRange, src/shard/README.md: it scans the shard-key index
+ * between the bounds where it has one and checks ownership of every document exactly).
+ * A snapshot (stripedbSnapshot, *at = its atOplogTs) when at is not NULL, else a find;
+ * sorted by sort (NULL: none); projected by proj (NULL: whole documents). With at, a
+ * getMore slower than spec.importLatencyMS backs off as long (the import throttle). */
+int mig_scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson_t *proj,
+		   uint64_t *at, doc_fn fn, void *arg);
+
+/* ------------------------------------------------------------ migrate_cleanup.c */
+
+/* Delete the chunk's documents from shard c in batches of at most spec.deleteBatch,
+ * spec.deleteDelayMS apart, tagged $stripedbOrigin; m->deleted counts. Ranged keys: each
+ * batch is one delete statement with keyRange/keyRangeLimit that the shard answers from
+ * its shard-key index (until a batch deletes fewer). Hashed keys: the chunk is read once
+ * by mig_scan_chunk and deleted by _id (the shard has no hashed index to range over). */
+int mig_delete_chunk(mig *m, mongoc_client_t *c);
+
+/* ------------------------------------------------------------ migrate_replicate.c */
+
+/* Run replicator p from position start until its position reaches `until` (0: until a
+ * poll finds nothing) or deadline_ms (monotonic; 0 none). 0 when reached (p->caught_up:
+ * the log was drained), SDB_ETIMEOUT, or an error (the position never moves past an
+ * unapplied event). */
+int mig_repl_run(mig *m, repl *p, uint64_t start, uint64_t until, int64_t deadline_ms);
+/* Catch up with the head of p's CDC log as of now: p->caught_up when reached before
+ * deadline_ms. Returns as mig_repl_run. */
+int mig_repl_catch_up(mig *m, repl *p, uint64_t start, int64_t deadline_ms);
+/* Close p's reader; unapplied statements are dropped (read again from p->pos). */
+void mig_repl_close(repl *p);
+
+/* ------------------------------------------------------------ the steps, one per state */
+
+int mig_step_register(mig *m);      /* migrate_import.c:    registered -> importing */
+int mig_step_import(mig *m);        /* migrate_import.c:    importing -> replicating */
+int mig_step_replicate(mig *m);     /* migrate_replicate.c: replicating -> verifying */
+int mig_step_verify(mig *m);        /* migrate_verify.c:    verifying -> switching */
+int mig_step_switch(mig *m);        /* migrate_switch.c:    switching -> switched | replicating */
+/* switched -> cleaning after spec.graceMS; *since: when switched began (0: now). */
+int mig_step_switched(mig *m, int64_t *since);
+int mig_step_rollback(mig *m);      /* migrate_switch.c:    rolling_back -> rolled_back | switched */
+int mig_step_clean(mig *m);         /* migrate_cleanup.c:   cleaning -> complete */
+/* migrate_cleanup.c: aborted, target copy not yet deleted -> targetCleaned. */
+int mig_step_aborted_cleanup(mig *m);
+
+#endif

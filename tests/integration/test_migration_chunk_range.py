@@ -1,0 +1,220 @@
+"""A migration reads only its chunk (issue #17): the coordinator's import, verification and
+cleanup send `keyRange: {key, min, max}` on find / stripedbSnapshot, and the shard answers
+exactly the chunk's documents, reading its shard-key index between the bounds (ranged keys)
+or checking every document through the hash (hashed keys: the shard has no hashed index).
+Measured from the shard's counters stripedb_shard_docs_examined_total and
+stripedb_shard_docs_returned_total, and from explain's executionStats."""
+import pytest
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from pymongo.errors import OperationFailure
+
+from conftest import free_port, http_get
+from migration_helpers import MigCluster, key_cmp
+
+
+def _metrics(port):
+    st, body = http_get(port, "/metrics")
+    assert st == 200
+    out = {}
+    for line in body.decode().splitlines():
+        if line.startswith("stripedb_shard_docs_") or line.startswith("stripedb_shard_keys_"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = int(float(v))
+    return out
+
+
+def _key_of(doc, fields):
+    out = []
+    for f in fields:
+        v = doc.get(f)
+        out.append(v)
+    return out
+
+
+def _tuple_cmp(a, b):
+    for x, y in zip(a, b):
+        c = key_cmp(x, y)
+        if c:
+            return c
+    return 0
+
+
+def _expected(docs, fields, lo, hi):
+    return sorted(d["_id"] for d in docs
+                  if _tuple_cmp(lo, _key_of(d, fields)) <= 0 and _tuple_cmp(_key_of(d, fields), hi) < 0)
+
+
+def _find_range(db, key, lo, hi, explain=False):
+    cmd = {"find": "c", "filter": {}, "batchSize": 100000,
+           "keyRange": {"key": key, "min": lo, "max": hi}}
+    if explain:
+        return db.command({"explain": cmd, "verbosity": "executionStats"})["executionStats"]
+    return sorted(d["_id"] for d in db.command(cmd)["cursor"]["firstBatch"])
+
+
+def test_key_range_on_a_shard_is_exact_and_reads_the_index(start_role, tmp_path):
+    port = free_port()
+    d = tmp_path / "s"
+    d.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+    import pymongo
+    cl = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True)
+    db = cl["app"]
+    # values of several types, null and missing keys: the range is MongoDB's cross-type
+    # order of the index, not a filter with type bracketing
+    docs = [{"_id": i, "k": i, "a": i % 10, "b": i} for i in range(2000)]
+    docs += [{"_id": 5000 + i, "k": f"s{i:03d}", "a": "x", "b": i} for i in range(50)]
+    docs += [{"_id": 6000, "k": None, "a": None, "b": 0}, {"_id": 6001, "b": 1}]
+    db.c.insert_many(docs)
+    db.c.create_index("k")
+    db.c.create_index([("a", 1), ("b", 1)])
+
+    cases = [({"k": 100}, {"k": 120}), ({"k": MinKey()}, {"k": 3}),
+             ({"k": 1990}, {"k": MaxKey()}), ({"k": 1500}, {"k": "s010"}),
+             ({"k": MinKey()}, {"k": MaxKey()}), ({"k": 7}, {"k": 7})]
+    for lo, hi in cases:
+        want = _expected(docs, ["k"], [lo["k"]], [hi["k"]])
+        assert _find_range(db, {"k": 1}, lo, hi) == want, (lo, hi)
+        st = _find_range(db, {"k": 1}, lo, hi, explain=True)
+        assert st["nReturned"] == len(want)
+        # a one-field range is exact on the index: nothing else is read
+        assert st["totalDocsExamined"] == len(want), (lo, hi, st)
+    # snapshot reads take the range too, with the shard-key index order
+    r = db.command({"stripedbSnapshot": "c", "keyRange": {"key": {"k": 1}, "min": {"k": 10},
+                                                           "max": {"k": 20}},
+                    "sort": {"k": 1}})
+    assert [x["k"] for x in r["cursor"]["firstBatch"]] == list(range(10, 20))
+    assert r["cursor"]["atOplogTs"]
+
+    # compound key: not a box per field; the bounds read a's values, the check is exact
+    key = {"a": 1, "b": 1}
+    for lo, hi in [({"a": 3, "b": 503}, {"a": 5, "b": 15}), ({"a": MinKey(), "b": MinKey()},
+                                                             {"a": 0, "b": 1000}),
+                   ({"a": 9, "b": 1999}, {"a": MaxKey(), "b": MaxKey()})]:
+        want = _expected(docs, ["a", "b"], [lo["a"], lo["b"]], [hi["a"], hi["b"]])
+        assert _find_range(db, key, lo, hi) == want, (lo, hi)
+        st = _find_range(db, key, lo, hi, explain=True)
+        bound = sum(1 for x in docs if key_cmp(lo["a"], x.get("a")) <= 0
+                    and key_cmp(x.get("a"), hi["a"]) <= 0)
+        assert len(want) <= st["totalDocsExamined"] <= bound, (lo, hi, st)
+        assert st["totalDocsExamined"] < len(docs)
+
+    # hashed: two halves of the hash space partition the collection; each examines all
+    lo_half = _find_range(db, {"k": "hashed"}, {"k": MinKey()}, {"k": Int64(0)})
+    hi_half = _find_range(db, {"k": "hashed"}, {"k": Int64(0)}, {"k": MaxKey()})
+    assert lo_half and hi_half and not set(lo_half) & set(hi_half)
+    assert sorted(lo_half + hi_half) == sorted(x["_id"] for x in docs)
+    st = _find_range(db, {"k": "hashed"}, {"k": MinKey()}, {"k": Int64(0)}, explain=True)
+    assert st["nReturned"] == len(lo_half) and st["totalDocsExamined"] == len(docs)
+
+    # a migration's cleanup: a range delete in batches (keyRangeLimit), its own writes
+    # only ($stripedbOrigin), with the marker q an older shard refuses
+    rng = {"key": {"k": 1}, "min": {"k": 100}, "max": {"k": 130}}
+    st = {"q": {"$stripedbKeyRange": True}, "limit": 0, "keyRange": rng, "keyRangeLimit": 20}
+    r = db.command({"delete": "c", "deletes": [st], "$stripedbOrigin": "mig-t"})
+    assert r["n"] == 20
+    r = db.command({"delete": "c", "deletes": [st], "$stripedbOrigin": "mig-t"})
+    assert r["n"] == 10
+    assert db.c.count_documents({"k": {"$gte": 100, "$lt": 130}}) == 0
+    assert db.c.count_documents({}) == len(docs) - 30
+    assert db.c.count_documents({"k": {"$in": [99, 130]}}) == 2
+    for bad_cmd in [{"delete": "c", "deletes": [st]},
+                    {"delete": "c", "deletes": [dict(st, q={})], "$stripedbOrigin": "m"},
+                    {"delete": "c", "deletes": [dict(st, limit=1)], "$stripedbOrigin": "m"}]:
+        with pytest.raises(OperationFailure) as e:
+            db.command(bad_cmd)
+        assert e.value.code == 2, bad_cmd
+    assert db.c.count_documents({}) == len(docs) - 30
+
+    # malformed or misplaced: BadValue, nothing read
+    for bad in [{"key": {"k": 1}, "min": {"k": 1}}, {"key": {"k": 1}, "min": 1, "max": {"k": 2}},
+                {"key": {"k": 1}, "min": {"k": 1}, "max": {"k": 2}, "x": 1}]:
+        with pytest.raises(OperationFailure) as e:
+            db.command({"find": "c", "keyRange": bad})
+        assert e.value.code == 2, bad
+    with pytest.raises(OperationFailure) as e:
+        db.command({"count": "c", "keyRange": {"key": {"k": 1}, "min": {"k": 1},
+                                               "max": {"k": 2}}})
+    assert e.value.code == 2
+    cl.close()
+
+
+@pytest.mark.parametrize("kind", ["ranged", "compound", "hashed"])
+def test_migration_of_one_chunk_reads_only_the_chunk_on_the_source(start_role, tmp_path, kind):
+    hashed = kind == "hashed"
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        # hashed: fewer documents and chunks (each insert batch is split per chunk)
+        ns, n = "app.c", 10000 if hashed else 20000
+        if hashed:
+            cl.meta_write({"createDatabase": "app"}, ok_codes=(48, 11000))
+            cl.meta_write({"shardCollection": ns, "key": {"k": "hashed"}, "numChunks": 50,
+                           "shards": ["shard-a"]})
+        elif kind == "compound":
+            # a = j // 100, b = j: the chunk is a=50 from b=5050, all of a=51, a=52 below
+            # b=5210 (160 documents); its bounds read a in [50, 52] (300 documents)
+            cl.shard_collection(ns, {"a": 1, "b": 1},
+                                split_points=[{"a": 50, "b": 5050}, {"a": 52, "b": 5210}],
+                                shards=["shard-a"])
+        else:
+            cl.shard_collection(ns, {"k": 1}, split_points=[{"k": 10000}, {"k": 10200}],
+                                shards=["shard-a"])
+        coll = cl.proxy_client()["app"]["c"]
+        # the shard key index (MongoDB requires one; shardCollection through the proxy
+        # creates it, metadata's own does not)
+        if kind == "ranged":
+            coll.create_index("k")
+        elif kind == "compound":
+            coll.create_index([("a", 1), ("b", 1)])
+        for i in range(0, n, 5000):
+            coll.insert_many([{"_id": j, "k": j, "a": j // 100, "b": j, "pad": "x" * 50}
+                              for j in range(i, i + 5000)])
+        src = cl.shard_client("shard-a")["app"]["c"]
+        if hashed:
+            chunk = cl.chunks(ns)[17]
+        elif kind == "compound":
+            (chunk,) = [c for c in cl.chunks(ns) if c["min"] == {"a": 50, "b": 5050}]
+        else:
+            (chunk,) = [c for c in cl.chunks(ns) if c["min"] == {"k": 10000}]
+        ids = _find_range(src.database, cl.meta_read({"getRoutingTable": ns})["key"],
+                          chunk["min"], chunk["max"])
+        in_chunk = len(ids)
+        assert 0 < in_chunk < n // 20
+        port = cl.shard_procs["shard-a"].http_port
+        before = _metrics(port)
+        mid = cl.migrate(ns, chunk["id"], "shard-b", "--grace-ms=200")
+        m = cl.wait_migration(mid)
+        assert m["state"] == "complete", m
+        after = _metrics(port)
+        examined = (after["stripedb_shard_docs_examined_total"]
+                    - before["stripedb_shard_docs_examined_total"])
+        returned = (after["stripedb_shard_docs_returned_total"]
+                    - before["stripedb_shard_docs_returned_total"])
+        st = m["stats"]
+        assert st["imported"] == in_chunk and st["verify"]["count"] == in_chunk
+        assert st["deleted"] == in_chunk
+        # three reads of the chunk's key range on the source: import, verify, and the
+        # cleanup's range deletes (ranged keys) -- only the chunk's documents are returned
+        if hashed:
+            # no hashed index on the shard: the hash is checked on every document by the
+            # three scans (import, verify, the cleanup's read of the chunk's _ids), then
+            # the cleanup deletes by _id (one point lookup each)
+            assert returned <= 4 * in_chunk + 10, (returned, in_chunk)
+            assert 3 * n <= examined <= 3 * n + in_chunk + 10, (examined, n)
+        elif kind == "compound":
+            assert in_chunk == 160
+            assert returned <= 3 * in_chunk + 10, (returned, in_chunk)
+            # each read scans the index over a's values 50..52: 300 documents
+            assert examined <= 3 * 300 + 10, (examined, in_chunk)
+        else:
+            assert returned <= 3 * in_chunk + 10, (returned, in_chunk)
+            assert examined <= 3 * in_chunk + 10, (examined, in_chunk)
+        # exactly the chunk moved
+        assert src.count_documents({}) == n - in_chunk
+        tgt = cl.shard_client("shard-b")["app"]["c"]
+        assert sorted(d["_id"] for d in tgt.find({}, {"_id": 1})) == ids
+        assert coll.count_documents({}) == n
+    finally:
+        cl.close()
