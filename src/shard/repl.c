@@ -906,6 +906,7 @@ static void stall_cb(uv_timer_t *t)
 				 (unsigned long long)(late / 1000000));
 	}
 	r->stall_last_ns = now;
+	shard_repl_view_tick(r);
 }
 
 static void reg_timer_cb(uv_timer_t *t)
@@ -1282,26 +1283,4 @@ bool shard_repl_healthy(shard_repl *r, char *msg, size_t msglen)
 		return false;
 	}
 	return true;
-}
-
-void shard_repl_status(shard_repl *r, bson_t *out)
-{
-	uint64_t lid = 0;
-	const char *la = NULL;
-	if (!r->node)
-		return;
-	sdb_node_leader(r->node, &lid, &la);
-	BSON_APPEND_UTF8(out, "setName", r->set_name ? r->set_name : "");
-	BSON_APPEND_INT64(out, "id", (int64_t)r->id);
-	int st = raft_state(r->raft);
-	BSON_APPEND_UTF8(out, "state",
-			 sdb_node_ready(r->node) ? "PRIMARY"
-			 : st == RAFT_LEADER	 ? "PRIMARY (not ready)"
-			 : st == RAFT_CANDIDATE	 ? "CANDIDATE"
-						 : "SECONDARY");
-	BSON_APPEND_INT64(out, "term", (int64_t)sdb_node_term(r->node));
-	BSON_APPEND_INT64(out, "primaryId", (int64_t)lid);
-	BSON_APPEND_INT64(out, "applied", (int64_t)r->last_applied);
-	BSON_APPEND_INT64(out, "commitIndex", (int64_t)r->raft->commit_index);
-	sdb_node_append_config(r->node, out, "members");
 }
