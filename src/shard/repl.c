@@ -1147,6 +1147,10 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 		return rc;
 	}
 	atomic_store(&r->h_members, (int)r->raft->configuration.n);
+	/* a member installing a snapshot copies shard.db before it answers: the leader must
+	 * not resend the snapshot after libraft's 30 s (a second full copy); see also
+	 * repl_view.c promotion_watch */
+	raft_set_install_snapshot_timeout(sdb_node_raft(r->node), REPL_SNAPSHOT_INSTALL_MS);
 	sdb_gauge_set(r->g_applied, (int64_t)r->last_applied);
 	sdb_info("shard: replica set member", "set=%s id=%llu raft=%s wire=%s applied=%llu",
 		 set ? set : "(one member)", (unsigned long long)r->id, r->raft_addr, r->me,

@@ -106,6 +106,12 @@ struct shard_repl {
 		int64_t wall_ms;
 	} ring[REPL_VIEW_RING];
 	size_t ring_head, ring_n;
+	/* the promotion of a new member whose current catch-up round includes installing a
+	 * snapshot (repl_view.c promotion_watch) */
+	uint64_t promo_id;
+	unsigned promo_round;
+	uint64_t promo_round_start;
+	bool promo_snap;
 	uint64_t reg_last_ms;
 	int reg_inflight;
 	/* what hello last said, to wake held awaitable hellos on a change */
@@ -141,6 +147,15 @@ void shard_repl_reply_not_primary(shard_repl *r, wire_req *req);
 /* Answer a write whose outcome is unknown: InterruptedAtShutdown (11600) when status is
  * SDB_ECANCELED, else InterruptedDueToReplStateChange (11602). */
 void shard_repl_reply_unknown(wire_req *req, int status);
+/* How long a new member may take to install a snapshot (copy shard.db from another
+ * member: as long as the data needs) before the leader gives up on it: libraft's
+ * InstallSnapshot timeout, and its catch-up round limit while the member being promoted
+ * installs one (repl_view.c). 30 minutes: 2 GB copy in about a minute on loopback. */
+#define REPL_SNAPSHOT_INSTALL_MS (30u * 60 * 1000)
+/* libraft's default catch-up round limit (RAFT_MAX_CATCH_UP_ROUND_DURATION): a member being
+ * promoted that does not answer for that long is given up. */
+#define REPL_CATCH_UP_ROUND_MS 5000u
+
 /* Every REPL_STALL_TICK_MS on the loop (repl.c stall_cb): on the primary, note which
  * members answered since the last tick (libraft's recent_recv, which it clears every
  * election timeout) and which hold the whole log, for shard_repl_view. */

@@ -112,6 +112,8 @@ static int64_t ring_time(const shard_repl *r, uint64_t index, int64_t *oldest)
 	return r->ring[(r->ring_head + lo) % REPL_VIEW_RING].wall_ms;
 }
 
+static void promotion_watch(shard_repl *r);
+
 static member_contact *contact_of(shard_repl *r, uint64_t id, uint64_t now)
 {
 	for (size_t i = 0; i < r->n_contacts; i++)
@@ -170,6 +172,45 @@ void shard_repl_view_tick(shard_repl *r)
 		if (self || raft->leader_state.progress[k].match_index >= last)
 			c->caught_ms = wall;
 	}
+	promotion_watch(r);
+}
+
+/* libraft 0.15's progress states (src/progress.h: PROGRESS__PROBE, __PIPELINE, __SNAPSHOT) */
+#define PROGRESS_SNAPSHOT 2
+
+/* A member being added is promoted to voter after catch-up rounds (Raft dissertation
+ * 4.2.1, libraft's raft_assign): libraft gives it up when a round lasts longer than
+ * max_catch_up_round_duration (5 s). A member that installs a snapshot answers nothing
+ * while it copies shard.db, which takes as long as the data needs (minutes for GBs): the
+ * limit is raised for every round in which the leader sent the promotee a snapshot, and
+ * is libraft's default otherwise (a member whose Raft address does not answer is still
+ * given up after 5 s). */
+static void promotion_watch(shard_repl *r)
+{
+	struct raft *raft = r->raft;
+	uint64_t id = raft->leader_state.promotee_id;
+	unsigned limit = REPL_CATCH_UP_ROUND_MS;
+
+	if (id) {
+		if (id != r->promo_id || raft->leader_state.round_number != r->promo_round ||
+		    raft->leader_state.round_start != r->promo_round_start) {
+			r->promo_id = id;
+			r->promo_round = raft->leader_state.round_number;
+			r->promo_round_start = raft->leader_state.round_start;
+			r->promo_snap = false;
+		}
+		for (unsigned k = 0; k < raft->configuration.n; k++)
+			if (raft->configuration.servers[k].id == id &&
+			    raft->leader_state.progress[k].state == PROGRESS_SNAPSHOT)
+				r->promo_snap = true;
+		if (r->promo_snap)
+			limit = REPL_SNAPSHOT_INSTALL_MS;
+	} else {
+		r->promo_id = 0;
+		r->promo_snap = false;
+	}
+	if (raft->max_catch_up_round_duration != limit)
+		raft_set_max_catch_up_round_duration(raft, limit);
 }
 
 static const char *role_name(int role)
@@ -235,7 +276,7 @@ void shard_repl_status(shard_repl *r, bson_t *out)
 	uint64_t lid = 0;
 	const char *la = NULL;
 	bson_t arr, m;
-	char key[16];
+	char key[24];
 	if (!r->node)
 		return;
 	sdb_node_leader(r->node, &lid, &la);
