@@ -15,6 +15,7 @@
 #include "cli/shardset.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <mongoc/mongoc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,11 +120,50 @@ static int all_hosts(const char *addr, int timeout_ms, char hosts[][256], int ma
 	return n;
 }
 
+/* The primary's memberStatus entry for m (by host, else by id), or false. */
+static bool find_progress(const bson_t *status, const shardset_member *m, bson_t *out)
+{
+	bson_iter_t it, ai;
+	if (!bson_iter_init_find(&it, status, "memberStatus") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &ai))
+		return false;
+	while (bson_iter_next(&ai)) {
+		const uint8_t *data;
+		uint32_t len;
+		char host[256];
+		if (!BSON_ITER_HOLDS_DOCUMENT(&ai))
+			continue;
+		bson_iter_document(&ai, &len, &data);
+		if (!bson_init_static(out, data, len))
+			continue;
+		str(out, "host", host, sizeof host);
+		if ((host[0] && strcmp(host, m->host) == 0) ||
+		    (m->reachable && m->id && i64(out, "id") == m->id))
+			return true;
+	}
+	return false;
+}
+
+static bool bool_field(const bson_t *d, const char *k)
+{
+	bson_iter_t it;
+	return bson_iter_init_find(&it, d, k) && bson_iter_as_bool(&it);
+}
+
+static void apply_progress(shardset_member *m, const bson_t *e)
+{
+	m->lag = i64(e, "lagEntries");
+	m->lag_ms = i64(e, "lagMillis");
+	m->primary_sees = bool_field(e, "reachable") ? 1 : 0;
+	if (!m->reachable)
+		m->id = i64(e, "id");
+}
+
 int shardset_status(const char *addr, int timeout_ms, shardset_member *out, int max)
 {
 	char hosts[SHARDSET_MAX][256];
 	int n = all_hosts(addr, timeout_ms, hosts, SHARDSET_MAX, NULL, 0);
-	int64_t primary_applied = -1;
+	bson_t *primary = NULL; /* the primary's replSetGetStatus */
 	if (n > max)
 		n = max;
 	for (int i = 0; i < n; i++) {
@@ -133,7 +173,8 @@ int shardset_status(const char *addr, int timeout_ms, shardset_member *out, int 
 		bson_error_t e;
 		memset(m, 0, sizeof *m);
 		snprintf(m->host, sizeof m->host, "%.255s", hosts[i]);
-		m->lag = -1;
+		m->lag = m->lag_ms = -1;
+		m->primary_sees = -1;
 		BSON_APPEND_INT32(&cmd, "replSetGetStatus", 1);
 		if (c && mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e)) {
 			m->reachable = 1;
@@ -145,8 +186,8 @@ int shardset_status(const char *addr, int timeout_ms, shardset_member *out, int 
 			m->applied = i64(&reply, "applied");
 			m->commit = i64(&reply, "commitIndex");
 			m->is_primary = strcmp(m->state, "PRIMARY") == 0;
-			if (m->is_primary)
-				primary_applied = m->applied;
+			if (m->is_primary && !primary)
+				primary = bson_copy(&reply);
 		}
 		if (c) {
 			bson_destroy(&reply);
@@ -154,10 +195,44 @@ int shardset_status(const char *addr, int timeout_ms, shardset_member *out, int 
 		}
 		bson_destroy(&cmd);
 	}
-	for (int i = 0; i < n; i++)
-		if (out[i].reachable && primary_applied >= 0)
-			out[i].lag = primary_applied > out[i].applied ? primary_applied - out[i].applied
-								      : 0;
+	if (!primary)
+		return n;
+	/* lag as the primary sees it, for the members that did not answer too */
+	for (int i = 0; i < n; i++) {
+		bson_t e;
+		if (find_progress(primary, &out[i], &e))
+			apply_progress(&out[i], &e);
+	}
+	/* members in the primary's configuration whose address no host listed */
+	bson_iter_t it, ai;
+	if (bson_iter_init_find(&it, primary, "memberStatus") && BSON_ITER_HOLDS_ARRAY(&it) &&
+	    bson_iter_recurse(&it, &ai)) {
+		while (bson_iter_next(&ai) && n < max) {
+			const uint8_t *data;
+			uint32_t len;
+			bson_t e;
+			bool known = false;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&ai))
+				continue;
+			bson_iter_document(&ai, &len, &data);
+			if (!bson_init_static(&e, data, len))
+				continue;
+			for (int k = 0; k < n; k++)
+				known |= out[k].id == i64(&e, "id");
+			if (known)
+				continue;
+			shardset_member *m = &out[n++];
+			memset(m, 0, sizeof *m);
+			str(&e, "host", m->host, sizeof m->host);
+			if (!m->host[0]) {
+				char raft[200];
+				str(&e, "raft", raft, sizeof raft);
+				snprintf(m->host, sizeof m->host, "raft:%s", raft);
+			}
+			apply_progress(m, &e);
+		}
+	}
+	bson_destroy(primary);
 	return n;
 }
 
@@ -165,48 +240,79 @@ int shardset_status(const char *addr, int timeout_ms, shardset_member *out, int 
 
 static void print_header(void)
 {
-	printf("%-12s %-22s %-4s %-12s %-6s %-9s %-9s %-7s %s\n", "SHARD", "MEMBER", "ID", "STATE",
-	       "TERM", "APPLIED", "COMMIT", "LAG", "PRIMARY");
+	printf("%-12s %-22s %-4s %-12s %-6s %-9s %-9s %-7s %-8s %s\n", "SHARD", "MEMBER", "ID",
+	       "STATE", "TERM", "APPLIED", "COMMIT", "LAG", "LAG_MS", "PRIMARY");
+}
+
+static void fmt_i64(char *buf, size_t n, int64_t v)
+{
+	if (v >= 0)
+		snprintf(buf, n, "%" PRId64, v);
+	else
+		snprintf(buf, n, "-");
+}
+
+/* Append one member's fields to doc (the JSON of ctl shard list / member status / top). */
+void shardset_member_bson(const shardset_member *m, bson_t *doc)
+{
+	BSON_APPEND_UTF8(doc, "host", m->host);
+	BSON_APPEND_BOOL(doc, "reachable", m->reachable != 0);
+	if (m->id)
+		BSON_APPEND_INT64(doc, "id", m->id);
+	if (m->reachable) {
+		BSON_APPEND_UTF8(doc, "setName", m->set);
+		BSON_APPEND_UTF8(doc, "state", m->state);
+		BSON_APPEND_INT64(doc, "term", m->term);
+		BSON_APPEND_INT64(doc, "applied", m->applied);
+		BSON_APPEND_INT64(doc, "commitIndex", m->commit);
+		BSON_APPEND_INT64(doc, "primaryId", m->primary_id);
+	} else {
+		BSON_APPEND_UTF8(doc, "state", "UNREACHABLE");
+	}
+	BSON_APPEND_INT64(doc, "lag", m->lag);
+	BSON_APPEND_INT64(doc, "lagMillis", m->lag_ms);
+	if (m->primary_sees >= 0)
+		BSON_APPEND_BOOL(doc, "primarySees", m->primary_sees != 0);
+	BSON_APPEND_BOOL(doc, "primary", m->is_primary != 0);
 }
 
 static void print_members(int json, const char *shard, const char *uri, const shardset_member *m,
 			  int n, int *first)
 {
 	if (json) {
-		printf("%s{\"id\": \"%s\", \"uri\": \"%s\", \"members\": [", *first ? "" : ", ", shard,
-		       uri);
+		bson_t doc = BSON_INITIALIZER, arr, one;
+		char key[16];
+		BSON_APPEND_UTF8(&doc, "id", shard);
+		BSON_APPEND_UTF8(&doc, "uri", uri);
+		bson_append_array_begin(&doc, "members", -1, &arr);
 		for (int i = 0; i < n; i++) {
-			if (!m[i].reachable) {
-				printf("%s{\"host\": \"%s\", \"reachable\": false}", i ? ", " : "",
-				       m[i].host);
-				continue;
-			}
-			printf("%s{\"host\": \"%s\", \"reachable\": true, \"setName\": \"%s\", \"id\": "
-			       "%" PRId64 ", \"state\": \"%s\", \"term\": %" PRId64
-			       ", \"applied\": %" PRId64 ", \"commitIndex\": %" PRId64
-			       ", \"lag\": %" PRId64 ", \"primary\": %s, \"primaryId\": %" PRId64 "}",
-			       i ? ", " : "", m[i].host, m[i].set, m[i].id, m[i].state, m[i].term,
-			       m[i].applied, m[i].commit, m[i].lag, m[i].is_primary ? "true" : "false",
-			       m[i].primary_id);
+			snprintf(key, sizeof key, "%d", i);
+			bson_append_document_begin(&arr, key, -1, &one);
+			shardset_member_bson(&m[i], &one);
+			bson_append_document_end(&arr, &one);
 		}
-		printf("]}");
+		bson_append_array_end(&doc, &arr);
+		char *j = bson_as_relaxed_extended_json(&doc, NULL);
+		printf("%s%s", *first ? "" : ", ", j);
+		bson_free(j);
+		bson_destroy(&doc);
 		*first = 0;
 		return;
 	}
 	for (int i = 0; i < n; i++) {
+		char lag[24], lag_ms[24], id[24];
+		fmt_i64(lag, sizeof lag, m[i].lag);
+		fmt_i64(lag_ms, sizeof lag_ms, m[i].lag_ms);
+		fmt_i64(id, sizeof id, m[i].id ? m[i].id : -1);
 		if (!m[i].reachable) {
-			printf("%-12s %-22s %-4s %-12s\n", shard, m[i].host, "-", "UNREACHABLE");
+			printf("%-12s %-22s %-4s %-12s %-6s %-9s %-9s %-7s %-8s\n", shard, m[i].host, id,
+			       "UNREACHABLE", "-", "-", "-", lag, lag_ms);
 			continue;
 		}
-		char lag[24];
-		if (m[i].lag >= 0)
-			snprintf(lag, sizeof lag, "%" PRId64, m[i].lag);
-		else
-			snprintf(lag, sizeof lag, "-");
-		printf("%-12s %-22s %-4" PRId64 " %-12s %-6" PRId64 " %-9" PRId64 " %-9" PRId64
-		       " %-7s %s\n",
-		       shard, m[i].host, m[i].id, m[i].state, m[i].term, m[i].applied, m[i].commit, lag,
-		       m[i].is_primary ? "*" : "");
+		printf("%-12s %-22s %-4s %-12s %-6" PRId64 " %-9" PRId64 " %-9" PRId64
+		       " %-7s %-8s %s\n",
+		       shard, m[i].host, id, m[i].state, m[i].term, m[i].applied, m[i].commit, lag,
+		       lag_ms, m[i].is_primary ? "*" : "");
 	}
 }
 

@@ -5,8 +5,9 @@
  *
  * Shards (listShards) with their chunks (getRoutingTable "all"), documents and bytes (each
  * shard's listDatabases + dbStats over the wire) and commands per second, and under each
- * shard its replica-set members (replSetGetStatus on each: state, term, applied index and
- * lag in Raft entries behind the primary; cli/shardset.h); migrations in
+ * shard its replica-set members (replSetGetStatus on each: state, term, applied index, who
+ * is primary, and the lag in Raft entries and ms that the primary reports for every
+ * member, one that does not answer included; cli/shardset.h); migrations in
  * flight (listMigrations: every state but complete, aborted, rolled_back) with their
  * progress. QPS is the rate of stripedb_wire_commands_total on each shard's /metrics between
  * two samples: metadata does not record HTTP ports, so it needs the shard's metrics address,
@@ -382,13 +383,12 @@ static void top_print(struct cli_ctx *ctx, const top_view *v, int json)
 			}
 			printf(", \"members\": [");
 			for (int k = 0; k < s->nmembers; k++) {
-				const shardset_member *m = &s->members[k];
-				printf("%s{\"host\": \"%s\", \"reachable\": %s, \"id\": %" PRId64
-				       ", \"state\": \"%s\", \"term\": %" PRId64 ", \"applied\": %" PRId64
-				       ", \"lag\": %" PRId64 ", \"primary\": %s}",
-				       k ? ", " : "", m->host, m->reachable ? "true" : "false", m->id,
-				       m->reachable ? m->state : "UNREACHABLE", m->term, m->applied, m->lag,
-				       m->is_primary ? "true" : "false");
+				bson_t one = BSON_INITIALIZER;
+				shardset_member_bson(&s->members[k], &one);
+				char *j = bson_as_relaxed_extended_json(&one, NULL);
+				printf("%s%s", k ? ", " : "", j);
+				bson_free(j);
+				bson_destroy(&one);
 			}
 			printf("]}");
 		}
@@ -422,22 +422,30 @@ static void top_print(struct cli_ctx *ctx, const top_view *v, int json)
 		}
 		printf("%-12s %-9s %7" PRId64 " %10s %11s %9s\n", s->id, s->state[0] ? s->state : "-",
 		       s->chunks, docs, size, qps);
-		/* the replica set: each member's state, term and lag (entries behind the primary) */
+		/* the replica set: each member's state, term and lag behind the primary (entries
+		 * and ms, as the primary sees it: also for a member that does not answer) */
 		for (int k = 0; k < s->nmembers; k++) {
 			const shardset_member *m = &s->members[k];
-			char lag[24];
-			if (!m->reachable) {
-				printf("  %-21s %s\n", m->host, "UNREACHABLE");
-				continue;
-			}
+			char lag[24], lag_ms[24];
 			if (m->lag >= 0) {
 				snprintf(lag, sizeof lag, "%" PRId64, m->lag);
 			} else {
 				snprintf(lag, sizeof lag, "-");
 			}
+			if (m->lag_ms >= 0) {
+				snprintf(lag_ms, sizeof lag_ms, "%" PRId64 " ms", m->lag_ms);
+			} else {
+				snprintf(lag_ms, sizeof lag_ms, "-");
+			}
+			if (!m->reachable) {
+				printf("  %-21s id %-2" PRId64 " %-10s %-10s %-16s lag %s (%s)\n", m->host,
+				       m->id, "UNREACHABLE", "", "", lag, lag_ms);
+				continue;
+			}
 			printf("  %-21s id %-2" PRId64 " %-10s term %-5" PRId64 " applied %-8" PRId64
-			       " lag %s\n",
-			       m->host, m->id, m->state, m->term, m->applied, lag);
+			       " lag %s (%s)%s\n",
+			       m->host, m->id, m->state, m->term, m->applied, lag, lag_ms,
+			       m->is_primary ? "  <- primary" : "");
 		}
 	}
 	printf("\nmigrations in flight: %d\n", v->nmigs);

@@ -31,6 +31,7 @@ typedef struct health {
 	struct health *next;
 	char *name;
 	sdb_http_health_fn fn;
+	sdb_http_health_detail_fn detail; /* NULL: none */
 	void *data;
 } health;
 
@@ -90,6 +91,46 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, cons
 	ret = MHD_queue_response(c, status, r);
 	MHD_destroy_response(r);
 	return ret;
+}
+
+/* GET /healthz?format=json: every check with its detail, as JSON written by libbson. */
+static enum MHD_Result serve_health_json(sdb_http *h, struct MHD_Connection *c)
+{
+	bson_t doc = BSON_INITIALIZER, arr;
+	int ok = 1;
+	uint32_t i = 0;
+	char key[16];
+
+	bson_append_array_begin(&doc, "checks", -1, &arr);
+	pthread_mutex_lock(&h->mu);
+	for (health *k = h->checks; k != NULL; k = k->next) {
+		char msg[256] = "";
+		bson_t one;
+		int good = k->fn(k->data, msg, sizeof msg);
+		ok &= good != 0;
+		snprintf(key, sizeof key, "%u", i++);
+		bson_append_document_begin(&arr, key, -1, &one);
+		BSON_APPEND_UTF8(&one, "name", k->name);
+		BSON_APPEND_BOOL(&one, "ok", good != 0);
+		if (!good)
+			BSON_APPEND_UTF8(&one, "reason", msg);
+		if (k->detail)
+			k->detail(k->data, &one);
+		bson_append_document_end(&arr, &one);
+	}
+	pthread_mutex_unlock(&h->mu);
+	bson_append_array_end(&doc, &arr);
+	BSON_APPEND_UTF8(&doc, "status", ok ? "ok" : "unavailable");
+	size_t len = 0;
+	char *j = bson_as_relaxed_extended_json(&doc, &len);
+	bson_destroy(&doc);
+	char *body = sdb_malloc(len + 2);
+	memcpy(body, j, len);
+	body[len] = '\n';
+	body[len + 1] = '\0';
+	bson_free(j);
+	return send_text(c, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, "application/json",
+			 body, len + 1, 1, NULL);
 }
 
 static enum MHD_Result serve_health(sdb_http *h, struct MHD_Connection *c)
@@ -154,6 +195,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 				 sizeof msg - 1, 0, NULL);
 	}
 	if (strcmp(url, "/healthz") == 0 && strcmp(method, "GET") == 0) {
+		const char *fmt = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "format");
+		if (fmt != NULL && strcmp(fmt, "json") == 0) {
+			return serve_health_json(h, c);
+		}
 		return serve_health(h, c);
 	}
 	if (strcmp(url, "/metrics") == 0 && strcmp(method, "GET") == 0) {
@@ -568,10 +613,17 @@ void sdb_http_unroute(sdb_http *h, void *data)
 
 void sdb_http_add_health(sdb_http *h, const char *name, sdb_http_health_fn fn, void *data)
 {
+	sdb_http_add_health_detail(h, name, fn, NULL, data);
+}
+
+void sdb_http_add_health_detail(sdb_http *h, const char *name, sdb_http_health_fn fn,
+				sdb_http_health_detail_fn detail, void *data)
+{
 	health *k = sdb_calloc(1, sizeof *k);
 
 	k->name = sdb_strdup(name);
 	k->fn = fn;
+	k->detail = detail;
 	k->data = data;
 	pthread_mutex_lock(&h->mu);
 	k->next = h->checks;

@@ -11,6 +11,8 @@
 
 #include <stddef.h>
 
+#include <bson/bson.h>
+
 typedef struct sdb_http sdb_http;
 
 /* A response filled in by a handler. body is heap memory taken over by the server
@@ -75,6 +77,17 @@ int sdb_http_route(sdb_http *h, const char *method, const char *path, sdb_http_h
  * it when it stops, before freeing data). */
 void sdb_http_unroute(sdb_http *h, void *data);
 void sdb_http_add_health(sdb_http *h, const char *name, sdb_http_health_fn fn, void *data);
+
+/* The detail of a health check for `GET /healthz?format=json`: append this role's state
+ * to out (e.g. a shard member's replica set: state, term, primary, each member's lag).
+ * Runs on an HTTP thread: read only what is safe there (a copy the role keeps under a
+ * lock, atomics). */
+typedef void (*sdb_http_health_detail_fn)(void *data, bson_t *out);
+/* sdb_http_add_health plus a detail. `GET /healthz?format=json` answers (200 or 503 as
+ * the text form) {"status": "ok"|"unavailable", "checks": [{"name", "ok", "reason"?,
+ * ...detail}]}; plain /healthz is unchanged ("ok" or the reasons, one a line). */
+void sdb_http_add_health_detail(sdb_http *h, const char *name, sdb_http_health_fn fn,
+				sdb_http_health_detail_fn detail, void *data);
 
 /* The port actually bound (useful with port 0). */
 int sdb_http_port(const sdb_http *h);

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,7 @@ typedef struct series {
 	_Atomic int64_t i;          /* gauge value */
 	_Atomic uint64_t sum_ns;    /* histogram sum */
 	_Atomic uint64_t buckets[N_BUCKETS];
+	atomic_bool hidden;         /* gauge left out of the rendering (sdb_gauge_hide) */
 } series;
 
 typedef struct family {
@@ -132,11 +134,18 @@ void sdb_counter_add(sdb_counter *c, uint64_t v)
 void sdb_gauge_set(sdb_gauge *g, int64_t v)
 {
 	atomic_store_explicit(&g->s.i, v, memory_order_relaxed);
+	atomic_store_explicit(&g->s.hidden, false, memory_order_relaxed);
 }
 
 void sdb_gauge_add(sdb_gauge *g, int64_t v)
 {
 	atomic_fetch_add_explicit(&g->s.i, v, memory_order_relaxed);
+	atomic_store_explicit(&g->s.hidden, false, memory_order_relaxed);
+}
+
+void sdb_gauge_hide(sdb_gauge *g)
+{
+	atomic_store_explicit(&g->s.hidden, true, memory_order_relaxed);
 }
 
 void sdb_histogram_observe_ns(sdb_histogram *h, uint64_t ns)
@@ -361,6 +370,8 @@ char *sdb_metrics_render(size_t *len)
 				series_labels(&b, s->labels, NULL);
 				obuf_printf(&b, " %llu\n", (unsigned long long)atomic_load(&s->u));
 			} else if (f->kind == KIND_GAUGE) {
+				if (atomic_load(&s->hidden))
+					continue;
 				obuf_printf(&b, "%s", f->name);
 				series_labels(&b, s->labels, NULL);
 				obuf_printf(&b, " %lld\n", (long long)atomic_load(&s->i));

@@ -36,6 +36,10 @@ void sdb_counter_add(sdb_counter *c, uint64_t v);
 static inline void sdb_counter_inc(sdb_counter *c) { sdb_counter_add(c, 1); }
 void sdb_gauge_set(sdb_gauge *g, int64_t v);
 void sdb_gauge_add(sdb_gauge *g, int64_t v);
+/* Leave the series out of /metrics until its next sdb_gauge_set or sdb_gauge_add: a
+ * series whose subject went away (a removed replica-set member) disappears instead of
+ * showing a stale or sentinel value. The pointer stays valid. Any thread. */
+void sdb_gauge_hide(sdb_gauge *g);
 /* Observe a duration in nanoseconds (as from uv_hrtime() differences). */
 void sdb_histogram_observe_ns(sdb_histogram *h, uint64_t ns);
 

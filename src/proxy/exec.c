@@ -569,7 +569,7 @@ static bool job_checks(ctx *c, const px_cmd *cmd)
 		px_error(c, code, "%s", err);
 		return false;
 	}
-	if (!px_admit(c, cmd) || !px_policy_ok(c, cmd))
+	if (!px_read_pref_check(c, cmd) || !px_admit(c, cmd) || !px_policy_ok(c, cmd))
 		return false;
 	if ((cmd->flags & PXC_COLL) && c->coll == NULL) {
 		px_error(c, WIRE_ERR_INVALID_NAMESPACE,

@@ -40,6 +40,10 @@ typedef struct ctx {
 	int backoff_ms;
 	proxy_txn txn; /* session fields of a retryable write (txn.h), forwarded to shards */
 	px_answer *ans; /* where handlers put their answer (shared by copies of the ctx) */
+	/* the client's $readPreference when it is not primary and the command is not a
+	 * write (points into cmd; readpref.c), else NULL */
+	const uint8_t *rp_data;
+	uint32_t rp_len;
 } ctx;
 
 /* The command table (exec.c), as src/shard/commands.c's. */
@@ -168,6 +172,17 @@ size_t px_shard_ids(ctx *c, char ***out);
 char *px_shard_hosts(ctx *c, const char *id);
 /* Run fn(arg, 0..n-1) in parallel on the proxy's cluster (shardconn_fanout). */
 void px_fanout(ctx *c, size_t n, void (*fn)(void *arg, size_t i), void *arg);
+
+/* ---- read preferences (readpref.c, issue #15) ---- */
+
+/* Parse c->cmd's $readPreference: a mode other than primary on a command that is not a
+ * write is kept in c (rp_data/rp_len) for px_run_on. Refused (answered, false): an unknown
+ * mode or a malformed one (FailedToParse 9), maxStalenessSeconds other than -1 and
+ * non-empty tag sets (BadValue 2: not supported). True otherwise. */
+bool px_read_pref_check(ctx *c, const px_cmd *cmd);
+/* True, with *rp (static, into c->cmd) the client's $readPreference, when fwd (a command
+ * for a shard) is a read that follows it: find, aggregate, count, distinct. */
+bool px_read_pref_applies(const ctx *c, const bson_t *fwd, bson_t *rp);
 
 /* ---- one shard (px_run_on: retry.c; the rest: exec.c) ---- */
 

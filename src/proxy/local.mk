@@ -11,6 +11,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/policy.c \
 	src/proxy/quota.c \
 	src/proxy/read.c \
+	src/proxy/readpref.c \
 	src/proxy/retry.c \
 	src/proxy/role.c \
 	src/proxy/shardconn.c \

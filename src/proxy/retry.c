@@ -93,9 +93,21 @@ int px_run_on(ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid, bson_
 		  char *neterr, size_t nelen)
 {
 	uint32_t local = 0;
+	bson_t rp, fwd;
+	int rc;
 
-	return proxy_shard_command(c->p, shard, c->db, cmd, sid ? sid : &local, reply, neterr,
-				   nelen);
+	if (!px_read_pref_applies(c, cmd, &rp))
+		return proxy_shard_command(c->p, shard, c->db, cmd, sid ? sid : &local, reply,
+					   neterr, nelen);
+	/* a read under the client's read preference: the shard's member is selected with it
+	 * (shardconn.c), and a secondary serves it only when the command carries it */
+	bson_init(&fwd);
+	bson_copy_to_excluding_noinit(cmd, &fwd, "$readPreference", NULL);
+	BSON_APPEND_DOCUMENT(&fwd, "$readPreference", &rp);
+	rc = proxy_shard_command(c->p, shard, c->db, &fwd, sid ? sid : &local, reply, neterr,
+				 nelen);
+	bson_destroy(&fwd);
+	return rc;
 }
 
 void px_fanout(ctx *c, size_t n, void (*fn)(void *arg, size_t i), void *arg)

@@ -510,6 +510,29 @@ static bool primary_change(int64_t code)
 	       code == WIRE_ERR_INTERRUPTED_REPL_CHANGE || code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN;
 }
 
+/* The read preference cmd carries ($readPreference {mode} other than primary), NULL for
+ * primary or none. Caller destroys. */
+static mongoc_read_prefs_t *cmd_read_prefs(const bson_t *cmd)
+{
+	static const struct {
+		const char *name;
+		mongoc_read_mode_t mode;
+	} modes[] = {{"primaryPreferred", MONGOC_READ_PRIMARY_PREFERRED},
+		     {"secondary", MONGOC_READ_SECONDARY},
+		     {"secondaryPreferred", MONGOC_READ_SECONDARY_PREFERRED},
+		     {"nearest", MONGOC_READ_NEAREST}};
+	bson_iter_t it, sub;
+
+	if (!bson_iter_init_find(&it, cmd, "$readPreference") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+	    !bson_iter_recurse(&it, &sub) || !bson_iter_find(&sub, "mode") ||
+	    !BSON_ITER_HOLDS_UTF8(&sub))
+		return NULL;
+	for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+		if (strcmp(bson_iter_utf8(&sub, NULL), modes[i].name) == 0)
+			return mongoc_read_prefs_new(modes[i].mode);
+	return NULL;
+}
+
 /* One attempt of shardconn_command. *unexecuted is set when the shard certainly did not
  * run cmd: no server could be selected (connect refused or timed out), the connection could
  * not be opened, the shard answered ShutdownInProgress (91: refused before execution by
@@ -538,7 +561,13 @@ static int command_once(shardconn *sc, const char *id, const char *db, const bso
 	}
 	cl = mongoc_client_pool_pop(pool);
 	if (*server_id == 0) {
-		mongoc_server_description_t *sd = mongoc_client_select_server(cl, true, NULL, &e);
+		/* a read with a read preference (the proxy forwards the client's, readpref.c)
+		 * selects a member by it; everything else goes to the primary */
+		mongoc_read_prefs_t *rp = cmd_read_prefs(cmd);
+		mongoc_server_description_t *sd =
+			mongoc_client_select_server(cl, rp == NULL, rp, &e);
+		if (rp)
+			mongoc_read_prefs_destroy(rp);
 		if (sd == NULL) {
 			mongoc_client_pool_push(pool, cl);
 			bson_init(reply);

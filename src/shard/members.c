@@ -21,6 +21,9 @@
 #include "auth/cluster.h"
 #include "shard/repl.h"
 
+/* how often the replica set is sampled for /metrics and /healthz */
+#define SHARD_MEMBERS_SAMPLE_MS 500
+
 sdb_node *shard_members_node(shard *sh)
 {
 	return sh->repl ? shard_repl_node(sh->repl) : NULL;
@@ -448,42 +451,59 @@ void shard_members_register(shard *sh)
 
 /* ------------------------------------------------------------------ metrics */
 
-#define LAG_MAX 16
+/* Per-member series, one set per member id seen on this primary (kept, hidden, when the
+ * member goes: a member added back reuses them). */
+typedef struct member_series {
+	uint64_t id;
+	sdb_gauge *lag, *lag_ms, *reachable;
+} member_series;
 
 struct shard_members {
 	uv_timer_t timer;
 	shard *sh;
 	sdb_gauge *g_state, *g_primary, *g_commit, *g_last;
-	uint64_t lag_ids[LAG_MAX]; /* member ids with a lag series, n_lag of them */
-	sdb_gauge *g_lag[LAG_MAX];
-	size_t n_lag;
+	member_series per[SHARD_REPL_MAX_MEMBERS * 2];
+	size_t n_per;
 };
 
-static sdb_gauge *lag_gauge(struct shard_members *m, uint64_t id)
+static member_series *series_of(struct shard_members *m, uint64_t id)
 {
 	char labels[48];
-	for (size_t i = 0; i < m->n_lag; i++)
-		if (m->lag_ids[i] == id)
-			return m->g_lag[i];
-	if (m->n_lag == LAG_MAX)
+	for (size_t i = 0; i < m->n_per; i++)
+		if (m->per[i].id == id)
+			return &m->per[i];
+	if (m->n_per == sizeof m->per / sizeof m->per[0])
 		return NULL;
 	snprintf(labels, sizeof labels, "member=\"%llu\"", (unsigned long long)id);
-	m->lag_ids[m->n_lag] = id;
-	m->g_lag[m->n_lag] = sdb_metrics_gauge(
-		"stripedb_shard_member_lag_entries",
-		"On the primary: Raft entries each member is behind the primary's log; -1 elsewhere.",
+	member_series *p = &m->per[m->n_per++];
+	p->id = id;
+	p->lag = sdb_metrics_gauge("stripedb_shard_member_lag_entries",
+				   "On the primary: Raft entries each member is behind the primary's "
+				   "log (absent on other members and for removed members).",
+				   labels);
+	p->lag_ms = sdb_metrics_gauge(
+		"stripedb_shard_member_lag_ms",
+		"On the primary: how long each member has been behind, in ms (0: it holds the "
+		"primary's whole log; else the age of the oldest entry it lacks; -1 unknown).",
 		labels);
-	return m->g_lag[m->n_lag++];
+	p->reachable = sdb_metrics_gauge("stripedb_shard_member_reachable",
+					 "On the primary: 1 when the member answered within an "
+					 "election timeout, else 0.",
+					 labels);
+	return p;
 }
 
 static void sample(uv_timer_t *t)
 {
 	struct shard_members *m = t->data;
-	sdb_node *n = shard_members_node(m->sh);
+	shard *sh = m->sh;
+	sdb_node *n = shard_members_node(sh);
 	struct raft *r;
 	uint64_t lid = 0;
 	const char *la = NULL;
 	int st;
+	shard_member_view v[SHARD_REPL_MAX_MEMBERS];
+	size_t nv;
 	if (!n)
 		return;
 	r = sdb_node_raft(n);
@@ -492,19 +512,36 @@ static void sample(uv_timer_t *t)
 	sdb_gauge_set(m->g_state, st == RAFT_LEADER ? 2 : st == RAFT_CANDIDATE ? 1 : 0);
 	sdb_gauge_set(m->g_primary, (int64_t)lid);
 	sdb_gauge_set(m->g_commit, (int64_t)r->commit_index);
-	raft_index last = raft_last_index(r);
-	sdb_gauge_set(m->g_last, (int64_t)last);
-	for (size_t i = 0; i < m->n_lag; i++)
-		sdb_gauge_set(m->g_lag[i], -1);
-	if (st != RAFT_LEADER || !r->leader_state.progress)
-		return;
-	for (unsigned i = 0; i < r->configuration.n; i++) {
-		const struct raft_server *s = &r->configuration.servers[i];
-		raft_index match = s->id == r->id ? last : r->leader_state.progress[i].match_index;
-		sdb_gauge *g = lag_gauge(m, s->id);
-		if (g)
-			sdb_gauge_set(g, last > match ? (int64_t)(last - match) : 0);
+	sdb_gauge_set(m->g_last, (int64_t)raft_last_index(r));
+	/* only the primary knows each member's progress: elsewhere, and for members that
+	 * left the set, the series disappear */
+	nv = shard_repl_view(sh->repl, v, SHARD_REPL_MAX_MEMBERS);
+	for (size_t i = 0; i < m->n_per; i++) {
+		bool in = false;
+		for (size_t k = 0; k < nv; k++)
+			in |= v[k].id == m->per[i].id;
+		if (!in) {
+			sdb_gauge_hide(m->per[i].lag);
+			sdb_gauge_hide(m->per[i].lag_ms);
+			sdb_gauge_hide(m->per[i].reachable);
+		}
 	}
+	for (size_t k = 0; k < nv; k++) {
+		member_series *p = series_of(m, v[k].id);
+		if (!p)
+			continue;
+		sdb_gauge_set(p->lag, v[k].lag_entries);
+		sdb_gauge_set(p->lag_ms, v[k].lag_ms);
+		sdb_gauge_set(p->reachable, v[k].reachable ? 1 : 0);
+	}
+	/* the same view for /healthz?format=json (read on the HTTP thread) */
+	bson_t *doc = bson_new();
+	shard_repl_status(sh->repl, doc);
+	pthread_mutex_lock(&sh->health_mu);
+	if (sh->health_doc)
+		bson_destroy(sh->health_doc);
+	sh->health_doc = doc;
+	pthread_mutex_unlock(&sh->health_mu);
 }
 
 void shard_members_start(shard *sh)
@@ -527,7 +564,7 @@ void shard_members_start(shard *sh)
 				      "Index of the last entry of this shard member's Raft log.", NULL);
 	uv_timer_init(sh->role->loop, &m->timer);
 	m->timer.data = m;
-	uv_timer_start(&m->timer, sample, 0, 1000);
+	uv_timer_start(&m->timer, sample, 0, SHARD_MEMBERS_SAMPLE_MS);
 	sh->members = m;
 }
 

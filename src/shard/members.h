@@ -29,16 +29,21 @@ sdb_node *shard_members_node(shard *sh);
  * already in progress: OperationFailed (96). */
 void shard_members_register(shard *sh);
 
-/* /metrics of the replica set, sampled on the loop every second from shard_members_start
+/* /metrics of the replica set, sampled on the loop every 500 ms from shard_members_start
  * until shard_members_stop (idempotent; the timer is closed asynchronously: the loop must
  * run once more, as at any role stop):
  *   stripedb_shard_raft_state          0 secondary (follower), 1 candidate, 2 primary
  *   stripedb_shard_raft_primary_id     the primary's member id as this member knows it (0)
  *   stripedb_shard_raft_commit_index   commit index known here
  *   stripedb_shard_raft_last_index     last index of this member's Raft log
- *   stripedb_shard_member_lag_entries{member="ID"}  on the primary: entries each member
- *       is behind the primary's log (match index); -1 on other members (ask the primary)
- * (stripedb_shard_raft_term, _applied and stripedb_shard_is_primary come from repl.c.) */
+ * and on the primary only, for each member of the current configuration (absent on the
+ * other members, and gone once a member is removed), from shard_repl_view:
+ *   stripedb_shard_member_lag_entries{member="ID"}  entries behind the primary's log
+ *   stripedb_shard_member_lag_ms{member="ID"}       how long it has been behind (ms)
+ *   stripedb_shard_member_reachable{member="ID"}    1 answered within an election timeout
+ * (stripedb_shard_raft_term, _applied and stripedb_shard_is_primary come from repl.c.)
+ * Each sample also refreshes sh->health_doc (replSetGetStatus's document) for
+ * /healthz?format=json. */
 void shard_members_start(shard *sh);
 void shard_members_stop(shard *sh);
 

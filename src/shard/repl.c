@@ -906,6 +906,7 @@ static void stall_cb(uv_timer_t *t)
 				 (unsigned long long)(late / 1000000));
 	}
 	r->stall_last_ns = now;
+	shard_repl_view_tick(r);
 }
 
 static void reg_timer_cb(uv_timer_t *t)
@@ -1146,6 +1147,10 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 		return rc;
 	}
 	atomic_store(&r->h_members, (int)r->raft->configuration.n);
+	/* a member installing a snapshot copies shard.db before it answers: the leader must
+	 * not resend the snapshot after libraft's 30 s (a second full copy); see also
+	 * repl_view.c promotion_watch */
+	raft_set_install_snapshot_timeout(sdb_node_raft(r->node), REPL_SNAPSHOT_INSTALL_MS);
 	sdb_gauge_set(r->g_applied, (int64_t)r->last_applied);
 	sdb_info("shard: replica set member", "set=%s id=%llu raft=%s wire=%s applied=%llu",
 		 set ? set : "(one member)", (unsigned long long)r->id, r->raft_addr, r->me,
@@ -1282,26 +1287,4 @@ bool shard_repl_healthy(shard_repl *r, char *msg, size_t msglen)
 		return false;
 	}
 	return true;
-}
-
-void shard_repl_status(shard_repl *r, bson_t *out)
-{
-	uint64_t lid = 0;
-	const char *la = NULL;
-	if (!r->node)
-		return;
-	sdb_node_leader(r->node, &lid, &la);
-	BSON_APPEND_UTF8(out, "setName", r->set_name ? r->set_name : "");
-	BSON_APPEND_INT64(out, "id", (int64_t)r->id);
-	int st = raft_state(r->raft);
-	BSON_APPEND_UTF8(out, "state",
-			 sdb_node_ready(r->node) ? "PRIMARY"
-			 : st == RAFT_LEADER	 ? "PRIMARY (not ready)"
-			 : st == RAFT_CANDIDATE	 ? "CANDIDATE"
-						 : "SECONDARY");
-	BSON_APPEND_INT64(out, "term", (int64_t)sdb_node_term(r->node));
-	BSON_APPEND_INT64(out, "primaryId", (int64_t)lid);
-	BSON_APPEND_INT64(out, "applied", (int64_t)r->last_applied);
-	BSON_APPEND_INT64(out, "commitIndex", (int64_t)r->raft->commit_index);
-	sdb_node_append_config(r->node, out, "members");
 }

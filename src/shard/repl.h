@@ -69,7 +69,36 @@ sdb_node *shard_repl_node(shard_repl *r);
 /* /healthz: a one-member set is healthy once primary, a member of a larger set while
  * it runs. False with a reason in msg otherwise. Any thread (atomics). */
 bool shard_repl_healthy(shard_repl *r, char *msg, size_t msglen);
-/* Append {setName, id, state, term, primaryId, applied, commitIndex, members: [...]}. */
+/* Append {setName, id, state, term, primaryId, primary, applied, commitIndex,
+ * members: [{id, raft, role}], memberStatus: [...]} (memberStatus: shard_repl_view's
+ * entries on the primary, each {id, host, raft, role, primary, self, matchIndex,
+ * lagEntries, lagMillis, reachable, lastContactMillis}; on another member only {id, host,
+ * raft, role, primary}: lag is known to the primary). Loop thread. */
 void shard_repl_status(shard_repl *r, bson_t *out);
+
+#define SHARD_REPL_MAX_MEMBERS 16
+
+/* One member of the set as the primary sees it (shard_repl_view). */
+typedef struct shard_member_view {
+	uint64_t id;
+	char host[256];  /* wire address from the replicated member map, "" unknown */
+	char raft[256];  /* Raft address */
+	const char *role; /* "voter", "standby" or "spare" (static) */
+	bool primary;    /* this member is the primary (the one answering) */
+	uint64_t match;  /* highest Raft index it is known to hold */
+	int64_t lag_entries; /* the primary's last log index minus match (>= 0) */
+	/* 0 when it holds the primary's whole log; else how long ago (wall ms) the primary
+	 * appended the oldest entry it does not hold yet, i.e. how long it has been behind
+	 * (MongoDB's optime lag, measured to now rather than to the primary's last write, so
+	 * that it grows while a stopped member misses nothing but heartbeats); -1 unknown */
+	int64_t lag_ms;
+	bool reachable;  /* it answered the primary within the last election timeout */
+	int64_t last_contact_ms; /* ms since its last answer seen (0 for the primary) */
+} shard_member_view;
+
+/* On the primary (the Raft leader): every member of the current configuration with its
+ * replication progress, in configuration order; returns how many were written to out
+ * (at most max), 0 when this member is not the leader. Loop thread. */
+size_t shard_repl_view(shard_repl *r, shard_member_view *out, size_t max);
 
 #endif

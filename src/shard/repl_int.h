@@ -53,6 +53,17 @@ typedef struct member_wire {
 	char *wire;
 } member_wire;
 
+/* Samples of the log's growth kept for lag in ms: 4096 ticks of 50 ms, over 3 minutes of
+ * continuous writes (64 KiB). */
+#define REPL_VIEW_RING 4096
+
+/* What the primary last heard from a member (repl_view.c, sampled every 50 ms). */
+typedef struct member_contact {
+	uint64_t id;
+	uint64_t seen_ms;   /* sdb_mono_ms of its last answer seen (or of the election) */
+	uint64_t caught_ms; /* sdb_wall_ms when it last held the primary's whole log */
+} member_contact;
+
 struct shard_repl {
 	shard *sh;
 	sdb_node *node;
@@ -83,6 +94,24 @@ struct shard_repl {
 	/* member wire addresses (replicated: op "shardMember") */
 	member_wire *members;
 	size_t n_members;
+	/* the primary's view of every member (repl_view.c) */
+	member_contact contacts[SHARD_REPL_MAX_MEMBERS];
+	size_t n_contacts;
+	uint64_t contacts_term; /* term the contacts were gathered in (0: not leader) */
+	/* when this member's log reached which index (every 50 ms tick that saw it grow),
+	 * oldest first from ring_head: when an entry a lagging member lacks is no longer in
+	 * memory, its append time is read here (to 50 ms) */
+	struct {
+		uint64_t index;
+		int64_t wall_ms;
+	} ring[REPL_VIEW_RING];
+	size_t ring_head, ring_n;
+	/* the promotion of a new member whose current catch-up round includes installing a
+	 * snapshot (repl_view.c promotion_watch) */
+	uint64_t promo_id;
+	unsigned promo_round;
+	uint64_t promo_round_start;
+	bool promo_snap;
 	uint64_t reg_last_ms;
 	int reg_inflight;
 	/* what hello last said, to wake held awaitable hellos on a change */
@@ -118,6 +147,19 @@ void shard_repl_reply_not_primary(shard_repl *r, wire_req *req);
 /* Answer a write whose outcome is unknown: InterruptedAtShutdown (11600) when status is
  * SDB_ECANCELED, else InterruptedDueToReplStateChange (11602). */
 void shard_repl_reply_unknown(wire_req *req, int status);
+/* How long a new member may take to install a snapshot (copy shard.db from another
+ * member: as long as the data needs) before the leader gives up on it: libraft's
+ * InstallSnapshot timeout, and its catch-up round limit while the member being promoted
+ * installs one (repl_view.c). 30 minutes: 2 GB copy in about a minute on loopback. */
+#define REPL_SNAPSHOT_INSTALL_MS (30u * 60 * 1000)
+/* libraft's default catch-up round limit (RAFT_MAX_CATCH_UP_ROUND_DURATION): a member being
+ * promoted that does not answer for that long is given up. */
+#define REPL_CATCH_UP_ROUND_MS 5000u
+
+/* Every REPL_STALL_TICK_MS on the loop (repl.c stall_cb): on the primary, note which
+ * members answered since the last tick (libraft's recent_recv, which it clears every
+ * election timeout) and which hold the whole log, for shard_repl_view. */
+void shard_repl_view_tick(shard_repl *r);
 /* Make sure the replicated member map has this member's wire address: the primary
  * proposes its own, a follower asks the primary (stripedbRegisterMember). */
 void shard_repl_ensure_registered(shard_repl *r);

@@ -136,6 +136,10 @@ struct shard {
 	shard_repl *repl;   /* the replica set this member belongs to (repl.h) */
 	struct shard_ttl *ttl; /* the TTL monitor (ttl.h), NULL when disabled */
 	struct shard_members *members; /* membership metrics sampler (members.h) */
+	/* the replica set as last sampled (replSetGetStatus's document, members.c), for
+	 * /healthz?format=json on the HTTP thread; guarded by health_mu */
+	pthread_mutex_t health_mu;
+	bson_t *health_doc;
 	uv_timer_t abandon_timer; /* graceful stop: answer uncommitted writes by the timeout */
 	bool failed_start;        /* closing after a failed start: no sdb_role_stopped */
 };

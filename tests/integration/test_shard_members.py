@@ -96,6 +96,41 @@ def test_add_member_online_catches_up_and_serves(start_role, tmp_path, compactio
     assert all(m["lag"] >= 0 for m in st["members"])
 
 
+def test_add_member_whose_snapshot_copy_takes_longer_than_a_catch_up_round(start_role,
+                                                                          tmp_path):
+    """A member being added answers nothing while it installs a snapshot (it copies
+    shard.db, as long as the data needs); libraft gives a promotee up when a catch-up round
+    lasts over 5 s. The copy is slowed past that (every stripedbSnapshotFile command the
+    sending member receives is held 2.5 s by the failCommand fail point): the add must
+    still complete and the member hold everything (src/shard/repl_view.c promotion_watch)."""
+    procs, wires, uri = start_set(start_role, tmp_path,
+                                  extra=["--raft-snapshot-threshold=32",
+                                         "--enable-test-commands"])
+    acked = write_acked(uri, range(200))
+    for w in wires:
+        with direct(w) as c:
+            c.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 3},
+                             "data": {"failCommands": ["stripedbSnapshotFile"],
+                                      "blockConnection": True, "blockTimeMS": 2500}})
+    p4, w4, r4 = start_joiner(start_role, tmp_path, wires, 4, members_of(wires))
+    r = ctl("shard", "member", "add", uri, "4", f"--raft=127.0.0.1:{r4}",
+            f"--wire=127.0.0.1:{w4}")
+    assert r.returncode == 0, r.stderr
+    # the copy was held: three snapshot-file commands blocked (open, read, close)
+    fired = 0
+    for w in wires:
+        with direct(w) as c:
+            fired += c.admin.command({"configureFailPoint": "failCommand",
+                                      "mode": "off"})["count"]
+    assert fired == 3, fired
+    assert "installed a snapshot from another member" in open(p4.log_path).read()
+    wait_until(lambda: status(w4)["applied"] >= status(wires[primary_index(wires)])["applied"],
+               30, interval=0.1, what="the new member caught up")
+    with pymongo.MongoClient(f"mongodb://127.0.0.1:{w4}/?directConnection=true",
+                             readPreference="secondaryPreferred") as c:
+        assert sorted(d["_id"] for d in c.app.c.find({}, {"_id": 1})) == sorted(acked)
+
+
 def test_add_refuses_duplicate_id_and_address(start_role, tmp_path):
     procs, wires, uri = start_set(start_role, tmp_path)
     before = status(wires[primary_index(wires)])["members"]

@@ -9,6 +9,28 @@
 
 #include "common/metrics.h"
 
+/* A hidden gauge leaves the rendering until it is set again; other series stay. */
+static void test_gauge_hide(void **state)
+{
+	sdb_gauge *a = sdb_metrics_gauge("t_member_lag", "Lag.", "member=\"1\"");
+	sdb_gauge *b = sdb_metrics_gauge("t_member_lag", "Lag.", "member=\"2\"");
+	size_t len;
+	char *text;
+
+	(void)state;
+	sdb_gauge_set(a, 3);
+	sdb_gauge_set(b, 4);
+	sdb_gauge_hide(b);
+	text = sdb_metrics_render(&len);
+	assert_non_null(strstr(text, "t_member_lag{member=\"1\"} 3\n"));
+	assert_null(strstr(text, "member=\"2\""));
+	free(text);
+	sdb_gauge_set(b, 5);
+	text = sdb_metrics_render(&len);
+	assert_non_null(strstr(text, "t_member_lag{member=\"2\"} 5\n"));
+	free(text);
+}
+
 static void test_counter_gauge_histogram(void **state)
 {
 	sdb_counter *c = sdb_metrics_counter("t_requests_total", "Requests.", "cmd=\"find\"");
@@ -47,6 +69,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_counter_gauge_histogram),
+		cmocka_unit_test(test_gauge_hide),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,85 @@
+/* Read preferences through the proxy (issue #15): a read sent with a $readPreference other
+ * than primary (secondary, secondaryPreferred, nearest, primaryPreferred) is forwarded to
+ * the shard with that $readPreference, and shardconn_command selects the shard replica
+ * set's member with it (libmongoc server selection, shardconn.c), as mongos does. Writes
+ * always go to the primary (mongos ignores a write's read preference too). Options the
+ * proxy cannot honour are refused, not ignored: maxStalenessSeconds (the shards' hello
+ * reports no lastWrite, so staleness cannot be estimated) and tag sets (members have no
+ * tags). Contract in exec.h. */
+#include <string.h>
+
+#include "proxy/exec.h"
+
+static const char *const modes[] = {"primary", "primaryPreferred", "secondary",
+				    "secondaryPreferred", "nearest", NULL};
+
+bool px_read_pref_check(ctx *c, const px_cmd *cmd)
+{
+	bson_iter_t it, sub;
+	const char *mode = NULL;
+	bool known = false;
+	uint32_t len;
+	const uint8_t *data;
+
+	c->rp_data = NULL;
+	c->rp_len = 0;
+	if (!bson_iter_init_find(&it, c->cmd, "$readPreference"))
+		return true;
+	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
+		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "$readPreference must be an object");
+		return false;
+	}
+	bson_iter_document(&it, &len, &data);
+	while (bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+		if (strcmp(k, "mode") == 0 && BSON_ITER_HOLDS_UTF8(&sub)) {
+			mode = bson_iter_utf8(&sub, NULL);
+		} else if (strcmp(k, "maxStalenessSeconds") == 0) {
+			if (!BSON_ITER_HOLDS_NUMBER(&sub) || bson_iter_as_int64(&sub) != -1) {
+				px_error(c, WIRE_ERR_BAD_VALUE,
+					 "$readPreference maxStalenessSeconds is not supported by "
+					 "stripedb (shard members report no last write time); read "
+					 "without it");
+				return false;
+			}
+		} else if (strcmp(k, "tags") == 0) {
+			bson_iter_t t, one;
+			if (BSON_ITER_HOLDS_ARRAY(&sub) && bson_iter_recurse(&sub, &t))
+				while (bson_iter_next(&t))
+					if (!BSON_ITER_HOLDS_DOCUMENT(&t) || !bson_iter_recurse(&t, &one) ||
+					    bson_iter_next(&one)) {
+						px_error(c, WIRE_ERR_BAD_VALUE,
+							 "$readPreference tag sets are not supported "
+							 "by stripedb (shard members have no tags)");
+						return false;
+					}
+		}
+		/* hedge: an optimisation hint, ignored as mongos 8 ignores it */
+	}
+	for (size_t i = 0; mode && modes[i]; i++)
+		known |= strcmp(mode, modes[i]) == 0;
+	if (!known) {
+		px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+			 "Could not parse $readPreference: mode must be one of primary, "
+			 "primaryPreferred, secondary, secondaryPreferred or nearest");
+		return false;
+	}
+	if (strcmp(mode, "primary") != 0 && !(cmd->flags & PXC_WRITE)) {
+		c->rp_data = data;
+		c->rp_len = len;
+	}
+	return true;
+}
+
+bool px_read_pref_applies(const ctx *c, const bson_t *fwd, bson_t *rp)
+{
+	static const char *const reads[] = {"find", "aggregate", "count", "distinct", NULL};
+	bson_iter_t it;
+
+	if (!c->rp_data || !bson_iter_init(&it, fwd) || !bson_iter_next(&it))
+		return false;
+	for (size_t i = 0; reads[i]; i++)
+		if (strcmp(bson_iter_key(&it), reads[i]) == 0)
+			return bson_init_static(rp, c->rp_data, c->rp_len);
+	return false;
+}
