@@ -250,7 +250,13 @@ static int conn_pragmas(sdb_store *st, sqlite3 *db, char *err, size_t errlen)
 		      err, errlen);
 	if (rc)
 		return rc;
-	return store_exec_sql(db, "PRAGMA cache_size=-16384; PRAGMA temp_store=MEMORY", err, errlen);
+	/* temp_store=FILE: a savepoint's statement journal over 64 KiB spills to a temporary
+	 * file. In memory (temp_store=MEMORY) it is a chunk list that SQLite walks from its head
+	 * at every seek and truncate, which perf showed at 28% of a shard's CPU applying
+	 * 1,000-document inserts (one savepoint per document in one transaction); on a shard of
+	 * 150,000 2 KiB documents an entry of 1,000 of them applied in 215-254 ms instead of
+	 * 242-330 ms (3 alternating runs, release build). */
+	return store_exec_sql(db, "PRAGMA cache_size=-16384; PRAGMA temp_store=FILE", err, errlen);
 }
 
 int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out, char *err,
