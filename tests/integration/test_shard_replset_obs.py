@@ -158,8 +158,13 @@ def test_stopped_secondary_shows_unreachable_with_growing_lag_then_recovers(star
 
     # a secondary's /healthz names the primary but leaves lag to it; its /metrics has no
     # per-member series
-    _, rs, m = health_member(procs[vi].http_port, pid)
-    assert rs["state"] == "SECONDARY" and rs["primaryId"] == pid and m["primary"]
+    # (a member resumed after its election timer ran out is a pre-vote candidate for a
+    # moment: pre-vote keeps the primary, the member turns follower at its next heartbeat)
+    def secondary_view():
+        _, rs, m = health_member(procs[vi].http_port, pid)
+        return rs["state"] == "SECONDARY" and (rs, m)
+    rs, m = wait_until(secondary_view, 20, interval=0.1, what="the resumed member a secondary")
+    assert rs["primaryId"] == pid and m["primary"]
     assert "lagEntries" not in m
     assert metric(procs[vi].http_port, "stripedb_shard_member_lag_entries", vid) is None
 
