@@ -141,7 +141,7 @@ sqlite3_stmt *store_stmt_get(sdb_store_conn *c, const char *sql, char *err, size
 }
 
 /* Drop cached statements that name table tbl (before DROP TABLE). */
-static void stmt_forget_all(sdb_store_conn *c)
+void store_stmt_forget_all(sdb_store_conn *c)
 {
 	for (int i = 0; i < STORE_STMT_CACHE; i++) {
 		if (c->stmts[i].stmt) {
@@ -348,7 +348,7 @@ void sdb_store_close(sdb_store *st)
 	free(st);
 }
 
-static void cache_clear(sdb_store_conn *c)
+void store_cache_clear(sdb_store_conn *c)
 {
 	for (size_t i = 0; i < c->n_colls; i++) {
 		sdb_store_coll *co = &c->colls[i];
@@ -398,107 +398,10 @@ void sdb_store_conn_close(sdb_store_conn *c)
 	if (!c)
 		return;
 	sdb_store_rollback(c);
-	stmt_forget_all(c);
-	cache_clear(c);
+	store_stmt_forget_all(c);
+	store_cache_clear(c);
 	sqlite3_close(c->db);
 	free(c);
-}
-
-/* ------------------------------------------------------------------ catalog cache */
-
-static int cache_load(sdb_store_conn *c, char *err, size_t errlen)
-{
-	int64_t gen = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", -1);
-	if (gen == c->cache_gen)
-		return 0;
-	cache_clear(c);
-	sqlite3_stmt *s = store_stmt_get(c, "SELECT db, coll, tbl, uuid, options FROM catalog_coll",
-				   err, errlen);
-	if (!s)
-		return SDB_EIO;
-	size_t cap = 0;
-	while (sqlite3_step(s) == SQLITE_ROW) {
-		if (c->n_colls == cap) {
-			cap = cap ? cap * 2 : 16;
-			c->colls = sdb_realloc(c->colls, cap * sizeof *c->colls);
-		}
-		sdb_store_coll *co = &c->colls[c->n_colls++];
-		memset(co, 0, sizeof *co);
-		co->db = sdb_strdup((const char *)sqlite3_column_text(s, 0));
-		co->coll = sdb_strdup((const char *)sqlite3_column_text(s, 1));
-		co->tbl = sqlite3_column_int64(s, 2);
-		if (sqlite3_column_bytes(s, 3) == 16)
-			memcpy(co->uuid, sqlite3_column_blob(s, 3), 16);
-		co->options = bson_new_from_data(sqlite3_column_blob(s, 4),
-						 (size_t)sqlite3_column_bytes(s, 4));
-		if (!co->options)
-			co->options = bson_new();
-	}
-	sqlite3_reset(s);
-	s = store_stmt_get(c,
-		     "SELECT db, coll, name, tbl, spec, multikey FROM catalog_index ORDER BY tbl",
-		     err, errlen);
-	if (!s)
-		return SDB_EIO;
-	while (sqlite3_step(s) == SQLITE_ROW) {
-		const char *db = (const char *)sqlite3_column_text(s, 0);
-		const char *coll = (const char *)sqlite3_column_text(s, 1);
-		for (size_t i = 0; i < c->n_colls; i++) {
-			sdb_store_coll *co = &c->colls[i];
-			if (strcmp(co->db, db) != 0 || strcmp(co->coll, coll) != 0)
-				continue;
-			co->indexes = sdb_realloc(co->indexes,
-						  (co->n_indexes + 1) * sizeof *co->indexes);
-			sdb_store_index *ix = &co->indexes[co->n_indexes++];
-			memset(ix, 0, sizeof *ix);
-			ix->name = sdb_strdup((const char *)sqlite3_column_text(s, 2));
-			ix->tbl = sqlite3_column_int64(s, 3);
-			ix->multikey = sqlite3_column_int64(s, 5) != 0;
-			ix->spec = bson_new_from_data(sqlite3_column_blob(s, 4),
-						      (size_t)sqlite3_column_bytes(s, 4));
-			if (!ix->spec)
-				ix->spec = bson_new();
-			bson_iter_t it;
-			ix->key = bson_new();
-			if (bson_iter_init_find(&it, ix->spec, "key") &&
-			    BSON_ITER_HOLDS_DOCUMENT(&it)) {
-				uint32_t len;
-				const uint8_t *data;
-				bson_iter_document(&it, &len, &data);
-				bson_destroy(ix->key);
-				ix->key = bson_new_from_data(data, len);
-			}
-			if (bson_iter_init_find(&it, ix->spec, "unique"))
-				ix->unique = bson_iter_as_bool(&it);
-			if (bson_iter_init_find(&it, ix->spec, "sparse"))
-				ix->sparse = bson_iter_as_bool(&it);
-			break;
-		}
-	}
-	sqlite3_reset(s);
-	c->cache_gen = gen;
-	return 0;
-}
-
-sdb_store_coll *store_cache_find(sdb_store_conn *c, const char *db, const char *coll)
-{
-	for (size_t i = 0; i < c->n_colls; i++)
-		if (strcmp(c->colls[i].db, db) == 0 && strcmp(c->colls[i].coll, coll) == 0)
-			return &c->colls[i];
-	return NULL;
-}
-
-int store_catalog_bump(sdb_store_conn *c, char *err, size_t errlen)
-{
-	sqlite3_stmt *s =
-		store_stmt_get(c, "UPDATE meta SET v = v + 1 WHERE k='catalog_gen'", err, errlen);
-	if (!s)
-		return SDB_EIO;
-	c->ddl = true;
-	int rc = store_step_done(c, s, err, errlen, "catalog gen");
-	if (rc)
-		return rc;
-	return cache_load(c, err, errlen);
 }
 
 /* ------------------------------------------------------------------ transactions */
@@ -517,7 +420,7 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 		c->savepoints = 0;
 		c->cmd_pending_bytes = c->pending_oplog_bytes;
 		c->cmd_last_ts = c->st->last_ts;
-		rc = cache_load(c, err, errlen);
+		rc = store_cache_load(c, err, errlen);
 		if (rc) {
 			sdb_store_rollback(c);
 			return rc;
@@ -539,7 +442,7 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 	c->ddl = false;
 	c->savepoints = 0;
 	/* The first read fixes the snapshot; the catalog is read in it. */
-	rc = cache_load(c, err, errlen);
+	rc = store_cache_load(c, err, errlen);
 	if (rc) {
 		sdb_store_rollback(c);
 		return rc;
@@ -559,7 +462,7 @@ static void txn_end(sdb_store_conn *c, bool committed)
 	}
 	if (c->ddl) {
 		/* another statement cache entry may name a dropped table */
-		stmt_forget_all(c);
+		store_stmt_forget_all(c);
 		c->cache_gen = -1;
 	}
 	c->in_txn = false;
@@ -613,12 +516,12 @@ void sdb_store_rollback(sdb_store_conn *c)
 		c->in_txn = false;
 		c->op_lsid = NULL;
 		c->cache_gen = -1;
-		cache_load(c, NULL, 0);
+		store_cache_load(c, NULL, 0);
 		return;
 	}
 	store_exec_sql(c->db, "ROLLBACK", NULL, 0);
 	if (c->ddl)
-		cache_clear(c);
+		store_cache_clear(c);
 	txn_end(c, false);
 }
 
@@ -652,7 +555,7 @@ void sdb_store_savepoint_rollback(sdb_store_conn *c)
 	store_exec_sql(c->db, sql, NULL, 0);
 	/* a rolled-back DDL must not leave a stale cache */
 	c->cache_gen = -1;
-	cache_load(c, NULL, 0);
+	store_cache_load(c, NULL, 0);
 }
 
 /* ------------------------------------------------------------------ replicated apply */
@@ -685,7 +588,7 @@ int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err
 		pthread_mutex_unlock(&c->st->ts_mu);
 	}
 	c->cache_gen = -1;
-	rc = cache_load(c, err, errlen);
+	rc = store_cache_load(c, err, errlen);
 	if (rc) {
 		sdb_store_apply_rollback(c);
 		return rc;
@@ -701,7 +604,7 @@ static void apply_end(sdb_store_conn *c, bool committed)
 			atomic_store(&c->st->committed_ts, c->pending_ts);
 	}
 	if (c->ddl || !committed) {
-		stmt_forget_all(c);
+		store_stmt_forget_all(c);
 		c->cache_gen = -1;
 	}
 	c->apply = false;
@@ -742,7 +645,7 @@ void sdb_store_apply_rollback(sdb_store_conn *c)
 	if (!c->apply)
 		return;
 	store_exec_sql(c->db, "ROLLBACK", NULL, 0);
-	cache_clear(c);
+	store_cache_clear(c);
 	apply_end(c, false);
 }
 
@@ -806,139 +709,6 @@ int sdb_store_meta_scan(sdb_store_conn *c, const char *prefix,
 	return rc == SQLITE_DONE ? 0 : SDB_EIO;
 }
 
-/* ------------------------------------------------------------------ whole-database copies */
-
-int sdb_store_copy_to(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
-		      size_t errlen)
-{
-	sqlite3 *dst = NULL;
-	sqlite3_backup *bk;
-	int rc = SDB_EIO;
-
-	unlink(path);
-	if (sqlite3_open_v2(path, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
-	    SQLITE_OK) {
-		rc = sdb_errf(err, errlen, SDB_EIO, "copy: open %s: %s", path,
-			      dst ? sqlite3_errmsg(dst) : "out of memory");
-		goto out;
-	}
-	/* one step over every page: one read transaction of the source, so the copy is
-	 * consistent; pages go through the page caches, so memory stays bounded */
-	bk = sqlite3_backup_init(dst, "main", c->db, "main");
-	if (!bk) {
-		rc = sdb_errf(err, errlen, SDB_EIO, "copy: %s", sqlite3_errmsg(dst));
-		goto out;
-	}
-	int step = sqlite3_backup_step(bk, -1);
-	if (sqlite3_backup_finish(bk) != SQLITE_OK || step != SQLITE_DONE) {
-		rc = sdb_errf(err, errlen, SDB_EIO, "copy to %s: %s", path, sqlite3_errmsg(dst));
-		goto out;
-	}
-	{
-		sqlite3_stmt *s = NULL;
-		*applied = 0;
-		if (sqlite3_prepare_v2(dst, "SELECT v FROM meta WHERE k='raft_applied'", -1, &s,
-				       NULL) == SQLITE_OK &&
-		    sqlite3_step(s) == SQLITE_ROW)
-			*applied = (uint64_t)sqlite3_column_int64(s, 0);
-		sqlite3_finalize(s);
-	}
-	/* the copy is a plain rollback-journal file (no -wal to ship alongside) */
-	if (sqlite3_exec(dst, "PRAGMA journal_mode=DELETE", NULL, NULL, NULL) != SQLITE_OK) {
-		rc = sdb_errf(err, errlen, SDB_EIO, "copy: %s", sqlite3_errmsg(dst));
-		goto out;
-	}
-	rc = 0;
-out:
-	sqlite3_close(dst);
-	if (rc)
-		unlink(path);
-	return rc;
-}
-
-int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
-			   size_t errlen)
-{
-	sqlite3 *src = NULL;
-	sqlite3_backup *bk;
-	int rc = SDB_EIO;
-	int64_t gen_before = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
-
-	if (c->in_txn || c->apply)
-		return sdb_errf(err, errlen, SDB_EINVAL, "replace: a transaction is open");
-	if (sqlite3_open_v2(path, &src, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
-		rc = sdb_errf(err, errlen, SDB_EIO, "replace: open %s: %s", path,
-			      src ? sqlite3_errmsg(src) : "out of memory");
-		goto out;
-	}
-	{
-		/* a copy of another store only: same format */
-		sqlite3_stmt *s = NULL;
-		int64_t fmt = -1;
-		if (sqlite3_prepare_v2(src, "SELECT v FROM meta WHERE k='format'", -1, &s, NULL) ==
-			    SQLITE_OK &&
-		    sqlite3_step(s) == SQLITE_ROW)
-			fmt = sqlite3_column_int64(s, 0);
-		sqlite3_finalize(s);
-		if (fmt != STORE_FORMAT) {
-			rc = sdb_errf(err, errlen, SDB_ECORRUPT,
-				      "replace: %s is not a stripedb shard store of format %d", path,
-				      STORE_FORMAT);
-			goto out;
-		}
-	}
-	pthread_mutex_lock(&c->st->write_mu);
-	stmt_forget_all(c);
-	bk = sqlite3_backup_init(c->db, "main", src, "main");
-	if (!bk) {
-		pthread_mutex_unlock(&c->st->write_mu);
-		rc = sdb_errf(err, errlen, SDB_EIO, "replace: %s", sqlite3_errmsg(c->db));
-		goto out;
-	}
-	int step;
-	/* in steps, so that readers of the old content are not starved of the lock forever */
-	do {
-		step = sqlite3_backup_step(bk, 4096);
-		if (step == SQLITE_BUSY || step == SQLITE_LOCKED)
-			sqlite3_sleep(5);
-	} while (step == SQLITE_OK || step == SQLITE_BUSY || step == SQLITE_LOCKED);
-	int fin = sqlite3_backup_finish(bk);
-	if (step != SQLITE_DONE || fin != SQLITE_OK) {
-		pthread_mutex_unlock(&c->st->write_mu);
-		rc = sdb_errf(err, errlen, SDB_EIO, "replace from %s: %s", path,
-			      sqlite3_errmsg(c->db));
-		goto out;
-	}
-	/* every connection's catalog cache must reload: move the generation past both */
-	{
-		int64_t gen_after = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
-		char sql[96];
-		snprintf(sql, sizeof sql, "UPDATE meta SET v = %lld WHERE k='catalog_gen'",
-			 (long long)((gen_after > gen_before ? gen_after : gen_before) + 1));
-		if (store_exec_sql(c->db, sql, err, errlen) != 0) {
-			pthread_mutex_unlock(&c->st->write_mu);
-			goto out;
-		}
-	}
-	{
-		uint64_t a = (uint64_t)store_query_int(c, "SELECT max(ts) FROM oplog", 0);
-		uint64_t b = (uint64_t)store_query_int(c, "SELECT v FROM meta WHERE k='last_ts'", 0);
-		pthread_mutex_lock(&c->st->ts_mu);
-		c->st->last_ts = a > b ? a : b;
-		pthread_mutex_unlock(&c->st->ts_mu);
-		c->st->oplog_bytes =
-			store_query_int(c, "SELECT coalesce(sum(length(entry)), 0) FROM oplog", 0);
-		atomic_store(&c->st->committed_ts, c->st->last_ts);
-	}
-	*applied = (uint64_t)store_query_int(c, "SELECT v FROM meta WHERE k='raft_applied'", 0);
-	pthread_mutex_unlock(&c->st->write_mu);
-	c->cache_gen = -1;
-	rc = 0;
-out:
-	sqlite3_close(src);
-	return rc;
-}
-
 /* ------------------------------------------------------------------ internals for session.c */
 
 sqlite3_stmt *sdb_store_int_stmt(sdb_store_conn *c, const char *sql, char *err, size_t errlen)
@@ -985,486 +755,6 @@ void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn
 	c->op_txn = txn;
 	c->op_stmt = stmt;
 	c->op_first_ts = 0;
-}
-
-/* ------------------------------------------------------------------ catalog */
-
-static bool valid_name(const char *s, bool is_db)
-{
-	if (!s || !*s || strlen(s) > (is_db ? 63u : 200u))
-		return false;
-	for (const char *p = s; *p; p++) {
-		if (*p == '\0' || *p == '$' || (is_db && (*p == '.' || *p == '/' || *p == ' ' ||
-							 *p == '\\' || *p == '"')))
-			return false;
-	}
-	return true;
-}
-
-int sdb_store_coll_get(sdb_store_conn *c, const char *db, const char *coll,
-		       const sdb_store_coll **out, char *err, size_t errlen)
-{
-	*out = store_cache_find(c, db, coll);
-	if (!*out)
-		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns %s.%s not found", db, coll);
-	return 0;
-}
-
-static void gen_uuid(sdb_store_conn *c, uint8_t out[16])
-{
-	/* bson_oid_t has 12 bytes of randomness + counter; fill the rest from it twice
-	 * (inside a replicated apply both come from the entry's seed: the same on every
-	 * member). */
-	bson_oid_t a, b;
-	sdb_store_new_oid(c, &a);
-	sdb_store_new_oid(c, &b);
-	memcpy(out, a.bytes + 4, 8);
-	memcpy(out + 8, b.bytes + 4, 8);
-	if (!c->apply)
-		for (int i = 0; i < 16; i++)
-			out[i] ^= (uint8_t)(rand() & 0xff);
-	out[6] = (out[6] & 0x0f) | 0x40;
-	out[8] = (out[8] & 0x3f) | 0x80;
-}
-
-char *store_ns_of(const char *db, const char *coll)
-{
-	return sdb_asprintf("%s.%s", db, coll);
-}
-
-int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
-			  const bson_t *options, const char *origin, const sdb_store_coll **out,
-			  char *err, size_t errlen)
-{
-	if (out)
-		*out = NULL;
-	if (!valid_name(db, true))
-		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid database name: '%s'", db);
-	if (!valid_name(coll, false))
-		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid collection name: %s", coll);
-	sdb_store_coll *co = store_cache_find(c, db, coll);
-	if (co) {
-		if (out)
-			*out = co;
-		return sdb_errf(err, errlen, SDB_EEXISTS, "Collection %s.%s already exists.", db,
-				coll);
-	}
-	int64_t tbl = store_query_int(c, "SELECT v FROM meta WHERE k='next_tbl'", 1);
-	char sql[160];
-	snprintf(sql, sizeof sql,
-		 "CREATE TABLE c_%lld(k BLOB PRIMARY KEY, doc BLOB NOT NULL) WITHOUT ROWID",
-		 (long long)tbl);
-	int rc = store_exec_sql(c->db, sql, err, errlen);
-	if (rc)
-		return rc;
-	c->ddl = true;
-	uint8_t uuid[16];
-	gen_uuid(c, uuid);
-	bson_t empty = BSON_INITIALIZER;
-	const bson_t *opt = options ? options : &empty;
-	sqlite3_stmt *s = store_stmt_get(c,
-				   "INSERT INTO catalog_coll(db, coll, tbl, uuid, options) "
-				   "VALUES(?, ?, ?, ?, ?)",
-				   err, errlen);
-	if (!s)
-		return SDB_EIO;
-	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
-	sqlite3_bind_int64(s, 3, tbl);
-	sqlite3_bind_blob(s, 4, uuid, 16, SQLITE_STATIC);
-	sqlite3_bind_blob(s, 5, bson_get_data(opt), (int)sdb_store_doc_len(opt), SQLITE_STATIC);
-	rc = store_step_done(c, s, err, errlen, "catalog insert");
-	if (rc)
-		return rc;
-	s = store_stmt_get(c, "UPDATE meta SET v = ? WHERE k='next_tbl'", err, errlen);
-	if (!s)
-		return SDB_EIO;
-	sqlite3_bind_int64(s, 1, tbl + 1);
-	rc = store_step_done(c, s, err, errlen, "next_tbl");
-	if (rc)
-		return rc;
-	rc = store_catalog_bump(c, err, errlen);
-	if (rc)
-		return rc;
-	bson_t o = BSON_INITIALIZER;
-	BSON_APPEND_UTF8(&o, "create", coll);
-	bson_iter_t it;
-	if (options && bson_iter_init(&it, options)) {
-		while (bson_iter_next(&it))
-			bson_append_iter(&o, bson_iter_key(&it), -1, &it);
-	}
-	char *ns = sdb_asprintf("%s.$cmd", db);
-	rc = store_oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
-	free(ns);
-	bson_destroy(&o);
-	if (rc)
-		return rc;
-	if (out)
-		*out = store_cache_find(c, db, coll);
-	return 0;
-}
-
-int store_drop_table(sdb_store_conn *c, const char *prefix, int64_t tbl, char *err,
-		      size_t errlen)
-{
-	char sql[96];
-	stmt_forget_all(c);
-	snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s_%lld", prefix, (long long)tbl);
-	return store_exec_sql(c->db, sql, err, errlen);
-}
-
-static int coll_drop_impl(sdb_store_conn *c, sdb_store_coll *co, const char *origin,
-			  bool log, char *err, size_t errlen)
-{
-	int rc;
-	char *db = sdb_strdup(co->db), *coll = sdb_strdup(co->coll);
-	uint8_t uuid[16];
-	memcpy(uuid, co->uuid, 16);
-	for (size_t i = 0; i < co->n_indexes; i++) {
-		rc = store_drop_table(c, "i", co->indexes[i].tbl, err, errlen);
-		if (rc)
-			goto out;
-	}
-	rc = store_drop_table(c, "c", co->tbl, err, errlen);
-	if (rc)
-		goto out;
-	c->ddl = true;
-	sqlite3_stmt *s = store_stmt_get(c, "DELETE FROM catalog_coll WHERE db = ? AND coll = ?", err,
-				   errlen);
-	rc = SDB_EIO;
-	if (!s)
-		goto out;
-	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
-	rc = store_step_done(c, s, err, errlen, "catalog delete");
-	if (rc)
-		goto out;
-	s = store_stmt_get(c, "DELETE FROM catalog_index WHERE db = ? AND coll = ?", err, errlen);
-	rc = SDB_EIO;
-	if (!s)
-		goto out;
-	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
-	rc = store_step_done(c, s, err, errlen, "catalog delete");
-	if (rc)
-		goto out;
-	rc = store_catalog_bump(c, err, errlen); /* co is invalid from here */
-	if (rc || !log)
-		goto out;
-	bson_t o = BSON_INITIALIZER;
-	BSON_APPEND_UTF8(&o, "drop", coll);
-	char *ns = sdb_asprintf("%s.$cmd", db);
-	rc = store_oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
-	free(ns);
-	bson_destroy(&o);
-out:
-	free(db);
-	free(coll);
-	return rc;
-}
-
-int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,
-			const char *origin, char *err, size_t errlen)
-{
-	sdb_store_coll *co = store_cache_find(c, db, coll);
-	if (!co)
-		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
-	return coll_drop_impl(c, co, origin, true, err, errlen);
-}
-
-int sdb_store_db_drop(sdb_store_conn *c, const char *db, const char *origin, int *n_dropped,
-		      char *err, size_t errlen)
-{
-	*n_dropped = 0;
-	for (;;) {
-		sdb_store_coll *co = NULL;
-		for (size_t i = 0; i < c->n_colls; i++)
-			if (strcmp(c->colls[i].db, db) == 0)
-				co = &c->colls[i];
-		if (!co)
-			break;
-		int rc = coll_drop_impl(c, co, origin, false, err, errlen);
-		if (rc)
-			return rc;
-		(*n_dropped)++;
-	}
-	if (*n_dropped == 0)
-		return 0;
-	bson_t o = BSON_INITIALIZER;
-	BSON_APPEND_INT32(&o, "dropDatabase", 1);
-	char *ns = sdb_asprintf("%s.$cmd", db);
-	int rc = store_oplog_append(c, "c", ns, NULL, &o, NULL, origin, err, errlen);
-	free(ns);
-	bson_destroy(&o);
-	return rc;
-}
-
-int sdb_store_coll_list(sdb_store_conn *c, const char *db, char ***names, size_t *n,
-			char *err, size_t errlen)
-{
-	(void)err;
-	(void)errlen;
-	*names = NULL;
-	*n = 0;
-	size_t k = 0;
-	for (size_t i = 0; i < c->n_colls; i++) {
-		if (db && strcmp(c->colls[i].db, db) != 0)
-			continue;
-		*names = sdb_realloc(*names, (k + 1) * 2 * sizeof **names);
-		(*names)[k * 2] = sdb_strdup(c->colls[i].db);
-		(*names)[k * 2 + 1] = sdb_strdup(c->colls[i].coll);
-		k++;
-	}
-	*n = k;
-	return 0;
-}
-
-void sdb_store_names_free(char **names, size_t n)
-{
-	for (size_t i = 0; i < n * 2; i++)
-		free(names[i]);
-	free(names);
-}
-
-/* ------------------------------------------------------------------ keys */
-
-
-void store_keyset_init(store_keyset *ks)
-{
-	ks->keys = NULL;
-	ks->n = 0;
-}
-
-void store_keyset_destroy(store_keyset *ks)
-{
-	if (ks->keys)
-		sdb_index_keys_free(ks->keys, ks->n);
-	ks->keys = NULL;
-	ks->n = 0;
-}
-
-#define STORE_MAX_INDEX_FIELDS 32
-
-/* Split a key pattern into paths and directions. Returns the number of fields. */
-static size_t pattern_fields(const bson_t *pattern, const char **paths, bool *desc)
-{
-	bson_iter_t it;
-	size_t n = 0;
-	if (!bson_iter_init(&it, pattern))
-		return 0;
-	while (bson_iter_next(&it) && n < STORE_MAX_INDEX_FIELDS) {
-		paths[n] = bson_iter_key(&it);
-		desc[n] = BSON_ITER_HOLDS_NUMBER(&it) && bson_iter_as_double(&it) < 0;
-		n++;
-	}
-	return n;
-}
-
-static bool visit_present(void *ctx, const bson_iter_t *it, unsigned flags)
-{
-	(void)it;
-	if (!(flags & SDB_PATH_MISSING)) {
-		*(bool *)ctx = true;
-		return true;
-	}
-	return false;
-}
-
-int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
-				bool *all_missing, bool *multikey_out, char *err, size_t errlen)
-{
-	const char *paths[STORE_MAX_INDEX_FIELDS];
-	bool desc[STORE_MAX_INDEX_FIELDS];
-	size_t nf = pattern_fields(pattern, paths, desc);
-	bool multikey = false;
-	int code = 0;
-	int rc = sdb_index_keys(doc, paths, desc, nf, &ks->keys, &ks->n, &multikey, &code, err,
-				errlen);
-	if (rc)
-		return rc;
-	bool any = false;
-	for (size_t i = 0; i < nf && !any; i++)
-		sdb_path_walk(doc, paths[i], 0, visit_present, &any);
-	*all_missing = !any;
-	if (multikey_out)
-		*multikey_out = multikey;
-	return 0;
-}
-
-/* Key patterns: field -> 1 / -1 (any non-zero number); "hashed", "text", "2d" are refused. */
-int store_key_check_pattern(const bson_t *pattern, char *err, size_t errlen)
-{
-	bson_iter_t it;
-	size_t n = 0;
-	if (!bson_iter_init(&it, pattern))
-		return sdb_errf(err, errlen, SDB_EINVAL, "bad key pattern");
-	while (bson_iter_next(&it)) {
-		char perr[128];
-		if (!sdb_path_valid(bson_iter_key(&it), perr, sizeof perr))
-			return sdb_errf(err, errlen, SDB_EINVAL, "Error in specification: %s", perr);
-		if (BSON_ITER_HOLDS_UTF8(&it))
-			return sdb_errf(err, errlen, SDB_EINVAL,
-					"Unknown index plugin '%s' (the embedded shard supports "
-					"ascending and descending indexes only)",
-					bson_iter_utf8(&it, NULL));
-		if (!BSON_ITER_HOLDS_NUMBER(&it) || bson_iter_as_double(&it) == 0)
-			return sdb_errf(err, errlen, SDB_EINVAL,
-					"Values in the index key pattern can only be numbers or "
-					"strings: bad value for field %s",
-					bson_iter_key(&it));
-		n++;
-	}
-	if (n > STORE_MAX_INDEX_FIELDS)
-		return sdb_errf(err, errlen, SDB_EINVAL,
-				"Index key pattern has more than %d fields", STORE_MAX_INDEX_FIELDS);
-	return 0;
-}
-
-typedef struct first_value {
-	bson_value_t v;
-	bool found;
-} first_value;
-
-static bool visit_first(void *ctx, const bson_iter_t *it, unsigned flags)
-{
-	first_value *fv = ctx;
-	if (flags & SDB_PATH_MISSING)
-		return false;
-	fv->v = *bson_iter_value((bson_iter_t *)it);
-	fv->found = true;
-	return true;
-}
-
-/* keyValue of a duplicate-key error: {field: value-at-path (first reached, or null)}. */
-static void store_key_dup_value(const bson_t *pattern, const bson_t *doc, bson_t *out)
-{
-	bson_init(out);
-	bson_iter_t it;
-	if (!bson_iter_init(&it, pattern))
-		return;
-	while (bson_iter_next(&it)) {
-		first_value fv = {0};
-		sdb_path_walk(doc, bson_iter_key(&it), 0, visit_first, &fv);
-		if (fv.found)
-			bson_append_value(out, bson_iter_key(&it), -1, &fv.v);
-		else
-			bson_append_null(out, bson_iter_key(&it), -1);
-	}
-}
-
-/* The clashing key of a multikey unique index names the element that clashed, as
- * mongod's keyValue does ({tags: "x"}, not the whole array): for each field in turn,
- * find a value the path reaches (leaf arrays expanded) whose encoding is the next
- * component of the encoded key. */
-typedef struct dup_probe {
-	const uint8_t *key;
-	size_t len, off;
-	bool desc, found;
-	bson_value_t v;
-	size_t vlen;
-} dup_probe;
-
-static bool dup_probe_visit(void *ctx, const bson_iter_t *it, unsigned flags)
-{
-	dup_probe *p = ctx;
-	sdb_key k = {0};
-	char e[128];
-	bool missing = (flags & SDB_PATH_MISSING) || it == NULL;
-	if (sdb_keyenc_append_iter(&k, missing ? NULL : it, p->desc, e, sizeof e) == 0 &&
-	    p->off + k.len <= p->len && memcmp(p->key + p->off, k.data, k.len) == 0) {
-		if (missing)
-			p->v.value_type = BSON_TYPE_NULL; /* a missing field is indexed as null */
-		else
-			p->v = *bson_iter_value((bson_iter_t *)it);
-		p->vlen = k.len;
-		p->found = true;
-	}
-	sdb_key_free(&k);
-	return p->found;
-}
-
-/* keyValue for the encoded key (key, len) of doc under pattern; false when some field's
- * component was not recognised (then the caller reports the first values reached). */
-static bool store_key_dup_value_of(const bson_t *pattern, const bson_t *doc, const uint8_t *key,
-				   size_t len, bson_t *out)
-{
-	bson_iter_t it;
-	size_t off = 0;
-	bson_init(out);
-	if (!bson_iter_init(&it, pattern))
-		return false;
-	while (bson_iter_next(&it)) {
-		dup_probe p = {.key = key, .len = len, .off = off,
-			       .desc = bson_iter_as_double(&it) < 0};
-		sdb_path_walk(doc, bson_iter_key(&it), SDB_PATH_EXPAND_LEAF, dup_probe_visit, &p);
-		if (!p.found)
-			return false; /* out stays initialized: the caller destroys it */
-		bson_append_value(out, bson_iter_key(&it), -1, &p.v);
-		off += p.vlen;
-	}
-	return off == len;
-}
-
-/* A set of byte strings (document keys already returned by a multikey index scan). */
-typedef struct store_idset {
-	sdb_key *slots;
-	size_t cap, n;
-} store_idset;
-
-static void store_idset_init(store_idset *s)
-{
-	memset(s, 0, sizeof *s);
-}
-
-static void store_idset_destroy(store_idset *s)
-{
-	for (size_t i = 0; i < s->cap; i++)
-		sdb_key_free(&s->slots[i]);
-	free(s->slots);
-	memset(s, 0, sizeof *s);
-}
-
-static uint64_t blob_hash(const void *p, size_t n)
-{
-	const uint8_t *b = p;
-	uint64_t h = 1469598103934665603ULL;
-	for (size_t i = 0; i < n; i++) {
-		h ^= b[i];
-		h *= 1099511628211ULL;
-	}
-	return h;
-}
-
-/* Add (p, n); false when it was there already. Empty slots have data == NULL. */
-static bool store_idset_add(store_idset *s, const void *p, size_t n)
-{
-	if ((s->n + 1) * 2 > s->cap) {
-		size_t ncap = s->cap ? s->cap * 2 : 64;
-		sdb_key *ns = sdb_calloc(ncap, sizeof *ns);
-		for (size_t i = 0; i < s->cap; i++) {
-			if (!s->slots[i].data)
-				continue;
-			size_t j = blob_hash(s->slots[i].data, s->slots[i].len) & (ncap - 1);
-			while (ns[j].data)
-				j = (j + 1) & (ncap - 1);
-			ns[j] = s->slots[i];
-		}
-		free(s->slots);
-		s->slots = ns;
-		s->cap = ncap;
-	}
-	size_t j = blob_hash(p, n) & (s->cap - 1);
-	while (s->slots[j].data) {
-		if (s->slots[j].len == n && memcmp(s->slots[j].data, p, n) == 0)
-			return false;
-		j = (j + 1) & (s->cap - 1);
-	}
-	sdb_key_init(&s->slots[j]);
-	sdb_key_append(&s->slots[j], n ? p : "", n ? n : 1);
-	if (!n)
-		s->slots[j].len = 0;
-	s->n++;
-	return true;
 }
 
 /* ------------------------------------------------------------------ documents */
@@ -1917,166 +1207,6 @@ int64_t sdb_store_data_size(sdb_store_conn *c, const char *db, const char *coll)
 		v = (int64_t)sqlite3_column_double(s, 0);
 	sqlite3_reset(s);
 	return v;
-}
-
-/* ------------------------------------------------------------------ scans */
-
-struct sdb_store_cursor {
-	sdb_store_conn *conn;
-	sqlite3_stmt *stmt; /* private statement */
-	const sdb_store_coll *co;
-	const sdb_store_index *ix; /* NULL: collection scan */
-	sdb_store_range *ranges;   /* copies */
-	size_t n_ranges, cur_range;
-	bool reverse, started;
-	int64_t keys, docs;
-	store_idset seen;
-};
-
-static void range_free(sdb_store_range *r)
-{
-	free((void *)r->lo);
-	free((void *)r->hi);
-}
-
-static int cursor_prepare_range(sdb_store_cursor *cur, char *err, size_t errlen)
-{
-	sdb_store_conn *c = cur->conn;
-	sdb_store_range open = {0};
-	size_t idx = cur->reverse ? cur->n_ranges - 1 - cur->cur_range : cur->cur_range;
-	const sdb_store_range *r = cur->n_ranges ? &cur->ranges[idx] : &open;
-	char sql[400];
-	char where[160] = "";
-	const char *col = cur->ix ? "i.k" : "k";
-	size_t wl = 0;
-	if (r->lo)
-		wl += (size_t)snprintf(where + wl, sizeof where - wl, " WHERE %s %s ?1", col,
-				       r->lo_incl ? ">=" : ">");
-	if (r->hi)
-		snprintf(where + wl, sizeof where - wl, " %s %s %s ?2", r->lo ? "AND" : "WHERE",
-			 col, r->hi_incl ? "<=" : "<");
-	const char *dir = cur->reverse ? "DESC" : "ASC";
-	if (cur->ix)
-		snprintf(sql, sizeof sql,
-			 "SELECT i.id, c.doc FROM i_%lld i JOIN c_%lld c ON c.k = i.id%s "
-			 "ORDER BY i.k %s, i.id %s",
-			 (long long)cur->ix->tbl, (long long)cur->co->tbl, where, dir, dir);
-	else
-		snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld%s ORDER BY k %s",
-			 (long long)cur->co->tbl, where, dir);
-	if (cur->stmt)
-		sqlite3_finalize(cur->stmt);
-	cur->stmt = NULL;
-	if (sqlite3_prepare_v2(c->db, sql, -1, &cur->stmt, NULL) != SQLITE_OK)
-		return store_sqlerr(c->db, err, errlen, "scan");
-	if (r->lo)
-		sqlite3_bind_blob(cur->stmt, 1, r->lo, (int)r->lo_len, SQLITE_STATIC);
-	if (r->hi)
-		sqlite3_bind_blob(cur->stmt, 2, r->hi, (int)r->hi_len, SQLITE_STATIC);
-	return 0;
-}
-
-int sdb_store_scan(sdb_store_conn *c, const char *db, const char *coll, const char *index,
-		   const sdb_store_range *ranges, size_t n_ranges, bool reverse,
-		   sdb_store_cursor **out, char *err, size_t errlen)
-{
-	*out = NULL;
-	const sdb_store_coll *co = store_cache_find(c, db, coll);
-	if (!co)
-		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
-	const sdb_store_index *ix = NULL;
-	if (index) {
-		for (size_t i = 0; i < co->n_indexes; i++)
-			if (strcmp(co->indexes[i].name, index) == 0)
-				ix = &co->indexes[i];
-		if (!ix)
-			return sdb_errf(err, errlen, SDB_EINVAL, "no such index: %s", index);
-	}
-	sdb_store_cursor *cur = sdb_calloc(1, sizeof *cur);
-	cur->conn = c;
-	cur->co = co;
-	cur->ix = ix;
-	cur->reverse = reverse;
-	cur->n_ranges = n_ranges;
-	if (n_ranges) {
-		cur->ranges = sdb_calloc(n_ranges, sizeof *cur->ranges);
-		for (size_t i = 0; i < n_ranges; i++) {
-			cur->ranges[i] = ranges[i];
-			if (ranges[i].lo) {
-				void *p = sdb_malloc(ranges[i].lo_len ? ranges[i].lo_len : 1);
-				memcpy(p, ranges[i].lo, ranges[i].lo_len);
-				cur->ranges[i].lo = p;
-			}
-			if (ranges[i].hi) {
-				void *p = sdb_malloc(ranges[i].hi_len ? ranges[i].hi_len : 1);
-				memcpy(p, ranges[i].hi, ranges[i].hi_len);
-				cur->ranges[i].hi = p;
-			}
-		}
-	}
-	store_idset_init(&cur->seen);
-	int rc = cursor_prepare_range(cur, err, errlen);
-	if (rc) {
-		sdb_store_cursor_close(cur);
-		return rc;
-	}
-	*out = cur;
-	return 0;
-}
-
-int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t errlen)
-{
-	if (!cur)
-		return 0;
-	for (;;) {
-		if (!cur->stmt)
-			return 0;
-		int r = sqlite3_step(cur->stmt);
-		if (r == SQLITE_ROW) {
-			cur->keys++;
-			const void *id = sqlite3_column_blob(cur->stmt, 0);
-			size_t idlen = (size_t)sqlite3_column_bytes(cur->stmt, 0);
-			if (cur->ix && !store_idset_add(&cur->seen, id, idlen))
-				continue; /* multikey: seen already */
-			cur->docs++;
-			if (!bson_init_static(doc, sqlite3_column_blob(cur->stmt, 1),
-					      (size_t)sqlite3_column_bytes(cur->stmt, 1)))
-				return sdb_errf(err, errlen, SDB_ECORRUPT,
-						"corrupt document in %s.%s", cur->co->db,
-						cur->co->coll);
-			return 1;
-		}
-		if (r != SQLITE_DONE)
-			return store_sqlerr(cur->conn->db, err, errlen, "scan");
-		if (cur->cur_range + 1 >= cur->n_ranges) {
-			sqlite3_finalize(cur->stmt);
-			cur->stmt = NULL;
-			return 0;
-		}
-		cur->cur_range++;
-		int rc = cursor_prepare_range(cur, err, errlen);
-		if (rc)
-			return rc;
-	}
-}
-
-void sdb_store_cursor_stats(const sdb_store_cursor *cur, int64_t *keys, int64_t *docs)
-{
-	*keys = cur ? (cur->ix ? cur->keys : 0) : 0;
-	*docs = cur ? cur->docs : 0;
-}
-
-void sdb_store_cursor_close(sdb_store_cursor *cur)
-{
-	if (!cur)
-		return;
-	if (cur->stmt)
-		sqlite3_finalize(cur->stmt);
-	for (size_t i = 0; i < cur->n_ranges; i++)
-		range_free(&cur->ranges[i]);
-	free(cur->ranges);
-	store_idset_destroy(&cur->seen);
-	free(cur);
 }
 
 /* ------------------------------------------------------------------ version tokens */

@@ -149,4 +149,37 @@ int64_t *sdb_store_int_sweep_mark(sdb_store_conn *c);
 /* True inside a write transaction. */
 bool sdb_store_int_in_write(const sdb_store_conn *c);
 
+
+/* ---- shared by store.c and the files split out of it (catalog.c, keys.c, scan.c, copy.c) */
+
+/* Finalize every cached prepared statement of c (before a schema change or a database
+ * replacement). store.c. */
+void store_stmt_forget_all(sdb_store_conn *c);
+/* Drop c's catalog cache (collections, indexes); reloaded by store_cache_load. store.c. */
+void store_cache_clear(sdb_store_conn *c);
+/* Load c's catalog cache from the catalog tables when the catalog generation moved.
+ * Returns 0 or SDB_EIO (message in err). catalog.c. */
+int store_cache_load(sdb_store_conn *c, char *err, size_t errlen);
+
+/* A set of _id keys (open addressing; keys copied): the _ids a multi-range scan returned,
+ * so a document matched by two ranges is returned once. keys.c. */
+typedef struct store_idset {
+	sdb_key *slots;
+	size_t cap, n;
+} store_idset;
+void store_idset_init(store_idset *s);
+void store_idset_destroy(store_idset *s);
+/* Add the key bytes p[0..n); false when already present. */
+bool store_idset_add(store_idset *s, const void *p, size_t n);
+/* The values of pattern's fields in doc (the first value of each path; null when missing)
+ * as a key document ({f: v, ...}) into out (initialised here; the caller destroys it): the
+ * keyValue of an E11000 error. keys.c. */
+void store_key_dup_value(const bson_t *pattern, const bson_t *doc, bson_t *out);
+/* Whether key[0..len) (an index key encoding, storage/keyenc.h) is one of doc's keys for
+ * pattern (multikey arrays expanded); the values that make it up into out (always
+ * initialised here; the caller destroys it): the keyValue of an E11000 error on a multikey
+ * index. keys.c. */
+bool store_key_dup_value_of(const bson_t *pattern, const bson_t *doc, const uint8_t *key,
+			    size_t len, bson_t *out);
+
 #endif

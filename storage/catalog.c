@@ -1,0 +1,359 @@
+/* The store's catalog: collections and indexes in SQLite, and the per-connection catalog
+ * cache (see store.h "Catalog" and store_int.h). */
+#include "storage/store.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "storage/keyenc.h"
+#include "storage/path.h"
+#include "storage/store_int.h"
+
+
+/* ------------------------------------------------------------------ catalog cache */
+
+int store_cache_load(sdb_store_conn *c, char *err, size_t errlen)
+{
+	int64_t gen = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", -1);
+	if (gen == c->cache_gen)
+		return 0;
+	store_cache_clear(c);
+	sqlite3_stmt *s = store_stmt_get(c, "SELECT db, coll, tbl, uuid, options FROM catalog_coll",
+				   err, errlen);
+	if (!s)
+		return SDB_EIO;
+	size_t cap = 0;
+	while (sqlite3_step(s) == SQLITE_ROW) {
+		if (c->n_colls == cap) {
+			cap = cap ? cap * 2 : 16;
+			c->colls = sdb_realloc(c->colls, cap * sizeof *c->colls);
+		}
+		sdb_store_coll *co = &c->colls[c->n_colls++];
+		memset(co, 0, sizeof *co);
+		co->db = sdb_strdup((const char *)sqlite3_column_text(s, 0));
+		co->coll = sdb_strdup((const char *)sqlite3_column_text(s, 1));
+		co->tbl = sqlite3_column_int64(s, 2);
+		if (sqlite3_column_bytes(s, 3) == 16)
+			memcpy(co->uuid, sqlite3_column_blob(s, 3), 16);
+		co->options = bson_new_from_data(sqlite3_column_blob(s, 4),
+						 (size_t)sqlite3_column_bytes(s, 4));
+		if (!co->options)
+			co->options = bson_new();
+	}
+	sqlite3_reset(s);
+	s = store_stmt_get(c,
+		     "SELECT db, coll, name, tbl, spec, multikey FROM catalog_index ORDER BY tbl",
+		     err, errlen);
+	if (!s)
+		return SDB_EIO;
+	while (sqlite3_step(s) == SQLITE_ROW) {
+		const char *db = (const char *)sqlite3_column_text(s, 0);
+		const char *coll = (const char *)sqlite3_column_text(s, 1);
+		for (size_t i = 0; i < c->n_colls; i++) {
+			sdb_store_coll *co = &c->colls[i];
+			if (strcmp(co->db, db) != 0 || strcmp(co->coll, coll) != 0)
+				continue;
+			co->indexes = sdb_realloc(co->indexes,
+						  (co->n_indexes + 1) * sizeof *co->indexes);
+			sdb_store_index *ix = &co->indexes[co->n_indexes++];
+			memset(ix, 0, sizeof *ix);
+			ix->name = sdb_strdup((const char *)sqlite3_column_text(s, 2));
+			ix->tbl = sqlite3_column_int64(s, 3);
+			ix->multikey = sqlite3_column_int64(s, 5) != 0;
+			ix->spec = bson_new_from_data(sqlite3_column_blob(s, 4),
+						      (size_t)sqlite3_column_bytes(s, 4));
+			if (!ix->spec)
+				ix->spec = bson_new();
+			bson_iter_t it;
+			ix->key = bson_new();
+			if (bson_iter_init_find(&it, ix->spec, "key") &&
+			    BSON_ITER_HOLDS_DOCUMENT(&it)) {
+				uint32_t len;
+				const uint8_t *data;
+				bson_iter_document(&it, &len, &data);
+				bson_destroy(ix->key);
+				ix->key = bson_new_from_data(data, len);
+			}
+			if (bson_iter_init_find(&it, ix->spec, "unique"))
+				ix->unique = bson_iter_as_bool(&it);
+			if (bson_iter_init_find(&it, ix->spec, "sparse"))
+				ix->sparse = bson_iter_as_bool(&it);
+			break;
+		}
+	}
+	sqlite3_reset(s);
+	c->cache_gen = gen;
+	return 0;
+}
+
+sdb_store_coll *store_cache_find(sdb_store_conn *c, const char *db, const char *coll)
+{
+	for (size_t i = 0; i < c->n_colls; i++)
+		if (strcmp(c->colls[i].db, db) == 0 && strcmp(c->colls[i].coll, coll) == 0)
+			return &c->colls[i];
+	return NULL;
+}
+
+int store_catalog_bump(sdb_store_conn *c, char *err, size_t errlen)
+{
+	sqlite3_stmt *s =
+		store_stmt_get(c, "UPDATE meta SET v = v + 1 WHERE k='catalog_gen'", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	c->ddl = true;
+	int rc = store_step_done(c, s, err, errlen, "catalog gen");
+	if (rc)
+		return rc;
+	return store_cache_load(c, err, errlen);
+}
+
+/* ------------------------------------------------------------------ catalog */
+
+static bool valid_name(const char *s, bool is_db)
+{
+	if (!s || !*s || strlen(s) > (is_db ? 63u : 200u))
+		return false;
+	for (const char *p = s; *p; p++) {
+		if (*p == '\0' || *p == '$' || (is_db && (*p == '.' || *p == '/' || *p == ' ' ||
+							 *p == '\\' || *p == '"')))
+			return false;
+	}
+	return true;
+}
+
+int sdb_store_coll_get(sdb_store_conn *c, const char *db, const char *coll,
+		       const sdb_store_coll **out, char *err, size_t errlen)
+{
+	*out = store_cache_find(c, db, coll);
+	if (!*out)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns %s.%s not found", db, coll);
+	return 0;
+}
+
+static void gen_uuid(sdb_store_conn *c, uint8_t out[16])
+{
+	/* bson_oid_t has 12 bytes of randomness + counter; fill the rest from it twice
+	 * (inside a replicated apply both come from the entry's seed: the same on every
+	 * member). */
+	bson_oid_t a, b;
+	sdb_store_new_oid(c, &a);
+	sdb_store_new_oid(c, &b);
+	memcpy(out, a.bytes + 4, 8);
+	memcpy(out + 8, b.bytes + 4, 8);
+	if (!c->apply)
+		for (int i = 0; i < 16; i++)
+			out[i] ^= (uint8_t)(rand() & 0xff);
+	out[6] = (out[6] & 0x0f) | 0x40;
+	out[8] = (out[8] & 0x3f) | 0x80;
+}
+
+char *store_ns_of(const char *db, const char *coll)
+{
+	return sdb_asprintf("%s.%s", db, coll);
+}
+
+int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
+			  const bson_t *options, const char *origin, const sdb_store_coll **out,
+			  char *err, size_t errlen)
+{
+	if (out)
+		*out = NULL;
+	if (!valid_name(db, true))
+		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid database name: '%s'", db);
+	if (!valid_name(coll, false))
+		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid collection name: %s", coll);
+	sdb_store_coll *co = store_cache_find(c, db, coll);
+	if (co) {
+		if (out)
+			*out = co;
+		return sdb_errf(err, errlen, SDB_EEXISTS, "Collection %s.%s already exists.", db,
+				coll);
+	}
+	int64_t tbl = store_query_int(c, "SELECT v FROM meta WHERE k='next_tbl'", 1);
+	char sql[160];
+	snprintf(sql, sizeof sql,
+		 "CREATE TABLE c_%lld(k BLOB PRIMARY KEY, doc BLOB NOT NULL) WITHOUT ROWID",
+		 (long long)tbl);
+	int rc = store_exec_sql(c->db, sql, err, errlen);
+	if (rc)
+		return rc;
+	c->ddl = true;
+	uint8_t uuid[16];
+	gen_uuid(c, uuid);
+	bson_t empty = BSON_INITIALIZER;
+	const bson_t *opt = options ? options : &empty;
+	sqlite3_stmt *s = store_stmt_get(c,
+				   "INSERT INTO catalog_coll(db, coll, tbl, uuid, options) "
+				   "VALUES(?, ?, ?, ?, ?)",
+				   err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	sqlite3_bind_int64(s, 3, tbl);
+	sqlite3_bind_blob(s, 4, uuid, 16, SQLITE_STATIC);
+	sqlite3_bind_blob(s, 5, bson_get_data(opt), (int)sdb_store_doc_len(opt), SQLITE_STATIC);
+	rc = store_step_done(c, s, err, errlen, "catalog insert");
+	if (rc)
+		return rc;
+	s = store_stmt_get(c, "UPDATE meta SET v = ? WHERE k='next_tbl'", err, errlen);
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_int64(s, 1, tbl + 1);
+	rc = store_step_done(c, s, err, errlen, "next_tbl");
+	if (rc)
+		return rc;
+	rc = store_catalog_bump(c, err, errlen);
+	if (rc)
+		return rc;
+	bson_t o = BSON_INITIALIZER;
+	BSON_APPEND_UTF8(&o, "create", coll);
+	bson_iter_t it;
+	if (options && bson_iter_init(&it, options)) {
+		while (bson_iter_next(&it))
+			bson_append_iter(&o, bson_iter_key(&it), -1, &it);
+	}
+	char *ns = sdb_asprintf("%s.$cmd", db);
+	rc = store_oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
+	free(ns);
+	bson_destroy(&o);
+	if (rc)
+		return rc;
+	if (out)
+		*out = store_cache_find(c, db, coll);
+	return 0;
+}
+
+int store_drop_table(sdb_store_conn *c, const char *prefix, int64_t tbl, char *err,
+		      size_t errlen)
+{
+	char sql[96];
+	store_stmt_forget_all(c);
+	snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s_%lld", prefix, (long long)tbl);
+	return store_exec_sql(c->db, sql, err, errlen);
+}
+
+static int coll_drop_impl(sdb_store_conn *c, sdb_store_coll *co, const char *origin,
+			  bool log, char *err, size_t errlen)
+{
+	int rc;
+	char *db = sdb_strdup(co->db), *coll = sdb_strdup(co->coll);
+	uint8_t uuid[16];
+	memcpy(uuid, co->uuid, 16);
+	for (size_t i = 0; i < co->n_indexes; i++) {
+		rc = store_drop_table(c, "i", co->indexes[i].tbl, err, errlen);
+		if (rc)
+			goto out;
+	}
+	rc = store_drop_table(c, "c", co->tbl, err, errlen);
+	if (rc)
+		goto out;
+	c->ddl = true;
+	sqlite3_stmt *s = store_stmt_get(c, "DELETE FROM catalog_coll WHERE db = ? AND coll = ?", err,
+				   errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	rc = store_step_done(c, s, err, errlen, "catalog delete");
+	if (rc)
+		goto out;
+	s = store_stmt_get(c, "DELETE FROM catalog_index WHERE db = ? AND coll = ?", err, errlen);
+	rc = SDB_EIO;
+	if (!s)
+		goto out;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	rc = store_step_done(c, s, err, errlen, "catalog delete");
+	if (rc)
+		goto out;
+	rc = store_catalog_bump(c, err, errlen); /* co is invalid from here */
+	if (rc || !log)
+		goto out;
+	bson_t o = BSON_INITIALIZER;
+	BSON_APPEND_UTF8(&o, "drop", coll);
+	char *ns = sdb_asprintf("%s.$cmd", db);
+	rc = store_oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
+	free(ns);
+	bson_destroy(&o);
+out:
+	free(db);
+	free(coll);
+	return rc;
+}
+
+int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,
+			const char *origin, char *err, size_t errlen)
+{
+	sdb_store_coll *co = store_cache_find(c, db, coll);
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
+	return coll_drop_impl(c, co, origin, true, err, errlen);
+}
+
+int sdb_store_db_drop(sdb_store_conn *c, const char *db, const char *origin, int *n_dropped,
+		      char *err, size_t errlen)
+{
+	*n_dropped = 0;
+	for (;;) {
+		sdb_store_coll *co = NULL;
+		for (size_t i = 0; i < c->n_colls; i++)
+			if (strcmp(c->colls[i].db, db) == 0)
+				co = &c->colls[i];
+		if (!co)
+			break;
+		int rc = coll_drop_impl(c, co, origin, false, err, errlen);
+		if (rc)
+			return rc;
+		(*n_dropped)++;
+	}
+	if (*n_dropped == 0)
+		return 0;
+	bson_t o = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&o, "dropDatabase", 1);
+	char *ns = sdb_asprintf("%s.$cmd", db);
+	int rc = store_oplog_append(c, "c", ns, NULL, &o, NULL, origin, err, errlen);
+	free(ns);
+	bson_destroy(&o);
+	return rc;
+}
+
+int sdb_store_coll_list(sdb_store_conn *c, const char *db, char ***names, size_t *n,
+			char *err, size_t errlen)
+{
+	(void)err;
+	(void)errlen;
+	*names = NULL;
+	*n = 0;
+	size_t k = 0;
+	for (size_t i = 0; i < c->n_colls; i++) {
+		if (db && strcmp(c->colls[i].db, db) != 0)
+			continue;
+		*names = sdb_realloc(*names, (k + 1) * 2 * sizeof **names);
+		(*names)[k * 2] = sdb_strdup(c->colls[i].db);
+		(*names)[k * 2 + 1] = sdb_strdup(c->colls[i].coll);
+		k++;
+	}
+	*n = k;
+	return 0;
+}
+
+void sdb_store_names_free(char **names, size_t n)
+{
+	for (size_t i = 0; i < n * 2; i++)
+		free(names[i]);
+	free(names);
+}

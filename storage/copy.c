@@ -1,0 +1,156 @@
+/* Whole-database copies: a consistent copy of shard.db into a file and its installation in
+ * place (snapshots of a shard replica set, see store.h). */
+#include "storage/store.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "storage/keyenc.h"
+#include "storage/path.h"
+#include "storage/store_int.h"
+
+
+/* ------------------------------------------------------------------ whole-database copies */
+
+int sdb_store_copy_to(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
+		      size_t errlen)
+{
+	sqlite3 *dst = NULL;
+	sqlite3_backup *bk;
+	int rc = SDB_EIO;
+
+	unlink(path);
+	if (sqlite3_open_v2(path, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
+	    SQLITE_OK) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "copy: open %s: %s", path,
+			      dst ? sqlite3_errmsg(dst) : "out of memory");
+		goto out;
+	}
+	/* one step over every page: one read transaction of the source, so the copy is
+	 * consistent; pages go through the page caches, so memory stays bounded */
+	bk = sqlite3_backup_init(dst, "main", c->db, "main");
+	if (!bk) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "copy: %s", sqlite3_errmsg(dst));
+		goto out;
+	}
+	int step = sqlite3_backup_step(bk, -1);
+	if (sqlite3_backup_finish(bk) != SQLITE_OK || step != SQLITE_DONE) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "copy to %s: %s", path, sqlite3_errmsg(dst));
+		goto out;
+	}
+	{
+		sqlite3_stmt *s = NULL;
+		*applied = 0;
+		if (sqlite3_prepare_v2(dst, "SELECT v FROM meta WHERE k='raft_applied'", -1, &s,
+				       NULL) == SQLITE_OK &&
+		    sqlite3_step(s) == SQLITE_ROW)
+			*applied = (uint64_t)sqlite3_column_int64(s, 0);
+		sqlite3_finalize(s);
+	}
+	/* the copy is a plain rollback-journal file (no -wal to ship alongside) */
+	if (sqlite3_exec(dst, "PRAGMA journal_mode=DELETE", NULL, NULL, NULL) != SQLITE_OK) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "copy: %s", sqlite3_errmsg(dst));
+		goto out;
+	}
+	rc = 0;
+out:
+	sqlite3_close(dst);
+	if (rc)
+		unlink(path);
+	return rc;
+}
+
+int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
+			   size_t errlen)
+{
+	sqlite3 *src = NULL;
+	sqlite3_backup *bk;
+	int rc = SDB_EIO;
+	int64_t gen_before = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
+
+	if (c->in_txn || c->apply)
+		return sdb_errf(err, errlen, SDB_EINVAL, "replace: a transaction is open");
+	if (sqlite3_open_v2(path, &src, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+		rc = sdb_errf(err, errlen, SDB_EIO, "replace: open %s: %s", path,
+			      src ? sqlite3_errmsg(src) : "out of memory");
+		goto out;
+	}
+	{
+		/* a copy of another store only: same format */
+		sqlite3_stmt *s = NULL;
+		int64_t fmt = -1;
+		if (sqlite3_prepare_v2(src, "SELECT v FROM meta WHERE k='format'", -1, &s, NULL) ==
+			    SQLITE_OK &&
+		    sqlite3_step(s) == SQLITE_ROW)
+			fmt = sqlite3_column_int64(s, 0);
+		sqlite3_finalize(s);
+		if (fmt != STORE_FORMAT) {
+			rc = sdb_errf(err, errlen, SDB_ECORRUPT,
+				      "replace: %s is not a stripedb shard store of format %d", path,
+				      STORE_FORMAT);
+			goto out;
+		}
+	}
+	pthread_mutex_lock(&c->st->write_mu);
+	store_stmt_forget_all(c);
+	bk = sqlite3_backup_init(c->db, "main", src, "main");
+	if (!bk) {
+		pthread_mutex_unlock(&c->st->write_mu);
+		rc = sdb_errf(err, errlen, SDB_EIO, "replace: %s", sqlite3_errmsg(c->db));
+		goto out;
+	}
+	int step;
+	/* in steps, so that readers of the old content are not starved of the lock forever */
+	do {
+		step = sqlite3_backup_step(bk, 4096);
+		if (step == SQLITE_BUSY || step == SQLITE_LOCKED)
+			sqlite3_sleep(5);
+	} while (step == SQLITE_OK || step == SQLITE_BUSY || step == SQLITE_LOCKED);
+	int fin = sqlite3_backup_finish(bk);
+	if (step != SQLITE_DONE || fin != SQLITE_OK) {
+		pthread_mutex_unlock(&c->st->write_mu);
+		rc = sdb_errf(err, errlen, SDB_EIO, "replace from %s: %s", path,
+			      sqlite3_errmsg(c->db));
+		goto out;
+	}
+	/* every connection's catalog cache must reload: move the generation past both */
+	{
+		int64_t gen_after = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
+		char sql[96];
+		snprintf(sql, sizeof sql, "UPDATE meta SET v = %lld WHERE k='catalog_gen'",
+			 (long long)((gen_after > gen_before ? gen_after : gen_before) + 1));
+		if (store_exec_sql(c->db, sql, err, errlen) != 0) {
+			pthread_mutex_unlock(&c->st->write_mu);
+			goto out;
+		}
+	}
+	{
+		uint64_t a = (uint64_t)store_query_int(c, "SELECT max(ts) FROM oplog", 0);
+		uint64_t b = (uint64_t)store_query_int(c, "SELECT v FROM meta WHERE k='last_ts'", 0);
+		pthread_mutex_lock(&c->st->ts_mu);
+		c->st->last_ts = a > b ? a : b;
+		pthread_mutex_unlock(&c->st->ts_mu);
+		c->st->oplog_bytes =
+			store_query_int(c, "SELECT coalesce(sum(length(entry)), 0) FROM oplog", 0);
+		atomic_store(&c->st->committed_ts, c->st->last_ts);
+	}
+	*applied = (uint64_t)store_query_int(c, "SELECT v FROM meta WHERE k='raft_applied'", 0);
+	pthread_mutex_unlock(&c->st->write_mu);
+	c->cache_gen = -1;
+	rc = 0;
+out:
+	sqlite3_close(src);
+	return rc;
+}

@@ -1,0 +1,182 @@
+/* Scans: cursors over a collection or an index range (sdb_store_scan, see store.h). */
+#include "storage/store.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "storage/keyenc.h"
+#include "storage/path.h"
+#include "storage/store_int.h"
+
+
+/* ------------------------------------------------------------------ scans */
+
+struct sdb_store_cursor {
+	sdb_store_conn *conn;
+	sqlite3_stmt *stmt; /* private statement */
+	const sdb_store_coll *co;
+	const sdb_store_index *ix; /* NULL: collection scan */
+	sdb_store_range *ranges;   /* copies */
+	size_t n_ranges, cur_range;
+	bool reverse, started;
+	int64_t keys, docs;
+	store_idset seen;
+};
+
+static void range_free(sdb_store_range *r)
+{
+	free((void *)r->lo);
+	free((void *)r->hi);
+}
+
+static int cursor_prepare_range(sdb_store_cursor *cur, char *err, size_t errlen)
+{
+	sdb_store_conn *c = cur->conn;
+	sdb_store_range open = {0};
+	size_t idx = cur->reverse ? cur->n_ranges - 1 - cur->cur_range : cur->cur_range;
+	const sdb_store_range *r = cur->n_ranges ? &cur->ranges[idx] : &open;
+	char sql[400];
+	char where[160] = "";
+	const char *col = cur->ix ? "i.k" : "k";
+	size_t wl = 0;
+	if (r->lo)
+		wl += (size_t)snprintf(where + wl, sizeof where - wl, " WHERE %s %s ?1", col,
+				       r->lo_incl ? ">=" : ">");
+	if (r->hi)
+		snprintf(where + wl, sizeof where - wl, " %s %s %s ?2", r->lo ? "AND" : "WHERE",
+			 col, r->hi_incl ? "<=" : "<");
+	const char *dir = cur->reverse ? "DESC" : "ASC";
+	if (cur->ix)
+		snprintf(sql, sizeof sql,
+			 "SELECT i.id, c.doc FROM i_%lld i JOIN c_%lld c ON c.k = i.id%s "
+			 "ORDER BY i.k %s, i.id %s",
+			 (long long)cur->ix->tbl, (long long)cur->co->tbl, where, dir, dir);
+	else
+		snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld%s ORDER BY k %s",
+			 (long long)cur->co->tbl, where, dir);
+	if (cur->stmt)
+		sqlite3_finalize(cur->stmt);
+	cur->stmt = NULL;
+	if (sqlite3_prepare_v2(c->db, sql, -1, &cur->stmt, NULL) != SQLITE_OK)
+		return store_sqlerr(c->db, err, errlen, "scan");
+	if (r->lo)
+		sqlite3_bind_blob(cur->stmt, 1, r->lo, (int)r->lo_len, SQLITE_STATIC);
+	if (r->hi)
+		sqlite3_bind_blob(cur->stmt, 2, r->hi, (int)r->hi_len, SQLITE_STATIC);
+	return 0;
+}
+
+int sdb_store_scan(sdb_store_conn *c, const char *db, const char *coll, const char *index,
+		   const sdb_store_range *ranges, size_t n_ranges, bool reverse,
+		   sdb_store_cursor **out, char *err, size_t errlen)
+{
+	*out = NULL;
+	const sdb_store_coll *co = store_cache_find(c, db, coll);
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns not found");
+	const sdb_store_index *ix = NULL;
+	if (index) {
+		for (size_t i = 0; i < co->n_indexes; i++)
+			if (strcmp(co->indexes[i].name, index) == 0)
+				ix = &co->indexes[i];
+		if (!ix)
+			return sdb_errf(err, errlen, SDB_EINVAL, "no such index: %s", index);
+	}
+	sdb_store_cursor *cur = sdb_calloc(1, sizeof *cur);
+	cur->conn = c;
+	cur->co = co;
+	cur->ix = ix;
+	cur->reverse = reverse;
+	cur->n_ranges = n_ranges;
+	if (n_ranges) {
+		cur->ranges = sdb_calloc(n_ranges, sizeof *cur->ranges);
+		for (size_t i = 0; i < n_ranges; i++) {
+			cur->ranges[i] = ranges[i];
+			if (ranges[i].lo) {
+				void *p = sdb_malloc(ranges[i].lo_len ? ranges[i].lo_len : 1);
+				memcpy(p, ranges[i].lo, ranges[i].lo_len);
+				cur->ranges[i].lo = p;
+			}
+			if (ranges[i].hi) {
+				void *p = sdb_malloc(ranges[i].hi_len ? ranges[i].hi_len : 1);
+				memcpy(p, ranges[i].hi, ranges[i].hi_len);
+				cur->ranges[i].hi = p;
+			}
+		}
+	}
+	store_idset_init(&cur->seen);
+	int rc = cursor_prepare_range(cur, err, errlen);
+	if (rc) {
+		sdb_store_cursor_close(cur);
+		return rc;
+	}
+	*out = cur;
+	return 0;
+}
+
+int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t errlen)
+{
+	if (!cur)
+		return 0;
+	for (;;) {
+		if (!cur->stmt)
+			return 0;
+		int r = sqlite3_step(cur->stmt);
+		if (r == SQLITE_ROW) {
+			cur->keys++;
+			const void *id = sqlite3_column_blob(cur->stmt, 0);
+			size_t idlen = (size_t)sqlite3_column_bytes(cur->stmt, 0);
+			if (cur->ix && !store_idset_add(&cur->seen, id, idlen))
+				continue; /* multikey: seen already */
+			cur->docs++;
+			if (!bson_init_static(doc, sqlite3_column_blob(cur->stmt, 1),
+					      (size_t)sqlite3_column_bytes(cur->stmt, 1)))
+				return sdb_errf(err, errlen, SDB_ECORRUPT,
+						"corrupt document in %s.%s", cur->co->db,
+						cur->co->coll);
+			return 1;
+		}
+		if (r != SQLITE_DONE)
+			return store_sqlerr(cur->conn->db, err, errlen, "scan");
+		if (cur->cur_range + 1 >= cur->n_ranges) {
+			sqlite3_finalize(cur->stmt);
+			cur->stmt = NULL;
+			return 0;
+		}
+		cur->cur_range++;
+		int rc = cursor_prepare_range(cur, err, errlen);
+		if (rc)
+			return rc;
+	}
+}
+
+void sdb_store_cursor_stats(const sdb_store_cursor *cur, int64_t *keys, int64_t *docs)
+{
+	*keys = cur ? (cur->ix ? cur->keys : 0) : 0;
+	*docs = cur ? cur->docs : 0;
+}
+
+void sdb_store_cursor_close(sdb_store_cursor *cur)
+{
+	if (!cur)
+		return;
+	if (cur->stmt)
+		sqlite3_finalize(cur->stmt);
+	for (size_t i = 0; i < cur->n_ranges; i++)
+		range_free(&cur->ranges[i]);
+	free(cur->ranges);
+	store_idset_destroy(&cur->seen);
+	free(cur);
+}
