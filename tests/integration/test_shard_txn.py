@@ -18,7 +18,8 @@ import pymongo
 import pytest
 from bson import Int64
 from bson.son import SON
-from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+from pymongo.errors import NotMasterError as NotPrimaryError
+from pymongo.errors import OperationFailure, PyMongoError
 
 from conftest import free_port, wait_until
 from test_shard_replset import direct, primary_index, start_set
@@ -277,6 +278,16 @@ def test_write_conflict_is_transient_and_with_transaction_retries(start_role, tm
         with pytest.raises(OperationFailure) as e:
             coll.find_one({"_id": 1}, session=s)
         assert e.value.code == 112
+    # a migration's traffic switch (a version bump) aborts every open transaction: none
+    # is half applied on the chunk that moves
+    with c.start_session() as s:
+        s.start_transaction()
+        coll.update_one({"_id": 1}, {"$inc": {"n": 1}}, session=s)
+        other.admin.command(SON([("stripedbSetVersion", 1), ("chunk", "7"), ("token", 2)]))
+        with pytest.raises(OperationFailure) as e:
+            s.commit_transaction()
+        assert e.value.code == 112
+    assert coll.find_one({"_id": 1})["n"] == 105
 
 
 def bank(uri, n_accounts=10, n_threads=4, transfers=40):
@@ -367,6 +378,16 @@ def test_three_members_bank_failover_and_commit_retry(start_role, tmp_path):
     docs, oplog = converged(wires)
     assert sum(d["n"] for d in docs) == 1000
 
+    # a transaction on a secondary: NotWritablePrimary, nothing started
+    p = primary_index(wires)
+    with direct(wires[(p + 1) % 3]) as sec:
+        with sec.start_session() as s:
+            with pytest.raises((OperationFailure, NotPrimaryError)) as e:
+                sec.bank.command(SON([("update", "acc"),
+                                      ("updates", [{"q": {"_id": 0}, "u": {"$inc": {"n": 1}}}]),
+                                      ("txnNumber", Int64(1)), ("startTransaction", True),
+                                      ("autocommit", False)]), session=s)
+            assert e.value.details["code"] == 10107
     c = client(uri, retryWrites=False)
     acc = c.bank.acc
     # a committed transaction whose commit is retried after a failover: ok on the new
