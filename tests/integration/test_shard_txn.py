@@ -392,13 +392,12 @@ def test_three_members_bank_failover_and_commit_retry(start_role, tmp_path):
     acc = c.bank.acc
     # a committed transaction whose commit is retried after a failover: ok on the new
     # primary, from the replicated session record
-    with c.start_session() as s:
-        s.start_transaction()
-        acc.update_one({"_id": 0}, {"$inc": {"n": -1}}, session=s)
-        acc.update_one({"_id": 1}, {"$inc": {"n": 1}}, session=s)
-        s.commit_transaction()
-        committed_txn = s._server_session.transaction_id
-        committed_lsid = s.session_id
+    s1 = c.start_session()  # kept open: its lsid is the one the retry must carry
+    s1.start_transaction()
+    acc.update_one({"_id": 0}, {"$inc": {"n": -1}}, session=s1)
+    acc.update_one({"_id": 1}, {"$inc": {"n": 1}}, session=s1)
+    s1.commit_transaction()
+    committed_txn = s1._server_session.transaction_id
     # an open transaction when the primary is SIGKILLed: nothing of it applies
     before = {d["_id"]: d["n"] for d in acc.find({"_id": {"$in": [2, 3, 4]}})}
     s2 = c.start_session()
@@ -423,9 +422,8 @@ def test_three_members_bank_failover_and_commit_retry(start_role, tmp_path):
     s2.end_session()
     # the committed transaction's commit retried after the failover: ok, from the
     # replicated session record
-    with c.start_session() as s:
-        assert s.session_id == committed_lsid  # the pooled session comes back
-        assert raw_end(c, s, "commitTransaction", committed_txn)["ok"] == 1.0
+    assert raw_end(c, s1, "commitTransaction", committed_txn)["ok"] == 1.0
+    s1.end_session()
     # transactions go on on the new primary
     with c.start_session() as s:
         s.with_transaction(lambda ss: (acc.update_one({"_id": 5}, {"$inc": {"n": -7}},
