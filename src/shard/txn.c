@@ -327,8 +327,10 @@ static void trim_log(shard_txns *T)
 		free(T->log[i].ns);
 		free(T->log[i].k);
 	}
-	memmove(T->log, T->log + drop, (T->n_log - drop) * sizeof *T->log);
-	T->n_log -= drop;
+	if (drop) {
+		memmove(T->log, T->log + drop, (T->n_log - drop) * sizeof *T->log);
+		T->n_log -= drop;
+	}
 	sdb_gauge_set(T->g_open, (int64_t)n_open(T));
 }
 
