@@ -1206,6 +1206,7 @@ void shard_txn_dispatch(shard *sh, wire_req *req)
 	shard_txns *T = table(sh);
 	const char *name = wire_req_name(req);
 	txn_args a;
+	shard_sessions_note(sh, wire_req_cmd(req)); /* $listLocalSessions */
 	if (!T || !parse_args(req, &a))
 		return T ? (void)0
 			 : wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,

@@ -292,6 +292,19 @@ def test_write_conflict_is_transient_and_with_transaction_retries(start_role, tm
             s.commit_transaction()
         assert e.value.code == 112
     assert coll.find_one({"_id": 1})["n"] == 105
+    # a statement with an older version token than the shard's: StaleConfig, transient
+    # (the proxy refreshes its routing and retries the transaction), the transaction aborts
+    with c.start_session() as s:
+        s.start_transaction()
+        with pytest.raises(OperationFailure) as e:
+            c.app.command(SON([("update", "c"),
+                               ("updates", [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}]),
+                               ("$stripedbVersion", {"chunk": "7", "token": 1})]), session=s)
+        assert e.value.code == 13388 and "TransientTransactionError" in labels(e.value)
+        with pytest.raises(OperationFailure) as e:
+            s.commit_transaction()
+        assert e.value.code == 251
+    assert coll.find_one({"_id": 1})["n"] == 105
 
 
 def bank(uri, n_accounts=10, n_threads=4, transfers=40):
