@@ -1231,6 +1231,45 @@ void shard_txn_dispatch(shard *sh, wire_req *req)
 		statement(sh, T, req, &a);
 }
 
+bool shard_txn_retryable_check(shard *sh, wire_req *req)
+{
+	shard_txns *T = table(sh);
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_iter_t it;
+	bson_t lsid;
+	if (!T || !T->list || !bson_iter_init_find(&it, cmd, "txnNumber") ||
+	    !(BSON_ITER_HOLDS_INT64(&it) || BSON_ITER_HOLDS_INT32(&it)))
+		return false;
+	int64_t txn = bson_iter_as_int64(&it);
+	if (!bson_iter_init_find(&it, cmd, "lsid") || !BSON_ITER_HOLDS_DOCUMENT(&it))
+		return false;
+	uint32_t len;
+	const uint8_t *data;
+	bson_iter_document(&it, &len, &data);
+	if (!bson_init_static(&lsid, data, len))
+		return false;
+	shard_txn_rec *t = find_rec(T, &lsid);
+	if (!t || (t->state != TXN_OPEN && t->state != TXN_QUEUED))
+		return false;
+	if (t->txn > txn) {
+		wire_req_error(req, WIRE_ERR_TRANSACTION_TOO_OLD,
+			       "Retryable write with txnNumber %lld is prohibited on session because "
+			       "a newer transaction with txnNumber %lld has already started on this "
+			       "session.",
+			       (long long)txn, (long long)t->txn);
+		return true;
+	}
+	if (t->txn == txn) {
+		wire_req_error(req, WIRE_ERR_INCOMPLETE_TXN_HISTORY,
+			       "Cannot retry a retryable write that has been converted into a "
+			       "transaction");
+		return true;
+	}
+	if (t->state == TXN_OPEN)
+		finish(T, t, TXN_ABORTED, "a newer retryable write started on its session");
+	return false;
+}
+
 /* ------------------------------------------------------------------ proposal */
 
 bson_t *shard_txn_commit_build(shard *sh, shard_txn_rec *t, wire_req *req,

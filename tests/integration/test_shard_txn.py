@@ -152,6 +152,21 @@ def test_errors_labels_and_session_rules(start_role, tmp_path):
             c.app.command(SON([("find", "c"), ("txnNumber", Int64(txn + 5)),
                                ("startTransaction", True), ("autocommit", False)]), session=s)
         assert e.value.code == 50911, e.value.details
+        # a retryable write with an older txnNumber than an open transaction's:
+        # TransactionTooOld; a newer one aborts the open transaction (mongod's rules)
+        c.app.command(SON([("find", "c"), ("txnNumber", Int64(txn + 20)),
+                           ("startTransaction", True), ("autocommit", False)]), session=s)
+        with pytest.raises(OperationFailure) as e:
+            c.app.command(SON([("insert", "c"), ("documents", [{"_id": 12}]),
+                               ("txnNumber", Int64(txn + 19))]), session=s)
+        assert e.value.code == 225
+        c.app.command(SON([("insert", "c"), ("documents", [{"_id": 13}]),
+                           ("txnNumber", Int64(txn + 21))]), session=s)
+        with pytest.raises(OperationFailure) as e:
+            c.app.command(SON([("find", "c"), ("txnNumber", Int64(txn + 20)),
+                               ("autocommit", False)]), session=s)
+        assert e.value.code == 251 and "newer retryable write" in str(e.value)
+        txn += 20
         # a statement of a transaction that does not exist: NoSuchTransaction, transient
         with pytest.raises(OperationFailure) as e:
             c.app.command(SON([("find", "c"), ("txnNumber", Int64(txn + 6)),
