@@ -1146,6 +1146,18 @@ static void commit(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 		wire_req_reply(req, bson_new());
 		return;
 	}
+	size_t bytes = 0;
+	for (size_t i = 0; i < t->n_ops; i++)
+		bytes += t->ops[i].o->len + strlen(t->ops[i].ns) + 32;
+	if (bytes > SHARD_MAX_REPLY_BYTES) {
+		/* one Raft entry, one BSON command: mongod's 16 MB transaction oplog limit */
+		finish(T, t, TXN_ABORTED, "it was too large");
+		wire_req_error(req, 257 /* TransactionTooLarge */,
+			       "Total size of the transaction's operations (%zu bytes) exceeds the "
+			       "limit of %d bytes; the transaction was aborted",
+			       bytes, SHARD_MAX_REPLY_BYTES);
+		return;
+	}
 	/* the record goes to the proposal queue; a tombstone stays */
 	unlink_rec(T, t);
 	shard_txn_rec *tomb = sdb_calloc(1, sizeof *tomb);
