@@ -64,7 +64,7 @@ static int check_coll(sdb_store_conn *c, const sdb_store_coll *co, bson_t *probl
 		}
 		bson_iter_t id_it;
 		char kerr[64];
-		if (store_id_key(&doc, &idk, &id_it, kerr, sizeof kerr) != 0 ||
+		if (store_id_key(&doc, &idk, &id_it, NULL, kerr, sizeof kerr) != 0 ||
 		    idk.len != (size_t)sqlite3_column_bytes(s, 0) ||
 		    memcmp(idk.data, sqlite3_column_blob(s, 0), idk.len) != 0) {
 			problem(problems, n, "%s.%s: a document's key does not match its _id",
@@ -216,7 +216,7 @@ static int check_oplog(sdb_store_conn *c, bson_t *problems, int *n, char *err, s
 			if (bson_init_static(&o2, data, len))
 				idsrc = &o2;
 		}
-		if (store_id_key(idsrc, &idk, &id_it, kerr, sizeof kerr) != 0)
+		if (store_id_key(idsrc, &idk, &id_it, NULL, kerr, sizeof kerr) != 0)
 			continue;
 		sqlite3_stmt *u = store_stmt_get(c,
 					   "INSERT OR REPLACE INTO temp.chk(ns, k, doc) "

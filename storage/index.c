@@ -247,7 +247,8 @@ static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_in
 		store_keyset ks;
 		store_keyset_init(&ks);
 		bool missing = false, multikey = false;
-		rc = store_key_index_keys(ix->key, &doc, &ks, &missing, &multikey, err, errlen);
+		rc = store_key_index_keys(ix->key, &doc, &ks, &missing, &multikey, NULL, err,
+					  errlen);
 		if (rc == 0 && multikey && !ix->multikey)
 			rc = store_index_mark_multikey(c, co, ix, err, errlen);
 		if (rc == 0 && !(ix->sparse && missing))

@@ -68,7 +68,8 @@ static bool visit_present(void *ctx, const bson_iter_t *it, unsigned flags)
 }
 
 int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
-				bool *all_missing, bool *multikey_out, char *err, size_t errlen)
+			 bool *all_missing, bool *multikey_out, int *code_out, char *err,
+			 size_t errlen)
 {
 	const char *paths[STORE_MAX_INDEX_FIELDS];
 	bool desc[STORE_MAX_INDEX_FIELDS];
@@ -77,8 +78,11 @@ int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset 
 	int code = 0;
 	int rc = sdb_index_keys(doc, paths, desc, nf, &ks->keys, &ks->n, &multikey, &code, err,
 				errlen);
-	if (rc)
+	if (rc) {
+		if (code_out)
+			*code_out = code;
 		return rc;
+	}
 	bool any = false;
 	for (size_t i = 0; i < nf && !any; i++)
 		sdb_path_walk(doc, paths[i], 0, visit_present, &any);

@@ -657,6 +657,11 @@ void sdb_store_apply_rollback(sdb_store_conn *c)
 	apply_end(c, false);
 }
 
+int sdb_store_write_code(const sdb_store_conn *c)
+{
+	return c->write_code;
+}
+
 uint64_t sdb_store_applied_index(sdb_store_conn *c)
 {
 	return (uint64_t)store_query_int(c, "SELECT v FROM meta WHERE k='raft_applied'", 0);
@@ -827,18 +832,24 @@ static void dup_fill(sdb_store_dup *dup, const char *db, const char *coll, const
 	dup->set = true;
 }
 
-int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, char *err,
-		  size_t errlen)
+int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, int *code, char *err,
+		 size_t errlen)
 {
-	if (!bson_iter_init_find(id_it, doc, "_id"))
+	if (!bson_iter_init_find(id_it, doc, "_id")) {
+		if (code)
+			*code = 2; /* BadValue */
 		return sdb_errf(err, errlen, SDB_EINVAL, "document has no _id");
+	}
 	bson_type_t t = bson_iter_type(id_it);
-	if (t == BSON_TYPE_ARRAY)
-		return sdb_errf(err, errlen, SDB_EINVAL,
-				"The '_id' value cannot be of type array");
-	if (t == BSON_TYPE_REGEX || t == BSON_TYPE_UNDEFINED)
+	if (t == BSON_TYPE_ARRAY || t == BSON_TYPE_REGEX || t == BSON_TYPE_UNDEFINED) {
+		if (code)
+			*code = 53; /* InvalidIdField */
+		if (t == BSON_TYPE_ARRAY)
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"The '_id' value cannot be of type array");
 		return sdb_errf(err, errlen, SDB_EINVAL, "can't use a %s for _id",
 				t == BSON_TYPE_REGEX ? "regex" : "undefined");
+	}
 	sdb_key_reset(kb);
 	return sdb_keyenc_append_iter(kb, id_it, false, err, errlen);
 }
@@ -847,7 +858,7 @@ int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, char *err,
 int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
 		      bool *all_missing, char *err, size_t errlen)
 {
-	return store_key_index_keys(ix->key, doc, ks, all_missing, NULL, err, errlen);
+	return store_key_index_keys(ix->key, doc, ks, all_missing, NULL, NULL, err, errlen);
 }
 
 /* Record that ix became multikey (in this transaction; the cache entry is updated in
@@ -954,7 +965,8 @@ static int indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
 		store_keyset ks;
 		store_keyset_init(&ks);
 		bool missing = false, multikey = false;
-		int rc = store_key_index_keys(ix->key, doc, &ks, &missing, &multikey, err, errlen);
+		int rc = store_key_index_keys(ix->key, doc, &ks, &missing, &multikey,
+					      &c->write_code, err, errlen);
 		if (rc == 0 && multikey && !ix->multikey)
 			rc = store_index_mark_multikey(c, co, ix, err, errlen);
 		if (rc == 0 && !(ix->sparse && missing))
@@ -1003,7 +1015,8 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 	sdb_key idk;
 	sdb_key_init(&idk);
 	bson_iter_t id_it;
-	rc = store_id_key(doc, &idk, &id_it, err, errlen);
+	c->write_code = 0;
+	rc = store_id_key(doc, &idk, &id_it, &c->write_code, err, errlen);
 	if (rc)
 		goto out;
 	char sql[128];
@@ -1082,10 +1095,11 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 	bson_iter_t id_it, id2;
 	bson_t stored;
 	bool have_stored = false;
-	int rc = store_id_key(old_doc, &idk, &id_it, err, errlen);
+	c->write_code = 0;
+	int rc = store_id_key(old_doc, &idk, &id_it, &c->write_code, err, errlen);
 	if (rc)
 		goto out;
-	rc = store_id_key(new_doc, &idk2, &id2, err, errlen);
+	rc = store_id_key(new_doc, &idk2, &id2, &c->write_code, err, errlen);
 	if (rc)
 		goto out;
 	if (idk.len != idk2.len || memcmp(idk.data, idk2.data, idk.len) != 0) {
@@ -1141,7 +1155,7 @@ int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const 
 	bson_iter_t id_it;
 	bson_t stored;
 	bool have_stored = false;
-	int rc = store_id_key(doc, &idk, &id_it, err, errlen);
+	int rc = store_id_key(doc, &idk, &id_it, NULL, err, errlen);
 	if (rc)
 		goto out;
 	rc = load_doc(c, co, &idk, &stored, err, errlen);

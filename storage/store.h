@@ -234,6 +234,12 @@ typedef struct sdb_store_dup {
 } sdb_store_dup;
 void sdb_store_dup_clear(sdb_store_dup *d);
 
+/* The MongoDB code of the document's fault in c's last failed sdb_store_insert or
+ * sdb_store_replace: 53 InvalidIdField (an array/regex/undefined _id), 171
+ * CannotIndexParallelArrays, 2 BadValue (no _id); 0 when the failure had no such code (then
+ * SDB_EEXISTS is DuplicateKey, other SDB_EINVAL BadValue). Errors as codes, not text. */
+int sdb_store_write_code(const sdb_store_conn *c);
+
 /* Insert doc (which must have _id as its first field; the caller adds one) into db.coll,
  * creating the collection if missing (write txn). Appends an "i" oplog entry tagged with
  * origin (may be NULL). Returns 0, SDB_EEXISTS (duplicate key on _id or a unique index:

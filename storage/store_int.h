@@ -67,6 +67,9 @@ struct sdb_store_conn {
 	uint32_t det_counter;      /* ObjectIds generated in this apply */
 	int64_t cmd_pending_bytes; /* pending_oplog_bytes when the current command began */
 	uint64_t cmd_last_ts;      /* st->last_ts when the current command began */
+	/* MongoDB code of the document's fault in the last failed insert/replace (53, 171 ...),
+	 * 0 when none: sdb_store_write_code */
+	int write_code;
 };
 
 /* The keys of one document for one index. */
@@ -113,9 +116,9 @@ int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const 
 			size_t errlen);
 /* Delete the oldest oplog entries beyond the byte cap (write transaction): 0 or SDB_EIO. (oplog.c) */
 int store_oplog_trim(sdb_store_conn *c, char *err, size_t errlen);
-/* Append the order-preserving key of doc's _id to kb (id_it: the _id element found): 0, or SDB_EINVAL when _id is missing or of a type _id cannot have. (store.c) */
-int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, char *err,
-		  size_t errlen);
+/* Append the order-preserving key of doc's _id to kb (id_it: the _id element found): 0, or SDB_EINVAL when _id is missing (*code 2 BadValue) or of a type _id cannot have (*code 53 InvalidIdField); code may be NULL. (store.c) */
+int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, int *code, char *err,
+		 size_t errlen);
 /* The index keys of doc for index ix into ks (multikey expands arrays): 0 or SDB_EINVAL (parallel arrays, too many keys). (store.c) */
 int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
 		      bool *all_missing, char *err, size_t errlen);
@@ -123,9 +126,11 @@ int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset 
 char *store_ns_of(const char *db, const char *coll);
 /* Check an index key pattern: field -> 1 / -1 (any non-zero number), at most STORE_MAX_INDEX_FIELDS; "hashed", "text", "2d" refused. 0 or SDB_EINVAL. (store.c) */
 int store_key_check_pattern(const bson_t *pattern, char *err, size_t errlen);
-/* The keys of doc for key pattern into ks (the caller destroys ks): 0 or SDB_EINVAL. (store.c) */
+/* The keys of doc for key pattern into ks (the caller destroys ks): 0 or SDB_EINVAL with
+ * *code (may be NULL) the MongoDB code (171 CannotIndexParallelArrays, else 0). (keys.c) */
 int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
-				bool *all_missing, bool *multikey_out, char *err, size_t errlen);
+			 bool *all_missing, bool *multikey_out, int *code, char *err,
+			 size_t errlen);
 /* Free a keyset's keys (it stays usable, empty). (store.c) */
 void store_keyset_destroy(store_keyset *ks);
 /* An empty keyset. (store.c) */

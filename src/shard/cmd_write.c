@@ -92,20 +92,18 @@ static bool get_array(shard_ctx *x, const char *cmd, const char *field, bson_ite
 	return true;
 }
 
-/* Map a store error of a document write to a code (store errors carry no codes). */
-static int write_code(int rc, const char *msg)
+/* The code of a failed document write (sdb_store_insert / sdb_store_replace returned rc on
+ * conn): DuplicateKey, the store's own code of the document's fault
+ * (sdb_store_write_code: InvalidIdField, CannotIndexParallelArrays), BadValue, else
+ * InternalError. */
+static int write_code(int rc, const sdb_store_conn *conn)
 {
+	int code;
+
 	if (rc == SDB_EEXISTS)
 		return WIRE_ERR_DUPLICATE_KEY;
-	if (rc == SDB_EINVAL) {
-		if (strstr(msg, "_id' value cannot be of type") || strstr(msg, "for _id"))
-			return WIRE_ERR_INVALID_ID_FIELD;
-		if (strstr(msg, "immutable field"))
-			return WIRE_ERR_IMMUTABLE_FIELD;
-		if (strstr(msg, "parallel arrays"))
-			return 171;
-		return WIRE_ERR_BAD_VALUE;
-	}
+	if (rc == SDB_EINVAL)
+		return (code = sdb_store_write_code(conn)) != 0 ? code : WIRE_ERR_BAD_VALUE;
 	return WIRE_ERR_INTERNAL;
 }
 
@@ -231,7 +229,7 @@ void shard_cmd_insert(shard_ctx *x)
 			shard_fail(x, WIRE_ERR_INTERNAL, "insert: %s", x->err);
 			return;
 		}
-		werr_add(&w, i, write_code(rc, x->err), dup.set ? dup.errmsg : x->err, &dup);
+		werr_add(&w, i, write_code(rc, x->conn), dup.set ? dup.errmsg : x->err, &dup);
 		sdb_store_dup_clear(&dup);
 		if (ordered)
 			break;
@@ -447,7 +445,7 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 					       x->err, sizeof x->err);
 			if (rc) {
 				bson_destroy(&out);
-				ret = write_code(rc, x->err);
+				ret = write_code(rc, x->conn);
 				if (dup && dup->set)
 					snprintf(x->err, sizeof x->err, "%s", dup->errmsg);
 				break;
@@ -474,7 +472,7 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 		rc = sdb_store_insert(x->conn, x->db, coll, &ready, x->origin, dup, x->err,
 				      sizeof x->err);
 		if (rc) {
-			ret = write_code(rc, x->err);
+			ret = write_code(rc, x->conn);
 			if (dup && dup->set)
 				snprintf(x->err, sizeof x->err, "%s", dup->errmsg);
 		} else {

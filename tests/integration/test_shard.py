@@ -731,3 +731,30 @@ def test_writes_and_index_builds_on_a_view_are_refused(shard):
     assert list(db.gv.find()) == [{"_id": 1, "k": "a"}]
     assert db.g.count_documents({}) == 2
     c.close()
+
+
+def test_document_faults_carry_mongodb_codes(shard):
+    """Errors as codes (issue #24): the store reports why a document was refused as a code
+    (sdb_store_write_code), not as a message the shard matches: an array, regex or undefined
+    _id is InvalidIdField (53), parallel arrays in a compound index key
+    CannotIndexParallelArrays (171), a duplicate DuplicateKey (11000); nothing is applied."""
+    _, port = shard
+    db = client_for(port).codes
+    db.c.create_index([("a", 1), ("b", 1)])
+    db.c.insert_one({"_id": 1})
+    cases = [({"_id": [1, 2]}, 53), ({"_id": 2, "a": [1, 2], "b": [3, 4]}, 171),
+             ({"_id": 1}, 11000)]
+    for doc, code in cases:
+        r = db.command("insert", "c", documents=[doc], check=False)
+        assert r["ok"] == 1.0 and r["n"] == 0, r
+        assert [(e["index"], e["code"]) for e in r["writeErrors"]] == [(0, code)], r
+    from bson.regex import Regex
+    r = db.command("insert", "c", documents=[{"_id": Regex("x")}], check=False)
+    assert [e["code"] for e in r["writeErrors"]] == [53], r
+    # an update that would make parallel arrays: 171 as a writeError too
+    db.c.insert_one({"_id": 3, "a": [1, 2]})
+    r = db.command("update", "c", updates=[{"q": {"_id": 3}, "u": {"$set": {"b": [5, 6]}}}],
+                   check=False)
+    assert [e["code"] for e in r["writeErrors"]] == [171], r
+    assert sorted(d["_id"] for d in db.c.find()) == [1, 3]
+    assert db.c.find_one({"_id": 3}) == {"_id": 3, "a": [1, 2]}
