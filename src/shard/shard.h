@@ -155,7 +155,11 @@ struct shard {
 sdb_store_conn *shard_conn_get(shard *sh, char *err, size_t errlen);
 /* Return a connection (its transaction is rolled back); extra ones are closed. */
 void shard_conn_put(shard *sh, sdb_store_conn *c);
+/* Close every spare pooled connection (at stop, after the workers joined). */
 void shard_conns_close(shard *sh);
+/* Start the worker threads (SHARD_WORKERS, each owning one store connection) and the
+ * parked-getMore machinery. Returns 0, or SDB_EIO / SDB_ENOMEM with the message in err
+ * (nothing left running). Loop thread, once, at start. */
 int shard_pool_start(shard *sh, char *err, size_t errlen);
 /* Queue fn for req (loop thread). */
 void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req);
@@ -222,8 +226,13 @@ shard_cursor *shard_cursor_take(shard *sh, int64_t id, bool *busy);
 void shard_cursor_put(shard *sh, shard_cursor *c, bool drop);
 /* Kill by id; true if it existed. */
 bool shard_cursor_kill(shard *sh, int64_t id);
+/* Free a cursor that is not registered (or was unlinked): its documents, its pooled
+ * connection (given back), its query and projection. */
 void shard_cursor_free(shard_cursor *c);
+/* Free every cursor not checked out that was last used more than idle_ms before now_ms
+ * (MongoDB's cursorTimeoutMillis; the shard reaps after 10 minutes). Any thread. */
 void shard_cursors_reap(shard *sh, uint64_t now_ms, uint64_t idle_ms);
+/* Free every cursor (at stop, when no worker runs). */
 void shard_cursors_free_all(shard *sh);
 
 /* Build a cursor reply {cursor: {firstBatch|nextBatch: docs[from..], id, ns}} taking up
@@ -278,6 +287,7 @@ void shard_txn_tag(shard_ctx *x, shard_txn *t, uint32_t i);
 /* Record statement i's result (same savepoint as its writes); stops tagging. 0 or a store
  * error with the message in x->err. */
 int shard_txn_record(shard_ctx *x, shard_txn *t, uint32_t i, const bson_t *res);
+/* Release t's stmtIds array (t->lsid is a view and needs nothing). */
 void shard_txn_free(shard_txn *t);
 
 /* A migrated statement record (retry_mig.c): $stripedbSession of a replayed statement,
@@ -320,7 +330,10 @@ void shard_cmd_stmt_result(shard_ctx *x);
  * to txn.c): refused with IllegalOperation (20). */
 void shard_cmd_txn_refuse(shard_ctx *x);
 
-/* --- commands (commands_*.c) --- */
+/* --- commands (commands.c) --- */
+/* Register every command handler on the shard's wire server (sh->srv): reads go to the
+ * worker pool, writes to the replica set's proposals (repl.h), transactions to txn.h.
+ * Loop thread, at start. */
 void shard_register_commands(shard *sh);
 
 /* helpers shared by command files (commands.c) */
@@ -338,9 +351,19 @@ bool shard_commit(shard_ctx *x);
 const char *shard_coll_arg(shard_ctx *x);
 /* Reply with a MongoDB error code and message (the message copied). */
 void shard_fail(shard_ctx *x, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Map a store error to a MongoDB code. */
+/* The MongoDB code of a store error rc (SDB_E*): SDB_EINVAL BadValue (2), SDB_EEXISTS
+ * DuplicateKey (11000), SDB_ESTALE StaleConfig (13388), SDB_ENOTFOUND NamespaceNotFound
+ * (26), SDB_ETOOBIG BSONObjectTooLarge (10334), anything else InternalError (1). */
 int shard_code_of(int rc);
 
+/* Command handlers (shard_cmd_fn, registered by commands.c): each runs with x's store
+ * connection on a worker thread (reads) or inside the replicated apply on the loop thread
+ * (writes: the same code on every member), parses x->cmd as mongod does and completes
+ * x->req exactly once, with MongoDB's reply shape or `{ok: 0, errmsg, code, codeName}`.
+ * cmd_read.c: find, getMore, killCursors, count, distinct, aggregate, explain,
+ * stripedbSnapshot; cmd_write.c: insert, update, delete, findAndModify; cmd_admin.c:
+ * create, drop, createIndexes, dropIndexes, listIndexes, listCollections, listDatabases,
+ * dropDatabase, collStats, dbStats, stripedbSetVersion, stripedbCheck. */
 void shard_cmd_find(shard_ctx *x);
 void shard_cmd_getmore(shard_ctx *x);
 void shard_cmd_killcursors(shard_ctx *x);
