@@ -1,5 +1,9 @@
 /* Owner lookup, forwarding, BATCHING and GLOBAL sync between rate-limit peers (see
- * cluster.h for the behaviour and its sources). */
+ * cluster.h for the behaviour and its sources).
+ *
+ * Why one file of ~1,500 lines: its sections (jobs, configuration, ring and liveness,
+ * forwarding, GLOBAL sync, the flusher thread, ring views) all work on the one private
+ * rl_cluster struct under its locks, whose order is documented once, here. */
 #include "ratelimit/cluster.h"
 
 #include <ctype.h>
