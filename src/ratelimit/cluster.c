@@ -3,7 +3,8 @@
  *
  * Why one file of ~1,500 lines: its sections (jobs, configuration, ring and liveness,
  * forwarding, GLOBAL sync, the flusher thread, ring views) all work on the one private
- * rl_cluster struct under its locks, whose order is documented once, here. */
+ * rl_cluster struct (its ring view under view_mu, its queues and GLOBAL maps under mu),
+ * defined once, here. */
 #include "ratelimit/cluster.h"
 
 #include <ctype.h>
