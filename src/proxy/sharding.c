@@ -813,6 +813,30 @@ void px_do_drop(ctx *c)
 	px_do_broadcast(c);
 }
 
+/* The chunk of rc named by c->cmd's `find` (the chunk holding that document's shard key)
+ * or `bounds` ([min, max]: exactly a chunk's bounds), as moveChunk and split take them; -1
+ * when neither names a chunk. */
+static ssize_t chunk_of_find_or_bounds(ctx *c, const route_coll *rc)
+{
+	bson_t find, bounds, lo, hi;
+	ssize_t ci = -1;
+	char err[256];
+
+	if (px_get_doc(c->cmd, "find", &find)) {
+		bson_t key = BSON_INITIALIZER;
+		if (route_key_from_doc(rc, &find, &key, err, sizeof err) == 0)
+			ci = route_find_chunk(rc, &key);
+		bson_destroy(&key);
+	} else if (px_get_array(c->cmd, "bounds", &bounds) && px_get_doc(&bounds, "0", &lo) &&
+		   px_get_doc(&bounds, "1", &hi)) {
+		ci = route_find_chunk(rc, &lo);
+		if (ci >= 0 && (route_key_cmp(rc->chunks[ci].min, &lo) != 0 ||
+				route_key_cmp(rc->chunks[ci].max, &hi) != 0))
+			ci = -1;
+	}
+	return ci;
+}
+
 /* The median shard-key value of chunk ci of rc (ranged, single-field key) from its shard:
  * count the chunk's documents (filter {k: {$gte: min, $lt: max}}, a MinKey/MaxKey side
  * left out), then the key of the one in the middle by key order, into median (initialised
@@ -898,7 +922,7 @@ void px_do_split(ctx *c)
 {
 	const char *ns = first_utf8(c->cmd);
 	ctx sub = *c;
-	bson_t middle, find, bounds, cmd = BSON_INITIALIZER, reply, *out, median;
+	bson_t middle, cmd = BSON_INITIALIZER, reply, *out, median;
 	route_coll *rc;
 	ssize_t ci = -1;
 	char err[256];
@@ -943,20 +967,7 @@ void px_do_split(ctx *c)
 				 "point as middle");
 			return;
 		}
-		if (px_get_doc(c->cmd, "find", &find)) {
-			bson_t key = BSON_INITIALIZER;
-			if (route_key_from_doc(rc, &find, &key, err, sizeof err) == 0)
-				ci = route_find_chunk(rc, &key);
-			bson_destroy(&key);
-		} else if (px_get_array(c->cmd, "bounds", &bounds)) {
-			bson_t lo, hi;
-			if (px_get_doc(&bounds, "0", &lo) && px_get_doc(&bounds, "1", &hi)) {
-				ci = route_find_chunk(rc, &lo);
-				if (ci >= 0 && (route_key_cmp(rc->chunks[ci].min, &lo) != 0 ||
-						route_key_cmp(rc->chunks[ci].max, &hi) != 0))
-					ci = -1;
-			}
-		}
+		ci = chunk_of_find_or_bounds(c, rc);
 		if (ci >= 0) {
 			/* the shard reads run in the collection's database */
 			ctx in_db = sub;
@@ -1080,32 +1091,9 @@ static int64_t chunks_on(ctx *c, const char *shard, owned_chunk **out)
 	return n;
 }
 
-/* Whether chunk nid has a migration that has not ended (registered ... cleanup) in the
- * listMigrations reply list. */
-static bool chunk_moving(const bson_t *list, int64_t nid)
-{
-	bson_iter_t it, arr;
-
-	if (!bson_iter_init_find(&it, list, "migrations") || !bson_iter_recurse(&it, &arr))
-		return false;
-	while (bson_iter_next(&arr)) {
-		bson_t m, spec;
-		const char *st;
-		/* the migration's spec is its registerMigration {ns, chunk, from, to} */
-		if (!doc_of(&arr, &m) || !px_get_doc(&m, "spec", &spec) ||
-		    px_get_int(&spec, "chunk", 0) != nid)
-			continue;
-		st = str_of(&m, "state");
-		if (st && strcmp(st, "complete") != 0 && strcmp(st, "aborted") != 0 &&
-		    strcmp(st, "rolled_back") != 0)
-			return true;
-	}
-	return false;
-}
-
-/* The number of migrations in the listMigrations reply list that have not ended and move a
- * chunk from or to shard. */
-static int64_t migrations_of(const bson_t *list, const char *shard)
+/* The migrations of the listMigrations reply list that have not ended (registered ...
+ * cleanup) and move chunk nid (nid != 0) or move a chunk from or to shard (shard != NULL). */
+static int64_t active_migrations(const bson_t *list, int64_t nid, const char *shard)
 {
 	bson_iter_t it, arr;
 	int64_t n = 0;
@@ -1115,14 +1103,17 @@ static int64_t migrations_of(const bson_t *list, const char *shard)
 	while (bson_iter_next(&arr)) {
 		bson_t m, spec;
 		const char *st, *from, *to;
+		/* the migration's spec is its registerMigration {ns, chunk, from, to} */
 		if (!doc_of(&arr, &m) || !px_get_doc(&m, "spec", &spec))
 			continue;
 		st = str_of(&m, "state");
+		if (st == NULL || strcmp(st, "complete") == 0 || strcmp(st, "aborted") == 0 ||
+		    strcmp(st, "rolled_back") == 0)
+			continue;
 		from = str_of(&spec, "from");
 		to = str_of(&spec, "to");
-		if (st && strcmp(st, "complete") != 0 && strcmp(st, "aborted") != 0 &&
-		    strcmp(st, "rolled_back") != 0 &&
-		    ((from && strcmp(from, shard) == 0) || (to && strcmp(to, shard) == 0)))
+		if ((nid != 0 && px_get_int(&spec, "chunk", 0) == nid) ||
+		    (shard && ((from && strcmp(from, shard) == 0) || (to && strcmp(to, shard) == 0))))
 			n++;
 	}
 	return n;
@@ -1192,7 +1183,7 @@ void px_do_remove_shard(ctx *c)
 		have_migs = true;
 		bson_destroy(&q);
 	}
-	running = migrations_of(&migs, id);
+	running = active_migrations(&migs, 0, id);
 	if (n > 0 || running > 0) {
 		bson_t rem;
 		int64_t moving = 0, started = 0;
@@ -1205,7 +1196,7 @@ void px_do_remove_shard(ctx *c)
 		for (i = 0; i < n; i++) {
 			char mid[160];
 			bson_t r;
-			if (chunk_moving(&migs, owned[i].nid)) {
+			if (active_migrations(&migs, owned[i].nid, NULL) > 0) {
 				moving++;
 				continue;
 			}
@@ -1423,28 +1414,16 @@ void px_do_move_chunk(ctx *c)
 {
 	const char *ns = first_utf8(c->cmd), *to = NULL;
 	ctx sub;
-	bson_t find, bounds;
 	route_coll *rc;
 	ssize_t ci = -1;
-	char err[256], *from = NULL;
+	char *from = NULL;
 	int64_t nid = 0, max_ms;
 	uint64_t start = sdb_mono_ms();
 
 	if (!move_prepare(c, "moveChunk", "to", &sub, &rc, &to, &max_ms))
 		return;
-	if (px_get_doc(c->cmd, "find", &find)) {
-		bson_t key = BSON_INITIALIZER;
-		if (route_key_from_doc(rc, &find, &key, err, sizeof err) == 0)
-			ci = route_find_chunk(rc, &key);
-		bson_destroy(&key);
-	} else if (px_get_array(c->cmd, "bounds", &bounds)) {
-		bson_t lo, hi;
-		if (px_get_doc(&bounds, "0", &lo) && px_get_doc(&bounds, "1", &hi)) {
-			ci = route_find_chunk(rc, &lo);
-			if (ci >= 0 && (route_key_cmp(rc->chunks[ci].min, &lo) != 0 ||
-					route_key_cmp(rc->chunks[ci].max, &hi) != 0))
-				ci = -1;
-		}
+	if (bson_has_field(c->cmd, "find") || bson_has_field(c->cmd, "bounds")) {
+		ci = chunk_of_find_or_bounds(c, rc);
 	} else {
 		route_coll_unref(rc);
 		px_error(c, WIRE_ERR_BAD_VALUE, "moveChunk needs find or bounds");
