@@ -261,3 +261,15 @@ int64_t sdb_store_session_list(sdb_store_conn *c, const bson_t *after, int64_t m
 	sqlite3_reset(s);
 	return rc;
 }
+
+int sdb_store_session_txn(sdb_store_conn *c, const bson_t *lsid, int64_t *txn, char *err,
+			  size_t errlen)
+{
+	bool found;
+	int rc = session_read(c, lsid,
+			      sdb_store_int_now_ms(c) - sdb_store_int_session_timeout_ms(c),
+			      &found, txn, err, errlen);
+	if (rc)
+		return rc;
+	return found ? 1 : 0;
+}

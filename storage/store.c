@@ -737,6 +737,14 @@ void sdb_store_apply_rollback(sdb_store_conn *c)
 		return;
 	store_exec_sql(c->db, "ROLLBACK", NULL, 0);
 	cache_clear(c);
+	{
+		/* the ts counter advanced by the rolled-back writes goes back to what disk says */
+		uint64_t a = (uint64_t)store_query_int(c, "SELECT max(ts) FROM oplog", 0);
+		uint64_t b = (uint64_t)store_query_int(c, "SELECT v FROM meta WHERE k='last_ts'", 0);
+		pthread_mutex_lock(&c->st->ts_mu);
+		c->st->last_ts = a > b ? a : b;
+		pthread_mutex_unlock(&c->st->ts_mu);
+	}
 	apply_end(c, false);
 }
 

@@ -112,7 +112,9 @@ int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err
  * the Raft log is the durable record, replayed after a crash from the last applied
  * index. Returns 0 or SDB_EIO (then rolled back). */
 int sdb_store_apply_commit(sdb_store_conn *c, uint64_t index, char *err, size_t errlen);
-/* Roll back an open apply transaction (no-op when none). */
+/* Roll back an open apply transaction (no-op when none); the oplog ts counter is re-read
+ * from disk, so a rolled-back apply (a transaction's tentative statement, src/shard/txn.c)
+ * leaves no trace in memory either. */
 void sdb_store_apply_rollback(sdb_store_conn *c);
 /* The last applied Raft entry recorded by sdb_store_apply_commit (0: none). Outside a
  * transaction. */
@@ -365,6 +367,10 @@ int sdb_store_session_peek(sdb_store_conn *c, const bson_t *lsid, int64_t txn, i
 int64_t sdb_store_session_list(sdb_store_conn *c, const bson_t *after, int64_t max,
 			       void (*fn)(const bson_t *lsid, int64_t txn, void *arg), void *arg,
 			       char *err, size_t errlen);
+/* The live (not expired) txnNumber of session lsid (any txn): 1 with *txn set, 0 when the
+ * session has no live record, or SDB_EIO. */
+int sdb_store_session_txn(sdb_store_conn *c, const bson_t *lsid, int64_t *txn, char *err,
+			  size_t errlen);
 /* Number of live session records (tests, metrics). Any txn. */
 int64_t sdb_store_session_count(sdb_store_conn *c);
 

@@ -84,6 +84,8 @@ typedef enum {
 	  "shard: oplog size cap (bytes); the oldest entries beyond it are trimmed")            \
 	X("oplog-max-age-s", oplog_max_age_s, SDB_OPT_INT, "0",                                 \
 	  "shard: oplog age cap (s); older entries are trimmed (0 = no age limit)")             \
+	X("transaction-lifetime-limit-seconds", transaction_lifetime_limit_seconds, SDB_OPT_INT, \
+	  "60", "shard: an open multi-document transaction older than this is aborted (s)")      \
 	X("logical-session-timeout-minutes", logical_session_timeout_minutes, SDB_OPT_INT, "30", \
 	  "shard: retryable-write records of a session unused this long are forgotten (min)")   \
 	X("enable-test-commands", enable_test_commands, SDB_OPT_BOOL, "false",                  \

@@ -422,6 +422,75 @@ static int stream_batch(shard_ctx *x, sdb_query *q, const sdb_projection *proj,
 	return (int)k;
 }
 
+/* A find inside a multi-document transaction (txn.c): it runs on x->conn, where the
+ * transaction's own writes are, and its result is materialized (getMore serves it from
+ * memory). Takes proj. */
+static void find_in_txn(shard_ctx *x, const char *coll, find_opts *o, sdb_projection *proj)
+{
+	if (!shard_begin(x, false)) {
+		sdb_projection_free(proj);
+		return;
+	}
+	if (coll_is_view(x, coll)) {
+		sdb_projection_free(proj);
+		shard_fail(x, 263 /* OperationNotSupportedInTransaction */,
+			   "a find on a view is not supported in a transaction by stripedb");
+		return;
+	}
+	sdb_query_spec spec = {
+		.filter = &o->filter,
+		.sort = o->have_sort ? &o->sort : NULL,
+		.hint = o->have_hint ? &o->hint : NULL,
+		.skip = o->skip,
+		.limit = o->limit,
+	};
+	shard_filtering_spec(x, &spec);
+	sdb_query *q = NULL;
+	int code = 0;
+	if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err, sizeof x->err) != 0) {
+		sdb_projection_free(proj);
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return;
+	}
+	bson_t **docs = NULL;
+	size_t n = 0, cap = 0;
+	int k;
+	for (;;) {
+		const bson_t *raw;
+		k = sdb_query_next(q, &raw, &code, x->err, sizeof x->err);
+		if (k <= 0)
+			break;
+		bson_t *d = sdb_doc_new();
+		if (proj && sdb_projection_apply(proj, raw, d, x->err, sizeof x->err) != 0) {
+			sdb_doc_free(d);
+			code = WIRE_ERR_BAD_VALUE;
+			k = -1;
+			break;
+		}
+		if (!proj)
+			bson_concat(d, raw);
+		if (n == cap) {
+			cap = cap ? cap * 2 : 16;
+			docs = sdb_realloc(docs, cap * sizeof *docs);
+		}
+		docs[n++] = d;
+	}
+	sdb_query_free(q);
+	sdb_projection_free(proj);
+	if (k < 0) {
+		for (size_t i = 0; i < n; i++)
+			sdb_doc_free(docs[i]);
+		free(docs);
+		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
+		return;
+	}
+	sdb_store_rollback(x->conn);
+	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	reply_cursor(x, ns, docs ? docs : sdb_calloc(1, sizeof *docs), n,
+		     o->have_batch ? o->batch : -1, o->single_batch, NULL, NULL);
+	free(ns);
+}
+
 static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot)
 {
 	sdb_projection *proj = NULL;
@@ -441,6 +510,10 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 	/* The query runs on a pooled connection that a cursor can keep (every batch from one
 	 * snapshot); the version check and the view lookup run in that same transaction. */
 	sdb_store_conn *worker_conn = x->conn;
+	if (x->in_txn) {
+		find_in_txn(x, coll, o, proj);
+		return;
+	}
 	sdb_store_conn *fc = shard_conn_get(x->sh, x->err, sizeof x->err);
 	if (!fc) {
 		sdb_projection_free(proj);

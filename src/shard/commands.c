@@ -12,6 +12,7 @@
 #include "shard/repl.h"
 #include "shard/shard.h"
 #include "shard/snapfile.h"
+#include "shard/txn.h"
 
 typedef struct cmd_entry {
 	const char *name;
@@ -129,7 +130,7 @@ static bool refuse_ignored_in_cmd(wire_req *req, const char *name)
 static const char *const write_cmds[] = {
 	"insert",	 "update",	  "delete",	 "findAndModify", "findandmodify",
 	"create",	 "drop",	  "createIndexes", "dropIndexes",	  "deleteIndexes",
-	"dropDatabase", "stripedbSetVersion", "stripedbSetFiltering",
+	"dropDatabase", "stripedbSetVersion", "stripedbSetFiltering", "stripedbApplyTxn",
 };
 
 bool shard_cmd_is_write(const char *name)
@@ -142,6 +143,10 @@ bool shard_cmd_is_write(const char *name)
 
 shard_cmd_fn shard_cmd_lookup(const char *name)
 {
+	/* a transaction's commit, proposed by the primary (txn.c): applied from the log
+	 * only, never registered with the wire server */
+	if (strcmp(name, "stripedbApplyTxn") == 0)
+		return shard_cmd_apply_txn;
 	for (size_t i = 0; i < N_CMDS; i++)
 		if (strcmp(cmd_table[i].name, name) == 0)
 			return cmd_table[i].fn;
@@ -157,6 +162,11 @@ static void dispatch(wire_req *req, void *role_data)
 			sdb_counter_inc(cmd_counters[i]);
 			if (refuse_reserved_ns(req, name) || refuse_ignored_in_cmd(req, name))
 				return;
+			if (shard_txn_wants(req)) {
+				/* a statement of a multi-document transaction, or its end */
+				shard_txn_dispatch(sh, req);
+				return;
+			}
 			if (shard_cmd_is_write(name)) {
 				/* explain of a write only plans it: a read */
 				if (shard_repl_check_write(sh->repl, req))
@@ -281,7 +291,8 @@ bool shard_commit(shard_ctx *x)
 		shard_fail(x, WIRE_ERR_INTERNAL, "shard: commit: %s", x->err);
 		return false;
 	}
-	shard_oplog_notify(x->sh);
+	if (!x->in_txn) /* a tentative statement is rolled back: nothing to tail */
+		shard_oplog_notify(x->sh);
 	return true;
 }
 

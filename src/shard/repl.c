@@ -59,6 +59,23 @@
 
 /* ------------------------------------------------------------------ replies */
 
+/* commitTransaction / abortTransaction whose outcome is unknown or that did not run on
+ * a non-primary: mongod's labels (error_labels.cpp), so drivers retry the commit
+ * (RetryableWriteError) and know its result is unknown (UnknownTransactionCommitResult). */
+static void txn_end_labels(wire_req *req, bson_t *extra)
+{
+	const char *name = wire_req_name(req);
+	bool commit = strcmp(name, "commitTransaction") == 0;
+	if (!commit && strcmp(name, "abortTransaction") != 0)
+		return;
+	bson_t labels;
+	bson_append_array_begin(extra, "errorLabels", -1, &labels);
+	BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
+	if (commit)
+		BSON_APPEND_UTF8(&labels, "1", "UnknownTransactionCommitResult");
+	bson_append_array_end(extra, &labels);
+}
+
 void shard_repl_reply_not_primary(shard_repl *r, wire_req *req)
 {
 	uint64_t lid = 0;
@@ -72,6 +89,7 @@ void shard_repl_reply_not_primary(shard_repl *r, wire_req *req)
 	}
 	if (lw)
 		BSON_APPEND_UTF8(extra, "primary", lw);
+	txn_end_labels(req, extra);
 	sdb_counter_inc(r->c_not_primary);
 	wire_req_error_extra(req, WIRE_ERR_NOT_WRITABLE_PRIMARY, extra,
 			     "not primary: this member (id %llu) of replica set %s is not the "
@@ -82,12 +100,14 @@ void shard_repl_reply_not_primary(shard_repl *r, wire_req *req)
 
 void shard_repl_reply_unknown(wire_req *req, int status)
 {
+	bson_t *extra = bson_new();
+	txn_end_labels(req, extra);
 	if (status == SDB_ECANCELED) {
-		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
-			       "shutting down before the write committed; its outcome is unknown");
+		wire_req_error_extra(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, extra,
+				     "shutting down before the write committed; its outcome is "
+				     "unknown");
 		return;
 	}
-	bson_t *extra = bson_new();
 	wire_req_error_extra(req, WIRE_ERR_INTERRUPTED_REPL_CHANGE, extra,
 			     "primary stepped down before the write committed; its outcome is "
 			     "unknown (status %d)",
@@ -271,6 +291,10 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 	int rc = sdb_store_apply_begin(r->conn, &det, err, sizeof err);
 	if (rc)
 		return fatal_fault(r, index, "begin", err);
+	/* open transactions (txn.h) conflict with the writes applied after their start */
+	bool txns = shard_txns_active(r->sh);
+	bool txn_all = false;
+	uint64_t ts_before = txns ? sdb_store_oplog_last(r->conn) : 0;
 	res = bson_new();
 	if (op && strcmp(op, "shardBatch") == 0 && bson_iter_init_find(&it, &args, "cmds") &&
 	    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &sub)) {
@@ -297,6 +321,18 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 			bson_iter_document(&f, &len, &data);
 			if (!bson_init_static(&cmd, data, len))
 				continue;
+			if (txns && !txn_all) {
+				static const char *const ddl[] = {
+					"create",	"drop",	       "createIndexes",
+					"dropIndexes", "deleteIndexes", "dropDatabase",
+					"stripedbSetVersion", "stripedbSetFiltering"};
+				bson_iter_t c0;
+				const char *cn = bson_iter_init(&c0, &cmd) && bson_iter_next(&c0)
+							 ? bson_iter_key(&c0)
+							 : "";
+				for (size_t k = 0; k < sizeof ddl / sizeof ddl[0]; k++)
+					txn_all = txn_all || strcmp(cn, ddl[k]) == 0;
+			}
 			apply_cmd(r, index, db, &cmd, &replies, i++);
 		}
 		n_cmds = i;
@@ -323,6 +359,8 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 		}
 	}
 	/* anything else (an entry of a newer version, a malformed one): a no-op everywhere */
+	if (txns)
+		shard_txns_note_apply(r->sh, r->conn, index, ts_before, txn_all);
 	rc = sdb_store_apply_commit(r->conn, index, err, sizeof err);
 	if (rc)
 		return fatal_fault(r, index, "commit", err);
@@ -703,8 +741,30 @@ static void requeue(shard_repl *r, repl_item *items)
 	pthread_mutex_unlock(&r->mu);
 }
 
+/* Move the transactions' commits to the head of items (keeping their order): they are
+ * validated against what applied so far, so nothing of the entry may apply before them. */
+static repl_item *txns_first(repl_item *items)
+{
+	repl_item *txh = NULL, **txt = &txh, *rest = NULL, **rt = &rest;
+	while (items) {
+		repl_item *it = items;
+		items = it->next;
+		it->next = NULL;
+		if (it->txn) {
+			*txt = it;
+			txt = &it->next;
+		} else {
+			*rt = it;
+			rt = &it->next;
+		}
+	}
+	*txt = rest;
+	return txh;
+}
+
 static void propose_items(shard_repl *r, repl_item *items)
 {
+	items = txns_first(items);
 	while (items) {
 		if (r->n_inflight >= REPL_MAX_INFLIGHT) {
 			requeue(r, items); /* proposed when an in-flight entry applies */
@@ -732,17 +792,32 @@ static void propose_items(shard_repl *r, repl_item *items)
 			BSON_APPEND_UTF8(&args, "setName", r->set_name);
 		bson_append_binary(&args, "seed", -1, BSON_SUBTYPE_BINARY, seed, sizeof seed);
 		bson_append_array_begin(&args, "cmds", -1, &cmds);
+		shard_txn_rec *done_txns[REPL_BATCH_MAX_CMDS];
+		size_t n_txns = 0;
 		while (items && b->n < REPL_BATCH_MAX_CMDS &&
 		       (b->n == 0 || bytes + wire_req_cmd(items->req)->len <= REPL_BATCH_MAX_BYTES)) {
 			repl_item *it = items;
 			bson_t c;
+			bson_t *tcmd = NULL;
 			items = it->next;
+			if (it->txn) {
+				/* validated now: every entry proposed before has applied */
+				tcmd = shard_txn_commit_build(r->sh, it->txn, it->req, done_txns,
+							      n_txns);
+				if (!tcmd) {
+					free(it); /* answered, it->txn freed */
+					continue;
+				}
+				done_txns[n_txns++] = it->txn;
+			}
 			snprintf(key, sizeof key, "%zu", b->n);
 			bson_append_document_begin(&cmds, key, -1, &c);
-			BSON_APPEND_UTF8(&c, "db", wire_req_db(it->req));
-			BSON_APPEND_DOCUMENT(&c, "cmd", wire_req_cmd(it->req));
+			BSON_APPEND_UTF8(&c, "db", tcmd ? "admin" : wire_req_db(it->req));
+			BSON_APPEND_DOCUMENT(&c, "cmd", tcmd ? tcmd : wire_req_cmd(it->req));
 			bson_append_document_end(&cmds, &c);
-			bytes += wire_req_cmd(it->req)->len;
+			bytes += tcmd ? tcmd->len : wire_req_cmd(it->req)->len;
+			if (tcmd)
+				bson_destroy(tcmd);
 			if (b->n == cap) {
 				cap *= 2;
 				b->reqs = sdb_realloc(b->reqs, cap * sizeof *b->reqs);
@@ -758,6 +833,18 @@ static void propose_items(shard_repl *r, repl_item *items)
 			free(it);
 		}
 		bson_append_array_end(&args, &cmds);
+		for (size_t k = 0; k < n_txns; k++)
+			shard_txn_rec_free(done_txns[k]);
+		if (b->n == 0) {
+			/* every command was a refused commit */
+			bson_destroy(&args);
+			free(b->reqs);
+			free(b->w);
+			free(b->wtimeout);
+			free(b->by_maxtime);
+			free(b);
+			continue;
+		}
 		int rc = sdb_node_propose(r->node, "shardBatch", &args, batch_done, b);
 		bson_destroy(&args);
 		if (rc != 0) {
@@ -811,6 +898,7 @@ static void async_cb(uv_async_t *h)
 					       "the shard is shutting down");
 			else
 				shard_repl_reply_not_primary(r, it->req);
+			shard_txn_rec_free(it->txn);
 			free(it);
 		}
 		return;
@@ -831,6 +919,31 @@ void shard_repl_submit(shard_repl *r, wire_req *req)
 		it->wtimeout = maxtime;
 		it->by_maxtime = true;
 	}
+	pthread_mutex_lock(&r->mu);
+	if (r->tail)
+		r->tail->next = it;
+	else
+		r->head = it;
+	r->tail = it;
+	uv_async_send(&r->async);
+	pthread_mutex_unlock(&r->mu);
+}
+
+void shard_repl_submit_txn(shard_repl *r, wire_req *req, shard_txn_rec *t)
+{
+	repl_item *it = sdb_calloc(1, sizeof *it);
+	it->req = req;
+	int64_t maxtime = 0;
+	if (!parse_wc(req, &it->w, &it->wtimeout, &maxtime)) {
+		shard_txn_rec_free(t);
+		free(it);
+		return;
+	}
+	if (maxtime > 0 && (it->wtimeout == 0 || maxtime < it->wtimeout)) {
+		it->wtimeout = maxtime;
+		it->by_maxtime = true;
+	}
+	it->txn = t;
 	pthread_mutex_lock(&r->mu);
 	if (r->tail)
 		r->tail->next = it;
@@ -876,6 +989,8 @@ static void on_change(void *data)
 	sdb_gauge_set(r->g_term, (int64_t)sdb_node_term(r->node));
 	sdb_gauge_set(r->g_primary, ready ? 1 : 0);
 	shard_repl_ensure_registered(r);
+	if (!ready)
+		shard_txns_abort_all(r->sh, "the primary stepped down");
 	if (ready || raft_state(r->raft) != RAFT_LEADER)
 		uv_async_send(&r->async); /* writes held while the barrier applied */
 	if (ready != r->topo_ready || lid != r->topo_leader ||

@@ -39,6 +39,11 @@ int shard_repl_transfer(shard_repl *r, sdb_node_done_cb cb, void *arg);
  * InterruptedDueToReplStateChange (11602) / InterruptedAtShutdown (11600) when leadership
  * was lost or the member stopped before the commit (the outcome is unknown). Any thread. */
 void shard_repl_submit(shard_repl *r, wire_req *req);
+/* Queue the commit of a multi-document transaction (txn.h; ownership of t taken): at the
+ * head of the next entry, validated when that entry is built (shard_txn_commit_build).
+ * req is answered as for shard_repl_submit. Loop thread. */
+struct shard_txn_rec;
+void shard_repl_submit_txn(shard_repl *r, wire_req *req, struct shard_txn_rec *t);
 /* Is this member the primary (the Raft leader whose term barrier applied)? */
 bool shard_repl_writable(shard_repl *r);
 /* Write gate (loop thread): true when writable, else answers NotWritablePrimary. */

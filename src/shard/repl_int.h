@@ -15,6 +15,7 @@
 #include "common/metrics.h"
 #include "raft/node.h"
 #include "shard/repl.h"
+#include "shard/txn.h"
 
 /* A write waiting to be proposed. */
 typedef struct repl_item {
@@ -23,6 +24,7 @@ typedef struct repl_item {
 	int32_t w;
 	int64_t wtimeout;  /* ms bound on the replication wait (0: none) */
 	bool by_maxtime;   /* the bound is the command's maxTimeMS */
+	shard_txn_rec *txn; /* a transaction's commit (txn.h): proposed first, validated then */
 } repl_item;
 
 /* One proposed entry: the requests its replies go to, in command order. */

@@ -7,9 +7,9 @@
  * stmtId: stmtIds[i] when the command carries `stmtIds` (what mongos sends a shard), else
  * `stmtId` + i (stmtId defaults to 0), as write_ops::getStmtIdForWriteAt.
  *
- * Transactions are not built yet: startTransaction / autocommit on any command and the
- * commitTransaction / abortTransaction commands are refused (IllegalOperation 20) so that
- * nothing is accepted and then ignored.
+ * Multi-document transactions are txn.c's: the dispatcher hands every command carrying
+ * autocommit/startTransaction, and commitTransaction / abortTransaction, to it; what
+ * reaches a worker with those fields anyway is refused here (IllegalOperation 20).
  */
 #include <stdio.h>
 #include <string.h>
@@ -18,11 +18,12 @@
 #include "common/err.h"
 #include "common/metrics.h"
 #include "shard/shard.h"
+#include "shard/txn.h"
 #include "shard/util.h"
 
 #define ERR_TXN_REFUSED_FMT                                                                    \
-	"multi-document transactions are not supported by stripedb yet (issue #16): %s "     \
-	"refused, nothing of it was applied"
+	"%s: a transaction command reached the shard outside its transaction path; refused, "  \
+	"nothing of it was applied"
 
 bool shard_txn_refuse_fields(shard_ctx *x)
 {
@@ -142,6 +143,22 @@ bool shard_txn_start(shard_ctx *x, shard_txn *t)
 		return false;
 	}
 	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "shard: session: %s", x->err);
+		return false;
+	}
+	/* a txnNumber that committed a multi-document transaction (txn.c) is not a
+	 * retryable write's (mongod: _beginOrContinueRetryableWrite) */
+	bson_t *mark = NULL;
+	rc = sdb_store_session_stmt_get(x->conn, &t->lsid, SHARD_STMT_TXN_COMMITTED, &mark,
+					x->err, sizeof x->err);
+	sdb_doc_free(mark);
+	if (rc == 1) {
+		shard_fail(x, WIRE_ERR_INCOMPLETE_TXN_HISTORY,
+			   "Cannot retry a retryable write that has been converted into a "
+			   "transaction");
+		return false;
+	}
+	if (rc < 0) {
 		shard_fail(x, WIRE_ERR_INTERNAL, "shard: session: %s", x->err);
 		return false;
 	}

@@ -16,6 +16,7 @@
 #include "shard/members.h"
 #include "shard/repl.h"
 #include "shard/ttl.h"
+#include "shard/txn.h"
 #include "shard/shard.h"
 
 static int shard_health(void *data, char *msg, size_t msglen)
@@ -101,6 +102,14 @@ static int shard_start(sdb_role *role)
 		shard_free(sh);
 		return SDB_EUSAGE;
 	}
+	int64_t txn_limit_s =
+		sdb_config_get_int(role->cfg, SDB_OPT_transaction_lifetime_limit_seconds, 60);
+	if (txn_limit_s < 1 || txn_limit_s > 86400) {
+		sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+			 "shard: --transaction-lifetime-limit-seconds must be between 1 and 86400");
+		shard_free(sh);
+		return SDB_EUSAGE;
+	}
 	sh->test_commands = sdb_config_get_bool(role->cfg, SDB_OPT_enable_test_commands, 0) != 0;
 	if (so.oplog_max_bytes < 4096 || so.oplog_max_age_s < 0) {
 		sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
@@ -179,6 +188,7 @@ static int shard_start(sdb_role *role)
 		wire_server_close(sh->srv, 0, server_closed, sh);
 		return rc;
 	}
+	sh->txns = shard_txns_start(sh, txn_limit_s);
 	shard_register_commands(sh);
 	shard_members_start(sh);
 	sh->ttl = shard_ttl_start(sh, ttl_s);
@@ -215,13 +225,21 @@ static void ttl_stopped(void *arg)
 	uv_close((uv_handle_t *)&sh->reap_timer, timer_closed);
 }
 
+static void txns_closed(void *arg)
+{
+	shard *sh = arg;
+	shard_ttl *t = sh->ttl;
+	sh->ttl = NULL;
+	shard_ttl_stop(t, ttl_stopped, sh);
+}
+
 static void repl_closed(void *arg)
 {
 	shard *sh = arg;
 	sh->repl = NULL;
-	shard_ttl *t = sh->ttl;
-	sh->ttl = NULL;
-	shard_ttl_stop(t, ttl_stopped, sh);
+	shard_txns *t = sh->txns;
+	sh->txns = NULL;
+	shard_txns_stop(t, txns_closed, sh);
 }
 
 static void server_closed(void *arg)

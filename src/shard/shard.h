@@ -76,6 +76,10 @@ struct shard_ctx {
 	int64_t sv_cver, sv_sver;
 	struct route_coll *owner;
 	void *resume; /* a parked command's continuation (shard_await), else NULL */
+	/* a statement of a multi-document transaction run tentatively on the apply
+	 * connection (txn.c): reads are materialized on x->conn (no pooled streaming
+	 * connection: it would not see the transaction's own writes), no tailer is woken */
+	bool in_txn;
 	char err[512];
 };
 
@@ -136,6 +140,7 @@ struct shard {
 	shard_repl *repl;   /* the replica set this member belongs to (repl.h) */
 	struct shard_ttl *ttl; /* the TTL monitor (ttl.h), NULL when disabled */
 	struct shard_members *members; /* membership metrics sampler (members.h) */
+	struct shard_txns *txns;       /* open multi-document transactions (txn.h) */
 	uv_timer_t abandon_timer; /* graceful stop: answer uncommitted writes by the timeout */
 	bool failed_start;        /* closing after a failed start: no sdb_role_stopped */
 };
@@ -298,15 +303,17 @@ bool shard_mig_sessions_import(shard_ctx *x);
  * txnNumber}], more}: the live sessions in lsid byte order (read-only; a migration marks
  * those of its source whose history it cannot carry). */
 void shard_cmd_session_list(shard_ctx *x);
-/* When x->cmd carries startTransaction or autocommit (transactions are not built yet):
- * replies IllegalOperation (20) and returns true. */
+/* When x->cmd carries startTransaction or autocommit (a statement of a transaction that
+ * did not come through txn.c, which strips them): replies IllegalOperation (20) and
+ * returns true. */
 bool shard_txn_refuse_fields(shard_ctx *x);
 /* {stripedbStmtResult: 1, lsid, txnNumber, stmtId} -> {executed: bool, result?}: whether
  * this shard executed that statement of the session's active txnNumber, and its recorded
  * result (insert/delete {n}, update {n, nModified, upserted?}, findAndModify its reply).
  * Read-only; lets a proxy find which shard ran an untargeted single-document write. */
 void shard_cmd_stmt_result(shard_ctx *x);
-/* commitTransaction / abortTransaction: refused with IllegalOperation (20). */
+/* commitTransaction / abortTransaction reaching a worker (never: the dispatcher hands them
+ * to txn.c): refused with IllegalOperation (20). */
 void shard_cmd_txn_refuse(shard_ctx *x);
 
 /* --- commands (commands_*.c) --- */

@@ -1,8 +1,8 @@
 """Retryable writes on the embedded shard (issue #16): a write carrying lsid/txnNumber is
 recorded per statement in the same transaction as the write, a retry of an executed statement
 returns the recorded outcome without running it again, an older txnNumber is refused with
-TransactionTooOld (225), the records survive kill -9, and transactions are refused (not yet
-built) instead of being accepted and ignored.
+TransactionTooOld (225), the records survive kill -9, and a statement of a transaction is
+never applied at once (transactions: test_shard_txn.py).
 
 Commands are sent raw (db.command with an explicit session, so pymongo adds that session's
 lsid) exactly as a driver's retry sends them: the same lsid, txnNumber and statements.
@@ -226,7 +226,9 @@ def test_records_survive_kill9_and_restart(shard_with_dir):
     s.end_session()
 
 
-def test_transactions_are_refused_not_ignored(shard_with_dir):
+def test_transaction_statement_is_not_applied_before_commit(shard_with_dir):
+    """A write with startTransaction runs in a transaction (tests/integration/
+    test_shard_txn.py has the protocol): never applied at once, nothing after an abort."""
     _, port = shard_with_dir
     c = client_for(port)
     db = c.rw
@@ -234,15 +236,14 @@ def test_transactions_are_refused_not_ignored(shard_with_dir):
     with c.start_session() as s:
         cmd = SON([("update", "c"), ("updates", [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}]),
                    ("txnNumber", Int64(1)), ("startTransaction", True), ("autocommit", False)])
+        assert db.command(cmd, session=s)["nModified"] == 1
+        assert db.c.find_one({"_id": 1}) == {"_id": 1, "n": 0}
+        c.admin.command(SON([("abortTransaction", 1), ("txnNumber", Int64(1)),
+                             ("autocommit", False)]), session=s)
         with pytest.raises(OperationFailure) as e:
-            db.command(cmd, session=s)
-        assert e.value.code == 20
-        assert "transactions are not supported" in str(e.value)
-        for name in ("commitTransaction", "abortTransaction"):
-            with pytest.raises(OperationFailure) as e:
-                c.admin.command(SON([(name, 1), ("txnNumber", Int64(1)),
-                                     ("autocommit", False)]), session=s)
-            assert e.value.code == 20
+            c.admin.command(SON([("commitTransaction", 1), ("txnNumber", Int64(1)),
+                                 ("autocommit", False)]), session=s)
+        assert e.value.code == 251
     assert db.c.find_one({"_id": 1}) == {"_id": 1, "n": 0}
 
 

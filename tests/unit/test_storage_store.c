@@ -740,6 +740,77 @@ static void test_replicated_apply_is_deterministic(void **state)
 	assert_int_equal(system(cmd), 0);
 }
 
+/* A transaction's tentative statement (src/shard/txn.c) runs in an apply transaction that
+ * is rolled back: it leaves no trace on disk or in memory. A store that ran one between
+ * two entries writes the same oplog bytes as one that did not (the ts counter went back),
+ * the committed-ts watermark did not move, the collection it created is gone; and
+ * sdb_store_session_txn reads a session's live txnNumber. */
+static void test_rolled_back_apply_leaves_no_trace(void **state)
+{
+	fx *a = *state;
+	fx b_, *b = &b_;
+	memset(b, 0, sizeof *b);
+	snprintf(b->dir, sizeof b->dir, "/tmp/sdb-store-test-XXXXXX");
+	assert_non_null(mkdtemp(b->dir));
+	b->now_ms = a->now_ms;
+	fx_open(b, 0);
+	sdb_store_det d1 = {.now_ms = 1750000000123LL, .term = 3, .seed = {1, 2, 3, 4, 5}};
+	sdb_store_det d2 = {.now_ms = 1750000000123LL, .term = 3, .seed = {9, 8, 7, 6, 5}};
+	apply_entry(a, &d1, 10, 0);
+	apply_entry(b, &d1, 10, 0);
+	uint64_t committed = sdb_store_oplog_committed(a->st);
+	/* the tentative run: writes (and an implicit create), then the rollback */
+	assert_int_equal(sdb_store_apply_begin(a->c, &d2, a->err, sizeof a->err), 0);
+	begin_w(a);
+	bson_t *d = doc_id_a(1, 1);
+	assert_int_equal(sdb_store_insert(a->c, "db", "t", d, NULL, NULL, a->err, sizeof a->err), 0);
+	assert_int_equal(sdb_store_insert(a->c, "db", "r", d, NULL, NULL, a->err, sizeof a->err), 0);
+	bson_destroy(d);
+	commit(a);
+	sdb_store_apply_rollback(a->c);
+	assert_int_equal(sdb_store_oplog_committed(a->st), committed);
+	assert_int_equal(sdb_store_begin(a->c, false, a->err, sizeof a->err), 0);
+	const sdb_store_coll *co = NULL;
+	assert_int_equal(sdb_store_coll_get(a->c, "db", "t", &co, a->err, sizeof a->err),
+			 SDB_ENOTFOUND);
+	assert_int_equal(sdb_store_count(a->c, "db", "r"), 2);
+	sdb_store_rollback(a->c);
+	apply_entry(a, &d2, 11, 100);
+	apply_entry(b, &d2, 11, 100);
+	bson_t **oa, **ob;
+	size_t na, nb;
+	oplog_of(a, &oa, &na);
+	oplog_of(b, &ob, &nb);
+	assert_int_equal(na, 5);
+	assert_int_equal(na, nb);
+	for (size_t i = 0; i < na; i++) {
+		assert_int_equal(oa[i]->len, ob[i]->len);
+		assert_memory_equal(bson_get_data(oa[i]), bson_get_data(ob[i]), oa[i]->len);
+		sdb_doc_free(oa[i]);
+		sdb_doc_free(ob[i]);
+	}
+	free(oa);
+	free(ob);
+	/* a session's live txnNumber */
+	bson_t *lsid = BCON_NEW("id", BCON_INT32(42));
+	bson_t *none = BCON_NEW("id", BCON_INT32(43));
+	int64_t stored = 0, txn = -1;
+	begin_w(a);
+	assert_int_equal(sdb_store_session_begin(a->c, lsid, 5, &stored, a->err, sizeof a->err), 0);
+	commit(a);
+	assert_int_equal(sdb_store_begin(a->c, false, a->err, sizeof a->err), 0);
+	assert_int_equal(sdb_store_session_txn(a->c, lsid, &txn, a->err, sizeof a->err), 1);
+	assert_int_equal(txn, 5);
+	assert_int_equal(sdb_store_session_txn(a->c, none, &txn, a->err, sizeof a->err), 0);
+	sdb_store_rollback(a->c);
+	bson_destroy(lsid);
+	bson_destroy(none);
+	fx_close(b);
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf %.250s", b->dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -755,6 +826,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_check_finds_a_missing_index_entry, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_query_plans_and_counters, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rolled_back_apply_leaves_no_trace, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_replicated_apply_is_deterministic, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_catalog_drop_and_oplog_commands, setup,
