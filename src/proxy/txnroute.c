@@ -357,7 +357,7 @@ bool pxtxn_begin(struct ctx *c, pxtxn_stmt *st)
 			goto refuse;
 		}
 		if (s->txn == txn && s->state != TXN_NONE) {
-			px_error(c, PXTXN_ERR_CONFLICTING_OP,
+			px_error(c, PXTXN_ERR_RESTART,
 				 "Cannot start a transaction at given transaction number %lld: a "
 				 "transaction with the same number was started already",
 				 (long long)txn);

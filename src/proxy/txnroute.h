@@ -34,7 +34,7 @@
 struct ctx;
 struct proxy;
 
-#define PXTXN_ERR_CONFLICTING_OP 117    /* ConflictingOperationInProgress */
+#define PXTXN_ERR_RESTART 50911          /* startTransaction on a started txnNumber */
 #define PXTXN_ERR_WRITE_CONFLICT 112     /* WriteConflict */
 #define PXTXN_ERR_NO_SUCH_TXN 251        /* NoSuchTransaction */
 #define PXTXN_ERR_TXN_COMMITTED 256      /* TransactionCommitted */
@@ -74,7 +74,7 @@ bool pxtxn_is_txn_cmd(const bson_t *cmd);
 /* Start statement c->cmd of its session's transaction: validates lsid / txnNumber /
  * autocommit / startTransaction (mongod's rules and codes: InvalidOptions 72,
  * TransactionTooOld 225, NoSuchTransaction 251 + TransientTransactionError,
- * TransactionCommitted 256, ConflictingOperationInProgress 117), checks the session out
+ * TransactionCommitted 256, 50911 for a txnNumber started already), checks the session out
  * (waits while another statement of the session runs) and sets c->tx = st. Returns false
  * after answering c (nothing checked out). Worker thread. */
 bool pxtxn_begin(struct ctx *c, pxtxn_stmt *st);

@@ -748,7 +748,7 @@ static void test_txn_session_rules(void **state)
 	insert_k(e, 1, 7, true);
 	assert_int_equal(e->ans.state, 1);
 	insert_k(e, 1, 7, true);
-	assert_int_equal(ans_code(e), PXTXN_ERR_CONFLICTING_OP);
+	assert_int_equal(ans_code(e), PXTXN_ERR_RESTART);
 	insert_k(e, 1, 6, true);
 	assert_int_equal(ans_code(e), WIRE_ERR_TRANSACTION_TOO_OLD);
 	assert_int_equal(pxtxn_table_size(e->p.txns), 1);
