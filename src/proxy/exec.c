@@ -1,7 +1,8 @@
 /* The proxy's job runner and shared helpers (issue #6, split by concern in issue #24):
- * every routed command is submitted to a worker thread (shardconn_submit), checked
- * (transactions, unsupported options, retryable-write fields, admission, collection
- * policy) and dispatched to its handler in read.c, write.c, admin.c or explain.c.
+ * every routed command is submitted to a worker thread (shardconn_submit), checked (a
+ * transaction's statement checks its session out, txnroute.c; unsupported options,
+ * retryable-write fields, admission, collection policy) and dispatched to its handler in
+ * read.c, write.c, admin.c or explain.c.
  *
  * Version gating (DESIGN.md §5, §6 step 5): every request for a sharded collection is sent
  * PER CHUNK with `$stripedbVersion: {chunk: ID, token: N}`, so a shard that no longer owns
@@ -515,7 +516,7 @@ static const px_cmd cmd_table[] = {
 	{"removeshard", px_do_remove_shard, 0, NULL, PXP_NONE},
 	{"refineCollectionShardKey", px_do_refused_sharding, 0, NULL, PXP_NONE},
 	{"reshardCollection", px_do_refused_sharding, 0, NULL, PXP_NONE},
-	/* transactions (txnroute.c, issue #16); registered only when p->txn_on */
+	/* transactions (txnroute.c, issue #16) */
 	{"commitTransaction", pxtxn_do_commit, PXC_TXN_END | PXC_FREE, NULL, PXP_NONE},
 	{"abortTransaction", pxtxn_do_abort, PXC_TXN_END | PXC_FREE, NULL, PXP_NONE},
 };
@@ -610,8 +611,6 @@ static void run_job(void *arg)
 		c.coll = bson_iter_utf8(&it, NULL);
 		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
 	}
-	if (!j->p->txn_on && proxy_txn_refuse(c.req))
-		goto out; /* answered by txn.c */
 	if (cmd == NULL) /* registered from cmd_table only: cannot happen */
 		px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'",
 			 wire_req_name(j->req));
@@ -622,7 +621,6 @@ static void run_job(void *arg)
 		pxtxn_end(&c);
 	}
 	answer_send(c.req, &ans);
-out:
 	proxy_txn_free(&c.txn);
 	free(j->user);
 	free(j);
@@ -656,13 +654,8 @@ void proxy_exec_register(proxy *p)
 	size_t i;
 
 	for (i = 0; i < sizeof cmd_table / sizeof cmd_table[0]; i++)
-		if (p->txn_on || !(cmd_table[i].flags & PXC_TXN_END))
-			wire_server_register(p->srv, cmd_table[i].name, h_submit);
+		wire_server_register(p->srv, cmd_table[i].name, h_submit);
 	for (i = 0; js[i]; i++)
 		wire_server_register(p->srv, js[i], h_refuse_js);
-	if (!p->txn_on) {
-		wire_server_register(p->srv, "commitTransaction", proxy_txn_refuse_handler);
-		wire_server_register(p->srv, "abortTransaction", proxy_txn_refuse_handler);
-	}
 }
 

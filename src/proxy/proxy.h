@@ -86,10 +86,8 @@ typedef struct proxy {
 	 * (px_cluster_default with impl = this proxy); a unit test sets a fake. */
 	const struct px_cluster *cluster;
 	void *cluster_impl;
-	/* issue #16: single-shard transactions (txnroute.h): the sessions, and whether
-	 * transactions are routed (false: refused, txn.c) */
+	/* issue #16: the sessions of single-shard transactions (txnroute.h) */
 	struct pxtxn_table *txns;
-	bool txn_on;
 } proxy;
 
 /* retry.c: every shard command and fan-out of the proxy (handlers and cursors) goes through

@@ -763,7 +763,6 @@ static int proxy_start(sdb_role *role)
 	uv_mutex_init(&p->cmu);
 	p->rc = route_cache_new();
 	p->txns = pxtxn_table_new();
-	p->txn_on = true; /* single-shard transactions (txnroute.c; shards: src/shard/txn.c) */
 	p->sc = shardconn_new();
 	shardconn_set_retry_budget(p->sc, p->stale_retry_ms);
 	/* issue #10: the cluster key before any pool to shards or metadata is made */

@@ -213,7 +213,6 @@ static int setup(void **state)
 	e->p.m_targeted = sdb_metrics_counter("test_routed_total", "t", "kind=\"targeted\"");
 	e->p.m_cursors = sdb_metrics_gauge("test_cursors", "t", NULL);
 	e->p.txns = pxtxn_table_new();
-	e->p.txn_on = true;
 	uv_mutex_init(&e->p.cmu);
 	*state = e;
 	return 0;
