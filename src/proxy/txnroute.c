@@ -617,7 +617,10 @@ static void finish(struct ctx *c, bool commit)
 			if (commit)
 				px_reply(c, bson_new());
 			else
-				no_such_txn(c, txn, "has no participant: no command of it was sent");
+				px_error_extra(c, PXTXN_ERR_NO_SUCH_TXN,
+					       labels1("TransientTransactionError"),
+					       "no known command has been sent by this router for "
+					       "this transaction"); /* mongos' words */
 			goto out;
 		}
 		shard = sdb_strdup(s->pinned);
@@ -626,9 +629,11 @@ static void finish(struct ctx *c, bool commit)
 		 * recoveryToken names its shard */
 		const char *rs = recovery_shard(c);
 		if (rs == NULL) {
-			no_such_txn(c, txn,
-				    "is not known to this proxy and the command has no "
-				    "recoveryToken");
+			px_error_extra(c, PXTXN_ERR_NO_SUCH_TXN,
+				       labels1("TransientTransactionError"),
+				       "Cannot recover the transaction decision without a "
+				       "recoveryToken (transaction %lld is not known to this proxy)",
+				       (long long)txn); /* mongos' words */
 			goto out;
 		}
 		shard = sdb_strdup(rs);
