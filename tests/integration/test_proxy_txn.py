@@ -251,6 +251,29 @@ def test_raw_protocol_recovery_token_and_session_rules(cluster):
         c.close()
 
 
+def test_commit_through_another_proxy_after_the_pinned_one_died(cluster):
+    """pymongo pins a proxy for the transaction; SIGKILL of it before the commit: the
+    driver's commit retry goes to the other proxy with the recoveryToken, which commits on
+    the shard. The transfer is applied once."""
+    setup_accounts(cluster)
+    hosts = ",".join(f"127.0.0.1:{p}" for p in cluster.proxy_ports)
+    c = pymongo.MongoClient(f"mongodb://{hosts}/", serverSelectionTimeoutMS=20000)
+    cluster._clients.append(c)
+    acc = c.bank.acc
+    with c.start_session() as s:
+        s.start_transaction()
+        acc.update_one({"_id": 25, "g": 2}, {"$inc": {"n": -20}}, session=s)
+        acc.update_one({"_id": 26, "g": 2}, {"$inc": {"n": 20}}, session=s)
+        pinned = s._pinned_address
+        assert pinned is not None
+        i = cluster.proxy_ports.index(pinned[1])
+        cluster.proxy_procs[i].signal(signal.SIGKILL)
+        cluster.proxy_procs[i].p.wait(timeout=10)
+        s.commit_transaction()
+    got = balances(cluster.proxy_client(1 - i).bank.acc)
+    assert got[25] == 80 and got[26] == 120
+
+
 MONGOSH_TXN = """
 const s = db.getMongo().startSession();
 const acc = s.getDatabase("bank").acc;
