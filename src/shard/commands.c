@@ -169,7 +169,8 @@ static void dispatch(wire_req *req, void *role_data)
 			}
 			if (shard_cmd_is_write(name)) {
 				/* explain of a write only plans it: a read */
-				if (shard_repl_check_write(sh->repl, req))
+				if (shard_repl_check_write(sh->repl, req) &&
+				    !shard_txn_retryable_check(sh, req))
 					shard_pool_submit_write(sh, req);
 				return;
 			}

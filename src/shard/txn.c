@@ -1146,6 +1146,18 @@ static void commit(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 		wire_req_reply(req, bson_new());
 		return;
 	}
+	size_t bytes = 0;
+	for (size_t i = 0; i < t->n_ops; i++)
+		bytes += t->ops[i].o->len + strlen(t->ops[i].ns) + 32;
+	if (bytes > SHARD_MAX_REPLY_BYTES) {
+		/* one Raft entry, one BSON command: mongod's 16 MB transaction oplog limit */
+		finish(T, t, TXN_ABORTED, "it was too large");
+		wire_req_error(req, 257 /* TransactionTooLarge */,
+			       "Total size of the transaction's operations (%zu bytes) exceeds the "
+			       "limit of %d bytes; the transaction was aborted",
+			       bytes, SHARD_MAX_REPLY_BYTES);
+		return;
+	}
 	/* the record goes to the proposal queue; a tombstone stays */
 	unlink_rec(T, t);
 	shard_txn_rec *tomb = sdb_calloc(1, sizeof *tomb);
@@ -1206,6 +1218,7 @@ void shard_txn_dispatch(shard *sh, wire_req *req)
 	shard_txns *T = table(sh);
 	const char *name = wire_req_name(req);
 	txn_args a;
+	shard_sessions_note(sh, wire_req_cmd(req)); /* $listLocalSessions */
 	if (!T || !parse_args(req, &a))
 		return T ? (void)0
 			 : wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN,
@@ -1228,6 +1241,45 @@ void shard_txn_dispatch(shard *sh, wire_req *req)
 		abort_txn(T, req, &a);
 	else
 		statement(sh, T, req, &a);
+}
+
+bool shard_txn_retryable_check(shard *sh, wire_req *req)
+{
+	shard_txns *T = table(sh);
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_iter_t it;
+	bson_t lsid;
+	if (!T || !T->list || !bson_iter_init_find(&it, cmd, "txnNumber") ||
+	    !(BSON_ITER_HOLDS_INT64(&it) || BSON_ITER_HOLDS_INT32(&it)))
+		return false;
+	int64_t txn = bson_iter_as_int64(&it);
+	if (!bson_iter_init_find(&it, cmd, "lsid") || !BSON_ITER_HOLDS_DOCUMENT(&it))
+		return false;
+	uint32_t len;
+	const uint8_t *data;
+	bson_iter_document(&it, &len, &data);
+	if (!bson_init_static(&lsid, data, len))
+		return false;
+	shard_txn_rec *t = find_rec(T, &lsid);
+	if (!t || (t->state != TXN_OPEN && t->state != TXN_QUEUED))
+		return false;
+	if (t->txn > txn) {
+		wire_req_error(req, WIRE_ERR_TRANSACTION_TOO_OLD,
+			       "Retryable write with txnNumber %lld is prohibited on session because "
+			       "a newer transaction with txnNumber %lld has already started on this "
+			       "session.",
+			       (long long)txn, (long long)t->txn);
+		return true;
+	}
+	if (t->txn == txn) {
+		wire_req_error(req, WIRE_ERR_INCOMPLETE_TXN_HISTORY,
+			       "Cannot retry a retryable write that has been converted into a "
+			       "transaction");
+		return true;
+	}
+	if (t->state == TXN_OPEN)
+		finish(T, t, TXN_ABORTED, "a newer retryable write started on its session");
+	return false;
 }
 
 /* ------------------------------------------------------------------ proposal */

@@ -52,6 +52,13 @@ bool shard_txn_wants(wire_req *req);
  * the transaction's effects for the next Raft entry. Always answers req. */
 void shard_txn_dispatch(shard *sh, wire_req *req);
 
+/* A retryable write (a write with lsid and txnNumber, no autocommit) against the session's
+ * transaction, as mongod's beginOrContinue (loop thread, before it is queued): a newer
+ * txnNumber aborts the open transaction; an older one than an open transaction's is
+ * answered TransactionTooOld (225), the same one IncompleteTransactionHistory (217).
+ * True when req was answered. */
+bool shard_txn_retryable_check(shard *sh, wire_req *req);
+
 /* The apply's hooks (repl.c, loop thread). active: is any transaction open (only then are
  * applied writes recorded)? note_apply: inside the apply transaction of Raft entry index,
  * record the oplog entries written after ts before (all: the entry had a DDL or version

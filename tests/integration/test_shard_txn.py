@@ -11,7 +11,10 @@ Jepsen-style bank tests: concurrent transfers between accounts with with_transac
 total is checked exactly against the initial total, no balance may go negative, and every
 member of a set ends with the same documents and oplog.
 """
+import json
+import os
 import signal
+import subprocess
 import threading
 
 import pymongo
@@ -21,10 +24,11 @@ from bson.son import SON
 from pymongo.errors import NotMasterError as NotPrimaryError
 from pymongo.errors import OperationFailure, PyMongoError
 
-from conftest import free_port, wait_until
+from conftest import MONGOSH, free_port, needs_node_client, node_env, wait_until
 from test_shard_replset import direct, primary_index, start_set
 
 SET = "rs-test"
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def one_member(start_role, tmp_path, extra=()):
@@ -148,6 +152,21 @@ def test_errors_labels_and_session_rules(start_role, tmp_path):
             c.app.command(SON([("find", "c"), ("txnNumber", Int64(txn + 5)),
                                ("startTransaction", True), ("autocommit", False)]), session=s)
         assert e.value.code == 50911, e.value.details
+        # a retryable write with an older txnNumber than an open transaction's:
+        # TransactionTooOld; a newer one aborts the open transaction (mongod's rules)
+        c.app.command(SON([("find", "c"), ("txnNumber", Int64(txn + 20)),
+                           ("startTransaction", True), ("autocommit", False)]), session=s)
+        with pytest.raises(OperationFailure) as e:
+            c.app.command(SON([("insert", "c"), ("documents", [{"_id": 12}]),
+                               ("txnNumber", Int64(txn + 19))]), session=s)
+        assert e.value.code == 225
+        c.app.command(SON([("insert", "c"), ("documents", [{"_id": 13}]),
+                           ("txnNumber", Int64(txn + 21))]), session=s)
+        with pytest.raises(OperationFailure) as e:
+            c.app.command(SON([("find", "c"), ("txnNumber", Int64(txn + 20)),
+                               ("autocommit", False)]), session=s)
+        assert e.value.code == 251 and "newer retryable write" in str(e.value)
+        txn += 20
         # a statement of a transaction that does not exist: NoSuchTransaction, transient
         with pytest.raises(OperationFailure) as e:
             c.app.command(SON([("find", "c"), ("txnNumber", Int64(txn + 6)),
@@ -287,6 +306,19 @@ def test_write_conflict_is_transient_and_with_transaction_retries(start_role, tm
         with pytest.raises(OperationFailure) as e:
             s.commit_transaction()
         assert e.value.code == 112
+    assert coll.find_one({"_id": 1})["n"] == 105
+    # a statement with an older version token than the shard's: StaleConfig, transient
+    # (the proxy refreshes its routing and retries the transaction), the transaction aborts
+    with c.start_session() as s:
+        s.start_transaction()
+        with pytest.raises(OperationFailure) as e:
+            c.app.command(SON([("update", "c"),
+                               ("updates", [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}]),
+                               ("$stripedbVersion", {"chunk": "7", "token": 1})]), session=s)
+        assert e.value.code == 13388 and "TransientTransactionError" in labels(e.value)
+        with pytest.raises(OperationFailure) as e:
+            s.commit_transaction()
+        assert e.value.code == 251
     assert coll.find_one({"_id": 1})["n"] == 105
 
 
@@ -437,3 +469,43 @@ def test_three_members_bank_failover_and_commit_retry(start_role, tmp_path):
     # nothing of the killed transaction, on any member (the restarted one included)
     assert {d["_id"]: d["n"] for d in docs if d["_id"] in (2, 3, 4)} == before
     c.close()
+
+
+MONGOSH_TXN = r"""
+const acc = db.getSiblingDB('bank').acc;
+acc.insertMany([{_id: 1, n: 100}, {_id: 2, n: 0}]);
+const s = db.getMongo().startSession();
+const sacc = s.getDatabase('bank').acc;
+s.withTransaction(() => {
+  sacc.updateOne({_id: 1}, {$inc: {n: -40}});
+  sacc.updateOne({_id: 2}, {$inc: {n: 40}});
+});
+s.startTransaction();
+sacc.insertOne({_id: 3, n: 1});
+const inside = sacc.countDocuments({});
+const outside = acc.countDocuments({});
+s.abortTransaction();
+let err = null;
+try {
+  s.startTransaction();
+  sacc.findOne({_id: 1});
+  acc.updateOne({_id: 1}, {$inc: {n: 1}});
+  sacc.updateOne({_id: 2}, {$inc: {n: 1}});
+  s.commitTransaction();
+} catch (e) {
+  err = {code: e.code, labels: e.errorLabels || []};
+  try { s.abortTransaction(); } catch (e2) {}
+}
+print(JSON.stringify({docs: acc.find().sort({_id: 1}).toArray(), inside, outside, err}));
+"""
+
+
+@needs_node_client("mongosh")
+def test_mongosh_transactions(start_role, tmp_path):
+    _, _, uri = one_member(start_role, tmp_path)
+    r = subprocess.run([MONGOSH, uri, "--quiet", "--norc", "--eval", MONGOSH_TXN],
+                       capture_output=True, text=True, timeout=120, cwd=HERE, env=node_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"docs": [{"_id": 1, "n": 61}, {"_id": 2, "n": 40}], "inside": 3,
+                   "outside": 2, "err": {"code": 112, "labels": ["TransientTransactionError"]}}
