@@ -84,7 +84,9 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 	};
 	bson_iter_t it, arr;
 	bson_t sub;
-	bool retryable = bson_iter_init_find(&it, cmd, "txnNumber");
+	/* a transaction's statement (autocommit: false) is not a retryable write */
+	bool retryable = bson_iter_init_find(&it, cmd, "txnNumber") &&
+			 !bson_has_field(cmd, "autocommit");
 	int code = scan(cmd, NULL, false, false, false, err, errlen);
 
 	if (code != 0)

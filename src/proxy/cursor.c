@@ -28,6 +28,7 @@ struct proxy_cursor {
 	int64_t returned;
 	uint64_t last_used_ms;
 	bool busy;
+	bson_t *txnf; /* a transaction's cursor: lsid, txnNumber, autocommit on its getMores */
 	proxy_cursor *next;
 };
 
@@ -142,6 +143,13 @@ proxy_cursor *proxy_cursor_new(proxy *p, const char *ns, pstream *streams, size_
 	return c;
 }
 
+void proxy_cursor_set_txn(proxy_cursor *c, bson_t *fields)
+{
+	if (c->txnf)
+		bson_destroy(c->txnf);
+	c->txnf = fields;
+}
+
 int64_t proxy_cursor_id(const proxy_cursor *c)
 {
 	return c->id;
@@ -163,6 +171,8 @@ static void refill_one(void *arg, size_t k)
 	BSON_APPEND_INT64(&cmd, "getMore", s->cursor_id);
 	BSON_APPEND_UTF8(&cmd, "collection", s->coll);
 	BSON_APPEND_INT64(&cmd, "batchSize", CURSOR_SHARD_BATCH);
+	if (rc->c->txnf)
+		bson_concat(&cmd, rc->c->txnf);
 	r = proxy_shard_command(rc->p, s->shard, s->db, &cmd, &s->server_id, &reply, s->neterr,
 				sizeof s->neterr);
 	s->status = r;
@@ -220,7 +230,11 @@ int proxy_cursor_next(proxy *p, proxy_cursor *c, bson_t **doc_out, int *code, ch
 				idx[nidx++] = i;
 		if (nidx > 0) {
 			refill_ctx rcx = {p, c, idx};
-			proxy_shard_fanout(p, nidx, refill_one, &rcx);
+			if (c->txnf) /* one command of a transaction at a time */
+				for (i = 0; i < nidx; i++)
+					refill_one(&rcx, i);
+			else
+				proxy_shard_fanout(p, nidx, refill_one, &rcx);
 			for (i = 0; i < nidx; i++) {
 				pstream *s = &c->s[idx[i]];
 				if (s->status != SHARDCONN_OK) {
@@ -434,6 +448,8 @@ void proxy_cursor_destroy(proxy *p, proxy_cursor *c)
 		bson_destroy(&c->s[i].err_reply);
 	}
 	free(c->s);
+	if (c->txnf)
+		bson_destroy(c->txnf);
 	merge_sort_free(c->sort);
 	sdb_projection_free(c->proj);
 	free(c->ns);

@@ -1,7 +1,8 @@
 /* The proxy's job runner and shared helpers (issue #6, split by concern in issue #24):
- * every routed command is submitted to a worker thread (shardconn_submit), checked
- * (transactions, unsupported options, retryable-write fields, admission, collection
- * policy) and dispatched to its handler in read.c, write.c, admin.c or explain.c.
+ * every routed command is submitted to a worker thread (shardconn_submit), checked (a
+ * transaction's statement checks its session out, txnroute.c; unsupported options,
+ * retryable-write fields, admission, collection policy) and dispatched to its handler in
+ * read.c, write.c, admin.c or explain.c.
  *
  * Version gating (DESIGN.md §5, §6 step 5): every request for a sharded collection is sent
  * PER CHUNK with `$stripedbVersion: {chunk: ID, token: N}`, so a shard that no longer owns
@@ -309,6 +310,7 @@ void px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
 	int r;
 
 	bson_init(&arr);
+	proxy_cursor_set_txn(cur, pxtxn_cursor_fields(c));
 	r = proxy_cursor_fill(c->p, cur, &arr, batch, &code, err, sizeof err);
 	if (r < 0) {
 		bson_destroy(&arr);
@@ -517,6 +519,9 @@ static const px_cmd cmd_table[] = {
 	{"removeshard", px_do_remove_shard, 0, NULL, PXP_NONE},
 	{"refineCollectionShardKey", px_do_refused_sharding, 0, NULL, PXP_NONE},
 	{"reshardCollection", px_do_refused_sharding, 0, NULL, PXP_NONE},
+	/* transactions (txnroute.c, issue #16) */
+	{"commitTransaction", pxtxn_do_commit, PXC_TXN_END | PXC_FREE, NULL, PXP_NONE},
+	{"abortTransaction", pxtxn_do_abort, PXC_TXN_END | PXC_FREE, NULL, PXP_NONE},
 };
 
 const px_cmd *px_cmd_find(const char *name)
@@ -564,7 +569,7 @@ static bool job_checks(ctx *c, const px_cmd *cmd)
 		px_error(c, code, "%s", err);
 		return false;
 	}
-	if ((cmd->flags & PXC_WRITE) &&
+	if ((cmd->flags & PXC_WRITE) && c->tx == NULL &&
 	    !proxy_txn_parse(c->cmd, cmd->stmts, &c->txn, &code, err, sizeof err)) {
 		px_error(c, code, "%s", err);
 		return false;
@@ -579,12 +584,20 @@ static bool job_checks(ctx *c, const px_cmd *cmd)
 	return true;
 }
 
+/* The checks, then the handler. */
+static void run_checked(ctx *c, const px_cmd *cmd)
+{
+	if (job_checks(c, cmd) && !px_config_db(c, cmd))
+		cmd->run(c);
+}
+
 /* A request on a worker thread: checks, the handler, then its one answer. */
 static void run_job(void *arg)
 {
 	pjob *j = arg;
 	ctx c;
 	px_answer ans;
+	pxtxn_stmt st;
 	bson_iter_t it;
 	const px_cmd *cmd = px_cmd_find(wire_req_name(j->req));
 
@@ -601,15 +614,16 @@ static void run_job(void *arg)
 		c.coll = bson_iter_utf8(&it, NULL);
 		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
 	}
-	if (proxy_txn_refuse(c.req))
-		goto out; /* answered by txn.c */
 	if (cmd == NULL) /* registered from cmd_table only: cannot happen */
 		px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'",
 			 wire_req_name(j->req));
-	else if (job_checks(&c, cmd) && !px_config_db(&c, cmd))
-		cmd->run(&c);
+	else if ((cmd->flags & PXC_TXN_END) || !pxtxn_is_txn_cmd(c.cmd))
+		run_checked(&c, cmd);
+	else if (pxtxn_begin(&c, &st)) { /* a statement of a transaction (txnroute.h) */
+		run_checked(&c, cmd);
+		pxtxn_end(&c);
+	}
 	answer_send(c.req, &ans);
-out:
 	proxy_txn_free(&c.txn);
 	free(j->user);
 	free(j);
@@ -646,7 +660,5 @@ void proxy_exec_register(proxy *p)
 		wire_server_register(p->srv, cmd_table[i].name, h_submit);
 	for (i = 0; js[i]; i++)
 		wire_server_register(p->srv, js[i], h_refuse_js);
-	wire_server_register(p->srv, "commitTransaction", proxy_txn_refuse_handler);
-	wire_server_register(p->srv, "abortTransaction", proxy_txn_refuse_handler);
 }
 

@@ -12,6 +12,7 @@
 #include "proxy/proxy.h"
 #include "proxy/retry.h"
 #include "proxy/txn.h"
+#include "proxy/txnroute.h"
 
 #define ERR_SHARD_KEY_NOT_FOUND 61
 #define ERR_CURSOR_IN_USE 292
@@ -44,6 +45,7 @@ typedef struct ctx {
 	 * write (points into cmd; readpref.c), else NULL */
 	const uint8_t *rp_data;
 	uint32_t rp_len;
+	pxtxn_stmt *tx; /* the transaction statement being run (txnroute.h), or NULL */
 } ctx;
 
 /* The command table (exec.c), as src/shard/commands.c's. */
@@ -52,6 +54,7 @@ enum {
 	PXC_WRITE = 2,   /* a write: its retryable-write fields are read (txn.h) */
 	PXC_FREE = 4,    /* not counted by the tenant's quotas (killCursors) */
 	PXC_ONE_DOC = 8, /* counts one document written for the quotas (findAndModify) */
+	PXC_TXN_END = 16, /* commitTransaction / abortTransaction (txnroute.c) */
 };
 /* What the collection policy switches look at (policy.c). */
 typedef enum {

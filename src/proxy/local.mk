@@ -17,6 +17,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/shardconn.c \
 	src/proxy/shardver.c \
 	src/proxy/txn.c \
+	src/proxy/txnroute.c \
 	src/proxy/write.c
 noinst_HEADERS += \
 	src/proxy/exec.h \
@@ -25,7 +26,8 @@ noinst_HEADERS += \
 	src/proxy/quota.h \
 	src/proxy/retry.h \
 	src/proxy/shardconn.h \
-	src/proxy/txn.h
+	src/proxy/txn.h \
+	src/proxy/txnroute.h
 
 check_PROGRAMS += tests/unit/test_proxy_merge \
 	tests/unit/test_proxy_cursor tests/unit/test_proxy_txn tests/unit/test_proxy_exec

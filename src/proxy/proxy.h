@@ -86,6 +86,8 @@ typedef struct proxy {
 	 * (px_cluster_default with impl = this proxy); a unit test sets a fake. */
 	const struct px_cluster *cluster;
 	void *cluster_impl;
+	/* issue #16: the sessions of single-shard transactions (txnroute.h) */
+	struct pxtxn_table *txns;
 } proxy;
 
 /* retry.c: every shard command and fan-out of the proxy (handlers and cursors) goes through
@@ -173,5 +175,9 @@ void proxy_cursor_destroy(proxy *p, proxy_cursor *c);
 /* Remove cursors idle longer than the timeout (worker thread). */
 void proxy_cursor_reap(proxy *p, bool all);
 int64_t proxy_cursor_id(const proxy_cursor *c);
+/* A cursor opened by a transaction's statement (issue #16): fields (lsid, txnNumber,
+ * autocommit: false; taken over, may be NULL) are added to its shard getMores, which are
+ * then sent one at a time. */
+void proxy_cursor_set_txn(proxy_cursor *c, bson_t *fields);
 
 #endif

@@ -96,6 +96,8 @@ int px_run_on(ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid, bson_
 	bson_t rp, fwd;
 	int rc;
 
+	if (c->tx != NULL) /* a transaction's statement: pinned shard, txn fields (primary) */
+		return pxtxn_run_on(c, shard, cmd, sid ? sid : &local, reply, neterr, nelen);
 	if (!px_read_pref_applies(c, cmd, &rp))
 		return proxy_shard_command(c->p, shard, c->db, cmd, sid ? sid : &local, reply,
 					   neterr, nelen);
@@ -270,7 +272,9 @@ int px_retry_run(px_retry *r)
 			return PX_RETRY_DONE;
 		if (res == PX_RETRY_AGAIN)
 			continue;
-		if (!stale_backoff(r->c)) {
+		/* no proxy-side retry inside a transaction: the statement answers StaleConfig
+		 * with TransientTransactionError (txnroute.c) and the driver retries it all */
+		if (r->c->tx != NULL || !stale_backoff(r->c)) {
 			if (r->exhausted)
 				r->exhausted(r, r->arg);
 			else if (r->last.cls != SHARDCONN_OK)

@@ -17,6 +17,7 @@
 #include "auth/gate.h"
 #include "auth/tls.h"
 #include "proxy/proxy.h"
+#include "proxy/txnroute.h"
 
 #define PROXY_REAP_EVERY_MS 1000
 
@@ -164,6 +165,7 @@ static int proxy_start(sdb_role *role)
 	uv_cond_init(&p->cv);
 	uv_mutex_init(&p->cmu);
 	p->rc = route_cache_new();
+	p->txns = pxtxn_table_new();
 	p->sc = shardconn_new();
 	shardconn_set_retry_budget(p->sc, p->stale_retry_ms);
 	/* issue #10: the cluster key before any pool to shards or metadata is made */
@@ -246,6 +248,7 @@ err:
 	proxy_quota_free(p->quota);
 	shardconn_free(p->sc); /* and its metadata pool */
 	route_cache_free(p->rc);
+	pxtxn_table_free(p->txns);
 	uv_mutex_destroy(&p->cmu);
 	uv_cond_destroy(&p->cv);
 	uv_mutex_destroy(&p->mu);
@@ -269,6 +272,7 @@ static void on_timer_closed(uv_handle_t *h)
 	proxy_quota_free(p->quota);
 	auth_gate_free(p->auth);
 	route_cache_free(p->rc);
+	pxtxn_table_free(p->txns);
 	free(p->primary);
 	uv_mutex_destroy(&p->cmu);
 	uv_cond_destroy(&p->cv);

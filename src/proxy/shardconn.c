@@ -489,8 +489,17 @@ static bool idempotent_read(const bson_t *cmd)
 static bool retryable_write(const bson_t *cmd)
 {
 	bson_iter_t it;
+	const char *name;
 
-	return bson_iter_init_find(&it, cmd, "txnNumber") && bson_iter_init_find(&it, cmd, "lsid");
+	if (!bson_iter_init_find(&it, cmd, "txnNumber") || !bson_iter_init_find(&it, cmd, "lsid"))
+		return false;
+	if (!bson_iter_init_find(&it, cmd, "autocommit"))
+		return true;
+	/* a transaction's statement is never re-sent after an unknown outcome (the proxy
+	 * answers TransientTransactionError); its commit and abort are retryable */
+	bson_iter_init(&it, cmd);
+	name = bson_iter_next(&it) ? bson_iter_key(&it) : "";
+	return strcmp(name, "commitTransaction") == 0 || strcmp(name, "abortTransaction") == 0;
 }
 
 /* The numeric code of an error reply, 0 when it has none. */
@@ -632,7 +641,8 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 {
 	uint32_t first_server = *server_id;
 	uint64_t deadline = 0, backoff = SHARDCONN_RETRY_MIN_MS, now;
-	bool read = idempotent_read(cmd) || retryable_write(cmd);
+	bool read = (idempotent_read(cmd) && !bson_has_field(cmd, "autocommit")) ||
+		    retryable_write(cmd);
 	shard *sh = find_shard(sc, id);
 	bool was_down = sh != NULL && atomic_load(&sh->down);
 	int rc;

@@ -87,7 +87,9 @@ enum {
  * for idempotent reads (find, count, distinct, list*, *Stats) and retryable writes (cmd
  * carries lsid and txnNumber: the shard answers a retry of an executed statement from its
  * record, issue #16); for any other command it is returned (NET_ERR) and never retried,
- * so a write is never applied twice.
+ * so a write is never applied twice. A transaction's statement (cmd has `autocommit`) is
+ * never retried after an unknown outcome (the proxy answers TransientTransactionError);
+ * its commitTransaction / abortTransaction are (retryable, as mongod's).
  * Shard replica sets (issue #15): NotWritablePrimary (10107) and NotPrimaryNoSecondaryOk
  * (13435) count as "certainly did not execute" (a member refuses before proposing) and
  * InterruptedDueToReplStateChange (11602) / InterruptedAtShutdown (11600) as an unknown

@@ -6,10 +6,6 @@
 
 #include "common/alloc.h"
 
-#define TXN_REFUSED_FMT                                                                        \
-	"multi-document transactions are not supported by stripedb yet (issue #16): %s "     \
-	"refused, nothing of it was applied"
-
 static bool as_int(const bson_iter_t *it, int64_t *out)
 {
 	if (BSON_ITER_HOLDS_INT32(it) || BSON_ITER_HOLDS_INT64(it)) {
@@ -117,27 +113,4 @@ void proxy_txn_append(const proxy_txn *t, bson_t *cmd, const int64_t *idx, size_
 		BSON_APPEND_INT32(&arr, k, proxy_txn_stmt_id(t, idx[i]));
 	}
 	bson_append_array_end(cmd, &arr);
-}
-
-bool proxy_txn_refuse(wire_req *req)
-{
-	const bson_t *cmd = wire_req_cmd(req);
-	bson_iter_t it;
-
-	if (bson_iter_init_find(&it, cmd, "startTransaction")) {
-		wire_req_error(req, WIRE_ERR_ILLEGAL_OPERATION, TXN_REFUSED_FMT, "startTransaction");
-		return true;
-	}
-	if (bson_iter_init_find(&it, cmd, "autocommit")) {
-		wire_req_error(req, WIRE_ERR_ILLEGAL_OPERATION, TXN_REFUSED_FMT,
-			       "a command with autocommit");
-		return true;
-	}
-	return false;
-}
-
-void proxy_txn_refuse_handler(wire_req *req, void *data)
-{
-	(void)data;
-	wire_req_error(req, WIRE_ERR_ILLEGAL_OPERATION, TXN_REFUSED_FMT, wire_req_name(req));
 }

@@ -37,11 +37,5 @@ int32_t proxy_txn_stmt_id(const proxy_txn *t, int64_t idx);
 /* Append lsid, txnNumber and stmtIds [stmtId of idx[0..n)] to a shard command being built
  * (nothing when the write is not retryable). */
 void proxy_txn_append(const proxy_txn *t, bson_t *cmd, const int64_t *idx, size_t n);
-/* When req starts, continues, commits or aborts a multi-document transaction (not built
- * yet): replies IllegalOperation (20) and returns true, so that nothing is accepted and
- * then ignored. Worker or loop thread. */
-bool proxy_txn_refuse(wire_req *req);
-/* The wire handler of commitTransaction / abortTransaction: refused as above. */
-void proxy_txn_refuse_handler(wire_req *req, void *data);
 
 #endif

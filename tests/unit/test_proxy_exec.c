@@ -212,6 +212,7 @@ static int setup(void **state)
 	e->p.m_scatter = sdb_metrics_counter("test_routed_total", "t", "kind=\"scatter\"");
 	e->p.m_targeted = sdb_metrics_counter("test_routed_total", "t", "kind=\"targeted\"");
 	e->p.m_cursors = sdb_metrics_gauge("test_cursors", "t", NULL);
+	e->p.txns = pxtxn_table_new();
 	uv_mutex_init(&e->p.cmu);
 	*state = e;
 	return 0;
@@ -236,6 +237,7 @@ static int teardown(void **state)
 	bson_destroy(e->docs_a);
 	bson_destroy(e->docs_b);
 	proxy_cursor_reap(&e->p, true);
+	pxtxn_table_free(e->p.txns);
 	uv_mutex_destroy(&e->p.cmu);
 	free(e);
 	return 0;
@@ -537,6 +539,247 @@ static void test_answer_and_table(void **state)
 	assert_null(px_cmd_find("FIND"));
 }
 
+/* ---------- single-shard transactions (txnroute.c, issue #16) ---------- */
+
+static const uint8_t LSID_UUID[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+/* Forget the previous answer before the next statement of a test. */
+static void ans_reset(env *e)
+{
+	if (e->ans.reply)
+		bson_destroy(e->ans.reply);
+	if (e->ans.extra)
+		bson_destroy(e->ans.extra);
+	bson_free(e->ans.msg);
+	memset(&e->ans, 0, sizeof e->ans);
+}
+
+/* A transaction statement: cmd + lsid, txnNumber txn, autocommit: false (and
+ * startTransaction: true + readConcern snapshot when start). */
+static bson_t *txn_cmd(bson_t *cmd, int64_t txn, bool start)
+{
+	bson_t l;
+
+	bson_append_document_begin(cmd, "lsid", -1, &l);
+	BSON_APPEND_BINARY(&l, "id", BSON_SUBTYPE_UUID, LSID_UUID, 16);
+	bson_append_document_end(cmd, &l);
+	BSON_APPEND_INT64(cmd, "txnNumber", txn);
+	BSON_APPEND_BOOL(cmd, "autocommit", false);
+	if (start) {
+		bson_t rc;
+		BSON_APPEND_BOOL(cmd, "startTransaction", true);
+		bson_append_document_begin(cmd, "readConcern", -1, &rc);
+		BSON_APPEND_UTF8(&rc, "level", "snapshot");
+		bson_append_document_end(cmd, &rc);
+	}
+	return cmd;
+}
+
+/* Run one statement as run_job does (begin, handler, end) in db. */
+static void run_stmt(env *e, const bson_t *cmd, const char *db, void (*handler)(ctx *))
+{
+	pxtxn_stmt st;
+
+	ans_reset(e);
+	request(e, cmd, 5000);
+	e->c.db = db;
+	if (pxtxn_begin(&e->c, &st)) {
+		handler(&e->c);
+		pxtxn_end(&e->c);
+	}
+}
+
+static int64_t ans_code(const env *e)
+{
+	assert_int_equal(e->ans.state, 2);
+	return e->ans.code;
+}
+
+static bool ans_has_label(const env *e, const char *label)
+{
+	bson_iter_t it, a;
+
+	if (e->ans.extra == NULL || !bson_iter_init_find(&it, e->ans.extra, "errorLabels") ||
+	    !bson_iter_recurse(&it, &a))
+		return false;
+	while (bson_iter_next(&a))
+		if (strcmp(bson_iter_utf8(&a, NULL), label) == 0)
+			return true;
+	return false;
+}
+
+static void insert_k(env *e, int k, int64_t txn, bool start)
+{
+	bson_t *cmd = BCON_NEW("insert", "c", "documents", "[", "{", "k", BCON_INT32(k), "}", "]");
+
+	run_stmt(e, txn_cmd(cmd, txn, start), "db", px_do_insert);
+	bson_destroy(cmd);
+}
+
+/* commitTransaction / abortTransaction of txn on admin, with a recoveryToken naming shard
+ * when it is not NULL. */
+static void finish_txn(env *e, bool commit, int64_t txn, const char *shard)
+{
+	bson_t *cmd = BCON_NEW(commit ? "commitTransaction" : "abortTransaction", BCON_INT32(1));
+
+	if (shard)
+		BCON_APPEND(cmd, "recoveryToken", "{", "recoveryShardId", shard, "}");
+	/* as run_job: commit and abort check the session out themselves (PXC_TXN_END) */
+	ans_reset(e);
+	request(e, txn_cmd(cmd, txn, false), 5000);
+	e->c.db = "admin";
+	(commit ? pxtxn_do_commit : pxtxn_do_abort)(&e->c);
+	bson_destroy(cmd);
+}
+
+/* The first statement pins its shard and carries startTransaction + readConcern; the
+ * next ones lsid/txnNumber/autocommit only (no stmtIds); replies carry recoveryToken; the
+ * commit goes to the pinned shard. */
+static void test_txn_pin_and_commit(void **state)
+{
+	env *e = *state;
+	bson_iter_t it;
+
+	insert_k(e, 1, 3, true);
+	assert_int_equal(reply_int(e, "n"), 1);
+	assert_true(bson_iter_init(&it, e->ans.reply) &&
+		    bson_iter_find_descendant(&it, "recoveryToken.recoveryShardId", &it));
+	assert_string_equal(bson_iter_utf8(&it, NULL), "a");
+	insert_k(e, 2, 3, false);
+	assert_int_equal(reply_int(e, "n"), 1);
+	assert_int_equal(e->f.nlog, 2);
+	assert_int_equal(e->f.log_shard[0], 'a');
+	assert_true(px_get_bool(&e->f.log[0], "startTransaction", false));
+	assert_true(bson_has_field(&e->f.log[0], "readConcern"));
+	assert_false(bson_has_field(&e->f.log[1], "startTransaction"));
+	assert_false(bson_has_field(&e->f.log[1], "readConcern"));
+	for (size_t i = 0; i < 2; i++) {
+		assert_int_equal(px_get_int(&e->f.log[i], "txnNumber", -1), 3);
+		assert_true(bson_has_field(&e->f.log[i], "lsid"));
+		assert_true(bson_has_field(&e->f.log[i], "autocommit"));
+		assert_false(px_get_bool(&e->f.log[i], "autocommit", true));
+		assert_false(bson_has_field(&e->f.log[i], "stmtIds"));
+		assert_true(bson_has_field(&e->f.log[i], "$stripedbVersion"));
+	}
+	finish_txn(e, true, 3, NULL);
+	assert_int_equal(e->ans.state, 1);
+	assert_int_equal(count_sent(e, "commitTransaction", 'a'), 1);
+	assert_int_equal(px_get_int(&e->f.log[2], "txnNumber", -1), 3);
+	/* a statement after the commit: TransactionCommitted */
+	insert_k(e, 1, 3, false);
+	assert_int_equal(ans_code(e), PXTXN_ERR_TXN_COMMITTED);
+	assert_int_equal(e->f.nlog, 3);
+}
+
+/* A statement for the second shard: 263, never sent there, the transaction aborted on the
+ * first shard; the next statement is NoSuchTransaction with TransientTransactionError. */
+static void test_txn_second_shard_refused(void **state)
+{
+	env *e = *state;
+
+	insert_k(e, 1, 4, true);
+	insert_k(e, 150, 4, false);
+	assert_int_equal(ans_code(e), PXTXN_ERR_NOT_IN_TXN);
+	assert_non_null(strstr(e->ans.msg, "second shard"));
+	assert_int_equal(count_sent(e, "insert", 'b'), 0);
+	assert_int_equal(count_sent(e, "abortTransaction", 'a'), 1);
+	insert_k(e, 2, 4, false);
+	assert_int_equal(ans_code(e), PXTXN_ERR_NO_SUCH_TXN);
+	assert_true(ans_has_label(e, "TransientTransactionError"));
+	finish_txn(e, true, 4, NULL);
+	assert_int_equal(ans_code(e), PXTXN_ERR_NO_SUCH_TXN);
+	assert_int_equal(count_sent(e, "commitTransaction", 'a'), 0);
+	/* a new transaction on the session starts clean */
+	insert_k(e, 150, 5, true);
+	assert_int_equal(reply_int(e, "n"), 1);
+	assert_int_equal(count_sent(e, "startTransaction", 'b'), 1);
+}
+
+/* A scatter first statement (count over both shards): the first shard is pinned, the
+ * second refused: 263. */
+static void test_txn_scatter_refused(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("count", "c");
+
+	run_stmt(e, txn_cmd(cmd, 1, true), "db", px_do_count);
+	assert_int_equal(ans_code(e), PXTXN_ERR_NOT_IN_TXN);
+	assert_int_equal(count_sent(e, "count", 'b'), 0);
+	assert_int_equal(count_sent(e, "abortTransaction", 'a'), 1);
+	bson_destroy(cmd);
+}
+
+/* StaleConfig inside a transaction: not retried by the proxy; StaleConfig with
+ * TransientTransactionError, the transaction aborted. */
+static void test_txn_stale_not_retried(void **state)
+{
+	env *e = *state;
+
+	e->f.stale[0] = 1;
+	insert_k(e, 1, 1, true);
+	assert_int_equal(ans_code(e), ERR_STALE_CONFIG);
+	assert_true(ans_has_label(e, "TransientTransactionError"));
+	assert_int_equal(count_sent(e, "insert", 'a'), 1);
+	assert_int_equal(count_sent(e, "abortTransaction", 'a'), 1);
+}
+
+/* A network error on a statement: HostUnreachable + TransientTransactionError. */
+static void test_txn_net_error(void **state)
+{
+	env *e = *state;
+
+	e->f.net_err_b = true;
+	insert_k(e, 150, 1, true);
+	assert_int_equal(ans_code(e), WIRE_ERR_HOST_UNREACHABLE);
+	assert_true(ans_has_label(e, "TransientTransactionError"));
+	assert_false(ans_has_label(e, "RetryableWriteError"));
+}
+
+/* Session rules: continuing an unknown transaction, an older txnNumber, restarting one. */
+static void test_txn_session_rules(void **state)
+{
+	env *e = *state;
+
+	insert_k(e, 1, 7, false);
+	assert_int_equal(ans_code(e), PXTXN_ERR_NO_SUCH_TXN);
+	assert_true(ans_has_label(e, "TransientTransactionError"));
+	assert_int_equal(e->f.nlog, 0);
+	insert_k(e, 1, 7, true);
+	assert_int_equal(e->ans.state, 1);
+	insert_k(e, 1, 7, true);
+	assert_int_equal(ans_code(e), PXTXN_ERR_RESTART);
+	insert_k(e, 1, 6, true);
+	assert_int_equal(ans_code(e), WIRE_ERR_TRANSACTION_TOO_OLD);
+	assert_int_equal(pxtxn_table_size(e->p.txns), 1);
+}
+
+/* commit on a proxy that does not know the session: the recoveryToken's shard; a network
+ * error there: UnknownTransactionCommitResult. abort without participant: 251. */
+static void test_txn_commit_recovery(void **state)
+{
+	env *e = *state;
+
+	finish_txn(e, true, 9, "a");
+	assert_int_equal(e->ans.state, 1);
+	assert_int_equal(count_sent(e, "commitTransaction", 'a'), 1);
+	finish_txn(e, true, 10, NULL);
+	assert_int_equal(ans_code(e), PXTXN_ERR_NO_SUCH_TXN);
+	e->f.net_err_b = true;
+	finish_txn(e, true, 11, "b");
+	assert_int_equal(ans_code(e), WIRE_ERR_HOST_UNREACHABLE);
+	assert_true(ans_has_label(e, "UnknownTransactionCommitResult"));
+	finish_txn(e, false, 12, NULL);
+	assert_int_equal(ans_code(e), PXTXN_ERR_NO_SUCH_TXN);
+}
+
+/* The command table routes commit/abort only when transactions are on. */
+static void test_txn_table(void **state)
+{
+	(void)state;
+	assert_non_null(px_cmd_find("commitTransaction"));
+	assert_true(px_cmd_find("abortTransaction")->flags & PXC_TXN_END);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -553,6 +796,14 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_find_and_modify_two_phase, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_answer_and_table, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_txn_pin_and_commit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_txn_second_shard_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_txn_scatter_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_txn_stale_not_retried, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_txn_net_error, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_txn_session_rules, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_txn_commit_recovery, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_txn_table, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
