@@ -13,9 +13,11 @@ from metadata_cluster import Cluster
 
 
 class ProxyCluster:
-    def __init__(self, start_role, tmp_path, shards=3, proxies=2, proxy_args=()):
+    def __init__(self, start_role, tmp_path, shards=3, proxies=2, proxy_args=(),
+                 meta_members=1):
         self.start_role = start_role
-        self.meta = Cluster(start_role, tmp_path, 1, election_ms=300)
+        self.meta = Cluster(start_role, tmp_path, meta_members,
+                            election_ms=300 if meta_members == 1 else 500)
         self.meta.leader()
         self.metadata_addr = self.meta.seeds()
         self.shard_ids = []

@@ -305,11 +305,11 @@ INITIAL = 100
 WRITERS = 4
 
 
-def replset_cluster(start_role, tmp_path, n_shards=3):
-    """Metadata, n_shards shards that are 3-member replica sets, two proxies: a
-    ProxyCluster plus {shard id: (member procs, wire ports)}."""
+def replset_cluster(start_role, tmp_path, n_shards=3, meta_members=1):
+    """Metadata (meta_members members), n_shards shards that are 3-member replica sets,
+    two proxies: a ProxyCluster plus {shard id: (member procs, wire ports)}."""
     from test_shard_replset import start_set
-    cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0)
+    cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0, meta_members=meta_members)
     sets = {}
     for i in range(n_shards):
         sid = f"rs-{chr(ord('a') + i)}"
@@ -394,10 +394,57 @@ class TxnBank:
                    what=f"{n} more acknowledged transfers")
 
 
-def test_bank_transactions_with_proxy_and_primary_kills(start_role, tmp_path):
+class IncBank(TxnBank):
+    """The same transfers without a transaction: two retryable updates ($inc and $push of
+    the transfer id on each account; driver defaults, so pymongo retries each once). An
+    update acknowledged is in acked_ops; one that raised is in unknown_ops."""
+
+    def __init__(self, coll, client):
+        super().__init__(coll, client)
+        self.acked_ops = set()    # (account, tid): the update was acknowledged
+        self.unknown_ops = set()  # (account, tid): the update raised (outcome unknown)
+
+    def run(self, w):
+        rnd = random.Random(100 + w)
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            tid = f"i{w}-{n}"
+            g = rnd.randrange(GROUPS)
+            a, b = rnd.sample([i for i in range(N_ACCOUNTS) if i % GROUPS == g], 2)
+            amount = rnd.randint(1, 40)
+            ok = 0
+            for acc, delta in ((a, -amount), (b, amount)):
+                try:
+                    self.coll.update_one({"_id": acc, "g": g},
+                                         {"$inc": {"n": delta}, "$push": {"ops": tid}})
+                    with self.lock:
+                        self.acked_ops.add((acc, tid))
+                    ok += 1
+                except PyMongoError as e:
+                    key = f"{type(e).__name__} {getattr(e, 'code', None)}: {str(e)[:100]}"
+                    with self.lock:
+                        self.unknown_ops.add((acc, tid))
+                        self.errors[key] = self.errors.get(key, 0) + 1
+            with self.lock:
+                if ok == 2:
+                    self.acked.add(tid)
+                else:
+                    self.unknown.add(tid)
+
+
+@pytest.mark.parametrize("mode", ["transactions", "two_incs"])
+def test_bank_with_proxy_primary_and_metadata_leader_kills(start_role, tmp_path, mode):
+    """issue #16's bank test: 50 accounts in 5 groups over 3 shards (3-member replica sets)
+    through two proxies with driver defaults, while a proxy, a shard primary and the
+    metadata leader (3 members) are SIGKILLed each cycle and a chunk migrates. Transfers as
+    single-shard transactions: the total is exact, each transfer applied on both accounts
+    or neither, never twice. As two retryable $inc updates: no update applied twice, and
+    each account's applied operations are its acknowledged ones plus at most its
+    unknown-outcome ones."""
     from test_shard_replset import primary_index
     cycles = int(__import__("os").environ.get("STRIPEDB_BANK_CYCLES", "3"))
-    cl, sets = replset_cluster(start_role, tmp_path)
+    cl, sets = replset_cluster(start_role, tmp_path, meta_members=3)
     try:
         cl.shard_collection("bank.acc", {"g": 1},
                             split_points=[{"g": i} for i in range(1, GROUPS)])
@@ -408,7 +455,7 @@ def test_bank_transactions_with_proxy_and_primary_kills(start_role, tmp_path):
         hosts = ",".join(f"127.0.0.1:{p}" for p in cl.proxy_ports)
         driver = pymongo.MongoClient(f"mongodb://{hosts}/")  # driver defaults
         cl._clients.append(driver)
-        bank = TxnBank(driver.bank.acc, driver)
+        bank = (TxnBank if mode == "transactions" else IncBank)(driver.bank.acc, driver)
         for t in bank.threads:
             t.start()
         bank.progress(20)
@@ -434,6 +481,12 @@ def test_bank_transactions_with_proxy_and_primary_kills(start_role, tmp_path):
             bank.progress(10)
             procs[p].restart()
             procs[p].wait_healthy()
+            # SIGKILL the metadata leader (routing, the migration's records), restart it
+            leader = cl.meta.leader()
+            cl.meta.kill(leader)
+            cl.meta.leader(timeout=60, exclude=(leader,))
+            bank.progress(10)
+            cl.meta.restart(leader)
             if cyc == 0:
                 # a chunk migration under the load: group 0 to another shard
                 ch0 = [ch for ch in cl.routing("bank.acc")["chunks"]
@@ -453,14 +506,28 @@ def test_bank_transactions_with_proxy_and_primary_kills(start_role, tmp_path):
         total = sum(d["n"] for d in docs.values())
         applied = {}
         for d in docs.values():
-            assert d["n"] >= 0, d
+            assert mode == "two_incs" or d["n"] >= 0, d  # (no overdraft check without txns)
             assert len(d["ops"]) == len(set(d["ops"])), d  # no transfer applied twice
             for tid in d["ops"]:
                 applied[tid] = applied.get(tid, 0) + 1
-        print(f"\nbank: acknowledged {len(bank.acked)} transfers + {bank.noop} refused "
-              f"overdrafts, {len(bank.unknown)} raised (unknown outcome), applied "
+        print(f"\nbank ({mode}): acknowledged {len(bank.acked)} transfers + {bank.noop} "
+              f"refused overdrafts, {len(bank.unknown)} raised (unknown outcome), applied "
               f"{len(applied)}; {bank.attempts} attempts; migrated {migrated}; "
               f"errors {bank.errors}")
+        if mode == "two_incs":
+            # no update applied twice (checked above per account); per account, what was
+            # applied is what was acknowledged plus some of what raised
+            for acc, d in docs.items():
+                mine = {tid for tid in d["ops"]}
+                acked = {tid for (a, tid) in bank.acked_ops if a == acc}
+                unknown = {tid for (a, tid) in bank.unknown_ops if a == acc}
+                assert acked <= mine, (acc, acked - mine)
+                assert mine <= acked | unknown, (acc, mine - acked - unknown)
+            assert len(bank.acked) > 0
+            owner = [ch["shard"] for ch in cl.routing("bank.acc")["chunks"]
+                     if not isinstance(ch["min"]["g"], int)][0]
+            assert migrated is None or owner == migrated[1]
+            return
         assert total == N_ACCOUNTS * INITIAL
         assert all(v == 2 for v in applied.values()), "a transfer half applied"
         assert bank.acked <= set(applied), "an acknowledged transfer is missing"
