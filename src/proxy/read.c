@@ -99,7 +99,10 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 		ssize_t slot;
 		if (!sel[i])
 			continue;
-		per_shard = px_shard_mode_memo(memo, rc, ch->shard, &slot);
+		/* a transaction's statements use per-chunk requests: a shard without filtering
+		 * metadata would refuse a shard-versioned one with StaleConfig, which aborts the
+		 * transaction (the proxy does not retry inside one) */
+		per_shard = c->tx == NULL && px_shard_mode_memo(memo, rc, ch->shard, &slot);
 		if (per_shard) {
 			if (slot >= 0 && memo->stream[slot] >= 0)
 				continue; /* this shard's request is there already */
@@ -632,7 +635,8 @@ again:
 		ssize_t slot;
 		if (!sel[i])
 			continue;
-		a[k].per_shard = px_shard_mode_memo(memo, rc, rc->chunks[i].shard, &slot);
+		a[k].per_shard = c->tx == NULL && /* per-chunk in a transaction, as above */
+				 px_shard_mode_memo(memo, rc, rc->chunks[i].shard, &slot);
 		if (a[k].per_shard) {
 			if (slot >= 0 && memo->stream[slot] >= 0)
 				continue; /* this shard's request is there already */

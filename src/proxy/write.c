@@ -985,7 +985,9 @@ static int stmt_execute(px_retry *r, void *arg)
 			size_t j;
 			if (!sel[i])
 				continue;
-			if (whole && px_shard_mode(rc, rc->chunks[i].shard)) {
+			/* per-chunk in a transaction (a shard-versioned request to a shard without
+			 * filtering metadata would abort it, see read.c scatter_open_once) */
+			if (whole && c->tx == NULL && px_shard_mode(rc, rc->chunks[i].shard)) {
 				for (j = 0; j < ndone; j++)
 					if (strcmp(done[j], rc->chunks[i].shard) == 0)
 						break;

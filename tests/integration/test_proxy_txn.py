@@ -539,3 +539,52 @@ def test_bank_with_proxy_primary_and_metadata_leader_kills(start_role, tmp_path,
         assert migrated is None or owner == migrated[1]
     finally:
         cl.close()
+
+
+def test_migration_of_the_chunk_during_an_open_transaction(start_role, tmp_path):
+    """issue #16: a migration's traffic switch aborts the open transactions on the moving
+    chunk, and none is half applied. A transaction through the proxy writes two accounts of
+    group 0, then the chunk of group 0 moves to another shard (a coordinator runs it) while
+    the transaction is open: its commit fails with a TransientTransactionError (the driver's
+    with_transaction would run it again) and nothing of it is visible, on the donor or the
+    recipient; a new transaction on the moved chunk commits at the new owner."""
+    from migration_helpers import MigCluster
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        cl.shard_collection("bank.acc", {"g": 1}, split_points=[{"g": 1}])
+        p = cl.proxy_client(0)
+        p.bank.acc.insert_many([{"_id": i, "g": i // 10, "n": 100} for i in range(20)])
+        ch0 = [ch for ch in cl.chunks("bank.acc") if ch["max"] == {"g": 1}][0]
+        to = [s for s in cl.shard_ids if s != ch0["shard"]][0]
+        driver = cl.proxy_client(0)
+        s = driver.start_session()
+        s.start_transaction()
+        coll = driver.bank.acc
+        coll.update_one({"_id": 1, "g": 0}, {"$inc": {"n": -30}}, session=s)
+        coll.update_one({"_id": 2, "g": 0}, {"$inc": {"n": 30}}, session=s)
+        assert coll.find_one({"_id": 1, "g": 0}, session=s)["n"] == 70  # its own write
+        # the chunk moves while the transaction is open (moveChunk waits for the end)
+        r = cl.proxy_client(0, socketTimeoutMS=300000).admin.command(
+            "moveChunk", "bank.acc", find={"g": 0}, to=to, maxTimeMS=240000)
+        assert r["ok"] == 1
+        assert [ch["shard"] for ch in cl.chunks("bank.acc") if ch["max"] == {"g": 1}] == [to]
+        with pytest.raises(OperationFailure) as e:
+            s.commit_transaction()
+        assert e.value.has_error_label("TransientTransactionError"), e.value.details
+        s.end_session()
+        # nothing of it anywhere: the proxy, the new owner, the old owner's copy
+        assert {d["_id"]: d["n"] for d in p.bank.acc.find({"g": 0})} == \
+            {i: 100 for i in range(10)}
+        for sid in cl.shard_ids:
+            for d in cl.shard_client(sid).bank.acc.find({"g": 0}):
+                assert d["n"] == 100, (sid, d)
+        # the moved chunk takes transactions at its new owner
+        with driver.start_session() as s2:
+            s2.with_transaction(lambda ss: (
+                coll.update_one({"_id": 1, "g": 0}, {"$inc": {"n": -30}}, session=ss),
+                coll.update_one({"_id": 2, "g": 0}, {"$inc": {"n": 30}}, session=ss)))
+        assert {d["_id"]: d["n"] for d in p.bank.acc.find({"_id": {"$in": [1, 2]}})} == \
+            {1: 70, 2: 130}
+        assert cl.shard_client(to).bank.acc.find_one({"_id": 1})["n"] == 70
+    finally:
+        cl.close()
