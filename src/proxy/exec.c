@@ -517,6 +517,8 @@ static const px_cmd cmd_table[] = {
 	{"removeshard", px_do_remove_shard, 0, NULL, PXP_NONE},
 	{"refineCollectionShardKey", px_do_refused_sharding, 0, NULL, PXP_NONE},
 	{"reshardCollection", px_do_refused_sharding, 0, NULL, PXP_NONE},
+	{"movePrimary", px_do_refused_sharding, 0, NULL, PXP_NONE},
+	{"moveprimary", px_do_refused_sharding, 0, NULL, PXP_NONE},
 };
 
 const px_cmd *px_cmd_find(const char *name)

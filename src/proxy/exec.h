@@ -160,11 +160,12 @@ void px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *net
 /* The routing of c->ns (a reference). NULL after answering HostUnreachable (6) when
  * metadata cannot be reached and nothing is cached. */
 route_coll *px_route_or_fail(ctx *c);
-/* The primary shard id (heap) into *primary; false after answering ShardNotFound when no
- * shard is registered. */
+/* The primary shard id of c->db (heap) into *primary: the database's own when metadata
+ * records it (issue #18), else the cluster's default (the lowest shard id); false after
+ * answering ShardNotFound when no shard is registered. */
 bool px_with_primary(ctx *c, char **primary);
-/* The routing of c->ns / the primary shard id, without answering (the proxy's cluster: route and
- * primary). */
+/* The routing of c->ns / the primary shard id of c->db (as px_with_primary), without
+ * answering (the proxy's cluster: route and primary). */
 route_coll *px_route(ctx *c, bool force, char *err, size_t errlen);
 char *px_primary(ctx *c);
 /* Every known shard's id (shard list reloaded first) / one shard's hosts (retry.h). */

@@ -129,7 +129,12 @@ char *px_primary(ctx *c)
 {
 	void *impl;
 	const px_cluster *cl = cluster_of(c->p, &impl);
+	/* issue #18: a metadata database's own primary shard; any other database (and admin
+	 * commands) the cluster's default, the lowest shard id */
+	char *own = proxy_db_primary(c->p, c->db);
 
+	if (own)
+		return own;
 	return cl->primary(impl);
 }
 

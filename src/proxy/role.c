@@ -270,6 +270,8 @@ static void on_timer_closed(uv_handle_t *h)
 	auth_gate_free(p->auth);
 	route_cache_free(p->rc);
 	free(p->primary);
+	if (p->db_primaries)
+		bson_destroy(p->db_primaries);
 	uv_mutex_destroy(&p->cmu);
 	uv_cond_destroy(&p->cv);
 	uv_mutex_destroy(&p->mu);

@@ -18,6 +18,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -96,31 +97,107 @@ static bool valid_db_name(const char *db)
 	return db[0] && strlen(db) < 64 && strpbrk(db, "/\\. \"$") == NULL;
 }
 
-/* {enableSharding: "db", primaryShard?}: creates the database in metadata (idempotent).
- * primaryShard is refused: the primary shard is the cluster's (the lowest shard id). */
+/* Reload this proxy's cache of the databases' primary shards from metadata (after a
+ * change made here, so that the next command on the database already follows it). */
+static void reload_db_primaries(ctx *c)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	char err[256];
+	int code;
+
+	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
+	if (proxy_meta_command(c->p, &cmd, &reply, &code, err, sizeof err) == 0)
+		proxy_set_db_primaries(c->p, &reply);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
+/* The primary shard metadata records for db (heap), from a fresh listDatabases; NULL when
+ * db is unknown or metadata unreachable. */
+static char *meta_db_primary(ctx *c, const char *db)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it, arr, d;
+	char err[256], *out = NULL;
+	int code;
+
+	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
+	if (proxy_meta_command(c->p, &cmd, &reply, &code, err, sizeof err) == 0 &&
+	    bson_iter_init_find(&it, &reply, "databases") && BSON_ITER_HOLDS_ARRAY(&it) &&
+	    bson_iter_recurse(&it, &arr)) {
+		while (out == NULL && bson_iter_next(&arr)) {
+			const char *name = NULL, *primary = NULL;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &d))
+				continue;
+			while (bson_iter_next(&d)) {
+				if (!BSON_ITER_HOLDS_UTF8(&d))
+					continue;
+				if (strcmp(bson_iter_key(&d), "name") == 0)
+					name = bson_iter_utf8(&d, NULL);
+				else if (strcmp(bson_iter_key(&d), "primary") == 0)
+					primary = bson_iter_utf8(&d, NULL);
+			}
+			if (name && primary && strcmp(name, db) == 0)
+				out = sdb_strdup(primary);
+		}
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return out;
+}
+
+/* {enableSharding: "db", primaryShard?}: creates the database in metadata (idempotent),
+ * with primaryShard as its primary shard (the shard its unsharded collections live on,
+ * issue #18; an unknown shard: ShardNotFound 70, from metadata). Without it the database
+ * follows the cluster's default primary, the lowest shard id. An existing database with
+ * another primary shard: NamespaceExists (48), as MongoDB. */
 static void do_enable_sharding(ctx *c)
 {
-	const char *db = first_utf8(c->cmd);
+	const char *db = first_utf8(c->cmd), *ps = NULL;
+	bson_t cmd = BSON_INITIALIZER, reply;
+	static const int ok[] = {WIRE_ERR_NAMESPACE_EXISTS, WIRE_ERR_DUPLICATE_KEY, 0};
+	bson_iter_t it;
+	int code = 0;
 
 	if (!need_admin_db(c, "enableSharding"))
-		return;
+		goto out;
 	if (db == NULL || !valid_db_name(db)) {
 		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "invalid db name specified: %s",
 			 db ? db : "(not a string)");
-		return;
+		goto out;
 	}
 	if (strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 || strcmp(db, "local") == 0) {
 		px_error(c, WIRE_ERR_INVALID_OPTIONS, "can't shard %s database", db);
-		return;
+		goto out;
 	}
-	if (bson_has_field(c->cmd, "primaryShard")) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS,
-			 "primaryShard is not supported by stripedb: a database's unsharded "
-			 "collections live on the cluster's primary shard (the lowest shard id)");
-		return;
+	if (bson_iter_init_find(&it, c->cmd, "primaryShard")) {
+		if (!BSON_ITER_HOLDS_UTF8(&it) || bson_iter_utf8(&it, NULL)[0] == '\0') {
+			px_error(c, WIRE_ERR_BAD_VALUE, "primaryShard must be a shard id string");
+			goto out;
+		}
+		ps = bson_iter_utf8(&it, NULL);
 	}
-	if (ensure_database(c, db))
-		px_reply(c, bson_new());
+	BSON_APPEND_UTF8(&cmd, "createDatabase", db);
+	if (ps)
+		BSON_APPEND_UTF8(&cmd, "primary", ps);
+	if (!meta_call(c, &cmd, &reply, ok, &code))
+		goto out;
+	bson_destroy(&reply);
+	if (code != 0 && ps) {
+		char *cur = meta_db_primary(c, db);
+		if (cur == NULL || strcmp(cur, ps) != 0) {
+			px_error(c, WIRE_ERR_NAMESPACE_EXISTS,
+				 "database %s already exists with primary shard %s, not %s", db,
+				 cur ? cur : "(unknown)", ps);
+			free(cur);
+			goto out;
+		}
+		free(cur);
+	}
+	reload_db_primaries(c);
+	px_reply(c, bson_new());
+out:
+	bson_destroy(&cmd);
 }
 
 /* ---------- shardCollection ---------- */
@@ -784,6 +861,11 @@ void px_do_refused_sharding(ctx *c)
 {
 	if (strcmp(wire_req_name(c->req), "reshardCollection") == 0)
 		do_reshard(c);
+	else if (strcasecmp(wire_req_name(c->req), "movePrimary") == 0)
+		px_error(c, 115 /* CommandNotSupported */,
+			 "movePrimary is not supported by stripedb: a database's primary shard is "
+			 "chosen when it is created (enableSharding primaryShard, `stripedb ctl db "
+			 "create --primary`)");
 	else
 		do_refine(c);
 }
@@ -1128,6 +1210,137 @@ static int64_t migrations_of(const bson_t *list, const char *shard)
 	return n;
 }
 
+/* A read-only view of the document the iterator points to (it holds a document). */
+static void iter_doc(const bson_iter_t *it, bson_t *out)
+{
+	uint32_t len;
+	const uint8_t *data;
+
+	bson_iter_document(it, &len, &data);
+	if (!bson_init_static(out, data, len))
+		bson_init(out);
+}
+
+/* Does a metadata listCollections reply ({collections: [{ns, ...}]}) list ns? */
+static bool meta_lists_ns(const bson_t *reply, const char *ns)
+{
+	bson_t arr, e;
+	bson_iter_t it, f;
+
+	if (!px_get_array(reply, "collections", &arr) || !bson_iter_init(&it, &arr))
+		return false;
+	while (bson_iter_next(&it)) {
+		if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+			continue;
+		iter_doc(&it, &e);
+		if (bson_iter_init_find(&f, &e, "ns") && BSON_ITER_HOLDS_UTF8(&f) &&
+		    strcmp(bson_iter_utf8(&f, NULL), ns) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* The unsharded collections ("db.coll", up to 20, appended to out with ", ") that shard id
+ * holds as the primary shard of their database (issue #18): every database on the shard
+ * (listDatabases there) whose primary shard (metadata's, else the cluster's default) is id,
+ * and in it every collection but system.* that metadata does not record as sharded.
+ * Returns how many, or -1 after answering c (a shard or metadata unreachable). */
+static int64_t unsharded_on(ctx *c, const char *id, char *out, size_t outlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, arr, d;
+	bson_iter_t it, ai;
+	char neterr[256], *dflt = proxy_primary(c->p);
+	int64_t n = 0;
+	uint32_t sid = 0;
+	int rc;
+
+	out[0] = '\0';
+	reload_db_primaries(c);
+	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
+	BSON_APPEND_BOOL(&cmd, "nameOnly", true);
+	rc = proxy_shard_command(c->p, id, "admin", &cmd, &sid, &reply, neterr, sizeof neterr);
+	bson_destroy(&cmd);
+	if (rc != SHARDCONN_OK) {
+		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "removeShard: listDatabases on %s: %s", id,
+			 rc == SHARDCONN_CMD_ERR ? "refused" : neterr);
+		bson_destroy(&reply);
+		free(dflt);
+		return -1;
+	}
+	if (px_get_array(&reply, "databases", &arr) && bson_iter_init(&ai, &arr)) {
+		while (n >= 0 && bson_iter_next(&ai)) {
+			const char *db;
+			char *own;
+			bool mine;
+			bson_t lc = BSON_INITIALIZER, lr, mc = BSON_INITIALIZER, mr, cur, batch;
+			bson_iter_t ci;
+			int code;
+			char err[256];
+
+			if (!BSON_ITER_HOLDS_DOCUMENT(&ai))
+				continue;
+			iter_doc(&ai, &d);
+			db = NULL;
+			if (bson_iter_init_find(&it, &d, "name") && BSON_ITER_HOLDS_UTF8(&it))
+				db = bson_iter_utf8(&it, NULL);
+			if (db == NULL || strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 ||
+			    strcmp(db, "local") == 0)
+				continue;
+			own = proxy_db_primary(c->p, db);
+			mine = strcmp(own ? own : dflt ? dflt : "", id) == 0;
+			free(own);
+			if (!mine)
+				continue;
+			BSON_APPEND_INT32(&mc, "listCollections", 1);
+			BSON_APPEND_UTF8(&mc, "db", db);
+			if (proxy_meta_command(c->p, &mc, &mr, &code, err, sizeof err) != 0) {
+				px_error(c, WIRE_ERR_HOST_UNREACHABLE, "removeShard: %s", err);
+				n = -1;
+			}
+			BSON_APPEND_INT32(&lc, "listCollections", 1);
+			BSON_APPEND_BOOL(&lc, "nameOnly", true);
+			if (n < 0)
+				bson_init(&lr);
+			else if (proxy_shard_command(c->p, id, db, &lc, &sid, &lr, neterr,
+							  sizeof neterr) != SHARDCONN_OK) {
+				px_error(c, WIRE_ERR_HOST_UNREACHABLE,
+					 "removeShard: listCollections %s on %s: %s", db, id, neterr);
+				n = -1;
+			} else if (px_get_doc(&lr, "cursor", &cur) &&
+				   px_get_array(&cur, "firstBatch", &batch) && bson_iter_init(&ci, &batch)) {
+				while (bson_iter_next(&ci)) {
+					bson_t e;
+					bson_iter_t ni;
+					const char *coll = NULL;
+					char ns[512];
+					if (!BSON_ITER_HOLDS_DOCUMENT(&ci))
+						continue;
+					iter_doc(&ci, &e);
+					if (bson_iter_init_find(&ni, &e, "name") && BSON_ITER_HOLDS_UTF8(&ni))
+						coll = bson_iter_utf8(&ni, NULL);
+					if (coll == NULL || strncmp(coll, "system.", 7) == 0)
+						continue;
+					snprintf(ns, sizeof ns, "%s.%s", db, coll);
+					if (meta_lists_ns(&mr, ns))
+						continue; /* sharded: its chunks were checked */
+					if (n < 20) {
+						size_t l = strlen(out);
+						snprintf(out + l, outlen - l, "%s%s", l ? ", " : "", ns);
+					}
+					n++;
+				}
+			}
+			bson_destroy(&lr);
+			bson_destroy(&mr);
+			bson_destroy(&lc);
+			bson_destroy(&mc);
+		}
+	}
+	bson_destroy(&reply);
+	free(dflt);
+	return n;
+}
+
 /* {removeShard: ID} as on a mongos. A shard that owns chunks is drained: the first call
  * registers one Data Movement Platform migration per chunk it owns, spread round-robin over
  * the other shards (run by the coordinators, as `stripedb ctl shard drain`), and answers
@@ -1135,13 +1348,14 @@ static int64_t migrations_of(const bson_t *list, const char *shard)
  * migration again for any chunk whose migration ended without moving it (aborted, rolled
  * back) or that appeared since; once it owns nothing and no migration from or to it is still
  * running (a switched migration still cleans up on the donor) the shard is removed (state
- * "completed"). The primary shard is refused (IllegalOperation 20: it holds every unsharded
- * collection and there is no movePrimary). Not built: a "draining" mark in metadata, so a
+ * "completed"). A shard that is the primary shard of a database still holding unsharded
+ * collections on it is refused (IllegalOperation 20, naming them: there is no movePrimary;
+ * issue #18); metadata then moves the primary of its other databases to the lowest
+ * remaining shard id. Not built: a "draining" mark in metadata, so a
  * shardCollection meanwhile may still place chunks on it (the next call drains them). */
 void px_do_remove_shard(ctx *c)
 {
 	const char *id = first_utf8(c->cmd);
-	char *primary;
 	int64_t n, i;
 	bson_t cmd = BSON_INITIALIZER, reply, *out;
 	char **ids = NULL, err[256];
@@ -1170,15 +1384,21 @@ void px_do_remove_shard(ctx *c)
 		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", id);
 		goto out;
 	}
-	primary = px_primary(c);
-	if (primary && strcmp(primary, id) == 0 && nids > 1) {
-		free(primary);
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "cannot remove shard %s: it is the primary shard, which holds every "
-			 "unsharded collection (stripedb has no movePrimary)", id);
-		goto out;
+	if (nids > 1) {
+		char names[2048];
+		int64_t nu = unsharded_on(c, id, names, sizeof names);
+		if (nu < 0)
+			goto out;
+		if (nu > 0) {
+			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				 "cannot remove shard %s: it is the primary shard of databases that "
+				 "still hold %lld unsharded collection(s): %s%s; you need to call "
+				 "movePrimary (not supported by stripedb: drop them, or copy them to a "
+				 "database with another primary shard)", id, (long long)nu, names,
+				 nu > 20 ? ", ..." : "");
+			goto out;
+		}
 	}
-	free(primary);
 	n = chunks_on(c, id, &owned);
 	if (n < 0)
 		goto out;

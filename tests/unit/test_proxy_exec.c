@@ -213,6 +213,7 @@ static int setup(void **state)
 	e->p.m_targeted = sdb_metrics_counter("test_routed_total", "t", "kind=\"targeted\"");
 	e->p.m_cursors = sdb_metrics_gauge("test_cursors", "t", NULL);
 	uv_mutex_init(&e->p.cmu);
+	uv_mutex_init(&e->p.mu); /* proxy_db_primary (issue #18) */
 	*state = e;
 	return 0;
 }
@@ -237,6 +238,7 @@ static int teardown(void **state)
 	bson_destroy(e->docs_b);
 	proxy_cursor_reap(&e->p, true);
 	uv_mutex_destroy(&e->p.cmu);
+	uv_mutex_destroy(&e->p.mu);
 	free(e);
 	return 0;
 }
