@@ -83,6 +83,15 @@ def test_databases_have_their_own_primary_shard(cluster):
     assert sum(on_shards(cl, "pb", "s").values()) == 60
     assert all(n > 0 for n in on_shards(cl, "pb", "s").values())
 
+    # a database already holding documents on the default primary keeps it: moving the
+    # primary would hide them
+    p0.early.c.insert_one({"_id": 1})
+    fails(lambda: admin.command("enableSharding", "early", primaryShard="shard-b"), 20,
+          ["already holds 1 documents on shard shard-a", "movePrimary"])
+    assert "early" not in meta_primaries(cl)
+    assert admin.command("enableSharding", "early", primaryShard="shard-a")["ok"] == 1
+    assert p0.early.c.find_one({"_id": 1}) == {"_id": 1}
+
     # movePrimary is refused clearly
     fails(lambda: admin.command("movePrimary", "pb", to="shard-a"), 115, ["movePrimary"])
 
