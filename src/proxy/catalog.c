@@ -134,6 +134,39 @@ char *proxy_db_primary(proxy *p, const char *db)
 	return s;
 }
 
+#define PROXY_DB_CHECKED_MAX 1024 /* bound of p->db_checked */
+
+char *proxy_db_primary_lookup(proxy *p, const char *db)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it;
+	char err[256], *s = proxy_db_primary(p, db);
+	bool ask;
+	int code;
+
+	if (s || db == NULL || strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 ||
+	    strcmp(db, "local") == 0)
+		goto out;
+	uv_mutex_lock(&p->mu);
+	if (p->db_checked == NULL)
+		p->db_checked = bson_new();
+	ask = !bson_iter_init_find(&it, p->db_checked, db) &&
+	      bson_count_keys(p->db_checked) < PROXY_DB_CHECKED_MAX;
+	if (ask) /* marked before asking: one lookup per name, even when metadata is down */
+		BSON_APPEND_BOOL(p->db_checked, db, true);
+	uv_mutex_unlock(&p->mu);
+	if (!ask)
+		goto out;
+	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
+	if (proxy_meta_command(p, &cmd, &reply, &code, err, sizeof err) == 0)
+		proxy_set_db_primaries(p, &reply);
+	bson_destroy(&reply);
+	s = proxy_db_primary(p, db);
+out:
+	bson_destroy(&cmd);
+	return s;
+}
+
 void proxy_set_db_primaries(proxy *p, const bson_t *reply)
 {
 	bson_t *m = bson_new(), *old;

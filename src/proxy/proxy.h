@@ -63,6 +63,9 @@ typedef struct proxy {
 	/* issue #18: each metadata database's primary shard, {name: shard id} from
 	 * listDatabases (reloaded with the quotas, every second), under mu; NULL before */
 	bson_t *db_primaries;
+	/* names proxy_db_primary_lookup asked metadata about and did not find (at most
+	 * PROXY_DB_CHECKED_MAX; then no more synchronous lookups), under mu; NULL before */
+	bson_t *db_checked;
 	/* cursors */
 	uv_mutex_t cmu;
 	proxy_cursor *cursors;
@@ -112,6 +115,12 @@ char *proxy_primary(proxy *p);
  * not a metadata database (callers then use proxy_primary, the cluster's default). From the
  * cache proxy_set_db_primaries fills; never calls metadata. Any thread. */
 char *proxy_db_primary(proxy *p, const char *db);
+/* As proxy_db_primary, but a database this proxy has never asked about and does not
+ * have cached is looked up at once (one metadata listDatabases, the cache replaced), so
+ * that the first command on a database created a moment ago (`ctl db create --primary`)
+ * already follows its primary. A name not found is remembered and not asked about again
+ * (the periodic reload still learns it). Worker threads only (blocks on metadata). */
+char *proxy_db_primary_lookup(proxy *p, const char *db);
 /* Replace that cache from a metadata listDatabases reply ({databases: [{name, primary?}]}).
  * Called by the refresh thread and by handlers that just read or changed the databases. */
 void proxy_set_db_primaries(proxy *p, const bson_t *list_databases_reply);

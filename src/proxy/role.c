@@ -272,6 +272,8 @@ static void on_timer_closed(uv_handle_t *h)
 	free(p->primary);
 	if (p->db_primaries)
 		bson_destroy(p->db_primaries);
+	if (p->db_checked)
+		bson_destroy(p->db_checked);
 	uv_mutex_destroy(&p->cmu);
 	uv_cond_destroy(&p->cv);
 	uv_mutex_destroy(&p->mu);

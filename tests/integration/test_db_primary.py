@@ -92,6 +92,13 @@ def test_databases_have_their_own_primary_shard(cluster):
     assert admin.command("enableSharding", "early", primaryShard="shard-a")["ok"] == 1
     assert p0.early.c.find_one({"_id": 1}) == {"_id": 1}
 
+    # a database created on metadata a moment ago: the first command through a proxy that
+    # never saw it already follows its primary (looked up at once)
+    ok(ctl(cl, "db", "create", "fresh", "--primary", "shard-c"))
+    p1.fresh.c.insert_many([{"_id": x} for x in range(5)])
+    assert on_shards(cl, "fresh", "c") == {"shard-a": 0, "shard-b": 0, "shard-c": 5}
+    assert sorted(d["_id"] for d in p1.fresh.c.find()) == list(range(5))
+
     # movePrimary is refused clearly
     fails(lambda: admin.command("movePrimary", "pb", to="shard-a"), 115, ["movePrimary"])
 
