@@ -134,8 +134,8 @@ int cli_db_cmd(cli_ctx *ctx, int argc, char **argv)
 
 	if (strcmp(verb, "list") == 0 && argc == 1) {
 		BSON_APPEND_INT32(&cmd, "listDatabases", 1);
-		return listing(ctx, &cmd, "databases", "DATABASE                       TENANT               PRIMARY",
-			       db_line);
+		return listing(ctx, &cmd, "databases",
+			       "DATABASE                       TENANT               PRIMARY", db_line);
 	}
 	if (strcmp(verb, "create") == 0 && argc >= 2 && argv[1][0] != '-') {
 		const char *tenant = NULL, *primary = NULL;

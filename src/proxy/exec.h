@@ -291,4 +291,19 @@ bool px_admit(ctx *c, const px_cmd *cmd);
 /* The collection policy switches (quota.h). Answers and returns false on refusal. */
 bool px_policy_ok(ctx *c, const px_cmd *cmd);
 
+/* dbprimary.c: a primary shard per database (issue #18). All block on metadata or shards
+ * (worker threads). */
+/* Reload this proxy's cache of the databases' primary shards (listDatabases) at once. */
+void px_reload_db_primaries(ctx *c);
+/* The primary shard metadata records for db (heap), from a fresh listDatabases; NULL when
+ * db is unknown or metadata unreachable. */
+char *px_meta_db_primary(ctx *c, const char *db);
+/* Before enableSharding gives db (not yet in metadata) primary shard ps: false after
+ * answering IllegalOperation (20) when the default primary holds documents of db (or
+ * HostUnreachable when it cannot be asked), true when that cannot hide anything. */
+bool px_db_data_stays_visible(ctx *c, const char *db, const char *ps);
+/* The unsharded collections shard id holds as the primary shard of their database: how
+ * many (names, up to 20, "db.coll, ..." in out), or -1 after answering c. */
+int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen);
+
 #endif
