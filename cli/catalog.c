@@ -5,8 +5,11 @@
  *                                    replica set as mongodb://h:p,.../?replicaSet=NAME)
  *   shard remove ID                  {removeShard: ID}  (refused while it owns chunks:
  *                                    drain it first with `ctl shard drain`)
- *   db create NAME [--tenant T]      {createDatabase: NAME, tenant: T}
- *   db list                          {listDatabases: 1}
+ *   db create NAME [--tenant T] [--primary SHARD]
+ *                                    {createDatabase: NAME, tenant: T, primary: SHARD}
+ *                                    (the shard its unsharded collections live on; without
+ *                                    it the lowest shard id; unknown shard: exit 1)
+ *   db list                          {listDatabases: 1} (name, tenant, primary shard)
  *   collection create DB.COLL --shard-key F[,F] [--hashed] [--chunks N] [--on SHARD[,SHARD]]
  *                                    {shardCollection: DB.COLL, key, numChunks, shards}
  *                                    (a collection that already holds documents follows
@@ -120,28 +123,33 @@ int cli_catalog_shard(cli_ctx *ctx, int argc, char **argv)
 
 static void db_line(const bson_t *d)
 {
-	printf("%-30s %s\n", str_of(d, "name"), str_of(d, "tenant"));
+	printf("%-30s %-20s %s\n", str_of(d, "name"), str_of(d, "tenant"), str_of(d, "primary"));
 }
 
 int cli_db_cmd(cli_ctx *ctx, int argc, char **argv)
 {
-	static const char *const u = "db create NAME [--tenant T] | db list";
+	static const char *const u = "db create NAME [--tenant T] [--primary SHARD] | db list";
 	bson_t cmd = BSON_INITIALIZER;
 	const char *verb = argc > 0 ? argv[0] : "";
 
 	if (strcmp(verb, "list") == 0 && argc == 1) {
 		BSON_APPEND_INT32(&cmd, "listDatabases", 1);
-		return listing(ctx, &cmd, "databases", "DATABASE                       TENANT",
-			       db_line);
+		return listing(ctx, &cmd, "databases",
+			       "DATABASE                       TENANT               PRIMARY", db_line);
 	}
 	if (strcmp(verb, "create") == 0 && argc >= 2 && argv[1][0] != '-') {
-		const char *tenant = NULL;
+		const char *tenant = NULL, *primary = NULL;
 		char done[300];
 		for (int i = 2; i < argc; i++) {
 			if (strcmp(argv[i], "--tenant") == 0 && i + 1 < argc)
 				tenant = argv[++i];
 			else if (strncmp(argv[i], "--tenant=", 9) == 0)
 				tenant = argv[i] + 9;
+			else if (strcmp(argv[i], "--primary") == 0 && i + 1 < argc &&
+				 argv[i + 1][0] != '\0' && argv[i + 1][0] != '-')
+				primary = argv[++i];
+			else if (strncmp(argv[i], "--primary=", 10) == 0 && argv[i][10] != '\0')
+				primary = argv[i] + 10;
 			else {
 				bson_destroy(&cmd);
 				return usage("db", u);
@@ -155,7 +163,13 @@ int cli_db_cmd(cli_ctx *ctx, int argc, char **argv)
 		BSON_APPEND_UTF8(&cmd, "createDatabase", argv[1]);
 		if (tenant)
 			BSON_APPEND_UTF8(&cmd, "tenant", tenant);
-		snprintf(done, sizeof done, "database %s created", argv[1]);
+		if (primary)
+			BSON_APPEND_UTF8(&cmd, "primary", primary);
+		if (primary)
+			snprintf(done, sizeof done, "database %s created (primary shard %s)", argv[1],
+				 primary);
+		else
+			snprintf(done, sizeof done, "database %s created", argv[1]);
 		return cli_meta_simple(ctx, &cmd, done);
 	}
 	bson_destroy(&cmd);

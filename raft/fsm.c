@@ -650,7 +650,7 @@ static int restore_image(sdb_fsm *f, const void *data, size_t len)
 		goto out;
 	/* an image from an earlier version lacks the newer tables (user_sha1) */
 	if (sqlite3_exec(f->db, schema_sql, NULL, NULL, NULL) != SQLITE_OK ||
-	    fsm_routing_schema(f->db) != 0)
+	    fsm_routing_schema(f->db) != 0 || fsm_dbs_schema(f->db) != 0)
 		goto out;
 	free(f->wire_cache);
 	f->wire_cache = NULL;
@@ -693,7 +693,7 @@ int sdb_fsm_open(const char *path, sdb_fsm **out, char *err, size_t errlen)
 			     : "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
 			 NULL, NULL, NULL) != SQLITE_OK ||
 	    sqlite3_exec(f->db, schema_sql, NULL, NULL, NULL) != SQLITE_OK ||
-	    fsm_routing_schema(f->db) != 0) {
+	    fsm_routing_schema(f->db) != 0 || fsm_dbs_schema(f->db) != 0) {
 		sdb_errf(err, errlen, SDB_EIO, "fsm: schema %s: %s", path, sqlite3_errmsg(f->db));
 		goto fail;
 	}
@@ -861,7 +861,10 @@ int sdb_fsm_query(sdb_fsm *f, const char *name, const bson_t *cmd, bson_t *reply
 		}
 		bson_append_array_end(reply, &arr);
 	} else if (strcmp(name, "listDatabases") == 0) {
-		st = fsm_q(f, "SELECT name, tenant FROM dbs ORDER BY name", NULL);
+		/* primary: the recorded primary shard, or (NULL: created before primaries were
+		 * recorded, or before any shard) the lowest shard id */
+		st = fsm_q(f, "SELECT name, tenant, coalesce(primary_shard, (SELECT min(id) FROM"
+			      " shards)) FROM dbs ORDER BY name", NULL);
 		if (!st)
 			return SDB_EIO;
 		bson_append_array_begin(reply, "databases", -1, &arr);
@@ -871,6 +874,8 @@ int sdb_fsm_query(sdb_fsm *f, const char *name, const bson_t *cmd, bson_t *reply
 			BSON_APPEND_UTF8(&d, "name", (const char *)sqlite3_column_text(st, 0));
 			if (sqlite3_column_type(st, 1) == SQLITE_TEXT)
 				BSON_APPEND_UTF8(&d, "tenant", (const char *)sqlite3_column_text(st, 1));
+			if (sqlite3_column_type(st, 2) == SQLITE_TEXT)
+				BSON_APPEND_UTF8(&d, "primary", (const char *)sqlite3_column_text(st, 2));
 			bson_append_document_end(&arr, &d);
 		}
 		bson_append_array_end(reply, &arr);

@@ -55,6 +55,12 @@ typedef int (*op_fn)(sdb_fsm *f, cmdctx *c, bson_t *res);
  * prepared, bound statement (caller finalizes) or NULL; fsm_x: execute, 0 or SDB_EIO;
  * fsm_q_int: the first column of the first row into *out: 1, 0 when there is no row,
  * SDB_EIO. */
+/* Schema upgrade of the dbs table (issue #18): adds the primary_shard column (TEXT, NULL =
+ * the lowest shard id, the behaviour before primaries were recorded) when a data directory or
+ * snapshot image of an earlier version lacks it. Idempotent and deterministic (the same
+ * on every member: it depends on the schema only). Run after the CREATE statements at open
+ * and after a snapshot restore. Returns 0 or SDB_EIO (logged). */
+int fsm_dbs_schema(sqlite3 *db);
 sqlite3_stmt *fsm_q(sdb_fsm *f, const char *sql, const char *fmt, ...);
 int fsm_x(sdb_fsm *f, const char *sql, const char *fmt, ...);
 int fsm_q_int(sdb_fsm *f, int64_t *out, const char *sql, const char *fmt, ...);

@@ -50,17 +50,47 @@ int fsm_op_remove_shard(sdb_fsm *f, cmdctx *c, bson_t *res)
 		return SDB_EIO;
 	if (n > 0)
 		return fsm_lerr(res, E_ILLEGAL, "shard %s still owns %lld chunks", id, (long long)n);
-	if (fsm_x(f, "DELETE FROM shards WHERE id = ?", "t", id))
+	/* databases whose primary it was move to the lowest remaining shard id (the caller,
+	 * the proxy's removeShard, first checks that it holds none of their unsharded
+	 * collections) */
+	if (fsm_x(f, "DELETE FROM shards WHERE id = ?", "t", id) ||
+	    fsm_x(f, "UPDATE dbs SET primary_shard = (SELECT min(id) FROM shards)"
+		     " WHERE primary_shard = ?", "t", id))
 		return SDB_EIO;
 	BSON_APPEND_UTF8(res, "shardRemoved", id);
+	return 0;
+}
+
+int fsm_dbs_schema(sqlite3 *db)
+{
+	sqlite3_stmt *st;
+	int has = 0;
+	if (sqlite3_prepare_v2(db, "SELECT 1 FROM pragma_table_info('dbs')"
+				   " WHERE name = 'primary_shard'", -1, &st, NULL) != SQLITE_OK)
+		return SDB_EIO;
+	has = sqlite3_step(st) == SQLITE_ROW;
+	sqlite3_finalize(st);
+	if (has)
+		return 0;
+	/* rows of earlier versions get NULL: they follow the lowest shard id, as before */
+	if (sqlite3_exec(db, "ALTER TABLE dbs ADD COLUMN primary_shard TEXT", NULL, NULL, NULL) !=
+	    SQLITE_OK) {
+		sdb_error("fsm: dbs schema upgrade failed", "err=\"%s\"", sqlite3_errmsg(db));
+		return SDB_EIO;
+	}
+	sdb_info("fsm: schema upgraded", "table=dbs column=primary_shard");
 	return 0;
 }
 
 int fsm_op_create_database(sdb_fsm *f, cmdctx *c, bson_t *res)
 {
 	const char *name = fsm_arg_str(&c->args, "name"), *tenant = fsm_arg_str(&c->args, "tenant");
+	const char *primary = fsm_arg_str(&c->args, "primary");
+	int rc;
 	if (!name || !*name || strchr(name, '.'))
 		return fsm_lerr(res, E_BAD_VALUE, "createDatabase needs a name without dots");
+	if (bson_has_field(&c->args, "primary") && (primary == NULL || !*primary))
+		return fsm_lerr(res, E_BAD_VALUE, "createDatabase: primary must be a shard id string");
 	if (tenant) {
 		int e = fsm_exists(f, "SELECT 1 FROM tenants WHERE name = ?", tenant);
 		if (e < 0)
@@ -68,15 +98,26 @@ int fsm_op_create_database(sdb_fsm *f, cmdctx *c, bson_t *res)
 		if (!e)
 			return fsm_lerr(res, E_NO_SUCH_KEY, "tenant %s not found", tenant);
 	}
+	if (primary) {
+		int e = fsm_exists(f, "SELECT 1 FROM shards WHERE id = ?", primary);
+		if (e < 0)
+			return e;
+		if (!e)
+			return fsm_lerr(res, E_SHARD_NOT_FOUND, "shard %s not found", primary);
+	}
 	int e = fsm_exists(f, "SELECT 1 FROM dbs WHERE name = ?", name);
 	if (e < 0)
 		return e;
 	if (e)
 		return fsm_lerr(res, E_NS_EXISTS, "database %s already exists", name);
-	if (fsm_x(f, "INSERT INTO dbs(name, tenant, created_ms) VALUES(?, ?, ?)", "tti", name, tenant,
-	      c->ts))
-		return SDB_EIO;
-	return 0;
+	/* without primary the row records none (NULL): the database follows the lowest shard
+	 * id, as every database did before primaries were recorded. Choosing a default here
+	 * would not be deterministic on a member replaying entries of an earlier version. */
+	rc = fsm_x(f, "INSERT INTO dbs(name, tenant, created_ms, primary_shard) VALUES(?, ?, ?, ?)",
+		   "ttit", name, tenant, c->ts, primary);
+	if (rc == 0 && primary)
+		BSON_APPEND_UTF8(res, "primary", primary);
+	return rc ? SDB_EIO : 0;
 }
 
 int fsm_op_drop_database(sdb_fsm *f, cmdctx *c, bson_t *res)

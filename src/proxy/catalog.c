@@ -119,6 +119,85 @@ char *proxy_primary(proxy *p)
 	return s;
 }
 
+char *proxy_db_primary(proxy *p, const char *db)
+{
+	bson_iter_t it;
+	char *s = NULL;
+
+	if (db == NULL)
+		return NULL;
+	uv_mutex_lock(&p->mu);
+	if (p->db_primaries && bson_iter_init_find(&it, p->db_primaries, db) &&
+	    BSON_ITER_HOLDS_UTF8(&it))
+		s = sdb_strdup(bson_iter_utf8(&it, NULL));
+	uv_mutex_unlock(&p->mu);
+	return s;
+}
+
+#define PROXY_DB_CHECKED_MAX 1024 /* bound of p->db_checked */
+
+char *proxy_db_primary_lookup(proxy *p, const char *db)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it;
+	char err[256], *s = proxy_db_primary(p, db);
+	bool ask;
+	int code;
+
+	if (s || db == NULL || strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 ||
+	    strcmp(db, "local") == 0)
+		goto out;
+	uv_mutex_lock(&p->mu);
+	if (p->db_checked == NULL)
+		p->db_checked = bson_new();
+	ask = !bson_iter_init_find(&it, p->db_checked, db) &&
+	      bson_count_keys(p->db_checked) < PROXY_DB_CHECKED_MAX;
+	if (ask) /* marked before asking: one lookup per name, even when metadata is down */
+		BSON_APPEND_BOOL(p->db_checked, db, true);
+	uv_mutex_unlock(&p->mu);
+	if (!ask)
+		goto out;
+	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
+	if (proxy_meta_command(p, &cmd, &reply, &code, err, sizeof err) == 0)
+		proxy_set_db_primaries(p, &reply);
+	bson_destroy(&reply);
+	s = proxy_db_primary(p, db);
+out:
+	bson_destroy(&cmd);
+	return s;
+}
+
+void proxy_set_db_primaries(proxy *p, const bson_t *reply)
+{
+	bson_t *m = bson_new(), *old;
+	bson_iter_t it, arr, d;
+
+	if (bson_iter_init_find(&it, reply, "databases") && BSON_ITER_HOLDS_ARRAY(&it) &&
+	    bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			const char *name = NULL, *primary = NULL;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &d))
+				continue;
+			while (bson_iter_next(&d)) {
+				if (!BSON_ITER_HOLDS_UTF8(&d))
+					continue;
+				if (strcmp(bson_iter_key(&d), "name") == 0)
+					name = bson_iter_utf8(&d, NULL);
+				else if (strcmp(bson_iter_key(&d), "primary") == 0)
+					primary = bson_iter_utf8(&d, NULL);
+			}
+			if (name && primary)
+				BSON_APPEND_UTF8(m, name, primary);
+		}
+	}
+	uv_mutex_lock(&p->mu);
+	old = p->db_primaries;
+	p->db_primaries = m;
+	uv_mutex_unlock(&p->mu);
+	if (old)
+		bson_destroy(old);
+}
+
 /* One getRoutingTable round trip (a cursor batch). since < 0: full load; resume: the
  * previous batch's resumeAfter or NULL. Counts the reply bytes. */
 static int routing_batch(proxy *p, const char *ns, int64_t since, const bson_t *resume,
@@ -352,7 +431,8 @@ route_coll *proxy_route(proxy *p, const char *ns, bool force, char *err, size_t 
 	return c;
 }
 
-/* Reload tenants and database owners for the quota tables. */
+/* Reload tenants and database owners for the quota tables, and the databases' primary
+ * shards. */
 static bool load_quotas(proxy *p)
 {
 	bool ok = false;
@@ -366,6 +446,7 @@ static bool load_quotas(proxy *p)
 	if (proxy_meta_command(p, &c1, &r1, &code, err, sizeof err) == 0) {
 		if (proxy_meta_command(p, &c2, &r2, &code, err, sizeof err) == 0) {
 			proxy_quota_load(p->quota, &r1, &r2);
+			proxy_set_db_primaries(p, &r2); /* issue #18: databases' primary shards */
 			if (p->auth) /* issue #10: tenant tables of the auth gate */
 				auth_gate_load(p->auth, &r1, &r2);
 			ok = true;

@@ -4,7 +4,7 @@
  *
  *   config.version      {_id: 1, currentVersion: 6, minCompatibleVersion: 5}
  *   config.shards       {_id, host ("rs/h:p,..." or "h:p"), state: 1, draining?}   listShards
- *   config.databases    {_id, primary, partitioned: true, version: {lastMod: 1}}   listDatabases
+ *   config.databases    {_id, primary (the db's own), partitioned: true, version: {lastMod: 1}}   listDatabases
  *   config.collections  {_id: ns, key, unique: false, noBalance: true}             listCollections
  *   config.chunks       {_id, ns, min, max, shard, lastmod: Timestamp(version, 0)} getRoutingTable
  *   config.settings     {_id: "balancer", mode: "off", stopped: true}, {_id: "autosplit", enabled: false}
@@ -128,13 +128,14 @@ static void add_database(const bson_t *s, void *arg)
 {
 	db_arg *a = arg;
 	const char *name = str_of(s, "name"), *tenant = str_of(s, "tenant");
+	const char *own = str_of(s, "primary"); /* issue #18: the database's primary shard */
 	bson_t *d, v;
 
 	if (name == NULL)
 		return;
 	d = bson_new();
 	BSON_APPEND_UTF8(d, "_id", name);
-	BSON_APPEND_UTF8(d, "primary", a->primary ? a->primary : "");
+	BSON_APPEND_UTF8(d, "primary", own ? own : a->primary ? a->primary : "");
 	BSON_APPEND_BOOL(d, "partitioned", true);
 	BSON_APPEND_DOCUMENT_BEGIN(d, "version", &v);
 	BSON_APPEND_INT32(&v, "lastMod", 1);
@@ -351,6 +352,9 @@ static bool load(ctx *c, const char *coll, doclist *l)
 		BSON_APPEND_INT32(&cmd, "listDatabases", 1);
 		if ((ok = meta_read(c, &cmd, &reply))) {
 			each_doc(&reply, "databases", add_database, &a);
+			/* a fresh list: this proxy's routing of unsharded collections follows it
+			 * at once (`ctl db create --primary` then a read of config.databases) */
+			proxy_set_db_primaries(c->p, &reply);
 			bson_destroy(&reply);
 		}
 		free(primary);

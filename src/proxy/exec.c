@@ -519,6 +519,8 @@ static const px_cmd cmd_table[] = {
 	{"removeshard", px_do_remove_shard, 0, NULL, PXP_NONE},
 	{"refineCollectionShardKey", px_do_refused_sharding, 0, NULL, PXP_NONE},
 	{"reshardCollection", px_do_refused_sharding, 0, NULL, PXP_NONE},
+	{"movePrimary", px_do_refused_sharding, 0, NULL, PXP_NONE},
+	{"moveprimary", px_do_refused_sharding, 0, NULL, PXP_NONE},
 	/* transactions (txnroute.c, issue #16) */
 	{"commitTransaction", pxtxn_do_commit, PXC_TXN_END | PXC_FREE, NULL, PXP_NONE},
 	{"abortTransaction", pxtxn_do_abort, PXC_TXN_END | PXC_FREE, NULL, PXP_NONE},

@@ -163,11 +163,12 @@ void px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *net
 /* The routing of c->ns (a reference). NULL after answering HostUnreachable (6) when
  * metadata cannot be reached and nothing is cached. */
 route_coll *px_route_or_fail(ctx *c);
-/* The primary shard id (heap) into *primary; false after answering ShardNotFound when no
- * shard is registered. */
+/* The primary shard id of c->db (heap) into *primary: the database's own when metadata
+ * records it (issue #18), else the cluster's default (the lowest shard id); false after
+ * answering ShardNotFound when no shard is registered. */
 bool px_with_primary(ctx *c, char **primary);
-/* The routing of c->ns / the primary shard id, without answering (the proxy's cluster: route and
- * primary). */
+/* The routing of c->ns / the primary shard id of c->db (as px_with_primary), without
+ * answering (the proxy's cluster: route and primary). */
 route_coll *px_route(ctx *c, bool force, char *err, size_t errlen);
 char *px_primary(ctx *c);
 /* Every known shard's id (shard list reloaded first) / one shard's hosts (retry.h). */
@@ -292,5 +293,20 @@ bool px_config_db(ctx *c, const px_cmd *cmd);
 bool px_admit(ctx *c, const px_cmd *cmd);
 /* The collection policy switches (quota.h). Answers and returns false on refusal. */
 bool px_policy_ok(ctx *c, const px_cmd *cmd);
+
+/* dbprimary.c: a primary shard per database (issue #18). All block on metadata or shards
+ * (worker threads). */
+/* Reload this proxy's cache of the databases' primary shards (listDatabases) at once. */
+void px_reload_db_primaries(ctx *c);
+/* The primary shard metadata records for db (heap), from a fresh listDatabases; NULL when
+ * db is unknown or metadata unreachable. */
+char *px_meta_db_primary(ctx *c, const char *db);
+/* Before enableSharding gives db (not yet in metadata) primary shard ps: false after
+ * answering IllegalOperation (20) when the default primary holds documents of db (or
+ * HostUnreachable when it cannot be asked), true when that cannot hide anything. */
+bool px_db_data_stays_visible(ctx *c, const char *db, const char *ps);
+/* The unsharded collections shard id holds as the primary shard of their database: how
+ * many (names, up to 20, "db.coll, ..." in out), or -1 after answering c. */
+int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen);
 
 #endif

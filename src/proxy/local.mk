@@ -5,6 +5,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/catalog.c \
 	src/proxy/configdb.c \
 	src/proxy/cursor.c \
+	src/proxy/dbprimary.c \
 	src/proxy/exec.c \
 	src/proxy/explain.c \
 	src/proxy/merge.c \

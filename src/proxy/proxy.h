@@ -60,6 +60,12 @@ typedef struct proxy {
 	bool ready;                 /* metadata reached once (shards, quotas): /healthz */
 	int64_t known_version;
 	char *primary;              /* primary shard id (first shard by id), under mu */
+	/* issue #18: each metadata database's primary shard, {name: shard id} from
+	 * listDatabases (reloaded with the quotas, every second), under mu; NULL before */
+	bson_t *db_primaries;
+	/* names proxy_db_primary_lookup asked metadata about and did not find (at most
+	 * PROXY_DB_CHECKED_MAX; then no more synchronous lookups), under mu; NULL before */
+	bson_t *db_checked;
 	/* cursors */
 	uv_mutex_t cmu;
 	proxy_cursor *cursors;
@@ -107,6 +113,19 @@ int proxy_meta_command(proxy *p, const bson_t *cmd, bson_t *reply, int *code, ch
 route_coll *proxy_route(proxy *p, const char *ns, bool force, char *err, size_t errlen);
 /* Primary shard id (heap copy) or NULL when no shard is known (refreshes the shard list). */
 char *proxy_primary(proxy *p);
+/* The primary shard of database db as metadata records it (heap copy), or NULL when db is
+ * not a metadata database (callers then use proxy_primary, the cluster's default). From the
+ * cache proxy_set_db_primaries fills; never calls metadata. Any thread. */
+char *proxy_db_primary(proxy *p, const char *db);
+/* As proxy_db_primary, but a database this proxy has never asked about and does not
+ * have cached is looked up at once (one metadata listDatabases, the cache replaced), so
+ * that the first command on a database created a moment ago (`ctl db create --primary`)
+ * already follows its primary. A name not found is remembered and not asked about again
+ * (the periodic reload still learns it). Worker threads only (blocks on metadata). */
+char *proxy_db_primary_lookup(proxy *p, const char *db);
+/* Replace that cache from a metadata listDatabases reply ({databases: [{name, primary?}]}).
+ * Called by the refresh thread and by handlers that just read or changed the databases. */
+void proxy_set_db_primaries(proxy *p, const bson_t *list_databases_reply);
 /* Reload the shard list from metadata. Returns 0 or proxy_meta_command's errors. */
 int proxy_load_shards(proxy *p, char *err, size_t errlen);
 /* The refresh thread's body (arg: the proxy): until p->stopping, long-polls the routing

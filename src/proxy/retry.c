@@ -131,7 +131,13 @@ char *px_primary(ctx *c)
 {
 	void *impl;
 	const px_cluster *cl = cluster_of(c->p, &impl);
+	/* issue #18: a metadata database's own primary shard; any other database (and admin
+	 * commands) the cluster's default, the lowest shard id */
+	char *own = c->p->cluster == NULL ? proxy_db_primary_lookup(c->p, c->db)
+					   : proxy_db_primary(c->p, c->db);
 
+	if (own)
+		return own;
 	return cl->primary(impl);
 }
 

@@ -274,6 +274,10 @@ static void on_timer_closed(uv_handle_t *h)
 	route_cache_free(p->rc);
 	pxtxn_table_free(p->txns);
 	free(p->primary);
+	if (p->db_primaries)
+		bson_destroy(p->db_primaries);
+	if (p->db_checked)
+		bson_destroy(p->db_checked);
 	uv_mutex_destroy(&p->cmu);
 	uv_cond_destroy(&p->cv);
 	uv_mutex_destroy(&p->mu);

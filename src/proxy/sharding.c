@@ -18,6 +18,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -96,31 +97,60 @@ static bool valid_db_name(const char *db)
 	return db[0] && strlen(db) < 64 && strpbrk(db, "/\\. \"$") == NULL;
 }
 
-/* {enableSharding: "db", primaryShard?}: creates the database in metadata (idempotent).
- * primaryShard is refused: the primary shard is the cluster's (the lowest shard id). */
+/* {enableSharding: "db", primaryShard?}: creates the database in metadata (idempotent),
+ * with primaryShard as its primary shard (the shard its unsharded collections live on,
+ * issue #18; an unknown shard: ShardNotFound 70, from metadata). Without it the database
+ * follows the cluster's default primary, the lowest shard id. An existing database with
+ * another primary shard: NamespaceExists (48), as MongoDB. */
 static void do_enable_sharding(ctx *c)
 {
-	const char *db = first_utf8(c->cmd);
+	const char *db = first_utf8(c->cmd), *ps = NULL;
+	bson_t cmd = BSON_INITIALIZER, reply;
+	static const int ok[] = {WIRE_ERR_NAMESPACE_EXISTS, WIRE_ERR_DUPLICATE_KEY, 0};
+	bson_iter_t it;
+	int code = 0;
 
 	if (!need_admin_db(c, "enableSharding"))
-		return;
+		goto out;
 	if (db == NULL || !valid_db_name(db)) {
 		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "invalid db name specified: %s",
 			 db ? db : "(not a string)");
-		return;
+		goto out;
 	}
 	if (strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 || strcmp(db, "local") == 0) {
 		px_error(c, WIRE_ERR_INVALID_OPTIONS, "can't shard %s database", db);
-		return;
+		goto out;
 	}
-	if (bson_has_field(c->cmd, "primaryShard")) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS,
-			 "primaryShard is not supported by stripedb: a database's unsharded "
-			 "collections live on the cluster's primary shard (the lowest shard id)");
-		return;
+	if (bson_iter_init_find(&it, c->cmd, "primaryShard")) {
+		if (!BSON_ITER_HOLDS_UTF8(&it) || bson_iter_utf8(&it, NULL)[0] == '\0') {
+			px_error(c, WIRE_ERR_BAD_VALUE, "primaryShard must be a shard id string");
+			goto out;
+		}
+		ps = bson_iter_utf8(&it, NULL);
 	}
-	if (ensure_database(c, db))
-		px_reply(c, bson_new());
+	if (ps && !px_db_data_stays_visible(c, db, ps))
+		goto out;
+	BSON_APPEND_UTF8(&cmd, "createDatabase", db);
+	if (ps)
+		BSON_APPEND_UTF8(&cmd, "primary", ps);
+	if (!meta_call(c, &cmd, &reply, ok, &code))
+		goto out;
+	bson_destroy(&reply);
+	if (code != 0 && ps) {
+		char *cur = px_meta_db_primary(c, db);
+		if (cur == NULL || strcmp(cur, ps) != 0) {
+			px_error(c, WIRE_ERR_NAMESPACE_EXISTS,
+				 "database %s already exists with primary shard %s, not %s", db,
+				 cur ? cur : "(unknown)", ps);
+			free(cur);
+			goto out;
+		}
+		free(cur);
+	}
+	px_reload_db_primaries(c);
+	px_reply(c, bson_new());
+out:
+	bson_destroy(&cmd);
 }
 
 /* ---------- shardCollection ---------- */
@@ -784,6 +814,11 @@ void px_do_refused_sharding(ctx *c)
 {
 	if (strcmp(wire_req_name(c->req), "reshardCollection") == 0)
 		do_reshard(c);
+	else if (strcasecmp(wire_req_name(c->req), "movePrimary") == 0)
+		px_error(c, 115 /* CommandNotSupported */,
+			 "movePrimary is not supported by stripedb: a database's primary shard is "
+			 "chosen when it is created (enableSharding primaryShard, `stripedb ctl db "
+			 "create --primary`)");
 	else
 		do_refine(c);
 }
@@ -1126,13 +1161,14 @@ static int64_t active_migrations(const bson_t *list, int64_t nid, const char *sh
  * migration again for any chunk whose migration ended without moving it (aborted, rolled
  * back) or that appeared since; once it owns nothing and no migration from or to it is still
  * running (a switched migration still cleans up on the donor) the shard is removed (state
- * "completed"). The primary shard is refused (IllegalOperation 20: it holds every unsharded
- * collection and there is no movePrimary). Not built: a "draining" mark in metadata, so a
+ * "completed"). A shard that is the primary shard of a database still holding unsharded
+ * collections on it is refused (IllegalOperation 20, naming them: there is no movePrimary;
+ * issue #18); metadata then moves the primary of its other databases to the lowest
+ * remaining shard id. Not built: a "draining" mark in metadata, so a
  * shardCollection meanwhile may still place chunks on it (the next call drains them). */
 void px_do_remove_shard(ctx *c)
 {
 	const char *id = first_utf8(c->cmd);
-	char *primary;
 	int64_t n, i;
 	bson_t cmd = BSON_INITIALIZER, reply, *out;
 	char **ids = NULL, err[256];
@@ -1161,15 +1197,21 @@ void px_do_remove_shard(ctx *c)
 		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", id);
 		goto out;
 	}
-	primary = px_primary(c);
-	if (primary && strcmp(primary, id) == 0 && nids > 1) {
-		free(primary);
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "cannot remove shard %s: it is the primary shard, which holds every "
-			 "unsharded collection (stripedb has no movePrimary)", id);
-		goto out;
+	if (nids > 1) {
+		char names[2048];
+		int64_t nu = px_unsharded_on(c, id, names, sizeof names);
+		if (nu < 0)
+			goto out;
+		if (nu > 0) {
+			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				 "cannot remove shard %s: it is the primary shard of databases that "
+				 "still hold %lld unsharded collection(s): %s%s; you need to call "
+				 "movePrimary (not supported by stripedb: drop them, or copy them to a "
+				 "database with another primary shard)", id, (long long)nu, names,
+				 nu > 20 ? ", ..." : "");
+			goto out;
+		}
 	}
-	free(primary);
 	n = chunks_on(c, id, &owned);
 	if (n < 0)
 		goto out;

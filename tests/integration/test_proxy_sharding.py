@@ -414,6 +414,8 @@ def test_ctl_catalog(start_role, tmp_path):
         usage_error(ctl(cl, "db", "create"), "usage")
         usage_error(ctl(cl, "db", "create", "a.b"), "invalid database name")
         usage_error(ctl(cl, "db", "frob"), "usage")
+        usage_error(ctl(cl, "db", "create", "t2db", "--primary"), "usage")
+        cluster_error(ctl(cl, "db", "create", "t2db", "--primary", "nosuch"), "stripedb ctl:")
 
         # collection create / list / drop
         out = ok(ctl(cl, "collection", "create", "cat.h", "--shard-key", "u", "--hashed",
@@ -561,7 +563,10 @@ def test_remove_shard(cluster, start_role, tmp_path):
     d.mkdir()
     start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
     assert admin.command("addShard", f"127.0.0.1:{port}", name="spare")["shardAdded"] == "spare"
-    fails(lambda: admin.command("removeShard", "shard-a"), 20, ["primary shard"])
+    # shard-a is the default primary shard: refused while it holds unsharded collections
+    p.keep.c.insert_one({"_id": 1})
+    fails(lambda: admin.command("removeShard", "shard-a"), 20,
+          ["primary shard", "keep.c", "movePrimary"])
     fails(lambda: admin.command("removeShard", "nosuch"), 70)
     fails(lambda: admin.command("removeShard", ""), 2)
     fails(lambda: p.db.command("removeShard", "spare"), 13)

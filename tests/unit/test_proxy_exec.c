@@ -214,6 +214,7 @@ static int setup(void **state)
 	e->p.m_cursors = sdb_metrics_gauge("test_cursors", "t", NULL);
 	e->p.txns = pxtxn_table_new();
 	uv_mutex_init(&e->p.cmu);
+	uv_mutex_init(&e->p.mu); /* proxy_db_primary (issue #18) */
 	*state = e;
 	return 0;
 }
@@ -239,6 +240,7 @@ static int teardown(void **state)
 	proxy_cursor_reap(&e->p, true);
 	pxtxn_table_free(e->p.txns);
 	uv_mutex_destroy(&e->p.cmu);
+	uv_mutex_destroy(&e->p.mu);
 	free(e);
 	return 0;
 }

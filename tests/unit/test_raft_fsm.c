@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
 
 #include "common/err.h"
 #include "raft/fsm.h"
@@ -477,6 +478,98 @@ static void test_persist_and_snapshot(void **state)
 	assert_int_equal(system(cmd), 0);
 }
 
+/* issue #18: a database's primary shard. createDatabase records primary (an unknown shard:
+ * ShardNotFound 70), listDatabases answers it, and a database created without one follows
+ * the lowest shard id; removeShard moves the primaries it held to the lowest remaining id. */
+static void test_database_primary(void **state)
+{
+	t *x = *state;
+	base_cluster(x);
+	ok(x, "addShard", "{\"id\": \"shard-c\", \"uri\": \"mongodb://c\"}");
+	ok(x, "createDatabase", "{\"name\": \"onb\", \"primary\": \"shard-b\"}");
+	ok(x, "createDatabase", "{\"name\": \"onc\", \"primary\": \"shard-c\"}");
+	fails(x, "createDatabase", "{\"name\": \"bad\", \"primary\": \"nosuch\"}", 70);
+	fails(x, "createDatabase", "{\"name\": \"bad\", \"primary\": \"\"}", 2);
+	fails(x, "createDatabase", "{\"name\": \"bad\", \"primary\": 3}", 2);
+	bson_t *r = query(x, "listDatabases", "{\"listDatabases\": 1}");
+	char *js = bson_as_relaxed_extended_json(r, NULL);
+	assert_non_null(strstr(js, "{ \"name\" : \"app\", \"tenant\" : \"acme\", \"primary\" : \"shard-a\" }"));
+	assert_non_null(strstr(js, "{ \"name\" : \"onb\", \"primary\" : \"shard-b\" }"));
+	assert_non_null(strstr(js, "{ \"name\" : \"onc\", \"primary\" : \"shard-c\" }"));
+	assert_null(strstr(js, "\"bad\""));
+	bson_free(js);
+	bson_destroy(r);
+	ok(x, "removeShard", "{\"id\": \"shard-b\"}");
+	r = query(x, "listDatabases", "{\"listDatabases\": 1}");
+	js = bson_as_relaxed_extended_json(r, NULL);
+	assert_non_null(strstr(js, "{ \"name\" : \"onb\", \"primary\" : \"shard-a\" }"));
+	bson_free(js);
+	bson_destroy(r);
+}
+
+/* issue #18: a data directory (and a snapshot image) of a version without primaries: the
+ * dbs table lacks primary_shard. It opens, its databases follow the lowest shard id, new
+ * ones record theirs, and reopening is idempotent. */
+static void test_database_primary_schema_upgrade(void **state)
+{
+	(void)state;
+	char dir[] = "/tmp/sdb-fsm-XXXXXX", path[256], err[256], cmd[300];
+	sqlite3 *db;
+	sdb_fsm *a, *b;
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/meta.db", dir);
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(db,
+		"CREATE TABLE meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);"
+		"CREATE TABLE shards (id TEXT PRIMARY KEY, uri TEXT NOT NULL,"
+		" state TEXT NOT NULL, created_ms INTEGER NOT NULL);"
+		"CREATE TABLE dbs (name TEXT PRIMARY KEY, tenant TEXT, created_ms INTEGER NOT NULL);"
+		"INSERT INTO shards VALUES('s2', 'mongodb://b', 'active', 1),"
+		" ('s1', 'mongodb://a', 'active', 1);"
+		"INSERT INTO dbs VALUES('old', NULL, 1);"
+		"INSERT INTO meta VALUES('last_applied', 7);",
+		NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(db);
+	/* the old file as a snapshot image, restored by a fresh member */
+	FILE *fp = fopen(path, "rb");
+	assert_non_null(fp);
+	static unsigned char img[1 << 16];
+	size_t len = fread(img, 1, sizeof img, fp);
+	fclose(fp);
+	assert_true(len > 100 && len < sizeof img);
+
+	assert_int_equal(sdb_fsm_open(path, &a, err, sizeof err), 0);
+	t x = {a, 7};
+	ok(&x, "createDatabase", "{\"name\": \"new\", \"primary\": \"s2\"}");
+	bson_t *r = query(&x, "listDatabases", "{\"listDatabases\": 1}");
+	char *js = bson_as_relaxed_extended_json(r, NULL);
+	assert_non_null(strstr(js, "{ \"name\" : \"old\", \"primary\" : \"s1\" }"));
+	assert_non_null(strstr(js, "{ \"name\" : \"new\", \"primary\" : \"s2\" }"));
+	bson_free(js);
+	bson_destroy(r);
+	uint64_t h = sdb_fsm_hash(a);
+	sdb_fsm_close(a);
+	assert_int_equal(sdb_fsm_open(path, &a, err, sizeof err), 0); /* upgraded: idempotent */
+	assert_true(sdb_fsm_hash(a) == h);
+	sdb_fsm_close(a);
+
+	assert_int_equal(sdb_fsm_open(":memory:", &b, err, sizeof err), 0);
+	struct raft_buffer buf = {raft_malloc(len), len};
+	memcpy(buf.base, img, len);
+	assert_int_equal(sdb_fsm_raft(b)->restore(sdb_fsm_raft(b), &buf), 0);
+	t y = {b, 7};
+	ok(&y, "createDatabase", "{\"name\": \"new\", \"primary\": \"s2\"}");
+	r = query(&y, "listDatabases", "{\"listDatabases\": 1}");
+	js = bson_as_relaxed_extended_json(r, NULL);
+	assert_non_null(strstr(js, "{ \"name\" : \"old\", \"primary\" : \"s1\" }"));
+	assert_non_null(strstr(js, "{ \"name\" : \"new\", \"primary\" : \"s2\" }"));
+	bson_free(js);
+	bson_destroy(r);
+	sdb_fsm_close(b);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 static void test_corrupt_snapshot_refused(void **state)
 {
 	t *x = *state;
@@ -613,6 +706,9 @@ int main(void)
 		cmocka_unit_test(test_apply_chain_order),
 		cmocka_unit_test(test_persist_and_snapshot),
 		cmocka_unit_test_setup_teardown(test_corrupt_snapshot_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_database_primary, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_database_primary_schema_upgrade, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_padded_entries, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_garbage_arguments, setup, teardown),
 	};
