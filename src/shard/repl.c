@@ -654,6 +654,87 @@ static bool parse_wc(wire_req *req, int32_t *w, int64_t *wtimeout, int64_t *maxt
 	return true;
 }
 
+static void requeue(shard_repl *r, repl_item *items);
+
+/* Whether cmd (a write to propose) is a multi-document delete that is applied in parts
+ * (SHARD_DELETE_PART_FIELD, shard/repl.h): "delete" with exactly one statement whose limit
+ * is 0, without keyRange (a migration's cleanup has its own bound), outside txnNumber
+ * (a retryable write's record is per statement, not per part) and not a migration's. */
+static bool delete_in_parts(const char *name, const bson_t *cmd)
+{
+	bson_iter_t it, arr, st;
+	uint32_t n = 0;
+	bool limit0 = false;
+
+	if (strcmp(name, "delete") != 0 || bson_iter_init_find(&it, cmd, "txnNumber") ||
+	    bson_iter_init_find(&it, cmd, "autocommit") ||
+	    bson_iter_init_find(&it, cmd, "$stripedbOrigin") ||
+	    bson_iter_init_find(&it, cmd, "$stripedbSessions") ||
+	    !bson_iter_init_find(&it, cmd, "deletes") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &arr))
+		return false;
+	while (bson_iter_next(&arr)) {
+		if (++n > 1 || !BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &st))
+			return false;
+		while (bson_iter_next(&st)) {
+			const char *k = bson_iter_key(&st);
+			if (strcmp(k, "limit") == 0)
+				limit0 = BSON_ITER_HOLDS_NUMBER(&st) && bson_iter_as_int64(&st) == 0;
+			else if (strcmp(k, "keyRange") == 0 || strcmp(k, "keyRangeLimit") == 0 ||
+				 strcmp(k, "$stripedbSession") == 0)
+				return false;
+		}
+	}
+	return n == 1 && limit0;
+}
+
+/* The reply of one part of a delete applied in parts: NULL (reply taken) when the part
+ * deleted SHARD_DELETE_PART documents without error, the command then queued again at
+ * the head with its count so far; otherwise the reply to send, whose n is the whole
+ * delete's (every part's). */
+static bson_t *delete_part_done(shard_repl *r, repl_batch *b, size_t i, bson_t *reply)
+{
+	bson_iter_t it;
+	double ok = 0;
+	int64_t n = 0;
+	bool errs = bson_iter_init_find(&it, reply, "writeErrors") ||
+		    bson_iter_init_find(&it, reply, "writeConcernError");
+
+	if (bson_iter_init_find(&it, reply, "ok") && BSON_ITER_HOLDS_NUMBER(&it))
+		ok = bson_iter_as_double(&it);
+	if (bson_iter_init_find(&it, reply, "n") && BSON_ITER_HOLDS_NUMBER(&it))
+		n = bson_iter_as_int64(&it);
+	if (ok == 1.0 && !errs && n >= SHARD_DELETE_PART && !r->closed) {
+		repl_item *again = sdb_calloc(1, sizeof *again);
+		again->req = b->reqs[i];
+		again->w = b->w[i];
+		again->wtimeout = b->wtimeout[i];
+		again->by_maxtime = b->by_maxtime[i];
+		again->part_n = b->part_n[i] + n;
+		requeue(r, again); /* batch_unlink woke async_cb: proposed next */
+		bson_destroy(reply);
+		return NULL;
+	}
+	if (b->part_n[i] == 0 || ok != 1.0)
+		return reply;
+	bson_t *out = bson_new();
+	int64_t total = b->part_n[i] + n;
+	if (bson_iter_init(&it, reply)) {
+		while (bson_iter_next(&it)) {
+			if (strcmp(bson_iter_key(&it), "n") == 0) {
+				if (total <= INT32_MAX)
+					BSON_APPEND_INT32(out, "n", (int32_t)total);
+				else
+					BSON_APPEND_INT64(out, "n", total);
+			} else {
+				bson_append_iter(out, NULL, 0, &it);
+			}
+		}
+	}
+	bson_destroy(reply);
+	return out;
+}
+
 static void batch_done(void *arg, int status, bson_t *result)
 {
 	repl_batch *b = arg;
@@ -671,7 +752,11 @@ static void batch_done(void *arg, int status, bson_t *result)
 			if (!req)
 				continue;
 			bson_iter_document(&sub, &len, &data);
-			reply_with_wc(r, b, i - 1, bson_new_from_data(data, len), r->last_applied);
+			bson_t *reply = bson_new_from_data(data, len);
+			if (b->part_n[i - 1] >= 0 &&
+			    (reply = delete_part_done(r, b, i - 1, reply)) == NULL)
+				continue;
+			reply_with_wc(r, b, i - 1, reply, r->last_applied);
 		}
 		sdb_histogram_observe_ns(r->h_commit, uv_hrtime() - b->start_ns);
 	}
@@ -684,6 +769,7 @@ static void batch_done(void *arg, int status, bson_t *result)
 	free(b->w);
 	free(b->wtimeout);
 	free(b->by_maxtime);
+	free(b->part_n);
 	free(b);
 }
 
@@ -721,6 +807,7 @@ static void propose_items(shard_repl *r, repl_item *items)
 		b->w = sdb_calloc(cap, sizeof *b->w);
 		b->wtimeout = sdb_calloc(cap, sizeof *b->wtimeout);
 		b->by_maxtime = sdb_calloc(cap, sizeof *b->by_maxtime);
+		b->part_n = sdb_calloc(cap, sizeof *b->part_n);
 		b->start_ns = uv_hrtime();
 		if (getrandom(seed, sizeof seed, 0) != (ssize_t)sizeof seed) {
 			bson_oid_t o; /* libbson's per-process random bytes and counter */
@@ -740,7 +827,15 @@ static void propose_items(shard_repl *r, repl_item *items)
 			snprintf(key, sizeof key, "%zu", b->n);
 			bson_append_document_begin(&cmds, key, -1, &c);
 			BSON_APPEND_UTF8(&c, "db", wire_req_db(it->req));
-			BSON_APPEND_DOCUMENT(&c, "cmd", wire_req_cmd(it->req));
+			if (it->part_n >= 0) {
+				bson_t part;
+				bson_copy_to(wire_req_cmd(it->req), &part);
+				BSON_APPEND_INT64(&part, SHARD_DELETE_PART_FIELD, SHARD_DELETE_PART);
+				BSON_APPEND_DOCUMENT(&c, "cmd", &part);
+				bson_destroy(&part);
+			} else {
+				BSON_APPEND_DOCUMENT(&c, "cmd", wire_req_cmd(it->req));
+			}
 			bson_append_document_end(&cmds, &c);
 			bytes += wire_req_cmd(it->req)->len;
 			if (b->n == cap) {
@@ -750,10 +845,12 @@ static void propose_items(shard_repl *r, repl_item *items)
 				b->wtimeout = sdb_realloc(b->wtimeout, cap * sizeof *b->wtimeout);
 				b->by_maxtime =
 					sdb_realloc(b->by_maxtime, cap * sizeof *b->by_maxtime);
+				b->part_n = sdb_realloc(b->part_n, cap * sizeof *b->part_n);
 			}
 			b->w[b->n] = it->w;
 			b->wtimeout[b->n] = it->wtimeout;
 			b->by_maxtime[b->n] = it->by_maxtime;
+			b->part_n[b->n] = it->part_n;
 			b->reqs[b->n++] = it->req;
 			free(it);
 		}
@@ -771,6 +868,7 @@ static void propose_items(shard_repl *r, repl_item *items)
 			free(b->w);
 			free(b->wtimeout);
 			free(b->by_maxtime);
+			free(b->part_n);
 			free(b);
 			continue;
 		}
@@ -820,8 +918,15 @@ static void async_cb(uv_async_t *h)
 
 void shard_repl_submit(shard_repl *r, wire_req *req)
 {
+	bson_iter_t pi;
+	if (bson_iter_init_find(&pi, wire_req_cmd(req), SHARD_DELETE_PART_FIELD)) {
+		wire_req_error(req, WIRE_ERR_BAD_VALUE, "%s is internal to a shard replica set",
+			       SHARD_DELETE_PART_FIELD);
+		return;
+	}
 	repl_item *it = sdb_calloc(1, sizeof *it);
 	it->req = req;
+	it->part_n = delete_in_parts(wire_req_name(req), wire_req_cmd(req)) ? 0 : -1;
 	int64_t maxtime = 0;
 	if (!parse_wc(req, &it->w, &it->wtimeout, &maxtime)) {
 		free(it);

@@ -23,6 +23,8 @@ typedef struct repl_item {
 	int32_t w;
 	int64_t wtimeout;  /* ms bound on the replication wait (0: none) */
 	bool by_maxtime;   /* the bound is the command's maxTimeMS */
+	int64_t part_n;    /* a multi-document delete applied in parts (repl.c, REPL_DELETE_PART):
+			    * documents deleted by its earlier parts; -1: an ordinary write */
 } repl_item;
 
 /* One proposed entry: the requests its replies go to, in command order. */
@@ -33,6 +35,7 @@ typedef struct repl_batch {
 	int32_t *w;      /* each command's numeric writeConcern.w (0: majority or less) */
 	int64_t *wtimeout; /* its wtimeout in ms (0: none) */
 	bool *by_maxtime;  /* that bound is maxTimeMS (MaxTimeMSExpired when it passes) */
+	int64_t *part_n;   /* repl_item.part_n of each command */
 	size_t n;
 	uint64_t start_ns;
 } repl_batch;
