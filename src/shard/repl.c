@@ -1235,12 +1235,13 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	}
 	no.snapshot_threshold =
 		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_snapshot_threshold, 1024);
-	/* 1000 ms (config.h's default): 750 ms fails over faster (p99 1.6 s against 2-2.8 s)
-	 * but re-elected in 1 of 7 bulk-insert loads on a loaded 2-core machine, where one
-	 * 1,000-document insert takes up to ~1 s to apply on the loop thread (no heartbeat
-	 * meanwhile); measurements in tests/bench/README.md, replica-set section */
+	/* 750 ms for a shard (metadata keeps 1000): a SIGKILLed primary is replaced in p99
+	 * ~1.5 s (1000 ms: ~2.1 s), and since multi-document deletes apply in parts no bulk
+	 * load re-elected the set (7 of 7 runs kept their leader; the longest loop stall, one
+	 * 1,000-document insert's apply, was 656 ms at load ~7.5 on 2 cores: the margin left);
+	 * tests/bench/README.md, replica-set section */
 	no.election_timeout_ms =
-		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_election_timeout_ms, 1000);
+		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_election_timeout_ms, 750);
 	no.on_change = on_change;
 	no.data = r;
 	no.transport = secure ? &to : NULL;
