@@ -44,7 +44,7 @@
  * loop thread, during which it neither sends nor reads heartbeats: the byte bound keeps
  * that step short (a bigger command still goes alone in its entry). */
 #define REPL_BATCH_MAX_CMDS 512
-#define REPL_BATCH_MAX_BYTES (512u * 1024)
+#define REPL_BATCH_MAX_BYTES (256u * 1024)
 /* Group commit: entries of writes proposed and not yet applied. While that many are in
  * flight, new writes wait in the queue and ride the next entry together, proposed as
  * soon as one applies (a lone writer finds nothing in flight: no linger). It also bounds
@@ -756,6 +756,26 @@ static void batch_done(void *arg, int status, bson_t *result)
 			if (b->part_n[i - 1] >= 0 &&
 			    (reply = delete_part_done(r, b, i - 1, reply)) == NULL)
 				continue;
+			if (b->part[i - 1]) {
+				bool more = false;
+				reply = repl_part_done(b->part[i - 1], reply, &more);
+				if (more && !r->closed) {
+					repl_item *again = sdb_calloc(1, sizeof *again);
+					again->req = req;
+					again->w = b->w[i - 1];
+					again->wtimeout = b->wtimeout[i - 1];
+					again->by_maxtime = b->by_maxtime[i - 1];
+					again->part_n = -1;
+					again->part = b->part[i - 1];
+					b->part[i - 1] = NULL;
+					requeue(r, again); /* proposed next (batch_unlink woke async_cb) */
+					continue;
+				}
+				if (more) {
+					shard_repl_reply_unknown(req, SDB_EIO);
+					continue;
+				}
+			}
 			reply_with_wc(r, b, i - 1, reply, r->last_applied);
 		}
 		sdb_histogram_observe_ns(r->h_commit, uv_hrtime() - b->start_ns);
@@ -770,6 +790,9 @@ static void batch_done(void *arg, int status, bson_t *result)
 	free(b->wtimeout);
 	free(b->by_maxtime);
 	free(b->part_n);
+	for (size_t k = 0; k < b->n; k++)
+		repl_part_free(b->part[k]);
+	free(b->part);
 	free(b);
 }
 
@@ -787,6 +810,15 @@ static void requeue(shard_repl *r, repl_item *items)
 	if (!r->tail)
 		r->tail = last;
 	pthread_mutex_unlock(&r->mu);
+}
+
+/* About the bytes an item adds to an entry (a part: its share of the command). */
+static size_t item_bytes(const repl_item *it)
+{
+	size_t len = wire_req_cmd(it->req)->len;
+	if (it->part && it->part->total)
+		len = len / it->part->total * repl_part_len(it->part);
+	return len;
 }
 
 static void propose_items(shard_repl *r, repl_item *items)
@@ -808,6 +840,7 @@ static void propose_items(shard_repl *r, repl_item *items)
 		b->wtimeout = sdb_calloc(cap, sizeof *b->wtimeout);
 		b->by_maxtime = sdb_calloc(cap, sizeof *b->by_maxtime);
 		b->part_n = sdb_calloc(cap, sizeof *b->part_n);
+		b->part = sdb_calloc(cap, sizeof *b->part);
 		b->start_ns = uv_hrtime();
 		if (getrandom(seed, sizeof seed, 0) != (ssize_t)sizeof seed) {
 			bson_oid_t o; /* libbson's per-process random bytes and counter */
@@ -820,7 +853,7 @@ static void propose_items(shard_repl *r, repl_item *items)
 		bson_append_binary(&args, "seed", -1, BSON_SUBTYPE_BINARY, seed, sizeof seed);
 		bson_append_array_begin(&args, "cmds", -1, &cmds);
 		while (items && b->n < REPL_BATCH_MAX_CMDS &&
-		       (b->n == 0 || bytes + wire_req_cmd(items->req)->len <= REPL_BATCH_MAX_BYTES)) {
+		       (b->n == 0 || bytes + item_bytes(items) <= REPL_BATCH_MAX_BYTES)) {
 			repl_item *it = items;
 			bson_t c;
 			items = it->next;
@@ -833,11 +866,16 @@ static void propose_items(shard_repl *r, repl_item *items)
 				BSON_APPEND_INT64(&part, SHARD_DELETE_PART_FIELD, SHARD_DELETE_PART);
 				BSON_APPEND_DOCUMENT(&c, "cmd", &part);
 				bson_destroy(&part);
+			} else if (it->part) {
+				bson_t part;
+				repl_part_cmd(it->part, wire_req_cmd(it->req), &part);
+				BSON_APPEND_DOCUMENT(&c, "cmd", &part);
+				bson_destroy(&part);
 			} else {
 				BSON_APPEND_DOCUMENT(&c, "cmd", wire_req_cmd(it->req));
 			}
 			bson_append_document_end(&cmds, &c);
-			bytes += wire_req_cmd(it->req)->len;
+			bytes += item_bytes(it);
 			if (b->n == cap) {
 				cap *= 2;
 				b->reqs = sdb_realloc(b->reqs, cap * sizeof *b->reqs);
@@ -846,11 +884,13 @@ static void propose_items(shard_repl *r, repl_item *items)
 				b->by_maxtime =
 					sdb_realloc(b->by_maxtime, cap * sizeof *b->by_maxtime);
 				b->part_n = sdb_realloc(b->part_n, cap * sizeof *b->part_n);
+				b->part = sdb_realloc(b->part, cap * sizeof *b->part);
 			}
 			b->w[b->n] = it->w;
 			b->wtimeout[b->n] = it->wtimeout;
 			b->by_maxtime[b->n] = it->by_maxtime;
 			b->part_n[b->n] = it->part_n;
+			b->part[b->n] = it->part;
 			b->reqs[b->n++] = it->req;
 			free(it);
 		}
@@ -869,6 +909,9 @@ static void propose_items(shard_repl *r, repl_item *items)
 			free(b->wtimeout);
 			free(b->by_maxtime);
 			free(b->part_n);
+			for (size_t k = 0; k < b->n; k++)
+				repl_part_free(b->part[k]);
+			free(b->part);
 			free(b);
 			continue;
 		}
@@ -909,6 +952,7 @@ static void async_cb(uv_async_t *h)
 					       "the shard is shutting down");
 			else
 				shard_repl_reply_not_primary(r, it->req);
+			repl_part_free(it->part);
 			free(it);
 		}
 		return;
@@ -932,6 +976,8 @@ void shard_repl_submit(shard_repl *r, wire_req *req)
 		free(it);
 		return;
 	}
+	if (it->part_n < 0)
+		it->part = repl_insert_parts(wire_req_name(req), wire_req_cmd(req));
 	if (maxtime > 0 && (it->wtimeout == 0 || maxtime < it->wtimeout)) {
 		it->wtimeout = maxtime;
 		it->by_maxtime = true;
@@ -1238,7 +1284,7 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	/* 750 ms for a shard (metadata keeps 1000): a SIGKILLed primary is replaced in p99
 	 * ~1.5 s (1000 ms: ~2.1 s), and since multi-document deletes apply in parts no bulk
 	 * load re-elected the set (7 of 7 runs kept their leader; the longest loop stall, one
-	 * 1,000-document insert's apply, was 656 ms at load ~7.5 on 2 cores: the margin left);
+	 * 500-document insert's apply, was 656 ms at load ~7.5 on 2 cores: the margin left);
 	 * tests/bench/README.md, replica-set section */
 	no.election_timeout_ms =
 		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_election_timeout_ms, 750);
