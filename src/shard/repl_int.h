@@ -21,7 +21,8 @@ typedef struct repl_part {
 	uint32_t off, total; /* the next document of the command, its documents */
 	int64_t n;           /* documents the parts so far inserted */
 	bool ordered;
-	bson_t werrs;        /* their writeErrors, indexes of the whole command */
+	bson_t *werrs;       /* their writeErrors, indexes of the whole command (bson_new: a
+			      * bson_t needs an alignment calloc does not give) */
 	uint32_t n_werrs;
 } repl_part;
 

@@ -40,7 +40,7 @@ repl_part *repl_insert_parts(const char *name, const bson_t *cmd)
 	repl_part *p = sdb_calloc(1, sizeof *p);
 	p->total = n;
 	p->ordered = !bson_iter_init_find(&it, cmd, "ordered") || bson_iter_as_bool(&it);
-	bson_init(&p->werrs);
+	p->werrs = bson_new();
 	return p;
 }
 
@@ -131,7 +131,7 @@ bson_t *repl_part_done(repl_part *p, bson_t *reply, bool *more)
 				continue;
 			errs = true;
 			snprintf(key, sizeof key, "%u", p->n_werrs++);
-			bson_append_document_begin(&p->werrs, key, -1, &ce);
+			bson_append_document_begin(p->werrs, key, -1, &ce);
 			while (bson_iter_next(&f)) {
 				if (strcmp(bson_iter_key(&f), "index") == 0)
 					BSON_APPEND_INT32(&ce, "index",
@@ -139,7 +139,7 @@ bson_t *repl_part_done(repl_part *p, bson_t *reply, bool *more)
 				else
 					bson_append_iter(&ce, NULL, 0, &f);
 			}
-			bson_append_document_end(&p->werrs, &ce);
+			bson_append_document_end(p->werrs, &ce);
 		}
 	}
 	p->off += repl_part_len(p);
@@ -151,7 +151,7 @@ bson_t *repl_part_done(repl_part *p, bson_t *reply, bool *more)
 	bson_t *out = bson_new();
 	BSON_APPEND_INT32(out, "n", (int32_t)p->n);
 	if (p->n_werrs)
-		BSON_APPEND_ARRAY(out, "writeErrors", &p->werrs);
+		BSON_APPEND_ARRAY(out, "writeErrors", p->werrs);
 	if (bson_iter_init(&it, reply)) {
 		while (bson_iter_next(&it)) {
 			const char *f = bson_iter_key(&it);
@@ -167,6 +167,6 @@ void repl_part_free(repl_part *p)
 {
 	if (!p)
 		return;
-	bson_destroy(&p->werrs);
+	bson_destroy(p->werrs);
 	free(p);
 }
