@@ -1282,9 +1282,9 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	no.snapshot_threshold =
 		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_snapshot_threshold, 1024);
 	/* 750 ms for a shard (metadata keeps 1000): a SIGKILLed primary is replaced in p99
-	 * ~1.5 s (1000 ms: ~2.1 s), and since multi-document deletes apply in parts no bulk
-	 * load re-elected the set (7 of 7 runs kept their leader; the longest loop stall, one
-	 * 500-document insert's apply, was 656 ms at load ~7.5 on 2 cores: the margin left);
+	 * ~1.5 s (1000 ms: ~2.1 s), and since multi-document deletes and large inserts apply
+	 * in parts no bulk load re-elected the set (7 of 7 runs kept their leader; the longest
+	 * loop stall, one 250-document part's apply, 229-412 ms at load 4.5-13 on 2 cores);
 	 * tests/bench/README.md, replica-set section */
 	no.election_timeout_ms =
 		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_election_timeout_ms, 750);
