@@ -24,6 +24,7 @@ typedef struct repl_part {
 	bson_t *werrs;       /* their writeErrors, indexes of the whole command (bson_new: a
 			      * bson_t needs an alignment calloc does not give) */
 	uint32_t n_werrs;
+	size_t errmsg_bytes; /* their errmsg bytes (mongod's 1 MiB budget per reply) */
 } repl_part;
 
 /* A repl_part (heap) when the write named name with body cmd is an insert to apply in

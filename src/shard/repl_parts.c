@@ -7,6 +7,11 @@
 #include "shard/repl.h"
 #include "shard/repl_int.h"
 
+/* mongod's budget for the errmsgs of one write reply, as cmd_write.c's WERR_ERRMSG_BUDGET:
+ * past it the remaining errmsgs are "" (over the whole command, not per part, so that
+ * 100,000 failed statements still answer under maxBsonObjectSize) */
+#define PART_ERRMSG_BUDGET (1024 * 1024)
+
 repl_part *repl_insert_parts(const char *name, const bson_t *cmd)
 {
 	bson_iter_t it, arr;
@@ -133,11 +138,20 @@ bson_t *repl_part_done(repl_part *p, bson_t *reply, bool *more)
 			snprintf(key, sizeof key, "%u", p->n_werrs++);
 			bson_append_document_begin(p->werrs, key, -1, &ce);
 			while (bson_iter_next(&f)) {
-				if (strcmp(bson_iter_key(&f), "index") == 0)
+				const char *k = bson_iter_key(&f);
+				if (strcmp(k, "index") == 0) {
 					BSON_APPEND_INT32(&ce, "index",
 							  (int32_t)(bson_iter_as_int64(&f) + p->off));
-				else
+				} else if (strcmp(k, "errmsg") == 0 && BSON_ITER_HOLDS_UTF8(&f)) {
+					uint32_t ml;
+					const char *m = bson_iter_utf8(&f, &ml);
+					if (p->errmsg_bytes >= PART_ERRMSG_BUDGET)
+						m = "", ml = 0;
+					p->errmsg_bytes += ml;
+					bson_append_utf8(&ce, "errmsg", -1, m, (int)ml);
+				} else {
 					bson_append_iter(&ce, NULL, 0, &f);
+				}
 			}
 			bson_append_document_end(p->werrs, &ce);
 		}
