@@ -68,8 +68,9 @@ typedef enum {
 	  "graceful shutdown: how long to drain in-flight requests (ms)")                       \
 	X("raft-snapshot-threshold", raft_snapshot_threshold, SDB_OPT_INT, "1024",              \
 	  "metadata, shard: raft log entries between state machine snapshots")                        \
-	X("raft-election-timeout-ms", raft_election_timeout_ms, SDB_OPT_INT, "1000",            \
-	  "metadata, shard: raft election timeout (ms); heartbeats every tenth of it")                 \
+	X("raft-election-timeout-ms", raft_election_timeout_ms, SDB_OPT_INT, NULL,              \
+	  "metadata, shard: raft election timeout (ms; default 1000 for metadata, 750 for a "  \
+	  "shard); heartbeats every tenth of it")                                                \
 	X("max-chunks-per-command", max_chunks_per_command, SDB_OPT_INT, "1000000",             \
 	  "metadata: most chunks one shardCollection may create (the leader refuses more)")     \
 	X("stale-retry-ms", stale_retry_ms, SDB_OPT_INT, "5000",                                \

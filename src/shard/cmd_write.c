@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
+#include "shard/repl.h"
 #include "shard/shard.h"
 #include "shard/util.h"
 #include "storage/bsonval.h"
@@ -660,7 +661,14 @@ void shard_cmd_delete(shard_ctx *x)
 	}
 	werrs w = {.n = 0};
 	bson_init(&w.arr);
-	int64_t n = 0, i = -1;
+	int64_t n = 0, i = -1, part = 0;
+	{
+		/* one part of a multi-document delete the primary splits (shard/repl.h) */
+		bson_iter_t pi;
+		if (bson_iter_init_find(&pi, x->cmd, SHARD_DELETE_PART_FIELD) &&
+		    BSON_ITER_HOLDS_INT64(&pi))
+			part = bson_iter_int64(&pi);
+	}
 	while (bson_iter_next(&arr)) {
 		i++;
 		bson_t *done = NULL;
@@ -772,9 +780,11 @@ void shard_cmd_delete(shard_ctx *x)
 		sdb_store_savepoint(x->conn);
 		shard_txn_tag(x, &t, (uint32_t)i);
 		shard_mig_sess_tag(x, &ms);
-		int rc = match_docs_in(x, coll, &q, NULL, have_hint ? &hint : NULL,
-				       have_kr ? kr_limit : limit, have_kr ? &kr : NULL, &docs, &nd,
-				       &code);
+		int64_t lim = have_kr ? kr_limit : limit;
+		if (!have_kr && limit == 0 && part > 0)
+			lim = part;
+		int rc = match_docs_in(x, coll, &q, NULL, have_hint ? &hint : NULL, lim,
+				       have_kr ? &kr : NULL, &docs, &nd, &code);
 		bson_destroy(&q);
 		int64_t deleted = 0;
 		for (size_t j = 0; rc == 0 && j < nd; j++) {

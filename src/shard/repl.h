@@ -83,6 +83,21 @@ void shard_repl_status(shard_repl *r, bson_t *out);
 
 #define SHARD_REPL_MAX_MEMBERS 16
 
+/* A multi-document delete (one statement with limit 0, no txnNumber, not a migration's)
+ * is applied in parts, one Raft entry each, so that no member's loop thread stalls for
+ * the whole delete (heartbeats wait for an apply): the primary adds this field (int64:
+ * the most documents one part deletes) to the command it proposes, and proposes the
+ * command again while a part deleted that many (repl.c). A client may not send it. As in
+ * mongod, a multi-document delete is not isolated: other writes may run between parts. */
+#define SHARD_DELETE_PART_FIELD "$stripedbApplyPart"
+#define SHARD_DELETE_PART 1000
+/* An insert of more documents than this (not in a transaction, not a migration's) is
+ * proposed in parts of this many documents, one Raft entry each, for the same reason
+ * (repl_parts.c): the next part after the previous applied (ordered: without a write
+ * error), each document with the stmtId it has in the whole command, the reply merged
+ * (n summed, writeErrors indexes of the whole command). Not isolated, as on mongod. */
+#define SHARD_INSERT_PART 250
+
 /* One member of the set as the primary sees it (shard_repl_view). */
 typedef struct shard_member_view {
 	uint64_t id;

@@ -17,6 +17,30 @@
 #include "shard/repl.h"
 #include "shard/txn.h"
 
+/* The progress of an insert applied in parts (shard/repl.h SHARD_INSERT_PART). */
+typedef struct repl_part {
+	uint32_t off, total; /* the next document of the command, its documents */
+	int64_t n;           /* documents the parts so far inserted */
+	bool ordered;
+	bson_t *werrs;       /* their writeErrors, indexes of the whole command (bson_new: a
+			      * bson_t needs an alignment calloc does not give) */
+	uint32_t n_werrs;
+	size_t errmsg_bytes; /* their errmsg bytes (mongod's 1 MiB budget per reply) */
+} repl_part;
+
+/* A repl_part (heap) when the write named name with body cmd is an insert to apply in
+ * parts, else NULL. */
+repl_part *repl_insert_parts(const char *name, const bson_t *cmd);
+/* Documents in the next part. */
+uint32_t repl_part_len(const repl_part *p);
+/* *out (initialized here; the caller destroys it): the next part of cmd, i.e. cmd with
+ * documents (and stmtIds when it has txnNumber or stmtIds) sliced. */
+void repl_part_cmd(const repl_part *p, const bson_t *cmd, bson_t *out);
+/* Merge the reply (owned) of the part just applied: NULL and *more when another part
+ * follows (the reply destroyed), else the reply to send (owned). */
+bson_t *repl_part_done(repl_part *p, bson_t *reply, bool *more);
+void repl_part_free(repl_part *p);
+
 /* A write waiting to be proposed. */
 typedef struct repl_item {
 	struct repl_item *next;
@@ -25,6 +49,9 @@ typedef struct repl_item {
 	int64_t wtimeout;  /* ms bound on the replication wait (0: none) */
 	bool by_maxtime;   /* the bound is the command's maxTimeMS */
 	shard_txn_rec *txn; /* a transaction's commit (txn.h): proposed first, validated then */
+	int64_t part_n;    /* a multi-document delete applied in parts (repl.c, REPL_DELETE_PART):
+			    * documents deleted by its earlier parts; -1: an ordinary write */
+	repl_part *part;   /* an insert applied in parts (owned), else NULL */
 } repl_item;
 
 /* One proposed entry: the requests its replies go to, in command order. */
@@ -35,6 +62,8 @@ typedef struct repl_batch {
 	int32_t *w;      /* each command's numeric writeConcern.w (0: majority or less) */
 	int64_t *wtimeout; /* its wtimeout in ms (0: none) */
 	bool *by_maxtime;  /* that bound is maxTimeMS (MaxTimeMSExpired when it passes) */
+	int64_t *part_n;   /* repl_item.part_n of each command */
+	repl_part **part;  /* repl_item.part of each command (owned until its reply) */
 	size_t n;
 	uint64_t start_ns;
 } repl_batch;

@@ -256,14 +256,18 @@ def ycsb(args, tmp):
     tls = []
     if args.raft_tls:
         tls, _, uri3t = start_set(args.bin, tmp, 3, "ycsb3tls", extra + make_raft_pki(tmp))
-    one, _, uri1 = start_set(args.bin, tmp, 1, "ycsb1")
-    port = free_port()
-    old = Member(args.base_bin, ["--role=shard", f"--data-dir={tmp / 'old'}",
-                                 f"--listen=127.0.0.1:{port}",
-                                 f"--http-listen=127.0.0.1:{free_port()}"], tmp / "old.log")
-    wait_until(lambda: hello(port)["ok"], 30, what="old shard up")
-    targets = [("3-member", uri3), ("1-member", uri1),
-               ("old-single", f"mongodb://127.0.0.1:{port}/?directConnection=true")]
+    targets = [("3-member", uri3)]
+    one, old = [], []
+    if not args.only_3member:
+        one, _, uri1 = start_set(args.bin, tmp, 1, "ycsb1")
+        port = free_port()
+        old = [Member(args.base_bin, ["--role=shard", f"--data-dir={tmp / 'old'}",
+                                      f"--listen=127.0.0.1:{port}",
+                                      f"--http-listen=127.0.0.1:{free_port()}"],
+                      tmp / "old.log")]
+        wait_until(lambda: hello(port)["ok"], 30, what="old shard up")
+        targets += [("1-member", uri1),
+                    ("old-single", f"mongodb://127.0.0.1:{port}/?directConnection=true")]
     if args.raft_tls:
         targets.insert(1, ("3-member-raft-tls", uri3t))
     if args.before_bin:
@@ -283,10 +287,12 @@ def ycsb(args, tmp):
                 if r.returncode != 0:
                     sys.stdout.write(r.stderr[-3000:])
                 for i, (label, _) in enumerate(order):
-                    if not os.path.exists(tmp / f"y{wl}{rnd}.json.{i + 1}"):
+                    # `stripedb bench` suffixes the JSON path with .N only with several --uri
+                    jp = tmp / (f"y{wl}{rnd}.json.{i + 1}" if len(order) > 1 else f"y{wl}{rnd}.json")
+                    if not os.path.exists(jp):
                         print(f"ycsb_{wl}_{label}_round{rnd}=FAILED (see stderr above)")
                         continue
-                    with open(tmp / f"y{wl}{rnd}.json.{i + 1}") as f:
+                    with open(jp) as f:
                         rep = json.load(f)
                     ph = rep["phases"][0]
                     lat = ph.get("latencyMS", {})
@@ -299,7 +305,7 @@ def ycsb(args, tmp):
                   f"max_loop_stall_ms={st['max_stall_ms']} max_apply_ms={st['max_apply_ms']} "
                   f"commands_per_entry={st['cmds_per_entry']:.2f}", flush=True)
     finally:
-        for m in three + before + tls + one + [old]:
+        for m in three + before + tls + one + old:
             m.stop()
     return results
 
@@ -307,7 +313,9 @@ def ycsb(args, tmp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.environ.get("STRIPEDB_BIN", "./stripedb"))
-    ap.add_argument("--base-bin", required=True)
+    ap.add_argument("--base-bin", default=None,
+                    help="a build of 30dde90 (the single-process shard); required unless "
+                         "--only-3member or --skip-ycsb")
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--records", type=int, default=10000)
@@ -324,10 +332,16 @@ def main():
     ap.add_argument("--skip-ycsb", action="store_true")
     ap.add_argument("--before-bin", default=None,
                     help="also a 3-member set of this build in the YCSB runs (before/after)")
+    ap.add_argument("--only-3member", action="store_true",
+                    help="YCSB only against the 3-member set(s): the bulk-load stability "
+                         "runs (each round loads twice, for A and for C)")
     ap.add_argument("--keep", action="store_true", help="keep the data dirs and logs")
     args = ap.parse_args()
     args.bin = os.path.abspath(args.bin)
-    args.base_bin = os.path.abspath(args.base_bin)
+    if not args.base_bin and not (args.only_3member or args.skip_ycsb):
+        ap.error("--base-bin is required unless --only-3member or --skip-ycsb")
+    if args.base_bin:
+        args.base_bin = os.path.abspath(args.base_bin)
     if args.before_bin:
         args.before_bin = os.path.abspath(args.before_bin)
     os.environ["STRIPEDB_BIN"] = args.bin
@@ -341,6 +355,11 @@ def main():
                   f"leader_ready_max_s={f['ready_max']:.3f}", flush=True)
         if not args.skip_ycsb:
             res = ycsb(args, tmp)
+            if args.only_3member:
+                for (wl, label), runs in sorted(res.items()):
+                    print(f"ycsb_{wl}_{re.sub('-', '_', label)}_runs="
+                          f"{[round(o) for o, _ in runs]}")
+                return
             print("\nworkload target        ops/s (median of rounds)  ratio to old-single")
             for wl in ("a", "c"):
                 base = statistics.median(o for o, _ in res[(wl, "old-single")])

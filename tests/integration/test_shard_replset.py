@@ -384,3 +384,98 @@ def test_member_that_lost_its_disk_is_rebuilt_from_another_member(start_role, tm
     docs, _ = wait_converged(wires, timeout=120)
     assert [d["_id"] for d in docs] == list(range(300))
     assert "installed a snapshot from another member" in procs[lost].tail(1 << 20)
+
+
+def test_multi_document_delete_is_applied_in_parts(start_role, tmp_path):
+    """A delete of many documents is proposed as several Raft entries of at most 1,000
+    documents each (src/shard/repl.h, SHARD_DELETE_PART): the reply counts every part, a
+    delete of one document stays one entry, every member ends equal (documents and
+    oplog), and a client cannot send the internal field. (A delete with limit 0 and
+    txnNumber is refused, as by mongod: InvalidOptions 72.)"""
+    from test_shard_members import _metrics
+    # a longer election timeout than the other tests': the entry counts below are read
+    # on one primary
+    procs, wires, uri = start_set(start_role, tmp_path, extra=["--raft-election-timeout-ms=3000"])
+    pi = primary_index(wires)
+
+    def entries():
+        return _metrics(procs[pi].http_port)["stripedb_shard_repl_batches_total[]"]
+
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000, retryWrites=False) as c:
+        for lo in range(0, 2600, 650):
+            c.app.c.insert_many([{"_id": i, "k": i % 2} for i in range(lo, lo + 650)])
+        assert primary_index(wires) == pi
+        e0 = entries()
+        assert c.app.c.delete_many({"k": 0}).deleted_count == 1300
+        assert entries() - e0 == 2  # 1,000 then 300
+        assert c.app.c.count_documents({}) == 1300
+        assert c.app.c.count_documents({"k": 0}) == 0
+        # exactly one part's worth: a second part finds nothing left
+        c.app.d.insert_many([{"_id": i} for i in range(1000)])
+        e0 = entries()
+        assert c.app.d.delete_many({}).deleted_count == 1000
+        assert entries() - e0 == 2
+        assert c.app.d.count_documents({}) == 0
+        # limit 1: one entry
+        e0 = entries()
+        assert c.app.c.delete_one({"k": 1}).deleted_count == 1
+        assert entries() - e0 == 1
+        e0 = entries()
+        assert c.app.c.delete_many({}).deleted_count == 1299
+        assert entries() - e0 == 2
+        assert c.app.c.count_documents({}) == 0
+        with pytest.raises(OperationFailure) as e:
+            c.app.command({"delete": "c", "deletes": [{"q": {}, "limit": 0}],
+                           "$stripedbApplyPart": 1})
+        assert e.value.code == 2  # BadValue
+    wait_converged(wires)
+
+
+def test_large_insert_is_applied_in_parts(start_role, tmp_path):
+    """An insert of more than 250 documents is proposed as parts of 250, one Raft entry
+    each (src/shard/repl.h, SHARD_INSERT_PART): n and writeErrors (indexes of the whole
+    command) are merged, an ordered insert stops at its first error, an unordered one goes
+    on, a retryable insert keeps its stmtIds (its retry inserts nothing twice), and every
+    member ends equal."""
+    from bson import ObjectId
+    from pymongo.errors import BulkWriteError
+    from test_shard_members import _metrics
+    procs, wires, uri = start_set(start_role, tmp_path, extra=["--raft-election-timeout-ms=3000"])
+    pi = primary_index(wires)
+
+    def entries():
+        return _metrics(procs[pi].http_port)["stripedb_shard_repl_batches_total[]"]
+
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000, retryWrites=False) as c:
+        c.app.c.insert_one({"_id": 600})
+        e0 = entries()
+        with pytest.raises(BulkWriteError) as e:
+            c.app.c.insert_many([{"_id": i} for i in range(1100)])  # ordered
+        d = e.value.details
+        assert d["nInserted"] == 600
+        assert [w["index"] for w in d["writeErrors"]] == [600]
+        assert d["writeErrors"][0]["code"] == 11000
+        assert entries() - e0 == 3  # 250, 250, then the part of index 600 (stops there)
+        assert c.app.c.count_documents({}) == 601
+        # unordered: every part, errors of two parts
+        with pytest.raises(BulkWriteError) as e:
+            c.app.c.insert_many([{"_id": 1000 + i} for i in range(1100)] +
+                                [{"_id": 1300}, {"_id": 1900}], ordered=False)
+        d = e.value.details
+        assert d["nInserted"] == 1100
+        assert [w["index"] for w in d["writeErrors"]] == [1100, 1101]
+        assert c.app.c.count_documents({}) == 1701
+        # retryable: each part carries the stmtIds of its documents in the whole command
+        with c.start_session() as s:
+            docs = [{"_id": ObjectId(), "r": i} for i in range(600)]
+            cmd = {"insert": "r", "documents": docs, "txnNumber": 7}
+            e0 = entries()
+            assert c.app.command(cmd, session=s)["n"] == 600
+            assert entries() - e0 == 3
+            assert c.app.command(cmd, session=s)["n"] == 600  # the retry: recorded outcomes
+            assert c.app.r.count_documents({}) == 600
+            st = c.app.command({"insert": "r", "documents": [{"x": i} for i in range(300)],
+                                "txnNumber": 8, "stmtId": 1000}, session=s)
+            assert st["n"] == 300
+        assert c.app.r.count_documents({}) == 900
+    wait_converged(wires)
