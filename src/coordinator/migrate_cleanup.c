@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/log.h"
 #include "coordinator/migrate_int.h"
 
 /* Hashed keys: the shard has no index on the hash, so a range delete would scan the whole
@@ -159,7 +160,13 @@ int mig_step_aborted_cleanup(mig *m)
 	int rc;
 	char shard[64] = "";
 	int64_t token = 0;
-	if ((rc = mig_connect_shards(m)) != 0)
+	if ((rc = mig_connect_shards(m)) == SDB_EINVAL) {
+		/* a shard of it is no longer registered: nothing of it can be cleaned there */
+		sdb_warn("aborted migration: no cleanup", "id=%s reason=\"%s\"", m->id, m->err);
+		m->target_cleaned = true;
+		return mig_save(m, m->state);
+	}
+	if (rc != 0)
 		return rc;
 	rc = mig_routing_chunk(m, shard, sizeof shard, &token);
 	if (rc && rc != SDB_ENOTFOUND)

@@ -191,7 +191,9 @@ bool mig_key_is_id(mig *m);
 
 /* ------------------------------------------------------------ migrate_shard.c */
 
-/* Resolve the source's and target's URIs (listShards) and open their clients (once). */
+/* Resolve the source's and target's URIs (listShards) and open their clients (once). Returns
+ * 0, SDB_EINVAL (a shard of the migration is not registered: permanent, message in m->err),
+ * SDB_EIO. */
 int mig_connect_shards(mig *m);
 /* A command on m->db of a shard; a reply with writeErrors is an error (SDB_EIO). With
  * reply_out (not NULL), *reply_out is a copy of the reply on success only. */

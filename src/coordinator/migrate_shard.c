@@ -37,8 +37,9 @@ static int shard_uri(mig *m, const char *id, char **out)
 	bson_destroy(&reply);
 	if (rc != 0)
 		return SDB_EIO;
-	if (!*out)
-		return sdb_errf(m->err, sizeof m->err, SDB_ENOTFOUND, "shard %s not found", id);
+	if (!*out) /* permanent: the worker aborts a migration that has not started (SDB_EINVAL) */
+		return sdb_errf(m->err, sizeof m->err, SDB_EINVAL,
+				"shard %s is not registered (removed from the cluster?)", id);
 	return 0;
 }
 

@@ -56,7 +56,8 @@ int proxy_load_shards(proxy *p, char *err, size_t errlen)
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_iter_t it, arr, sh;
 	int code, rc;
-	char *first = NULL;
+	char *first = NULL, **ids = NULL;
+	size_t nids = 0, cap = 0, i;
 
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
 	rc = proxy_meta_command(p, &cmd, &reply, &code, err, errlen);
@@ -79,6 +80,11 @@ int proxy_load_shards(proxy *p, char *err, size_t errlen)
 			}
 			if (id == NULL || uri == NULL)
 				continue;
+			if (nids == cap) {
+				cap = cap ? cap * 2 : 16;
+				ids = sdb_realloc(ids, cap * sizeof *ids);
+			}
+			ids[nids++] = sdb_strdup(id);
 			if (shardconn_set_shard(p->sc, id, uri, err, errlen) != 0)
 				sdb_warn("bad shard uri", "shard=%s err=\"%s\"", id, err);
 			if (first == NULL || strcmp(id, first) < 0) {
@@ -86,6 +92,8 @@ int proxy_load_shards(proxy *p, char *err, size_t errlen)
 				first = sdb_strdup(id);
 			}
 		}
+		/* a shard no longer listed was removed: never target it again */
+		shardconn_retain_shards(p->sc, ids, nids);
 	}
 	uv_mutex_lock(&p->mu);
 	if (first) {
@@ -95,6 +103,9 @@ int proxy_load_shards(proxy *p, char *err, size_t errlen)
 	}
 	uv_mutex_unlock(&p->mu);
 out:
+	for (i = 0; i < nids; i++)
+		free(ids[i]);
+	free(ids);
 	free(first);
 	bson_destroy(&reply);
 	bson_destroy(&cmd);

@@ -341,6 +341,27 @@ static int strp_cmp(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+void shardconn_retain_shards(shardconn *sc, char *const *ids, size_t n)
+{
+	shard *s, **pp;
+	size_t i;
+
+	uv_rwlock_wrlock(&sc->lock);
+	for (pp = &sc->shards; (s = *pp) != NULL;) {
+		for (i = 0; i < n; i++)
+			if (strcmp(s->id, ids[i]) == 0)
+				break;
+		if (i < n) {
+			pp = &s->next;
+			continue;
+		}
+		*pp = s->next; /* removed from the cluster: its pool retires (clients may be out) */
+		s->next = sc->retired;
+		sc->retired = s;
+	}
+	uv_rwlock_wrunlock(&sc->lock);
+}
+
 size_t shardconn_shard_ids(shardconn *sc, char ***out)
 {
 	shard *s;

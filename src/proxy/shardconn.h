@@ -56,6 +56,10 @@ int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *er
 bool shardconn_has_shard(shardconn *sc, const char *id);
 /* The known shard ids, sorted (heap array of heap strings; free each and the array). */
 size_t shardconn_shard_ids(shardconn *sc, char ***out);
+/* Forget every shard whose id is not among ids[0..n) (a shard removed from the cluster: it
+ * is no longer listed, targeted or chosen as a destination); its pool stays allocated until
+ * shardconn_free, as clients may still be out. Any thread. */
+void shardconn_retain_shards(shardconn *sc, char *const *ids, size_t n);
 
 /* The hosts of shard id's URI as a connection string ("H:P" or "H:P,H:P"; scheme, user
  * information, database and options removed, so no credential is ever shown), for

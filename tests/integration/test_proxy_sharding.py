@@ -591,6 +591,15 @@ def test_remove_shard_drains_it_through_migrations(start_role, tmp_path):
         cl.shard_collection("dr.c", {"k": 1}, split_points=[{"k": 50 * i} for i in range(1, 6)],
                             shards=[cl.shard_ids[i % 3] for i in range(6)])
         p.dr.c.insert_many([{"_id": i, "k": i} for i in range(300)])
+        # a shard added and removed before: the drain must never pick it as a destination
+        port = free_port()
+        d = tmp_path / "gone"
+        d.mkdir()
+        gone = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+        assert admin.command("addShard", f"127.0.0.1:{port}", name="gone")["shardAdded"] == "gone"
+        assert admin.command("removeShard", "gone")["state"] == "completed"
+        assert "gone" not in [s["_id"] for s in admin.command("listShards")["shards"]]
+        gone.stop()
         victim = cl.shard_ids[2]
         owned = [ch for ch in cl.chunks("dr.c") if ch["shard"] == victim]
         assert owned
@@ -620,6 +629,7 @@ def test_remove_shard_drains_it_through_migrations(start_role, tmp_path):
         assert all(ch["shard"] != victim for ch in cl.chunks("dr.c"))
         assert sorted(cl.owned_docs("dr.c")) == list(range(300))
         assert sorted(d["_id"] for d in p.dr.c.find()) == list(range(300))
+        assert {ch["shard"] for ch in cl.chunks("dr.c")} <= set(cl.shard_ids[:2])
         assert p.config.migrations.count_documents({}) == 0
         log = list(p.config.changelog.find({"ns": "dr.c", "what": "moveChunk.commit"}))
         assert len(log) >= len(owned)
