@@ -420,6 +420,78 @@ static bool create_unique_key_index(ctx *c, const char *db, const char *coll, co
 }
 
 /* {shardCollection: "db.coll", key, unique?, numInitialChunks?, collation?}. */
+/* The document it holds into out (a static view). */
+static bool doc_of(const bson_iter_t *it, bson_t *out)
+{
+	uint32_t len;
+	const uint8_t *data;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(it))
+		return false;
+	bson_iter_document(it, &len, &data);
+	return bson_init_static(out, data, len);
+}
+
+/* MongoDB's rule for sharding a collection that already has indexes: every unique index
+ * other than _id must have the shard key as its prefix, else uniqueness could not be kept
+ * across shards (InvalidOptions 72, "can't shard collection ... with unique index on ...").
+ * Asked of holder, the shard holding the collection's documents. False after answering c. */
+static bool check_unique_indexes(ctx *c, const char *db, const char *coll, const char *ns,
+				 const char *holder, const bson_t *key, bool hashed)
+{
+	ctx in_db = *c;
+	bson_t cmd = BSON_INITIALIZER, reply, cur, batch;
+	bson_iter_t it;
+	char nerr[256];
+	int cls;
+	bool ok = true;
+
+	in_db.db = db;
+	BSON_APPEND_UTF8(&cmd, "listIndexes", coll);
+	cls = px_run_on(&in_db, holder, &cmd, NULL, &reply, nerr, sizeof nerr);
+	bson_destroy(&cmd);
+	if (cls != SHARDCONN_OK) {
+		bool gone = px_get_int(&reply, "code", 0) == WIRE_ERR_NAMESPACE_NOT_FOUND;
+		if (!gone)
+			px_reply_shard_error(c, cls, &reply, nerr);
+		bson_destroy(&reply);
+		return gone; /* no collection there: no index */
+	}
+	if (px_get_doc(&reply, "cursor", &cur) && px_get_array(&cur, "firstBatch", &batch) &&
+	    bson_iter_init(&it, &batch))
+		while (ok && bson_iter_next(&it)) {
+			bson_t ix, kp;
+			bson_iter_t ki, si;
+			bool prefixed = true;
+			if (!doc_of(&it, &ix) || !px_get_bool(&ix, "unique", false) ||
+			    !px_get_doc(&ix, "key", &kp))
+				continue;
+			if (bson_iter_init(&ki, &kp) && bson_iter_next(&ki) &&
+			    strcmp(bson_iter_key(&ki), "_id") == 0 && bson_count_keys(&kp) == 1)
+				continue; /* the _id index */
+			/* the index's first fields are the shard key's fields, in order */
+			bson_iter_init(&ki, &kp);
+			bson_iter_init(&si, key);
+			while (bson_iter_next(&si))
+				if (!bson_iter_next(&ki) ||
+				    strcmp(bson_iter_key(&ki), bson_iter_key(&si)) != 0)
+					prefixed = false;
+			if (hashed || !prefixed) {
+				char *kj = bson_as_relaxed_extended_json(&kp, NULL);
+				char *sj = bson_as_relaxed_extended_json(key, NULL);
+				px_error(c, WIRE_ERR_INVALID_OPTIONS,
+					 "can't shard collection '%s' with unique index on %s and proposed "
+					 "shard key %s. Uniqueness can't be maintained unless shard key is "
+					 "a prefix", ns, kj, sj);
+				bson_free(kj);
+				bson_free(sj);
+				ok = false;
+			}
+		}
+	bson_destroy(&reply);
+	return ok;
+}
+
 static void do_shard_collection(ctx *c)
 {
 	const char *ns = first_utf8(c->cmd), *dot;
@@ -495,6 +567,10 @@ static void do_shard_collection(ctx *c)
 		px_error(c, WIRE_ERR_INVALID_OPTIONS,
 			 "numInitialChunks cannot be more than 8192 * number of shards (%zu)", n);
 	if (px_answered(c)) {
+		free(holder);
+		return;
+	}
+	if (holder && !check_unique_indexes(c, db, coll, ns, holder, &key, hashed)) {
 		free(holder);
 		return;
 	}
@@ -1041,17 +1117,6 @@ void px_do_split(ctx *c)
 	bson_destroy(&cmd);
 }
 
-/* The document it holds into out (a static view). */
-static bool doc_of(const bson_iter_t *it, bson_t *out)
-{
-	uint32_t len;
-	const uint8_t *data;
-
-	if (!BSON_ITER_HOLDS_DOCUMENT(it))
-		return false;
-	bson_iter_document(it, &len, &data);
-	return bson_init_static(out, data, len);
-}
 
 /* The UTF-8 string field name of d, or NULL. */
 static const char *str_of(const bson_t *d, const char *name)

@@ -149,6 +149,24 @@ def test_unique_shard_key_is_enforced(cluster):
     assert c.count_documents({"email": "a@x"}) == 1
 
 
+def test_existing_unique_index_not_prefixed_by_the_key_is_refused(cluster):
+    """MongoDB: a collection with a unique index that does not start with the proposed
+    shard key cannot be sharded (72): uniqueness could not be kept across shards."""
+    p = cluster.proxy_client(0)
+    p.app.pre.insert_many([{"k": i, "email": f"e{i}"} for i in range(5)])
+    p.app.pre.create_index("email", unique=True)
+    e = fails(lambda: p.admin.command("shardCollection", "app.pre", key={"k": 1}), 72,
+              ["unique index", "prefix"])
+    fails(lambda: p.admin.command("shardCollection", "app.pre", key={"k": "hashed"}), 72)
+    with pytest.raises(OperationFailure):
+        cluster.routing("app.pre")  # nothing was sharded
+    del e
+    # prefixed by the key: accepted, and uniqueness holds
+    p.app.ok.insert_many([{"email": f"e{i}", "n": i} for i in range(5)])
+    p.app.ok.create_index([("email", 1), ("n", 1)], unique=True)
+    assert p.admin.command("shardCollection", "app.ok", key={"email": 1})["ok"] == 1
+
+
 def test_list_shards_and_add_shard_replica_set_uri(cluster, start_role, tmp_path):
     admin = cluster.proxy_client(0).admin
     shards = admin.command("listShards")["shards"]
