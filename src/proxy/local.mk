@@ -2,6 +2,7 @@
 libstripedb_a_SOURCES += \
 	src/proxy/admin.c \
 	src/proxy/sharding.c \
+	src/proxy/chunks.c \
 	src/proxy/catalog.c \
 	src/proxy/configdb.c \
 	src/proxy/cursor.c \
@@ -27,6 +28,7 @@ noinst_HEADERS += \
 	src/proxy/quota.h \
 	src/proxy/retry.h \
 	src/proxy/shardconn.h \
+	src/proxy/sharding_int.h \
 	src/proxy/txn.h \
 	src/proxy/txnroute.h
 
