@@ -674,11 +674,17 @@ static int durable_state(shard_repl *r, const bson_t *lsid, int64_t txn, int64_t
 
 /* ------------------------------------------------------------------ statements */
 
-static bool allowed_in_txn(const char *name)
+/* Whether command name on database db may run inside a transaction: mongod's list (count is
+ * not in it since 4.2: countDocuments runs an aggregate; nothing on admin, config or local),
+ * else OperationNotSupportedInTransaction (263). */
+static bool allowed_in_txn(const char *name, const char *db)
 {
-	static const char *const ok[] = {"find",	  "insert",	     "update", "delete",
-					 "findAndModify", "findandmodify",   "count",  "distinct",
-					 "aggregate",	  "getMore",	     "killCursors"};
+	static const char *const ok[] = {"find",	  "insert",	   "update",	"delete",
+					 "findAndModify", "findandmodify", "distinct",	"aggregate",
+					 "getMore",	  "killCursors"};
+	if (db && (strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 ||
+		   strcmp(db, "local") == 0))
+		return false;
 	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
 		if (strcmp(ok[i], name) == 0)
 			return true;
@@ -982,9 +988,10 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 				return;
 			}
 		}
-		if (!allowed_in_txn(name)) {
+		if (!allowed_in_txn(name, wire_req_db(req))) {
 			wire_req_error(req, WIRE_ERR_NOT_IN_TRANSACTION,
-				       "Cannot run '%s' in a multi-document transaction.", name);
+				       "Cannot run '%s' on database '%s' in a multi-document "
+				       "transaction.", name, wire_req_db(req));
 			return;
 		}
 		if (t) {
@@ -1036,10 +1043,11 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 				       "readConcern");
 			return;
 		}
-		if (!allowed_in_txn(name)) {
+		if (!allowed_in_txn(name, wire_req_db(req))) {
 			/* refused before it runs: the transaction goes on, as on mongod */
 			wire_req_error(req, WIRE_ERR_NOT_IN_TRANSACTION,
-				       "Cannot run '%s' in a multi-document transaction.", name);
+				       "Cannot run '%s' on database '%s' in a multi-document "
+				       "transaction.", name, wire_req_db(req));
 			return;
 		}
 	}
