@@ -1269,7 +1269,9 @@ bool shard_txn_retryable_check(shard *sh, wire_req *req)
 	if (!bson_init_static(&lsid, data, len))
 		return false;
 	shard_txn_rec *t = find_rec(T, &lsid);
-	if (!t || (t->state != TXN_OPEN && t->state != TXN_QUEUED))
+	/* any transaction this primary remembers (open, committing, committed or aborted) owns
+	 * its txnNumber: a retryable write may not reuse it (mongod) */
+	if (!t)
 		return false;
 	if (t->txn > txn) {
 		wire_req_error(req, WIRE_ERR_TRANSACTION_TOO_OLD,

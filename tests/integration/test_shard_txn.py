@@ -509,3 +509,29 @@ def test_mongosh_transactions(start_role, tmp_path):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == {"docs": [{"_id": 1, "n": 61}, {"_id": 2, "n": 40}], "inside": 3,
                    "outside": 2, "err": {"code": 112, "labels": ["TransientTransactionError"]}}
+
+
+def test_refused_in_a_transaction_and_txn_numbers_owned_by_it(start_role, tmp_path):
+    """Review of #16: count and anything on the admin database are refused inside a
+    transaction (263), and a retryable write may not reuse the txnNumber of a transaction
+    this primary knows (aborted here): nothing of it applies."""
+    _, _, uri = one_member(start_role, tmp_path)
+    c = client(uri, retryWrites=False)
+    c.app.c.insert_one({"_id": 1})
+    with c.start_session() as s:
+        s.start_transaction()
+        c.app.c.find_one({"_id": 1}, session=s)
+        for fn in (lambda: c.app.command("count", "c", session=s),
+                   lambda: c.admin.x.insert_one({"_id": 1}, session=s)):
+            with pytest.raises(OperationFailure) as e:
+                fn()
+            assert e.value.code == 263, e.value.details
+        s.abort_transaction()
+        txn = s._server_session.transaction_id
+        lsid = s.session_id
+    assert c.admin.x.find_one({"_id": 1}) is None
+    for n, code in ((txn, 217), (txn - 1, 225)):
+        r = c.app.command(SON([("insert", "c"), ("documents", [{"_id": 100 + n}]),
+                               ("lsid", lsid), ("txnNumber", Int64(n))]), check=False)
+        assert r["ok"] == 0.0 and r["code"] == code, r
+    assert c.app.c.count_documents({"_id": {"$gte": 100}}) == 0
