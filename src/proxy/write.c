@@ -362,7 +362,9 @@ static void ins_send(void *arg, size_t gi)
 	g->cls = SHARDCONN_OK;
 	while (start < g->n) {
 		bson_t cmd = BSON_INITIALIZER, arr, reply;
-		size_t end = start, bytes = 0, nerr_before = g->w->nerr;
+		/* (unordered groups run in parallel and share w: its count is read only when
+		 * ordered, where one group runs at a time) */
+		size_t end = start, bytes = 0, nerr_before = g->ordered ? g->w->nerr : 0;
 
 		while (end < g->n && end - start < WIRE_MAX_WRITE_BATCH &&
 		       (end == start || bytes + g->docs[end]->len + 16 <= INS_SUB_BYTES)) {
