@@ -53,7 +53,9 @@ def test_coordinator_killed_at_every_step_boundary_and_mid_step(start_role, tmp_
             co = cl.start_role(["--role=coordinator", f"--metadata={cl.metadata}",
                                 f"--cdc={cl.cdc}", f"--cdc-lease-ms={cl.lease_ms}"],
                                env={"STRIPEDB_MIGRATION_CRASH": pt}, wait=False)
-            co.p.wait(timeout=60)
+            # a crash point needs the migration to get there: generous on a loaded CI
+            # machine, where leases are lost and renewed meanwhile (it timed out once at 60)
+            co.p.wait(timeout=180)
             crashed.append((pt, co.p.returncode, cl.migration(mid)["state"]))
             assert co.p.returncode == 86, (pt, co.tail())
         co = cl.start_coordinator()
