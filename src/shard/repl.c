@@ -1,6 +1,11 @@
 /* Shard replica sets (issue #15): every change to a shard's state is a Raft log entry
  * applied on every member by the same storage code. Contract in repl.h.
  *
+ * Why one file of ~1,550 lines: the proposal queue, the one-entry-in-flight batching, the
+ * apply callback and the answering of waiting requests share the private shard_repl state
+ * on the loop thread; the parts that stand alone are already apart (repl_hello.c,
+ * repl_view.c, repl_parts.c, members.c, snapfile.c).
+ *
  * The write path: a write command passes the checks of a worker (fail points, command
  * extensions), then shard_repl_submit queues it for the loop thread, which proposes every
  * queued command as one entry ({op: "shardBatch", ts, args: {term, seed, cmds: [{db, cmd}]}})
@@ -1050,6 +1055,24 @@ static void async_cb(uv_async_t *h)
 	propose_items(r, items);
 }
 
+/* Queue item it (its writeConcern parsed; maxtime: the command's maxTimeMS, 0 none, which
+ * bounds the wait for w as wtimeout does) for the loop thread and wake it. Any thread. */
+static void enqueue(shard_repl *r, repl_item *it, int64_t maxtime)
+{
+	if (maxtime > 0 && (it->wtimeout == 0 || maxtime < it->wtimeout)) {
+		it->wtimeout = maxtime;
+		it->by_maxtime = true;
+	}
+	pthread_mutex_lock(&r->mu);
+	if (r->tail)
+		r->tail->next = it;
+	else
+		r->head = it;
+	r->tail = it;
+	uv_async_send(&r->async);
+	pthread_mutex_unlock(&r->mu);
+}
+
 void shard_repl_submit(shard_repl *r, wire_req *req)
 {
 	bson_iter_t pi;
@@ -1068,18 +1091,7 @@ void shard_repl_submit(shard_repl *r, wire_req *req)
 	}
 	if (it->part_n < 0)
 		it->part = repl_insert_parts(wire_req_name(req), wire_req_cmd(req));
-	if (maxtime > 0 && (it->wtimeout == 0 || maxtime < it->wtimeout)) {
-		it->wtimeout = maxtime;
-		it->by_maxtime = true;
-	}
-	pthread_mutex_lock(&r->mu);
-	if (r->tail)
-		r->tail->next = it;
-	else
-		r->head = it;
-	r->tail = it;
-	uv_async_send(&r->async);
-	pthread_mutex_unlock(&r->mu);
+	enqueue(r, it, maxtime);
 }
 
 void shard_repl_submit_txn(shard_repl *r, wire_req *req, shard_txn_rec *t)
@@ -1093,19 +1105,8 @@ void shard_repl_submit_txn(shard_repl *r, wire_req *req, shard_txn_rec *t)
 		free(it);
 		return;
 	}
-	if (maxtime > 0 && (it->wtimeout == 0 || maxtime < it->wtimeout)) {
-		it->wtimeout = maxtime;
-		it->by_maxtime = true;
-	}
 	it->txn = t;
-	pthread_mutex_lock(&r->mu);
-	if (r->tail)
-		r->tail->next = it;
-	else
-		r->head = it;
-	r->tail = it;
-	uv_async_send(&r->async);
-	pthread_mutex_unlock(&r->mu);
+	enqueue(r, it, maxtime);
 }
 
 bool shard_repl_writable(shard_repl *r)
