@@ -19,6 +19,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 import uuid
 
 from conftest import free_port, wait_until
@@ -113,12 +114,29 @@ rgw lc debug interval = -1
             self.close()
             raise
 
-    def _run(self, *args):
-        r = subprocess.run(list(args), capture_output=True, timeout=120)
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(args)} failed ({r.returncode}): "
-                               f"{r.stderr.decode(errors='replace')[-2000:]}")
-        return r
+    # What the ceph CLI prints when the monitor could not answer for a moment (it is
+    # electing itself again after a lease timed out on a loaded machine, or is still
+    # starting): the command did nothing and may be sent again. Seen in CI once:
+    # "Error EPERM: problem getting command descriptions from mon." right after
+    # `ceph osd new` had succeeded.
+    TRANSIENT = ("problem getting command descriptions", "error connecting to the cluster",
+                 "ETIMEDOUT", "Connection timed out")
+
+    def _run(self, *args, deadline_s=120):
+        """Run one command; a ceph command whose failure is one of TRANSIENT is sent again
+        until deadline_s (every command retried here is idempotent: `osd new` with the same
+        uuid, `osd crush add` of the same item)."""
+        end = time.monotonic() + deadline_s
+        while True:
+            r = subprocess.run(list(args), capture_output=True, timeout=120)
+            if r.returncode == 0:
+                return r
+            err = r.stderr.decode(errors="replace")
+            if (args[0] == "ceph" and any(t in err for t in self.TRANSIENT)
+                    and time.monotonic() < end):
+                time.sleep(0.5)
+                continue
+            raise RuntimeError(f"{' '.join(args)} failed ({r.returncode}): {err[-2000:]}")
 
     def _spawn(self, name, args):
         log = open(os.path.join(self.d, f"{name}.out"), "ab")
