@@ -229,9 +229,13 @@ int mig_delete_chunk(mig *m, mongoc_client_t *c);
  * the log was drained), SDB_ETIMEOUT, or an error (the position never moves past an
  * unapplied event). */
 int mig_repl_run(mig *m, repl *p, uint64_t start, uint64_t until, int64_t deadline_ms);
-/* Catch up with the head of p's CDC log as of now: p->caught_up when reached before
- * deadline_ms. Returns as mig_repl_run. */
-int mig_repl_catch_up(mig *m, repl *p, uint64_t start, int64_t deadline_ms);
+/* Catch up with the head of p's CDC log as of now and, when src (the client of p's
+ * source shard) is not NULL, with that shard's oplog head as of now too (the log lags the
+ * oplog while a publisher is down or slow: "caught up" with the log alone would be a
+ * claim about the past). p->caught_up when reached before deadline_ms. Returns as
+ * mig_repl_run, or an error reading the oplog head. */
+int mig_repl_catch_up(mig *m, repl *p, uint64_t start, mongoc_client_t *src,
+		      int64_t deadline_ms);
 /* Close p's reader; unapplied statements are dropped (read again from p->pos). */
 void mig_repl_close(repl *p);
 

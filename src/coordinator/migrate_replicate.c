@@ -329,15 +329,25 @@ int mig_repl_run(mig *m, repl *p, uint64_t start, uint64_t until, int64_t deadli
 }
 
 /* Catch up with the head of the source's CDC log as it is now (events keep arriving under
- * load, so "a poll found nothing" is not the test): p->caught_up when the position reached
- * that head before deadline_ms. Returns 0, SDB_ETIMEOUT or an error of repl_run. */
-int mig_repl_catch_up(mig *m, repl *p, uint64_t start, int64_t deadline_ms)
+ * load, so "a poll found nothing" is not the test), and with the source's oplog head when
+ * src is given: the publisher publishes every oplog entry, so the log reaches that head
+ * once it has caught up with the source itself. Without it, a coordinator that took over
+ * while the source's publisher was still down (its lease held by the crashed holder)
+ * declared replication caught up with a log older than the import and went on to verify
+ * (test_coordinator_killed_at_every_step_boundary_and_mid_step, mid:replicate).
+ * p->caught_up when the position reached that head before deadline_ms. Returns 0,
+ * SDB_ETIMEOUT or an error of repl_run or of reading the oplog head. */
+int mig_repl_catch_up(mig *m, repl *p, uint64_t start, mongoc_client_t *src,
+		      int64_t deadline_ms)
 {
 	cdc_range g;
+	uint64_t oplog_head = 0;
 	int rc = cdc_log_range(m->r->log, p->shard, &g, m->err, sizeof m->err);
+	if (rc == 0 && src)
+		rc = mig_oplog_head(m, src, &oplog_head);
 	if (rc)
 		return rc;
-	uint64_t head = g.last_ts;
+	uint64_t head = g.last_ts > oplog_head ? g.last_ts : oplog_head;
 	if (head <= (p->pos > start ? p->pos : start)) {
 		rc = mig_repl_run(m, p, start, 0, deadline_ms);
 		return rc;
@@ -357,7 +367,7 @@ int mig_step_replicate(mig *m)
 		mig_nap(m, 100);
 		return 0;
 	}
-	rc = mig_repl_catch_up(m, &m->fwd, m->ts, (int64_t)sdb_mono_ms() + 1000);
+	rc = mig_repl_catch_up(m, &m->fwd, m->ts, m->sc, (int64_t)sdb_mono_ms() + 1000);
 	if (rc == SDB_ETIMEOUT)
 		rc = 0;
 	if (rc == SDB_ENOTFOUND)

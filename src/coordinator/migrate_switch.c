@@ -69,7 +69,7 @@ static int do_switch(mig *m, repl *p, uint64_t start, mongoc_client_t *from_c,
 {
 	int rc;
 	/* never switch while replication lags: drain first */
-	rc = mig_repl_catch_up(m, p, start, (int64_t)sdb_mono_ms() + 1000);
+	rc = mig_repl_catch_up(m, p, start, NULL, (int64_t)sdb_mono_ms() + 1000);
 	if (rc == SDB_ETIMEOUT || (rc == 0 && !p->caught_up))
 		return SDB_EBUSY;
 	if (rc)

@@ -38,12 +38,6 @@ def verdict_of(cl, wl):
     return check(wl.history, final)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "in the full ASan suite (twice on 2026-12-02, never alone) the fifth coordinator "
-    "acquires the migration in 'replicating' and neither replicates a batch nor catches up "
-    "for 3 minutes, with no error logged; the same stall was reported for an empty chunk "
-    "whose donor gets no write. Under investigation (closing note of that session); every "
-    "other crash point of this test passes"))
 def test_coordinator_killed_at_every_step_boundary_and_mid_step(start_role, tmp_path):
     points = ["before:importing", "after:importing", "mid:import", "after:replicating",
               "mid:replicate", "after:verifying", "mid:verify", "after:switching",
@@ -117,6 +111,45 @@ def test_switch_attempted_while_replication_lags_waits(start_role, tmp_path):
         wl.stop()
         assert m["state"] == "complete", m
         assert len(m["stats"]["pausesMS"]) == 1
+        v = verdict_of(cl, wl)
+        assert v["ok"], v["violations"][:10]
+    finally:
+        cl.close()
+
+
+def test_replicating_waits_for_a_lagging_publisher(start_role, tmp_path):
+    """A coordinator takes a migration over in replicating while the source's CDC publisher
+    is held off: the log lags the source's oplog, so replication is not caught up, and the
+    migration must stay in replicating (it used to go on to verifying at once, caught up
+    with a log older than the import). Once the publisher runs again it completes."""
+    cl = make_cluster(start_role, tmp_path, coordinators=0)
+    try:
+        wl = Workload(cl, NS, writers=2, readers=1, keys=200).start()
+        wait_until(lambda: wl.acked() >= 50, 30, what="workload running")
+        c = chunk_a(cl)
+        mid = cl.migrate(NS, c["id"], "shard-b", "--grace-ms=300")
+        co = cl.start_role(["--role=coordinator", f"--metadata={cl.metadata}",
+                            f"--cdc={cl.cdc}", f"--cdc-lease-ms={cl.lease_ms}"],
+                           env={"STRIPEDB_MIGRATION_CRASH": "after:replicating"}, wait=False)
+        co.p.wait(timeout=180)
+        assert co.p.returncode == 86, co.tail()
+        wait_until(lambda: cl.meta_write({"acquireLease": "cdc/shard-a", "holder": "nemesis",
+                                          "ttlMS": 600000}, ok_codes=(46,)).get("ok") == 1,
+                   30, what="nemesis holds cdc/shard-a")
+        # writes to the chunk after the nemesis took the lease: on the source, not in the log
+        n = wl.acked()
+        wait_until(lambda: wl.acked() >= n + 20, 30, what="writes while the log lags")
+        co = cl.start_coordinator()
+        wait_until(lambda: "migration acquired" in co.tail(1 << 20), 60,
+                   what="the new coordinator holds the migration")
+        t_end = time.monotonic() + 3
+        while time.monotonic() < t_end:
+            assert cl.migration(mid)["state"] == "replicating"
+            time.sleep(0.1)
+        cl.meta_write({"releaseLease": "cdc/shard-a", "holder": "nemesis"})
+        m = cl.wait_migration(mid, timeout=60)
+        wl.stop()
+        assert m["state"] == "complete", m
         v = verdict_of(cl, wl)
         assert v["ok"], v["violations"][:10]
     finally:
