@@ -19,6 +19,18 @@
 #include "storage/pipeline.h"
 #include "storage/projection.h"
 
+/* The client command's writeConcern, copied into a shard command built for it (an insert's
+ * part for one chunk, one update or delete statement): each shard waits for it as it would
+ * for the client's own command, and its writeConcernError reaches the client through
+ * fold_write_reply. Without it a sharded write was acknowledged at the shard's default
+ * (majority) whatever the client asked, w: 3 or a wtimeout included. */
+static void append_client_wc(const ctx *c, bson_t *cmd)
+{
+	bson_t wc;
+	if (px_get_doc(c->cmd, "writeConcern", &wc))
+		BSON_APPEND_DOCUMENT(cmd, "writeConcern", &wc);
+}
+
 /* ---------- write results ---------- */
 
 typedef struct wresult {
@@ -33,6 +45,9 @@ typedef struct wresult {
 	size_t n_net;        /* statements failed by a network error (outcome unknown or not) */
 	size_t n_unexecuted; /* ... of which the shard certainly did not execute */
 	char net_msg[512];   /* the first network error */
+	bson_t wce;          /* the first shard command's writeConcernError (empty: none) */
+	size_t nwce;         /* shard commands that answered a writeConcernError */
+	char wce_msgs[1024]; /* their errmsgs, "; "-joined (truncated) */
 } wresult;
 
 static void wresult_init(wresult *w)
@@ -40,6 +55,7 @@ static void wresult_init(wresult *w)
 	memset(w, 0, sizeof *w);
 	bson_init(&w->errors);
 	bson_init(&w->upserted);
+	bson_init(&w->wce);
 	uv_mutex_init(&w->mu);
 	w->first_err_index = INT64_MAX;
 }
@@ -48,6 +64,7 @@ static void wresult_destroy(wresult *w)
 {
 	bson_destroy(&w->errors);
 	bson_destroy(&w->upserted);
+	bson_destroy(&w->wce);
 	uv_mutex_destroy(&w->mu);
 }
 
@@ -201,6 +218,29 @@ static void append_sorted(bson_t *out, const char *name, const bson_t *src, size
 	free(v);
 }
 
+/* The client's writeConcernError, as mongos builds it (BatchWriteOp::buildClientResponse):
+ * one shard's error as that shard sent it; errors from several shard commands become one
+ * WriteConcernFailed (64) naming them all. A write concern the shards could not satisfy is
+ * never dropped from the answer: the documents were written, but not as durably as asked. */
+static void append_write_concern_error(bson_t *out, const wresult *w)
+{
+	bson_t wce;
+	if (w->nwce == 0)
+		return;
+	if (w->nwce == 1) {
+		BSON_APPEND_DOCUMENT(out, "writeConcernError", &w->wce);
+		return;
+	}
+	char msg[1200];
+	snprintf(msg, sizeof msg, "multiple errors reported (%zu shard commands): %s", w->nwce,
+		 w->wce_msgs);
+	BSON_APPEND_DOCUMENT_BEGIN(out, "writeConcernError", &wce);
+	BSON_APPEND_INT32(&wce, "code", WIRE_ERR_WRITE_CONCERN_FAILED);
+	BSON_APPEND_UTF8(&wce, "codeName", wire_code_name(WIRE_ERR_WRITE_CONCERN_FAILED));
+	BSON_APPEND_UTF8(&wce, "errmsg", msg);
+	bson_append_document_end(out, &wce);
+}
+
 static void answer_write(ctx *c, wresult *w, bool is_update)
 {
 	bson_t *out;
@@ -228,6 +268,7 @@ static void answer_write(ctx *c, wresult *w, bool is_update)
 	}
 	if (w->nerr)
 		append_sorted(out, "writeErrors", &w->errors, w->nerr, true);
+	append_write_concern_error(out, w);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	px_reply(c, out);
 }
@@ -239,9 +280,21 @@ static size_t fold_write_reply(wresult *w, const bson_t *reply, const int64_t *m
 	bson_iter_t it, arr;
 	size_t nerr = 0;
 
+	bson_t wce;
 	uv_mutex_lock(&w->mu);
 	w->n += px_get_int(reply, "n", 0);
 	w->n_modified += px_get_int(reply, "nModified", 0);
+	if (px_get_doc(reply, "writeConcernError", &wce)) {
+		bson_iter_t mi;
+		const char *m = "";
+		size_t l = strlen(w->wce_msgs);
+		if (w->nwce++ == 0)
+			bson_concat(&w->wce, &wce);
+		if (bson_iter_init_find(&mi, &wce, "errmsg") && BSON_ITER_HOLDS_UTF8(&mi))
+			m = bson_iter_utf8(&mi, NULL);
+		if (l + 8 < sizeof w->wce_msgs)
+			snprintf(w->wce_msgs + l, sizeof w->wce_msgs - l, "%s%.200s", l ? "; " : "", m);
+	}
 	uv_mutex_unlock(&w->mu);
 	if (bson_iter_init_find(&it, reply, "upserted") && bson_iter_recurse(&it, &arr)) {
 		while (bson_iter_next(&arr)) {
@@ -382,6 +435,7 @@ static void ins_send(void *arg, size_t gi)
 		}
 		bson_append_array_end(&cmd, &arr);
 		BSON_APPEND_BOOL(&cmd, "ordered", g->ordered);
+		append_client_wc(g->c, &cmd);
 		px_append_version(&cmd, ch);
 		proxy_txn_append(&g->c->txn, &cmd, map, end - start);
 		g->cls = px_run_on(g->c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
@@ -709,6 +763,7 @@ static int send_stmt_v(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const 
 	bson_append_document_end(&arr, &st);
 	bson_append_array_end(&cmd, &arr);
 	BSON_APPEND_BOOL(&cmd, "ordered", true);
+	append_client_wc(c, &cmd);
 	if (per_shard)
 		px_append_shard_version(&cmd, rc, ch->shard);
 	else

@@ -587,10 +587,11 @@ static void wc_check(uv_timer_t *t)
 				"replication; the write is committed on a majority",
 				false);
 		else if (!enough)
-			add_wce(w->reply, 64, gone ? "waiting for replication interrupted: no longer "
-						   "primary; the write is committed on a majority"
-						 : "waiting for replication timed out; the write is "
-						   "committed on a majority",
+			add_wce(w->reply, WIRE_ERR_WRITE_CONCERN_FAILED,
+				gone ? "waiting for replication interrupted: no longer "
+				       "primary; the write is committed on a majority"
+				     : "waiting for replication timed out; the write is "
+				       "committed on a majority",
 				late && !gone);
 		wire_req_reply(w->req, w->reply);
 		free(w);
@@ -1452,8 +1453,10 @@ void shard_repl_abandon(shard_repl *r)
 	while (r->wc_waits) {
 		wc_wait *w = r->wc_waits;
 		r->wc_waits = w->next;
-		add_wce(w->reply, 64, "waiting for replication interrupted by shutdown; the write "
-				      "is committed on a majority", false);
+		add_wce(w->reply, WIRE_ERR_WRITE_CONCERN_FAILED,
+			"waiting for replication interrupted by shutdown; the write "
+			"is committed on a majority",
+			false);
 		wire_req_reply(w->req, w->reply);
 		free(w);
 	}
