@@ -7,6 +7,7 @@
  */
 #include "storage/update.h"
 #include "storage/update_int.h"
+#include "storage/pipeline.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -818,8 +819,35 @@ int sdb_update_parse_value(const bson_iter_t *uv, const sdb_update_opts *opts, s
 
 	*out = NULL;
 	if (BSON_ITER_HOLDS_ARRAY(uv)) {
-		return upd_fail(code, C_NOT_IMPLEMENTED, err, errlen,
-			    "pipeline-style updates are not supported by the embedded shard");
+		sdb_update *u = sdb_calloc(1, sizeof *u);
+		int rc;
+		bson_iter_array(uv, &len, &data);
+		if (!bson_init_static(&spec, data, len)) {
+			free(u);
+			return upd_fail(code, C_BAD_VALUE, err, errlen, "invalid BSON in update");
+		}
+		if (code != NULL)
+			*code = 0;
+		u->kind = SDB_UPDATE_PIPELINE;
+		u->root = sdb_calloc(1, sizeof *u->root);
+		u->root->name = sdb_strdup("");
+		if (opts != NULL) {
+			u->clock = opts->clock;
+			u->clock_ctx = opts->clock_ctx;
+			u->oid = opts->oid;
+			u->oid_ctx = opts->oid_ctx;
+		}
+		rc = !sdb_bson_depth_ok(&spec, SDB_BSON_MAX_DEPTH)
+			     ? upd_fail(code, C_OVERFLOW, err, errlen,
+					"update pipeline nests deeper than %d levels",
+					SDB_BSON_MAX_DEPTH)
+			     : upd_pipeline_parse(u, &spec, opts, code, err, errlen);
+		if (rc != 0) {
+			sdb_update_free(u);
+			return rc;
+		}
+		*out = u;
+		return 0;
 	}
 	if (!BSON_ITER_HOLDS_DOCUMENT(uv)) {
 		return upd_fail(code, C_TYPE_MISMATCH, err, errlen,
@@ -850,6 +878,7 @@ void sdb_update_free(sdb_update *u)
 	free(u->renames);
 	docbuild_blob_free(&u->replacement);
 	docbuild_blob_free(&u->query);
+	sdb_pipeline_free(u->pipe);
 	free(u);
 }
 

@@ -31,7 +31,8 @@
  *                                   filters for one identifier; $pop not 1/-1
  *   53 InvalidIdField               _id becomes an array or a regex
  *   17419                           the new document is larger than 16 MB
- *   238 NotImplemented              pipeline-style updates (an array of stages)
+ *   72 InvalidOptions               a pipeline-style update with a stage other than
+ *                                   $addFields/$set/$project/$unset/$replaceRoot/$replaceWith
  *
  * Supported: $set $unset $inc $mul $min $max $rename $setOnInsert $push ($each $slice $sort
  * $position) $pull (value, or condition through storage/matcher.h) $pullAll $addToSet
@@ -63,6 +64,7 @@ typedef int64_t (*sdb_update_clock_fn)(void *ctx);
 typedef enum {
 	SDB_UPDATE_OPERATORS = 0, /* {$set: ..., $inc: ...} */
 	SDB_UPDATE_REPLACEMENT,   /* {a: 1, b: 2} (a whole new document) */
+	SDB_UPDATE_PIPELINE,      /* [{$set: ...}, {$unset: ...}] (update_pipeline.c) */
 } sdb_update_kind;
 
 typedef struct sdb_update_opts {
@@ -98,9 +100,11 @@ int sdb_update_parse(const bson_t *spec, const sdb_update_opts *opts, sdb_update
 		     int *code, char *err, size_t errlen);
 
 /* Same as sdb_update_parse, but takes the raw `u` field of an update statement (any BSON
- * type): a document is parsed as above, an array gives code 238 NotImplemented ("pipeline
- * updates are not supported by the embedded shard"), anything else code 14 TypeMismatch
- * ("Update argument must be either an object or an array"). */
+ * type): a document is parsed as above, an array is a pipeline-style update (MongoDB 4.2+:
+ * $addFields/$set, $project/$unset, $replaceRoot/$replaceWith stages with aggregation
+ * expressions, run over the document; the result replaces it, _id kept; other stages 72,
+ * arrayFilters 9), anything else code 14 TypeMismatch ("Update argument must be either an
+ * object or an array"). */
 int sdb_update_parse_value(const bson_iter_t *u, const sdb_update_opts *opts, sdb_update **out,
 			   int *code, char *err, size_t errlen);
 

@@ -927,15 +927,17 @@ static bool id_equal(const bson_t *a, const bson_t *b, bool *a_has, bool *b_has)
 	return sdb_bson_iter_eq(&ia, &ib) && bson_iter_type(&ia) == bson_iter_type(&ib);
 }
 
-static int apply_replacement(const sdb_update *u, const bson_t *doc, bson_t *out, int *code,
+/* doc replaced by rep (a replacement's document, or what an update pipeline made of doc):
+ * doc's _id first (rep's when doc has none), then rep's other fields; a different _id in
+ * rep is 66. */
+static int apply_replacement(const bson_t *rep_doc, const bson_t *doc, bson_t *out, int *code,
 			     char *err, size_t errlen)
 {
 	bson_iter_t it, oid, rid;
 	bool doc_has = bson_iter_init_find(&oid, doc, "_id");
-	bson_t rep;
+	bson_t rep = *rep_doc;
 	bool rep_has;
 
-	docbuild_blob_view(&u->replacement, &rep);
 	rep_has = bson_iter_init_find(&rid, &rep, "_id");
 
 	if (doc_has && rep_has &&
@@ -963,6 +965,19 @@ static int apply_replacement(const sdb_update *u, const bson_t *doc, bson_t *out
 	return 0;
 }
 
+/* The new document's _id (when it has one) is neither an array nor a regex (53). */
+static int check_new_id(const bson_t *out, int *code, char *err, size_t errlen)
+{
+	bson_iter_t id;
+
+	if (bson_iter_init_find(&id, out, "_id") &&
+	    (BSON_ITER_HOLDS_ARRAY(&id) || BSON_ITER_HOLDS_REGEX(&id))) {
+		return upd_fail(code, C_INVALID_ID, err, errlen, "The '_id' value cannot be of type %s",
+				upd_type_name(bson_iter_type(&id)));
+	}
+	return 0;
+}
+
 int sdb_update_apply(const sdb_update *u, const bson_t *doc, bool is_upsert_insert, bson_t *out,
 		     bool *changed, int *code, char *err, size_t errlen)
 {
@@ -977,7 +992,19 @@ int sdb_update_apply(const sdb_update *u, const bson_t *doc, bool is_upsert_inse
 		*code = 0;
 	}
 	if (u->kind == SDB_UPDATE_REPLACEMENT) {
-		rc = apply_replacement(u, doc, out, code, err, errlen);
+		bson_t rep;
+		docbuild_blob_view(&u->replacement, &rep);
+		rc = apply_replacement(&rep, doc, out, code, err, errlen);
+		goto done;
+	}
+	if (u->kind == SDB_UPDATE_PIPELINE) {
+		bson_t t;
+		rc = upd_pipeline_run(u, doc, &t, code, err, errlen);
+		if (rc == 0)
+			rc = apply_replacement(&t, doc, out, code, err, errlen);
+		bson_destroy(&t);
+		if (rc == 0)
+			rc = check_new_id(out, code, err, errlen);
 		goto done;
 	}
 	a.u = u;
@@ -1010,14 +1037,7 @@ int sdb_update_apply(const sdb_update *u, const bson_t *doc, bool is_upsert_inse
 		goto done;
 	}
 	if (new_has) {
-		bson_iter_t id;
-
-		bson_iter_init_find(&id, out, "_id");
-		if (BSON_ITER_HOLDS_ARRAY(&id) || BSON_ITER_HOLDS_REGEX(&id)) {
-			rc = upd_fail(code, C_INVALID_ID, err, errlen, "The '_id' value cannot be of type %s",
-				  upd_type_name(bson_iter_type(&id)));
-			goto done;
-		}
+		rc = check_new_id(out, code, err, errlen);
 	}
 done:
 	docbuild_free(root);

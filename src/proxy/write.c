@@ -31,6 +31,30 @@ static void append_client_wc(const ctx *c, bson_t *cmd)
 		BSON_APPEND_DOCUMENT(cmd, "writeConcern", &wc);
 }
 
+/* A pipeline-style update (holder's `field` is an array of stages) of a sharded collection:
+ * whether it changes the shard key cannot be told from the stages, as route_update_changes_key
+ * tells it for operators and replacements, so the shard is asked to check the new document:
+ * $stripedbShardKey lists the key paths (shard/cmd_write.c shard_key_kept, 66 ImmutableField
+ * when a value changes). _id is left out: the shard keeps it immutable anyway. */
+static void append_key_check(const route_coll *rc, const bson_t *holder, const char *field,
+			     bson_t *cmd)
+{
+	bson_iter_t it;
+	bson_t arr;
+	char k[16];
+	if (rc == NULL || rc->nkeys == 0 || !bson_iter_init_find(&it, holder, field) ||
+	    !BSON_ITER_HOLDS_ARRAY(&it))
+		return;
+	BSON_APPEND_ARRAY_BEGIN(cmd, "$stripedbShardKey", &arr);
+	for (size_t i = 0, n = 0; i < rc->nkeys; i++) {
+		if (strcmp(rc->keys[i], "_id") == 0)
+			continue;
+		snprintf(k, sizeof k, "%zu", n++);
+		BSON_APPEND_UTF8(&arr, k, rc->keys[i]);
+	}
+	bson_append_array_end(cmd, &arr);
+}
+
 /* ---------- write results ---------- */
 
 typedef struct wresult {
@@ -764,6 +788,8 @@ static int send_stmt_v(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const 
 	bson_append_array_end(&cmd, &arr);
 	BSON_APPEND_BOOL(&cmd, "ordered", true);
 	append_client_wc(c, &cmd);
+	if (s->is_update)
+		append_key_check(rc, &s->stmt, "u", &cmd);
 	if (per_shard)
 		px_append_shard_version(&cmd, rc, ch->shard);
 	else
@@ -1241,6 +1267,7 @@ static int fam_send(px_retry *r, fam_op *o, size_t ci, bson_t *fwd, bool check_v
 	int cls;
 
 	px_append_version(fwd, &r->rc->chunks[ci]);
+	append_key_check(r->rc, c->cmd, "update", fwd);
 	proxy_txn_append(&c->txn, fwd, &fam_stmt, 1);
 	cls = px_run_on(c, r->rc->chunks[ci].shard, fwd, NULL, &reply, nerr, sizeof nerr);
 	if (cls == SHARDCONN_STALE) {

@@ -382,6 +382,38 @@ static void new_oid(void *ctx, bson_oid_t *out)
 	sdb_store_new_oid(ctx, out);
 }
 
+/* $stripedbShardKey: ["k", "a.b"] on an update or findAndModify a proxy routed to a
+ * sharded collection's chunk with a pipeline-style update: the proxy cannot tell from the
+ * stages whether the shard key changes (it checks operator updates and replacements itself:
+ * routing/route.h route_update_changes_key), so the shard checks the new document. A
+ * changed shard key value is refused with 66 ImmutableField and the message the proxy uses,
+ * before anything is written (a document moved out of its chunk would be an orphan: hidden
+ * from reads and lost at the next cleanup). before: the document, or for an upsert the
+ * seed built from the filter. Returns 0 or 66 (message in x->err). */
+static int shard_key_kept(shard_ctx *x, const bson_t *before, const bson_t *after)
+{
+	bson_iter_t it, k;
+	if (!bson_iter_init_find(&it, x->cmd, "$stripedbShardKey") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &k))
+		return 0;
+	while (bson_iter_next(&k)) {
+		bson_iter_t a, b;
+		if (!BSON_ITER_HOLDS_UTF8(&k))
+			continue;
+		const char *path = bson_iter_utf8(&k, NULL);
+		bool ha = bson_iter_init(&a, before) && bson_iter_find_descendant(&a, path, &a);
+		bool hb = bson_iter_init(&b, after) && bson_iter_find_descendant(&b, path, &b);
+		if (ha == hb && (!ha || sdb_bson_value_eq(bson_iter_value(&a), bson_iter_value(&b))))
+			continue;
+		snprintf(x->err, sizeof x->err,
+			 "After applying the update, the (immutable) field '%s' was found to have "
+			 "been altered: updating the shard key of a document is not supported",
+			 path);
+		return WIRE_ERR_IMMUTABLE_FIELD;
+	}
+	return 0;
+}
+
 /* The outcome of one update statement. */
 typedef struct upd_result {
 	int64_t matched, modified;
@@ -433,6 +465,10 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 			break;
 		}
 		r->matched++;
+		if (changed && (ret = shard_key_kept(x, docs[i], &out)) != 0) {
+			bson_destroy(&out);
+			break;
+		}
 		if (changed) {
 			if (out.len > WIRE_MAX_BSON_SIZE) {
 				bson_destroy(&out);
@@ -467,7 +503,17 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 			sdb_update_free(u);
 			return code ? code : WIRE_ERR_BAD_VALUE;
 		}
-		bson_t ready;
+		bson_t ready, seed;
+		int sc = 0;
+		char se[128];
+		if (sdb_update_upsert_seed(&s->q, &seed, &sc, se, sizeof se) == 0)
+			ret = shard_key_kept(x, &seed, &doc);
+		bson_destroy(&seed);
+		if (ret) {
+			bson_destroy(&doc);
+			sdb_update_free(u);
+			return ret;
+		}
 		prepare_insert(x, &doc, &ready);
 		bson_destroy(&doc);
 		rc = sdb_store_insert(x->conn, x->db, coll, &ready, x->origin, dup, x->err,

@@ -1,0 +1,91 @@
+/* Pipeline-style updates (MongoDB 4.2+): the `u` of an update statement given as an array
+ * of aggregation stages, run over the one document being updated by the pipeline engine
+ * (storage/pipeline.h). MongoDB admits only the stages that reshape one document
+ * (src/mongo/db/pipeline/pipeline.cpp, Pipeline::parse with the update's stage list):
+ * $addFields / $set, $project / $unset and $replaceRoot / $replaceWith; any other stage is
+ * refused with 72 InvalidOptions "<stage> is not allowed to be used within an update".
+ * The result replaces the document the way a replacement does (ObjectReplaceExecutor): the
+ * original _id stays first, a result without _id keeps it, a different _id is 66. The
+ * expressions the engine knows have no clock or randomness ($$NOW, $rand are undefined
+ * there), so every replica set member computes the same document. */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+#include "storage/pipeline.h"
+#include "storage/update_int.h"
+
+#define C_INVALID_OPTIONS 72
+
+static const char *const allowed[] = {"$addFields", "$set",	    "$project",
+				      "$unset",	    "$replaceRoot", "$replaceWith"};
+
+int upd_pipeline_parse(sdb_update *u, const bson_t *stages, const sdb_update_opts *opts,
+		       int *code, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	if (opts != NULL && opts->array_filters != NULL && bson_count_keys(opts->array_filters) > 0)
+		return upd_fail(code, C_FAILED_TO_PARSE, err, errlen,
+				"arrayFilters may not be specified for pipeline-style updates");
+	if (!bson_iter_init(&it, stages))
+		return upd_fail(code, C_BAD_VALUE, err, errlen, "invalid BSON in update pipeline");
+	while (bson_iter_next(&it)) {
+		bson_iter_t st;
+		bool ok = false;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &st) ||
+		    !bson_iter_next(&st))
+			return upd_fail(code, C_TYPE_MISMATCH, err, errlen,
+					"Each element of the 'pipeline' array must be an object");
+		const char *name = bson_iter_key(&st);
+		for (size_t i = 0; i < sizeof allowed / sizeof allowed[0]; i++)
+			ok = ok || strcmp(name, allowed[i]) == 0;
+		if (!ok)
+			return upd_fail(code, C_INVALID_OPTIONS, err, errlen,
+					"%s is not allowed to be used within an update", name);
+	}
+	return sdb_pipeline_parse(stages, NULL, &u->pipe, code, err, errlen);
+}
+
+/* The input of the pipeline: one document. */
+typedef struct one_doc {
+	const bson_t *doc;
+	bool given;
+} one_doc;
+
+static int one_next(void *ctx, const bson_t **doc, int *code, char *err, size_t errlen)
+{
+	one_doc *o = ctx;
+	(void)code;
+	(void)err;
+	(void)errlen;
+	if (o->given)
+		return 0;
+	o->given = true;
+	*doc = o->doc;
+	return 1;
+}
+
+int upd_pipeline_run(const sdb_update *u, const bson_t *doc, bson_t *out, int *code, char *err,
+		     size_t errlen)
+{
+	one_doc in = {doc, false};
+	sdb_pipeline_cursor *c;
+	const bson_t *r;
+	int rc;
+
+	bson_init(out);
+	sdb_pipeline_open(u->pipe, one_next, &in, &c);
+	rc = sdb_pipeline_cursor_next(c, &r, code, err, errlen);
+	if (rc == 1) {
+		bson_concat(out, r);
+		rc = 0;
+	} else if (rc == 0) {
+		/* none of the admitted stages drops a document */
+		rc = upd_fail(code, C_BAD_VALUE, err, errlen,
+			      "the update pipeline produced no document");
+	} else if (code != NULL && *code == 0) {
+		*code = C_BAD_VALUE;
+	}
+	sdb_pipeline_cursor_free(c);
+	return rc;
+}
