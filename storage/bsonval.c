@@ -384,7 +384,9 @@ static bool depth_ok(bson_iter_t *it, int level, int max_depth)
 		if (!depth_ok(&child, level + 1, max_depth))
 			return false;
 	}
-	return true;
+	/* the iteration ended at the document's end, not at a malformed element (which
+	 * bson_validate's BSON_VALIDATE_NONE lets through inside nested documents) */
+	return it->err_off == 0;
 }
 
 bool sdb_bson_depth_ok(const bson_t *doc, int max_depth)

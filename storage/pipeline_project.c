@@ -140,7 +140,10 @@ static int pspec_value(pnode *root, const char *path, const bson_iter_t *it, pct
 			char *pre = sdb_asprintf("%s.", path);
 
 			bson_iter_document(it, &len, &data);
-			bson_init_static(&nested, data, len);
+			if (data == NULL || !bson_init_static(&nested, data, len)) {
+				free(pre);
+				return efail(e, 2, "invalid BSON in the specification at path %s", path);
+			}
 			rc = agg_pspec_parse(root, &nested, pre, pc, e);
 			free(pre);
 			return rc;

@@ -113,3 +113,30 @@ int sdb_bson_find_int64(const bson_t *doc, const char *name, int64_t lo, int64_t
 	}
 	return sdb_bson_get_int64(&it, name, lo, hi, out, e);
 }
+
+static bool well_formed(const bson_t *doc, int level, int max_depth)
+{
+	bson_iter_t it, child;
+	if (level > max_depth || !bson_iter_init(&it, doc))
+		return false;
+	while (bson_iter_next(&it)) {
+		if (!BSON_ITER_HOLDS_DOCUMENT(&it) && !BSON_ITER_HOLDS_ARRAY(&it))
+			continue;
+		const uint8_t *data = NULL;
+		uint32_t len = 0;
+		bson_t sub;
+		if (BSON_ITER_HOLDS_DOCUMENT(&it))
+			bson_iter_document(&it, &len, &data);
+		else
+			bson_iter_array(&it, &len, &data);
+		if (data == NULL || !bson_init_static(&sub, data, len) ||
+		    !bson_iter_recurse(&it, &child) || !well_formed(&sub, level + 1, max_depth))
+			return false;
+	}
+	return it.err_off == 0;
+}
+
+bool sdb_bson_well_formed(const bson_t *doc, int max_depth)
+{
+	return well_formed(doc, 0, max_depth);
+}

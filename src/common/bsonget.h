@@ -63,4 +63,11 @@ int sdb_bson_find_int64(const bson_t *doc, const char *name, int64_t lo, int64_t
  * from our own replies and records, where a refusal needs no MongoDB error. */
 bool sdb_bson_as_int64(const bson_iter_t *it, int64_t *out);
 
+/* Whether every nested document and array of doc is itself well formed to its end, at
+ * most max_depth levels deep. bson_validate with BSON_VALIDATE_NONE skips a nested document
+ * it cannot open and stops quietly at a malformed element inside one, so a document it
+ * accepts may still abort bson_init_static deeper in (fuzz_storage_update found one reaching
+ * the update engine). The wire layer checks every incoming document with both. */
+bool sdb_bson_well_formed(const bson_t *doc, int max_depth);
+
 #endif

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 
 /* ---- little-endian helpers ---- */
@@ -110,6 +111,8 @@ static int read_doc(const uint8_t *p, size_t avail, const char *what, bson_t *do
 	if (!bson_validate(doc, BSON_VALIDATE_NONE, &off))
 		FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "%s: invalid BSON at offset %zu", what,
 		     off);
+	if (!sdb_bson_well_formed(doc, 200))
+		FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "%s: invalid nested document", what);
 	*used = (size_t)dlen;
 	return 0;
 }

@@ -46,3 +46,16 @@ tests_fuzz_fuzz_raft_handshake_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,u
 tests_fuzz_fuzz_raft_handshake_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 tests_fuzz_fuzz_raft_handshake_LDADD = libstripedb.a $(SDB_LIBS)
 endif
+
+# The update engine (operator updates, replacements, pipeline-style updates over the
+# aggregation expression engine).
+EXTRA_DIST += tests/fuzz/corpus/storage_update
+if FUZZING
+noinst_PROGRAMS += tests/fuzz/fuzz_storage_update
+tests_fuzz_fuzz_storage_update_SOURCES = tests/fuzz/fuzz_storage_update.c storage/update.c \
+	storage/update_apply.c storage/update_pipeline.c storage/docbuild.c storage/pipeline.c \
+	storage/pipeline_expr.c storage/pipeline_project.c
+tests_fuzz_fuzz_storage_update_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_storage_update_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_storage_update_LDADD = libstripedb.a $(SDB_LIBS)
+endif

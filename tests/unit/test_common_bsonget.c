@@ -146,10 +146,30 @@ static void test_as_int64_without_message(void **state)
 	bson_destroy(d);
 }
 
+/* sdb_bson_well_formed: a nested document whose last byte is not its terminator (what
+ * bson_validate with BSON_VALIDATE_NONE lets through) is refused; a valid one and its
+ * depth bound are honoured. */
+static void test_well_formed_nested(void **state)
+{
+	(void)state;
+	/* {a: {b: 1}} */
+	uint8_t good[20] = {20, 0, 0, 0, 0x03, 'a', 0, 12, 0, 0, 0, 0x10, 'b', 0, 1, 0, 0, 0, 0, 0};
+	uint8_t bad[20];
+	bson_t d;
+	memcpy(bad, good, sizeof bad);
+	bad[18] = 0x50; /* the inner document's terminator */
+	assert_true(bson_init_static(&d, good, sizeof good));
+	assert_true(sdb_bson_well_formed(&d, 10));
+	assert_false(sdb_bson_well_formed(&d, 0)); /* one level of nesting over a bound of 0 */
+	assert_true(bson_init_static(&d, bad, sizeof bad));
+	assert_false(sdb_bson_well_formed(&d, 10));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_integral_types_accepted),
+		cmocka_unit_test(test_well_formed_nested),
 		cmocka_unit_test(test_absent_gives_default),
 		cmocka_unit_test(test_doubles_must_be_integral_int64),
 		cmocka_unit_test(test_wrong_type_names_field_and_type),
