@@ -740,8 +740,81 @@ static char *shard_uri(const char *arg, char **rs_name)
 	return sdb_strdup(buf);
 }
 
+/* The checks MongoDB makes of a new shard before registering it
+ * (ShardingCatalogManager::_validateHostAsShard): the seed list's first host answers hello
+ * (else HostUnreachable, 6); it is not a router (msg "isdbgrid": OperationFailed, 96); a
+ * replica-set connection string names the set the host is in, and a host in a set is given
+ * with the set's name (else 96, with MongoDB's messages). Asked directly, for at most 5 s
+ * (or the command's maxTimeMS when shorter). Returns true when valid; else the error is
+ * answered. */
+static bool validate_new_shard(ctx *c, const char *uri_s, const char *rs)
+{
+	mongoc_uri_t *u = mongoc_uri_new(uri_s);
+	const mongoc_host_list_t *h = u ? mongoc_uri_get_hosts(u) : NULL;
+	char direct[600];
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_error_t e;
+	bool ok = false;
+	int64_t ms = px_get_int(c->cmd, "maxTimeMS", 0);
+
+	if (h == NULL) {
+		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
+			 uri_s);
+		mongoc_uri_destroy(u);
+		return false;
+	}
+	if (ms <= 0 || ms > 5000)
+		ms = 5000;
+	snprintf(direct, sizeof direct,
+		 "mongodb://%s/?directConnection=true&serverSelectionTimeoutMS=%lld"
+		 "&connectTimeoutMS=%lld&socketTimeoutMS=%lld",
+		 h->host_and_port, (long long)ms, (long long)ms, (long long)ms);
+	mongoc_uri_destroy(u);
+	mongoc_client_t *cl = mongoc_client_new(direct);
+	if (cl == NULL) {
+		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
+			 uri_s);
+		return false;
+	}
+	BSON_APPEND_INT32(&cmd, "hello", 1);
+	if (!mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e)) {
+		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "couldn't connect to new shard %s: %s", uri_s,
+			 e.message);
+		goto out;
+	}
+	bson_iter_t it;
+	const char *set = NULL;
+	if (bson_iter_init_find(&it, &reply, "setName") && BSON_ITER_HOLDS_UTF8(&it))
+		set = bson_iter_utf8(&it, NULL);
+	if (bson_iter_init_find(&it, &reply, "msg") && BSON_ITER_HOLDS_UTF8(&it) &&
+	    strcmp(bson_iter_utf8(&it, NULL), "isdbgrid") == 0)
+		px_error(c, WIRE_ERR_OPERATION_FAILED, "can't add a mongos process as a shard");
+	else if (rs && set == NULL)
+		px_error(c, WIRE_ERR_OPERATION_FAILED,
+			 "host did not return a set name; is the replica set still initializing? "
+			 "%s is not a member of replica set %s",
+			 uri_s, rs);
+	else if (rs && strcmp(rs, set) != 0)
+		px_error(c, WIRE_ERR_OPERATION_FAILED,
+			 "the provided connection string (%s) does not match the actual set name %s",
+			 uri_s, set);
+	else if (!rs && set)
+		px_error(c, WIRE_ERR_OPERATION_FAILED,
+			 "host is part of set %s; use replica set url format "
+			 "<setname>/<server1>,<server2>, ...",
+			 set);
+	else
+		ok = true;
+	bson_destroy(&reply);
+out:
+	bson_destroy(&cmd);
+	mongoc_client_destroy(cl);
+	return ok;
+}
+
 /* {addShard: "rs/h:p,..." | "h:p" | "mongodb://...", name?} → {shardAdded: name}. The name
- * defaults to the replica-set name, else shardNNNN (MongoDB's rules). */
+ * defaults to the replica-set name, else shardNNNN (MongoDB's rules). The host is checked
+ * first (validate_new_shard): nothing is registered for a host that does not answer. */
 static void do_add_shard(ctx *c)
 {
 	const char *arg = px_first_utf8(c->cmd);
@@ -773,6 +846,11 @@ static void do_add_shard(ctx *c)
 	if (uri == NULL) {
 		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
 			 arg);
+		return;
+	}
+	if (!validate_new_shard(c, uri, rs)) {
+		free(uri);
+		free(rs);
 		return;
 	}
 	n = px_shard_ids(c, &ids);

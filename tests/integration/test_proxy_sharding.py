@@ -173,19 +173,41 @@ def test_list_shards_and_add_shard_replica_set_uri(cluster, start_role, tmp_path
     assert [s["_id"] for s in shards] == cluster.shard_ids
     for s in shards:
         assert s["host"] == f"127.0.0.1:{cluster.shard_ports[s['_id']]}" and s["state"] == 1
-    port = free_port()
+    # a one-member replica set "rsd", and a standalone shard
+    port, raft = free_port(), free_port()
     d = tmp_path / "rs-d"
     d.mkdir()
-    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
-    r = admin.command("addShard", f"rsd/127.0.0.1:{port}")
-    assert r["shardAdded"] == "rsd"
+    start_role(["--role=shard", "--replica-set=rsd", "--node-id=1", f"--data-dir={d}",
+                f"--listen=127.0.0.1:{port}", f"--raft-listen=127.0.0.1:{raft}",
+                f"--bootstrap-members=1@127.0.0.1:{raft}", "--raft-tls=disabled"])
+    solo = free_port()
+    d2 = tmp_path / "solo"
+    d2.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{solo}", f"--data-dir={d2}"])
+    before = cluster.meta_query({"listShards": 1})["shards"]
+    # checked before anything is registered, as MongoDB's _validateHostAsShard: a host that
+    # does not answer, a set name that is not the host's, a set member without its set
+    # name, a standalone given as a set, a router
+    fails(lambda: admin.command("addShard", "127.0.0.1:1", name="other"), 6,
+          ["couldn't connect to new shard"])
+    fails(lambda: admin.command("addShard", f"wrong/127.0.0.1:{port}"), 96,
+          ["does not match the actual set name rsd"])
+    fails(lambda: admin.command("addShard", f"127.0.0.1:{port}", name="x"), 96,
+          ["host is part of set rsd"])
+    fails(lambda: admin.command("addShard", f"rsx/127.0.0.1:{solo}"), 96,
+          ["did not return a set name"])
+    fails(lambda: admin.command("addShard", f"127.0.0.1:{cluster.proxy_ports[0]}",
+                                name="router"), 96, ["can't add a mongos"])
+    assert cluster.meta_query({"listShards": 1})["shards"] == before
+    wait_until(lambda: admin.command("addShard", f"rsd/127.0.0.1:{port}")["shardAdded"] == "rsd",
+               30, what="rsd has a primary and is added")
     got = {s["_id"]: s["host"] for s in admin.command("listShards")["shards"]}
     assert got["rsd"] == f"rsd/127.0.0.1:{port}"
     meta = {s["id"]: s["uri"] for s in cluster.meta_query({"listShards": 1})["shards"]}
     assert meta["rsd"] == f"mongodb://127.0.0.1:{port}/?replicaSet=rsd"
-    r = admin.command("addShard", "127.0.0.1:1", name="other")
+    r = admin.command("addShard", f"127.0.0.1:{solo}", name="other")
     assert r["shardAdded"] == "other"
-    fails(lambda: admin.command("addShard", "127.0.0.1:2", name="other"), 11000)
+    fails(lambda: admin.command("addShard", f"127.0.0.1:{solo}", name="other"), 11000)
     fails(lambda: admin.command("addShard", ""), 2)
     fails(lambda: cluster.proxy_client(0).db.command("listShards"), 13)
 
