@@ -812,6 +812,35 @@ out:
 	return ok;
 }
 
+/* Whether metadata lists shard `name` at exactly `uri` (a repeated addShard). */
+static bool same_shard_registered(ctx *c, const char *name, const char *uri)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it, arr;
+	bool same = false;
+	BSON_APPEND_INT32(&cmd, "listShards", 1);
+	if (px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
+		if (bson_iter_init_find(&it, &reply, "shards") && bson_iter_recurse(&it, &arr))
+			while (!same && bson_iter_next(&arr)) {
+				bson_iter_t f;
+				const char *id = NULL, *u = NULL;
+				if (!bson_iter_recurse(&arr, &f))
+					continue;
+				while (bson_iter_next(&f)) {
+					if (BSON_ITER_HOLDS_UTF8(&f) && strcmp(bson_iter_key(&f), "id") == 0)
+						id = bson_iter_utf8(&f, NULL);
+					else if (BSON_ITER_HOLDS_UTF8(&f) &&
+						 strcmp(bson_iter_key(&f), "uri") == 0)
+						u = bson_iter_utf8(&f, NULL);
+				}
+				same = id && u && strcmp(id, name) == 0 && strcmp(u, uri) == 0;
+			}
+		bson_destroy(&reply);
+	}
+	bson_destroy(&cmd);
+	return same;
+}
+
 /* {addShard: "rs/h:p,..." | "h:p" | "mongodb://...", name?} → {shardAdded: name}. The name
  * defaults to the replica-set name, else shardNNNN (MongoDB's rules). The host is checked
  * first (validate_new_shard): nothing is registered for a host that does not answer. */
@@ -865,15 +894,24 @@ static void do_add_shard(ctx *c)
 	free(ids);
 	BSON_APPEND_UTF8(&cmd, "addShard", name);
 	BSON_APPEND_UTF8(&cmd, "uri", uri);
-	if (px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
+	static const int taken[] = {11000, 0};
+	int code = 0;
+	if (px_sharding_meta_call(c, &cmd, &reply, taken, &code)) {
 		char err[256];
 		bson_destroy(&reply);
+		if (code == 11000 && !same_shard_registered(c, name, uri)) {
+			/* the name is taken by another shard (an identical repeat is ok, as on a
+			 * mongos) */
+			px_error(c, 11000, "shard name %s is already taken by another shard", name);
+			goto done;
+		}
 		if (proxy_load_shards(c->p, err, sizeof err) != 0)
 			sdb_warn("shard list reload failed", "err=\"%s\"", err);
 		out = bson_new();
 		BSON_APPEND_UTF8(out, "shardAdded", name);
 		px_reply(c, out);
 	}
+done:
 	bson_destroy(&cmd);
 	free(uri);
 	free(rs);

@@ -207,7 +207,10 @@ def test_list_shards_and_add_shard_replica_set_uri(cluster, start_role, tmp_path
     assert meta["rsd"] == f"mongodb://127.0.0.1:{port}/?replicaSet=rsd"
     r = admin.command("addShard", f"127.0.0.1:{solo}", name="other")
     assert r["shardAdded"] == "other"
-    fails(lambda: admin.command("addShard", f"127.0.0.1:{solo}", name="other"), 11000)
+    # the same shard again: ok, as on a mongos; the name for another host: 11000
+    assert admin.command("addShard", f"127.0.0.1:{solo}", name="other")["shardAdded"] == "other"
+    fails(lambda: admin.command("addShard", f"rsd/127.0.0.1:{port}", name="other"), 11000,
+          ["already taken"])
     fails(lambda: admin.command("addShard", ""), 2)
     fails(lambda: cluster.proxy_client(0).db.command("listShards"), 13)
 
