@@ -500,8 +500,30 @@ static void move_and_wait(ctx *c, ctx *sub, const char *what, const char *ns, in
 	route_coll *rc;
 	char err[256], mid[128], *state = NULL;
 
-	snprintf(mid, sizeof mid, "mig-proxy-%lld-%llx", (long long)nid,
-		 (unsigned long long)sdb_wall_ms());
+	/* one migration of a chunk at a time, as MongoDB's ActiveMigrationsRegistry answers a
+	 * second moveChunk of a chunk being moved (a migration record appearing between this
+	 * check and the registration, from another proxy, is ended by the coordinators) */
+	{
+		bson_t q = BSON_INITIALIZER, migs;
+		BSON_APPEND_INT32(&q, "listMigrations", 1);
+		bool got = px_sharding_meta_call(c, &q, &migs, NULL, NULL);
+		bson_destroy(&q);
+		if (!got)
+			return;
+		int64_t busy = active_migrations(&migs, nid, NULL);
+		bson_destroy(&migs);
+		if (busy > 0) {
+			px_error(c, WIRE_ERR_CONFLICTING_OPERATION,
+				 "%s: chunk %lld of %s is already being migrated; try again once that "
+				 "migration has ended",
+				 what, (long long)nid, ns);
+			return;
+		}
+	}
+	/* unique across proxies and calls in the same millisecond (two moveChunks of one chunk
+	 * at once got the same id, hence 11000) */
+	snprintf(mid, sizeof mid, "mig-proxy-%lld-%llx-%08x", (long long)nid,
+		 (unsigned long long)sdb_wall_ms(), arc4random());
 	BSON_APPEND_UTF8(&cmd, "registerMigration", mid);
 	BSON_APPEND_UTF8(&cmd, "ns", ns);
 	BSON_APPEND_INT64(&cmd, "chunk", nid);

@@ -59,6 +59,7 @@
 #define WIRE_ERR_NETWORK_TIMEOUT 89
 #define WIRE_ERR_WRITE_CONCERN_FAILED 64     /* WriteConcernFailed */
 #define WIRE_ERR_OPERATION_FAILED 96
+#define WIRE_ERR_CONFLICTING_OPERATION 117 /* ConflictingOperationInProgress */
 #define WIRE_ERR_INTERRUPTED_AT_SHUTDOWN 11600
 #define WIRE_ERR_SHUTDOWN_IN_PROGRESS 91     /* ShutdownInProgress: refused, not executed */
 #define WIRE_ERR_NOT_WRITABLE_PRIMARY 10107  /* NotWritablePrimary */

@@ -771,5 +771,22 @@ def test_move_chunk_runs_a_migration(start_role, tmp_path):
         fails(lambda: admin.command("moveChunk", "mv.u", find={"_id": 1}, to=to), 118)
         fails(lambda: admin.command("moveChunk", "mv.c", find={"k": 1}, to="nosuch"), 70)
         assert sorted(d["_id"] for d in p.mv.c.find()) == list(range(100))
+        # a second moveChunk of a chunk whose migration has not ended: 117, as MongoDB (the
+        # coordinator is stopped, so the first one stays registered)
+        import signal
+        for co in cl.coords:
+            co.signal(signal.SIGSTOP)
+        try:
+            high = [ch for ch in cl.chunks("mv.c") if ch["min"] == {"k": 50}][0]
+            other = [s for s in cl.shard_ids if s != high["shard"]][0]
+            first = cl.migrate("mv.c", high["id"], other)
+            d = fails(lambda: admin.command("moveChunk", "mv.c", find={"k": 70}, to=other), 117,
+                      ["already being migrated"])
+            assert d["codeName"] == "ConflictingOperationInProgress"
+        finally:
+            for co in cl.coords:
+                co.signal(signal.SIGCONT)
+        assert cl.wait_migration(first)["state"] == "complete"
+        assert sorted(d["_id"] for d in p.mv.c.find()) == list(range(100))
     finally:
         cl.close()
