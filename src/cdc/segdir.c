@@ -430,8 +430,12 @@ int cdc_segread_next(cdc_segread *r, cdc_event *ev, char *err, size_t errlen)
 		if (got < 0)
 			return sdb_errf(err, errlen, SDB_EIO, "read segment: %s", strerror(errno));
 		if (got < (ssize_t)sizeof h) {
-			/* end of this segment: the next one starts at r->next when closed */
-			if (got == 0) {
+			/* end of this segment: the next one starts at r->next when closed. An
+			 * empty segment (r->next == its first offset: a log never written, or just
+			 * rolled) has no successor yet: switching "to" r->next would reopen this
+			 * very file forever (a migration of an empty chunk on an idle donor spun
+			 * here: test_migrate_an_empty_chunk_of_an_idle_donor) */
+			if (got == 0 && r->next != r->seg_first) {
 				int rc = segread_switch(r, r->next, 0, err, errlen);
 				if (rc == 0)
 					continue;

@@ -308,6 +308,35 @@ static void test_empty_log_waits(void **state)
 	cdc_log_close(log);
 }
 
+/* A log whose writer opened its first segment but wrote nothing (a shard with an empty
+ * oplog): a reader finds nothing within its timeout, then the first event once it is
+ * written. It used to reopen the empty segment forever (the end of a segment switched to
+ * "the next one", which for an empty segment is itself). */
+static void test_empty_segment_waits(void **state)
+{
+	(void)state;
+	cdc_log *log = open_log(1000, 0, 0);
+	cdc_writer *w;
+	cdc_reader *r;
+	cdc_event ev;
+	char err[256];
+	assert_int_equal(cdc_log_writer_open(log, "s1", &w, err, sizeof err), 0);
+	assert_int_equal(cdc_reader_open(log, "s1", 0, &r, err, sizeof err), 0);
+	assert_int_equal(cdc_reader_next(r, &ev, 10, err, sizeof err), 0);
+	assert_int_equal(cdc_reader_next(r, &ev, 10, err, sizeof err), 0);
+	uint8_t buf[100];
+	size_t len;
+	uint64_t ts;
+	make_event(0, buf, &len, &ts);
+	assert_int_equal(cdc_writer_append(w, ts, buf, len, err, sizeof err), 0);
+	assert_int_equal(cdc_writer_flush(w, err, sizeof err), 0);
+	assert_int_equal(cdc_reader_next(r, &ev, 1000, err, sizeof err), 1);
+	assert_int_equal(ev.offset, 0);
+	cdc_reader_close(r);
+	cdc_writer_close(w);
+	cdc_log_close(log);
+}
+
 static void test_bad_specs(void **state)
 {
 	(void)state;
@@ -342,6 +371,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_gap_in_the_archive_is_an_error, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_position_that_exists_nowhere, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_empty_log_waits, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_empty_segment_waits, setup, teardown),
 		cmocka_unit_test(test_bad_specs),
 		cmocka_unit_test_setup_teardown(test_archive_expire, setup, teardown),
 		cmocka_unit_test(test_retention_parse),
