@@ -39,6 +39,7 @@ static void ctl_usage(FILE *f)
 	fprintf(f,
 		"usage: stripedb ctl [--metadata=H:P,...] [--json] [--timeout-ms=N]\n"
 		"                    [--cluster-key-file=PATH] SUBCOMMAND ...\n"
+		"       (--json may also follow the subcommand and its arguments)\n"
 		"\n"
 		"subcommands:\n"
 		"  ping                                    hello to every metadata member; who leads\n"
@@ -268,6 +269,19 @@ int cli_main(int argc, char **argv)
 			fprintf(stderr, "stripedb ctl: %s\n", terr);
 			return 2;
 		}
+	}
+	/* --json may also follow the subcommand (`ctl collection list --json`, as users write
+	 * it; it was taken for a database name): taken out of the subcommand's arguments.
+	 * `metadata` parses its own flags. */
+	if (strcmp(argv[i], "metadata") != 0) {
+		int out = i + 1;
+		for (int j = i + 1; j < argc; j++) {
+			if (strcmp(argv[j], "--json") == 0)
+				ctx.json = 1;
+			else
+				argv[out++] = argv[j];
+		}
+		argc = out;
 	}
 	for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
 		if (strcmp(cmds[k].name, argv[i]) == 0) {

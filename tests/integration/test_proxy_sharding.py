@@ -472,6 +472,9 @@ def test_ctl_catalog(start_role, tmp_path):
         rows = [json.loads(x) for x in
                 ok(ctl(cl, "--json", "collection", "list", "cat")).splitlines()]
         assert sorted(r["ns"] for r in rows) == ["cat.h", "cat.r"]
+        # --json after the subcommand too (it was taken for a database name)
+        assert [json.loads(x) for x in
+                ok(ctl(cl, "collection", "list", "cat", "--json")).splitlines()] == rows
         text = ok(ctl(cl, "collection", "list"))
         assert "cat.h" in text and "hashed" in text and "ranged" in text
         cluster_error(ctl(cl, "collection", "create", "cat.h", "--shard-key", "u"),
