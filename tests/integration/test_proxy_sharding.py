@@ -184,6 +184,14 @@ def test_list_shards_and_add_shard_replica_set_uri(cluster, start_role, tmp_path
     d2 = tmp_path / "solo"
     d2.mkdir()
     start_role(["--role=shard", f"--listen=127.0.0.1:{solo}", f"--data-dir={d2}"])
+    from pymongo import MongoClient
+
+    def answers(p):
+        with MongoClient(f"mongodb://127.0.0.1:{p}/?directConnection=true",
+                         serverSelectionTimeoutMS=2000) as m:
+            return m.admin.command("ping")["ok"] == 1
+    for p_ in (port, solo):
+        wait_until(lambda: answers(p_), 30, what=f"shard on {p_} answering")
     before = cluster.meta_query({"listShards": 1})["shards"]
     # checked before anything is registered, as MongoDB's _validateHostAsShard: a host that
     # does not answer, a set name that is not the host's, a set member without its set
