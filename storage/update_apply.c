@@ -935,10 +935,9 @@ static int apply_replacement(const bson_t *rep_doc, const bson_t *doc, bson_t *o
 {
 	bson_iter_t it, oid, rid;
 	bool doc_has = bson_iter_init_find(&oid, doc, "_id");
-	bson_t rep = *rep_doc;
 	bool rep_has;
 
-	rep_has = bson_iter_init_find(&rid, &rep, "_id");
+	rep_has = bson_iter_init_find(&rid, rep_doc, "_id");
 
 	if (doc_has && rep_has &&
 	    (bson_iter_type(&oid) != bson_iter_type(&rid) || !sdb_bson_iter_eq(&oid, &rid))) {
@@ -956,7 +955,7 @@ static int apply_replacement(const bson_t *rep_doc, const bson_t *doc, bson_t *o
 	} else if (rep_has) {
 		bson_append_iter(out, "_id", 3, &rid);
 	}
-	bson_iter_init(&it, &rep);
+	bson_iter_init(&it, rep_doc);
 	while (bson_iter_next(&it)) {
 		if (strcmp(bson_iter_key(&it), "_id") != 0) {
 			bson_append_iter(out, NULL, 0, &it);
