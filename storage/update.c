@@ -754,6 +754,20 @@ static int parse_ops(sdb_update *u, const bson_t *spec, int *code, char *err, si
 	return 0;
 }
 
+/* The parts of a new update every kind has: an empty operator tree, the clock and the
+ * ObjectId source of opts (NULL: the defaults). */
+static void upd_init(sdb_update *u, const sdb_update_opts *opts)
+{
+	u->root = sdb_calloc(1, sizeof *u->root);
+	u->root->name = sdb_strdup("");
+	if (opts != NULL) {
+		u->clock = opts->clock;
+		u->clock_ctx = opts->clock_ctx;
+		u->oid = opts->oid;
+		u->oid_ctx = opts->oid_ctx;
+	}
+}
+
 int sdb_update_parse(const bson_t *spec, const sdb_update_opts *opts, sdb_update **out,
 		     int *code, char *err, size_t errlen)
 {
@@ -765,13 +779,8 @@ int sdb_update_parse(const bson_t *spec, const sdb_update_opts *opts, sdb_update
 	if (code != NULL) {
 		*code = 0;
 	}
-	u->root = sdb_calloc(1, sizeof *u->root);
-	u->root->name = sdb_strdup("");
+	upd_init(u, opts);
 	if (opts != NULL) {
-		u->clock = opts->clock;
-		u->clock_ctx = opts->clock_ctx;
-		u->oid = opts->oid;
-		u->oid_ctx = opts->oid_ctx;
 		if (opts->query != NULL) {
 			docbuild_blob_set(&u->query, opts->query);
 			u->has_query = true;
@@ -829,14 +838,7 @@ int sdb_update_parse_value(const bson_iter_t *uv, const sdb_update_opts *opts, s
 		if (code != NULL)
 			*code = 0;
 		u->kind = SDB_UPDATE_PIPELINE;
-		u->root = sdb_calloc(1, sizeof *u->root);
-		u->root->name = sdb_strdup("");
-		if (opts != NULL) {
-			u->clock = opts->clock;
-			u->clock_ctx = opts->clock_ctx;
-			u->oid = opts->oid;
-			u->oid_ctx = opts->oid_ctx;
-		}
+		upd_init(u, opts);
 		rc = !sdb_bson_depth_ok(&spec, SDB_BSON_MAX_DEPTH)
 			     ? upd_fail(code, C_OVERFLOW, err, errlen,
 					"update pipeline nests deeper than %d levels",

@@ -76,25 +76,32 @@ def test_coordinator_killed_at_every_step_boundary_and_mid_step(start_role, tmp_
         cl.close()
 
 
+def crash_at_then_hold_publisher(cl, point):
+    """Start a migration of chunk a under a workload, let a coordinator crash at `point`,
+    then hold the source's CDC publisher lease as a nemesis (once the crashed holder's lease
+    expired). Returns (workload, migration id, chunk a)."""
+    wl = Workload(cl, NS, writers=2, readers=1, keys=200).start()
+    wait_until(lambda: wl.acked() >= 50, 30, what="workload running")
+    c = chunk_a(cl)
+    mid = cl.migrate(NS, c["id"], "shard-b", "--grace-ms=300")
+    co = cl.start_role(["--role=coordinator", f"--metadata={cl.metadata}",
+                        f"--cdc={cl.cdc}", f"--cdc-lease-ms={cl.lease_ms}"],
+                       env={"STRIPEDB_MIGRATION_CRASH": point}, wait=False)
+    co.p.wait(timeout=180)  # generous on a loaded CI machine
+    assert co.p.returncode == 86, co.tail()
+    wait_until(lambda: cl.meta_write({"acquireLease": "cdc/shard-a", "holder": "nemesis",
+                                      "ttlMS": 600000}, ok_codes=(46,)).get("ok") == 1,
+               30, what="nemesis holds cdc/shard-a")
+    return wl, mid, c
+
+
 def test_switch_attempted_while_replication_lags_waits(start_role, tmp_path):
     """The source's CDC publisher is held off while the migration is in switching: the
     replicator cannot see the source's latest writes, so the coordinator must not bump the
     token nor switch; once the publisher runs again the switch happens."""
     cl = make_cluster(start_role, tmp_path, coordinators=0)
     try:
-        wl = Workload(cl, NS, writers=2, readers=1, keys=200).start()
-        wait_until(lambda: wl.acked() >= 50, 30, what="workload running")
-        c = chunk_a(cl)
-        mid = cl.migrate(NS, c["id"], "shard-b", "--grace-ms=300")
-        co = cl.start_role(["--role=coordinator", f"--metadata={cl.metadata}",
-                            f"--cdc={cl.cdc}", f"--cdc-lease-ms={cl.lease_ms}"],
-                           env={"STRIPEDB_MIGRATION_CRASH": "after:switching"}, wait=False)
-        co.p.wait(timeout=180)  # as above: generous on a loaded CI machine
-        assert co.p.returncode == 86
-        # hold the source's publisher lease (the crashed holder's lease expires first)
-        wait_until(lambda: cl.meta_write({"acquireLease": "cdc/shard-a", "holder": "nemesis",
-                                          "ttlMS": 600000}, ok_codes=(46,)).get("ok") == 1,
-                   30, what="nemesis holds cdc/shard-a")
+        wl, mid, c = crash_at_then_hold_publisher(cl, "after:switching")
         cl.start_coordinator()
         # writes to the chunk keep arriving on the source; the log does not advance
         t_end = time.monotonic() + 4
@@ -124,18 +131,7 @@ def test_replicating_waits_for_a_lagging_publisher(start_role, tmp_path):
     with a log older than the import). Once the publisher runs again it completes."""
     cl = make_cluster(start_role, tmp_path, coordinators=0)
     try:
-        wl = Workload(cl, NS, writers=2, readers=1, keys=200).start()
-        wait_until(lambda: wl.acked() >= 50, 30, what="workload running")
-        c = chunk_a(cl)
-        mid = cl.migrate(NS, c["id"], "shard-b", "--grace-ms=300")
-        co = cl.start_role(["--role=coordinator", f"--metadata={cl.metadata}",
-                            f"--cdc={cl.cdc}", f"--cdc-lease-ms={cl.lease_ms}"],
-                           env={"STRIPEDB_MIGRATION_CRASH": "after:replicating"}, wait=False)
-        co.p.wait(timeout=180)
-        assert co.p.returncode == 86, co.tail()
-        wait_until(lambda: cl.meta_write({"acquireLease": "cdc/shard-a", "holder": "nemesis",
-                                          "ttlMS": 600000}, ok_codes=(46,)).get("ok") == 1,
-                   30, what="nemesis holds cdc/shard-a")
+        wl, mid, _ = crash_at_then_hold_publisher(cl, "after:replicating")
         # writes to the chunk after the nemesis took the lease: on the source, not in the log
         n = wl.acked()
         wait_until(lambda: wl.acked() >= n + 20, 30, what="writes while the log lags")
