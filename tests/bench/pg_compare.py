@@ -42,7 +42,6 @@ import pathlib
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,8 +78,8 @@ SELECT doc FROM ycsb WHERE key = 'user' || lpad(:k::text, 12, '0');
 """,
     "update": """\\set k random(0, :records - 1)
 \\set f random(0, 9)
-UPDATE ycsb SET doc = doc || jsonb_build_object('field' || :f,
-    substr(repeat(md5(random()::text), 4), 1, 100), 'v', :k)
+UPDATE ycsb SET doc = doc || jsonb_build_object('field' || :f::int,
+    substr(repeat(md5(random()::text), 4), 1, 100), 'v', :k::bigint)
   WHERE key = 'user' || lpad(:k::text, 12, '0');
 """,
     "scan": """\\set k random(0, :records - 1)
@@ -196,8 +195,8 @@ class Postgres:
                "postgres"]
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=d)
         if r.returncode != 0:
-            die(f"pgbench {wl} x{threads} failed (exit {r.returncode}): "
-                f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+            errs = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()] or ["?"]
+            die(f"pgbench {wl} x{threads} failed (exit {r.returncode}): {errs[0][:300]}")
         m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", r.stdout)
         failed = re.search(r"number of failed transactions: (\d+)", r.stdout)
         lat = []
@@ -393,7 +392,7 @@ def fmt_row(r):
         return "" if v is None else f"{v:.2f}x"
     return (f"| {r['workload'].upper()} | {r['threads']} | {r['system']} | "
             f"{r['ops_s']:,.0f} | {r['p50']:.3f} | {r['p99']:.3f} | {x(r.get('x_pg'))} | "
-            f"{x(r.get('x_direct'))} |")
+            f"{x(r.get('x_direct'))} | {'' if r.get('errors') is None else r['errors']} |")
 
 
 def goals(rows, loop):
@@ -491,7 +490,7 @@ def main():
             for th in threads:
                 seed = args.seed * 1000 + th
                 p = pg.bench(wl, th, args.seconds, args.records, seed, work)
-                rows.append({"workload": wl, "threads": th, "system": "pg", **p})
+                rows.append({"workload": wl, "threads": th, "system": "pg", **p, "x_pg": 1.0})
                 print(fmt_row(rows[-1]), flush=True)
                 res = stripedb_bench(args, targets, wl, th, seed, work)
                 direct = res.get("direct")
@@ -518,17 +517,19 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\nworkloads: " + "; ".join(f"{w.upper()} {WORKLOADS[w]}" for w in wls) +
+    print("\nworkloads: " + "; ".join(f"{w.upper()} {WORKLOADS[w]}" for w in wls) +
           f"; {args.records} documents of 10 x 100 bytes, uniform keys, "
           f"{args.seconds:g} s per run; total {time.monotonic() - t_start:.0f} s\n")
-    print("| workload | threads | system | ops/s | p50 ms | p99 ms | x PostgreSQL | x direct |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    print("| workload | threads | system | ops/s | p50 ms | p99 ms | x PostgreSQL | x direct "
+          "| errors |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(fmt_row(r))
     for k, v in loop.items():
         if v:
-            print(f"| loopback round trip ({'redis-benchmark PING' if k == 'redis' else 'TCP echo, Python'}) "
-                  f"| 1 | - | {v['ops_s']:,.0f} | {v['p50']:.3f} | {v['p99']:.3f} | | |")
+            name = "redis-benchmark PING" if k == "redis" else "1-byte TCP echo (Python)"
+            print(f"| loopback round trip | 1 | {name} | {v['ops_s']:,.0f} | {v['p50']:.3f} "
+                  f"| {v['p99']:.3f} | | | |")
     gl = goals(rows, loop)
     print()
     for g in gl:
