@@ -40,6 +40,7 @@ import json
 import os
 import pathlib
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -193,7 +194,14 @@ class Postgres:
                "-T", str(int(max(1, round(seconds)))), f"--random-seed={seed}",
                "-D", f"records={records}", "-l", f"--log-prefix={d / 'log'}", *scripts,
                "postgres"]
+        pm = self.server_pids()
+        srv0, cli0 = cpu_s(pm, children=True), resource.getrusage(resource.RUSAGE_CHILDREN)
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=d)
+        try:  # the backends have exited and the postmaster reaped them (their CPU counts)
+            wait_until(lambda: len(self.server_pids()) <= len(pm), 5, interval=0.05)
+        except Exception:
+            pass  # e.g. an autovacuum worker: its CPU so far is left out
+        srv1, cli1 = cpu_s(pm, children=True), resource.getrusage(resource.RUSAGE_CHILDREN)
         if r.returncode != 0:
             errs = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()] or ["?"]
             die(f"pgbench {wl} x{threads} failed (exit {r.returncode}): {errs[0][:300]}")
@@ -209,8 +217,26 @@ class Postgres:
         if not m or not lat:
             die(f"pgbench {wl} x{threads}: no tps or latency log in its output")
         lat.sort()
+        cli = (cli1.ru_utime + cli1.ru_stime) - (cli0.ru_utime + cli0.ru_stime)
         return {"ops_s": float(m.group(1)), "p50": pct(lat, 50) / 1000.0,
-                "p99": pct(lat, 99) / 1000.0, "errors": int(failed.group(1)) if failed else 0}
+                "p99": pct(lat, 99) / 1000.0, "errors": int(failed.group(1)) if failed else 0,
+                "server_cpu_ms_op": 1000 * (srv1 - srv0) / len(lat),
+                "client_cpu_ms_op": 1000 * cli / len(lat)}
+
+    def server_pids(self):
+        """The postmaster and its live children (checkpointer, WAL writer ...); exited
+        backends count through the postmaster's cutime/cstime (cpu_s children=True)."""
+        pm = int((self.data / "postmaster.pid").read_text().split()[0])
+        pids = [pm]
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == pm:
+                            pids.append(int(d))
+                except (OSError, ValueError, IndexError):
+                    pass
+        return pids
 
     def stop(self):
         if getattr(self, "running", False):
@@ -298,57 +324,109 @@ def loopback_redis(tmp, seconds):
 # ---------------------------------------------------------------- stripedb targets
 
 def start_targets(args, tmp, st):
-    """[(label, uri)] in table order, starting each cluster."""
+    """[(label, uri, pids)] in table order, starting each cluster; pids: its server
+    processes (for CPU per operation)."""
     from proxy_helpers import ProxyCluster
     from replset_bench import start_set
+
+    def new_pids(n0):
+        return [p.p.pid for p in st.starter.procs[n0:]]
 
     targets = []
     d = tmp / "direct"
     d.mkdir()
     port = free_port()
+    n0 = len(st.starter.procs)
     st(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
-    targets.append(("direct", f"mongodb://127.0.0.1:{port}/?directConnection=true"))
+    targets.append(("direct", f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                    new_pids(n0)))
     d = tmp / "proxy1"
     d.mkdir()
+    n0 = len(st.starter.procs)
     one = ProxyCluster(st, d, shards=1, proxies=1)
-    targets.append(("proxy", f"mongodb://127.0.0.1:{one.proxy_ports[0]}/?directConnection=true"))
-    st.extra.append(one)
+    targets.append(("proxy", f"mongodb://127.0.0.1:{one.proxy_ports[0]}/?directConnection=true",
+                    new_pids(n0)))
     if args.replset:
         procs, _, uri = start_set(args.bin, tmp, 3, "pgcmp-rs3")
         st.members += procs
-        targets.append(("rs3", uri))
+        targets.append(("rs3", uri, [m.p.pid for m in procs]))
     if args.scale_out:
         d = tmp / "scale"
         d.mkdir()
+        n0 = len(st.starter.procs)
         four = ProxyCluster(st, d, shards=4, proxies=2)
         n = args.records
         four.shard_collection("ycsb.usertable", {"_id": 1},
                               split_points=[{"_id": f"user{n * i // 4:012d}"} for i in (1, 2, 3)])
         hosts = ",".join(f"127.0.0.1:{p}" for p in four.proxy_ports)
-        targets.append(("4x2", f"mongodb://{hosts}/"))
-        st.extra.append(four)
+        targets.append(("4x2", f"mongodb://{hosts}/", new_pids(n0)))
     return targets
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pids, children=False):
+    """User + system CPU seconds of these processes so far (exited ones count 0); with
+    children, plus that of their exited, waited-for children (PostgreSQL's backends)."""
+    t = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            t += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+            if children:
+                t += int(fields[13]) + int(fields[14])  # cutime, cstime
+        except (OSError, IndexError, ValueError):
+            pass
+    return t / TICK
+
+
 def stripedb_bench(args, targets, wl, threads, seed, work):
-    """One `stripedb bench` invocation over every target; {label: result}."""
+    """One `stripedb bench` invocation over every target; {label: result}. The CPU of each
+    target's servers and of the client is sampled from its first status line (the load is
+    over, the run has begun) to the start of the next target (or the end): CPU ms/op."""
     out = {}
     jbase = work / f"sdb-{wl}-{threads}.json"
     cmd = [args.bin, "bench", "--workload", wl, "--distribution", "uniform",
            "--threads", str(threads), "--records", str(args.records),
-           "--seconds", str(args.seconds), "--seed", str(seed), "--no-check", "--quiet",
+           "--seconds", str(args.seconds), "--seed", str(seed), "--no-check",
            "--json", str(jbase)]
-    for label, uri in targets:
+    for label, uri, _ in targets:
         cmd += ["--uri", uri, "--label", label]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    (work / f"sdb-{wl}-{threads}.out").write_text(r.stdout + r.stderr)
+    outf = work / f"sdb-{wl}-{threads}.out"
+    cpu = {}
+    with open(outf, "w") as fo:
+        pr = subprocess.Popen(cmd, stdout=fo, stderr=subprocess.PIPE, text=True, bufsize=1)
+        cur, mark = None, None
+
+        def close(now):
+            if cur is not None and mark is not None:
+                srv = cpu_s(cur[2]) - mark[1]
+                cli = cpu_s([pr.pid]) - mark[2]
+                cpu[cur[0]] = (now - mark[0], srv, cli)
+        errtail = []
+        for line in pr.stderr:
+            errtail = (errtail + [line])[-20:]
+            now = time.monotonic()
+            starting = [t for t in targets if line.startswith(f"{t[0]}: workload ")]
+            if starting:
+                close(now)
+                cur, mark = starting[0], None
+            elif line.startswith("[") and cur is not None and mark is None:
+                mark = (now, cpu_s(cur[2]), cpu_s([pr.pid]))
+        close(time.monotonic())
+        pr.wait()
+    stdout = outf.read_text()
+    with open(outf, "a") as fo:
+        fo.write("".join(errtail))
     # the comparison table: label ops ops/s p50 p99 errors (several --uri)
     table = {}
-    for line in r.stdout.split("\ncomparison", 1)[-1].splitlines()[1:]:
+    for line in stdout.split("\ncomparison", 1)[-1].splitlines()[1:]:
         f = line.split()
         if len(f) >= 6:
             table[f[0]] = f
-    for i, (label, _) in enumerate(targets):
+    for i, (label, _, _) in enumerate(targets):
         jp = pathlib.Path(f"{jbase}.{i + 1}" if len(targets) > 1 else jbase)
         if not jp.exists():
             out[label] = None
@@ -361,10 +439,15 @@ def stripedb_bench(args, targets, wl, threads, seed, work):
         else:  # one target: no comparison table; the busiest kind's percentiles
             kinds = sorted(ph.get("latencyMS", {}).values(), key=lambda k: -k.get("n", 0))
             res.update(p50=kinds[0]["p50"] if kinds else 0, p99=kinds[0]["p99"] if kinds else 0)
+        if label in cpu and res["ops_s"] > 0:
+            secs, srv, cli = cpu[label]
+            ops = res["ops_s"] * secs
+            res["server_cpu_ms_op"] = 1000 * srv / ops
+            res["client_cpu_ms_op"] = 1000 * cli / ops
         out[label] = res
-    if r.returncode != 0 and not all(out.values()):
+    if pr.returncode != 0 and not all(out.values()):
         print(f"pg_compare: stripedb bench {wl} x{threads} failed for some target "
-              f"(see {work}): {r.stderr.strip()[-300:]}", file=sys.stderr)
+              f"(see {outf}): {''.join(errtail).strip()[-300:]}", file=sys.stderr)
     return out
 
 
@@ -390,9 +473,13 @@ class Stack:
 def fmt_row(r):
     def x(v):
         return "" if v is None else f"{v:.2f}x"
+
+    def c(v):
+        return "" if v is None else f"{v:.3f}"
     return (f"| {r['workload'].upper()} | {r['threads']} | {r['system']} | "
             f"{r['ops_s']:,.0f} | {r['p50']:.3f} | {r['p99']:.3f} | {x(r.get('x_pg'))} | "
-            f"{x(r.get('x_direct'))} | {'' if r.get('errors') is None else r['errors']} |")
+            f"{x(r.get('x_direct'))} | {c(r.get('server_cpu_ms_op'))} | "
+            f"{c(r.get('client_cpu_ms_op'))} | {'' if r.get('errors') is None else r['errors']} |")
 
 
 def goals(rows, loop):
@@ -477,7 +564,7 @@ def main():
         print(f"postgres: loaded {args.records} documents in {load_s:.1f} s", flush=True)
         st = Stack(tmp)
         targets = start_targets(args, tmp, st)
-        print("stripedb: " + ", ".join(f"{lbl}={uri}" for lbl, uri in targets), flush=True)
+        print("stripedb: " + ", ".join(f"{lbl}={uri}" for lbl, uri, _ in targets), flush=True)
 
         loop["echo"] = loopback_echo(args.loopback_seconds)
         loop["redis"] = loopback_redis(tmp, args.loopback_seconds)
@@ -494,7 +581,7 @@ def main():
                 print(fmt_row(rows[-1]), flush=True)
                 res = stripedb_bench(args, targets, wl, th, seed, work)
                 direct = res.get("direct")
-                for label, _ in targets:
+                for label, _, _ in targets:
                     r = res.get(label)
                     if r is None:
                         rows.append({"workload": wl, "threads": th, "system": label,
@@ -521,15 +608,15 @@ def main():
           f"; {args.records} documents of 10 x 100 bytes, uniform keys, "
           f"{args.seconds:g} s per run; total {time.monotonic() - t_start:.0f} s\n")
     print("| workload | threads | system | ops/s | p50 ms | p99 ms | x PostgreSQL | x direct "
-          "| errors |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+          "| server CPU ms/op | client CPU ms/op | errors |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(fmt_row(r))
     for k, v in loop.items():
         if v:
             name = "redis-benchmark PING" if k == "redis" else "1-byte TCP echo (Python)"
             print(f"| loopback round trip | 1 | {name} | {v['ops_s']:,.0f} | {v['p50']:.3f} "
-                  f"| {v['p99']:.3f} | | | |")
+                  f"| {v['p99']:.3f} | | | | | |")
     gl = goals(rows, loop)
     print()
     for g in gl:
