@@ -25,7 +25,7 @@ PostgreSQL, ratio to the shard direct) and the issue's goals met or not; --json 
 the same as JSON.
 
     /usr/bin/python3 tests/bench/pg_compare.py --bin /tmp/build-pg/stripedb \\
-        [--seconds 10] [--records 50000] [--threads 1,16] [--with-64] \\
+        [--seconds 10] [--records 50000] [--threads 1,16] [--with-64 [WORKLOADS]] \\
         [--workloads c,a,b,e] [--replset] [--scale-out] [--json FILE] [--keep]
 
 PostgreSQL refuses to run as root: when run as root, initdb, pg_ctl and the server run as
@@ -457,7 +457,7 @@ class Stack:
     def __init__(self, tmp):
         from proxy_bench import Starter
         self.starter = Starter(str(tmp))
-        self.extra, self.members = [], []
+        self.members = []
 
     def __call__(self, *a, **kw):
         return self.starter(*a, **kw)
@@ -523,7 +523,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=10, help="per run (default 10)")
     ap.add_argument("--records", type=int, default=50000, help="documents (default 50000)")
     ap.add_argument("--threads", default="1,16", help="client threads, comma-separated")
-    ap.add_argument("--with-64", action="store_true", help="also 64 client threads")
+    ap.add_argument("--with-64", nargs="?", const="c,a,b,e", default="", metavar="WORKLOADS",
+                    help="also 64 client threads (on these workloads; default all)")
     ap.add_argument("--workloads", default="c,a,b,e", help="of c,a,b,e (default all)")
     ap.add_argument("--replset", action="store_true", help="also a 3-member shard set")
     ap.add_argument("--scale-out", action="store_true", help="also 4 shards behind 2 proxies")
@@ -540,10 +541,9 @@ def main():
     args.bin = os.path.abspath(args.bin)
     os.environ["STRIPEDB_BIN"] = args.bin
     threads = [int(t) for t in args.threads.split(",") if t]
-    if args.with_64 and 64 not in threads:
-        threads.append(64)
     wls = [w for w in args.workloads.split(",") if w]
-    for w in wls:
+    with64 = [w for w in args.with_64.split(",") if w in wls]
+    for w in wls + [w for w in args.with_64.split(",") if w]:
         if w not in WORKLOADS:
             die(f"unknown workload {w!r} (c, a, b or e)")
 
@@ -556,7 +556,7 @@ def main():
     t_start = time.monotonic()
     rows, loop = [], {}
     try:
-        pg = Postgres(tmp, args.pg_bindir, args.pg_user, max(threads))
+        pg = Postgres(tmp, args.pg_bindir, args.pg_user, max(threads + [64] * bool(with64)))
         print(f"postgres {pg.settings['server_version']} on 127.0.0.1:{pg.port} "
               f"fsync={pg.settings['fsync']} synchronous_commit="
               f"{pg.settings['synchronous_commit']}", flush=True)
@@ -574,7 +574,7 @@ def main():
                       f"p99 {v['p99']:.3f} ms", flush=True)
 
         for wl in wls:
-            for th in threads:
+            for th in threads + ([64] if wl in with64 and 64 not in threads else []):
                 seed = args.seed * 1000 + th
                 p = pg.bench(wl, th, args.seconds, args.records, seed, work)
                 rows.append({"workload": wl, "threads": th, "system": "pg", **p, "x_pg": 1.0})
@@ -628,6 +628,7 @@ def main():
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                        "nproc": os.cpu_count(), "records": args.records,
                        "seconds": args.seconds, "threads": threads, "workloads": wls,
+                       "with_64": with64,
                        "postgres": pg.settings if pg else None, "rows": rows,
                        "loopback": loop, "goals": gl}, f, indent=1)
 
