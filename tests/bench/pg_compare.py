@@ -21,8 +21,8 @@ before each run). One loopback round trip is measured in the same run (redis-ben
 PING with 1 client against a private redis-server when installed, and always a 1-byte TCP
 echo between two Python processes) for the "1-client point read <= 1.5x a loopback round
 trip" goal. Prints one table (workload, threads, system, ops/s, p50 ms, p99 ms, ratio to
-PostgreSQL, ratio to the shard direct) and the issue's goals met or not; --json FILE writes
-the same as JSON.
+PostgreSQL, ratio to the shard direct, server and client CPU ms per operation, errors) and
+the issue's goals met or not; --json FILE writes the same as JSON.
 
     /usr/bin/python3 tests/bench/pg_compare.py --bin /tmp/build-pg/stripedb \\
         [--seconds 10] [--records 50000] [--threads 1,16] [--with-64 [WORKLOADS]] \\
@@ -447,7 +447,7 @@ def stripedb_bench(args, targets, wl, threads, seed, work):
         out[label] = res
     if pr.returncode != 0 and not all(out.values()):
         print(f"pg_compare: stripedb bench {wl} x{threads} failed for some target "
-              f"(see {outf}): {''.join(errtail).strip()[-300:]}", file=sys.stderr)
+              f"({outf}, kept with --keep): {''.join(errtail).strip()[-300:]}", file=sys.stderr)
     return out
 
 
