@@ -476,6 +476,9 @@ def fmt_row(r):
 
     def c(v):
         return "" if v is None else f"{v:.3f}"
+    if r.get("failed"):
+        return (f"| {r['workload'].upper()} | {r['threads']} | {r['system']} | FAILED "
+                f"(`stripedb bench` error above) | | | | | | | |")
     return (f"| {r['workload'].upper()} | {r['threads']} | {r['system']} | "
             f"{r['ops_s']:,.0f} | {r['p50']:.3f} | {r['p99']:.3f} | {x(r.get('x_pg'))} | "
             f"{x(r.get('x_direct'))} | {c(r.get('server_cpu_ms_op'))} | "
