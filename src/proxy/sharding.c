@@ -20,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/clock.h"
@@ -770,7 +771,8 @@ static bool validate_new_shard(ctx *c, const char *uri_s, const char *rs)
 		 "&connectTimeoutMS=%lld&socketTimeoutMS=%lld",
 		 h->host_and_port, (long long)ms, (long long)ms, (long long)ms);
 	mongoc_uri_destroy(u);
-	mongoc_client_t *cl = mongoc_client_new(direct);
+	/* as the proxy's own shard connections: cluster credentials and internal TLS */
+	mongoc_client_t *cl = auth_cluster_client_new(direct);
 	if (cl == NULL) {
 		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
 			 uri_s);
