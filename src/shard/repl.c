@@ -1,9 +1,9 @@
 /* Shard replica sets (issue #15): every change to a shard's state is a Raft log entry
  * applied on every member by the same storage code. Contract in repl.h.
  *
- * Why one file of ~1,550 lines: the proposal queue, the one-entry-in-flight batching, the
+ * Why one file of ~1,390 lines: the proposal queue, the one-entry-in-flight batching, the
  * apply callback and the answering of waiting requests share the private shard_repl state
- * on the loop thread; the parts that stand alone are already apart (repl_hello.c,
+ * on the loop thread; the parts that stand alone are apart (repl_wc.c, repl_hello.c,
  * repl_view.c, repl_parts.c, members.c, snapfile.c).
  *
  * The write path: a write command passes the checks of a worker (fail points, command
@@ -525,179 +525,6 @@ static void batch_unlink(shard_repl *r, repl_batch *b)
 		uv_async_send(&r->async);
 }
 
-/* Voting members of the current configuration. */
-static unsigned voters(shard_repl *r)
-{
-	unsigned n = 0;
-	for (unsigned i = 0; i < r->raft->configuration.n; i++)
-		n += r->raft->configuration.servers[i].role == RAFT_VOTER;
-	return n;
-}
-
-/* How many voters hold index (leader only; 0 otherwise). */
-static unsigned holders(shard_repl *r, uint64_t index)
-{
-	unsigned n = 0;
-	if (raft_state(r->raft) != RAFT_LEADER)
-		return 0;
-	for (unsigned i = 0; i < r->raft->configuration.n; i++) {
-		const struct raft_server *s = &r->raft->configuration.servers[i];
-		if (s->role != RAFT_VOTER)
-			continue;
-		if (s->id == r->id ? r->raft->last_stored >= index
-				   : r->raft->leader_state.progress[i].match_index >= index)
-			n++;
-	}
-	return n;
-}
-
-static void add_wce(bson_t *reply, int code, const char *msg, bool wtimeout)
-{
-	bson_t wce, info;
-	BSON_APPEND_DOCUMENT_BEGIN(reply, "writeConcernError", &wce);
-	BSON_APPEND_INT32(&wce, "code", code);
-	BSON_APPEND_UTF8(&wce, "codeName", wire_code_name(code));
-	BSON_APPEND_UTF8(&wce, "errmsg", msg);
-	if (wtimeout) {
-		BSON_APPEND_DOCUMENT_BEGIN(&wce, "errInfo", &info);
-		BSON_APPEND_BOOL(&info, "wtimeout", true);
-		bson_append_document_end(&wce, &info);
-	}
-	bson_append_document_end(reply, &wce);
-}
-
-static void wc_check(uv_timer_t *t)
-{
-	shard_repl *r = t->data;
-	uint64_t now = sdb_mono_ms();
-	wc_wait **pp = &r->wc_waits;
-	while (*pp) {
-		wc_wait *w = *pp;
-		bool enough = holders(r, w->index) >= (unsigned)w->w;
-		bool late = w->deadline_ms && now >= w->deadline_ms;
-		bool gone = r->closed || raft_state(r->raft) != RAFT_LEADER;
-		if (!enough && !late && !gone) {
-			pp = &w->next;
-			continue;
-		}
-		*pp = w->next;
-		if (!enough && late && !gone && w->by_maxtime)
-			add_wce(w->reply, WIRE_ERR_MAX_TIME_EXPIRED,
-				"operation exceeded time limit (maxTimeMS) while waiting for "
-				"replication; the write is committed on a majority",
-				false);
-		else if (!enough)
-			add_wce(w->reply, WIRE_ERR_WRITE_CONCERN_FAILED,
-				gone ? "waiting for replication interrupted: no longer "
-				       "primary; the write is committed on a majority"
-				     : "waiting for replication timed out; the write is "
-				       "committed on a majority",
-				late && !gone);
-		wire_req_reply(w->req, w->reply);
-		free(w);
-	}
-	if (!r->wc_waits)
-		uv_timer_stop(&r->wc_timer);
-}
-
-/* Finish one command's reply by its writeConcern (w: number above the set's majority
- * waits for that many members; above the set's size: UnsatisfiableWriteConcern, as
- * mongod). Takes reply. */
-static void reply_with_wc(shard_repl *r, repl_batch *b, size_t i, bson_t *reply, uint64_t index)
-{
-	int32_t w = b->w[i];
-	unsigned nv = voters(r);
-	if (w <= (int32_t)(nv / 2 + 1)) {
-		wire_req_reply(b->reqs[i], reply);
-		return;
-	}
-	if (w > (int32_t)nv) {
-		add_wce(reply, 100, "Not enough data-bearing nodes", false);
-		wire_req_reply(b->reqs[i], reply);
-		return;
-	}
-	wc_wait *ww = sdb_calloc(1, sizeof *ww);
-	ww->req = b->reqs[i];
-	ww->reply = reply;
-	ww->index = index;
-	ww->w = w;
-	ww->deadline_ms = b->wtimeout[i] > 0 ? sdb_mono_ms() + (uint64_t)b->wtimeout[i] : 0;
-	ww->by_maxtime = b->by_maxtime[i];
-	ww->next = r->wc_waits;
-	r->wc_waits = ww;
-	if (!uv_is_active((uv_handle_t *)&r->wc_timer))
-		uv_timer_start(&r->wc_timer, wc_check, 5, 5);
-}
-
-/* writeConcern of a write: *w the numeric w (0 for "majority", 0 or 1), *wtimeout ms
- * (0: none; a command's maxTimeMS bounds the wait too, *maxtime ms). Answers and returns
- * false when it cannot be honoured before anything runs: a tag set (UnknownReplWriteConcern
- * 79) or a malformed one (FailedToParse 9), as mongod (WriteConcernOptions::parse). */
-static bool parse_wc(wire_req *req, int32_t *w, int64_t *wtimeout, int64_t *maxtime)
-{
-	bson_iter_t it, sub;
-	*w = 0;
-	*wtimeout = 0;
-	*maxtime = 0;
-	if (bson_iter_init_find(&it, wire_req_cmd(req), "maxTimeMS") &&
-	    BSON_ITER_HOLDS_NUMBER(&it) && bson_iter_as_int64(&it) > 0)
-		*maxtime = bson_iter_as_int64(&it);
-	if (!bson_iter_init_find(&it, wire_req_cmd(req), "writeConcern"))
-		return true;
-	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
-		wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE, "writeConcern must be an object");
-		return false;
-	}
-	while (bson_iter_next(&sub)) {
-		const char *k = bson_iter_key(&sub);
-		if (strcmp(k, "w") == 0) {
-			if (BSON_ITER_HOLDS_UTF8(&sub)) {
-				const char *m = bson_iter_utf8(&sub, NULL);
-				if (strcmp(m, "majority") != 0) {
-					wire_req_error(req, 79,
-						       "unrecognized write concern mode: %s (tag sets "
-						       "are not supported; use a number or \"majority\")",
-						       m);
-					return false;
-				}
-			} else if (BSON_ITER_HOLDS_NUMBER(&sub)) {
-				double v = bson_iter_as_double(&sub);
-				if (v < 0 || v > 50 || v != (double)(int64_t)v) {
-					wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
-						       "w has to be a non-negative integer not greater "
-						       "than 50, or \"majority\"");
-					return false;
-				}
-				*w = (int32_t)v;
-			} else {
-				wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
-					       "w has to be a number or a string");
-				return false;
-			}
-		} else if (strcmp(k, "wtimeout") == 0 || strcmp(k, "wtimeoutMS") == 0) {
-			double v = BSON_ITER_HOLDS_NUMBER(&sub) ? bson_iter_as_double(&sub) : -1;
-			if (v < 0 || v != (double)(int64_t)v) {
-				wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
-					       "wtimeout must be a non-negative integer (ms)");
-				return false;
-			}
-			*wtimeout = (int64_t)v;
-		} else if (strcmp(k, "j") == 0 || strcmp(k, "fsync") == 0) {
-			/* every acknowledged write is in a majority's fsync'ed Raft log */
-			if (!BSON_ITER_HOLDS_BOOL(&sub) && !BSON_ITER_HOLDS_NUMBER(&sub)) {
-				wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
-					       "%s must be numeric or a boolean value", k);
-				return false;
-			}
-		} else if (strcmp(k, "provenance") != 0 && strcmp(k, "getLastError") != 0) {
-			wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
-				       "unrecognized write concern field: %s", k);
-			return false;
-		}
-	}
-	return true;
-}
-
 static void requeue(shard_repl *r, repl_item *items);
 
 /* Whether cmd (a write to propose) is a multi-document delete that is applied in parts
@@ -820,7 +647,7 @@ static void batch_done(void *arg, int status, bson_t *result)
 					continue;
 				}
 			}
-			reply_with_wc(r, b, i - 1, reply, r->last_applied);
+			repl_wc_reply(r, b, i - 1, reply, r->last_applied);
 		}
 		sdb_histogram_observe_ns(r->h_commit, uv_hrtime() - b->start_ns);
 	}
@@ -1086,7 +913,7 @@ void shard_repl_submit(shard_repl *r, wire_req *req)
 	it->req = req;
 	it->part_n = delete_in_parts(wire_req_name(req), wire_req_cmd(req)) ? 0 : -1;
 	int64_t maxtime = 0;
-	if (!parse_wc(req, &it->w, &it->wtimeout, &maxtime)) {
+	if (!repl_wc_parse(req, &it->w, &it->wtimeout, &maxtime)) {
 		free(it);
 		return;
 	}
@@ -1101,7 +928,7 @@ void shard_repl_submit_txn(shard_repl *r, wire_req *req, shard_txn_rec *t)
 	it->req = req;
 	it->part_n = -1; /* a transaction's commit is never applied in parts */
 	int64_t maxtime = 0;
-	if (!parse_wc(req, &it->w, &it->wtimeout, &maxtime)) {
+	if (!repl_wc_parse(req, &it->w, &it->wtimeout, &maxtime)) {
 		shard_txn_rec_free(t);
 		free(it);
 		return;
@@ -1450,16 +1277,7 @@ void shard_repl_abandon(shard_repl *r)
 			rr->req = NULL;
 		}
 	}
-	while (r->wc_waits) {
-		wc_wait *w = r->wc_waits;
-		r->wc_waits = w->next;
-		add_wce(w->reply, WIRE_ERR_WRITE_CONCERN_FAILED,
-			"waiting for replication interrupted by shutdown; the write "
-			"is committed on a majority",
-			false);
-		wire_req_reply(w->req, w->reply);
-		free(w);
-	}
+	repl_wc_abandon(r);
 	for (repl_batch *b = r->inflight; b; b = b->next) {
 		for (size_t i = 0; i < b->n; i++) {
 			if (b->reqs[i]) {

@@ -195,4 +195,17 @@ void shard_repl_view_tick(shard_repl *r);
  * proposes its own, a follower asks the primary (stripedbRegisterMember). */
 void shard_repl_ensure_registered(shard_repl *r);
 
+/* repl_wc.c: the client's writeConcern.
+ * repl_wc_parse: *w the numeric w (0 for "majority", 0 or 1), *wtimeout ms (0: none; a
+ * command's maxTimeMS bounds the wait too, *maxtime ms). Answers req and returns false when
+ * it cannot be honoured before anything runs: a tag set (UnknownReplWriteConcern 79) or a
+ * malformed one (FailedToParse 9), as mongod (WriteConcernOptions::parse).
+ * repl_wc_reply: finish command i of batch b (applied at index) by its writeConcern: at most
+ * a majority answers now; above the set's size UnsatisfiableWriteConcern (100) with the
+ * reply, as mongod; otherwise the reply waits in r->wc_waits. Takes reply.
+ * repl_wc_abandon: answer every waiting reply with WriteConcernFailed (shutdown). */
+bool repl_wc_parse(wire_req *req, int32_t *w, int64_t *wtimeout, int64_t *maxtime);
+void repl_wc_reply(shard_repl *r, repl_batch *b, size_t i, bson_t *reply, uint64_t index);
+void repl_wc_abandon(shard_repl *r);
+
 #endif
