@@ -44,6 +44,16 @@ static int scan(const bson_t *doc, const char *where, bool update_statement,
 				 "let variables are not supported by stripedb (see docs/compat.md)");
 			return CODE_NOT_IMPLEMENTED;
 		}
+		/* an update statement's constants for its pipeline (MongoDB 5.0 `c`): the
+		 * pipeline engine has no variables but $$ROOT/$$CURRENT, so they are refused as
+		 * `let` is rather than accepted unused */
+		if (update_statement && strcmp(k, "c") == 0) {
+			snprintf(err, errlen,
+				 "BSON field '%s.c': update constants are not supported by stripedb "
+				 "(see docs/compat.md)",
+				 where);
+			return CODE_NOT_IMPLEMENTED;
+		}
 		if (update_statement && strcmp(k, "sort") == 0) {
 			snprintf(err, errlen, "BSON field '%s.sort' is an unknown field.", where);
 			return CODE_UNKNOWN_FIELD;
