@@ -17,7 +17,7 @@
  * the shard's manifest, the commit point of the backup:
  *   backups/<shard>/<id>/manifest.json   {id, shard, startedAt, headTs, headWall,
  *                                         collections: [{ns, object, atOplogTs, atWall,
- *                                         count, bytes, sha256}]}
+ *                                         count, bytes, sha256, ownedOnly, ...}]}
  *   backups/<shard>/<id>/data-NNNNN.bson documents back to back (mongodump's format)
  * Each collection is its own snapshot (its own atOplogTs); a collection missing from a
  * manifest was empty at headTs (read before the collections were listed).
@@ -502,12 +502,14 @@ int cli_backup_main(cli_ctx *ctx, int argc, char **argv)
 /* ------------------------------------------------------------ restore: the _id map */
 
 /* _id (as a one-element BSON value, type byte included) -> SHA-256 of the document the
- * restore wrote last for it. Open addressing, linear probing; a deleted document keeps
- * its slot (live = 0). */
+ * restore wrote last for it, and the shard whose history holds it (its index in the
+ * restore's shard list; set by the first backup document or write of the _id). Open
+ * addressing, linear probing; a deleted document keeps its slot (live = 0). */
 typedef struct id_ent {
 	uint8_t *key; /* NULL: empty slot */
 	uint32_t klen;
-	uint8_t live;
+	uint8_t live, seen;
+	uint16_t shard;
 	uint8_t h[32];
 } id_ent;
 
@@ -597,6 +599,9 @@ typedef struct restore {
 	int pending;
 	id_map ids;
 	int64_t docs_in, events_in; /* read from the backups, applied from the CDC log */
+	int64_t migration_skipped;  /* migration events of documents not restored from there */
+	const shard_ref *shards;    /* the shards in metadata; cur: the one being replayed */
+	uint16_t cur;
 	char err[1024];
 } restore;
 
@@ -647,7 +652,25 @@ static int id_key(const bson_t *doc, bson_t *key)
 	return 1;
 }
 
-/* doc is the document of _id now (insert, or update's full post-image). */
+/* The _id is in the history of shard s->shard (a backup document, a write or a delete)
+ * and the current shard's history holds it too: a chunk migration moved it between the
+ * backup and TIME (or the collection holds one _id on two shards, or a shard key update
+ * moved it), and the two histories cannot be ordered without the chunk's ownership at
+ * TIME. Refused, whatever the order the shards are replayed in; exit 1. */
+static int overlap(restore *r, const id_ent *s, const bson_t *key)
+{
+	char *id = bson_as_relaxed_extended_json(key, NULL);
+	int rc = sdb_errf(r->err, sizeof r->err, SDB_ECONFLICT,
+			  "%s: document %s is in the histories of shards %s and %s (a chunk "
+			  "migration moved it between the backup and the restore time): a restore "
+			  "across a migration is not supported",
+			  r->ns, id ? id : "?", r->shards[s->shard].id, r->shards[r->cur].id);
+	bson_free(id);
+	return rc;
+}
+
+/* doc is the document of _id now (insert, or update's full post-image), in the history of
+ * shard r->cur. A dry run only keeps the map. */
 static int put_doc(restore *r, const bson_t *doc, int insert)
 {
 	bson_t key;
@@ -655,9 +678,19 @@ static int put_doc(restore *r, const bson_t *doc, int insert)
 	if (!id_key(doc, &key))
 		return sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "a document without _id");
 	id_ent *s = map_get(&r->ids, bson_get_data(&key), key.len);
+	if (s->seen && s->shard != r->cur) {
+		int rc = overlap(r, s, &key);
+		bson_destroy(&key);
+		return rc;
+	}
 	int was = s->live;
-	s->live = 1;
+	s->live = s->seen = 1;
+	s->shard = r->cur;
 	sha256(bson_get_data(doc), doc->len, s->h);
+	if (r->dry_run) {
+		bson_destroy(&key);
+		return 0;
+	}
 	int ok;
 	if (insert && !was) {
 		ok = mongoc_bulk_operation_insert_with_opts(bulk(r), doc, NULL, &e);
@@ -680,7 +713,18 @@ static int del_doc(restore *r, const bson_t *doc)
 	if (!id_key(doc, &key))
 		return 0;
 	id_ent *s = map_get(&r->ids, bson_get_data(&key), key.len);
+	if (s->seen && s->shard != r->cur) {
+		int rc = overlap(r, s, &key);
+		bson_destroy(&key);
+		return rc;
+	}
 	s->live = 0;
+	s->seen = 1;
+	s->shard = r->cur;
+	if (r->dry_run) {
+		bson_destroy(&key);
+		return 0;
+	}
 	int ok = mongoc_bulk_operation_remove_one_with_opts(bulk(r), &key, NULL, &e);
 	bson_destroy(&key);
 	if (!ok)
@@ -688,17 +732,29 @@ static int del_doc(restore *r, const bson_t *doc)
 	return queued(r);
 }
 
+/* A drop of the collection (or of its database) in shard r->cur's history: the documents
+ * restored from that shard go (a sharded collection is dropped on every shard, each in
+ * its own history). */
 static int drop_all(restore *r)
 {
-	bson_t all = BSON_INITIALIZER;
 	bson_error_t e;
-	for (size_t i = 0; i < r->ids.cap; i++)
-		r->ids.e[i].live = 0;
-	int ok = mongoc_bulk_operation_remove_many_with_opts(bulk(r), &all, NULL, &e);
-	bson_destroy(&all);
-	if (!ok)
-		return sdb_errf(r->err, sizeof r->err, SDB_EINVAL, "%s", e.message);
-	return queued(r);
+	int rc = 0;
+	for (size_t i = 0; i < r->ids.cap && rc == 0; i++) {
+		id_ent *s = &r->ids.e[i];
+		if (!s->key || !s->live || s->shard != r->cur)
+			continue;
+		s->live = 0;
+		if (r->dry_run)
+			continue;
+		bson_t key;
+		if (!bson_init_static(&key, s->key, s->klen))
+			continue;
+		if (!mongoc_bulk_operation_remove_one_with_opts(bulk(r), &key, NULL, &e))
+			rc = sdb_errf(r->err, sizeof r->err, SDB_EINVAL, "%s", e.message);
+		else
+			rc = queued(r);
+	}
+	return rc;
 }
 
 /* Load the backup data object (documents back to back) into the target. */
@@ -716,8 +772,7 @@ static int apply_backup(restore *r, cdc_archive *a, const char *obj, const char 
 	bool eof = false;
 	while (rc == 0 && rd && (doc = bson_reader_read(rd, &eof)) != NULL) {
 		r->docs_in++;
-		if (!r->dry_run)
-			rc = put_doc(r, doc, 1);
+		rc = put_doc(r, doc, 1);
 	}
 	if (rc == 0 && (rd == NULL || !eof))
 		rc = sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "%s: not a BSON file", obj);
@@ -730,7 +785,24 @@ static int apply_backup(restore *r, cdc_archive *a, const char *obj, const char 
 	return rc;
 }
 
-/* Apply the shard's CDC events after `after` while their wall <= to_ms. */
+/* Whether the _id of the event's document is in the history of the shard being replayed
+ * (a backup document, a write or a delete restored from it). */
+static int restored_here(restore *r, const bson_t *doc)
+{
+	bson_t key;
+	if (!id_key(doc, &key))
+		return 0;
+	id_ent *s = r->ids.cap ? map_slot(&r->ids, bson_get_data(&key), key.len) : NULL;
+	bson_destroy(&key);
+	return s && s->key && s->seen && s->shard == r->cur;
+}
+
+/* Apply the shard's CDC events after `after` while their wall <= to_ms: user writes of
+ * DB.COLL, drops of it or its database. An event of a chunk migration (origin: an import's
+ * copy, the grace period's reverse replication, a cleanup) is skipped when its document
+ * is not in the state restored from this shard (the document's owner holds the write in
+ * its own history; backups hold only owned documents), and refused when it is (the
+ * document moved between the backup and TIME, which needs the chunk's ownership at TIME). */
 static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t after)
 {
 	cdc_reader *rd;
@@ -761,6 +833,13 @@ static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t af
 		int mine = strcmp(ns, r->ns) == 0;
 		if (!mine && !(strcmp(ns, dbcmd) == 0 && strcmp(op, "c") == 0))
 			continue;
+		if (mine && cdc_bson_str(&e, "origin") && !restored_here(r, &o)) {
+			/* a migration's copy of a document this shard did not own (an import
+			 * before the switch, the reverse replication of the grace period) or its
+			 * cleanup: the owner's own history holds the write */
+			r->migration_skipped++;
+			continue;
+		}
 		if (mine && cdc_bson_str(&e, "origin")) {
 			rc = sdb_errf(r->err, sizeof r->err, SDB_ECONFLICT,
 				      "%s: event %u:%u of %s comes from chunk migration %s: a "
@@ -772,21 +851,18 @@ static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t af
 		int apply = 0;
 		if (mine) {
 			apply = 1;
-			if (!r->dry_run) {
-				if (!strcmp(op, "i") || !strcmp(op, "u"))
-					rc = put_doc(r, &o, 0);
-				else if (!strcmp(op, "d"))
-					rc = del_doc(r, &o);
-				else
-					apply = 0;
-			}
+			if (!strcmp(op, "i") || !strcmp(op, "u"))
+				rc = put_doc(r, &o, 0);
+			else if (!strcmp(op, "d"))
+				rc = del_doc(r, &o);
+			else
+				apply = 0;
 		} else {
 			const char *dropped = cdc_bson_str(&o, "drop");
 			if ((dropped && strcmp(dropped, r->coll) == 0) ||
 			    bson_iter_init_find(&it, &o, "dropDatabase")) {
 				apply = 1;
-				if (!r->dry_run)
-					rc = drop_all(r);
+				rc = drop_all(r);
 			}
 		}
 		r->events_in += apply;
@@ -918,6 +994,7 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 	manifest *ms = NULL;
 	plan *plans = NULL;
 	char *tmp = NULL;
+	int applying = 0;
 	int rc = parse("restore", argc, argv, &o);
 	if (rc)
 		return rc;
@@ -1075,9 +1152,13 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 		}
 	}
 	int64_t t0 = (int64_t)sdb_mono_ms();
+	applying = !o.dry_run;
 	for (size_t i = 0; i < nsh; i++) {
 		plan *p = &plans[i];
 		int64_t d0 = r.docs_in, e0 = r.events_in;
+		int64_t o0 = r.migration_skipped;
+		r.shards = shards;
+		r.cur = (uint16_t)i;
 		if (p->obj)
 			rc = apply_backup(&r, a, p->obj, tmp);
 		if (rc == 0)
@@ -1091,10 +1172,14 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 		}
 		if (!ctx->json)
 			printf("%s: backup %s (snapshot at %u:%u) %" PRId64 " documents + %" PRId64
-			       " events up to %s\n",
+			       " events up to %s%s\n",
 			       p->s->id, p->m ? p->m->id : "-", (unsigned)(p->at >> 32),
-			       (unsigned)p->at, r.docs_in - d0, r.events_in - e0, tstr);
+			       (unsigned)p->at, r.docs_in - d0, r.events_in - e0, tstr,
+			       r.migration_skipped - o0 ? " (copies of another shard's documents by a "
+							  "chunk migration skipped)"
+							: "");
 	}
+	applying = 0;
 	int64_t took = (int64_t)sdb_mono_ms() - t0;
 	if (o.dry_run) {
 		if (ctx->json)
@@ -1132,8 +1217,10 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 	if (ctx->json)
 		printf("{\"target\": \"%s.%s\", \"toTime\": \"%s\", \"documents\": %" PRId64
 		       ", \"hash\": \"%s\", \"backupDocuments\": %" PRId64 ", \"events\": %" PRId64
-		       ", \"ms\": %" PRId64 ", \"docsPerSec\": %.0f}\n",
-		       r.tdb, r.tcoll, tstr, got.count, gh, r.docs_in, r.events_in, took, rate);
+		       ", \"migrationEventsSkipped\": %" PRId64 ", \"ms\": %" PRId64
+		       ", \"docsPerSec\": %.0f}\n",
+		       r.tdb, r.tcoll, tstr, got.count, gh, r.docs_in, r.events_in,
+		       r.migration_skipped, took, rate);
 	else
 		printf("restored %s as of %s into %s.%s: %" PRId64 " documents, verified (hash %s); "
 		       "%" PRId64 " backed-up documents + %" PRId64 " events in %" PRId64 " ms\n",
@@ -1142,6 +1229,14 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 out:
 	if (r.bulk)
 		mongoc_bulk_operation_destroy(r.bulk);
+	if (applying && r.tc) {
+		/* a refused or failed restore leaves no half-restored target (it was empty) */
+		bson_error_t e;
+		if (!mongoc_collection_drop(r.tc, &e) && e.code != 26 &&
+		    !strstr(e.message, "ns not found"))
+			fprintf(stderr, "stripedb ctl restore: dropping the partial target %s.%s: %s\n",
+				r.tdb, r.tcoll, e.message);
+	}
 	if (r.tc)
 		mongoc_collection_destroy(r.tc);
 	if (r.c)

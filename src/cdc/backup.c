@@ -114,30 +114,86 @@ static int oplog_wall(mongoc_client_t *c, uint64_t ts, int64_t *wall, char *err,
 }
 
 
-/* Stream the point-in-time read of db.coll on c into path (documents back to back). */
-int cdc_backup_snapshot(mongoc_client_t *c, const char *db, const char *coll, const char *path,
-			 cdc_snap *so, char *err, size_t errlen)
+/* The shard's filtering metadata of db.coll on server sid (stripedbGetFiltering): 1 with
+ * *cver and *sver when installed, 0 when not (or the shard predates the command), -1 with
+ * err on failure. */
+static int owned_versions(mongoc_client_t *c, uint32_t sid, const char *db, const char *coll,
+			  int64_t *cver, int64_t *sver, char *err, size_t errlen)
 {
-	bson_t cmd = BSON_INITIALIZER, reply, f = BSON_INITIALIZER;
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_error_t e;
+	bson_iter_t it;
+	char *ns = sdb_asprintf("%s.%s", db, coll);
+	BSON_APPEND_UTF8(&cmd, "stripedbGetFiltering", ns);
+	free(ns);
+	bool ok = mongoc_client_command_simple_with_server_id(c, "admin", &cmd, NULL, sid, &reply,
+							      &e);
+	bson_destroy(&cmd);
+	if (!ok) {
+		bson_destroy(&reply);
+		if (e.domain == MONGOC_ERROR_SERVER && e.code == 59) /* CommandNotFound */
+			return 0;
+		sdb_errf(err, errlen, SDB_EUNAVAILABLE, "stripedbGetFiltering %s.%s: %s", db, coll,
+			 e.message);
+		return -1;
+	}
+	int installed = bson_iter_init_find(&it, &reply, "installed") &&
+			BSON_ITER_HOLDS_BOOL(&it) && bson_iter_bool(&it);
+	*cver = cdc_bson_i64(&reply, "collectionVersion");
+	*sver = cdc_bson_i64(&reply, "shardVersion");
+	bson_destroy(&reply);
+	return installed;
+}
+
+/* Stream the point-in-time read of db.coll on c into path (documents back to back). When
+ * the shard has filtering metadata for db.coll (a sharded collection), the read carries
+ * the shard version it installed ($stripedbShardVersion, src/shard/filtering.c), so the
+ * shard keeps only the documents of the chunks it owns in that same snapshot: orphans a
+ * migration left behind and documents of a chunk being imported are not backed up. A
+ * StaleConfig (the ownership changed between the two commands) reads again, at most 5
+ * times. */
+int cdc_backup_snapshot(mongoc_client_t *c, const char *db, const char *coll, const char *path,
+			cdc_snap *so, char *err, size_t errlen)
+{
+	bson_t cmd, reply, f = BSON_INITIALIZER;
 	bson_error_t e;
 	int rc = 0;
 	memset(so, 0, sizeof *so);
-	BSON_APPEND_UTF8(&cmd, "stripedbSnapshot", coll);
-	BSON_APPEND_DOCUMENT(&cmd, "filter", &f);
-	BSON_APPEND_INT32(&cmd, "batchSize", BATCH);
 	/* the command and its getMores on one server */
 	mongoc_server_description_t *sd = mongoc_client_select_server(c, false, NULL, &e);
-	if (!sd) {
-		bson_destroy(&cmd);
+	if (!sd)
 		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "%s", e.message);
-	}
 	uint32_t sid = mongoc_server_description_id(sd);
 	mongoc_server_description_destroy(sd);
-	if (!mongoc_client_command_simple_with_server_id(c, db, &cmd, NULL, sid, &reply, &e)) {
+	for (int attempt = 0;; attempt++) {
+		int64_t cver = 0, sver = 0;
+		int inst = owned_versions(c, sid, db, coll, &cver, &sver, err, errlen);
+		if (inst < 0)
+			return SDB_EUNAVAILABLE;
+		bson_init(&cmd);
+		BSON_APPEND_UTF8(&cmd, "stripedbSnapshot", coll);
+		BSON_APPEND_DOCUMENT(&cmd, "filter", &f);
+		BSON_APPEND_INT32(&cmd, "batchSize", BATCH);
+		so->filtered = inst;
+		so->collection_version = cver;
+		so->shard_version = sver;
+		if (inst) {
+			bson_t sv;
+			char *ns = sdb_asprintf("%s.%s", db, coll);
+			BSON_APPEND_DOCUMENT_BEGIN(&cmd, "$stripedbShardVersion", &sv);
+			BSON_APPEND_UTF8(&sv, "ns", ns);
+			BSON_APPEND_INT64(&sv, "collectionVersion", cver);
+			BSON_APPEND_INT64(&sv, "shardVersion", sver);
+			bson_append_document_end(&cmd, &sv);
+			free(ns);
+		}
+		if (mongoc_client_command_simple_with_server_id(c, db, &cmd, NULL, sid, &reply, &e))
+			break;
 		bson_destroy(&reply);
 		bson_destroy(&cmd);
-		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "stripedbSnapshot %s.%s: %s", db,
-				coll, e.message);
+		if (!(inst && e.domain == MONGOC_ERROR_SERVER && e.code == 13388 && attempt < 4))
+			return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "stripedbSnapshot %s.%s: %s",
+					db, coll, e.message);
 	}
 	bson_destroy(&cmd);
 	so->at = cdc_bson_ts(&reply, "cursor.atOplogTs");
@@ -309,6 +365,12 @@ int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const c
 				BSON_APPEND_INT64(&e, "count", so.count);
 				BSON_APPEND_INT64(&e, "bytes", so.bytes);
 				BSON_APPEND_UTF8(&e, "sha256", so.sha);
+				BSON_APPEND_BOOL(&e, "ownedOnly", so.filtered);
+				if (so.filtered) {
+					BSON_APPEND_INT64(&e, "collectionVersion",
+							  so.collection_version);
+					BSON_APPEND_INT64(&e, "shardVersion", so.shard_version);
+				}
 				bson_append_document_end(&arr, &e);
 				free(ns);
 				docs += so.count;

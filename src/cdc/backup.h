@@ -6,7 +6,8 @@
  *   backups/<shard>/<id>/manifest.json    canonical Extended JSON, uploaded last (the
  *                                          commit point): {id, shard, startedAt, headTs,
  *                                          headWall, collections: [{ns, object, atOplogTs,
- *                                          atWall, count, bytes, sha256}], finishedAt,
+ *                                          atWall, count, bytes, sha256, ownedOnly,
+ *                                          collectionVersion, shardVersion}], finishedAt,
  *                                          documents, bytes}
  * <id> is the start time "YYYYMMDDTHHMMSS.mmmZ" (UTC; sorts as time). Used by
  * `stripedb ctl backup|restore` (cli/backup.c) and the coordinator's --backup-interval.
@@ -22,11 +23,16 @@
 #include "cdc/archive.h"
 
 /* What one stripedbSnapshot read gave: its oplog position (secs << 32 | inc), documents,
- * bytes and the SHA-256 (hex) of the documents as written. */
+ * bytes and the SHA-256 (hex) of the documents as written; filtered = 1 when the read kept
+ * only the documents of the chunks the shard owned at that snapshot (its filtering
+ * metadata, with those collection and shard versions), 0 for a collection the shard has
+ * no filtering metadata for (unsharded, or never part of a migration on this shard). */
 typedef struct cdc_snap {
 	uint64_t at;
 	int64_t count, bytes;
 	char sha[65];
+	int filtered;
+	int64_t collection_version, shard_version;
 } cdc_snap;
 
 /* Totals of one shard's backup. */
@@ -57,7 +63,10 @@ mongoc_client_t *cdc_backup_client(const char *uri, int timeout_ms);
 
 /* The point-in-time read of db.coll on c (stripedbSnapshot, batches of 1000, one server)
  * streamed into the file path (documents back to back); *out gets its atOplogTs, count,
- * bytes and SHA-256. Errors: SDB_EUNAVAILABLE, SDB_EIO. */
+ * bytes and SHA-256. For a collection with filtering metadata on the shard the read is
+ * gated by the installed shard version, so only owned documents are kept (no orphans, no
+ * chunk being imported); a StaleConfig reads again (5 tries). Errors: SDB_EUNAVAILABLE,
+ * SDB_EIO. */
 int cdc_backup_snapshot(mongoc_client_t *c, const char *db, const char *coll, const char *path,
 			cdc_snap *out, char *err, size_t errlen);
 
