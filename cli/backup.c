@@ -6,8 +6,10 @@
  *   ctl backup create [--shard=ID | --all] [--archive=SPEC] [--s3-*]
  *   ctl backup list [--shard=ID]
  *   ctl backup delete ID [--shard=ID]
- *   ctl restore DB.COLL --to-time=TIME --cdc=SPEC --archive=SPEC --uri=MONGODB_URI
- *       [--into=DB.OTHER] [--dry-run]
+ *   ctl restore DB.COLL --to-time=TIME --cdc=SPEC --archive=SPEC
+ *       (--uri=MONGODB_URI | --to-shard=ID) [--into=DB.OTHER] [--shard=ID] [--dry-run]
+ *   ctl restore --shard=ID --to-time=TIME --cdc=SPEC --archive=SPEC
+ *       (--uri=MONGODB_URI | --to-shard=ID) [--dry-run]     every collection of a shard
  *
  * ctl itself runs a backup (no server-side job): per shard it reads every collection with
  * the shard's point-in-time read (stripedbSnapshot, the Data Movement Platform's snapshot
@@ -64,7 +66,7 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv);
 
 typedef struct bk_opts {
 	const char *cdc, *archive, *s3_endpoint, *s3_region, *s3_credentials_file;
-	const char *shard, *to_time, *into, *uri;
+	const char *shard, *to_time, *into, *uri, *to_shard;
 	int all, dry_run;
 	const char *pos[3];
 	int npos;
@@ -75,8 +77,9 @@ static int usage(const char *who, const char *msg)
 	fprintf(stderr,
 		"stripedb ctl %s: %s (usage: backup create [--shard=ID|--all] | backup list "
 		"[--shard=ID] | backup delete ID [--shard=ID] | restore DB.COLL --to-time=TIME "
-		"--uri=URI [--into=DB.OTHER] [--dry-run]; with --archive=SPEC, and --cdc=SPEC "
-		"for restore)\n",
+		"--uri=URI|--to-shard=ID [--into=DB.OTHER] [--shard=ID] [--dry-run] | restore "
+		"--shard=ID --to-time=TIME --uri=URI|--to-shard=ID [--dry-run]; with "
+		"--archive=SPEC, and --cdc=SPEC for restore)\n",
 		who, msg);
 	return 2;
 }
@@ -103,6 +106,7 @@ static int parse(const char *who, int argc, char **argv, bk_opts *o)
 		{"--to-time=", offsetof(bk_opts, to_time)},
 		{"--into=", offsetof(bk_opts, into)},
 		{"--uri=", offsetof(bk_opts, uri)},
+		{"--to-shard=", offsetof(bk_opts, to_shard)},
 	};
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
@@ -486,8 +490,9 @@ int cli_backup_main(cli_ctx *ctx, int argc, char **argv)
 		return rc;
 	if (o.npos == 0)
 		return usage("backup", "missing subcommand");
-	if (o.to_time || o.into || o.dry_run)
-		return usage("backup", "--to-time, --into and --dry-run are restore flags");
+	if (o.to_time || o.into || o.dry_run || o.to_shard)
+		return usage("backup", "--to-time, --into, --to-shard and --dry-run are restore "
+				       "flags");
 	if (o.all && strcmp(o.pos[0], "create") != 0)
 		return usage("backup", "--all is a create flag");
 	if (strcmp(o.pos[0], "create") == 0)
@@ -815,6 +820,8 @@ static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t af
 	while ((rc = cdc_reader_next(rd, &ev, 0, r->err, sizeof r->err)) == 1) {
 		bson_t e, o;
 		bson_iter_t it;
+		rc = 0; /* the result of applying this event (a command event of the database
+			 * that is not a drop applies nothing and must not end the replay) */
 		if (!bson_init_static(&e, ev.data, ev.len)) {
 			rc = sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "event %" PRIu64, ev.offset);
 			break;
@@ -984,108 +991,91 @@ static int newest_ms(const cli_ctx *ctx, cdc_log *log, const shard_ref *s, int64
 	return 0;
 }
 
-int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
+/* What every namespace of one `ctl restore` shares. */
+typedef struct rs_env {
+	cli_ctx *ctx;
+	const bk_opts *o;
+	cdc_log *log;
+	cdc_archive *a;        /* the log's archive (borrowed) */
+	shard_ref *shards;     /* the shards replayed: every shard, or --shard */
+	size_t nsh;
+	int64_t *newest;       /* per shard: newest_ms, -1 until asked */
+	manifest *ms;          /* every backup in the archive */
+	size_t nm;
+	char *tmp;             /* private directory for downloaded data objects */
+	const char *uri;       /* the target: --uri, or the --to-shard's URI */
+	int64_t to_ms;         /* INT64_MAX with latest */
+	int latest;            /* --to-time=latest */
+	char tstr[40];
+} rs_env;
+
+/* newest_ms of shard i, asked once per restore. */
+static int shard_newest(rs_env *e, size_t i, int64_t *out, char *err, size_t errlen)
 {
-	bk_opts o;
+	if (e->newest[i] < 0) {
+		int rc = newest_ms(e->ctx, e->log, &e->shards[i], &e->newest[i], err, errlen);
+		if (rc)
+			return rc;
+	}
+	*out = e->newest[i];
+	return 0;
+}
+
+/* Restore ns (DB.COLL) as of e->to_ms into tdb.tcoll through e->uri (or plan it with
+ * --dry-run): per shard of e, the newest backup of ns at or before TIME and the shard's
+ * events after it; refused outside the available range or over a non-empty target;
+ * verified (count and set hash). Prints one line per shard and a result line (or a JSON
+ * document with --json). Returns the exit code: 0, 1 (refused or failed: one line on
+ * stderr), 2 (usage). tdb and tcoll are borrowed. */
+static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tcoll)
+{
 	restore r;
-	cdc_log *log = NULL;
-	shard_ref *shards = NULL;
-	size_t nsh = 0, nm = 0;
-	manifest *ms = NULL;
 	plan *plans = NULL;
-	char *tmp = NULL;
-	int applying = 0;
-	int rc = parse("restore", argc, argv, &o);
-	if (rc)
-		return rc;
+	int applying = 0, rc = 0;
+	const char *dot = strchr(ns, '.');
+	char *db = sdb_strndup(ns, (size_t)(dot - ns));
 	memset(&r, 0, sizeof r);
-	r.ctx = ctx;
-	r.dry_run = o.dry_run;
-	if (o.npos != 1)
-		return usage("restore", "restore takes one DB.COLL");
-	if (o.shard || o.all)
-		return usage("restore", "--shard and --all are backup flags (a restore reads every "
-					"shard; --to-shard is not supported)");
-	const char *dot = strchr(o.pos[0], '.');
-	if (dot == NULL || dot == o.pos[0] || dot[1] == '\0')
-		return usage("restore", "expected DB.COLL");
-	if (o.to_time == NULL || parse_time(o.to_time, &r.to_ms) != 0)
-		return usage("restore", "--to-time must be YYYY-MM-DDTHH:MM:SS[.mmm]Z or epoch "
-					"seconds[.mmm]");
-	if (o.cdc == NULL || o.cdc[0] == '\0')
-		return usage("restore", "no CDC log: pass --cdc=SPEC or set STRIPEDB_CDC");
-	if (!o.dry_run && (o.uri == NULL || o.uri[0] == '\0'))
-		return usage("restore", "no target: pass --uri=mongodb://PROXY or set STRIPEDB_URI");
-	char *db = sdb_strndup(o.pos[0], (size_t)(dot - o.pos[0]));
+	r.ctx = e->ctx;
+	r.dry_run = e->o->dry_run;
+	r.to_ms = e->to_ms;
 	r.db = db;
 	r.coll = dot + 1;
-	r.ns = o.pos[0];
-	char tstr[40];
-	fmt_ms(r.to_ms, tstr, sizeof tstr);
-	if (o.into) {
-		const char *d2 = strchr(o.into, '.');
-		if (d2 == NULL || d2 == o.into || d2[1] == '\0') {
-			free(db);
-			return usage("restore", "--into expects DB.COLL");
-		}
-		r.tdb = sdb_strndup(o.into, (size_t)(d2 - o.into));
-		r.tcoll = sdb_strdup(d2 + 1);
-	} else {
-		time_t s = (time_t)(r.to_ms / 1000);
-		struct tm tm;
-		char b[32];
-		gmtime_r(&s, &tm);
-		strftime(b, sizeof b, "%Y%m%dT%H%M%S", &tm);
-		r.tdb = sdb_strdup(db);
-		r.tcoll = sdb_asprintf("%s_restored_%s", r.coll, b);
-	}
-	if (strcmp(r.tdb, db) == 0 && strcmp(r.tcoll, r.coll) == 0) {
-		fprintf(stderr, "stripedb ctl restore: the target is the source collection %s: "
-				"a restore never writes over live data\n",
-			r.ns);
-		rc = 2;
-		goto out;
-	}
-	cdc_log_opts lo = log_opts(&o);
-	sdb_log_set_level(SDB_LOG_ERROR); /* as open_archive */
-	if ((rc = cdc_log_open(o.cdc, &lo, &log, r.err, sizeof r.err)) != 0) {
-		fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
-		rc = rc == SDB_EINVAL ? 2 : 1;
-		goto out;
-	}
-	cdc_archive *a = cdc_log_archive(log);
-	if ((rc = list_shards(ctx, &shards, &nsh)) != 0)
-		goto out;
-	tmp = cdc_backup_tmpdir();
-	if (tmp == NULL) {
-		fprintf(stderr, "stripedb ctl restore: temporary directory: %s\n", strerror(errno));
-		rc = 1;
-		goto out;
-	}
-	rc = list_manifests(a, NULL, 1, tmp, &ms, &nm, r.err, sizeof r.err);
-	if (rc) {
-		fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
-		rc = 1;
-		goto out;
-	}
+	r.ns = ns;
+	r.tdb = (char *)tdb;
+	r.tcoll = (char *)tcoll;
 	/* per shard: the newest backup at or before TIME, the available range */
-	plans = sdb_calloc(nsh ? nsh : 1, sizeof *plans);
+	plans = sdb_calloc(e->nsh ? e->nsh : 1, sizeof *plans);
 	int64_t lower = 0, upper = INT64_MAX;
-	for (size_t i = 0; i < nsh; i++) {
+	char tstr[40];
+	snprintf(tstr, sizeof tstr, "%s", e->tstr);
+	if (e->latest) { /* --to-time=latest: the newest time every shard's history reaches */
+		for (size_t i = 0; i < e->nsh; i++) {
+			int64_t n;
+			if ((rc = shard_newest(e, i, &n, r.err, sizeof r.err)) != 0) {
+				fprintf(stderr, "stripedb ctl restore: %s: %s\n", e->shards[i].id,
+					r.err);
+				rc = 1;
+				goto out;
+			}
+			r.to_ms = n < r.to_ms ? n : r.to_ms;
+		}
+		fmt_ms(r.to_ms, tstr, sizeof tstr);
+	}
+	for (size_t i = 0; i < e->nsh; i++) {
 		plan *p = &plans[i];
-		p->s = &shards[i];
+		p->s = &e->shards[i];
 		p->oldest_wall = INT64_MAX;
-		for (size_t k = 0; k < nm; k++) {
-			if (strcmp(ms[k].shard, shards[i].id) != 0)
+		for (size_t k = 0; k < e->nm; k++) {
+			if (strcmp(e->ms[k].shard, e->shards[i].id) != 0)
 				continue;
 			uint64_t at;
 			int64_t wall, docs;
 			const char *obj;
-			point_of(&ms[k], r.ns, &at, &wall, &obj, &docs);
+			point_of(&e->ms[k], r.ns, &at, &wall, &obj, &docs);
 			if (wall < p->oldest_wall)
 				p->oldest_wall = wall;
 			if (wall <= r.to_ms && (p->m == NULL || wall >= p->at_wall)) {
-				p->m = &ms[k];
+				p->m = &e->ms[k];
 				p->at = at;
 				p->at_wall = wall;
 				p->obj = obj;
@@ -1095,12 +1085,12 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 		if (p->oldest_wall == INT64_MAX) {
 			fprintf(stderr, "stripedb ctl restore: shard %s has no backup in %s (run "
 					"`stripedb ctl backup create --all`)\n",
-				shards[i].id, o.archive);
+				e->shards[i].id, e->o->archive);
 			rc = 1;
 			goto out;
 		}
-		if ((rc = newest_ms(ctx, log, p->s, &p->newest_ms, r.err, sizeof r.err)) != 0) {
-			fprintf(stderr, "stripedb ctl restore: %s: %s\n", shards[i].id, r.err);
+		if ((rc = shard_newest(e, i, &p->newest_ms, r.err, sizeof r.err)) != 0) {
+			fprintf(stderr, "stripedb ctl restore: %s: %s\n", e->shards[i].id, r.err);
 			rc = 1;
 			goto out;
 		}
@@ -1109,7 +1099,7 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 		if (p->newest_ms < upper)
 			upper = p->newest_ms;
 	}
-	if (nsh == 0) {
+	if (e->nsh == 0) {
 		fprintf(stderr, "stripedb ctl restore: no shard in metadata\n");
 		rc = 1;
 		goto out;
@@ -1125,21 +1115,21 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 		goto out;
 	}
 	/* the target: never over live data */
-	if (!o.dry_run) {
-		bson_error_t e;
-		r.c = cdc_backup_client(o.uri, ctx->timeout_ms);
+	if (!e->o->dry_run) {
+		bson_error_t be;
+		r.c = cdc_backup_client(e->uri, e->ctx->timeout_ms);
 		if (r.c == NULL) {
-			fprintf(stderr, "stripedb ctl restore: bad --uri %s\n", o.uri);
+			fprintf(stderr, "stripedb ctl restore: bad target URI %s\n", e->uri);
 			rc = 2;
 			goto out;
 		}
 		r.tc = mongoc_client_get_collection(r.c, r.tdb, r.tcoll);
 		bson_t q = BSON_INITIALIZER;
-		int64_t n = mongoc_collection_count_documents(r.tc, &q, NULL, NULL, NULL, &e);
+		int64_t n = mongoc_collection_count_documents(r.tc, &q, NULL, NULL, NULL, &be);
 		bson_destroy(&q);
 		if (n < 0) {
 			fprintf(stderr, "stripedb ctl restore: count %s.%s: %s\n", r.tdb, r.tcoll,
-				e.message);
+				be.message);
 			rc = 1;
 			goto out;
 		}
@@ -1152,17 +1142,17 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 		}
 	}
 	int64_t t0 = (int64_t)sdb_mono_ms();
-	applying = !o.dry_run;
-	for (size_t i = 0; i < nsh; i++) {
+	applying = !e->o->dry_run;
+	for (size_t i = 0; i < e->nsh; i++) {
 		plan *p = &plans[i];
 		int64_t d0 = r.docs_in, e0 = r.events_in;
 		int64_t o0 = r.migration_skipped;
-		r.shards = shards;
+		r.shards = e->shards;
 		r.cur = (uint16_t)i;
 		if (p->obj)
-			rc = apply_backup(&r, a, p->obj, tmp);
+			rc = apply_backup(&r, e->a, p->obj, e->tmp);
 		if (rc == 0)
-			rc = apply_events(&r, log, p->s->id, p->at);
+			rc = apply_events(&r, e->log, p->s->id, p->at);
 		if (rc == 0)
 			rc = flush_bulk(&r);
 		if (rc) {
@@ -1170,7 +1160,7 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 			rc = 1;
 			goto out;
 		}
-		if (!ctx->json)
+		if (!e->ctx->json)
 			printf("%s: backup %s (snapshot at %u:%u) %" PRId64 " documents + %" PRId64
 			       " events up to %s%s\n",
 			       p->s->id, p->m ? p->m->id : "-", (unsigned)(p->at >> 32),
@@ -1181,8 +1171,8 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 	}
 	applying = 0;
 	int64_t took = (int64_t)sdb_mono_ms() - t0;
-	if (o.dry_run) {
-		if (ctx->json)
+	if (e->o->dry_run) {
+		if (e->ctx->json)
 			printf("{\"dryRun\": true, \"toTime\": \"%s\", \"target\": \"%s.%s\", "
 			       "\"documents\": %" PRId64 ", \"events\": %" PRId64 "}\n",
 			       tstr, r.tdb, r.tcoll, r.docs_in, r.events_in);
@@ -1214,7 +1204,7 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 		goto out;
 	}
 	double rate = took > 0 ? (double)(r.docs_in + r.events_in) * 1000.0 / (double)took : 0;
-	if (ctx->json)
+	if (e->ctx->json)
 		printf("{\"target\": \"%s.%s\", \"toTime\": \"%s\", \"documents\": %" PRId64
 		       ", \"hash\": \"%s\", \"backupDocuments\": %" PRId64 ", \"events\": %" PRId64
 		       ", \"migrationEventsSkipped\": %" PRId64 ", \"ms\": %" PRId64
@@ -1231,11 +1221,11 @@ out:
 		mongoc_bulk_operation_destroy(r.bulk);
 	if (applying && r.tc) {
 		/* a refused or failed restore leaves no half-restored target (it was empty) */
-		bson_error_t e;
-		if (!mongoc_collection_drop(r.tc, &e) && e.code != 26 &&
-		    !strstr(e.message, "ns not found"))
+		bson_error_t de;
+		if (!mongoc_collection_drop(r.tc, &de) && de.code != 26 &&
+		    !strstr(de.message, "ns not found"))
 			fprintf(stderr, "stripedb ctl restore: dropping the partial target %s.%s: %s\n",
-				r.tdb, r.tcoll, e.message);
+				r.tdb, r.tcoll, de.message);
 	}
 	if (r.tc)
 		mongoc_collection_destroy(r.tc);
@@ -1243,16 +1233,234 @@ out:
 		mongoc_client_destroy(r.c);
 	map_free(&r.ids);
 	free(plans);
-	manifests_free(ms, nm);
-	sdb_shard_refs_free(shards, nsh);
-	if (tmp) {
-		rmdir(tmp);
-		free(tmp);
-	}
-	if (log)
-		cdc_log_close(log);
-	free(r.tdb);
-	free(r.tcoll);
 	free(db);
+	return rc;
+}
+
+/* Add ns (a "db.coll" string; NULL, admin, local, config and system.* are ignored) to the
+ * heap set *out of *n heap strings. */
+static void ns_add(char ***out, size_t *n, const char *ns)
+{
+	if (ns == NULL || strchr(ns, '.') == NULL || ns[0] == '.' || strchr(ns, '$') ||
+	    !strncmp(ns, "admin.", 6) || !strncmp(ns, "local.", 6) || !strncmp(ns, "config.", 7) ||
+	    strstr(ns, ".system."))
+		return;
+	for (size_t i = 0; i < *n; i++)
+		if (strcmp((*out)[i], ns) == 0)
+			return;
+	*out = sdb_realloc(*out, (*n + 1) * sizeof **out);
+	(*out)[(*n)++] = sdb_strdup(ns);
+}
+
+/* The namespaces of shard i's history up to TIME: every collection of its backups, and
+ * every namespace its CDC events write after the newest of them (a collection created
+ * since), skipping admin, local, config and system.*. Heap array of heap strings. */
+static int shard_namespaces(rs_env *e, char ***out, size_t *n, char *err, size_t errlen)
+{
+	const shard_ref *s = &e->shards[0];
+	uint64_t after = 0;
+	int64_t newest_wall = -1;
+	*out = NULL;
+	*n = 0;
+	for (size_t k = 0; k < e->nm; k++) {
+		if (strcmp(e->ms[k].shard, s->id) != 0)
+			continue;
+		int64_t wall = cdc_bson_i64(e->ms[k].doc, "headWall");
+		if (wall <= e->to_ms && wall > newest_wall) {
+			newest_wall = wall;
+			after = cdc_bson_ts(e->ms[k].doc, "headTs");
+		}
+		bson_iter_t it, c;
+		if (!bson_iter_init_find(&it, e->ms[k].doc, "collections") ||
+		    !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &c))
+			continue;
+		while (bson_iter_next(&c)) {
+			bson_t d;
+			uint32_t l;
+			const uint8_t *data;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&c))
+				continue;
+			bson_iter_document(&c, &l, &data);
+			if (bson_init_static(&d, data, l))
+				ns_add(out, n, cdc_bson_str(&d, "ns"));
+		}
+	}
+	cdc_reader *rd;
+	cdc_event ev;
+	int rc = cdc_reader_open(e->log, s->id, after, &rd, err, errlen);
+	if (rc)
+		return rc;
+	while ((rc = cdc_reader_next(rd, &ev, 0, err, errlen)) == 1) {
+		bson_t d;
+		if (!bson_init_static(&d, ev.data, ev.len))
+			continue;
+		if (cdc_bson_i64(&d, "wall") > e->to_ms)
+			break;
+		const char *op = cdc_bson_str(&d, "op");
+		if (op && (!strcmp(op, "i") || !strcmp(op, "u") || !strcmp(op, "d")) &&
+		    !cdc_bson_str(&d, "origin"))
+			ns_add(out, n, cdc_bson_str(&d, "ns"));
+	}
+	cdc_reader_close(rd);
+	return rc < 0 ? rc : 0;
+}
+
+int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
+{
+	bk_opts o;
+	rs_env e;
+	shard_ref *all = NULL;
+	size_t nall = 0;
+	char err[1024], **nss = NULL;
+	size_t nns = 0;
+	char *tdb = NULL, *tcoll = NULL;
+	int rc = parse("restore", argc, argv, &o);
+	if (rc)
+		return rc;
+	memset(&e, 0, sizeof e);
+	e.ctx = ctx;
+	e.o = &o;
+	int whole = o.npos == 0 && o.shard;
+	if (o.npos != 1 && !whole)
+		return usage("restore", "restore takes one DB.COLL, or --shard=ID for every "
+					"collection of a shard");
+	if (o.all)
+		return usage("restore", "--all is a backup flag (a restore reads every shard, or "
+					"--shard=ID)");
+	const char *dot = whole ? NULL : strchr(o.pos[0], '.');
+	if (!whole && (dot == NULL || dot == o.pos[0] || dot[1] == '\0'))
+		return usage("restore", "expected DB.COLL");
+	if (whole && o.into)
+		return usage("restore", "--into restores one collection: a whole shard keeps its "
+					"namespaces");
+	e.latest = o.to_time && strcmp(o.to_time, "latest") == 0;
+	if (e.latest)
+		e.to_ms = INT64_MAX;
+	else if (o.to_time == NULL || parse_time(o.to_time, &e.to_ms) != 0)
+		return usage("restore", "--to-time must be YYYY-MM-DDTHH:MM:SS[.mmm]Z, epoch "
+					"seconds[.mmm] or latest");
+	if (o.cdc == NULL || o.cdc[0] == '\0')
+		return usage("restore", "no CDC log: pass --cdc=SPEC or set STRIPEDB_CDC");
+	if (o.to_shard && o.uri && getenv("STRIPEDB_URI") != o.uri)
+		return usage("restore", "--to-shard and --uri both name the target: pass one");
+	if (!o.dry_run && !o.to_shard && (o.uri == NULL || o.uri[0] == '\0'))
+		return usage("restore", "no target: pass --uri=mongodb://PROXY, --to-shard=ID or "
+					"set STRIPEDB_URI");
+	if (e.latest)
+		snprintf(e.tstr, sizeof e.tstr, "latest");
+	else
+		fmt_ms(e.to_ms, e.tstr, sizeof e.tstr);
+	if (o.into) {
+		const char *d2 = strchr(o.into, '.');
+		if (d2 == NULL || d2 == o.into || d2[1] == '\0')
+			return usage("restore", "--into expects DB.COLL");
+		tdb = sdb_strndup(o.into, (size_t)(d2 - o.into));
+		tcoll = sdb_strdup(d2 + 1);
+	} else if (!whole) {
+		time_t s = e.latest ? time(NULL) : (time_t)(e.to_ms / 1000);
+		struct tm tm;
+		char b[32];
+		gmtime_r(&s, &tm);
+		strftime(b, sizeof b, "%Y%m%dT%H%M%S", &tm);
+		tdb = sdb_strndup(o.pos[0], (size_t)(dot - o.pos[0]));
+		tcoll = sdb_asprintf("%s_restored_%s", dot + 1, b);
+	}
+	if (!whole && strncmp(o.pos[0], tdb, strlen(tdb)) == 0 &&
+	    o.pos[0][strlen(tdb)] == '.' && strcmp(o.pos[0] + strlen(tdb) + 1, tcoll) == 0 &&
+	    !o.to_shard) {
+		fprintf(stderr, "stripedb ctl restore: the target is the source collection %s: "
+				"a restore never writes over live data\n",
+			o.pos[0]);
+		rc = 2;
+		goto out;
+	}
+	cdc_log_opts lo = log_opts(&o);
+	sdb_log_set_level(SDB_LOG_ERROR); /* as open_archive */
+	if ((rc = cdc_log_open(o.cdc, &lo, &e.log, err, sizeof err)) != 0) {
+		fprintf(stderr, "stripedb ctl restore: %s\n", err);
+		rc = rc == SDB_EINVAL ? 2 : 1;
+		goto out;
+	}
+	e.a = cdc_log_archive(e.log);
+	if ((rc = list_shards(ctx, &all, &nall)) != 0)
+		goto out;
+	e.shards = all;
+	e.nsh = nall;
+	e.uri = o.uri;
+	for (size_t i = 0; i < nall; i++) {
+		if (o.shard && strcmp(all[i].id, o.shard) == 0) {
+			e.shards = &all[i];
+			e.nsh = 1;
+		}
+		if (o.to_shard && strcmp(all[i].id, o.to_shard) == 0)
+			e.uri = all[i].uri;
+	}
+	if (o.shard && (e.nsh != 1 || strcmp(e.shards[0].id, o.shard) != 0)) {
+		fprintf(stderr, "stripedb ctl restore: no shard %s in metadata\n", o.shard);
+		rc = 1;
+		goto out;
+	}
+	if (o.to_shard && e.uri == o.uri) {
+		fprintf(stderr, "stripedb ctl restore: no shard %s in metadata (--to-shard names a "
+				"shard added with addShard)\n",
+			o.to_shard);
+		rc = 1;
+		goto out;
+	}
+	e.newest = sdb_calloc(e.nsh ? e.nsh : 1, sizeof *e.newest);
+	for (size_t i = 0; i < e.nsh; i++)
+		e.newest[i] = -1;
+	e.tmp = cdc_backup_tmpdir();
+	if (e.tmp == NULL) {
+		fprintf(stderr, "stripedb ctl restore: temporary directory: %s\n", strerror(errno));
+		rc = 1;
+		goto out;
+	}
+	rc = list_manifests(e.a, NULL, 1, e.tmp, &e.ms, &e.nm, err, sizeof err);
+	if (rc) {
+		fprintf(stderr, "stripedb ctl restore: %s\n", err);
+		rc = 1;
+		goto out;
+	}
+	if (!whole) {
+		rc = restore_ns(&e, o.pos[0], tdb, tcoll);
+		goto out;
+	}
+	/* a whole shard: every namespace of its history, into the same names */
+	if ((rc = shard_namespaces(&e, &nss, &nns, err, sizeof err)) != 0) {
+		fprintf(stderr, "stripedb ctl restore: %s: %s\n", o.shard, err);
+		rc = 1;
+		goto out;
+	}
+	if (nns == 0) {
+		fprintf(stderr, "stripedb ctl restore: shard %s has no backup in %s and no event "
+				"up to %s\n",
+			o.shard, o.archive ? o.archive : "the archive", e.tstr);
+		rc = 1;
+		goto out;
+	}
+	for (size_t i = 0; i < nns && rc == 0; i++) {
+		const char *d = strchr(nss[i], '.');
+		char *ndb = sdb_strndup(nss[i], (size_t)(d - nss[i]));
+		rc = restore_ns(&e, nss[i], ndb, d + 1);
+		free(ndb);
+	}
+	if (rc == 0 && !ctx->json)
+		printf("%s shard %s as of %s: %zu collections into %s\n",
+		       o.dry_run ? "dry run: would restore" : "restored", o.shard, e.tstr, nns,
+		       o.to_shard ? o.to_shard : e.uri ? e.uri : "-");
+out:
+	cdc_backup_names_free(nss, nns);
+	free(e.newest);
+	manifests_free(e.ms, e.nm);
+	sdb_shard_refs_free(all, nall);
+	if (e.tmp) {
+		rmdir(e.tmp);
+		free(e.tmp);
+	}
+	if (e.log)
+		cdc_log_close(e.log);
+	free(tdb);
+	free(tcoll);
 	return rc;
 }
