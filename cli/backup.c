@@ -4,6 +4,7 @@
  * src/cdc/README.md ("Backups and point-in-time restore").
  *
  *   ctl backup create [--shard=ID | --all] [--archive=SPEC] [--s3-*]
+ *       [--import-latency-ms=N]
  *   ctl backup list [--shard=ID]
  *   ctl backup delete ID [--shard=ID]
  *   ctl restore DB.COLL --to-time=TIME --cdc=SPEC --archive=SPEC --uri=MONGODB_URI
@@ -20,7 +21,8 @@
  *                                         count, bytes, sha256}]}
  *   backups/<shard>/<id>/data-NNNNN.bson documents back to back (mongodump's format)
  * Each collection is its own snapshot (its own atOplogTs); a collection missing from a
- * manifest was empty at headTs (read before the collections were listed).
+ * manifest was empty at headTs (read before the collections were listed). The reads are
+ * paced by the migration's import throttle (common/throttle.h, --import-latency-ms).
  *
  * Restore to TIME (epoch ms, compared with the oplog entries' `wall`): per shard, the newest
  * backup whose snapshot of the collection is at or before TIME; its documents, then the
@@ -56,6 +58,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/throttle.h"
 
 int cli_backup_main(cli_ctx *ctx, int argc, char **argv);
 int cli_restore_main(cli_ctx *ctx, int argc, char **argv);
@@ -64,7 +67,7 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv);
 
 typedef struct bk_opts {
 	const char *cdc, *archive, *s3_endpoint, *s3_region, *s3_credentials_file;
-	const char *shard, *to_time, *into, *uri;
+	const char *shard, *to_time, *into, *uri, *import_latency;
 	int all, dry_run;
 	const char *pos[3];
 	int npos;
@@ -103,6 +106,7 @@ static int parse(const char *who, int argc, char **argv, bk_opts *o)
 		{"--to-time=", offsetof(bk_opts, to_time)},
 		{"--into=", offsetof(bk_opts, into)},
 		{"--uri=", offsetof(bk_opts, uri)},
+		{"--import-latency-ms=", offsetof(bk_opts, import_latency)},
 	};
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
@@ -272,10 +276,20 @@ static int cmd_create(cli_ctx *ctx, const bk_opts *o)
 	size_t n;
 	char err[1024], id[40];
 	int rc, done = 0;
+	cdc_backup_opts bo = {.timeout_ms = ctx->timeout_ms,
+			      .import_latency_ms = SDB_IMPORT_LATENCY_MS};
 	if (o->npos != 1)
 		return usage("backup", "create takes no argument");
 	if (!o->all && o->shard == NULL)
 		return usage("backup", "create needs --shard=ID or --all");
+	if (o->import_latency) {
+		char *end;
+		long long v = strtoll(o->import_latency, &end, 10);
+		if (end == o->import_latency || *end || v < 0 || v > 3600000)
+			return usage("backup", "--import-latency-ms takes an integer 0..3600000 (0: "
+					       "no throttle)");
+		bo.import_latency_ms = v;
+	}
 	if ((rc = open_archive("backup", o, &a)) != 0)
 		return rc;
 	if ((rc = list_shards(ctx, &shards, &n)) != 0) {
@@ -288,18 +302,22 @@ static int cmd_create(cli_ctx *ctx, const bk_opts *o)
 		if (!o->all && strcmp(shards[i].id, o->shard) != 0)
 			continue;
 		done++;
-		if (cdc_backup_shard(a, shards[i].id, shards[i].uri, id, ctx->timeout_ms, &st, err,
-				     sizeof err) != 0) {
+		rc = cdc_backup_shard_opts(a, shards[i].id, shards[i].uri, id, &bo, &st, err,
+					   sizeof err);
+		if (rc != 0) {
 			fprintf(stderr, "stripedb ctl backup: %s\n", err);
 			rc = 1;
 		} else if (ctx->json) {
 			printf("{\"id\": \"%s\", \"shard\": \"%s\", \"collections\": %d, "
-			       "\"documents\": %" PRId64 ", \"bytes\": %" PRId64 "}\n",
-			       id, shards[i].id, st.collections, st.documents, st.bytes);
+			       "\"documents\": %" PRId64 ", \"bytes\": %" PRId64
+			       ", \"throttledMS\": %" PRId64 "}\n",
+			       id, shards[i].id, st.collections, st.documents, st.bytes,
+			       st.throttled_ms);
 		} else {
 			printf("backup %s of %s: %d collections, %" PRId64 " documents, %" PRId64
-			       " bytes\n",
-			       id, shards[i].id, st.collections, st.documents, st.bytes);
+			       " bytes, throttled %" PRId64 " ms\n",
+			       id, shards[i].id, st.collections, st.documents, st.bytes,
+			       st.throttled_ms);
 		}
 		fflush(stdout);
 	}
@@ -488,8 +506,8 @@ int cli_backup_main(cli_ctx *ctx, int argc, char **argv)
 		return usage("backup", "missing subcommand");
 	if (o.to_time || o.into || o.dry_run)
 		return usage("backup", "--to-time, --into and --dry-run are restore flags");
-	if (o.all && strcmp(o.pos[0], "create") != 0)
-		return usage("backup", "--all is a create flag");
+	if ((o.all || o.import_latency) && strcmp(o.pos[0], "create") != 0)
+		return usage("backup", "--all and --import-latency-ms are create flags");
 	if (strcmp(o.pos[0], "create") == 0)
 		return cmd_create(ctx, &o);
 	if (strcmp(o.pos[0], "list") == 0)
@@ -881,7 +899,8 @@ static int newest_ms(const cli_ctx *ctx, cdc_log *log, const shard_ref *s, int64
 		char *tmp = cdc_backup_tmpdir();
 		char *p = sdb_asprintf("%s/probe.bson", tmp ? tmp : "/tmp");
 		char e2[512];
-		if (cdc_backup_snapshot(c, "admin", "stripedb.backup.probe", p, &head, e2, sizeof e2) == 0 &&
+		if (cdc_backup_snapshot(c, "admin", "stripedb.backup.probe", p, NULL, NULL, &head, e2,
+					sizeof e2) == 0 &&
 		    head.at == last)
 			*out = now;
 		unlink(p);
@@ -926,9 +945,9 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 	r.dry_run = o.dry_run;
 	if (o.npos != 1)
 		return usage("restore", "restore takes one DB.COLL");
-	if (o.shard || o.all)
-		return usage("restore", "--shard and --all are backup flags (a restore reads every "
-					"shard; --to-shard is not supported)");
+	if (o.shard || o.all || o.import_latency)
+		return usage("restore", "--shard, --all and --import-latency-ms are backup flags (a "
+					"restore reads every shard; --to-shard is not supported)");
 	const char *dot = strchr(o.pos[0], '.');
 	if (dot == NULL || dot == o.pos[0] || dot[1] == '\0')
 		return usage("restore", "expected DB.COLL");

@@ -7,6 +7,7 @@ state after its last operation acknowledged before T, or (only when one was in f
 T) the state after that one; nothing sent after T.
 """
 import os
+import re
 import subprocess
 import threading
 import time
@@ -257,3 +258,45 @@ def test_flags_of_another_command_are_refused(cl, tmp_path):
         r = ctl(cl, *args, check=False)
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.decode().strip().splitlines()) == 1, (args, r.stderr)
+
+
+def manifest_of(cl, backup_id):
+    import json
+    for b in json.loads(ctl(cl, "--json", "backup", "list").stdout)["backups"]:
+        if b["id"] == backup_id:
+            return b
+    raise AssertionError(f"no backup {backup_id}")
+
+
+def test_backup_import_throttle(cl, tmp_path):
+    """The migration's import throttle paces a backup's snapshot reads: with a latency
+    limit of 1 ms, a getMore of 1000 documents of 1 KiB takes longer (a shard that
+    answered 20 of them in under 1 ms each would make this fail), so the backup backs off
+    and reports the time; with 0 the throttle is off and reports 0."""
+    import json
+    start(cl, tmp_path)
+    c = cl.shard_client("shard-a")
+    for k in range(4):
+        c.db.t.insert_many([{"_id": k * 5000 + i, "p": "x" * 1024} for i in range(5000)])
+    r = ctl(cl, "--json", "backup", "create", "--all", "--import-latency-ms=1")
+    out = json.loads(r.stdout)
+    assert out["documents"] == 20000, out
+    assert out["throttledMS"] > 0, out
+    m = manifest_of(cl, out["id"])
+    assert int(m["throttledMS"]["$numberLong"]) == out["throttledMS"], m
+    assert int(m["importLatencyMS"]["$numberLong"]) == 1, m
+    r = ctl(cl, "--json", "backup", "create", "--all", "--import-latency-ms=0")
+    out = json.loads(r.stdout)
+    assert out["documents"] == 20000 and out["throttledMS"] == 0, out
+    m = manifest_of(cl, out["id"])
+    assert int(m["throttledMS"]["$numberLong"]) == 0, m
+    assert int(m["importLatencyMS"]["$numberLong"]) == 0, m
+    # the text output names it too; the default limit is 50 ms
+    r = ctl(cl, "backup", "create", "--all")
+    assert re.search(rb"20000 documents, \d+ bytes, throttled \d+ ms", r.stdout), r.stdout
+    lst = json.loads(ctl(cl, "--json", "backup", "list").stdout)["backups"]
+    assert int(lst[-1]["importLatencyMS"]["$numberLong"]) == 50, lst[-1]
+    for bad in ("--import-latency-ms=-1", "--import-latency-ms=abc", "--import-latency-ms="):
+        r = ctl(cl, "backup", "create", "--all", bad, check=False)
+        assert r.returncode == 2 and b"--import-latency-ms" in r.stderr, (bad, r.stderr)
+
