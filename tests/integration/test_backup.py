@@ -238,6 +238,8 @@ def test_scheduled_backups(cl, tmp_path):
     first = backups()[-1]["id"]
     wait_until(lambda: backups()[-1]["id"] > first, 60, what="the next scheduled backup")
     assert all(b["shard"] == "shard-a" for b in backups())
+    # paced by the import throttle with the default limit, as ctl backup create
+    assert all(int(b["importLatencyMS"]["$numberLong"]) == 50 for b in backups())
     # a restore from a scheduled backup
     cl.wait_published(co, "shard-a")
     t = now_ms()
