@@ -4,12 +4,14 @@
  * src/cdc/README.md ("Backups and point-in-time restore").
  *
  *   ctl backup create [--shard=ID | --all] [--archive=SPEC] [--s3-*]
+ *       [--import-latency-ms=N] [--progress]
  *   ctl backup list [--shard=ID]
  *   ctl backup delete ID [--shard=ID]
  *   ctl restore DB.COLL --to-time=TIME --cdc=SPEC --archive=SPEC
  *       (--uri=MONGODB_URI | --to-shard=ID) [--into=DB.OTHER] [--shard=ID] [--dry-run]
+ *       [--progress]
  *   ctl restore --shard=ID --to-time=TIME --cdc=SPEC --archive=SPEC
- *       (--uri=MONGODB_URI | --to-shard=ID) [--dry-run]     every collection of a shard
+ *       (--uri=MONGODB_URI | --to-shard=ID) [--dry-run] [--progress]   a whole shard
  *
  * ctl itself runs a backup (no server-side job): per shard it reads every collection with
  * the shard's point-in-time read (stripedbSnapshot, the Data Movement Platform's snapshot
@@ -22,7 +24,11 @@
  *                                         count, bytes, sha256, ownedOnly, ...}]}
  *   backups/<shard>/<id>/data-NNNNN.bson documents back to back (mongodump's format)
  * Each collection is its own snapshot (its own atOplogTs); a collection missing from a
- * manifest was empty at headTs (read before the collections were listed).
+ * manifest was empty at headTs (read before the collections were listed). The reads are
+ * paced by the migration's import throttle (common/throttle.h, --import-latency-ms).
+ *
+ * Progress (stderr; see struct progress below): a bar rewritten with \r when stderr is a
+ * terminal and --json is not given, one line per update with --progress.
  *
  * Restore to TIME (epoch ms, compared with the oplog entries' `wall`): per shard, the newest
  * backup whose snapshot of the collection is at or before TIME; its documents, then the
@@ -39,6 +45,7 @@
 #include <inttypes.h>
 #include <mongoc/mongoc.h>
 #include <openssl/evp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +65,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/throttle.h"
 
 int cli_backup_main(cli_ctx *ctx, int argc, char **argv);
 int cli_restore_main(cli_ctx *ctx, int argc, char **argv);
@@ -66,8 +74,8 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv);
 
 typedef struct bk_opts {
 	const char *cdc, *archive, *s3_endpoint, *s3_region, *s3_credentials_file;
-	const char *shard, *to_time, *into, *uri, *to_shard;
-	int all, dry_run;
+	const char *shard, *to_time, *into, *uri, *to_shard, *import_latency;
+	int all, dry_run, progress;
 	const char *pos[3];
 	int npos;
 } bk_opts;
@@ -75,10 +83,11 @@ typedef struct bk_opts {
 static int usage(const char *who, const char *msg)
 {
 	fprintf(stderr,
-		"stripedb ctl %s: %s (usage: backup create [--shard=ID|--all] | backup list "
-		"[--shard=ID] | backup delete ID [--shard=ID] | restore DB.COLL --to-time=TIME "
-		"--uri=URI|--to-shard=ID [--into=DB.OTHER] [--shard=ID] [--dry-run] | restore "
-		"--shard=ID --to-time=TIME --uri=URI|--to-shard=ID [--dry-run]; with "
+		"stripedb ctl %s: %s (usage: backup create [--shard=ID|--all] "
+		"[--import-latency-ms=N] [--progress] | backup list [--shard=ID] | backup delete "
+		"ID [--shard=ID] | restore DB.COLL --to-time=TIME --uri=URI|--to-shard=ID "
+		"[--into=DB.OTHER] [--shard=ID] [--dry-run] [--progress] | restore --shard=ID "
+		"--to-time=TIME --uri=URI|--to-shard=ID [--dry-run] [--progress]; with "
 		"--archive=SPEC, and --cdc=SPEC for restore)\n",
 		who, msg);
 	return 2;
@@ -107,6 +116,7 @@ static int parse(const char *who, int argc, char **argv, bk_opts *o)
 		{"--into=", offsetof(bk_opts, into)},
 		{"--uri=", offsetof(bk_opts, uri)},
 		{"--to-shard=", offsetof(bk_opts, to_shard)},
+		{"--import-latency-ms=", offsetof(bk_opts, import_latency)},
 	};
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
@@ -128,6 +138,8 @@ static int parse(const char *who, int argc, char **argv, bk_opts *o)
 			o->all = 1;
 		} else if (strcmp(a, "--dry-run") == 0) {
 			o->dry_run = 1;
+		} else if (strcmp(a, "--progress") == 0) {
+			o->progress = 1;
 		} else if (strncmp(a, "--", 2) == 0) {
 			fprintf(stderr, "stripedb ctl %s: unknown flag %s\n", who, a);
 			return 2;
@@ -199,6 +211,89 @@ static int parse_time(const char *s, int64_t *ms)
 	return 0;
 }
 
+/* ------------------------------------------------------------ progress (stderr) */
+
+/* Progress on stderr: mode 1 a bar rewritten with \r (stderr is a terminal, no --json),
+ * mode 2 one line per update (--progress, also with --json), 0 none. An update is shown
+ * when its whole percent changed or a second passed (bar: 100 ms), and always at the end:
+ *   <head> <pct>% <rate> docs/s ETA <eta><tail>
+ * the bar (mode 1) starts with [####......] (20 wide, one # per 5%) and ends with ESC[K.
+ * pct: done of total (below 100 until the end, 100 at the end); rate: work per second
+ * since progress_start; ETA: (total - done) / rate as 12s, 3m05s or 1h02m, "--" while
+ * unknown (no rate yet, or done past an estimated total). */
+typedef struct progress {
+	int mode, drawn, last_pct;
+	int64_t t0_ms, last_ms;
+} progress;
+
+static void progress_init(progress *p, const cli_ctx *ctx, int flag)
+{
+	memset(p, 0, sizeof *p);
+	p->mode = flag ? 2 : (!ctx->json && isatty(2)) ? 1 : 0;
+}
+
+/* A new subject (a shard's backup, a restore): the rate counts from now. */
+static void progress_start(progress *p)
+{
+	p->t0_ms = (int64_t)sdb_mono_ms();
+	p->last_ms = 0;
+	p->last_pct = -1;
+}
+
+/* End the bar's line (before other output, or at the end). */
+static void progress_break(progress *p)
+{
+	if (p->drawn)
+		fputc('\n', stderr);
+	p->drawn = 0;
+}
+
+static void progress_show(progress *p, int64_t done, int64_t total, int64_t work, int final,
+			  const char *tail, const char *fmt, ...)
+	__attribute__((format(printf, 7, 8)));
+
+static void progress_show(progress *p, int64_t done, int64_t total, int64_t work, int final,
+			  const char *tail, const char *fmt, ...)
+{
+	if (p->mode == 0)
+		return;
+	int64_t now = (int64_t)sdb_mono_ms(), el = now - p->t0_ms;
+	int pct = final ? 100 : total > 0 ? (int)(done >= total ? 99 : done * 100 / total) : 0;
+	if (!final && pct == p->last_pct && now - p->last_ms < (p->mode == 1 ? 100 : 1000))
+		return;
+	p->last_pct = pct;
+	p->last_ms = now;
+	double rate = el > 0 ? (double)work * 1000.0 / (double)el : 0;
+	char eta[32] = "--";
+	if (final) {
+		snprintf(eta, sizeof eta, "0s");
+	} else if (rate > 0 && total > done) {
+		int64_t s = (int64_t)((double)(total - done) / rate + 0.5);
+		if (s < 60)
+			snprintf(eta, sizeof eta, "%" PRId64 "s", s);
+		else if (s < 3600)
+			snprintf(eta, sizeof eta, "%" PRId64 "m%02ds", s / 60, (int)(s % 60));
+		else
+			snprintf(eta, sizeof eta, "%" PRId64 "h%02dm", s / 3600, (int)(s % 3600 / 60));
+	}
+	va_list ap;
+	va_start(ap, fmt);
+	if (p->mode == 1)
+		fprintf(stderr, "\r[%.*s%.*s] ", pct / 5, "####################", 20 - pct / 5,
+			"....................");
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, " %d%% %.0f docs/s ETA %s%s", pct, rate, eta, tail ? tail : "");
+	if (p->mode == 1) {
+		fputs("\033[K", stderr);
+		p->drawn = 1;
+		if (final)
+			progress_break(p);
+	} else {
+		fputc('\n', stderr);
+	}
+	fflush(stderr);
+}
 
 typedef sdb_shard_ref shard_ref;
 
@@ -269,6 +364,22 @@ static int open_archive(const char *who, const bk_opts *o, cdc_archive **a)
 	return 0;
 }
 
+/* A shard's backup progress (cdc_backup_opts.progress). */
+typedef struct create_pg {
+	progress pg;
+	const char *id;
+} create_pg;
+
+static void create_progress(const cdc_backup_progress *bp, void *arg)
+{
+	create_pg *c = arg;
+	char tail[64];
+	snprintf(tail, sizeof tail, " throttled %" PRId64 " ms", bp->throttled_ms);
+	progress_show(&c->pg, bp->done, bp->expected, bp->done, bp->finished, tail,
+		      "backup %s %s: %" PRId64 "/~%" PRId64 " documents", c->id, bp->shard,
+		      bp->done, bp->expected);
+}
+
 static int cmd_create(cli_ctx *ctx, const bk_opts *o)
 {
 	cdc_archive *a;
@@ -276,10 +387,25 @@ static int cmd_create(cli_ctx *ctx, const bk_opts *o)
 	size_t n;
 	char err[1024], id[40];
 	int rc, done = 0;
+	create_pg cp;
+	cdc_backup_opts bo = {.timeout_ms = ctx->timeout_ms,
+			      .import_latency_ms = SDB_IMPORT_LATENCY_MS,
+			      .progress = create_progress,
+			      .arg = &cp};
 	if (o->npos != 1)
 		return usage("backup", "create takes no argument");
 	if (!o->all && o->shard == NULL)
 		return usage("backup", "create needs --shard=ID or --all");
+	if (o->import_latency) {
+		char *end;
+		long long v = strtoll(o->import_latency, &end, 10);
+		if (end == o->import_latency || *end || v < 0 || v > 3600000)
+			return usage("backup", "--import-latency-ms takes an integer 0..3600000 (0: "
+					       "no throttle)");
+		bo.import_latency_ms = v;
+	}
+	progress_init(&cp.pg, ctx, o->progress);
+	cp.id = id;
 	if ((rc = open_archive("backup", o, &a)) != 0)
 		return rc;
 	if ((rc = list_shards(ctx, &shards, &n)) != 0) {
@@ -292,18 +418,24 @@ static int cmd_create(cli_ctx *ctx, const bk_opts *o)
 		if (!o->all && strcmp(shards[i].id, o->shard) != 0)
 			continue;
 		done++;
-		if (cdc_backup_shard(a, shards[i].id, shards[i].uri, id, ctx->timeout_ms, &st, err,
-				     sizeof err) != 0) {
+		progress_start(&cp.pg);
+		rc = cdc_backup_shard_opts(a, shards[i].id, shards[i].uri, id, &bo, &st, err,
+					   sizeof err);
+		progress_break(&cp.pg);
+		if (rc != 0) {
 			fprintf(stderr, "stripedb ctl backup: %s\n", err);
 			rc = 1;
 		} else if (ctx->json) {
 			printf("{\"id\": \"%s\", \"shard\": \"%s\", \"collections\": %d, "
-			       "\"documents\": %" PRId64 ", \"bytes\": %" PRId64 "}\n",
-			       id, shards[i].id, st.collections, st.documents, st.bytes);
+			       "\"documents\": %" PRId64 ", \"bytes\": %" PRId64
+			       ", \"throttledMS\": %" PRId64 "}\n",
+			       id, shards[i].id, st.collections, st.documents, st.bytes,
+			       st.throttled_ms);
 		} else {
 			printf("backup %s of %s: %d collections, %" PRId64 " documents, %" PRId64
-			       " bytes\n",
-			       id, shards[i].id, st.collections, st.documents, st.bytes);
+			       " bytes, throttled %" PRId64 " ms\n",
+			       id, shards[i].id, st.collections, st.documents, st.bytes,
+			       st.throttled_ms);
 		}
 		fflush(stdout);
 	}
@@ -493,8 +625,8 @@ int cli_backup_main(cli_ctx *ctx, int argc, char **argv)
 	if (o.to_time || o.into || o.dry_run || o.to_shard)
 		return usage("backup", "--to-time, --into, --to-shard and --dry-run are restore "
 				       "flags");
-	if (o.all && strcmp(o.pos[0], "create") != 0)
-		return usage("backup", "--all is a create flag");
+	if ((o.all || o.import_latency || o.progress) && strcmp(o.pos[0], "create") != 0)
+		return usage("backup", "--all, --import-latency-ms and --progress are create flags");
 	if (strcmp(o.pos[0], "create") == 0)
 		return cmd_create(ctx, &o);
 	if (strcmp(o.pos[0], "list") == 0)
@@ -607,8 +739,18 @@ typedef struct restore {
 	int64_t migration_skipped;  /* migration events of documents not restored from there */
 	const shard_ref *shards;    /* the shards in metadata; cur: the one being replayed */
 	uint16_t cur;
+	int64_t docs_total;         /* of the chosen backups' manifests: progress's total */
+	progress pg;
 	char err[1024];
 } restore;
+
+/* Show the restore's progress: backup documents of docs_total, events (total unknown). */
+static void restore_progress(restore *r, int final)
+{
+	progress_show(&r->pg, r->docs_in, r->docs_total, r->docs_in + r->events_in, final, NULL,
+		      "restore %s: %" PRId64 "/%" PRId64 " backup documents + %" PRId64 " events",
+		      r->ns, r->docs_in, r->docs_total, r->events_in);
+}
 
 static int flush_bulk(restore *r)
 {
@@ -778,6 +920,8 @@ static int apply_backup(restore *r, cdc_archive *a, const char *obj, const char 
 	while (rc == 0 && rd && (doc = bson_reader_read(rd, &eof)) != NULL) {
 		r->docs_in++;
 		rc = put_doc(r, doc, 1);
+		if (r->docs_in % BATCH == 0)
+			restore_progress(r, 0);
 	}
 	if (rc == 0 && (rd == NULL || !eof))
 		rc = sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "%s: not a BSON file", obj);
@@ -873,6 +1017,8 @@ static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t af
 			}
 		}
 		r->events_in += apply;
+		if (apply && r->events_in % BATCH == 0)
+			restore_progress(r, 0);
 		if (rc)
 			break;
 	}
@@ -964,7 +1110,8 @@ static int newest_ms(const cli_ctx *ctx, cdc_log *log, const shard_ref *s, int64
 		char *tmp = cdc_backup_tmpdir();
 		char *p = sdb_asprintf("%s/probe.bson", tmp ? tmp : "/tmp");
 		char e2[512];
-		if (cdc_backup_snapshot(c, "admin", "stripedb.backup.probe", p, &head, e2, sizeof e2) == 0 &&
+		if (cdc_backup_snapshot(c, "admin", "stripedb.backup.probe", p, NULL, NULL, &head, e2,
+					sizeof e2) == 0 &&
 		    head.at == last)
 			*out = now;
 		unlink(p);
@@ -1038,6 +1185,7 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 	r.ctx = e->ctx;
 	r.dry_run = e->o->dry_run;
 	r.to_ms = e->to_ms;
+	progress_init(&r.pg, e->ctx, e->o->progress);
 	r.db = db;
 	r.coll = dot + 1;
 	r.ns = ns;
@@ -1143,6 +1291,10 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 	}
 	int64_t t0 = (int64_t)sdb_mono_ms();
 	applying = !e->o->dry_run;
+	for (size_t i = 0; i < e->nsh; i++)
+		r.docs_total += plans[i].obj ? plans[i].docs : 0;
+	progress_start(&r.pg);
+	restore_progress(&r, 0);
 	for (size_t i = 0; i < e->nsh; i++) {
 		plan *p = &plans[i];
 		int64_t d0 = r.docs_in, e0 = r.events_in;
@@ -1156,10 +1308,12 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 		if (rc == 0)
 			rc = flush_bulk(&r);
 		if (rc) {
+			progress_break(&r.pg);
 			fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
 			rc = 1;
 			goto out;
 		}
+		progress_break(&r.pg);
 		if (!e->ctx->json)
 			printf("%s: backup %s (snapshot at %u:%u) %" PRId64 " documents + %" PRId64
 			       " events up to %s%s\n",
@@ -1171,6 +1325,7 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 	}
 	applying = 0;
 	int64_t took = (int64_t)sdb_mono_ms() - t0;
+	restore_progress(&r, 1);
 	if (e->o->dry_run) {
 		if (e->ctx->json)
 			printf("{\"dryRun\": true, \"toTime\": \"%s\", \"target\": \"%s.%s\", "
@@ -1324,9 +1479,9 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 	if (o.npos != 1 && !whole)
 		return usage("restore", "restore takes one DB.COLL, or --shard=ID for every "
 					"collection of a shard");
-	if (o.all)
-		return usage("restore", "--all is a backup flag (a restore reads every shard, or "
-					"--shard=ID)");
+	if (o.all || o.import_latency)
+		return usage("restore", "--all and --import-latency-ms are backup flags (a restore "
+					"reads every shard, or --shard=ID)");
 	const char *dot = whole ? NULL : strchr(o.pos[0], '.');
 	if (!whole && (dot == NULL || dot == o.pos[0] || dot[1] == '\0'))
 		return usage("restore", "expected DB.COLL");

@@ -20,6 +20,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/throttle.h"
 
 /* Documents per snapshot batch (memory bound of a backup). */
 #define BATCH 1000
@@ -153,7 +154,8 @@ static int owned_versions(mongoc_client_t *c, uint32_t sid, const char *db, cons
  * StaleConfig (the ownership changed between the two commands) reads again, at most 5
  * times. */
 int cdc_backup_snapshot(mongoc_client_t *c, const char *db, const char *coll, const char *path,
-			cdc_snap *so, char *err, size_t errlen)
+			const cdc_backup_opts *o, cdc_backup_progress *p, cdc_snap *so, char *err,
+			size_t errlen)
 {
 	bson_t cmd, reply, f = BSON_INITIALIZER;
 	bson_error_t e;
@@ -209,12 +211,29 @@ int cdc_backup_snapshot(mongoc_client_t *c, const char *db, const char *coll, co
 	mongoc_cursor_t *cs = mongoc_cursor_new_from_command_reply_with_opts(c, &reply, &copts);
 	bson_destroy(&copts);
 	const bson_t *doc;
+	int64_t t_next = (int64_t)sdb_mono_us();
 	while (rc == 0 && mongoc_cursor_next(cs, &doc)) {
+		/* the import throttle (common/throttle.h), as the migration's: a getMore slower
+		 * than the limit means the shard is busy; back off as long as it took */
+		int64_t nap = o ? sdb_import_backoff_ms((int64_t)sdb_mono_us() - t_next,
+							o->import_latency_ms)
+				: 0;
+		if (nap > 0) {
+			if (p)
+				p->throttled_ms += nap;
+			sdb_sleep_ms((int)nap);
+		}
 		if (fwrite(bson_get_data(doc), 1, doc->len, out) != doc->len)
 			rc = sdb_errf(err, errlen, SDB_EIO, "write %s: %s", path, strerror(errno));
 		EVP_DigestUpdate(md, bson_get_data(doc), doc->len);
 		so->count++;
 		so->bytes += doc->len;
+		if (p) {
+			p->done++;
+			if (so->count % BATCH == 0 && o && o->progress)
+				o->progress(p, o->arg);
+		}
+		t_next = (int64_t)sdb_mono_us();
 	}
 	if (rc == 0 && mongoc_cursor_error(cs, &e))
 		rc = sdb_errf(err, errlen, SDB_EUNAVAILABLE, "stripedbSnapshot %s.%s: %s", db, coll,
@@ -290,13 +309,43 @@ static int write_json(const bson_t *doc, const char *path, char *err, size_t err
 	return rc;
 }
 
+/* Documents in db.coll now (`count`, the shard's stored count): the progress's estimate;
+ * 0 when the count fails (the snapshot read reports the error). */
+static int64_t count_docs(mongoc_client_t *c, const char *db, const char *coll)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	BSON_APPEND_UTF8(&cmd, "count", coll);
+	int64_t n = mongoc_client_command_simple(c, db, &cmd, NULL, &reply, NULL)
+			    ? cdc_bson_i64(&reply, "n")
+			    : 0;
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return n;
+}
+
+static bool skip_db(const char *db)
+{
+	return !strcmp(db, "local") || !strcmp(db, "config") || !strcmp(db, "admin");
+}
+
 /* See backup.h. */
 int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const char *id,
 		     int timeout_ms, cdc_backup_stats *st, char *err, size_t errlen)
 {
-	mongoc_client_t *c = cdc_backup_client(uri, timeout_ms);
-	char **dbs = NULL;
-	size_t ndb = 0;
+	cdc_backup_opts o = {.timeout_ms = timeout_ms,
+			     .import_latency_ms = SDB_IMPORT_LATENCY_MS};
+	return cdc_backup_shard_opts(a, shard, uri, id, &o, st, err, errlen);
+}
+
+/* See backup.h. */
+int cdc_backup_shard_opts(cdc_archive *a, const char *shard, const char *uri, const char *id,
+			  const cdc_backup_opts *o, cdc_backup_stats *st, char *err,
+			  size_t errlen)
+{
+	mongoc_client_t *c = cdc_backup_client(uri, o->timeout_ms);
+	char **dbs = NULL, ***colls = NULL;
+	size_t ndb = 0, *ncs = NULL;
+	cdc_backup_progress pr = {.shard = shard};
 	int rc = 0, nobj = 0;
 	int64_t started = sdb_wall_ms(), docs = 0, bytes = 0;
 	cdc_snap head;
@@ -311,7 +360,8 @@ int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const c
 	memset(st, 0, sizeof *st);
 	/* the head first: a collection not listed below was empty then */
 	char *probe = sdb_asprintf("%s/probe.bson", tmp);
-	rc = cdc_backup_snapshot(c, "admin", "stripedb.backup.probe", probe, &head, err, errlen);
+	rc = cdc_backup_snapshot(c, "admin", "stripedb.backup.probe", probe, NULL, NULL, &head,
+				 err, errlen);
 	unlink(probe);
 	free(probe);
 	int64_t head_wall = 0;
@@ -330,23 +380,31 @@ int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const c
 		rc = list_names(c, "admin", &cmd, "databases", &dbs, &ndb, err, errlen);
 		bson_destroy(&cmd);
 	}
+	/* every collection and its count first: the progress's expected total (an estimate) */
+	colls = sdb_calloc(ndb ? ndb : 1, sizeof *colls);
+	ncs = sdb_calloc(ndb ? ndb : 1, sizeof *ncs);
 	for (size_t d = 0; rc == 0 && d < ndb; d++) {
-		if (!strcmp(dbs[d], "local") || !strcmp(dbs[d], "config") || !strcmp(dbs[d], "admin"))
+		if (skip_db(dbs[d]))
 			continue;
-		char **colls = NULL;
-		size_t nc = 0;
 		bson_t cmd = BSON_INITIALIZER;
 		BSON_APPEND_INT32(&cmd, "listCollections", 1);
-		rc = list_names(c, dbs[d], &cmd, "cursor.firstBatch", &colls, &nc, err, errlen);
+		rc = list_names(c, dbs[d], &cmd, "cursor.firstBatch", &colls[d], &ncs[d], err,
+				errlen);
 		bson_destroy(&cmd);
-		for (size_t i = 0; rc == 0 && i < nc; i++) {
-			if (strncmp(colls[i], "system.", 7) == 0)
+		for (size_t i = 0; rc == 0 && i < ncs[d]; i++)
+			if (strncmp(colls[d][i], "system.", 7) != 0)
+				pr.expected += count_docs(c, dbs[d], colls[d][i]);
+	}
+	for (size_t d = 0; rc == 0 && d < ndb; d++) {
+		for (size_t i = 0; rc == 0 && i < ncs[d]; i++) {
+			if (strncmp(colls[d][i], "system.", 7) == 0)
 				continue;
 			cdc_snap so;
 			char *path = sdb_asprintf("%s/data.bson", tmp);
 			char *obj = sdb_asprintf("backups/%s/%s/data-%05d.bson", shard, id, nobj++);
 			int64_t wall = 0;
-			rc = cdc_backup_snapshot(c, dbs[d], colls[i], path, &so, err, errlen);
+			rc = cdc_backup_snapshot(c, dbs[d], colls[d][i], path, o, &pr, &so, err,
+						 errlen);
 			if (rc == 0)
 				rc = oplog_wall(c, so.at, &wall, err, errlen);
 			if (rc == 0)
@@ -354,7 +412,7 @@ int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const c
 			unlink(path);
 			if (rc == 0) {
 				bson_t e;
-				char k[16], *ns = sdb_asprintf("%s.%s", dbs[d], colls[i]);
+				char k[16], *ns = sdb_asprintf("%s.%s", dbs[d], colls[d][i]);
 				snprintf(k, sizeof k, "%d", nobj - 1);
 				BSON_APPEND_DOCUMENT_BEGIN(&arr, k, &e);
 				BSON_APPEND_UTF8(&e, "ns", ns);
@@ -379,12 +437,13 @@ int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const c
 			free(path);
 			free(obj);
 		}
-		cdc_backup_names_free(colls, nc);
 	}
 	bson_append_array_end(&man, &arr);
 	BSON_APPEND_DATE_TIME(&man, "finishedAt", sdb_wall_ms());
 	BSON_APPEND_INT64(&man, "documents", docs);
 	BSON_APPEND_INT64(&man, "bytes", bytes);
+	BSON_APPEND_INT64(&man, "importLatencyMS", o->import_latency_ms);
+	BSON_APPEND_INT64(&man, "throttledMS", pr.throttled_ms);
 	if (rc == 0) {
 		char *path = sdb_asprintf("%s/manifest.json", tmp);
 		char *obj = sdb_asprintf("backups/%s/%s/manifest.json", shard, id);
@@ -399,6 +458,10 @@ int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const c
 		st->collections = nobj;
 		st->documents = docs;
 		st->bytes = bytes;
+		st->throttled_ms = pr.throttled_ms;
+		pr.finished = 1;
+		if (o->progress)
+			o->progress(&pr, o->arg);
 	} else {
 		/* a backup without its manifest does not exist: remove what was uploaded */
 		for (int i = 0; i < nobj; i++) {
@@ -409,6 +472,10 @@ int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const c
 		sdb_errwrap(err, errlen, rc, "backup of %s", shard);
 	}
 	bson_destroy(&man);
+	for (size_t d = 0; colls && d < ndb; d++)
+		cdc_backup_names_free(colls[d], ncs[d]);
+	free(colls);
+	free(ncs);
 	cdc_backup_names_free(dbs, ndb);
 	mongoc_client_destroy(c);
 	rmdir(tmp);

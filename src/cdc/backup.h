@@ -8,7 +8,8 @@
  *                                          headWall, collections: [{ns, object, atOplogTs,
  *                                          atWall, count, bytes, sha256, ownedOnly,
  *                                          collectionVersion, shardVersion}], finishedAt,
- *                                          documents, bytes}
+ *                                          documents, bytes, importLatencyMS,
+ *                                          throttledMS}
  * <id> is the start time "YYYYMMDDTHHMMSS.mmmZ" (UTC; sorts as time). Used by
  * `stripedb ctl backup|restore` (cli/backup.c) and the coordinator's --backup-interval.
  */
@@ -35,11 +36,35 @@ typedef struct cdc_snap {
 	int64_t collection_version, shard_version;
 } cdc_snap;
 
-/* Totals of one shard's backup. */
+/* Totals of one shard's backup; throttled_ms: time spent backing off by the import
+ * throttle (common/throttle.h). */
 typedef struct cdc_backup_stats {
 	int collections;
-	int64_t documents, bytes;
+	int64_t documents, bytes, throttled_ms;
 } cdc_backup_stats;
+
+/* Progress of one shard's backup, given to cdc_backup_opts.progress after every batch
+ * (1000 documents) of a snapshot read and once more when the shard's manifest is
+ * uploaded (finished = 1; never after a failure). done: documents read so far;
+ * expected: the sum of the collections' counts taken before the reads, an estimate
+ * (writes during the backup make done end above or below it); throttled_ms: back-off so
+ * far. shard is borrowed for the call. */
+typedef struct cdc_backup_progress {
+	const char *shard;
+	int64_t done, expected, throttled_ms;
+	int finished;
+} cdc_backup_progress;
+
+/* How to run a backup: timeout_ms for server selection and connect; import_latency_ms
+ * the import throttle's limit (a snapshot batch slower than that backs off as long as it
+ * took; 0 disables; SDB_IMPORT_LATENCY_MS by default); progress (NULL: none) is called
+ * with arg from the backing-up thread. */
+typedef struct cdc_backup_opts {
+	int timeout_ms;
+	int64_t import_latency_ms;
+	void (*progress)(const cdc_backup_progress *p, void *arg);
+	void *arg;
+} cdc_backup_opts;
 
 /* Back up the shard (id, mongodb uri) into a as backup id: head probe, listDatabases,
  * listCollections (admin, local, config, system.* skipped), each collection snapshot
@@ -49,6 +74,13 @@ typedef struct cdc_backup_stats {
  * shard and the operation. */
 int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const char *id,
 		     int timeout_ms, cdc_backup_stats *st, char *err, size_t errlen);
+
+/* cdc_backup_shard with options o (throttle limit, progress callback); the collections
+ * are counted (`count`) before the reads, for the progress's expected total.
+ * cdc_backup_shard is this with timeout_ms, SDB_IMPORT_LATENCY_MS and no progress. */
+int cdc_backup_shard_opts(cdc_archive *a, const char *shard, const char *uri, const char *id,
+			  const cdc_backup_opts *o, cdc_backup_stats *st, char *err,
+			  size_t errlen);
 
 /* Format the backup id of now_ms (epoch ms) into buf (>= 24 bytes). */
 void cdc_backup_id(int64_t now_ms, char *buf, size_t n);
@@ -65,10 +97,13 @@ mongoc_client_t *cdc_backup_client(const char *uri, int timeout_ms);
  * streamed into the file path (documents back to back); *out gets its atOplogTs, count,
  * bytes and SHA-256. For a collection with filtering metadata on the shard the read is
  * gated by the installed shard version, so only owned documents are kept (no orphans, no
- * chunk being imported); a StaleConfig reads again (5 tries). Errors: SDB_EUNAVAILABLE,
- * SDB_EIO. */
+ * chunk being imported); a StaleConfig reads again (5 tries). With o and p (both or
+ * neither NULL): the import throttle with limit o->import_latency_ms (the back-off added
+ * to p->throttled_ms), each document added to p->done, and o->progress called after every
+ * batch. Errors: SDB_EUNAVAILABLE, SDB_EIO. */
 int cdc_backup_snapshot(mongoc_client_t *c, const char *db, const char *coll, const char *path,
-			cdc_snap *out, char *err, size_t errlen);
+			const cdc_backup_opts *o, cdc_backup_progress *p, cdc_snap *out,
+			char *err, size_t errlen);
 
 /* A fresh private directory under $TMPDIR (heap path), NULL with errno on failure. */
 char *cdc_backup_tmpdir(void);

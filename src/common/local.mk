@@ -11,7 +11,8 @@ libstripedb_a_SOURCES += \
 	src/common/metauri.c \
 	src/common/metrics.c \
 	src/common/role.c \
-	src/common/shardref.c
+	src/common/shardref.c \
+	src/common/throttle.c
 noinst_HEADERS += \
 	src/common/clock.h \
 	src/common/cmdopts.h \
@@ -24,12 +25,13 @@ noinst_HEADERS += \
 	src/common/metauri.h \
 	src/common/metrics.h \
 	src/common/role.h \
-	src/common/shardref.h
+	src/common/shardref.h \
+	src/common/throttle.h
 
 EXTRA_DIST += src/common/README.md
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -45,3 +47,6 @@ tests_unit_test_common_clock_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_metauri_SOURCES = tests/unit/test_common_metauri.c
 tests_unit_test_common_metauri_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_metauri_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_throttle_SOURCES = tests/unit/test_common_throttle.c
+tests_unit_test_common_throttle_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_throttle_LDADD = $(UNIT_LDADD)

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/throttle.h"
 #include "coordinator/migrate_int.h"
 
 /* Fault injection for the crash tests (tests/integration/test_migration_faults.py):
@@ -324,7 +325,7 @@ int mig_load(mig *m)
 		m->max_attempts = mig_it_int(&spec, "maxSwitchAttempts", 5);
 		m->max_catchup_ms = mig_it_int(&spec, "maxCatchUpMS", 600000);
 		m->apply_rate = mig_it_int(&spec, "applyRate", 0);
-		m->import_latency_ms = mig_it_int(&spec, "importLatencyMS", 50);
+		m->import_latency_ms = mig_it_int(&spec, "importLatencyMS", SDB_IMPORT_LATENCY_MS);
 		m->session_history_ms = mig_it_int(&spec, "sessionHistoryMS", 31 * 60 * 1000);
 		char order[32] = "";
 		mig_it_str(&spec, "importOrder", order, sizeof order);

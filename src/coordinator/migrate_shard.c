@@ -9,6 +9,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/throttle.h"
 #include "coordinator/migrate_int.h"
 
 static int shard_uri(mig *m, const char *id, char **out)
@@ -188,12 +189,14 @@ int mig_scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson_t 
 	const bson_t *doc;
 	int64_t t_next = (int64_t)sdb_mono_us();
 	while (rc == 0 && mongoc_cursor_next(cs, &doc)) {
-		/* import throttle: a getMore of the snapshot slower than importLatencyMS means
-		 * the source is busy; back off as long as it took */
-		int64_t took = (int64_t)sdb_mono_us() - t_next;
-		if (at && m->import_latency_ms > 0 && took > m->import_latency_ms * 1000) {
-			m->throttled_ms += took / 1000;
-			mig_nap(m, took / 1000);
+		/* import throttle (common/throttle.h): a getMore of the snapshot slower than
+		 * importLatencyMS means the source is busy; back off as long as it took */
+		int64_t nap = at ? sdb_import_backoff_ms((int64_t)sdb_mono_us() - t_next,
+							 m->import_latency_ms)
+				 : 0;
+		if (nap > 0) {
+			m->throttled_ms += nap;
+			mig_nap(m, nap);
 		}
 		if (mig_in_chunk(m, doc))
 			rc = fn(m, doc, arg);

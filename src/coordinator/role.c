@@ -332,7 +332,8 @@ static void scheduled_backup(coord *co, cdc_archive *a, const char *shard, const
 		sdb_warn("scheduled backup", "shard=%s id=%s error=\"%s\"", shard, id, err);
 	else
 		sdb_info("scheduled backup", "shard=%s id=%s collections=%d documents=%" PRId64
-			 " bytes=%" PRId64, shard, id, st.collections, st.documents, st.bytes);
+			 " bytes=%" PRId64 " throttled_ms=%" PRId64, shard, id, st.collections,
+			 st.documents, st.bytes, st.throttled_ms);
 }
 
 /* Runs when an archive is configured, in its own thread because an object store may take

@@ -7,6 +7,7 @@ state after its last operation acknowledged before T, or (only when one was in f
 T) the state after that one; nothing sent after T.
 """
 import os
+import re
 import subprocess
 import threading
 import time
@@ -237,6 +238,8 @@ def test_scheduled_backups(cl, tmp_path):
     first = backups()[-1]["id"]
     wait_until(lambda: backups()[-1]["id"] > first, 60, what="the next scheduled backup")
     assert all(b["shard"] == "shard-a" for b in backups())
+    # paced by the import throttle with the default limit, as ctl backup create
+    assert all(int(b["importLatencyMS"]["$numberLong"]) == 50 for b in backups())
     # a restore from a scheduled backup
     cl.wait_published(co, "shard-a")
     t = now_ms()
@@ -320,3 +323,130 @@ def test_rebuild_a_lost_shard_from_its_backup_and_the_cdc_log(cl, tmp_path):
     # one collection, restored onto the shard directly under another name
     r = ctl(cl, "restore", "db2.b", "--to-time=latest", "--to-shard=shard-a", "--into=db2.b2")
     assert sorted(c.db2.b2.find(), key=lambda d: d["_id"]) == want["db2.b"]
+
+
+def manifest_of(cl, backup_id):
+    import json
+    for b in json.loads(ctl(cl, "--json", "backup", "list").stdout)["backups"]:
+        if b["id"] == backup_id:
+            return b
+    raise AssertionError(f"no backup {backup_id}")
+
+
+def test_backup_import_throttle(cl, tmp_path):
+    """The migration's import throttle paces a backup's snapshot reads: with a latency
+    limit of 1 ms, a getMore of 1000 documents of 1 KiB takes longer (a shard that
+    answered 20 of them in under 1 ms each would make this fail), so the backup backs off
+    and reports the time; with 0 the throttle is off and reports 0."""
+    import json
+    start(cl, tmp_path)
+    c = cl.shard_client("shard-a")
+    for k in range(4):
+        c.db.t.insert_many([{"_id": k * 5000 + i, "p": "x" * 1024} for i in range(5000)])
+    r = ctl(cl, "--json", "backup", "create", "--all", "--import-latency-ms=1")
+    out = json.loads(r.stdout)
+    assert out["documents"] == 20000, out
+    assert out["throttledMS"] > 0, out
+    m = manifest_of(cl, out["id"])
+    assert int(m["throttledMS"]["$numberLong"]) == out["throttledMS"], m
+    assert int(m["importLatencyMS"]["$numberLong"]) == 1, m
+    assert r.stderr == b"", r.stderr  # --json: no progress unless --progress
+    r = ctl(cl, "--json", "backup", "create", "--all", "--import-latency-ms=0")
+    out = json.loads(r.stdout)
+    assert out["documents"] == 20000 and out["throttledMS"] == 0, out
+    m = manifest_of(cl, out["id"])
+    assert int(m["throttledMS"]["$numberLong"]) == 0, m
+    assert int(m["importLatencyMS"]["$numberLong"]) == 0, m
+    # the text output names it too; the default limit is 50 ms
+    r = ctl(cl, "backup", "create", "--all")
+    assert re.search(rb"20000 documents, \d+ bytes, throttled \d+ ms", r.stdout), r.stdout
+    lst = json.loads(ctl(cl, "--json", "backup", "list").stdout)["backups"]
+    assert int(lst[-1]["importLatencyMS"]["$numberLong"]) == 50, lst[-1]
+    for bad in ("--import-latency-ms=-1", "--import-latency-ms=abc", "--import-latency-ms="):
+        r = ctl(cl, "backup", "create", "--all", bad, check=False)
+        assert r.returncode == 2 and b"--import-latency-ms" in r.stderr, (bad, r.stderr)
+
+
+BACKUP_LINE = re.compile(r"^backup (\S+) shard-a: (\d+)/~(\d+) documents (\d+)% (\d+) docs/s "
+                         r"ETA (\S+) throttled (\d+) ms$")
+RESTORE_LINE = re.compile(r"^restore db\.p: (\d+)/(\d+) backup documents \+ (\d+) events "
+                          r"(\d+)% (\d+) docs/s ETA (\S+)$")
+
+
+def test_backup_and_restore_progress(cl, tmp_path):
+    """--progress: one line per update on stderr, percent of the expected documents
+    (collections counted before the reads) rising batch by batch to 100%, with a rate and
+    an ETA; the restore's total is the backup's document count from its manifest."""
+    co = start(cl, tmp_path)
+    c = cl.shard_client("shard-a")
+    c.db.p.insert_many([{"_id": i, "v": i} for i in range(5000)])
+    r = ctl(cl, "backup", "create", "--all", "--progress", "--import-latency-ms=0")
+    lines = r.stderr.decode().splitlines()
+    got = [BACKUP_LINE.match(ln) for ln in lines]
+    assert lines and all(got), lines
+    # one line per batch of 1000 of the 5000 expected (99% until the end), then the end
+    assert [int(g[4]) for g in got] == [20, 40, 60, 80, 99, 100], lines
+    assert [int(g[2]) for g in got] == [1000, 2000, 3000, 4000, 5000, 5000], lines
+    assert all(int(g[3]) == 5000 for g in got), lines
+    assert got[-1][6] == "0s" and got[-1][7] == "0", lines
+    assert got[0][6] != "--", lines  # a rate after the first batch: an ETA
+    assert all(re.fullmatch(r"--|\d+s|\d+m\d\ds|\d+h\d\dm", g[6]) for g in got), lines
+    # without --progress and without a terminal: nothing on stderr
+    r = ctl(cl, "backup", "create", "--all")
+    assert r.stderr == b"", r.stderr
+    # the restore: the backup's 5000 documents, then the events after it
+    c.db.p.insert_many([{"_id": 10000 + i} for i in range(10)])
+    cl.wait_published(co, "shard-a")
+    t = now_ms()
+    r = ctl(cl, "restore", "db.p", f"--to-time={t // 1000}.{t % 1000:03d}", "--into=db.q",
+            f"--uri={shard_uri(cl)}", "--progress")
+    lines = r.stderr.decode().splitlines()
+    got = [RESTORE_LINE.match(ln) for ln in lines]
+    assert lines and all(got), lines
+    assert [int(g[4]) for g in got] == [0, 20, 40, 60, 80, 99, 100], lines
+    assert all(int(g[2]) == 5000 for g in got), lines
+    assert int(got[-1][1]) == 5000 and int(got[-1][3]) == 10 and got[-1][6] == "0s", lines
+    assert c.db.q.count_documents({}) == 5010
+    # --progress is a flag of create and restore only
+    r = ctl(cl, "backup", "list", "--progress", check=False)
+    assert r.returncode == 2, r.stderr
+
+
+def test_backup_progress_bar_on_a_terminal(cl, tmp_path):
+    """stderr a terminal: the bar is rewritten in place (\\r), ends at 100% and a newline;
+    with --json it is not drawn."""
+    import pty
+    start(cl, tmp_path)
+    c = cl.shard_client("shard-a")
+    c.db.p.insert_many([{"_id": i} for i in range(3000)])
+
+    def run(*extra):
+        mfd, sfd = pty.openpty()
+        env = dict(os.environ, STRIPEDB_CDC=cl.cdc, STRIPEDB_ARCHIVE=cl.archive)
+        p = subprocess.Popen([BIN, "ctl", f"--metadata={cl.metadata}"] + list(extra) +
+                             ["backup", "create", "--all"], stdout=subprocess.PIPE,
+                             stderr=sfd, env=env)
+        os.close(sfd)
+        err = b""
+        while True:
+            try:
+                chunk = os.read(mfd, 65536)
+            except OSError:  # EIO: the terminal's last writer is gone
+                break
+            if not chunk:
+                break
+            err += chunk
+        os.close(mfd)
+        out = p.stdout.read()
+        assert p.wait(timeout=120) == 0, err
+        return out, err
+    out, err = run()
+    assert b"3000 documents" in out, out
+    assert err.startswith(b"\r") and err.count(b"\r") >= 2, err
+    assert re.search(rb"\r\[#{20}\] backup \S+ shard-a: 3000/~3000 documents 100% \d+ docs/s "
+                     rb"ETA 0s "
+                     rb"throttled \d+ ms\x1b\[K\r?\n$", err), err
+    assert re.search(rb"\r\[#{6}\.{14}\] backup \S+ shard-a: 1000/~3000 documents 33% ",
+                     err), err
+    out, err = run("--json")
+    assert err == b"", err
