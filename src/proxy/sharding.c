@@ -379,9 +379,11 @@ static bool same_key(const bson_t *want, bool want_hashed, const bson_t *have, b
 	}
 }
 
-/* Creates the unique index on the shard key on every shard (unique: true, ranged keys):
- * each shard enforces it for the key ranges it owns, which together enforce it cluster-wide. */
-static bool create_unique_key_index(ctx *c, const char *db, const char *coll, const bson_t *key)
+/* Creates the index on the shard key on every shard (MongoDB's default name, e.g. k_1 or
+ * k_hashed). unique (ranged keys): each shard enforces it for the key ranges it owns, which
+ * together enforce it cluster-wide. False after answering c with the first shard's error. */
+static bool create_key_index(ctx *c, const char *db, const char *coll, const bson_t *key,
+			     bool unique)
 {
 	ctx sub = *c;
 	bson_t cmd = BSON_INITIALIZER, arr, spec;
@@ -393,15 +395,23 @@ static bool create_unique_key_index(ctx *c, const char *db, const char *coll, co
 
 	sub.db = db;
 	bson_iter_init(&it, key);
-	while (bson_iter_next(&it) && off < sizeof name)
-		off += (size_t)snprintf(name + off, sizeof name - off, "%s%s_1", off ? "_" : "",
-					bson_iter_key(&it));
+	while (bson_iter_next(&it) && off < sizeof name) {
+		/* MongoDB's default index name: field_1, field_-1, field_hashed */
+		char v[32];
+		if (BSON_ITER_HOLDS_UTF8(&it))
+			snprintf(v, sizeof v, "%s", bson_iter_utf8(&it, NULL));
+		else
+			snprintf(v, sizeof v, "%lld", (long long)bson_iter_as_int64(&it));
+		off += (size_t)snprintf(name + off, sizeof name - off, "%s%s_%s", off ? "_" : "",
+					bson_iter_key(&it), v);
+	}
 	BSON_APPEND_UTF8(&cmd, "createIndexes", coll);
 	BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &arr);
 	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &spec);
 	BSON_APPEND_DOCUMENT(&spec, "key", key);
 	BSON_APPEND_UTF8(&spec, "name", name);
-	BSON_APPEND_BOOL(&spec, "unique", true);
+	if (unique)
+		BSON_APPEND_BOOL(&spec, "unique", true);
 	bson_append_document_end(&arr, &spec);
 	bson_append_array_end(&cmd, &arr);
 	n = px_shard_ids(c, &ids);
@@ -433,13 +443,45 @@ bool px_doc_of(const bson_iter_t *it, bson_t *out)
 	return bson_init_static(out, data, len);
 }
 
-/* MongoDB's rule for sharding a collection that already has indexes: every unique index
- * other than _id must have the shard key as its prefix, else uniqueness could not be kept
- * across shards (InvalidOptions 72, "can't shard collection ... with unique index on ...").
- * Asked of holder, the shard holding the collection's documents. False after answering c. */
+/* Whether index key pattern kp starts with the shard key pattern key, field by field with
+ * equal values (1 and 1.0 alike; "hashed" for a hashed key): MongoDB's
+ * KeyPattern::isPrefixOf as used by shardCollection's shard key index check. */
+static bool key_prefixes(const bson_t *key, const bson_t *kp)
+{
+	bson_iter_t ki, si;
+	if (!bson_iter_init(&ki, kp) || !bson_iter_init(&si, key))
+		return false;
+	while (bson_iter_next(&si)) {
+		if (!bson_iter_next(&ki) || strcmp(bson_iter_key(&ki), bson_iter_key(&si)) != 0)
+			return false;
+		if (BSON_ITER_HOLDS_UTF8(&si) || BSON_ITER_HOLDS_UTF8(&ki)) {
+			if (!BSON_ITER_HOLDS_UTF8(&si) || !BSON_ITER_HOLDS_UTF8(&ki) ||
+			    strcmp(bson_iter_utf8(&si, NULL), bson_iter_utf8(&ki, NULL)) != 0)
+				return false;
+		} else if (!BSON_ITER_HOLDS_NUMBER(&si) || !BSON_ITER_HOLDS_NUMBER(&ki) ||
+			   bson_iter_as_double(&si) != bson_iter_as_double(&ki)) {
+			return false;
+		}
+	}
+	return true;
+}
+
+/* MongoDB's rules for sharding a collection that already has indexes, asked of holder,
+ * the shard holding the collection's documents:
+ * - every unique index other than _id must have the shard key as its prefix, else
+ *   uniqueness could not be kept across shards (InvalidOptions 72, "can't shard collection
+ *   ... with unique index on ...");
+ * - for a ranged key, some index must start with the shard key, not sparse, not partial
+ *   and with the simple collation, for the chunks' range scans (InvalidOptions 72, "Please
+ *   create an index that starts with the proposed shard key before sharding the
+ *   collection"; MongoDB's validShardKeyIndexExists, which creates it only for an empty
+ *   collection). A hashed key needs none: the embedded shard has no hashed index (67 on
+ *   createIndexes) and computes the hash of each document (docs/compat.md).
+ * A collection gone from holder passes. False after answering c. */
 static bool check_unique_indexes(ctx *c, const char *db, const char *coll, const char *ns,
 				 const char *holder, const bson_t *key, bool hashed)
 {
+	bool key_index = false;
 	ctx in_db = *c;
 	bson_t cmd = BSON_INITIALIZER, reply, cur, batch;
 	bson_iter_t it;
@@ -464,8 +506,21 @@ static bool check_unique_indexes(ctx *c, const char *db, const char *coll, const
 			bson_t ix, kp;
 			bson_iter_t ki, si;
 			bool prefixed = true;
-			if (!px_doc_of(&it, &ix) || !px_get_bool(&ix, "unique", false) ||
-			    !px_get_doc(&ix, "key", &kp))
+			if (!px_doc_of(&it, &ix) || !px_get_doc(&ix, "key", &kp))
+				continue;
+			bson_t coll_spec;
+			bson_iter_t li;
+			const char *locale = "simple";
+			if (px_get_doc(&ix, "collation", &coll_spec))
+				locale = bson_iter_init_find(&li, &coll_spec, "locale") &&
+						 BSON_ITER_HOLDS_UTF8(&li)
+					 ? bson_iter_utf8(&li, NULL)
+					 : NULL;
+			if (key_prefixes(key, &kp) && !px_get_bool(&ix, "sparse", false) &&
+			    !bson_has_field(&ix, "partialFilterExpression") && locale &&
+			    strcmp(locale, "simple") == 0)
+				key_index = true;
+			if (!px_get_bool(&ix, "unique", false))
 				continue;
 			if (bson_iter_init(&ki, &kp) && bson_iter_next(&ki) &&
 			    strcmp(bson_iter_key(&ki), "_id") == 0 && bson_count_keys(&kp) == 1)
@@ -490,6 +545,12 @@ static bool check_unique_indexes(ctx *c, const char *db, const char *coll, const
 			}
 		}
 	bson_destroy(&reply);
+	if (ok && !key_index && !hashed) {
+		px_error(c, WIRE_ERR_INVALID_OPTIONS,
+			 "Please create an index that starts with the proposed shard key before "
+			 "sharding the collection %s (it holds documents on %s)", ns, holder);
+		ok = false;
+	}
 	return ok;
 }
 
@@ -580,7 +641,11 @@ static void do_shard_collection(ctx *c)
 		free(holder);
 		return;
 	}
-	if (unique && !create_unique_key_index(c, db, coll, &key)) {
+	/* the shard key's index: MongoDB creates it for an empty collection (a collection with
+	 * documents must have one, checked above); unique: the unique index asked for; none
+	 * for a hashed key (no hashed index on the embedded shard) */
+	if ((unique || (holder == NULL && !hashed)) &&
+	    !create_key_index(c, db, coll, &key, unique)) {
 		free(holder);
 		return;
 	}

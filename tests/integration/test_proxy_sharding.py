@@ -539,10 +539,36 @@ def test_drop_through_proxy_drops_sharding_metadata(cluster):
     assert sorted(d["_id"] for d in q.dr.c.find()) == list(range(5))
     holders = [s for s in cluster.shard_ids if cluster.shard_client(s).dr.c.count_documents({})]
     assert len(holders) == 1
+    q.dr.c.create_index("k")  # a collection with documents needs the shard key's index
     p.admin.command("shardCollection", "dr.c", key={"k": 1})
     assert cluster.routing("dr.c")["key"] == {"k": 1}
     assert sorted(d["_id"] for d in p.dr.c.find()) == list(range(5))
     p.dr.nothere.drop()  # dropping an unknown collection is fine
+
+
+def test_shard_key_index_required_with_documents_and_created_without(cluster):
+    """MongoDB's rule: sharding a collection that holds documents needs an index starting
+    with the shard key (not sparse, not partial), else 72 InvalidOptions and nothing
+    changes; sharding an empty (or absent) collection creates it on the shards."""
+    p = cluster.proxy_client(0)
+    p.ix.a.insert_many([{"_id": i, "k": i % 7, "x": i} for i in range(50)])
+    p.ix.a.create_index([("k", 1)], sparse=True, name="k_sparse")
+    p.ix.a.create_index([("x", 1), ("k", 1)])  # k is not its prefix
+    with pytest.raises(OperationFailure) as e:
+        p.admin.command("shardCollection", "ix.a", key={"k": 1})
+    assert e.value.code == 72
+    assert "Please create an index that starts with the proposed shard key" in str(e.value)
+    with pytest.raises(OperationFailure):
+        cluster.routing("ix.a")  # not sharded
+    p.ix.a.create_index([("k", 1), ("x", 1)])  # the shard key is its prefix
+    p.admin.command("shardCollection", "ix.a", key={"k": 1})
+    assert cluster.routing("ix.a")["key"] == {"k": 1}
+    assert p.ix.a.count_documents({}) == 50
+    # empty: created on the shards with MongoDB's default name
+    p.admin.command("shardCollection", "ix.b", key={"k": 1, "j": 1})
+    for s in cluster.shard_ids:
+        ix = {i["name"]: i["key"] for i in cluster.shard_client(s).ix.b.list_indexes()}
+        assert ix.get("k_1_j_1") == {"k": 1, "j": 1}, (s, ix)
 
 
 def test_tenants_cannot_administer_sharding(start_role, tmp_path):
