@@ -424,12 +424,20 @@ static int cmd_list(cli_ctx *ctx, const bk_opts *o)
 						    : NULL;
 		if (mi == NULL) {
 			/* incomplete (or its manifest appeared between the two listings) */
-			if (ctx->json)
-				printf("%s{\"id\": \"%s\", \"shard\": \"%s\", \"state\": "
-				       "\"incomplete\", \"incomplete\": true, \"objects\": %zu, "
-				       "\"collections\": []}",
-				       i ? ", " : "", e[i].id, e[i].shard, e[i].objects);
-			else
+			if (ctx->json) {
+				bson_t d = BSON_INITIALIZER, arr;
+				BSON_APPEND_UTF8(&d, "id", e[i].id);
+				BSON_APPEND_UTF8(&d, "shard", e[i].shard);
+				BSON_APPEND_UTF8(&d, "state", "incomplete");
+				BSON_APPEND_BOOL(&d, "incomplete", true);
+				BSON_APPEND_INT32(&d, "objects", (int32_t)e[i].objects);
+				BSON_APPEND_ARRAY_BEGIN(&d, "collections", &arr);
+				bson_append_array_end(&d, &arr);
+				char *j = bson_as_relaxed_extended_json(&d, NULL);
+				printf("%s%s", i ? ", " : "", j);
+				bson_free(j);
+				bson_destroy(&d);
+			} else
 				printf("%-22s %-12s %-24s %-16s %6s %10s %12s incomplete (%zu "
 				       "objects, no manifest)\n",
 				       e[i].id, e[i].shard, "-", "-", "-", "-", "-", e[i].objects);
