@@ -511,11 +511,25 @@ static int list_manifests(cdc_archive *a, const char *shard, int load, const cha
 	return rc;
 }
 
+/* The manifest of shard/id among m[0..n), NULL when none. */
+static const manifest *find_manifest(const manifest *m, size_t n, const char *shard,
+				     const char *id)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(m[i].shard, shard) == 0 && strcmp(m[i].id, id) == 0)
+			return &m[i];
+	return NULL;
+}
+
+/* Every backup, committed or incomplete (data objects without a manifest: being written,
+ * or left by a writer that died; the coordinator deletes it once certainly dead, see
+ * cdc_backup_sweep), with a state. */
 static int cmd_list(cli_ctx *ctx, const bk_opts *o)
 {
 	cdc_archive *a;
-	manifest *m;
-	size_t n;
+	manifest *m = NULL;
+	cdc_backup_ent *e = NULL;
+	size_t n = 0, ne = 0;
 	char err[1024];
 	int rc;
 	if (o->npos != 1)
@@ -523,56 +537,89 @@ static int cmd_list(cli_ctx *ctx, const bk_opts *o)
 	if ((rc = open_archive("backup", o, &a)) != 0)
 		return rc;
 	char *tmp = cdc_backup_tmpdir();
-	rc = list_manifests(a, o->shard, 1, tmp ? tmp : "/tmp", &m, &n, err, sizeof err);
+	rc = cdc_backup_scan(a, o->shard, &e, &ne, err, sizeof err);
+	if (rc == 0)
+		rc = list_manifests(a, o->shard, 1, tmp ? tmp : "/tmp", &m, &n, err, sizeof err);
 	if (tmp) {
 		rmdir(tmp);
 		free(tmp);
 	}
 	if (rc) {
 		fprintf(stderr, "stripedb ctl backup list: %s\n", err);
+		cdc_backup_ents_free(e, ne);
 		cdc_archive_close(a);
 		return 1;
 	}
 	if (ctx->json)
 		printf("{\"backups\": [");
 	else
-		printf("%-22s %-12s %-24s %-16s %6s %10s %12s\n", "ID", "SHARD", "TIME", "HEAD_TS",
-		       "COLLS", "DOCUMENTS", "BYTES");
-	for (size_t i = 0; i < n; i++) {
+		printf("%-22s %-12s %-24s %-16s %6s %10s %12s %s\n", "ID", "SHARD", "TIME",
+		       "HEAD_TS", "COLLS", "DOCUMENTS", "BYTES", "STATE");
+	for (size_t i = 0; i < ne; i++) {
+		const manifest *mi = e[i].committed ? find_manifest(m, n, e[i].shard, e[i].id)
+						    : NULL;
+		if (mi == NULL) {
+			/* incomplete (or its manifest appeared between the two listings) */
+			if (ctx->json) {
+				bson_t d = BSON_INITIALIZER, arr;
+				BSON_APPEND_UTF8(&d, "id", e[i].id);
+				BSON_APPEND_UTF8(&d, "shard", e[i].shard);
+				BSON_APPEND_UTF8(&d, "state", "incomplete");
+				BSON_APPEND_BOOL(&d, "incomplete", true);
+				BSON_APPEND_INT32(&d, "objects", (int32_t)e[i].objects);
+				BSON_APPEND_ARRAY_BEGIN(&d, "collections", &arr);
+				bson_append_array_end(&d, &arr);
+				char *j = bson_as_relaxed_extended_json(&d, NULL);
+				printf("%s%s", i ? ", " : "", j);
+				bson_free(j);
+				bson_destroy(&d);
+			} else
+				printf("%-22s %-12s %-24s %-16s %6s %10s %12s incomplete (%zu "
+				       "objects, no manifest)\n",
+				       e[i].id, e[i].shard, "-", "-", "-", "-", "-", e[i].objects);
+			continue;
+		}
 		char t[40];
-		uint64_t h = cdc_bson_ts(m[i].doc, "headTs");
+		uint64_t h = cdc_bson_ts(mi->doc, "headTs");
 		bson_iter_t it;
 		uint32_t colls = 0;
-		if (bson_iter_init_find(&it, m[i].doc, "collections") && BSON_ITER_HOLDS_ARRAY(&it)) {
+		if (bson_iter_init_find(&it, mi->doc, "collections") && BSON_ITER_HOLDS_ARRAY(&it)) {
 			bson_iter_t c;
 			bson_iter_recurse(&it, &c);
 			while (bson_iter_next(&c))
 				colls++;
 		}
-		fmt_ms(cdc_bson_i64(m[i].doc, "headWall"), t, sizeof t);
+		fmt_ms(cdc_bson_i64(mi->doc, "headWall"), t, sizeof t);
 		if (ctx->json) {
-			char *j = bson_as_canonical_extended_json(m[i].doc, NULL);
+			bson_t *d = bson_copy(mi->doc);
+			BSON_APPEND_UTF8(d, "state", "committed");
+			BSON_APPEND_BOOL(d, "incomplete", false);
+			char *j = bson_as_canonical_extended_json(d, NULL);
 			printf("%s%s", i ? ", " : "", j);
 			bson_free(j);
+			bson_destroy(d);
 		} else {
 			char hs[32];
 			snprintf(hs, sizeof hs, "%u:%u", (unsigned)(h >> 32), (unsigned)h);
-			printf("%-22s %-12s %-24s %-16s %6u %10" PRId64 " %12" PRId64 "\n", m[i].id,
-			       m[i].shard, t, hs, colls, cdc_bson_i64(m[i].doc, "documents"),
-			       cdc_bson_i64(m[i].doc, "bytes"));
+			printf("%-22s %-12s %-24s %-16s %6u %10" PRId64 " %12" PRId64 " committed\n",
+			       mi->id, mi->shard, t, hs, colls, cdc_bson_i64(mi->doc, "documents"),
+			       cdc_bson_i64(mi->doc, "bytes"));
 		}
 	}
 	if (ctx->json)
 		printf("]}\n");
 	manifests_free(m, n);
+	cdc_backup_ents_free(e, ne);
 	cdc_archive_close(a);
 	return 0;
 }
 
+/* Delete backup ID (of --shard, else of every shard that has one), committed or
+ * incomplete (cdc_backup_delete: the manifest first). */
 static int cmd_delete(cli_ctx *ctx, const bk_opts *o)
 {
 	cdc_archive *a;
-	manifest *m;
+	cdc_backup_ent *e;
 	size_t n;
 	char err[1024];
 	int rc, found = 0;
@@ -580,26 +627,18 @@ static int cmd_delete(cli_ctx *ctx, const bk_opts *o)
 		return usage("backup", "delete takes one ID");
 	if ((rc = open_archive("backup", o, &a)) != 0)
 		return rc;
-	rc = list_manifests(a, o->shard, 0, "/tmp", &m, &n, err, sizeof err);
+	rc = cdc_backup_scan(a, o->shard, &e, &n, err, sizeof err);
 	for (size_t i = 0; rc == 0 && i < n; i++) {
-		if (strcmp(m[i].id, o->pos[1]) != 0)
+		size_t d;
+		if (strcmp(e[i].id, o->pos[1]) != 0)
 			continue;
 		found++;
-		/* the manifest first: the backup stops existing, then its data goes */
-		rc = cdc_archive_obj_delete(a, m[i].key, err, sizeof err);
-		char **keys = NULL;
-		size_t nk = 0;
-		char *prefix = sdb_asprintf("backups/%s/%s/", m[i].shard, m[i].id);
-		if (rc == 0)
-			rc = cdc_archive_obj_list(a, prefix, &keys, &nk, err, sizeof err);
-		for (size_t k = 0; rc == 0 && k < nk; k++)
-			rc = cdc_archive_obj_delete(a, keys[k], err, sizeof err);
-		cdc_backup_names_free(keys, nk);
-		free(prefix);
+		rc = cdc_backup_delete(a, e[i].shard, e[i].id, &d, err, sizeof err);
 		if (rc == 0 && !ctx->json)
-			printf("deleted backup %s of %s\n", m[i].id, m[i].shard);
+			printf("deleted %sbackup %s of %s\n", e[i].committed ? "" : "incomplete ",
+			       e[i].id, e[i].shard);
 	}
-	manifests_free(m, n);
+	cdc_backup_ents_free(e, n);
 	cdc_archive_close(a);
 	if (rc) {
 		fprintf(stderr, "stripedb ctl backup delete: %s\n", err);

@@ -328,6 +328,57 @@ static bool skip_db(const char *db)
 	return !strcmp(db, "local") || !strcmp(db, "config") || !strcmp(db, "admin");
 }
 
+/* Epoch ms of a backup id "YYYYMMDDTHHMMSS.mmmZ"; -1 when id is not one. */
+static int64_t id_ms(const char *id)
+{
+	struct tm tm = {0};
+	int ms = 0;
+	if (strlen(id) != 20 || id[8] != 'T' || id[15] != '.' || id[19] != 'Z')
+		return -1;
+	for (int i = 0; i < 19; i++)
+		if (i != 8 && i != 15 && (id[i] < '0' || id[i] > '9'))
+			return -1;
+	if (sscanf(id, "%4d%2d%2dT%2d%2d%2d.%3dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+		   &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms) != 7)
+		return -1;
+	tm.tm_year -= 1900;
+	tm.tm_mon -= 1;
+	return (int64_t)timegm(&tm) * 1000 + ms;
+}
+
+/* The commit check of a backup about to upload its manifest: it started (its id) less
+ * than CDC_BACKUP_COMMIT_MS ago, and its data objects 0..nobj-1 are all in the archive
+ * (none deleted by a sweep of incomplete backups). */
+static int check_objects(cdc_archive *a, const char *shard, const char *id, int nobj,
+			 char *err, size_t errlen)
+{
+	int64_t started = id_ms(id);
+	if (started >= 0 && sdb_wall_ms() - started > CDC_BACKUP_COMMIT_MS)
+		return sdb_errf(err, errlen, SDB_ETIMEOUT,
+				"backup %s started more than %lld h ago: not committed (an "
+				"incomplete backup this old may be deleted by the coordinator)",
+				id, (long long)(CDC_BACKUP_COMMIT_MS / 3600000));
+	char **keys = NULL;
+	size_t nk = 0;
+	char *prefix = sdb_asprintf("backups/%s/%s/", shard, id);
+	int rc = cdc_archive_obj_list(a, prefix, &keys, &nk, err, errlen);
+	for (int i = 0; rc == 0 && i < nobj; i++) {
+		char *obj = sdb_asprintf("%sdata-%05d.bson", prefix, i);
+		size_t k = 0;
+		while (k < nk && strcmp(keys[k], obj) != 0)
+			k++;
+		if (k == nk)
+			rc = sdb_errf(err, errlen, SDB_ENOTFOUND,
+				      "data object %s is no longer in the archive (deleted as an "
+				      "incomplete backup?): manifest not written",
+				      obj);
+		free(obj);
+	}
+	free(prefix);
+	cdc_backup_names_free(keys, nk);
+	return rc;
+}
+
 /* See backup.h. */
 int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const char *id,
 		     int timeout_ms, cdc_backup_stats *st, char *err, size_t errlen)
@@ -444,6 +495,8 @@ int cdc_backup_shard_opts(cdc_archive *a, const char *shard, const char *uri, co
 	BSON_APPEND_INT64(&man, "bytes", bytes);
 	BSON_APPEND_INT64(&man, "importLatencyMS", o->import_latency_ms);
 	BSON_APPEND_INT64(&man, "throttledMS", pr.throttled_ms);
+	if (rc == 0)
+		rc = check_objects(a, shard, id, nobj, err, errlen);
 	if (rc == 0) {
 		char *path = sdb_asprintf("%s/manifest.json", tmp);
 		char *obj = sdb_asprintf("backups/%s/%s/manifest.json", shard, id);
@@ -508,5 +561,118 @@ int cdc_backup_newest(cdc_archive *a, const char *shard, char *id, size_t n, cha
 	}
 	free(prefix);
 	cdc_backup_names_free(keys, nk);
+	return rc;
+}
+
+void cdc_backup_ents_free(cdc_backup_ent *e, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(e[i].shard);
+		free(e[i].id);
+	}
+	free(e);
+}
+
+int cdc_backup_scan(cdc_archive *a, const char *shard, cdc_backup_ent **out, size_t *n,
+		    char *err, size_t errlen)
+{
+	char **keys = NULL;
+	size_t nk = 0;
+	char *prefix = shard ? sdb_asprintf("backups/%s/", shard) : sdb_strdup("backups/");
+	int rc = cdc_archive_obj_list(a, prefix, &keys, &nk, err, errlen);
+	free(prefix);
+	*out = NULL;
+	*n = 0;
+	for (size_t i = 0; rc == 0 && i < nk; i++) {
+		/* backups/<shard>/<id>/<file> */
+		const char *sh = keys[i] + strlen("backups/"), *s2 = strchr(sh, '/');
+		const char *s3 = s2 ? strchr(s2 + 1, '/') : NULL;
+		if (strncmp(keys[i], "backups/", 8) != 0 || s3 == NULL || s3 == s2 + 1 ||
+		    s2 == sh || strchr(s3 + 1, '/') != NULL)
+			continue;
+		size_t shl = (size_t)(s2 - sh), idl = (size_t)(s3 - s2 - 1);
+		size_t j = 0;
+		while (j < *n && !(strlen((*out)[j].shard) == shl &&
+				   strncmp((*out)[j].shard, sh, shl) == 0 &&
+				   strlen((*out)[j].id) == idl &&
+				   strncmp((*out)[j].id, s2 + 1, idl) == 0))
+			j++;
+		if (j == *n) {
+			*out = sdb_realloc(*out, (*n + 1) * sizeof **out);
+			(*out)[j] = (cdc_backup_ent){.shard = sdb_strndup(sh, shl),
+						     .id = sdb_strndup(s2 + 1, idl)};
+			(*n)++;
+		}
+		(*out)[j].objects++;
+		if (strcmp(s3 + 1, "manifest.json") == 0)
+			(*out)[j].committed = 1;
+	}
+	cdc_backup_names_free(keys, nk);
+	if (rc) {
+		cdc_backup_ents_free(*out, *n);
+		*out = NULL;
+		*n = 0;
+	}
+	return rc;
+}
+
+int cdc_backup_delete(cdc_archive *a, const char *shard, const char *id, size_t *deleted,
+		      char *err, size_t errlen)
+{
+	char **keys = NULL;
+	size_t nk = 0;
+	char *prefix = sdb_asprintf("backups/%s/%s/", shard, id);
+	char *man = sdb_asprintf("%smanifest.json", prefix);
+	int rc = cdc_archive_obj_list(a, prefix, &keys, &nk, err, errlen);
+	*deleted = 0;
+	/* the manifest first: the backup stops existing, then its data goes */
+	for (size_t k = 0; rc == 0 && k < nk; k++)
+		if (strcmp(keys[k], man) == 0 &&
+		    (rc = cdc_archive_obj_delete(a, keys[k], err, errlen)) == 0)
+			(*deleted)++;
+	for (size_t k = 0; rc == 0 && k < nk; k++)
+		if (strcmp(keys[k], man) != 0 &&
+		    (rc = cdc_archive_obj_delete(a, keys[k], err, errlen)) == 0)
+			(*deleted)++;
+	cdc_backup_names_free(keys, nk);
+	free(man);
+	free(prefix);
+	return rc;
+}
+
+int cdc_backup_orphan_dead(const char *id, const char *newest, int64_t now_ms)
+{
+	int64_t t = id_ms(id);
+	return t >= 0 && t < now_ms - CDC_BACKUP_ORPHAN_AGE_MS && newest[0] &&
+	       strcmp(id, newest) < 0;
+}
+
+int cdc_backup_sweep(cdc_archive *a, const char *shard, int64_t now_ms, size_t *removed,
+		     size_t *kept, char *err, size_t errlen)
+{
+	cdc_backup_ent *e;
+	size_t n;
+	char newest[64] = "";
+	*removed = *kept = 0;
+	int rc = cdc_backup_scan(a, shard, &e, &n, err, errlen);
+	for (size_t i = 0; rc == 0 && i < n; i++)
+		if (e[i].committed && strcmp(e[i].id, newest) > 0)
+			snprintf(newest, sizeof newest, "%s", e[i].id);
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		size_t d;
+		if (e[i].committed)
+			continue;
+		if (!cdc_backup_orphan_dead(e[i].id, newest, now_ms)) {
+			(*kept)++;
+			continue;
+		}
+		rc = cdc_backup_delete(a, shard, e[i].id, &d, err, errlen);
+		if (rc == 0)
+			(*removed)++;
+		else
+			sdb_errwrap(err, errlen, rc, "delete incomplete backup %s of %s", e[i].id,
+				    shard);
+	}
+	cdc_backup_ents_free(e, n);
 	return rc;
 }

@@ -69,9 +69,13 @@ typedef struct cdc_backup_opts {
 /* Back up the shard (id, mongodb uri) into a as backup id: head probe, listDatabases,
  * listCollections (admin, local, config, system.* skipped), each collection snapshot
  * streamed to a temporary file under $TMPDIR (memory: one batch of 1000) and uploaded, the
- * manifest last. On failure the uploaded data objects are deleted. Blocking (libmongoc,
- * archive I/O). Errors: SDB_EUNAVAILABLE (shard), SDB_EIO, archive errors; err names the
- * shard and the operation. */
+ * manifest last. Just before the manifest, every data object is checked to be still in
+ * the archive (list), and the backup is refused when it started more than
+ * CDC_BACKUP_COMMIT_MS ago, so that a manifest never names an object deleted by
+ * cdc_backup_sweep. On failure the uploaded data objects are deleted. Blocking
+ * (libmongoc, archive I/O). Errors: SDB_EUNAVAILABLE (shard), SDB_EIO, SDB_ENOTFOUND (a
+ * data object vanished), SDB_ETIMEOUT (too slow to commit), archive errors; err names
+ * the shard and the operation. */
 int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const char *id,
 		     int timeout_ms, cdc_backup_stats *st, char *err, size_t errlen);
 
@@ -88,6 +92,51 @@ void cdc_backup_id(int64_t now_ms, char *buf, size_t n);
 /* Id of shard's newest committed backup into id ("" when none). Errors: archive errors. */
 int cdc_backup_newest(cdc_archive *a, const char *shard, char *id, size_t n, char *err,
 		      size_t errlen);
+
+/* Age past which an incomplete backup (data objects without a manifest: a ctl or
+ * coordinator died mid-backup) may be deleted by cdc_backup_sweep: 24 h, measured from its
+ * id (its start time). A backup writer refuses to commit (upload its manifest) later than
+ * CDC_BACKUP_COMMIT_MS after its start, so the sweep (which also needs a newer committed
+ * backup) can never delete the objects of a backup that is still going to commit, even
+ * with 1 h of clock skew between the two machines. */
+#define CDC_BACKUP_ORPHAN_AGE_MS (24LL * 3600 * 1000)
+#define CDC_BACKUP_COMMIT_MS (CDC_BACKUP_ORPHAN_AGE_MS - 3600LL * 1000)
+
+/* One backup found in the archive: the objects under backups/<shard>/<id>/. committed is 1
+ * when its manifest.json is there (a backup), 0 when not (incomplete: being written, or
+ * left behind by a writer that died); objects counts every object, manifest included. */
+typedef struct cdc_backup_ent {
+	char *shard, *id;
+	int committed;
+	size_t objects;
+} cdc_backup_ent;
+
+/* The backups of shard (NULL: of every shard) in the archive, committed or not, sorted
+ * by shard then id (oldest first). *out: heap array, free with cdc_backup_ents_free.
+ * Errors: archive errors (cdc_archive_obj_list). */
+int cdc_backup_scan(cdc_archive *a, const char *shard, cdc_backup_ent **out, size_t *n,
+		    char *err, size_t errlen);
+void cdc_backup_ents_free(cdc_backup_ent *e, size_t n);
+
+/* Delete backup id of shard, committed or not: its manifest first (the backup stops
+ * existing), then every other object under backups/<shard>/<id>/. *deleted gets the
+ * number of objects deleted (0: there was no such backup; not an error). Used by `ctl
+ * backup delete` and cdc_backup_sweep. Errors: archive errors. */
+int cdc_backup_delete(cdc_archive *a, const char *shard, const char *id, size_t *deleted,
+		      char *err, size_t errlen);
+
+/* Whether the incomplete backup id is certainly dead at now_ms (epoch ms): id is a
+ * well-formed backup id older than now_ms - CDC_BACKUP_ORPHAN_AGE_MS and older than
+ * newest, the shard's newest committed backup ("" when none: then never). */
+int cdc_backup_orphan_dead(const char *id, const char *newest, int64_t now_ms);
+
+/* Delete shard's incomplete backups that are certainly dead (cdc_backup_orphan_dead)
+ * at now_ms; *removed gets how many incomplete backups were deleted, *kept how many were
+ * left (maybe still being written). Run by the holder of the shard's cdc/<shard> lease
+ * (src/coordinator/role.c). Errors: archive errors (the backups deleted before the error
+ * stay deleted). */
+int cdc_backup_sweep(cdc_archive *a, const char *shard, int64_t now_ms, size_t *removed,
+		     size_t *kept, char *err, size_t errlen);
 
 /* A client of uri with server selection and connect timeouts of timeout_ms, the cluster
  * key (auth/cluster.h) and error API v2; NULL for a bad uri. Caller destroys it. */

@@ -54,6 +54,9 @@
 #include "coordinator/migrate.h" /* issue #8 */
 
 #define LEASE_ERR_BUSY 46 /* LockBusy */
+/* Period of the sweep of a held shard's incomplete backups (cdc_backup_sweep); the first
+ * sweep runs as soon as the lease is held. */
+#define SWEEP_PERIOD_MS (10 * 60 * 1000)
 
 typedef struct coord_pub {
 	char *shard;
@@ -65,6 +68,7 @@ typedef struct coord_pub {
 	int release;        /* release the lease once stopped */
 	sdb_gauge *g_held, *g_arch_first, *g_arch_next, *g_arch_first_ts, *g_arch_last_ts;
 	cdc_range arch;
+	uint64_t sweep_next; /* monotonic ms of its next incomplete-backup sweep (0: due) */
 	struct coord_pub *next;
 } coord_pub;
 
@@ -336,6 +340,19 @@ static void scheduled_backup(coord *co, cdc_archive *a, const char *shard, const
 			 st.documents, st.bytes, st.throttled_ms);
 }
 
+/* Delete shard's incomplete backups that are certainly dead (src/cdc/backup.h). */
+static void sweep_incomplete(cdc_archive *a, const char *shard)
+{
+	char err[1024];
+	size_t removed = 0, kept = 0;
+	int rc = cdc_backup_sweep(a, shard, sdb_wall_ms(), &removed, &kept, err, sizeof err);
+	if (rc)
+		sdb_warn("incomplete backup sweep", "shard=%s error=\"%s\"", shard, err);
+	else if (removed || kept)
+		sdb_info("incomplete backup sweep", "shard=%s deleted=%zu kept=%zu", shard,
+			 removed, kept);
+}
+
 /* Runs when an archive is configured, in its own thread because an object store may take
  * seconds to answer (retries with backoff) and lease renewals in the manager must not
  * wait for it. Every second it refreshes the archive range of the shards this coordinator
@@ -346,7 +363,10 @@ static void scheduled_backup(coord *co, cdc_archive *a, const char *shard, const
  * clamped to 1..60 s. With --backup-interval (issue #22), the same holder backs the shard
  * up (src/cdc/backup.h) when its newest backup in the archive is older than the interval,
  * checked every interval/4 clamped to 1..60 s (a backup blocks this thread, not the
- * manager). */
+ * manager). Always, the same holder deletes the shard's incomplete backups that are
+ * certainly dead (cdc_backup_sweep: no manifest, older than CDC_BACKUP_ORPHAN_AGE_MS and
+ * than the newest committed backup), once it holds the lease and then every
+ * SWEEP_PERIOD_MS. */
 static void *archive_thread(void *arg)
 {
 	coord *co = arg;
@@ -364,6 +384,8 @@ static void *archive_thread(void *arg)
 			break;
 		size_t n = 0, cap = 0;
 		char **ids = NULL;
+		int *sweep = NULL;
+		uint64_t mono = sdb_mono_ms();
 		for (coord_pub *p = co->pubs; p; p = p->next) {
 			if (p->stopping)
 				continue;
@@ -371,7 +393,11 @@ static void *archive_thread(void *arg)
 				cap = cap ? cap * 2 : 8;
 				ids = sdb_realloc(ids, cap * sizeof *ids);
 				uris = sdb_realloc(uris, cap * sizeof *uris);
+				sweep = sdb_realloc(sweep, cap * sizeof *sweep);
 			}
+			sweep[n] = p->sweep_next <= mono;
+			if (sweep[n])
+				p->sweep_next = mono + SWEEP_PERIOD_MS;
 			uris[n] = sdb_strdup(p->uri);
 			ids[n++] = sdb_strdup(p->shard);
 		}
@@ -381,6 +407,10 @@ static void *archive_thread(void *arg)
 			for (size_t i = 0; i < n && !atomic_load(&co->stop); i++)
 				scheduled_backup(co, a, ids[i], uris[i]);
 		}
+		for (size_t i = 0; i < n && !atomic_load(&co->stop); i++)
+			if (sweep[i])
+				sweep_incomplete(a, ids[i]);
+		free(sweep);
 		for (size_t i = 0; i < n; i++)
 			free(uris[i]);
 		free(uris);

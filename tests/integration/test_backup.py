@@ -230,8 +230,9 @@ def test_scheduled_backups(cl, tmp_path):
     c.db.s.insert_many([{"_id": i} for i in range(10)])
     import json
 
-    def backups():
-        return json.loads(ctl(cl, "--json", "backup", "list").stdout)["backups"]
+    def backups():  # committed ones (not one being written)
+        return [b for b in json.loads(ctl(cl, "--json", "backup", "list").stdout)["backups"]
+                if b["state"] == "committed"]
     wait_until(lambda: len(backups()) >= 1 and
                any(e["ns"] == "db.s" for b in backups() for e in b["collections"]), 60,
                what="a scheduled backup holding db.s")
@@ -450,3 +451,117 @@ def test_backup_progress_bar_on_a_terminal(cl, tmp_path):
                      err), err
     out, err = run("--json")
     assert err == b"", err
+
+
+def backup_id(ms):
+    """The id of a backup started at ms (cdc_backup_id)."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def test_incomplete_backups_listed_swept_and_deleted(cl, tmp_path):
+    """A backup whose writer died leaves data objects without a manifest. `backup list`
+    shows it as incomplete; the coordinator holding the shard's lease deletes it once it
+    is older than 24 h and than the newest committed backup, and never touches a younger
+    incomplete backup nor a committed one; `backup delete` removes one by hand."""
+    import json
+    import shutil
+    cl.cdc, cl.archive = f"embedded:{tmp_path}/cdc", f"file:{tmp_path}/arch"
+    bdir = tmp_path / "arch" / "backups" / "shard-a"
+    old, young = "20200101T000000.000Z", backup_id(now_ms() - 3600_000)
+    # what a writer killed after its uploads leaves: data objects, no manifest
+    for bid, nobj in ((old, 2), (young, 1)):
+        (bdir / bid).mkdir(parents=True)
+        for i in range(nobj):
+            (bdir / bid / f"data-{i:05d}.bson").write_bytes(bson.encode({"_id": i}))
+
+    def listed():
+        return {b["id"]: b for b in
+                json.loads(ctl(cl, "--json", "backup", "list").stdout)["backups"]}
+    got = listed()
+    assert set(got) == {old, young}
+    assert got[old]["state"] == "incomplete" and got[old]["incomplete"] is True
+    assert got[old]["objects"] == 2 and got[young]["objects"] == 1
+    text = ctl(cl, "backup", "list").stdout.decode()
+    rows = {ln.split()[0]: ln for ln in text.splitlines()[1:]}
+    assert rows[old].split()[1] == "shard-a", text
+    assert rows[old].endswith(" incomplete (2 objects, no manifest)"), text
+    # no committed backup yet: nothing is certainly dead, both are kept
+    co = cl.start_coordinator(cl.cdc, archive=cl.archive)
+    wait_until(lambda: "incomplete backup sweep" in co.tail(), 60, what="the first sweep")
+    assert "shard=shard-a deleted=0 kept=2" in co.tail(), co.tail()
+    assert (bdir / old / "data-00000.bson").exists()
+    assert co.stop() == 0  # releases the lease
+    # a committed backup now, and a copy of it under an id older than the orphan
+    c = cl.shard_client("shard-a")
+    c.db.x.insert_many([{"_id": i} for i in range(20)])
+    ctl(cl, "backup", "create", "--all")
+    committed = [i for i, b in listed().items() if b["state"] == "committed"]
+    assert len(committed) == 1 and committed[0] > young
+    ancient = "20190101T000000.000Z"
+    shutil.copytree(bdir / committed[0], bdir / ancient)
+    man = bdir / ancient / "manifest.json"
+    man.write_text(man.read_text().replace(committed[0], ancient))
+    got = listed()
+    assert got[ancient]["state"] == "committed" and got[ancient]["incomplete"] is False
+    assert [e["ns"] for e in got[ancient]["collections"]] == ["db.x"]
+    # the next holder of the lease sweeps at once: the old orphan goes, the young one
+    # (1 h old) and both committed backups stay
+    co2 = cl.start_coordinator(cl.cdc, archive=cl.archive)
+    wait_until(lambda: "incomplete backup sweep" in co2.tail(), 60, what="the second sweep")
+    assert "shard=shard-a deleted=1 kept=1" in co2.tail(), co2.tail()
+    assert not (bdir / old).exists()
+    got = listed()
+    assert {i: b["state"] for i, b in got.items()} == {
+        ancient: "committed", young: "incomplete", committed[0]: "committed"}
+    # by hand
+    r = ctl(cl, "backup", "delete", young)
+    assert f"deleted incomplete backup {young} of shard-a" in r.stdout.decode()
+    assert not (bdir / young).exists()
+    assert set(listed()) == {ancient, committed[0]}
+
+
+def test_backup_refuses_to_commit_when_a_data_object_vanished(cl, tmp_path):
+    """A sweep racing a very slow backup: a data object deleted after its upload and
+    before the manifest makes the backup fail instead of committing a manifest that
+    names a missing object. The writer is stopped (SIGSTOP) after its first data object
+    and before its second one (so before its commit check), the object is deleted, the
+    writer continued."""
+    import json
+    import signal
+    start(cl, tmp_path)
+    c = cl.shard_client("shard-a")
+    pad = "p" * 1000
+    for db in ("db1", "db2"):
+        for i in range(0, 20000, 1000):
+            c[db].big.insert_many([{"_id": k, "pad": pad} for k in range(i, i + 1000)])
+    env = dict(os.environ, STRIPEDB_CDC=cl.cdc, STRIPEDB_ARCHIVE=cl.archive)
+    bdir = tmp_path / "arch" / "backups" / "shard-a"
+    for attempt in range(5):
+        before = set(bdir.glob("*/data-00000.bson"))
+        p = subprocess.Popen([BIN, "ctl", f"--metadata={cl.metadata}", "backup", "create",
+                              "--all"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        first = []
+
+        def uploaded():
+            first[:] = list(set(bdir.glob("*/data-00000.bson")) - before)
+            return first or p.poll() is not None
+        wait_until(uploaded, 60, what="the first data object")
+        p.send_signal(signal.SIGSTOP)
+        raced = not first or (first[0].parent / "data-00001.bson").exists()
+        if not raced:
+            first[0].unlink()
+        p.send_signal(signal.SIGCONT)
+        out, err = p.communicate(timeout=120)
+        if raced:  # the writer was already past its second object: try again
+            assert p.returncode == 0, err
+            continue
+        assert p.returncode == 1, (out, err)
+        assert b"data-00000.bson is no longer in the archive" in err, err
+        assert b"manifest not written" in err, err
+        bid = first[0].parent.name
+        assert not (bdir / bid).exists() or not any((bdir / bid).iterdir())
+        lst = json.loads(ctl(cl, "--json", "backup", "list").stdout)["backups"]
+        assert bid not in [b["id"] for b in lst]
+        return
+    pytest.fail("the writer was never stopped between its two data objects")

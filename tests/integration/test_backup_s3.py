@@ -77,3 +77,33 @@ def test_backup_and_restore_through_s3(s3cl, tmp_path):
     lines = r.stderr.decode().strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1, lines
     assert cl.bucket in lines[0] and "ListObjectsV2" in lines[0] and "403" in lines[0], lines
+
+
+def test_incomplete_backups_on_s3(s3cl, tmp_path):
+    """Incomplete backups in a bucket: listed, swept by the next holder of the shard's
+    lease once a committed backup exists (the old one only), deleted by hand."""
+    from test_backup import backup_id
+    cl = s3cl
+    spec = f"s3://{cl.bucket}/arch"
+    cl.cdc, cl.archive = f"embedded:{tmp_path}/cdc", spec
+    old, young = "20200101T000000.000Z", backup_id(now_ms() - 3600_000)
+    for bid in (old, young):
+        st, body = cl.rgw.curl("PUT", cl.bucket, f"/arch/backups/shard-a/{bid}/data-00000.bson",
+                               body=b"\x05\x00\x00\x00\x00")
+        assert st == 200, body
+    cl.shard_client("shard-a").db.x.insert_many([{"_id": i} for i in range(5)])
+    cl.ctl("backup", "create", "--all")
+    lst = {b["id"]: b["state"]
+           for b in json.loads(cl.ctl("--json", "backup", "list").stdout)["backups"]}
+    assert sorted(lst.values()) == ["committed", "incomplete", "incomplete"], lst
+    assert lst[old] == "incomplete" and lst[young] == "incomplete"
+    co = cl.start_coordinator(cl.cdc, archive=spec)
+    wait_until(lambda: "incomplete backup sweep" in co.tail(), 60, what="the sweep")
+    assert "shard=shard-a deleted=1 kept=1" in co.tail(), co.tail()
+    objs = cl.objects("arch/backups/shard-a/")
+    assert not any(k.startswith(f"arch/backups/shard-a/{old}/") for k in objs), objs
+    assert f"arch/backups/shard-a/{young}/data-00000.bson" in objs, objs
+    r = cl.ctl("backup", "delete", young)
+    assert f"deleted incomplete backup {young}" in r.stdout.decode()
+    lst = json.loads(cl.ctl("--json", "backup", "list").stdout)["backups"]
+    assert [b["state"] for b in lst] == ["committed"], lst
