@@ -554,6 +554,79 @@ static bool check_unique_indexes(ctx *c, const char *db, const char *coll, const
 	return ok;
 }
 
+/* Install on every shard that owns chunks of rc its filtering metadata (issue #17,
+ * src/shard/filtering.c): {stripedbSetFiltering: ns, key, collectionVersion: the largest
+ * token, chunks: [{id, min, max, token}]}, as the coordinator does at a migration's switch
+ * (src/coordinator/filtering.c), so a newly sharded collection is served with ONE request
+ * per shard (and orphans dropped by the shards) from the start instead of after its first
+ * migration. Best effort: a shard that refuses (a newer install by a migration: StaleConfig)
+ * or cannot be reached keeps what it has, and proxies use the per-chunk requests for it
+ * (src/proxy/shardver.c); the outcome is logged. */
+static void install_filtering(ctx *c, const route_coll *rc)
+{
+	ctx sub = *c;
+	bson_t key = BSON_INITIALIZER;
+	int64_t cver = 0;
+	char **ids = NULL;
+	size_t n = 0, i, k;
+
+	if (rc->nkeys == 0 || rc->nchunks == 0)
+		return;
+	sub.db = "admin";
+	for (k = 0; k < rc->nkeys; k++) {
+		if (rc->hashed)
+			BSON_APPEND_UTF8(&key, rc->keys[k], "hashed");
+		else
+			BSON_APPEND_INT32(&key, rc->keys[k], 1);
+	}
+	for (i = 0; i < rc->nchunks; i++) {
+		const route_chunk *ch = &rc->chunks[i];
+		bool seen = false;
+		cver = ch->token > cver ? ch->token : cver;
+		for (k = 0; k < n && !seen; k++)
+			seen = strcmp(ids[k], ch->shard) == 0;
+		if (!seen) {
+			ids = sdb_realloc(ids, (n + 1) * sizeof *ids);
+			ids[n++] = sdb_strdup(ch->shard);
+		}
+	}
+	pcall *pc = px_pcalls_new(&sub, ids, n);
+	for (k = 0; k < n; k++) {
+		bson_t *cmd = &pc[k].cmd, arr, d;
+		uint32_t m = 0;
+		bson_reinit(cmd);
+		BSON_APPEND_UTF8(cmd, "stripedbSetFiltering", rc->ns);
+		BSON_APPEND_DOCUMENT(cmd, "key", &key);
+		BSON_APPEND_INT64(cmd, "collectionVersion", cver);
+		BSON_APPEND_ARRAY_BEGIN(cmd, "chunks", &arr);
+		for (i = 0; i < rc->nchunks; i++) {
+			const route_chunk *ch = &rc->chunks[i];
+			char idx[16];
+			if (strcmp(ch->shard, pc[k].shard) != 0)
+				continue;
+			snprintf(idx, sizeof idx, "%u", m++);
+			BSON_APPEND_DOCUMENT_BEGIN(&arr, idx, &d);
+			BSON_APPEND_UTF8(&d, "id", ch->id);
+			BSON_APPEND_DOCUMENT(&d, "min", ch->min);
+			BSON_APPEND_DOCUMENT(&d, "max", ch->max);
+			BSON_APPEND_INT64(&d, "token", ch->token);
+			bson_append_document_end(&arr, &d);
+		}
+		bson_append_array_end(cmd, &arr);
+	}
+	px_fanout(c, n, px_pcall_one, pc);
+	for (k = 0; k < n; k++)
+		if (pc[k].cls == SHARDCONN_OK)
+			sdb_info("shardCollection: filtering metadata installed", "ns=%s shard=%s "
+				 "collection_version=%lld", rc->ns, pc[k].shard, (long long)cver);
+		else
+			sdb_warn("shardCollection: filtering metadata not installed (proxies use "
+				 "per-chunk requests for this shard)", "ns=%s shard=%s code=%lld",
+				 rc->ns, pc[k].shard, (long long)px_get_int(&pc[k].reply, "code", -1));
+	px_pcalls_free(pc, n);
+	bson_destroy(&key);
+}
+
 /* {shardCollection: "db.coll", key, unique?, numInitialChunks?, collation?}. */
 static void do_shard_collection(ctx *c)
 {
@@ -562,6 +635,7 @@ static void do_shard_collection(ctx *c)
 	const char *coll;
 	bson_t key, cmd = BSON_INITIALIZER, reply, have, shards, out;
 	bool hashed, unique = px_get_bool(c->cmd, "unique", false), have_hashed = false;
+	bool newly_sharded = false;
 	int64_t nchunks = 0;
 	char **ids = NULL, err[256];
 	size_t n, i;
@@ -685,6 +759,7 @@ static void do_shard_collection(ctx *c)
 		}
 	}
 	free(holder);
+	newly_sharded = code != WIRE_ERR_NAMESPACE_EXISTS;
 done_ok:
 	{
 		/* this proxy routes by the new table from now on (others follow their refresh) */
@@ -692,8 +767,11 @@ done_ok:
 		route_coll *rc;
 		snprintf(sub.ns, sizeof sub.ns, "%s", ns);
 		rc = px_route(&sub, true, err, sizeof err);
-		if (rc)
+		if (rc) {
+			if (newly_sharded)
+				install_filtering(c, rc);
 			route_coll_unref(rc);
+		}
 	}
 	bson_init(&out);
 	BSON_APPEND_UTF8(&out, "collectionsharded", ns);

@@ -108,6 +108,36 @@ def test_a_shard_without_filtering_metadata_gets_per_chunk_requests(cl2):
     assert shard_cmd_count(cl, "shard-a", "find") - before == 4  # its 4 chunks
 
 
+def test_shard_collection_through_the_proxy_installs_filtering_metadata(cl2):
+    """shardCollection through a proxy installs every owning shard's filtering metadata
+    (as a migration's switch does), so the collection gets ONE request per shard and the
+    shards drop orphans from the start, with no migration."""
+    cl = cl2
+    p = cl.proxy_client(0)
+    p.admin.command("shardCollection", "db.h", key={"_id": "hashed"}, numInitialChunks=8)
+    chunks = cl.routing("db.h")["chunks"]
+    assert len(chunks) == 8
+    for s in cl.shard_ids:
+        mine = sorted(str(c["id"]) for c in chunks if c["shard"] == s)
+        assert len(mine) == 4, (s, mine)
+        f = cl.shard_client(s).admin.command({"stripedbGetFiltering": "db.h"})
+        assert f["installed"] is True, f
+        assert sorted(c["id"] for c in f["chunks"]) == mine
+        assert f["collectionVersion"] == max(c["token"] for c in chunks)
+    p.db.h.insert_many([{"_id": i, "v": i} for i in range(100)])
+    # an orphan: a copy, on shard-a, of a document shard-b owns
+    on_b = [d["_id"] for d in cl.shard_client("shard-b").db.h.find({}, {"_id": 1})]
+    assert on_b and len(on_b) < 100
+    cl.shard_client("shard-a").db.h.insert_one({"_id": on_b[0], "v": "orphan"})
+    before = {s: shard_cmd_count(cl, s, "find") for s in cl.shard_ids}
+    got = list(p.db.h.find({}, batch_size=1000))
+    assert sorted(d["_id"] for d in got) == list(range(100))
+    assert not any(d["v"] == "orphan" for d in got)
+    # one find per shard, not one per chunk (4 chunks each)
+    assert all(shard_cmd_count(cl, s, "find") - before[s] == 1 for s in cl.shard_ids)
+    assert p.db.h.count_documents({}) == 100
+
+
 @pytest.mark.parametrize("sharding", ["ranged", "hashed"])
 def test_differential_vs_one_shard_at_1024_chunks(start_role, tmp_path, sharding):
     cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
