@@ -10,8 +10,10 @@
  * routing and retries through px_retry) and drops the documents it does not own (orphans),
  * so the proxy keeps every document the shard returns.
  *
- * A shard without filtering metadata for the collection (installed by the coordinator at
- * migrations, or by `stripedb ctl`... not yet at shardCollection) answers StaleConfig with
+ * A shard without filtering metadata for the collection (installed by a proxy's
+ * shardCollection and by the coordinator at migrations; missing for a collection sharded
+ * through metadata directly until its first migration, for a rebuilt shard, or after a
+ * failed install) answers StaleConfig with
  * vWanted: null; the proxy then remembers (shard, ns) at that routing version and uses the
  * per-chunk requests with the ownership filter for it (DESIGN.md §5) until the collection's
  * routing changes. */
