@@ -27,18 +27,10 @@
  * manifest was empty at headTs (read before the collections were listed). The reads are
  * paced by the migration's import throttle (common/throttle.h, --import-latency-ms).
  *
- * Progress (stderr; see struct progress below): a bar rewritten with \r when stderr is a
+ * Progress (stderr; struct progress in cli/backup_int.h): a bar rewritten with \r when stderr is a
  * terminal and --json is not given, one line per update with --progress.
  *
- * Restore to TIME (epoch ms, compared with the oplog entries' `wall`): per shard, the newest
- * backup whose snapshot of the collection is at or before TIME; its documents, then the
- * shard's CDC events (cdc_reader: archive, then live log) after the snapshot's atOplogTs
- * while their wall <= TIME, applied to the target in order (insert/update: replace with
- * upsert by _id, the oplog's `o` being the full post-image; delete; drop of the
- * collection or of its database: everything removed). The target must be empty. The
- * restore keeps, per _id, the SHA-256 of the document it wrote last (memory: ~100 bytes a
- * document), and verifies at the end that the target holds exactly that: the same count
- * and the same order-independent hash (the sum of the documents' SHA-256).
+ * `ctl restore` is cli/restore.c; what both share is cli/backup_int.h.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -59,6 +51,7 @@
 #include "cdc/backup.h"
 #include "cdc/log.h"
 #include "cdc/reader.h"
+#include "cli/backup_int.h"
 #include "cli/cli.h"
 #include "common/alloc.h"
 #include "common/shardref.h"
@@ -68,19 +61,9 @@
 #include "common/throttle.h"
 
 int cli_backup_main(cli_ctx *ctx, int argc, char **argv);
-int cli_restore_main(cli_ctx *ctx, int argc, char **argv);
 
-#define BATCH 1000
 
-typedef struct bk_opts {
-	const char *cdc, *archive, *s3_endpoint, *s3_region, *s3_credentials_file;
-	const char *shard, *to_time, *into, *uri, *to_shard, *import_latency;
-	int all, dry_run, progress;
-	const char *pos[3];
-	int npos;
-} bk_opts;
-
-static int usage(const char *who, const char *msg)
+int bk_usage(const char *who, const char *msg)
 {
 	fprintf(stderr,
 		"stripedb ctl %s: %s (usage: backup create [--shard=ID|--all] "
@@ -93,7 +76,7 @@ static int usage(const char *who, const char *msg)
 	return 2;
 }
 
-static int parse(const char *who, int argc, char **argv, bk_opts *o)
+int bk_parse(const char *who, int argc, char **argv, bk_opts *o)
 {
 	memset(o, 0, sizeof *o);
 	o->cdc = getenv("STRIPEDB_CDC");
@@ -146,16 +129,16 @@ static int parse(const char *who, int argc, char **argv, bk_opts *o)
 		} else if (o->npos < 3) {
 			o->pos[o->npos++] = a;
 		} else {
-			return usage(who, "too many arguments");
+			return bk_usage(who, "too many arguments");
 		}
 	}
 	if (o->archive == NULL || o->archive[0] == '\0')
-		return usage(who, "no archive: pass --archive=file:DIR|s3://BUCKET/PREFIX or set "
+		return bk_usage(who, "no archive: pass --archive=file:DIR|s3://BUCKET/PREFIX or set "
 				  "STRIPEDB_ARCHIVE");
 	return 0;
 }
 
-static cdc_log_opts log_opts(const bk_opts *o)
+cdc_log_opts bk_log_opts(const bk_opts *o)
 {
 	cdc_log_opts lo = {.archive = o->archive,
 			   .s3_endpoint = o->s3_endpoint,
@@ -167,7 +150,7 @@ static cdc_log_opts log_opts(const bk_opts *o)
 /* ------------------------------------------------------------ small helpers */
 
 
-static void fmt_ms(int64_t ms, char *buf, size_t n)
+void bk_fmt_ms(int64_t ms, char *buf, size_t n)
 {
 	time_t s = (time_t)(ms / 1000);
 	struct tm tm;
@@ -177,7 +160,7 @@ static void fmt_ms(int64_t ms, char *buf, size_t n)
 }
 
 /* "2026-12-02T05:13:00[.123]Z" or epoch seconds "1796001491[.123]" -> epoch ms. */
-static int parse_time(const char *s, int64_t *ms)
+int bk_parse_time(const char *s, int64_t *ms)
 {
 	char *end;
 	struct tm tm;
@@ -213,27 +196,15 @@ static int parse_time(const char *s, int64_t *ms)
 
 /* ------------------------------------------------------------ progress (stderr) */
 
-/* Progress on stderr: mode 1 a bar rewritten with \r (stderr is a terminal, no --json),
- * mode 2 one line per update (--progress, also with --json), 0 none. An update is shown
- * when its whole percent changed or a second passed (bar: 100 ms), and always at the end:
- *   <head> <pct>% <rate> docs/s ETA <eta><tail>
- * the bar (mode 1) starts with [####......] (20 wide, one # per 5%) and ends with ESC[K.
- * pct: done of total (below 100 until the end, 100 at the end); rate: work per second
- * since progress_start; ETA: (total - done) / rate as 12s, 3m05s or 1h02m, "--" while
- * unknown (no rate yet, or done past an estimated total). */
-typedef struct progress {
-	int mode, drawn, last_pct;
-	int64_t t0_ms, last_ms;
-} progress;
 
-static void progress_init(progress *p, const cli_ctx *ctx, int flag)
+void bk_progress_init(progress *p, const cli_ctx *ctx, int flag)
 {
 	memset(p, 0, sizeof *p);
 	p->mode = flag ? 2 : (!ctx->json && isatty(2)) ? 1 : 0;
 }
 
 /* A new subject (a shard's backup, a restore): the rate counts from now. */
-static void progress_start(progress *p)
+void bk_progress_start(progress *p)
 {
 	p->t0_ms = (int64_t)sdb_mono_ms();
 	p->last_ms = 0;
@@ -241,18 +212,14 @@ static void progress_start(progress *p)
 }
 
 /* End the bar's line (before other output, or at the end). */
-static void progress_break(progress *p)
+void bk_progress_break(progress *p)
 {
 	if (p->drawn)
 		fputc('\n', stderr);
 	p->drawn = 0;
 }
 
-static void progress_show(progress *p, int64_t done, int64_t total, int64_t work, int final,
-			  const char *tail, const char *fmt, ...)
-	__attribute__((format(printf, 7, 8)));
-
-static void progress_show(progress *p, int64_t done, int64_t total, int64_t work, int final,
+void bk_progress_show(progress *p, int64_t done, int64_t total, int64_t work, int final,
 			  const char *tail, const char *fmt, ...)
 {
 	if (p->mode == 0)
@@ -288,17 +255,16 @@ static void progress_show(progress *p, int64_t done, int64_t total, int64_t work
 		fputs("\033[K", stderr);
 		p->drawn = 1;
 		if (final)
-			progress_break(p);
+			bk_progress_break(p);
 	} else {
 		fputc('\n', stderr);
 	}
 	fflush(stderr);
 }
 
-typedef sdb_shard_ref shard_ref;
 
 /* The shards registered in metadata (listShards). Returns the exit code. */
-static int list_shards(const cli_ctx *ctx, shard_ref **out, size_t *n)
+int bk_list_shards(const cli_ctx *ctx, shard_ref **out, size_t *n)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
@@ -325,7 +291,7 @@ static int list_shards(const cli_ctx *ctx, shard_ref **out, size_t *n)
 
 
 /* Parse the Extended JSON file at path into *doc (heap). */
-static int load_json(const char *path, bson_t **doc, char *err, size_t errlen)
+int bk_load_json(const char *path, bson_t **doc, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "rb");
 	char *buf = NULL;
@@ -352,7 +318,7 @@ static int load_json(const char *path, bson_t **doc, char *err, size_t errlen)
 static int open_archive(const char *who, const bk_opts *o, cdc_archive **a)
 {
 	char err[1024];
-	cdc_log_opts lo = log_opts(o);
+	cdc_log_opts lo = bk_log_opts(o);
 	/* an unreachable s3 endpoint is only a warning at open (the coordinator starts
 	 * anyway); here the first request fails with the one error line */
 	sdb_log_set_level(SDB_LOG_ERROR);
@@ -375,7 +341,7 @@ static void create_progress(const cdc_backup_progress *bp, void *arg)
 	create_pg *c = arg;
 	char tail[64];
 	snprintf(tail, sizeof tail, " throttled %" PRId64 " ms", bp->throttled_ms);
-	progress_show(&c->pg, bp->done, bp->expected, bp->done, bp->finished, tail,
+	bk_progress_show(&c->pg, bp->done, bp->expected, bp->done, bp->finished, tail,
 		      "backup %s %s: %" PRId64 "/~%" PRId64 " documents", c->id, bp->shard,
 		      bp->done, bp->expected);
 }
@@ -393,22 +359,22 @@ static int cmd_create(cli_ctx *ctx, const bk_opts *o)
 			      .progress = create_progress,
 			      .arg = &cp};
 	if (o->npos != 1)
-		return usage("backup", "create takes no argument");
+		return bk_usage("backup", "create takes no argument");
 	if (!o->all && o->shard == NULL)
-		return usage("backup", "create needs --shard=ID or --all");
+		return bk_usage("backup", "create needs --shard=ID or --all");
 	if (o->import_latency) {
 		char *end;
 		long long v = strtoll(o->import_latency, &end, 10);
 		if (end == o->import_latency || *end || v < 0 || v > 3600000)
-			return usage("backup", "--import-latency-ms takes an integer 0..3600000 (0: "
+			return bk_usage("backup", "--import-latency-ms takes an integer 0..3600000 (0: "
 					       "no throttle)");
 		bo.import_latency_ms = v;
 	}
-	progress_init(&cp.pg, ctx, o->progress);
+	bk_progress_init(&cp.pg, ctx, o->progress);
 	cp.id = id;
 	if ((rc = open_archive("backup", o, &a)) != 0)
 		return rc;
-	if ((rc = list_shards(ctx, &shards, &n)) != 0) {
+	if ((rc = bk_list_shards(ctx, &shards, &n)) != 0) {
 		cdc_archive_close(a);
 		return rc;
 	}
@@ -418,10 +384,10 @@ static int cmd_create(cli_ctx *ctx, const bk_opts *o)
 		if (!o->all && strcmp(shards[i].id, o->shard) != 0)
 			continue;
 		done++;
-		progress_start(&cp.pg);
+		bk_progress_start(&cp.pg);
 		rc = cdc_backup_shard_opts(a, shards[i].id, shards[i].uri, id, &bo, &st, err,
 					   sizeof err);
-		progress_break(&cp.pg);
+		bk_progress_break(&cp.pg);
 		if (rc != 0) {
 			fprintf(stderr, "stripedb ctl backup: %s\n", err);
 			rc = 1;
@@ -451,12 +417,8 @@ static int cmd_create(cli_ctx *ctx, const bk_opts *o)
 
 /* ------------------------------------------------------------ list / manifests */
 
-typedef struct manifest {
-	char *shard, *id, *key;
-	bson_t *doc;
-} manifest;
 
-static void manifests_free(manifest *m, size_t n)
+void bk_manifests_free(manifest *m, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		free(m[i].shard);
@@ -470,7 +432,7 @@ static void manifests_free(manifest *m, size_t n)
 
 /* The committed backups (those with a manifest) of shard (NULL: all), oldest first per
  * shard; with load, the manifests are downloaded and parsed. */
-static int list_manifests(cdc_archive *a, const char *shard, int load, const char *tmp,
+int bk_list_manifests(cdc_archive *a, const char *shard, int load, const char *tmp,
 			  manifest **out, size_t *n, char *err, size_t errlen)
 {
 	char **keys = NULL;
@@ -492,7 +454,7 @@ static int list_manifests(cdc_archive *a, const char *shard, int load, const cha
 			char *path = sdb_asprintf("%s/m.json", tmp);
 			rc = cdc_archive_obj_get(a, keys[i], path, err, errlen);
 			if (rc == 0) {
-				rc = load_json(path, &m.doc, err, errlen);
+				rc = bk_load_json(path, &m.doc, err, errlen);
 				if (rc)
 					sdb_errwrap(err, errlen, rc, "%s", keys[i]);
 			}
@@ -504,7 +466,7 @@ static int list_manifests(cdc_archive *a, const char *shard, int load, const cha
 	}
 	cdc_backup_names_free(keys, nk);
 	if (rc) {
-		manifests_free(*out, *n);
+		bk_manifests_free(*out, *n);
 		*out = NULL;
 		*n = 0;
 	}
@@ -533,13 +495,13 @@ static int cmd_list(cli_ctx *ctx, const bk_opts *o)
 	char err[1024];
 	int rc;
 	if (o->npos != 1)
-		return usage("backup", "list takes no argument");
+		return bk_usage("backup", "list takes no argument");
 	if ((rc = open_archive("backup", o, &a)) != 0)
 		return rc;
 	char *tmp = cdc_backup_tmpdir();
 	rc = cdc_backup_scan(a, o->shard, &e, &ne, err, sizeof err);
 	if (rc == 0)
-		rc = list_manifests(a, o->shard, 1, tmp ? tmp : "/tmp", &m, &n, err, sizeof err);
+		rc = bk_list_manifests(a, o->shard, 1, tmp ? tmp : "/tmp", &m, &n, err, sizeof err);
 	if (tmp) {
 		rmdir(tmp);
 		free(tmp);
@@ -589,7 +551,7 @@ static int cmd_list(cli_ctx *ctx, const bk_opts *o)
 			while (bson_iter_next(&c))
 				colls++;
 		}
-		fmt_ms(cdc_bson_i64(mi->doc, "headWall"), t, sizeof t);
+		bk_fmt_ms(cdc_bson_i64(mi->doc, "headWall"), t, sizeof t);
 		if (ctx->json) {
 			bson_t *d = bson_copy(mi->doc);
 			BSON_APPEND_UTF8(d, "state", "committed");
@@ -608,7 +570,7 @@ static int cmd_list(cli_ctx *ctx, const bk_opts *o)
 	}
 	if (ctx->json)
 		printf("]}\n");
-	manifests_free(m, n);
+	bk_manifests_free(m, n);
 	cdc_backup_ents_free(e, ne);
 	cdc_archive_close(a);
 	return 0;
@@ -624,7 +586,7 @@ static int cmd_delete(cli_ctx *ctx, const bk_opts *o)
 	char err[1024];
 	int rc, found = 0;
 	if (o->npos != 2)
-		return usage("backup", "delete takes one ID");
+		return bk_usage("backup", "delete takes one ID");
 	if ((rc = open_archive("backup", o, &a)) != 0)
 		return rc;
 	rc = cdc_backup_scan(a, o->shard, &e, &n, err, sizeof err);
@@ -656,1005 +618,21 @@ static int cmd_delete(cli_ctx *ctx, const bk_opts *o)
 int cli_backup_main(cli_ctx *ctx, int argc, char **argv)
 {
 	bk_opts o;
-	int rc = parse("backup", argc, argv, &o);
+	int rc = bk_parse("backup", argc, argv, &o);
 	if (rc)
 		return rc;
 	if (o.npos == 0)
-		return usage("backup", "missing subcommand");
+		return bk_usage("backup", "missing subcommand");
 	if (o.to_time || o.into || o.dry_run || o.to_shard)
-		return usage("backup", "--to-time, --into, --to-shard and --dry-run are restore "
+		return bk_usage("backup", "--to-time, --into, --to-shard and --dry-run are restore "
 				       "flags");
 	if ((o.all || o.import_latency || o.progress) && strcmp(o.pos[0], "create") != 0)
-		return usage("backup", "--all, --import-latency-ms and --progress are create flags");
+		return bk_usage("backup", "--all, --import-latency-ms and --progress are create flags");
 	if (strcmp(o.pos[0], "create") == 0)
 		return cmd_create(ctx, &o);
 	if (strcmp(o.pos[0], "list") == 0)
 		return cmd_list(ctx, &o);
 	if (strcmp(o.pos[0], "delete") == 0)
 		return cmd_delete(ctx, &o);
-	return usage("backup", "unknown subcommand");
-}
-
-/* ------------------------------------------------------------ restore: the _id map */
-
-/* _id (as a one-element BSON value, type byte included) -> SHA-256 of the document the
- * restore wrote last for it, and the shard whose history holds it (its index in the
- * restore's shard list; set by the first backup document or write of the _id). Open
- * addressing, linear probing; a deleted document keeps its slot (live = 0). */
-typedef struct id_ent {
-	uint8_t *key; /* NULL: empty slot */
-	uint32_t klen;
-	uint8_t live, seen;
-	uint16_t shard;
-	uint8_t h[32];
-} id_ent;
-
-typedef struct id_map {
-	id_ent *e;
-	size_t cap, used; /* slots, slots with a key */
-} id_map;
-
-static id_ent *map_slot(id_map *m, const uint8_t *k, uint32_t kl)
-{
-	size_t i = (size_t)XXH64(k, kl, 0) & (m->cap - 1);
-	while (m->e[i].key && (m->e[i].klen != kl || memcmp(m->e[i].key, k, kl) != 0))
-		i = (i + 1) & (m->cap - 1);
-	return &m->e[i];
-}
-
-static id_ent *map_get(id_map *m, const uint8_t *k, uint32_t kl)
-{
-	if (2 * (m->used + 1) > m->cap) {
-		id_map n = {.cap = m->cap ? m->cap * 2 : 1024};
-		n.e = sdb_calloc(n.cap, sizeof *n.e);
-		for (size_t i = 0; i < m->cap; i++)
-			if (m->e[i].key) {
-				*map_slot(&n, m->e[i].key, m->e[i].klen) = m->e[i];
-				n.used++;
-			}
-		free(m->e);
-		*m = n;
-	}
-	id_ent *s = map_slot(m, k, kl);
-	if (s->key == NULL) {
-		s->key = sdb_malloc(kl);
-		memcpy(s->key, k, kl);
-		s->klen = kl;
-		m->used++;
-	}
-	return s;
-}
-
-static void map_free(id_map *m)
-{
-	for (size_t i = 0; i < m->cap; i++)
-		free(m->e[i].key);
-	free(m->e);
-}
-
-static void sha256(const uint8_t *d, size_t n, uint8_t out[32])
-{
-	unsigned l;
-	EVP_Digest(d, n, out, &l, EVP_sha256(), NULL);
-}
-
-/* The order-independent hash of a set of documents: the sum, per 64-bit lane, of their
- * SHA-256 (as 4 little-endian u64), printed as 64 hex digits. */
-typedef struct set_hash {
-	uint64_t lane[4];
-	int64_t count;
-} set_hash;
-
-static void set_add(set_hash *s, const uint8_t h[32])
-{
-	for (int i = 0; i < 4; i++) {
-		uint64_t v;
-		memcpy(&v, h + 8 * i, 8);
-		s->lane[i] += v;
-	}
-	s->count++;
-}
-
-static void set_hex(const set_hash *s, char out[65])
-{
-	for (int i = 0; i < 4; i++)
-		sprintf(out + 16 * i, "%016" PRIx64, s->lane[i]);
-}
-
-/* ------------------------------------------------------------ restore: applying */
-
-typedef struct restore {
-	const cli_ctx *ctx;
-	const char *db, *coll, *ns; /* source */
-	char *tdb, *tcoll;          /* target */
-	int64_t to_ms;
-	int dry_run;
-	mongoc_client_t *c;
-	mongoc_collection_t *tc;
-	mongoc_bulk_operation_t *bulk;
-	int pending;
-	id_map ids;
-	int64_t docs_in, events_in; /* read from the backups, applied from the CDC log */
-	int64_t migration_skipped;  /* migration events of documents not restored from there */
-	const shard_ref *shards;    /* the shards in metadata; cur: the one being replayed */
-	uint16_t cur;
-	int64_t docs_total;         /* of the chosen backups' manifests: progress's total */
-	progress pg;
-	char err[1024];
-} restore;
-
-/* Show the restore's progress: backup documents of docs_total, events (total unknown). */
-static void restore_progress(restore *r, int final)
-{
-	progress_show(&r->pg, r->docs_in, r->docs_total, r->docs_in + r->events_in, final, NULL,
-		      "restore %s: %" PRId64 "/%" PRId64 " backup documents + %" PRId64 " events",
-		      r->ns, r->docs_in, r->docs_total, r->events_in);
-}
-
-static int flush_bulk(restore *r)
-{
-	bson_error_t e;
-	bson_t reply;
-	int rc = 0;
-	if (r->bulk == NULL)
-		return 0;
-	if (r->pending && !mongoc_bulk_operation_execute(r->bulk, &reply, &e))
-		rc = sdb_errf(r->err, sizeof r->err, SDB_EIO, "writing %s.%s: %s", r->tdb, r->tcoll,
-			      e.message);
-	if (r->pending)
-		bson_destroy(&reply);
-	mongoc_bulk_operation_destroy(r->bulk);
-	r->bulk = NULL;
-	r->pending = 0;
-	return rc;
-}
-
-static mongoc_bulk_operation_t *bulk(restore *r)
-{
-	if (r->bulk == NULL) {
-		bson_t opts = BSON_INITIALIZER;
-		BSON_APPEND_BOOL(&opts, "ordered", true);
-		r->bulk = mongoc_collection_create_bulk_operation_with_opts(r->tc, &opts);
-		bson_destroy(&opts);
-	}
-	return r->bulk;
-}
-
-static int queued(restore *r)
-{
-	return ++r->pending >= BATCH ? flush_bulk(r) : 0;
-}
-
-/* Key of doc's _id in the map (a one-element document holding it), 0 when it has none. */
-static int id_key(const bson_t *doc, bson_t *key)
-{
-	bson_iter_t it;
-	bson_init(key);
-	if (!bson_iter_init_find(&it, doc, "_id")) {
-		bson_destroy(key);
-		return 0;
-	}
-	bson_append_iter(key, "_id", 3, &it);
-	return 1;
-}
-
-/* The _id is in the history of shard s->shard (a backup document, a write or a delete)
- * and the current shard's history holds it too: a chunk migration moved it between the
- * backup and TIME (or the collection holds one _id on two shards, or a shard key update
- * moved it), and the two histories cannot be ordered without the chunk's ownership at
- * TIME. Refused, whatever the order the shards are replayed in; exit 1. */
-static int overlap(restore *r, const id_ent *s, const bson_t *key)
-{
-	char *id = bson_as_relaxed_extended_json(key, NULL);
-	int rc = sdb_errf(r->err, sizeof r->err, SDB_ECONFLICT,
-			  "%s: document %s is in the histories of shards %s and %s (a chunk "
-			  "migration moved it between the backup and the restore time): a restore "
-			  "across a migration is not supported",
-			  r->ns, id ? id : "?", r->shards[s->shard].id, r->shards[r->cur].id);
-	bson_free(id);
-	return rc;
-}
-
-/* doc is the document of _id now (insert, or update's full post-image), in the history of
- * shard r->cur. A dry run only keeps the map. */
-static int put_doc(restore *r, const bson_t *doc, int insert)
-{
-	bson_t key;
-	bson_error_t e;
-	if (!id_key(doc, &key))
-		return sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "a document without _id");
-	id_ent *s = map_get(&r->ids, bson_get_data(&key), key.len);
-	if (s->seen && s->shard != r->cur) {
-		int rc = overlap(r, s, &key);
-		bson_destroy(&key);
-		return rc;
-	}
-	int was = s->live;
-	s->live = s->seen = 1;
-	s->shard = r->cur;
-	sha256(bson_get_data(doc), doc->len, s->h);
-	if (r->dry_run) {
-		bson_destroy(&key);
-		return 0;
-	}
-	int ok;
-	if (insert && !was) {
-		ok = mongoc_bulk_operation_insert_with_opts(bulk(r), doc, NULL, &e);
-	} else {
-		bson_t opts = BSON_INITIALIZER;
-		BSON_APPEND_BOOL(&opts, "upsert", true);
-		ok = mongoc_bulk_operation_replace_one_with_opts(bulk(r), &key, doc, &opts, &e);
-		bson_destroy(&opts);
-	}
-	bson_destroy(&key);
-	if (!ok)
-		return sdb_errf(r->err, sizeof r->err, SDB_EINVAL, "%s", e.message);
-	return queued(r);
-}
-
-static int del_doc(restore *r, const bson_t *doc)
-{
-	bson_t key;
-	bson_error_t e;
-	if (!id_key(doc, &key))
-		return 0;
-	id_ent *s = map_get(&r->ids, bson_get_data(&key), key.len);
-	if (s->seen && s->shard != r->cur) {
-		int rc = overlap(r, s, &key);
-		bson_destroy(&key);
-		return rc;
-	}
-	s->live = 0;
-	s->seen = 1;
-	s->shard = r->cur;
-	if (r->dry_run) {
-		bson_destroy(&key);
-		return 0;
-	}
-	int ok = mongoc_bulk_operation_remove_one_with_opts(bulk(r), &key, NULL, &e);
-	bson_destroy(&key);
-	if (!ok)
-		return sdb_errf(r->err, sizeof r->err, SDB_EINVAL, "%s", e.message);
-	return queued(r);
-}
-
-/* A drop of the collection (or of its database) in shard r->cur's history: the documents
- * restored from that shard go (a sharded collection is dropped on every shard, each in
- * its own history). */
-static int drop_all(restore *r)
-{
-	bson_error_t e;
-	int rc = 0;
-	for (size_t i = 0; i < r->ids.cap && rc == 0; i++) {
-		id_ent *s = &r->ids.e[i];
-		if (!s->key || !s->live || s->shard != r->cur)
-			continue;
-		s->live = 0;
-		if (r->dry_run)
-			continue;
-		bson_t key;
-		if (!bson_init_static(&key, s->key, s->klen))
-			continue;
-		if (!mongoc_bulk_operation_remove_one_with_opts(bulk(r), &key, NULL, &e))
-			rc = sdb_errf(r->err, sizeof r->err, SDB_EINVAL, "%s", e.message);
-		else
-			rc = queued(r);
-	}
-	return rc;
-}
-
-/* Load the backup data object (documents back to back) into the target. */
-static int apply_backup(restore *r, cdc_archive *a, const char *obj, const char *tmp)
-{
-	char *path = sdb_asprintf("%s/data.bson", tmp);
-	int rc = cdc_archive_obj_get(a, obj, path, r->err, sizeof r->err);
-	if (rc) {
-		free(path);
-		return rc;
-	}
-	FILE *f = fopen(path, "rb");
-	bson_reader_t *rd = f ? bson_reader_new_from_fd(fileno(f), false) : NULL;
-	const bson_t *doc;
-	bool eof = false;
-	while (rc == 0 && rd && (doc = bson_reader_read(rd, &eof)) != NULL) {
-		r->docs_in++;
-		rc = put_doc(r, doc, 1);
-		if (r->docs_in % BATCH == 0)
-			restore_progress(r, 0);
-	}
-	if (rc == 0 && (rd == NULL || !eof))
-		rc = sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "%s: not a BSON file", obj);
-	if (rd)
-		bson_reader_destroy(rd);
-	if (f)
-		fclose(f);
-	unlink(path);
-	free(path);
-	return rc;
-}
-
-/* Whether the _id of the event's document is in the history of the shard being replayed
- * (a backup document, a write or a delete restored from it). */
-static int restored_here(restore *r, const bson_t *doc)
-{
-	bson_t key;
-	if (!id_key(doc, &key))
-		return 0;
-	id_ent *s = r->ids.cap ? map_slot(&r->ids, bson_get_data(&key), key.len) : NULL;
-	bson_destroy(&key);
-	return s && s->key && s->seen && s->shard == r->cur;
-}
-
-/* Apply the shard's CDC events after `after` while their wall <= to_ms: user writes of
- * DB.COLL, drops of it or its database. An event of a chunk migration (origin: an import's
- * copy, the grace period's reverse replication, a cleanup) is skipped when its document
- * is not in the state restored from this shard (the document's owner holds the write in
- * its own history; backups hold only owned documents), and refused when it is (the
- * document moved between the backup and TIME, which needs the chunk's ownership at TIME). */
-static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t after)
-{
-	cdc_reader *rd;
-	cdc_event ev;
-	int rc = cdc_reader_open(log, shard, after, &rd, r->err, sizeof r->err);
-	if (rc)
-		return sdb_errwrap(r->err, sizeof r->err, rc, "CDC log of %s", shard);
-	char dbcmd[512];
-	snprintf(dbcmd, sizeof dbcmd, "%s.$cmd", r->db);
-	while ((rc = cdc_reader_next(rd, &ev, 0, r->err, sizeof r->err)) == 1) {
-		bson_t e, o;
-		bson_iter_t it;
-		rc = 0; /* the result of applying this event (a command event of the database
-			 * that is not a drop applies nothing and must not end the replay) */
-		if (!bson_init_static(&e, ev.data, ev.len)) {
-			rc = sdb_errf(r->err, sizeof r->err, SDB_ECORRUPT, "event %" PRIu64, ev.offset);
-			break;
-		}
-		if (cdc_bson_i64(&e, "wall") > r->to_ms)
-			break;
-		const char *ns = cdc_bson_str(&e, "ns"), *op = cdc_bson_str(&e, "op");
-		if (ns == NULL || op == NULL || !bson_iter_init_find(&it, &e, "o") ||
-		    !BSON_ITER_HOLDS_DOCUMENT(&it))
-			continue;
-		uint32_t ol;
-		const uint8_t *od;
-		bson_iter_document(&it, &ol, &od);
-		if (!bson_init_static(&o, od, ol))
-			continue;
-		int mine = strcmp(ns, r->ns) == 0;
-		if (!mine && !(strcmp(ns, dbcmd) == 0 && strcmp(op, "c") == 0))
-			continue;
-		if (mine && cdc_bson_str(&e, "origin") && !restored_here(r, &o)) {
-			/* a migration's copy of a document this shard did not own (an import
-			 * before the switch, the reverse replication of the grace period) or its
-			 * cleanup: the owner's own history holds the write */
-			r->migration_skipped++;
-			continue;
-		}
-		if (mine && cdc_bson_str(&e, "origin")) {
-			rc = sdb_errf(r->err, sizeof r->err, SDB_ECONFLICT,
-				      "%s: event %u:%u of %s comes from chunk migration %s: a "
-				      "restore across a migration is not supported",
-				      r->ns, (unsigned)(ev.ts >> 32), (unsigned)ev.ts, shard,
-				      cdc_bson_str(&e, "origin"));
-			break;
-		}
-		int apply = 0;
-		if (mine) {
-			apply = 1;
-			if (!strcmp(op, "i") || !strcmp(op, "u"))
-				rc = put_doc(r, &o, 0);
-			else if (!strcmp(op, "d"))
-				rc = del_doc(r, &o);
-			else
-				apply = 0;
-		} else {
-			const char *dropped = cdc_bson_str(&o, "drop");
-			if ((dropped && strcmp(dropped, r->coll) == 0) ||
-			    bson_iter_init_find(&it, &o, "dropDatabase")) {
-				apply = 1;
-				rc = drop_all(r);
-			}
-		}
-		r->events_in += apply;
-		if (apply && r->events_in % BATCH == 0)
-			restore_progress(r, 0);
-		if (rc)
-			break;
-	}
-	cdc_reader_close(rd);
-	return rc < 0 ? rc : 0;
-}
-
-/* Count and set hash of the target as it is now. */
-static int target_hash(restore *r, set_hash *h)
-{
-	bson_t q = BSON_INITIALIZER;
-	bson_error_t e;
-	const bson_t *doc;
-	memset(h, 0, sizeof *h);
-	mongoc_cursor_t *cs = mongoc_collection_find_with_opts(r->tc, &q, NULL, NULL);
-	while (mongoc_cursor_next(cs, &doc)) {
-		uint8_t d[32];
-		sha256(bson_get_data(doc), doc->len, d);
-		set_add(h, d);
-	}
-	int rc = 0;
-	if (mongoc_cursor_error(cs, &e))
-		rc = sdb_errf(r->err, sizeof r->err, SDB_EIO, "reading %s.%s back: %s", r->tdb,
-			      r->tcoll, e.message);
-	mongoc_cursor_destroy(cs);
-	bson_destroy(&q);
-	return rc;
-}
-
-/* ------------------------------------------------------------ restore: planning */
-
-typedef struct plan {
-	const shard_ref *s;
-	const manifest *m; /* chosen backup, NULL when none */
-	uint64_t at;       /* its snapshot of the collection */
-	int64_t at_wall, oldest_wall, newest_ms, docs;
-	const char *obj; /* data object, NULL: the collection was empty */
-} plan;
-
-/* Snapshot point of ns in backup m: its collection entry, else the backup's head. */
-static void point_of(const manifest *m, const char *ns, uint64_t *at, int64_t *wall,
-		     const char **obj, int64_t *docs)
-{
-	bson_iter_t it, c;
-	*at = cdc_bson_ts(m->doc, "headTs");
-	*wall = cdc_bson_i64(m->doc, "headWall");
-	*obj = NULL;
-	*docs = 0;
-	if (!bson_iter_init_find(&it, m->doc, "collections") || !BSON_ITER_HOLDS_ARRAY(&it) ||
-	    !bson_iter_recurse(&it, &c))
-		return;
-	while (bson_iter_next(&c)) {
-		bson_t d;
-		uint32_t l;
-		const uint8_t *data;
-		if (!BSON_ITER_HOLDS_DOCUMENT(&c))
-			continue;
-		bson_iter_document(&c, &l, &data);
-		if (!bson_init_static(&d, data, l))
-			continue;
-		const char *n = cdc_bson_str(&d, "ns");
-		if (n && strcmp(n, ns) == 0) {
-			*at = cdc_bson_ts(&d, "atOplogTs");
-			*wall = cdc_bson_i64(&d, "atWall");
-			*obj = cdc_bson_str(&d, "object");
-			*docs = cdc_bson_i64(&d, "count");
-			return;
-		}
-	}
-}
-
-/* Newest time the shard's history is complete to: now when its CDC log holds its oplog
- * head (nothing unpublished), else the wall of the last event in the log. */
-static int newest_ms(const cli_ctx *ctx, cdc_log *log, const shard_ref *s, int64_t *out,
-		     char *err, size_t errlen)
-{
-	cdc_range live = {0}, ar = {0};
-	int rc = cdc_log_range(log, s->id, &live, err, errlen);
-	if (rc == 0 && cdc_log_archive(log))
-		rc = cdc_archive_range(cdc_log_archive(log), s->id, &ar, err, errlen);
-	if (rc)
-		return rc;
-	uint64_t last = live.last_ts > ar.last_ts ? live.last_ts : ar.last_ts;
-	int64_t now = sdb_wall_ms();
-	mongoc_client_t *c = cdc_backup_client(s->uri, ctx->timeout_ms);
-	cdc_snap head = {0};
-	*out = 0;
-	if (c) {
-		char *tmp = cdc_backup_tmpdir();
-		char *p = sdb_asprintf("%s/probe.bson", tmp ? tmp : "/tmp");
-		char e2[512];
-		if (cdc_backup_snapshot(c, "admin", "stripedb.backup.probe", p, NULL, NULL, &head, e2,
-					sizeof e2) == 0 &&
-		    head.at == last)
-			*out = now;
-		unlink(p);
-		free(p);
-		if (tmp) {
-			rmdir(tmp);
-			free(tmp);
-		}
-		mongoc_client_destroy(c);
-	}
-	if (*out == 0 && last) {
-		cdc_reader *rd;
-		cdc_event ev;
-		rc = cdc_reader_open(log, s->id, last - 1, &rd, err, errlen);
-		if (rc)
-			return rc;
-		if (cdc_reader_next(rd, &ev, 0, err, errlen) == 1) {
-			bson_t e;
-			if (bson_init_static(&e, ev.data, ev.len))
-				*out = cdc_bson_i64(&e, "wall");
-		}
-		cdc_reader_close(rd);
-	}
-	return 0;
-}
-
-/* What every namespace of one `ctl restore` shares. */
-typedef struct rs_env {
-	cli_ctx *ctx;
-	const bk_opts *o;
-	cdc_log *log;
-	cdc_archive *a;        /* the log's archive (borrowed) */
-	shard_ref *shards;     /* the shards replayed: every shard, or --shard */
-	size_t nsh;
-	int64_t *newest;       /* per shard: newest_ms, -1 until asked */
-	manifest *ms;          /* every backup in the archive */
-	size_t nm;
-	char *tmp;             /* private directory for downloaded data objects */
-	const char *uri;       /* the target: --uri, or the --to-shard's URI */
-	int64_t to_ms;         /* INT64_MAX with latest */
-	int latest;            /* --to-time=latest */
-	char tstr[40];
-} rs_env;
-
-/* newest_ms of shard i, asked once per restore. */
-static int shard_newest(rs_env *e, size_t i, int64_t *out, char *err, size_t errlen)
-{
-	if (e->newest[i] < 0) {
-		int rc = newest_ms(e->ctx, e->log, &e->shards[i], &e->newest[i], err, errlen);
-		if (rc)
-			return rc;
-	}
-	*out = e->newest[i];
-	return 0;
-}
-
-/* Restore ns (DB.COLL) as of e->to_ms into tdb.tcoll through e->uri (or plan it with
- * --dry-run): per shard of e, the newest backup of ns at or before TIME and the shard's
- * events after it; refused outside the available range or over a non-empty target;
- * verified (count and set hash). Prints one line per shard and a result line (or a JSON
- * document with --json). Returns the exit code: 0, 1 (refused or failed: one line on
- * stderr), 2 (usage). tdb and tcoll are borrowed. */
-static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tcoll)
-{
-	restore r;
-	plan *plans = NULL;
-	int applying = 0, rc = 0;
-	const char *dot = strchr(ns, '.');
-	char *db = sdb_strndup(ns, (size_t)(dot - ns));
-	memset(&r, 0, sizeof r);
-	r.ctx = e->ctx;
-	r.dry_run = e->o->dry_run;
-	r.to_ms = e->to_ms;
-	progress_init(&r.pg, e->ctx, e->o->progress);
-	r.db = db;
-	r.coll = dot + 1;
-	r.ns = ns;
-	r.tdb = (char *)tdb;
-	r.tcoll = (char *)tcoll;
-	/* per shard: the newest backup at or before TIME, the available range */
-	plans = sdb_calloc(e->nsh ? e->nsh : 1, sizeof *plans);
-	int64_t lower = 0, upper = INT64_MAX;
-	char tstr[40];
-	snprintf(tstr, sizeof tstr, "%s", e->tstr);
-	if (e->latest) { /* --to-time=latest: the newest time every shard's history reaches */
-		for (size_t i = 0; i < e->nsh; i++) {
-			int64_t n;
-			if ((rc = shard_newest(e, i, &n, r.err, sizeof r.err)) != 0) {
-				fprintf(stderr, "stripedb ctl restore: %s: %s\n", e->shards[i].id,
-					r.err);
-				rc = 1;
-				goto out;
-			}
-			r.to_ms = n < r.to_ms ? n : r.to_ms;
-		}
-		fmt_ms(r.to_ms, tstr, sizeof tstr);
-	}
-	for (size_t i = 0; i < e->nsh; i++) {
-		plan *p = &plans[i];
-		p->s = &e->shards[i];
-		p->oldest_wall = INT64_MAX;
-		for (size_t k = 0; k < e->nm; k++) {
-			if (strcmp(e->ms[k].shard, e->shards[i].id) != 0)
-				continue;
-			uint64_t at;
-			int64_t wall, docs;
-			const char *obj;
-			point_of(&e->ms[k], r.ns, &at, &wall, &obj, &docs);
-			if (wall < p->oldest_wall)
-				p->oldest_wall = wall;
-			if (wall <= r.to_ms && (p->m == NULL || wall >= p->at_wall)) {
-				p->m = &e->ms[k];
-				p->at = at;
-				p->at_wall = wall;
-				p->obj = obj;
-				p->docs = docs;
-			}
-		}
-		if (p->oldest_wall == INT64_MAX) {
-			fprintf(stderr, "stripedb ctl restore: shard %s has no backup in %s (run "
-					"`stripedb ctl backup create --all`)\n",
-				e->shards[i].id, e->o->archive);
-			rc = 1;
-			goto out;
-		}
-		if ((rc = shard_newest(e, i, &p->newest_ms, r.err, sizeof r.err)) != 0) {
-			fprintf(stderr, "stripedb ctl restore: %s: %s\n", e->shards[i].id, r.err);
-			rc = 1;
-			goto out;
-		}
-		if (p->oldest_wall > lower)
-			lower = p->oldest_wall;
-		if (p->newest_ms < upper)
-			upper = p->newest_ms;
-	}
-	if (e->nsh == 0) {
-		fprintf(stderr, "stripedb ctl restore: no shard in metadata\n");
-		rc = 1;
-		goto out;
-	}
-	if (r.to_ms < lower || r.to_ms > upper) {
-		char lo_s[40], up_s[40];
-		fmt_ms(lower, lo_s, sizeof lo_s);
-		fmt_ms(upper, up_s, sizeof up_s);
-		fprintf(stderr, "stripedb ctl restore: %s is outside the available range %s .. %s "
-				"(oldest backup .. newest archived event)\n",
-			tstr, lo_s, up_s);
-		rc = 1;
-		goto out;
-	}
-	/* the target: never over live data */
-	if (!e->o->dry_run) {
-		bson_error_t be;
-		r.c = cdc_backup_client(e->uri, e->ctx->timeout_ms);
-		if (r.c == NULL) {
-			fprintf(stderr, "stripedb ctl restore: bad target URI %s\n", e->uri);
-			rc = 2;
-			goto out;
-		}
-		r.tc = mongoc_client_get_collection(r.c, r.tdb, r.tcoll);
-		bson_t q = BSON_INITIALIZER;
-		int64_t n = mongoc_collection_count_documents(r.tc, &q, NULL, NULL, NULL, &be);
-		bson_destroy(&q);
-		if (n < 0) {
-			fprintf(stderr, "stripedb ctl restore: count %s.%s: %s\n", r.tdb, r.tcoll,
-				be.message);
-			rc = 1;
-			goto out;
-		}
-		if (n > 0) {
-			fprintf(stderr, "stripedb ctl restore: target %s.%s exists and holds %" PRId64
-					" documents: a restore never writes over live data\n",
-				r.tdb, r.tcoll, n);
-			rc = 1;
-			goto out;
-		}
-	}
-	int64_t t0 = (int64_t)sdb_mono_ms();
-	applying = !e->o->dry_run;
-	for (size_t i = 0; i < e->nsh; i++)
-		r.docs_total += plans[i].obj ? plans[i].docs : 0;
-	progress_start(&r.pg);
-	restore_progress(&r, 0);
-	for (size_t i = 0; i < e->nsh; i++) {
-		plan *p = &plans[i];
-		int64_t d0 = r.docs_in, e0 = r.events_in;
-		int64_t o0 = r.migration_skipped;
-		r.shards = e->shards;
-		r.cur = (uint16_t)i;
-		if (p->obj)
-			rc = apply_backup(&r, e->a, p->obj, e->tmp);
-		if (rc == 0)
-			rc = apply_events(&r, e->log, p->s->id, p->at);
-		if (rc == 0)
-			rc = flush_bulk(&r);
-		if (rc) {
-			progress_break(&r.pg);
-			fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
-			rc = 1;
-			goto out;
-		}
-		progress_break(&r.pg);
-		if (!e->ctx->json)
-			printf("%s: backup %s (snapshot at %u:%u) %" PRId64 " documents + %" PRId64
-			       " events up to %s%s\n",
-			       p->s->id, p->m ? p->m->id : "-", (unsigned)(p->at >> 32),
-			       (unsigned)p->at, r.docs_in - d0, r.events_in - e0, tstr,
-			       r.migration_skipped - o0 ? " (copies of another shard's documents by a "
-							  "chunk migration skipped)"
-							: "");
-	}
-	applying = 0;
-	int64_t took = (int64_t)sdb_mono_ms() - t0;
-	restore_progress(&r, 1);
-	if (e->o->dry_run) {
-		if (e->ctx->json)
-			printf("{\"dryRun\": true, \"toTime\": \"%s\", \"target\": \"%s.%s\", "
-			       "\"documents\": %" PRId64 ", \"events\": %" PRId64 "}\n",
-			       tstr, r.tdb, r.tcoll, r.docs_in, r.events_in);
-		else
-			printf("dry run: would restore %s as of %s into %s.%s from %" PRId64
-			       " backed-up documents and %" PRId64 " events\n",
-			       r.ns, tstr, r.tdb, r.tcoll, r.docs_in, r.events_in);
-		rc = 0;
-		goto out;
-	}
-	/* verification: the target holds exactly the documents computed for TIME */
-	set_hash want = {0}, got;
-	for (size_t i = 0; i < r.ids.cap; i++)
-		if (r.ids.e[i].key && r.ids.e[i].live)
-			set_add(&want, r.ids.e[i].h);
-	char wh[65], gh[65];
-	set_hex(&want, wh);
-	if ((rc = target_hash(&r, &got)) != 0) {
-		fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
-		rc = 1;
-		goto out;
-	}
-	set_hex(&got, gh);
-	if (want.count != got.count || strcmp(wh, gh) != 0) {
-		fprintf(stderr, "stripedb ctl restore: verification failed: %s.%s holds %" PRId64
-				" documents (hash %s), expected %" PRId64 " (hash %s)\n",
-			r.tdb, r.tcoll, got.count, gh, want.count, wh);
-		rc = 1;
-		goto out;
-	}
-	double rate = took > 0 ? (double)(r.docs_in + r.events_in) * 1000.0 / (double)took : 0;
-	if (e->ctx->json)
-		printf("{\"target\": \"%s.%s\", \"toTime\": \"%s\", \"documents\": %" PRId64
-		       ", \"hash\": \"%s\", \"backupDocuments\": %" PRId64 ", \"events\": %" PRId64
-		       ", \"migrationEventsSkipped\": %" PRId64 ", \"ms\": %" PRId64
-		       ", \"docsPerSec\": %.0f}\n",
-		       r.tdb, r.tcoll, tstr, got.count, gh, r.docs_in, r.events_in,
-		       r.migration_skipped, took, rate);
-	else
-		printf("restored %s as of %s into %s.%s: %" PRId64 " documents, verified (hash %s); "
-		       "%" PRId64 " backed-up documents + %" PRId64 " events in %" PRId64 " ms\n",
-		       r.ns, tstr, r.tdb, r.tcoll, got.count, gh, r.docs_in, r.events_in, took);
-	rc = 0;
-out:
-	if (r.bulk)
-		mongoc_bulk_operation_destroy(r.bulk);
-	if (applying && r.tc) {
-		/* a refused or failed restore leaves no half-restored target (it was empty) */
-		bson_error_t de;
-		if (!mongoc_collection_drop(r.tc, &de) && de.code != 26 &&
-		    !strstr(de.message, "ns not found"))
-			fprintf(stderr, "stripedb ctl restore: dropping the partial target %s.%s: %s\n",
-				r.tdb, r.tcoll, de.message);
-	}
-	if (r.tc)
-		mongoc_collection_destroy(r.tc);
-	if (r.c)
-		mongoc_client_destroy(r.c);
-	map_free(&r.ids);
-	free(plans);
-	free(db);
-	return rc;
-}
-
-/* Add ns (a "db.coll" string; NULL, admin, local, config and system.* are ignored) to the
- * heap set *out of *n heap strings. */
-static void ns_add(char ***out, size_t *n, const char *ns)
-{
-	if (ns == NULL || strchr(ns, '.') == NULL || ns[0] == '.' || strchr(ns, '$') ||
-	    !strncmp(ns, "admin.", 6) || !strncmp(ns, "local.", 6) || !strncmp(ns, "config.", 7) ||
-	    strstr(ns, ".system."))
-		return;
-	for (size_t i = 0; i < *n; i++)
-		if (strcmp((*out)[i], ns) == 0)
-			return;
-	*out = sdb_realloc(*out, (*n + 1) * sizeof **out);
-	(*out)[(*n)++] = sdb_strdup(ns);
-}
-
-/* The namespaces of shard i's history up to TIME: every collection of its backups, and
- * every namespace its CDC events write after the newest of them (a collection created
- * since), skipping admin, local, config and system.*. Heap array of heap strings. */
-static int shard_namespaces(rs_env *e, char ***out, size_t *n, char *err, size_t errlen)
-{
-	const shard_ref *s = &e->shards[0];
-	uint64_t after = 0;
-	int64_t newest_wall = -1;
-	*out = NULL;
-	*n = 0;
-	for (size_t k = 0; k < e->nm; k++) {
-		if (strcmp(e->ms[k].shard, s->id) != 0)
-			continue;
-		int64_t wall = cdc_bson_i64(e->ms[k].doc, "headWall");
-		if (wall <= e->to_ms && wall > newest_wall) {
-			newest_wall = wall;
-			after = cdc_bson_ts(e->ms[k].doc, "headTs");
-		}
-		bson_iter_t it, c;
-		if (!bson_iter_init_find(&it, e->ms[k].doc, "collections") ||
-		    !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &c))
-			continue;
-		while (bson_iter_next(&c)) {
-			bson_t d;
-			uint32_t l;
-			const uint8_t *data;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&c))
-				continue;
-			bson_iter_document(&c, &l, &data);
-			if (bson_init_static(&d, data, l))
-				ns_add(out, n, cdc_bson_str(&d, "ns"));
-		}
-	}
-	cdc_reader *rd;
-	cdc_event ev;
-	int rc = cdc_reader_open(e->log, s->id, after, &rd, err, errlen);
-	if (rc)
-		return rc;
-	while ((rc = cdc_reader_next(rd, &ev, 0, err, errlen)) == 1) {
-		bson_t d;
-		if (!bson_init_static(&d, ev.data, ev.len))
-			continue;
-		if (cdc_bson_i64(&d, "wall") > e->to_ms)
-			break;
-		const char *op = cdc_bson_str(&d, "op");
-		if (op && (!strcmp(op, "i") || !strcmp(op, "u") || !strcmp(op, "d")) &&
-		    !cdc_bson_str(&d, "origin"))
-			ns_add(out, n, cdc_bson_str(&d, "ns"));
-	}
-	cdc_reader_close(rd);
-	return rc < 0 ? rc : 0;
-}
-
-int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
-{
-	bk_opts o;
-	rs_env e;
-	shard_ref *all = NULL;
-	size_t nall = 0;
-	char err[1024], **nss = NULL;
-	size_t nns = 0;
-	char *tdb = NULL, *tcoll = NULL;
-	int rc = parse("restore", argc, argv, &o);
-	if (rc)
-		return rc;
-	memset(&e, 0, sizeof e);
-	e.ctx = ctx;
-	e.o = &o;
-	int whole = o.npos == 0 && o.shard;
-	if (o.npos != 1 && !whole)
-		return usage("restore", "restore takes one DB.COLL, or --shard=ID for every "
-					"collection of a shard");
-	if (o.all || o.import_latency)
-		return usage("restore", "--all and --import-latency-ms are backup flags (a restore "
-					"reads every shard, or --shard=ID)");
-	const char *dot = whole ? NULL : strchr(o.pos[0], '.');
-	if (!whole && (dot == NULL || dot == o.pos[0] || dot[1] == '\0'))
-		return usage("restore", "expected DB.COLL");
-	if (whole && o.into)
-		return usage("restore", "--into restores one collection: a whole shard keeps its "
-					"namespaces");
-	e.latest = o.to_time && strcmp(o.to_time, "latest") == 0;
-	if (e.latest)
-		e.to_ms = INT64_MAX;
-	else if (o.to_time == NULL || parse_time(o.to_time, &e.to_ms) != 0)
-		return usage("restore", "--to-time must be YYYY-MM-DDTHH:MM:SS[.mmm]Z, epoch "
-					"seconds[.mmm] or latest");
-	if (o.cdc == NULL || o.cdc[0] == '\0')
-		return usage("restore", "no CDC log: pass --cdc=SPEC or set STRIPEDB_CDC");
-	if (o.to_shard && o.uri && getenv("STRIPEDB_URI") != o.uri)
-		return usage("restore", "--to-shard and --uri both name the target: pass one");
-	if (!o.dry_run && !o.to_shard && (o.uri == NULL || o.uri[0] == '\0'))
-		return usage("restore", "no target: pass --uri=mongodb://PROXY, --to-shard=ID or "
-					"set STRIPEDB_URI");
-	if (e.latest)
-		snprintf(e.tstr, sizeof e.tstr, "latest");
-	else
-		fmt_ms(e.to_ms, e.tstr, sizeof e.tstr);
-	if (o.into) {
-		const char *d2 = strchr(o.into, '.');
-		if (d2 == NULL || d2 == o.into || d2[1] == '\0')
-			return usage("restore", "--into expects DB.COLL");
-		tdb = sdb_strndup(o.into, (size_t)(d2 - o.into));
-		tcoll = sdb_strdup(d2 + 1);
-	} else if (!whole) {
-		time_t s = e.latest ? time(NULL) : (time_t)(e.to_ms / 1000);
-		struct tm tm;
-		char b[32];
-		gmtime_r(&s, &tm);
-		strftime(b, sizeof b, "%Y%m%dT%H%M%S", &tm);
-		tdb = sdb_strndup(o.pos[0], (size_t)(dot - o.pos[0]));
-		tcoll = sdb_asprintf("%s_restored_%s", dot + 1, b);
-	}
-	if (!whole && strncmp(o.pos[0], tdb, strlen(tdb)) == 0 &&
-	    o.pos[0][strlen(tdb)] == '.' && strcmp(o.pos[0] + strlen(tdb) + 1, tcoll) == 0 &&
-	    !o.to_shard) {
-		fprintf(stderr, "stripedb ctl restore: the target is the source collection %s: "
-				"a restore never writes over live data\n",
-			o.pos[0]);
-		rc = 2;
-		goto out;
-	}
-	cdc_log_opts lo = log_opts(&o);
-	sdb_log_set_level(SDB_LOG_ERROR); /* as open_archive */
-	if ((rc = cdc_log_open(o.cdc, &lo, &e.log, err, sizeof err)) != 0) {
-		fprintf(stderr, "stripedb ctl restore: %s\n", err);
-		rc = rc == SDB_EINVAL ? 2 : 1;
-		goto out;
-	}
-	e.a = cdc_log_archive(e.log);
-	if ((rc = list_shards(ctx, &all, &nall)) != 0)
-		goto out;
-	e.shards = all;
-	e.nsh = nall;
-	e.uri = o.uri;
-	for (size_t i = 0; i < nall; i++) {
-		if (o.shard && strcmp(all[i].id, o.shard) == 0) {
-			e.shards = &all[i];
-			e.nsh = 1;
-		}
-		if (o.to_shard && strcmp(all[i].id, o.to_shard) == 0)
-			e.uri = all[i].uri;
-	}
-	if (o.shard && (e.nsh != 1 || strcmp(e.shards[0].id, o.shard) != 0)) {
-		fprintf(stderr, "stripedb ctl restore: no shard %s in metadata\n", o.shard);
-		rc = 1;
-		goto out;
-	}
-	if (o.to_shard && e.uri == o.uri) {
-		fprintf(stderr, "stripedb ctl restore: no shard %s in metadata (--to-shard names a "
-				"shard added with addShard)\n",
-			o.to_shard);
-		rc = 1;
-		goto out;
-	}
-	e.newest = sdb_calloc(e.nsh ? e.nsh : 1, sizeof *e.newest);
-	for (size_t i = 0; i < e.nsh; i++)
-		e.newest[i] = -1;
-	e.tmp = cdc_backup_tmpdir();
-	if (e.tmp == NULL) {
-		fprintf(stderr, "stripedb ctl restore: temporary directory: %s\n", strerror(errno));
-		rc = 1;
-		goto out;
-	}
-	rc = list_manifests(e.a, NULL, 1, e.tmp, &e.ms, &e.nm, err, sizeof err);
-	if (rc) {
-		fprintf(stderr, "stripedb ctl restore: %s\n", err);
-		rc = 1;
-		goto out;
-	}
-	if (!whole) {
-		rc = restore_ns(&e, o.pos[0], tdb, tcoll);
-		goto out;
-	}
-	/* a whole shard: every namespace of its history, into the same names */
-	if ((rc = shard_namespaces(&e, &nss, &nns, err, sizeof err)) != 0) {
-		fprintf(stderr, "stripedb ctl restore: %s: %s\n", o.shard, err);
-		rc = 1;
-		goto out;
-	}
-	if (nns == 0) {
-		fprintf(stderr, "stripedb ctl restore: shard %s has no backup in %s and no event "
-				"up to %s\n",
-			o.shard, o.archive ? o.archive : "the archive", e.tstr);
-		rc = 1;
-		goto out;
-	}
-	for (size_t i = 0; i < nns && rc == 0; i++) {
-		const char *d = strchr(nss[i], '.');
-		char *ndb = sdb_strndup(nss[i], (size_t)(d - nss[i]));
-		rc = restore_ns(&e, nss[i], ndb, d + 1);
-		free(ndb);
-	}
-	if (rc == 0 && !ctx->json)
-		printf("%s shard %s as of %s: %zu collections into %s\n",
-		       o.dry_run ? "dry run: would restore" : "restored", o.shard, e.tstr, nns,
-		       o.to_shard ? o.to_shard : e.uri ? e.uri : "-");
-out:
-	cdc_backup_names_free(nss, nns);
-	free(e.newest);
-	manifests_free(e.ms, e.nm);
-	sdb_shard_refs_free(all, nall);
-	if (e.tmp) {
-		rmdir(e.tmp);
-		free(e.tmp);
-	}
-	if (e.log)
-		cdc_log_close(e.log);
-	free(tdb);
-	free(tcoll);
-	return rc;
+	return bk_usage("backup", "unknown subcommand");
 }

@@ -29,7 +29,8 @@ tests_bench_s3_archive_bench_LDADD = libstripedb.a $(SDB_LIBS)
 # `stripedb ctl cdc status|read` (cli/ctl.c dispatches to cli_cdc_main)
 libstripedb_a_SOURCES += cli/cdc.c
 # `stripedb ctl backup create|list|delete` and `stripedb ctl restore` (issue #22)
-libstripedb_a_SOURCES += cli/backup.c
+libstripedb_a_SOURCES += cli/backup.c cli/restore.c
+noinst_HEADERS += cli/backup_int.h
 
 # Test helper: a librdkafka mock cluster (a real Kafka protocol broker on loopback), started
 # by tests/integration/test_cdc.py.
