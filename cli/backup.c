@@ -433,30 +433,26 @@ void bk_manifests_free(manifest *m, size_t n)
 /* The committed backups (those with a manifest) of shard (NULL: all), oldest first per
  * shard; with load, the manifests are downloaded and parsed. */
 int bk_list_manifests(cdc_archive *a, const char *shard, int load, const char *tmp,
-			  manifest **out, size_t *n, char *err, size_t errlen)
+		      manifest **out, size_t *n, char *err, size_t errlen)
 {
-	char **keys = NULL;
-	size_t nk = 0;
-	char *prefix = shard ? sdb_asprintf("backups/%s/", shard) : sdb_strdup("backups/");
-	int rc = cdc_archive_obj_list(a, prefix, &keys, &nk, err, errlen);
-	free(prefix);
+	cdc_backup_ent *ents = NULL;
+	size_t ne = 0;
+	int rc = cdc_backup_scan(a, shard, &ents, &ne, err, errlen);
 	*out = NULL;
 	*n = 0;
-	for (size_t i = 0; rc == 0 && i < nk; i++) {
-		/* backups/<shard>/<id>/manifest.json */
-		char sh[256], id[256], file[64];
-		if (sscanf(keys[i], "backups/%255[^/]/%255[^/]/%63s", sh, id, file) != 3 ||
-		    strcmp(file, "manifest.json") != 0)
+	for (size_t i = 0; rc == 0 && i < ne; i++) {
+		if (!ents[i].committed)
 			continue;
-		manifest m = {.shard = sdb_strdup(sh), .id = sdb_strdup(id),
-			      .key = sdb_strdup(keys[i])};
+		manifest m = {.shard = sdb_strdup(ents[i].shard), .id = sdb_strdup(ents[i].id),
+			      .key = sdb_asprintf("backups/%s/%s/manifest.json", ents[i].shard,
+						  ents[i].id)};
 		if (load) {
 			char *path = sdb_asprintf("%s/m.json", tmp);
-			rc = cdc_archive_obj_get(a, keys[i], path, err, errlen);
+			rc = cdc_archive_obj_get(a, m.key, path, err, errlen);
 			if (rc == 0) {
 				rc = bk_load_json(path, &m.doc, err, errlen);
 				if (rc)
-					sdb_errwrap(err, errlen, rc, "%s", keys[i]);
+					sdb_errwrap(err, errlen, rc, "%s", m.key);
 			}
 			unlink(path);
 			free(path);
@@ -464,7 +460,7 @@ int bk_list_manifests(cdc_archive *a, const char *shard, int load, const char *t
 		*out = sdb_realloc(*out, (*n + 1) * sizeof **out);
 		(*out)[(*n)++] = m;
 	}
-	cdc_backup_names_free(keys, nk);
+	cdc_backup_ents_free(ents, ne);
 	if (rc) {
 		bk_manifests_free(*out, *n);
 		*out = NULL;

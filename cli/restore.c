@@ -462,27 +462,42 @@ typedef struct plan {
 	const char *obj; /* data object, NULL: the collection was empty */
 } plan;
 
+/* The manifest's collections array: colls_begin points c at it (false when absent),
+ * colls_next gives each entry as a static view d (false at the end). */
+static bool colls_begin(const bson_t *manifest_doc, bson_iter_t *c)
+{
+	bson_iter_t it;
+	return bson_iter_init_find(&it, manifest_doc, "collections") &&
+	       BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, c);
+}
+
+static bool colls_next(bson_iter_t *c, bson_t *d)
+{
+	while (bson_iter_next(c)) {
+		uint32_t l;
+		const uint8_t *data;
+		if (!BSON_ITER_HOLDS_DOCUMENT(c))
+			continue;
+		bson_iter_document(c, &l, &data);
+		if (bson_init_static(d, data, l))
+			return true;
+	}
+	return false;
+}
+
 /* Snapshot point of ns in backup m: its collection entry, else the backup's head. */
 static void point_of(const manifest *m, const char *ns, uint64_t *at, int64_t *wall,
 		     const char **obj, int64_t *docs)
 {
-	bson_iter_t it, c;
+	bson_iter_t c;
 	*at = cdc_bson_ts(m->doc, "headTs");
 	*wall = cdc_bson_i64(m->doc, "headWall");
 	*obj = NULL;
 	*docs = 0;
-	if (!bson_iter_init_find(&it, m->doc, "collections") || !BSON_ITER_HOLDS_ARRAY(&it) ||
-	    !bson_iter_recurse(&it, &c))
+	bson_t d;
+	if (!colls_begin(m->doc, &c))
 		return;
-	while (bson_iter_next(&c)) {
-		bson_t d;
-		uint32_t l;
-		const uint8_t *data;
-		if (!BSON_ITER_HOLDS_DOCUMENT(&c))
-			continue;
-		bson_iter_document(&c, &l, &data);
-		if (!bson_init_static(&d, data, l))
-			continue;
+	while (colls_next(&c, &d)) {
 		const char *n = cdc_bson_str(&d, "ns");
 		if (n && strcmp(n, ns) == 0) {
 			*at = cdc_bson_ts(&d, "atOplogTs");
@@ -829,20 +844,12 @@ static int shard_namespaces(rs_env *e, char ***out, size_t *n, char *err, size_t
 			newest_wall = wall;
 			after = cdc_bson_ts(e->ms[k].doc, "headTs");
 		}
-		bson_iter_t it, c;
-		if (!bson_iter_init_find(&it, e->ms[k].doc, "collections") ||
-		    !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &c))
+		bson_iter_t c;
+		bson_t d;
+		if (!colls_begin(e->ms[k].doc, &c))
 			continue;
-		while (bson_iter_next(&c)) {
-			bson_t d;
-			uint32_t l;
-			const uint8_t *data;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&c))
-				continue;
-			bson_iter_document(&c, &l, &data);
-			if (bson_init_static(&d, data, l))
-				ns_add(out, n, cdc_bson_str(&d, "ns"));
-		}
+		while (colls_next(&c, &d))
+			ns_add(out, n, cdc_bson_str(&d, "ns"));
 	}
 	cdc_reader *rd;
 	cdc_event ev;
