@@ -429,6 +429,7 @@ static const struct {
 	{"registerMigration", fsm_op_register_migration},
 	{"updateMigration", fsm_op_update_migration},
 	{"deleteMigration", fsm_op_delete_migration},
+	{"setOpVersion", fsm_op_set_op_version},
 	{"acquireLease", fsm_op_lease},
 	{"renewLease", fsm_op_lease},
 	{"releaseLease", fsm_op_lease},
@@ -755,6 +756,14 @@ const char *sdb_fsm_member_wire(sdb_fsm *f, uint64_t id)
 	}
 	sqlite3_finalize(st);
 	return w;
+}
+
+int64_t sdb_fsm_op_version(sdb_fsm *f)
+{
+	int64_t v = 0;
+	if (fsm_meta_get(f, "op_version", &v) != 0 || v < MIGSTATE_OP_VERSION)
+		return MIGSTATE_OP_VERSION;
+	return v;
 }
 
 uint64_t sdb_fsm_hash(sdb_fsm *f)

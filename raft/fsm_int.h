@@ -21,6 +21,7 @@
 #define E_NS_EXISTS 48, "NamespaceExists"
 #define E_SHARD_NOT_FOUND 70, "ShardNotFound"
 #define E_WRITE_CONFLICT 112, "WriteConflict"
+#define E_CONFLICTING_OPERATION 117, "ConflictingOperationInProgress"
 #define E_DUPLICATE 11000, "DuplicateKey"
 #define E_FAILED_TO_PARSE 9, "FailedToParse"
 
@@ -108,6 +109,9 @@ int fsm_op_drop_collection(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_drop_database(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_drop_user(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_lease(sdb_fsm *f, cmdctx *c, bson_t *res);
+/* setOpVersion {version: 2..MIGSTATE_OP_VERSION_MAX}: the cluster op version (meta key
+ * op_version) the leader stamps on registerMigration (raft/migstate.h). */
+int fsm_op_set_op_version(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_register_migration(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_remove_shard(sdb_fsm *f, cmdctx *c, bson_t *res);

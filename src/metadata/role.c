@@ -156,7 +156,7 @@ static const struct {
 	{"acquireLease", "name"},   {"renewLease", "name"},     {"releaseLease", "name"},
 	{"createTenant", "name"},   {"setQuota", "tenant"},     {"setPolicy", "tenant"},
 	{"createUser", "name"},     {"registerMember", "id"},   {"removeMember", "id"},
-	{"updateUser", "name"},     {"dropUser", "name"},
+	{"updateUser", "name"},     {"dropUser", "name"},       {"setOpVersion", "version"},
 };
 
 /* Build the args document of a write: every field but the command key, driver
@@ -280,9 +280,14 @@ static void h_write(wire_req *req, void *data)
 		return;
 	}
 	build_args(cmd, name, &args);
-	if (strcmp(name, "updateMigration") == 0 || strcmp(name, "registerMigration") == 0)
+	if (strcmp(name, "updateMigration") == 0)
 		/* the leader, not the client, says which rules apply (raft/migstate.h) */
 		BSON_APPEND_INT32(&args, "opVersion", MIGSTATE_OP_VERSION);
+	else if (strcmp(name, "registerMigration") == 0)
+		/* 3 (one active migration per chunk) only once the cluster was raised to it
+		 * with setOpVersion, so that no older member applies it (raft/migstate.h) */
+		BSON_APPEND_INT32(&args, "opVersion",
+				  (int32_t)sdb_fsm_op_version(sdb_node_fsm(m->node)));
 	if (strcmp(name, "shardCollection") == 0) {
 		/* issue #26: the chunk count of one command is an operator's limit, checked
 		 * here on the leader (apply itself has no cap, so members never disagree) */
@@ -927,7 +932,7 @@ static const char *const write_cmds[] = {
 	"setChunkShard", "registerMigration", "updateMigration", "deleteMigration",
 	"acquireLease",  "renewLease",        "releaseLease",    "createTenant",
 	"setQuota",      "setPolicy",         "createUser",      "registerMember",
-	"updateUser",    "dropUser",
+	"updateUser",    "dropUser",          "setOpVersion",
 };
 
 static const char *const read_cmds[] = {
