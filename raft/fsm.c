@@ -430,6 +430,7 @@ static const struct {
 	{"updateMigration", fsm_op_update_migration},
 	{"deleteMigration", fsm_op_delete_migration},
 	{"setOpVersion", fsm_op_set_op_version},
+	{"setShardDraining", fsm_op_set_shard_draining},
 	{"acquireLease", fsm_op_lease},
 	{"renewLease", fsm_op_lease},
 	{"releaseLease", fsm_op_lease},

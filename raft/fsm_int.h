@@ -112,6 +112,10 @@ int fsm_op_lease(sdb_fsm *f, cmdctx *c, bson_t *res);
 /* setOpVersion {version: 2..MIGSTATE_OP_VERSION_MAX}: the cluster op version (meta key
  * op_version) the leader stamps on registerMigration (raft/migstate.h). */
 int fsm_op_set_op_version(sdb_fsm *f, cmdctx *c, bson_t *res);
+/* setShardDraining {id, draining: bool (default true)}, op version 3 only (an older
+ * member does not know it): shards.state 'draining' or 'active'; shardCollection entries
+ * of op version 3 place no chunk on a draining shard. */
+int fsm_op_set_shard_draining(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_register_migration(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_remove_shard(sdb_fsm *f, cmdctx *c, bson_t *res);

@@ -157,6 +157,7 @@ static const struct {
 	{"createTenant", "name"},   {"setQuota", "tenant"},     {"setPolicy", "tenant"},
 	{"createUser", "name"},     {"registerMember", "id"},   {"removeMember", "id"},
 	{"updateUser", "name"},     {"dropUser", "name"},       {"setOpVersion", "version"},
+	{"setShardDraining", "id"},
 };
 
 /* Build the args document of a write: every field but the command key, driver
@@ -283,9 +284,11 @@ static void h_write(wire_req *req, void *data)
 	if (strcmp(name, "updateMigration") == 0)
 		/* the leader, not the client, says which rules apply (raft/migstate.h) */
 		BSON_APPEND_INT32(&args, "opVersion", MIGSTATE_OP_VERSION);
-	else if (strcmp(name, "registerMigration") == 0)
-		/* 3 (one active migration per chunk) only once the cluster was raised to it
-		 * with setOpVersion, so that no older member applies it (raft/migstate.h) */
+	else if (strcmp(name, "registerMigration") == 0 || strcmp(name, "shardCollection") == 0 ||
+		 strcmp(name, "setShardDraining") == 0)
+		/* 3 (one active migration per chunk; MongoDB's hashed initial split points and
+		 * no chunks on a draining shard) only once the cluster was raised to it with
+		 * setOpVersion, so that no older member applies it (raft/migstate.h) */
 		BSON_APPEND_INT32(&args, "opVersion",
 				  (int32_t)sdb_fsm_op_version(sdb_node_fsm(m->node)));
 	if (strcmp(name, "shardCollection") == 0) {
@@ -932,7 +935,7 @@ static const char *const write_cmds[] = {
 	"setChunkShard", "registerMigration", "updateMigration", "deleteMigration",
 	"acquireLease",  "renewLease",        "releaseLease",    "createTenant",
 	"setQuota",      "setPolicy",         "createUser",      "registerMember",
-	"updateUser",    "dropUser",          "setOpVersion",
+	"updateUser",    "dropUser",          "setOpVersion",    "setShardDraining",
 };
 
 static const char *const read_cmds[] = {

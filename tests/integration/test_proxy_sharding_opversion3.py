@@ -1,0 +1,135 @@
+"""Sharding administration at cluster op version 3 (issue #18; raft/migstate.h), through a
+proxy with pymongo:
+
+- removeShard marks the shard draining in metadata: a later shardCollection places no chunk
+  on it, a later drain does not send chunks to it, and shardCollection is refused clearly
+  when every shard is draining;
+- hashed shardCollection with numInitialChunks N places its split points as MongoDB does
+  (initial_split_policy.cpp calculateHashedSplitPoints: symmetric around 0).
+
+Below op version 3 (the default, while members may run an older binary) both behave as
+before, which the tests check first.
+"""
+import pytest
+from bson.int64 import Int64
+from bson.max_key import MaxKey
+from bson.min_key import MinKey
+from pymongo.errors import OperationFailure
+
+from proxy_helpers import ProxyCluster
+
+INT64_MAX = 2**63 - 1
+
+
+@pytest.fixture
+def cluster(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=3, proxies=1)
+    yield cl
+    cl.close()
+
+
+def mongodb_hashed_split_points(n):
+    """MongoDB's calculateHashedSplitPoints for numInitialChunks n, as written there."""
+    if n == 1:
+        return []
+    interval = (INT64_MAX // n) * 2
+    cur, pts = 0, []
+    if n % 2 == 0:
+        pts.append(0)
+        cur += interval
+    else:
+        cur += interval // 2
+    for _ in range((n - 1) // 2):
+        pts += [cur, -cur]
+        cur += interval
+    return sorted(pts)
+
+
+def bounds(cl, ns):
+    chunks = sorted(cl.routing(ns)["chunks"], key=lambda ch: ch["id"])
+    lows = [ch["min"]["h"] for ch in chunks]
+    highs = [ch["max"]["h"] for ch in chunks]
+    assert isinstance(lows[0], MinKey) and isinstance(highs[-1], MaxKey)
+    assert lows[1:] == highs[:-1]  # contiguous
+    return lows[1:], chunks
+
+
+def test_hashed_initial_split_points_match_mongodb(cluster):
+    admin = cluster.proxy_client(0).admin
+    # op version 2: the earlier even split from INT64_MIN, unchanged
+    admin.command("shardCollection", "h.old", key={"h": "hashed"}, numInitialChunks=4)
+    pts, _ = bounds(cluster, "h.old")
+    assert pts == [-(2**63) + k * ((2**64 - 1) // 4) for k in range(1, 4)]
+
+    cluster.meta_cmd({"setOpVersion": 3})
+    for n in (2, 3, 4, 5, 6, 7, 12, 25):
+        admin.command("shardCollection", f"h.c{n}", key={"h": "hashed"}, numInitialChunks=n)
+        pts, chunks = bounds(cluster, f"h.c{n}")
+        assert len(chunks) == n
+        assert pts == mongodb_hashed_split_points(n), n
+        assert all(isinstance(p, Int64) for p in pts)
+    # the documents still land on the chunk that owns their hash: all read back once
+    c = cluster.proxy_client(0).h.c7
+    c.insert_many([{"_id": i, "h": i} for i in range(300)])
+    assert sorted(d["_id"] for d in c.find()) == list(range(300))
+    per_shard = [cluster.shard_client(s).h.c7.count_documents({}) for s in cluster.shard_ids]
+    assert sum(per_shard) == 300 and all(n > 0 for n in per_shard), per_shard
+
+
+def test_draining_shard_gets_no_new_chunks(cluster):
+    p = cluster.proxy_client(0)
+    admin = p.admin
+    a, b, c = cluster.shard_ids
+    # a collection whose chunks are all on c (set in metadata directly)
+    cluster.create_database("dr")
+    cluster.shard_collection("dr.c", {"k": 1}, split_points=[{"k": 10}], shards=[c])
+
+    # op version 2: no mark, the old behaviour (chunks placed on every shard)
+    r = admin.command("removeShard", c)
+    assert r["state"] == "started", r
+    assert not [s for s in admin.command("listShards")["shards"] if s.get("draining")]
+    admin.command("shardCollection", "dr.before", key={"_id": "hashed"}, numInitialChunks=6)
+    assert {ch["shard"] for ch in cluster.routing("dr.before")["chunks"]} == {a, b, c}
+
+    cluster.meta_cmd({"setOpVersion": 3})
+    r = admin.command("removeShard", c)
+    assert r["state"] in ("started", "ongoing"), r
+    shards = {s["_id"]: s for s in admin.command("listShards")["shards"]}
+    assert shards[c].get("draining") is True
+    assert not shards[a].get("draining") and not shards[b].get("draining")
+    cfg = {s["_id"]: s for s in p.config.shards.find()}
+    assert cfg[c].get("draining") is True and "draining" not in cfg[a]
+
+    # shardCollection (hashed, presplit; and ranged) places nothing on the draining shard
+    admin.command("shardCollection", "dr.h", key={"_id": "hashed"}, numInitialChunks=6)
+    chunks = cluster.routing("dr.h")["chunks"]
+    assert len(chunks) == 6
+    assert {ch["shard"] for ch in chunks} == {a, b}
+    admin.command("shardCollection", "dr.r", key={"x": 1})
+    assert {ch["shard"] for ch in cluster.routing("dr.r")["chunks"]} <= {a, b}
+    w = p.dr.h
+    w.insert_many([{"_id": i} for i in range(100)])
+    assert sorted(d["_id"] for d in w.find()) == list(range(100))
+    assert cluster.shard_client(c).dr.h.count_documents({}) == 0
+
+    # a second drain (b) sends its chunks to a only, never to the draining c
+    r = admin.command("removeShard", b)
+    assert r["state"] in ("started", "ongoing"), r
+    migs = cluster.meta_query({"listMigrations": 1})["migrations"]
+    from_b = [m["spec"] for m in migs if m["spec"].get("from") == b]
+    assert from_b and all(s["to"] == a for s in from_b), from_b
+    admin.command("shardCollection", "dr.h2", key={"_id": "hashed"}, numInitialChunks=4)
+    assert {ch["shard"] for ch in cluster.routing("dr.h2")["chunks"]} == {a}
+    # a cannot be drained: every other shard is draining
+    with pytest.raises(OperationFailure) as e:
+        admin.command("removeShard", a)
+    assert e.value.code == 20 and "not draining" in e.value.details["errmsg"]
+
+    # every shard draining: shardCollection is refused, saying why
+    cluster.meta_cmd({"setShardDraining": a, "draining": True})
+    with pytest.raises(OperationFailure) as e:
+        admin.command("shardCollection", "dr.none", key={"_id": "hashed"})
+    assert e.value.code == 70 and "draining" in e.value.details["errmsg"], e.value.details
+    with pytest.raises(OperationFailure) as e:  # and nothing was recorded
+        cluster.routing("dr.none")
+    assert e.value.code == 26
