@@ -116,6 +116,11 @@ int fsm_op_set_op_version(sdb_fsm *f, cmdctx *c, bson_t *res);
  * member does not know it): shards.state 'draining' or 'active'; shardCollection entries
  * of op version 3 place no chunk on a draining shard. */
 int fsm_op_set_shard_draining(sdb_fsm *f, cmdctx *c, bson_t *res);
+/* pingProxy {addr "H:P", startedMS (epoch ms the proxy started; default and upper bound the
+ * entry's ts), version}, op version 3 only: upsert the proxies row with ping_ms = ts (the
+ * leader's stamp); rows not pinged for 7 days are dropped. Read by listProxies
+ * (config.mongos through a proxy). */
+int fsm_op_ping_proxy(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_register_migration(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_remove_shard(sdb_fsm *f, cmdctx *c, bson_t *res);

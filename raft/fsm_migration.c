@@ -125,6 +125,31 @@ int fsm_op_set_op_version(sdb_fsm *f, cmdctx *c, bson_t *res)
 	return 0;
 }
 
+/* Rows of proxies not pinged for this long are dropped by the next ping (ms). */
+#define PROXY_FORGET_MS (7LL * 24 * 3600 * 1000)
+
+int fsm_op_ping_proxy(sdb_fsm *f, cmdctx *c, bson_t *res)
+{
+	const char *addr = fsm_arg_str(&c->args, "addr"), *ver = fsm_arg_str(&c->args, "version");
+	int64_t opv = 1, started = 0;
+	if (!fsm_arg_int(&c->args, "opVersion", &opv) || opv < MIGSTATE_OP_VERSION_EXCLUSIVE)
+		return fsm_lerr(res, E_ILLEGAL, "pingProxy needs cluster op version %d (setOpVersion)",
+				MIGSTATE_OP_VERSION_EXCLUSIVE);
+	if (!addr || !*addr)
+		return fsm_lerr(res, E_BAD_VALUE, "pingProxy needs a string field addr");
+	if (!fsm_arg_int(&c->args, "startedMS", &started) || started <= 0 || started > c->ts)
+		started = c->ts;
+	if (fsm_x(f,
+		  "INSERT INTO proxies(addr, started_ms, ping_ms, version) VALUES(?, ?, ?, ?)"
+		  " ON CONFLICT(addr) DO UPDATE SET started_ms = excluded.started_ms,"
+		  " ping_ms = excluded.ping_ms, version = excluded.version",
+		  "tiit", addr, started, c->ts, ver) ||
+	    fsm_x(f, "DELETE FROM proxies WHERE ping_ms < ?", "i", c->ts - PROXY_FORGET_MS))
+		return SDB_EIO;
+	BSON_APPEND_INT64(res, "pingMS", c->ts);
+	return 0;
+}
+
 int fsm_op_update_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 {
 	const char *id = fsm_arg_str(&c->args, "id"), *state = fsm_arg_str(&c->args, "state");

@@ -5,17 +5,21 @@ proxy with pymongo:
   on it, a later drain does not send chunks to it, and shardCollection is refused clearly
   when every shard is draining;
 - hashed shardCollection with numInitialChunks N places its split points as MongoDB does
-  (initial_split_policy.cpp calculateHashedSplitPoints: symmetric around 0).
+  (initial_split_policy.cpp calculateHashedSplitPoints: symmetric around 0);
+- config.mongos lists the proxies (each pings metadata), in MongoDB's shape.
 
 Below op version 3 (the default, while members may run an older binary) both behave as
 before, which the tests check first.
 """
+import datetime
+
 import pytest
 from bson.int64 import Int64
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
 from pymongo.errors import OperationFailure
 
+from conftest import wait_until
 from proxy_helpers import ProxyCluster
 
 INT64_MAX = 2**63 - 1
@@ -133,3 +137,32 @@ def test_draining_shard_gets_no_new_chunks(cluster):
     with pytest.raises(OperationFailure) as e:  # and nothing was recorded
         cluster.routing("dr.none")
     assert e.value.code == 26
+
+
+def test_config_mongos_lists_the_proxies(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=2)
+    try:
+        p = cl.proxy_client(0)
+        assert "mongos" in p.config.list_collection_names()
+        # below op version 3 the proxies' pings are refused: nothing is recorded
+        assert cl.meta_query({"listProxies": 1})["proxies"] == []
+        cl.meta_cmd({"setOpVersion": 3})
+        want = sorted(f"127.0.0.1:{port}" for port in cl.proxy_ports)
+        docs = wait_until(lambda: (lambda d: d if sorted(x["_id"] for x in d) == want else None)(
+            list(cl.proxy_client(1).config.mongos.find())), 30,
+            what="both proxies in config.mongos")
+        for d in docs:
+            assert set(d) == {"_id", "advisoryHostFQDNs", "mongoVersion", "ping", "up",
+                              "waiting"}, d
+            assert isinstance(d["ping"], datetime.datetime)
+            assert isinstance(d["up"], int) and d["up"] >= 0
+            assert d["waiting"] is True
+            assert d["mongoVersion"] == p.admin.command("buildInfo")["version"]
+        # ping: the metadata leader's clock at the last ping, as listProxies has it
+        rows = {r["addr"]: r for r in cl.meta_query({"listProxies": 1})["proxies"]}
+        for d in docs:
+            assert rows[d["_id"]]["pingMS"] >= int(d["ping"].replace(
+                tzinfo=datetime.timezone.utc).timestamp() * 1000)
+        assert p.config.mongos.count_documents({"_id": want[0]}) == 1
+    finally:
+        cl.close()
