@@ -568,8 +568,9 @@ static void move_and_wait(ctx *c, ctx *sub, const char *what, const char *ns, in
 	char err[256], mid[128], *state = NULL;
 
 	/* one migration of a chunk at a time, as MongoDB's ActiveMigrationsRegistry answers a
-	 * second moveChunk of a chunk being moved (a migration record appearing between this
-	 * check and the registration, from another proxy, is ended by the coordinators) */
+	 * second moveChunk of a chunk being moved. A registration racing this one (another
+	 * proxy, ctl migrate) is refused by metadata itself with the same 117 from cluster op
+	 * version 3 (raft/migstate.h); below it, the coordinators end the second record. */
 	{
 		bson_t q = BSON_INITIALIZER, migs;
 		BSON_APPEND_INT32(&q, "listMigrations", 1);
