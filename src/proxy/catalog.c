@@ -23,7 +23,7 @@
 #define PROXY_RETRY_MS 200      /* pause after a failed metadata call */
 #define PROXY_QUOTA_RELOAD_MS 1000  /* tenants and quotas are re-read this often */
 #define PROXY_PING_MS 10000         /* config.mongos ping, as MongoDB's uptime reporter */
-#define PROXY_PING_RETRY_MS 1000    /* after a failed ping (op version below 3 ...) */
+#define PROXY_PING_RETRY_MS 1000    /* after a failed ping (metadata unreachable ...) */
 /* config.mongos mongoVersion: what buildInfo answers (src/wire/commands.c) */
 #define PROXY_MONGO_VERSION "6.0.0-stripedb-" PACKAGE_VERSION
 
@@ -608,8 +608,9 @@ static bool wait_stop(proxy *p, uint64_t ms)
 }
 
 /* config.mongos (issue #18): record this proxy in metadata (pingProxy {addr, startedMS,
- * version}); again in PROXY_PING_MS, or in PROXY_PING_RETRY_MS when it failed (metadata
- * unreachable, or IllegalOperation below cluster op version 3). Refresh thread. */
+ * version}); again in PROXY_PING_MS (also after IllegalOperation: cluster op version below
+ * 3), or in PROXY_PING_RETRY_MS after another failure (metadata unreachable). Refresh
+ * thread. */
 static void ping_proxy(proxy *p)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
@@ -624,7 +625,11 @@ static void ping_proxy(proxy *p)
 	bson_destroy(&cmd);
 	if (rc != 0)
 		sdb_debug("proxy: pingProxy failed", "code=%d err=\"%s\"", code, err);
-	p->ping_next_ms = uv_hrtime() / 1000000u + (rc == 0 ? PROXY_PING_MS : PROXY_PING_RETRY_MS);
+	/* refused below op version 3 (IllegalOperation): that lasts, ask again at the
+	 * ordinary pace; other failures (metadata unreachable, an election) sooner */
+	p->ping_next_ms = uv_hrtime() / 1000000u +
+			  (rc == 0 || code == WIRE_ERR_ILLEGAL_OPERATION ? PROXY_PING_MS
+									 : PROXY_PING_RETRY_MS);
 }
 
 void proxy_catalog_refresher(void *arg)
