@@ -12,6 +12,7 @@ Below op version 3 (the default, while members may run an older binary) both beh
 before, which the tests check first.
 """
 import datetime
+import subprocess
 
 import pytest
 from bson.int64 import Int64
@@ -19,7 +20,7 @@ from bson.max_key import MaxKey
 from bson.min_key import MinKey
 from pymongo.errors import OperationFailure
 
-from conftest import wait_until
+from conftest import BIN, wait_until
 from proxy_helpers import ProxyCluster
 
 INT64_MAX = 2**63 - 1
@@ -116,6 +117,13 @@ def test_draining_shard_gets_no_new_chunks(cluster):
     assert sorted(d["_id"] for d in w.find()) == list(range(100))
     assert cluster.shard_client(c).dr.h.count_documents({}) == 0
 
+    # ctl shard drain (round-robin) never picks the draining c as a destination
+    r = subprocess.run([BIN, "ctl", f"--metadata={cluster.metadata_addr}", "shard", "drain", a,
+                        "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    plan = [l.split() for l in r.stdout.splitlines() if l.startswith("would migrate")]
+    assert plan and {l[-1] for l in plan} == {b}, r.stdout
+
     # a second drain (b) sends its chunks to a only, never to the draining c
     r = admin.command("removeShard", b)
     assert r["state"] in ("started", "ongoing"), r
@@ -124,6 +132,20 @@ def test_draining_shard_gets_no_new_chunks(cluster):
     assert from_b and all(s["to"] == a for s in from_b), from_b
     admin.command("shardCollection", "dr.h2", key={"_id": "hashed"}, numInitialChunks=4)
     assert {ch["shard"] for ch in cluster.routing("dr.h2")["chunks"]} == {a}
+    # ctl rebalance --bin-pack drains the least loaded shard (c, 4 chunks) into the next
+    # least loaded one that is not draining: a, not the draining b (5 chunks)
+    counts = {s: 0 for s in (a, b, c)}
+    for ns in ("dr.c", "dr.before", "dr.h", "dr.r", "dr.h2"):
+        for ch in cluster.routing(ns)["chunks"]:
+            counts[ch["shard"]] += 1
+    assert counts[c] < counts[b] < counts[a], counts
+    r = subprocess.run([BIN, "ctl", f"--metadata={cluster.metadata_addr}", "rebalance",
+                        "--bin-pack", "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"bin-pack: drain {c} ({counts[c]} chunks) into {a}" in r.stdout, r.stdout
+    plan = [l.split() for l in r.stdout.splitlines() if l.startswith("would migrate")]
+    assert len(plan) == counts[c] and {l[-1] for l in plan} == {a}, r.stdout
+
     # a cannot be drained: every other shard is draining
     with pytest.raises(OperationFailure) as e:
         admin.command("removeShard", a)
