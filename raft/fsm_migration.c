@@ -39,7 +39,8 @@ static int spec_chunk(const bson_t *spec, int64_t *out)
 static int active_of_chunk(sdb_fsm *f, const char *ns, int64_t chunk, char *busy, size_t n)
 {
 	sqlite3_stmt *st = fsm_q(f,
-				 "SELECT id, state, spec FROM migrations WHERE ns = ? ORDER BY id",
+				 "SELECT id, state, spec FROM migrations WHERE ns = ? AND state NOT IN"
+				 " ('complete', 'aborted', 'rolled_back') ORDER BY id",
 				 "t", ns);
 	int found = 0;
 	if (!st)
