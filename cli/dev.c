@@ -46,6 +46,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "raft/migstate.h"
 
 #define DEV_START_TIMEOUT_MS 60000
 
@@ -578,6 +579,19 @@ static int register_shards(const dev_cluster *c)
 		if (rc != 0) {
 			break;
 		}
+	}
+	if (rc == 0) {
+		/* every member of a dev cluster runs this binary: its highest op version
+		 * (raft/migstate.h: one migration per chunk, MongoDB's hashed split points,
+		 * draining shards, config.mongos) */
+		bson_t cmd = BSON_INITIALIZER, reply;
+		bson_error_t e;
+		BSON_APPEND_INT32(&cmd, "setOpVersion", MIGSTATE_OP_VERSION_MAX);
+		if (!mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e))
+			fprintf(stderr, "stripedb dev: setOpVersion %d: %s\n", MIGSTATE_OP_VERSION_MAX,
+				e.message);
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
 	}
 	mongoc_client_destroy(cl);
 	return rc;

@@ -6,6 +6,9 @@
  *   stripedb ctl metadata remove ID                       remove a member
  *   stripedb ctl metadata transfer [ID]                   hand leadership to ID (or any)
  *   stripedb ctl metadata status                          every member's raft view
+ *   stripedb ctl metadata op-version N                    raise the cluster op version
+ *                                                          (raft/migstate.h) once every
+ *                                                          member runs a binary knowing N
  *
  * Entry points for cli/ctl.c (either one):
  *   cli_metadata_cmd(ctx, argc, argv): the shape of ctl.c's subcommand table (cli_cmd_fn),
@@ -39,7 +42,7 @@ typedef struct mctx {
 static int usage(const char *msg)
 {
 	fprintf(stderr, "stripedb ctl metadata: %s (usage: metadata join ID --raft=H:P --wire=H:P | "
-			"remove ID | transfer [ID] | status)\n",
+			"remove ID | transfer [ID] | status | op-version N)\n",
 		msg);
 	return 2;
 }
@@ -213,6 +216,11 @@ static int run_sub(mctx *c)
 			return usage("transfer takes an optional ID");
 		BSON_APPEND_INT64(&cmd, "transferLeadership", id);
 		snprintf(line, sizeof line, "leadership transferred");
+	} else if (strcmp(c->pos[0], "op-version") == 0) {
+		if (c->npos != 2 || parse_id(c->pos[1], &id) != 0 || id < 2)
+			return usage("op-version needs N (2 or more)");
+		BSON_APPEND_INT64(&cmd, "setOpVersion", id);
+		snprintf(line, sizeof line, "cluster op version %lld", id);
 	} else {
 		bson_destroy(&cmd);
 		return usage("unknown subcommand");

@@ -555,6 +555,36 @@ int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv)
 	return rc;
 }
 
+/* Is shard id marked draining in metadata (listShards state "draining", set by a proxy's
+ * removeShard at cluster op version 3)? False when it is not or cannot be read. */
+static bool is_draining(mongoc_client_t *c, const char *id)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, arr;
+	bson_iter_t it;
+	bool draining = false;
+	bson_error_t e;
+
+	BSON_APPEND_INT32(&cmd, "listShards", 1);
+	if (mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e) &&
+	    sub(&reply, "shards", &arr) && bson_iter_init(&it, &arr))
+		while (bson_iter_next(&it)) {
+			bson_t s;
+			const uint8_t *data;
+			uint32_t len;
+			char sid[64], st[32];
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+				continue;
+			bson_iter_document(&it, &len, &data);
+			bson_init_static(&s, data, len);
+			if (strcmp(sval(&s, "id", sid, sizeof sid), id) == 0 &&
+			    strcmp(sval(&s, "state", st, sizeof st), "draining") == 0)
+				draining = true;
+		}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return draining;
+}
+
 /* shard drain / split: one migration per chunk, spread over the routing table. */
 int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 {
@@ -609,8 +639,11 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 				continue;
 			bson_iter_document(&it, &len, &data);
 			bson_init_static(&s, data, len);
+			char sstate[32];
 			sval(&s, "id", others[nothers], sizeof others[0]);
-			if (strcmp(others[nothers], shard) != 0)
+			sval(&s, "state", sstate, sizeof sstate);
+			/* never onto a shard being removed (removeShard marks it draining) */
+			if (strcmp(others[nothers], shard) != 0 && strcmp(sstate, "draining") != 0)
 				nothers++;
 		}
 	bson_destroy(&sreply);
@@ -645,7 +678,8 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 			const char *dst = to ? to : nothers ? others[k % nothers] : NULL;
 			k++;
 			if (!dst) {
-				fprintf(stderr, "stripedb ctl shard drain: no other shard\n");
+				fprintf(stderr, "stripedb ctl shard drain: no other shard (that is "
+						"not draining)\n");
 				goto out;
 			}
 			sval(&ch, "ns", ns, sizeof ns);
@@ -810,6 +844,20 @@ int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv)
 		} else if (cnt[j] < cnt[b] || (cnt[j] == cnt[b] && strcmp(shards[j], shards[b]) < 0)) {
 			b = j;
 		}
+	}
+	if (is_draining(c, shards[b])) {
+		/* never into a shard being removed: the least loaded one that is not draining */
+		size_t best = ns;
+		for (size_t j = 0; j < ns; j++)
+			if (j != a && !is_draining(c, shards[j]) &&
+			    (best == ns || cnt[j] < cnt[best]))
+				best = j;
+		if (best == ns) {
+			printf("nothing to bin-pack: every other shard that owns chunks is draining\n");
+			rc = 0;
+			goto out;
+		}
+		b = best;
 	}
 	const char **dst = sdb_calloc(n ? n : 1, sizeof *dst);
 	for (size_t i = 0; i < n; i++)

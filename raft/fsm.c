@@ -333,6 +333,9 @@ static const char *const schema_sql =
 	"CREATE TABLE IF NOT EXISTS user_sha1 (name TEXT PRIMARY KEY, salt BLOB NOT NULL,"
 	" iterations INTEGER NOT NULL, stored_key BLOB NOT NULL, server_key BLOB NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS members (id INTEGER PRIMARY KEY, raft TEXT, wire TEXT);"
+	/* issue #18: the proxies' pings, for config.mongos (pingProxy, op version 3) */
+	"CREATE TABLE IF NOT EXISTS proxies (addr TEXT PRIMARY KEY, started_ms INTEGER NOT NULL,"
+	" ping_ms INTEGER NOT NULL, version TEXT);"
 	SDB_FSM_PEERS_SCHEMA; /* issue #23: rate-limit peer membership (fsm_peers.c) */
 
 /* Tables hashed by sdb_fsm_hash, in a fixed order. */
@@ -429,6 +432,9 @@ static const struct {
 	{"registerMigration", fsm_op_register_migration},
 	{"updateMigration", fsm_op_update_migration},
 	{"deleteMigration", fsm_op_delete_migration},
+	{"setOpVersion", fsm_op_set_op_version},
+	{"setShardDraining", fsm_op_set_shard_draining},
+	{"pingProxy", fsm_op_ping_proxy},
 	{"acquireLease", fsm_op_lease},
 	{"renewLease", fsm_op_lease},
 	{"releaseLease", fsm_op_lease},
@@ -757,6 +763,14 @@ const char *sdb_fsm_member_wire(sdb_fsm *f, uint64_t id)
 	return w;
 }
 
+int64_t sdb_fsm_op_version(sdb_fsm *f)
+{
+	int64_t v = 0;
+	if (fsm_meta_get(f, "op_version", &v) != 0 || v < MIGSTATE_OP_VERSION)
+		return MIGSTATE_OP_VERSION;
+	return v;
+}
+
 uint64_t sdb_fsm_hash(sdb_fsm *f)
 {
 	XXH64_state_t *h = XXH64_createState();
@@ -787,6 +801,30 @@ uint64_t sdb_fsm_hash(sdb_fsm *f)
 			}
 		}
 		sqlite3_finalize(st);
+	}
+	{
+		/* proxies (op version 3) only once it has rows, so that members of a version
+		 * without the table hash an equal state equally during a rolling upgrade */
+		sqlite3_stmt *st;
+		bool named = false;
+		if (sqlite3_prepare_v2(f->db, "SELECT addr, started_ms, ping_ms, version FROM proxies"
+					   " ORDER BY 1", -1, &st, NULL) == SQLITE_OK) {
+			while (sqlite3_step(st) == SQLITE_ROW) {
+				if (!named)
+					XXH64_update(h, "proxies", 7);
+				named = true;
+				for (int i = 0; i < 4; i++) {
+					int64_t v = sqlite3_column_int64(st, i);
+					int n = sqlite3_column_bytes(st, i);
+					const void *p = sqlite3_column_blob(st, i);
+					if (i == 1 || i == 2)
+						XXH64_update(h, &v, sizeof v);
+					else if (p && n > 0)
+						XXH64_update(h, p, (size_t)n);
+				}
+			}
+			sqlite3_finalize(st);
+		}
 	}
 	out = XXH64_digest(h);
 	XXH64_freeState(h);
@@ -846,6 +884,27 @@ int sdb_fsm_query(sdb_fsm *f, const char *name, const bson_t *cmd, bson_t *reply
 		return query_routing(f, cmd, reply, err, errlen);
 	if (strcmp(name, "listRatelimitPeers") == 0)
 		return sdb_fsm_peers_query(f->db, reply);
+	if (strcmp(name, "listProxies") == 0) {
+		st = fsm_q(f, "SELECT addr, started_ms, ping_ms, version FROM proxies ORDER BY addr",
+			   NULL);
+		if (!st)
+			return SDB_EIO;
+		bson_append_array_begin(reply, "proxies", -1, &arr);
+		while (sqlite3_step(st) == SQLITE_ROW) {
+			snprintf(k, sizeof k, "%d", i++);
+			bson_append_document_begin(&arr, k, -1, &d);
+			BSON_APPEND_UTF8(&d, "addr", (const char *)sqlite3_column_text(st, 0));
+			BSON_APPEND_INT64(&d, "startedMS", sqlite3_column_int64(st, 1));
+			BSON_APPEND_INT64(&d, "pingMS", sqlite3_column_int64(st, 2));
+			if (sqlite3_column_type(st, 3) == SQLITE_TEXT)
+				BSON_APPEND_UTF8(&d, "version",
+						 (const char *)sqlite3_column_text(st, 3));
+			bson_append_document_end(&arr, &d);
+		}
+		bson_append_array_end(reply, &arr);
+		sqlite3_finalize(st);
+		return 0;
+	}
 	if (strcmp(name, "listShards") == 0) {
 		st = fsm_q(f, "SELECT id, uri, state FROM shards ORDER BY id", NULL);
 		if (!st)

@@ -21,6 +21,7 @@
 #define E_NS_EXISTS 48, "NamespaceExists"
 #define E_SHARD_NOT_FOUND 70, "ShardNotFound"
 #define E_WRITE_CONFLICT 112, "WriteConflict"
+#define E_CONFLICTING_OPERATION 117, "ConflictingOperationInProgress"
 #define E_DUPLICATE 11000, "DuplicateKey"
 #define E_FAILED_TO_PARSE 9, "FailedToParse"
 
@@ -108,6 +109,18 @@ int fsm_op_drop_collection(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_drop_database(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_drop_user(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_lease(sdb_fsm *f, cmdctx *c, bson_t *res);
+/* setOpVersion {version: 2..MIGSTATE_OP_VERSION_MAX}: the cluster op version (meta key
+ * op_version) the leader stamps on registerMigration (raft/migstate.h). */
+int fsm_op_set_op_version(sdb_fsm *f, cmdctx *c, bson_t *res);
+/* setShardDraining {id, draining: bool (default true)}, op version 3 only (an older
+ * member does not know it): shards.state 'draining' or 'active'; shardCollection entries
+ * of op version 3 place no chunk on a draining shard. */
+int fsm_op_set_shard_draining(sdb_fsm *f, cmdctx *c, bson_t *res);
+/* pingProxy {addr "H:P", startedMS (epoch ms the proxy started; default and upper bound the
+ * entry's ts), version}, op version 3 only: upsert the proxies row with ping_ms = ts (the
+ * leader's stamp); rows not pinged for 7 days are dropped. Read by listProxies
+ * (config.mongos through a proxy). */
+int fsm_op_ping_proxy(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_register_migration(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_remove_shard(sdb_fsm *f, cmdctx *c, bson_t *res);

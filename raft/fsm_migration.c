@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <xxhash.h>
@@ -17,6 +18,50 @@
 #include "raft/fsm_peers.h"
 #include "raft/routing.h"
 #include "raft/fsm_int.h"
+
+/* The chunk id of a migration spec or registerMigration args: an integer, or a decimal
+ * string (how the coordinator reads it, src/coordinator/migrate_record.c). 1 and *out, or
+ * 0 when the field is missing or neither. */
+static int spec_chunk(const bson_t *spec, int64_t *out)
+{
+	const char *s;
+	char *end;
+	if (fsm_arg_int(spec, "chunk", out))
+		return 1;
+	if (!(s = fsm_arg_str(spec, "chunk")) || !*s)
+		return 0;
+	*out = strtoll(s, &end, 10);
+	return *end == '\0';
+}
+
+/* Op version 3 (raft/migstate.h): the id of a non-terminal migration of chunk of ns into
+ * busy (NUL-terminated), 1 when there is one, 0 when not, SDB_EIO. */
+static int active_of_chunk(sdb_fsm *f, const char *ns, int64_t chunk, char *busy, size_t n)
+{
+	sqlite3_stmt *st = fsm_q(f,
+				 "SELECT id, state, spec FROM migrations WHERE ns = ? AND state NOT IN"
+				 " ('complete', 'aborted', 'rolled_back') ORDER BY id",
+				 "t", ns);
+	int found = 0;
+	if (!st)
+		return SDB_EIO;
+	while (!found && sqlite3_step(st) == SQLITE_ROW) {
+		const char *state = (const char *)sqlite3_column_text(st, 1);
+		const uint8_t *blob = sqlite3_column_blob(st, 2);
+		int len = sqlite3_column_bytes(st, 2);
+		bson_t spec;
+		int64_t other;
+		if (migrate_state_terminal(migrate_state_parse(state)) || !blob || len < 5 ||
+		    !bson_init_static(&spec, blob, (size_t)len))
+			continue;
+		if (spec_chunk(&spec, &other) && other == chunk) {
+			snprintf(busy, n, "%s", (const char *)sqlite3_column_text(st, 0));
+			found = 1;
+		}
+	}
+	sqlite3_finalize(st);
+	return found;
+}
 
 int fsm_op_register_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 {
@@ -39,6 +84,23 @@ int fsm_op_register_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 		return e;
 	if (e)
 		return fsm_lerr(res, E_DUPLICATE, "migration %s already exists", id);
+	int64_t chunk;
+	if (opv >= MIGSTATE_OP_VERSION_EXCLUSIVE && ns && spec_chunk(&c->args, &chunk)) {
+		/* one active migration per chunk, decided here so two registrations racing
+		 * from two proxies (or ctl and a proxy) cannot both be recorded */
+		char busy[256];
+		e = active_of_chunk(f, ns, chunk, busy, sizeof busy);
+		if (e < 0)
+			return e;
+		if (e) {
+			fsm_lerr(res, E_CONFLICTING_OPERATION,
+				 "chunk %lld of %s is already being migrated by %s; try again once "
+				 "that migration has ended",
+				 (long long)chunk, ns, busy);
+			BSON_APPEND_UTF8(res, "activeMigration", busy);
+			return LOGICAL;
+		}
+	}
 	if (fsm_x(f,
 	      "INSERT INTO migrations(id, ns, state, version, spec, checkpoint, stats, created_ms,"
 	      " updated_ms) VALUES(?, ?, ?, 1, ?, NULL, NULL, ?, ?)",
@@ -47,6 +109,45 @@ int fsm_op_register_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 	BSON_APPEND_UTF8(res, "id", id);
 	BSON_APPEND_UTF8(res, "state", state);
 	BSON_APPEND_INT64(res, "version", 1);
+	return 0;
+}
+
+int fsm_op_set_op_version(sdb_fsm *f, cmdctx *c, bson_t *res)
+{
+	int64_t v, cur;
+	if (!fsm_arg_int(&c->args, "version", &v) || v < MIGSTATE_OP_VERSION ||
+	    v > MIGSTATE_OP_VERSION_MAX)
+		return fsm_lerr(res, E_BAD_VALUE, "setOpVersion needs a version in %d..%d",
+				MIGSTATE_OP_VERSION, MIGSTATE_OP_VERSION_MAX);
+	if (fsm_meta_get(f, "op_version", &cur) != 0 || fsm_meta_set(f, "op_version", v) != 0)
+		return SDB_EIO;
+	BSON_APPEND_INT64(res, "previousVersion", cur ? cur : MIGSTATE_OP_VERSION);
+	BSON_APPEND_INT64(res, "version", v);
+	return 0;
+}
+
+/* Rows of proxies not pinged for this long are dropped by the next ping (ms). */
+#define PROXY_FORGET_MS (7LL * 24 * 3600 * 1000)
+
+int fsm_op_ping_proxy(sdb_fsm *f, cmdctx *c, bson_t *res)
+{
+	const char *addr = fsm_arg_str(&c->args, "addr"), *ver = fsm_arg_str(&c->args, "version");
+	int64_t opv = 1, started = 0;
+	if (!fsm_arg_int(&c->args, "opVersion", &opv) || opv < MIGSTATE_OP_VERSION_EXCLUSIVE)
+		return fsm_lerr(res, E_ILLEGAL, "pingProxy needs cluster op version %d (setOpVersion)",
+				MIGSTATE_OP_VERSION_EXCLUSIVE);
+	if (!addr || !*addr)
+		return fsm_lerr(res, E_BAD_VALUE, "pingProxy needs a string field addr");
+	if (!fsm_arg_int(&c->args, "startedMS", &started) || started <= 0 || started > c->ts)
+		started = c->ts;
+	if (fsm_x(f,
+		  "INSERT INTO proxies(addr, started_ms, ping_ms, version) VALUES(?, ?, ?, ?)"
+		  " ON CONFLICT(addr) DO UPDATE SET started_ms = excluded.started_ms,"
+		  " ping_ms = excluded.ping_ms, version = excluded.version",
+		  "tiit", addr, started, c->ts, ver) ||
+	    fsm_x(f, "DELETE FROM proxies WHERE ping_ms < ?", "i", c->ts - PROXY_FORGET_MS))
+		return SDB_EIO;
+	BSON_APPEND_INT64(res, "pingMS", c->ts);
 	return 0;
 }
 

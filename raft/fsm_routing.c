@@ -61,6 +61,32 @@ int fsm_op_remove_shard(sdb_fsm *f, cmdctx *c, bson_t *res)
 	return 0;
 }
 
+int fsm_op_set_shard_draining(sdb_fsm *f, cmdctx *c, bson_t *res)
+{
+	const char *id = fsm_arg_str(&c->args, "id");
+	int64_t opv = 1;
+	bson_iter_t it;
+	bool draining = true;
+	if (!fsm_arg_int(&c->args, "opVersion", &opv) || opv < MIGSTATE_OP_VERSION_EXCLUSIVE)
+		return fsm_lerr(res, E_ILLEGAL, "setShardDraining needs cluster op version %d "
+				"(setOpVersion)", MIGSTATE_OP_VERSION_EXCLUSIVE);
+	if (!id)
+		return fsm_lerr(res, E_BAD_VALUE, "setShardDraining needs a string field id");
+	if (bson_iter_init_find(&it, &c->args, "draining"))
+		draining = bson_iter_as_bool(&it);
+	int e = fsm_exists(f, "SELECT 1 FROM shards WHERE id = ?", id);
+	if (e < 0)
+		return e;
+	if (!e)
+		return fsm_lerr(res, E_SHARD_NOT_FOUND, "shard %s not found", id);
+	if (fsm_x(f, "UPDATE shards SET state = ? WHERE id = ?", "tt",
+		  draining ? "draining" : "active", id))
+		return SDB_EIO;
+	BSON_APPEND_UTF8(res, "shard", id);
+	BSON_APPEND_BOOL(res, "draining", draining);
+	return 0;
+}
+
 int fsm_dbs_schema(sqlite3 *db)
 {
 	sqlite3_stmt *st;
@@ -181,13 +207,23 @@ static int insert_chunk(sdb_fsm *f, int64_t id, const char *ns, const bson_t *mi
 		 fsm_doc_len(max), shard, token, version);
 }
 
+/* The k-th (1..n-1) inner bound of an n-chunk split of the int64 hash space: with half
+ * (INT64_MAX / n, op version 3) MongoDB's symmetric point (2k - n) * half, else the
+ * earlier INT64_MIN + k * step (step = UINT64_MAX / n). */
+static int64_t hashed_point(int64_t k, int64_t n, uint64_t step, int64_t half)
+{
+	if (half)
+		return (2 * k - n) * half;
+	return (int64_t)((uint64_t)INT64_MIN + (uint64_t)k * step);
+}
+
 int fsm_op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 {
 	const char *ns = fsm_arg_str(&c->args, "ns");
 	bson_t key, split, shards_arr;
 	bson_iter_t it;
 	int hashed = 0, nfields = 0, have_split, have_shards, rc = 0;
-	int64_t nchunks = 0, rv, n;
+	int64_t nchunks = 0, rv, n, opv = 1;
 	char dbname[256];
 	char **shards = NULL;
 	size_t nshards = 0, i;
@@ -209,6 +245,8 @@ int fsm_op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 	}
 	if (nfields == 0)
 		return fsm_lerr(res, E_BAD_VALUE, "shard key must have at least one field");
+	/* the leader's stamp (src/metadata/role.c); entries without it apply as before */
+	fsm_arg_int(&c->args, "opVersion", &opv);
 	if (hashed && nfields != 1)
 		return fsm_lerr(res, E_BAD_VALUE, "a hashed shard key has exactly one field");
 	memcpy(dbname, ns, (size_t)(strchr(ns, '.') - ns));
@@ -248,7 +286,12 @@ int fsm_op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 			shards[nshards++] = sdb_strdup(sid);
 		}
 	} else {
-		sqlite3_stmt *st = fsm_q(f, "SELECT id FROM shards ORDER BY id", NULL);
+		/* op version 3: never on a draining shard (removeShard), as MongoDB places
+		 * initial chunks on non-draining shards only */
+		sqlite3_stmt *st = fsm_q(f, opv >= MIGSTATE_OP_VERSION_EXCLUSIVE
+					     ? "SELECT id FROM shards WHERE state != 'draining'"
+					       " ORDER BY id"
+					     : "SELECT id FROM shards ORDER BY id", NULL);
 		if (!st)
 			return SDB_EIO;
 		while (sqlite3_step(st) == SQLITE_ROW) {
@@ -258,7 +301,16 @@ int fsm_op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 		sqlite3_finalize(st);
 	}
 	if (nshards == 0) {
-		rc = fsm_lerr(res, E_SHARD_NOT_FOUND, "no shards to place %s on", ns);
+		int64_t draining = 0;
+		if (fsm_q_int(f, &draining, "SELECT count(*) FROM shards WHERE state = 'draining'",
+			      NULL) < 0) {
+			rc = SDB_EIO;
+			goto out;
+		}
+		rc = draining ? fsm_lerr(res, E_SHARD_NOT_FOUND,
+					 "no shard to place %s on: every shard (%lld) is draining "
+					 "(removeShard); add a shard first", ns, (long long)draining)
+			      : fsm_lerr(res, E_SHARD_NOT_FOUND, "no shards to place %s on", ns);
 		goto out;
 	}
 
@@ -333,6 +385,7 @@ int fsm_op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 		int64_t first_id;
 		const char *fld = NULL;
 		uint64_t step = 0;
+		int64_t half = 0;
 		sqlite3_stmt *ins;
 		if (fsm_meta_get(f, "next_chunk_id", &first_id) != 0 ||
 		    fsm_meta_set(f, "next_chunk_id", first_id + nchunks) != 0) {
@@ -344,6 +397,14 @@ int fsm_op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 			bson_iter_next(&it);
 			fld = bson_iter_key(&it);
 			step = UINT64_MAX / (uint64_t)nchunks;
+			/* op version 3: MongoDB's split points (initial_split_policy.cpp
+			 * calculateHashedSplitPoints), symmetric around 0: interval I =
+			 * (INT64_MAX / n) * 2, points 0, +-I, +-2I... for an even n and +-I/2,
+			 * +-3I/2... for an odd n, i.e. the k-th (1..n-1) is (2k - n) * (I / 2),
+			 * which never overflows (|2k - n| <= n - 2). Older entries keep the
+			 * earlier even split from INT64_MIN, so a log replays as it was. */
+			if (opv >= MIGSTATE_OP_VERSION_EXCLUSIVE)
+				half = INT64_MAX / nchunks;
 		}
 		ins = fsm_q(f, "INSERT INTO chunks(id, ns, min, max, shard, token, version)"
 			   " VALUES(?, ?, ?, ?, ?, 1, ?)", NULL);
@@ -364,16 +425,14 @@ int fsm_op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 				if (k == 0)
 					plo = bounds[0];
 				else {
-					BSON_APPEND_INT64(&lo, fld, (int64_t)((uint64_t)INT64_MIN +
-									      (uint64_t)k * step));
+					BSON_APPEND_INT64(&lo, fld, hashed_point(k, nchunks, step, half));
 					plo = &lo;
 				}
 				if (k + 1 == nchunks)
 					phi = bounds[1];
 				else {
 					BSON_APPEND_INT64(&hi, fld,
-							  (int64_t)((uint64_t)INT64_MIN +
-								    (uint64_t)(k + 1) * step));
+							  hashed_point(k + 1, nchunks, step, half));
 					phi = &hi;
 				}
 			}

@@ -22,6 +22,15 @@
  * older binary, or replayed from an older log) apply with the old rules (any state,
  * optional expectState), so every member replays a log to the same state whatever
  * version wrote it.
+ *
+ * Op version 3 (one active migration per chunk): a registerMigration entry stamped
+ * opVersion >= MIGSTATE_OP_VERSION_EXCLUSIVE is refused at apply (117
+ * ConflictingOperationInProgress) while a migration of the same ns and chunk is in a
+ * non-terminal state. An older member would apply such an entry without the check, so the
+ * leader stamps 3 only once the cluster's op version (the replicated setOpVersion, meta key
+ * "op_version", default 2) is 3: an operator raises it after every member runs a binary
+ * that knows it, as MongoDB's setFeatureCompatibilityVersion. Until then registrations are
+ * stamped 2 and apply as before on every member.
  */
 #ifndef SDB_METADATA_MIGSTATE_H
 #define SDB_METADATA_MIGSTATE_H
@@ -31,6 +40,11 @@
 /* updateMigration's op version from which expectState is required and the transition
  * table is checked at apply. */
 #define MIGSTATE_OP_VERSION 2
+/* registerMigration's op version from which a second non-terminal migration of the same
+ * ns and chunk is refused at apply; also the highest op version this binary knows (the
+ * largest value setOpVersion accepts). */
+#define MIGSTATE_OP_VERSION_EXCLUSIVE 3
+#define MIGSTATE_OP_VERSION_MAX 3
 
 typedef enum {
 	MIG_REGISTERED = 0,

@@ -156,7 +156,8 @@ static const struct {
 	{"acquireLease", "name"},   {"renewLease", "name"},     {"releaseLease", "name"},
 	{"createTenant", "name"},   {"setQuota", "tenant"},     {"setPolicy", "tenant"},
 	{"createUser", "name"},     {"registerMember", "id"},   {"removeMember", "id"},
-	{"updateUser", "name"},     {"dropUser", "name"},
+	{"updateUser", "name"},     {"dropUser", "name"},       {"setOpVersion", "version"},
+	{"setShardDraining", "id"}, {"pingProxy", "addr"},
 };
 
 /* Build the args document of a write: every field but the command key, driver
@@ -279,10 +280,26 @@ static void h_write(wire_req *req, void *data)
 		reply_not_primary(m, req);
 		return;
 	}
+	if ((strcmp(name, "pingProxy") == 0 || strcmp(name, "setShardDraining") == 0) &&
+	    sdb_fsm_op_version(sdb_node_fsm(m->node)) < MIGSTATE_OP_VERSION_EXCLUSIVE) {
+		/* refused here, not at apply: no log entry for each proxy's ping (and apply
+		 * refuses it too, for an entry a leader of another version proposed) */
+		wire_req_error(req, WIRE_ERR_ILLEGAL_OPERATION,
+			       "%s needs cluster op version %d (setOpVersion)", name,
+			       MIGSTATE_OP_VERSION_EXCLUSIVE);
+		return;
+	}
 	build_args(cmd, name, &args);
-	if (strcmp(name, "updateMigration") == 0 || strcmp(name, "registerMigration") == 0)
+	if (strcmp(name, "updateMigration") == 0)
 		/* the leader, not the client, says which rules apply (raft/migstate.h) */
 		BSON_APPEND_INT32(&args, "opVersion", MIGSTATE_OP_VERSION);
+	else if (strcmp(name, "registerMigration") == 0 || strcmp(name, "shardCollection") == 0 ||
+		 strcmp(name, "setShardDraining") == 0 || strcmp(name, "pingProxy") == 0)
+		/* 3 (one active migration per chunk; MongoDB's hashed initial split points and
+		 * no chunks on a draining shard) only once the cluster was raised to it with
+		 * setOpVersion, so that no older member applies it (raft/migstate.h) */
+		BSON_APPEND_INT32(&args, "opVersion",
+				  (int32_t)sdb_fsm_op_version(sdb_node_fsm(m->node)));
 	if (strcmp(name, "shardCollection") == 0) {
 		/* issue #26: the chunk count of one command is an operator's limit, checked
 		 * here on the leader (apply itself has no cap, so members never disagree) */
@@ -927,12 +944,13 @@ static const char *const write_cmds[] = {
 	"setChunkShard", "registerMigration", "updateMigration", "deleteMigration",
 	"acquireLease",  "renewLease",        "releaseLease",    "createTenant",
 	"setQuota",      "setPolicy",         "createUser",      "registerMember",
-	"updateUser",    "dropUser",
+	"updateUser",    "dropUser",          "setOpVersion",    "setShardDraining",
+	"pingProxy",
 };
 
 static const char *const read_cmds[] = {
 	"listShards", "listDatabases", "listCollections", "getMigration", "listMigrations",
-	"listTenants", "getUser", "listMembers", "getLease", "listUsers",
+	"listTenants", "getUser", "listMembers", "getLease", "listUsers", "listProxies",
 };
 
 /* issue #23: the rate-limit membership commands find their state through this */

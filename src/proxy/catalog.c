@@ -8,6 +8,8 @@
  * table on demand after a StaleConfig (proxy_route with force). Routing tables themselves
  * are src/routing/route.h.
  */
+#include "build_config.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +22,10 @@
 #define PROXY_WAIT_MS 500       /* long-poll timeout (bounds shutdown latency) */
 #define PROXY_RETRY_MS 200      /* pause after a failed metadata call */
 #define PROXY_QUOTA_RELOAD_MS 1000  /* tenants and quotas are re-read this often */
+#define PROXY_PING_MS 10000         /* config.mongos ping, as MongoDB's uptime reporter */
+#define PROXY_PING_RETRY_MS 1000    /* after a failed ping (metadata unreachable ...) */
+/* config.mongos mongoVersion: what buildInfo answers (src/wire/commands.c) */
+#define PROXY_MONGO_VERSION "6.0.0-stripedb-" PACKAGE_VERSION
 
 /* ---------- metadata access ---------- */
 
@@ -601,6 +607,31 @@ static bool wait_stop(proxy *p, uint64_t ms)
 	return stop;
 }
 
+/* config.mongos (issue #18): record this proxy in metadata (pingProxy {addr, startedMS,
+ * version}); again in PROXY_PING_MS (also after IllegalOperation: cluster op version below
+ * 3), or in PROXY_PING_RETRY_MS after another failure (metadata unreachable). Refresh
+ * thread. */
+static void ping_proxy(proxy *p)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	char err[256];
+	int code = 0, rc;
+
+	BSON_APPEND_UTF8(&cmd, "pingProxy", p->advertise ? p->advertise : "unknown");
+	BSON_APPEND_INT64(&cmd, "startedMS", p->started_ms);
+	BSON_APPEND_UTF8(&cmd, "version", PROXY_MONGO_VERSION);
+	rc = proxy_meta_command(p, &cmd, &reply, &code, err, sizeof err);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	if (rc != 0)
+		sdb_debug("proxy: pingProxy failed", "code=%d err=\"%s\"", code, err);
+	/* refused below op version 3 (IllegalOperation): that lasts, ask again at the
+	 * ordinary pace; other failures (metadata unreachable, an election) sooner */
+	p->ping_next_ms = uv_hrtime() / 1000000u +
+			  (rc == 0 || code == WIRE_ERR_ILLEGAL_OPERATION ? PROXY_PING_MS
+									 : PROXY_PING_RETRY_MS);
+}
+
 void proxy_catalog_refresher(void *arg)
 {
 	proxy *p = arg;
@@ -639,6 +670,8 @@ void proxy_catalog_refresher(void *arg)
 			}
 			p->quota_loaded_ms = uv_hrtime() / 1000000u;
 		}
+		if (have_shards && uv_hrtime() / 1000000u >= p->ping_next_ms)
+			ping_proxy(p);
 		BSON_APPEND_INT32(&cmd, "waitRoutingVersion", 1);
 		BSON_APPEND_INT64(&cmd, "gt", p->known_version);
 		BSON_APPEND_INT64(&cmd, "timeoutMS", PROXY_WAIT_MS);

@@ -311,6 +311,67 @@ static int64_t active_migrations(const bson_t *list, int64_t nid, const char *sh
 	return n;
 }
 
+/* Mark shard id draining in metadata (setShardDraining), so that shardCollection places no
+ * new chunk on it. Needs cluster op version 3 (raft/migstate.h): below it metadata answers
+ * IllegalOperation and the drain goes on unmarked, as before. False after answering c
+ * (metadata unreachable or another error). */
+static bool mark_draining(ctx *c, const char *id)
+{
+	static const int below_v3[] = {WIRE_ERR_ILLEGAL_OPERATION, 0};
+	bson_t cmd = BSON_INITIALIZER, r;
+	int code = 0;
+	bool ok;
+
+	BSON_APPEND_UTF8(&cmd, "setShardDraining", id);
+	BSON_APPEND_BOOL(&cmd, "draining", true);
+	ok = px_sharding_meta_call(c, &cmd, &r, below_v3, &code);
+	if (ok)
+		bson_destroy(&r);
+	bson_destroy(&cmd);
+	return ok;
+}
+
+/* Drop the draining shards (metadata listShards state "draining") from ids[0..n), freeing
+ * them; the count kept. On a metadata error the list is kept whole. */
+static size_t drop_draining(ctx *c, char **ids, size_t n)
+{
+	bson_t q = BSON_INITIALIZER, reply;
+	char err[256];
+	int code = 0;
+	size_t i, kept = 0;
+
+	BSON_APPEND_INT32(&q, "listShards", 1);
+	if (proxy_meta_command(c->p, &q, &reply, &code, err, sizeof err) != 0) {
+		bson_destroy(&reply);
+		bson_destroy(&q);
+		return n;
+	}
+	for (i = 0; i < n; i++) {
+		bool draining = false;
+		bson_iter_t it, arr;
+		if (bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it) &&
+		    bson_iter_recurse(&it, &arr))
+			while (bson_iter_next(&arr)) {
+				bson_t sh;
+				const char *sid, *st;
+				if (!px_doc_of(&arr, &sh))
+					continue;
+				sid = str_of(&sh, "id");
+				st = str_of(&sh, "state");
+				if (sid && st && strcmp(sid, ids[i]) == 0 &&
+				    strcmp(st, "draining") == 0)
+					draining = true;
+			}
+		if (draining)
+			free(ids[i]);
+		else
+			ids[kept++] = ids[i];
+	}
+	bson_destroy(&reply);
+	bson_destroy(&q);
+	return kept;
+}
+
 /* {removeShard: ID} as on a mongos. A shard that owns chunks is drained: the first call
  * registers one Data Movement Platform migration per chunk it owns, spread round-robin over
  * the other shards (run by the coordinators, as `stripedb ctl shard drain`), and answers
@@ -321,8 +382,11 @@ static int64_t active_migrations(const bson_t *list, int64_t nid, const char *sh
  * "completed"). A shard that is the primary shard of a database still holding unsharded
  * collections on it is refused (IllegalOperation 20, naming them: there is no movePrimary;
  * issue #18); metadata then moves the primary of its other databases to the lowest
- * remaining shard id. Not built: a "draining" mark in metadata, so a
- * shardCollection meanwhile may still place chunks on it (the next call drains them). */
+ * remaining shard id. From cluster op version 3 the shard is marked draining in metadata
+ * (setShardDraining): shardCollection places no chunk on it, listShards and config.shards
+ * show draining: true, and no drain sends chunks to another draining shard. Below op
+ * version 3 there is no mark: a shardCollection meanwhile may still place chunks on it
+ * (the next call drains them). */
 void px_do_remove_shard(ctx *c)
 {
 	const char *id = px_first_utf8(c->cmd);
@@ -386,12 +450,15 @@ void px_do_remove_shard(ctx *c)
 	if (n > 0 || running > 0) {
 		bson_t rem;
 		int64_t moving = 0, started = 0;
+		nothers = drop_draining(c, ids, nothers);
 		if (n > 0 && nothers == 0) {
 			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
 				 "cannot remove shard %s: it owns %lld chunks and there is no other "
-				 "shard to drain them to", id, (long long)n);
+				 "shard (that is not draining) to drain them to", id, (long long)n);
 			goto out;
 		}
+		if (!mark_draining(c, id))
+			goto out;
 		for (i = 0; i < n; i++) {
 			char mid[160];
 			bson_t r;
@@ -501,8 +568,9 @@ static void move_and_wait(ctx *c, ctx *sub, const char *what, const char *ns, in
 	char err[256], mid[128], *state = NULL;
 
 	/* one migration of a chunk at a time, as MongoDB's ActiveMigrationsRegistry answers a
-	 * second moveChunk of a chunk being moved (a migration record appearing between this
-	 * check and the registration, from another proxy, is ended by the coordinators) */
+	 * second moveChunk of a chunk being moved. A registration racing this one (another
+	 * proxy, ctl migrate) is refused by metadata itself with the same 117 from cluster op
+	 * version 3 (raft/migstate.h); below it, the coordinators end the second record. */
 	{
 		bson_t q = BSON_INITIALIZER, migs;
 		BSON_APPEND_INT32(&q, "listMigrations", 1);

@@ -15,8 +15,11 @@
  *                       ns, details: {min, max, from, to, migration, state}}: one entry per
  *                       migration record, what = moveChunk.commit (complete), moveChunk.error
  *                       (aborted, rolled back) or moveChunk.start (still running)
- *   anything else       empty (mongos: proxies do not register anywhere; actionlog, locks,
- *                       tags ...)
+ *   config.mongos       {_id: "host:port", advisoryHostFQDNs: [], mongoVersion, ping: Date,
+ *                       up: seconds since the proxy started, waiting: true}   listProxies
+ *                       (each proxy pings metadata every 10 s from cluster op version 3;
+ *                       empty below it)
+ *   anything else       empty (actionlog, locks, tags ...)
  *
  * find, aggregate and count run the request over these documents with the proxy's pipeline
  * engine (storage/pipeline.h); the result is a proxy cursor (getMore works). Every other
@@ -116,6 +119,26 @@ static void add_shard(const bson_t *s, void *arg)
 	if (state && strcmp(state, "active") != 0)
 		BSON_APPEND_BOOL(d, "draining", true);
 	free(host);
+	dl_push(arg, d);
+}
+
+/* config.mongos from one listProxies row {addr, startedMS, pingMS, version}. */
+static void add_mongos(const bson_t *s, void *arg)
+{
+	const char *addr = str_of(s, "addr"), *ver = str_of(s, "version");
+	int64_t ping = px_get_int(s, "pingMS", 0), started = px_get_int(s, "startedMS", 0);
+	bson_t *d, a;
+
+	if (addr == NULL)
+		return;
+	d = bson_new();
+	BSON_APPEND_UTF8(d, "_id", addr);
+	BSON_APPEND_ARRAY_BEGIN(d, "advisoryHostFQDNs", &a);
+	bson_append_array_end(d, &a);
+	BSON_APPEND_UTF8(d, "mongoVersion", ver ? ver : "");
+	BSON_APPEND_DATE_TIME(d, "ping", ping);
+	BSON_APPEND_INT64(d, "up", ping > started ? (ping - started) / 1000 : 0);
+	BSON_APPEND_BOOL(d, "waiting", true);
 	dl_push(arg, d);
 }
 
@@ -366,6 +389,12 @@ static bool load(ctx *c, const char *coll, doclist *l)
 		}
 	} else if (strcmp(coll, "chunks") == 0) {
 		ok = load_chunks(c, l);
+	} else if (strcmp(coll, "mongos") == 0) {
+		BSON_APPEND_INT32(&cmd, "listProxies", 1);
+		if ((ok = meta_read(c, &cmd, &reply))) {
+			each_doc(&reply, "proxies", add_mongos, l);
+			bson_destroy(&reply);
+		}
 	} else if (strcmp(coll, "migrations") == 0 || strcmp(coll, "changelog") == 0) {
 		mig_arg a = {l, strcmp(coll, "changelog") == 0, c};
 		BSON_APPEND_INT32(&cmd, "listMigrations", 1);
@@ -484,7 +513,8 @@ static void answer_docs(ctx *c, doclist *out, int64_t batch, bool single)
 static void list_collections(ctx *c)
 {
 	static const char *const names[] = {"changelog", "chunks",   "collections", "databases",
-					    "migrations", "settings", "shards",     "version", NULL};
+					    "migrations", "mongos",   "settings",    "shards",
+					    "version",    NULL};
 	doclist l = {0}, out = {0};
 	bson_t f, stages = BSON_INITIALIZER, st;
 	size_t i;

@@ -94,6 +94,14 @@ typedef struct proxy {
 	void *cluster_impl;
 	/* issue #16: the sessions of single-shard transactions (txnroute.h) */
 	struct pxtxn_table *txns;
+	/* issue #18: config.mongos. advertise: "host:port" this proxy is reached at (its
+	 * --listen host, the host name for a wildcard, and the bound port; heap, set before
+	 * the refresh thread starts); started_ms: epoch ms of the start; the refresh thread
+	 * sends metadata pingProxy every PROXY_PING_MS (PROXY_PING_RETRY_MS after a failure,
+	 * e.g. while the cluster op version is below 3) at ping_next_ms (monotonic ms). */
+	char *advertise;
+	int64_t started_ms;
+	uint64_t ping_next_ms;
 } proxy;
 
 /* retry.c: every shard command and fan-out of the proxy (handlers and cursors) goes through

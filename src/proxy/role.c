@@ -6,10 +6,13 @@
  * metadata service (waitRoutingVersion) and reloads the cached routing tables whenever the
  * routing version moves; workers also reload a table on demand after a StaleConfig.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/role.h"
@@ -140,6 +143,30 @@ static int auth_setup(sdb_role *role, proxy *p)
 }
 /* ---- end of issue #10 hook ---- */
 
+/* "host:port" for config.mongos: listen's host ("H:P" or "[V6]:P"; the machine's host
+ * name for an empty or wildcard host) and the bound port. Heap string. */
+static char *advertise_of(const char *listen, int port)
+{
+	char host[256] = "";
+	const char *colon = strrchr(listen, ':');
+	size_t n = colon ? (size_t)(colon - listen) : strlen(listen);
+	char *out;
+
+	if (n >= sizeof host)
+		n = sizeof host - 1;
+	memcpy(host, listen, n);
+	host[n] = '\0';
+	if (host[0] == '\0' || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "[::]") == 0 ||
+	    strcmp(host, "::") == 0) {
+		if (gethostname(host, sizeof host) != 0)
+			snprintf(host, sizeof host, "localhost");
+		host[sizeof host - 1] = '\0';
+	}
+	out = sdb_malloc(strlen(host) + 16);
+	snprintf(out, strlen(host) + 16, "%s:%d", host, port);
+	return out;
+}
+
 static int proxy_start(sdb_role *role)
 {
 	proxy *p = sdb_calloc(1, sizeof *p);
@@ -228,6 +255,8 @@ static int proxy_start(sdb_role *role)
 	proxy_exec_register(p);
 	if (p->auth)
 		wire_server_register(p->srv, "connectionStatus", h_connection_status);
+	p->advertise = advertise_of(listen, wire_server_port(p->srv));
+	p->started_ms = sdb_wall_ms();
 	if (uv_thread_create(&p->refresher, proxy_catalog_refresher, p) != 0) {
 		rc = sdb_errf(role->err, sizeof role->err, SDB_EIO, "proxy: cannot start a thread");
 		goto err_srv;
@@ -249,6 +278,7 @@ err:
 	shardconn_free(p->sc); /* and its metadata pool */
 	route_cache_free(p->rc);
 	pxtxn_table_free(p->txns);
+	free(p->advertise);
 	uv_mutex_destroy(&p->cmu);
 	uv_cond_destroy(&p->cv);
 	uv_mutex_destroy(&p->mu);
@@ -274,6 +304,7 @@ static void on_timer_closed(uv_handle_t *h)
 	route_cache_free(p->rc);
 	pxtxn_table_free(p->txns);
 	free(p->primary);
+	free(p->advertise);
 	if (p->db_primaries)
 		bson_destroy(p->db_primaries);
 	if (p->db_checked)

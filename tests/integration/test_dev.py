@@ -61,6 +61,8 @@ def test_dev_cluster_lifecycle(tmp_path):
         meta = ",".join(f"127.0.0.1:{p['wire']}" for p in state["processes"] if p["role"] == "metadata")
         m = pymongo.MongoClient(f"mongodb://{meta}/?replicaSet=stripedb-meta")
         assert [s["id"] for s in m.admin.command("listShards")["shards"]] == ["shard-a", "shard-b"]
+        # `dev up` raised the cluster op version to the binary's highest (raft/migstate.h)
+        assert m.admin.command("setOpVersion", 3)["previousVersion"] == 3
         m.admin.command("createDatabase", "pay")
         m.admin.command("shardCollection", "pay.charges", key={"merchant": 1},
                         splitPoints=[{"merchant": "m5"}])

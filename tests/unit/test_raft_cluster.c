@@ -372,6 +372,69 @@ static void test_illegal_migration_transition_refused_everywhere(void **state)
 	cluster_close(&c);
 }
 
+/* Issue #18: one active migration per chunk, decided at apply. A registerMigration stamped
+ * opVersion 3 of a chunk (integer or decimal string) that has a non-terminal migration is
+ * refused with 117 by every member; a terminal one, another chunk or another ns does not
+ * count; entries stamped 2 (a cluster not raised yet) register as before. */
+static void test_second_active_migration_of_a_chunk_refused_everywhere(void **state)
+{
+	cluster c;
+	unsigned l, i;
+	int code;
+	char st[64];
+	int64_t ver;
+
+	static const struct {
+		const char *op, *json;
+		int code;
+	} steps[] = {
+		{"registerMigration", "{\"id\": \"a\", \"ns\": \"app.c\", \"chunk\": 7, "
+				      "\"opVersion\": 3}", 0},
+		{"registerMigration", "{\"id\": \"b\", \"ns\": \"app.c\", \"chunk\": 7, "
+				      "\"opVersion\": 3}", 117},
+		{"registerMigration", "{\"id\": \"b\", \"ns\": \"app.c\", \"chunk\": \"7\", "
+				      "\"opVersion\": 3}", 117},
+		{"registerMigration", "{\"id\": \"c\", \"ns\": \"app.c\", \"chunk\": 8, "
+				      "\"opVersion\": 3}", 0},
+		{"registerMigration", "{\"id\": \"d\", \"ns\": \"app.d\", \"chunk\": 7, "
+				      "\"opVersion\": 3}", 0},
+		/* op version 2: the old rules */
+		{"registerMigration", "{\"id\": \"e\", \"ns\": \"app.c\", \"chunk\": 7, "
+				      "\"opVersion\": 2}", 0},
+		{"updateMigration", "{\"id\": \"a\", \"expectState\": \"registered\", "
+				    "\"state\": \"aborted\", \"opVersion\": 2}", 0},
+		/* e is still registered */
+		{"registerMigration", "{\"id\": \"f\", \"ns\": \"app.c\", \"chunk\": 7, "
+				      "\"opVersion\": 3}", 117},
+		{"updateMigration", "{\"id\": \"e\", \"expectState\": \"registered\", "
+				    "\"state\": \"aborted\", \"opVersion\": 2}", 0},
+		/* both ended: the chunk may move again */
+		{"registerMigration", "{\"id\": \"f\", \"ns\": \"app.c\", \"chunk\": \"7\", "
+				      "\"opVersion\": 3}", 0},
+	};
+
+	(void)state;
+	cluster_init(&c, 3);
+	assert_true(raft_fixture_step_until_has_leader(&c.f, 10000));
+	l = raft_fixture_leader_index(&c.f);
+	for (i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+		double ok = commit_code(&c, l, steps[i].op, steps[i].json, &code);
+		if (ok != (steps[i].code == 0 ? 1.0 : 0.0) || code != steps[i].code)
+			fail_msg("step %u (%s %s): ok %g code %d, want code %d", i, steps[i].op,
+				 steps[i].json, ok, code, steps[i].code);
+	}
+	raft_index last = raft_last_applied(raft_fixture_get(&c.f, l));
+	assert_true(raft_fixture_step_until_applied(&c.f, c.n, last, 30000));
+	for (i = 0; i < c.n; i++) {
+		mig_on(&c, i, "f", st, sizeof st, &ver);
+		assert_string_equal(st, "registered");
+		mig_on(&c, i, "a", st, sizeof st, &ver);
+		assert_string_equal(st, "aborted");
+		assert_true(sdb_fsm_hash(c.fsm[i]) == sdb_fsm_hash(c.fsm[0]));
+	}
+	cluster_close(&c);
+}
+
 static void test_three_members(void **state)
 {
 	(void)state;
@@ -390,6 +453,7 @@ int main(void)
 		cmocka_unit_test(test_three_members),
 		cmocka_unit_test(test_five_members),
 		cmocka_unit_test(test_illegal_migration_transition_refused_everywhere),
+		cmocka_unit_test(test_second_active_migration_of_a_chunk_refused_everywhere),
 	};
 	return cmocka_run_group_tests_name("raft_cluster", tests, NULL, NULL);
 }
