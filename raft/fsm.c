@@ -771,6 +771,12 @@ int64_t sdb_fsm_op_version(sdb_fsm *f)
 	return v;
 }
 
+bool sdb_fsm_op_version_set(sdb_fsm *f)
+{
+	int64_t v = 0;
+	return fsm_q_int(f, &v, "SELECT v FROM meta WHERE k = ?", "t", "op_version") == 1;
+}
+
 uint64_t sdb_fsm_hash(sdb_fsm *f)
 {
 	XXH64_state_t *h = XXH64_createState();

@@ -90,6 +90,8 @@ const char *sdb_fsm_member_wire(sdb_fsm *fsm, uint64_t id);
 /* The cluster op version set by setOpVersion (raft/migstate.h): MIGSTATE_OP_VERSION (2)
  * until an operator raises it, also when it cannot be read. Call on the loop thread. */
 int64_t sdb_fsm_op_version(sdb_fsm *fsm);
+/* Whether a setOpVersion was ever applied (the op_version key exists). */
+bool sdb_fsm_op_version_set(sdb_fsm *fsm);
 
 /* The apply chain: XXH64 folded over (index, command bytes) of every command applied,
  * in order (stored with the state, so it survives restarts and travels in snapshots).

@@ -3,6 +3,7 @@
 #include "raft/node.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <raft/uv.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -366,8 +367,19 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 			member |= conf.servers[i].id == n->id;
 		if (member) {
 			rv = raft_bootstrap(&n->raft, &conf);
-			if (rv == 0)
+			if (rv == 0) {
 				sdb_info("raft: bootstrapped", "members=%u", conf.n);
+				if (opts->bootstrap_marker) {
+					int fd = open(opts->bootstrap_marker,
+						      O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+					if (fd < 0 || fsync(fd) != 0)
+						sdb_warn("raft: bootstrap marker not written",
+							 "path=%s err=\"%s\"", opts->bootstrap_marker,
+							 strerror(errno));
+					if (fd >= 0)
+						close(fd);
+				}
+			}
 			else if (rv != RAFT_CANTBOOTSTRAP) {
 				raft_configuration_close(&conf);
 				rc = sdb_errf(err, errlen, SDB_EIO, "raft bootstrap: %s",

@@ -54,6 +54,10 @@ typedef struct sdb_node_opts {
 	const sdb_transport_opts *transport;
 	/* The state machine (copied); NULL = metadata's. */
 	const sdb_node_sm *sm;
+	/* When set, a file created (empty, fsynced) when this start bootstrapped a new
+	 * cluster: how the metadata role knows the cluster was created by this binary and
+	 * may start at its newest op version (raft/migstate.h). NULL: none. */
+	const char *bootstrap_marker;
 	/* Called on the loop thread whenever the raft state, term, leader or readiness
 	 * changed (checked once per loop iteration). May be NULL. */
 	void (*on_change)(void *data);

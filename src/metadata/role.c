@@ -2,6 +2,7 @@
  * metadata commands over the MongoDB wire protocol, presented to drivers as the replica
  * set "stripedb-meta". Command reference: src/metadata/README.md. */
 #include <mongoc/mongoc.h>
+#include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "auth/cluster.h"
 #include "auth/policy.h"
@@ -58,6 +60,8 @@ typedef struct meta {
 	int handles_open;
 	int reg_inflight;      /* follower registration work items running */
 	uint64_t reg_last_ms;  /* uv_now of the last attempt */
+	char *new_cluster;     /* DATA_DIR/new-cluster: bootstrapped by this binary (heap) */
+	bool opv_inflight;     /* the new cluster's setOpVersion is being proposed */
 	int stopping;
 	int stopped_signalled;
 	/* for the HTTP health check (other threads) */
@@ -773,6 +777,7 @@ static void h_status(wire_req *req, void *data)
 	BSON_APPEND_INT64(rep, "lastIndex", (int64_t)raft_last_index(r));
 	BSON_APPEND_INT64(rep, "snapshotIndex", (int64_t)r->log.snapshot.last_index);
 	BSON_APPEND_INT64(rep, "routingVersion", sdb_fsm_routing_version(f));
+	BSON_APPEND_INT64(rep, "opVersion", sdb_fsm_op_version(f));
 	char hash[32];
 	snprintf(hash, sizeof hash, "%016llx", (unsigned long long)sdb_fsm_hash(f));
 	BSON_APPEND_UTF8(rep, "stateHash", hash);
@@ -901,11 +906,53 @@ static void update_gauges(meta *m)
 	}
 }
 
+static void opv_done(void *arg, int status, bson_t *result)
+{
+	meta *m = arg;
+	m->opv_inflight = false;
+	if (result)
+		bson_destroy(result);
+	if (status != 0)
+		sdb_debug("metadata: the new cluster's op version did not commit", "status=%d",
+			  status);
+}
+
+/* A cluster this binary bootstrapped (raft/node.h bootstrap_marker) starts at the newest
+ * op version (raft/migstate.h), as a new MongoDB deployment starts at the newest
+ * featureCompatibilityVersion: every member of a new cluster runs the binary that created
+ * it. Its leader proposes setOpVersion MIGSTATE_OP_VERSION_MAX once; an existing cluster
+ * upgraded in place keeps its op version until an operator raises it (ctl metadata
+ * op-version) after upgrading every member. The marker goes once an op version is set. */
+static void ensure_op_version(meta *m)
+{
+	sdb_fsm *f = sdb_node_fsm(m->node);
+	if (m->stopping || m->opv_inflight || !m->new_cluster)
+		return;
+	if (sdb_fsm_op_version_set(f)) {
+		if (unlink(m->new_cluster) == 0 || errno == ENOENT) {
+			free(m->new_cluster);
+			m->new_cluster = NULL;
+		}
+		return;
+	}
+	if (!sdb_node_ready(m->node) || access(m->new_cluster, F_OK) != 0)
+		return;
+	bson_t args = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&args, "version", MIGSTATE_OP_VERSION_MAX);
+	if (sdb_node_propose(m->node, "setOpVersion", &args, opv_done, m) == 0) {
+		m->opv_inflight = true;
+		sdb_info("metadata: a new cluster starts at the newest op version", "version=%d",
+			 MIGSTATE_OP_VERSION_MAX);
+	}
+	bson_destroy(&args);
+}
+
 static void on_change(void *data)
 {
 	meta *m = data;
 	update_gauges(m);
 	ensure_registered(m);
+	ensure_op_version(m);
 }
 
 static void tick_cb(uv_timer_t *t)
@@ -913,6 +960,7 @@ static void tick_cb(uv_timer_t *t)
 	meta *m = t->data;
 	wake_waiters(m, false);
 	ensure_registered(m);
+	ensure_op_version(m);
 	update_gauges(m);
 }
 
@@ -973,6 +1021,7 @@ static void free_meta(meta *m)
 {
 	free(m->wire_addr);
 	free(m->raft_addr);
+	free(m->new_cluster);
 	free(m);
 }
 
@@ -1095,6 +1144,8 @@ static int metadata_start(sdb_role *role)
 	no.data_dir = data_dir;
 	no.raft_addr = raft_listen;
 	no.bootstrap = sdb_config_get(cfg, SDB_OPT_bootstrap_members);
+	m->new_cluster = sdb_asprintf("%s/new-cluster", data_dir);
+	no.bootstrap_marker = m->new_cluster;
 	no.snapshot_threshold = (unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_snapshot_threshold, 1024);
 	no.election_timeout_ms =
 		(unsigned)sdb_config_get_int(cfg, SDB_OPT_raft_election_timeout_ms, 1000);

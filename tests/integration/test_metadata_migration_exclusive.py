@@ -13,7 +13,7 @@ import threading
 
 from pymongo.errors import OperationFailure
 
-from conftest import BIN
+from conftest import BIN, wait_until
 from metadata_cluster import Cluster
 
 NS = "app.users"
@@ -98,8 +98,13 @@ def test_second_active_migration_of_a_chunk_is_refused_by_metadata(start_role, t
     ids, owner = seed(c)
     c1, c2 = ids[0], ids[1]
     other = {"shard-a": "shard-b", "shard-b": "shard-a"}
+    # a new cluster starts at op version 3 (its leader raises it once ready): lower it to
+    # 2, as an existing cluster upgraded in place has it until an operator raises it
+    wait_until(lambda: c.leader().cmd("metadataStatus", 1)["opVersion"] == 3, 30,
+               what="the new cluster's op version 3")
+    c.write("setOpVersion", 2)
 
-    # op version 2 (default): the old rules, two registrations of one chunk both recorded
+    # op version 2: the old rules, two registrations of one chunk both recorded
     r = c.write("registerMigration", "old-1", ns=NS, chunk=c2, **{"from": owner[c2]},
                 to=other[owner[c2]])
     assert r["state"] == "registered"

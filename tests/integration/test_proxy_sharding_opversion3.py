@@ -59,8 +59,35 @@ def bounds(cl, ns):
     return lows[1:], chunks
 
 
+def op_version(cluster):
+    return cluster.meta_query({"metadataStatus": 1})["opVersion"]
+
+
+def at_op_version_2(cluster):
+    """A new cluster starts at op version 3 (its leader raises it once ready); an existing
+    cluster upgraded in place stays at 2 until an operator raises it: lower it to 2 to
+    check the behaviour such a cluster keeps."""
+    wait_until(lambda: op_version(cluster) == 3, 30, what="the new cluster's op version 3")
+    assert cluster.meta_cmd({"setOpVersion": 2})["previousVersion"] == 3
+    assert op_version(cluster) == 2
+
+
+def test_a_new_cluster_starts_at_the_newest_op_version(cluster):
+    wait_until(lambda: op_version(cluster) == 3, 30, what="op version 3 with no setOpVersion")
+    # the raise happens once: lowered by an operator, it stays lowered across a restart
+    cluster.meta_cmd({"setOpVersion": 2})
+    m = cluster.meta.members[0]
+    cluster.meta.kill(m)
+    cluster.meta.restart(m)
+    cluster.meta.leader()
+    wait_until(lambda: cluster.meta_query({"metadataStatus": 1})["ready"], 30,
+               what="the restarted leader ready")
+    assert op_version(cluster) == 2
+
+
 def test_hashed_initial_split_points_match_mongodb(cluster):
     admin = cluster.proxy_client(0).admin
+    at_op_version_2(cluster)
     # op version 2: the earlier even split from INT64_MIN, unchanged
     admin.command("shardCollection", "h.old", key={"h": "hashed"}, numInitialChunks=4)
     pts, _ = bounds(cluster, "h.old")
@@ -90,6 +117,7 @@ def test_draining_shard_gets_no_new_chunks(cluster):
     cluster.shard_collection("dr.c", {"k": 1}, split_points=[{"k": 10}], shards=[c])
 
     # op version 2: no mark, the old behaviour (chunks placed on every shard)
+    at_op_version_2(cluster)
     r = admin.command("removeShard", c)
     assert r["state"] == "started", r
     assert not [s for s in admin.command("listShards")["shards"] if s.get("draining")]
@@ -166,9 +194,9 @@ def test_config_mongos_lists_the_proxies(start_role, tmp_path):
     try:
         p = cl.proxy_client(0)
         assert "mongos" in p.config.list_collection_names()
-        # below op version 3 the proxies' pings are refused: nothing is recorded
-        assert cl.meta_query({"listProxies": 1})["proxies"] == []
-        cl.meta_cmd({"setOpVersion": 3})
+        # a new cluster is at op version 3: the proxies ping (below 3 the pings are
+        # refused; unit test_raft_cluster.c)
+        wait_until(lambda: op_version(cl) == 3, 30, what="op version 3")
         want = sorted(f"127.0.0.1:{port}" for port in cl.proxy_ports)
         docs = wait_until(lambda: (lambda d: d if sorted(x["_id"] for x in d) == want else None)(
             list(cl.proxy_client(1).config.mongos.find())), 30,
