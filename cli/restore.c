@@ -141,6 +141,7 @@ typedef struct restore {
 	id_map ids;
 	int64_t docs_in, events_in; /* read from the backups, applied from the CDC log */
 	int64_t migration_skipped;  /* migration events of documents not restored from there */
+	int64_t indexes;            /* created on the target (create_indexes) */
 	const shard_ref *shards;    /* the shards in metadata; cur: the one being replayed */
 	uint16_t cur;
 	int64_t docs_total;         /* of the chosen backups' manifests: progress's total */
@@ -460,6 +461,8 @@ typedef struct plan {
 	uint64_t at;       /* its snapshot of the collection */
 	int64_t at_wall, oldest_wall, newest_ms, docs;
 	const char *obj; /* data object, NULL: the collection was empty */
+	const uint8_t *entry; /* its manifest entry for the collection (in m->doc), NULL: none */
+	uint32_t entry_len;
 } plan;
 
 /* The manifest's collections array: colls_begin points c at it (false when absent),
@@ -487,13 +490,15 @@ static bool colls_next(bson_iter_t *c, bson_t *d)
 
 /* Snapshot point of ns in backup m: its collection entry, else the backup's head. */
 static void point_of(const manifest *m, const char *ns, uint64_t *at, int64_t *wall,
-		     const char **obj, int64_t *docs)
+		     const char **obj, int64_t *docs, const uint8_t **entry, uint32_t *entry_len)
 {
 	bson_iter_t c;
 	*at = cdc_bson_ts(m->doc, "headTs");
 	*wall = cdc_bson_i64(m->doc, "headWall");
 	*obj = NULL;
 	*docs = 0;
+	*entry = NULL;
+	*entry_len = 0;
 	bson_t d;
 	if (!colls_begin(m->doc, &c))
 		return;
@@ -504,9 +509,66 @@ static void point_of(const manifest *m, const char *ns, uint64_t *at, int64_t *w
 			*wall = cdc_bson_i64(&d, "atWall");
 			*obj = cdc_bson_str(&d, "object");
 			*docs = cdc_bson_i64(&d, "count");
+			*entry = bson_get_data(&d); /* inside m->doc (a bson_t must not be copied) */
+			*entry_len = d.len;
 			return;
 		}
 	}
+}
+
+/* Create on the target the indexes the chosen backups hold for the collection (each
+ * manifest entry's `indexes`, the union by name; the _id index exists already), after the
+ * documents are in, as mongorestore does. Indexes created or dropped after the backups
+ * are not replayed. r->indexes gets their number. Errors: SDB_EIO with r->err. */
+static int create_indexes(restore *r, const plan *plans, size_t n)
+{
+	bson_t cmd = BSON_INITIALIZER, arr, reply;
+	bson_error_t be;
+	char **names = NULL;
+	size_t nn = 0;
+	BSON_APPEND_UTF8(&cmd, "createIndexes", r->tcoll);
+	BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &arr);
+	for (size_t i = 0; i < n; i++) {
+		bson_iter_t it, ix;
+		bson_t entry;
+		if (!plans[i].m || !plans[i].entry ||
+		    !bson_init_static(&entry, plans[i].entry, plans[i].entry_len) ||
+		    !bson_iter_init_find(&it, &entry, "indexes") ||
+		    !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &ix))
+			continue;
+		while (bson_iter_next(&ix)) {
+			bson_t spec;
+			uint32_t l;
+			const uint8_t *data;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&ix))
+				continue;
+			bson_iter_document(&ix, &l, &data);
+			if (!bson_init_static(&spec, data, l))
+				continue;
+			const char *name = cdc_bson_str(&spec, "name");
+			bool seen = name == NULL;
+			for (size_t k = 0; k < nn && !seen; k++)
+				seen = strcmp(names[k], name) == 0;
+			if (seen)
+				continue;
+			names = sdb_realloc(names, (nn + 1) * sizeof *names);
+			names[nn] = sdb_strdup(name);
+			char key[16];
+			snprintf(key, sizeof key, "%zu", nn++);
+			BSON_APPEND_DOCUMENT(&arr, key, &spec);
+		}
+	}
+	bson_append_array_end(&cmd, &arr);
+	int rc = 0;
+	if (nn && !mongoc_client_write_command_with_opts(r->c, r->tdb, &cmd, NULL, &reply, &be))
+		rc = sdb_errf(r->err, sizeof r->err, SDB_EIO, "creating the %zu indexes of %s on %s.%s: %s",
+			      nn, r->ns, r->tdb, r->tcoll, be.message);
+	if (nn)
+		bson_destroy(&reply);
+	r->indexes = (int64_t)nn;
+	cdc_backup_names_free(names, nn);
+	bson_destroy(&cmd);
+	return rc;
 }
 
 /* Newest time the shard's history is complete to: now when its CDC log holds its oplog
@@ -575,6 +637,67 @@ typedef struct rs_env {
 	char tstr[40];
 } rs_env;
 
+/* Slack for the clocks of the metadata leader and the shards when a migration's times
+ * are compared with snapshot and event times (ms). */
+#define MIGRATION_CLOCK_SLACK_MS 5000
+
+/* A chunk migration of ns whose life [createdMS, updatedMS at its end] (metadata's
+ * listMigrations; not ended: to now) meets [from_ms, to_ms] widened by the clock slack:
+ * -1 with its description in why, 0 when none, or the exit code 1 after one line on
+ * stderr (metadata unreachable).
+ * Such a migration may have moved documents between the shards' snapshots or inside the
+ * events replayed: each shard's backup holds only the chunks it owned at its own snapshot,
+ * so a chunk that switched between two snapshots is in neither, and ordering two shards'
+ * histories of a document needs the chunk's ownership at every point (not built). */
+static int migration_overlaps(rs_env *e, const char *ns, int64_t from_ms, int64_t to_ms,
+			      char *why, size_t n)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it, arr;
+	int found = 0;
+	BSON_APPEND_INT32(&cmd, "listMigrations", 1);
+	int rc = cli_meta_run(e->ctx, &cmd, &reply);
+	bson_destroy(&cmd);
+	if (rc) {
+		bson_destroy(&reply);
+		return rc;
+	}
+	if (bson_iter_init_find(&it, &reply, "migrations") && BSON_ITER_HOLDS_ARRAY(&it) &&
+	    bson_iter_recurse(&it, &arr)) {
+		while (!found && bson_iter_next(&arr)) {
+			bson_t m;
+			uint32_t l;
+			const uint8_t *data;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
+				continue;
+			bson_iter_document(&arr, &l, &data);
+			if (!bson_init_static(&m, data, l))
+				continue;
+			const char *mns = cdc_bson_str(&m, "ns"), *st = cdc_bson_str(&m, "state");
+			if (!mns || strcmp(mns, ns) != 0 || !st)
+				continue;
+			bool ended = !strcmp(st, "complete") || !strcmp(st, "aborted") ||
+				     !strcmp(st, "rolled_back");
+			int64_t c0 = cdc_bson_i64(&m, "createdMS"), c1 = cdc_bson_i64(&m, "updatedMS");
+			if (c0 > to_ms + MIGRATION_CLOCK_SLACK_MS ||
+			    (ended && c1 < from_ms - MIGRATION_CLOCK_SLACK_MS))
+				continue;
+			char a[40], b[40];
+			bk_fmt_ms(c0, a, sizeof a);
+			bk_fmt_ms(c1, b, sizeof b);
+			snprintf(why, n, "chunk migration %s of chunk %" PRId64 " (%s -> %s, %s %s .. %s)",
+				 cdc_bson_str(&m, "id") ? cdc_bson_str(&m, "id") : "?",
+				 cdc_bson_i64(&m, "spec.chunk"),
+				 cdc_bson_str(&m, "spec.from") ? cdc_bson_str(&m, "spec.from") : "?",
+				 cdc_bson_str(&m, "spec.to") ? cdc_bson_str(&m, "spec.to") : "?", st,
+				 a, ended ? b : "now");
+			found = 1;
+		}
+	}
+	bson_destroy(&reply);
+	return found ? -1 : 0;
+}
+
 /* newest_ms of shard i, asked once per restore. */
 static int shard_newest(rs_env *e, size_t i, int64_t *out, char *err, size_t errlen)
 {
@@ -638,7 +761,9 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 			uint64_t at;
 			int64_t wall, docs;
 			const char *obj;
-			point_of(&e->ms[k], r.ns, &at, &wall, &obj, &docs);
+			const uint8_t *entry;
+			uint32_t entry_len;
+			point_of(&e->ms[k], r.ns, &at, &wall, &obj, &docs, &entry, &entry_len);
 			if (wall < p->oldest_wall)
 				p->oldest_wall = wall;
 			if (wall <= r.to_ms && (p->m == NULL || wall >= p->at_wall)) {
@@ -647,6 +772,8 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 				p->at_wall = wall;
 				p->obj = obj;
 				p->docs = docs;
+				p->entry = entry;
+				p->entry_len = entry_len;
 			}
 		}
 		if (p->oldest_wall == INT64_MAX) {
@@ -681,8 +808,36 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 		rc = 1;
 		goto out;
 	}
-	/* the target: never over live data */
-	if (!e->o->dry_run) {
+	/* no chunk migration of ns between the oldest snapshot used and TIME */
+	{
+		int64_t from = INT64_MAX;
+		char why[512];
+		/* a snapshot shows the ownership of when it was read: at or after its backup's
+		 * start (its atWall is the last write before it, maybe much older) */
+		for (size_t i = 0; i < e->nsh; i++) {
+			if (!plans[i].m)
+				continue;
+			int64_t read = cdc_bson_i64(plans[i].m->doc, "startedAt");
+			read = read > plans[i].at_wall ? read : plans[i].at_wall;
+			from = read < from ? read : from;
+		}
+		int mo = migration_overlaps(e, r.ns, from == INT64_MAX ? r.to_ms : from, r.to_ms,
+					    why, sizeof why);
+		if (mo > 0) {
+			rc = mo;
+			goto out;
+		}
+		if (mo < 0) {
+			fprintf(stderr, "stripedb ctl restore: %s: %s meets the backups used and %s: a "
+					"restore across a migration is not supported (restore to a time "
+					"before it, or take a backup after it ended)\n",
+				r.ns, why, tstr);
+			rc = 1;
+			goto out;
+		}
+	}
+	/* the target: never over live data (a dry run with a target checks it too) */
+	if (e->uri) {
 		bson_error_t be;
 		r.c = cdc_backup_client(e->uri, e->ctx->timeout_ms);
 		if (r.c == NULL) {
@@ -742,6 +897,11 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 							  "chunk migration skipped)"
 							: "");
 	}
+	if (!e->o->dry_run && (rc = create_indexes(&r, plans, e->nsh)) != 0) {
+		fprintf(stderr, "stripedb ctl restore: %s\n", r.err);
+		rc = 1;
+		goto out;
+	}
 	applying = 0;
 	int64_t took = (int64_t)sdb_mono_ms() - t0;
 	restore_progress(&r, 1);
@@ -781,14 +941,16 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 	if (e->ctx->json)
 		printf("{\"target\": \"%s.%s\", \"toTime\": \"%s\", \"documents\": %" PRId64
 		       ", \"hash\": \"%s\", \"backupDocuments\": %" PRId64 ", \"events\": %" PRId64
-		       ", \"migrationEventsSkipped\": %" PRId64 ", \"ms\": %" PRId64
-		       ", \"docsPerSec\": %.0f}\n",
+		       ", \"migrationEventsSkipped\": %" PRId64 ", \"indexes\": %" PRId64
+		       ", \"ms\": %" PRId64 ", \"docsPerSec\": %.0f}\n",
 		       r.tdb, r.tcoll, tstr, got.count, gh, r.docs_in, r.events_in,
-		       r.migration_skipped, took, rate);
+		       r.migration_skipped, r.indexes, took, rate);
 	else
 		printf("restored %s as of %s into %s.%s: %" PRId64 " documents, verified (hash %s); "
-		       "%" PRId64 " backed-up documents + %" PRId64 " events in %" PRId64 " ms\n",
-		       r.ns, tstr, r.tdb, r.tcoll, got.count, gh, r.docs_in, r.events_in, took);
+		       "%" PRId64 " backed-up documents + %" PRId64 " events in %" PRId64
+		       " ms; %" PRId64 " indexes\n",
+		       r.ns, tstr, r.tdb, r.tcoll, got.count, gh, r.docs_in, r.events_in, took,
+		       r.indexes);
 	rc = 0;
 out:
 	if (r.bulk)

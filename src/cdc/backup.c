@@ -309,6 +309,57 @@ static int write_json(const bson_t *doc, const char *path, char *err, size_t err
 	return rc;
 }
 
+/* Append to out (an array being built) the index specs of db.coll on c (listIndexes),
+ * each as the shard lists it minus `v` and `ns`, the _id index left out: what a restore
+ * creates on its target after loading the documents (as mongorestore does). A collection
+ * gone meanwhile has none. Errors: SDB_EUNAVAILABLE with err. */
+static int list_indexes(mongoc_client_t *c, const char *db, const char *coll, bson_t *out,
+			char *err, size_t errlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_error_t e;
+	bson_iter_t it, arr;
+	uint32_t n = 0;
+	BSON_APPEND_UTF8(&cmd, "listIndexes", coll);
+	bool ok = mongoc_client_command_simple(c, db, &cmd, NULL, &reply, &e);
+	bson_destroy(&cmd);
+	if (!ok) {
+		bson_destroy(&reply);
+		if (e.domain == MONGOC_ERROR_SERVER && e.code == 26) /* NamespaceNotFound */
+			return 0;
+		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "listIndexes %s.%s: %s", db, coll,
+				e.message);
+	}
+	if (bson_iter_init(&it, &reply) && bson_iter_find_descendant(&it, "cursor.firstBatch", &it) &&
+	    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr)) {
+		while (bson_iter_next(&arr)) {
+			bson_t spec, copy;
+			bson_iter_t f;
+			uint32_t l;
+			const uint8_t *data;
+			char k[16];
+			if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
+				continue;
+			bson_iter_document(&arr, &l, &data);
+			if (!bson_init_static(&spec, data, l))
+				continue;
+			const char *name = cdc_bson_str(&spec, "name");
+			if (name == NULL || strcmp(name, "_id_") == 0)
+				continue;
+			snprintf(k, sizeof k, "%u", n++);
+			bson_append_document_begin(out, k, -1, &copy);
+			if (bson_iter_init(&f, &spec))
+				while (bson_iter_next(&f))
+					if (strcmp(bson_iter_key(&f), "v") != 0 &&
+					    strcmp(bson_iter_key(&f), "ns") != 0)
+						bson_append_iter(&copy, NULL, 0, &f);
+			bson_append_document_end(out, &copy);
+		}
+	}
+	bson_destroy(&reply);
+	return 0;
+}
+
 /* Documents in db.coll now (`count`, the shard's stored count): the progress's estimate;
  * 0 when the count fails (the snapshot read reports the error). */
 static int64_t count_docs(mongoc_client_t *c, const char *db, const char *coll)
@@ -480,6 +531,10 @@ int cdc_backup_shard_opts(cdc_archive *a, const char *shard, const char *uri, co
 							  so.collection_version);
 					BSON_APPEND_INT64(&e, "shardVersion", so.shard_version);
 				}
+				bson_t ix;
+				BSON_APPEND_ARRAY_BEGIN(&e, "indexes", &ix);
+				rc = list_indexes(c, dbs[d], colls[d][i], &ix, err, errlen);
+				bson_append_array_end(&e, &ix);
 				bson_append_document_end(&arr, &e);
 				free(ns);
 				docs += so.count;

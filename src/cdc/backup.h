@@ -7,7 +7,7 @@
  *                                          commit point): {id, shard, startedAt, headTs,
  *                                          headWall, collections: [{ns, object, atOplogTs,
  *                                          atWall, count, bytes, sha256, ownedOnly,
- *                                          collectionVersion, shardVersion}], finishedAt,
+ *                                          collectionVersion, shardVersion, indexes}], finishedAt,
  *                                          documents, bytes, importLatencyMS,
  *                                          throttledMS}
  * <id> is the start time "YYYYMMDDTHHMMSS.mmmZ" (UTC; sorts as time). Used by

@@ -245,7 +245,7 @@ bool px_get_bool(const bson_t *d, const char *name, bool def)
 }
 
 /* True when doc uses server-side JavaScript ($where, $function, $accumulator). */
-bool px_uses_js(const bson_t *doc, int depth)
+static bool uses_js(const bson_t *doc, int depth, bool code_values)
 {
 	bson_iter_t it;
 
@@ -256,7 +256,7 @@ bool px_uses_js(const bson_t *doc, int depth)
 		if (strcmp(k, "$where") == 0 || strcmp(k, "$function") == 0 ||
 		    strcmp(k, "$accumulator") == 0)
 			return true;
-		if (BSON_ITER_HOLDS_CODE(&it) || BSON_ITER_HOLDS_CODEWSCOPE(&it))
+		if (code_values && (BSON_ITER_HOLDS_CODE(&it) || BSON_ITER_HOLDS_CODEWSCOPE(&it)))
 			return true;
 		if (BSON_ITER_HOLDS_DOCUMENT(&it) || BSON_ITER_HOLDS_ARRAY(&it)) {
 			uint32_t len;
@@ -266,11 +266,22 @@ bool px_uses_js(const bson_t *doc, int depth)
 				bson_iter_document(&it, &len, &data);
 			else
 				bson_iter_array(&it, &len, &data);
-			if (bson_init_static(&sub, data, len) && px_uses_js(&sub, depth + 1))
+			if (bson_init_static(&sub, data, len) &&
+			    uses_js(&sub, depth + 1, code_values))
 				return true;
 		}
 	}
 	return false;
+}
+
+bool px_uses_js(const bson_t *doc, int depth)
+{
+	return uses_js(doc, depth, true);
+}
+
+bool px_uses_js_ops(const bson_t *doc)
+{
+	return uses_js(doc, 0, false);
 }
 
 bool px_refuse_js(ctx *c, const bson_t *doc)

@@ -125,6 +125,10 @@ bool px_client_int(ctx *c, const char *name, int64_t lo, int64_t hi, int64_t def
 bool px_get_bool(const bson_t *d, const char *name, bool def);
 /* True when doc uses server-side JavaScript ($where, $function, $accumulator, code). */
 bool px_uses_js(const bson_t *doc, int depth);
+/* True when doc uses a server-side JavaScript operator ($where, $function, $accumulator)
+ * anywhere; JavaScript code values are data here (a document may hold them: update and
+ * replacement documents). */
+bool px_uses_js_ops(const bson_t *doc);
 /* When doc uses server-side JavaScript: answers BadValue (2) and returns true. */
 bool px_refuse_js(ctx *c, const bson_t *doc);
 

@@ -1217,9 +1217,35 @@ void px_do_write(ctx *c, bool is_update)
 		return;
 	}
 	if (rc->nkeys == 0) {
+		bson_iter_t si;
 		route_coll_unref(rc);
-		if (px_refuse_js(c, &stmts))
-			return;
+		/* the filters are queries (no JavaScript in them at all); the update or
+		 * replacement documents may hold JavaScript code values as data, not operators */
+		if (bson_iter_init(&si, &stmts))
+			while (bson_iter_next(&si)) {
+				bson_t st, part;
+				bson_iter_t ui;
+				uint32_t len;
+				const uint8_t *data;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&si))
+					continue;
+				bson_iter_document(&si, &len, &data);
+				if (!bson_init_static(&st, data, len))
+					continue;
+				if (px_get_doc(&st, "q", &part) && px_refuse_js(c, &part))
+					return;
+				if (!bson_iter_init_find(&ui, &st, "u") ||
+				    !(BSON_ITER_HOLDS_DOCUMENT(&ui) || BSON_ITER_HOLDS_ARRAY(&ui)))
+					continue;
+				if (BSON_ITER_HOLDS_DOCUMENT(&ui))
+					bson_iter_document(&ui, &len, &data);
+				else
+					bson_iter_array(&ui, &len, &data);
+				if (bson_init_static(&part, data, len) && px_uses_js_ops(&part)) {
+					px_refuse_js(c, &part);
+					return;
+				}
+			}
 		px_forward_primary(c);
 		return;
 	}

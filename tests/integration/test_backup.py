@@ -13,6 +13,7 @@ import threading
 import time
 
 import bson
+import pymongo
 import pytest
 
 from cdc_helpers import CdcCluster
@@ -276,6 +277,8 @@ def test_rebuild_a_lost_shard_from_its_backup_and_the_cdc_log(cl, tmp_path):
     c = cl.shard_client("shard-a")
     c.db1.a.insert_many([{"_id": i, "x": "a" * (i % 50)} for i in range(300)])
     c.db2.b.insert_many([{"_id": i, "d": {"y": [i, None, 1.5]}} for i in range(50)])
+    c.db4.u.insert_many([{"_id": i, "email": f"e{i}@x"} for i in range(10)])
+    c.db4.u.create_index("email", unique=True, name="email_u")
     ctl(cl, "backup", "create", "--all")
     c.db1.a.insert_many([{"_id": 1000 + i} for i in range(100)])
     c.db1.a.delete_many({"_id": {"$lt": 10}})
@@ -288,13 +291,14 @@ def test_rebuild_a_lost_shard_from_its_backup_and_the_cdc_log(cl, tmp_path):
     c.db1.a.update_many({"_id": {"$gte": 20, "$lt": 30}}, {"$set": {"x": "after commands"}})
     t = now_ms()
     want = {ns: sorted(c[ns.split(".")[0]][ns.split(".")[1]].find(), key=lambda d: d["_id"])
-            for ns in ("db1.a", "db2.b", "db3.new", "db1.other")}
+            for ns in ("db1.a", "db2.b", "db3.new", "db1.other", "db4.u")}
     cl.wait_published(co, "shard-a")
     tt = f"{t // 1000}.{t % 1000:03d}"
-    r = ctl(cl, "restore", "--shard=shard-a", f"--to-time={tt}", "--to-shard=shard-a",
-            "--dry-run")
+    # a dry run without a target: the plan (with the live shard as the target it would be
+    # refused: its collections hold documents)
+    r = ctl(cl, "restore", "--shard=shard-a", f"--to-time={tt}", "--dry-run")
     out = r.stdout.decode()
-    assert "dry run: would restore shard shard-a" in out and "4 collections" in out, out
+    assert "dry run: would restore shard shard-a" in out and "5 collections" in out, out
     # the disk is lost: the shard comes back empty at the same address
     p = cl.shard_procs["shard-a"]
     p.kill()
@@ -313,14 +317,20 @@ def test_rebuild_a_lost_shard_from_its_backup_and_the_cdc_log(cl, tmp_path):
     assert r.returncode == 1 and b"outside the available range" in r.stderr, r.stderr
     r = ctl(cl, "restore", "--shard=shard-a", "--to-time=latest", "--to-shard=shard-a")
     out = r.stdout.decode()
-    assert "restored shard shard-a" in out and out.count("verified") == 4, out
+    assert "restored shard shard-a" in out and out.count("verified") == 5, out
     for ns, docs in want.items():
         db, coll = ns.split(".")
         assert sorted(c[db][coll].find(), key=lambda d: d["_id"]) == docs, ns
-    # a second run finds the collections live: never over live data
-    r = ctl(cl, "restore", "--shard=shard-a", "--to-time=latest", "--to-shard=shard-a",
-            check=False)
-    assert r.returncode == 1 and b"never writes over live data" in r.stderr, r.stderr
+    # the backup's indexes are back (after the documents, as mongorestore), and enforced
+    ix = {i["name"]: i for i in c.db4.u.list_indexes()}
+    assert ix["email_u"]["key"] == {"email": 1} and ix["email_u"].get("unique") is True, ix
+    with pytest.raises(pymongo.errors.DuplicateKeyError):
+        c.db4.u.insert_one({"_id": 99, "email": "e3@x"})
+    # a second run finds the collections live: never over live data, also in a dry run
+    for extra in ([], ["--dry-run"]):
+        r = ctl(cl, "restore", "--shard=shard-a", "--to-time=latest", "--to-shard=shard-a",
+                *extra, check=False)
+        assert r.returncode == 1 and b"never writes over live data" in r.stderr, r.stderr
     # one collection, restored onto the shard directly under another name
     r = ctl(cl, "restore", "db2.b", "--to-time=latest", "--to-shard=shard-a", "--into=db2.b2")
     assert sorted(c.db2.b2.find(), key=lambda d: d["_id"]) == want["db2.b"]

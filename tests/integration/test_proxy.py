@@ -183,6 +183,31 @@ def test_unsharded_collection_on_primary(cluster):
     assert names == ["_id_", "x_1"]
 
 
+def test_javascript_code_values_are_data_but_js_operators_are_refused(cluster):
+    """A document may hold JavaScript code values (BSON types 13 and 15) through every
+    write path, as on mongod; only the server-side JavaScript operators ($where,
+    $function, $accumulator) are refused (BadValue)."""
+    from bson.code import Code
+    c = cluster.proxy_client(0).jsdb.c
+    c.insert_one({"_id": 1, "f": Code("function() { return 1; }")})
+    c.replace_one({"_id": 1}, {"f": Code("x", {"s": 1}), "n": 1})
+    c.update_one({"_id": 2}, {"$set": {"f": Code("y")}}, upsert=True)
+    c.replace_one({"_id": 3}, {"f": Code("z")}, upsert=True)
+    got = {d["_id"]: d["f"] for d in c.find()}
+    assert got == {1: Code("x", {"s": 1}), 2: Code("y"), 3: Code("z")}
+    for bad in ({"$where": "this.n == 1"},
+                {"$expr": {"$function": {"body": "function() { return true; }", "args": [],
+                                         "lang": "js"}}}):
+        with pytest.raises(OperationFailure) as e:
+            c.update_one(bad, {"$set": {"n": 2}})
+        assert e.value.code == 2
+    with pytest.raises(OperationFailure) as e:
+        c.update_one({"_id": 1}, [{"$set": {"n": {"$function": {
+            "body": "function() { return 2; }", "args": [], "lang": "js"}}}}])
+    assert e.value.code == 2
+    assert c.find_one({"_id": 1})["n"] == 1
+
+
 def test_indexes_broadcast_and_aggregate(cluster):
     ranged(cluster)
     c = cluster.proxy_client(0).db.c
