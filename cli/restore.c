@@ -698,6 +698,22 @@ static int migration_overlaps(rs_env *e, const char *ns, int64_t from_ms, int64_
 	return found ? -1 : 0;
 }
 
+/* The position of shard i's oldest event still in its CDC log (archive, else live log)
+ * when older events were dropped by retention (its first offset is not 0), else 0 (the
+ * whole history is there). A backup whose snapshot is older cannot be replayed forward. */
+static int retained_from(rs_env *e, size_t i, uint64_t *out, char *err, size_t errlen)
+{
+	cdc_range live = {0}, ar = {0};
+	int rc = cdc_log_range(e->log, e->shards[i].id, &live, err, errlen);
+	if (rc == 0 && cdc_log_archive(e->log))
+		rc = cdc_archive_range(cdc_log_archive(e->log), e->shards[i].id, &ar, err, errlen);
+	if (rc)
+		return rc;
+	const cdc_range *r = ar.next_offset > ar.first_offset ? &ar : &live;
+	*out = r->first_offset > 0 ? r->first_ts : 0;
+	return 0;
+}
+
 /* newest_ms of shard i, asked once per restore. */
 static int shard_newest(rs_env *e, size_t i, int64_t *out, char *err, size_t errlen)
 {
@@ -755,6 +771,13 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 		plan *p = &plans[i];
 		p->s = &e->shards[i];
 		p->oldest_wall = INT64_MAX;
+		uint64_t kept = 0; /* oldest retained event when older ones were dropped */
+		if ((rc = retained_from(e, i, &kept, r.err, sizeof r.err)) != 0) {
+			fprintf(stderr, "stripedb ctl restore: %s: %s\n", e->shards[i].id, r.err);
+			rc = 1;
+			goto out;
+		}
+		size_t unusable = 0;
 		for (size_t k = 0; k < e->nm; k++) {
 			if (strcmp(e->ms[k].shard, e->shards[i].id) != 0)
 				continue;
@@ -764,6 +787,11 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 			const uint8_t *entry;
 			uint32_t entry_len;
 			point_of(&e->ms[k], r.ns, &at, &wall, &obj, &docs, &entry, &entry_len);
+			if (kept && at < kept) {
+				/* events after its snapshot may be gone (retention): unusable */
+				unusable++;
+				continue;
+			}
 			if (wall < p->oldest_wall)
 				p->oldest_wall = wall;
 			if (wall <= r.to_ms && (p->m == NULL || wall >= p->at_wall)) {
@@ -775,6 +803,16 @@ static int restore_ns(rs_env *e, const char *ns, const char *tdb, const char *tc
 				p->entry = entry;
 				p->entry_len = entry_len;
 			}
+		}
+		if (p->oldest_wall == INT64_MAX && unusable) {
+			fprintf(stderr, "stripedb ctl restore: shard %s: its %zu backups are older than "
+					"its oldest retained CDC event %u:%u (older events were dropped "
+					"by retention): no time can be restored; take a backup (`stripedb "
+					"ctl backup create --all`) and keep --archive-retention longer "
+					"than the backup interval\n",
+				e->shards[i].id, unusable, (unsigned)(kept >> 32), (unsigned)kept);
+			rc = 1;
+			goto out;
 		}
 		if (p->oldest_wall == INT64_MAX) {
 			fprintf(stderr, "stripedb ctl restore: shard %s has no backup in %s (run "

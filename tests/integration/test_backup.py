@@ -575,3 +575,36 @@ def test_backup_refuses_to_commit_when_a_data_object_vanished(cl, tmp_path):
         assert bid not in [b["id"] for b in lst]
         return
     pytest.fail("the writer was never stopped between its two data objects")
+
+
+def test_a_backup_older_than_the_retained_cdc_log_is_not_used(start_role, tmp_path):
+    """Retention dropped the CDC events right after a backup: that backup cannot be
+    replayed forward, so the restore says so (and what to do) instead of offering a range
+    it cannot serve; a backup taken after the drop restores."""
+    cl = CdcCluster(start_role, tmp_path, shards=1)
+    try:
+        co = cl.start_coordinator(f"embedded:{tmp_path}/cdc", extra=[
+            "--cdc-segment-bytes=4096", "--cdc-retention-bytes=8192"])
+        cl.archive = f"file:{tmp_path}/arch"  # backups only: the log has no archive
+        c = cl.shard_client("shard-a")
+        c.db.c.insert_many([{"_id": i, "x": "a" * 100} for i in range(50)])
+        ctl(cl, "backup", "create", "--all")
+        for j in range(20):  # ~200 KB of events: the log's first segments are dropped
+            c.db.c.update_many({}, {"$set": {"j": j}})
+        cl.wait_published(co, "shard-a")
+        r = ctl(cl, "restore", "db.c", "--to-time=latest", f"--uri={shard_uri(cl)}",
+                check=False)
+        assert r.returncode == 1, r.stdout
+        err = r.stderr.decode()
+        assert "older than its oldest retained CDC event" in err and "take a backup" in err, err
+        assert err.count("\n") == 1, err
+        ctl(cl, "backup", "create", "--all")
+        c.db.c.update_one({"_id": 0}, {"$set": {"last": True}})
+        cl.wait_published(co, "shard-a")
+        r = ctl(cl, "restore", "db.c", "--to-time=latest", f"--uri={shard_uri(cl)}",
+                "--into=db.r")
+        assert "verified" in r.stdout.decode()
+        assert sorted(c.db.r.find(), key=lambda d: d["_id"]) == \
+            sorted(c.db.c.find(), key=lambda d: d["_id"])
+    finally:
+        cl.close()
