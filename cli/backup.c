@@ -167,6 +167,7 @@ int bk_parse_time(const char *s, int64_t *ms)
 	memset(&tm, 0, sizeof tm);
 	const char *p = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
 	int64_t frac = 0;
+	bool iso = p != NULL;
 	if (p) {
 		*ms = (int64_t)timegm(&tm) * 1000;
 	} else {
@@ -186,8 +187,8 @@ int bk_parse_time(const char *s, int64_t *ms)
 		while (digits++ < 3)
 			frac *= 10;
 	}
-	if (*p == 'Z')
-		p++;
+	if (iso && *p++ != 'Z') /* UTC said explicitly: a time without a zone is ambiguous */
+		return -1;
 	if (*p)
 		return -1;
 	*ms += frac;
@@ -624,6 +625,9 @@ int cli_backup_main(cli_ctx *ctx, int argc, char **argv)
 				       "flags");
 	if ((o.all || o.import_latency || o.progress) && strcmp(o.pos[0], "create") != 0)
 		return bk_usage("backup", "--all, --import-latency-ms and --progress are create flags");
+	if (o.all && o.shard)
+		return bk_usage("backup", "--all and --shard exclude each other: back up every "
+					  "shard or one");
 	if (strcmp(o.pos[0], "create") == 0)
 		return cmd_create(ctx, &o);
 	if (strcmp(o.pos[0], "list") == 0)

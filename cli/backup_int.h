@@ -62,7 +62,8 @@ cdc_log_opts bk_log_opts(const bk_opts *o);
 /* Format epoch ms as "YYYY-MM-DDTHH:MM:SS.mmmZ" into buf (>= 25 bytes). */
 void bk_fmt_ms(int64_t ms, char *buf, size_t n);
 
-/* Parse a time: "YYYY-MM-DDTHH:MM:SS[.mmm][Z]" (UTC) or epoch seconds[.mmm] into epoch ms.
+/* Parse a time: "YYYY-MM-DDTHH:MM:SS[.mmm]Z" (UTC, the Z required) or epoch seconds[.mmm]
+ * into epoch ms.
  * 0, or -1 when it is neither. */
 int bk_parse_time(const char *s, int64_t *ms);
 

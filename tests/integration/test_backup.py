@@ -256,6 +256,8 @@ def test_flags_of_another_command_are_refused(cl, tmp_path):
                  ["backup", "list", "--all"],
                  ["backup", "create", "--all", "--to-time=1"],
                  ["backup", "create", "--all", "--to-shard=shard-a"],
+                 ["backup", "create", "--all", "--shard=shard-a"],
+                 ["restore", "db.c", "--to-time=2026-12-02T10:32:00", "--dry-run"],
                  ["restore", "--shard=shard-a", "--to-time=1", "--into=db.x",
                   "--to-shard=shard-a"],
                  ["restore", "db.c", "--to-time=1", "--to-shard=shard-a",
