@@ -14,7 +14,10 @@
  *   config.changelog    {_id: migration id, server: "coordinator", shard, time: Date, what,
  *                       ns, details: {min, max, from, to, migration, state}}: one entry per
  *                       migration record, what = moveChunk.commit (complete), moveChunk.error
- *                       (aborted, rolled back) or moveChunk.start (still running)
+ *                       (aborted, rolled back) or moveChunk.start (still running); an
+ *                       ended one also as the donor's {_id: "<id>-from", what:
+ *                       "moveChunk.from", details: {from, to, chunk, migration, note:
+ *                       "success" | "aborted", errmsg?}}, which sh.status() counts
  *   config.mongos       {_id: "host:port", advisoryHostFQDNs: [], mongoVersion, ping: Date,
  *                       up: seconds since the proxy started, waiting: true}   listProxies
  *                       (each proxy pings metadata every 10 s from cluster op version 3;
@@ -329,6 +332,35 @@ static void add_migration(const bson_t *m, void *arg)
 		BSON_APPEND_UTF8(&det, "state", state);
 		BSON_APPEND_DATE_TIME(&det, "started", px_get_int(m, "createdMS", 0));
 		bson_append_document_end(d, &det);
+		if (mig_ended(state)) {
+			/* the donor's own entry, which sh.status() counts under "Migration
+			 * results for the last 24 hours": details.note "success", else errmsg */
+			bson_t *f = bson_new(), fd;
+			char fid[300];
+			bson_t stats;
+			const char *why = px_get_doc(m, "stats", &stats) ? str_of(&stats, "error")
+									  : NULL;
+			snprintf(fid, sizeof fid, "%s-from", id);
+			BSON_APPEND_UTF8(f, "_id", fid);
+			BSON_APPEND_UTF8(f, "server", "coordinator");
+			BSON_APPEND_UTF8(f, "shard", from ? from : "");
+			BSON_APPEND_DATE_TIME(f, "time", px_get_int(m, "updatedMS", 0));
+			BSON_APPEND_UTF8(f, "what", "moveChunk.from");
+			BSON_APPEND_UTF8(f, "ns", ns);
+			BSON_APPEND_DOCUMENT_BEGIN(f, "details", &fd);
+			BSON_APPEND_UTF8(&fd, "from", from ? from : "");
+			BSON_APPEND_UTF8(&fd, "to", to ? to : "");
+			BSON_APPEND_INT64(&fd, "chunk", nid);
+			BSON_APPEND_UTF8(&fd, "migration", id);
+			if (strcmp(state, "complete") == 0) {
+				BSON_APPEND_UTF8(&fd, "note", "success");
+			} else {
+				BSON_APPEND_UTF8(&fd, "note", "aborted");
+				BSON_APPEND_UTF8(&fd, "errmsg", why ? why : state);
+			}
+			bson_append_document_end(f, &fd);
+			dl_push(a->l, f);
+		}
 	} else {
 		BSON_APPEND_UTF8(d, "ns", ns);
 		if (nid)

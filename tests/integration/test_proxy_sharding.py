@@ -714,6 +714,10 @@ def test_remove_shard_drains_it_through_migrations(start_role, tmp_path):
         log = list(p.config.changelog.find({"ns": "dr.c", "what": "moveChunk.commit"}))
         assert len(log) >= len(owned)
         assert all(e["details"]["from"] == victim and e["shard"] == victim for e in log)
+        # the donor's entries sh.status() counts ("Migration results for the last 24 hours")
+        ok = list(p.config.changelog.find({"ns": "dr.c", "what": "moveChunk.from",
+                                          "details.note": "success"}))
+        assert len(ok) == len(log) and all(e["_id"].endswith("-from") for e in ok)
         assert "migrations" in p.config.list_collection_names()
     finally:
         cl.close()
