@@ -29,6 +29,14 @@ static int64_t sat_add(int64_t a, int64_t b)
 	return r;
 }
 
+static int64_t sat_mul(int64_t a, int64_t b)
+{
+	int64_t r;
+	if (__builtin_mul_overflow(a, b, &r))
+		return (a < 0) != (b < 0) ? INT64_MIN : INT64_MAX;
+	return r;
+}
+
 static int64_t sat_sub(int64_t a, int64_t b)
 {
 	int64_t r;
@@ -98,31 +106,32 @@ int rl_gregorian_bounds(int64_t now, int64_t interval, int64_t *start, int64_t *
 
 	switch (interval) {
 	case RL_GREGORIAN_MINUTES:
-		*start = floor_div(now, MS_MINUTE) * MS_MINUTE;
-		*end = *start + MS_MINUTE;
+		*start = sat_mul(floor_div(now, MS_MINUTE), MS_MINUTE);
+		*end = sat_add(*start, MS_MINUTE);
 		return 0;
 	case RL_GREGORIAN_HOURS:
-		*start = floor_div(now, MS_HOUR) * MS_HOUR;
-		*end = *start + MS_HOUR;
+		*start = sat_mul(floor_div(now, MS_HOUR), MS_HOUR);
+		*end = sat_add(*start, MS_HOUR);
 		return 0;
 	case RL_GREGORIAN_DAYS:
-		*start = floor_div(now, MS_DAY) * MS_DAY;
-		*end = *start + MS_DAY;
+		*start = sat_mul(floor_div(now, MS_DAY), MS_DAY);
+		*end = sat_add(*start, MS_DAY);
 		return 0;
 	case RL_GREGORIAN_MONTHS:
 		/* Gubernator: GregorianDuration subtracts ms from ns for months and years;
 		 * here both ends are real calendar dates, so February is 28 or 29 days. */
 		days = floor_div(now, MS_DAY);
 		rl_civil_from_days(days, &y, &m, &d);
-		*start = rl_days_from_civil(y, m, 1) * MS_DAY;
-		*end = (m == 12 ? rl_days_from_civil(y + 1, 1, 1) : rl_days_from_civil(y, m + 1, 1)) *
-		       MS_DAY;
+		*start = sat_mul(rl_days_from_civil(y, m, 1), MS_DAY);
+		*end = sat_mul(m == 12 ? rl_days_from_civil(y + 1, 1, 1)
+				       : rl_days_from_civil(y, m + 1, 1),
+			       MS_DAY);
 		return 0;
 	case RL_GREGORIAN_YEARS:
 		days = floor_div(now, MS_DAY);
 		rl_civil_from_days(days, &y, &m, &d);
-		*start = rl_days_from_civil(y, 1, 1) * MS_DAY;
-		*end = rl_days_from_civil(y + 1, 1, 1) * MS_DAY;
+		*start = sat_mul(rl_days_from_civil(y, 1, 1), MS_DAY);
+		*end = sat_mul(rl_days_from_civil(y + 1, 1, 1), MS_DAY);
 		return 0;
 	default: /* RL_GREGORIAN_WEEKS and anything else */
 		return SDB_EINVAL;

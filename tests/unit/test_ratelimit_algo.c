@@ -358,6 +358,18 @@ static void test_gregorian_bounds(void **state)
 	assert_int_equal(s, INT64_C(-2206310400000));
 	assert_int_equal(e, INT64_C(-2203891200000));
 	assert_int_equal(e - s, INT64_C(28) * 86400000);
+	/* the request's clock comes from the network: at the ends of int64 the interval
+	 * saturates instead of overflowing (found by fuzz_ratelimit_pb) */
+	static const int64_t ivs[] = {RL_GREGORIAN_MINUTES, RL_GREGORIAN_HOURS, RL_GREGORIAN_DAYS,
+				      RL_GREGORIAN_MONTHS, RL_GREGORIAN_YEARS};
+	for (size_t i = 0; i < sizeof(ivs) / sizeof(ivs[0]); i++) {
+		assert_int_equal(rl_gregorian_bounds(INT64_MAX, ivs[i], &s, &e), 0);
+		assert_true(s <= e && e == INT64_MAX);
+		assert_int_equal(rl_gregorian_bounds(INT64_C(9223372036854720000), ivs[i], &s, &e), 0);
+		assert_true(s <= INT64_C(9223372036854720000) && e == INT64_MAX);
+		assert_int_equal(rl_gregorian_bounds(INT64_MIN, ivs[i], &s, &e), 0);
+		assert_true(s == INT64_MIN && e > INT64_MIN);
+	}
 	/* weeks and unknown values are refused */
 	assert_int_equal(rl_gregorian_bounds(now, RL_GREGORIAN_WEEKS, &s, &e), SDB_EINVAL);
 	assert_int_equal(rl_gregorian_bounds(now, 6, &s, &e), SDB_EINVAL);
