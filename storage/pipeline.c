@@ -4,7 +4,8 @@
  * stage before it, down to the store's input iterator. Documents travel between stages
  * as heap bson_t (bson_new/bson_copy give libbson's 128-byte alignment). Expressions are
  * compiled once into a tree and evaluated into docbuild nodes (NULL meaning "missing";
- * pipeline_expr.c), projections are pipeline_project.c.
+ * pipeline_expr.c); $project, $unset and $addFields/$set are compiled by the projection engine
+ * that find projections use too (projection.h).
  *
  * Why this file is over 1,500 lines: stage parsing, pushdown, the pull cursor and the
  * blocking stages ($sort, $group, $unwind) share the cursor's private state (sdb_pipeline_
@@ -13,6 +14,7 @@
  */
 #include "storage/pipeline.h"
 #include "storage/pipeline_int.h"
+#include "storage/projection.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -33,9 +35,7 @@
 
 typedef enum {
 	S_MATCH = 0,
-	S_PROJECT_INCL,
-	S_PROJECT_EXCL,
-	S_ADDFIELDS,
+	S_PROJECT, /* $project, $unset, $addFields/$set, $count's _id removal (projection.h) */
 	S_SORT,
 	S_LIMIT,
 	S_SKIP,
@@ -66,7 +66,7 @@ typedef struct stage {
 	skind kind;
 	bson_t *spec;     /* a copy of the stage's argument (for pushdown) */
 	sdb_matcher *m;   /* $match */
-	pnode *proj;      /* $project/$addFields/$unset */
+	sdb_projection *proj; /* S_PROJECT */
 	sdb_sortspec *sort;
 	int64_t n;        /* $limit/$skip; $sort: top-k bound from a following $limit (0 = none) */
 	expr *id;         /* $group _id, $replaceRoot newRoot */
@@ -92,7 +92,7 @@ static void stage_clear(stage *s)
 	if (s->m != NULL) {
 		sdb_matcher_free(s->m);
 	}
-	agg_pnode_free(s->proj);
+	sdb_projection_free(s->proj);
 	if (s->sort != NULL) {
 		sdb_sortspec_free(s->sort);
 	}
@@ -391,72 +391,50 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 	}
 	if (strcmp(name, "$project") == 0 || strcmp(name, "$addFields") == 0 ||
 	    strcmp(name, "$set") == 0) {
-		pctx pc = {0};
-		stage *s;
+		const bool addfields = name[1] != 'p';
 
-		pc.addfields = name[1] != 'p';
 		if (!iter_doc(&it, &spec)) {
-			return efail(e, pc.addfields ? 40272 : 15969, "%s specification must be an object", name);
+			return efail(e, addfields ? 40272 : 15969, "%s specification must be an object", name);
 		}
 		if (bson_empty(&spec)) {
-			return efail(e, pc.addfields ? 40177 : 51272,
-				     pc.addfields ? "Invalid %s :: caused by :: specification must have at least one field"
-						  : "Invalid %s :: caused by :: projection specification must have at least one field",
+			return efail(e, addfields ? 40177 : 51272,
+				     addfields ? "Invalid %s :: caused by :: specification must have at least one field"
+					       : "Invalid %s :: caused by :: projection specification must have at least one field",
 				     name);
 		}
-		s = add_stage(p, pc.addfields ? S_ADDFIELDS : S_PROJECT_INCL);
-		s->proj = sdb_calloc(1, sizeof *s->proj);
-		s->proj->name = sdb_strdup("");
-		rc = agg_pspec_parse(s->proj, &spec, "", &pc, e);
-		if (rc != 0) {
-			return rc;
-		}
-		if (!pc.addfields) {
-			if (pc.mode < 0 || (pc.mode == 0 && pc.id_set &&
-					    agg_pnode_child(s->proj, "_id", 3)->kind == P_EXCLUDE)) {
-				s->kind = S_PROJECT_EXCL;
-			} else if (!pc.id_set) {
-				pnode *id = agg_pnode_add(s->proj, "_id", 3);
-
-				id->kind = P_INCLUDE;
-			}
-		}
-		return 0;
+		return sdb_projection_new_kind(&spec,
+					       addfields ? SDB_PROJECTION_ADD_FIELDS : SDB_PROJECTION_PROJECT,
+					       &add_stage(p, S_PROJECT)->proj, e->code, e->err, e->errlen);
 	}
 	if (strcmp(name, "$unset") == 0) {
-		stage *s = add_stage(p, S_PROJECT_EXCL);
-		pnode *leaf;
+		/* {$project: {path: 0, ...}} */
+		bson_t excl = BSON_INITIALIZER;
 
-		s->proj = sdb_calloc(1, sizeof *s->proj);
-		s->proj->name = sdb_strdup("");
 		if (BSON_ITER_HOLDS_UTF8(&it)) {
-			rc = agg_pnode_put(s->proj, bson_iter_utf8(&it, NULL), bson_iter_utf8(&it, NULL), &leaf, e);
-			if (rc == 0) {
-				leaf->kind = P_EXCLUDE;
-			}
-			return rc;
-		}
-		if (BSON_ITER_HOLDS_ARRAY(&it)) {
+			BSON_APPEND_INT32(&excl, bson_iter_utf8(&it, NULL), 0);
+		} else if (BSON_ITER_HOLDS_ARRAY(&it)) {
 			bson_iter_t sub;
-			bool any = false;
 
 			bson_iter_recurse(&it, &sub);
-			while (rc == 0 && bson_iter_next(&sub)) {
+			while (bson_iter_next(&sub)) {
 				if (!BSON_ITER_HOLDS_UTF8(&sub)) {
+					bson_destroy(&excl);
 					return efail(e, 31120, "$unset specification must be a string or an array containing only string values");
 				}
-				any = true;
-				rc = agg_pnode_put(s->proj, bson_iter_utf8(&sub, NULL), bson_iter_utf8(&sub, NULL), &leaf, e);
-				if (rc == 0) {
-					leaf->kind = P_EXCLUDE;
-				}
+				BSON_APPEND_INT32(&excl, bson_iter_utf8(&sub, NULL), 0);
 			}
-			if (rc == 0 && !any) {
+			if (bson_empty(&excl)) {
+				bson_destroy(&excl);
 				return efail(e, 31119, "$unset specification must be a string or an array with at least one field");
 			}
-			return rc;
+		} else {
+			bson_destroy(&excl);
+			return efail(e, 31002, "$unset specification must be a string or an array");
 		}
-		return efail(e, 31002, "$unset specification must be a string or an array");
+		rc = sdb_projection_new_kind(&excl, SDB_PROJECTION_PROJECT, &add_stage(p, S_PROJECT)->proj,
+					     e->code, e->err, e->errlen);
+		bson_destroy(&excl);
+		return rc;
 	}
 	if (strcmp(name, "$sort") == 0) {
 		return parse_sort(p, &it, e);
@@ -489,11 +467,16 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		s->n_accs = 1;
 		s->accs[0].name = field;
 		s->accs[0].kind = A_COUNT;
-		s = add_stage(p, S_PROJECT_EXCL);
-		s->proj = sdb_calloc(1, sizeof *s->proj);
-		s->proj->name = sdb_strdup("");
-		agg_pnode_add(s->proj, "_id", 3)->kind = P_EXCLUDE;
-		return 0;
+		{
+			bson_t no_id = BSON_INITIALIZER;
+
+			BSON_APPEND_INT32(&no_id, "_id", 0);
+			rc = sdb_projection_new_kind(&no_id, SDB_PROJECTION_PROJECT,
+						     &add_stage(p, S_PROJECT)->proj, e->code, e->err,
+						     e->errlen);
+			bson_destroy(&no_id);
+		}
+		return rc;
 	}
 	if (strcmp(name, "$sortByCount") == 0) {
 		/* {$group: {_id: EXPR, count: {$sum: 1}}}, {$sort: {count: -1}} */
@@ -1270,6 +1253,24 @@ static bson_t *group_emit(const stage *st, stage_state *s)
 	return out;
 }
 
+void agg_set_field(docbuild_node *doc, const char *name, docbuild_node *v)
+{
+	size_t idx;
+
+	if (docbuild_field(doc, name, strlen(name), &idx) != NULL) {
+		if (v == NULL) {
+			docbuild_free(docbuild_take(doc, idx));
+		} else {
+			docbuild_replace(doc, idx, v);
+		}
+		return;
+	}
+	if (v != NULL) {
+		docbuild_set_key(v, name);
+		docbuild_push(doc, v);
+	}
+}
+
 /* ---- $unwind ---- */
 
 static void set_path(docbuild_node *doc, const char *path, docbuild_node *v)
@@ -1474,27 +1475,17 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 			}
 			*doc = in;
 			return 0;
-		case S_PROJECT_INCL:
-		case S_PROJECT_EXCL:
-		case S_ADDFIELDS: {
-			docbuild_node *d = docbuild_from_bson(in), *r = NULL;
+		case S_PROJECT: {
+			bson_t *r = bson_new();
 
-			rc = 0;
-			if (st->kind == S_PROJECT_INCL) {
-				rc = agg_p_include(st->proj, d, in, &r, e);
-				docbuild_free(d);
-				d = r;
-			} else if (st->kind == S_PROJECT_EXCL) {
-				agg_p_exclude(st->proj, d);
-			} else {
-				rc = agg_p_addfields(st->proj, d, in, e);
-			}
-			if (rc == 0) {
-				*doc = node_to_heap(d);
-			}
-			docbuild_free(d);
+			rc = sdb_projection_eval(st->proj, in, r, e->code, e->err, e->errlen);
 			bson_destroy(in);
-			return rc;
+			if (rc != 0) {
+				bson_destroy(r);
+				return rc;
+			}
+			*doc = r;
+			return 0;
 		}
 		case S_REPLACE_ROOT: {
 			docbuild_node *v = NULL;

@@ -1,7 +1,8 @@
 /* Internals of the aggregation pipeline engine shared by its stages (pipeline.c), its
- * expression language (pipeline_expr.c) and its projections (pipeline_project.c): error context, value constructors and
+ * expression language (pipeline_expr.c) and the projection engine's computed fields
+ * (projection.c): error context, value constructors and
  * comparisons over docbuild nodes (NULL meaning "missing"), and the compiled expression
- * tree. Not for use outside storage/pipeline*.c. */
+ * tree. Not for use outside storage/pipeline*.c and storage/projection.c. */
 #ifndef SDB_STORAGE_PIPELINE_INT_H
 #define SDB_STORAGE_PIPELINE_INT_H
 
@@ -283,52 +284,8 @@ void agg_expr_free(expr *x);
  * with MongoDB's message in e. */
 int agg_field_path_ok(const char *p, const ectx *e);
 
-/* ---- projection trees ($project, $addFields, $unset; pipeline_project.c) ---------------- */
-
-typedef enum { P_SUB = 0, P_INCLUDE, P_EXCLUDE, P_EXPR } pkind;
-
-typedef struct pnode pnode;
-struct pnode {
-	char *name;
-	pkind kind;
-	expr *x;
-	pnode **kids;
-	size_t n;
-};
-
-/* How a projection spec is read: $addFields/$set (every value an expression) or $project
- * (inclusion or exclusion, decided by the first non-_id field). */
-typedef struct {
-	bool addfields; /* $addFields/$set: every value is an expression */
-	int mode;       /* $project: 0 unknown, 1 inclusion, -1 exclusion */
-	bool id_set;
-} pctx;
-
-/* Free the tree p (NULL is fine). */
-void agg_pnode_free(pnode *p);
-
-/* The child of p named name[0..len), or NULL; agg_pnode_add appends a new one. */
-pnode *agg_pnode_child(pnode *p, const char *name, size_t len);
-pnode *agg_pnode_add(pnode *p, const char *name, size_t len);
-
-/* Place a leaf at the dotted path under root (*leaf); full is the path for messages.
- * 0, or SDB_EINVAL (31250 on a path collision) with the message in e. */
-int agg_pnode_put(pnode *root, const char *path, const char *full, pnode **leaf, const ectx *e);
-
-/* Parse a projection spec under root (prefix: the dotted path of spec, "" at the top).
- * 0, or SDB_EINVAL with MongoDB's code and message in e. */
-int agg_pspec_parse(pnode *root, const bson_t *spec, const char *prefix, pctx *pc,
-		    const ectx *e);
-
 /* Set field name of document node doc to v (ownership of v passes to doc; replaces an
  * existing field in place). */
 void agg_set_field(docbuild_node *doc, const char *name, docbuild_node *v);
-
-/* Apply an inclusion projection to in (evaluating expressions against root) into *out; an
- * exclusion projection to d in place; $addFields to d in place. 0 or SDB_EINVAL (e). */
-int agg_p_include(const pnode *spec, const docbuild_node *in, const bson_t *root,
-		  docbuild_node **out, const ectx *e);
-void agg_p_exclude(const pnode *spec, docbuild_node *d);
-int agg_p_addfields(const pnode *spec, docbuild_node *d, const bson_t *root, const ectx *e);
 
 #endif

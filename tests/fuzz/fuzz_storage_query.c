@@ -67,11 +67,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			}
 		}
 	}
-	if (sdb_projection_new(&doc, &p, &code, err, sizeof err) == 0) {
-		bson_t out = BSON_INITIALIZER;
-		sdb_projection_apply(p, &target, &out, err, sizeof err);
-		bson_destroy(&out);
-		sdb_projection_free(p);
+	/* the projection engine, as find, $project and $addFields */
+	for (int kind = SDB_PROJECTION_FIND; kind <= SDB_PROJECTION_ADD_FIELDS; kind++) {
+		if (sdb_projection_new_kind(&doc, (sdb_projection_kind)kind, &p, &code, err,
+					    sizeof err) == 0) {
+			bson_t out = BSON_INITIALIZER;
+			sdb_projection_eval(p, &target, &out, &code, err, sizeof err);
+			bson_destroy(&out);
+			sdb_projection_free(p);
+		}
 	}
 	if (sdb_sortspec_parse(&doc, &s, &code, err, sizeof err) == 0) {
 		sdb_key k; sdb_key_init(&k);

@@ -1,5 +1,6 @@
-/* Unit tests of storage/projection.c: inclusion/exclusion with _id rules, dotted paths
- * through arrays, $slice, $elemMatch, and MongoDB's error codes. Results are compared as
+/* Unit tests of storage/projection.c, the one projection engine: find's inclusion/exclusion
+ * with _id rules, dotted paths through arrays, $slice, $elemMatch; aggregation's $project
+ * and $addFields with computed fields; MongoDB's error codes. Results are compared as
  * canonical extended JSON, so field order and numeric types count. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,7 +36,7 @@ typedef struct pcase {
 	const char *want;
 } pcase;
 
-static void run(const pcase *c, size_t n)
+static void run_kind(const pcase *c, size_t n, sdb_projection_kind kind)
 {
 	for (size_t i = 0; i < n; i++) {
 		bson_t *spec = J(c[i].spec), *doc = J(c[i].doc), *want = J(c[i].want);
@@ -45,9 +46,10 @@ static void run(const pcase *c, size_t n)
 		char err[256] = "";
 		char *g, *w;
 
-		if (sdb_projection_new(spec, &p, &code, err, sizeof err) != 0)
+		if (sdb_projection_new_kind(spec, kind, &p, &code, err, sizeof err) != 0)
 			fail_msg("projection %s: %d %s", c[i].spec, code, err);
-		assert_int_equal(sdb_projection_apply(p, doc, &out, err, sizeof err), 0);
+		if (sdb_projection_eval(p, doc, &out, &code, err, sizeof err) != 0)
+			fail_msg("projection %s of %s: %d %s", c[i].spec, c[i].doc, code, err);
 		g = bson_as_canonical_extended_json(&out, NULL);
 		w = bson_as_canonical_extended_json(want, NULL);
 		if (strcmp(g, w) != 0)
@@ -62,7 +64,8 @@ static void run(const pcase *c, size_t n)
 	}
 }
 
-#define RUN(cases) run(cases, sizeof cases / sizeof cases[0])
+#define RUN(cases) run_kind(cases, sizeof cases / sizeof cases[0], SDB_PROJECTION_FIND)
+#define RUN_AS(kind, cases) run_kind(cases, sizeof cases / sizeof cases[0], kind)
 
 static const char *const inventory =
 	"{'_id': 1, 'item': 'journal', 'status': 'A', 'size': {'h': 14, 'w': 21, 'uom': 'cm'}, "
@@ -195,10 +198,10 @@ static void test_errors(void **state)
 		 "Cannot use $elemMatch projection on a nested field."},
 		{"{'a': {'$elemMatch': 1}}", 2, "elemMatch: Invalid argument, object required."},
 		{"{'a': {'$elemMatch': {'$bad': 1}}}", 2, "unknown operator: $bad"},
-		{"{'$a': 1}", 2,
+		{"{'$a': 1}", 16410,
 		 "FieldPath field names may not start with '$'. Consider using $getField or "
 		 "$setField."},
-		{"{'a..b': 1}", 2, "FieldPath field names may not be empty strings."},
+		{"{'a..b': 1}", 40352, "FieldPath field names may not be empty strings."},
 	};
 
 	(void)state;
@@ -248,6 +251,114 @@ static void test_mode(void **state)
 	}
 }
 
+/* The aggregation kinds: computed fields, their order, and paths through scalars, missing
+ * fields and arrays (MongoDB's inclusion_node / add_fields semantics). */
+static void test_aggregation(void **state)
+{
+	const pcase project[] = {
+		/* computed fields after the included ones, in specification order */
+		{"{'c': {'$add': ['$a', 1]}, 'b': 1}", "{'_id': 1, 'a': 1, 'b': 2, 'c': 3}",
+		 "{'_id': 1, 'b': 2, 'c': 2}"},
+		{"{'_id': 0, 'x': '$a', 'y': 'lit'}", "{'_id': 1, 'a': 5}", "{'x': 5, 'y': 'lit'}"},
+		/* $$REMOVE and a missing path add nothing */
+		{"{'x': '$$REMOVE', 'y': '$nope', 'a': 1}", "{'_id': 1, 'a': 5}", "{'_id': 1, 'a': 5}"},
+		/* a computed path through a scalar or a missing field makes documents */
+		{"{'s.t': 'v'}", "{'_id': 1, 's': 3}", "{'_id': 1, 's': {'t': 'v'}}"},
+		{"{'s': {'t': 'v'}}", "{'_id': 1}", "{'_id': 1, 's': {'t': 'v'}}"},
+		/* through an array: each document gets it, scalars become documents */
+		{"{'a.b': 1, 'a.c': 'k'}", "{'_id': 1, 'a': [{'b': 1, 'z': 0}, 2, [{'b': 3}]]}",
+		 "{'_id': 1, 'a': [{'b': 1, 'c': 'k'}, {'c': 'k'}, [{'b': 3, 'c': 'k'}]]}"},
+		/* exclusion recurses into nested arrays and keeps scalars */
+		{"{'a.b': 0}", "{'_id': 1, 'a': [{'b': 1, 'c': 2}, 3, [{'b': 4, 'd': 5}]]}",
+		 "{'_id': 1, 'a': [{'c': 2}, 3, [{'d': 5}]]}"},
+		{"{'_id': 0}", "{'_id': 1, 'a': 2}", "{'a': 2}"},
+		/* an _id expression is a computed field of an inclusion */
+		{"{'_id': '$a'}", "{'_id': 1, 'a': 2, 'b': 3}", "{'_id': 2}"},
+		{"{'s': {'$size': '$a'}}", "{'_id': 1, 'a': [7, 8]}", "{'_id': 1, 's': 2}"},
+	};
+	const pcase add_fields[] = {
+		/* an existing field is replaced in place, a new one appended */
+		{"{'a': 9, 'z': 1}", "{'_id': 1, 'a': 1, 'b': 2}", "{'_id': 1, 'a': 9, 'b': 2, 'z': 1}"},
+		{"{'e': {}}", "{'_id': 1}", "{'_id': 1, 'e': {}}"},
+		{"{'s.t': '$a'}", "{'_id': 1, 'a': 4, 's': {'u': 1}}",
+		 "{'_id': 1, 'a': 4, 's': {'u': 1, 't': 4}}"},
+		{"{'s.t': 1}", "{'_id': 1, 's': 'x'}", "{'_id': 1, 's': {'t': 1}}"},
+		{"{'s.t': 1}", "{'_id': 1, 's': [{'u': 1}, 2]}",
+		 "{'_id': 1, 's': [{'u': 1, 't': 1}, {'t': 1}]}"},
+		{"{'s.t': '$$REMOVE'}", "{'_id': 1}", "{'_id': 1, 's': {}}"},
+		{"{'_id': 'new'}", "{'_id': 1, 'a': 2}", "{'_id': 'new', 'a': 2}"},
+	};
+
+	(void)state;
+	RUN_AS(SDB_PROJECTION_PROJECT, project);
+	RUN_AS(SDB_PROJECTION_ADD_FIELDS, add_fields);
+}
+
+static void test_aggregation_errors(void **state)
+{
+	static const struct {
+		sdb_projection_kind kind;
+		const char *spec;
+		int code;
+		const char *msg;
+	} cases[] = {
+		{SDB_PROJECTION_PROJECT, "{'a': 0, 'b': '$x'}", 31252,
+		 "Invalid $project :: caused by :: Cannot use expression other than $meta in "
+		 "exclusion projection"},
+		{SDB_PROJECTION_PROJECT, "{'b': '$x', 'a': 0}", 31254,
+		 "Invalid $project :: caused by :: Cannot do exclusion on field a in inclusion "
+		 "projection"},
+		{SDB_PROJECTION_PROJECT, "{'a': 0, 'b': 1}", 31253,
+		 "Invalid $project :: caused by :: Cannot do inclusion on field b in exclusion "
+		 "projection"},
+		{SDB_PROJECTION_PROJECT, "{'a': {}}", 51270,
+		 "An empty sub-projection is not a valid value. Found empty object at path"},
+		{SDB_PROJECTION_PROJECT, "{'a.$': 1}", 16410,
+		 "FieldPath field names may not start with '$'. Consider using $getField or "
+		 "$setField."},
+		{SDB_PROJECTION_ADD_FIELDS, "{'a': 1, 'a.b': 1}", 31250, "Path collision at a.b"},
+		{SDB_PROJECTION_ADD_FIELDS, "{'a': {'$nosuch': 1}}", 168, NULL},
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		bson_t *s = J(cases[i].spec);
+		sdb_projection *p = (sdb_projection *)1;
+		int code = 0;
+		char err[256] = "";
+
+		if (sdb_projection_new_kind(s, cases[i].kind, &p, &code, err, sizeof err) == 0)
+			fail_msg("projection %s compiled", cases[i].spec);
+		assert_null(p);
+		if (code != cases[i].code || (cases[i].msg && strcmp(err, cases[i].msg) != 0))
+			fail_msg("projection %s: got %d '%s', want %d '%s'", cases[i].spec, code, err,
+				 cases[i].code, cases[i].msg ? cases[i].msg : "");
+		bson_destroy(s);
+	}
+}
+
+/* A computed field's evaluation error is the expression's code, from eval. */
+static void test_aggregation_eval_error(void **state)
+{
+	bson_t *spec = J("{'x': {'$divide': [1, '$z']}}"), *doc = J("{'_id': 1, 'z': 0}");
+	bson_t out = BSON_INITIALIZER;
+	sdb_projection *p = NULL;
+	int code = 0;
+	char err[256] = "";
+
+	(void)state;
+	assert_int_equal(sdb_projection_new_kind(spec, SDB_PROJECTION_PROJECT, &p, &code, err,
+						 sizeof err),
+			 0);
+	assert_int_not_equal(sdb_projection_eval(p, doc, &out, &code, err, sizeof err), 0);
+	assert_int_equal(code, 16608); /* MongoDB's "can't $divide by zero" */
+	assert_string_equal(err, "can't $divide by 0");
+	bson_destroy(&out);
+	sdb_projection_free(p);
+	bson_destroy(spec);
+	bson_destroy(doc);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -256,6 +367,9 @@ int main(void)
 		cmocka_unit_test(test_elem_match),
 		cmocka_unit_test(test_errors),
 		cmocka_unit_test(test_mode),
+		cmocka_unit_test(test_aggregation),
+		cmocka_unit_test(test_aggregation_errors),
+		cmocka_unit_test(test_aggregation_eval_error),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
