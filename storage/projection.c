@@ -208,7 +208,7 @@ static bool proj_flag(const bson_iter_t *it, bool *ok)
 }
 
 /* The find-only operators: {path: {$slice: ...}} and {path: {$elemMatch: ...}}; c is on
- * the operator. */
+ * the operator ($slice or $elemMatch). */
 static int add_find_operator(sdb_projection *p, const char *path, bson_iter_t *c,
 			     const ectx *pe)
 {
@@ -216,10 +216,6 @@ static int add_find_operator(sdb_projection *p, const char *path, bson_iter_t *c
 	pnode *n;
 	int rc;
 
-	if (strcmp(op, "$meta") == 0)
-		return efail(pe, 2, "$meta projection is not supported by stripedb");
-	if (strcmp(op, "$slice") != 0 && strcmp(op, "$elemMatch") != 0)
-		return efail(pe, 31325, "Unknown expression %s", op);
 	n = pnode_insert(&p->root, path);
 	if (!n)
 		return efail(pe, 31250, "Path collision at %s", path);
@@ -250,16 +246,13 @@ static int add_find_operator(sdb_projection *p, const char *path, bson_iter_t *c
 	return 0;
 }
 
-/* A computed field (aggregation): the value at it is an expression. */
+/* A computed field: the value at it is an aggregation expression (find takes them too
+ * since MongoDB 4.4). */
 static int add_expr(sdb_projection *p, const char *path, const bson_iter_t *it, const ectx *pe)
 {
 	pnode *n;
 
-	if (p->kind == SDB_PROJECTION_FIND)
-		return efail(pe, 2,
-			     "computed projection fields are not supported by stripedb (field %s)",
-			     path);
-	if (p->kind == SDB_PROJECTION_PROJECT) {
+	if (p->kind != SDB_PROJECTION_ADD_FIELDS) {
 		if (p->mode < 0)
 			return efail(pe, 31252,
 				     "%sCannot use expression other than $meta in exclusion "
@@ -303,7 +296,10 @@ static int add_field(sdb_projection *p, const char *path, const bson_iter_t *it,
 		}
 		if (bson_iter_key(&c)[0] != '$')
 			return add_nested(p, path, it, pe, depth);
-		if (p->kind == SDB_PROJECTION_FIND)
+		if (strcmp(bson_iter_key(&c), "$meta") == 0)
+			return efail(pe, 2, "$meta projection is not supported by stripedb");
+		if (p->kind == SDB_PROJECTION_FIND && (strcmp(bson_iter_key(&c), "$slice") == 0 ||
+						       strcmp(bson_iter_key(&c), "$elemMatch") == 0))
 			return add_find_operator(p, path, &c, pe);
 		return add_expr(p, path, it, pe);
 	}

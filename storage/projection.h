@@ -4,10 +4,10 @@
  * one pass over the input BSON (MongoDB's projection_ast / projection_executor: one engine
  * for both, with find's and aggregation's differences as policies of the kind).
  *
- * Aggregation kinds (SDB_PROJECTION_PROJECT, SDB_PROJECTION_ADD_FIELDS) also take computed
- * fields (any value other than a number/bool flag, or an object whose first key is an
- * operator, is an aggregation expression: storage/pipeline_expr.c); they have no $slice /
- * $elemMatch projection operators (those names are expressions there). Inclusion puts
+ * Every kind takes computed fields (MongoDB 4.4+ find projections too): any value other
+ * than a number/bool flag, or an object whose first key is an operator, is an aggregation
+ * expression (storage/pipeline_expr.c). Only find has the $slice / $elemMatch projection
+ * operators (in aggregation those names are expressions). Inclusion puts
  * computed fields after the included ones in specification order; $addFields replaces an
  * existing field in place and appends new ones; a computed path through a scalar or a
  * missing field makes documents, and through an array applies to each element; nested
@@ -32,19 +32,20 @@
  *   - {a: {$slice: N}} / {$slice: [skip, limit]} (negative counts from the end) on arrays
  *     (non-arrays returned as is); $slice alone keeps every other field (exclusion mode);
  *   - {a: {$elemMatch: cond}}: the first element of the top-level array a matching cond
- *     (storage/matcher.h elem semantics), field left out when none matches.
- * Output field order: the document's own order (MongoDB 4.4+).
+ *     (storage/matcher.h elem semantics), field left out when none matches;
+ *   - computed fields {a: "$b.c", n: {$size: "$arr"}, k: "literal"} in an inclusion.
+ * Output field order: the document's own order (MongoDB 4.4+), computed fields last.
  * Refused with MongoDB codes:
  *   31254 "Cannot do exclusion on field F in inclusion projection"
  *   31253 "Cannot do inclusion on field F in exclusion projection"
  *   31250 "Path collision at F" (e.g. {a: 1, "a.b": 1})
  *   40352 "FieldPath field names may not be empty strings."
  *   16410 a path component starting with '$'
- *   31325 "Unknown expression $foo" (find)
- *   2     BadValue: positional "a.$" projection (not supported by stripedb), $meta,
- *         a literal value other than a number/bool in find (computed fields in find
- *         projections are not supported), a bad $slice argument, $elemMatch on a dotted
- *         path (MongoDB's message "Cannot use $elemMatch projection on a nested field.").
+ *   31252 an expression in an exclusion projection
+ *   168   an unknown expression operator ("Unrecognized expression '$foo'")
+ *   2     BadValue: positional "a.$" projection (not supported by stripedb), $meta
+ *         (not supported by stripedb), a bad $slice argument, $elemMatch on a dotted path
+ *         (MongoDB's message "Cannot use $elemMatch projection on a nested field.").
  */
 #ifndef SDB_STORAGE_PROJECTION_H
 #define SDB_STORAGE_PROJECTION_H

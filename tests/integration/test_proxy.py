@@ -208,6 +208,28 @@ def test_javascript_code_values_are_data_but_js_operators_are_refused(cluster):
     assert c.find_one({"_id": 1})["n"] == 1
 
 
+def test_computed_fields_in_find_projections(cluster):
+    """Find projections take aggregation expressions (MongoDB 4.4+) on a sharded
+    collection (the proxy projects the merged documents) and an unsharded one (the shard
+    projects), and in findAndModify's fields; an expression in an exclusion is refused."""
+    ranged(cluster)
+    db = cluster.proxy_client(0).db
+    docs = [{"_id": i, "k": i * 10, "arr": list(range(i % 4)), "s": {"t": i}} for i in range(30)]
+    db.c.insert_many(docs)
+    db.u.insert_many(docs)
+    proj = {"_id": 0, "k": 1, "n": {"$size": "$arr"}, "t2": {"$multiply": ["$s.t", 2]},
+            "tag": "lit"}
+    want = [{"k": d["k"], "n": len(d["arr"]), "t2": d["s"]["t"] * 2, "tag": "lit"}
+            for d in docs]
+    for coll in (db.c, db.u):
+        assert list(coll.find({}, proj).sort("k", 1)) == want
+    got = db.u.find_one_and_update({"_id": 3}, {"$set": {"x": 1}}, projection=proj)
+    assert got == want[3]
+    with pytest.raises(OperationFailure) as e:
+        list(db.c.find({}, {"k": 0, "n": {"$size": "$arr"}}))
+    assert e.value.code == 31252
+
+
 def test_indexes_broadcast_and_aggregate(cluster):
     ranged(cluster)
     c = cluster.proxy_client(0).db.c

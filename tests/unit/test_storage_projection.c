@@ -188,9 +188,9 @@ static void test_errors(void **state)
 		{"{'a.b': 1, 'a': 1}", 31250, "Path collision at a"},
 		{"{'a.$': 1}", 2,
 		 "positional projection operator $ is not supported by stripedb (field a.$)"},
-		{"{'a': 'x'}", 2,
-		 "computed projection fields are not supported by stripedb (field a)"},
-		{"{'a': {'$foo': 1}}", 31325, "Unknown expression $foo"},
+		{"{'a': {'$foo': 1}}", 168, "Unrecognized expression '$foo'"},
+		{"{'a': 0, 'b': 'x'}", 31252,
+		 "Cannot use expression other than $meta in exclusion projection"},
 		{"{'a': {'$meta': 'textScore'}}", 2, "$meta projection is not supported by stripedb"},
 		{"{'a': {'$slice': 'x'}}", 2, "$slice only supports numbers and [skip, limit] arrays"},
 		{"{'a': {'$slice': [1, 0]}}", 28724, "$slice limit must be positive"},
@@ -253,6 +253,21 @@ static void test_mode(void **state)
 
 /* The aggregation kinds: computed fields, their order, and paths through scalars, missing
  * fields and arrays (MongoDB's inclusion_node / add_fields semantics). */
+/* Find takes computed fields (MongoDB 4.4+) next to its own operators. */
+static void test_find_computed(void **state)
+{
+	const pcase cases[] = {
+		{"{'a': 1, 'k': 'lit', 'n': {'$size': '$arr'}}", "{'_id': 1, 'arr': [1, 2], 'a': 3}",
+		 "{'_id': 1, 'a': 3, 'k': 'lit', 'n': 2}"},
+		{"{'_id': 0, 'x': '$s.t'}", "{'_id': 1, 's': {'t': 7}}", "{'x': 7}"},
+		{"{'arr': {'$slice': 1}, 'y': {'$add': [1, 2]}}", "{'_id': 1, 'arr': [5, 6]}",
+		 "{'_id': 1, 'arr': [5], 'y': 3}"},
+	};
+
+	(void)state;
+	RUN(cases);
+}
+
 static void test_aggregation(void **state)
 {
 	const pcase project[] = {
@@ -367,6 +382,7 @@ int main(void)
 		cmocka_unit_test(test_elem_match),
 		cmocka_unit_test(test_errors),
 		cmocka_unit_test(test_mode),
+		cmocka_unit_test(test_find_computed),
 		cmocka_unit_test(test_aggregation),
 		cmocka_unit_test(test_aggregation_errors),
 		cmocka_unit_test(test_aggregation_eval_error),
