@@ -1,5 +1,6 @@
 /* Query matcher: MongoDB's query language over BSON documents. See matcher.h. */
 #include "storage/matcher.h"
+#include "storage/pipeline.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <math.h>
@@ -26,6 +27,7 @@ typedef enum {
 	N_NOT,     /* kid[0] false */
 	N_FALSE,   /* never ($in: [] style contradictions are expressed by their own op) */
 	N_PATH,    /* a predicate on the values at path (or on the value itself: path NULL) */
+	N_EXPR,    /* $expr: an aggregation expression over the whole document, true or not */
 } node_kind;
 
 typedef enum {
@@ -71,6 +73,7 @@ struct node {
 	bool exists;  /* OP_EXISTS */
 	int64_t size; /* OP_SIZE */
 	sdb_matcher *sub; /* OP_ELEM_OBJECT */
+	sdb_expr *x; /* N_EXPR */
 };
 
 struct sdb_matcher {
@@ -82,6 +85,8 @@ typedef struct perr {
 	int code;
 	char *err;
 	size_t errlen;
+	bool allow_expr; /* SDB_MATCHER_EXPR: $expr is built (else refused) */
+	bool in_elem;    /* parsing an $elemMatch object: $expr is refused there */
 } perr;
 
 static int fail(perr *pe, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -136,6 +141,7 @@ static void node_free(node *n)
 	free(n->in_re);
 	regex_free(&n->re);
 	sdb_matcher_free(n->sub);
+	sdb_expr_free(n->x);
 	free(n);
 }
 
@@ -230,7 +236,16 @@ static bool regex_match(const regex *r, const bson_value_t *v)
 
 /* ---- evaluation ------------------------------------------------------------------- */
 
-static bool eval(const node *n, const bson_t *doc);
+/* One evaluation's $expr context: the whole document and the first error (rc != 0). */
+typedef struct evalctx {
+	const bson_t *root;
+	int rc;
+	int code;
+	char *err;
+	size_t errlen;
+} evalctx;
+
+static bool eval(const node *n, const bson_t *doc, evalctx *ev);
 static bool eval_single(const node *n, const bson_iter_t *v);
 
 static bool is_nan(const bson_value_t *v)
@@ -343,7 +358,7 @@ static bool elem_object_match(const sdb_matcher *sub, const bson_iter_t *e)
 	if (!v->value.v_doc.data ||
 	    !bson_init_static(&doc, v->value.v_doc.data, v->value.v_doc.data_len))
 		return false;
-	return eval(sub->root, &doc);
+	return eval(sub->root, &doc, NULL); /* no $expr inside $elemMatch */
 }
 
 /* A path predicate's test of one present value (from the walk, or an element). */
@@ -445,30 +460,45 @@ static bool eval_path(const node *n, const bson_t *doc)
 	return false;
 }
 
-static bool eval(const node *n, const bson_t *doc)
+static bool eval(const node *n, const bson_t *doc, evalctx *ev)
 {
+	bool t;
+
 	switch (n->kind) {
 	case N_AND:
 		for (size_t i = 0; i < n->nkids; i++)
-			if (!eval(n->kids[i], doc))
+			if (!eval(n->kids[i], doc, ev))
 				return false;
 		return true;
 	case N_OR:
-		for (size_t i = 0; i < n->nkids; i++)
-			if (eval(n->kids[i], doc))
+		for (size_t i = 0; i < n->nkids; i++) {
+			t = eval(n->kids[i], doc, ev);
+			if (ev && ev->rc)
+				return false;
+			if (t)
 				return true;
+		}
 		return false;
 	case N_NOR:
 		for (size_t i = 0; i < n->nkids; i++)
-			if (eval(n->kids[i], doc))
+			if (eval(n->kids[i], doc, ev) || (ev && ev->rc))
 				return false;
 		return true;
 	case N_NOT:
-		return !eval(n->kids[0], doc);
+		t = eval(n->kids[0], doc, ev);
+		return !t && !(ev && ev->rc);
 	case N_FALSE:
 		return false;
 	case N_PATH:
 		return eval_path(n, doc);
+	case N_EXPR:
+		if (!ev)
+			return false;
+		if (sdb_expr_truthy(n->x, ev->root, &t, &ev->code, ev->err, ev->errlen) != 0) {
+			ev->rc = SDB_EINVAL;
+			return false;
+		}
+		return t;
 	}
 	return false;
 }
@@ -498,6 +528,8 @@ static bool eval_single(const node *n, const bson_iter_t *v)
 		return false;
 	case N_PATH:
 		return pred_present(n, v);
+	case N_EXPR: /* never built in a value-form $elemMatch */
+		return false;
 	}
 	return false;
 }
@@ -781,9 +813,13 @@ static int parse_elem_match(const char *path, const bson_iter_t *it, node *and_o
 		node_add(n, inner);
 	} else {
 		n = path_node(path, OP_ELEM_OBJECT);
+		bool was_in_elem = pe->in_elem;
+
 		n->sub = sdb_calloc(1, sizeof *n->sub);
 		n->sub->root = node_new(N_AND);
+		pe->in_elem = true;
 		rc = parse_query(&sub, n->sub->root, depth + 1, pe);
+		pe->in_elem = was_in_elem;
 		if (rc) {
 			node_free(n);
 			return rc;
@@ -1062,6 +1098,26 @@ static int parse_logical(node_kind kind, const char *name, const bson_iter_t *it
 	return 0;
 }
 
+/* {$expr: <aggregation expression>} (MongoDB 3.6+): true where the expression is. */
+static int parse_expr(const bson_iter_t *it, node *and_out, perr *pe)
+{
+	node *n;
+
+	if (pe->in_elem)
+		return fail(pe, ERR_BAD_VALUE, "$expr can only be applied to the top-level document");
+	if (!pe->allow_expr)
+		return fail(pe, ERR_BAD_VALUE,
+			    "$expr is not supported here by stripedb (only in the filters of find, "
+			    "count, distinct, update, delete, findAndModify and $match)");
+	n = node_new(N_EXPR);
+	if (sdb_expr_parse(it, &n->x, &pe->code, pe->err, pe->errlen) != 0) {
+		node_free(n);
+		return SDB_EINVAL;
+	}
+	node_add(and_out, n);
+	return 0;
+}
+
 static int parse_query(const bson_t *q, node *and_out, int depth, perr *pe)
 {
 	bson_iter_t it;
@@ -1085,8 +1141,10 @@ static int parse_query(const bson_t *q, node *and_out, int depth, perr *pe)
 				rc = parse_logical(N_NOR, key, &it, and_out, depth, pe);
 			else if (strcmp(key, "$comment") == 0)
 				rc = 0;
-			else if (strcmp(key, "$expr") == 0 || strcmp(key, "$where") == 0 ||
-				 strcmp(key, "$text") == 0 || strcmp(key, "$jsonSchema") == 0)
+			else if (strcmp(key, "$expr") == 0)
+				rc = parse_expr(&it, and_out, pe);
+			else if (strcmp(key, "$where") == 0 || strcmp(key, "$text") == 0 ||
+				 strcmp(key, "$jsonSchema") == 0)
 				rc = fail(pe, ERR_BAD_VALUE, "%s is not supported by stripedb", key);
 			else
 				rc = fail(pe, ERR_BAD_VALUE, "unknown top level operator: %s", key);
@@ -1113,10 +1171,11 @@ static int parse_query(const bson_t *q, node *and_out, int depth, perr *pe)
 
 /* ---- public API ------------------------------------------------------------------- */
 
-static int matcher_build(const bson_t *filter, bool elem, sdb_matcher **out, int *code, char *err,
-			 size_t errlen)
+static int matcher_build(const bson_t *filter, bool elem, unsigned flags, sdb_matcher **out,
+			 int *code, char *err, size_t errlen)
 {
-	perr pe = {.code = 0, .err = err, .errlen = errlen};
+	perr pe = {.code = 0, .err = err, .errlen = errlen,
+		   .allow_expr = (flags & SDB_MATCHER_EXPR) != 0};
 	sdb_matcher *m = sdb_calloc(1, sizeof *m);
 	int rc;
 
@@ -1159,20 +1218,47 @@ static int matcher_build(const bson_t *filter, bool elem, sdb_matcher **out, int
 
 int sdb_matcher_new(const bson_t *filter, sdb_matcher **out, int *code, char *err, size_t errlen)
 {
-	return matcher_build(filter, false, out, code, err, errlen);
+	return matcher_build(filter, false, 0, out, code, err, errlen);
+}
+
+int sdb_matcher_new_opts(const bson_t *filter, unsigned flags, sdb_matcher **out, int *code,
+			 char *err, size_t errlen)
+{
+	return matcher_build(filter, false, flags, out, code, err, errlen);
 }
 
 int sdb_matcher_new_elem(const bson_t *cond, sdb_matcher **out, int *code, char *err,
 			 size_t errlen)
 {
-	return matcher_build(cond, true, out, code, err, errlen);
+	return matcher_build(cond, true, 0, out, code, err, errlen);
 }
 
 bool sdb_matcher_match(const sdb_matcher *m, const bson_t *doc)
 {
+	evalctx ev = {.root = doc};
+
 	if (m->value_form)
 		return false;
-	return eval(m->root, doc);
+	return eval(m->root, doc, &ev) && ev.rc == 0;
+}
+
+int sdb_matcher_eval(const sdb_matcher *m, const bson_t *doc, int *code, char *err,
+		     size_t errlen)
+{
+	evalctx ev = {.root = doc, .err = err, .errlen = errlen};
+	bool t;
+
+	if (code)
+		*code = 0;
+	if (m->value_form)
+		return 0;
+	t = eval(m->root, doc, &ev);
+	if (ev.rc) {
+		if (code)
+			*code = ev.code;
+		return ev.rc;
+	}
+	return t ? 1 : 0;
 }
 
 bool sdb_matcher_match_value(const sdb_matcher *m, const bson_iter_t *value)
@@ -1451,10 +1537,10 @@ int sdb_matcher_bounds(const bson_t *filter, const char *path, bool multikey, sd
 	int rc;
 
 	memset(out, 0, sizeof *out);
-	rc = sdb_matcher_new(filter, &m, NULL, err, errlen);
+	rc = sdb_matcher_new_opts(filter, SDB_MATCHER_EXPR, &m, NULL, err, errlen);
 	if (rc)
 		return rc;
-	bounds_collect(m->root, &acc, false);
+	bounds_collect(m->root, &acc, false); /* $expr constrains no path: ALL */
 	sdb_matcher_free(m);
 	if (!acc.have)
 		return 0;

@@ -42,7 +42,8 @@ typedef struct sdb_matcher sdb_matcher;
 /* Compile a filter document ({} matches everything). On success returns 0 and *out
  * (free with sdb_matcher_free); the matcher copies what it needs (filter may be freed).
  * Errors: SDB_EINVAL with *code the MongoDB error code and MongoDB's message in err:
- *   2 BadValue   unknown operator, $expr/$where refused, $in/$nin/$all needs an
+ *   2 BadValue   unknown operator, $where refused, $expr refused (see
+ *                sdb_matcher_new_opts), $in/$nin/$all needs an
  *                array, $and/$or/$nor must be a nonempty array, bad $mod divisor or
  *                remainder, $not needs a regex or a document, $size needs a whole
  *                non-negative number, unknown $type alias or code, ...
@@ -52,6 +53,19 @@ typedef struct sdb_matcher sdb_matcher;
 int sdb_matcher_new(const bson_t *filter, sdb_matcher **out, int *code, char *err,
 		    size_t errlen);
 
+/* sdb_matcher_new's flags. */
+#define SDB_MATCHER_EXPR 1u /* build $expr (aggregation expressions over the whole document,
+			     * storage/pipeline.h), at the top level and in $and/$or/$nor; the
+			     * caller matches with sdb_matcher_eval, which reports evaluation
+			     * errors. Without it $expr is refused (2). Inside $elemMatch it is
+			     * always refused ("$expr can only be applied to the top-level
+			     * document", 2). */
+
+/* sdb_matcher_new with flags (SDB_MATCHER_EXPR). Errors also: $expr's parse errors (e.g. 168
+ * "Unrecognized expression '$foo'"). */
+int sdb_matcher_new_opts(const bson_t *filter, unsigned flags, sdb_matcher **out, int *code,
+			 char *err, size_t errlen);
+
 /* Compile a condition on one value with $elemMatch semantics (used by $pull and by the
  * $elemMatch projection): when cond's first field starts with '$' and is not
  * $and/$or/$nor, cond is a set of operators applied to the value itself
@@ -60,8 +74,16 @@ int sdb_matcher_new(const bson_t *filter, sdb_matcher **out, int *code, char *er
 int sdb_matcher_new_elem(const bson_t *cond, sdb_matcher **out, int *code, char *err,
 			 size_t errlen);
 
-/* Does doc match? doc must be valid BSON (as stored). Any thread. */
+/* Does doc match? doc must be valid BSON (as stored). Any thread. A $expr whose
+ * evaluation fails counts as no match here: matchers built with SDB_MATCHER_EXPR are
+ * matched with sdb_matcher_eval. */
 bool sdb_matcher_match(const sdb_matcher *m, const bson_t *doc);
+
+/* Does doc match? 1 yes, 0 no, or SDB_EINVAL when a $expr's evaluation fails, with its
+ * MongoDB *code (may be NULL) and message in err (e.g. 16608 "can't $divide by 0"), as
+ * MongoDB fails the whole query. Any thread. */
+int sdb_matcher_eval(const sdb_matcher *m, const bson_t *doc, int *code, char *err,
+		     size_t errlen);
 
 /* For a matcher from sdb_matcher_new_elem: does one value match? (For a matcher from
  * sdb_matcher_new: true when the value is a document that matches.) */
@@ -107,7 +129,8 @@ typedef struct sdb_bounds {
  *                      for multikey indexes) only one predicate is used, points first;
  *   $elemMatch value form ({f: {$elemMatch: {$gte: 1, $lt: 5}}}) -> its comparison and
  *                      equality predicates intersected, also on a multikey index.
- * Every other operator ($ne, $nin, $not, $exists, $type, $regex, $or, ...) gives ALL.
+ * Every other operator ($ne, $nin, $not, $exists, $type, $regex, $or, $expr ...) gives
+ * ALL. $expr is compiled here (SDB_MATCHER_EXPR).
  * The bounds are a superset of the matching documents' keys: the caller must still run
  * the matcher on every candidate. Returns 0, or SDB_EINVAL with a message when the
  * filter does not compile (same errors as sdb_matcher_new). Free with sdb_bounds_free

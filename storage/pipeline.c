@@ -364,30 +364,12 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 			return efail(e, 15959, "the match filter must be an expression in an object");
 		}
 		s = add_stage(p, S_MATCH);
-		bson_iter_t ex;
-
-		if (bson_iter_init_find(&ex, &spec, "$expr")) {
-			/* a top-level $expr runs through the expression engine, the rest through
-			 * the matcher; such a $match is never pushed down to the store */
-			bson_t rest = BSON_INITIALIZER;
-			bson_iter_t f;
-
-			rc = agg_expr_parse(&ex, &s->id, e);
-			bson_iter_init(&f, &spec);
-			while (bson_iter_next(&f)) {
-				if (strcmp(bson_iter_key(&f), "$expr") != 0) {
-					bson_append_iter(&rest, NULL, 0, &f);
-				}
-			}
-			s->spec = bson_copy(&rest);
-			bson_destroy(&rest);
-			if (rc != 0) {
-				return rc;
-			}
-		} else {
-			s->spec = bson_copy(&spec);
-		}
-		return sdb_matcher_new(s->spec, &s->m, e->code, e->err, e->errlen);
+		s->spec = bson_copy(&spec);
+		/* $expr (at the top or in $and/$or/$nor) is built by the matcher over the
+		 * expression engine; such a $match may be pushed down to the store's query,
+		 * which evaluates it the same way */
+		return sdb_matcher_new_opts(s->spec, SDB_MATCHER_EXPR, &s->m, e->code, e->err,
+					    e->errlen);
 	}
 	if (strcmp(name, "$project") == 0 || strcmp(name, "$addFields") == 0 ||
 	    strcmp(name, "$set") == 0) {
@@ -615,7 +597,7 @@ int sdb_pipeline_pushdown(sdb_pipeline *p, unsigned flags, sdb_pipeline_pushdown
 	pd->skip = 0;
 	pd->limit = -1;
 	if (flags & SDB_PUSHDOWN_MATCH) {
-		while (i < p->n && p->st[i].kind == S_MATCH && p->st[i].id == NULL) {
+		while (i < p->n && p->st[i].kind == S_MATCH) {
 			i++;
 		}
 		n_match = i;
@@ -1446,26 +1428,15 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 		}
 		switch (st->kind) {
 		case S_MATCH:
-			if (sdb_matcher_match(st->m, in)) {
-				bool keep = true;
-
-				if (st->id != NULL) {
-					docbuild_node *v = NULL;
-
-					rc = agg_expr_eval(st->id, in, &v, e);
-					keep = truthy(v);
-					docbuild_free(v);
-					if (rc != 0) {
-						bson_destroy(in);
-						return rc;
-					}
-				}
-				if (keep) {
-					*doc = in;
-					return 0;
-				}
+			rc = sdb_matcher_eval(st->m, in, e->code, e->err, e->errlen);
+			if (rc == 1) {
+				*doc = in;
+				return 0;
 			}
 			bson_destroy(in);
+			if (rc < 0) {
+				return rc; /* a $expr failed */
+			}
 			continue;
 		case S_SKIP:
 			if (s->count < st->n) {

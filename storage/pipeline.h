@@ -8,7 +8,7 @@
  * at a time; blocking stages ($sort $group $count $sortByCount) consume their input on the
  * first pull.
  *
- * Stages: $match (the query matcher; a top-level $expr is evaluated with the expression
+ * Stages: $match (the query matcher; $expr is evaluated with the expression
  * engine below), $project (inclusion, exclusion, computed fields, nested specs), $addFields /
  * $set, $unset, $sort (stable; followed by $limit it keeps only the top documents, as
  * MongoDB does), $limit, $skip, $group, $count, $unwind (string form and
@@ -112,13 +112,13 @@ typedef struct sdb_pipeline_pushdown_t {
 
 /* Remove from the front of p the stages the store will execute, and describe them in *pd
  * (pd uninitialised, always initialised: release with sdb_pipeline_pushdown_destroy):
- * every leading $match without $expr (several are ANDed: {$and: [f1, f2]}) when
+ * every leading $match (several are ANDed: {$and: [f1, f2]}; $expr included) when
  * SDB_PUSHDOWN_MATCH; then
  * a $sort when SDB_PUSHDOWN_SORT; then, after a pushed $sort only, the following run of
  * $skip/$limit stages folded into one (skip, limit) when SDB_PUSHDOWN_LIMIT. The store
  * must then feed the cursor exactly the documents filter -> sort -> skip -> limit selects.
- * Call it before opening any cursor on p. A $match with a top-level $expr stops the
- * pushdown there (the store's matcher does not run $expr).
+ * Call it before opening any cursor on p. The store's query runs $expr as $match does
+ * (storage/matcher.h SDB_MATCHER_EXPR).
  * Returns 0 (it cannot fail).
  */
 int sdb_pipeline_pushdown(sdb_pipeline *p, unsigned flags, sdb_pipeline_pushdown_t *pd);
@@ -147,5 +147,22 @@ void sdb_pipeline_cursor_free(sdb_pipeline_cursor *c);
  * Errors: SDB_EINVAL with *code and err. */
 int sdb_pipeline_eval_expr(const bson_iter_t *expr, const bson_t *doc, bson_t *out, int *code,
 			   char *err, size_t errlen);
+
+/* A compiled aggregation expression, for $expr in query filters (storage/matcher.h). */
+typedef struct sdb_expr sdb_expr;
+
+/* Compile the expression at it (a value of the language above). 0 and *out (free with
+ * sdb_expr_free), or SDB_EINVAL with MongoDB's *code (may be NULL) and message in err
+ * (e.g. 168 "Unrecognized expression '$foo'"). */
+int sdb_expr_parse(const bson_iter_t *it, sdb_expr **out, int *code, char *err, size_t errlen);
+
+/* Evaluate x against the document root and tell whether the result is true in MongoDB's
+ * sense (not missing, null, undefined, false or a zero number): $expr's rule. 0 with *out,
+ * or SDB_EINVAL with the evaluation's *code (may be NULL) and message (e.g. 16608
+ * "can't $divide by 0"). Pure: any thread. */
+int sdb_expr_truthy(const sdb_expr *x, const bson_t *root, bool *out, int *code, char *err,
+		    size_t errlen);
+
+void sdb_expr_free(sdb_expr *x);
 
 #endif

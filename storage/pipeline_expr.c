@@ -1095,3 +1095,41 @@ int sdb_pipeline_eval_expr(const bson_iter_t *it, const bson_t *doc, bson_t *out
 	agg_expr_free(x);
 	return rc;
 }
+
+/* ---- the public face for $expr in query filters (pipeline.h) ---- */
+
+int sdb_expr_parse(const bson_iter_t *it, sdb_expr **out, int *code, char *err, size_t errlen)
+{
+	const ectx e = {.code = code, .err = err, .errlen = errlen};
+	expr *x = NULL;
+	int rc;
+
+	if (code != NULL) {
+		*code = 0;
+	}
+	rc = agg_expr_parse(it, &x, &e);
+	if (rc != 0) {
+		agg_expr_free(x);
+		*out = NULL;
+		return rc;
+	}
+	*out = (sdb_expr *)x;
+	return 0;
+}
+
+int sdb_expr_truthy(const sdb_expr *x, const bson_t *root, bool *out, int *code, char *err,
+		    size_t errlen)
+{
+	const ectx e = {.code = code, .err = err, .errlen = errlen};
+	docbuild_node *v = NULL;
+	int rc = agg_expr_eval((const expr *)x, root, &v, &e);
+
+	*out = rc == 0 && truthy(v);
+	docbuild_free(v);
+	return rc;
+}
+
+void sdb_expr_free(sdb_expr *x)
+{
+	agg_expr_free((expr *)x);
+}

@@ -466,7 +466,8 @@ int sdb_query_open(sdb_store_conn *c, const char *db, const char *coll,
 	q->skip = spec->skip > 0 ? spec->skip : 0;
 	q->limit = spec->limit > 0 ? spec->limit : 0;
 	q->max_sort_bytes = spec->max_sort_bytes ? spec->max_sort_bytes : QUERY_MAX_SORT_BYTES;
-	int rc = sdb_matcher_new(&q->filter, &q->matcher, code, err, errlen);
+	int rc = sdb_matcher_new_opts(&q->filter, SDB_MATCHER_EXPR, &q->matcher, code, err,
+				      errlen);
 	if (rc) {
 		if (!*code)
 			*code = 2;
@@ -525,7 +526,10 @@ static int scan_next(sdb_query *q, bson_t *doc, int *code, char *err, size_t err
 				*code = 1;
 			return r;
 		}
-		if (sdb_matcher_match(q->matcher, doc)) {
+		r = sdb_matcher_eval(q->matcher, doc, code, err, errlen);
+		if (r < 0)
+			return r; /* a $expr failed: the query fails, as on mongod */
+		if (r == 1) {
 			if (q->owns && !q->owns(q->owns_arg, doc)) {
 				q->orphans++;
 				continue;

@@ -42,6 +42,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		(void)sdb_matcher_match(m, &target);
 		sdb_matcher_free(m);
 	}
+	/* with $expr, as the store's query and $match build it */
+	if (sdb_matcher_new_opts(&doc, SDB_MATCHER_EXPR, &m, &code, err, sizeof err) == 0) {
+		(void)sdb_matcher_eval(m, &target, &code, err, sizeof err);
+		sdb_matcher_free(m);
+	}
 	if (sdb_matcher_new_elem(&doc, &m, &code, err, sizeof err) == 0) {
 		bson_iter_t it;
 		if (bson_iter_init(&it, &doc))

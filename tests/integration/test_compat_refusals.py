@@ -41,7 +41,8 @@ def _check(db, row, coll=None):
 
 
 def test_the_table_has_rows():
-    assert len(ROWS) >= 8
+    # the parser found the table (a row leaves it when its feature is built: 7 remain)
+    assert len(ROWS) >= 7
     assert {r["code"] for r in ROWS} <= {2, 20, 238, 40415}
 
 

@@ -230,6 +230,50 @@ def test_computed_fields_in_find_projections(cluster):
     assert e.value.code == 31252
 
 
+def test_expr_in_query_filters(cluster):
+    """$expr (an aggregation expression over the whole document) in the filters of find,
+    count, distinct, update, delete, findAndModify and $match, on a sharded collection
+    (through the proxy's merge) and an unsharded one (forwarded to its shard); an
+    evaluation error fails the command with the expression's code and writes nothing."""
+    ranged(cluster)
+    db = cluster.proxy_client(0).db
+    docs = [{"_id": i, "k": i * 10, "a": i % 7, "b": i % 5} for i in range(40)]
+    for coll in (db.c, db.u):
+        coll.insert_many(docs)
+        gt = {"$expr": {"$gt": ["$a", "$b"]}}
+        want = sorted(d["_id"] for d in docs if d["a"] > d["b"])
+        assert sorted(d["_id"] for d in coll.find(gt)) == want
+        assert coll.count_documents(gt) == len(want)
+        assert sorted(coll.distinct("a", gt)) == sorted({d["a"] for d in docs if d["a"] > d["b"]})
+        mixed = {"$or": [{"k": 0}, {"$expr": {"$eq": ["$a", {"$add": ["$b", 2]}]}}]}
+        want_mixed = sorted(d["_id"] for d in docs if d["k"] == 0 or d["a"] == d["b"] + 2)
+        assert sorted(d["_id"] for d in coll.aggregate([{"$match": mixed}])) == want_mixed
+        assert sorted(d["_id"] for d in coll.find(mixed)) == want_mixed
+        with pytest.raises(OperationFailure) as e:
+            list(coll.find({"$expr": {"$divide": [1, "$b"]}}))
+        assert e.value.code == 16608
+        with pytest.raises(OperationFailure) as e:
+            coll.update_many({"$expr": {"$divide": [1, 0]}}, {"$set": {"hit": 1}})
+        assert e.value.code == 16608
+        assert coll.count_documents({"hit": 1}) == 0
+        r = coll.update_many(gt, {"$set": {"hit": 1}})
+        assert r.modified_count == len(want)
+        assert sorted(d["_id"] for d in coll.find({"hit": 1})) == want
+        got = coll.find_one_and_update({"$expr": {"$eq": ["$_id", 3]}}, {"$set": {"f": 1}},
+                                       return_document=True)
+        assert got["_id"] == 3 and got["f"] == 1
+        r = coll.delete_many({"$expr": {"$lt": ["$a", "$b"]}})
+        assert r.deleted_count == sum(1 for d in docs if d["a"] < d["b"])
+        with pytest.raises(OperationFailure) as e:
+            list(coll.find({"x": {"$elemMatch": {"$expr": {"$eq": ["$a", 1]}}}}))
+        assert e.value.code == 2
+        # an upsert takes its equality fields from the filter, never the $expr
+        r = coll.update_one({"_id": 100, "k": 1000, "$expr": {"$eq": ["$a", 99]}},
+                            {"$set": {"up": 1}}, upsert=True)
+        assert r.upserted_id == 100
+        assert coll.find_one({"_id": 100}) == {"_id": 100, "k": 1000, "up": 1}
+
+
 def test_indexes_broadcast_and_aggregate(cluster):
     ranged(cluster)
     c = cluster.proxy_client(0).db.c

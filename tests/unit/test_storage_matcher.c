@@ -496,7 +496,9 @@ static void test_errors(void **state)
 		{"{'a': {'$foo': 1}}", 2, "unknown operator: $foo"},
 		{"{'$foo': 1}", 2, "unknown top level operator: $foo"},
 		{"{'a': {'$gt': 1, 'b': 2}}", 2, "unknown operator: b"},
-		{"{'$expr': {'$eq': ['$a', 1]}}", 2, "$expr is not supported by stripedb"},
+		{"{'$expr': {'$eq': ['$a', 1]}}", 2,
+		 "$expr is not supported here by stripedb (only in the filters of find, count, "
+		 "distinct, update, delete, findAndModify and $match)"},
 		{"{'$where': 'this.a == 1'}", 2, "$where is not supported by stripedb"},
 		{"{'a': {'$in': 1}}", 2, "$in needs an array"},
 		{"{'a': {'$nin': {}}}", 2, "$nin needs an array"},
@@ -542,6 +544,79 @@ static void test_errors(void **state)
 		if (code != cases[i].code || strcmp(err, cases[i].msg) != 0)
 			fail_msg("filter %s: got %d '%s', want %d '%s'", cases[i].filter, code, err,
 				 cases[i].code, cases[i].msg);
+		bson_destroy(f);
+	}
+}
+
+/* $expr (SDB_MATCHER_EXPR): aggregation expressions over the whole document, at the top
+ * and inside $and/$or/$nor; refused inside $elemMatch; evaluation errors fail the match. */
+static void test_expr(void **state)
+{
+	static const struct {
+		const char *filter;
+		const char *doc;
+		int want; /* 1, 0, or -1 for an evaluation error */
+	} cases[] = {
+		{"{'$expr': {'$gt': ['$a', '$b']}}", "{'a': 2, 'b': 1}", 1},
+		{"{'$expr': {'$gt': ['$a', '$b']}}", "{'a': 1, 'b': 2}", 0},
+		{"{'$expr': '$flag'}", "{'flag': 0}", 0},
+		{"{'$expr': '$flag'}", "{'flag': 'x'}", 1},
+		{"{'$expr': '$missing'}", "{'a': 1}", 0},
+		{"{'a': 1, '$expr': {'$eq': ['$b', 2]}}", "{'a': 1, 'b': 2}", 1},
+		{"{'a': 1, '$expr': {'$eq': ['$b', 2]}}", "{'a': 2, 'b': 2}", 0},
+		{"{'$or': [{'a': 5}, {'$expr': {'$eq': ['$b', 2]}}]}", "{'a': 1, 'b': 2}", 1},
+		{"{'$nor': [{'$expr': {'$eq': ['$b', 2]}}]}", "{'b': 2}", 0},
+		{"{'$expr': {'$eq': [{'$divide': [1, '$z']}, 1]}}", "{'z': 0}", -1},
+		/* an error under $nor or $or is still an error, not a match */
+		{"{'$nor': [{'$expr': {'$divide': [1, '$z']}}]}", "{'z': 0}", -1},
+		{"{'$or': [{'$expr': {'$divide': [1, '$z']}}, {'z': 0}]}", "{'z': 0}", -1},
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		bson_t *f = J(cases[i].filter), *d = J(cases[i].doc);
+		sdb_matcher *m = NULL;
+		int code = 0, r;
+		char err[256] = "";
+
+		if (sdb_matcher_new_opts(f, SDB_MATCHER_EXPR, &m, &code, err, sizeof err) != 0)
+			fail_msg("filter %s: %d %s", cases[i].filter, code, err);
+		r = sdb_matcher_eval(m, d, &code, err, sizeof err);
+		if (cases[i].want < 0) {
+			if (r >= 0 || code != 16608)
+				fail_msg("filter %s on %s: got %d (code %d), want the $divide error",
+					 cases[i].filter, cases[i].doc, r, code);
+			assert_false(sdb_matcher_match(m, d));
+		} else if (r != cases[i].want) {
+			fail_msg("filter %s on %s: got %d, want %d", cases[i].filter, cases[i].doc, r,
+				 cases[i].want);
+		}
+		sdb_matcher_free(m);
+		bson_destroy(f);
+		bson_destroy(d);
+	}
+
+	static const struct {
+		const char *filter;
+		int code;
+		const char *msg;
+	} bad[] = {
+		{"{'a': {'$elemMatch': {'$expr': {'$eq': ['$b', 1]}}}}", 2,
+		 "$expr can only be applied to the top-level document"},
+		{"{'$expr': {'$nosuch': 1}}", 168, "Unrecognized expression '$nosuch'"},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		bson_t *f = J(bad[i].filter);
+		sdb_matcher *m = NULL;
+		int code = 0;
+		char err[256] = "";
+
+		assert_int_not_equal(
+			sdb_matcher_new_opts(f, SDB_MATCHER_EXPR, &m, &code, err, sizeof err), 0);
+		assert_null(m);
+		if (code != bad[i].code || strcmp(err, bad[i].msg) != 0)
+			fail_msg("filter %s: got %d '%s', want %d '%s'", bad[i].filter, code, err,
+				 bad[i].code, bad[i].msg);
 		bson_destroy(f);
 	}
 }
@@ -947,6 +1022,7 @@ int main(void)
 		cmocka_unit_test(test_type_mod_regex),
 		cmocka_unit_test(test_elem_match_nested),
 		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_expr),
 		cmocka_unit_test(test_value_form),
 		cmocka_unit_test(test_bounds),
 		cmocka_unit_test(test_bounds_superset),
