@@ -192,11 +192,8 @@ void shard_cmd_create_indexes(shard_ctx *x)
 			shard_fail(x, WIRE_ERR_TYPE_MISMATCH, "index specification must be an object");
 			return;
 		}
-		uint32_t len;
-		const uint8_t *d;
-		bson_iter_document(&arr, &len, &d);
 		bson_t spec;
-		bson_init_static(&spec, d, len);
+		util_iter_bson(&arr, &spec);
 		bool made = false;
 		int code = 0;
 		int rc = sdb_store_index_create(x->conn, x->db, coll, &spec, x->origin, &made,
@@ -268,11 +265,8 @@ void shard_cmd_drop_indexes(shard_ctx *x)
 			names[n++] = sdb_strdup(bson_iter_utf8(&sub, NULL));
 		}
 	} else if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
-		uint32_t len;
-		const uint8_t *d;
-		bson_iter_document(&it, &len, &d);
 		bson_t key;
-		bson_init_static(&key, d, len);
+		util_iter_bson(&it, &key);
 		for (size_t i = 0; i < co->n_indexes; i++) {
 			if (bson_equal(co->indexes[i].key, &key)) {
 				names = sdb_malloc(sizeof *names);

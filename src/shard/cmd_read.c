@@ -1165,16 +1165,8 @@ static bool view_resolve(shard_ctx *x, const char *coll, char *buf, size_t bufle
 			break;
 		bson_init(&levels[nl]);
 		if (bson_iter_init_find(&pit, co->options, "pipeline") &&
-		    BSON_ITER_HOLDS_ARRAY(&pit)) {
-			uint32_t len;
-			const uint8_t *d;
-			bson_iter_array(&pit, &len, &d);
-			bson_t arr;
-			if (bson_init_static(&arr, d, len)) {
-				bson_destroy(&levels[nl]);
-				bson_copy_to(&arr, &levels[nl]);
-			}
-		}
+		    BSON_ITER_HOLDS_ARRAY(&pit))
+			util_iter_copy(&pit, &levels[nl]);
 		nl++;
 		snprintf(cur, sizeof cur, "%s", bson_iter_utf8(&it, NULL));
 		any = true;
@@ -1321,12 +1313,7 @@ static bool run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out
 			   "'pipeline' option must be specified as an array");
 		return false;
 	}
-	{
-		uint32_t len;
-		const uint8_t *d;
-		bson_iter_array(&it, &len, &d);
-		bson_init_static(&stages, d, len);
-	}
+	util_iter_bson(&it, &stages);
 	*batch = -1;
 	bool have_cursor = false;
 	if (bson_iter_init_find(&it, cmd, "cursor")) {
@@ -1397,11 +1384,8 @@ void shard_cmd_explain(shard_ctx *x)
 				   "explain command requires a nested object");
 			return;
 		}
-		uint32_t len;
-		const uint8_t *d;
-		bson_iter_document(&it, &len, &d);
 		bson_t tmp;
-		bson_init_static(&tmp, d, len);
+		util_iter_bson(&it, &tmp);
 		bson_copy_to(&tmp, &inner);
 		if (bson_iter_init_find(&it, x->cmd, "verbosity") && BSON_ITER_HOLDS_UTF8(&it) &&
 		    strcmp(bson_iter_utf8(&it, NULL), "queryPlanner") == 0)
@@ -1446,11 +1430,8 @@ void shard_cmd_explain(shard_ctx *x)
 			bson_iter_t arr;
 			if (BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr) &&
 			    bson_iter_next(&arr) && BSON_ITER_HOLDS_DOCUMENT(&arr)) {
-				uint32_t len;
-				const uint8_t *d;
-				bson_iter_document(&arr, &len, &d);
 				bson_t st;
-				bson_init_static(&st, d, len);
+				util_iter_bson(&arr, &st);
 				bson_iter_t qi;
 				if (bson_iter_init_find(&qi, &st, "q"))
 					bson_append_iter(&sub, "filter", -1, &qi);

@@ -205,10 +205,7 @@ static int wbatch_next(shard_ctx *x, wbatch *b, bson_t *st, bson_t **done)
 		if (seen != 0)
 			return seen;
 		if (BSON_ITER_HOLDS_DOCUMENT(&b->arr)) {
-			uint32_t len;
-			const uint8_t *data;
-			bson_iter_document(&b->arr, &len, &data);
-			bson_init_static(st, data, len);
+			util_iter_bson(&b->arr, st);
 			return 1;
 		}
 		char msg[64];
@@ -412,13 +409,7 @@ static int parse_upd_stmt(shard_ctx *x, const bson_t *st, upd_stmt *s)
 					 util_type_name(bson_iter_type(&it)));
 				return WIRE_ERR_TYPE_MISMATCH;
 			}
-			uint32_t len;
-			const uint8_t *d;
-			bson_iter_document(&it, &len, &d);
-			bson_t tmp;
-			bson_init_static(&tmp, d, len);
-			bson_destroy(&s->q);
-			bson_copy_to(&tmp, &s->q);
+			util_iter_copy(&it, &s->q);
 		} else if (strcmp(k, "u") == 0) {
 			s->u = it;
 			s->have_u = true;
@@ -434,13 +425,7 @@ static int parse_upd_stmt(shard_ctx *x, const bson_t *st, upd_stmt *s)
 					 util_type_name(bson_iter_type(&it)));
 				return WIRE_ERR_TYPE_MISMATCH;
 			}
-			uint32_t len;
-			const uint8_t *d;
-			bson_iter_array(&it, &len, &d);
-			bson_t tmp;
-			bson_init_static(&tmp, d, len);
-			bson_destroy(&s->array_filters);
-			bson_copy_to(&tmp, &s->array_filters);
+			util_iter_copy(&it, &s->array_filters);
 			s->have_af = true;
 		} else if (strcmp(k, "hint") == 0) {
 			if (BSON_ITER_HOLDS_UTF8(&it) ||
@@ -759,8 +744,6 @@ void shard_cmd_delete(shard_ctx *x)
 			continue;
 		}
 		bson_t q = BSON_INITIALIZER;
-		uint32_t len;
-		const uint8_t *data;
 		bson_iter_t it, hint;
 		bool have_hint = false, have_q = false, have_kr = false;
 		int64_t limit = -1, kr_limit = 0;
@@ -769,11 +752,7 @@ void shard_cmd_delete(shard_ctx *x)
 			while (bson_iter_next(&it)) {
 				const char *k = bson_iter_key(&it);
 				if (strcmp(k, "q") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
-					bson_iter_document(&it, &len, &data);
-					bson_t tmp;
-					bson_init_static(&tmp, data, len);
-					bson_destroy(&q);
-					bson_copy_to(&tmp, &q);
+					util_iter_copy(&it, &q);
 					have_q = true;
 				} else if (strcmp(k, "limit") == 0 && BSON_ITER_HOLDS_NUMBER(&it)) {
 					limit = bson_iter_as_int64(&it);
@@ -784,8 +763,7 @@ void shard_cmd_delete(shard_ctx *x)
 					have_hint = true;
 				} else if (strcmp(k, "keyRange") == 0 &&
 					   BSON_ITER_HOLDS_DOCUMENT(&it)) {
-					bson_iter_document(&it, &len, &data);
-					bson_init_static(&kr, data, len);
+					util_iter_bson(&it, &kr);
 					have_kr = true;
 				} else if (strcmp(k, "keyRangeLimit") == 0 &&
 					   BSON_ITER_HOLDS_NUMBER(&it)) {
@@ -926,13 +904,7 @@ void shard_cmd_findandmodify(shard_ctx *x)
 			update = it;
 			have_update = true;
 		} else if (strcmp(k, "arrayFilters") == 0 && BSON_ITER_HOLDS_ARRAY(&it)) {
-			uint32_t len;
-			const uint8_t *d;
-			bson_iter_array(&it, &len, &d);
-			bson_t tmp;
-			bson_init_static(&tmp, d, len);
-			bson_destroy(&af);
-			bson_copy_to(&tmp, &af);
+			util_iter_copy(&it, &af);
 			have_af = true;
 		} else if (strcmp(k, "hint") == 0 &&
 			   (BSON_ITER_HOLDS_UTF8(&it) || BSON_ITER_HOLDS_DOCUMENT(&it))) {
