@@ -26,6 +26,36 @@ static void id_index_spec(bson_t *out)
 	BSON_APPEND_UTF8(out, "name", "_id_");
 }
 
+/* The end of a write command whose last store call returned rc (message in x->err): when
+ * it failed, replies InternalError; else commits (shard_commit replies when that fails).
+ * Returns a new reply document for the caller to fill and send with wire_req_reply when all
+ * succeeded, else NULL. */
+static bson_t *write_reply(shard_ctx *x, int rc)
+{
+	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+		return NULL;
+	}
+	return shard_commit(x) ? bson_new() : NULL;
+}
+
+/* The collection x->cmd names (shard_coll_arg) in a new read transaction, with its catalog
+ * entry in *co. When there is no such collection, replies NamespaceNotFound with missing
+ * (a printf format taking the database and the collection name, both strings). Returns the
+ * collection name, or NULL after a reply. */
+static const char *coll_read(shard_ctx *x, const char *missing, const sdb_store_coll **co)
+{
+	const char *coll = shard_coll_arg(x);
+	if (!coll || !shard_begin(x, false))
+		return NULL;
+	*co = NULL;
+	if (sdb_store_coll_get(x->conn, x->db, coll, co, NULL, 0) != 0) {
+		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, missing, x->db, coll);
+		return NULL;
+	}
+	return coll;
+}
+
 void shard_cmd_create(shard_ctx *x)
 {
 	const char *coll = shard_coll_arg(x);
@@ -108,14 +138,10 @@ void shard_cmd_drop(shard_ctx *x)
 		return;
 	}
 	int n_idx = (int)co->n_indexes + 1;
-	int rc = sdb_store_coll_drop(x->conn, x->db, coll, x->origin, x->err, sizeof x->err);
-	if (rc) {
-		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+	bson_t *reply = write_reply(
+		x, sdb_store_coll_drop(x->conn, x->db, coll, x->origin, x->err, sizeof x->err));
+	if (!reply)
 		return;
-	}
-	if (!shard_commit(x))
-		return;
-	bson_t *reply = bson_new();
 	BSON_APPEND_INT32(reply, "nIndexesWas", n_idx);
 	char *ns = sdb_asprintf("%s.%s", x->db, coll);
 	BSON_APPEND_UTF8(reply, "ns", ns);
@@ -131,13 +157,9 @@ void shard_cmd_drop_database(shard_ctx *x)
 	int rc = sdb_store_filtering_drop_db(x->conn, x->db, x->err, sizeof x->err);
 	if (rc == 0)
 		rc = sdb_store_db_drop(x->conn, x->db, x->origin, &n, x->err, sizeof x->err);
-	if (rc) {
-		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+	bson_t *reply = write_reply(x, rc);
+	if (!reply)
 		return;
-	}
-	if (!shard_commit(x))
-		return;
-	bson_t *reply = bson_new();
 	if (n > 0)
 		BSON_APPEND_UTF8(reply, "dropped", x->db);
 	wire_req_reply(x->req, reply);
@@ -170,11 +192,8 @@ void shard_cmd_create_indexes(shard_ctx *x)
 			shard_fail(x, WIRE_ERR_TYPE_MISMATCH, "index specification must be an object");
 			return;
 		}
-		uint32_t len;
-		const uint8_t *d;
-		bson_iter_document(&arr, &len, &d);
 		bson_t spec;
-		bson_init_static(&spec, d, len);
+		util_iter_bson(&arr, &spec);
 		bool made = false;
 		int code = 0;
 		int rc = sdb_store_index_create(x->conn, x->db, coll, &spec, x->origin, &made,
@@ -246,11 +265,8 @@ void shard_cmd_drop_indexes(shard_ctx *x)
 			names[n++] = sdb_strdup(bson_iter_utf8(&sub, NULL));
 		}
 	} else if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
-		uint32_t len;
-		const uint8_t *d;
-		bson_iter_document(&it, &len, &d);
 		bson_t key;
-		bson_init_static(&key, d, len);
+		util_iter_bson(&it, &key);
 		for (size_t i = 0; i < co->n_indexes; i++) {
 			if (bson_equal(co->indexes[i].key, &key)) {
 				names = sdb_malloc(sizeof *names);
@@ -304,17 +320,10 @@ static void reply_listing(shard_ctx *x, const char *ns, bson_t **docs, size_t n)
 
 void shard_cmd_list_indexes(shard_ctx *x)
 {
-	const char *coll = shard_coll_arg(x);
+	const sdb_store_coll *co;
+	const char *coll = coll_read(x, "ns does not exist: %s.%s", &co);
 	if (!coll)
 		return;
-	if (!shard_begin(x, false))
-		return;
-	const sdb_store_coll *co = NULL;
-	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0) {
-		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "ns does not exist: %s.%s", x->db,
-			   coll);
-		return;
-	}
 	bson_t **docs = NULL;
 	size_t n = 0, cap = 0;
 	bson_t *idx = sdb_doc_new();
@@ -443,17 +452,10 @@ void shard_cmd_list_databases(shard_ctx *x)
 
 void shard_cmd_coll_stats(shard_ctx *x)
 {
-	const char *coll = shard_coll_arg(x);
+	const sdb_store_coll *co;
+	const char *coll = coll_read(x, "Collection [%s.%s] not found.", &co);
 	if (!coll)
 		return;
-	if (!shard_begin(x, false))
-		return;
-	const sdb_store_coll *co = NULL;
-	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0) {
-		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "Collection [%s.%s] not found.", x->db,
-			   coll);
-		return;
-	}
 	int64_t count = sdb_store_count(x->conn, x->db, coll);
 	int64_t size = sdb_store_data_size(x->conn, x->db, coll);
 	bson_t *reply = bson_new();
@@ -527,14 +529,10 @@ void shard_cmd_set_version(shard_ctx *x)
 	if (!shard_begin(x, true))
 		return;
 	int64_t stored = 0;
-	int rc = sdb_store_version_set(x->conn, chunk, token, &stored, x->err, sizeof x->err);
-	if (rc) {
-		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+	bson_t *reply = write_reply(
+		x, sdb_store_version_set(x->conn, chunk, token, &stored, x->err, sizeof x->err));
+	if (!reply)
 		return;
-	}
-	if (!shard_commit(x))
-		return;
-	bson_t *reply = bson_new();
 	BSON_APPEND_UTF8(reply, "chunk", chunk);
 	BSON_APPEND_INT64(reply, "token", stored);
 	wire_req_reply(x->req, reply);

@@ -33,25 +33,30 @@ static bool coll_is_view(shard_ctx *x, const char *coll);
 static void reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, int64_t batch,
 			 bool single, const bson_t *extra, shard_cursor *tail);
 
-/* Append {name: value-doc} as the next stage of stages. */
-static void stage_doc(bson_t *stages, uint32_t *nst, const char *name, const bson_t *v)
+/* Open the next stage of stages (*nst of them so far) as st; the caller appends the stage's
+ * field and closes it with bson_append_document_end(stages, st). */
+static void stage_open(bson_t *stages, uint32_t *nst, bson_t *st)
 {
 	char k[16];
 	const char *kp;
-	bson_t st;
 	bson_uint32_to_string((*nst)++, &kp, k, sizeof k);
-	BSON_APPEND_DOCUMENT_BEGIN(stages, kp, &st);
+	BSON_APPEND_DOCUMENT_BEGIN(stages, kp, st);
+}
+
+/* Append {name: value-doc} as the next stage of stages. */
+static void stage_doc(bson_t *stages, uint32_t *nst, const char *name, const bson_t *v)
+{
+	bson_t st;
+	stage_open(stages, nst, &st);
 	BSON_APPEND_DOCUMENT(&st, name, v);
 	bson_append_document_end(stages, &st);
 }
 
+/* Append {name: v} as the next stage of stages. */
 static void stage_int(bson_t *stages, uint32_t *nst, const char *name, int64_t v)
 {
-	char k[16];
-	const char *kp;
 	bson_t st;
-	bson_uint32_to_string((*nst)++, &kp, k, sizeof k);
-	BSON_APPEND_DOCUMENT_BEGIN(stages, kp, &st);
+	stage_open(stages, nst, &st);
 	BSON_APPEND_INT64(&st, name, v);
 	bson_append_document_end(stages, &st);
 }
@@ -174,6 +179,63 @@ static void find_opts_destroy(find_opts *o)
 	bson_destroy(&o->projection);
 	bson_destroy(&o->sort);
 	bson_destroy(&o->key_range);
+}
+
+/* parse_find_opts of the command cmdname (cmd) and, with begin, the read transaction
+ * (shard_begin). Replies and returns false on failure, o then released; else the caller
+ * releases o with find_opts_destroy. */
+static bool find_opts_get(shard_ctx *x, const bson_t *cmd, const char *cmdname, bool begin,
+			  find_opts *o)
+{
+	if (parse_find_opts(x, cmd, cmdname, o) && (!begin || shard_begin(x, false)))
+		return true;
+	find_opts_destroy(o);
+	return false;
+}
+
+/* The collection of x->cmd (shard_coll_arg), then find_opts_get of x->cmd. NULL after a
+ * reply on failure (o then released). */
+static const char *find_args(shard_ctx *x, const char *cmdname, bool begin, find_opts *o)
+{
+	const char *coll = shard_coll_arg(x);
+	return coll && find_opts_get(x, x->cmd, cmdname, begin, o) ? coll : NULL;
+}
+
+/* The query of o (filter, sort, hint, skip, limit), restricted to the documents this shard
+ * owns: with kr, to o's keyRange when it has one (kr then holds its bounds and must outlive
+ * spec), else by shard_filtering_spec. Returns 0 or the code of a refused keyRange (message
+ * in x->err). */
+static int find_spec(shard_ctx *x, const char *coll, const find_opts *o, shard_key_range *kr,
+		     sdb_query_spec *spec)
+{
+	*spec = (sdb_query_spec){
+		.filter = &o->filter,
+		.sort = o->have_sort ? &o->sort : NULL,
+		.hint = o->have_hint ? &o->hint : NULL,
+		.skip = o->skip,
+		.limit = o->limit,
+	};
+	if (!kr || !o->have_key_range) {
+		shard_filtering_spec(x, spec);
+		return 0;
+	}
+	char *kns = sdb_asprintf("%s.%s", x->db, coll);
+	int kc = shard_filtering_key_range(x, kns, &o->key_range, kr, spec);
+	free(kns);
+	return kc;
+}
+
+/* sdb_query_open of spec on db.coll over x->conn; replies (the query's code, else BadValue)
+ * and returns NULL on failure. The caller frees the query with sdb_query_free. */
+static sdb_query *query_open(shard_ctx *x, const char *coll, const sdb_query_spec *spec)
+{
+	sdb_query *q = NULL;
+	int code = 0;
+	if (sdb_query_open(x->conn, x->db, coll, spec, &q, &code, x->err, sizeof x->err) != 0) {
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return NULL;
+	}
+	return q;
 }
 
 /* Reply with a cursor over docs (ownership taken). batch < 0: default. */
@@ -455,21 +517,14 @@ static void find_in_txn(shard_ctx *x, const char *coll, find_opts *o, sdb_projec
 			   "a find on a view is not supported in a transaction by stripedb");
 		return;
 	}
-	sdb_query_spec spec = {
-		.filter = &o->filter,
-		.sort = o->have_sort ? &o->sort : NULL,
-		.hint = o->have_hint ? &o->hint : NULL,
-		.skip = o->skip,
-		.limit = o->limit,
-	};
-	shard_filtering_spec(x, &spec);
-	sdb_query *q = NULL;
-	int code = 0;
-	if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err, sizeof x->err) != 0) {
+	sdb_query_spec spec;
+	find_spec(x, coll, o, NULL, &spec);
+	sdb_query *q = query_open(x, coll, &spec);
+	if (!q) {
 		sdb_projection_free(proj);
-		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
 		return;
 	}
+	int code = 0;
 	bson_t **docs = NULL;
 	size_t n = 0, cap = 0;
 	int k;
@@ -487,18 +542,12 @@ static void find_in_txn(shard_ctx *x, const char *coll, find_opts *o, sdb_projec
 		}
 		if (!proj)
 			bson_concat(d, raw);
-		if (n == cap) {
-			cap = cap ? cap * 2 : 16;
-			docs = sdb_realloc(docs, cap * sizeof *docs);
-		}
-		docs[n++] = d;
+		util_docs_push(&docs, &n, &cap, d);
 	}
 	sdb_query_free(q);
 	sdb_projection_free(proj);
 	if (k < 0) {
-		for (size_t i = 0; i < n; i++)
-			sdb_doc_free(docs[i]);
-		free(docs);
+		util_docs_free(docs, n);
 		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
 		return;
 	}
@@ -507,6 +556,32 @@ static void find_in_txn(shard_ctx *x, const char *coll, find_opts *o, sdb_projec
 	reply_cursor(x, ns, docs ? docs : sdb_calloc(1, sizeof *docs), n,
 		     o->have_batch ? o->batch : -1, o->single_batch, NULL, NULL);
 	free(ns);
+}
+
+/* run_find's end with its pooled connection fc: x->conn is worker_conn again, fc goes back
+ * to the pool and proj is freed. */
+static void find_conn_put(shard_ctx *x, sdb_store_conn *worker_conn, sdb_store_conn *fc,
+			  sdb_projection *proj)
+{
+	x->conn = worker_conn;
+	shard_conn_put(x->sh, fc);
+	sdb_projection_free(proj);
+}
+
+/* The pipeline that runs o over a view (appended to stages, *nst of them so far): $match,
+ * with find_stages a non-empty $sort, then $skip and $limit when set, with find_stages a
+ * non-empty $project. A count passes find_stages false. */
+static void view_stages(const find_opts *o, bool find_stages, bson_t *stages, uint32_t *nst)
+{
+	stage_doc(stages, nst, "$match", &o->filter);
+	if (find_stages && o->have_sort && !bson_empty(&o->sort))
+		stage_doc(stages, nst, "$sort", &o->sort);
+	if (o->skip)
+		stage_int(stages, nst, "$skip", o->skip);
+	if (o->limit)
+		stage_int(stages, nst, "$limit", o->limit);
+	if (find_stages && o->have_projection && !bson_empty(&o->projection))
+		stage_doc(stages, nst, "$project", &o->projection);
 }
 
 static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot)
@@ -540,16 +615,12 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 	}
 	x->conn = fc;
 	if (!shard_begin(x, false)) {
-		x->conn = worker_conn;
-		shard_conn_put(x->sh, fc);
-		sdb_projection_free(proj);
+		find_conn_put(x, worker_conn, fc, proj);
 		return;
 	}
 	if (o->have_key_range && coll_is_view(x, coll)) {
 		sdb_store_rollback(x->conn);
-		x->conn = worker_conn;
-		shard_conn_put(x->sh, fc);
-		sdb_projection_free(proj);
+		find_conn_put(x, worker_conn, fc, proj);
 		shard_fail(x, WIRE_ERR_BAD_VALUE, "keyRange is not allowed on a view");
 		return;
 	}
@@ -559,20 +630,10 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		size_t n;
 		bson_t stages = BSON_INITIALIZER;
 		uint32_t nst = 0;
-		stage_doc(&stages, &nst, "$match", &o->filter);
-		if (o->have_sort && !bson_empty(&o->sort))
-			stage_doc(&stages, &nst, "$sort", &o->sort);
-		if (o->skip)
-			stage_int(&stages, &nst, "$skip", o->skip);
-		if (o->limit)
-			stage_int(&stages, &nst, "$limit", o->limit);
-		if (o->have_projection && !bson_empty(&o->projection))
-			stage_doc(&stages, &nst, "$project", &o->projection);
+		view_stages(o, true, &stages, &nst);
 		bool ok = agg_exec(x, coll, &stages, NULL, &docs, &n, NULL);
 		bson_destroy(&stages);
-		sdb_projection_free(proj);
-		x->conn = worker_conn;
-		shard_conn_put(x->sh, fc);
+		find_conn_put(x, worker_conn, fc, proj);
 		if (!ok)
 			return;
 		char *ns = sdb_asprintf("%s.%s", x->db, coll);
@@ -581,37 +642,17 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		free(ns);
 		return;
 	}
-	sdb_query_spec spec = {
-		.filter = &o->filter,
-		.sort = o->have_sort ? &o->sort : NULL,
-		.hint = o->have_hint ? &o->hint : NULL,
-		.skip = o->skip,
-		.limit = o->limit,
-	};
+	sdb_query_spec spec;
 	shard_key_range kr;
-	if (o->have_key_range) {
-		char *kns = sdb_asprintf("%s.%s", x->db, coll);
-		int kc = shard_filtering_key_range(x, kns, &o->key_range, &kr, &spec);
-		free(kns);
-		if (kc) {
-			shard_fail(x, kc, "%s", x->err);
-			x->conn = worker_conn;
-			shard_conn_put(x->sh, fc);
-			sdb_projection_free(proj);
-			return;
-		}
-	} else {
-		shard_filtering_spec(x, &spec);
-	}
-	sdb_query *q = NULL;
-	code = 0;
-	if (sdb_query_open(fc, x->db, coll, &spec, &q, &code, x->err, sizeof x->err) != 0) {
-		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
-		x->conn = worker_conn;
-		shard_conn_put(x->sh, fc);
-		sdb_projection_free(proj);
+	int kc = find_spec(x, coll, o, &kr, &spec);
+	if (kc)
+		shard_fail(x, kc, "%s", x->err);
+	sdb_query *q = kc ? NULL : query_open(x, coll, &spec); /* x->conn is fc */
+	if (!q) {
+		find_conn_put(x, worker_conn, fc, proj);
 		return;
 	}
+	code = 0;
 	uint64_t at = snapshot ? sdb_store_oplog_last(fc) : 0;
 	size_t batch = o->have_batch ? (size_t)o->batch : SHARD_DEFAULT_BATCH;
 	bson_t *reply = bson_new();
@@ -629,9 +670,7 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		sdb_query_free(q);
 		sdb_doc_free(pending);
 		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
-		x->conn = worker_conn;
-		shard_conn_put(x->sh, fc);
-		sdb_projection_free(proj);
+		find_conn_put(x, worker_conn, fc, proj);
 		return;
 	}
 	x->conn = worker_conn;
@@ -663,14 +702,10 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 
 void shard_cmd_find(shard_ctx *x)
 {
-	const char *coll = shard_coll_arg(x);
+	find_opts o;
+	const char *coll = find_args(x, "find", false, &o);
 	if (!coll)
 		return;
-	find_opts o;
-	if (!parse_find_opts(x, x->cmd, "find", &o)) {
-		find_opts_destroy(&o);
-		return;
-	}
 	if (strcmp(x->db, OPLOG_DB) == 0 && strcmp(coll, OPLOG_COLL) == 0 && o.have_key_range)
 		shard_fail(x, WIRE_ERR_BAD_VALUE, "keyRange is not allowed on the oplog");
 	else if (strcmp(x->db, OPLOG_DB) == 0 && strcmp(coll, OPLOG_COLL) == 0)
@@ -682,14 +717,10 @@ void shard_cmd_find(shard_ctx *x)
 
 void shard_cmd_snapshot(shard_ctx *x)
 {
-	const char *coll = shard_coll_arg(x);
+	find_opts o;
+	const char *coll = find_args(x, "stripedbSnapshot", false, &o);
 	if (!coll)
 		return;
-	find_opts o;
-	if (!parse_find_opts(x, x->cmd, "stripedbSnapshot", &o)) {
-		find_opts_destroy(&o);
-		return;
-	}
 	run_find(x, coll, &o, true);
 	find_opts_destroy(&o);
 }
@@ -908,37 +939,52 @@ void shard_cmd_killcursors(shard_ctx *x)
 
 /* ------------------------------------------------------------------ count / distinct */
 
+/* Run a query over db.coll on x->conn (o's filter and hint, with paged its skip and limit
+ * too, restricted by shard_filtering_spec) and call each(ctx, doc) on every document.
+ * Returns true, or false after replying the query's error (its code, else BadValue when it
+ * does not open, InternalError when it fails midway). o stays the caller's. */
+static bool query_each(shard_ctx *x, const char *coll, const find_opts *o, bool paged,
+		       void (*each)(void *ctx, const bson_t *doc), void *ctx)
+{
+	sdb_query_spec spec = {.filter = &o->filter, .hint = o->have_hint ? &o->hint : NULL};
+	if (paged) {
+		spec.skip = o->skip;
+		spec.limit = o->limit;
+	}
+	shard_filtering_spec(x, &spec);
+	sdb_query *q = query_open(x, coll, &spec);
+	if (!q)
+		return false;
+	const bson_t *d;
+	int code = 0, rc;
+	while ((rc = sdb_query_next(q, &d, &code, x->err, sizeof x->err)) == 1)
+		each(ctx, d);
+	sdb_query_free(q);
+	if (rc < 0)
+		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
+	return rc >= 0;
+}
+
+static void count_doc(void *ctx, const bson_t *doc)
+{
+	(void)doc;
+	(*(int64_t *)ctx)++;
+}
+
 void shard_cmd_count(shard_ctx *x)
 {
-	const char *coll = shard_coll_arg(x);
+	find_opts o;
+	const char *coll = find_args(x, "count", true, &o);
 	if (!coll)
 		return;
-	find_opts o;
-	if (!parse_find_opts(x, x->cmd, "count", &o)) {
-		find_opts_destroy(&o);
-		return;
-	}
-	if (!shard_begin(x, false)) {
-		find_opts_destroy(&o);
-		return;
-	}
 	int64_t n = 0;
 	if (coll_is_view(x, coll)) {
-		bson_t stages = BSON_INITIALIZER, cnt = BSON_INITIALIZER;
+		bson_t stages = BSON_INITIALIZER, st;
 		uint32_t nst = 0;
-		stage_doc(&stages, &nst, "$match", &o.filter);
-		if (o.skip)
-			stage_int(&stages, &nst, "$skip", o.skip);
-		if (o.limit)
-			stage_int(&stages, &nst, "$limit", o.limit);
-		char k[16];
-		const char *kp;
-		bson_t st;
-		bson_uint32_to_string(nst++, &kp, k, sizeof k);
-		BSON_APPEND_DOCUMENT_BEGIN(&stages, kp, &st);
+		view_stages(&o, false, &stages, &nst);
+		stage_open(&stages, &nst, &st);
 		BSON_APPEND_UTF8(&st, "$count", "n");
 		bson_append_document_end(&stages, &st);
-		bson_destroy(&cnt);
 		bson_t **docs = NULL;
 		size_t nd = 0;
 		bool ok = agg_exec(x, coll, &stages, NULL, &docs, &nd, NULL);
@@ -962,32 +1008,9 @@ void shard_cmd_count(shard_ctx *x)
 			n = 0;
 		if (o.limit && n > o.limit)
 			n = o.limit;
-	} else {
-		sdb_query_spec spec = {
-			.filter = &o.filter,
-			.hint = o.have_hint ? &o.hint : NULL,
-			.skip = o.skip,
-			.limit = o.limit,
-		};
-		shard_filtering_spec(x, &spec);
-		sdb_query *q = NULL;
-		int code = 0;
-		if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err,
-				   sizeof x->err) != 0) {
-			find_opts_destroy(&o);
-			shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
-			return;
-		}
-		const bson_t *d;
-		int rc;
-		while ((rc = sdb_query_next(q, &d, &code, x->err, sizeof x->err)) == 1)
-			n++;
-		sdb_query_free(q);
-		if (rc < 0) {
-			find_opts_destroy(&o);
-			shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
-			return;
-		}
+	} else if (!query_each(x, coll, &o, true, count_doc, &n)) {
+		find_opts_destroy(&o);
+		return;
 	}
 	sdb_store_rollback(x->conn);
 	find_opts_destroy(&o);
@@ -1000,6 +1023,7 @@ void shard_cmd_count(shard_ctx *x)
 }
 
 typedef struct distinct_acc {
+	const char *key;
 	bson_value_t *vals;
 	size_t n, cap;
 } distinct_acc;
@@ -1021,6 +1045,12 @@ static bool distinct_visit(void *ctx, const bson_iter_t *it, unsigned flags)
 	}
 	bson_value_copy(v, &a->vals[a->n++]);
 	return false;
+}
+
+static void distinct_doc(void *ctx, const bson_t *doc)
+{
+	distinct_acc *a = ctx;
+	sdb_path_walk(doc, a->key, SDB_PATH_EXPAND_LEAF, distinct_visit, a);
 }
 
 static int value_cmp(const void *a, const void *b)
@@ -1045,36 +1075,16 @@ void shard_cmd_distinct(shard_ctx *x)
 		return;
 	}
 	find_opts o;
-	if (!parse_find_opts(x, x->cmd, "distinct", &o)) {
-		find_opts_destroy(&o);
+	if (!find_opts_get(x, x->cmd, "distinct", true, &o))
 		return;
-	}
-	if (!shard_begin(x, false)) {
-		find_opts_destroy(&o);
-		return;
-	}
-	sdb_query_spec spec = {.filter = &o.filter, .hint = o.have_hint ? &o.hint : NULL};
-	shard_filtering_spec(x, &spec);
-	sdb_query *q = NULL;
-	int code = 0;
-	if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err, sizeof x->err) != 0) {
-		find_opts_destroy(&o);
-		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
-		return;
-	}
-	distinct_acc acc = {0};
-	const bson_t *d;
-	int rc;
-	while ((rc = sdb_query_next(q, &d, &code, x->err, sizeof x->err)) == 1)
-		sdb_path_walk(d, key, SDB_PATH_EXPAND_LEAF, distinct_visit, &acc);
-	sdb_query_free(q);
+	distinct_acc acc = {.key = key};
+	bool ok = query_each(x, coll, &o, false, distinct_doc, &acc);
 	sdb_store_rollback(x->conn);
 	find_opts_destroy(&o);
-	if (rc < 0) {
+	if (!ok) {
 		for (size_t i = 0; i < acc.n; i++)
 			bson_value_destroy(&acc.vals[i]);
 		free(acc.vals);
-		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
 		return;
 	}
 	sdb_qsort(acc.vals, acc.n, sizeof *acc.vals, value_cmp);
@@ -1115,6 +1125,25 @@ static bool coll_is_view(shard_ctx *x, const char *coll)
 	       bson_iter_init_find(&it, co->options, "viewOn");
 }
 
+/* Append the stages after it (an iterator over a BSON array) to stages (*nst so far). */
+static void stages_append_rest(bson_t *stages, uint32_t *nst, bson_iter_t *it)
+{
+	while (bson_iter_next(it)) {
+		char k[16];
+		const char *kp;
+		bson_uint32_to_string((*nst)++, &kp, k, sizeof k);
+		bson_append_iter(stages, kp, -1, it);
+	}
+}
+
+/* Append every stage of arr (a BSON array) to stages. */
+static void stages_append(bson_t *stages, uint32_t *nst, const bson_t *arr)
+{
+	bson_iter_t it;
+	if (bson_iter_init(&it, arr))
+		stages_append_rest(stages, nst, &it);
+}
+
 /* Is db.coll a view? Then *source gets its viewOn (in buf) and the view's pipeline
  * stages are appended to *stages (an array builder, keys from *nst). Follows views of
  * views (at most 20 levels). Needs an open transaction. Returns false when not a view. */
@@ -1136,16 +1165,8 @@ static bool view_resolve(shard_ctx *x, const char *coll, char *buf, size_t bufle
 			break;
 		bson_init(&levels[nl]);
 		if (bson_iter_init_find(&pit, co->options, "pipeline") &&
-		    BSON_ITER_HOLDS_ARRAY(&pit)) {
-			uint32_t len;
-			const uint8_t *d;
-			bson_iter_array(&pit, &len, &d);
-			bson_t arr;
-			if (bson_init_static(&arr, d, len)) {
-				bson_destroy(&levels[nl]);
-				bson_copy_to(&arr, &levels[nl]);
-			}
-		}
+		    BSON_ITER_HOLDS_ARRAY(&pit))
+			util_iter_copy(&pit, &levels[nl]);
 		nl++;
 		snprintf(cur, sizeof cur, "%s", bson_iter_utf8(&it, NULL));
 		any = true;
@@ -1153,33 +1174,11 @@ static bool view_resolve(shard_ctx *x, const char *coll, char *buf, size_t bufle
 	if (!any)
 		return false;
 	for (int l = nl - 1; l >= 0; l--) {
-		bson_iter_t it;
-		if (bson_iter_init(&it, &levels[l])) {
-			while (bson_iter_next(&it)) {
-				char k[16];
-				const char *kp;
-				bson_uint32_to_string((*nst)++, &kp, k, sizeof k);
-				bson_append_iter(stages, kp, -1, &it);
-			}
-		}
+		stages_append(stages, nst, &levels[l]);
 		bson_destroy(&levels[l]);
 	}
 	snprintf(buf, buflen, "%s", cur);
 	return true;
-}
-
-/* Append every stage of arr (a BSON array) to stages. */
-static void stages_append(bson_t *stages, uint32_t *nst, const bson_t *arr)
-{
-	bson_iter_t it;
-	if (!bson_iter_init(&it, arr))
-		return;
-	while (bson_iter_next(&it)) {
-		char k[16];
-		const char *kp;
-		bson_uint32_to_string((*nst)++, &kp, k, sizeof k);
-		bson_append_iter(stages, kp, -1, &it);
-	}
 }
 
 typedef struct array_input {
@@ -1220,12 +1219,7 @@ static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 		    bson_iter_next(&st) && strcmp(bson_iter_key(&st), "$listLocalSessions") == 0) {
 			list_sessions = true;
 			shard_sessions_list(x->sh, &sessions.docs, &sessions.n);
-			while (bson_iter_next(&it)) {
-				char k[16];
-				const char *kp;
-				bson_uint32_to_string(nst++, &kp, k, sizeof k);
-				bson_append_iter(&all, kp, -1, &it);
-			}
+			stages_append_rest(&all, &nst, &it);
 		}
 	}
 	if (!list_sessions)
@@ -1319,12 +1313,7 @@ static bool run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out
 			   "'pipeline' option must be specified as an array");
 		return false;
 	}
-	{
-		uint32_t len;
-		const uint8_t *d;
-		bson_iter_array(&it, &len, &d);
-		bson_init_static(&stages, d, len);
-	}
+	util_iter_bson(&it, &stages);
 	*batch = -1;
 	bool have_cursor = false;
 	if (bson_iter_init_find(&it, cmd, "cursor")) {
@@ -1395,11 +1384,8 @@ void shard_cmd_explain(shard_ctx *x)
 				   "explain command requires a nested object");
 			return;
 		}
-		uint32_t len;
-		const uint8_t *d;
-		bson_iter_document(&it, &len, &d);
 		bson_t tmp;
-		bson_init_static(&tmp, d, len);
+		util_iter_bson(&it, &tmp);
 		bson_copy_to(&tmp, &inner);
 		if (bson_iter_init_find(&it, x->cmd, "verbosity") && BSON_ITER_HOLDS_UTF8(&it) &&
 		    strcmp(bson_iter_utf8(&it, NULL), "queryPlanner") == 0)
@@ -1444,11 +1430,8 @@ void shard_cmd_explain(shard_ctx *x)
 			bson_iter_t arr;
 			if (BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr) &&
 			    bson_iter_next(&arr) && BSON_ITER_HOLDS_DOCUMENT(&arr)) {
-				uint32_t len;
-				const uint8_t *d;
-				bson_iter_document(&arr, &len, &d);
 				bson_t st;
-				bson_init_static(&st, d, len);
+				util_iter_bson(&arr, &st);
 				bson_iter_t qi;
 				if (bson_iter_init_find(&qi, &st, "q"))
 					bson_append_iter(&sub, "filter", -1, &qi);
@@ -1457,52 +1440,23 @@ void shard_cmd_explain(shard_ctx *x)
 			}
 			src = &sub;
 		}
-		if (!parse_find_opts(x, src, verb, &o)) {
-			find_opts_destroy(&o);
-			bson_destroy(&sub);
-			bson_destroy(reply);
-			bson_destroy(&inner);
-			return;
-		}
+		bool ok = parse_find_opts(x, src, verb, &o);
 		bson_destroy(&sub);
-		if (!shard_begin(x, false)) {
-			find_opts_destroy(&o);
-			bson_destroy(reply);
-			bson_destroy(&inner);
-			return;
-		}
-		sdb_query_spec spec = {
-			.filter = &o.filter,
-			.sort = o.have_sort ? &o.sort : NULL,
-			.hint = o.have_hint ? &o.hint : NULL,
-			.skip = o.skip,
-			.limit = o.limit,
-		};
+		sdb_query_spec spec;
 		shard_key_range kr;
-		if (o.have_key_range) {
-			char *kns = sdb_asprintf("%s.%s", x->db, coll);
-			int kc = shard_filtering_key_range(x, kns, &o.key_range, &kr, &spec);
-			free(kns);
-			if (kc) {
-				find_opts_destroy(&o);
-				bson_destroy(reply);
-				bson_destroy(&inner);
-				shard_fail(x, kc, "%s", x->err);
-				return;
-			}
-		} else {
-			shard_filtering_spec(x, &spec);
-		}
+		int kc = 0;
 		sdb_query *q = NULL;
-		int code = 0;
-		if (sdb_query_open(x->conn, x->db, coll, &spec, &q, &code, x->err,
-				   sizeof x->err) != 0) {
+		if (ok && shard_begin(x, false) && !(kc = find_spec(x, coll, &o, &kr, &spec)))
+			q = query_open(x, coll, &spec);
+		else if (kc)
+			shard_fail(x, kc, "%s", x->err);
+		if (!q) {
 			find_opts_destroy(&o);
 			bson_destroy(reply);
 			bson_destroy(&inner);
-			shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
 			return;
 		}
+		int code = 0;
 		const bson_t *d;
 		if (stats)
 			while (sdb_query_next(q, &d, &code, x->err, sizeof x->err) == 1)

@@ -143,105 +143,194 @@ static void reply_write(shard_ctx *x, int64_t n, int64_t n_modified, bool with_m
 	wire_req_reply(x->req, reply);
 }
 
+/* One write command's batch: the statements array, its retryable-write fields and the
+ * writeErrors gathered so far. what names a statement in the error for one that is not a
+ * document ("update statement"). Opened by wbatch_open, ended by wbatch_close or
+ * wbatch_abort. */
+typedef struct wbatch {
+	const char *coll;
+	const char *what;
+	bson_iter_t arr;
+	bool ordered;
+	shard_txn t;
+	werrs w;
+	int64_t i; /* the current statement's index, -1 before the first */
+} wbatch;
+
+/* Open the batch of the write command cmd (its statements in x->cmd's array field): the
+ * collection, the array, ordered and the retryable-write fields, then the write transaction
+ * (version check, refusal of a view, the session's txnNumber and, with import_sessions, the
+ * migrated sessions). Replies and returns false on failure (b then holds nothing). */
+static bool wbatch_open(shard_ctx *x, const char *cmd, const char *field, const char *what,
+			bool import_sessions, wbatch *b)
+{
+	uint32_t count;
+	b->coll = shard_coll_arg(x);
+	if (!b->coll || !get_array(x, cmd, field, &b->arr, &count))
+		return false;
+	b->what = what;
+	b->ordered = get_ordered(x->cmd);
+	if (!shard_txn_parse(x, &b->t, count))
+		return false;
+	if (!shard_begin(x, true) || shard_refuse_view(x, b->coll) ||
+	    !shard_txn_start(x, &b->t) || (import_sessions && !shard_mig_sessions_import(x))) {
+		shard_txn_free(&b->t);
+		return false;
+	}
+	b->w = (werrs){.n = 0};
+	bson_init(&b->w.arr);
+	b->i = -1;
+	return true;
+}
+
+/* Record a writeError for the current statement; returns true when the batch stops there
+ * (ordered). */
+static bool wbatch_error(wbatch *b, int code, const char *msg, const sdb_store_dup *dup)
+{
+	werr_add(&b->w, b->i, code, msg, dup);
+	return b->ordered;
+}
+
+/* Step to the next statement. Returns 1 with *done set (the recorded outcome of a retried
+ * statement that ran before, sdb_doc_free) or with *done NULL and st a static view of the
+ * statement to run; 0 at the end (or after an ordered batch's statement that is not a
+ * document, whose writeError is recorded; an unordered batch records it and goes on); -1
+ * after the session lookup replied an error (the caller then calls wbatch_abort). */
+static int wbatch_next(shard_ctx *x, wbatch *b, bson_t *st, bson_t **done)
+{
+	while (bson_iter_next(&b->arr)) {
+		b->i++;
+		*done = NULL;
+		int seen = shard_txn_lookup(x, &b->t, (uint32_t)b->i, done);
+		if (seen != 0)
+			return seen;
+		if (BSON_ITER_HOLDS_DOCUMENT(&b->arr)) {
+			util_iter_bson(&b->arr, st);
+			return 1;
+		}
+		char msg[64];
+		snprintf(msg, sizeof msg, "%s must be an object", b->what);
+		if (wbatch_error(b, WIRE_ERR_TYPE_MISMATCH, msg, NULL))
+			return 0;
+	}
+	return 0;
+}
+
+/* Before the current statement's writes: its savepoint, and the session fields (ms: those
+ * of a migrated statement, or NULL) its oplog entries carry. */
+static void wbatch_stmt_begin(shard_ctx *x, wbatch *b, shard_mig_sess *ms)
+{
+	sdb_store_savepoint(x->conn);
+	shard_txn_tag(x, &b->t, (uint32_t)b->i);
+	if (ms)
+		shard_mig_sess_tag(x, ms);
+}
+
+/* After the current statement succeeded, in its savepoint: the migrated statement's record
+ * (ms, or NULL), then its outcome res for retries (when the command has a session). 0 or the
+ * store error (message in x->err). */
+static int wbatch_stmt_record(shard_ctx *x, wbatch *b, shard_mig_sess *ms, const bson_t *res)
+{
+	int rc;
+	if (ms && (rc = shard_mig_sess_record(x, ms)) != 0)
+		return rc;
+	return b->t.on ? shard_txn_record(x, &b->t, (uint32_t)b->i, res) : 0;
+}
+
+/* End the current statement: keep its writes when ok, else undo them and stop tagging
+ * oplog entries with a migrated statement's session (ms, or NULL). */
+static void wbatch_stmt_end(shard_ctx *x, shard_mig_sess *ms, bool ok)
+{
+	if (ok) {
+		sdb_store_savepoint_release(x->conn);
+		return;
+	}
+	sdb_store_savepoint_rollback(x->conn);
+	if (ms && ms->on) /* the next statement's entries must not carry this one's session */
+		sdb_store_set_op_session(x->conn, NULL, 0, 0);
+}
+
+/* Release the batch of a command that failed (the reply is the caller's). */
+static void wbatch_abort(wbatch *b)
+{
+	bson_destroy(&b->w.arr);
+	shard_txn_free(&b->t);
+}
+
+/* Commit the batch and reply {n, nModified (with_modified), upserted, writeErrors};
+ * releases b (upserted stays the caller's). */
+static void wbatch_close(shard_ctx *x, wbatch *b, int64_t n, int64_t n_modified,
+			 bool with_modified, bson_t *upserted, int n_upserted)
+{
+	shard_txn_free(&b->t);
+	if (shard_commit(x))
+		reply_write(x, n, n_modified, with_modified, upserted, n_upserted, &b->w);
+	bson_destroy(&b->w.arr);
+}
+
 /* ------------------------------------------------------------------ insert */
 
 void shard_cmd_insert(shard_ctx *x)
 {
-	const char *coll = shard_coll_arg(x);
-	if (!coll)
+	wbatch b;
+	if (!wbatch_open(x, "insert", "documents", "document to insert", false, &b))
 		return;
-	bson_iter_t arr;
-	uint32_t count;
-	if (!get_array(x, "insert", "documents", &arr, &count))
-		return;
-	bool ordered = get_ordered(x->cmd);
-	shard_txn t;
-	if (!shard_txn_parse(x, &t, count))
-		return;
-	if (!shard_begin(x, true) || shard_refuse_view(x, coll) || !shard_txn_start(x, &t)) {
-		shard_txn_free(&t);
-		return;
-	}
-	werrs w = {.n = 0};
-	bson_init(&w.arr);
-	int64_t n = 0, i = -1;
-	while (bson_iter_next(&arr)) {
-		i++;
-		bson_t *done = NULL;
-		int seen = shard_txn_lookup(x, &t, (uint32_t)i, &done);
-		if (seen < 0) {
-			bson_destroy(&w.arr);
-			shard_txn_free(&t);
-			return;
-		}
-		if (seen == 1) { /* a retry: executed before, not again */
+	int64_t n = 0;
+	bson_t in, *done;
+	int more;
+	while ((more = wbatch_next(x, &b, &in, &done)) > 0) {
+		if (done) { /* a retry: executed before, not again */
 			sdb_doc_free(done);
 			n++;
 			continue;
 		}
-		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
-			werr_add(&w, i, WIRE_ERR_TYPE_MISMATCH, "document to insert must be an object",
-				 NULL);
-			if (ordered)
-				break;
-			continue;
-		}
-		uint32_t len;
-		const uint8_t *data;
-		bson_iter_document(&arr, &len, &data);
-		bson_t in, doc;
-		bson_init_static(&in, data, len);
-		if (len > WIRE_MAX_BSON_SIZE) {
-			werr_add(&w, i, WIRE_ERR_BSON_TOO_LARGE, "object to insert too large", NULL);
-			if (ordered)
+		if (in.len > WIRE_MAX_BSON_SIZE) {
+			if (wbatch_error(&b, WIRE_ERR_BSON_TOO_LARGE, "object to insert too large",
+					 NULL))
 				break;
 			continue;
 		}
 		if (!sdb_bson_depth_ok(&in, 100)) {
-			werr_add(&w, i, WIRE_ERR_OVERFLOW,
-				 "Document exceeds maximum nesting depth of 100", NULL);
-			if (ordered)
+			if (wbatch_error(&b, WIRE_ERR_OVERFLOW,
+					 "Document exceeds maximum nesting depth of 100", NULL))
 				break;
 			continue;
 		}
+		bson_t doc;
 		prepare_insert(x, &in, &doc);
 		sdb_store_dup dup = {0};
-		sdb_store_savepoint(x->conn);
-		shard_txn_tag(x, &t, (uint32_t)i);
-		int rc = sdb_store_insert(x->conn, x->db, coll, &doc, x->origin, &dup, x->err,
+		wbatch_stmt_begin(x, &b, NULL);
+		int rc = sdb_store_insert(x->conn, x->db, b.coll, &doc, x->origin, &dup, x->err,
 					  sizeof x->err);
 		bson_destroy(&doc);
-		if (rc == 0 && t.on) {
+		if (rc == 0) {
 			bson_t res = BSON_INITIALIZER;
 			BSON_APPEND_INT32(&res, "n", 1);
-			rc = shard_txn_record(x, &t, (uint32_t)i, &res);
+			rc = wbatch_stmt_record(x, &b, NULL, &res);
 			bson_destroy(&res);
 		}
+		wbatch_stmt_end(x, NULL, rc == 0);
 		if (rc == 0) {
-			sdb_store_savepoint_release(x->conn);
 			n++;
 			continue;
 		}
-		sdb_store_savepoint_rollback(x->conn);
 		if (rc == SDB_EIO || rc == SDB_EBUSY || rc == SDB_ECORRUPT) {
 			sdb_store_dup_clear(&dup);
-			bson_destroy(&w.arr);
-			shard_txn_free(&t);
+			wbatch_abort(&b);
 			shard_fail(x, WIRE_ERR_INTERNAL, "insert: %s", x->err);
 			return;
 		}
-		werr_add(&w, i, write_code(rc, x->conn), dup.set ? dup.errmsg : x->err, &dup);
+		bool stop = wbatch_error(&b, write_code(rc, x->conn),
+					 dup.set ? dup.errmsg : x->err, &dup);
 		sdb_store_dup_clear(&dup);
-		if (ordered)
+		if (stop)
 			break;
 	}
-	shard_txn_free(&t);
-	if (!shard_commit(x)) {
-		bson_destroy(&w.arr);
+	if (more < 0) {
+		wbatch_abort(&b);
 		return;
 	}
-	reply_write(x, n, 0, false, NULL, 0, &w);
-	bson_destroy(&w.arr);
+	wbatch_close(x, &b, n, 0, false, NULL, 0);
 }
 
 /* ------------------------------------------------------------------ update */
@@ -320,13 +409,7 @@ static int parse_upd_stmt(shard_ctx *x, const bson_t *st, upd_stmt *s)
 					 util_type_name(bson_iter_type(&it)));
 				return WIRE_ERR_TYPE_MISMATCH;
 			}
-			uint32_t len;
-			const uint8_t *d;
-			bson_iter_document(&it, &len, &d);
-			bson_t tmp;
-			bson_init_static(&tmp, d, len);
-			bson_destroy(&s->q);
-			bson_copy_to(&tmp, &s->q);
+			util_iter_copy(&it, &s->q);
 		} else if (strcmp(k, "u") == 0) {
 			s->u = it;
 			s->have_u = true;
@@ -342,13 +425,7 @@ static int parse_upd_stmt(shard_ctx *x, const bson_t *st, upd_stmt *s)
 					 util_type_name(bson_iter_type(&it)));
 				return WIRE_ERR_TYPE_MISMATCH;
 			}
-			uint32_t len;
-			const uint8_t *d;
-			bson_iter_array(&it, &len, &d);
-			bson_t tmp;
-			bson_init_static(&tmp, d, len);
-			bson_destroy(&s->array_filters);
-			bson_copy_to(&tmp, &s->array_filters);
+			util_iter_copy(&it, &s->array_filters);
 			s->have_af = true;
 		} else if (strcmp(k, "hint") == 0) {
 			if (BSON_ITER_HOLDS_UTF8(&it) ||
@@ -561,60 +638,26 @@ static void append_upserted(bson_t *upserted, int *n_upserted, int64_t i, const 
 
 void shard_cmd_update(shard_ctx *x)
 {
-	const char *coll = shard_coll_arg(x);
-	if (!coll)
+	wbatch b;
+	if (!wbatch_open(x, "update", "updates", "update statement", true, &b))
 		return;
-	bson_iter_t arr;
-	uint32_t count;
-	if (!get_array(x, "update", "updates", &arr, &count))
-		return;
-	bool ordered = get_ordered(x->cmd);
-	shard_txn t;
-	if (!shard_txn_parse(x, &t, count))
-		return;
-	if (!shard_begin(x, true) || shard_refuse_view(x, coll) || !shard_txn_start(x, &t) ||
-	    !shard_mig_sessions_import(x)) {
-		shard_txn_free(&t);
-		return;
-	}
-	werrs w = {.n = 0};
-	bson_init(&w.arr);
 	bson_t upserted = BSON_INITIALIZER;
 	int n_upserted = 0;
-	int64_t matched = 0, modified = 0, i = -1;
-	while (bson_iter_next(&arr)) {
-		i++;
-		bson_t *done = NULL;
-		int seen = shard_txn_lookup(x, &t, (uint32_t)i, &done);
-		if (seen < 0) {
-			bson_destroy(&w.arr);
-			bson_destroy(&upserted);
-			shard_txn_free(&t);
-			return;
-		}
-		if (seen == 1) { /* a retry: the recorded outcome, not a second execution */
+	int64_t matched = 0, modified = 0;
+	bson_t st, *done;
+	int more;
+	while ((more = wbatch_next(x, &b, &st, &done)) > 0) {
+		if (done) { /* a retry: the recorded outcome, not a second execution */
 			bson_iter_t rit;
 			if (bson_iter_init_find(&rit, done, "n"))
 				matched += bson_iter_as_int64(&rit);
 			if (bson_iter_init_find(&rit, done, "nModified"))
 				modified += bson_iter_as_int64(&rit);
 			if (bson_iter_init_find(&rit, done, "upserted"))
-				append_upserted(&upserted, &n_upserted, i, bson_iter_value(&rit));
+				append_upserted(&upserted, &n_upserted, b.i, bson_iter_value(&rit));
 			sdb_doc_free(done);
 			continue;
 		}
-		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
-			werr_add(&w, i, WIRE_ERR_TYPE_MISMATCH, "update statement must be an object",
-				 NULL);
-			if (ordered)
-				break;
-			continue;
-		}
-		uint32_t len;
-		const uint8_t *data;
-		bson_iter_document(&arr, &len, &data);
-		bson_t st;
-		bson_init_static(&st, data, len);
 		upd_stmt s;
 		shard_mig_sess ms;
 		int code = parse_upd_stmt(x, &st, &s);
@@ -623,66 +666,55 @@ void shard_cmd_update(shard_ctx *x)
 		if (code) {
 			upd_stmt_destroy(&s);
 			/* malformed statements fail the whole command, as mongod */
-			bson_destroy(&w.arr);
+			wbatch_abort(&b);
 			bson_destroy(&upserted);
-			shard_txn_free(&t);
 			shard_fail(x, code, "%s", x->err);
 			return;
 		}
 		upd_result r;
 		sdb_store_dup dup = {0};
-		sdb_store_savepoint(x->conn);
-		shard_txn_tag(x, &t, (uint32_t)i);
-		shard_mig_sess_tag(x, &ms);
-		code = run_update(x, coll, &s, NULL, false, &r, &dup);
+		wbatch_stmt_begin(x, &b, &ms);
+		code = run_update(x, b.coll, &s, NULL, false, &r, &dup);
 		upd_stmt_destroy(&s);
-		if (code == 0 && shard_mig_sess_record(x, &ms) != 0)
-			code = WIRE_ERR_INTERNAL;
-		if (code == 0 && t.on) {
+		if (code == 0) {
 			bson_t res = BSON_INITIALIZER;
 			BSON_APPEND_INT64(&res, "n", r.matched);
 			BSON_APPEND_INT64(&res, "nModified", r.modified);
 			if (r.upserted)
 				BSON_APPEND_VALUE(&res, "upserted", &r.upserted_id);
-			if (shard_txn_record(x, &t, (uint32_t)i, &res) != 0)
+			if (wbatch_stmt_record(x, &b, &ms, &res) != 0)
 				code = WIRE_ERR_INTERNAL;
 			bson_destroy(&res);
 		}
+		wbatch_stmt_end(x, &ms, code == 0);
 		if (code == 0) {
-			sdb_store_savepoint_release(x->conn);
 			matched += r.matched;
 			modified += r.modified;
 			if (r.upserted)
-				append_upserted(&upserted, &n_upserted, i, &r.upserted_id);
+				append_upserted(&upserted, &n_upserted, b.i, &r.upserted_id);
 			upd_result_destroy(&r);
 			sdb_store_dup_clear(&dup);
 			continue;
 		}
-		sdb_store_savepoint_rollback(x->conn);
-		if (ms.on) /* the next statement's entries must not carry this one's session */
-			sdb_store_set_op_session(x->conn, NULL, 0, 0);
 		upd_result_destroy(&r);
 		if (code == WIRE_ERR_INTERNAL) {
 			sdb_store_dup_clear(&dup);
-			bson_destroy(&w.arr);
+			wbatch_abort(&b);
 			bson_destroy(&upserted);
-			shard_txn_free(&t);
 			shard_fail(x, WIRE_ERR_INTERNAL, "update: %s", x->err);
 			return;
 		}
-		werr_add(&w, i, code, x->err, &dup);
+		bool stop = wbatch_error(&b, code, x->err, &dup);
 		sdb_store_dup_clear(&dup);
-		if (ordered)
+		if (stop)
 			break;
 	}
-	shard_txn_free(&t);
-	if (!shard_commit(x)) {
-		bson_destroy(&w.arr);
+	if (more < 0) {
+		wbatch_abort(&b);
 		bson_destroy(&upserted);
 		return;
 	}
-	reply_write(x, matched + n_upserted, modified, true, &upserted, n_upserted, &w);
-	bson_destroy(&w.arr);
+	wbatch_close(x, &b, matched + n_upserted, modified, true, &upserted, n_upserted);
 	bson_destroy(&upserted);
 }
 
@@ -690,24 +722,10 @@ void shard_cmd_update(shard_ctx *x)
 
 void shard_cmd_delete(shard_ctx *x)
 {
-	const char *coll = shard_coll_arg(x);
-	if (!coll)
+	wbatch b;
+	if (!wbatch_open(x, "delete", "deletes", "delete statement", false, &b))
 		return;
-	bson_iter_t arr;
-	uint32_t count;
-	if (!get_array(x, "delete", "deletes", &arr, &count))
-		return;
-	bool ordered = get_ordered(x->cmd);
-	shard_txn t;
-	if (!shard_txn_parse(x, &t, count))
-		return;
-	if (!shard_begin(x, true) || shard_refuse_view(x, coll) || !shard_txn_start(x, &t)) {
-		shard_txn_free(&t);
-		return;
-	}
-	werrs w = {.n = 0};
-	bson_init(&w.arr);
-	int64_t n = 0, i = -1, part = 0;
+	int64_t n = 0, part = 0;
 	{
 		/* one part of a multi-document delete the primary splits (shard/repl.h) */
 		bson_iter_t pi;
@@ -715,34 +733,17 @@ void shard_cmd_delete(shard_ctx *x)
 		    BSON_ITER_HOLDS_INT64(&pi))
 			part = bson_iter_int64(&pi);
 	}
-	while (bson_iter_next(&arr)) {
-		i++;
-		bson_t *done = NULL;
-		int seen = shard_txn_lookup(x, &t, (uint32_t)i, &done);
-		if (seen < 0) {
-			bson_destroy(&w.arr);
-			shard_txn_free(&t);
-			return;
-		}
-		if (seen == 1) { /* a retry: the recorded outcome */
+	bson_t st, *done;
+	int more;
+	while ((more = wbatch_next(x, &b, &st, &done)) > 0) {
+		if (done) { /* a retry: the recorded outcome */
 			bson_iter_t rit;
 			if (bson_iter_init_find(&rit, done, "n"))
 				n += bson_iter_as_int64(&rit);
 			sdb_doc_free(done);
 			continue;
 		}
-		bson_t st, q = BSON_INITIALIZER;
-		uint32_t len;
-		const uint8_t *data;
-		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
-			werr_add(&w, i, WIRE_ERR_TYPE_MISMATCH, "delete statement must be an object",
-				 NULL);
-			if (ordered)
-				break;
-			continue;
-		}
-		bson_iter_document(&arr, &len, &data);
-		bson_init_static(&st, data, len);
+		bson_t q = BSON_INITIALIZER;
 		bson_iter_t it, hint;
 		bool have_hint = false, have_q = false, have_kr = false;
 		int64_t limit = -1, kr_limit = 0;
@@ -751,11 +752,7 @@ void shard_cmd_delete(shard_ctx *x)
 			while (bson_iter_next(&it)) {
 				const char *k = bson_iter_key(&it);
 				if (strcmp(k, "q") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
-					bson_iter_document(&it, &len, &data);
-					bson_t tmp;
-					bson_init_static(&tmp, data, len);
-					bson_destroy(&q);
-					bson_copy_to(&tmp, &q);
+					util_iter_copy(&it, &q);
 					have_q = true;
 				} else if (strcmp(k, "limit") == 0 && BSON_ITER_HOLDS_NUMBER(&it)) {
 					limit = bson_iter_as_int64(&it);
@@ -766,8 +763,7 @@ void shard_cmd_delete(shard_ctx *x)
 					have_hint = true;
 				} else if (strcmp(k, "keyRange") == 0 &&
 					   BSON_ITER_HOLDS_DOCUMENT(&it)) {
-					bson_iter_document(&it, &len, &data);
-					bson_init_static(&kr, data, len);
+					util_iter_bson(&it, &kr);
 					have_kr = true;
 				} else if (strcmp(k, "keyRangeLimit") == 0 &&
 					   BSON_ITER_HOLDS_NUMBER(&it)) {
@@ -785,8 +781,7 @@ void shard_cmd_delete(shard_ctx *x)
 			if (!x->origin || !have_kr || !marker || limit != 0 || kr_limit < 0 ||
 			    have_hint) {
 				bson_destroy(&q);
-				bson_destroy(&w.arr);
-				shard_txn_free(&t);
+				wbatch_abort(&b);
 				shard_fail(x, WIRE_ERR_BAD_VALUE,
 					   "keyRange on a delete statement (a migration's cleanup) "
 					   "needs $stripedbOrigin, q: {$stripedbKeyRange: true}, limit: "
@@ -797,8 +792,7 @@ void shard_cmd_delete(shard_ctx *x)
 		}
 		if (!have_q || (limit != 0 && limit != 1)) {
 			bson_destroy(&q);
-			bson_destroy(&w.arr);
-			shard_txn_free(&t);
+			wbatch_abort(&b);
 			if (!have_q)
 				shard_fail(x, 40414, "BSON field 'delete.deletes.q' is missing but a "
 						     "required field");
@@ -816,25 +810,22 @@ void shard_cmd_delete(shard_ctx *x)
 		int code = shard_mig_sess_parse(x, &st, &ms);
 		if (code) {
 			bson_destroy(&q);
-			bson_destroy(&w.arr);
-			shard_txn_free(&t);
+			wbatch_abort(&b);
 			shard_fail(x, code, "%s", x->err);
 			return;
 		}
 		bson_t **docs = NULL;
 		size_t nd = 0;
-		sdb_store_savepoint(x->conn);
-		shard_txn_tag(x, &t, (uint32_t)i);
-		shard_mig_sess_tag(x, &ms);
+		wbatch_stmt_begin(x, &b, &ms);
 		int64_t lim = have_kr ? kr_limit : limit;
 		if (!have_kr && limit == 0 && part > 0)
 			lim = part;
-		int rc = match_docs_in(x, coll, &q, NULL, have_hint ? &hint : NULL, lim,
+		int rc = match_docs_in(x, b.coll, &q, NULL, have_hint ? &hint : NULL, lim,
 				       have_kr ? &kr : NULL, &docs, &nd, &code);
 		bson_destroy(&q);
 		int64_t deleted = 0;
 		for (size_t j = 0; rc == 0 && j < nd; j++) {
-			rc = sdb_store_delete(x->conn, x->db, coll, docs[j], x->origin, x->err,
+			rc = sdb_store_delete(x->conn, x->db, b.coll, docs[j], x->origin, x->err,
 					      sizeof x->err);
 			if (rc == 0)
 				deleted++;
@@ -842,35 +833,26 @@ void shard_cmd_delete(shard_ctx *x)
 				code = WIRE_ERR_INTERNAL;
 		}
 		util_docs_free(docs, nd);
-		if (rc == 0 && (rc = shard_mig_sess_record(x, &ms)) != 0)
-			code = WIRE_ERR_INTERNAL;
-		if (rc == 0 && t.on) {
+		if (rc == 0) {
 			bson_t res = BSON_INITIALIZER;
 			BSON_APPEND_INT64(&res, "n", deleted);
-			rc = shard_txn_record(x, &t, (uint32_t)i, &res);
-			if (rc)
+			if ((rc = wbatch_stmt_record(x, &b, &ms, &res)) != 0)
 				code = WIRE_ERR_INTERNAL;
 			bson_destroy(&res);
 		}
+		wbatch_stmt_end(x, &ms, rc == 0);
 		if (rc == 0) {
-			sdb_store_savepoint_release(x->conn);
 			n += deleted;
 			continue;
 		}
-		sdb_store_savepoint_rollback(x->conn);
-		if (ms.on)
-			sdb_store_set_op_session(x->conn, NULL, 0, 0);
-		werr_add(&w, i, code ? code : WIRE_ERR_BAD_VALUE, x->err, NULL);
-		if (ordered)
+		if (wbatch_error(&b, code ? code : WIRE_ERR_BAD_VALUE, x->err, NULL))
 			break;
 	}
-	shard_txn_free(&t);
-	if (!shard_commit(x)) {
-		bson_destroy(&w.arr);
+	if (more < 0) {
+		wbatch_abort(&b);
 		return;
 	}
-	reply_write(x, n, 0, false, NULL, 0, &w);
-	bson_destroy(&w.arr);
+	wbatch_close(x, &b, n, 0, false, NULL, 0);
 }
 
 /* ------------------------------------------------------------------ findAndModify */
@@ -922,13 +904,7 @@ void shard_cmd_findandmodify(shard_ctx *x)
 			update = it;
 			have_update = true;
 		} else if (strcmp(k, "arrayFilters") == 0 && BSON_ITER_HOLDS_ARRAY(&it)) {
-			uint32_t len;
-			const uint8_t *d;
-			bson_iter_array(&it, &len, &d);
-			bson_t tmp;
-			bson_init_static(&tmp, d, len);
-			bson_destroy(&af);
-			bson_copy_to(&tmp, &af);
+			util_iter_copy(&it, &af);
 			have_af = true;
 		} else if (strcmp(k, "hint") == 0 &&
 			   (BSON_ITER_HOLDS_UTF8(&it) || BSON_ITER_HOLDS_DOCUMENT(&it))) {

@@ -158,21 +158,14 @@ void shard_cursor_reply(bson_t *reply, const char *ns, int64_t id, bool first, b
 			size_t n, size_t batch, size_t *taken, const bson_t *extra)
 {
 	bson_t cur, arr;
-	size_t k = 0, bytes = 0;
+	size_t k = shard_batch_fit(docs, n, batch);
 	BSON_APPEND_DOCUMENT_BEGIN(reply, "cursor", &cur);
 	BSON_APPEND_ARRAY_BEGIN(&cur, first ? "firstBatch" : "nextBatch", &arr);
-	for (; k < n; k++) {
+	for (size_t i = 0; i < k; i++) {
 		char key[16];
 		const char *kp;
-		size_t cost;
-		if (batch && k >= batch)
-			break;
-		bson_uint32_to_string((uint32_t)k, &kp, key, sizeof key);
-		cost = sdb_store_doc_len(docs[k]) + strlen(kp) + 2; /* element key + type byte */
-		if (k > 0 && bytes + cost > SHARD_MAX_REPLY_BYTES)
-			break;
-		bson_append_document(&arr, kp, -1, docs[k]);
-		bytes += cost;
+		bson_uint32_to_string((uint32_t)i, &kp, key, sizeof key);
+		bson_append_document(&arr, kp, -1, docs[i]);
 	}
 	bson_append_array_end(&cur, &arr);
 	BSON_APPEND_INT64(&cur, "id", id);
@@ -197,7 +190,7 @@ size_t shard_batch_fit(bson_t **docs, size_t n, size_t batch)
 		if (batch && k >= batch)
 			break;
 		bson_uint32_to_string((uint32_t)k, &kp, key, sizeof key);
-		cost = sdb_store_doc_len(docs[k]) + strlen(kp) + 2; /* as shard_cursor_reply */
+		cost = sdb_store_doc_len(docs[k]) + strlen(kp) + 2; /* element key + type byte */
 		if (k > 0 && bytes + cost > SHARD_MAX_REPLY_BYTES)
 			break;
 		bytes += cost;

@@ -606,6 +606,21 @@ static bson_t *delete_part_done(shard_repl *r, repl_batch *b, size_t i, bson_t *
 	return out;
 }
 
+/* Free batch b: its per-command arrays and the delete parts it still holds (the requests
+ * are answered or requeued by then). */
+static void batch_free(repl_batch *b)
+{
+	free(b->reqs);
+	free(b->w);
+	free(b->wtimeout);
+	free(b->by_maxtime);
+	free(b->part_n);
+	for (size_t k = 0; k < b->n; k++)
+		repl_part_free(b->part[k]);
+	free(b->part);
+	free(b);
+}
+
 static void batch_done(void *arg, int status, bson_t *result)
 {
 	repl_batch *b = arg;
@@ -656,15 +671,7 @@ static void batch_done(void *arg, int status, bson_t *result)
 			shard_repl_reply_unknown(b->reqs[i], status ? status : SDB_EIO);
 	if (result)
 		bson_destroy(result);
-	free(b->reqs);
-	free(b->w);
-	free(b->wtimeout);
-	free(b->by_maxtime);
-	free(b->part_n);
-	for (size_t k = 0; k < b->n; k++)
-		repl_part_free(b->part[k]);
-	free(b->part);
-	free(b);
+	batch_free(b);
 }
 
 /* Put items (a list) back at the head of the queue. */
@@ -810,11 +817,7 @@ static void propose_items(shard_repl *r, repl_item *items)
 		if (b->n == 0) {
 			/* every command was a refused commit */
 			bson_destroy(&args);
-			free(b->reqs);
-			free(b->w);
-			free(b->wtimeout);
-			free(b->by_maxtime);
-			free(b);
+			batch_free(b);
 			continue;
 		}
 		int rc = sdb_node_propose(r->node, "shardBatch", &args, batch_done, b);
@@ -826,15 +829,7 @@ static void propose_items(shard_repl *r, repl_item *items)
 				else
 					shard_repl_reply_unknown(b->reqs[i], rc);
 			}
-			free(b->reqs);
-			free(b->w);
-			free(b->wtimeout);
-			free(b->by_maxtime);
-			free(b->part_n);
-			for (size_t k = 0; k < b->n; k++)
-				repl_part_free(b->part[k]);
-			free(b->part);
-			free(b);
+			batch_free(b);
 			continue;
 		}
 		sdb_counter_inc(r->c_batches);

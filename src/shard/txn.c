@@ -898,16 +898,73 @@ static void not_primary(shard *sh, wire_req *req)
 	shard_repl_reply_not_primary(sh->repl, req);
 }
 
+/* A new record of transaction txn of the session whose lsid document is lsid (lsid_len
+ * bytes, copied), in state; not linked. Freed with shard_txn_rec_free. */
+static shard_txn_rec *rec_new(const uint8_t *lsid, size_t lsid_len, int64_t txn, int state)
+{
+	shard_txn_rec *t = sdb_calloc(1, sizeof *t);
+	t->lsid_len = lsid_len;
+	t->lsid = sdb_malloc(lsid_len);
+	memcpy(t->lsid, lsid, lsid_len);
+	t->txn = txn;
+	t->state = state;
+	return t;
+}
+
+/* Reply TransactionTooOld to a request to verb ("start", "continue", "commit", "abort")
+ * transaction txn of a session on which the newer transaction newer has started. */
+static void reply_too_old(wire_req *req, const char *verb, int64_t txn, int64_t newer)
+{
+	wire_req_error(req, WIRE_ERR_TRANSACTION_TOO_OLD,
+		       "Cannot %s transaction %lld on session because a newer transaction %lld "
+		       "has %sstarted",
+		       verb, (long long)txn, (long long)newer,
+		       strcmp(verb, "start") == 0 ? "already " : "");
+}
+
+/* Reply TransactionCommitted: transaction txn has been committed. */
+static void reply_committed(wire_req *req, int64_t txn)
+{
+	wire_req_error(req, WIRE_ERR_TRANSACTION_COMMITTED, "Transaction %lld has been committed.",
+		       (long long)txn);
+}
+
+/* Reply NoSuchTransaction (labelled TransientTransactionError) for transaction txn, which t
+ * records as aborted (with t->why when known). */
+static void reply_aborted(wire_req *req, const shard_txn_rec *t, int64_t txn)
+{
+	fail(req, WIRE_ERR_NO_SUCH_TRANSACTION, "Transaction %lld has been aborted%s%s.",
+	     (long long)txn, t->why[0] ? ": " : "", t->why);
+}
+
+/* t failed validation (valid): count the conflict, abort t and reply WriteConflict (labelled
+ * TransientTransactionError) with msg. */
+static void abort_conflict(shard_txns *T, shard_txn_rec *t, wire_req *req, const char *msg)
+{
+	sdb_counter_inc(T->c_conflicts);
+	finish(T, t, TXN_ABORTED, "a write conflict");
+	fail(req, WIRE_ERR_WRITE_CONFLICT, "%s", msg);
+}
+
+/* When the command name may not run in a multi-document transaction on the request's
+ * database (allowed_in_txn): replies NotInTransaction and returns true. */
+static bool refuse_not_allowed(wire_req *req, const char *name)
+{
+	if (allowed_in_txn(name, wire_req_db(req)))
+		return false;
+	wire_req_error(req, WIRE_ERR_NOT_IN_TRANSACTION,
+		       "Cannot run '%s' on database '%s' in a multi-document transaction.", name,
+		       wire_req_db(req));
+	return true;
+}
+
 static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 {
 	const char *name = wire_req_name(req);
 	shard_txn_rec *t = find_rec(T, &a->lsid);
 	if (a->start) {
 		if (t && t->txn > a->txn) {
-			wire_req_error(req, WIRE_ERR_TRANSACTION_TOO_OLD,
-				       "Cannot start transaction %lld on session because a newer "
-				       "transaction %lld has already started",
-				       (long long)a->txn, (long long)t->txn);
+			reply_too_old(req, "start", a->txn, t->txn);
 			return;
 		}
 		if (t && t->txn < a->txn && t->state == TXN_QUEUED) {
@@ -920,9 +977,7 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 		}
 		if (t && t->txn == a->txn) {
 			if (t->state == TXN_COMMITTED || t->state == TXN_QUEUED)
-				wire_req_error(req, WIRE_ERR_TRANSACTION_COMMITTED,
-					       "Transaction %lld has been committed.",
-					       (long long)a->txn);
+				reply_committed(req, a->txn);
 			else
 				wire_req_error(req, WIRE_ERR_TXN_NUMBER_IN_USE,
 					       "Cannot start a transaction at given transaction "
@@ -941,17 +996,12 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 			return;
 		}
 		if (stored > a->txn) {
-			wire_req_error(req, WIRE_ERR_TRANSACTION_TOO_OLD,
-				       "Cannot start transaction %lld on session because a newer "
-				       "transaction %lld has already started",
-				       (long long)a->txn, (long long)stored);
+			reply_too_old(req, "start", a->txn, stored);
 			return;
 		}
 		if (stored == a->txn) {
 			if (committed)
-				wire_req_error(req, WIRE_ERR_TRANSACTION_COMMITTED,
-					       "Transaction %lld has been committed.",
-					       (long long)a->txn);
+				reply_committed(req, a->txn);
 			else
 				wire_req_error(req, WIRE_ERR_TXN_NUMBER_IN_USE,
 					       "Cannot start a transaction at given transaction "
@@ -988,24 +1038,15 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 				return;
 			}
 		}
-		if (!allowed_in_txn(name, wire_req_db(req))) {
-			wire_req_error(req, WIRE_ERR_NOT_IN_TRANSACTION,
-				       "Cannot run '%s' on database '%s' in a multi-document "
-				       "transaction.", name, wire_req_db(req));
+		if (refuse_not_allowed(req, name))
 			return;
-		}
 		if (t) {
 			if (t->state == TXN_OPEN)
 				finish(T, t, TXN_ABORTED, "a newer transaction started");
 			unlink_rec(T, t);
 			shard_txn_rec_free(t);
 		}
-		t = sdb_calloc(1, sizeof *t);
-		t->lsid_len = a->lsid.len;
-		t->lsid = sdb_malloc(t->lsid_len);
-		memcpy(t->lsid, bson_get_data(&a->lsid), t->lsid_len);
-		t->txn = a->txn;
-		t->state = TXN_OPEN;
+		t = rec_new(bson_get_data(&a->lsid), a->lsid.len, a->txn, TXN_OPEN);
 		t->start_seq = sh->repl->last_applied;
 		t->start_ms = sdb_mono_ms();
 		t->next = T->list;
@@ -1015,10 +1056,7 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 	} else {
 		if (!t || t->txn != a->txn) {
 			if (t && t->txn > a->txn)
-				wire_req_error(req, WIRE_ERR_TRANSACTION_TOO_OLD,
-					       "Cannot continue transaction %lld on session because "
-					       "a newer transaction %lld has started",
-					       (long long)a->txn, (long long)t->txn);
+				reply_too_old(req, "continue", a->txn, t->txn);
 			else
 				fail(req, WIRE_ERR_NO_SUCH_TRANSACTION,
 				     "Given transaction number %lld does not match any "
@@ -1027,14 +1065,11 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 			return;
 		}
 		if (t->state == TXN_ABORTED) {
-			fail(req, WIRE_ERR_NO_SUCH_TRANSACTION,
-			     "Transaction %lld has been aborted%s%s.", (long long)a->txn,
-			     t->why[0] ? ": " : "", t->why);
+			reply_aborted(req, t, a->txn);
 			return;
 		}
 		if (t->state != TXN_OPEN) {
-			wire_req_error(req, WIRE_ERR_TRANSACTION_COMMITTED,
-				       "Transaction %lld has been committed.", (long long)a->txn);
+			reply_committed(req, a->txn);
 			return;
 		}
 		if (a->has_rc) {
@@ -1043,13 +1078,9 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 				       "readConcern");
 			return;
 		}
-		if (!allowed_in_txn(name, wire_req_db(req))) {
-			/* refused before it runs: the transaction goes on, as on mongod */
-			wire_req_error(req, WIRE_ERR_NOT_IN_TRANSACTION,
-				       "Cannot run '%s' on database '%s' in a multi-document "
-				       "transaction.", name, wire_req_db(req));
+		/* refused before it runs: the transaction goes on, as on mongod */
+		if (refuse_not_allowed(req, name))
 			return;
-		}
 	}
 	if (a->has_wc) {
 		finish(T, t, TXN_ABORTED, "a statement carried a writeConcern");
@@ -1081,11 +1112,9 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 	(void)ops_before;
 	if (!valid(T, t)) {
 		bson_destroy(reply);
-		sdb_counter_inc(T->c_conflicts);
-		finish(T, t, TXN_ABORTED, "a write conflict");
-		fail(req, WIRE_ERR_WRITE_CONFLICT,
-		     "Write conflict during plan execution and yielding is disabled. :: Please "
-		     "retry your operation or multi-document transaction.");
+		abort_conflict(T, t, req,
+			       "Write conflict during plan execution and yielding is disabled. :: "
+			       "Please retry your operation or multi-document transaction.");
 		return;
 	}
 	bson_iter_t it;
@@ -1102,13 +1131,8 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 
 static shard_txn_rec *check_rec(const txn_args *a)
 {
-	shard_txn_rec *c = sdb_calloc(1, sizeof *c);
-	c->lsid_len = a->lsid.len;
-	c->lsid = sdb_malloc(c->lsid_len);
-	memcpy(c->lsid, bson_get_data(&a->lsid), c->lsid_len);
-	c->txn = a->txn;
+	shard_txn_rec *c = rec_new(bson_get_data(&a->lsid), a->lsid.len, a->txn, TXN_QUEUED);
 	c->check = true;
-	c->state = TXN_QUEUED;
 	return c;
 }
 
@@ -1116,10 +1140,7 @@ static void commit(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 {
 	shard_txn_rec *t = find_rec(T, &a->lsid);
 	if (t && t->txn > a->txn) {
-		wire_req_error(req, WIRE_ERR_TRANSACTION_TOO_OLD,
-			       "Cannot commit transaction %lld on session because a newer "
-			       "transaction %lld has started",
-			       (long long)a->txn, (long long)t->txn);
+		reply_too_old(req, "commit", a->txn, t->txn);
 		return;
 	}
 	if (!t || t->txn != a->txn || t->state == TXN_QUEUED ||
@@ -1134,16 +1155,13 @@ static void commit(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 		return;
 	}
 	if (t->state == TXN_ABORTED) {
-		fail(req, WIRE_ERR_NO_SUCH_TRANSACTION, "Transaction %lld has been aborted%s%s.",
-		     (long long)a->txn, t->why[0] ? ": " : "", t->why);
+		reply_aborted(req, t, a->txn);
 		return;
 	}
 	if (!valid(T, t)) {
-		sdb_counter_inc(T->c_conflicts);
-		finish(T, t, TXN_ABORTED, "a write conflict");
-		fail(req, WIRE_ERR_WRITE_CONFLICT,
-		     "Write conflict during commit: a document this transaction read or wrote "
-		     "was written since it started. Please retry the transaction.");
+		abort_conflict(T, t, req,
+			       "Write conflict during commit: a document this transaction read or "
+			       "wrote was written since it started. Please retry the transaction.");
 		return;
 	}
 	if (t->n_ops == 0) {
@@ -1168,12 +1186,7 @@ static void commit(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 	}
 	/* the record goes to the proposal queue; a tombstone stays */
 	unlink_rec(T, t);
-	shard_txn_rec *tomb = sdb_calloc(1, sizeof *tomb);
-	tomb->lsid = sdb_malloc(t->lsid_len);
-	memcpy(tomb->lsid, t->lsid, t->lsid_len);
-	tomb->lsid_len = t->lsid_len;
-	tomb->txn = t->txn;
-	tomb->state = TXN_QUEUED;
+	shard_txn_rec *tomb = rec_new(t->lsid, t->lsid_len, t->txn, TXN_QUEUED);
 	tomb->start_seq = t->start_seq;
 	tomb->start_ms = t->start_ms;
 	tomb->end_ms = sdb_mono_ms();
@@ -1193,15 +1206,11 @@ static void abort_txn(shard_txns *T, wire_req *req, const txn_args *a)
 		return;
 	}
 	if (t && t->txn == a->txn && (t->state == TXN_COMMITTED || t->state == TXN_QUEUED)) {
-		wire_req_error(req, WIRE_ERR_TRANSACTION_COMMITTED,
-			       "Transaction %lld has been committed.", (long long)a->txn);
+		reply_committed(req, a->txn);
 		return;
 	}
 	if (t && t->txn > a->txn) {
-		wire_req_error(req, WIRE_ERR_TRANSACTION_TOO_OLD,
-			       "Cannot abort transaction %lld on session because a newer "
-			       "transaction %lld has started",
-			       (long long)a->txn, (long long)t->txn);
+		reply_too_old(req, "abort", a->txn, t->txn);
 		return;
 	}
 	fail(req, WIRE_ERR_NO_SUCH_TRANSACTION,

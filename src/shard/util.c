@@ -52,6 +52,27 @@ bool util_get_int(shard_ctx *x, const char *cmd, const bson_iter_t *it, int64_t 
 	return rc == 0;
 }
 
+bool util_iter_bson(const bson_iter_t *it, bson_t *out)
+{
+	uint32_t len;
+	const uint8_t *d;
+	if (BSON_ITER_HOLDS_ARRAY(it))
+		bson_iter_array(it, &len, &d);
+	else
+		bson_iter_document(it, &len, &d);
+	return bson_init_static(out, d, len);
+}
+
+bool util_iter_copy(const bson_iter_t *it, bson_t *out)
+{
+	bson_t tmp;
+	if (!util_iter_bson(it, &tmp))
+		return false;
+	bson_destroy(out);
+	bson_copy_to(&tmp, out);
+	return true;
+}
+
 void util_docs_free(bson_t **docs, size_t n)
 {
 	for (size_t i = 0; i < n; i++)

@@ -28,6 +28,14 @@ const char *util_type_name(bson_type_t t);
  * became INT64_MIN and disabled the gate). sdb_bson_as_int64 of common/bsonget.h. */
 bool util_token(const bson_iter_t *it, int64_t *out);
 
+/* A static view in *out of the document or array at it (the caller has checked that it holds
+ * one); it borrows its bytes, so there is nothing to free. False when those bytes are not
+ * a BSON document (bson_init_static), *out then unusable. */
+bool util_iter_bson(const bson_iter_t *it, bson_t *out);
+/* Replace *out (initialised; its old content is destroyed) with a copy of the document or
+ * array at it, as util_iter_bson reads it. False, *out unchanged, when that fails. */
+bool util_iter_copy(const bson_iter_t *it, bson_t *out);
+
 /* Arrays of heap documents (bson_new/bson_copy). */
 void util_docs_push(bson_t ***docs, size_t *n, size_t *cap, bson_t *d);
 void util_docs_free(bson_t **docs, size_t n);
