@@ -1440,8 +1440,8 @@ void shard_cmd_explain(shard_ctx *x)
 			}
 			src = &sub;
 		}
+		/* sub outlives the query: o.hint is an iterator into it */
 		bool ok = parse_find_opts(x, src, verb, &o);
-		bson_destroy(&sub);
 		sdb_query_spec spec;
 		shard_key_range kr;
 		int kc = 0;
@@ -1452,19 +1452,32 @@ void shard_cmd_explain(shard_ctx *x)
 			shard_fail(x, kc, "%s", x->err);
 		if (!q) {
 			find_opts_destroy(&o);
+			bson_destroy(&sub);
 			bson_destroy(reply);
 			bson_destroy(&inner);
 			return;
 		}
-		int code = 0;
+		int code = 0, r = 0;
 		const bson_t *d;
 		if (stats)
-			while (sdb_query_next(q, &d, &code, x->err, sizeof x->err) == 1)
+			while ((r = sdb_query_next(q, &d, &code, x->err, sizeof x->err)) == 1)
 				;
+		if (r < 0) {
+			/* the query failed (e.g. a $expr's evaluation): so does its explain */
+			sdb_query_free(q);
+			sdb_store_rollback(x->conn);
+			find_opts_destroy(&o);
+			bson_destroy(&sub);
+			bson_destroy(reply);
+			bson_destroy(&inner);
+			shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+			return;
+		}
 		sdb_query_explain(q, stats, reply);
 		sdb_query_free(q);
 		sdb_store_rollback(x->conn);
 		find_opts_destroy(&o);
+		bson_destroy(&sub);
 	} else {
 		bson_destroy(reply);
 		bson_destroy(&inner);
