@@ -228,6 +228,15 @@ static void on_decided(void *arg)
 	reply_resps(arg);
 }
 
+/* Finish c with INVALID_ARGUMENT: its request message (named what) did not unpack. */
+static void reply_malformed(srv_call *c, const char *what)
+{
+	char msg[120];
+
+	snprintf(msg, sizeof(msg), "%s: malformed protobuf message", what);
+	reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0, msg);
+}
+
 static void too_many(srv_call *c, size_t n)
 {
 	char msg[120];
@@ -237,35 +246,48 @@ static void too_many(srv_call *c, size_t n)
 	reply(c, GRPC_STATUS_OUT_OF_RANGE, NULL, 0, msg);
 }
 
+/* The n requests of a GetRateLimits or GetPeerRateLimits call, converted, with n answer
+ * slots in c->resps (freed with c). Returns a new array (free() it), or NULL when n is over
+ * RL_MAX_BATCH: c is then answered OUT_OF_RANGE as Gubernator does. */
+static rl_req *take_requests(srv_call *c, Pb__Gubernator__RateLimitReq *const *pb, size_t n)
+{
+	rl_req *reqs;
+	size_t i;
+
+	if (n > RL_MAX_BATCH) {
+		too_many(c, n);
+		return NULL;
+	}
+	reqs = sdb_calloc(n ? n : 1, sizeof(*reqs));
+	for (i = 0; i < n; i++)
+		rl_proto_req_from_pb(pb[i], &reqs[i]);
+	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
+	c->n = n;
+	return reqs;
+}
+
 static void handle_get_rate_limits(srv_call *c, const uint8_t *data, size_t len)
 {
 	rl_grpc_server *srv = c->srv;
 	Pb__Gubernator__GetRateLimitsReq *m =
 		pb__gubernator__get_rate_limits_req__unpack(NULL, len, data);
 	rl_req *reqs;
-	size_t i, n;
+	size_t n;
 	char err[200];
 
 	if (m == NULL) {
-		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0,
-		      "GetRateLimitsReq: malformed protobuf message");
+		reply_malformed(c, "GetRateLimitsReq");
 		return;
 	}
 	n = m->n_requests;
-	if (n > RL_MAX_BATCH) {
-		too_many(c, n);
+	reqs = take_requests(c, m->requests, n);
+	if (reqs == NULL)
 		goto done;
-	}
-	reqs = sdb_calloc(n ? n : 1, sizeof(*reqs));
-	for (i = 0; i < n; i++)
-		rl_proto_req_from_pb(m->requests[i], &reqs[i]);
 	if (auth_cluster_reserved_limits(reqs, n, err, sizeof err)) {
 		reply(c, GRPC_STATUS_PERMISSION_DENIED, NULL, 0, err);
 		free(reqs);
 		goto done;
 	}
-	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
-	c->n = n;
 	sc_set_state(c, SC_DECIDING);
 	/* on_decided may complete and free c before this returns: do not touch c after */
 	if (rl_cluster_decide_async(srv->cluster, reqs, n, c->resps, on_decided, c, err,
@@ -281,23 +303,16 @@ static void handle_get_peer(srv_call *c, const uint8_t *data, size_t len)
 	Pb__Gubernator__GetPeerRateLimitsReq *m =
 		pb__gubernator__get_peer_rate_limits_req__unpack(NULL, len, data);
 	rl_req *reqs;
-	size_t i, n;
+	size_t n;
 
 	if (m == NULL) {
-		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0,
-		      "GetPeerRateLimitsReq: malformed protobuf message");
+		reply_malformed(c, "GetPeerRateLimitsReq");
 		return;
 	}
 	n = m->n_requests;
-	if (n > RL_MAX_BATCH) {
-		too_many(c, n);
+	reqs = take_requests(c, m->requests, n);
+	if (reqs == NULL)
 		goto done;
-	}
-	reqs = sdb_calloc(n ? n : 1, sizeof(*reqs));
-	for (i = 0; i < n; i++)
-		rl_proto_req_from_pb(m->requests[i], &reqs[i]);
-	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
-	c->n = n;
 	rl_cluster_peer_decide(c->srv->cluster, reqs, n, c->resps);
 	free(reqs);
 	reply_resps(c);
@@ -314,8 +329,7 @@ static void handle_update_globals(srv_call *c, const uint8_t *data, size_t len)
 	size_t blen;
 
 	if (m == NULL) {
-		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0,
-		      "UpdatePeerGlobalsReq: malformed protobuf message");
+		reply_malformed(c, "UpdatePeerGlobalsReq");
 		return;
 	}
 	rl_cluster_apply_globals(c->srv->cluster, m);
