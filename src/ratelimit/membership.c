@@ -224,6 +224,17 @@ static void *membership_main(void *arg)
 	return NULL;
 }
 
+/* Release m and what it owns; its thread is not running (never started, or joined). */
+static void membership_free(rl_membership *m)
+{
+	pthread_cond_destroy(&m->cv);
+	pthread_mutex_destroy(&m->mu);
+	free(m->uri);
+	free(m->advertise);
+	free(m->kind);
+	free(m);
+}
+
 int rl_membership_start(const char *metadata, const char *advertise, const char *kind,
 			int64_t lease_ms, rl_cluster *cl, rl_membership **out, char *err,
 			size_t errlen)
@@ -254,12 +265,7 @@ int rl_membership_start(const char *metadata, const char *advertise, const char 
 	pthread_condattr_destroy(&ca);
 	rv = pthread_create(&m->thread, NULL, membership_main, m);
 	if (rv != 0) {
-		pthread_cond_destroy(&m->cv);
-		pthread_mutex_destroy(&m->mu);
-		free(m->uri);
-		free(m->advertise);
-		free(m->kind);
-		free(m);
+		membership_free(m);
 		return sdb_errf(err, errlen, SDB_EIO, "ratelimit membership: thread: %s",
 				strerror(rv));
 	}
@@ -278,10 +284,5 @@ void rl_membership_stop(rl_membership *m)
 	pthread_cond_signal(&m->cv);
 	pthread_mutex_unlock(&m->mu);
 	pthread_join(m->thread, NULL);
-	pthread_cond_destroy(&m->cv);
-	pthread_mutex_destroy(&m->mu);
-	free(m->uri);
-	free(m->advertise);
-	free(m->kind);
-	free(m);
+	membership_free(m);
 }
