@@ -84,6 +84,13 @@ static const char *const methods[M__COUNT] = {
 	RL_METHOD_GET_RATE_LIMITS, RL_METHOD_HEALTH_CHECK, RL_METHOD_LIVE_CHECK,
 	RL_METHOD_GET_PEER_RATE_LIMITS, RL_METHOD_UPDATE_PEER_GLOBALS,
 };
+/* The request message dispatch unpacks for each method that reads one (health and live
+ * checks read none). */
+static const ProtobufCMessageDescriptor *const requests[M__COUNT] = {
+	[M_GET_RATE_LIMITS] = &pb__gubernator__get_rate_limits_req__descriptor,
+	[M_GET_PEER] = &pb__gubernator__get_peer_rate_limits_req__descriptor,
+	[M_UPDATE_GLOBALS] = &pb__gubernator__update_peer_globals_req__descriptor,
+};
 static const char *const method_labels[M__COUNT] = {
 	"method=\"GetRateLimits\"", "method=\"HealthCheck\"", "method=\"LiveCheck\"",
 	"method=\"GetPeerRateLimits\"", "method=\"UpdatePeerGlobals\"",
@@ -266,27 +273,19 @@ static rl_req *take_requests(srv_call *c, Pb__Gubernator__RateLimitReq *const *p
 	return reqs;
 }
 
-static void handle_get_rate_limits(srv_call *c, const uint8_t *data, size_t len)
+static void handle_get_rate_limits(srv_call *c, const Pb__Gubernator__GetRateLimitsReq *m)
 {
 	rl_grpc_server *srv = c->srv;
-	Pb__Gubernator__GetRateLimitsReq *m =
-		pb__gubernator__get_rate_limits_req__unpack(NULL, len, data);
-	rl_req *reqs;
-	size_t n;
+	size_t n = m->n_requests;
+	rl_req *reqs = take_requests(c, m->requests, n);
 	char err[200];
 
-	if (m == NULL) {
-		reply_malformed(c, "GetRateLimitsReq");
-		return;
-	}
-	n = m->n_requests;
-	reqs = take_requests(c, m->requests, n);
 	if (reqs == NULL)
-		goto done;
+		return;
 	if (auth_cluster_reserved_limits(reqs, n, err, sizeof err)) {
 		reply(c, GRPC_STATUS_PERMISSION_DENIED, NULL, 0, err);
 		free(reqs);
-		goto done;
+		return;
 	}
 	sc_set_state(c, SC_DECIDING);
 	/* on_decided may complete and free c before this returns: do not touch c after */
@@ -294,46 +293,27 @@ static void handle_get_rate_limits(srv_call *c, const uint8_t *data, size_t len)
 				    sizeof(err)) != 0)
 		reply(c, GRPC_STATUS_OUT_OF_RANGE, NULL, 0, err);
 	free(reqs);
-done:
-	pb__gubernator__get_rate_limits_req__free_unpacked(m, NULL);
 }
 
-static void handle_get_peer(srv_call *c, const uint8_t *data, size_t len)
+static void handle_get_peer(srv_call *c, const Pb__Gubernator__GetPeerRateLimitsReq *m)
 {
-	Pb__Gubernator__GetPeerRateLimitsReq *m =
-		pb__gubernator__get_peer_rate_limits_req__unpack(NULL, len, data);
-	rl_req *reqs;
-	size_t n;
+	size_t n = m->n_requests;
+	rl_req *reqs = take_requests(c, m->requests, n);
 
-	if (m == NULL) {
-		reply_malformed(c, "GetPeerRateLimitsReq");
-		return;
-	}
-	n = m->n_requests;
-	reqs = take_requests(c, m->requests, n);
 	if (reqs == NULL)
-		goto done;
+		return;
 	rl_cluster_peer_decide(c->srv->cluster, reqs, n, c->resps);
 	free(reqs);
 	reply_resps(c);
-done:
-	pb__gubernator__get_peer_rate_limits_req__free_unpacked(m, NULL);
 }
 
-static void handle_update_globals(srv_call *c, const uint8_t *data, size_t len)
+static void handle_update_globals(srv_call *c, const Pb__Gubernator__UpdatePeerGlobalsReq *m)
 {
-	Pb__Gubernator__UpdatePeerGlobalsReq *m =
-		pb__gubernator__update_peer_globals_req__unpack(NULL, len, data);
 	Pb__Gubernator__UpdatePeerGlobalsResp r = PB__GUBERNATOR__UPDATE_PEER_GLOBALS_RESP__INIT;
 	uint8_t *buf;
 	size_t blen;
 
-	if (m == NULL) {
-		reply_malformed(c, "UpdatePeerGlobalsReq");
-		return;
-	}
 	rl_cluster_apply_globals(c->srv->cluster, m);
-	pb__gubernator__update_peer_globals_req__free_unpacked(m, NULL);
 	buf = rl_proto_pack(&r.base, &blen);
 	reply(c, GRPC_STATUS_OK, buf, blen, NULL);
 }
@@ -413,25 +393,35 @@ static void dispatch(srv_call *c)
 	if (srv->fenced) {
 		reply(c, GRPC_STATUS_UNAVAILABLE, NULL, 0, "rate limiter shutting down");
 	} else {
-		const uint8_t *data = GRPC_SLICE_START_PTR(flat);
-		size_t len = GRPC_SLICE_LENGTH(flat);
-		switch (m) {
-		case M_GET_RATE_LIMITS:
-			handle_get_rate_limits(c, data, len);
-			break;
-		case M_GET_PEER:
-			handle_get_peer(c, data, len);
-			break;
-		case M_UPDATE_GLOBALS:
-			handle_update_globals(c, data, len);
-			break;
-		case M_HEALTH_CHECK:
-			handle_health(c);
-			break;
-		default:
-			handle_live(c);
-			break;
+		const ProtobufCMessageDescriptor *d = requests[m];
+		ProtobufCMessage *msg = NULL;
+
+		if (d != NULL)
+			msg = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(flat),
+							GRPC_SLICE_START_PTR(flat));
+		if (d != NULL && msg == NULL) {
+			reply_malformed(c, d->short_name);
+		} else {
+			switch (m) {
+			case M_GET_RATE_LIMITS:
+				handle_get_rate_limits(c, (Pb__Gubernator__GetRateLimitsReq *)msg);
+				break;
+			case M_GET_PEER:
+				handle_get_peer(c, (Pb__Gubernator__GetPeerRateLimitsReq *)msg);
+				break;
+			case M_UPDATE_GLOBALS:
+				handle_update_globals(c, (Pb__Gubernator__UpdatePeerGlobalsReq *)msg);
+				break;
+			case M_HEALTH_CHECK:
+				handle_health(c);
+				break;
+			default:
+				handle_live(c);
+				break;
+			}
 		}
+		if (msg != NULL) /* c may be freed by now (on_decided): msg is not c's */
+			protobuf_c_message_free_unpacked(msg, NULL);
 	}
 	pthread_rwlock_unlock(&srv->fence);
 	grpc_slice_unref(flat);
