@@ -579,6 +579,19 @@ void rl_grpc_tune_runtime(void)
 	}
 }
 
+/* The last of srv, after its gRPC server is destroyed and its queue drained (no thread
+ * left): the queue, the locks, srv itself and this server's grpc_init reference. */
+static void server_release(rl_grpc_server *srv)
+{
+	grpc_completion_queue_destroy(srv->cq);
+	pthread_cond_destroy(&srv->cv);
+	pthread_mutex_destroy(&srv->mu);
+	pthread_mutex_destroy(&srv->tls_mu);
+	pthread_rwlock_destroy(&srv->fence);
+	free(srv);
+	grpc_shutdown();
+}
+
 int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, char *err,
 		       size_t errlen)
 {
@@ -668,13 +681,7 @@ err_after_server:
 			break;
 	}
 	grpc_server_destroy(srv->server);
-	grpc_completion_queue_destroy(srv->cq);
-	pthread_cond_destroy(&srv->cv);
-	pthread_mutex_destroy(&srv->mu);
-	pthread_mutex_destroy(&srv->tls_mu);
-	pthread_rwlock_destroy(&srv->fence);
-	free(srv);
-	grpc_shutdown();
+	server_release(srv);
 	return rv;
 }
 
@@ -731,13 +738,7 @@ void rl_grpc_server_free(rl_grpc_server *srv)
 	}
 	for (i = 0; i < srv->n_threads; i++)
 		pthread_join(srv->threads[i], NULL);
-	grpc_completion_queue_destroy(srv->cq);
-	pthread_cond_destroy(&srv->cv);
-	pthread_mutex_destroy(&srv->mu);
-	pthread_mutex_destroy(&srv->tls_mu);
-	pthread_rwlock_destroy(&srv->fence);
-	free(srv);
-	grpc_shutdown();
+	server_release(srv);
 }
 
 /* ---- role hook ---- */
