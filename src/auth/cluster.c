@@ -29,7 +29,7 @@
 _Static_assert(AUTH_CLUSTER_KEYS_MAX <= AUTH_GATE_CLUSTER_MAX, "the gate holds every key");
 #define CLUSTER_FILE_MAX (AUTH_CLUSTER_KEYS_MAX * (4 * CLUSTER_KEY_MAX + 64))
 
-static uv_mutex_t mu;
+static uv_mutex_t mu; /* taken through lock_mu (initialised on first use) */
 static uv_once_t once = UV_ONCE_INIT;
 /* the key file's keys, keys[0] first (outgoing); nkeys == 0: no key loaded */
 static char keys[AUTH_CLUSTER_KEYS_MAX][CLUSTER_KEY_MAX + 1];
@@ -51,6 +51,13 @@ static char peer_tokens[AUTH_CLUSTER_KEYS_MAX][65];
 static void init_mu(void)
 {
 	uv_mutex_init(&mu);
+}
+
+/* Lock mu, initialising it on first use. Any thread. */
+static void lock_mu(void)
+{
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
 }
 
 static bool cluster_gate_fn(wire_req *req, void *role_data)
@@ -280,10 +287,9 @@ int auth_cluster_load(const char *path, char *err, size_t errlen)
 	size_t n = 0;
 	int rc;
 
-	uv_once(&once, init_mu);
 	rc = read_keys(path, k, &n, err, errlen);
 	if (rc == 0) {
-		uv_mutex_lock(&mu);
+		lock_mu();
 		if (gate) {
 			if (!same_keys(k, n))
 				rc = sdb_errf(err, errlen, SDB_EINVAL,
@@ -308,8 +314,7 @@ int auth_cluster_reload(char *err, size_t errlen)
 	size_t n = 0;
 	int rc;
 
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	if (key_path)
 		path = sdb_strdup(key_path);
 	uv_mutex_unlock(&mu);
@@ -318,7 +323,7 @@ int auth_cluster_reload(char *err, size_t errlen)
 	k = sdb_calloc(AUTH_CLUSTER_KEYS_MAX, sizeof *k);
 	rc = read_keys(path, k, &n, err, errlen);
 	if (rc == 0) {
-		uv_mutex_lock(&mu);
+		lock_mu();
 		if (same_keys(k, n))
 			sdb_info("cluster key file reloaded, keys unchanged", "path=%s keys=%zu", path,
 				 n);
@@ -336,8 +341,7 @@ int auth_cluster_reload(char *err, size_t errlen)
 size_t auth_cluster_key_count(void)
 {
 	size_t n;
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	n = nkeys;
 	uv_mutex_unlock(&mu);
 	return n;
@@ -477,7 +481,6 @@ int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, cha
 	char *t = NULL;
 	int rc = 0;
 
-	uv_once(&once, init_mu);
 	if (!ca)
 		return sdb_errf(err, errlen, SDB_EUSAGE, "--tls-internal needs --tls-ca");
 	if (!cert != !key)
@@ -487,7 +490,7 @@ int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, cha
 	if ((rc = auth_tls_read_pem(ca, &t, err, errlen)) != 0)
 		return rc;
 	free(t);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	if (tls_ca) {
 		if (!streq(tls_ca, ca) || !streq(tls_cert, cert) || !streq(tls_key, key))
 			rc = sdb_errf(err, errlen, SDB_EINVAL,
@@ -534,8 +537,7 @@ int auth_cluster_tls_setup_env(char *err, size_t errlen)
 bool auth_cluster_tls_enabled(void)
 {
 	bool on;
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	on = tls_ca != NULL;
 	uv_mutex_unlock(&mu);
 	return on;
@@ -544,8 +546,7 @@ bool auth_cluster_tls_enabled(void)
 int auth_cluster_tls_reload(char *err, size_t errlen)
 {
 	int rc = 0;
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	if (tls_ca && tls_cert && tls_pem_ours)
 		rc = write_combined(err, errlen);
 	if (rc == 0 && tls_cert)
@@ -560,8 +561,7 @@ int auth_cluster_tls_pem(char **ca, char **cert, char **key, char *err, size_t e
 	int rc;
 
 	*ca = *cert = *key = NULL;
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	if (tls_ca) {
 		pa = sdb_strdup(tls_ca);
 		pc = tls_cert ? sdb_strdup(tls_cert) : NULL;
@@ -590,8 +590,7 @@ int auth_cluster_tls_pem(char **ca, char **cert, char **key, char *err, size_t e
 bool auth_cluster_enabled(void)
 {
 	bool on;
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	on = gate != NULL;
 	uv_mutex_unlock(&mu);
 	return on;
@@ -610,8 +609,7 @@ bool auth_cluster_derive(const char *label, uint8_t out[32])
 size_t auth_cluster_derive_all(const char *label, uint8_t out[][32], size_t max)
 {
 	size_t n;
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	n = nkeys < max ? nkeys : max;
 	for (size_t i = 0; i < n; i++) {
 		unsigned int ml = 0;
@@ -630,8 +628,7 @@ wire_gate_fn auth_cluster_gate(void)
 bool auth_cluster_uri_apply(mongoc_uri_t *uri)
 {
 	bool ok = true;
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	if (gate)
 		ok = mongoc_uri_set_username(uri, AUTH_CLUSTER_USER) &&
 		     mongoc_uri_set_password(uri, keys[0]) &&
@@ -652,8 +649,7 @@ bool auth_cluster_uri_apply(mongoc_uri_t *uri)
 const char *auth_cluster_peer_token(void)
 {
 	const char *t;
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	t = gate ? peer_token : NULL;
 	uv_mutex_unlock(&mu);
 	return t;
@@ -681,8 +677,7 @@ bool auth_cluster_reserved_limits(const struct rl_req *reqs, size_t n, char *msg
 bool auth_cluster_peer_token_ok(const char *value, size_t len)
 {
 	bool ok = false;
-	uv_once(&once, init_mu);
-	uv_mutex_lock(&mu);
+	lock_mu();
 	if (!gate)
 		ok = true;
 	else if (value && len == 64)

@@ -165,6 +165,10 @@ int mig_lease(mongoc_client_t *c, const char *verb, const char *id, const char *
 void mig_keepalive(mig *m);
 /* Whether `ctl migration pause` holds mig-pause/<id> (checked at most every 500 ms). */
 bool mig_paused(mig *m);
+/* For the steps that time the catch-up (replicating, switching): when mig_paused, restart
+ * that clock (m->lag_since; time paused is not lag), nap 100 ms and return true (the step
+ * then returns 0 and runs again); otherwise false at once. */
+bool mig_catchup_paused(mig *m);
 /* Field readers of a reply: a missing or mistyped field gives false / def / 0. it_doc's
  * out borrows d's bytes. */
 bool mig_it_str(const bson_t *d, const char *k, char *out, size_t n);

@@ -144,6 +144,15 @@ bool mig_paused(mig *m)
 	return m->is_paused;
 }
 
+bool mig_catchup_paused(mig *m)
+{
+	if (!mig_paused(m))
+		return false;
+	m->lag_since = 0;
+	mig_nap(m, 100);
+	return true;
+}
+
 bool mig_it_str(const bson_t *d, const char *k, char *out, size_t n)
 {
 	bson_iter_t it;

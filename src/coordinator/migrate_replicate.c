@@ -362,11 +362,8 @@ int mig_step_replicate(mig *m)
 	int rc;
 	if ((rc = mig_connect_shards(m)) != 0 || (rc = mig_build_view(m)) != 0)
 		return rc;
-	if (mig_paused(m)) {
-		m->lag_since = 0;
-		mig_nap(m, 100);
+	if (mig_catchup_paused(m))
 		return 0;
-	}
 	rc = mig_repl_catch_up(m, &m->fwd, m->ts, m->sc, (int64_t)sdb_mono_ms() + 1000);
 	if (rc == SDB_ETIMEOUT)
 		rc = 0;

@@ -137,11 +137,8 @@ int mig_step_switch(mig *m)
 	int64_t token = 0;
 	if ((rc = mig_connect_shards(m)) != 0 || (rc = mig_build_view(m)) != 0)
 		return rc;
-	if (mig_paused(m)) {
-		m->lag_since = 0;
-		mig_nap(m, 100);
+	if (mig_catchup_paused(m))
 		return 0;
-	}
 	rc = mig_routing_chunk(m, shard, sizeof shard, &token);
 	if (rc == SDB_ENOTFOUND)
 		return mig_fail(m, "chunk vanished from routing before the switch (split or merged)");

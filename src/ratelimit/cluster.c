@@ -546,36 +546,48 @@ static void batch_done(void *arg, int status, const uint8_t *data, size_t len,
 	free(b);
 }
 
-/* Send n items (taken over) to peer p in one GetPeerRateLimits call. */
-static void send_batch(rl_cluster *cl, cl_conn *p, cl_item **items, size_t n)
+/* One GetPeerRateLimits call of the n requests pbs (filled by rl_proto_req_to_pb; the array
+ * is taken over) to peer p for batch b, which gets cl and p; done(b, ...) gets the answer.
+ * Returns rl_peer_call's status: when it is not 0, done never fires and b is the caller's. */
+static int call_get_peer(rl_cluster *cl, cl_conn *p, cl_batch *b,
+			 Pb__Gubernator__RateLimitReq *pbs, size_t n, rl_peer_cb done)
 {
 	Pb__Gubernator__GetPeerRateLimitsReq msg = PB__GUBERNATOR__GET_PEER_RATE_LIMITS_REQ__INIT;
-	Pb__Gubernator__RateLimitReq *pbs = sdb_calloc(n, sizeof(*pbs));
 	Pb__Gubernator__RateLimitReq **ptrs = sdb_calloc(n, sizeof(*ptrs));
-	cl_batch *b = sdb_calloc(1, sizeof(*b));
 	uint8_t *buf;
 	size_t len, i;
 	int rv;
 
-	for (i = 0; i < n; i++) {
-		rl_proto_req_to_pb(&items[i]->req, &pbs[i]);
+	for (i = 0; i < n; i++)
 		ptrs[i] = &pbs[i];
-	}
 	msg.n_requests = n;
 	msg.requests = ptrs;
 	buf = rl_proto_pack(&msg.base, &len);
 	free(ptrs);
 	free(pbs);
-
 	b->cl = cl;
 	b->peer = p;
+	sdb_counter_inc(cl->m_calls_get);
+	rv = rl_peer_call(p->conn, RL_METHOD_GET_PEER_RATE_LIMITS, buf, len, cl->batch_timeout_ms,
+			  done, b);
+	free(buf);
+	return rv;
+}
+
+/* Send n items (taken over) to peer p in one GetPeerRateLimits call. */
+static void send_batch(rl_cluster *cl, cl_conn *p, cl_item **items, size_t n)
+{
+	Pb__Gubernator__RateLimitReq *pbs = sdb_calloc(n, sizeof(*pbs));
+	cl_batch *b = sdb_calloc(1, sizeof(*b));
+	size_t i;
+	int rv;
+
+	for (i = 0; i < n; i++)
+		rl_proto_req_to_pb(&items[i]->req, &pbs[i]);
 	b->n = n;
 	b->items = items;
-	sdb_counter_inc(cl->m_calls_get);
 	sdb_counter_add(cl->m_forwarded, n);
-	rv = rl_peer_call(p->conn, RL_METHOD_GET_PEER_RATE_LIMITS, buf, len, cl->batch_timeout_ms,
-			  batch_done, b);
-	free(buf);
+	rv = call_get_peer(cl, p, b, pbs, n, batch_done);
 	if (rv != 0) {
 		for (i = 0; i < n; i++)
 			item_fail(items[i], "error while fetching rate limit from peer %s: %s",
@@ -729,24 +741,12 @@ static void update_done(void *arg, int status, const uint8_t *data, size_t len,
 static void send_global_hits(rl_cluster *cl, cl_conn *c, rl_req *reqs, uint64_t *hashes,
 			     size_t n)
 {
-	Pb__Gubernator__GetPeerRateLimitsReq msg = PB__GUBERNATOR__GET_PEER_RATE_LIMITS_REQ__INIT;
 	Pb__Gubernator__RateLimitReq *pbs = sdb_calloc(n, sizeof(*pbs));
-	Pb__Gubernator__RateLimitReq **ptrs = sdb_calloc(n, sizeof(*ptrs));
 	cl_batch *b = sdb_calloc(1, sizeof(*b));
-	uint8_t *buf;
-	size_t len, i;
+	size_t i;
 
-	for (i = 0; i < n; i++) {
+	for (i = 0; i < n; i++)
 		rl_proto_req_to_pb(&reqs[i], &pbs[i]);
-		ptrs[i] = &pbs[i];
-	}
-	msg.n_requests = n;
-	msg.requests = ptrs;
-	buf = rl_proto_pack(&msg.base, &len);
-	free(ptrs);
-	free(pbs);
-	b->cl = cl;
-	b->peer = c;
 	for (i = n; i-- > 0;) { /* own copies, re-queued if the call fails */
 		cl_gent *e = sdb_calloc(1, sizeof(*e));
 		e->hash = hashes[i];
@@ -758,15 +758,11 @@ static void send_global_hits(rl_cluster *cl, cl_conn *c, rl_req *reqs, uint64_t 
 		e->next = b->hits;
 		b->hits = e;
 	}
-	sdb_counter_inc(cl->m_calls_get);
 	sdb_counter_add(cl->m_global_hits, n);
-	if (rl_peer_call(c->conn, RL_METHOD_GET_PEER_RATE_LIMITS, buf, len,
-			 cl->batch_timeout_ms, global_hits_done, b) != 0)
-	{
+	if (call_get_peer(cl, c, b, pbs, n, global_hits_done) != 0) {
 		requeue_hits(cl, b->hits);
 		free(b);
 	}
-	free(buf);
 }
 
 /* Aggregated GLOBAL hits to their owners (an owner that became this node applies them

@@ -84,6 +84,13 @@ static const char *const methods[M__COUNT] = {
 	RL_METHOD_GET_RATE_LIMITS, RL_METHOD_HEALTH_CHECK, RL_METHOD_LIVE_CHECK,
 	RL_METHOD_GET_PEER_RATE_LIMITS, RL_METHOD_UPDATE_PEER_GLOBALS,
 };
+/* The request message dispatch unpacks for each method that reads one (health and live
+ * checks read none). */
+static const ProtobufCMessageDescriptor *const requests[M__COUNT] = {
+	[M_GET_RATE_LIMITS] = &pb__gubernator__get_rate_limits_req__descriptor,
+	[M_GET_PEER] = &pb__gubernator__get_peer_rate_limits_req__descriptor,
+	[M_UPDATE_GLOBALS] = &pb__gubernator__update_peer_globals_req__descriptor,
+};
 static const char *const method_labels[M__COUNT] = {
 	"method=\"GetRateLimits\"", "method=\"HealthCheck\"", "method=\"LiveCheck\"",
 	"method=\"GetPeerRateLimits\"", "method=\"UpdatePeerGlobals\"",
@@ -228,6 +235,15 @@ static void on_decided(void *arg)
 	reply_resps(arg);
 }
 
+/* Finish c with INVALID_ARGUMENT: its request message (named what) did not unpack. */
+static void reply_malformed(srv_call *c, const char *what)
+{
+	char msg[120];
+
+	snprintf(msg, sizeof(msg), "%s: malformed protobuf message", what);
+	reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0, msg);
+}
+
 static void too_many(srv_call *c, size_t n)
 {
 	char msg[120];
@@ -237,89 +253,67 @@ static void too_many(srv_call *c, size_t n)
 	reply(c, GRPC_STATUS_OUT_OF_RANGE, NULL, 0, msg);
 }
 
-static void handle_get_rate_limits(srv_call *c, const uint8_t *data, size_t len)
+/* The n requests of a GetRateLimits or GetPeerRateLimits call, converted, with n answer
+ * slots in c->resps (freed with c). Returns a new array (free() it), or NULL when n is over
+ * RL_MAX_BATCH: c is then answered OUT_OF_RANGE as Gubernator does. */
+static rl_req *take_requests(srv_call *c, Pb__Gubernator__RateLimitReq *const *pb, size_t n)
 {
-	rl_grpc_server *srv = c->srv;
-	Pb__Gubernator__GetRateLimitsReq *m =
-		pb__gubernator__get_rate_limits_req__unpack(NULL, len, data);
 	rl_req *reqs;
-	size_t i, n;
-	char err[200];
+	size_t i;
 
-	if (m == NULL) {
-		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0,
-		      "GetRateLimitsReq: malformed protobuf message");
-		return;
-	}
-	n = m->n_requests;
 	if (n > RL_MAX_BATCH) {
 		too_many(c, n);
-		goto done;
+		return NULL;
 	}
 	reqs = sdb_calloc(n ? n : 1, sizeof(*reqs));
 	for (i = 0; i < n; i++)
-		rl_proto_req_from_pb(m->requests[i], &reqs[i]);
+		rl_proto_req_from_pb(pb[i], &reqs[i]);
+	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
+	c->n = n;
+	return reqs;
+}
+
+static void handle_get_rate_limits(srv_call *c, const Pb__Gubernator__GetRateLimitsReq *m)
+{
+	rl_grpc_server *srv = c->srv;
+	size_t n = m->n_requests;
+	rl_req *reqs = take_requests(c, m->requests, n);
+	char err[200];
+
+	if (reqs == NULL)
+		return;
 	if (auth_cluster_reserved_limits(reqs, n, err, sizeof err)) {
 		reply(c, GRPC_STATUS_PERMISSION_DENIED, NULL, 0, err);
 		free(reqs);
-		goto done;
+		return;
 	}
-	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
-	c->n = n;
 	sc_set_state(c, SC_DECIDING);
 	/* on_decided may complete and free c before this returns: do not touch c after */
 	if (rl_cluster_decide_async(srv->cluster, reqs, n, c->resps, on_decided, c, err,
 				    sizeof(err)) != 0)
 		reply(c, GRPC_STATUS_OUT_OF_RANGE, NULL, 0, err);
 	free(reqs);
-done:
-	pb__gubernator__get_rate_limits_req__free_unpacked(m, NULL);
 }
 
-static void handle_get_peer(srv_call *c, const uint8_t *data, size_t len)
+static void handle_get_peer(srv_call *c, const Pb__Gubernator__GetPeerRateLimitsReq *m)
 {
-	Pb__Gubernator__GetPeerRateLimitsReq *m =
-		pb__gubernator__get_peer_rate_limits_req__unpack(NULL, len, data);
-	rl_req *reqs;
-	size_t i, n;
+	size_t n = m->n_requests;
+	rl_req *reqs = take_requests(c, m->requests, n);
 
-	if (m == NULL) {
-		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0,
-		      "GetPeerRateLimitsReq: malformed protobuf message");
+	if (reqs == NULL)
 		return;
-	}
-	n = m->n_requests;
-	if (n > RL_MAX_BATCH) {
-		too_many(c, n);
-		goto done;
-	}
-	reqs = sdb_calloc(n ? n : 1, sizeof(*reqs));
-	for (i = 0; i < n; i++)
-		rl_proto_req_from_pb(m->requests[i], &reqs[i]);
-	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
-	c->n = n;
 	rl_cluster_peer_decide(c->srv->cluster, reqs, n, c->resps);
 	free(reqs);
 	reply_resps(c);
-done:
-	pb__gubernator__get_peer_rate_limits_req__free_unpacked(m, NULL);
 }
 
-static void handle_update_globals(srv_call *c, const uint8_t *data, size_t len)
+static void handle_update_globals(srv_call *c, const Pb__Gubernator__UpdatePeerGlobalsReq *m)
 {
-	Pb__Gubernator__UpdatePeerGlobalsReq *m =
-		pb__gubernator__update_peer_globals_req__unpack(NULL, len, data);
 	Pb__Gubernator__UpdatePeerGlobalsResp r = PB__GUBERNATOR__UPDATE_PEER_GLOBALS_RESP__INIT;
 	uint8_t *buf;
 	size_t blen;
 
-	if (m == NULL) {
-		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0,
-		      "UpdatePeerGlobalsReq: malformed protobuf message");
-		return;
-	}
 	rl_cluster_apply_globals(c->srv->cluster, m);
-	pb__gubernator__update_peer_globals_req__free_unpacked(m, NULL);
 	buf = rl_proto_pack(&r.base, &blen);
 	reply(c, GRPC_STATUS_OK, buf, blen, NULL);
 }
@@ -399,25 +393,35 @@ static void dispatch(srv_call *c)
 	if (srv->fenced) {
 		reply(c, GRPC_STATUS_UNAVAILABLE, NULL, 0, "rate limiter shutting down");
 	} else {
-		const uint8_t *data = GRPC_SLICE_START_PTR(flat);
-		size_t len = GRPC_SLICE_LENGTH(flat);
-		switch (m) {
-		case M_GET_RATE_LIMITS:
-			handle_get_rate_limits(c, data, len);
-			break;
-		case M_GET_PEER:
-			handle_get_peer(c, data, len);
-			break;
-		case M_UPDATE_GLOBALS:
-			handle_update_globals(c, data, len);
-			break;
-		case M_HEALTH_CHECK:
-			handle_health(c);
-			break;
-		default:
-			handle_live(c);
-			break;
+		const ProtobufCMessageDescriptor *d = requests[m];
+		ProtobufCMessage *msg = NULL;
+
+		if (d != NULL)
+			msg = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(flat),
+							GRPC_SLICE_START_PTR(flat));
+		if (d != NULL && msg == NULL) {
+			reply_malformed(c, d->short_name);
+		} else {
+			switch (m) {
+			case M_GET_RATE_LIMITS:
+				handle_get_rate_limits(c, (Pb__Gubernator__GetRateLimitsReq *)msg);
+				break;
+			case M_GET_PEER:
+				handle_get_peer(c, (Pb__Gubernator__GetPeerRateLimitsReq *)msg);
+				break;
+			case M_UPDATE_GLOBALS:
+				handle_update_globals(c, (Pb__Gubernator__UpdatePeerGlobalsReq *)msg);
+				break;
+			case M_HEALTH_CHECK:
+				handle_health(c);
+				break;
+			default:
+				handle_live(c);
+				break;
+			}
 		}
+		if (msg != NULL) /* c may be freed by now (on_decided): msg is not c's */
+			protobuf_c_message_free_unpacked(msg, NULL);
 	}
 	pthread_rwlock_unlock(&srv->fence);
 	grpc_slice_unref(flat);
@@ -575,6 +579,19 @@ void rl_grpc_tune_runtime(void)
 	}
 }
 
+/* The last of srv, after its gRPC server is destroyed and its queue drained (no thread
+ * left): the queue, the locks, srv itself and this server's grpc_init reference. */
+static void server_release(rl_grpc_server *srv)
+{
+	grpc_completion_queue_destroy(srv->cq);
+	pthread_cond_destroy(&srv->cv);
+	pthread_mutex_destroy(&srv->mu);
+	pthread_mutex_destroy(&srv->tls_mu);
+	pthread_rwlock_destroy(&srv->fence);
+	free(srv);
+	grpc_shutdown();
+}
+
 int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, char *err,
 		       size_t errlen)
 {
@@ -664,13 +681,7 @@ err_after_server:
 			break;
 	}
 	grpc_server_destroy(srv->server);
-	grpc_completion_queue_destroy(srv->cq);
-	pthread_cond_destroy(&srv->cv);
-	pthread_mutex_destroy(&srv->mu);
-	pthread_mutex_destroy(&srv->tls_mu);
-	pthread_rwlock_destroy(&srv->fence);
-	free(srv);
-	grpc_shutdown();
+	server_release(srv);
 	return rv;
 }
 
@@ -727,13 +738,7 @@ void rl_grpc_server_free(rl_grpc_server *srv)
 	}
 	for (i = 0; i < srv->n_threads; i++)
 		pthread_join(srv->threads[i], NULL);
-	grpc_completion_queue_destroy(srv->cq);
-	pthread_cond_destroy(&srv->cv);
-	pthread_mutex_destroy(&srv->mu);
-	pthread_mutex_destroy(&srv->tls_mu);
-	pthread_rwlock_destroy(&srv->fence);
-	free(srv);
-	grpc_shutdown();
+	server_release(srv);
 }
 
 /* ---- role hook ---- */

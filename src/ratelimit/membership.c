@@ -6,12 +6,13 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "auth/cluster.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/metauri.h"
 
 #define POLL_MAX_MS 1000
 #define RETRY_MS 250
@@ -28,29 +29,14 @@ struct rl_membership {
 	bool stopping;
 };
 
-static int64_t mono_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Sleep up to ms unless stopping; returns true when stopping. */
 static bool nap(rl_membership *m, int64_t ms)
 {
-	struct timespec ts;
 	bool stop;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_sec += ms / 1000;
-	ts.tv_nsec += (ms % 1000) * 1000000;
-	if (ts.tv_nsec >= 1000000000) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000;
-	}
 	pthread_mutex_lock(&m->mu);
 	if (!m->stopping)
-		pthread_cond_timedwait(&m->cv, &m->mu, &ts);
+		sdb_cond_wait_ms(&m->cv, &m->mu, ms);
 	stop = m->stopping;
 	pthread_mutex_unlock(&m->mu);
 	return stop;
@@ -174,7 +160,7 @@ static void *membership_main(void *arg)
 
 	sdb_log_set_thread("ratelimit", NULL);
 	while (!stopping(m)) {
-		int64_t now = mono_ms(), wait, v;
+		int64_t now = (int64_t)sdb_mono_ms(), wait, v;
 
 		if (c == NULL) {
 			c = auth_cluster_client_new(m->uri);
@@ -192,7 +178,7 @@ static void *membership_main(void *arg)
 			else
 				continue;
 		}
-		wait = next_renew - mono_ms();
+		wait = next_renew - (int64_t)sdb_mono_ms();
 		if (wait > POLL_MAX_MS)
 			wait = POLL_MAX_MS;
 		if (wait < 0)
@@ -224,12 +210,22 @@ static void *membership_main(void *arg)
 	return NULL;
 }
 
+/* Release m and what it owns; its thread is not running (never started, or joined). */
+static void membership_free(rl_membership *m)
+{
+	pthread_cond_destroy(&m->cv);
+	pthread_mutex_destroy(&m->mu);
+	free(m->uri);
+	free(m->advertise);
+	free(m->kind);
+	free(m);
+}
+
 int rl_membership_start(const char *metadata, const char *advertise, const char *kind,
 			int64_t lease_ms, rl_cluster *cl, rl_membership **out, char *err,
 			size_t errlen)
 {
 	rl_membership *m;
-	pthread_condattr_t ca;
 	int rv;
 
 	*out = NULL;
@@ -240,26 +236,16 @@ int rl_membership_start(const char *metadata, const char *advertise, const char 
 	mongoc_init(); /* idempotent; the ratelimit role has no other libmongoc user */
 	m = sdb_calloc(1, sizeof(*m));
 	/* socketTimeoutMS above the longest poll (POLL_MAX_MS) */
-	m->uri = sdb_asprintf("mongodb://%s/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=1000"
-			      "&connectTimeoutMS=1000&socketTimeoutMS=5000",
-			      metadata);
+	m->uri = sdb_meta_uri(metadata, false, 1000, 1000, 5000);
 	m->advertise = sdb_strdup(advertise);
 	m->kind = sdb_strdup(kind);
 	m->lease_ms = lease_ms;
 	m->cl = cl;
 	pthread_mutex_init(&m->mu, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&m->cv, &ca);
-	pthread_condattr_destroy(&ca);
+	sdb_cond_init_mono(&m->cv);
 	rv = pthread_create(&m->thread, NULL, membership_main, m);
 	if (rv != 0) {
-		pthread_cond_destroy(&m->cv);
-		pthread_mutex_destroy(&m->mu);
-		free(m->uri);
-		free(m->advertise);
-		free(m->kind);
-		free(m);
+		membership_free(m);
 		return sdb_errf(err, errlen, SDB_EIO, "ratelimit membership: thread: %s",
 				strerror(rv));
 	}
@@ -278,10 +264,5 @@ void rl_membership_stop(rl_membership *m)
 	pthread_cond_signal(&m->cv);
 	pthread_mutex_unlock(&m->mu);
 	pthread_join(m->thread, NULL);
-	pthread_cond_destroy(&m->cv);
-	pthread_mutex_destroy(&m->mu);
-	free(m->uri);
-	free(m->advertise);
-	free(m->kind);
-	free(m);
+	membership_free(m);
 }
