@@ -434,6 +434,21 @@ def test_explain_ixscan_and_collscan(shard):
     assert e["queryPlanner"]["winningPlan"]["sortStage"] is False
     docs = list(db.c.find({"a": {"$gte": 7}}).sort("a", -1).limit(3))
     assert [d["a"] for d in docs] == [9, 9, 9]
+    # an update's explain follows its statement's hint, also when the statement is larger
+    # than a document's inline storage (its copy must outlive the query: ASan)
+    big = {"b": {"$nin": [f"not-a-value-{i:04d}" for i in range(40)]}, "a": 3}
+    for verb, key, stmt in (("update", "updates", {"q": big, "u": {"$set": {"z": 1}},
+                                                   "hint": {"$natural": 1}}),
+                            ("delete", "deletes", {"q": big, "limit": 0,
+                                                   "hint": {"$natural": 1}})):
+        e = db.command("explain", {verb: "c", key: [stmt]}, verbosity="executionStats")
+        assert e["queryPlanner"]["winningPlan"]["stage"] == "COLLSCAN", verb
+        assert e["executionStats"]["nReturned"] == 10, verb
+    # a query that fails under executionStats fails its explain
+    with pytest.raises(OperationFailure) as ei:
+        db.command("explain", {"find": "c", "filter": {"$expr": {"$divide": [1, "$a"]}}},
+                   verbosity="executionStats")
+    assert ei.value.code == 16608
 
 
 def test_descending_compound_index_ranges(shard):
