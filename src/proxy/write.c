@@ -90,6 +90,17 @@ static void wresult_destroy(wresult *w)
 	uv_mutex_destroy(&w->mu);
 }
 
+/* Open entry number (*n)++ of array arr as e, {index: idx, ...}; the caller appends the rest
+ * and ends it with bson_append_document_end(arr, e). Under w->mu. */
+static void wresult_entry_begin(bson_t *arr, size_t *n, int64_t idx, bson_t *e)
+{
+	char k[24];
+
+	snprintf(k, sizeof k, "%zu", (*n)++);
+	bson_append_document_begin(arr, k, -1, e);
+	BSON_APPEND_INT64(e, "index", idx);
+}
+
 /* Add a write error at the client's index idx: from a shard's entry (copied except index)
  * or from code/msg; label: with errorLabels ["RetryableWriteError"] (it certainly did not
  * execute). */
@@ -97,12 +108,9 @@ static void wresult_error_ex(wresult *w, int64_t idx, const bson_iter_t *entry, 
 			     const char *msg, bool label)
 {
 	bson_t e;
-	char k[24];
 
 	uv_mutex_lock(&w->mu);
-	snprintf(k, sizeof k, "%zu", w->nerr++);
-	bson_append_document_begin(&w->errors, k, -1, &e);
-	BSON_APPEND_INT64(&e, "index", idx);
+	wresult_entry_begin(&w->errors, &w->nerr, idx, &e);
 	if (entry) {
 		bson_iter_t it;
 		bson_iter_recurse(entry, &it);
@@ -140,12 +148,9 @@ static void wresult_error_from(wresult *w, int64_t idx, const bson_t *reply, int
 static void wresult_upserted(wresult *w, int64_t idx, const bson_iter_t *id)
 {
 	bson_t e;
-	char k[24];
 
 	uv_mutex_lock(&w->mu);
-	snprintf(k, sizeof k, "%zu", w->nups++);
-	bson_append_document_begin(&w->upserted, k, -1, &e);
-	BSON_APPEND_INT64(&e, "index", idx);
+	wresult_entry_begin(&w->upserted, &w->nups, idx, &e);
 	bson_append_iter(&e, "_id", -1, id);
 	bson_append_document_end(&w->upserted, &e);
 	uv_mutex_unlock(&w->mu);
@@ -981,24 +986,28 @@ typedef struct stmt_op {
 	bool first;            /* the whole statement (not only pending ranges) */
 } stmt_op;
 
+/* Chunk ci's range (copies) to the ranges retried alone under the next routing. */
+static void pend_chunk(stmt_op *o, const route_coll *rc, size_t ci)
+{
+	if (o->npend == o->cap) {
+		o->cap = o->cap ? o->cap * 2 : 8;
+		o->pmin = sdb_realloc(o->pmin, o->cap * sizeof *o->pmin);
+		o->pmax = sdb_realloc(o->pmax, o->cap * sizeof *o->pmax);
+	}
+	o->pmin[o->npend] = bson_copy(rc->chunks[ci].min);
+	o->pmax[o->npend] = bson_copy(rc->chunks[ci].max);
+	o->npend++;
+}
+
 /* A shard refused a whole-shard pass as stale (nothing applied there): its targeted chunks'
  * ranges are retried alone. */
 static void stale_shard(stmt_op *o, route_coll *rc, const bool *sel, const char *shard)
 {
 	size_t i;
 
-	for (i = 0; i < rc->nchunks; i++) {
-		if (!sel[i] || strcmp(rc->chunks[i].shard, shard) != 0)
-			continue;
-		if (o->npend == o->cap) {
-			o->cap = o->cap ? o->cap * 2 : 8;
-			o->pmin = sdb_realloc(o->pmin, o->cap * sizeof *o->pmin);
-			o->pmax = sdb_realloc(o->pmax, o->cap * sizeof *o->pmax);
-		}
-		o->pmin[o->npend] = bson_copy(rc->chunks[i].min);
-		o->pmax[o->npend] = bson_copy(rc->chunks[i].max);
-		o->npend++;
-	}
+	for (i = 0; i < rc->nchunks; i++)
+		if (sel[i] && strcmp(rc->chunks[i].shard, shard) == 0)
+			pend_chunk(o, rc, i);
 }
 
 /* One attempt of a statement: straight to one chunk when the key pins it; otherwise the
@@ -1085,14 +1094,7 @@ static int stmt_execute(px_retry *r, void *arg)
 				ndone--;
 			}
 			if (multi_on_chunk(c, rc, i, s, w, 0, &touched) == SHARDCONN_STALE) {
-				if (o->npend == o->cap) {
-					o->cap = o->cap ? o->cap * 2 : 8;
-					o->pmin = sdb_realloc(o->pmin, o->cap * sizeof *o->pmin);
-					o->pmax = sdb_realloc(o->pmax, o->cap * sizeof *o->pmax);
-				}
-				o->pmin[o->npend] = bson_copy(rc->chunks[i].min);
-				o->pmax[o->npend] = bson_copy(rc->chunks[i].max);
-				o->npend++;
+				pend_chunk(o, rc, i);
 				stale = true;
 			}
 		}
