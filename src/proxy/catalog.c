@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/dblist.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "auth/gate.h"
@@ -187,26 +188,13 @@ out:
 void proxy_set_db_primaries(proxy *p, const bson_t *reply)
 {
 	bson_t *m = bson_new(), *old;
-	bson_iter_t it, arr, d;
+	const char *name, *primary;
+	sdb_dblist l;
 
-	if (bson_iter_init_find(&it, reply, "databases") && BSON_ITER_HOLDS_ARRAY(&it) &&
-	    bson_iter_recurse(&it, &arr)) {
-		while (bson_iter_next(&arr)) {
-			const char *name = NULL, *primary = NULL;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &d))
-				continue;
-			while (bson_iter_next(&d)) {
-				if (!BSON_ITER_HOLDS_UTF8(&d))
-					continue;
-				if (strcmp(bson_iter_key(&d), "name") == 0)
-					name = bson_iter_utf8(&d, NULL);
-				else if (strcmp(bson_iter_key(&d), "primary") == 0)
-					primary = bson_iter_utf8(&d, NULL);
-			}
-			if (name && primary)
-				BSON_APPEND_UTF8(m, name, primary);
-		}
-	}
+	sdb_dblist_init(&l, reply);
+	while (sdb_dblist_next(&l, "primary", &name, &primary))
+		if (name && primary)
+			BSON_APPEND_UTF8(m, name, primary);
 	uv_mutex_lock(&p->mu);
 	old = p->db_primaries;
 	p->db_primaries = m;
