@@ -1,5 +1,6 @@
 /* Helpers shared by the proxy's sharding administration files (sharding.c: databases,
- * collections, shards, balancer; chunks.c: split, moves, merges, removeShard drains). */
+ * collections, shards, balancer; chunks.c: split, moves, merges, removeShard drains) and the
+ * read-only config database (configdb.c). */
 #ifndef SDB_PROXY_SHARDING_INT_H
 #define SDB_PROXY_SHARDING_INT_H
 
