@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/dblist.h"
 #include "common/err.h"
 
 typedef struct coll_rule {
@@ -250,24 +251,14 @@ auth_policy *auth_policy_build(const bson_t *tenants, const bson_t *dbs)
 			}
 		}
 	}
-	if (dbs && bson_iter_init_find(&it, dbs, "databases") && BSON_ITER_HOLDS_ARRAY(&it) &&
-	    bson_iter_recurse(&it, &arr)) {
-		while (bson_iter_next(&arr)) {
-			const char *name = NULL, *owner = NULL;
-			tenant *t;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &d))
-				continue;
-			while (bson_iter_next(&d)) {
-				if (!BSON_ITER_HOLDS_UTF8(&d))
-					continue;
-				if (strcmp(bson_iter_key(&d), "name") == 0)
-					name = bson_iter_utf8(&d, NULL);
-				else if (strcmp(bson_iter_key(&d), "tenant") == 0)
-					owner = bson_iter_utf8(&d, NULL);
-			}
+	if (dbs) {
+		const char *name, *owner;
+		sdb_dblist l;
+		tenant *t;
+		sdb_dblist_init(&l, dbs);
+		while (sdb_dblist_next(&l, "tenant", &name, &owner))
 			if (name && name[0] && owner && (t = find_tenant(pol, owner)))
 				add_db(t, name);
-		}
 	}
 	for (size_t i = 0; i < pol->n; i++)
 		if (pol->t[i].n_dbs > 1)

@@ -5,6 +5,7 @@ libstripedb_a_SOURCES += \
 	src/common/clock.c \
 	src/common/cmdopts.c \
 	src/common/config.c \
+	src/common/dblist.c \
 	src/common/err.c \
 	src/common/http.c \
 	src/common/log.c \
@@ -19,6 +20,7 @@ noinst_HEADERS += \
 	src/common/alloc.h \
 	src/common/bsonget.h \
 	src/common/config.h \
+	src/common/dblist.h \
 	src/common/err.h \
 	src/common/http.h \
 	src/common/log.h \
@@ -30,8 +32,8 @@ noinst_HEADERS += \
 
 EXTRA_DIST += src/common/README.md
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -50,3 +52,6 @@ tests_unit_test_common_metauri_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_throttle_SOURCES = tests/unit/test_common_throttle.c
 tests_unit_test_common_throttle_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_throttle_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_dblist_SOURCES = tests/unit/test_common_dblist.c
+tests_unit_test_common_dblist_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_dblist_LDADD = $(UNIT_LDADD)

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/dblist.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "auth/gate.h"
@@ -187,26 +188,13 @@ out:
 void proxy_set_db_primaries(proxy *p, const bson_t *reply)
 {
 	bson_t *m = bson_new(), *old;
-	bson_iter_t it, arr, d;
+	const char *name, *primary;
+	sdb_dblist l;
 
-	if (bson_iter_init_find(&it, reply, "databases") && BSON_ITER_HOLDS_ARRAY(&it) &&
-	    bson_iter_recurse(&it, &arr)) {
-		while (bson_iter_next(&arr)) {
-			const char *name = NULL, *primary = NULL;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &d))
-				continue;
-			while (bson_iter_next(&d)) {
-				if (!BSON_ITER_HOLDS_UTF8(&d))
-					continue;
-				if (strcmp(bson_iter_key(&d), "name") == 0)
-					name = bson_iter_utf8(&d, NULL);
-				else if (strcmp(bson_iter_key(&d), "primary") == 0)
-					primary = bson_iter_utf8(&d, NULL);
-			}
-			if (name && primary)
-				BSON_APPEND_UTF8(m, name, primary);
-		}
-	}
+	sdb_dblist_init(&l, reply);
+	while (sdb_dblist_next(&l, "primary", &name, &primary))
+		if (name && primary)
+			BSON_APPEND_UTF8(m, name, primary);
 	uv_mutex_lock(&p->mu);
 	old = p->db_primaries;
 	p->db_primaries = m;
@@ -333,6 +321,20 @@ static int feed_batch(route_update **u, char **names, size_t n, const bson_t *re
 	return 0;
 }
 
+/* One batch of a cursor of getRoutingTable replies: fed to the updates (feed_batch), then
+ * its resumeAfter into resume (emptied first; *more: whether another batch follows) and
+ * the reply destroyed. Returns feed_batch's status (then *more is false). */
+static int feed_and_resume(route_update **u, char **names, size_t n, bson_t *reply,
+			   bool single, bson_t *resume, bool *more, char *err, size_t errlen)
+{
+	int rc = feed_batch(u, names, n, reply, single, err, errlen);
+
+	bson_reinit(resume);
+	*more = rc == 0 && reply_resume(reply, resume);
+	bson_destroy(reply);
+	return rc;
+}
+
 /* Load ns from metadata: a diff since old's version when old is a sharded snapshot, else
  * a full load, in cursor batches (issue #26). NULL with a message on failure. */
 static route_coll *fetch_route(proxy *p, const char *ns, const route_coll *old, char *err,
@@ -388,10 +390,7 @@ static route_coll *fetch_route(proxy *p, const char *ns, const route_coll *old, 
 				}
 			}
 		}
-		rc = feed_batch(&u, &name, 1, &reply, true, err, errlen);
-		bson_reinit(&resume);
-		have_resume = rc == 0 && reply_resume(&reply, &resume);
-		bson_destroy(&reply);
+		rc = feed_and_resume(&u, &name, 1, &reply, true, &resume, &have_resume, err, errlen);
 		if (rc != 0)
 			goto out;
 		if (!have_resume)
@@ -513,10 +512,8 @@ static int refresh_all(proxy *p, char **names, size_t n, int64_t since, int64_t 
 				goto out;
 			}
 		}
-		rc = feed_batch(u, names, n, &reply, false, err, sizeof err);
-		bson_reinit(&resume);
-		have_resume = rc == 0 && reply_resume(&reply, &resume);
-		bson_destroy(&reply);
+		rc = feed_and_resume(u, names, n, &reply, false, &resume, &have_resume, err,
+				     sizeof err);
 		if (rc != 0)
 			goto out;
 		if (!have_resume)

@@ -16,6 +16,71 @@
 #include "proxy/exec.h"
 #include "proxy/sharding_int.h"
 
+/* A chunk command's namespace (its first value): false after answering InvalidNamespace
+ * (73) when it is not a "db.coll" string. */
+static bool ns_ok(ctx *c, const char *ns)
+{
+	if (ns != NULL && strchr(ns, '.') != NULL)
+		return true;
+	px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
+		 ns ? ns : "(not a string)");
+	return false;
+}
+
+/* ns's routing, refreshed from metadata, with *sub = c aimed at ns (for the refreshes and
+ * moves that follow); the caller unrefs it. NULL after answering c: HostUnreachable when
+ * metadata could not be asked, NamespaceNotSharded (118) for an unsharded collection. */
+static route_coll *sharded_route(ctx *c, ctx *sub, const char *ns)
+{
+	route_coll *rc;
+	char err[256];
+
+	*sub = *c;
+	snprintf(sub->ns, sizeof sub->ns, "%s", ns);
+	rc = px_route(sub, true, err, sizeof err);
+	if (rc == NULL) {
+		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+		return NULL;
+	}
+	if (rc->nkeys == 0) {
+		route_coll_unref(rc);
+		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
+		return NULL;
+	}
+	return rc;
+}
+
+/* sub's routing as this proxy holds it (px_route without a refresh: split_at refreshed it);
+ * the caller unrefs it. NULL after answering c HostUnreachable. */
+static route_coll *cached_route(ctx *c, ctx *sub)
+{
+	route_coll *rc;
+	char err[256];
+
+	rc = px_route(sub, false, err, sizeof err);
+	if (rc == NULL)
+		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+	return rc;
+}
+
+/* Run the chunk change cmd on metadata; once done, refresh sub's routing (this proxy's next
+ * command sees the change) and answer c ok. A metadata failure is answered as
+ * px_sharding_meta_call answers it. */
+static void meta_change(ctx *c, ctx *sub, const bson_t *cmd)
+{
+	bson_t reply;
+	route_coll *rc;
+	char err[256];
+
+	if (!px_sharding_meta_call(c, cmd, &reply, NULL, NULL))
+		return;
+	bson_destroy(&reply);
+	rc = px_route(sub, true, err, sizeof err);
+	if (rc)
+		route_coll_unref(rc);
+	px_reply(c, bson_new());
+}
+
 /* The chunk of rc named by c->cmd's `find` (the chunk holding that document's shard key)
  * or `bounds` ([min, max]: exactly a chunk's bounds), as moveChunk and split take them; -1
  * when neither names a chunk. */
@@ -124,22 +189,16 @@ out:
 void px_do_split(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd);
-	ctx sub = *c;
-	bson_t middle, cmd = BSON_INITIALIZER, reply, *out, median;
+	ctx sub;
+	bson_t middle, cmd = BSON_INITIALIZER, median;
 	route_coll *rc;
 	ssize_t ci = -1;
-	char err[256];
 	int64_t id;
 	int given = 0;
 	bool have_median = false;
 
-	if (!px_need_admin_db(c, "split"))
+	if (!px_need_admin_db(c, "split") || !ns_ok(c, ns))
 		return;
-	if (ns == NULL || strchr(ns, '.') == NULL) {
-		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
-			 ns ? ns : "(not a string)");
-		return;
-	}
 	given += px_get_doc(c->cmd, "middle", &middle) && !bson_empty(&middle);
 	given += bson_has_field(c->cmd, "find");
 	given += bson_has_field(c->cmd, "bounds");
@@ -148,17 +207,9 @@ void px_do_split(ctx *c)
 			 "need to specify exactly one of middle, find or bounds (the split point)");
 		return;
 	}
-	snprintf(sub.ns, sizeof sub.ns, "%s", ns);
-	rc = px_route(&sub, true, err, sizeof err);
-	if (rc == NULL) {
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+	rc = sharded_route(c, &sub, ns);
+	if (rc == NULL)
 		return;
-	}
-	if (rc->nkeys == 0) {
-		route_coll_unref(rc);
-		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
-		return;
-	}
 	if (bson_has_field(c->cmd, "middle")) {
 		ci = route_find_chunk(rc, &middle);
 	} else {
@@ -198,27 +249,10 @@ void px_do_split(ctx *c)
 	BSON_APPEND_DOCUMENT(&cmd, "at", have_median ? &median : &middle);
 	if (have_median)
 		bson_destroy(&median);
-	if (px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
-		bson_destroy(&reply);
-		rc = px_route(&sub, true, err, sizeof err);
-		if (rc)
-			route_coll_unref(rc);
-		out = bson_new();
-		px_reply(c, out);
-	}
+	meta_change(c, &sub, &cmd);
 	bson_destroy(&cmd);
 }
 
-
-/* The UTF-8 string field name of d, or NULL. */
-static const char *str_of(const bson_t *d, const char *name)
-{
-	bson_iter_t it;
-
-	if (bson_iter_init_find(&it, d, name) && BSON_ITER_HOLDS_UTF8(&it))
-		return bson_iter_utf8(&it, NULL);
-	return NULL;
-}
 
 /* A chunk of the shard being removed: its collection and metadata id. */
 typedef struct owned_chunk {
@@ -226,61 +260,42 @@ typedef struct owned_chunk {
 	int64_t nid;
 } owned_chunk;
 
+/* chunks_on's list: the chunks of shard, n of cap. */
+typedef struct owned_list {
+	const char *shard;
+	owned_chunk *v;
+	size_t n, cap;
+} owned_list;
+
+static void add_owned(const bson_t *ch, void *arg)
+{
+	owned_list *l = arg;
+	const char *cs = px_str_of(ch, "shard"), *cns = px_str_of(ch, "ns");
+
+	if (cs == NULL || cns == NULL || strcmp(cs, l->shard) != 0)
+		return;
+	if (l->n == l->cap) {
+		l->cap = l->cap ? l->cap * 2 : 64;
+		l->v = sdb_realloc(l->v, l->cap * sizeof *l->v);
+	}
+	snprintf(l->v[l->n].ns, sizeof l->v[l->n].ns, "%s", cns);
+	l->v[l->n].nid = px_get_int(ch, "id", 0);
+	l->n++;
+}
+
 /* The chunks of every collection that shard owns (getRoutingTable "all", batch by batch),
  * into *out (heap, may be NULL when none); their number, or -1 after answering c. */
 static int64_t chunks_on(ctx *c, const char *shard, owned_chunk **out)
 {
-	bson_t resume;
-	bool have_resume = false, more = true;
-	int64_t n = 0;
-	size_t cap = 0;
+	owned_list l = {.shard = shard};
 
-	*out = NULL;
-	while (more) {
-		bson_t cmd = BSON_INITIALIZER, cur, reply, r;
-		bson_iter_t it, arr;
-		BSON_APPEND_UTF8(&cmd, "getRoutingTable", "all");
-		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "cursor", &cur);
-		bson_append_document_end(&cmd, &cur);
-		if (have_resume) {
-			BSON_APPEND_DOCUMENT(&cmd, "resumeAfter", &resume);
-			bson_destroy(&resume);
-			have_resume = false;
-		}
-		if (!px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
-			bson_destroy(&cmd);
-			free(*out);
-			*out = NULL;
-			return -1;
-		}
-		if (bson_iter_init_find(&it, &reply, "chunks") && BSON_ITER_HOLDS_ARRAY(&it) &&
-		    bson_iter_recurse(&it, &arr))
-			while (bson_iter_next(&arr)) {
-				bson_t ch;
-				const char *cs, *cns;
-				if (!px_doc_of(&arr, &ch))
-					continue;
-				cs = str_of(&ch, "shard");
-				cns = str_of(&ch, "ns");
-				if (cs == NULL || cns == NULL || strcmp(cs, shard) != 0)
-					continue;
-				if ((size_t)n == cap) {
-					cap = cap ? cap * 2 : 64;
-					*out = sdb_realloc(*out, cap * sizeof **out);
-				}
-				snprintf((*out)[n].ns, sizeof (*out)[n].ns, "%s", cns);
-				(*out)[n].nid = px_get_int(&ch, "id", 0);
-				n++;
-			}
-		more = px_get_bool(&reply, "more", false) && px_get_doc(&reply, "resumeAfter", &r);
-		if (more) {
-			bson_copy_to(&r, &resume);
-			have_resume = true;
-		}
-		bson_destroy(&reply);
-		bson_destroy(&cmd);
+	if (!px_each_routing_chunk(c, add_owned, &l)) {
+		free(l.v);
+		*out = NULL;
+		return -1;
 	}
-	return n;
+	*out = l.v;
+	return (int64_t)l.n;
 }
 
 /* The migrations of the listMigrations reply list that have not ended (registered ...
@@ -298,12 +313,12 @@ static int64_t active_migrations(const bson_t *list, int64_t nid, const char *sh
 		/* the migration's spec is its registerMigration {ns, chunk, from, to} */
 		if (!px_doc_of(&arr, &m) || !px_get_doc(&m, "spec", &spec))
 			continue;
-		st = str_of(&m, "state");
+		st = px_str_of(&m, "state");
 		if (st == NULL || strcmp(st, "complete") == 0 || strcmp(st, "aborted") == 0 ||
 		    strcmp(st, "rolled_back") == 0)
 			continue;
-		from = str_of(&spec, "from");
-		to = str_of(&spec, "to");
+		from = px_str_of(&spec, "from");
+		to = px_str_of(&spec, "to");
 		if ((nid != 0 && px_get_int(&spec, "chunk", 0) == nid) ||
 		    (shard && ((from && strcmp(from, shard) == 0) || (to && strcmp(to, shard) == 0))))
 			n++;
@@ -331,6 +346,21 @@ static bool mark_draining(ctx *c, const char *id)
 	return ok;
 }
 
+/* drop_draining's question about one shard of a listShards reply. */
+typedef struct draining_q {
+	const char *id;
+	bool draining; /* set when an entry of id has state "draining" */
+} draining_q;
+
+static void is_draining(const bson_t *sh, void *arg)
+{
+	draining_q *q = arg;
+	const char *sid = px_str_of(sh, "id"), *st = px_str_of(sh, "state");
+
+	if (sid && st && strcmp(sid, q->id) == 0 && strcmp(st, "draining") == 0)
+		q->draining = true;
+}
+
 /* Drop the draining shards (metadata listShards state "draining") from ids[0..n), freeing
  * them; the count kept. On a metadata error the list is kept whole. */
 static size_t drop_draining(ctx *c, char **ids, size_t n)
@@ -347,22 +377,9 @@ static size_t drop_draining(ctx *c, char **ids, size_t n)
 		return n;
 	}
 	for (i = 0; i < n; i++) {
-		bool draining = false;
-		bson_iter_t it, arr;
-		if (bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it) &&
-		    bson_iter_recurse(&it, &arr))
-			while (bson_iter_next(&arr)) {
-				bson_t sh;
-				const char *sid, *st;
-				if (!px_doc_of(&arr, &sh))
-					continue;
-				sid = str_of(&sh, "id");
-				st = str_of(&sh, "state");
-				if (sid && st && strcmp(sid, ids[i]) == 0 &&
-				    strcmp(st, "draining") == 0)
-					draining = true;
-			}
-		if (draining)
+		draining_q q = {.id = ids[i]};
+		px_each_doc(&reply, "shards", is_draining, &q);
+		if (q.draining)
 			free(ids[i]);
 		else
 			ids[kept++] = ids[i];
@@ -644,17 +661,12 @@ static bool move_prepare(ctx *c, const char *what, const char *to_field, ctx *su
 {
 	const char *ns = px_first_utf8(c->cmd);
 	bson_iter_t it;
-	char err[256], **ids = NULL;
+	char **ids = NULL;
 	size_t n, i;
 	bool known = false;
 
-	if (!px_need_admin_db(c, what))
+	if (!px_need_admin_db(c, what) || !ns_ok(c, ns))
 		return false;
-	if (ns == NULL || strchr(ns, '.') == NULL) {
-		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
-			 ns ? ns : "(not a string)");
-		return false;
-	}
 	*to = NULL;
 	if (bson_iter_init_find(&it, c->cmd, to_field) && BSON_ITER_HOLDS_UTF8(&it))
 		*to = bson_iter_utf8(&it, NULL);
@@ -677,19 +689,8 @@ static bool move_prepare(ctx *c, const char *what, const char *to_field, ctx *su
 		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", *to);
 		return false;
 	}
-	*sub = *c;
-	snprintf(sub->ns, sizeof sub->ns, "%s", ns);
-	*rc = px_route(sub, true, err, sizeof err);
-	if (*rc == NULL) {
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
-		return false;
-	}
-	if ((*rc)->nkeys == 0) {
-		route_coll_unref(*rc);
-		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
-		return false;
-	}
-	return true;
+	*rc = sharded_route(c, sub, ns);
+	return *rc != NULL;
 }
 
 /* {moveChunk: "db.coll", find: {key...} | bounds: [min, max], to: SHARD} (sh.moveChunk): one
@@ -829,14 +830,8 @@ void px_do_move_range(ctx *c)
 			goto out;
 	}
 	if (rc == NULL || route_key_cmp(&hi_c, rc->chunks[ci].max) < 0) {
-		if (rc == NULL) {
-			char err[256];
-			rc = px_route(&sub, false, err, sizeof err);
-			if (rc == NULL) {
-				px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
-				goto out;
-			}
-		}
+		if (rc == NULL && (rc = cached_route(c, &sub)) == NULL)
+			goto out;
 		ci = route_find_chunk(rc, &lo_c);
 		if (ci >= 0 && route_key_cmp(&hi_c, rc->chunks[ci].max) < 0) {
 			nid = rc->chunks[ci].nid;
@@ -846,14 +841,8 @@ void px_do_move_range(ctx *c)
 				goto out;
 		}
 	}
-	if (rc == NULL) {
-		char err[256];
-		rc = px_route(&sub, false, err, sizeof err);
-		if (rc == NULL) {
-			px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
-			goto out;
-		}
-	}
+	if (rc == NULL && (rc = cached_route(c, &sub)) == NULL)
+		goto out;
 	ci = route_find_chunk(rc, &lo_c);
 	if (ci < 0 || route_key_cmp(rc->chunks[ci].min, &lo_c) != 0 ||
 	    route_key_cmp(rc->chunks[ci].max, &hi_c) != 0) {
@@ -879,36 +868,23 @@ out:
 void px_do_merge_chunks(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd), *shard = NULL;
-	ctx sub = *c;
-	bson_t bounds, lo, hi, cmd = BSON_INITIALIZER, ids, reply, *out;
+	ctx sub;
+	bson_t bounds, lo, hi, cmd = BSON_INITIALIZER, ids;
 	route_coll *rc;
 	ssize_t ci;
 	size_t n = 0;
-	char err[256], k[24];
+	char k[24];
 
-	if (!px_need_admin_db(c, "mergeChunks"))
+	if (!px_need_admin_db(c, "mergeChunks") || !ns_ok(c, ns))
 		return;
-	if (ns == NULL || strchr(ns, '.') == NULL) {
-		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
-			 ns ? ns : "(not a string)");
-		return;
-	}
 	if (!px_get_array(c->cmd, "bounds", &bounds) || !px_get_doc(&bounds, "0", &lo) ||
 	    !px_get_doc(&bounds, "1", &hi) || bson_count_keys(&bounds) != 2) {
 		px_error(c, WIRE_ERR_BAD_VALUE, "mergeChunks needs bounds: [min, max]");
 		return;
 	}
-	snprintf(sub.ns, sizeof sub.ns, "%s", ns);
-	rc = px_route(&sub, true, err, sizeof err);
-	if (rc == NULL) {
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+	rc = sharded_route(c, &sub, ns);
+	if (rc == NULL)
 		return;
-	}
-	if (rc->nkeys == 0) {
-		route_coll_unref(rc);
-		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
-		return;
-	}
 	ci = route_find_chunk(rc, &lo);
 	if (ci < 0 || route_key_cmp(rc->chunks[ci].min, &lo) != 0) {
 		route_coll_unref(rc);
@@ -943,13 +919,6 @@ void px_do_merge_chunks(ctx *c)
 		px_reply(c, bson_new()); /* one chunk: nothing to merge */
 		return;
 	}
-	if (px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
-		bson_destroy(&reply);
-		rc = px_route(&sub, true, err, sizeof err);
-		if (rc)
-			route_coll_unref(rc);
-		out = bson_new();
-		px_reply(c, out);
-	}
+	meta_change(c, &sub, &cmd);
 	bson_destroy(&cmd);
 }

@@ -37,6 +37,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "proxy/exec.h"
+#include "proxy/sharding_int.h"
 #include "storage/pipeline.h"
 
 /* A growable list of owned documents. */
@@ -63,52 +64,9 @@ static void dl_free(doclist *l)
 	free(l->v);
 }
 
-/* A metadata read; false after answering c. */
-static bool meta_read(ctx *c, const bson_t *cmd, bson_t *reply)
-{
-	char err[512];
-	int code = 0, rc = proxy_meta_command(c->p, cmd, reply, &code, err, sizeof err);
-
-	if (rc == 0)
-		return true;
-	bson_destroy(reply);
-	px_error(c, rc == SDB_EPROTO && code ? code : WIRE_ERR_HOST_UNREACHABLE, "%s", err);
-	return false;
-}
-
-/* The array field name of reply, iterated with fn(doc) for each document element. */
-static void each_doc(const bson_t *reply, const char *name, void (*fn)(const bson_t *, void *),
-		     void *arg)
-{
-	bson_iter_t it, arr;
-
-	if (!bson_iter_init_find(&it, reply, name) || !BSON_ITER_HOLDS_ARRAY(&it) ||
-	    !bson_iter_recurse(&it, &arr))
-		return;
-	while (bson_iter_next(&arr)) {
-		bson_t d;
-		uint32_t len;
-		const uint8_t *data;
-		if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
-			continue;
-		bson_iter_document(&arr, &len, &data);
-		if (bson_init_static(&d, data, len))
-			fn(&d, arg);
-	}
-}
-
-static const char *str_of(const bson_t *d, const char *name)
-{
-	bson_iter_t it;
-
-	if (bson_iter_init_find(&it, d, name) && BSON_ITER_HOLDS_UTF8(&it))
-		return bson_iter_utf8(&it, NULL);
-	return NULL;
-}
-
 static void add_shard(const bson_t *s, void *arg)
 {
-	const char *id = str_of(s, "id"), *uri = str_of(s, "uri"), *state = str_of(s, "state");
+	const char *id = px_str_of(s, "id"), *uri = px_str_of(s, "uri"), *state = px_str_of(s, "state");
 	bson_t *d;
 	char *host;
 
@@ -128,7 +86,7 @@ static void add_shard(const bson_t *s, void *arg)
 /* config.mongos from one listProxies row {addr, startedMS, pingMS, version}. */
 static void add_mongos(const bson_t *s, void *arg)
 {
-	const char *addr = str_of(s, "addr"), *ver = str_of(s, "version");
+	const char *addr = px_str_of(s, "addr"), *ver = px_str_of(s, "version");
 	int64_t ping = px_get_int(s, "pingMS", 0), started = px_get_int(s, "startedMS", 0);
 	bson_t *d, a;
 
@@ -153,8 +111,8 @@ typedef struct db_arg {
 static void add_database(const bson_t *s, void *arg)
 {
 	db_arg *a = arg;
-	const char *name = str_of(s, "name"), *tenant = str_of(s, "tenant");
-	const char *own = str_of(s, "primary"); /* issue #18: the database's primary shard */
+	const char *name = px_str_of(s, "name"), *tenant = px_str_of(s, "tenant");
+	const char *own = px_str_of(s, "primary"); /* issue #18: the database's primary shard */
 	bson_t *d, v;
 
 	if (name == NULL)
@@ -173,7 +131,7 @@ static void add_database(const bson_t *s, void *arg)
 
 static void add_collection(const bson_t *s, void *arg)
 {
-	const char *ns = str_of(s, "ns");
+	const char *ns = px_str_of(s, "ns");
 	bool hashed = px_get_bool(s, "hashed", false);
 	bson_t *d, key, k;
 	bson_iter_t it;
@@ -214,40 +172,6 @@ static void add_chunk(const bson_t *s, void *arg)
 		bson_append_iter(d, "shard", -1, &it);
 	BSON_APPEND_TIMESTAMP(d, "lastmod", (uint32_t)version, 0);
 	dl_push(arg, d);
-}
-
-/* Every chunk of every collection (getRoutingTable "all", batch by batch). */
-static bool load_chunks(ctx *c, doclist *l)
-{
-	bson_t resume;
-	bool have_resume = false, more = true;
-
-	while (more) {
-		bson_t cmd = BSON_INITIALIZER, cur, reply, r;
-		BSON_APPEND_UTF8(&cmd, "getRoutingTable", "all");
-		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "cursor", &cur);
-		bson_append_document_end(&cmd, &cur);
-		if (have_resume) {
-			BSON_APPEND_DOCUMENT(&cmd, "resumeAfter", &resume);
-			bson_destroy(&resume);
-			have_resume = false;
-		}
-		if (!meta_read(c, &cmd, &reply)) {
-			bson_destroy(&cmd);
-			return false;
-		}
-		each_doc(&reply, "chunks", add_chunk, l);
-		more = px_get_bool(&reply, "more", false);
-		if (more && px_get_doc(&reply, "resumeAfter", &r)) {
-			bson_copy_to(&r, &resume);
-			have_resume = true;
-		} else {
-			more = false;
-		}
-		bson_destroy(&reply);
-		bson_destroy(&cmd);
-	}
-	return true;
 }
 
 /* add_migration's argument: the list, which view (config.changelog or config.migrations:
@@ -300,7 +224,7 @@ static void append_bounds(ctx *c, const char *ns, int64_t nid, bson_t *d)
 static void add_migration(const bson_t *m, void *arg)
 {
 	mig_arg *a = arg;
-	const char *id = str_of(m, "id"), *ns = str_of(m, "ns"), *state = str_of(m, "state");
+	const char *id = px_str_of(m, "id"), *ns = px_str_of(m, "ns"), *state = px_str_of(m, "state");
 	const char *from = NULL, *to = NULL;
 	int64_t nid = 0;
 	bson_t spec, *d, det;
@@ -308,8 +232,8 @@ static void add_migration(const bson_t *m, void *arg)
 	if (id == NULL || ns == NULL || state == NULL || (!a->changelog && mig_ended(state)))
 		return;
 	if (px_get_doc(m, "spec", &spec)) { /* its registerMigration {ns, chunk, from, to} */
-		from = str_of(&spec, "from");
-		to = str_of(&spec, "to");
+		from = px_str_of(&spec, "from");
+		to = px_str_of(&spec, "to");
 		nid = px_get_int(&spec, "chunk", 0);
 	}
 	d = bson_new();
@@ -338,7 +262,7 @@ static void add_migration(const bson_t *m, void *arg)
 			bson_t *f = bson_new(), fd;
 			char fid[300];
 			bson_t stats;
-			const char *why = px_get_doc(m, "stats", &stats) ? str_of(&stats, "error")
+			const char *why = px_get_doc(m, "stats", &stats) ? px_str_of(&stats, "error")
 									  : NULL;
 			snprintf(fid, sizeof fid, "%s-from", id);
 			BSON_APPEND_UTF8(f, "_id", fid);
@@ -396,8 +320,8 @@ static bool load(ctx *c, const char *coll, doclist *l)
 		dl_push(l, d);
 	} else if (strcmp(coll, "shards") == 0) {
 		BSON_APPEND_INT32(&cmd, "listShards", 1);
-		if ((ok = meta_read(c, &cmd, &reply))) {
-			each_doc(&reply, "shards", add_shard, l);
+		if ((ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL))) {
+			px_each_doc(&reply, "shards", add_shard, l);
 			bson_destroy(&reply);
 		}
 	} else if (strcmp(coll, "databases") == 0) {
@@ -405,8 +329,8 @@ static bool load(ctx *c, const char *coll, doclist *l)
 		char *primary = px_primary(c);
 		a.primary = primary;
 		BSON_APPEND_INT32(&cmd, "listDatabases", 1);
-		if ((ok = meta_read(c, &cmd, &reply))) {
-			each_doc(&reply, "databases", add_database, &a);
+		if ((ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL))) {
+			px_each_doc(&reply, "databases", add_database, &a);
 			/* a fresh list: this proxy's routing of unsharded collections follows it
 			 * at once (`ctl db create --primary` then a read of config.databases) */
 			proxy_set_db_primaries(c->p, &reply);
@@ -415,23 +339,23 @@ static bool load(ctx *c, const char *coll, doclist *l)
 		free(primary);
 	} else if (strcmp(coll, "collections") == 0) {
 		BSON_APPEND_INT32(&cmd, "listCollections", 1);
-		if ((ok = meta_read(c, &cmd, &reply))) {
-			each_doc(&reply, "collections", add_collection, l);
+		if ((ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL))) {
+			px_each_doc(&reply, "collections", add_collection, l);
 			bson_destroy(&reply);
 		}
 	} else if (strcmp(coll, "chunks") == 0) {
-		ok = load_chunks(c, l);
+		ok = px_each_routing_chunk(c, add_chunk, l);
 	} else if (strcmp(coll, "mongos") == 0) {
 		BSON_APPEND_INT32(&cmd, "listProxies", 1);
-		if ((ok = meta_read(c, &cmd, &reply))) {
-			each_doc(&reply, "proxies", add_mongos, l);
+		if ((ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL))) {
+			px_each_doc(&reply, "proxies", add_mongos, l);
 			bson_destroy(&reply);
 		}
 	} else if (strcmp(coll, "migrations") == 0 || strcmp(coll, "changelog") == 0) {
 		mig_arg a = {l, strcmp(coll, "changelog") == 0, c};
 		BSON_APPEND_INT32(&cmd, "listMigrations", 1);
-		if ((ok = meta_read(c, &cmd, &reply))) {
-			each_doc(&reply, "migrations", add_migration, &a);
+		if ((ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL))) {
+			px_each_doc(&reply, "migrations", add_migration, &a);
 			bson_destroy(&reply);
 		}
 	}

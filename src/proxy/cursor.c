@@ -155,15 +155,17 @@ int64_t proxy_cursor_id(const proxy_cursor *c)
 	return c->id;
 }
 
-typedef struct refill_ctx {
+/* A fan-out over some of a cursor's shard streams (refill_one, kill_one): job k works on
+ * stream c->s[idx[k]]. */
+typedef struct streams_job {
 	proxy *p;
 	proxy_cursor *c;
 	size_t *idx;
-} refill_ctx;
+} streams_job;
 
 static void refill_one(void *arg, size_t k)
 {
-	refill_ctx *rc = arg;
+	streams_job *rc = arg;
 	pstream *s = &rc->c->s[rc->idx[k]];
 	bson_t cmd = BSON_INITIALIZER, reply;
 	int r;
@@ -229,7 +231,7 @@ int proxy_cursor_next(proxy *p, proxy_cursor *c, bson_t **doc_out, int *code, ch
 			if (c->s[i].pos == c->s[i].n && c->s[i].cursor_id != 0)
 				idx[nidx++] = i;
 		if (nidx > 0) {
-			refill_ctx rcx = {p, c, idx};
+			streams_job rcx = {p, c, idx};
 			if (c->txnf) /* one command of a transaction at a time */
 				for (i = 0; i < nidx; i++)
 					refill_one(&rcx, i);
@@ -401,15 +403,9 @@ void proxy_cursor_checkin(proxy *p, proxy_cursor *c)
 	uv_mutex_unlock(&p->cmu);
 }
 
-typedef struct kill_ctx {
-	proxy *p;
-	proxy_cursor *c;
-	size_t *idx;
-} kill_ctx;
-
 static void kill_one(void *arg, size_t k)
 {
-	kill_ctx *kc = arg;
+	streams_job *kc = arg;
 	pstream *s = &kc->c->s[kc->idx[k]];
 	bson_t cmd = BSON_INITIALIZER, reply, arr;
 	char err[128];
@@ -439,7 +435,7 @@ void proxy_cursor_destroy(proxy *p, proxy_cursor *c)
 		if (c->s[i].cursor_id != 0 && c->s[i].shard != NULL)
 			idx[n++] = i;
 	if (n > 0) {
-		kill_ctx kc = {p, c, idx};
+		streams_job kc = {p, c, idx};
 		proxy_shard_fanout(p, n, kill_one, &kc);
 	}
 	free(idx);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/dblist.h"
 #include "common/err.h"
 #include "proxy/exec.h"
 
@@ -34,29 +35,17 @@ void px_reload_db_primaries(ctx *c)
 char *px_meta_db_primary(ctx *c, const char *db)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
-	bson_iter_t it, arr, d;
+	const char *name, *primary;
+	sdb_dblist l;
 	char err[256], *out = NULL;
 	int code;
 
 	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
-	if (proxy_meta_command(c->p, &cmd, &reply, &code, err, sizeof err) == 0 &&
-	    bson_iter_init_find(&it, &reply, "databases") && BSON_ITER_HOLDS_ARRAY(&it) &&
-	    bson_iter_recurse(&it, &arr)) {
-		while (out == NULL && bson_iter_next(&arr)) {
-			const char *name = NULL, *primary = NULL;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &d))
-				continue;
-			while (bson_iter_next(&d)) {
-				if (!BSON_ITER_HOLDS_UTF8(&d))
-					continue;
-				if (strcmp(bson_iter_key(&d), "name") == 0)
-					name = bson_iter_utf8(&d, NULL);
-				else if (strcmp(bson_iter_key(&d), "primary") == 0)
-					primary = bson_iter_utf8(&d, NULL);
-			}
+	if (proxy_meta_command(c->p, &cmd, &reply, &code, err, sizeof err) == 0) {
+		sdb_dblist_init(&l, &reply);
+		while (out == NULL && sdb_dblist_next(&l, "primary", &name, &primary))
 			if (name && primary && strcmp(name, db) == 0)
 				out = sdb_strdup(primary);
-		}
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);

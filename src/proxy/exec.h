@@ -262,7 +262,7 @@ void px_do_distinct(ctx *c);
 void px_do_aggregate(ctx *c);
 void px_do_insert(ctx *c);                    /* write.c */
 void px_do_write(ctx *c, bool is_update);     /* update (true) / delete (false) */
-void px_do_find_and_modify(ctx *c);
+void px_do_find_and_modify(ctx *c);          /* findandmodify.c */
 void px_do_broadcast(ctx *c);                 /* admin.c */
 void px_do_create_indexes(ctx *c);
 void px_do_list_indexes(ctx *c);

@@ -9,6 +9,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/dbprimary.c \
 	src/proxy/exec.c \
 	src/proxy/explain.c \
+	src/proxy/findandmodify.c \
 	src/proxy/merge.c \
 	src/proxy/policy.c \
 	src/proxy/quota.c \
@@ -30,7 +31,8 @@ noinst_HEADERS += \
 	src/proxy/shardconn.h \
 	src/proxy/sharding_int.h \
 	src/proxy/txn.h \
-	src/proxy/txnroute.h
+	src/proxy/txnroute.h \
+	src/proxy/write_int.h
 
 check_PROGRAMS += tests/unit/test_proxy_merge \
 	tests/unit/test_proxy_cursor tests/unit/test_proxy_txn tests/unit/test_proxy_exec

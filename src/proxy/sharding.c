@@ -443,6 +443,63 @@ bool px_doc_of(const bson_iter_t *it, bson_t *out)
 	return bson_init_static(out, data, len);
 }
 
+/* sharding_int.h */
+const char *px_str_of(const bson_t *d, const char *name)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, d, name) && BSON_ITER_HOLDS_UTF8(&it))
+		return bson_iter_utf8(&it, NULL);
+	return NULL;
+}
+
+/* sharding_int.h */
+void px_each_doc(const bson_t *d, const char *name, void (*fn)(const bson_t *doc, void *arg),
+		 void *arg)
+{
+	bson_iter_t it, arr;
+	bson_t doc;
+
+	if (!bson_iter_init_find(&it, d, name) || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &arr))
+		return;
+	while (bson_iter_next(&arr))
+		if (px_doc_of(&arr, &doc))
+			fn(&doc, arg);
+}
+
+/* sharding_int.h. Each batch's reply says `more` and gives the `resumeAfter` of the next. */
+bool px_each_routing_chunk(ctx *c, void (*fn)(const bson_t *chunk, void *arg), void *arg)
+{
+	bson_t resume;
+	bool have_resume = false, more = true;
+
+	while (more) {
+		bson_t cmd = BSON_INITIALIZER, cur, reply, r;
+		BSON_APPEND_UTF8(&cmd, "getRoutingTable", "all");
+		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "cursor", &cur);
+		bson_append_document_end(&cmd, &cur);
+		if (have_resume) {
+			BSON_APPEND_DOCUMENT(&cmd, "resumeAfter", &resume);
+			bson_destroy(&resume);
+			have_resume = false;
+		}
+		if (!px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
+			bson_destroy(&cmd);
+			return false;
+		}
+		px_each_doc(&reply, "chunks", fn, arg);
+		more = px_get_bool(&reply, "more", false) && px_get_doc(&reply, "resumeAfter", &r);
+		if (more) {
+			bson_copy_to(&r, &resume);
+			have_resume = true;
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+	}
+	return true;
+}
+
 /* Whether index key pattern kp starts with the shard key pattern key, field by field with
  * equal values (1 and 1.0 alike; "hashed" for a hashed key): MongoDB's
  * KeyPattern::isPrefixOf as used by shardCollection's shard key index check. */
