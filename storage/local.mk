@@ -18,9 +18,9 @@ TESTS += tests/unit/test_storage_pipeline
 
 # --- query core: bsonval keyenc path matcher projection sortspec (owner: sa) ---
 noinst_HEADERS += storage/bsonval.h storage/keyenc.h storage/path.h storage/matcher.h \
-	storage/projection.h storage/sortspec.h
+	storage/matcher_int.h storage/projection.h storage/sortspec.h
 libstripedb_a_SOURCES += storage/bsonval.c storage/keyenc.c storage/path.c storage/matcher.c \
-	storage/projection.c storage/sortspec.c
+	storage/projection.c storage/sortspec.c storage/bounds.c
 
 check_PROGRAMS += tests/unit/test_storage_bsonval
 tests_unit_test_storage_bsonval_SOURCES = tests/unit/test_storage_bsonval.c
