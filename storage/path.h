@@ -55,6 +55,23 @@ bool sdb_path_walk(const bson_t *doc, const char *path, unsigned opts, sdb_path_
 bool sdb_path_walk_iter(const bson_iter_t *container, const char *path, unsigned opts,
 			sdb_path_visit_fn fn, void *ctx);
 
+/* The most components a field path may have (MongoDB: FieldPath's length is at most
+ * BSONDepth::getMaxAllowableDepth(), 200, else Overflow, 15, "FieldPath is too long").
+ * Projections and expressions refuse longer paths when they are parsed, so nothing recurses
+ * once per component of an unbounded path. */
+#define SDB_PATH_MAX_COMPONENTS 200
+#define SDB_ERR_PATH_TOO_LONG 15
+
+/* The number of components of path ("a.b.c": 3). */
+static inline size_t sdb_path_components(const char *path)
+{
+	size_t n = 1;
+
+	for (; *path; path++)
+		n += *path == '.';
+	return n;
+}
+
 /* True when path is a valid field path: non-empty, no empty component, at most
  * 255 components, no component starting with '$'. On false, err says why
  * (MongoDB's messages: "FieldPath cannot be constructed with empty string",

@@ -583,8 +583,10 @@ static void drop_front(sdb_pipeline *p, size_t k)
 	for (size_t i = 0; i < k; i++) {
 		stage_clear(&p->st[i]);
 	}
-	memmove(p->st, p->st + k, (p->n - k) * sizeof *p->st);
-	p->n -= k;
+	if (k > 0) { /* p->st is NULL for an empty pipeline: no memmove(NULL, ...) (UBSan) */
+		memmove(p->st, p->st + k, (p->n - k) * sizeof *p->st);
+		p->n -= k;
+	}
 }
 
 int sdb_pipeline_pushdown(sdb_pipeline *p, unsigned flags, sdb_pipeline_pushdown_t *pd)

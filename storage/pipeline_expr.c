@@ -4,6 +4,7 @@
  * type rules and error codes (mongo/db/pipeline/expression.cpp). */
 #include "storage/pipeline.h"
 #include "storage/pipeline_int.h"
+#include "storage/path.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -113,8 +114,8 @@ int agg_field_path_ok(const char *p, const ectx *e)
 		}
 		dots += *c == '.';
 	}
-	if (dots >= 255) {
-		return efail(e, C_BAD_VALUE, "FieldPath '%.64s...' has more than 255 components", p);
+	if (dots + 1 > SDB_PATH_MAX_COMPONENTS) {
+		return efail(e, SDB_ERR_PATH_TOO_LONG, "FieldPath is too long");
 	}
 	return 0;
 }

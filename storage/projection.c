@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "storage/bsonval.h"
 #include "storage/matcher.h"
+#include "storage/path.h"
 #include "storage/pipeline_int.h"
 
 typedef enum {
@@ -276,6 +277,8 @@ static int add_field(sdb_projection *p, const char *path, const bson_iter_t *it,
 
 	if (len == 0 || path[len - 1] == '.' || strstr(path, "..") || path[0] == '.')
 		return efail(pe, 40352, "FieldPath field names may not be empty strings.");
+	if (sdb_path_components(path) > SDB_PATH_MAX_COMPONENTS)
+		return efail(pe, SDB_ERR_PATH_TOO_LONG, "FieldPath is too long");
 	if (p->kind == SDB_PROJECTION_FIND &&
 	    (strcmp(path, "$") == 0 || strstr(path, ".$") != NULL))
 		return efail(pe, 2,
@@ -517,8 +520,8 @@ static int apply_value(const actx *a, const pnode *n, const bson_iter_t *it, bso
 				bool doc = BSON_ITER_HOLDS_DOCUMENT(&e);
 				bool container = doc || BSON_ITER_HOLDS_ARRAY(&e);
 
-				if (p->kind == SDB_PROJECTION_ADD_FIELDS && !doc) {
-					/* $addFields makes every other element a document */
+				if (p->kind == SDB_PROJECTION_ADD_FIELDS && !container) {
+					/* $addFields makes every scalar element a document (arrays recurse below) */
 					bson_uint32_to_string(i++, &ikey, ibuf, sizeof ibuf);
 					rc = append_sub(a, n, empty_doc, sizeof empty_doc, &sub, ikey,
 							strlen(ikey), false, depth);

@@ -238,7 +238,9 @@ def start_role(tmp_path, request):
     for p in procs:
         if failed:
             print(f"\n--- log of {' '.join(p.args)} ---\n{p.tail()}")
-        p.stop(timeout=10)
+        # longer than a graceful stop can take (quiesce 2 s + --shutdown-timeout-ms 10 s,
+        # the defaults), so a stop held by an unanswered request logs it before any SIGKILL
+        p.stop(timeout=25)
         unanswered += [line for line in p.tail(1 << 20).splitlines()
                        if UNANSWERED in line]
     if unanswered and not failed:

@@ -87,6 +87,36 @@ def test_kill9_during_acknowledged_inserts_loses_nothing(shard_with_dir):
     assert c2.crash.c.count_documents({"k": {"$gte": 0}}) == len(have)
 
 
+def test_overlong_field_paths_are_refused_and_survive_a_restart(shard_with_dir):
+    """A field path of more than 200 components is refused (MongoDB's Overflow, 15,
+    "FieldPath is too long") by projections, expressions and pipeline updates, before
+    anything recurses once per component: a 20,000-component path used to overflow the
+    stack, and through a pipeline update reached the replicated log, so the shard crashed
+    again at every restart. The shard answers, restarts and keeps its data."""
+    proc, port, _ = shard_with_dir
+    db = client_for(port).lp
+    db.c.insert_one({"_id": 1, "a": 1})
+    ok_path = ".".join(["a"] * 200)
+    assert list(db.c.find({}, {ok_path: 1, "_id": 0})) == [{}]
+    long_path = ".".join(["a"] * 20000)
+    attempts = [
+        lambda: list(db.c.find({}, {long_path: {"$literal": 1}})),
+        lambda: list(db.c.find({}, {".".join(["a"] * 201): 1})),
+        lambda: list(db.c.aggregate([{"$addFields": {long_path: 1}}])),
+        lambda: list(db.c.aggregate([{"$project": {"x": "$" + long_path}}])),
+        lambda: list(db.c.aggregate([{"$unset": long_path}])),
+        lambda: db.c.update_one({}, [{"$set": {long_path: 1}}]),
+    ]
+    for attempt in attempts:
+        with pytest.raises(OperationFailure) as e:
+            attempt()
+        assert e.value.code == 15 and "FieldPath is too long" in str(e.value)
+    proc.stop()
+    proc.log.close()
+    proc.restart().wait_healthy()
+    assert list(client_for(port).lp.c.find()) == [{"_id": 1, "a": 1}]
+
+
 def test_oplog_ts_increases_across_restart(shard_with_dir):
     proc, port, _ = shard_with_dir
     c = client_for(port)

@@ -2,8 +2,13 @@
  * waits that a jump of the wall clock neither stalls nor hurries (issue #24: shard/pool.c,
  * cdc/publisher.c and coordinator/role.c computed their deadlines from CLOCK_REALTIME, so
  * stepping the clock back an hour made a 500 ms wait last an hour). CLOCK_REALTIME cannot
- * be stepped in CI, so the test steps the injected wall clock that every protocol-time read
- * goes through (sdb_wall_ms) while the waits run. */
+ * be stepped in CI, so the test steps both the injected wall clock that every protocol-time
+ * read goes through (sdb_wall_ms) and, at the OS boundary, CLOCK_REALTIME as this process
+ * reads it: this executable defines clock_gettime, which takes precedence over libc's for
+ * every call in it (the library code linked in included), and returns the kernel's
+ * CLOCK_REALTIME shifted by a skew the test moves. A wait that took its deadline from
+ * CLOCK_REALTIME, or waited on a CLOCK_REALTIME condition variable with a monotonic
+ * deadline, then stalls or ends early, and the test fails. */
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -13,12 +18,39 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "common/clock.h"
 
 static _Atomic int64_t fake_wall;
+static _Atomic int64_t realtime_skew_ms; /* added to CLOCK_REALTIME by clock_gettime below */
+
+/* The process's clock_gettime in this test: the kernel's clocks (by system call, not the
+ * vDSO), CLOCK_REALTIME shifted by realtime_skew_ms. */
+int clock_gettime(clockid_t id, struct timespec *ts)
+{
+	if (syscall(SYS_clock_gettime, id, ts) != 0)
+		return -1;
+	if (id == CLOCK_REALTIME) {
+		int64_t skew = atomic_load(&realtime_skew_ms); /* whole seconds, then the rest */
+		long nsec = ts->tv_nsec + (long)(skew % 1000) * 1000000L;
+
+		ts->tv_sec += (time_t)(skew / 1000);
+		if (nsec < 0) {
+			nsec += 1000000000L;
+			ts->tv_sec--;
+		} else if (nsec >= 1000000000L) {
+			nsec -= 1000000000L;
+			ts->tv_sec++;
+		}
+		ts->tv_nsec = nsec;
+	}
+	return 0;
+}
 
 static int64_t fake_clock(void)
 {
@@ -60,8 +92,14 @@ static void *wait_main(void *arg)
 	w->started = sdb_mono_ms();
 	deadline = w->started + (uint64_t)w->wait_ms;
 	w->rc = 0;
-	while (!w->signalled && w->rc != ETIMEDOUT)
-		w->rc = sdb_cond_wait_until(&w->cv, &w->mu, deadline);
+	while (!w->signalled && w->rc != ETIMEDOUT) {
+		uint64_t now = sdb_mono_ms();
+
+		/* sdb_cond_wait_ms as the roles call it, re-armed for what is left after a
+		 * spurious wake-up */
+		w->rc = now >= deadline ? ETIMEDOUT
+					: sdb_cond_wait_ms(&w->cv, &w->mu, (int64_t)(deadline - now));
+	}
 	w->ended = sdb_mono_ms();
 	pthread_mutex_unlock(&w->mu);
 	atomic_store(&w->done, true);
@@ -85,8 +123,10 @@ static void wait_across_jumps(int64_t jump_ms)
 	give_up = sdb_mono_ms() + 60000;
 	while (!atomic_load(&w.done) && sdb_mono_ms() < give_up) {
 		atomic_fetch_add(&fake_wall, jump_ms);
+		atomic_fetch_add(&realtime_skew_ms, jump_ms);
 		sdb_sleep_ms(5);
 	}
+	atomic_store(&realtime_skew_ms, 0);
 	assert_true(atomic_load(&w.done)); /* not stalled */
 	pthread_join(t, NULL);
 	sdb_clock_set_wall(NULL);

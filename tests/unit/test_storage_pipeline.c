@@ -444,7 +444,7 @@ static void test_limits(void **state)
 		n += (size_t)sprintf(json + n, ".a");
 	}
 	sprintf(json + n, "'}}]");
-	check_err(json, "[]", 2, "more than 255 components");
+	check_err(json, "[]", 15, "FieldPath is too long"); /* MongoDB: more than 200 */
 
 	free(json);
 
@@ -598,6 +598,17 @@ static void test_pushdown(void **state)
 	assert_string_equal(s, "{ \"$and\" : [ { \"a\" : { \"$numberInt\" : \"1\" } }, { \"$expr\" : { \"$eq\" : [ \"$a\", \"$b\" ] } } ] }");
 	bson_free(s);
 	assert_false(bson_empty(&pd.sort));
+	sdb_pipeline_pushdown_destroy(&pd);
+	sdb_pipeline_free(p);
+	bson_destroy(pw);
+
+	/* an empty pipeline pushes nothing down and stays empty (no memmove of its NULL
+	 * stage array: UBSan aborted `aggregate` with `pipeline: []`) */
+	pw = JA("[]", &parr);
+	assert_int_equal(sdb_pipeline_parse(&parr, NULL, &p, &code, err, sizeof err), 0);
+	assert_int_equal(sdb_pipeline_pushdown(p, SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT | SDB_PUSHDOWN_LIMIT, &pd), 0);
+	assert_true(bson_empty(&pd.filter));
+	assert_true(bson_empty(&pd.sort));
 	sdb_pipeline_pushdown_destroy(&pd);
 	sdb_pipeline_free(p);
 	bson_destroy(pw);

@@ -301,6 +301,10 @@ static void test_aggregation(void **state)
 		{"{'s.t': 1}", "{'_id': 1, 's': [{'u': 1}, 2]}",
 		 "{'_id': 1, 's': [{'u': 1, 't': 1}, {'t': 1}]}"},
 		{"{'s.t': '$$REMOVE'}", "{'_id': 1}", "{'_id': 1, 's': {}}"},
+		/* nested arrays recurse, scalars become documents (MongoDB's
+		 * applyExpressionsToValue) */
+		{"{'arr.z': 1}", "{'_id': 1, 'arr': [[{'x': 6}], 5, {'x': 1}]}",
+		 "{'_id': 1, 'arr': [[{'x': 6, 'z': 1}], {'z': 1}, {'x': 1, 'z': 1}]}"},
 		{"{'_id': 'new'}", "{'_id': 1, 'a': 2}", "{'_id': 'new', 'a': 2}"},
 	};
 
@@ -352,6 +356,44 @@ static void test_aggregation_errors(void **state)
 	}
 }
 
+/* More than 200 path components: Overflow (15) "FieldPath is too long" for every kind, at
+ * parse time (a 20,000-component path used to overflow the stack when applied). */
+static void test_path_too_long(void **state)
+{
+	static const sdb_projection_kind kinds[] = {SDB_PROJECTION_FIND, SDB_PROJECTION_PROJECT,
+						    SDB_PROJECTION_ADD_FIELDS};
+	const size_t ns[] = {200, 201, 20000};
+
+	(void)state;
+	for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+		for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+			char *path = malloc(ns[i] * 2);
+			bson_t spec = BSON_INITIALIZER;
+			sdb_projection *p = NULL;
+			int code = 0;
+			char err[128] = "";
+			int rc;
+
+			for (size_t c = 0; c < ns[i]; c++) {
+				path[2 * c] = 'a';
+				path[2 * c + 1] = c + 1 < ns[i] ? '.' : '\0';
+			}
+			BSON_APPEND_INT32(&spec, path, 1);
+			rc = sdb_projection_new_kind(&spec, kinds[k], &p, &code, err, sizeof err);
+			if (ns[i] <= 200) {
+				assert_int_equal(rc, 0);
+			} else {
+				assert_int_not_equal(rc, 0);
+				assert_int_equal(code, 15);
+				assert_string_equal(err, "FieldPath is too long");
+			}
+			sdb_projection_free(p);
+			bson_destroy(&spec);
+			free(path);
+		}
+	}
+}
+
 /* A computed field's evaluation error is the expression's code, from eval. */
 static void test_aggregation_eval_error(void **state)
 {
@@ -386,6 +428,7 @@ int main(void)
 		cmocka_unit_test(test_aggregation),
 		cmocka_unit_test(test_aggregation_errors),
 		cmocka_unit_test(test_aggregation_eval_error),
+		cmocka_unit_test(test_path_too_long),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
