@@ -996,8 +996,7 @@ out:
 	if (applying && r.tc) {
 		/* a refused or failed restore leaves no half-restored target (it was empty) */
 		bson_error_t de;
-		if (!mongoc_collection_drop(r.tc, &de) && de.code != 26 &&
-		    !strstr(de.message, "ns not found"))
+		if (!mongoc_collection_drop(r.tc, &de) && de.code != 26 /* NamespaceNotFound */)
 			fprintf(stderr, "stripedb ctl restore: dropping the partial target %s.%s: %s\n",
 				r.tdb, r.tcoll, de.message);
 	}

@@ -2,8 +2,9 @@
  *
  * A role configures TLS for its wire listener with --tls-mode=disabled|allowed|required,
  * --tls-cert (PEM chain), --tls-key (PEM) and optionally --tls-ca (PEM: client
- * certificates are then verified when presented). The wire server (src/wire/server.c) asks
- * auth_tls_listener_enabled() for its role; each connection decides on its first byte: a
+ * certificates are then verified when presented). The role hands its wire server the TLS
+ * provider auth_tls_wire() fills (wire_server_opts.tls: the listener's mode and the session
+ * functions; wire does not include auth); each connection decides on its first byte: a
  * TLS handshake record (0x16) starts TLS, anything else is plaintext, which `required`
  * refuses by closing the connection (a driver sees a network error, as with mongod's
  * net.tls.mode=requireTLS). Sockets stay libuv streams: ciphertext goes through memory

@@ -248,8 +248,10 @@ static int oplog_oldest(mongoc_client_t *c, uint64_t *oldest, char *err, size_t 
 	return rc;
 }
 
-/* One tailing session: find + getMore until error or stop. */
-static int tail(cdc_publisher *p, mongoc_client_t *c, cdc_writer *w, char *err, size_t errlen)
+/* One tailing session: find + getMore until error or stop. *shard_down is set when the
+ * error is the shard's (unreachable or refusing the oplog read), not the log's. */
+static int tail(cdc_publisher *p, mongoc_client_t *c, cdc_writer *w, bool *shard_down,
+		char *err, size_t errlen)
 {
 	int64_t cursor = 0, next_probe = 0;
 	int rc = 0;
@@ -264,6 +266,7 @@ static int tail(cdc_publisher *p, mongoc_client_t *c, cdc_writer *w, char *err, 
 			 * change stream's resume token must be): otherwise entries after it may
 			 * have been trimmed, and publishing on would hide the loss */
 			rc = oplog_oldest(c, &oldest, err, errlen);
+			*shard_down = rc == SDB_EUNAVAILABLE;
 			if (rc == 0 && from != 0 && oldest > from)
 				rc = sdb_errf(err, errlen, SDB_ENOTFOUND,
 					      "oplog history lost: the shard's oldest oplog entry "
@@ -293,6 +296,7 @@ static int tail(cdc_publisher *p, mongoc_client_t *c, cdc_writer *w, char *err, 
 		if (!mongoc_client_command_simple(c, "local", &cmd, NULL, &reply, &e)) {
 			rc = sdb_errf(err, errlen, SDB_EUNAVAILABLE, "shard %s: %s", p->shard,
 				      e.message);
+			*shard_down = true;
 			bson_destroy(&reply);
 			bson_destroy(&cmd);
 			break;
@@ -373,11 +377,14 @@ static void *run(void *arg)
 			mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
 			mongoc_client_set_appname(c, "stripedb-cdc");
 		}
-		rc = tail(p, c, w, err, sizeof err);
+		bool shard_down = false;
+
+		rc = tail(p, c, w, &shard_down, err, sizeof err);
 		if (rc) {
 			set_error(p, err);
-			/* the log is the checkpoint: reopen the writer so its state is re-read */
-			if (rc != SDB_EUNAVAILABLE || strncmp(err, "shard", 5) != 0) {
+			/* the log is the checkpoint: reopen the writer so its state is re-read
+			 * (kept when only the shard was down) */
+			if (!shard_down) {
 				cdc_writer_close(w);
 				w = NULL;
 				pthread_mutex_lock(&p->mu);

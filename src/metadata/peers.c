@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "raft/fsm.h"
@@ -42,9 +43,7 @@ struct meta_peers {
 
 static int64_t epoch_ms(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts); /* the leader's clock, as node.c stamps ts */
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return sdb_wall_ms(); /* the leader's clock, as node.c stamps ts */
 }
 
 static sqlite3 *db_of(meta_peers *mp)

@@ -248,6 +248,15 @@ def start_role(tmp_path, request):
         pytest.fail("requests left unanswered at shutdown:\n" + "\n".join(unanswered))
 
 
+def pytest_configure(config):
+    """The per-test timeout (pytest.ini `timeout`) is pytest-timeout's: without the plugin
+    pytest ignores it and a request that is never answered hangs the suite, so refuse to
+    run without it (scripts/install-deps.sh --test installs python3-pytest-timeout)."""
+    if not config.pluginmanager.hasplugin("timeout"):
+        raise pytest.UsageError("pytest-timeout is not installed (python3-pytest-timeout): "
+                                "the suite's per-test timeout would be ignored")
+
+
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
