@@ -317,14 +317,16 @@ static int parse_num_arg(const bson_iter_t *it, const char *stagename, int64_t *
 		return efail(e, strcmp(stagename, "$limit") == 0 ? 15957 : 15972,
 			     "the %s must be specified as a number", stagename + 1);
 	}
-	n = docbuild_from_iter(it, false);
-	d = num_double(n);
-	docbuild_free(n);
-	if (d != floor(d) || d > 9.2e18 || d < -9.2e18) {
-		return efail(e, 5107200, "invalid argument to %s stage: Cannot represent as a 64-bit integer",
-			     stagename);
+	if (!sdb_bson_as_int64(it, out)) { /* int32, int64 exactly; integral doubles */
+		n = docbuild_from_iter(it, false);
+		d = num_double(n); /* decimal128 */
+		docbuild_free(n);
+		if (d != floor(d) || d > 9.2e18 || d < -9.2e18) {
+			return efail(e, 5107200, "invalid argument to %s stage: Cannot represent as a 64-bit integer",
+				     stagename);
+		}
+		*out = (int64_t)d;
 	}
-	*out = (int64_t)d;
 	if (strcmp(stagename, "$limit") == 0 && *out <= 0) {
 		return efail(e, 15958, "the limit must be positive");
 	}
@@ -625,7 +627,8 @@ int sdb_pipeline_pushdown(sdb_pipeline *p, unsigned flags, sdb_pipeline_pushdown
 			/* fold $skip/$limit runs: skip a then limit b = window [a, a+b) */
 			while (i < p->n && (p->st[i].kind == S_SKIP || p->st[i].kind == S_LIMIT)) {
 				if (p->st[i].kind == S_SKIP) {
-					pd->skip += p->st[i].n;
+					pd->skip = pd->skip > INT64_MAX - p->st[i].n ? INT64_MAX
+										     : pd->skip + p->st[i].n;
 					if (pd->limit >= 0) {
 						pd->limit = pd->limit > p->st[i].n ? pd->limit - p->st[i].n : 0;
 					}

@@ -285,7 +285,7 @@ void px_do_find(ctx *c)
 	pushed = merge_pushdown_limit(skip, limit);
 	if (pushed == 0 || pushed > 1000)
 		pushed = 1000;
-	if (batch > 0 && batch + skip < pushed)
+	if (batch > 0 && skip < pushed && batch < pushed - skip)
 		pushed = batch + skip;
 	if (pushed < 1)
 		pushed = 1;
@@ -876,7 +876,9 @@ void px_do_aggregate(ctx *c)
 	}
 	in_cur = open_merged(c, &rc, &pd.filter, &pd.sort, NULL, ms, NULL, pd.skip,
 			     pd.limit > 0 ? pd.limit : 0,
-			     pd.limit > 0 && pd.limit + pd.skip < 1000 ? pd.limit + pd.skip : 1000);
+			     pd.limit > 0 && pd.skip < 1000 && pd.limit < 1000 - pd.skip
+				     ? pd.limit + pd.skip
+				     : 1000);
 	route_coll_unref(rc);
 	if (in_cur == NULL) {
 		sdb_pipeline_pushdown_destroy(&pd);

@@ -274,6 +274,23 @@ def test_expr_in_query_filters(cluster):
         assert coll.find_one({"_id": 100}) == {"_id": 100, "k": 1000, "up": 1}
 
 
+def test_int64_max_skip_and_limit(cluster):
+    """The largest int64 is a valid $skip/$limit (and find skip): no overflow where the
+    proxy and the shards add skip and limit or batch size (UBSan in CI), and the answer is
+    what MongoDB gives."""
+    from bson.int64 import Int64
+    ranged(cluster)
+    big = Int64(2 ** 63 - 1)
+    for coll in (cluster.proxy_client(0).db.c, cluster.proxy_client(0).db.u):
+        coll.insert_many([{"_id": i, "k": i * 60} for i in range(5)])
+        ks = [i * 60 for i in range(5)]
+        assert list(coll.aggregate([{"$sort": {"k": 1}}, {"$skip": big}, {"$limit": 5}])) == []
+        assert list(coll.aggregate([{"$sort": {"k": 1}}, {"$skip": 1}, {"$skip": big}])) == []
+        assert [d["k"] for d in coll.aggregate([{"$sort": {"k": 1}}, {"$limit": big}])] == ks
+        assert list(coll.find().sort("k", 1).skip(2 ** 63 - 1).batch_size(5)) == []
+        assert [d["k"] for d in coll.find().sort("k", 1).limit(2 ** 63 - 1)] == ks
+
+
 def test_indexes_broadcast_and_aggregate(cluster):
     ranged(cluster)
     c = cluster.proxy_client(0).db.c

@@ -338,6 +338,11 @@ static void test_sort_skip_limit(void **state)
 	      "[{'_id': 2, 'a': 1}, {'_id': 4, 'a': 1}]");
 	check("[{'$skip': 4}]", docs, "[{'_id': 5}]");
 	check("[{'$limit': 1}, {'$project': {'_id': 1}}]", docs, "[{'_id': 1}]");
+	/* the largest int64 is a valid $limit and $skip (it went through a double and was
+	 * refused with 5107200) */
+	check("[{'$limit': {'$numberLong': '9223372036854775807'}}, {'$project': {'_id': 1}}, "
+	      "{'$limit': 1}]", docs, "[{'_id': 1}]");
+	check("[{'$skip': {'$numberLong': '9223372036854775807'}}]", docs, "[]");
 	check_err("[{'$limit': 0}]", docs, 15958, "positive");
 	check_err("[{'$limit': 'x'}]", docs, 15957, NULL);
 	check_err("[{'$skip': -1}]", docs, 5107200, NULL);
