@@ -238,9 +238,12 @@ def start_role(tmp_path, request):
     for p in procs:
         if failed:
             print(f"\n--- log of {' '.join(p.args)} ---\n{p.tail()}")
-        # longer than a graceful stop can take (quiesce 2 s + --shutdown-timeout-ms 10 s,
-        # the defaults), so a stop held by an unanswered request logs it before any SIGKILL
-        p.stop(timeout=25)
+        # 10 s: a stop held longer by requests still running is SIGKILLed, and its
+        # "unanswered request" lines (logged at --shutdown-timeout-ms, 10 s) may be lost.
+        # Waiting longer also catches requests that are merely slow (a partition test's
+        # writes to a cut-off primary, ~16 s): telling them from a handler that never
+        # replies needs the server to say which, not a longer wait here.
+        p.stop(timeout=10)
         unanswered += [line for line in p.tail(1 << 20).splitlines()
                        if UNANSWERED in line]
     if unanswered and not failed:
