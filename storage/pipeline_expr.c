@@ -794,10 +794,17 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 		} else if (!is_number(vals[0])) {
 			rc = efail(e, 28765, "$abs only supports numeric types, not %s",
 				   type_name(vals[0]->type));
-		} else if (vals[0]->type == BSON_TYPE_INT32 && vals[0]->value.value.v_int32 != INT32_MIN) {
-			*out = v_int32(abs(vals[0]->value.value.v_int32));
-		} else if (vals[0]->type == BSON_TYPE_INT64 && vals[0]->value.value.v_int64 != INT64_MIN) {
-			*out = v_int64(llabs(vals[0]->value.value.v_int64));
+		} else if (vals[0]->type == BSON_TYPE_INT32) {
+			int32_t i = vals[0]->value.value.v_int32;
+
+			/* MongoDB: |INT32_MIN| does not fit an int, it becomes a long */
+			*out = i == INT32_MIN ? v_int64(-(int64_t)i) : v_int32(abs(i));
+		} else if (vals[0]->type == BSON_TYPE_INT64) {
+			if (vals[0]->value.value.v_int64 == INT64_MIN) {
+				rc = efail(e, 28680, "can't take $abs of long long min");
+			} else {
+				*out = v_int64(llabs(vals[0]->value.value.v_int64));
+			}
 		} else {
 			*out = v_double(fabs(num_double(vals[0])));
 		}
@@ -983,11 +990,23 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 				   type_name(vals[0]->type));
 			break;
 		}
-		if (!is_number(vals[1]) || num_double(vals[1]) != floor(num_double(vals[1]))) {
-			rc = efail(e, 28691, "$arrayElemAt's second argument must be a numeric value");
+		if (!is_number(vals[1])) {
+			rc = efail(e, 28690, "$arrayElemAt's second argument must be a numeric value, but is %s",
+				   type_name(vals[1]->type));
 			break;
 		}
-		idx = (int64_t)num_double(vals[1]);
+		{
+			/* MongoDB: an integral value in int32's range (a plain cast of a larger
+			 * double would be undefined, and an index past int32 is refused) */
+			double d = num_double(vals[1]);
+
+			if (!(d == floor(d) && d >= (double)INT32_MIN && d <= (double)INT32_MAX)) {
+				rc = efail(e, 28691, "$arrayElemAt's second argument must be representable as a 32-bit integer: %g",
+					   d);
+				break;
+			}
+			idx = (int64_t)d;
+		}
 		if (idx < 0) {
 			idx += (int64_t)vals[0]->n;
 		}

@@ -387,6 +387,19 @@ static void test_expressions(void **state)
 	      "[{'a': 10, 'b': 4}]",
 	      "[{'add': 15, 'sub': 6, 'mul': 40, 'div': 2.5, 'mod': 2, 'big': {'$numberLong': '2147483657'},"
 	      " 'dbl': 10.5, 'nul': null, 'abs': 6}]");
+	/* $abs at the ends of the integer types (MongoDB: |INT32_MIN| is a long, |INT64_MIN|
+	 * is 28680) and $arrayElemAt's index rules (28690 not a number, 28691 not an int32) */
+	check("[{'$project': {'_id': 0, 'a': {'$abs': '$i'}, 'e': {'$arrayElemAt': ['$arr', -1]}}}]",
+	      "[{'i': {'$numberInt': '-2147483648'}, 'arr': [1, 2, 3]}]",
+	      "[{'a': {'$numberLong': '2147483648'}, 'e': 3}]");
+	check_err("[{'$project': {'a': {'$abs': '$l'}}}]", "[{'l': {'$numberLong': '-9223372036854775808'}}]",
+		  28680, "can't take $abs of long long min");
+	check_err("[{'$project': {'e': {'$arrayElemAt': ['$arr', 1e300]}}}]", "[{'arr': [1]}]", 28691,
+		  "must be representable as a 32-bit integer");
+	check_err("[{'$project': {'e': {'$arrayElemAt': ['$arr', {'$numberLong': '2147483648'}]}}}]",
+		  "[{'arr': [1]}]", 28691, "must be representable as a 32-bit integer");
+	check_err("[{'$project': {'e': {'$arrayElemAt': ['$arr', 'x']}}}]", "[{'arr': [1]}]", 28690,
+		  "must be a numeric value, but is string");
 	/* dates: date + ms, date - date */
 	check("[{'$project': {'_id': 0, 'later': {'$add': ['$d', 60000]}, 'diff': {'$subtract': ['$e', '$d']}}}]",
 	      "[{'d': {'$date': '2024-01-01T00:00:00Z'}, 'e': {'$date': '2024-01-01T00:00:01Z'}}]",
