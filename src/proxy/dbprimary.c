@@ -78,7 +78,8 @@ bool px_db_data_stays_visible(ctx *c, const char *db, const char *ps)
 		return true;
 	}
 	BSON_APPEND_INT32(&cmd, "dbStats", 1);
-	rc = proxy_shard_command(c->p, dflt, db, &cmd, &sid, &reply, neterr, sizeof neterr);
+	rc = px_shard_call(c->p, c->deadline_ms, dflt, db, &cmd, &sid, &reply, neterr,
+			   sizeof neterr);
 	if (rc != SHARDCONN_OK) {
 		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "enableSharding: dbStats of %s on %s: %s",
 			 db, dflt, rc == SHARDCONN_CMD_ERR ? "refused" : neterr);
@@ -146,7 +147,8 @@ int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen)
 	px_reload_db_primaries(c);
 	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
 	BSON_APPEND_BOOL(&cmd, "nameOnly", true);
-	rc = proxy_shard_command(c->p, id, "admin", &cmd, &sid, &reply, neterr, sizeof neterr);
+	rc = px_shard_call(c->p, c->deadline_ms, id, "admin", &cmd, &sid, &reply, neterr,
+			   sizeof neterr);
 	bson_destroy(&cmd);
 	if (rc != SHARDCONN_OK) {
 		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "removeShard: listDatabases on %s: %s", id,
@@ -189,8 +191,8 @@ int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen)
 			BSON_APPEND_BOOL(&lc, "nameOnly", true);
 			if (n < 0)
 				bson_init(&lr);
-			else if (proxy_shard_command(c->p, id, db, &lc, &sid, &lr, neterr,
-							  sizeof neterr) != SHARDCONN_OK) {
+			else if (px_shard_call(c->p, c->deadline_ms, id, db, &lc, &sid, &lr,
+					       neterr, sizeof neterr) != SHARDCONN_OK) {
 				px_error(c, WIRE_ERR_HOST_UNREACHABLE,
 					 "removeShard: listCollections %s on %s: %s", db, id, neterr);
 				n = -1;

@@ -37,8 +37,9 @@ typedef struct ctx {
 	const char *db;
 	char ns[512];
 	const char *coll;
-	uint64_t deadline_ms; /* end of the StaleConfig retry budget (monotonic ms) */
-	int backoff_ms;
+	uint64_t deadline_ms; /* end of the request's retry budget (monotonic ms): StaleConfig
+			       * retries and resends to a shard (retry.h) */
+	int backoff_ms;       /* the StaleConfig loop's current backoff step (retry.c) */
 	proxy_txn txn; /* session fields of a retryable write (txn.h), forwarded to shards */
 	px_answer *ans; /* where handlers put their answer (shared by copies of the ctx) */
 	/* the client's $readPreference when it is not primary and the command is not a
@@ -194,8 +195,9 @@ bool px_read_pref_applies(const ctx *c, const bson_t *fwd, bson_t *rp);
 
 /* ---- one shard (px_run_on: retry.c; the rest: exec.c) ---- */
 
-/* Run cmd on shard in c->db (the proxy's cluster: shardconn_command): returns SHARDCONN_*; reply is
- * always initialised (caller destroys); *sid (may be NULL) gets the server id for getMores. */
+/* Run cmd on shard in c->db (px_shard_call within the request's budget c->deadline_ms; in a
+ * transaction pxtxn_run_on): returns SHARDCONN_*; reply is always initialised (caller
+ * destroys); *sid (may be NULL) gets the server id for getMores. */
 int px_run_on(ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid, bson_t *reply,
 	      char *neterr, size_t nelen);
 /* Initialise a stream of shard for db.coll (no ownership filter). */

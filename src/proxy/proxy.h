@@ -72,6 +72,7 @@ typedef struct proxy {
 	uv_timer_t reap_timer;
 	/* metrics */
 	sdb_counter *m_stale_retries;
+	sdb_counter *m_shard_retries; /* commands re-sent to a shard (retry.c px_shard_call) */
 	sdb_counter *m_scatter;
 	sdb_counter *m_targeted;
 	sdb_counter *m_refreshes;
@@ -105,7 +106,9 @@ typedef struct proxy {
 } proxy;
 
 /* retry.c: every shard command and fan-out of the proxy (handlers and cursors) goes through
- * these two, to p->cluster: shardconn_command's and shardconn_fanout's contracts. */
+ * these two, to p->cluster. proxy_shard_command is px_shard_call (retry.h) with a budget of
+ * --stale-retry-ms from now (for calls outside a client request's budget: cursors'
+ * getMore and killCursors); proxy_shard_fanout is shardconn_fanout's contract. */
 int proxy_shard_command(proxy *p, const char *shard, const char *db, const bson_t *cmd,
 			uint32_t *sid, bson_t *reply, char *neterr, size_t nelen);
 void proxy_shard_fanout(proxy *p, size_t n, void (*fn)(void *arg, size_t i), void *arg);

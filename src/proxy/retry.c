@@ -8,17 +8,18 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/err.h"
 #include "common/log.h"
 #include "proxy/exec.h"
 
 /* ---------- the real cluster ---------- */
 
 static int cluster_command(void *impl, const char *shard, const char *db, const bson_t *cmd,
-			   uint32_t *sid, bson_t *reply, char *neterr, size_t nelen)
+			   uint32_t *sid, bson_t *reply, char *neterr, size_t nelen, int *fate)
 {
 	proxy *p = impl;
 
-	return shardconn_command(p->sc, shard, db, cmd, sid, reply, neterr, nelen);
+	return shardconn_command(p->sc, shard, db, cmd, sid, reply, neterr, nelen, fate);
 }
 
 static void cluster_fanout(void *impl, size_t n, void (*fn)(void *arg, size_t i), void *arg)
@@ -55,8 +56,25 @@ static char *cluster_shard_hosts(void *impl, const char *id)
 	return shardconn_shard_hosts(p->sc, id);
 }
 
-const px_cluster px_cluster_default = {cluster_command,  cluster_fanout,    cluster_route,
-					cluster_primary,  cluster_shard_ids, cluster_shard_hosts};
+static bool cluster_shard_down(void *impl, const char *id)
+{
+	proxy *p = impl;
+
+	return shardconn_shard_down(p->sc, id);
+}
+
+static void cluster_set_shard_down(void *impl, const char *id, bool down)
+{
+	proxy *p = impl;
+
+	shardconn_set_shard_down(p->sc, id, down);
+}
+
+const px_cluster px_cluster_default = {
+	cluster_command,     cluster_fanout,	  cluster_route,
+	cluster_primary,     cluster_shard_ids,	  cluster_shard_hosts,
+	cluster_shard_down,  cluster_set_shard_down,
+};
 
 /* The cluster of p and its state. */
 static const px_cluster *cluster_of(proxy *p, void **impl)
@@ -72,10 +90,8 @@ static const px_cluster *cluster_of(proxy *p, void **impl)
 int proxy_shard_command(proxy *p, const char *shard, const char *db, const bson_t *cmd,
 			uint32_t *sid, bson_t *reply, char *neterr, size_t nelen)
 {
-	void *impl;
-	const px_cluster *cl = cluster_of(p, &impl);
-
-	return cl->command(impl, shard, db, cmd, sid, reply, neterr, nelen);
+	return px_shard_call(p, sdb_mono_ms() + (uint64_t)p->stale_retry_ms, shard, db, cmd, sid,
+			     reply, neterr, nelen);
 }
 
 void proxy_shard_fanout(proxy *p, size_t n, void (*fn)(void *arg, size_t i), void *arg)
@@ -84,6 +100,147 @@ void proxy_shard_fanout(proxy *p, size_t n, void (*fn)(void *arg, size_t i), voi
 	const px_cluster *cl = cluster_of(p, &impl);
 
 	cl->fanout(impl, n, fn, arg);
+}
+
+/* ---------- backoff: one rule for every retry ---------- */
+
+/* Sleep for the next backoff step *ms (min_ms, doubling to max_ms; never past
+ * deadline_ms, monotonic). False, without sleeping, when the deadline has passed. */
+static bool backoff_sleep(int *ms, int min_ms, int max_ms, uint64_t deadline_ms)
+{
+	uint64_t now = sdb_mono_ms();
+
+	if (now >= deadline_ms)
+		return false;
+	if (*ms == 0)
+		*ms = min_ms;
+	else if (*ms < max_ms)
+		*ms = *ms * 2 > max_ms ? max_ms : *ms * 2;
+	if (now + (uint64_t)*ms > deadline_ms)
+		*ms = (int)(deadline_ms - now);
+	uv_sleep((unsigned)*ms);
+	return true;
+}
+
+/* ---------- one shard: resending what a shard did not execute ---------- */
+
+/* Commands whose re-execution changes nothing: retried even when the outcome of an attempt
+ * is unknown (the connection broke after the command was sent). */
+static bool idempotent_read(const bson_t *cmd)
+{
+	static const char *const reads[] = {"find", "count", "distinct", "listIndexes",
+					    "listCollections", "collStats", "dbStats", "ping"};
+	bson_iter_t it;
+
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it))
+		return false;
+	for (size_t i = 0; i < sizeof reads / sizeof reads[0]; i++)
+		if (strcmp(bson_iter_key(&it), reads[i]) == 0)
+			return true;
+	return false;
+}
+
+/* A retryable write (lsid and txnNumber, issue #16): the shard records each executed
+ * statement with the write and answers a retry from the record, so resending it after an
+ * unknown outcome never applies it twice. */
+static bool retryable_write(const bson_t *cmd)
+{
+	bson_iter_t it;
+	const char *name;
+
+	if (!bson_iter_init_find(&it, cmd, "txnNumber") || !bson_iter_init_find(&it, cmd, "lsid"))
+		return false;
+	if (!bson_iter_init_find(&it, cmd, "autocommit"))
+		return true;
+	/* a transaction's statement is never re-sent after an unknown outcome (the proxy
+	 * answers TransientTransactionError); its commit and abort are retryable */
+	bson_iter_init(&it, cmd);
+	name = bson_iter_next(&it) ? bson_iter_key(&it) : "";
+	return strcmp(name, "commitTransaction") == 0 || strcmp(name, "abortTransaction") == 0;
+}
+
+/* The numeric code of an error reply, 0 when it has none. */
+static int64_t reply_code(const bson_t *reply)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it))
+		return bson_iter_as_int64(&it);
+	return 0;
+}
+
+/* Is code a replica-set member's answer to losing (or not having) the primary role? */
+static bool primary_change(int64_t code)
+{
+	return code == WIRE_ERR_NOT_WRITABLE_PRIMARY || code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK ||
+	       code == WIRE_ERR_INTERRUPTED_REPL_CHANGE || code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN;
+}
+
+/* What an attempt's result says about cmd: *unexecuted when the shard certainly did not
+ * run it, *ambiguous when it may have (px_shard_call's contract). */
+static void classify(int cls, int fate, const bson_t *reply, bool *unexecuted, bool *ambiguous)
+{
+	int64_t code = cls == SHARDCONN_CMD_ERR ? reply_code(reply) : 0;
+
+	*unexecuted = (cls == SHARDCONN_NET_ERR && fate == SHARDCONN_UNSENT) ||
+		      code == WIRE_ERR_SHUTDOWN_IN_PROGRESS || code == WIRE_ERR_NOT_WRITABLE_PRIMARY ||
+		      code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK;
+	*ambiguous = (cls == SHARDCONN_NET_ERR && fate == SHARDCONN_UNKNOWN_OUTCOME) ||
+		     code == WIRE_ERR_INTERRUPTED_REPL_CHANGE ||
+		     code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN;
+}
+
+int px_shard_call(proxy *p, uint64_t deadline_ms, const char *shard, const char *db,
+		  const bson_t *cmd, uint32_t *sid, bson_t *reply, char *neterr, size_t nelen)
+{
+	void *impl;
+	const px_cluster *cl = cluster_of(p, &impl);
+	uint32_t first_server = *sid;
+	bool resendable = (idempotent_read(cmd) && !bson_has_field(cmd, "autocommit")) ||
+			  retryable_write(cmd);
+	bool was_down = cl->shard_down != NULL && cl->shard_down(impl, shard);
+	int backoff = 0, rc;
+
+	for (;;) {
+		int fate = SHARDCONN_ANSWERED;
+		bool unexecuted, ambiguous;
+
+		rc = cl->command(impl, shard, db, cmd, sid, reply, neterr, nelen, &fate);
+		classify(rc, fate, reply, &unexecuted, &ambiguous);
+		if (was_down && rc != SHARDCONN_NET_ERR && !unexecuted && cl->set_shard_down)
+			cl->set_shard_down(impl, shard, false); /* it answered */
+		if (first_server != 0 && rc == SHARDCONN_CMD_ERR && primary_change(reply_code(reply)))
+			return rc; /* pinned (a cursor's member): another attempt there cannot help */
+		if (!unexecuted && !(ambiguous && resendable))
+			return rc;
+		if (was_down || !backoff_sleep(&backoff, PX_RESEND_MIN_MS, PX_RESEND_MAX_MS,
+					       deadline_ms)) {
+			if (!was_down) {
+				sdb_warn("shard retry budget spent",
+					 "shard=%s err=\"%s\" code=%lld", shard,
+					 rc == SHARDCONN_NET_ERR ? neterr : "refused by the shard",
+					 (long long)(rc == SHARDCONN_NET_ERR ? 0 : reply_code(reply)));
+				if (cl->set_shard_down)
+					cl->set_shard_down(impl, shard, true);
+			}
+			if (!unexecuted)
+				return rc; /* a read after an ambiguous network error */
+			if (rc != SHARDCONN_NET_ERR)
+				sdb_errf(neterr, nelen, SDB_EUNAVAILABLE,
+					 "shard %s refused the command unexecuted until the retry "
+					 "budget ran out (code %lld: shutting down, or no primary)",
+					 shard, (long long)reply_code(reply));
+			bson_reinit(reply);
+			BSON_APPEND_BOOL(reply, SHARDCONN_UNEXECUTED_FIELD, true);
+			return SHARDCONN_NET_ERR;
+		}
+		sdb_debug("shard did not execute a command, resending", "shard=%s backoff_ms=%d",
+			  shard, backoff);
+		if (p->m_shard_retries)
+			sdb_counter_inc(p->m_shard_retries);
+		bson_destroy(reply);
+		*sid = first_server; /* 0: select again (the restarted shard, the new primary) */
+	}
 }
 
 /* ---------- one shard ---------- */
@@ -99,15 +256,15 @@ int px_run_on(ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid, bson_
 	if (c->tx != NULL) /* a transaction's statement: pinned shard, txn fields (primary) */
 		return pxtxn_run_on(c, shard, cmd, sid ? sid : &local, reply, neterr, nelen);
 	if (!px_read_pref_applies(c, cmd, &rp))
-		return proxy_shard_command(c->p, shard, c->db, cmd, sid ? sid : &local, reply,
-					   neterr, nelen);
+		return px_shard_call(c->p, c->deadline_ms, shard, c->db, cmd, sid ? sid : &local,
+				     reply, neterr, nelen);
 	/* a read under the client's read preference: the shard's member is selected with it
 	 * (shardconn.c), and a secondary serves it only when the command carries it */
 	bson_init(&fwd);
 	bson_copy_to_excluding_noinit(cmd, &fwd, "$readPreference", NULL);
 	BSON_APPEND_DOCUMENT(&fwd, "$readPreference", &rp);
-	rc = proxy_shard_command(c->p, shard, c->db, &fwd, sid ? sid : &local, reply, neterr,
-				 nelen);
+	rc = px_shard_call(c->p, c->deadline_ms, shard, c->db, &fwd, sid ? sid : &local, reply,
+			   neterr, nelen);
 	bson_destroy(&fwd);
 	return rc;
 }
@@ -199,23 +356,12 @@ void px_note_target(ctx *c, const route_coll *rc, size_t nsel)
 
 /* ---------- the retry loop ---------- */
 
-/* Sleep for the next StaleConfig backoff (5 ms doubling to 200 ms, within c->deadline_ms);
- * counts a stale retry. False when the budget is spent (no sleep). */
+/* Count a stale retry and sleep for the next StaleConfig backoff (PX_STALE_*, within
+ * c->deadline_ms). False when the budget is spent (no sleep). */
 static bool stale_backoff(ctx *c)
 {
-	uint64_t now = sdb_mono_ms();
-
 	sdb_counter_inc(c->p->m_stale_retries);
-	if (now >= c->deadline_ms)
-		return false;
-	if (c->backoff_ms == 0)
-		c->backoff_ms = 5;
-	else if (c->backoff_ms < 200)
-		c->backoff_ms *= 2;
-	if (now + (uint64_t)c->backoff_ms > c->deadline_ms)
-		c->backoff_ms = (int)(c->deadline_ms - now);
-	uv_sleep((unsigned)c->backoff_ms);
-	return true;
+	return backoff_sleep(&c->backoff_ms, PX_STALE_MIN_MS, PX_STALE_MAX_MS, c->deadline_ms);
 }
 
 /* A newer routing snapshot of c->ns than old (old's reference is released; old itself is

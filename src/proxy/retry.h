@@ -5,6 +5,13 @@
  * target selection (px_target), fan-out of per-shard calls (pcall), and the classification
  * of a failed shard call into the client's error (RetryableWriteError labels).
  *
+ * Resending to one shard is here too (px_shard_call): a command a shard certainly did not
+ * execute (restarting, no primary) or, for reads and retryable writes, whose outcome is
+ * unknown is sent again with backoff. Every retry of a client request, StaleConfig or
+ * resend, draws on one budget: ctx.deadline_ms (--stale-retry-ms from the request's
+ * start), so the worst case is one budget, never one per shard call inside one per
+ * attempt. shardconn.c is transport only (one attempt per call).
+ *
  * The shard connection layer: every shard command, fan-out and routing lookup the proxy's
  * handlers and cursors make goes through the proxy's px_cluster (proxy->cluster; NULL =
  * px_cluster_default: shardconn.h pools and role.c's routing cache), so a replica-set shard
@@ -29,10 +36,12 @@ struct proxy;
 
 /* How handlers reach the cluster. impl is the proxy (default) or a test's state. */
 typedef struct px_cluster {
-	/* Run cmd in db on shard id: SHARDCONN_* (shardconn_command's contract: reply always
-	 * initialised, the caller destroys it; *sid the server for getMores). */
+	/* One attempt of cmd in db on shard id: SHARDCONN_* (shardconn_command's contract:
+	 * reply always initialised, the caller destroys it; *sid the server for getMores;
+	 * *fate on NET_ERR: SHARDCONN_UNSENT, SHARDCONN_UNKNOWN_OUTCOME or
+	 * SHARDCONN_UNREGISTERED). */
 	int (*command)(void *impl, const char *shard, const char *db, const bson_t *cmd,
-		       uint32_t *sid, bson_t *reply, char *neterr, size_t nelen);
+		       uint32_t *sid, bson_t *reply, char *neterr, size_t nelen, int *fate);
 	/* Run fn(arg, 0..n-1), in parallel when it can, and return when all have. */
 	void (*fanout)(void *impl, size_t n, void (*fn)(void *arg, size_t i), void *arg);
 	/* proxy_route's contract: the routing of ns (a reference), reloaded when force. */
@@ -44,7 +53,45 @@ typedef struct px_cluster {
 	size_t (*shard_ids)(void *impl, char ***out);
 	/* The hosts of shard id ("h1:p1,h2:p2", heap) or NULL. */
 	char *(*shard_hosts)(void *impl, const char *id);
+	/* shardconn_shard_down / shardconn_set_shard_down's contracts; NULL: no circuit
+	 * state (every call gets the request's budget). */
+	bool (*shard_down)(void *impl, const char *id);
+	void (*set_shard_down)(void *impl, const char *id, bool down);
 } px_cluster;
+
+/* Backoff of a resend to a shard that had not executed a command: 50 ms doubling to
+ * 500 ms (a restart or an election takes about a second). */
+#define PX_RESEND_MIN_MS 50
+#define PX_RESEND_MAX_MS 500
+/* Backoff after StaleConfig: 5 ms doubling to 200 ms (the routing refresh is the wait). */
+#define PX_STALE_MIN_MS 5
+#define PX_STALE_MAX_MS 200
+
+/* Run cmd in db on shard (one call of p's cluster, resent as below) before deadline_ms
+ * (monotonic ms: the request's budget). Returns SHARDCONN_*; reply always initialised (the
+ * caller destroys it); *sid as in shardconn_command; neterr holds the message of a
+ * NET_ERR.
+ * Resent (issue #11, #15) with backoff PX_RESEND_* until deadline_ms when the shard
+ * certainly did not execute cmd: it was never sent (SHARDCONN_UNSENT: down or restarting),
+ * or the shard refused it before execution: ShutdownInProgress (91, a stopping shard in
+ * quiesce), NotWritablePrimary (10107) or NotPrimaryNoSecondaryOk (13435, a replica-set
+ * member that is not primary; the next attempt selects the new one). After an unknown
+ * outcome (a network error after sending; InterruptedDueToReplStateChange 11602 or
+ * InterruptedAtShutdown 11600: the primary lost its role before the command committed)
+ * only idempotent reads (find, count, distinct, list*, *Stats, ping) and retryable writes
+ * (lsid and txnNumber: the shard answers a retry from its record, issue #16) are resent,
+ * so a write is never applied twice; a transaction's statement (cmd has `autocommit`) is
+ * not (the proxy answers TransientTransactionError), its commitTransaction and
+ * abortTransaction are, as mongod's. A call pinned to a server (*sid non-zero: a
+ * cursor's member) is not resent after a primary change (another attempt there cannot
+ * help).
+ * When the budget is spent on a command the shard certainly did not execute, the result
+ * is NET_ERR and reply holds SHARDCONN_UNEXECUTED_FIELD: true (shardconn_unexecuted), and
+ * the shard is marked down: its later commands get one attempt until it answers again (a
+ * shard that is down for good fails fast instead of holding every request for the
+ * budget). Metric: every resend counts in stripedb_proxy_shard_retries_total. */
+int px_shard_call(struct proxy *p, uint64_t deadline_ms, const char *shard, const char *db,
+		  const bson_t *cmd, uint32_t *sid, bson_t *reply, char *neterr, size_t nelen);
 
 /* The real cluster: impl is the proxy. */
 extern const px_cluster px_cluster_default;
@@ -88,7 +135,8 @@ typedef struct px_retry {
 void px_retry_init(px_retry *r, struct ctx *c, route_coll *rc,
 		   int (*execute)(px_retry *r, void *arg), void (*exhausted)(px_retry *r, void *arg),
 		   void *arg);
-/* Run r until an attempt is not stale or the budget (c->deadline_ms) is spent. Returns
+/* Run r until an attempt is not stale or the budget (c->deadline_ms, shared with the
+ * resends of px_shard_call) is spent, backing off PX_STALE_* between attempts. Returns
  * PX_RETRY_DONE, or PX_RETRY_STALE after r->exhausted ran. Metric: every stale attempt
  * counts in stripedb_proxy_stale_retries_total. */
 int px_retry_run(px_retry *r);

@@ -194,7 +194,6 @@ static int proxy_start(sdb_role *role)
 	p->rc = route_cache_new();
 	p->txns = pxtxn_table_new();
 	p->sc = shardconn_new();
-	shardconn_set_retry_budget(p->sc, p->stale_retry_ms);
 	/* issue #10: the cluster key before any pool to shards or metadata is made */
 	rc = auth_cluster_setup(role->cfg, role->err, sizeof role->err);
 	if (rc != 0)
@@ -211,6 +210,11 @@ static int proxy_start(sdb_role *role)
 		goto err;
 	p->m_stale_retries = sdb_metrics_counter("stripedb_proxy_stale_retries_total",
 						 "Requests retried after StaleConfig.", NULL);
+	p->m_shard_retries = sdb_metrics_counter(
+		"stripedb_proxy_shard_retries_total",
+		"Shard commands re-sent because the shard had not executed them (restarting, no "
+		"primary) or, for reads and retryable writes, the outcome was unknown.",
+		NULL);
 	p->m_scatter = sdb_metrics_counter("stripedb_proxy_routed_total",
 					   "Requests routed, by kind.", "kind=\"scatter\"");
 	p->m_targeted = sdb_metrics_counter("stripedb_proxy_routed_total",

@@ -157,8 +157,6 @@ struct shardconn {
 	tpool req, io;
 	shard *meta;            /* the metadata pool (uri: the full URI), or NULL */
 	atomic_uint_least64_t key_gen; /* auth_cluster_generation the pools were made with */
-	int64_t retry_ms;       /* shard-restart retry budget (shardconn_set_retry_budget) */
-	sdb_counter *m_retries; /* requests re-sent after a shard refused them unexecuted */
 };
 
 shardconn *shardconn_new(void)
@@ -175,12 +173,7 @@ shardconn *shardconn_new(void)
 	tpool_init(&sc->io, SHARDCONN_IO_WORKERS, SHARDCONN_MAX_WORKERS,
 		   sdb_metrics_gauge("stripedb_proxy_fanout_threads",
 				     "Threads of the proxy's fan-out pool.", NULL));
-	sc->retry_ms = 5000;
 	atomic_init(&sc->key_gen, auth_cluster_generation());
-	sc->m_retries = sdb_metrics_counter(
-		"stripedb_proxy_shard_retries_total",
-		"Shard commands re-sent because the shard refused them unexecuted (restarting).",
-		NULL);
 	return sc;
 }
 
@@ -488,58 +481,6 @@ static mongoc_client_pool_t *find_pool(shardconn *sc, const char *id)
 	return p;
 }
 
-/* Commands whose re-execution changes nothing: retried even when the outcome of an attempt
- * is unknown (the connection broke after the command was sent). */
-static bool idempotent_read(const bson_t *cmd)
-{
-	static const char *const reads[] = {"find", "count", "distinct", "listIndexes",
-					    "listCollections", "collStats", "dbStats", "ping"};
-	bson_iter_t it;
-
-	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it))
-		return false;
-	for (size_t i = 0; i < sizeof reads / sizeof reads[0]; i++)
-		if (strcmp(bson_iter_key(&it), reads[i]) == 0)
-			return true;
-	return false;
-}
-
-/* A retryable write (lsid and txnNumber, issue #16): the shard records each executed
- * statement with the write and answers a retry from the record, so resending it after an
- * unknown outcome never applies it twice. */
-static bool retryable_write(const bson_t *cmd)
-{
-	bson_iter_t it;
-	const char *name;
-
-	if (!bson_iter_init_find(&it, cmd, "txnNumber") || !bson_iter_init_find(&it, cmd, "lsid"))
-		return false;
-	if (!bson_iter_init_find(&it, cmd, "autocommit"))
-		return true;
-	/* a transaction's statement is never re-sent after an unknown outcome (the proxy
-	 * answers TransientTransactionError); its commit and abort are retryable */
-	bson_iter_init(&it, cmd);
-	name = bson_iter_next(&it) ? bson_iter_key(&it) : "";
-	return strcmp(name, "commitTransaction") == 0 || strcmp(name, "abortTransaction") == 0;
-}
-
-/* The numeric code of an error reply, 0 when it has none. */
-static int64_t reply_code(const bson_t *reply)
-{
-	bson_iter_t it;
-
-	if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it))
-		return bson_iter_as_int64(&it);
-	return 0;
-}
-
-/* Is code a replica-set member's answer to losing (or not having) the primary role? */
-static bool primary_change(int64_t code)
-{
-	return code == WIRE_ERR_NOT_WRITABLE_PRIMARY || code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK ||
-	       code == WIRE_ERR_INTERRUPTED_REPL_CHANGE || code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN;
-}
-
 /* The read preference cmd carries ($readPreference {mode} other than primary), NULL for
  * primary or none. Caller destroys. */
 static mongoc_read_prefs_t *cmd_read_prefs(const bson_t *cmd)
@@ -563,19 +504,8 @@ static mongoc_read_prefs_t *cmd_read_prefs(const bson_t *cmd)
 	return NULL;
 }
 
-/* One attempt of shardconn_command. *unexecuted is set when the shard certainly did not
- * run cmd: no server could be selected (connect refused or timed out), the connection could
- * not be opened, the shard answered ShutdownInProgress (91: refused before execution by
- * a shard in quiesce, see wire_server_close), or a member of a shard replica set answered
- * NotWritablePrimary (10107) / NotPrimaryNoSecondaryOk (13435: refused before anything was
- * proposed, src/shard/repl.h; the next attempt selects the new primary). *ambiguous is set
- * on any other network error and on InterruptedDueToReplStateChange (11602) /
- * InterruptedAtShutdown (11600): the primary lost its role or stopped before the command
- * committed, so it may or may not have run (retried only when that is safe, as mongos
- * retries a retryable write on a shard's new primary). */
-static int command_once(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
-			uint32_t *server_id, bson_t *reply, char *err, size_t errlen,
-			bool *unexecuted, bool *ambiguous)
+int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
+		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate)
 {
 	mongoc_client_pool_t *pool = find_pool(sc, id);
 	mongoc_client_t *cl;
@@ -584,9 +514,11 @@ static int command_once(shardconn *sc, const char *id, const char *db, const bso
 	bool ok;
 	int rc;
 
+	*fate = SHARDCONN_ANSWERED;
 	if (pool == NULL) {
 		bson_init(reply);
 		sdb_errf(err, errlen, SDB_ENOTFOUND, "shard %s is not registered", id);
+		*fate = SHARDCONN_UNREGISTERED;
 		return SHARDCONN_NET_ERR;
 	}
 	cl = mongoc_client_pool_pop(pool);
@@ -603,7 +535,7 @@ static int command_once(shardconn *sc, const char *id, const char *db, const bso
 			bson_init(reply);
 			sdb_errf(err, errlen, SDB_EUNAVAILABLE, "shard %s is unreachable: %s", id,
 				 e.message);
-			*unexecuted = true;
+			*fate = SHARDCONN_UNSENT;
 			return SHARDCONN_NET_ERR;
 		}
 		*server_id = mongoc_server_description_id(sd);
@@ -618,15 +550,6 @@ static int command_once(shardconn *sc, const char *id, const char *db, const bso
 		if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it) &&
 		    bson_iter_as_int64(&it) == WIRE_ERR_STALE_CONFIG)
 			rc = SHARDCONN_STALE;
-		if (e.domain == MONGOC_ERROR_SERVER) {
-			int64_t code = reply_code(reply);
-			if (code == WIRE_ERR_SHUTDOWN_IN_PROGRESS ||
-			    code == WIRE_ERR_NOT_WRITABLE_PRIMARY ||
-			    code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK)
-				*unexecuted = true;
-			else if (primary_change(code))
-				*ambiguous = true;
-		}
 		if (bson_empty(reply)) {
 			BSON_APPEND_DOUBLE(reply, "ok", 0);
 			BSON_APPEND_UTF8(reply, "errmsg", e.message);
@@ -638,9 +561,9 @@ static int command_once(shardconn *sc, const char *id, const char *db, const bso
 	if (e.domain == MONGOC_ERROR_SERVER_SELECTION ||
 	    (e.domain == MONGOC_ERROR_STREAM && (e.code == MONGOC_ERROR_STREAM_CONNECT ||
 						 e.code == MONGOC_ERROR_STREAM_NAME_RESOLUTION)))
-		*unexecuted = true;
+		*fate = SHARDCONN_UNSENT;
 	else
-		*ambiguous = true;
+		*fate = SHARDCONN_UNKNOWN_OUTCOME;
 	return SHARDCONN_NET_ERR;
 }
 
@@ -652,66 +575,19 @@ bool shardconn_unexecuted(const bson_t *reply)
 	       BSON_ITER_HOLDS_BOOL(&it) && bson_iter_bool(&it);
 }
 
-void shardconn_set_retry_budget(shardconn *sc, int64_t ms)
+bool shardconn_shard_down(shardconn *sc, const char *id)
 {
-	sc->retry_ms = ms < 0 ? 0 : ms;
+	shard *sh = find_shard(sc, id);
+
+	return sh != NULL && atomic_load(&sh->down);
 }
 
-int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
-		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen)
+void shardconn_set_shard_down(shardconn *sc, const char *id, bool down)
 {
-	uint32_t first_server = *server_id;
-	uint64_t deadline = 0, backoff = SHARDCONN_RETRY_MIN_MS, now;
-	bool read = (idempotent_read(cmd) && !bson_has_field(cmd, "autocommit")) ||
-		    retryable_write(cmd);
 	shard *sh = find_shard(sc, id);
-	bool was_down = sh != NULL && atomic_load(&sh->down);
-	int rc;
 
-	for (;;) {
-		bool unexecuted = false, ambiguous = false;
-		rc = command_once(sc, id, db, cmd, server_id, reply, err, errlen, &unexecuted,
-				  &ambiguous);
-		if (sh != NULL && rc != SHARDCONN_NET_ERR && !unexecuted)
-			atomic_store(&sh->down, false); /* it answered */
-		if (first_server != 0 && rc == SHARDCONN_CMD_ERR && primary_change(reply_code(reply)))
-			return rc; /* pinned (a cursor's member): another attempt there cannot help */
-		if (!unexecuted && !(ambiguous && read))
-			return rc;
-		now = uv_hrtime() / 1000000;
-		if (deadline == 0)
-			deadline = now + (uint64_t)sc->retry_ms;
-		if (was_down || now + backoff > deadline) {
-			if (!was_down) {
-				sdb_warn("shard retry budget spent",
-					 "shard=%s budget_ms=%lld err=\"%s\" code=%lld", id,
-					 (long long)sc->retry_ms,
-					 rc == SHARDCONN_NET_ERR ? err : "refused by the shard",
-					 (long long)(rc == SHARDCONN_NET_ERR ? 0 : reply_code(reply)));
-				if (sh != NULL)
-					atomic_store(&sh->down, true);
-			}
-			if (!unexecuted)
-				return rc; /* a read after an ambiguous network error */
-			if (rc != SHARDCONN_NET_ERR)
-				sdb_errf(err, errlen, SDB_EUNAVAILABLE,
-					 "shard %s refused the command unexecuted until the retry "
-					 "budget ran out (code %lld: shutting down, or no primary)",
-					 id, (long long)reply_code(reply));
-			bson_reinit(reply);
-			BSON_APPEND_BOOL(reply, SHARDCONN_UNEXECUTED_FIELD, true);
-			return SHARDCONN_NET_ERR;
-		}
-		sdb_debug("shard refused a command unexecuted, retrying",
-			  "shard=%s backoff_ms=%llu", id, (unsigned long long)backoff);
-		sdb_counter_inc(sc->m_retries);
-		bson_destroy(reply);
-		uv_sleep((unsigned)backoff);
-		backoff *= 2;
-		if (backoff > SHARDCONN_RETRY_MAX_MS)
-			backoff = SHARDCONN_RETRY_MAX_MS;
-		*server_id = first_server; /* 0: select again (the restarted shard) */
-	}
+	if (sh != NULL)
+		atomic_store(&sh->down, down);
 }
 
 void shardconn_submit(shardconn *sc, void (*fn)(void *arg), void *arg)

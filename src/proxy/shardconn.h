@@ -7,7 +7,8 @@
  * it waits for a free client. Shard URIs come from the metadata service (listShards:
  * {id, uri}); the proxy adds serverSelectionTimeoutMS/connectTimeoutMS of
  * SHARDCONN_CONNECT_TIMEOUT_MS when the URI has none, so a shard that is down fails (after
- * the restart retry budget of shardconn_command) with an error for its chunks only.
+ * the request's retry budget: the proxy's one retry path, retry.c px_shard_call) with an
+ * error for its chunks only. This file is transport: one attempt per call, no retries.
  *
  * Threads: shardconn_submit() queues a job on the request pool (SHARDCONN_WORKERS threads);
  * shardconn_fanout() runs n sub-tasks of one request in parallel on a second pool (so a
@@ -34,8 +35,6 @@
 #define SHARDCONN_MAX_INFLIGHT 64
 #define SHARDCONN_CONNECT_TIMEOUT_MS 1000
 #define SHARDCONN_HEARTBEAT_MS 1000
-#define SHARDCONN_RETRY_MIN_MS 50
-#define SHARDCONN_RETRY_MAX_MS 500
 
 typedef struct shardconn shardconn;
 
@@ -44,10 +43,6 @@ shardconn *shardconn_new(void);
 /* Stop the threads (jobs already queued run first) and free everything. Call once no
  * job can be submitted any more. */
 void shardconn_free(shardconn *sc);
-
-/* Budget in ms for re-sending a command a restarting shard refused unexecuted (see
- * shardconn_command); the proxy sets it from --stale-retry-ms. Default 5000. */
-void shardconn_set_retry_budget(shardconn *sc, int64_t ms);
 
 /* Add or replace shard id with uri ("mongodb://..." or "HOST:PORT"). Returns 0 or
  * SDB_EINVAL (unparsable URI) with a message. Thread-safe. */
@@ -74,41 +69,38 @@ enum {
 	SHARDCONN_NET_ERR = 3, /* no answer: unknown shard, down, timeout (err says which) */
 };
 
-/* Run cmd on shard id's primary in database db (blocking: worker threads only).
- * *server_id: 0 = select the primary and store its id (so getMore can follow the same
- * server); non-zero = run on that server. reply is always initialised (caller destroys).
- * Returns one of the SHARDCONN_* classes; on NET_ERR, err holds a message naming the
- * shard.
- * Shard restarts (issue #11): when the shard certainly did not execute cmd (no server
- * could be selected or connected: the shard is down or restarting; or it answered
- * ShutdownInProgress (91), which a stopping stripedb shard sends only for commands it
- * did not run), cmd is sent again to the same shard with backoff (50 ms doubling to
- * 500 ms) for at most the retry budget (shardconn_set_retry_budget), so a shard restart
- * shorter than the budget shows as latency only. Once a budget was spent on a shard,
- * its commands get a single attempt until it answers again (a shard that is down for
- * good fails fast instead of holding every request for the budget). A network error
- * after cmd was sent (connection reset, timeout: the outcome is unknown) is retried only
- * for idempotent reads (find, count, distinct, list*, *Stats) and retryable writes (cmd
- * carries lsid and txnNumber: the shard answers a retry of an executed statement from its
- * record, issue #16); for any other command it is returned (NET_ERR) and never retried,
- * so a write is never applied twice. A transaction's statement (cmd has `autocommit`) is
- * never retried after an unknown outcome (the proxy answers TransientTransactionError);
- * its commitTransaction / abortTransaction are (retryable, as mongod's).
- * Shard replica sets (issue #15): NotWritablePrimary (10107) and NotPrimaryNoSecondaryOk
- * (13435) count as "certainly did not execute" (a member refuses before proposing) and
- * InterruptedDueToReplStateChange (11602) / InterruptedAtShutdown (11600) as an unknown
- * outcome; each attempt selects the primary again (libmongoc's discovery follows the new
- * one), as mongos retries a retryable write on a shard's new primary.
- * When the budget is spent on a command the shard certainly did not execute, the result
- * is NET_ERR and reply holds SHARDCONN_UNEXECUTED_FIELD: true (see shardconn_unexecuted);
- * on any other NET_ERR reply is empty. */
+/* What a NET_ERR of shardconn_command says about cmd (its *fate). */
+enum {
+	SHARDCONN_ANSWERED = 0,        /* not a NET_ERR: the shard answered */
+	SHARDCONN_UNSENT = 1,          /* never reached the shard: safe to send again */
+	SHARDCONN_UNKNOWN_OUTCOME = 2, /* sent, then the connection failed: it may have run */
+	SHARDCONN_UNREGISTERED = 3,    /* no such shard: nothing was sent, nothing to retry */
+};
+
+/* One attempt of cmd on shard id in database db (blocking: worker threads only); the
+ * proxy's retry path (retry.c px_shard_call) decides whether to send it again.
+ * *server_id: 0 = select a member (the primary, or by cmd's $readPreference) and store its
+ * id (so getMore can follow the same server); non-zero = run on that server. reply is
+ * always initialised (caller destroys). Returns one of the SHARDCONN_* classes; on NET_ERR,
+ * err holds a message naming the shard and *fate says what became of cmd: UNSENT when no
+ * server could be selected (connection refused or timed out) or the connection could not
+ * be opened (a shard that is down or restarting), UNKNOWN_OUTCOME on any other network
+ * error (reset or timeout after sending), UNREGISTERED for an unknown shard id;
+ * otherwise *fate is ANSWERED. On CMD_ERR/STALE reply holds the shard's ok: 0 answer
+ * (code, errmsg). */
 int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
-		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen);
+		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate);
+
+/* The circuit state of shard id (false for an unknown shard): set by the retry path when a
+ * retry budget was spent on the shard, cleared when it answers again, so the commands of a
+ * shard that is down for good get one attempt instead of a budget each. Thread-safe. */
+bool shardconn_shard_down(shardconn *sc, const char *id);
+void shardconn_set_shard_down(shardconn *sc, const char *id, bool down);
 
 /* Marker set in the reply of a NET_ERR that certainly did not execute the command. */
 #define SHARDCONN_UNEXECUTED_FIELD "$stripedbUnexecuted"
 
-/* True when reply (of a NET_ERR from shardconn_command) says the shard certainly did not
+/* True when reply (of a NET_ERR from px_shard_call) says the shard certainly did not
  * execute the command, so a client may safely retry it, even a write (the proxy then
  * labels the error RetryableWriteError). False on an unknown outcome. */
 bool shardconn_unexecuted(const bson_t *reply);

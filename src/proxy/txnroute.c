@@ -309,7 +309,7 @@ int pxtxn_run_on(struct ctx *c, const char *shard, const bson_t *cmd, uint32_t *
 			BSON_APPEND_DOCUMENT(&fwd, "readConcern", &s->rc);
 		s->started = true;
 	}
-	cls = proxy_shard_command(c->p, shard, c->db, &fwd, sid, reply, neterr, nelen);
+	cls = px_shard_call(c->p, c->deadline_ms, shard, c->db, &fwd, sid, reply, neterr, nelen);
 	if (cls == SHARDCONN_NET_ERR)
 		fail(st, PXTXN_FAIL_NET, cls, reply, neterr);
 	else if (cls == SHARDCONN_STALE)
@@ -650,9 +650,10 @@ static void finish(struct ctx *c, bool commit)
 	mt = px_get_int(c->cmd, "maxTimeMS", 0);
 	if (mt > 0)
 		BSON_APPEND_INT64(&cmd, "maxTimeMS", mt);
-	/* shardconn re-sends a commit / abort (lsid + txnNumber: retryable) after an unknown
+	/* px_shard_call re-sends a commit / abort (lsid + txnNumber: retryable) after an unknown
 	 * outcome to the shard's new primary within the retry budget */
-	cls = proxy_shard_command(c->p, shard, "admin", &cmd, &sid, &reply, nerr, sizeof nerr);
+	cls = px_shard_call(c->p, c->deadline_ms, shard, "admin", &cmd, &sid, &reply, nerr,
+			    sizeof nerr);
 	if (cls == SHARDCONN_OK) {
 		bson_t *out = bson_new();
 		bson_copy_to_excluding_noinit(&reply, out, "$clusterTime", "operationTime", NULL);

@@ -23,7 +23,10 @@ typedef struct fake {
 	int reloads;         /* forced reloads asked (StaleConfig refreshes) */
 	int stale[2];        /* per shard (a, b): StaleConfig answers still to give */
 	bool always_stale;   /* every versioned command is refused with StaleConfig */
-	bool net_err_b;      /* shard b does not answer (after executing nothing) */
+	bool net_err_b;      /* shard b does not answer (the command never reaches it) */
+	int unsent_b;        /* b's next n commands never reach it (restarting), then it answers */
+	int unknown_b;       /* b's next n commands fail after being sent (outcome unknown) */
+	bool down[2];        /* per shard: the retry path's circuit state (set_shard_down) */
 	bool filtering;      /* the shards hold filtering metadata (issue #17); without it a
 			      * command with $stripedbShardVersion is refused StaleConfig with
 			      * vWanted: null before anything runs, and not logged (the tests
@@ -41,7 +44,7 @@ static int shard_index(const char *shard)
 }
 
 static int fake_command(void *impl, const char *shard, const char *db, const bson_t *cmd,
-			uint32_t *sid, bson_t *reply, char *neterr, size_t nelen)
+			uint32_t *sid, bson_t *reply, char *neterr, size_t nelen, int *fate)
 {
 	fake *f = impl;
 	int s = shard_index(shard);
@@ -49,6 +52,7 @@ static int fake_command(void *impl, const char *shard, const char *db, const bso
 	const char *name = "";
 
 	(void)sid;
+	*fate = SHARDCONN_ANSWERED;
 	if (bson_iter_init(&it, cmd) && bson_iter_next(&it))
 		name = bson_iter_key(&it);
 	if (bson_has_field(cmd, "$stripedbShardVersion") && !f->filtering) {
@@ -74,9 +78,17 @@ static int fake_command(void *impl, const char *shard, const char *db, const bso
 		BSON_APPEND_UTF8(reply, "codeName", "StaleConfig");
 		return SHARDCONN_STALE;
 	}
-	if (s == 1 && f->net_err_b) {
-		BSON_APPEND_BOOL(reply, SHARDCONN_UNEXECUTED_FIELD, true);
+	if (s == 1 && (f->net_err_b || f->unsent_b > 0)) {
+		if (f->unsent_b > 0)
+			f->unsent_b--;
+		*fate = SHARDCONN_UNSENT;
 		snprintf(neterr, nelen, "shard b: no suitable servers");
+		return SHARDCONN_NET_ERR;
+	}
+	if (s == 1 && f->unknown_b > 0) {
+		f->unknown_b--;
+		*fate = SHARDCONN_UNKNOWN_OUTCOME;
+		snprintf(neterr, nelen, "shard b: connection reset");
 		return SHARDCONN_NET_ERR;
 	}
 	if (strcmp(name, "find") == 0) {
@@ -162,8 +174,23 @@ static char *fake_shard_hosts(void *impl, const char *id)
 	return strdup(id);
 }
 
-static const px_cluster fake_cluster = {fake_command, fake_fanout,    fake_route,
-					fake_primary, fake_shard_ids, fake_shard_hosts};
+static bool fake_shard_down(void *impl, const char *id)
+{
+	fake *f = impl;
+
+	return f->down[shard_index(id)];
+}
+
+static void fake_set_shard_down(void *impl, const char *id, bool down)
+{
+	fake *f = impl;
+
+	f->down[shard_index(id)] = down;
+}
+
+static const px_cluster fake_cluster = {fake_command,	  fake_fanout,	    fake_route,
+					fake_primary,	  fake_shard_ids,   fake_shard_hosts,
+					fake_shard_down,  fake_set_shard_down};
 
 /* db.c on k: [MinKey, 100) chunk "1" on a, [100, MaxKey) chunk "2" on b, tokens t1, t2. */
 static route_coll *table(int64_t version, int64_t t1, int64_t t2)
@@ -209,6 +236,7 @@ static int setup(void **state)
 	e->p.cluster_impl = &e->f;
 	e->p.stale_retry_ms = 5000;
 	e->p.m_stale_retries = sdb_metrics_counter("test_stale_retries_total", "t", NULL);
+	e->p.m_shard_retries = sdb_metrics_counter("test_shard_retries_total", "t", NULL);
 	e->p.m_scatter = sdb_metrics_counter("test_routed_total", "t", "kind=\"scatter\"");
 	e->p.m_targeted = sdb_metrics_counter("test_routed_total", "t", "kind=\"targeted\"");
 	e->p.m_cursors = sdb_metrics_gauge("test_cursors", "t", NULL);
@@ -463,6 +491,7 @@ static void test_insert_net_error_labels(void **state)
 	bool retryable = false, nowrites = false;
 
 	e->f.net_err_b = true;
+	e->f.down[1] = true; /* one attempt (test_resend_budget_spent covers the budget) */
 	request(e, cmd, 5000);
 	assert_true(proxy_txn_parse(cmd, "documents", &e->c.txn, &code, err, sizeof err));
 	px_do_insert(&e->c);
@@ -731,6 +760,7 @@ static void test_txn_net_error(void **state)
 	env *e = *state;
 
 	e->f.net_err_b = true;
+	e->f.down[1] = true;
 	insert_k(e, 150, 1, true);
 	assert_int_equal(ans_code(e), WIRE_ERR_HOST_UNREACHABLE);
 	assert_true(ans_has_label(e, "TransientTransactionError"));
@@ -767,6 +797,7 @@ static void test_txn_commit_recovery(void **state)
 	finish_txn(e, true, 10, NULL);
 	assert_int_equal(ans_code(e), PXTXN_ERR_NO_SUCH_TXN);
 	e->f.net_err_b = true;
+	e->f.down[1] = true;
 	finish_txn(e, true, 11, "b");
 	assert_int_equal(ans_code(e), WIRE_ERR_HOST_UNREACHABLE);
 	assert_true(ans_has_label(e, "UnknownTransactionCommitResult"));
@@ -782,10 +813,100 @@ static void test_txn_table(void **state)
 	assert_true(px_cmd_find("abortTransaction")->flags & PXC_TXN_END);
 }
 
+/* ---- px_shard_call: resending what a shard did not execute (the one retry path) ---- */
+
+/* b restarting: its part of a count never reached it twice, then it answers; one answer,
+ * two resends counted, nothing refreshed (not StaleConfig). */
+static void test_resend_until_answered(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("count", "c");
+	uint64_t before = sdb_counter_value(e->p.m_shard_retries);
+
+	e->f.unsent_b = 2;
+	request(e, cmd, 60000);
+	px_do_count(&e->c);
+	assert_int_equal(reply_int(e, "n"), 4);
+	assert_int_equal(count_sent(e, "count", 'b') + count_sent(e, "find", 'b'), 3);
+	assert_int_equal(sdb_counter_value(e->p.m_shard_retries), before + 2);
+	assert_int_equal(e->f.reloads, 0);
+	assert_false(e->f.down[1]);
+	bson_destroy(cmd);
+}
+
+/* The request's budget already spent (the StaleConfig loop and the resends draw on one
+ * deadline): b gets one attempt, the write is answered HostUnreachable with
+ * RetryableWriteError (certainly not executed), and b is marked down: the next request,
+ * with a whole budget, gets one attempt there too; once b answers it is up again. */
+static void test_resend_budget_spent(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("insert", "c", "documents", "[", "{", "k", BCON_INT32(150), "}",
+			       "]");
+	bson_t *count = BCON_NEW("count", "c");
+	uint64_t before = sdb_counter_value(e->p.m_shard_retries);
+
+	e->f.net_err_b = true;
+	request(e, cmd, 0);
+	px_do_insert(&e->c);
+	assert_int_equal(ans_code(e), WIRE_ERR_HOST_UNREACHABLE);
+	assert_true(ans_has_label(e, "RetryableWriteError"));
+	assert_int_equal(count_sent(e, "insert", 'b'), 1);
+	assert_true(e->f.down[1]);
+	ans_reset(e);
+	request(e, cmd, 60000);
+	px_do_insert(&e->c);
+	assert_int_equal(ans_code(e), WIRE_ERR_HOST_UNREACHABLE);
+	assert_int_equal(count_sent(e, "insert", 'b'), 2);
+	assert_int_equal(sdb_counter_value(e->p.m_shard_retries), before);
+	e->f.net_err_b = false;
+	ans_reset(e);
+	request(e, count, 60000);
+	px_do_count(&e->c);
+	assert_int_equal(reply_int(e, "n"), 4);
+	assert_false(e->f.down[1]);
+	bson_destroy(count);
+	bson_destroy(cmd);
+}
+
+/* An unknown outcome (sent, then the connection failed): a write without a session is
+ * never sent again (it may have run: HostUnreachable, no retry label); a read is. */
+static void test_unknown_outcome_resends_reads_only(void **state)
+{
+	env *e = *state;
+	bson_t *ins = BCON_NEW("insert", "c", "documents", "[", "{", "k", BCON_INT32(150), "}",
+			       "]");
+	bson_t *count = BCON_NEW("count", "c");
+	bson_iter_t it;
+
+	e->f.unknown_b = 1;
+	request(e, ins, 60000);
+	px_do_insert(&e->c);
+	assert_int_equal(e->ans.state, 1); /* answered with the write error of the document */
+	assert_true(bson_iter_init_find(&it, e->ans.reply, "writeErrors") &&
+		    bson_iter_recurse(&it, &it) && bson_iter_next(&it) &&
+		    bson_iter_recurse(&it, &it) && bson_iter_find(&it, "code"));
+	assert_int_equal(bson_iter_as_int64(&it), WIRE_ERR_HOST_UNREACHABLE);
+	assert_true(e->ans.extra == NULL || !bson_has_field(e->ans.extra, "errorLabels"));
+	assert_int_equal(count_sent(e, "insert", 'b'), 1);
+	ans_reset(e);
+	e->f.unknown_b = 1;
+	request(e, count, 60000);
+	px_do_count(&e->c);
+	assert_int_equal(reply_int(e, "n"), 4);
+	assert_int_equal(count_sent(e, "count", 'b') + count_sent(e, "find", 'b'), 2);
+	bson_destroy(count);
+	bson_destroy(ins);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_count_owned, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_resend_until_answered, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_resend_budget_spent, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unknown_outcome_resends_reads_only, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_count_stale_retried, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_count_stale_exhausted, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_find_merged, setup, teardown),
