@@ -9,6 +9,122 @@
 #define CODE_UNKNOWN_FIELD 40415 /* IDL: "BSON field '...' is an unknown field." */
 #define CODE_INVALID_OPTIONS 72  /* InvalidOptions */
 
+/* ---- strict parsing: the fields a command may carry (issue #20) ----
+ * MongoDB parses each command with its IDL and answers 40415 "BSON field '<cmd>.<f>' is an
+ * unknown field." for any other. The lists follow MongoDB 6.0's IDL files (the version we
+ * advertise): generic_argument.idl for the fields every command may carry, and the
+ * command's own (find_command.idl, aggregate_command.idl, count_command.idl,
+ * distinct_command.idl, write_ops.idl, find_and_modify... in write_ops.idl,
+ * getmore_command.idl, create_command in commands.idl). A field listed here is parsed: the
+ * command either honours it or refuses it with its own error (collation, let, ...).
+ * Commands without a list here are not checked. */
+
+/* generic_argument.idl (6.0): the arguments any command may carry. */
+static const char *const generic_fields[] = {
+	"$db", "apiVersion", "apiStrict", "apiDeprecationErrors", "maxTimeMS", "readConcern",
+	"writeConcern", "lsid", "clientOperationKey", "txnNumber", "txnRetryCounter",
+	"autocommit", "startTransaction", "stmtId", "comment", "$readPreference",
+	"$clusterTime", "$audit", "$client", "$configServerState", "$configTime",
+	"$topologyTime", "allowImplicitCollectionCreation", "$oplogQueryData", "$queryOptions",
+	"$replData", "databaseVersion", "shardVersion", "tracking_info", "coordinator",
+	"maxTimeMSOpOnly", "usesDefaultMaxTimeMS", "mayBypassWriteBlocking", "$traceCtx",
+	NULL};
+
+static const char *const find_fields[] = {
+	"filter", "projection", "sort", "hint", "skip", "limit", "batchSize", "singleBatch",
+	"max", "min", "returnKey", "showRecordId", "tailable", "oplogReplay", "noCursorTimeout",
+	"awaitData", "allowPartialResults", "collation", "allowDiskUse", "let", "readOnce",
+	"allowSpeculativeMajorityRead", "$_requestResumeToken", "$_resumeAfter",
+	"requestResumeToken", "resumeAfter", "term", "ntoreturn", "encryptionInformation",
+	"includeQueryStatsMetrics", NULL};
+static const char *const aggregate_fields[] = {
+	"pipeline", "explain", "allowDiskUse", "cursor", "bypassDocumentValidation", "collation",
+	"hint", "let", "needsMerge", "fromMongos", "fromRouter", "$_needsMerge", "exchange",
+	"runtimeConstants", "isMapReduceCommand", "$_isMapReduceCommand", "collectionUUID",
+	"encryptionInformation", "$_requestReshardingResumeToken", "$_generateV2ResumeTokens",
+	"includeQueryStatsMetrics", NULL};
+static const char *const count_fields[] = {
+	"query", "limit", "skip", "hint", "collation", "fields", "encryptionInformation", NULL};
+static const char *const distinct_fields[] = {"key", "query", "collation", "hint",
+					      "sampleId", NULL};
+static const char *const insert_fields[] = {
+	"documents", "ordered", "bypassDocumentValidation", "stmtIds", "collectionUUID",
+	"encryptionInformation", "isTimeseriesNamespace", NULL};
+static const char *const update_fields[] = {
+	"updates", "ordered", "bypassDocumentValidation", "let", "stmtIds", "runtimeConstants",
+	"collectionUUID", "encryptionInformation", "isTimeseriesNamespace", NULL};
+static const char *const delete_fields[] = {
+	"deletes", "ordered", "bypassDocumentValidation", "let", "stmtIds", "collectionUUID",
+	"encryptionInformation", "isTimeseriesNamespace", NULL};
+static const char *const fam_fields[] = {
+	"query", "fields", "sort", "remove", "update", "new", "upsert",
+	"bypassDocumentValidation", "collation", "arrayFilters", "hint", "let",
+	"runtimeConstants", "encryptionInformation", "batchSize", NULL};
+static const char *const getmore_fields[] = {
+	"collection", "batchSize", "term", "lastKnownCommittedOpTime",
+	"includeQueryStatsMetrics", NULL};
+/* update and delete statements (write_ops.idl UpdateOpEntry, DeleteOpEntry) */
+static const char *const update_stmt_fields[] = {
+	"q", "u", "c", "upsert", "multi", "arrayFilters", "hint", "collation", "upsertSupplied",
+	"sampleId", NULL};
+static const char *const delete_stmt_fields[] = {"q", "limit", "hint", "collation",
+						 "sampleId", NULL};
+
+static const struct {
+	const char *cmd;
+	const char *const *fields;
+} cmd_fields[] = {
+	{"find", find_fields},	     {"aggregate", aggregate_fields}, {"count", count_fields},
+	{"distinct", distinct_fields}, {"insert", insert_fields},	      {"update", update_fields},
+	{"delete", delete_fields},   {"findAndModify", fam_fields},   {"findandmodify", fam_fields},
+	{"getMore", getmore_fields},
+};
+
+static bool listed(const char *const *list, const char *k)
+{
+	for (size_t i = 0; list[i] != NULL; i++)
+		if (strcmp(list[i], k) == 0)
+			return true;
+	return false;
+}
+
+/* The first field of cmd (after its first, the command name) that neither the command's
+ * list nor the generic arguments name; NULL when all are known or the command has no
+ * list. stripedb's own fields ($stripedb*: between proxy, coordinator and shard, checked by
+ * the commands that read them) are known. */
+static const char *unknown_field(const char *name, const bson_t *cmd)
+{
+	const char *const *fields = NULL;
+	bson_iter_t it;
+
+	for (size_t i = 0; i < sizeof cmd_fields / sizeof cmd_fields[0]; i++)
+		if (strcmp(cmd_fields[i].cmd, name) == 0)
+			fields = cmd_fields[i].fields;
+	if (fields == NULL || !bson_iter_init(&it, cmd) || !bson_iter_next(&it))
+		return NULL;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+
+		if (!listed(fields, k) && !listed(generic_fields, k) &&
+		    strncmp(k, "$stripedb", 9) != 0)
+			return k;
+	}
+	return NULL;
+}
+
+/* The same for one statement of update.updates / delete.deletes. */
+static const char *unknown_stmt_field(const bson_t *stmt, bool update)
+{
+	bson_iter_t it;
+
+	if (!bson_iter_init(&it, stmt))
+		return NULL;
+	while (bson_iter_next(&it))
+		if (!listed(update ? update_stmt_fields : delete_stmt_fields, bson_iter_key(&it)))
+			return bson_iter_key(&it);
+	return NULL;
+}
+
 /* A collation that compares as stripedb does: exactly {locale: "simple"}. */
 static bool collation_is_simple(const bson_iter_t *field)
 {
@@ -98,9 +214,14 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 	bool retryable = bson_iter_init_find(&it, cmd, "txnNumber") &&
 			 !bson_has_field(cmd, "autocommit");
 	int code = scan(cmd, NULL, false, false, false, err, errlen);
+	const char *unknown = unknown_field(name, cmd);
 
 	if (code != 0)
 		return code;
+	if (unknown != NULL) {
+		snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.", name, unknown);
+		return CODE_UNKNOWN_FIELD;
+	}
 	if (strcmp(name, "explain") == 0 && bson_iter_init_find(&it, cmd, "explain") &&
 	    sub_document(&it, &sub)) {
 		bson_iter_t first;
@@ -112,11 +233,20 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 		if (strcmp(arrays[i].cmd, name) != 0 || !bson_iter_init_find(&it, cmd, arrays[i].array) ||
 		    !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &arr))
 			continue;
-		while (bson_iter_next(&arr))
-			if (sub_document(&arr, &sub) &&
-			    (code = scan(&sub, arrays[i].where, arrays[i].update,
-					 strcmp(arrays[i].cmd, "delete") == 0, retryable, err, errlen)) != 0)
+		while (bson_iter_next(&arr)) {
+			if (!sub_document(&arr, &sub))
+				continue;
+			code = scan(&sub, arrays[i].where, arrays[i].update,
+				    strcmp(arrays[i].cmd, "delete") == 0, retryable, err, errlen);
+			if (code != 0)
 				return code;
+			if (strcmp(arrays[i].cmd, "createIndexes") != 0 &&
+			    (unknown = unknown_stmt_field(&sub, arrays[i].update)) != NULL) {
+				snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.",
+					 arrays[i].where, unknown);
+				return CODE_UNKNOWN_FIELD;
+			}
+		}
 	}
 	return 0;
 }

@@ -19,6 +19,11 @@
  *   - top-level `let`: 238 NotImplemented;
  *   - `sort` in an update statement: 40415 (unknown field, as MongoDB 6.0, the version we
  *     advertise, answers);
+ *   - any top-level field that MongoDB 6.0's IDL does not define for find, aggregate, count,
+ *     distinct, insert, update, delete, findAndModify and getMore (nor as a generic argument,
+ *     generic_argument.idl), and any unknown field of an update or delete statement: 40415
+ *     "BSON field 'find.x' is an unknown field." (strict parsing, as mongod; stripedb's own
+ *     `$stripedb*` fields pass, the commands that read them check them);
  *   - with a txnNumber (a retryable write), an update statement with multi: true or a delete
  *     statement with limit: 0: 72 InvalidOptions, as mongod answers (write_ops_exec.cpp),
  *     since a statement touching many documents cannot be recorded for an exactly-once retry.

@@ -56,6 +56,55 @@ static const char *coll_read(shard_ctx *x, const char *missing, const sdb_store_
 	return coll;
 }
 
+/* The create options (MongoDB 6.0 commands.idl `create`) stripedb does not honour: the
+ * feature's name for a refusal (238 NotImplemented), "" for a field create does not know
+ * at all (40415), NULL for one that is honoured (viewOn, pipeline, collation) or a generic
+ * argument. Accepting and dropping any of them would leave the collection without what
+ * the application asked for (a validator that is not enforced, a TTL that never expires).
+ */
+static const char *create_option_refused(const char *k, const bson_iter_t *it)
+{
+	static const struct {
+		const char *field, *feature;
+	} refused[] = {
+		{"validator", "document validation"},
+		{"validationLevel", "document validation"},
+		{"validationAction", "document validation"},
+		{"capped", "capped collections"},
+		{"size", "capped collections"},
+		{"max", "capped collections"},
+		{"timeseries", "time series collections"},
+		{"expireAfterSeconds", "clustered collections with a TTL"},
+		{"clusteredIndex", "clustered collections"},
+		{"changeStreamPreAndPostImages", "change stream pre- and post-images"},
+		{"recordPreImages", "change stream pre-images"},
+		{"encryptedFields", "queryable encryption"},
+		{"storageEngine", "storage engine options"},
+		{"indexOptionDefaults", "index option defaults"},
+		{"idIndex", "a custom _id index"},
+		{"autoIndexId", "collections without an _id index"},
+	};
+	static const char *const honoured[] = {
+		"viewOn", "pipeline", "collation", "writeConcern", "lsid", "txnNumber", "autocommit",
+		"startTransaction", "comment", "maxTimeMS", "apiVersion", "apiStrict",
+		"apiDeprecationErrors", "readConcern", "flags", NULL};
+
+	if (k[0] == '$')
+		return NULL; /* $db, $readPreference, $clusterTime, stripedb's own */
+	/* false/absent forms of a refused feature change nothing: capped: false, autoIndexId:
+	 * true */
+	if ((strcmp(k, "capped") == 0 && !bson_iter_as_bool(it)) ||
+	    (strcmp(k, "autoIndexId") == 0 && bson_iter_as_bool(it)))
+		return NULL;
+	for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+		if (strcmp(refused[i].field, k) == 0)
+			return refused[i].feature;
+	for (size_t i = 0; honoured[i] != NULL; i++)
+		if (strcmp(honoured[i], k) == 0)
+			return NULL;
+	return "";
+}
+
 void shard_cmd_create(shard_ctx *x)
 {
 	const char *coll = shard_coll_arg(x);
@@ -67,18 +116,25 @@ void shard_cmd_create(shard_ctx *x)
 		bson_iter_next(&it); /* create */
 		while (bson_iter_next(&it)) {
 			const char *k = bson_iter_key(&it);
-			if (k[0] == '$' || strcmp(k, "writeConcern") == 0 ||
-			    strcmp(k, "lsid") == 0 || strcmp(k, "comment") == 0)
-				continue;
-			if (strcmp(k, "capped") == 0 || strcmp(k, "timeseries") == 0) {
-				if (strcmp(k, "capped") == 0 && !bson_iter_as_bool(&it))
-					continue;
+			const char *refused = create_option_refused(k, &it);
+			if (refused != NULL) {
 				bson_destroy(&opts);
-				shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED,
-					   "the embedded shard does not support %s collections", k);
+				if (strcmp(refused, "") == 0)
+					shard_fail(x, 40415,
+						   "BSON field 'create.%s' is an unknown field.", k);
+				else
+					shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED,
+						   "BSON field 'create.%s' asks for %s, which "
+						   "stripedb does not support (see "
+						   "docs/compat.md)",
+						   k, refused);
 				return;
 			}
-			bson_append_iter(&opts, k, -1, &it);
+			/* kept in the catalog: what the collection is (a view) and its
+			 * collation (only "simple" gets this far, cmdopts.h) */
+			if (strcmp(k, "viewOn") == 0 || strcmp(k, "pipeline") == 0 ||
+			    strcmp(k, "collation") == 0)
+				bson_append_iter(&opts, k, -1, &it);
 		}
 	}
 	if (!shard_begin(x, true)) {

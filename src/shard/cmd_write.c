@@ -108,6 +108,42 @@ static int write_code(int rc, const sdb_store_conn *conn)
 	return WIRE_ERR_INTERNAL;
 }
 
+/* MongoDB's storage validation of _id (storage_validation.cpp, validIdField and
+ * storageValidEmbedded): a document or array _id may not hold a $-prefixed field name at any
+ * depth ($ref, $id and $db, DBRef's fields, excepted). False with MongoDB's message in err
+ * (code 52 DollarPrefixedFieldName) when it does (the document was checked to nest at most 100 levels before, which bounds the recursion). */
+static bool id_storage_valid(const bson_iter_t *id, char *err, size_t errlen)
+{
+	bson_iter_t sub;
+
+	if ((!BSON_ITER_HOLDS_DOCUMENT(id) && !BSON_ITER_HOLDS_ARRAY(id)) ||
+	    !bson_iter_recurse(id, &sub))
+		return true;
+	while (bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+
+		if (BSON_ITER_HOLDS_DOCUMENT(id) && k[0] == '$' && strcmp(k, "$ref") != 0 &&
+		    strcmp(k, "$id") != 0 && strcmp(k, "$db") != 0) {
+			snprintf(err, errlen,
+				 "_id fields may not contain '$'-prefixed fields: %s is not valid for "
+				 "storage.",
+				 k);
+			return false;
+		}
+		if (!id_storage_valid(&sub, err, errlen))
+			return false;
+	}
+	return true;
+}
+
+/* id_storage_valid for the _id of doc (true when it has none). */
+static bool doc_id_storage_valid(const bson_t *doc, char *err, size_t errlen)
+{
+	bson_iter_t it;
+
+	return !bson_iter_init_find(&it, doc, "_id") || id_storage_valid(&it, err, errlen);
+}
+
 /* A document ready to store: _id first (generated when missing). */
 static void prepare_insert(shard_ctx *x, const bson_t *in, bson_t *out)
 {
@@ -293,6 +329,11 @@ void shard_cmd_insert(shard_ctx *x)
 		if (!sdb_bson_depth_ok(&in, 100)) {
 			if (wbatch_error(&b, WIRE_ERR_OVERFLOW,
 					 "Document exceeds maximum nesting depth of 100", NULL))
+				break;
+			continue;
+		}
+		if (!doc_id_storage_valid(&in, x->err, sizeof x->err)) {
+			if (wbatch_error(&b, WIRE_ERR_DOLLAR_PREFIXED, x->err, NULL))
 				break;
 			continue;
 		}
@@ -590,6 +631,11 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 			bson_destroy(&doc);
 			sdb_update_free(u);
 			return ret;
+		}
+		if (!doc_id_storage_valid(&doc, x->err, sizeof x->err)) {
+			bson_destroy(&doc);
+			sdb_update_free(u);
+			return WIRE_ERR_DOLLAR_PREFIXED;
 		}
 		prepare_insert(x, &doc, &ready);
 		bson_destroy(&doc);
