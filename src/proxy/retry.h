@@ -88,7 +88,7 @@ typedef struct px_retry {
 void px_retry_init(px_retry *r, struct ctx *c, route_coll *rc,
 		   int (*execute)(px_retry *r, void *arg), void (*exhausted)(px_retry *r, void *arg),
 		   void *arg);
-/* Run r until an attempt is not stale or the budget (c->deadline_ms) is spent. Returns
+/* Run r until an attempt is not stale or the budget (c->deadline_ms) is spent. Returns:
  * PX_RETRY_DONE, or PX_RETRY_STALE after r->exhausted ran. Metric: every stale attempt
  * counts in stripedb_proxy_stale_retries_total. */
 int px_retry_run(px_retry *r);

@@ -49,8 +49,8 @@ void shardconn_free(shardconn *sc);
  * shardconn_command); the proxy sets it from --stale-retry-ms. Default 5000. */
 void shardconn_set_retry_budget(shardconn *sc, int64_t ms);
 
-/* Add or replace shard id with uri ("mongodb://..." or "HOST:PORT"). Returns 0 or
- * SDB_EINVAL (unparsable URI) with a message. Thread-safe. */
+/* Add or replace shard id with uri ("mongodb://..." or "HOST:PORT"). Errors: SDB_EINVAL
+ * (unparsable URI) with a message. Thread-safe. */
 int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *err, size_t errlen);
 /* True when shard id is known. */
 bool shardconn_has_shard(shardconn *sc, const char *id);
@@ -77,7 +77,7 @@ enum {
 /* Run cmd on shard id's primary in database db (blocking: worker threads only).
  * *server_id: 0 = select the primary and store its id (so getMore can follow the same
  * server); non-zero = run on that server. reply is always initialised (caller destroys).
- * Returns one of the SHARDCONN_* classes; on NET_ERR, err holds a message naming the
+ * Returns: one of the SHARDCONN_* classes; on NET_ERR, err holds a message naming the
  * shard.
  * Shard restarts (issue #11): when the shard certainly did not execute cmd (no server
  * could be selected or connected: the shard is down or restarting; or it answered
@@ -120,8 +120,9 @@ void shardconn_submit(shardconn *sc, void (*fn)(void *arg), void *arg);
 void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
 
 /* The shardconn's metadata pool, for the members "H:P,H:P" (replicaSet=stripedb-meta, so
- * the leader is found by libmongoc): made by shardconn_set_metadata (SDB_EINVAL with a
- * message on a bad address list; a second call replaces it), freed with the shardconn.
+ * the leader is found by libmongoc): made by shardconn_set_metadata (Errors: SDB_EINVAL
+ * with a message on a bad address list; a second call replaces it), freed with the
+ * shardconn.
  * shardconn_metadata returns the current pool (NULL before set): pop from it
  * and push back to the same pointer. Key rotation (issue #21): when the cluster key file
  * was reloaded with a new first key (auth_cluster_generation moved), this and every shard
