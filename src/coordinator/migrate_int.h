@@ -259,7 +259,6 @@ void mig_repl_close(repl *p);
  * nothing to do yet: called again). Errors: SDB_ECONFLICT (the record's state changed:
  * reload), SDB_ECANCELED (stopping), any other SDB_E* code of the helpers above to be
  * retried after a reload (message in m->err). */
-
 int mig_step_register(mig *m);      /* migrate_import.c:    registered -> importing */
 int mig_step_import(mig *m);        /* migrate_import.c:    importing -> replicating */
 int mig_step_replicate(mig *m);     /* migrate_replicate.c: replicating -> verifying */
