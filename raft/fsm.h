@@ -55,8 +55,9 @@ void sdb_fsm_bind(sdb_fsm *fsm, struct raft *r);
  * and get {ok: 1, skipped: true}. result must be an initialised document (bson_new()
  * or BSON_INITIALIZER); it is cleared and receives the result. A command refused for its
  * content (unknown op, bad arguments, a conflict) is not an error: 0 with {ok: 0, code,
- * errmsg} in result, nothing written. Errors: SDB_EIO when SQLite failed (the transaction
- * is rolled back and *result holds an error doc). */
+ * errmsg} in result, the op's writes rolled back (the entry still counts as applied).
+ * Errors: SDB_EIO when SQLite failed (the transaction is rolled back and *result holds
+ * an error doc). */
 int sdb_fsm_apply_doc(sdb_fsm *fsm, uint64_t index, const bson_t *cmd, bson_t *result);
 
 /* The result of the most recent raft apply (a bson_new() document), handed over to the
