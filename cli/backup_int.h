@@ -49,11 +49,12 @@ typedef struct manifest {
 	bson_t *doc;
 } manifest;
 
-/* Print the usage of `ctl who` after msg on stderr (one line); returns 2 (the exit code). */
+/* Print the usage of `ctl who` after msg on stderr (one line). Returns: 2 (the exit
+ * code). */
 int bk_usage(const char *who, const char *msg);
 
-/* Parse argv of `ctl who` into o (defaults from the environment). 0, or the exit code 2
- * after a usage line for an unknown flag or too many arguments. */
+/* Parse argv of `ctl who` into o (defaults from the environment). Returns: 0, or the exit
+ * code 2 after a usage line for an unknown flag, too many arguments or no archive. */
 int bk_parse(const char *who, int argc, char **argv, bk_opts *o);
 
 /* The CDC log options of o (archive, S3 endpoint, region, credentials file). */
@@ -64,7 +65,7 @@ void bk_fmt_ms(int64_t ms, char *buf, size_t n);
 
 /* Parse a time: "YYYY-MM-DDTHH:MM:SS[.mmm]Z" (UTC, the Z required) or epoch seconds[.mmm]
  * into epoch ms.
- * 0, or -1 when it is neither. */
+ * Returns: 0, or -1 when it is neither. */
 int bk_parse_time(const char *s, int64_t *ms);
 
 /* Progress (see struct progress): mode from flag (--progress), ctx->json and whether stderr
@@ -80,10 +81,11 @@ void bk_progress_show(progress *p, int64_t done, int64_t total, int64_t work, in
 		      const char *tail, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 
 /* The shards registered in metadata (listShards) into a heap array (sdb_shard_refs_free).
- * Returns the exit code: 0, or 1 after one line on stderr. */
+ * Returns: the exit code, 0, or 1 after one line on stderr. */
 int bk_list_shards(const cli_ctx *ctx, shard_ref **out, size_t *n);
 
-/* Parse the Extended JSON file path into a heap *doc. 0 or SDB_EIO/SDB_ECORRUPT with err. */
+/* Parse the Extended JSON file path into a heap *doc. Errors: SDB_EIO (cannot open),
+ * SDB_ECORRUPT (not Extended JSON), with err. */
 int bk_load_json(const char *path, bson_t **doc, char *err, size_t errlen);
 
 /* Free n manifests and the array. */
@@ -91,7 +93,8 @@ void bk_manifests_free(manifest *m, size_t n);
 
 /* The committed backups (those with a manifest) of shard (NULL: all), oldest first per
  * shard, into a heap array; with load, the manifests are downloaded (through tmp, a
- * private directory) and parsed. 0 or an archive error with err. */
+ * private directory) and parsed. Errors: the archive's (listing, download), or
+ * bk_load_json's for a manifest, with err. */
 int bk_list_manifests(cdc_archive *a, const char *shard, int load, const char *tmp,
 		      manifest **out, size_t *n, char *err, size_t errlen);
 

@@ -25,21 +25,22 @@ struct _mongoc_client_t *cli_meta_client(const cli_ctx *ctx);
 
 /* Run cmd on the admin database of the metadata leader (cli_meta_client). reply is
  * always initialised (caller destroys it): the leader's answer, or empty when none came.
- * Returns the exit code: 0, or 1 after printing the one error line. */
+ * Returns: the exit code, 0, or 1 after printing the one error line. */
 int cli_meta_run(const cli_ctx *ctx, const bson_t *cmd, bson_t *reply);
 
 /* cli_meta_run, then destroy cmd and, on success, print done (or {"ok": true} with
- * --json). Returns the exit code. */
+ * --json). Returns: the exit code, as cli_meta_run. */
 int cli_meta_simple(const cli_ctx *ctx, bson_t *cmd, const char *done);
 
 /* A `ctl` subcommand: argv starts after its name. Returns the exit code. */
 typedef int (*cli_cmd_fn)(cli_ctx *ctx, int argc, char **argv);
 
-/* Run `stripedb ctl ARGS...`; argv excludes "stripedb ctl". Returns the exit code. */
+/* Run `stripedb ctl ARGS...`; argv excludes "stripedb ctl". Returns: the exit code. */
 int cli_main(int argc, char **argv);
 
 /* Run `stripedb dev ARGS...` (a local cluster: up, status, down, kill, restart; see
- * cli/dev.c); argv excludes "stripedb dev". Returns the exit code (0, 1 failure, 2 usage). */
+ * cli/dev.c); argv excludes "stripedb dev". Returns: the exit code (0, 1 failure, 2
+ * usage). */
 int cli_dev_main(int argc, char **argv);
 
 #endif

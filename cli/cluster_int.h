@@ -77,17 +77,20 @@ typedef struct sbuf {
 /* Append printf-formatted text to b. */
 void cl_sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* 1 when s is a path safe to pass to a remote shell (absolute, strict alphabet), else 0. */
+/* Returns: 1 when s is a path safe to pass to a remote shell (absolute, strict alphabet),
+ * else 0. */
 int cl_valid_path(const char *s);
 
-/* The R_* of a --role name, -1 when unknown. */
+/* Returns: the R_* of a --role name, -1 when unknown. */
 int cl_role_index(const char *r);
 
-/* Port p (P_*) of host h: the host's own, else the [cluster] default, else port_def's. */
+/* Returns: port p (P_*) of host h: the host's own, else the [cluster] default, else
+ * port_def's. */
 int cl_port_of(const cl_spec *s, const cl_host *h, int p);
 
-/* Read and check the spec at path into s (zeroed by the caller). 0, or 2 after printing one
- * stderr line (s->err) naming the file and line. cl_free_spec releases what it holds. */
+/* Read and check the spec at path into s (zeroed here first). Returns: 0, or -1 after
+ * printing one stderr line naming the file (and line); s is then already released.
+ * cl_free_spec releases what a loaded spec holds. */
 int cl_load_spec(const char *path, cl_spec *s);
 void cl_free_spec(cl_spec *s);
 
@@ -101,7 +104,8 @@ void cl_metadata_list(const cl_spec *s, sbuf *b);
 /* The config file bootstrap writes on host h (caller frees). */
 char *cl_host_config(const cl_spec *s, const cl_host *h);
 
-/* `agent put` and `agent start` (run on a host over SSH; argv after the verb). Exit code. */
+/* `agent put` and `agent start` (run on a host over SSH; argv after the verb). Returns:
+ * the exit code. */
 int cl_agent_put(int argc, char **argv);
 int cl_agent_start(int argc, char **argv);
 

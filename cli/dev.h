@@ -36,7 +36,7 @@ typedef struct dev_cluster {
 	int kafka_pid;
 } dev_cluster;
 
-/* Read DIR/cluster.json into *c (argv strings owned by c: dev_cluster_free). Returns 0, or
+/* Read DIR/cluster.json into *c (argv strings owned by c: dev_cluster_free). Returns: 0, or
  * -1 with one line on stderr (no cluster, bad JSON). */
 int dev_cluster_load(const char *dir, dev_cluster *c);
 
@@ -48,7 +48,8 @@ void dev_cluster_free(dev_cluster *c);
  * are gone. */
 void dev_cluster_stop(dev_cluster *c, int sig);
 
-/* Number of processes of c still alive (stripedb processes with the recorded pids). */
+/* Returns: the number of processes of c still alive (stripedb processes with the recorded
+ * pids). */
 int dev_cluster_alive(const dev_cluster *c);
 
 /* "H:P,H:P,..." of the wire (grpc = 0) or gRPC (grpc = 1) addresses of role into buf. */

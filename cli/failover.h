@@ -36,7 +36,7 @@ typedef struct demo_failover {
  * (30 s at most), restart the killed member with `stripedb dev restart` through
  * run_self(args) and wait until it caught up, stop the probe and check its documents.
  * tick() is called about once a second while waiting (the caller prints the workload's
- * status). Returns 0 when the step ran and found no violation, -1 otherwise (reason in
+ * status). Returns: 0 when the step ran and found no violation, -1 otherwise (reason in
  * out->error, or violations in the counts). Stops early when *stop becomes non-zero. */
 int demo_failover_run(const dev_cluster *cl, const char *proxy_uri, mongoc_client_t *meta,
 		      int (*run_self)(char *const *args), void (*tick)(void *arg), void *arg,

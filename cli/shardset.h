@@ -33,7 +33,8 @@ typedef struct shardset_member {
 } shardset_member;
 
 /* Query every member of the shard at addr (timeouts timeout_ms). Fills up to max entries
- * of out and returns how many (0: addr has no host). */
+ * of out. Returns: how many (0: addr has no host); a member that does not answer is an
+ * entry too, not an error. */
 int shardset_status(const char *addr, int timeout_ms, shardset_member *out, int max);
 
 /* Append m's fields to doc: {host, reachable, id?, state ("UNREACHABLE" when it did not
@@ -42,7 +43,7 @@ int shardset_status(const char *addr, int timeout_ms, shardset_member *out, int 
 void shardset_member_bson(const shardset_member *m, bson_t *doc);
 
 /* `ctl shard list` and `ctl shard member add|remove|transfer|status` (argv from the verb:
- * "list" or "member"). Returns the exit code (0, 1 error from the cluster, 2 usage). */
+ * "list" or "member"). Returns: the exit code (0, 1 error from the cluster, 2 usage). */
 int cli_shardset_main(cli_ctx *ctx, int argc, char **argv);
 
 #endif

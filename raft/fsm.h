@@ -35,8 +35,9 @@
 typedef struct sdb_fsm sdb_fsm;
 
 /* Open (creating when missing) the state machine database at path (a file path, or
- * ":memory:" for tests) and create the schema. Returns 0, SDB_EIO with a message.
- * Free with sdb_fsm_close(). Single-threaded: use it from the raft loop thread only. */
+ * ":memory:" for tests) and create the schema. Free with sdb_fsm_close(). Single-threaded:
+ * use it from the raft loop thread only. Errors: SDB_EIO with a message (the database
+ * cannot be opened, given its schema or its meta read; *out untouched). */
 int sdb_fsm_open(const char *path, sdb_fsm **out, char *err, size_t errlen);
 void sdb_fsm_close(sdb_fsm *fsm);
 
@@ -52,8 +53,11 @@ void sdb_fsm_bind(sdb_fsm *fsm, struct raft *r);
 /* Apply one command document at log index `index` (used by the raft vtable and by
  * tests directly). Entries with index <= the stored last applied index are skipped
  * and get {ok: 1, skipped: true}. result must be an initialised document (bson_new()
- * or BSON_INITIALIZER); it is cleared and receives the result. Returns 0, or SDB_EIO when SQLite
- * failed (the transaction is rolled back and *result holds an error doc). */
+ * or BSON_INITIALIZER); it is cleared and receives the result. A command refused for its
+ * content (unknown op, bad arguments, a conflict) is not an error: 0 with {ok: 0, code,
+ * errmsg} in result, the op's writes rolled back (the entry still counts as applied).
+ * Errors: SDB_EIO when SQLite failed (the transaction is rolled back and *result holds
+ * an error doc). */
 int sdb_fsm_apply_doc(sdb_fsm *fsm, uint64_t index, const bson_t *cmd, bson_t *result);
 
 /* The result of the most recent raft apply (a bson_new() document), handed over to the
@@ -68,7 +72,7 @@ bson_t *sdb_fsm_take_result(sdb_fsm *fsm);
  * listMembers, getLease, listRatelimitPeers (raft/fsm_peers.h). getUser, listUsers and
  * listTenants also answer usersVersion:
  * the number of committed createUser/updateUser/dropUser (callers cache verifiers and
- * user lists per version). Returns 0, SDB_EINVAL
+ * user lists per version). Errors: SDB_EINVAL
  * (bad argument, message in err), SDB_ENOTFOUND (unknown query or object),
  * SDB_ENSNOTFOUND (getRoutingTable of a collection that is not sharded: NamespaceNotFound
  * 26 on the wire), SDB_ETOOBIG (getRoutingTable without a cursor over one reply), SDB_EIO. */
@@ -77,7 +81,7 @@ int sdb_fsm_query(sdb_fsm *fsm, const char *name, const bson_t *cmd, bson_t *rep
 
 /* Append which namespaces changed routing after version gt to reply: namespaces:
  * [ns...], or namespacesAll: true when this member cannot tell (gt older than the
- * removal horizon, or too many). O(changed chunks). Returns 0 or SDB_EIO. See
+ * removal horizon, or too many). O(changed chunks). Errors: SDB_EIO. See
  * raft/routing.h. */
 int sdb_fsm_routing_changed(sdb_fsm *f, int64_t gt, bson_t *reply);
 
@@ -107,7 +111,7 @@ uint64_t sdb_fsm_hash(sdb_fsm *fsm);
  * outside an apply. */
 struct sqlite3 *sdb_fsm_db(sdb_fsm *fsm);
 
-/* Is op a known command that the leader may propose? */
+/* Is op a known command that the leader may propose? Returns: 1 yes, 0 no. */
 int sdb_fsm_is_command(const char *op);
 
 #endif

@@ -40,17 +40,18 @@
 	"CREATE TABLE IF NOT EXISTS ratelimit_peers (addr TEXT PRIMARY KEY, kind TEXT NOT NULL," \
 	" expires_ms INTEGER NOT NULL, registered_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL);"
 
-/* Is op one of the commands above? */
+/* Is op one of the commands above? Returns: 1 yes, 0 no (also for NULL). */
 int sdb_fsm_peers_is_op(const char *op);
 
 /* Apply op inside the caller's transaction (db: the state machine's SQLite handle; ts:
- * the leader-stamped epoch ms; args: the command's args). Returns 0 (res gets the
- * result fields), 1 (a logical error: res holds {ok: 0, ...}; the caller rolls the op
- * back) or SDB_EIO (storage failure). */
+ * the leader-stamped epoch ms; args: the command's args). op must be one of
+ * sdb_fsm_peers_is_op's (anything else runs the expiry sweep). Returns: 0 (res gets the
+ * result fields), 1 (a logical error, BadValue: res holds {ok: 0, ...}; the caller rolls
+ * the op back). Errors: SDB_EIO (storage failure). */
 int sdb_fsm_peers_apply(sqlite3 *db, const char *op, int64_t ts, const bson_t *args,
 			bson_t *res);
 
-/* listRatelimitPeers into reply. Returns 0 or SDB_EIO. */
+/* listRatelimitPeers into reply. Errors: SDB_EIO. */
 int sdb_fsm_peers_query(sqlite3 *db, bson_t *reply);
 
 /* The membership version (0 before any registration); -1 on a storage error. */

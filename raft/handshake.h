@@ -93,8 +93,9 @@ size_t sdb_hs_need(const sdb_hs *h);
 
 /* Feed up to len received bytes. *consumed: bytes used (the rest belong to what follows
  * the handshake: Raft messages); out (SDB_HS_OUT_MAX bytes) receives bytes to send,
- * *outlen their count (0 if none). Returns SDB_HS_MORE, SDB_HS_DONE (client: now send
- * the preamble; server: peer_id and peer_addr are set) or SDB_HS_FAILED (h->error). */
+ * *outlen their count (0 if none). Returns: SDB_HS_MORE, SDB_HS_DONE (client: now send
+ * the preamble; server: peer_id and peer_addr are set) or SDB_HS_FAILED (the reason in
+ * h->error); a handshake state, not an SDB_E* status. */
 int sdb_hs_feed(sdb_hs *h, const uint8_t *in, size_t len, size_t *consumed, uint8_t *out,
 		size_t *outlen);
 

@@ -67,7 +67,8 @@ typedef struct sdb_node_opts {
 /* Create the data directories, open the state machine, bootstrap when the directory is
  * pristine and this id is in the bootstrap list (every member gets the same list, so the
  * configuration entry is identical; a member with state ignores the list), and start
- * raft. Returns 0, SDB_EINVAL (bad id/address/list), SDB_EIO (disk, bind) with a message.
+ * raft. Errors: with a message, SDB_EINVAL (bad id/address/list), SDB_EIO (disk, state
+ * machine, transport, bind).
  * On error, handles already opened are closed asynchronously: the caller must run the
  * loop (as the role runner does after a failed start) to release them. */
 int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, char *err,
@@ -96,13 +97,16 @@ typedef void (*sdb_node_apply_cb)(void *arg, int status, bson_t *result);
 
 /* Propose command op with args (copied) stamped with the leader's epoch ms clock and,
  * when rnd_len > 0, that many random bytes (the only sources of time and randomness
- * the state machine ever sees). Returns 0 (cb will fire exactly once) or
- * SDB_ENOTLEADER / SDB_EIO synchronously (cb never fires). */
+ * the state machine ever sees). Returns 0 (cb will fire exactly once). Errors:
+ * synchronous, cb never fires: SDB_ENOTLEADER (not the ready leader), SDB_ENOMEM, or
+ * libraft's refusal mapped by sdb_node_errno (SDB_ENOTLEADER, SDB_ECANCELED, SDB_EBUSY,
+ * SDB_ETOOBIG, SDB_EIO ...). */
 int sdb_node_propose(sdb_node *n, const char *op, const bson_t *args, sdb_node_apply_cb cb,
 		     void *arg);
 
 /* Linearizable read fence: cb(arg, 0) after a barrier in the current term applied on
- * this leader; SDB_ENOTLEADER otherwise. Same sync/async rule as propose. */
+ * this leader; SDB_ENOTLEADER otherwise. Same sync/async rule as propose. Errors:
+ * synchronous, SDB_ENOTLEADER, or libraft's refusal mapped by sdb_node_errno. */
 typedef void (*sdb_node_done_cb)(void *arg, int status);
 int sdb_node_barrier(sdb_node *n, sdb_node_done_cb cb, void *arg);
 
@@ -110,7 +114,9 @@ int sdb_node_barrier(sdb_node *n, sdb_node_done_cb cb, void *arg);
  * spare then promote it to voter (it catches up first); remove: remove id; transfer:
  * hand leadership to id (0 = any up-to-date voter). cb status: 0, SDB_ENOTLEADER,
  * SDB_EINVAL (bad id), SDB_EBUSY (a change is in progress), SDB_ETIMEOUT (transfer did
- * not complete), SDB_EIO. Same sync/async rule as propose. */
+ * not complete), SDB_EIO. Same sync/async rule as propose. Errors: synchronous, cb never
+ * fires: SDB_ENOTLEADER (not the ready leader), or libraft's refusal mapped by
+ * sdb_node_errno (SDB_EINVAL bad id or address, SDB_EBUSY a change in progress ...). */
 int sdb_node_add(sdb_node *n, uint64_t id, const char *raft_addr, sdb_node_done_cb cb,
 		 void *arg);
 int sdb_node_remove(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg);
@@ -155,11 +161,15 @@ void sdb_node_hello(sdb_node *n, const bson_t *cmd, bson_t *reply, const sdb_nod
  * key. */
 void sdb_node_append_config(sdb_node *n, bson_t *out, const char *key);
 
-/* Map a libraft error code to an SDB_E* code. */
+/* Map a libraft error code to an SDB_E* code. Returns: 0 for 0; SDB_ENOTLEADER
+ * (NOTLEADER, LEADERSHIPLOST), SDB_ECANCELED (SHUTDOWN, CANCELED), SDB_EINVAL (BADID,
+ * NOTFOUND, DUPLICATEID, DUPLICATEADDRESS, BADROLE, INVALID), SDB_EBUSY (CANTCHANGE,
+ * BUSY), SDB_EUNAVAILABLE (NOCONNECTION), SDB_ENOMEM, SDB_ETOOBIG, SDB_EIO for the rest. */
 int sdb_node_errno(int raft_rv);
 
-/* Parse "ID@HOST:PORT,..." into conf (initialised by the caller). Returns 0 or
- * SDB_EINVAL with a message. */
+/* Parse "ID@HOST:PORT,..." into conf (initialised by the caller). Errors: SDB_EINVAL with
+ * a message (a malformed member, a duplicate id or address, an empty list); conf may
+ * hold the members added before the bad one (raft_configuration_close frees them). */
 int sdb_node_parse_members(const char *list, struct raft_configuration *conf, char *err,
 			   size_t errlen);
 

@@ -56,25 +56,26 @@
 	"CREATE TABLE IF NOT EXISTS routing_local (k TEXT PRIMARY KEY, v INTEGER NOT NULL);"
 
 /* Create the routing tables; on a database that predates them, record the current
- * routing version as this member's upgrade horizon. Returns 0 or SDB_EIO. */
+ * routing version as this member's upgrade horizon. Errors: SDB_EIO. */
+int fsm_routing_schema(sqlite3 *db);
+
 /* Append to out, under key, the BSON document stored in a SQLite blob (blob, len bytes, as
  * sqlite3_column_blob/bytes give it), or null when the blob is empty or not a document.
  * Shared by fsm.c and routing.c's query answers. */
 void fsm_append_blob_doc(bson_t *out, const char *key, const void *blob, int len);
 
-int fsm_routing_schema(sqlite3 *db);
-
 /* Tombstones, written in the transaction of the change, BEFORE the rows are deleted,
- * with rv the routing version of the change. Return 0 or SDB_EIO. */
+ * with rv the routing version of the change. Errors: SDB_EIO. */
 int fsm_routing_remove_chunk(sqlite3 *db, int64_t rv, int64_t chunk_id);
 int fsm_routing_remove_ns(sqlite3 *db, int64_t rv, const char *ns);
 int fsm_routing_remove_db(sqlite3 *db, int64_t rv, const char *dbname);
 
-/* Drop tombstones older than the horizon (deterministic: depends on rv only). */
+/* Drop tombstones older than the horizon (deterministic: depends on rv only). Errors:
+ * SDB_EIO. */
 int fsm_routing_prune(sqlite3 *db, int64_t rv);
 
 /* getRoutingTable (see top). rv: the current routing version. reply (initialised)
- * gets the answer fields. Returns 0, SDB_ENSNOTFOUND ("collection ... is not sharded"),
+ * gets the answer fields. Errors: SDB_ENSNOTFOUND ("collection ... is not sharded"),
  * SDB_EINVAL (bad argument), SDB_ETOOBIG (no cursor and the table does not fit one
  * reply), SDB_EIO. Messages in err. */
 int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply, char *err,
@@ -82,7 +83,7 @@ int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply,
 
 /* Append to reply which namespaces changed routing after version gt:
  * namespaces: [ns...] (sorted), or namespacesAll: true when gt is older than the
- * horizon or more than FSM_ROUTING_MAX_NS changed. O(changed chunks). 0 or SDB_EIO. */
+ * horizon or more than FSM_ROUTING_MAX_NS changed. O(changed chunks). Errors: SDB_EIO. */
 int fsm_routing_changed_ns(sqlite3 *db, int64_t rv, int64_t gt, bson_t *reply);
 
 #endif

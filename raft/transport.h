@@ -78,7 +78,8 @@ typedef struct sdb_transport_opts {
 
 /* Initialise t (its data field is kept) as our transport on loop with opts (copied).
  * At least one of key, keys and tls_ctx must be set (use raft_uv_tcp_init for plaintext).
- * Returns 0 or RAFT_INVALID / RAFT_NOMEM with a message in t->errmsg. */
+ * Returns: 0, or a libraft code (not an SDB_E* status): RAFT_INVALID (no key, keys or
+ * tls_ctx) or RAFT_NOMEM, with a message in t->errmsg. */
 int sdb_transport_init(struct raft_uv_transport *t, uv_loop_t *loop,
 		       const sdb_transport_opts *opts);
 

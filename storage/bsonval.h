@@ -73,7 +73,7 @@ enum {
 	SDB_BRACKET_MAXKEY = 127,
 };
 
-/* sdb_bson_bracket returns the canonical bracket of a BSON type (table above).
+/* Returns: sdb_bson_bracket returns the canonical bracket of a BSON type (table above).
  * BSON_TYPE_EOD (used for "missing") maps to SDB_BRACKET_NULL; an unknown type byte maps
  * to SDB_BRACKET_MAXKEY. Pure function, any thread. */
 int sdb_bson_bracket(bson_type_t t);
@@ -94,21 +94,23 @@ typedef struct sdb_bson_num {
  * false (and sets *out to zero) when v is not a number. */
 bool sdb_bson_num_canon(const bson_value_t *v, sdb_bson_num *out);
 
-/* Three-way compare of two canonical numbers: <0, 0, >0. */
+/* Three-way compare of two canonical numbers. Returns: <0, 0, >0 (never an error). */
 int sdb_bson_num_cmp(const sdb_bson_num *a, const sdb_bson_num *b);
 
 /* Compare the values of two elements in MongoDB order (field names are ignored).
- * Returns <0, 0 or >0. Either iterator may be NULL meaning "missing", which compares as
- * null (equal to null, MongoDB's sort semantics). The iterators are not advanced. */
+ * Returns: <0, 0 or >0 (never an error). Either iterator may be NULL meaning "missing",
+ * which compares as null (equal to null, MongoDB's sort semantics). The iterators are not
+ * advanced. */
 int sdb_bson_cmp(const bson_iter_t *a, const bson_iter_t *b);
 
 /* sdb_bson_type_name (MongoDB $type names) lives in common/bsonget.h. */
 
 /* The same on bson_value_t (for documents/arrays, value.v_doc.data must point at a whole
- * BSON document of data_len bytes). NULL means missing (== null). */
+ * BSON document of data_len bytes). NULL means missing (== null). Returns: <0, 0 or >0. */
 int sdb_bson_value_cmp(const bson_value_t *a, const bson_value_t *b);
 
-/* Compare two whole documents as objects (element by element: bracket, name, value). */
+/* Compare two whole documents as objects (element by element: bracket, name, value).
+ * Returns: <0, 0 or >0. */
 int sdb_bson_doc_cmp(const bson_t *a, const bson_t *b);
 
 /* Equality under the order above (1 == 1.0 == NumberLong(1); "a" symbol == "a" string;

@@ -66,8 +66,8 @@ void sdb_key_append(sdb_key *k, const void *bytes, size_t n);
 
 /* Append the encoding of one value (an element's value; NULL means missing and encodes
  * as null, which is how MongoDB indexes a missing field). desc inverts the component.
- * Returns 0, or SDB_EINVAL (nesting deeper than SDB_BSON_MAX_DEPTH, or corrupt nested
- * BSON) with a message in err; on error k->len is restored to its value on entry. */
+ * Errors: SDB_EINVAL (nesting deeper than SDB_BSON_MAX_DEPTH, or corrupt nested BSON) with
+ * a message in err; on error k->len is restored to its value on entry. */
 int sdb_keyenc_append_iter(sdb_key *k, const bson_iter_t *it, bool desc, char *err,
 			   size_t errlen);
 int sdb_keyenc_append_value(sdb_key *k, const bson_value_t *v, bool desc, char *err,
@@ -80,7 +80,7 @@ int sdb_keyenc_append_value(sdb_key *k, const bson_value_t *v, bool desc, char *
 uint8_t sdb_keyenc_bracket_byte(int bracket);
 
 /* Compare two keys as SQLite compares BLOBs: memcmp of the common prefix, then length.
- * Returns <0, 0, >0. */
+ * Returns: <0, 0, >0. */
 int sdb_key_cmp(const sdb_key *a, const sdb_key *b);
 int sdb_key_cmp_raw(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
 

@@ -61,8 +61,9 @@ int sdb_matcher_new(const bson_t *filter, sdb_matcher **out, int *code, char *er
 			     * always refused ("$expr can only be applied to the top-level
 			     * document", 2). */
 
-/* sdb_matcher_new with flags (SDB_MATCHER_EXPR). Errors also: $expr's parse errors (e.g. 168
- * "Unrecognized expression '$foo'"). */
+/* sdb_matcher_new with flags (SDB_MATCHER_EXPR). Errors: as sdb_matcher_new (SDB_EINVAL
+ * with *code), and also $expr's parse errors (e.g. 168 "Unrecognized expression
+ * '$foo'"). */
 int sdb_matcher_new_opts(const bson_t *filter, unsigned flags, sdb_matcher **out, int *code,
 			 char *err, size_t errlen);
 
@@ -70,7 +71,7 @@ int sdb_matcher_new_opts(const bson_t *filter, unsigned flags, sdb_matcher **out
  * $elemMatch projection): when cond's first field starts with '$' and is not
  * $and/$or/$nor, cond is a set of operators applied to the value itself
  * ({$gt: 3}); otherwise cond is a query applied to the value when it is a document
- * ({b: 1}). Errors as sdb_matcher_new. */
+ * ({b: 1}). Errors: as sdb_matcher_new (SDB_EINVAL with *code). */
 int sdb_matcher_new_elem(const bson_t *cond, sdb_matcher **out, int *code, char *err,
 			 size_t errlen);
 
@@ -79,9 +80,10 @@ int sdb_matcher_new_elem(const bson_t *cond, sdb_matcher **out, int *code, char 
  * matched with sdb_matcher_eval. */
 bool sdb_matcher_match(const sdb_matcher *m, const bson_t *doc);
 
-/* Does doc match? 1 yes, 0 no, or SDB_EINVAL when a $expr's evaluation fails, with its
- * MongoDB *code (may be NULL) and message in err (e.g. 16608 "can't $divide by 0"), as
- * MongoDB fails the whole query. Any thread. */
+/* Does doc match? 1 yes, 0 no (always 0 for a matcher from sdb_matcher_new_elem). Errors:
+ * SDB_EINVAL when a $expr's evaluation fails, with its MongoDB *code (may be NULL) and
+ * message in err (e.g. 16608 "can't $divide by 0"), as MongoDB fails the whole query. Any
+ * thread. */
 int sdb_matcher_eval(const sdb_matcher *m, const bson_t *doc, int *code, char *err,
 		     size_t errlen);
 
@@ -132,7 +134,7 @@ typedef struct sdb_bounds {
  * Every other operator ($ne, $nin, $not, $exists, $type, $regex, $or, $expr ...) gives
  * ALL. $expr is compiled here (SDB_MATCHER_EXPR).
  * The bounds are a superset of the matching documents' keys: the caller must still run
- * the matcher on every candidate. Returns 0, or SDB_EINVAL with a message when the
+ * the matcher on every candidate. Errors: SDB_EINVAL with a message when the
  * filter does not compile (same errors as sdb_matcher_new). Free with sdb_bounds_free
  * (also safe on a zeroed struct). */
 int sdb_matcher_bounds(const bson_t *filter, const char *path, bool multikey,

@@ -119,7 +119,7 @@ typedef struct sdb_pipeline_pushdown_t {
  * must then feed the cursor exactly the documents filter -> sort -> skip -> limit selects.
  * Call it before opening any cursor on p. The store's query runs $expr as $match does
  * (storage/matcher.h SDB_MATCHER_EXPR).
- * Returns 0 (it cannot fail).
+ * Returns: 0 always (it cannot fail).
  */
 int sdb_pipeline_pushdown(sdb_pipeline *p, unsigned flags, sdb_pipeline_pushdown_t *pd);
 void sdb_pipeline_pushdown_destroy(sdb_pipeline_pushdown_t *pd);
@@ -132,9 +132,10 @@ void sdb_pipeline_open(const sdb_pipeline *p, sdb_pipeline_next_fn next, void *c
 
 /* Pull the next output document.
  * Returns 1 with *doc set (borrowed from the cursor, valid until the next call or free), 0
- * at the end, or SDB_EINVAL / SDB_ETOOBIG (the 292 memory limit) / the input's code, with
- * the MongoDB error code in *code and the message in err. After an error or the end, every
- * later call returns the same result again. */
+ * at the end. Errors: SDB_EINVAL (a stage or expression failed), SDB_ETOOBIG (the 292
+ * memory limit of a blocking stage), or whatever negative code the input's next function
+ * returned, with the MongoDB error code in *code and the message in err. After an error or
+ * the end, every later call returns the same result again. */
 int sdb_pipeline_cursor_next(sdb_pipeline_cursor *c, const bson_t **doc, int *code, char *err,
 			     size_t errlen);
 
@@ -152,13 +153,13 @@ int sdb_pipeline_eval_expr(const bson_iter_t *expr, const bson_t *doc, bson_t *o
 typedef struct sdb_expr sdb_expr;
 
 /* Compile the expression at it (a value of the language above). 0 and *out (free with
- * sdb_expr_free), or SDB_EINVAL with MongoDB's *code (may be NULL) and message in err
+ * sdb_expr_free). Errors: SDB_EINVAL with MongoDB's *code (may be NULL) and message in err
  * (e.g. 168 "Unrecognized expression '$foo'"). */
 int sdb_expr_parse(const bson_iter_t *it, sdb_expr **out, int *code, char *err, size_t errlen);
 
 /* Evaluate x against the document root and tell whether the result is true in MongoDB's
- * sense (not missing, null, undefined, false or a zero number): $expr's rule. 0 with *out,
- * or SDB_EINVAL with the evaluation's *code (may be NULL) and message (e.g. 16608
+ * sense (not missing, null, undefined, false or a zero number): $expr's rule. 0 with *out.
+ * Errors: SDB_EINVAL with the evaluation's *code (may be NULL) and message (e.g. 16608
  * "can't $divide by 0"). Pure: any thread. */
 int sdb_expr_truthy(const sdb_expr *x, const bson_t *root, bool *out, int *code, char *err,
 		    size_t errlen);

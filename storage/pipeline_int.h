@@ -269,19 +269,19 @@ struct expr {
 };
 
 /* Compile the aggregation expression at it (a literal, "$path", "$$VAR", {op: args} or an
- * object/array of expressions) into *out (caller frees with agg_expr_free). 0, or
+ * object/array of expressions) into *out (caller frees with agg_expr_free). Errors:
  * SDB_EINVAL with MongoDB's code and message in e. */
 int agg_expr_parse(const bson_iter_t *it, expr **out, const ectx *e);
 
 /* Evaluate x against the document root into *out (a new node the caller frees with
- * docbuild_free, or NULL for "missing"). 0, or SDB_EINVAL with code and message in e. */
+ * docbuild_free, or NULL for "missing"). Errors: SDB_EINVAL with code and message in e. */
 int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e);
 
 /* Free x (NULL is fine). */
 void agg_expr_free(expr *x);
 
-/* 0 when p is a valid field path (no empty component, no leading '$'), else SDB_EINVAL
- * with MongoDB's message in e. */
+/* 0 when p is a valid field path (no empty component, no leading '$'). Errors: SDB_EINVAL
+ * with MongoDB's code and message in e. */
 int agg_field_path_ok(const char *p, const ectx *e);
 
 /* Set field name of document node doc to v (ownership of v passes to doc; replaces an

@@ -64,26 +64,28 @@ typedef enum {
 } sdb_projection_kind;
 
 /* Compile spec as kind. Returns 0 and *out (free with sdb_projection_free; spec may be
- * freed afterwards), or SDB_EINVAL with *code (may be NULL) and MongoDB's message in err.
+ * freed afterwards). Errors: SDB_EINVAL with *code (may be NULL) and MongoDB's message in
+ * err.
  * An empty spec is accepted (the pipeline refuses an empty $project/$addFields itself). */
 int sdb_projection_new_kind(const bson_t *spec, sdb_projection_kind kind, sdb_projection **out,
 			    int *code, char *err, size_t errlen);
 
-/* Compile spec as a find projection (sdb_projection_new_kind with SDB_PROJECTION_FIND). Returns 0 and *out (free with sdb_projection_free; spec may be freed
- * afterwards), or SDB_EINVAL with *code (may be NULL) and MongoDB's message in err. */
+/* Compile spec as a find projection (sdb_projection_new_kind with SDB_PROJECTION_FIND).
+ * Returns 0 and *out (free with sdb_projection_free; spec may be freed afterwards).
+ * Errors: SDB_EINVAL with *code (may be NULL) and MongoDB's message in err. */
 int sdb_projection_new(const bson_t *spec, sdb_projection **out, int *code, char *err,
 		       size_t errlen);
 
 /* Apply to doc, appending the projected fields to out (an initialised, normally empty,
  * bson_t owned by the caller; on an error it holds a partial result the caller destroys).
- * Pure: any thread. Returns 0, or SDB_EINVAL with *code (may be NULL) and the message in
+ * Pure: any thread. Errors: SDB_EINVAL with *code (may be NULL) and the message in
  * err: nesting beyond SDB_BSON_MAX_DEPTH or corrupt BSON (2), or a computed field's
  * evaluation error (the expression's MongoDB code). A find projection cannot fail on valid
  * BSON within the depth limit. */
 int sdb_projection_eval(const sdb_projection *p, const bson_t *doc, bson_t *out, int *code,
 			char *err, size_t errlen);
 
-/* sdb_projection_eval without the code. */
+/* sdb_projection_eval without the code. Errors: as sdb_projection_eval (SDB_EINVAL). */
 int sdb_projection_apply(const sdb_projection *p, const bson_t *doc, bson_t *out, char *err,
 			 size_t errlen);
 

@@ -64,14 +64,17 @@ typedef struct sdb_query_spec {
 
 /* Plan and open a query over db.coll in the connection's open transaction. A missing
  * collection is an empty result. Returns 0 and *out (free with sdb_query_free before the
- * transaction ends), or SDB_EINVAL with *code (2, 9, 14, 15975, 51108, ...) and a MongoDB
- * message in err. */
+ * transaction ends). Errors: message in err; SDB_EINVAL with *code (2, 9, 14, 15975,
+ * 51108, ...) for a filter, sort, projection or hint MongoDB refuses; SDB_EINVAL or
+ * SDB_EIO with *code 1 when the store's scan cannot be opened. */
 int sdb_query_open(sdb_store_conn *c, const char *db, const char *coll,
 		   const sdb_query_spec *spec, sdb_query **out, int *code, char *err,
 		   size_t errlen);
 
-/* Next result: 1 with *doc (borrowed, valid until the next call), 0 at the end, <0 on
- * error (*code set, e.g. 292 for the sort memory limit, 1 for a storage error). */
+/* Next result: 1 with *doc (borrowed, valid until the next call), 0 at the end. Errors:
+ * message in err; SDB_ETOOBIG with *code 292 (a blocking sort over its memory limit),
+ * SDB_EINVAL with the expression's *code (a $expr evaluation failed), SDB_ECORRUPT or
+ * SDB_EIO with *code 1 (storage). */
 int sdb_query_next(sdb_query *q, const bson_t **doc, int *code, char *err, size_t errlen);
 
 /* Append the explain sections for this query: queryPlanner {namespace, parsedQuery,

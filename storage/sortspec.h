@@ -20,8 +20,8 @@
 typedef struct sdb_sortspec sdb_sortspec;
 
 /* Parse spec. Values must be 1 or -1 (int32, int64 or a whole double). Returns 0 and
- * *out (free with sdb_sortspec_free; spec may be freed afterwards) or SDB_EINVAL with
- * *code (may be NULL) and MongoDB's message in err:
+ * *out (free with sdb_sortspec_free; spec may be freed afterwards). Errors: SDB_EINVAL
+ * with *code (may be NULL) and MongoDB's message in err:
  *   15975 "$sort key ordering must be 1 (for ascending) or -1 (for descending)"
  *   40352 "FieldPath cannot be constructed with empty string"
  *   2     BadValue: {$meta: ...} (not supported), $natural mixed with fields, a field
@@ -33,19 +33,20 @@ void sdb_sortspec_free(sdb_sortspec *s);
 
 /* Number of sort fields (0 for {} and for $natural). */
 size_t sdb_sortspec_nfields(const sdb_sortspec *s);
-/* Field i's path (owned by s) and direction (1 or -1), i < nfields. */
+/* Field i's path (owned by s) and direction, i < nfields. Returns: (dir) 1 or -1. */
 const char *sdb_sortspec_path(const sdb_sortspec *s, size_t i);
 int sdb_sortspec_dir(const sdb_sortspec *s, size_t i);
-/* 0 unless the spec is {$natural: d}: then d (1 or -1). */
+/* Returns: 0 unless the spec is {$natural: d}: then d (1 or -1). */
 int sdb_sortspec_natural(const sdb_sortspec *s);
 
-/* Compare two documents: <0 when a sorts before b, 0 tie, >0 after. Any thread. */
+/* Compare two documents. Returns: <0 when a sorts before b, 0 tie, >0 after (never an
+ * error). Any thread. */
 int sdb_sortspec_cmp(const sdb_sortspec *s, const bson_t *a, const bson_t *b);
 
 /* Build a memcmp-ordered sort key for doc into out (appended; reset it first): comparing
  * two keys with sdb_key_cmp gives the same order as sdb_sortspec_cmp (up to the decimal128
  * limit of keyenc). Useful to sort many documents once or to merge sorted streams.
- * Returns 0 or SDB_EINVAL (nesting deeper than SDB_BSON_MAX_DEPTH). */
+ * Errors: SDB_EINVAL (nesting deeper than SDB_BSON_MAX_DEPTH, corrupt nested BSON). */
 int sdb_sortspec_key(const sdb_sortspec *s, const bson_t *doc, sdb_key *out, char *err,
 		     size_t errlen);
 

@@ -66,26 +66,30 @@ typedef struct sdb_store_opts {
 #define SDB_STORE_SESSION_TIMEOUT_MS (30LL * 60 * 1000)
 
 /* Open (creating if needed) the store in directory dir (created if missing, mode 0700).
- * opts may be NULL for defaults. Returns 0, SDB_EIO (cannot create/open, not a stripedb
- * database) or SDB_ECORRUPT, with a message. Free with sdb_store_close() after every
- * connection has been closed. */
+ * opts may be NULL for defaults. Free with sdb_store_close() after every connection has
+ * been closed. Errors: message in err, *out untouched; SDB_EIO (dir cannot be created,
+ * the database cannot be opened, configured or given its schema), SDB_ECORRUPT (the
+ * file's format version is not one this build reads). */
 int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out, char *err,
 		   size_t errlen);
 void sdb_store_close(sdb_store *st);
 
-/* Open a connection for the calling thread. Returns 0 or SDB_EIO. Close with
- * sdb_store_conn_close() on the same thread. */
+/* Open a connection for the calling thread. Close with sdb_store_conn_close() on the same
+ * thread. Errors: SDB_EIO (SQLite cannot open or configure it; *out = NULL). */
 int sdb_store_conn_open(sdb_store *st, sdb_store_conn **out, char *err, size_t errlen);
 void sdb_store_conn_close(sdb_store_conn *c);
 
 /* --- transactions --- */
 
 /* Begin a read (snapshot) or write (BEGIN IMMEDIATE: takes the write lock, waiting up to
- * 10 s) transaction. Returns 0, SDB_EBUSY (lock timeout) or SDB_EIO. Every other call below
- * needs an open transaction (writes need a write one). */
+ * 10 s) transaction. Every other call below needs an open transaction (writes need a
+ * write one). Inside an apply transaction it opens the savepoint "cmd" instead. Errors:
+ * SDB_EINVAL (a transaction is already open), SDB_EBUSY (lock timeout), SDB_EIO (SQLite
+ * error, or the catalog cache could not be loaded). */
 int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen);
-/* Commit (durable when it returns 0, see synchronous=FULL above). On error the
- * transaction is rolled back. Returns 0 or SDB_EIO. */
+/* Commit (durable when it returns 0, see synchronous=FULL above); inside an apply
+ * transaction it releases the savepoint "cmd". Errors: SDB_EINVAL (no transaction open),
+ * SDB_EIO (oplog trim or COMMIT failed; the transaction is rolled back). */
 int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen);
 /* Roll back; safe to call with no transaction open. */
 void sdb_store_rollback(sdb_store_conn *c);
@@ -104,13 +108,14 @@ typedef struct sdb_store_det {
  * sdb_store_apply_commit/rollback, sdb_store_begin/commit/rollback of the commands run
  * inside it act on a savepoint ("cmd"), so one failed command leaves no trace and the
  * others stay; clocks, ObjectIds and UUIDs come from det; the oplog ts counter is
- * re-read from disk. Returns 0, SDB_EBUSY or SDB_EIO (message in err). */
+ * re-read from disk. Errors: SDB_EINVAL (a transaction is already open),
+ * SDB_EBUSY (write lock timeout), SDB_EIO. */
 int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err,
 			  size_t errlen);
 /* Record index as the last applied Raft entry (meta 'raft_applied', same transaction),
  * trim the oplog and commit. Durable only as the connection's synchronous setting says:
  * the Raft log is the durable record, replayed after a crash from the last applied
- * index. Returns 0 or SDB_EIO (then rolled back). */
+ * index. Errors: SDB_EINVAL (no apply transaction open), SDB_EIO (then rolled back). */
 int sdb_store_apply_commit(sdb_store_conn *c, uint64_t index, char *err, size_t errlen);
 /* Roll back an open apply transaction (no-op when none); the oplog ts counter is re-read
  * from disk, so a rolled-back apply (a transaction's tentative statement, src/shard/txn.c)
@@ -120,34 +125,39 @@ void sdb_store_apply_rollback(sdb_store_conn *c);
  * transaction. */
 uint64_t sdb_store_applied_index(sdb_store_conn *c);
 /* synchronous=FULL (fsync at every commit) or NORMAL (fsync at checkpoints) for this
- * connection. 0 or SDB_EIO. */
+ * connection. Errors: SDB_EIO (the PRAGMA failed). */
 int sdb_store_set_durability(sdb_store_conn *c, bool full, char *err, size_t errlen);
 /* Make every commit so far durable (one fsync of the WAL); leaves the connection at
- * synchronous=NORMAL. Outside a transaction. 0 or SDB_EIO. */
+ * synchronous=NORMAL. Outside a transaction. Errors: SDB_EIO (a PRAGMA or the empty
+ * synchronous commit that fsyncs the WAL failed). */
 int sdb_store_sync(sdb_store_conn *c, char *err, size_t errlen);
 /* Whole-database copies (a shard member's snapshot installation, issue #15).
  * copy_to: write a consistent copy of the store (one read transaction) to the file path
  * (replaced), a plain SQLite file; *applied is its meta 'raft_applied'. Memory stays
- * bounded by SQLite's page caches (no sqlite3_serialize). 0 or SDB_EIO.
+ * bounded by SQLite's page caches (no sqlite3_serialize). Errors: SDB_EIO (path cannot be
+ * opened or written, the read failed).
  * replace_from: make this store's content the copy at path (same format), in place: other
  * connections keep working and see the new content from their next transaction (their
  * catalog caches reload); in-memory oplog counters are re-read. *applied is the new
- * 'raft_applied'. Outside a transaction. 0, SDB_ECORRUPT (not a store copy) or SDB_EIO. */
+ * 'raft_applied'. Outside a transaction. Errors: SDB_EINVAL (a transaction is open on c),
+ * SDB_ECORRUPT (path is not a store copy), SDB_EIO (path cannot be read, or the copy into
+ * the store failed). */
 int sdb_store_copy_to(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
 		      size_t errlen);
 int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applied, char *err,
 			   size_t errlen);
 /* Text settings in the meta table (replica-set name, member addresses). put: inside a
- * write or apply transaction; 0 or SDB_EIO/SDB_EINVAL. scan: fn(arg, key, value) for each
- * key starting with prefix, outside or inside a transaction; 0 or SDB_EIO. */
+ * write or apply transaction; Errors: SDB_EINVAL (no write transaction), SDB_EIO. scan:
+ * fn(arg, key, value) for each key starting with prefix (both valid during the call),
+ * outside or inside a transaction; Errors: SDB_EIO (no message: scan takes no err). */
 int sdb_store_meta_put(sdb_store_conn *c, const char *key, const char *value, char *err,
 		       size_t errlen);
 int sdb_store_meta_scan(sdb_store_conn *c, const char *prefix,
 			void (*fn)(void *arg, const char *key, const char *value), void *arg);
-/* The extended SQLite code of this thread's last disk/memory failure (SQLITE_FULL,
- * SQLITE_IOERR_*, SQLITE_CORRUPT, SQLITE_NOMEM ...) since the previous call, then
- * cleared; 0 when none. A replicated apply that saw one must stop the member: the other
- * members applied the entry. */
+/* Returns: the extended SQLite code (not an SDB_E* status) of this thread's last
+ * disk/memory failure (SQLITE_FULL, SQLITE_IOERR_*, SQLITE_CORRUPT, SQLITE_NOMEM ...) since
+ * the previous call, then cleared; 0 when none. A replicated apply that saw one must stop
+ * the member: the other members applied the entry. */
 int sdb_store_take_io_fault(void);
 /* Now in epoch ms as the store sees it: the apply's det.now_ms inside a replicated apply,
  * else the store's clock (sdb_store_opts.clock_ms). */
@@ -156,7 +166,10 @@ int64_t sdb_store_now_ms(const sdb_store_conn *c);
  * 5 seed bytes and a counter of the apply (the same on every member). */
 void sdb_store_new_oid(sdb_store_conn *c, bson_oid_t *oid);
 
-/* Savepoints, to undo one failed item of a batch without losing the others. */
+/* Savepoints, to undo one failed item of a batch without losing the others: each
+ * sdb_store_savepoint is closed by one release (keep its writes) or rollback (undo them),
+ * innermost first. Errors: sdb_store_savepoint returns SDB_EIO (no message: it takes no
+ * err). */
 int sdb_store_savepoint(sdb_store_conn *c);
 void sdb_store_savepoint_release(sdb_store_conn *c);
 void sdb_store_savepoint_rollback(sdb_store_conn *c);
@@ -184,39 +197,47 @@ typedef struct sdb_store_coll {
 } sdb_store_coll;
 
 /* Look db.coll up. *out is owned by the connection's catalog cache and valid until the
- * transaction ends. Returns 0, or SDB_ENOTFOUND (no such collection; *out = NULL). */
+ * transaction ends. Errors: SDB_ENOTFOUND (no such collection; *out = NULL). */
 int sdb_store_coll_get(sdb_store_conn *c, const char *db, const char *coll,
 		       const sdb_store_coll **out, char *err, size_t errlen);
-/* Create db.coll (write txn). Returns 0, SDB_EEXISTS (already there; *out still set when
- * out != NULL) or SDB_EINVAL (bad name). options (may be NULL) is stored as given. Logs a
- * "c" oplog entry {create: coll} with origin (may be NULL). */
+/* Create db.coll (write txn). options (may be NULL) is stored as given. Logs a "c" oplog
+ * entry {create: coll} with origin (may be NULL). *out (out may be NULL) is the new
+ * catalog entry, as sdb_store_coll_get. Errors: SDB_EEXISTS (already there; *out still set
+ * when out != NULL), SDB_EINVAL (bad database or collection name), SDB_EIO. */
 int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 			  const bson_t *options, const char *origin, const sdb_store_coll **out,
 			  char *err, size_t errlen);
-/* Drop db.coll with its indexes (write txn). Returns 0 or SDB_ENOTFOUND. */
+/* Drop db.coll with its indexes (write txn); logs a "c" oplog entry {drop: coll}. Errors:
+ * SDB_ENOTFOUND (no such collection), SDB_EIO. */
 int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,
 			const char *origin, char *err, size_t errlen);
-/* Drop every collection of db (write txn). *n_dropped receives the count (may be 0). */
+/* Drop every collection of db (write txn). *n_dropped receives the count (may be 0);
+ * logs a "c" oplog entry {dropDatabase: 1} when it is not 0. Errors: SDB_EIO (collections
+ * dropped before the failure stay dropped until the transaction is rolled back). */
 int sdb_store_db_drop(sdb_store_conn *c, const char *db, const char *origin, int *n_dropped,
 		      char *err, size_t errlen);
 /* List the collections of db (db NULL = every database) as a heap array of heap strings
  * "db\0coll" pairs: names[i*2] is the db, names[i*2+1] the collection. Free with
- * sdb_store_names_free(names, n). */
+ * sdb_store_names_free(names, n). Returns: always 0 (read from the connection's catalog
+ * cache; err unused). */
 int sdb_store_coll_list(sdb_store_conn *c, const char *db, char ***names, size_t *n,
 			char *err, size_t errlen);
 void sdb_store_names_free(char **names, size_t n);
 
 /* Create a secondary index from spec (MongoDB createIndexes shape: {key: {...}, name,
  * unique?, sparse?}) on an existing collection, indexing the existing documents (write
- * txn). Returns 0, SDB_EEXISTS (same name and same key: nothing to do; *created = false),
- * SDB_ECONFLICT (same name with another key or options, or same key with another name:
- * msg says which; code 85/86 by *mongo_code), SDB_EINVAL (bad spec, mongo code 67 or 2),
- * or the duplicate-key error of sdb_store_insert when building a unique index over
- * duplicates. */
+ * txn), creating the collection when it is missing. Errors: SDB_EEXISTS (same name and
+ * same key: nothing to do, *created = false; also a unique index over duplicate values,
+ * with the duplicate-key message), SDB_ECONFLICT (same name with another key or options,
+ * or same key with another name: msg says which; code 85/86 by *mongo_code), SDB_EINVAL
+ * (bad spec or key pattern, mongo code 67 or 2; a document whose keys cannot be built,
+ * e.g. parallel arrays), SDB_ECORRUPT (a stored document does not parse), SDB_EINTERNAL,
+ * SDB_EIO. */
 int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 			   const bson_t *spec, const char *origin, bool *created, int *mongo_code,
 			   char *err, size_t errlen);
-/* Drop one secondary index by name. Returns 0, SDB_ENOTFOUND or SDB_EINVAL (_id_). */
+/* Drop one secondary index by name (write txn); logs a "c" oplog entry {dropIndexes}.
+ * Errors: SDB_ENOTFOUND (no such collection or index), SDB_EINVAL (_id_), SDB_EIO. */
 int sdb_store_index_drop(sdb_store_conn *c, const char *db, const char *coll,
 			 const char *name, const char *origin, char *err, size_t errlen);
 
@@ -237,27 +258,35 @@ void sdb_store_dup_clear(sdb_store_dup *d);
 /* The MongoDB code of the document's fault in c's last failed sdb_store_insert or
  * sdb_store_replace: 53 InvalidIdField (an array/regex/undefined _id), 171
  * CannotIndexParallelArrays, 2 BadValue (no _id); 0 when the failure had no such code (then
- * SDB_EEXISTS is DuplicateKey, other SDB_EINVAL BadValue). Errors as codes, not text. */
+ * SDB_EEXISTS is DuplicateKey, other SDB_EINVAL BadValue). Returns: that MongoDB code,
+ * never an SDB_E* status. */
 int sdb_store_write_code(const sdb_store_conn *c);
 
 /* Insert doc (which must have _id as its first field; the caller adds one) into db.coll,
  * creating the collection if missing (write txn). Appends an "i" oplog entry tagged with
- * origin (may be NULL). Returns 0, SDB_EEXISTS (duplicate key on _id or a unique index:
- * dup filled), SDB_EINVAL (no _id, _id an array/regex/undefined) or SDB_EIO. */
+ * origin (may be NULL). Errors: SDB_EEXISTS (duplicate key on _id or a unique index: dup
+ * filled), SDB_EINVAL (no _id, _id an array/regex/undefined, index keys that cannot be
+ * built such as parallel arrays: sdb_store_write_code tells which; a bad collection name
+ * when it has to be created), SDB_EIO. */
 int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, sdb_store_dup *dup, char *err, size_t errlen);
 /* Replace the document whose _id is old_doc's _id by new_doc (same _id) (write txn):
  * rewrites index entries and appends a "u" oplog entry with o = new_doc, o2 = {_id}.
- * Returns 0, SDB_ENOTFOUND, SDB_EEXISTS (unique index violation, dup filled). */
+ * Errors: SDB_ENOTFOUND (no such collection or document), SDB_EEXISTS (unique index
+ * violation, dup filled), SDB_EINVAL (a bad _id, the _ids differ, keys that cannot be
+ * built), SDB_ECORRUPT (the stored document does not parse), SDB_EIO. */
 int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 		      const bson_t *old_doc, const bson_t *new_doc, const char *origin,
 		      sdb_store_dup *dup, char *err, size_t errlen);
 /* Delete doc (by its _id) (write txn): removes index entries, appends a "d" oplog entry
- * {o: {_id}}. Returns 0 or SDB_ENOTFOUND. */
+ * {o: {_id}}. Errors: SDB_ENOTFOUND (no such collection or document), SDB_EINVAL (doc has
+ * no usable _id), SDB_ECORRUPT (the stored document does not parse), SDB_EIO. */
 int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, char *err, size_t errlen);
 /* Find the document with this _id value (iter positioned on an _id element). On found,
- * *out (uninitialised) receives a copy: bson_destroy it. Returns 0 or SDB_ENOTFOUND. */
+ * *out (uninitialised) receives a copy: bson_destroy it. Errors: SDB_ENOTFOUND (no such
+ * collection or document), SDB_EINVAL (a value that cannot be encoded as a key),
+ * SDB_ECORRUPT (the stored document does not parse), SDB_EIO. */
 int sdb_store_get_by_id(sdb_store_conn *c, const char *db, const char *coll,
 			const bson_iter_t *id, bson_t *out, char *err, size_t errlen);
 /* Count documents of db.coll (0 if missing). */
@@ -281,14 +310,15 @@ typedef struct sdb_store_range {
 /* Open a scan of db.coll in a transaction: index NULL = every document in _id order
  * (collection scan; ranges then apply to the _id key), otherwise the secondary index of
  * that name over ranges (each in key order, ranges given in ascending order; n_ranges 0 =
- * the whole index), documents deduplicated (multikey). reverse walks backwards. Returns 0,
- * SDB_ENOTFOUND (no collection: *out = NULL, an empty result) or SDB_EINVAL (no such
- * index). Close with sdb_store_cursor_close() before the transaction ends. */
+ * the whole index), documents deduplicated (multikey). reverse walks backwards. Close with
+ * sdb_store_cursor_close() before the transaction ends. Errors: SDB_ENOTFOUND (no
+ * collection: *out = NULL, an empty result), SDB_EINVAL (no such index), SDB_EIO. */
 int sdb_store_scan(sdb_store_conn *c, const char *db, const char *coll, const char *index,
 		   const sdb_store_range *ranges, size_t n_ranges, bool reverse,
 		   sdb_store_cursor **out, char *err, size_t errlen);
 /* Next document: 1 with *doc initialised read-only over memory valid until the next call
- * (do not destroy), 0 at the end, <0 on error. */
+ * (do not destroy), 0 at the end. Errors: SDB_ECORRUPT (a stored document does not
+ * parse), SDB_EIO. */
 int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t errlen);
 /* Keys and documents examined so far (explain executionStats). */
 void sdb_store_cursor_stats(const sdb_store_cursor *cur, int64_t *keys, int64_t *docs);
@@ -298,11 +328,13 @@ void sdb_store_cursor_close(sdb_store_cursor *cur);
 
 /* Read up to max oplog entries with ts > after (a Timestamp packed as secs<<32|inc), in ts
  * order, appending each entry document to *docs (an array of heap bson_t*, *n updated; free
- * each with sdb_doc_free and the array with free). Read txn. */
+ * each with sdb_doc_free and the array with free). Read txn. Errors: SDB_EIO (entries
+ * appended before the failure stay in *docs for the caller to free). */
 int sdb_store_oplog_read(sdb_store_conn *c, uint64_t after, size_t max, bson_t ***docs,
 			 size_t *n, char *err, size_t errlen);
 /* Up to max entries with after < ts < before (before 0 = no upper bound), newest first
- * (the `sort: {$natural: -1}` read, in chunks). Same ownership as sdb_store_oplog_read. */
+ * (the `sort: {$natural: -1}` read, in chunks). Same ownership and errors as
+ * sdb_store_oplog_read: Errors: SDB_EIO. */
 int sdb_store_oplog_read_desc(sdb_store_conn *c, uint64_t after, uint64_t before, size_t max,
 			      bson_t ***docs, size_t *n, char *err, size_t errlen);
 /* Newest committed oplog ts visible to the transaction (0 when the oplog is empty). */
@@ -326,17 +358,18 @@ uint64_t sdb_store_oplog_committed(sdb_store *st);
  * sweep that runs inside some later session write, at most once a minute). */
 
 /* Start or continue txn of session lsid in the open write transaction (and mark the
- * session used). Returns 0, SDB_ESTALE when a newer txnNumber has started (*stored gets
- * it: MongoDB's TransactionTooOld, 225), or SDB_EIO. */
+ * session used). Errors: SDB_ESTALE when a newer txnNumber has started (*stored gets it:
+ * MongoDB's TransactionTooOld, 225), SDB_EINVAL (no write transaction), SDB_EIO. */
 int sdb_store_session_begin(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int64_t *stored,
 			    char *err, size_t errlen);
 /* The recorded result of statement stmt of lsid's active txnNumber (call after
  * sdb_store_session_begin in the same transaction): 1 with *out a heap copy (sdb_doc_free),
- * 0 when not executed (*out NULL), or SDB_EIO. */
+ * 0 when not executed (*out NULL). Errors: SDB_ECORRUPT (the record does not parse),
+ * SDB_EIO. */
 int sdb_store_session_stmt_get(sdb_store_conn *c, const bson_t *lsid, int32_t stmt,
 			       bson_t **out, char *err, size_t errlen);
 /* Record stmt's result for lsid's active txnNumber (write txn, same transaction or
- * savepoint as the statement's writes). Returns 0 or SDB_EIO. */
+ * savepoint as the statement's writes). Errors: SDB_EIO. */
 int sdb_store_session_stmt_put(sdb_store_conn *c, const bson_t *lsid, int32_t stmt,
 			       const bson_t *result, char *err, size_t errlen);
 /* Tag the oplog entries written next on c with lsid (borrowed: keep it alive until the
@@ -348,7 +381,7 @@ void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn
  * last sdb_store_set_op_session (write txn, before the tag is cleared), so that the
  * statement's recorded outcome travels with its entries (CDC, migrations: MongoDB carries
  * the same through its oplog chain and config.image_collection). 0 when the statement
- * wrote no entry; SDB_EIO. */
+ * wrote no entry. Errors: SDB_EIO. */
 int sdb_store_oplog_stmt_result(sdb_store_conn *c, const bson_t *result, char *err,
 				size_t errlen);
 /* The statement id of a session's "incomplete history" marker (MongoDB's
@@ -359,11 +392,13 @@ int sdb_store_oplog_stmt_result(sdb_store_conn *c, const bson_t *result, char *e
  * txn): when lsid has no live record or an older txnNumber, the session moves to txn
  * (older statements forgotten); when it has a newer txnNumber the record is dropped (the
  * client moved on); then stmt's result is stored (result NULL with stmt
- * SDB_STMT_INCOMPLETE_HISTORY stores the marker). Returns 0 or SDB_EIO. */
+ * SDB_STMT_INCOMPLETE_HISTORY stores the marker). Errors: SDB_EINVAL (no write
+ * transaction), SDB_EIO. */
 int sdb_store_session_import(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
 			     const bson_t *result, char *err, size_t errlen);
 /* Read-only look-up (any txn): 1 when lsid's active txnNumber is txn (not expired) and
- * stmt is recorded for it (*out a heap copy, sdb_doc_free), else 0 (*out NULL); SDB_EIO. */
+ * stmt is recorded for it (*out a heap copy, sdb_doc_free), else 0 (*out NULL). Errors:
+ * SDB_ECORRUPT (the record does not parse), SDB_EIO. */
 int sdb_store_session_peek(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
 			   bson_t **out, char *err, size_t errlen);
 /* The live sessions (not expired) in lsid byte order after `after` (NULL: from the start),
@@ -374,7 +409,7 @@ int64_t sdb_store_session_list(sdb_store_conn *c, const bson_t *after, int64_t m
 			       void (*fn)(const bson_t *lsid, int64_t txn, void *arg), void *arg,
 			       char *err, size_t errlen);
 /* The live (not expired) txnNumber of session lsid (any txn): 1 with *txn set, 0 when the
- * session has no live record, or SDB_EIO. */
+ * session has no live record. Errors: SDB_EIO. */
 int sdb_store_session_txn(sdb_store_conn *c, const bson_t *lsid, int64_t *txn, char *err,
 			  size_t errlen);
 /* Number of live session records (tests, metrics). Any txn. */
@@ -383,12 +418,12 @@ int64_t sdb_store_session_count(sdb_store_conn *c);
 /* --- version tokens --- */
 
 /* Check a request's token for chunk against the stored one (any txn). Returns 0 when
- * token >= stored (or nothing stored), SDB_ESTALE otherwise; *stored gets the stored
- * token (0 when none). */
+ * token >= stored (or nothing stored); *stored gets the stored token (0 when none).
+ * Errors: SDB_ESTALE (token older than the stored one), SDB_EIO. */
 int sdb_store_version_check(sdb_store_conn *c, const char *chunk, int64_t token,
 			    int64_t *stored, char *err, size_t errlen);
 /* Move chunk's token forward to token (write txn); never backwards. *stored gets the
- * token in force afterwards (max of old and new). */
+ * token in force afterwards (max of old and new). Errors: SDB_EIO. */
 int sdb_store_version_set(sdb_store_conn *c, const char *chunk, int64_t token,
 			  int64_t *stored, char *err, size_t errlen);
 
@@ -403,17 +438,18 @@ int sdb_store_version_set(sdb_store_conn *c, const char *chunk, int64_t token,
 
 /* Read ns's row (any txn): 0 with *cver, *sver, *gen (the install count of ns: a new value
  * at every install, the same on every member), and *doc (a heap copy, bson_destroy)
- * when doc is not NULL; SDB_ENOTFOUND when the shard has no filtering metadata for ns;
- * SDB_EIO. */
+ * when doc is not NULL. Errors: SDB_ENOTFOUND when the shard has no filtering metadata for
+ * ns, SDB_EIO (also a stored document that does not parse). */
 int sdb_store_filtering_get(sdb_store_conn *c, const char *ns, int64_t *cver, int64_t *sver,
 			    int64_t *gen, bson_t **doc, char *err, size_t errlen);
 /* Install ns's metadata (write txn). SDB_ESTALE (nothing written) when cver is older than
- * the installed collection version: an installer never moves the metadata back. */
+ * the installed collection version: an installer never moves the metadata back. Errors:
+ * SDB_ESTALE, SDB_EIO. */
 int sdb_store_filtering_set(sdb_store_conn *c, const char *ns, int64_t cver, int64_t sver,
 			    const bson_t *doc, char *err, size_t errlen);
-/* Forget ns's metadata (write txn); nothing installed is not an error. */
+/* Forget ns's metadata (write txn); nothing installed is not an error. Errors: SDB_EIO. */
 int sdb_store_filtering_drop(sdb_store_conn *c, const char *ns, char *err, size_t errlen);
-/* Forget the metadata of every collection of database db (write txn). */
+/* Forget the metadata of every collection of database db (write txn). Errors: SDB_EIO. */
 int sdb_store_filtering_drop_db(sdb_store_conn *c, const char *db, char *err, size_t errlen);
 
 /* --- integrity --- */
@@ -423,7 +459,8 @@ int sdb_store_filtering_drop_db(sdb_store_conn *c, const char *db, char *err, si
  * agrees with the data (each live document's latest oplog entry within the retained
  * oplog is an insert/update whose image equals the stored document; no deleted document
  * has a later insert/update without delete). Problems are appended to problems
- * (an array builder: strings) and counted in *n_problems. Returns 0 or SDB_EIO. */
+ * (an array builder: strings) and counted in *n_problems (problems found are not errors).
+ * Errors: SDB_EIO (a read failed; problems holds what was found before). */
 int sdb_store_check(sdb_store_conn *c, bson_t *problems, int *n_problems, char *err,
 		    size_t errlen);
 

@@ -1,6 +1,6 @@
 /* Internals of the store shared with its other files (storage/session.c, oplog.c,
- * index.c, check.c): not for use outside storage/. Each takes a connection inside a transaction opened with
- * sdb_store_begin unless said. */
+ * index.c, check.c): not for use outside storage/. Each takes a connection inside a
+ * transaction opened with sdb_store_begin unless said. */
 #ifndef SDB_STORAGE_STORE_INT_H
 #define SDB_STORAGE_STORE_INT_H
 
@@ -84,50 +84,65 @@ typedef struct store_keyset {
  * errors: SDB_E* codes with a message in err where they take one). */
 /* A prepared statement from c's cache (as sdb_store_int_stmt). (store.c) */
 sqlite3_stmt *store_stmt_get(sdb_store_conn *c, const char *sql, char *err, size_t errlen);
-/* Step s to its end and reset it (as sdb_store_int_step_done). (store.c) */
+/* Step s to its end and reset it (as sdb_store_int_step_done). Errors: SDB_EIO with
+ * SQLite's message prefixed by what. (store.c) */
 int store_step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errlen,
 		     const char *what);
-/* SDB_EIO with SQLite's message for db, prefixed by what. (store.c) */
+/* Fill err with SQLite's message for db, prefixed by what, and note a disk/memory fault
+ * for sdb_store_take_io_fault. Returns: always SDB_EIO. (store.c) */
 int store_sqlerr(sqlite3 *db, char *err, size_t errlen, const char *what);
-/* The integer in the first column of the first row of sql (no parameters), def when there is no row or on error. (store.c) */
+/* The integer in the first column of the first row of sql (no parameters), def when there
+ * is no row or on error. (store.c) */
 int64_t store_query_int(sdb_store_conn *c, const char *sql, int64_t def);
 /* The store's injectable wall clock, epoch ms. (store.c) */
 int64_t store_conn_now_ms(const sdb_store_conn *c);
-/* Run sql (one or more statements, no parameters) on db: 0 or SDB_EIO with a message. (store.c) */
+/* Run sql (one or more statements, no parameters) on db. Errors: SDB_EIO with a message.
+ * (store.c) */
 int store_exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen);
-/* The catalog entry of db.coll in c's catalog cache (borrowed until the cache reloads), or NULL. (store.c) */
+/* The catalog entry of db.coll in c's catalog cache (borrowed until the cache reloads), or
+ * NULL. (store.c) */
 sdb_store_coll *store_cache_find(sdb_store_conn *c, const char *db, const char *coll);
-/* Bump the catalog generation (every connection reloads its cache at its next transaction): 0 or SDB_EIO. (store.c) */
+/* Bump the catalog generation (every connection reloads its cache at its next
+ * transaction) and reload c's cache. Errors: SDB_EIO. (catalog.c) */
 int store_catalog_bump(sdb_store_conn *c, char *err, size_t errlen);
-/* Drop table PREFIX<tbl> (a collection's documents or an index's keys): 0 or SDB_EIO. (store.c) */
+/* Drop table PREFIX_<tbl> (a collection's documents or an index's keys). Errors: SDB_EIO.
+ * (catalog.c) */
 int store_drop_table(sdb_store_conn *c, const char *prefix, int64_t tbl, char *err,
 		      size_t errlen);
-/* Insert one document's keys into one index table (duplicate keys of a unique index: SDB_EEXISTS with MongoDB's message); marks the index multikey when needed. (store.c) */
+/* Insert one document's keys into one index table. Errors: SDB_EEXISTS (duplicate key of a
+ * unique index, MongoDB's message, dup filled), SDB_EIO. (store.c) */
 int store_index_insert_keys(sdb_store_conn *c, const sdb_store_coll *co,
 			     const sdb_store_index *ix, const store_keyset *ks,
 			     const sdb_key *idk, const bson_t *doc, sdb_store_dup *dup,
 			     char *err, size_t errlen);
-/* Record that an index became multikey (this transaction; the cache entry is updated in place). (store.c) */
+/* Record that an index became multikey (this transaction; the cache entry is updated in
+ * place). Errors: SDB_EIO. (store.c) */
 int store_index_mark_multikey(sdb_store_conn *c, const sdb_store_coll *co,
 			       sdb_store_index *ix, char *err, size_t errlen);
-/* Append an oplog entry in the current write transaction (its ts allocated here): op "i"/"u"/"d"/"c"; o2 and ui may be NULL. 0 or SDB_EIO. (oplog.c) */
+/* Append an oplog entry in the current write transaction (its ts allocated here): op
+ * "i"/"u"/"d"/"c"; o2 and ui may be NULL. Errors: SDB_EIO. (oplog.c) */
 int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const uint8_t *ui,
 			const bson_t *o, const bson_t *o2, const char *origin, char *err,
 			size_t errlen);
-/* Delete the oldest oplog entries beyond the byte cap (write transaction): 0 or SDB_EIO. (oplog.c) */
+/* Delete the oldest oplog entries beyond the byte cap (write transaction). Errors:
+ * SDB_EIO. (oplog.c) */
 int store_oplog_trim(sdb_store_conn *c, char *err, size_t errlen);
-/* Append the order-preserving key of doc's _id to kb (id_it: the _id element found): 0, or SDB_EINVAL when _id is missing (*code 2 BadValue) or of a type _id cannot have (*code 53 InvalidIdField); code may be NULL. (store.c) */
+/* Append the order-preserving key of doc's _id to kb (id_it: the _id element found).
+ * Errors: SDB_EINVAL when _id is missing (*code 2 BadValue), of a type _id cannot have
+ * (*code 53 InvalidIdField) or cannot be encoded (too deep); code may be NULL. (store.c) */
 int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, int *code, char *err,
 		 size_t errlen);
-/* The index keys of doc for index ix into ks (multikey expands arrays): 0 or SDB_EINVAL (parallel arrays, too many keys). (store.c) */
+/* The index keys of doc for index ix into ks (multikey expands arrays). Errors: SDB_EINVAL
+ * (parallel arrays, too many keys). (store.c) */
 int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
 		      bool *all_missing, char *err, size_t errlen);
 /* "db.coll" (heap, caller frees). (store.c) */
 char *store_ns_of(const char *db, const char *coll);
-/* Check an index key pattern: field -> 1 / -1 (any non-zero number), at most STORE_MAX_INDEX_FIELDS; "hashed", "text", "2d" refused. 0 or SDB_EINVAL. (store.c) */
+/* Check an index key pattern: field -> 1 / -1 (any non-zero number), at most
+ * STORE_MAX_INDEX_FIELDS; "hashed", "text", "2d" refused. Errors: SDB_EINVAL. (keys.c) */
 int store_key_check_pattern(const bson_t *pattern, char *err, size_t errlen);
-/* The keys of doc for key pattern into ks (the caller destroys ks): 0 or SDB_EINVAL with
- * *code (may be NULL) the MongoDB code (171 CannotIndexParallelArrays, else 0). (keys.c) */
+/* The keys of doc for key pattern into ks (the caller destroys ks). Errors: SDB_EINVAL
+ * with *code (may be NULL) the MongoDB code (171 CannotIndexParallelArrays, else 0). (keys.c) */
 int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
 			 bool *all_missing, bool *multikey_out, int *code, char *err,
 			 size_t errlen);
@@ -139,10 +154,10 @@ void store_keyset_init(store_keyset *ks);
 /* A prepared statement from c's cache, reset and unbound (owned by the cache: never
  * finalize it). NULL with a message on error. */
 sqlite3_stmt *sdb_store_int_stmt(sdb_store_conn *c, const char *sql, char *err, size_t errlen);
-/* Step s to its end and reset it; 0 or SDB_EIO with a message naming what. */
+/* Step s to its end and reset it. Errors: SDB_EIO with a message naming what. */
 int sdb_store_int_step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errlen,
 			    const char *what);
-/* SDB_EIO with SQLite's message for c, prefixed by what. */
+/* Fill err with SQLite's message for c, prefixed by what. Returns: always SDB_EIO. */
 int sdb_store_int_sqlerr(sdb_store_conn *c, char *err, size_t errlen, const char *what);
 /* The store's injectable wall clock, epoch ms. */
 int64_t sdb_store_int_now_ms(sdb_store_conn *c);
@@ -163,7 +178,7 @@ void store_stmt_forget_all(sdb_store_conn *c);
 /* Drop c's catalog cache (collections, indexes); reloaded by store_cache_load. store.c. */
 void store_cache_clear(sdb_store_conn *c);
 /* Load c's catalog cache from the catalog tables when the catalog generation moved.
- * Returns 0 or SDB_EIO (message in err). catalog.c. */
+ * Errors: SDB_EIO (message in err). catalog.c. */
 int store_cache_load(sdb_store_conn *c, char *err, size_t errlen);
 
 /* A set of _id keys (open addressing; keys copied): the _ids a multi-range scan returned,

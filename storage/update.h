@@ -104,7 +104,7 @@ int sdb_update_parse(const bson_t *spec, const sdb_update_opts *opts, sdb_update
  * $addFields/$set, $project/$unset, $replaceRoot/$replaceWith stages with aggregation
  * expressions, run over the document; the result replaces it, _id kept; other stages 72,
  * arrayFilters 9), anything else code 14 TypeMismatch ("Update argument must be either an
- * object or an array"). */
+ * object or an array"). Errors: SDB_EINVAL with *code and err, as sdb_update_parse. */
 int sdb_update_parse_value(const bson_iter_t *u, const sdb_update_opts *opts, sdb_update **out,
 			   int *code, char *err, size_t errlen);
 
@@ -156,8 +156,9 @@ int sdb_update_upsert_doc(const sdb_update *u, const bson_t *filter, bson_t *out
 /* Check a document to insert or a replacement the way MongoDB does before storing it:
  * no $-prefixed top-level field names (code 52 DollarPrefixedFieldName: "The dollar ($)
  * prefixed field '$x' in '$x' is not allowed in the context of an update's replacement
- * document. Consider using an aggregation pipeline with $replaceWith."), _id not an array (code 53 InvalidIdField "The '_id' value
- * cannot be of type array") nor a regex. Returns 0 or SDB_EINVAL with *code and err. */
+ * document. Consider using an aggregation pipeline with $replaceWith."), _id not an array
+ * (code 53 InvalidIdField "The '_id' value cannot be of type array") nor a regex.
+ * Errors: SDB_EINVAL with *code and err. */
 int sdb_update_check_replacement(const bson_t *doc, int *code, char *err, size_t errlen);
 
 #endif

@@ -122,14 +122,14 @@ struct sdb_update {
 /* update_pipeline.c: parse the stages of a pipeline-style update into u->pipe (only the
  * stages MongoDB admits in an update; arrayFilters refused), and run them over doc (out
  * always initialised; the pipeline's document, before the _id rules of a replacement).
- * Return 0 or SDB_EINVAL with *code and err. */
+ * Errors: SDB_EINVAL with *code and err. */
 int upd_pipeline_parse(sdb_update *u, const bson_t *stages, const sdb_update_opts *opts,
 		       int *code, char *err, size_t errlen);
 int upd_pipeline_run(const sdb_update *u, const bson_t *doc, bson_t *out, int *code, char *err,
 		     size_t errlen);
 
 /* Set *code (may be NULL) to c and err (may be NULL) to the formatted message; returns
- * SDB_EINVAL, so that callers can `return upd_fail(...)`. */
+ * SDB_EINVAL, so that callers can `return upd_fail(...)`. Returns: always SDB_EINVAL. */
 int upd_fail(int *code, int c, char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
 

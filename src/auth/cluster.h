@@ -40,7 +40,7 @@
 #define AUTH_CLUSTER_KEYS_MAX 8   /* keys in one file */
 
 /* Parse a key file's text (len bytes, untrusted, not NUL-terminated) into keys (each
- * NUL-terminated), *n of them (>= 1 on success), in file order. 0 or SDB_EINVAL with a
+ * NUL-terminated), *n of them (>= 1 on success), in file order. Errors: SDB_EINVAL with a
  * message naming what (and the line) is wrong; what names the file in messages. No I/O:
  * exposed for the unit tests. */
 int auth_cluster_parse_keys(const char *text, size_t len, const char *what,
@@ -49,21 +49,26 @@ int auth_cluster_parse_keys(const char *text, size_t len, const char *what,
 
 /* Read the key of cfg's --cluster-key-file (a no-op when unset), then, with
  * --tls-internal=true, the internal TLS client settings (auth_cluster_tls_load with
- * --tls-ca, --tls-cert, --tls-key). Idempotent for the same key; SDB_EINVAL when another
- * role of the process gave a different key, the file breaks the rules above or cannot be
- * read (the role exits 2), SDB_EUSAGE for --tls-internal without --tls-ca; message in
- * err. */
+ * --tls-ca, --tls-cert, --tls-key). Idempotent for the same key. Errors: SDB_EINVAL when
+ * another role of the process gave a different key, the file breaks the rules above or
+ * cannot be read (the role exits 2), or a TLS file is refused; SDB_EUSAGE for
+ * --tls-internal without --tls-ca or with only one of --tls-cert/--tls-key; SDB_EIO when
+ * a TLS file cannot be read or the combined client PEM written; SDB_EINTERNAL (no
+ * randomness, OpenSSL failure); message in err. */
 int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen);
 
-/* Load the key(s) from a path directly (used by setup, ctl and tests). Same errors;
- * idempotent for a file with the same keys. */
+/* Load the key(s) from a path directly (used by setup, ctl and tests); idempotent for a
+ * file with the same keys. Errors: SDB_EIO (the file cannot be read or is not a regular
+ * file: setup turns this into SDB_EINVAL), SDB_EINVAL (too large, breaks the rules above,
+ * or differs from the keys already loaded), SDB_EINTERNAL (no randomness). */
 int auth_cluster_load(const char *path, char *err, size_t errlen);
 
 /* Re-read the key file loaded by auth_cluster_load (SIGHUP, called by auth_tls_reload):
  * the new keys replace the old ones for every connection and internal client made
  * afterwards (SCRAM __system, PeersV1, Raft handshakes); connections already
- * authenticated stay. 0 (also when no key is loaded), or SDB_EIO / SDB_EINVAL with a
- * message: the old keys stay in use. Thread-safe. */
+ * authenticated stay. 0 also when no key is loaded. Errors: SDB_EIO / SDB_EINVAL as
+ * auth_cluster_load, SDB_EINTERNAL, with a message: the old keys stay in use.
+ * Thread-safe. */
 int auth_cluster_reload(char *err, size_t errlen);
 
 /* Number of keys loaded (0: none). */
@@ -114,8 +119,8 @@ typedef void (*auth_cluster_command_cb)(void *arg, bool ok, const bson_t *reply)
  * socket/server-selection timeouts) on libuv's thread pool, then call cb(arg, ok) on the
  * loop thread (never synchronously). cmd is copied. what names the caller in the debug
  * log line written when the command fails. Used by Raft-replicated roles whose followers
- * register themselves with the leader. Returns 0, or SDB_EIO when the work could not be
- * queued (cb is then never called). */
+ * register themselves with the leader. Errors: SDB_EIO when the work could not be queued
+ * (cb is then never called). */
 int auth_cluster_command_async(uv_loop_t *loop, const char *host, const bson_t *cmd,
 			       const char *what, auth_cluster_command_cb cb, void *arg);
 
@@ -140,7 +145,7 @@ int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, cha
 /* For processes without role options (`stripedb ctl`, which loads the key itself): with
  * STRIPEDB_TLS_INTERNAL=true (or 1, yes), internal TLS from STRIPEDB_TLS_CA,
  * STRIPEDB_TLS_CERT, STRIPEDB_TLS_KEY (empty variables count as unset). 0 when
- * STRIPEDB_TLS_INTERNAL is unset or false. Errors as auth_cluster_tls_load (SDB_EUSAGE
+ * STRIPEDB_TLS_INTERNAL is unset or false. Errors: as auth_cluster_tls_load (SDB_EUSAGE
  * for STRIPEDB_TLS_INTERNAL without STRIPEDB_TLS_CA), message in err. */
 int auth_cluster_tls_setup_env(char *err, size_t errlen);
 
@@ -149,8 +154,9 @@ bool auth_cluster_tls_enabled(void);
 
 /* Rewrite the combined client PEM from the current --tls-cert/--tls-key files (SIGHUP,
  * called by auth_tls_reload); clients and pools made afterwards present the new
- * certificate. 0 (also when internal TLS is off), or SDB_EIO/SDB_EINVAL (the old file
- * stays). */
+ * certificate. 0 also when internal TLS is off. Errors: SDB_EIO/SDB_EINVAL (unreadable or
+ * refused files, the file cannot be written), SDB_EINTERNAL (OpenSSL); the old file
+ * stays. */
 int auth_cluster_tls_reload(char *err, size_t errlen);
 
 /* The PEM texts for a TLS stack that takes memory (gRPC peers): *ca, and *cert and *key (NULL

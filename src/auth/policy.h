@@ -34,7 +34,7 @@ enum {
 /* Check a policy document as setPolicy receives it: the fields above only, actions
  * arrays of known action names, databases non-empty strings, collections keyed "db.coll"
  * with actions and the proxy's switches (forbidScatter, forbidUnindexed,
- * forbidUnbounded). 0, or SDB_EINVAL with a message naming the field. A stored policy
+ * forbidUnbounded). Errors: SDB_EINVAL with a message naming the field. A stored policy
  * that does not validate grants nothing (auth_policy_build fails closed). */
 int auth_policy_validate(const bson_t *policy, char *err, size_t errlen);
 

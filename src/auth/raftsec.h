@@ -35,20 +35,21 @@
 /* The transport settings for cfg's raft port. *secure = false: use the plaintext stock
  * transport (opts untouched); true: sdb_transport_init with *opts, whose key points to
  * *key_buf (SDB_HS_KEY_LEN bytes the caller keeps alive until init; the first key at
- * setup) and whose keys callback gives the current ones. 0 or SDB_EUSAGE /
- * SDB_EINVAL (bad mode, missing file, OpenSSL refusing the files), message in err. */
+ * setup) and whose keys callback gives the current ones. Errors: SDB_EUSAGE (bad mode,
+ * missing file or flag) / SDB_EINVAL (OpenSSL refusing the files), message in err. */
 int auth_raft_setup(const sdb_config *cfg, sdb_transport_opts *opts, uint8_t key_buf[32],
 		    bool *secure, char *err, size_t errlen);
 
 /* Rebuild the Raft TLS contexts from their files (SIGHUP; called by auth_tls_reload).
- * 0 (also when Raft TLS is off) or an error: the old contexts stay. Thread-safe. */
+ * 0 also when Raft TLS is off. Errors: SDB_EINVAL (OpenSSL refused or could not read the
+ * files): the old contexts stay. Thread-safe. */
 int auth_raft_reload(char *err, size_t errlen);
 
 /* Is hp ("H:P" or "[H]:P") a loopback address: 127.0.0.0/8, localhost or [::1]? */
 bool auth_raft_is_loopback(const char *hp);
 
 /* Check --raft-tls's value (enabled, disabled, auto) for any role, so that a bad value is bad
- * usage everywhere and not only where a Raft port exists. Returns 0, or SDB_EUSAGE with err. */
+ * usage everywhere and not only where a Raft port exists. Errors: SDB_EUSAGE with err. */
 int auth_raft_check_mode(const sdb_config *cfg, char *err, size_t errlen);
 
 #endif

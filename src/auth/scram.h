@@ -71,55 +71,58 @@ const char *auth_scram_mech_name(auth_mech mech);
 void auth_scram_init(auth_scram *s, auth_mech mech);
 
 /* Parse client-first (payload, len bytes, not NUL-terminated; untrusted). On success
- * state becomes FIRST_SEEN and s->user holds the unescaped user name. Returns 0 or
- * SDB_EPROTO (malformed, too long, channel binding asked, authzid given) with a message;
- * state becomes FAILED. */
+ * state becomes FIRST_SEEN and s->user holds the unescaped user name. Errors: SDB_EPROTO
+ * (wrong state, malformed, too long, channel binding asked, authzid given) with a
+ * message; state becomes FAILED. */
 int auth_scram_client_first(auth_scram *s, const uint8_t *payload, size_t len, char *err,
 			    size_t errlen);
 
 /* Build server-first for the user's verifier (copied into s). snonce: the server nonce
  * bytes (random, from the caller so tests can fix it), snonce_len >= 16. Writes a
  * NUL-terminated message into out (outlen bytes; AUTH_SCRAM_MAX_MSG + 1 is enough) and
- * returns 0; SDB_EINVAL when called in the wrong state or creds' mechanism differs. */
+ * returns 0. Errors: SDB_EINVAL when called in the wrong state, creds' mechanism differs
+ * or the message does not fit (state FAILED). */
 int auth_scram_server_first(auth_scram *s, const auth_scram_creds *creds, const uint8_t *snonce,
 			    size_t snonce_len, char *out, size_t outlen, char *err, size_t errlen);
 
 /* Check client-final (untrusted). On a valid proof state becomes DONE, server-final is
- * written into out (NUL-terminated) and 0 is returned. Returns SDB_EPROTO (malformed,
- * wrong channel binding or nonce) or SDB_EAUTH (wrong proof: wrong password), with
- * state FAILED. */
+ * written into out (NUL-terminated) and 0 is returned. Errors: SDB_EPROTO (wrong state,
+ * malformed, wrong channel binding or nonce, out too small) or SDB_EAUTH (wrong proof:
+ * wrong password), with state FAILED. */
 int auth_scram_client_final(auth_scram *s, const uint8_t *payload, size_t len, char *out,
 			    size_t outlen, char *err, size_t errlen);
 
 /* Compute a verifier from a password (for ctl and tests): salt (salt_len bytes, 16..64)
- * and iterations >= 4096; for SHA-1, user is needed (MongoDB's MD5 digest). Returns 0 or
- * SDB_EINVAL / SDB_EINTERNAL (OpenSSL failure). */
+ * and iterations >= 4096; for SHA-1, user is needed (MongoDB's MD5 digest). Errors:
+ * SDB_EINVAL (bad salt length, iterations or user) / SDB_EINTERNAL (OpenSSL failure). */
 int auth_scram_verifier(auth_mech mech, const char *user, const char *password,
 			const uint8_t *salt, size_t salt_len, int iterations,
 			auth_scram_creds *out, char *err, size_t errlen);
 
 /* MongoDB's SCRAM-SHA-1 password (auth spec, "SCRAM-SHA-1"): HEX(MD5(user ":mongo:"
  * password)), 32 lowercase hex digits, written NUL-terminated into out (33 bytes).
- * Returns 0 or SDB_EINTERNAL (OpenSSL failure). */
+ * Errors: SDB_EINTERNAL (OpenSSL failure; no message: it takes no err). */
 int auth_scram_mongo_digest(const char *user, const char *password, char out[33]);
 
 /* RFC 5802 §3 verifier from the SCRAM password as is (no MongoDB digest): what
  * auth_scram_verifier computes after the digest; exposed for the RFC test vectors, whose
- * salts are shorter (salt_len 1..64 here). Otherwise the arguments and errors of
- * auth_scram_verifier. */
+ * salts are shorter (salt_len 1..64 here). Otherwise the arguments of
+ * auth_scram_verifier. Errors: SDB_EINVAL, SDB_EINTERNAL, as auth_scram_verifier. */
 int auth_scram_verifier_raw(auth_mech mech, const char *scram_password, const uint8_t *salt,
 			    size_t salt_len, int iterations, auth_scram_creds *out, char *err,
 			    size_t errlen);
 
 /* Client side, for tests and fuzzing only: compute client-final for a conversation given
- * the password and server-first. Returns 0 or an error. */
+ * the password and server-first. Errors: SDB_EPROTO (bad server-first, salt or
+ * iterations), SDB_EINVAL (out too small, bad verifier arguments), SDB_EINTERNAL
+ * (OpenSSL). */
 int auth_scram_client_final_make(auth_mech mech, const char *user, const char *password,
 				 const char *client_first_bare, const char *server_first,
 				 char *out, size_t outlen, char *err, size_t errlen);
 
-/* Base64 (RFC 4648, with padding). encode: returns the length written (NUL-terminated) or
- * -1 when out is too small. decode: strict (rejects bad characters and lengths); returns
- * the byte count or -1. */
+/* Base64 (RFC 4648, with padding). Returns: (encode) the length written (NUL-terminated)
+ * or -1 when out is too small; (decode, strict: rejects bad characters and lengths) the
+ * byte count or -1. Not SDB_E* statuses. */
 int auth_b64_encode(const uint8_t *in, size_t len, char *out, size_t outlen);
 int auth_b64_decode(const char *in, size_t len, uint8_t *out, size_t outlen);
 

@@ -32,8 +32,9 @@
 typedef enum { AUTH_TLS_DISABLED = 0, AUTH_TLS_ALLOWED, AUTH_TLS_REQUIRED } auth_tls_mode;
 
 /* Read the --tls-* options of cfg for the listener of role (e.g. "proxy"). 0 when the mode
- * is disabled or unset; SDB_EUSAGE for a bad mode or a missing cert/key; SDB_EINVAL when
- * OpenSSL refuses the files; message in err. */
+ * is disabled or unset. Errors: SDB_EUSAGE for a bad mode (also a bad --raft-tls), a
+ * missing cert/key or too many listeners; SDB_EINVAL when OpenSSL refuses the files;
+ * message in err. */
 int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen);
 
 /* The mode of role's listener (AUTH_TLS_DISABLED when not set up). Thread-safe. */
@@ -41,8 +42,10 @@ auth_tls_mode auth_tls_listener_mode(const char *role);
 
 /* Re-read certificate, key and CA of every configured listener, then the client
  * certificate of --tls-internal (auth_cluster_tls_reload), the Raft transport's contexts
- * (auth_raft_reload) and the --http-tls servers. 0 or an error (then the old
- * ones of the failing listener stay). Thread-safe; called on SIGHUP by common/role.c. */
+ * (auth_raft_reload) and the --http-tls servers. Errors: the first failure's code
+ * (SDB_EINVAL, SDB_EIO, SDB_EINTERNAL from the calls above; the others are still
+ * reloaded, the failing one keeps its old files). Thread-safe; called on SIGHUP by
+ * common/role.c. */
 int auth_tls_reload(char *err, size_t errlen);
 
 #define AUTH_TLS_PEM_MAX (1 << 20) /* bytes: larger PEM files are refused */
@@ -57,7 +60,8 @@ int auth_tls_listener_pem(const char *role, unsigned *gen, char **cert, char **k
 			  char *err, size_t errlen);
 
 /* Read a whole PEM file (at most AUTH_TLS_PEM_MAX bytes) into a NUL-terminated heap string
- * the caller frees. 0, SDB_EIO or SDB_EINVAL with a message. */
+ * the caller frees. Errors: SDB_EIO (cannot be read) or SDB_EINVAL (too large) with a
+ * message. */
 int auth_tls_read_pem(const char *path, char **out, char *err, size_t errlen);
 
 typedef struct auth_tls_conn auth_tls_conn;
@@ -68,12 +72,13 @@ auth_tls_conn *auth_tls_conn_new(const char *role);
 void auth_tls_conn_free(auth_tls_conn *c); /* NULL is a no-op */
 
 /* Feed len ciphertext bytes received. Decrypted bytes go to plain(arg, ...), bytes to send
- * (handshake, alerts) to send(arg, ...), both called synchronously. Returns 0, or
- * SDB_EPROTO when the session failed or was closed by the peer (close the connection). */
+ * (handshake, alerts) to send(arg, ...), both called synchronously. Errors: SDB_EPROTO
+ * when the session failed or was closed by the peer (close the connection). */
 int auth_tls_conn_feed(auth_tls_conn *c, const uint8_t *in, size_t len, auth_tls_out_fn plain,
 		       auth_tls_out_fn send, void *arg);
 
-/* Encrypt len plaintext bytes; the ciphertext goes to send(arg, ...). 0 or SDB_EPROTO. */
+/* Encrypt len plaintext bytes; the ciphertext goes to send(arg, ...). Errors: SDB_EPROTO
+ * (the session failed). */
 int auth_tls_conn_write(auth_tls_conn *c, const uint8_t *data, size_t len, auth_tls_out_fn send,
 			void *arg);
 

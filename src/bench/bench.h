@@ -95,7 +95,7 @@ int bench_start(const bench_opts *o, bench **out, char *err, size_t errlen);
  * later calls rename the last phase). Thread-safe against the workers. */
 void bench_mark(bench *b, const char *label);
 
-/* Whether the run ended by itself (opts.seconds elapsed). */
+/* Whether the run ended by itself (opts.seconds elapsed). Returns: 1 yes, 0 no. */
 int bench_done(const bench *b);
 
 /* One line of interval statistics since the previous call (ops/s, p50/p99 ms, errors)
@@ -106,18 +106,21 @@ void bench_status_line(bench *b, char *buf, size_t n);
 void bench_stop(bench *b);
 
 /* Totals of phase i merged over threads into *out (after bench_stop, or racy-but-safe
- * while running). Returns the number of phases. */
+ * while running). Returns: the number of phases (never an error; *out zeroed when i
+ * is not below it). */
 int bench_phase(bench *b, int i, bench_phase_stats *out);
 
 /* The text report (per phase: ops, ops/s, p50/p95/p99/max per kind, errors by kind) to f;
- * when json_path is set, the same as one JSON document. Returns 0 or SDB_EIO. */
+ * when json_path is set, the same as one JSON document. Errors: SDB_EIO (json_path cannot
+ * be written; no message). */
 int bench_report(bench *b, FILE *f, const char *json_path, const bench_verdict *v);
 
 /* Write the history, one JSON object per line:
  *   {"op": "insert|update|read", "key": "_id", "value": V, "ok": "ok|fail|unknown",
  *    "n": N, "start_ns": T0, "end_ns": T1}
  * value: the version written, or for a read the version seen (0 = absent); n: matched
- * count of an update. Returns 0 or SDB_EIO. The fields map one to one onto the tuples of
+ * count of an update. Errors: SDB_EIO (path cannot be written; no message). The fields
+ * map one to one onto the tuples of
  * tests/integration/checker.py: (op, writer, key, value or None for an absent read,
  * start_ns, end_ns, ok, n for an update); test_bench.py checks a history with it. */
 int bench_write_history(bench *b, const char *path);
@@ -127,15 +130,18 @@ int bench_write_history(bench *b, const char *path);
  * an acknowledged write must be visible to reads that start after it and in the final
  * state; a read must not see a version older than one acknowledged before it started,
  * nor a version not yet written, nor one that failed; no document may exist that no
- * write produced. Call after bench_stop. Returns 0 (verdict in *v) or SDB_EIO. */
+ * write produced. Call after bench_stop. Returns 0 (verdict in *v). Errors: SDB_EIO (the
+ * final read failed, message in err). */
 int bench_check(bench *b, bench_verdict *v, char *err, size_t errlen);
 
 void bench_free(bench *b);
 
-/* `stripedb bench ARGS...` (argv excludes "stripedb bench"). Exit code 0, 1, 2 usage. */
+/* `stripedb bench ARGS...` (argv excludes "stripedb bench"). Returns: the exit code, 0,
+ * 1 (failure or interrupted), 2 usage. */
 int bench_main(int argc, char **argv);
 
-/* `stripedb demo ARGS...` (cli/demo.c; argv excludes "stripedb demo"): see that file. */
+/* `stripedb demo ARGS...` (cli/demo.c; argv excludes "stripedb demo"): see that file.
+ * Returns: the exit code, 0 (every check passed), 1, 2 usage, 130 interrupted. */
 int cli_demo_main(int argc, char **argv);
 
 #endif

@@ -42,8 +42,8 @@ void bench_key_id(const bench *b, int64_t key, char *buf, size_t n);
 int64_t bench_key_parse(const bench *b, const char *id);
 
 /* Check ev[0..n) (reordered in place) against the documents in c (read with a find of
- * {_id, v}); keys are in [0, maxkeys). Fills *v. Returns 0, or SDB_EIO when the final
- * read failed (message in err). */
+ * {_id, v}); keys are in [0, maxkeys). Fills *v. Errors: SDB_EIO when the final read
+ * failed (message in err). */
 int bench_check_run(const bench *b, mongoc_collection_t *c, bench_ev *ev, size_t n,
 		    int64_t maxkeys, bench_verdict *v, char *err, size_t errlen);
 

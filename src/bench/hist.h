@@ -35,7 +35,8 @@ void bench_hist_diff(bench_hist *dst, const bench_hist *a, const bench_hist *b);
  * ceil(p/100 * n)-th smallest value, never above max. 0 for an empty histogram. */
 uint64_t bench_hist_percentile(const bench_hist *h, double p);
 
-/* Bucket index of v and the smallest value of bucket i (exposed for the unit test). */
+/* Bucket index of v and the smallest value of bucket i (exposed for the unit test).
+ * Returns: (bench_hist_index) the index, 0..BENCH_HIST_BUCKETS-1. */
 int bench_hist_index(uint64_t v);
 uint64_t bench_hist_lower(int i);
 

@@ -85,7 +85,9 @@ int cdc_archive_range(cdc_archive *a, const char *shard, cdc_range *out, char *e
  * for s3 a private cache directory of downloaded segments, removed by view_close. */
 char *cdc_archive_view_open(cdc_archive *a, const char *shard);
 void cdc_archive_view_close(cdc_archive *a, char *view);
-/* First archived offset with ts > after_ts (the range's next_offset when none). */
+/* First archived offset with ts > after_ts (the range's next_offset when none). Errors:
+ * SDB_EIO (a file archive's segments cannot be read); for s3 also the errors of its S3
+ * requests (cdc_s3_list, cdc_s3_get_file in src/cdc/s3.h). */
 int cdc_archive_locate(cdc_archive *a, const char *shard, const char *view, uint64_t after_ts,
 		       uint64_t *offset, char *err, size_t errlen);
 /* Sequential reader of archived events from offset (segdir.h cdc_segread_*; for s3 it
@@ -123,10 +125,12 @@ int cdc_archive_obj_list(cdc_archive *a, const char *prefix, char ***keys, size_
 int cdc_archive_obj_delete(cdc_archive *a, const char *key, char *err, size_t errlen);
 
 /* Parse a retention duration: N, Ns, Nm, Nh or Nd (N a decimal integer; no unit =
- * seconds) into seconds. 0 disables retention. Returns 0 or SDB_EINVAL. */
+ * seconds) into seconds. 0 disables retention. Errors: SDB_EINVAL (no message). */
 int cdc_archive_retention_parse(const char *s, uint64_t *seconds);
 
-/* The S3 backend (archive_s3.c): spec "s3://BUCKET[/PREFIX]". */
+/* The S3 backend (archive_s3.c): spec "s3://BUCKET[/PREFIX]". An unreachable endpoint is
+ * not an error here (the first request shows it). Errors: as cdc_s3_open and cdc_s3_check
+ * (SDB_EINVAL, SDB_EAUTH ...), SDB_EIO (the cache directory). */
 int cdc_archive_s3_open(const char *spec, const cdc_log_opts *opts, cdc_archive **out,
 			char *err, size_t errlen);
 

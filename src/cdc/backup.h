@@ -73,7 +73,8 @@ typedef struct cdc_backup_opts {
  * the archive (list), and the backup is refused when it started more than
  * CDC_BACKUP_COMMIT_MS ago, so that a manifest never names an object deleted by
  * cdc_backup_sweep. On failure the uploaded data objects are deleted. Blocking
- * (libmongoc, archive I/O). Errors: SDB_EUNAVAILABLE (shard), SDB_EIO, SDB_ENOTFOUND (a
+ * (libmongoc, archive I/O). Errors: SDB_EINVAL (bad uri), SDB_EUNAVAILABLE (shard),
+ * SDB_EIO, SDB_ENOTFOUND (a
  * data object vanished), SDB_ETIMEOUT (too slow to commit), archive errors; err names
  * the shard and the operation. */
 int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const char *id,
@@ -81,7 +82,8 @@ int cdc_backup_shard(cdc_archive *a, const char *shard, const char *uri, const c
 
 /* cdc_backup_shard with options o (throttle limit, progress callback); the collections
  * are counted (`count`) before the reads, for the progress's expected total.
- * cdc_backup_shard is this with timeout_ms, SDB_IMPORT_LATENCY_MS and no progress. */
+ * cdc_backup_shard is this with timeout_ms, SDB_IMPORT_LATENCY_MS and no progress.
+ * Errors: as cdc_backup_shard. */
 int cdc_backup_shard_opts(cdc_archive *a, const char *shard, const char *uri, const char *id,
 			  const cdc_backup_opts *o, cdc_backup_stats *st, char *err,
 			  size_t errlen);
@@ -127,7 +129,8 @@ int cdc_backup_delete(cdc_archive *a, const char *shard, const char *id, size_t 
 
 /* Whether the incomplete backup id is certainly dead at now_ms (epoch ms): id is a
  * well-formed backup id older than now_ms - CDC_BACKUP_ORPHAN_AGE_MS and older than
- * newest, the shard's newest committed backup ("" when none: then never). */
+ * newest, the shard's newest committed backup ("" when none: then never). Returns: 1
+ * dead, 0 not (or not a backup id). */
 int cdc_backup_orphan_dead(const char *id, const char *newest, int64_t now_ms);
 
 /* Delete shard's incomplete backups that are certainly dead (cdc_backup_orphan_dead)

@@ -69,7 +69,8 @@ typedef struct cdc_log cdc_log;
 typedef struct cdc_writer cdc_writer;
 typedef struct cdc_archive cdc_archive;
 
-/* Parse "fsync" option text ("batch", "segment", "never"). Returns 0 or SDB_EINVAL. */
+/* Parse "fsync" option text ("batch", "segment", "never"). Errors: SDB_EINVAL (anything
+ * else; no message). */
 int cdc_fsync_parse(const char *s, cdc_fsync_policy *out);
 
 /* Open the log named by spec ("embedded:DIR" or "kafka:HOST:PORT,..."). Embedded creates
@@ -116,6 +117,7 @@ typedef struct cdc_range {
 	uint64_t first_offset, next_offset;
 	uint64_t first_ts, last_ts;
 } cdc_range;
+/* cdc_log_range: the range above into *out. Errors: SDB_EIO, SDB_EUNAVAILABLE (Kafka). */
 int cdc_log_range(cdc_log *log, const char *shard, cdc_range *out, char *err, size_t errlen);
 
 /* ---- backend interface (implemented by embedded.c and kafka.c; used by log.c parts of
@@ -156,7 +158,9 @@ struct cdc_log {
 extern const cdc_backend cdc_backend_embedded;
 extern const cdc_backend cdc_backend_kafka;
 
-/* Backend helpers reached through the log (thin wrappers over cdc_backend). */
+/* Backend helpers reached through the log (thin wrappers over cdc_backend). Errors: the
+ * backend's; locate as cdc_log_range (embedded SDB_EIO; Kafka SDB_EUNAVAILABLE and its
+ * reader's errors). */
 int cdc_log_locate(cdc_log *log, const char *shard, uint64_t after_ts, uint64_t *offset,
 		   char *err, size_t errlen);
 

@@ -57,8 +57,8 @@ void cdc_publisher_fence(cdc_publisher *p, int64_t fence_ms);
 /* Snapshot of the status (thread-safe). */
 void cdc_publisher_get_status(cdc_publisher *p, cdc_publisher_status *out);
 /* Ask the thread to stop without waiting (thread-safe). cdc_publisher_stopped returns 1
- * once the thread has flushed and closed its writer; cdc_publisher_stop then returns at
- * once. */
+ * once the thread has flushed and closed its writer (else 0); cdc_publisher_stop then
+ * returns at once. Returns: (stopped) 1 or 0. */
 void cdc_publisher_request_stop(cdc_publisher *p);
 int cdc_publisher_stopped(cdc_publisher *p);
 /* Ask the thread to stop, wait for it (at most about one awaitData wait, 500 ms), flush

@@ -30,7 +30,7 @@ int cdc_reader_open(cdc_log *log, const char *shard, uint64_t after_ts, cdc_read
 		    char *err, size_t errlen);
 
 /* Next event: 1 with *ev filled (data valid until the next call), 0 when none arrived
- * within timeout_ms (the reader stays usable), or an error: SDB_ENOTFOUND when the next
+ * within timeout_ms (the reader stays usable). Errors: SDB_ENOTFOUND when the next
  * offset vanished from both the log and the archive (a gap: never skipped silently),
  * SDB_ECORRUPT, SDB_EIO, SDB_EUNAVAILABLE. */
 int cdc_reader_next(cdc_reader *r, cdc_event *ev, int timeout_ms, char *err, size_t errlen);

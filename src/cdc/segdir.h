@@ -42,17 +42,19 @@ typedef struct cdc_seginfo {
  * files. Errors: SDB_EIO. */
 int cdc_segdir_list(const char *dir, cdc_seginfo **segs, size_t *n, char *err, size_t errlen);
 
-/* Range of the whole directory (first segment's first offset .. last one's next). */
+/* Range of the whole directory (first segment's first offset .. last one's next).
+ * Errors: SDB_EIO. */
 int cdc_segdir_range(const char *dir, cdc_range *out, char *err, size_t errlen);
 
 /* First offset with ts > after_ts in dir (binary search of the indexes); the range's
- * next_offset when none. */
+ * next_offset when none. Errors: SDB_EIO. */
 int cdc_segdir_locate(const char *dir, uint64_t after_ts, uint64_t *offset, char *err,
 		      size_t errlen);
 
-/* Sequential reader over dir from offset. open: SDB_ENOTFOUND when offset is not inside
- * a segment of dir (nor the next offset of the last one). next: 1 event, 0 no more (yet),
- * SDB_ECORRUPT a damaged record in a closed segment, SDB_EIO. */
+/* Sequential reader over dir from offset. Errors: (open) SDB_ENOTFOUND when offset is not
+ * inside a segment of dir (nor the next offset of the last one), SDB_EIO. next returns 1
+ * (an event), 0 (no more yet); Errors: (next) SDB_ECORRUPT a damaged record in a closed
+ * segment, SDB_EIO. */
 typedef struct cdc_segread cdc_segread;
 int cdc_segread_open(const char *dir, uint64_t offset, cdc_segread **out, char *err,
 		     size_t errlen);
@@ -62,7 +64,9 @@ void cdc_segread_close(cdc_segread *r);
 /* Writer (one per dir; see cdc_log_writer_open for locking and recovery). An empty dir
  * starts with a segment at first_if_empty (the Kafka archiver starts where the broker's
  * log starts). append sets *rolled when it closed a segment and opened the next.
- * Duplicated ts are accepted (an archive copies a Kafka range as it is). */
+ * Duplicated ts are accepted (an archive copies a Kafka range as it is). Errors: (open)
+ * SDB_EBUSY (another writer holds DIR/LOCK), SDB_EIO; (append) SDB_EINVAL (offset is not
+ * the next one), SDB_ETOOBIG (event over CDC_MAX_EVENT), SDB_EIO; (flush) SDB_EIO. */
 typedef struct cdc_segwriter cdc_segwriter;
 int cdc_segwriter_open(const char *dir, cdc_fsync_policy fsync, uint64_t segment_bytes,
 		       uint64_t first_if_empty, cdc_segwriter **out, uint64_t *next_offset,
@@ -73,13 +77,15 @@ int cdc_segwriter_flush(cdc_segwriter *w, char *err, size_t errlen);
 void cdc_segwriter_close(cdc_segwriter *w);
 
 /* Copy segment first_offset (its .seg and .idx) from src_dir to dst_dir durably (write to
- * a temporary name, fsync, rename, fsync the directory). An existing copy is replaced. */
+ * a temporary name, fsync, rename, fsync the directory). An existing copy is replaced.
+ * Errors: SDB_EIO. */
 int cdc_segdir_copy(const char *src_dir, const char *dst_dir, uint64_t first_offset, char *err,
 		    size_t errlen);
-/* Delete segment first_offset from dir. */
+/* Delete segment first_offset from dir (files already gone are not an error). Errors:
+ * SDB_EIO. */
 int cdc_segdir_remove(const char *dir, uint64_t first_offset, char *err, size_t errlen);
 
-/* mkdir -p. */
+/* mkdir -p. Errors: SDB_EIO. */
 int cdc_mkdirs(const char *path, char *err, size_t errlen);
 
 #endif

@@ -54,7 +54,8 @@ int sdb_bson_get_int64(const bson_iter_t *it, const char *field, int64_t lo, int
 		       int64_t *out, sdb_bson_err *e);
 
 /* Look `name` up in the top level of doc: absent gives *out = def and returns 0 (def is
- * not range-checked); present is sdb_bson_get_int64 with field = name. Same errors. */
+ * not range-checked); present is sdb_bson_get_int64 with field = name. Errors: the same
+ * (SDB_EINVAL with e's MongoDB code). */
 int sdb_bson_find_int64(const bson_t *doc, const char *name, int64_t lo, int64_t hi,
 			int64_t def, int64_t *out, sdb_bson_err *e);
 

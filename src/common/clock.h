@@ -59,11 +59,13 @@ void sdb_clock_set_wall(int64_t (*fn)(void));
 void sdb_cond_init_mono(pthread_cond_t *cv);
 
 /* Wait on cv (initialised by sdb_cond_init_mono; mu held) until signalled or until the
- * monotonic time reaches deadline_ms (an sdb_mono_ms() value). Returns 0 when woken
- * (possibly spuriously: callers re-check their predicate) or ETIMEDOUT. */
+ * monotonic time reaches deadline_ms (an sdb_mono_ms() value). Returns: 0 when woken
+ * (possibly spuriously: callers re-check their predicate) or ETIMEDOUT (the positive
+ * errno value, not an SDB_E* code); mu is held again either way. */
 int sdb_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ms);
 
-/* sdb_cond_wait_until(cv, mu, sdb_mono_ms() + ms); ms <= 0 returns ETIMEDOUT at once. */
+/* sdb_cond_wait_until(cv, mu, sdb_mono_ms() + ms); ms <= 0 returns ETIMEDOUT at once.
+ * Returns: as sdb_cond_wait_until (0 or ETIMEDOUT). */
 int sdb_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms);
 
 #endif

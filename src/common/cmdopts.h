@@ -27,7 +27,7 @@
  *   - with a txnNumber (a retryable write), an update statement with multi: true or a delete
  *     statement with limit: 0: 72 InvalidOptions, as mongod answers (write_ops_exec.cpp),
  *     since a statement touching many documents cannot be recorded for an exactly-once retry.
- * Returns 0 when the command is fine, else the MongoDB error code, with the message in err
+ * Returns: 0 when the command is fine, else the MongoDB error code, with the message in err
  * (errlen bytes, NUL-terminated). Never fails otherwise; a malformed command is left to the
  * command itself. */
 int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, size_t errlen);

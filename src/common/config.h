@@ -166,22 +166,24 @@ typedef struct sdb_config_set {
 extern const char *const sdb_role_names[];
 
 /* Parse argv (without the program name) into *out, resolving flags, environment
- * (envp, NULL-terminated "K=V" strings) and the config file. Returns 0,
- * SDB_EUSAGE for bad usage (unknown flag or role, bad value, no role) or SDB_EIO for an
- * unreadable config file, with a one-line message in err. On error *out is left empty.
+ * (envp, NULL-terminated "K=V" strings) and the config file. Errors: SDB_EUSAGE for bad
+ * usage (unknown flag or role, bad value in a flag, the environment or the file, a
+ * config file syntax error, no role, a role given twice) or SDB_EIO for an unreadable
+ * config file, with a one-line message in err. On error *out is left empty.
  * Free with sdb_config_set_free(). */
 int sdb_config_parse(int argc, char **argv, char **envp, sdb_config_set *out, char *err,
 		     size_t errlen);
 void sdb_config_set_free(sdb_config_set *set);
 
 /* Accessors. get returns the string value or NULL. get_int parses the value (or def when
- * unset). */
+ * unset). Returns: (get_bool) def when unset, else 1 for "true", "1" or "yes" and 0 for
+ * anything else; never an error. */
 const char *sdb_config_get(const sdb_config *cfg, sdb_opt opt);
 int64_t sdb_config_get_int(const sdb_config *cfg, sdb_opt opt, int64_t def);
 int sdb_config_get_bool(const sdb_config *cfg, sdb_opt opt, int def);
 
 /* Split "HOST:PORT" into host (hostlen bytes) and *port; accepts "[v6]:port".
- * Returns 0 or SDB_EINVAL with a message. */
+ * Errors: SDB_EINVAL with a message (empty, no port, bad host, port outside 0-65535). */
 int sdb_addr_split(const char *addr, char *host, size_t hostlen, int *port, char *err,
 		   size_t errlen);
 

@@ -44,12 +44,13 @@ const char *sdb_strerror(int rc);
 
 /* sdb_errf formats into err (errlen bytes, always NUL-terminated when errlen > 0)
  * and returns rc, so error paths read `return sdb_errf(err, n, SDB_EINVAL, "...")`.
- * err may be NULL. */
+ * err may be NULL. Returns: rc, unchanged (it cannot fail). */
 int sdb_errf(char *err, size_t errlen, int rc, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
 /* sdb_errwrap prefixes the message already in err with "CONTEXT: " (in place) and
- * returns rc. Used by each layer to add where the error happened. */
+ * returns rc. Used by each layer to add where the error happened. Returns: rc,
+ * unchanged. */
 int sdb_errwrap(char *err, size_t errlen, int rc, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 

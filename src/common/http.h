@@ -44,9 +44,9 @@ typedef void (*sdb_http_handler)(void *data, const sdb_http_req *req, sdb_http_r
  * 503 with the reasons. */
 typedef int (*sdb_http_health_fn)(void *data, char *msg, size_t msglen);
 
-/* Start (or share) the server on "HOST:PORT". Returns 0, SDB_EINVAL (bad address) or
- * SDB_EIO (bind failed) with a message. Release with sdb_http_release(); the server stops
- * when the last reference goes. */
+/* Start (or share) the server on "HOST:PORT". Release with sdb_http_release(); the server
+ * stops when the last reference goes. Errors: with a message, SDB_EINVAL (bad or
+ * unresolvable address; an HTTPS role already shares it), SDB_EIO (bind/listen failed). */
 int sdb_http_acquire(const char *addr, sdb_http **out, char *err, size_t errlen);
 void sdb_http_release(sdb_http *h);
 
@@ -54,7 +54,7 @@ void sdb_http_release(sdb_http *h);
  * speaks HTTPS only (libmicrohttpd + GnuTLS, MHD_USE_TLS), certificate chain --tls-cert
  * and key --tls-key (re-read by sdb_http_tls_reload); no client certificates are
  * requested. Roles sharing an address must agree on --http-tls (the first one's files
- * are used). Errors as sdb_http_acquire, plus SDB_EUSAGE
+ * are used). Errors: as sdb_http_acquire, plus SDB_EUSAGE
  * (--http-tls without --tls-cert/--tls-key), SDB_EIO/SDB_EINVAL (unreadable PEM, or
  * libmicrohttpd without TLS), SDB_EINVAL (sharing roles disagree). */
 struct sdb_config;
@@ -64,13 +64,13 @@ int sdb_http_acquire_cfg(const char *addr, const struct sdb_config *cfg, sdb_htt
 /* Re-read the certificate and key of every HTTPS server (SIGHUP, through
  * auth_tls_reload). New connections get the new certificate: a new daemon accepts on the
  * same listening socket and the old one stops accepting, finishing its open connections
- * (it is stopped at the next reload or release). 0, or the first error (SDB_EIO,
- * SDB_EINVAL: unreadable or refused files; that server keeps its old certificate).
- * Thread-safe. */
+ * (it is stopped at the next reload or release). Errors: the first one, SDB_EIO or
+ * SDB_EINVAL (unreadable or refused files; that server keeps its old certificate; the
+ * other servers are still reloaded). Thread-safe. */
 int sdb_http_tls_reload(char *err, size_t errlen);
 
 /* Register a route (exact path match; method "GET", "POST", ... or "*"). May be called
- * while the server runs. Returns 0 or SDB_EEXISTS. */
+ * while the server runs. Errors: SDB_EEXISTS (method and path already routed). */
 int sdb_http_route(sdb_http *h, const char *method, const char *path, sdb_http_handler fn,
 		   void *data);
 /* Remove every route and health check registered with this data pointer (a role calls
@@ -89,7 +89,7 @@ typedef void (*sdb_http_health_detail_fn)(void *data, bson_t *out);
 void sdb_http_add_health_detail(sdb_http *h, const char *name, sdb_http_health_fn fn,
 				sdb_http_health_detail_fn detail, void *data);
 
-/* The port actually bound (useful with port 0). */
+/* Returns: the port actually bound (useful with port 0). */
 int sdb_http_port(const sdb_http *h);
 
 #endif

@@ -20,7 +20,8 @@ typedef enum {
 /* Set the process-wide minimum level (default INFO). Thread-safe. */
 void sdb_log_set_level(sdb_log_level level);
 
-/* Parse "debug|info|warn|error" into *out. Returns 0 or SDB_EINVAL. */
+/* Parse "debug|info|warn|error" into *out. Errors: SDB_EINVAL (anything else; *out
+ * untouched). */
 int sdb_log_parse_level(const char *s, sdb_log_level *out);
 
 /* Set this thread's role and node id for every later line it logs; either may be NULL

@@ -78,9 +78,10 @@ void sdb_on_sighup(const char *what, const char *kept, sdb_reload_fn fn);
 /* Run every role of set until SIGTERM/SIGINT and a graceful stop. Before a role with a
  * --data-dir starts, the directory is created if missing and locked (flock on
  * DIR/stripedb.lock, holding the pid), so two processes never share one data directory.
- * Returns the process exit code: 0 after a clean shutdown; 2 when a role refused its
- * configuration (start returned SDB_EUSAGE or SDB_EINVAL: a missing flag, an address that
- * does not resolve); 1 for any other start failure (port in use, data dir locked, I/O).
+ * Returns: the process exit code (not an SDB_E* status): 0 after a clean shutdown; 2 when
+ * a role refused its configuration (start returned SDB_EUSAGE or SDB_EINVAL: a missing
+ * flag, an address that does not resolve); 1 for any other start failure (port in use,
+ * data dir locked, I/O).
  * Start failures print exactly one line on stderr: "stripedb: ROLE: MESSAGE". */
 int sdb_roles_run(const sdb_config_set *set);
 

@@ -27,8 +27,9 @@ typedef struct cfilt_table {
 	int64_t max_token; /* the largest token of the collection */
 } cfilt_table;
 
-/* Load ns's routing table from metadata (getRoutingTable by cursor). 0 or SDB_EIO. Free
- * with cfilt_table_destroy (also after a failure). */
+/* Load ns's routing table from metadata (getRoutingTable by cursor). Free with
+ * cfilt_table_destroy (also after a failure). Errors: SDB_EIO (metadata unreachable or
+ * answering an error, a reply without a shard key pattern; message in err). */
 int cfilt_load(mongoc_client_t *meta, const char *ns, cfilt_table *t, char *err, size_t errlen);
 void cfilt_table_destroy(cfilt_table *t);
 
@@ -38,18 +39,23 @@ int64_t cfilt_switch_token(const cfilt_table *t, int64_t cur);
 
 /* Install on shard client c (shard id `shard`) the chunks of t it holds, except chunk id
  * `without` (0: none); when control_token > 0 the first of them (lowest id) carries that
- * token. The collection version is max(t->max_token, control_token). 0 or SDB_EUNAVAILABLE. */
+ * token. The collection version is max(t->max_token, control_token). Errors:
+ * SDB_EUNAVAILABLE (the shard did not answer or refused stripedbSetFiltering; message in
+ * err). */
 int cfilt_install(mongoc_client_t *c, const char *ns, const char *shard, const cfilt_table *t,
 		  int64_t without, int64_t control_token, char *err, size_t errlen);
 
 /* After metadata routes chunk `chunk` from `from` to `to` with token tok: bump from's control
  * chunk in metadata to tok (when its chunks are all older), reload, and install the fresh
- * ownership on both shards. Idempotent. 0 or an error. */
+ * ownership on both shards. Idempotent. Errors: SDB_EIO (metadata unreachable, or a load
+ * failed as cfilt_load; an error the metadata answers to the bump is not one: the
+ * reload shows the state), SDB_EUNAVAILABLE (an install failed as cfilt_install). */
 int cfilt_after_route(mongoc_client_t *meta, const char *ns, const char *from,
 		      mongoc_client_t *from_c, const char *to, mongoc_client_t *to_c,
 		      int64_t chunk, int64_t tok, char *err, size_t errlen);
 
-/* Reinstall shard `shard` (client c) from metadata as it is now. */
+/* Reinstall shard `shard` (client c) from metadata as it is now. Errors: as cfilt_load
+ * (SDB_EIO) and cfilt_install (SDB_EUNAVAILABLE). */
 int cfilt_refresh(mongoc_client_t *meta, const char *ns, const char *shard, mongoc_client_t *c,
 		  char *err, size_t errlen);
 

@@ -142,7 +142,7 @@ void migrate_runner_tick(migrate_runner *r, mongoc_client_t *c);
 /* Stop every worker (they stop at the next batch boundary; state and checkpoint stay in
  * metadata), join them, release their leases through c, free the runner. r may be NULL. */
 void migrate_runner_free(migrate_runner *r, mongoc_client_t *c);
-/* Number of workers running now (tests, /metrics). */
+/* Returns: the number of workers running now (tests, /metrics), never an error. */
 int migrate_runner_running(migrate_runner *r);
 
 #endif

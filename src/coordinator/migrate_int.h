@@ -154,11 +154,11 @@ void mig_crash_point(const char *kind, const char *what);
 bool mig_stopping(mig *m);
 /* Sleep up to ms, waking early when stopping. */
 void mig_nap(mig *m, int64_t ms);
-/* A command on metadata's admin database. 0, the server's error code (> 0) or -1
- * (transport) with a message in err. *reply is always initialised. */
+/* A command on metadata's admin database. Returns: 0, the server's error code (> 0) or -1
+ * (transport) with a message in err; not an SDB_E* status. *reply is always initialised. */
 int mig_meta_run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply, char *err,
 		 size_t errlen);
-/* acquireLease / renewLease / releaseLease of mig/<id>; return as mig_meta_run. */
+/* acquireLease / renewLease / releaseLease of mig/<id>. Returns: as mig_meta_run. */
 int mig_lease(mongoc_client_t *c, const char *verb, const char *id, const char *holder,
 	      int64_t ttl, char *err, size_t errlen);
 /* Renew mig/<id> when a third of its ttl passed; sets m->lost when it is lost. */
@@ -176,17 +176,19 @@ int64_t mig_it_int(const bson_t *d, const char *k, int64_t def);
 uint64_t mig_it_ts(const bson_t *d, const char *k);
 bool mig_it_doc(const bson_t *d, const char *k, bson_t *out);
 /* updateMigration to state `to` (to == m->state: save the checkpoint and stats only),
- * compare-and-set on m->state. 0, SDB_ECONFLICT, SDB_EINVAL (transition not in the table),
- * SDB_EIO. */
+ * compare-and-set on m->state. Errors: SDB_ECONFLICT (the state changed: WriteConflict),
+ * SDB_EINVAL (transition not in the table), SDB_EIO (any other failure). */
 int mig_save(mig *m, mig_state to);
-/* Load the record into m. 0, SDB_ENOTFOUND, SDB_EIO, SDB_EINVAL (bad spec). */
+/* Load the record into m. Errors: SDB_ENOTFOUND (metadata answered an error: no such
+ * migration), SDB_EIO (unreachable, bad reply), SDB_EINVAL (bad spec). */
 int mig_load(mig *m);
-/* Abort for good with the reason (mig_save to aborted). */
+/* Abort for good with the reason (mig_save to aborted). Errors: as mig_save. */
 int mig_fail(mig *m, const char *why);
 /* The chunk as routed now: its shard and token; fills m->min/max/key when m has none.
- * 0, SDB_ENOTFOUND (no such chunk any more), SDB_EIO. */
+ * Errors: SDB_ENOTFOUND (no such chunk any more), SDB_EIO. */
 int mig_routing_chunk(mig *m, char *shard, size_t shardlen, int64_t *token);
-/* Build m->rc (a one-chunk routing view) from m->key/min/max. 0 or SDB_EINVAL. */
+/* Build m->rc (a one-chunk routing view) from m->key/min/max. Errors: SDB_EINVAL (range
+ * unknown, or route_coll_build refused it). */
 int mig_build_view(mig *m);
 /* Whether doc's shard key lies in the chunk (hashed keys through the hash). */
 bool mig_in_chunk(mig *m, const bson_t *doc);
@@ -195,14 +197,16 @@ bool mig_key_is_id(mig *m);
 
 /* ------------------------------------------------------------ migrate_shard.c */
 
-/* Resolve the source's and target's URIs (listShards) and open their clients (once). Returns
- * 0, SDB_EINVAL (a shard of the migration is not registered: permanent, message in m->err),
- * SDB_EIO. */
+/* Resolve the source's and target's URIs (listShards) and open their clients (once).
+ * Errors: SDB_EINVAL (a shard of the migration is not registered, or its URI is bad:
+ * permanent, message in m->err), SDB_EIO (listShards failed). */
 int mig_connect_shards(mig *m);
 /* A command on m->db of a shard; a reply with writeErrors is an error (SDB_EIO). With
- * reply_out (not NULL), *reply_out is a copy of the reply on success only. */
+ * reply_out (not NULL), *reply_out is a copy of the reply on success only. Errors:
+ * SDB_EUNAVAILABLE (the command failed: transport, or the shard answered an error whose
+ * code is in m->code), SDB_EIO (writeErrors). */
 int mig_shard_run(mig *m, mongoc_client_t *c, const bson_t *cmd, bson_t *reply_out);
-/* The shard's oplog head (0 for an empty oplog). */
+/* The shard's oplog head (0 for an empty oplog). Errors: as mig_shard_run. */
 int mig_oplog_head(mig *m, mongoc_client_t *c, uint64_t *ts);
 
 /* Called for each document of the chunk by mig_scan_chunk (doc borrowed for the call);
@@ -213,7 +217,9 @@ typedef int (*doc_fn)(mig *m, const bson_t *doc, void *arg);
  * between the bounds where it has one and checks ownership of every document exactly).
  * A snapshot (stripedbSnapshot, *at = its atOplogTs) when at is not NULL, else a find;
  * sorted by sort (NULL: none); projected by proj (NULL: whole documents). With at, a
- * getMore slower than spec.importLatencyMS backs off as long (the import throttle). */
+ * getMore slower than spec.importLatencyMS backs off as long (the import throttle).
+ * Errors: SDB_EUNAVAILABLE (the query or a getMore failed), SDB_ECANCELED (stopping), or
+ * the non-zero value fn returned. */
 int mig_scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson_t *proj,
 		   uint64_t *at, doc_fn fn, void *arg);
 
@@ -223,21 +229,25 @@ int mig_scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson_t 
  * spec.deleteDelayMS apart, tagged $stripedbOrigin; m->deleted counts. Ranged keys: each
  * batch is one delete statement with keyRange/keyRangeLimit that the shard answers from
  * its shard-key index (until a batch deletes fewer). Hashed keys: the chunk is read once
- * by mig_scan_chunk and deleted by _id (the shard has no hashed index to range over). */
+ * by mig_scan_chunk and deleted by _id (the shard has no hashed index to range over).
+ * Errors: SDB_ECANCELED (stopping), and those of mig_shard_run and mig_scan_chunk. */
 int mig_delete_chunk(mig *m, mongoc_client_t *c);
 
 /* ------------------------------------------------------------ migrate_replicate.c */
 
 /* Run replicator p from position start until its position reaches `until` (0: until a
  * poll finds nothing) or deadline_ms (monotonic; 0 none). 0 when reached (p->caught_up:
- * the log was drained), SDB_ETIMEOUT, or an error (the position never moves past an
- * unapplied event). */
+ * the log was drained). Errors: the position never moves past an unapplied event;
+ * SDB_ETIMEOUT (deadline), SDB_ECANCELED (stopping), the CDC reader's (cdc_reader_open,
+ * cdc_reader_next: SDB_ENOTFOUND a gap, SDB_ECORRUPT, SDB_EIO, SDB_EUNAVAILABLE),
+ * SDB_ECORRUPT (an event that does not parse), and applying to the target's
+ * (mig_shard_run). */
 int mig_repl_run(mig *m, repl *p, uint64_t start, uint64_t until, int64_t deadline_ms);
 /* Catch up with the head of p's CDC log as of now and, when src (the client of p's
  * source shard) is not NULL, with that shard's oplog head as of now too (the log lags the
  * oplog while a publisher is down or slow: "caught up" with the log alone would be a
- * claim about the past). p->caught_up when reached before deadline_ms. Returns as
- * mig_repl_run, or an error reading the oplog head. */
+ * claim about the past). p->caught_up when reached before deadline_ms. Errors: as
+ * mig_repl_run, cdc_log_range's (reading the log's head) or mig_oplog_head's. */
 int mig_repl_catch_up(mig *m, repl *p, uint64_t start, mongoc_client_t *src,
 		      int64_t deadline_ms);
 /* Close p's reader; unapplied statements are dropped (read again from p->pos). */
@@ -245,16 +255,22 @@ void mig_repl_close(repl *p);
 
 /* ------------------------------------------------------------ the steps, one per state */
 
+/* Each step follows the contract at the top of this file. Returns: 0 (progress made, or
+ * nothing to do yet: called again). Errors: SDB_ECONFLICT (the record's state changed:
+ * reload), SDB_ECANCELED (stopping), any other SDB_E* code of the helpers above to be
+ * retried after a reload (message in m->err). */
 int mig_step_register(mig *m);      /* migrate_import.c:    registered -> importing */
 int mig_step_import(mig *m);        /* migrate_import.c:    importing -> replicating */
 int mig_step_replicate(mig *m);     /* migrate_replicate.c: replicating -> verifying */
 int mig_step_verify(mig *m);        /* migrate_verify.c:    verifying -> switching */
 int mig_step_switch(mig *m);        /* migrate_switch.c:    switching -> switched | replicating */
-/* switched -> cleaning after spec.graceMS; *since: when switched began (0: now). */
+/* switched -> cleaning after spec.graceMS; *since: when switched began (0: now).
+ * Returns and Errors: the step contract above. */
 int mig_step_switched(mig *m, int64_t *since);
 int mig_step_rollback(mig *m);      /* migrate_switch.c:    rolling_back -> rolled_back | switched */
 int mig_step_clean(mig *m);         /* migrate_cleanup.c:   cleaning -> complete */
-/* migrate_cleanup.c: aborted, target copy not yet deleted -> targetCleaned. */
+/* migrate_cleanup.c: aborted, target copy not yet deleted -> targetCleaned. Returns and
+ * Errors: the step contract above. */
 int mig_step_aborted_cleanup(mig *m);
 
 #endif

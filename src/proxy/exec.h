@@ -196,7 +196,8 @@ bool px_read_pref_applies(const ctx *c, const bson_t *fwd, bson_t *rp);
 /* ---- one shard (px_run_on: retry.c; the rest: exec.c) ---- */
 
 /* Run cmd on shard in c->db (px_shard_call within the request's budget c->deadline_ms; in a
- * transaction pxtxn_run_on): returns SHARDCONN_*; reply is always initialised (caller
+ * transaction pxtxn_run_on). Returns: a SHARDCONN_* class (not an SDB_E* status; NET_ERR
+ * with the message in neterr); reply is always initialised (caller
  * destroys); *sid (may be NULL) gets the server id for getMores. */
 int px_run_on(ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid, bson_t *reply,
 	      char *neterr, size_t nelen);
@@ -227,8 +228,8 @@ route_coll *px_route_sharded(ctx *c, px_fwd fwd, int64_t batch, bool single);
 
 /* Collect from chunk ci the owned documents matching q (in sort order when sort is given),
  * at most limit (0 = all): their _id values into ids (an array being built; *n counts),
- * or, when docs is not NULL, the whole documents into docs. Returns SHARDCONN_*;
- * on failure err_reply/nerr hold the error. */
+ * or, when docs is not NULL, the whole documents into docs. Returns: a SHARDCONN_* class
+ * (not an SDB_E* status); on failure err_reply/nerr hold the error. */
 int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const bson_t *sort,
 		     int64_t limit, bson_t *ids, bson_t *docs, size_t *n, bson_t *err_reply,
 		     char *nerr, size_t nelen);

@@ -24,14 +24,15 @@ typedef struct merge_sort merge_sort;
 
 /* Parse a sort spec ({a: 1, "b.c": -1}); values 1/-1 as int32, int64 or double.
  * {$natural: ...} and {} parse as "no order" (nfields 0). Returns 0 and *out (free with
- * merge_sort_free) or SDB_EINVAL with MongoDB's message ("$sort key ordering must be 1
- * (for ascending) or -1 (for descending)", code 15975, in *code when code is not NULL). */
+ * merge_sort_free). Errors: SDB_EINVAL with MongoDB's message ("$sort key ordering must be
+ * 1 (for ascending) or -1 (for descending)", code 15975, in *code when code is not NULL;
+ * code 2 for an empty field name or more than MERGE_MAX_SORT_FIELDS fields). */
 int merge_sort_parse(const bson_t *spec, merge_sort **out, int *code, char *err, size_t errlen);
 void merge_sort_free(merge_sort *s);
 size_t merge_sort_nfields(const merge_sort *s);
 const char *merge_sort_path(const merge_sort *s, size_t i);
 
-/* <0 when a sorts before b, 0 tie, >0 after. s may be NULL (every pair ties). */
+/* Returns: <0 when a sorts before b, 0 tie, >0 after. s may be NULL (every pair ties). */
 int merge_sort_cmp(const merge_sort *s, const bson_t *a, const bson_t *b);
 
 /* Index of the head that comes first (heads[i] NULL = stream i has nothing buffered and is

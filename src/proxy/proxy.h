@@ -108,15 +108,17 @@ typedef struct proxy {
 /* retry.c: every shard command and fan-out of the proxy (handlers and cursors) goes through
  * these two, to p->cluster. proxy_shard_command is px_shard_call (retry.h) with a budget of
  * --stale-retry-ms from now (for calls outside a client request's budget: cursors'
- * getMore and killCursors); proxy_shard_fanout is shardconn_fanout's contract. */
+ * getMore and killCursors); proxy_shard_fanout is shardconn_fanout's contract.
+ * Returns: (proxy_shard_command) a SHARDCONN_* class, not an SDB_E* status. */
 int proxy_shard_command(proxy *p, const char *shard, const char *db, const bson_t *cmd,
 			uint32_t *sid, bson_t *reply, char *neterr, size_t nelen);
 void proxy_shard_fanout(proxy *p, size_t n, void (*fn)(void *arg, size_t i), void *arg);
 
 /* catalog.c: metadata access and the routing cache */
 /* Run cmd on the metadata service (the leader, found by libmongoc) in db admin. reply is
- * always initialised (caller destroys). Returns 0, SDB_EPROTO (the service answered an
- * error: *code, message in err) or SDB_EUNAVAILABLE. Worker/refresh threads only. */
+ * always initialised (caller destroys). Errors: SDB_EPROTO (the service answered an
+ * error: *code, message in err) or SDB_EUNAVAILABLE (no metadata service configured, or
+ * not reachable). Worker/refresh threads only. */
 int proxy_meta_command(proxy *p, const bson_t *cmd, bson_t *reply, int *code, char *err,
 		       size_t errlen);
 /* Current routing for ns (a reference: unref it), fetched from metadata when not cached or
@@ -137,7 +139,8 @@ char *proxy_db_primary_lookup(proxy *p, const char *db);
 /* Replace that cache from a metadata listDatabases reply ({databases: [{name, primary?}]}).
  * Called by the refresh thread and by handlers that just read or changed the databases. */
 void proxy_set_db_primaries(proxy *p, const bson_t *list_databases_reply);
-/* Reload the shard list from metadata. Returns 0 or proxy_meta_command's errors. */
+/* Reload the shard list from metadata. Errors: proxy_meta_command's (SDB_EPROTO,
+ * SDB_EUNAVAILABLE). */
 int proxy_load_shards(proxy *p, char *err, size_t errlen);
 /* The refresh thread's body (arg: the proxy): until p->stopping, long-polls the routing
  * version and refreshes the cached tables it touches, loads the shard list, tenants and
@@ -164,7 +167,7 @@ typedef struct pstream {
 } pstream;
 
 /* Fill a stream from a cursor reply ({cursor: {id, ns, firstBatch|nextBatch}}).
- * Returns 0 or SDB_EPROTO. */
+ * Errors: SDB_EPROTO (no cursor document in reply; no message). */
 int pstream_take_batch(pstream *s, const bson_t *reply, const char *field);
 void pstream_clear(pstream *s);
 
@@ -173,11 +176,13 @@ proxy_cursor *proxy_cursor_new(proxy *p, const char *ns, pstream *streams, size_
 			       merge_sort *sort, void *proj, int64_t skip, int64_t limit);
 /* Produce the next batch into arr (an array being built) of at most batch_size documents
  * (< 0 = no count limit; 0 = an empty batch, as find's batchSize: 0) and at most ~8 MiB. Returns 0 when the cursor has more
- * (still alive), 1 when exhausted, or an error < 0 with code/errmsg set. */
+ * (still alive), 1 when exhausted. Errors: as proxy_cursor_next. */
 int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size, int *code,
 		      char *err, size_t errlen);
-/* Pull one document: returns 1 with *doc (caller bson_destroy's it), 0 at the end, or an
- * error < 0 with code/errmsg. */
+/* Pull one document: returns 1 with *doc (caller bson_destroy's it), 0 at the end.
+ * Errors: with *code the MongoDB code and the message in err, SDB_EUNAVAILABLE (a shard
+ * did not answer a getMore: HostUnreachable), SDB_EIO (a shard answered an error: its
+ * code, InternalError without one), SDB_EINVAL (the projection failed: BadValue). */
 int proxy_cursor_next(proxy *p, proxy_cursor *c, bson_t **doc, int *code, char *err,
 		      size_t errlen);
 /* True while some stream has buffered documents or an open shard cursor. */

@@ -26,8 +26,8 @@
 
 typedef struct proxy_quota proxy_quota;
 
-/* Start the limiter (and the peer ring when the role has --grpc-listen). Returns 0 or an
- * SDB_E* code with a message. */
+/* Start the limiter (and the peer ring when the role has --grpc-listen). Free with
+ * proxy_quota_free. Errors: as rl_grpc_start (SDB_EUSAGE, SDB_EIO) with a message. */
 int proxy_quota_new(sdb_role *role, proxy_quota **out, char *err, size_t errlen);
 void proxy_quota_free(proxy_quota *q);
 
@@ -53,7 +53,8 @@ bool proxy_quota_ring_probe(proxy_quota *q);
 /* Decide reqs on the proxy's rate limiter (the peer ring when it has one, else its
  * private limiter): an rl_decide_fn with ctx the proxy_quota. May block (forwarding to a
  * key's owner); thread-pool threads only. Used for the brute-force limit of the auth
- * gate (auth_gate_opts.decide). */
+ * gate (auth_gate_opts.decide). Errors: as the decide function in use (rl_decide_local or
+ * rl_cluster_decide: SDB_EINVAL when n > RL_MAX_BATCH). */
 struct rl_req;
 struct rl_resp;
 int proxy_quota_decide(void *q, const struct rl_req *reqs, size_t n, struct rl_resp *out,

@@ -68,9 +68,9 @@ typedef struct px_cluster {
 #define PX_STALE_MAX_MS 200
 
 /* Run cmd in db on shard (one call of p's cluster, resent as below) before deadline_ms
- * (monotonic ms: the request's budget). Returns SHARDCONN_*; reply always initialised (the
- * caller destroys it); *sid as in shardconn_command; neterr holds the message of a
- * NET_ERR.
+ * (monotonic ms: the request's budget). Returns: a SHARDCONN_* class (not an SDB_E*
+ * status); reply always initialised (the caller destroys it); *sid as in
+ * shardconn_command; neterr holds the message of a NET_ERR.
  * Resent (issue #11, #15) with backoff PX_RESEND_* until deadline_ms when the shard
  * certainly did not execute cmd: it was never sent (SHARDCONN_UNSENT: down or restarting),
  * or the shard refused it before execution: ShutdownInProgress (91, a stopping shard in
@@ -136,7 +136,7 @@ void px_retry_init(px_retry *r, struct ctx *c, route_coll *rc,
 		   int (*execute)(px_retry *r, void *arg), void (*exhausted)(px_retry *r, void *arg),
 		   void *arg);
 /* Run r until an attempt is not stale or the budget (c->deadline_ms, shared with the
- * resends of px_shard_call) is spent, backing off PX_STALE_* between attempts. Returns
+ * resends of px_shard_call) is spent, backing off PX_STALE_* between attempts. Returns:
  * PX_RETRY_DONE, or PX_RETRY_STALE after r->exhausted ran. Metric: every stale attempt
  * counts in stripedb_proxy_stale_retries_total. */
 int px_retry_run(px_retry *r);

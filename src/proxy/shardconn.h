@@ -44,8 +44,8 @@ shardconn *shardconn_new(void);
  * job can be submitted any more. */
 void shardconn_free(shardconn *sc);
 
-/* Add or replace shard id with uri ("mongodb://..." or "HOST:PORT"). Returns 0 or
- * SDB_EINVAL (unparsable URI) with a message. Thread-safe. */
+/* Add or replace shard id with uri ("mongodb://..." or "HOST:PORT"). Errors: SDB_EINVAL
+ * (unparsable URI) with a message. Thread-safe. */
 int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *err, size_t errlen);
 /* True when shard id is known. */
 bool shardconn_has_shard(shardconn *sc, const char *id);
@@ -81,7 +81,8 @@ enum {
  * proxy's retry path (retry.c px_shard_call) decides whether to send it again.
  * *server_id: 0 = select a member (the primary, or by cmd's $readPreference) and store its
  * id (so getMore can follow the same server); non-zero = run on that server. reply is
- * always initialised (caller destroys). Returns one of the SHARDCONN_* classes; on NET_ERR,
+ * always initialised (caller destroys). Returns: one of the SHARDCONN_* classes (not an
+ * SDB_E* status); on NET_ERR,
  * err holds a message naming the shard and *fate says what became of cmd: UNSENT when no
  * server could be selected (connection refused or timed out) or the connection could not
  * be opened (a shard that is down or restarting), UNKNOWN_OUTCOME on any other network
@@ -112,8 +113,9 @@ void shardconn_submit(shardconn *sc, void (*fn)(void *arg), void *arg);
 void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
 
 /* The shardconn's metadata pool, for the members "H:P,H:P" (replicaSet=stripedb-meta, so
- * the leader is found by libmongoc): made by shardconn_set_metadata (SDB_EINVAL with a
- * message on a bad address list; a second call replaces it), freed with the shardconn.
+ * the leader is found by libmongoc): made by shardconn_set_metadata (Errors: SDB_EINVAL
+ * with a message on a bad address list; a second call replaces it), freed with the
+ * shardconn.
  * shardconn_metadata returns the current pool (NULL before set): pop from it
  * and push back to the same pointer. Key rotation (issue #21): when the cluster key file
  * was reloaded with a new first key (auth_cluster_generation moved), this and every shard

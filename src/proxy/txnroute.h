@@ -84,7 +84,7 @@ bool pxtxn_begin(struct ctx *c, pxtxn_stmt *st);
  * `recoveryToken`. Checks the session back in. */
 void pxtxn_end(struct ctx *c);
 /* px_run_on inside a transaction (c->tx set): see the top of this file. Same contract as
- * px_run_on. */
+ * px_run_on. Returns: a SHARDCONN_* class. */
 int pxtxn_run_on(struct ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid,
 		 bson_t *reply, char *neterr, size_t nelen);
 /* The fields a shard cursor of the current transaction needs on its getMores (lsid,

@@ -23,7 +23,7 @@ void px_append_key_check(const route_coll *rc, const bson_t *holder, const char 
  * phase finds a document, which may differ between an attempt and its retry: ask each
  * shard owning a chunk selected in sel (rc->nchunks flags) whether it already executed
  * statement idx of c's session (issue #16; stripedbStmtResult).
- * Returns 1: executed there, *res (initialised by the caller) gets its recorded result;
+ * Returns: 1: executed there, *res (initialised by the caller) gets its recorded result;
  * 0: nowhere; -1: a shard did not answer or refused (unknown: the caller fails the statement
  * with a retryable error): *err_reply (initialised by the caller) gets the shard's reply and
  * nerr (nelen bytes) the network error, if any. The caller destroys res and err_reply. */

@@ -20,8 +20,8 @@ void rl_algo_decide(rl_state *st, bool exists, const rl_req *req, int64_t now, r
 
 /* The UTC Gregorian interval holding now: [*start, *end) in ms since epoch.
  * interval is an RL_GREGORIAN_* value. Months and years use their real lengths
- * (28..31 days, 365 or 366 days). Returns 0, or SDB_EINVAL for weeks or an unknown
- * value. */
+ * (28..31 days, 365 or 366 days). Errors: SDB_EINVAL for weeks or an unknown value
+ * (*start and *end untouched). */
 int rl_gregorian_bounds(int64_t now, int64_t interval, int64_t *start, int64_t *end);
 
 /* Days since 1970-01-01 of the civil date y-m-d (proleptic Gregorian, m 1..12), and the

@@ -50,7 +50,7 @@ rl_state *rl_cache_find(rl_cache_shard *s, uint64_t hash, const char *key, size_
 rl_state *rl_cache_insert(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen,
 			  int64_t now);
 
-/* Remove key from a locked shard; returns 1 when it was there, else 0. */
+/* Remove key from a locked shard. Returns: 1 when it was there, else 0 (never an error). */
 int rl_cache_remove(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen);
 
 /* Per-shard decision tallies (RL_TALLY_*), counted under the shard's lock so the hot

@@ -62,11 +62,12 @@ typedef struct rl_cluster_opts {
 /* Fill the unset (zero) fields of opts from Gubernator's environment variables
  * GUBER_BATCH_WAIT, GUBER_BATCH_TIMEOUT, GUBER_GLOBAL_SYNC_WAIT (Go durations such as
  * "500us", "100ms", "1s"), GUBER_BATCH_LIMIT and GUBER_GLOBAL_BATCH_LIMIT (integers),
- * read through getenv. Returns 0 or SDB_EUSAGE naming the bad variable. */
+ * read through getenv. Errors: SDB_EUSAGE naming the bad variable. */
 int rl_cluster_opts_from_env(rl_cluster_opts *opts, char *err, size_t errlen);
 
 /* Parse a Go time.Duration string ("1h2m", "1.5s", "500us", "300µs", "10ns", "0") into
- * microseconds (ns rounded down). Returns 0 or SDB_EINVAL. */
+ * microseconds (ns rounded down). Errors: SDB_EINVAL (not a Go duration, or out of range;
+ * no message: it takes no err). */
 int rl_parse_go_duration(const char *s, int64_t *out_us);
 
 /* Create a cluster deciding with lim (borrowed; must outlive the cluster), open channels
@@ -94,7 +95,9 @@ int rl_cluster_decide_async(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 			    rl_cluster_done_fn done, void *arg, char *err, size_t errlen);
 
 /* rl_decide_fn (limiter.h) over the cluster, for the HTTP gateway and the proxy: blocks
- * the calling thread until every answer is in. ctx is the rl_cluster. */
+ * the calling thread until every answer is in. ctx is the rl_cluster. Errors: as
+ * rl_cluster_decide_async (SDB_EINVAL when n > RL_MAX_BATCH); per-request failures go to
+ * out[i].error. */
 int rl_cluster_decide(void *ctx, const rl_req *reqs, size_t n, rl_resp *out, char *err,
 		      size_t errlen);
 
@@ -110,7 +113,8 @@ void rl_cluster_apply_globals(rl_cluster *cl, const Pb__Gubernator__UpdatePeerGl
 /* HealthCheck: peers in the ring including self, and whether every peer is reachable
  * (returns true) or not (false, with "peer H:P unreachable; ..." in msg). */
 bool rl_cluster_health(rl_cluster *cl, int *peer_count, char *msg, size_t msglen);
-/* rl_frontend.peer_count adapter (ctx is the rl_cluster). */
+/* rl_frontend.peer_count adapter (ctx is the rl_cluster). Returns: the number of peers in
+ * the ring, self included. */
 int rl_cluster_peer_count(void *ctx);
 
 /* Replace the ring: peers (gRPC addresses; this node is added when missing) as of

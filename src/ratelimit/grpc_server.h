@@ -32,7 +32,7 @@ typedef struct rl_grpc_server_opts {
 int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, char *err,
 		       size_t errlen);
 
-/* The bound port. */
+/* Returns: the bound port. */
 int rl_grpc_server_port(const rl_grpc_server *srv);
 
 /* Stop in three steps, so that no call touches a freed cluster:
@@ -72,7 +72,7 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
  * deadline). NULL is a no-op. */
 void rl_grpc_stop(rl_grpc *g);
 
-/* The bound gRPC port of a started hook (for logs and tests). */
+/* Returns: the bound gRPC port of a started hook (for logs and tests); 0 when g is NULL. */
 int rl_grpc_port(const rl_grpc *g);
 
 #endif

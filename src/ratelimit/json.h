@@ -34,10 +34,11 @@ typedef struct rl_json_reqs {
 } rl_json_reqs;
 
 /* Parse body (len bytes, not necessarily NUL-terminated) into *out.
- * Returns 0; or SDB_EPROTO for malformed JSON or a field of the wrong type (message names
+ * Errors: SDB_EPROTO for malformed JSON or a field of the wrong type (message names
  * the field, grpc code INVALID_ARGUMENT); or SDB_ETOOBIG when "requests" holds more than
  * RL_MAX_BATCH items ("Requests.RateLimits list too large; max size is '1000'", grpc code
- * OUT_OF_RANGE), checked before anything is allocated for the items. *out is empty on
+ * OUT_OF_RANGE, also a body too large to parse), checked before anything is allocated
+ * for the items. *out is empty on
  * error. Free with rl_json_reqs_free() (safe on an empty or freed value). */
 int rl_json_parse_reqs(const char *body, size_t len, rl_json_reqs *out, char *err,
 		       size_t errlen);

@@ -171,35 +171,35 @@ void rl_limiter_free(rl_limiter *lim);
  * and returns SDB_EINVAL when it is invalid (empty name or unique_key, unknown algorithm,
  * negative limit or burst, negative duration, zero duration without
  * DURATION_IS_GREGORIAN, a Gregorian duration that is weeks or unknown, behaviour bits
- * outside RL_BEHAVIOR_MASK); returns 0 when valid. */
+ * outside RL_BEHAVIOR_MASK); returns 0 when valid. Errors: SDB_EINVAL (those cases). */
 int rl_req_validate(const rl_req *req, char *err, size_t errlen);
 
 /* Decide n requests locally, in order: out[i] answers reqs[i]. Each request is validated
  * (an invalid one gets out[i].error and does not touch state; the others proceed) and
  * decided atomically against its key's state. GLOBAL/BATCHING bits are not interpreted
  * here (that is the cluster layer's job): every key is decided as if this node owned it.
- * Returns 0, or SDB_EINVAL when n > RL_MAX_BATCH (nothing decided; err says
+ * Errors: SDB_EINVAL when n > RL_MAX_BATCH (nothing decided; err says
  * "Requests.RateLimits list too large; max size is '1000'"). err may be NULL. */
 int rl_limiter_decide(rl_limiter *lim, const rl_req *reqs, size_t n, rl_resp *out,
 		      char *err, size_t errlen);
 
 /* Decide one request as the key's owner and also return the key's state after the
  * decision in *state (for the GLOBAL broadcast to peers: UpdatePeerGlobals). Returns 0
- * (out and *state filled), SDB_EINVAL for an invalid request (out->error set, *state
- * untouched). */
+ * (out and *state filled). Errors: SDB_EINVAL for an invalid request (out->error set,
+ * *state untouched). */
 int rl_limiter_decide_owner(rl_limiter *lim, const rl_req *req, rl_resp *out,
 			    rl_state *state);
 
 /* Apply a GLOBAL broadcast received from the owner: replace the state of key
  * (name, unique_key) by *state (inserting it when absent). Later requests for the key on
  * this node are decided from that state. Any other field values are safe (a peer's
- * state is not trusted: arithmetic on it saturates). Returns 0 or SDB_EINVAL (empty
- * name/key, an unknown algorithm, a non-finite remaining_f or tat). */
+ * state is not trusted: arithmetic on it saturates). Errors: SDB_EINVAL (empty name/key,
+ * an unknown algorithm, a non-finite remaining_f or tat). */
 int rl_limiter_set_state(rl_limiter *lim, const char *name, const char *unique_key,
 			 const rl_state *state);
 
-/* Read the state of key (name, unique_key) into *state. Returns 0, or SDB_ENOTFOUND when
- * the key is absent or expired (as of the limiter's clock). */
+/* Read the state of key (name, unique_key) into *state. Errors: SDB_ENOTFOUND when the key
+ * is absent or expired (as of the limiter's clock). */
 int rl_limiter_get_state(rl_limiter *lim, const char *name, const char *unique_key,
 			 rl_state *state);
 
@@ -239,7 +239,8 @@ typedef struct rl_frontend {
 	bool (*health)(void *ctx, char *msg, size_t msglen);
 } rl_frontend;
 
-/* rl_decide_fn adapter over rl_limiter_decide (ctx is an rl_limiter *). */
+/* rl_decide_fn adapter over rl_limiter_decide (ctx is an rl_limiter *). Errors: as
+ * rl_limiter_decide (SDB_EINVAL when n > RL_MAX_BATCH). */
 int rl_decide_local(void *ctx, const rl_req *reqs, size_t n, rl_resp *out, char *err,
 		    size_t errlen);
 

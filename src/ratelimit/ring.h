@@ -34,7 +34,7 @@ void rl_ring_free(rl_ring *ring);
  * ascending strcmp order). The string is owned by the ring. */
 size_t rl_ring_size(const rl_ring *ring);
 const char *rl_ring_peer(const rl_ring *ring, size_t idx);
-/* Index of addr among the peers, or -1. */
+/* Returns: the index of addr among the peers, or -1 when it is not one. */
 int rl_ring_find(const rl_ring *ring, const char *addr);
 
 /* The key's hash as used on the ring (XXH64, seed 0). */
@@ -45,7 +45,8 @@ uint64_t rl_ring_hash(const void *key, size_t len);
  * the index of the peer of the first point at or after hash, skipping points whose peer
  * alive(idx, arg) rejects (alive may be NULL: every peer is alive). So when the owner is
  * dead, the next peer clockwise takes its keys, and every node that agrees on the dead
- * set agrees on the new owner. Returns -1 when no peer is alive. Thread-safe. */
+ * set agrees on the new owner. Returns: the peer index, or -1 when no peer is alive.
+ * Thread-safe. */
 int rl_ring_owner(const rl_ring *ring, uint64_t hash, bool (*alive)(size_t idx, void *arg),
 		  void *arg);
 

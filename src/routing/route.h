@@ -63,8 +63,8 @@ typedef struct route_coll {
  *   ns: namespace; key: the key pattern document ({a: 1, b: 1} or {a: "hashed"});
  *   table: a getRoutingTable reply {routingVersion: N, chunks: [{id, ns, min, max, shard,
  *   token}]}; chunks of other namespaces are skipped.
- * Returns 0 and *out (one reference; release with route_coll_unref) or SDB_EINVAL with a
- * message (bad key pattern, a chunk without id/min/max/shard, bounds with the wrong
+ * Returns 0 and *out (one reference; release with route_coll_unref). Errors: SDB_EINVAL
+ * with a message (bad key pattern, a chunk without id/min/max/shard, bounds with the wrong
  * number of fields, chunks that overlap). A table with no chunk for ns is valid (an
  * unsharded or empty collection: nchunks 0). */
 int route_coll_build(const char *ns, const bson_t *key, const bson_t *table, route_coll **out,
@@ -79,11 +79,11 @@ void route_coll_unref(route_coll *c);
 int64_t route_hash_value(const bson_value_t *v);
 
 /* Compare two key values (documents with nkeys elements) component by component in
- * MongoDB order, ignoring names; a shorter document compares below. */
+ * MongoDB order, ignoring names; a shorter document compares below. Returns: <0, 0, >0. */
 int route_key_cmp(const bson_t *a, const bson_t *b);
 
 /* Extract the shard key value of a document (insert, replacement) into out (initialised
- * by the caller, appended to): missing fields are null; hashed keys hash. Returns 0 or
+ * by the caller, appended to): missing fields are null; hashed keys hash. Errors:
  * SDB_EINVAL when a key field holds an array or a document nests too deep. */
 int route_key_from_doc(const route_coll *c, const bson_t *doc, bson_t *out, char *err,
 		       size_t errlen);
@@ -144,7 +144,8 @@ void route_update_free(route_update *u);
 /* The key pattern of the collection (getRoutingTable's key, or collections[].key). */
 void route_update_set_key(route_update *u, const bson_t *key);
 /* One element of a reply's chunks array ({id, ns, min, max, shard, token, version});
- * the ns is not checked (the caller dispatches). Returns 0 or SDB_EINVAL. */
+ * the ns is not checked (the caller dispatches). Errors: SDB_EINVAL (a malformed chunk
+ * document, with a message). */
 int route_update_chunk(route_update *u, const bson_iter_t *elem, char *err, size_t errlen);
 /* One element of a reply's removed array: {ns, id, ...} (a chunk) or {ns, collection:
  * true} (the whole collection was dropped: chunks fed later are a new incarnation). */
@@ -158,9 +159,9 @@ size_t route_update_size(const route_update *u);
 #define ROUTE_UPDATE_MAX_SHARDS 64
 size_t route_update_shards(const route_update *u, char *const **out, bool *many);
 /* The snapshot at routing version `version`: old (NULL, unsharded or a full update: start
- * from nothing) with the update applied. Returns 0 and *out (one reference) or SDB_EINVAL
- * (no key pattern for a collection that has chunks, bounds with the wrong number of
- * fields, chunks that overlap after the update: the caller then reloads in full). */
+ * from nothing) with the update applied. Returns 0 and *out (one reference). Errors:
+ * SDB_EINVAL (no key pattern for a collection that has chunks, bounds with the wrong
+ * number of fields, chunks that overlap after the update: the caller then reloads in full). */
 int route_update_apply(route_update *u, const route_coll *old, int64_t version,
 		       route_coll **out, char *err, size_t errlen);
 

@@ -19,8 +19,11 @@
  * --replica-set (a directory of another set, shard.db without its Raft log: SDB_EUSAGE),
  * and start Raft on --raft-listen with --bootstrap-members (none: a one-member set on an
  * ephemeral loopback port). wire_addr is this member's address for hello's hosts/me.
- * sh->repl is set even on error (close it with shard_repl_close). 0 or SDB_E* with a
- * message. */
+ * sh->repl is set even on error (close it with shard_repl_close). Errors: with a
+ * message: SDB_EUSAGE (bad or inconsistent --replica-set, --raft-listen,
+ * --bootstrap-members or --raft-tls; a data directory of another set), SDB_EINVAL (Raft
+ * TLS files refused), SDB_EIO (the apply connection, the disk or the Raft port), or what
+ * sdb_node_start returns. */
 int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen);
 /* Refuse new writes, answer every write still waiting for its commit with
  * InterruptedAtShutdown (11600: outcome unknown), stop Raft and free; cb(arg) on the loop
@@ -29,8 +32,8 @@ void shard_repl_close(shard_repl *r, void (*cb)(void *arg), void *arg);
 /* Answer the writes waiting for their commit now (shutdown timeout) and refuse new ones. */
 void shard_repl_abandon(shard_repl *r);
 /* Hand the primary role to another up-to-date member (graceful stop: rolling restarts
- * without client errors). SDB_EINVAL when this is not a multi-member set, else as
- * sdb_node_transfer. */
+ * without client errors). Errors: SDB_EINVAL when this is not a multi-member set, else as
+ * sdb_node_transfer (synchronous: cb never fires). */
 int shard_repl_transfer(shard_repl *r, sdb_node_done_cb cb, void *arg);
 
 /* Queue a write command (checked by a worker) for the next Raft entry. The request is

@@ -41,18 +41,29 @@
 #include "storage/store.h"
 #include "wire/server.h"
 
+/* Worker threads of the pool, each with its own store connection. */
 #define SHARD_WORKERS 8
+/* A cursor not used for this long (ms, MongoDB's cursorTimeoutMillis) is reaped. */
 #define SHARD_CURSOR_IDLE_MS (10 * 60 * 1000)
+/* Documents in a first batch when the command gives no batchSize (as mongod). */
 #define SHARD_DEFAULT_BATCH 101
+/* Bytes of documents in one cursor batch: 16 MiB minus room for the reply's envelope. */
 #define SHARD_MAX_REPLY_BYTES (16 * 1024 * 1024 - 64 * 1024)
 
+/* Logical sessions remembered for $listLocalSessions (shard_sessions_note); when full, the
+ * least recently used one is replaced. */
 #define SHARD_MAX_SESSIONS 1024
+/* One logical session seen in a command: id is the 16 bytes of lsid.id (a UUID). Stored by
+ * value in shard.sessions under sess_mu. */
 typedef struct shard_session {
 	uint8_t id[16];
 	int64_t last_use_ms; /* epoch ms (lastUse is a Date) */
 } shard_session;
 
+/* The shard role (struct shard below): one per process running the role, created and
+ * freed by role.c. */
 typedef struct shard shard;
+/* The context of one command run (struct shard_ctx below). */
 typedef struct shard_ctx shard_ctx;
 typedef struct shard_repl shard_repl; /* repl.h: the member's Raft group */
 typedef struct shard_cursor shard_cursor;
@@ -60,6 +71,11 @@ typedef struct shard_cursor shard_cursor;
 /* A command body run on a worker thread. It must complete x->req exactly once. */
 typedef void (*shard_cmd_fn)(shard_ctx *x);
 
+/* One command being run: on a worker thread (reads) or in the replicated apply (writes).
+ * Every pointer is borrowed: sh, conn (the worker's or the apply's connection), req (the
+ * request to complete exactly once), cmd and db (views into req's message) outlive the
+ * command. err is scratch space for a store error's message (err, sizeof err), copied
+ * into the reply by the code that replies. */
 struct shard_ctx {
 	shard *sh;
 	sdb_store_conn *conn;
@@ -83,6 +99,9 @@ struct shard_ctx {
 	char err[512];
 };
 
+/* A queued command (shard_pool_submit, shard_pool_submit_write): heap, owned by the queue
+ * and freed by the worker that runs it. req is completed by fn (or, for a write, by the
+ * replicated apply it is handed to). */
 typedef struct shard_job {
 	struct shard_job *next;
 	shard_cmd_fn fn;
@@ -103,6 +122,10 @@ typedef struct shard_await {
 	int64_t deadline_ms; /* CLOCK_MONOTONIC ms: answer with an empty batch then */
 } shard_await;
 
+/* The shard role's state. Owned by role.c (created at start, freed after the stop once
+ * every worker and the await thread joined); role, store and srv are the role's. Each group
+ * of fields is guarded by the mutex named above it; the rest is set at start and read-only
+ * after, or used on the loop thread only (timers, repl, failed_start). */
 struct shard {
 	sdb_role *role;
 	sdb_store *store;
@@ -151,17 +174,20 @@ struct shard {
 
 /* --- pool.c --- */
 /* A store connection from the shard's pool of spare connections (opened on demand), for
- * work that may outlive the command (streaming cursors). Any thread. NULL on error. */
+ * work that may outlive the command (streaming cursors). Any thread; give it back with
+ * shard_conn_put. NULL on error with the message in err (sdb_store_conn_open failed). */
 sdb_store_conn *shard_conn_get(shard *sh, char *err, size_t errlen);
 /* Return a connection (its transaction is rolled back); extra ones are closed. */
 void shard_conn_put(shard *sh, sdb_store_conn *c);
 /* Close every spare pooled connection (at stop, after the workers joined). */
 void shard_conns_close(shard *sh);
 /* Start the worker threads (SHARD_WORKERS, each owning one store connection) and the
- * parked-getMore machinery. Returns 0, or SDB_EIO / SDB_ENOMEM with the message in err
- * (nothing left running). Loop thread, once, at start. */
+ * parked-getMore machinery. Loop thread, once, at start. Errors: SDB_EIO, message in
+ * err (a worker's store connection could not be opened or configured, or a thread could not
+ * be created). On error the workers already started keep running and sh->n_threads counts
+ * them: the caller stops them with shard_pool_stop. */
 int shard_pool_start(shard *sh, char *err, size_t errlen);
-/* Queue fn for req (loop thread). */
+/* Queue fn for req (loop thread). The job is freed by the worker; fn completes req. */
 void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req);
 /* Queue a write command for a worker's checks (fail points, command extensions), after
  * which it goes to shard_repl_submit (loop thread). */
@@ -190,12 +216,19 @@ void shard_pool_stop(shard *sh);
 void shard_oplog_notify(shard *sh);
 
 /* --- commands.c --- */
-/* The handler of command name, or NULL. */
+/* The handler of command name (a static function, never freed), or NULL when the shard
+ * does not know the command. */
 shard_cmd_fn shard_cmd_lookup(const char *name);
 /* Does command name change the shard's state (and so go through the Raft log)? */
 bool shard_cmd_is_write(const char *name);
 
 /* --- cursors.c --- */
+/* A cursor of the registry (find, aggregate, listCollections, tailable oplog reads). Heap
+ * (sdb_store_calloc_aligned: it embeds a bson_t), owned by the registry once added, freed
+ * with shard_cursor_free. docs[pos..n_docs) are the documents still to return (heap, each
+ * sdb_doc_free'd with the cursor) for a materialized cursor; a streaming one holds conn, q
+ * and proj instead. Fields other than busy/killed/last_used_ms are used only by the
+ * thread that has the cursor checked out. */
 struct shard_cursor {
 	shard_cursor *next;
 	shard *sh;
@@ -217,7 +250,8 @@ struct shard_cursor {
 	bson_t *pending; /* a document that did not fit the previous batch */
 	uint64_t last_used_ms;
 };
-/* Register a cursor over docs (ownership taken) and return its id (random, non-zero). */
+/* Register a cursor (ownership taken, with its documents) and return its id (random,
+ * non-zero, unique among the registered cursors). Any thread; never fails. */
 int64_t shard_cursor_add(shard *sh, shard_cursor *c);
 /* Check a cursor out for a getMore (busy until shard_cursor_put). NULL if unknown or busy;
  * *busy tells which. */
@@ -235,9 +269,11 @@ void shard_cursors_reap(shard *sh, uint64_t now_ms, uint64_t idle_ms);
 /* Free every cursor (at stop, when no worker runs). */
 void shard_cursors_free_all(shard *sh);
 
-/* Build a cursor reply {cursor: {firstBatch|nextBatch: docs[from..], id, ns}} taking up
- * to batch documents (0 = default 101 first / all for getMore) and at most
- * SHARD_MAX_REPLY_BYTES; *taken gets the count. */
+/* Build a cursor reply {cursor: {firstBatch|nextBatch: docs[0..], id, ns}} into reply (an
+ * initialised document the caller owns) taking up to batch documents (0 = default 101
+ * first / all for getMore) and at most SHARD_MAX_REPLY_BYTES; *taken gets the count. docs
+ * are borrowed (copied into the reply); extra_cursor_fields (may be NULL) are appended to
+ * the cursor sub-document. */
 void shard_cursor_reply(bson_t *reply, const char *ns, int64_t id, bool first, bson_t **docs,
 			size_t n, size_t batch, size_t *taken, const bson_t *extra_cursor_fields);
 
@@ -277,21 +313,27 @@ bool shard_txn_start(shard_ctx *x, shard_txn *t);
  * statement not executed before. True when the fail point answered x->req (the command
  * must not run). Worker thread, before the command runs or is replicated. */
 bool shard_txn_fail_point(shard_ctx *x);
-/* The stmtId of statement i. */
+/* The stmtId of statement i: stmtIds[i] when the command had the array, else base + i. */
 int32_t shard_txn_stmt_id(const shard_txn *t, uint32_t i);
-/* 1 when statement i already executed (*res: its recorded result, sdb_doc_free), 0 when
- * not (or no session), -1 after replying an internal error (transaction rolled back). */
+/* Returns: 1 when statement i already executed (*res: its recorded result, heap,
+ * sdb_doc_free), 0 when not (or no session; *res NULL), -1 after replying to x->req (the
+ * command is over): InternalError (1) when the session record could not be read (the
+ * store's SDB_EIO or SDB_ECORRUPT), IncompleteTransactionHistory (217) when the statement
+ * has no record but its txnNumber's history was not carried by a migration. Not an
+ * SDB_E* status. */
 int shard_txn_lookup(shard_ctx *x, shard_txn *t, uint32_t i, bson_t **res);
 /* Tag the oplog entries of statement i's writes with the session fields. */
 void shard_txn_tag(shard_ctx *x, shard_txn *t, uint32_t i);
-/* Record statement i's result (same savepoint as its writes); stops tagging. 0 or a store
- * error with the message in x->err. */
+/* Record statement i's result (res borrowed; same savepoint as its writes); stops tagging.
+ * Nothing to do (0) without a session. Errors: SDB_EIO (the oplog entries or the session
+ * record could not be written; message in x->err, nothing replied). */
 int shard_txn_record(shard_ctx *x, shard_txn *t, uint32_t i, const bson_t *res);
 /* Release t's stmtIds array (t->lsid is a view and needs nothing). */
 void shard_txn_free(shard_txn *t);
 
 /* A migrated statement record (retry_mig.c): $stripedbSession of a replayed statement,
- * borrowed from the command. */
+ * borrowed from the command (lsid and result are static views into x->cmd: valid while
+ * the command runs, nothing to free). */
 typedef struct shard_mig_sess {
 	bool on;
 	bson_t lsid;   /* static, into the command */
@@ -300,14 +342,18 @@ typedef struct shard_mig_sess {
 	bson_t result; /* static, into the command */
 } shard_mig_sess;
 /* Read $stripedbSession of statement st into ms (ms->on false when absent). Accepted only
- * on a command with $stripedbOrigin; a malformed or unauthorised one: x->err filled and a
- * code returned (BadValue 2), else 0. */
+ * on a command with $stripedbOrigin. Returns: 0, or the MongoDB code BadValue (2) with the
+ * message in x->err (nothing replied: the caller reports it as the statement's error) when
+ * the field comes without $stripedbOrigin, with the command's txnNumber, is not a document
+ * or lacks lsid, txnNumber, stmtId or result. Not an SDB_E* status. */
 int shard_mig_sess_parse(shard_ctx *x, const bson_t *st, shard_mig_sess *ms);
 /* Before the replayed statement's writes: tag its oplog entries with the source's
  * lsid/txnNumber/stmtId. */
 void shard_mig_sess_tag(shard_ctx *x, shard_mig_sess *ms);
 /* After the replayed statement succeeded, in its savepoint: its oplog entries get the
- * stmtResult, the session record is imported (sdb_store_session_import). 0 or SDB_EIO. */
+ * stmtResult, the session record is imported (sdb_store_session_import). Nothing to do
+ * (0) when ms->on is false. Errors: message in x->err; SDB_EIO (a write failed),
+ * SDB_EINVAL (not inside a write transaction: a caller's bug). */
 int shard_mig_sess_record(shard_ctx *x, shard_mig_sess *ms);
 /* $stripedbSessions of an update command with $stripedbOrigin: import every record in the
  * command's transaction. Replies (BadValue on a malformed record, InternalError) and
@@ -349,11 +395,14 @@ bool shard_commit(shard_ctx *x);
 /* The collection name of a command ({find: "c"}): the first field as a string, or NULL
  * after replying InvalidNamespace. */
 const char *shard_coll_arg(shard_ctx *x);
-/* Reply with a MongoDB error code and message (the message copied). */
+/* Roll back x->conn's open transaction (if any) and reply {ok: 0, code, codeName, errmsg}
+ * to x->req with MongoDB error code code and the printf-formatted message (copied, cut at
+ * 1023 bytes). Completes the request: call it once, then return. */
 void shard_fail(shard_ctx *x, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* The MongoDB code of a store error rc (SDB_E*): SDB_EINVAL BadValue (2), SDB_EEXISTS
- * DuplicateKey (11000), SDB_ESTALE StaleConfig (13388), SDB_ENOTFOUND NamespaceNotFound
- * (26), SDB_ETOOBIG BSONObjectTooLarge (10334), anything else InternalError (1). */
+/* Returns: the MongoDB code of a store error rc (SDB_E*), never an SDB_E* status:
+ * SDB_EINVAL BadValue (2), SDB_EEXISTS DuplicateKey (11000), SDB_ESTALE StaleConfig
+ * (13388), SDB_ENOTFOUND NamespaceNotFound (26), SDB_ETOOBIG BSONObjectTooLarge (10334),
+ * anything else InternalError (1). Pure. */
 int shard_code_of(int rc);
 
 /* Command handlers (shard_cmd_fn, registered by commands.c): each runs with x's store
@@ -414,10 +463,13 @@ typedef struct shard_key_range {
  * range bounds the scan of the shard-key index (the first key field from min's to max's
  * value; MinKey / MaxKey leave that side open). A hashed key has no index to bound (the
  * shard has no hashed indexes): every document is examined, only the chunk's returned.
- * Returns 0, or BadValue (2) with the message in x->err (nothing replied) on a malformed
- * range or together with $stripedbShardVersion. */
+ * Returns: 0, or the MongoDB code BadValue (2) with the message in x->err (nothing
+ * replied) on a malformed range or together with $stripedbShardVersion. Not an SDB_E*
+ * status. On error spec is unchanged (no orphan filter reference taken). */
 int shard_filtering_key_range(shard_ctx *x, const char *ns, const bson_t *kr,
 			      shard_key_range *r, sdb_query_spec *spec);
+/* {stripedbCheck: 1} (cmd_admin.c): sdb_store_check in a read transaction, replied as
+ * {ok: 1, problems: [strings], nProblems}; InternalError (1) when the check fails. */
 void shard_cmd_check(shard_ctx *x);
 
 #endif

@@ -25,8 +25,11 @@ void shard_cmd_snapshot_file(shard_ctx *x);
 /* Copy shard.db from the member at source ("H:P") into this member's store through conn
  * (sdb_store_replace_from), chunk by chunk through DATA_DIR/snapshots/in.db: memory stays
  * bounded by one 8 MiB chunk. The copy must have applied at least need_applied; *applied
- * gets its last applied Raft index. Blocking (libmongoc). 0, SDB_ECORRUPT (a chunk's
- * checksum) or SDB_EIO with a message. */
+ * gets its last applied Raft index. Blocking (libmongoc). Errors: with a message, SDB_EIO
+ * (no client, the source's copy is older than need_applied, a transfer or local write
+ * failed, and also a chunk whose checksum does not match: the message says so but the
+ * code stays SDB_EIO), or what sdb_store_replace_from returns (SDB_ECORRUPT: the file is
+ * not a store copy; SDB_EINVAL; SDB_EIO). */
 int shard_snapshot_fetch(shard *sh, sdb_store_conn *conn, const char *source,
 			 uint64_t need_applied, uint64_t *applied, char *err, size_t errlen);
 

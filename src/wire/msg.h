@@ -121,7 +121,7 @@ bool wire_msg_length_ok(int32_t len);
  * Fills *out (see wire_msg for ownership). The header (out->hdr) is filled first, as soon
  * as 16 bytes are available, so that a caller can answer an error to requestID even when
  * the rest is bad; *code is set to the MongoDB error code to answer with (0 on success).
- * Returns 0, or:
+ * Returns 0. Errors:
  *   SDB_EPROTO  malformed message (bad length, truncated or trailing bytes, unknown opCode,
  *               unknown required flag bits, missing or duplicate body, bad section kind,
  *               checksum mismatch, invalid BSON; *code ProtocolError or InvalidBSON)
@@ -136,8 +136,9 @@ int wire_msg_parse(const uint8_t *buf, size_t len, wire_msg *out, int *code, cha
  * `documents: [...]`). For OP_QUERY, the query document, unwrapped from
  * {$query: {...}} when a legacy driver wrapped it. Appends to out, an empty initialised
  * document (bson_new() or bson_init()) that the caller destroys, also on error.
- * Returns 0 or SDB_EPROTO when an identifier duplicates a body field or is empty
- * (*code ProtocolError / BadValue), or the message is not OP_MSG/OP_QUERY. */
+ * Errors: SDB_EPROTO when an identifier duplicates a body field or is empty (*code
+ * ProtocolError / BadValue), a sequence document or OP_QUERY's $query is not valid BSON
+ * (*code InvalidBSON), or the message is not OP_MSG/OP_QUERY (ProtocolError). */
 int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, size_t errlen);
 
 /* Encode an OP_MSG reply: header (requestID request_id, responseTo response_to), flagBits

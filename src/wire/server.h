@@ -137,8 +137,8 @@ typedef struct wire_server_opts {
 	uint64_t quiesce_ms;
 } wire_server_opts;
 
-/* Create and start listening on loop. Returns 0, SDB_EINVAL (bad address) or SDB_EIO
- * (bind/listen failed) with a message in err. */
+/* Create and start listening on loop. Errors: SDB_EINVAL (bad or unresolvable address)
+ * or SDB_EIO (bind/listen failed) with a message in err. */
 int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server **out,
 		    char *err, size_t errlen);
 
@@ -152,7 +152,7 @@ void wire_server_register(wire_server *srv, const char *name, wire_cmd_fn fn);
  * change. Loop thread only. See wire/topology.h. */
 void wire_server_topology_changed(wire_server *srv);
 
-/* Bound port (useful with port 0). */
+/* Returns: the bound port (useful with port 0). */
 int wire_server_port(const wire_server *srv);
 
 /* Begin a graceful stop (MongoDB's quiesce mode, mongod/mongos 5.0+):
