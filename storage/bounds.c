@@ -272,7 +272,8 @@ int sdb_matcher_bounds(const bson_t *filter, const char *path, bool multikey, sd
 	int rc;
 
 	memset(out, 0, sizeof *out);
-	rc = sdb_matcher_new_opts(filter, SDB_MATCHER_EXPR, &m, NULL, err, errlen);
+	/* $expr constrains no path, so it is not compiled (it may read `let` variables) */
+	rc = sdb_matcher_new_opts(filter, SDB_MATCHER_EXPR_SHAPE, &m, NULL, err, errlen);
 	if (rc)
 		return rc;
 	bounds_collect(m->root, &acc, false); /* $expr constrains no path: ALL */

@@ -25,7 +25,9 @@ typedef struct perr {
 	char *err;
 	size_t errlen;
 	bool allow_expr; /* SDB_MATCHER_EXPR: $expr is built (else refused) */
+	const bson_t *vars; /* user variables for $expr (sdb_matcher_new_vars), or NULL */
 	bool in_elem;    /* parsing an $elemMatch object: $expr is refused there */
+	bool expr_shape; /* SDB_MATCHER_EXPR_SHAPE: $expr's node holds no expression */
 } perr;
 
 static int fail(perr *pe, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -424,7 +426,7 @@ static bool eval(const node *n, const bson_t *doc, evalctx *ev)
 	case N_PATH:
 		return eval_path(n, doc);
 	case N_EXPR:
-		if (!ev)
+		if (!ev || n->x == NULL)
 			return false;
 		if (sdb_expr_truthy(n->x, ev->root, &t, &ev->code, ev->err, ev->errlen) != 0) {
 			ev->rc = SDB_EINVAL;
@@ -1042,7 +1044,11 @@ static int parse_expr(const bson_iter_t *it, node *and_out, perr *pe)
 			    "$expr is not supported here by stripedb (only in the filters of find, "
 			    "count, distinct, update, delete, findAndModify and $match)");
 	n = node_new(N_EXPR);
-	if (sdb_expr_parse(it, &n->x, &pe->code, pe->err, pe->errlen) != 0) {
+	if (pe->expr_shape) {
+		node_add(and_out, n);
+		return 0;
+	}
+	if (sdb_expr_parse(it, pe->vars, &n->x, &pe->code, pe->err, pe->errlen) != 0) {
 		node_free(n);
 		return SDB_EINVAL;
 	}
@@ -1103,11 +1109,12 @@ static int parse_query(const bson_t *q, node *and_out, int depth, perr *pe)
 
 /* ---- public API ------------------------------------------------------------------- */
 
-static int matcher_build(const bson_t *filter, bool elem, unsigned flags, sdb_matcher **out,
-			 int *code, char *err, size_t errlen)
+static int matcher_build(const bson_t *filter, bool elem, unsigned flags, const bson_t *vars,
+			 sdb_matcher **out, int *code, char *err, size_t errlen)
 {
 	perr pe = {.code = 0, .err = err, .errlen = errlen,
-		   .allow_expr = (flags & SDB_MATCHER_EXPR) != 0};
+		   .allow_expr = (flags & (SDB_MATCHER_EXPR | SDB_MATCHER_EXPR_SHAPE)) != 0,
+		   .expr_shape = (flags & SDB_MATCHER_EXPR_SHAPE) != 0, .vars = vars};
 	sdb_matcher *m = sdb_calloc(1, sizeof *m);
 	int rc;
 
@@ -1150,19 +1157,25 @@ static int matcher_build(const bson_t *filter, bool elem, unsigned flags, sdb_ma
 
 int sdb_matcher_new(const bson_t *filter, sdb_matcher **out, int *code, char *err, size_t errlen)
 {
-	return matcher_build(filter, false, 0, out, code, err, errlen);
+	return matcher_build(filter, false, 0, NULL, out, code, err, errlen);
 }
 
 int sdb_matcher_new_opts(const bson_t *filter, unsigned flags, sdb_matcher **out, int *code,
 			 char *err, size_t errlen)
 {
-	return matcher_build(filter, false, flags, out, code, err, errlen);
+	return matcher_build(filter, false, flags, NULL, out, code, err, errlen);
+}
+
+int sdb_matcher_new_vars(const bson_t *filter, unsigned flags, const bson_t *vars,
+			 sdb_matcher **out, int *code, char *err, size_t errlen)
+{
+	return matcher_build(filter, false, flags, vars, out, code, err, errlen);
 }
 
 int sdb_matcher_new_elem(const bson_t *cond, sdb_matcher **out, int *code, char *err,
 			 size_t errlen)
 {
-	return matcher_build(cond, true, 0, out, code, err, errlen);
+	return matcher_build(cond, true, 0, NULL, out, code, err, errlen);
 }
 
 bool sdb_matcher_match(const sdb_matcher *m, const bson_t *doc)

@@ -67,6 +67,12 @@ int sdb_matcher_new(const bson_t *filter, sdb_matcher **out, int *code, char *er
 int sdb_matcher_new_opts(const bson_t *filter, unsigned flags, sdb_matcher **out, int *code,
 			 char *err, size_t errlen);
 
+/* sdb_matcher_new_opts with user variables in scope for $expr: vars ({name: constant},
+ * the command's `let` after sdb_let_parse, storage/pipeline.h; may be NULL) resolves
+ * $$name (copied where used). Errors: as sdb_matcher_new_opts. */
+int sdb_matcher_new_vars(const bson_t *filter, unsigned flags, const bson_t *vars,
+			 sdb_matcher **out, int *code, char *err, size_t errlen);
+
 /* Compile a condition on one value with $elemMatch semantics (used by $pull and by the
  * $elemMatch projection): when cond's first field starts with '$' and is not
  * $and/$or/$nor, cond is a set of operators applied to the value itself
@@ -132,7 +138,8 @@ typedef struct sdb_bounds {
  *   $elemMatch value form ({f: {$elemMatch: {$gte: 1, $lt: 5}}}) -> its comparison and
  *                      equality predicates intersected, also on a multikey index.
  * Every other operator ($ne, $nin, $not, $exists, $type, $regex, $or, $expr ...) gives
- * ALL. $expr is compiled here (SDB_MATCHER_EXPR).
+ * ALL. $expr is accepted and not compiled here (it constrains no path, and may read `let`
+ * variables the caller has not given).
  * The bounds are a superset of the matching documents' keys: the caller must still run
  * the matcher on every candidate. Errors: SDB_EINVAL with a message when the
  * filter does not compile (same errors as sdb_matcher_new). Free with sdb_bounds_free

@@ -86,4 +86,9 @@ static inline bool is_nan(const bson_value_t *v)
 	return sdb_bson_num_canon(v, &num) && num.cls == 0;
 }
 
+/* Internal flag of sdb_matcher_new_opts (bounds.c): $expr is accepted and not compiled
+ * (its node has no expression), so a filter whose $expr reads `let` variables can be
+ * analysed without them. Such a matcher is for analysis only: its $expr never matches. */
+#define SDB_MATCHER_EXPR_SHAPE 0x100u
+
 #endif

@@ -370,8 +370,8 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		/* $expr (at the top or in $and/$or/$nor) is built by the matcher over the
 		 * expression engine; such a $match may be pushed down to the store's query,
 		 * which evaluates it the same way */
-		return sdb_matcher_new_opts(s->spec, SDB_MATCHER_EXPR, &s->m, e->code, e->err,
-					    e->errlen);
+		return sdb_matcher_new_vars(s->spec, SDB_MATCHER_EXPR, e->vars, &s->m, e->code,
+					    e->err, e->errlen);
 	}
 	if (strcmp(name, "$project") == 0 || strcmp(name, "$addFields") == 0 ||
 	    strcmp(name, "$set") == 0) {
@@ -386,9 +386,10 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 					       : "Invalid %s :: caused by :: projection specification must have at least one field",
 				     name);
 		}
-		return sdb_projection_new_kind(&spec,
+		return sdb_projection_new_vars(&spec,
 					       addfields ? SDB_PROJECTION_ADD_FIELDS : SDB_PROJECTION_PROJECT,
-					       &add_stage(p, S_PROJECT)->proj, e->code, e->err, e->errlen);
+					       e->vars, &add_stage(p, S_PROJECT)->proj, e->code, e->err,
+					       e->errlen);
 	}
 	if (strcmp(name, "$unset") == 0) {
 		/* {$project: {path: 0, ...}} */
@@ -415,7 +416,7 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 			bson_destroy(&excl);
 			return efail(e, 31002, "$unset specification must be a string or an array");
 		}
-		rc = sdb_projection_new_kind(&excl, SDB_PROJECTION_PROJECT, &add_stage(p, S_PROJECT)->proj,
+		rc = sdb_projection_new_vars(&excl, SDB_PROJECTION_PROJECT, e->vars, &add_stage(p, S_PROJECT)->proj,
 					     e->code, e->err, e->errlen);
 		bson_destroy(&excl);
 		return rc;
@@ -455,7 +456,7 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 			bson_t no_id = BSON_INITIALIZER;
 
 			BSON_APPEND_INT32(&no_id, "_id", 0);
-			rc = sdb_projection_new_kind(&no_id, SDB_PROJECTION_PROJECT,
+			rc = sdb_projection_new_vars(&no_id, SDB_PROJECTION_PROJECT, NULL,
 						     &add_stage(p, S_PROJECT)->proj, e->code, e->err,
 						     e->errlen);
 			bson_destroy(&no_id);
@@ -520,7 +521,7 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 int sdb_pipeline_parse(const bson_t *stages, const sdb_pipeline_opts *opts, sdb_pipeline **out,
 		       int *code, char *err, size_t errlen)
 {
-	ectx e = {code, err, errlen};
+	ectx e = {code, err, errlen, opts != NULL ? opts->let : NULL};
 	sdb_pipeline *p = sdb_calloc(1, sizeof *p);
 	bson_iter_t it;
 	int rc = 0;

@@ -80,6 +80,9 @@ typedef struct sdb_pipeline_opts {
 	/* Bound on the bytes held by one $sort or $group (BSON sizes of held documents and
 	 * group states); 0 means SDB_PIPELINE_MAX_MEMORY. */
 	size_t max_memory_bytes;
+	/* User variables ({name: constant}, sdb_let_parse) the stages' expressions and $match's
+	 * $expr may read as $$name; NULL = none. Copied where used. */
+	const bson_t *let;
 } sdb_pipeline_opts;
 
 /* Parse a pipeline.
@@ -152,10 +155,28 @@ int sdb_pipeline_eval_expr(const bson_iter_t *expr, const bson_t *doc, bson_t *o
 /* A compiled aggregation expression, for $expr in query filters (storage/matcher.h). */
 typedef struct sdb_expr sdb_expr;
 
+/* User variables (MongoDB 5.0's `let` of find, aggregate, update, delete and findAndModify,
+ * and an update statement's `c`): let is the command's document {name: expression}; each
+ * value is an aggregation expression evaluated once, before any document is read, as
+ * mongod does (Variables::seedVariablesWithLetParameters), so it may not read a field (a
+ * path or $$ROOT/$$CURRENT: 4890500). *out (uninitialised; always initialised, the caller
+ * destroys it) gets {name: value} (a value that is missing is null): the vars of
+ * sdb_pipeline_opts.let, sdb_matcher_new_vars, sdb_projection_new_vars and
+ * sdb_update_opts.vars, where $$name then reads it. base (may be NULL): variables already
+ * defined (the command's `let` when parsing a statement's `c`), kept unless let names them
+ * again. what names the field for messages ("let", "update.updates.c").
+ * Errors: SDB_EINVAL with *code (may be NULL) and err: let not a document (14), a name
+ * MongoDB refuses for a user variable (16866 empty, 16867 "'X' starts with an invalid
+ * character for a user variable name", 16868 "... contains an invalid character"; CURRENT,
+ * which MongoDB lets a command rebind, is 238 here), an expression error (its code). */
+int sdb_let_parse(const bson_iter_t *let, const bson_t *base, const char *what, bson_t *out,
+		  int *code, char *err, size_t errlen);
+
 /* Compile the expression at it (a value of the language above). 0 and *out (free with
  * sdb_expr_free). Errors: SDB_EINVAL with MongoDB's *code (may be NULL) and message in err
  * (e.g. 168 "Unrecognized expression '$foo'"). */
-int sdb_expr_parse(const bson_iter_t *it, sdb_expr **out, int *code, char *err, size_t errlen);
+int sdb_expr_parse(const bson_iter_t *it, const bson_t *vars, sdb_expr **out, int *code,
+		   char *err, size_t errlen);
 
 /* Evaluate x against the document root and tell whether the result is true in MongoDB's
  * sense (not missing, null, undefined, false or a zero number): $expr's rule. 0 with *out.

@@ -76,6 +76,9 @@ void agg_expr_free(expr *x)
 	}
 	docbuild_free(x->lit);
 	free(x->path);
+	if (x->var != NULL) {
+		bson_destroy(x->var);
+	}
 	for (size_t i = 0; i < x->n; i++) {
 		agg_expr_free(x->args[i]);
 		if (x->keys != NULL) {
@@ -148,6 +151,20 @@ static int parse_string(const char *s, expr **out, const ectx *e)
 		if (len == 6 && strncmp(var, "REMOVE", 6) == 0 && dot == NULL) {
 			x->kind = X_REMOVE;
 			return 0;
+		}
+		bson_iter_t vit;
+		char name[256];
+
+		if (e->vars != NULL && len < sizeof name) {
+			memcpy(name, var, len);
+			name[len] = '\0';
+		}
+		if (e->vars != NULL && len < sizeof name && bson_iter_init_find(&vit, e->vars, name)) {
+			x->kind = X_VAR;
+			x->var = bson_new();
+			bson_append_iter(x->var, "v", 1, &vit);
+			x->path = sdb_asprintf("v%s", dot != NULL ? dot : "");
+			return dot != NULL ? agg_field_path_ok(dot + 1, e) : 0;
 		}
 		return efail(e, 17276, "Use of undefined variable: %.*s", (int)len, var);
 	}
@@ -1047,6 +1064,12 @@ int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const 
 			docbuild_set_key(*out, NULL);
 		}
 		return 0;
+	case X_VAR:
+		*out = path_eval(x->var, x->path);
+		if (*out != NULL) {
+			docbuild_set_key(*out, NULL);
+		}
+		return 0;
 	case X_OBJ: {
 		docbuild_node *d = docbuild_new_doc(NULL);
 
@@ -1116,11 +1139,111 @@ int sdb_pipeline_eval_expr(const bson_iter_t *it, const bson_t *doc, bson_t *out
 	return rc;
 }
 
-/* ---- the public face for $expr in query filters (pipeline.h) ---- */
+/* ---- user variables (pipeline.h sdb_let_parse) ---- */
 
-int sdb_expr_parse(const bson_iter_t *it, sdb_expr **out, int *code, char *err, size_t errlen)
+/* Does x read the document (a field path, $$ROOT, $$CURRENT)? */
+static bool expr_reads_doc(const expr *x)
+{
+	if (x->kind == X_PATH) {
+		return true;
+	}
+	for (size_t i = 0; i < x->n; i++) {
+		if (expr_reads_doc(x->args[i])) {
+			return true;
+		}
+	}
+	return false;
+}
+
+/* MongoDB's Variables::uassertValidNameForUserWrite (variables.cpp). */
+static int let_name_ok(const char *name, const ectx *e)
+{
+	const unsigned char *c = (const unsigned char *)name;
+
+	if (name[0] == '\0') {
+		return efail(e, 16866, "empty variable names are not allowed");
+	}
+	if (strcmp(name, "CURRENT") == 0) {
+		return efail(e, C_NOT_IMPLEMENTED, "rebinding CURRENT in let is not supported by "
+						   "stripedb");
+	}
+	if (!((c[0] >= 'a' && c[0] <= 'z') || (c[0] & 0x80))) {
+		return efail(e, 16867, "'%s' starts with an invalid character for a user variable name",
+			     name);
+	}
+	for (size_t i = 1; c[i] != '\0'; i++) {
+		if (!((c[i] >= 'a' && c[i] <= 'z') || (c[i] >= 'A' && c[i] <= 'Z') ||
+		      (c[i] >= '0' && c[i] <= '9') || c[i] == '_' || (c[i] & 0x80))) {
+			return efail(e, 16868, "'%s' contains an invalid character for a variable name: '%c'",
+				     name, c[i]);
+		}
+	}
+	return 0;
+}
+
+int sdb_let_parse(const bson_iter_t *let, const bson_t *base, const char *what, bson_t *out,
+		  int *code, char *err, size_t errlen)
 {
 	const ectx e = {.code = code, .err = err, .errlen = errlen};
+	bson_t empty = BSON_INITIALIZER;
+	bson_iter_t it;
+	int rc = 0;
+
+	bson_init(out);
+	if (code != NULL) {
+		*code = 0;
+	}
+	if (!BSON_ITER_HOLDS_DOCUMENT(let) || !bson_iter_recurse(let, &it)) {
+		return efail(&e, C_TYPE_MISMATCH, "BSON field '%s' is the wrong type '%s', expected type 'object'",
+			     what, sdb_bson_type_name(bson_iter_type(let)));
+	}
+	if (base != NULL && bson_iter_init(&it, base)) {
+		bson_iter_t mine;
+
+		while (bson_iter_next(&it)) {
+			if (!bson_iter_recurse(let, &mine) || !bson_iter_find(&mine, bson_iter_key(&it))) {
+				bson_append_iter(out, bson_iter_key(&it), -1, &it);
+			}
+		}
+	}
+	bson_iter_recurse(let, &it);
+	while (rc == 0 && bson_iter_next(&it)) {
+		expr *x = NULL;
+		docbuild_node *v = NULL;
+		const char *name = bson_iter_key(&it);
+
+		rc = let_name_ok(name, &e);
+		if (rc == 0) {
+			rc = agg_expr_parse(&it, &x, &e);
+		}
+		if (rc == 0 && expr_reads_doc(x)) {
+			rc = efail(&e, 4890500, "Command let Expression tried to access a field, but this "
+						"is not allowed because command let expressions run before "
+						"the query examines any documents.");
+		}
+		if (rc == 0) {
+			rc = agg_expr_eval(x, &empty, &v, &e);
+		}
+		if (rc == 0 && v != NULL) {
+			docbuild_append(out, name, -1, v);
+		} else if (rc == 0) {
+			bson_append_null(out, name, -1);
+		}
+		docbuild_free(v);
+		agg_expr_free(x);
+	}
+	if (rc != 0) {
+		bson_reinit(out);
+	}
+	return rc;
+}
+
+/* ---- the public face for $expr in query filters (pipeline.h) ---- */
+
+int sdb_expr_parse(const bson_iter_t *it, const bson_t *vars, sdb_expr **out, int *code,
+		   char *err, size_t errlen)
+{
+	const ectx e = {.code = code, .err = err, .errlen = errlen, .vars = vars};
 	expr *x = NULL;
 	int rc;
 

@@ -36,6 +36,10 @@ typedef struct {
 	int *code;
 	char *err;
 	size_t errlen;
+	/* user variables in scope while parsing ({name: constant value}: the command's `let`
+	 * and an update statement's `c`, evaluated; see sdb_let_parse), or NULL: $$name
+	 * resolves to its value, another $$name is 17276 */
+	const bson_t *vars;
 } ectx;
 
 static inline int efail(const ectx *e, int c, const char *fmt, ...)
@@ -215,6 +219,7 @@ typedef enum {
 	X_ARR,
 	X_OP,
 	X_REMOVE, /* $$REMOVE: missing */
+	X_VAR,    /* $$name / $$name.a.b of a user variable: path into var */
 } xkind;
 
 typedef enum {
@@ -261,7 +266,8 @@ typedef struct expr expr;
 struct expr {
 	xkind kind;
 	docbuild_node *lit; /* X_LIT */
-	char *path;         /* X_PATH */
+	char *path;         /* X_PATH; X_VAR: "v" or "v.a.b" */
+	bson_t *var;        /* X_VAR: {v: the variable's value} (owned) */
 	xop op;             /* X_OP */
 	expr **args;        /* X_OP, X_OBJ, X_ARR */
 	char **keys;        /* X_OBJ */

@@ -332,8 +332,14 @@ static int add_field(sdb_projection *p, const char *path, const bson_iter_t *it,
 int sdb_projection_new_kind(const bson_t *spec, sdb_projection_kind kind, sdb_projection **out,
 			    int *code, char *err, size_t errlen)
 {
+	return sdb_projection_new_vars(spec, kind, NULL, out, code, err, errlen);
+}
+
+int sdb_projection_new_vars(const bson_t *spec, sdb_projection_kind kind, const bson_t *vars,
+			    sdb_projection **out, int *code, char *err, size_t errlen)
+{
 	sdb_projection *p = sdb_calloc(1, sizeof *p);
-	const ectx pe = {.code = code, .err = err, .errlen = errlen};
+	const ectx pe = {.code = code, .err = err, .errlen = errlen, .vars = vars};
 	bson_iter_t it;
 	int rc = 0;
 

@@ -70,6 +70,11 @@ typedef enum {
 int sdb_projection_new_kind(const bson_t *spec, sdb_projection_kind kind, sdb_projection **out,
 			    int *code, char *err, size_t errlen);
 
+/* sdb_projection_new_kind with user variables in scope for computed fields: vars
+ * ({name: constant}, see sdb_let_parse in pipeline.h; may be NULL) is copied where used. */
+int sdb_projection_new_vars(const bson_t *spec, sdb_projection_kind kind, const bson_t *vars,
+			    sdb_projection **out, int *code, char *err, size_t errlen);
+
 /* Compile spec as a find projection (sdb_projection_new_kind with SDB_PROJECTION_FIND).
  * Returns 0 and *out (free with sdb_projection_free; spec may be freed afterwards).
  * Errors: SDB_EINVAL with *code (may be NULL) and MongoDB's message in err. */

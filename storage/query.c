@@ -466,8 +466,8 @@ int sdb_query_open(sdb_store_conn *c, const char *db, const char *coll,
 	q->skip = spec->skip > 0 ? spec->skip : 0;
 	q->limit = spec->limit > 0 ? spec->limit : 0;
 	q->max_sort_bytes = spec->max_sort_bytes ? spec->max_sort_bytes : QUERY_MAX_SORT_BYTES;
-	int rc = sdb_matcher_new_opts(&q->filter, SDB_MATCHER_EXPR, &q->matcher, code, err,
-				      errlen);
+	int rc = sdb_matcher_new_vars(&q->filter, SDB_MATCHER_EXPR, spec->let, &q->matcher, code,
+				      err, errlen);
 	if (rc) {
 		if (!*code)
 			*code = 2;

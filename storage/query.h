@@ -60,6 +60,9 @@ typedef struct sdb_query_spec {
 	const char *range_field;
 	const bson_value_t *range_lo, *range_hi;
 	bool range_hi_incl;
+	/* User variables the filter's $expr may read ({name: constant}, the command's `let`
+	 * after sdb_let_parse, storage/pipeline.h), or NULL. Copied by sdb_query_open. */
+	const bson_t *let;
 } sdb_query_spec;
 
 /* Plan and open a query over db.coll in the connection's open transaction. A missing

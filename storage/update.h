@@ -76,6 +76,10 @@ typedef struct sdb_update_opts {
 	 * update that uses `$` fails at apply time with code 2 "The positional operator did
 	 * not find the match needed from the query." Copied by parse. */
 	const bson_t *query;
+	/* User variables of a pipeline-style update ({name: constant}: the command's `let`
+	 * and the statement's `c`, storage/pipeline.h sdb_let_parse), or NULL. Copied by
+	 * parse. */
+	const bson_t *vars;
 	/* Clock for $currentDate; NULL means clock_gettime(CLOCK_REALTIME). */
 	sdb_update_clock_fn clock;
 	void *clock_ctx;

@@ -43,7 +43,9 @@ int upd_pipeline_parse(sdb_update *u, const bson_t *stages, const sdb_update_opt
 			return upd_fail(code, C_INVALID_OPTIONS, err, errlen,
 					"%s is not allowed to be used within an update", name);
 	}
-	return sdb_pipeline_parse(stages, NULL, &u->pipe, code, err, errlen);
+	sdb_pipeline_opts po = {.let = opts != NULL ? opts->vars : NULL};
+
+	return sdb_pipeline_parse(stages, &po, &u->pipe, code, err, errlen);
 }
 
 /* The input of the pipeline: one document. */

@@ -155,21 +155,6 @@ static int scan(const bson_t *doc, const char *where, bool update_statement,
 				 "bytes (only {locale: \"simple\"} is accepted; see docs/compat.md)");
 			return CODE_NOT_IMPLEMENTED;
 		}
-		if (where == NULL && strcmp(k, "let") == 0) {
-			snprintf(err, errlen,
-				 "let variables are not supported by stripedb (see docs/compat.md)");
-			return CODE_NOT_IMPLEMENTED;
-		}
-		/* an update statement's constants for its pipeline (MongoDB 5.0 `c`): the
-		 * pipeline engine has no variables but $$ROOT/$$CURRENT, so they are refused as
-		 * `let` is rather than accepted unused */
-		if (update_statement && strcmp(k, "c") == 0) {
-			snprintf(err, errlen,
-				 "BSON field '%s.c': update constants are not supported by stripedb "
-				 "(see docs/compat.md)",
-				 where);
-			return CODE_NOT_IMPLEMENTED;
-		}
 		if (update_statement && strcmp(k, "sort") == 0) {
 			snprintf(err, errlen, "BSON field '%s.sort' is an unknown field.", where);
 			return CODE_UNKNOWN_FIELD;
@@ -213,15 +198,25 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 	/* a transaction's statement (autocommit: false) is not a retryable write */
 	bool retryable = bson_iter_init_find(&it, cmd, "txnNumber") &&
 			 !bson_has_field(cmd, "autocommit");
-	int code = scan(cmd, NULL, false, false, false, err, errlen);
+	static const char *const with_let[] = {"find",	 "aggregate",	  "update",
+					       "delete", "findAndModify", "findandmodify"};
+	bool let_ok = false;
 	const char *unknown = unknown_field(name, cmd);
+	int code;
 
-	if (code != 0)
-		return code;
+	/* `let` (MongoDB 5.0) is honoured by find, aggregate, update, delete and findAndModify
+	 * (storage/pipeline.h sdb_let_parse); no other command has it */
+	for (size_t i = 0; i < sizeof with_let / sizeof with_let[0]; i++)
+		let_ok = let_ok || strcmp(with_let[i], name) == 0;
+	if (unknown == NULL && !let_ok && bson_has_field(cmd, "let"))
+		unknown = "let";
 	if (unknown != NULL) {
 		snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.", name, unknown);
 		return CODE_UNKNOWN_FIELD;
 	}
+	code = scan(cmd, NULL, false, false, false, err, errlen);
+	if (code != 0)
+		return code;
 	if (strcmp(name, "explain") == 0 && bson_iter_init_find(&it, cmd, "explain") &&
 	    sub_document(&it, &sub)) {
 		bson_iter_t first;

@@ -16,7 +16,8 @@
  * statements of update.updates, delete.deletes and createIndexes.indexes) use an option
  * stripedb does not implement?
  *   - collation other than {locale: "simple"} anywhere: 238 NotImplemented;
- *   - top-level `let`: 238 NotImplemented;
+ *   - top-level `let` on a command other than find, aggregate, update, delete and
+ *     findAndModify (which honour it): 40415;
  *   - `sort` in an update statement: 40415 (unknown field, as MongoDB 6.0, the version we
  *     advertise, answers);
  *   - any top-level field that MongoDB 6.0's IDL does not define for find, aggregate, count,

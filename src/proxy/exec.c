@@ -235,6 +235,31 @@ bool px_client_int(ctx *c, const char *name, int64_t lo, int64_t hi, int64_t def
 	return false;
 }
 
+void px_append_let(const ctx *c, bson_t *cmd)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, c->cmd, "let"))
+		bson_append_iter(cmd, "let", 3, &it);
+}
+
+bool px_let(ctx *c, bson_t *vars)
+{
+	bson_iter_t it;
+	int code = 0;
+	char err[256];
+
+	if (!bson_iter_init_find(&it, c->cmd, "let")) {
+		bson_init(vars);
+		return true;
+	}
+	if (sdb_let_parse(&it, NULL, "let", vars, &code, err, sizeof err) == 0)
+		return true;
+	bson_destroy(vars);
+	px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+	return false;
+}
+
 bool px_get_bool(const bson_t *d, const char *name, bool def)
 {
 	bson_iter_t it;

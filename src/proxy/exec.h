@@ -122,6 +122,14 @@ int64_t px_get_int(const bson_t *d, const char *name, int64_t def);
  * On a bad value replies its MongoDB error and returns false. */
 bool px_client_int(ctx *c, const char *name, int64_t lo, int64_t hi, int64_t def,
 		   int64_t *out);
+/* The client's `let` variables (c->cmd's `let`, evaluated: storage/pipeline.h
+ * sdb_let_parse) for what the proxy parses itself (a merged find's projection, the merge
+ * part of a pipeline); shards get `let` with the command. True with *vars initialised
+ * (empty without `let`; the caller destroys it); false after answering the error. */
+bool px_let(ctx *c, bson_t *vars);
+/* Append the client's `let` (as given) to cmd, a command the proxy builds for a shard from
+ * the client's (a statement, the collect phase of a multi-document write). */
+void px_append_let(const ctx *c, bson_t *cmd);
 /* A field as a boolean (bson_iter_as_bool), def when absent. */
 bool px_get_bool(const bson_t *d, const char *name, bool def);
 /* True when doc uses server-side JavaScript ($where, $function, $accumulator, code). */

@@ -275,12 +275,22 @@ void px_do_find(ctx *c)
 		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 		return;
 	}
-	if (has_proj && !bson_empty(&proj_spec) &&
-	    sdb_projection_new(&proj_spec, &proj, &code, err, sizeof err) != 0) {
-		route_coll_unref(rc);
-		merge_sort_free(sort);
-		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
-		return;
+	if (has_proj && !bson_empty(&proj_spec)) {
+		bson_t vars;
+		int prc = -1;
+
+		if (px_let(c, &vars)) {
+			prc = sdb_projection_new_vars(&proj_spec, SDB_PROJECTION_FIND, &vars, &proj,
+						      &code, err, sizeof err);
+			bson_destroy(&vars);
+			if (prc != 0)
+				px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		}
+		if (prc != 0) {
+			route_coll_unref(rc);
+			merge_sort_free(sort);
+			return;
+		}
 	}
 	pushed = merge_pushdown_limit(skip, limit);
 	if (pushed == 0 || pushed > 1000)
@@ -469,6 +479,7 @@ int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const b
 	}
 	BSON_APPEND_INT64(&cmd, "batchSize", limit > 0 && limit < COLLECT_BATCH ? limit + 16
 									     : COLLECT_BATCH);
+	px_append_let(c, &cmd); /* q may read the client's let */
 	px_append_version(&cmd, ch);
 	cls = px_run_on(c, ch->shard, &cmd, &s->server_id, &reply, nerr, nelen);
 	bson_destroy(&cmd);
@@ -861,10 +872,22 @@ void px_do_aggregate(ctx *c)
 	rc = px_route_sharded(c, PX_FWD_CURSOR, batch, false);
 	if (rc == NULL)
 		return;
-	if (sdb_pipeline_parse(&stages, NULL, &pl, &code, err, sizeof err) != 0) {
-		route_coll_unref(rc);
-		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
-		return;
+	{
+		bson_t vars;
+		int prc = -1;
+
+		if (px_let(c, &vars)) {
+			sdb_pipeline_opts po = {.let = &vars};
+
+			prc = sdb_pipeline_parse(&stages, &po, &pl, &code, err, sizeof err);
+			bson_destroy(&vars);
+			if (prc != 0)
+				px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		}
+		if (prc != 0) {
+			route_coll_unref(rc);
+			return;
+		}
 	}
 	sdb_pipeline_pushdown(pl, SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT | SDB_PUSHDOWN_LIMIT, &pd);
 	if (merge_sort_parse(&pd.sort, &ms, &code, err, sizeof err) != 0) {

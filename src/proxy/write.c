@@ -791,6 +791,7 @@ static int send_stmt_v(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const 
 	bson_append_array_end(&cmd, &arr);
 	BSON_APPEND_BOOL(&cmd, "ordered", true);
 	append_client_wc(c, &cmd);
+	px_append_let(c, &cmd);
 	if (s->is_update)
 		px_append_key_check(rc, &s->stmt, "u", &cmd);
 	if (per_shard)

@@ -214,6 +214,7 @@ static int find_spec(shard_ctx *x, const char *coll, const find_opts *o, shard_k
 		.hint = o->have_hint ? &o->hint : NULL,
 		.skip = o->skip,
 		.limit = o->limit,
+		.let = shard_let(x),
 	};
 	if (!kr || !o->have_key_range) {
 		shard_filtering_spec(x, spec);
@@ -589,7 +590,8 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 	sdb_projection *proj = NULL;
 	int code = 0;
 	if (o->have_projection && bson_count_keys(&o->projection) > 0 &&
-	    sdb_projection_new(&o->projection, &proj, &code, x->err, sizeof x->err) != 0) {
+	    sdb_projection_new_vars(&o->projection, SDB_PROJECTION_FIND, shard_let(x), &proj,
+				    &code, x->err, sizeof x->err) != 0) {
 		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
 		return;
 	}
@@ -1226,7 +1228,8 @@ static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 		stages_append(&all, &nst, stages);
 	sdb_pipeline *p = NULL;
 	int code = 0;
-	if (sdb_pipeline_parse(&all, NULL, &p, &code, x->err, sizeof x->err) != 0) {
+	sdb_pipeline_opts po = {.let = shard_let(x)};
+	if (sdb_pipeline_parse(&all, &po, &p, &code, x->err, sizeof x->err) != 0) {
 		bson_destroy(&all);
 		util_docs_free(sessions.docs, sessions.n);
 		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
@@ -1246,6 +1249,7 @@ static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 			.hint = hint,
 			.skip = pd.skip,
 			.limit = pd.limit > 0 ? pd.limit : 0,
+			.let = shard_let(x),
 		};
 		shard_filtering_spec(x, &spec);
 		if (sdb_query_open(x->conn, x->db, coll, &spec, &in.q, &code, x->err,

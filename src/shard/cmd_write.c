@@ -14,6 +14,7 @@
 #include "shard/shard.h"
 #include "shard/util.h"
 #include "storage/bsonval.h"
+#include "storage/pipeline.h"
 #include "storage/projection.h"
 #include "storage/query.h"
 #include "storage/update.h"
@@ -382,7 +383,8 @@ static int match_docs_in(shard_ctx *x, const char *coll, const bson_t *filter,
 			 const bson_t *sort, const bson_iter_t *hint, int64_t limit,
 			 const bson_t *key_range, bson_t ***docs, size_t *n, int *code)
 {
-	sdb_query_spec spec = {.filter = filter, .sort = sort, .hint = hint, .limit = limit};
+	sdb_query_spec spec = {.filter = filter, .sort = sort, .hint = hint, .limit = limit,
+			       .let = shard_let(x)};
 	shard_key_range kr;
 	*docs = NULL;
 	*n = 0;
@@ -428,6 +430,8 @@ typedef struct upd_stmt {
 	bool have_af;
 	bson_iter_t hint;
 	bool have_hint;
+	bson_iter_t c; /* the statement's constants (MongoDB 5.0), for a pipeline update */
+	bool have_c;
 } upd_stmt;
 
 /* Parse one update statement {q, u, upsert, multi, arrayFilters, hint}. Returns 0 or a
@@ -474,6 +478,9 @@ static int parse_upd_stmt(shard_ctx *x, const bson_t *st, upd_stmt *s)
 				s->hint = it;
 				s->have_hint = true;
 			}
+		} else if (strcmp(k, "c") == 0) {
+			s->c = it;
+			s->have_c = true;
 		}
 	}
 	if (!s->have_u) {
@@ -546,17 +553,34 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 		      bool keep_images, upd_result *r, sdb_store_dup *dup)
 {
 	memset(r, 0, sizeof *r);
+	/* the variables a pipeline update reads: the command's let, then the statement's c */
+	bson_t vars;
+	int code = 0;
+	if (s->have_c && !BSON_ITER_HOLDS_ARRAY(&s->u)) {
+		/* update_driver.cpp: constants belong to a pipeline */
+		snprintf(x->err, sizeof x->err,
+			 "Constant values may only be specified for pipeline updates");
+		return 51198;
+	}
+	if (s->have_c && sdb_let_parse(&s->c, shard_let(x), "update.updates.c", &vars, &code,
+				       x->err, sizeof x->err) != 0) {
+		bson_destroy(&vars);
+		return code ? code : WIRE_ERR_BAD_VALUE;
+	}
 	sdb_update_opts uo = {
 		.array_filters = s->have_af ? &s->array_filters : NULL,
 		.query = &s->q,
+		.vars = s->have_c ? &vars : shard_let(x),
 		.clock = clock_ms,
 		.clock_ctx = x->conn,
 		.oid = new_oid,
 		.oid_ctx = x->conn,
 	};
 	sdb_update *u = NULL;
-	int code = 0;
-	if (sdb_update_parse_value(&s->u, &uo, &u, &code, x->err, sizeof x->err) != 0)
+	int prc = sdb_update_parse_value(&s->u, &uo, &u, &code, x->err, sizeof x->err);
+	if (s->have_c)
+		bson_destroy(&vars); /* parse copied what it uses */
+	if (prc != 0)
 		return code ? code : WIRE_ERR_FAILED_TO_PARSE;
 	if (s->multi && sdb_update_get_kind(u) == SDB_UPDATE_REPLACEMENT) {
 		sdb_update_free(u);
@@ -983,7 +1007,8 @@ void shard_cmd_findandmodify(shard_ctx *x)
 	}
 	int code = 0;
 	if (have_fields &&
-	    sdb_projection_new(&fields, &proj, &code, x->err, sizeof x->err) != 0) {
+	    sdb_projection_new_vars(&fields, SDB_PROJECTION_FIND, shard_let(x), &proj, &code,
+				    x->err, sizeof x->err) != 0) {
 		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
 		goto out;
 	}

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "shard/util.h"
+#include "storage/pipeline.h"
 #include "shard/repl.h"
 #include "shard/shard.h"
 
@@ -48,10 +49,31 @@ static bool ctx_parse_ext(shard_ctx *x)
 	return shard_filtering_parse(x);
 }
 
+/* The command's `let` into x->let (shard.h). Replies and returns false when it is refused
+ * (not a document, a bad variable name, an expression error). */
+static bool ctx_parse_let(shard_ctx *x)
+{
+	bson_iter_t it;
+	int code = 0;
+
+	if (!bson_iter_init_find(&it, x->cmd, "let"))
+		return true;
+	if (sdb_let_parse(&it, NULL, "let", &x->let, &code, x->err, sizeof x->err) != 0) {
+		bson_destroy(&x->let);
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return false;
+	}
+	x->have_let = true;
+	return true;
+}
+
 void shard_ctx_run(shard_ctx *x, shard_cmd_fn fn)
 {
-	if (ctx_parse_ext(x) && !shard_txn_refuse_fields(x))
+	if (ctx_parse_ext(x) && !shard_txn_refuse_fields(x) && ctx_parse_let(x))
 		fn(x);
+	if (x->have_let)
+		bson_destroy(&x->let);
+	x->have_let = false;
 	shard_filtering_release(x);
 }
 

@@ -96,8 +96,20 @@ struct shard_ctx {
 	 * connection (txn.c): reads are materialized on x->conn (no pooled streaming
 	 * connection: it would not see the transaction's own writes), no tailer is woken */
 	bool in_txn;
+	/* the command's `let` variables (MongoDB 5.0: find, aggregate, update, delete,
+	 * findAndModify), evaluated by shard_ctx_run (storage/pipeline.h sdb_let_parse) and
+	 * released after the command; read them with shard_let */
+	bson_t let;
+	bool have_let;
 	char err[512];
 };
+
+/* The command's `let` variables ({name: constant}) for sdb_query_spec.let,
+ * sdb_pipeline_opts.let, sdb_projection_new_vars and sdb_update_opts.vars, or NULL. */
+static inline const bson_t *shard_let(const shard_ctx *x)
+{
+	return x->have_let ? &x->let : NULL;
+}
 
 /* A queued command (shard_pool_submit, shard_pool_submit_write): heap, owned by the queue
  * and freed by the worker that runs it. req is completed by fn (or, for a write, by the
@@ -193,7 +205,8 @@ void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req);
  * which it goes to shard_repl_submit (loop thread). */
 void shard_pool_submit_write(shard *sh, wire_req *req);
 /* Run command fn for x (x->sh, conn, req, cmd and db set): parse the stripedb extensions
- * ($stripedbOrigin, $stripedbVersion) and refuse transaction fields, then call fn. Used by
+ * ($stripedbOrigin, $stripedbVersion), refuse transaction fields and evaluate the `let`
+ * variables (x->let, released after fn), then call fn. Used by
  * the workers and by the replicated apply (repl.c). */
 void shard_ctx_run(shard_ctx *x, shard_cmd_fn fn);
 /* Park a (heap, ownership taken on true) for later: returns false, keeping a with the
