@@ -59,11 +59,11 @@ int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen);
  * idempotent for a file with the same keys. */
 int auth_cluster_load(const char *path, char *err, size_t errlen);
 
-/* Re-read the key file loaded by auth_cluster_load (SIGHUP, called by auth_tls_reload):
- * the new keys replace the old ones for every connection and internal client made
- * afterwards (SCRAM __system, PeersV1, Raft handshakes); connections already
- * authenticated stay. 0 (also when no key is loaded), or SDB_EIO / SDB_EINVAL with a
- * message: the old keys stay in use. Thread-safe. */
+/* Re-read the key file loaded by auth_cluster_load (the "cluster key" SIGHUP hook that the
+ * first successful auth_cluster_load registers): the new keys replace the old ones for
+ * every connection and internal client made afterwards (SCRAM __system, PeersV1, Raft
+ * handshakes); connections already authenticated stay. 0 (also when no key is loaded),
+ * or SDB_EIO / SDB_EINVAL with a message: the old keys stay in use. Thread-safe. */
 int auth_cluster_reload(char *err, size_t errlen);
 
 /* Number of keys loaded (0: none). */
@@ -148,9 +148,9 @@ int auth_cluster_tls_setup_env(char *err, size_t errlen);
 bool auth_cluster_tls_enabled(void);
 
 /* Rewrite the combined client PEM from the current --tls-cert/--tls-key files (SIGHUP,
- * called by auth_tls_reload); clients and pools made afterwards present the new
- * certificate. 0 (also when internal TLS is off), or SDB_EIO/SDB_EINVAL (the old file
- * stays). */
+ * the "internal TLS" hook that the first successful auth_cluster_tls_load registers);
+ * clients and pools made afterwards present the new certificate. 0 (also when internal
+ * TLS is off), or SDB_EIO/SDB_EINVAL (the old file stays). */
 int auth_cluster_tls_reload(char *err, size_t errlen);
 
 /* The PEM texts for a TLS stack that takes memory (gRPC peers): *ca, and *cert and *key (NULL
