@@ -22,7 +22,6 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/role.h"
-#include "ratelimit/limiter.h"
 #include "tls/tls.h"
 
 #define CLUSTER_KEY_MAX AUTH_CLUSTER_KEY_MAX
@@ -660,23 +659,17 @@ const char *auth_cluster_peer_token(void)
 	return t;
 }
 
-bool auth_cluster_reserved_limits(const struct rl_req *reqs, size_t n, char *msg,
-				  size_t msglen)
+bool auth_cluster_reserved_name(const char *name, char *msg, size_t msglen)
 {
-	if (!auth_cluster_enabled())
+	if (name == NULL || !auth_cluster_enabled() ||
+	    strncmp(name, AUTH_CLUSTER_RESERVED_LIMIT_PREFIX,
+		    sizeof AUTH_CLUSTER_RESERVED_LIMIT_PREFIX - 1) != 0)
 		return false;
-	for (size_t i = 0; i < n; i++) {
-		const char *name = reqs[i].name;
-		if (name != NULL && strncmp(name, AUTH_CLUSTER_RESERVED_LIMIT_PREFIX,
-					    sizeof AUTH_CLUSTER_RESERVED_LIMIT_PREFIX - 1) == 0) {
-			snprintf(msg, msglen,
-				 "name '%.100s': the prefix " AUTH_CLUSTER_RESERVED_LIMIT_PREFIX
-				 " is reserved for the cluster's own limits",
-				 name);
-			return true;
-		}
-	}
-	return false;
+	snprintf(msg, msglen,
+		 "name '%.100s': the prefix " AUTH_CLUSTER_RESERVED_LIMIT_PREFIX
+		 " is reserved for the cluster's own limits",
+		 name);
+	return true;
 }
 
 bool auth_cluster_peer_token_ok(const char *value, size_t len)

@@ -169,12 +169,11 @@ int auth_cluster_tls_pem(char **ca, char **cert, char **key, char *err, size_t e
  * drain or reset a tenant's quota; members reach them in-process or through PeersV1. */
 #define AUTH_CLUSTER_RESERVED_LIMIT_PREFIX "stripedb_"
 
-/* Does a public V1 request batch (n requests) name a reserved bucket? True with the
- * refusal message in msg (msglen bytes) for the first one; false when none does or no key
- * is loaded. Names are untrusted (may be NULL). */
-struct rl_req;
-bool auth_cluster_reserved_limits(const struct rl_req *reqs, size_t n, char *msg,
-				  size_t msglen);
+/* Is name (a bucket name of a public V1 request: untrusted, may be NULL) reserved? True
+ * with the refusal message in msg (msglen bytes) when a key is loaded and name starts with
+ * AUTH_CLUSTER_RESERVED_LIMIT_PREFIX; false otherwise. The rate limiter applies it to
+ * every request of a batch (rl_v1_reserved in ratelimit/grpc_server.h). */
+bool auth_cluster_reserved_name(const char *name, char *msg, size_t msglen);
 
 /* The token of the first key (64 hex characters, never freed: a reload that changes the
  * first key makes a new string and leaves the old one valid) or NULL when no key is

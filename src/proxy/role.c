@@ -138,9 +138,11 @@ static int auth_setup(sdb_role *role, proxy *p)
 	ao.meta = auth_meta;
 	ao.meta_arg = p;
 	ao.failure_limit = sdb_config_get_int(role->cfg, SDB_OPT_auth_failure_limit, 10);
-	/* failures counted on the peer ring: one count per user and host for every proxy */
-	ao.decide = proxy_quota_decide;
-	ao.decide_ctx = p->quota;
+	/* failures counted on the peer ring: one count per user and host for every proxy;
+	 * the gate's own view on a limiter private to it (proxy/quota.h) */
+	ao.failures_local = proxy_quota_auth_local;
+	ao.failures_cluster = proxy_quota_auth_cluster;
+	ao.failures_ctx = p->quota;
 	p->auth = auth_gate_new(&ao);
 	sdb_info("proxy authentication enabled", "mechanisms=%s failure_limit=%lld",
 		 "SCRAM-SHA-1,SCRAM-SHA-256", (long long)ao.failure_limit);

@@ -283,7 +283,7 @@ static void handle_get_rate_limits(srv_call *c, const Pb__Gubernator__GetRateLim
 
 	if (reqs == NULL)
 		return;
-	if (auth_cluster_reserved_limits(reqs, n, err, sizeof err)) {
+	if (rl_v1_reserved(reqs, n, err, sizeof err)) {
 		reply(c, GRPC_STATUS_PERMISSION_DENIED, NULL, 0, err);
 		free(reqs);
 		return;
@@ -483,6 +483,14 @@ static void grpc_log_to_sdb(gpr_log_func_args *a)
 
 	sdb_log(a->severity == GPR_LOG_SEVERITY_ERROR ? SDB_LOG_ERROR : SDB_LOG_DEBUG, "grpc",
 		"detail=%s", sdb_logq(q, sizeof q, a->message != NULL ? a->message : ""));
+}
+
+bool rl_v1_reserved(const rl_req *reqs, size_t n, char *msg, size_t msglen)
+{
+	for (size_t i = 0; i < n; i++)
+		if (auth_cluster_reserved_name(reqs[i].name, msg, msglen))
+			return true;
+	return false;
 }
 
 /* ---- issue #10: TLS on the gRPC listener ----
