@@ -215,9 +215,13 @@ unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns)
 	return flags;
 }
 
-/* The auth failure buckets of keys[0..n) (n <= 2) decided by decide(ctx): see quota.h. */
-static int auth_failures(rl_decide_fn decide, void *ctx, const auth_failure_key *keys, size_t n,
-			 int64_t hits, int64_t window_ms, bool *under, char *err, size_t errlen)
+/* The auth failure buckets of keys[0..n) (n <= 2) decided by decide(ctx): see quota.h.
+ * A bucket that answers an error (e.g. its owner on the peer ring is unreachable) fails
+ * the call when strict (the local view: refuse), else it is left out of *under (the
+ * cluster's count: the other key still decides). */
+static int auth_failures(rl_decide_fn decide, void *ctx, bool strict, const auth_failure_key *keys,
+			 size_t n, int64_t hits, int64_t window_ms, bool *under, char *err,
+			 size_t errlen)
 {
 	rl_req r[2];
 	rl_resp out[2];
@@ -239,9 +243,10 @@ static int auth_failures(rl_decide_fn decide, void *ctx, const auth_failure_key 
 		return rc;
 	*under = true;
 	for (size_t i = 0; i < n; i++) {
-		if (out[i].error[0])
+		if (out[i].error[0] && strict)
 			return sdb_errf(err, errlen, SDB_EINVAL, "auth failures: %s", out[i].error);
-		if (hits > 0 ? out[i].status != RL_UNDER_LIMIT : out[i].remaining <= 0)
+		if (!out[i].error[0] &&
+		    (hits > 0 ? out[i].status != RL_UNDER_LIMIT : out[i].remaining <= 0))
 			*under = false;
 	}
 	return 0;
@@ -251,16 +256,16 @@ int proxy_quota_auth_local(void *ctx, const auth_failure_key *keys, size_t n, in
 			   int64_t window_ms, bool *under, char *err, size_t errlen)
 {
 	proxy_quota *q = ctx;
-	return auth_failures(rl_decide_local, q->auth_lim, keys, n, hits, window_ms, under, err,
-			     errlen);
+	return auth_failures(rl_decide_local, q->auth_lim, true, keys, n, hits, window_ms, under,
+			     err, errlen);
 }
 
 int proxy_quota_auth_cluster(void *ctx, const auth_failure_key *keys, size_t n, int64_t hits,
 			     int64_t window_ms, bool *under, char *err, size_t errlen)
 {
 	proxy_quota *q = ctx;
-	return auth_failures(q->fe.decide, q->fe.decide_ctx, keys, n, hits, window_ms, under, err,
-			     errlen);
+	return auth_failures(q->fe.decide, q->fe.decide_ctx, false, keys, n, hits, window_ms, under,
+			     err, errlen);
 }
 
 bool proxy_quota_ring_probe(proxy_quota *q)

@@ -58,8 +58,9 @@ bool proxy_quota_ring_probe(proxy_quota *q);
  * blocks; a rate limiter of its own, so the cluster's count is not made twice in one
  * place); proxy_quota_auth_cluster on the proxy's rate limiter (the peer ring when it has
  * one, else its private limiter): may block (forwarding to a key's owner), thread-pool
- * threads only. Errors: the decide's, or SDB_EINVAL when a bucket answered an error
- * (message in err). Thread-safe. */
+ * threads only. Errors: the decide's; for the local one also SDB_EINVAL when its bucket
+ * answered an error (the cluster one leaves such a bucket out of *under). Message in
+ * err. Thread-safe. */
 int proxy_quota_auth_local(void *q, const auth_failure_key *keys, size_t n, int64_t hits,
 			   int64_t window_ms, bool *under, char *err, size_t errlen);
 int proxy_quota_auth_cluster(void *q, const auth_failure_key *keys, size_t n, int64_t hits,
