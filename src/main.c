@@ -24,8 +24,6 @@
 #include "common/log.h"
 #include "common/role.h"
 #include "build_config.h"
-#include "auth/cluster.h"
-#include "auth/tls.h"
 
 extern char **environ;
 
@@ -134,9 +132,8 @@ int main(int argc, char **argv)
 		sdb_log_set_level(lvl);
 	}
 	sdb_log_set_thread("main", sdb_config_get(&set.global, SDB_OPT_node_id));
-	/* SIGHUP: TLS certificates (issue #10), then the cluster key file (issue #21) */
-	sdb_on_sighup("TLS", "certificates", auth_tls_reload);
-	sdb_on_sighup("cluster key", "keys", auth_cluster_reload);
+	/* SIGHUP reloads (TLS certificates, the cluster key file ...) are registered by the
+	 * code that loads each file (common/role.h sdb_on_sighup) */
 	rc = sdb_roles_run(&set);
 	sdb_config_set_free(&set);
 	return rc;

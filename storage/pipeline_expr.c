@@ -186,6 +186,13 @@ static int parse_op(const char *name, const bson_iter_t *arg, expr **out, const 
 			idx = (int)i;
 		}
 	}
+	if (idx < 0 && strcmp(name, "$rand") == 0) {
+		/* a shard replica set replicates commands, not their results: every member must
+		 * compute the same documents, so expressions have no randomness (nor clock) */
+		return efail(e, C_NOT_IMPLEMENTED,
+			     "$rand is not supported by stripedb: shard members replicate commands, "
+			     "so expressions must be deterministic");
+	}
 	if (idx < 0) {
 		return efail(e, C_INVALID_OP, "Unrecognized expression '%s'", name);
 	}

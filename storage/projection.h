@@ -71,7 +71,9 @@ int sdb_projection_new_kind(const bson_t *spec, sdb_projection_kind kind, sdb_pr
 			    int *code, char *err, size_t errlen);
 
 /* sdb_projection_new_kind with user variables in scope for computed fields: vars
- * ({name: constant}, see sdb_let_parse in pipeline.h; may be NULL) is copied where used. */
+ * ({name: constant}, see sdb_let_parse in pipeline.h; may be NULL) is copied where used.
+ * Errors: as sdb_projection_new_kind (SDB_EINVAL with *code), and 17276 for a $$name that
+ * vars does not define. */
 int sdb_projection_new_vars(const bson_t *spec, sdb_projection_kind kind, const bson_t *vars,
 			    sdb_projection **out, int *code, char *err, size_t errlen);
 

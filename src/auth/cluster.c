@@ -18,11 +18,11 @@
 
 #include "auth/gate.h"
 #include "auth/scram.h"
-#include "auth/tls.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "ratelimit/limiter.h"
+#include "common/role.h"
+#include "tls/tls.h"
 
 #define CLUSTER_KEY_MAX AUTH_CLUSTER_KEY_MAX
 #define CLUSTER_ITERATIONS 15000
@@ -302,6 +302,8 @@ int auth_cluster_load(const char *path, char *err, size_t errlen)
 		}
 		uv_mutex_unlock(&mu);
 	}
+	if (rc == 0) /* the key file, re-read on SIGHUP (registered once) */
+		sdb_on_sighup("cluster key", "keys", auth_cluster_reload);
 	OPENSSL_cleanse(k, AUTH_CLUSTER_KEYS_MAX * sizeof *k);
 	free(k);
 	return rc;
@@ -425,11 +427,11 @@ static int write_combined(char *err, size_t errlen)
 
 	if ((rc = pair_check(tls_cert, tls_key, err, errlen)) != 0)
 		return rc;
-	if ((rc = auth_tls_read_pem(tls_cert, &c, err, errlen)) != 0)
+	if ((rc = tls_read_pem(tls_cert, &c, err, errlen)) != 0)
 		return rc;
 	if (strcmp(tls_cert, tls_key) == 0)
 		k = sdb_strdup("");
-	else if ((rc = auth_tls_read_pem(tls_key, &k, err, errlen)) != 0) {
+	else if ((rc = tls_read_pem(tls_key, &k, err, errlen)) != 0) {
 		free(c);
 		return rc;
 	}
@@ -487,7 +489,7 @@ int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, cha
 		return sdb_errf(err, errlen, SDB_EUSAGE,
 				"--tls-internal: --tls-cert and --tls-key go together");
 	/* the CA must be readable now, not at the first connection */
-	if ((rc = auth_tls_read_pem(ca, &t, err, errlen)) != 0)
+	if ((rc = tls_read_pem(ca, &t, err, errlen)) != 0)
 		return rc;
 	free(t);
 	lock_mu();
@@ -512,6 +514,8 @@ int auth_cluster_tls_load(const char *ca, const char *cert, const char *key, cha
 	}
 out:
 	uv_mutex_unlock(&mu);
+	if (rc == 0) /* the client certificate, rewritten on SIGHUP (registered once) */
+		sdb_on_sighup("internal TLS", "client certificate", auth_cluster_tls_reload);
 	return rc;
 }
 
@@ -570,11 +574,11 @@ int auth_cluster_tls_pem(char **ca, char **cert, char **key, char *err, size_t e
 	uv_mutex_unlock(&mu);
 	if (!pa)
 		return sdb_errf(err, errlen, SDB_ENOTFOUND, "internal TLS is not configured");
-	rc = auth_tls_read_pem(pa, ca, err, errlen);
+	rc = tls_read_pem(pa, ca, err, errlen);
 	if (rc == 0 && pc)
-		rc = auth_tls_read_pem(pc, cert, err, errlen);
+		rc = tls_read_pem(pc, cert, err, errlen);
 	if (rc == 0 && pk)
-		rc = auth_tls_read_pem(pk, key, err, errlen);
+		rc = tls_read_pem(pk, key, err, errlen);
 	if (rc != 0) {
 		free(*ca);
 		free(*cert);
@@ -655,23 +659,17 @@ const char *auth_cluster_peer_token(void)
 	return t;
 }
 
-bool auth_cluster_reserved_limits(const struct rl_req *reqs, size_t n, char *msg,
-				  size_t msglen)
+bool auth_cluster_reserved_name(const char *name, char *msg, size_t msglen)
 {
-	if (!auth_cluster_enabled())
+	if (name == NULL || !auth_cluster_enabled() ||
+	    strncmp(name, AUTH_CLUSTER_RESERVED_LIMIT_PREFIX,
+		    sizeof AUTH_CLUSTER_RESERVED_LIMIT_PREFIX - 1) != 0)
 		return false;
-	for (size_t i = 0; i < n; i++) {
-		const char *name = reqs[i].name;
-		if (name != NULL && strncmp(name, AUTH_CLUSTER_RESERVED_LIMIT_PREFIX,
-					    sizeof AUTH_CLUSTER_RESERVED_LIMIT_PREFIX - 1) == 0) {
-			snprintf(msg, msglen,
-				 "name '%.100s': the prefix " AUTH_CLUSTER_RESERVED_LIMIT_PREFIX
-				 " is reserved for the cluster's own limits",
-				 name);
-			return true;
-		}
-	}
-	return false;
+	snprintf(msg, msglen,
+		 "name '%.100s': the prefix " AUTH_CLUSTER_RESERVED_LIMIT_PREFIX
+		 " is reserved for the cluster's own limits",
+		 name);
+	return true;
 }
 
 bool auth_cluster_peer_token_ok(const char *value, size_t len)

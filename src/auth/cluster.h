@@ -63,12 +63,12 @@ int auth_cluster_setup(const sdb_config *cfg, char *err, size_t errlen);
  * or differs from the keys already loaded), SDB_EINTERNAL (no randomness). */
 int auth_cluster_load(const char *path, char *err, size_t errlen);
 
-/* Re-read the key file loaded by auth_cluster_load (SIGHUP, called by auth_tls_reload):
- * the new keys replace the old ones for every connection and internal client made
- * afterwards (SCRAM __system, PeersV1, Raft handshakes); connections already
- * authenticated stay. 0 also when no key is loaded. Errors: SDB_EIO / SDB_EINVAL as
- * auth_cluster_load, SDB_EINTERNAL, with a message: the old keys stay in use.
- * Thread-safe. */
+/* Re-read the key file loaded by auth_cluster_load (the "cluster key" SIGHUP hook that the
+ * first successful auth_cluster_load registers): the new keys replace the old ones for
+ * every connection and internal client made afterwards (SCRAM __system, PeersV1, Raft
+ * handshakes); connections already authenticated stay. 0 also when no key is loaded.
+ * Errors: SDB_EIO / SDB_EINVAL as auth_cluster_load, SDB_EINTERNAL, with a message: the
+ * old keys stay in use. Thread-safe. */
 int auth_cluster_reload(char *err, size_t errlen);
 
 /* Number of keys loaded (0: none). */
@@ -153,10 +153,10 @@ int auth_cluster_tls_setup_env(char *err, size_t errlen);
 bool auth_cluster_tls_enabled(void);
 
 /* Rewrite the combined client PEM from the current --tls-cert/--tls-key files (SIGHUP,
- * called by auth_tls_reload); clients and pools made afterwards present the new
- * certificate. 0 also when internal TLS is off. Errors: SDB_EIO/SDB_EINVAL (unreadable or
- * refused files, the file cannot be written), SDB_EINTERNAL (OpenSSL); the old file
- * stays. */
+ * the "internal TLS" hook that the first successful auth_cluster_tls_load registers);
+ * clients and pools made afterwards present the new certificate. 0 also when internal TLS
+ * is off. Errors: SDB_EIO/SDB_EINVAL (unreadable or refused files, the file cannot be
+ * written), SDB_EINTERNAL (OpenSSL); the old file stays. */
 int auth_cluster_tls_reload(char *err, size_t errlen);
 
 /* The PEM texts for a TLS stack that takes memory (gRPC peers): *ca, and *cert and *key (NULL
@@ -175,12 +175,11 @@ int auth_cluster_tls_pem(char **ca, char **cert, char **key, char *err, size_t e
  * drain or reset a tenant's quota; members reach them in-process or through PeersV1. */
 #define AUTH_CLUSTER_RESERVED_LIMIT_PREFIX "stripedb_"
 
-/* Does a public V1 request batch (n requests) name a reserved bucket? True with the
- * refusal message in msg (msglen bytes) for the first one; false when none does or no key
- * is loaded. Names are untrusted (may be NULL). */
-struct rl_req;
-bool auth_cluster_reserved_limits(const struct rl_req *reqs, size_t n, char *msg,
-				  size_t msglen);
+/* Is name (a bucket name of a public V1 request: untrusted, may be NULL) reserved? True
+ * with the refusal message in msg (msglen bytes) when a key is loaded and name starts with
+ * AUTH_CLUSTER_RESERVED_LIMIT_PREFIX; false otherwise. The rate limiter applies it to
+ * every request of a batch (rl_v1_reserved in ratelimit/grpc_server.h). */
+bool auth_cluster_reserved_name(const char *name, char *msg, size_t msglen);
 
 /* The token of the first key (64 hex characters, never freed: a reload that changes the
  * first key makes a new string and leaves the old one valid) or NULL when no key is

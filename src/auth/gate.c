@@ -14,7 +14,6 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "ratelimit/limiter.h"
 
 #define AUTH_FAILURE_WINDOW_MS 60000
 #define AUTH_USER_CACHE 64          /* verifiers kept for speculative authentication */
@@ -27,9 +26,9 @@ struct auth_gate {
 	void *meta_arg;
 	int64_t failure_limit;
 	int64_t fail_delay_ms;
-	rl_limiter *lim;
-	rl_decide_fn decide; /* opts.decide, or rl_decide_local over lim */
-	void *decide_ctx;
+	auth_failures_fn failures_local;   /* NULL: no brute-force limit */
+	auth_failures_fn failures_cluster; /* NULL: the local counts only */
+	void *failures_ctx;
 	bool has_cluster;
 	auth_scram_creds cluster[AUTH_GATE_CLUSTER_MAX]; /* __system's verifiers (under mu) */
 	size_t n_cluster;
@@ -86,9 +85,9 @@ auth_gate *auth_gate_new(const auth_gate_opts *opts)
 	g->meta_arg = opts->meta_arg;
 	g->failure_limit = opts->failure_limit > 0 ? opts->failure_limit : 10;
 	g->fail_delay_ms = opts->fail_delay_ms > 0 ? opts->fail_delay_ms : AUTH_GATE_FAIL_DELAY_MS;
-	g->lim = rl_limiter_new(NULL);
-	g->decide = opts->decide ? opts->decide : rl_decide_local;
-	g->decide_ctx = opts->decide ? opts->decide_ctx : g->lim;
+	g->failures_local = opts->failures_local;
+	g->failures_cluster = opts->failures_cluster;
+	g->failures_ctx = opts->failures_ctx;
 	uv_mutex_init(&g->mu);
 	g->pol = auth_policy_build(NULL, NULL);
 	g->m_speculative = sdb_metrics_counter(
@@ -176,7 +175,6 @@ void auth_gate_free(auth_gate *g)
 	free_users(g->users, g->nusers);
 	auth_policy_free(g->pol);
 	uv_mutex_destroy(&g->mu);
-	rl_limiter_free(g->lim);
 	free(g);
 }
 
@@ -315,66 +313,49 @@ void auth_gate_hello(auth_gate *g, const bson_t *cmd, bson_t *reply)
 #define AUTH_HOST_LIMIT_FACTOR 10
 
 /* Count (hits 1) or check (hits 0: is any attempt left?) the failures of user (may be
- * NULL or empty) and of host through g->decide. May block: thread-pool threads only.
- * Returns true when under the limits; a limiter that cannot answer lets attempts through
- * (the fixed delay still applies), as the quota path does. */
+ * NULL or empty) and of host through g->failures_cluster. May block: thread-pool threads
+ * only. Returns true when under the limits; a counter that cannot answer lets attempts
+ * through (the fixed delay still applies), as the quota path does. */
 static bool failures_take(auth_gate *g, const char *user, const char *host, int64_t hits)
 {
 	char ukey[300], hkey[300], err[160];
-	rl_req r[2];
-	rl_resp out[2];
+	auth_failure_key k[2];
 	size_t n = 0;
+	bool under = true;
 
-	memset(r, 0, sizeof r);
-	memset(out, 0, sizeof out);
 	if (user && user[0]) {
 		snprintf(ukey, sizeof ukey, "user:%s", user);
-		r[n].unique_key = ukey;
-		r[n].limit = g->failure_limit;
-		n++;
+		k[n++] = (auth_failure_key){ukey, g->failure_limit};
 	}
 	snprintf(hkey, sizeof hkey, "host:%s", host);
-	r[n].unique_key = hkey;
-	r[n].limit = g->failure_limit * AUTH_HOST_LIMIT_FACTOR;
-	n++;
-	for (size_t i = 0; i < n; i++) {
-		r[i].name = "stripedb_auth_failures";
-		r[i].hits = hits;
-		r[i].duration = AUTH_FAILURE_WINDOW_MS;
-		r[i].algorithm = RL_TOKEN_BUCKET;
-	}
-	if (g->decide(g->decide_ctx, r, n, out, err, sizeof err) != 0) {
+	k[n++] = (auth_failure_key){hkey, g->failure_limit * AUTH_HOST_LIMIT_FACTOR};
+	if (g->failures_cluster(g->failures_ctx, k, n, hits, AUTH_FAILURE_WINDOW_MS, &under, err,
+				sizeof err) != 0) {
 		sdb_warn("auth failure count: the rate limiter did not answer", "err=\"%s\"", err);
 		return true;
 	}
-	for (size_t i = 0; i < n; i++)
-		if (!out[i].error[0] &&
-		    (hits > 0 ? out[i].status != RL_UNDER_LIMIT : out[i].remaining <= 0))
-			return false;
-	return true;
+	return under;
 }
 
 /* The local view, for hello's speculative path on the loop thread (never blocks): only
- * this gate's private limiter, so it can only refuse early; the conversation's lookup on
- * the thread pool asks the cluster (failures_take). */
+ * this gate's private counts (g->failures_local), so it can only refuse early; the
+ * conversation's lookup on the thread pool asks the cluster (failures_take). True when
+ * under the limit (always without a local counter); a counter error refuses. */
 static bool limiter_take(auth_gate *g, const char *kind, const char *val, int64_t hits)
 {
-	char key[300];
-	rl_req r;
-	rl_resp out;
+	char key[300], err[160];
+	auth_failure_key k;
+	bool under = false;
 
+	if (!g->failures_local)
+		return true;
 	snprintf(key, sizeof key, "%s:%s", kind, val);
-	memset(&r, 0, sizeof r);
-	r.name = "stripedb_auth_failures";
-	r.unique_key = key;
-	r.hits = hits;
-	r.limit = g->failure_limit * (strcmp(kind, "host") == 0 ? AUTH_HOST_LIMIT_FACTOR : 1);
-	r.duration = AUTH_FAILURE_WINDOW_MS;
-	r.algorithm = RL_TOKEN_BUCKET;
-	memset(&out, 0, sizeof out);
-	if (rl_limiter_decide(g->lim, &r, 1, &out, NULL, 0) != 0 || out.error[0])
+	k.key = key;
+	k.limit = g->failure_limit * (strcmp(kind, "host") == 0 ? AUTH_HOST_LIMIT_FACTOR : 1);
+	if (g->failures_local(g->failures_ctx, &k, 1, hits, AUTH_FAILURE_WINDOW_MS, &under, err,
+			      sizeof err) != 0)
 		return false;
-	return hits > 0 ? out.status == RL_UNDER_LIMIT : out.remaining > 0;
+	return under;
 }
 
 /* A failure counted on the thread pool (g->decide may block); the AuthenticationFailed
@@ -448,7 +429,7 @@ static void auth_fail(auth_gate *g, wire_req *req, auth_conn *c, auth_audit_even
 			limiter_take(g, "user", user, 1);
 		limiter_take(g, "host", host, 1);
 		/* and in the cluster's limiter, shared by every proxy */
-		if (g->loop && g->decide != rl_decide_local) {
+		if (g->loop && g->failures_cluster) {
 			f = sdb_calloc(1, sizeof *f);
 			f->g = g;
 			f->req = req;
@@ -599,8 +580,7 @@ static void lookup_work(uv_work_t *w)
 	bson_iter_t it, d, f;
 	int code = 0;
 
-	l->limited = l->g->decide != rl_decide_local &&
-		     !failures_take(l->g, l->user, l->host, 0);
+	l->limited = l->g->failures_cluster && !failures_take(l->g, l->user, l->host, 0);
 	BSON_APPEND_UTF8(&cmd, "getUser", l->user);
 	if (l->g->meta(l->g->meta_arg, &cmd, &reply, &code, l->err, sizeof l->err) == 0 &&
 	    bson_iter_init_find(&it, &reply, "user") && BSON_ITER_HOLDS_DOCUMENT(&it) &&

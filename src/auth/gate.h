@@ -22,10 +22,11 @@
  *  - Every failure (unknown user, wrong password, malformed message, brute-force limit)
  *    answers AuthenticationFailed (18) "Authentication failed." exactly fail_delay_ms
  *    after the request arrived, so timing tells nothing.
- *  - Brute force: failures are counted with the rate limiter's C API (ratelimit/limiter.h,
- *    token bucket "stripedb_auth_failures", keys "user:NAME" and "host:IP", limit
- *    failure_limit per 60 s); once a key is exhausted, authentication is refused for it
- *    even with the right password until the bucket refills.
+ *  - Brute force: failures are counted per key, "user:NAME" and "host:IP" (limit
+ *    failure_limit per 60 s, 10 times that per host), by counters the role provides
+ *    (auth_gate_opts.failures_*: the proxy's are token buckets of its rate limiter, so
+ *    auth does not depend on the rate limiter); once a key is exhausted, authentication
+ *    is refused for it even with the right password until the window ends.
  *  - Authenticated connections: each command is mapped to actions on namespaces (including
  *    every namespace inside aggregate pipelines, views and findAndModify) and checked
  *    with auth/policy.h for the user's tenant; a denial is Unauthorized (13) and audited.
@@ -47,8 +48,20 @@
 typedef int (*auth_meta_fn)(void *arg, const bson_t *cmd, bson_t *reply, int *code, char *err,
 			    size_t errlen);
 
-struct rl_req;
-struct rl_resp;
+/* One key of the brute-force limit: "user:NAME" or "host:IP" (NUL-terminated, valid during
+ * the call), and the failures it allows per window. */
+typedef struct auth_failure_key {
+	const char *key;
+	int64_t limit;
+} auth_failure_key;
+
+/* A counter of failed authentications, provided by the role: count (hits 1) or check
+ * (hits 0) the failures of keys[0..n) (n <= 2) in windows of window_ms. Sets *under to true
+ * when every key is under its limit (hits 1: this failure fit; hits 0: an attempt is
+ * left), else false. Returns 0, or an SDB_E* code with a message in err when it cannot
+ * answer (*under is then unset). */
+typedef int (*auth_failures_fn)(void *ctx, const auth_failure_key *keys, size_t n, int64_t hits,
+				int64_t window_ms, bool *under, char *err, size_t errlen);
 
 typedef struct auth_gate_opts {
 	uv_loop_t *loop;
@@ -65,13 +78,16 @@ typedef struct auth_gate_opts {
 	 * rotation (auth/cluster.h), all with the same mechanism, salt and iterations. A
 	 * conversation is answered with cluster[0]'s salt and succeeds with any of them. */
 	size_t n_cluster;
-	/* Where failed authentications are counted (the brute-force limit): a Gubernator
-	 * decide over the cluster's rate limiter (the proxy passes its peer ring, so every
-	 * proxy sees one count per user and per client host), or NULL for a limiter private
-	 * to this gate. May block: it is only called on thread-pool threads. */
-	int (*decide)(void *ctx, const struct rl_req *reqs, size_t n, struct rl_resp *out,
-		      char *err, size_t errlen);
-	void *decide_ctx;
+	/* Where failed authentications are counted (the brute-force limit), both with
+	 * failures_ctx. failures_local: counts private to this gate; never blocks (called on
+	 * the loop thread); an error refuses the attempt. NULL: no limit (the cluster gate,
+	 * whose __system key is not guessable). failures_cluster: the cluster's count (the
+	 * proxy passes its peer ring, so every proxy sees one count per user and per client
+	 * host); may block (only called on thread-pool threads); an error lets the attempt
+	 * through (the fixed delay still applies), as the quota path does. NULL: none. */
+	auth_failures_fn failures_local;
+	auth_failures_fn failures_cluster;
+	void *failures_ctx;
 } auth_gate_opts;
 
 #define AUTH_GATE_FAIL_DELAY_MS 200

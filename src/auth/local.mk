@@ -1,8 +1,8 @@
 # src/auth: authentication (SCRAM), authorization (tenant policies), audit (issue #10).
 libstripedb_a_SOURCES += src/auth/scram.c src/auth/policy.c src/auth/audit.c src/auth/gate.c \
-	src/auth/cluster.c src/auth/tls.c src/auth/raftsec.c
+	src/auth/cluster.c src/auth/raftsec.c
 noinst_HEADERS += src/auth/scram.h src/auth/policy.h src/auth/audit.h src/auth/gate.h \
-	src/auth/cluster.h src/auth/tls.h src/auth/raftsec.h
+	src/auth/cluster.h src/auth/raftsec.h
 
 check_PROGRAMS += tests/unit/test_auth_scram tests/unit/test_auth_policy \
 	tests/unit/test_auth_cluster

@@ -12,6 +12,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/role.h"
 #include "raft/handshake.h"
 
 #define RAFT_KEY_LABEL "stripedb raft transport v1"
@@ -214,6 +215,7 @@ int auth_raft_setup(const sdb_config *cfg, sdb_transport_opts *opts, uint8_t key
 		uv_mutex_unlock(&mu);
 		if (rc != 0)
 			return rc;
+		sdb_on_sighup("Raft TLS", "certificates", auth_raft_reload); /* once */
 		opts->tls_ctx = tls_ctx;
 	} else {
 		sdb_warn("raft: the raft transport authenticates members with the cluster key but "

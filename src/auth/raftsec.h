@@ -18,7 +18,8 @@
  *   - disabled: libraft's plaintext TCP transport (wire-compatible with members of
  *     earlier versions), with a start-up warning.
  * Call after auth_cluster_setup (the key must be loaded). The TLS contexts are rebuilt
- * by auth_tls_reload (SIGHUP): new Raft connections use the new certificate and CA, the
+ * by auth_raft_reload, the "Raft TLS" SIGHUP hook that the first auth_raft_setup with TLS
+ * registers (common/role.h sdb_on_sighup): new Raft connections use the new certificate and CA, the
  * open ones keep theirs. A CA bundle with the old and the new CA accepts both during a
  * rotation.
  */
@@ -40,7 +41,7 @@
 int auth_raft_setup(const sdb_config *cfg, sdb_transport_opts *opts, uint8_t key_buf[32],
 		    bool *secure, char *err, size_t errlen);
 
-/* Rebuild the Raft TLS contexts from their files (SIGHUP; called by auth_tls_reload).
+/* Rebuild the Raft TLS contexts from their files (the "Raft TLS" SIGHUP hook).
  * 0 also when Raft TLS is off. Errors: SDB_EINVAL (OpenSSL refused or could not read the
  * files): the old contexts stay. Thread-safe. */
 int auth_raft_reload(char *err, size_t errlen);

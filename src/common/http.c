@@ -16,6 +16,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/role.h"
 
 #define MAX_BODY (4u * 1024u * 1024u)
 
@@ -460,6 +461,8 @@ int sdb_http_acquire_cfg(const char *addr, const sdb_config *cfg, sdb_http **out
 		(*out)->key_path = sdb_strdup(kp);
 		pthread_mutex_unlock(&servers_mu);
 	}
+	if (rc == 0) /* the HTTPS servers' certificates, re-read on SIGHUP (once) */
+		sdb_on_sighup("HTTP TLS", "certificate", sdb_http_tls_reload);
 	return rc;
 }
 

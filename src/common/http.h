@@ -61,12 +61,13 @@ struct sdb_config;
 int sdb_http_acquire_cfg(const char *addr, const struct sdb_config *cfg, sdb_http **out,
 			 char *err, size_t errlen);
 
-/* Re-read the certificate and key of every HTTPS server (SIGHUP, through
- * auth_tls_reload). New connections get the new certificate: a new daemon accepts on the
- * same listening socket and the old one stops accepting, finishing its open connections
- * (it is stopped at the next reload or release). Errors: the first one, SDB_EIO or
- * SDB_EINVAL (unreadable or refused files; that server keeps its old certificate; the
- * other servers are still reloaded). Thread-safe. */
+/* Re-read the certificate and key of every HTTPS server (the "HTTP TLS" SIGHUP hook that
+ * the first sdb_http_acquire_cfg with --http-tls registers). New connections get the new
+ * certificate: a new daemon accepts on the same listening socket and the old one stops
+ * accepting, finishing its open connections (it is stopped at the next reload or
+ * release). Errors: the first one, SDB_EIO or SDB_EINVAL (unreadable or refused files;
+ * that server keeps its old certificate; the other servers are still reloaded).
+ * Thread-safe. */
 int sdb_http_tls_reload(char *err, size_t errlen);
 
 /* Register a route (exact path match; method "GET", "POST", ... or "*"). May be called

@@ -20,17 +20,50 @@
 #include "common/err.h"
 #include "common/log.h"
 
-/* SIGHUP reload hooks (sdb_on_sighup), set before the roles start. */
-static struct {
+/* SIGHUP reload hooks (sdb_on_sighup), registered by the code that owns each reload,
+ * mostly while the roles start; guarded by sighup_mu. */
+typedef struct sighup_hook {
 	const char *what, *kept;
 	sdb_reload_fn fn;
-} sighup[8];
+} sighup_hook;
+static pthread_mutex_t sighup_mu = PTHREAD_MUTEX_INITIALIZER;
+static sighup_hook sighup[SDB_SIGHUP_MAX];
 static size_t n_sighup;
 
 void sdb_on_sighup(const char *what, const char *kept, sdb_reload_fn fn)
 {
-	if (n_sighup < sizeof sighup / sizeof sighup[0])
-		sighup[n_sighup++] = (typeof(sighup[0])){what, kept, fn};
+	pthread_mutex_lock(&sighup_mu);
+	for (size_t i = 0; i < n_sighup; i++)
+		if (sighup[i].fn == fn)
+			goto out; /* registered already */
+	if (n_sighup < SDB_SIGHUP_MAX)
+		sighup[n_sighup++] = (sighup_hook){what, kept, fn};
+	else
+		sdb_log(SDB_LOG_ERROR, "SIGHUP: too many reload hooks, ignoring one", "what=\"%s\"",
+			what);
+out:
+	pthread_mutex_unlock(&sighup_mu);
+}
+
+/* Run every SIGHUP hook in registration order, logging each failure. Main thread. */
+static void run_sighup_hooks(void)
+{
+	sighup_hook hooks[SDB_SIGHUP_MAX];
+	size_t n;
+
+	pthread_mutex_lock(&sighup_mu); /* a copy: a hook may take its time */
+	n = n_sighup;
+	memcpy(hooks, sighup, n * sizeof *hooks);
+	pthread_mutex_unlock(&sighup_mu);
+	for (size_t i = 0; i < n; i++) {
+		char rerr[256] = "";
+		char msg[128];
+		if (hooks[i].fn(rerr, sizeof rerr) == 0)
+			continue;
+		snprintf(msg, sizeof msg, "SIGHUP: %s reload failed, keeping the old %s",
+			 hooks[i].what, hooks[i].kept);
+		sdb_log(SDB_LOG_ERROR, msg, "err=\"%s\"", rerr);
+	}
 }
 
 enum { ST_NEW, ST_STARTING, ST_RUNNING, ST_STOPPING, ST_STOPPED, ST_FAILED };
@@ -335,16 +368,7 @@ int sdb_roles_run(const sdb_config_set *set)
 			if (sig == SIGHUP) {
 				/* issue #10 and #21: TLS certificates, the cluster key (rotation) */
 				sdb_log(SDB_LOG_INFO, "SIGHUP received", "action=reload");
-				for (size_t i = 0; i < n_sighup; i++) {
-					char rerr[256] = "";
-					char msg[128];
-					if (sighup[i].fn(rerr, sizeof rerr) == 0)
-						continue;
-					snprintf(msg, sizeof msg,
-						 "SIGHUP: %s reload failed, keeping the old %s",
-						 sighup[i].what, sighup[i].kept);
-					sdb_log(SDB_LOG_ERROR, msg, "err=\"%s\"", rerr);
-				}
+				run_sighup_hooks();
 				continue;
 			}
 			sdb_log(SDB_LOG_INFO, "shutdown requested", "signal=%s",

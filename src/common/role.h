@@ -68,11 +68,17 @@ void sdb_role_stopped(sdb_role *role);
  * old ones on failure. Returns 0, or an SDB_E* code with a message in err. */
 typedef int (*sdb_reload_fn)(char *err, size_t errlen);
 
+#define SDB_SIGHUP_MAX 16 /* reload hooks at most */
+
 /* Run fn on every SIGHUP that sdb_roles_run receives, in registration order. On failure
  * the runner logs "SIGHUP: WHAT reload failed, keeping the old KEPT" (an error line with
- * the message). At most 8 hooks; call before sdb_roles_run, from the main thread. Lets the
- * layers above (auth: TLS certificates, the cluster key) hook in without common depending
- * on them. */
+ * the message); what and kept are static strings. The one list of reloads: each is
+ * registered by the code that owns it when it first loads its files (tls/tls.c: the
+ * listener certificates, auth/cluster.c: the cluster key and the internal client
+ * certificate, auth/raftsec.c: the Raft port's TLS, common/http.c: the --http-tls
+ * servers), so no reload calls another. Registering fn again is a no-op; beyond
+ * SDB_SIGHUP_MAX hooks an error is logged and fn is ignored. Thread-safe, any time (a
+ * SIGHUP runs the hooks registered when it arrives). */
 void sdb_on_sighup(const char *what, const char *kept, sdb_reload_fn fn);
 
 /* Run every role of set until SIGTERM/SIGINT and a graceful stop. Before a role with a

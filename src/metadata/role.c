@@ -18,7 +18,6 @@
 #include "auth/policy.h"
 #include "auth/raftsec.h"
 #include "auth/scram.h"
-#include "auth/tls.h"
 #include "common/alloc.h"
 #include "common/bsonget.h"
 #include "raft/migstate.h"
@@ -26,6 +25,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/role.h"
+#include "tls/tls.h"
 #include "metadata/peers.h"
 #include "raft/node.h"
 #include "wire/server.h"
@@ -1111,8 +1111,10 @@ static int metadata_start(sdb_role *role)
 	wo.quiesce_ms = (uint64_t)sdb_config_get_int(cfg, SDB_OPT_shutdown_quiesce_ms, 0);
 	/* issue #10: with --cluster-key-file only cluster members may run commands */
 	rc = auth_cluster_setup(cfg, role->err, sizeof role->err);
-	if (rc == 0) /* issue #10: TLS on the wire listener (auth/tls.h) */
-		rc = auth_tls_setup(cfg, "metadata", role->err, sizeof role->err);
+	if (rc == 0) /* --raft-tls is bad usage in every role (auth/raftsec.h) */
+		rc = auth_raft_check_mode(cfg, role->err, sizeof role->err);
+	if (rc == 0) /* issue #10: TLS on the wire listener (tls/tls.h) */
+		rc = tls_setup(cfg, "metadata", role->err, sizeof role->err);
 	if (rc == 0) /* issue #21: the raft port's transport (auth/raftsec.h) */
 		rc = auth_raft_setup(cfg, &to, raft_key, &raft_secure, role->err, sizeof role->err);
 	if (rc == 0 && m->max_chunks < 1) /* 0 would refuse every shardCollection */
@@ -1124,9 +1126,7 @@ static int metadata_start(sdb_role *role)
 		return rc;
 	}
 	wo.gate = auth_cluster_gate();
-	wire_tls tls;
-	auth_tls_wire("metadata", &tls); /* issue #10: the role's TLS, if set up */
-	wo.tls = &tls;
+	wo.tls = true; /* issue #10: the listener's TLS, if set up */
 	rc = wire_server_new(role->loop, &wo, &m->srv, role->err, sizeof role->err);
 	if (rc != 0) {
 		free_meta(m);

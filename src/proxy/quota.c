@@ -25,6 +25,7 @@ typedef struct dbmap {
 
 struct proxy_quota {
 	rl_limiter *lim;
+	rl_limiter *auth_lim; /* the auth gate's local failure counts (proxy_quota_auth_local) */
 	rl_frontend fe;
 	rl_grpc *grpc;
 	uv_rwlock_t lock;
@@ -40,12 +41,14 @@ int proxy_quota_new(sdb_role *role, proxy_quota **out, char *err, size_t errlen)
 	int rc;
 
 	q->lim = rl_limiter_new(NULL);
+	q->auth_lim = rl_limiter_new(NULL);
 	q->fe.limiter = q->lim;
 	q->fe.decide = rl_decide_local;
 	q->fe.decide_ctx = q->lim;
 	rc = rl_grpc_start(role, &q->fe, &q->grpc, err, errlen);
 	if (rc != 0) {
 		rl_limiter_free(q->lim);
+		rl_limiter_free(q->auth_lim);
 		free(q);
 		return rc;
 	}
@@ -80,6 +83,7 @@ void proxy_quota_free(proxy_quota *q)
 		return;
 	rl_grpc_stop(q->grpc);
 	rl_limiter_free(q->lim);
+	rl_limiter_free(q->auth_lim);
 	tables_free(q);
 	uv_rwlock_destroy(&q->lock);
 	free(q);
@@ -211,11 +215,57 @@ unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns)
 	return flags;
 }
 
-int proxy_quota_decide(void *ctx, const struct rl_req *reqs, size_t n, struct rl_resp *out,
-		       char *err, size_t errlen)
+/* The auth failure buckets of keys[0..n) (n <= 2) decided by decide(ctx): see quota.h.
+ * A bucket that answers an error (e.g. its owner on the peer ring is unreachable) fails
+ * the call when strict (the local view: refuse), else it is left out of *under (the
+ * cluster's count: the other key still decides). */
+static int auth_failures(rl_decide_fn decide, void *ctx, bool strict, const auth_failure_key *keys,
+			 size_t n, int64_t hits, int64_t window_ms, bool *under, char *err,
+			 size_t errlen)
+{
+	rl_req r[2];
+	rl_resp out[2];
+	int rc;
+
+	if (n > 2)
+		return sdb_errf(err, errlen, SDB_EINVAL, "auth failures: %zu keys, at most 2", n);
+	memset(r, 0, sizeof r);
+	memset(out, 0, sizeof out);
+	for (size_t i = 0; i < n; i++) {
+		r[i].name = "stripedb_auth_failures";
+		r[i].unique_key = keys[i].key;
+		r[i].hits = hits;
+		r[i].limit = keys[i].limit;
+		r[i].duration = window_ms;
+		r[i].algorithm = RL_TOKEN_BUCKET;
+	}
+	if ((rc = decide(ctx, r, n, out, err, errlen)) != 0)
+		return rc;
+	*under = true;
+	for (size_t i = 0; i < n; i++) {
+		if (out[i].error[0] && strict)
+			return sdb_errf(err, errlen, SDB_EINVAL, "auth failures: %s", out[i].error);
+		if (!out[i].error[0] &&
+		    (hits > 0 ? out[i].status != RL_UNDER_LIMIT : out[i].remaining <= 0))
+			*under = false;
+	}
+	return 0;
+}
+
+int proxy_quota_auth_local(void *ctx, const auth_failure_key *keys, size_t n, int64_t hits,
+			   int64_t window_ms, bool *under, char *err, size_t errlen)
 {
 	proxy_quota *q = ctx;
-	return q->fe.decide(q->fe.decide_ctx, reqs, n, out, err, errlen);
+	return auth_failures(rl_decide_local, q->auth_lim, true, keys, n, hits, window_ms, under,
+			     err, errlen);
+}
+
+int proxy_quota_auth_cluster(void *ctx, const auth_failure_key *keys, size_t n, int64_t hits,
+			     int64_t window_ms, bool *under, char *err, size_t errlen)
+{
+	proxy_quota *q = ctx;
+	return auth_failures(q->fe.decide, q->fe.decide_ctx, false, keys, n, hits, window_ms, under,
+			     err, errlen);
 }
 
 bool proxy_quota_ring_probe(proxy_quota *q)

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "auth/gate.h"
 #include "common/role.h"
 
 typedef struct proxy_quota proxy_quota;
@@ -50,15 +51,21 @@ unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns);
  * dead (always true without a ring). Blocking: call from the refresh thread. */
 bool proxy_quota_ring_probe(proxy_quota *q);
 
-/* Decide reqs on the proxy's rate limiter (the peer ring when it has one, else its
- * private limiter): an rl_decide_fn with ctx the proxy_quota. May block (forwarding to a
- * key's owner); thread-pool threads only. Used for the brute-force limit of the auth
- * gate (auth_gate_opts.decide). Errors: as the decide function in use (rl_decide_local or
- * rl_cluster_decide: SDB_EINVAL when n > RL_MAX_BATCH). */
-struct rl_req;
-struct rl_resp;
-int proxy_quota_decide(void *q, const struct rl_req *reqs, size_t n, struct rl_resp *out,
-		       char *err, size_t errlen);
+/* The counters of the auth gate's brute-force limit (auth_failures_fn, ctx the
+ * proxy_quota; auth_gate_opts.failures_*): token buckets "stripedb_auth_failures" of
+ * window_ms with unique_key the key (Gubernator's model, ratelimit/limiter.h).
+ * proxy_quota_auth_local decides on a limiter private to the gate's local view (never
+ * blocks; a rate limiter of its own, so the cluster's count is not made twice in one
+ * place); proxy_quota_auth_cluster on the proxy's rate limiter (the peer ring when it has
+ * one, else its private limiter): may block (forwarding to a key's owner), thread-pool
+ * threads only. Errors: the decide's (rl_decide_local or rl_cluster_decide: SDB_EINVAL
+ * when n > RL_MAX_BATCH); for the local one also SDB_EINVAL when its bucket answered an
+ * error (the cluster one leaves such a bucket out of *under). Message in err.
+ * Thread-safe. */
+int proxy_quota_auth_local(void *q, const auth_failure_key *keys, size_t n, int64_t hits,
+			   int64_t window_ms, bool *under, char *err, size_t errlen);
+int proxy_quota_auth_cluster(void *q, const auth_failure_key *keys, size_t n, int64_t hits,
+			     int64_t window_ms, bool *under, char *err, size_t errlen);
 
 /* Admit a request on db carrying docs documents written and bytes bytes. Returns true to
  * go on; false with *retry_after_ms, the tenant and a message filled. Thread-safe. */

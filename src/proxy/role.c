@@ -18,7 +18,8 @@
 #include "common/role.h"
 #include "auth/cluster.h"
 #include "auth/gate.h"
-#include "auth/tls.h"
+#include "auth/raftsec.h"
+#include "tls/tls.h"
 #include "proxy/proxy.h"
 #include "proxy/txnroute.h"
 
@@ -103,14 +104,18 @@ static void h_connection_status(wire_req *req, void *data)
 	wire_req_reply(req, reply);
 }
 
-/* --tls-*: TLS of the client listener (auth/tls.h); --auth=enabled|disabled: create the
+/* --tls-*: TLS of the client listener (tls/tls.h); --auth=enabled|disabled: create the
  * gate (p->auth) or leave it NULL. */
 static int auth_setup(sdb_role *role, proxy *p)
 {
 	const char *mode = sdb_config_get(role->cfg, SDB_OPT_auth);
 	auth_gate_opts ao;
 
-	int rc = auth_tls_setup(role->cfg, "proxy", role->err, sizeof role->err);
+	/* --raft-tls is bad usage in every role (auth/raftsec.h) */
+	int rc = auth_raft_check_mode(role->cfg, role->err, sizeof role->err);
+
+	if (rc == 0)
+		rc = tls_setup(role->cfg, "proxy", role->err, sizeof role->err);
 
 	if (rc != 0)
 		return rc;
@@ -133,9 +138,11 @@ static int auth_setup(sdb_role *role, proxy *p)
 	ao.meta = auth_meta;
 	ao.meta_arg = p;
 	ao.failure_limit = sdb_config_get_int(role->cfg, SDB_OPT_auth_failure_limit, 10);
-	/* failures counted on the peer ring: one count per user and host for every proxy */
-	ao.decide = proxy_quota_decide;
-	ao.decide_ctx = p->quota;
+	/* failures counted on the peer ring: one count per user and host for every proxy;
+	 * the gate's own view on a limiter private to it (proxy/quota.h) */
+	ao.failures_local = proxy_quota_auth_local;
+	ao.failures_cluster = proxy_quota_auth_cluster;
+	ao.failures_ctx = p->quota;
 	p->auth = auth_gate_new(&ao);
 	sdb_info("proxy authentication enabled", "mechanisms=%s failure_limit=%lld",
 		 "SCRAM-SHA-1,SCRAM-SHA-256", (long long)ao.failure_limit);
@@ -250,9 +257,7 @@ static int proxy_start(sdb_role *role)
 	o.quiesce_ms = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_quiesce_ms, 0);
 	if (p->auth)
 		o.gate = auth_gate_hook;
-	wire_tls tls;
-	auth_tls_wire("proxy", &tls); /* issue #10: the role's TLS, if set up */
-	o.tls = &tls;
+	o.tls = true; /* issue #10: the listener's TLS, if set up */
 	rc = wire_server_new(role->loop, &o, &p->srv, role->err, sizeof role->err);
 	if (rc != 0)
 		goto err;

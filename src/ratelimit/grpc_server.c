@@ -19,7 +19,7 @@
 #include <uv.h>
 
 #include "auth/cluster.h"
-#include "auth/tls.h"
+#include "auth/raftsec.h"
 #include "common/alloc.h"
 #include "common/config.h"
 #include "common/err.h"
@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "ratelimit/proto.h"
+#include "tls/tls.h"
 
 /* calls requested ahead from gRPC, per method */
 static const int outstanding[] = {64, 4, 4, 32, 8};
@@ -99,7 +100,7 @@ static const char *const method_labels[M__COUNT] = {
 struct rl_grpc_server {
 	grpc_server *server;
 	pthread_mutex_t tls_mu; /* guards tls_gen (the certificate fetcher runs on any thread) */
-	unsigned tls_gen;       /* generation of the certificates gRPC serves (auth/tls.h) */
+	unsigned tls_gen;       /* generation of the certificates gRPC serves (tls/tls.h) */
 	grpc_completion_queue *cq;
 	int port;
 	int n_threads;
@@ -282,7 +283,7 @@ static void handle_get_rate_limits(srv_call *c, const Pb__Gubernator__GetRateLim
 
 	if (reqs == NULL)
 		return;
-	if (auth_cluster_reserved_limits(reqs, n, err, sizeof err)) {
+	if (rl_v1_reserved(reqs, n, err, sizeof err)) {
 		reply(c, GRPC_STATUS_PERMISSION_DENIED, NULL, 0, err);
 		free(reqs);
 		return;
@@ -484,10 +485,18 @@ static void grpc_log_to_sdb(gpr_log_func_args *a)
 		"detail=%s", sdb_logq(q, sizeof q, a->message != NULL ? a->message : ""));
 }
 
+bool rl_v1_reserved(const rl_req *reqs, size_t n, char *msg, size_t msglen)
+{
+	for (size_t i = 0; i < n; i++)
+		if (auth_cluster_reserved_name(reqs[i].name, msg, msglen))
+			return true;
+	return false;
+}
+
 /* ---- issue #10: TLS on the gRPC listener ----
- * When the "ratelimit" TLS listener is configured (auth_tls_setup in rl_grpc_start), the
+ * When the "ratelimit" TLS listener is configured (tls_setup in rl_grpc_start), the
  * port serves TLS only. gRPC asks this fetcher for the certificate configuration at the
- * start of each handshake: it answers NEW after a SIGHUP reload (auth_tls_reload bumps
+ * start of each handshake: it answers NEW after a SIGHUP reload (tls_reload, the "TLS" hook, bumps
  * the listener's generation), so new connections use the new certificate without a
  * restart; UNCHANGED otherwise, or when the new files cannot be read (old ones stay). */
 #define TLS_ROLE "ratelimit"
@@ -503,7 +512,7 @@ static grpc_ssl_certificate_config_reload_status tls_fetch(void *arg,
 
 	pthread_mutex_lock(&srv->tls_mu);
 	gen = srv->tls_gen;
-	rc = auth_tls_listener_pem(TLS_ROLE, &gen, &cert, &key, &ca, err, sizeof err);
+	rc = tls_listener_pem(TLS_ROLE, &gen, &cert, &key, &ca, err, sizeof err);
 	if (rc == 1)
 		srv->tls_gen = gen;
 	pthread_mutex_unlock(&srv->tls_mu);
@@ -539,10 +548,10 @@ static grpc_server_credentials *server_credentials(rl_grpc_server *srv, char *er
 	unsigned gen = 0;
 	bool mutual;
 
-	if (auth_tls_listener_mode(TLS_ROLE) == AUTH_TLS_DISABLED)
+	if (tls_listener_mode(TLS_ROLE) == TLS_MODE_DISABLED)
 		return grpc_insecure_server_credentials_create();
 	/* read once now so that bad files fail the start with a clear message */
-	if (auth_tls_listener_pem(TLS_ROLE, &gen, &cert, &key, &ca, err, errlen) < 0)
+	if (tls_listener_pem(TLS_ROLE, &gen, &cert, &key, &ca, err, errlen) < 0)
 		return NULL;
 	mutual = ca != NULL;
 	free(cert);
@@ -868,7 +877,9 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 				(long long)lease_ms);
 
 	/* issue #10: TLS of the gRPC listener from --tls-mode/--tls-cert/--tls-key/--tls-ca */
-	rv = auth_tls_setup(cfg, TLS_ROLE, err, errlen);
+	rv = auth_raft_check_mode(cfg, err, errlen); /* bad usage in every role */
+	if (rv == 0)
+		rv = tls_setup(cfg, TLS_ROLE, err, errlen);
 	if (rv != 0)
 		return rv;
 	memset(&copts, 0, sizeof(copts));

@@ -75,4 +75,10 @@ void rl_grpc_stop(rl_grpc *g);
 /* Returns: the bound gRPC port of a started hook (for logs and tests); 0 when g is NULL. */
 int rl_grpc_port(const rl_grpc *g);
 
+/* Does a public pb.gubernator.V1 batch (reqs[0..n), gRPC or the HTTP gateway) name a
+ * bucket reserved for the cluster's own limits (auth_cluster_reserved_name: with a key
+ * loaded, names starting with "stripedb_")? True with the refusal message for the first
+ * one in msg (msglen bytes): answer PERMISSION_DENIED. Thread-safe. */
+bool rl_v1_reserved(const rl_req *reqs, size_t n, char *msg, size_t msglen);
+
 #endif

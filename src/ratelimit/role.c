@@ -78,7 +78,7 @@ static void h_get_rate_limits(void *data, const sdb_http_req *req, sdb_http_resp
 		reply_error(resp, 400, RL_GRPC_INVALID_ARGUMENT, err);
 		return;
 	}
-	if (auth_cluster_reserved_limits(reqs.reqs, reqs.n, err, sizeof err)) {
+	if (rl_v1_reserved(reqs.reqs, reqs.n, err, sizeof err)) {
 		rl_json_reqs_free(&reqs);
 		reply_error(resp, 403, RL_GRPC_PERMISSION_DENIED, err);
 		return;

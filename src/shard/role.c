@@ -8,12 +8,13 @@
 #include <string.h>
 
 #include "auth/cluster.h"
-#include "auth/tls.h"
+#include "auth/raftsec.h"
 #include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/role.h"
+#include "tls/tls.h"
 #include "shard/members.h"
 #include "shard/repl.h"
 #include "shard/ttl.h"
@@ -162,8 +163,10 @@ static int shard_start(sdb_role *role)
 	};
 	/* issue #10: with --cluster-key-file only cluster members may run commands */
 	rc = auth_cluster_setup(role->cfg, err, sizeof err);
-	if (rc == 0) /* issue #10: TLS on the wire listener (auth/tls.h) */
-		rc = auth_tls_setup(role->cfg, "shard", err, sizeof err);
+	if (rc == 0) /* --raft-tls is bad usage in every role (auth/raftsec.h) */
+		rc = auth_raft_check_mode(role->cfg, err, sizeof err);
+	if (rc == 0) /* issue #10: TLS on the wire listener (tls/tls.h) */
+		rc = tls_setup(role->cfg, "shard", err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
 		shard_pool_stop(sh);
@@ -172,9 +175,7 @@ static int shard_start(sdb_role *role)
 	}
 	o.gate = auth_cluster_gate();
 	o.hello = hello_hook;
-	wire_tls tls;
-	auth_tls_wire("shard", &tls); /* issue #10: the role's TLS, if set up */
-	o.tls = &tls;
+	o.tls = true; /* issue #10: the listener's TLS, if set up */
 	o.test_commands = sh->test_commands; /* configureFailPoint: wire/failpoint.c */
 	rc = wire_server_new(role->loop, &o, &sh->srv, err, sizeof err);
 	if (rc) {

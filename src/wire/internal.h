@@ -10,6 +10,7 @@
 #include <uv.h>
 
 #include "common/metrics.h"
+#include "tls/tls.h"
 #include "wire/server.h"
 
 /* A registered command with its metric series (looked up once at registration). */
@@ -53,7 +54,7 @@ struct wire_conn {
 	/* issue #10: TLS (wire_server_opts.tls). tls_state: 0 undecided (first byte not
 	 * seen), 1 plaintext, 2 TLS (tls set). */
 	int tls_state;
-	void *tls;
+	tls_conn *tls;
 };
 
 struct wire_req {
@@ -101,7 +102,7 @@ struct wire_server {
 	uint64_t quiesce_ms;      /* wire_server_close phase 2 */
 	bool quiescing;           /* DRAINING, phase 2: commands still read (and refused) */
 	uint64_t close_deadline;  /* uv_now() at which connections are force-closed */
-	wire_tls tls;             /* issue #10: the role's TLS provider (mode DISABLED: none) */
+	tls_mode tls_mode;        /* issue #10: the role's TLS listener (DISABLED: none) */
 	int port;
 	bson_oid_t process_id;    /* topologyVersion.processId */
 	int64_t topology_counter; /* topologyVersion.counter */

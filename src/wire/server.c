@@ -72,8 +72,7 @@ static void conn_unref(wire_conn *conn)
 		return;
 	if (conn->data_free)
 		conn->data_free(conn->data);
-	if (conn->tls)
-		conn->srv->tls.conn_free(conn->tls);
+	tls_conn_free(conn->tls);
 	free(conn->rbuf);
 	free(conn);
 }
@@ -403,7 +402,7 @@ static void on_write(uv_write_t *wr, int status)
 
 static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len);
 
-/* ---- issue #10: TLS through memory BIOs (src/auth/tls.h) ---- */
+/* ---- issue #10: TLS through memory BIOs (src/tls/tls.h) ---- */
 typedef struct tls_out {
 	uint8_t *buf;
 	size_t len, cap;
@@ -452,12 +451,12 @@ static bool tls_on_read(wire_conn *conn, size_t nread)
 
 	if (conn->tls_state == 0) {
 		if (conn->rbuf[conn->rlen] == 0x16) { /* TLS handshake record */
-			conn->tls = conn->srv->tls.conn_new(conn->srv->role);
+			conn->tls = tls_conn_new(conn->srv->role);
 			conn->tls_state = conn->tls ? 2 : 1;
 		} else {
 			conn->tls_state = 1;
 		}
-		if (conn->tls_state == 1 && conn->srv->tls.mode == WIRE_TLS_REQUIRED) {
+		if (conn->tls_state == 1 && conn->srv->tls_mode == TLS_MODE_REQUIRED) {
 			sdb_warn("wire: plaintext connection refused (--tls-mode=required)",
 				 "conn=%lld peer=%s", (long long)conn->id, conn->peer);
 			conn_close(conn);
@@ -469,7 +468,7 @@ static bool tls_on_read(wire_conn *conn, size_t nread)
 	cipher = sdb_malloc(nread);
 	memcpy(cipher, conn->rbuf + conn->rlen, nread);
 	sdb_counter_add(conn->srv->m_bytes_in, (uint64_t)nread);
-	rc = conn->srv->tls.feed(conn->tls, cipher, nread, tls_plain, tls_rx_send, &rx);
+	rc = tls_conn_feed(conn->tls, cipher, nread, tls_plain, tls_rx_send, &rx);
 	free(cipher);
 	if (rx.out.len)
 		conn_write_raw(conn, rx.out.buf, rx.out.len);
@@ -495,7 +494,7 @@ static void conn_write(wire_conn *conn, uint8_t *buf, size_t len)
 		return;
 	}
 	if (conn->state == WIRE_CONN_CLOSING ||
-	    conn->srv->tls.write(conn->tls, buf, len, tls_collect, &out) != 0) {
+	    tls_conn_write(conn->tls, buf, len, tls_collect, &out) != 0) {
 		free(buf);
 		free(out.buf);
 		if (conn->state != WIRE_CONN_CLOSING)
@@ -829,7 +828,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	}
 	if (nread == 0)
 		return;
-	if (conn->srv->tls.mode != WIRE_TLS_DISABLED && !tls_on_read(conn, (size_t)nread))
+	if (conn->srv->tls_mode != TLS_MODE_DISABLED && !tls_on_read(conn, (size_t)nread))
 		return; /* issue #10: TLS consumed the bytes */
 	conn->rlen += (size_t)nread;
 	sdb_counter_add(conn->srv->m_bytes_in, (uint64_t)nread);
@@ -1149,8 +1148,7 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	srv->role_data = opts->role_data;
 	srv->hello = opts->hello;
 	srv->gate = opts->gate;
-	if (opts->tls)
-		srv->tls = *opts->tls;
+	srv->tls_mode = opts->tls ? tls_listener_mode(srv->role) : TLS_MODE_DISABLED;
 	srv->is_mongos = opts->is_mongos;
 	srv->fp = opts->test_commands ? wire__failpoint_new() : NULL;
 	srv->ptw = opts->test_commands && !opts->is_mongos ? wire__ptw_new() : NULL;

@@ -103,23 +103,6 @@ typedef void (*wire_hello_fn)(void *role_data, const bson_t *cmd, bson_t *reply)
  * Return true to continue; false after having answered req with wire_req_error(). */
 typedef bool (*wire_gate_fn)(wire_req *req, void *role_data);
 
-/* Transport security of a listener, provided by the role (auth/tls.h auth_tls_wire) so
- * that the wire layer does not depend on auth. A connection whose first byte starts a TLS
- * handshake record (0x16) gets conn_new(role); plaintext connections are refused when mode
- * is WIRE_TLS_REQUIRED. The session functions are those of auth/tls.h: feed takes
- * ciphertext and hands plaintext to plain and bytes to send to send, write encrypts; both
- * return 0 or an SDB_E* code (close the connection). Called on the loop thread. */
-typedef void (*wire_tls_out_fn)(void *arg, const uint8_t *data, size_t len);
-typedef enum { WIRE_TLS_DISABLED = 0, WIRE_TLS_ALLOWED, WIRE_TLS_REQUIRED } wire_tls_mode;
-typedef struct wire_tls {
-	wire_tls_mode mode;
-	void *(*conn_new)(const char *role); /* NULL when the role has no TLS context */
-	void (*conn_free)(void *c);	     /* NULL is a no-op */
-	int (*feed)(void *c, const uint8_t *in, size_t len, wire_tls_out_fn plain,
-		    wire_tls_out_fn send, void *arg);
-	int (*write)(void *c, const uint8_t *data, size_t len, wire_tls_out_fn send, void *arg);
-} wire_tls;
-
 typedef struct wire_server_opts {
 	const char *listen;         /* "HOST:PORT" */
 	const char *role;           /* role name, for logs and metric labels */
@@ -128,7 +111,12 @@ typedef struct wire_server_opts {
 	wire_hello_fn hello;        /* optional */
 	wire_gate_fn gate;          /* optional */
 	bool is_mongos;             /* hello says msg: "isdbgrid" */
-	const wire_tls *tls;        /* optional (NULL: plaintext only); copied */
+	/* Transport security (issue #10): serve the TLS listener of `role` that the role set
+	 * up with tls_setup (tls/tls.h) before creating the server; its mode is read here.
+	 * A connection whose first byte starts a TLS handshake record (0x16) is TLS, others
+	 * are plaintext, refused (closed) when the mode is required. false, or a role
+	 * without a TLS listener: plaintext only. */
+	bool tls;
 	/* Test commands (--enable-test-commands, MongoDB's enableTestCommands): the shared
 	 * configureFailPoint command and its failCommand fail point (wire/failpoint.c). Off:
 	 * configureFailPoint is refused with CommandNotFound (59). Never in production. */

@@ -1,5 +1,5 @@
-/* TLS for wire listeners with OpenSSL memory BIOs. See auth/tls.h. */
-#include "auth/tls.h"
+/* TLS for the listeners of the roles with OpenSSL memory BIOs. See tls/tls.h. */
+#include "tls/tls.h"
 
 #include <errno.h>
 #include <openssl/err.h>
@@ -8,18 +8,16 @@
 #include <string.h>
 #include <uv.h>
 
-#include "auth/cluster.h"
-#include "auth/raftsec.h"
 #include "common/alloc.h"
 #include "common/err.h"
-#include "common/http.h"
 #include "common/log.h"
+#include "common/role.h"
 
 #define TLS_MAX_LISTENERS 8
 
 typedef struct listener {
 	char role[32];
-	auth_tls_mode mode;
+	tls_mode mode;
 	bool internal; /* every role but the proxy: with a CA, a client certificate is required */
 	unsigned gen;  /* bumped by each successful reload */
 	char *cert, *key, *ca;
@@ -31,7 +29,7 @@ static uv_mutex_t mu;
 static listener lst[TLS_MAX_LISTENERS];
 static size_t n_lst;
 
-struct auth_tls_conn {
+struct tls_conn {
 	SSL *ssl;
 	BIO *rbio, *wbio; /* owned by ssl */
 };
@@ -92,7 +90,7 @@ static int make_ctx(const listener *l, SSL_CTX **out, char *err, size_t errlen)
 	return 0;
 }
 
-int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen)
+int tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen)
 {
 	const char *mode = sdb_config_get(cfg, SDB_OPT_tls_mode);
 	const char *cert = sdb_config_get(cfg, SDB_OPT_tls_cert);
@@ -103,16 +101,12 @@ int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t er
 
 	uv_once(&once, init_mu);
 	memset(&l, 0, sizeof l);
-	/* --raft-tls is bad usage in every role that sets up its listeners, not only where a
-	 * Raft port exists (auth/raftsec.h) */
-	if ((rc = auth_raft_check_mode(cfg, err, errlen)) != 0)
-		return rc;
 	if (!mode || strcmp(mode, "disabled") == 0)
 		return 0;
 	if (strcmp(mode, "allowed") == 0)
-		l.mode = AUTH_TLS_ALLOWED;
+		l.mode = TLS_MODE_ALLOWED;
 	else if (strcmp(mode, "required") == 0)
-		l.mode = AUTH_TLS_REQUIRED;
+		l.mode = TLS_MODE_REQUIRED;
 	else
 		return sdb_errf(err, errlen, SDB_EUSAGE,
 				"--tls-mode must be disabled, allowed or required, not '%s'", mode);
@@ -142,14 +136,15 @@ int auth_tls_setup(const sdb_config *cfg, const char *role, char *err, size_t er
 	}
 	lst[n_lst++] = l;
 	uv_mutex_unlock(&mu);
+	sdb_on_sighup("TLS", "certificates", tls_reload); /* once: later calls are no-ops */
 	sdb_info("tls configured", "role=%s mode=%s cert=%s ca=%s client_cert=%s", role, mode,
 		 cert, ca ? ca : "-", !ca ? "not-requested" : l.internal ? "required" : "optional");
 	return 0;
 }
 
-auth_tls_mode auth_tls_listener_mode(const char *role)
+tls_mode tls_listener_mode(const char *role)
 {
-	auth_tls_mode m = AUTH_TLS_DISABLED;
+	tls_mode m = TLS_MODE_DISABLED;
 	uv_once(&once, init_mu);
 	uv_mutex_lock(&mu);
 	for (size_t i = 0; i < n_lst; i++)
@@ -159,7 +154,7 @@ auth_tls_mode auth_tls_listener_mode(const char *role)
 	return m;
 }
 
-int auth_tls_reload(char *err, size_t errlen)
+int tls_reload(char *err, size_t errlen)
 {
 	int rc = 0;
 	uv_once(&once, init_mu);
@@ -181,24 +176,6 @@ int auth_tls_reload(char *err, size_t errlen)
 		}
 	}
 	uv_mutex_unlock(&mu);
-	{
-		char e[256];
-		int r = auth_cluster_tls_reload(e, sizeof e);
-		if (r != 0 && rc == 0) {
-			rc = r;
-			snprintf(err, errlen, "%s", e);
-		}
-		r = auth_raft_reload(e, sizeof e); /* the Raft transport (issue #21) */
-		if (r != 0 && rc == 0) {
-			rc = r;
-			snprintf(err, errlen, "%s", e);
-		}
-		r = sdb_http_tls_reload(e, sizeof e); /* --http-tls servers */
-		if (r != 0 && rc == 0) {
-			rc = r;
-			snprintf(err, errlen, "%s", e);
-		}
-	}
 	return rc;
 }
 
@@ -213,12 +190,12 @@ static int read_file(const char *path, char **out, char *err, size_t errlen)
 		return sdb_errf(err, errlen, SDB_EIO, "tls: %s: %s", path, strerror(errno));
 	for (;;) {
 		if (cap - len < 4096) {
-			if (cap >= AUTH_TLS_PEM_MAX) {
+			if (cap >= TLS_PEM_MAX) {
 				fclose(f);
 				free(buf);
 				return sdb_errf(err, errlen, SDB_EINVAL,
 						"tls: %s: larger than %d bytes", path,
-						AUTH_TLS_PEM_MAX);
+						TLS_PEM_MAX);
 			}
 			cap = cap ? cap * 2 : 16384;
 			buf = sdb_realloc(buf, cap + 1);
@@ -234,13 +211,13 @@ static int read_file(const char *path, char **out, char *err, size_t errlen)
 	return 0;
 }
 
-int auth_tls_read_pem(const char *path, char **out, char *err, size_t errlen)
+int tls_read_pem(const char *path, char **out, char *err, size_t errlen)
 {
 	return read_file(path, out, err, errlen);
 }
 
-int auth_tls_listener_pem(const char *role, unsigned *gen, char **cert, char **key, char **ca,
-			  char *err, size_t errlen)
+int tls_listener_pem(const char *role, unsigned *gen, char **cert, char **key, char **ca,
+		     char *err, size_t errlen)
 {
 	char *c = NULL, *k = NULL, *a = NULL, *pc = NULL, *pk = NULL, *pa = NULL;
 	unsigned g = 0;
@@ -285,9 +262,9 @@ out:
 	return rc;
 }
 
-auth_tls_conn *auth_tls_conn_new(const char *role)
+tls_conn *tls_conn_new(const char *role)
 {
-	auth_tls_conn *c = NULL;
+	tls_conn *c = NULL;
 	uv_once(&once, init_mu);
 	uv_mutex_lock(&mu);
 	for (size_t i = 0; i < n_lst; i++) {
@@ -313,7 +290,7 @@ auth_tls_conn *auth_tls_conn_new(const char *role)
 	return c;
 }
 
-void auth_tls_conn_free(auth_tls_conn *c)
+void tls_conn_free(tls_conn *c)
 {
 	if (!c)
 		return;
@@ -321,7 +298,7 @@ void auth_tls_conn_free(auth_tls_conn *c)
 	free(c);
 }
 
-static void flush(auth_tls_conn *c, auth_tls_out_fn send, void *arg)
+static void flush(tls_conn *c, tls_out_fn send, void *arg)
 {
 	uint8_t buf[16384];
 	int n;
@@ -329,8 +306,8 @@ static void flush(auth_tls_conn *c, auth_tls_out_fn send, void *arg)
 		send(arg, buf, (size_t)n);
 }
 
-int auth_tls_conn_feed(auth_tls_conn *c, const uint8_t *in, size_t len, auth_tls_out_fn plain,
-		       auth_tls_out_fn send, void *arg)
+int tls_conn_feed(tls_conn *c, const uint8_t *in, size_t len, tls_out_fn plain, tls_out_fn send,
+		  void *arg)
 {
 	uint8_t buf[16384];
 	int n, e;
@@ -364,8 +341,7 @@ int auth_tls_conn_feed(auth_tls_conn *c, const uint8_t *in, size_t len, auth_tls
 	}
 }
 
-int auth_tls_conn_write(auth_tls_conn *c, const uint8_t *data, size_t len, auth_tls_out_fn send,
-			void *arg)
+int tls_conn_write(tls_conn *c, const uint8_t *data, size_t len, tls_out_fn send, void *arg)
 {
 	while (len > 0) {
 		int chunk = len > 1 << 20 ? 1 << 20 : (int)len;
@@ -379,39 +355,4 @@ int auth_tls_conn_write(auth_tls_conn *c, const uint8_t *data, size_t len, auth_
 		len -= (size_t)n;
 	}
 	return 0;
-}
-
-/* ------------------------------------------------------------------ wire provider */
-
-static void *wire_conn_new(const char *role)
-{
-	return auth_tls_conn_new(role);
-}
-
-static void wire_conn_free(void *c)
-{
-	auth_tls_conn_free(c);
-}
-
-static int wire_feed(void *c, const uint8_t *in, size_t len, wire_tls_out_fn plain,
-		     wire_tls_out_fn send, void *arg)
-{
-	return auth_tls_conn_feed(c, in, len, plain, send, arg);
-}
-
-static int wire_write(void *c, const uint8_t *data, size_t len, wire_tls_out_fn send, void *arg)
-{
-	return auth_tls_conn_write(c, data, len, send, arg);
-}
-
-void auth_tls_wire(const char *role, wire_tls *out)
-{
-	auth_tls_mode m = auth_tls_listener_mode(role);
-	out->mode = m == AUTH_TLS_REQUIRED  ? WIRE_TLS_REQUIRED
-		    : m == AUTH_TLS_ALLOWED ? WIRE_TLS_ALLOWED
-					    : WIRE_TLS_DISABLED;
-	out->conn_new = wire_conn_new;
-	out->conn_free = wire_conn_free;
-	out->feed = wire_feed;
-	out->write = wire_write;
 }
