@@ -76,7 +76,7 @@ typedef struct sdb_update_opts {
 	 * update that uses `$` fails at apply time with code 2 "The positional operator did
 	 * not find the match needed from the query." Copied by parse. */
 	const bson_t *query;
-	/* Clock for $currentDate; NULL means clock_gettime(CLOCK_REALTIME). */
+	/* Clock for $currentDate; NULL means sdb_wall_ms() (common/clock.h). */
 	sdb_update_clock_fn clock;
 	void *clock_ctx;
 	/* ObjectId for an upsert's generated _id; NULL means bson_oid_init. A replicated
