@@ -610,15 +610,11 @@ static void cfg_find(ctx *c)
 
 static void cfg_aggregate(ctx *c)
 {
-	bson_t p, co, stages;
-	int64_t batch = 101;
+	bson_t p, stages;
+	int64_t batch;
 
-	if (!px_get_array(c->cmd, "pipeline", &p)) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
+	if (!px_agg_args(c, &p, &batch))
 		return;
-	}
-	if (px_get_doc(c->cmd, "cursor", &co))
-		batch = px_get_int(&co, "batchSize", 101);
 	bson_copy_to(&p, &stages);
 	answer_view(c, &stages, batch, false, false);
 }
