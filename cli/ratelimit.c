@@ -15,18 +15,11 @@
 #include <mongoc/mongoc.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli/cli.h"
+#include "common/clock.h"
 
 int cli_ratelimit_cmd(cli_ctx *ctx, int argc, char **argv);
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int peers(cli_ctx *ctx)
 {
@@ -34,7 +27,7 @@ static int peers(cli_ctx *ctx)
 	bson_t cmd = BSON_INITIALIZER, reply, out = BSON_INITIALIZER, arr;
 	bson_error_t e;
 	bson_iter_t it, list, doc;
-	int64_t version = 0, now = now_ms();
+	int64_t version = 0, now = sdb_wall_ms(); /* leases are epoch ms */
 	int n = 0, rc = 0;
 
 	if (c == NULL)

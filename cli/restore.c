@@ -1122,7 +1122,7 @@ int cli_restore_main(cli_ctx *ctx, int argc, char **argv)
 		tdb = sdb_strndup(o.into, (size_t)(d2 - o.into));
 		tcoll = sdb_strdup(d2 + 1);
 	} else if (!whole) {
-		time_t s = e.latest ? time(NULL) : (time_t)(e.to_ms / 1000);
+		time_t s = (time_t)((e.latest ? sdb_wall_ms() : e.to_ms) / 1000);
 		struct tm tm;
 		char b[32];
 		gmtime_r(&s, &tm);

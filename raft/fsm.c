@@ -6,10 +6,11 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <xxhash.h>
 
 #include "common/alloc.h"
+#include "common/bsonget.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "raft/migstate.h"
@@ -142,20 +143,32 @@ const char *fsm_arg_str(const bson_t *args, const char *key)
 	return NULL;
 }
 
+/* Apply side of the integer rule. The leader (src/metadata/role.c h_write) refuses a
+ * fractional, NaN or out-of-range double with common/bsonget.h's sdb_bson_get_int64 before
+ * proposing, so entries written from now on hold exact integers. This function must still
+ * apply every entry already in a log or snapshot exactly as the earlier versions did, on
+ * every member, or members replaying the same log would disagree (rolling upgrade): those
+ * versions took a double within +-9.2e18 truncated toward zero (2.5 -> 2) and treated NaN
+ * and anything beyond that bound as missing. So: the bound first (note it is narrower than
+ * sdb_bson_as_int64's 2^63), then the common rule for int32, int64 and integral doubles,
+ * then the legacy truncation, which only an old leader's entry can reach. Deterministic:
+ * the IEEE double and its truncation are the same on every member. */
 int fsm_arg_int(const bson_t *args, const char *key, int64_t *out)
 {
 	bson_iter_t it;
+	double d;
+
 	if (!bson_iter_init_find(&it, args, key))
 		return 0;
-	if (BSON_ITER_HOLDS_INT32(&it) || BSON_ITER_HOLDS_INT64(&it)) {
-		*out = bson_iter_as_int64(&it);
-		return 1;
-	}
 	if (BSON_ITER_HOLDS_DOUBLE(&it)) {
-		double d = bson_iter_double(&it);
+		d = bson_iter_double(&it);
 		if (d != d || d < -9.2e18 || d > 9.2e18)
 			return 0;
-		*out = (int64_t)d;
+	}
+	if (sdb_bson_as_int64(&it, out))
+		return 1;
+	if (BSON_ITER_HOLDS_DOUBLE(&it)) {
+		*out = (int64_t)bson_iter_double(&it); /* legacy entries only, see above */
 		return 1;
 	}
 	return 0;
@@ -592,9 +605,7 @@ bson_t *sdb_fsm_take_result(sdb_fsm *f)
 /* Monotonic ms, for the snapshot and restore durations logged (issue #26). */
 static double mono_ms(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+	return (double)sdb_mono_ns() / 1e6;
 }
 
 static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned *n_bufs)

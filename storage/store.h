@@ -55,7 +55,7 @@ typedef struct sdb_store_opts {
 	int64_t oplog_max_age_s;
 	/* synchronous=NORMAL instead of FULL (benchmarks only; survives kill -9, not power loss). */
 	bool sync_normal;
-	/* Wall clock in epoch ms for oplog ts and wall (NULL = CLOCK_REALTIME). Tests inject it. */
+	/* Wall clock in epoch ms for oplog ts and wall (NULL = sdb_wall_ms(), common/clock.h). Tests inject it. */
 	int64_t (*clock_ms)(void *arg);
 	void *clock_arg;
 	/* Retryable-write session records expire after this many ms without use (0 = the

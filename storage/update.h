@@ -80,7 +80,7 @@ typedef struct sdb_update_opts {
 	 * and the statement's `c`, storage/pipeline.h sdb_let_parse), or NULL. Copied by
 	 * parse. */
 	const bson_t *vars;
-	/* Clock for $currentDate; NULL means clock_gettime(CLOCK_REALTIME). */
+	/* Clock for $currentDate; NULL means sdb_wall_ms() (common/clock.h). */
 	sdb_update_clock_fn clock;
 	void *clock_ctx;
 	/* ObjectId for an upsert's generated _id; NULL means bson_oid_init. A replicated

@@ -821,7 +821,7 @@ int bench_start(const bench_opts *o, bench **out, char *err, size_t errlen)
 	b->ver = sdb_calloc((size_t)b->maxkeys, sizeof *b->ver);
 	zipf_init(&b->zkeys, b->o.records);
 	zipf_init(&b->zmerch, b->o.merchants);
-	b->epoch_ms0 = (int64_t)time(NULL) * 1000; /* a data value (charges' `created`) */
+	b->epoch_ms0 = sdb_wall_ms() / 1000 * 1000; /* a data value (charges' `created`) */
 	uri = mongoc_uri_new_with_error(b->uri, &e);
 	if (uri == NULL) {
 		rc = sdb_errf(err, errlen, SDB_EINVAL, "bad URI '%s': %s", b->uri, e.message);

@@ -54,6 +54,19 @@ static int fail(sdb_bson_err *e, int code, const char *fmt, ...)
 	return SDB_EINVAL;
 }
 
+bool sdb_bson_as_int64_exact(const bson_iter_t *it, int64_t *out)
+{
+	if (BSON_ITER_HOLDS_INT32(it)) {
+		*out = bson_iter_int32(it);
+		return true;
+	}
+	if (BSON_ITER_HOLDS_INT64(it)) {
+		*out = bson_iter_int64(it);
+		return true;
+	}
+	return false;
+}
+
 bool sdb_bson_as_int64(const bson_iter_t *it, int64_t *out)
 {
 	double d;

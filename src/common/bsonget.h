@@ -64,6 +64,12 @@ int sdb_bson_find_int64(const bson_t *doc, const char *name, int64_t lo, int64_t
  * from our own replies and records, where a refusal needs no MongoDB error. */
 bool sdb_bson_as_int64(const bson_iter_t *it, int64_t *out);
 
+/* The rule of MongoDB's IDL integer types that take no double ("long" of txnNumber, "int"
+ * of stmtId, src/mongo/db/session/logical_session_id.idl): true and *out when the value
+ * under `it` is an int32 or an int64; a double, even an integral one, and every other type
+ * give false with *out untouched. The caller checks the range and words its error. */
+bool sdb_bson_as_int64_exact(const bson_iter_t *it, int64_t *out);
+
 /* Whether every nested document and array of doc is itself well formed to its end, at
  * most max_depth levels deep. bson_validate with BSON_VALIDATE_NONE skips a nested document
  * it cannot open and stops quietly at a malformed element inside one, so a document it

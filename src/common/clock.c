@@ -37,13 +37,18 @@ void sdb_cond_init_mono(pthread_cond_t *cv)
 	pthread_condattr_destroy(&ca);
 }
 
-int sdb_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ms)
+int sdb_cond_wait_until_us(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_us)
 {
-	struct timespec ts = {.tv_sec = (time_t)(deadline_ms / 1000),
-			      .tv_nsec = (long)(deadline_ms % 1000) * 1000000L};
+	struct timespec ts = {.tv_sec = (time_t)(deadline_us / 1000000u),
+			      .tv_nsec = (long)(deadline_us % 1000000u) * 1000L};
 	int rc = pthread_cond_timedwait(cv, mu, &ts);
 
 	return rc == ETIMEDOUT ? ETIMEDOUT : 0;
+}
+
+int sdb_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ms)
+{
+	return sdb_cond_wait_until_us(cv, mu, deadline_ms * 1000u);
 }
 
 int sdb_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms)

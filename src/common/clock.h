@@ -64,6 +64,11 @@ void sdb_cond_init_mono(pthread_cond_t *cv);
  * errno value, not an SDB_E* code); mu is held again either way. */
 int sdb_cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_ms);
 
+/* sdb_cond_wait_until with a deadline in microseconds (an sdb_mono_us() value), for waits
+ * shorter than a millisecond (the rate-limit cluster's 500 us batch wait).
+ * Returns: as sdb_cond_wait_until (0 or ETIMEDOUT). */
+int sdb_cond_wait_until_us(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t deadline_us);
+
 /* sdb_cond_wait_until(cv, mu, sdb_mono_ms() + ms); ms <= 0 returns ETIMEDOUT at once.
  * Returns: as sdb_cond_wait_until (0 or ETIMEDOUT). */
 int sdb_cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t ms);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bsonget.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "coordinator/filtering.h"
@@ -17,11 +18,14 @@ static int run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply, char *err, 
 	return e.domain == MONGOC_ERROR_SERVER ? (int)e.code : -1;
 }
 
+/* An integer field of a metadata chunk document (id, token): the common/bsonget.h rule
+ * (int32, int64, integral double in range); anything else, or no field, is def. */
 static int64_t get_int(const bson_t *d, const char *k, int64_t def)
 {
 	bson_iter_t it;
-	if (bson_iter_init_find(&it, d, k) && BSON_ITER_HOLDS_NUMBER(&it))
-		return bson_iter_as_int64(&it);
+	int64_t v;
+	if (bson_iter_init_find(&it, d, k) && sdb_bson_as_int64(&it, &v))
+		return v;
 	return def;
 }
 

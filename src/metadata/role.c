@@ -267,11 +267,34 @@ static void write_done(void *arg, int status, bson_t *result)
 	free(w);
 }
 
+/* The arguments the state machine reads as integers (raft/fsm*.c fsm_arg_int). "id" and
+ * "chunk" may also be strings (a migration's id, a decimal chunk id), so only numbers are
+ * checked here; a value of another type is refused or ignored at apply as before. */
+static const char *const int_args[] = {"id", "chunk", "version", "startedMS", "ttlMS",
+				       "iterations", "numChunks", "token", "expectToken"};
+
+/* The proposing side of the integer rule (common/bsonget.h): a number among int_args must
+ * be an int32, an int64 or an integral double inside the int64 range, so that no fraction,
+ * NaN or infinity enters the log (apply truncated 2.5 to 2, and must keep doing so for the
+ * entries earlier leaders wrote: raft/fsm.c fsm_arg_int). 0, or SDB_EINVAL and *e. */
+static int check_int_args(const bson_t *args, sdb_bson_err *e)
+{
+	bson_iter_t it;
+	int64_t v;
+
+	for (size_t i = 0; i < sizeof int_args / sizeof int_args[0]; i++)
+		if (bson_iter_init_find(&it, args, int_args[i]) && BSON_ITER_HOLDS_NUMBER(&it) &&
+		    sdb_bson_get_int64(&it, int_args[i], INT64_MIN, INT64_MAX, &v, e) != 0)
+			return SDB_EINVAL;
+	return 0;
+}
+
 static void h_write(wire_req *req, void *data)
 {
 	meta *m = data;
 	const char *name = wire_req_name(req);
 	const bson_t *cmd = wire_req_cmd(req);
+	sdb_bson_err e;
 	bson_t args;
 	wreq *w;
 	int rc;
@@ -294,6 +317,11 @@ static void h_write(wire_req *req, void *data)
 		return;
 	}
 	build_args(cmd, name, &args);
+	if (check_int_args(&args, &e) != 0) {
+		bson_destroy(&args);
+		wire_req_error(req, e.code, "%s: %s", name, e.msg);
+		return;
+	}
 	if (strcmp(name, "updateMigration") == 0)
 		/* the leader, not the client, says which rules apply (raft/migstate.h) */
 		BSON_APPEND_INT32(&args, "opVersion", MIGSTATE_OP_VERSION);
@@ -312,7 +340,6 @@ static void h_write(wire_req *req, void *data)
 		if (bson_iter_init_find(&cit, &args, "numChunks")) {
 			/* an integral count, checked here as the leader's other limits are: a
 			 * string, NaN, 2.5 or 0 used to become the default of 2 chunks */
-			sdb_bson_err e;
 			if (sdb_bson_get_int64(&cit, "numChunks", 1, INT32_MAX, &want, &e) != 0) {
 				bson_destroy(&args);
 				wire_req_error(req, e.code, "shardCollection: %s", e.msg);

@@ -296,71 +296,145 @@ static void add_migration(const bson_t *m, void *arg)
 	dl_push(a->l, d);
 }
 
+/* ---- the collections: one loader each ---- */
+
+/* One collection of the config database: its name, and how its documents are loaded. For
+ * the views of a metadata list command, list_cmd names the command ({list_cmd: 1}), field
+ * the reply's array and add the conversion of one element (its arg: the doclist). */
+typedef struct cfg_coll {
+	const char *name;
+	/* Push the collection's documents into l; false after answering c. */
+	bool (*load)(ctx *c, const struct cfg_coll *cc, doclist *l);
+	const char *list_cmd;
+	const char *field;
+	void (*add)(const bson_t *doc, void *arg);
+} cfg_coll;
+
+/* Run {cc->list_cmd: 1} on the metadata service and pass each element of the reply's
+ * cc->field to add(elem, arg). True with *reply (the caller destroys it) or false after
+ * answering c, *reply then not to be touched. */
+static bool meta_list(ctx *c, const cfg_coll *cc, void (*add)(const bson_t *, void *),
+		      void *arg, bson_t *reply)
+{
+	bson_t cmd = BSON_INITIALIZER;
+	bool ok;
+
+	BSON_APPEND_INT32(&cmd, cc->list_cmd, 1);
+	ok = px_sharding_meta_call(c, &cmd, reply, NULL, NULL);
+	bson_destroy(&cmd);
+	if (ok)
+		px_each_doc(reply, cc->field, add, arg);
+	return ok;
+}
+
+/* config.shards, config.collections, config.mongos: cc->add over the list command. */
+static bool load_listed(ctx *c, const cfg_coll *cc, doclist *l)
+{
+	bson_t reply;
+
+	if (!meta_list(c, cc, cc->add, l, &reply))
+		return false;
+	bson_destroy(&reply);
+	return true;
+}
+
+static bool load_version(ctx *c, const cfg_coll *cc, doclist *l)
+{
+	bson_t *d = bson_new();
+
+	(void)c, (void)cc;
+	BSON_APPEND_INT32(d, "_id", 1);
+	BSON_APPEND_INT32(d, "minCompatibleVersion", 5);
+	BSON_APPEND_INT32(d, "currentVersion", 6);
+	dl_push(l, d);
+	return true;
+}
+
+static bool load_settings(ctx *c, const cfg_coll *cc, doclist *l)
+{
+	bson_t *d = bson_new();
+
+	(void)c, (void)cc;
+	BSON_APPEND_UTF8(d, "_id", "balancer");
+	BSON_APPEND_UTF8(d, "mode", "off");
+	BSON_APPEND_BOOL(d, "stopped", true);
+	dl_push(l, d);
+	d = bson_new();
+	BSON_APPEND_UTF8(d, "_id", "autosplit");
+	BSON_APPEND_BOOL(d, "enabled", false);
+	dl_push(l, d);
+	return true;
+}
+
+static bool load_databases(ctx *c, const cfg_coll *cc, doclist *l)
+{
+	db_arg a = {l, NULL};
+	char *primary = px_primary(c);
+	bson_t reply;
+	bool ok;
+
+	a.primary = primary;
+	if ((ok = meta_list(c, cc, add_database, &a, &reply))) {
+		/* a fresh list: this proxy's routing of unsharded collections follows it at
+		 * once (`ctl db create --primary` then a read of config.databases) */
+		proxy_set_db_primaries(c->p, &reply);
+		bson_destroy(&reply);
+	}
+	free(primary);
+	return ok;
+}
+
+static bool load_chunks(ctx *c, const cfg_coll *cc, doclist *l)
+{
+	(void)cc;
+	return px_each_routing_chunk(c, add_chunk, l);
+}
+
+/* config.migrations and config.changelog: two views of listMigrations (add_migration). */
+static bool load_migration_view(ctx *c, const cfg_coll *cc, doclist *l, bool changelog)
+{
+	mig_arg a = {l, changelog, c};
+	bson_t reply;
+
+	if (!meta_list(c, cc, add_migration, &a, &reply))
+		return false;
+	bson_destroy(&reply);
+	return true;
+}
+
+static bool load_migrations(ctx *c, const cfg_coll *cc, doclist *l)
+{
+	return load_migration_view(c, cc, l, false);
+}
+
+static bool load_changelog(ctx *c, const cfg_coll *cc, doclist *l)
+{
+	return load_migration_view(c, cc, l, true);
+}
+
+/* Every collection answered here, in listCollections order (by name). Any other name is
+ * an empty collection (actionlog, locks, tags ...). */
+static const cfg_coll cfg_colls[] = {
+	{"changelog", load_changelog, "listMigrations", "migrations", NULL},
+	{"chunks", load_chunks, NULL, NULL, NULL},
+	{"collections", load_listed, "listCollections", "collections", add_collection},
+	{"databases", load_databases, "listDatabases", "databases", NULL},
+	{"migrations", load_migrations, "listMigrations", "migrations", NULL},
+	{"mongos", load_listed, "listProxies", "proxies", add_mongos},
+	{"settings", load_settings, NULL, NULL, NULL},
+	{"shards", load_listed, "listShards", "shards", add_shard},
+	{"version", load_version, NULL, NULL, NULL},
+};
+
+#define N_COLLS (sizeof cfg_colls / sizeof cfg_colls[0])
+
 /* The documents of config.<coll> into l; false after answering c. */
 static bool load(ctx *c, const char *coll, doclist *l)
 {
-	bson_t cmd = BSON_INITIALIZER, reply;
-	bool ok = true;
-
-	if (strcmp(coll, "version") == 0) {
-		bson_t *d = bson_new();
-		BSON_APPEND_INT32(d, "_id", 1);
-		BSON_APPEND_INT32(d, "minCompatibleVersion", 5);
-		BSON_APPEND_INT32(d, "currentVersion", 6);
-		dl_push(l, d);
-	} else if (strcmp(coll, "settings") == 0) {
-		bson_t *d = bson_new();
-		BSON_APPEND_UTF8(d, "_id", "balancer");
-		BSON_APPEND_UTF8(d, "mode", "off");
-		BSON_APPEND_BOOL(d, "stopped", true);
-		dl_push(l, d);
-		d = bson_new();
-		BSON_APPEND_UTF8(d, "_id", "autosplit");
-		BSON_APPEND_BOOL(d, "enabled", false);
-		dl_push(l, d);
-	} else if (strcmp(coll, "shards") == 0) {
-		BSON_APPEND_INT32(&cmd, "listShards", 1);
-		if ((ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL))) {
-			px_each_doc(&reply, "shards", add_shard, l);
-			bson_destroy(&reply);
-		}
-	} else if (strcmp(coll, "databases") == 0) {
-		db_arg a = {l, NULL};
-		char *primary = px_primary(c);
-		a.primary = primary;
-		BSON_APPEND_INT32(&cmd, "listDatabases", 1);
-		if ((ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL))) {
-			px_each_doc(&reply, "databases", add_database, &a);
-			/* a fresh list: this proxy's routing of unsharded collections follows it
-			 * at once (`ctl db create --primary` then a read of config.databases) */
-			proxy_set_db_primaries(c->p, &reply);
-			bson_destroy(&reply);
-		}
-		free(primary);
-	} else if (strcmp(coll, "collections") == 0) {
-		BSON_APPEND_INT32(&cmd, "listCollections", 1);
-		if ((ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL))) {
-			px_each_doc(&reply, "collections", add_collection, l);
-			bson_destroy(&reply);
-		}
-	} else if (strcmp(coll, "chunks") == 0) {
-		ok = px_each_routing_chunk(c, add_chunk, l);
-	} else if (strcmp(coll, "mongos") == 0) {
-		BSON_APPEND_INT32(&cmd, "listProxies", 1);
-		if ((ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL))) {
-			px_each_doc(&reply, "proxies", add_mongos, l);
-			bson_destroy(&reply);
-		}
-	} else if (strcmp(coll, "migrations") == 0 || strcmp(coll, "changelog") == 0) {
-		mig_arg a = {l, strcmp(coll, "changelog") == 0, c};
-		BSON_APPEND_INT32(&cmd, "listMigrations", 1);
-		if ((ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL))) {
-			px_each_doc(&reply, "migrations", add_migration, &a);
-			bson_destroy(&reply);
-		}
-	}
-	bson_destroy(&cmd);
-	return ok;
+	for (size_t i = 0; i < N_COLLS; i++)
+		if (strcmp(cfg_colls[i].name, coll) == 0)
+			return cfg_colls[i].load(c, &cfg_colls[i], l);
+	return true;
 }
 
 typedef struct feed {
@@ -468,16 +542,13 @@ static void answer_docs(ctx *c, doclist *out, int64_t batch, bool single)
 /* listCollections on config: the collections answered here. */
 static void list_collections(ctx *c)
 {
-	static const char *const names[] = {"changelog", "chunks",   "collections", "databases",
-					    "migrations", "mongos",   "settings",    "shards",
-					    "version",    NULL};
 	doclist l = {0}, out = {0};
 	bson_t f, stages = BSON_INITIALIZER, st;
 	size_t i;
 
-	for (i = 0; names[i]; i++) {
+	for (i = 0; i < N_COLLS; i++) {
 		bson_t *d = bson_new(), o;
-		BSON_APPEND_UTF8(d, "name", names[i]);
+		BSON_APPEND_UTF8(d, "name", cfg_colls[i].name);
 		BSON_APPEND_UTF8(d, "type", "collection");
 		BSON_APPEND_DOCUMENT_BEGIN(d, "options", &o);
 		bson_append_document_end(d, &o);
@@ -500,62 +571,21 @@ static void list_collections(ctx *c)
 	bson_destroy(&stages);
 }
 
-bool px_config_db(ctx *c, const px_cmd *cmd)
+/* ---- the commands: one handler each ---- */
+
+/* Run stages over config.<c->coll> and answer c: a cursor of batch (single: no getMore),
+ * or for count {n}. Takes stages over (destroys it). */
+static void answer_view(ctx *c, bson_t *stages, int64_t batch, bool single, bool count)
 {
 	doclist l = {0}, out = {0};
-	bson_t stages;
-	int64_t batch = 101;
-	bool single = false;
-	const char *name = cmd->name;
 
-	if (c->db == NULL || strcmp(c->db, "config") != 0)
-		return false;
-	if (strcmp(name, "getMore") == 0 || strcmp(name, "killCursors") == 0)
-		return false; /* the proxy cursors answered below */
-	if (strcmp(name, "listCollections") == 0) {
-		list_collections(c);
-		return true;
-	}
-	if ((strcmp(name, "find") != 0 && strcmp(name, "aggregate") != 0 &&
-	     strcmp(name, "count") != 0) || c->coll == NULL) {
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "%s on the config database is not supported by stripedb: config is a "
-			 "read-only view of the metadata service (find, aggregate, count)",
-			 name);
-		return true;
-	}
-	if (strcmp(name, "find") == 0) {
-		if (!find_stages(c, &stages, &batch, &single))
-			return true;
-	} else if (strcmp(name, "aggregate") == 0) {
-		bson_t p, co;
-		if (!px_get_array(c->cmd, "pipeline", &p)) {
-			px_error(c, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
-			return true;
-		}
-		if (px_get_doc(c->cmd, "cursor", &co))
-			batch = px_get_int(&co, "batchSize", 101);
-		bson_copy_to(&p, &stages);
-	} else { /* count: [{$match: query}, {$count: "n"}] */
-		bson_t q, st;
-		bson_init(&stages);
-		BSON_APPEND_DOCUMENT_BEGIN(&stages, "0", &st);
-		if (px_get_doc(c->cmd, "query", &q))
-			BSON_APPEND_DOCUMENT(&st, "$match", &q);
-		else
-			BSON_APPEND_DOCUMENT(&st, "$match", &(bson_t)BSON_INITIALIZER);
-		bson_append_document_end(&stages, &st);
-		BSON_APPEND_DOCUMENT_BEGIN(&stages, "1", &st);
-		BSON_APPEND_UTF8(&st, "$count", "n");
-		bson_append_document_end(&stages, &st);
-	}
-	if (px_uses_js(&stages, 0)) {
-		bson_destroy(&stages);
+	if (px_uses_js(stages, 0)) {
+		bson_destroy(stages);
 		px_refuse_js(c, c->cmd);
-		return true;
+		return;
 	}
-	if (load(c, c->coll, &l) && run_pipeline(c, &stages, &l, &out)) {
-		if (strcmp(name, "count") == 0) {
+	if (load(c, c->coll, &l) && run_pipeline(c, stages, &l, &out)) {
+		if (count) {
 			bson_t *r = bson_new();
 			BSON_APPEND_INT64(r, "n", out.n ? px_get_int(out.v[0], "n", 0) : 0);
 			px_reply(c, r);
@@ -565,6 +595,83 @@ bool px_config_db(ctx *c, const px_cmd *cmd)
 	}
 	dl_free(&out);
 	dl_free(&l);
-	bson_destroy(&stages);
+	bson_destroy(stages);
+}
+
+static void cfg_find(ctx *c)
+{
+	bson_t stages;
+	int64_t batch = 101;
+	bool single = false;
+
+	if (find_stages(c, &stages, &batch, &single))
+		answer_view(c, &stages, batch, single, false);
+}
+
+static void cfg_aggregate(ctx *c)
+{
+	bson_t p, stages;
+	int64_t batch;
+
+	if (!px_agg_args(c, &p, &batch))
+		return;
+	bson_copy_to(&p, &stages);
+	answer_view(c, &stages, batch, false, false);
+}
+
+/* count: [{$match: query}, {$count: "n"}] */
+static void cfg_count(ctx *c)
+{
+	bson_t q, st, stages = BSON_INITIALIZER;
+
+	BSON_APPEND_DOCUMENT_BEGIN(&stages, "0", &st);
+	if (px_get_doc(c->cmd, "query", &q))
+		BSON_APPEND_DOCUMENT(&st, "$match", &q);
+	else
+		BSON_APPEND_DOCUMENT(&st, "$match", &(bson_t)BSON_INITIALIZER);
+	bson_append_document_end(&stages, &st);
+	BSON_APPEND_DOCUMENT_BEGIN(&stages, "1", &st);
+	BSON_APPEND_UTF8(&st, "$count", "n");
+	bson_append_document_end(&stages, &st);
+	answer_view(c, &stages, 101, false, true);
+}
+
+/* A command on the config database: its handler (answers c exactly once), or NULL for
+ * the commands the proxy's own handlers answer (getMore and killCursors of the cursors
+ * opened here); coll: it needs a collection name. */
+typedef struct cfg_cmd {
+	const char *name;
+	void (*run)(ctx *c);
+	bool coll;
+} cfg_cmd;
+
+static const cfg_cmd cfg_cmds[] = {
+	{"find", cfg_find, true},
+	{"aggregate", cfg_aggregate, true},
+	{"count", cfg_count, true},
+	{"listCollections", list_collections, false},
+	{"getMore", NULL, false},
+	{"killCursors", NULL, false},
+};
+
+bool px_config_db(ctx *c, const px_cmd *cmd)
+{
+	const cfg_cmd *e = NULL;
+
+	if (c->db == NULL || strcmp(c->db, "config") != 0)
+		return false;
+	for (size_t i = 0; i < sizeof cfg_cmds / sizeof cfg_cmds[0]; i++)
+		if (strcmp(cfg_cmds[i].name, cmd->name) == 0)
+			e = &cfg_cmds[i];
+	if (e != NULL && e->run == NULL)
+		return false; /* the proxy cursors answered below */
+	if (e == NULL || (e->coll && c->coll == NULL)) {
+		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+			 "%s on the config database is not supported by stripedb: config is a "
+			 "read-only view of the metadata service (find, aggregate, count)",
+			 cmd->name);
+		return true;
+	}
+	e->run(c);
 	return true;
 }

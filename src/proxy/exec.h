@@ -132,6 +132,10 @@ bool px_let(ctx *c, bson_t *vars);
 void px_append_let(const ctx *c, bson_t *cmd);
 /* A field as a boolean (bson_iter_as_bool), def when absent. */
 bool px_get_bool(const bson_t *d, const char *name, bool def);
+/* An aggregate's arguments (read.c): the pipeline array of c->cmd as a static view into
+ * it, and cursor.batchSize (101 when absent). False after answering c: FailedToParse (9)
+ * when there is no pipeline array. */
+bool px_agg_args(ctx *c, bson_t *pipeline, int64_t *batch);
 /* True when doc uses server-side JavaScript ($where, $function, $accumulator, code). */
 bool px_uses_js(const bson_t *doc, int depth);
 /* True when doc uses a server-side JavaScript operator ($where, $function, $accumulator)

@@ -816,9 +816,23 @@ static int agg_next(void *arg, const bson_t **doc, int *code, char *err, size_t 
 	return 1;
 }
 
+bool px_agg_args(ctx *c, bson_t *pipeline, int64_t *batch)
+{
+	bson_t cursor_opts;
+
+	if (!px_get_array(c->cmd, "pipeline", pipeline)) {
+		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
+		return false;
+	}
+	*batch = 101;
+	if (px_get_doc(c->cmd, "cursor", &cursor_opts))
+		*batch = px_get_int(&cursor_opts, "batchSize", 101);
+	return true;
+}
+
 void px_do_aggregate(ctx *c)
 {
-	bson_t stages, cursor_opts;
+	bson_t stages;
 	route_coll *rc;
 	sdb_pipeline *pl = NULL;
 	sdb_pipeline_pushdown_t pd;
@@ -832,12 +846,8 @@ void px_do_aggregate(ctx *c)
 	char err[512];
 	size_t cap = 0;
 
-	if (!px_get_array(c->cmd, "pipeline", &stages)) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
+	if (!px_agg_args(c, &stages, &batch))
 		return;
-	}
-	if (px_get_doc(c->cmd, "cursor", &cursor_opts))
-		batch = px_get_int(&cursor_opts, "batchSize", 101);
 	{
 		/* $collStats: answered by the proxy from the shards' collStats (mongos' way) */
 		bson_iter_t st, first;

@@ -5,15 +5,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-
-static bool as_int(const bson_iter_t *it, int64_t *out)
-{
-	if (BSON_ITER_HOLDS_INT32(it) || BSON_ITER_HOLDS_INT64(it)) {
-		*out = bson_iter_as_int64(it);
-		return true;
-	}
-	return false;
-}
+#include "common/bsonget.h"
 
 bool proxy_txn_parse(const bson_t *cmd, const char *stmts, proxy_txn *t, int *code, char *err,
 		     size_t errlen)
@@ -25,7 +17,7 @@ bool proxy_txn_parse(const bson_t *cmd, const char *stmts, proxy_txn *t, int *co
 	memset(t, 0, sizeof *t);
 	if (!bson_iter_init_find(&it, cmd, "txnNumber"))
 		return true;
-	if (!as_int(&it, &t->txn) || t->txn < 0) {
+	if (!sdb_bson_as_int64_exact(&it, &t->txn) || t->txn < 0) {
 		*code = WIRE_ERR_TYPE_MISMATCH;
 		snprintf(err, errlen, "BSON field 'txnNumber' must be a non-negative long");
 		return false;
@@ -42,7 +34,7 @@ bool proxy_txn_parse(const bson_t *cmd, const char *stmts, proxy_txn *t, int *co
 		return false;
 	}
 	if (bson_iter_init_find(&it, cmd, "stmtId")) {
-		if (!as_int(&it, &v) || v < 0 || v > INT32_MAX / 2) {
+		if (!sdb_bson_as_int64_exact(&it, &v) || v < 0 || v > INT32_MAX / 2) {
 			*code = WIRE_ERR_TYPE_MISMATCH;
 			snprintf(err, errlen, "BSON field 'stmtId' must be an int");
 			return false;
@@ -63,7 +55,7 @@ bool proxy_txn_parse(const bson_t *cmd, const char *stmts, proxy_txn *t, int *co
 		}
 		t->ids = sdb_calloc(cap ? cap : 1, sizeof *t->ids);
 		while (bson_iter_next(&a)) {
-			if (n >= cap || !as_int(&a, &v) || v < 0 || v > INT32_MAX) {
+			if (n >= cap || !sdb_bson_as_int64_exact(&a, &v) || v < 0 || v > INT32_MAX) {
 				n = cap + 1;
 				break;
 			}

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/clock.h"
 #include "common/alloc.h"
@@ -1044,11 +1043,8 @@ static void *flusher_main(void *arg)
 				next = cl->g_deadline_us;
 			}
 		}
-		if (!worked && !cl->stopping) {
-			struct timespec ts = {.tv_sec = next / 1000000,
-					      .tv_nsec = (next % 1000000) * 1000};
-			pthread_cond_timedwait(&cl->cv, &cl->mu, &ts);
-		}
+		if (!worked && !cl->stopping)
+			sdb_cond_wait_until_us(&cl->cv, &cl->mu, (uint64_t)next);
 	}
 	pthread_mutex_unlock(&cl->mu);
 	return NULL;

@@ -12,7 +12,8 @@
  * Time: the only time input is a request's created_at (ms since the Unix epoch), which is
  * the request's clock. When a request has no created_at (0), the limiter's clock is read
  * once per request; the default clock is rl_clock_realtime_ms(), the single place in the
- * rate limiter that reads CLOCK_REALTIME (epoch ms is what the protocol demands).
+ * rate limiter that reads the wall clock (epoch ms is what the protocol demands), through
+ * common/clock.h's sdb_wall_ms.
  *
  * Where stripedb differs from Gubernator on purpose (each is a Gubernator defect; see
  * src/ratelimit/README.md):
@@ -150,7 +151,8 @@ typedef struct rl_state {
 /* An epoch-ms clock (injectable for tests). */
 typedef int64_t (*rl_clock_fn)(void *clock_data);
 
-/* CLOCK_REALTIME in ms since the Unix epoch: the rate limiter's only wall-clock read. */
+/* sdb_wall_ms(): ms since the Unix epoch (CLOCK_REALTIME unless a test installed a clock
+ * with sdb_clock_set_wall): the rate limiter's only wall-clock read. */
 int64_t rl_clock_realtime_ms(void *unused);
 
 typedef struct rl_limiter rl_limiter;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 #include "common/metrics.h"
 #include "shard/shard.h"
@@ -49,15 +50,6 @@ void shard_cmd_txn_refuse(shard_ctx *x)
 	shard_fail(x, WIRE_ERR_ILLEGAL_OPERATION, ERR_TXN_REFUSED_FMT, name);
 }
 
-static bool as_int(const bson_iter_t *it, int64_t *out)
-{
-	if (BSON_ITER_HOLDS_INT32(it) || BSON_ITER_HOLDS_INT64(it)) {
-		*out = bson_iter_as_int64(it);
-		return true;
-	}
-	return false;
-}
-
 bool shard_txn_parse(shard_ctx *x, shard_txn *t, uint32_t count)
 {
 	bson_iter_t it;
@@ -70,7 +62,7 @@ bool shard_txn_parse(shard_ctx *x, shard_txn *t, uint32_t count)
 		have_lsid = bson_init_static(&t->lsid, data, len);
 	}
 	if (bson_iter_init_find(&it, x->cmd, "txnNumber")) {
-		if (!as_int(&it, &t->txn) || t->txn < 0) {
+		if (!sdb_bson_as_int64_exact(&it, &t->txn) || t->txn < 0) {
 			shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
 				   "BSON field 'txnNumber' must be a non-negative long");
 			return false;
@@ -86,7 +78,7 @@ bool shard_txn_parse(shard_ctx *x, shard_txn *t, uint32_t count)
 	}
 	int64_t base = 0;
 	if (bson_iter_init_find(&it, x->cmd, "stmtId") &&
-	    (!as_int(&it, &base) || base < 0 || base > INT32_MAX - (int64_t)count)) {
+	    (!sdb_bson_as_int64_exact(&it, &base) || base < 0 || base > INT32_MAX - (int64_t)count)) {
 		shard_fail(x, WIRE_ERR_TYPE_MISMATCH, "BSON field 'stmtId' must be an int");
 		return false;
 	}
@@ -101,7 +93,7 @@ bool shard_txn_parse(shard_ctx *x, shard_txn *t, uint32_t count)
 		t->ids = sdb_calloc(count ? count : 1, sizeof *t->ids);
 		while (bson_iter_next(&a)) {
 			int64_t v;
-			if (n >= count || !as_int(&a, &v) || v < 0 || v > INT32_MAX) {
+			if (n >= count || !sdb_bson_as_int64_exact(&a, &v) || v < 0 || v > INT32_MAX) {
 				free(t->ids);
 				t->ids = NULL;
 				shard_fail(x, WIRE_ERR_INVALID_OPTIONS,

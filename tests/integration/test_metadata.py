@@ -214,6 +214,13 @@ def test_routing_reads_and_long_poll(start_role, tmp_path):
         c.leader().cmd("setChunkShard", chunk_id, shard="shard-a", expectToken=1, token=3)
     assert ei.value.code == 112
     assert ei.value.details["currentToken"] == 2
+    # a fraction in an integer argument is refused by the leader before proposing (FailedToParse
+    # 9, common/bsonget.h): apply still truncates 3.5 to 3 for entries earlier leaders wrote,
+    # so it must never reach the log; nothing applied
+    with pytest.raises(OperationFailure) as ei:
+        c.leader().cmd("setChunkShard", chunk_id, shard="shard-a", expectToken=2, token=3.5)
+    assert ei.value.code == 9
+    assert c.leader().cmd("getRoutingTable", "app.users")["routingVersion"] == 3
 
     # /metrics of the leader
     ldr = c.leader()

@@ -146,6 +146,31 @@ static void test_as_int64_without_message(void **state)
 	bson_destroy(d);
 }
 
+/* sdb_bson_as_int64_exact: int32 and int64 as they are (INT64_MIN included); a double,
+ * even an integral one, a bool and a string refused with *out untouched. */
+static void test_as_int64_exact_refuses_doubles(void **state)
+{
+	bson_t *d = BCON_NEW("a", BCON_INT32(-7), "b", BCON_INT64(INT64_MIN), "c", BCON_DOUBLE(4.0),
+			     "d", BCON_BOOL(true), "e", BCON_UTF8("5"));
+	bson_iter_t it;
+	int64_t v = 0;
+
+	(void)state;
+	assert_true(bson_iter_init_find(&it, d, "a") && sdb_bson_as_int64_exact(&it, &v));
+	assert_int_equal(v, -7);
+	assert_true(bson_iter_init_find(&it, d, "b") && sdb_bson_as_int64_exact(&it, &v));
+	assert_true(v == INT64_MIN);
+	v = 42;
+	assert_true(bson_iter_init_find(&it, d, "c"));
+	assert_false(sdb_bson_as_int64_exact(&it, &v));
+	assert_true(bson_iter_init_find(&it, d, "d"));
+	assert_false(sdb_bson_as_int64_exact(&it, &v));
+	assert_true(bson_iter_init_find(&it, d, "e"));
+	assert_false(sdb_bson_as_int64_exact(&it, &v));
+	assert_int_equal(v, 42);
+	bson_destroy(d);
+}
+
 /* sdb_bson_well_formed: a nested document whose last byte is not its terminator (what
  * bson_validate with BSON_VALIDATE_NONE lets through) is refused; a valid one and its
  * depth bound are honoured. */
@@ -176,6 +201,7 @@ int main(void)
 		cmocka_unit_test(test_int64_min_refused_by_range),
 		cmocka_unit_test(test_above_max_refused),
 		cmocka_unit_test(test_as_int64_without_message),
+		cmocka_unit_test(test_as_int64_exact_refuses_doubles),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -76,6 +76,7 @@ typedef struct waiter {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	int64_t wait_ms;
+	bool in_us; /* wait with sdb_cond_wait_until_us instead of sdb_cond_wait_ms */
 	uint64_t started, ended; /* sdb_mono_ms */
 	int rc;
 	bool signalled;
@@ -92,6 +93,13 @@ static void *wait_main(void *arg)
 	w->started = sdb_mono_ms();
 	deadline = w->started + (uint64_t)w->wait_ms;
 	w->rc = 0;
+	if (w->in_us) {
+		/* sdb_cond_wait_until_us on one deadline, as the rate-limit flusher calls it */
+		uint64_t deadline_us = sdb_mono_us() + (uint64_t)w->wait_ms * 1000u;
+
+		while (!w->signalled && w->rc != ETIMEDOUT)
+			w->rc = sdb_cond_wait_until_us(&w->cv, &w->mu, deadline_us);
+	}
 	while (!w->signalled && w->rc != ETIMEDOUT) {
 		uint64_t now = sdb_mono_ms();
 
@@ -109,9 +117,9 @@ static void *wait_main(void *arg)
 /* Run one wait of wait_ms while the injected wall clock jumps by jump_ms every poll;
  * the waiter must end (a stalled one fails the poll deadline of 60 s) by its timeout,
  * and not before it: the jumps neither stall nor hurry it. */
-static void wait_across_jumps(int64_t jump_ms)
+static void wait_across_jumps(int64_t jump_ms, bool in_us)
 {
-	waiter w = {.wait_ms = 200};
+	waiter w = {.wait_ms = 200, .in_us = in_us};
 	pthread_t t;
 	uint64_t give_up;
 
@@ -139,13 +147,19 @@ static void wait_across_jumps(int64_t jump_ms)
 static void test_wait_survives_backward_jumps(void **state)
 {
 	(void)state;
-	wait_across_jumps(-3600000); /* the wall clock steps back an hour per poll */
+	wait_across_jumps(-3600000, false); /* the wall clock steps back an hour per poll */
+}
+
+static void test_wait_us_survives_backward_jumps(void **state)
+{
+	(void)state;
+	wait_across_jumps(-3600000, true); /* the same for a microsecond deadline */
 }
 
 static void test_wait_survives_forward_jumps(void **state)
 {
 	(void)state;
-	wait_across_jumps(86400000LL * 365); /* and forward a year per poll */
+	wait_across_jumps(86400000LL * 365, false); /* and forward a year per poll */
 }
 
 static void test_signal_wakes_monotonic_wait(void **state)
@@ -179,6 +193,7 @@ int main(void)
 		cmocka_unit_test(test_wall_clock_injectable),
 		cmocka_unit_test(test_wait_survives_backward_jumps),
 		cmocka_unit_test(test_wait_survives_forward_jumps),
+		cmocka_unit_test(test_wait_us_survives_backward_jumps),
 		cmocka_unit_test(test_signal_wakes_monotonic_wait),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
