@@ -63,6 +63,13 @@ static const char *const fam_fields[] = {
 static const char *const getmore_fields[] = {
 	"collection", "batchSize", "term", "lastKnownCommittedOpTime",
 	"includeQueryStatsMetrics", NULL};
+/* stripedb's own fields of these commands, sent to shards by the coordinator and backups
+ * (src/shard/README.md): a find's keyRange and stripedbSnapshot flag, a delete statement's
+ * keyRange and keyRangeLimit (a migration's range cleanup). Known to a shard only
+ * (sdb_cmd_check with internal): through a proxy they are unknown fields. */
+static const char *const internal_find_fields[] = {"keyRange", "stripedbSnapshot", NULL};
+static const char *const internal_delete_stmt_fields[] = {"keyRange", "keyRangeLimit", NULL};
+
 /* update and delete statements (write_ops.idl UpdateOpEntry, DeleteOpEntry) */
 static const char *const update_stmt_fields[] = {
 	"q", "u", "c", "upsert", "multi", "arrayFilters", "hint", "collation", "upsertSupplied",
@@ -92,7 +99,7 @@ static bool listed(const char *const *list, const char *k)
  * list nor the generic arguments name; NULL when all are known or the command has no
  * list. stripedb's own fields ($stripedb*: between proxy, coordinator and shard, checked by
  * the commands that read them) are known. */
-static const char *unknown_field(const char *name, const bson_t *cmd)
+static const char *unknown_field(const char *name, const bson_t *cmd, bool internal)
 {
 	const char *const *fields = NULL;
 	bson_iter_t it;
@@ -106,21 +113,24 @@ static const char *unknown_field(const char *name, const bson_t *cmd)
 		const char *k = bson_iter_key(&it);
 
 		if (!listed(fields, k) && !listed(generic_fields, k) &&
-		    strncmp(k, "$stripedb", 9) != 0)
+		    strncmp(k, "$stripedb", 9) != 0 &&
+		    !(internal && strcmp(name, "find") == 0 && listed(internal_find_fields, k)))
 			return k;
 	}
 	return NULL;
 }
 
 /* The same for one statement of update.updates / delete.deletes. */
-static const char *unknown_stmt_field(const bson_t *stmt, bool update)
+static const char *unknown_stmt_field(const bson_t *stmt, bool update, bool internal)
 {
 	bson_iter_t it;
 
 	if (!bson_iter_init(&it, stmt))
 		return NULL;
 	while (bson_iter_next(&it))
-		if (!listed(update ? update_stmt_fields : delete_stmt_fields, bson_iter_key(&it)))
+		if (!listed(update ? update_stmt_fields : delete_stmt_fields, bson_iter_key(&it)) &&
+		    !(internal && !update &&
+		      listed(internal_delete_stmt_fields, bson_iter_key(&it))))
 			return bson_iter_key(&it);
 	return NULL;
 }
@@ -185,6 +195,11 @@ static bool sub_document(const bson_iter_t *it, bson_t *out)
 
 int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, size_t errlen)
 {
+	return sdb_cmd_check(name, cmd, false, err, errlen);
+}
+
+int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err, size_t errlen)
+{
 	static const struct {
 		const char *cmd, *array, *where;
 		bool update;
@@ -201,7 +216,7 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 	static const char *const with_let[] = {"find",	 "aggregate",	  "update",
 					       "delete", "findAndModify", "findandmodify"};
 	bool let_ok = false;
-	const char *unknown = unknown_field(name, cmd);
+	const char *unknown = unknown_field(name, cmd, internal);
 	int code;
 
 	/* `let` (MongoDB 5.0) is honoured by find, aggregate, update, delete and findAndModify
@@ -221,7 +236,7 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 	    sub_document(&it, &sub)) {
 		bson_iter_t first;
 		if (bson_iter_init(&first, &sub) && bson_iter_next(&first))
-			return sdb_cmd_unsupported_option(bson_iter_key(&first), &sub, err, errlen);
+			return sdb_cmd_check(bson_iter_key(&first), &sub, internal, err, errlen);
 		return 0;
 	}
 	for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
@@ -236,7 +251,7 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 			if (code != 0)
 				return code;
 			if (strcmp(arrays[i].cmd, "createIndexes") != 0 &&
-			    (unknown = unknown_stmt_field(&sub, arrays[i].update)) != NULL) {
+			    (unknown = unknown_stmt_field(&sub, arrays[i].update, internal)) != NULL) {
 				snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.",
 					 arrays[i].where, unknown);
 				return CODE_UNKNOWN_FIELD;

@@ -10,6 +10,7 @@
 #define SDB_COMMON_CMDOPTS_H
 
 #include <bson/bson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Does the command `name` (cmd, its whole body, including an explained command and the
@@ -32,5 +33,11 @@
  * (errlen bytes, NUL-terminated). Never fails otherwise; a malformed command is left to the
  * command itself. */
 int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, size_t errlen);
+
+/* sdb_cmd_unsupported_option, with internal: stripedb's own non-$ fields of find (keyRange,
+ * stripedbSnapshot) and of a delete statement (keyRange, keyRangeLimit), which the
+ * coordinator and backups send to shards, are known (a shard passes true; the proxy, whose
+ * clients must not use them, false). Returns: as sdb_cmd_unsupported_option. */
+int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err, size_t errlen);
 
 #endif

@@ -119,7 +119,7 @@ static bool refuse_reserved_ns(wire_req *req, const char *name)
 static bool refuse_ignored_in_cmd(wire_req *req, const char *name)
 {
 	char err[256];
-	int code = sdb_cmd_unsupported_option(name, wire_req_cmd(req), err, sizeof err);
+	int code = sdb_cmd_check(name, wire_req_cmd(req), true, err, sizeof err);
 
 	if (code == 0)
 		return false;
