@@ -508,8 +508,12 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		"$lookup", "$out", "$merge", "$facet", "$bucket", "$bucketAuto", "$graphLookup",
 		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
 		"$unionWith", "$collStats", "$indexStats", "$currentOp", "$listSessions",
-		"$search", "$changeStream", "$documents", "$planCacheStats", "$listLocalSessions",
+		"$search", "$changeStream", "$planCacheStats", "$listLocalSessions",
 	};
+	if (strcmp(name, "$documents") == 0) {
+		/* the shard runs a leading $documents of {aggregate: 1} itself (cmd_read.c) */
+		return efail(e, 40602, "$documents is only valid as the first stage in a pipeline");
+	}
 	for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
 		if (strcmp(known[i], name) == 0) {
 			return efail(e, C_NOT_IMPLEMENTED, "%s is not supported by the embedded shard", name);

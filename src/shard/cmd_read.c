@@ -1209,22 +1209,58 @@ static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 	bson_t all = BSON_INITIALIZER;
 	uint32_t nst = 0;
 	array_input sessions = {0};
-	bool list_sessions = false;
+	bool array_in = false; /* the input is sessions: $listLocalSessions, $documents */
+	bson_iter_t it, st;
+	bool first_is_documents = bson_iter_init(&it, stages) && bson_iter_next(&it) &&
+				  BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) &&
+				  bson_iter_next(&st) &&
+				  strcmp(bson_iter_key(&st), "$documents") == 0;
+	if (coll && first_is_documents) {
+		bson_destroy(&all);
+		shard_fail(x, WIRE_ERR_INVALID_NAMESPACE,
+			   "'$documents' can only be run with {aggregate: 1}");
+		return false;
+	}
 	if (coll && view_resolve(x, coll, source, sizeof source, &all, &nst)) {
 		coll = source;
 		hint = NULL;
 	}
-	if (!coll) {
-		bson_iter_t it, st;
-		if (bson_iter_init(&it, stages) && bson_iter_next(&it) &&
-		    BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) &&
-		    bson_iter_next(&st) && strcmp(bson_iter_key(&st), "$listLocalSessions") == 0) {
-			list_sessions = true;
-			shard_sessions_list(x->sh, &sessions.docs, &sessions.n);
-			stages_append_rest(&all, &nst, &it);
-		}
+	if (!coll && first_is_documents) {
+		/* MongoDB's desugaring (document_source_documents.cpp): one empty document,
+		 * {$project: {f: <the expression>}}, {$unwind: "$f"}, {$replaceWith: "$f"}; the
+		 * expression reads `let`, a value that is not an array of documents fails in
+		 * $replaceWith (40228) */
+		static const char *const f = "__stripedb_documents";
+		bson_t sp, proj;
+		char path[64];
+		array_in = true; /* the input is the array below */
+		sessions.docs = sdb_calloc(1, sizeof *sessions.docs);
+		bson_t empty = BSON_INITIALIZER;
+		sessions.docs[0] = sdb_doc_copy(&empty); /* freed by util_docs_free */
+		sessions.n = 1;
+		stage_open(&all, &nst, &sp);
+		bson_append_document_begin(&sp, "$project", -1, &proj);
+		BSON_APPEND_INT32(&proj, "_id", 0);
+		bson_append_iter(&proj, f, -1, &st);
+		bson_append_document_end(&sp, &proj);
+		bson_append_document_end(&all, &sp);
+		snprintf(path, sizeof path, "$%s", f);
+		stage_open(&all, &nst, &sp);
+		BSON_APPEND_UTF8(&sp, "$unwind", path);
+		bson_append_document_end(&all, &sp);
+		stage_open(&all, &nst, &sp);
+		BSON_APPEND_UTF8(&sp, "$replaceWith", path);
+		bson_append_document_end(&all, &sp);
+		stages_append_rest(&all, &nst, &it);
+	} else if (!coll && bson_iter_init(&it, stages) &&
+		   bson_iter_next(&it) && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+		   bson_iter_recurse(&it, &st) && bson_iter_next(&st) &&
+		   strcmp(bson_iter_key(&st), "$listLocalSessions") == 0) {
+		array_in = true;
+		shard_sessions_list(x->sh, &sessions.docs, &sessions.n);
+		stages_append_rest(&all, &nst, &it);
 	}
-	if (!list_sessions)
+	if (!array_in)
 		stages_append(&all, &nst, stages);
 	sdb_pipeline *p = NULL;
 	int code = 0;
@@ -1262,7 +1298,7 @@ static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 	}
 	sdb_pipeline_pushdown_destroy(&pd);
 	sdb_pipeline_cursor *pc = NULL;
-	if (list_sessions)
+	if (array_in)
 		sdb_pipeline_open(p, array_next, &sessions, &pc);
 	else
 		sdb_pipeline_open(p, agg_next, &in, &pc);

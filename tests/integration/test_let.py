@@ -1,7 +1,8 @@
-"""`let` variables and update constants `c` (issue #20, MongoDB 5.0), on a shard and through
-a proxy to an unsharded and to a sharded collection: each value is evaluated once before
-any document is read, and $$name reads it in $expr filters, pipeline stages, find
-projections and pipeline updates. What MongoDB refuses is refused with its code."""
+"""`let` variables and update constants `c` (issue #20, MongoDB 5.0), and `$documents`, on a
+shard and through a proxy to an unsharded and to a sharded collection: each value is
+evaluated once before any document is read, and $$name reads it in $expr filters, pipeline
+stages, find projections and pipeline updates. What MongoDB refuses is refused with its
+code."""
 import pymongo
 import pytest
 from pymongo.errors import OperationFailure
@@ -91,10 +92,31 @@ def _check(db, coll):
     assert sorted(db[coll].find(), key=lambda d: d["_id"]) == before
 
 
+def _check_documents(db):
+    """$documents (a database-level aggregate), reading let."""
+    got = db.command({"aggregate": 1, "cursor": {}, "let": {"k": 10}, "pipeline": [
+        {"$documents": [{"a": 1}, {"a": 2}, {"a": 3}]},
+        {"$match": {"a": {"$gte": 2}}},
+        {"$addFields": {"b": {"$multiply": ["$a", "$$k"]}}}]})["cursor"]["firstBatch"]
+    assert got == [{"a": 2, "b": 20}, {"a": 3, "b": 30}]
+    got = db.command({"aggregate": 1, "cursor": {}, "let": {"docs": [{"x": 1}, {"x": 2}]},
+                      "pipeline": [{"$documents": "$$docs"}, {"$count": "n"}]})
+    assert got["cursor"]["firstBatch"] == [{"n": 2}]
+    for cmd, code in (
+        ({"aggregate": 1, "cursor": {}, "pipeline": [{"$documents": [1, 2]}]}, 40228),
+        ({"aggregate": "c", "cursor": {}, "pipeline": [{"$documents": [{"a": 1}]}]}, 73),
+        ({"aggregate": 1, "cursor": {}, "pipeline": [{"$match": {}},
+                                                     {"$documents": [{"a": 1}]}]}, 40602),
+    ):
+        code_got, msg = _err(db, cmd)
+        assert code_got == code, (cmd, code_got, msg)
+
+
 def test_let_on_a_shard(shard):
     _, port = shard
     c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
     _check(c.letdb, "c")
+    _check_documents(c.letdb)
     c.close()
 
 
@@ -105,5 +127,6 @@ def test_let_through_a_proxy(start_role, tmp_path):
         db = cl.proxy_client(0).letdb
         _check(db, "c")  # unsharded
         _check(db, "s")  # sharded over two shards
+        _check_documents(db)
     finally:
         cl.close()
