@@ -602,17 +602,11 @@ bson_t *sdb_fsm_take_result(sdb_fsm *f)
 
 /* --------------------------------------------------------------- snapshots */
 
-/* Monotonic ms, for the snapshot and restore durations logged (issue #26). */
-static double mono_ms(void)
-{
-	return (double)sdb_mono_ns() / 1e6;
-}
-
 static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned *n_bufs)
 {
 	sdb_fsm *f = vt->data;
 	sqlite3_int64 size = 0;
-	double t0 = mono_ms();
+	double t0 = ((double)sdb_mono_ns() / 1e6);
 	unsigned char *img = sqlite3_serialize(f->db, "main", &size, 0);
 	if (!img || size < 100)
 		return RAFT_IOERR;
@@ -636,7 +630,7 @@ static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned
 	*n_bufs = 1;
 	sqlite3_free(img);
 	sdb_info("fsm: snapshot taken", "last_applied=%llu bytes=%lld ms=%.1f",
-		 (unsigned long long)f->last_applied, (long long)size, mono_ms() - t0);
+		 (unsigned long long)f->last_applied, (long long)size, ((double)sdb_mono_ns() / 1e6) - t0);
 	return 0;
 }
 
@@ -682,13 +676,13 @@ out:
 static int vt_restore(struct raft_fsm *vt, struct raft_buffer *buf)
 {
 	sdb_fsm *f = vt->data;
-	double t0 = mono_ms();
+	double t0 = ((double)sdb_mono_ns() / 1e6);
 	int rc = restore_image(f, buf->base, buf->len);
 	if (rc != 0)
 		return RAFT_CORRUPT;
 	sdb_info("fsm: restored snapshot", "last_applied=%llu routing_version=%lld bytes=%zu ms=%.1f",
 		 (unsigned long long)f->last_applied, (long long)f->routing_version, buf->len,
-		 mono_ms() - t0);
+		 ((double)sdb_mono_ns() / 1e6) - t0);
 	raft_free(buf->base);
 	return 0;
 }

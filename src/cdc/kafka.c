@@ -18,6 +18,7 @@
 #include "cdc/log.h"
 #include "cdc/publisher.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 
@@ -403,19 +404,19 @@ static int kafka_src_next(void *sp, cdc_event *ev, int timeout_ms, char *err, si
 	}
 	/* "nothing there yet" is only known once the broker said end of partition: until
 	 * then wait for a fetch (bounded) even when timeout_ms is 0 */
-	int64_t deadline = cdc_now_ms() + (s->at_eof ? timeout_ms : KAFKA_TIMEOUT_MS);
+	int64_t deadline = (int64_t)sdb_mono_ms() + (s->at_eof ? timeout_ms : KAFKA_TIMEOUT_MS);
 	int rc;
 	for (;;) {
-		int64_t left = deadline - cdc_now_ms();
+		int64_t left = deadline - (int64_t)sdb_mono_ms();
 		rc = poll_msg(s->rk, left > 0 ? (int)(left < 100 ? left : 100) : 0, &m, err,
 			      errlen);
 		if (rc == 2) {
 			s->at_eof = 1;
-			int64_t d2 = cdc_now_ms() + timeout_ms;
+			int64_t d2 = (int64_t)sdb_mono_ms() + timeout_ms;
 			if (d2 < deadline)
 				deadline = d2;
 		}
-		if (rc == 1 || rc < 0 || cdc_now_ms() >= deadline)
+		if (rc == 1 || rc < 0 || (int64_t)sdb_mono_ms() >= deadline)
 			break;
 	}
 	if (rc != 1)

@@ -38,11 +38,6 @@ struct cdc_publisher {
 	cdc_archiver *arch; /* Kafka with an archive: copies the topic into it */
 };
 
-int64_t cdc_now_ms(void)
-{
-	return (int64_t)sdb_mono_ms();
-}
-
 /* Wait up to ms unless stopping; returns 1 when stopping. */
 static int nap(cdc_publisher *p, int ms)
 {
@@ -178,7 +173,7 @@ static int append_batch(cdc_publisher *p, cdc_writer *w, bson_iter_t *arr, uint6
 		if (ts <= cdc_writer_last_ts(w))
 			continue; /* already published */
 		int64_t fence = atomic_load(&p->fence_ms);
-		if (fence && cdc_now_ms() >= fence)
+		if (fence && (int64_t)sdb_mono_ms() >= fence)
 			return sdb_errf(err, errlen, SDB_ECANCELED,
 					"lease not renewed in time: publishing paused");
 		int rc = cdc_writer_append(w, ts, d, l, err, errlen);
@@ -206,11 +201,11 @@ static void archive_step(cdc_publisher *p, uint64_t upto)
 		set_error(p, err);
 		return;
 	}
-	int64_t deadline = cdc_now_ms() + 5000;
+	int64_t deadline = (int64_t)sdb_mono_ms() + 5000;
 	do {
 		rc = cdc_archiver_step(p->arch, 100000, 50, &copied, err, sizeof err);
 		sdb_counter_add(p->c_archived, copied);
-	} while (rc == 0 && cdc_archiver_next(p->arch) < upto && cdc_now_ms() < deadline &&
+	} while (rc == 0 && cdc_archiver_next(p->arch) < upto && (int64_t)sdb_mono_ms() < deadline &&
 		 !atomic_load(&p->stop));
 	if (rc)
 		set_error(p, err);
@@ -318,11 +313,11 @@ static int tail(cdc_publisher *p, mongoc_client_t *c, cdc_writer *w, bool *shard
 		if (rc)
 			break;
 		publish_progress(p, w, added);
-		if (added > 0 || cdc_now_ms() >= next_probe)
+		if (added > 0 || (int64_t)sdb_mono_ms() >= next_probe)
 			archive_step(p, cdc_writer_next_offset(w));
-		if (cdc_now_ms() >= next_probe) {
+		if ((int64_t)sdb_mono_ms() >= next_probe) {
 			probe_lag(p, c, cdc_writer_last_ts(w));
-			next_probe = cdc_now_ms() + PROBE_EVERY_MS;
+			next_probe = (int64_t)sdb_mono_ms() + PROBE_EVERY_MS;
 		}
 		if (cursor == 0 && added == 0 && nap(p, 100))
 			break;

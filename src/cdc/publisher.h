@@ -65,7 +65,4 @@ int cdc_publisher_stopped(cdc_publisher *p);
  * and close the writer, free p. */
 void cdc_publisher_stop(cdc_publisher *p);
 
-/* CLOCK_MONOTONIC in ms. */
-int64_t cdc_now_ms(void);
-
 #endif

@@ -236,10 +236,10 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 		int listed = rc != 0;
 		for (size_t i = 0; i < n && !listed; i++)
 			listed = strcmp(shards[i].id, p->shard) == 0;
-		int64_t t0 = cdc_now_ms();
+		int64_t t0 = (int64_t)sdb_mono_ms();
 		int lrc = listed ? lease_cmd(co, c, "renewLease", p->shard, NULL, err, sizeof err)
 				 : LEASE_ERR_BUSY;
-		int64_t took = cdc_now_ms() - t0;
+		int64_t took = (int64_t)sdb_mono_ms() - t0;
 		if (lrc != 0 || took > co->lease_ms / 3)
 			sdb_warn("cdc lease renewal", "shard=%s code=%d took_ms=%" PRId64
 				 " since_last_ms=%" PRId64 " error=\"%s\"",
@@ -257,7 +257,7 @@ static void cdc_tick(coord *co, mongoc_client_t *c)
 	for (size_t i = 0; i < n; i++) {
 		if (find_pub(co, shards[i].id))
 			continue;
-		int64_t epoch = 0, t0 = cdc_now_ms();
+		int64_t epoch = 0, t0 = (int64_t)sdb_mono_ms();
 		if (lease_cmd(co, c, "acquireLease", shards[i].id, &epoch, err, sizeof err) != 0)
 			continue;
 		coord_pub *p = sdb_calloc(1, sizeof *p);

@@ -41,11 +41,6 @@ struct meta_peers {
 	void *closed_arg;
 };
 
-static int64_t epoch_ms(void)
-{
-	return sdb_wall_ms(); /* the leader's clock, as node.c stamps ts */
-}
-
 static sqlite3 *db_of(meta_peers *mp)
 {
 	return sdb_fsm_db(sdb_node_fsm(mp->node));
@@ -269,11 +264,11 @@ static void tick_cb(uv_timer_t *t)
 	/* grace after a leader change (raft/fsm_peers.h): leases that lapsed while there was
 	 * no leader get one full ttl with this leader before they can be expired */
 	if (ready && !mp->was_ready)
-		mp->ready_since = epoch_ms();
+		mp->ready_since = sdb_wall_ms();
 	mp->was_ready = ready;
 	if (mp->stopping || mp->expire_inflight > 0 || !ready)
 		return;
-	if (sdb_fsm_peers_next_expiry(db_of(mp), mp->ready_since) > epoch_ms())
+	if (sdb_fsm_peers_next_expiry(db_of(mp), mp->ready_since) > sdb_wall_ms())
 		return;
 	BSON_APPEND_INT64(&args, "sinceMS", mp->ready_since);
 	if (sdb_node_propose(mp->node, "expireRatelimitPeers", &args, expire_done, mp) == 0)

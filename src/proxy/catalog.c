@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/dblist.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -624,7 +625,7 @@ static void ping_proxy(proxy *p)
 		sdb_debug("proxy: pingProxy failed", "code=%d err=\"%s\"", code, err);
 	/* refused below op version 3 (IllegalOperation): that lasts, ask again at the
 	 * ordinary pace; other failures (metadata unreachable, an election) sooner */
-	p->ping_next_ms = uv_hrtime() / 1000000u +
+	p->ping_next_ms = sdb_mono_ms() +
 			  (rc == 0 || code == WIRE_ERR_ILLEGAL_OPERATION ? PROXY_PING_MS
 									 : PROXY_PING_RETRY_MS);
 }
@@ -658,16 +659,16 @@ void proxy_catalog_refresher(void *arg)
 			sdb_gauge_set(p->m_ring_ready, 1);
 		}
 		if (have_shards &&
-		    uv_hrtime() / 1000000u >= p->quota_loaded_ms + PROXY_QUOTA_RELOAD_MS) {
+		    sdb_mono_ms() >= p->quota_loaded_ms + PROXY_QUOTA_RELOAD_MS) {
 			proxy_load_shards(p, err, sizeof err); /* shard URIs may change */
 			if (load_quotas(p)) {
 				uv_mutex_lock(&p->mu);
 				p->ready = true;
 				uv_mutex_unlock(&p->mu);
 			}
-			p->quota_loaded_ms = uv_hrtime() / 1000000u;
+			p->quota_loaded_ms = sdb_mono_ms();
 		}
-		if (have_shards && uv_hrtime() / 1000000u >= p->ping_next_ms)
+		if (have_shards && sdb_mono_ms() >= p->ping_next_ms)
 			ping_proxy(p);
 		BSON_APPEND_INT32(&cmd, "waitRoutingVersion", 1);
 		BSON_APPEND_INT64(&cmd, "gt", p->known_version);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "proxy/proxy.h"
@@ -59,11 +60,6 @@ void proxy_doc_free(bson_t *doc)
 		return;
 	bson_destroy(doc);
 	free(doc);
-}
-
-static uint64_t now_ms(void)
-{
-	return uv_hrtime() / 1000000u;
 }
 
 void pstream_clear(pstream *s)
@@ -139,7 +135,7 @@ proxy_cursor *proxy_cursor_new(proxy *p, const char *ns, pstream *streams, size_
 	c->proj = proj;
 	c->skip = skip < 0 ? 0 : skip;
 	c->limit = limit < 0 ? -limit : limit;
-	c->last_used_ms = now_ms();
+	c->last_used_ms = sdb_mono_ms();
 	return c;
 }
 
@@ -313,7 +309,7 @@ int proxy_cursor_fill(proxy *p, proxy_cursor *c, bson_t *arr, int64_t batch_size
 		rc = 1;
 	if (rc == 0 && !proxy_cursor_has_more(c))
 		rc = 1;
-	c->last_used_ms = now_ms();
+	c->last_used_ms = sdb_mono_ms();
 	return rc;
 }
 
@@ -341,7 +337,7 @@ int64_t proxy_cursor_register(proxy *p, proxy_cursor *c, const char *owner)
 	c->id = id;
 	c->owner = owner ? sdb_strdup(owner) : NULL;
 	c->busy = false;
-	c->last_used_ms = now_ms();
+	c->last_used_ms = sdb_mono_ms();
 	uv_mutex_lock(&p->cmu);
 	c->next = p->cursors;
 	p->cursors = c;
@@ -399,7 +395,7 @@ void proxy_cursor_checkin(proxy *p, proxy_cursor *c)
 {
 	uv_mutex_lock(&p->cmu);
 	c->busy = false;
-	c->last_used_ms = now_ms();
+	c->last_used_ms = sdb_mono_ms();
 	uv_mutex_unlock(&p->cmu);
 }
 
@@ -456,7 +452,7 @@ void proxy_cursor_destroy(proxy *p, proxy_cursor *c)
 void proxy_cursor_reap(proxy *p, bool all)
 {
 	proxy_cursor *dead = NULL, **pp, *c;
-	uint64_t now = now_ms();
+	uint64_t now = sdb_mono_ms();
 
 	uv_mutex_lock(&p->cmu);
 	pp = &p->cursors;

@@ -38,7 +38,7 @@ int64_t shard_cursor_add(shard *sh, shard_cursor *c)
 		if (!clash)
 			break;
 	}
-	c->last_used_ms = uv_hrtime() / 1000000;
+	c->last_used_ms = sdb_mono_ms();
 	c->sh = sh;
 	c->next = sh->cursors;
 	sh->cursors = c;
@@ -77,7 +77,7 @@ void shard_cursor_put(shard *sh, shard_cursor *c, bool drop)
 {
 	pthread_mutex_lock(&sh->cur_mu);
 	c->busy = false;
-	c->last_used_ms = uv_hrtime() / 1000000;
+	c->last_used_ms = sdb_mono_ms();
 	if (c->killed)
 		drop = true;
 	if (drop)

@@ -53,7 +53,7 @@ static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 static void reap_cb(uv_timer_t *t)
 {
 	shard *sh = t->data;
-	shard_cursors_reap(sh, uv_hrtime() / 1000000, SHARD_CURSOR_IDLE_MS);
+	shard_cursors_reap(sh, sdb_mono_ms(), SHARD_CURSOR_IDLE_MS);
 }
 
 static void shard_free(shard *sh)
