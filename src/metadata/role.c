@@ -1153,7 +1153,7 @@ static int metadata_start(sdb_role *role)
 		return rc;
 	}
 	wo.gate = auth_cluster_gate();
-	wo.tls = true; /* issue #10: the listener's TLS, if set up */
+	wo.tls = tls_listener_get("metadata"); /* issue #10: NULL when not set up */
 	rc = wire_server_new(role->loop, &wo, &m->srv, role->err, sizeof role->err);
 	if (rc != 0) {
 		free_meta(m);

@@ -257,7 +257,7 @@ static int proxy_start(sdb_role *role)
 	o.quiesce_ms = (uint64_t)sdb_config_get_int(role->cfg, SDB_OPT_shutdown_quiesce_ms, 0);
 	if (p->auth)
 		o.gate = auth_gate_hook;
-	o.tls = true; /* issue #10: the listener's TLS, if set up */
+	o.tls = tls_listener_get("proxy"); /* issue #10: NULL when not set up */
 	rc = wire_server_new(role->loop, &o, &p->srv, role->err, sizeof role->err);
 	if (rc != 0)
 		goto err;

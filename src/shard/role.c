@@ -175,7 +175,7 @@ static int shard_start(sdb_role *role)
 	}
 	o.gate = auth_cluster_gate();
 	o.hello = hello_hook;
-	o.tls = true; /* issue #10: the listener's TLS, if set up */
+	o.tls = tls_listener_get("shard"); /* issue #10: NULL when not set up */
 	o.test_commands = sh->test_commands; /* configureFailPoint: wire/failpoint.c */
 	rc = wire_server_new(role->loop, &o, &sh->srv, err, sizeof err);
 	if (rc) {

@@ -15,14 +15,15 @@
 
 #define TLS_MAX_LISTENERS 8
 
-typedef struct listener {
+struct tls_listener {
 	char role[32];
 	tls_mode mode;
 	bool internal; /* every role but the proxy: with a CA, a client certificate is required */
 	unsigned gen;  /* bumped by each successful reload */
 	char *cert, *key, *ca;
 	SSL_CTX *ctx;
-} listener;
+};
+typedef struct tls_listener listener;
 
 static uv_once_t once = UV_ONCE_INIT;
 static uv_mutex_t mu;
@@ -140,6 +141,28 @@ int tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen)
 	sdb_info("tls configured", "role=%s mode=%s cert=%s ca=%s client_cert=%s", role, mode,
 		 cert, ca ? ca : "-", !ca ? "not-requested" : l.internal ? "required" : "optional");
 	return 0;
+}
+
+tls_listener *tls_listener_get(const char *role)
+{
+	tls_listener *l = NULL;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	for (size_t i = 0; i < n_lst; i++) /* the last one wins, as in tls_listener_mode */
+		if (strcmp(lst[i].role, role) == 0)
+			l = &lst[i];
+	uv_mutex_unlock(&mu);
+	return l;
+}
+
+tls_mode tls_listener_get_mode(const tls_listener *l)
+{
+	tls_mode m;
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	m = l->mode;
+	uv_mutex_unlock(&mu);
+	return m;
 }
 
 tls_mode tls_listener_mode(const char *role)
@@ -262,13 +285,13 @@ out:
 	return rc;
 }
 
-tls_conn *tls_conn_new(const char *role)
+tls_conn *tls_conn_new(tls_listener *l)
 {
 	tls_conn *c = NULL;
 	uv_once(&once, init_mu);
 	uv_mutex_lock(&mu);
 	for (size_t i = 0; i < n_lst; i++) {
-		if (strcmp(lst[i].role, role) != 0)
+		if (&lst[i] != l)
 			continue;
 		c = sdb_calloc(1, sizeof *c);
 		c->ssl = SSL_new(lst[i].ctx);

@@ -42,6 +42,14 @@ int tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen)
 /* The mode of role's listener (TLS_MODE_DISABLED when not set up). Thread-safe. */
 tls_mode tls_listener_mode(const char *role);
 
+/* A listener set up by tls_setup, as a role hands it to its wire server
+ * (wire_server_opts.tls): role's listener, or NULL when it has none. The handle lives as
+ * long as the process; its context is replaced in place by tls_reload. Thread-safe. */
+typedef struct tls_listener tls_listener;
+tls_listener *tls_listener_get(const char *role);
+/* The mode of listener l (not NULL). Thread-safe. */
+tls_mode tls_listener_get_mode(const tls_listener *l);
+
 /* Re-read certificate, key and CA of every configured listener and bump the generation of
  * each one reloaded (tls_listener_pem). Only the listeners of this file: the other
  * certificates (--tls-internal, the Raft port, --http-tls) have their own SIGHUP hooks.
@@ -70,9 +78,9 @@ typedef struct tls_conn tls_conn;
 /* Where a session hands bytes: data (len bytes) is valid during the call only. */
 typedef void (*tls_out_fn)(void *arg, const uint8_t *data, size_t len);
 
-/* A server-side TLS session for role's listener, on the listener's current context; NULL
- * when it has no TLS (or OpenSSL could not allocate one). Free with tls_conn_free. */
-tls_conn *tls_conn_new(const char *role);
+/* A server-side TLS session on listener l's current context (tls_listener_get); NULL when
+ * l is NULL or OpenSSL could not allocate one. Free with tls_conn_free. */
+tls_conn *tls_conn_new(tls_listener *l);
 void tls_conn_free(tls_conn *c); /* NULL is a no-op */
 
 /* Feed len ciphertext bytes received. Decrypted bytes go to plain(arg, ...), bytes to send

@@ -102,7 +102,8 @@ struct wire_server {
 	uint64_t quiesce_ms;      /* wire_server_close phase 2 */
 	bool quiescing;           /* DRAINING, phase 2: commands still read (and refused) */
 	uint64_t close_deadline;  /* uv_now() at which connections are force-closed */
-	tls_mode tls_mode;        /* issue #10: the role's TLS listener (DISABLED: none) */
+	tls_listener *tls;        /* issue #10: the role's TLS listener (opts), or NULL */
+	tls_mode tls_mode;        /* its mode (DISABLED: none) */
 	int port;
 	bson_oid_t process_id;    /* topologyVersion.processId */
 	int64_t topology_counter; /* topologyVersion.counter */

@@ -451,7 +451,7 @@ static bool tls_on_read(wire_conn *conn, size_t nread)
 
 	if (conn->tls_state == 0) {
 		if (conn->rbuf[conn->rlen] == 0x16) { /* TLS handshake record */
-			conn->tls = tls_conn_new(conn->srv->role);
+			conn->tls = tls_conn_new(conn->srv->tls);
 			conn->tls_state = conn->tls ? 2 : 1;
 		} else {
 			conn->tls_state = 1;
@@ -1148,7 +1148,8 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	srv->role_data = opts->role_data;
 	srv->hello = opts->hello;
 	srv->gate = opts->gate;
-	srv->tls_mode = opts->tls ? tls_listener_mode(srv->role) : TLS_MODE_DISABLED;
+	srv->tls = opts->tls;
+	srv->tls_mode = opts->tls ? tls_listener_get_mode(opts->tls) : TLS_MODE_DISABLED;
 	srv->is_mongos = opts->is_mongos;
 	srv->fp = opts->test_commands ? wire__failpoint_new() : NULL;
 	srv->ptw = opts->test_commands && !opts->is_mongos ? wire__ptw_new() : NULL;

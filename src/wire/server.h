@@ -111,12 +111,12 @@ typedef struct wire_server_opts {
 	wire_hello_fn hello;        /* optional */
 	wire_gate_fn gate;          /* optional */
 	bool is_mongos;             /* hello says msg: "isdbgrid" */
-	/* Transport security (issue #10): serve the TLS listener of `role` that the role set
-	 * up with tls_setup (tls/tls.h) before creating the server; its mode is read here.
-	 * A connection whose first byte starts a TLS handshake record (0x16) is TLS, others
-	 * are plaintext, refused (closed) when the mode is required. false, or a role
-	 * without a TLS listener: plaintext only. */
-	bool tls;
+	/* Transport security (issue #10): the TLS listener the role set up with tls_setup and
+	 * hands over (tls_listener_get, tls/tls.h); its mode is read here, its context (new
+	 * after a SIGHUP reload) at each connection. A connection whose first byte starts a
+	 * TLS handshake record (0x16) is TLS, others are plaintext, refused (closed) when the
+	 * mode is required. NULL: plaintext only. */
+	struct tls_listener *tls;
 	/* Test commands (--enable-test-commands, MongoDB's enableTestCommands): the shared
 	 * configureFailPoint command and its failCommand fail point (wire/failpoint.c). Off:
 	 * configureFailPoint is refused with CommandNotFound (59). Never in production. */
