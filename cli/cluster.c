@@ -68,146 +68,11 @@ int cli_cluster_main(int argc, char **argv);
 static const int role_http[R__COUNT] = {P_HTTP_META, P_HTTP_SHARD, P_HTTP_RL, P_HTTP_PROXY,
 					P_HTTP_COORD};
 
-static int verbose;
 
 /* bootstrap: hosts whose config could not be written or whose role could not be started
  * over SSH (one stderr line each, at the time): the later steps skip them and the run
  * exits 1 at the end, after repairing every other host. Indexed like cl_spec.hosts. */
 static int host_failed[CL_MAX_HOSTS];
-
-/* --- ssh --- */
-
-/* One `ssh HOST CMD` in flight: several run at once (one per host), each with stdin from a
- * temporary file and its stdout and stderr captured in others (no pipe to keep drained). */
-typedef struct ssh_job {
-	const cl_host *h;
-	pid_t pid; /* 0: not started (err says why) */
-	FILE *fin, *fout, *ferr;
-	char err[256];
-} ssh_job;
-
-static void ssh_job_close(ssh_job *j)
-{
-	FILE **fs[3] = {&j->fin, &j->fout, &j->ferr};
-
-	for (int k = 0; k < 3; k++) {
-		if (*fs[k] != NULL) {
-			fclose(*fs[k]);
-			*fs[k] = NULL;
-		}
-	}
-}
-
-/* Start `ssh HOST CMD` with stdin from in (len bytes, may be NULL). Returns 0, or -1 with
- * the reason in j->err (then ssh_finish reports it). */
-static int ssh_start(const cl_spec *s, const cl_host *h, const char *cmd, const char *in,
-		     size_t len, ssh_job *j)
-{
-	char *argv[16 + 2 * CL_MAX_SSH_OPTS];
-	char port[16];
-	int argc = 0;
-
-	memset(j, 0, sizeof *j);
-	j->h = h;
-	j->fin = tmpfile();
-	j->fout = tmpfile();
-	j->ferr = tmpfile();
-	if (j->fin == NULL || j->fout == NULL || j->ferr == NULL ||
-	    (in != NULL && (fwrite(in, 1, len, j->fin) != len || fflush(j->fin) != 0))) {
-		snprintf(j->err, sizeof j->err, "tmpfile: %s", strerror(errno));
-		ssh_job_close(j);
-		return -1;
-	}
-	rewind(j->fin);
-	snprintf(port, sizeof port, "%d", s->ssh_port > 0 ? s->ssh_port : 22);
-	argv[argc++] = "ssh";
-	argv[argc++] = "-o";
-	argv[argc++] = "BatchMode=yes";
-	argv[argc++] = "-o";
-	argv[argc++] = "ConnectTimeout=10";
-	argv[argc++] = "-p";
-	argv[argc++] = port;
-	argv[argc++] = "-l";
-	argv[argc++] = (char *)s->ssh_user;
-	if (s->ssh_identity[0] != '\0') {
-		argv[argc++] = "-i";
-		argv[argc++] = (char *)s->ssh_identity;
-	}
-	for (int i = 0; i < s->n_ssh_opts; i++) {
-		argv[argc++] = "-o";
-		argv[argc++] = s->ssh_opts[i];
-	}
-	argv[argc++] = "--";
-	argv[argc++] = (char *)h->addr;
-	argv[argc++] = (char *)cmd;
-	argv[argc] = NULL;
-	if (verbose) {
-		fprintf(stderr, "+ ssh %s %s\n", h->addr, cmd);
-	}
-	fflush(stdout);
-	fflush(stderr);
-	j->pid = fork();
-	if (j->pid < 0) {
-		j->pid = 0;
-		snprintf(j->err, sizeof j->err, "fork: %s", strerror(errno));
-		ssh_job_close(j);
-		return -1;
-	}
-	if (j->pid == 0) {
-		dup2(fileno(j->fin), 0);
-		dup2(fileno(j->fout), 1);
-		dup2(fileno(j->ferr), 2);
-		execvp("ssh", argv);
-		fprintf(stderr, "exec ssh: %s\n", strerror(errno));
-		_exit(127);
-	}
-	return 0;
-}
-
-/* Wait for a job started by ssh_start (at most CL_SSH_TIMEOUT_MS after deadline_base, then
- * SIGKILL). Returns the exit status (255: ssh itself failed), -1 when it could not run or
- * timed out; out gets the first line of stdout on success, of stderr on failure. */
-static int ssh_finish(ssh_job *j, uint64_t deadline, char *out, size_t outlen)
-{
-	int status = 0, rc = -1;
-	char line[512] = "";
-
-	out[0] = '\0';
-	if (j->pid == 0) {
-		snprintf(out, outlen, "%s", j->err);
-		return -1;
-	}
-	for (;;) {
-		pid_t w = waitpid(j->pid, &status, WNOHANG);
-		if (w == j->pid) {
-			break;
-		}
-		if (w < 0 && errno != EINTR) {
-			snprintf(out, outlen, "waitpid: %s", strerror(errno));
-			goto done;
-		}
-		if (sdb_mono_ms() > deadline) {
-			kill(j->pid, SIGKILL);
-			waitpid(j->pid, &status, 0);
-			snprintf(out, outlen, "ssh timed out after %d s", CL_SSH_TIMEOUT_MS / 1000);
-			goto done;
-		}
-		sdb_sleep_ms(10);
-	}
-	rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-	rewind(rc == 0 ? j->fout : j->ferr);
-	if (fgets(line, sizeof line, rc == 0 ? j->fout : j->ferr) == NULL) {
-		line[0] = '\0';
-	}
-	line[strcspn(line, "\r\n")] = '\0';
-	snprintf(out, outlen, "%s", line);
-done:
-	j->pid = 0;
-	ssh_job_close(j);
-	return rc;
-}
-
-/* --- network checks --- */
 
 static long http_status(const char *addr, int port, const char *path)
 {
@@ -338,7 +203,7 @@ static int configure_all(const cl_spec *s)
 			cl_sb_printf(&cmd, " 0600 %s %zu", s->launcher_systemd ? "stripedb" : "-", keylen);
 			cl_sb_printf(&in, "%.*s", (int)keylen, keybuf);
 		}
-		ssh_start(s, h, cmd.p + 1, in.p, in.len, &jobs[i]);
+		cl_ssh_start(s, h, cmd.p + 1, in.p, in.len, &jobs[i]);
 		memset(in.p, 0, in.len);
 		free(in.p);
 		free(cmd.p);
@@ -347,11 +212,11 @@ static int configure_all(const cl_spec *s)
 	deadline = sdb_mono_ms() + CL_SSH_TIMEOUT_MS;
 	for (int i = 0; i < s->n_hosts; i++) {
 		char out[512];
-		if (ssh_finish(&jobs[i], deadline, out, sizeof out) != 0) {
+		if (cl_ssh_finish(&jobs[i], deadline, out, sizeof out) != 0) {
 			/* this host is skipped from here on; the others go on */
 			fail(&s->hosts[i], "writing the config", out[0] ? out : "ssh failed");
 			host_failed[i] = 1;
-		} else if (verbose) {
+		} else if (cl_verbose) {
 			printf("%-12s %s\n", s->hosts[i].name, out);
 		}
 	}
@@ -415,7 +280,7 @@ static int bring_up(const cl_spec *s, int r)
 			quote(&cmd, conf);
 			quote(&cmd, h->data_dir);
 		}
-		ssh_start(s, h, cmd.p + 1, NULL, 0, &jobs[i]);
+		cl_ssh_start(s, h, cmd.p + 1, NULL, 0, &jobs[i]);
 		started[i] = 1;
 		free(cmd.p);
 	}
@@ -426,7 +291,7 @@ static int bring_up(const cl_spec *s, int r)
 			continue;
 		}
 		snprintf(what, sizeof what, "role %s", cl_role_name[r]);
-		if (ssh_finish(&jobs[i], deadline, out, sizeof out) != 0) {
+		if (cl_ssh_finish(&jobs[i], deadline, out, sizeof out) != 0) {
 			/* skipped from here on; the other hosts go on */
 			fail(&s->hosts[i], what, out[0] ? out : "ssh failed");
 			host_failed[i] = 1;
@@ -848,7 +713,7 @@ int cli_cluster_main(int argc, char **argv)
 		} else if (strcmp(argv[i], "--json") == 0) {
 			json = 1;
 		} else if (strcmp(argv[i], "--verbose") == 0) {
-			verbose = 1;
+			cl_verbose = 1;
 		} else if (strcmp(argv[0], "config") == 0 && argv[i][0] != '-' && host == NULL) {
 			host = argv[i];
 		} else {
@@ -865,7 +730,7 @@ int cli_cluster_main(int argc, char **argv)
 	}
 	/* one stderr line per failure: no info lines (e.g. "cluster key loaded"), no libmongoc
 	 * lines (its errors reach us through bson_error_t) */
-	sdb_log_set_level(verbose ? SDB_LOG_INFO : SDB_LOG_WARN);
+	sdb_log_set_level(cl_verbose ? SDB_LOG_INFO : SDB_LOG_WARN);
 	mongoc_log_set_handler(log_drop, NULL);
 	if (cl_load_spec(spec_path, &spec) != 0) {
 		return 2;

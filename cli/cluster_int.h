@@ -6,7 +6,9 @@
 
 #include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #define CL_MAX_HOSTS 32
 #define CL_MAX_EXT 16
@@ -108,5 +110,32 @@ char *cl_host_config(const cl_spec *s, const cl_host *h);
  * the exit code. */
 int cl_agent_put(int argc, char **argv);
 int cl_agent_start(int argc, char **argv);
+
+/* ---- ssh (cluster_ssh.c): the runner of `ctl cluster bootstrap` ---- */
+
+/* Print each ssh command line on stderr before running it (`ctl cluster -v`). */
+extern int cl_verbose;
+
+/* One `ssh HOST CMD` in flight: several run at once (one per host), each with stdin from a
+ * temporary file and its stdout and stderr captured in others (no pipe to keep drained). */
+typedef struct ssh_job {
+	const cl_host *h;
+	pid_t pid; /* 0: not started (err says why) */
+	FILE *fin, *fout, *ferr;
+	char err[256];
+} ssh_job;
+
+/* Start `ssh HOST CMD` (BatchMode, ConnectTimeout 10 s, the spec's port and options) with
+ * stdin from in (len bytes, may be NULL), its stdout and stderr captured in temporary
+ * files. Returns: 0, or -1 with the reason in j->err (then cl_ssh_finish reports it). */
+int cl_ssh_start(const cl_spec *s, const cl_host *h, const char *cmd, const char *in,
+		 size_t len, ssh_job *j);
+/* Wait for a job started by cl_ssh_start (until deadline, monotonic ms, then SIGKILL).
+ * Returns: the exit status (255: ssh itself failed), -1 when it could not run or timed
+ * out; out (outlen bytes) gets the first line of stdout on success, of stderr on failure.
+ * The job is closed. */
+int cl_ssh_finish(ssh_job *j, uint64_t deadline, char *out, size_t outlen);
+/* Close j's temporary files (idempotent). */
+void cl_ssh_job_close(ssh_job *j);
 
 #endif
