@@ -168,25 +168,6 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 	return SHARDCONN_OK;
 }
 
-/* scatter_open_once, again at once when a shard said it has no filtering metadata (it is
- * remembered: the second pass sends it per-chunk requests; not a StaleConfig retry). */
-static int scatter_open(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
-			const bson_t *sort, const bson_t *proj, int64_t batch, pstream **out,
-			size_t *nout, bson_t *err_reply, char *neterr, size_t nelen)
-{
-	bool nometa = false;
-	int cls = scatter_open_once(c, rc, sel, filter, sort, proj, batch, out, nout, err_reply,
-				    neterr, nelen, &nometa);
-
-	if (cls == SHARDCONN_STALE && nometa) {
-		bson_destroy(err_reply);
-		bson_init(err_reply);
-		cls = scatter_open_once(c, rc, sel, filter, sort, proj, batch, out, nout,
-					err_reply, neterr, nelen, &nometa);
-	}
-	return cls;
-}
-
 /* open_merged's operation: the per-chunk streams of one routing snapshot. */
 typedef struct merged_op {
 	const bson_t *filter, *sort_spec, *shard_proj;
@@ -194,6 +175,7 @@ typedef struct merged_op {
 	pstream *s; /* the streams opened (count n) ... */
 	size_t n;
 	bool opened; /* ... when done without an answer */
+	bool redone; /* an attempt was run again for a shard without filtering metadata */
 } merged_op;
 
 static int merged_execute(px_retry *r, void *arg)
@@ -204,12 +186,20 @@ static int merged_execute(px_retry *r, void *arg)
 	bool *sel = px_target(r->rc, m->filter, &nsel, &exact);
 	bson_t err_reply = BSON_INITIALIZER;
 	char nerr[256];
+	bool nometa = false;
 	int cls;
 
 	px_note_target(r->c, r->rc, nsel);
-	cls = scatter_open(r->c, r->rc, sel, m->filter, m->sort_spec, m->shard_proj, m->batch,
-			   &m->s, &m->n, &err_reply, nerr, sizeof nerr);
+	cls = scatter_open_once(r->c, r->rc, sel, m->filter, m->sort_spec, m->shard_proj,
+				m->batch, &m->s, &m->n, &err_reply, nerr, sizeof nerr, &nometa);
 	free(sel);
+	if (cls == SHARDCONN_STALE && nometa && !m->redone) {
+		/* a shard without filtering metadata (now remembered): the retry loop runs the
+		 * attempt again at once, per chunk for that shard */
+		m->redone = true;
+		bson_destroy(&err_reply);
+		return PX_RETRY_AGAIN;
+	}
 	if (cls == SHARDCONN_OK)
 		m->opened = true;
 	else if (cls == SHARDCONN_STALE)
@@ -620,6 +610,7 @@ static void count_one(void *arg, size_t i)
 typedef struct cd_op {
 	const bson_t *q;
 	const char *distinct_key; /* NULL: count */
+	bool redone; /* an attempt was run again for a shard without filtering metadata */
 } cd_op;
 
 /* One attempt: a gated collect per targeted chunk, in parallel; the answer once all
@@ -636,11 +627,9 @@ static int cd_execute(px_retry *r, void *arg)
 	int64_t total = 0;
 	int cls = SHARDCONN_OK;
 	size_t bad = 0;
-	int pass = 0;
+	bool again = false;
 	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
 
-again:
-	memset(memo, 0, sizeof *memo);
 	for (i = 0; i < rc->nchunks; i++) {
 		size_t j;
 		ssize_t slot;
@@ -670,8 +659,9 @@ again:
 		k++;
 	}
 	px_fanout(c, k, count_one, a);
-	if (pass++ == 0) {
-		/* a shard without filtering metadata: again at once, per chunk for it */
+	if (!o->redone) {
+		/* a shard without filtering metadata (now remembered): the retry loop runs the
+		 * attempt again at once, per chunk for that shard (PX_RETRY_AGAIN) */
 		bool redo = false, other = false;
 		for (i = 0; i < k; i++) {
 			if (a[i].cls == SHARDCONN_STALE && a[i].nometa)
@@ -679,24 +669,18 @@ again:
 			else if (a[i].cls != SHARDCONN_OK)
 				other = true;
 		}
-		if (redo && !other) {
-			for (i = 0; i < k; i++) {
-				bson_destroy(&a[i].err_reply);
-				merge_distinct_free(a[i].vals);
-			}
-			memset(a, 0, nsel * sizeof *a);
-			k = 0;
-			goto again;
-		}
+		again = o->redone = redo && !other;
 	}
-	for (i = 0; i < k; i++) {
+	for (i = 0; i < k && !again; i++) {
 		if (a[i].cls != SHARDCONN_OK && (cls == SHARDCONN_OK || a[i].cls == SHARDCONN_STALE)) {
 			cls = a[i].cls;
 			bad = i;
 		}
 		total += a[i].count;
 	}
-	if (cls == SHARDCONN_OK) {
+	if (again) {
+		; /* nothing answered: the next attempt does */
+	} else if (cls == SHARDCONN_OK) {
 		bson_t *out = bson_new();
 		if (o->distinct_key) {
 			merge_distinct *all = merge_distinct_new();
@@ -730,6 +714,8 @@ again:
 	free(a);
 	free(sel);
 	free(memo);
+	if (again)
+		return PX_RETRY_AGAIN;
 	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
 }
 

@@ -369,7 +369,7 @@ static bool stale_backoff(ctx *c)
 static route_coll *refresh(ctx *c, route_coll *old)
 {
 	char err[256];
-	route_coll *n = c->p->rc ? route_cache_get(c->p->rc, c->ns) : NULL;
+	route_coll *n = px_route(c, false, err, sizeof err); /* the cached table (cluster seam) */
 
 	/* another request (or the refresh thread) may have loaded a newer table already */
 	if (n != NULL && old != NULL && n->version > old->version) {
