@@ -451,67 +451,6 @@ def test_routing_change_under_load(cluster):
 
 # ---------------------------------------------------------------- CRUD compatibility
 
-def test_crud_unified_through_proxy(cluster, start_role, tmp_path):
-    import crud_unified
-    cdir = crud_unified.compat_dir()
-    if cdir is None:
-        pytest.skip("no CRUD compatibility files (shared/compat/mongodb-crud-unified)")
-    files = sorted(f for f in os.listdir(cdir) if f.endswith(".json"))
-    # one shard alone as the reference
-    port = free_port()
-    d = tmp_path / "solo"
-    d.mkdir()
-    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
-    # every collection the files use is sharded on a ranged _id over 3 shards (the files
-    # use small integer ids: [MinKey,2) [2,4) [4,MaxKey) put their documents on 3 shards;
-    # unsorted finds merge chunk by chunk, so they return key order, as the files expect of
-    # one server's natural order)
-    # A collection whose file creates a unique index that does not start with _id stays
-    # unsharded: on a collection sharded on _id such an index cannot be enforced by each
-    # shard alone, and the proxy refuses it with 67 as MongoDB does
-    # (test_unique_index_must_be_prefixed_by_the_shard_key).
-    namespaces, unsharded = {}, {}
-    for f in files:
-        spec = crud_unified.load_file(os.path.join(cdir, f))
-        dbs = {e["database"]["id"]: e["database"]["databaseName"]
-               for e in spec.get("createEntities", []) if "database" in e}
-        colls = {e["collection"]["id"]: f"{dbs[e['collection']['database']]}."
-                 f"{e['collection']['collectionName']}"
-                 for e in spec.get("createEntities", []) if "collection" in e}
-        for ns in colls.values():
-            namespaces.setdefault(ns, f)
-        for t in spec.get("tests", []):
-            for op in t.get("operations", []):
-                args = op.get("arguments", {})
-                if (op.get("name") == "createIndex" and args.get("unique") and
-                        next(iter(args.get("keys", {"_id": 1}))) != "_id" and
-                        op.get("object") in colls):
-                    unsharded.setdefault(colls[op["object"]], f)
-    for ns in namespaces:
-        if ns in unsharded:
-            print(f"{ns} left unsharded: {unsharded[ns]} creates a unique index not prefixed by _id")
-            continue
-        cluster.shard_collection(ns, {"_id": 1}, split_points=[{"_id": 2}, {"_id": 4}])
-    proxy_uri = f"mongodb://127.0.0.1:{cluster.proxy_ports[0]}/"
-    solo_uri = f"mongodb://127.0.0.1:{port}/"
-    regressions = []
-    total_direct = total_proxy = 0
-    for f in files:
-        _, direct = crud_unified.run_file(solo_uri, os.path.join(cdir, f))
-        _, proxied = crud_unified.run_file(proxy_uri, os.path.join(cdir, f))
-        ok_direct = {t for t, st, _ in direct if st == "passed"}
-        ok_proxy = {t for t, st, _ in proxied if st == "passed"}
-        total_direct += len(ok_direct)
-        total_proxy += len(ok_proxy & ok_direct)
-        for t, st, detail in proxied:
-            if t in ok_direct and st != "passed":
-                regressions.append(f"{f}: {t}: {detail}")
-    print(f"CRUD unified: {total_direct} pass against one shard, {total_proxy} of them pass "
-          f"through the proxy over 3 shards")
-    assert regressions == [], "\n".join(regressions)
-    assert total_direct > 0
-
-
 def test_unique_index_must_be_prefixed_by_the_shard_key(cluster):
     """A unique index on a sharded collection must start with the shard key (or _id), else
     67 CannotCreateIndex and no shard builds it (MongoDB's isUniqueIndexCompatible); one that
