@@ -9,7 +9,9 @@ libstripedb_a_SOURCES += src/shard/role.c src/shard/pool.c src/shard/cursors.c \
 noinst_HEADERS += src/shard/shard.h src/shard/util.h src/shard/repl.h src/shard/snapfile.h \
 	src/shard/members.h src/shard/ttl.h src/shard/repl_int.h src/shard/txn.h
 EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unified.py \
-	tests/integration/test_compat_refusals.py docs/compat.md \
+	tests/integration/test_compat_refusals.py docs/compat.md docs/compat-crud.md \
+	tests/integration/test_crud_report.py tests/integration/test_let.py \
+	tests/integration/test_strict_commands.py \
 	tests/integration/crud_unified_node.js tests/integration/test_shard_node.py \
 	tests/integration/test_shard.py tests/integration/test_retryable_writes.py \
 	tests/integration/test_shard_filtering.py \
