@@ -66,7 +66,8 @@ static const char *const getmore_fields[] = {
 /* stripedb's own fields of these commands, sent to shards by the coordinator and backups
  * (src/shard/README.md): a find's keyRange and stripedbSnapshot flag, a delete statement's
  * keyRange and keyRangeLimit (a migration's range cleanup). Known to a shard only
- * (sdb_cmd_check with internal): through a proxy they are unknown fields. */
+ * (sdb_cmd_check with internal), as are a statement's $stripedb* fields (the migration's
+ * session records, $stripedbSession): through a proxy they are unknown fields. */
 static const char *const internal_find_fields[] = {"keyRange", "stripedbSnapshot", NULL};
 static const char *const internal_delete_stmt_fields[] = {"keyRange", "keyRangeLimit", NULL};
 
@@ -130,7 +131,8 @@ static const char *unknown_stmt_field(const bson_t *stmt, bool update, bool inte
 	while (bson_iter_next(&it))
 		if (!listed(update ? update_stmt_fields : delete_stmt_fields, bson_iter_key(&it)) &&
 		    !(internal && !update &&
-		      listed(internal_delete_stmt_fields, bson_iter_key(&it))))
+		      listed(internal_delete_stmt_fields, bson_iter_key(&it))) &&
+		    !(internal && strncmp(bson_iter_key(&it), "$stripedb", 9) == 0))
 			return bson_iter_key(&it);
 	return NULL;
 }
