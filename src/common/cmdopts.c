@@ -14,8 +14,8 @@
  * unknown field." for any other. The lists follow MongoDB 6.0's IDL files (the version we
  * advertise): generic_argument.idl for the fields every command may carry, and the
  * command's own (find_command.idl, aggregate_command.idl, count_command.idl,
- * distinct_command.idl, write_ops.idl, find_and_modify... in write_ops.idl,
- * getmore_command.idl, create_command in commands.idl). A field listed here is parsed: the
+ * distinct_command.idl, write_ops.idl with findAndModify's, getmore_command.idl; `create`
+ * checks its own options, src/shard/cmd_admin.c). A field listed here is parsed: the
  * command either honours it or refuses it with its own error (collation, let, ...).
  * Commands without a list here are not checked. */
 
