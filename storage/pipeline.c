@@ -507,12 +507,13 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 	static const char *const known[] = {
 		"$lookup", "$out", "$merge", "$facet", "$bucket", "$bucketAuto", "$graphLookup",
 		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
-		"$unionWith", "$collStats", "$indexStats", "$currentOp", "$listSessions",
+		"$unionWith", "$indexStats", "$currentOp", "$listSessions",
 		"$search", "$changeStream", "$planCacheStats", "$listLocalSessions",
 	};
-	if (strcmp(name, "$documents") == 0) {
-		/* the shard runs a leading $documents of {aggregate: 1} itself (cmd_read.c) */
-		return efail(e, 40602, "$documents is only valid as the first stage in a pipeline");
+	if (strcmp(name, "$documents") == 0 || strcmp(name, "$collStats") == 0) {
+		/* the shard runs a leading $documents (of {aggregate: 1}) or $collStats itself
+		 * (src/shard/cmd_read.c agg_exec) */
+		return efail(e, 40602, "%s is only valid as the first stage in a pipeline", name);
 	}
 	for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
 		if (strcmp(known[i], name) == 0) {

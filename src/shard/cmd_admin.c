@@ -506,15 +506,11 @@ void shard_cmd_list_databases(shard_ctx *x)
 	wire_req_reply(x->req, reply);
 }
 
-void shard_cmd_coll_stats(shard_ctx *x)
+void shard_coll_stats_append(shard_ctx *x, const char *coll, const sdb_store_coll *co,
+			     bson_t *reply)
 {
-	const sdb_store_coll *co;
-	const char *coll = coll_read(x, "Collection [%s.%s] not found.", &co);
-	if (!coll)
-		return;
 	int64_t count = sdb_store_count(x->conn, x->db, coll);
 	int64_t size = sdb_store_data_size(x->conn, x->db, coll);
-	bson_t *reply = bson_new();
 	char *ns = sdb_asprintf("%s.%s", x->db, coll);
 	BSON_APPEND_UTF8(reply, "ns", ns);
 	free(ns);
@@ -531,6 +527,16 @@ void shard_cmd_coll_stats(shard_ctx *x)
 	bson_append_document_end(reply, &sizes);
 	BSON_APPEND_INT64(reply, "totalIndexSize", 0);
 	BSON_APPEND_BOOL(reply, "capped", false);
+}
+
+void shard_cmd_coll_stats(shard_ctx *x)
+{
+	const sdb_store_coll *co;
+	const char *coll = coll_read(x, "Collection [%s.%s] not found.", &co);
+	if (!coll)
+		return;
+	bson_t *reply = bson_new();
+	shard_coll_stats_append(x, coll, co, reply);
 	sdb_store_rollback(x->conn);
 	wire_req_reply(x->req, reply);
 }

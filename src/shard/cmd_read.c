@@ -1183,6 +1183,71 @@ static bool view_resolve(shard_ctx *x, const char *coll, char *buf, size_t bufle
 	return true;
 }
 
+/* The document of a leading {$collStats: spec} over db.coll (a copy for util_docs_free):
+ * {ns, host, localTime, storageStats?: the collStats fields, count?: {count}}. Replies and
+ * returns false for an option other than storageStats and count (FailedToParse, as the
+ * proxy), a view (166 CommandNotSupportedOnView) or a missing collection with storageStats
+ * (26 NamespaceNotFound, as mongod); count of a missing collection is 0. Needs x's open
+ * read transaction. */
+static bool coll_stats_doc(shard_ctx *x, const char *coll, const bson_iter_t *spec,
+			   bson_t **out)
+{
+	bool want_storage = false, want_count = false;
+	const sdb_store_coll *co = NULL;
+	bson_iter_t it;
+	bson_t d = BSON_INITIALIZER, sub;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(spec) || !bson_iter_recurse(spec, &it)) {
+		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+			   "$collStats must take a nested object but found a non-object");
+		return false;
+	}
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "storageStats") == 0) {
+			want_storage = true;
+		} else if (strcmp(k, "count") == 0) {
+			want_count = true;
+		} else {
+			shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+				   "$collStats: %s is not supported by stripedb (storageStats and "
+				   "count are)",
+				   k);
+			return false;
+		}
+	}
+	if (coll_is_view(x, coll)) {
+		shard_fail(x, 166, "Namespace %s.%s is a view, not a collection", x->db, coll);
+		return false;
+	}
+	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0)
+		co = NULL;
+	if (co == NULL && want_storage) {
+		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "Unable to retrieve storageStats in "
+			   "$collStats stage :: caused by :: Collection [%s.%s] not found.", x->db,
+			   coll);
+		return false;
+	}
+	char *ns = sdb_asprintf("%s.%s", x->db, coll);
+	BSON_APPEND_UTF8(&d, "ns", ns);
+	free(ns);
+	BSON_APPEND_UTF8(&d, "host", "stripedb-shard");
+	bson_append_now_utc(&d, "localTime", -1);
+	if (want_storage) {
+		bson_append_document_begin(&d, "storageStats", -1, &sub);
+		shard_coll_stats_append(x, coll, co, &sub);
+		bson_append_document_end(&d, &sub);
+	}
+	if (want_count) {
+		bson_append_document_begin(&d, "count", -1, &sub);
+		BSON_APPEND_INT64(&sub, "count", co ? sdb_store_count(x->conn, x->db, coll) : 0);
+		bson_append_document_end(&d, &sub);
+	}
+	*out = sdb_doc_copy(&d);
+	bson_destroy(&d);
+	return true;
+}
+
 typedef struct array_input {
 	bson_t **docs;
 	size_t n, pos;
@@ -1220,6 +1285,25 @@ static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 		shard_fail(x, WIRE_ERR_INVALID_NAMESPACE,
 			   "'$documents' can only be run with {aggregate: 1}");
 		return false;
+	}
+	bool first_is_coll_stats = bson_iter_init(&it, stages) && bson_iter_next(&it) &&
+				   BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) &&
+				   bson_iter_next(&st) &&
+				   strcmp(bson_iter_key(&st), "$collStats") == 0;
+	if (coll && first_is_coll_stats) {
+		/* the input is one document about the collection (MongoDB's $collStats; this
+		 * shard's share, as on a mongod: the proxy adds one per shard) */
+		bson_t *d;
+		if (!coll_stats_doc(x, coll, &st, &d)) {
+			bson_destroy(&all);
+			return false;
+		}
+		array_in = true;
+		sessions.docs = sdb_calloc(1, sizeof *sessions.docs);
+		sessions.docs[0] = d;
+		sessions.n = 1;
+		stages_append_rest(&all, &nst, &it);
+		coll = NULL; /* no collection scan */
 	}
 	if (coll && view_resolve(x, coll, source, sizeof source, &all, &nst)) {
 		coll = source;

@@ -447,6 +447,11 @@ void shard_cmd_list_collections(shard_ctx *x);
 void shard_cmd_list_databases(shard_ctx *x);
 void shard_cmd_drop_database(shard_ctx *x);
 void shard_cmd_coll_stats(shard_ctx *x);
+/* The collStats fields of db.coll (co its catalog entry; in x's open read transaction):
+ * ns, size, count, avgObjSize, storageSize, nindexes, indexSizes, totalIndexSize, capped,
+ * appended to reply (cmd_admin.c; also the $collStats stage's storageStats, cmd_read.c). */
+void shard_coll_stats_append(shard_ctx *x, const char *coll, const sdb_store_coll *co,
+			     bson_t *reply);
 void shard_cmd_db_stats(shard_ctx *x);
 void shard_cmd_set_version(shard_ctx *x);
 /* Filtering metadata (filtering.c, issue #17). */

@@ -1,0 +1,56 @@
+"""The $collStats stage on a shard (issue #20): a leading {$collStats: {count, storageStats}}
+gives one document about the collection, and the rest of the pipeline runs over it, as on a
+mongod; a proxy answers one document per shard (src/proxy/admin.c)."""
+import pymongo
+import pytest
+from pymongo.errors import OperationFailure
+
+from proxy_helpers import ProxyCluster
+
+
+def _agg(db, coll, pipeline):
+    return db.command({"aggregate": coll, "pipeline": pipeline,
+                       "cursor": {}})["cursor"]["firstBatch"]
+
+
+def test_coll_stats_stage_on_a_shard(shard):
+    _, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    db = c.cs
+    db.c.insert_many([{"_id": i, "a": "x" * i} for i in range(7)])
+    db.c.create_index("a")
+    (d,) = _agg(db, "c", [{"$collStats": {"count": {}, "storageStats": {}}}])
+    assert d["ns"] == "cs.c" and d["count"] == {"count": 7}
+    st = d["storageStats"]
+    assert st["count"] == 7 and st["nindexes"] == 2 and st["size"] > 0
+    assert set(st["indexSizes"]) == {"_id_", "a_1"}
+    # the rest of the pipeline runs over that document
+    assert _agg(db, "c", [{"$collStats": {"count": {}}},
+                          {"$project": {"_id": 0, "n": "$count.count"}}]) == [{"n": 7}]
+    # a collection that does not exist counts 0; its storageStats is NamespaceNotFound
+    (d,) = _agg(db, "none", [{"$collStats": {"count": {}}}])
+    assert d["count"] == {"count": 0}
+    for pipeline, code in (([{"$collStats": {"storageStats": {}}}], 26),
+                           ([{"$collStats": {"latencyStats": {}}}], 9),
+                           ([{"$match": {}}, {"$collStats": {}}], 40602)):
+        with pytest.raises(OperationFailure) as e:
+            _agg(db, "none" if code == 26 else "c", pipeline)
+        assert e.value.code == code, (pipeline, e.value.details)
+    db.command({"create": "v", "viewOn": "c", "pipeline": []})
+    with pytest.raises(OperationFailure) as e:
+        _agg(db, "v", [{"$collStats": {"count": {}}}])
+    assert e.value.code == 166
+    c.close()
+
+
+def test_coll_stats_stage_through_a_proxy(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        cl.shard_collection("cs.s", {"_id": 1}, split_points=[{"_id": 3}])
+        db = cl.proxy_client(0).cs
+        db.s.insert_many([{"_id": i} for i in range(7)])
+        docs = _agg(db, "s", [{"$collStats": {"count": {}}}])
+        assert sorted(d["shard"] for d in docs) == ["shard-a", "shard-b"]
+        assert sum(d["count"]["count"] for d in docs) == 7
+    finally:
+        cl.close()
