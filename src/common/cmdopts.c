@@ -59,7 +59,9 @@ static const char *const delete_fields[] = {
 static const char *const fam_fields[] = {
 	"query", "fields", "sort", "remove", "update", "new", "upsert",
 	"bypassDocumentValidation", "collation", "arrayFilters", "hint", "let",
-	"runtimeConstants", "encryptionInformation", "batchSize", NULL};
+	"runtimeConstants", "encryptionInformation", "batchSize",
+	"stmtIds", /* stripedb: the proxy sends a retryable findAndModify's stmtIds as a write's */
+	NULL};
 static const char *const getmore_fields[] = {
 	"collection", "batchSize", "term", "lastKnownCommittedOpTime",
 	"includeQueryStatsMetrics", NULL};
