@@ -47,8 +47,12 @@
  *        and internalDocumentSourceGroupMaxMemoryBytes); we never spill to disk, so
  *        allowDiskUse does not lift the limit.
  *   238  NotImplemented: a stage MongoDB knows but the embedded shard does not run
- *        ($lookup, $out, $merge, $facet, $bucket, $sample, $listLocalSessions, ...):
- *        "$lookup is not supported by the embedded shard".
+ *        ($lookup, $out, $merge, $facet, $bucket, $sample, ...): "$lookup is not supported
+ *        by the embedded shard"; $rand (expressions are deterministic: shard members
+ *        replicate commands)
+ *   40602 $documents or $collStats anywhere but first (the shard runs a leading one
+ *        itself: src/shard/cmd_read.c)
+ *   16866-16868, 4890500 a `let` variable's name or value (sdb_let_parse)
  *
  * Threading: an sdb_pipeline is immutable after parse/pushdown and may back several
  * cursors at once; one cursor is used by one thread at a time.
