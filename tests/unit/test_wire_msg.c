@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -491,10 +492,95 @@ static void test_invalid_nested_bson(void **state)
 	set_i32(&b, body_off + 4 + 12 + 8, 200); /* inner document length beyond its parent */
 	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), SDB_EPROTO);
 	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
-	assert_non_null(strstr(err, "invalid BSON"));
+	assert_non_null(strstr(err, "invalid nested document"));
 	free(keep);
 	free(b.p);
 	bson_destroy(body);
+}
+
+typedef struct deep_arg {
+	const uint8_t *p;
+	size_t len;
+	wire_msg *m;
+	uint8_t **keep;
+	int *code;
+	char *err;
+	size_t errlen;
+	int rc;
+} deep_arg;
+
+static void *deep_parse(void *arg)
+{
+	deep_arg *a = arg;
+
+	a->rc = parse_copy(a->p, a->len, a->m, a->keep, a->code, a->err, a->errlen);
+	return NULL;
+}
+
+/* A body nested 20,000 levels deep ({find: "c", let: {v: [[[...]]]}}, about 240 KB) is
+ * refused InvalidBSON without recursing through it: bson_validate, which recursed without a
+ * limit, overflowed the loop thread's stack and killed the process. */
+static void test_deeply_nested_body_is_refused(void **state)
+{
+	enum { DEPTH = 20000 };
+	size_t cap = (size_t)DEPTH * 12 + 64, len = 5, i;
+	uint8_t *d = malloc(cap), *t = malloc(cap);
+	bson_t *head = BCON_NEW("find", BCON_UTF8("c"));
+	mbuf b = msg_begin(4, WIRE_OP_MSG);
+	wire_msg m;
+	uint8_t *keep;
+	char err[256] = "";
+	int code = -1;
+
+	(void)state;
+	assert_non_null(d);
+	assert_non_null(t);
+	memcpy(d, "\x05\x00\x00\x00\x00", 5); /* {} */
+	for (i = 0; i < DEPTH; i++) { /* d = {"0": d} as an array */
+		size_t n = 4 + 1 + 2 + len + 1;
+		t[0] = (uint8_t)n;
+		t[1] = (uint8_t)(n >> 8);
+		t[2] = (uint8_t)(n >> 16);
+		t[3] = (uint8_t)(n >> 24);
+		t[4] = 0x04;
+		t[5] = '0';
+		t[6] = 0;
+		memcpy(t + 7, d, len);
+		t[7 + len] = 0;
+		memcpy(d, t, n);
+		len = n;
+	}
+	put_i32(&b, 0);
+	put_u8(&b, 0);
+	/* body = head's elements + {let: d-as-document} */
+	{
+		uint32_t hl = wire_bson_len(head);
+		int32_t total = (int32_t)(hl - 1 + 1 + 4 + len + 1);
+		put_i32(&b, total);
+		put(&b, bson_get_data(head) + 4, hl - 5);
+		put_u8(&b, 0x03);
+		put(&b, "let", 4);
+		put(&b, d, len);
+		put_u8(&b, 0);
+	}
+	msg_end(&b);
+	/* on a thread with a small stack, as the role's loop thread whose stack overflowed */
+	deep_arg arg = {b.p, b.len, &m, &keep, &code, err, sizeof err, 0};
+	pthread_attr_t attr;
+	pthread_t th;
+	assert_int_equal(pthread_attr_init(&attr), 0);
+	assert_int_equal(pthread_attr_setstacksize(&attr, 256 * 1024), 0);
+	assert_int_equal(pthread_create(&th, &attr, deep_parse, &arg), 0);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	pthread_attr_destroy(&attr);
+	assert_int_equal(arg.rc, SDB_EPROTO);
+	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
+	assert_non_null(strstr(err, "deeper than 200 levels"));
+	free(keep);
+	free(b.p);
+	free(d);
+	free(t);
+	bson_destroy(head);
 }
 
 static void test_op_query(void **state)
@@ -748,6 +834,7 @@ int main(void)
 		cmocka_unit_test(test_oversize_body),
 		cmocka_unit_test(test_sections_errors),
 		cmocka_unit_test(test_invalid_nested_bson),
+		cmocka_unit_test(test_deeply_nested_body_is_refused),
 		cmocka_unit_test(test_op_query),
 		cmocka_unit_test(test_op_compressed_and_unknown_opcode),
 		cmocka_unit_test(test_command_fold_errors),
