@@ -2,9 +2,10 @@
  * explain, and the stripedbSnapshot point-in-time read. MongoDB 6.0 semantics and codes.
  *
  * Why one file of ~1,600 lines (agg_exec's $documents and $collStats inputs joined it):
- * every command here is built on the same three private pieces (the find option parser parse_find_opts, the streaming batch stream_batch with the
- * oplog scan, and the aggregation executor agg_exec that count, distinct and explain run
- * through), so a split would only move them into a shared header. */
+ * every command here is built on the same three private pieces (the find option parser
+ * parse_find_opts, the streaming batch stream_batch with the oplog scan, and the
+ * aggregation executor agg_exec that count, distinct and explain run through), so a split
+ * would only move them into a shared header. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
