@@ -75,6 +75,8 @@ struct wire_req {
 	bson_t *reply_extra;      /* fields appended to an ok reply (failCommand's
 				   * writeConcernError), or NULL */
 	atomic_int completed;
+	atomic_int waiting;       /* wire_req_wait_begin minus _end: > 0 while the handler
+				   * waits on I/O or a timer (reported so at a stop) */
 	/* detached requests (wire_req_detached_on_done) */
 	void (*detached_done)(void *arg, wire_req *req);
 	void *detached_arg;

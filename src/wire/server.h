@@ -174,6 +174,16 @@ const char *wire_req_db(const wire_req *req);
 wire_conn *wire_req_conn(const wire_req *req);
 /* Monotonic receive time in ns (uv_hrtime). */
 uint64_t wire_req_start_ns(const wire_req *req);
+/* A handler that waits for something that will end by itself (a call to another server
+ * bounded by its socket timeout, a back-off timer) brackets the wait with these, from any
+ * thread, before completing req; waits nest (a counter; a fan-out may wait on several
+ * threads at once). When a graceful stop times out (wire_server_close), a request inside
+ * such a wait is logged as "wire: request waiting at shutdown" (info): slow, and it will
+ * be answered; one outside any wait is "wire: unanswered request at shutdown" (warn): its
+ * handler neither answered nor waits on anything, a bug (the integration suite fails the
+ * test whose process logs it). Every begin needs its end before req is completed. */
+void wire_req_wait_begin(wire_req *req);
+void wire_req_wait_end(wire_req *req);
 
 /* Complete with a reply document. Takes ownership of reply (bson_destroy'd after
  * sending); `ok: 1.0` is appended when the reply has no `ok` field. Thread-safe. */

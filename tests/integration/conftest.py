@@ -238,12 +238,12 @@ def start_role(tmp_path, request):
     for p in procs:
         if failed:
             print(f"\n--- log of {' '.join(p.args)} ---\n{p.tail()}")
-        # 10 s: a stop held longer by requests still running is SIGKILLed, and its
-        # "unanswered request" lines (logged at --shutdown-timeout-ms, 10 s) may be lost.
-        # Waiting longer also catches requests that are merely slow (a partition test's
-        # writes to a cut-off primary, ~16 s): telling them from a handler that never
-        # replies needs the server to say which, not a longer wait here.
-        p.stop(timeout=10)
+        # 16 s: longer than a graceful stop may take (--shutdown-timeout-ms, 10 s, then
+        # the role's watchdog exits 5 s later), so the "unanswered request" lines of a
+        # stop that timed out are always written before a SIGKILL. A request merely slow
+        # (a proxy's write to a cut-off primary, inside wire_req_wait_begin) is logged as
+        # "request waiting at shutdown" instead and does not fail the test.
+        p.stop(timeout=16)
         unanswered += [line for line in p.tail(1 << 20).splitlines()
                        if UNANSWERED in line]
     if unanswered and not failed:

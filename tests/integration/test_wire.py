@@ -377,10 +377,9 @@ def test_mongosh(wire):
     assert r.stdout.strip() == "1", r.stdout + r.stderr
 
 
-def test_unanswered_request_is_named_when_the_stop_times_out(tmp_path):
-    """A handler that never replies in time must not go unnoticed: when the graceful stop's
-    drain times out (wire_test_server drains for 5 s) the server logs each unanswered
-    request by name, and conftest's start_role fails any test whose process logs it."""
+def stop_during_sleep(tmp_path, cmd):
+    """Run wire_test_server, send cmd (a stripedbTestSleep of 10 s), SIGTERM it while the
+    handler runs (its drain times out after 5 s) and return its log."""
     assert os.access(TEST_SERVER, os.X_OK), f"{TEST_SERVER} not built (make check builds it)"
     port = free_port()
     log_path = tmp_path / "wire_test_server.log"
@@ -390,7 +389,7 @@ def test_unanswered_request_is_named_when_the_stop_times_out(tmp_path):
         try:
             assert p.stdout.readline().decode() == f"port={port}\n"
             s = socket.create_connection(("127.0.0.1", port), timeout=30)
-            s.sendall(op_msg(7, {"stripedbTestSleep": 10000, "$db": "admin"}))
+            s.sendall(op_msg(7, cmd))
             wait_until(lambda: "stripedbTestSleep started" in log_path.read_text(), 20,
                        what="the handler running")
             p.send_signal(signal.SIGTERM)
@@ -400,6 +399,25 @@ def test_unanswered_request_is_named_when_the_stop_times_out(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    text = log_path.read_text()
+    return log_path.read_text()
+
+
+def test_unanswered_request_is_named_when_the_stop_times_out(tmp_path):
+    """A handler that never replies in time must not go unnoticed: when the graceful stop's
+    drain times out (wire_test_server drains for 5 s) the server logs each unanswered
+    request by name, and conftest's start_role fails any test whose process logs it."""
+    text = stop_during_sleep(tmp_path, {"stripedbTestSleep": 10000, "$db": "admin"})
     assert "wire: unanswered request at shutdown" in text, text[-3000:]
+    assert "wire: request waiting at shutdown" not in text, text[-3000:]
+    assert "cmd=stripedbTestSleep" in text and "db=admin" in text, text[-3000:]
+
+
+def test_a_request_waiting_on_io_at_the_stop_is_slow_not_unanswered(tmp_path):
+    """A handler inside a wait that ends by itself (wire_req_wait_begin: a call to a shard,
+    a back-off) when the stop times out is reported as waiting, not as unanswered: the
+    suite fails only on requests whose handler neither answered nor waits on anything."""
+    text = stop_during_sleep(tmp_path, {"stripedbTestSleep": 10000, "waiting": True,
+                                        "$db": "admin"})
+    assert "wire: request waiting at shutdown" in text, text[-3000:]
+    assert "wire: unanswered request at shutdown" not in text, text[-3000:]
     assert "cmd=stripedbTestSleep" in text and "db=admin" in text, text[-3000:]

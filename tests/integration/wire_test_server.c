@@ -6,7 +6,9 @@
  *                    serves /healthz and /metrics (common/http.h)
  *
  * Test commands (handlers complete on libuv's thread pool, i.e. from another thread):
- *   {stripedbTestSleep: MS}   reply {slept: MS} after MS ms (at most 10000)
+ *   {stripedbTestSleep: MS}   reply {slept: MS} after MS ms (at most 10000); with
+ *                             `waiting: true` the sleep is bracketed by
+ *                             wire_req_wait_begin/_end (a wait that ends by itself)
  *   {insert: "coll", documents: [...]} (documents usually as an OP_MSG kind-1 sequence)
  *                             reply {n: count of documents}; nothing is stored
  *   {stripedbTestEcho: 1, ...} reply {cmd: <the command document as the handler saw it>}
@@ -27,6 +29,7 @@ typedef struct work {
 	uv_work_t w;
 	wire_req *req;
 	int64_t ms;
+	bool waiting; /* bracket the sleep as a wait (wire_req_wait_begin) */
 } work;
 
 static uv_signal_t sig_term, sig_int;
@@ -45,7 +48,11 @@ static void sleep_work(uv_work_t *w)
 {
 	work *k = (work *)w;
 	sdb_info("stripedbTestSleep started", "ms=%lld", (long long)k->ms); /* tests wait for it */
+	if (k->waiting)
+		wire_req_wait_begin(k->req);
 	uv_sleep((unsigned)k->ms);
+	if (k->waiting)
+		wire_req_wait_end(k->req);
 	/* completed from the pool thread, as a role with blocking work would */
 	wire_req_reply(k->req, BCON_NEW("slept", BCON_INT64(k->ms)));
 }
@@ -71,6 +78,8 @@ static void cmd_sleep(wire_req *req, void *data)
 	k = sdb_calloc(1, sizeof *k);
 	k->req = req;
 	k->ms = bson_iter_as_int64(&it);
+	k->waiting = bson_iter_init_find(&it, wire_req_cmd(req), "waiting") &&
+		     bson_iter_as_bool(&it);
 	if (uv_queue_work(uv_default_loop(), &k->w, sleep_work, sleep_done) != 0) {
 		free(k);
 		wire_req_error(req, 1, "uv_queue_work failed");
