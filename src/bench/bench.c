@@ -45,6 +45,9 @@ struct bench {
 	/* the URI says retryWrites=true: updates go through libmongoc's update_one, a
 	 * retryable write (lsid, txnNumber from libmongoc's server session) */
 	bool retryable;
+	/* the URI's socketTimeoutMS and serverSelectionTimeoutMS (libmongoc's defaults when
+	 * absent): how an error is told to be a timeout (bench_error_class) */
+	int32_t socket_timeout_ms, select_timeout_ms;
 	char *uri, *db, *workload, *dist;
 	const char *coll;
 	int payments;
@@ -217,7 +220,8 @@ static int64_t pick_own_key(bench *b, worker *w)
 
 /* --- recording --- */
 
-static bench_err classify(const bson_error_t *e, int *definite)
+bench_err bench_error_class(const bson_error_t *e, uint64_t elapsed_ms, int32_t socket_timeout_ms,
+			    int32_t select_timeout_ms, int *definite)
 {
 	*definite = 0;
 	if (e->domain == MONGOC_ERROR_SERVER || e->domain == MONGOC_ERROR_WRITE_CONCERN) {
@@ -246,13 +250,24 @@ static bench_err classify(const bson_error_t *e, int *definite)
 			return BENCH_ERR_OTHER;
 		}
 	}
-	if (e->domain == MONGOC_ERROR_STREAM || e->domain == MONGOC_ERROR_SERVER_SELECTION ||
-	    e->domain == MONGOC_ERROR_CLIENT) {
-		return strstr(e->message, "timed out") != NULL || strstr(e->message, "timeout") != NULL
+	/* libmongoc gives a socket timeout and a reset the same code (STREAM_SOCKET), and a
+	 * selection that timed out the same as one that found no server: the time the
+	 * operation took tells them apart (a timeout cannot fire before its period) */
+	if (e->domain == MONGOC_ERROR_SERVER_SELECTION)
+		return select_timeout_ms > 0 && elapsed_ms >= (uint64_t)select_timeout_ms
 			       ? BENCH_ERR_TIMEOUT
 			       : BENCH_ERR_NETWORK;
-	}
+	if (e->domain == MONGOC_ERROR_STREAM || e->domain == MONGOC_ERROR_CLIENT)
+		return socket_timeout_ms > 0 && elapsed_ms >= (uint64_t)socket_timeout_ms
+			       ? BENCH_ERR_TIMEOUT
+			       : BENCH_ERR_NETWORK;
 	return BENCH_ERR_OTHER;
+}
+
+static bench_err classify(const bench *b, const bson_error_t *e, uint64_t elapsed_ns, int *definite)
+{
+	return bench_error_class(e, elapsed_ns / 1000000u, b->socket_timeout_ms,
+				 b->select_timeout_ms, definite);
 }
 
 static void record_ev(worker *w, int op, int64_t key, int64_t value, int outcome, int32_t n,
@@ -282,7 +297,7 @@ static void record_lat(worker *w, bench_op op, uint64_t t0, uint64_t t1, const b
 
 	if (failed) {
 		int definite;
-		ph->errs[classify(e, &definite)]++;
+		ph->errs[classify(w->b, e, t1 - t0, &definite)]++;
 	} else {
 		bench_hist_record(&ph->h[op], (t1 - t0) / 1000);
 	}
@@ -509,7 +524,7 @@ static void op_update(bench *b, worker *w, mongoc_collection_t *c, bench_op kind
 		n = (int32_t)bson_iter_as_int64(&it);
 	}
 	if (!ok) {
-		classify(&e, &definite);
+		classify(b, &e, t1 - t0, &definite);
 	}
 	outcome = ok ? BENCH_OK : definite ? BENCH_FAIL : BENCH_UNKNOWN;
 	pthread_mutex_lock(&w->mu);
@@ -540,7 +555,7 @@ static void op_insert(bench *b, worker *w, mongoc_collection_t *c)
 	ok = mongoc_collection_insert_one(c, &d, NULL, NULL, &e);
 	t1 = sdb_mono_ns();
 	if (!ok) {
-		classify(&e, &definite);
+		classify(b, &e, t1 - t0, &definite);
 	}
 	outcome = ok ? BENCH_OK : definite ? BENCH_FAIL : BENCH_UNKNOWN;
 	pthread_mutex_lock(&w->mu);
@@ -833,6 +848,10 @@ int bench_start(const bench_opts *o, bench **out, char *err, size_t errlen)
 		const bson_t *uopts = mongoc_uri_get_options(uri);
 		b->retryable = uopts && bson_iter_init_find_case(&rw, uopts, MONGOC_URI_RETRYWRITES) &&
 			       bson_iter_as_bool(&rw);
+		b->socket_timeout_ms = mongoc_uri_get_option_as_int32(
+			uri, MONGOC_URI_SOCKETTIMEOUTMS, MONGOC_DEFAULT_SOCKETTIMEOUTMS);
+		b->select_timeout_ms = mongoc_uri_get_option_as_int32(
+			uri, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, BENCH_SELECT_TIMEOUT_DEFAULT_MS);
 	}
 	b->pool = mongoc_client_pool_new(uri);
 	mongoc_uri_destroy(uri);

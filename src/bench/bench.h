@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <mongoc/mongoc.h>
+
 #include "bench/hist.h"
 
 #define BENCH_MAX_PHASES 16
@@ -50,6 +52,20 @@ typedef enum {
 	BENCH_ERR_TIMEOUT,
 	BENCH_ERR_OTHER
 } bench_err;
+
+/* MongoDB's default serverSelectionTimeoutMS (server selection spec), when the URI has none. */
+#define BENCH_SELECT_TIMEOUT_DEFAULT_MS 30000
+
+/* The kind of error e (a libmongoc error, error API version 2) of an operation that took
+ * elapsed_ms: server errors by code (bench_err above); a stream or client error is a
+ * TIMEOUT when the operation took at least socket_timeout_ms, else NETWORK; a server
+ * selection error likewise against select_timeout_ms (libmongoc gives a timeout and a
+ * reset the same code, so the time the operation took decides, never the message text;
+ * a timeout of 0 or less counts as none). *definite is 1 when the server certainly did
+ * not apply the operation (quota, duplicate key, bad arguments), else 0.
+ * Returns: a bench_err. */
+bench_err bench_error_class(const bson_error_t *e, uint64_t elapsed_ms, int32_t socket_timeout_ms,
+			    int32_t select_timeout_ms, int *definite);
 
 typedef struct bench_opts {
 	const char *uri;      /* mongodb:// URI; required */

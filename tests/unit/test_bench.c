@@ -1,14 +1,46 @@
-/* Unit tests of src/bench: the histogram and the history checker. */
+/* Unit tests of src/bench: error classes, the histogram and the history checker. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
 
+#include "bench/bench.h"
 #include "bench/check.h"
 #include "bench/hist.h"
+
+/* Timeouts are told by the time the operation took, not by libmongoc's message text. */
+static void test_error_class(void **state)
+{
+	bson_error_t e;
+	int definite = -1;
+
+	(void)state;
+	memset(&e, 0, sizeof e);
+	e.domain = MONGOC_ERROR_STREAM;
+	e.code = MONGOC_ERROR_STREAM_SOCKET;
+	snprintf(e.message, sizeof e.message, "Failed to read 4 bytes: socket error or timeout");
+	assert_int_equal(bench_error_class(&e, 12, 2000, 30000, &definite), BENCH_ERR_NETWORK);
+	assert_int_equal(definite, 0);
+	assert_int_equal(bench_error_class(&e, 2000, 2000, 30000, &definite), BENCH_ERR_TIMEOUT);
+	assert_int_equal(bench_error_class(&e, 99999, 0, 30000, &definite), BENCH_ERR_NETWORK);
+	/* the message no longer decides: "timed out" after 5 ms is a network error */
+	snprintf(e.message, sizeof e.message, "connection timed out");
+	assert_int_equal(bench_error_class(&e, 5, 2000, 30000, &definite), BENCH_ERR_NETWORK);
+	e.domain = MONGOC_ERROR_SERVER_SELECTION;
+	e.code = MONGOC_ERROR_SERVER_SELECTION_FAILURE;
+	assert_int_equal(bench_error_class(&e, 29999, 2000, 30000, &definite), BENCH_ERR_NETWORK);
+	assert_int_equal(bench_error_class(&e, 30000, 2000, 30000, &definite), BENCH_ERR_TIMEOUT);
+	e.domain = MONGOC_ERROR_SERVER;
+	e.code = 50; /* MaxTimeMSExpired */
+	assert_int_equal(bench_error_class(&e, 1, 2000, 30000, &definite), BENCH_ERR_TIMEOUT);
+	e.code = 11000;
+	assert_int_equal(bench_error_class(&e, 1, 2000, 30000, &definite), BENCH_ERR_DUP);
+	assert_int_equal(definite, 1);
+}
 
 static void test_hist_buckets(void **state)
 {
@@ -117,6 +149,7 @@ static void test_check_violations(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_error_class),
 		cmocka_unit_test(test_hist_buckets),
 		cmocka_unit_test(test_hist_percentiles),
 		cmocka_unit_test(test_check_good),
