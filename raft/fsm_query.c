@@ -20,6 +20,101 @@ static const char *first_str(const bson_t *cmd)
 	return NULL;
 }
 
+/* How one column of a query's row becomes a field of its document (row_append). */
+typedef enum {
+	COL_TEXT,     /* UTF-8 string */
+	COL_TEXT_OPT, /* UTF-8 string; the field is left out when the column is NULL */
+	COL_INT64,    /* whole number */
+	COL_BOOL,     /* true when the integer column is not 0 */
+	COL_DOC,      /* a BSON document stored as a blob (fsm_append_blob_doc) */
+	COL_BINARY,   /* a blob as BSON binary (subtype 0) */
+} col_kind;
+
+/* Column i of a row is field name, of kind. */
+typedef struct col_spec {
+	const char *name;
+	col_kind kind;
+} col_spec;
+
+#define N_COLS(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Append the current row of st (its columns in the order of cols) to d. */
+static void row_append(bson_t *d, sqlite3_stmt *st, const col_spec *cols, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		int c = (int)i;
+		switch (cols[i].kind) {
+		case COL_TEXT_OPT:
+			if (sqlite3_column_type(st, c) != SQLITE_TEXT)
+				break;
+			/* fall through */
+		case COL_TEXT:
+			BSON_APPEND_UTF8(d, cols[i].name, (const char *)sqlite3_column_text(st, c));
+			break;
+		case COL_INT64:
+			BSON_APPEND_INT64(d, cols[i].name, sqlite3_column_int64(st, c));
+			break;
+		case COL_BOOL:
+			BSON_APPEND_BOOL(d, cols[i].name, sqlite3_column_int64(st, c) != 0);
+			break;
+		case COL_DOC:
+			fsm_append_blob_doc(d, cols[i].name, sqlite3_column_blob(st, c),
+					    sqlite3_column_bytes(st, c));
+			break;
+		case COL_BINARY:
+			BSON_APPEND_BINARY(d, cols[i].name, BSON_SUBTYPE_BINARY,
+					   sqlite3_column_blob(st, c),
+					   (uint32_t)sqlite3_column_bytes(st, c));
+			break;
+		}
+	}
+}
+
+/* Append every row of st (NULL: SDB_EIO, the statement could not be prepared) to reply as
+ * the array field, one document a row (row_append with cols); finalizes st.
+ * Returns: 0, or SDB_EIO when st is NULL. */
+static int rows_to_array(bson_t *reply, const char *field, sqlite3_stmt *st,
+			 const col_spec *cols, size_t n)
+{
+	bson_t arr, d;
+	char k[16];
+	int i = 0;
+
+	if (!st)
+		return SDB_EIO;
+	bson_append_array_begin(reply, field, -1, &arr);
+	while (sqlite3_step(st) == SQLITE_ROW) {
+		snprintf(k, sizeof k, "%d", i++);
+		bson_append_document_begin(&arr, k, -1, &d);
+		row_append(&d, st, cols, n);
+		bson_append_document_end(&arr, &d);
+	}
+	bson_append_array_end(reply, &arr);
+	sqlite3_finalize(st);
+	return 0;
+}
+
+/* The one row of st appended to reply as the document field; finalizes st. NULL st is
+ * SDB_EIO; no row is SDB_ENOTFOUND ("<what> <key> not found" in err).
+ * Returns: 0, SDB_EIO or SDB_ENOTFOUND. */
+static int row_to_doc(bson_t *reply, const char *field, sqlite3_stmt *st, const col_spec *cols,
+		      size_t n, const char *what, const char *key, char *err, size_t errlen)
+{
+	bson_t d;
+
+	if (!st)
+		return SDB_EIO;
+	if (sqlite3_step(st) != SQLITE_ROW) {
+		sqlite3_finalize(st);
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "%s %s not found", what, key);
+	}
+	bson_append_document_begin(reply, field, -1, &d);
+	row_append(&d, st, cols, n);
+	bson_append_document_end(reply, &d);
+	sqlite3_finalize(st);
+	return 0;
+}
+
 /* getRoutingTable: full loads and diffs, by cursor (raft/routing.h, issue #26). */
 static int query_routing(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
@@ -31,23 +126,12 @@ int sdb_fsm_routing_changed(sdb_fsm *f, int64_t gt, bson_t *reply)
 	return fsm_routing_changed_ns(f->db, f->routing_version, gt, reply);
 }
 
-static void append_migration(bson_t *out, const char *key, sqlite3_stmt *st)
-{
-	/* id, ns, state, version, spec, checkpoint, stats, created_ms, updated_ms */
-	bson_t d;
-	bson_append_document_begin(out, key, -1, &d);
-	BSON_APPEND_UTF8(&d, "id", (const char *)sqlite3_column_text(st, 0));
-	if (sqlite3_column_type(st, 1) == SQLITE_TEXT)
-		BSON_APPEND_UTF8(&d, "ns", (const char *)sqlite3_column_text(st, 1));
-	BSON_APPEND_UTF8(&d, "state", (const char *)sqlite3_column_text(st, 2));
-	BSON_APPEND_INT64(&d, "version", sqlite3_column_int64(st, 3));
-	fsm_append_blob_doc(&d, "spec", sqlite3_column_blob(st, 4), sqlite3_column_bytes(st, 4));
-	fsm_append_blob_doc(&d, "checkpoint", sqlite3_column_blob(st, 5), sqlite3_column_bytes(st, 5));
-	fsm_append_blob_doc(&d, "stats", sqlite3_column_blob(st, 6), sqlite3_column_bytes(st, 6));
-	BSON_APPEND_INT64(&d, "createdMS", sqlite3_column_int64(st, 7));
-	BSON_APPEND_INT64(&d, "updatedMS", sqlite3_column_int64(st, 8));
-	bson_append_document_end(out, &d);
-}
+/* A migration row (MIG_COLS). */
+static const col_spec mig_cols[] = {
+	{"id", COL_TEXT},	  {"ns", COL_TEXT_OPT},	       {"state", COL_TEXT},
+	{"version", COL_INT64},	  {"spec", COL_DOC},	       {"checkpoint", COL_DOC},
+	{"stats", COL_DOC},	  {"createdMS", COL_INT64},    {"updatedMS", COL_INT64},
+};
 
 #define MIG_COLS "id, ns, state, version, spec, checkpoint, stats, created_ms, updated_ms"
 
@@ -64,240 +148,130 @@ static int q_list_ratelimit_peers(sdb_fsm *f, const bson_t *cmd, bson_t *reply, 
 /* listProxies (raft/fsm.h sdb_fsm_query). */
 static int q_list_proxies(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-	bson_t arr, d;
-	char k[16];
-	int i = 0;
+	static const col_spec cols[] = {{"addr", COL_TEXT},
+					{"startedMS", COL_INT64},
+					{"pingMS", COL_INT64},
+					{"version", COL_TEXT_OPT}};
 	(void)cmd;
 	(void)err;
 	(void)errlen;
-
-	st = fsm_q(f, "SELECT addr, started_ms, ping_ms, version FROM proxies ORDER BY addr",
-		   NULL);
-	if (!st)
-		return SDB_EIO;
-	bson_append_array_begin(reply, "proxies", -1, &arr);
-	while (sqlite3_step(st) == SQLITE_ROW) {
-		snprintf(k, sizeof k, "%d", i++);
-		bson_append_document_begin(&arr, k, -1, &d);
-		BSON_APPEND_UTF8(&d, "addr", (const char *)sqlite3_column_text(st, 0));
-		BSON_APPEND_INT64(&d, "startedMS", sqlite3_column_int64(st, 1));
-		BSON_APPEND_INT64(&d, "pingMS", sqlite3_column_int64(st, 2));
-		if (sqlite3_column_type(st, 3) == SQLITE_TEXT)
-			BSON_APPEND_UTF8(&d, "version",
-					 (const char *)sqlite3_column_text(st, 3));
-		bson_append_document_end(&arr, &d);
-	}
-	bson_append_array_end(reply, &arr);
-	sqlite3_finalize(st);
-	return 0;
+	return rows_to_array(reply, "proxies",
+			     fsm_q(f, "SELECT addr, started_ms, ping_ms, version FROM proxies"
+				      " ORDER BY addr", NULL),
+			     cols, N_COLS(cols));
 }
 
 /* listShards (raft/fsm.h sdb_fsm_query). */
 static int q_list_shards(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-	bson_t arr, d;
-	char k[16];
-	int i = 0;
+	static const col_spec cols[] = {{"id", COL_TEXT}, {"uri", COL_TEXT}, {"state", COL_TEXT}};
 	(void)cmd;
 	(void)err;
 	(void)errlen;
-
-	st = fsm_q(f, "SELECT id, uri, state FROM shards ORDER BY id", NULL);
-	if (!st)
-		return SDB_EIO;
-	bson_append_array_begin(reply, "shards", -1, &arr);
-	while (sqlite3_step(st) == SQLITE_ROW) {
-		snprintf(k, sizeof k, "%d", i++);
-		bson_append_document_begin(&arr, k, -1, &d);
-		BSON_APPEND_UTF8(&d, "id", (const char *)sqlite3_column_text(st, 0));
-		BSON_APPEND_UTF8(&d, "uri", (const char *)sqlite3_column_text(st, 1));
-		BSON_APPEND_UTF8(&d, "state", (const char *)sqlite3_column_text(st, 2));
-		bson_append_document_end(&arr, &d);
-	}
-	bson_append_array_end(reply, &arr);
-	sqlite3_finalize(st);
-	return 0;
+	return rows_to_array(reply, "shards",
+			     fsm_q(f, "SELECT id, uri, state FROM shards ORDER BY id", NULL), cols,
+			     N_COLS(cols));
 }
 
 /* listDatabases (raft/fsm.h sdb_fsm_query). */
 static int q_list_databases(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-	bson_t arr, d;
-	char k[16];
-	int i = 0;
+	static const col_spec cols[] = {
+		{"name", COL_TEXT}, {"tenant", COL_TEXT_OPT}, {"primary", COL_TEXT_OPT}};
 	(void)cmd;
 	(void)err;
 	(void)errlen;
-
 	/* primary: the recorded primary shard, or (NULL: created before primaries were
 	 * recorded, or before any shard) the lowest shard id */
-	st = fsm_q(f, "SELECT name, tenant, coalesce(primary_shard, (SELECT min(id) FROM"
-		      " shards)) FROM dbs ORDER BY name", NULL);
-	if (!st)
-		return SDB_EIO;
-	bson_append_array_begin(reply, "databases", -1, &arr);
-	while (sqlite3_step(st) == SQLITE_ROW) {
-		snprintf(k, sizeof k, "%d", i++);
-		bson_append_document_begin(&arr, k, -1, &d);
-		BSON_APPEND_UTF8(&d, "name", (const char *)sqlite3_column_text(st, 0));
-		if (sqlite3_column_type(st, 1) == SQLITE_TEXT)
-			BSON_APPEND_UTF8(&d, "tenant", (const char *)sqlite3_column_text(st, 1));
-		if (sqlite3_column_type(st, 2) == SQLITE_TEXT)
-			BSON_APPEND_UTF8(&d, "primary", (const char *)sqlite3_column_text(st, 2));
-		bson_append_document_end(&arr, &d);
-	}
-	bson_append_array_end(reply, &arr);
-	sqlite3_finalize(st);
-	return 0;
+	return rows_to_array(reply, "databases",
+			     fsm_q(f, "SELECT name, tenant, coalesce(primary_shard, (SELECT min(id)"
+				      " FROM shards)) FROM dbs ORDER BY name", NULL),
+			     cols, N_COLS(cols));
 }
 
 /* listCollections (raft/fsm.h sdb_fsm_query). */
 static int q_list_collections(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-	bson_t arr, d;
-	char k[16];
-	int i = 0;
+	static const col_spec cols[] = {{"ns", COL_TEXT}, {"key", COL_DOC}, {"hashed", COL_BOOL}};
 	(void)err;
 	(void)errlen;
-
 	const char *db = fsm_arg_str(cmd, "db");
-	st = db ? fsm_q(f, "SELECT ns, key, hashed FROM colls WHERE db = ? ORDER BY ns", "t", db)
-		: fsm_q(f, "SELECT ns, key, hashed FROM colls ORDER BY ns", NULL);
-	if (!st)
-		return SDB_EIO;
-	bson_append_array_begin(reply, "collections", -1, &arr);
-	while (sqlite3_step(st) == SQLITE_ROW) {
-		snprintf(k, sizeof k, "%d", i++);
-		bson_append_document_begin(&arr, k, -1, &d);
-		BSON_APPEND_UTF8(&d, "ns", (const char *)sqlite3_column_text(st, 0));
-		fsm_append_blob_doc(&d, "key", sqlite3_column_blob(st, 1),
-				sqlite3_column_bytes(st, 1));
-		BSON_APPEND_BOOL(&d, "hashed", sqlite3_column_int64(st, 2) != 0);
-		bson_append_document_end(&arr, &d);
-	}
-	bson_append_array_end(reply, &arr);
-	sqlite3_finalize(st);
-	return 0;
+	return rows_to_array(
+		reply, "collections",
+		db ? fsm_q(f, "SELECT ns, key, hashed FROM colls WHERE db = ? ORDER BY ns", "t", db)
+		   : fsm_q(f, "SELECT ns, key, hashed FROM colls ORDER BY ns", NULL),
+		cols, N_COLS(cols));
 }
 
 /* getMigration (raft/fsm.h sdb_fsm_query). */
 static int q_get_migration(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-
 	const char *id = first_str(cmd);
 	if (!id)
 		return sdb_errf(err, errlen, SDB_EINVAL, "getMigration needs a migration id");
-	st = fsm_q(f, "SELECT " MIG_COLS " FROM migrations WHERE id = ?", "t", id);
-	if (!st)
-		return SDB_EIO;
-	if (sqlite3_step(st) != SQLITE_ROW) {
-		sqlite3_finalize(st);
-		return sdb_errf(err, errlen, SDB_ENOTFOUND, "migration %s not found", id);
-	}
-	append_migration(reply, "migration", st);
-	sqlite3_finalize(st);
-	return 0;
+	return row_to_doc(reply, "migration",
+			  fsm_q(f, "SELECT " MIG_COLS " FROM migrations WHERE id = ?", "t", id),
+			  mig_cols, N_COLS(mig_cols), "migration", id, err, errlen);
 }
 
 /* listMigrations (raft/fsm.h sdb_fsm_query). */
 static int q_list_migrations(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-	bson_t arr;
-	char k[16];
-	int i = 0;
 	(void)err;
 	(void)errlen;
-
 	const char *state = fsm_arg_str(cmd, "state");
-	st = state ? fsm_q(f, "SELECT " MIG_COLS " FROM migrations WHERE state = ? ORDER BY id",
-		       "t", state)
-		   : fsm_q(f, "SELECT " MIG_COLS " FROM migrations ORDER BY id", NULL);
-	if (!st)
-		return SDB_EIO;
-	bson_append_array_begin(reply, "migrations", -1, &arr);
-	while (sqlite3_step(st) == SQLITE_ROW) {
-		snprintf(k, sizeof k, "%d", i++);
-		append_migration(&arr, k, st);
-	}
-	bson_append_array_end(reply, &arr);
-	sqlite3_finalize(st);
-	return 0;
+	return rows_to_array(
+		reply, "migrations",
+		state ? fsm_q(f, "SELECT " MIG_COLS " FROM migrations WHERE state = ? ORDER BY id",
+			      "t", state)
+		      : fsm_q(f, "SELECT " MIG_COLS " FROM migrations ORDER BY id", NULL),
+		mig_cols, N_COLS(mig_cols));
 }
 
 /* listTenants (raft/fsm.h sdb_fsm_query). */
 static int q_list_tenants(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-	bson_t arr, d;
-	char k[16];
-	int i = 0;
+	static const col_spec cols[] = {{"name", COL_TEXT}, {"quota", COL_DOC}, {"policy", COL_DOC}};
+	int64_t uv;
 	(void)cmd;
 	(void)err;
 	(void)errlen;
-
-	int64_t uv;
 	if (fsm_meta_get(f, "users_version", &uv) != 0)
 		return SDB_EIO;
 	BSON_APPEND_INT64(reply, "usersVersion", uv);
-	st = fsm_q(f, "SELECT name, quota, policy FROM tenants ORDER BY name", NULL);
-	if (!st)
-		return SDB_EIO;
-	bson_append_array_begin(reply, "tenants", -1, &arr);
-	while (sqlite3_step(st) == SQLITE_ROW) {
-		snprintf(k, sizeof k, "%d", i++);
-		bson_append_document_begin(&arr, k, -1, &d);
-		BSON_APPEND_UTF8(&d, "name", (const char *)sqlite3_column_text(st, 0));
-		fsm_append_blob_doc(&d, "quota", sqlite3_column_blob(st, 1),
-				sqlite3_column_bytes(st, 1));
-		fsm_append_blob_doc(&d, "policy", sqlite3_column_blob(st, 2),
-				sqlite3_column_bytes(st, 2));
-		bson_append_document_end(&arr, &d);
-	}
-	bson_append_array_end(reply, &arr);
-	sqlite3_finalize(st);
-	return 0;
+	return rows_to_array(reply, "tenants",
+			     fsm_q(f, "SELECT name, quota, policy FROM tenants ORDER BY name", NULL),
+			     cols, N_COLS(cols));
 }
 
 /* listUsers (raft/fsm.h sdb_fsm_query). */
 static int q_list_users(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-	bson_t arr, d;
-	char k[16];
-	int i = 0;
+	static const col_spec cols[] = {{"name", COL_TEXT}, {"tenant", COL_TEXT}};
+	int64_t uv;
 	(void)cmd;
 	(void)err;
 	(void)errlen;
-
-	int64_t uv;
 	if (fsm_meta_get(f, "users_version", &uv) != 0)
 		return SDB_EIO;
 	BSON_APPEND_INT64(reply, "usersVersion", uv);
-	st = fsm_q(f, "SELECT name, tenant FROM users ORDER BY name", NULL);
-	if (!st)
-		return SDB_EIO;
-	bson_append_array_begin(reply, "users", -1, &arr);
-	while (sqlite3_step(st) == SQLITE_ROW) {
-		snprintf(k, sizeof k, "%d", i++);
-		bson_append_document_begin(&arr, k, -1, &d);
-		BSON_APPEND_UTF8(&d, "name", (const char *)sqlite3_column_text(st, 0));
-		BSON_APPEND_UTF8(&d, "tenant", (const char *)sqlite3_column_text(st, 1));
-		bson_append_document_end(&arr, &d);
-	}
-	bson_append_array_end(reply, &arr);
-	sqlite3_finalize(st);
-	return 0;
+	return rows_to_array(reply, "users",
+			     fsm_q(f, "SELECT name, tenant FROM users ORDER BY name", NULL), cols,
+			     N_COLS(cols));
 }
 
 /* getUser (raft/fsm.h sdb_fsm_query). */
 static int q_get_user(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
+	static const col_spec user_cols[] = {
+		{"name", COL_TEXT},	    {"tenant", COL_TEXT},	 {"mechanism", COL_TEXT},
+		{"salt", COL_BINARY},	    {"iterations", COL_INT64}, {"storedKey", COL_BINARY},
+		{"serverKey", COL_BINARY},
+	};
+	static const col_spec sha1_cols[] = {{"salt", COL_BINARY},
+					     {"iterations", COL_INT64},
+					     {"storedKey", COL_BINARY},
+					     {"serverKey", COL_BINARY}};
 	sqlite3_stmt *st = NULL;
 	bson_t d;
 
@@ -315,16 +289,7 @@ static int q_get_user(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, s
 		return sdb_errf(err, errlen, SDB_ENOTFOUND, "user %s not found", u);
 	}
 	bson_append_document_begin(reply, "user", -1, &d);
-	BSON_APPEND_UTF8(&d, "name", (const char *)sqlite3_column_text(st, 0));
-	BSON_APPEND_UTF8(&d, "tenant", (const char *)sqlite3_column_text(st, 1));
-	BSON_APPEND_UTF8(&d, "mechanism", (const char *)sqlite3_column_text(st, 2));
-	BSON_APPEND_BINARY(&d, "salt", BSON_SUBTYPE_BINARY, sqlite3_column_blob(st, 3),
-			   (uint32_t)sqlite3_column_bytes(st, 3));
-	BSON_APPEND_INT64(&d, "iterations", sqlite3_column_int64(st, 4));
-	BSON_APPEND_BINARY(&d, "storedKey", BSON_SUBTYPE_BINARY, sqlite3_column_blob(st, 5),
-			   (uint32_t)sqlite3_column_bytes(st, 5));
-	BSON_APPEND_BINARY(&d, "serverKey", BSON_SUBTYPE_BINARY, sqlite3_column_blob(st, 6),
-			   (uint32_t)sqlite3_column_bytes(st, 6));
+	row_append(&d, st, user_cols, N_COLS(user_cols));
 	sqlite3_finalize(st);
 	st = fsm_q(f,
 	       "SELECT salt, iterations, stored_key, server_key FROM user_sha1 WHERE name = ?",
@@ -343,16 +308,7 @@ static int q_get_user(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, s
 		bson_append_array_end(&d, &m);
 		if (has1) {
 			bson_append_document_begin(&d, "scramSha1", -1, &v);
-			BSON_APPEND_BINARY(&v, "salt", BSON_SUBTYPE_BINARY,
-					   sqlite3_column_blob(st, 0),
-					   (uint32_t)sqlite3_column_bytes(st, 0));
-			BSON_APPEND_INT64(&v, "iterations", sqlite3_column_int64(st, 1));
-			BSON_APPEND_BINARY(&v, "storedKey", BSON_SUBTYPE_BINARY,
-					   sqlite3_column_blob(st, 2),
-					   (uint32_t)sqlite3_column_bytes(st, 2));
-			BSON_APPEND_BINARY(&v, "serverKey", BSON_SUBTYPE_BINARY,
-					   sqlite3_column_blob(st, 3),
-					   (uint32_t)sqlite3_column_bytes(st, 3));
+			row_append(&v, st, sha1_cols, N_COLS(sha1_cols));
 			bson_append_document_end(&d, &v);
 		}
 	}
@@ -372,57 +328,28 @@ static int q_get_user(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, s
 /* listMembers (raft/fsm.h sdb_fsm_query). */
 static int q_list_members(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-	bson_t arr, d;
-	char k[16];
-	int i = 0;
+	static const col_spec cols[] = {{"id", COL_INT64}, {"raft", COL_TEXT_OPT}, {"wire", COL_TEXT_OPT}};
 	(void)cmd;
 	(void)err;
 	(void)errlen;
-
-	st = fsm_q(f, "SELECT id, raft, wire FROM members ORDER BY id", NULL);
-	if (!st)
-		return SDB_EIO;
-	bson_append_array_begin(reply, "registered", -1, &arr);
-	while (sqlite3_step(st) == SQLITE_ROW) {
-		snprintf(k, sizeof k, "%d", i++);
-		bson_append_document_begin(&arr, k, -1, &d);
-		BSON_APPEND_INT64(&d, "id", sqlite3_column_int64(st, 0));
-		if (sqlite3_column_type(st, 1) == SQLITE_TEXT)
-			BSON_APPEND_UTF8(&d, "raft", (const char *)sqlite3_column_text(st, 1));
-		if (sqlite3_column_type(st, 2) == SQLITE_TEXT)
-			BSON_APPEND_UTF8(&d, "wire", (const char *)sqlite3_column_text(st, 2));
-		bson_append_document_end(&arr, &d);
-	}
-	bson_append_array_end(reply, &arr);
-	sqlite3_finalize(st);
-	return 0;
+	return rows_to_array(reply, "registered",
+			     fsm_q(f, "SELECT id, raft, wire FROM members ORDER BY id", NULL), cols,
+			     N_COLS(cols));
 }
 
 /* getLease (raft/fsm.h sdb_fsm_query). */
 static int q_get_lease(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	sqlite3_stmt *st = NULL;
-	bson_t d;
-
+	/* name first: the lease's own name as the query asked for it */
+	static const col_spec cols[] = {
+		{"name", COL_TEXT}, {"holder", COL_TEXT}, {"expiresMS", COL_INT64}, {"epoch", COL_INT64}};
 	const char *n = first_str(cmd);
 	if (!n)
 		return sdb_errf(err, errlen, SDB_EINVAL, "getLease needs a lease name");
-	st = fsm_q(f, "SELECT holder, expires_ms, epoch FROM leases WHERE name = ?", "t", n);
-	if (!st)
-		return SDB_EIO;
-	if (sqlite3_step(st) != SQLITE_ROW) {
-		sqlite3_finalize(st);
-		return sdb_errf(err, errlen, SDB_ENOTFOUND, "lease %s not found", n);
-	}
-	bson_append_document_begin(reply, "lease", -1, &d);
-	BSON_APPEND_UTF8(&d, "name", n);
-	BSON_APPEND_UTF8(&d, "holder", (const char *)sqlite3_column_text(st, 0));
-	BSON_APPEND_INT64(&d, "expiresMS", sqlite3_column_int64(st, 1));
-	BSON_APPEND_INT64(&d, "epoch", sqlite3_column_int64(st, 2));
-	bson_append_document_end(reply, &d);
-	sqlite3_finalize(st);
-	return 0;
+	return row_to_doc(reply, "lease",
+			  fsm_q(f, "SELECT name, holder, expires_ms, epoch FROM leases WHERE name = ?",
+				"t", n),
+			  cols, N_COLS(cols), "lease", n, err, errlen);
 }
 
 typedef int (*query_fn)(sdb_fsm *f, const bson_t *cmd, bson_t *reply, char *err,

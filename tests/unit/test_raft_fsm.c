@@ -720,6 +720,131 @@ static void test_garbage_arguments(void **state)
 	bson_destroy(r);
 }
 
+/* Every list/get query's reply, whole, after one of each row kind (canonical extended JSON):
+ * pins the field names, types and optional fields of raft/fsm_query.c's row tables. */
+static void test_query_replies(void **state)
+{
+	t *x = *state;
+	static const struct {
+		const char *name, *cmd, *want;
+	} q[] = {
+		{"listProxies", "{}",
+		 "{ \"proxies\" : [ { \"addr\" : \"p1:27017\", "
+		 "\"startedMS\" : { \"$numberLong\" : \"1007\" }, "
+		 "\"pingMS\" : { \"$numberLong\" : \"1007\" }, \"version\" : \"1.2\" }, "
+		 "{ \"addr\" : \"p2:27017\", \"startedMS\" : { \"$numberLong\" : \"1008\" }, "
+		 "\"pingMS\" : { \"$numberLong\" : \"1008\" } } ] }"},
+		{"listShards", "{}",
+		 "{ \"shards\" : [ { \"id\" : \"shard-a\", \"uri\" : \"mongodb://a\", "
+		 "\"state\" : \"active\" }, { \"id\" : \"shard-b\", \"uri\" : \"mongodb://b\", "
+		 "\"state\" : \"active\" } ] }"},
+		{"listDatabases", "{}",
+		 "{ \"databases\" : [ { \"name\" : \"app\", \"tenant\" : \"acme\", "
+		 "\"primary\" : \"shard-a\" } ] }"},
+		{"listCollections", "{}",
+		 "{ \"collections\" : [ { \"ns\" : \"app.h\", \"key\" : { \"k\" : \"hashed\" }, "
+		 "\"hashed\" : true }, { \"ns\" : \"app.users\", "
+		 "\"key\" : { \"uid\" : { \"$numberInt\" : \"1\" } }, \"hashed\" : false } ] }"},
+		{"listCollections", "{\"db\": \"app\"}",
+		 "{ \"collections\" : [ { \"ns\" : \"app.h\", \"key\" : { \"k\" : \"hashed\" }, "
+		 "\"hashed\" : true }, { \"ns\" : \"app.users\", "
+		 "\"key\" : { \"uid\" : { \"$numberInt\" : \"1\" } }, \"hashed\" : false } ] }"},
+		{"getMigration", "{\"getMigration\": \"m1\"}",
+		 "{ \"migration\" : { \"id\" : \"m1\", \"ns\" : \"app.users\", "
+		 "\"state\" : \"copying\", \"version\" : { \"$numberLong\" : \"2\" }, "
+		 "\"spec\" : { \"id\" : \"m1\", \"ns\" : \"app.users\", "
+		 "\"chunks\" : [ { \"$numberInt\" : \"1\" } ] }, "
+		 "\"checkpoint\" : { \"resume\" : { \"$numberInt\" : \"42\" } }, "
+		 "\"stats\" : null, \"createdMS\" : { \"$numberLong\" : \"1009\" }, "
+		 "\"updatedMS\" : { \"$numberLong\" : \"1010\" } } }"},
+		{"listMigrations", "{}",
+		 "{ \"migrations\" : [ { \"id\" : \"m1\", \"ns\" : \"app.users\", "
+		 "\"state\" : \"copying\", \"version\" : { \"$numberLong\" : \"2\" }, "
+		 "\"spec\" : { \"id\" : \"m1\", \"ns\" : \"app.users\", "
+		 "\"chunks\" : [ { \"$numberInt\" : \"1\" } ] }, "
+		 "\"checkpoint\" : { \"resume\" : { \"$numberInt\" : \"42\" } }, "
+		 "\"stats\" : null, \"createdMS\" : { \"$numberLong\" : \"1009\" }, "
+		 "\"updatedMS\" : { \"$numberLong\" : \"1010\" } }, { \"id\" : \"m2\", "
+		 "\"state\" : \"registered\", \"version\" : { \"$numberLong\" : \"1\" }, "
+		 "\"spec\" : { \"id\" : \"m2\" }, \"checkpoint\" : null, \"stats\" : null, "
+		 "\"createdMS\" : { \"$numberLong\" : \"1011\" }, "
+		 "\"updatedMS\" : { \"$numberLong\" : \"1011\" } } ] }"},
+		{"listMigrations", "{\"state\": \"copying\"}",
+		 "{ \"migrations\" : [ { \"id\" : \"m1\", \"ns\" : \"app.users\", "
+		 "\"state\" : \"copying\", \"version\" : { \"$numberLong\" : \"2\" }, "
+		 "\"spec\" : { \"id\" : \"m1\", \"ns\" : \"app.users\", "
+		 "\"chunks\" : [ { \"$numberInt\" : \"1\" } ] }, "
+		 "\"checkpoint\" : { \"resume\" : { \"$numberInt\" : \"42\" } }, "
+		 "\"stats\" : null, \"createdMS\" : { \"$numberLong\" : \"1009\" }, "
+		 "\"updatedMS\" : { \"$numberLong\" : \"1010\" } } ] }"},
+		{"listTenants", "{}",
+		 "{ \"usersVersion\" : { \"$numberLong\" : \"1\" }, "
+		 "\"tenants\" : [ { \"name\" : \"acme\", "
+		 "\"quota\" : { \"opsPerSec\" : { \"$numberInt\" : \"100\" } }, "
+		 "\"policy\" : null } ] }"},
+		{"listUsers", "{}",
+		 "{ \"usersVersion\" : { \"$numberLong\" : \"1\" }, "
+		 "\"users\" : [ { \"name\" : \"alice\", \"tenant\" : \"acme\" } ] }"},
+		{"getUser", "{\"getUser\": \"alice\"}",
+		 "{ \"user\" : { \"name\" : \"alice\", \"tenant\" : \"acme\", "
+		 "\"mechanism\" : \"SCRAM-SHA-256\", "
+		 "\"salt\" : { \"$binary\" : { \"base64\" : \"AQEBAQEBAQEBAQEBAQEBAQ==\", "
+		 "\"subType\" : \"00\" } }, \"iterations\" : { \"$numberLong\" : \"15000\" }, "
+		 "\"storedKey\" : { \"$binary\" : { \"base64\" : \"AgICAgICAgICAgICAgICAgICAgIC"
+		 "AgICAgICAgICAgI=\", \"subType\" : \"00\" } }, "
+		 "\"serverKey\" : { \"$binary\" : { \"base64\" : \"AwMDAwMDAwMDAwMDAwMDAwMDAwMD"
+		 "AwMDAwMDAwMDAwM=\", \"subType\" : \"00\" } }, "
+		 "\"mechanisms\" : [ \"SCRAM-SHA-1\", \"SCRAM-SHA-256\" ], "
+		 "\"scramSha1\" : { \"salt\" : { \"$binary\" : { \"base64\" : \"BAQEBAQEBAQEBAQEB"
+		 "AQEBA==\", \"subType\" : \"00\" } }, "
+		 "\"iterations\" : { \"$numberLong\" : \"10000\" }, "
+		 "\"storedKey\" : { \"$binary\" : { \"base64\" : \"BQUFBQUFBQUFBQUFBQUFBQUFBQU="
+		 "\", \"subType\" : \"00\" } }, "
+		 "\"serverKey\" : { \"$binary\" : { \"base64\" : \"BgYGBgYGBgYGBgYGBgYGBgYGBgY="
+		 "\", \"subType\" : \"00\" } } } }, "
+		 "\"usersVersion\" : { \"$numberLong\" : \"1\" } }"},
+		{"listMembers", "{}",
+		 "{ \"registered\" : [ { \"id\" : { \"$numberLong\" : \"1\" }, \"raft\" : \"h:1\", "
+		 "\"wire\" : \"h:2\" }, { \"id\" : { \"$numberLong\" : \"2\" }, "
+		 "\"wire\" : \"h:3\" } ] }"},
+		{"getLease", "{\"getLease\": \"coord\"}",
+		 "{ \"lease\" : { \"name\" : \"coord\", \"holder\" : \"c1\", "
+		 "\"expiresMS\" : { \"$numberLong\" : \"1017\" }, "
+		 "\"epoch\" : { \"$numberLong\" : \"1\" } } }"},
+	};
+
+	base_cluster(x);
+	ok(x, "shardCollection", "{\"ns\": \"app.users\", \"key\": {\"uid\": 1}}");
+	ok(x, "shardCollection", "{\"ns\": \"app.h\", \"key\": {\"k\": \"hashed\"}, \"numChunks\": 2}");
+	ok(x, "pingProxy", "{\"addr\": \"p1:27017\", \"opVersion\": 3, \"version\": \"1.2\"}");
+	ok(x, "pingProxy", "{\"addr\": \"p2:27017\", \"opVersion\": 3}");
+	ok(x, "registerMigration", "{\"id\": \"m1\", \"ns\": \"app.users\", \"chunks\": [1]}");
+	ok(x, "updateMigration", "{\"id\": \"m1\", \"expectState\": \"registered\", \"state\":"
+				  " \"copying\", \"checkpoint\": {\"resume\": 42}}");
+	ok(x, "registerMigration", "{\"id\": \"m2\"}");
+	ok(x, "acquireLease", "{\"name\": \"coord\", \"holder\": \"c1\", \"ttlMS\": 5}");
+	ok(x, "setQuota", "{\"tenant\": \"acme\", \"quota\": {\"opsPerSec\": 100}}");
+	ok(x, "createUser",
+	   "{\"name\": \"alice\", \"tenant\": \"acme\", \"iterations\": 15000,"
+	   " \"salt\": {\"$binary\": {\"base64\": \"AQEBAQEBAQEBAQEBAQEBAQ==\", \"subType\": \"00\"}},"
+	   " \"storedKey\": {\"$binary\": {\"base64\": \"AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\", \"subType\": \"00\"}},"
+	   " \"serverKey\": {\"$binary\": {\"base64\": \"AwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwM=\", \"subType\": \"00\"}},"
+	   " \"scramSha1\": {\"iterations\": 10000,"
+	   " \"salt\": {\"$binary\": {\"base64\": \"BAQEBAQEBAQEBAQEBAQEBA==\", \"subType\": \"00\"}},"
+	   " \"storedKey\": {\"$binary\": {\"base64\": \"BQUFBQUFBQUFBQUFBQUFBQUFBQU=\", \"subType\": \"00\"}},"
+	   " \"serverKey\": {\"$binary\": {\"base64\": \"BgYGBgYGBgYGBgYGBgYGBgYGBgY=\", \"subType\": \"00\"}}}}");
+	ok(x, "registerMember", "{\"id\": 1, \"raft\": \"h:1\", \"wire\": \"h:2\"}");
+	ok(x, "registerMember", "{\"id\": 2, \"wire\": \"h:3\"}");
+	for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+		bson_t *r = query(x, q[i].name, q[i].cmd);
+		char *got = bson_as_canonical_extended_json(r, NULL);
+		if (strcmp(got, q[i].want) != 0)
+			fail_msg("%s: got %s\nwant %s", q[i].name, got, q[i].want);
+		bson_free(got);
+		bson_destroy(r);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -728,6 +853,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_hashed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migration_cas, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_query_replies, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_users, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_update_drop_user, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replay_skips, setup, teardown),
