@@ -490,6 +490,28 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		bson_destroy(&spec2);
 		return rc;
 	}
+	if (strcmp(name, "$bucket") == 0) {
+		/* a $group and a $sort (pipeline_bucket.c), parsed as those stages */
+		bson_t group, sort, wrap = BSON_INITIALIZER;
+		bson_iter_t g, so;
+
+		rc = agg_bucket_desugar(&it, &group, &sort, e);
+		if (rc != 0) {
+			return rc;
+		}
+		BSON_APPEND_DOCUMENT(&wrap, "g", &group);
+		BSON_APPEND_DOCUMENT(&wrap, "s", &sort);
+		bson_destroy(&group);
+		bson_destroy(&sort);
+		bson_iter_init_find(&g, &wrap, "g");
+		bson_iter_init_find(&so, &wrap, "s");
+		rc = parse_group(p, &g, e);
+		if (rc == 0) {
+			rc = parse_sort(p, &so, e);
+		}
+		bson_destroy(&wrap);
+		return rc;
+	}
 	if (strcmp(name, "$replaceRoot") == 0 || strcmp(name, "$replaceWith") == 0) {
 		stage *s = add_stage(p, S_REPLACE_ROOT);
 
@@ -505,7 +527,7 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		return agg_expr_parse(&it, &s->id, e);
 	}
 	static const char *const known[] = {
-		"$lookup", "$out", "$merge", "$facet", "$bucket", "$bucketAuto", "$graphLookup",
+		"$lookup", "$out", "$merge", "$facet", "$bucketAuto", "$graphLookup",
 		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
 		"$unionWith", "$indexStats", "$currentOp", "$listSessions",
 		"$search", "$changeStream", "$planCacheStats", "$listLocalSessions",

@@ -12,8 +12,9 @@
  * engine below), $project (inclusion, exclusion, computed fields, nested specs), $addFields /
  * $set, $unset, $sort (stable; followed by $limit it keeps only the top documents, as
  * MongoDB does), $limit, $skip, $group, $count, $unwind (string form and
- * {path, includeArrayIndex, preserveNullAndEmptyArrays}), $sortByCount, $replaceRoot /
- * $replaceWith.
+ * {path, includeArrayIndex, preserveNullAndEmptyArrays}), $sortByCount, $bucket (a $group
+ * on a $switch over the boundaries, then a $sort on _id, as MongoDB desugars it:
+ * pipeline_bucket.c), $replaceRoot / $replaceWith.
  * Expressions: field paths ("$a.b", mapped over arrays as MongoDB does), $$ROOT, $$CURRENT,
  * $$REMOVE, literals, {$literal: v}, documents and arrays of expressions, and the operators
  * $add $subtract $multiply $divide $mod (int32 -> int64 -> double widening; dates in $add and
@@ -21,7 +22,7 @@
  * $gt $gte $lt $lte $cmp (MongoDB's comparison order; missing sorts below null), $and $or
  * $not, $size $in $arrayElemAt $abs, $sum $avg $min $max (expression forms: over one array
  * argument or over the arguments), $type $isArray $concatArrays $floor $ceil $strLenBytes
- * $substrBytes/$substr $toString. Decimal128 arithmetic is refused (code 238).
+ * $substrBytes/$substr $toString $switch. Decimal128 arithmetic is refused (code 238).
  * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count. Groups are
  * keyed by the order-preserving encoding of _id (storage/keyenc.h), so 1, 1.0 and
  * NumberLong(1) are one group; groups come out in first-seen order.
@@ -42,12 +43,15 @@
  *   16554/16555/16556/16609 arithmetic type errors; 16608 "can't $divide by 0";
  *   17124 $size of a non-array; 16702 $concat of a non-string; 16020 wrong argument count
  *   40228 $replaceRoot to a non-document
+ *   40060-40068 $switch's form; 40066 no branch matched and no default
+ *   40191-40202 $bucket's options (boundaries constant, of one type, ascending; default
+ *        outside them)
  *   292  QueryExceededMemoryLimitNoDiskUseAllowed: a $sort or $group holds more than
  *        max_memory_bytes (default 100 MB, MongoDB's internalQueryMaxBlockingSortMemoryUsage
  *        and internalDocumentSourceGroupMaxMemoryBytes); we never spill to disk, so
  *        allowDiskUse does not lift the limit.
  *   238  NotImplemented: a stage MongoDB knows but the embedded shard does not run
- *        ($lookup, $out, $merge, $facet, $bucket, $sample, ...): "$lookup is not supported
+ *        ($lookup, $out, $merge, $facet, $bucketAuto, $sample, ...): "$lookup is not supported
  *        by the embedded shard"; $rand (expressions are deterministic: shard members
  *        replicate commands)
  *   40602 $documents or $collStats anywhere but first (the shard runs a leading one

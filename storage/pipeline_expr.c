@@ -66,6 +66,7 @@ static const struct {
 	{"$substrBytes", OP_SUBSTRBYTES, 3, 3},
 	{"$substr", OP_SUBSTRBYTES, 3, 3},
 	{"$toString", OP_TOSTRING, 1, 1},
+	{"$switch", OP_SWITCH, 1, -1},
 };
 
 
@@ -173,6 +174,92 @@ static int parse_string(const char *s, expr **out, const ectx *e)
 	return agg_field_path_ok(x->path, e);
 }
 
+/* {$switch: {branches: [{case, then}, ...], default}} into x's args: case0, then0, case1,
+ * then1, ..., and the default last when there is one (an odd count). MongoDB 6.0's
+ * ExpressionSwitch::parse codes (40060-40068). */
+static int parse_switch(expr *x, const bson_iter_t *arg, const ectx *e)
+{
+	bson_iter_t sub, br;
+	expr *dflt = NULL;
+	bool have_branches = false;
+	int rc = 0;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(arg)) {
+		return efail(e, 40060, "$switch requires an object as an argument, found: %s",
+			     type_name(bson_iter_type(arg)));
+	}
+	bson_iter_recurse(arg, &sub);
+	while (rc == 0 && bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+
+		if (strcmp(k, "default") == 0) {
+			agg_expr_free(dflt);
+			dflt = NULL;
+			rc = agg_expr_parse(&sub, &dflt, e);
+			continue;
+		}
+		if (strcmp(k, "branches") != 0) {
+			rc = efail(e, 40067, "$switch found an unknown argument: %s", k);
+			break;
+		}
+		if (!BSON_ITER_HOLDS_ARRAY(&sub)) {
+			rc = efail(e, 40061, "$switch expected an array for 'branches', found: %s",
+				   type_name(bson_iter_type(&sub)));
+			break;
+		}
+		have_branches = true;
+		bson_iter_recurse(&sub, &br);
+		while (rc == 0 && bson_iter_next(&br)) {
+			expr *parts[2] = {NULL, NULL};
+			bson_iter_t b;
+
+			if (!BSON_ITER_HOLDS_DOCUMENT(&br)) {
+				rc = efail(e, 40062,
+					   "$switch expected each branch to be an object, found: %s",
+					   type_name(bson_iter_type(&br)));
+				break;
+			}
+			bson_iter_recurse(&br, &b);
+			while (rc == 0 && bson_iter_next(&b)) {
+				int which = strcmp(bson_iter_key(&b), "case") == 0   ? 0
+					    : strcmp(bson_iter_key(&b), "then") == 0 ? 1
+										    : -1;
+				if (which < 0) {
+					rc = efail(e, 40063, "$switch found an unknown argument to a branch: %s",
+						   bson_iter_key(&b));
+					break;
+				}
+				agg_expr_free(parts[which]);
+				parts[which] = NULL;
+				rc = agg_expr_parse(&b, &parts[which], e);
+			}
+			if (rc == 0 && parts[0] == NULL) {
+				rc = efail(e, 40064, "$switch requires each branch have a 'case' expression");
+			} else if (rc == 0 && parts[1] == NULL) {
+				rc = efail(e, 40065, "$switch requires each branch have a 'then' expression.");
+			}
+			if (rc != 0) {
+				agg_expr_free(parts[0]);
+				agg_expr_free(parts[1]);
+				break;
+			}
+			expr_push(x, parts[0], NULL);
+			expr_push(x, parts[1], NULL);
+		}
+	}
+	if (rc == 0 && (!have_branches || x->n == 0)) {
+		rc = efail(e, 40068, "$switch requires at least one branch.");
+	}
+	if (dflt != NULL) {
+		if (rc == 0) {
+			expr_push(x, dflt, NULL);
+		} else {
+			agg_expr_free(dflt);
+		}
+	}
+	return rc;
+}
+
 static int parse_op(const char *name, const bson_iter_t *arg, expr **out, const ectx *e)
 {
 	expr *x = sdb_calloc(1, sizeof *x);
@@ -204,6 +291,9 @@ static int parse_op(const char *name, const bson_iter_t *arg, expr **out, const 
 		l->lit = docbuild_from_iter(arg, false);
 		expr_push(x, l, NULL);
 		return 0;
+	}
+	if (x->op == OP_SWITCH) {
+		return parse_switch(x, arg, e);
 	}
 	if (x->op == OP_COND && BSON_ITER_HOLDS_DOCUMENT(arg)) {
 		static const char *const names[3] = {"if", "then", "else"};
@@ -645,6 +735,27 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 		docbuild_free(c);
 		return rc;
 	}
+	case OP_SWITCH:
+		for (size_t i = 0; i + 1 < x->n; i += 2) {
+			docbuild_node *c = NULL;
+			bool hit;
+
+			rc = agg_expr_eval(x->args[i], root, &c, e);
+			hit = rc == 0 && truthy(c);
+			docbuild_free(c);
+			if (rc != 0) {
+				return rc;
+			}
+			if (hit) {
+				return agg_expr_eval(x->args[i + 1], root, out, e);
+			}
+		}
+		if (x->n % 2 == 1) {
+			return agg_expr_eval(x->args[x->n - 1], root, out, e);
+		}
+		return efail(e, 40066,
+			     "$switch could not find a matching branch for an input, and no default "
+			     "was specified.");
 	case OP_IFNULL:
 		for (size_t i = 0; i < x->n; i++) {
 			docbuild_node *v = NULL;

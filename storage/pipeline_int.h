@@ -260,6 +260,7 @@ typedef enum {
 	OP_STRLENBYTES,
 	OP_SUBSTRBYTES,
 	OP_TOSTRING,
+	OP_SWITCH, /* args: case0, then0, case1, then1, ... [, default when n is odd] */
 } xop;
 
 typedef struct expr expr;
@@ -285,6 +286,15 @@ int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const 
 
 /* Free x (NULL is fine). */
 void agg_expr_free(expr *x);
+
+/* $bucket (pipeline_bucket.c): the stage's argument at it turned into the argument of a
+ * $group (*group) and of the $sort after it (*sort), as MongoDB 6.0 desugars it: _id is a
+ * $switch over the [b_i, b_i+1) ranges of `boundaries` (then the lower bound), with
+ * `default`; the fields are `output` or {count: {$sum: 1}}; sorted by _id. On success
+ * both are initialised (the caller destroys them); on failure neither is.
+ * Errors: SDB_EINVAL with MongoDB's code and message in e (40191-40202; 15948 for an
+ * `_id` in output). */
+int agg_bucket_desugar(const bson_iter_t *it, bson_t *group, bson_t *sort, const ectx *e);
 
 /* 0 when p is a valid field path (no empty component, no leading '$'). Errors: SDB_EINVAL
  * with MongoDB's code and message in e. */

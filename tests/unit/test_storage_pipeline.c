@@ -364,6 +364,78 @@ static void test_sort_by_count(void **state)
 	check_err("[{'$sortByCount': 'tags'}]", "[]", 40148, NULL);
 }
 
+/* $switch: the first true case wins; the default; 40066 without one; its parse codes. */
+static void test_switch(void **state)
+{
+	(void)state;
+	check("[{'$project': {'_id': 1, 'g': {'$switch': {'branches': ["
+	      "{'case': {'$gte': ['$s', 90]}, 'then': 'A'}, {'case': {'$gte': ['$s', 80]}, 'then': 'B'}],"
+	      " 'default': 'C'}}}}]",
+	      "[{'_id': 1, 's': 95}, {'_id': 2, 's': 85}, {'_id': 3, 's': 10}, {'_id': 4}]",
+	      "[{'_id': 1, 'g': 'A'}, {'_id': 2, 'g': 'B'}, {'_id': 3, 'g': 'C'}, {'_id': 4, 'g': 'C'}]");
+	check_err("[{'$project': {'g': {'$switch': {'branches': [{'case': {'$eq': ['$s', 0]}, 'then': 1}]}}}}]",
+		  "[{'_id': 1, 's': 5}]", 40066, "could not find a matching branch");
+	check_err("[{'$project': {'g': {'$switch': [1]}}}]", "[]", 40060, NULL);
+	check_err("[{'$project': {'g': {'$switch': {'branches': 1}}}}]", "[]", 40061, NULL);
+	check_err("[{'$project': {'g': {'$switch': {'branches': [1]}}}}]", "[]", 40062, NULL);
+	check_err("[{'$project': {'g': {'$switch': {'branches': [{'case': true, 'then': 1, 'x': 1}]}}}}]",
+		  "[]", 40063, NULL);
+	check_err("[{'$project': {'g': {'$switch': {'branches': [{'then': 1}]}}}}]", "[]", 40064, NULL);
+	check_err("[{'$project': {'g': {'$switch': {'branches': [{'case': true}]}}}}]", "[]", 40065, NULL);
+	check_err("[{'$project': {'g': {'$switch': {'branches': [], 'x': 1}}}}]", "[]", 40067, NULL);
+	check_err("[{'$project': {'g': {'$switch': {'branches': []}}}}]", "[]", 40068, NULL);
+	check_err("[{'$project': {'g': {'$switch': {}}}}]", "[]", 40068, NULL);
+}
+
+static const char *artists =
+	"[{'_id': 1, 'name': 'Bernard', 'year_born': 1868}, {'_id': 2, 'name': 'Rippl-Ronai', 'year_born': 1861},"
+	" {'_id': 3, 'name': 'Ostroumova', 'year_born': 1871}, {'_id': 4, 'name': 'Van Gogh', 'year_born': 1853},"
+	" {'_id': 5, 'name': 'Maurer', 'year_born': 1868}, {'_id': 6, 'name': 'Munch', 'year_born': 1863},"
+	" {'_id': 7, 'name': 'Redon', 'year_born': 1840}, {'_id': 8, 'name': 'Diriks', 'year_born': 1855},"
+	" {'_id': 9, 'name': 'Later', 'year_born': 1900}, {'_id': 10, 'name': 'Unknown'}]";
+
+/* $bucket, after the manual's artists example: [lower, upper) buckets sorted by _id, the
+ * default bucket for values outside (and for a missing value), output accumulators. */
+static void test_bucket(void **state)
+{
+	(void)state;
+	check("[{'$bucket': {'groupBy': '$year_born', 'boundaries': [1840, 1850, 1860, 1870, 1880],"
+	      " 'default': 'Other'}}]",
+	      artists,
+	      "[{'_id': 1840, 'count': 1}, {'_id': 1850, 'count': 2}, {'_id': 1860, 'count': 4},"
+	      " {'_id': 1870, 'count': 1}, {'_id': 'Other', 'count': 2}]");
+	check("[{'$match': {'year_born': {'$lt': 1880}}},"
+	      " {'$bucket': {'groupBy': '$year_born', 'boundaries': [1840, 1860, 1880],"
+	      " 'output': {'n': {'$sum': 1}, 'names': {'$push': '$name'}}}}]",
+	      artists,
+	      "[{'_id': 1840, 'n': 3, 'names': ['Van Gogh', 'Redon', 'Diriks']},"
+	      " {'_id': 1860, 'n': 5, 'names': ['Bernard', 'Rippl-Ronai', 'Ostroumova', 'Maurer', 'Munch']}]");
+	/* string boundaries; a number is outside them (another type) and goes to the default */
+	check("[{'$bucket': {'groupBy': '$k', 'boundaries': ['a', 'm', 'z'], 'default': 0}}]",
+	      "[{'_id': 1, 'k': 'b'}, {'_id': 2, 'k': 'n'}, {'_id': 3, 'k': 'c'}, {'_id': 4, 'k': 7}]",
+	      "[{'_id': 0, 'count': 1}, {'_id': 'a', 'count': 2}, {'_id': 'm', 'count': 1}]");
+	/* no default: a value outside the boundaries fails the aggregation, as MongoDB */
+	check_err("[{'$bucket': {'groupBy': '$year_born', 'boundaries': [1840, 1880]}}]", artists, 40066,
+		  NULL);
+	check_err("[{'$bucket': 5}]", "[]", 40201, NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': [0, 5], 'x': 1}}]", "[]", 40197, NULL);
+	check_err("[{'$bucket': {'groupBy': '$a'}}]", "[]", 40198, NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': 5}}]", "[]", 40200, NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': [0]}}]", "[]", 40192, NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': [0, '$b']}}]", "[]", 40191, NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': [0, 'x']}}]", "[]", 40193, NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': [5, 1]}}]", "[]", 40194, NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': [1, 1]}}]", "[]", 40194, NULL);
+	check_err("[{'$bucket': {'groupBy': 'a', 'boundaries': [0, 5]}}]", "[]", 40202, NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': [0, 5], 'default': '$a'}}]", "[]", 40195,
+		  NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': [0, 5], 'default': 3}}]", "[]", 40199,
+		  NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': [0, 5], 'output': 1}}]", "[]", 40196, NULL);
+	check_err("[{'$bucket': {'groupBy': '$a', 'boundaries': [0, 5], 'output': {'_id': {'$sum': 1}}}}]",
+		  "[]", 15948, NULL);
+}
+
 static void test_expressions(void **state)
 {
 	(void)state;
@@ -707,6 +779,8 @@ int main(void)
 		cmocka_unit_test(test_add_fields_unset),
 		cmocka_unit_test(test_sort_skip_limit),
 		cmocka_unit_test(test_sort_by_count),
+		cmocka_unit_test(test_switch),
+		cmocka_unit_test(test_bucket),
 		cmocka_unit_test(test_expressions),
 		cmocka_unit_test(test_stage_errors),
 		cmocka_unit_test(test_match),
