@@ -42,6 +42,7 @@ typedef enum {
 	S_GROUP,
 	S_UNWIND,
 	S_REPLACE_ROOT,
+	S_FACET, /* $facet: buffers its input, runs each sub-pipeline over it (pipeline_facet.c) */
 } skind;
 
 typedef enum {
@@ -76,6 +77,7 @@ typedef struct stage {
 	char *index_field;
 	bool preserve;
 	bool sort_by_count_desc; /* $sortByCount: the group is followed by a count sort */
+	agg_facet *facet;         /* $facet */
 } stage;
 
 struct sdb_pipeline {
@@ -104,6 +106,7 @@ static void stage_clear(stage *s)
 	free(s->accs);
 	free(s->path);
 	free(s->index_field);
+	agg_facet_free(s->facet);
 	memset(s, 0, sizeof *s);
 }
 
@@ -490,6 +493,9 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		bson_destroy(&spec2);
 		return rc;
 	}
+	if (strcmp(name, "$facet") == 0) {
+		return agg_facet_parse(&it, p->max_mem, &add_stage(p, S_FACET)->facet, e);
+	}
 	if (strcmp(name, "$bucket") == 0) {
 		/* a $group and a $sort (pipeline_bucket.c), parsed as those stages */
 		bson_t group, sort, wrap = BSON_INITIALIZER;
@@ -527,7 +533,7 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		return agg_expr_parse(&it, &s->id, e);
 	}
 	static const char *const known[] = {
-		"$lookup", "$out", "$merge", "$facet", "$bucketAuto", "$graphLookup",
+		"$lookup", "$out", "$merge", "$bucketAuto", "$graphLookup",
 		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
 		"$unionWith", "$indexStats", "$currentOp", "$listSessions",
 		"$search", "$changeStream", "$planCacheStats", "$listLocalSessions",
@@ -1399,6 +1405,43 @@ static int unwind_next(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ect
 	}
 }
 
+/* $facet: read all of stage i's input (held within max_mem bytes, as $sort), then its one
+ * output document (agg_facet_run; at most a BSON document's 16 MiB, where mongod allows
+ * 100 MB for a document that a later stage reduces). */
+static int run_facet(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
+{
+	bson_t **docs = NULL;
+	size_t n = 0, cap = 0, mem = 0;
+	int rc;
+
+	for (;;) {
+		bson_t *d = NULL;
+
+		rc = pull(c, i, &d, e);
+		if (rc != 0 || d == NULL) {
+			break;
+		}
+		if (n == cap) {
+			cap = cap == 0 ? 64 : cap * 2;
+			docs = sdb_realloc(docs, cap * sizeof *docs);
+		}
+		docs[n++] = d;
+		mem += d->len;
+		if (mem > c->p->max_mem) {
+			rc = memory_error(e, "$facet");
+			break;
+		}
+	}
+	if (rc == 0) {
+		rc = agg_facet_run(c->p->st[i].facet, docs, n, AGG_FACET_MAX_BYTES, doc, e);
+	}
+	for (size_t k = 0; k < n; k++) {
+		bson_destroy(docs[k]);
+	}
+	free(docs);
+	return rc;
+}
+
 /* Pull the output of stage i-1 (the input of stage i); i == 0 reads the store. */
 static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 {
@@ -1443,6 +1486,12 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 			return 0;
 		case S_UNWIND:
 			return unwind_next(c, i - 1, doc, e);
+		case S_FACET:
+			if (s->loaded) {
+				return 0; /* its one document is out */
+			}
+			s->loaded = true;
+			return run_facet(c, i - 1, doc, e);
 		case S_LIMIT:
 			if (s->count >= st->n) {
 				return 0;

@@ -5,7 +5,7 @@
  * once into an sdb_pipeline, then run as a pull-based cursor over an input iterator that
  * the store supplies (the collection scan or index scan). Stages are iterators: streaming
  * stages ($match $project $addFields/$set $unset $limit $skip $unwind) pass documents one
- * at a time; blocking stages ($sort $group $count $sortByCount) consume their input on the
+ * at a time; blocking stages ($sort $group $count $sortByCount $bucket $facet) consume their input on the
  * first pull.
  *
  * Stages: $match (the query matcher; $expr is evaluated with the expression
@@ -14,7 +14,8 @@
  * MongoDB does), $limit, $skip, $group, $count, $unwind (string form and
  * {path, includeArrayIndex, preserveNullAndEmptyArrays}), $sortByCount, $bucket (a $group
  * on a $switch over the boundaries, then a $sort on _id, as MongoDB desugars it:
- * pipeline_bucket.c), $replaceRoot / $replaceWith.
+ * pipeline_bucket.c), $facet (sub-pipelines over its whole input, one output document of
+ * at most 16 MiB: pipeline_facet.c), $replaceRoot / $replaceWith.
  * Expressions: field paths ("$a.b", mapped over arrays as MongoDB does), $$ROOT, $$CURRENT,
  * $$REMOVE, literals, {$literal: v}, documents and arrays of expressions, and the operators
  * $add $subtract $multiply $divide $mod (int32 -> int64 -> double widening; dates in $add and
@@ -44,6 +45,8 @@
  *   17124 $size of a non-array; 16702 $concat of a non-string; 16020 wrong argument count
  *   40228 $replaceRoot to a non-document
  *   40060-40068 $switch's form; 40066 no branch matched and no default
+ *   40169-40171, 40600 $facet's form and the stages it may not hold; 4031700 its
+ *        output over 16 MiB
  *   40191-40202 $bucket's options (boundaries constant, of one type, ascending; default
  *        outside them)
  *   292  QueryExceededMemoryLimitNoDiskUseAllowed: a $sort or $group holds more than
@@ -51,7 +54,7 @@
  *        and internalDocumentSourceGroupMaxMemoryBytes); we never spill to disk, so
  *        allowDiskUse does not lift the limit.
  *   238  NotImplemented: a stage MongoDB knows but the embedded shard does not run
- *        ($lookup, $out, $merge, $facet, $bucketAuto, $sample, ...): "$lookup is not supported
+ *        ($lookup, $out, $merge, $bucketAuto, $sample, ...): "$lookup is not supported
  *        by the embedded shard"; $rand (expressions are deterministic: shard members
  *        replicate commands)
  *   40602 $documents or $collStats anywhere but first (the shard runs a leading one

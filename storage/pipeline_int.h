@@ -296,6 +296,27 @@ void agg_expr_free(expr *x);
  * `_id` in output). */
 int agg_bucket_desugar(const bson_iter_t *it, bson_t *group, bson_t *sort, const ectx *e);
 
+/* The largest document $facet builds: a BSON document's limit (maxBsonObjectSize). */
+#define AGG_FACET_MAX_BYTES (16 * 1024 * 1024)
+
+/* $facet (pipeline_facet.c): its sub-pipelines, compiled. */
+typedef struct agg_facet agg_facet;
+/* Compile the $facet argument at it (each sub-pipeline with the enclosing `let` variables
+ * of e and the memory bound max_mem) into *out (free with agg_facet_free).
+ * Errors: SDB_EINVAL with MongoDB's code and message in e: 40169 not a non-empty object,
+ * 40170 a facet that is not an array, 40171 a stage that is not an object, 40600 a stage
+ * not allowed inside $facet ($facet, $out, $merge, $collStats, ...), 15998/16410/16412 a
+ * bad facet name, or any error of the sub-pipeline's own parse. */
+int agg_facet_parse(const bson_iter_t *it, size_t max_mem, agg_facet **out, const ectx *e);
+/* Run every sub-pipeline of f over the n documents docs (borrowed; each sub-pipeline reads
+ * them all, in order) into one new document {name: [outputs], ...} in *out (the caller
+ * destroys it with bson_destroy). Errors: a sub-pipeline's error (code and message in e),
+ * or SDB_EINVAL with 4031700 when the document would exceed max_bytes. */
+int agg_facet_run(const agg_facet *f, bson_t *const *docs, size_t n, size_t max_bytes,
+		  bson_t **out, const ectx *e);
+/* Free f (NULL is fine). */
+void agg_facet_free(agg_facet *f);
+
 /* 0 when p is a valid field path (no empty component, no leading '$'). Errors: SDB_EINVAL
  * with MongoDB's code and message in e. */
 int agg_field_path_ok(const char *p, const ectx *e);

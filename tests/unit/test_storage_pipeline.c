@@ -436,6 +436,36 @@ static void test_bucket(void **state)
 		  "[]", 15948, NULL);
 }
 
+/* $facet: every sub-pipeline over the same input, one output document (also for no input),
+ * later stages over it, and its errors. */
+static void test_facet(void **state)
+{
+	const char *docs = "[{'_id': 1, 'price': 10, 'tags': ['a', 'b']}, {'_id': 2, 'price': 20, 'tags': ['b']},"
+			   " {'_id': 3, 'price': 30}]";
+
+	(void)state;
+	check("[{'$facet': {'byTag': [{'$unwind': '$tags'}, {'$sortByCount': '$tags'}, {'$sort': {'count': -1, '_id': 1}}],"
+	      " 'byPrice': [{'$bucket': {'groupBy': '$price', 'boundaries': [0, 15, 40]}}],"
+	      " 'n': [{'$count': 'total'}]}}]",
+	      docs,
+	      "[{'byTag': [{'_id': 'b', 'count': 2}, {'_id': 'a', 'count': 1}],"
+	      " 'byPrice': [{'_id': 0, 'count': 1}, {'_id': 15, 'count': 2}], 'n': [{'total': 3}]}]");
+	check("[{'$facet': {'f': [{'$match': {}}]}}]", "[]", "[{'f': []}]");
+	check("[{'$match': {'price': {'$gt': 15}}}, {'$facet': {'a': [{'$project': {'_id': 1}}]}},"
+	      " {'$project': {'k': {'$size': '$a'}}}]",
+	      docs, "[{'k': 2}]");
+	check_err("[{'$facet': {}}]", "[]", 40169, NULL);
+	check_err("[{'$facet': 1}]", "[]", 40169, NULL);
+	check_err("[{'$facet': {'f': 1}}]", "[]", 40170, "f is type");
+	check_err("[{'$facet': {'f': [1]}}]", "[]", 40171, NULL);
+	check_err("[{'$facet': {'f': [{'$facet': {'g': []}}]}}]", "[]", 40600, "$facet is not allowed");
+	check_err("[{'$facet': {'f': [{'$out': 'x'}]}}]", "[]", 40600, "$out is not allowed");
+	check_err("[{'$facet': {'$x': []}}]", "[]", 16410, NULL);
+	check_err("[{'$facet': {'a.b': []}}]", "[]", 16412, NULL);
+	check_err("[{'$facet': {'f': [{'$frob': {}}]}}]", "[]", 40324, NULL);
+	check_err("[{'$facet': {'f': [{'$project': {'x': {'$divide': [1, 0]}}}]}}]", docs, 16608, NULL);
+}
+
 static void test_expressions(void **state)
 {
 	(void)state;
@@ -611,6 +641,18 @@ static void test_memory_limit(void **state)
 	assert_int_equal(code, 292);
 	assert_non_null(strstr(err, "Exceeded memory limit for $group"));
 
+	/* $facet holds its whole input under the same bound; its sub-pipelines too */
+	got = run("[{'$facet': {'n': [{'$count': 'n'}]}}]", docs, &o, &code, err, sizeof err);
+	assert_null(got);
+	assert_int_equal(code, 292);
+	assert_non_null(strstr(err, "Exceeded memory limit for $facet"));
+	got = run("[{'$match': {'k': {'$lt': 100}}}, {'$facet': {'s': [{'$group': {'_id': null, 'all': {'$push': '$pad'}}},"
+		  " {'$project': {'_id': 0, 'n': {'$size': '$all'}}}]}}]",
+		  docs, &o, &code, err, sizeof err);
+	assert_non_null(got);
+	assert_string_equal(got, "{ \"v\" : [ { \"s\" : [ { \"n\" : { \"$numberInt\" : \"100\" } } ] } ] }");
+	bson_free(got);
+
 	got = run("[{'$sort': {'k': -1}}, {'$limit': 2}, {'$project': {'_id': 0, 'k': 1}}]", docs, &o, &code, err,
 		  sizeof err);
 	assert_non_null(got);
@@ -781,6 +823,7 @@ int main(void)
 		cmocka_unit_test(test_sort_by_count),
 		cmocka_unit_test(test_switch),
 		cmocka_unit_test(test_bucket),
+		cmocka_unit_test(test_facet),
 		cmocka_unit_test(test_expressions),
 		cmocka_unit_test(test_stage_errors),
 		cmocka_unit_test(test_match),

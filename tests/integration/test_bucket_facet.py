@@ -1,7 +1,6 @@
-"""$bucket and $switch (issue #20) on a shard and through a proxy to a sharded collection:
-the buckets of the whole collection (the proxy runs the grouping over every shard's
-documents, never one shard's share), MongoDB's desugaring into $group + $sort, and its
-errors."""
+"""$bucket, $facet and $switch (issue #20) on a shard and through a proxy to a sharded
+collection: the results of the whole collection (the proxy runs these stages over every
+shard's documents, never one shard's share), and their errors."""
 import pymongo
 import pytest
 from pymongo.errors import OperationFailure
@@ -33,6 +32,18 @@ def check(db):
         list(db.artists.aggregate([{"$bucket": {"groupBy": "$year_born",
                                                 "boundaries": [1880, 1840]}}]))
     assert e.value.code == 40194, e.value.details
+    # $facet: one document whose facets each saw every document
+    (f,) = db.artists.aggregate([{"$facet": {
+        "n": [{"$count": "n"}],
+        "eras": PIPELINE,
+        "oldest": [{"$match": {"year_born": {"$exists": True}}}, {"$sort": {"year_born": 1}},
+                   {"$limit": 1}, {"$project": {"_id": 1}}]}}])
+    assert f == {"n": [{"n": len(ARTISTS)}], "eras": WANT, "oldest": [{"_id": 6}]}
+    (f,) = db.artists.aggregate([{"$match": {"_id": -1}}, {"$facet": {"n": [{"$count": "n"}]}}])
+    assert f == {"n": []}
+    with pytest.raises(OperationFailure) as e:
+        list(db.artists.aggregate([{"$facet": {"f": [{"$facet": {"g": []}}]}}]))
+    assert e.value.code == 40600, e.value.details
 
 
 def test_bucket_on_a_shard(shard):
