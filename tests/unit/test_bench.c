@@ -1,4 +1,10 @@
 /* Unit tests of src/bench: the histogram and the history checker. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/bench/hist.c"
+#include "../../src/bench/check.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

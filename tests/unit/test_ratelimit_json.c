@@ -1,6 +1,11 @@
 /* Unit tests of the HTTP/JSON gateway codec (ratelimit/json.c): every accepted spelling,
  * every error message, the exact output, and random mutations of a valid body (no
  * crash, no leak under ASan). */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/ratelimit/json.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,5 +1,10 @@
 /* Unit tests of src/routing/route.c: table building, O(log n) chunk lookup, hashed keys,
  * query targeting and shard-key update checks. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/routing/route.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -2,6 +2,12 @@
  * (path walks, index keys). The property test checks, on thousands of random values from
  * a fixed seed, that memcmp order of the keys equals sdb_bson_cmp order for every pair,
  * ascending and descending, single and compound. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../storage/keyenc.c"
+#include "../../storage/path.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,4 +1,10 @@
 /* Unit tests of the wire protocol codec (src/wire/msg.c) and wire_code_name. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/wire/msg.c"
+#include "../../src/wire/codes.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
