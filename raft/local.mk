@@ -26,7 +26,7 @@ tests_unit_test_raft_routing_LDADD = $(UNIT_LDADD)
 tests_unit_test_raft_cluster_SOURCES = tests/unit/test_raft_cluster.c
 tests_unit_test_raft_cluster_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_raft_cluster_LDADD = $(UNIT_LDADD)
-# compiled against raft/node.c itself (it #includes it) to reach its statics
+# like every unit test it #includes its module (raft/node.c), here to swap the wrapped append
 tests_unit_test_raft_node_SOURCES = tests/unit/test_raft_node.c
 tests_unit_test_raft_node_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_raft_node_LDADD = $(UNIT_LDADD)

@@ -2,6 +2,11 @@
  * one-key form (whitespace, wrapped lines) and MongoDB's YAML list of keys, the errors of
  * bad files, and a reload: the new keys replace the old (first = outgoing, all accepted),
  * a bad file keeps the old ones. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/auth/cluster.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

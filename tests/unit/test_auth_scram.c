@@ -1,5 +1,10 @@
 /* Unit tests of src/auth/scram.c: RFC 7677 / MongoDB spec vectors, round trips, and
  * rejection of malformed or wrong client messages. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/auth/scram.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,4 +1,11 @@
 /* Unit tests of src/bench: error classes, the histogram and the history checker. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. bench.c (bench_error_class) comes from the
+ * archive. */
+#include "../../src/bench/hist.c"
+#include "../../src/bench/check.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

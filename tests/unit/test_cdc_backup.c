@@ -1,6 +1,11 @@
 /* Unit tests of the incomplete-backup rules of src/cdc/backup.c (issue #22): which
  * incomplete backup is certainly dead (cdc_backup_orphan_dead), and the scan, delete and
  * sweep of backups in a file: archive, at an injected "now". */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/cdc/backup.c"
+
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>

@@ -1,5 +1,10 @@
 /* Unit tests of the Kafka CDC backend (src/cdc/kafka.c) and the reader over it, against
  * librdkafka's mock cluster in this process (a real Kafka protocol broker on loopback). */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/cdc/kafka.c"
+
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>

@@ -1,4 +1,13 @@
 /* Unit tests of the embedded CDC log, the file: archive and the reader (src/cdc). */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. segdir.c still comes from the archive (its
+ * static copy_file clashes with archive.c's). */
+#include "../../src/cdc/log.c"
+#include "../../src/cdc/embedded.c"
+#include "../../src/cdc/archive.c"
+#include "../../src/cdc/reader.c"
+
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>

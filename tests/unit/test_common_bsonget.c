@@ -1,5 +1,10 @@
 /* Unit tests of src/common/bsonget.c: MongoDB's numeric-field rules and the range check
  * that keeps INT64_MIN away from `x = -x`. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/common/bsonget.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

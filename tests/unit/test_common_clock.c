@@ -9,6 +9,11 @@
  * CLOCK_REALTIME shifted by a skew the test moves. A wait that took its deadline from
  * CLOCK_REALTIME, or waited on a CLOCK_REALTIME condition variable with a monotonic
  * deadline, then stalls or ends early, and the test fails. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/common/clock.c"
+
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>

@@ -1,4 +1,9 @@
 /* Unit tests of src/common/config.c: precedence, scoping, validation. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/common/config.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,5 +1,10 @@
 /* Unit tests of src/common/dblist.c: the databases of a listDatabases reply, entry by entry
  * (the auth gate reads each database's tenant, the proxy its primary shard). */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/common/dblist.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

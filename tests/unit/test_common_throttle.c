@@ -1,6 +1,11 @@
 /* Unit tests of src/common/throttle.c: the import throttle rule shared by the migration
  * import and backups (back off as long as a batch took when it took longer than the
  * latency limit; a limit of 0 disables it). */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/common/throttle.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

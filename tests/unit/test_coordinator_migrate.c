@@ -1,4 +1,9 @@
 /* Unit tests of the migration state machine table (src/coordinator/migrate_sm.c). */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/coordinator/migrate_sm.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,6 +1,11 @@
 /* Unit tests of src/proxy/cursor.c without any network: streams filled from cursor replies,
  * the ownership filter (a shard's documents of other chunks are dropped), the k-way merge
  * with skip, limit and projection, and batch boundaries. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/proxy/cursor.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,5 +1,10 @@
 /* Unit tests of src/proxy/merge.c: sort order across types, k-way pick, skip/limit
  * windows, distinct sets. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/proxy/merge.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,6 +1,11 @@
 /* Unit tests of src/proxy/txn.c: the session fields of a retryable write (issue #16) and
  * the stmtIds each shard's share of a batch is sent with (MongoDB: stmtIds[i], else
  * stmtId + i, stmtId defaulting to 0). */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/proxy/txn.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -2,6 +2,11 @@
  * fixture (raft/fixture.h): 3 and 5 members, a partitioned leader, message loss, a
  * crashed member that catches up through a snapshot, and at the end every member's
  * SQLite state hashes to the same value (same commands, same order). */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../raft/fsm.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

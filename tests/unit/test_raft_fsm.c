@@ -1,6 +1,11 @@
 /* Unit tests of the metadata state machine (raft/fsm.c), applied directly (no raft):
  * every command's effect and result, compare-and-set, the routing version bump, replay
  * skipping, snapshot/restore and the state hash. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../raft/fsm.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,6 +1,11 @@
 /* Unit tests of raft/fsm_peers.c through the state machine (sdb_fsm_apply_doc): rate-limit
  * peer registration, renewal without a version bump, expiry decided by the command's ts,
  * deregistration, the listing, and two members that apply the same entries agreeing. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../raft/fsm_peers.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -4,6 +4,11 @@
  * the process aborting when a log append fails (libraft 0.15 mitigation).
  *
  * Compiled against node.c itself so the test can swap the wrapped append. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../raft/node.c"
+
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -18,8 +23,6 @@
 #include <cmocka.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-
-#include "../../raft/node.c"
 
 typedef struct env {
 	uv_loop_t loop;

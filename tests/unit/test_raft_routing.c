@@ -5,6 +5,12 @@
  * The central check: after every routing change of a random sequence (splits, merges,
  * moves, drops and re-creations), the snapshot a client builds by applying diffs to its
  * previous snapshot equals the snapshot built from a full load, chunk for chunk. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../raft/routing.c"
+#include "../../src/routing/route.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -3,6 +3,12 @@
  * connector and an acceptor with the same key exchange bytes as libraft would (nothing
  * of the Raft stream is eaten by the handshake), a wrong key is refused on both sides
  * before any byte reaches the "libraft" callbacks, and closing leaves no handle. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../raft/handshake.c"
+#include "../../raft/transport.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -305,7 +311,7 @@ static void t_closed(struct raft_uv_transport *t)
 	((env *)t->data)->closed++;
 }
 
-static void free_handle(uv_handle_t *h)
+static void free_env_handle(uv_handle_t *h)
 {
 	raft_free(h);
 }
@@ -347,9 +353,9 @@ static void run_pair(env *e, const uint8_t *ka, const uint8_t *kb)
 static void finish(env *e)
 {
 	if (e->in)
-		uv_close((uv_handle_t *)e->in, free_handle);
+		uv_close((uv_handle_t *)e->in, free_env_handle);
 	if (e->out)
-		uv_close((uv_handle_t *)e->out, free_handle);
+		uv_close((uv_handle_t *)e->out, free_env_handle);
 	e->a.close(&e->a, t_closed);
 	e->b.close(&e->b, t_closed);
 	assert_true(run_until(e, both_closed));

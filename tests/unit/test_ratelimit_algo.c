@@ -2,6 +2,11 @@
  * with created_at as the request clock: Gubernator's documented scenarios
  * (functional_test.go) with exact remaining/status/reset_time, Gregorian intervals, GCRA,
  * and one test per Gubernator defect that stripedb fixes. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/ratelimit/algo.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,6 +1,11 @@
 /* Unit tests of the HTTP/JSON gateway codec (ratelimit/json.c): every accepted spelling,
  * every error message, the exact output, and random mutations of a valid body (no
  * crash, no leak under ASan). */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/ratelimit/json.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -268,6 +273,51 @@ static void test_parse_mutations(void **state)
 	assert_true(bad > 100);
 }
 
+
+/* parse_decimal and has_oversized_number (statics of json.c, reachable because the test
+ * includes it). parse_decimal reads protojson's int64 string form: whole, in range, no
+ * sign but '-', no leading space, and *out untouched on refusal. has_oversized_number
+ * refuses a run of 20+ digits outside string literals (libbson's reader would wrap it
+ * modulo 2^64), honouring escapes inside strings. */
+static void test_static_number_scanners(void **state)
+{
+	static const char *bad[] = {"", " 5", "+5", "5 ", "5x", "0x10", "1e3", "-",
+				    "9223372036854775808", "-9223372036854775809"};
+	int64_t v = 0;
+
+	(void)state;
+	assert_true(parse_decimal("42", &v));
+	assert_true(v == 42);
+	assert_true(parse_decimal("-17", &v));
+	assert_true(v == -17);
+	assert_true(parse_decimal("9223372036854775807", &v));
+	assert_true(v == INT64_MAX);
+	assert_true(parse_decimal("-9223372036854775808", &v));
+	assert_true(v == INT64_MIN);
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		v = 7;
+		if (parse_decimal(bad[i], &v))
+			fail_msg("parse_decimal accepted \"%s\"", bad[i]);
+		assert_true(v == 7);
+	}
+
+#define OVERSIZED(s) has_oversized_number((s), strlen(s))
+	/* 19 digits is the most an int64 needs; 20 is refused */
+	assert_false(OVERSIZED("{\"limit\": 1234567890123456789}"));
+	assert_true(OVERSIZED("{\"limit\": 12345678901234567890}"));
+	assert_true(OVERSIZED("{\"limit\": -18446744073709551617}"));
+	/* separated runs do not add up */
+	assert_false(OVERSIZED("{\"a\": 1234567890, \"b\": 1234567890}"));
+	/* inside strings digits are text, also after an escaped quote */
+	assert_false(OVERSIZED("{\"name\": \"12345678901234567890\"}"));
+	assert_false(OVERSIZED("{\"name\": \"a\\\"12345678901234567890\"}"));
+	/* an escaped backslash ends before the closing quote: the number after is outside */
+	assert_true(OVERSIZED("{\"k\": \"\\\\\", \"limit\": 12345678901234567890}"));
+	/* only the given length is scanned */
+	assert_false(has_oversized_number("{\"limit\": 12345678901234567890}", 28));
+#undef OVERSIZED
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -276,6 +326,7 @@ int main(void)
 		cmocka_unit_test(test_parse_length_bound),
 		cmocka_unit_test(test_render),
 		cmocka_unit_test(test_parse_mutations),
+		cmocka_unit_test(test_static_number_scanners),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

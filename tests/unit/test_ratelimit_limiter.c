@@ -1,6 +1,12 @@
 /* Unit tests of the limiter API (ratelimit/limiter.c) and its cache (ratelimit/cache.c):
  * validation, batches, the injectable clock, LRU bounds, the cluster hooks (decide as
  * owner, GLOBAL state set/get) and concurrent callers. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/ratelimit/limiter.c"
+#include "../../src/ratelimit/cache.c"
+
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>

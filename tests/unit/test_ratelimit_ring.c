@@ -1,4 +1,9 @@
 /* Unit tests of src/ratelimit/ring.c: consistent hashing with virtual nodes. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/ratelimit/ring.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

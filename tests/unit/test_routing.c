@@ -1,5 +1,10 @@
 /* Unit tests of src/routing/route.c: table building, O(log n) chunk lookup, hashed keys,
  * query targeting and shard-key update checks. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/routing/route.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -262,6 +267,24 @@ static void test_cache(void **state)
 	route_cache_free(rc);
 }
 
+
+/* paths_conflict (static of route.c, reachable because the test includes it): an update
+ * path touches the shard key when one path is the other or a dotted prefix of it; a plain
+ * string prefix ("a" and "ab") is a different field. */
+static void test_static_paths_conflict(void **state)
+{
+	(void)state;
+	assert_true(paths_conflict("a", "a"));
+	assert_true(paths_conflict("a", "a.b"));
+	assert_true(paths_conflict("a.b", "a"));
+	assert_true(paths_conflict("a.b.c", "a.b"));
+	assert_false(paths_conflict("a", "ab"));
+	assert_false(paths_conflict("ab", "a"));
+	assert_false(paths_conflict("a.b", "a.c"));
+	assert_false(paths_conflict("a.bc", "a.b"));
+	assert_false(paths_conflict("b", "a.b"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -269,6 +292,7 @@ int main(void)
 		cmocka_unit_test(test_targeting),        cmocka_unit_test(test_hashed),
 		cmocka_unit_test(test_compound),         cmocka_unit_test(test_update_key),
 		cmocka_unit_test(test_cache),
+		cmocka_unit_test(test_static_paths_conflict),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

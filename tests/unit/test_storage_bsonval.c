@@ -1,6 +1,12 @@
 /* Unit tests of storage/bsonval.c (MongoDB comparison order) and storage/sortspec.c.
  * The central table lists values in ascending MongoDB order with a rank; equal ranks are
  * equal values. Every pair of the table is compared both ways. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../storage/bsonval.c"
+#include "../../storage/sortspec.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -2,6 +2,12 @@
  * (path walks, index keys). The property test checks, on thousands of random values from
  * a fixed seed, that memcmp order of the keys equals sdb_bson_cmp order for every pair,
  * ascending and descending, single and compound. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../storage/keyenc.c"
+#include "../../storage/path.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -718,6 +724,27 @@ static void test_path_valid(void **state)
 	assert_string_equal(err, "FieldPath field names may not start with '$'.");
 }
 
+
+/* comp_index (static of path.c, reachable because the test includes it): which path
+ * components are array indexes. MongoDB treats "a.01" as the field "01", not index 1, so a
+ * leading zero makes a name; at most 9 digits; only the given length is read. -1 = a name. */
+static void test_static_path_comp_index(void **state)
+{
+	(void)state;
+	assert_int_equal(comp_index("0", 1), 0);
+	assert_int_equal(comp_index("7", 1), 7);
+	assert_int_equal(comp_index("12", 2), 12);
+	assert_int_equal(comp_index("123456789", 9), 123456789);
+	assert_int_equal(comp_index("12x", 2), 12);
+	assert_int_equal(comp_index("01", 2), -1);
+	assert_int_equal(comp_index("00", 2), -1);
+	assert_int_equal(comp_index("1234567890", 10), -1);
+	assert_int_equal(comp_index("", 0), -1);
+	assert_int_equal(comp_index("1a", 2), -1);
+	assert_int_equal(comp_index("-1", 2), -1);
+	assert_int_equal(comp_index("a", 1), -1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -731,6 +758,7 @@ int main(void)
 		cmocka_unit_test(test_index_keys_errors),
 		cmocka_unit_test(test_sort_value),
 		cmocka_unit_test(test_path_valid),
+		cmocka_unit_test(test_static_path_comp_index),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

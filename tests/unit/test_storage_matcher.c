@@ -1,6 +1,11 @@
 /* Unit tests of storage/matcher.c: table-driven (filter, document, expected match) cases
  * taken from the MongoDB manual's query pages, error codes and messages for bad filters,
  * the value-form matcher used by $pull / $elemMatch projection, and planner bounds. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../storage/matcher.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,6 +1,12 @@
 /* Unit tests of storage/pipeline.c: MongoDB's documented examples for each stage and
  * expression, error codes, the memory bound and the pushdown helper. Outputs are compared
  * as canonical extended JSON (types and field order count). */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../storage/pipeline.c"
+#include "../../storage/pipeline_expr.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -2,6 +2,11 @@
  * with _id rules, dotted paths through arrays, $slice, $elemMatch; aggregation's $project
  * and $addFields with computed fields; MongoDB's error codes. Results are compared as
  * canonical extended JSON, so field order and numeric types count. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../storage/projection.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

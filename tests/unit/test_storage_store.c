@@ -1,6 +1,12 @@
 /* Unit tests of storage/store.c and storage/query.c: documents, indexes, duplicate keys,
  * oplog ts (injected clock, restarts, capping), version tokens, the integrity check, and
  * the planner's plans and counters. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../storage/store.c"
+#include "../../storage/query.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,6 +1,12 @@
 /* Unit tests of storage/update.c: MongoDB's documented examples for every update
  * operator, field order, error codes. Expected documents are compared as canonical
  * extended JSON strings, so types (int32 vs int64 vs double) and field order count. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../storage/update.c"
+#include "../../storage/update_apply.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

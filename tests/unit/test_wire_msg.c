@@ -1,4 +1,10 @@
 /* Unit tests of the wire protocol codec (src/wire/msg.c) and wire_code_name. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/wire/msg.c"
+#include "../../src/wire/codes.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -822,6 +828,80 @@ static void test_code_names(void **state)
 	assert_string_equal(wire_code_name(-3), "UnknownError");
 }
 
+
+/* read_doc and read_cstring (statics of msg.c, reachable because the test includes it): a
+ * document's length field is checked against the bytes left in its container before the
+ * document is used (never trust a length from the network), each refusal with its code,
+ * and a C string is looked for only inside the bytes given. */
+static void test_static_read_doc_and_cstring(void **state)
+{
+	uint8_t buf[64];
+	bson_t doc, *src = BCON_NEW("a", BCON_INT32(1)); /* 12 bytes */
+	size_t used = 0;
+	int code = 0;
+	char err[256];
+
+	(void)state;
+	assert_int_equal(src->len, 12);
+	memset(buf, 0xee, sizeof buf);
+	memcpy(buf, bson_get_data(src), src->len);
+
+	/* inside a 64-byte container: used is the document's own 12 bytes */
+	assert_int_equal(read_doc(buf, sizeof buf, "body", &doc, &used, &code, err, sizeof err), 0);
+	assert_int_equal(used, 12);
+	assert_int_equal(doc.len, 12);
+	assert_true(bson_has_field(&doc, "a"));
+
+	/* fewer than 5 bytes left: not even a length field and a terminator */
+	assert_int_equal(read_doc(buf, 4, "body", &doc, &used, &code, err, sizeof err), SDB_EPROTO);
+	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
+	assert_string_equal(err, "body: truncated document (4 bytes left)");
+
+	/* the length field (12) is one more than the bytes left */
+	code = 0;
+	assert_int_equal(read_doc(buf, 11, "section", &doc, &used, &code, err, sizeof err),
+			 SDB_EPROTO);
+	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
+	assert_string_equal(err, "section: document length 12 exceeds the 11 bytes left");
+
+	/* below the 5-byte minimum, and negative (must not become a huge size_t) */
+	wr_i32(buf, 4);
+	code = 0;
+	assert_int_equal(read_doc(buf, sizeof buf, "body", &doc, &used, &code, err, sizeof err),
+			 SDB_EPROTO);
+	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
+	assert_string_equal(err, "body: invalid document length 4");
+	wr_i32(buf, -1);
+	assert_int_equal(read_doc(buf, sizeof buf, "body", &doc, &used, &code, err, sizeof err),
+			 SDB_EPROTO);
+	assert_string_equal(err, "body: invalid document length -1");
+
+	/* over maxBsonObjectSize: refused as too large (its own code) before the bytes-left
+	 * check, whatever the container holds */
+	wr_i32(buf, WIRE_MAX_BSON_SIZE + 1);
+	code = 0;
+	assert_int_equal(read_doc(buf, sizeof buf, "body", &doc, &used, &code, err, sizeof err),
+			 SDB_ETOOBIG);
+	assert_int_equal(code, WIRE_ERR_BSON_TOO_LARGE);
+	assert_non_null(strstr(err, "over maxBsonObjectSize 16777216"));
+
+	/* right length, but the last byte is not the terminating NUL */
+	wr_i32(buf, 12);
+	buf[11] = 1;
+	code = 0;
+	assert_int_equal(read_doc(buf, sizeof buf, "body", &doc, &used, &code, err, sizeof err),
+			 SDB_EPROTO);
+	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
+	assert_string_equal(err, "body: invalid document");
+
+	/* read_cstring: the length up to the NUL, or -1 when the NUL lies past avail */
+	assert_int_equal(read_cstring((const uint8_t *)"db.c\0xyz", 8), 4);
+	assert_int_equal(read_cstring((const uint8_t *)"\0", 1), 0);
+	assert_int_equal(read_cstring((const uint8_t *)"db.c\0", 4), -1);
+	assert_int_equal(read_cstring((const uint8_t *)"db.c\0", 0), -1);
+	bson_destroy(src);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -840,6 +920,7 @@ int main(void)
 		cmocka_unit_test(test_command_fold_errors),
 		cmocka_unit_test(test_encode_round_trip),
 		cmocka_unit_test(test_code_names),
+		cmocka_unit_test(test_static_read_doc_and_cstring),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

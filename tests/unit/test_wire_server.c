@@ -4,6 +4,12 @@
  *
  * Client threads cannot use cmocka asserts (longjmp across threads), so they record the
  * first failed expectation in `fail` and the main thread asserts it is empty. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/wire/server.c"
+#include "../../src/wire/commands.c"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <setjmp.h>
