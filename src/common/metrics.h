@@ -37,7 +37,7 @@ sdb_histogram *sdb_metrics_histogram(const char *name, const char *help, const c
  *	typedef struct pub { sdb_gauge *g_lag; sdb_counter *c_events; } pub;
  *	static const sdb_metric_def pub_metrics[] = {
  *		SDB_METRIC_GAUGE(pub, g_lag, "stripedb_cdc_lag_seconds", "CDC: lag (seconds)"),
- *		SDB_METRIC_COUNTER(pub, c_events, "stripedb_cdc_events_published_total", "CDC: events"),
+ *		SDB_METRIC_COUNTER(pub, c_events, "stripedb_cdc_events_total", "CDC: events"),
  *	};
  *	SDB_METRICS_REGISTER(p, pub_metrics, "shard=\"a\"");
  *
@@ -70,7 +70,8 @@ typedef struct sdb_metric_def {
  * row whose kind is not a sdb_metric_kind. Any thread. */
 void sdb_metrics_register(void *obj, const sdb_metric_def *defs, size_t n, const char *labels);
 
-/* sdb_metrics_register() over a whole static array. */
+/* sdb_metrics_register() over a whole static array (given a pointer, -Wall's
+ * -Wsizeof-pointer-div fails the build). */
 #define SDB_METRICS_REGISTER(obj, table, labels)                                          \
 	sdb_metrics_register((obj), (table), sizeof(table) / sizeof((table)[0]), (labels))
 
@@ -89,11 +90,13 @@ void sdb_metrics_register(void *obj, const sdb_metric_def *defs, size_t n, const
 	{SDB_METRIC_KIND_COUNTER, (name), (help), (labels),                               \
 	 SDB_METRIC_OFFSET_(type, field, sdb_counter *)}
 #define SDB_METRIC_GAUGE_L(type, field, name, help, labels)                                \
-	{SDB_METRIC_KIND_GAUGE, (name), (help), (labels), SDB_METRIC_OFFSET_(type, field, sdb_gauge *)}
+	{SDB_METRIC_KIND_GAUGE, (name), (help), (labels),                                 \
+	 SDB_METRIC_OFFSET_(type, field, sdb_gauge *)}
 #define SDB_METRIC_HISTOGRAM_L(type, field, name, help, labels)                            \
 	{SDB_METRIC_KIND_HISTOGRAM, (name), (help), (labels),                             \
 	 SDB_METRIC_OFFSET_(type, field, sdb_histogram *)}
-#define SDB_METRIC_COUNTER(type, field, name, help) SDB_METRIC_COUNTER_L(type, field, name, help, NULL)
+#define SDB_METRIC_COUNTER(type, field, name, help)                                       \
+	SDB_METRIC_COUNTER_L(type, field, name, help, NULL)
 #define SDB_METRIC_GAUGE(type, field, name, help) SDB_METRIC_GAUGE_L(type, field, name, help, NULL)
 #define SDB_METRIC_HISTOGRAM(type, field, name, help)                                     \
 	SDB_METRIC_HISTOGRAM_L(type, field, name, help, NULL)
