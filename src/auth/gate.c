@@ -62,6 +62,14 @@ struct auth_gate {
 	bool users_list_known;
 };
 
+static const sdb_metric_def gate_metrics[] = {
+	SDB_METRIC_COUNTER(auth_gate, m_speculative, "stripedb_auth_speculative_total",
+			   "Conversations started in hello (speculativeAuthenticate)."),
+	SDB_METRIC_GAUGE(auth_gate, m_users_version,
+		"stripedb_auth_users_version",
+		"Highest metadata usersVersion seen (cached verifiers of older ones are unused)."),
+};
+
 /* Per-connection state (wire_conn_set_data). Loop thread only. */
 typedef enum { CONN_NONE = 0, CONN_CONVERSING, CONN_AUTHENTICATED } conn_state;
 
@@ -90,13 +98,7 @@ auth_gate *auth_gate_new(const auth_gate_opts *opts)
 	g->failures_ctx = opts->failures_ctx;
 	uv_mutex_init(&g->mu);
 	g->pol = auth_policy_build(NULL, NULL);
-	g->m_speculative = sdb_metrics_counter(
-		"stripedb_auth_speculative_total",
-		"Conversations started in hello (speculativeAuthenticate).", NULL);
-	g->m_users_version = sdb_metrics_gauge(
-		"stripedb_auth_users_version",
-		"Highest metadata usersVersion seen (cached verifiers of older ones are unused).",
-		NULL);
+	SDB_METRICS_REGISTER(g, gate_metrics, NULL);
 	if (opts->cluster) {
 		g->has_cluster = true;
 		auth_gate_set_cluster(g, opts->cluster, opts->n_cluster ? opts->n_cluster : 1);

@@ -38,6 +38,23 @@ struct cdc_publisher {
 	cdc_archiver *arch; /* Kafka with an archive: copies the topic into it */
 };
 
+static const sdb_metric_def publisher_metrics[] = {
+	SDB_METRIC_GAUGE(cdc_publisher, g_ts, "stripedb_cdc_published_ts_seconds",
+			 "CDC: oplog ts (seconds) of the last published event"),
+	SDB_METRIC_GAUGE(cdc_publisher, g_off, "stripedb_cdc_published_offset",
+			 "CDC: offset the next published event gets"),
+	SDB_METRIC_GAUGE(cdc_publisher, g_lag_s, "stripedb_cdc_lag_seconds",
+			 "CDC: oplog head ts minus published ts (seconds)"),
+	SDB_METRIC_GAUGE(cdc_publisher, g_lag_n, "stripedb_cdc_lag_events",
+			 "CDC: oplog entries not published yet (capped at 1000; -1 unknown)"),
+	SDB_METRIC_COUNTER(cdc_publisher, c_events, "stripedb_cdc_events_published_total",
+			   "CDC: events appended to the log"),
+	SDB_METRIC_COUNTER(cdc_publisher, c_errors, "stripedb_cdc_publish_errors_total",
+			   "CDC: publisher errors (retried)"),
+	SDB_METRIC_COUNTER(cdc_publisher, c_archived, "stripedb_cdc_archived_events_total",
+			   "CDC: events copied from Kafka into the archive"),
+};
+
 /* Wait up to ms unless stopping; returns 1 when stopping. */
 static int nap(cdc_publisher *p, int ms)
 {
@@ -424,21 +441,7 @@ int cdc_publisher_start(cdc_log *log, const char *shard, const char *uri, int64_
 	pthread_mutex_init(&p->mu, NULL);
 	sdb_cond_init_mono(&p->cv);
 	snprintf(labels, sizeof labels, "shard=\"%s\"", shard);
-	p->g_ts = sdb_metrics_gauge("stripedb_cdc_published_ts_seconds",
-				    "CDC: oplog ts (seconds) of the last published event", labels);
-	p->g_off = sdb_metrics_gauge("stripedb_cdc_published_offset",
-				     "CDC: offset the next published event gets", labels);
-	p->g_lag_s = sdb_metrics_gauge("stripedb_cdc_lag_seconds",
-				       "CDC: oplog head ts minus published ts (seconds)", labels);
-	p->g_lag_n = sdb_metrics_gauge("stripedb_cdc_lag_events",
-				       "CDC: oplog entries not published yet (capped at 1000; -1 unknown)",
-				       labels);
-	p->c_events = sdb_metrics_counter("stripedb_cdc_events_published_total",
-					  "CDC: events appended to the log", labels);
-	p->c_errors = sdb_metrics_counter("stripedb_cdc_publish_errors_total",
-					  "CDC: publisher errors (retried)", labels);
-	p->c_archived = sdb_metrics_counter("stripedb_cdc_archived_events_total",
-					    "CDC: events copied from Kafka into the archive", labels);
+	SDB_METRICS_REGISTER(p, publisher_metrics, labels);
 	sdb_gauge_set(p->g_lag_n, -1);
 	if (pthread_create(&p->thread, NULL, run, p) != 0)
 		abort();

@@ -126,6 +126,46 @@ sdb_histogram *sdb_metrics_histogram(const char *name, const char *help, const c
 	return (sdb_histogram *)lookup(name, help, labels, KIND_HISTOGRAM);
 }
 
+void sdb_metrics_register(void *obj, const sdb_metric_def *defs, size_t n, const char *labels)
+{
+	for (size_t i = 0; i < n; i++) {
+		const sdb_metric_def *d = &defs[i];
+		char *joined = NULL;
+		const char *l = labels;
+		void *field = (char *)obj + d->offset;
+
+		if (d->labels != NULL && d->labels[0] != '\0') {
+			if (l != NULL && l[0] != '\0')
+				l = joined = sdb_asprintf("%s,%s", labels, d->labels);
+			else
+				l = d->labels;
+		}
+		/* memcpy of a pointer of the field's own type: no type punning */
+		switch (d->kind) {
+		case SDB_METRIC_KIND_COUNTER: {
+			sdb_counter *c = sdb_metrics_counter(d->name, d->help, l);
+			memcpy(field, &c, sizeof c);
+			break;
+		}
+		case SDB_METRIC_KIND_GAUGE: {
+			sdb_gauge *g = sdb_metrics_gauge(d->name, d->help, l);
+			memcpy(field, &g, sizeof g);
+			break;
+		}
+		case SDB_METRIC_KIND_HISTOGRAM: {
+			sdb_histogram *h = sdb_metrics_histogram(d->name, d->help, l);
+			memcpy(field, &h, sizeof h);
+			break;
+		}
+		default:
+			fprintf(stderr, "stripedb: metrics: '%s' has unknown kind %d\n", d->name,
+				(int)d->kind);
+			abort();
+		}
+		free(joined);
+	}
+}
+
 void sdb_counter_add(sdb_counter *c, uint64_t v)
 {
 	atomic_fetch_add_explicit(&c->s.u, v, memory_order_relaxed);

@@ -153,6 +153,22 @@ out:
 
 /* ------------------------------------------------------------ runner */
 
+static const sdb_metric_def runner_metrics[] = {
+	SDB_METRIC_HISTOGRAM(migrate_runner, h_pause, "stripedb_migration_switch_pause_seconds",
+			     "migrations: write pause at a traffic switch (token bump "
+			     "to routing commit, or to the bump's rollback)"),
+	SDB_METRIC_COUNTER(migrate_runner, c_switches, "stripedb_migration_switches_total",
+			   "migrations: traffic switches committed"),
+	SDB_METRIC_COUNTER(migrate_runner, c_rolled, "stripedb_migration_switch_rollbacks_total",
+			   "migrations: switches rolled back at the pause bound"),
+	SDB_METRIC_COUNTER(migrate_runner, c_complete, "stripedb_migration_completed_total",
+			   "migrations: completed"),
+	SDB_METRIC_COUNTER(migrate_runner, c_aborted, "stripedb_migration_aborted_total",
+			   "migrations: aborted"),
+	SDB_METRIC_GAUGE(migrate_runner, g_running, "stripedb_migration_running",
+			 "migrations: workers running in this coordinator"),
+};
+
 migrate_runner *migrate_runner_new(cdc_log *log, const char *meta_uri, const char *holder,
 				   int64_t lease_ms, int budget_global, int budget_shard)
 {
@@ -165,20 +181,7 @@ migrate_runner *migrate_runner_new(cdc_log *log, const char *meta_uri, const cha
 	r->budget_shard = budget_shard > 0 ? budget_shard : 1;
 	atomic_init(&r->stop, 0);
 	pthread_mutex_init(&r->mu, NULL);
-	r->h_pause = sdb_metrics_histogram("stripedb_migration_switch_pause_seconds",
-					   "migrations: write pause at a traffic switch (token bump "
-					   "to routing commit, or to the bump's rollback)",
-					   NULL);
-	r->c_switches = sdb_metrics_counter("stripedb_migration_switches_total",
-					    "migrations: traffic switches committed", NULL);
-	r->c_rolled = sdb_metrics_counter("stripedb_migration_switch_rollbacks_total",
-					  "migrations: switches rolled back at the pause bound", NULL);
-	r->c_complete = sdb_metrics_counter("stripedb_migration_completed_total",
-					    "migrations: completed", NULL);
-	r->c_aborted = sdb_metrics_counter("stripedb_migration_aborted_total",
-					   "migrations: aborted", NULL);
-	r->g_running = sdb_metrics_gauge("stripedb_migration_running",
-					 "migrations: workers running in this coordinator", NULL);
+	SDB_METRICS_REGISTER(r, runner_metrics, NULL);
 	return r;
 }
 

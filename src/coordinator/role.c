@@ -72,6 +72,19 @@ typedef struct coord_pub {
 	struct coord_pub *next;
 } coord_pub;
 
+static const sdb_metric_def coord_pub_metrics[] = {
+	SDB_METRIC_GAUGE(coord_pub, g_held, "stripedb_cdc_publisher_held",
+			 "CDC: 1 while this coordinator holds the shard's publisher lease"),
+	SDB_METRIC_GAUGE(coord_pub, g_arch_first, "stripedb_cdc_archive_first_offset",
+			 "CDC: first offset in the archive"),
+	SDB_METRIC_GAUGE(coord_pub, g_arch_next, "stripedb_cdc_archive_next_offset",
+			 "CDC: offset after the last one in the archive"),
+	SDB_METRIC_GAUGE(coord_pub, g_arch_first_ts, "stripedb_cdc_archive_first_ts_seconds",
+			 "CDC: oplog ts (s) of the archive's first event"),
+	SDB_METRIC_GAUGE(coord_pub, g_arch_last_ts, "stripedb_cdc_archive_last_ts_seconds",
+			 "CDC: oplog ts (s) of the archive's last event"),
+};
+
 typedef struct coord {
 	sdb_role *role;
 	cdc_log *log;
@@ -160,17 +173,7 @@ static void pub_gauges(coord_pub *p)
 {
 	char labels[200];
 	snprintf(labels, sizeof labels, "shard=\"%s\"", p->shard);
-	p->g_held = sdb_metrics_gauge("stripedb_cdc_publisher_held",
-				      "CDC: 1 while this coordinator holds the shard's publisher lease",
-				      labels);
-	p->g_arch_first = sdb_metrics_gauge("stripedb_cdc_archive_first_offset",
-					    "CDC: first offset in the archive", labels);
-	p->g_arch_next = sdb_metrics_gauge("stripedb_cdc_archive_next_offset",
-					   "CDC: offset after the last one in the archive", labels);
-	p->g_arch_first_ts = sdb_metrics_gauge("stripedb_cdc_archive_first_ts_seconds",
-					       "CDC: oplog ts (s) of the archive's first event", labels);
-	p->g_arch_last_ts = sdb_metrics_gauge("stripedb_cdc_archive_last_ts_seconds",
-					      "CDC: oplog ts (s) of the archive's last event", labels);
+	SDB_METRICS_REGISTER(p, coord_pub_metrics, labels);
 }
 
 /* Stop p's publisher without waiting for it (a Kafka flush may take seconds and the

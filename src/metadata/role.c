@@ -81,6 +81,36 @@ typedef struct meta {
 	uint64_t topo_leader, topo_term;
 } meta;
 
+static const sdb_metric_def meta_metrics[] = {
+	SDB_METRIC_GAUGE(meta, g_term, "stripedb_metadata_raft_term", "Current Raft term."),
+	SDB_METRIC_GAUGE(meta, g_leader, "stripedb_metadata_is_leader",
+			 "1 when this member is the ready Raft leader."),
+	SDB_METRIC_GAUGE(meta, g_rv, "stripedb_metadata_routing_version",
+			 "Routing version applied on this member."),
+	SDB_METRIC_GAUGE(meta, g_applied, "stripedb_metadata_last_applied",
+			 "Index of the last command applied to the state machine."),
+	SDB_METRIC_COUNTER(meta, c_commits, "stripedb_metadata_commits_total",
+			   "Commands committed through this member as leader."),
+	SDB_METRIC_COUNTER(meta, c_rejected, "stripedb_metadata_not_primary_total",
+			   "Requests refused because this member is not the ready leader."),
+	SDB_METRIC_HISTOGRAM(meta, h_commit, "stripedb_metadata_commit_seconds",
+			     "Latency from receiving a write to its commit and apply."),
+	SDB_METRIC_COUNTER_L(meta, c_rt_full, "stripedb_metadata_routing_replies_total",
+			     "getRoutingTable replies sent, by kind (full load or diff).",
+			     "kind=\"full\""),
+	SDB_METRIC_COUNTER_L(meta, c_rt_diff, "stripedb_metadata_routing_replies_total",
+			     "getRoutingTable replies sent, by kind (full load or diff).",
+			     "kind=\"diff\""),
+	SDB_METRIC_COUNTER_L(meta, c_rt_full_bytes, "stripedb_metadata_routing_reply_bytes_total",
+			     "Bytes of getRoutingTable replies sent, by kind.", "kind=\"full\""),
+	SDB_METRIC_COUNTER_L(meta, c_rt_diff_bytes, "stripedb_metadata_routing_reply_bytes_total",
+			     "Bytes of getRoutingTable replies sent, by kind.", "kind=\"diff\""),
+	SDB_METRIC_COUNTER_L(meta, c_rt_full_chunks, "stripedb_metadata_routing_chunks_sent_total",
+			     "Chunks sent in getRoutingTable replies, by kind.", "kind=\"full\""),
+	SDB_METRIC_COUNTER_L(meta, c_rt_diff_chunks, "stripedb_metadata_routing_chunks_sent_total",
+			     "Chunks sent in getRoutingTable replies, by kind.", "kind=\"diff\""),
+};
+
 /* ------------------------------------------------------------------ helpers */
 
 static void reply_not_primary(meta *m, wire_req *req)
@@ -1093,41 +1123,8 @@ static int metadata_start(sdb_role *role)
 	m->role = role;
 	m->id = id;
 	m->raft_addr = sdb_strdup(raft_listen);
-	m->g_term = sdb_metrics_gauge("stripedb_metadata_raft_term", "Current Raft term.", NULL);
-	m->g_leader = sdb_metrics_gauge("stripedb_metadata_is_leader",
-					"1 when this member is the ready Raft leader.", NULL);
-	m->g_rv = sdb_metrics_gauge("stripedb_metadata_routing_version",
-				    "Routing version applied on this member.", NULL);
-	m->g_applied = sdb_metrics_gauge("stripedb_metadata_last_applied",
-					 "Index of the last command applied to the state machine.",
-					 NULL);
-	m->c_commits = sdb_metrics_counter("stripedb_metadata_commits_total",
-					   "Commands committed through this member as leader.", NULL);
-	m->c_rejected = sdb_metrics_counter(
-		"stripedb_metadata_not_primary_total",
-		"Requests refused because this member is not the ready leader.", NULL);
-	m->h_commit = sdb_metrics_histogram("stripedb_metadata_commit_seconds",
-					    "Latency from receiving a write to its commit and apply.",
-					    NULL);
 	m->max_chunks = sdb_config_get_int(cfg, SDB_OPT_max_chunks_per_command, 1000000);
-	m->c_rt_full = sdb_metrics_counter("stripedb_metadata_routing_replies_total",
-					   "getRoutingTable replies sent, by kind (full load or diff).",
-					   "kind=\"full\"");
-	m->c_rt_diff = sdb_metrics_counter("stripedb_metadata_routing_replies_total",
-					   "getRoutingTable replies sent, by kind (full load or diff).",
-					   "kind=\"diff\"");
-	m->c_rt_full_bytes = sdb_metrics_counter(
-		"stripedb_metadata_routing_reply_bytes_total",
-		"Bytes of getRoutingTable replies sent, by kind.", "kind=\"full\"");
-	m->c_rt_diff_bytes = sdb_metrics_counter(
-		"stripedb_metadata_routing_reply_bytes_total",
-		"Bytes of getRoutingTable replies sent, by kind.", "kind=\"diff\"");
-	m->c_rt_full_chunks = sdb_metrics_counter(
-		"stripedb_metadata_routing_chunks_sent_total",
-		"Chunks sent in getRoutingTable replies, by kind.", "kind=\"full\"");
-	m->c_rt_diff_chunks = sdb_metrics_counter(
-		"stripedb_metadata_routing_chunks_sent_total",
-		"Chunks sent in getRoutingTable replies, by kind.", "kind=\"diff\"");
+	SDB_METRICS_REGISTER(m, meta_metrics, NULL);
 
 	memset(&wo, 0, sizeof wo);
 	wo.listen = listen;

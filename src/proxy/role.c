@@ -174,6 +174,35 @@ static char *advertise_of(const char *listen, int port)
 	return out;
 }
 
+static const sdb_metric_def proxy_metrics[] = {
+	SDB_METRIC_COUNTER(proxy, m_stale_retries, "stripedb_proxy_stale_retries_total",
+			   "Requests retried after StaleConfig."),
+	SDB_METRIC_COUNTER(proxy, m_shard_retries,
+		"stripedb_proxy_shard_retries_total",
+		"Shard commands re-sent because the shard had not executed them (restarting, no "
+		"primary) or, for reads and retryable writes, the outcome was unknown."),
+	SDB_METRIC_COUNTER_L(proxy, m_scatter, "stripedb_proxy_routed_total",
+			     "Requests routed, by kind.", "kind=\"scatter\""),
+	SDB_METRIC_COUNTER_L(proxy, m_targeted, "stripedb_proxy_routed_total",
+			     "Requests routed, by kind.", "kind=\"targeted\""),
+	SDB_METRIC_COUNTER(proxy, m_refreshes, "stripedb_proxy_routing_fetches_total",
+			   "Routing tables fetched from metadata."),
+	SDB_METRIC_COUNTER(proxy, m_routing_bytes, "stripedb_proxy_routing_bytes_total",
+			   "Bytes of getRoutingTable replies received (full loads and diffs)."),
+	SDB_METRIC_GAUGE(proxy, m_routing_chunks, "stripedb_proxy_routing_chunks",
+			 "Chunks held in the routing cache."),
+	SDB_METRIC_GAUGE(proxy, m_routing_version, "stripedb_proxy_routing_version",
+			 "Routing version every cached table is up to date with (long poll)."),
+	SDB_METRIC_HISTOGRAM(proxy, m_refresh_time, "stripedb_proxy_routing_refresh_seconds",
+			     "Time to apply one routing change notified by the long poll."),
+	SDB_METRIC_COUNTER(proxy, m_rejected, "stripedb_proxy_quota_rejected_total",
+			   "Requests refused by quota."),
+	SDB_METRIC_GAUGE(proxy, m_ring_ready, "stripedb_proxy_quota_ring_ready",
+			 "1 once every rate-limit peer answered this proxy."),
+	SDB_METRIC_GAUGE(proxy, m_cursors, "stripedb_proxy_cursors_open",
+			 "Proxy cursors open (merged cursors kept for getMore)."),
+};
+
 static int proxy_start(sdb_role *role)
 {
 	proxy *p = sdb_calloc(1, sizeof *p);
@@ -215,36 +244,7 @@ static int proxy_start(sdb_role *role)
 	rc = auth_setup(role, p);
 	if (rc != 0)
 		goto err;
-	p->m_stale_retries = sdb_metrics_counter("stripedb_proxy_stale_retries_total",
-						 "Requests retried after StaleConfig.", NULL);
-	p->m_shard_retries = sdb_metrics_counter(
-		"stripedb_proxy_shard_retries_total",
-		"Shard commands re-sent because the shard had not executed them (restarting, no "
-		"primary) or, for reads and retryable writes, the outcome was unknown.",
-		NULL);
-	p->m_scatter = sdb_metrics_counter("stripedb_proxy_routed_total",
-					   "Requests routed, by kind.", "kind=\"scatter\"");
-	p->m_targeted = sdb_metrics_counter("stripedb_proxy_routed_total",
-					    "Requests routed, by kind.", "kind=\"targeted\"");
-	p->m_refreshes = sdb_metrics_counter("stripedb_proxy_routing_fetches_total",
-					     "Routing tables fetched from metadata.", NULL);
-	p->m_routing_bytes = sdb_metrics_counter(
-		"stripedb_proxy_routing_bytes_total",
-		"Bytes of getRoutingTable replies received (full loads and diffs).", NULL);
-	p->m_routing_chunks = sdb_metrics_gauge("stripedb_proxy_routing_chunks",
-						"Chunks held in the routing cache.", NULL);
-	p->m_routing_version = sdb_metrics_gauge(
-		"stripedb_proxy_routing_version",
-		"Routing version every cached table is up to date with (long poll).", NULL);
-	p->m_refresh_time = sdb_metrics_histogram(
-		"stripedb_proxy_routing_refresh_seconds",
-		"Time to apply one routing change notified by the long poll.", NULL);
-	p->m_rejected = sdb_metrics_counter("stripedb_proxy_quota_rejected_total",
-					    "Requests refused by quota.", NULL);
-	p->m_ring_ready = sdb_metrics_gauge("stripedb_proxy_quota_ring_ready",
-					    "1 once every rate-limit peer answered this proxy.", NULL);
-	p->m_cursors = sdb_metrics_gauge("stripedb_proxy_cursors_open",
-					 "Proxy cursors open (merged cursors kept for getMore).", NULL);
+	SDB_METRICS_REGISTER(p, proxy_metrics, NULL);
 	memset(&o, 0, sizeof o);
 	o.listen = listen;
 	o.role = "proxy";

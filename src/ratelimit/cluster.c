@@ -141,6 +141,35 @@ struct rl_cluster {
 	size_t global_queue_max;        /* keys in cl->hits beyond which hits are dropped */
 };
 
+static const sdb_metric_def cluster_metrics[] = {
+	SDB_METRIC_COUNTER_L(rl_cluster, m_calls_get, "stripedb_ratelimit_peer_calls_total",
+			     "gRPC calls sent to rate-limit peers", "method=\"GetPeerRateLimits\""),
+	SDB_METRIC_COUNTER_L(rl_cluster, m_calls_update, "stripedb_ratelimit_peer_calls_total",
+			     "gRPC calls sent to rate-limit peers", "method=\"UpdatePeerGlobals\""),
+	SDB_METRIC_COUNTER(rl_cluster, m_forwarded, "stripedb_ratelimit_forwarded_requests_total",
+			   "rate-limit requests forwarded to their owner peer"),
+	SDB_METRIC_COUNTER(rl_cluster, m_local, "stripedb_ratelimit_owner_decisions_total",
+			   "rate-limit requests decided on this node as owner"),
+	SDB_METRIC_COUNTER(rl_cluster, m_rerouted, "stripedb_ratelimit_rerouted_requests_total",
+			   "rate-limit requests re-routed to the next owner after a peer failure"),
+	SDB_METRIC_COUNTER(rl_cluster, m_peer_errors, "stripedb_ratelimit_peer_errors_total",
+			   "failed gRPC calls to rate-limit peers"),
+	SDB_METRIC_COUNTER(rl_cluster, m_global_hits, "stripedb_ratelimit_global_hits_sent_total",
+			   "GLOBAL keys whose aggregated hits went to their owner"),
+	SDB_METRIC_COUNTER_L(rl_cluster, m_global_apply, "stripedb_ratelimit_global_updates_total",
+			     "UpdatePeerGlobals entries received, by result", "result=\"applied\""),
+	SDB_METRIC_COUNTER_L(rl_cluster, m_global_skip, "stripedb_ratelimit_global_updates_total",
+			     "UpdatePeerGlobals entries received, by result", "result=\"skipped\""),
+	SDB_METRIC_COUNTER(rl_cluster, m_global_requeued,
+		"stripedb_ratelimit_global_hits_requeued_total",
+		"GLOBAL keys whose hits were queued again after their owner failed"),
+	SDB_METRIC_COUNTER(rl_cluster, m_global_dropped,
+		"stripedb_ratelimit_global_hits_dropped_total",
+		"GLOBAL keys whose aggregated hits were dropped (queue full, refused, stopping)"),
+	SDB_METRIC_COUNTER(rl_cluster, m_ring_changes, "stripedb_ratelimit_ring_changes_total",
+			   "peer rings installed after a membership change"),
+};
+
 
 /* ---- configuration ---- */
 
@@ -1260,41 +1289,7 @@ int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **ou
 			 "(or GUBER_ADVERTISE_ADDRESS) to the address peers reach this node at",
 			 "advertise=%s", cl->advertise);
 
-	cl->m_calls_get = sdb_metrics_counter("stripedb_ratelimit_peer_calls_total",
-					      "gRPC calls sent to rate-limit peers",
-					      "method=\"GetPeerRateLimits\"");
-	cl->m_calls_update = sdb_metrics_counter("stripedb_ratelimit_peer_calls_total",
-						 "gRPC calls sent to rate-limit peers",
-						 "method=\"UpdatePeerGlobals\"");
-	cl->m_forwarded = sdb_metrics_counter("stripedb_ratelimit_forwarded_requests_total",
-					      "rate-limit requests forwarded to their owner peer",
-					      NULL);
-	cl->m_local = sdb_metrics_counter("stripedb_ratelimit_owner_decisions_total",
-					  "rate-limit requests decided on this node as owner", NULL);
-	cl->m_rerouted = sdb_metrics_counter(
-		"stripedb_ratelimit_rerouted_requests_total",
-		"rate-limit requests re-routed to the next owner after a peer failure", NULL);
-	cl->m_peer_errors = sdb_metrics_counter("stripedb_ratelimit_peer_errors_total",
-						"failed gRPC calls to rate-limit peers", NULL);
-	cl->m_global_hits = sdb_metrics_counter("stripedb_ratelimit_global_hits_sent_total",
-						"GLOBAL keys whose aggregated hits went to their owner",
-						NULL);
-	cl->m_global_apply = sdb_metrics_counter(
-		"stripedb_ratelimit_global_updates_total",
-		"UpdatePeerGlobals entries received, by result", "result=\"applied\"");
-	cl->m_global_skip = sdb_metrics_counter(
-		"stripedb_ratelimit_global_updates_total",
-		"UpdatePeerGlobals entries received, by result", "result=\"skipped\"");
-	cl->m_global_requeued = sdb_metrics_counter(
-		"stripedb_ratelimit_global_hits_requeued_total",
-		"GLOBAL keys whose hits were queued again after their owner failed", NULL);
-	cl->m_global_dropped = sdb_metrics_counter(
-		"stripedb_ratelimit_global_hits_dropped_total",
-		"GLOBAL keys whose aggregated hits were dropped (queue full, refused, stopping)",
-		NULL);
-	cl->m_ring_changes = sdb_metrics_counter("stripedb_ratelimit_ring_changes_total",
-						 "peer rings installed after a membership change",
-						 NULL);
+	SDB_METRICS_REGISTER(cl, cluster_metrics, NULL);
 
 	pthread_mutex_init(&cl->mu, NULL);
 	sdb_cond_init_mono(&cl->cv);

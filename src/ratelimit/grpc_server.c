@@ -120,6 +120,13 @@ struct rl_grpc_server {
 	sdb_counter *m_decisions;
 };
 
+static const sdb_metric_def grpc_server_metrics[] = {
+	SDB_METRIC_COUNTER(rl_grpc_server, m_bad, "stripedb_ratelimit_grpc_errors_total",
+			   "gRPC calls answered with a non-OK status"),
+	SDB_METRIC_COUNTER(rl_grpc_server, m_decisions, "stripedb_ratelimit_grpc_decisions_total",
+			   "rate-limit answers sent over gRPC"),
+};
+
 /* Ask gRPC for the next call of method m (-1: of any unregistered method). */
 static void post_request(rl_grpc_server *srv, int m)
 {
@@ -633,10 +640,7 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 							  "gRPC call latency by method",
 							  method_labels[i]);
 	}
-	srv->m_bad = sdb_metrics_counter("stripedb_ratelimit_grpc_errors_total",
-					 "gRPC calls answered with a non-OK status", NULL);
-	srv->m_decisions = sdb_metrics_counter("stripedb_ratelimit_grpc_decisions_total",
-					       "rate-limit answers sent over gRPC", NULL);
+	SDB_METRICS_REGISTER(srv, grpc_server_metrics, NULL);
 
 	args[0].type = GRPC_ARG_INTEGER;
 	args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;

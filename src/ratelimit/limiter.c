@@ -26,6 +26,17 @@ struct rl_limiter {
 	sdb_gauge *m_size;
 };
 
+static const sdb_metric_def limiter_metrics[] = {
+	SDB_METRIC_COUNTER_L(rl_limiter, m_under, "stripedb_ratelimit_decisions_total",
+			     "Rate-limit decisions by outcome", "status=\"under_limit\""),
+	SDB_METRIC_COUNTER_L(rl_limiter, m_over, "stripedb_ratelimit_decisions_total",
+			     "Rate-limit decisions by outcome", "status=\"over_limit\""),
+	SDB_METRIC_COUNTER_L(rl_limiter, m_invalid, "stripedb_ratelimit_decisions_total",
+			     "Rate-limit decisions by outcome", "status=\"error\""),
+	SDB_METRIC_GAUGE(rl_limiter, m_size, "stripedb_ratelimit_cache_keys",
+			 "Keys held in the rate limiter's cache"),
+};
+
 /* Render hook: fold the cache shards' decision tallies into the shared counters (the hot
  * path counts under the shard lock it already holds; one shared atomic per decision cost
  * the second thread most of its gain, tests/bench/README.md). */
@@ -58,14 +69,7 @@ rl_limiter *rl_limiter_new(const rl_limiter_opts *opts)
 	lim->cache = rl_cache_new(opts->cache_size, opts->cache_shards);
 	lim->clock = opts->clock != NULL ? opts->clock : rl_clock_realtime_ms;
 	lim->clock_data = opts->clock_data;
-	lim->m_under = sdb_metrics_counter("stripedb_ratelimit_decisions_total",
-					   "Rate-limit decisions by outcome", "status=\"under_limit\"");
-	lim->m_over = sdb_metrics_counter("stripedb_ratelimit_decisions_total",
-					  "Rate-limit decisions by outcome", "status=\"over_limit\"");
-	lim->m_invalid = sdb_metrics_counter("stripedb_ratelimit_decisions_total",
-					     "Rate-limit decisions by outcome", "status=\"error\"");
-	lim->m_size = sdb_metrics_gauge("stripedb_ratelimit_cache_keys",
-					"Keys held in the rate limiter's cache", NULL);
+	SDB_METRICS_REGISTER(lim, limiter_metrics, NULL);
 	sdb_metrics_add_hook(fold_tallies, lim);
 	return lim;
 }

@@ -458,12 +458,37 @@ typedef struct member_series {
 	sdb_gauge *lag, *lag_ms, *reachable;
 } member_series;
 
+static const sdb_metric_def member_series_metrics[] = {
+	SDB_METRIC_GAUGE(member_series, lag, "stripedb_shard_member_lag_entries",
+			 "On the primary: Raft entries each member is behind the primary's "
+			 "log (absent on other members and for removed members)."),
+	SDB_METRIC_GAUGE(member_series, lag_ms,
+		"stripedb_shard_member_lag_ms",
+		"On the primary: how long each member has been behind, in ms (0: it holds the "
+		"primary's whole log; else the age of the oldest entry it lacks; -1 unknown)."),
+	SDB_METRIC_GAUGE(member_series, reachable, "stripedb_shard_member_reachable",
+			 "On the primary: 1 when the member answered within an "
+			 "election timeout, else 0."),
+};
+
 struct shard_members {
 	uv_timer_t timer;
 	shard *sh;
 	sdb_gauge *g_state, *g_primary, *g_commit, *g_last;
 	member_series per[SHARD_REPL_MAX_MEMBERS * 2];
 	size_t n_per;
+};
+
+static const sdb_metric_def members_metrics[] = {
+	SDB_METRIC_GAUGE(struct shard_members, g_state, "stripedb_shard_raft_state",
+			 "Raft state of this shard member: 0 secondary, 1 candidate, "
+			 "2 primary."),
+	SDB_METRIC_GAUGE(struct shard_members, g_primary, "stripedb_shard_raft_primary_id",
+			 "Member id of the primary as this member knows it (0: none)."),
+	SDB_METRIC_GAUGE(struct shard_members, g_commit, "stripedb_shard_raft_commit_index",
+			 "Raft commit index known to this shard member."),
+	SDB_METRIC_GAUGE(struct shard_members, g_last, "stripedb_shard_raft_last_index",
+			 "Index of the last entry of this shard member's Raft log."),
 };
 
 static member_series *series_of(struct shard_members *m, uint64_t id)
@@ -477,19 +502,7 @@ static member_series *series_of(struct shard_members *m, uint64_t id)
 	snprintf(labels, sizeof labels, "member=\"%llu\"", (unsigned long long)id);
 	member_series *p = &m->per[m->n_per++];
 	p->id = id;
-	p->lag = sdb_metrics_gauge("stripedb_shard_member_lag_entries",
-				   "On the primary: Raft entries each member is behind the primary's "
-				   "log (absent on other members and for removed members).",
-				   labels);
-	p->lag_ms = sdb_metrics_gauge(
-		"stripedb_shard_member_lag_ms",
-		"On the primary: how long each member has been behind, in ms (0: it holds the "
-		"primary's whole log; else the age of the oldest entry it lacks; -1 unknown).",
-		labels);
-	p->reachable = sdb_metrics_gauge("stripedb_shard_member_reachable",
-					 "On the primary: 1 when the member answered within an "
-					 "election timeout, else 0.",
-					 labels);
+	SDB_METRICS_REGISTER(p, member_series_metrics, labels);
 	return p;
 }
 
@@ -551,17 +564,7 @@ void shard_members_start(shard *sh)
 		return;
 	m = sdb_calloc(1, sizeof *m);
 	m->sh = sh;
-	m->g_state = sdb_metrics_gauge("stripedb_shard_raft_state",
-				       "Raft state of this shard member: 0 secondary, 1 candidate, "
-				       "2 primary.",
-				       NULL);
-	m->g_primary = sdb_metrics_gauge("stripedb_shard_raft_primary_id",
-					 "Member id of the primary as this member knows it (0: none).",
-					 NULL);
-	m->g_commit = sdb_metrics_gauge("stripedb_shard_raft_commit_index",
-					"Raft commit index known to this shard member.", NULL);
-	m->g_last = sdb_metrics_gauge("stripedb_shard_raft_last_index",
-				      "Index of the last entry of this shard member's Raft log.", NULL);
+	SDB_METRICS_REGISTER(m, members_metrics, NULL);
 	uv_timer_init(sh->role->loop, &m->timer);
 	m->timer.data = m;
 	uv_timer_start(&m->timer, sample, 0, SHARD_MEMBERS_SAMPLE_MS);

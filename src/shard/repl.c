@@ -1019,6 +1019,28 @@ static void check_name(void *arg, const char *key, const char *value)
 	*(char **)arg = sdb_strdup(value);
 }
 
+static const sdb_metric_def repl_metrics[] = {
+	SDB_METRIC_GAUGE(shard_repl, g_term, "stripedb_shard_raft_term",
+			 "Current Raft term of this shard member."),
+	SDB_METRIC_GAUGE(shard_repl, g_primary, "stripedb_shard_is_primary",
+			 "1 when this shard member is the ready primary."),
+	SDB_METRIC_GAUGE(shard_repl, g_applied, "stripedb_shard_raft_applied",
+			 "Index of the last Raft entry applied to shard.db."),
+	SDB_METRIC_COUNTER(shard_repl, c_batches, "stripedb_shard_repl_batches_total",
+			   "Raft entries of writes proposed by this member."),
+	SDB_METRIC_COUNTER(shard_repl, c_cmds, "stripedb_shard_repl_commands_total",
+			   "Write commands proposed by this member."),
+	SDB_METRIC_COUNTER(shard_repl, c_not_primary, "stripedb_shard_not_primary_total",
+			   "Commands refused because this member is not primary."),
+	SDB_METRIC_HISTOGRAM(shard_repl, h_commit, "stripedb_shard_commit_seconds",
+			     "From proposing a batch of writes to its apply here."),
+	SDB_METRIC_HISTOGRAM(shard_repl, h_apply, "stripedb_shard_apply_seconds",
+			     "Time to apply one Raft entry to shard.db (loop thread)."),
+	SDB_METRIC_HISTOGRAM(shard_repl, h_stall, "stripedb_shard_loop_stall_seconds",
+			     "How late a 50 ms loop-thread timer fired (time the loop "
+			     "was busy: no Raft heartbeat sent or read meanwhile)."),
+};
+
 int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 {
 	const sdb_config *cfg = sh->role->cfg;
@@ -1107,27 +1129,7 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	r->me = sdb_strdup(wire_addr);
 	/* a one-member set without --raft-listen listens on an ephemeral loopback port */
 	r->raft_addr = sdb_strdup(raft_listen ? raft_listen : "127.0.0.1:0");
-	r->g_term = sdb_metrics_gauge("stripedb_shard_raft_term", "Current Raft term of this shard member.", NULL);
-	r->g_primary = sdb_metrics_gauge("stripedb_shard_is_primary",
-					 "1 when this shard member is the ready primary.", NULL);
-	r->g_applied = sdb_metrics_gauge("stripedb_shard_raft_applied",
-					 "Index of the last Raft entry applied to shard.db.", NULL);
-	r->c_batches = sdb_metrics_counter("stripedb_shard_repl_batches_total",
-					   "Raft entries of writes proposed by this member.", NULL);
-	r->c_cmds = sdb_metrics_counter("stripedb_shard_repl_commands_total",
-					"Write commands proposed by this member.", NULL);
-	r->c_not_primary = sdb_metrics_counter("stripedb_shard_not_primary_total",
-					       "Commands refused because this member is not primary.",
-					       NULL);
-	r->h_commit = sdb_metrics_histogram("stripedb_shard_commit_seconds",
-					    "From proposing a batch of writes to its apply here.", NULL);
-	r->h_apply = sdb_metrics_histogram("stripedb_shard_apply_seconds",
-					   "Time to apply one Raft entry to shard.db (loop thread).",
-					   NULL);
-	r->h_stall = sdb_metrics_histogram("stripedb_shard_loop_stall_seconds",
-					   "How late a 50 ms loop-thread timer fired (time the loop "
-					   "was busy: no Raft heartbeat sent or read meanwhile).",
-					   NULL);
+	SDB_METRICS_REGISTER(r, repl_metrics, NULL);
 
 	rc = sdb_store_conn_open(sh->store, &r->conn, err, errlen);
 	if (rc)

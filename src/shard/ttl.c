@@ -21,6 +21,13 @@ struct shard_ttl {
 	void *stopped_arg;
 };
 
+static const sdb_metric_def ttl_metrics[] = {
+	SDB_METRIC_COUNTER(shard_ttl, c_deleted, "stripedb_shard_ttl_deleted_total",
+			   "Documents deleted by the TTL monitor (on the primary)."),
+	SDB_METRIC_COUNTER(shard_ttl, c_passes, "stripedb_shard_ttl_passes_total",
+			   "TTL monitor passes run on this member as primary."),
+};
+
 typedef struct ttl_del {
 	shard_ttl *t;
 	char ns[256];
@@ -127,11 +134,7 @@ shard_ttl *shard_ttl_start(shard *sh, int64_t interval_s)
 		free(t);
 		return NULL;
 	}
-	t->c_deleted = sdb_metrics_counter("stripedb_shard_ttl_deleted_total",
-					   "Documents deleted by the TTL monitor (on the primary).",
-					   NULL);
-	t->c_passes = sdb_metrics_counter("stripedb_shard_ttl_passes_total",
-					  "TTL monitor passes run on this member as primary.", NULL);
+	SDB_METRICS_REGISTER(t, ttl_metrics, NULL);
 	uv_timer_init(sh->role->loop, &t->timer);
 	t->timer.data = t;
 	uv_timer_start(&t->timer, pass, (uint64_t)interval_s * 1000, (uint64_t)interval_s * 1000);

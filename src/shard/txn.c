@@ -84,6 +84,21 @@ struct shard_txns {
 	sdb_gauge *g_open;
 };
 
+static const sdb_metric_def txns_metrics[] = {
+	SDB_METRIC_COUNTER(shard_txns, c_started, "stripedb_shard_txn_started_total",
+			   "Multi-document transactions started on this primary."),
+	SDB_METRIC_COUNTER(shard_txns, c_committed, "stripedb_shard_txn_committed_total",
+			   "Multi-document transactions committed (commitTransaction "
+			   "answered ok, read-only ones included)."),
+	SDB_METRIC_COUNTER(shard_txns, c_aborted, "stripedb_shard_txn_aborted_total",
+			   "Multi-document transactions aborted (abortTransaction, "
+			   "conflict, error, timeout, step down)."),
+	SDB_METRIC_COUNTER(shard_txns, c_conflicts, "stripedb_shard_txn_write_conflicts_total",
+			   "Transactions aborted by WriteConflict (112)."),
+	SDB_METRIC_GAUGE(shard_txns, g_open, "stripedb_shard_txn_open",
+			 "Multi-document transactions open on this primary."),
+};
+
 /* ------------------------------------------------------------------ records */
 
 static void ops_free(shard_txn_rec *t)
@@ -381,20 +396,7 @@ shard_txns *shard_txns_start(shard *sh, int64_t limit_s)
 	uv_timer_init(sh->role->loop, &T->timer);
 	T->timer.data = T;
 	uv_timer_start(&T->timer, timer_cb, tick, tick);
-	T->c_started = sdb_metrics_counter("stripedb_shard_txn_started_total",
-					   "Multi-document transactions started on this primary.", NULL);
-	T->c_committed = sdb_metrics_counter("stripedb_shard_txn_committed_total",
-					     "Multi-document transactions committed (commitTransaction "
-					     "answered ok, read-only ones included).",
-					     NULL);
-	T->c_aborted = sdb_metrics_counter("stripedb_shard_txn_aborted_total",
-					   "Multi-document transactions aborted (abortTransaction, "
-					   "conflict, error, timeout, step down).",
-					   NULL);
-	T->c_conflicts = sdb_metrics_counter("stripedb_shard_txn_write_conflicts_total",
-					     "Transactions aborted by WriteConflict (112).", NULL);
-	T->g_open = sdb_metrics_gauge("stripedb_shard_txn_open",
-				      "Multi-document transactions open on this primary.", NULL);
+	SDB_METRICS_REGISTER(T, txns_metrics, NULL);
 	return T;
 }
 

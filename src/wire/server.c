@@ -79,22 +79,24 @@ static void conn_unref(wire_conn *conn)
 
 /* ---- metrics ---- */
 
+/* A command's series: its labels are role="R",cmd="C" and then the row's. */
+static const sdb_metric_def entry_metrics[] = {
+	SDB_METRIC_COUNTER_L(wire_cmd_entry, ok, "stripedb_wire_commands_total",
+			     "Wire protocol commands completed, by command and status.",
+			     "status=\"ok\""),
+	SDB_METRIC_COUNTER_L(wire_cmd_entry, error, "stripedb_wire_commands_total",
+			     "Wire protocol commands completed, by command and status.",
+			     "status=\"error\""),
+	SDB_METRIC_HISTOGRAM(wire_cmd_entry, duration, "stripedb_wire_command_duration_seconds",
+			     "Wire protocol command latency, receive to reply queued."),
+};
+
 static void entry_init_metrics(wire_server *srv, wire_cmd_entry *e, const char *cmd)
 {
 	char labels[256];
 
-	snprintf(labels, sizeof labels, "role=\"%s\",cmd=\"%s\",status=\"ok\"", srv->role, cmd);
-	e->ok = sdb_metrics_counter("stripedb_wire_commands_total",
-				    "Wire protocol commands completed, by command and status.",
-				    labels);
-	snprintf(labels, sizeof labels, "role=\"%s\",cmd=\"%s\",status=\"error\"", srv->role, cmd);
-	e->error = sdb_metrics_counter("stripedb_wire_commands_total",
-				       "Wire protocol commands completed, by command and status.",
-				       labels);
 	snprintf(labels, sizeof labels, "role=\"%s\",cmd=\"%s\"", srv->role, cmd);
-	e->duration = sdb_metrics_histogram("stripedb_wire_command_duration_seconds",
-					    "Wire protocol command latency, receive to reply queued.",
-					    labels);
+	SDB_METRICS_REGISTER(e, entry_metrics, labels);
 }
 
 /* ---- requests ---- */
@@ -1148,6 +1150,17 @@ static void on_failed_listener_closed(uv_handle_t *h)
 	srv_free(h->data);
 }
 
+static const sdb_metric_def server_metrics[] = {
+	SDB_METRIC_GAUGE(wire_server, m_conns, "stripedb_wire_connections",
+			 "Open wire protocol client connections."),
+	SDB_METRIC_COUNTER(wire_server, m_bytes_in, "stripedb_wire_bytes_in_total",
+			   "Bytes read from wire protocol clients."),
+	SDB_METRIC_COUNTER(wire_server, m_bytes_out, "stripedb_wire_bytes_out_total",
+			   "Bytes written to wire protocol clients."),
+	SDB_METRIC_COUNTER(wire_server, m_refused, "stripedb_wire_connections_refused_total",
+			   "Connections refused because max-connections was reached."),
+};
+
 int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server **out, char *err,
 		    size_t errlen)
 {
@@ -1202,17 +1215,7 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	{
 		char labels[128];
 		snprintf(labels, sizeof labels, "role=\"%s\"", srv->role);
-		srv->m_conns = sdb_metrics_gauge("stripedb_wire_connections",
-						 "Open wire protocol client connections.", labels);
-		srv->m_bytes_in = sdb_metrics_counter("stripedb_wire_bytes_in_total",
-						      "Bytes read from wire protocol clients.",
-						      labels);
-		srv->m_bytes_out = sdb_metrics_counter("stripedb_wire_bytes_out_total",
-						       "Bytes written to wire protocol clients.",
-						       labels);
-		srv->m_refused = sdb_metrics_counter(
-			"stripedb_wire_connections_refused_total",
-			"Connections refused because max-connections was reached.", labels);
+		SDB_METRICS_REGISTER(srv, server_metrics, labels);
 	}
 	entry_init_metrics(srv, &srv->unknown, "unknown");
 	entry_init_metrics(srv, &srv->invalid, "invalid");

@@ -65,11 +65,84 @@ static void test_counter_gauge_histogram(void **state)
 	free(text);
 }
 
+/* A struct as the roles keep them, and its table. */
+typedef struct reg_obj {
+	int before;
+	sdb_gauge *g_lag;
+	sdb_counter *c_full;
+	sdb_counter *c_diff;
+	sdb_histogram *h_apply;
+	int after;
+} reg_obj;
+
+static const sdb_metric_def reg_obj_metrics[] = {
+	SDB_METRIC_GAUGE(reg_obj, g_lag, "t_reg_lag_seconds", "Reg: lag (s)."),
+	SDB_METRIC_COUNTER_L(reg_obj, c_full, "t_reg_replies_total", "Reg: replies, by kind.",
+			     "kind=\"full\""),
+	SDB_METRIC_COUNTER_L(reg_obj, c_diff, "t_reg_replies_total", "Reg: replies, by kind.",
+			     "kind=\"diff\""),
+	SDB_METRIC_HISTOGRAM(reg_obj, h_apply, "t_reg_apply_seconds", "Reg: apply time."),
+};
+
+/* Registering a table fills every field with the series the one-by-one calls return,
+ * labels joined (call's first), and leaves the rest of the struct alone. */
+static void test_register_table(void **state)
+{
+	reg_obj o = {.before = 11, .after = 22};
+	reg_obj bare = {0};
+	size_t len;
+	char *text;
+
+	(void)state;
+	SDB_METRICS_REGISTER(&o, reg_obj_metrics, "shard=\"a\"");
+	SDB_METRICS_REGISTER(&bare, reg_obj_metrics, NULL);
+	assert_int_equal(o.before, 11);
+	assert_int_equal(o.after, 22);
+	assert_ptr_equal(o.g_lag, sdb_metrics_gauge("t_reg_lag_seconds", "Reg: lag (s).",
+						    "shard=\"a\""));
+	assert_ptr_equal(o.c_full, sdb_metrics_counter("t_reg_replies_total",
+						       "Reg: replies, by kind.",
+						       "shard=\"a\",kind=\"full\""));
+	assert_ptr_equal(o.c_diff, sdb_metrics_counter("t_reg_replies_total",
+						       "Reg: replies, by kind.",
+						       "shard=\"a\",kind=\"diff\""));
+	assert_ptr_equal(o.h_apply, sdb_metrics_histogram("t_reg_apply_seconds",
+							  "Reg: apply time.", "shard=\"a\""));
+	assert_ptr_equal(bare.g_lag, sdb_metrics_gauge("t_reg_lag_seconds", "Reg: lag (s).", NULL));
+	assert_ptr_equal(bare.c_full, sdb_metrics_counter("t_reg_replies_total",
+							  "Reg: replies, by kind.",
+							  "kind=\"full\""));
+	assert_ptr_not_equal(o.c_full, o.c_diff);
+	assert_ptr_not_equal(o.g_lag, bare.g_lag);
+
+	sdb_gauge_set(o.g_lag, 9);
+	sdb_counter_add(o.c_full, 4);
+	sdb_counter_inc(bare.c_diff);
+	sdb_histogram_observe_ns(o.h_apply, 2000000); /* 2 ms -> le 0.0025 */
+	text = sdb_metrics_render(&len);
+	assert_non_null(strstr(text, "# HELP t_reg_lag_seconds Reg: lag (s).\n"
+				     "# TYPE t_reg_lag_seconds gauge\n"
+				     "t_reg_lag_seconds{shard=\"a\"} 9\n"
+				     "t_reg_lag_seconds 0\n"));
+	assert_non_null(strstr(text, "# HELP t_reg_replies_total Reg: replies, by kind.\n"
+				     "# TYPE t_reg_replies_total counter\n"
+				     "t_reg_replies_total{shard=\"a\",kind=\"full\"} 4\n"
+				     "t_reg_replies_total{shard=\"a\",kind=\"diff\"} 0\n"
+				     "t_reg_replies_total{kind=\"full\"} 0\n"
+				     "t_reg_replies_total{kind=\"diff\"} 1\n"));
+	assert_non_null(strstr(text, "# TYPE t_reg_apply_seconds histogram\n"));
+	assert_non_null(strstr(text, "t_reg_apply_seconds_bucket{shard=\"a\",le=\"0.0025\"} 1\n"));
+	assert_non_null(strstr(text, "t_reg_apply_seconds_count{shard=\"a\"} 1\n"));
+	assert_non_null(strstr(text, "t_reg_apply_seconds_count 0\n"));
+	free(text);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_counter_gauge_histogram),
 		cmocka_unit_test(test_gauge_hide),
+		cmocka_unit_test(test_register_table),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
