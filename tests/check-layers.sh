@@ -11,7 +11,18 @@
 #   src/routing -> routing, storage, common
 #   src/auth    -> auth, tls, wire, raft, common (no exception: login throttling gets its
 #                  counters from the proxy, auth_gate_opts.failures_*)
-# An allowed entry is a folder or one header (folder/file.h).
+# Roles never include each other, except where one runs inside the other by design:
+#   src/shard       -> shard and the shared layers
+#   src/proxy       -> proxy, ratelimit/limiter.h and ratelimit/grpc_server.h (the tenant
+#                      quotas: the proxy joins the rate limiter's ring in process)
+#   src/metadata    -> metadata and the shared layers
+#   src/coordinator -> coordinator, cdc (the coordinator runs the CDC publishers, archive
+#                      and backups)
+#   src/ratelimit, src/cdc, src/bench -> themselves and the shared layers
+# (the shared layers: common, tls, wire, auth, raft, routing, storage; so no include circle
+# is possible among wire, auth, proxy and shard).
+# An allowed entry is a folder or one header (folder/file.h). Any spelling of the directive
+# counts (leading blanks, `# include`).
 # Run by `make check`; by hand: tests/check-layers.sh [SRCDIR]
 srcdir=${1:-${STRIPEDB_SRCDIR:-$(dirname "$0")/..}}
 bad=0
@@ -20,9 +31,10 @@ check() { # DIR ALLOWED-PREFIX...
 	shift
 	allowed=$*
 	for f in $(find "$srcdir/$dir" -name '*.[ch]'); do
-		grep -n '^#include "[a-z_]*/' "$f" | while IFS= read -r line; do
-			inc=$(printf '%s\n' "$line" | sed 's/.*#include "\([a-z_]*\)\/.*/\1/')
-			hdr=$(printf '%s\n' "$line" | sed 's/.*#include "\([^"]*\)".*/\1/')
+		grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[a-z_]+/' "$f" |
+		while IFS= read -r line; do
+			inc=$(printf '%s\n' "$line" | sed -E 's/.*include[[:space:]]*"([a-z_]+)\/.*/\1/')
+			hdr=$(printf '%s\n' "$line" | sed -E 's/.*include[[:space:]]*"([^"]*)".*/\1/')
 			ok=0
 			for a in $allowed; do
 				[ "$inc" = "$a" ] || [ "$hdr" = "$a" ] && ok=1
@@ -33,7 +45,13 @@ check() { # DIR ALLOWED-PREFIX...
 }
 out=$(check src/common common; check src/tls tls common; check src/wire wire tls common
       check storage storage common; check raft raft common
-      check src/routing routing storage common; check src/auth auth tls wire raft common)
+      check src/routing routing storage common; check src/auth auth tls wire raft common
+      shared="common tls wire auth raft routing storage"
+      check src/shard shard $shared; check src/metadata metadata $shared
+      check src/proxy proxy ratelimit/limiter.h ratelimit/grpc_server.h $shared
+      check src/coordinator coordinator cdc $shared
+      check src/ratelimit ratelimit $shared; check src/cdc cdc $shared
+      check src/bench bench $shared)
 if [ -n "$out" ]; then
 	printf '%s\n' "$out" >&2
 	bad=1
