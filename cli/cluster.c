@@ -59,6 +59,7 @@
 
 #include "auth/cluster.h"
 #include "common/alloc.h"
+#include "common/metauri.h"
 #include "common/clock.h"
 #include "common/log.h"
 
@@ -112,18 +113,18 @@ static int role_healthy(const cl_spec *s, const cl_host *h, int r)
 /* hello on one metadata member: 1 leader, 0 not (or unreachable). */
 static int member_leads(const cl_spec *s, const cl_host *h)
 {
-	char uri[256];
+	char hp[256];
+	char *uri;
 	mongoc_client_t *cl;
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_error_t e;
 	bson_iter_t it;
 	int leader = 0;
 
-	snprintf(uri, sizeof uri,
-		 "mongodb://%s:%d/?directConnection=true&serverSelectionTimeoutMS=2000"
-		 "&connectTimeoutMS=2000",
-		 h->addr, cl_port_of(s, h, P_META_WIRE));
+	snprintf(hp, sizeof hp, "%s:%d", h->addr, cl_port_of(s, h, P_META_WIRE));
+	uri = sdb_meta_uri(hp, true, 2000, 2000, 0);
 	cl = auth_cluster_client_new(uri);
+	free(uri);
 	if (cl == NULL) {
 		return 0;
 	}
@@ -355,14 +356,15 @@ static int shard_seen(const cl_spec *s, const cl_host *h)
 /* A client of the metadata group (the replica set of its members); NULL on bad addresses. */
 static mongoc_client_t *meta_client(const cl_spec *s)
 {
-	sbuf uri = {0};
+	sbuf hosts = {0};
 	mongoc_client_t *cl;
+	char *uri;
 
-	cl_sb_printf(&uri, "mongodb://");
-	cl_metadata_list(s, &uri);
-	cl_sb_printf(&uri, "/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=5000");
-	cl = auth_cluster_client_new(uri.p);
-	free(uri.p);
+	cl_metadata_list(s, &hosts);
+	uri = sdb_meta_uri(hosts.p ? hosts.p : "", false, 5000, 0, 0);
+	cl = auth_cluster_client_new(uri);
+	free(uri);
+	free(hosts.p);
 	return cl;
 }
 

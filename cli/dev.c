@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/metauri.h"
 #include "common/clock.h"
 #include "raft/migstate.h"
 
@@ -407,19 +408,20 @@ static void free_cluster(dev_cluster *c)
 
 static void metadata_uri(const dev_cluster *c, char *buf, size_t n)
 {
-	size_t o = (size_t)snprintf(buf, n, "mongodb://");
-	int first = 1;
+	char hosts[1024];
+	size_t o = 0;
+	char *uri;
 
-	for (int i = 0; i < c->n && o < n; i++) {
+	hosts[0] = '\0';
+	for (int i = 0; i < c->n && o < sizeof hosts; i++) {
 		if (strcmp(c->procs[i].role, "metadata") == 0) {
-			o += (size_t)snprintf(buf + o, n - o, "%s127.0.0.1:%d", first ? "" : ",",
-					      c->procs[i].wire);
-			first = 0;
+			o += (size_t)snprintf(hosts + o, sizeof hosts - o, "%s127.0.0.1:%d",
+					      o ? "," : "", c->procs[i].wire);
 		}
 	}
-	if (o < n) {
-		snprintf(buf + o, n - o, "/?replicaSet=stripedb-meta&serverSelectionTimeoutMS=20000");
-	}
+	uri = sdb_meta_uri(hosts, false, 20000, 0, 0);
+	snprintf(buf, n, "%s", uri);
+	free(uri);
 }
 
 static void addr_list(const dev_cluster *c, const char *role, int grpc, char *buf, size_t n)
@@ -1163,9 +1165,11 @@ static const dev_proc *metadata_leader(const dev_cluster *c)
 		if (strcmp(p->role, "metadata") != 0 || !pid_alive(p->pid)) {
 			continue;
 		}
-		snprintf(uri, sizeof uri,
-			 "mongodb://127.0.0.1:%d/?directConnection=true&serverSelectionTimeoutMS=2000",
-			 p->wire);
+		char hp[64], *u;
+		snprintf(hp, sizeof hp, "127.0.0.1:%d", p->wire);
+		u = sdb_meta_uri(hp, true, 2000, 0, 0);
+		snprintf(uri, sizeof uri, "%s", u);
+		free(u);
 		cl = mongoc_client_new(uri);
 		BSON_APPEND_INT32(&cmd, "hello", 1);
 		if (cl != NULL && mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e)) {

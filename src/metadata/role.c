@@ -19,6 +19,7 @@
 #include "auth/raftsec.h"
 #include "auth/scram.h"
 #include "common/alloc.h"
+#include "common/metauri.h"
 #include "common/bsonget.h"
 #include "raft/migstate.h"
 #include "common/err.h"
@@ -30,7 +31,6 @@
 #include "raft/node.h"
 #include "wire/server.h"
 
-#define META_SET_NAME "stripedb-meta"
 #define META_MAX_WAIT_MS 60000
 #define META_SCRAM_ITERATIONS 15000
 #define META_SCRAM_SHA1_ITERATIONS 10000 /* MongoDB's scramIterationCount default */
@@ -861,11 +861,11 @@ static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 
 	if (m->stopping) { /* the node may already be gone: say only "not writable" */
 		sdb_hello_set_writable(cmd, reply, false);
-		BSON_APPEND_UTF8(reply, "setName", META_SET_NAME);
+		BSON_APPEND_UTF8(reply, "setName", SDB_META_REPLICA_SET);
 		return;
 	}
 	bool ready = sdb_node_ready(m->node);
-	sdb_node_hello_info h = {.set_name = META_SET_NAME,
+	sdb_node_hello_info h = {.set_name = SDB_META_REPLICA_SET,
 			    .set_version = 1,
 			    .me = m->wire_addr,
 			    .ready = ready,
