@@ -21,7 +21,9 @@
  * updateMigration it proposes (src/metadata/role.c). Entries without it (written by an
  * older binary, or replayed from an older log) apply with the old rules (any state,
  * optional expectState), so every member replays a log to the same state whatever
- * version wrote it.
+ * version wrote it. The leader also checks a stamped entry before proposing it
+ * (expectState present, expectState -> state an edge), so an older member, which applies
+ * it with the old rules but checks expectState, reaches the same state as the new ones.
  *
  * Op version 3 (one active migration per chunk): a registerMigration entry stamped
  * opVersion >= MIGSTATE_OP_VERSION_EXCLUSIVE is refused at apply (117

@@ -319,6 +319,37 @@ static int check_int_args(const bson_t *args, sdb_bson_err *e)
 	return 0;
 }
 
+/* The leader's check of an updateMigration before proposing it (args: the entry's
+ * arguments): expectState is required, and a new state must be a legal edge from it
+ * (raft/migstate.h). Returns: 0, or a MongoDB code (2 BadValue: no expectState or an
+ * unknown state name; 20 IllegalOperation: not an edge) with the reason in why. */
+static int updmig_precheck(const bson_t *args, char *why, size_t whylen)
+{
+	bson_iter_t it;
+	const char *expect = NULL, *state = NULL;
+
+	if (bson_iter_init_find(&it, args, "expectState") && BSON_ITER_HOLDS_UTF8(&it))
+		expect = bson_iter_utf8(&it, NULL);
+	if (bson_iter_init_find(&it, args, "state") && BSON_ITER_HOLDS_UTF8(&it))
+		state = bson_iter_utf8(&it, NULL);
+	if (expect == NULL) {
+		snprintf(why, whylen, "expectState (the state the migration is in) is required");
+		return WIRE_ERR_BAD_VALUE;
+	}
+	if (migrate_state_parse(expect) == MIG_UNKNOWN ||
+	    (state != NULL && migrate_state_parse(state) == MIG_UNKNOWN)) {
+		snprintf(why, whylen, "unknown migration state %s",
+			 migrate_state_parse(expect) == MIG_UNKNOWN ? expect : state);
+		return WIRE_ERR_BAD_VALUE;
+	}
+	if (state != NULL && strcmp(state, expect) != 0 &&
+	    !migrate_transition_ok(migrate_state_parse(expect), migrate_state_parse(state))) {
+		snprintf(why, whylen, "illegal transition %s -> %s", expect, state);
+		return WIRE_ERR_ILLEGAL_OPERATION;
+	}
+	return 0;
+}
+
 static void h_write(wire_req *req, void *data)
 {
 	meta *m = data;
@@ -352,9 +383,21 @@ static void h_write(wire_req *req, void *data)
 		wire_req_error(req, e.code, "%s: %s", name, e.msg);
 		return;
 	}
-	if (strcmp(name, "updateMigration") == 0)
+	if (strcmp(name, "updateMigration") == 0) {
+		/* checked here too, before anything is in the log: an entry this leader stamps
+		 * names expectState and a legal expectState -> state edge, so a member of an
+		 * older binary (which applies stamped entries with the old rules but checks
+		 * expectState) reaches the same state as the new ones during a rolling upgrade */
+		char why[160];
+		int code = updmig_precheck(&args, why, sizeof why);
+		if (code != 0) {
+			bson_destroy(&args);
+			wire_req_error(req, code, "updateMigration: %s", why);
+			return;
+		}
 		/* the leader, not the client, says which rules apply (raft/migstate.h) */
 		BSON_APPEND_INT32(&args, "opVersion", MIGSTATE_OP_VERSION);
+	}
 	else if (strcmp(name, "registerMigration") == 0 || strcmp(name, "shardCollection") == 0 ||
 		 strcmp(name, "setShardDraining") == 0 || strcmp(name, "pingProxy") == 0)
 		/* 3 (one active migration per chunk; MongoDB's hashed initial split points and

@@ -152,3 +152,33 @@ def test_second_active_migration_of_a_chunk_is_refused_by_metadata(start_role, t
 
     # every member applied the same refusals: identical state and apply chain
     c.converged(c.members)
+
+
+def test_leader_refuses_an_illegal_migration_update_before_the_log(start_role, tmp_path):
+    """The leader checks an updateMigration before proposing it (src/metadata/role.c):
+    expectState required, expectState -> state an edge of raft/migstate.h's table. So no
+    entry a member of an older binary would apply differently enters the log during a
+    rolling upgrade; the record's version shows nothing was applied."""
+    c = Cluster(start_role, tmp_path, 1)
+    wait_until(lambda: c.leader().cmd("metadataStatus", 1)["opVersion"] == 3, 30,
+               what="the new cluster's op version 3")  # its one setOpVersion entry is in
+    c.write("registerMigration", "m1", ns=NS, chunk=1, **{"from": "shard-a"}, to="shard-b")
+    before = c.leader().cmd("getMigration", "m1")["migration"]
+    last_index = c.leader().cmd("metadataStatus", 1)["lastIndex"]
+    for kw, code in (({"state": "importing"}, 2),                  # no expectState
+                     ({"expectState": "registered", "state": "complete"}, 20),
+                     ({"expectState": "registered", "state": "nonsense"}, 2),
+                     ({"expectState": "bogus", "state": "importing"}, 2)):
+        try:
+            c.leader().cmd("updateMigration", "m1", **kw)
+            raise AssertionError(f"updateMigration {kw} was accepted")
+        except OperationFailure as e:
+            assert e.code == code, (kw, e.details)
+    # refused before proposing: the log did not grow (apply would refuse them too, but
+    # only after every member, old binaries included, had the entry)
+    assert c.leader().cmd("metadataStatus", 1)["lastIndex"] == last_index
+    after = c.leader().cmd("getMigration", "m1")["migration"]
+    assert after["state"] == "registered" and after["version"] == before["version"]
+    # a legal edge still applies
+    r = c.write("updateMigration", "m1", expectState="registered", state="importing")
+    assert r["state"] == "importing" and r["version"] == before["version"] + 1
