@@ -85,6 +85,8 @@ typedef struct waiter {
 	uint64_t started, ended; /* sdb_mono_ms */
 	int rc;
 	bool signalled;
+	bool waiting; /* set under mu just before the first wait: a thread that then holds mu
+		       * knows the waiter is inside the condition variable wait */
 	atomic_bool done;
 } waiter;
 
@@ -98,6 +100,7 @@ static void *wait_main(void *arg)
 	w->started = sdb_mono_ms();
 	deadline = w->started + (uint64_t)w->wait_ms;
 	w->rc = 0;
+	w->waiting = true; /* mu stays held until the wait below releases it */
 	if (w->in_us) {
 		/* sdb_cond_wait_until_us on one deadline, as the rate-limit flusher calls it */
 		uint64_t deadline_us = sdb_mono_us() + (uint64_t)w->wait_ms * 1000u;
@@ -177,7 +180,15 @@ static void test_signal_wakes_monotonic_wait(void **state)
 	pthread_mutex_init(&w.mu, NULL);
 	sdb_cond_init_mono(&w.cv);
 	assert_int_equal(pthread_create(&t, NULL, wait_main, &w), 0);
-	pthread_mutex_lock(&w.mu);
+	/* signal only once the waiter is inside the wait (it holds mu from setting waiting
+	 * until the wait releases it), so the wake-up path is what ends it */
+	for (;;) {
+		pthread_mutex_lock(&w.mu);
+		if (w.waiting)
+			break;
+		pthread_mutex_unlock(&w.mu);
+		sdb_sleep_ms(1);
+	}
 	w.signalled = true;
 	pthread_cond_signal(&w.cv);
 	pthread_mutex_unlock(&w.mu);
