@@ -1,5 +1,5 @@
 /* Routing tables: collections, shard keys and chunks, as the metadata service serves them.
- * Shared by the proxy (its routing cache, src/proxy/role.c), the coordinator and ctl
+ * Shared by the proxy (its routing cache, src/proxy/catalog.c), the coordinator and ctl
  * (migrations), and the shard (its filtering metadata, src/shard/filtering.c).
  *
  * Source of the behaviour: DESIGN.md §1 (chunks are half-open shard-key ranges [min, max)),
