@@ -7,6 +7,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "storage/keyenc.h"
@@ -448,7 +449,7 @@ int sdb_query_open(sdb_store_conn *c, const char *db, const char *coll,
 	*out = NULL;
 	*code = 0;
 	sdb_query *q = sdb_store_calloc_aligned(sizeof *q);
-	q->start_ns = uv_hrtime();
+	q->start_ns = sdb_mono_ns();
 	q->owns = spec->owns;
 	q->owns_arg = spec->owns_arg;
 	q->owns_free = spec->owns_free;
@@ -630,7 +631,7 @@ int sdb_query_next(sdb_query *q, const bson_t **doc, int *code, char *err, size_
 end:
 	if (!q->done) {
 		q->done = true;
-		q->end_ns = uv_hrtime();
+		q->end_ns = sdb_mono_ns();
 	}
 	return 0;
 }
@@ -687,7 +688,7 @@ void sdb_query_explain(const sdb_query *q, bool stats, bson_t *out)
 		return;
 	int64_t n, k, d;
 	sdb_query_stats(q, &n, &k, &d);
-	uint64_t end = q->end_ns ? q->end_ns : uv_hrtime();
+	uint64_t end = q->end_ns ? q->end_ns : sdb_mono_ns();
 	BSON_APPEND_DOCUMENT_BEGIN(out, "executionStats", &es);
 	BSON_APPEND_BOOL(&es, "executionSuccess", true);
 	BSON_APPEND_INT32(&es, "nReturned", n > INT32_MAX ? INT32_MAX : (int32_t)n);

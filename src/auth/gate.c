@@ -10,6 +10,7 @@
 #include "auth/audit.h"
 #include "auth/policy.h"
 #include "auth/scram.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -464,7 +465,7 @@ static void auth_fail(auth_gate *g, wire_req *req, auth_conn *c, auth_audit_even
  * passed). Loop thread. */
 static void reply_failed_later(auth_gate *g, wire_req *req)
 {
-	uint64_t elapsed_ms = (uv_hrtime() - wire_req_start_ns(req)) / 1000000;
+	uint64_t elapsed_ms = (sdb_mono_ns() - wire_req_start_ns(req)) / 1000000;
 	uint64_t wait = elapsed_ms < (uint64_t)g->fail_delay_ms
 				? (uint64_t)g->fail_delay_ms - elapsed_ms
 				: 0;
@@ -666,7 +667,7 @@ static void lookup_done(uv_work_t *w, int status)
 		snprintf(u->user, sizeof u->user, "%s", l->user);
 		snprintf(u->tenant, sizeof u->tenant, "%s", l->tenant);
 		u->creds = l->creds;
-		u->at_ns = uv_hrtime();
+		u->at_ns = sdb_mono_ns();
 		u->users_version = l->users_version;
 		c->auth_version = l->users_version;
 		snprintf(c->tenant, sizeof c->tenant, "%s", l->tenant);
@@ -1114,7 +1115,7 @@ static void speculative(auth_gate *g, wire_req *req, auth_conn *c)
 	auth_mech mech;
 	uint8_t snonce[24];
 	char err[256], host[80];
-	uint64_t now = uv_hrtime();
+	uint64_t now = sdb_mono_ns();
 	int64_t version = atomic_load(&g->users_version);
 
 	g->spec_cmd = NULL;

@@ -109,7 +109,7 @@ void sdb_gauge_add(sdb_gauge *g, int64_t v);
  * series whose subject went away (a removed replica-set member) disappears instead of
  * showing a stale or sentinel value. The pointer stays valid. Any thread. */
 void sdb_gauge_hide(sdb_gauge *g);
-/* Observe a duration in nanoseconds (as from uv_hrtime() differences). */
+/* Observe a duration in nanoseconds (as from sdb_mono_ns() differences, common/clock.h). */
 void sdb_histogram_observe_ns(sdb_histogram *h, uint64_t ns);
 
 uint64_t sdb_counter_value(const sdb_counter *c);

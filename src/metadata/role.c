@@ -18,6 +18,7 @@
 #include "auth/policy.h"
 #include "auth/raftsec.h"
 #include "auth/scram.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/metauri.h"
 #include "common/bsonget.h"
@@ -288,7 +289,7 @@ static void write_done(void *arg, int status, bson_t *result)
 	wreq *w = arg;
 	if (status == 0) {
 		sdb_counter_inc(w->m->c_commits);
-		sdb_histogram_observe_ns(w->m->h_commit, uv_hrtime() - w->start_ns);
+		sdb_histogram_observe_ns(w->m->h_commit, sdb_mono_ns() - w->start_ns);
 		wire_req_reply(w->req, bson_copy(result));
 		bson_destroy(result);
 	} else {
@@ -482,7 +483,7 @@ static void h_write(wire_req *req, void *data)
 	w = sdb_calloc(1, sizeof *w);
 	w->m = m;
 	w->req = req;
-	w->start_ns = uv_hrtime();
+	w->start_ns = sdb_mono_ns();
 	rc = sdb_node_propose(m->node, name, &args, write_done, w);
 	bson_destroy(&args);
 	if (rc == SDB_ENOTLEADER) {

@@ -20,6 +20,7 @@
 
 #include "auth/cluster.h"
 #include "auth/raftsec.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/config.h"
 #include "common/err.h"
@@ -444,14 +445,14 @@ static void on_event(rl_grpc_server *srv, srv_call *c, bool ok)
 			return;
 		}
 		post_request(srv, c->method);
-		c->start_ns = uv_hrtime();
+		c->start_ns = sdb_mono_ns();
 		dispatch(c); /* the request message came with the call */
 		return;
 	case SC_DECIDING:
 		return; /* not reached: no batch is pending while deciding */
 	case SC_SENDING:
 		if (c->method >= 0)
-			sdb_histogram_observe_ns(srv->m_latency[c->method], uv_hrtime() - c->start_ns);
+			sdb_histogram_observe_ns(srv->m_latency[c->method], sdb_mono_ns() - c->start_ns);
 		call_free(c);
 		return;
 	}

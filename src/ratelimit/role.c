@@ -21,6 +21,7 @@
 #include <uv.h>
 
 #include "auth/cluster.h"
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/config.h"
 #include "common/err.h"
@@ -62,7 +63,7 @@ static void reply_error(sdb_http_resp *resp, int http_status, int grpc_code, con
 static void h_get_rate_limits(void *data, const sdb_http_req *req, sdb_http_resp *resp)
 {
 	rl_role *rr = data;
-	uint64_t t0 = uv_hrtime();
+	uint64_t t0 = sdb_mono_ns();
 	rl_json_reqs reqs;
 	rl_resp *out;
 	char err[256];
@@ -98,7 +99,7 @@ static void h_get_rate_limits(void *data, const sdb_http_req *req, sdb_http_resp
 	}
 	free(out);
 	rl_json_reqs_free(&reqs);
-	sdb_histogram_observe_ns(rr->m_latency, uv_hrtime() - t0);
+	sdb_histogram_observe_ns(rr->m_latency, sdb_mono_ns() - t0);
 }
 
 static bool frontend_health(rl_role *rr, int *peers, char *msg, size_t msglen)

@@ -21,7 +21,7 @@ static int64_t random_id(void)
 		close(fd);
 	}
 	if (v == 0)
-		v = uv_hrtime() * 2654435761u;
+		v = sdb_mono_ns() * 2654435761u;
 	v &= 0x7fffffffffffffffULL; /* positive, as mongod's */
 	return v ? (int64_t)v : 1;
 }

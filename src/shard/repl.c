@@ -236,7 +236,7 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 	char err[512];
 	const char *op = NULL;
 
-	uint64_t t0 = uv_hrtime();
+	uint64_t t0 = sdb_mono_ns();
 	size_t n_cmds = 0;
 
 	*result = NULL;
@@ -374,7 +374,7 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 	shard_oplog_notify(r->sh);
 	sdb_gauge_set(r->g_applied, (int64_t)index);
 	{
-		uint64_t dt = uv_hrtime() - t0;
+		uint64_t dt = sdb_mono_ns() - t0;
 		sdb_histogram_observe_ns(r->h_apply, dt);
 		if (dt > REPL_SLOW_NS)
 			sdb_warn("shard: slow apply on the loop thread", "index=%llu ms=%llu cmds=%zu "
@@ -389,7 +389,7 @@ static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned
 	shard_repl *r = vt->data;
 	char err[256];
 	bson_t m = BSON_INITIALIZER;
-	uint64_t t0 = uv_hrtime();
+	uint64_t t0 = sdb_mono_ns();
 
 	/* the log before last_applied may go once shard.db holds it durably */
 	if (sdb_store_sync(r->conn, err, sizeof err) != 0) {
@@ -419,7 +419,7 @@ static int vt_snapshot(struct raft_fsm *vt, struct raft_buffer *bufs[], unsigned
 	*n_bufs = 1;
 	bson_destroy(&m);
 	sdb_info("shard: snapshot taken", "applied=%llu ms=%llu", (unsigned long long)r->last_applied,
-		 (unsigned long long)((uv_hrtime() - t0) / 1000000));
+		 (unsigned long long)((sdb_mono_ns() - t0) / 1000000));
 	return 0;
 }
 
@@ -664,7 +664,7 @@ static void batch_done(void *arg, int status, bson_t *result)
 			}
 			repl_wc_reply(r, b, i - 1, reply, r->last_applied);
 		}
-		sdb_histogram_observe_ns(r->h_commit, uv_hrtime() - b->start_ns);
+		sdb_histogram_observe_ns(r->h_commit, sdb_mono_ns() - b->start_ns);
 	}
 	for (; i < b->n; i++)
 		if (b->reqs[i])
@@ -741,7 +741,7 @@ static void propose_items(shard_repl *r, repl_item *items)
 		b->by_maxtime = sdb_calloc(cap, sizeof *b->by_maxtime);
 		b->part_n = sdb_calloc(cap, sizeof *b->part_n);
 		b->part = sdb_calloc(cap, sizeof *b->part);
-		b->start_ns = uv_hrtime();
+		b->start_ns = sdb_mono_ns();
 		if (getrandom(seed, sizeof seed, 0) != (ssize_t)sizeof seed) {
 			bson_oid_t o; /* libbson's per-process random bytes and counter */
 			bson_oid_init(&o, NULL);
@@ -988,7 +988,7 @@ static void on_change(void *data)
 static void stall_cb(uv_timer_t *t)
 {
 	shard_repl *r = t->data;
-	uint64_t now = uv_hrtime();
+	uint64_t now = sdb_mono_ns();
 	if (r->stall_last_ns) {
 		uint64_t gap = now - r->stall_last_ns;
 		uint64_t tick = (uint64_t)REPL_STALL_TICK_MS * 1000000;

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/log.h"
 #include "wire/internal.h"
@@ -389,7 +390,7 @@ static uv_once_t process_start_once = UV_ONCE_INIT;
 
 static void process_start_init(void)
 {
-	process_start_ns = uv_hrtime();
+	process_start_ns = sdb_mono_ns();
 }
 
 /* Virtual memory size in bytes from /proc/self/statm, or 0 when unknown. */
@@ -426,7 +427,7 @@ static void cmd_server_status(wire_req *req, void *role_data)
 	bson_t sub;
 	char hostname[256], host[300];
 	size_t hlen = sizeof hostname, rss = 0;
-	int64_t up_ms = (int64_t)((uv_hrtime() - process_start_ns) / 1000000);
+	int64_t up_ms = (int64_t)((sdb_mono_ns() - process_start_ns) / 1000000);
 	int64_t all = 0, named;
 	static const char *const named_cmds[][2] = {
 		{"insert", "insert"}, {"find", "query"}, {"update", "update"},

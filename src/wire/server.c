@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -126,7 +127,7 @@ static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, b
 	req->request_id = request_id;
 	req->op_code = op_code == WIRE_OP_QUERY ? WIRE_OP_QUERY : WIRE_OP_MSG;
 	req->no_reply = no_reply;
-	req->start_ns = uv_hrtime();
+	req->start_ns = sdb_mono_ns();
 	req->entry = &conn->srv->invalid;
 	req->cmd = bson_new();
 	atomic_init(&req->completed, 0);
@@ -274,7 +275,7 @@ wire_req *wire_req_detached_new(const char *db, const bson_t *cmd)
 				       ? bson_iter_key(&it)
 				       : "");
 	req->op_code = WIRE_OP_MSG;
-	req->start_ns = uv_hrtime();
+	req->start_ns = sdb_mono_ns();
 	return req;
 }
 
@@ -594,7 +595,7 @@ static void on_async(uv_async_t *a)
 
 	for (; req; req = next) {
 		wire_conn *conn = req->conn;
-		uint64_t ns = uv_hrtime() - req->start_ns;
+		uint64_t ns = sdb_mono_ns() - req->start_ns;
 		bool ok = reply_is_ok(req->reply);
 
 		next = req->next;
@@ -1055,7 +1056,7 @@ static void on_close_timeout(uv_timer_t *t)
 		 * tests/integration/conftest.py); one waiting on another server is slow */
 		wire_req *r = conn->inflight;
 		if (r != NULL) {
-			unsigned long long ms = (uv_hrtime() - r->start_ns) / 1000000u;
+			unsigned long long ms = (sdb_mono_ns() - r->start_ns) / 1000000u;
 			const char *name = r->name ? r->name : "(invalid)";
 			if (atomic_load(&r->waiting) > 0)
 				sdb_info("wire: request waiting at shutdown",

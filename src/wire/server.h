@@ -172,7 +172,7 @@ const char *wire_req_name(const wire_req *req);
 const char *wire_req_db(const wire_req *req);
 /* The connection the request came on; stays valid until the request completes. */
 wire_conn *wire_req_conn(const wire_req *req);
-/* Monotonic receive time in ns (uv_hrtime). */
+/* Monotonic receive time in ns (sdb_mono_ns, common/clock.h). */
 uint64_t wire_req_start_ns(const wire_req *req);
 /* A handler that waits for something that will end by itself (a call to another server
  * bounded by its socket timeout, a back-off timer) brackets the wait with these, from any
