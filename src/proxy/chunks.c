@@ -186,7 +186,7 @@ out:
  * chunk holding that document's key) or bounds (exactly a chunk's), at the median key of
  * the chunk's documents, read from its shard (ranged single-field keys; hashed and compound
  * keys: CommandNotSupported 115, give middle). */
-void px_do_split(ctx *c)
+int px_do_split(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd);
 	ctx sub;
@@ -198,28 +198,26 @@ void px_do_split(ctx *c)
 	bool have_median = false;
 
 	if (!px_need_admin_db(c, "split") || !ns_ok(c, ns))
-		return;
+		return px_answer_status(c);
 	given += px_get_doc(c->cmd, "middle", &middle) && !bson_empty(&middle);
 	given += bson_has_field(c->cmd, "find");
 	given += bson_has_field(c->cmd, "bounds");
 	if (given != 1) {
-		px_error(c, WIRE_ERR_BAD_VALUE,
+		return px_error(c, WIRE_ERR_BAD_VALUE,
 			 "need to specify exactly one of middle, find or bounds (the split point)");
-		return;
 	}
 	rc = sharded_route(c, &sub, ns);
 	if (rc == NULL)
-		return;
+		return px_answer_status(c);
 	if (bson_has_field(c->cmd, "middle")) {
 		ci = route_find_chunk(rc, &middle);
 	} else {
 		if (rc->hashed || rc->nkeys != 1) {
 			route_coll_unref(rc);
-			px_error(c, 115 /* CommandNotSupported */,
+			return px_error(c, 115 /* CommandNotSupported */,
 				 "split with find or bounds (at the median of the chunk's documents) "
 				 "needs a ranged single-field shard key in stripedb: give the split "
 				 "point as middle");
-			return;
 		}
 		ci = chunk_of_find_or_bounds(c, rc);
 		if (ci >= 0) {
@@ -232,7 +230,7 @@ void px_do_split(ctx *c)
 			in_db.coll = dot + 1;
 			if (!chunk_median(&in_db, rc, ci, &median)) {
 				route_coll_unref(rc);
-				return;
+				return px_answer_status(c);
 			}
 			have_median = true;
 		}
@@ -242,8 +240,7 @@ void px_do_split(ctx *c)
 	if (ci < 0 || id == 0) {
 		if (have_median)
 			bson_destroy(&median);
-		px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the split point", ns);
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the split point", ns);
 	}
 	BSON_APPEND_INT64(&cmd, "splitChunk", id);
 	BSON_APPEND_DOCUMENT(&cmd, "at", have_median ? &median : &middle);
@@ -251,6 +248,7 @@ void px_do_split(ctx *c)
 		bson_destroy(&median);
 	meta_change(c, &sub, &cmd);
 	bson_destroy(&cmd);
+	return px_answer_status(c);
 }
 
 
@@ -404,7 +402,7 @@ static size_t drop_draining(ctx *c, char **ids, size_t n)
  * show draining: true, and no drain sends chunks to another draining shard. Below op
  * version 3 there is no mark: a shardCollection meanwhile may still place chunks on it
  * (the next call drains them). */
-void px_do_remove_shard(ctx *c)
+int px_do_remove_shard(ctx *c)
 {
 	const char *id = px_first_utf8(c->cmd);
 	int64_t n, i;
@@ -417,10 +415,9 @@ void px_do_remove_shard(ctx *c)
 	int64_t running;
 
 	if (!px_need_admin_db(c, "removeShard"))
-		return;
+		return px_answer_status(c);
 	if (id == NULL || id[0] == '\0') {
-		px_error(c, WIRE_ERR_BAD_VALUE, "removeShard needs a shard id string");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "removeShard needs a shard id string");
 	}
 	nids = px_shard_ids(c, &ids);
 	for (j = 0; j < nids; j++) {
@@ -437,8 +434,8 @@ void px_do_remove_shard(ctx *c)
 	}
 	if (nids > 1) {
 		char names[2048];
-		int64_t nu = px_unsharded_on(c, id, names, sizeof names);
-		if (nu < 0)
+		int64_t nu;
+		if (px_unsharded_on(c, id, names, sizeof names, &nu) != 0)
 			goto out;
 		if (nu > 0) {
 			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
@@ -543,6 +540,7 @@ out:
 	if (have_migs)
 		bson_destroy(&migs);
 	bson_destroy(&cmd);
+	return px_answer_status(c);
 }
 
 /* The state of migration id into state (heap) and its migration document into mig (initialised
@@ -675,7 +673,7 @@ static bool move_prepare(ctx *c, const char *what, const char *to_field, ctx *su
 			 to_field);
 		return false;
 	}
-	if (!px_client_int(c, "maxTimeMS", 0, INT32_MAX, 15 * 60 * 1000, max_ms))
+	if (px_client_int(c, "maxTimeMS", 0, INT32_MAX, 15 * 60 * 1000, max_ms) != 0)
 		return false;
 	if (*max_ms == 0)
 		*max_ms = 15 * 60 * 1000;
@@ -700,7 +698,7 @@ static bool move_prepare(ctx *c, const char *what, const char *to_field, ctx *su
  * completes after its cleanup). A migration that ends otherwise: OperationFailed (96) with
  * its id and state; still running after maxTimeMS (default 15 minutes): MaxTimeMSExpired (50)
  * with its id (it goes on). Already on `to`: ok at once. */
-void px_do_move_chunk(ctx *c)
+int px_do_move_chunk(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd), *to = NULL;
 	ctx sub;
@@ -711,13 +709,12 @@ void px_do_move_chunk(ctx *c)
 	uint64_t start = sdb_mono_ms();
 
 	if (!move_prepare(c, "moveChunk", "to", &sub, &rc, &to, &max_ms))
-		return;
+		return px_answer_status(c);
 	if (bson_has_field(c->cmd, "find") || bson_has_field(c->cmd, "bounds")) {
 		ci = chunk_of_find_or_bounds(c, rc);
 	} else {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_BAD_VALUE, "moveChunk needs find or bounds");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "moveChunk needs find or bounds");
 	}
 	if (ci >= 0) {
 		nid = rc->chunks[ci].nid;
@@ -726,16 +723,16 @@ void px_do_move_chunk(ctx *c)
 	route_coll_unref(rc);
 	if (ci < 0 || nid == 0) {
 		free(from);
-		px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s matches the find or bounds given", ns);
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s matches the find or bounds given", ns);
 	}
 	if (strcmp(from, to) == 0) {
 		free(from);
 		px_reply(c, bson_new()); /* already there (MongoDB: ok) */
-		return;
+		return px_answer_status(c);
 	}
 	move_and_wait(c, &sub, "moveChunk", ns, nid, from, to, max_ms, start);
 	free(from);
+	return px_answer_status(c);
 }
 
 /* Split chunk nid of sub->ns at key (metadata splitChunk) and refresh sub's routing. False
@@ -769,7 +766,7 @@ static bool split_at(ctx *c, ctx *sub, int64_t nid, const bson_t *key)
  * secondaryThrottle and writeConcern accepted: migrations have no jumbo limit and complete
  * after their cleanup). A range already on toShard: ok. Hashed keys: min/max are values of
  * the hash space (NumberLong), as in MongoDB. */
-void px_do_move_range(ctx *c)
+int px_do_move_range(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd), *to = NULL;
 	ctx sub;
@@ -782,13 +779,12 @@ void px_do_move_range(ctx *c)
 	uint64_t start = sdb_mono_ms();
 
 	if (!move_prepare(c, "moveRange", "toShard", &sub, &rc, &to, &max_ms))
-		return;
+		return px_answer_status(c);
 	have_lo = px_get_doc(c->cmd, "min", &lo) && !bson_empty(&lo);
 	have_hi = px_get_doc(c->cmd, "max", &hi) && !bson_empty(&hi);
 	if (!have_lo && !have_hi) {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_BAD_VALUE, "moveRange needs min or max (the range to move)");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "moveRange needs min or max (the range to move)");
 	}
 	if (have_lo) {
 		ci = route_find_chunk(rc, &lo);
@@ -803,8 +799,7 @@ void px_do_move_range(ctx *c)
 	}
 	if (ci < 0) {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the range given", ns);
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the range given", ns);
 	}
 	bson_copy_to(have_lo ? &lo : rc->chunks[ci].min, &lo_c);
 	bson_copy_to(have_hi ? &hi : rc->chunks[ci].max, &hi_c);
@@ -859,13 +854,14 @@ void px_do_move_range(ctx *c)
 out:
 	bson_destroy(&lo_c);
 	bson_destroy(&hi_c);
+	return px_answer_status(c);
 }
 
 /* {mergeChunks: "db.coll", bounds: [min, max]} (sh.mergeChunks): the chunks that exactly
  * cover [min, max) (contiguous, on one shard) become one (metadata mergeChunks; its token is
  * the largest of theirs, so shard versions do not change). Bounds that are not chunk bounds,
  * chunks on several shards: IllegalOperation (20); one chunk: ok (nothing to merge). */
-void px_do_merge_chunks(ctx *c)
+int px_do_merge_chunks(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd), *shard = NULL;
 	ctx sub;
@@ -876,21 +872,19 @@ void px_do_merge_chunks(ctx *c)
 	char k[24];
 
 	if (!px_need_admin_db(c, "mergeChunks") || !ns_ok(c, ns))
-		return;
+		return px_answer_status(c);
 	if (!px_get_array(c->cmd, "bounds", &bounds) || !px_get_doc(&bounds, "0", &lo) ||
 	    !px_get_doc(&bounds, "1", &hi) || bson_count_keys(&bounds) != 2) {
-		px_error(c, WIRE_ERR_BAD_VALUE, "mergeChunks needs bounds: [min, max]");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "mergeChunks needs bounds: [min, max]");
 	}
 	rc = sharded_route(c, &sub, ns);
 	if (rc == NULL)
-		return;
+		return px_answer_status(c);
 	ci = route_find_chunk(rc, &lo);
 	if (ci < 0 || route_key_cmp(rc->chunks[ci].min, &lo) != 0) {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
 			 "could not merge chunks of %s: min is not the lower bound of a chunk", ns);
-		return;
 	}
 	BSON_APPEND_UTF8(&cmd, "mergeChunks", ns);
 	bson_append_array_begin(&cmd, "ids", -1, &ids);
@@ -908,17 +902,17 @@ void px_do_merge_chunks(ctx *c)
 	if ((size_t)ci >= rc->nchunks || route_key_cmp(rc->chunks[ci].max, &hi) != 0) {
 		route_coll_unref(rc);
 		bson_destroy(&cmd);
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
 			 "could not merge chunks of %s: [min, max) must be exactly covered by "
 			 "contiguous chunks of one shard", ns);
-		return;
 	}
 	route_coll_unref(rc);
 	if (n < 2) {
 		bson_destroy(&cmd);
 		px_reply(c, bson_new()); /* one chunk: nothing to merge */
-		return;
+		return px_answer_status(c);
 	}
 	meta_change(c, &sub, &cmd);
 	bson_destroy(&cmd);
+	return px_answer_status(c);
 }

@@ -252,8 +252,8 @@ static int explain_execute(px_retry *r, void *arg)
 
 	if (!sharded) {
 		char *primary;
-		if (!px_with_primary(c, &primary))
-			return PX_RETRY_DONE;
+		if (px_with_primary(c, &primary) != 0)
+			return PX_RETRY_DONE; /* answered ShardNotFound */
 		ids = sdb_calloc(1, sizeof *ids);
 		first = sdb_calloc(1, sizeof *first);
 		ids[n++] = primary;
@@ -334,7 +334,7 @@ static int explain_execute(px_retry *r, void *arg)
  * {explain: <inner as the proxy sends it>, verbosity, $stripedbVersion: <the token of
  * its first targeted chunk>} once, so a shard that lost the chunk answers StaleConfig
  * and the proxy reloads the routing and explains again (within --stale-retry-ms). */
-void px_do_explain(ctx *c)
+int px_do_explain(ctx *c)
 {
 	static const char *const verbs[] = {"queryPlanner", "executionStats", "allPlansExecution",
 					    NULL};
@@ -345,44 +345,39 @@ void px_do_explain(ctx *c)
 	route_coll *rc;
 	explain_op o;
 	px_retry r;
+	int st;
 
 	if (!bson_iter_init_find(&it, c->cmd, "explain") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
 	    !px_get_doc(c->cmd, "explain", &inner)) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
 			 "explain command requires a nested object");
-		return;
 	}
 	if (bson_iter_init_find(&it, c->cmd, "verbosity")) {
 		if (!BSON_ITER_HOLDS_UTF8(&it)) {
-			px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+			return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
 				 "explain verbosity must be a string");
-			return;
 		}
 		verbosity = bson_iter_utf8(&it, NULL);
 		if (!in_list(verbs, verbosity)) {
-			px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+			return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
 				 "verbosity string must be one of {'queryPlanner', "
 				 "'executionStats', 'allPlansExecution'}");
-			return;
 		}
 	}
 	if (!bson_iter_init(&it, &inner) || !bson_iter_next(&it)) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
 			 "explain command requires a nested object");
-		return;
 	}
 	verb = bson_iter_key(&it);
 	if (!in_list(explainable, verb)) {
 		if (px_cmd_find(verb) != NULL)
-			px_error(c, WIRE_ERR_ILLEGAL_OPERATION, "Cannot explain cmd: %s",
-				 verb);
-		else
-			px_error(c, WIRE_ERR_COMMAND_NOT_FOUND,
-				 "Explain failed due to unknown command: %s", verb);
-		return;
+			return px_error(c, WIRE_ERR_ILLEGAL_OPERATION, "Cannot explain cmd: %s",
+					verb);
+		return px_error(c, WIRE_ERR_COMMAND_NOT_FOUND,
+				"Explain failed due to unknown command: %s", verb);
 	}
-	if (px_refuse_js(c, &inner))
-		return;
+	if ((st = px_refuse_js(c, &inner)) != 0)
+		return st;
 	x = *c;
 	x.cmd = &inner;
 	x.coll = NULL;
@@ -391,17 +386,18 @@ void px_do_explain(ctx *c)
 		x.coll = bson_iter_utf8(&it, NULL);
 		snprintf(x.ns, sizeof x.ns, "%s.%s", x.db, x.coll);
 	} else if (strcmp(verb, "aggregate") != 0) {
-		px_error(c, WIRE_ERR_INVALID_NAMESPACE,
+		return px_error(c, WIRE_ERR_INVALID_NAMESPACE,
 			 "%s needs a collection name string as its first field", verb);
-		return;
 	}
-	rc = x.coll ? px_route_or_fail(&x) : route_coll_unsharded("", 0);
-	if (rc == NULL)
-		return;
+	if (x.coll == NULL)
+		rc = route_coll_unsharded("", 0);
+	else if ((st = px_route_or_fail(&x, &rc)) != 0)
+		return st;
 	o.verb = verb;
 	o.inner = &inner;
 	o.verbosity = verbosity;
 	px_retry_init(&r, &x, rc, explain_execute, NULL, &o);
 	px_retry_run(&r);
 	px_retry_done(&r);
+	return px_answer_status(c); /* answered by explain_execute or px_retry_run */
 }

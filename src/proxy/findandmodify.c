@@ -215,7 +215,7 @@ static void fam_exhausted(px_retry *r, void *arg)
 			 "routing kept changing: StaleConfig retry budget exhausted");
 }
 
-void px_do_find_and_modify(ctx *c)
+int px_do_find_and_modify(ctx *c)
 {
 	bson_t query, sort, update;
 	bool has_q = px_get_doc(c->cmd, "query", &query);
@@ -224,24 +224,23 @@ void px_do_find_and_modify(ctx *c)
 	char err[512];
 	fam_op o;
 	px_retry r;
+	int st;
 
 	if (!has_q)
 		bson_init(&query);
-	if (px_refuse_js(c, &query))
-		return;
-	rc = px_route_sharded(c, PX_FWD_PLAIN, 0, false);
-	if (rc == NULL)
-		return;
+	if ((st = px_refuse_js(c, &query)) != 0)
+		return st;
+	if ((st = px_route_sharded(c, PX_FWD_PLAIN, 0, false, &rc)) != 0 || rc == NULL)
+		return st;
 	route_key_change kc = px_get_doc(c->cmd, "update", &update)
 				      ? route_update_changes_key(rc, &update, &query, err, sizeof err)
 				      : ROUTE_KEY_KEPT;
 	if (kc != ROUTE_KEY_KEPT) {
 		route_coll_unref(rc);
-		px_error(c,
+		return px_error(c,
 			 kc == ROUTE_KEY_NOT_PINNED ? ERR_SHARD_KEY_NOT_FOUND
 						    : WIRE_ERR_IMMUTABLE_FIELD,
 			 "%s", err);
-		return;
 	}
 	memset(&o, 0, sizeof o);
 	o.query = &query;
@@ -252,4 +251,5 @@ void px_do_find_and_modify(ctx *c)
 	px_retry_run(&r);
 	px_retry_done(&r);
 	merge_sort_free(o.ms);
+	return px_answer_status(c); /* answered by fam_execute, fam_exhausted or px_retry_run */
 }

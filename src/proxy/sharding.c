@@ -104,7 +104,7 @@ static bool valid_db_name(const char *db)
  * issue #18; an unknown shard: ShardNotFound 70, from metadata). Without it the database
  * follows the cluster's default primary, the lowest shard id. An existing database with
  * another primary shard: NamespaceExists (48), as MongoDB. */
-static void do_enable_sharding(ctx *c)
+static int do_enable_sharding(ctx *c)
 {
 	const char *db = px_first_utf8(c->cmd), *ps = NULL;
 	bson_t cmd = BSON_INITIALIZER, reply;
@@ -130,7 +130,7 @@ static void do_enable_sharding(ctx *c)
 		}
 		ps = bson_iter_utf8(&it, NULL);
 	}
-	if (ps && !px_db_data_stays_visible(c, db, ps))
+	if (ps && px_db_data_stays_visible(c, db, ps) != 0)
 		goto out;
 	BSON_APPEND_UTF8(&cmd, "createDatabase", db);
 	if (ps)
@@ -153,6 +153,7 @@ static void do_enable_sharding(ctx *c)
 	px_reply(c, bson_new());
 out:
 	bson_destroy(&cmd);
+	return px_answer_status(c);
 }
 
 /* ---------- shardCollection ---------- */
@@ -685,7 +686,7 @@ static void install_filtering(ctx *c, const route_coll *rc)
 }
 
 /* {shardCollection: "db.coll", key, unique?, numInitialChunks?, collation?}. */
-static void do_shard_collection(ctx *c)
+static int do_shard_collection(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd), *dot;
 	char db[128], *holder = NULL;
@@ -697,41 +698,36 @@ static void do_shard_collection(ctx *c)
 	char **ids = NULL, err[256];
 	size_t n, i;
 	static const int exists[] = {WIRE_ERR_NAMESPACE_EXISTS, 0};
-	int code;
+	int code, st;
 
 	if (!px_need_admin_db(c, "shardCollection"))
-		return;
+		return px_answer_status(c);
 	if (ns == NULL || (dot = strchr(ns, '.')) == NULL || dot == ns || dot[1] == '\0' ||
 	    (size_t)(dot - ns) >= sizeof db) {
-		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
+		return px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
 			 ns ? ns : "(not a string)");
-		return;
 	}
 	memcpy(db, ns, (size_t)(dot - ns));
 	db[dot - ns] = '\0';
 	coll = dot + 1;
 	if (!valid_db_name(db) || strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 ||
 	    strcmp(db, "local") == 0 || strncmp(coll, "system.", 7) == 0) {
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION, "can't shard collection %s", ns);
-		return;
+		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION, "can't shard collection %s", ns);
 	}
 	if (!px_get_doc(c->cmd, "key", &key)) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS, "no shard key");
-		return;
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS, "no shard key");
 	}
 	if (!check_key(c, &key, &hashed) || !check_collation(c) || !check_options(c))
-		return;
+		return px_answer_status(c);
 	if (unique && hashed) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS, "hashed shard keys cannot be declared unique.");
-		return;
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS, "hashed shard keys cannot be declared unique.");
 	}
 	if (bson_has_field(c->cmd, "numInitialChunks")) {
-		if (!px_client_int(c, "numInitialChunks", 0, INT32_MAX, 0, &nchunks))
-			return;
+		if ((st = px_client_int(c, "numInitialChunks", 0, INT32_MAX, 0, &nchunks)) != 0)
+			return st;
 		if (!hashed && nchunks > 0) {
-			px_error(c, WIRE_ERR_INVALID_OPTIONS,
+			return px_error(c, WIRE_ERR_INVALID_OPTIONS,
 				 "numInitialChunks is only supported when the shard key is hashed.");
-			return;
 		}
 	}
 	/* already sharded: the same key is fine (MongoDB answers ok), another one is not */
@@ -741,16 +737,16 @@ static void do_shard_collection(ctx *c)
 			bson_destroy(&have);
 			goto done_ok;
 		}
-		px_error(c, 23 /* AlreadyInitialized */,
+		st = px_error(c, 23 /* AlreadyInitialized */,
 			 "sharding already enabled for collection %s with a different shard key", ns);
 		bson_destroy(&have);
-		return;
+		return st;
 	}
 	bson_destroy(&have);
 	if (px_answered(c))
-		return;
+		return px_answer_status(c);
 	if (!find_data_holder(c, db, coll, ns, &holder))
-		return;
+		return px_answer_status(c);
 	n = px_shard_ids(c, &ids);
 	for (i = 0; i < n; i++)
 		free(ids[i]);
@@ -762,15 +758,15 @@ static void do_shard_collection(ctx *c)
 			 "numInitialChunks cannot be more than 8192 * number of shards (%zu)", n);
 	if (px_answered(c)) {
 		free(holder);
-		return;
+		return px_answer_status(c);
 	}
 	if (holder && !check_unique_indexes(c, db, coll, ns, holder, &key, hashed)) {
 		free(holder);
-		return;
+		return px_answer_status(c);
 	}
 	if (!ensure_database(c, db)) {
 		free(holder);
-		return;
+		return px_answer_status(c);
 	}
 	/* the shard key's index: MongoDB creates it for an empty collection (a collection with
 	 * documents must have one, checked above); unique: the unique index asked for; none
@@ -778,7 +774,7 @@ static void do_shard_collection(ctx *c)
 	if ((unique || (holder == NULL && !hashed)) &&
 	    !create_key_index(c, db, coll, &key, unique)) {
 		free(holder);
-		return;
+		return px_answer_status(c);
 	}
 	BSON_APPEND_UTF8(&cmd, "shardCollection", ns);
 	BSON_APPEND_DOCUMENT(&cmd, "key", &key);
@@ -794,7 +790,7 @@ static void do_shard_collection(ctx *c)
 	if (!px_sharding_meta_call(c, &cmd, &reply, exists, &code)) {
 		bson_destroy(&cmd);
 		free(holder);
-		return;
+		return px_answer_status(c);
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
@@ -806,13 +802,12 @@ static void do_shard_collection(ctx *c)
 		bson_destroy(&hk);
 		if (px_answered(c)) {
 			free(holder);
-			return;
+			return px_answer_status(c);
 		}
 		if (!same) {
 			free(holder);
-			px_error(c, 23, "sharding already enabled for collection %s with a "
+			return px_error(c, 23, "sharding already enabled for collection %s with a "
 				 "different shard key", ns);
-			return;
 		}
 	}
 	free(holder);
@@ -832,8 +827,9 @@ done_ok:
 	}
 	bson_init(&out);
 	BSON_APPEND_UTF8(&out, "collectionsharded", ns);
-	px_reply(c, bson_copy(&out));
+	st = px_reply(c, bson_copy(&out));
 	bson_destroy(&out);
+	return st;
 }
 
 /* ---------- shards ---------- */
@@ -860,18 +856,18 @@ char *px_shard_host_string(const char *uri)
 }
 
 /* {listShards: 1} → {shards: [{_id, host, state: 1, draining?}]}. */
-static void do_list_shards(ctx *c)
+static int do_list_shards(ctx *c)
 {
 	bson_t cmd = BSON_INITIALIZER, reply, *out, arr;
 	bson_iter_t it, sh, f;
 	uint32_t i = 0;
 
 	if (!px_need_admin_db(c, "listShards"))
-		return;
+		return px_answer_status(c);
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
 	if (!px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
 		bson_destroy(&cmd);
-		return;
+		return px_answer_status(c);
 	}
 	out = bson_new();
 	BSON_APPEND_ARRAY_BEGIN(out, "shards", &arr);
@@ -910,7 +906,7 @@ static void do_list_shards(ctx *c)
 	bson_append_array_end(out, &arr);
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* MongoDB's addShard argument as a URI (heap): "rs/h1,h2" → mongodb://h1,h2/?replicaSet=rs,
@@ -1046,7 +1042,7 @@ static bool same_shard_registered(ctx *c, const char *name, const char *uri)
 /* {addShard: "rs/h:p,..." | "h:p" | "mongodb://...", name?} → {shardAdded: name}. The name
  * defaults to the replica-set name, else shardNNNN (MongoDB's rules). The host is checked
  * first (validate_new_shard): nothing is registered for a host that does not answer. */
-static void do_add_shard(ctx *c)
+static int do_add_shard(ctx *c)
 {
 	const char *arg = px_first_utf8(c->cmd);
 	char *uri, *rs = NULL, gen[32];
@@ -1057,32 +1053,28 @@ static void do_add_shard(ctx *c)
 	size_t n, i;
 
 	if (!px_need_admin_db(c, "addShard"))
-		return;
+		return px_answer_status(c);
 	if (arg == NULL || arg[0] == '\0') {
-		px_error(c, WIRE_ERR_BAD_VALUE, "addShard needs a connection string");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "addShard needs a connection string");
 	}
 	if (bson_iter_init_find(&it, c->cmd, "name")) {
 		if (!BSON_ITER_HOLDS_UTF8(&it) || bson_iter_utf8(&it, NULL)[0] == '\0') {
-			px_error(c, WIRE_ERR_BAD_VALUE, "shard name must be a non-empty string");
-			return;
+			return px_error(c, WIRE_ERR_BAD_VALUE, "shard name must be a non-empty string");
 		}
 		name = bson_iter_utf8(&it, NULL);
 	}
 	if (bson_has_field(c->cmd, "maxSize")) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS, "maxSize is not supported");
-		return;
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS, "maxSize is not supported");
 	}
 	uri = shard_uri(arg, &rs);
 	if (uri == NULL) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
 			 arg);
-		return;
 	}
 	if (!validate_new_shard(c, uri, rs)) {
 		free(uri);
 		free(rs);
-		return;
+		return px_answer_status(c);
 	}
 	n = px_shard_ids(c, &ids);
 	if (name == NULL && rs)
@@ -1117,6 +1109,7 @@ done:
 	bson_destroy(&cmd);
 	free(uri);
 	free(rs);
+	return px_answer_status(c);
 }
 
 /* ---------- the balancer (there is none) ---------- */
@@ -1126,96 +1119,95 @@ done:
 	"ctl shard drain, migrations)"
 
 /* balancerStatus: the truth, in MongoDB's shape (mode "off", never in a round). */
-static void do_balancer_status(ctx *c)
+static int do_balancer_status(ctx *c)
 {
 	bson_t *out;
 
 	if (!px_need_admin_db(c, "balancerStatus"))
-		return;
+		return px_answer_status(c);
 	out = bson_new();
 	BSON_APPEND_UTF8(out, "mode", "off");
 	BSON_APPEND_BOOL(out, "inBalancerRound", false);
 	BSON_APPEND_INT64(out, "numBalancerRounds", 0);
 	BSON_APPEND_UTF8(out, "note", NO_BALANCER);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* balancerStop: the balancer is off already (ok, with the note). */
-static void do_balancer_stop(ctx *c)
+static int do_balancer_stop(ctx *c)
 {
 	bson_t *out;
 
 	if (!px_need_admin_db(c, "balancerStop"))
-		return;
+		return px_answer_status(c);
 	out = bson_new();
 	BSON_APPEND_UTF8(out, "note", NO_BALANCER);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* balancerStart: refused, there is nothing to start. */
-static void do_balancer_start(ctx *c)
+static int do_balancer_start(ctx *c)
 {
 	if (px_need_admin_db(c, "balancerStart"))
 		px_error(c, 115 /* CommandNotSupported */, "balancerStart: %s", NO_BALANCER);
+	return px_answer_status(c);
 }
 
-static void do_refine(ctx *c)
+static int do_refine(ctx *c)
 {
-	px_error(c, 115 /* CommandNotSupported */,
+	return px_error(c, 115 /* CommandNotSupported */,
 		 "refineCollectionShardKey is not supported by stripedb: a collection's shard "
 		 "key is fixed when it is sharded");
 }
 
-static void do_reshard(ctx *c)
+static int do_reshard(ctx *c)
 {
-	px_error(c, 115 /* CommandNotSupported */,
+	return px_error(c, 115 /* CommandNotSupported */,
 		 "reshardCollection is not supported by stripedb: a collection's shard key is "
 		 "fixed when it is sharded");
 }
 
-void px_do_enable_sharding(ctx *c)
+int px_do_enable_sharding(ctx *c)
 {
-	do_enable_sharding(c);
+	return do_enable_sharding(c);
 }
 
-void px_do_shard_collection(ctx *c)
+int px_do_shard_collection(ctx *c)
 {
-	do_shard_collection(c);
+	return do_shard_collection(c);
 }
 
-void px_do_list_shards(ctx *c)
+int px_do_list_shards(ctx *c)
 {
-	do_list_shards(c);
+	return do_list_shards(c);
 }
 
-void px_do_add_shard(ctx *c)
+int px_do_add_shard(ctx *c)
 {
-	do_add_shard(c);
+	return do_add_shard(c);
 }
 
-void px_do_balancer(ctx *c)
+int px_do_balancer(ctx *c)
 {
 	const char *name = wire_req_name(c->req);
 
 	if (strcmp(name, "balancerStatus") == 0)
-		do_balancer_status(c);
-	else if (strcmp(name, "balancerStop") == 0)
-		do_balancer_stop(c);
-	else
-		do_balancer_start(c);
+		return do_balancer_status(c);
+	if (strcmp(name, "balancerStop") == 0)
+		return do_balancer_stop(c);
+	return do_balancer_start(c);
 }
 
-void px_do_refused_sharding(ctx *c)
+int px_do_refused_sharding(ctx *c)
 {
 	if (strcmp(wire_req_name(c->req), "reshardCollection") == 0)
-		do_reshard(c);
-	else if (strcasecmp(wire_req_name(c->req), "movePrimary") == 0)
-		px_error(c, 115 /* CommandNotSupported */,
-			 "movePrimary is not supported by stripedb: a database's primary shard is "
-			 "chosen when it is created (enableSharding primaryShard, `stripedb ctl db "
-			 "create --primary`)");
-	else
-		do_refine(c);
+		return do_reshard(c);
+	if (strcasecmp(wire_req_name(c->req), "movePrimary") == 0)
+		return px_error(c, 115 /* CommandNotSupported */,
+				"movePrimary is not supported by stripedb: a database's primary "
+				"shard is chosen when it is created (enableSharding primaryShard, "
+				"`stripedb ctl db create --primary`)");
+	return do_refine(c);
 }
 
 /* drop through the proxy (issue #18): the collection's sharding metadata is dropped first
@@ -1223,7 +1215,7 @@ void px_do_refused_sharding(ctx *c)
  * the collection is dropped on every shard (px_do_broadcast). In this order a write racing
  * the drop lands on the primary shard and is dropped with the rest; a failed broadcast is
  * repaired by sending drop again (the shards' part is idempotent). */
-void px_do_drop(ctx *c)
+int px_do_drop(ctx *c)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
 	static const int fine[] = {WIRE_ERR_NAMESPACE_NOT_FOUND, 0};
@@ -1233,12 +1225,12 @@ void px_do_drop(ctx *c)
 	BSON_APPEND_UTF8(&cmd, "dropCollection", c->ns);
 	if (!px_sharding_meta_call(c, &cmd, &reply, fine, NULL)) {
 		bson_destroy(&cmd);
-		return;
+		return px_answer_status(c);
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	rc = px_route(c, true, err, sizeof err);
 	if (rc)
 		route_coll_unref(rc);
-	px_do_broadcast(c);
+	return px_do_broadcast(c);
 }

@@ -335,7 +335,7 @@ bson_t *pxtxn_cursor_fields(struct ctx *c)
 
 /* ---------- statements ---------- */
 
-bool pxtxn_begin(struct ctx *c, pxtxn_stmt *st)
+int pxtxn_begin(struct ctx *c, pxtxn_stmt *st)
 {
 	bson_t lsid, rc;
 	int64_t txn;
@@ -345,7 +345,7 @@ bool pxtxn_begin(struct ctx *c, pxtxn_stmt *st)
 	memset(st, 0, sizeof *st);
 	bson_init(&st->fail_reply);
 	if (!parse(c, &lsid, &txn, &start))
-		return false;
+		return px_answer_status(c); /* parse answered the refusal */
 	s = sess_get(c->p->txns, &lsid);
 	uv_mutex_lock(&s->run);
 	if (start) {
@@ -406,12 +406,12 @@ bool pxtxn_begin(struct ctx *c, pxtxn_stmt *st)
 	}
 	st->s = s;
 	c->tx = st;
-	return true;
-refuse:
+	return 0;
+refuse: /* answered */
 	uv_mutex_unlock(&s->run);
 	sess_put(c->p->txns, s);
 	bson_destroy(&st->fail_reply);
-	return false;
+	return px_answer_status(c);
 }
 
 /* Forget c's recorded answer (to replace it). */
@@ -682,12 +682,15 @@ out:
 	sess_put(c->p->txns, s);
 }
 
-void pxtxn_do_commit(struct ctx *c)
+/* finish answers on every path (goto out after each answer). */
+int pxtxn_do_commit(struct ctx *c)
 {
 	finish(c, true);
+	return px_answer_status(c);
 }
 
-void pxtxn_do_abort(struct ctx *c)
+int pxtxn_do_abort(struct ctx *c)
 {
 	finish(c, false);
+	return px_answer_status(c);
 }
