@@ -139,8 +139,7 @@ int px_check_answer(int status, const px_answer *a)
 	}
 }
 
-/* Drop a recorded answer (its memory freed, a back to none). */
-static void answer_clear(px_answer *a)
+void px_answer_clear(px_answer *a)
 {
 	if (a->reply)
 		bson_destroy(a->reply);
@@ -164,7 +163,7 @@ static void answer_check(const char *name, int status, px_answer *a)
 #ifdef SDB_DEBUG
 	abort();
 #endif
-	answer_clear(a);
+	px_answer_clear(a);
 }
 
 /* Send the recorded answer: the one place a routed request is completed. */

@@ -180,6 +180,9 @@ bool px_answered(const ctx *c);
  * not see return from (px_retry_run's execute / exhausted, px_each_routing_chunk's fn).
  * Returns: 0, an error code or -1 as above. */
 int px_answer_status(const ctx *c);
+/* Forget the answer recorded in a (its documents and message freed; a back to none), to
+ * replace it (pxtxn_end) or drop it (a broken contract). No errors. */
+void px_answer_clear(px_answer *a);
 /* Verdicts of px_check_answer. */
 enum {
 	PX_ANSWER_OK = 0,       /* status and answer agree */
@@ -259,10 +262,11 @@ int px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batc
 		       bool single);
 /* Forward c->cmd as it is (session fields dropped; a retryable write keeps lsid,
  * txnNumber and its stmtIds) to the primary shard, where unsharded collections live, and
- * answer with its result (px_reply_write_result); ShardNotFound when there is none. */
+ * answer with its result (px_reply_write_result); ShardNotFound (70) when there is none.
+ * Returns: the status of the answer (0, or the code of the error answered). */
 int px_forward_primary(ctx *c);
 /* The same for a cursor command, answered through a proxy cursor (px_forward_cursor).
- * Returns (both): the status of the answer (0, or the code of the error answered). */
+ * Returns: the status of the answer (0, or the code of the error answered). */
 int px_forward_primary_cursor(ctx *c, int64_t batch, bool single);
 /* How px_route_sharded forwards an unsharded collection's command. */
 typedef enum { PX_FWD_PLAIN, PX_FWD_CURSOR } px_fwd;
@@ -308,9 +312,8 @@ void px_pcalls_free(pcall *pc, size_t n);
  * shard errors are not failures. */
 pcall *px_pcalls_failed(pcall *pc, size_t n, const int *skip_codes);
 
-/* ---- command handlers (the command table's run): each records exactly one answer and
- * returns its status (0 reply, else the error's code; see answers above) ---- */
-
+/* ---- command handlers (the command table's run): each records exactly one answer ----
+ * Returns: its status (0 for a reply, else the recorded error's code; see answers above). */
 int px_do_find(ctx *c);                      /* read.c */
 int px_do_get_more(ctx *c);
 int px_do_kill_cursors(ctx *c);

@@ -414,19 +414,6 @@ refuse: /* answered */
 	return px_answer_status(c);
 }
 
-/* Forget c's recorded answer (to replace it). */
-static void answer_clear(struct ctx *c)
-{
-	px_answer *a = c->ans;
-
-	if (a->reply)
-		bson_destroy(a->reply);
-	if (a->extra)
-		bson_destroy(a->extra);
-	bson_free(a->msg);
-	memset(a, 0, sizeof *a);
-}
-
 /* The extra fields of an error answer built from a shard's error reply: its errorLabels,
  * plus `add` when given and missing. */
 static bson_t *labels_of(const bson_t *reply, const char *add)
@@ -493,7 +480,7 @@ void pxtxn_end(struct ctx *c)
 	s = st->s;
 	if (st->failed) {
 		int code = (int)px_get_int(&st->fail_reply, "code", WIRE_ERR_INTERNAL);
-		answer_clear(c);
+		px_answer_clear(c->ans);
 		switch (st->fail_kind) {
 		case PXTXN_FAIL_SECOND_SHARD:
 			px_error(c, PXTXN_ERR_NOT_IN_TXN, "%s", st->fail_msg);

@@ -675,12 +675,7 @@ static const uint8_t LSID_UUID[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
 /* Forget the previous answer before the next statement of a test. */
 static void ans_reset(env *e)
 {
-	if (e->ans.reply)
-		bson_destroy(e->ans.reply);
-	if (e->ans.extra)
-		bson_destroy(e->ans.extra);
-	bson_free(e->ans.msg);
-	memset(&e->ans, 0, sizeof e->ans);
+	px_answer_clear(&e->ans);
 }
 
 /* A transaction statement: cmd + lsid, txnNumber txn, autocommit: false (and
