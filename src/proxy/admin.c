@@ -154,8 +154,8 @@ int px_do_create_indexes(ctx *c)
 				}
 				ss = bson_as_relaxed_extended_json(&sk, NULL);
 				st = px_error(c, WIRE_ERR_CANNOT_CREATE_INDEX,
-					 "cannot create unique index over %s with shard key pattern %s",
-					 ks ? ks : "?", ss ? ss : "?");
+					      "cannot create unique index over %s with shard key pattern %s",
+					      ks ? ks : "?", ss ? ss : "?");
 				bson_free(ks);
 				bson_free(ss);
 				bson_destroy(&sk);
@@ -512,9 +512,9 @@ int px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 				want_count = true;
 			else {
 				return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-					 "$collStats: %s is not supported by stripedb "
-					 "(storageStats and count are)",
-					 k);
+						"$collStats: %s is not supported by stripedb "
+						"(storageStats and count are)",
+						k);
 			}
 		}
 	}

@@ -204,7 +204,7 @@ int px_do_split(ctx *c)
 	given += bson_has_field(c->cmd, "bounds");
 	if (given != 1) {
 		return px_error(c, WIRE_ERR_BAD_VALUE,
-			 "need to specify exactly one of middle, find or bounds (the split point)");
+				"need to specify exactly one of middle, find or bounds (the split point)");
 	}
 	rc = sharded_route(c, &sub, ns);
 	if (rc == NULL)
@@ -215,9 +215,9 @@ int px_do_split(ctx *c)
 		if (rc->hashed || rc->nkeys != 1) {
 			route_coll_unref(rc);
 			return px_error(c, 115 /* CommandNotSupported */,
-				 "split with find or bounds (at the median of the chunk's documents) "
-				 "needs a ranged single-field shard key in stripedb: give the split "
-				 "point as middle");
+					"split with find or bounds (at the median of the chunk's documents) "
+					"needs a ranged single-field shard key in stripedb: give the split "
+					"point as middle");
 		}
 		ci = chunk_of_find_or_bounds(c, rc);
 		if (ci >= 0) {
@@ -884,7 +884,7 @@ int px_do_merge_chunks(ctx *c)
 	if (ci < 0 || route_key_cmp(rc->chunks[ci].min, &lo) != 0) {
 		route_coll_unref(rc);
 		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "could not merge chunks of %s: min is not the lower bound of a chunk", ns);
+				"could not merge chunks of %s: min is not the lower bound of a chunk", ns);
 	}
 	BSON_APPEND_UTF8(&cmd, "mergeChunks", ns);
 	bson_append_array_begin(&cmd, "ids", -1, &ids);
@@ -903,8 +903,8 @@ int px_do_merge_chunks(ctx *c)
 		route_coll_unref(rc);
 		bson_destroy(&cmd);
 		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "could not merge chunks of %s: [min, max) must be exactly covered by "
-			 "contiguous chunks of one shard", ns);
+				"could not merge chunks of %s: [min, max) must be exactly covered by "
+				"contiguous chunks of one shard", ns);
 	}
 	route_coll_unref(rc);
 	if (n < 2) {

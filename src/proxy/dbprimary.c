@@ -88,10 +88,10 @@ int px_db_data_stays_visible(ctx *c, const char *db, const char *ps)
 		objects = px_get_int(&reply, "objects", 0);
 		if (objects > 0)
 			st = px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-				 "database %s already holds %lld documents on shard %s, its primary "
-				 "shard until now: enable sharding without primaryShard or with "
-				 "primaryShard %s (stripedb has no movePrimary)", db,
-				 (long long)objects, dflt, dflt);
+				      "database %s already holds %lld documents on shard %s, its primary "
+				      "shard until now: enable sharding without primaryShard or with "
+				      "primaryShard %s (stripedb has no movePrimary)", db,
+				      (long long)objects, dflt, dflt);
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);

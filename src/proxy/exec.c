@@ -670,9 +670,9 @@ static int job_checks(ctx *c, const px_cmd *cmd)
 		while (bson_iter_next(&it))
 			if (strncmp(bson_iter_key(&it), "$stripedb", 9) == 0)
 				return px_error(
-					c, WIRE_ERR_BAD_VALUE,
-					"field '%s' is internal to stripedb: a client cannot send it",
-					bson_iter_key(&it));
+						c, WIRE_ERR_BAD_VALUE,
+						"field '%s' is internal to stripedb: a client cannot send it",
+						bson_iter_key(&it));
 
 	/* options the shards would refuse, refused before the proxy builds requests of its own
 	 * from the command (merge sorts, findAndModify's candidate finds) */

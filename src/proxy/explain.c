@@ -350,23 +350,23 @@ int px_do_explain(ctx *c)
 	if (!bson_iter_init_find(&it, c->cmd, "explain") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
 	    !px_get_doc(c->cmd, "explain", &inner)) {
 		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-			 "explain command requires a nested object");
+				"explain command requires a nested object");
 	}
 	if (bson_iter_init_find(&it, c->cmd, "verbosity")) {
 		if (!BSON_ITER_HOLDS_UTF8(&it)) {
 			return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-				 "explain verbosity must be a string");
+					"explain verbosity must be a string");
 		}
 		verbosity = bson_iter_utf8(&it, NULL);
 		if (!in_list(verbs, verbosity)) {
 			return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-				 "verbosity string must be one of {'queryPlanner', "
-				 "'executionStats', 'allPlansExecution'}");
+					"verbosity string must be one of {'queryPlanner', "
+					"'executionStats', 'allPlansExecution'}");
 		}
 	}
 	if (!bson_iter_init(&it, &inner) || !bson_iter_next(&it)) {
 		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-			 "explain command requires a nested object");
+				"explain command requires a nested object");
 	}
 	verb = bson_iter_key(&it);
 	if (!in_list(explainable, verb)) {
@@ -387,7 +387,7 @@ int px_do_explain(ctx *c)
 		snprintf(x.ns, sizeof x.ns, "%s.%s", x.db, x.coll);
 	} else if (strcmp(verb, "aggregate") != 0) {
 		return px_error(c, WIRE_ERR_INVALID_NAMESPACE,
-			 "%s needs a collection name string as its first field", verb);
+				"%s needs a collection name string as its first field", verb);
 	}
 	if (x.coll == NULL)
 		rc = route_coll_unsharded("", 0);

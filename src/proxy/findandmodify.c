@@ -238,9 +238,9 @@ int px_do_find_and_modify(ctx *c)
 	if (kc != ROUTE_KEY_KEPT) {
 		route_coll_unref(rc);
 		return px_error(c,
-			 kc == ROUTE_KEY_NOT_PINNED ? ERR_SHARD_KEY_NOT_FOUND
-						    : WIRE_ERR_IMMUTABLE_FIELD,
-			 "%s", err);
+				kc == ROUTE_KEY_NOT_PINNED ? ERR_SHARD_KEY_NOT_FOUND
+				: WIRE_ERR_IMMUTABLE_FIELD,
+				"%s", err);
 	}
 	memset(&o, 0, sizeof o);
 	o.query = &query;

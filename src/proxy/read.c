@@ -836,8 +836,8 @@ int px_do_aggregate(ctx *c)
 			const uint8_t *data;
 			if (bson_iter_next(&st))
 				return px_error(
-					c, WIRE_ERR_FAILED_TO_PARSE,
-					"$collStats is supported as the only stage of a pipeline");
+						c, WIRE_ERR_FAILED_TO_PARSE,
+						"$collStats is supported as the only stage of a pipeline");
 			if (!BSON_ITER_HOLDS_DOCUMENT(&first))
 				return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
 						"$collStats must take a nested object");

@@ -36,9 +36,9 @@ int px_read_pref_check(ctx *c, const px_cmd *cmd)
 		} else if (strcmp(k, "maxStalenessSeconds") == 0) {
 			if (!BSON_ITER_HOLDS_NUMBER(&sub) || bson_iter_as_int64(&sub) != -1) {
 				return px_error(c, WIRE_ERR_BAD_VALUE,
-					 "$readPreference maxStalenessSeconds is not supported by "
-					 "stripedb (shard members report no last write time); read "
-					 "without it");
+						"$readPreference maxStalenessSeconds is not supported by "
+						"stripedb (shard members report no last write time); read "
+						"without it");
 			}
 		} else if (strcmp(k, "tags") == 0) {
 			bson_iter_t t, one;
@@ -47,8 +47,8 @@ int px_read_pref_check(ctx *c, const px_cmd *cmd)
 					if (!BSON_ITER_HOLDS_DOCUMENT(&t) || !bson_iter_recurse(&t, &one) ||
 					    bson_iter_next(&one)) {
 						return px_error(c, WIRE_ERR_BAD_VALUE,
-							 "$readPreference tag sets are not supported "
-							 "by stripedb (shard members have no tags)");
+								"$readPreference tag sets are not supported "
+								"by stripedb (shard members have no tags)");
 					}
 		}
 		/* hedge: an optimisation hint, ignored as mongos 8 ignores it */
@@ -57,8 +57,8 @@ int px_read_pref_check(ctx *c, const px_cmd *cmd)
 		known |= strcmp(mode, modes[i]) == 0;
 	if (!known) {
 		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-			 "Could not parse $readPreference: mode must be one of primary, "
-			 "primaryPreferred, secondary, secondaryPreferred or nearest");
+				"Could not parse $readPreference: mode must be one of primary, "
+				"primaryPreferred, secondary, secondaryPreferred or nearest");
 	}
 	if (strcmp(mode, "primary") != 0 && !(cmd->flags & PXC_WRITE)) {
 		c->rp_data = data;

@@ -705,7 +705,7 @@ static int do_shard_collection(ctx *c)
 	if (ns == NULL || (dot = strchr(ns, '.')) == NULL || dot == ns || dot[1] == '\0' ||
 	    (size_t)(dot - ns) >= sizeof db) {
 		return px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
-			 ns ? ns : "(not a string)");
+				ns ? ns : "(not a string)");
 	}
 	memcpy(db, ns, (size_t)(dot - ns));
 	db[dot - ns] = '\0';
@@ -727,7 +727,7 @@ static int do_shard_collection(ctx *c)
 			return st;
 		if (!hashed && nchunks > 0) {
 			return px_error(c, WIRE_ERR_INVALID_OPTIONS,
-				 "numInitialChunks is only supported when the shard key is hashed.");
+					"numInitialChunks is only supported when the shard key is hashed.");
 		}
 	}
 	/* already sharded: the same key is fine (MongoDB answers ok), another one is not */
@@ -738,7 +738,7 @@ static int do_shard_collection(ctx *c)
 			goto done_ok;
 		}
 		st = px_error(c, 23 /* AlreadyInitialized */,
-			 "sharding already enabled for collection %s with a different shard key", ns);
+			      "sharding already enabled for collection %s with a different shard key", ns);
 		bson_destroy(&have);
 		return st;
 	}
@@ -807,7 +807,7 @@ static int do_shard_collection(ctx *c)
 		if (!same) {
 			free(holder);
 			return px_error(c, 23, "sharding already enabled for collection %s with a "
-				 "different shard key", ns);
+					"different shard key", ns);
 		}
 	}
 	free(holder);
@@ -1069,7 +1069,7 @@ static int do_add_shard(ctx *c)
 	uri = shard_uri(arg, &rs);
 	if (uri == NULL) {
 		return px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
-			 arg);
+				arg);
 	}
 	if (!validate_new_shard(c, uri, rs)) {
 		free(uri);
@@ -1156,15 +1156,15 @@ static int do_balancer_start(ctx *c)
 static int do_refine(ctx *c)
 {
 	return px_error(c, 115 /* CommandNotSupported */,
-		 "refineCollectionShardKey is not supported by stripedb: a collection's shard "
-		 "key is fixed when it is sharded");
+			"refineCollectionShardKey is not supported by stripedb: a collection's shard "
+			"key is fixed when it is sharded");
 }
 
 static int do_reshard(ctx *c)
 {
 	return px_error(c, 115 /* CommandNotSupported */,
-		 "reshardCollection is not supported by stripedb: a collection's shard key is "
-		 "fixed when it is sharded");
+			"reshardCollection is not supported by stripedb: a collection's shard key is "
+			"fixed when it is sharded");
 }
 
 int px_do_enable_sharding(ctx *c)

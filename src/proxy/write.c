@@ -279,7 +279,7 @@ static int answer_write(ctx *c, wresult *w, bool is_update)
 	if (w->n_net > 0 &&
 	    (c->txn.on || (w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0))) {
 		return px_reply_retryable_net_error(
-			c, w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0, w->net_msg);
+						    c, w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0, w->net_msg);
 	}
 	out = bson_new();
 
@@ -1207,7 +1207,7 @@ int px_do_write(ctx *c, bool is_update)
 	if (!px_get_array(c->cmd, is_update ? "updates" : "deletes", &stmts)) {
 		route_coll_unref(rc);
 		return px_error(c, WIRE_ERR_BAD_VALUE, "%s needs a %s array",
-			 is_update ? "update" : "delete", is_update ? "updates" : "deletes");
+				is_update ? "update" : "delete", is_update ? "updates" : "deletes");
 	}
 	if (rc->nkeys == 0) {
 		bson_iter_t si;
