@@ -320,7 +320,7 @@ static int meta_list(ctx *c, const cfg_coll *cc, void (*add)(const bson_t *, voi
 	int st;
 
 	BSON_APPEND_INT32(&cmd, cc->list_cmd, 1);
-	st = px_sharding_meta_call(c, &cmd, reply, NULL, NULL) ? 0 : px_answer_status(c);
+	st = px_sharding_meta_call(c, &cmd, reply, NULL, NULL);
 	bson_destroy(&cmd);
 	if (st == 0)
 		px_each_doc(reply, cc->field, add, arg);
@@ -388,7 +388,7 @@ static int load_databases(ctx *c, const cfg_coll *cc, doclist *l)
 static int load_chunks(ctx *c, const cfg_coll *cc, doclist *l)
 {
 	(void)cc;
-	return px_each_routing_chunk(c, add_chunk, l) ? 0 : px_answer_status(c);
+	return px_each_routing_chunk(c, add_chunk, l);
 }
 
 /* config.migrations and config.changelog: two views of listMigrations (add_migration). */

@@ -175,10 +175,10 @@ int px_error_extra(ctx *c, int code, bson_t *extra, const char *fmt, ...)
 /* True once c has an answer. */
 bool px_answered(const ctx *c);
 /* The status of the answer recorded in c: 0 for a reply (but see `ok: 0` above), the
- * error's code for an error,
- * -1 when none is recorded. For a handler whose answer was recorded by a callback it does
- * not see return from (px_retry_run's execute / exhausted, px_each_routing_chunk's fn).
- * Returns: 0, an error code or -1 as above. */
+ * error's code for an error, -1 when none is recorded (what run_job's check makes of
+ * it: no answer). For tests and for a path that cannot know what was recorded; handlers
+ * carry the status they got from the answer functions instead (operations run by
+ * px_retry_run: px_retry.status). Returns: 0, an error code or -1 as above. */
 int px_answer_status(const ctx *c);
 /* Forget the answer recorded in a (its documents and message freed; a back to none), to
  * replace it (pxtxn_end) or drop it (a broken contract). No errors. */

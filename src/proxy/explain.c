@@ -113,9 +113,9 @@ static int64_t exec_stat(pcall *pc, size_t n, const char *field, bool max)
 
 /* The mongos form of explain (cluster_explain.cpp): queryPlanner.winningPlan {stage,
  * shards: [per shard]} and, with executionStats or allPlansExecution, executionStats with
- * executionStages {stage, sums, shards: [per shard]}. */
-static void explain_answer(ctx *c, const bson_t *inner, const char *verbosity, bool sorted,
-			   pcall *pc, size_t n)
+ * executionStages {stage, sums, shards: [per shard]}. Returns: the status of the answer. */
+static int explain_answer(ctx *c, const bson_t *inner, const char *verbosity, bool sorted,
+			  pcall *pc, size_t n)
 {
 	const char *stage = n == 1 ? "SINGLE_SHARD" : sorted ? "SHARD_MERGE_SORT" : "SHARD_MERGE";
 	bool stats = strcmp(verbosity, "queryPlanner") != 0;
@@ -226,7 +226,7 @@ static void explain_answer(ctx *c, const bson_t *inner, const char *verbosity, b
 	BSON_APPEND_DOCUMENT(out, "command", &cmd);
 	bson_destroy(&cmd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* do_explain's operation: one explain per targeted shard. */
@@ -252,7 +252,7 @@ static int explain_execute(px_retry *r, void *arg)
 
 	if (!sharded) {
 		char *primary;
-		if (px_with_primary(c, &primary) != 0)
+		if ((r->status = px_with_primary(c, &primary)) != 0)
 			return PX_RETRY_DONE; /* answered ShardNotFound */
 		ids = sdb_calloc(1, sizeof *ids);
 		first = sdb_calloc(1, sizeof *first);
@@ -290,8 +290,8 @@ static int explain_execute(px_retry *r, void *arg)
 		if (ids[n] == NULL) {
 			free(ids);
 			free(first);
-			px_error(c, WIRE_ERR_SHARD_NOT_FOUND,
-				 "no shard is registered in the metadata service");
+			r->status = px_error(c, WIRE_ERR_SHARD_NOT_FOUND,
+					     "no shard is registered in the metadata service");
 			return PX_RETRY_DONE;
 		}
 		first[n++] = SIZE_MAX;
@@ -318,12 +318,13 @@ static int explain_execute(px_retry *r, void *arg)
 		return PX_RETRY_STALE;
 	}
 	if (bad)
-		px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
+		r->status = px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
 	else
-		explain_answer(c, o->inner, o->verbosity,
-			       strcmp(o->verb, "find") == 0 && px_get_doc(o->inner, "sort", &sort) &&
-				       !bson_empty(&sort),
-			       pc, n);
+		r->status = explain_answer(c, o->inner, o->verbosity,
+					   strcmp(o->verb, "find") == 0 &&
+						   px_get_doc(o->inner, "sort", &sort) &&
+						   !bson_empty(&sort),
+					   pc, n);
 	px_pcalls_free(pc, n);
 	return PX_RETRY_DONE;
 }
@@ -399,5 +400,5 @@ int px_do_explain(ctx *c)
 	px_retry_init(&r, &x, rc, explain_execute, NULL, &o);
 	px_retry_run(&r);
 	px_retry_done(&r);
-	return px_answer_status(c); /* answered by explain_execute or px_retry_run */
+	return r.status; /* answered by explain_execute or px_retry_run */
 }

@@ -205,7 +205,7 @@ static int merged_execute(px_retry *r, void *arg)
 	else if (cls == SHARDCONN_STALE)
 		px_failure_set(&r->last, cls, &err_reply, nerr);
 	else
-		px_reply_shard_error(r->c, cls, &err_reply, nerr);
+		r->status = px_reply_shard_error(r->c, cls, &err_reply, nerr);
 	bson_destroy(&err_reply);
 	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
 }
@@ -233,7 +233,7 @@ static int open_merged(ctx *c, route_coll **rcp, const bson_t *filter, const bso
 	}
 	merge_sort_free(sort);
 	sdb_projection_free(proj);
-	return px_answer_status(c); /* answered by merged_execute or px_retry_run */
+	return r.status; /* answered by merged_execute or px_retry_run */
 }
 
 /* ---------- find / getMore / killCursors ---------- */
@@ -695,11 +695,11 @@ static int cd_execute(px_retry *r, void *arg)
 								      px_get_int(c->cmd, "limit", 0)));
 		}
 		BSON_APPEND_DOUBLE(out, "ok", 1.0);
-		px_reply(c, out);
+		r->status = px_reply(c, out);
 	} else if (cls == SHARDCONN_STALE) {
 		px_failure_set(&r->last, cls, &a[bad].err_reply, a[bad].nerr);
 	} else {
-		px_reply_shard_error(c, cls, &a[bad].err_reply, a[bad].nerr);
+		r->status = px_reply_shard_error(c, cls, &a[bad].err_reply, a[bad].nerr);
 	}
 	for (i = 0; i < k; i++) {
 		bson_destroy(&a[i].err_reply);
@@ -735,7 +735,7 @@ static int count_or_distinct(ctx *c, const bson_t *q, const char *distinct_key)
 	px_retry_init(&r, c, rc, cd_execute, NULL, &o);
 	px_retry_run(&r);
 	px_retry_done(&r);
-	return px_answer_status(c); /* answered by cd_execute or px_retry_run */
+	return r.status; /* answered by cd_execute or px_retry_run */
 }
 
 int px_do_count(ctx *c)

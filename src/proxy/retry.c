@@ -400,6 +400,7 @@ void px_retry_init(px_retry *r, ctx *c, route_coll *rc, int (*execute)(px_retry 
 	bson_init(&r->last.reply);
 	r->c = c;
 	r->rc = rc;
+	r->status = -1;
 	r->execute = execute;
 	r->exhausted = exhausted;
 	r->arg = arg;
@@ -428,10 +429,12 @@ int px_retry_run(px_retry *r)
 			if (r->exhausted)
 				r->exhausted(r, r->arg);
 			else if (r->last.cls != SHARDCONN_OK)
-				px_reply_shard_error(r->c, r->last.cls, &r->last.reply, r->last.nerr);
+				r->status = px_reply_shard_error(r->c, r->last.cls, &r->last.reply,
+								 r->last.nerr);
 			else
-				px_error(r->c, WIRE_ERR_STALE_CONFIG,
-					 "routing kept changing: StaleConfig retry budget exhausted");
+				r->status = px_error(
+					r->c, WIRE_ERR_STALE_CONFIG,
+					"routing kept changing: StaleConfig retry budget exhausted");
 			return PX_RETRY_STALE;
 		}
 		r->rc = refresh(r->c, r->rc);
