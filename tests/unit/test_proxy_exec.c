@@ -371,7 +371,8 @@ static void test_count_stale_exhausted(void **state)
 
 	e->f.always_stale = true;
 	request(e, cmd, 0);
-	check_run(e, px_do_count(&e->c));
+	/* answered by px_retry_run when the budget is spent: its status comes back */
+	assert_int_equal(px_do_count(&e->c), ERR_STALE_CONFIG);
 	assert_int_equal(e->ans.state, 2);
 	assert_int_equal(e->ans.code, ERR_STALE_CONFIG);
 	assert_int_equal(e->f.reloads, 0);
@@ -531,7 +532,8 @@ static void test_find_and_modify_stale_exhausted(void **state)
 
 	e->f.always_stale = true;
 	request(e, cmd, 0);
-	check_run(e, px_do_find_and_modify(&e->c));
+	/* fam_exhausted passes the shard's {ok: 0} refusal on as a reply: its code */
+	assert_int_equal(px_do_find_and_modify(&e->c), ERR_STALE_CONFIG);
 	assert_int_equal(e->ans.state, 1);
 	assert_true(bson_iter_init_find(&it, e->ans.reply, "code"));
 	assert_int_equal(bson_iter_as_int64(&it), ERR_STALE_CONFIG);
@@ -613,6 +615,29 @@ static void test_status_contract(void **state)
 			 WIRE_ERR_HOST_UNREACHABLE);
 	assert_int_equal(px_check_answer(WIRE_ERR_HOST_UNREACHABLE, &e->ans), PX_ANSWER_OK);
 	bson_destroy(ok0);
+}
+
+/* px_config_db: not the config database, or getMore there: not done, nothing answered;
+ * a write on config: done, IllegalOperation (20) returned and recorded. */
+static void test_config_db_tristate(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("insert", "c");
+	bool done = true;
+
+	request(e, cmd, 5000);
+	assert_int_equal(px_config_db(&e->c, px_cmd_find("insert"), &done), 0);
+	assert_false(done);
+	assert_false(px_answered(&e->c));
+	e->c.db = "config";
+	assert_int_equal(px_config_db(&e->c, px_cmd_find("getMore"), &done), 0);
+	assert_false(done);
+	assert_false(px_answered(&e->c));
+	assert_int_equal(px_config_db(&e->c, px_cmd_find("insert"), &done), 20);
+	assert_true(done);
+	assert_int_equal(e->ans.state, 2);
+	assert_int_equal(e->ans.code, 20);
+	bson_destroy(cmd);
 }
 
 /* A handler refusing a bad argument returns the code of the one error it recorded. */
@@ -1029,6 +1054,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_txn_table, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_status_contract, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_handler_status_is_error_code, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_config_db_tristate, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_helper_failure_status, setup, teardown),
 	};
 
