@@ -153,16 +153,16 @@ int px_refuse_js(ctx *c, const bson_t *doc);
  * A handler answers by recording ONE reply or error in c->ans and returns the status of
  * that answer: 0 for a reply, the error's MongoDB code (non-zero) for an error (a reply
  * document that says `ok: 0`, a shard's error reply passed on as it is, stands for its
- * `code`, InternalError 1 when it has none). Every
- * answer function returns that status, so the idiom is `return px_error(c, 2, "...");`
- * or `return px_reply(c, r);`. Helpers that may fail return the same status (0 = went on
- * without answering) and give their object through an out parameter; the caller
- * propagates: `if ((st = px_route_or_fail(c, &rc)) != 0) return st;`. The job runner
- * sends the answer when the handler returns, so a request is completed exactly once, and
- * checks the status against it (px_check_answer). A second answer is a bug: it is logged
- * and dropped (debug builds abort); a handler that returns without answering, or whose
- * status does not match its answer, is answered InternalError (1) and logged (debug
- * builds abort). Fan-out units never answer: they keep their result for the handler. */
+ * `code`, InternalError 1 when it has none). Every answer function returns that status, so
+ * the idiom is `return px_error(c, 2, "...");` or `return px_reply(c, r);`. Helpers that
+ * may fail return the same status (0 = went on without answering) and give their object
+ * through an out parameter; the caller propagates:
+ * `if ((st = px_route_or_fail(c, &rc)) != 0) return st;`. The job runner sends the answer
+ * when the handler returns, so a request is completed exactly once, and checks the
+ * status against it (px_check_answer). A second answer is a bug: it is logged and dropped
+ * (debug builds abort); a handler that returns without answering, or whose status does
+ * not match its answer, is answered InternalError (1) and logged (debug builds abort).
+ * Fan-out units never answer: they keep their result for the handler. */
 
 /* Answer with reply (taken over; `ok: 1.0` appended by the wire server when absent).
  * Returns: 0 (the code of reply when it says `ok: 0`, see above). */
