@@ -71,15 +71,15 @@ static void bcast_free(bcast *b, size_t n)
 	bson_destroy((bson_t *)b->cmd);
 }
 
-void px_do_broadcast(ctx *c)
+int px_do_broadcast(ctx *c)
 {
 	bcast b;
 	size_t n = broadcast(c, c->cmd, &b), i, ok_i = SIZE_MAX, err_i = SIZE_MAX;
+	int st;
 
 	if (n == 0) {
 		bcast_free(&b, n);
-		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
-		return;
+		return px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
 	}
 	for (i = 0; i < n; i++) {
 		if (b.cls[i] == SHARDCONN_OK) {
@@ -96,25 +96,28 @@ void px_do_broadcast(ctx *c)
 		}
 	}
 	if (err_i != SIZE_MAX)
-		px_reply_shard_error(c, b.cls[err_i], &b.replies[err_i], b.nerr[err_i]);
+		st = px_reply_shard_error(c, b.cls[err_i], &b.replies[err_i], b.nerr[err_i]);
 	else if (ok_i != SIZE_MAX)
-		px_reply_copy(c, &b.replies[ok_i]);
+		st = px_reply_copy(c, &b.replies[ok_i]);
 	else
-		px_reply_copy(c, &b.replies[0]);
+		st = px_reply_copy(c, &b.replies[0]);
 	bcast_free(&b, n);
+	return st;
 }
 
 /* createIndexes on a sharded collection: a unique index each shard cannot enforce alone
  * (not prefixed by the shard key, nor by _id) is refused with CannotCreateIndex (67) before any
  * shard builds it, as mongod refuses it on a sharded collection; everything else is broadcast.
  * Source: MongoDB's checkUniqueIndexConstraints (create_indexes.cpp). */
-void px_do_create_indexes(ctx *c)
+int px_do_create_indexes(ctx *c)
 {
-	route_coll *rc = px_route_or_fail(c);
+	route_coll *rc;
 	bson_iter_t it, arr, spec;
+	int st;
 
-	if (rc == NULL)
-		return; /* answered: routing unavailable, no shard builds an unchecked index */
+	/* routing unavailable: answered, no shard builds an unchecked index */
+	if ((st = px_route_or_fail(c, &rc)) != 0)
+		return st;
 	if (rc->nkeys > 0 && bson_iter_init_find(&it, c->cmd, "indexes") &&
 	    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr)) {
 		while (bson_iter_next(&arr)) {
@@ -150,35 +153,37 @@ void px_do_create_indexes(ctx *c)
 						BSON_APPEND_INT32(&sk, rc->keys[i], 1);
 				}
 				ss = bson_as_relaxed_extended_json(&sk, NULL);
-				px_error(c, WIRE_ERR_CANNOT_CREATE_INDEX,
-					 "cannot create unique index over %s with shard key pattern %s",
-					 ks ? ks : "?", ss ? ss : "?");
+				st = px_error(c, WIRE_ERR_CANNOT_CREATE_INDEX,
+					      "cannot create unique index over %s with shard key pattern %s",
+					      ks ? ks : "?", ss ? ss : "?");
 				bson_free(ks);
 				bson_free(ss);
 				bson_destroy(&sk);
 			}
 			route_coll_unref(rc);
-			return;
+			return st;
 		}
 	}
 	route_coll_unref(rc);
-	px_do_broadcast(c);
+	return px_do_broadcast(c);
 }
 
-void px_do_list_indexes(ctx *c)
+int px_do_list_indexes(ctx *c)
 {
-	route_coll *rc = px_route_or_fail(c);
+	route_coll *rc;
 	char *shard = NULL;
+	int st;
 
-	if (rc == NULL)
-		return;
+	if ((st = px_route_or_fail(c, &rc)) != 0)
+		return st;
 	if (rc->nchunks > 0)
 		shard = sdb_strdup(rc->chunks[0].shard);
 	route_coll_unref(rc);
-	if (shard == NULL && !px_with_primary(c, &shard))
-		return;
-	px_forward_cursor(c, shard, c->cmd, -1, false);
+	if (shard == NULL && (st = px_with_primary(c, &shard)) != 0)
+		return st;
+	st = px_forward_cursor(c, shard, c->cmd, -1, false);
 	free(shard);
+	return st;
 }
 
 /* Sharded collections metadata knows that no shard has created yet (nothing inserted):
@@ -240,13 +245,14 @@ static void add_metadata_collections(ctx *c, bson_t *merged, size_t *count)
 
 /* Union over shards of a listing: arrays at path cursor.firstBatch or `field`, deduplicated
  * by `name`; sizes (sizeOnDisk) summed for databases. */
-void px_do_list_union(ctx *c, bool databases)
+int px_do_list_union(ctx *c, bool databases)
 {
 	bcast b;
 	size_t n = broadcast(c, c->cmd, &b), i, count = 0;
 	bson_t merged = BSON_INITIALIZER, *out;
 	int64_t total = 0;
 	bool any_ok = false;
+	int st;
 
 	for (i = 0; i < n; i++) {
 		bson_iter_t it, sub, arr;
@@ -302,12 +308,12 @@ void px_do_list_union(ctx *c, bool databases)
 	}
 	if (!any_ok) {
 		if (n > 0)
-			px_reply_shard_error(c, b.cls[0], &b.replies[0], b.nerr[0]);
+			st = px_reply_shard_error(c, b.cls[0], &b.replies[0], b.nerr[0]);
 		else
-			px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
+			st = px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
 		bcast_free(&b, n);
 		bson_destroy(&merged);
-		return;
+		return st;
 	}
 	if (!databases)
 		add_metadata_collections(c, &merged, &count);
@@ -326,9 +332,10 @@ void px_do_list_union(ctx *c, bool databases)
 		bson_append_document_end(out, &cd);
 	}
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	px_reply(c, out);
+	st = px_reply(c, out);
 	bson_destroy(&merged);
 	bcast_free(&b, n);
+	return st;
 }
 
 /* ---------- collStats / dbStats / explain (mongos' combined replies) ---------- */
@@ -429,19 +436,22 @@ static void isizes_free(isizes *s)
  * answers NamespaceNotFound and adds nothing. */
 /* Run collStats on every shard owning a chunk of c->ns (unsharded: its primary): the
  * client's command renamed (stage false) or {collStats: coll} (stage true, for the
- * $collStats aggregation stage). Returns the calls (px_pcalls_free them) with *n, *sharded
- * and *nchunks, or NULL after answering the error. */
-static pcall *coll_stats_calls(ctx *c, bool stage, size_t *n_out, bool *sharded,
-			       int64_t *nchunks)
+ * $collStats aggregation stage). Returns: 0 with the calls in *out (px_pcalls_free them),
+ * *n, *sharded and *nchunks; else *out NULL and the status of the answer given (the error,
+ * or a shard's reply copied: 0 or its code). */
+static int coll_stats_calls(ctx *c, bool stage, size_t *n_out, bool *sharded,
+			    int64_t *nchunks, pcall **out)
 {
 	static const int absent[] = {WIRE_ERR_NAMESPACE_NOT_FOUND, 0};
-	route_coll *rc = px_route_or_fail(c);
+	route_coll *rc;
 	char **ids = NULL;
 	size_t n, i;
 	pcall *pc, *bad;
+	int st;
 
-	if (rc == NULL)
-		return NULL;
+	*out = NULL;
+	if ((st = px_route_or_fail(c, &rc)) != 0)
+		return st;
 	*sharded = rc->nkeys > 0;
 	*nchunks = *sharded ? (int64_t)rc->nchunks : 1;
 	if (*sharded) {
@@ -450,8 +460,8 @@ static pcall *coll_stats_calls(ctx *c, bool stage, size_t *n_out, bool *sharded,
 	} else {
 		char *primary;
 		route_coll_unref(rc);
-		if (!px_with_primary(c, &primary))
-			return NULL;
+		if ((st = px_with_primary(c, &primary)) != 0)
+			return st;
 		ids = sdb_calloc(1, sizeof *ids);
 		ids[0] = primary;
 		n = 1;
@@ -467,14 +477,15 @@ static pcall *coll_stats_calls(ctx *c, bool stage, size_t *n_out, bool *sharded,
 	bad = px_pcalls_failed(pc, n, *sharded ? absent : NULL);
 	if (bad) {
 		if (bad->cls == SHARDCONN_NET_ERR)
-			px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
-		else
-			px_reply_copy(c, &bad->reply); /* e.g. the collection does not exist */
+			st = px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
+		else /* e.g. the collection does not exist: its {ok: 0} reply */
+			st = px_reply_copy(c, &bad->reply);
 		px_pcalls_free(pc, n);
-		return NULL;
+		return st;
 	}
 	*n_out = n;
-	return pc;
+	*out = pc;
+	return 0;
 }
 
 /* {$collStats: {storageStats: {...}, count: {}}} as the first (and only) stage of an
@@ -482,7 +493,7 @@ static pcall *coll_stats_calls(ctx *c, bool stage, size_t *n_out, bool *sharded,
  * {ns, shard, host, localTime, storageStats: <the shard's collStats>, count: {count}}.
  * latencyStats and queryExecStats are not kept by stripedb: FailedToParse (9), as a
  * server that does not know them, so mongosh falls back to the collStats command. */
-void px_do_coll_stats_stage(ctx *c, const bson_t *spec)
+int px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 {
 	bson_iter_t it;
 	size_t n = 0, i;
@@ -490,6 +501,7 @@ void px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 	int64_t nchunks;
 	pcall *pc;
 	bson_t *out, cur, batch;
+	int rst;
 
 	if (bson_iter_init(&it, spec)) {
 		while (bson_iter_next(&it)) {
@@ -499,17 +511,15 @@ void px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 			else if (strcmp(k, "count") == 0)
 				want_count = true;
 			else {
-				px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-					 "$collStats: %s is not supported by stripedb "
-					 "(storageStats and count are)",
-					 k);
-				return;
+				return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+						"$collStats: %s is not supported by stripedb "
+						"(storageStats and count are)",
+						k);
 			}
 		}
 	}
-	pc = coll_stats_calls(c, true, &n, &sharded, &nchunks);
-	if (pc == NULL)
-		return;
+	if ((rst = coll_stats_calls(c, true, &n, &sharded, &nchunks, &pc)) != 0 || pc == NULL)
+		return rst;
 	out = bson_new();
 	bson_append_document_begin(out, "cursor", -1, &cur);
 	BSON_APPEND_INT64(&cur, "id", 0);
@@ -553,10 +563,10 @@ void px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 	px_pcalls_free(pc, n);
 	(void)sharded;
 	(void)nchunks;
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
-void px_do_coll_stats(ctx *c)
+int px_do_coll_stats(ctx *c)
 {
 	size_t n = 0, i;
 	pcall *pc;
@@ -564,10 +574,10 @@ void px_do_coll_stats(ctx *c)
 	int64_t nchunks, count = 0, size = 0, storage = 0, total_idx = 0, nindexes = 0;
 	isizes sizes;
 	bson_t *out, shards, idx;
+	int st;
 
-	pc = coll_stats_calls(c, false, &n, &sharded, &nchunks);
-	if (pc == NULL)
-		return;
+	if ((st = coll_stats_calls(c, false, &n, &sharded, &nchunks, &pc)) != 0 || pc == NULL)
+		return st;
 	memset(&sizes, 0, sizeof sizes);
 	out = bson_new();
 	BSON_APPEND_UTF8(out, "ns", c->ns);
@@ -608,14 +618,14 @@ void px_do_coll_stats(ctx *c)
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	isizes_free(&sizes);
 	px_pcalls_free(pc, n);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* dbStats (mongos' cluster dbStats): sent to every shard, as mongos does; collections,
  * views, objects, dataSize, storageSize, indexes and indexSize are summed (a collection
  * with documents on k shards counts k times, as on mongos), avgObjSize = dataSize /
  * objects, each shard's reply under raw.<id>. */
-void px_do_db_stats(ctx *c)
+int px_do_db_stats(ctx *c)
 {
 	static const char *const sums[] = {"collections", "views",   "objects",   "dataSize",
 					   "storageSize", "indexes", "indexSize", NULL};
@@ -623,6 +633,7 @@ void px_do_db_stats(ctx *c)
 	bcast b;
 	bson_t fwd = BSON_INITIALIZER, *out, raw;
 	size_t n, i, k;
+	int st;
 
 	copy_renamed(c->cmd, &fwd, "dbStats");
 	n = broadcast(c, &fwd, &b);
@@ -630,14 +641,13 @@ void px_do_db_stats(ctx *c)
 
 	if (n == 0) {
 		bcast_free(&b, n);
-		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
-		return;
+		return px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
 	}
 	for (i = 0; i < n; i++)
 		if (b.cls[i] != SHARDCONN_OK) {
-			px_reply_shard_error(c, b.cls[i], &b.replies[i], b.nerr[i]);
+			st = px_reply_shard_error(c, b.cls[i], &b.replies[i], b.nerr[i]);
 			bcast_free(&b, n);
-			return;
+			return st;
 		}
 	out = bson_new();
 	bson_append_document_begin(out, "raw", -1, &raw);
@@ -656,6 +666,6 @@ void px_do_db_stats(ctx *c)
 	}
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	bcast_free(&b, n);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 

@@ -16,69 +16,68 @@
 #include "proxy/exec.h"
 #include "proxy/sharding_int.h"
 
-/* A chunk command's namespace (its first value): false after answering InvalidNamespace
- * (73) when it is not a "db.coll" string. */
-static bool ns_ok(ctx *c, const char *ns)
+/* A chunk command's namespace (its first value). Returns: 0, or InvalidNamespace (73)
+ * answered on c when it is not a "db.coll" string. */
+static int ns_check(ctx *c, const char *ns)
 {
 	if (ns != NULL && strchr(ns, '.') != NULL)
-		return true;
-	px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
-		 ns ? ns : "(not a string)");
-	return false;
+		return 0;
+	return px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
+			ns ? ns : "(not a string)");
 }
 
-/* ns's routing, refreshed from metadata, with *sub = c aimed at ns (for the refreshes and
- * moves that follow); the caller unrefs it. NULL after answering c: HostUnreachable when
- * metadata could not be asked, NamespaceNotSharded (118) for an unsharded collection. */
-static route_coll *sharded_route(ctx *c, ctx *sub, const char *ns)
+/* ns's routing, refreshed from metadata, into *out, with *sub = c aimed at ns (for the
+ * refreshes and moves that follow); the caller unrefs it. Returns: 0, or the code answered
+ * on c (*out NULL): HostUnreachable (6) when metadata could not be asked,
+ * NamespaceNotSharded (118) for an unsharded collection. */
+static int sharded_route(ctx *c, ctx *sub, const char *ns, route_coll **out)
 {
 	route_coll *rc;
 	char err[256];
 
+	*out = NULL;
 	*sub = *c;
 	snprintf(sub->ns, sizeof sub->ns, "%s", ns);
 	rc = px_route(sub, true, err, sizeof err);
-	if (rc == NULL) {
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
-		return NULL;
-	}
+	if (rc == NULL)
+		return px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
 	if (rc->nkeys == 0) {
 		route_coll_unref(rc);
-		px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
-		return NULL;
+		return px_error(c, 118 /* NamespaceNotSharded */, "%s is not sharded", ns);
 	}
-	return rc;
+	*out = rc;
+	return 0;
 }
 
-/* sub's routing as this proxy holds it (px_route without a refresh: split_at refreshed it);
- * the caller unrefs it. NULL after answering c HostUnreachable. */
-static route_coll *cached_route(ctx *c, ctx *sub)
+/* sub's routing as this proxy holds it (px_route without a refresh: split_at refreshed it)
+ * into *out; the caller unrefs it. Returns: 0, or HostUnreachable (6) answered on c. */
+static int cached_route(ctx *c, ctx *sub, route_coll **out)
 {
-	route_coll *rc;
 	char err[256];
 
-	rc = px_route(sub, false, err, sizeof err);
-	if (rc == NULL)
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
-	return rc;
+	*out = px_route(sub, false, err, sizeof err);
+	if (*out == NULL)
+		return px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
+	return 0;
 }
 
 /* Run the chunk change cmd on metadata; once done, refresh sub's routing (this proxy's next
- * command sees the change) and answer c ok. A metadata failure is answered as
- * px_sharding_meta_call answers it. */
-static void meta_change(ctx *c, ctx *sub, const bson_t *cmd)
+ * command sees the change) and answer c ok. Returns: the status of the answer (a metadata
+ * failure is answered as px_sharding_meta_call answers it). */
+static int meta_change(ctx *c, ctx *sub, const bson_t *cmd)
 {
 	bson_t reply;
 	route_coll *rc;
 	char err[256];
+	int st;
 
-	if (!px_sharding_meta_call(c, cmd, &reply, NULL, NULL))
-		return;
+	if ((st = px_sharding_meta_call(c, cmd, &reply, NULL, NULL)) != 0)
+		return st;
 	bson_destroy(&reply);
 	rc = px_route(sub, true, err, sizeof err);
 	if (rc)
 		route_coll_unref(rc);
-	px_reply(c, bson_new());
+	return px_reply(c, bson_new());
 }
 
 /* The chunk of rc named by c->cmd's `find` (the chunk holding that document's shard key)
@@ -108,18 +107,18 @@ static ssize_t chunk_of_find_or_bounds(ctx *c, const route_coll *rc)
 /* The median shard-key value of chunk ci of rc (ranged, single-field key) from its shard:
  * count the chunk's documents (filter {k: {$gte: min, $lt: max}}, a MinKey/MaxKey side
  * left out), then the key of the one in the middle by key order, into median (initialised
- * when true). False after answering c: the shard's error, or BadValue when the chunk has
- * no key strictly inside it to split at (empty, or every document has its min key). */
-static bool chunk_median(ctx *c, const route_coll *rc, ssize_t ci, bson_t *median)
+ * when 0 is returned). Returns: 0, or the code answered on c: the shard's error, or
+ * BadValue (2) when the chunk has no key strictly inside it to split at (empty, or every
+ * document has its min key). */
+static int chunk_median(ctx *c, const route_coll *rc, ssize_t ci, bson_t *median)
 {
 	const route_chunk *ch = &rc->chunks[ci];
 	const char *k = rc->keys[0];
 	bson_t filter = BSON_INITIALIZER, f, cmd = BSON_INITIALIZER, reply, sort, proj, cur, batch;
 	bson_iter_t lo, hi, it;
 	char nerr[256];
-	int cls;
+	int cls, st;
 	int64_t n;
-	bool ok = false;
 
 	bson_iter_init(&lo, ch->min);
 	bson_iter_init(&hi, ch->max);
@@ -135,7 +134,7 @@ static bool chunk_median(ctx *c, const route_coll *rc, ssize_t ci, bson_t *media
 	BSON_APPEND_DOCUMENT(&cmd, "query", &filter);
 	cls = px_run_on(c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
 	if (cls != SHARDCONN_OK) {
-		px_reply_shard_error(c, cls, &reply, nerr);
+		st = px_reply_shard_error(c, cls, &reply, nerr);
 		goto out;
 	}
 	n = px_get_int(&reply, "n", 0);
@@ -155,7 +154,7 @@ static bool chunk_median(ctx *c, const route_coll *rc, ssize_t ci, bson_t *media
 	BSON_APPEND_BOOL(&cmd, "singleBatch", true);
 	cls = px_run_on(c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
 	if (cls != SHARDCONN_OK) {
-		px_reply_shard_error(c, cls, &reply, nerr);
+		st = px_reply_shard_error(c, cls, &reply, nerr);
 		goto out;
 	}
 	bson_init(median);
@@ -168,16 +167,17 @@ static bool chunk_median(ctx *c, const route_coll *rc, ssize_t ci, bson_t *media
 	if (bson_empty(median) || route_key_cmp(median, ch->min) <= 0 ||
 	    route_key_cmp(median, ch->max) >= 0) {
 		bson_destroy(median);
-		px_error(c, WIRE_ERR_BAD_VALUE,
-			 "cannot split chunk of %s at its median: it holds %lld documents and no "
-			 "shard-key value strictly inside its bounds", rc->ns, (long long)n);
+		st = px_error(c, WIRE_ERR_BAD_VALUE,
+			      "cannot split chunk of %s at its median: it holds %lld documents and "
+			      "no shard-key value strictly inside its bounds",
+			      rc->ns, (long long)n);
 		goto out;
 	}
-	ok = true;
+	st = 0;
 out:
 	bson_destroy(&cmd);
 	bson_destroy(&filter);
-	return ok;
+	return st;
 }
 
 /* {split: "db.coll", middle: {key...} | find: {key...} | bounds: [min, max]} (mongosh
@@ -186,7 +186,7 @@ out:
  * chunk holding that document's key) or bounds (exactly a chunk's), at the median key of
  * the chunk's documents, read from its shard (ranged single-field keys; hashed and compound
  * keys: CommandNotSupported 115, give middle). */
-void px_do_split(ctx *c)
+int px_do_split(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd);
 	ctx sub;
@@ -194,32 +194,29 @@ void px_do_split(ctx *c)
 	route_coll *rc;
 	ssize_t ci = -1;
 	int64_t id;
-	int given = 0;
+	int given = 0, st;
 	bool have_median = false;
 
-	if (!px_need_admin_db(c, "split") || !ns_ok(c, ns))
-		return;
+	if ((st = px_need_admin_db(c, "split")) != 0 || (st = ns_check(c, ns)) != 0)
+		return st;
 	given += px_get_doc(c->cmd, "middle", &middle) && !bson_empty(&middle);
 	given += bson_has_field(c->cmd, "find");
 	given += bson_has_field(c->cmd, "bounds");
 	if (given != 1) {
-		px_error(c, WIRE_ERR_BAD_VALUE,
-			 "need to specify exactly one of middle, find or bounds (the split point)");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE,
+				"need to specify exactly one of middle, find or bounds (the split point)");
 	}
-	rc = sharded_route(c, &sub, ns);
-	if (rc == NULL)
-		return;
+	if ((st = sharded_route(c, &sub, ns, &rc)) != 0)
+		return st;
 	if (bson_has_field(c->cmd, "middle")) {
 		ci = route_find_chunk(rc, &middle);
 	} else {
 		if (rc->hashed || rc->nkeys != 1) {
 			route_coll_unref(rc);
-			px_error(c, 115 /* CommandNotSupported */,
-				 "split with find or bounds (at the median of the chunk's documents) "
-				 "needs a ranged single-field shard key in stripedb: give the split "
-				 "point as middle");
-			return;
+			return px_error(c, 115 /* CommandNotSupported */,
+					"split with find or bounds (at the median of the chunk's documents) "
+					"needs a ranged single-field shard key in stripedb: give the split "
+					"point as middle");
 		}
 		ci = chunk_of_find_or_bounds(c, rc);
 		if (ci >= 0) {
@@ -230,9 +227,9 @@ void px_do_split(ctx *c)
 			snprintf(dbname, sizeof dbname, "%.*s", (int)(dot - ns), ns);
 			in_db.db = dbname;
 			in_db.coll = dot + 1;
-			if (!chunk_median(&in_db, rc, ci, &median)) {
+			if ((st = chunk_median(&in_db, rc, ci, &median)) != 0) {
 				route_coll_unref(rc);
-				return;
+				return st;
 			}
 			have_median = true;
 		}
@@ -242,15 +239,15 @@ void px_do_split(ctx *c)
 	if (ci < 0 || id == 0) {
 		if (have_median)
 			bson_destroy(&median);
-		px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the split point", ns);
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the split point", ns);
 	}
 	BSON_APPEND_INT64(&cmd, "splitChunk", id);
 	BSON_APPEND_DOCUMENT(&cmd, "at", have_median ? &median : &middle);
 	if (have_median)
 		bson_destroy(&median);
-	meta_change(c, &sub, &cmd);
+	st = meta_change(c, &sub, &cmd);
 	bson_destroy(&cmd);
+	return st;
 }
 
 
@@ -284,18 +281,22 @@ static void add_owned(const bson_t *ch, void *arg)
 }
 
 /* The chunks of every collection that shard owns (getRoutingTable "all", batch by batch),
- * into *out (heap, may be NULL when none); their number, or -1 after answering c. */
-static int64_t chunks_on(ctx *c, const char *shard, owned_chunk **out)
+ * into *out (heap, may be NULL when none), their number into *n. Returns: 0, or the code
+ * answered on c (*out NULL). */
+static int chunks_on(ctx *c, const char *shard, owned_chunk **out, int64_t *n)
 {
 	owned_list l = {.shard = shard};
+	int st;
 
-	if (!px_each_routing_chunk(c, add_owned, &l)) {
+	*out = NULL;
+	*n = 0;
+	if ((st = px_each_routing_chunk(c, add_owned, &l)) != 0) {
 		free(l.v);
-		*out = NULL;
-		return -1;
+		return st;
 	}
 	*out = l.v;
-	return (int64_t)l.n;
+	*n = (int64_t)l.n;
+	return 0;
 }
 
 /* The migrations of the listMigrations reply list that have not ended (registered ...
@@ -328,22 +329,21 @@ static int64_t active_migrations(const bson_t *list, int64_t nid, const char *sh
 
 /* Mark shard id draining in metadata (setShardDraining), so that shardCollection places no
  * new chunk on it. Needs cluster op version 3 (raft/migstate.h): below it metadata answers
- * IllegalOperation and the drain goes on unmarked, as before. False after answering c
- * (metadata unreachable or another error). */
-static bool mark_draining(ctx *c, const char *id)
+ * IllegalOperation and the drain goes on unmarked, as before. Returns: 0, or the code
+ * answered on c (metadata unreachable or another error). */
+static int mark_draining(ctx *c, const char *id)
 {
 	static const int below_v3[] = {WIRE_ERR_ILLEGAL_OPERATION, 0};
 	bson_t cmd = BSON_INITIALIZER, r;
-	int code = 0;
-	bool ok;
+	int code = 0, st;
 
 	BSON_APPEND_UTF8(&cmd, "setShardDraining", id);
 	BSON_APPEND_BOOL(&cmd, "draining", true);
-	ok = px_sharding_meta_call(c, &cmd, &r, below_v3, &code);
-	if (ok)
+	st = px_sharding_meta_call(c, &cmd, &r, below_v3, &code);
+	if (st == 0)
 		bson_destroy(&r);
 	bson_destroy(&cmd);
-	return ok;
+	return st;
 }
 
 /* drop_draining's question about one shard of a listShards reply. */
@@ -404,7 +404,7 @@ static size_t drop_draining(ctx *c, char **ids, size_t n)
  * show draining: true, and no drain sends chunks to another draining shard. Below op
  * version 3 there is no mark: a shardCollection meanwhile may still place chunks on it
  * (the next call drains them). */
-void px_do_remove_shard(ctx *c)
+int px_do_remove_shard(ctx *c)
 {
 	const char *id = px_first_utf8(c->cmd);
 	int64_t n, i;
@@ -415,12 +415,12 @@ void px_do_remove_shard(ctx *c)
 	owned_chunk *owned = NULL;
 	bson_t migs;
 	int64_t running;
+	int st;
 
-	if (!px_need_admin_db(c, "removeShard"))
-		return;
+	if ((st = px_need_admin_db(c, "removeShard")) != 0)
+		return st;
 	if (id == NULL || id[0] == '\0') {
-		px_error(c, WIRE_ERR_BAD_VALUE, "removeShard needs a shard id string");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "removeShard needs a shard id string");
 	}
 	nids = px_shard_ids(c, &ids);
 	for (j = 0; j < nids; j++) {
@@ -432,31 +432,30 @@ void px_do_remove_shard(ctx *c)
 		}
 	}
 	if (!known) {
-		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", id);
+		st = px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", id);
 		goto out;
 	}
 	if (nids > 1) {
 		char names[2048];
-		int64_t nu = px_unsharded_on(c, id, names, sizeof names);
-		if (nu < 0)
+		int64_t nu;
+		if ((st = px_unsharded_on(c, id, names, sizeof names, &nu)) != 0)
 			goto out;
 		if (nu > 0) {
-			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-				 "cannot remove shard %s: it is the primary shard of databases that "
-				 "still hold %lld unsharded collection(s): %s%s; you need to call "
-				 "movePrimary (not supported by stripedb: drop them, or copy them to a "
-				 "database with another primary shard)", id, (long long)nu, names,
-				 nu > 20 ? ", ..." : "");
+			st = px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				      "cannot remove shard %s: it is the primary shard of databases "
+				      "that still hold %lld unsharded collection(s): %s%s; you need to "
+				      "call movePrimary (not supported by stripedb: drop them, or copy "
+				      "them to a database with another primary shard)",
+				      id, (long long)nu, names, nu > 20 ? ", ..." : "");
 			goto out;
 		}
 	}
-	n = chunks_on(c, id, &owned);
-	if (n < 0)
+	if ((st = chunks_on(c, id, &owned, &n)) != 0)
 		goto out;
 	{
 		bson_t q = BSON_INITIALIZER;
 		BSON_APPEND_INT32(&q, "listMigrations", 1);
-		if (!px_sharding_meta_call(c, &q, &migs, NULL, NULL)) {
+		if ((st = px_sharding_meta_call(c, &q, &migs, NULL, NULL)) != 0) {
 			bson_destroy(&q);
 			goto out;
 		}
@@ -469,12 +468,13 @@ void px_do_remove_shard(ctx *c)
 		int64_t moving = 0, started = 0;
 		nothers = drop_draining(c, ids, nothers);
 		if (n > 0 && nothers == 0) {
-			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-				 "cannot remove shard %s: it owns %lld chunks and there is no other "
-				 "shard (that is not draining) to drain them to", id, (long long)n);
+			st = px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				      "cannot remove shard %s: it owns %lld chunks and there is no "
+				      "other shard (that is not draining) to drain them to",
+				      id, (long long)n);
 			goto out;
 		}
-		if (!mark_draining(c, id))
+		if ((st = mark_draining(c, id)) != 0)
 			goto out;
 		for (i = 0; i < n; i++) {
 			char mid[160];
@@ -491,7 +491,7 @@ void px_do_remove_shard(ctx *c)
 			BSON_APPEND_INT64(&cmd, "chunk", owned[i].nid);
 			BSON_APPEND_UTF8(&cmd, "from", id);
 			BSON_APPEND_UTF8(&cmd, "to", ids[(size_t)i % nothers]);
-			if (!px_sharding_meta_call(c, &cmd, &r, NULL, NULL))
+			if ((st = px_sharding_meta_call(c, &cmd, &r, NULL, NULL)) != 0)
 				goto out;
 			bson_destroy(&r);
 			started++;
@@ -521,11 +521,11 @@ void px_do_remove_shard(ctx *c)
 			bson_append_array_begin(out, "dbsToMove", -1, &dbs);
 			bson_append_array_end(out, &dbs);
 		}
-		px_reply(c, out);
+		st = px_reply(c, out);
 		goto out;
 	}
 	BSON_APPEND_UTF8(&cmd, "removeShard", id);
-	if (px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
+	if ((st = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) == 0) {
 		bson_destroy(&reply);
 		if (proxy_load_shards(c->p, err, sizeof err) != 0)
 			sdb_warn("shard list reload failed", "err=\"%s\"", err);
@@ -533,7 +533,7 @@ void px_do_remove_shard(ctx *c)
 		BSON_APPEND_UTF8(out, "msg", "removeshard completed successfully");
 		BSON_APPEND_UTF8(out, "state", "completed");
 		BSON_APPEND_UTF8(out, "shard", id);
-		px_reply(c, out);
+		st = px_reply(c, out);
 	}
 out:
 	for (j = 0; j < nothers; j++)
@@ -543,20 +543,21 @@ out:
 	if (have_migs)
 		bson_destroy(&migs);
 	bson_destroy(&cmd);
+	return st;
 }
 
-/* The state of migration id into state (heap) and its migration document into mig (initialised
- * when true). False after answering c. */
-static bool migration_state(ctx *c, const char *id, char **state, bson_t *mig)
+/* The state of migration id into state (heap) and its migration document into mig
+ * (initialised when 0 is returned). Returns: 0, or the code answered on c. */
+static int migration_state(ctx *c, const char *id, char **state, bson_t *mig)
 {
 	bson_t cmd = BSON_INITIALIZER, reply, m;
-	bool ok;
+	int st;
 
 	BSON_APPEND_UTF8(&cmd, "getMigration", id);
-	ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL);
+	st = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL);
 	bson_destroy(&cmd);
-	if (!ok)
-		return false;
+	if (st != 0)
+		return st;
 	bson_init(mig);
 	*state = NULL;
 	if (px_get_doc(&reply, "migration", &m)) {
@@ -569,20 +570,21 @@ static bool migration_state(ctx *c, const char *id, char **state, bson_t *mig)
 	bson_destroy(&reply);
 	if (*state == NULL)
 		*state = sdb_strdup("?");
-	return true;
+	return 0;
 }
 
 /* Register one migration of chunk nid of ns from -> to (metadata registerMigration, run by
  * the coordinators) and wait for its end, answering c: {millis, migration} when complete
  * (the routing of sub->ns refreshed), OperationFailed (96) when it ended otherwise,
  * MaxTimeMSExpired (50) when it still runs after max_ms (it goes on). what names the
- * command in messages. */
-static void move_and_wait(ctx *c, ctx *sub, const char *what, const char *ns, int64_t nid,
-			  const char *from, const char *to, int64_t max_ms, uint64_t start)
+ * command in messages. Returns: the status of the answer. */
+static int move_and_wait(ctx *c, ctx *sub, const char *what, const char *ns, int64_t nid,
+			 const char *from, const char *to, int64_t max_ms, uint64_t start)
 {
 	bson_t cmd = BSON_INITIALIZER, reply, mig, *out;
 	route_coll *rc;
 	char err[256], mid[128], *state = NULL;
+	int st;
 
 	/* one migration of a chunk at a time, as MongoDB's ActiveMigrationsRegistry answers a
 	 * second moveChunk of a chunk being moved. A registration racing this one (another
@@ -591,19 +593,17 @@ static void move_and_wait(ctx *c, ctx *sub, const char *what, const char *ns, in
 	{
 		bson_t q = BSON_INITIALIZER, migs;
 		BSON_APPEND_INT32(&q, "listMigrations", 1);
-		bool got = px_sharding_meta_call(c, &q, &migs, NULL, NULL);
+		st = px_sharding_meta_call(c, &q, &migs, NULL, NULL);
 		bson_destroy(&q);
-		if (!got)
-			return;
+		if (st != 0)
+			return st;
 		int64_t busy = active_migrations(&migs, nid, NULL);
 		bson_destroy(&migs);
-		if (busy > 0) {
-			px_error(c, WIRE_ERR_CONFLICTING_OPERATION,
-				 "%s: chunk %lld of %s is already being migrated; try again once that "
-				 "migration has ended",
-				 what, (long long)nid, ns);
-			return;
-		}
+		if (busy > 0)
+			return px_error(c, WIRE_ERR_CONFLICTING_OPERATION,
+					"%s: chunk %lld of %s is already being migrated; try again "
+					"once that migration has ended",
+					what, (long long)nid, ns);
 	}
 	/* unique across proxies and calls in the same millisecond (two moveChunks of one chunk
 	 * at once got the same id, hence 11000) */
@@ -614,27 +614,26 @@ static void move_and_wait(ctx *c, ctx *sub, const char *what, const char *ns, in
 	BSON_APPEND_INT64(&cmd, "chunk", nid);
 	BSON_APPEND_UTF8(&cmd, "from", from);
 	BSON_APPEND_UTF8(&cmd, "to", to);
-	if (!px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
+	if ((st = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) != 0) {
 		bson_destroy(&cmd);
-		return;
+		return st;
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	for (;;) {
-		if (!migration_state(c, mid, &state, &mig))
-			return;
+		if ((st = migration_state(c, mid, &state, &mig)) != 0)
+			return st;
 		if (strcmp(state, "complete") == 0 || strcmp(state, "aborted") == 0 ||
 		    strcmp(state, "rolled_back") == 0)
 			break;
 		bson_destroy(&mig);
 		free(state);
 		state = NULL;
-		if (sdb_mono_ms() - start > (uint64_t)max_ms) {
-			px_error(c, WIRE_ERR_MAX_TIME_EXPIRED,
-				 "%s: migration %s still running after %lld ms (it goes on: "
-				 "stripedb ctl migration status %s)", what, mid, (long long)max_ms, mid);
-			return;
-		}
+		if (sdb_mono_ms() - start > (uint64_t)max_ms)
+			return px_error(c, WIRE_ERR_MAX_TIME_EXPIRED,
+					"%s: migration %s still running after %lld ms (it goes on: "
+					"stripedb ctl migration status %s)",
+					what, mid, (long long)max_ms, mid);
 		sdb_sleep_ms(100); /* the coordinators' progress, polled */
 	}
 	bson_destroy(&mig);
@@ -645,38 +644,39 @@ static void move_and_wait(ctx *c, ctx *sub, const char *what, const char *ns, in
 		out = bson_new();
 		BSON_APPEND_INT64(out, "millis", (int64_t)(sdb_mono_ms() - start));
 		BSON_APPEND_UTF8(out, "migration", mid);
-		px_reply(c, out);
+		st = px_reply(c, out);
 	} else {
-		px_error(c, WIRE_ERR_OPERATION_FAILED, "%s: migration %s ended %s", what, mid, state);
+		st = px_error(c, WIRE_ERR_OPERATION_FAILED, "%s: migration %s ended %s", what, mid,
+			      state);
 	}
 	free(state);
+	return st;
 }
 
 /* The checks moveChunk and moveRange share: the admin database, ns (the command's first
  * value) a sharded namespace, the destination (field to_field) a known shard, maxTimeMS.
  * On success *rc is ns's routing (refreshed; unref it), *to points into c->cmd, sub is c
- * for ns. False after answering c. */
-static bool move_prepare(ctx *c, const char *what, const char *to_field, ctx *sub,
-			 route_coll **rc, const char **to, int64_t *max_ms)
+ * for ns. Returns: 0, or the code answered on c (*rc not set). */
+static int move_prepare(ctx *c, const char *what, const char *to_field, ctx *sub,
+			route_coll **rc, const char **to, int64_t *max_ms)
 {
 	const char *ns = px_first_utf8(c->cmd);
 	bson_iter_t it;
 	char **ids = NULL;
 	size_t n, i;
 	bool known = false;
+	int st;
 
-	if (!px_need_admin_db(c, what) || !ns_ok(c, ns))
-		return false;
+	if ((st = px_need_admin_db(c, what)) != 0 || (st = ns_check(c, ns)) != 0)
+		return st;
 	*to = NULL;
 	if (bson_iter_init_find(&it, c->cmd, to_field) && BSON_ITER_HOLDS_UTF8(&it))
 		*to = bson_iter_utf8(&it, NULL);
-	if (*to == NULL || (*to)[0] == '\0') {
-		px_error(c, WIRE_ERR_BAD_VALUE, "%s needs the destination shard as %s", what,
-			 to_field);
-		return false;
-	}
-	if (!px_client_int(c, "maxTimeMS", 0, INT32_MAX, 15 * 60 * 1000, max_ms))
-		return false;
+	if (*to == NULL || (*to)[0] == '\0')
+		return px_error(c, WIRE_ERR_BAD_VALUE, "%s needs the destination shard as %s",
+				what, to_field);
+	if ((st = px_client_int(c, "maxTimeMS", 0, INT32_MAX, 15 * 60 * 1000, max_ms)) != 0)
+		return st;
 	if (*max_ms == 0)
 		*max_ms = 15 * 60 * 1000;
 	n = px_shard_ids(c, &ids);
@@ -685,12 +685,9 @@ static bool move_prepare(ctx *c, const char *what, const char *to_field, ctx *su
 		free(ids[i]);
 	}
 	free(ids);
-	if (!known) {
-		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", *to);
-		return false;
-	}
-	*rc = sharded_route(c, sub, ns);
-	return *rc != NULL;
+	if (!known)
+		return px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "Shard %s not found", *to);
+	return sharded_route(c, sub, ns, rc);
 }
 
 /* {moveChunk: "db.coll", find: {key...} | bounds: [min, max], to: SHARD} (sh.moveChunk): one
@@ -700,7 +697,7 @@ static bool move_prepare(ctx *c, const char *what, const char *to_field, ctx *su
  * completes after its cleanup). A migration that ends otherwise: OperationFailed (96) with
  * its id and state; still running after maxTimeMS (default 15 minutes): MaxTimeMSExpired (50)
  * with its id (it goes on). Already on `to`: ok at once. */
-void px_do_move_chunk(ctx *c)
+int px_do_move_chunk(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd), *to = NULL;
 	ctx sub;
@@ -709,15 +706,15 @@ void px_do_move_chunk(ctx *c)
 	char *from = NULL;
 	int64_t nid = 0, max_ms;
 	uint64_t start = sdb_mono_ms();
+	int st;
 
-	if (!move_prepare(c, "moveChunk", "to", &sub, &rc, &to, &max_ms))
-		return;
+	if ((st = move_prepare(c, "moveChunk", "to", &sub, &rc, &to, &max_ms)) != 0)
+		return st;
 	if (bson_has_field(c->cmd, "find") || bson_has_field(c->cmd, "bounds")) {
 		ci = chunk_of_find_or_bounds(c, rc);
 	} else {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_BAD_VALUE, "moveChunk needs find or bounds");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "moveChunk needs find or bounds");
 	}
 	if (ci >= 0) {
 		nid = rc->chunks[ci].nid;
@@ -726,38 +723,37 @@ void px_do_move_chunk(ctx *c)
 	route_coll_unref(rc);
 	if (ci < 0 || nid == 0) {
 		free(from);
-		px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s matches the find or bounds given", ns);
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s matches the find or bounds given", ns);
 	}
 	if (strcmp(from, to) == 0) {
 		free(from);
-		px_reply(c, bson_new()); /* already there (MongoDB: ok) */
-		return;
+		return px_reply(c, bson_new()); /* already there (MongoDB: ok) */
 	}
-	move_and_wait(c, &sub, "moveChunk", ns, nid, from, to, max_ms, start);
+	st = move_and_wait(c, &sub, "moveChunk", ns, nid, from, to, max_ms, start);
 	free(from);
+	return st;
 }
 
-/* Split chunk nid of sub->ns at key (metadata splitChunk) and refresh sub's routing. False
- * after answering c. */
-static bool split_at(ctx *c, ctx *sub, int64_t nid, const bson_t *key)
+/* Split chunk nid of sub->ns at key (metadata splitChunk) and refresh sub's routing.
+ * Returns: 0, or the code answered on c. */
+static int split_at(ctx *c, ctx *sub, int64_t nid, const bson_t *key)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
 	route_coll *rc;
 	char err[256];
-	bool ok;
+	int st;
 
 	BSON_APPEND_INT64(&cmd, "splitChunk", nid);
 	BSON_APPEND_DOCUMENT(&cmd, "at", key);
-	ok = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL);
+	st = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL);
 	bson_destroy(&cmd);
-	if (!ok)
-		return false;
+	if (st != 0)
+		return st;
 	bson_destroy(&reply);
 	rc = px_route(sub, true, err, sizeof err);
 	if (rc)
 		route_coll_unref(rc);
-	return true;
+	return 0;
 }
 
 /* {moveRange: "db.coll", toShard: SHARD, min: {key...}, max: {key...}} (MongoDB 6.0,
@@ -769,7 +765,7 @@ static bool split_at(ctx *c, ctx *sub, int64_t nid, const bson_t *key)
  * secondaryThrottle and writeConcern accepted: migrations have no jumbo limit and complete
  * after their cleanup). A range already on toShard: ok. Hashed keys: min/max are values of
  * the hash space (NumberLong), as in MongoDB. */
-void px_do_move_range(ctx *c)
+int px_do_move_range(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd), *to = NULL;
 	ctx sub;
@@ -780,15 +776,15 @@ void px_do_move_range(ctx *c)
 	char *from = NULL;
 	int64_t nid, max_ms;
 	uint64_t start = sdb_mono_ms();
+	int st;
 
-	if (!move_prepare(c, "moveRange", "toShard", &sub, &rc, &to, &max_ms))
-		return;
+	if ((st = move_prepare(c, "moveRange", "toShard", &sub, &rc, &to, &max_ms)) != 0)
+		return st;
 	have_lo = px_get_doc(c->cmd, "min", &lo) && !bson_empty(&lo);
 	have_hi = px_get_doc(c->cmd, "max", &hi) && !bson_empty(&hi);
 	if (!have_lo && !have_hi) {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_BAD_VALUE, "moveRange needs min or max (the range to move)");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "moveRange needs min or max (the range to move)");
 	}
 	if (have_lo) {
 		ci = route_find_chunk(rc, &lo);
@@ -803,69 +799,72 @@ void px_do_move_range(ctx *c)
 	}
 	if (ci < 0) {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the range given", ns);
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "no chunk of %s holds the range given", ns);
 	}
 	bson_copy_to(have_lo ? &lo : rc->chunks[ci].min, &lo_c);
 	bson_copy_to(have_hi ? &hi : rc->chunks[ci].max, &hi_c);
 	if (route_key_cmp(&lo_c, &hi_c) >= 0 || route_key_cmp(&lo_c, rc->chunks[ci].min) < 0 ||
 	    route_key_cmp(&hi_c, rc->chunks[ci].max) > 0) {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_BAD_VALUE,
-			 "moveRange: [min, max) of %s must be a non-empty range within one chunk "
-			 "(a range spanning several chunks is not allowed, as in MongoDB)", ns);
+		st = px_error(c, WIRE_ERR_BAD_VALUE,
+			      "moveRange: [min, max) of %s must be a non-empty range within one "
+			      "chunk (a range spanning several chunks is not allowed, as in MongoDB)",
+			      ns);
 		goto out;
 	}
 	nid = rc->chunks[ci].nid;
 	if (strcmp(rc->chunks[ci].shard, to) == 0) {
 		route_coll_unref(rc);
-		px_reply(c, bson_new()); /* already there */
+		st = px_reply(c, bson_new()); /* already there */
 		goto out;
 	}
 	/* cut the range out of its chunk */
 	if (route_key_cmp(&lo_c, rc->chunks[ci].min) > 0) {
 		route_coll_unref(rc);
 		rc = NULL;
-		if (!split_at(c, &sub, nid, &lo_c))
+		if ((st = split_at(c, &sub, nid, &lo_c)) != 0)
 			goto out;
 	}
 	if (rc == NULL || route_key_cmp(&hi_c, rc->chunks[ci].max) < 0) {
-		if (rc == NULL && (rc = cached_route(c, &sub)) == NULL)
+		if (rc == NULL && (st = cached_route(c, &sub, &rc)) != 0)
 			goto out;
 		ci = route_find_chunk(rc, &lo_c);
 		if (ci >= 0 && route_key_cmp(&hi_c, rc->chunks[ci].max) < 0) {
 			nid = rc->chunks[ci].nid;
 			route_coll_unref(rc);
 			rc = NULL;
-			if (!split_at(c, &sub, nid, &hi_c))
+			if ((st = split_at(c, &sub, nid, &hi_c)) != 0)
 				goto out;
 		}
 	}
-	if (rc == NULL && (rc = cached_route(c, &sub)) == NULL)
+	if (rc == NULL && (st = cached_route(c, &sub, &rc)) != 0)
 		goto out;
 	ci = route_find_chunk(rc, &lo_c);
 	if (ci < 0 || route_key_cmp(rc->chunks[ci].min, &lo_c) != 0 ||
 	    route_key_cmp(rc->chunks[ci].max, &hi_c) != 0) {
 		route_coll_unref(rc);
-		px_error(c, 117 /* ConflictingOperationInProgress */,
-			 "moveRange: the chunks of %s changed while the range was cut out: retry", ns);
+		st = px_error(c, 117 /* ConflictingOperationInProgress */,
+			      "moveRange: the chunks of %s changed while the range was cut out: "
+			      "retry",
+			      ns);
 		goto out;
 	}
 	nid = rc->chunks[ci].nid;
 	from = sdb_strdup(rc->chunks[ci].shard);
 	route_coll_unref(rc);
-	move_and_wait(c, &sub, "moveRange", ns, nid, from, to, max_ms, start);
+	st = move_and_wait(c, &sub, "moveRange", ns, nid, from, to, max_ms, start);
 	free(from);
 out:
 	bson_destroy(&lo_c);
 	bson_destroy(&hi_c);
+	return st;
 }
 
 /* {mergeChunks: "db.coll", bounds: [min, max]} (sh.mergeChunks): the chunks that exactly
  * cover [min, max) (contiguous, on one shard) become one (metadata mergeChunks; its token is
  * the largest of theirs, so shard versions do not change). Bounds that are not chunk bounds,
  * chunks on several shards: IllegalOperation (20); one chunk: ok (nothing to merge). */
-void px_do_merge_chunks(ctx *c)
+int px_do_merge_chunks(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd), *shard = NULL;
 	ctx sub;
@@ -874,23 +873,21 @@ void px_do_merge_chunks(ctx *c)
 	ssize_t ci;
 	size_t n = 0;
 	char k[24];
+	int st;
 
-	if (!px_need_admin_db(c, "mergeChunks") || !ns_ok(c, ns))
-		return;
+	if ((st = px_need_admin_db(c, "mergeChunks")) != 0 || (st = ns_check(c, ns)) != 0)
+		return st;
 	if (!px_get_array(c->cmd, "bounds", &bounds) || !px_get_doc(&bounds, "0", &lo) ||
 	    !px_get_doc(&bounds, "1", &hi) || bson_count_keys(&bounds) != 2) {
-		px_error(c, WIRE_ERR_BAD_VALUE, "mergeChunks needs bounds: [min, max]");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "mergeChunks needs bounds: [min, max]");
 	}
-	rc = sharded_route(c, &sub, ns);
-	if (rc == NULL)
-		return;
+	if ((st = sharded_route(c, &sub, ns, &rc)) != 0)
+		return st;
 	ci = route_find_chunk(rc, &lo);
 	if (ci < 0 || route_key_cmp(rc->chunks[ci].min, &lo) != 0) {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "could not merge chunks of %s: min is not the lower bound of a chunk", ns);
-		return;
+		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				"could not merge chunks of %s: min is not the lower bound of a chunk", ns);
 	}
 	BSON_APPEND_UTF8(&cmd, "mergeChunks", ns);
 	bson_append_array_begin(&cmd, "ids", -1, &ids);
@@ -908,17 +905,16 @@ void px_do_merge_chunks(ctx *c)
 	if ((size_t)ci >= rc->nchunks || route_key_cmp(rc->chunks[ci].max, &hi) != 0) {
 		route_coll_unref(rc);
 		bson_destroy(&cmd);
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "could not merge chunks of %s: [min, max) must be exactly covered by "
-			 "contiguous chunks of one shard", ns);
-		return;
+		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				"could not merge chunks of %s: [min, max) must be exactly covered by "
+				"contiguous chunks of one shard", ns);
 	}
 	route_coll_unref(rc);
 	if (n < 2) {
 		bson_destroy(&cmd);
-		px_reply(c, bson_new()); /* one chunk: nothing to merge */
-		return;
+		return px_reply(c, bson_new()); /* one chunk: nothing to merge */
 	}
-	meta_change(c, &sub, &cmd);
+	st = meta_change(c, &sub, &cmd);
 	bson_destroy(&cmd);
+	return st;
 }

@@ -303,42 +303,43 @@ static void add_migration(const bson_t *m, void *arg)
  * the reply's array and add the conversion of one element (its arg: the doclist). */
 typedef struct cfg_coll {
 	const char *name;
-	/* Push the collection's documents into l; false after answering c. */
-	bool (*load)(ctx *c, const struct cfg_coll *cc, doclist *l);
+	/* Push the collection's documents into l. Returns: 0, or the code answered on c. */
+	int (*load)(ctx *c, const struct cfg_coll *cc, doclist *l);
 	const char *list_cmd;
 	const char *field;
 	void (*add)(const bson_t *doc, void *arg);
 } cfg_coll;
 
 /* Run {cc->list_cmd: 1} on the metadata service and pass each element of the reply's
- * cc->field to add(elem, arg). True with *reply (the caller destroys it) or false after
- * answering c, *reply then not to be touched. */
-static bool meta_list(ctx *c, const cfg_coll *cc, void (*add)(const bson_t *, void *),
-		      void *arg, bson_t *reply)
+ * cc->field to add(elem, arg). Returns: 0 with *reply (the caller destroys it), or the code
+ * answered on c, *reply then not to be touched. */
+static int meta_list(ctx *c, const cfg_coll *cc, void (*add)(const bson_t *, void *),
+		     void *arg, bson_t *reply)
 {
 	bson_t cmd = BSON_INITIALIZER;
-	bool ok;
+	int st;
 
 	BSON_APPEND_INT32(&cmd, cc->list_cmd, 1);
-	ok = px_sharding_meta_call(c, &cmd, reply, NULL, NULL);
+	st = px_sharding_meta_call(c, &cmd, reply, NULL, NULL);
 	bson_destroy(&cmd);
-	if (ok)
+	if (st == 0)
 		px_each_doc(reply, cc->field, add, arg);
-	return ok;
+	return st;
 }
 
 /* config.shards, config.collections, config.mongos: cc->add over the list command. */
-static bool load_listed(ctx *c, const cfg_coll *cc, doclist *l)
+static int load_listed(ctx *c, const cfg_coll *cc, doclist *l)
 {
 	bson_t reply;
+	int st;
 
-	if (!meta_list(c, cc, cc->add, l, &reply))
-		return false;
+	if ((st = meta_list(c, cc, cc->add, l, &reply)) != 0)
+		return st;
 	bson_destroy(&reply);
-	return true;
+	return 0;
 }
 
-static bool load_version(ctx *c, const cfg_coll *cc, doclist *l)
+static int load_version(ctx *c, const cfg_coll *cc, doclist *l)
 {
 	bson_t *d = bson_new();
 
@@ -347,10 +348,10 @@ static bool load_version(ctx *c, const cfg_coll *cc, doclist *l)
 	BSON_APPEND_INT32(d, "minCompatibleVersion", 5);
 	BSON_APPEND_INT32(d, "currentVersion", 6);
 	dl_push(l, d);
-	return true;
+	return 0;
 }
 
-static bool load_settings(ctx *c, const cfg_coll *cc, doclist *l)
+static int load_settings(ctx *c, const cfg_coll *cc, doclist *l)
 {
 	bson_t *d = bson_new();
 
@@ -363,51 +364,52 @@ static bool load_settings(ctx *c, const cfg_coll *cc, doclist *l)
 	BSON_APPEND_UTF8(d, "_id", "autosplit");
 	BSON_APPEND_BOOL(d, "enabled", false);
 	dl_push(l, d);
-	return true;
+	return 0;
 }
 
-static bool load_databases(ctx *c, const cfg_coll *cc, doclist *l)
+static int load_databases(ctx *c, const cfg_coll *cc, doclist *l)
 {
 	db_arg a = {l, NULL};
 	char *primary = px_primary(c);
 	bson_t reply;
-	bool ok;
+	int st;
 
 	a.primary = primary;
-	if ((ok = meta_list(c, cc, add_database, &a, &reply))) {
+	if ((st = meta_list(c, cc, add_database, &a, &reply)) == 0) {
 		/* a fresh list: this proxy's routing of unsharded collections follows it at
 		 * once (`ctl db create --primary` then a read of config.databases) */
 		proxy_set_db_primaries(c->p, &reply);
 		bson_destroy(&reply);
 	}
 	free(primary);
-	return ok;
+	return st;
 }
 
-static bool load_chunks(ctx *c, const cfg_coll *cc, doclist *l)
+static int load_chunks(ctx *c, const cfg_coll *cc, doclist *l)
 {
 	(void)cc;
 	return px_each_routing_chunk(c, add_chunk, l);
 }
 
 /* config.migrations and config.changelog: two views of listMigrations (add_migration). */
-static bool load_migration_view(ctx *c, const cfg_coll *cc, doclist *l, bool changelog)
+static int load_migration_view(ctx *c, const cfg_coll *cc, doclist *l, bool changelog)
 {
 	mig_arg a = {l, changelog, c};
 	bson_t reply;
+	int st;
 
-	if (!meta_list(c, cc, add_migration, &a, &reply))
-		return false;
+	if ((st = meta_list(c, cc, add_migration, &a, &reply)) != 0)
+		return st;
 	bson_destroy(&reply);
-	return true;
+	return 0;
 }
 
-static bool load_migrations(ctx *c, const cfg_coll *cc, doclist *l)
+static int load_migrations(ctx *c, const cfg_coll *cc, doclist *l)
 {
 	return load_migration_view(c, cc, l, false);
 }
 
-static bool load_changelog(ctx *c, const cfg_coll *cc, doclist *l)
+static int load_changelog(ctx *c, const cfg_coll *cc, doclist *l)
 {
 	return load_migration_view(c, cc, l, true);
 }
@@ -428,13 +430,13 @@ static const cfg_coll cfg_colls[] = {
 
 #define N_COLLS (sizeof cfg_colls / sizeof cfg_colls[0])
 
-/* The documents of config.<coll> into l; false after answering c. */
-static bool load(ctx *c, const char *coll, doclist *l)
+/* The documents of config.<coll> into l. Returns: 0, or the code answered on c. */
+static int load(ctx *c, const char *coll, doclist *l)
 {
 	for (size_t i = 0; i < N_COLLS; i++)
 		if (strcmp(cfg_colls[i].name, coll) == 0)
 			return cfg_colls[i].load(c, &cfg_colls[i], l);
-	return true;
+	return 0;
 }
 
 typedef struct feed {
@@ -453,8 +455,9 @@ static int feed_next(void *arg, const bson_t **doc, int *code, char *err, size_t
 	return 1;
 }
 
-/* Run stages over l; the output into out (appended). False after answering c. */
-static bool run_pipeline(ctx *c, const bson_t *stages, doclist *l, doclist *out)
+/* Run stages over l; the output into out (appended). Returns: 0, or the code answered
+ * on c. */
+static int run_pipeline(ctx *c, const bson_t *stages, doclist *l, doclist *out)
 {
 	sdb_pipeline *pl = NULL;
 	sdb_pipeline_cursor *pc = NULL;
@@ -462,10 +465,8 @@ static bool run_pipeline(ctx *c, const bson_t *stages, doclist *l, doclist *out)
 	int code = 0, r;
 	char err[512];
 
-	if (sdb_pipeline_parse(stages, NULL, &pl, &code, err, sizeof err) != 0) {
-		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
-		return false;
-	}
+	if (sdb_pipeline_parse(stages, NULL, &pl, &code, err, sizeof err) != 0)
+		return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 	sdb_pipeline_open(pl, feed_next, &f, &pc);
 	for (;;) {
 		const bson_t *d;
@@ -476,25 +477,25 @@ static bool run_pipeline(ctx *c, const bson_t *stages, doclist *l, doclist *out)
 	}
 	sdb_pipeline_cursor_free(pc);
 	sdb_pipeline_free(pl);
-	if (r < 0) {
-		px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
-		return false;
-	}
-	return true;
+	if (r < 0)
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+	return 0;
 }
 
-/* The stages of a find: $match, $sort, $skip, $limit, $project. */
-static bool find_stages(ctx *c, bson_t *stages, int64_t *batch, bool *single)
+/* The stages of a find: $match, $sort, $skip, $limit, $project. Returns: 0 with stages
+ * initialised, or the code answered on c (a bad skip, limit or batchSize). */
+static int find_stages(ctx *c, bson_t *stages, int64_t *batch, bool *single)
 {
 	bson_t f, st;
 	int64_t skip, limit;
 	uint32_t i = 0;
 	char k[16];
+	int rc;
 
-	if (!px_client_int(c, "skip", 0, INT64_MAX, 0, &skip) ||
-	    !px_client_int(c, "limit", 0, INT64_MAX, 0, &limit) ||
-	    !px_client_int(c, "batchSize", 0, INT64_MAX, 101, batch))
-		return false;
+	if ((rc = px_client_int(c, "skip", 0, INT64_MAX, 0, &skip)) != 0 ||
+	    (rc = px_client_int(c, "limit", 0, INT64_MAX, 0, &limit)) != 0 ||
+	    (rc = px_client_int(c, "batchSize", 0, INT64_MAX, 101, batch)) != 0)
+		return rc;
 	*single = px_get_bool(c->cmd, "singleBatch", false);
 	bson_init(stages);
 #define STAGE(name, append)                                                                 \
@@ -515,11 +516,12 @@ static bool find_stages(ctx *c, bson_t *stages, int64_t *batch, bool *single)
 	if (px_get_doc(c->cmd, "projection", &f) && !bson_empty(&f))
 		STAGE("$project", BSON_APPEND_DOCUMENT(&st, "$project", &f));
 #undef STAGE
-	return true;
+	return 0;
 }
 
-/* Answer c with out as a proxy cursor over c->ns (out's documents taken over). */
-static void answer_docs(ctx *c, doclist *out, int64_t batch, bool single)
+/* Answer c with out as a proxy cursor over c->ns (out's documents taken over). Returns: the
+ * status of the answer (px_answer_cursor). */
+static int answer_docs(ctx *c, doclist *out, int64_t batch, bool single)
 {
 	pstream *s = proxy_calloc_bson(1, sizeof *s);
 	size_t i;
@@ -535,16 +537,17 @@ static void answer_docs(ctx *c, doclist *out, int64_t batch, bool single)
 	s->n = out->n;
 	free(out->v);
 	memset(out, 0, sizeof *out);
-	px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, s, 1, NULL, NULL, 0, 0), batch, single,
-			 "firstBatch", c->ns);
+	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, s, 1, NULL, NULL, 0, 0), batch,
+				single, "firstBatch", c->ns);
 }
 
-/* listCollections on config: the collections answered here. */
-static void list_collections(ctx *c)
+/* listCollections on config: the collections answered here. Returns: the answer's status. */
+static int list_collections(ctx *c)
 {
 	doclist l = {0}, out = {0};
 	bson_t f, stages = BSON_INITIALIZER, st;
 	size_t i;
+	int rc;
 
 	for (i = 0; i < N_COLLS; i++) {
 		bson_t *d = bson_new(), o;
@@ -562,65 +565,71 @@ static void list_collections(ctx *c)
 		BSON_APPEND_DOCUMENT(&st, "$match", &f);
 		bson_append_document_end(&stages, &st);
 	}
-	if (run_pipeline(c, &stages, &l, &out)) {
+	if ((rc = run_pipeline(c, &stages, &l, &out)) == 0) {
 		snprintf(c->ns, sizeof c->ns, "config.$cmd.listCollections");
-		answer_docs(c, &out, INT64_MAX, true);
+		rc = answer_docs(c, &out, INT64_MAX, true);
 	}
 	dl_free(&out);
 	dl_free(&l);
 	bson_destroy(&stages);
+	return rc;
 }
 
 /* ---- the commands: one handler each ---- */
 
 /* Run stages over config.<c->coll> and answer c: a cursor of batch (single: no getMore),
- * or for count {n}. Takes stages over (destroys it). */
-static void answer_view(ctx *c, bson_t *stages, int64_t batch, bool single, bool count)
+ * or for count {n}. Takes stages over (destroys it). Returns: the answer's status. */
+static int answer_view(ctx *c, bson_t *stages, int64_t batch, bool single, bool count)
 {
 	doclist l = {0}, out = {0};
+	int rc;
 
 	if (px_uses_js(stages, 0)) {
 		bson_destroy(stages);
-		px_refuse_js(c, c->cmd);
-		return;
+		/* stages come from c->cmd: it uses JavaScript too */
+		return px_refuse_js(c, c->cmd);
 	}
-	if (load(c, c->coll, &l) && run_pipeline(c, stages, &l, &out)) {
+	if ((rc = load(c, c->coll, &l)) == 0 && (rc = run_pipeline(c, stages, &l, &out)) == 0) {
 		if (count) {
 			bson_t *r = bson_new();
 			BSON_APPEND_INT64(r, "n", out.n ? px_get_int(out.v[0], "n", 0) : 0);
-			px_reply(c, r);
+			rc = px_reply(c, r);
 		} else {
-			answer_docs(c, &out, batch, single);
+			rc = answer_docs(c, &out, batch, single);
 		}
 	}
 	dl_free(&out);
 	dl_free(&l);
 	bson_destroy(stages);
+	return rc;
 }
 
-static void cfg_find(ctx *c)
+static int cfg_find(ctx *c)
 {
 	bson_t stages;
 	int64_t batch = 101;
 	bool single = false;
+	int rc;
 
-	if (find_stages(c, &stages, &batch, &single))
-		answer_view(c, &stages, batch, single, false);
+	if ((rc = find_stages(c, &stages, &batch, &single)) != 0)
+		return rc;
+	return answer_view(c, &stages, batch, single, false);
 }
 
-static void cfg_aggregate(ctx *c)
+static int cfg_aggregate(ctx *c)
 {
 	bson_t p, stages;
 	int64_t batch;
+	int rc;
 
-	if (!px_agg_args(c, &p, &batch))
-		return;
+	if ((rc = px_agg_args(c, &p, &batch)) != 0)
+		return rc;
 	bson_copy_to(&p, &stages);
-	answer_view(c, &stages, batch, false, false);
+	return answer_view(c, &stages, batch, false, false);
 }
 
 /* count: [{$match: query}, {$count: "n"}] */
-static void cfg_count(ctx *c)
+static int cfg_count(ctx *c)
 {
 	bson_t q, st, stages = BSON_INITIALIZER;
 
@@ -633,15 +642,16 @@ static void cfg_count(ctx *c)
 	BSON_APPEND_DOCUMENT_BEGIN(&stages, "1", &st);
 	BSON_APPEND_UTF8(&st, "$count", "n");
 	bson_append_document_end(&stages, &st);
-	answer_view(c, &stages, 101, false, true);
+	return answer_view(c, &stages, 101, false, true);
 }
 
-/* A command on the config database: its handler (answers c exactly once), or NULL for
+/* A command on the config database: its handler (answers c exactly once and returns the
+ * answer's status, as px_cmd's run), or NULL for
  * the commands the proxy's own handlers answer (getMore and killCursors of the cursors
  * opened here); coll: it needs a collection name. */
 typedef struct cfg_cmd {
 	const char *name;
-	void (*run)(ctx *c);
+	int (*run)(ctx *c);
 	bool coll;
 } cfg_cmd;
 
@@ -654,24 +664,23 @@ static const cfg_cmd cfg_cmds[] = {
 	{"killCursors", NULL, false},
 };
 
-bool px_config_db(ctx *c, const px_cmd *cmd)
+int px_config_db(ctx *c, const px_cmd *cmd, bool *done)
 {
 	const cfg_cmd *e = NULL;
 
+	*done = false;
 	if (c->db == NULL || strcmp(c->db, "config") != 0)
-		return false;
+		return 0;
 	for (size_t i = 0; i < sizeof cfg_cmds / sizeof cfg_cmds[0]; i++)
 		if (strcmp(cfg_cmds[i].name, cmd->name) == 0)
 			e = &cfg_cmds[i];
 	if (e != NULL && e->run == NULL)
-		return false; /* the proxy cursors answered below */
-	if (e == NULL || (e->coll && c->coll == NULL)) {
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "%s on the config database is not supported by stripedb: config is a "
-			 "read-only view of the metadata service (find, aggregate, count)",
-			 cmd->name);
-		return true;
-	}
-	e->run(c);
-	return true;
+		return 0; /* the proxy cursors answered by the command's own handler */
+	*done = true;
+	if (e == NULL || (e->coll && c->coll == NULL))
+		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				"%s on the config database is not supported by stripedb: config is a "
+				"read-only view of the metadata service (find, aggregate, count)",
+				cmd->name);
+	return e->run(c);
 }

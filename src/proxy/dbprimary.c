@@ -56,47 +56,47 @@ char *px_meta_db_primary(ctx *c, const char *db)
  * not know yet has no sharded collection, so every document of it lives on the cluster's
  * default primary (the lowest shard id). When that is another shard and holds documents of
  * db (dbStats objects there), moving the primary would hide them (there is no
- * movePrimary): refused with IllegalOperation (20). True when fine; false once answered.
+ * movePrimary): refused with IllegalOperation (20). 0 when fine, else the code answered.
  * Known gap: a write racing this check still lands on the default. */
-bool px_db_data_stays_visible(ctx *c, const char *db, const char *ps)
+int px_db_data_stays_visible(ctx *c, const char *db, const char *ps)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
 	char neterr[256], *known = px_meta_db_primary(c, db), *dflt;
 	uint32_t sid = 0;
 	int64_t objects = 0;
-	int rc;
+	int rc, st = 0;
 
 	if (known) { /* exists: createDatabase answers 48, checked by the caller */
 		free(known);
 		bson_destroy(&cmd);
-		return true;
+		return 0;
 	}
 	dflt = proxy_primary(c->p);
 	if (dflt == NULL || strcmp(dflt, ps) == 0) {
 		free(dflt);
 		bson_destroy(&cmd);
-		return true;
+		return 0;
 	}
 	BSON_APPEND_INT32(&cmd, "dbStats", 1);
 	rc = px_shard_call(c->p, c->deadline_ms, dflt, db, &cmd, &sid, &reply, neterr,
 			   sizeof neterr);
 	if (rc != SHARDCONN_OK) {
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "enableSharding: dbStats of %s on %s: %s",
-			 db, dflt, rc == SHARDCONN_CMD_ERR ? "refused" : neterr);
-		objects = -1;
+		st = px_error(c, WIRE_ERR_HOST_UNREACHABLE,
+			      "enableSharding: dbStats of %s on %s: %s", db, dflt,
+			      rc == SHARDCONN_CMD_ERR ? "refused" : neterr);
 	} else {
 		objects = px_get_int(&reply, "objects", 0);
 		if (objects > 0)
-			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-				 "database %s already holds %lld documents on shard %s, its primary "
-				 "shard until now: enable sharding without primaryShard or with "
-				 "primaryShard %s (stripedb has no movePrimary)", db,
-				 (long long)objects, dflt, dflt);
+			st = px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				      "database %s already holds %lld documents on shard %s, its primary "
+				      "shard until now: enable sharding without primaryShard or with "
+				      "primaryShard %s (stripedb has no movePrimary)", db,
+				      (long long)objects, dflt, dflt);
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	free(dflt);
-	return objects == 0;
+	return st;
 }
 
 /* A read-only view of the document the iterator points to (it holds a document). */
@@ -133,9 +133,11 @@ static bool meta_lists_ns(const bson_t *reply, const char *ns)
  * holds as the primary shard of their database (issue #18): every database on the shard
  * (listDatabases there) whose primary shard (metadata's, else the cluster's default) is id,
  * and in it every collection but system.* that metadata does not record as sharded.
- * Returns how many, or -1 after answering c (a shard or metadata unreachable). */
-int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen)
+ * Returns: 0 with how many in *count, or the code answered on c (a shard or metadata
+ * unreachable: HostUnreachable 6). */
+int px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen, int64_t *count)
 {
+	int st = 0;
 	bson_t cmd = BSON_INITIALIZER, reply, arr, d;
 	bson_iter_t it, ai;
 	char neterr[256], *dflt = proxy_primary(c->p);
@@ -144,6 +146,7 @@ int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen)
 	int rc;
 
 	out[0] = '\0';
+	*count = 0;
 	px_reload_db_primaries(c);
 	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
 	BSON_APPEND_BOOL(&cmd, "nameOnly", true);
@@ -151,11 +154,11 @@ int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen)
 			   sizeof neterr);
 	bson_destroy(&cmd);
 	if (rc != SHARDCONN_OK) {
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "removeShard: listDatabases on %s: %s", id,
-			 rc == SHARDCONN_CMD_ERR ? "refused" : neterr);
+		st = px_error(c, WIRE_ERR_HOST_UNREACHABLE, "removeShard: listDatabases on %s: %s",
+			      id, rc == SHARDCONN_CMD_ERR ? "refused" : neterr);
 		bson_destroy(&reply);
 		free(dflt);
-		return -1;
+		return st;
 	}
 	if (px_get_array(&reply, "databases", &arr) && bson_iter_init(&ai, &arr)) {
 		while (n >= 0 && bson_iter_next(&ai)) {
@@ -184,7 +187,7 @@ int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen)
 			BSON_APPEND_INT32(&mc, "listCollections", 1);
 			BSON_APPEND_UTF8(&mc, "db", db);
 			if (proxy_meta_command(c->p, &mc, &mr, &code, err, sizeof err) != 0) {
-				px_error(c, WIRE_ERR_HOST_UNREACHABLE, "removeShard: %s", err);
+				st = px_error(c, WIRE_ERR_HOST_UNREACHABLE, "removeShard: %s", err);
 				n = -1;
 			}
 			BSON_APPEND_INT32(&lc, "listCollections", 1);
@@ -193,8 +196,9 @@ int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen)
 				bson_init(&lr);
 			else if (px_shard_call(c->p, c->deadline_ms, id, db, &lc, &sid, &lr,
 					       neterr, sizeof neterr) != SHARDCONN_OK) {
-				px_error(c, WIRE_ERR_HOST_UNREACHABLE,
-					 "removeShard: listCollections %s on %s: %s", db, id, neterr);
+				st = px_error(c, WIRE_ERR_HOST_UNREACHABLE,
+					      "removeShard: listCollections %s on %s: %s", db, id,
+					      neterr);
 				n = -1;
 			} else if (px_get_doc(&lr, "cursor", &cur) &&
 				   px_get_array(&cur, "firstBatch", &batch) && bson_iter_init(&ci, &batch)) {
@@ -228,5 +232,7 @@ int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen)
 	}
 	bson_destroy(&reply);
 	free(dflt);
-	return n;
+	if (st == 0)
+		*count = n;
+	return st;
 }

@@ -50,50 +50,120 @@ static bool answer_slot(ctx *c, const char *what)
 	return false;
 }
 
-void px_reply(ctx *c, bson_t *reply)
+/* The status a reply document stands for: 0 unless it says `ok: 0` (a shard's error reply
+ * passed on as it is), then its code (InternalError 1 when it has none). */
+static int reply_status(const bson_t *reply)
 {
+	bson_iter_t it;
+	int64_t code;
+
+	if (!bson_iter_init_find(&it, reply, "ok") || bson_iter_as_bool(&it))
+		return 0;
+	code = px_get_int(reply, "code", 0);
+	return code > 0 && code <= INT32_MAX ? (int)code : WIRE_ERR_INTERNAL;
+}
+
+int px_reply(ctx *c, bson_t *reply)
+{
+	int st = reply_status(reply);
+
 	if (!answer_slot(c, "reply")) {
 		bson_destroy(reply);
-		return;
+		return st;
 	}
 	c->ans->state = 1;
 	c->ans->reply = reply;
+	return st;
 }
 
-static void error_va(ctx *c, int code, bson_t *extra, const char *fmt, va_list ap)
+static int error_va(ctx *c, int code, bson_t *extra, const char *fmt, va_list ap)
 {
 	if (!answer_slot(c, "error")) {
 		if (extra)
 			bson_destroy(extra);
-		return;
+		return code;
 	}
 	c->ans->state = 2;
 	c->ans->code = code;
 	c->ans->extra = extra;
 	c->ans->msg = bson_strdupv_printf(fmt, ap);
+	return code;
 }
 
-void px_error(ctx *c, int code, const char *fmt, ...)
+int px_error(ctx *c, int code, const char *fmt, ...)
 {
 	va_list ap;
 
 	va_start(ap, fmt);
 	error_va(c, code, NULL, fmt, ap);
 	va_end(ap);
+	return code;
 }
 
-void px_error_extra(ctx *c, int code, bson_t *extra, const char *fmt, ...)
+int px_error_extra(ctx *c, int code, bson_t *extra, const char *fmt, ...)
 {
 	va_list ap;
 
 	va_start(ap, fmt);
 	error_va(c, code, extra, fmt, ap);
 	va_end(ap);
+	return code;
 }
 
 bool px_answered(const ctx *c)
 {
 	return c->ans->state != 0;
+}
+
+int px_answer_status(const ctx *c)
+{
+	switch (c->ans->state) {
+	case 1:
+		return reply_status(c->ans->reply);
+	case 2:
+		return c->ans->code;
+	default:
+		return -1;
+	}
+}
+
+int px_check_answer(int status, const px_answer *a)
+{
+	switch (a->state) {
+	case 1:
+		return status == reply_status(a->reply) ? PX_ANSWER_OK : PX_ANSWER_MISMATCH;
+	case 2:
+		return status != 0 && status == a->code ? PX_ANSWER_OK : PX_ANSWER_MISMATCH;
+	default:
+		return PX_ANSWER_NONE;
+	}
+}
+
+void px_answer_clear(px_answer *a)
+{
+	if (a->reply)
+		bson_destroy(a->reply);
+	if (a->extra)
+		bson_destroy(a->extra);
+	bson_free(a->msg);
+	memset(a, 0, sizeof *a);
+}
+
+/* The job runner's check of what the handler returned (status) against what it recorded
+ * in a: a broken contract is logged (debug builds abort) and the answer dropped, so the
+ * client gets InternalError from answer_send as for a handler that did not answer. */
+static void answer_check(const char *name, int status, px_answer *a)
+{
+	int v = px_check_answer(status, a);
+
+	if (v == PX_ANSWER_OK || v == PX_ANSWER_NONE) /* none: answer_send logs it */
+		return;
+	sdb_error("proxy handler status does not match its answer", "cmd=%s status=%d answer=%s code=%d",
+		  name, status, a->state == 1 ? "reply" : "error", a->state == 2 ? a->code : 0);
+#ifdef SDB_DEBUG
+	abort();
+#endif
+	px_answer_clear(a);
 }
 
 /* Send the recorded answer: the one place a routed request is completed. */
@@ -223,16 +293,15 @@ int64_t px_get_int(const bson_t *d, const char *name, int64_t def)
 }
 
 /* The client's argument `name` of c->cmd as a whole number in [lo, hi] (def when absent),
- * by common/bsonget.h's rules. On a bad value replies its MongoDB error and returns false. */
-bool px_client_int(ctx *c, const char *name, int64_t lo, int64_t hi, int64_t def,
-		       int64_t *out)
+ * by common/bsonget.h's rules. On a bad value answers its MongoDB error, returns its code. */
+int px_client_int(ctx *c, const char *name, int64_t lo, int64_t hi, int64_t def,
+		  int64_t *out)
 {
 	sdb_bson_err e;
 
 	if (sdb_bson_find_int64(c->cmd, name, lo, hi, def, out, &e) == 0)
-		return true;
-	px_error(c, e.code, "%s", e.msg);
-	return false;
+		return 0;
+	return px_error(c, e.code, "%s", e.msg);
 }
 
 void px_append_let(const ctx *c, bson_t *cmd)
@@ -243,7 +312,7 @@ void px_append_let(const ctx *c, bson_t *cmd)
 		bson_append_iter(cmd, "let", 3, &it);
 }
 
-bool px_let(ctx *c, bson_t *vars)
+int px_let(ctx *c, bson_t *vars)
 {
 	bson_iter_t it;
 	int code = 0;
@@ -251,13 +320,12 @@ bool px_let(ctx *c, bson_t *vars)
 
 	if (!bson_iter_init_find(&it, c->cmd, "let")) {
 		bson_init(vars);
-		return true;
+		return 0;
 	}
 	if (sdb_let_parse(&it, NULL, "let", vars, &code, err, sizeof err) == 0)
-		return true;
+		return 0;
 	bson_destroy(vars);
-	px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
-	return false;
+	return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 }
 
 bool px_get_bool(const bson_t *d, const char *name, bool def)
@@ -309,16 +377,15 @@ bool px_uses_js_ops(const bson_t *doc)
 	return uses_js(doc, 0, false);
 }
 
-bool px_refuse_js(ctx *c, const bson_t *doc)
+int px_refuse_js(ctx *c, const bson_t *doc)
 {
 	if (!px_uses_js(doc, 0))
-		return false;
-	px_error(c, WIRE_ERR_BAD_VALUE,
-		 "$where and server-side JavaScript are not allowed on stripedb");
-	return true;
+		return 0;
+	return px_error(c, WIRE_ERR_BAD_VALUE,
+			"$where and server-side JavaScript are not allowed on stripedb");
 }
 
-void px_reply_copy(ctx *c, const bson_t *reply)
+int px_reply_copy(ctx *c, const bson_t *reply)
 {
 	bson_t *out = bson_new();
 	bson_iter_t it;
@@ -330,14 +397,14 @@ void px_reply_copy(ctx *c, const bson_t *reply)
 				continue;
 			bson_append_iter(out, k, -1, &it);
 		}
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* ---------- forwarding to one shard ---------- */
 
 /* Wrap a cursor reply of one shard into a proxy cursor and answer the client. */
-void px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
-			  const char *batch_field, const char *ns)
+int px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
+		     const char *batch_field, const char *ns)
 {
 	bson_t *out = bson_new();
 	bson_t cd, arr;
@@ -352,8 +419,7 @@ void px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
 		bson_destroy(&arr);
 		bson_destroy(out);
 		proxy_cursor_destroy(c->p, cur);
-		px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
-		return;
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
 	}
 	bson_append_document_begin(out, "cursor", -1, &cd);
 	if (r == 1 || single) {
@@ -367,7 +433,7 @@ void px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
 	bson_append_document_end(out, &cd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	bson_destroy(&arr);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 void px_stream_init(pstream *s, const char *shard, const char *db, const char *coll)
@@ -381,13 +447,13 @@ void px_stream_init(pstream *s, const char *shard, const char *db, const char *c
 }
 
 /* Forward a cursor-returning command to one shard as is, and answer through a proxy cursor. */
-void px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batch,
-			   bool single)
+int px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batch,
+		      bool single)
 {
 	bson_t fwd = BSON_INITIALIZER, reply;
 	pstream *s = proxy_calloc_bson(1, sizeof *s);
 	char nerr[256];
-	int r;
+	int r, st;
 	bson_iter_t it, cur;
 	const char *ns = c->ns;
 	char nsbuf[512];
@@ -396,7 +462,7 @@ void px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t bat
 	px_stream_init(s, shard, c->db, c->coll ? c->coll : "");
 	r = px_run_on(c, shard, &fwd, &s->server_id, &reply, nerr, sizeof nerr);
 	if (r != SHARDCONN_OK) {
-		px_reply_shard_error(c, r, &reply, nerr);
+		st = px_reply_shard_error(c, r, &reply, nerr);
 		goto fail;
 	}
 	if (bson_iter_init_find(&it, &reply, "cursor") && bson_iter_recurse(&it, &cur) &&
@@ -411,28 +477,28 @@ void px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t bat
 		}
 	}
 	if (pstream_take_batch(s, &reply, "firstBatch") != 0) {
-		px_reply_copy(c, &reply);
+		st = px_reply_copy(c, &reply);
 		goto fail;
 	}
 	bson_destroy(&reply);
 	bson_destroy(&fwd);
-	px_answer_cursor(c, proxy_cursor_new(c->p, ns, s, 1, NULL, NULL, 0, 0), batch, single,
-		      "firstBatch", ns);
-	return;
+	return px_answer_cursor(c, proxy_cursor_new(c->p, ns, s, 1, NULL, NULL, 0, 0), batch,
+				single, "firstBatch", ns);
 fail:
 	pstream_clear(s);
 	bson_destroy(&s->err_reply);
 	free(s);
 	bson_destroy(&reply);
 	bson_destroy(&fwd);
+	return st;
 }
 
 /* Forward c->cmd to one shard and answer with its result. */
-static void forward_plain(ctx *c, const char *shard)
+static int forward_plain(ctx *c, const char *shard)
 {
 	bson_t fwd = BSON_INITIALIZER, reply;
 	char nerr[256];
-	int r;
+	int r, st;
 
 	px_copy_cmd(c->cmd, &fwd, NULL);
 	if (c->txn.on) {
@@ -442,65 +508,74 @@ static void forward_plain(ctx *c, const char *shard)
 		BSON_APPEND_INT64(&fwd, "txnNumber", c->txn.txn);
 	}
 	r = px_run_on(c, shard, &fwd, NULL, &reply, nerr, sizeof nerr);
-	px_reply_write_result(c, r, &reply, nerr);
+	st = px_reply_write_result(c, r, &reply, nerr);
 	bson_destroy(&reply);
 	bson_destroy(&fwd);
+	return st;
 }
 
-void px_forward_primary(ctx *c)
+int px_forward_primary(ctx *c)
 {
 	char *primary;
+	int st;
 
-	if (px_with_primary(c, &primary)) {
-		forward_plain(c, primary);
-		free(primary);
-	}
+	if ((st = px_with_primary(c, &primary)) != 0)
+		return st;
+	st = forward_plain(c, primary);
+	free(primary);
+	return st;
 }
 
-void px_forward_primary_cursor(ctx *c, int64_t batch, bool single)
+int px_forward_primary_cursor(ctx *c, int64_t batch, bool single)
 {
 	char *primary;
+	int st;
 
-	if (px_with_primary(c, &primary)) {
-		px_forward_cursor(c, primary, c->cmd, batch, single);
-		free(primary);
-	}
+	if ((st = px_with_primary(c, &primary)) != 0)
+		return st;
+	st = px_forward_cursor(c, primary, c->cmd, batch, single);
+	free(primary);
+	return st;
 }
 
-route_coll *px_route_sharded(ctx *c, px_fwd fwd, int64_t batch, bool single)
+int px_route_sharded(ctx *c, px_fwd fwd, int64_t batch, bool single, route_coll **out)
 {
-	route_coll *rc = px_route_or_fail(c);
+	route_coll *rc;
+	int st = px_route_or_fail(c, &rc);
 
-	if (rc == NULL || rc->nkeys > 0)
-		return rc;
+	*out = NULL;
+	if (st != 0)
+		return st;
+	if (rc->nkeys > 0) {
+		*out = rc;
+		return 0;
+	}
 	route_coll_unref(rc);
 	if (fwd == PX_FWD_CURSOR)
-		px_forward_primary_cursor(c, batch, single);
-	else
-		px_forward_primary(c);
-	return NULL;
+		return px_forward_primary_cursor(c, batch, single);
+	return px_forward_primary(c);
 }
 
 /* ---------- dispatch: the command table ---------- */
 
-static void do_update(ctx *c)
+static int do_update(ctx *c)
 {
-	px_do_write(c, true);
+	return px_do_write(c, true);
 }
 
-static void do_delete(ctx *c)
+static int do_delete(ctx *c)
 {
-	px_do_write(c, false);
+	return px_do_write(c, false);
 }
 
-static void do_list_databases(ctx *c)
+static int do_list_databases(ctx *c)
 {
-	px_do_list_union(c, true);
+	return px_do_list_union(c, true);
 }
 
-static void do_list_collections(ctx *c)
+static int do_list_collections(ctx *c)
 {
-	px_do_list_union(c, false);
+	return px_do_list_union(c, false);
 }
 
 /* Every command the proxy routes (registered by proxy_exec_register), with how the job
@@ -581,11 +656,11 @@ typedef struct pjob {
 /* The checks every routed command passes before its handler, in order: options the shards
  * would refuse, stripedb's internal fields, the retryable-write fields of a write, the
  * tenant's quotas, the collection policy, a collection name where the command needs one.
- * False once c is answered. */
-static bool job_checks(ctx *c, const px_cmd *cmd)
+ * Returns: 0 when the command may run, else the code of the refusal answered on c. */
+static int job_checks(ctx *c, const px_cmd *cmd)
 {
 	char err[256];
-	int code;
+	int code, st;
 	bson_iter_t it;
 
 	/* the fields the coordinator and the proxy itself send to shards ($stripedbOrigin tags
@@ -593,43 +668,45 @@ static bool job_checks(ctx *c, const px_cmd *cmd)
 	 * $stripedbVersion / $stripedbShardVersion gate): never from a client */
 	if (bson_iter_init(&it, c->cmd))
 		while (bson_iter_next(&it))
-			if (strncmp(bson_iter_key(&it), "$stripedb", 9) == 0) {
-				px_error(c, WIRE_ERR_BAD_VALUE,
-					 "field '%s' is internal to stripedb: a client cannot send it",
-					 bson_iter_key(&it));
-				return false;
-			}
+			if (strncmp(bson_iter_key(&it), "$stripedb", 9) == 0)
+				return px_error(
+						c, WIRE_ERR_BAD_VALUE,
+						"field '%s' is internal to stripedb: a client cannot send it",
+						bson_iter_key(&it));
 
 	/* options the shards would refuse, refused before the proxy builds requests of its own
 	 * from the command (merge sorts, findAndModify's candidate finds) */
 	code = sdb_cmd_unsupported_option(cmd->name, c->cmd, err, sizeof err);
-	if (code != 0) {
-		px_error(c, code, "%s", err);
-		return false;
-	}
+	if (code != 0)
+		return px_error(c, code, "%s", err);
 	if ((cmd->flags & PXC_WRITE) && c->tx == NULL &&
-	    !proxy_txn_parse(c->cmd, cmd->stmts, &c->txn, &code, err, sizeof err)) {
-		px_error(c, code, "%s", err);
-		return false;
-	}
-	if (!px_read_pref_check(c, cmd) || !px_admit(c, cmd) || !px_policy_ok(c, cmd))
-		return false;
-	if ((cmd->flags & PXC_COLL) && c->coll == NULL) {
-		px_error(c, WIRE_ERR_INVALID_NAMESPACE,
-			 "%s needs a collection name string as its first field", cmd->name);
-		return false;
-	}
-	return true;
+	    !proxy_txn_parse(c->cmd, cmd->stmts, &c->txn, &code, err, sizeof err))
+		return px_error(c, code, "%s", err);
+	if ((st = px_read_pref_check(c, cmd)) != 0 || (st = px_admit(c, cmd)) != 0 ||
+	    (st = px_policy_check(c, cmd)) != 0)
+		return st;
+	if ((cmd->flags & PXC_COLL) && c->coll == NULL)
+		return px_error(c, WIRE_ERR_INVALID_NAMESPACE,
+				"%s needs a collection name string as its first field", cmd->name);
+	return 0;
 }
 
-/* The checks, then the handler. */
-static void run_checked(ctx *c, const px_cmd *cmd)
+/* The checks, then the handler. Returns: the status of the answer recorded. */
+static int run_checked(ctx *c, const px_cmd *cmd)
 {
-	if (job_checks(c, cmd) && !px_config_db(c, cmd))
-		cmd->run(c);
+	bool done;
+	int st;
+
+	if ((st = job_checks(c, cmd)) != 0)
+		return st;
+	st = px_config_db(c, cmd, &done);
+	if (done)
+		return st;
+	return cmd->run(c);
 }
 
-/* A request on a worker thread: checks, the handler, then its one answer. */
+/* A request on a worker thread: checks, the handler, its contract checked
+ * (answer_check), then its one answer. */
 static void run_job(void *arg)
 {
 	pjob *j = arg;
@@ -637,7 +714,9 @@ static void run_job(void *arg)
 	px_answer ans;
 	pxtxn_stmt st;
 	bson_iter_t it;
-	const px_cmd *cmd = px_cmd_find(wire_req_name(j->req));
+	const char *name = wire_req_name(j->req);
+	const px_cmd *cmd = px_cmd_find(name);
+	int status;
 
 	memset(&c, 0, sizeof c);
 	memset(&ans, 0, sizeof ans);
@@ -652,14 +731,18 @@ static void run_job(void *arg)
 		c.coll = bson_iter_utf8(&it, NULL);
 		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
 	}
-	if (cmd == NULL) /* registered from cmd_table only: cannot happen */
-		px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'",
-			 wire_req_name(j->req));
-	else if ((cmd->flags & PXC_TXN_END) || !pxtxn_is_txn_cmd(c.cmd))
-		run_checked(&c, cmd);
-	else if (pxtxn_begin(&c, &st)) { /* a statement of a transaction (txnroute.h) */
-		run_checked(&c, cmd);
-		pxtxn_end(&c);
+	if (cmd == NULL) { /* registered from cmd_table only: cannot happen */
+		status = px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'", name);
+		answer_check(name, status, &ans);
+	} else if ((cmd->flags & PXC_TXN_END) || !pxtxn_is_txn_cmd(c.cmd)) {
+		status = run_checked(&c, cmd);
+		answer_check(name, status, &ans);
+	} else if ((status = pxtxn_begin(&c, &st)) != 0) {
+		answer_check(name, status, &ans);
+	} else { /* a statement of a transaction (txnroute.h) */
+		status = run_checked(&c, cmd);
+		answer_check(name, status, &ans);
+		pxtxn_end(&c); /* may replace the answer with the transaction's failure */
 	}
 	answer_send(c.req, &ans);
 	proxy_txn_free(&c.txn);

@@ -67,7 +67,9 @@ typedef enum {
 } px_policy_kind;
 typedef struct px_cmd {
 	const char *name;
-	void (*run)(ctx *c);  /* the handler: answers c exactly once (px_reply / px_error) */
+	/* the handler: records exactly one answer in c (px_reply / px_error ...) and returns
+	 * its status: 0 with a reply, the error's MongoDB code with an error (see answers) */
+	int (*run)(ctx *c);
 	unsigned flags;       /* PXC_* */
 	const char *stmts;    /* a write's statement array ("documents", ...), or NULL */
 	px_policy_kind policy;
@@ -118,72 +120,106 @@ bool px_stmt_filter(const bson_iter_t *it, bson_t *sq);
 /* A whole number read back from a reply or a checked command (common/bsonget.h rules);
  * def when absent or not one. Client arguments are range-checked with px_client_int. */
 int64_t px_get_int(const bson_t *d, const char *name, int64_t def);
-/* The client's argument name of c->cmd as a whole number in [lo, hi] (def when absent).
- * On a bad value replies its MongoDB error and returns false. */
-bool px_client_int(ctx *c, const char *name, int64_t lo, int64_t hi, int64_t def,
+/* The client's argument name of c->cmd as a whole number in [lo, hi] (def when absent)
+ * into *out. Returns: 0, or after answering c the MongoDB error code of a bad value
+ * (common/bsonget.h's: TypeMismatch 14, BadValue 2, ...). */
+int px_client_int(ctx *c, const char *name, int64_t lo, int64_t hi, int64_t def,
 		   int64_t *out);
 /* The client's `let` variables (c->cmd's `let`, evaluated: storage/pipeline.h
  * sdb_let_parse) for what the proxy parses itself (a merged find's projection, the merge
- * part of a pipeline); shards get `let` with the command. True with *vars initialised
- * (empty without `let`; the caller destroys it); false after answering the error. */
-bool px_let(ctx *c, bson_t *vars);
+ * part of a pipeline); shards get `let` with the command. Returns: 0 with *vars
+ * initialised (empty without `let`; the caller destroys it), or the code of the error
+ * answered on c (sdb_let_parse's, BadValue 2 by default; *vars not initialised). */
+int px_let(ctx *c, bson_t *vars);
 /* Append the client's `let` (as given) to cmd, a command the proxy builds for a shard from
  * the client's (a statement, the collect phase of a multi-document write). */
 void px_append_let(const ctx *c, bson_t *cmd);
 /* A field as a boolean (bson_iter_as_bool), def when absent. */
 bool px_get_bool(const bson_t *d, const char *name, bool def);
 /* An aggregate's arguments (read.c): the pipeline array of c->cmd as a static view into
- * it, and cursor.batchSize (101 when absent). False after answering c: FailedToParse (9)
- * when there is no pipeline array. */
-bool px_agg_args(ctx *c, bson_t *pipeline, int64_t *batch);
+ * it, and cursor.batchSize (101 when absent). Returns: 0, or FailedToParse (9) answered
+ * on c when there is no pipeline array. */
+int px_agg_args(ctx *c, bson_t *pipeline, int64_t *batch);
 /* True when doc uses server-side JavaScript ($where, $function, $accumulator, code). */
 bool px_uses_js(const bson_t *doc, int depth);
 /* True when doc uses a server-side JavaScript operator ($where, $function, $accumulator)
  * anywhere; JavaScript code values are data here (a document may hold them: update and
  * replacement documents). */
 bool px_uses_js_ops(const bson_t *doc);
-/* When doc uses server-side JavaScript: answers BadValue (2) and returns true. */
-bool px_refuse_js(ctx *c, const bson_t *doc);
+/* Returns: 0 when doc uses no server-side JavaScript, else BadValue (2) answered on c. */
+int px_refuse_js(ctx *c, const bson_t *doc);
 
 /* ---- answers (exec.c) ----
- * A handler answers by recording ONE reply or error in c->ans; the job runner sends it
- * when the handler returns, so a request is completed exactly once. A second answer is a
- * bug: it is logged and dropped (debug builds abort); a handler that returns without
- * answering is answered InternalError (1) and logged (debug builds abort). */
+ * A handler answers by recording ONE reply or error in c->ans and returns the status of
+ * that answer: 0 for a reply, the error's MongoDB code (non-zero) for an error (a reply
+ * document that says `ok: 0`, a shard's error reply passed on as it is, stands for its
+ * `code`, InternalError 1 when it has none). Every answer function returns that status, so
+ * the idiom is `return px_error(c, 2, "...");` or `return px_reply(c, r);`. Helpers that
+ * may fail return the same status (0 = went on without answering) and give their object
+ * through an out parameter; the caller propagates:
+ * `if ((st = px_route_or_fail(c, &rc)) != 0) return st;`. The job runner sends the answer
+ * when the handler returns, so a request is completed exactly once, and checks the
+ * status against it (px_check_answer). A second answer is a bug: it is logged and dropped
+ * (debug builds abort); a handler that returns without answering, or whose status does
+ * not match its answer, is answered InternalError (1) and logged (debug builds abort).
+ * Fan-out units never answer: they keep their result for the handler. */
 
-/* Answer with reply (taken over; `ok: 1.0` appended by the wire server when absent). */
-void px_reply(ctx *c, bson_t *reply);
-/* Answer {ok: 0, errmsg, code, codeName}. */
-void px_error(ctx *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* The same with extra fields appended (extra taken over, may be NULL). */
-void px_error_extra(ctx *c, int code, bson_t *extra, const char *fmt, ...)
+/* Answer with reply (taken over; `ok: 1.0` appended by the wire server when absent).
+ * Returns: 0 (the code of reply when it says `ok: 0`, see above). */
+int px_reply(ctx *c, bson_t *reply);
+/* Answer {ok: 0, errmsg, code, codeName}. Returns: code. */
+int px_error(ctx *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The same with extra fields appended (extra taken over, may be NULL). Returns: code. */
+int px_error_extra(ctx *c, int code, bson_t *extra, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 /* True once c has an answer. */
 bool px_answered(const ctx *c);
+/* The status of the answer recorded in c: 0 for a reply (but see `ok: 0` above), the
+ * error's code for an error, -1 when none is recorded (what run_job's check makes of
+ * it: no answer). For tests and for a path that cannot know what was recorded; handlers
+ * carry the status they got from the answer functions instead (operations run by
+ * px_retry_run: px_retry.status). Returns: 0, an error code or -1 as above. */
+int px_answer_status(const ctx *c);
+/* Forget the answer recorded in a (its documents and message freed; a back to none), to
+ * replace it (pxtxn_end) or drop it (a broken contract). No errors. */
+void px_answer_clear(px_answer *a);
+/* Verdicts of px_check_answer. */
+enum {
+	PX_ANSWER_OK = 0,       /* status and answer agree */
+	PX_ANSWER_NONE = 1,     /* nothing recorded */
+	PX_ANSWER_MISMATCH = 2, /* status 0 with an error, non-zero without the same code */
+};
+/* The job runner's check of a handler's contract: status (what it returned) against a
+ * (what it recorded). Pure; logs nothing. Returns: a PX_ANSWER_* verdict. */
+int px_check_answer(int status, const px_answer *a);
 
-/* Answer with a shard's reply, without its $clusterTime / operationTime. */
-void px_reply_copy(ctx *c, const bson_t *reply);
+/* Answer with a shard's reply, without its $clusterTime / operationTime. Returns: 0, or
+ * the reply's code when it says `ok: 0` (px_reply). */
+int px_reply_copy(ctx *c, const bson_t *reply);
 /* Answer with the error of a failed shard call (cls: SHARDCONN_*): the shard's code and
  * errmsg, or HostUnreachable (6) for a network error, labelled RetryableWriteError only
- * when the shard certainly did not execute the command (issue #11). */
-void px_reply_shard_error(ctx *c, int cls, const bson_t *reply, const char *neterr);
+ * when the shard certainly did not execute the command (issue #11). Returns: the code
+ * answered (InternalError 1 when the shard's reply has none). */
+int px_reply_shard_error(ctx *c, int cls, const bson_t *reply, const char *neterr);
 /* A network error of a retryable write: HostUnreachable with the RetryableWriteError
- * label, plus NoWritesPerformed when no shard executed any of it. */
-void px_reply_retryable_net_error(ctx *c, bool nothing_written, const char *neterr);
+ * label, plus NoWritesPerformed when no shard executed any of it. Returns: 6. */
+int px_reply_retryable_net_error(ctx *c, bool nothing_written, const char *neterr);
 /* The answer to a write sent whole to one shard (cls, reply: its result): the reply copied;
  * a network error as px_reply_retryable_net_error when the write is retryable (c->txn.on),
- * else as px_reply_shard_error. (retry.c, with the two above.) */
-void px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *neterr);
+ * else as px_reply_shard_error. (retry.c, with the two above.) Returns: the status of the
+ * answer (px_reply_copy's for a copied reply, else the code answered). */
+int px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *neterr);
 
 /* ---- StaleConfig retries, routing, the cluster (retry.c; the loop is retry.h's) ---- */
 
-/* The routing of c->ns (a reference). NULL after answering HostUnreachable (6) when
- * metadata cannot be reached and nothing is cached. */
-route_coll *px_route_or_fail(ctx *c);
+/* The routing of c->ns into *out (a reference; the caller unrefs it). Returns: 0, or
+ * HostUnreachable (6) answered on c (*out NULL) when metadata cannot be reached and
+ * nothing is cached. */
+int px_route_or_fail(ctx *c, route_coll **out);
 /* The primary shard id of c->db (heap) into *primary: the database's own when metadata
- * records it (issue #18), else the cluster's default (the lowest shard id); false after
- * answering ShardNotFound when no shard is registered. */
-bool px_with_primary(ctx *c, char **primary);
+ * records it (issue #18), else the cluster's default (the lowest shard id). Returns: 0,
+ * or ShardNotFound (70) answered on c (*primary NULL) when no shard is registered. */
+int px_with_primary(ctx *c, char **primary);
 /* The routing of c->ns / the primary shard id of c->db (as px_with_primary), without
  * answering (the proxy's cluster: route and primary). */
 route_coll *px_route(ctx *c, bool force, char *err, size_t errlen);
@@ -197,10 +233,10 @@ void px_fanout(ctx *c, size_t n, void (*fn)(void *arg, size_t i), void *arg);
 /* ---- read preferences (readpref.c, issue #15) ---- */
 
 /* Parse c->cmd's $readPreference: a mode other than primary on a command that is not a
- * write is kept in c (rp_data/rp_len) for px_run_on. Refused (answered, false): an unknown
- * mode or a malformed one (FailedToParse 9), maxStalenessSeconds other than -1 and
- * non-empty tag sets (BadValue 2: not supported). True otherwise. */
-bool px_read_pref_check(ctx *c, const px_cmd *cmd);
+ * write is kept in c (rp_data/rp_len) for px_run_on. Returns: 0, or the code of the
+ * refusal answered on c: an unknown mode or a malformed one (FailedToParse 9),
+ * maxStalenessSeconds other than -1 and non-empty tag sets (BadValue 2: not supported). */
+int px_read_pref_check(ctx *c, const px_cmd *cmd);
 /* True, with *rp (static, into c->cmd) the client's $readPreference, when fwd (a command
  * for a shard) is a read that follows it: find, aggregate, count, distinct. */
 bool px_read_pref_applies(const ctx *c, const bson_t *fwd, bson_t *rp);
@@ -216,25 +252,34 @@ int px_run_on(ctx *c, const char *shard, const bson_t *cmd, uint32_t *sid, bson_
 /* Initialise a stream of shard for db.coll (no ownership filter). */
 void px_stream_init(pstream *s, const char *shard, const char *db, const char *coll);
 /* Answer the client with the first batch of cur (batch documents at most; single: close it
- * after this batch), registering it when it has more. Takes cur. */
-void px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
+ * after this batch), registering it when it has more. Takes cur. Returns: 0, or the code
+ * of the error answered when the first batch fails (InternalError 1 by default). */
+int px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
 		      const char *batch_field, const char *ns);
-/* Forward a cursor-returning command to one shard as is and answer through a proxy cursor. */
-void px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batch,
+/* Forward a cursor-returning command to one shard as is and answer through a proxy cursor.
+ * Returns: the status of the answer (0, or the code of the shard's error). */
+int px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batch,
 		       bool single);
 /* Forward c->cmd as it is (session fields dropped; a retryable write keeps lsid,
  * txnNumber and its stmtIds) to the primary shard, where unsharded collections live, and
- * answer with its result (px_reply_write_result); ShardNotFound when there is none. */
-void px_forward_primary(ctx *c);
-/* The same for a cursor command, answered through a proxy cursor (px_forward_cursor). */
-void px_forward_primary_cursor(ctx *c, int64_t batch, bool single);
+ * answer with its result (px_reply_write_result); ShardNotFound (70) when there is none.
+ * Returns: the status of the answer (0, or the code of the error answered). */
+int px_forward_primary(ctx *c);
+/* The same for a cursor command, answered through a proxy cursor (px_forward_cursor).
+ * Returns: the status of the answer (0, or the code of the error answered). */
+int px_forward_primary_cursor(ctx *c, int64_t batch, bool single);
 /* How px_route_sharded forwards an unsharded collection's command. */
 typedef enum { PX_FWD_PLAIN, PX_FWD_CURSOR } px_fwd;
-/* The routing of c->ns when it is sharded (a reference), else NULL with the request
- * answered: routing unavailable (px_route_or_fail), or the collection unsharded and c->cmd
- * forwarded whole to the primary shard (px_forward_primary, or with PX_FWD_CURSOR
- * px_forward_primary_cursor(batch, single)). */
-route_coll *px_route_sharded(ctx *c, px_fwd fwd, int64_t batch, bool single);
+/* The routing of c->ns when it is sharded. Two outcomes:
+ *  - *out the routing (a reference, the caller unrefs it), returns 0: nothing answered,
+ *    the caller goes on;
+ *  - *out NULL: c is answered and the status of that answer is returned (0 included!):
+ *    routing unavailable (px_route_or_fail's HostUnreachable 6), or the collection is
+ *    unsharded and c->cmd was forwarded whole to the primary shard (px_forward_primary,
+ *    or with PX_FWD_CURSOR px_forward_primary_cursor(batch, single)).
+ * Idiom: `if ((st = px_route_sharded(c, fwd, b, s, &rc)) != 0 || rc == NULL) return st;`
+ * Returns: 0 or an error code as above. */
+int px_route_sharded(ctx *c, px_fwd fwd, int64_t batch, bool single, route_coll **out);
 
 /* ---- reads (read.c) ---- */
 
@@ -267,51 +312,55 @@ void px_pcalls_free(pcall *pc, size_t n);
  * shard errors are not failures. */
 pcall *px_pcalls_failed(pcall *pc, size_t n, const int *skip_codes);
 
-/* ---- command handlers: each completes c->req exactly once ---- */
-
-void px_do_find(ctx *c);                      /* read.c */
-void px_do_get_more(ctx *c);
-void px_do_kill_cursors(ctx *c);
-void px_do_count(ctx *c);
-void px_do_distinct(ctx *c);
-void px_do_aggregate(ctx *c);
-void px_do_insert(ctx *c);                    /* write.c */
-void px_do_write(ctx *c, bool is_update);     /* update (true) / delete (false) */
-void px_do_find_and_modify(ctx *c);          /* findandmodify.c */
-void px_do_broadcast(ctx *c);                 /* admin.c */
-void px_do_create_indexes(ctx *c);
-void px_do_list_indexes(ctx *c);
-void px_do_list_union(ctx *c, bool databases); /* listDatabases / listCollections */
-void px_do_coll_stats(ctx *c);
-void px_do_coll_stats_stage(ctx *c, const bson_t *spec); /* aggregate [{$collStats}] */
-void px_do_db_stats(ctx *c);
-void px_do_explain(ctx *c);                   /* explain.c */
-void px_do_enable_sharding(ctx *c);           /* sharding.c (issue #18) */
-void px_do_shard_collection(ctx *c);
-void px_do_list_shards(ctx *c);
-void px_do_add_shard(ctx *c);
-void px_do_balancer(ctx *c);                  /* balancerStatus / balancerStart / balancerStop */
-void px_do_refused_sharding(ctx *c);          /* refineCollectionShardKey, reshardCollection */
-void px_do_remove_shard(ctx *c);              /* removeShard of a shard without chunks */
-void px_do_move_chunk(ctx *c);                /* moveChunk: one migration, waited for */
-void px_do_move_range(ctx *c);                /* moveRange: split out of its chunk, moved */
-void px_do_merge_chunks(ctx *c);              /* mergeChunks: bounds of contiguous chunks */
-void px_do_split(ctx *c);                     /* split with middle (sh.splitAt) */
-void px_do_drop(ctx *c);                      /* drop: sharding metadata, then every shard */
+/* ---- command handlers (the command table's run): each records exactly one answer ----
+ * Returns: its status (0 for a reply, else the recorded error's code; see answers above). */
+int px_do_find(ctx *c);                      /* read.c */
+int px_do_get_more(ctx *c);
+int px_do_kill_cursors(ctx *c);
+int px_do_count(ctx *c);
+int px_do_distinct(ctx *c);
+int px_do_aggregate(ctx *c);
+int px_do_insert(ctx *c);                    /* write.c */
+int px_do_write(ctx *c, bool is_update);     /* update (true) / delete (false) */
+int px_do_find_and_modify(ctx *c);          /* findandmodify.c */
+int px_do_broadcast(ctx *c);                 /* admin.c */
+int px_do_create_indexes(ctx *c);
+int px_do_list_indexes(ctx *c);
+int px_do_list_union(ctx *c, bool databases); /* listDatabases / listCollections */
+int px_do_coll_stats(ctx *c);
+int px_do_coll_stats_stage(ctx *c, const bson_t *spec); /* aggregate [{$collStats}] */
+int px_do_db_stats(ctx *c);
+int px_do_explain(ctx *c);                   /* explain.c */
+int px_do_enable_sharding(ctx *c);           /* sharding.c (issue #18) */
+int px_do_shard_collection(ctx *c);
+int px_do_list_shards(ctx *c);
+int px_do_add_shard(ctx *c);
+int px_do_balancer(ctx *c);                  /* balancerStatus / balancerStart / balancerStop */
+int px_do_refused_sharding(ctx *c);          /* refineCollectionShardKey, reshardCollection */
+int px_do_remove_shard(ctx *c);              /* removeShard of a shard without chunks */
+int px_do_move_chunk(ctx *c);                /* moveChunk: one migration, waited for */
+int px_do_move_range(ctx *c);                /* moveRange: split out of its chunk, moved */
+int px_do_merge_chunks(ctx *c);              /* mergeChunks: bounds of contiguous chunks */
+int px_do_split(ctx *c);                     /* split with middle (sh.splitAt) */
+int px_do_drop(ctx *c);                      /* drop: sharding metadata, then every shard */
 /* MongoDB's host string of a shard URI (heap): "rs/h1:p1,h2:p2" for a replica set, else
  * "h1:p1,..."; the URI itself when unparsable. */
 char *px_shard_host_string(const char *uri);
-/* The read-only config database (configdb.c, issue #18): true when c->db is "config" and
- * the command is answered there (find, aggregate, count, listCollections from metadata;
- * anything else but getMore/killCursors refused with IllegalOperation). */
-bool px_config_db(ctx *c, const px_cmd *cmd);
+/* The read-only config database (configdb.c, issue #18): *done true when c->db is "config"
+ * and the command is answered there (find, aggregate, count, listCollections from
+ * metadata; anything else but getMore/killCursors refused with IllegalOperation 20);
+ * *done false (nothing answered, 0 returned) otherwise: the command's handler runs.
+ * Returns: the status of the answer when *done (0 or its error code), else 0. */
+int px_config_db(ctx *c, const px_cmd *cmd, bool *done);
 
 /* ---- admission and policy (policy.c) ---- */
 
-/* The tenant's quotas (quota.h). Answers RateLimited (462) and returns false when over. */
-bool px_admit(ctx *c, const px_cmd *cmd);
-/* The collection policy switches (quota.h). Answers and returns false on refusal. */
-bool px_policy_ok(ctx *c, const px_cmd *cmd);
+/* The tenant's quotas (quota.h). Returns: 0 when admitted, else RateLimited (462)
+ * answered on c. */
+int px_admit(ctx *c, const px_cmd *cmd);
+/* The collection policy switches (quota.h). Returns: 0 when allowed, else the code of the
+ * refusal answered on c. */
+int px_policy_check(ctx *c, const px_cmd *cmd);
 
 /* dbprimary.c: a primary shard per database (issue #18). All block on metadata or shards
  * (worker threads). */
@@ -320,12 +369,13 @@ void px_reload_db_primaries(ctx *c);
 /* The primary shard metadata records for db (heap), from a fresh listDatabases; NULL when
  * db is unknown or metadata unreachable. */
 char *px_meta_db_primary(ctx *c, const char *db);
-/* Before enableSharding gives db (not yet in metadata) primary shard ps: false after
- * answering IllegalOperation (20) when the default primary holds documents of db (or
- * HostUnreachable when it cannot be asked), true when that cannot hide anything. */
-bool px_db_data_stays_visible(ctx *c, const char *db, const char *ps);
+/* Before enableSharding gives db (not yet in metadata) primary shard ps. Returns: 0 when
+ * that cannot hide anything, else the code answered on c: IllegalOperation (20) when the
+ * default primary holds documents of db, or the error of asking it (HostUnreachable 6...). */
+int px_db_data_stays_visible(ctx *c, const char *db, const char *ps);
 /* The unsharded collections shard id holds as the primary shard of their database: how
- * many (names, up to 20, "db.coll, ..." in out), or -1 after answering c. */
-int64_t px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen);
+ * many into *count (names, up to 20, "db.coll, ..." in out). Returns: 0, or the code of
+ * the error answered on c (metadata or a shard unreachable...). */
+int px_unsharded_on(ctx *c, const char *id, char *out, size_t outlen, int64_t *count);
 
 #endif

@@ -113,9 +113,9 @@ static int64_t exec_stat(pcall *pc, size_t n, const char *field, bool max)
 
 /* The mongos form of explain (cluster_explain.cpp): queryPlanner.winningPlan {stage,
  * shards: [per shard]} and, with executionStats or allPlansExecution, executionStats with
- * executionStages {stage, sums, shards: [per shard]}. */
-static void explain_answer(ctx *c, const bson_t *inner, const char *verbosity, bool sorted,
-			   pcall *pc, size_t n)
+ * executionStages {stage, sums, shards: [per shard]}. Returns: the status of the answer. */
+static int explain_answer(ctx *c, const bson_t *inner, const char *verbosity, bool sorted,
+			  pcall *pc, size_t n)
 {
 	const char *stage = n == 1 ? "SINGLE_SHARD" : sorted ? "SHARD_MERGE_SORT" : "SHARD_MERGE";
 	bool stats = strcmp(verbosity, "queryPlanner") != 0;
@@ -226,7 +226,7 @@ static void explain_answer(ctx *c, const bson_t *inner, const char *verbosity, b
 	BSON_APPEND_DOCUMENT(out, "command", &cmd);
 	bson_destroy(&cmd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* do_explain's operation: one explain per targeted shard. */
@@ -252,8 +252,8 @@ static int explain_execute(px_retry *r, void *arg)
 
 	if (!sharded) {
 		char *primary;
-		if (!px_with_primary(c, &primary))
-			return PX_RETRY_DONE;
+		if ((r->status = px_with_primary(c, &primary)) != 0)
+			return PX_RETRY_DONE; /* answered ShardNotFound */
 		ids = sdb_calloc(1, sizeof *ids);
 		first = sdb_calloc(1, sizeof *first);
 		ids[n++] = primary;
@@ -290,8 +290,8 @@ static int explain_execute(px_retry *r, void *arg)
 		if (ids[n] == NULL) {
 			free(ids);
 			free(first);
-			px_error(c, WIRE_ERR_SHARD_NOT_FOUND,
-				 "no shard is registered in the metadata service");
+			r->status = px_error(c, WIRE_ERR_SHARD_NOT_FOUND,
+					     "no shard is registered in the metadata service");
 			return PX_RETRY_DONE;
 		}
 		first[n++] = SIZE_MAX;
@@ -318,12 +318,13 @@ static int explain_execute(px_retry *r, void *arg)
 		return PX_RETRY_STALE;
 	}
 	if (bad)
-		px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
+		r->status = px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
 	else
-		explain_answer(c, o->inner, o->verbosity,
-			       strcmp(o->verb, "find") == 0 && px_get_doc(o->inner, "sort", &sort) &&
-				       !bson_empty(&sort),
-			       pc, n);
+		r->status = explain_answer(c, o->inner, o->verbosity,
+					   strcmp(o->verb, "find") == 0 &&
+						   px_get_doc(o->inner, "sort", &sort) &&
+						   !bson_empty(&sort),
+					   pc, n);
 	px_pcalls_free(pc, n);
 	return PX_RETRY_DONE;
 }
@@ -334,7 +335,7 @@ static int explain_execute(px_retry *r, void *arg)
  * {explain: <inner as the proxy sends it>, verbosity, $stripedbVersion: <the token of
  * its first targeted chunk>} once, so a shard that lost the chunk answers StaleConfig
  * and the proxy reloads the routing and explains again (within --stale-retry-ms). */
-void px_do_explain(ctx *c)
+int px_do_explain(ctx *c)
 {
 	static const char *const verbs[] = {"queryPlanner", "executionStats", "allPlansExecution",
 					    NULL};
@@ -345,44 +346,39 @@ void px_do_explain(ctx *c)
 	route_coll *rc;
 	explain_op o;
 	px_retry r;
+	int st;
 
 	if (!bson_iter_init_find(&it, c->cmd, "explain") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
 	    !px_get_doc(c->cmd, "explain", &inner)) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-			 "explain command requires a nested object");
-		return;
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+				"explain command requires a nested object");
 	}
 	if (bson_iter_init_find(&it, c->cmd, "verbosity")) {
 		if (!BSON_ITER_HOLDS_UTF8(&it)) {
-			px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-				 "explain verbosity must be a string");
-			return;
+			return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+					"explain verbosity must be a string");
 		}
 		verbosity = bson_iter_utf8(&it, NULL);
 		if (!in_list(verbs, verbosity)) {
-			px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-				 "verbosity string must be one of {'queryPlanner', "
-				 "'executionStats', 'allPlansExecution'}");
-			return;
+			return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+					"verbosity string must be one of {'queryPlanner', "
+					"'executionStats', 'allPlansExecution'}");
 		}
 	}
 	if (!bson_iter_init(&it, &inner) || !bson_iter_next(&it)) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-			 "explain command requires a nested object");
-		return;
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+				"explain command requires a nested object");
 	}
 	verb = bson_iter_key(&it);
 	if (!in_list(explainable, verb)) {
 		if (px_cmd_find(verb) != NULL)
-			px_error(c, WIRE_ERR_ILLEGAL_OPERATION, "Cannot explain cmd: %s",
-				 verb);
-		else
-			px_error(c, WIRE_ERR_COMMAND_NOT_FOUND,
-				 "Explain failed due to unknown command: %s", verb);
-		return;
+			return px_error(c, WIRE_ERR_ILLEGAL_OPERATION, "Cannot explain cmd: %s",
+					verb);
+		return px_error(c, WIRE_ERR_COMMAND_NOT_FOUND,
+				"Explain failed due to unknown command: %s", verb);
 	}
-	if (px_refuse_js(c, &inner))
-		return;
+	if ((st = px_refuse_js(c, &inner)) != 0)
+		return st;
 	x = *c;
 	x.cmd = &inner;
 	x.coll = NULL;
@@ -391,17 +387,18 @@ void px_do_explain(ctx *c)
 		x.coll = bson_iter_utf8(&it, NULL);
 		snprintf(x.ns, sizeof x.ns, "%s.%s", x.db, x.coll);
 	} else if (strcmp(verb, "aggregate") != 0) {
-		px_error(c, WIRE_ERR_INVALID_NAMESPACE,
-			 "%s needs a collection name string as its first field", verb);
-		return;
+		return px_error(c, WIRE_ERR_INVALID_NAMESPACE,
+				"%s needs a collection name string as its first field", verb);
 	}
-	rc = x.coll ? px_route_or_fail(&x) : route_coll_unsharded("", 0);
-	if (rc == NULL)
-		return;
+	if (x.coll == NULL)
+		rc = route_coll_unsharded("", 0);
+	else if ((st = px_route_or_fail(&x, &rc)) != 0)
+		return st;
 	o.verb = verb;
 	o.inner = &inner;
 	o.verbosity = verbosity;
 	px_retry_init(&r, &x, rc, explain_execute, NULL, &o);
 	px_retry_run(&r);
 	px_retry_done(&r);
+	return r.status; /* answered by explain_execute or px_retry_run */
 }

@@ -52,14 +52,15 @@ static int fam_send(px_retry *r, fam_op *o, size_t ci, bson_t *fwd, bool check_v
 			return PX_RETRY_AGAIN;
 		}
 	}
-	px_reply_write_result(c, cls, &reply, nerr);
+	r->status = px_reply_write_result(c, cls, &reply, nerr);
 	bson_destroy(&reply);
 	return PX_RETRY_DONE;
 }
 
 /* A retry of a retryable findAndModify that ran on some shard: answer its recorded reply.
- * True when answered (recorded, or a shard could not be asked). */
-static bool fam_probe(ctx *c, route_coll *rc, const bool *sel)
+ * True when answered (recorded, or a shard could not be asked), *status then the answer's
+ * status. */
+static bool fam_probe(ctx *c, route_coll *rc, const bool *sel, int *status)
 {
 	bson_t res = BSON_INITIALIZER, er = BSON_INITIALIZER;
 	char nerr[256];
@@ -69,11 +70,11 @@ static bool fam_probe(ctx *c, route_coll *rc, const bool *sel)
 		bson_t *out = bson_new();
 		bson_copy_to_excluding_noinit(&res, out, "ok", NULL);
 		BSON_APPEND_DOUBLE(out, "ok", 1.0);
-		px_reply(c, out);
+		*status = px_reply(c, out);
 	} else if (pr < 0 && px_get_int(&er, "code", 0)) {
-		px_reply_shard_error(c, SHARDCONN_CMD_ERR, &er, nerr);
+		*status = px_reply_shard_error(c, SHARDCONN_CMD_ERR, &er, nerr);
 	} else if (pr < 0) {
-		px_reply_retryable_net_error(c, shardconn_unexecuted(&er), nerr);
+		*status = px_reply_retryable_net_error(c, shardconn_unexecuted(&er), nerr);
 	}
 	bson_destroy(&res);
 	bson_destroy(&er);
@@ -102,7 +103,7 @@ static int fam_two_phase(px_retry *r, fam_op *o, const bool *sel)
 				       sizeof nerr);
 		if (cls != SHARDCONN_OK) {
 			if (cls != SHARDCONN_STALE)
-				px_reply_shard_error(c, cls, &er, nerr);
+				r->status = px_reply_shard_error(c, cls, &er, nerr);
 			bson_destroy(&docs);
 			bson_destroy(&er);
 			bson_destroy(&best);
@@ -135,7 +136,7 @@ static int fam_two_phase(px_retry *r, fam_op *o, const bool *sel)
 		bson_append_document_end(out, &leo);
 		BSON_APPEND_NULL(out, "value");
 		BSON_APPEND_DOUBLE(out, "ok", 1.0);
-		px_reply(c, out);
+		r->status = px_reply(c, out);
 		return PX_RETRY_DONE;
 	}
 	{
@@ -186,14 +187,14 @@ static int fam_execute(px_retry *r, void *arg)
 		res = fam_send(r, o, i, &fwd, false);
 		bson_destroy(&fwd);
 	} else if (o->upsert) {
-		px_error(c, ERR_SHARD_KEY_NOT_FOUND,
-			 "Query for sharded findAndModify with upsert: true must contain the shard "
-			 "key");
+		r->status = px_error(c, ERR_SHARD_KEY_NOT_FOUND,
+				     "Query for sharded findAndModify with upsert: true must contain "
+				     "the shard key");
 	} else {
 		bool answered = false;
 		if (c->txn.on && !o->probed) {
 			o->probed = true;
-			answered = fam_probe(c, r->rc, sel);
+			answered = fam_probe(c, r->rc, sel, &r->status);
 		}
 		if (!answered)
 			res = fam_two_phase(r, o, sel);
@@ -209,13 +210,13 @@ static void fam_exhausted(px_retry *r, void *arg)
 	fam_op *o = arg;
 
 	if (o->stale_copy)
-		px_reply_copy(r->c, &r->last.reply);
+		r->status = px_reply_copy(r->c, &r->last.reply);
 	else
-		px_error(r->c, WIRE_ERR_STALE_CONFIG,
-			 "routing kept changing: StaleConfig retry budget exhausted");
+		r->status = px_error(r->c, WIRE_ERR_STALE_CONFIG,
+				     "routing kept changing: StaleConfig retry budget exhausted");
 }
 
-void px_do_find_and_modify(ctx *c)
+int px_do_find_and_modify(ctx *c)
 {
 	bson_t query, sort, update;
 	bool has_q = px_get_doc(c->cmd, "query", &query);
@@ -224,24 +225,23 @@ void px_do_find_and_modify(ctx *c)
 	char err[512];
 	fam_op o;
 	px_retry r;
+	int st;
 
 	if (!has_q)
 		bson_init(&query);
-	if (px_refuse_js(c, &query))
-		return;
-	rc = px_route_sharded(c, PX_FWD_PLAIN, 0, false);
-	if (rc == NULL)
-		return;
+	if ((st = px_refuse_js(c, &query)) != 0)
+		return st;
+	if ((st = px_route_sharded(c, PX_FWD_PLAIN, 0, false, &rc)) != 0 || rc == NULL)
+		return st;
 	route_key_change kc = px_get_doc(c->cmd, "update", &update)
 				      ? route_update_changes_key(rc, &update, &query, err, sizeof err)
 				      : ROUTE_KEY_KEPT;
 	if (kc != ROUTE_KEY_KEPT) {
 		route_coll_unref(rc);
-		px_error(c,
-			 kc == ROUTE_KEY_NOT_PINNED ? ERR_SHARD_KEY_NOT_FOUND
-						    : WIRE_ERR_IMMUTABLE_FIELD,
-			 "%s", err);
-		return;
+		return px_error(c,
+				kc == ROUTE_KEY_NOT_PINNED ? ERR_SHARD_KEY_NOT_FOUND
+				: WIRE_ERR_IMMUTABLE_FIELD,
+				"%s", err);
 	}
 	memset(&o, 0, sizeof o);
 	o.query = &query;
@@ -252,4 +252,5 @@ void px_do_find_and_modify(ctx *c)
 	px_retry_run(&r);
 	px_retry_done(&r);
 	merge_sort_free(o.ms);
+	return r.status; /* answered by fam_execute or fam_exhausted */
 }

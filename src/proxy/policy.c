@@ -17,8 +17,8 @@
 #include "storage/pipeline.h"
 #include "storage/projection.h"
 
-/* Admission: the tenant's quotas (proxy/quota.h). Answers and returns false when over. */
-bool px_admit(ctx *c, const px_cmd *cmd)
+/* Admission: the tenant's quotas (proxy/quota.h). 0, or RateLimited answered when over. */
+int px_admit(ctx *c, const px_cmd *cmd)
 {
 	int64_t docs = 0, retry = 0;
 	char msg[256];
@@ -27,7 +27,7 @@ bool px_admit(ctx *c, const px_cmd *cmd)
 	const char *field = cmd->stmts;
 
 	if (cmd->flags & PXC_FREE)
-		return true;
+		return 0;
 	if (cmd->flags & PXC_ONE_DOC)
 		docs = 1;
 	if (field && px_get_array(c->cmd, field, &arr) && bson_iter_init(&it, &arr))
@@ -35,14 +35,13 @@ bool px_admit(ctx *c, const px_cmd *cmd)
 			docs++;
 	if (proxy_quota_admit(c->p->quota, c->db, docs, (int64_t)proxy_bson_len(c->cmd), &retry, msg,
 			      sizeof msg))
-		return true;
+		return 0;
 	sdb_counter_inc(c->p->m_rejected);
 	{
 		bson_t *extra = bson_new();
 		BSON_APPEND_INT64(extra, "retryAfterMS", retry);
-		px_error_extra(c, WIRE_ERR_RATE_LIMITED, extra, "%s", msg);
+		return px_error_extra(c, WIRE_ERR_RATE_LIMITED, extra, "%s", msg);
 	}
-	return false;
 }
 
 /* ---------- collection policy ("minimum features") ---------- */
@@ -72,57 +71,57 @@ static bool plan_is_collscan(ctx *c, const char *shard, const bson_t *q)
 	return scan;
 }
 
-/* Check one filter against the scatter and unindexed switches. */
-static bool policy_filter_ok(ctx *c, unsigned flags, route_coll *rc, const bson_t *q)
+/* Check one filter against the scatter and unindexed switches: 0, or the refusal's code
+ * answered. */
+static int policy_filter_check(ctx *c, unsigned flags, route_coll *rc, const bson_t *q)
 {
 	char *shard = NULL;
-	bool ok = true;
+	int st = 0;
 
 	if (rc->nchunks > 0) {
 		bool *sel = sdb_calloc(rc->nchunks, sizeof *sel), exact;
 		size_t nsel = route_target(rc, q, sel, &exact), i;
 		if ((flags & PROXY_POLICY_NO_SCATTER) && rc->nchunks > 1 && nsel == rc->nchunks &&
 		    !exact) {
-			px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-				 "scatter-gather queries are forbidden on %s by its collection "
-				 "policy: the filter must use the shard key",
-				 c->ns);
-			ok = false;
+			st = px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				      "scatter-gather queries are forbidden on %s by its collection "
+				      "policy: the filter must use the shard key",
+				      c->ns);
 		}
-		for (i = 0; ok && i < rc->nchunks && shard == NULL; i++)
+		for (i = 0; st == 0 && i < rc->nchunks && shard == NULL; i++)
 			if (sel[i])
 				shard = sdb_strdup(rc->chunks[i].shard);
 		free(sel);
 	} else {
 		shard = px_primary(c);
 	}
-	if (ok && (flags & PROXY_POLICY_NO_UNINDEXED) && shard && plan_is_collscan(c, shard, q)) {
-		px_error(c, ERR_NO_QUERY_EXECUTION_PLANS,
-			 "No indexed plans available for this filter on %s, and its collection "
-			 "policy forbids unindexed queries (forbidUnindexed)",
-			 c->ns);
-		ok = false;
-	}
+	if (st == 0 && (flags & PROXY_POLICY_NO_UNINDEXED) && shard &&
+	    plan_is_collscan(c, shard, q))
+		st = px_error(c, ERR_NO_QUERY_EXECUTION_PLANS,
+			      "No indexed plans available for this filter on %s, and its collection "
+			      "policy forbids unindexed queries (forbidUnindexed)",
+			      c->ns);
 	free(shard);
-	return ok;
+	return st;
 }
 
-/* The collection policy switches (proxy/quota.h). Answers and returns false on refusal. */
-bool px_policy_ok(ctx *c, const px_cmd *cmd)
+/* The collection policy switches (proxy/quota.h): 0, or the refusal's code answered. */
+int px_policy_check(ctx *c, const px_cmd *cmd)
 {
 	unsigned flags;
 	bson_t q, arr, empty = BSON_INITIALIZER;
-	bool bounded = true, ok = true, has_q = false;
+	bool bounded = true, has_q = false;
+	int st = 0;
 	const char *stmts = NULL;
 	route_coll *rc;
 	char err[256];
 	bson_iter_t it;
 
 	if (c->coll == NULL)
-		return true;
+		return 0;
 	flags = proxy_policy(c->p->quota, c->db, c->ns);
 	if (flags == 0)
-		return true;
+		return 0;
 	switch (cmd->policy) {
 	case PXP_FIND:
 		has_q = px_get_doc(c->cmd, "filter", &q);
@@ -156,32 +155,30 @@ bool px_policy_ok(ctx *c, const px_cmd *cmd)
 		stmts = cmd->stmts;
 		break;
 	case PXP_NONE:
-		return true;
+		return 0;
 	}
-	if ((flags & PROXY_POLICY_NO_UNBOUNDED) && !bounded) {
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "unbounded result sets are forbidden on %s by its collection policy: "
-			 "give a limit",
-			 c->ns);
-		return false;
-	}
+	if ((flags & PROXY_POLICY_NO_UNBOUNDED) && !bounded)
+		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				"unbounded result sets are forbidden on %s by its collection policy: "
+				"give a limit",
+				c->ns);
 	if (!(flags & (PROXY_POLICY_NO_SCATTER | PROXY_POLICY_NO_UNINDEXED)))
-		return true;
+		return 0;
 	rc = px_route(c, false, err, sizeof err);
 	if (rc == NULL)
-		return true; /* the handler reports the routing problem */
+		return 0; /* the handler reports the routing problem */
 	if (stmts) {
 		if (px_get_array(c->cmd, stmts, &arr) && bson_iter_init(&it, &arr)) {
-			while (ok && bson_iter_next(&it)) {
+			while (st == 0 && bson_iter_next(&it)) {
 				bson_t sq;
 				if (px_stmt_filter(&it, &sq))
-					ok = policy_filter_ok(c, flags, rc, &sq);
+					st = policy_filter_check(c, flags, rc, &sq);
 			}
 		}
 	} else {
-		ok = policy_filter_ok(c, flags, rc, has_q ? &q : &empty);
+		st = policy_filter_check(c, flags, rc, has_q ? &q : &empty);
 	}
 	route_coll_unref(rc);
-	return ok;
+	return st;
 }
 

@@ -205,17 +205,18 @@ static int merged_execute(px_retry *r, void *arg)
 	else if (cls == SHARDCONN_STALE)
 		px_failure_set(&r->last, cls, &err_reply, nerr);
 	else
-		px_reply_shard_error(r->c, cls, &err_reply, nerr);
+		r->status = px_reply_shard_error(r->c, cls, &err_reply, nerr);
 	bson_destroy(&err_reply);
 	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
 }
 
 /* A merged cursor over the chunks a filter targets (px_retry_run: StaleConfig retried
- * within budget). Takes sort and proj. On failure the client has been answered and NULL is
- * returned. *rcp: the routing, replaced by a newer one after a refresh. */
-static proxy_cursor *open_merged(ctx *c, route_coll **rcp, const bson_t *filter,
-				 const bson_t *sort_spec, const bson_t *shard_proj, merge_sort *sort,
-				 sdb_projection *proj, int64_t skip, int64_t limit, int64_t batch)
+ * within budget) into *out. Takes sort and proj. *rcp: the routing, replaced by a newer one
+ * after a refresh. Returns: 0 with *out, or the code of the error answered on c (*out
+ * NULL). */
+static int open_merged(ctx *c, route_coll **rcp, const bson_t *filter, const bson_t *sort_spec,
+		       const bson_t *shard_proj, merge_sort *sort, sdb_projection *proj,
+		       int64_t skip, int64_t limit, int64_t batch, proxy_cursor **out)
 {
 	merged_op m = {filter, sort_spec, shard_proj, batch, NULL, 0, false};
 	px_retry r;
@@ -225,16 +226,19 @@ static proxy_cursor *open_merged(ctx *c, route_coll **rcp, const bson_t *filter,
 	*rcp = r.rc;
 	r.rc = NULL; /* the caller's reference */
 	px_retry_done(&r);
-	if (m.opened)
-		return proxy_cursor_new(c->p, c->ns, m.s, m.n, sort, proj, skip, limit);
+	*out = NULL;
+	if (m.opened) {
+		*out = proxy_cursor_new(c->p, c->ns, m.s, m.n, sort, proj, skip, limit);
+		return 0;
+	}
 	merge_sort_free(sort);
 	sdb_projection_free(proj);
-	return NULL;
+	return r.status; /* answered by merged_execute or px_retry_run */
 }
 
 /* ---------- find / getMore / killCursors ---------- */
 
-void px_do_find(ctx *c)
+int px_do_find(ctx *c)
 {
 	bson_t filter, sort_spec, proj_spec;
 	bool has_filter = px_get_doc(c->cmd, "filter", &filter);
@@ -246,40 +250,37 @@ void px_do_find(ctx *c)
 	merge_sort *sort = NULL;
 	sdb_projection *proj = NULL;
 	proxy_cursor *cur;
-	int code = 0;
+	int code = 0, st;
 	char err[256];
 	int64_t pushed;
 
-	if (has_filter && px_refuse_js(c, &filter))
-		return;
+	if (has_filter && (st = px_refuse_js(c, &filter)) != 0)
+		return st;
 	/* find_command.idl: skip, limit and batchSize are safeInt64 with `gte: 0` */
-	if (!px_client_int(c, "skip", 0, INT64_MAX, 0, &skip) ||
-	    !px_client_int(c, "limit", 0, INT64_MAX, 0, &limit) ||
-	    !px_client_int(c, "batchSize", 0, INT64_MAX, 101, &batch))
-		return;
-	rc = px_route_sharded(c, PX_FWD_CURSOR, batch, single);
-	if (rc == NULL)
-		return;
+	if ((st = px_client_int(c, "skip", 0, INT64_MAX, 0, &skip)) != 0 ||
+	    (st = px_client_int(c, "limit", 0, INT64_MAX, 0, &limit)) != 0 ||
+	    (st = px_client_int(c, "batchSize", 0, INT64_MAX, 101, &batch)) != 0)
+		return st;
+	if ((st = px_route_sharded(c, PX_FWD_CURSOR, batch, single, &rc)) != 0 || rc == NULL)
+		return st;
 	if (merge_sort_parse(has_sort ? &sort_spec : NULL, &sort, &code, err, sizeof err) != 0) {
 		route_coll_unref(rc);
-		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
-		return;
+		return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 	}
 	if (has_proj && !bson_empty(&proj_spec)) {
 		bson_t vars;
-		int prc = -1;
 
-		if (px_let(c, &vars)) {
-			prc = sdb_projection_new_vars(&proj_spec, SDB_PROJECTION_FIND, &vars, &proj,
-						      &code, err, sizeof err);
+		st = px_let(c, &vars);
+		if (st == 0) {
+			if (sdb_projection_new_vars(&proj_spec, SDB_PROJECTION_FIND, &vars, &proj,
+						    &code, err, sizeof err) != 0)
+				st = px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 			bson_destroy(&vars);
-			if (prc != 0)
-				px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 		}
-		if (prc != 0) {
+		if (st != 0) {
 			route_coll_unref(rc);
 			merge_sort_free(sort);
-			return;
+			return st;
 		}
 	}
 	pushed = merge_pushdown_limit(skip, limit);
@@ -289,14 +290,15 @@ void px_do_find(ctx *c)
 		pushed = batch + skip;
 	if (pushed < 1)
 		pushed = 1;
-	cur = open_merged(c, &rc, has_filter ? &filter : NULL, has_sort ? &sort_spec : NULL, NULL,
-			  sort, proj, skip, limit, pushed);
+	st = open_merged(c, &rc, has_filter ? &filter : NULL, has_sort ? &sort_spec : NULL, NULL,
+			 sort, proj, skip, limit, pushed, &cur);
 	route_coll_unref(rc);
-	if (cur)
-		px_answer_cursor(c, cur, batch, single, "firstBatch", c->ns);
+	if (st != 0)
+		return st;
+	return px_answer_cursor(c, cur, batch, single, "firstBatch", c->ns);
 }
 
-void px_do_get_more(ctx *c)
+int px_do_get_more(ctx *c)
 {
 	bson_iter_t it;
 	int64_t id = 0;
@@ -310,32 +312,26 @@ void px_do_get_more(ctx *c)
 		id = bson_iter_as_int64(&it);
 	if (bson_iter_init_find(&it, c->cmd, "collection") && BSON_ITER_HOLDS_UTF8(&it))
 		coll = bson_iter_utf8(&it, NULL);
-	if (id == 0 || coll == NULL) {
-		px_error(c, WIRE_ERR_BAD_VALUE, "getMore needs a cursor id and collection");
-		return;
-	}
+	if (id == 0 || coll == NULL)
+		return px_error(c, WIRE_ERR_BAD_VALUE, "getMore needs a cursor id and collection");
 	snprintf(ns, sizeof ns, "%s.%s", c->db, coll);
 	switch (proxy_cursor_check(c->p, id, ns, c->user)) {
 	case PROXY_CURSOR_OTHER_USER: /* MongoDB's wording; the namespace is not revealed */
-		px_error(c, WIRE_ERR_UNAUTHORIZED,
-			 "cursor id %lld was not created by the authenticated user",
-			 (long long)id);
-		return;
+		return px_error(c, WIRE_ERR_UNAUTHORIZED,
+				"cursor id %lld was not created by the authenticated user",
+				(long long)id);
 	case PROXY_CURSOR_OTHER_NS:
-		px_error(c, WIRE_ERR_UNAUTHORIZED,
-			 "Requested getMore on namespace '%s', but cursor %lld belongs to a "
-			 "different namespace",
-			 ns, (long long)id);
-		return;
+		return px_error(c, WIRE_ERR_UNAUTHORIZED,
+				"Requested getMore on namespace '%s', but cursor %lld belongs to a "
+				"different namespace",
+				ns, (long long)id);
 	case PROXY_CURSOR_OK:
 		break;
 	}
 	cur = proxy_cursor_checkout(c->p, id, NULL);
-	if (cur == NULL) {
-		px_error(c, WIRE_ERR_CURSOR_NOT_FOUND, "cursor id %lld not found",
-			 (long long)id);
-		return;
-	}
+	if (cur == NULL)
+		return px_error(c, WIRE_ERR_CURSOR_NOT_FOUND, "cursor id %lld not found",
+				(long long)id);
 	bson_init(&arr);
 	r = proxy_cursor_fill(c->p, cur, &arr, px_get_int(c->cmd, "batchSize", 0) > 0 ?
 						      px_get_int(c->cmd, "batchSize", 0) : -1,
@@ -344,8 +340,7 @@ void px_do_get_more(ctx *c)
 	if (r < 0) {
 		bson_destroy(&arr);
 		proxy_cursor_destroy(c->p, cur);
-		px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
-		return;
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
 	}
 	out = bson_new();
 	bson_append_document_begin(out, "cursor", -1, &cd);
@@ -361,10 +356,10 @@ void px_do_get_more(ctx *c)
 	bson_append_document_end(out, &cd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	bson_destroy(&arr);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
-void px_do_kill_cursors(ctx *c)
+int px_do_kill_cursors(ctx *c)
 {
 	bson_t ids, *out, killed, notfound, empty;
 	bson_iter_t it;
@@ -377,10 +372,9 @@ void px_do_kill_cursors(ctx *c)
 		while (bson_iter_next(&it)) {
 			int64_t id = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
 			if (proxy_cursor_check(c->p, id, c->ns, c->user) != PROXY_CURSOR_OK) {
-				px_error(c, WIRE_ERR_UNAUTHORIZED,
-					 "not authorized to kill cursor %lld on %s",
-					 (long long)id, c->ns);
-				return;
+				return px_error(c, WIRE_ERR_UNAUTHORIZED,
+						"not authorized to kill cursor %lld on %s",
+						(long long)id, c->ns);
 			}
 		}
 	}
@@ -424,7 +418,7 @@ void px_do_kill_cursors(ctx *c)
 	bson_append_array_begin(out, "cursorsUnknown", -1, &empty);
 	bson_append_array_end(out, &empty);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* ---------- two-phase writes: collect owned documents of one chunk ---------- */
@@ -701,11 +695,11 @@ static int cd_execute(px_retry *r, void *arg)
 								      px_get_int(c->cmd, "limit", 0)));
 		}
 		BSON_APPEND_DOUBLE(out, "ok", 1.0);
-		px_reply(c, out);
+		r->status = px_reply(c, out);
 	} else if (cls == SHARDCONN_STALE) {
 		px_failure_set(&r->last, cls, &a[bad].err_reply, a[bad].nerr);
 	} else {
-		px_reply_shard_error(c, cls, &a[bad].err_reply, a[bad].nerr);
+		r->status = px_reply_shard_error(c, cls, &a[bad].err_reply, a[bad].nerr);
 	}
 	for (i = 0; i < k; i++) {
 		bson_destroy(&a[i].err_reply);
@@ -719,61 +713,60 @@ static int cd_execute(px_retry *r, void *arg)
 	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
 }
 
-/* Run count (distinct_key NULL) or distinct over the chunks q targets. */
-static void count_or_distinct(ctx *c, const bson_t *q, const char *distinct_key)
+/* Run count (distinct_key NULL) or distinct over the chunks q targets. Returns: the status
+ * of the answer. */
+static int count_or_distinct(ctx *c, const bson_t *q, const char *distinct_key)
 {
-	route_coll *rc = px_route_or_fail(c);
+	route_coll *rc;
 	cd_op o = {q, distinct_key};
 	px_retry r;
+	int st;
 
-	if (rc == NULL)
-		return;
-	if (px_refuse_js(c, q)) {
+	if ((st = px_route_or_fail(c, &rc)) != 0)
+		return st;
+	if ((st = px_refuse_js(c, q)) != 0) {
 		route_coll_unref(rc);
-		return;
+		return st;
 	}
 	if (rc->nkeys == 0) {
 		route_coll_unref(rc);
-		px_forward_primary(c);
-		return;
+		return px_forward_primary(c);
 	}
 	px_retry_init(&r, c, rc, cd_execute, NULL, &o);
 	px_retry_run(&r);
 	px_retry_done(&r);
+	return r.status; /* answered by cd_execute or px_retry_run */
 }
 
-void px_do_count(ctx *c)
+int px_do_count(ctx *c)
 {
 	bson_t q;
 	int64_t v;
+	int st;
 
 	/* count_request.cpp: skip >= 0; limit any int64 but the minimum (-n means n) */
-	if (!px_client_int(c, "skip", 0, INT64_MAX, 0, &v))
-		return;
+	if ((st = px_client_int(c, "skip", 0, INT64_MAX, 0, &v)) != 0)
+		return st;
 	if (sdb_bson_find_int64(c->cmd, "limit", INT64_MIN, INT64_MAX, 0, &v, NULL) == 0 &&
-	    v == INT64_MIN) {
-		px_error(c, WIRE_ERR_BAD_VALUE, "limit value for count cannot be min long");
-		return;
-	}
-	if (!px_client_int(c, "limit", INT64_MIN, INT64_MAX, 0, &v))
-		return;
+	    v == INT64_MIN)
+		return px_error(c, WIRE_ERR_BAD_VALUE, "limit value for count cannot be min long");
+	if ((st = px_client_int(c, "limit", INT64_MIN, INT64_MAX, 0, &v)) != 0)
+		return st;
 	if (!px_get_doc(c->cmd, "query", &q))
 		bson_init(&q);
-	count_or_distinct(c, &q, NULL);
+	return count_or_distinct(c, &q, NULL);
 }
 
-void px_do_distinct(ctx *c)
+int px_do_distinct(ctx *c)
 {
 	bson_t q;
 	bson_iter_t it;
 
 	if (!px_get_doc(c->cmd, "query", &q))
 		bson_init(&q);
-	if (!bson_iter_init_find(&it, c->cmd, "key") || !BSON_ITER_HOLDS_UTF8(&it)) {
-		px_error(c, WIRE_ERR_BAD_VALUE, "distinct needs a key string");
-		return;
-	}
-	count_or_distinct(c, &q, bson_iter_utf8(&it, NULL));
+	if (!bson_iter_init_find(&it, c->cmd, "key") || !BSON_ITER_HOLDS_UTF8(&it))
+		return px_error(c, WIRE_ERR_BAD_VALUE, "distinct needs a key string");
+	return count_or_distinct(c, &q, bson_iter_utf8(&it, NULL));
 }
 
 /* ---------- aggregate ---------- */
@@ -802,21 +795,19 @@ static int agg_next(void *arg, const bson_t **doc, int *code, char *err, size_t 
 	return 1;
 }
 
-bool px_agg_args(ctx *c, bson_t *pipeline, int64_t *batch)
+int px_agg_args(ctx *c, bson_t *pipeline, int64_t *batch)
 {
 	bson_t cursor_opts;
 
-	if (!px_get_array(c->cmd, "pipeline", pipeline)) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
-		return false;
-	}
+	if (!px_get_array(c->cmd, "pipeline", pipeline))
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE, "aggregate needs a pipeline array");
 	*batch = 101;
 	if (px_get_doc(c->cmd, "cursor", &cursor_opts))
 		*batch = px_get_int(&cursor_opts, "batchSize", 101);
-	return true;
+	return 0;
 }
 
-void px_do_aggregate(ctx *c)
+int px_do_aggregate(ctx *c)
 {
 	bson_t stages;
 	route_coll *rc;
@@ -828,12 +819,12 @@ void px_do_aggregate(ctx *c)
 	agg_in in;
 	pstream *out_s;
 	int64_t batch = 101;
-	int code = 0, r;
+	int code = 0, r, st;
 	char err[512];
 	size_t cap = 0;
 
-	if (!px_agg_args(c, &stages, &batch))
-		return;
+	if ((st = px_agg_args(c, &stages, &batch)) != 0)
+		return st;
 	{
 		/* $collStats: answered by the proxy from the shards' collStats (mongos' way) */
 		bson_iter_t st, first;
@@ -843,46 +834,39 @@ void px_do_aggregate(ctx *c)
 			bson_t spec;
 			uint32_t len;
 			const uint8_t *data;
-			if (bson_iter_next(&st)) {
-				px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-					 "$collStats is supported as the only stage of a pipeline");
-				return;
-			}
-			if (!BSON_ITER_HOLDS_DOCUMENT(&first)) {
-				px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-					 "$collStats must take a nested object");
-				return;
-			}
+			if (bson_iter_next(&st))
+				return px_error(
+						c, WIRE_ERR_FAILED_TO_PARSE,
+						"$collStats is supported as the only stage of a pipeline");
+			if (!BSON_ITER_HOLDS_DOCUMENT(&first))
+				return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+						"$collStats must take a nested object");
 			bson_iter_document(&first, &len, &data);
 			if (bson_init_static(&spec, data, len))
-				px_do_coll_stats_stage(c, &spec);
-			return;
+				return px_do_coll_stats_stage(c, &spec);
+			return px_answer_status(c); /* cannot happen: none, answered InternalError */
 		}
 	}
-	if (px_refuse_js(c, &stages))
-		return;
-	if (c->coll == NULL) {
-		px_forward_primary_cursor(c, batch, false);
-		return;
-	}
-	rc = px_route_sharded(c, PX_FWD_CURSOR, batch, false);
-	if (rc == NULL)
-		return;
+	if ((st = px_refuse_js(c, &stages)) != 0)
+		return st;
+	if (c->coll == NULL)
+		return px_forward_primary_cursor(c, batch, false);
+	if ((st = px_route_sharded(c, PX_FWD_CURSOR, batch, false, &rc)) != 0 || rc == NULL)
+		return st;
 	{
 		bson_t vars;
-		int prc = -1;
 
-		if (px_let(c, &vars)) {
+		st = px_let(c, &vars);
+		if (st == 0) {
 			sdb_pipeline_opts po = {.let = &vars};
 
-			prc = sdb_pipeline_parse(&stages, &po, &pl, &code, err, sizeof err);
+			if (sdb_pipeline_parse(&stages, &po, &pl, &code, err, sizeof err) != 0)
+				st = px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 			bson_destroy(&vars);
-			if (prc != 0)
-				px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 		}
-		if (prc != 0) {
+		if (st != 0) {
 			route_coll_unref(rc);
-			return;
+			return st;
 		}
 	}
 	sdb_pipeline_pushdown(pl, SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT | SDB_PUSHDOWN_LIMIT, &pd);
@@ -890,19 +874,19 @@ void px_do_aggregate(ctx *c)
 		sdb_pipeline_pushdown_destroy(&pd);
 		sdb_pipeline_free(pl);
 		route_coll_unref(rc);
-		px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
-		return;
+		return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 	}
-	in_cur = open_merged(c, &rc, &pd.filter, &pd.sort, NULL, ms, NULL, pd.skip,
-			     pd.limit > 0 ? pd.limit : 0,
-			     pd.limit > 0 && pd.skip < 1000 && pd.limit < 1000 - pd.skip
-				     ? pd.limit + pd.skip
-				     : 1000);
+	st = open_merged(c, &rc, &pd.filter, &pd.sort, NULL, ms, NULL, pd.skip,
+			 pd.limit > 0 ? pd.limit : 0,
+			 pd.limit > 0 && pd.skip < 1000 && pd.limit < 1000 - pd.skip
+				 ? pd.limit + pd.skip
+				 : 1000,
+			 &in_cur);
 	route_coll_unref(rc);
-	if (in_cur == NULL) {
+	if (st != 0) {
 		sdb_pipeline_pushdown_destroy(&pd);
 		sdb_pipeline_free(pl);
-		return;
+		return st;
 	}
 	/* run the rest of the pipeline on the proxy, materialising its output */
 	in.p = c->p;
@@ -933,10 +917,9 @@ void px_do_aggregate(ctx *c)
 		pstream_clear(out_s);
 		bson_destroy(&out_s->err_reply);
 		free(out_s);
-		px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
-		return;
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
 	}
-	px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0), batch, false,
-		      "firstBatch", c->ns);
+	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0),
+				batch, false, "firstBatch", c->ns);
 }
 

@@ -13,7 +13,7 @@
 static const char *const modes[] = {"primary", "primaryPreferred", "secondary",
 				    "secondaryPreferred", "nearest", NULL};
 
-bool px_read_pref_check(ctx *c, const px_cmd *cmd)
+int px_read_pref_check(ctx *c, const px_cmd *cmd)
 {
 	bson_iter_t it, sub;
 	const char *mode = NULL;
@@ -24,10 +24,9 @@ bool px_read_pref_check(ctx *c, const px_cmd *cmd)
 	c->rp_data = NULL;
 	c->rp_len = 0;
 	if (!bson_iter_init_find(&it, c->cmd, "$readPreference"))
-		return true;
+		return 0;
 	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "$readPreference must be an object");
-		return false;
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE, "$readPreference must be an object");
 	}
 	bson_iter_document(&it, &len, &data);
 	while (bson_iter_next(&sub)) {
@@ -36,11 +35,10 @@ bool px_read_pref_check(ctx *c, const px_cmd *cmd)
 			mode = bson_iter_utf8(&sub, NULL);
 		} else if (strcmp(k, "maxStalenessSeconds") == 0) {
 			if (!BSON_ITER_HOLDS_NUMBER(&sub) || bson_iter_as_int64(&sub) != -1) {
-				px_error(c, WIRE_ERR_BAD_VALUE,
-					 "$readPreference maxStalenessSeconds is not supported by "
-					 "stripedb (shard members report no last write time); read "
-					 "without it");
-				return false;
+				return px_error(c, WIRE_ERR_BAD_VALUE,
+						"$readPreference maxStalenessSeconds is not supported by "
+						"stripedb (shard members report no last write time); read "
+						"without it");
 			}
 		} else if (strcmp(k, "tags") == 0) {
 			bson_iter_t t, one;
@@ -48,10 +46,9 @@ bool px_read_pref_check(ctx *c, const px_cmd *cmd)
 				while (bson_iter_next(&t))
 					if (!BSON_ITER_HOLDS_DOCUMENT(&t) || !bson_iter_recurse(&t, &one) ||
 					    bson_iter_next(&one)) {
-						px_error(c, WIRE_ERR_BAD_VALUE,
-							 "$readPreference tag sets are not supported "
-							 "by stripedb (shard members have no tags)");
-						return false;
+						return px_error(c, WIRE_ERR_BAD_VALUE,
+								"$readPreference tag sets are not supported "
+								"by stripedb (shard members have no tags)");
 					}
 		}
 		/* hedge: an optimisation hint, ignored as mongos 8 ignores it */
@@ -59,16 +56,15 @@ bool px_read_pref_check(ctx *c, const px_cmd *cmd)
 	for (size_t i = 0; mode && modes[i]; i++)
 		known |= strcmp(mode, modes[i]) == 0;
 	if (!known) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE,
-			 "Could not parse $readPreference: mode must be one of primary, "
-			 "primaryPreferred, secondary, secondaryPreferred or nearest");
-		return false;
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+				"Could not parse $readPreference: mode must be one of primary, "
+				"primaryPreferred, secondary, secondaryPreferred or nearest");
 	}
 	if (strcmp(mode, "primary") != 0 && !(cmd->flags & PXC_WRITE)) {
 		c->rp_data = data;
 		c->rp_len = len;
 	}
-	return true;
+	return 0;
 }
 
 bool px_read_pref_applies(const ctx *c, const bson_t *fwd, bson_t *rp)

@@ -315,27 +315,25 @@ char *px_shard_hosts(ctx *c, const char *id)
 }
 
 /* The primary shard, or ShardNotFound answered (see exec.h). */
-bool px_with_primary(ctx *c, char **primary)
+int px_with_primary(ctx *c, char **primary)
 {
 	*primary = px_primary(c);
-	if (*primary == NULL) {
-		px_error(c, WIRE_ERR_SHARD_NOT_FOUND,
-			 "no shard is registered in the metadata service");
-		return false;
-	}
-	return true;
+	if (*primary == NULL)
+		return px_error(c, WIRE_ERR_SHARD_NOT_FOUND,
+				"no shard is registered in the metadata service");
+	return 0;
 }
 
 /* The routing of c->ns, or HostUnreachable answered (see exec.h). */
-route_coll *px_route_or_fail(ctx *c)
+int px_route_or_fail(ctx *c, route_coll **out)
 {
 	char err[256];
-	route_coll *rc = px_route(c, false, err, sizeof err);
 
-	if (rc == NULL)
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE,
-			 "routing of %s unavailable: %s", c->ns, err);
-	return rc;
+	*out = px_route(c, false, err, sizeof err);
+	if (*out == NULL)
+		return px_error(c, WIRE_ERR_HOST_UNREACHABLE, "routing of %s unavailable: %s",
+				c->ns, err);
+	return 0;
 }
 
 bool *px_target(route_coll *rc, const bson_t *q, size_t *nsel, bool *exact)
@@ -402,6 +400,7 @@ void px_retry_init(px_retry *r, ctx *c, route_coll *rc, int (*execute)(px_retry 
 	bson_init(&r->last.reply);
 	r->c = c;
 	r->rc = rc;
+	r->status = -1;
 	r->execute = execute;
 	r->exhausted = exhausted;
 	r->arg = arg;
@@ -430,10 +429,12 @@ int px_retry_run(px_retry *r)
 			if (r->exhausted)
 				r->exhausted(r, r->arg);
 			else if (r->last.cls != SHARDCONN_OK)
-				px_reply_shard_error(r->c, r->last.cls, &r->last.reply, r->last.nerr);
+				r->status = px_reply_shard_error(r->c, r->last.cls, &r->last.reply,
+								 r->last.nerr);
 			else
-				px_error(r->c, WIRE_ERR_STALE_CONFIG,
-					 "routing kept changing: StaleConfig retry budget exhausted");
+				r->status = px_error(
+					r->c, WIRE_ERR_STALE_CONFIG,
+					"routing kept changing: StaleConfig retry budget exhausted");
 			return PX_RETRY_STALE;
 		}
 		r->rc = refresh(r->c, r->rc);
@@ -443,7 +444,7 @@ int px_retry_run(px_retry *r)
 /* ---------- classification: a failed shard call as the client's error ---------- */
 
 /* Answer with the error a shard gave (code and errmsg kept). */
-void px_reply_shard_error(ctx *c, int cls, const bson_t *reply, const char *neterr)
+int px_reply_shard_error(ctx *c, int cls, const bson_t *reply, const char *neterr)
 {
 	bson_iter_t it;
 	int code = WIRE_ERR_INTERNAL;
@@ -462,20 +463,19 @@ void px_reply_shard_error(ctx *c, int cls, const bson_t *reply, const char *nete
 			BSON_APPEND_UTF8(&labels, "0", "RetryableWriteError");
 			bson_append_array_end(extra, &labels);
 		}
-		px_error_extra(c, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
-		return;
+		return px_error_extra(c, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
 	}
 	if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it))
 		code = (int)bson_iter_as_int64(&it);
 	if (bson_iter_init_find(&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
 		msg = bson_iter_utf8(&it, NULL);
-	px_error(c, code, "%s", msg);
+	return px_error(c, code, "%s", msg);
 }
 
 /* A network error of a retryable write (txn.h: the shards recognise a retry, so the
  * driver may resend it whatever its outcome was): HostUnreachable with the
  * RetryableWriteError label, plus NoWritesPerformed when no shard executed any of it. */
-void px_reply_retryable_net_error(ctx *c, bool nothing_written, const char *neterr)
+int px_reply_retryable_net_error(ctx *c, bool nothing_written, const char *neterr)
 {
 	bson_t *extra = bson_new();
 	bson_t labels;
@@ -485,17 +485,16 @@ void px_reply_retryable_net_error(ctx *c, bool nothing_written, const char *nete
 	if (nothing_written)
 		BSON_APPEND_UTF8(&labels, "1", "NoWritesPerformed");
 	bson_append_array_end(extra, &labels);
-	px_error_extra(c, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
+	return px_error_extra(c, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
 }
 
-void px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *neterr)
+int px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *neterr)
 {
 	if (cls == SHARDCONN_NET_ERR && c->txn.on)
-		px_reply_retryable_net_error(c, shardconn_unexecuted(reply), neterr);
-	else if (cls == SHARDCONN_NET_ERR)
-		px_reply_shard_error(c, cls, reply, neterr);
-	else
-		px_reply_copy(c, reply);
+		return px_reply_retryable_net_error(c, shardconn_unexecuted(reply), neterr);
+	if (cls == SHARDCONN_NET_ERR)
+		return px_reply_shard_error(c, cls, reply, neterr);
+	return px_reply_copy(c, reply);
 }
 
 /* ---------- fan-out: one call per shard ---------- */

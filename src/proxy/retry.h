@@ -120,12 +120,19 @@ typedef struct px_retry {
 	route_coll *rc; /* the current snapshot: a reference the caller gave and takes back
 			 * (px_retry_run replaces it on refresh) */
 	int attempt;    /* 0 for the first call of execute, then 1, 2, ... */
+	/* The status of the answer the operation gave (exec.h's answers: 0 reply, else the
+	 * error's code), -1 while it has given none. execute and exhausted set it when they
+	 * answer (r->status = px_reply(...)); px_retry_run sets it when it answers for a NULL
+	 * exhausted. The handler returns it after the run. */
+	int status;
 	/* One attempt with r->rc. On PX_RETRY_STALE nothing was answered; the operation keeps
-	 * in its arg what it needs to resume (the refused documents or ranges). */
+	 * in its arg what it needs to resume (the refused documents or ranges). An attempt
+	 * that answers sets r->status. */
 	int (*execute)(struct px_retry *r, void *arg);
-	/* The budget is spent after a stale attempt: answer (or record the failure). NULL:
-	 * the shard's refusal in r->last is answered as it is (px_reply_shard_error), or,
-	 * when execute kept none, StaleConfig (13388) "routing kept changing". */
+	/* The budget is spent after a stale attempt: answer (setting r->status) or record the
+	 * failure. NULL: the shard's refusal in r->last is answered as it is
+	 * (px_reply_shard_error), or, when execute kept none, StaleConfig (13388) "routing
+	 * kept changing". */
 	void (*exhausted)(struct px_retry *r, void *arg);
 	void *arg;
 } px_retry;

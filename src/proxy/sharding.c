@@ -31,19 +31,16 @@
 #define MAX_INITIAL_CHUNKS_PER_SHARD 8192 /* MongoDB's cap on numInitialChunks per shard */
 
 /* MongoDB's refusal of a mongos admin command sent to another database. */
-bool px_need_admin_db(ctx *c, const char *name)
+int px_need_admin_db(ctx *c, const char *name)
 {
 	if (c->db && strcmp(c->db, "admin") == 0)
-		return true;
-	px_error(c, WIRE_ERR_UNAUTHORIZED, "%s may only be run against the admin database.",
-		 name);
-	return false;
+		return 0;
+	return px_error(c, WIRE_ERR_UNAUTHORIZED,
+			"%s may only be run against the admin database.", name);
 }
 
-/* Run cmd on metadata. On failure answers c (the metadata error code, or HostUnreachable
- * when metadata is unreachable) unless the code is in ok_codes (0-terminated), in which
- * case *code_out gets it and true is returned with reply initialised. */
-bool px_sharding_meta_call(ctx *c, const bson_t *cmd, bson_t *reply, const int *ok_codes,
+/* Run cmd on metadata (sharding_int.h): 0 with reply, or the code answered on c. */
+int px_sharding_meta_call(ctx *c, const bson_t *cmd, bson_t *reply, const int *ok_codes,
 			   int *code_out)
 {
 	char err[512];
@@ -53,19 +50,17 @@ bool px_sharding_meta_call(ctx *c, const bson_t *cmd, bson_t *reply, const int *
 	if (code_out)
 		*code_out = 0;
 	if (rc == 0)
-		return true;
+		return 0;
 	for (i = 0; ok_codes && ok_codes[i]; i++)
 		if (code == ok_codes[i]) {
 			if (code_out)
 				*code_out = code;
-			return true;
+			return 0;
 		}
 	bson_destroy(reply);
 	if (rc == SDB_EPROTO && code != 0)
-		px_error(c, code, "%s", err);
-	else
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
-	return false;
+		return px_error(c, code, "%s", err);
+	return px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
 }
 
 /* The string value of the command's first field (the command name's argument), or NULL. */
@@ -80,18 +75,19 @@ const char *px_first_utf8(const bson_t *cmd)
 
 /* createDatabase on metadata, an existing database being fine (enableSharding and
  * shardCollection create the database implicitly, as MongoDB 6+). */
-static bool ensure_database(ctx *c, const char *db)
+/* db created in metadata (existing already is fine): 0, or the code answered on c. */
+static int ensure_database(ctx *c, const char *db)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
 	static const int ok[] = {WIRE_ERR_NAMESPACE_EXISTS, WIRE_ERR_DUPLICATE_KEY, 0};
-	bool r;
+	int st;
 
 	BSON_APPEND_UTF8(&cmd, "createDatabase", db);
-	r = px_sharding_meta_call(c, &cmd, &reply, ok, NULL);
-	if (r)
+	st = px_sharding_meta_call(c, &cmd, &reply, ok, NULL);
+	if (st == 0)
 		bson_destroy(&reply);
 	bson_destroy(&cmd);
-	return r;
+	return st;
 }
 
 static bool valid_db_name(const char *db)
@@ -104,55 +100,56 @@ static bool valid_db_name(const char *db)
  * issue #18; an unknown shard: ShardNotFound 70, from metadata). Without it the database
  * follows the cluster's default primary, the lowest shard id. An existing database with
  * another primary shard: NamespaceExists (48), as MongoDB. */
-static void do_enable_sharding(ctx *c)
+static int do_enable_sharding(ctx *c)
 {
 	const char *db = px_first_utf8(c->cmd), *ps = NULL;
 	bson_t cmd = BSON_INITIALIZER, reply;
 	static const int ok[] = {WIRE_ERR_NAMESPACE_EXISTS, WIRE_ERR_DUPLICATE_KEY, 0};
 	bson_iter_t it;
-	int code = 0;
+	int code = 0, st;
 
-	if (!px_need_admin_db(c, "enableSharding"))
+	if ((st = px_need_admin_db(c, "enableSharding")) != 0)
 		goto out;
 	if (db == NULL || !valid_db_name(db)) {
-		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "invalid db name specified: %s",
-			 db ? db : "(not a string)");
+		st = px_error(c, WIRE_ERR_INVALID_NAMESPACE, "invalid db name specified: %s",
+			      db ? db : "(not a string)");
 		goto out;
 	}
 	if (strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 || strcmp(db, "local") == 0) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS, "can't shard %s database", db);
+		st = px_error(c, WIRE_ERR_INVALID_OPTIONS, "can't shard %s database", db);
 		goto out;
 	}
 	if (bson_iter_init_find(&it, c->cmd, "primaryShard")) {
 		if (!BSON_ITER_HOLDS_UTF8(&it) || bson_iter_utf8(&it, NULL)[0] == '\0') {
-			px_error(c, WIRE_ERR_BAD_VALUE, "primaryShard must be a shard id string");
+			st = px_error(c, WIRE_ERR_BAD_VALUE, "primaryShard must be a shard id string");
 			goto out;
 		}
 		ps = bson_iter_utf8(&it, NULL);
 	}
-	if (ps && !px_db_data_stays_visible(c, db, ps))
+	if (ps && (st = px_db_data_stays_visible(c, db, ps)) != 0)
 		goto out;
 	BSON_APPEND_UTF8(&cmd, "createDatabase", db);
 	if (ps)
 		BSON_APPEND_UTF8(&cmd, "primary", ps);
-	if (!px_sharding_meta_call(c, &cmd, &reply, ok, &code))
+	if ((st = px_sharding_meta_call(c, &cmd, &reply, ok, &code)) != 0)
 		goto out;
 	bson_destroy(&reply);
 	if (code != 0 && ps) {
 		char *cur = px_meta_db_primary(c, db);
 		if (cur == NULL || strcmp(cur, ps) != 0) {
-			px_error(c, WIRE_ERR_NAMESPACE_EXISTS,
-				 "database %s already exists with primary shard %s, not %s", db,
-				 cur ? cur : "(unknown)", ps);
+			st = px_error(c, WIRE_ERR_NAMESPACE_EXISTS,
+				      "database %s already exists with primary shard %s, not %s", db,
+				      cur ? cur : "(unknown)", ps);
 			free(cur);
 			goto out;
 		}
 		free(cur);
 	}
 	px_reload_db_primaries(c);
-	px_reply(c, bson_new());
+	st = px_reply(c, bson_new());
 out:
 	bson_destroy(&cmd);
+	return st;
 }
 
 /* ---------- shardCollection ---------- */
@@ -191,14 +188,15 @@ static void probe_one(void *arg, size_t i)
 }
 
 /* The shard holding db.coll's documents into *holder (heap; NULL when empty everywhere).
- * False after answering (a shard unreachable, or documents on several shards). */
-static bool find_data_holder(ctx *c, const char *db, const char *coll, const char *ns,
-			     char **holder)
+ * Returns: 0, or the code answered on c (a shard unreachable, or documents on several
+ * shards: IllegalOperation 20). */
+static int find_data_holder(ctx *c, const char *db, const char *coll, const char *ns,
+			    char **holder)
 {
 	ctx sub = *c;
 	probe pr;
 	size_t n, i, nhave = 0;
-	bool ok = true;
+	int st = 0;
 
 	sub.db = db; /* px_run_on runs in c->db */
 	memset(&pr, 0, sizeof pr);
@@ -211,27 +209,25 @@ static bool find_data_holder(ctx *c, const char *db, const char *coll, const cha
 	pr.replies = proxy_calloc_bson(n, sizeof *pr.replies);
 	px_fanout(c, n, probe_one, &pr);
 	*holder = NULL;
-	for (i = 0; i < n && ok; i++) {
+	for (i = 0; i < n && st == 0; i++) {
 		if (pr.cls[i] != SHARDCONN_OK) {
 			int code = (int)px_get_int(&pr.replies[i], "code", 0);
 			if (pr.cls[i] == SHARDCONN_CMD_ERR && code == WIRE_ERR_NAMESPACE_NOT_FOUND)
 				continue;
-			px_reply_shard_error(c, pr.cls[i], &pr.replies[i], pr.nerr[i]);
-			ok = false;
+			st = px_reply_shard_error(c, pr.cls[i], &pr.replies[i], pr.nerr[i]);
 		} else if (pr.has[i]) {
 			nhave++;
 			if (*holder == NULL)
 				*holder = sdb_strdup(pr.ids[i]);
 		}
 	}
-	if (ok && nhave > 1) {
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-			 "cannot shard %s: its unsharded documents are on %zu shards (an unsharded "
-			 "collection must live on one shard); move them to one shard first",
-			 ns, nhave);
-		ok = false;
-	}
-	if (!ok) {
+	if (st == 0 && nhave > 1)
+		st = px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+			      "cannot shard %s: its unsharded documents are on %zu shards (an "
+			      "unsharded collection must live on one shard); move them to one shard "
+			      "first",
+			      ns, nhave);
+	if (st != 0) {
 		free(*holder);
 		*holder = NULL;
 	}
@@ -244,70 +240,66 @@ static bool find_data_holder(ctx *c, const char *db, const char *coll, const cha
 	free(pr.has);
 	free(pr.cls);
 	free(pr.nerr);
-	return ok;
+	return st;
 }
 
 /* Checks key (the shard key pattern): every value 1 (ranged) or one field "hashed".
- * Sets *hashed. False after answering. */
-static bool check_key(ctx *c, const bson_t *key, bool *hashed)
+ * Sets *hashed. Returns: 0, or the code answered on c (BadValue 2, InvalidOptions 72). */
+static int check_key(ctx *c, const bson_t *key, bool *hashed)
 {
 	bson_iter_t it;
 	size_t n = 0, nh = 0;
 
 	*hashed = false;
-	if (!bson_iter_init(&it, key) || bson_empty(key)) {
-		px_error(c, WIRE_ERR_BAD_VALUE, "shard key pattern must be a non-empty document");
-		return false;
-	}
+	if (!bson_iter_init(&it, key) || bson_empty(key))
+		return px_error(c, WIRE_ERR_BAD_VALUE,
+				"shard key pattern must be a non-empty document");
 	while (bson_iter_next(&it)) {
 		const char *f = bson_iter_key(&it);
 		n++;
-		if (f[0] == '\0' || f[0] == '$') {
-			px_error(c, WIRE_ERR_BAD_VALUE, "Unsupported shard key pattern field: '%s'",
-				 f);
-			return false;
-		}
+		if (f[0] == '\0' || f[0] == '$')
+			return px_error(c, WIRE_ERR_BAD_VALUE,
+					"Unsupported shard key pattern field: '%s'", f);
 		if (BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), "hashed") == 0) {
 			nh++;
 			continue;
 		}
 		if (BSON_ITER_HOLDS_NUMBER(&it) && bson_iter_as_double(&it) == 1.0)
 			continue;
-		px_error(c, WIRE_ERR_BAD_VALUE,
-			 "Unsupported shard key pattern: field '%s' must be 1 or \"hashed\"", f);
-		return false;
+		return px_error(c, WIRE_ERR_BAD_VALUE,
+				"Unsupported shard key pattern: field '%s' must be 1 or \"hashed\"",
+				f);
 	}
-	if (nh > 0 && n > 1) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS,
-			 "compound hashed shard keys are not supported by stripedb: a hashed "
-			 "shard key has exactly one field");
-		return false;
-	}
+	if (nh > 0 && n > 1)
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS,
+				"compound hashed shard keys are not supported by stripedb: a hashed "
+				"shard key has exactly one field");
 	*hashed = nh > 0;
-	return true;
+	return 0;
 }
 
-/* collation: only the simple collation (absent, or {locale: "simple"}). */
-static bool check_collation(ctx *c)
+/* collation: only the simple collation (absent, or {locale: "simple"}). Returns: 0, or
+ * BadValue (2) answered on c. */
+static int check_collation(ctx *c)
 {
 	bson_t col;
 	bson_iter_t it;
 
 	if (!bson_has_field(c->cmd, "collation"))
-		return true;
+		return 0;
 	if (px_get_doc(c->cmd, "collation", &col) && bson_iter_init(&it, &col) &&
 	    bson_iter_next(&it) && strcmp(bson_iter_key(&it), "locale") == 0 &&
 	    BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), "simple") == 0 &&
 	    !bson_iter_next(&it))
-		return true;
-	px_error(c, WIRE_ERR_BAD_VALUE,
-		 "The collation for shardCollection must be {locale: 'simple'}: stripedb has "
-		 "no collations");
-	return false;
+		return 0;
+	return px_error(c, WIRE_ERR_BAD_VALUE,
+			"The collation for shardCollection must be {locale: 'simple'}: stripedb "
+			"has no collations");
 }
 
-/* Options of shardCollection that are refused rather than ignored. */
-static bool check_options(ctx *c)
+/* Options of shardCollection that are refused rather than ignored. Returns: 0, or
+ * InvalidOptions (72) answered on c. */
+static int check_options(ctx *c)
 {
 	static const char *const refused[] = {"timeseries", "presplitHashedZones",
 					      "implicitlyCreateIndex", "enforceUniquenessCheck",
@@ -315,31 +307,32 @@ static bool check_options(ctx *c)
 	size_t i;
 
 	for (i = 0; refused[i]; i++)
-		if (bson_has_field(c->cmd, refused[i])) {
-			px_error(c, WIRE_ERR_INVALID_OPTIONS,
-				 "shardCollection option %s is not supported by stripedb",
-				 refused[i]);
-			return false;
-		}
-	return true;
+		if (bson_has_field(c->cmd, refused[i]))
+			return px_error(c, WIRE_ERR_INVALID_OPTIONS,
+					"shardCollection option %s is not supported by stripedb",
+					refused[i]);
+	return 0;
 }
 
-/* The key stored in metadata for ns (into key_out, initialised) when ns is sharded. */
-static bool sharded_key(ctx *c, const char *db, const char *ns, bson_t *key_out, bool *hashed)
+/* The key stored in metadata for ns (into key_out, initialised in every case) when ns is
+ * sharded: *found. Returns: 0, or the code answered on c (metadata unreachable...). */
+static int sharded_key(ctx *c, const char *db, const char *ns, bson_t *key_out, bool *hashed,
+		       bool *found)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_iter_t it, arr, e;
-	bool found = false;
+	int st;
 
+	*found = false;
 	bson_init(key_out);
 	BSON_APPEND_INT32(&cmd, "listCollections", 1);
 	BSON_APPEND_UTF8(&cmd, "db", db);
-	if (!px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
+	if ((st = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) != 0) {
 		bson_destroy(&cmd);
-		return false;
+		return st;
 	}
 	if (bson_iter_init_find(&it, &reply, "collections") && bson_iter_recurse(&it, &arr))
-		while (!found && bson_iter_next(&arr)) {
+		while (!*found && bson_iter_next(&arr)) {
 			bson_t d, k;
 			uint32_t len;
 			const uint8_t *data;
@@ -349,7 +342,7 @@ static bool sharded_key(ctx *c, const char *db, const char *ns, bson_t *key_out,
 			if (!bson_init_static(&d, data, len) || !bson_iter_init_find(&e, &d, "ns") ||
 			    !BSON_ITER_HOLDS_UTF8(&e) || strcmp(bson_iter_utf8(&e, NULL), ns) != 0)
 				continue;
-			found = true;
+			*found = true;
 			if (px_get_doc(&d, "key", &k)) {
 				bson_destroy(key_out);
 				bson_copy_to(&k, key_out);
@@ -358,7 +351,7 @@ static bool sharded_key(ctx *c, const char *db, const char *ns, bson_t *key_out,
 		}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
-	return found;
+	return 0;
 }
 
 /* The key as metadata records it ({f: 1} / {f: "hashed"}), to compare with a request. */
@@ -381,8 +374,8 @@ static bool same_key(const bson_t *want, bool want_hashed, const bson_t *have, b
 
 /* Creates the index on the shard key on every shard (MongoDB's default name, e.g. k_1 or
  * k_hashed). unique (ranged keys): each shard enforces it for the key ranges it owns, which
- * together enforce it cluster-wide. False after answering c with the first shard's error. */
-static bool create_key_index(ctx *c, const char *db, const char *coll, const bson_t *key,
+ * together enforce it cluster-wide. Returns: 0, or the first shard's error answered on c. */
+static int create_key_index(ctx *c, const char *db, const char *coll, const bson_t *key,
 			     bool unique)
 {
 	ctx sub = *c;
@@ -391,7 +384,7 @@ static bool create_key_index(ctx *c, const char *db, const char *coll, const bso
 	size_t n, i, off = 0;
 	pcall *pc, *bad;
 	bson_iter_t it;
-	bool ok = true;
+	int st = 0;
 
 	sub.db = db;
 	bson_iter_init(&it, key);
@@ -422,13 +415,11 @@ static bool create_key_index(ctx *c, const char *db, const char *coll, const bso
 	}
 	px_fanout(c, n, px_pcall_one, pc);
 	bad = px_pcalls_failed(pc, n, NULL);
-	if (bad) {
-		px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
-		ok = false;
-	}
+	if (bad)
+		st = px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
 	px_pcalls_free(pc, n);
 	bson_destroy(&cmd);
-	return ok;
+	return st;
 }
 
 /* The document it holds into out (a static view). */
@@ -469,10 +460,11 @@ void px_each_doc(const bson_t *d, const char *name, void (*fn)(const bson_t *doc
 }
 
 /* sharding_int.h. Each batch's reply says `more` and gives the `resumeAfter` of the next. */
-bool px_each_routing_chunk(ctx *c, void (*fn)(const bson_t *chunk, void *arg), void *arg)
+int px_each_routing_chunk(ctx *c, void (*fn)(const bson_t *chunk, void *arg), void *arg)
 {
 	bson_t resume;
 	bool have_resume = false, more = true;
+	int st;
 
 	while (more) {
 		bson_t cmd = BSON_INITIALIZER, cur, reply, r;
@@ -484,9 +476,9 @@ bool px_each_routing_chunk(ctx *c, void (*fn)(const bson_t *chunk, void *arg), v
 			bson_destroy(&resume);
 			have_resume = false;
 		}
-		if (!px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
+		if ((st = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) != 0) {
 			bson_destroy(&cmd);
-			return false;
+			return st;
 		}
 		px_each_doc(&reply, "chunks", fn, arg);
 		more = px_get_bool(&reply, "more", false) && px_get_doc(&reply, "resumeAfter", &r);
@@ -497,7 +489,7 @@ bool px_each_routing_chunk(ctx *c, void (*fn)(const bson_t *chunk, void *arg), v
 		bson_destroy(&reply);
 		bson_destroy(&cmd);
 	}
-	return true;
+	return 0;
 }
 
 /* Whether index key pattern kp starts with the shard key pattern key, field by field with
@@ -534,8 +526,8 @@ static bool key_prefixes(const bson_t *key, const bson_t *kp)
  *   collection"; MongoDB's validShardKeyIndexExists, which creates it only for an empty
  *   collection). A hashed key needs none: the embedded shard has no hashed index (67 on
  *   createIndexes) and computes the hash of each document (docs/compat.md).
- * A collection gone from holder passes. False after answering c. */
-static bool check_unique_indexes(ctx *c, const char *db, const char *coll, const char *ns,
+ * A collection gone from holder passes. Returns: 0, or the code answered on c. */
+static int check_unique_indexes(ctx *c, const char *db, const char *coll, const char *ns,
 				 const char *holder, const bson_t *key, bool hashed)
 {
 	bool key_index = false;
@@ -543,8 +535,7 @@ static bool check_unique_indexes(ctx *c, const char *db, const char *coll, const
 	bson_t cmd = BSON_INITIALIZER, reply, cur, batch;
 	bson_iter_t it;
 	char nerr[256];
-	int cls;
-	bool ok = true;
+	int cls, st = 0;
 
 	in_db.db = db;
 	BSON_APPEND_UTF8(&cmd, "listIndexes", coll);
@@ -552,14 +543,14 @@ static bool check_unique_indexes(ctx *c, const char *db, const char *coll, const
 	bson_destroy(&cmd);
 	if (cls != SHARDCONN_OK) {
 		bool gone = px_get_int(&reply, "code", 0) == WIRE_ERR_NAMESPACE_NOT_FOUND;
-		if (!gone)
-			px_reply_shard_error(c, cls, &reply, nerr);
+		if (!gone) /* else no collection there: no index */
+			st = px_reply_shard_error(c, cls, &reply, nerr);
 		bson_destroy(&reply);
-		return gone; /* no collection there: no index */
+		return st;
 	}
 	if (px_get_doc(&reply, "cursor", &cur) && px_get_array(&cur, "firstBatch", &batch) &&
 	    bson_iter_init(&it, &batch))
-		while (ok && bson_iter_next(&it)) {
+		while (st == 0 && bson_iter_next(&it)) {
 			bson_t ix, kp;
 			bson_iter_t ki, si;
 			bool prefixed = true;
@@ -592,23 +583,22 @@ static bool check_unique_indexes(ctx *c, const char *db, const char *coll, const
 			if (hashed || !prefixed) {
 				char *kj = bson_as_relaxed_extended_json(&kp, NULL);
 				char *sj = bson_as_relaxed_extended_json(key, NULL);
-				px_error(c, WIRE_ERR_INVALID_OPTIONS,
-					 "can't shard collection '%s' with unique index on %s and proposed "
-					 "shard key %s. Uniqueness can't be maintained unless shard key is "
-					 "a prefix", ns, kj, sj);
+				st = px_error(c, WIRE_ERR_INVALID_OPTIONS,
+					      "can't shard collection '%s' with unique index on %s and "
+					      "proposed shard key %s. Uniqueness can't be maintained "
+					      "unless shard key is a prefix",
+					      ns, kj, sj);
 				bson_free(kj);
 				bson_free(sj);
-				ok = false;
 			}
 		}
 	bson_destroy(&reply);
-	if (ok && !key_index && !hashed) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS,
-			 "Please create an index that starts with the proposed shard key before "
-			 "sharding the collection %s (it holds documents on %s)", ns, holder);
-		ok = false;
-	}
-	return ok;
+	if (st == 0 && !key_index && !hashed)
+		st = px_error(c, WIRE_ERR_INVALID_OPTIONS,
+			      "Please create an index that starts with the proposed shard key before "
+			      "sharding the collection %s (it holds documents on %s)",
+			      ns, holder);
+	return st;
 }
 
 /* Install on every shard that owns chunks of rc its filtering metadata (issue #17,
@@ -685,7 +675,7 @@ static void install_filtering(ctx *c, const route_coll *rc)
 }
 
 /* {shardCollection: "db.coll", key, unique?, numInitialChunks?, collation?}. */
-static void do_shard_collection(ctx *c)
+static int do_shard_collection(ctx *c)
 {
 	const char *ns = px_first_utf8(c->cmd), *dot;
 	char db[128], *holder = NULL;
@@ -697,88 +687,85 @@ static void do_shard_collection(ctx *c)
 	char **ids = NULL, err[256];
 	size_t n, i;
 	static const int exists[] = {WIRE_ERR_NAMESPACE_EXISTS, 0};
-	int code;
+	int code, st;
 
-	if (!px_need_admin_db(c, "shardCollection"))
-		return;
+	bool found;
+
+	if ((st = px_need_admin_db(c, "shardCollection")) != 0)
+		return st;
 	if (ns == NULL || (dot = strchr(ns, '.')) == NULL || dot == ns || dot[1] == '\0' ||
 	    (size_t)(dot - ns) >= sizeof db) {
-		px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
-			 ns ? ns : "(not a string)");
-		return;
+		return px_error(c, WIRE_ERR_INVALID_NAMESPACE, "Invalid namespace: %s",
+				ns ? ns : "(not a string)");
 	}
 	memcpy(db, ns, (size_t)(dot - ns));
 	db[dot - ns] = '\0';
 	coll = dot + 1;
 	if (!valid_db_name(db) || strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 ||
 	    strcmp(db, "local") == 0 || strncmp(coll, "system.", 7) == 0) {
-		px_error(c, WIRE_ERR_ILLEGAL_OPERATION, "can't shard collection %s", ns);
-		return;
+		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION, "can't shard collection %s", ns);
 	}
 	if (!px_get_doc(c->cmd, "key", &key)) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS, "no shard key");
-		return;
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS, "no shard key");
 	}
-	if (!check_key(c, &key, &hashed) || !check_collation(c) || !check_options(c))
-		return;
+	if ((st = check_key(c, &key, &hashed)) != 0 || (st = check_collation(c)) != 0 ||
+	    (st = check_options(c)) != 0)
+		return st;
 	if (unique && hashed) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS, "hashed shard keys cannot be declared unique.");
-		return;
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS, "hashed shard keys cannot be declared unique.");
 	}
 	if (bson_has_field(c->cmd, "numInitialChunks")) {
-		if (!px_client_int(c, "numInitialChunks", 0, INT32_MAX, 0, &nchunks))
-			return;
+		if ((st = px_client_int(c, "numInitialChunks", 0, INT32_MAX, 0, &nchunks)) != 0)
+			return st;
 		if (!hashed && nchunks > 0) {
-			px_error(c, WIRE_ERR_INVALID_OPTIONS,
-				 "numInitialChunks is only supported when the shard key is hashed.");
-			return;
+			return px_error(c, WIRE_ERR_INVALID_OPTIONS,
+					"numInitialChunks is only supported when the shard key is hashed.");
 		}
 	}
 	/* already sharded: the same key is fine (MongoDB answers ok), another one is not */
-	if (sharded_key(c, db, ns, &have, &have_hashed)) {
+	if ((st = sharded_key(c, db, ns, &have, &have_hashed, &found)) != 0) {
+		bson_destroy(&have);
+		return st;
+	}
+	if (found) {
 		bool same = same_key(&key, hashed, &have, have_hashed);
 		if (same) {
 			bson_destroy(&have);
 			goto done_ok;
 		}
-		px_error(c, 23 /* AlreadyInitialized */,
-			 "sharding already enabled for collection %s with a different shard key", ns);
+		st = px_error(c, 23 /* AlreadyInitialized */,
+			      "sharding already enabled for collection %s with a different shard key", ns);
 		bson_destroy(&have);
-		return;
+		return st;
 	}
 	bson_destroy(&have);
-	if (px_answered(c))
-		return;
-	if (!find_data_holder(c, db, coll, ns, &holder))
-		return;
+	if ((st = find_data_holder(c, db, coll, ns, &holder)) != 0)
+		return st;
 	n = px_shard_ids(c, &ids);
 	for (i = 0; i < n; i++)
 		free(ids[i]);
 	free(ids);
 	if (n == 0)
-		px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
+		st = px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
 	else if (nchunks > (int64_t)MAX_INITIAL_CHUNKS_PER_SHARD * (int64_t)n)
-		px_error(c, WIRE_ERR_INVALID_OPTIONS,
-			 "numInitialChunks cannot be more than 8192 * number of shards (%zu)", n);
-	if (px_answered(c)) {
+		st = px_error(c, WIRE_ERR_INVALID_OPTIONS,
+			      "numInitialChunks cannot be more than 8192 * number of shards (%zu)",
+			      n);
+	else if (holder)
+		st = check_unique_indexes(c, db, coll, ns, holder, &key, hashed);
+	if (st == 0)
+		st = ensure_database(c, db);
+	if (st != 0) {
 		free(holder);
-		return;
-	}
-	if (holder && !check_unique_indexes(c, db, coll, ns, holder, &key, hashed)) {
-		free(holder);
-		return;
-	}
-	if (!ensure_database(c, db)) {
-		free(holder);
-		return;
+		return st;
 	}
 	/* the shard key's index: MongoDB creates it for an empty collection (a collection with
 	 * documents must have one, checked above); unique: the unique index asked for; none
 	 * for a hashed key (no hashed index on the embedded shard) */
 	if ((unique || (holder == NULL && !hashed)) &&
-	    !create_key_index(c, db, coll, &key, unique)) {
+	    (st = create_key_index(c, db, coll, &key, unique)) != 0) {
 		free(holder);
-		return;
+		return st;
 	}
 	BSON_APPEND_UTF8(&cmd, "shardCollection", ns);
 	BSON_APPEND_DOCUMENT(&cmd, "key", &key);
@@ -791,28 +778,28 @@ static void do_shard_collection(ctx *c)
 		BSON_APPEND_UTF8(&shards, "0", holder);
 		bson_append_array_end(&cmd, &shards);
 	}
-	if (!px_sharding_meta_call(c, &cmd, &reply, exists, &code)) {
+	if ((st = px_sharding_meta_call(c, &cmd, &reply, exists, &code)) != 0) {
 		bson_destroy(&cmd);
 		free(holder);
-		return;
+		return st;
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	if (code == WIRE_ERR_NAMESPACE_EXISTS) { /* sharded meanwhile: as the check above */
-		bool hh = false;
+		bool hh = false, same;
 		bson_t hk;
-		bool found = sharded_key(c, db, ns, &hk, &hh);
-		bool same = found && same_key(&key, hashed, &hk, hh);
+
+		st = sharded_key(c, db, ns, &hk, &hh, &found);
+		same = found && same_key(&key, hashed, &hk, hh);
 		bson_destroy(&hk);
-		if (px_answered(c)) {
+		if (st != 0) {
 			free(holder);
-			return;
+			return st;
 		}
 		if (!same) {
 			free(holder);
-			px_error(c, 23, "sharding already enabled for collection %s with a "
-				 "different shard key", ns);
-			return;
+			return px_error(c, 23, "sharding already enabled for collection %s with a "
+					"different shard key", ns);
 		}
 	}
 	free(holder);
@@ -832,8 +819,9 @@ done_ok:
 	}
 	bson_init(&out);
 	BSON_APPEND_UTF8(&out, "collectionsharded", ns);
-	px_reply(c, bson_copy(&out));
+	st = px_reply(c, bson_copy(&out));
 	bson_destroy(&out);
+	return st;
 }
 
 /* ---------- shards ---------- */
@@ -860,18 +848,20 @@ char *px_shard_host_string(const char *uri)
 }
 
 /* {listShards: 1} → {shards: [{_id, host, state: 1, draining?}]}. */
-static void do_list_shards(ctx *c)
+static int do_list_shards(ctx *c)
 {
 	bson_t cmd = BSON_INITIALIZER, reply, *out, arr;
 	bson_iter_t it, sh, f;
 	uint32_t i = 0;
 
-	if (!px_need_admin_db(c, "listShards"))
-		return;
+	int st;
+
+	if ((st = px_need_admin_db(c, "listShards")) != 0)
+		return st;
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
-	if (!px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
+	if ((st = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) != 0) {
 		bson_destroy(&cmd);
-		return;
+		return st;
 	}
 	out = bson_new();
 	BSON_APPEND_ARRAY_BEGIN(out, "shards", &arr);
@@ -910,7 +900,7 @@ static void do_list_shards(ctx *c)
 	bson_append_array_end(out, &arr);
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* MongoDB's addShard argument as a URI (heap): "rs/h1,h2" → mongodb://h1,h2/?replicaSet=rs,
@@ -946,23 +936,22 @@ static char *shard_uri(const char *arg, char **rs_name)
  * (else HostUnreachable, 6); it is not a router (msg "isdbgrid": OperationFailed, 96); a
  * replica-set connection string names the set the host is in, and a host in a set is given
  * with the set's name (else 96, with MongoDB's messages). Asked directly, for at most 5 s
- * (or the command's maxTimeMS when shorter). Returns true when valid; else the error is
- * answered. */
-static bool validate_new_shard(ctx *c, const char *uri_s, const char *rs)
+ * (or the command's maxTimeMS when shorter). Returns: 0 when valid, else the code
+ * answered on c. */
+static int validate_new_shard(ctx *c, const char *uri_s, const char *rs)
 {
 	mongoc_uri_t *u = mongoc_uri_new(uri_s);
 	const mongoc_host_list_t *h = u ? mongoc_uri_get_hosts(u) : NULL;
 	char direct[600];
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_error_t e;
-	bool ok = false;
+	int st = 0;
 	int64_t ms = px_get_int(c->cmd, "maxTimeMS", 0);
 
 	if (h == NULL) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
-			 uri_s);
 		mongoc_uri_destroy(u);
-		return false;
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+				"invalid connection string for addShard: %s", uri_s);
 	}
 	if (ms <= 0 || ms > 5000)
 		ms = 5000;
@@ -973,15 +962,13 @@ static bool validate_new_shard(ctx *c, const char *uri_s, const char *rs)
 	mongoc_uri_destroy(u);
 	/* as the proxy's own shard connections: cluster credentials and internal TLS */
 	mongoc_client_t *cl = auth_cluster_client_new(direct);
-	if (cl == NULL) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
-			 uri_s);
-		return false;
-	}
+	if (cl == NULL)
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+				"invalid connection string for addShard: %s", uri_s);
 	BSON_APPEND_INT32(&cmd, "hello", 1);
 	if (!mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e)) {
-		px_error(c, WIRE_ERR_HOST_UNREACHABLE, "couldn't connect to new shard %s: %s", uri_s,
-			 e.message);
+		st = px_error(c, WIRE_ERR_HOST_UNREACHABLE, "couldn't connect to new shard %s: %s",
+			      uri_s, e.message);
 		goto out;
 	}
 	bson_iter_t it;
@@ -990,38 +977,40 @@ static bool validate_new_shard(ctx *c, const char *uri_s, const char *rs)
 		set = bson_iter_utf8(&it, NULL);
 	if (bson_iter_init_find(&it, &reply, "msg") && BSON_ITER_HOLDS_UTF8(&it) &&
 	    strcmp(bson_iter_utf8(&it, NULL), "isdbgrid") == 0)
-		px_error(c, WIRE_ERR_OPERATION_FAILED, "can't add a mongos process as a shard");
+		st = px_error(c, WIRE_ERR_OPERATION_FAILED, "can't add a mongos process as a shard");
 	else if (rs && set == NULL)
-		px_error(c, WIRE_ERR_OPERATION_FAILED,
-			 "host did not return a set name; is the replica set still initializing? "
-			 "%s is not a member of replica set %s",
-			 uri_s, rs);
+		st = px_error(c, WIRE_ERR_OPERATION_FAILED,
+			      "host did not return a set name; is the replica set still "
+			      "initializing? %s is not a member of replica set %s",
+			      uri_s, rs);
 	else if (rs && strcmp(rs, set) != 0)
-		px_error(c, WIRE_ERR_OPERATION_FAILED,
-			 "the provided connection string (%s) does not match the actual set name %s",
-			 uri_s, set);
+		st = px_error(c, WIRE_ERR_OPERATION_FAILED,
+			      "the provided connection string (%s) does not match the actual set "
+			      "name %s",
+			      uri_s, set);
 	else if (!rs && set)
-		px_error(c, WIRE_ERR_OPERATION_FAILED,
-			 "host is part of set %s; use replica set url format "
-			 "<setname>/<server1>,<server2>, ...",
-			 set);
-	else
-		ok = true;
+		st = px_error(c, WIRE_ERR_OPERATION_FAILED,
+			      "host is part of set %s; use replica set url format "
+			      "<setname>/<server1>,<server2>, ...",
+			      set);
 	bson_destroy(&reply);
 out:
 	bson_destroy(&cmd);
 	mongoc_client_destroy(cl);
-	return ok;
+	return st;
 }
 
-/* Whether metadata lists shard `name` at exactly `uri` (a repeated addShard). */
-static bool same_shard_registered(ctx *c, const char *name, const char *uri)
+/* Whether metadata lists shard `name` at exactly `uri` (a repeated addShard): *same.
+ * Returns: 0, or the code answered on c (metadata unreachable). */
+static int same_shard_registered(ctx *c, const char *name, const char *uri, bool *same_out)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_iter_t it, arr;
 	bool same = false;
+	int st;
+
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
-	if (px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) {
+	if ((st = px_sharding_meta_call(c, &cmd, &reply, NULL, NULL)) == 0) {
 		if (bson_iter_init_find(&it, &reply, "shards") && bson_iter_recurse(&it, &arr))
 			while (!same && bson_iter_next(&arr)) {
 				bson_iter_t f;
@@ -1040,13 +1029,14 @@ static bool same_shard_registered(ctx *c, const char *name, const char *uri)
 		bson_destroy(&reply);
 	}
 	bson_destroy(&cmd);
-	return same;
+	*same_out = same;
+	return st;
 }
 
 /* {addShard: "rs/h:p,..." | "h:p" | "mongodb://...", name?} → {shardAdded: name}. The name
  * defaults to the replica-set name, else shardNNNN (MongoDB's rules). The host is checked
  * first (validate_new_shard): nothing is registered for a host that does not answer. */
-static void do_add_shard(ctx *c)
+static int do_add_shard(ctx *c)
 {
 	const char *arg = px_first_utf8(c->cmd);
 	char *uri, *rs = NULL, gen[32];
@@ -1055,34 +1045,31 @@ static void do_add_shard(ctx *c)
 	bson_t cmd = BSON_INITIALIZER, reply, *out;
 	char **ids = NULL;
 	size_t n, i;
+	int st;
 
-	if (!px_need_admin_db(c, "addShard"))
-		return;
+	if ((st = px_need_admin_db(c, "addShard")) != 0)
+		return st;
 	if (arg == NULL || arg[0] == '\0') {
-		px_error(c, WIRE_ERR_BAD_VALUE, "addShard needs a connection string");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "addShard needs a connection string");
 	}
 	if (bson_iter_init_find(&it, c->cmd, "name")) {
 		if (!BSON_ITER_HOLDS_UTF8(&it) || bson_iter_utf8(&it, NULL)[0] == '\0') {
-			px_error(c, WIRE_ERR_BAD_VALUE, "shard name must be a non-empty string");
-			return;
+			return px_error(c, WIRE_ERR_BAD_VALUE, "shard name must be a non-empty string");
 		}
 		name = bson_iter_utf8(&it, NULL);
 	}
 	if (bson_has_field(c->cmd, "maxSize")) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS, "maxSize is not supported");
-		return;
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS, "maxSize is not supported");
 	}
 	uri = shard_uri(arg, &rs);
 	if (uri == NULL) {
-		px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
-			 arg);
-		return;
+		return px_error(c, WIRE_ERR_FAILED_TO_PARSE, "invalid connection string for addShard: %s",
+				arg);
 	}
-	if (!validate_new_shard(c, uri, rs)) {
+	if ((st = validate_new_shard(c, uri, rs)) != 0) {
 		free(uri);
 		free(rs);
-		return;
+		return st;
 	}
 	n = px_shard_ids(c, &ids);
 	if (name == NULL && rs)
@@ -1098,25 +1085,30 @@ static void do_add_shard(ctx *c)
 	BSON_APPEND_UTF8(&cmd, "uri", uri);
 	static const int taken[] = {11000, 0};
 	int code = 0;
-	if (px_sharding_meta_call(c, &cmd, &reply, taken, &code)) {
+	if ((st = px_sharding_meta_call(c, &cmd, &reply, taken, &code)) == 0) {
 		char err[256];
+		bool same = true;
 		bson_destroy(&reply);
-		if (code == 11000 && !same_shard_registered(c, name, uri)) {
+		if (code == 11000 && (st = same_shard_registered(c, name, uri, &same)) != 0)
+			goto done;
+		if (!same) {
 			/* the name is taken by another shard (an identical repeat is ok, as on a
 			 * mongos) */
-			px_error(c, 11000, "shard name %s is already taken by another shard", name);
+			st = px_error(c, 11000, "shard name %s is already taken by another shard",
+				      name);
 			goto done;
 		}
 		if (proxy_load_shards(c->p, err, sizeof err) != 0)
 			sdb_warn("shard list reload failed", "err=\"%s\"", err);
 		out = bson_new();
 		BSON_APPEND_UTF8(out, "shardAdded", name);
-		px_reply(c, out);
+		st = px_reply(c, out);
 	}
 done:
 	bson_destroy(&cmd);
 	free(uri);
 	free(rs);
+	return st;
 }
 
 /* ---------- the balancer (there is none) ---------- */
@@ -1126,96 +1118,99 @@ done:
 	"ctl shard drain, migrations)"
 
 /* balancerStatus: the truth, in MongoDB's shape (mode "off", never in a round). */
-static void do_balancer_status(ctx *c)
+static int do_balancer_status(ctx *c)
 {
 	bson_t *out;
+	int st;
 
-	if (!px_need_admin_db(c, "balancerStatus"))
-		return;
+	if ((st = px_need_admin_db(c, "balancerStatus")) != 0)
+		return st;
 	out = bson_new();
 	BSON_APPEND_UTF8(out, "mode", "off");
 	BSON_APPEND_BOOL(out, "inBalancerRound", false);
 	BSON_APPEND_INT64(out, "numBalancerRounds", 0);
 	BSON_APPEND_UTF8(out, "note", NO_BALANCER);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* balancerStop: the balancer is off already (ok, with the note). */
-static void do_balancer_stop(ctx *c)
+static int do_balancer_stop(ctx *c)
 {
 	bson_t *out;
+	int st;
 
-	if (!px_need_admin_db(c, "balancerStop"))
-		return;
+	if ((st = px_need_admin_db(c, "balancerStop")) != 0)
+		return st;
 	out = bson_new();
 	BSON_APPEND_UTF8(out, "note", NO_BALANCER);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* balancerStart: refused, there is nothing to start. */
-static void do_balancer_start(ctx *c)
+static int do_balancer_start(ctx *c)
 {
-	if (px_need_admin_db(c, "balancerStart"))
-		px_error(c, 115 /* CommandNotSupported */, "balancerStart: %s", NO_BALANCER);
+	int st;
+
+	if ((st = px_need_admin_db(c, "balancerStart")) != 0)
+		return st;
+	return px_error(c, 115 /* CommandNotSupported */, "balancerStart: %s", NO_BALANCER);
 }
 
-static void do_refine(ctx *c)
+static int do_refine(ctx *c)
 {
-	px_error(c, 115 /* CommandNotSupported */,
-		 "refineCollectionShardKey is not supported by stripedb: a collection's shard "
-		 "key is fixed when it is sharded");
+	return px_error(c, 115 /* CommandNotSupported */,
+			"refineCollectionShardKey is not supported by stripedb: a collection's shard "
+			"key is fixed when it is sharded");
 }
 
-static void do_reshard(ctx *c)
+static int do_reshard(ctx *c)
 {
-	px_error(c, 115 /* CommandNotSupported */,
-		 "reshardCollection is not supported by stripedb: a collection's shard key is "
-		 "fixed when it is sharded");
+	return px_error(c, 115 /* CommandNotSupported */,
+			"reshardCollection is not supported by stripedb: a collection's shard key is "
+			"fixed when it is sharded");
 }
 
-void px_do_enable_sharding(ctx *c)
+int px_do_enable_sharding(ctx *c)
 {
-	do_enable_sharding(c);
+	return do_enable_sharding(c);
 }
 
-void px_do_shard_collection(ctx *c)
+int px_do_shard_collection(ctx *c)
 {
-	do_shard_collection(c);
+	return do_shard_collection(c);
 }
 
-void px_do_list_shards(ctx *c)
+int px_do_list_shards(ctx *c)
 {
-	do_list_shards(c);
+	return do_list_shards(c);
 }
 
-void px_do_add_shard(ctx *c)
+int px_do_add_shard(ctx *c)
 {
-	do_add_shard(c);
+	return do_add_shard(c);
 }
 
-void px_do_balancer(ctx *c)
+int px_do_balancer(ctx *c)
 {
 	const char *name = wire_req_name(c->req);
 
 	if (strcmp(name, "balancerStatus") == 0)
-		do_balancer_status(c);
-	else if (strcmp(name, "balancerStop") == 0)
-		do_balancer_stop(c);
-	else
-		do_balancer_start(c);
+		return do_balancer_status(c);
+	if (strcmp(name, "balancerStop") == 0)
+		return do_balancer_stop(c);
+	return do_balancer_start(c);
 }
 
-void px_do_refused_sharding(ctx *c)
+int px_do_refused_sharding(ctx *c)
 {
 	if (strcmp(wire_req_name(c->req), "reshardCollection") == 0)
-		do_reshard(c);
-	else if (strcasecmp(wire_req_name(c->req), "movePrimary") == 0)
-		px_error(c, 115 /* CommandNotSupported */,
-			 "movePrimary is not supported by stripedb: a database's primary shard is "
-			 "chosen when it is created (enableSharding primaryShard, `stripedb ctl db "
-			 "create --primary`)");
-	else
-		do_refine(c);
+		return do_reshard(c);
+	if (strcasecmp(wire_req_name(c->req), "movePrimary") == 0)
+		return px_error(c, 115 /* CommandNotSupported */,
+				"movePrimary is not supported by stripedb: a database's primary "
+				"shard is chosen when it is created (enableSharding primaryShard, "
+				"`stripedb ctl db create --primary`)");
+	return do_refine(c);
 }
 
 /* drop through the proxy (issue #18): the collection's sharding metadata is dropped first
@@ -1223,22 +1218,23 @@ void px_do_refused_sharding(ctx *c)
  * the collection is dropped on every shard (px_do_broadcast). In this order a write racing
  * the drop lands on the primary shard and is dropped with the rest; a failed broadcast is
  * repaired by sending drop again (the shards' part is idempotent). */
-void px_do_drop(ctx *c)
+int px_do_drop(ctx *c)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
 	static const int fine[] = {WIRE_ERR_NAMESPACE_NOT_FOUND, 0};
 	char err[256];
 	route_coll *rc;
+	int st;
 
 	BSON_APPEND_UTF8(&cmd, "dropCollection", c->ns);
-	if (!px_sharding_meta_call(c, &cmd, &reply, fine, NULL)) {
+	if ((st = px_sharding_meta_call(c, &cmd, &reply, fine, NULL)) != 0) {
 		bson_destroy(&cmd);
-		return;
+		return st;
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	rc = px_route(c, true, err, sizeof err);
 	if (rc)
 		route_coll_unref(rc);
-	px_do_broadcast(c);
+	return px_do_broadcast(c);
 }

@@ -148,8 +148,8 @@ bool pxtxn_is_txn_cmd(const bson_t *cmd)
 }
 
 /* The session fields of a transaction command: lsid (static view), txnNumber, whether it
- * starts the transaction. False after answering c. */
-static bool parse(struct ctx *c, bson_t *lsid, int64_t *txn, bool *start)
+ * starts the transaction. Returns: 0, or the code answered on c. */
+static int parse(struct ctx *c, bson_t *lsid, int64_t *txn, bool *start)
 {
 	bson_iter_t it;
 	uint32_t len;
@@ -157,40 +157,34 @@ static bool parse(struct ctx *c, bson_t *lsid, int64_t *txn, bool *start)
 
 	*start = false;
 	if (!bson_iter_init_find(&it, c->cmd, "autocommit") || !BSON_ITER_HOLDS_BOOL(&it)) {
-		px_error(c, WIRE_ERR_TYPE_MISMATCH, "BSON field 'autocommit' must be a boolean");
-		return false;
+		return px_error(c, WIRE_ERR_TYPE_MISMATCH, "BSON field 'autocommit' must be a boolean");
 	}
 	if (bson_iter_bool(&it)) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS, "Specifying autocommit=true is not allowed.");
-		return false;
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS, "Specifying autocommit=true is not allowed.");
 	}
 	if (bson_iter_init_find(&it, c->cmd, "startTransaction")) {
 		if (!BSON_ITER_HOLDS_BOOL(&it) || !bson_iter_bool(&it)) {
-			px_error(c, WIRE_ERR_INVALID_OPTIONS,
-				 "Specifying startTransaction=false is not allowed.");
-			return false;
+			return px_error(c, WIRE_ERR_INVALID_OPTIONS,
+					"Specifying startTransaction=false is not allowed.");
 		}
 		*start = true;
 	}
 	if (!bson_iter_init_find(&it, c->cmd, "lsid") || !BSON_ITER_HOLDS_DOCUMENT(&it)) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS,
-			 "Transaction number requires a session ID to also be specified");
-		return false;
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS,
+				"Transaction number requires a session ID to also be specified");
 	}
 	bson_iter_document(&it, &len, &data);
 	if (!bson_init_static(lsid, data, len)) {
-		px_error(c, WIRE_ERR_INVALID_BSON, "bad lsid");
-		return false;
+		return px_error(c, WIRE_ERR_INVALID_BSON, "bad lsid");
 	}
 	if (!bson_iter_init_find(&it, c->cmd, "txnNumber") ||
 	    !(BSON_ITER_HOLDS_INT64(&it) || BSON_ITER_HOLDS_INT32(&it)) ||
 	    bson_iter_as_int64(&it) < 0) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS,
-			 "txnNumber must be provided for multi-document transactions");
-		return false;
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS,
+				"txnNumber must be provided for multi-document transactions");
 	}
 	*txn = bson_iter_as_int64(&it);
-	return true;
+	return 0;
 }
 
 /* errorLabels: [label] as an answer's extra fields (a new document). */
@@ -205,10 +199,11 @@ static bson_t *labels1(const char *label)
 	return extra;
 }
 
-static void no_such_txn(struct ctx *c, int64_t txn, const char *why)
+/* Answer NoSuchTransaction (251) with TransientTransactionError. Returns: 251. */
+static int no_such_txn(struct ctx *c, int64_t txn, const char *why)
 {
-	px_error_extra(c, PXTXN_ERR_NO_SUCH_TXN, labels1("TransientTransactionError"),
-		       "Transaction %lld %s", (long long)txn, why);
+	return px_error_extra(c, PXTXN_ERR_NO_SUCH_TXN, labels1("TransientTransactionError"),
+			      "Transaction %lld %s", (long long)txn, why);
 }
 
 /* ---------- shard commands ---------- */
@@ -335,32 +330,35 @@ bson_t *pxtxn_cursor_fields(struct ctx *c)
 
 /* ---------- statements ---------- */
 
-bool pxtxn_begin(struct ctx *c, pxtxn_stmt *st)
+int pxtxn_begin(struct ctx *c, pxtxn_stmt *st)
 {
 	bson_t lsid, rc;
 	int64_t txn;
 	bool start;
 	pxtxn_sess *s;
+	int rc_st;
 
 	memset(st, 0, sizeof *st);
 	bson_init(&st->fail_reply);
-	if (!parse(c, &lsid, &txn, &start))
-		return false;
+	if ((rc_st = parse(c, &lsid, &txn, &start)) != 0) {
+		bson_destroy(&st->fail_reply);
+		return rc_st;
+	}
 	s = sess_get(c->p->txns, &lsid);
 	uv_mutex_lock(&s->run);
 	if (start) {
 		if (s->txn > txn) {
-			px_error(c, WIRE_ERR_TRANSACTION_TOO_OLD,
-				 "Cannot start transaction %lld on session because a newer "
-				 "transaction %lld has already started",
-				 (long long)txn, (long long)s->txn);
+			rc_st = px_error(c, WIRE_ERR_TRANSACTION_TOO_OLD,
+					 "Cannot start transaction %lld on session because a newer "
+					 "transaction %lld has already started",
+					 (long long)txn, (long long)s->txn);
 			goto refuse;
 		}
 		if (s->txn == txn && s->state != TXN_NONE) {
-			px_error(c, PXTXN_ERR_RESTART,
-				 "Cannot start a transaction at given transaction number %lld: a "
-				 "transaction with the same number was started already",
-				 (long long)txn);
+			rc_st = px_error(c, PXTXN_ERR_RESTART,
+					 "Cannot start a transaction at given transaction number %lld: a "
+					 "transaction with the same number was started already",
+					 (long long)txn);
 			goto refuse;
 		}
 		if (s->state == TXN_OPEN)
@@ -377,54 +375,41 @@ bool pxtxn_begin(struct ctx *c, pxtxn_stmt *st)
 			bson_copy_to(&rc, &s->rc);
 	} else {
 		if (s->txn > txn) {
-			px_error(c, WIRE_ERR_TRANSACTION_TOO_OLD,
-				 "txnNumber %lld is less than last txnNumber %lld seen in session",
-				 (long long)txn, (long long)s->txn);
+			rc_st = px_error(c, WIRE_ERR_TRANSACTION_TOO_OLD,
+					 "txnNumber %lld is less than last txnNumber %lld seen in session",
+					 (long long)txn, (long long)s->txn);
 			goto refuse;
 		}
 		if (s->txn != txn || s->state == TXN_NONE) {
-			no_such_txn(c, txn,
+			rc_st = no_such_txn(c, txn,
 				    "is not known to this proxy (not started, or started through "
 				    "another proxy or before a restart of this one)");
 			goto refuse;
 		}
 		if (s->state == TXN_ABORTED) {
-			no_such_txn(c, txn, "has been aborted.");
+			rc_st = no_such_txn(c, txn, "has been aborted.");
 			goto refuse;
 		}
 		if (s->state == TXN_COMMITTED) {
-			px_error(c, PXTXN_ERR_TXN_COMMITTED,
-				 "Transaction %lld has been committed.", (long long)txn);
+			rc_st = px_error(c, PXTXN_ERR_TXN_COMMITTED,
+					 "Transaction %lld has been committed.", (long long)txn);
 			goto refuse;
 		}
 		if (bson_has_field(c->cmd, "readConcern")) {
-			px_error(c, WIRE_ERR_INVALID_OPTIONS,
-				 "Only the first command in a transaction may specify a "
-				 "readConcern");
+			rc_st = px_error(c, WIRE_ERR_INVALID_OPTIONS,
+					 "Only the first command in a transaction may specify a "
+					 "readConcern");
 			goto refuse;
 		}
 	}
 	st->s = s;
 	c->tx = st;
-	return true;
-refuse:
+	return 0;
+refuse: /* answered: rc_st */
 	uv_mutex_unlock(&s->run);
 	sess_put(c->p->txns, s);
 	bson_destroy(&st->fail_reply);
-	return false;
-}
-
-/* Forget c's recorded answer (to replace it). */
-static void answer_clear(struct ctx *c)
-{
-	px_answer *a = c->ans;
-
-	if (a->reply)
-		bson_destroy(a->reply);
-	if (a->extra)
-		bson_destroy(a->extra);
-	bson_free(a->msg);
-	memset(a, 0, sizeof *a);
+	return rc_st;
 }
 
 /* The extra fields of an error answer built from a shard's error reply: its errorLabels,
@@ -493,7 +478,7 @@ void pxtxn_end(struct ctx *c)
 	s = st->s;
 	if (st->failed) {
 		int code = (int)px_get_int(&st->fail_reply, "code", WIRE_ERR_INTERNAL);
-		answer_clear(c);
+		px_answer_clear(c->ans);
 		switch (st->fail_kind) {
 		case PXTXN_FAIL_SECOND_SHARD:
 			px_error(c, PXTXN_ERR_NOT_IN_TXN, "%s", st->fail_msg);
@@ -573,8 +558,8 @@ static const char *recovery_shard(struct ctx *c)
 	return NULL;
 }
 
-/* commitTransaction (commit true) or abortTransaction. */
-static void finish(struct ctx *c, bool commit)
+/* commitTransaction (commit true) or abortTransaction. Returns: the status of the answer. */
+static int finish(struct ctx *c, bool commit)
 {
 	const char *name = commit ? "commitTransaction" : "abortTransaction";
 	bson_t lsid, cmd = BSON_INITIALIZER, reply, wc;
@@ -584,30 +569,28 @@ static void finish(struct ctx *c, bool commit)
 	char *shard = NULL;
 	char nerr[256];
 	uint32_t sid = 0;
-	int cls;
+	int cls, st;
 
 	if (strcmp(c->db, "admin") != 0) {
-		px_error(c, WIRE_ERR_UNAUTHORIZED, "%s may only be run against the admin database.",
-			 name);
-		return;
+		return px_error(c, WIRE_ERR_UNAUTHORIZED, "%s may only be run against the admin database.",
+				name);
 	}
 	if (!pxtxn_is_txn_cmd(c->cmd)) {
-		px_error(c, WIRE_ERR_INVALID_OPTIONS, "%s must be run within a transaction", name);
-		return;
+		return px_error(c, WIRE_ERR_INVALID_OPTIONS, "%s must be run within a transaction", name);
 	}
-	if (!parse(c, &lsid, &txn, &start))
-		return;
+	if ((st = parse(c, &lsid, &txn, &start)) != 0)
+		return st;
 	s = sess_get(c->p->txns, &lsid);
 	uv_mutex_lock(&s->run);
 	if (s->txn > txn) {
-		px_error(c, WIRE_ERR_TRANSACTION_TOO_OLD,
-			 "txnNumber %lld is less than last txnNumber %lld seen in session",
-			 (long long)txn, (long long)s->txn);
+		st = px_error(c, WIRE_ERR_TRANSACTION_TOO_OLD,
+			      "txnNumber %lld is less than last txnNumber %lld seen in session",
+			      (long long)txn, (long long)s->txn);
 		goto out;
 	}
 	if (s->txn == txn && s->state != TXN_NONE) {
 		if (s->state == TXN_ABORTED && commit) {
-			no_such_txn(c, txn, "has been aborted.");
+			st = no_such_txn(c, txn, "has been aborted.");
 			goto out;
 		}
 		if (s->pinned == NULL || !s->started) {
@@ -615,12 +598,12 @@ static void finish(struct ctx *c, bool commit)
 			 * no participant (mongos: NoSuchTransaction) */
 			s->state = commit ? TXN_COMMITTED : TXN_ABORTED;
 			if (commit)
-				px_reply(c, bson_new());
+				st = px_reply(c, bson_new());
 			else
-				px_error_extra(c, PXTXN_ERR_NO_SUCH_TXN,
-					       labels1("TransientTransactionError"),
-					       "no known command has been sent by this router for "
-					       "this transaction"); /* mongos' words */
+				st = px_error_extra(c, PXTXN_ERR_NO_SUCH_TXN,
+						    labels1("TransientTransactionError"),
+						    "no known command has been sent by this router for "
+						    "this transaction"); /* mongos' words */
 			goto out;
 		}
 		shard = sdb_strdup(s->pinned);
@@ -629,11 +612,11 @@ static void finish(struct ctx *c, bool commit)
 		 * recoveryToken names its shard */
 		const char *rs = recovery_shard(c);
 		if (rs == NULL) {
-			px_error_extra(c, PXTXN_ERR_NO_SUCH_TXN,
-				       labels1("TransientTransactionError"),
-				       "Cannot recover the transaction decision without a "
-				       "recoveryToken (transaction %lld is not known to this proxy)",
-				       (long long)txn); /* mongos' words */
+			st = px_error_extra(c, PXTXN_ERR_NO_SUCH_TXN,
+					    labels1("TransientTransactionError"),
+					    "Cannot recover the transaction decision without a "
+					    "recoveryToken (transaction %lld is not known to this proxy)",
+					    (long long)txn); /* mongos' words */
 			goto out;
 		}
 		shard = sdb_strdup(rs);
@@ -659,20 +642,20 @@ static void finish(struct ctx *c, bool commit)
 		bson_copy_to_excluding_noinit(&reply, out, "$clusterTime", "operationTime", NULL);
 		add_recovery_token(out, shard);
 		s->state = commit ? TXN_COMMITTED : TXN_ABORTED;
-		px_reply(c, out);
+		st = px_reply(c, out);
 	} else if (cls == SHARDCONN_NET_ERR) {
-		px_error_extra(c, WIRE_ERR_HOST_UNREACHABLE,
-			       commit ? labels1("UnknownTransactionCommitResult") : NULL,
-			       "%s of transaction %lld: %s", name, (long long)txn, nerr);
+		st = px_error_extra(c, WIRE_ERR_HOST_UNREACHABLE,
+				    commit ? labels1("UnknownTransactionCommitResult") : NULL,
+				    "%s of transaction %lld: %s", name, (long long)txn, nerr);
 	} else {
 		code = px_get_int(&reply, "code", WIRE_ERR_INTERNAL);
 		if (!commit || code == PXTXN_ERR_NO_SUCH_TXN)
 			s->state = TXN_ABORTED;
-		px_error_extra(c, (int)code,
-			       labels_of(&reply, commit && commit_unknown(code)
-							 ? "UnknownTransactionCommitResult"
-							 : NULL),
-			       "%s", reply_msg(&reply, "shard error"));
+		st = px_error_extra(c, (int)code,
+				    labels_of(&reply, commit && commit_unknown(code)
+				    ? "UnknownTransactionCommitResult"
+				    : NULL),
+				    "%s", reply_msg(&reply, "shard error"));
 	}
 	bson_destroy(&reply);
 out:
@@ -680,14 +663,15 @@ out:
 	free(shard);
 	uv_mutex_unlock(&s->run);
 	sess_put(c->p->txns, s);
+	return st;
 }
 
-void pxtxn_do_commit(struct ctx *c)
+int pxtxn_do_commit(struct ctx *c)
 {
-	finish(c, true);
+	return finish(c, true);
 }
 
-void pxtxn_do_abort(struct ctx *c)
+int pxtxn_do_abort(struct ctx *c)
 {
-	finish(c, false);
+	return finish(c, false);
 }

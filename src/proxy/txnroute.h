@@ -75,9 +75,9 @@ bool pxtxn_is_txn_cmd(const bson_t *cmd);
  * autocommit / startTransaction (mongod's rules and codes: InvalidOptions 72,
  * TransactionTooOld 225, NoSuchTransaction 251 + TransientTransactionError,
  * TransactionCommitted 256, 50911 for a txnNumber started already), checks the session out
- * (waits while another statement of the session runs) and sets c->tx = st. Returns false
- * after answering c (nothing checked out). Worker thread. */
-bool pxtxn_begin(struct ctx *c, pxtxn_stmt *st);
+ * (waits while another statement of the session runs) and sets c->tx = st. Returns: 0,
+ * or the code of the refusal answered on c (nothing checked out). Worker thread. */
+int pxtxn_begin(struct ctx *c, pxtxn_stmt *st);
 /* Finish the statement: when a shard command failed (st->failed), the answer becomes
  * that failure (263 / StaleConfig / HostUnreachable with TransientTransactionError after
  * an abortTransaction to the pinned shard; a shard error with its labels); a reply gets
@@ -90,8 +90,9 @@ int pxtxn_run_on(struct ctx *c, const char *shard, const bson_t *cmd, uint32_t *
 /* The fields a shard cursor of the current transaction needs on its getMores (lsid,
  * txnNumber, autocommit: false), a new document, or NULL outside a transaction. */
 bson_t *pxtxn_cursor_fields(struct ctx *c);
-/* The handlers of commitTransaction and abortTransaction (the command table's). */
-void pxtxn_do_commit(struct ctx *c);
-void pxtxn_do_abort(struct ctx *c);
+/* The handlers of commitTransaction and abortTransaction (the command table's). Returns:
+ * the status of the answer recorded (0 reply, else its error code; exec.h's answers). */
+int pxtxn_do_commit(struct ctx *c);
+int pxtxn_do_abort(struct ctx *c);
 
 #endif

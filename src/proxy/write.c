@@ -268,7 +268,7 @@ static void append_write_concern_error(bson_t *out, const wresult *w)
 	bson_append_document_end(out, &wce);
 }
 
-static void answer_write(ctx *c, wresult *w, bool is_update)
+static int answer_write(ctx *c, wresult *w, bool is_update)
 {
 	bson_t *out;
 
@@ -278,9 +278,8 @@ static void answer_write(ctx *c, wresult *w, bool is_update)
 	 * was executed and every failure certainly did not execute. */
 	if (w->n_net > 0 &&
 	    (c->txn.on || (w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0))) {
-		px_reply_retryable_net_error(
-			c, w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0, w->net_msg);
-		return;
+		return px_reply_retryable_net_error(
+						    c, w->n_unexecuted == w->nerr && w->n == 0 && w->nups == 0, w->net_msg);
 	}
 	out = bson_new();
 
@@ -297,7 +296,7 @@ static void answer_write(ctx *c, wresult *w, bool is_update)
 		append_sorted(out, "writeErrors", &w->errors, w->nerr, true);
 	append_write_concern_error(out, w);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
-	px_reply(c, out);
+	return px_reply(c, out);
 }
 
 /* Fold one shard write reply into w; map[i] is the client index of the i-th statement
@@ -681,7 +680,7 @@ static void insert_unsharded(ctx *c, const char *shard, ins_doc **docs, size_t n
 	free(map);
 }
 
-void px_do_insert(ctx *c)
+int px_do_insert(ctx *c)
 {
 	bson_t docs;
 	bson_iter_t it;
@@ -690,20 +689,18 @@ void px_do_insert(ctx *c)
 	size_t n = 0, cap = 0, i;
 	wresult w;
 	bool ordered = px_get_bool(c->cmd, "ordered", true);
+	int st;
 
-	rc = px_route_or_fail(c);
-	if (rc == NULL)
-		return;
+	if ((st = px_route_or_fail(c, &rc)) != 0)
+		return st;
 	if (rc->nkeys == 0 && c->cmd->len <= INS_SUB_BYTES) {
 		/* an unsharded collection, one command's worth: forwarded as is */
 		route_coll_unref(rc);
-		px_forward_primary(c);
-		return;
+		return px_forward_primary(c);
 	}
 	if (!px_get_array(c->cmd, "documents", &docs)) {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_BAD_VALUE, "insert needs a documents array");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "insert needs a documents array");
 	}
 	bson_iter_init(&it, &docs);
 	while (bson_iter_next(&it)) {
@@ -731,7 +728,7 @@ void px_do_insert(ctx *c)
 		char *primary;
 		route_coll_unref(rc);
 		rc = NULL;
-		if (!px_with_primary(c, &primary))
+		if ((st = px_with_primary(c, &primary)) != 0)
 			goto out;
 		insert_unsharded(c, primary, ptrs, n, ordered, &w);
 		free(primary);
@@ -739,11 +736,12 @@ void px_do_insert(ctx *c)
 		insert_docs(c, &rc, ptrs, n, ordered, &w);
 		route_coll_unref(rc);
 	}
-	answer_write(c, &w, false);
+	st = answer_write(c, &w, false);
 out:
 	wresult_destroy(&w);
 	free(ptrs);
 	free(items);
+	return st;
 }
 
 /* ---------- update / delete ---------- */
@@ -1194,7 +1192,7 @@ static bool write_stmt(ctx *c, route_coll **rcp, const wstmt *s, wresult *w)
 	return w->nerr == o.before;
 }
 
-void px_do_write(ctx *c, bool is_update)
+int px_do_write(ctx *c, bool is_update)
 {
 	bson_t stmts;
 	bson_iter_t it;
@@ -1202,15 +1200,14 @@ void px_do_write(ctx *c, bool is_update)
 	wresult w;
 	bool ordered = px_get_bool(c->cmd, "ordered", true);
 	int64_t idx = 0;
+	int rst;
 
-	rc = px_route_or_fail(c);
-	if (rc == NULL)
-		return;
+	if ((rst = px_route_or_fail(c, &rc)) != 0)
+		return rst;
 	if (!px_get_array(c->cmd, is_update ? "updates" : "deletes", &stmts)) {
 		route_coll_unref(rc);
-		px_error(c, WIRE_ERR_BAD_VALUE, "%s needs a %s array",
-			 is_update ? "update" : "delete", is_update ? "updates" : "deletes");
-		return;
+		return px_error(c, WIRE_ERR_BAD_VALUE, "%s needs a %s array",
+				is_update ? "update" : "delete", is_update ? "updates" : "deletes");
 	}
 	if (rc->nkeys == 0) {
 		bson_iter_t si;
@@ -1228,8 +1225,8 @@ void px_do_write(ctx *c, bool is_update)
 				bson_iter_document(&si, &len, &data);
 				if (!bson_init_static(&st, data, len))
 					continue;
-				if (px_get_doc(&st, "q", &part) && px_refuse_js(c, &part))
-					return;
+				if (px_get_doc(&st, "q", &part) && (rst = px_refuse_js(c, &part)) != 0)
+					return rst;
 				if (!bson_iter_init_find(&ui, &st, "u") ||
 				    !(BSON_ITER_HOLDS_DOCUMENT(&ui) || BSON_ITER_HOLDS_ARRAY(&ui)))
 					continue;
@@ -1237,13 +1234,10 @@ void px_do_write(ctx *c, bool is_update)
 					bson_iter_document(&ui, &len, &data);
 				else
 					bson_iter_array(&ui, &len, &data);
-				if (bson_init_static(&part, data, len) && px_uses_js_ops(&part)) {
-					px_refuse_js(c, &part);
-					return;
-				}
+				if (bson_init_static(&part, data, len) && px_uses_js_ops(&part))
+					return px_refuse_js(c, &part);
 			}
-		px_forward_primary(c);
-		return;
+		return px_forward_primary(c);
 	}
 	wresult_init(&w);
 	bson_iter_init(&it, &stmts);
@@ -1261,6 +1255,7 @@ void px_do_write(ctx *c, bool is_update)
 			break;
 	}
 	route_coll_unref(rc);
-	answer_write(c, &w, is_update);
+	rst = answer_write(c, &w, is_update);
 	wresult_destroy(&w);
+	return rst;
 }

@@ -21,6 +21,7 @@ typedef struct fake {
 	route_coll *rc;      /* the routing the metadata service would give */
 	route_coll *next;    /* given (and kept) at the next forced reload when not NULL */
 	int reloads;         /* forced reloads asked (StaleConfig refreshes) */
+	bool route_down;     /* metadata unreachable and nothing cached: route gives NULL */
 	int stale[2];        /* per shard (a, b): StaleConfig answers still to give */
 	bool always_stale;   /* every versioned command is refused with StaleConfig */
 	bool net_err_b;      /* shard b does not answer (the command never reaches it) */
@@ -139,8 +140,10 @@ static route_coll *fake_route(void *impl, const char *ns, bool force, char *err,
 	fake *f = impl;
 
 	(void)ns;
-	(void)err;
-	(void)errlen;
+	if (f->route_down) {
+		snprintf(err, errlen, "metadata unreachable");
+		return NULL;
+	}
 	if (force) {
 		f->reloads++;
 		if (f->next) {
@@ -286,6 +289,14 @@ static void request(env *e, const bson_t *cmd, int64_t budget_ms)
 	e->c.deadline_ms = sdb_mono_ms() + (uint64_t)budget_ms;
 }
 
+static void ans_reset(env *e);
+
+/* A handler's status checked against its answer, as run_job checks it. */
+static void check_run(const env *e, int status)
+{
+	assert_int_equal(px_check_answer(status, &e->ans), PX_ANSWER_OK);
+}
+
 static int64_t reply_int(const env *e, const char *field)
 {
 	bson_iter_t it;
@@ -323,7 +334,7 @@ static void test_count_owned(void **state)
 	bson_t *cmd = BCON_NEW("count", "c");
 
 	request(e, cmd, 5000);
-	px_do_count(&e->c);
+	check_run(e, px_do_count(&e->c));
 	assert_int_equal(reply_int(e, "n"), 4);
 	assert_int_equal(e->f.nlog, 2);
 	assert_int_equal(sent_token(e, 0), 1);
@@ -342,7 +353,7 @@ static void test_count_stale_retried(void **state)
 	e->f.stale[0] = 1;
 	e->f.next = table(8, 5, 6);
 	request(e, cmd, 5000);
-	px_do_count(&e->c);
+	check_run(e, px_do_count(&e->c));
 	assert_int_equal(reply_int(e, "n"), 4);
 	assert_int_equal(e->f.reloads, 1);
 	assert_int_equal(sdb_counter_value(e->p.m_stale_retries), before + 1);
@@ -360,7 +371,8 @@ static void test_count_stale_exhausted(void **state)
 
 	e->f.always_stale = true;
 	request(e, cmd, 0);
-	px_do_count(&e->c);
+	/* answered by px_retry_run when the budget is spent: its status comes back */
+	assert_int_equal(px_do_count(&e->c), ERR_STALE_CONFIG);
 	assert_int_equal(e->ans.state, 2);
 	assert_int_equal(e->ans.code, ERR_STALE_CONFIG);
 	assert_int_equal(e->f.reloads, 0);
@@ -383,7 +395,7 @@ static void test_count_shard_version(void **state)
 	e->f.rc = table(70, 3, 9);
 	e->f.filtering = true;
 	request(e, cmd, 5000);
-	px_do_count(&e->c);
+	check_run(e, px_do_count(&e->c));
 	assert_int_equal(reply_int(e, "n"), 5); /* the fake keeps a's orphan: 3 + 2 */
 	assert_int_equal(e->f.nlog, 2);
 	assert_int_equal(count_sent(e, "count", 'a'), 1);
@@ -409,7 +421,7 @@ static void test_find_merged(void **state)
 	size_t n = 0;
 
 	request(e, cmd, 5000);
-	px_do_find(&e->c);
+	check_run(e, px_do_find(&e->c));
 	assert_int_equal(e->ans.state, 1);
 	assert_true(bson_iter_init(&it, e->ans.reply) &&
 		    bson_iter_find_descendant(&it, "cursor.firstBatch", &it) &&
@@ -443,7 +455,7 @@ static void test_insert_retryable_stmt_ids(void **state)
 
 	request(e, cmd, 5000);
 	assert_true(proxy_txn_parse(cmd, "documents", &e->c.txn, &code, err, sizeof err));
-	px_do_insert(&e->c);
+	check_run(e, px_do_insert(&e->c));
 	assert_int_equal(reply_int(e, "n"), 3);
 	assert_int_equal(e->f.nlog, 3);
 	for (i = 0; i < 3; i++) {
@@ -469,7 +481,7 @@ static void test_insert_stale_resends_refused_part(void **state)
 	e->f.stale[1] = 1;
 	e->f.next = table(8, 1, 2);
 	request(e, cmd, 5000);
-	px_do_insert(&e->c);
+	check_run(e, px_do_insert(&e->c));
 	assert_int_equal(reply_int(e, "n"), 2);
 	assert_int_equal(count_sent(e, "insert", 'a'), 1);
 	assert_int_equal(count_sent(e, "insert", 'b'), 2);
@@ -494,7 +506,7 @@ static void test_insert_net_error_labels(void **state)
 	e->f.down[1] = true; /* one attempt (test_resend_budget_spent covers the budget) */
 	request(e, cmd, 5000);
 	assert_true(proxy_txn_parse(cmd, "documents", &e->c.txn, &code, err, sizeof err));
-	px_do_insert(&e->c);
+	check_run(e, px_do_insert(&e->c));
 	assert_int_equal(e->ans.state, 2);
 	assert_int_equal(e->ans.code, WIRE_ERR_HOST_UNREACHABLE);
 	assert_non_null(e->ans.extra);
@@ -520,7 +532,8 @@ static void test_find_and_modify_stale_exhausted(void **state)
 
 	e->f.always_stale = true;
 	request(e, cmd, 0);
-	px_do_find_and_modify(&e->c);
+	/* fam_exhausted passes the shard's {ok: 0} refusal on as a reply: its code */
+	assert_int_equal(px_do_find_and_modify(&e->c), ERR_STALE_CONFIG);
 	assert_int_equal(e->ans.state, 1);
 	assert_true(bson_iter_init_find(&it, e->ans.reply, "code"));
 	assert_int_equal(bson_iter_as_int64(&it), ERR_STALE_CONFIG);
@@ -539,7 +552,7 @@ static void test_find_and_modify_two_phase(void **state)
 			       BCON_INT32(-1), "}", "remove", BCON_BOOL(true));
 
 	request(e, cmd, 5000);
-	px_do_find_and_modify(&e->c);
+	check_run(e, px_do_find_and_modify(&e->c));
 	assert_int_equal(e->ans.state, 1);
 	/* the fake answers value: null every time: looked again 3 times, then its reply */
 	assert_int_equal(count_sent(e, "findAndModify", 'b'), 4);
@@ -570,6 +583,116 @@ static void test_answer_and_table(void **state)
 	assert_null(px_cmd_find("FIND"));
 }
 
+/* The answer functions return the status of what they record; px_check_answer (run_job's
+ * contract check) accepts a matching status and catches the others. */
+static void test_status_contract(void **state)
+{
+	env *e = *state;
+	bson_t *ok0 = BCON_NEW("ok", BCON_DOUBLE(0), "code", BCON_INT32(11000), "errmsg", "dup");
+
+	request(e, NULL, 0);
+	assert_int_equal(px_check_answer(0, &e->ans), PX_ANSWER_NONE);
+	assert_int_equal(px_check_answer(2, &e->ans), PX_ANSWER_NONE);
+	assert_int_equal(px_answer_status(&e->c), -1);
+	assert_int_equal(px_error(&e->c, WIRE_ERR_BAD_VALUE, "bad"), WIRE_ERR_BAD_VALUE);
+	assert_int_equal(px_check_answer(WIRE_ERR_BAD_VALUE, &e->ans), PX_ANSWER_OK);
+	assert_int_equal(px_check_answer(0, &e->ans), PX_ANSWER_MISMATCH);
+	assert_int_equal(px_check_answer(WIRE_ERR_FAILED_TO_PARSE, &e->ans), PX_ANSWER_MISMATCH);
+	assert_int_equal(px_answer_status(&e->c), WIRE_ERR_BAD_VALUE);
+	ans_reset(e);
+	assert_int_equal(px_reply(&e->c, BCON_NEW("n", BCON_INT32(1))), 0);
+	assert_int_equal(px_check_answer(0, &e->ans), PX_ANSWER_OK);
+	assert_int_equal(px_check_answer(WIRE_ERR_BAD_VALUE, &e->ans), PX_ANSWER_MISMATCH);
+	assert_int_equal(px_answer_status(&e->c), 0);
+	ans_reset(e);
+	/* a shard's {ok: 0} reply passed on as it is stands for its code */
+	assert_int_equal(px_reply_copy(&e->c, ok0), 11000);
+	assert_int_equal(e->ans.state, 1);
+	assert_int_equal(px_check_answer(11000, &e->ans), PX_ANSWER_OK);
+	assert_int_equal(px_check_answer(0, &e->ans), PX_ANSWER_MISMATCH);
+	ans_reset(e);
+	assert_int_equal(px_error_extra(&e->c, WIRE_ERR_HOST_UNREACHABLE, NULL, "down"),
+			 WIRE_ERR_HOST_UNREACHABLE);
+	assert_int_equal(px_check_answer(WIRE_ERR_HOST_UNREACHABLE, &e->ans), PX_ANSWER_OK);
+	bson_destroy(ok0);
+}
+
+/* px_config_db: not the config database, or getMore there: not done, nothing answered;
+ * a write on config: done, IllegalOperation (20) returned and recorded. */
+static void test_config_db_tristate(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("insert", "c");
+	bool done = true;
+
+	request(e, cmd, 5000);
+	assert_int_equal(px_config_db(&e->c, px_cmd_find("insert"), &done), 0);
+	assert_false(done);
+	assert_false(px_answered(&e->c));
+	e->c.db = "config";
+	assert_int_equal(px_config_db(&e->c, px_cmd_find("getMore"), &done), 0);
+	assert_false(done);
+	assert_false(px_answered(&e->c));
+	assert_int_equal(px_config_db(&e->c, px_cmd_find("insert"), &done), 20);
+	assert_true(done);
+	assert_int_equal(e->ans.state, 2);
+	assert_int_equal(e->ans.code, 20);
+	bson_destroy(cmd);
+}
+
+/* A handler refusing a bad argument returns the code of the one error it recorded. */
+static void test_handler_status_is_error_code(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("find", "c", "skip", BCON_INT32(-1));
+	int st;
+
+	request(e, cmd, 5000);
+	st = px_do_find(&e->c);
+	assert_int_equal(e->ans.state, 2);
+	assert_int_not_equal(st, 0);
+	assert_int_equal(st, e->ans.code);
+	assert_int_equal(e->f.nlog, 0); /* refused before any shard was asked */
+	bson_destroy(cmd);
+}
+
+/* Helpers that fail return the code of the one error they recorded. */
+static void test_helper_failure_status(void **state)
+{
+	env *e = *state;
+	bson_t *cmd = BCON_NEW("find", "c", "limit", "x");
+	route_coll *rc = (route_coll *)1;
+	int64_t v = 7;
+
+	/* metadata unreachable, nothing cached: HostUnreachable, *out NULL */
+	request(e, cmd, 5000);
+	e->f.route_down = true;
+	assert_int_equal(px_route_or_fail(&e->c, &rc), WIRE_ERR_HOST_UNREACHABLE);
+	assert_null(rc);
+	assert_int_equal(e->ans.state, 2);
+	assert_int_equal(e->ans.code, WIRE_ERR_HOST_UNREACHABLE);
+	/* px_route_sharded: the same status, nothing forwarded */
+	ans_reset(e);
+	rc = (route_coll *)1;
+	assert_int_equal(px_route_sharded(&e->c, PX_FWD_PLAIN, 0, false, &rc),
+			 WIRE_ERR_HOST_UNREACHABLE);
+	assert_null(rc);
+	assert_int_equal(e->f.nlog, 0);
+	e->f.route_down = false;
+	/* a bad client argument: its error code, recorded once */
+	ans_reset(e);
+	assert_int_equal(px_client_int(&e->c, "skip", 0, INT64_MAX, 3, &v), 0);
+	assert_int_equal(v, 3); /* absent: the default, nothing answered */
+	assert_false(px_answered(&e->c));
+	{
+		int st = px_client_int(&e->c, "limit", 0, INT64_MAX, 0, &v);
+		assert_int_not_equal(st, 0);
+		assert_int_equal(e->ans.state, 2);
+		assert_int_equal(st, e->ans.code);
+	}
+	bson_destroy(cmd);
+}
+
 /* ---------- single-shard transactions (txnroute.c, issue #16) ---------- */
 
 static const uint8_t LSID_UUID[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
@@ -577,12 +700,7 @@ static const uint8_t LSID_UUID[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
 /* Forget the previous answer before the next statement of a test. */
 static void ans_reset(env *e)
 {
-	if (e->ans.reply)
-		bson_destroy(e->ans.reply);
-	if (e->ans.extra)
-		bson_destroy(e->ans.extra);
-	bson_free(e->ans.msg);
-	memset(&e->ans, 0, sizeof e->ans);
+	px_answer_clear(&e->ans);
 }
 
 /* A transaction statement: cmd + lsid, txnNumber txn, autocommit: false (and
@@ -606,17 +724,24 @@ static bson_t *txn_cmd(bson_t *cmd, int64_t txn, bool start)
 	return cmd;
 }
 
-/* Run one statement as run_job does (begin, handler, end) in db. */
-static void run_stmt(env *e, const bson_t *cmd, const char *db, void (*handler)(ctx *))
+/* Run one statement as run_job does (begin, handler with its contract checked, end) in
+ * db. */
+static void run_stmt(env *e, const bson_t *cmd, const char *db, int (*handler)(ctx *))
 {
 	pxtxn_stmt st;
+	int status;
 
 	ans_reset(e);
 	request(e, cmd, 5000);
 	e->c.db = db;
-	if (pxtxn_begin(&e->c, &st)) {
-		handler(&e->c);
+	status = pxtxn_begin(&e->c, &st);
+	if (status == 0) {
+		status = handler(&e->c);
+		assert_int_equal(px_check_answer(status, &e->ans), PX_ANSWER_OK);
 		pxtxn_end(&e->c);
+	} else { /* refused: exactly the error recorded */
+		assert_int_equal(e->ans.state, 2);
+		assert_int_equal(status, e->ans.code);
 	}
 }
 
@@ -659,7 +784,7 @@ static void finish_txn(env *e, bool commit, int64_t txn, const char *shard)
 	ans_reset(e);
 	request(e, txn_cmd(cmd, txn, false), 5000);
 	e->c.db = "admin";
-	(commit ? pxtxn_do_commit : pxtxn_do_abort)(&e->c);
+	check_run(e, (commit ? pxtxn_do_commit : pxtxn_do_abort)(&e->c));
 	bson_destroy(cmd);
 }
 
@@ -825,7 +950,7 @@ static void test_resend_until_answered(void **state)
 
 	e->f.unsent_b = 2;
 	request(e, cmd, 60000);
-	px_do_count(&e->c);
+	check_run(e, px_do_count(&e->c));
 	assert_int_equal(reply_int(e, "n"), 4);
 	assert_int_equal(count_sent(e, "count", 'b') + count_sent(e, "find", 'b'), 3);
 	assert_int_equal(sdb_counter_value(e->p.m_shard_retries), before + 2);
@@ -848,21 +973,21 @@ static void test_resend_budget_spent(void **state)
 
 	e->f.net_err_b = true;
 	request(e, cmd, 0);
-	px_do_insert(&e->c);
+	check_run(e, px_do_insert(&e->c));
 	assert_int_equal(ans_code(e), WIRE_ERR_HOST_UNREACHABLE);
 	assert_true(ans_has_label(e, "RetryableWriteError"));
 	assert_int_equal(count_sent(e, "insert", 'b'), 1);
 	assert_true(e->f.down[1]);
 	ans_reset(e);
 	request(e, cmd, 60000);
-	px_do_insert(&e->c);
+	check_run(e, px_do_insert(&e->c));
 	assert_int_equal(ans_code(e), WIRE_ERR_HOST_UNREACHABLE);
 	assert_int_equal(count_sent(e, "insert", 'b'), 2);
 	assert_int_equal(sdb_counter_value(e->p.m_shard_retries), before);
 	e->f.net_err_b = false;
 	ans_reset(e);
 	request(e, count, 60000);
-	px_do_count(&e->c);
+	check_run(e, px_do_count(&e->c));
 	assert_int_equal(reply_int(e, "n"), 4);
 	assert_false(e->f.down[1]);
 	bson_destroy(count);
@@ -881,7 +1006,7 @@ static void test_unknown_outcome_resends_reads_only(void **state)
 
 	e->f.unknown_b = 1;
 	request(e, ins, 60000);
-	px_do_insert(&e->c);
+	check_run(e, px_do_insert(&e->c));
 	assert_int_equal(e->ans.state, 1); /* answered with the write error of the document */
 	assert_true(bson_iter_init_find(&it, e->ans.reply, "writeErrors") &&
 		    bson_iter_recurse(&it, &it) && bson_iter_next(&it) &&
@@ -892,7 +1017,7 @@ static void test_unknown_outcome_resends_reads_only(void **state)
 	ans_reset(e);
 	e->f.unknown_b = 1;
 	request(e, count, 60000);
-	px_do_count(&e->c);
+	check_run(e, px_do_count(&e->c));
 	assert_int_equal(reply_int(e, "n"), 4);
 	assert_int_equal(count_sent(e, "count", 'b') + count_sent(e, "find", 'b'), 2);
 	bson_destroy(count);
@@ -927,6 +1052,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_txn_session_rules, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_txn_commit_recovery, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_txn_table, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_status_contract, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_handler_status_is_error_code, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_config_db_tristate, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_helper_failure_status, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
