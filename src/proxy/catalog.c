@@ -47,9 +47,11 @@ int proxy_meta_command(proxy *p, const bson_t *cmd, bson_t *reply, int *code, ch
 		bson_init(reply);
 		return sdb_errf(err, errlen, SDB_EUNAVAILABLE, "no metadata service configured");
 	}
+	shardconn_wait_begin(); /* a request's metadata call: slow, never unanswered */
 	cl = mongoc_client_pool_pop(pool);
 	ok = mongoc_client_command_simple(cl, "admin", cmd, NULL, reply, &e);
 	mongoc_client_pool_push(pool, cl);
+	shardconn_wait_end();
 	if (ok)
 		return 0;
 	*code = 0;

@@ -731,6 +731,7 @@ static void run_job(void *arg)
 		c.coll = bson_iter_utf8(&it, NULL);
 		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
 	}
+	shardconn_set_current_req(c.req); /* its waits are reported as such (shardconn.h) */
 	if (cmd == NULL) { /* registered from cmd_table only: cannot happen */
 		status = px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'", name);
 		answer_check(name, status, &ans);
@@ -744,6 +745,7 @@ static void run_job(void *arg)
 		answer_check(name, status, &ans);
 		pxtxn_end(&c); /* may replace the answer with the transaction's failure */
 	}
+	shardconn_set_current_req(NULL);
 	answer_send(c.req, &ans);
 	proxy_txn_free(&c.txn);
 	free(j->user);

@@ -26,7 +26,9 @@ static void cluster_fanout(void *impl, size_t n, void (*fn)(void *arg, size_t i)
 {
 	proxy *p = impl;
 
+	shardconn_wait_begin(); /* the units' calls run on the fan-out threads */
 	shardconn_fanout(p->sc, n, fn, arg);
+	shardconn_wait_end();
 }
 
 static route_coll *cluster_route(void *impl, const char *ns, bool force, char *err,
@@ -118,7 +120,9 @@ static bool backoff_sleep(int *ms, int min_ms, int max_ms, uint64_t deadline_ms)
 		*ms = *ms * 2 > max_ms ? max_ms : *ms * 2;
 	if (now + (uint64_t)*ms > deadline_ms)
 		*ms = (int)(deadline_ms - now);
+	shardconn_wait_begin();
 	uv_sleep((unsigned)*ms);
+	shardconn_wait_end();
 	return true;
 }
 

@@ -504,7 +504,41 @@ static mongoc_read_prefs_t *cmd_read_prefs(const bson_t *cmd)
 	return NULL;
 }
 
+static _Thread_local wire_req *current_req;
+
+void shardconn_set_current_req(wire_req *req)
+{
+	current_req = req;
+}
+
+void shardconn_wait_begin(void)
+{
+	if (current_req != NULL)
+		wire_req_wait_begin(current_req);
+}
+
+void shardconn_wait_end(void)
+{
+	if (current_req != NULL)
+		wire_req_wait_end(current_req);
+}
+
+static int command_io(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
+		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate);
+
 int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
+		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate)
+{
+	int rc;
+
+	shardconn_wait_begin();
+	rc = command_io(sc, id, db, cmd, server_id, reply, err, errlen, fate);
+	shardconn_wait_end();
+	return rc;
+}
+
+/* shardconn_command's attempt (its contract), inside the caller's wait bracket. */
+static int command_io(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
 		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate)
 {
 	mongoc_client_pool_t *pool = find_pool(sc, id);

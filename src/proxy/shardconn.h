@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wire/server.h"
+
 #define SHARDCONN_WORKERS 16     /* request threads always running */
 #define SHARDCONN_IO_WORKERS 32  /* fan-out threads always running */
 #define SHARDCONN_MAX_WORKERS 256 /* either pool grows to this when requests wait */
@@ -108,6 +110,18 @@ bool shardconn_unexecuted(const bson_t *reply);
 
 /* Queue fn(arg) on a request worker. Thread-safe. */
 void shardconn_submit(shardconn *sc, void (*fn)(void *arg), void *arg);
+
+/* The client request the calling worker thread is running (the job runner sets it before
+ * the handler and clears it with NULL after the answer), for shardconn_wait_begin/_end.
+ * Thread-local; fan-out threads have none (the request's own thread waits for them). */
+void shardconn_set_current_req(wire_req *req);
+/* Bracket a wait that ends by itself (a call to a shard or to metadata, bounded by its
+ * timeouts; a back-off; waiting for fan-out units) on the calling thread's current
+ * request: wire_req_wait_begin/_end (wire/server.h), so that a graceful stop that times
+ * out reports the request as waiting, not as unanswered. No-ops on a thread without a
+ * current request. Every begin needs its end. */
+void shardconn_wait_begin(void);
+void shardconn_wait_end(void);
 /* Run fn(ctx, i) for i in [0, n) in parallel on the I/O pool and return when all have
  * finished (n == 1 runs inline). */
 void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);

@@ -946,6 +946,7 @@ static int validate_new_shard(ctx *c, const char *uri_s, const char *rs)
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_error_t e;
 	int st = 0;
+	bool ok;
 	int64_t ms = px_get_int(c->cmd, "maxTimeMS", 0);
 
 	if (h == NULL) {
@@ -966,9 +967,13 @@ static int validate_new_shard(ctx *c, const char *uri_s, const char *rs)
 		return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
 				"invalid connection string for addShard: %s", uri_s);
 	BSON_APPEND_INT32(&cmd, "hello", 1);
-	if (!mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e)) {
+	shardconn_wait_begin();
+	ok = mongoc_client_command_simple(cl, "admin", &cmd, NULL, &reply, &e);
+	shardconn_wait_end();
+	if (!ok) {
 		st = px_error(c, WIRE_ERR_HOST_UNREACHABLE, "couldn't connect to new shard %s: %s",
 			      uri_s, e.message);
+		bson_destroy(&reply); /* libmongoc initialises it on failure too */
 		goto out;
 	}
 	bson_iter_t it;

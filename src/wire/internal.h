@@ -127,6 +127,7 @@ struct wire_server {
 	void *close_arg;
 
 	sdb_gauge *m_conns;
+	sdb_gauge *m_running; /* n_outstanding, exposed */
 	sdb_counter *m_bytes_in;
 	sdb_counter *m_bytes_out;
 	sdb_counter *m_refused;

@@ -135,6 +135,7 @@ static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, b
 	conn->refs++;
 	conn->inflight = req;
 	conn->srv->n_outstanding++;
+	sdb_gauge_add(conn->srv->m_running, 1);
 	conn_set_state(conn, WIRE_CONN_BUSY);
 	return req;
 }
@@ -600,6 +601,7 @@ static void on_async(uv_async_t *a)
 
 		next = req->next;
 		srv->n_outstanding--;
+		sdb_gauge_add(srv->m_running, -1);
 		sdb_counter_inc(ok ? req->entry->ok : req->entry->error);
 		sdb_histogram_observe_ns(req->entry->duration, ns);
 		sdb_debug("wire: command done", "conn=%lld cmd=%s db=%s ok=%d us=%llu",
@@ -1160,6 +1162,8 @@ static const sdb_metric_def server_metrics[] = {
 			   "Bytes written to wire protocol clients."),
 	SDB_METRIC_COUNTER(wire_server, m_refused, "stripedb_wire_connections_refused_total",
 			   "Connections refused because max-connections was reached."),
+	SDB_METRIC_GAUGE(wire_server, m_running, "stripedb_wire_requests_running",
+			 "Wire protocol requests received and not answered yet."),
 };
 
 int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server **out, char *err,
