@@ -448,7 +448,7 @@ int sdb_query_open(sdb_store_conn *c, const char *db, const char *coll,
 {
 	*out = NULL;
 	*code = 0;
-	sdb_query *q = sdb_store_calloc_aligned(sizeof *q);
+	sdb_query *q = sdb_calloc_bson(1, sizeof *q);
 	q->start_ns = sdb_mono_ns();
 	q->owns = spec->owns;
 	q->owns_arg = spec->owns_arg;

@@ -176,21 +176,16 @@ int store_step_done(sdb_store_conn *c, sqlite3_stmt *s, char *err, size_t errlen
 	return 0;
 }
 
-void *sdb_store_calloc_aligned(size_t size)
-{
-	return sdb_aligned_calloc(128, size); /* common/alloc.h */
-}
-
 bson_t *sdb_doc_new(void)
 {
-	bson_t *b = sdb_store_calloc_aligned(sizeof *b);
+	bson_t *b = sdb_calloc_bson(1, sizeof *b);
 	bson_init(b);
 	return b;
 }
 
 bson_t *sdb_doc_copy(const bson_t *src)
 {
-	bson_t *b = sdb_store_calloc_aligned(sizeof *b);
+	bson_t *b = sdb_calloc_bson(1, sizeof *b);
 	bson_copy_to(src, b);
 	return b;
 }

@@ -473,10 +473,7 @@ static inline uint32_t sdb_store_doc_len(const bson_t *b)
 	return (uint32_t)d[0] | (uint32_t)d[1] << 8 | (uint32_t)d[2] << 16 | (uint32_t)d[3] << 24;
 }
 
-/* Zeroed heap memory aligned for structs that embed a bson_t (which declares 128-byte
- * alignment; malloc gives 16). Aborts with a message on out-of-memory like sdb_malloc.
- * Free with free(). sdb_aligned_calloc(128, size) of common/alloc.h. */
-void *sdb_store_calloc_aligned(size_t size);
+/* Structs that embed a bson_t: sdb_calloc_bson (common/alloc.h). */
 
 /* Heap documents that other modules may read through the bson_t members: allocated with
  * the type's alignment (bson_new's are not). Every document array of the store and the

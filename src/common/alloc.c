@@ -87,6 +87,15 @@ void *sdb_aligned_calloc(size_t alignment, size_t size)
 	return p;
 }
 
+void *sdb_calloc_bson(size_t count, size_t size)
+{
+	size_t total;
+
+	if (__builtin_mul_overflow(count ? count : 1, size, &total))
+		oom(SIZE_MAX);
+	return sdb_aligned_calloc(128, total);
+}
+
 char *sdb_asprintf(const char *fmt, ...)
 {
 	va_list ap;

@@ -22,6 +22,10 @@ char *sdb_strndup(const char *s, size_t n);
 /* Zeroed memory aligned to `alignment` bytes (a power of two), for structs that embed a
  * bson_t, which libbson declares 128-byte aligned (BSON_ALIGNOF(bson_t)). Free with free(). */
 void *sdb_aligned_calloc(size_t alignment, size_t size);
+/* The one allocator for objects that embed a bson_t: zeroed memory for count objects of
+ * size bytes, 128-byte aligned (BSON_ALIGNOF(bson_t)); count 0 gives room for one; a
+ * count * size that overflows aborts as out of memory. Free with free(). */
+void *sdb_calloc_bson(size_t count, size_t size);
 /* printf into a fresh heap string (caller frees). */
 char *sdb_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

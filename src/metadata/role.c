@@ -1182,7 +1182,7 @@ static int metadata_start(sdb_role *role)
 	if (rc == 0) /* --raft-tls is bad usage in every role (auth/raftsec.h) */
 		rc = auth_raft_check_mode(cfg, role->err, sizeof role->err);
 	if (rc == 0) /* issue #10: TLS on the wire listener (tls/tls.h) */
-		rc = tls_setup(cfg, "metadata", role->err, sizeof role->err);
+		rc = tls_setup(cfg, "metadata", TLS_CLIENTS_INTERNAL, role->err, sizeof role->err);
 	if (rc == 0) /* issue #21: the raft port's transport (auth/raftsec.h) */
 		rc = auth_raft_setup(cfg, &to, raft_key, &raft_secure, role->err, sizeof role->err);
 	if (rc == 0 && m->max_chunks < 1) /* 0 would refuse every shardCollection */

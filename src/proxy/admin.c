@@ -49,7 +49,7 @@ static size_t broadcast(ctx *c, const bson_t *cmd, bcast *b)
 	b->c = c;
 	n = px_shard_ids(c, &b->ids);
 	b->cmd = fwd;
-	b->replies = proxy_calloc_bson(n, sizeof *b->replies);
+	b->replies = sdb_calloc_bson(n, sizeof *b->replies);
 	b->cls = sdb_calloc(n ? n : 1, sizeof *b->cls);
 	b->nerr = sdb_calloc(n ? n : 1, sizeof *b->nerr);
 	px_fanout(c, n, bcast_one, b);

@@ -691,7 +691,7 @@ void proxy_catalog_refresher(void *arg)
 			char **names, **after;
 			size_t n = route_cache_names(p->rc, &names), na, i;
 			int64_t held = v;
-			uint64_t t0 = uv_hrtime();
+			uint64_t t0 = sdb_mono_ns();
 			rc = 0;
 			if (p->known_version < 0) {
 				/* first contact: each cached table since its own version */
@@ -708,7 +708,7 @@ void proxy_catalog_refresher(void *arg)
 					 * beyond the horizon again */
 					rc = 0;
 				}
-				sdb_histogram_observe_ns(p->m_refresh_time, uv_hrtime() - t0);
+				sdb_histogram_observe_ns(p->m_refresh_time, sdb_mono_ns() - t0);
 			}
 			/* tables cached by workers meanwhile may predate the change */
 			na = route_cache_names(p->rc, &after);

@@ -523,7 +523,7 @@ static int find_stages(ctx *c, bson_t *stages, int64_t *batch, bool *single)
  * status of the answer (px_answer_cursor). */
 static int answer_docs(ctx *c, doclist *out, int64_t batch, bool single)
 {
-	pstream *s = proxy_calloc_bson(1, sizeof *s);
+	pstream *s = sdb_calloc_bson(1, sizeof *s);
 	size_t i;
 
 	memset(s, 0, sizeof *s);

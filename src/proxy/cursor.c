@@ -33,14 +33,9 @@ struct proxy_cursor {
 	proxy_cursor *next;
 };
 
-void *proxy_calloc_bson(size_t n, size_t size)
-{
-	return sdb_aligned_calloc(128, (n ? n : 1) * size); /* common/alloc.h */
-}
-
 bson_t *proxy_doc_copy(const bson_t *src)
 {
-	bson_t *d = proxy_calloc_bson(1, sizeof *d);
+	bson_t *d = sdb_calloc_bson(1, sizeof *d);
 
 	bson_copy_to(src, d); /* a STATIC bson: bson_destroy leaves the struct to us */
 	return d;
@@ -48,7 +43,7 @@ bson_t *proxy_doc_copy(const bson_t *src)
 
 bson_t *proxy_doc_new(void)
 {
-	bson_t *d = proxy_calloc_bson(1, sizeof *d);
+	bson_t *d = sdb_calloc_bson(1, sizeof *d);
 
 	bson_init(d);
 	return d;
@@ -331,7 +326,7 @@ int64_t proxy_cursor_register(proxy *p, proxy_cursor *c, const char *owner)
 	do {
 		uint64_t r = 0;
 		if (RAND_bytes((unsigned char *)&r, sizeof r) != 1)
-			r = (uint64_t)rand() << 31 ^ (uint64_t)rand() << 7 ^ uv_hrtime();
+			r = (uint64_t)rand() << 31 ^ (uint64_t)rand() << 7 ^ sdb_mono_ns();
 		id = (int64_t)(r & 0x3fffffffffffffffull);
 	} while (id == 0);
 	c->id = id;

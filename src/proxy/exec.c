@@ -451,7 +451,7 @@ int px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batc
 		      bool single)
 {
 	bson_t fwd = BSON_INITIALIZER, reply;
-	pstream *s = proxy_calloc_bson(1, sizeof *s);
+	pstream *s = sdb_calloc_bson(1, sizeof *s);
 	char nerr[256];
 	int r, st;
 	bson_iter_t it, cur;

@@ -20,11 +20,6 @@
 
 typedef struct proxy_cursor proxy_cursor;
 
-/* Zeroed heap memory for n objects that contain a bson_t (libbson declares bson_t 128-byte
- * aligned, more than malloc guarantees). Aborts on out-of-memory like sdb_calloc; free with
- * free(). (A shared sdb_aligned_calloc in common/alloc.h would replace this.) */
-void *proxy_calloc_bson(size_t n, size_t size);
-
 /* Documents the proxy holds (shard results) are copied into 128-byte aligned bson_t, as the
  * storage/ query core (sort, projection, pipeline) accesses bson_t members. Free with
  * proxy_doc_free (NULL is a no-op). */

@@ -90,8 +90,8 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 	for (i = 0; i < rc->nchunks; i++)
 		if (sel[i])
 			nsel++;
-	sc.s = proxy_calloc_bson(nsel ? nsel : 1, sizeof *sc.s);
-	sc.cmds = proxy_calloc_bson(nsel ? nsel : 1, sizeof *sc.cmds);
+	sc.s = sdb_calloc_bson(nsel ? nsel : 1, sizeof *sc.s);
+	sc.cmds = sdb_calloc_bson(nsel ? nsel : 1, sizeof *sc.cmds);
 	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
 	for (i = 0; i < rc->nchunks; i++) {
 		route_chunk *ch = &rc->chunks[i];
@@ -442,7 +442,7 @@ int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const b
 			 char *nerr, size_t nelen)
 {
 	route_chunk *ch = &rc->chunks[ci];
-	pstream *s = proxy_calloc_bson(1, sizeof *s);
+	pstream *s = sdb_calloc_bson(1, sizeof *s);
 	bson_t cmd = BSON_INITIALIZER, proj = BSON_INITIALIZER, reply;
 	proxy_cursor *cur;
 	int cls, code = 0;
@@ -617,7 +617,7 @@ static int cd_execute(px_retry *r, void *arg)
 	bool exact;
 	size_t nsel, i, k = 0;
 	bool *sel = px_target(rc, o->q, &nsel, &exact);
-	agg_chunk *a = proxy_calloc_bson(nsel, sizeof *a);
+	agg_chunk *a = sdb_calloc_bson(nsel, sizeof *a);
 	int64_t total = 0;
 	int cls = SHARDCONN_OK;
 	size_t bad = 0;
@@ -893,7 +893,7 @@ int px_do_aggregate(ctx *c)
 	in.cur = in_cur;
 	in.last = NULL;
 	sdb_pipeline_open(pl, agg_next, &in, &pc);
-	out_s = proxy_calloc_bson(1, sizeof *out_s);
+	out_s = sdb_calloc_bson(1, sizeof *out_s);
 	memset(out_s, 0, sizeof *out_s);
 	out_s->chunk = -1;
 	bson_init(&out_s->err_reply);

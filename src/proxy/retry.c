@@ -515,7 +515,7 @@ void px_pcall_one(void *arg, size_t i)
 /* n calls for the shards ids (their strings are taken over; the array is freed). */
 pcall *px_pcalls_new(ctx *c, char **ids, size_t n)
 {
-	pcall *pc = proxy_calloc_bson(n ? n : 1, sizeof *pc);
+	pcall *pc = sdb_calloc_bson(n ? n : 1, sizeof *pc);
 	size_t i;
 
 	for (i = 0; i < n; i++) {

@@ -115,7 +115,7 @@ static int auth_setup(sdb_role *role, proxy *p)
 	int rc = auth_raft_check_mode(role->cfg, role->err, sizeof role->err);
 
 	if (rc == 0)
-		rc = tls_setup(role->cfg, "proxy", role->err, sizeof role->err);
+		rc = tls_setup(role->cfg, "proxy", TLS_CLIENTS_APPLICATIONS, role->err, sizeof role->err);
 
 	if (rc != 0)
 		return rc;

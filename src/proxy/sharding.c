@@ -206,7 +206,7 @@ static int find_data_holder(ctx *c, const char *db, const char *coll, const char
 	pr.has = sdb_calloc(n ? n : 1, sizeof *pr.has);
 	pr.cls = sdb_calloc(n ? n : 1, sizeof *pr.cls);
 	pr.nerr = sdb_calloc(n ? n : 1, sizeof *pr.nerr);
-	pr.replies = proxy_calloc_bson(n, sizeof *pr.replies);
+	pr.replies = sdb_calloc_bson(n, sizeof *pr.replies);
 	px_fanout(c, n, probe_one, &pr);
 	*holder = NULL;
 	for (i = 0; i < n && st == 0; i++) {

@@ -884,7 +884,7 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 	/* issue #10: TLS of the gRPC listener from --tls-mode/--tls-cert/--tls-key/--tls-ca */
 	rv = auth_raft_check_mode(cfg, err, errlen); /* bad usage in every role */
 	if (rv == 0)
-		rv = tls_setup(cfg, TLS_ROLE, err, errlen);
+		rv = tls_setup(cfg, TLS_ROLE, TLS_CLIENTS_INTERNAL, err, errlen);
 	if (rv != 0)
 		return rv;
 	memset(&copts, 0, sizeof(copts));

@@ -258,7 +258,7 @@ static void reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, 
 		n = take;
 		id = shard_cursor_add(x->sh, tail);
 	} else if (more) {
-		shard_cursor *c = sdb_store_calloc_aligned(sizeof *c);
+		shard_cursor *c = sdb_calloc_bson(1, sizeof *c);
 		c->ns = sdb_strdup(ns);
 		bson_init(&c->filter);
 		c->docs = sdb_calloc(n - take + 1, sizeof *c->docs);
@@ -428,7 +428,7 @@ static void find_oplog(shard_ctx *x, find_opts *o)
 	}
 	shard_cursor *tail = NULL;
 	if (o->tailable && !o->single_batch) {
-		tail = sdb_store_calloc_aligned(sizeof *tail);
+		tail = sdb_calloc_bson(1, sizeof *tail);
 		tail->ns = sdb_strdup("local.oplog.rs");
 		tail->tailable = true;
 		tail->await_data = o->await_data;
@@ -685,7 +685,7 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		shard_conn_put(x->sh, fc);
 		sdb_projection_free(proj);
 	} else {
-		shard_cursor *c = sdb_store_calloc_aligned(sizeof *c);
+		shard_cursor *c = sdb_calloc_bson(1, sizeof *c);
 		c->ns = sdb_strdup(ns);
 		bson_init(&c->filter);
 		c->conn = fc;

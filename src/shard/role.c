@@ -166,7 +166,7 @@ static int shard_start(sdb_role *role)
 	if (rc == 0) /* --raft-tls is bad usage in every role (auth/raftsec.h) */
 		rc = auth_raft_check_mode(role->cfg, err, sizeof err);
 	if (rc == 0) /* issue #10: TLS on the wire listener (tls/tls.h) */
-		rc = tls_setup(role->cfg, "shard", err, sizeof err);
+		rc = tls_setup(role->cfg, "shard", TLS_CLIENTS_INTERNAL, err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);
 		shard_pool_stop(sh);

@@ -18,7 +18,7 @@
 struct tls_listener {
 	char role[32];
 	tls_mode mode;
-	bool internal; /* every role but the proxy: with a CA, a client certificate is required */
+	bool internal; /* TLS_CLIENTS_INTERNAL: with a CA, a client certificate is required */
 	unsigned gen;  /* bumped by each successful reload */
 	char *cert, *key, *ca;
 	SSL_CTX *ctx;
@@ -91,7 +91,8 @@ static int make_ctx(const listener *l, SSL_CTX **out, char *err, size_t errlen)
 	return 0;
 }
 
-int tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen)
+int tls_setup(const sdb_config *cfg, const char *role, tls_clients clients, char *err,
+	      size_t errlen)
 {
 	const char *mode = sdb_config_get(cfg, SDB_OPT_tls_mode);
 	const char *cert = sdb_config_get(cfg, SDB_OPT_tls_cert);
@@ -115,7 +116,7 @@ int tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen)
 		return sdb_errf(err, errlen, SDB_EUSAGE, "--tls-mode=%s needs --tls-cert and --tls-key",
 				mode);
 	snprintf(l.role, sizeof l.role, "%s", role);
-	l.internal = strcmp(role, "proxy") != 0;
+	l.internal = clients == TLS_CLIENTS_INTERNAL;
 	l.gen = 1;
 	l.cert = (char *)cert;
 	l.key = (char *)key;

@@ -33,11 +33,21 @@
 /* The mode of a listener (--tls-mode). */
 typedef enum { TLS_MODE_DISABLED = 0, TLS_MODE_ALLOWED, TLS_MODE_REQUIRED } tls_mode;
 
-/* Read the --tls-* options of cfg for the listener of role (e.g. "proxy"); the first
- * listener set up registers tls_reload as the "TLS" SIGHUP hook. 0 when the mode is
- * disabled or unset. Errors: SDB_EUSAGE for a bad mode, a missing cert/key or too many
- * listeners; SDB_EINVAL when OpenSSL refuses the files; message in err. */
-int tls_setup(const sdb_config *cfg, const char *role, char *err, size_t errlen);
+/* Who may connect to a listener, as its role says (tls_setup). */
+typedef enum {
+	TLS_CLIENTS_INTERNAL = 0, /* cluster members: with a CA, a client certificate is
+				   * required (every role but the proxy) */
+	TLS_CLIENTS_APPLICATIONS, /* applications' drivers: a client certificate is checked
+				   * when presented, not required (the proxy) */
+} tls_clients;
+
+/* Read the --tls-* options of cfg for the listener of role (e.g. "proxy"; a name for
+ * tls_listener_get and the logs) whose clients are `clients`; the first listener set up
+ * registers tls_reload as the "TLS" SIGHUP hook. 0 when the mode is disabled or unset.
+ * Errors: SDB_EUSAGE for a bad mode, a missing cert/key or too many listeners; SDB_EINVAL
+ * when OpenSSL refuses the files; message in err. */
+int tls_setup(const sdb_config *cfg, const char *role, tls_clients clients, char *err,
+	      size_t errlen);
 
 /* The mode of role's listener (TLS_MODE_DISABLED when not set up). Thread-safe. */
 tls_mode tls_listener_mode(const char *role);

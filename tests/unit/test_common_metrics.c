@@ -1,4 +1,9 @@
 /* Unit tests of src/common/metrics.c: values and exposition format. */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/common/metrics.c"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

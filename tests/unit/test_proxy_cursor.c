@@ -85,7 +85,7 @@ static int64_t k_of(const bson_t *d)
 static void test_ownership_filter(void **state)
 {
 	route_coll *rc = table();
-	pstream *s = proxy_calloc_bson(1, sizeof *s);
+	pstream *s = sdb_calloc_bson(1, sizeof *s);
 	/* the shard holds both chunks: the request for chunk 1 keeps k < 100 only */
 	int ks[] = {5, 150, 99, 100, 42};
 
@@ -105,7 +105,7 @@ static void test_ownership_filter(void **state)
 static void test_merge_skip_limit_projection(void **state)
 {
 	proxy p;
-	pstream *s = proxy_calloc_bson(2, sizeof *s);
+	pstream *s = sdb_calloc_bson(2, sizeof *s);
 	int a[] = {1, 4, 7, 10}, b[] = {2, 3, 8, 9, 11};
 	merge_sort *sort = NULL;
 	sdb_projection *proj = NULL;
@@ -143,7 +143,7 @@ static void test_merge_skip_limit_projection(void **state)
 static void test_unsorted_streams_in_order(void **state)
 {
 	proxy p;
-	pstream *s = proxy_calloc_bson(2, sizeof *s);
+	pstream *s = sdb_calloc_bson(2, sizeof *s);
 	int a[] = {9, 1}, b[] = {5};
 	proxy_cursor *c;
 	bson_t *d;

@@ -4,6 +4,11 @@
  * [100, MaxKey) on b. The fake records every command it is sent and answers as the test
  * scripted it (documents held, StaleConfig refusals, network errors); the handlers run on
  * the test's thread with a zeroed proxy, and their one answer is read from the ctx. */
+
+/* The modules under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/proxy/exec.c"
+#include "../../src/proxy/retry.c"
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
