@@ -160,8 +160,9 @@ int px_refuse_js(ctx *c, const bson_t *doc);
  * `if ((st = px_route_or_fail(c, &rc)) != 0) return st;`. The job runner sends the answer
  * when the handler returns, so a request is completed exactly once, and checks the
  * status against it (px_check_answer). A second answer is a bug: it is logged and dropped
- * (debug builds abort); a handler that returns without answering, or whose status does
- * not match its answer, is answered InternalError (1) and logged (debug builds abort).
+ * (debug builds abort); a handler that returns without answering is answered
+ * InternalError (1) and logged; one whose status does not match its answer is logged and
+ * its answer sent as recorded (debug builds abort in both cases).
  * Fan-out units never answer: they keep their result for the handler. */
 
 /* Answer with reply (taken over; `ok: 1.0` appended by the wire server when absent).
