@@ -22,6 +22,7 @@
 #include "storage/keyenc.h"
 #include "storage/matcher.h"
 #include "storage/sortspec.h"
+#include "storage/projection.h"
 #define C_INTERNAL 1
 #define C_BAD_VALUE 2
 #define C_TYPE_MISMATCH 14
@@ -324,5 +325,67 @@ int agg_field_path_ok(const char *p, const ectx *e);
 /* Set field name of document node doc to v (ownership of v passes to doc; replaces an
  * existing field in place). */
 void agg_set_field(docbuild_node *doc, const char *name, docbuild_node *v);
+
+/* ---- the compiled pipeline (built by pipeline_parse.c, run by pipeline.c) ------------- */
+
+/* The kind of a compiled stage ($bucket and $sortByCount compile to S_GROUP + S_SORT,
+ * $count to S_GROUP + S_PROJECT). */
+typedef enum {
+	S_MATCH = 0,
+	S_PROJECT, /* $project, $unset, $addFields/$set, $count's _id removal (projection.h) */
+	S_SORT,
+	S_LIMIT,
+	S_SKIP,
+	S_GROUP,
+	S_UNWIND,
+	S_REPLACE_ROOT,
+	S_FACET, /* $facet: buffers its input, runs each sub-pipeline over it (pipeline_facet.c) */
+} skind;
+
+/* A $group accumulator. */
+typedef enum {
+	A_SUM = 0,
+	A_AVG,
+	A_MIN,
+	A_MAX,
+	A_FIRST,
+	A_LAST,
+	A_PUSH,
+	A_ADDTOSET,
+	A_COUNT,
+} akind;
+
+/* One output field of a $group: its name (owned), accumulator and argument expression
+ * (owned; NULL for $count). */
+typedef struct {
+	char *name;
+	akind kind;
+	expr *x;
+} acc_spec;
+
+/* One compiled stage: the fields its kind uses, all owned (pipeline_parse.c frees them). */
+typedef struct stage {
+	skind kind;
+	bson_t *spec;     /* a copy of the stage's argument (for pushdown) */
+	sdb_matcher *m;   /* $match */
+	sdb_projection *proj; /* S_PROJECT */
+	sdb_sortspec *sort;
+	int64_t n;        /* $limit/$skip; $sort: top-k bound from a following $limit (0 = none) */
+	expr *id;         /* $group _id, $replaceRoot newRoot */
+	acc_spec *accs;
+	size_t n_accs;
+	char *path;       /* $unwind */
+	char *index_field;
+	bool preserve;
+	bool sort_by_count_desc; /* $sortByCount: the group is followed by a count sort */
+	agg_facet *facet;         /* $facet */
+} stage;
+
+/* The compiled pipeline: its stages in order, and the bytes one blocking stage may hold. */
+struct sdb_pipeline {
+	stage *st;
+	size_t n;
+	size_t max_mem;
+};
 
 #endif

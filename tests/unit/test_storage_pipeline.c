@@ -5,6 +5,7 @@
 /* The modules under test, compiled into this binary (statics included), not taken from
  * libstripedb.a: see UNIT_LDADD in Makefile.am. */
 #include "../../storage/pipeline.c"
+#include "../../storage/pipeline_parse.c"
 #include "../../storage/pipeline_expr.c"
 
 #include <setjmp.h>
