@@ -217,7 +217,8 @@ static bool sub_document(const bson_iter_t *it, bson_t *out)
  *     in mongod, and drivers send bools);
  *   - integer fields take int, long or an integral double (common/bsonget.h): a decimal is
  *     refused with 14, a fractional or out-of-range double with 9;
- *   - a cursor id takes int or long (IDL `long` is long only). */
+ *   - killCursors' cursor ids take int or long (IDL `array<long>` takes long only);
+ *     getMore's id is a long only, as in the IDL. */
 typedef enum arg_type {
 	ARG_OBJECT,	/* object */
 	ARG_ARRAY,	/* array */
@@ -227,8 +228,8 @@ typedef enum arg_type {
 	ARG_UINT,	/* safeInt64, validator gte: 0 (51024) */
 	ARG_HINT,	/* indexHint: an index name or a key pattern */
 	ARG_UPDATE,	/* update modification: an object or a pipeline (array) */
-	ARG_CURSOR_ID,	/* long (int accepted) */
-	ARG_CURSOR_IDS, /* array of longs (killCursors.cursors) */
+	ARG_CURSOR_ID,	/* long (getMore's cursor id) */
+	ARG_CURSOR_IDS, /* array of longs, an int accepted (killCursors.cursors) */
 	ARG_MAX_TIME,	/* maxTimeMS: parseMaxTimeMS, 2 BadValue */
 	ARG_WC,		/* writeConcern: 9 FailedToParse for a malformed one */
 	ARG_CURSOR,	/* aggregate's cursor: {batchSize: safeInt64 >= 0} */
@@ -458,8 +459,7 @@ static int check_arg(const bson_iter_t *it, arg_type type, const char *path, cha
 	case ARG_UINT:
 		return int_field(it, path, 0, err, errlen, &v);
 	case ARG_CURSOR_ID:
-		return sdb_bson_as_int64_exact(it, &v) ? 0
-						       : wrong_type(it, path, "type 'long'", err, errlen);
+		return t == BSON_TYPE_INT64 ? 0 : wrong_type(it, path, "type 'long'", err, errlen);
 	case ARG_CURSOR_IDS:
 		if (t != BSON_TYPE_ARRAY || !bson_iter_recurse(it, &sub))
 			return wrong_type(it, path, "type 'array'", err, errlen);
