@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 #include "shard/shard.h"
 #include "shard/util.h"
