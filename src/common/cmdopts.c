@@ -1,9 +1,13 @@
 /* Refusal of command options stripedb does not implement: see cmdopts.h. */
 #include "common/cmdopts.h"
 
+#include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "common/bsonget.h"
 
 #define CODE_NOT_IMPLEMENTED 238 /* NotImplemented */
 #define CODE_UNKNOWN_FIELD 40415 /* IDL: "BSON field '...' is an unknown field." */
@@ -197,6 +201,339 @@ static bool sub_document(const bson_iter_t *it, bson_t *out)
 	return bson_init_static(out, data, len);
 }
 
+/* ---- IDL types: the type of each known field (issue #20) ----
+ * mongod parses a command with its IDL before running it: a field of the wrong type is
+ * refused with 14 TypeMismatch "BSON field 'find.filter' is the wrong type 'string', expected
+ * type 'object'", a safeInt64 with its range validator, and a few fields with their own
+ * parsers (maxTimeMS, writeConcern, a delete statement's limit). Without this the proxy read
+ * a wrong-typed filter as no filter (a findAndModify with query: "k == 5" removed a random
+ * document). Checking here, before either role runs the command, gives both roles the same
+ * answer. Types follow MongoDB 6.0's IDL (find_command.idl, aggregate_command.idl,
+ * count_command.idl, distinct_command.idl, write_ops.idl, getmore_command.idl,
+ * kill_cursors.idl, generic_argument.idl); where stripedb is stricter it says so:
+ *   - null is refused like any other wrong type (the IDL skips a null as if absent; the
+ *     commands' own getters do not, so refusing keeps proxy and shard in agreement);
+ *   - the boolean fields take a bool or a number (IDL safeBool; optionalBool takes bool only
+ *     in mongod, and drivers send bools);
+ *   - integer fields take int, long or an integral double (common/bsonget.h): a decimal is
+ *     refused with 14, a fractional or out-of-range double with 9;
+ *   - killCursors' cursor ids take int or long (IDL `array<long>` takes long only);
+ *     getMore's id is a long only, as in the IDL. */
+typedef enum arg_type {
+	ARG_OBJECT,	/* object */
+	ARG_ARRAY,	/* array */
+	ARG_STRING,	/* string */
+	ARG_BOOL,	/* bool or number */
+	ARG_INT,	/* safeInt64, any value */
+	ARG_UINT,	/* safeInt64, validator gte: 0 (51024) */
+	ARG_HINT,	/* indexHint: an index name or a key pattern */
+	ARG_UPDATE,	/* update modification: an object or a pipeline (array) */
+	ARG_CURSOR_ID,	/* long (getMore's cursor id) */
+	ARG_CURSOR_IDS, /* array of longs, an int accepted (killCursors.cursors) */
+	ARG_MAX_TIME,	/* maxTimeMS: parseMaxTimeMS, 2 BadValue */
+	ARG_WC,		/* writeConcern: 9 FailedToParse for a malformed one */
+	ARG_CURSOR,	/* aggregate's cursor: {batchSize: safeInt64 >= 0} */
+	ARG_GETMORE_BATCH, /* getMore's batchSize: a safeInt64 > 0 (getmore_cmd.cpp, 2) */
+	ARG_DELETE_LIMIT,  /* a delete statement's limit: exactly 0 or 1 (9) */
+} arg_type;
+
+typedef struct arg_rule {
+	const char *field;
+	arg_type type;
+} arg_rule;
+
+#define CODE_BAD_VALUE 2
+#define CODE_FAILED_TO_PARSE 9
+#define CODE_TYPE_MISMATCH 14
+
+/* generic_argument.idl, for every command with a type list */
+static const arg_rule generic_types[] = {
+	{"maxTimeMS", ARG_MAX_TIME}, {"writeConcern", ARG_WC}, {"readConcern", ARG_OBJECT},
+	{"lsid", ARG_OBJECT},	     {NULL, 0}};
+static const arg_rule find_types[] = {
+	{"filter", ARG_OBJECT},	   {"projection", ARG_OBJECT},	{"sort", ARG_OBJECT},
+	{"hint", ARG_HINT},	   {"collation", ARG_OBJECT},	{"skip", ARG_UINT},
+	{"limit", ARG_UINT},	   {"batchSize", ARG_UINT},	{"ntoreturn", ARG_UINT},
+	{"singleBatch", ARG_BOOL}, {"allowDiskUse", ARG_BOOL},	{"min", ARG_OBJECT},
+	{"max", ARG_OBJECT},	   {"returnKey", ARG_BOOL},	{"showRecordId", ARG_BOOL},
+	{"tailable", ARG_BOOL},	   {"noCursorTimeout", ARG_BOOL}, {"awaitData", ARG_BOOL},
+	{"allowPartialResults", ARG_BOOL}, {"let", ARG_OBJECT},	{"term", ARG_INT},
+	{"readOnce", ARG_BOOL},	   {"$_requestResumeToken", ARG_BOOL},
+	{"$_resumeAfter", ARG_OBJECT}, {NULL, 0}};
+static const arg_rule aggregate_types[] = {
+	{"pipeline", ARG_ARRAY},   {"explain", ARG_BOOL},	  {"allowDiskUse", ARG_BOOL},
+	{"cursor", ARG_CURSOR},	   {"bypassDocumentValidation", ARG_BOOL},
+	{"collation", ARG_OBJECT}, {"hint", ARG_HINT},		  {"let", ARG_OBJECT},
+	{NULL, 0}};
+static const arg_rule count_types[] = {
+	{"query", ARG_OBJECT}, {"limit", ARG_INT},    {"skip", ARG_INT}, {"hint", ARG_HINT},
+	{"collation", ARG_OBJECT}, {"fields", ARG_OBJECT}, {NULL, 0}};
+static const arg_rule distinct_types[] = {{"key", ARG_STRING},	     {"query", ARG_OBJECT},
+					  {"collation", ARG_OBJECT}, {"hint", ARG_HINT},
+					  {NULL, 0}};
+static const arg_rule insert_types[] = {{"documents", ARG_ARRAY},
+					{"ordered", ARG_BOOL},
+					{"bypassDocumentValidation", ARG_BOOL},
+					{"stmtIds", ARG_ARRAY},
+					{NULL, 0}};
+static const arg_rule update_types[] = {
+	{"updates", ARG_ARRAY}, {"ordered", ARG_BOOL}, {"bypassDocumentValidation", ARG_BOOL},
+	{"let", ARG_OBJECT},	{"stmtIds", ARG_ARRAY}, {NULL, 0}};
+static const arg_rule delete_types[] = {
+	{"deletes", ARG_ARRAY}, {"ordered", ARG_BOOL}, {"bypassDocumentValidation", ARG_BOOL},
+	{"let", ARG_OBJECT},	{"stmtIds", ARG_ARRAY}, {NULL, 0}};
+static const arg_rule fam_types[] = {
+	{"query", ARG_OBJECT},	  {"fields", ARG_OBJECT},    {"sort", ARG_OBJECT},
+	{"remove", ARG_BOOL},	  {"update", ARG_UPDATE},    {"new", ARG_BOOL},
+	{"upsert", ARG_BOOL},	  {"bypassDocumentValidation", ARG_BOOL},
+	{"collation", ARG_OBJECT}, {"arrayFilters", ARG_ARRAY}, {"hint", ARG_HINT},
+	{"let", ARG_OBJECT},	  {"stmtIds", ARG_ARRAY},    {NULL, 0}};
+static const arg_rule getmore_types[] = {{"getMore", ARG_CURSOR_ID},
+					 {"collection", ARG_STRING},
+					 {"batchSize", ARG_GETMORE_BATCH},
+					 {"term", ARG_INT},
+					 {NULL, 0}};
+static const arg_rule killcursors_types[] = {
+	{"killCursors", ARG_STRING}, {"cursors", ARG_CURSOR_IDS}, {NULL, 0}};
+/* write_ops.idl UpdateOpEntry, DeleteOpEntry */
+static const arg_rule update_stmt_types[] = {
+	{"q", ARG_OBJECT},	   {"u", ARG_UPDATE},		{"c", ARG_OBJECT},
+	{"upsert", ARG_BOOL},	   {"multi", ARG_BOOL},		{"arrayFilters", ARG_ARRAY},
+	{"hint", ARG_HINT},	   {"collation", ARG_OBJECT},	{"upsertSupplied", ARG_BOOL},
+	{NULL, 0}};
+static const arg_rule delete_stmt_types[] = {{"q", ARG_OBJECT},
+					     {"limit", ARG_DELETE_LIMIT},
+					     {"hint", ARG_HINT},
+					     {"collation", ARG_OBJECT},
+					     {NULL, 0}};
+
+static const struct {
+	const char *cmd;
+	const arg_rule *rules;
+} cmd_types[] = {
+	{"find", find_types},	       {"aggregate", aggregate_types},
+	{"count", count_types},	       {"distinct", distinct_types},
+	{"insert", insert_types},      {"update", update_types},
+	{"delete", delete_types},      {"findAndModify", fam_types},
+	{"findandmodify", fam_types},  {"getMore", getmore_types},
+	{"killCursors", killcursors_types},
+};
+
+static const arg_rule *command_types(const char *name)
+{
+	for (size_t i = 0; i < sizeof cmd_types / sizeof cmd_types[0]; i++)
+		if (strcmp(cmd_types[i].cmd, name) == 0)
+			return cmd_types[i].rules;
+	return NULL;
+}
+
+static int wrong_type(const bson_iter_t *it, const char *path, const char *expected,
+		      char *err, size_t errlen)
+{
+	snprintf(err, errlen, "BSON field '%s' is the wrong type '%s', expected %s", path,
+		 sdb_bson_type_name(bson_iter_type(it)), expected);
+	return CODE_TYPE_MISMATCH;
+}
+
+/* An integer field through the shared getter: its code and message as they are. */
+static int int_field(const bson_iter_t *it, const char *path, int64_t lo, char *err,
+		     size_t errlen, int64_t *out)
+{
+	sdb_bson_err e;
+
+	if (sdb_bson_get_int64(it, path, lo, INT64_MAX, out, &e) == 0)
+		return 0;
+	snprintf(err, errlen, "%s", e.msg);
+	return e.code;
+}
+
+/* max_time_ms_parser.cpp parseMaxTimeMS: a number in [0, INT32_MAX], integral (2 BadValue) */
+static int check_max_time(const bson_iter_t *it, const char *field, char *err, size_t errlen)
+{
+	double d;
+
+	switch (bson_iter_type(it)) {
+	case BSON_TYPE_INT32:
+	case BSON_TYPE_INT64:
+		if (bson_iter_as_int64(it) < 0 || bson_iter_as_int64(it) > INT32_MAX)
+			goto out_of_range;
+		return 0;
+	case BSON_TYPE_DOUBLE:
+		d = bson_iter_double(it);
+		if (isnan(d))
+			goto non_integral;
+		if (d < 0 || d >= (double)INT32_MAX + 1.0)
+			goto out_of_range;
+		if (d != trunc(d))
+			goto non_integral;
+		return 0;
+	default:
+		snprintf(err, errlen, "%s must be a number", field);
+		return CODE_BAD_VALUE;
+	}
+out_of_range:
+	snprintf(err, errlen, "%s is out of range", field);
+	return CODE_BAD_VALUE;
+non_integral:
+	snprintf(err, errlen, "%s has non-integral value", field);
+	return CODE_BAD_VALUE;
+}
+
+/* write_concern_options.cpp: a malformed writeConcern is 9 FailedToParse; the rules of the
+ * shard's repl_wc_parse (w a number in [0, 50] or a string, wtimeout an integer in
+ * [0, INT32_MAX] ms, j and fsync bool or number). */
+static int check_write_concern(const bson_iter_t *wc, char *err, size_t errlen)
+{
+	bson_iter_t it;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(wc) || !bson_iter_recurse(wc, &it)) {
+		snprintf(err, errlen, "writeConcern must be an object");
+		return CODE_FAILED_TO_PARSE;
+	}
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		double d = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_double(&it) : NAN;
+
+		if (strcmp(k, "w") == 0 && !BSON_ITER_HOLDS_UTF8(&it)) {
+			if (!BSON_ITER_HOLDS_NUMBER(&it)) {
+				snprintf(err, errlen, "w has to be a number or a string");
+				return CODE_FAILED_TO_PARSE;
+			}
+			if (!(d >= 0 && d <= 50 && d == trunc(d))) {
+				snprintf(err, errlen, "w has to be a non-negative integer not greater "
+						      "than 50, or \"majority\"");
+				return CODE_FAILED_TO_PARSE;
+			}
+		} else if ((strcmp(k, "wtimeout") == 0 || strcmp(k, "wtimeoutMS") == 0) &&
+			   !(d >= 0 && d <= INT32_MAX && d == trunc(d))) {
+			snprintf(err, errlen, "wtimeout must be a non-negative integer (ms)");
+			return CODE_FAILED_TO_PARSE;
+		} else if ((strcmp(k, "j") == 0 || strcmp(k, "fsync") == 0) &&
+			   !BSON_ITER_HOLDS_BOOL(&it) && !BSON_ITER_HOLDS_NUMBER(&it)) {
+			snprintf(err, errlen, "%s must be numeric or a boolean value", k);
+			return CODE_FAILED_TO_PARSE;
+		}
+	}
+	return 0;
+}
+
+/* "a.b" into out (size bytes), cut short if it does not fit (a message only). */
+static void join(char *out, size_t size, const char *a, const char *b)
+{
+	if (snprintf(out, size, "%s.%s", a, b) >= (int)size)
+		out[size - 1] = '\0';
+}
+
+/* One field under `it`, named `path` in messages ("find.filter"), against its type. */
+static int check_arg(const bson_iter_t *it, arg_type type, const char *path, char *err,
+		     size_t errlen)
+{
+	bson_type_t t = bson_iter_type(it);
+	bson_iter_t sub;
+	char subpath[160];
+	int64_t v;
+	int code;
+
+	switch (type) {
+	case ARG_OBJECT:
+		return t == BSON_TYPE_DOCUMENT ? 0 : wrong_type(it, path, "type 'object'", err, errlen);
+	case ARG_ARRAY:
+		return t == BSON_TYPE_ARRAY ? 0 : wrong_type(it, path, "type 'array'", err, errlen);
+	case ARG_STRING:
+		return t == BSON_TYPE_UTF8 ? 0 : wrong_type(it, path, "type 'string'", err, errlen);
+	case ARG_BOOL:
+		return t == BSON_TYPE_BOOL || BSON_ITER_HOLDS_NUMBER(it)
+			       ? 0
+			       : wrong_type(it, path, "types '[bool, long, int, double]'", err,
+					    errlen);
+	case ARG_HINT:
+		return t == BSON_TYPE_DOCUMENT || t == BSON_TYPE_UTF8
+			       ? 0
+			       : wrong_type(it, path, "types '[string, object]'", err, errlen);
+	case ARG_UPDATE:
+		return t == BSON_TYPE_DOCUMENT || t == BSON_TYPE_ARRAY
+			       ? 0
+			       : wrong_type(it, path, "types '[object, array]'", err, errlen);
+	case ARG_INT:
+		return int_field(it, path, INT64_MIN, err, errlen, &v);
+	case ARG_UINT:
+		return int_field(it, path, 0, err, errlen, &v);
+	case ARG_CURSOR_ID:
+		return t == BSON_TYPE_INT64 ? 0 : wrong_type(it, path, "type 'long'", err, errlen);
+	case ARG_CURSOR_IDS:
+		if (t != BSON_TYPE_ARRAY || !bson_iter_recurse(it, &sub))
+			return wrong_type(it, path, "type 'array'", err, errlen);
+		while (bson_iter_next(&sub)) {
+			join(subpath, sizeof subpath, path, bson_iter_key(&sub));
+			if (!sdb_bson_as_int64_exact(&sub, &v))
+				return wrong_type(&sub, subpath, "type 'long'", err, errlen);
+		}
+		return 0;
+	case ARG_MAX_TIME:
+		return check_max_time(it, bson_iter_key(it), err, errlen);
+	case ARG_WC:
+		return check_write_concern(it, err, errlen);
+	case ARG_CURSOR:
+		if (t != BSON_TYPE_DOCUMENT || !bson_iter_recurse(it, &sub))
+			return wrong_type(it, path, "type 'object'", err, errlen);
+		if (bson_iter_find(&sub, "batchSize")) {
+			join(subpath, sizeof subpath, path, "batchSize");
+			return int_field(&sub, subpath, 0, err, errlen, &v);
+		}
+		return 0;
+	case ARG_GETMORE_BATCH:
+		code = int_field(it, path, INT64_MIN, err, errlen, &v);
+		if (code == 0 && v <= 0) {
+			snprintf(err, errlen,
+				 "Batch size for getMore must be positive, but received: %lld",
+				 (long long)v);
+			code = CODE_BAD_VALUE;
+		}
+		return code;
+	case ARG_DELETE_LIMIT: {
+		double d;
+		if (!BSON_ITER_HOLDS_NUMBER(it))
+			return wrong_type(it, path, "types '[long, int, double]'", err, errlen);
+		/* write_ops.cpp readMultiDeleteProperty reads a double, so 0.5 is not 0 */
+		d = bson_iter_as_double(it);
+		if (d != 0 && d != 1) {
+			snprintf(err, errlen, "The limit field in delete objects must be 0 or 1. Got %g",
+				 d);
+			return CODE_FAILED_TO_PARSE;
+		}
+		return 0;
+	}
+	}
+	return 0;
+}
+
+/* Every field of doc that rules (and, when generic, generic_types) name, checked; where is
+ * the message prefix ("find", "update.updates"). */
+static int check_types(const bson_t *doc, const char *where, const arg_rule *rules,
+		       bool generic, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	char path[160];
+
+	if (!bson_iter_init(&it, doc))
+		return 0;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		for (int pass = 0; pass < 2; pass++) {
+			const arg_rule *r = pass == 0 ? rules : generic ? generic_types : NULL;
+			for (; r != NULL && r->field != NULL; r++) {
+				if (strcmp(r->field, k) != 0)
+					continue;
+				join(path, sizeof path, where, k);
+				int code = check_arg(&it, r->type, path, err, errlen);
+				if (code != 0)
+					return code;
+			}
+		}
+	}
+	return 0;
+}
+
 int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, size_t errlen)
 {
 	return sdb_cmd_check(name, cmd, false, err, errlen);
@@ -233,6 +570,9 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 		snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.", name, unknown);
 		return CODE_UNKNOWN_FIELD;
 	}
+	if (command_types(name) != NULL &&
+	    (code = check_types(cmd, name, command_types(name), true, err, errlen)) != 0)
+		return code;
 	code = scan(cmd, NULL, false, false, false, err, errlen);
 	if (code != 0)
 		return code;
@@ -248,18 +588,25 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 		    !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &arr))
 			continue;
 		while (bson_iter_next(&arr)) {
+			bool stmt = strcmp(arrays[i].cmd, "createIndexes") != 0;
+
 			if (!sub_document(&arr, &sub))
 				continue;
-			code = scan(&sub, arrays[i].where, arrays[i].update,
-				    strcmp(arrays[i].cmd, "delete") == 0, retryable, err, errlen);
-			if (code != 0)
-				return code;
-			if (strcmp(arrays[i].cmd, "createIndexes") != 0 &&
-			    (unknown = unknown_stmt_field(&sub, arrays[i].update, internal)) != NULL) {
+			if (stmt && (unknown = unknown_stmt_field(&sub, arrays[i].update,
+								  internal)) != NULL) {
 				snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.",
 					 arrays[i].where, unknown);
 				return CODE_UNKNOWN_FIELD;
 			}
+			if (stmt && (code = check_types(&sub, arrays[i].where,
+							arrays[i].update ? update_stmt_types
+									 : delete_stmt_types,
+							false, err, errlen)) != 0)
+				return code;
+			code = scan(&sub, arrays[i].where, arrays[i].update,
+				    strcmp(arrays[i].cmd, "delete") == 0, retryable, err, errlen);
+			if (code != 0)
+				return code;
 		}
 	}
 	return 0;

@@ -26,6 +26,16 @@
  *     generic_argument.idl), and any unknown field of an update or delete statement: 40415
  *     "BSON field 'find.x' is an unknown field." (strict parsing, as mongod; stripedb's own
  *     `$stripedb*` fields pass, the commands that read them check them);
+ *   - a known field of the wrong type or value, as MongoDB 6.0's IDL parse refuses it (the
+ *     table and the rules where stripedb is stricter are in cmdopts.c, "IDL types"), for
+ *     find, aggregate, count, distinct, insert, update, delete, findAndModify, getMore,
+ *     killCursors and their update/delete statements: 14 TypeMismatch "BSON field
+ *     'find.filter' is the wrong type 'string', expected type 'object'"; an integer field
+ *     through common/bsonget.h (14, 9 for a fractional double, 51024 below a `gte: 0`);
+ *     maxTimeMS not a number in [0, INT32_MAX] or fractional: 2 BadValue (parseMaxTimeMS);
+ *     a malformed writeConcern (w, wtimeout, j, fsync): 9 FailedToParse; a delete
+ *     statement's limit other than 0 or 1: 9 "The limit field in delete objects must be 0
+ *     or 1. Got 0.5"; getMore's batchSize <= 0: 2 BadValue;
  *   - with a txnNumber (a retryable write), an update statement with multi: true or a delete
  *     statement with limit: 0: 72 InvalidOptions, as mongod answers (write_ops_exec.cpp),
  *     since a statement touching many documents cannot be recorded for an exactly-once retry.

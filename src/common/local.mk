@@ -32,8 +32,8 @@ noinst_HEADERS += \
 
 EXTRA_DIST += src/common/README.md
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -55,3 +55,6 @@ tests_unit_test_common_throttle_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_dblist_SOURCES = tests/unit/test_common_dblist.c
 tests_unit_test_common_dblist_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_dblist_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_cmdopts_SOURCES = tests/unit/test_common_cmdopts.c
+tests_unit_test_common_cmdopts_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_cmdopts_LDADD = $(UNIT_LDADD)

@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 #include "shard/shard.h"
 #include "shard/util.h"
@@ -915,8 +916,9 @@ void shard_cmd_killcursors(shard_ctx *x)
 	bson_t k = BSON_INITIALIZER, nf = BSON_INITIALIZER;
 	int nk = 0, nn = 0;
 	while (bson_iter_next(&sub)) {
-		int64_t id = bson_iter_as_int64(&sub);
+		int64_t id = 0; /* sdb_cmd_check refused other types; no cast of a double */
 		char key[16];
+		(void)sdb_bson_as_int64_exact(&sub, &id);
 		if (shard_cursor_kill(x->sh, id)) {
 			snprintf(key, sizeof key, "%d", nk++);
 			BSON_APPEND_INT64(&k, key, id);

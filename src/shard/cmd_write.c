@@ -3,10 +3,12 @@
  * inside a savepoint so that a failed item leaves no trace and, for unordered batches, the
  * others still apply. The version check of $stripedbVersion runs first in the same
  * transaction. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/bsonget.h"
 #include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
@@ -816,7 +818,10 @@ void shard_cmd_delete(shard_ctx *x)
 		bson_t q = BSON_INITIALIZER;
 		bson_iter_t it, hint;
 		bool have_hint = false, have_q = false, have_kr = false;
+		/* limit: -1 while absent; limit_bad: present but not exactly 0 or 1 */
 		int64_t limit = -1, kr_limit = 0;
+		bool limit_bad = false;
+		bson_iter_t limit_it = {0};
 		bson_t kr;
 		if (bson_iter_init(&it, &st)) {
 			while (bson_iter_next(&it)) {
@@ -824,8 +829,16 @@ void shard_cmd_delete(shard_ctx *x)
 				if (strcmp(k, "q") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
 					util_iter_copy(&it, &q);
 					have_q = true;
-				} else if (strcmp(k, "limit") == 0 && BSON_ITER_HOLDS_NUMBER(&it)) {
-					limit = bson_iter_as_int64(&it);
+				} else if (strcmp(k, "limit") == 0) {
+					/* write_ops.cpp readMultiDeleteProperty compares the
+					 * double: 0.5 is not 0 ("delete all"), and 1e300 is
+					 * never cast */
+					double d = BSON_ITER_HOLDS_NUMBER(&it)
+							   ? bson_iter_as_double(&it)
+							   : NAN;
+					limit_bad = d != 0 && d != 1;
+					limit = d == 1 ? 1 : 0;
+					limit_it = it;
 				} else if (strcmp(k, "hint") == 0 &&
 					   (BSON_ITER_HOLDS_UTF8(&it) ||
 					    BSON_ITER_HOLDS_DOCUMENT(&it))) {
@@ -837,7 +850,8 @@ void shard_cmd_delete(shard_ctx *x)
 					have_kr = true;
 				} else if (strcmp(k, "keyRangeLimit") == 0 &&
 					   BSON_ITER_HOLDS_NUMBER(&it)) {
-					kr_limit = bson_iter_as_int64(&it);
+					if (!sdb_bson_as_int64(&it, &kr_limit))
+						kr_limit = -1; /* refused below */
 				}
 			}
 		}
@@ -860,7 +874,7 @@ void shard_cmd_delete(shard_ctx *x)
 			}
 			bson_reinit(&q);
 		}
-		if (!have_q || (limit != 0 && limit != 1)) {
+		if (!have_q || limit == -1 || limit_bad) {
 			bson_destroy(&q);
 			wbatch_abort(&b);
 			if (!have_q)
@@ -869,11 +883,15 @@ void shard_cmd_delete(shard_ctx *x)
 			else if (limit == -1)
 				shard_fail(x, 40414, "BSON field 'delete.deletes.limit' is missing "
 						     "but a required field");
+			else if (!BSON_ITER_HOLDS_NUMBER(&limit_it))
+				shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+					   "BSON field 'delete.deletes.limit' is the wrong type '%s', "
+					   "expected types '[long, int, double]'",
+					   sdb_bson_type_name(bson_iter_type(&limit_it)));
 			else
 				shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
-					   "The limit field in delete objects must be 0 or 1. Got "
-					   "%lld",
-					   (long long)limit);
+					   "The limit field in delete objects must be 0 or 1. Got %g",
+					   bson_iter_as_double(&limit_it));
 			return;
 		}
 		shard_mig_sess ms;

@@ -11,7 +11,7 @@ noinst_HEADERS += src/shard/shard.h src/shard/util.h src/shard/repl.h src/shard/
 EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unified.py \
 	tests/integration/test_compat_refusals.py docs/compat.md docs/compat-crud.md \
 	tests/integration/test_crud_report.py tests/integration/test_let.py \
-	tests/integration/test_strict_commands.py \
+	tests/integration/test_strict_commands.py tests/integration/test_arg_types.py \
 	tests/integration/crud_unified_node.js tests/integration/test_shard_node.py \
 	tests/integration/test_shard.py tests/integration/test_retryable_writes.py \
 	tests/integration/test_shard_filtering.py \

@@ -4,11 +4,13 @@
  * command's maxTimeMS; what cannot be honoured gets mongod's writeConcernError
  * (WriteConcernOptions, replication_coordinator_impl.cpp awaitReplication). Contract in
  * repl_int.h. */
+#include <math.h>
 #include <raft.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/clock.h"
 #include "shard/repl.h"
 #include "shard/repl_int.h"
@@ -120,9 +122,10 @@ bool repl_wc_parse(wire_req *req, int32_t *w, int64_t *wtimeout, int64_t *maxtim
 	*w = 0;
 	*wtimeout = 0;
 	*maxtime = 0;
+	int64_t mt;
 	if (bson_iter_init_find(&it, wire_req_cmd(req), "maxTimeMS") &&
-	    BSON_ITER_HOLDS_NUMBER(&it) && bson_iter_as_int64(&it) > 0)
-		*maxtime = bson_iter_as_int64(&it);
+	    sdb_bson_as_int64(&it, &mt) && mt > 0)
+		*maxtime = mt;
 	if (!bson_iter_init_find(&it, wire_req_cmd(req), "writeConcern"))
 		return true;
 	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
@@ -143,7 +146,7 @@ bool repl_wc_parse(wire_req *req, int32_t *w, int64_t *wtimeout, int64_t *maxtim
 				}
 			} else if (BSON_ITER_HOLDS_NUMBER(&sub)) {
 				double v = bson_iter_as_double(&sub);
-				if (v < 0 || v > 50 || v != (double)(int64_t)v) {
+				if (!(v >= 0 && v <= 50 && v == trunc(v))) {
 					wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
 						       "w has to be a non-negative integer not greater "
 						       "than 50, or \"majority\"");
@@ -157,7 +160,8 @@ bool repl_wc_parse(wire_req *req, int32_t *w, int64_t *wtimeout, int64_t *maxtim
 			}
 		} else if (strcmp(k, "wtimeout") == 0 || strcmp(k, "wtimeoutMS") == 0) {
 			double v = BSON_ITER_HOLDS_NUMBER(&sub) ? bson_iter_as_double(&sub) : -1;
-			if (v < 0 || v != (double)(int64_t)v) {
+			/* no cast before the range check: (int64_t)inf is undefined */
+			if (!(v >= 0 && v <= INT32_MAX && v == trunc(v))) {
 				wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
 					       "wtimeout must be a non-negative integer (ms)");
 				return false;

@@ -1,0 +1,285 @@
+/* Unit tests of src/common/cmdopts.c: the IDL type table every command passes before either
+ * role runs it (unknown fields, wrong types, the value rules mongod applies at parse). */
+
+/* The module under test, compiled into this binary (statics included), not taken from
+ * libstripedb.a: see UNIT_LDADD in Makefile.am. */
+#include "../../src/common/cmdopts.c"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+/* sdb_cmd_check of the command in canonical extended JSON (its first key names it);
+ * asserts the code and, when text is not NULL, that the message contains it. */
+static void expect(const char *json, bool internal, int code, const char *text)
+{
+	bson_error_t berr;
+	bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &berr);
+	bson_iter_t it;
+	char err[256] = "";
+	int got;
+
+	if (cmd == NULL)
+		fail_msg("bad JSON %s: %s", json, berr.message);
+	assert_true(bson_iter_init(&it, cmd) && bson_iter_next(&it));
+	got = sdb_cmd_check(bson_iter_key(&it), cmd, internal, err, sizeof err);
+	if (got != code)
+		fail_msg("%s: code %d (%s), expected %d", json, got, err, code);
+	if (text != NULL && strstr(err, text) == NULL)
+		fail_msg("%s: message \"%s\" lacks \"%s\"", json, err, text);
+	bson_destroy(cmd);
+}
+
+static void ok(const char *json)
+{
+	expect(json, false, 0, NULL);
+}
+
+static void test_object_fields(void **state)
+{
+	(void)state;
+	expect("{\"find\": \"c\", \"filter\": \"x\"}", false, 14,
+	       "BSON field 'find.filter' is the wrong type 'string', expected type 'object'");
+	expect("{\"find\": \"c\", \"projection\": 1}", false, 14,
+	       "'find.projection' is the wrong type 'int'");
+	expect("{\"find\": \"c\", \"sort\": [1]}", false, 14, "'find.sort' is the wrong type 'array'");
+	expect("{\"find\": \"c\", \"filter\": null}", false, 14, "wrong type 'null'");
+	expect("{\"count\": \"c\", \"query\": \"bad\"}", false, 14, "'count.query'");
+	expect("{\"distinct\": \"c\", \"key\": \"a\", \"query\": \"bad\"}", false, 14,
+	       "'distinct.query'");
+	expect("{\"findAndModify\": \"c\", \"query\": \"k == 5\", \"remove\": true}", false, 14,
+	       "'findAndModify.query' is the wrong type 'string', expected type 'object'");
+	expect("{\"findAndModify\": \"c\", \"sort\": 1, \"remove\": true}", false, 14,
+	       "'findAndModify.sort'");
+	expect("{\"findAndModify\": \"c\", \"fields\": \"a\", \"remove\": true}", false, 14,
+	       "'findAndModify.fields'");
+	expect("{\"findandmodify\": \"c\", \"query\": 5, \"remove\": true}", false, 14,
+	       "'findandmodify.query'");
+	expect("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": {}, \"let\": 1}", false, 14,
+	       "'aggregate.let'");
+	expect("{\"find\": \"c\", \"readConcern\": \"local\"}", false, 14, "'find.readConcern'");
+	ok("{\"find\": \"c\", \"filter\": {\"a\": 1}, \"projection\": {}, \"sort\": {\"a\": 1}}");
+	ok("{\"findAndModify\": \"c\", \"query\": {}, \"sort\": {}, \"fields\": {}, \"remove\": true}");
+}
+
+static void test_other_types(void **state)
+{
+	(void)state;
+	expect("{\"aggregate\": \"c\", \"pipeline\": {}, \"cursor\": {}}", false, 14,
+	       "'aggregate.pipeline' is the wrong type 'object', expected type 'array'");
+	expect("{\"distinct\": \"c\", \"key\": 5}", false, 14,
+	       "'distinct.key' is the wrong type 'int', expected type 'string'");
+	expect("{\"find\": \"c\", \"hint\": 5}", false, 14, "expected types '[string, object]'");
+	ok("{\"find\": \"c\", \"hint\": \"a_1\"}");
+	ok("{\"find\": \"c\", \"hint\": {\"a\": 1}}");
+	expect("{\"findAndModify\": \"c\", \"query\": {}, \"update\": \"x\"}", false, 14,
+	       "'findAndModify.update' is the wrong type 'string', expected types '[object, "
+	       "array]'");
+	ok("{\"findAndModify\": \"c\", \"query\": {}, \"update\": [{\"$set\": {\"a\": 1}}]}");
+	expect("{\"insert\": \"c\", \"documents\": {}}", false, 14, "'insert.documents'");
+	expect("{\"insert\": \"c\", \"documents\": [], \"stmtIds\": 1}", true, 14,
+	       "'insert.stmtIds'");
+}
+
+static void test_bools(void **state)
+{
+	(void)state;
+	expect("{\"findAndModify\": \"c\", \"query\": {}, \"remove\": \"yes\"}", false, 14,
+	       "'findAndModify.remove' is the wrong type 'string', expected types '[bool, long, "
+	       "int, double]'");
+	expect("{\"findAndModify\": \"c\", \"query\": {}, \"update\": {}, \"new\": null}", false,
+	       14, "'findAndModify.new'");
+	expect("{\"findAndModify\": \"c\", \"query\": {}, \"update\": {}, \"upsert\": {}}", false,
+	       14, "'findAndModify.upsert'");
+	expect("{\"find\": \"c\", \"singleBatch\": \"x\"}", false, 14, "'find.singleBatch'");
+	expect("{\"insert\": \"c\", \"documents\": [], \"ordered\": \"x\"}", false, 14,
+	       "'insert.ordered'");
+	ok("{\"find\": \"c\", \"singleBatch\": 1, \"tailable\": false}");
+	ok("{\"findAndModify\": \"c\", \"query\": {}, \"remove\": 1.0}");
+}
+
+static void test_integers(void **state)
+{
+	(void)state;
+	expect("{\"find\": \"c\", \"limit\": -1}", false, 51024,
+	       "BSON field 'find.limit' value must be >= 0, actual value '-1'");
+	expect("{\"find\": \"c\", \"batchSize\": {\"$numberLong\": \"-9223372036854775808\"}}",
+	       false, 51024, "'find.batchSize' value must be >= 0");
+	expect("{\"find\": \"c\", \"skip\": 1.5}", false, 9, "Expected an integer");
+	expect("{\"find\": \"c\", \"limit\": {\"$numberDouble\": \"1e300\"}}", false, 9,
+	       "Expected an integer");
+	expect("{\"find\": \"c\", \"limit\": \"1\"}", false, 14,
+	       "'find.limit' is the wrong type 'string'");
+	expect("{\"count\": \"c\", \"limit\": \"1\"}", false, 14, "'count.limit'");
+	/* count's limit may be negative (the command refuses INT64_MIN itself) */
+	ok("{\"count\": \"c\", \"limit\": -2}");
+	ok("{\"count\": \"c\", \"limit\": {\"$numberLong\": \"-9223372036854775808\"}}");
+	ok("{\"find\": \"c\", \"limit\": 5.0, \"skip\": {\"$numberLong\": \"3\"}, \"batchSize\": 0}");
+	expect("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": {\"batchSize\": -1}}", false,
+	       51024, "'aggregate.cursor.batchSize' value must be >= 0");
+	expect("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": {\"batchSize\": 1.5}}", false,
+	       9, NULL);
+	expect("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": {\"batchSize\": \"5\"}}",
+	       false, 14, NULL);
+	expect("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": {\"batchSize\": null}}", false,
+	       14, NULL);
+	expect("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": 1}", false, 14,
+	       "'aggregate.cursor' is the wrong type 'int', expected type 'object'");
+	ok("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": {\"batchSize\": 0}}");
+}
+
+static void test_max_time_ms(void **state)
+{
+	(void)state;
+	expect("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": {}, \"maxTimeMS\": null}",
+	       false, 2, "maxTimeMS must be a number");
+	expect("{\"distinct\": \"c\", \"key\": \"a\", \"maxTimeMS\": true}", false, 2,
+	       "maxTimeMS must be a number");
+	expect("{\"find\": \"c\", \"maxTimeMS\": -1}", false, 2, "maxTimeMS is out of range");
+	expect("{\"find\": \"c\", \"maxTimeMS\": {\"$numberLong\": \"9223372036854775807\"}}", false,
+	       2, "maxTimeMS is out of range");
+	expect("{\"find\": \"c\", \"maxTimeMS\": 2147483648}", false, 2, "out of range");
+	expect("{\"find\": \"c\", \"maxTimeMS\": {\"$numberDouble\": \"Infinity\"}}", false, 2,
+	       "out of range");
+	expect("{\"find\": \"c\", \"maxTimeMS\": {\"$numberDouble\": \"NaN\"}}", false, 2,
+	       "non-integral");
+	expect("{\"find\": \"c\", \"maxTimeMS\": 1.5}", false, 2, "maxTimeMS has non-integral value");
+	ok("{\"find\": \"c\", \"maxTimeMS\": 2147483647}");
+	ok("{\"find\": \"c\", \"maxTimeMS\": 0}");
+	ok("{\"find\": \"c\", \"maxTimeMS\": 100.0}");
+}
+
+static void test_write_concern(void **state)
+{
+	(void)state;
+	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"wtimeout\": "
+	       "{\"$numberDouble\": \"Infinity\"}}}",
+	       false, 9, "wtimeout must be a non-negative integer");
+	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"wtimeout\": null}}", false,
+	       9, "wtimeout");
+	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"wtimeout\": \"5\"}}",
+	       false, 9, "wtimeout");
+	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"wtimeout\": 1e300}}",
+	       false, 9, "wtimeout");
+	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"w\": 1.5}}", false, 9,
+	       "w has to be a non-negative integer");
+	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"w\": {}}}", false, 9,
+	       "w has to be a number or a string");
+	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"j\": \"x\"}}", false, 9,
+	       "j must be numeric or a boolean value");
+	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": 1}", false, 9,
+	       "writeConcern must be an object");
+	ok("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"w\": \"majority\", "
+	   "\"wtimeout\": 100, \"j\": true, \"fsync\": 1}}");
+	ok("{\"delete\": \"c\", \"deletes\": [], \"writeConcern\": {\"w\": 0}}");
+}
+
+static void test_delete_statements(void **state)
+{
+	(void)state;
+	expect("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 0.5}]}", false, 9,
+	       "The limit field in delete objects must be 0 or 1. Got 0.5");
+	expect("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 1e300}]}", false, 9,
+	       "Got 1e+300");
+	expect("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": -1}]}", false, 9,
+	       "Got -1");
+	expect("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 2}]}", false, 9, "Got 2");
+	expect("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": \"1\"}]}", false, 14,
+	       "'delete.deletes.limit' is the wrong type 'string'");
+	expect("{\"delete\": \"c\", \"deletes\": [{\"q\": \"x\", \"limit\": 0}]}", false, 14,
+	       "'delete.deletes.q' is the wrong type 'string'");
+	expect("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 0, \"hint\": 1}]}", false,
+	       14, "'delete.deletes.hint'");
+	ok("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 0}, {\"q\": {}, \"limit\": "
+	   "1.0}, {\"q\": {}, \"limit\": {\"$numberLong\": \"1\"}}]}");
+	/* the second statement is checked too */
+	expect("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 0}, {\"q\": {}, \"limit\": "
+	       "0.5}]}",
+	       false, 9, NULL);
+	/* a retryable write: 0.5 is a bad limit (9), not a multi-document delete (72) */
+	expect("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 0.5}], \"txnNumber\": 1}",
+	       false, 9, NULL);
+	/* a migration's range cleanup passes on a shard */
+	expect("{\"delete\": \"c\", \"deletes\": [{\"q\": {\"$stripedbKeyRange\": true}, \"limit\": "
+	       "0, \"keyRange\": {}, \"keyRangeLimit\": 100}]}",
+	       true, 0, NULL);
+}
+
+static void test_update_statements(void **state)
+{
+	(void)state;
+	expect("{\"update\": \"c\", \"updates\": [{\"q\": {}, \"u\": {}, \"multi\": \"yes\"}]}", false,
+	       14, "'update.updates.multi' is the wrong type 'string'");
+	expect("{\"update\": \"c\", \"updates\": [{\"q\": {}, \"u\": {}, \"upsert\": null}]}", false,
+	       14, "'update.updates.upsert'");
+	expect("{\"update\": \"c\", \"updates\": [{\"q\": 1, \"u\": {}}]}", false, 14,
+	       "'update.updates.q'");
+	expect("{\"update\": \"c\", \"updates\": [{\"q\": {}, \"u\": \"x\"}]}", false, 14,
+	       "'update.updates.u' is the wrong type 'string', expected types '[object, array]'");
+	expect("{\"update\": \"c\", \"updates\": [{\"q\": {}, \"u\": {}, \"arrayFilters\": {}}]}",
+	       false, 14, "'update.updates.arrayFilters'");
+	ok("{\"update\": \"c\", \"updates\": [{\"q\": {}, \"u\": [{\"$set\": {\"a\": 1}}], "
+	   "\"multi\": true, \"upsert\": 0}]}");
+}
+
+static void test_cursors(void **state)
+{
+	(void)state;
+	expect("{\"getMore\": {\"$numberLong\": \"5\"}, \"collection\": \"c\", \"batchSize\": -1}",
+	       false, 2, "Batch size for getMore must be positive, but received: -1");
+	expect("{\"getMore\": {\"$numberLong\": \"5\"}, \"collection\": \"c\", \"batchSize\": 0}",
+	       false, 2, "received: 0");
+	expect("{\"getMore\": {\"$numberLong\": \"5\"}, \"collection\": \"c\", \"batchSize\": "
+	       "{\"$numberLong\": \"-9223372036854775808\"}}",
+	       false, 2, "must be positive");
+	expect("{\"getMore\": {\"$numberLong\": \"5\"}, \"collection\": \"c\", \"batchSize\": 1.5}",
+	       false, 9, NULL);
+	expect("{\"getMore\": 1e300, \"collection\": \"c\"}", false, 14,
+	       "'getMore.getMore' is the wrong type 'double', expected type 'long'");
+	expect("{\"getMore\": {\"$numberLong\": \"5\"}, \"collection\": 1}", false, 14,
+	       "'getMore.collection'");
+	ok("{\"getMore\": {\"$numberLong\": \"5\"}, \"collection\": \"c\", \"batchSize\": 3}");
+	expect("{\"getMore\": 5, \"collection\": \"c\"}", false, 14,
+	       "'getMore.getMore' is the wrong type 'int', expected type 'long'");
+	expect("{\"killCursors\": \"c\", \"cursors\": \"notarray\"}", false, 14,
+	       "'killCursors.cursors' is the wrong type 'string', expected type 'array'");
+	expect("{\"killCursors\": \"c\", \"cursors\": [{\"$numberLong\": \"1\"}, 2.0]}", false, 14,
+	       "'killCursors.cursors.1' is the wrong type 'double', expected type 'long'");
+	ok("{\"killCursors\": \"c\", \"cursors\": [{\"$numberLong\": \"1\"}, 2]}");
+}
+
+static void test_explain_and_internal(void **state)
+{
+	(void)state;
+	expect("{\"explain\": {\"find\": \"c\", \"filter\": \"x\"}}", false, 14, "'find.filter'");
+	expect("{\"explain\": {\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 0.5}]}}",
+	       false, 9, NULL);
+	/* stripedb's own fields keep passing on a shard (internal), typed or not */
+	ok("{\"find\": \"c\", \"filter\": {}, \"$stripedbOrigin\": \"x\"}");
+	expect("{\"find\": \"c\", \"keyRange\": {}, \"stripedbSnapshot\": true}", true, 0, NULL);
+	expect("{\"insert\": \"c\", \"documents\": [], \"stmtIds\": [0, 1]}", true, 0, NULL);
+	/* commands without a type list are not checked */
+	ok("{\"ping\": 1, \"maxTimeMS\": \"x\"}");
+	/* an unknown field is still reported before a type */
+	expect("{\"find\": \"c\", \"filter\": \"x\", \"bogus\": 1}", false, 40415, "'find.bogus'");
+	/* a collation of the wrong type is a type error, a non-simple one is not implemented */
+	expect("{\"find\": \"c\", \"collation\": \"fr\"}", false, 14, "'find.collation'");
+	expect("{\"find\": \"c\", \"collation\": {\"locale\": \"fr\"}}", false, 238, NULL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_object_fields),	  cmocka_unit_test(test_other_types),
+		cmocka_unit_test(test_bools),		  cmocka_unit_test(test_integers),
+		cmocka_unit_test(test_max_time_ms),	  cmocka_unit_test(test_write_concern),
+		cmocka_unit_test(test_delete_statements), cmocka_unit_test(test_update_statements),
+		cmocka_unit_test(test_cursors),		  cmocka_unit_test(test_explain_and_internal),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
