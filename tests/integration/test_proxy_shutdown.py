@@ -5,12 +5,20 @@ wait that ends by itself (a call to a shard: shardconn_wait_begin), so the proxy
 suite's teardown (conftest.py) fails a test for."""
 import os
 import signal
-import threading
+import socket
+import struct
 
-import pymongo
+import bson
 
 from conftest import wait_until
 from proxy_helpers import ProxyCluster
+
+OP_MSG = 2013
+
+
+def op_msg(request_id, body):
+    payload = struct.pack("<I", 0) + b"\x00" + bson.encode(body)
+    return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_MSG) + payload
 
 
 def test_request_waiting_on_a_stopped_shard_is_reported_as_waiting(start_role, tmp_path):
@@ -20,27 +28,20 @@ def test_request_waiting_on_a_stopped_shard_is_reported_as_waiting(start_role, t
     try:
         cl.shard_collection("w.h", {"k": "hashed"}, num_chunks=4)
         cl.proxy_client(0).w.h.insert_many([{"k": i} for i in range(40)])
+        for c in cl._clients:  # no driver connection (nor its monitor's hello) is left
+            c.close()
+        wait_until(lambda: cl.metric(0, "stripedb_wire_requests_running") == 0, 30,
+                   what="no request running on the proxy")
         stopped = cl.shard_procs["shard-b"].p.pid
         os.kill(stopped, signal.SIGSTOP)
-        client = pymongo.MongoClient(f"mongodb://127.0.0.1:{cl.proxy_ports[0]}/",
-                                     socketTimeoutMS=120000, retryReads=False)
-        errors = []
-
-        def scatter():
-            try:
-                list(client.w.h.find({}))
-            except pymongo.errors.PyMongoError as e:  # the proxy closes the connection
-                errors.append(e)
-
-        t = threading.Thread(target=scatter, daemon=True)
-        t.start()
-        # the find is at the proxy, which waits on shard-b
-        wait_until(lambda: cl.metric(0, "stripedb_wire_requests_running") >= 1, 30,
-                   what="the find running on the proxy")
+        # one find, on a plain socket: the only request the proxy will be running
+        s = socket.create_connection(("127.0.0.1", cl.proxy_ports[0]), timeout=60)
+        s.sendall(op_msg(1, {"find": "h", "filter": {}, "$db": "w"}))
+        wait_until(lambda: cl.metric(0, "stripedb_wire_requests_running") == 1, 30,
+                   what="the find running on the proxy (waiting on shard-b)")
         proxy = cl.proxy_procs[0]
         proxy.stop(timeout=30)
-        t.join(60)
-        client.close()
+        s.close()
         log = open(proxy.log_path, errors="replace").read()
         assert "wire: request waiting at shutdown" in log and "cmd=find" in log, log[-3000:]
         assert "wire: unanswered request at shutdown" not in log, log[-3000:]
