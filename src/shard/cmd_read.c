@@ -1,10 +1,10 @@
 /* Read commands of the shard role: find, getMore, killCursors, count, distinct, aggregate,
  * explain, and the stripedbSnapshot point-in-time read. MongoDB 6.0 semantics and codes.
  *
- * Why one file of ~1,600 lines (agg_exec's $documents and $collStats inputs joined it):
+ * Why one file of ~1,600 lines (shard_agg_exec's $documents and $collStats inputs joined it):
  * every command here is built on the same three private pieces (the find option parser
  * parse_find_opts, the streaming batch stream_batch with the oplog scan, and the
- * aggregation executor agg_exec that count, distinct and explain run through), so a split
+ * aggregation executor shard_agg_exec that count, distinct and explain run through), so a split
  * would only move them into a shared header. */
 #include <errno.h>
 #include <stdio.h>
@@ -16,6 +16,7 @@
 #include "common/alloc.h"
 #include "common/bsonget.h"
 #include "common/err.h"
+#include "shard/cmd_read_int.h"
 #include "shard/shard.h"
 #include "shard/util.h"
 #include "storage/bsonval.h"
@@ -28,16 +29,9 @@
 static const char OPLOG_DB[] = "local";
 static const char OPLOG_COLL[] = "oplog.rs";
 
-static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
-		     const bson_iter_t *hint, bson_t ***docs_out, size_t *n_out,
-		     sdb_query **q_out);
-static bool coll_is_view(shard_ctx *x, const char *coll);
-static void reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, int64_t batch,
-			 bool single, const bson_t *extra, shard_cursor *tail);
-
 /* Open the next stage of stages (*nst of them so far) as st; the caller appends the stage's
  * field and closes it with bson_append_document_end(stages, st). */
-static void stage_open(bson_t *stages, uint32_t *nst, bson_t *st)
+void shard_stage_open(bson_t *stages, uint32_t *nst, bson_t *st)
 {
 	char k[16];
 	const char *kp;
@@ -46,19 +40,19 @@ static void stage_open(bson_t *stages, uint32_t *nst, bson_t *st)
 }
 
 /* Append {name: value-doc} as the next stage of stages. */
-static void stage_doc(bson_t *stages, uint32_t *nst, const char *name, const bson_t *v)
+void shard_stage_doc(bson_t *stages, uint32_t *nst, const char *name, const bson_t *v)
 {
 	bson_t st;
-	stage_open(stages, nst, &st);
+	shard_stage_open(stages, nst, &st);
 	BSON_APPEND_DOCUMENT(&st, name, v);
 	bson_append_document_end(stages, &st);
 }
 
 /* Append {name: v} as the next stage of stages. */
-static void stage_int(bson_t *stages, uint32_t *nst, const char *name, int64_t v)
+void shard_stage_int(bson_t *stages, uint32_t *nst, const char *name, int64_t v)
 {
 	bson_t st;
-	stage_open(stages, nst, &st);
+	shard_stage_open(stages, nst, &st);
 	BSON_APPEND_INT64(&st, name, v);
 	bson_append_document_end(stages, &st);
 }
@@ -242,7 +236,7 @@ static sdb_query *query_open(shard_ctx *x, const char *coll, const sdb_query_spe
 }
 
 /* Reply with a cursor over docs (ownership taken). batch < 0: default. */
-static void reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, int64_t batch,
+void shard_reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, int64_t batch,
 			 bool single, const bson_t *extra, shard_cursor *tail)
 {
 	size_t take;
@@ -451,7 +445,7 @@ static void find_oplog(shard_ctx *x, find_opts *o)
 		bson_copy_to(&o->filter, &tail->filter);
 	}
 	sdb_matcher_free(m);
-	reply_cursor(x, "local.oplog.rs", docs, n, o->have_batch ? o->batch : -1, o->single_batch,
+	shard_reply_cursor(x, "local.oplog.rs", docs, n, o->have_batch ? o->batch : -1, o->single_batch,
 		     NULL, tail);
 }
 
@@ -514,7 +508,7 @@ static void find_in_txn(shard_ctx *x, const char *coll, find_opts *o, sdb_projec
 		sdb_projection_free(proj);
 		return;
 	}
-	if (coll_is_view(x, coll)) {
+	if (shard_coll_is_view(x, coll)) {
 		sdb_projection_free(proj);
 		shard_fail(x, 263 /* OperationNotSupportedInTransaction */,
 			   "a find on a view is not supported in a transaction by stripedb");
@@ -556,7 +550,7 @@ static void find_in_txn(shard_ctx *x, const char *coll, find_opts *o, sdb_projec
 	}
 	sdb_store_rollback(x->conn);
 	char *ns = sdb_asprintf("%s.%s", x->db, coll);
-	reply_cursor(x, ns, docs ? docs : sdb_calloc(1, sizeof *docs), n,
+	shard_reply_cursor(x, ns, docs ? docs : sdb_calloc(1, sizeof *docs), n,
 		     o->have_batch ? o->batch : -1, o->single_batch, NULL, NULL);
 	free(ns);
 }
@@ -576,15 +570,15 @@ static void find_conn_put(shard_ctx *x, sdb_store_conn *worker_conn, sdb_store_c
  * non-empty $project. A count passes find_stages false. */
 static void view_stages(const find_opts *o, bool find_stages, bson_t *stages, uint32_t *nst)
 {
-	stage_doc(stages, nst, "$match", &o->filter);
+	shard_stage_doc(stages, nst, "$match", &o->filter);
 	if (find_stages && o->have_sort && !bson_empty(&o->sort))
-		stage_doc(stages, nst, "$sort", &o->sort);
+		shard_stage_doc(stages, nst, "$sort", &o->sort);
 	if (o->skip)
-		stage_int(stages, nst, "$skip", o->skip);
+		shard_stage_int(stages, nst, "$skip", o->skip);
 	if (o->limit)
-		stage_int(stages, nst, "$limit", o->limit);
+		shard_stage_int(stages, nst, "$limit", o->limit);
 	if (find_stages && o->have_projection && !bson_empty(&o->projection))
-		stage_doc(stages, nst, "$project", &o->projection);
+		shard_stage_doc(stages, nst, "$project", &o->projection);
 }
 
 static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot)
@@ -622,26 +616,26 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		find_conn_put(x, worker_conn, fc, proj);
 		return;
 	}
-	if (o->have_key_range && coll_is_view(x, coll)) {
+	if (o->have_key_range && shard_coll_is_view(x, coll)) {
 		sdb_store_rollback(x->conn);
 		find_conn_put(x, worker_conn, fc, proj);
 		shard_fail(x, WIRE_ERR_BAD_VALUE, "keyRange is not allowed on a view");
 		return;
 	}
-	if (coll_is_view(x, coll)) {
+	if (shard_coll_is_view(x, coll)) {
 		/* a find on a view is an aggregation over its source */
 		bson_t **docs;
 		size_t n;
 		bson_t stages = BSON_INITIALIZER;
 		uint32_t nst = 0;
 		view_stages(o, true, &stages, &nst);
-		bool ok = agg_exec(x, coll, &stages, NULL, &docs, &n, NULL);
+		bool ok = shard_agg_exec(x, coll, &stages, NULL, &docs, &n, NULL);
 		bson_destroy(&stages);
 		find_conn_put(x, worker_conn, fc, proj);
 		if (!ok)
 			return;
 		char *ns = sdb_asprintf("%s.%s", x->db, coll);
-		reply_cursor(x, ns, docs, n, o->have_batch ? o->batch : -1, o->single_batch, NULL,
+		shard_reply_cursor(x, ns, docs, n, o->have_batch ? o->batch : -1, o->single_batch, NULL,
 			     NULL);
 		free(ns);
 		return;
@@ -983,16 +977,16 @@ void shard_cmd_count(shard_ctx *x)
 	if (!coll)
 		return;
 	int64_t n = 0;
-	if (coll_is_view(x, coll)) {
+	if (shard_coll_is_view(x, coll)) {
 		bson_t stages = BSON_INITIALIZER, st;
 		uint32_t nst = 0;
 		view_stages(&o, false, &stages, &nst);
-		stage_open(&stages, &nst, &st);
+		shard_stage_open(&stages, &nst, &st);
 		BSON_APPEND_UTF8(&st, "$count", "n");
 		bson_append_document_end(&stages, &st);
 		bson_t **docs = NULL;
 		size_t nd = 0;
-		bool ok = agg_exec(x, coll, &stages, NULL, &docs, &nd, NULL);
+		bool ok = shard_agg_exec(x, coll, &stages, NULL, &docs, &nd, NULL);
 		bson_destroy(&stages);
 		find_opts_destroy(&o);
 		if (!ok)
@@ -1108,391 +1102,6 @@ void shard_cmd_distinct(shard_ctx *x)
 	wire_req_reply(x->req, reply);
 }
 
-/* ------------------------------------------------------------------ aggregate */
-
-typedef struct agg_input {
-	sdb_query *q;
-} agg_input;
-
-static int agg_next(void *ctx, const bson_t **doc, int *code, char *err, size_t errlen)
-{
-	agg_input *in = ctx;
-	if (!in->q)
-		return 0;
-	return sdb_query_next(in->q, doc, code, err, errlen);
-}
-
-static bool coll_is_view(shard_ctx *x, const char *coll)
-{
-	const sdb_store_coll *co = NULL;
-	bson_iter_t it;
-	return sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) == 0 &&
-	       bson_iter_init_find(&it, co->options, "viewOn");
-}
-
-/* Append the stages after it (an iterator over a BSON array) to stages (*nst so far). */
-static void stages_append_rest(bson_t *stages, uint32_t *nst, bson_iter_t *it)
-{
-	while (bson_iter_next(it)) {
-		char k[16];
-		const char *kp;
-		bson_uint32_to_string((*nst)++, &kp, k, sizeof k);
-		bson_append_iter(stages, kp, -1, it);
-	}
-}
-
-/* Append every stage of arr (a BSON array) to stages. */
-static void stages_append(bson_t *stages, uint32_t *nst, const bson_t *arr)
-{
-	bson_iter_t it;
-	if (bson_iter_init(&it, arr))
-		stages_append_rest(stages, nst, &it);
-}
-
-/* Is db.coll a view? Then *source gets its viewOn (in buf) and the view's pipeline
- * stages are appended to *stages (an array builder, keys from *nst). Follows views of
- * views (at most 20 levels). Needs an open transaction. Returns false when not a view. */
-static bool view_resolve(shard_ctx *x, const char *coll, char *buf, size_t buflen,
-			 bson_t *stages, uint32_t *nst)
-{
-	bool any = false;
-	char cur[256];
-	snprintf(cur, sizeof cur, "%s", coll);
-	/* collect levels innermost-last, then append outermost source's pipeline first */
-	bson_t levels[20];
-	int nl = 0;
-	for (int depth = 0; depth < 20; depth++) {
-		const sdb_store_coll *co = NULL;
-		if (sdb_store_coll_get(x->conn, x->db, cur, &co, NULL, 0) != 0)
-			break;
-		bson_iter_t it, pit;
-		if (!bson_iter_init_find(&it, co->options, "viewOn") || !BSON_ITER_HOLDS_UTF8(&it))
-			break;
-		bson_init(&levels[nl]);
-		if (bson_iter_init_find(&pit, co->options, "pipeline") &&
-		    BSON_ITER_HOLDS_ARRAY(&pit))
-			util_iter_copy(&pit, &levels[nl]);
-		nl++;
-		snprintf(cur, sizeof cur, "%s", bson_iter_utf8(&it, NULL));
-		any = true;
-	}
-	if (!any)
-		return false;
-	for (int l = nl - 1; l >= 0; l--) {
-		stages_append(stages, nst, &levels[l]);
-		bson_destroy(&levels[l]);
-	}
-	snprintf(buf, buflen, "%s", cur);
-	return true;
-}
-
-/* The document of a leading {$collStats: spec} over db.coll (a copy for util_docs_free):
- * {ns, host, localTime, storageStats?: the collStats fields, count?: {count}}. Replies and
- * returns false for an option other than storageStats and count (FailedToParse, as the
- * proxy), a view (166 CommandNotSupportedOnView) or a missing collection with storageStats
- * (26 NamespaceNotFound, as mongod); count of a missing collection is 0. Needs x's open
- * read transaction. */
-static bool coll_stats_doc(shard_ctx *x, const char *coll, const bson_iter_t *spec,
-			   bson_t **out)
-{
-	bool want_storage = false, want_count = false;
-	const sdb_store_coll *co = NULL;
-	bson_iter_t it;
-	bson_t d = BSON_INITIALIZER, sub;
-
-	if (!BSON_ITER_HOLDS_DOCUMENT(spec) || !bson_iter_recurse(spec, &it)) {
-		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
-			   "$collStats must take a nested object but found a non-object");
-		return false;
-	}
-	while (bson_iter_next(&it)) {
-		const char *k = bson_iter_key(&it);
-		if (strcmp(k, "storageStats") == 0) {
-			want_storage = true;
-		} else if (strcmp(k, "count") == 0) {
-			want_count = true;
-		} else {
-			shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
-				   "$collStats: %s is not supported by stripedb (storageStats and "
-				   "count are)",
-				   k);
-			return false;
-		}
-	}
-	if (coll_is_view(x, coll)) {
-		shard_fail(x, 166, "Namespace %s.%s is a view, not a collection", x->db, coll);
-		return false;
-	}
-	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0)
-		co = NULL;
-	if (co == NULL && want_storage) {
-		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "Unable to retrieve storageStats in "
-			   "$collStats stage :: caused by :: Collection [%s.%s] not found.", x->db,
-			   coll);
-		return false;
-	}
-	char *ns = sdb_asprintf("%s.%s", x->db, coll);
-	BSON_APPEND_UTF8(&d, "ns", ns);
-	free(ns);
-	BSON_APPEND_UTF8(&d, "host", "stripedb-shard");
-	bson_append_now_utc(&d, "localTime", -1);
-	if (want_storage) {
-		bson_append_document_begin(&d, "storageStats", -1, &sub);
-		shard_coll_stats_append(x, coll, co, &sub);
-		bson_append_document_end(&d, &sub);
-	}
-	if (want_count) {
-		bson_append_document_begin(&d, "count", -1, &sub);
-		BSON_APPEND_INT64(&sub, "count", co ? sdb_store_count(x->conn, x->db, coll) : 0);
-		bson_append_document_end(&d, &sub);
-	}
-	*out = sdb_doc_copy(&d);
-	bson_destroy(&d);
-	return true;
-}
-
-typedef struct array_input {
-	bson_t **docs;
-	size_t n, pos;
-} array_input;
-
-static int array_next(void *ctx, const bson_t **doc, int *code, char *err, size_t errlen)
-{
-	array_input *in = ctx;
-	if (in->pos >= in->n)
-		return 0;
-	*doc = in->docs[in->pos++];
-	return 1;
-}
-
-/* Run stages over db.coll (coll NULL: a database-level aggregate whose input is empty, or
- * the sessions of $listLocalSessions) in the open read transaction. Views are resolved. On
- * success *docs_out and *n_out hold copies of the output; with q_out the query is kept for
- * explain (caller frees; the transaction is then left open). Replies on error. */
-static bool agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
-		     const bson_iter_t *hint, bson_t ***docs_out, size_t *n_out,
-		     sdb_query **q_out)
-{
-	char source[256];
-	bson_t all = BSON_INITIALIZER;
-	uint32_t nst = 0;
-	array_input sessions = {0};
-	bool array_in = false; /* the input is sessions: $listLocalSessions, $documents */
-	bson_iter_t it, st;
-	bool first_is_documents = bson_iter_init(&it, stages) && bson_iter_next(&it) &&
-				  BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) &&
-				  bson_iter_next(&st) &&
-				  strcmp(bson_iter_key(&st), "$documents") == 0;
-	if (coll && first_is_documents) {
-		bson_destroy(&all);
-		shard_fail(x, WIRE_ERR_INVALID_NAMESPACE,
-			   "'$documents' can only be run with {aggregate: 1}");
-		return false;
-	}
-	bool first_is_coll_stats = bson_iter_init(&it, stages) && bson_iter_next(&it) &&
-				   BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) &&
-				   bson_iter_next(&st) &&
-				   strcmp(bson_iter_key(&st), "$collStats") == 0;
-	if (coll && first_is_coll_stats) {
-		/* the input is one document about the collection (MongoDB's $collStats; this
-		 * shard's share, as on a mongod: the proxy adds one per shard) */
-		bson_t *d;
-		if (!coll_stats_doc(x, coll, &st, &d)) {
-			bson_destroy(&all);
-			return false;
-		}
-		array_in = true;
-		sessions.docs = sdb_calloc(1, sizeof *sessions.docs);
-		sessions.docs[0] = d;
-		sessions.n = 1;
-		stages_append_rest(&all, &nst, &it);
-		coll = NULL; /* no collection scan */
-	}
-	if (coll && view_resolve(x, coll, source, sizeof source, &all, &nst)) {
-		coll = source;
-		hint = NULL;
-	}
-	if (!coll && first_is_documents) {
-		/* MongoDB's desugaring (document_source_documents.cpp): one empty document,
-		 * {$project: {f: <the expression>}}, {$unwind: "$f"}, {$replaceWith: "$f"}; the
-		 * expression reads `let`, a value that is not an array of documents fails in
-		 * $replaceWith (40228) */
-		static const char *const f = "__stripedb_documents";
-		bson_t sp, proj;
-		char path[64];
-		array_in = true; /* the input is the array below */
-		sessions.docs = sdb_calloc(1, sizeof *sessions.docs);
-		bson_t empty = BSON_INITIALIZER;
-		sessions.docs[0] = sdb_doc_copy(&empty); /* freed by util_docs_free */
-		sessions.n = 1;
-		stage_open(&all, &nst, &sp);
-		bson_append_document_begin(&sp, "$project", -1, &proj);
-		BSON_APPEND_INT32(&proj, "_id", 0);
-		bson_append_iter(&proj, f, -1, &st);
-		bson_append_document_end(&sp, &proj);
-		bson_append_document_end(&all, &sp);
-		snprintf(path, sizeof path, "$%s", f);
-		stage_open(&all, &nst, &sp);
-		BSON_APPEND_UTF8(&sp, "$unwind", path);
-		bson_append_document_end(&all, &sp);
-		stage_open(&all, &nst, &sp);
-		BSON_APPEND_UTF8(&sp, "$replaceWith", path);
-		bson_append_document_end(&all, &sp);
-		stages_append_rest(&all, &nst, &it);
-	} else if (!coll && bson_iter_init(&it, stages) &&
-		   bson_iter_next(&it) && BSON_ITER_HOLDS_DOCUMENT(&it) &&
-		   bson_iter_recurse(&it, &st) && bson_iter_next(&st) &&
-		   strcmp(bson_iter_key(&st), "$listLocalSessions") == 0) {
-		array_in = true;
-		shard_sessions_list(x->sh, &sessions.docs, &sessions.n);
-		stages_append_rest(&all, &nst, &it);
-	}
-	if (!array_in)
-		stages_append(&all, &nst, stages);
-	sdb_pipeline *p = NULL;
-	int code = 0;
-	sdb_pipeline_opts po = {.let = shard_let(x)};
-	if (sdb_pipeline_parse(&all, &po, &p, &code, x->err, sizeof x->err) != 0) {
-		bson_destroy(&all);
-		util_docs_free(sessions.docs, sessions.n);
-		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
-		return false;
-	}
-	bson_destroy(&all);
-	sdb_pipeline_pushdown_t pd;
-	sdb_pipeline_pushdown(p, coll ? (SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT |
-					 SDB_PUSHDOWN_LIMIT)
-				      : 0,
-			      &pd);
-	agg_input in = {0};
-	if (coll) {
-		sdb_query_spec spec = {
-			.filter = &pd.filter,
-			.sort = bson_empty(&pd.sort) ? NULL : &pd.sort,
-			.hint = hint,
-			.skip = pd.skip,
-			.limit = pd.limit > 0 ? pd.limit : 0,
-			.let = shard_let(x),
-		};
-		shard_filtering_spec(x, &spec);
-		if (sdb_query_open(x->conn, x->db, coll, &spec, &in.q, &code, x->err,
-				   sizeof x->err) != 0) {
-			sdb_pipeline_pushdown_destroy(&pd);
-			sdb_pipeline_free(p);
-			shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
-			return false;
-		}
-	}
-	sdb_pipeline_pushdown_destroy(&pd);
-	sdb_pipeline_cursor *pc = NULL;
-	if (array_in)
-		sdb_pipeline_open(p, array_next, &sessions, &pc);
-	else
-		sdb_pipeline_open(p, agg_next, &in, &pc);
-	bson_t **docs = NULL;
-	size_t n = 0, cap = 0;
-	const bson_t *d;
-	int rc;
-	while ((rc = sdb_pipeline_cursor_next(pc, &d, &code, x->err, sizeof x->err)) == 1)
-		util_docs_push(&docs, &n, &cap, sdb_doc_copy(d));
-	sdb_pipeline_cursor_free(pc);
-	sdb_pipeline_free(p);
-	util_docs_free(sessions.docs, sessions.n);
-	if (rc < 0) {
-		sdb_query_free(in.q);
-		util_docs_free(docs, n);
-		shard_fail(x, code ? code : WIRE_ERR_INTERNAL, "%s", x->err);
-		return false;
-	}
-	if (q_out) {
-		*q_out = in.q;
-	} else {
-		sdb_query_free(in.q);
-		sdb_store_rollback(x->conn);
-	}
-	*docs_out = docs;
-	*n_out = n;
-	return true;
-}
-
-/* Parse and run an aggregate command; on success *docs_out and *n_out hold the output. With explain,
- * *q_out keeps the query for the explain output (caller frees). Replies on error. */
-static bool run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out,
-			  bson_t ***docs_out, size_t *n_out, int64_t *batch, bool explain,
-			  sdb_query **q_out)
-{
-	bson_iter_t it;
-	const char *coll = NULL;
-	if (bson_iter_init(&it, cmd) && bson_iter_next(&it)) {
-		if (BSON_ITER_HOLDS_UTF8(&it))
-			coll = bson_iter_utf8(&it, NULL);
-		else if (!BSON_ITER_HOLDS_NUMBER(&it) || bson_iter_as_int64(&it) != 1) {
-			shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
-				   "Invalid command format: the 'aggregate' field must specify a "
-				   "collection name or 1");
-			return false;
-		}
-	}
-	*coll_out = coll;
-	bson_t stages;
-	if (!bson_iter_init_find(&it, cmd, "pipeline") || !BSON_ITER_HOLDS_ARRAY(&it)) {
-		shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
-			   "'pipeline' option must be specified as an array");
-		return false;
-	}
-	util_iter_bson(&it, &stages);
-	*batch = -1;
-	bool have_cursor = false;
-	if (bson_iter_init_find(&it, cmd, "cursor")) {
-		bson_t cur = BSON_INITIALIZER;
-		if (!util_get_doc(x, "aggregate", &it, &cur)) {
-			bson_destroy(&cur);
-			return false;
-		}
-		have_cursor = true;
-		bson_iter_t bi;
-		bool ok = true;
-		if (bson_iter_init_find(&bi, &cur, "batchSize"))
-			ok = util_get_int(x, "aggregate", &bi, 0, INT64_MAX, batch);
-		bson_destroy(&cur);
-		if (!ok)
-			return false;
-	}
-	if (!have_cursor && !explain) {
-		shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
-			   "The 'cursor' option is required, except for aggregate with the explain "
-			   "argument");
-		return false;
-	}
-	bson_iter_t hint;
-	bool have_hint = false;
-	if (bson_iter_init_find(&hint, cmd, "hint") &&
-	    (BSON_ITER_HOLDS_UTF8(&hint) || BSON_ITER_HOLDS_DOCUMENT(&hint)))
-		have_hint = true;
-	if (!shard_begin(x, false))
-		return false;
-	return agg_exec(x, coll, &stages, have_hint ? &hint : NULL, docs_out, n_out, q_out);
-}
-
-void shard_cmd_aggregate(shard_ctx *x)
-{
-	bson_iter_t it;
-	if (bson_iter_init_find(&it, x->cmd, "explain") && bson_iter_as_bool(&it)) {
-		shard_cmd_explain(x);
-		return;
-	}
-	const char *coll;
-	bson_t **docs;
-	size_t n;
-	int64_t batch;
-	if (!run_aggregate(x, x->cmd, &coll, &docs, &n, &batch, false, NULL))
-		return;
-	char *ns = coll ? sdb_asprintf("%s.%s", x->db, coll) : sdb_asprintf("%s.$cmd.aggregate",
-									      x->db);
-	reply_cursor(x, ns, docs, n, batch, false, NULL, NULL);
-	free(ns);
-}
-
 /* ------------------------------------------------------------------ explain */
 
 void shard_cmd_explain(shard_ctx *x)
@@ -1533,7 +1142,7 @@ void shard_cmd_explain(shard_ctx *x)
 		size_t n;
 		int64_t batch;
 		sdb_query *q = NULL;
-		if (!run_aggregate(x, &inner, &c2, &docs, &n, &batch, true, &q)) {
+		if (!shard_run_aggregate(x, &inner, &c2, &docs, &n, &batch, true, &q)) {
 			bson_destroy(reply);
 			bson_destroy(&inner);
 			return;

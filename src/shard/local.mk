@@ -1,13 +1,14 @@
 # src/shard: sources and unit tests of this folder (included by the top Makefile.am)
 # The shard role (issue #4): wire commands over storage/store.h, run on a worker pool.
 libstripedb_a_SOURCES += src/shard/role.c src/shard/pool.c src/shard/cursors.c \
-	src/shard/commands.c src/shard/util.c src/shard/cmd_read.c src/shard/cmd_write.c \
+	src/shard/commands.c src/shard/util.c src/shard/cmd_read.c src/shard/cmd_aggregate.c src/shard/cmd_write.c \
 	src/shard/cmd_admin.c src/shard/retry.c src/shard/retry_mig.c src/shard/filtering.c \
 	src/shard/repl.c src/shard/repl_wc.c src/shard/repl_parts.c src/shard/repl_hello.c src/shard/repl_view.c src/shard/snapfile.c \
 	src/shard/members.c \
 	src/shard/ttl.c src/shard/txn.c
 noinst_HEADERS += src/shard/shard.h src/shard/util.h src/shard/repl.h src/shard/snapfile.h \
-	src/shard/members.h src/shard/ttl.h src/shard/repl_int.h src/shard/txn.h
+	src/shard/members.h src/shard/ttl.h src/shard/repl_int.h src/shard/txn.h \
+	src/shard/cmd_read_int.h
 EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unified.py \
 	tests/integration/test_compat_refusals.py docs/compat.md docs/compat-crud.md \
 	tests/integration/test_crud_report.py tests/integration/test_let.py \
