@@ -22,7 +22,7 @@
 # (the shared layers: common, tls, wire, auth, raft, routing, storage; so no include circle
 # is possible among wire, auth, proxy and shard).
 # An allowed entry is a folder or one header (folder/file.h). Any spelling of the directive
-# counts (leading blanks, `# include`).
+# counts (leading blanks, `# include`, <folder/x.h>, "../folder/x.h").
 # Run by `make check`; by hand: tests/check-layers.sh [SRCDIR]
 srcdir=${1:-${STRIPEDB_SRCDIR:-$(dirname "$0")/..}}
 bad=0
@@ -31,10 +31,23 @@ check() { # DIR ALLOWED-PREFIX...
 	shift
 	allowed=$*
 	for f in $(find "$srcdir/$dir" -name '*.[ch]'); do
-		grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[a-z_]+/' "$f" |
+		# "folder/x.h" and <folder/x.h> (both found through -I src), and "../folder/x.h"
+		# (resolved against the file's own folder)
+		fdir=$(dirname "${f#"$srcdir"/}")
+		grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<](\.\./)*[a-z_]+/' "$f" |
 		while IFS= read -r line; do
-			inc=$(printf '%s\n' "$line" | sed -E 's/.*include[[:space:]]*"([a-z_]+)\/.*/\1/')
-			hdr=$(printf '%s\n' "$line" | sed -E 's/.*include[[:space:]]*"([^"]*)".*/\1/')
+			hdr=$(printf '%s\n' "$line" | sed -E 's/.*include[[:space:]]*["<]([^">]*)[">].*/\1/')
+			case $hdr in
+			../*) # relative: the folder it names, as a path under src/ or the top
+				rel=$fdir/$hdr
+				while printf '%s' "$rel" | grep -q '[^/]*/\.\./'; do
+					rel=$(printf '%s' "$rel" | sed -E 's#[^/]+/\.\./##')
+				done
+				hdr=${rel#src/} ;;
+			esac
+			inc=${hdr%%/*}
+			# a library's own header (<bson/bson.h>, <mongoc/...>) names no layer of ours
+			[ -d "$srcdir/src/$inc" ] || [ -d "$srcdir/$inc" ] || continue
 			ok=0
 			for a in $allowed; do
 				[ "$inc" = "$a" ] || [ "$hdr" = "$a" ] && ok=1

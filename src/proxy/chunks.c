@@ -634,7 +634,9 @@ static int move_and_wait(ctx *c, ctx *sub, const char *what, const char *ns, int
 					"%s: migration %s still running after %lld ms (it goes on: "
 					"stripedb ctl migration status %s)",
 					what, mid, (long long)max_ms, mid);
-		sdb_sleep_ms(100); /* the coordinators' progress, polled */
+		shardconn_wait_begin(); /* the coordinators' progress, polled: slow, answered */
+		sdb_sleep_ms(100);
+		shardconn_wait_end();
 	}
 	bson_destroy(&mig);
 	if (strcmp(state, "complete") == 0) {

@@ -28,9 +28,11 @@ bson_t *proxy_doc_copy(const bson_t *src);
 bson_t *proxy_doc_new(void);
 void proxy_doc_free(bson_t *doc);
 
-/* Byte length of a document, read from its data: heap bson_t from libbson (bson_new,
- * bson_copy) come from our malloc wrapper and are not 128-byte aligned, so UBSan refuses
- * member access (doc->len) on them. */
+/* Byte length of a document, read from its data, so any bson_t will do whatever its
+ * alignment: bson_new/bson_copy's are 128-byte aligned (common/alloc.c installs an aligned
+ * allocator for libbson), but a bson_t embedded in a struct libmongoc allocates (a
+ * cursor's current document) need not be, and UBSan refuses member access (doc->len) on
+ * a misaligned one. */
 static inline uint32_t proxy_bson_len(const bson_t *doc)
 {
 	uint32_t len;

@@ -8,6 +8,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "proxy/shardconn.h"
 #include "ratelimit/grpc_server.h"
 #include "ratelimit/limiter.h"
 
@@ -316,6 +317,7 @@ bool proxy_quota_ring_probe(proxy_quota *q)
 bool proxy_quota_admit(proxy_quota *q, const char *db, int64_t docs, int64_t bytes,
 		       int64_t *retry_after_ms, char *msg, size_t msglen)
 {
+	int rc;
 	char tname[128] = "";
 	int64_t lim[3] = {0, 0, 0}, hits[3] = {1, docs, bytes};
 	static const char *const names[3] = {"stripedb_tenant_requests",
@@ -364,7 +366,10 @@ bool proxy_quota_admit(proxy_quota *q, const char *db, int64_t docs, int64_t byt
 	}
 	if (n == 0)
 		return true;
-	if (q->fe.decide(q->fe.decide_ctx, reqs, n, resp, err, sizeof err) != 0) {
+	shardconn_wait_begin(); /* the decision may ask the key's owner on the peer ring */
+	rc = q->fe.decide(q->fe.decide_ctx, reqs, n, resp, err, sizeof err);
+	shardconn_wait_end();
+	if (rc != 0) {
 		sdb_warn("quota decision failed: admitting", "tenant=%s err=\"%s\"", tname, err);
 		return true;
 	}

@@ -469,8 +469,13 @@ int px_reply_shard_error(ctx *c, int cls, const bson_t *reply, const char *neter
 		}
 		return px_error_extra(c, WIRE_ERR_HOST_UNREACHABLE, extra, "%s", neterr);
 	}
-	if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it))
-		code = (int)bson_iter_as_int64(&it);
+	/* a shard's code as px_reply reads one: a positive int32, else InternalError (an
+	 * error answered with code 0 would read as success) */
+	if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it)) {
+		int64_t v = px_get_int(reply, "code", 0);
+		if (v > 0 && v <= INT32_MAX)
+			code = (int)v;
+	}
 	if (bson_iter_init_find(&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
 		msg = bson_iter_utf8(&it, NULL);
 	return px_error(c, code, "%s", msg);

@@ -345,7 +345,9 @@ int pxtxn_begin(struct ctx *c, pxtxn_stmt *st)
 		return rc_st;
 	}
 	s = sess_get(c->p->txns, &lsid);
+	shardconn_wait_begin(); /* behind another statement of the session, on a shard */
 	uv_mutex_lock(&s->run);
+	shardconn_wait_end();
 	if (start) {
 		if (s->txn > txn) {
 			rc_st = px_error(c, WIRE_ERR_TRANSACTION_TOO_OLD,
@@ -581,7 +583,9 @@ static int finish(struct ctx *c, bool commit)
 	if ((st = parse(c, &lsid, &txn, &start)) != 0)
 		return st;
 	s = sess_get(c->p->txns, &lsid);
+	shardconn_wait_begin(); /* behind another statement of the session, on a shard */
 	uv_mutex_lock(&s->run);
+	shardconn_wait_end();
 	if (s->txn > txn) {
 		st = px_error(c, WIRE_ERR_TRANSACTION_TOO_OLD,
 			      "txnNumber %lld is less than last txnNumber %lld seen in session",

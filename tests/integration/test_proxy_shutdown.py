@@ -1,8 +1,9 @@
-"""A proxy stopped while a request waits on a stopped shard (issue #24). Its graceful stop
-times out (--shutdown-timeout-ms) with the request still running; the request is inside a
-wait that ends by itself (a call to a shard: shardconn_wait_begin), so the proxy logs it as
-"request waiting at shutdown" and not as "unanswered request at shutdown", which the
-suite's teardown (conftest.py) fails a test for."""
+"""A proxy stopped while a request waits (issue #24): on a stopped shard, or on a migration
+no coordinator runs. Its graceful stop times out (--shutdown-timeout-ms) with the request
+still running; the request is inside a wait that ends by itself (a call to a shard, a
+poll: shardconn_wait_begin), so the proxy logs it as "request waiting at shutdown" and not
+as "unanswered request at shutdown", which the suite's teardown (conftest.py) fails a test
+for."""
 import os
 import signal
 import socket
@@ -48,4 +49,33 @@ def test_request_waiting_on_a_stopped_shard_is_reported_as_waiting(start_role, t
     finally:
         if stopped:
             os.kill(stopped, signal.SIGCONT)
+        cl.close()
+
+
+def test_move_chunk_polling_its_migration_is_reported_as_waiting(start_role, tmp_path):
+    """moveChunk waits for the migration's end by polling metadata (src/proxy/chunks.c);
+    without a coordinator the migration never moves, and the stop finds the request in
+    that poll."""
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1,
+                      proxy_args=["--shutdown-timeout-ms=2000", "--shutdown-quiesce-ms=0"])
+    try:
+        cl.shard_collection("w.r", {"_id": 1}, split_points=[{"_id": 100}],
+                            shards=["shard-a", "shard-a"])
+        for c in cl._clients:
+            c.close()
+        wait_until(lambda: cl.metric(0, "stripedb_wire_requests_running") == 0, 30,
+                   what="no request running on the proxy")
+        s = socket.create_connection(("127.0.0.1", cl.proxy_ports[0]), timeout=60)
+        s.sendall(op_msg(1, {"moveChunk": "w.r", "find": {"_id": 5}, "to": "shard-b",
+                             "$db": "admin"}))
+        wait_until(lambda: cl.metric(0, "stripedb_wire_requests_running") == 1, 30,
+                   what="the moveChunk running on the proxy")
+        proxy = cl.proxy_procs[0]
+        proxy.stop(timeout=30)
+        s.close()
+        log = open(proxy.log_path, errors="replace").read()
+        assert "wire: request waiting at shutdown" in log and "cmd=moveChunk" in log, \
+            log[-3000:]
+        assert "wire: unanswered request at shutdown" not in log, log[-3000:]
+    finally:
         cl.close()
