@@ -245,6 +245,20 @@ int store_drop_table(sdb_store_conn *c, const char *prefix, int64_t tbl, char *e
 	return store_exec_sql(c->db, sql, err, errlen);
 }
 
+/* Run sql (a DELETE with parameters db = ?1 AND coll = ?2) for db.coll.
+ * Returns: 0, or SDB_EIO with the error in err. */
+static int catalog_delete_ns(sdb_store_conn *c, const char *sql, const char *db,
+			     const char *coll, char *err, size_t errlen)
+{
+	sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
+
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
+	return store_step_done(c, s, err, errlen, "catalog delete");
+}
+
 static int coll_drop_impl(sdb_store_conn *c, sdb_store_coll *co, const char *origin,
 			  bool log, char *err, size_t errlen)
 {
@@ -261,23 +275,12 @@ static int coll_drop_impl(sdb_store_conn *c, sdb_store_coll *co, const char *ori
 	if (rc)
 		goto out;
 	c->ddl = true;
-	sqlite3_stmt *s = store_stmt_get(c, "DELETE FROM catalog_coll WHERE db = ? AND coll = ?", err,
-				   errlen);
-	rc = SDB_EIO;
-	if (!s)
-		goto out;
-	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
-	rc = store_step_done(c, s, err, errlen, "catalog delete");
+	rc = catalog_delete_ns(c, "DELETE FROM catalog_coll WHERE db = ? AND coll = ?", db, coll,
+			       err, errlen);
 	if (rc)
 		goto out;
-	s = store_stmt_get(c, "DELETE FROM catalog_index WHERE db = ? AND coll = ?", err, errlen);
-	rc = SDB_EIO;
-	if (!s)
-		goto out;
-	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 2, coll, -1, SQLITE_STATIC);
-	rc = store_step_done(c, s, err, errlen, "catalog delete");
+	rc = catalog_delete_ns(c, "DELETE FROM catalog_index WHERE db = ? AND coll = ?", db, coll,
+			       err, errlen);
 	if (rc)
 		goto out;
 	rc = store_catalog_bump(c, err, errlen); /* co is invalid from here */

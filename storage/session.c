@@ -22,12 +22,23 @@ static void bind_lsid(sqlite3_stmt *s, int col, const bson_t *lsid)
 	sqlite3_bind_blob(s, col, bson_get_data(lsid), (int)sdb_store_doc_len(lsid), SQLITE_STATIC);
 }
 
+/* The cached statement sql with the session id lsid (its BSON bytes) bound as parameter 1.
+ * Returns: the statement, or NULL with the error in err (the caller answers SDB_EIO). */
+static sqlite3_stmt *lsid_stmt(sdb_store_conn *c, const char *sql, const bson_t *lsid,
+			       char *err, size_t errlen)
+{
+	sqlite3_stmt *s = sdb_store_int_stmt(c, sql, err, errlen);
+
+	if (s)
+		bind_lsid(s, 1, lsid);
+	return s;
+}
+
 static int forget_stmts(sdb_store_conn *c, const bson_t *lsid, char *err, size_t errlen)
 {
-	sqlite3_stmt *s = sdb_store_int_stmt(c, "DELETE FROM txn_stmts WHERE lsid = ?", err, errlen);
+	sqlite3_stmt *s = lsid_stmt(c, "DELETE FROM txn_stmts WHERE lsid = ?", lsid, err, errlen);
 	if (!s)
 		return SDB_EIO;
-	bind_lsid(s, 1, lsid);
 	return sdb_store_int_step_done(c, s, err, errlen, "txn_stmts delete");
 }
 
@@ -57,11 +68,11 @@ static int sweep(sdb_store_conn *c, int64_t cutoff, char *err, size_t errlen)
 static int session_read(sdb_store_conn *c, const bson_t *lsid, int64_t live_since, bool *found,
 			int64_t *cur, char *err, size_t errlen)
 {
-	sqlite3_stmt *s = sdb_store_int_stmt(
-		c, "SELECT txn, last_use FROM txn_sessions WHERE lsid = ?", err, errlen);
+	sqlite3_stmt *s =
+		lsid_stmt(c, "SELECT txn, last_use FROM txn_sessions WHERE lsid = ?", lsid, err,
+			  errlen);
 	if (!s)
 		return SDB_EIO;
-	bind_lsid(s, 1, lsid);
 	int step = sqlite3_step(s);
 	*found = false;
 	*cur = 0;
@@ -85,13 +96,11 @@ static int session_write(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int
 		if (rc)
 			return rc;
 	}
-	sqlite3_stmt *s = sdb_store_int_stmt(c,
-					     "INSERT OR REPLACE INTO txn_sessions(lsid, txn, last_use) "
-					     "VALUES(?, ?, ?)",
-					     err, errlen);
+	sqlite3_stmt *s = lsid_stmt(
+		c, "INSERT OR REPLACE INTO txn_sessions(lsid, txn, last_use) VALUES(?, ?, ?)", lsid,
+		err, errlen);
 	if (!s)
 		return SDB_EIO;
-	bind_lsid(s, 1, lsid);
 	sqlite3_bind_int64(s, 2, txn);
 	sqlite3_bind_int64(s, 3, now);
 	return sdb_store_int_step_done(c, s, err, errlen, "txn_sessions write");
@@ -161,11 +170,10 @@ int sdb_store_session_stmt_get(sdb_store_conn *c, const bson_t *lsid, int32_t st
 			       bson_t **out, char *err, size_t errlen)
 {
 	*out = NULL;
-	sqlite3_stmt *s = sdb_store_int_stmt(
-		c, "SELECT result FROM txn_stmts WHERE lsid = ? AND stmt = ?", err, errlen);
+	sqlite3_stmt *s = lsid_stmt(c, "SELECT result FROM txn_stmts WHERE lsid = ? AND stmt = ?",
+				    lsid, err, errlen);
 	if (!s)
 		return SDB_EIO;
-	bind_lsid(s, 1, lsid);
 	sqlite3_bind_int64(s, 2, stmt);
 	int step = sqlite3_step(s);
 	int rc = 0;
@@ -184,12 +192,11 @@ int sdb_store_session_stmt_get(sdb_store_conn *c, const bson_t *lsid, int32_t st
 int sdb_store_session_stmt_put(sdb_store_conn *c, const bson_t *lsid, int32_t stmt,
 			       const bson_t *result, char *err, size_t errlen)
 {
-	sqlite3_stmt *s = sdb_store_int_stmt(
-		c, "INSERT OR REPLACE INTO txn_stmts(lsid, stmt, result) VALUES(?, ?, ?)", err,
+	sqlite3_stmt *s = lsid_stmt(
+		c, "INSERT OR REPLACE INTO txn_stmts(lsid, stmt, result) VALUES(?, ?, ?)", lsid, err,
 		errlen);
 	if (!s)
 		return SDB_EIO;
-	bind_lsid(s, 1, lsid);
 	sqlite3_bind_int64(s, 2, stmt);
 	sqlite3_bind_blob(s, 3, bson_get_data(result), (int)sdb_store_doc_len(result),
 			  SQLITE_STATIC);
@@ -199,20 +206,16 @@ int sdb_store_session_stmt_put(sdb_store_conn *c, const bson_t *lsid, int32_t st
 int sdb_store_session_peek(sdb_store_conn *c, const bson_t *lsid, int64_t txn, int32_t stmt,
 			   bson_t **out, char *err, size_t errlen)
 {
+	bool live;
+	int64_t cur;
+	int rc;
+
 	*out = NULL;
-	sqlite3_stmt *s = sdb_store_int_stmt(
-		c, "SELECT txn, last_use FROM txn_sessions WHERE lsid = ?", err, errlen);
-	if (!s)
-		return SDB_EIO;
-	bind_lsid(s, 1, lsid);
-	int step = sqlite3_step(s);
-	bool live = step == SQLITE_ROW && sqlite3_column_int64(s, 0) == txn &&
-		    sqlite3_column_int64(s, 1) >=
-			    sdb_store_int_now_ms(c) - sdb_store_int_session_timeout_ms(c);
-	sqlite3_reset(s);
-	if (step != SQLITE_ROW && step != SQLITE_DONE)
-		return sdb_store_int_sqlerr(c, err, errlen, "txn_sessions read");
-	if (!live)
+	rc = session_read(c, lsid, sdb_store_int_now_ms(c) - sdb_store_int_session_timeout_ms(c),
+			  &live, &cur, err, errlen);
+	if (rc)
+		return rc;
+	if (!live || cur != txn)
 		return 0;
 	return sdb_store_session_stmt_get(c, lsid, stmt, out, err, errlen);
 }

@@ -997,6 +997,30 @@ static void id_doc(const bson_iter_t *id_it, bson_t *out)
 	bson_append_iter(out, "_id", 3, id_it);
 }
 
+/* The cached statement of sql_fmt (one %lld: the collection's table number) for co.
+ * Returns: the statement (store_stmt_get's), or NULL with the error in err. */
+static sqlite3_stmt *coll_stmt(sdb_store_conn *c, const sdb_store_coll *co, const char *sql_fmt,
+			       char *err, size_t errlen)
+{
+	char sql[160];
+
+	snprintf(sql, sizeof sql, sql_fmt, (long long)co->tbl);
+	return store_stmt_get(c, sql, err, errlen);
+}
+
+/* Append an oplog entry (op "i", "u" or "d") for a write to db.coll: o the entry's object,
+ * o2 (may be NULL) its o2. Returns: store_oplog_append's status. */
+static int coll_oplog(sdb_store_conn *c, const char *op, const char *db, const char *coll,
+		      const sdb_store_coll *co, const bson_t *o, const bson_t *o2,
+		      const char *origin, char *err, size_t errlen)
+{
+	char *ns = store_ns_of(db, coll);
+	int rc = store_oplog_append(c, op, ns, co->uuid, o, o2, origin, err, errlen);
+
+	free(ns);
+	return rc;
+}
+
 int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, sdb_store_dup *dup, char *err, size_t errlen)
 {
@@ -1014,10 +1038,8 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 	rc = store_id_key(doc, &idk, &id_it, &c->write_code, err, errlen);
 	if (rc)
 		goto out;
-	char sql[128];
-	snprintf(sql, sizeof sql, "INSERT OR IGNORE INTO c_%lld(k, doc) VALUES(?, ?)",
-		 (long long)co->tbl);
-	sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
+	sqlite3_stmt *s =
+		coll_stmt(c, co, "INSERT OR IGNORE INTO c_%lld(k, doc) VALUES(?, ?)", err, errlen);
 	rc = SDB_EIO;
 	if (!s)
 		goto out;
@@ -1040,9 +1062,7 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 	rc = indexes_add(c, (sdb_store_coll *)co, doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
-	char *ns = store_ns_of(db, coll);
-	rc = store_oplog_append(c, "i", ns, co->uuid, doc, NULL, origin, err, errlen);
-	free(ns);
+	rc = coll_oplog(c, "i", db, coll, co, doc, NULL, origin, err, errlen);
 out:
 	sdb_key_free(&idk);
 	return rc;
@@ -1052,9 +1072,7 @@ out:
 static int load_doc(sdb_store_conn *c, const sdb_store_coll *co, const sdb_key *idk,
 		    bson_t *out, char *err, size_t errlen)
 {
-	char sql[96];
-	snprintf(sql, sizeof sql, "SELECT doc FROM c_%lld WHERE k = ?", (long long)co->tbl);
-	sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
+	sqlite3_stmt *s = coll_stmt(c, co, "SELECT doc FROM c_%lld WHERE k = ?", err, errlen);
 	if (!s)
 		return SDB_EIO;
 	sqlite3_bind_blob(s, 1, idk->data, (int)idk->len, SQLITE_STATIC);
@@ -1075,6 +1093,21 @@ static int load_doc(sdb_store_conn *c, const sdb_store_coll *co, const sdb_key *
 	}
 	sqlite3_reset(s);
 	return rc;
+}
+
+/* The first half of replacing or deleting the document with _id key idk: its stored
+ * image into *stored (*have_stored set once it is; the caller destroys it) and its index
+ * entries removed; index maintenance works from the stored image, never a caller's copy.
+ * Returns: 0, or load_doc's / indexes_remove's error. */
+static int unindex_stored(sdb_store_conn *c, const sdb_store_coll *co, const sdb_key *idk,
+			  bson_t *stored, bool *have_stored, char *err, size_t errlen)
+{
+	int rc = load_doc(c, co, idk, stored, err, errlen);
+
+	if (rc)
+		return rc;
+	*have_stored = true;
+	return indexes_remove(c, co, stored, idk, err, errlen);
 }
 
 int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
@@ -1103,17 +1136,10 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 			      "field '_id'");
 		goto out;
 	}
-	/* Index maintenance works from the stored image, never the caller's copy. */
-	rc = load_doc(c, co, &idk, &stored, err, errlen);
+	rc = unindex_stored(c, co, &idk, &stored, &have_stored, err, errlen);
 	if (rc)
 		goto out;
-	have_stored = true;
-	rc = indexes_remove(c, co, &stored, &idk, err, errlen);
-	if (rc)
-		goto out;
-	char sql[128];
-	snprintf(sql, sizeof sql, "UPDATE c_%lld SET doc = ? WHERE k = ?", (long long)co->tbl);
-	sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
+	sqlite3_stmt *s = coll_stmt(c, co, "UPDATE c_%lld SET doc = ? WHERE k = ?", err, errlen);
 	rc = SDB_EIO;
 	if (!s)
 		goto out;
@@ -1127,9 +1153,7 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 		goto out;
 	bson_t o2;
 	id_doc(&id_it, &o2);
-	char *ns = store_ns_of(db, coll);
-	rc = store_oplog_append(c, "u", ns, co->uuid, new_doc, &o2, origin, err, errlen);
-	free(ns);
+	rc = coll_oplog(c, "u", db, coll, co, new_doc, &o2, origin, err, errlen);
 	bson_destroy(&o2);
 out:
 	if (have_stored)
@@ -1153,16 +1177,10 @@ int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const 
 	int rc = store_id_key(doc, &idk, &id_it, NULL, err, errlen);
 	if (rc)
 		goto out;
-	rc = load_doc(c, co, &idk, &stored, err, errlen);
+	rc = unindex_stored(c, co, &idk, &stored, &have_stored, err, errlen);
 	if (rc)
 		goto out;
-	have_stored = true;
-	rc = indexes_remove(c, co, &stored, &idk, err, errlen);
-	if (rc)
-		goto out;
-	char sql[96];
-	snprintf(sql, sizeof sql, "DELETE FROM c_%lld WHERE k = ?", (long long)co->tbl);
-	sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
+	sqlite3_stmt *s = coll_stmt(c, co, "DELETE FROM c_%lld WHERE k = ?", err, errlen);
 	rc = SDB_EIO;
 	if (!s)
 		goto out;
@@ -1172,9 +1190,7 @@ int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const 
 		goto out;
 	bson_t o;
 	id_doc(&id_it, &o);
-	char *ns = store_ns_of(db, coll);
-	rc = store_oplog_append(c, "d", ns, co->uuid, &o, NULL, origin, err, errlen);
-	free(ns);
+	rc = coll_oplog(c, "d", db, coll, co, &o, NULL, origin, err, errlen);
 	bson_destroy(&o);
 out:
 	if (have_stored)
