@@ -245,6 +245,7 @@ typedef struct arg_rule {
 #define CODE_BAD_VALUE 2
 #define CODE_FAILED_TO_PARSE 9
 #define CODE_TYPE_MISMATCH 14
+#define CODE_UNKNOWN_REPL_WRITE_CONCERN 79
 
 /* generic_argument.idl, for every command with a type list */
 static const arg_rule generic_types[] = {
@@ -380,8 +381,9 @@ non_integral:
 }
 
 /* write_concern_options.cpp: a malformed writeConcern is 9 FailedToParse; the rules of the
- * shard's repl_wc_parse (w a number in [0, 50] or a string, wtimeout an integer in
- * [0, INT32_MAX] ms, j and fsync bool or number). */
+ * shard's repl_wc_parse (w a number in [0, 50] or "majority" (another mode: 79
+ * UnknownReplWriteConcern), wtimeout an integer in [0, INT32_MAX] ms, j and fsync bool or
+ * number). */
 static int check_write_concern(const bson_iter_t *wc, char *err, size_t errlen)
 {
 	bson_iter_t it;
@@ -394,6 +396,16 @@ static int check_write_concern(const bson_iter_t *wc, char *err, size_t errlen)
 		const char *k = bson_iter_key(&it);
 		double d = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_double(&it) : NAN;
 
+		if (strcmp(k, "w") == 0 && BSON_ITER_HOLDS_UTF8(&it) &&
+		    strcmp(bson_iter_utf8(&it, NULL), "majority") != 0) {
+			/* a mode the shards cannot honour (no tag sets), refused whole before a
+			 * proxy splits the write (it would come back per document) */
+			snprintf(err, errlen,
+				 "unrecognized write concern mode: %s (tag sets are not supported; "
+				 "use a number or \"majority\")",
+				 bson_iter_utf8(&it, NULL));
+			return CODE_UNKNOWN_REPL_WRITE_CONCERN;
+		}
 		if (strcmp(k, "w") == 0 && !BSON_ITER_HOLDS_UTF8(&it)) {
 			if (!BSON_ITER_HOLDS_NUMBER(&it)) {
 				snprintf(err, errlen, "w has to be a number or a string");

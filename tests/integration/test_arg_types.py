@@ -128,6 +128,11 @@ CASES = [
           ("writeConcern", {"j": "x"})]), 9, "j must be numeric or a boolean value"),
     (SON([("delete", "c"), ("deletes", [{"q": {"x": 1}, "limit": 0}]),
           ("writeConcern", "majority")]), 9, "writeConcern must be an object"),
+    # a mode the shards cannot honour: refused whole on both (a proxy used to split the
+    # insert and answer it per document)
+    (SON([("insert", "c"), ("documents", [{"k": 1000, "x": 1}, {"k": 1001, "x": 1}]),
+          ("writeConcern", {"w": "bogusmode"})]), 79,
+     "unrecognized write concern mode: bogusmode"),
 ]
 
 

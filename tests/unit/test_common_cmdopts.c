@@ -170,6 +170,9 @@ static void test_write_concern(void **state)
 	       "w has to be a non-negative integer");
 	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"w\": {}}}", false, 9,
 	       "w has to be a number or a string");
+	/* a mode other than majority (tag sets): refused whole, before a proxy splits it */
+	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"w\": \"dc2\"}}",
+	       false, 79, "unrecognized write concern mode: dc2");
 	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": {\"j\": \"x\"}}", false, 9,
 	       "j must be numeric or a boolean value");
 	expect("{\"insert\": \"c\", \"documents\": [], \"writeConcern\": 1}", false, 9,
