@@ -3,6 +3,7 @@
 #include "ratelimit/json.h"
 
 #include <bson/bson.h>
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
@@ -58,7 +59,9 @@ static bool parse_decimal(const char *s, int64_t *out)
 	char *end;
 	long long v;
 
-	if (*s == '\0' || *s == ' ' || *s == '+')
+	/* strtoll would skip any leading white space and take a '+': protojson takes
+	 * neither */
+	if (*s == '\0' || isspace((unsigned char)*s) || *s == '+')
 		return false;
 	errno = 0;
 	v = strtoll(s, &end, 10);

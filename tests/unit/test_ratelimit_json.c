@@ -281,7 +281,7 @@ static void test_parse_mutations(void **state)
  * modulo 2^64), honouring escapes inside strings. */
 static void test_static_number_scanners(void **state)
 {
-	static const char *bad[] = {"", " 5", "+5", "5 ", "5x", "0x10", "1e3", "-",
+	static const char *bad[] = {"", " 5", "\t5", "\n5", "+5", "5 ", "5x", "0x10", "1e3", "-",
 				    "9223372036854775808", "-9223372036854775809"};
 	int64_t v = 0;
 
