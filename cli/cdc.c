@@ -56,11 +56,8 @@ static int usage(const char *msg)
 static int parse(int argc, char **argv, cdc_opts *o)
 {
 	memset(o, 0, sizeof *o);
-	o->cdc = getenv("STRIPEDB_CDC");
-	o->archive = getenv("STRIPEDB_ARCHIVE");
-	o->s3_endpoint = getenv("STRIPEDB_S3_ENDPOINT");
-	o->s3_region = getenv("STRIPEDB_S3_REGION");
-	o->s3_credentials_file = getenv("STRIPEDB_S3_CREDENTIALS_FILE");
+	cli_archive_env(&o->cdc, &o->archive, &o->s3_endpoint, &o->s3_region,
+			&o->s3_credentials_file);
 	o->format = "bson";
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
