@@ -48,7 +48,7 @@ bool cli_iter_array(const bson_t *d, const char *key, bson_iter_t *out);
 void cli_print_json(const bson_t *d);
 
 /* Parse s as a decimal member id, a whole number >= 0 with nothing after it, into *out.
- * Returns 0, or -1 (nothing stored) when s is not one. */
+ * Returns: 0, or -1 (nothing stored) when s is not one. */
 int cli_parse_id(const char *s, long long *out);
 
 /* A replica-set URI built into a caller's buffer: "mongodb://H:P[,H:P...]/?replicaSet=SET".
