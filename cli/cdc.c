@@ -53,6 +53,9 @@ static int usage(const char *msg)
 	return 2;
 }
 
+/* Parse argv of `ctl cdc` (after "cdc") into o: the archive options from the environment
+ * (cli_archive_env), then the flags, up to two positionals. Returns: 0, or the exit code
+ * 2 after one error line: a bad or unknown flag, too many arguments, no CDC log. */
 static int parse(int argc, char **argv, cdc_opts *o)
 {
 	memset(o, 0, sizeof *o);

@@ -203,6 +203,8 @@ static int get_mig(mongoc_client_t *c, const char *id, bson_t *out)
 	return rc;
 }
 
+/* Print migration document m: JSON with ctx->json, else state, per-phase counts, lag and
+ * switch pauses, one field a line. */
 static void print_status(struct cli_ctx *ctx, const bson_t *m)
 {
 	char id[128], st[32], ns[256], from[64], to[64], chunk[32];
@@ -359,6 +361,8 @@ static int parse_args(const char *cmd, int argc, char **argv, int first, const a
 	return 0;
 }
 
+/* `ctl migrate` (argv after "migrate"; the file comment has the usage). Returns: the exit
+ * code, 0, 1 (cluster error, or --wait saw an end other than complete), 2 usage. */
 int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	const char *ns = NULL, *to = NULL, *chunk_s = NULL;
@@ -426,6 +430,8 @@ out_client:
 	return rc;
 }
 
+/* `ctl migration list`: every migration (listMigrations) as a table or JSON lines.
+ * Returns: the exit code, 0 or 1 after the error line. */
 static int migration_list(struct cli_ctx *ctx, mongoc_client_t *c)
 {
 	bson_t cmd = BSON_INITIALIZER, reply, arr;
@@ -525,6 +531,8 @@ static int migration_pause(mongoc_client_t *c, const char *id, bool pause)
 	return rc == 0 ? 0 : 1;
 }
 
+/* `ctl migration list|status|rollback|pause|resume` (argv from the verb). Returns: the
+ * exit code, 0, 1 cluster error, 2 usage. */
 int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	int json = ctx->json;
@@ -588,7 +596,9 @@ static bool is_draining(mongoc_client_t *c, const char *id)
 	return draining;
 }
 
-/* shard drain / split: one migration per chunk, spread over the routing table. */
+/* shard drain / split: one migration per chunk, spread over the routing table (argv
+ * from the verb; list and member go to cli/shardset.c, add and remove to cli/catalog.c).
+ * Returns: the exit code, 0, 1 cluster error or a migration that failed, 2 usage. */
 int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	const char *verb = argc > 0 ? argv[0] : NULL, *shard = NULL, *to = NULL;
@@ -696,6 +706,9 @@ typedef struct chunk_row {
 	bson_t *min, *max;
 } chunk_row;
 
+/* The chunks of ns ("all": every collection) from the routing table into *out (a heap
+ * array the caller frees with free_chunks). Returns: their count, or (size_t)-1 when the
+ * routing table could not be read. */
 static size_t load_chunks(mongoc_client_t *c, const char *ns, chunk_row **out)
 {
 	bson_t rt, chunks;
@@ -765,6 +778,8 @@ static int run_plan(struct cli_ctx *ctx, mongoc_client_t *c, chunk_row *rows, si
 	return rc;
 }
 
+/* `ctl rebalance --bin-pack` (argv after "rebalance"). Returns: the exit code, 0, 1
+ * cluster error or a migration that failed, 2 usage. */
 int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	mig_opts o = {.grace_ms = -1};
@@ -843,6 +858,8 @@ out:
 	return rc;
 }
 
+/* `ctl tenant isolate TENANT --to SHARD` (argv from the verb). Returns: the exit code,
+ * 0, 1 cluster error or a migration that failed, 2 usage. */
 int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	mig_opts o = {.grace_ms = -1};
@@ -896,6 +913,8 @@ int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
 	return rc;
 }
 
+/* `ctl chunk list|split|merge DB.COLL` (argv from the verb). Returns: the exit code, 0,
+ * 1 cluster error, 2 usage. */
 int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	const char *verb = argc > 0 ? argv[0] : NULL, *ns = NULL, *at = NULL, *ids = NULL;

@@ -345,6 +345,10 @@ static int check_set_name(const char *addr, int timeout_ms)
 	return rc;
 }
 
+/* The MongoDB URI of shard into out[n]: shard itself when it already is a URI or H:P,
+ * else the uri of the listShards entry with that id. Returns: 0, 1 after an error line
+ * (listShards failed, no such shard; nothing printed when the reply has no shards
+ * array), or 2 (no metadata client). */
 static int resolve(cli_ctx *ctx, const char *shard, char *out, size_t n)
 {
 	if (strncmp(shard, "mongodb://", 10) == 0 || strchr(shard, ':')) {
@@ -382,6 +386,9 @@ static int resolve(cli_ctx *ctx, const char *shard, char *out, size_t n)
 	return rc;
 }
 
+/* `ctl shard list`: every shard of listShards with its members' status (a table, or one
+ * JSON document {"shards": [...]} with --json). Returns: 0, 1 after the error line of a
+ * failed listShards, or 2 (no metadata client). */
 static int cmd_list(cli_ctx *ctx)
 {
 	mongoc_client_t *c = cli_meta_client(ctx);
@@ -431,6 +438,8 @@ static int member_usage(const char *msg)
 	return 2;
 }
 
+/* `ctl shard member add|remove|transfer|status` (argv after "member"). Returns: the exit
+ * code (0, 1 cluster error, 2 usage via member_usage). */
 static int cmd_member(cli_ctx *ctx, int argc, char **argv)
 {
 	const char *pos[4] = {0}, *raft = NULL, *wire = NULL;

@@ -37,6 +37,8 @@ static void tenant_usage(FILE *f)
 		   "{\"actions\": [...]}}}\n");
 }
 
+/* `ctl tenant list`: listTenants as a TENANT/QUOTA/POLICY table, or one JSON line a
+ * tenant with --json. Returns: the exit code of cli_meta_run (0 or 1). */
 static int tenant_list(cli_ctx *ctx)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;

@@ -168,6 +168,9 @@ static int op_register(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 	return 0;
 }
 
+/* deregisterRatelimitPeer {addr}: remove the peer; res gets the version (bumped when it
+ * was there) and removed. Returns: 0, 1 without addr (res then is the BadValue error,
+ * bad_value), or SDB_EIO. */
 static int op_deregister(sqlite3 *db, const bson_t *args, bson_t *res)
 {
 	const char *addr = arg_str(args, "addr");
@@ -186,6 +189,10 @@ static int op_deregister(sqlite3 *db, const bson_t *args, bson_t *res)
 	return 0;
 }
 
+/* expireRatelimitPeers {sinceMS}: at ts (epoch ms) remove the peers whose lease ran out
+ * (expires_ms <= ts) and whose ttl has also passed since sinceMS (sinceMS + ttl_ms <= ts);
+ * res gets expired (their addrs, sorted) and the version (bumped when any went). Returns:
+ * 0 or SDB_EIO. */
 static int op_expire(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 {
 	sqlite3_stmt *st = NULL;
