@@ -79,11 +79,8 @@ int bk_usage(const char *who, const char *msg)
 int bk_parse(const char *who, int argc, char **argv, bk_opts *o)
 {
 	memset(o, 0, sizeof *o);
-	o->cdc = getenv("STRIPEDB_CDC");
-	o->archive = getenv("STRIPEDB_ARCHIVE");
-	o->s3_endpoint = getenv("STRIPEDB_S3_ENDPOINT");
-	o->s3_region = getenv("STRIPEDB_S3_REGION");
-	o->s3_credentials_file = getenv("STRIPEDB_S3_CREDENTIALS_FILE");
+	cli_archive_env(&o->cdc, &o->archive, &o->s3_endpoint, &o->s3_region,
+			&o->s3_credentials_file);
 	o->uri = getenv("STRIPEDB_URI");
 	static const struct {
 		const char *flag;

@@ -50,31 +50,22 @@ static int listing(cli_ctx *ctx, bson_t *cmd, const char *field, const char *hea
 		   void (*line)(const bson_t *))
 {
 	bson_t reply;
-	bson_iter_t it, arr;
+	bson_iter_t arr;
 	int rc = cli_meta_run(ctx, cmd, &reply);
 
 	bson_destroy(cmd);
 	if (rc == 0) {
 		if (!ctx->json)
 			printf("%s\n", header);
-		if (bson_iter_init_find(&it, &reply, field) && BSON_ITER_HOLDS_ARRAY(&it) &&
-		    bson_iter_recurse(&it, &arr))
+		if (cli_iter_array(&reply, field, &arr))
 			while (bson_iter_next(&arr)) {
 				bson_t d;
-				uint32_t len;
-				const uint8_t *data;
-				if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
+				if (!cli_iter_doc(&arr, &d))
 					continue;
-				bson_iter_document(&arr, &len, &data);
-				if (!bson_init_static(&d, data, len))
-					continue;
-				if (ctx->json) {
-					char *j = bson_as_relaxed_extended_json(&d, NULL);
-					printf("%s\n", j);
-					bson_free(j);
-				} else {
+				if (ctx->json)
+					cli_print_json(&d);
+				else
 					line(&d);
-				}
 			}
 	}
 	bson_destroy(&reply);

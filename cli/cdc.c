@@ -53,14 +53,14 @@ static int usage(const char *msg)
 	return 2;
 }
 
+/* Parse argv of `ctl cdc` (after "cdc") into o: the archive options from the environment
+ * (cli_archive_env), then the flags, up to two positionals. Returns: 0, or the exit code
+ * 2 after one error line: a bad or unknown flag, too many arguments, no CDC log. */
 static int parse(int argc, char **argv, cdc_opts *o)
 {
 	memset(o, 0, sizeof *o);
-	o->cdc = getenv("STRIPEDB_CDC");
-	o->archive = getenv("STRIPEDB_ARCHIVE");
-	o->s3_endpoint = getenv("STRIPEDB_S3_ENDPOINT");
-	o->s3_region = getenv("STRIPEDB_S3_REGION");
-	o->s3_credentials_file = getenv("STRIPEDB_S3_CREDENTIALS_FILE");
+	cli_archive_env(&o->cdc, &o->archive, &o->s3_endpoint, &o->s3_region,
+			&o->s3_credentials_file);
 	o->format = "bson";
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];

@@ -8,6 +8,8 @@
 #define SDB_CLI_CLI_H
 
 #include <bson/bson.h>
+#include <stdbool.h>
+#include <stddef.h>
 
 /* Global options of `stripedb ctl`, parsed once by cli_main and passed to every
  * subcommand: the metadata members ("H:P,H:P"; from --metadata or STRIPEDB_METADATA),
@@ -31,6 +33,49 @@ int cli_meta_run(const cli_ctx *ctx, const bson_t *cmd, bson_t *reply);
 /* cli_meta_run, then destroy cmd and, on success, print done (or {"ok": true} with
  * --json). Returns: the exit code, as cli_meta_run. */
 int cli_meta_simple(const cli_ctx *ctx, bson_t *cmd, const char *done);
+
+/* Whether the element it points at is an embedded document; if so, out is made a static
+ * view of it (no copy: valid while the BSON it iterates lives; out needs no destroy).
+ * Returns false for any other element type or a document that does not parse. */
+bool cli_iter_doc(const bson_iter_t *it, bson_t *out);
+
+/* Whether d's field key is an array; if so, out is set to iterate its elements (call
+ * bson_iter_next first; valid while d lives). Returns false when key is missing, not an
+ * array, or does not parse. */
+bool cli_iter_array(const bson_t *d, const char *key, bson_iter_t *out);
+
+/* Print d on stdout as relaxed extended JSON, one line. */
+void cli_print_json(const bson_t *d);
+
+/* Parse s as a decimal member id, a whole number >= 0 with nothing after it, into *out.
+ * Returns: 0, or -1 (nothing stored) when s is not one. */
+int cli_parse_id(const char *s, long long *out);
+
+/* A replica-set URI built into a caller's buffer: "mongodb://H:P[,H:P...]/?replicaSet=SET".
+ * Use: cli_rs_uri_begin, cli_rs_uri_add per member (in order), cli_rs_uri_end. A URI that
+ * does not fit is cut short (snprintf's truncation, always NUL-terminated; n > 0). */
+typedef struct cli_rs_uri {
+	char *buf;
+	size_t n, len;
+	int members;
+} cli_rs_uri;
+
+/* Start u in buf[n] with "mongodb://". */
+void cli_rs_uri_begin(cli_rs_uri *u, char *buf, size_t n);
+
+/* Append member host:port (comma-separated after the first). */
+void cli_rs_uri_add(cli_rs_uri *u, const char *host, int port);
+
+/* Append "/?replicaSet=SET". */
+void cli_rs_uri_end(cli_rs_uri *u, const char *set);
+
+/* The archive options `ctl backup|restore|cdc` read from the environment before their
+ * flags: each of *cdc (STRIPEDB_CDC), *archive (STRIPEDB_ARCHIVE), *s3_endpoint
+ * (STRIPEDB_S3_ENDPOINT), *s3_region (STRIPEDB_S3_REGION) and *s3_credentials_file
+ * (STRIPEDB_S3_CREDENTIALS_FILE) is set to getenv's answer (NULL when unset; the
+ * environment's storage, not copied). */
+void cli_archive_env(const char **cdc, const char **archive, const char **s3_endpoint,
+		     const char **s3_region, const char **s3_credentials_file);
 
 /* A `ctl` subcommand: argv starts after its name. Returns the exit code. */
 typedef int (*cli_cmd_fn)(cli_ctx *ctx, int argc, char **argv);

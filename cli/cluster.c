@@ -328,18 +328,14 @@ static int wait_leader(const cl_spec *s, const cl_host **leader)
  * host with h's shard-name, in spec order. */
 static void shard_uri(const cl_spec *s, const cl_host *h, char *buf, size_t n)
 {
-	size_t o = (size_t)snprintf(buf, n, "mongodb://");
-	for (int i = 0, first = 1; i < s->n_hosts && o < n; i++) {
+	cli_rs_uri u;
+	cli_rs_uri_begin(&u, buf, n);
+	for (int i = 0; i < s->n_hosts; i++) {
 		const cl_host *m = &s->hosts[i];
-		if ((m->roles & (1u << R_SHARD)) && strcmp(m->shard_name, h->shard_name) == 0) {
-			o += (size_t)snprintf(buf + o, n - o, "%s%s:%d", first ? "" : ",", m->addr,
-					      cl_port_of(s, m, P_SHARD_WIRE));
-			first = 0;
-		}
+		if ((m->roles & (1u << R_SHARD)) && strcmp(m->shard_name, h->shard_name) == 0)
+			cli_rs_uri_add(&u, m->addr, cl_port_of(s, m, P_SHARD_WIRE));
 	}
-	if (o < n) {
-		snprintf(buf + o, n - o, "/?replicaSet=%s", h->shard_name);
-	}
+	cli_rs_uri_end(&u, h->shard_name);
 }
 
 /* Whether an earlier host of the spec is a member of h's shard (one registration per set). */

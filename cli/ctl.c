@@ -70,6 +70,74 @@ static void ctl_usage(FILE *f)
 		"cluster or unreachable, 2 bad usage.\n");
 }
 
+bool cli_iter_doc(const bson_iter_t *it, bson_t *out)
+{
+	const uint8_t *data;
+	uint32_t len;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(it))
+		return false;
+	bson_iter_document(it, &len, &data);
+	return bson_init_static(out, data, len);
+}
+
+bool cli_iter_array(const bson_t *d, const char *key, bson_iter_t *out)
+{
+	bson_iter_t it;
+
+	return bson_iter_init_find(&it, d, key) && BSON_ITER_HOLDS_ARRAY(&it) &&
+	       bson_iter_recurse(&it, out);
+}
+
+void cli_print_json(const bson_t *d)
+{
+	char *j = bson_as_relaxed_extended_json(d, NULL);
+	printf("%s\n", j);
+	bson_free(j);
+}
+
+int cli_parse_id(const char *s, long long *out)
+{
+	char *end = NULL;
+	long long v = strtoll(s, &end, 10);
+	if (!end || *end || v < 0)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+void cli_rs_uri_begin(cli_rs_uri *u, char *buf, size_t n)
+{
+	u->buf = buf;
+	u->n = n;
+	u->members = 0;
+	u->len = (size_t)snprintf(buf, n, "mongodb://");
+}
+
+void cli_rs_uri_add(cli_rs_uri *u, const char *host, int port)
+{
+	if (u->len < u->n)
+		u->len += (size_t)snprintf(u->buf + u->len, u->n - u->len, "%s%s:%d",
+					   u->members ? "," : "", host, port);
+	u->members++;
+}
+
+void cli_rs_uri_end(cli_rs_uri *u, const char *set)
+{
+	if (u->len < u->n)
+		snprintf(u->buf + u->len, u->n - u->len, "/?replicaSet=%s", set);
+}
+
+void cli_archive_env(const char **cdc, const char **archive, const char **s3_endpoint,
+		     const char **s3_region, const char **s3_credentials_file)
+{
+	*cdc = getenv("STRIPEDB_CDC");
+	*archive = getenv("STRIPEDB_ARCHIVE");
+	*s3_endpoint = getenv("STRIPEDB_S3_ENDPOINT");
+	*s3_region = getenv("STRIPEDB_S3_REGION");
+	*s3_credentials_file = getenv("STRIPEDB_S3_CREDENTIALS_FILE");
+}
+
 struct _mongoc_client_t *cli_meta_client(const cli_ctx *ctx)
 {
 	char *u;

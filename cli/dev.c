@@ -441,19 +441,15 @@ static void addr_list(const dev_cluster *c, const char *role, int grpc, char *bu
 /* The replica-set URI of shard set: every member's wire address. */
 static void shard_uri(const dev_cluster *c, const char *set, char *buf, size_t n)
 {
-	size_t o = (size_t)snprintf(buf, n, "mongodb://");
-	int first = 1;
+	cli_rs_uri u;
 
-	for (int i = 0; i < c->n && o < n; i++) {
+	cli_rs_uri_begin(&u, buf, n);
+	for (int i = 0; i < c->n; i++) {
 		const dev_proc *p = &c->procs[i];
-		if (strcmp(p->role, "shard") == 0 && strcmp(p->set, set) == 0) {
-			o += (size_t)snprintf(buf + o, n - o, "%s127.0.0.1:%d", first ? "" : ",", p->wire);
-			first = 0;
-		}
+		if (strcmp(p->role, "shard") == 0 && strcmp(p->set, set) == 0)
+			cli_rs_uri_add(&u, "127.0.0.1", p->wire);
 	}
-	if (o < n) {
-		snprintf(buf + o, n - o, "/?replicaSet=%s", set);
-	}
+	cli_rs_uri_end(&u, set);
 }
 
 /* Whether the member answers hello as the writable primary (and, when want_hosts > 0,

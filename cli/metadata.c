@@ -89,16 +89,6 @@ static int run_on_leader(const mctx *c, bson_t *cmd, bson_t *reply)
 	return 0;
 }
 
-static int parse_id(const char *s, long long *out)
-{
-	char *end = NULL;
-	long long v = strtoll(s, &end, 10);
-	if (!end || *end || v < 0)
-		return -1;
-	*out = v;
-	return 0;
-}
-
 static int cmd_status(const mctx *c)
 {
 	char *list = sdb_strdup(c->metadata), *save = NULL, *tok;
@@ -199,7 +189,7 @@ static int run_sub(mctx *c)
 		return cmd_status(c);
 	}
 	if (strcmp(c->pos[0], "join") == 0) {
-		if (c->npos != 2 || parse_id(c->pos[1], &id) != 0 || id == 0 || !c->raft)
+		if (c->npos != 2 || cli_parse_id(c->pos[1], &id) != 0 || id == 0 || !c->raft)
 			return usage("join needs ID and --raft=H:P (and --wire=H:P)");
 		BSON_APPEND_INT64(&cmd, "addMember", id);
 		BSON_APPEND_UTF8(&cmd, "raft", c->raft);
@@ -207,17 +197,17 @@ static int run_sub(mctx *c)
 			BSON_APPEND_UTF8(&cmd, "wire", c->wire);
 		snprintf(line, sizeof line, "member %lld joined as a voter", id);
 	} else if (strcmp(c->pos[0], "remove") == 0) {
-		if (c->npos != 2 || parse_id(c->pos[1], &id) != 0 || id == 0)
+		if (c->npos != 2 || cli_parse_id(c->pos[1], &id) != 0 || id == 0)
 			return usage("remove needs ID");
 		BSON_APPEND_INT64(&cmd, "removeMember", id);
 		snprintf(line, sizeof line, "member %lld removed", id);
 	} else if (strcmp(c->pos[0], "transfer") == 0) {
-		if (c->npos > 2 || (c->npos == 2 && parse_id(c->pos[1], &id) != 0))
+		if (c->npos > 2 || (c->npos == 2 && cli_parse_id(c->pos[1], &id) != 0))
 			return usage("transfer takes an optional ID");
 		BSON_APPEND_INT64(&cmd, "transferLeadership", id);
 		snprintf(line, sizeof line, "leadership transferred");
 	} else if (strcmp(c->pos[0], "op-version") == 0) {
-		if (c->npos != 2 || parse_id(c->pos[1], &id) != 0 || id < 2)
+		if (c->npos != 2 || cli_parse_id(c->pos[1], &id) != 0 || id < 2)
 			return usage("op-version needs N (2 or more)");
 		BSON_APPEND_INT64(&cmd, "setOpVersion", id);
 		snprintf(line, sizeof line, "cluster op version %lld", id);

@@ -94,13 +94,6 @@ static bool sub(const bson_t *d, const char *k, bson_t *out)
 	return bson_init_static(out, data, len);
 }
 
-static void print_json(const bson_t *d)
-{
-	char *j = bson_as_relaxed_extended_json(d, NULL);
-	printf("%s\n", j);
-	bson_free(j);
-}
-
 /* The chunks of ns (or "all"): the getRoutingTable reply, its cursor followed (issue #26:
  * a table of any size comes in batches of at most 8 MB): {routingVersion, key, hashed,
  * chunks: [every chunk]} (caller destroys). Returns 0 or run()'s error. */
@@ -210,12 +203,14 @@ static int get_mig(mongoc_client_t *c, const char *id, bson_t *out)
 	return rc;
 }
 
+/* Print migration document m: JSON with ctx->json, else state, per-phase counts, lag and
+ * switch pauses, one field a line. */
 static void print_status(struct cli_ctx *ctx, const bson_t *m)
 {
 	char id[128], st[32], ns[256], from[64], to[64], chunk[32];
 	bson_t spec, stats, v, p;
 	if (ctx->json) {
-		print_json(m);
+		cli_print_json(m);
 		return;
 	}
 	sval(m, "id", id, sizeof id);
@@ -321,30 +316,61 @@ static int parse_common(const char *a, mig_opts *o)
 	return 1;
 }
 
-int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv)
+/* One option of a ctl subcommand for parse_args: a value option when val is set (taken as
+ * "NAME VALUE" or "NAME=VALUE"; *val points into argv, the last one given wins), a flag
+ * when flag is set (NAME alone sets *flag to 1). A table ends with {0}. */
+typedef struct arg_opt {
+	const char *name;
+	const char **val;
+	int *flag;
+} arg_opt;
+
+/* The one argument parser of the subcommands in this file: argv[first..argc) of
+ * `stripedb ctl CMD`, matched against opts (may be NULL), then parse_common's options when
+ * o is set, then, when pos is set, the first word not starting with '-' goes to *pos.
+ * "NAME" as the last word (no value) is not an option. Returns 0, or 2 (the exit code of
+ * bad usage) after printing "stripedb ctl CMD: unexpected argument 'A'" for the first
+ * argument that matched nothing; the outputs may then be partly set. */
+static int parse_args(const char *cmd, int argc, char **argv, int first, const arg_opt *opts,
+		      mig_opts *o, const char **pos)
 {
-	const char *ns = NULL, *to = NULL;
-	int64_t chunk = 0;
-	mig_opts o = {.grace_ms = -1};
-	for (int i = 0; i < argc; i++) {
+	for (int i = first; i < argc; i++) {
 		const char *a = argv[i];
-		if (parse_common(a, &o))
+		const arg_opt *m = NULL;
+		size_t nl = 0;
+		for (const arg_opt *t = opts; t && t->name && !m; t++) {
+			nl = strlen(t->name);
+			if (strcmp(a, t->name) == 0 && (t->flag || i + 1 < argc))
+				m = t;
+			else if (t->val && strncmp(a, t->name, nl) == 0 && a[nl] == '=')
+				m = t;
+		}
+		if (m && m->flag)
+			*m->flag = 1;
+		else if (m)
+			*m->val = a[nl] == '=' ? a + nl + 1 : argv[++i];
+		else if (o && parse_common(a, o))
 			continue;
-		if (strcmp(a, "--chunk") == 0 && i + 1 < argc)
-			chunk = atoll(argv[++i]);
-		else if (strncmp(a, "--chunk=", 8) == 0)
-			chunk = atoll(a + 8);
-		else if (strcmp(a, "--to") == 0 && i + 1 < argc)
-			to = argv[++i];
-		else if (strncmp(a, "--to=", 5) == 0)
-			to = a + 5;
-		else if (a[0] != '-' && !ns)
-			ns = a;
+		else if (pos && a[0] != '-' && !*pos)
+			*pos = a;
 		else {
-			fprintf(stderr, "stripedb ctl migrate: unexpected argument '%s'\n", a);
+			fprintf(stderr, "stripedb ctl %s: unexpected argument '%s'\n", cmd, a);
 			return 2;
 		}
 	}
+	return 0;
+}
+
+/* `ctl migrate` (argv after "migrate"; the file comment has the usage). Returns: the exit
+ * code, 0, 1 (cluster error, or --wait saw an end other than complete), 2 usage. */
+int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv)
+{
+	const char *ns = NULL, *to = NULL, *chunk_s = NULL;
+	mig_opts o = {.grace_ms = -1};
+	const arg_opt opts[] = {{"--chunk", &chunk_s, NULL}, {"--to", &to, NULL}, {0}};
+	if (parse_args("migrate", argc, argv, 0, opts, &o, &ns) != 0)
+		return 2;
+	int64_t chunk = chunk_s ? atoll(chunk_s) : 0;
 	if (!ns || !strchr(ns, '.') || chunk <= 0 || !to ||
 	    (o.order && strcmp(o.order, "index") && strcmp(o.order, "arrival"))) {
 		fprintf(stderr, "stripedb ctl migrate: usage: migrate DB.COLL --chunk ID --to SHARD "
@@ -365,12 +391,8 @@ int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv)
 	if (sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks))
 		while (bson_iter_next(&it)) {
 			bson_t ch;
-			const uint8_t *data;
-			uint32_t len;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+			if (!cli_iter_doc(&it, &ch))
 				continue;
-			bson_iter_document(&it, &len, &data);
-			bson_init_static(&ch, data, len);
 			if (ival(&ch, "id") == chunk)
 				sval(&ch, "shard", from, sizeof from);
 		}
@@ -408,6 +430,8 @@ out_client:
 	return rc;
 }
 
+/* `ctl migration list`: every migration (listMigrations) as a table or JSON lines.
+ * Returns: the exit code, 0 or 1 after the error line. */
 static int migration_list(struct cli_ctx *ctx, mongoc_client_t *c)
 {
 	bson_t cmd = BSON_INITIALIZER, reply, arr;
@@ -423,19 +447,15 @@ static int migration_list(struct cli_ctx *ctx, mongoc_client_t *c)
 		bson_t out = BSON_INITIALIZER;
 		if (sub(&reply, "migrations", &arr))
 			BSON_APPEND_ARRAY(&out, "migrations", &arr);
-		print_json(&out);
+		cli_print_json(&out);
 		bson_destroy(&out);
 	} else if (sub(&reply, "migrations", &arr) && bson_iter_init(&it, &arr)) {
 		printf("%-32s %-20s %-8s %-10s %-10s %s\n", "ID", "NS", "CHUNK", "FROM", "TO", "STATE");
 		while (bson_iter_next(&it)) {
 			bson_t m, spec;
-			const uint8_t *data;
-			uint32_t len;
 			char id[128], ns[256], st[32], from[64] = "", to[64] = "", ch[32] = "";
-			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+			if (!cli_iter_doc(&it, &m))
 				continue;
-			bson_iter_document(&it, &len, &data);
-			bson_init_static(&m, data, len);
 			if (sub(&m, "spec", &spec)) {
 				sval(&spec, "from", from, sizeof from);
 				sval(&spec, "to", to, sizeof to);
@@ -511,20 +531,15 @@ static int migration_pause(mongoc_client_t *c, const char *id, bool pause)
 	return rc == 0 ? 0 : 1;
 }
 
+/* `ctl migration list|status|rollback|pause|resume` (argv from the verb). Returns: the
+ * exit code, 0, 1 cluster error, 2 usage. */
 int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	int json = ctx->json;
 	const char *verb = argc > 0 ? argv[0] : NULL, *id = NULL;
-	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--json") == 0)
-			json = 1;
-		else if (!id && argv[i][0] != '-')
-			id = argv[i];
-		else {
-			fprintf(stderr, "stripedb ctl migration: unexpected argument '%s'\n", argv[i]);
-			return 2;
-		}
-	}
+	const arg_opt opts[] = {{"--json", NULL, &json}, {0}};
+	if (parse_args("migration", argc, argv, 1, opts, NULL, &id) != 0)
+		return 2;
 	ctx->json = json;
 	if (!verb || (strcmp(verb, "list") != 0 && !id) ||
 	    (strcmp(verb, "list") && strcmp(verb, "status") && strcmp(verb, "rollback") &&
@@ -569,13 +584,9 @@ static bool is_draining(mongoc_client_t *c, const char *id)
 	    sub(&reply, "shards", &arr) && bson_iter_init(&it, &arr))
 		while (bson_iter_next(&it)) {
 			bson_t s;
-			const uint8_t *data;
-			uint32_t len;
 			char sid[64], st[32];
-			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+			if (!cli_iter_doc(&it, &s))
 				continue;
-			bson_iter_document(&it, &len, &data);
-			bson_init_static(&s, data, len);
 			if (strcmp(sval(&s, "id", sid, sizeof sid), id) == 0 &&
 			    strcmp(sval(&s, "state", st, sizeof st), "draining") == 0)
 				draining = true;
@@ -585,7 +596,9 @@ static bool is_draining(mongoc_client_t *c, const char *id)
 	return draining;
 }
 
-/* shard drain / split: one migration per chunk, spread over the routing table. */
+/* shard drain / split: one migration per chunk, spread over the routing table (argv
+ * from the verb; list and member go to cli/shardset.c, add and remove to cli/catalog.c).
+ * Returns: the exit code, 0, 1 cluster error or a migration that failed, 2 usage. */
 int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	const char *verb = argc > 0 ? argv[0] : NULL, *shard = NULL, *to = NULL;
@@ -594,21 +607,9 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 		return cli_shardset_main(ctx, argc, argv); /* cli/shardset.c: replica sets */
 	if (verb && (strcmp(verb, "add") == 0 || strcmp(verb, "remove") == 0))
 		return cli_catalog_shard(ctx, argc, argv); /* cli/catalog.c */
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (parse_common(a, &o))
-			continue;
-		if (strcmp(a, "--to") == 0 && i + 1 < argc)
-			to = argv[++i];
-		else if (strncmp(a, "--to=", 5) == 0)
-			to = a + 5;
-		else if (a[0] != '-' && !shard)
-			shard = a;
-		else {
-			fprintf(stderr, "stripedb ctl shard: unexpected argument '%s'\n", a);
-			return 2;
-		}
-	}
+	const arg_opt opts[] = {{"--to", &to, NULL}, {0}};
+	if (parse_args("shard", argc, argv, 1, opts, &o, &shard) != 0)
+		return 2;
 	if (!verb || !shard || (strcmp(verb, "drain") && strcmp(verb, "split")) ||
 	    (strcmp(verb, "split") == 0 && !to)) {
 		fprintf(stderr, "stripedb ctl shard: usage: shard drain SHARD [--to SHARD] [--wait] "
@@ -633,12 +634,8 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 	if (run(c, &cmd, &sreply) == 0 && sub(&sreply, "shards", &sarr) && bson_iter_init(&it, &sarr))
 		while (bson_iter_next(&it) && nothers < 64) {
 			bson_t s;
-			const uint8_t *data;
-			uint32_t len;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+			if (!cli_iter_doc(&it, &s))
 				continue;
-			bson_iter_document(&it, &len, &data);
-			bson_init_static(&s, data, len);
 			char sstate[32];
 			sval(&s, "id", others[nothers], sizeof others[0]);
 			sval(&s, "state", sstate, sizeof sstate);
@@ -654,25 +651,17 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 		bson_iter_t it2 = it;
 		while (bson_iter_next(&it2)) {
 			bson_t ch;
-			const uint8_t *data;
-			uint32_t len;
 			char s[64];
-			if (!BSON_ITER_HOLDS_DOCUMENT(&it2))
+			if (!cli_iter_doc(&it2, &ch))
 				continue;
-			bson_iter_document(&it2, &len, &data);
-			bson_init_static(&ch, data, len);
 			owned += strcmp(sval(&ch, "shard", s, sizeof s), shard) == 0;
 		}
 		size_t want = strcmp(verb, "split") == 0 ? owned / 2 : owned;
 		while (bson_iter_next(&it) && k < want) {
 			bson_t ch;
-			const uint8_t *data;
-			uint32_t len;
 			char s[64], ns[256];
-			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+			if (!cli_iter_doc(&it, &ch))
 				continue;
-			bson_iter_document(&it, &len, &data);
-			bson_init_static(&ch, data, len);
 			if (strcmp(sval(&ch, "shard", s, sizeof s), shard) != 0)
 				continue;
 			const char *dst = to ? to : nothers ? others[k % nothers] : NULL;
@@ -717,6 +706,9 @@ typedef struct chunk_row {
 	bson_t *min, *max;
 } chunk_row;
 
+/* The chunks of ns ("all": every collection) from the routing table into *out (a heap
+ * array the caller frees with free_chunks). Returns: their count, or (size_t)-1 when the
+ * routing table could not be read. */
 static size_t load_chunks(mongoc_client_t *c, const char *ns, chunk_row **out)
 {
 	bson_t rt, chunks;
@@ -728,12 +720,8 @@ static size_t load_chunks(mongoc_client_t *c, const char *ns, chunk_row **out)
 	if (sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks))
 		while (bson_iter_next(&it)) {
 			bson_t ch, b;
-			const uint8_t *data;
-			uint32_t len;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+			if (!cli_iter_doc(&it, &ch))
 				continue;
-			bson_iter_document(&it, &len, &data);
-			bson_init_static(&ch, data, len);
 			if (n == cap) {
 				cap = cap ? 2 * cap : 32;
 				*out = sdb_realloc(*out, cap * sizeof **out);
@@ -790,18 +778,15 @@ static int run_plan(struct cli_ctx *ctx, mongoc_client_t *c, chunk_row *rows, si
 	return rc;
 }
 
+/* `ctl rebalance --bin-pack` (argv after "rebalance"). Returns: the exit code, 0, 1
+ * cluster error or a migration that failed, 2 usage. */
 int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	mig_opts o = {.grace_ms = -1};
 	int bin_pack = 0;
-	for (int i = 0; i < argc; i++) {
-		if (strcmp(argv[i], "--bin-pack") == 0)
-			bin_pack = 1;
-		else if (!parse_common(argv[i], &o)) {
-			fprintf(stderr, "stripedb ctl rebalance: unexpected argument '%s'\n", argv[i]);
-			return 2;
-		}
-	}
+	const arg_opt opts[] = {{"--bin-pack", NULL, &bin_pack}, {0}};
+	if (parse_args("rebalance", argc, argv, 0, opts, &o, NULL) != 0)
+		return 2;
 	if (!bin_pack) {
 		fprintf(stderr, "stripedb ctl rebalance: usage: rebalance --bin-pack [--dry-run] "
 				"[--wait]\n");
@@ -873,25 +858,15 @@ out:
 	return rc;
 }
 
+/* `ctl tenant isolate TENANT --to SHARD` (argv from the verb). Returns: the exit code,
+ * 0, 1 cluster error or a migration that failed, 2 usage. */
 int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	mig_opts o = {.grace_ms = -1};
 	const char *tenant = NULL, *to = NULL;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (parse_common(a, &o))
-			continue;
-		if (strcmp(a, "--to") == 0 && i + 1 < argc)
-			to = argv[++i];
-		else if (strncmp(a, "--to=", 5) == 0)
-			to = a + 5;
-		else if (a[0] != '-' && !tenant)
-			tenant = a;
-		else {
-			fprintf(stderr, "stripedb ctl tenant: unexpected argument '%s'\n", a);
-			return 2;
-		}
-	}
+	const arg_opt opts[] = {{"--to", &to, NULL}, {0}};
+	if (parse_args("tenant", argc, argv, 1, opts, &o, &tenant) != 0)
+		return 2;
 	if (argc < 1 || strcmp(argv[0], "isolate") != 0 || !tenant || !to) {
 		fprintf(stderr, "stripedb ctl tenant: usage: tenant isolate TENANT --to SHARD "
 				"[--dry-run] [--wait]\n");
@@ -909,13 +884,9 @@ int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
 	if (run(c, &cmd, &reply) == 0 && sub(&reply, "databases", &arr) && bson_iter_init(&it, &arr))
 		while (bson_iter_next(&it) && ndb < 256) {
 			bson_t d;
-			const uint8_t *data;
-			uint32_t len;
 			char t[128];
-			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+			if (!cli_iter_doc(&it, &d))
 				continue;
-			bson_iter_document(&it, &len, &data);
-			bson_init_static(&d, data, len);
 			if (strcmp(sval(&d, "tenant", t, sizeof t), tenant) == 0)
 				sval(&d, "name", dbs[ndb++], sizeof dbs[0]);
 		}
@@ -942,28 +913,15 @@ int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
 	return rc;
 }
 
+/* `ctl chunk list|split|merge DB.COLL` (argv from the verb). Returns: the exit code, 0,
+ * 1 cluster error, 2 usage. */
 int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	const char *verb = argc > 0 ? argv[0] : NULL, *ns = NULL, *at = NULL, *ids = NULL;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (strcmp(a, "--at") == 0 && i + 1 < argc)
-			at = argv[++i];
-		else if (strncmp(a, "--at=", 5) == 0)
-			at = a + 5;
-		else if (strcmp(a, "--chunks") == 0 && i + 1 < argc)
-			ids = argv[++i];
-		else if (strncmp(a, "--chunks=", 9) == 0)
-			ids = a + 9;
-		else if (strcmp(a, "--json") == 0)
-			ctx->json = 1;
-		else if (a[0] != '-' && !ns)
-			ns = a;
-		else {
-			fprintf(stderr, "stripedb ctl chunk: unexpected argument '%s'\n", a);
-			return 2;
-		}
-	}
+	const arg_opt opts[] = {
+		{"--at", &at, NULL}, {"--chunks", &ids, NULL}, {"--json", NULL, &ctx->json}, {0}};
+	if (parse_args("chunk", argc, argv, 1, opts, NULL, &ns) != 0)
+		return 2;
 	if (!verb || !ns || (strcmp(verb, "split") == 0 && !at) ||
 	    (strcmp(verb, "merge") == 0 && !ids) ||
 	    (strcmp(verb, "list") && strcmp(verb, "split") && strcmp(verb, "merge"))) {

@@ -128,13 +128,8 @@ static bool find_progress(const bson_t *status, const shardset_member *m, bson_t
 	    !bson_iter_recurse(&it, &ai))
 		return false;
 	while (bson_iter_next(&ai)) {
-		const uint8_t *data;
-		uint32_t len;
 		char host[256];
-		if (!BSON_ITER_HOLDS_DOCUMENT(&ai))
-			continue;
-		bson_iter_document(&ai, &len, &data);
-		if (!bson_init_static(out, data, len))
+		if (!cli_iter_doc(&ai, out))
 			continue;
 		str(out, "host", host, sizeof host);
 		if ((host[0] && strcmp(host, m->host) == 0) ||
@@ -208,14 +203,9 @@ int shardset_status(const char *addr, int timeout_ms, shardset_member *out, int 
 	if (bson_iter_init_find(&it, primary, "memberStatus") && BSON_ITER_HOLDS_ARRAY(&it) &&
 	    bson_iter_recurse(&it, &ai)) {
 		while (bson_iter_next(&ai) && n < max) {
-			const uint8_t *data;
-			uint32_t len;
 			bson_t e;
 			bool known = false;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&ai))
-				continue;
-			bson_iter_document(&ai, &len, &data);
-			if (!bson_init_static(&e, data, len))
+			if (!cli_iter_doc(&ai, &e))
 				continue;
 			for (int k = 0; k < n; k++)
 				known |= out[k].id == i64(&e, "id");
@@ -355,6 +345,10 @@ static int check_set_name(const char *addr, int timeout_ms)
 	return rc;
 }
 
+/* The MongoDB URI of shard into out[n]: shard itself when it already is a URI or H:P,
+ * else the uri of the listShards entry with that id. Returns: 0, 1 after an error line
+ * (listShards failed, no such shard; nothing printed when the reply has no shards
+ * array), or 2 (no metadata client). */
 static int resolve(cli_ctx *ctx, const char *shard, char *out, size_t n)
 {
 	if (strncmp(shard, "mongodb://", 10) == 0 || strchr(shard, ':')) {
@@ -362,7 +356,7 @@ static int resolve(cli_ctx *ctx, const char *shard, char *out, size_t n)
 		return 0;
 	}
 	mongoc_client_t *c = cli_meta_client(ctx);
-	bson_t cmd = BSON_INITIALIZER, reply, arr, d;
+	bson_t cmd = BSON_INITIALIZER, reply, d;
 	bson_error_t e;
 	bson_iter_t it;
 	int rc = 1;
@@ -371,24 +365,17 @@ static int resolve(cli_ctx *ctx, const char *shard, char *out, size_t n)
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
 	if (!mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e)) {
 		fprintf(stderr, "stripedb ctl shard: listShards: %s\n", e.message);
-	} else if (bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it)) {
-		const uint8_t *data;
-		uint32_t len;
-		bson_iter_array(&it, &len, &data);
-		if (bson_init_static(&arr, data, len) && bson_iter_init(&it, &arr))
-			while (rc && bson_iter_next(&it)) {
-				char id[128];
-				if (!BSON_ITER_HOLDS_DOCUMENT(&it))
-					continue;
-				bson_iter_document(&it, &len, &data);
-				if (!bson_init_static(&d, data, len))
-					continue;
-				str(&d, "id", id, sizeof id);
-				if (strcmp(id, shard) == 0) {
-					str(&d, "uri", out, n);
-					rc = 0;
-				}
+	} else if (cli_iter_array(&reply, "shards", &it)) {
+		while (rc && bson_iter_next(&it)) {
+			char id[128];
+			if (!cli_iter_doc(&it, &d))
+				continue;
+			str(&d, "id", id, sizeof id);
+			if (strcmp(id, shard) == 0) {
+				str(&d, "uri", out, n);
+				rc = 0;
 			}
+		}
 		if (rc)
 			fprintf(stderr, "stripedb ctl shard: no shard '%s' (see ctl shard list)\n",
 				shard);
@@ -399,10 +386,13 @@ static int resolve(cli_ctx *ctx, const char *shard, char *out, size_t n)
 	return rc;
 }
 
+/* `ctl shard list`: every shard of listShards with its members' status (a table, or one
+ * JSON document {"shards": [...]} with --json). Returns: 0, 1 after the error line of a
+ * failed listShards, or 2 (no metadata client). */
 static int cmd_list(cli_ctx *ctx)
 {
 	mongoc_client_t *c = cli_meta_client(ctx);
-	bson_t cmd = BSON_INITIALIZER, reply, arr, d;
+	bson_t cmd = BSON_INITIALIZER, reply, d;
 	bson_error_t e;
 	bson_iter_t it;
 	int rc = 0, first = 1;
@@ -418,24 +408,17 @@ static int cmd_list(cli_ctx *ctx)
 		printf("{\"shards\": [");
 	else
 		print_header();
-	if (bson_iter_init_find(&it, &reply, "shards") && BSON_ITER_HOLDS_ARRAY(&it)) {
-		const uint8_t *data;
-		uint32_t len;
-		bson_iter_array(&it, &len, &data);
-		if (bson_init_static(&arr, data, len) && bson_iter_init(&it, &arr))
-			while (bson_iter_next(&it)) {
-				char id[128], uri[512];
-				shardset_member m[SHARDSET_MAX];
-				if (!BSON_ITER_HOLDS_DOCUMENT(&it))
-					continue;
-				bson_iter_document(&it, &len, &data);
-				if (!bson_init_static(&d, data, len))
-					continue;
-				str(&d, "id", id, sizeof id);
-				str(&d, "uri", uri, sizeof uri);
-				int n = shardset_status(uri, ctx->timeout_ms, m, SHARDSET_MAX);
-				print_members(ctx->json, id, uri, m, n, &first);
-			}
+	if (cli_iter_array(&reply, "shards", &it)) {
+		while (bson_iter_next(&it)) {
+			char id[128], uri[512];
+			shardset_member m[SHARDSET_MAX];
+			if (!cli_iter_doc(&it, &d))
+				continue;
+			str(&d, "id", id, sizeof id);
+			str(&d, "uri", uri, sizeof uri);
+			int n = shardset_status(uri, ctx->timeout_ms, m, SHARDSET_MAX);
+			print_members(ctx->json, id, uri, m, n, &first);
+		}
 	}
 	if (ctx->json)
 		printf("]}\n");
@@ -455,16 +438,8 @@ static int member_usage(const char *msg)
 	return 2;
 }
 
-static int parse_id(const char *s, long long *out)
-{
-	char *end = NULL;
-	long long v = strtoll(s, &end, 10);
-	if (!end || *end || v < 0)
-		return -1;
-	*out = v;
-	return 0;
-}
-
+/* `ctl shard member add|remove|transfer|status` (argv after "member"). Returns: the exit
+ * code (0, 1 cluster error, 2 usage via member_usage). */
 static int cmd_member(cli_ctx *ctx, int argc, char **argv)
 {
 	const char *pos[4] = {0}, *raft = NULL, *wire = NULL;
@@ -492,7 +467,7 @@ static int cmd_member(cli_ctx *ctx, int argc, char **argv)
 		return member_usage("missing verb or SHARD");
 	const char *verb = pos[0];
 	if (strcmp(verb, "add") == 0) {
-		if (npos != 3 || parse_id(pos[2], &id) != 0 || id == 0 || !raft || !wire)
+		if (npos != 3 || cli_parse_id(pos[2], &id) != 0 || id == 0 || !raft || !wire)
 			return member_usage("add needs SHARD, a positive ID, --raft=H:P and "
 					    "--wire=H:P");
 		BSON_APPEND_INT64(&cmd, "addMember", id);
@@ -500,12 +475,12 @@ static int cmd_member(cli_ctx *ctx, int argc, char **argv)
 		BSON_APPEND_UTF8(&cmd, "wire", wire);
 		snprintf(line, sizeof line, "member %lld joined %s as a voter", id, pos[1]);
 	} else if (strcmp(verb, "remove") == 0) {
-		if (npos != 3 || parse_id(pos[2], &id) != 0 || id == 0)
+		if (npos != 3 || cli_parse_id(pos[2], &id) != 0 || id == 0)
 			return member_usage("remove needs SHARD and a positive ID");
 		BSON_APPEND_INT64(&cmd, "removeMember", id);
 		snprintf(line, sizeof line, "member %lld removed from %s", id, pos[1]);
 	} else if (strcmp(verb, "transfer") == 0) {
-		if (npos > 3 || (npos == 3 && parse_id(pos[2], &id) != 0))
+		if (npos > 3 || (npos == 3 && cli_parse_id(pos[2], &id) != 0))
 			return member_usage("transfer takes SHARD and an optional ID");
 		BSON_APPEND_INT64(&cmd, "transferLeadership", id);
 		snprintf(line, sizeof line, "primary of %s transferred", pos[1]);

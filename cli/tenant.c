@@ -37,6 +37,8 @@ static void tenant_usage(FILE *f)
 		   "{\"actions\": [...]}}}\n");
 }
 
+/* `ctl tenant list`: listTenants as a TENANT/QUOTA/POLICY table, or one JSON line a
+ * tenant with --json. Returns: the exit code of cli_meta_run (0 or 1). */
 static int tenant_list(cli_ctx *ctx)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
@@ -50,37 +52,22 @@ static int tenant_list(cli_ctx *ctx)
 		if (!ctx->json)
 			printf("%-20s %-40s %s\n", "TENANT", "QUOTA", "POLICY");
 		while (bson_iter_next(&arr)) {
-			bson_t d;
-			uint32_t len;
-			const uint8_t *data;
+			bson_t d, sub;
 			bson_iter_t f;
 			char *q = NULL, *p = NULL;
 			const char *name = "?";
-			if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
-				continue;
-			bson_iter_document(&arr, &len, &data);
-			if (!bson_init_static(&d, data, len))
+			if (!cli_iter_doc(&arr, &d))
 				continue;
 			if (ctx->json) {
-				char *j = bson_as_relaxed_extended_json(&d, NULL);
-				printf("%s\n", j);
-				bson_free(j);
+				cli_print_json(&d);
 				continue;
 			}
 			if (bson_iter_init_find(&f, &d, "name") && BSON_ITER_HOLDS_UTF8(&f))
 				name = bson_iter_utf8(&f, NULL);
-			if (bson_iter_init_find(&f, &d, "quota") && BSON_ITER_HOLDS_DOCUMENT(&f)) {
-				bson_t sub;
-				bson_iter_document(&f, &len, &data);
-				if (bson_init_static(&sub, data, len))
-					q = bson_as_relaxed_extended_json(&sub, NULL);
-			}
-			if (bson_iter_init_find(&f, &d, "policy") && BSON_ITER_HOLDS_DOCUMENT(&f)) {
-				bson_t sub;
-				bson_iter_document(&f, &len, &data);
-				if (bson_init_static(&sub, data, len))
-					p = bson_as_relaxed_extended_json(&sub, NULL);
-			}
+			if (bson_iter_init_find(&f, &d, "quota") && cli_iter_doc(&f, &sub))
+				q = bson_as_relaxed_extended_json(&sub, NULL);
+			if (bson_iter_init_find(&f, &d, "policy") && cli_iter_doc(&f, &sub))
+				p = bson_as_relaxed_extended_json(&sub, NULL);
 			printf("%-20s %-40s %s\n", name, q ? q : "-", p ? p : "-");
 			bson_free(q);
 			bson_free(p);

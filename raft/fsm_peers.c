@@ -105,6 +105,17 @@ static int bump(sqlite3 *db, int64_t *version)
 		    "i", NULL, NULL, *version, 0, NULL);
 }
 
+/* The peers version after a write that changed `changes` rows: bumped (and stored) when
+ * it changed any, else the current one as sdb_fsm_peers_version reads it (-1 when it
+ * cannot). Stores it in *version. Returns 0, or SDB_EIO when the bump failed. */
+static int version_after(sqlite3 *db, int changes, int64_t *version)
+{
+	if (changes > 0)
+		return bump(db, version) != 0 ? SDB_EIO : 0;
+	*version = sdb_fsm_peers_version(db);
+	return 0;
+}
+
 int sdb_fsm_peers_is_op(const char *op)
 {
 	return op != NULL &&
@@ -157,6 +168,9 @@ static int op_register(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 	return 0;
 }
 
+/* deregisterRatelimitPeer {addr}: remove the peer; res gets the version (bumped when it
+ * was there) and removed. Returns: 0, 1 without addr (res then is the BadValue error,
+ * bad_value), or SDB_EIO. */
 static int op_deregister(sqlite3 *db, const bson_t *args, bson_t *res)
 {
 	const char *addr = arg_str(args, "addr");
@@ -168,17 +182,17 @@ static int op_deregister(sqlite3 *db, const bson_t *args, bson_t *res)
 	if (exec(db, "DELETE FROM ratelimit_peers WHERE addr = ?", "t", addr, NULL, 0, 0,
 		 &changes) != 0)
 		return SDB_EIO;
-	if (changes > 0) {
-		if (bump(db, &version) != 0)
-			return SDB_EIO;
-	} else {
-		version = sdb_fsm_peers_version(db);
-	}
+	if (version_after(db, changes, &version) != 0)
+		return SDB_EIO;
 	BSON_APPEND_INT64(res, "version", version);
 	BSON_APPEND_BOOL(res, "removed", changes > 0);
 	return 0;
 }
 
+/* expireRatelimitPeers {sinceMS}: at ts (epoch ms) remove the peers whose lease ran out
+ * (expires_ms <= ts) and whose ttl has also passed since sinceMS (sinceMS + ttl_ms <= ts);
+ * res gets expired (their addrs, sorted) and the version (bumped when any went). Returns:
+ * 0 or SDB_EIO. */
 static int op_expire(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 {
 	sqlite3_stmt *st = NULL;
@@ -207,12 +221,8 @@ static int op_expire(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 	if (exec(db, "DELETE FROM ratelimit_peers WHERE expires_ms <= ?1 AND ?2 + ttl_ms <= ?1",
 		 "ii", NULL, NULL, ts, since, &changes) != 0)
 		return SDB_EIO;
-	if (changes > 0) {
-		if (bump(db, &version) != 0)
-			return SDB_EIO;
-	} else {
-		version = sdb_fsm_peers_version(db);
-	}
+	if (version_after(db, changes, &version) != 0)
+		return SDB_EIO;
 	BSON_APPEND_INT64(res, "version", version);
 	return 0;
 }

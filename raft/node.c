@@ -585,6 +585,32 @@ struct change_req {
 	void *arg;
 };
 
+/* A membership change request of node n about server id: cb(arg, status) runs once when
+ * it ends. Both raft handles' data point back at it. The caller hands it to raft and then
+ * to change_started; the done callback frees it. Never NULL (sdb_calloc aborts). */
+static struct change_req *change_new(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg)
+{
+	struct change_req *c = sdb_calloc(1, sizeof *c);
+	c->n = n;
+	c->id = id;
+	c->cb = cb;
+	c->arg = arg;
+	c->req.data = c;
+	c->xfer.data = c;
+	return c;
+}
+
+/* The result of handing c to raft (rv: raft's return code): 0 when it started (its done
+ * callback frees c), else frees c (no callback fires) and returns sdb_node_errno(rv). */
+static int change_started(struct change_req *c, int rv)
+{
+	if (rv != 0) {
+		free(c);
+		return sdb_node_errno(rv);
+	}
+	return 0;
+}
+
 static void assign_done(struct raft_change *req, int status)
 {
 	struct change_req *c = req->data;
@@ -612,41 +638,19 @@ int sdb_node_add(sdb_node *n, uint64_t id, const char *raft_addr, sdb_node_done_
 		 void *arg)
 {
 	struct change_req *c;
-	int rv;
 	if (!sdb_node_ready(n))
 		return SDB_ENOTLEADER;
-	c = sdb_calloc(1, sizeof *c);
-	c->n = n;
-	c->id = id;
-	c->cb = cb;
-	c->arg = arg;
-	c->req.data = c;
-	rv = raft_add(&n->raft, &c->req, id, raft_addr, add_done);
-	if (rv != 0) {
-		free(c);
-		return sdb_node_errno(rv);
-	}
-	return 0;
+	c = change_new(n, id, cb, arg);
+	return change_started(c, raft_add(&n->raft, &c->req, id, raft_addr, add_done));
 }
 
 int sdb_node_remove(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg)
 {
 	struct change_req *c;
-	int rv;
 	if (!sdb_node_ready(n))
 		return SDB_ENOTLEADER;
-	c = sdb_calloc(1, sizeof *c);
-	c->n = n;
-	c->id = id;
-	c->cb = cb;
-	c->arg = arg;
-	c->req.data = c;
-	rv = raft_remove(&n->raft, &c->req, id, assign_done);
-	if (rv != 0) {
-		free(c);
-		return sdb_node_errno(rv);
-	}
-	return 0;
+	c = change_new(n, id, cb, arg);
+	return change_started(c, raft_remove(&n->raft, &c->req, id, assign_done));
 }
 
 static void transfer_done(struct raft_transfer *req)
@@ -663,21 +667,10 @@ static void transfer_done(struct raft_transfer *req)
 int sdb_node_transfer(sdb_node *n, uint64_t id, sdb_node_done_cb cb, void *arg)
 {
 	struct change_req *c;
-	int rv;
 	if (raft_state(&n->raft) != RAFT_LEADER)
 		return SDB_ENOTLEADER;
-	c = sdb_calloc(1, sizeof *c);
-	c->n = n;
-	c->id = id;
-	c->cb = cb;
-	c->arg = arg;
-	c->xfer.data = c;
-	rv = raft_transfer(&n->raft, &c->xfer, id, transfer_done);
-	if (rv != 0) {
-		free(c);
-		return sdb_node_errno(rv);
-	}
-	return 0;
+	c = change_new(n, id, cb, arg);
+	return change_started(c, raft_transfer(&n->raft, &c->xfer, id, transfer_done));
 }
 
 void sdb_node_append_election_id(sdb_node *n, bson_t *out)

@@ -282,6 +282,24 @@ static int append_removed(sqlite3 *db, const char *ns, int64_t since, size_t bud
 	return rc == SQLITE_DONE ? 0 : SDB_EIO;
 }
 
+/* Append ns's shard key to reply as "key" (a document) and "hashed" (a bool), read from
+ * colls; appends nothing when ns is not there (removed meanwhile). Returns 0, or SDB_EIO
+ * when the statement could not be prepared. */
+static int append_key(sqlite3 *db, const char *ns, bson_t *reply)
+{
+	sqlite3_stmt *st = prep(db, "SELECT key, hashed FROM colls WHERE ns = ?");
+	if (!st)
+		return SDB_EIO;
+	sqlite3_bind_text(st, 1, ns, -1, SQLITE_STATIC);
+	if (sqlite3_step(st) == SQLITE_ROW) {
+		fsm_append_blob_doc(reply, "key", sqlite3_column_blob(st, 0),
+				    sqlite3_column_bytes(st, 0));
+		BSON_APPEND_BOOL(reply, "hashed", sqlite3_column_int64(st, 1) != 0);
+	}
+	sqlite3_finalize(st);
+	return 0;
+}
+
 static int append_collections(sqlite3 *db, nsset *names, bson_t *reply)
 {
 	sqlite3_stmt *st = prep(db, "SELECT key, hashed FROM colls WHERE ns = ?");
@@ -405,16 +423,8 @@ int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply,
 		return 0;
 	}
 	if (!all) {
-		st = prep(db, "SELECT key, hashed FROM colls WHERE ns = ?");
-		if (!st)
+		if (append_key(db, ns, reply) != 0)
 			return SDB_EIO;
-		sqlite3_bind_text(st, 1, ns, -1, SQLITE_STATIC);
-		if (sqlite3_step(st) == SQLITE_ROW) {
-			fsm_append_blob_doc(reply, "key", sqlite3_column_blob(st, 0),
-					sqlite3_column_bytes(st, 0));
-			BSON_APPEND_BOOL(reply, "hashed", sqlite3_column_int64(st, 1) != 0);
-		}
-		sqlite3_finalize(st);
 	}
 	if (!full && !resumed) {
 		rc = append_removed(db, all ? NULL : ns, since, budget / 4, reply);
@@ -426,17 +436,8 @@ int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply,
 			BSON_APPEND_BOOL(reply, "full", true);
 			full = 1;
 			if (!all) {
-				st = prep(db, "SELECT key, hashed FROM colls WHERE ns = ?");
-				if (!st)
+				if (append_key(db, ns, reply) != 0)
 					return SDB_EIO;
-				sqlite3_bind_text(st, 1, ns, -1, SQLITE_STATIC);
-				if (sqlite3_step(st) == SQLITE_ROW) {
-					fsm_append_blob_doc(reply, "key", sqlite3_column_blob(st, 0),
-							sqlite3_column_bytes(st, 0));
-					BSON_APPEND_BOOL(reply, "hashed",
-							 sqlite3_column_int64(st, 1) != 0);
-				}
-				sqlite3_finalize(st);
 			}
 		} else if (rc != 0) {
 			return rc;
