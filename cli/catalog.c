@@ -60,7 +60,7 @@ static int listing(cli_ctx *ctx, bson_t *cmd, const char *field, const char *hea
 		if (cli_iter_array(&reply, field, &arr))
 			while (bson_iter_next(&arr)) {
 				bson_t d;
-				if (!cli_iter_doc(&arr, &d))
+				if (!sdb_bson_iter_doc(&arr, &d))
 					continue;
 				if (ctx->json)
 					cli_print_json(&d);

@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "common/bsonget.h" /* sdb_bson_iter_doc, for the subcommands' replies */
+
 /* Global options of `stripedb ctl`, parsed once by cli_main and passed to every
  * subcommand: the metadata members ("H:P,H:P"; from --metadata or STRIPEDB_METADATA),
  * --json output, and the per-request timeout in ms (--timeout-ms, default 5000). */
@@ -33,11 +35,6 @@ int cli_meta_run(const cli_ctx *ctx, const bson_t *cmd, bson_t *reply);
 /* cli_meta_run, then destroy cmd and, on success, print done (or {"ok": true} with
  * --json). Returns: the exit code, as cli_meta_run. */
 int cli_meta_simple(const cli_ctx *ctx, bson_t *cmd, const char *done);
-
-/* Whether the element it points at is an embedded document; if so, out is made a static
- * view of it (no copy: valid while the BSON it iterates lives; out needs no destroy).
- * Returns false for any other element type or a document that does not parse. */
-bool cli_iter_doc(const bson_iter_t *it, bson_t *out);
 
 /* Whether d's field key is an array; if so, out is set to iterate its elements (call
  * bson_iter_next first; valid while d lives). Returns false when key is missing, not an

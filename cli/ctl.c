@@ -70,17 +70,6 @@ static void ctl_usage(FILE *f)
 		"cluster or unreachable, 2 bad usage.\n");
 }
 
-bool cli_iter_doc(const bson_iter_t *it, bson_t *out)
-{
-	const uint8_t *data;
-	uint32_t len;
-
-	if (!BSON_ITER_HOLDS_DOCUMENT(it))
-		return false;
-	bson_iter_document(it, &len, &data);
-	return bson_init_static(out, data, len);
-}
-
 bool cli_iter_array(const bson_t *d, const char *key, bson_iter_t *out)
 {
 	bson_iter_t it;

@@ -391,7 +391,7 @@ int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv)
 	if (sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks))
 		while (bson_iter_next(&it)) {
 			bson_t ch;
-			if (!cli_iter_doc(&it, &ch))
+			if (!sdb_bson_iter_doc(&it, &ch))
 				continue;
 			if (ival(&ch, "id") == chunk)
 				sval(&ch, "shard", from, sizeof from);
@@ -454,7 +454,7 @@ static int migration_list(struct cli_ctx *ctx, mongoc_client_t *c)
 		while (bson_iter_next(&it)) {
 			bson_t m, spec;
 			char id[128], ns[256], st[32], from[64] = "", to[64] = "", ch[32] = "";
-			if (!cli_iter_doc(&it, &m))
+			if (!sdb_bson_iter_doc(&it, &m))
 				continue;
 			if (sub(&m, "spec", &spec)) {
 				sval(&spec, "from", from, sizeof from);
@@ -585,7 +585,7 @@ static bool is_draining(mongoc_client_t *c, const char *id)
 		while (bson_iter_next(&it)) {
 			bson_t s;
 			char sid[64], st[32];
-			if (!cli_iter_doc(&it, &s))
+			if (!sdb_bson_iter_doc(&it, &s))
 				continue;
 			if (strcmp(sval(&s, "id", sid, sizeof sid), id) == 0 &&
 			    strcmp(sval(&s, "state", st, sizeof st), "draining") == 0)
@@ -634,7 +634,7 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 	if (run(c, &cmd, &sreply) == 0 && sub(&sreply, "shards", &sarr) && bson_iter_init(&it, &sarr))
 		while (bson_iter_next(&it) && nothers < 64) {
 			bson_t s;
-			if (!cli_iter_doc(&it, &s))
+			if (!sdb_bson_iter_doc(&it, &s))
 				continue;
 			char sstate[32];
 			sval(&s, "id", others[nothers], sizeof others[0]);
@@ -652,7 +652,7 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 		while (bson_iter_next(&it2)) {
 			bson_t ch;
 			char s[64];
-			if (!cli_iter_doc(&it2, &ch))
+			if (!sdb_bson_iter_doc(&it2, &ch))
 				continue;
 			owned += strcmp(sval(&ch, "shard", s, sizeof s), shard) == 0;
 		}
@@ -660,7 +660,7 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 		while (bson_iter_next(&it) && k < want) {
 			bson_t ch;
 			char s[64], ns[256];
-			if (!cli_iter_doc(&it, &ch))
+			if (!sdb_bson_iter_doc(&it, &ch))
 				continue;
 			if (strcmp(sval(&ch, "shard", s, sizeof s), shard) != 0)
 				continue;
@@ -720,7 +720,7 @@ static size_t load_chunks(mongoc_client_t *c, const char *ns, chunk_row **out)
 	if (sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks))
 		while (bson_iter_next(&it)) {
 			bson_t ch, b;
-			if (!cli_iter_doc(&it, &ch))
+			if (!sdb_bson_iter_doc(&it, &ch))
 				continue;
 			if (n == cap) {
 				cap = cap ? 2 * cap : 32;
@@ -885,7 +885,7 @@ int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
 		while (bson_iter_next(&it) && ndb < 256) {
 			bson_t d;
 			char t[128];
-			if (!cli_iter_doc(&it, &d))
+			if (!sdb_bson_iter_doc(&it, &d))
 				continue;
 			if (strcmp(sval(&d, "tenant", t, sizeof t), tenant) == 0)
 				sval(&d, "name", dbs[ndb++], sizeof dbs[0]);

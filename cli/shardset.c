@@ -129,7 +129,7 @@ static bool find_progress(const bson_t *status, const shardset_member *m, bson_t
 		return false;
 	while (bson_iter_next(&ai)) {
 		char host[256];
-		if (!cli_iter_doc(&ai, out))
+		if (!sdb_bson_iter_doc(&ai, out))
 			continue;
 		str(out, "host", host, sizeof host);
 		if ((host[0] && strcmp(host, m->host) == 0) ||
@@ -205,7 +205,7 @@ int shardset_status(const char *addr, int timeout_ms, shardset_member *out, int 
 		while (bson_iter_next(&ai) && n < max) {
 			bson_t e;
 			bool known = false;
-			if (!cli_iter_doc(&ai, &e))
+			if (!sdb_bson_iter_doc(&ai, &e))
 				continue;
 			for (int k = 0; k < n; k++)
 				known |= out[k].id == i64(&e, "id");
@@ -368,7 +368,7 @@ static int resolve(cli_ctx *ctx, const char *shard, char *out, size_t n)
 	} else if (cli_iter_array(&reply, "shards", &it)) {
 		while (rc && bson_iter_next(&it)) {
 			char id[128];
-			if (!cli_iter_doc(&it, &d))
+			if (!sdb_bson_iter_doc(&it, &d))
 				continue;
 			str(&d, "id", id, sizeof id);
 			if (strcmp(id, shard) == 0) {
@@ -412,7 +412,7 @@ static int cmd_list(cli_ctx *ctx)
 		while (bson_iter_next(&it)) {
 			char id[128], uri[512];
 			shardset_member m[SHARDSET_MAX];
-			if (!cli_iter_doc(&it, &d))
+			if (!sdb_bson_iter_doc(&it, &d))
 				continue;
 			str(&d, "id", id, sizeof id);
 			str(&d, "uri", uri, sizeof uri);

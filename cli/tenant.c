@@ -56,7 +56,7 @@ static int tenant_list(cli_ctx *ctx)
 			bson_iter_t f;
 			char *q = NULL, *p = NULL;
 			const char *name = "?";
-			if (!cli_iter_doc(&arr, &d))
+			if (!sdb_bson_iter_doc(&arr, &d))
 				continue;
 			if (ctx->json) {
 				cli_print_json(&d);
@@ -64,9 +64,9 @@ static int tenant_list(cli_ctx *ctx)
 			}
 			if (bson_iter_init_find(&f, &d, "name") && BSON_ITER_HOLDS_UTF8(&f))
 				name = bson_iter_utf8(&f, NULL);
-			if (bson_iter_init_find(&f, &d, "quota") && cli_iter_doc(&f, &sub))
+			if (bson_iter_init_find(&f, &d, "quota") && sdb_bson_iter_doc(&f, &sub))
 				q = bson_as_relaxed_extended_json(&sub, NULL);
-			if (bson_iter_init_find(&f, &d, "policy") && cli_iter_doc(&f, &sub))
+			if (bson_iter_init_find(&f, &d, "policy") && sdb_bson_iter_doc(&f, &sub))
 				p = bson_as_relaxed_extended_json(&sub, NULL);
 			printf("%-20s %-40s %s\n", name, q ? q : "-", p ? p : "-");
 			bson_free(q);

@@ -127,6 +127,17 @@ int sdb_bson_find_int64(const bson_t *doc, const char *name, int64_t lo, int64_t
 	return sdb_bson_get_int64(&it, name, lo, hi, out, e);
 }
 
+bool sdb_bson_iter_doc(const bson_iter_t *it, bson_t *out)
+{
+	const uint8_t *data;
+	uint32_t len;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(it))
+		return false;
+	bson_iter_document(it, &len, &data);
+	return bson_init_static(out, data, len);
+}
+
 static bool well_formed(const bson_t *doc, int level, int max_depth)
 {
 	bson_iter_t it, child;

@@ -70,6 +70,11 @@ bool sdb_bson_as_int64(const bson_iter_t *it, int64_t *out);
  * give false with *out untouched. The caller checks the range and words its error. */
 bool sdb_bson_as_int64_exact(const bson_iter_t *it, int64_t *out);
 
+/* A static view of the embedded document at it in *out (no copy: valid while the
+ * enclosing document is). Returns: false when the element is not a document or its bytes
+ * do not form one (*out then unusable). */
+bool sdb_bson_iter_doc(const bson_iter_t *it, bson_t *out);
+
 /* Whether every nested document and array of doc is itself well formed to its end, at
  * most max_depth levels deep. bson_validate with BSON_VALIDATE_NONE skips a nested document
  * it cannot open and stops quietly at a malformed element inside one, so a document it

@@ -190,17 +190,6 @@ static int scan(const bson_t *doc, const char *where, bool update_statement,
 	return 0;
 }
 
-static bool sub_document(const bson_iter_t *it, bson_t *out)
-{
-	const uint8_t *data;
-	uint32_t len;
-
-	if (!BSON_ITER_HOLDS_DOCUMENT(it))
-		return false;
-	bson_iter_document(it, &len, &data);
-	return bson_init_static(out, data, len);
-}
-
 /* ---- IDL types: the type of each known field (issue #20) ----
  * mongod parses a command with its IDL before running it: a field of the wrong type is
  * refused with 14 TypeMismatch "BSON field 'find.filter' is the wrong type 'string', expected
@@ -589,7 +578,7 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 	if (code != 0)
 		return code;
 	if (strcmp(name, "explain") == 0 && bson_iter_init_find(&it, cmd, "explain") &&
-	    sub_document(&it, &sub)) {
+	    sdb_bson_iter_doc(&it, &sub)) {
 		bson_iter_t first;
 		if (bson_iter_init(&first, &sub) && bson_iter_next(&first))
 			return sdb_cmd_check(bson_iter_key(&first), &sub, internal, err, errlen);
@@ -602,7 +591,7 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 		while (bson_iter_next(&arr)) {
 			bool stmt = strcmp(arrays[i].cmd, "createIndexes") != 0;
 
-			if (!sub_document(&arr, &sub))
+			if (!sdb_bson_iter_doc(&arr, &sub))
 				continue;
 			if (stmt && (unknown = unknown_stmt_field(&sub, arrays[i].update,
 								  internal)) != NULL) {

@@ -1,6 +1,6 @@
 /* Unit tests of the shared argument and output helpers of `stripedb ctl`: parse_args of
  * cli/migrate.c (one parser for migrate, migration, shard, tenant, rebalance and chunk) and
- * cli_parse_id, cli_rs_uri_*, cli_iter_doc and cli_iter_array of cli/cli.h (issue #24). */
+ * cli_parse_id, cli_rs_uri_*, sdb_bson_iter_doc and cli_iter_array of cli/cli.h (issue #24). */
 
 /* The module under test, compiled into this binary (statics included), not taken from
  * libstripedb.a: see UNIT_LDADD in Makefile.am. */
@@ -128,7 +128,7 @@ static void iter_doc_array(void **state)
 	(void)state;
 	assert_true(cli_iter_array(d, "a", &it));
 	while (bson_iter_next(&it))
-		if (cli_iter_doc(&it, &e))
+		if (sdb_bson_iter_doc(&it, &e))
 			seen = seen * 10 + (int)ival(&e, "x");
 	assert_int_equal(seen, 13);
 	assert_false(cli_iter_array(d, "s", &it));
