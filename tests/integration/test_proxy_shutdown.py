@@ -22,6 +22,23 @@ def op_msg(request_id, body):
     return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_MSG) + payload
 
 
+def stop_during(cl, cmd):
+    """Send cmd (one command, on a plain socket: the only request the proxy runs), wait
+    until the proxy runs it, stop the proxy (its drain times out with the request still
+    running) and check the log names the request as waiting, never as unanswered."""
+    s = socket.create_connection(("127.0.0.1", cl.proxy_ports[0]), timeout=60)
+    s.sendall(op_msg(1, cmd))
+    name = next(iter(cmd))
+    wait_until(lambda: cl.metric(0, "stripedb_wire_requests_running") == 1, 30,
+               what=f"the {name} running on the proxy")
+    proxy = cl.proxy_procs[0]
+    proxy.stop(timeout=30)
+    s.close()
+    log = open(proxy.log_path, errors="replace").read()
+    assert "wire: request waiting at shutdown" in log and f"cmd={name}" in log, log[-3000:]
+    assert "wire: unanswered request at shutdown" not in log, log[-3000:]
+
+
 def test_request_waiting_on_a_stopped_shard_is_reported_as_waiting(start_role, tmp_path):
     cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1,
                       proxy_args=["--shutdown-timeout-ms=2000", "--shutdown-quiesce-ms=0"])
@@ -35,17 +52,7 @@ def test_request_waiting_on_a_stopped_shard_is_reported_as_waiting(start_role, t
                    what="no request running on the proxy")
         stopped = cl.shard_procs["shard-b"].p.pid
         os.kill(stopped, signal.SIGSTOP)
-        # one find, on a plain socket: the only request the proxy will be running
-        s = socket.create_connection(("127.0.0.1", cl.proxy_ports[0]), timeout=60)
-        s.sendall(op_msg(1, {"find": "h", "filter": {}, "$db": "w"}))
-        wait_until(lambda: cl.metric(0, "stripedb_wire_requests_running") == 1, 30,
-                   what="the find running on the proxy (waiting on shard-b)")
-        proxy = cl.proxy_procs[0]
-        proxy.stop(timeout=30)
-        s.close()
-        log = open(proxy.log_path, errors="replace").read()
-        assert "wire: request waiting at shutdown" in log and "cmd=find" in log, log[-3000:]
-        assert "wire: unanswered request at shutdown" not in log, log[-3000:]
+        stop_during(cl, {"find": "h", "filter": {}, "$db": "w"})  # waits on shard-b
     finally:
         if stopped:
             os.kill(stopped, signal.SIGCONT)
@@ -65,17 +72,7 @@ def test_move_chunk_polling_its_migration_is_reported_as_waiting(start_role, tmp
             c.close()
         wait_until(lambda: cl.metric(0, "stripedb_wire_requests_running") == 0, 30,
                    what="no request running on the proxy")
-        s = socket.create_connection(("127.0.0.1", cl.proxy_ports[0]), timeout=60)
-        s.sendall(op_msg(1, {"moveChunk": "w.r", "find": {"_id": 5}, "to": "shard-b",
-                             "$db": "admin"}))
-        wait_until(lambda: cl.metric(0, "stripedb_wire_requests_running") == 1, 30,
-                   what="the moveChunk running on the proxy")
-        proxy = cl.proxy_procs[0]
-        proxy.stop(timeout=30)
-        s.close()
-        log = open(proxy.log_path, errors="replace").read()
-        assert "wire: request waiting at shutdown" in log and "cmd=moveChunk" in log, \
-            log[-3000:]
-        assert "wire: unanswered request at shutdown" not in log, log[-3000:]
+        stop_during(cl, {"moveChunk": "w.r", "find": {"_id": 5}, "to": "shard-b",
+                         "$db": "admin"})
     finally:
         cl.close()
