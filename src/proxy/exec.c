@@ -707,6 +707,24 @@ static int run_checked(ctx *c, const px_cmd *cmd)
 	return cmd->run(c);
 }
 
+/* The client's deadline of c (monotonic ms) from its maxTimeMS (a positive number; 0 or
+ * none: no limit), for shardconn_set_op_deadline; 0 for a getMore (its maxTimeMS is a
+ * tailable cursor's await time, forwarded to the shard) and for every command of a
+ * transaction (a statement or commit abandoned half-way would leave the transaction's
+ * shards in a state the proxy does not track; the shards still get the statement's
+ * maxTimeMS). */
+static uint64_t op_deadline(const ctx *c)
+{
+	bson_iter_t it;
+	int64_t ms;
+
+	if (strcmp(wire_req_name(c->req), "getMore") == 0 || pxtxn_is_txn_cmd(c->cmd) ||
+	    !bson_iter_init_find(&it, c->cmd, "maxTimeMS") || !BSON_ITER_HOLDS_NUMBER(&it))
+		return 0;
+	ms = bson_iter_as_int64(&it);
+	return ms > 0 ? sdb_mono_ms() + (uint64_t)ms : 0;
+}
+
 /* A request on a worker thread: checks, the handler, its contract checked
  * (answer_check), then its one answer. */
 static void run_job(void *arg)
@@ -734,6 +752,7 @@ static void run_job(void *arg)
 		snprintf(c.ns, sizeof c.ns, "%s.%s", c.db, c.coll);
 	}
 	shardconn_set_current_req(c.req); /* its waits are reported as such (shardconn.h) */
+	shardconn_set_op_deadline(op_deadline(&c));
 	if (cmd == NULL) { /* registered from cmd_table only: cannot happen */
 		status = px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'", name);
 		answer_check(name, status, &ans);
@@ -748,6 +767,7 @@ static void run_job(void *arg)
 		pxtxn_end(&c); /* may replace the answer with the transaction's failure */
 	}
 	shardconn_set_current_req(NULL);
+	shardconn_set_op_deadline(0);
 	answer_send(c.req, &ans);
 	proxy_txn_free(&c.txn);
 	free(j->user);

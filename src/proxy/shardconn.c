@@ -9,6 +9,7 @@
 
 #include "auth/cluster.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -155,6 +156,8 @@ struct shardconn {
 	shard *shards;
 	shard *retired; /* replaced pools stay alive until free (clients may be out) */
 	tpool req, io;
+	tpool calls; /* shard calls under a client's maxTimeMS (shardconn_set_op_deadline) */
+	sdb_counter *m_abandoned; /* those answered MaxTimeMSExpired before the shard did */
 	shard *meta;            /* the metadata pool (uri: the full URI), or NULL */
 	atomic_uint_least64_t key_gen; /* auth_cluster_generation the pools were made with */
 };
@@ -173,6 +176,17 @@ shardconn *shardconn_new(void)
 	tpool_init(&sc->io, SHARDCONN_IO_WORKERS, SHARDCONN_MAX_WORKERS,
 		   sdb_metrics_gauge("stripedb_proxy_fanout_threads",
 				     "Threads of the proxy's fan-out pool.", NULL));
+	tpool_init(&sc->calls, 2, SHARDCONN_MAX_WORKERS,
+		   sdb_metrics_gauge("stripedb_proxy_deadline_call_threads",
+				     "Threads running shard calls under a client's maxTimeMS (one "
+				     "stays busy per abandoned call until the shard answers or the "
+				     "socket times out).",
+				     NULL));
+	sc->m_abandoned = sdb_metrics_counter(
+		"stripedb_proxy_shard_calls_abandoned_total",
+		"Shard calls answered MaxTimeMSExpired (50) by the proxy because the shard had not "
+		"answered when the client's maxTimeMS ran out.",
+		NULL);
 	atomic_init(&sc->key_gen, auth_cluster_generation());
 	return sc;
 }
@@ -198,6 +212,7 @@ void shardconn_free(shardconn *sc)
 	if (sc == NULL)
 		return;
 	tpool_destroy(&sc->req);
+	tpool_destroy(&sc->calls);
 	/* Destroying a pool waits for its monitor threads (a few hundred ms each): destroy
 	 * them in parallel on the I/O pool. */
 	for (s = sc->retired; s && s->next; s = s->next)
@@ -526,13 +541,141 @@ void shardconn_wait_end(void)
 static int command_io(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
 		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate);
 
+/* The client's deadline of the request this thread works for (monotonic ms, 0 = none):
+ * set by the job runner, carried to fan-out units by shardconn_fanout. */
+static _Thread_local uint64_t op_deadline_ms;
+
+void shardconn_set_op_deadline(uint64_t deadline_ms)
+{
+	op_deadline_ms = deadline_ms;
+}
+
+uint64_t shardconn_op_deadline(void)
+{
+	return op_deadline_ms;
+}
+
+/* One shard call run on the calls pool for a waiter that may give up at its deadline.
+ * Owned by the waiter and the worker (refs); the last to let go frees it, so an abandoned
+ * call finishes with its own copies of everything it needs. */
+typedef struct dcall {
+	uv_mutex_t mu;
+	uv_cond_t cv;
+	int refs;
+	bool done;
+	shardconn *sc;
+	char *id, *db;
+	bson_t *cmd, reply;
+	uint32_t server_id;
+	int rc, fate;
+	char err[512];
+} dcall;
+
+static void dcall_unref(dcall *k)
+{
+	bool last;
+
+	uv_mutex_lock(&k->mu);
+	last = --k->refs == 0;
+	uv_mutex_unlock(&k->mu);
+	if (!last)
+		return;
+	uv_cond_destroy(&k->cv);
+	uv_mutex_destroy(&k->mu);
+	bson_destroy(&k->reply);
+	bson_destroy(k->cmd);
+	free(k->id);
+	free(k->db);
+	free(k);
+}
+
+static void dcall_run(void *arg)
+{
+	dcall *k = arg;
+
+	k->rc = command_io(k->sc, k->id, k->db, k->cmd, &k->server_id, &k->reply, k->err,
+			   sizeof k->err, &k->fate);
+	uv_mutex_lock(&k->mu);
+	k->done = true;
+	uv_cond_signal(&k->cv);
+	uv_mutex_unlock(&k->mu);
+	dcall_unref(k);
+}
+
+/* MongoDB's answer when an operation's maxTimeMS ran out (mongos answers it too when a
+ * shard does not reply in time: the remote call is cancelled at the operation's
+ * deadline). */
+static int max_time_expired(bson_t *reply, int *fate)
+{
+	bson_reinit(reply);
+	BSON_APPEND_DOUBLE(reply, "ok", 0);
+	BSON_APPEND_UTF8(reply, "errmsg", "operation exceeded time limit");
+	BSON_APPEND_INT32(reply, "code", WIRE_ERR_MAX_TIME_EXPIRED);
+	BSON_APPEND_UTF8(reply, "codeName", "MaxTimeMSExpired");
+	*fate = SHARDCONN_ANSWERED;
+	return SHARDCONN_CMD_ERR;
+}
+
+/* command_io bounded by deadline (monotonic ms): the call runs on the calls pool and the
+ * caller waits for it at most until the deadline; then the call is abandoned (it goes on
+ * with its own copies until the shard answers or the socket times out, its result
+ * dropped) and the answer is MaxTimeMSExpired. Same contract as command_io. */
+static int command_until(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
+			 uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate,
+			 uint64_t deadline)
+{
+	dcall *k;
+	uint64_t now = sdb_mono_ms();
+	int rc;
+
+	bson_init(reply);
+	if (now >= deadline)
+		return max_time_expired(reply, fate); /* nothing sent */
+	k = sdb_calloc(1, sizeof *k);
+	uv_mutex_init(&k->mu);
+	uv_cond_init(&k->cv);
+	k->refs = 2;
+	k->sc = sc;
+	k->id = sdb_strdup(id);
+	k->db = sdb_strdup(db);
+	k->cmd = bson_copy(cmd);
+	k->server_id = *server_id;
+	bson_init(&k->reply);
+	tpool_push(&sc->calls, dcall_run, k);
+	uv_mutex_lock(&k->mu);
+	while (!k->done && (now = sdb_mono_ms()) < deadline)
+		(void)uv_cond_timedwait(&k->cv, &k->mu, (deadline - now) * 1000000ULL);
+	if (k->done) {
+		uv_mutex_unlock(&k->mu);
+		*server_id = k->server_id;
+		bson_destroy(reply);
+		bson_copy_to(&k->reply, reply);
+		snprintf(err, errlen, "%s", k->err);
+		*fate = k->fate;
+		rc = k->rc;
+	} else {
+		uv_mutex_unlock(&k->mu);
+		sdb_debug("shard call abandoned at the client's maxTimeMS", "shard=%s", id);
+		if (sc->m_abandoned)
+			sdb_counter_inc(sc->m_abandoned);
+		rc = max_time_expired(reply, fate);
+	}
+	dcall_unref(k);
+	return rc;
+}
+
 int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
 		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate)
 {
 	int rc;
+	uint64_t deadline = op_deadline_ms;
 
 	shardconn_wait_begin();
-	rc = command_io(sc, id, db, cmd, server_id, reply, err, errlen, fate);
+	if (deadline != 0)
+		rc = command_until(sc, id, db, cmd, server_id, reply, err, errlen, fate,
+				   deadline);
+	else
+		rc = command_io(sc, id, db, cmd, server_id, reply, err, errlen, fate);
 	shardconn_wait_end();
 	return rc;
 }
@@ -633,6 +776,7 @@ typedef struct fan {
 	uv_mutex_t mu;
 	uv_cond_t cv;
 	size_t left;
+	uint64_t op_deadline_ms; /* the waiting request's (shardconn_set_op_deadline) */
 	void (*fn)(void *ctx, size_t i);
 	void *ctx;
 } fan;
@@ -647,7 +791,9 @@ static void fan_run(void *arg)
 	fan_item *it = arg;
 	fan *f = it->f;
 
+	op_deadline_ms = f->op_deadline_ms;
 	f->fn(f->ctx, it->i);
+	op_deadline_ms = 0;
 	uv_mutex_lock(&f->mu);
 	if (--f->left == 0)
 		uv_cond_signal(&f->cv);
@@ -669,6 +815,7 @@ void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), 
 	uv_mutex_init(&f.mu);
 	uv_cond_init(&f.cv);
 	f.left = n;
+	f.op_deadline_ms = op_deadline_ms;
 	f.fn = fn;
 	f.ctx = ctx;
 	for (i = 0; i < n; i++) {

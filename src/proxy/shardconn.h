@@ -122,8 +122,21 @@ void shardconn_set_current_req(wire_req *req);
  * current request. Every begin needs its end. */
 void shardconn_wait_begin(void);
 void shardconn_wait_end(void);
+/* The client's deadline for the request the calling thread works for (monotonic ms; 0 =
+ * none), from its maxTimeMS (MongoDB: the operation's deadline, which mongos applies to its
+ * remote calls as well as forwarding maxTimeMS to the shards). While it is set, each
+ * shardconn_command runs on a third pool and the caller waits for it at most until the
+ * deadline: a shard that does not answer in time (stopped, cut off) gets the answer
+ * MaxTimeMSExpired (50, CMD_ERR, fate ANSWERED) instead of holding the request until the
+ * socket timeout (libmongoc's 5 minutes); a call made after the deadline is not sent. The
+ * abandoned call goes on with its own copies (a write may still be applied when the shard
+ * wakes up, as with mongos; its result is dropped) and counts in
+ * stripedb_proxy_shard_calls_abandoned_total. Thread-local like shardconn_set_current_req;
+ * shardconn_fanout carries it to the fan-out units. */
+void shardconn_set_op_deadline(uint64_t deadline_ms);
+uint64_t shardconn_op_deadline(void);
 /* Run fn(ctx, i) for i in [0, n) in parallel on the I/O pool and return when all have
- * finished (n == 1 runs inline). */
+ * finished (n == 1 runs inline). The units see the caller's shardconn_op_deadline. */
 void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
 
 /* The shardconn's metadata pool, for the members "H:P,H:P" (replicaSet=stripedb-meta, so
