@@ -367,7 +367,7 @@ static bool eq_value_ok(const bson_iter_t *it)
 typedef struct key_cond {
 	int kind; /* 0 none, 1 equality, 2 range */
 	bson_value_t eq, lo, hi;
-	bool lo_incl, hi_incl, have_lo, have_hi;
+	bool has_eq, lo_incl, hi_incl, have_lo, have_hi; /* which values are set (owned) */
 } key_cond;
 
 /* Append bound field values: conds[0..j) equalities, then field j's value v (when v), then
@@ -426,11 +426,13 @@ static int filter_range(plan *p, plan_move *m, const plan_ns *t, size_t k)
 		const char *f = bson_iter_key(&it);
 		size_t pos = 0;
 		bool found = false;
-		if (f[0] == '$')
-			return bad(p, "%s: operator %s is not supported: only equality on a prefix of the "
-				      "shard key, then one range on the next key field, selects whole key "
-				      "ranges (%s)",
-				   where, f, WHY);
+		if (f[0] == '$') {
+			rc = bad(p, "%s: operator %s is not supported: only equality on a prefix of the "
+				    "shard key, then one range on the next key field, selects whole key "
+				    "ranges (%s)",
+				 where, f, WHY);
+			goto out;
+		}
 		bson_iter_init(&kit, &t->key);
 		while (bson_iter_next(&kit) && !found) {
 			if (strcmp(bson_iter_key(&kit), f) == 0)
@@ -438,34 +440,47 @@ static int filter_range(plan *p, plan_move *m, const plan_ns *t, size_t k)
 			else
 				pos++;
 		}
-		if (!found)
-			return bad(p, "%s: field '%s' is not in the shard key of %s: routing is by "
-				      "shard-key range, and %s",
-				   where, f, m->ns, WHY);
+		if (!found) {
+			rc = bad(p, "%s: field '%s' is not in the shard key of %s: routing is by "
+				    "shard-key range, and %s",
+				 where, f, m->ns, WHY);
+			goto out;
+		}
 		key_cond *kc = &conds[pos];
+		if (kc->kind) {
+			rc = bad(p, "%s: field '%s' is given twice", where, f);
+			goto out;
+		}
 		if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
 			bson_iter_t op;
-			if (!bson_iter_recurse(&it, &op))
-				return bad(p, "%s: field '%s': corrupt document", where, f);
+			if (!bson_iter_recurse(&it, &op)) {
+				rc = bad(p, "%s: field '%s': corrupt document", where, f);
+				goto out;
+			}
 			int nops = 0;
 			while (bson_iter_next(&op)) {
 				const char *o = bson_iter_key(&op);
 				nops++;
-				if (strcmp(o, "$eq") == 0 && eq_value_ok(&op)) {
+				if (strcmp(o, "$eq") == 0 && eq_value_ok(&op) && !kc->kind) {
 					kc->kind = 1;
+					kc->has_eq = true;
 					bson_value_copy(bson_iter_value(&op), &kc->eq);
 				} else if ((strcmp(o, "$gte") == 0 || strcmp(o, "$gt") == 0) &&
-					   bound_class(&op) && !kc->have_lo) {
+					   bound_class(&op) && !kc->have_lo && !kc->has_eq) {
 					kc->kind = 2;
 					kc->have_lo = true;
 					kc->lo_incl = o[3] == 'e';
 					bson_value_copy(bson_iter_value(&op), &kc->lo);
 				} else if ((strcmp(o, "$lte") == 0 || strcmp(o, "$lt") == 0) &&
-					   bound_class(&op) && !kc->have_hi) {
+					   bound_class(&op) && !kc->have_hi && !kc->has_eq) {
 					kc->kind = 2;
 					kc->have_hi = true;
 					kc->hi_incl = o[3] == 'e';
 					bson_value_copy(bson_iter_value(&op), &kc->hi);
+				} else if (kc->kind && (kc->has_eq || strcmp(o, "$eq") == 0)) {
+					rc = bad(p, "%s: field '%s': give either $eq or a range, not both",
+						 where, f);
+					goto out;
 				} else {
 					rc = bad(p, "%s: field '%s': %s%s is not supported: only equality "
 						    "and one range ($gte/$gt with $lt/$lte, numbers or strings) "
@@ -481,6 +496,7 @@ static int filter_range(plan *p, plan_move *m, const plan_ns *t, size_t k)
 			}
 		} else if (eq_value_ok(&it)) {
 			kc->kind = 1;
+			kc->has_eq = true;
 			bson_value_copy(bson_iter_value(&it), &kc->eq);
 		} else {
 			bson_type_t ty = bson_iter_type(&it);
@@ -559,7 +575,7 @@ static int filter_range(plan *p, plan_move *m, const plan_ns *t, size_t k)
 	}
 out:
 	for (size_t i = 0; i < nf; i++) {
-		if (conds[i].kind == 1)
+		if (conds[i].has_eq)
 			bson_value_destroy(&conds[i].eq);
 		if (conds[i].have_lo)
 			bson_value_destroy(&conds[i].lo);
@@ -719,9 +735,10 @@ static int chunk_busy(mongoc_client_t *c, const char *ns, int64_t id, char *busy
 	return found;
 }
 
-/* Split the chunk of t holding bound strictly inside it, if any (metadata splitChunk); dry
- * run: print it. Returns: 0, or 1 after an error line. */
-static int cut_at(mongoc_client_t *c, plan_ns *t, const bson_t *bound, bool dry)
+/* Split the chunk of t holding bound strictly inside it, if any (metadata splitChunk) and
+ * print a line (unless quiet: --json); dry run: print what would be split. Returns: 0, or
+ * 1 after an error line. */
+static int cut_at(mongoc_client_t *c, plan_ns *t, const bson_t *bound, bool dry, bool quiet)
 {
 	for (size_t i = 0; i < t->n; i++) {
 		chunk_row *r = &t->rows[i];
@@ -745,7 +762,7 @@ static int cut_at(mongoc_client_t *c, plan_ns *t, const bson_t *bound, bool dry)
 		BSON_APPEND_INT64(&cmd, "splitChunk", r->id);
 		BSON_APPEND_DOCUMENT(&cmd, "at", bound);
 		int rc = cmig_run(c, &cmd, &reply);
-		if (rc == 0) {
+		if (rc == 0 && !quiet) {
 			printf("split %s chunk %" PRId64 ": left %" PRId64 ", right %" PRId64 "\n", t->ns,
 			       r->id, cmig_ival(&reply, "left"), cmig_ival(&reply, "right"));
 		}
@@ -799,7 +816,8 @@ int cli_migrate_plan(struct cli_ctx *ctx, const char *ns, const char *to, const 
 			snprintf(mv[nmv++].from, sizeof mv->from, "%s", m->from);
 			continue;
 		}
-		if (cut_at(c, t, m->lo, o->dry_run) != 0 || cut_at(c, t, m->hi, o->dry_run) != 0) {
+		if (cut_at(c, t, m->lo, o->dry_run, ctx->json) != 0 ||
+		    cut_at(c, t, m->hi, o->dry_run, ctx->json) != 0) {
 			rc = 1;
 			goto out;
 		}

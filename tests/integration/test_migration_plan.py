@@ -58,7 +58,7 @@ def _after_load(wl):
 def test_plan_moves_chunks_from_two_sources_to_two_targets(start_role, tmp_path):
     """A plan read from stdin swaps chunks between shard-a and shard-b in one group (a -> b
     and b -> a, registered together; the coordinator runs them within its budgets), under
-    writes."""
+    writes, and moves one tenant of a second namespace by a filter in the same plan."""
     cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
     try:
         ns = "app.c"
@@ -66,18 +66,28 @@ def test_plan_moves_chunks_from_two_sources_to_two_targets(start_role, tmp_path)
                             shards=["shard-a", "shard-b", "shard-a", "shard-b"])
         coll = cl.proxy_client()["app"]["c"]
         coll.insert_many([{"_id": f"p{i}", "k": i, "v": -i} for i in range(200)])
+        # a second namespace in the same plan, moved by a filter: tenant beta a -> b
+        cl.shard_collection("app.t", {"t": 1, "k": 1}, split_points=[{"t": "m", "k": MinKey()}],
+                            shards=["shard-a", "shard-b"])
+        tcoll = cl.proxy_client()["app"]["t"]
+        tcoll.insert_many([{"_id": f"{t}{i}", "t": t, "k": i} for t in ("acme", "beta")
+                           for i in range(20)])
         ch = _by_min(cl, ns)
         wl = _run_load(cl, ns)
         plan = {"moves": [{"ns": ns, "chunk": ch["min"]["id"], "to": "shard-b"},
                           {"ns": ns, "chunk": ch[50]["id"], "to": "shard-a"},
+                          {"ns": "app.t", "filter": {"t": "beta"}, "to": "shard-b"},
                           {"ns": ns, "chunk": ch[100]["id"], "to": "shard-b"}]}
         r = _ctl_stdin(cl, json.dumps(plan), "migrate", "--plan", "-", GRACE, "--wait")
         assert r.returncode == 0, (r.stdout, r.stderr)
         lines = r.stdout.decode().splitlines()
-        assert lines[0].startswith("group plan-")
-        group = lines[0].split()[1]
+        # the filter's range cut out first, then the group and one id a line
+        assert lines[0].startswith("split app.t chunk ") and lines[1].startswith("split app.t")
+        assert lines[2].startswith("filter range ") and lines[2].endswith("of app.t: 1 chunk(s)")
+        assert lines[3].startswith("group plan-")
+        group = lines[3].split()[1]
         ids = _ids(r.stdout)
-        assert len(ids) == 3
+        assert len(ids) == 4
         _after_load(wl)
         for mid in ids:
             m = cl.migration(mid)
@@ -100,7 +110,12 @@ def test_plan_moves_chunks_from_two_sources_to_two_targets(start_role, tmp_path)
         assert sorted(m["id"] for m in listed["migrations"]) == sorted(ids)
         table = cl.ctl("migration", "list").stdout.decode().splitlines()
         assert table[0].split()[-1] == "GROUP"
-        assert sum(1 for l in table[1:] if l.split()[-1] == group) == 3
+        assert sum(1 for l in table[1:] if l.split()[-1] == group) == 4
+        ta = cl.shard_client("shard-a")["app"]["t"]
+        tb = cl.shard_client("shard-b")["app"]["t"]
+        assert (ta.count_documents({"t": "beta"}), tb.count_documents({"t": "beta"})) == (0, 20)
+        assert (ta.count_documents({"t": "acme"}), tb.count_documents({"t": "acme"})) == (20, 0)
+        assert tcoll.count_documents({}) == 40
     finally:
         cl.close()
 
@@ -189,6 +204,13 @@ def test_filter_moves_one_tenant_of_a_compound_key(start_role, tmp_path):
         assert sb.count_documents({"t": "zeta"}) == 100
         _verdict(cl, ns, wl)
         assert coll.count_documents({"_id": {"$regex": "^p"}}) == 300
+        # after the splits and the switch both shards take writes of what they own
+        for t, home in (("acme", sa), ("beta", sb), ("zeta", sb)):
+            coll.insert_one({"_id": f"late-{t}", "t": t, "k": 1000})
+            assert coll.find_one({"_id": f"late-{t}", "t": t, "k": 1000})["t"] == t
+            assert home.count_documents({"_id": f"late-{t}"}) == 1
+            assert coll.update_one({"_id": f"p-{t}-5", "t": t, "k": 5},
+                                   {"$set": {"v": 5}}).modified_count == 1
         # again: every chunk of the range is on the target already: nothing registered
         r = cl.ctl("migrate", ns, "--filter", '{"t": "beta"}', "--to", "shard-b")
         assert _ids(r.stdout) == []
@@ -199,9 +221,10 @@ def test_filter_moves_one_tenant_of_a_compound_key(start_role, tmp_path):
 
 def test_bad_plans_register_nothing(start_role, tmp_path):
     """Exit 2, one line on stderr, no migration registered and no chunk split for: an
-    unknown chunk, an unknown shard, a chunk to its own shard, a chunk twice, malformed
-    JSON, a filter on a field outside the key, $or, a range with one bound, a hashed key, a
-    filter overlapping a chunk of the same plan, and a plan whose last move is bad."""
+    unknown chunk, an unknown shard or namespace, a chunk to its own shard, a chunk twice,
+    malformed JSON, a filter on a field outside the key, $or, $regex, a range with one bound
+    or bounds of two types, a field twice, a hashed key, a filter overlapping a chunk of the
+    same plan, and a plan whose last move is bad. Then two accepted range filters, dry run."""
     cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=0, coordinators=0)
     try:
         ns = "app.t"
@@ -233,6 +256,13 @@ def test_bad_plans_register_nothing(start_role, tmp_path):
              "equality on a prefix"),
             (["migrate", "app.h", "--filter", '{"t": "beta"}', "--to", "shard-b"], None,
              "hashed shard key"),
+            (["migrate", ns, "--filter", '{"t": "a", "t": "b"}', "--to", "shard-b"], None,
+             "field 't' is given twice"),
+            (["migrate", ns, "--filter", '{"t": {"$eq": "a", "$gte": "a"}}', "--to", "shard-b"],
+             None, "either $eq or a range"),
+            (["migrate", ns, "--filter", '{"t": {"$gte": "a", "$lt": 5}}', "--to", "shard-b"],
+             None, "of one type"),
+            (["migrate", "app.nope", "--chunks", "1", "--to", "shard-b"], None, "app.nope"),
             (["migrate", "--plan", "-"], json.dumps({"moves": [
                 beta, {"ns": ns, "chunk": a, "to": "shard-b"}]}), "overlaps the filter"),
             (["migrate", "--plan", "-"], json.dumps({"moves": [
@@ -246,6 +276,21 @@ def test_bad_plans_register_nothing(start_role, tmp_path):
             assert len(err.splitlines()) == 1, (args, err)
             assert want in err, (args, err)
             assert r.stdout == b"", (args, r.stdout)
+        # accepted ranges, shown by --dry-run: on the field after an equality prefix, and on
+        # the first field (the other fields of a bound MinKey)
+        r = cl.ctl("migrate", ns, "--filter", '{"t": "acme", "k": {"$gte": 10, "$lt": 20}}',
+                   "--to", "shard-b", "--dry-run")
+        out = r.stdout.decode().splitlines()
+        assert out[0] == f'would split {ns} chunk {a} at {{ "t" : "acme", "k" : 10 }}', out
+        assert out[1] == f'would split {ns} chunk {a} at {{ "t" : "acme", "k" : 20 }}', out
+        assert out[2].startswith(f"would migrate {ns} chunk {a}'s part ") and len(out) == 3
+        r = cl.ctl("migrate", ns, "--filter", '{"t": {"$gte": "a", "$lte": "c"}}',
+                   "--to", "shard-b", "--dry-run")
+        out = r.stdout.decode().splitlines()
+        assert out[0] == (f'would split {ns} chunk {a} at '
+                          '{ "t" : "a", "k" : { "$minKey" : 1 } }'), out
+        assert out[1] == (f'would split {ns} chunk {a} at '
+                          '{ "t" : "c", "k" : { "$maxKey" : 1 } }'), out
         assert cl.meta_read({"listMigrations": 1})["migrations"] == []
         assert sorted((c["id"], c["shard"]) for c in cl.chunks(ns)) == before
     finally:
