@@ -9,3 +9,9 @@ tests_unit_test_cli_args_SOURCES = tests/unit/test_cli_args.c
 tests_unit_test_cli_args_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_cli_args_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_cli_args
+
+check_PROGRAMS += tests/unit/test_cli_plan
+tests_unit_test_cli_plan_SOURCES = tests/unit/test_cli_plan.c
+tests_unit_test_cli_plan_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_cli_plan_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_cli_plan
