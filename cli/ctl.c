@@ -51,6 +51,7 @@ static void ctl_usage(FILE *f)
 		"  collection create|list|drop ...         sharded collections (shard key, chunks)\n"
 		"  shard member add|remove|transfer|status membership of a shard replica set\n"
 		"  migrate DB.COLL --chunk ID --to SHARD [--wait] [--dry-run]\n"
+		"  migrate DB.COLL --chunks A,B --to SHARD | --filter JSON --to SHARD | --plan FILE\n"
 		"  migration list|status|rollback|pause|resume ...   migrations in flight and done\n"
 		"  chunk list|split|merge ...              chunks of a sharded collection\n"
 		"  rebalance --bin-pack                    propose and run drains of cold shards\n"

@@ -4,7 +4,16 @@
  *           [--grace-ms=N] [--import-order=index|arrival] [--id=ID]
  *       register a migration of one chunk (the coordinators run it); --dry-run prints the
  *       plan; --wait follows it to a terminal state (exit 0 on complete, 1 otherwise).
- *   migration list [--json]       every migration: id, ns, chunk, from -> to, state
+ *   migrate DB.COLL --chunks A,B,C --to SHARD [options as above]
+ *   migrate DB.COLL --filter JSON --to SHARD [options as above]
+ *   migrate --plan FILE|- [options as above]
+ *       several chunks at once (cli/migrate_plan.c, which describes the plan document and
+ *       which import filters are accepted): the whole plan is checked first (exit 2, one
+ *       line on stderr, nothing registered), a filter's key range is cut out of its chunks
+ *       (splitChunk), every migration's spec carries the plan's "group"; a failed
+ *       registration aborts the earlier ones (exit 1).
+ *   migration list [--group PLAN] [--json]  every migration (or one plan's): id, ns, chunk,
+ *                                 from -> to, state, group
  *   migration status ID [--json]  state, per-phase counts, lag, switch pauses
  *   migration rollback ID         before the switch: abort; after it (switched): traffic
  *                                 back to the source (the coordinator runs rolling_back)
@@ -19,8 +28,8 @@
  *   chunk list DB.COLL | chunk split DB.COLL --at JSON_KEY | chunk merge DB.COLL --chunks A,B
  *
  * Talks only to metadata (registerMigration, updateMigration with expectState,
- * getMigration, listMigrations, getRoutingTable). Exit codes: 0 ok, 1 cluster error or a
- * migration that ended other than complete, 2 bad usage.
+ * getMigration, listMigrations, getRoutingTable, splitChunk). Exit codes: 0 ok, 1 cluster
+ * error or a migration that ended other than complete, 2 bad usage.
  */
 #include <inttypes.h>
 #include <mongoc/mongoc.h>
@@ -31,6 +40,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/migrate_int.h"
 #include "cli/shardset.h"
 #include "auth/cluster.h"
 #include "common/clock.h"
@@ -47,7 +57,7 @@ int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv);
 int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv);
 
-static int run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply)
+int cmig_run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply)
 {
 	bson_error_t e;
 	if (mongoc_client_command_simple(c, "admin", cmd, NULL, reply, &e))
@@ -59,7 +69,7 @@ static int run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply)
 	return e.domain == MONGOC_ERROR_SERVER ? (int)e.code : -1;
 }
 
-static const char *sval(const bson_t *d, const char *k, char *buf, size_t n)
+const char *cmig_sval(const bson_t *d, const char *k, char *buf, size_t n)
 {
 	bson_iter_t it;
 	buf[0] = '\0';
@@ -72,14 +82,14 @@ static const char *sval(const bson_t *d, const char *k, char *buf, size_t n)
 	return buf;
 }
 
-static int64_t ival(const bson_t *d, const char *k)
+int64_t cmig_ival(const bson_t *d, const char *k)
 {
 	bson_iter_t it;
 	return bson_iter_init_find(&it, d, k) && BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it)
 									      : 0;
 }
 
-static bool sub(const bson_t *d, const char *k, bson_t *out)
+bool cmig_sub(const bson_t *d, const char *k, bson_t *out)
 {
 	bson_iter_t it;
 	const uint8_t *data;
@@ -96,8 +106,8 @@ static bool sub(const bson_t *d, const char *k, bson_t *out)
 
 /* The chunks of ns (or "all"): the getRoutingTable reply, its cursor followed (issue #26:
  * a table of any size comes in batches of at most 8 MB): {routingVersion, key, hashed,
- * chunks: [every chunk]} (caller destroys). Returns 0 or run()'s error. */
-static int routing(mongoc_client_t *c, const char *ns, bson_t *reply)
+ * chunks: [every chunk]} (caller destroys). Returns 0 or cmig_run()'s error. */
+int cmig_routing(mongoc_client_t *c, const char *ns, bson_t *reply)
 {
 	bson_t resume = BSON_INITIALIZER, arr;
 	bool more = true, first = true;
@@ -113,7 +123,7 @@ static int routing(mongoc_client_t *c, const char *ns, bson_t *reply)
 		bson_append_document_end(&cmd, &cur);
 		if (!first)
 			BSON_APPEND_DOCUMENT(&cmd, "resumeAfter", &resume);
-		rc = run(c, &cmd, &batch);
+		rc = cmig_run(c, &cmd, &batch);
 		bson_destroy(&cmd);
 		if (rc != 0) {
 			bson_destroy(&batch);
@@ -131,7 +141,7 @@ static int routing(mongoc_client_t *c, const char *ns, bson_t *reply)
 			bson_append_array_begin(reply, "chunks", -1, &arr);
 			first = false;
 		}
-		if (sub(&batch, "chunks", &chunks) && bson_iter_init(&it, &chunks))
+		if (cmig_sub(&batch, "chunks", &chunks) && bson_iter_init(&it, &chunks))
 			while (bson_iter_next(&it)) {
 				const char *key;
 				char buf[16];
@@ -139,7 +149,7 @@ static int routing(mongoc_client_t *c, const char *ns, bson_t *reply)
 				bson_append_iter(&arr, key, -1, &it);
 			}
 		more = bson_iter_init_find(&it, &batch, "more") && bson_iter_as_bool(&it) &&
-		       sub(&batch, "resumeAfter", &chunks);
+		       cmig_sub(&batch, "resumeAfter", &chunks);
 		if (more) {
 			bson_reinit(&resume);
 			bson_concat(&resume, &chunks);
@@ -156,14 +166,8 @@ static int routing(mongoc_client_t *c, const char *ns, bson_t *reply)
 	return rc;
 }
 
-typedef struct mig_opts {
-	int64_t max_pause_ms, grace_ms;
-	const char *order, *id;
-	int wait, dry_run;
-} mig_opts;
-
 /* registerMigration; id into idbuf. */
-static int register_one(mongoc_client_t *c, const char *ns, int64_t chunk, const char *from,
+int cmig_register(mongoc_client_t *c, const char *ns, int64_t chunk, const char *from,
 			const char *to, const mig_opts *o, char *idbuf, size_t idlen)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
@@ -183,7 +187,9 @@ static int register_one(mongoc_client_t *c, const char *ns, int64_t chunk, const
 		BSON_APPEND_INT64(&cmd, "graceMS", o->grace_ms);
 	if (o->order)
 		BSON_APPEND_UTF8(&cmd, "importOrder", o->order);
-	int rc = run(c, &cmd, &reply);
+	if (o->group) /* metadata stores the spec as given; the coordinator ignores it */
+		BSON_APPEND_UTF8(&cmd, "group", o->group);
+	int rc = cmig_run(c, &cmd, &reply);
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	return rc;
@@ -193,9 +199,9 @@ static int get_mig(mongoc_client_t *c, const char *id, bson_t *out)
 {
 	bson_t cmd = BSON_INITIALIZER, reply, m;
 	BSON_APPEND_UTF8(&cmd, "getMigration", id);
-	int rc = run(c, &cmd, &reply);
+	int rc = cmig_run(c, &cmd, &reply);
 	bson_destroy(&cmd);
-	if (rc == 0 && sub(&reply, "migration", &m))
+	if (rc == 0 && cmig_sub(&reply, "migration", &m))
 		bson_copy_to(&m, out);
 	else if (rc == 0)
 		rc = -1;
@@ -213,35 +219,35 @@ static void print_status(struct cli_ctx *ctx, const bson_t *m)
 		cli_print_json(m);
 		return;
 	}
-	sval(m, "id", id, sizeof id);
-	sval(m, "state", st, sizeof st);
-	sval(m, "ns", ns, sizeof ns);
+	cmig_sval(m, "id", id, sizeof id);
+	cmig_sval(m, "state", st, sizeof st);
+	cmig_sval(m, "ns", ns, sizeof ns);
 	from[0] = to[0] = chunk[0] = '\0';
-	if (sub(m, "spec", &spec)) {
-		sval(&spec, "from", from, sizeof from);
-		sval(&spec, "to", to, sizeof to);
-		sval(&spec, "chunk", chunk, sizeof chunk);
+	if (cmig_sub(m, "spec", &spec)) {
+		cmig_sval(&spec, "from", from, sizeof from);
+		cmig_sval(&spec, "to", to, sizeof to);
+		cmig_sval(&spec, "chunk", chunk, sizeof chunk);
 	}
 	printf("%s  %s chunk %s  %s -> %s  state %s\n", id, ns, chunk, from, to, st);
-	if (sub(m, "stats", &stats)) {
-		int64_t ims = ival(&stats, "importMS");
+	if (cmig_sub(m, "stats", &stats)) {
+		int64_t ims = cmig_ival(&stats, "importMS");
 		printf("  import     %" PRId64 " docs, %" PRId64 " bytes in %" PRId64 " ms (%" PRId64
 		       " docs/s)\n",
-		       ival(&stats, "imported"), ival(&stats, "importBytes"), ims,
-		       ims > 0 ? ival(&stats, "imported") * 1000 / ims : 0);
+		       cmig_ival(&stats, "imported"), cmig_ival(&stats, "importBytes"), ims,
+		       ims > 0 ? cmig_ival(&stats, "imported") * 1000 / ims : 0);
 		bson_iter_t pit;
 		bool is_paused = bson_iter_init_find(&pit, &stats, "paused") && bson_iter_as_bool(&pit);
 		printf("  replicate  %" PRId64 " applied, %" PRId64 " skipped, lag %" PRId64 " ms%s\n",
-		       ival(&stats, "applied"), ival(&stats, "skipped"), ival(&stats, "lagMS"),
+		       cmig_ival(&stats, "applied"), cmig_ival(&stats, "skipped"), cmig_ival(&stats, "lagMS"),
 		       is_paused ? " (paused)" : "");
-		if (sub(&stats, "verify", &v))
+		if (cmig_sub(&stats, "verify", &v))
 			printf("  verify     %" PRId64 " docs, %" PRId64 " missing, %" PRId64
 			       " extra, %" PRId64 " different\n",
-			       ival(&v, "count"), ival(&v, "missing"), ival(&v, "extra"),
-			       ival(&v, "different"));
-		printf("  switch     pause %" PRId64 " ms, %" PRId64 " attempts", ival(&stats, "pauseMS"),
-		       ival(&stats, "switchAttempts"));
-		if (sub(&stats, "pausesMS", &p)) {
+			       cmig_ival(&v, "count"), cmig_ival(&v, "missing"), cmig_ival(&v, "extra"),
+			       cmig_ival(&v, "different"));
+		printf("  switch     pause %" PRId64 " ms, %" PRId64 " attempts", cmig_ival(&stats, "pauseMS"),
+		       cmig_ival(&stats, "switchAttempts"));
+		if (cmig_sub(&stats, "pausesMS", &p)) {
 			bson_iter_t it;
 			printf(" (all:");
 			bson_iter_init(&it, &p);
@@ -250,15 +256,15 @@ static void print_status(struct cli_ctx *ctx, const bson_t *m)
 			printf(")");
 		}
 		printf("\n  reverse    %" PRId64 " applied; cleanup deleted %" PRId64 "\n",
-		       ival(&stats, "reverseApplied"), ival(&stats, "deleted"));
+		       cmig_ival(&stats, "reverseApplied"), cmig_ival(&stats, "deleted"));
 		char e[512];
-		if (sval(&stats, "error", e, sizeof e)[0])
+		if (cmig_sval(&stats, "error", e, sizeof e)[0])
 			printf("  error      %s\n", e);
 	}
 }
 
 /* Poll until every id is terminal. Returns 0 when all completed, 1 otherwise. */
-static int wait_all(struct cli_ctx *ctx, mongoc_client_t *c, char ids[][128], size_t n)
+int cmig_wait_all(struct cli_ctx *ctx, mongoc_client_t *c, char ids[][128], size_t n)
 {
 	int tty = isatty(1) && !ctx->json;
 	int failed = 0;
@@ -270,7 +276,7 @@ static int wait_all(struct cli_ctx *ctx, mongoc_client_t *c, char ids[][128], si
 				usleep(200000);
 				continue;
 			}
-			sval(&m, "state", st, sizeof st);
+			cmig_sval(&m, "state", st, sizeof st);
 			mig_state s = migrate_state_parse(st);
 			if (tty) {
 				int k = s == MIG_UNKNOWN ? 0 : s > MIG_COMPLETE ? 7 : (int)s;
@@ -316,22 +322,13 @@ static int parse_common(const char *a, mig_opts *o)
 	return 1;
 }
 
-/* One option of a ctl subcommand for parse_args: a value option when val is set (taken as
- * "NAME VALUE" or "NAME=VALUE"; *val points into argv, the last one given wins), a flag
- * when flag is set (NAME alone sets *flag to 1). A table ends with {0}. */
-typedef struct arg_opt {
-	const char *name;
-	const char **val;
-	int *flag;
-} arg_opt;
-
 /* The one argument parser of the subcommands in this file: argv[first..argc) of
  * `stripedb ctl CMD`, matched against opts (may be NULL), then parse_common's options when
  * o is set, then, when pos is set, the first word not starting with '-' goes to *pos.
  * "NAME" as the last word (no value) is not an option. Returns 0, or 2 (the exit code of
  * bad usage) after printing "stripedb ctl CMD: unexpected argument 'A'" for the first
  * argument that matched nothing; the outputs may then be partly set. */
-static int parse_args(const char *cmd, int argc, char **argv, int first, const arg_opt *opts,
+int cmig_parse_args(const char *cmd, int argc, char **argv, int first, const arg_opt *opts,
 		      mig_opts *o, const char **pos)
 {
 	for (int i = first; i < argc; i++) {
@@ -365,11 +362,26 @@ static int parse_args(const char *cmd, int argc, char **argv, int first, const a
  * code, 0, 1 (cluster error, or --wait saw an end other than complete), 2 usage. */
 int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv)
 {
-	const char *ns = NULL, *to = NULL, *chunk_s = NULL;
+	const char *ns = NULL, *to = NULL, *chunk_s = NULL, *plan = NULL, *chunks_s = NULL,
+		   *filter = NULL;
 	mig_opts o = {.grace_ms = -1};
-	const arg_opt opts[] = {{"--chunk", &chunk_s, NULL}, {"--to", &to, NULL}, {0}};
-	if (parse_args("migrate", argc, argv, 0, opts, &o, &ns) != 0)
+	const arg_opt opts[] = {{"--chunk", &chunk_s, NULL}, {"--to", &to, NULL},
+				{"--plan", &plan, NULL},     {"--chunks", &chunks_s, NULL},
+				{"--filter", &filter, NULL}, {0}};
+	if (cmig_parse_args("migrate", argc, argv, 0, opts, &o, &ns) != 0)
 		return 2;
+	if (plan || chunks_s || filter) {
+		if (chunk_s || (!!plan + !!chunks_s + !!filter) != 1 || (plan && (ns || to)) ||
+		    (!plan && (!ns || !strchr(ns, '.') || !to)) || o.id ||
+		    (o.order && strcmp(o.order, "index") && strcmp(o.order, "arrival"))) {
+			fprintf(stderr, "stripedb ctl migrate: usage: migrate --plan FILE|- | migrate "
+					"DB.COLL --chunks A,B,C --to SHARD | migrate DB.COLL --filter "
+					"JSON --to SHARD [--wait] [--dry-run] [--max-pause-ms=N] "
+					"[--grace-ms=N] [--import-order=index|arrival]\n");
+			return 2;
+		}
+		return cli_migrate_plan(ctx, ns, to, plan, chunks_s, filter, &o);
+	}
 	int64_t chunk = chunk_s ? atoll(chunk_s) : 0;
 	if (!ns || !strchr(ns, '.') || chunk <= 0 || !to ||
 	    (o.order && strcmp(o.order, "index") && strcmp(o.order, "arrival"))) {
@@ -383,18 +395,18 @@ int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv)
 		return 2;
 	bson_t rt;
 	int rc = 1;
-	if (routing(c, ns, &rt) != 0)
+	if (cmig_routing(c, ns, &rt) != 0)
 		goto out_client;
 	bson_t chunks;
 	bson_iter_t it;
 	char from[64] = "";
-	if (sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks))
+	if (cmig_sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks))
 		while (bson_iter_next(&it)) {
 			bson_t ch;
 			if (!sdb_bson_iter_doc(&it, &ch))
 				continue;
-			if (ival(&ch, "id") == chunk)
-				sval(&ch, "shard", from, sizeof from);
+			if (cmig_ival(&ch, "id") == chunk)
+				cmig_sval(&ch, "shard", from, sizeof from);
 		}
 	if (!from[0]) {
 		fprintf(stderr, "stripedb ctl migrate: no chunk %" PRId64 " in %s\n", chunk, ns);
@@ -415,14 +427,14 @@ int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv)
 		goto out;
 	}
 	char ids[1][128];
-	if (register_one(c, ns, chunk, from, to, &o, ids[0], sizeof ids[0]) != 0)
+	if (cmig_register(c, ns, chunk, from, to, &o, ids[0], sizeof ids[0]) != 0)
 		goto out;
 	if (ctx->json)
 		printf("{\"id\": \"%s\"}\n", ids[0]);
 	else
 		printf("%s\n", ids[0]);
 	fflush(stdout);
-	rc = o.wait ? wait_all(ctx, c, ids, 1) : 0;
+	rc = o.wait ? cmig_wait_all(ctx, c, ids, 1) : 0;
 out:
 	bson_destroy(&rt);
 out_client:
@@ -430,53 +442,81 @@ out_client:
 	return rc;
 }
 
-/* `ctl migration list`: every migration (listMigrations) as a table or JSON lines.
- * Returns: the exit code, 0 or 1 after the error line. */
-static int migration_list(struct cli_ctx *ctx, mongoc_client_t *c)
+/* Is migration document m of plan group (its spec's "group"; NULL: every migration)? */
+static bool in_group(const bson_t *m, const char *group)
+{
+	bson_t spec;
+	char g[128] = "";
+	if (!group)
+		return true;
+	if (cmig_sub(m, "spec", &spec))
+		cmig_sval(&spec, "group", g, sizeof g);
+	return strcmp(g, group) == 0;
+}
+
+/* `ctl migration list [--group G]`: every migration (listMigrations), or those of one plan
+ * (spec.group), as a table (GROUP last, "-" for none) or JSON. Returns: the exit code, 0
+ * or 1 after the error line. */
+static int migration_list(struct cli_ctx *ctx, mongoc_client_t *c, const char *group)
 {
 	bson_t cmd = BSON_INITIALIZER, reply, arr;
 	bson_iter_t it;
 	BSON_APPEND_INT32(&cmd, "listMigrations", 1);
-	int rc = run(c, &cmd, &reply);
+	int rc = cmig_run(c, &cmd, &reply);
 	bson_destroy(&cmd);
 	if (rc != 0) {
 		bson_destroy(&reply);
 		return 1;
 	}
 	if (ctx->json) {
-		bson_t out = BSON_INITIALIZER;
-		if (sub(&reply, "migrations", &arr))
-			BSON_APPEND_ARRAY(&out, "migrations", &arr);
+		bson_t out = BSON_INITIALIZER, oarr;
+		uint32_t k = 0;
+		BSON_APPEND_ARRAY_BEGIN(&out, "migrations", &oarr);
+		if (cmig_sub(&reply, "migrations", &arr) && bson_iter_init(&it, &arr))
+			while (bson_iter_next(&it)) {
+				bson_t m;
+				const char *key;
+				char kb[16];
+				if (!sdb_bson_iter_doc(&it, &m) || !in_group(&m, group))
+					continue;
+				bson_uint32_to_string(k++, &key, kb, sizeof kb);
+				bson_append_document(&oarr, key, -1, &m);
+			}
+		bson_append_array_end(&out, &oarr);
 		cli_print_json(&out);
 		bson_destroy(&out);
-	} else if (sub(&reply, "migrations", &arr) && bson_iter_init(&it, &arr)) {
-		printf("%-32s %-20s %-8s %-10s %-10s %s\n", "ID", "NS", "CHUNK", "FROM", "TO", "STATE");
+	} else if (cmig_sub(&reply, "migrations", &arr) && bson_iter_init(&it, &arr)) {
+		printf("%-32s %-20s %-8s %-10s %-10s %-12s %s\n", "ID", "NS", "CHUNK", "FROM", "TO",
+		       "STATE", "GROUP");
 		while (bson_iter_next(&it)) {
 			bson_t m, spec;
-			char id[128], ns[256], st[32], from[64] = "", to[64] = "", ch[32] = "";
-			if (!sdb_bson_iter_doc(&it, &m))
+			char id[128], ns[256], st[32], from[64] = "", to[64] = "", ch[32] = "",
+									  g[128] = "";
+			if (!sdb_bson_iter_doc(&it, &m) || !in_group(&m, group))
 				continue;
-			if (sub(&m, "spec", &spec)) {
-				sval(&spec, "from", from, sizeof from);
-				sval(&spec, "to", to, sizeof to);
-				sval(&spec, "chunk", ch, sizeof ch);
+			if (cmig_sub(&m, "spec", &spec)) {
+				cmig_sval(&spec, "from", from, sizeof from);
+				cmig_sval(&spec, "to", to, sizeof to);
+				cmig_sval(&spec, "chunk", ch, sizeof ch);
+				cmig_sval(&spec, "group", g, sizeof g);
 			}
-			printf("%-32s %-20s %-8s %-10s %-10s %s\n", sval(&m, "id", id, sizeof id),
-			       sval(&m, "ns", ns, sizeof ns), ch, from, to, sval(&m, "state", st, sizeof st));
+			printf("%-32s %-20s %-8s %-10s %-10s %-12s %s\n",
+			       cmig_sval(&m, "id", id, sizeof id), cmig_sval(&m, "ns", ns, sizeof ns), ch,
+			       from, to, cmig_sval(&m, "state", st, sizeof st), g[0] ? g : "-");
 		}
 	}
 	bson_destroy(&reply);
 	return 0;
 }
 
-static int migration_rollback(mongoc_client_t *c, const char *id)
+int cmig_rollback(mongoc_client_t *c, const char *id)
 {
 	for (int tries = 0; tries < 50; tries++) {
 		bson_t m;
 		char st[32];
 		if (get_mig(c, id, &m) != 0)
 			return 1;
-		sval(&m, "state", st, sizeof st);
+		cmig_sval(&m, "state", st, sizeof st);
 		bson_destroy(&m);
 		mig_state s = migrate_state_parse(st);
 		mig_state to;
@@ -523,7 +563,7 @@ static int migration_pause(mongoc_client_t *c, const char *id, bool pause)
 	BSON_APPEND_UTF8(&cmd, "holder", "stripedb-ctl");
 	if (pause)
 		BSON_APPEND_INT64(&cmd, "ttlMS", 86400000);
-	int rc = run(c, &cmd, &reply);
+	int rc = cmig_run(c, &cmd, &reply);
 	bson_destroy(&cmd);
 	bson_destroy(&reply);
 	if (rc == 0)
@@ -536,15 +576,15 @@ static int migration_pause(mongoc_client_t *c, const char *id, bool pause)
 int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv)
 {
 	int json = ctx->json;
-	const char *verb = argc > 0 ? argv[0] : NULL, *id = NULL;
-	const arg_opt opts[] = {{"--json", NULL, &json}, {0}};
-	if (parse_args("migration", argc, argv, 1, opts, NULL, &id) != 0)
+	const char *verb = argc > 0 ? argv[0] : NULL, *id = NULL, *group = NULL;
+	const arg_opt opts[] = {{"--json", NULL, &json}, {"--group", &group, NULL}, {0}};
+	if (cmig_parse_args("migration", argc, argv, 1, opts, NULL, &id) != 0)
 		return 2;
 	ctx->json = json;
 	if (!verb || (strcmp(verb, "list") != 0 && !id) ||
 	    (strcmp(verb, "list") && strcmp(verb, "status") && strcmp(verb, "rollback") &&
 	     strcmp(verb, "pause") && strcmp(verb, "resume"))) {
-		fprintf(stderr, "stripedb ctl migration: usage: migration list | status ID | rollback ID "
+		fprintf(stderr, "stripedb ctl migration: usage: migration list [--group G] | status ID | rollback ID "
 				"| pause ID | resume ID [--json]\n");
 		return 2;
 	}
@@ -553,7 +593,7 @@ int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv)
 		return 2;
 	int rc;
 	if (strcmp(verb, "list") == 0) {
-		rc = migration_list(ctx, c);
+		rc = migration_list(ctx, c, group);
 	} else if (strcmp(verb, "status") == 0) {
 		bson_t m;
 		rc = get_mig(c, id, &m) == 0 ? 0 : 1;
@@ -564,7 +604,7 @@ int cli_migration_main(struct cli_ctx *ctx, int argc, char **argv)
 	} else if (strcmp(verb, "pause") == 0 || strcmp(verb, "resume") == 0) {
 		rc = migration_pause(c, id, strcmp(verb, "pause") == 0);
 	} else {
-		rc = migration_rollback(c, id);
+		rc = cmig_rollback(c, id);
 	}
 	mongoc_client_destroy(c);
 	return rc;
@@ -581,14 +621,14 @@ static bool is_draining(mongoc_client_t *c, const char *id)
 
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
 	if (mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e) &&
-	    sub(&reply, "shards", &arr) && bson_iter_init(&it, &arr))
+	    cmig_sub(&reply, "shards", &arr) && bson_iter_init(&it, &arr))
 		while (bson_iter_next(&it)) {
 			bson_t s;
 			char sid[64], st[32];
 			if (!sdb_bson_iter_doc(&it, &s))
 				continue;
-			if (strcmp(sval(&s, "id", sid, sizeof sid), id) == 0 &&
-			    strcmp(sval(&s, "state", st, sizeof st), "draining") == 0)
+			if (strcmp(cmig_sval(&s, "id", sid, sizeof sid), id) == 0 &&
+			    strcmp(cmig_sval(&s, "state", st, sizeof st), "draining") == 0)
 				draining = true;
 		}
 	bson_destroy(&reply);
@@ -608,7 +648,7 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 	if (verb && (strcmp(verb, "add") == 0 || strcmp(verb, "remove") == 0))
 		return cli_catalog_shard(ctx, argc, argv); /* cli/catalog.c */
 	const arg_opt opts[] = {{"--to", &to, NULL}, {0}};
-	if (parse_args("shard", argc, argv, 1, opts, &o, &shard) != 0)
+	if (cmig_parse_args("shard", argc, argv, 1, opts, &o, &shard) != 0)
 		return 2;
 	if (!verb || !shard || (strcmp(verb, "drain") && strcmp(verb, "split")) ||
 	    (strcmp(verb, "split") == 0 && !to)) {
@@ -622,7 +662,7 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 	bson_t rt, chunks;
 	bson_iter_t it;
 	int rc = 1;
-	if (routing(c, "all", &rt) != 0) {
+	if (cmig_routing(c, "all", &rt) != 0) {
 		mongoc_client_destroy(c);
 		return 1;
 	}
@@ -631,14 +671,14 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 	char others[64][64];
 	size_t nothers = 0;
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
-	if (run(c, &cmd, &sreply) == 0 && sub(&sreply, "shards", &sarr) && bson_iter_init(&it, &sarr))
+	if (cmig_run(c, &cmd, &sreply) == 0 && cmig_sub(&sreply, "shards", &sarr) && bson_iter_init(&it, &sarr))
 		while (bson_iter_next(&it) && nothers < 64) {
 			bson_t s;
 			if (!sdb_bson_iter_doc(&it, &s))
 				continue;
 			char sstate[32];
-			sval(&s, "id", others[nothers], sizeof others[0]);
-			sval(&s, "state", sstate, sizeof sstate);
+			cmig_sval(&s, "id", others[nothers], sizeof others[0]);
+			cmig_sval(&s, "state", sstate, sizeof sstate);
 			/* never onto a shard being removed (removeShard marks it draining) */
 			if (strcmp(others[nothers], shard) != 0 && strcmp(sstate, "draining") != 0)
 				nothers++;
@@ -647,14 +687,14 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 	bson_destroy(&cmd);
 	char(*ids)[128] = NULL;
 	size_t n = 0, cap = 0, owned = 0, k = 0;
-	if (sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks)) {
+	if (cmig_sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks)) {
 		bson_iter_t it2 = it;
 		while (bson_iter_next(&it2)) {
 			bson_t ch;
 			char s[64];
 			if (!sdb_bson_iter_doc(&it2, &ch))
 				continue;
-			owned += strcmp(sval(&ch, "shard", s, sizeof s), shard) == 0;
+			owned += strcmp(cmig_sval(&ch, "shard", s, sizeof s), shard) == 0;
 		}
 		size_t want = strcmp(verb, "split") == 0 ? owned / 2 : owned;
 		while (bson_iter_next(&it) && k < want) {
@@ -662,7 +702,7 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 			char s[64], ns[256];
 			if (!sdb_bson_iter_doc(&it, &ch))
 				continue;
-			if (strcmp(sval(&ch, "shard", s, sizeof s), shard) != 0)
+			if (strcmp(cmig_sval(&ch, "shard", s, sizeof s), shard) != 0)
 				continue;
 			const char *dst = to ? to : nothers ? others[k % nothers] : NULL;
 			k++;
@@ -671,8 +711,8 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 						"not draining)\n");
 				goto out;
 			}
-			sval(&ch, "ns", ns, sizeof ns);
-			int64_t id = ival(&ch, "id");
+			cmig_sval(&ch, "ns", ns, sizeof ns);
+			int64_t id = cmig_ival(&ch, "id");
 			if (o.dry_run) {
 				printf("would migrate %s chunk %" PRId64 " from %s to %s\n", ns, id, shard,
 				       dst);
@@ -684,13 +724,13 @@ int cli_shard_main(struct cli_ctx *ctx, int argc, char **argv)
 			}
 			mig_opts o1 = o;
 			o1.id = NULL;
-			if (register_one(c, ns, id, shard, dst, &o1, ids[n], sizeof ids[0]) != 0)
+			if (cmig_register(c, ns, id, shard, dst, &o1, ids[n], sizeof ids[0]) != 0)
 				goto out;
 			printf("%s\n", ids[n++]);
 		}
 	}
 	fflush(stdout);
-	rc = o.wait && n ? wait_all(ctx, c, ids, n) : 0;
+	rc = o.wait && n ? cmig_wait_all(ctx, c, ids, n) : 0;
 out:
 	free(ids);
 	bson_destroy(&rt);
@@ -700,24 +740,18 @@ out:
 
 /* ------------------------------------------------------------ chunk table helpers */
 
-typedef struct chunk_row {
-	int64_t id;
-	char ns[256], shard[64];
-	bson_t *min, *max;
-} chunk_row;
-
 /* The chunks of ns ("all": every collection) from the routing table into *out (a heap
  * array the caller frees with free_chunks). Returns: their count, or (size_t)-1 when the
  * routing table could not be read. */
-static size_t load_chunks(mongoc_client_t *c, const char *ns, chunk_row **out)
+size_t cmig_load_chunks(mongoc_client_t *c, const char *ns, chunk_row **out)
 {
 	bson_t rt, chunks;
 	bson_iter_t it;
 	size_t n = 0, cap = 0;
 	*out = NULL;
-	if (routing(c, ns, &rt) != 0)
+	if (cmig_routing(c, ns, &rt) != 0)
 		return (size_t)-1;
-	if (sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks))
+	if (cmig_sub(&rt, "chunks", &chunks) && bson_iter_init(&it, &chunks))
 		while (bson_iter_next(&it)) {
 			bson_t ch, b;
 			if (!sdb_bson_iter_doc(&it, &ch))
@@ -727,17 +761,17 @@ static size_t load_chunks(mongoc_client_t *c, const char *ns, chunk_row **out)
 				*out = sdb_realloc(*out, cap * sizeof **out);
 			}
 			chunk_row *r = &(*out)[n++];
-			r->id = ival(&ch, "id");
-			sval(&ch, "ns", r->ns, sizeof r->ns);
-			sval(&ch, "shard", r->shard, sizeof r->shard);
-			r->min = sub(&ch, "min", &b) ? bson_copy(&b) : bson_new();
-			r->max = sub(&ch, "max", &b) ? bson_copy(&b) : bson_new();
+			r->id = cmig_ival(&ch, "id");
+			cmig_sval(&ch, "ns", r->ns, sizeof r->ns);
+			cmig_sval(&ch, "shard", r->shard, sizeof r->shard);
+			r->min = cmig_sub(&ch, "min", &b) ? bson_copy(&b) : bson_new();
+			r->max = cmig_sub(&ch, "max", &b) ? bson_copy(&b) : bson_new();
 		}
 	bson_destroy(&rt);
 	return n;
 }
 
-static void free_chunks(chunk_row *r, size_t n)
+void cmig_free_chunks(chunk_row *r, size_t n)
 {
 	for (size_t i = 0; i < n && r; i++) {
 		bson_destroy(r[i].min);
@@ -764,7 +798,7 @@ static int run_plan(struct cli_ctx *ctx, mongoc_client_t *c, chunk_row *rows, si
 		ids = sdb_realloc(ids, (k + 1) * sizeof *ids);
 		mig_opts o1 = *o;
 		o1.id = NULL;
-		if (register_one(c, rows[i].ns, rows[i].id, rows[i].shard, dst[i], &o1, ids[k],
+		if (cmig_register(c, rows[i].ns, rows[i].id, rows[i].shard, dst[i], &o1, ids[k],
 				 sizeof ids[0]) != 0) {
 			rc = 1;
 			break;
@@ -773,7 +807,7 @@ static int run_plan(struct cli_ctx *ctx, mongoc_client_t *c, chunk_row *rows, si
 	}
 	fflush(stdout);
 	if (rc == 0 && o->wait && k)
-		rc = wait_all(ctx, c, ids, k);
+		rc = cmig_wait_all(ctx, c, ids, k);
 	free(ids);
 	return rc;
 }
@@ -785,7 +819,7 @@ int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv)
 	mig_opts o = {.grace_ms = -1};
 	int bin_pack = 0;
 	const arg_opt opts[] = {{"--bin-pack", NULL, &bin_pack}, {0}};
-	if (parse_args("rebalance", argc, argv, 0, opts, &o, NULL) != 0)
+	if (cmig_parse_args("rebalance", argc, argv, 0, opts, &o, NULL) != 0)
 		return 2;
 	if (!bin_pack) {
 		fprintf(stderr, "stripedb ctl rebalance: usage: rebalance --bin-pack [--dry-run] "
@@ -796,7 +830,7 @@ int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv)
 	if (!c)
 		return 2;
 	chunk_row *rows;
-	size_t n = load_chunks(c, "all", &rows);
+	size_t n = cmig_load_chunks(c, "all", &rows);
 	int rc = 1;
 	if (n == (size_t)-1)
 		goto out;
@@ -853,7 +887,7 @@ int cli_rebalance_main(struct cli_ctx *ctx, int argc, char **argv)
 	rc = run_plan(ctx, c, rows, n, dst, &o);
 	free(dst);
 out:
-	free_chunks(rows, n == (size_t)-1 ? 0 : n);
+	cmig_free_chunks(rows, n == (size_t)-1 ? 0 : n);
 	mongoc_client_destroy(c);
 	return rc;
 }
@@ -865,7 +899,7 @@ int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
 	mig_opts o = {.grace_ms = -1};
 	const char *tenant = NULL, *to = NULL;
 	const arg_opt opts[] = {{"--to", &to, NULL}, {0}};
-	if (parse_args("tenant", argc, argv, 1, opts, &o, &tenant) != 0)
+	if (cmig_parse_args("tenant", argc, argv, 1, opts, &o, &tenant) != 0)
 		return 2;
 	if (argc < 1 || strcmp(argv[0], "isolate") != 0 || !tenant || !to) {
 		fprintf(stderr, "stripedb ctl tenant: usage: tenant isolate TENANT --to SHARD "
@@ -881,19 +915,19 @@ int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
 	size_t ndb = 0;
 	int rc = 1;
 	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
-	if (run(c, &cmd, &reply) == 0 && sub(&reply, "databases", &arr) && bson_iter_init(&it, &arr))
+	if (cmig_run(c, &cmd, &reply) == 0 && cmig_sub(&reply, "databases", &arr) && bson_iter_init(&it, &arr))
 		while (bson_iter_next(&it) && ndb < 256) {
 			bson_t d;
 			char t[128];
 			if (!sdb_bson_iter_doc(&it, &d))
 				continue;
-			if (strcmp(sval(&d, "tenant", t, sizeof t), tenant) == 0)
-				sval(&d, "name", dbs[ndb++], sizeof dbs[0]);
+			if (strcmp(cmig_sval(&d, "tenant", t, sizeof t), tenant) == 0)
+				cmig_sval(&d, "name", dbs[ndb++], sizeof dbs[0]);
 		}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	chunk_row *rows;
-	size_t n = load_chunks(c, "all", &rows);
+	size_t n = cmig_load_chunks(c, "all", &rows);
 	if (n == (size_t)-1) {
 		mongoc_client_destroy(c);
 		return 1;
@@ -908,7 +942,7 @@ int cli_tenant_main(struct cli_ctx *ctx, int argc, char **argv)
 		}
 	rc = run_plan(ctx, c, rows, n, dst, &o);
 	free(dst);
-	free_chunks(rows, n);
+	cmig_free_chunks(rows, n);
 	mongoc_client_destroy(c);
 	return rc;
 }
@@ -920,7 +954,7 @@ int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv)
 	const char *verb = argc > 0 ? argv[0] : NULL, *ns = NULL, *at = NULL, *ids = NULL;
 	const arg_opt opts[] = {
 		{"--at", &at, NULL}, {"--chunks", &ids, NULL}, {"--json", NULL, &ctx->json}, {0}};
-	if (parse_args("chunk", argc, argv, 1, opts, NULL, &ns) != 0)
+	if (cmig_parse_args("chunk", argc, argv, 1, opts, NULL, &ns) != 0)
 		return 2;
 	if (!verb || !ns || (strcmp(verb, "split") == 0 && !at) ||
 	    (strcmp(verb, "merge") == 0 && !ids) ||
@@ -942,7 +976,7 @@ int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv)
 		return 2;
 	}
 	chunk_row *rows;
-	size_t n = load_chunks(c, ns, &rows);
+	size_t n = cmig_load_chunks(c, ns, &rows);
 	int rc = 1;
 	if (n == (size_t)-1)
 		goto out;
@@ -972,9 +1006,9 @@ int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv)
 		}
 		BSON_APPEND_INT64(&cmd, "splitChunk", id);
 		BSON_APPEND_DOCUMENT(&cmd, "at", key);
-		if (run(c, &cmd, &reply) == 0) {
+		if (cmig_run(c, &cmd, &reply) == 0) {
 			printf("split chunk %" PRId64 ": left %" PRId64 ", right %" PRId64 "\n", id,
-			       ival(&reply, "left"), ival(&reply, "right"));
+			       cmig_ival(&reply, "left"), cmig_ival(&reply, "right"));
 			rc = 0;
 		}
 		bson_destroy(&reply);
@@ -992,15 +1026,15 @@ int cli_chunk_main(struct cli_ctx *ctx, int argc, char **argv)
 		}
 		bson_append_array_end(&cmd, &arr);
 		free(list);
-		if (run(c, &cmd, &reply) == 0) {
-			printf("merged into chunk %" PRId64 "\n", ival(&reply, "merged"));
+		if (cmig_run(c, &cmd, &reply) == 0) {
+			printf("merged into chunk %" PRId64 "\n", cmig_ival(&reply, "merged"));
 			rc = 0;
 		}
 		bson_destroy(&reply);
 		bson_destroy(&cmd);
 	}
 out:
-	free_chunks(rows, n == (size_t)-1 ? 0 : n);
+	cmig_free_chunks(rows, n == (size_t)-1 ? 0 : n);
 	if (key)
 		bson_destroy(key);
 	mongoc_client_destroy(c);

@@ -185,13 +185,25 @@ def key_cmp(a, b):
     return (ra > rb) - (ra < rb)
 
 
+def _tuple_cmp(a, b):
+    for x, y in zip(a, b):
+        c = key_cmp(x, y)
+        if c:
+            return c
+    return 0
+
+
 def in_range(doc, chunk):
-    (f, lo), = chunk["min"].items()
-    (_, hi), = chunk["max"].items()
-    v = doc
-    for part in f.split("."):
-        v = v.get(part) if isinstance(v, dict) else None
-    return key_cmp(lo, v) <= 0 and key_cmp(v, hi) < 0
+    """Is doc's shard key (one field or several, compared field by field) in chunk's
+    [min, max)?"""
+    key = []
+    for f in chunk["min"]:
+        v = doc
+        for part in f.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        key.append(v)
+    lo, hi = list(chunk["min"].values()), list(chunk["max"].values())
+    return _tuple_cmp(lo, key) <= 0 and _tuple_cmp(key, hi) < 0
 
 
 class Workload:
@@ -201,8 +213,12 @@ class Workload:
     applied (DEFINITE_CODES, duplicate key), `unknown` otherwise (network errors, timeouts,
     HostUnreachable from a proxy whose shard connection dropped mid-write)."""
 
-    def __init__(self, cluster, ns, writers=3, readers=1, keys=200, seed=1, key_field="k"):
+    def __init__(self, cluster, ns, writers=3, readers=1, keys=200, seed=1, key_field="k",
+                 fixed=None):
         self.cl = cluster
+        # fields set in every document and every filter (e.g. {"t": "acme"}: one tenant
+        # of a compound shard key {t: 1, k: 1})
+        self.fixed = dict(fixed or {})
         self.db, self.coll = ns.split(".", 1)
         self.ns = ns
         self.keys = keys
@@ -256,13 +272,14 @@ class Workload:
             t0 = time.monotonic()
             try:
                 if op == "insert":
-                    coll.insert_one({"_id": _id, self.key_field: key, "v": val, "w": w})
+                    coll.insert_one({"_id": _id, **self.fixed, self.key_field: key, "v": val, "w": w})
                     out, res = "ok", None
                 elif op == "update":
-                    r = coll.update_one({"_id": _id, self.key_field: key}, {"$set": {"v": val}})
+                    r = coll.update_one({"_id": _id, **self.fixed, self.key_field: key},
+                                         {"$set": {"v": val}})
                     out, res = "ok", r.matched_count
                 else:
-                    r = coll.delete_one({"_id": _id, self.key_field: key})
+                    r = coll.delete_one({"_id": _id, **self.fixed, self.key_field: key})
                     out, res = "ok", r.deleted_count
             except pymongo.errors.DuplicateKeyError:
                 out, res = "fail", "dup"
@@ -285,7 +302,7 @@ class Workload:
             _id = f"d{i}"
             t0 = time.monotonic()
             try:
-                d = coll.find_one({"_id": _id, self.key_field: i})
+                d = coll.find_one({"_id": _id, **self.fixed, self.key_field: i})
                 self._rec("read", -1, _id, d.get("v") if d else None, t0, time.monotonic(),
                           "ok", d is not None)
             except PyMongoError as e:

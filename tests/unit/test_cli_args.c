@@ -20,7 +20,7 @@ static void values_flags_positional(void **state)
 	mig_opts o = {.grace_ms = -1};
 	const arg_opt opts[] = {{"--chunk", &chunk, NULL}, {"--to", &to, NULL}, {0}};
 	(void)state;
-	assert_int_equal(parse_args("migrate", 6, argv, 0, opts, &o, &ns), 0);
+	assert_int_equal(cmig_parse_args("migrate", 6, argv, 0, opts, &o, &ns), 0);
 	assert_string_equal(ns, "db.c");
 	assert_string_equal(chunk, "7");
 	assert_string_equal(to, "s2");
@@ -38,7 +38,7 @@ static void next_word_and_last_wins(void **state)
 	mig_opts o = {.grace_ms = -1};
 	const arg_opt opts[] = {{"--to", &to, NULL}, {0}};
 	(void)state;
-	assert_int_equal(parse_args("shard", 6, argv, 1, opts, &o, &shard), 0);
+	assert_int_equal(cmig_parse_args("shard", 6, argv, 1, opts, &o, &shard), 0);
 	assert_string_equal(shard, "s1");
 	assert_string_equal(to, "s3");
 	assert_int_equal(o.wait, 0);
@@ -59,14 +59,14 @@ static void unexpected(void **state)
 	char *a4[] = {"a"};
 	char *a5[] = {"--wait"};
 	(void)state;
-	assert_int_equal(parse_args("t", 2, a1, 0, vo, &o, &pos), 2);
+	assert_int_equal(cmig_parse_args("t", 2, a1, 0, vo, &o, &pos), 2);
 	assert_null(to);
-	assert_int_equal(parse_args("t", 1, a2, 0, fo, NULL, &pos), 2);
+	assert_int_equal(cmig_parse_args("t", 1, a2, 0, fo, NULL, &pos), 2);
 	assert_int_equal(flag, 0);
 	pos = NULL;
-	assert_int_equal(parse_args("t", 2, a3, 0, NULL, NULL, &pos), 2);
-	assert_int_equal(parse_args("t", 1, a4, 0, fo, &o, NULL), 2);
-	assert_int_equal(parse_args("t", 1, a5, 0, fo, NULL, NULL), 2);
+	assert_int_equal(cmig_parse_args("t", 2, a3, 0, NULL, NULL, &pos), 2);
+	assert_int_equal(cmig_parse_args("t", 1, a4, 0, fo, &o, NULL), 2);
+	assert_int_equal(cmig_parse_args("t", 1, a5, 0, fo, NULL, NULL), 2);
 }
 
 /* A name that is a prefix of another ("--chunk" of "--chunks") matches only itself. */
@@ -81,7 +81,7 @@ static void prefix_names(void **state)
 				{"--json", NULL, &json},
 				{0}};
 	(void)state;
-	assert_int_equal(parse_args("chunk", 3, argv, 0, opts, NULL, &ns), 0);
+	assert_int_equal(cmig_parse_args("chunk", 3, argv, 0, opts, NULL, &ns), 0);
 	assert_null(chunk);
 	assert_null(at);
 	assert_string_equal(ids, "1,2");
@@ -129,7 +129,7 @@ static void iter_doc_array(void **state)
 	assert_true(cli_iter_array(d, "a", &it));
 	while (bson_iter_next(&it))
 		if (sdb_bson_iter_doc(&it, &e))
-			seen = seen * 10 + (int)ival(&e, "x");
+			seen = seen * 10 + (int)cmig_ival(&e, "x");
 	assert_int_equal(seen, 13);
 	assert_false(cli_iter_array(d, "s", &it));
 	assert_false(cli_iter_array(d, "none", &it));
