@@ -28,6 +28,7 @@ struct sdb_store_cursor {
 	sqlite3_stmt *stmt; /* private statement */
 	const sdb_store_coll *co;
 	const sdb_store_index *ix; /* NULL: collection scan */
+	char sql[400];              /* the statement's text (scan_idle key) */
 	sdb_store_range *ranges;   /* copies */
 	size_t n_ranges, cur_range;
 	bool reverse, started;
@@ -41,13 +42,52 @@ static void range_free(sdb_store_range *r)
 	free((void *)r->hi);
 }
 
+/* A reset statement of a closed cursor with this SQL, taken out of c's idle list, or NULL. */
+static sqlite3_stmt *scan_stmt_take(sdb_store_conn *c, const char *sql)
+{
+	for (int i = 0; i < STORE_SCAN_IDLE; i++) {
+		stmt_slot *sl = &c->scan_idle[i];
+		if (sl->stmt && strcmp(sl->sql, sql) == 0) {
+			sqlite3_stmt *s = sl->stmt;
+			free(sl->sql);
+			sl->sql = NULL;
+			sl->stmt = NULL;
+			return s;
+		}
+	}
+	return NULL;
+}
+
+/* Keep cur's statement (reset, unbound) for the next cursor with the same SQL; the oldest
+ * idle one is finalized when the list is full. cur->stmt is NULL afterwards. */
+static void scan_stmt_put(sdb_store_cursor *cur)
+{
+	sdb_store_conn *c = cur->conn;
+	stmt_slot *sl = NULL;
+
+	sqlite3_reset(cur->stmt);
+	sqlite3_clear_bindings(cur->stmt);
+	for (int i = 0; i < STORE_SCAN_IDLE && sl == NULL; i++)
+		if (c->scan_idle[i].stmt == NULL)
+			sl = &c->scan_idle[i];
+	if (sl == NULL) {
+		sl = &c->scan_idle[c->scan_next++ % STORE_SCAN_IDLE];
+		sqlite3_finalize(sl->stmt);
+		free(sl->sql);
+	}
+	sl->sql = sdb_strdup(cur->sql);
+	sl->stmt = cur->stmt;
+	cur->stmt = NULL;
+}
+
 static int cursor_prepare_range(sdb_store_cursor *cur, char *err, size_t errlen)
 {
 	sdb_store_conn *c = cur->conn;
 	sdb_store_range open = {0};
 	size_t idx = cur->reverse ? cur->n_ranges - 1 - cur->cur_range : cur->cur_range;
 	const sdb_store_range *r = cur->n_ranges ? &cur->ranges[idx] : &open;
-	char sql[400];
+	char *sql = cur->sql;
+	size_t sqllen = sizeof cur->sql;
 	char where[160] = "";
 	const char *col = cur->ix ? "i.k" : "k";
 	size_t wl = 0;
@@ -58,19 +98,24 @@ static int cursor_prepare_range(sdb_store_cursor *cur, char *err, size_t errlen)
 		snprintf(where + wl, sizeof where - wl, " %s %s %s ?2", r->lo ? "AND" : "WHERE",
 			 col, r->hi_incl ? "<=" : "<");
 	const char *dir = cur->reverse ? "DESC" : "ASC";
+	if (cur->stmt)
+		scan_stmt_put(cur); /* the previous range's (same connection) */
 	if (cur->ix)
-		snprintf(sql, sizeof sql,
+		snprintf(sql, sqllen,
 			 "SELECT i.id, c.doc FROM i_%lld i JOIN c_%lld c ON c.k = i.id%s "
 			 "ORDER BY i.k %s, i.id %s",
 			 (long long)cur->ix->tbl, (long long)cur->co->tbl, where, dir, dir);
 	else
-		snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld%s ORDER BY k %s",
+		snprintf(sql, sqllen, "SELECT k, doc FROM c_%lld%s ORDER BY k %s",
 			 (long long)cur->co->tbl, where, dir);
-	if (cur->stmt)
+	cur->stmt = scan_stmt_take(c, sql);
+	if (cur->stmt == NULL &&
+	    sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &cur->stmt, NULL) !=
+		    SQLITE_OK) {
 		sqlite3_finalize(cur->stmt);
-	cur->stmt = NULL;
-	if (sqlite3_prepare_v2(c->db, sql, -1, &cur->stmt, NULL) != SQLITE_OK)
+		cur->stmt = NULL;
 		return store_sqlerr(c->db, err, errlen, "scan");
+	}
 	if (r->lo)
 		sqlite3_bind_blob(cur->stmt, 1, r->lo, (int)r->lo_len, SQLITE_STATIC);
 	if (r->hi)
@@ -151,8 +196,7 @@ int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t 
 		if (r != SQLITE_DONE)
 			return store_sqlerr(cur->conn->db, err, errlen, "scan");
 		if (cur->cur_range + 1 >= cur->n_ranges) {
-			sqlite3_finalize(cur->stmt);
-			cur->stmt = NULL;
+			scan_stmt_put(cur);
 			return 0;
 		}
 		cur->cur_range++;
@@ -173,7 +217,7 @@ void sdb_store_cursor_close(sdb_store_cursor *cur)
 	if (!cur)
 		return;
 	if (cur->stmt)
-		sqlite3_finalize(cur->stmt);
+		scan_stmt_put(cur);
 	for (size_t i = 0; i < cur->n_ranges; i++)
 		range_free(&cur->ranges[i]);
 	free(cur->ranges);
