@@ -45,6 +45,50 @@ static ssize_t chunk_of(route_coll *c, bson_t *doc)
 	return r;
 }
 
+/* The per-shard summary built with the snapshot: shards in first-chunk order, each shard's
+ * largest token, the chunk -> shard index, the collection's largest token; and after an
+ * incremental update that moves a chunk. */
+static void test_shard_summary(void **state)
+{
+	route_coll *c = ranged_table(), *c2 = NULL;
+	route_update *u = route_update_new("db.c", false);
+	bson_t *ch = BCON_NEW("c", "{", "id", BCON_INT64(2), "ns", "db.c", "min", "{", "k",
+			      BCON_INT32(100), "}", "max", "{", "k", BCON_INT32(200), "}", "shard",
+			      "a", "token", BCON_INT64(5), "}");
+	bson_iter_t it;
+	char err[128];
+
+	(void)state;
+	assert_int_equal(c->nshards, 3);
+	assert_string_equal(c->shards[0].id, "a");
+	assert_string_equal(c->shards[1].id, "b");
+	assert_string_equal(c->shards[2].id, "c");
+	assert_int_equal(c->shards[1].version, 3);
+	assert_int_equal(c->shards[1].first, 1);
+	assert_int_equal(c->shards[1].nchunks, 1);
+	assert_int_equal(c->shard_of[2], 2);
+	assert_int_equal(c->max_token, 3);
+	assert_ptr_equal(route_shard_find(c, "b"), &c->shards[1]);
+	assert_null(route_shard_find(c, "zz"));
+
+	/* chunk 2 moves to a with token 5: a owns chunks 0 and 1, b none */
+	assert_true(bson_iter_init_find(&it, ch, "c"));
+	assert_int_equal(route_update_chunk(u, &it, err, sizeof err), 0);
+	assert_int_equal(route_update_apply(u, c, 8, &c2, err, sizeof err), 0);
+	assert_int_equal(c2->nshards, 2);
+	assert_string_equal(c2->shards[0].id, "a");
+	assert_int_equal(c2->shards[0].nchunks, 2);
+	assert_int_equal(c2->shards[0].version, 5);
+	assert_int_equal(c2->shard_of[1], 0);
+	assert_int_equal(c2->shard_of[2], 1);
+	assert_int_equal(c2->max_token, 5);
+	assert_null(route_shard_find(c2, "b"));
+	route_coll_unref(c2);
+	route_update_free(u);
+	bson_destroy(ch);
+	route_coll_unref(c);
+}
+
 static void test_build_and_lookup(void **state)
 {
 	route_coll *c = ranged_table();
@@ -292,6 +336,7 @@ int main(void)
 		cmocka_unit_test(test_targeting),        cmocka_unit_test(test_hashed),
 		cmocka_unit_test(test_compound),         cmocka_unit_test(test_update_key),
 		cmocka_unit_test(test_cache),
+		cmocka_unit_test(test_shard_summary),
 		cmocka_unit_test(test_static_paths_conflict),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
