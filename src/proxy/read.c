@@ -630,9 +630,10 @@ static int cd_execute(px_retry *r, void *arg)
 		ssize_t slot;
 		if (!sel[i])
 			continue;
-		a[k].per_shard = c->tx == NULL && /* per-chunk in a transaction, as above */
-				 px_shard_mode_memo(memo, rc, i, &slot);
-		if (a[k].per_shard) {
+		/* per-chunk in a transaction, as above; a[k] is written only once the chunk
+		 * gets a request (a has one entry per request) */
+		bool per_shard = c->tx == NULL && px_shard_mode_memo(memo, rc, i, &slot);
+		if (per_shard) {
 			if (slot >= 0 && memo->stream[slot] >= 0)
 				continue; /* this shard's request is there already */
 			for (j = 0; slot < 0 && j < k; j++)
@@ -644,6 +645,7 @@ static int cd_execute(px_retry *r, void *arg)
 			if (slot >= 0)
 				memo->stream[slot] = (ssize_t)k;
 		}
+		a[k].per_shard = per_shard;
 		a[k].c = c;
 		a[k].rc = rc;
 		a[k].ci = i;
