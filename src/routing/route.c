@@ -246,11 +246,24 @@ static int keys_parse(route_coll *c, const bson_t *key, char *err, size_t errlen
 	return 0;
 }
 
+/* FNV-1a of a shard id: a table index, not security. */
+static uint64_t shard_hash(const char *id)
+{
+	uint64_t h = 1469598103934665603ULL;
+
+	for (; *id; id++)
+		h = (h ^ (unsigned char)*id) * 1099511628211ULL;
+	return h;
+}
+
 /* Fill c's per-shard summary (shards, nshards, shard_of, max_token) from its chunks: one
- * pass, a shard looked up first as the previous chunk's, else among those seen. */
+ * pass; a chunk's shard is looked up first as the previous chunk's, else in an
+ * open-addressing table of the shards seen (index + 1, 0 = empty; kept at most half full),
+ * so the pass costs O(chunks) whatever the number of shards. */
 static void coll_summarise(route_coll *c)
 {
-	size_t i, s = 0, cap = 0;
+	size_t i, s = 0, cap = 0, tcap = 16;
+	uint32_t *tab = sdb_calloc(tcap, sizeof *tab);
 
 	free(c->shards);
 	free(c->shard_of);
@@ -263,16 +276,31 @@ static void coll_summarise(route_coll *c)
 		if (ch->token > c->max_token)
 			c->max_token = ch->token;
 		if (c->nshards == 0 || strcmp(c->shards[s].id, ch->shard) != 0) {
-			for (s = 0; s < c->nshards; s++)
-				if (strcmp(c->shards[s].id, ch->shard) == 0)
-					break;
-			if (s == c->nshards) {
+			size_t h = (size_t)shard_hash(ch->shard) & (tcap - 1);
+			while (tab[h] != 0 && strcmp(c->shards[tab[h] - 1].id, ch->shard) != 0)
+				h = (h + 1) & (tcap - 1);
+			if (tab[h] != 0) {
+				s = tab[h] - 1;
+			} else {
+				s = c->nshards;
 				if (c->nshards == cap) {
 					cap = cap ? cap * 2 : 4;
 					c->shards = sdb_realloc(c->shards, cap * sizeof *c->shards);
 				}
 				c->shards[s] = (route_shard){.id = ch->shard, .first = i};
 				c->nshards++;
+				tab[h] = (uint32_t)c->nshards;
+				if (2 * c->nshards > tcap) { /* grow and re-insert */
+					free(tab);
+					tcap *= 2;
+					tab = sdb_calloc(tcap, sizeof *tab);
+					for (size_t k = 0; k < c->nshards; k++) {
+						h = (size_t)shard_hash(c->shards[k].id) & (tcap - 1);
+						while (tab[h] != 0)
+							h = (h + 1) & (tcap - 1);
+						tab[h] = (uint32_t)(k + 1);
+					}
+				}
 			}
 		}
 		c->shard_of[i] = (uint32_t)s;
@@ -280,6 +308,7 @@ static void coll_summarise(route_coll *c)
 		if (ch->token > c->shards[s].version)
 			c->shards[s].version = ch->token;
 	}
+	free(tab);
 }
 
 const route_shard *route_shard_find(const route_coll *c, const char *shard)

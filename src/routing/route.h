@@ -163,8 +163,9 @@ route_key_change route_update_changes_key(const route_coll *c, const bson_t *upd
  * then builds the next snapshot from the previous one: unchanged chunks are shared (their
  * bounds are not copied), removed and changed ones are dropped, changed and new ones are
  * inserted at their place (binary search). Cost: O(changed x log chunks) comparisons plus
- * one copy of the collection's entry array (pointers and ints, 72 bytes per chunk); other
- * collections are not touched. */
+ * one copy of the collection's entry array (pointers and ints, 72 bytes per chunk) and one
+ * pass rebuilding the per-shard summary (a 4-byte shard index per chunk, a hash lookup each);
+ * other collections are not touched. */
 typedef struct route_update route_update;
 
 /* A new, empty update for ns. full: the replies are a full load (the previous snapshot is
