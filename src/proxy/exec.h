@@ -88,7 +88,8 @@ void px_copy_cmd(const bson_t *cmd, bson_t *out, const char *const *skip);
 /* Append `$stripedbVersion: {chunk: ch->id, token: ch->token}` to cmd. */
 void px_append_version(bson_t *cmd, const route_chunk *ch);
 /* Shard versions (shardver.c, issue #17): the collection and shard version of shard in rc
- * (largest token of the collection; largest token of the chunks rc routes to shard). */
+ * (largest token of the collection; largest token of the chunks rc routes to shard), read
+ * from the snapshot's per-shard summary: O(shards), not O(chunks). */
 void px_shard_version_of(const route_coll *rc, const char *shard, int64_t *cver, int64_t *sver);
 /* Append `$stripedbShardVersion: {ns, collectionVersion, shardVersion}` for shard to cmd. */
 void px_append_shard_version(bson_t *cmd, const route_coll *rc, const char *shard);
@@ -99,18 +100,25 @@ bool px_shard_mode(const route_coll *rc, const char *shard);
 /* After a StaleConfig from shard: true when its reply says the shard has no filtering
  * metadata for the collection (vWanted: null), remembered for rc's routing version. */
 bool px_shard_mode_note(const route_coll *rc, const char *shard, const bson_t *err_reply);
-/* px_shard_mode once per shard of one request: a request's chunks name few shards, so the
- * per-chunk cost of a scatter is a few string compares (no lock, no hash). Zero it before
- * use (PX_MODE_MEMO shards at most; beyond, px_shard_mode is asked each time). `slot` gets
- * the shard's index in the memo (-1 beyond), for the caller's per-shard bookkeeping. */
+/* px_shard_mode once per shard of one request, the shard named by its index in the
+ * snapshot's per-shard summary (route_coll.shard_of[ci] of the chunk ci): no string compare,
+ * no lock, no hash per chunk. Zero it before use (the first PX_MODE_MEMO shards of rc; beyond,
+ * px_shard_mode is asked each time and `slot` is -1). `slot` gets the shard's index in the
+ * memo, for the caller's per-shard bookkeeping (stream). */
 #define PX_MODE_MEMO 32
 typedef struct px_mode_memo {
-	size_t n;
-	const char *shard[PX_MODE_MEMO];
+	bool known[PX_MODE_MEMO];
 	bool on[PX_MODE_MEMO];
 	ssize_t stream[PX_MODE_MEMO]; /* caller's: the shard's request, -1 none yet */
 } px_mode_memo;
-bool px_shard_mode_memo(px_mode_memo *m, const route_coll *rc, const char *shard, ssize_t *slot);
+bool px_shard_mode_memo(px_mode_memo *m, const route_coll *rc, size_t ci, ssize_t *slot);
+/* The most requests a fan-out over the chunks selected in sel (rc->nchunks booleans) sends:
+ * per shard with a selected chunk, 1 when the shard is in shard mode and per_chunk is false,
+ * else its number of selected chunks. The shard mode is read through m (zeroed by the
+ * caller) and stays fixed there, so the caller's fan-out, using the same memo, never sends
+ * more; shards past PX_MODE_MEMO count per chunk. Lets a caller size its per-request arrays
+ * by shards, not chunks. O(chunks) byte reads plus px_shard_mode once per shard. */
+size_t px_stream_bound(px_mode_memo *m, const route_coll *rc, const bool *sel, bool per_chunk);
 /* Static view of the document / array field name of d; false when absent or another type. */
 bool px_get_doc(const bson_t *d, const char *name, bson_t *out);
 bool px_get_array(const bson_t *d, const char *name, bson_t *out);

@@ -86,13 +86,12 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 	memset(&sc, 0, sizeof sc);
 	sc.c = c;
 	sc.rc = rc;
-	sc.chunks = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sc.chunks);
-	for (i = 0; i < rc->nchunks; i++)
-		if (sel[i])
-			nsel++;
+	/* arrays sized by the requests sent (one per shard in shard mode), not by chunks */
+	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
+	nsel = px_stream_bound(memo, rc, sel, c->tx != NULL);
+	sc.chunks = sdb_calloc(nsel ? nsel : 1, sizeof *sc.chunks);
 	sc.s = sdb_calloc_bson(nsel ? nsel : 1, sizeof *sc.s);
 	sc.cmds = sdb_calloc_bson(nsel ? nsel : 1, sizeof *sc.cmds);
-	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
 	for (i = 0; i < rc->nchunks; i++) {
 		route_chunk *ch = &rc->chunks[i];
 		bool per_shard;
@@ -102,7 +101,7 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 		/* a transaction's statements use per-chunk requests: a shard without filtering
 		 * metadata would refuse a shard-versioned one with StaleConfig, which aborts the
 		 * transaction (the proxy does not retry inside one) */
-		per_shard = c->tx == NULL && px_shard_mode_memo(memo, rc, ch->shard, &slot);
+		per_shard = c->tx == NULL && px_shard_mode_memo(memo, rc, i, &slot);
 		if (per_shard) {
 			if (slot >= 0 && memo->stream[slot] >= 0)
 				continue; /* this shard's request is there already */
@@ -617,21 +616,24 @@ static int cd_execute(px_retry *r, void *arg)
 	bool exact;
 	size_t nsel, i, k = 0;
 	bool *sel = px_target(rc, o->q, &nsel, &exact);
-	agg_chunk *a = sdb_calloc_bson(nsel, sizeof *a);
+	/* one entry per request sent (one per shard in shard mode), not per chunk */
+	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
+	size_t nreq = px_stream_bound(memo, rc, sel, c->tx != NULL);
+	agg_chunk *a = sdb_calloc_bson(nreq ? nreq : 1, sizeof *a);
 	int64_t total = 0;
 	int cls = SHARDCONN_OK;
 	size_t bad = 0;
 	bool again = false;
-	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
 
 	for (i = 0; i < rc->nchunks; i++) {
 		size_t j;
 		ssize_t slot;
 		if (!sel[i])
 			continue;
-		a[k].per_shard = c->tx == NULL && /* per-chunk in a transaction, as above */
-				 px_shard_mode_memo(memo, rc, rc->chunks[i].shard, &slot);
-		if (a[k].per_shard) {
+		/* per-chunk in a transaction, as above; a[k] is written only once the chunk
+		 * gets a request (a has one entry per request) */
+		bool per_shard = c->tx == NULL && px_shard_mode_memo(memo, rc, i, &slot);
+		if (per_shard) {
 			if (slot >= 0 && memo->stream[slot] >= 0)
 				continue; /* this shard's request is there already */
 			for (j = 0; slot < 0 && j < k; j++)
@@ -643,6 +645,7 @@ static int cd_execute(px_retry *r, void *arg)
 			if (slot >= 0)
 				memo->stream[slot] = (ssize_t)k;
 		}
+		a[k].per_shard = per_shard;
 		a[k].c = c;
 		a[k].rc = rc;
 		a[k].ci = i;

@@ -51,17 +51,10 @@ static size_t legacy_slot(const char *ns, const char *shard)
 
 void px_shard_version_of(const route_coll *rc, const char *shard, int64_t *cver, int64_t *sver)
 {
-	size_t i;
+	const route_shard *s = route_shard_find(rc, shard);
 
-	*cver = 0;
-	*sver = 0;
-	for (i = 0; i < rc->nchunks; i++) {
-		const route_chunk *ch = &rc->chunks[i];
-		if (ch->token > *cver)
-			*cver = ch->token;
-		if (ch->token > *sver && strcmp(ch->shard, shard) == 0)
-			*sver = ch->token;
-	}
+	*cver = rc->max_token;
+	*sver = s ? s->version : 0;
 }
 
 void px_append_shard_version(bson_t *cmd, const route_coll *rc, const char *shard)
@@ -110,22 +103,50 @@ bool px_shard_mode_note(const route_coll *rc, const char *shard, const bson_t *e
 	return true;
 }
 
-bool px_shard_mode_memo(px_mode_memo *m, const route_coll *rc, const char *shard, ssize_t *slot)
+bool px_shard_mode_memo(px_mode_memo *m, const route_coll *rc, size_t ci, ssize_t *slot)
 {
-	size_t i;
+	size_t s = rc->shard_of[ci];
 
-	for (i = 0; i < m->n; i++)
-		if (m->shard[i] == shard || strcmp(m->shard[i], shard) == 0) {
-			*slot = (ssize_t)i;
-			return m->on[i];
-		}
-	if (m->n == PX_MODE_MEMO) {
+	if (s >= PX_MODE_MEMO) {
 		*slot = -1;
-		return px_shard_mode(rc, shard);
+		return px_shard_mode(rc, rc->chunks[ci].shard);
 	}
-	m->shard[m->n] = shard;
-	m->on[m->n] = px_shard_mode(rc, shard);
-	m->stream[m->n] = -1;
-	*slot = (ssize_t)m->n;
-	return m->on[m->n++];
+	if (!m->known[s]) {
+		m->known[s] = true;
+		m->on[s] = px_shard_mode(rc, rc->shards[s].id);
+		m->stream[s] = -1;
+	}
+	*slot = (ssize_t)s;
+	return m->on[s];
+}
+
+size_t px_stream_bound(px_mode_memo *m, const route_coll *rc, const bool *sel, bool per_chunk)
+{
+	size_t i, n = 0;
+	size_t *cnt;
+
+	if (per_chunk || rc->nshards == 0) {
+		for (i = 0; i < rc->nchunks; i++)
+			n += sel[i];
+		return n;
+	}
+	cnt = sdb_calloc(rc->nshards, sizeof *cnt);
+	for (i = 0; i < rc->nchunks; i++)
+		cnt[rc->shard_of[i]] += sel[i];
+	for (i = 0; i < rc->nshards; i++) {
+		if (cnt[i] == 0)
+			continue;
+		if (i >= PX_MODE_MEMO) { /* asked again per chunk: may change, count them all */
+			n += cnt[i];
+			continue;
+		}
+		if (!m->known[i]) {
+			m->known[i] = true;
+			m->on[i] = px_shard_mode(rc, rc->shards[i].id);
+			m->stream[i] = -1;
+		}
+		n += m->on[i] ? 1 : cnt[i];
+	}
+	free(cnt);
+	return n;
 }

@@ -1061,23 +1061,32 @@ static int stmt_execute(px_retry *r, void *arg)
 		/* first attempt: ONE pass on each shard that holds filtering metadata (chunk-aware
 		 * shards, issue #17); a retry of refused ranges, and shards without it, go per
 		 * chunk in two phases (the retry must not touch the other chunks of a shard) */
+		/* shards whose pass is sent: memo->stream[slot] >= 0 for the first PX_MODE_MEMO
+		 * shards of rc (no string compare per chunk), done[] for the others */
+		px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
 		char **done = sdb_calloc(nsel ? nsel : 1, sizeof *done);
 		size_t ndone = 0;
 		bool whole = first_attempt;
 		for (i = 0; i < rc->nchunks && w->nerr == before; i++) {
 			int cls;
 			size_t j;
+			ssize_t slot;
 			if (!sel[i])
 				continue;
 			/* per-chunk in a transaction (a shard-versioned request to a shard without
 			 * filtering metadata would abort it, see read.c scatter_open_once) */
-			if (whole && c->tx == NULL && px_shard_mode(rc, rc->chunks[i].shard)) {
-				for (j = 0; j < ndone; j++)
+			if (whole && c->tx == NULL && px_shard_mode_memo(memo, rc, i, &slot)) {
+				if (slot >= 0 && memo->stream[slot] >= 0)
+					continue; /* the shard's pass covered this chunk */
+				for (j = 0; slot < 0 && j < ndone; j++)
 					if (strcmp(done[j], rc->chunks[i].shard) == 0)
 						break;
-				if (j < ndone)
+				if (slot < 0 && j < ndone)
 					continue; /* the shard's pass covered this chunk */
-				done[ndone++] = rc->chunks[i].shard;
+				if (slot >= 0)
+					memo->stream[slot] = 0;
+				else
+					done[ndone++] = rc->chunks[i].shard;
 				cls = send_stmt_v(c, rc, i, s, NULL, true, true, w);
 				if (cls == SHARDCONN_OK)
 					touched = true;
@@ -1090,7 +1099,12 @@ static int stmt_execute(px_retry *r, void *arg)
 				}
 				/* the shard has no filtering metadata (nothing applied there):
 				 * this chunk and its others per chunk, now */
-				ndone--;
+				if (slot >= 0) {
+					memo->stream[slot] = -1;
+					memo->on[slot] = false;
+				} else {
+					ndone--;
+				}
 			}
 			if (multi_on_chunk(c, rc, i, s, w, 0, &touched) == SHARDCONN_STALE) {
 				pend_chunk(o, rc, i);
@@ -1098,6 +1112,7 @@ static int stmt_execute(px_retry *r, void *arg)
 			}
 		}
 		free(done);
+		free(memo);
 	} else {
 		/* single document without an exact key: the first owned match */
 		int64_t n_before = w->n;

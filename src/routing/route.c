@@ -56,6 +56,8 @@ void route_coll_unref(route_coll *c)
 	for (i = 0; i < c->nchunks; i++)
 		chunk_free(&c->chunks[i]);
 	free(c->chunks);
+	free(c->shards);
+	free(c->shard_of);
 	for (i = 0; i < c->nkeys; i++)
 		free(c->keys[i]);
 	free(c->ns);
@@ -244,6 +246,81 @@ static int keys_parse(route_coll *c, const bson_t *key, char *err, size_t errlen
 	return 0;
 }
 
+/* FNV-1a of a shard id: a table index, not security. */
+static uint64_t shard_hash(const char *id)
+{
+	uint64_t h = 1469598103934665603ULL;
+
+	for (; *id; id++)
+		h = (h ^ (unsigned char)*id) * 1099511628211ULL;
+	return h;
+}
+
+/* Fill c's per-shard summary (shards, nshards, shard_of, max_token) from its chunks: one
+ * pass; a chunk's shard is looked up first as the previous chunk's, else in an
+ * open-addressing table of the shards seen (index + 1, 0 = empty; kept at most half full),
+ * so the pass costs O(chunks) whatever the number of shards. */
+static void coll_summarise(route_coll *c)
+{
+	size_t i, s = 0, cap = 0, tcap = 16;
+	uint32_t *tab = sdb_calloc(tcap, sizeof *tab);
+
+	free(c->shards);
+	free(c->shard_of);
+	c->shards = NULL;
+	c->nshards = 0;
+	c->max_token = 0;
+	c->shard_of = sdb_calloc(c->nchunks ? c->nchunks : 1, sizeof *c->shard_of);
+	for (i = 0; i < c->nchunks; i++) {
+		const route_chunk *ch = &c->chunks[i];
+		if (ch->token > c->max_token)
+			c->max_token = ch->token;
+		if (c->nshards == 0 || strcmp(c->shards[s].id, ch->shard) != 0) {
+			size_t h = (size_t)shard_hash(ch->shard) & (tcap - 1);
+			while (tab[h] != 0 && strcmp(c->shards[tab[h] - 1].id, ch->shard) != 0)
+				h = (h + 1) & (tcap - 1);
+			if (tab[h] != 0) {
+				s = tab[h] - 1;
+			} else {
+				s = c->nshards;
+				if (c->nshards == cap) {
+					cap = cap ? cap * 2 : 4;
+					c->shards = sdb_realloc(c->shards, cap * sizeof *c->shards);
+				}
+				c->shards[s] = (route_shard){.id = ch->shard, .first = i};
+				c->nshards++;
+				tab[h] = (uint32_t)c->nshards;
+				if (2 * c->nshards > tcap) { /* grow and re-insert */
+					free(tab);
+					tcap *= 2;
+					tab = sdb_calloc(tcap, sizeof *tab);
+					for (size_t k = 0; k < c->nshards; k++) {
+						h = (size_t)shard_hash(c->shards[k].id) & (tcap - 1);
+						while (tab[h] != 0)
+							h = (h + 1) & (tcap - 1);
+						tab[h] = (uint32_t)(k + 1);
+					}
+				}
+			}
+		}
+		c->shard_of[i] = (uint32_t)s;
+		c->shards[s].nchunks++;
+		if (ch->token > c->shards[s].version)
+			c->shards[s].version = ch->token;
+	}
+	free(tab);
+}
+
+const route_shard *route_shard_find(const route_coll *c, const char *shard)
+{
+	size_t s;
+
+	for (s = 0; s < c->nshards; s++)
+		if (strcmp(c->shards[s].id, shard) == 0)
+			return &c->shards[s];
+	return NULL;
+}
+
 int route_coll_build(const char *ns, const bson_t *key, const bson_t *table, route_coll **out,
 		     char *err, size_t errlen)
 {
@@ -289,6 +366,7 @@ int route_coll_build(const char *ns, const bson_t *key, const bson_t *table, rou
 			goto err;
 		}
 	}
+	coll_summarise(c);
 	*out = c;
 	return 0;
 err:
@@ -554,6 +632,7 @@ int route_update_apply(route_update *u, const route_coll *old, int64_t version,
 	free(drop);
 	free(kept);
 	free(ins);
+	coll_summarise(c);
 	*out = c;
 	return 0;
 err:
@@ -642,6 +721,42 @@ int route_key_from_doc(const route_coll *c, const bson_t *doc, bson_t *out, char
 		}
 	}
 	return 0;
+}
+
+int route_key_encode(const route_coll *c, const bson_t *doc, sdb_key *out)
+{
+	size_t start = out->len, i;
+	bson_iter_t it;
+	bson_value_t v;
+	char err[64];
+
+	for (i = 0; i < c->nkeys; i++) {
+		int r = path_find(doc, c->keys[i], &it);
+		if (r < 0)
+			goto bad;
+		if (r) {
+			v = *bson_iter_value(&it);
+		} else {
+			memset(&v, 0, sizeof v);
+			v.value_type = BSON_TYPE_NULL;
+		}
+		if (c->hashed) { /* as route_hash_value, in out's buffer */
+			size_t at = out->len;
+			uint64_t h = 0; /* route_hash_value's answer for a value it cannot encode */
+			if (sdb_keyenc_append_value(out, &v, false, err, sizeof err) == 0)
+				h = XXH64(out->data + at, out->len - at, 0);
+			out->len = at;
+			memset(&v, 0, sizeof v);
+			v.value_type = BSON_TYPE_INT64;
+			v.value.v_int64 = (int64_t)h;
+		}
+		if (sdb_keyenc_append_value(out, &v, false, err, sizeof err) != 0)
+			goto bad;
+	}
+	return 0;
+bad:
+	out->len = start;
+	return SDB_EINVAL;
 }
 
 ssize_t route_find_chunk(const route_coll *c, const bson_t *key)

@@ -48,6 +48,15 @@ typedef struct route_chunk {
 	void *body;      /* the shared body owning id, shard, min and max (private) */
 } route_chunk;
 
+/* One shard of a snapshot (issue #17): what a request sent once per shard needs, computed
+ * once when the snapshot is built so a request does not walk the chunks for it. */
+typedef struct route_shard {
+	const char *id;  /* shard id (a chunk's string: valid as long as the snapshot) */
+	int64_t version; /* largest token over the shard's chunks (its ShardVersion) */
+	size_t first;    /* index of the shard's first chunk in chunks[] */
+	size_t nchunks;  /* how many chunks the shard owns */
+} route_shard;
+
 typedef struct route_coll {
 	char *ns;                              /* "db.coll" */
 	size_t nkeys;                          /* 1..ROUTE_MAX_KEY_FIELDS */
@@ -57,6 +66,13 @@ typedef struct route_coll {
 	size_t nchunks;
 	int64_t version;                       /* routing version this snapshot reflects */
 	int refs;                              /* atomic */
+	/* per-shard summary, built with the snapshot: the distinct shards of chunks[] in the
+	 * order they first appear, shard_of[i] the index in shards[] of chunks[i].shard, and
+	 * max_token the largest token of all chunks (the collection version; 0 when none) */
+	route_shard *shards;
+	size_t nshards;
+	uint32_t *shard_of;
+	int64_t max_token;
 } route_coll;
 
 /* Build a snapshot from metadata replies.
@@ -75,6 +91,10 @@ route_coll *route_coll_unsharded(const char *ns, int64_t version);
 void route_coll_ref(route_coll *c);
 void route_coll_unref(route_coll *c);
 
+/* The summary of shard in c (route_coll.shards), or NULL when c has no chunk on it.
+ * O(shards) string compares. */
+const route_shard *route_shard_find(const route_coll *c, const char *shard);
+
 /* The hash of a hashed shard key value (see top). v NULL means missing (hashes as null). */
 int64_t route_hash_value(const bson_value_t *v);
 
@@ -87,6 +107,16 @@ int route_key_cmp(const bson_t *a, const bson_t *b);
  * SDB_EINVAL when a key field holds an array or a document nests too deep. */
 int route_key_from_doc(const route_coll *c, const bson_t *doc, bson_t *out, char *err,
 		       size_t errlen);
+
+/* Append to out the order-preserving encoding (storage/keyenc.h, ascending) of doc's shard
+ * key in c's routed space: per key field, in the pattern's order, the field's value (null
+ * when missing; for a hashed key the NumberLong hash). Two such encodings, and those of
+ * bounds encoded the same way, compare with memcmp order (sdb_key_cmp_raw) as route_key_cmp
+ * compares the key values. Builds no BSON: out's buffer is only grown (reuse one buffer to
+ * encode many documents without allocating). Errors: SDB_EINVAL (a key field holds an array,
+ * or a value nests too deep); out->len is then restored. */
+struct sdb_key;
+int route_key_encode(const route_coll *c, const bson_t *doc, struct sdb_key *out);
 
 /* Index of the chunk holding key (a key value in the routed space: hashed already).
  * Returns -1 when no chunk holds it (a hole in the table) or the table is empty. */
@@ -133,8 +163,9 @@ route_key_change route_update_changes_key(const route_coll *c, const bson_t *upd
  * then builds the next snapshot from the previous one: unchanged chunks are shared (their
  * bounds are not copied), removed and changed ones are dropped, changed and new ones are
  * inserted at their place (binary search). Cost: O(changed x log chunks) comparisons plus
- * one copy of the collection's entry array (pointers and ints, 72 bytes per chunk); other
- * collections are not touched. */
+ * one copy of the collection's entry array (pointers and ints, 72 bytes per chunk) and one
+ * pass rebuilding the per-shard summary (a 4-byte shard index per chunk, a hash lookup each);
+ * other collections are not touched. */
 typedef struct route_update route_update;
 
 /* A new, empty update for ns. full: the replies are a full load (the previous snapshot is

@@ -27,7 +27,10 @@
  *       is kept only if its shard key lies in an owned chunk (orphans are skipped).
  *
  * The parsed ownership of a namespace is cached per (shard, ns, install generation): a
- * gated request reads three integers from shard.db, the ranges are parsed once per install.
+ * gated request reads three integers from shard.db, the ranges are parsed once per install,
+ * as src/routing/owned.h's merged, keyenc-encoded ranges: a document is located by encoding
+ * its shard key once (into the query's reused buffer) and a memcmp binary search, with the
+ * previous document's range tried first (O(1) per document for a scan in shard-key order).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -36,6 +39,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "routing/owned.h"
 #include "routing/route.h"
 #include "shard/shard.h"
 #include "shard/util.h"
@@ -46,7 +50,7 @@ typedef struct fcache_ent {
 	const void *sh;
 	char *ns;
 	int64_t gen;
-	route_coll *rc;
+	route_owned *rc;
 } fcache_ent;
 
 static pthread_mutex_t fcache_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -54,15 +58,15 @@ static fcache_ent fcache[FCACHE_SIZE];
 static size_t fcache_next;
 
 /* A reference to the cached ownership of (sh, ns, gen), or NULL. */
-static route_coll *fcache_get(const void *sh, const char *ns, int64_t gen)
+static route_owned *fcache_get(const void *sh, const char *ns, int64_t gen)
 {
-	route_coll *rc = NULL;
+	route_owned *rc = NULL;
 	pthread_mutex_lock(&fcache_mu);
 	for (size_t i = 0; i < FCACHE_SIZE; i++) {
 		fcache_ent *e = &fcache[i];
 		if (e->rc && e->sh == sh && e->gen == gen && strcmp(e->ns, ns) == 0) {
 			rc = e->rc;
-			route_coll_ref(rc);
+			route_owned_ref(rc);
 			break;
 		}
 	}
@@ -70,7 +74,7 @@ static route_coll *fcache_get(const void *sh, const char *ns, int64_t gen)
 	return rc;
 }
 
-static void fcache_put(const void *sh, const char *ns, int64_t gen, route_coll *rc)
+static void fcache_put(const void *sh, const char *ns, int64_t gen, route_owned *rc)
 {
 	pthread_mutex_lock(&fcache_mu);
 	size_t slot = FCACHE_SIZE;
@@ -81,13 +85,13 @@ static void fcache_put(const void *sh, const char *ns, int64_t gen, route_coll *
 		slot = fcache_next++ % FCACHE_SIZE;
 	fcache_ent *e = &fcache[slot];
 	if (e->rc) {
-		route_coll_unref(e->rc);
+		route_owned_unref(e->rc);
 		free(e->ns);
 	}
 	e->sh = sh;
 	e->ns = sdb_strdup(ns);
 	e->gen = gen;
-	route_coll_ref(rc);
+	route_owned_ref(rc);
 	e->rc = rc;
 	pthread_mutex_unlock(&fcache_mu);
 }
@@ -158,14 +162,43 @@ static int owner_build(const char *ns, const bson_t *doc, route_coll **out, int6
 	return rc;
 }
 
+/* One query's orphan filter: the shared ranges plus the query's own key buffer and hint
+ * (a query runs on one worker thread: no lock). */
+typedef struct owns_ctx {
+	route_owned *own;  /* a reference */
+	sdb_key buf;       /* the document's encoded shard key, reused */
+	size_t hint;       /* the range of the previous owned document */
+} owns_ctx;
+
 static bool owns_doc(void *arg, const bson_t *doc)
 {
-	return route_chunk_of_doc(arg, doc) >= 0;
+	owns_ctx *o = arg;
+	return route_owned_has_doc(o->own, doc, &o->buf, &o->hint);
 }
 
 static void owns_free(void *arg)
 {
-	route_coll_unref(arg);
+	owns_ctx *o = arg;
+	route_owned_unref(o->own);
+	sdb_key_free(&o->buf);
+	free(o);
+}
+
+/* A new orphan filter over own (takes the caller's reference). */
+static owns_ctx *owns_new(route_owned *own)
+{
+	owns_ctx *o = sdb_calloc(1, sizeof *o);
+	o->own = own;
+	sdb_key_init(&o->buf);
+	return o;
+}
+
+/* The owned ranges of the snapshot rc (its reference is passed on to *out). */
+static int owned_of(route_coll *rc, route_owned **out, char *err, size_t errlen)
+{
+	int e = route_owned_build(rc, out, err, errlen);
+	route_coll_unref(rc);
+	return e;
 }
 
 /* ns of the command: "<db>.<first value>" into buf (of the inner command of an explain,
@@ -271,14 +304,17 @@ bool shard_filtering_gate(shard_ctx *x)
 	}
 	if (x->owner) /* a second shard_begin of the same command (find's cursor connection) */
 		return true;
-	route_coll *own = fcache_get(x->sh, x->sv_ns, gen);
+	route_owned *own = fcache_get(x->sh, x->sv_ns, gen);
 	if (!own) {
 		bson_t *doc = NULL;
 		int64_t sv2 = 0;
+		route_coll *coll = NULL;
 		rc = sdb_store_filtering_get(x->conn, x->sv_ns, &cver, &sver, &gen, &doc, x->err,
 					     sizeof x->err);
 		if (rc == 0)
-			rc = owner_build(x->sv_ns, doc, &own, &sv2, x->err, sizeof x->err);
+			rc = owner_build(x->sv_ns, doc, &coll, &sv2, x->err, sizeof x->err);
+		if (rc == 0)
+			rc = owned_of(coll, &own, x->err, sizeof x->err);
 		if (doc)
 			bson_destroy(doc);
 		if (rc) {
@@ -296,16 +332,16 @@ void shard_filtering_spec(shard_ctx *x, sdb_query_spec *spec)
 {
 	if (!x->owner)
 		return;
-	route_coll_ref(x->owner);
+	route_owned_ref(x->owner);
 	spec->owns = owns_doc;
-	spec->owns_arg = x->owner;
+	spec->owns_arg = owns_new(x->owner);
 	spec->owns_free = owns_free;
 }
 
 void shard_filtering_release(shard_ctx *x)
 {
 	if (x->owner)
-		route_coll_unref(x->owner);
+		route_owned_unref(x->owner);
 	x->owner = NULL;
 }
 
@@ -357,8 +393,15 @@ int shard_filtering_key_range(shard_ctx *x, const char *ns, const bson_t *kr,
 		snprintf(x->err, sizeof x->err, "keyRange: %s", why);
 		return WIRE_ERR_BAD_VALUE;
 	}
+	route_owned *own = NULL;
+	/* own keeps rc alive (and with it rc->keys[0], the range field below) for the query */
+	e = owned_of(rc, &own, why, sizeof why);
+	if (e) {
+		snprintf(x->err, sizeof x->err, "keyRange: %s", why);
+		return WIRE_ERR_BAD_VALUE;
+	}
 	spec->owns = owns_doc;
-	spec->owns_arg = rc; /* the query's reference */
+	spec->owns_arg = owns_new(own); /* the query's reference */
 	spec->owns_free = owns_free;
 	if (rc->hashed || rc->nkeys == 0)
 		return 0;

@@ -90,7 +90,7 @@ struct shard_ctx {
 	 * the versions (a reference released by shard_ctx_run), for the orphan filter. */
 	const char *sv_ns;
 	int64_t sv_cver, sv_sver;
-	struct route_coll *owner;
+	struct route_owned *owner;
 	void *resume; /* a parked command's continuation (shard_await), else NULL */
 	/* a statement of a multi-document transaction run tentatively on the apply
 	 * connection (txn.c): reads are materialized on x->conn (no pooled streaming

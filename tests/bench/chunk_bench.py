@@ -1,21 +1,26 @@
 #!/usr/bin/python3
 """Cost of a query against the chunk count (issue #17): the same data (--docs documents) in
 collections sharded on `k` in 2, 16, 64, 256 and 1,024 ranged chunks over 2 and 4 embedded
-shards, through one proxy. Per collection and mode it times (median of --reps runs, ms):
+shards, through one proxy. Queries:
   scatter find  find({g: G}).limit(50)           (a non-key filter: every shard)
   count         count_documents({g: G})
   aggregate     [{$match: {g: G}}, {$group: {_id: "$h", n: {$sum: 1}}}]
   update_many   update_many({k: {$in: [a, b]}}, {$inc: {v: 1}})   (2 keys)
 in two modes:
-  per-chunk     shards without filtering metadata: one request per chunk, ownership
-                filter on the proxy (the behaviour before issue #17; skipped above
-                --max-legacy-chunks, it is slow);
   shard         the filtering metadata installed on each shard as the coordinator does
                 (stripedbSetFiltering): one request per shard with $stripedbShardVersion.
-Prints a table and, per shard count, the 1,024/2-chunk cost ratio of the shard mode.
+                Measured INTERLEAVED: every collection is loaded first, then each rep runs
+                the query once on the baseline collection (the smallest chunk count) and
+                once on the N-chunk one, in alternating order, so the noise of a shared
+                machine hits both sides alike. Reported per query: the median time of each
+                side and the median of the per-rep ratios N-chunks / baseline.
+  per-chunk     shards without filtering metadata: one request per chunk, ownership
+                filter on the proxy (the behaviour before issue #17; --legacy-reps runs,
+                skipped above --max-legacy-chunks, it is slow; --legacy-reps 0: skipped).
 
     STRIPEDB_BIN=/path/to/build/stripedb /usr/bin/python3 tests/bench/chunk_bench.py \
-        [--docs 20000] [--reps 15] [--chunks 2,16,64,256,1024] [--shards 2,4]
+        [--docs 20000] [--reps 15] [--chunks 2,16,64,256,1024] [--shards 2,4] \
+        [--legacy-reps 3]
 
 Every server runs on a free loopback port in a temporary directory and is stopped at the end.
 """
@@ -69,6 +74,9 @@ def install_filtering(cl, ns, key):
 
 
 def timed(fn, reps):
+    """Median of reps runs of fn (ms), after one warm-up run; None when reps is 0."""
+    if reps <= 0:
+        return None
     fn()  # warm (routing cache, connections)
     out = []
     for _ in range(reps):
@@ -76,6 +84,25 @@ def timed(fn, reps):
         fn()
         out.append((time.perf_counter() - t0) * 1000)
     return statistics.median(out)
+
+
+def interleaved(base_fn, fn, reps):
+    """base_fn and fn run alternately (base first on even reps, second on odd ones) after
+    one warm-up each. Returns (median ms of base_fn, median ms of fn, median of the per-rep
+    ratios fn / base_fn)."""
+    base_fn()
+    fn()
+    tb, tn, ratios = [], [], []
+    for r in range(reps):
+        pair = [(base_fn, tb), (fn, tn)]
+        if r % 2:
+            pair.reverse()
+        for f, acc in pair:
+            t0 = time.perf_counter()
+            f()
+            acc.append((time.perf_counter() - t0) * 1000)
+        ratios.append(tn[-1] / tb[-1])
+    return statistics.median(tb), statistics.median(tn), statistics.median(ratios)
 
 
 def workloads(db, coll, docs):
@@ -90,6 +117,9 @@ def workloads(db, coll, docs):
     }
 
 
+NAMES = ["scatter find", "count", "aggregate", "update_many"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=int, default=20000)
@@ -99,8 +129,9 @@ def main():
     ap.add_argument("--shards", default="2,4")
     ap.add_argument("--max-legacy-chunks", type=int, default=256)
     a = ap.parse_args()
-    chunk_counts = [int(x) for x in a.chunks.split(",")]
-    rows = []
+    chunk_counts = sorted({int(x) for x in a.chunks.split(",")})
+    base = chunk_counts[0]
+    rows = []  # (nshards, nchunks, {query: (base ms, N ms, ratio, per-chunk ms or None)})
     tmp = tempfile.mkdtemp(prefix="chunk_bench_")
     try:
         for nshards in [int(x) for x in a.shards.split(",")]:
@@ -112,6 +143,7 @@ def main():
             # proxy 1 the shard mode (it first queries after the install)
             cl = ProxyCluster(st, Path(d), shards=nshards, proxies=2)
             try:
+                legacy = {}
                 for nch in chunk_counts:
                     ns_coll = f"c{nch}"
                     ns = f"db.{ns_coll}"
@@ -125,40 +157,48 @@ def main():
                          for i in range(a.docs)], ordered=False)
                     for sid in cl.shard_ids:
                         cl.shard_client(sid).db[ns_coll].create_index("g")
-                    res = {}
                     if nch <= a.max_legacy_chunks:
                         for name, fn in workloads(p0.db, ns_coll, a.docs).items():
-                            res[("per-chunk", name)] = timed(fn, a.legacy_reps)
+                            legacy[(nch, name)] = timed(fn, a.legacy_reps)
                     install_filtering(cl, ns, key)
-                    p1 = cl.proxy_client(1, socketTimeoutMS=600000)
-                    for name, fn in workloads(p1.db, ns_coll, a.docs).items():
-                        res[("shard", name)] = timed(fn, a.reps)
+                p1 = cl.proxy_client(1, socketTimeoutMS=600000)
+                wb = workloads(p1.db, f"c{base}", a.docs)
+                for nch in chunk_counts:
+                    res = {}
+                    wn = workloads(p1.db, f"c{nch}", a.docs)
+                    for name in NAMES:
+                        tb, tn, ratio = interleaved(wb[name], wn[name], a.reps)
+                        res[name] = (tb, tn, ratio, legacy.get((nch, name)))
                     rows.append((nshards, nch, res))
-                    print(nshards, nch, {f"{k[0]}/{k[1]}": round(v, 2) for k, v in res.items()},
+                    print(nshards, nch, {n: tuple(round(x, 2) if x is not None else None
+                                                  for x in v) for n, v in res.items()},
                           flush=True)
             finally:
                 cl.close()
                 st.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    names = ["scatter find", "count", "aggregate", "update_many"]
     print()
-    print("| shards | chunks | " + " | ".join(f"{n} shard / per-chunk (ms)" for n in names) + " |")
-    print("|---:|---:|" + "---:|" * len(names))
+    print(f"Shard mode, interleaved with the {base}-chunk collection, {a.reps} reps: median ms "
+          f"{base} chunks / N chunks, median ratio N/{base}; per-chunk mode median ms")
+    print()
+    print("| shards | chunks | " + " | ".join(f"{n}: ms {base} / N (ratio); per-chunk"
+                                           for n in NAMES) + " |")
+    print("|---:|---:|" + "---:|" * len(NAMES))
     for nshards, nch, res in rows:
         cells = []
-        for n in names:
-            s = res[("shard", n)]
-            lg = res.get(("per-chunk", n))
-            cells.append(f"{s:.1f} / {lg:.1f}" if lg is not None else f"{s:.1f} / -")
+        for n in NAMES:
+            tb, tn, ratio, lg = res[n]
+            lgs = f"{lg:.1f}" if lg is not None else "-"
+            cells.append(f"{tb:.2f} / {tn:.2f} (**{ratio:.2f}x**); {lgs}")
         print(f"| {nshards} | {nch} | " + " | ".join(cells) + " |")
     print()
     for nshards in sorted({r[0] for r in rows}):
         mine = {nch: res for s, nch, res in rows if s == nshards}
-        lo, hi = min(mine), max(mine)
-        ratios = ", ".join(f"{n} {mine[hi][('shard', n)] / mine[lo][('shard', n)]:.2f}x"
-                           for n in names)
-        print(f"{nshards} shards, shard mode, {hi} vs {lo} chunks: {ratios}")
+        hi = max(mine)
+        ratios = ", ".join(f"{n} {mine[hi][n][2]:.2f}x" for n in NAMES)
+        print(f"{nshards} shards, shard mode, {hi} vs {base} chunks (median of interleaved "
+              f"ratios): {ratios}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
  * libstripedb.a: see UNIT_LDADD in Makefile.am. */
 #include "../../src/proxy/exec.c"
 #include "../../src/proxy/retry.c"
+#include "../../src/proxy/shardver.c"
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1029,9 +1030,66 @@ static void test_unknown_outcome_resends_reads_only(void **state)
 	bson_destroy(ins);
 }
 
+/* Shard versions and the request bound of a fan-out read the snapshot's per-shard summary
+ * (shardver.c): chunks on a, b, a, b with tokens 1, 4, 2, 3. */
+static void test_stream_bound(void **state)
+{
+	bson_t *key = BCON_NEW("k", BCON_INT32(1));
+	bson_t *t = BCON_NEW(
+		"routingVersion", BCON_INT64(3), "chunks", "[",
+		"{", "id", BCON_INT64(1), "ns", "db.sb", "min", "{", "k", BCON_MINKEY, "}", "max",
+		"{", "k", BCON_INT32(10), "}", "shard", "a", "token", BCON_INT64(1), "}",
+		"{", "id", BCON_INT64(2), "ns", "db.sb", "min", "{", "k", BCON_INT32(10), "}", "max",
+		"{", "k", BCON_INT32(20), "}", "shard", "b", "token", BCON_INT64(4), "}",
+		"{", "id", BCON_INT64(3), "ns", "db.sb", "min", "{", "k", BCON_INT32(20), "}", "max",
+		"{", "k", BCON_INT32(30), "}", "shard", "a", "token", BCON_INT64(2), "}",
+		"{", "id", BCON_INT64(4), "ns", "db.sb", "min", "{", "k", BCON_INT32(30), "}", "max",
+		"{", "k", BCON_MAXKEY, "}", "shard", "b", "token", BCON_INT64(3), "}", "]");
+	bson_t *nometa = BCON_NEW("ok", BCON_INT32(0), "vWanted", BCON_NULL);
+	route_coll *rc = NULL;
+	char err[128];
+	bool sel[4] = {true, true, true, true}, one[4] = {false, false, true, false};
+	int64_t cver, sver;
+	px_mode_memo m1, m2;
+	ssize_t slot;
+
+	(void)state;
+	assert_int_equal(route_coll_build("db.sb", key, t, &rc, err, sizeof err), 0);
+	px_shard_version_of(rc, "a", &cver, &sver);
+	assert_int_equal(cver, 4);
+	assert_int_equal(sver, 2);
+	px_shard_version_of(rc, "b", &cver, &sver);
+	assert_int_equal(sver, 4);
+	px_shard_version_of(rc, "zz", &cver, &sver);
+	assert_int_equal(sver, 0);
+
+	/* both shards in shard mode: one request each; per chunk (a transaction): 4; one chunk
+	 * of a selected: 1 */
+	memset(&m1, 0, sizeof m1);
+	assert_int_equal(px_stream_bound(&m1, rc, sel, false), 2);
+	assert_int_equal(px_stream_bound(&m1, rc, sel, true), 4);
+	assert_int_equal(px_stream_bound(&m1, rc, one, false), 1);
+	assert_true(px_shard_mode_memo(&m1, rc, 3, &slot));
+	assert_int_equal(slot, 1);
+
+	/* b answers it has no filtering metadata: per chunk there (2) + a once (1). The memo
+	 * filled before keeps its answer (the caller's fan-out stays within its bound). */
+	assert_true(px_shard_mode_note(rc, "b", nometa));
+	memset(&m2, 0, sizeof m2);
+	assert_int_equal(px_stream_bound(&m2, rc, sel, false), 3);
+	assert_false(px_shard_mode_memo(&m2, rc, 1, &slot));
+	assert_true(px_shard_mode_memo(&m1, rc, 1, &slot));
+
+	route_coll_unref(rc);
+	bson_destroy(nometa);
+	bson_destroy(t);
+	bson_destroy(key);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_stream_bound),
 		cmocka_unit_test_setup_teardown(test_count_owned, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_resend_until_answered, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_resend_budget_spent, setup, teardown),

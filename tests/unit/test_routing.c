@@ -45,6 +45,103 @@ static ssize_t chunk_of(route_coll *c, bson_t *doc)
 	return r;
 }
 
+/* The per-shard summary built with the snapshot: shards in first-chunk order, each shard's
+ * largest token, the chunk -> shard index, the collection's largest token; and after an
+ * incremental update that moves a chunk. */
+static void test_shard_summary(void **state)
+{
+	route_coll *c = ranged_table(), *c2 = NULL;
+	route_update *u = route_update_new("db.c", false);
+	bson_t *ch = BCON_NEW("c", "{", "id", BCON_INT64(2), "ns", "db.c", "min", "{", "k",
+			      BCON_INT32(100), "}", "max", "{", "k", BCON_INT32(200), "}", "shard",
+			      "a", "token", BCON_INT64(5), "}");
+	bson_iter_t it;
+	char err[128];
+
+	(void)state;
+	assert_int_equal(c->nshards, 3);
+	assert_string_equal(c->shards[0].id, "a");
+	assert_string_equal(c->shards[1].id, "b");
+	assert_string_equal(c->shards[2].id, "c");
+	assert_int_equal(c->shards[1].version, 3);
+	assert_int_equal(c->shards[1].first, 1);
+	assert_int_equal(c->shards[1].nchunks, 1);
+	assert_int_equal(c->shard_of[2], 2);
+	assert_int_equal(c->max_token, 3);
+	assert_ptr_equal(route_shard_find(c, "b"), &c->shards[1]);
+	assert_null(route_shard_find(c, "zz"));
+
+	/* chunk 2 moves to a with token 5: a owns chunks 0 and 1, b none */
+	assert_true(bson_iter_init_find(&it, ch, "c"));
+	assert_int_equal(route_update_chunk(u, &it, err, sizeof err), 0);
+	assert_int_equal(route_update_apply(u, c, 8, &c2, err, sizeof err), 0);
+	assert_int_equal(c2->nshards, 2);
+	assert_string_equal(c2->shards[0].id, "a");
+	assert_int_equal(c2->shards[0].nchunks, 2);
+	assert_int_equal(c2->shards[0].version, 5);
+	assert_int_equal(c2->shard_of[1], 0);
+	assert_int_equal(c2->shard_of[2], 1);
+	assert_int_equal(c2->max_token, 5);
+	assert_null(route_shard_find(c2, "b"));
+	route_coll_unref(c2);
+	route_update_free(u);
+	bson_destroy(ch);
+	route_coll_unref(c);
+}
+
+/* 300 chunks placed round-robin on 100 shards (past the summary's first hash table size):
+ * every chunk's shard index, each shard's first chunk, count and largest token. */
+static void test_shard_summary_many(void **state)
+{
+	bson_t table = BSON_INITIALIZER, arr, ch, b;
+	bson_t *key = BCON_NEW("k", BCON_INT32(1));
+	route_coll *c = NULL;
+	char err[128], k[16], shard[16];
+
+	(void)state;
+	BSON_APPEND_ARRAY_BEGIN(&table, "chunks", &arr);
+	for (int i = 0; i < 300; i++) {
+		snprintf(k, sizeof k, "%d", i);
+		snprintf(shard, sizeof shard, "s%d", i % 100);
+		BSON_APPEND_DOCUMENT_BEGIN(&arr, k, &ch);
+		BSON_APPEND_INT64(&ch, "id", i + 1);
+		BSON_APPEND_UTF8(&ch, "ns", "db.m");
+		BSON_APPEND_DOCUMENT_BEGIN(&ch, "min", &b);
+		if (i == 0)
+			BSON_APPEND_MINKEY(&b, "k");
+		else
+			BSON_APPEND_INT32(&b, "k", i);
+		bson_append_document_end(&ch, &b);
+		BSON_APPEND_DOCUMENT_BEGIN(&ch, "max", &b);
+		if (i == 299)
+			BSON_APPEND_MAXKEY(&b, "k");
+		else
+			BSON_APPEND_INT32(&b, "k", i + 1);
+		bson_append_document_end(&ch, &b);
+		BSON_APPEND_UTF8(&ch, "shard", shard);
+		BSON_APPEND_INT64(&ch, "token", i);
+		bson_append_document_end(&arr, &ch);
+	}
+	bson_append_array_end(&table, &arr);
+	assert_int_equal(route_coll_build("db.m", key, &table, &c, err, sizeof err), 0);
+	assert_int_equal(c->nshards, 100);
+	assert_int_equal(c->max_token, 299);
+	for (int i = 0; i < 300; i++)
+		assert_int_equal(c->shard_of[i], i % 100);
+	for (int s = 0; s < 100; s++) {
+		snprintf(shard, sizeof shard, "s%d", s);
+		const route_shard *rs = route_shard_find(c, shard);
+		assert_non_null(rs);
+		assert_string_equal(rs->id, shard);
+		assert_int_equal(rs->first, s);
+		assert_int_equal(rs->nchunks, 3);
+		assert_int_equal(rs->version, 200 + s);
+	}
+	route_coll_unref(c);
+	bson_destroy(&table);
+	bson_destroy(key);
+}
+
 static void test_build_and_lookup(void **state)
 {
 	route_coll *c = ranged_table();
@@ -292,6 +389,8 @@ int main(void)
 		cmocka_unit_test(test_targeting),        cmocka_unit_test(test_hashed),
 		cmocka_unit_test(test_compound),         cmocka_unit_test(test_update_key),
 		cmocka_unit_test(test_cache),
+		cmocka_unit_test(test_shard_summary),
+		cmocka_unit_test(test_shard_summary_many),
 		cmocka_unit_test(test_static_paths_conflict),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
