@@ -21,5 +21,5 @@ TESTS += tests/unit/test_coordinator_hashes
 EXTRA_DIST += tests/integration/test_migration.py tests/integration/test_migration_faults.py \
 	tests/integration/migration_helpers.py tests/integration/checker.py \
 	tests/bench/migration_bench.py tests/integration/test_retryable_migration.py \
-	tests/integration/test_migration_chunk_range.py \
+	tests/integration/test_migration_chunk_range.py tests/integration/test_migration_verify.py \
 	src/coordinator/README.md
