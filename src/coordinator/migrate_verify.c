@@ -136,30 +136,67 @@ static int on_oplog_entry(mig *m, const bson_t *e, void *arg)
 	return 0;
 }
 
-/* The source shard's oplog entries of m->ns (and commands of m->db) with ts in
- * (after, upto], into a (see oplog_acc). Errors: as cursor_each. */
-static int read_oplog(mig *m, uint64_t after, uint64_t upto, oplog_acc *a)
+/* Oplog entries per find: bounds what the shard holds in memory for one reply (its
+ * non-tailable oplog find materializes its matches) and what it scans per command. */
+#define OPLOG_PAGE 10000
+
+/* One page of an oplog read: the accumulator, the last entry's ts and the entries. */
+typedef struct oplog_page {
+	oplog_acc *a;
+	uint64_t last;
+	int64_t n;
+} oplog_page;
+
+static int last_ts_fn(mig *m, const bson_t *e, void *arg)
 {
-	bson_t cmd = BSON_INITIALIZER, f, r, in;
+	oplog_page *pg = arg;
+	pg->n++;
+	pg->last = mig_it_ts(e, "ts");
+	return on_oplog_entry(m, e, pg->a);
+}
+
+/* The source shard's oplog entries of m->ns (and commands of m->db) with ts in
+ * (after, upto], into a (see oplog_acc), OPLOG_PAGE entries a find. Stops early (setting
+ * a->unsupported) when more distinct _ids changed than `most` (0: no limit): reading the
+ * chunk again is then no dearer. Errors: as cursor_each. */
+static int read_oplog(mig *m, uint64_t after, uint64_t upto, oplog_acc *a, size_t most)
+{
 	char cmdns[160];
 	snprintf(cmdns, sizeof cmdns, "%s.$cmd", m->db);
-	BSON_APPEND_UTF8(&cmd, "find", "oplog.rs");
-	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "filter", &f);
-	BSON_APPEND_DOCUMENT_BEGIN(&f, "ts", &r);
-	BSON_APPEND_TIMESTAMP(&r, "$gt", (uint32_t)(after >> 32), (uint32_t)after);
-	BSON_APPEND_TIMESTAMP(&r, "$lte", (uint32_t)(upto >> 32), (uint32_t)upto);
-	bson_append_document_end(&f, &r);
-	BSON_APPEND_DOCUMENT_BEGIN(&f, "ns", &r);
-	BSON_APPEND_ARRAY_BEGIN(&r, "$in", &in);
-	BSON_APPEND_UTF8(&in, "0", m->ns);
-	BSON_APPEND_UTF8(&in, "1", cmdns);
-	bson_append_array_end(&r, &in);
-	bson_append_document_end(&f, &r);
-	bson_append_document_end(&cmd, &f);
-	BSON_APPEND_INT32(&cmd, "batchSize", 1000);
-	int rc = cursor_each(m, m->sc, "local", &cmd, NULL, on_oplog_entry, a);
-	bson_destroy(&cmd);
-	return rc;
+	for (;;) {
+		bson_t cmd = BSON_INITIALIZER, f, r, in;
+		BSON_APPEND_UTF8(&cmd, "find", "oplog.rs");
+		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "filter", &f);
+		BSON_APPEND_DOCUMENT_BEGIN(&f, "ts", &r);
+		BSON_APPEND_TIMESTAMP(&r, "$gt", (uint32_t)(after >> 32), (uint32_t)after);
+		BSON_APPEND_TIMESTAMP(&r, "$lte", (uint32_t)(upto >> 32), (uint32_t)upto);
+		bson_append_document_end(&f, &r);
+		BSON_APPEND_DOCUMENT_BEGIN(&f, "ns", &r);
+		BSON_APPEND_ARRAY_BEGIN(&r, "$in", &in);
+		BSON_APPEND_UTF8(&in, "0", m->ns);
+		BSON_APPEND_UTF8(&in, "1", cmdns);
+		bson_append_array_end(&r, &in);
+		bson_append_document_end(&f, &r);
+		bson_append_document_end(&cmd, &f);
+		BSON_APPEND_INT32(&cmd, "limit", OPLOG_PAGE);
+		BSON_APPEND_INT32(&cmd, "batchSize", 1000);
+		oplog_page pg = {.a = a};
+		int rc = cursor_each(m, m->sc, "local", &cmd, NULL, last_ts_fn, &pg);
+		bson_destroy(&cmd);
+		if (rc || a->unsupported)
+			return rc;
+		if (most && a->ch->n > most) {
+			mig_hashes_sort_unique(a->ch);
+			if (a->ch->n > most) {
+				a->unsupported = true;
+				return 0;
+			}
+		}
+		if (pg.n < OPLOG_PAGE || pg.last <= after)
+			return 0;
+		after = pg.last;
+		mig_keepalive(m);
+	}
 }
 
 static int oldest_fn(mig *m, const bson_t *e, void *arg)
@@ -253,7 +290,7 @@ static int source_from_import(mig *m, mig_hashes *out, uint64_t *at, bool *usabl
 	if (head < t)
 		head = t;
 	oplog_acc a = {.ch = &ch};
-	if (head > t && (rc = read_oplog(m, t, head, &a)) != 0)
+	if (head > t && (rc = read_oplog(m, t, head, &a, m->imp.n)) != 0)
 		goto out;
 	/* the oplog is trimmed from its oldest end: if its oldest entry is still at or before
 	 * T after the read, the read saw every entry after T */
@@ -282,7 +319,7 @@ static int source_from_import(mig *m, mig_hashes *out, uint64_t *at, bool *usabl
 	int64_t post = 0;
 	if (p > head) {
 		oplog_acc b = {.ch = &tail, .with_images = true};
-		if ((rc = read_oplog(m, head, p, &b)) != 0)
+		if ((rc = read_oplog(m, head, p, &b, 0)) != 0)
 			goto out;
 		m->verify_oplog += b.entries;
 		if (b.unsupported)
