@@ -76,6 +76,7 @@ static int cursor_each(mig *m, mongoc_client_t *c, const char *db, const bson_t 
 	const bson_t *doc;
 	while (rc == 0 && mongoc_cursor_next(cs, &doc)) {
 		rc = fn(m, doc, arg);
+		mig_keepalive(m); /* renews mig/<id> when a third of its ttl passed */
 		if (rc == 0 && mig_stopping(m))
 			rc = sdb_errf(m->err, sizeof m->err, SDB_ECANCELED, "stopping");
 	}

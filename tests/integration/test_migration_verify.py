@@ -119,3 +119,39 @@ def test_writes_during_the_migration_verify_equal(start_role, tmp_path):
         assert len(pre) == 300 and all(pre[i]["k"] == i for i in range(300))
     finally:
         cl.close()
+
+
+@pytest.mark.parametrize("changed", [10500, 12000])
+def test_many_changes(start_role, tmp_path, changed):
+    """10,500 of the chunk's 12,000 documents updated after the import: more oplog entries
+    than one page of the verification's oplog read (10,000), all read by _id on the source
+    and equal on the target. All 12,000 updated: reading the chunk again is no dearer, the
+    verification falls back to it (mode "full")."""
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        cl.shard_collection(NS, {"k": 1}, split_points=[{"k": 0}, {"k": 12000}],
+                            shards=["shard-a"])
+        coll = cl.proxy_client()["app"]["c"]
+        coll.create_index("k")
+        for s in range(0, 12000, 4000):
+            coll.insert_many([{"_id": i, "k": i, "v": 0} for i in range(s, s + 4000)])
+        (chunk,) = [c for c in cl.chunks(NS) if c["min"] == {"k": 0}]
+        mid = f"mig-many-{changed}"
+        _paused_migration(cl, chunk, mid)
+        r = coll.update_many({"k": {"$lt": changed}}, {"$set": {"v": 1}})
+        assert r.modified_count == changed
+        _resume(cl, mid)
+        m = cl.wait_migration(mid, timeout=180)
+        assert m["state"] == "complete", m
+        st = m["stats"]
+        assert st["verify"] == {"count": 12000, "missing": 0, "extra": 0, "different": 0}
+        vs = st["verifySource"]
+        if changed < 12000:
+            assert vs == {"mode": "imported", "oplogEntries": changed, "changed": changed,
+                          "read": changed, "postImages": 0}, vs
+        else:
+            assert vs["mode"] == "full" and vs["read"] == 12000, vs
+        tgt = cl.shard_client("shard-b")["app"]["c"]
+        assert tgt.count_documents({"v": 1}) == changed
+    finally:
+        cl.close()
