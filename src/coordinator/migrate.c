@@ -52,6 +52,7 @@ static void mig_free(mig *m)
 		mongoc_client_destroy(m->dc);
 	if (m->meta)
 		mongoc_client_destroy(m->meta);
+	mig_hashes_free(&m->imp);
 	free(m->src_uri);
 	free(m->dst_uri);
 	free(m);

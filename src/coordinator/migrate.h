@@ -39,11 +39,22 @@
  *                already imported) writes only the records of the chunk's statements.
  *                The position is checkpointed at most every second. Keeps retrying while the target is
  *                down. When an empty poll shows it caught up -> verifying.
- *   verifying    a snapshot of the source at position P; the replicator applies up to P
+ *   verifying    the source's content at a position P; the replicator applies up to P
  *                exactly; the target is read; both sides are compared as (_id, XXH64 of
  *                the document's bytes) in _id order (MongoDB's order, storage/bsonval.h):
  *                missing, extra and different _ids are listed in stats.verify. A
- *                difference -> aborted with the reason; equal -> switching.
+ *                difference -> aborted with the reason; equal -> switching. The source's
+ *                side (issue #17, migrate_verify.c): the (_id, hash) list the import kept
+ *                in memory (snapshot at T), with every _id that the source shard's own
+ *                oplog (local.oplog.rs, not the CDC log) shows written in the namespace in
+ *                (T, head] replaced by its state read from a snapshot of the source by _id
+ *                (P = that snapshot's position; an _id written between head and P takes
+ *                its last oplog entry's post-image): the chunk is not read again. The
+ *                whole chunk is read from a snapshot at P instead (mode "full") for a
+ *                hashed key, after a coordinator restart (the list is gone), past 4M
+ *                documents, when the oplog was trimmed past T, on a command entry of the
+ *                database in the oplog, or when as many _ids changed as were imported.
+ *                stats.verifySource: {mode, oplogEntries, changed, read, postImages}.
  *   switching    only when caught up: the source's token of the chunk is bumped
  *                (stripedbSetVersion N -> N+1: from then on the source refuses every
  *                request with token N), the source's oplog head P after the bump is read,
@@ -90,7 +101,8 @@
  *                hashed (the chunk's range, fixed at registration)}
  *   stats       {imported, importBytes, importMS, importThrottledMS, applied, skipped, reverseApplied,
  *                deleted, lagMS, caughtUp, paused, switchAttempts, pausesMS [..], pauseMS,
- *                verify {count, missing, extra, different}, error}
+ *                verify {count, missing, extra, different}, verifySource {mode
+ *                "imported"|"full", oplogEntries, changed, read, postImages}, error}
  *
  * Pause/resume: replication (and so verification and the switch) waits while the lease
  * mig-pause/<id> is held (`stripedb ctl migration pause|resume ID`).

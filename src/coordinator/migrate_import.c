@@ -48,6 +48,15 @@ static int add_insert(mig *m, const bson_t *doc, void *arg)
 		return rc;
 	if (m->imported > 0)
 		mig_crash_point("mid", "import");
+	/* the verification's view of the snapshot (hashed keys are verified by a full read) */
+	if (!m->imp_over && !m->rc->hashed) {
+		if (m->imp.n >= IMPORT_HASHES_MAX) {
+			m->imp_over = true;
+			mig_hashes_free(&m->imp);
+		} else {
+			mig_hashes_add_doc(&m->imp, doc);
+		}
+	}
 	char k[16];
 	snprintf(k, sizeof k, "%u", b->n++);
 	BSON_APPEND_DOCUMENT(&b->arr, k, doc);
@@ -257,6 +266,9 @@ int mig_step_import(mig *m)
 	if ((rc = mig_delete_chunk(m, m->dc)) != 0)
 		return rc;
 	m->imported = m->import_bytes = 0;
+	mig_hashes_free(&m->imp);
+	m->imp_ts = 0;
+	m->imp_over = false;
 	ins_batch b = {.n = 0};
 	bson_init(&b.arr);
 	bson_t sort = BSON_INITIALIZER;
@@ -277,6 +289,10 @@ int mig_step_import(mig *m)
 	if (rc)
 		return rc;
 	m->import_ts = at;
+	if (!m->imp_over && !m->rc->hashed) {
+		mig_hashes_sort_unique(&m->imp);
+		m->imp_ts = at;
+	}
 	bool complete = true;
 	uint64_t start = session_history_start(m, at, &complete);
 	if (!complete && (rc = mark_unknown_sessions(m)) != 0)

@@ -35,6 +35,7 @@
 #include "cdc/reader.h"
 #include "common/metrics.h"
 #include "coordinator/migrate.h"
+#include "coordinator/migrate_hashes.h"
 #include "coordinator/migrate_sess.h"
 #include "routing/route.h"
 
@@ -45,6 +46,9 @@
 #define IMPORT_BATCH_DOCS 1000
 #define CHECKPOINT_EVERY_MS 1000
 #define MAX_LISTED_DIFFS 20
+/* most (_id, hash) entries the import keeps for the verification (about 40 bytes each plus
+ * long _ids: 4M entries, ~160 MB); a larger chunk is verified by reading it again */
+#define IMPORT_HASHES_MAX (4u << 20)
 
 typedef struct mig_job {
 	char *id;
@@ -137,6 +141,17 @@ typedef struct mig {
 	int npauses;
 	int64_t last_pause_ms;
 	int64_t verify_count, verify_missing, verify_extra, verify_different;
+	/* stats.verifySource: how the source side of the verification was obtained: mode
+	 * "imported" (import hashes + the source's oplog) or "full" (the chunk read again),
+	 * oplog entries read, changed _ids, documents read on the source, post-images used */
+	char verify_mode[16];
+	int64_t verify_oplog, verify_changed, verify_read, verify_post;
+	/* the import's (_id, hash) of every document it loaded, sorted by _id (migrate_import.c,
+	 * kept in memory only: gone after a coordinator restart); usable by the verification
+	 * when imp_ts == import_ts and !imp_over (more than IMPORT_HASHES_MAX documents) */
+	mig_hashes imp;
+	uint64_t imp_ts;
+	bool imp_over;
 	char error[1024];
 	/* work */
 	mongoc_client_t *sc, *dc;

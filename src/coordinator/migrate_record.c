@@ -248,6 +248,15 @@ static void build_stats(mig *m, bson_t *st)
 	BSON_APPEND_INT64(&v, "extra", m->verify_extra);
 	BSON_APPEND_INT64(&v, "different", m->verify_different);
 	bson_append_document_end(st, &v);
+	if (m->verify_mode[0]) {
+		BSON_APPEND_DOCUMENT_BEGIN(st, "verifySource", &v);
+		BSON_APPEND_UTF8(&v, "mode", m->verify_mode);
+		BSON_APPEND_INT64(&v, "oplogEntries", m->verify_oplog);
+		BSON_APPEND_INT64(&v, "changed", m->verify_changed);
+		BSON_APPEND_INT64(&v, "read", m->verify_read);
+		BSON_APPEND_INT64(&v, "postImages", m->verify_post);
+		bson_append_document_end(st, &v);
+	}
 	if (m->error[0])
 		BSON_APPEND_UTF8(st, "error", m->error);
 }
@@ -382,6 +391,13 @@ int mig_load(mig *m)
 			m->verify_missing = mig_it_int(&v, "missing", 0);
 			m->verify_extra = mig_it_int(&v, "extra", 0);
 			m->verify_different = mig_it_int(&v, "different", 0);
+		}
+		if (mig_it_doc(&st, "verifySource", &v)) {
+			mig_it_str(&v, "mode", m->verify_mode, sizeof m->verify_mode);
+			m->verify_oplog = mig_it_int(&v, "oplogEntries", 0);
+			m->verify_changed = mig_it_int(&v, "changed", 0);
+			m->verify_read = mig_it_int(&v, "read", 0);
+			m->verify_post = mig_it_int(&v, "postImages", 0);
 		}
 	}
 	bson_destroy(&reply);

@@ -24,7 +24,11 @@ ports (tmp dir), then measures:
       the source (the shard's stripedb_shard_docs_examined_total / _returned_total, read
       from /metrics around each migration), the migration's wall time (ctl migrate to
       complete, grace 0) and its importMS, and the ratios big / small (medians of
-      --chunk-reps moves of each, alternating, the chunk going back and forth).
+      --chunk-reps moves of each, alternating, the chunk going back and forth); the
+      verification's source side (stats.verifySource: oplog entries read, changed _ids,
+      documents read by _id). --chunk-writes W: W documents of the chunk updated through
+      the proxy after each import's snapshot (replication paused meanwhile), changes the
+      verification has to read.
 --parts selects the measurements (default import,repl,pause,chunk).
 Prints one key=value line per measurement.
 """
@@ -61,6 +65,7 @@ def main():
     ap.add_argument("--chunk-docs", type=int, default=100000)
     ap.add_argument("--chunk-fraction", type=float, default=0.01)
     ap.add_argument("--chunk-reps", type=int, default=3)
+    ap.add_argument("--chunk-writes", type=int, default=0)
     ap.add_argument("--parts", default="import,repl,pause,chunk")
     a = ap.parse_args()
     parts = set(a.parts.split(","))
@@ -189,17 +194,41 @@ def shard_counters(cl, sid):
     return out
 
 
-def timed_migration(cl, ns, chunk_id):
+MIG_SEQ = [0]
+
+
+def timed_migration(cl, ns, chunk_id, writes=None):
     """Move the chunk to the other shard: (wall seconds, migration record, documents
-    examined and returned on the source)."""
+    examined and returned on the source). With writes (a function of the source shard's
+    id), the migration's replication is paused (the lease `ctl migration pause` takes)
+    until the import's snapshot is taken, writes() runs (through the proxy: after the
+    snapshot, so they are changes the verification must read), then it is resumed; what
+    the writes' own queries examined on the source is left out of the counts, and so is
+    the paused time (wall)."""
     (chunk,) = [c for c in cl.chunks(ns) if c["id"] == chunk_id]
     src = chunk["shard"]
     dst = "shard-b" if src == "shard-a" else "shard-a"
+    MIG_SEQ[0] += 1
+    mid = f"bench-{MIG_SEQ[0]}"
+    pause = f"mig-pause/{mid}"
+    if writes:
+        cl.meta_write({"acquireLease": pause, "holder": "bench", "ttlMS": 600000})
     before = shard_counters(cl, src)
     t0 = time.monotonic()
-    mid = cl.migrate(ns, chunk_id, dst, "--grace-ms=0")
+    assert cl.migrate(ns, chunk_id, dst, "--grace-ms=0", f"--id={mid}") == mid
+    paused = 0.0
+    if writes:
+        cl.wait_migration(mid, {"replicating"}, timeout=1800)
+        p0 = time.monotonic()
+        w0 = shard_counters(cl, src)
+        writes(src)
+        w1 = shard_counters(cl, src)
+        for k in before:
+            before[k] += w1[k] - w0[k]
+        cl.meta_write({"releaseLease": pause, "holder": "bench"})
+        paused = time.monotonic() - p0
     m = cl.wait_migration(mid, timeout=1800)
-    dt = time.monotonic() - t0
+    dt = time.monotonic() - t0 - paused
     assert m["state"] == "complete", m
     after = shard_counters(cl, src)
     ex = after["stripedb_shard_docs_examined_total"] - before["stripedb_shard_docs_examined_total"]
@@ -236,14 +265,35 @@ def chunk_bench(cl, a, pad):
     # times each (the chunk moves back and forth); medians
     for rep in range(a.chunk_reps):
         for name, ns, ch in (("small", small, cs), ("big", big, cb)):
-            dt, m, ex, rt = timed_migration(cl, ns, ch["id"])
+            writes = None
+            if a.chunk_writes:
+                coll = db[ns.split(".", 1)[1]]
+
+                def writes(_src, coll=coll, rep=rep):
+                    # --chunk-writes documents of the chunk updated one by one (one
+                    # oplog entry each), spread over the chunk
+                    step = max(1, c_n // a.chunk_writes)
+                    for k in range(lo, lo + c_n, step)[:a.chunk_writes]:
+                        coll.update_one({"_id": k, "k": k}, {"$set": {"w": rep}})
+            dt, m, ex, rt = timed_migration(cl, ns, ch["id"], writes)
             st = m["stats"]
             assert st["imported"] == c_n, st
+            vs = st.get("verifySource", {})
             res[name].append((dt, st["importMS"], ex, rt))
+            # per read: the import read the chunk (imported), the verification read
+            # vs["read"] documents by _id, the cleanup deleted the chunk (deleted); the
+            # shard's counter gives the total (the oplog read is not a planner query: it is
+            # not in the counter, its entries are reported apart)
             print(f"chunk_{name}_rep={rep} chunk_{name}_collection_docs="
                   f"{n if name == 'big' else c_n} chunk_{name}_moved={st['imported']} "
                   f"chunk_{name}_wall_s={dt:.2f} chunk_{name}_import_ms={st['importMS']} "
-                  f"chunk_{name}_source_examined={ex} chunk_{name}_source_returned={rt}",
+                  f"chunk_{name}_source_examined={ex} chunk_{name}_source_returned={rt} "
+                  f"chunk_{name}_verify_mode={vs.get('mode')} "
+                  f"chunk_{name}_verify_oplog_entries={vs.get('oplogEntries')} "
+                  f"chunk_{name}_verify_changed={vs.get('changed')} "
+                  f"chunk_{name}_verify_read={vs.get('read')} "
+                  f"chunk_{name}_verify_post_images={vs.get('postImages')} "
+                  f"chunk_{name}_deleted={st['deleted']}",
                   flush=True)
     for name in res:
         res[name] = tuple(sorted(r[i] for r in res[name])[len(res[name]) // 2]
