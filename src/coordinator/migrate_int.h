@@ -237,6 +237,14 @@ typedef int (*doc_fn)(mig *m, const bson_t *doc, void *arg);
  * the non-zero value fn returned. */
 int mig_scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson_t *proj,
 		   uint64_t *at, doc_fn fn, void *arg);
+/* Run cmd (a find-shaped command answering a cursor: find, stripedbSnapshot) in database
+ * db of shard client c on one selected server, and open its cursor there (getMores pinned
+ * to that server) into *out (the caller destroys it). With at: *at = the reply's
+ * cursor.atOplogTs (stripedbSnapshot), 0 when absent. what names the step in m->err.
+ * Errors: SDB_EUNAVAILABLE (no server, or the command failed: m->code = the server's
+ * code, -1 for a network error). */
+int mig_cursor_open(mig *m, mongoc_client_t *c, const char *db, const bson_t *cmd,
+		    uint64_t *at, const char *what, mongoc_cursor_t **out);
 
 /* ------------------------------------------------------------ migrate_cleanup.c */
 

@@ -128,13 +128,46 @@ int mig_oplog_head(mig *m, mongoc_client_t *c, uint64_t *ts)
 
 /* ------------------------------------------------------------ copying documents */
 
+int mig_cursor_open(mig *m, mongoc_client_t *c, const char *db, const bson_t *cmd,
+		    uint64_t *at, const char *what, mongoc_cursor_t **out)
+{
+	bson_t reply, cur;
+	bson_error_t e;
+	mongoc_server_description_t *sd = mongoc_client_select_server(c, false, NULL, &e);
+
+	*out = NULL;
+	if (!sd)
+		return sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "%s: %s", what, e.message);
+	uint32_t server_id = mongoc_server_description_id(sd);
+	mongoc_server_description_destroy(sd);
+	m->code = 0;
+	if (!mongoc_client_command_simple_with_server_id(c, db, cmd, NULL, server_id, &reply,
+							 &e)) {
+		m->code = e.domain == MONGOC_ERROR_SERVER ? (int)e.code : -1;
+		bson_destroy(&reply);
+		return sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "%s: %s", what, e.message);
+	}
+	if (at) {
+		*at = 0;
+		if (mig_it_doc(&reply, "cursor", &cur))
+			*at = mig_it_ts(&cur, "atOplogTs");
+	}
+	bson_t copts = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&copts, "serverId", (int32_t)server_id);
+	/* takes ownership of reply */
+	*out = mongoc_cursor_new_from_command_reply_with_opts(c, &reply, &copts);
+	bson_destroy(&copts);
+	return 0;
+}
+
 /* Iterate the documents of the chunk in collection coll on client c: a snapshot
  * (stripedbSnapshot, *at = atOplogTs) when at != NULL, else a plain find; sorted by sort
  * (or none). Only documents of the chunk reach fn. */
 int mig_scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson_t *proj,
 		      uint64_t *at, doc_fn fn, void *arg)
 {
-	bson_t cmd = BSON_INITIALIZER, reply, cur;
+	bson_t cmd = BSON_INITIALIZER;
+	bson_error_t e;
 	int rc = 0;
 	if (at) {
 		BSON_APPEND_UTF8(&cmd, "stripedbSnapshot", m->coll);
@@ -157,35 +190,11 @@ int mig_scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson_t 
 	if (proj)
 		BSON_APPEND_DOCUMENT(&cmd, "projection", proj);
 	BSON_APPEND_INT32(&cmd, "batchSize", 1000);
-	/* pin the command and its getMores to one selected server (serverId) */
-	bson_error_t e;
-	mongoc_server_description_t *sd = mongoc_client_select_server(c, false, NULL, &e);
-	if (!sd) {
-		bson_destroy(&cmd);
-		return sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "scan: %s", e.message);
-	}
-	uint32_t server_id = mongoc_server_description_id(sd);
-	mongoc_server_description_destroy(sd);
-	m->code = 0;
-	if (!mongoc_client_command_simple_with_server_id(c, m->db, &cmd, NULL, server_id, &reply,
-							 &e)) {
-		m->code = e.domain == MONGOC_ERROR_SERVER ? (int)e.code : -1;
-		rc = sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "scan: %s", e.message);
-		bson_destroy(&reply);
-	}
+	mongoc_cursor_t *cs;
+	rc = mig_cursor_open(m, c, m->db, &cmd, at, "scan", &cs);
 	bson_destroy(&cmd);
 	if (rc)
 		return rc;
-	if (at) {
-		*at = 0;
-		if (mig_it_doc(&reply, "cursor", &cur))
-			*at = mig_it_ts(&cur, "atOplogTs");
-	}
-	/* takes ownership of reply */
-	bson_t copts = BSON_INITIALIZER;
-	BSON_APPEND_INT32(&copts, "serverId", (int32_t)server_id);
-	mongoc_cursor_t *cs = mongoc_cursor_new_from_command_reply_with_opts(c, &reply, &copts);
-	bson_destroy(&copts);
 	const bson_t *doc;
 	int64_t t_next = (int64_t)sdb_mono_us();
 	while (rc == 0 && mongoc_cursor_next(cs, &doc)) {

@@ -48,31 +48,11 @@ static void describe_id(const bson_value_t *v, char *out, size_t n)
 static int cursor_each(mig *m, mongoc_client_t *c, const char *db, const bson_t *cmd,
 		       uint64_t *at, doc_fn fn, void *arg)
 {
-	bson_t reply, cur;
 	bson_error_t e;
-	int rc = 0;
-	mongoc_server_description_t *sd = mongoc_client_select_server(c, false, NULL, &e);
-	if (!sd)
-		return sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "verify: %s", e.message);
-	uint32_t server_id = mongoc_server_description_id(sd);
-	mongoc_server_description_destroy(sd);
-	m->code = 0;
-	if (!mongoc_client_command_simple_with_server_id(c, db, cmd, NULL, server_id, &reply,
-							 &e)) {
-		m->code = e.domain == MONGOC_ERROR_SERVER ? (int)e.code : -1;
-		bson_destroy(&reply);
-		return sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "verify: %s", e.message);
-	}
-	if (at) {
-		*at = 0;
-		if (mig_it_doc(&reply, "cursor", &cur))
-			*at = mig_it_ts(&cur, "atOplogTs");
-	}
-	bson_t copts = BSON_INITIALIZER;
-	BSON_APPEND_INT32(&copts, "serverId", (int32_t)server_id);
-	/* takes ownership of reply */
-	mongoc_cursor_t *cs = mongoc_cursor_new_from_command_reply_with_opts(c, &reply, &copts);
-	bson_destroy(&copts);
+	mongoc_cursor_t *cs;
+	int rc = mig_cursor_open(m, c, db, cmd, at, "verify", &cs);
+	if (rc)
+		return rc;
 	const bson_t *doc;
 	while (rc == 0 && mongoc_cursor_next(cs, &doc)) {
 		rc = fn(m, doc, arg);

@@ -185,7 +185,8 @@ def key_cmp(a, b):
     return (ra > rb) - (ra < rb)
 
 
-def _tuple_cmp(a, b):
+def tuple_cmp(a, b):
+    """Compare two shard-key tuples field by field in MongoDB's order (key_cmp)."""
     for x, y in zip(a, b):
         c = key_cmp(x, y)
         if c:
@@ -203,7 +204,7 @@ def in_range(doc, chunk):
             v = v.get(part) if isinstance(v, dict) else None
         key.append(v)
     lo, hi = list(chunk["min"].values()), list(chunk["max"].values())
-    return _tuple_cmp(lo, key) <= 0 and _tuple_cmp(key, hi) < 0
+    return tuple_cmp(lo, key) <= 0 and tuple_cmp(key, hi) < 0
 
 
 class Workload:

@@ -11,7 +11,7 @@ from bson.min_key import MinKey
 from pymongo.errors import OperationFailure
 
 from conftest import free_port, http_get
-from migration_helpers import MigCluster, key_cmp
+from migration_helpers import MigCluster, key_cmp, tuple_cmp as _tuple_cmp
 
 
 def _metrics(port):
@@ -31,14 +31,6 @@ def _key_of(doc, fields):
         v = doc.get(f)
         out.append(v)
     return out
-
-
-def _tuple_cmp(a, b):
-    for x, y in zip(a, b):
-        c = key_cmp(x, y)
-        if c:
-            return c
-    return 0
 
 
 def _expected(docs, fields, lo, hi):
