@@ -1,7 +1,7 @@
 /* `stripedb ctl` subcommands of the Data Movement Platform (issue #8, DESIGN.md §3a, §6):
  *
  *   migrate DB.COLL --chunk ID --to SHARD [--wait] [--dry-run] [--max-pause-ms=N]
- *           [--grace-ms=N] [--import-order=index|arrival] [--id=ID]
+ *           [--grace-ms=N] [--import-order=index|arrival|id] [--id=ID]
  *       register a migration of one chunk (the coordinators run it); --dry-run prints the
  *       plan; --wait follows it to a terminal state (exit 0 on complete, 1 otherwise).
  *   migrate DB.COLL --chunks A,B,C --to SHARD [options as above]
@@ -33,6 +33,7 @@
  */
 #include <inttypes.h>
 #include <mongoc/mongoc.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -303,6 +304,13 @@ int cmig_wait_all(struct cli_ctx *ctx, mongoc_client_t *c, char ids[][128], size
 	return failed;
 }
 
+/* Whether an --import-order value is one the coordinator knows (NULL: not given). */
+static bool order_ok(const char *order)
+{
+	return !order || strcmp(order, "index") == 0 || strcmp(order, "arrival") == 0 ||
+	       strcmp(order, "id") == 0;
+}
+
 static int parse_common(const char *a, mig_opts *o)
 {
 	if (strcmp(a, "--wait") == 0)
@@ -373,21 +381,21 @@ int cli_migrate_main(struct cli_ctx *ctx, int argc, char **argv)
 	if (plan || chunks_s || filter) {
 		if (chunk_s || (!!plan + !!chunks_s + !!filter) != 1 || (plan && (ns || to)) ||
 		    (!plan && (!ns || !strchr(ns, '.') || !to)) || o.id ||
-		    (o.order && strcmp(o.order, "index") && strcmp(o.order, "arrival"))) {
+		    !order_ok(o.order)) {
 			fprintf(stderr, "stripedb ctl migrate: usage: migrate --plan FILE|- | migrate "
 					"DB.COLL --chunks A,B,C --to SHARD | migrate DB.COLL --filter "
 					"JSON --to SHARD [--wait] [--dry-run] [--max-pause-ms=N] "
-					"[--grace-ms=N] [--import-order=index|arrival]\n");
+					"[--grace-ms=N] [--import-order=index|arrival|id]\n");
 			return 2;
 		}
 		return cli_migrate_plan(ctx, ns, to, plan, chunks_s, filter, &o);
 	}
 	int64_t chunk = chunk_s ? atoll(chunk_s) : 0;
 	if (!ns || !strchr(ns, '.') || chunk <= 0 || !to ||
-	    (o.order && strcmp(o.order, "index") && strcmp(o.order, "arrival"))) {
+	    !order_ok(o.order)) {
 		fprintf(stderr, "stripedb ctl migrate: usage: migrate DB.COLL --chunk ID --to SHARD "
 				"[--wait] [--dry-run] [--max-pause-ms=N] [--grace-ms=N] "
-				"[--import-order=index|arrival]\n");
+				"[--import-order=index|arrival|id]\n");
 		return 2;
 	}
 	mongoc_client_t *c = cli_meta_client(ctx);

@@ -14,7 +14,7 @@
 
 /* The options every migration-registering subcommand shares (parse_common in migrate.c):
  * max_pause_ms (0: the coordinator's default), grace_ms (-1: default), order ("index",
- * "arrival" or NULL), id (one migration's id or NULL: generated), group (the plan id stored
+ * "arrival", "id" or NULL), id (one migration's id or NULL: generated), group (the plan id stored
  * as "group" in every spec of a multi-chunk command, or NULL), wait, dry_run (flags). */
 typedef struct mig_opts {
 	int64_t max_pause_ms, grace_ms;

@@ -272,16 +272,27 @@ int mig_step_import(mig *m)
 	ins_batch b = {.n = 0};
 	bson_init(&b.arr);
 	bson_t sort = BSON_INITIALIZER;
-	if (!m->arrival_order) {
-		/* the shard-key index order (B-tree locality on the target); _id for hashed keys */
-		if (m->rc->hashed)
-			BSON_APPEND_INT32(&sort, "_id", 1);
-		else
-			for (size_t i = 0; i < m->rc->nkeys; i++)
-				BSON_APPEND_INT32(&sort, m->rc->keys[i], 1);
+	bool by_id = m->import_order == MIG_ORDER_ID ||
+		     (m->import_order == MIG_ORDER_INDEX && m->rc->hashed);
+	if (by_id) {
+		/* the target's clustering key: appends to the embedded store's _id B-tree */
+		BSON_APPEND_INT32(&sort, "_id", 1);
+	} else if (m->import_order == MIG_ORDER_INDEX) {
+		/* the shard-key index order (locality in that index on the target) */
+		for (size_t i = 0; i < m->rc->nkeys; i++)
+			BSON_APPEND_INT32(&sort, m->rc->keys[i], 1);
 	}
 	uint64_t at = 0;
-	rc = mig_scan_chunk(m, m->sc, m->arrival_order ? NULL : &sort, NULL, &at, add_insert, &b);
+	rc = mig_scan_chunk(m, m->sc, m->import_order == MIG_ORDER_ARRIVAL ? NULL : &sort, NULL,
+			    &at, add_insert, &b);
+	if (rc != 0 && by_id && m->code == 292 && m->imported == 0 && b.n == 0) {
+		/* the source sorts by _id in memory (the chunk is read through its shard-key
+		 * index) and refused a chunk over its blocking-sort limit before returning a
+		 * document: take its scan order instead */
+		sdb_warn("migration: chunk too big to sort by _id, importing in arrival order",
+			 "id=%s", m->id);
+		rc = mig_scan_chunk(m, m->sc, NULL, NULL, &at, add_insert, &b);
+	}
 	if (rc == 0)
 		rc = flush_inserts(m, &b);
 	bson_destroy(&b.arr);

@@ -50,6 +50,16 @@
  * long _ids: 4M entries, ~160 MB); a larger chunk is verified by reading it again */
 #define IMPORT_HASHES_MAX (4u << 20)
 
+/* The bulk import's insert order (spec.importOrder, migrate.h): the shard-key index order
+ * ("index"; _id for hashed keys), the source's scan order ("arrival": no sort) or _id order
+ * ("id": the embedded store's clustering key). */
+typedef enum mig_import_order { MIG_ORDER_INDEX, MIG_ORDER_ARRIVAL, MIG_ORDER_ID } mig_import_order;
+/* The order of a spec's importOrder string s ("index", "arrival", "id"; "" or anything else:
+ * MIG_IMPORT_ORDER_DEFAULT). s must not be NULL. No errors. */
+mig_import_order mig_import_order_parse(const char *s);
+/* _id order: fastest on the embedded store (migrate.h, spec.importOrder) */
+#define MIG_IMPORT_ORDER_DEFAULT MIG_ORDER_ID
+
 typedef struct mig_job {
 	char *id;
 	pthread_t th;
@@ -125,7 +135,7 @@ typedef struct mig {
 	bool is_paused;
 	int code; /* server error code of the last failed shard command */
 	int64_t max_pause_ms, grace_ms, delete_batch, delete_delay_ms, max_attempts;
-	bool arrival_order;
+	mig_import_order import_order; /* spec.importOrder (mig_import_order) */
 	/* routing view of the chunk (built from the checkpoint's range) */
 	route_coll *rc;
 	bson_t *min, *max;

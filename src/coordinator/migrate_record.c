@@ -153,6 +153,17 @@ bool mig_catchup_paused(mig *m)
 	return true;
 }
 
+mig_import_order mig_import_order_parse(const char *s)
+{
+	if (strcmp(s, "index") == 0)
+		return MIG_ORDER_INDEX;
+	if (strcmp(s, "arrival") == 0)
+		return MIG_ORDER_ARRIVAL;
+	if (strcmp(s, "id") == 0)
+		return MIG_ORDER_ID;
+	return MIG_IMPORT_ORDER_DEFAULT;
+}
+
 bool mig_it_str(const bson_t *d, const char *k, char *out, size_t n)
 {
 	bson_iter_t it;
@@ -347,7 +358,7 @@ int mig_load(mig *m)
 		m->session_history_ms = mig_it_int(&spec, "sessionHistoryMS", 31 * 60 * 1000);
 		char order[32] = "";
 		mig_it_str(&spec, "importOrder", order, sizeof order);
-		m->arrival_order = strcmp(order, "arrival") == 0;
+		m->import_order = mig_import_order_parse(order);
 		if (m->delete_batch <= 0)
 			m->delete_batch = 500;
 	}

@@ -6,10 +6,13 @@
 
 Starts 1 metadata member, 2 embedded shards, 1 proxy and 1 coordinator on free loopback
 ports (tmp dir), then measures:
-  (a) bulk import: the same N documents (inserted in random shard-key order) migrated once
-      with importOrder=index (snapshot sorted by the shard key) and once with
-      importOrder=arrival; docs/s and MB/s from the migration's stats (imported,
-      importBytes, importMS); the ratio index/arrival is the headline;
+  (a) bulk import: the same N documents (random _ids, inserted in random shard-key order,
+      shard key k with its index) migrated with importOrder=index (snapshot sorted by
+      the shard key), importOrder=arrival (no sort: the source's shard-key index scan)
+      and importOrder=id (sorted by _id, the embedded store's clustering key), the three
+      alternating, --import-reps times each (a fresh collection per migration); docs/s
+      and MB/s from the migration's stats (imported, importBytes, importMS), the median
+      per order and the ratios of the medians (index/arrival, id/arrival, id/index);
   (b) replication: the migration's replication paused (`ctl migration pause`), a backlog
       of B events written on the source (the CDC publisher keeps publishing it), then
       resumed: events/s from resume until the replicator caught up and the migration left
@@ -66,6 +69,7 @@ def main():
     ap.add_argument("--chunk-fraction", type=float, default=0.01)
     ap.add_argument("--chunk-reps", type=int, default=3)
     ap.add_argument("--chunk-writes", type=int, default=0)
+    ap.add_argument("--import-reps", type=int, default=2)
     ap.add_argument("--parts", default="import,repl,pause,chunk")
     a = ap.parse_args()
     parts = set(a.parts.split(","))
@@ -89,33 +93,47 @@ def main():
         pad = "x" * a.doc_bytes
         if "chunk" in parts:
             chunk_bench(cl, a, pad)
-        # (a) bulk import, index order vs arrival order
+        # (a) bulk import: index, arrival and _id order, alternating
         keys = list(range(a.docs))
         random.Random(1).shuffle(keys)
         rnd = random.Random(2)
         ids = [f"{rnd.getrandbits(64):016x}" for _ in range(a.docs)]
-        res = {}
-        for order in (("index", "arrival") if "import" in parts else ()):
-            ns = f"bench.{order}"
-            cl.shard_collection(ns, {"k": 1}, shards=["shard-a"])
-            coll = cl.proxy_client()["bench"][order]
-            coll.create_index("k")
-            for s in range(0, a.docs, 1000):
-                # random _ids: the store's natural (arrival) scan order is _id order, so
-                # it is unrelated to the shard-key order here
-                coll.insert_many([{"_id": ids[k], "k": k, "pad": pad}
-                                  for k in keys[s:s + 1000]])
-            (c,) = cl.chunks(ns)
-            mid = cl.migrate(ns, c["id"], "shard-b", f"--import-order={order}", "--grace-ms=0")
-            m = cl.wait_migration(mid, timeout=600)
-            st = m["stats"]
-            ms = max(1, st["importMS"])
-            res[order] = st["imported"] / ms * 1000
-            print(f"import_{order}_docs={st['imported']} import_{order}_ms={ms} "
-                  f"import_{order}_docs_per_s={res[order]:.0f} "
-                  f"import_{order}_mb_per_s={st['importBytes'] / ms / 1000:.1f}", flush=True)
-        if res:
-            print(f"import_index_over_arrival={res['index'] / res['arrival']:.2f}", flush=True)
+        orders = ("index", "arrival", "id")
+        res = {o: [] for o in orders}
+        for rep in range(a.import_reps if "import" in parts else 0):
+            for order in orders:
+                name = f"{order}{rep}"
+                ns = f"bench.{name}"
+                cl.shard_collection(ns, {"k": 1}, shards=["shard-a"])
+                cl.proxy_client()["bench"][name].create_index("k")
+                # loaded on the source shard directly (its only chunk), faster than
+                # through the proxy; random _ids: unrelated to the shard-key order
+                coll = cl.shard_client("shard-a")["bench"][name]
+                for s in range(0, a.docs, 1000):
+                    coll.insert_many([{"_id": ids[k], "k": k, "pad": pad}
+                                      for k in keys[s:s + 1000]])
+                (c,) = cl.chunks(ns)
+                mid = cl.migrate(ns, c["id"], "shard-b", f"--import-order={order}",
+                                 "--grace-ms=0")
+                m = cl.wait_migration(mid, timeout=600)
+                st = m["stats"]
+                ms = max(1, st["importMS"])
+                rate = st["imported"] / ms * 1000
+                res[order].append(rate)
+                print(f"import_{order}_rep={rep} import_{order}_docs={st['imported']} "
+                      f"import_{order}_ms={ms} import_{order}_docs_per_s={rate:.0f} "
+                      f"import_{order}_mb_per_s={st['importBytes'] / ms / 1000:.1f} "
+                      f"import_{order}_throttled_ms={st.get('importThrottledMS', 0)}",
+                      flush=True)
+        if res["index"]:
+            med = {o: sorted(v)[len(v) // 2] if len(v) % 2 else
+                   (sorted(v)[len(v) // 2 - 1] + sorted(v)[len(v) // 2]) / 2
+                   for o, v in res.items()}
+            print(" ".join(f"import_{o}_median_docs_per_s={med[o]:.0f}" for o in orders),
+                  flush=True)
+            print(f"import_index_over_arrival={med['index'] / med['arrival']:.2f} "
+                  f"import_id_over_arrival={med['id'] / med['arrival']:.2f} "
+                  f"import_id_over_index={med['id'] / med['index']:.2f}", flush=True)
         if "repl" in parts:
             repl_bench(cl, a, pad)
         if "pause" in parts:

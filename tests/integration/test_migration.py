@@ -64,6 +64,43 @@ def test_migrate_one_chunk_under_writes(start_role, tmp_path):
         cl.close()
 
 
+def test_import_orders(start_role, tmp_path):
+    """Each --import-order (index, arrival, id) copies the same chunk (random _ids, shard
+    key k, secondary index v) completely and is stored in the spec; an unknown order is
+    refused by ctl (exit 2) and registers nothing."""
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        docs = [{"_id": f"{(i * 7919) % 1000:03d}-{i}", "k": (i * 37) % 300, "v": i}
+                for i in range(300)]
+        bad = cl.ctl("migrate", "app.c0", "--chunk", "1", "--to", "shard-b",
+                     "--import-order=rowid", check=False)
+        assert bad.returncode == 2
+        assert b"--import-order=index|arrival|id" in bad.stderr
+        for n, order in enumerate(("index", "arrival", "id")):
+            ns = f"app.c{n}"
+            cl.shard_collection(ns, {"k": 1}, shards=["shard-a"])
+            coll = cl.proxy_client()["app"][f"c{n}"]
+            coll.create_index("v")
+            coll.insert_many(docs)
+            (c,) = cl.chunks(ns)
+            mid = cl.migrate(ns, c["id"], "shard-b", f"--import-order={order}",
+                             "--grace-ms=0")
+            m = cl.wait_migration(mid)
+            assert m["state"] == "complete", m
+            assert m["spec"]["importOrder"] == order
+            assert m["stats"]["imported"] == 300
+            v = m["stats"]["verify"]
+            assert (v["missing"], v["extra"], v["different"]) == (0, 0, 0)
+            tgt = cl.shard_client("shard-b")["app"][f"c{n}"]
+            assert sorted(tgt.find({}), key=lambda d: d["_id"]) == \
+                sorted(docs, key=lambda d: d["_id"])
+            assert tgt.find_one({"v": 123}, {"_id": 0, "k": 1}) == {"k": (123 * 37) % 300}
+        # the refused one registered nothing
+        assert len(cl.meta_read({"listMigrations": 1})["migrations"]) == 3
+    finally:
+        cl.close()
+
+
 def _holder_coord(cl, mid):
     """The coordinator process holding the migration's lease (holder = host/pid/http)."""
     lease = cl.meta_read({"getLease": f"mig/{mid}"})["lease"]
