@@ -220,7 +220,7 @@ static int collect(plan *p, const char *ns, const char *to, const char *planf,
 {
 	bson_error_t e;
 	if (planf) {
-		char *text;
+		char *text = NULL;
 		int rc = read_file(p, planf, &text);
 		if (rc != 0)
 			return rc;
