@@ -110,6 +110,8 @@ static void tpool_push(tpool *p, void (*fn)(void *), void *arg)
 {
 	job *j = sdb_calloc(1, sizeof *j);
 
+	bool wake = false;
+
 	j->fn = fn;
 	j->arg = arg;
 	uv_mutex_lock(&p->mu);
@@ -121,8 +123,14 @@ static void tpool_push(tpool *p, void (*fn)(void *), void *arg)
 	if (p->idle == 0 && p->n < p->max)
 		tpool_spawn(p);
 	else
-		uv_cond_signal(&p->cv);
+		wake = p->idle > 0;
 	uv_mutex_unlock(&p->mu);
+	/* Signalled after unlocking: the woken thread does not wake into a held mutex and
+	 * block on it again (that wait and its wake-up were ~4% of the proxy's CPU per point
+	 * read). A thread that goes idle after the unlock finds the job queued before it
+	 * waits; one woken for a job another thread took waits again. */
+	if (wake)
+		uv_cond_signal(&p->cv);
 }
 
 /* Stop: the jobs already queued run first, then every thread exits. */
@@ -148,6 +156,13 @@ typedef struct shard {
 	/* a retry budget was spent on this shard and it has not answered since: commands
 	 * get one attempt (a shard that is down for good fails fast, as before issue #11) */
 	atomic_bool down;
+	/* the URI names one host and no replica set: libmongoc's Single topology, whose one
+	 * server keeps its id for the pool's life */
+	bool single;
+	/* single: that server's id once a primary selection found it (0 = not yet or
+	 * forgotten after a failed call), so a primary command skips server selection (a
+	 * copy of the server description, ~5% of the proxy's CPU per point read) */
+	atomic_uint_least32_t server_id;
 	struct shard *next;
 } shard;
 
@@ -268,7 +283,22 @@ static char *uri_with_defaults(const char *uri)
 	return out;
 }
 
-static mongoc_client_pool_t *pool_for(const char *full, char *err, size_t errlen)
+/* True when u makes a libmongoc Single topology: one host (not SRV), no replicaSet, not
+ * loadBalanced, directConnection not false. */
+static bool uri_single(const mongoc_uri_t *u)
+{
+	const mongoc_host_list_t *h = mongoc_uri_get_hosts(u);
+
+	return h != NULL && h->next == NULL && mongoc_uri_get_srv_hostname(u) == NULL &&
+	       mongoc_uri_get_replica_set(u) == NULL &&
+	       !mongoc_uri_get_option_as_bool(u, MONGOC_URI_LOADBALANCED, false) &&
+	       mongoc_uri_get_option_as_bool(u, MONGOC_URI_DIRECTCONNECTION, true);
+}
+
+/* A pool for URI full (the proxy's settings applied); *single (may be NULL) tells whether
+ * it is a Single topology (uri_single). */
+static mongoc_client_pool_t *pool_for(const char *full, bool *single, char *err,
+				      size_t errlen)
 {
 	bson_error_t e;
 	mongoc_uri_t *u = mongoc_uri_new_with_error(full, &e);
@@ -278,6 +308,8 @@ static mongoc_client_pool_t *pool_for(const char *full, char *err, size_t errlen
 		sdb_errf(err, errlen, SDB_EINVAL, "bad URI %s: %s", full, e.message);
 		return NULL;
 	}
+	if (single)
+		*single = uri_single(u);
 	auth_cluster_uri_apply(u); /* issue #10: authenticate as a cluster member */
 	p = mongoc_client_pool_new(u);
 	mongoc_uri_destroy(u);
@@ -296,6 +328,7 @@ int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *er
 	shard *s, **pp;
 	char *full = uri_with_defaults(uri);
 	mongoc_client_pool_t *pool;
+	bool single = false;
 
 	uv_rwlock_rdlock(&sc->lock);
 	for (s = sc->shards; s; s = s->next) {
@@ -306,7 +339,7 @@ int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *er
 		}
 	}
 	uv_rwlock_rdunlock(&sc->lock);
-	pool = pool_for(full, err, errlen);
+	pool = pool_for(full, &single, err, errlen);
 	free(full);
 	if (pool == NULL)
 		return SDB_EINVAL;
@@ -314,6 +347,7 @@ int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *er
 	s->id = sdb_strdup(id);
 	s->uri = sdb_strdup(uri);
 	s->pool = pool;
+	s->single = single;
 	uv_rwlock_wrlock(&sc->lock);
 	for (pp = &sc->shards; *pp; pp = &(*pp)->next) {
 		if (strcmp((*pp)->id, id) == 0) {
@@ -415,7 +449,8 @@ static shard *renewed(const shard *old, bool meta)
 {
 	char err[256];
 	char *full = meta ? sdb_strdup(old->uri) : uri_with_defaults(old->uri);
-	mongoc_client_pool_t *pool = pool_for(full, err, sizeof err);
+	bool single = false;
+	mongoc_client_pool_t *pool = pool_for(full, &single, err, sizeof err);
 	shard *s;
 
 	free(full);
@@ -428,6 +463,7 @@ static shard *renewed(const shard *old, bool meta)
 	s->id = sdb_strdup(old->id);
 	s->uri = sdb_strdup(old->uri);
 	s->pool = pool;
+	s->single = single;
 	return s;
 }
 
@@ -481,19 +517,11 @@ static shard *find_shard(shardconn *sc, const char *id)
 	return found;
 }
 
-static mongoc_client_pool_t *find_pool(shardconn *sc, const char *id)
+/* The current entry of shard id (its pool made with the current cluster key), or NULL. */
+static shard *find_pool(shardconn *sc, const char *id)
 {
-	shard *s;
-	mongoc_client_pool_t *p = NULL;
-
 	rekey(sc);
-
-	uv_rwlock_rdlock(&sc->lock);
-	for (s = sc->shards; s; s = s->next)
-		if (strcmp(s->id, id) == 0)
-			p = s->pool;
-	uv_rwlock_rdunlock(&sc->lock);
-	return p;
+	return find_shard(sc, id);
 }
 
 /* The read preference cmd carries ($readPreference {mode} other than primary), NULL for
@@ -684,11 +712,12 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 static int command_io(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
 		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate)
 {
-	mongoc_client_pool_t *pool = find_pool(sc, id);
+	shard *sh = find_pool(sc, id);
+	mongoc_client_pool_t *pool = sh ? sh->pool : NULL;
 	mongoc_client_t *cl;
 	bson_error_t e;
 	bson_iter_t it;
-	bool ok;
+	bool ok, cached = false;
 	int rc;
 
 	*fate = SHARDCONN_ANSWERED;
@@ -703,11 +732,20 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 		/* a read with a read preference (the proxy forwards the client's, readpref.c)
 		 * selects a member by it; everything else goes to the primary */
 		mongoc_read_prefs_t *rp = cmd_read_prefs(cmd);
-		mongoc_server_description_t *sd =
-			mongoc_client_select_server(cl, rp == NULL, rp, &e);
+		bool primary = rp == NULL;
+		mongoc_server_description_t *sd = NULL;
+
+		/* A Single topology has one server, with one id: a primary command goes to
+		 * it without selecting it again (a down server then fails to connect, UNSENT,
+		 * as selection would have failed). The id is forgotten after any failure. */
+		if (primary && sh->single &&
+		    (*server_id = (uint32_t)atomic_load(&sh->server_id)) != 0)
+			cached = true;
+		else
+			sd = mongoc_client_select_server(cl, primary, rp, &e);
 		if (rp)
 			mongoc_read_prefs_destroy(rp);
-		if (sd == NULL) {
+		if (!cached && sd == NULL) {
 			mongoc_client_pool_push(pool, cl);
 			bson_init(reply);
 			sdb_errf(err, errlen, SDB_EUNAVAILABLE, "shard %s is unreachable: %s", id,
@@ -715,13 +753,19 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 			*fate = SHARDCONN_UNSENT;
 			return SHARDCONN_NET_ERR;
 		}
-		*server_id = mongoc_server_description_id(sd);
-		mongoc_server_description_destroy(sd);
+		if (!cached) {
+			*server_id = mongoc_server_description_id(sd);
+			mongoc_server_description_destroy(sd);
+			if (primary && sh->single)
+				atomic_store(&sh->server_id, *server_id);
+		}
 	}
 	ok = mongoc_client_command_simple_with_server_id(cl, db, cmd, NULL, *server_id, reply, &e);
 	mongoc_client_pool_push(pool, cl);
 	if (ok)
 		return SHARDCONN_OK;
+	if (cached)
+		atomic_store(&sh->server_id, 0);
 	if (e.domain == MONGOC_ERROR_SERVER || e.domain == MONGOC_ERROR_WRITE_CONCERN) {
 		rc = SHARDCONN_CMD_ERR;
 		if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it) &&
@@ -835,7 +879,7 @@ void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), 
 int shardconn_set_metadata(shardconn *sc, const char *addrs, char *err, size_t errlen)
 {
 	char *uri = sdb_meta_uri(addrs, false, 1500, 2000, 30000);
-	mongoc_client_pool_t *p = pool_for(uri, err, errlen);
+	mongoc_client_pool_t *p = pool_for(uri, NULL, err, errlen);
 	shard *s;
 
 	if (!p) {

@@ -18,7 +18,9 @@
  * stuck on an unreachable shard member (a primary cut off the network answers nothing
  * until the socket timeout) do not hold up the requests behind them. Pools ask for
  * heartbeatFrequencyMS=SHARDCONN_HEARTBEAT_MS unless the URI sets it, so a new primary is
- * found within about a second.
+ * found within about a second. On a shard whose URI makes a Single topology (one host, no
+ * replicaSet) a primary command goes to the server id found by the first selection (until a
+ * call fails), without selecting again.
  */
 #ifndef SDB_PROXY_SHARDCONN_H
 #define SDB_PROXY_SHARDCONN_H
