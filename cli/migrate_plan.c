@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
+#include <math.h>
 #include <mongoc/mongoc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -236,20 +237,31 @@ static int collect(plan *p, const char *ns, const char *to, const char *planf,
 	if (strlen(ns) >= sizeof p->m->ns || strlen(to) >= sizeof p->m->to)
 		return bad(p, "namespace or shard id too long");
 	if (filter) {
+		const char *f = filter + strspn(filter, " \t\r\n");
+		if (*f != '{')
+			return bad(p, "--filter: a filter is a JSON document ({...})");
 		bson_t *doc = bson_new_from_json((const uint8_t *)filter, -1, &e);
 		if (!doc)
 			return bad(p, "--filter: malformed JSON: %s", e.message);
 		add_move(p, ns, to)->filter = doc;
 		return 0;
 	}
-	char *list = sdb_strdup(chunks), *save = NULL;
+	/* comma-separated ids; an empty item (",,", a leading or trailing comma) is an error */
+	char *list = sdb_strdup(chunks), *cur = list;
 	int rc = 0;
-	for (char *t = strtok_r(list, ",", &save); t && rc == 0; t = strtok_r(NULL, ",", &save)) {
+	for (;;) {
+		char *comma = strchr(cur, ',');
 		long long id;
-		if (cli_parse_id(t, &id) != 0 || id <= 0)
-			rc = bad(p, "--chunks: '%s' is not a chunk id", t);
-		else
-			add_move(p, ns, to)->chunk = id;
+		if (comma)
+			*comma = '\0';
+		if (cli_parse_id(cur, &id) != 0 || id <= 0) {
+			rc = bad(p, "--chunks: '%s' is not a chunk id", cur);
+			break;
+		}
+		add_move(p, ns, to)->chunk = id;
+		if (!comma)
+			break;
+		cur = comma + 1;
 	}
 	free(list);
 	if (rc == 0 && p->n == 0)
@@ -331,32 +343,35 @@ static const char *const WHY =
 	"documents the filter leaves out of a moved chunk would stay routed to a shard that no "
 	"longer holds them";
 
-/* The type class of a range bound: 1 number, 2 string, 0 anything else (refused). */
+/* The type class of a range bound: 1 number, 2 string, 0 anything else (refused). Only
+ * values metadata orders as MongoDB does become chunk bounds (raft/fsm.c cmp_value:
+ * int32/int64/double by value, strings bytewise): a Decimal128 reads as 0 there and a NaN
+ * equals every number, so a split at one would be misplaced (a reviewer's inverted chunk). */
 static int bound_class(const bson_iter_t *it)
 {
-	if (BSON_ITER_HOLDS_NUMBER(it) || BSON_ITER_HOLDS_DECIMAL128(it))
+	if (BSON_ITER_HOLDS_INT32(it) || BSON_ITER_HOLDS_INT64(it) ||
+	    (BSON_ITER_HOLDS_DOUBLE(it) && !isnan(bson_iter_double(it))))
 		return 1;
-	if (BSON_ITER_HOLDS_UTF8(it) || bson_iter_type(it) == BSON_TYPE_SYMBOL)
+	if (BSON_ITER_HOLDS_UTF8(it))
 		return 2;
 	return 0;
 }
 
-/* May an equality value stand for one point of the key order? Documents, arrays, regexes,
- * MinKey / MaxKey and the like may not. */
+/* May an equality value stand for one point of the key order, as metadata orders chunk
+ * bounds (bound_class)? Documents, arrays, regexes, MinKey / MaxKey may not, nor the values
+ * metadata does not order by value (Decimal128, NaN, binary data, timestamps). */
 static bool eq_value_ok(const bson_iter_t *it)
 {
 	switch (bson_iter_type(it)) {
 	case BSON_TYPE_DOUBLE:
+		return !isnan(bson_iter_double(it));
 	case BSON_TYPE_UTF8:
 	case BSON_TYPE_OID:
 	case BSON_TYPE_BOOL:
 	case BSON_TYPE_DATE_TIME:
 	case BSON_TYPE_NULL:
 	case BSON_TYPE_INT32:
-	case BSON_TYPE_TIMESTAMP:
 	case BSON_TYPE_INT64:
-	case BSON_TYPE_DECIMAL128:
-	case BSON_TYPE_BINARY:
 		return true;
 	default:
 		return false;
@@ -483,8 +498,9 @@ static int filter_range(plan *p, plan_move *m, const plan_ns *t, size_t k)
 					goto out;
 				} else {
 					rc = bad(p, "%s: field '%s': %s%s is not supported: only equality "
-						    "and one range ($gte/$gt with $lt/$lte, numbers or strings) "
-						    "select whole shard-key ranges (%s)",
+						    "and one range ($gte/$gt with $lt/$lte; int, long, double "
+						    "or string bounds: metadata does not order Decimal128 or NaN "
+						    "chunk bounds) select whole shard-key ranges (%s)",
 						 where, f, o[0] == '$' ? "" : "an embedded document ",
 						 o[0] == '$' ? o : "value", WHY);
 					goto out;
@@ -506,6 +522,8 @@ static int filter_range(plan *p, plan_move *m, const plan_ns *t, size_t k)
 				 : ty == BSON_TYPE_ARRAY   ? "an array"
 				 : ty == BSON_TYPE_MINKEY  ? "a MinKey"
 				 : ty == BSON_TYPE_MAXKEY  ? "a MaxKey"
+				 : ty == BSON_TYPE_DECIMAL128 ? "a Decimal128"
+				 : ty == BSON_TYPE_DOUBLE  ? "a NaN"
 							   : "this type of",
 				 WHY);
 			goto out;
@@ -618,6 +636,39 @@ static size_t list_shards(mongoc_client_t *c, char (**out)[64])
 	return n;
 }
 
+/* Is chunk (ns, id) the chunk of a migration that has not ended? Its id into busy. Returns:
+ * 1 yes, 0 no, -1 metadata could not be read. */
+static int chunk_busy(mongoc_client_t *c, const char *ns, int64_t id, char *busy, size_t n)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, arr;
+	bson_iter_t it;
+	int found = 0;
+	BSON_APPEND_INT32(&cmd, "listMigrations", 1);
+	int rc = cmig_run(c, &cmd, &reply);
+	bson_destroy(&cmd);
+	if (rc != 0) {
+		bson_destroy(&reply);
+		return -1;
+	}
+	if (cmig_sub(&reply, "migrations", &arr) && bson_iter_init(&it, &arr))
+		while (!found && bson_iter_next(&it)) {
+			bson_t m, spec;
+			char st[32], mns[256];
+			if (!sdb_bson_iter_doc(&it, &m) || !cmig_sub(&m, "spec", &spec))
+				continue;
+			cmig_sval(&m, "state", st, sizeof st);
+			if (migrate_state_terminal(migrate_state_parse(st)))
+				continue;
+			if (strcmp(cmig_sval(&spec, "ns", mns, sizeof mns), ns) == 0 &&
+			    cmig_ival(&spec, "chunk") == id) {
+				cmig_sval(&m, "id", busy, n);
+				found = 1;
+			}
+		}
+	bson_destroy(&reply);
+	return found;
+}
+
 /* Check the whole plan against metadata (p->err and 2 when bad, 1 on a cluster error). */
 static int validate(plan *p, mongoc_client_t *c)
 {
@@ -666,6 +717,27 @@ static int validate(plan *p, mongoc_client_t *c)
 		}
 		snprintf(m->from, sizeof m->from, "%s", r->shard);
 	}
+	/* a chunk a migration still holds (the plan would move it, or cut a filter's range out
+	 * of it): refused before anything changes */
+	for (size_t k = 0; k < p->n && rc == 0; k++) {
+		plan_move *m = &p->m[k];
+		plan_ns *t = ns_table(p, c, m->ns, &rc);
+		for (size_t i = 0; t && rc == 0 && i < t->n; i++) {
+			chunk_row *r = &t->rows[i];
+			char busy[128];
+			if (m->filter ? !overlaps(r->min, r->max, m->lo, m->hi) : r->id != m->chunk)
+				continue;
+			int b = chunk_busy(c, t->ns, r->id, busy, sizeof busy);
+			if (b < 0)
+				rc = 1;
+			else if (b > 0) {
+				fprintf(stderr, "stripedb ctl migrate: chunk %" PRId64 " of %s is being "
+						"migrated by %s: try again once it has ended\n",
+					r->id, t->ns, busy);
+				rc = 1;
+			}
+		}
+	}
 	/* no chunk twice, no chunk inside a filter's range, no two overlapping ranges */
 	for (size_t a = 0; a < p->n && rc == 0; a++)
 		for (size_t b = a + 1; b < p->n && rc == 0; b++) {
@@ -702,48 +774,18 @@ static void print_key(const char *pre, const bson_t *k, const char *post)
 	bson_free(s);
 }
 
-/* Is chunk (ns, id) the chunk of a migration that has not ended? Its id into busy. Returns:
- * 1 yes, 0 no, -1 metadata could not be read. */
-static int chunk_busy(mongoc_client_t *c, const char *ns, int64_t id, char *busy, size_t n)
-{
-	bson_t cmd = BSON_INITIALIZER, reply, arr;
-	bson_iter_t it;
-	int found = 0;
-	BSON_APPEND_INT32(&cmd, "listMigrations", 1);
-	int rc = cmig_run(c, &cmd, &reply);
-	bson_destroy(&cmd);
-	if (rc != 0) {
-		bson_destroy(&reply);
-		return -1;
-	}
-	if (cmig_sub(&reply, "migrations", &arr) && bson_iter_init(&it, &arr))
-		while (!found && bson_iter_next(&it)) {
-			bson_t m, spec;
-			char st[32], mns[256];
-			if (!sdb_bson_iter_doc(&it, &m) || !cmig_sub(&m, "spec", &spec))
-				continue;
-			cmig_sval(&m, "state", st, sizeof st);
-			if (migrate_state_terminal(migrate_state_parse(st)))
-				continue;
-			if (strcmp(cmig_sval(&spec, "ns", mns, sizeof mns), ns) == 0 &&
-			    cmig_ival(&spec, "chunk") == id) {
-				cmig_sval(&m, "id", busy, n);
-				found = 1;
-			}
-		}
-	bson_destroy(&reply);
-	return found;
-}
-
-/* Split the chunk of t holding bound strictly inside it, if any (metadata splitChunk) and
- * print a line (unless quiet: --json); dry run: print what would be split. Returns: 0, or
+/* Split the chunk of t holding bound strictly inside it, if any and not on shard `to`
+ * already (metadata splitChunk), and print a line (unless quiet: --json); dry run: print what would be split. Returns: 0, or
  * 1 after an error line. */
-static int cut_at(mongoc_client_t *c, plan_ns *t, const bson_t *bound, bool dry, bool quiet)
+static int cut_at(mongoc_client_t *c, plan_ns *t, const bson_t *bound, const char *to,
+		  bool dry, bool quiet)
 {
 	for (size_t i = 0; i < t->n; i++) {
 		chunk_row *r = &t->rows[i];
 		if (!(route_key_cmp(r->min, bound) < 0 && route_key_cmp(bound, r->max) < 0))
 			continue;
+		if (strcmp(r->shard, to) == 0)
+			return 0; /* its part in the range is on the target already: no split */
 		if (dry) {
 			printf("would split %s chunk %" PRId64 " at ", t->ns, r->id);
 			print_key("", bound, "\n");
@@ -816,8 +858,8 @@ int cli_migrate_plan(struct cli_ctx *ctx, const char *ns, const char *to, const 
 			snprintf(mv[nmv++].from, sizeof mv->from, "%s", m->from);
 			continue;
 		}
-		if (cut_at(c, t, m->lo, o->dry_run, ctx->json) != 0 ||
-		    cut_at(c, t, m->hi, o->dry_run, ctx->json) != 0) {
+		if (cut_at(c, t, m->lo, m->to, o->dry_run, ctx->json) != 0 ||
+		    cut_at(c, t, m->hi, m->to, o->dry_run, ctx->json) != 0) {
 			rc = 1;
 			goto out;
 		}
@@ -826,6 +868,9 @@ int cli_migrate_plan(struct cli_ctx *ctx, const char *ns, const char *to, const 
 			chunk_row *r = &t->rows[i];
 			if (!overlaps(r->min, r->max, m->lo, m->hi))
 				continue;
+			inside++;
+			if (strcmp(r->shard, m->to) == 0)
+				continue; /* already on the target (not cut: cut_at) */
 			if (!o->dry_run && (route_key_cmp(r->min, m->lo) < 0 ||
 					    route_key_cmp(m->hi, r->max) < 0)) {
 				fprintf(stderr, "stripedb ctl migrate: the chunks of %s changed while "
@@ -834,9 +879,6 @@ int cli_migrate_plan(struct cli_ctx *ctx, const char *ns, const char *to, const 
 				rc = 1;
 				goto out;
 			}
-			inside++;
-			if (strcmp(r->shard, m->to) == 0)
-				continue; /* already on the target */
 			mv = sdb_realloc(mv, (nmv + 1) * sizeof *mv);
 			mv[nmv] = (chunk_move){.ns = m->ns, .to = m->to, .chunk = r->id};
 			if (route_key_cmp(r->min, m->lo) < 0 || route_key_cmp(m->hi, r->max) < 0) {
