@@ -721,8 +721,17 @@ static uint64_t op_deadline(const ctx *c)
 	if (strcmp(wire_req_name(c->req), "getMore") == 0 || pxtxn_is_txn_cmd(c->cmd) ||
 	    !bson_iter_init_find(&it, c->cmd, "maxTimeMS") || !BSON_ITER_HOLDS_NUMBER(&it))
 		return 0;
-	ms = bson_iter_as_int64(&it);
-	return ms > 0 ? sdb_mono_ms() + (uint64_t)ms : 0;
+	if (BSON_ITER_HOLDS_DOUBLE(&it) || BSON_ITER_HOLDS_DECIMAL128(&it)) {
+		/* a double outside int64 (1e20, NaN) is refused by the handler's own checks
+		 * (cmdopts); here only a valid positive value up to INT32_MAX ms counts */
+		double d = BSON_ITER_HOLDS_DOUBLE(&it) ? bson_iter_double(&it) : 0;
+		if (!(d > 0 && d <= (double)INT32_MAX))
+			return 0;
+		ms = (int64_t)d;
+	} else {
+		ms = bson_iter_as_int64(&it);
+	}
+	return ms > 0 && ms <= INT32_MAX ? sdb_mono_ms() + (uint64_t)ms : 0;
 }
 
 /* A request on a worker thread: checks, the handler, its contract checked

@@ -163,6 +163,9 @@ typedef struct shard {
 	 * forgotten after a failed call), so a primary command skips server selection (a
 	 * copy of the server description, ~5% of the proxy's CPU per point read) */
 	atomic_uint_least32_t server_id;
+	/* calls under a client's deadline running (or queued) on the calls pool for this
+	 * shard, abandoned ones included (under shardconn.dl_mu) */
+	int dl_running;
 	struct shard *next;
 } shard;
 
@@ -172,6 +175,8 @@ struct shardconn {
 	shard *retired; /* replaced pools stay alive until free (clients may be out) */
 	tpool req, io;
 	tpool calls; /* shard calls under a client's maxTimeMS (shardconn_set_op_deadline) */
+	uv_mutex_t dl_mu; /* shard.dl_running */
+	uv_cond_t dl_cv;  /* a dl_running went down */
 	sdb_counter *m_abandoned; /* those answered MaxTimeMSExpired before the shard did */
 	shard *meta;            /* the metadata pool (uri: the full URI), or NULL */
 	atomic_uint_least64_t key_gen; /* auth_cluster_generation the pools were made with */
@@ -191,6 +196,8 @@ shardconn *shardconn_new(void)
 	tpool_init(&sc->io, SHARDCONN_IO_WORKERS, SHARDCONN_MAX_WORKERS,
 		   sdb_metrics_gauge("stripedb_proxy_fanout_threads",
 				     "Threads of the proxy's fan-out pool.", NULL));
+	uv_mutex_init(&sc->dl_mu);
+	uv_cond_init(&sc->dl_cv);
 	tpool_init(&sc->calls, 2, SHARDCONN_MAX_WORKERS,
 		   sdb_metrics_gauge("stripedb_proxy_deadline_call_threads",
 				     "Threads running shard calls under a client's maxTimeMS (one "
@@ -228,6 +235,8 @@ void shardconn_free(shardconn *sc)
 		return;
 	tpool_destroy(&sc->req);
 	tpool_destroy(&sc->calls);
+	uv_cond_destroy(&sc->dl_cv);
+	uv_mutex_destroy(&sc->dl_mu);
 	/* Destroying a pool waits for its monitor threads (a few hundred ms each): destroy
 	 * them in parallel on the I/O pool. */
 	for (s = sc->retired; s && s->next; s = s->next)
@@ -591,7 +600,10 @@ typedef struct dcall {
 	uv_cond_t cv;
 	int refs;
 	bool done;
+	bool abandoned;    /* the waiter gave up (under mu): a call not started is not sent */
+	uint64_t deadline; /* monotonic ms */
 	shardconn *sc;
+	shard *sh; /* its dl_running slot (entries live until shardconn_free), or NULL */
 	char *id, *db;
 	bson_t *cmd, reply;
 	uint32_t server_id;
@@ -617,12 +629,29 @@ static void dcall_unref(dcall *k)
 	free(k);
 }
 
+static int max_time_expired(bson_t *reply, int *fate);
+
 static void dcall_run(void *arg)
 {
 	dcall *k = arg;
+	bool send;
 
-	k->rc = command_io(k->sc, k->id, k->db, k->cmd, &k->server_id, &k->reply, k->err,
-			   sizeof k->err, &k->fate);
+	/* queued behind other calls past its deadline, or given up on: never sent late (a
+	 * write the client was told had failed must not be applied minutes later) */
+	uv_mutex_lock(&k->mu);
+	send = !k->abandoned && sdb_mono_ms() < k->deadline;
+	uv_mutex_unlock(&k->mu);
+	if (send)
+		k->rc = command_io(k->sc, k->id, k->db, k->cmd, &k->server_id, &k->reply,
+				   k->err, sizeof k->err, &k->fate);
+	else
+		k->rc = max_time_expired(&k->reply, &k->fate);
+	if (k->sh != NULL) {
+		uv_mutex_lock(&k->sc->dl_mu);
+		k->sh->dl_running--;
+		uv_cond_broadcast(&k->sc->dl_cv);
+		uv_mutex_unlock(&k->sc->dl_mu);
+	}
 	uv_mutex_lock(&k->mu);
 	k->done = true;
 	uv_cond_signal(&k->cv);
@@ -659,7 +688,28 @@ static int command_until(shardconn *sc, const char *id, const char *db, const bs
 	bson_init(reply);
 	if (now >= deadline)
 		return max_time_expired(reply, fate); /* nothing sent */
+	/* at most SHARDCONN_MAX_INFLIGHT calls per shard on the calls pool, abandoned ones
+	 * included: a shard that stopped answering holds that many threads, not the whole
+	 * pool, so calls to the other shards still run (a call waits for a slot as for a
+	 * pooled client, until its deadline) */
+	shard *sh = find_shard(sc, id);
+	if (sh != NULL) {
+		uv_mutex_lock(&sc->dl_mu);
+		while (sh->dl_running >= SHARDCONN_MAX_INFLIGHT && (now = sdb_mono_ms()) < deadline)
+			(void)uv_cond_timedwait(&sc->dl_cv, &sc->dl_mu,
+						(deadline - now) * 1000000ULL);
+		if (sh->dl_running >= SHARDCONN_MAX_INFLIGHT) {
+			uv_mutex_unlock(&sc->dl_mu);
+			if (sc->m_abandoned)
+				sdb_counter_inc(sc->m_abandoned);
+			return max_time_expired(reply, fate); /* nothing sent */
+		}
+		sh->dl_running++;
+		uv_mutex_unlock(&sc->dl_mu);
+	}
 	k = sdb_calloc(1, sizeof *k);
+	k->sh = sh;
+	k->deadline = deadline;
 	uv_mutex_init(&k->mu);
 	uv_cond_init(&k->cv);
 	k->refs = 2;
@@ -682,6 +732,7 @@ static int command_until(shardconn *sc, const char *id, const char *db, const bs
 		*fate = k->fate;
 		rc = k->rc;
 	} else {
+		k->abandoned = true;
 		uv_mutex_unlock(&k->mu);
 		sdb_debug("shard call abandoned at the client's maxTimeMS", "shard=%s", id);
 		if (sc->m_abandoned)

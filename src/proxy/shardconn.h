@@ -133,7 +133,10 @@ void shardconn_wait_end(void);
  * socket timeout (libmongoc's 5 minutes); a call made after the deadline is not sent. The
  * abandoned call goes on with its own copies (a write may still be applied when the shard
  * wakes up, as with mongos; its result is dropped) and counts in
- * stripedb_proxy_shard_calls_abandoned_total. Thread-local like shardconn_set_current_req;
+ * stripedb_proxy_shard_calls_abandoned_total. At most SHARDCONN_MAX_INFLIGHT such calls run
+ * per shard, abandoned ones included (a shard that stopped answering holds that many
+ * threads, not the pool: calls to other shards still run); a call beyond waits for a slot
+ * until its deadline, and a call still queued at its deadline is never sent. Thread-local like shardconn_set_current_req;
  * shardconn_fanout carries it to the fan-out units. */
 void shardconn_set_op_deadline(uint64_t deadline_ms);
 uint64_t shardconn_op_deadline(void);
