@@ -715,22 +715,13 @@ static int run_checked(ctx *c, const px_cmd *cmd)
  * maxTimeMS). */
 static uint64_t op_deadline(const ctx *c)
 {
-	bson_iter_t it;
 	int64_t ms;
 
-	if (strcmp(wire_req_name(c->req), "getMore") == 0 || pxtxn_is_txn_cmd(c->cmd) ||
-	    !bson_iter_init_find(&it, c->cmd, "maxTimeMS") || !BSON_ITER_HOLDS_NUMBER(&it))
+	if (strcmp(wire_req_name(c->req), "getMore") == 0 || pxtxn_is_txn_cmd(c->cmd))
 		return 0;
-	if (BSON_ITER_HOLDS_DOUBLE(&it) || BSON_ITER_HOLDS_DECIMAL128(&it)) {
-		/* a double outside int64 (1e20, NaN) is refused by the handler's own checks
-		 * (cmdopts); here only a valid positive value up to INT32_MAX ms counts */
-		double d = BSON_ITER_HOLDS_DOUBLE(&it) ? bson_iter_double(&it) : 0;
-		if (!(d > 0 && d <= (double)INT32_MAX))
-			return 0;
-		ms = (int64_t)d;
-	} else {
-		ms = bson_iter_as_int64(&it);
-	}
+	/* a whole number by the shared getter's rules (a fractional, huge or NaN double is
+	 * not one: no deadline here, and the handler's own checks refuse it) */
+	ms = px_get_int(c->cmd, "maxTimeMS", 0);
 	return ms > 0 && ms <= INT32_MAX ? sdb_mono_ms() + (uint64_t)ms : 0;
 }
 
