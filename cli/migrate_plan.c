@@ -39,6 +39,7 @@
 #include "cli/migrate_int.h"
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/shardref.h"
 #include "raft/migstate.h"
 #include "routing/route.h"
 
@@ -609,74 +610,78 @@ static bool overlaps(const bson_t *amin, const bson_t *amax, const bson_t *bmin,
 	return route_key_cmp(amin, bmax) < 0 && route_key_cmp(bmin, amax) < 0;
 }
 
-/* The known shard ids (listShards) into *out (heap, caller frees). Returns: their count,
- * or (size_t)-1 after an error line. */
-static size_t list_shards(mongoc_client_t *c, char (**out)[64])
+/* The shards registered in metadata (listShards, common/shardref.h) into *out, *n.
+ * Returns: 0, or 1 after an error line. */
+static int list_shards(mongoc_client_t *c, sdb_shard_ref **out, size_t *n)
 {
-	bson_t cmd = BSON_INITIALIZER, reply, arr;
-	bson_iter_t it;
-	size_t n = 0;
-	*out = NULL;
+	bson_t cmd = BSON_INITIALIZER, reply;
 	BSON_APPEND_INT32(&cmd, "listShards", 1);
 	int rc = cmig_run(c, &cmd, &reply);
 	bson_destroy(&cmd);
-	if (rc != 0) {
-		bson_destroy(&reply);
-		return (size_t)-1;
-	}
-	if (cmig_sub(&reply, "shards", &arr) && bson_iter_init(&it, &arr))
-		while (bson_iter_next(&it)) {
-			bson_t s;
-			if (!sdb_bson_iter_doc(&it, &s))
-				continue;
-			*out = sdb_realloc(*out, (n + 1) * sizeof **out);
-			cmig_sval(&s, "id", (*out)[n++], sizeof **out);
-		}
+	*out = NULL;
+	*n = 0;
+	if (rc == 0)
+		sdb_shard_refs_parse(&reply, out, n);
 	bson_destroy(&reply);
-	return n;
+	return rc == 0 ? 0 : 1;
 }
 
-/* Is chunk (ns, id) the chunk of a migration that has not ended? Its id into busy. Returns:
- * 1 yes, 0 no, -1 metadata could not be read. */
+/* Every migration in metadata (listMigrations) into *out (initialised either way; the
+ * caller destroys it). Returns: 0, or -1 after an error line. */
+static int list_migrations(mongoc_client_t *c, bson_t *out)
+{
+	bson_t cmd = BSON_INITIALIZER;
+	BSON_APPEND_INT32(&cmd, "listMigrations", 1);
+	int rc = cmig_run(c, &cmd, out);
+	bson_destroy(&cmd);
+	return rc == 0 ? 0 : -1;
+}
+
+/* Is chunk (ns, id) the chunk of a migration of migs (a listMigrations reply) that has not
+ * ended? Its id into busy. Returns: 1 yes, 0 no. */
+static int chunk_busy_in(const bson_t *migs, const char *ns, int64_t id, char *busy, size_t n)
+{
+	bson_t arr;
+	bson_iter_t it;
+	if (!cmig_sub(migs, "migrations", &arr) || !bson_iter_init(&it, &arr))
+		return 0;
+	while (bson_iter_next(&it)) {
+		bson_t m, spec;
+		char st[32], mns[256];
+		if (!sdb_bson_iter_doc(&it, &m) || !cmig_sub(&m, "spec", &spec))
+			continue;
+		cmig_sval(&m, "state", st, sizeof st);
+		if (migrate_state_terminal(migrate_state_parse(st)))
+			continue;
+		if (strcmp(cmig_sval(&spec, "ns", mns, sizeof mns), ns) == 0 &&
+		    cmig_ival(&spec, "chunk") == id) {
+			cmig_sval(&m, "id", busy, n);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* chunk_busy_in against metadata now. Returns: 1 yes, 0 no, -1 metadata could not be
+ * read (an error line printed). */
 static int chunk_busy(mongoc_client_t *c, const char *ns, int64_t id, char *busy, size_t n)
 {
-	bson_t cmd = BSON_INITIALIZER, reply, arr;
-	bson_iter_t it;
-	int found = 0;
-	BSON_APPEND_INT32(&cmd, "listMigrations", 1);
-	int rc = cmig_run(c, &cmd, &reply);
-	bson_destroy(&cmd);
-	if (rc != 0) {
-		bson_destroy(&reply);
-		return -1;
-	}
-	if (cmig_sub(&reply, "migrations", &arr) && bson_iter_init(&it, &arr))
-		while (!found && bson_iter_next(&it)) {
-			bson_t m, spec;
-			char st[32], mns[256];
-			if (!sdb_bson_iter_doc(&it, &m) || !cmig_sub(&m, "spec", &spec))
-				continue;
-			cmig_sval(&m, "state", st, sizeof st);
-			if (migrate_state_terminal(migrate_state_parse(st)))
-				continue;
-			if (strcmp(cmig_sval(&spec, "ns", mns, sizeof mns), ns) == 0 &&
-			    cmig_ival(&spec, "chunk") == id) {
-				cmig_sval(&m, "id", busy, n);
-				found = 1;
-			}
-		}
-	bson_destroy(&reply);
-	return found;
+	bson_t migs;
+	int rc = list_migrations(c, &migs);
+	if (rc == 0)
+		rc = chunk_busy_in(&migs, ns, id, busy, n);
+	bson_destroy(&migs);
+	return rc;
 }
 
 /* Check the whole plan against metadata (p->err and 2 when bad, 1 on a cluster error). */
 static int validate(plan *p, mongoc_client_t *c)
 {
-	char(*shards)[64];
-	size_t ns = list_shards(c, &shards);
-	int rc = 0;
-	if (ns == (size_t)-1)
-		return 1;
+	sdb_shard_ref *shards;
+	size_t ns;
+	int rc = list_shards(c, &shards, &ns);
+	if (rc != 0)
+		return rc;
 	for (size_t k = 0; k < p->n && rc == 0; k++) {
 		plan_move *m = &p->m[k];
 		char where[64] = "";
@@ -684,7 +689,7 @@ static int validate(plan *p, mongoc_client_t *c)
 		if (p->file)
 			snprintf(where, sizeof where, "plan: move %zu: ", k + 1);
 		for (size_t i = 0; i < ns && !known; i++)
-			known = strcmp(shards[i], m->to) == 0;
+			known = strcmp(shards[i].id, m->to) == 0;
 		if (!known) {
 			rc = bad(p, "%sunknown shard '%s'", where, m->to);
 			break;
@@ -717,27 +722,6 @@ static int validate(plan *p, mongoc_client_t *c)
 		}
 		snprintf(m->from, sizeof m->from, "%s", r->shard);
 	}
-	/* a chunk a migration still holds (the plan would move it, or cut a filter's range out
-	 * of it): refused before anything changes */
-	for (size_t k = 0; k < p->n && rc == 0; k++) {
-		plan_move *m = &p->m[k];
-		plan_ns *t = ns_table(p, c, m->ns, &rc);
-		for (size_t i = 0; t && rc == 0 && i < t->n; i++) {
-			chunk_row *r = &t->rows[i];
-			char busy[128];
-			if (m->filter ? !overlaps(r->min, r->max, m->lo, m->hi) : r->id != m->chunk)
-				continue;
-			int b = chunk_busy(c, t->ns, r->id, busy, sizeof busy);
-			if (b < 0)
-				rc = 1;
-			else if (b > 0) {
-				fprintf(stderr, "stripedb ctl migrate: chunk %" PRId64 " of %s is being "
-						"migrated by %s: try again once it has ended\n",
-					r->id, t->ns, busy);
-				rc = 1;
-			}
-		}
-	}
 	/* no chunk twice, no chunk inside a filter's range, no two overlapping ranges */
 	for (size_t a = 0; a < p->n && rc == 0; a++)
 		for (size_t b = a + 1; b < p->n && rc == 0; b++) {
@@ -763,7 +747,34 @@ static int validate(plan *p, mongoc_client_t *c)
 							 ch->chunk, ch->ns, (size_t)(f - p->m) + 1);
 			}
 		}
-	free(shards);
+	/* a chunk a migration still holds (the plan would move it, or cut a filter's range out
+	 * of it): refused before anything changes (after the checks of a bad plan: exit 2
+	 * first), against one listMigrations */
+	if (rc == 0) {
+		bson_t migs;
+		if (list_migrations(c, &migs) != 0)
+			rc = 1;
+		for (size_t k = 0; k < p->n && rc == 0; k++) {
+			plan_move *m = &p->m[k];
+			plan_ns *t = ns_table(p, c, m->ns, &rc);
+			for (size_t i = 0; t && rc == 0 && i < t->n; i++) {
+				chunk_row *r = &t->rows[i];
+				char busy[128];
+				if (m->filter ? !overlaps(r->min, r->max, m->lo, m->hi)
+					      : r->id != m->chunk)
+					continue;
+				if (chunk_busy_in(&migs, t->ns, r->id, busy, sizeof busy)) {
+					fprintf(stderr, "stripedb ctl migrate: chunk %" PRId64 " of %s is "
+							"being migrated by %s: try again once it has "
+							"ended\n",
+						r->id, t->ns, busy);
+					rc = 1;
+				}
+			}
+		}
+		bson_destroy(&migs);
+	}
+	sdb_shard_refs_free(shards, ns);
 	return rc;
 }
 
@@ -778,7 +789,7 @@ static void print_key(const char *pre, const bson_t *k, const char *post)
  * already (metadata splitChunk), and print a line (unless quiet: --json); dry run: print what would be split. Returns: 0, or
  * 1 after an error line. */
 static int cut_at(mongoc_client_t *c, plan_ns *t, const bson_t *bound, const char *to,
-		  bool dry, bool quiet)
+		  bool dry, bool quiet, bson_t *splits)
 {
 	for (size_t i = 0; i < t->n; i++) {
 		chunk_row *r = &t->rows[i];
@@ -786,6 +797,17 @@ static int cut_at(mongoc_client_t *c, plan_ns *t, const bson_t *bound, const cha
 			continue;
 		if (strcmp(r->shard, to) == 0)
 			return 0; /* its part in the range is on the target already: no split */
+		if (dry && splits) { /* --json: {ns, chunk, at} */
+			char k[24];
+			bson_t d;
+			snprintf(k, sizeof k, "%u", bson_count_keys(splits));
+			BSON_APPEND_DOCUMENT_BEGIN(splits, k, &d);
+			BSON_APPEND_UTF8(&d, "ns", t->ns);
+			BSON_APPEND_INT64(&d, "chunk", r->id);
+			BSON_APPEND_DOCUMENT(&d, "at", bound);
+			bson_append_document_end(splits, &d);
+			return 0;
+		}
 		if (dry) {
 			printf("would split %s chunk %" PRId64 " at ", t->ns, r->id);
 			print_key("", bound, "\n");
@@ -833,6 +855,8 @@ int cli_migrate_plan(struct cli_ctx *ctx, const char *ns, const char *to, const 
 	char(*ids)[128] = NULL;
 	size_t nids = 0;
 	mongoc_client_t *c = NULL;
+	bool dry_json = o->dry_run && ctx->json;
+	bson_t splits = BSON_INITIALIZER; /* dry_json: the splits a real run would make */
 	int rc = collect(&p, ns, to, planf, chunks, filter);
 	if (rc != 0)
 		goto out;
@@ -858,8 +882,8 @@ int cli_migrate_plan(struct cli_ctx *ctx, const char *ns, const char *to, const 
 			snprintf(mv[nmv++].from, sizeof mv->from, "%s", m->from);
 			continue;
 		}
-		if (cut_at(c, t, m->lo, m->to, o->dry_run, ctx->json) != 0 ||
-		    cut_at(c, t, m->hi, m->to, o->dry_run, ctx->json) != 0) {
+		if (cut_at(c, t, m->lo, m->to, o->dry_run, ctx->json, dry_json ? &splits : NULL) != 0 ||
+		    cut_at(c, t, m->hi, m->to, o->dry_run, ctx->json, dry_json ? &splits : NULL) != 0) {
 			rc = 1;
 			goto out;
 		}
@@ -893,6 +917,32 @@ int cli_migrate_plan(struct cli_ctx *ctx, const char *ns, const char *to, const 
 			print_key("", m->hi, "");
 			printf(" of %s: %zu chunk(s)\n", m->ns, inside);
 		}
+	}
+	if (dry_json) { /* {"splits": [{ns, chunk, at}], "plan": [{ns, chunk, from, to}]} */
+		bson_t out = BSON_INITIALIZER, arr, d;
+		BSON_APPEND_ARRAY(&out, "splits", &splits);
+		BSON_APPEND_ARRAY_BEGIN(&out, "plan", &arr);
+		for (size_t i = 0; i < nmv; i++) {
+			char k[24];
+			snprintf(k, sizeof k, "%zu", i);
+			BSON_APPEND_DOCUMENT_BEGIN(&arr, k, &d);
+			BSON_APPEND_UTF8(&d, "ns", mv[i].ns);
+			BSON_APPEND_INT64(&d, "chunk", mv[i].chunk);
+			if (mv[i].lo) {
+				BSON_APPEND_DOCUMENT(&d, "min", mv[i].lo);
+				BSON_APPEND_DOCUMENT(&d, "max", mv[i].hi);
+			}
+			BSON_APPEND_UTF8(&d, "from", mv[i].from);
+			BSON_APPEND_UTF8(&d, "to", mv[i].to);
+			bson_append_document_end(&arr, &d);
+		}
+		bson_append_array_end(&out, &arr);
+		char *j = bson_as_relaxed_extended_json(&out, NULL);
+		printf("%s\n", j);
+		bson_free(j);
+		bson_destroy(&out);
+		rc = 0;
+		goto out;
 	}
 	if (o->dry_run) {
 		for (size_t i = 0; i < nmv; i++) {
@@ -941,6 +991,7 @@ int cli_migrate_plan(struct cli_ctx *ctx, const char *ns, const char *to, const 
 out:
 	if (rc == 2 && p.err[0])
 		fprintf(stderr, "stripedb ctl migrate: %s\n", p.err);
+	bson_destroy(&splits);
 	free(ids);
 	free(mv);
 	plan_free(&p);

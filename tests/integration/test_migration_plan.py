@@ -299,6 +299,15 @@ def test_bad_plans_register_nothing(start_role, tmp_path):
         assert out[0] == f'would split {ns} chunk {a} at {{ "t" : "acme", "k" : 10 }}', out
         assert out[1] == f'would split {ns} chunk {a} at {{ "t" : "acme", "k" : 20 }}', out
         assert out[2].startswith(f"would migrate {ns} chunk {a}'s part ") and len(out) == 3
+        # the same with --json: one JSON document, nothing else on stdout
+        r = cl.ctl("--json", "migrate", ns, "--filter",
+                   '{"t": "acme", "k": {"$gte": 10, "$lt": 20}}', "--to", "shard-b",
+                   "--dry-run")
+        j = json.loads(r.stdout.decode())
+        assert [(x["chunk"], x["at"]) for x in j["splits"]] == \
+            [(a, {"t": "acme", "k": 10}), (a, {"t": "acme", "k": 20})], j
+        assert [(x["chunk"], x["from"], x["to"], x["min"], x["max"]) for x in j["plan"]] == \
+            [(a, "shard-a", "shard-b", {"t": "acme", "k": 10}, {"t": "acme", "k": 20})], j
         r = cl.ctl("migrate", ns, "--filter", '{"t": {"$gte": "a", "$lte": "c"}}',
                    "--to", "shard-b", "--dry-run")
         out = r.stdout.decode().splitlines()
