@@ -63,6 +63,24 @@ int sdb_store_filtering_set(sdb_store_conn *c, const char *ns, int64_t cver, int
 	return sdb_store_int_step_done(c, s, err, errlen, "filtering set");
 }
 
+int sdb_store_filtering_list(sdb_store_conn *c, sdb_store_filtering_fn fn, void *arg, char *err,
+			     size_t errlen)
+{
+	sqlite3_stmt *s = sdb_store_int_stmt(
+		c, "SELECT ns, cversion, sversion, gen FROM filtering ORDER BY ns", err, errlen);
+	int r, rc = 0;
+	if (!s)
+		return SDB_EIO;
+	while ((r = sqlite3_step(s)) == SQLITE_ROW)
+		if (!fn(arg, (const char *)sqlite3_column_text(s, 0), sqlite3_column_int64(s, 1),
+			sqlite3_column_int64(s, 2), sqlite3_column_int64(s, 3)))
+			break;
+	if (r != SQLITE_ROW && r != SQLITE_DONE)
+		rc = sdb_store_int_sqlerr(c, err, errlen, "filtering list");
+	sqlite3_reset(s);
+	return rc;
+}
+
 int sdb_store_filtering_drop(sdb_store_conn *c, const char *ns, char *err, size_t errlen)
 {
 	sqlite3_stmt *s = sdb_store_int_stmt(c, "DELETE FROM filtering WHERE ns = ?", err, errlen);

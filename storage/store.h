@@ -447,6 +447,14 @@ int sdb_store_filtering_get(sdb_store_conn *c, const char *ns, int64_t *cver, in
  * SDB_ESTALE, SDB_EIO. */
 int sdb_store_filtering_set(sdb_store_conn *c, const char *ns, int64_t cver, int64_t sver,
 			    const bson_t *doc, char *err, size_t errlen);
+/* One installed namespace for sdb_store_filtering_list: ns (valid during the call), its
+ * collection version, shard version and install count. Return false to stop the walk. */
+typedef bool (*sdb_store_filtering_fn)(void *arg, const char *ns, int64_t cver, int64_t sver,
+				       int64_t gen);
+/* Call fn for every namespace with filtering metadata, in ns order (any txn; the documents
+ * are not read). Errors: SDB_EIO. */
+int sdb_store_filtering_list(sdb_store_conn *c, sdb_store_filtering_fn fn, void *arg, char *err,
+			     size_t errlen);
 /* Forget ns's metadata (write txn); nothing installed is not an error. Errors: SDB_EIO. */
 int sdb_store_filtering_drop(sdb_store_conn *c, const char *ns, char *err, size_t errlen);
 /* Forget the metadata of every collection of database db (write txn). Errors: SDB_EIO. */

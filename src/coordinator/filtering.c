@@ -9,7 +9,8 @@
 #include "common/log.h"
 #include "coordinator/filtering.h"
 
-static int run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply, char *err, size_t errlen)
+int cfilt_command(mongoc_client_t *c, const bson_t *cmd, bson_t *reply, char *err,
+		  size_t errlen)
 {
 	bson_error_t e;
 	if (mongoc_client_command_simple(c, "admin", cmd, NULL, reply, &e))
@@ -67,7 +68,7 @@ int cfilt_load(mongoc_client_t *meta, const char *ns, cfilt_table *t, char *err,
 		bson_append_document_end(&cmd, &cur);
 		if (!first)
 			BSON_APPEND_DOCUMENT(&cmd, "resumeAfter", &resume);
-		rc = run(meta, &cmd, &reply, err, errlen);
+		rc = cfilt_command(meta, &cmd, &reply, err, errlen);
 		bson_destroy(&cmd);
 		if (rc != 0) {
 			bson_destroy(&reply);
@@ -146,6 +147,20 @@ static void each_chunk(const cfilt_table *t, const char *shard, chunk_fn fn, voi
 	}
 }
 
+static void count_fn(const bson_t *ch, int64_t id, void *arg)
+{
+	(void)ch;
+	(void)id;
+	(*(size_t *)arg)++;
+}
+
+size_t cfilt_chunks_on(const cfilt_table *t, const char *shard)
+{
+	size_t n = 0;
+	each_chunk(t, shard, count_fn, &n);
+	return n;
+}
+
 typedef struct lowest_arg {
 	int64_t without, id, token;
 } lowest_arg;
@@ -210,7 +225,7 @@ int cfilt_install(mongoc_client_t *c, const char *ns, const char *shard, const c
 	BSON_APPEND_ARRAY_BEGIN(&cmd, "chunks", &arr);
 	each_chunk(t, shard, emit_fn, &em);
 	bson_append_array_end(&cmd, &arr);
-	rc = run(c, &cmd, &reply, err, errlen);
+	rc = cfilt_command(c, &cmd, &reply, err, errlen);
 	bson_destroy(&cmd);
 	bson_destroy(&reply);
 	if (rc) {
@@ -253,7 +268,7 @@ int cfilt_after_route(mongoc_client_t *meta, const char *ns, const char *from,
 		BSON_APPEND_UTF8(&cmd, "shard", from);
 		BSON_APPEND_INT64(&cmd, "token", tok);
 		BSON_APPEND_INT64(&cmd, "expectToken", low.token);
-		rc = run(meta, &cmd, &reply, err, errlen);
+		rc = cfilt_command(meta, &cmd, &reply, err, errlen);
 		bson_destroy(&cmd);
 		bson_destroy(&reply);
 		if (rc < 0) {

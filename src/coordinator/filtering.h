@@ -18,6 +18,7 @@
 
 #include <bson/bson.h>
 #include <mongoc/mongoc.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* A collection's routing as metadata has it (every chunk). */
@@ -27,11 +28,20 @@ typedef struct cfilt_table {
 	int64_t max_token; /* the largest token of the collection */
 } cfilt_table;
 
+/* Run cmd on the admin database of c (the metadata leader or a shard): 0, or the server's
+ * error code (> 0), or -1 for a network error; message in err. reply is always initialised
+ * (bson_destroy it). */
+int cfilt_command(mongoc_client_t *c, const bson_t *cmd, bson_t *reply, char *err,
+		  size_t errlen);
+
 /* Load ns's routing table from metadata (getRoutingTable by cursor). Free with
  * cfilt_table_destroy (also after a failure). Errors: SDB_EIO (metadata unreachable or
  * answering an error, a reply without a shard key pattern; message in err). */
 int cfilt_load(mongoc_client_t *meta, const char *ns, cfilt_table *t, char *err, size_t errlen);
 void cfilt_table_destroy(cfilt_table *t);
+
+/* The number of t's chunks on shard `shard`. */
+size_t cfilt_chunks_on(const cfilt_table *t, const char *shard);
 
 /* The token of a moved chunk at its switch: above the chunk's current token and above every
  * token of the collection. */

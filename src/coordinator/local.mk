@@ -6,9 +6,11 @@ libstripedb_a_SOURCES += src/coordinator/migrate.c src/coordinator/migrate_recor
 	src/coordinator/migrate_shard.c src/coordinator/migrate_import.c \
 	src/coordinator/migrate_replicate.c src/coordinator/migrate_verify.c \
 	src/coordinator/migrate_switch.c src/coordinator/migrate_cleanup.c src/coordinator/migrate_sm.c \
-	src/coordinator/migrate_sess.c src/coordinator/migrate_hashes.c src/coordinator/filtering.c cli/migrate.c \
+	src/coordinator/migrate_sess.c src/coordinator/migrate_hashes.c src/coordinator/filtering.c \
+	src/coordinator/reconcile.c cli/migrate.c \
 	cli/migrate_plan.c
-noinst_HEADERS += src/coordinator/migrate.h src/coordinator/migrate_int.h src/coordinator/migrate_sess.h src/coordinator/migrate_hashes.h src/coordinator/filtering.h
+noinst_HEADERS += src/coordinator/migrate.h src/coordinator/migrate_int.h src/coordinator/migrate_sess.h src/coordinator/migrate_hashes.h src/coordinator/filtering.h \
+	src/coordinator/reconcile.h
 check_PROGRAMS += tests/unit/test_coordinator_migrate
 tests_unit_test_coordinator_migrate_SOURCES = tests/unit/test_coordinator_migrate.c
 tests_unit_test_coordinator_migrate_CFLAGS = $(UNIT_CFLAGS)

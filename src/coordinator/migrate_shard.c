@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/throttle.h"
 #include "coordinator/migrate_int.h"
+#include "coordinator/reconcile.h" /* cfilt_shard_client */
 
 static int shard_uri(mig *m, const char *id, char **out)
 {
@@ -46,22 +46,7 @@ static int shard_uri(mig *m, const char *id, char **out)
 
 static mongoc_client_t *shard_client(const char *uri)
 {
-	const char *opts = "serverSelectionTimeoutMS=2000&connectTimeoutMS=2000"
-			   "&socketTimeoutMS=60000&serverSelectionTryOnce=true";
-	char *u;
-	if (strchr(uri + 10, '?'))
-		u = sdb_asprintf("%s&%s", uri, opts);
-	else if (strchr(uri + 10, '/'))
-		u = sdb_asprintf("%s?%s", uri, opts);
-	else
-		u = sdb_asprintf("%s/?%s", uri, opts);
-	mongoc_client_t *c = auth_cluster_client_new(u); /* issue #10 */
-	free(u);
-	if (c) {
-		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
-		mongoc_client_set_appname(c, "stripedb-migration");
-	}
-	return c;
+	return cfilt_shard_client(uri, "stripedb-migration");
 }
 
 int mig_connect_shards(mig *m)

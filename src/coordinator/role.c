@@ -16,6 +16,8 @@
  *   2. the migration runner (issue #8): see the "migration runner" section below; it is
  *      started and stopped next to the CDC publishers and reads CDC events through
  *      src/cdc/reader.h.
+ *   3. the filtering-metadata reconciler (issue #17, reconcile.h) for the shards whose CDC
+ *      lease it holds, on its own thread.
  *
  * Threads: the role's loop thread only starts and stops; a manager thread does all the
  * blocking metadata work (libmongoc) and owns the publisher table (under mu, which the
@@ -52,6 +54,8 @@
 #include "common/role.h"
 #include "common/metauri.h"
 #include "coordinator/migrate.h" /* issue #8 */
+#include "coordinator/filtering.h" /* cfilt_command */
+#include "coordinator/reconcile.h" /* issue #17 */
 
 #define LEASE_ERR_BUSY 46 /* LockBusy */
 /* Period of the sweep of a held shard's incomplete backups (cdc_backup_sweep); the first
@@ -98,6 +102,8 @@ typedef struct coord {
 	uint64_t backup_interval_s; /* --backup-interval (0: no scheduled backups) */
 	pthread_t ret;             /* the archive thread (ranges, retention) */
 	int ret_started;
+	pthread_t rec;             /* the filtering reconciler's thread */
+	int rec_started;
 	atomic_int stop;
 	pthread_mutex_t mu; /* pubs, and the manager's sleeps */
 	pthread_cond_t cv;
@@ -112,11 +118,7 @@ typedef struct coord {
  * a network error; message in err. */
 static int meta_cmd(mongoc_client_t *c, bson_t *cmd, bson_t *reply, char *err, size_t errlen)
 {
-	bson_error_t e;
-	if (mongoc_client_command_simple(c, "admin", cmd, NULL, reply, &e))
-		return 0;
-	sdb_errf(err, errlen, SDB_EIO, "%s", e.message);
-	return e.domain == MONGOC_ERROR_SERVER ? (int)e.code : -1;
+	return cfilt_command(c, cmd, reply, err, errlen);
 }
 
 static int lease_cmd(coord *co, mongoc_client_t *c, const char *verb, const char *shard,
@@ -464,6 +466,118 @@ static void *archive_thread(void *arg)
 	return NULL;
 }
 
+/* ------------------------------------------------------------ filtering reconciler */
+
+typedef struct rec_client {
+	char *shard, *uri;
+	mongoc_client_t *c;
+} rec_client;
+
+/* The client of (shard, uri) from cs[0..*n), made when missing (a changed uri replaces it). */
+static mongoc_client_t *rec_client_of(rec_client **cs, size_t *n, const char *shard,
+				      const char *uri)
+{
+	for (size_t i = 0; i < *n; i++) {
+		rec_client *e = &(*cs)[i];
+		if (strcmp(e->shard, shard) != 0)
+			continue;
+		if (strcmp(e->uri, uri) == 0)
+			return e->c;
+		mongoc_client_destroy(e->c);
+		free(e->uri);
+		e->uri = sdb_strdup(uri);
+		e->c = cfilt_shard_client(uri, "stripedb-coordinator");
+		return e->c;
+	}
+	mongoc_client_t *c = cfilt_shard_client(uri, "stripedb-coordinator");
+	if (!c)
+		return NULL;
+	*cs = sdb_realloc(*cs, (*n + 1) * sizeof **cs);
+	(*cs)[*n] = (rec_client){sdb_strdup(shard), sdb_strdup(uri), c};
+	(*n)++;
+	return c;
+}
+
+static void rec_clients_free(rec_client *cs, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (cs[i].c)
+			mongoc_client_destroy(cs[i].c);
+		free(cs[i].shard);
+		free(cs[i].uri);
+	}
+	free(cs);
+}
+
+/* Every CFILT_RECONCILE_PERIOD_MS: reconcile the shards whose lease this coordinator holds
+ * (reconcile.h). Its own metadata and shard clients: nothing here delays lease renewals. */
+static void *reconcile_thread(void *arg)
+{
+	coord *co = arg;
+	cfilt_reconciler *r = cfilt_reconciler_new();
+	mongoc_client_t *meta = NULL;
+	uint64_t key_gen = 0;
+	rec_client *cs = NULL;
+	size_t ncs = 0;
+
+	sdb_log_set_thread("coordinator", NULL);
+	pthread_mutex_lock(&co->mu);
+	while (!atomic_load(&co->stop)) {
+		sdb_cond_wait_ms(&co->cv, &co->mu, CFILT_RECONCILE_PERIOD_MS);
+		if (atomic_load(&co->stop))
+			break;
+		size_t n = 0;
+		char **ids = NULL, **uris = NULL;
+		for (coord_pub *p = co->pubs; p; p = p->next) {
+			if (p->stopping)
+				continue;
+			ids = sdb_realloc(ids, (n + 1) * sizeof *ids);
+			uris = sdb_realloc(uris, (n + 1) * sizeof *uris);
+			ids[n] = sdb_strdup(p->shard);
+			uris[n++] = sdb_strdup(p->uri);
+		}
+		pthread_mutex_unlock(&co->mu);
+		if (meta == NULL || auth_cluster_generation() != key_gen) {
+			/* (re)made after a cluster key rotation, as the manager's client */
+			if (meta)
+				mongoc_client_destroy(meta);
+			key_gen = auth_cluster_generation();
+			meta = auth_cluster_client_new(co->meta_uri);
+			if (meta) {
+				mongoc_client_set_error_api(meta, MONGOC_ERROR_API_VERSION_2);
+				mongoc_client_set_appname(meta, "stripedb-coordinator");
+			}
+		}
+		cfilt_target *t = sdb_calloc(n ? n : 1, sizeof *t);
+		size_t nt = 0;
+		for (size_t i = 0; i < n; i++) {
+			mongoc_client_t *c = rec_client_of(&cs, &ncs, ids[i], uris[i]);
+			if (c)
+				t[nt++] = (cfilt_target){ids[i], c};
+		}
+		if (meta && nt > 0) {
+			char err[512];
+			size_t installed = 0;
+			if (cfilt_reconcile(r, meta, t, nt, &installed, err, sizeof err) != 0)
+				sdb_warn("filtering reconciler", "error=\"%s\"", err);
+		}
+		free(t);
+		for (size_t i = 0; i < n; i++) {
+			free(ids[i]);
+			free(uris[i]);
+		}
+		free(ids);
+		free(uris);
+		pthread_mutex_lock(&co->mu);
+	}
+	pthread_mutex_unlock(&co->mu);
+	rec_clients_free(cs, ncs);
+	if (meta)
+		mongoc_client_destroy(meta);
+	cfilt_reconciler_free(r);
+	return NULL;
+}
+
 /* ------------------------------------------------------------ manager thread */
 
 static void *manager(void *arg)
@@ -667,6 +781,9 @@ static int coordinator_start(sdb_role *role)
 			abort();
 		co->ret_started = 1;
 	}
+	if (pthread_create(&co->rec, NULL, reconcile_thread, co) != 0)
+		abort();
+	co->rec_started = 1;
 	if (role->http) {
 		rc = sdb_http_route(role->http, "GET", "/cdc/status", h_status, co);
 		if (rc == 0)
@@ -692,6 +809,8 @@ static void coordinator_stop(sdb_role *role)
 			pthread_join(co->mgr, NULL);
 		if (co->ret_started)
 			pthread_join(co->ret, NULL);
+		if (co->rec_started)
+			pthread_join(co->rec, NULL);
 		coord_free(co);
 		role->impl = NULL;
 	}

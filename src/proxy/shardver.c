@@ -11,26 +11,33 @@
  * so the proxy keeps every document the shard returns.
  *
  * A shard without filtering metadata for the collection (installed by a proxy's
- * shardCollection and by the coordinator at migrations; missing for a collection sharded
- * through metadata directly until its first migration, for a rebuilt shard, or after a
- * failed install) answers StaleConfig with
+ * shardCollection, by the coordinator at migrations and by its reconciler; missing for a
+ * collection sharded through metadata directly, for a rebuilt shard, or after a failed
+ * install, until the reconciler's next pass) answers StaleConfig with
  * vWanted: null; the proxy then remembers (shard, ns) at that routing version and uses the
  * per-chunk requests with the ownership filter for it (DESIGN.md §5) until the collection's
- * routing changes. */
+ * routing changes or PX_LEGACY_RECHECK_MS pass, whichever comes first: then the next
+ * request probes the shard with its version again (a coordinator's reconciler,
+ * src/coordinator/reconcile.h, installs what shards lack without changing the routing). */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "proxy/exec.h"
 
 /* (ns, shard) pairs without filtering metadata, one per slot of a direct-mapped table
  * (a collision forgets the older pair: one more probe of that shard, never a wrong answer) */
 #define LEGACY_SLOTS 4096
+/* How long a (ns, shard) pair stays on per-chunk requests before the next probe (ms): one
+ * StaleConfig round trip per pair this often on a shard that really lacks the metadata. */
+#define PX_LEGACY_RECHECK_MS 30000
 
 typedef struct legacy_ent {
 	char *ns, *shard;
 	int64_t version;
+	uint64_t until_ms; /* monotonic: probe again from then on */
 } legacy_ent;
 
 static pthread_mutex_t legacy_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -77,7 +84,7 @@ bool px_shard_mode(const route_coll *rc, const char *shard)
 
 	pthread_mutex_lock(&legacy_mu);
 	if (e->ns && e->version == rc->version && strcmp(e->ns, rc->ns) == 0 &&
-	    strcmp(e->shard, shard) == 0)
+	    strcmp(e->shard, shard) == 0 && sdb_mono_ms() < e->until_ms)
 		on = false;
 	pthread_mutex_unlock(&legacy_mu);
 	return on;
@@ -99,6 +106,7 @@ bool px_shard_mode_note(const route_coll *rc, const char *shard, const bson_t *e
 	e->ns = sdb_strdup(rc->ns);
 	e->shard = sdb_strdup(shard);
 	e->version = rc->version;
+	e->until_ms = sdb_mono_ms() + PX_LEGACY_RECHECK_MS;
 	pthread_mutex_unlock(&legacy_mu);
 	return true;
 }

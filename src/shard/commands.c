@@ -48,6 +48,7 @@ static const cmd_entry cmd_table[] = {
 	{"stripedbSetVersion", shard_cmd_set_version},
 	{"stripedbSetFiltering", shard_cmd_set_filtering},
 	{"stripedbGetFiltering", shard_cmd_get_filtering},
+	{"stripedbListFiltering", shard_cmd_list_filtering},
 	{"stripedbCheck", shard_cmd_check},
 	{"stripedbSnapshotFile", shard_cmd_snapshot_file},
 	{"stripedbStmtResult", shard_cmd_stmt_result},

@@ -19,6 +19,9 @@
  *       installed collection version. Replies {ns, collectionVersion, shardVersion, nChunks}.
  *   {stripedbGetFiltering: "db.coll"} -> {ns, installed: bool, key, collectionVersion,
  *       shardVersion, chunks}.
+ *   {stripedbListFiltering: 1} -> {namespaces: [{ns, collectionVersion, shardVersion,
+ *       generation}]}: every installed namespace, in ns order, without the chunks (the
+ *       coordinator's reconciler, src/coordinator/filtering.h, asks what is missing).
  *   $stripedbShardVersion: {ns: "db.coll", collectionVersion: N, shardVersion: M} on a
  *       command of db.coll: checked in the command's own transaction (shard_begin): the
  *       shard answers StaleConfig (13388, nothing executed) unless it has filtering metadata
@@ -525,6 +528,46 @@ void shard_cmd_get_filtering(shard_ctx *x)
 			while (bson_iter_next(&it))
 				bson_append_iter(reply, bson_iter_key(&it), -1, &it);
 		bson_destroy(doc);
+	}
+	wire_req_reply(x->req, reply);
+}
+
+typedef struct list_arg {
+	bson_t *arr;
+	uint32_t n;
+} list_arg;
+
+static bool list_one(void *arg, const char *ns, int64_t cver, int64_t sver, int64_t gen)
+{
+	list_arg *a = arg;
+	bson_t d;
+	char idx[16];
+	snprintf(idx, sizeof idx, "%u", a->n++);
+	bson_append_document_begin(a->arr, idx, -1, &d);
+	BSON_APPEND_UTF8(&d, "ns", ns);
+	BSON_APPEND_INT64(&d, "collectionVersion", cver);
+	BSON_APPEND_INT64(&d, "shardVersion", sver);
+	BSON_APPEND_INT64(&d, "generation", gen);
+	bson_append_document_end(a->arr, &d);
+	return true;
+}
+
+void shard_cmd_list_filtering(shard_ctx *x)
+{
+	bson_t *reply, arr;
+	list_arg a = {.arr = &arr};
+
+	if (!shard_begin(x, false))
+		return;
+	reply = bson_new();
+	bson_append_array_begin(reply, "namespaces", -1, &arr);
+	int rc = sdb_store_filtering_list(x->conn, list_one, &a, x->err, sizeof x->err);
+	sdb_store_rollback(x->conn);
+	bson_append_array_end(reply, &arr);
+	if (rc) {
+		bson_destroy(reply);
+		shard_fail(x, WIRE_ERR_INTERNAL, "shard: %s", x->err);
+		return;
 	}
 	wire_req_reply(x->req, reply);
 }

@@ -457,6 +457,7 @@ void shard_cmd_set_version(shard_ctx *x);
 /* Filtering metadata (filtering.c, issue #17). */
 void shard_cmd_set_filtering(shard_ctx *x);
 void shard_cmd_get_filtering(shard_ctx *x);
+void shard_cmd_list_filtering(shard_ctx *x);
 /* Parse $stripedbShardVersion of x->cmd into x (sv_*). Replies BadValue and returns false
  * when it is malformed or names another namespace than the command's. */
 bool shard_filtering_parse(shard_ctx *x);

@@ -1,0 +1,230 @@
+/* The filtering-metadata reconciler: see reconcile.h. */
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "auth/cluster.h"
+#include "common/alloc.h"
+#include "common/bsonget.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "coordinator/filtering.h"
+#include "coordinator/reconcile.h"
+
+typedef struct unowned {
+	char *ns, *shard;
+} unowned;
+
+struct cfilt_reconciler {
+	int64_t version; /* the routing version `none` was found at */
+	unowned *none;
+	size_t n, cap;
+};
+
+cfilt_reconciler *cfilt_reconciler_new(void)
+{
+	return sdb_calloc(1, sizeof(cfilt_reconciler));
+}
+
+static void forget(cfilt_reconciler *r)
+{
+	for (size_t i = 0; i < r->n; i++) {
+		free(r->none[i].ns);
+		free(r->none[i].shard);
+	}
+	r->n = 0;
+}
+
+void cfilt_reconciler_free(cfilt_reconciler *r)
+{
+	if (!r)
+		return;
+	forget(r);
+	free(r->none);
+	free(r);
+}
+
+static bool known_unowned(const cfilt_reconciler *r, const char *ns, const char *shard)
+{
+	for (size_t i = 0; i < r->n; i++)
+		if (strcmp(r->none[i].ns, ns) == 0 && strcmp(r->none[i].shard, shard) == 0)
+			return true;
+	return false;
+}
+
+static void remember_unowned(cfilt_reconciler *r, const char *ns, const char *shard)
+{
+	if (r->n == r->cap) {
+		r->cap = r->cap ? r->cap * 2 : 16;
+		r->none = sdb_realloc(r->none, r->cap * sizeof *r->none);
+	}
+	r->none[r->n].ns = sdb_strdup(ns);
+	r->none[r->n++].shard = sdb_strdup(shard);
+}
+
+/* The namespaces of the array field `field` of reply whose documents carry {ns: string}:
+ * a NULL-terminated heap array of heap strings (free_names). */
+static char **names_of(const bson_t *reply, const char *field)
+{
+	bson_iter_t it, ai, d;
+	char **v = sdb_calloc(1, sizeof *v);
+	size_t n = 0;
+	if (!bson_iter_init_find(&it, reply, field) || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &ai))
+		return v;
+	while (bson_iter_next(&ai))
+		if (BSON_ITER_HOLDS_DOCUMENT(&ai) && bson_iter_recurse(&ai, &d) &&
+		    bson_iter_find(&d, "ns") && BSON_ITER_HOLDS_UTF8(&d)) {
+			v = sdb_realloc(v, (n + 2) * sizeof *v);
+			v[n++] = sdb_strdup(bson_iter_utf8(&d, NULL));
+			v[n] = NULL;
+		}
+	return v;
+}
+
+static void free_names(char **v)
+{
+	for (size_t i = 0; v && v[i]; i++)
+		free(v[i]);
+	free(v);
+}
+
+static bool has_name(char **v, const char *ns)
+{
+	for (size_t i = 0; v && v[i]; i++)
+		if (strcmp(v[i], ns) == 0)
+			return true;
+	return false;
+}
+
+/* Metadata's sharded namespaces and routing version. */
+static int read_metadata(mongoc_client_t *meta, char ***names, int64_t *version, char *err,
+			 size_t errlen)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it;
+	char e[256];
+	int rc;
+
+	*names = NULL;
+	BSON_APPEND_INT32(&cmd, "listCollections", 1);
+	rc = cfilt_command(meta, &cmd, &reply, e, sizeof e);
+	if (rc == 0)
+		*names = names_of(&reply, "collections");
+	bson_destroy(&reply);
+	bson_reinit(&cmd);
+	/* a sinceVersion no routing version reaches: the answer is the version alone */
+	BSON_APPEND_UTF8(&cmd, "getRoutingTable", "all");
+	BSON_APPEND_INT64(&cmd, "sinceVersion", INT64_MAX);
+	if (rc == 0)
+		rc = cfilt_command(meta, &cmd, &reply, e, sizeof e);
+	else
+		bson_init(&reply);
+	if (rc == 0 && !(bson_iter_init_find(&it, &reply, "routingVersion") &&
+			 sdb_bson_as_int64(&it, version)))
+		rc = -1, snprintf(e, sizeof e, "getRoutingTable gave no routingVersion");
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	if (rc != 0) {
+		free_names(*names);
+		*names = NULL;
+		return sdb_errf(err, errlen, SDB_EIO, "metadata: %s", e);
+	}
+	return 0;
+}
+
+int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_target *t, size_t n,
+		    size_t *installed, char *err, size_t errlen)
+{
+	char **names, ***have = sdb_calloc(n ? n : 1, sizeof *have);
+	int64_t version = 0;
+	int rc;
+
+	*installed = 0;
+	if ((rc = read_metadata(meta, &names, &version, err, errlen)) != 0) {
+		free(have);
+		return rc;
+	}
+	if (version != r->version) {
+		forget(r);
+		r->version = version;
+	}
+	for (size_t s = 0; s < n; s++) {
+		bson_t cmd = BSON_INITIALIZER, reply;
+		char e[256];
+		BSON_APPEND_INT32(&cmd, "stripedbListFiltering", 1);
+		int src = cfilt_command(t[s].client, &cmd, &reply, e, sizeof e);
+		if (src == 0)
+			have[s] = names_of(&reply, "namespaces");
+		else /* skipped this pass: a shard that is down cannot take an install either */
+			sdb_warn("filtering reconciler: shard did not answer", "shard=%s code=%d "
+				 "error=\"%s\"", t[s].shard, src, e);
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+	}
+	for (size_t i = 0; names[i]; i++) {
+		const char *ns = names[i];
+		bool need = false;
+		cfilt_table tab;
+		for (size_t s = 0; s < n && !need; s++)
+			need = have[s] && !has_name(have[s], ns) && !known_unowned(r, ns, t[s].shard);
+		if (!need)
+			continue;
+		char e[512];
+		if (cfilt_load(meta, ns, &tab, e, sizeof e) != 0) {
+			/* dropped since listCollections, or metadata failing: the next pass sees */
+			sdb_warn("filtering reconciler: routing table not loaded", "ns=%s error=\"%s\"",
+				 ns, e);
+			cfilt_table_destroy(&tab);
+			continue;
+		}
+		for (size_t s = 0; s < n; s++) {
+			if (!have[s] || has_name(have[s], ns) || known_unowned(r, ns, t[s].shard))
+				continue;
+			size_t owned = cfilt_chunks_on(&tab, t[s].shard);
+			if (owned == 0) {
+				remember_unowned(r, ns, t[s].shard);
+				continue;
+			}
+			if (cfilt_install(t[s].client, ns, t[s].shard, &tab, 0, 0, e, sizeof e) != 0) {
+				/* refused (a switch installed newer metadata meanwhile: StaleConfig)
+				 * or unreachable: the next pass sees what the shard has */
+				sdb_warn("filtering reconciler: install failed", "ns=%s shard=%s "
+					 "error=\"%s\"", ns, t[s].shard, e);
+				continue;
+			}
+			(*installed)++;
+			sdb_info("filtering reconciler: filtering metadata installed",
+				 "ns=%s shard=%s chunks=%zu collection_version=%" PRId64, ns,
+				 t[s].shard, owned, tab.max_token);
+		}
+		cfilt_table_destroy(&tab);
+	}
+	for (size_t s = 0; s < n; s++)
+		free_names(have[s]);
+	free(have);
+	free_names(names);
+	return 0;
+}
+
+mongoc_client_t *cfilt_shard_client(const char *uri, const char *appname)
+{
+	const char *opts = "serverSelectionTimeoutMS=2000&connectTimeoutMS=2000"
+			   "&socketTimeoutMS=60000&serverSelectionTryOnce=true";
+	char *u;
+	if (strlen(uri) > 10 && strchr(uri + 10, '?'))
+		u = sdb_asprintf("%s&%s", uri, opts);
+	else if (strlen(uri) > 10 && strchr(uri + 10, '/'))
+		u = sdb_asprintf("%s?%s", uri, opts);
+	else
+		u = sdb_asprintf("%s/?%s", uri, opts);
+	mongoc_client_t *c = auth_cluster_client_new(u); /* issue #10 */
+	free(u);
+	if (c) {
+		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
+		mongoc_client_set_appname(c, appname);
+	}
+	return c;
+}
