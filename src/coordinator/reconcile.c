@@ -135,12 +135,53 @@ static int read_metadata(mongoc_client_t *meta, char ***names, int64_t *version,
 	return 0;
 }
 
+/* An install of this pass: namespace ns (a string of the pass's list) on target s. */
+typedef struct installed_at {
+	const char *ns;
+	size_t s;
+} installed_at;
+
+/* A collection dropped between the routing table's load and the install would leave the
+ * shard with metadata of a collection metadata no longer has (and a later collection of
+ * the same name, whose tokens start again at 1, could not be installed over it: an older
+ * collection version). So after installing, metadata is asked again, and the installs of
+ * namespaces it no longer lists are dropped. A collection sharded again meanwhile loses
+ * the install too, and the next pass installs it anew (missing metadata heals itself,
+ * stale metadata would not). */
+static void undo_dropped(mongoc_client_t *meta, const cfilt_target *t, const installed_at *done,
+			 size_t ndone)
+{
+	char **now = NULL, e[256];
+	int64_t v;
+
+	if (read_metadata(meta, &now, &v, e, sizeof e) != 0) {
+		sdb_warn("filtering reconciler: metadata not read after installing", "error=\"%s\"",
+			 e);
+		return;
+	}
+	for (size_t i = 0; i < ndone; i++) {
+		bson_t cmd = BSON_INITIALIZER, reply;
+		if (has_name(now, done[i].ns))
+			continue;
+		BSON_APPEND_UTF8(&cmd, "stripedbSetFiltering", done[i].ns);
+		BSON_APPEND_BOOL(&cmd, "drop", true);
+		int rc = cfilt_command(t[done[i].s].client, &cmd, &reply, e, sizeof e);
+		sdb_warn("filtering reconciler: collection dropped while installing, install "
+			 "dropped", "ns=%s shard=%s code=%d", done[i].ns, t[done[i].s].shard, rc);
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+	}
+	free_names(now);
+}
+
 int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_target *t, size_t n,
 		    size_t *installed, char *err, size_t errlen)
 {
 	char **names, ***have = sdb_calloc(n ? n : 1, sizeof *have);
 	int64_t version = 0;
 	int rc;
+	installed_at *done = NULL;
+	size_t ndone = 0;
 
 	*installed = 0;
 	if ((rc = read_metadata(meta, &names, &version, err, errlen)) != 0) {
@@ -196,12 +237,18 @@ int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_targ
 				continue;
 			}
 			(*installed)++;
+			done = sdb_realloc(done, (ndone + 1) * sizeof *done);
+			done[ndone].ns = ns;
+			done[ndone++].s = s;
 			sdb_info("filtering reconciler: filtering metadata installed",
 				 "ns=%s shard=%s chunks=%zu collection_version=%" PRId64, ns,
 				 t[s].shard, owned, tab.max_token);
 		}
 		cfilt_table_destroy(&tab);
 	}
+	if (ndone > 0)
+		undo_dropped(meta, t, done, ndone);
+	free(done);
 	for (size_t s = 0; s < n; s++)
 		free_names(have[s]);
 	free(have);
