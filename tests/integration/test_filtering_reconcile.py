@@ -99,3 +99,38 @@ def test_a_shard_that_lost_its_filtering_metadata_gets_it_back(cl3):
     assert again["collectionVersion"] == first["collectionVersion"]
     assert prox.count_documents({}) == 100
     assert sorted(d["_id"] for d in prox.find({})) == list(range(100))
+
+
+def test_a_proxy_probes_a_shard_again_after_it_got_its_metadata(cl3):
+    """A proxy that met a shard without filtering metadata sends it per-chunk requests, and
+    probes it again later (src/proxy/shardver.c PX_LEGACY_RECHECK_MS): once the reconciler
+    has installed the metadata, the proxy's queries go to that shard once, not per chunk,
+    with no routing change in between."""
+    cl = cl3
+    ns = "db.p"
+    cl.shard_collection(ns, {"k": 1}, split_points=[{"k": 10 * i} for i in range(1, 8)],
+                        shards=["shard-a", "shard-b"])
+    version = cl.meta_read({"getRoutingTable": "all", "sinceVersion": 2**62})["routingVersion"]
+    wait_installed(cl, "shard-a", ns)
+    wait_installed(cl, "shard-b", ns)
+    prox = cl.proxy_client(0).db.p
+    prox.insert_many([{"_id": i, "k": i} for i in range(80)])
+    # the coordinator stopped, so that the proxy meets the shard without metadata
+    coord = cl.coords[0]
+    coord.kill()
+    cl.shard_client("shard-b").admin.command({"stripedbSetFiltering": ns, "drop": True})
+    before = shard_cmd_count(cl, "shard-b", "find")
+    assert len(list(prox.find({}))) == 80
+    # the versioned find refused (StaleConfig, vWanted null), then one find per chunk (4)
+    assert shard_cmd_count(cl, "shard-b", "find") - before == 5
+    coord.restart()
+    wait_installed(cl, "shard-b", ns)
+
+    def one_find():
+        b = shard_cmd_count(cl, "shard-b", "find")
+        assert sorted(d["_id"] for d in prox.find({})) == list(range(80))
+        return shard_cmd_count(cl, "shard-b", "find") - b == 1
+    wait_until(one_find, 90, interval=1.0, what="the proxy's probe of shard-b")
+    # no routing change made it happen
+    assert cl.meta_read({"getRoutingTable": "all", "sinceVersion": 2**62})["routingVersion"] \
+        == version
