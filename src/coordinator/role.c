@@ -498,6 +498,26 @@ static mongoc_client_t *rec_client_of(rec_client **cs, size_t *n, const char *sh
 	return c;
 }
 
+/* Forget the clients of shards not in ids[0..n) (no longer held). */
+static void rec_clients_prune(rec_client *cs, size_t *ncs, char **ids, size_t n)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < *ncs; i++) {
+		bool held = false;
+		for (size_t j = 0; j < n && !held; j++)
+			held = strcmp(cs[i].shard, ids[j]) == 0;
+		if (held) {
+			cs[k++] = cs[i];
+			continue;
+		}
+		if (cs[i].c)
+			mongoc_client_destroy(cs[i].c);
+		free(cs[i].shard);
+		free(cs[i].uri);
+	}
+	*ncs = k;
+}
+
 static void rec_clients_free(rec_client *cs, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
@@ -548,6 +568,7 @@ static void *reconcile_thread(void *arg)
 				mongoc_client_set_appname(meta, "stripedb-coordinator");
 			}
 		}
+		rec_clients_prune(cs, &ncs, ids, n);
 		cfilt_target *t = sdb_calloc(n ? n : 1, sizeof *t);
 		size_t nt = 0;
 		for (size_t i = 0; i < n; i++) {
