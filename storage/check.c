@@ -40,9 +40,11 @@ static void problem(bson_t *problems, int *n, const char *fmt, ...)
 	(*n)++;
 }
 
-/* Count the index rows of ix and check each document's keys are present. */
+/* Check each document of co (parses, key matches its _id, every index key present) and
+ * each index's rows (as many as the documents give, none without a document). With v,
+ * also count the records, the invalid documents and each index's rows into v. */
 static int check_coll(sdb_store_conn *c, const sdb_store_coll *co, bson_t *problems, int *n,
-		      char *err, size_t errlen)
+		      sdb_store_validation *v, char *err, size_t errlen)
 {
 	char sql[160];
 	snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld", (long long)co->tbl);
@@ -55,11 +57,15 @@ static int check_coll(sdb_store_conn *c, const sdb_store_coll *co, bson_t *probl
 	int r;
 	while ((r = sqlite3_step(s)) == SQLITE_ROW) {
 		bson_t doc;
+		if (v)
+			v->nrecords++;
 		if (!bson_init_static(&doc, sqlite3_column_blob(s, 1),
 				      (size_t)sqlite3_column_bytes(s, 1)) ||
 		    !bson_validate(&doc, BSON_VALIDATE_NONE, NULL)) {
 			problem(problems, n, "%s.%s: a document is not valid BSON", co->db,
 				co->coll);
+			if (v)
+				v->n_invalid++;
 			continue;
 		}
 		bson_iter_t id_it;
@@ -69,6 +75,8 @@ static int check_coll(sdb_store_conn *c, const sdb_store_coll *co, bson_t *probl
 		    memcmp(idk.data, sqlite3_column_blob(s, 0), idk.len) != 0) {
 			problem(problems, n, "%s.%s: a document's key does not match its _id",
 				co->db, co->coll);
+			if (v)
+				v->n_invalid++;
 			continue;
 		}
 		for (size_t i = 0; i < co->n_indexes; i++) {
@@ -109,6 +117,8 @@ static int check_coll(sdb_store_conn *c, const sdb_store_coll *co, bson_t *probl
 		snprintf(sql, sizeof sql, "SELECT count(*) FROM i_%lld",
 			 (long long)co->indexes[i].tbl);
 		int64_t have = store_query_int(c, sql, -1);
+		if (v)
+			v->index_keys[i] = have;
 		if (have != expect[i])
 			problem(problems, n, "%s.%s: index %s has %lld entries, documents give %lld",
 				co->db, co->coll, co->indexes[i].name, (long long)have,
@@ -311,9 +321,44 @@ int sdb_store_check(sdb_store_conn *c, bson_t *problems, int *n_problems, char *
 	if (store_exec_sql(c->db, "PRAGMA quick_check", NULL, 0) != 0)
 		problem(problems, n_problems, "sqlite quick_check failed");
 	for (size_t i = 0; i < c->n_colls; i++) {
-		int rc = check_coll(c, &c->colls[i], problems, n_problems, err, errlen);
+		int rc = check_coll(c, &c->colls[i], problems, n_problems, NULL, err, errlen);
 		if (rc)
 			return rc;
 	}
 	return check_oplog(c, problems, n_problems, err, errlen);
+}
+
+int sdb_store_validate(sdb_store_conn *c, const char *db, const char *coll, bool metadata_only,
+		       sdb_store_validation *v, bson_t *problems, int *n_problems, char *err,
+		       size_t errlen)
+{
+	const sdb_store_coll *co;
+	int rc;
+
+	memset(v, 0, sizeof *v);
+	*n_problems = 0;
+	if ((rc = sdb_store_coll_get(c, db, coll, &co, err, errlen)) != 0)
+		return rc;
+	v->n_indexes = co->n_indexes;
+	v->index_names = sdb_calloc(co->n_indexes + 1, sizeof *v->index_names);
+	v->index_keys = sdb_calloc(co->n_indexes + 1, sizeof *v->index_keys);
+	for (size_t i = 0; i < co->n_indexes; i++) {
+		char perr[256];
+		v->index_names[i] = sdb_strdup(co->indexes[i].name);
+		if (store_key_check_pattern(co->indexes[i].key, perr, sizeof perr) != 0)
+			problem(problems, n_problems, "%s.%s: index %s: %s", db, coll,
+				co->indexes[i].name, perr);
+	}
+	if (metadata_only)
+		return 0;
+	return check_coll(c, co, problems, n_problems, v, err, errlen);
+}
+
+void sdb_store_validation_free(sdb_store_validation *v)
+{
+	for (size_t i = 0; v->index_names && i < v->n_indexes; i++)
+		free(v->index_names[i]);
+	free(v->index_names);
+	free(v->index_keys);
+	memset(v, 0, sizeof *v);
 }

@@ -472,6 +472,27 @@ int sdb_store_filtering_drop_db(sdb_store_conn *c, const char *db, char *err, si
 int sdb_store_check(sdb_store_conn *c, bson_t *problems, int *n_problems, char *err,
 		    size_t errlen);
 
+/* What sdb_store_validate counted of one collection (the validate command's nrecords,
+ * nInvalidDocuments, nIndexes and keysPerIndex). Free with sdb_store_validation_free. */
+typedef struct sdb_store_validation {
+	int64_t nrecords;   /* documents read */
+	int64_t n_invalid;  /* of them: not valid BSON, or stored under another _id key */
+	size_t n_indexes;   /* secondary indexes (not _id_) */
+	char **index_names; /* [n_indexes], heap */
+	int64_t *index_keys; /* [n_indexes]: the rows each index holds */
+} sdb_store_validation;
+
+/* MongoDB's validate of db.coll (read txn): the checks of sdb_store_check for that one
+ * collection (documents parse and match their _id key; every index holds exactly the keys
+ * the documents give), problems appended to problems (an array builder: strings, at most
+ * 1,000) and counted in *n_problems; v gets the counts (always initialised: free it). With
+ * metadata_only (validate {metadata: true}) only the index specifications are checked and
+ * no document is read. Errors: SDB_ENOTFOUND (no such collection), SDB_EIO. */
+int sdb_store_validate(sdb_store_conn *c, const char *db, const char *coll, bool metadata_only,
+		       sdb_store_validation *v, bson_t *problems, int *n_problems, char *err,
+		       size_t errlen);
+void sdb_store_validation_free(sdb_store_validation *v);
+
 /* The byte length of a document, read from its data: heap bson_t (bson_new, bson_copy)
  * are not allocated with the 128-byte alignment the type declares, so their members must
  * not be read directly (UBSan), only through libbson. */

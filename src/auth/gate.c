@@ -982,6 +982,7 @@ static const struct {
 	{"create", AUTH_ACT_ADMIN},       {"findAndModify", AUTH_ACT_FIND},
 	{"findandmodify", AUTH_ACT_FIND}, {"aggregate", AUTH_ACT_FIND},
 	{"collStats", AUTH_ACT_FIND},     {"collstats", AUTH_ACT_FIND},
+	{"validate", AUTH_ACT_ADMIN}, /* MongoDB's validate action: dbAdmin */
 };
 
 /* Commands explain may wrap (the proxy's explainable commands); explain needs the rights

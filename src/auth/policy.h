@@ -27,7 +27,7 @@ enum {
 	AUTH_ACT_UPDATE = 4,       /* update, findAndModify, $merge */
 	AUTH_ACT_REMOVE = 8,       /* delete, findAndModify remove, $out replaces */
 	AUTH_ACT_CREATE_INDEX = 16, /* createIndexes, dropIndexes */
-	AUTH_ACT_ADMIN = 32,       /* create, drop, collMod, dropDatabase */
+	AUTH_ACT_ADMIN = 32,       /* create, drop, collMod, dropDatabase, validate */
 	AUTH_ACT_ALL = 63,
 };
 

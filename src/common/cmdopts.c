@@ -77,6 +77,10 @@ static const char *const getmore_fields[] = {
 static const char *const internal_find_fields[] = {"keyRange", "stripedbSnapshot", NULL};
 static const char *const internal_delete_stmt_fields[] = {"keyRange", "keyRangeLimit", NULL};
 
+/* validate (MongoDB 6.0 src/mongo/db/commands/validate.cpp: the options it reads) */
+static const char *const validate_fields[] = {"full", "background", "repair", "enforceFastCount",
+					      "metadata", NULL};
+
 /* update and delete statements (write_ops.idl UpdateOpEntry, DeleteOpEntry) */
 static const char *const update_stmt_fields[] = {
 	"q", "u", "c", "upsert", "multi", "arrayFilters", "hint", "collation", "upsertSupplied",
@@ -91,7 +95,7 @@ static const struct {
 	{"find", find_fields},	     {"aggregate", aggregate_fields}, {"count", count_fields},
 	{"distinct", distinct_fields}, {"insert", insert_fields},	      {"update", update_fields},
 	{"delete", delete_fields},   {"findAndModify", fam_fields},   {"findandmodify", fam_fields},
-	{"getMore", getmore_fields},
+	{"getMore", getmore_fields}, {"validate", validate_fields},
 };
 
 static bool listed(const char *const *list, const char *k)

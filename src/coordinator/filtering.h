@@ -28,9 +28,9 @@ typedef struct cfilt_table {
 	int64_t max_token; /* the largest token of the collection */
 } cfilt_table;
 
-/* Run cmd on the admin database of c (the metadata leader or a shard): 0, or the server's
- * error code (> 0), or -1 for a network error; message in err. reply is always initialised
- * (bson_destroy it). */
+/* Run cmd on the admin database of c (the metadata leader or a shard). reply is always
+ * initialised (bson_destroy it). Returns: 0, or the server's error code (> 0), or -1 for a
+ * network error; message in err. */
 int cfilt_command(mongoc_client_t *c, const bson_t *cmd, bson_t *reply, char *err,
 		  size_t errlen);
 

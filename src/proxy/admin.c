@@ -434,13 +434,14 @@ static void isizes_free(isizes *s)
  * indexSizes are summed, nindexes is the largest, avgObjSize = size / count, the replies
  * are kept under shards.<id>. A shard that has no document of a sharded collection yet
  * answers NamespaceNotFound and adds nothing. */
-/* Run collStats on every shard owning a chunk of c->ns (unsharded: its primary): the
- * client's command renamed (stage false) or {collStats: coll} (stage true, for the
+/* Run command `name` on every shard owning a chunk of c->ns (unsharded: its primary): the
+ * client's command renamed to name (bare false) or {name: coll} (bare true, e.g. for the
  * $collStats aggregation stage). Returns: 0 with the calls in *out (px_pcalls_free them),
  * *n, *sharded and *nchunks; else *out NULL and the status of the answer given (the error,
- * or a shard's reply copied: 0 or its code). */
-static int coll_stats_calls(ctx *c, bool stage, size_t *n_out, bool *sharded,
-			    int64_t *nchunks, pcall **out)
+ * or a shard's reply copied: 0 or its code). A shard of a sharded collection answering
+ * NamespaceNotFound (no document there yet) is left out (its cls is not SHARDCONN_OK). */
+static int owner_calls(ctx *c, const char *name, bool bare, size_t *n_out, bool *sharded,
+		       int64_t *nchunks, pcall **out)
 {
 	static const int absent[] = {WIRE_ERR_NAMESPACE_NOT_FOUND, 0};
 	route_coll *rc;
@@ -468,10 +469,10 @@ static int coll_stats_calls(ctx *c, bool stage, size_t *n_out, bool *sharded,
 	}
 	pc = px_pcalls_new(c, ids, n);
 	for (i = 0; i < n; i++) {
-		if (stage)
-			BSON_APPEND_UTF8(&pc[i].cmd, "collStats", c->coll);
+		if (bare)
+			BSON_APPEND_UTF8(&pc[i].cmd, name, c->coll);
 		else
-			copy_renamed(c->cmd, &pc[i].cmd, "collStats");
+			copy_renamed(c->cmd, &pc[i].cmd, name);
 	}
 	px_fanout(c, n, px_pcall_one, pc);
 	bad = px_pcalls_failed(pc, n, *sharded ? absent : NULL);
@@ -518,7 +519,7 @@ int px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 			}
 		}
 	}
-	if ((rst = coll_stats_calls(c, true, &n, &sharded, &nchunks, &pc)) != 0 || pc == NULL)
+	if ((rst = owner_calls(c, "collStats", true, &n, &sharded, &nchunks, &pc)) != 0 || pc == NULL)
 		return rst;
 	out = bson_new();
 	bson_append_document_begin(out, "cursor", -1, &cur);
@@ -576,7 +577,7 @@ int px_do_coll_stats(ctx *c)
 	bson_t *out, shards, idx;
 	int st;
 
-	if ((st = coll_stats_calls(c, false, &n, &sharded, &nchunks, &pc)) != 0 || pc == NULL)
+	if ((st = owner_calls(c, "collStats", false, &n, &sharded, &nchunks, &pc)) != 0 || pc == NULL)
 		return st;
 	memset(&sizes, 0, sizeof sizes);
 	out = bson_new();
@@ -618,6 +619,50 @@ int px_do_coll_stats(ctx *c)
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	isizes_free(&sizes);
 	px_pcalls_free(pc, n);
+	return px_reply(c, out);
+}
+
+/* validate (mongos' cluster_validate_cmd.cpp): sent to every shard owning a chunk of the
+ * collection (unsharded: its primary shard); each shard's reply under raw.<id>; a sharded
+ * collection answers {valid: every shard's valid, raw}, an unsharded one its shard's reply
+ * plus raw. A shard's error is the answer (the first one, as mongos). */
+int px_do_validate(ctx *c)
+{
+	size_t n = 0, i;
+	pcall *pc;
+	bool sharded, valid = true;
+	int64_t nchunks;
+	bson_t *out, raw;
+	bson_iter_t it;
+	int st;
+
+	if ((st = owner_calls(c, "validate", false, &n, &sharded, &nchunks, &pc)) != 0 ||
+	    pc == NULL)
+		return st;
+	out = bson_new();
+	for (i = 0; i < n; i++) {
+		if (pc[i].cls != SHARDCONN_OK)
+			continue;
+		valid = valid && bson_iter_init_find(&it, &pc[i].reply, "valid") &&
+			bson_iter_as_bool(&it);
+		if (!sharded && bson_iter_init(&it, &pc[i].reply))
+			while (bson_iter_next(&it)) {
+				const char *k = bson_iter_key(&it);
+				if (strcmp(k, "ok") != 0 && strcmp(k, "$clusterTime") != 0 &&
+				    strcmp(k, "operationTime") != 0)
+					bson_append_iter(out, k, -1, &it);
+			}
+	}
+	if (sharded)
+		BSON_APPEND_BOOL(out, "valid", valid);
+	bson_append_document_begin(out, "raw", -1, &raw);
+	for (i = 0; i < n; i++)
+		if (pc[i].cls == SHARDCONN_OK)
+			append_shard_reply(&raw, pc[i].shard, &pc[i].reply);
+	bson_append_document_end(out, &raw);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	px_pcalls_free(pc, n);
+	(void)nchunks;
 	return px_reply(c, out);
 }
 

@@ -610,6 +610,7 @@ static const px_cmd cmd_table[] = {
 	{"dbstats", px_do_db_stats, 0, NULL, PXP_NONE},
 	{"collStats", px_do_coll_stats, PXC_COLL, NULL, PXP_NONE},
 	{"collstats", px_do_coll_stats, PXC_COLL, NULL, PXP_NONE},
+	{"validate", px_do_validate, PXC_COLL, NULL, PXP_NONE},
 	/* sharding administration, as on a mongos (sharding.c, issue #18) */
 	{"enableSharding", px_do_enable_sharding, 0, NULL, PXP_NONE},
 	{"enablesharding", px_do_enable_sharding, 0, NULL, PXP_NONE},

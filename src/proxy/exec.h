@@ -337,6 +337,7 @@ int px_do_create_indexes(ctx *c);
 int px_do_list_indexes(ctx *c);
 int px_do_list_union(ctx *c, bool databases); /* listDatabases / listCollections */
 int px_do_coll_stats(ctx *c);
+int px_do_validate(ctx *c); /* admin.c: mongos' validate (raw per shard) */
 int px_do_coll_stats_stage(ctx *c, const bson_t *spec); /* aggregate [{$collStats}] */
 int px_do_db_stats(ctx *c);
 int px_do_explain(ctx *c);                   /* explain.c */

@@ -133,7 +133,8 @@ static bool backoff_sleep(int *ms, int min_ms, int max_ms, uint64_t deadline_ms)
 static bool idempotent_read(const bson_t *cmd)
 {
 	static const char *const reads[] = {"find", "count", "distinct", "listIndexes",
-					    "listCollections", "collStats", "dbStats", "ping"};
+					    "listCollections", "collStats", "dbStats", "ping",
+					    "validate"};
 	bson_iter_t it;
 
 	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it))

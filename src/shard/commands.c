@@ -45,6 +45,7 @@ static const cmd_entry cmd_table[] = {
 	{"dropDatabase", shard_cmd_drop_database},
 	{"collStats", shard_cmd_coll_stats},
 	{"dbStats", shard_cmd_db_stats},
+	{"validate", shard_cmd_validate},
 	{"stripedbSetVersion", shard_cmd_set_version},
 	{"stripedbSetFiltering", shard_cmd_set_filtering},
 	{"stripedbGetFiltering", shard_cmd_get_filtering},

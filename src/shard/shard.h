@@ -453,6 +453,8 @@ void shard_cmd_coll_stats(shard_ctx *x);
 void shard_coll_stats_append(shard_ctx *x, const char *coll, const sdb_store_coll *co,
 			     bson_t *reply);
 void shard_cmd_db_stats(shard_ctx *x);
+/* validate: MongoDB's collection validation (cmd_admin.c; storage/store.h sdb_store_validate). */
+void shard_cmd_validate(shard_ctx *x);
 void shard_cmd_set_version(shard_ctx *x);
 /* Filtering metadata (filtering.c, issue #17). */
 void shard_cmd_set_filtering(shard_ctx *x);
