@@ -2,12 +2,15 @@
 every index entry checked in one read snapshot) and through a proxy (mongos' reply: each
 shard's under raw, valid over all of them for a sharded collection); a damaged index is
 found; MongoDB's option rules and errors."""
+import json
 import sqlite3
+import subprocess
 
 import pymongo
 import pytest
 from pymongo.errors import OperationFailure
 
+from conftest import MONGOSH, NODE_CLIENTS_REQUIRED, node_clients_present, node_env
 from proxy_helpers import ProxyCluster
 
 
@@ -118,3 +121,15 @@ def test_validate_through_a_proxy(cl):
     assert sorted(r["raw"]) == sorted(cl.shard_ids)
     assert sum(s["nrecords"] for s in r["raw"].values()) == 200
     assert "nrecords" not in r  # mongos: a sharded collection answers valid and raw only
+    # mongosh's db.coll.validate() (sends {validate, full: false}) through the proxy
+    # (skipped, and said so, only when mongosh is absent and not required: conftest)
+    if NODE_CLIENTS_REQUIRED or node_clients_present("mongosh"):
+        script = ("const a = db.getSiblingDB('s').c.validate(); const b = db.getSiblingDB('u')"
+                  ".c.validate({full: true}); print(JSON.stringify({a: a.valid, "
+                  "shards: Object.keys(a.raw).sort(), b: b.valid, n: Number(b.nrecords)}))")
+        r = subprocess.run([MONGOSH, f"mongodb://127.0.0.1:{cl.proxy_ports[0]}/", "--quiet",
+                            "--norc", "--eval", script],
+                           capture_output=True, text=True, timeout=120, env=node_env())
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert json.loads(r.stdout.strip().splitlines()[-1]) == \
+            {"a": True, "shards": sorted(cl.shard_ids), "b": True, "n": 120}
