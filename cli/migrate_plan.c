@@ -345,9 +345,12 @@ static const char *const WHY =
 	"longer holds them";
 
 /* The type class of a range bound: 1 number, 2 string, 0 anything else (refused). Only
- * values metadata orders as MongoDB does become chunk bounds (raft/fsm.c cmp_value:
- * int32/int64/double by value, strings bytewise): a Decimal128 reads as 0 there and a NaN
- * equals every number, so a split at one would be misplaced (a reviewer's inverted chunk). */
+ * values every op version of metadata orders as MongoDB does become chunk bounds: below op
+ * version 4 (raft/fsm.c cmp_value_v1: int32/int64/double by value, strings bytewise) a
+ * Decimal128 reads as 0 and a NaN equals every number, so a split at one would be
+ * misplaced (a reviewer's inverted chunk). From 4 metadata orders them as MongoDB does
+ * (raft/migstate.h), but this plan does not read the cluster's op version, so it refuses
+ * them whatever it is. */
 static int bound_class(const bson_iter_t *it)
 {
 	if (BSON_ITER_HOLDS_INT32(it) || BSON_ITER_HOLDS_INT64(it) ||

@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/bsonget.h"
+#include "common/bsonval.h"
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -206,8 +207,13 @@ int fsm_lerr(bson_t *res, int code, const char *name, const char *fmt, ...)
 	return LOGICAL;
 }
 
-/* Rank of a BSON type for ordering shard-key values (MongoDB's comparison order,
- * simplified: all numbers compare together). */
+/* The key order of entries stamped below MIGSTATE_OP_VERSION_KEY_ORDER (and of unstamped
+ * ones), kept exactly as it was so that an old log replays to the same chunks: a rank of
+ * the BSON type (MongoDB's comparison order, simplified: all numbers compare together;
+ * null == undefined, regex, code, dbPointer... one rank), then int32/int64 by value,
+ * other numbers through bson_iter_as_double (a Decimal128 reads as 0, a NaN equals every
+ * number), strings bytewise, bool/date/ObjectId by value, anything else (documents,
+ * arrays, binary data, timestamps...) equal within its rank. Do not change it. */
 static int type_rank(bson_type_t t)
 {
 	switch (t) {
@@ -245,7 +251,7 @@ static int type_rank(bson_type_t t)
 	}
 }
 
-static int cmp_value(const bson_iter_t *a, const bson_iter_t *b)
+static int cmp_value_v1(const bson_iter_t *a, const bson_iter_t *b)
 {
 	bson_type_t ta = bson_iter_type(a), tb = bson_iter_type(b);
 	int ra = type_rank(ta), rb = type_rank(tb);
@@ -286,17 +292,20 @@ static int cmp_value(const bson_iter_t *a, const bson_iter_t *b)
 	return 0;
 }
 
-/* Compare two shard-key documents field by field (positionally). */
-int fsm_cmp_key(const bson_t *a, const bson_t *b)
+/* Compare two shard-key documents field by field (positionally), in the order of the
+ * entry's op version (fsm_int.h). */
+int fsm_cmp_key(const bson_t *a, const bson_t *b, int64_t opv)
 {
 	bson_iter_t ia, ib;
+	if (opv >= MIGSTATE_OP_VERSION_KEY_ORDER)
+		return sdb_bson_key_cmp(a, b);
 	if (!bson_iter_init(&ia, a) || !bson_iter_init(&ib, b))
 		return 0;
 	for (;;) {
 		bool na = bson_iter_next(&ia), nb = bson_iter_next(&ib);
 		if (!na || !nb)
 			return na == nb ? 0 : (na ? 1 : -1);
-		int c = cmp_value(&ia, &ib);
+		int c = cmp_value_v1(&ia, &ib);
 		if (c)
 			return c;
 	}

@@ -86,10 +86,13 @@ int fsm_arg_doc(const bson_t *args, const char *key, bson_t *out, int want_array
 int fsm_lerr(bson_t *res, int code, const char *name, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
-/* Returns: fsm_cmp_key compares two shard-key value documents in MongoDB's BSON order
- * (<0, 0, >0); fsm_key_matches is 1 when doc has exactly keypat's fields in keypat's
- * order, else 0. Neither fails. */
-int fsm_cmp_key(const bson_t *a, const bson_t *b);
+/* Returns: fsm_cmp_key compares two shard-key value documents (<0, 0, >0) in the order of
+ * the entry's op version opv (its "opVersion" argument, 0 when absent): from
+ * MIGSTATE_OP_VERSION_KEY_ORDER (raft/migstate.h) MongoDB's order (common/bsonval.h
+ * sdb_bson_key_cmp, the one routing uses), below it the earlier simplified order
+ * (fsm.c cmp_value_v1), so that an old log replays as it applied; fsm_key_matches is 1
+ * when doc has exactly keypat's fields in keypat's order, else 0. Neither fails. */
+int fsm_cmp_key(const bson_t *a, const bson_t *b, int64_t opv);
 int fsm_key_matches(const bson_t *keypat, const bson_t *doc);
 
 /* Bump the routing version (pruning the routing diff log) into *rv, and take the next

@@ -210,6 +210,21 @@ static int insert_chunk(sdb_fsm *f, int64_t id, const char *ns, const bson_t *mi
 /* The k-th (1..n-1) inner bound of an n-chunk split of the int64 hash space: with half
  * (INT64_MAX / n, op version 3) MongoDB's symmetric point (2k - n) * half, else the
  * earlier INT64_MIN + k * step (step = UINT64_MAX / n). */
+/* Does a split point hold an array in one of its fields? MongoDB refuses such a shard-key
+ * value ("Shard key cannot contain an array"; no document's key is one, and routing
+ * refuses it), so a chunk bound at one would only order documents no proxy routes there.
+ * Checked from MIGSTATE_OP_VERSION_KEY_ORDER on. Returns: true or false. */
+static bool key_has_array(const bson_t *k)
+{
+	bson_iter_t it;
+	if (!bson_iter_init(&it, k))
+		return false;
+	while (bson_iter_next(&it))
+		if (BSON_ITER_HOLDS_ARRAY(&it))
+			return true;
+	return false;
+}
+
 static int64_t hashed_point(int64_t k, int64_t n, uint64_t step, int64_t half)
 {
 	if (half)
@@ -357,7 +372,14 @@ int fsm_op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 				rc = fsm_lerr(res, E_BAD_VALUE, "split point does not match the shard key");
 				goto out;
 			}
-			if (fsm_cmp_key(bounds[nbounds - 1], &sp) >= 0) {
+			if (opv >= MIGSTATE_OP_VERSION_KEY_ORDER && key_has_array(&sp)) {
+				rc = fsm_lerr(res, E_BAD_VALUE,
+					      "a split point cannot contain an array");
+				goto out;
+			}
+			/* op version 4: MongoDB's order (raft/migstate.h); before it, the
+			 * earlier one, so that an old log replays as it applied */
+			if (fsm_cmp_key(bounds[nbounds - 1], &sp, opv) >= 0) {
 				rc = fsm_lerr(res, E_BAD_VALUE, "splitPoints must be strictly increasing");
 				goto out;
 			}
@@ -531,12 +553,14 @@ static void chunk_free(chunk_row *c)
 
 int fsm_op_split_chunk(sdb_fsm *f, cmdctx *c, bson_t *res)
 {
-	int64_t id, nid, rv;
+	int64_t id, nid, rv, opv = 1;
 	bson_t at, key;
 	chunk_row ch;
 	int rc = 0;
 	if (!fsm_arg_int(&c->args, "id", &id) || !fsm_arg_doc(&c->args, "at", &at, 0))
 		return fsm_lerr(res, E_BAD_VALUE, "splitChunk needs id and an at key document");
+	/* the leader's stamp (src/metadata/role.c); entries without it apply as before */
+	fsm_arg_int(&c->args, "opVersion", &opv);
 	int e = chunk_load(f, id, &ch);
 	if (e < 0)
 		return e;
@@ -556,7 +580,14 @@ int fsm_op_split_chunk(sdb_fsm *f, cmdctx *c, bson_t *res)
 		goto out;
 	}
 	sqlite3_finalize(st);
-	if (fsm_cmp_key(ch.min, &at) >= 0 || fsm_cmp_key(&at, ch.max) >= 0) {
+	if (opv >= MIGSTATE_OP_VERSION_KEY_ORDER && key_has_array(&at)) {
+		rc = fsm_lerr(res, E_BAD_VALUE, "a split point cannot contain an array");
+		goto out;
+	}
+	/* strictly inside by the entry's order: from op version 4 MongoDB's, the one the
+	 * proxies route by, so a Decimal128 or NaN split point lands where routing expects
+	 * it (the earlier order read a Decimal128 as 0: a split could invert the chunks) */
+	if (fsm_cmp_key(ch.min, &at, opv) >= 0 || fsm_cmp_key(&at, ch.max, opv) >= 0) {
 		rc = fsm_lerr(res, E_BAD_VALUE, "split point is not inside chunk %lld", (long long)id);
 		goto out;
 	}
@@ -582,9 +613,11 @@ int fsm_op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res)
 	chunk_row *rows = NULL;
 	size_t n = 0, i;
 	int rc = 0;
-	int64_t rv, token = 0;
+	int64_t rv, token = 0, opv = 1;
 	if (!fsm_arg_doc(&c->args, "ids", &ids, 1))
 		return fsm_lerr(res, E_BAD_VALUE, "mergeChunks needs an ids array");
+	/* the leader's stamp: the key order of the sort and adjacency check below */
+	fsm_arg_int(&c->args, "opVersion", &opv);
 	bson_iter_init(&it, &ids);
 	while (bson_iter_next(&it)) {
 		if (!BSON_ITER_HOLDS_NUMBER(&it) || n >= 1000) {
@@ -612,7 +645,7 @@ int fsm_op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res)
 	for (i = 1; i < n; i++) {
 		chunk_row t = rows[i];
 		size_t j = i;
-		while (j > 0 && fsm_cmp_key(rows[j - 1].min, t.min) > 0) {
+		while (j > 0 && fsm_cmp_key(rows[j - 1].min, t.min, opv) > 0) {
 			rows[j] = rows[j - 1];
 			j--;
 		}
@@ -623,7 +656,7 @@ int fsm_op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res)
 			rc = fsm_lerr(res, E_ILLEGAL, "chunks to merge must share collection and shard");
 			goto out;
 		}
-		if (i > 0 && fsm_cmp_key(rows[i - 1].max, rows[i].min) != 0) {
+		if (i > 0 && fsm_cmp_key(rows[i - 1].max, rows[i].min, opv) != 0) {
 			rc = fsm_lerr(res, E_ILLEGAL, "chunks %lld and %lld are not adjacent",
 				  (long long)rows[i - 1].id, (long long)rows[i].id);
 			goto out;

@@ -35,6 +35,7 @@ tests_unit_test_raft_node_LDADD = $(UNIT_LDADD)
 EXTRA_DIST += src/metadata/README.md tests/integration/metadata_cluster.py \
 	tests/integration/test_metadata.py tests/integration/linearizability.py \
 	tests/integration/test_metadata_linearizability.py tests/integration/test_metadata_ctl.py \
+	tests/integration/test_metadata_key_order.py \
 	tests/bench/metadata_bench.py tests/integration/test_raft_security.py \
 	tests/integration/test_routing_scale.py tests/bench/routing_bench.py
 

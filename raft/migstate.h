@@ -33,6 +33,13 @@
  * "op_version", default 2) is 3: an operator raises it after every member runs a binary
  * that knows it, as MongoDB's setFeatureCompatibilityVersion. Until then registrations are
  * stamped 2 and apply as before on every member.
+ *
+ * Op version 4 (MongoDB's key order for chunk bounds): the leader stamps the cluster op
+ * version on shardCollection, splitChunk and mergeChunks; entries stamped >=
+ * MIGSTATE_OP_VERSION_KEY_ORDER compare split points and bounds with
+ * common/bsonval.h sdb_bson_key_cmp (so a split point is "strictly inside its chunk" by the
+ * order the proxies route by) and refuse array split points; older ones replay with the
+ * earlier order.
  */
 #ifndef SDB_METADATA_MIGSTATE_H
 #define SDB_METADATA_MIGSTATE_H
@@ -43,10 +50,19 @@
  * table is checked at apply. */
 #define MIGSTATE_OP_VERSION 2
 /* registerMigration's op version from which a second non-terminal migration of the same
- * ns and chunk is refused at apply; also the highest op version this binary knows (the
- * largest value setOpVersion accepts). */
+ * ns and chunk is refused at apply. */
 #define MIGSTATE_OP_VERSION_EXCLUSIVE 3
-#define MIGSTATE_OP_VERSION_MAX 3
+/* shardCollection, splitChunk and mergeChunks op version from which chunk bounds are
+ * ordered as MongoDB orders values (common/bsonval.h sdb_bson_key_cmp, the order the
+ * proxies route by: Decimal128 by value, NaN below every other number, documents, arrays,
+ * binary data and timestamps by value) and a split point holding an array (never a
+ * document's shard-key value) is refused at apply. Older entries keep the earlier order
+ * (raft/fsm.c cmp_value_v1), in which a Decimal128 reads as 0 and a NaN equals every
+ * number, so a split at one could invert the chunk order. */
+#define MIGSTATE_OP_VERSION_KEY_ORDER 4
+/* The highest op version this binary knows (the largest value setOpVersion accepts, and
+ * the one a new cluster starts at). */
+#define MIGSTATE_OP_VERSION_MAX 4
 
 typedef enum {
 	MIG_REGISTERED = 0,

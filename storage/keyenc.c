@@ -5,7 +5,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 
 void sdb_key_init(sdb_key *k)
 {

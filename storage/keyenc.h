@@ -9,7 +9,7 @@
  * the document is stored separately.
  *
  * Byte layout of one value (ascending):  BRACKET-BYTE BODY
- *   bracket bytes (ascending = MongoDB's canonical order, storage/bsonval.h):
+ *   bracket bytes (ascending = MongoDB's canonical order, common/bsonval.h):
  *     0x0A MinKey  0x0F undefined  0x14 null   0x1E number  0x28 string/symbol
  *     0x32 object  0x3C array      0x46 binData 0x50 ObjectId 0x5A bool  0x64 date
  *     0x6E timestamp 0x78 regex    0x82 dbPointer 0x8C code  0x96 code w/ scope
@@ -37,7 +37,7 @@
  * (x ^ 0xFF). Because encodings are prefix-free, inversion exactly reverses the order and
  * stays prefix-free, so compound keys mixing directions still compare component-wise.
  *
- * Limits: decimal128 keys go through long double (see storage/bsonval.h): values closer
+ * Limits: decimal128 keys go through long double (see common/bsonval.h): values closer
  * than about 1 part in 2^64 may get the same key (order is never inverted). Nesting
  * deeper than SDB_BSON_MAX_DEPTH is refused with SDB_EINVAL.
  */

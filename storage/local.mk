@@ -17,10 +17,11 @@ tests_unit_test_storage_pipeline_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_pipeline
 # --- end sb ---
 
-# --- query core: bsonval keyenc path matcher projection sortspec (owner: sa) ---
-noinst_HEADERS += storage/bsonval.h storage/keyenc.h storage/path.h storage/matcher.h \
+# --- query core: keyenc path matcher projection sortspec (owner: sa); the comparison order
+# itself is src/common/bsonval.c (shared with raft/), tested by test_storage_bsonval ---
+noinst_HEADERS += storage/keyenc.h storage/path.h storage/matcher.h \
 	storage/matcher_int.h storage/projection.h storage/sortspec.h
-libstripedb_a_SOURCES += storage/bsonval.c storage/keyenc.c storage/path.c storage/matcher.c \
+libstripedb_a_SOURCES += storage/keyenc.c storage/path.c storage/matcher.c \
 	storage/projection.c storage/sortspec.c storage/bounds.c
 
 check_PROGRAMS += tests/unit/test_storage_bsonval

@@ -12,7 +12,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/path.h"
 
 #define ERR_BAD_VALUE 2

@@ -2,7 +2,7 @@
  *
  * Source of the behaviour: MongoDB manual "Query and Projection Operators"
  * (https://www.mongodb.com/docs/manual/reference/operator/query/), "Query an Array",
- * "Query for Null or Missing Fields", and the comparison order of storage/bsonval.h.
+ * "Query for Null or Missing Fields", and the comparison order of common/bsonval.h.
  *
  * Supported: implicit equality {f: v}; $eq $ne $gt $gte $lt $lte $in $nin $exists
  * $type (numbers, aliases, "number", arrays of them) $and $or $nor $not $elemMatch (value

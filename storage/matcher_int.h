@@ -11,7 +11,7 @@
 
 #include <bson/bson.h>
 
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/matcher.h"
 #include "storage/pipeline.h"
 

@@ -6,7 +6,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 
 #define PATH_MAX_COMPS 256
 

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 
 /* True when the element at it is an expression that is not a constant: a "$path" string
  * or an object whose first field is an operator. */

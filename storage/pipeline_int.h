@@ -17,7 +17,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/docbuild.h"
 #include "storage/keyenc.h"
 #include "storage/matcher.h"

@@ -12,7 +12,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/sortspec.h"
 
 static void stage_clear(stage *s)

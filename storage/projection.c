@@ -8,7 +8,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/matcher.h"
 #include "storage/path.h"
 #include "storage/pipeline_int.h"

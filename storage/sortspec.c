@@ -7,7 +7,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/path.h"
 
 #define SORT_MAX_FIELDS 32

@@ -20,7 +20,7 @@
 #include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/docbuild.h"
 #include "storage/matcher.h"
 #include "storage/path.h"

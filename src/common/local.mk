@@ -2,6 +2,7 @@
 libstripedb_a_SOURCES += \
 	src/common/alloc.c \
 	src/common/bsonget.c \
+	src/common/bsonval.c \
 	src/common/clock.c \
 	src/common/cmdopts.c \
 	src/common/config.c \
@@ -19,6 +20,7 @@ noinst_HEADERS += \
 	src/common/cmdopts.h \
 	src/common/alloc.h \
 	src/common/bsonget.h \
+	src/common/bsonval.h \
 	src/common/config.h \
 	src/common/dblist.h \
 	src/common/err.h \

@@ -41,7 +41,7 @@
  *                down. When an empty poll shows it caught up -> verifying.
  *   verifying    the source's content at a position P; the replicator applies up to P
  *                exactly; the target is read; both sides are compared as (_id, XXH64 of
- *                the document's bytes) in _id order (MongoDB's order, storage/bsonval.h):
+ *                the document's bytes) in _id order (MongoDB's order, common/bsonval.h):
  *                missing, extra and different _ids are listed in stats.verify. A
  *                difference -> aborted with the reason; equal -> switching. The source's
  *                side (issue #17, migrate_verify.c): the (_id, hash) list the import kept

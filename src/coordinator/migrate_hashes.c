@@ -5,7 +5,7 @@
 
 #include "common/alloc.h"
 #include "coordinator/migrate_hashes.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 
 uint64_t mig_doc_hash(const bson_t *doc)
 {

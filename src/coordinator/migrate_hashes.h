@@ -35,7 +35,7 @@ bool mig_hashes_add_doc(mig_hashes *l, const bson_t *doc);
 /* Append (copy of id, hash, present, ts). Aborts on OOM. */
 void mig_hashes_add(mig_hashes *l, const bson_value_t *id, uint64_t hash, bool present,
 		    uint64_t ts);
-/* Sort by _id in MongoDB's order (storage/bsonval.h sdb_bson_value_cmp). When two entries
+/* Sort by _id in MongoDB's order (common/bsonval.h sdb_bson_value_cmp). When two entries
  * have equal _ids, only the one appended LAST is kept (the others are freed): a list of
  * changes collected in oplog order then holds each _id's latest state. */
 void mig_hashes_sort_unique(mig_hashes *l);

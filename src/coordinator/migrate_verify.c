@@ -19,7 +19,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "coordinator/migrate_int.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 
 /* _ids per snapshot read of the changed documents */
 #define CHANGED_BATCH 1000

@@ -400,10 +400,12 @@ static void h_write(wire_req *req, void *data)
 		BSON_APPEND_INT32(&args, "opVersion", MIGSTATE_OP_VERSION);
 	}
 	else if (strcmp(name, "registerMigration") == 0 || strcmp(name, "shardCollection") == 0 ||
-		 strcmp(name, "setShardDraining") == 0 || strcmp(name, "pingProxy") == 0)
+		 strcmp(name, "setShardDraining") == 0 || strcmp(name, "pingProxy") == 0 ||
+		 strcmp(name, "splitChunk") == 0 || strcmp(name, "mergeChunks") == 0)
 		/* 3 (one active migration per chunk; MongoDB's hashed initial split points and
-		 * no chunks on a draining shard) only once the cluster was raised to it with
-		 * setOpVersion, so that no older member applies it (raft/migstate.h) */
+		 * no chunks on a draining shard) and 4 (chunk bounds in MongoDB's key order:
+		 * shardCollection, splitChunk, mergeChunks) only once the cluster was raised to
+		 * it with setOpVersion, so that no older member applies it (raft/migstate.h) */
 		BSON_APPEND_INT32(&args, "opVersion",
 				  (int32_t)sdb_fsm_op_version(sdb_node_fsm(m->node)));
 	if (strcmp(name, "shardCollection") == 0) {

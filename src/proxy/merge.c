@@ -6,7 +6,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/path.h"
 
 struct merge_sort {

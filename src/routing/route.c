@@ -8,7 +8,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/keyenc.h"
 
 /* ---------- snapshots ---------- */
@@ -66,21 +66,8 @@ void route_coll_unref(route_coll *c)
 
 int route_key_cmp(const bson_t *a, const bson_t *b)
 {
-	bson_iter_t ia, ib;
-	bool ha, hb;
-	int r;
-
-	if (!bson_iter_init(&ia, a) || !bson_iter_init(&ib, b))
-		return 0;
-	for (;;) {
-		ha = bson_iter_next(&ia);
-		hb = bson_iter_next(&ib);
-		if (!ha || !hb)
-			return (int)ha - (int)hb;
-		r = sdb_bson_cmp(&ia, &ib);
-		if (r != 0)
-			return r;
-	}
+	/* the one key order, shared with the metadata state machine (common/bsonval.h) */
+	return sdb_bson_key_cmp(a, b);
 }
 
 static int chunk_qsort_cmp(const void *a, const void *b)

@@ -99,7 +99,9 @@ const route_shard *route_shard_find(const route_coll *c, const char *shard);
 int64_t route_hash_value(const bson_value_t *v);
 
 /* Compare two key values (documents with nkeys elements) component by component in
- * MongoDB order, ignoring names; a shorter document compares below. Returns: <0, 0, >0. */
+ * MongoDB order, ignoring names; a shorter document compares below. Returns: <0, 0, >0.
+ * The same function as sdb_bson_key_cmp (common/bsonval.h), which metadata orders chunk
+ * bounds with from op version 4, so that routing and metadata never disagree. */
 int route_key_cmp(const bson_t *a, const bson_t *b);
 
 /* Extract the shard key value of a document (insert, replacement) into out (initialised

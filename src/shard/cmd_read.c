@@ -19,7 +19,7 @@
 #include "shard/cmd_read_int.h"
 #include "shard/shard.h"
 #include "shard/util.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/matcher.h"
 #include "storage/path.h"
 #include "storage/pipeline.h"

@@ -15,7 +15,7 @@
 #include "shard/repl.h"
 #include "shard/shard.h"
 #include "shard/util.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/pipeline.h"
 #include "storage/projection.h"
 #include "storage/query.h"

@@ -4,7 +4,7 @@
 #include "common/alloc.h"
 #include "common/bsonget.h"
 #include "shard/util.h"
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 
 bool util_token(const bson_iter_t *it, int64_t *out)
 {

@@ -5,7 +5,7 @@
 #include <bson/bson.h>
 #include <stdint.h>
 #include <string.h>
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/keyenc.h"
 #include "storage/matcher.h"
 #include "storage/path.h"

@@ -15,7 +15,7 @@ endif
 EXTRA_DIST += tests/fuzz/corpus/storage_query
 if FUZZING
 noinst_PROGRAMS += tests/fuzz/fuzz_storage_query
-tests_fuzz_fuzz_storage_query_SOURCES = tests/fuzz/fuzz_storage_query.c storage/bsonval.c \
+tests_fuzz_fuzz_storage_query_SOURCES = tests/fuzz/fuzz_storage_query.c src/common/bsonval.c \
 	storage/keyenc.c storage/matcher.c storage/bounds.c storage/path.c storage/projection.c storage/sortspec.c \
 	storage/pipeline_expr.c storage/docbuild.c
 tests_fuzz_fuzz_storage_query_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined

@@ -8,6 +8,7 @@ a test fails.
 Set STRIPEDB_TEST_KEEP_LOGS=1 to keep the tmp dirs for debugging.
 """
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +21,12 @@ BIN = os.environ.get("STRIPEDB_BIN") or os.path.join(
     os.path.dirname(__file__), "..", "..", "stripedb")
 SRCDIR = os.environ.get("STRIPEDB_SRCDIR") or os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", ".."))
+
+# The newest cluster op version of this binary (raft/migstate.h MIGSTATE_OP_VERSION_MAX,
+# read from the header so the tests follow it): the one a new cluster's leader raises it
+# to, and `stripedb dev up` sets.
+with open(os.path.join(SRCDIR, "raft", "migstate.h")) as _f:
+    OP_VERSION_MAX = int(re.search(r"#define MIGSTATE_OP_VERSION_MAX (\d+)", _f.read()).group(1))
 
 _used_ports = set()
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pymongo
 
-from conftest import BIN, alive
+from conftest import BIN, OP_VERSION_MAX, alive
 
 
 def dev(*args, timeout=180):
@@ -62,7 +62,8 @@ def test_dev_cluster_lifecycle(tmp_path):
         m = pymongo.MongoClient(f"mongodb://{meta}/?replicaSet=stripedb-meta")
         assert [s["id"] for s in m.admin.command("listShards")["shards"]] == ["shard-a", "shard-b"]
         # `dev up` raised the cluster op version to the binary's highest (raft/migstate.h)
-        assert m.admin.command("setOpVersion", 3)["previousVersion"] == 3
+        assert m.admin.command("setOpVersion", OP_VERSION_MAX)["previousVersion"] == \
+            OP_VERSION_MAX
         m.admin.command("createDatabase", "pay")
         m.admin.command("shardCollection", "pay.charges", key={"merchant": 1},
                         splitPoints=[{"merchant": "m5"}])

@@ -13,7 +13,7 @@ import threading
 
 from pymongo.errors import OperationFailure
 
-from conftest import BIN, wait_until
+from conftest import BIN, OP_VERSION_MAX, wait_until
 from metadata_cluster import Cluster
 
 NS = "app.users"
@@ -98,10 +98,11 @@ def test_second_active_migration_of_a_chunk_is_refused_by_metadata(start_role, t
     ids, owner = seed(c)
     c1, c2 = ids[0], ids[1]
     other = {"shard-a": "shard-b", "shard-b": "shard-a"}
-    # a new cluster starts at op version 3 (its leader raises it once ready): lower it to
-    # 2, as an existing cluster upgraded in place has it until an operator raises it
-    wait_until(lambda: c.leader().cmd("metadataStatus", 1)["opVersion"] == 3, 30,
-               what="the new cluster's op version 3")
+    # a new cluster starts at the newest op version (its leader raises it once ready):
+    # lower it to 2, as an existing cluster upgraded in place has it until an operator
+    # raises it
+    wait_until(lambda: c.leader().cmd("metadataStatus", 1)["opVersion"] == OP_VERSION_MAX,
+               30, what="the new cluster's newest op version")
     c.write("setOpVersion", 2)
 
     # op version 2: the old rules, two registrations of one chunk both recorded
@@ -117,7 +118,7 @@ def test_second_active_migration_of_a_chunk_is_refused_by_metadata(start_role, t
     assert r.returncode == 0, r.stderr
     bad = ctl(c.seeds(), "metadata", "op-version", "x")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
-    tooh = ctl(c.seeds(), "metadata", "op-version", "4")
+    tooh = ctl(c.seeds(), "metadata", "op-version", str(OP_VERSION_MAX + 1))
     assert tooh.returncode == 1, tooh.stderr
 
     # a chunk that already has two active migrations (from op version 2) refuses a third
@@ -160,8 +161,8 @@ def test_leader_refuses_an_illegal_migration_update_before_the_log(start_role, t
     entry a member of an older binary would apply differently enters the log during a
     rolling upgrade; the record's version shows nothing was applied."""
     c = Cluster(start_role, tmp_path, 1)
-    wait_until(lambda: c.leader().cmd("metadataStatus", 1)["opVersion"] == 3, 30,
-               what="the new cluster's op version 3")  # its one setOpVersion entry is in
+    wait_until(lambda: c.leader().cmd("metadataStatus", 1)["opVersion"] == OP_VERSION_MAX,
+               30, what="the new cluster's newest op version")  # its one setOpVersion entry is in
     c.write("registerMigration", "m1", ns=NS, chunk=1, **{"from": "shard-a"}, to="shard-b")
     before = c.leader().cmd("getMigration", "m1")["migration"]
     last_index = c.leader().cmd("metadataStatus", 1)["lastIndex"]

@@ -20,7 +20,7 @@ from bson.max_key import MaxKey
 from bson.min_key import MinKey
 from pymongo.errors import OperationFailure
 
-from conftest import BIN, wait_until
+from conftest import BIN, OP_VERSION_MAX, wait_until
 from proxy_helpers import ProxyCluster
 
 INT64_MAX = 2**63 - 1
@@ -64,16 +64,18 @@ def op_version(cluster):
 
 
 def at_op_version_2(cluster):
-    """A new cluster starts at op version 3 (its leader raises it once ready); an existing
-    cluster upgraded in place stays at 2 until an operator raises it: lower it to 2 to
-    check the behaviour such a cluster keeps."""
-    wait_until(lambda: op_version(cluster) == 3, 30, what="the new cluster's op version 3")
-    assert cluster.meta_cmd({"setOpVersion": 2})["previousVersion"] == 3
+    """A new cluster starts at the newest op version (its leader raises it once ready); an
+    existing cluster upgraded in place stays at 2 until an operator raises it: lower it to
+    2 to check the behaviour such a cluster keeps."""
+    wait_until(lambda: op_version(cluster) == OP_VERSION_MAX, 30,
+               what="the new cluster's newest op version")
+    assert cluster.meta_cmd({"setOpVersion": 2})["previousVersion"] == OP_VERSION_MAX
     assert op_version(cluster) == 2
 
 
 def test_a_new_cluster_starts_at_the_newest_op_version(cluster):
-    wait_until(lambda: op_version(cluster) == 3, 30, what="op version 3 with no setOpVersion")
+    wait_until(lambda: op_version(cluster) == OP_VERSION_MAX, 30,
+               what="the newest op version with no setOpVersion")
     # the raise happens once: lowered by an operator, it stays lowered across a restart
     cluster.meta_cmd({"setOpVersion": 2})
     m = cluster.meta.members[0]
@@ -194,9 +196,9 @@ def test_config_mongos_lists_the_proxies(start_role, tmp_path):
     try:
         p = cl.proxy_client(0)
         assert "mongos" in p.config.list_collection_names()
-        # a new cluster is at op version 3: the proxies ping (below 3 the pings are
-        # refused; unit test_raft_cluster.c)
-        wait_until(lambda: op_version(cl) == 3, 30, what="op version 3")
+        # a new cluster is at the newest op version (3 or more): the proxies ping (below 3
+        # the pings are refused; unit test_raft_cluster.c)
+        wait_until(lambda: op_version(cl) == OP_VERSION_MAX, 30, what="the newest op version")
         want = sorted(f"127.0.0.1:{port}" for port in cl.proxy_ports)
         docs = wait_until(lambda: (lambda d: d if sorted(x["_id"] for x in d) == want else None)(
             list(cl.proxy_client(1).config.mongos.find())), 30,

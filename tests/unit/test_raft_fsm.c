@@ -850,12 +850,132 @@ static void test_query_replies(void **state)
 	}
 }
 
+/* The op version gate of the key order (raft/migstate.h MIGSTATE_OP_VERSION_KEY_ORDER):
+ * the same splitChunk / shardCollection entries apply differently stamped below 4 (or
+ * unstamped: the earlier order, kept so that an old log replays as it applied) and stamped
+ * 4 (MongoDB's order, common/bsonval.h). Chunks of app.<c>: 1+ [MinKey, -10), [-10, 10),
+ * [10, MaxKey) in id order. */
+#define DEC(v) "{\"$numberDecimal\": \"" v "\"}"
+#define NAN_D "{\"$numberDouble\": \"NaN\"}"
+
+/* shardCollection of app.<name> with split points -10 and 10; returns the first chunk id
+ * (the three chunks are first, first + 1, first + 2). */
+static int64_t three_chunks(t *x, const char *name, const char *stamp)
+{
+	char json[256];
+	bson_t *r;
+	int64_t first;
+	snprintf(json, sizeof json,
+		 "{\"ns\": \"app.%s\", \"key\": {\"k\": 1}, \"splitPoints\": [{\"k\": -10}, "
+		 "{\"k\": 10}]%s}", name, stamp);
+	r = apply(x, "shardCollection", json);
+	assert_true(ok_of(r) == 1.0);
+	done(r);
+	r = query(x, "getRoutingTable", "{\"getRoutingTable\": \"all\"}");
+	first = (int64_t)count_array(r, "chunks") - 2;
+	bson_destroy(r);
+	return first;
+}
+
+/* splitChunk {id, at: {k: <at>}<stamp>}: the result's ok (1 or 0) and code (0 if ok) */
+static int64_t split_code(t *x, int64_t id, const char *at, const char *stamp)
+{
+	char json[256];
+	bson_t *r;
+	int64_t code;
+	snprintf(json, sizeof json, "{\"id\": %lld, \"at\": {\"k\": %s}%s}", (long long)id, at,
+		 stamp);
+	r = apply(x, "splitChunk", json);
+	code = ok_of(r) == 1.0 ? 0 : int_of(r, "code");
+	done(r);
+	return code;
+}
+
+static void test_key_order_gate(void **state)
+{
+	t *x = *state;
+	static const char *const old_stamps[] = {"", ", \"opVersion\": 3"};
+	const char *v4 = ", \"opVersion\": 4";
+	base_cluster(x);
+
+	for (size_t i = 0; i < 2; i++) {
+		const char *st = old_stamps[i];
+		char name[16];
+		snprintf(name, sizeof name, "old%zu", i);
+		int64_t c = three_chunks(x, name, st);
+		/* the earlier order reads a Decimal128 as 0: 50 "inside" [-10, 10) (the inverted
+		 * chunk a review found), then 2 "inside" [50, 10) and 1 not inside [-10, 50) */
+		assert_int_equal(split_code(x, c + 1, DEC("50"), st), 0);
+		assert_int_equal(split_code(x, c + 3, "2", st), 0);
+		assert_int_equal(split_code(x, c + 1, "1", st), 2);
+		/* a NaN equals every number: never strictly inside */
+		assert_int_equal(split_code(x, c, NAN_D, st), 2);
+		/* an array is above every number there: "inside" [10, MaxKey) */
+		assert_int_equal(split_code(x, c + 2, "[1]", st), 0);
+	}
+
+	int64_t c = three_chunks(x, "new", v4);
+	/* MongoDB's order: 50 is not inside [-10, 10), 5 is, then 2 inside [-10, 5) */
+	assert_int_equal(split_code(x, c + 1, DEC("50"), v4), 2);
+	assert_int_equal(split_code(x, c + 1, DEC("5"), v4), 0);
+	assert_int_equal(split_code(x, c + 1, "2", v4), 0);
+	assert_int_equal(split_code(x, c + 1, DEC("2.0"), v4), 2); /* == 2: on the bound */
+	/* NaN is below every other number: inside [MinKey, -10), not inside [-10, 2) */
+	assert_int_equal(split_code(x, c, NAN_D, v4), 0);
+	assert_int_equal(split_code(x, c + 1, NAN_D, v4), 2);
+	assert_int_equal(split_code(x, c, "{\"$numberDecimal\": \"NaN\"}", v4), 2); /* == NaN */
+	/* an array is never a shard-key value */
+	assert_int_equal(split_code(x, c + 2, "[1]", v4), 2);
+	/* MongoDB's order of the chunks: MinKey, NaN, -10, 2, 5, 10, MaxKey */
+	bson_t *r = query(x, "getRoutingTable", "{\"getRoutingTable\": \"app.new\"}");
+	assert_int_equal(count_array(r, "chunks"), 6);
+	bson_destroy(r);
+	/* the halves merge back by the same order (adjacent: max of one == min of next) */
+	char json[128];
+	snprintf(json, sizeof json, "{\"ids\": [%lld, %lld], \"opVersion\": 4}",
+		 (long long)c + 1, (long long)c + 4);
+	ok(x, "mergeChunks", json);
+
+	/* shardCollection's split points, strictly increasing by the entry's order */
+	fails(x, "shardCollection",
+	      "{\"ns\": \"app.s1\", \"key\": {\"k\": 1}, \"splitPoints\": [{\"k\": " DEC("5") "}, "
+	      "{\"k\": 1}], \"opVersion\": 4}", 2);
+	ok(x, "shardCollection",
+	   "{\"ns\": \"app.s1\", \"key\": {\"k\": 1}, \"splitPoints\": [{\"k\": " DEC("5") "}, "
+	   "{\"k\": 1}], \"opVersion\": 3}"); /* replayed as it applied: 5 read as 0 */
+	ok(x, "shardCollection",
+	   "{\"ns\": \"app.s2\", \"key\": {\"k\": 1}, \"splitPoints\": [{\"k\": " NAN_D "}, "
+	   "{\"k\": " DEC("1.5") "}, {\"k\": 2}], \"opVersion\": 4}");
+	fails(x, "shardCollection",
+	      "{\"ns\": \"app.s3\", \"key\": {\"k\": 1}, \"splitPoints\": [{\"k\": " NAN_D "}, "
+	      "{\"k\": " DEC("1.5") "}, {\"k\": 2}]}", 2);
+	fails(x, "shardCollection",
+	      "{\"ns\": \"app.s3\", \"key\": {\"k\": 1}, \"splitPoints\": [{\"k\": [1]}], "
+	      "\"opVersion\": 4}", 2);
+	/* documents, binary data and timestamps ordered by value, not equal within a type */
+	ok(x, "shardCollection",
+	   "{\"ns\": \"app.s4\", \"key\": {\"k\": 1}, \"splitPoints\": ["
+	   "{\"k\": {\"a\": 1}}, {\"k\": {\"a\": 2}}, "
+	   "{\"k\": {\"$binary\": {\"base64\": \"AQ==\", \"subType\": \"00\"}}}, "
+	   "{\"k\": {\"$binary\": {\"base64\": \"AAA=\", \"subType\": \"00\"}}}, "
+	   "{\"k\": {\"$timestamp\": {\"t\": 1, \"i\": 2}}}, "
+	   "{\"k\": {\"$timestamp\": {\"t\": 1, \"i\": 3}}}], \"opVersion\": 4}");
+	fails(x, "shardCollection",
+	      "{\"ns\": \"app.s5\", \"key\": {\"k\": 1}, \"splitPoints\": ["
+	      "{\"k\": {\"a\": 1}}, {\"k\": {\"a\": 2}}], \"opVersion\": 3}", 2);
+
+	/* the new op version is one setOpVersion accepts; the next is not */
+	ok(x, "setOpVersion", "{\"version\": 4}");
+	fails(x, "setOpVersion", "{\"version\": 5}", 2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_shards_and_duplicates, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shard_collection_ranged, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hashed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_key_order_gate, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migration_cas, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_query_replies, setup, teardown),

@@ -1,10 +1,10 @@
-/* Unit tests of storage/bsonval.c (MongoDB comparison order) and storage/sortspec.c.
+/* Unit tests of common/bsonval.c (MongoDB comparison order) and storage/sortspec.c.
  * The central table lists values in ascending MongoDB order with a rank; equal ranks are
  * equal values. Every pair of the table is compared both ways. */
 
 /* The modules under test, compiled into this binary (statics included), not taken from
  * libstripedb.a: see UNIT_LDADD in Makefile.am. */
-#include "../../storage/bsonval.c"
+#include "../../src/common/bsonval.c"
 #include "../../storage/sortspec.c"
 
 #include <setjmp.h>
@@ -17,7 +17,7 @@
 
 #include <cmocka.h>
 
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/sortspec.h"
 
 /* Tests write JSON with single quotes; turn them into double quotes. */
@@ -263,6 +263,45 @@ static void test_value_eq_and_doc_cmp(void **state)
 	bson_destroy(a);
 	bson_destroy(b);
 	bson_destroy(c);
+}
+
+/* sdb_bson_key_cmp: shard-key documents (chunk bounds) component by component, names
+ * ignored, shorter first; the order routing and metadata share. */
+static void test_key_cmp(void **state)
+{
+	static const struct {
+		const char *a, *b;
+		int want;
+	} cases[] = {
+		{"{'a': 1, 'b': {'$minKey': 1}}", "{'a': 1, 'b': 'x'}", -1},
+		{"{'a': 1, 'b': 'x'}", "{'a': 1, 'b': {'$maxKey': 1}}", -1},
+		{"{'a': 1, 'b': {'$maxKey': 1}}", "{'a': 2, 'b': {'$minKey': 1}}", -1},
+		{"{'k': 100}", "{'k': {'$numberDecimal': '100.5'}}", -1},
+		{"{'k': {'$numberDecimal': '100.5'}}", "{'k': 101.0}", -1},
+		{"{'k': {'$numberDecimal': '50'}}", "{'k': 10}", 1}, /* by value, not as 0 */
+		{"{'k': {'$numberDouble': 'NaN'}}", "{'k': {'$numberDouble': '-Infinity'}}", -1},
+		{"{'k': {'$numberDouble': 'NaN'}}", "{'k': {'$numberDecimal': 'NaN'}}", 0},
+		{"{'k': null}", "{'k': {'$numberDouble': 'NaN'}}", -1},
+		{"{'k': {'$timestamp': {'t': 1, 'i': 2}}}", "{'k': {'$timestamp': {'t': 1, 'i': 3}}}",
+		 -1},
+		{"{'k': {'$binary': {'base64': 'AQ==', 'subType': '00'}}}",
+		 "{'k': {'$binary': {'base64': 'AA==', 'subType': '05'}}}", -1},
+		{"{'k': {'x': [1, 2]}}", "{'k': {'x': [1, 3]}}", -1},
+		{"{'x': 1}", "{'y': 1.0}", 0}, /* names ignored */
+		{"{'a': 1}", "{'a': 1, 'b': {'$minKey': 1}}", -1}, /* shorter first */
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		bson_t *a = J(cases[i].a), *b = J(cases[i].b);
+		int got = sign(sdb_bson_key_cmp(a, b)), back = sign(sdb_bson_key_cmp(b, a));
+
+		if (got != cases[i].want || back != -cases[i].want)
+			fail_msg("key_cmp(%s, %s) = %d / %d, want %d", cases[i].a, cases[i].b, got,
+				 back, cases[i].want);
+		bson_destroy(a);
+		bson_destroy(b);
+	}
 }
 
 static void test_depth(void **state)
@@ -579,6 +618,7 @@ int main(void)
 		cmocka_unit_test(test_brackets),
 		cmocka_unit_test(test_num_canon),
 		cmocka_unit_test(test_value_eq_and_doc_cmp),
+		cmocka_unit_test(test_key_cmp),
 		cmocka_unit_test(test_depth),
 		cmocka_unit_test(test_deep_compare),
 		cmocka_unit_test(test_sortspec_parse),

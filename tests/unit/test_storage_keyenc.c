@@ -19,7 +19,7 @@
 #include <cmocka.h>
 #include <sqlite3.h>
 
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 #include "storage/keyenc.h"
 #include "storage/path.h"
 

@@ -1,4 +1,7 @@
-/* BSON value comparison in MongoDB's order (the embedded shard's query core).
+/* BSON value comparison in MongoDB's order: the one comparator of the tree, shared by the
+ * embedded shard's query core (storage/), routing (src/routing/route_key_cmp) and the
+ * metadata state machine's chunk bounds (raft/fsm.c fsm_cmp_key from op version 4), which
+ * is why it lives in common/ (raft/ and storage/ may include only common/).
  *
  * Source of the behaviour: MongoDB manual "Comparison/Sort Order"
  * (https://www.mongodb.com/docs/manual/reference/bson-type-comparison-order/) and
@@ -37,8 +40,8 @@
  * crash. Callers should refuse documents deeper than that (sdb_bson_depth_ok) before
  * storing them, as MongoDB refuses nesting beyond 100 levels (+ margin for the shell).
  */
-#ifndef SDB_STORAGE_BSONVAL_H
-#define SDB_STORAGE_BSONVAL_H
+#ifndef SDB_COMMON_BSONVAL_H
+#define SDB_COMMON_BSONVAL_H
 
 #include <bson/bson.h>
 #include <stdbool.h>
@@ -108,6 +111,13 @@ int sdb_bson_cmp(const bson_iter_t *a, const bson_iter_t *b);
 /* The same on bson_value_t (for documents/arrays, value.v_doc.data must point at a whole
  * BSON document of data_len bytes). NULL means missing (== null). Returns: <0, 0 or >0. */
 int sdb_bson_value_cmp(const bson_value_t *a, const bson_value_t *b);
+
+/* Compare two shard-key value documents (e.g. chunk bounds {a: 1, b: MinKey}) component by
+ * component in the order above, ignoring field names; when one document ends first it
+ * compares below. Returns: <0, 0 or >0; a document libbson cannot iterate compares equal
+ * to anything (callers pass validated BSON). Used by routing (route_key_cmp) and by the
+ * metadata state machine (raft/fsm.c), so that both order chunks the same way. */
+int sdb_bson_key_cmp(const bson_t *a, const bson_t *b);
 
 /* Compare two whole documents as objects (element by element: bracket, name, value).
  * Returns: <0, 0 or >0. */

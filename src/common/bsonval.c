@@ -1,5 +1,5 @@
 /* BSON value comparison in MongoDB's order: see bsonval.h. */
-#include "storage/bsonval.h"
+#include "common/bsonval.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -353,6 +353,25 @@ int sdb_bson_cmp(const bson_iter_t *a, const bson_iter_t *b)
 	if (b)
 		cb = *b;
 	return value_cmp(a ? bson_iter_value(&ca) : NULL, b ? bson_iter_value(&cb) : NULL, 0);
+}
+
+int sdb_bson_key_cmp(const bson_t *a, const bson_t *b)
+{
+	bson_iter_t ia, ib;
+	bool ha, hb;
+	int r;
+
+	if (!bson_iter_init(&ia, a) || !bson_iter_init(&ib, b))
+		return 0;
+	for (;;) {
+		ha = bson_iter_next(&ia);
+		hb = bson_iter_next(&ib);
+		if (!ha || !hb)
+			return (int)ha - (int)hb;
+		r = sdb_bson_cmp(&ia, &ib);
+		if (r != 0)
+			return r;
+	}
 }
 
 int sdb_bson_doc_cmp(const bson_t *a, const bson_t *b)
