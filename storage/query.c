@@ -173,8 +173,9 @@ static bool pattern_provides_sort(const bson_t *pattern, const sdb_sortspec *s, 
 	for (size_t i = 0; i < n; i++) {
 		if (!bson_iter_next(&it))
 			return false;
-		if (strcmp(bson_iter_key(&it), sdb_sortspec_path(s, i)) != 0)
-			return false;
+		if (strcmp(bson_iter_key(&it), sdb_sortspec_path(s, i)) != 0 ||
+		    !BSON_ITER_HOLDS_NUMBER(&it))
+			return false; /* another field, or "hashed" (hash order, not value order) */
 		int pdir = bson_iter_as_double(&it) < 0 ? -1 : 1;
 		int r = pdir == sdb_sortspec_dir(s, i) ? 1 : -1;
 		if (rel && r != rel)
@@ -261,7 +262,8 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		q->multikey = ix->multikey;
 		set_pattern(q, ix->key);
 		sdb_bounds b = {0};
-		if (path && sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) == 0) {
+		/* a hashed index is scanned whole: its keys are hashes, not f's values */
+		if (path && !ix->hashed && sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) == 0) {
 			if (b.kind == SDB_BOUNDS_EMPTY && !ix->sparse)
 				q->empty = true;
 			else if (b.kind != SDB_BOUNDS_ALL && b.kind != SDB_BOUNDS_EMPTY)
@@ -276,18 +278,21 @@ bad:
 			"hint provided does not correspond to an existing index");
 }
 
-/* The key range of spec (sdb_query_spec.range_field): plan an index scan of its bounds.
- * Returns false (nothing planned) when no usable index has range_field first. */
+/* The key range of spec (sdb_query_spec.range_field): plan an index scan of its bounds
+ * (on the hashed index of range_field when spec->range_hashed, else on an index of its
+ * values). Returns false (nothing planned) when no usable index has range_field first. */
 static bool plan_range(sdb_query *q, const sdb_store_coll *co, const sdb_query_spec *spec,
 		       char *err, size_t errlen)
 {
 	const sdb_store_index *ix = NULL;
-	bool is_id = strcmp(spec->range_field, "_id") == 0, desc = false, rev = false;
+	bool is_id = !spec->range_hashed && strcmp(spec->range_field, "_id") == 0;
+	bool desc = false, rev = false;
 	for (size_t i = 0; !is_id && i < co->n_indexes; i++) {
 		const sdb_store_index *c = &co->indexes[i];
 		bool d = false;
 		const char *f = first_field(c->key, &d);
-		if (c->sparse || c->multikey || !f || strcmp(f, spec->range_field) != 0)
+		if (c->sparse || c->multikey || c->hashed != spec->range_hashed || !f ||
+		    strcmp(f, spec->range_field) != 0)
 			continue;
 		if (!ix || (!pattern_provides_sort(ix->key, q->sort, &rev) &&
 			    pattern_provides_sort(c->key, q->sort, &rev))) {
@@ -376,6 +381,8 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 		const sdb_store_index *ix = &co->indexes[i];
 		if (ix->sparse)
 			continue; /* a sparse index misses documents: only by hint */
+		if (ix->hashed)
+			continue; /* bounds on f's values do not bound its hashes */
 		bool desc = false;
 		const char *path = first_field(ix->key, &desc);
 		if (!path || sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) != 0)

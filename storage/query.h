@@ -60,6 +60,10 @@ typedef struct sdb_query_spec {
 	const char *range_field;
 	const bson_value_t *range_lo, *range_hi;
 	bool range_hi_incl;
+	/* The range is over the hashes of range_field (a hashed shard key's chunk: NumberLong
+	 * bounds): only a hashed index {range_field: "hashed"} serves it (keys compared as
+	 * NumberLongs); without one the plan is chosen as without a range. */
+	bool range_hashed;
 	/* User variables the filter's $expr may read ({name: constant}, the command's `let`
 	 * after sdb_let_parse, storage/pipeline.h), or NULL. Copied by sdb_query_open. */
 	const bson_t *let;
