@@ -320,7 +320,12 @@ int64_t sdb_keyenc_hash_value(const bson_value_t *v)
 		v = &null_v;
 	}
 	if (sdb_keyenc_append_value(&k, v, false, err, sizeof err) == 0)
-		h = XXH64(k.data, k.len, 0);
+		h = (uint64_t)sdb_keyenc_hash_encoded(k.data, k.len);
 	sdb_key_free(&k);
 	return (int64_t)h;
+}
+
+int64_t sdb_keyenc_hash_encoded(const uint8_t *enc, size_t len)
+{
+	return (int64_t)XXH64(enc, len, 0);
 }

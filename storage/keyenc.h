@@ -98,5 +98,9 @@ bool sdb_key_prefix_successor(const uint8_t *prefix, size_t len, sdb_key *out);
  * that cannot be encoded (nested deeper than SDB_BSON_MAX_DEPTH) hashes as 0. Never
  * fails. The index key of a hashed index is the encoding of NumberLong(this hash). */
 int64_t sdb_keyenc_hash_value(const bson_value_t *v);
+/* The same hash from a value's ascending encoding (len bytes, as sdb_keyenc_append_value
+ * wrote it): sdb_keyenc_hash_value(v) == sdb_keyenc_hash_encoded(enc(v)). The planner
+ * hashes the point bounds of an equality this way (storage/query.c). */
+int64_t sdb_keyenc_hash_encoded(const uint8_t *enc, size_t len);
 
 #endif

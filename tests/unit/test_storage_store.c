@@ -545,8 +545,39 @@ static void test_hashed_index(void **state)
 	sdb_query_free(q);
 	bson_destroy(filter);
 	bson_destroy(sort);
-	/* by hint the hashed index is scanned whole: a's filter still applies */
-	filter = BCON_NEW("a", BCON_INT32(5));
+	/* equality and $in on a use the hashed index (MongoDB does): the points' hashes,
+	 * only the matching documents read (5, 5.0, NumberLong(5); "5"; null and missing) */
+	bson_t *eqs[] = {BCON_NEW("a", BCON_INT32(5)),
+			 BCON_NEW("a", "{", "$in", "[", BCON_INT32(5), BCON_UTF8("5"), BCON_NULL,
+				  "]", "}"),
+			 BCON_NEW("a", "{", "$in", "[", "]", "}")};
+	int64_t want[] = {3, 6, 0};
+	for (size_t i = 0; i < 3; i++) {
+		sdb_query_spec qe = {.filter = eqs[i]};
+		assert_int_equal(
+			sdb_query_open(f->c, "db", "c", &qe, &q, &code, f->err, sizeof f->err), 0);
+		n = 0;
+		while (sdb_query_next(q, &d, &code, f->err, sizeof f->err) == 1)
+			n++;
+		int64_t ret, keys, examined;
+		sdb_query_stats(q, &ret, &keys, &examined);
+		assert_int_equal(n, want[i]);
+		assert_int_equal(examined, want[i]);
+		if (i == 0) {
+			bson_t ex = BSON_INITIALIZER;
+			bson_iter_t sub;
+			sdb_query_explain(q, true, &ex);
+			assert_true(bson_iter_init(&it, &ex));
+			assert_true(bson_iter_find_descendant(&it, "queryPlanner.winningPlan.indexName",
+							      &sub));
+			assert_string_equal(bson_iter_utf8(&sub, NULL), "a_hashed");
+			bson_destroy(&ex);
+		}
+		sdb_query_free(q);
+		bson_destroy(eqs[i]);
+	}
+	/* by hint: the equality's hashes too; a range by hint scans the index whole */
+	filter = BCON_NEW("a", "{", "$gt", BCON_INT32(380), "}");
 	bson_t *hint_doc = BCON_NEW("h", BCON_UTF8("a_hashed"));
 	assert_true(bson_iter_init_find(&it, hint_doc, "h"));
 	sdb_query_spec qh = {.filter = filter, .hint = &it};
@@ -555,7 +586,10 @@ static void test_hashed_index(void **state)
 	n = 0;
 	while (sdb_query_next(q, &d, &code, f->err, sizeof f->err) == 1)
 		n++;
-	assert_int_equal(n, 3);
+	assert_int_equal(n, 9); /* 381..389 */
+	int64_t hret, hkeys, hdocs;
+	sdb_query_stats(q, &hret, &hkeys, &hdocs);
+	assert_int_equal(hdocs, 396);
 	sdb_query_free(q);
 	bson_destroy(filter);
 	bson_destroy(hint_doc);
