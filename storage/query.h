@@ -8,7 +8,8 @@
  *   2. equality/$in on _id -> point lookups on the collection itself (IXSCAN of "_id_");
  *   3. otherwise the secondary index whose first field has the tightest bounds
  *      (sdb_matcher_bounds: points beat ranges), ties broken by the index that also
- *      provides the sort;
+ *      provides the sort; a hashed index {f: "hashed"} only for equality / $in on f
+ *      (the points' hashes), never for ranges of f nor for a sort (its keys are hashes);
  *   4. otherwise an index (or _id) whose key pattern equals the sort spec (or its exact
  *      reverse) to avoid a blocking sort;
  *   5. otherwise a collection scan (COLLSCAN).

@@ -185,7 +185,8 @@ typedef struct sdb_store_index {
 	bool multikey; /* some document gave it several keys (arrays): bounds and sorts are
 			* restricted as in MongoDB */
 	bool hashed;   /* {f: "hashed"}: one key per document, enc(NumberLong(hash of f)),
-			* sdb_keyenc_hash_value; no bounds on f's values, no sort */
+			* sdb_keyenc_hash_value; bounds for equality / $in on f only, no
+			* sort */
 	int64_t tbl;   /* i_N table number */
 } sdb_store_index;
 
