@@ -86,6 +86,7 @@ int store_cache_load(sdb_store_conn *c, char *err, size_t errlen)
 				bson_destroy(ix->key);
 				ix->key = bson_new_from_data(data, len);
 			}
+			ix->hashed = store_key_hashed_field(ix->key) != NULL;
 			if (bson_iter_init_find(&it, ix->spec, "unique"))
 				ix->unique = bson_iter_as_bool(&it);
 			if (bson_iter_init_find(&it, ix->spec, "sparse"))

@@ -25,7 +25,7 @@
 /* ------------------------------------------------------------------ indexes */
 
 static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_index *ix,
-		       sdb_store_dup *dup, char *err, size_t errlen);
+		       sdb_store_dup *dup, int *code, char *err, size_t errlen);
 
 int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 			   const bson_t *spec, const char *origin, bool *created, int *mongo_code,
@@ -65,6 +65,13 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 		*mongo_code = 67;
 		return rc;
 	}
+	bool hashed = store_key_hashed_field(&key) != NULL;
+	if (hashed && unique) {
+		*mongo_code = 16764;
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"Currently hashed indexes cannot guarantee uniqueness. Use a "
+				"regular index.");
+	}
 	if (bson_iter_init_find(&it, spec, "expireAfterSeconds")) {
 		/* a TTL index (expired documents are deleted by the shard's TTL monitor,
 		 * src/shard/ttl.c): MongoDB's rules */
@@ -95,7 +102,8 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 			return rc;
 	}
 	/* _id index: only {_id: 1} named _id_ is accepted (exists already). */
-	bool is_id_key = bson_count_keys(&key) == 1 && bson_iter_init_find(&it, &key, "_id");
+	bool is_id_key = bson_count_keys(&key) == 1 && bson_iter_init_find(&it, &key, "_id") &&
+			 !hashed; /* {_id: "hashed"} is an ordinary secondary index */
 	if (strcmp(name, "_id_") == 0 || is_id_key) {
 		if (strcmp(name, "_id_") == 0 && is_id_key)
 			return SDB_EEXISTS;
@@ -198,9 +206,12 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 		goto out;
 	}
 	sdb_store_dup dup = {0};
-	rc = index_build(c, co, (sdb_store_index *)ix, &dup, err, errlen);
+	int build_code = 0;
+	rc = index_build(c, co, (sdb_store_index *)ix, &dup, &build_code, err, errlen);
 	if (rc == SDB_EEXISTS)
 		*mongo_code = 11000;
+	else if (rc && build_code)
+		*mongo_code = build_code; /* 171 parallel arrays, 16766 an array for a hashed index */
 	sdb_store_dup_clear(&dup);
 	if (rc)
 		goto out;
@@ -221,8 +232,9 @@ out:
 	return rc;
 }
 
+/* Index every document of co in ix. *code: the MongoDB code of a document's key error. */
 static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_index *ix,
-		       sdb_store_dup *dup, char *err, size_t errlen)
+		       sdb_store_dup *dup, int *code, char *err, size_t errlen)
 {
 	char sql[96];
 	snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld ORDER BY k", (long long)co->tbl);
@@ -247,7 +259,7 @@ static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_in
 		store_keyset ks;
 		store_keyset_init(&ks);
 		bool missing = false, multikey = false;
-		rc = store_key_index_keys(ix->key, &doc, &ks, &missing, &multikey, NULL, err,
+		rc = store_key_index_keys(ix->key, &doc, &ks, &missing, &multikey, code, err,
 					  errlen);
 		if (rc == 0 && multikey && !ix->multikey)
 			rc = store_index_mark_multikey(c, co, ix, err, errlen);

@@ -2,6 +2,7 @@
 #include "storage/keyenc.h"
 
 #include <string.h>
+#include <xxhash.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -303,4 +304,28 @@ bool sdb_key_prefix_successor(const uint8_t *prefix, size_t len, sdb_key *out)
 	sdb_key_append(out, prefix, len);
 	out->data[len - 1]++;
 	return true;
+}
+
+int64_t sdb_keyenc_hash_value(const bson_value_t *v)
+{
+	sdb_key k;
+	bson_value_t null_v;
+	char err[64];
+	uint64_t h = 0;
+
+	sdb_key_init(&k);
+	if (v == NULL) {
+		memset(&null_v, 0, sizeof null_v);
+		null_v.value_type = BSON_TYPE_NULL;
+		v = &null_v;
+	}
+	if (sdb_keyenc_append_value(&k, v, false, err, sizeof err) == 0)
+		h = (uint64_t)sdb_keyenc_hash_encoded(k.data, k.len);
+	sdb_key_free(&k);
+	return (int64_t)h;
+}
+
+int64_t sdb_keyenc_hash_encoded(const uint8_t *enc, size_t len)
+{
+	return (int64_t)XXH64(enc, len, 0);
 }

@@ -90,4 +90,17 @@ int sdb_key_cmp_raw(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen
  * Use: all compound keys whose first component equals v are in [enc(v), succ(enc(v))). */
 bool sdb_key_prefix_successor(const uint8_t *prefix, size_t len, sdb_key *out);
 
+/* The hash of a value for hashed indexes and hashed shard keys (one function serves the
+ * shard's hashed indexes, storage/keys.c, and the router, src/routing/route.c):
+ *     (int64_t) XXH64(enc(v) ascending, seed 0)
+ * enc maps equal numbers of different types (5, 5.0, NumberLong(5)) to the same bytes, so
+ * they hash equally, as in MongoDB. v NULL means missing and hashes as null. A value
+ * that cannot be encoded (nested deeper than SDB_BSON_MAX_DEPTH) hashes as 0. Never
+ * fails. The index key of a hashed index is the encoding of NumberLong(this hash). */
+int64_t sdb_keyenc_hash_value(const bson_value_t *v);
+/* The same hash from a value's ascending encoding (len bytes, as sdb_keyenc_append_value
+ * wrote it): sdb_keyenc_hash_value(v) == sdb_keyenc_hash_encoded(enc(v)). The planner
+ * hashes the point bounds of an equality this way (storage/query.c). */
+int64_t sdb_keyenc_hash_encoded(const uint8_t *enc, size_t len);
+
 #endif

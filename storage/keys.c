@@ -67,10 +67,79 @@ static bool visit_present(void *ctx, const bson_iter_t *it, unsigned flags)
 	return false;
 }
 
+const char *store_key_hashed_field(const bson_t *pattern)
+{
+	bson_iter_t it;
+	if (!bson_iter_init(&it, pattern) || !bson_iter_next(&it) || !BSON_ITER_HOLDS_UTF8(&it) ||
+	    strcmp(bson_iter_utf8(&it, NULL), "hashed") != 0)
+		return NULL;
+	const char *f = bson_iter_key(&it);
+	return bson_iter_next(&it) ? NULL : f;
+}
+
+/* The value at a dotted path through documents only (MongoDB's
+ * extractElementAtPathOrArrayAlongPath): 1 found (*out set), 0 missing (a missing field
+ * or a scalar on the way), -1 an array at or along the path (*out at the array). */
+static int hashed_path_find(const bson_t *doc, const char *path, bson_iter_t *out)
+{
+	bson_iter_t it, sub;
+	const char *p = path;
+	if (!bson_iter_init(&it, doc))
+		return 0;
+	for (;;) {
+		const char *dot = strchr(p, '.');
+		size_t n = dot ? (size_t)(dot - p) : strlen(p);
+		if (!bson_iter_find_w_len(&it, p, (int)n))
+			return 0;
+		*out = it;
+		if (BSON_ITER_HOLDS_ARRAY(&it))
+			return -1;
+		if (dot == NULL)
+			return 1;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub))
+			return 0;
+		it = sub;
+		p = dot + 1;
+	}
+}
+
+/* The one key of doc for the hashed index on path: enc(NumberLong(hash of the value)). */
+static int hashed_keys(const char *path, const bson_t *doc, store_keyset *ks,
+		       bool *all_missing, int *code_out, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	int r = hashed_path_find(doc, path, &it);
+	if (r < 0) {
+		if (code_out)
+			*code_out = 16766;
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"Error: hashed indexes do not currently support array values. "
+				"Found array at path: %s",
+				path);
+	}
+	bson_value_t h = {.value_type = BSON_TYPE_INT64};
+	h.value.v_int64 = sdb_keyenc_hash_value(r ? bson_iter_value(&it) : NULL);
+	ks->keys = sdb_calloc(1, sizeof *ks->keys);
+	ks->n = 1;
+	sdb_key_init(&ks->keys[0]);
+	int rc = sdb_keyenc_append_value(&ks->keys[0], &h, false, err, errlen);
+	if (rc) {
+		store_keyset_destroy(ks);
+		return rc;
+	}
+	*all_missing = r == 0;
+	return 0;
+}
+
 int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
 			 bool *all_missing, bool *multikey_out, int *code_out, char *err,
 			 size_t errlen)
 {
+	const char *hashed = store_key_hashed_field(pattern);
+	if (multikey_out)
+		*multikey_out = false;
+	if (hashed)
+		return hashed_keys(hashed, doc, ks, all_missing, code_out, err, errlen);
 	const char *paths[STORE_MAX_INDEX_FIELDS];
 	bool desc[STORE_MAX_INDEX_FIELDS];
 	size_t nf = pattern_fields(pattern, paths, desc);
@@ -92,21 +161,35 @@ int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset 
 	return 0;
 }
 
-/* Key patterns: field -> 1 / -1 (any non-zero number); "hashed", "text", "2d" are refused. */
+/* Key patterns: field -> 1 / -1 (any non-zero number), or one field -> "hashed" alone;
+ * "text", "2d", compound hashed are refused. */
 int store_key_check_pattern(const bson_t *pattern, char *err, size_t errlen)
 {
 	bson_iter_t it;
 	size_t n = 0;
 	if (!bson_iter_init(&it, pattern))
 		return sdb_errf(err, errlen, SDB_EINVAL, "bad key pattern");
+	size_t nkeys = bson_count_keys(pattern);
 	while (bson_iter_next(&it)) {
 		char perr[128];
 		if (!sdb_path_valid(bson_iter_key(&it), perr, sizeof perr))
 			return sdb_errf(err, errlen, SDB_EINVAL, "Error in specification: %s", perr);
+		if (BSON_ITER_HOLDS_UTF8(&it) &&
+		    strcmp(bson_iter_utf8(&it, NULL), "hashed") == 0) {
+			if (nkeys != 1)
+				return sdb_errf(err, errlen, SDB_EINVAL,
+						"Compound hashed indexes are not supported by the "
+						"embedded shard: a hashed index has one field "
+						"({%s: \"hashed\"} alone)",
+						bson_iter_key(&it));
+			n++;
+			continue;
+		}
 		if (BSON_ITER_HOLDS_UTF8(&it))
 			return sdb_errf(err, errlen, SDB_EINVAL,
 					"Unknown index plugin '%s' (the embedded shard supports "
-					"ascending and descending indexes only)",
+					"ascending, descending and single-field hashed indexes "
+					"only)",
 					bson_iter_utf8(&it, NULL));
 		if (!BSON_ITER_HOLDS_NUMBER(&it) || bson_iter_as_double(&it) == 0)
 			return sdb_errf(err, errlen, SDB_EINVAL,

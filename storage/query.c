@@ -146,6 +146,54 @@ static void bounds_to_ranges(sdb_query *q, const sdb_bounds *b, bool desc)
 	ranges_fix(q);
 }
 
+static int hashed_iv_cmp(const void *a, const void *b)
+{
+	return sdb_key_cmp(&((const sdb_interval *)a)->lo, &((const sdb_interval *)b)->lo);
+}
+
+/* The bounds of a hashed index from the bounds b of its field's values: each point v
+ * becomes the point enc(NumberLong(hash(v))) (sorted, deduplicated); EMPTY stays EMPTY.
+ * False (out untouched) for ALL and RANGE: a range of values is no range of hashes. A
+ * document matching an equality or $in has a value whose encoding is one of the points
+ * (arrays, which the hashed index refuses, aside), so its key is among the hashed points;
+ * the matcher still checks every document fetched (hash collisions). */
+static bool hashed_bounds(const sdb_bounds *b, sdb_bounds *out)
+{
+	if (b->kind == SDB_BOUNDS_EMPTY) {
+		memset(out, 0, sizeof *out);
+		out->kind = SDB_BOUNDS_EMPTY;
+		return true;
+	}
+	if (b->kind != SDB_BOUNDS_POINTS)
+		return false;
+	memset(out, 0, sizeof *out);
+	out->kind = SDB_BOUNDS_POINTS;
+	out->iv = sdb_calloc(b->n, sizeof *out->iv);
+	for (size_t i = 0; i < b->n; i++) {
+		bson_value_t h = {.value_type = BSON_TYPE_INT64};
+		h.value.v_int64 = sdb_keyenc_hash_encoded(b->iv[i].lo.data, b->iv[i].lo.len);
+		sdb_interval *iv = &out->iv[out->n++];
+		sdb_key_init(&iv->lo);
+		sdb_key_init(&iv->hi);
+		char e[64];
+		sdb_keyenc_append_value(&iv->lo, &h, false, e, sizeof e); /* a NumberLong: no error */
+		sdb_key_append(&iv->hi, iv->lo.data, iv->lo.len);
+		iv->lo_incl = iv->hi_incl = true;
+	}
+	sdb_qsort(out->iv, out->n, sizeof *out->iv, hashed_iv_cmp);
+	size_t j = 0;
+	for (size_t i = 0; i < out->n; i++) {
+		if (j && sdb_key_cmp(&out->iv[j - 1].lo, &out->iv[i].lo) == 0) {
+			sdb_key_free(&out->iv[i].lo);
+			sdb_key_free(&out->iv[i].hi);
+			continue;
+		}
+		out->iv[j++] = out->iv[i];
+	}
+	out->n = j;
+	return true;
+}
+
 static int bounds_score(const sdb_bounds *b)
 {
 	switch (b->kind) {
@@ -173,8 +221,9 @@ static bool pattern_provides_sort(const bson_t *pattern, const sdb_sortspec *s, 
 	for (size_t i = 0; i < n; i++) {
 		if (!bson_iter_next(&it))
 			return false;
-		if (strcmp(bson_iter_key(&it), sdb_sortspec_path(s, i)) != 0)
-			return false;
+		if (strcmp(bson_iter_key(&it), sdb_sortspec_path(s, i)) != 0 ||
+		    !BSON_ITER_HOLDS_NUMBER(&it))
+			return false; /* another field, or "hashed" (hash order, not value order) */
 		int pdir = bson_iter_as_double(&it) < 0 ? -1 : 1;
 		int r = pdir == sdb_sortspec_dir(s, i) ? 1 : -1;
 		if (rel && r != rel)
@@ -261,7 +310,17 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		q->multikey = ix->multikey;
 		set_pattern(q, ix->key);
 		sdb_bounds b = {0};
-		if (path && sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) == 0) {
+		bool usable = path && sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL,
+							 0) == 0;
+		if (usable && ix->hashed) {
+			/* its keys are hashes: equality / $in points hashed, else scanned whole */
+			sdb_bounds hb;
+			usable = hashed_bounds(&b, &hb);
+			sdb_bounds_free(&b);
+			if (usable)
+				b = hb;
+		}
+		if (usable) {
 			if (b.kind == SDB_BOUNDS_EMPTY && !ix->sparse)
 				q->empty = true;
 			else if (b.kind != SDB_BOUNDS_ALL && b.kind != SDB_BOUNDS_EMPTY)
@@ -276,18 +335,21 @@ bad:
 			"hint provided does not correspond to an existing index");
 }
 
-/* The key range of spec (sdb_query_spec.range_field): plan an index scan of its bounds.
- * Returns false (nothing planned) when no usable index has range_field first. */
+/* The key range of spec (sdb_query_spec.range_field): plan an index scan of its bounds
+ * (on the hashed index of range_field when spec->range_hashed, else on an index of its
+ * values). Returns false (nothing planned) when no usable index has range_field first. */
 static bool plan_range(sdb_query *q, const sdb_store_coll *co, const sdb_query_spec *spec,
 		       char *err, size_t errlen)
 {
 	const sdb_store_index *ix = NULL;
-	bool is_id = strcmp(spec->range_field, "_id") == 0, desc = false, rev = false;
+	bool is_id = !spec->range_hashed && strcmp(spec->range_field, "_id") == 0;
+	bool desc = false, rev = false;
 	for (size_t i = 0; !is_id && i < co->n_indexes; i++) {
 		const sdb_store_index *c = &co->indexes[i];
 		bool d = false;
 		const char *f = first_field(c->key, &d);
-		if (c->sparse || c->multikey || !f || strcmp(f, spec->range_field) != 0)
+		if (c->sparse || c->multikey || c->hashed != spec->range_hashed || !f ||
+		    strcmp(f, spec->range_field) != 0)
 			continue;
 		if (!ix || (!pattern_provides_sort(ix->key, q->sort, &rev) &&
 			    pattern_provides_sort(c->key, q->sort, &rev))) {
@@ -380,6 +442,16 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 		const char *path = first_field(ix->key, &desc);
 		if (!path || sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) != 0)
 			continue;
+		if (ix->hashed) {
+			/* equality / $in on f: the points' hashes; a range of f's values does not
+			 * bound its hashes (the index is skipped) */
+			sdb_bounds hb;
+			bool ok = hashed_bounds(&b, &hb);
+			sdb_bounds_free(&b);
+			if (!ok)
+				continue;
+			b = hb;
+		}
 		int score = bounds_score(&b);
 		bool rev;
 		bool gives_sort = !ix->multikey && pattern_provides_sort(ix->key, q->sort, &rev);

@@ -8,7 +8,8 @@
  *   2. equality/$in on _id -> point lookups on the collection itself (IXSCAN of "_id_");
  *   3. otherwise the secondary index whose first field has the tightest bounds
  *      (sdb_matcher_bounds: points beat ranges), ties broken by the index that also
- *      provides the sort;
+ *      provides the sort; a hashed index {f: "hashed"} only for equality / $in on f
+ *      (the points' hashes), never for ranges of f nor for a sort (its keys are hashes);
  *   4. otherwise an index (or _id) whose key pattern equals the sort spec (or its exact
  *      reverse) to avoid a blocking sort;
  *   5. otherwise a collection scan (COLLSCAN).
@@ -60,6 +61,10 @@ typedef struct sdb_query_spec {
 	const char *range_field;
 	const bson_value_t *range_lo, *range_hi;
 	bool range_hi_incl;
+	/* The range is over the hashes of range_field (a hashed shard key's chunk: NumberLong
+	 * bounds): only a hashed index {range_field: "hashed"} serves it (keys compared as
+	 * NumberLongs); without one the plan is chosen as without a range. */
+	bool range_hashed;
 	/* User variables the filter's $expr may read ({name: constant}, the command's `let`
 	 * after sdb_let_parse, storage/pipeline.h), or NULL. Copied by sdb_query_open. */
 	const bson_t *let;

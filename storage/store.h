@@ -184,6 +184,9 @@ typedef struct sdb_store_index {
 	bool sparse;
 	bool multikey; /* some document gave it several keys (arrays): bounds and sorts are
 			* restricted as in MongoDB */
+	bool hashed;   /* {f: "hashed"}: one key per document, enc(NumberLong(hash of f)),
+			* sdb_keyenc_hash_value; bounds for equality / $in on f only, no
+			* sort */
 	int64_t tbl;   /* i_N table number */
 } sdb_store_index;
 
@@ -225,8 +228,10 @@ int sdb_store_coll_list(sdb_store_conn *c, const char *db, char ***names, size_t
 void sdb_store_names_free(char **names, size_t n);
 
 /* Create a secondary index from spec (MongoDB createIndexes shape: {key: {...}, name,
- * unique?, sparse?}) on an existing collection, indexing the existing documents (write
- * txn), creating the collection when it is missing. Errors: SDB_EEXISTS (same name and
+ * unique?, sparse?}; key {f: 1, g: -1} or one hashed field {f: "hashed"}) on an existing
+ * collection, indexing the existing documents (write txn), creating the collection when
+ * it is missing. A unique hashed index is refused (mongo code 16764), a document with an
+ * array at or along a hashed path fails the build (16766). Errors: SDB_EEXISTS (same name and
  * same key: nothing to do, *created = false; also a unique index over duplicate values,
  * with the duplicate-key message), SDB_ECONFLICT (same name with another key or options,
  * or same key with another name: msg says which; code 85/86 by *mongo_code), SDB_EINVAL

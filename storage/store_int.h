@@ -150,10 +150,17 @@ int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset 
 /* "db.coll" (heap, caller frees). (store.c) */
 char *store_ns_of(const char *db, const char *coll);
 /* Check an index key pattern: field -> 1 / -1 (any non-zero number), at most
- * STORE_MAX_INDEX_FIELDS; "hashed", "text", "2d" refused. Errors: SDB_EINVAL. (keys.c) */
+ * STORE_MAX_INDEX_FIELDS, or {f: "hashed"} alone; "text", "2d" and compound hashed
+ * patterns refused. Errors: SDB_EINVAL. (keys.c) */
 int store_key_check_pattern(const bson_t *pattern, char *err, size_t errlen);
-/* The keys of doc for key pattern into ks (the caller destroys ks). Errors: SDB_EINVAL
- * with *code (may be NULL) the MongoDB code (171 CannotIndexParallelArrays, else 0). (keys.c) */
+/* The field of a hashed key pattern {f: "hashed"} (points into pattern), or NULL when
+ * pattern is not one. (keys.c) */
+const char *store_key_hashed_field(const bson_t *pattern);
+/* The keys of doc for key pattern into ks (the caller destroys ks). A hashed pattern gives
+ * one key, the encoding of NumberLong(sdb_keyenc_hash_value(value at the path)), missing
+ * hashing as null; never multikey. Errors: SDB_EINVAL with *code (may be NULL) the MongoDB
+ * code (171 CannotIndexParallelArrays; 16766 an array at or along a hashed index's path,
+ * "hashed indexes do not currently support array values"; else 0). (keys.c) */
 int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
 			 bool *all_missing, bool *multikey_out, int *code, char *err,
 			 size_t errlen);

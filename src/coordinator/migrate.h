@@ -50,8 +50,8 @@
  *                (T, head] replaced by its state read from a snapshot of the source by _id
  *                (P = that snapshot's position; an _id written between head and P takes
  *                its last oplog entry's post-image): the chunk is not read again. The
- *                whole chunk is read from a snapshot at P instead (mode "full") for a
- *                hashed key, after a coordinator restart (the list is gone), past 4M
+ *                whole chunk is read from a snapshot at P instead (mode "full")
+ *                after a coordinator restart (the list is gone), past 4M
  *                documents, when the oplog was trimmed past T, on a command entry of the
  *                database in the oplog, or when as many _ids changed as were imported.
  *                stats.verifySource: {mode, oplogEntries, changed, read, postImages}.
@@ -78,8 +78,9 @@
  *                stays on the target with the newer token and the state returns to
  *                switched.
  *   cleaning     the chunk's documents are deleted from the source by key range (the
- *                shard's shard-key index; hashed keys: by _id after one read of the
- *                chunk) in batches of spec.deleteBatch (default 500),
+ *                shard's shard-key index, the hashed index {k: "hashed"} for a hashed
+ *                key; a hashed key on a source without that index: by _id after one
+ *                read of the chunk) in batches of spec.deleteBatch (default 500),
  *                spec.deleteDelayMS (default 5) apart.
  *   complete, aborted, rolled_back: terminal. An aborted migration's target copy is
  *                deleted unless routing points at the target.

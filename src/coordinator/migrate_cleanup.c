@@ -75,10 +75,10 @@ static void key_projection(mig *m, bson_t *proj)
 			BSON_APPEND_INT32(proj, m->rc->keys[i], 1);
 }
 
-/* Ranged keys, one batch: {delete: coll, deletes: [{q: {$stripedbKeyRange: true}, limit: 0, keyRange,
+/* One batch: {delete: coll, deletes: [{q: {$stripedbKeyRange: true}, limit: 0, keyRange,
  * keyRangeLimit: spec.deleteBatch}], $stripedbOrigin}: the shard deletes at most that many
- * documents of the chunk's key range, found through its shard-key index (ranged keys) or
- * checked through the hash (src/shard/README.md). *n = how many it deleted. */
+ * documents of the chunk's key range, found through its shard-key index (ranged keys, or
+ * the hashed index of a hashed key, src/shard/README.md). *n = how many it deleted. */
 static int delete_batch(mig *m, mongoc_client_t *c, int64_t *n)
 {
 	bson_t cmd = BSON_INITIALIZER, arr, st, q, kr, reply;
@@ -123,8 +123,16 @@ static int delete_by_id(mig *m, mongoc_client_t *c)
 
 int mig_delete_chunk(mig *m, mongoc_client_t *c)
 {
-	if (m->rc->hashed)
-		return delete_by_id(m, c);
+	if (m->rc->hashed) {
+		/* without the hashed index every batch would examine the whole collection:
+		 * read the chunk once and delete by _id instead */
+		bool has = false;
+		int rc = mig_has_key_index(m, c, &has);
+		if (rc)
+			return rc;
+		if (!has)
+			return delete_by_id(m, c);
+	}
 	for (;;) {
 		int64_t n = 0;
 		int rc = delete_batch(m, c, &n);

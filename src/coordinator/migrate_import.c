@@ -48,8 +48,8 @@ static int add_insert(mig *m, const bson_t *doc, void *arg)
 		return rc;
 	if (m->imported > 0)
 		mig_crash_point("mid", "import");
-	/* the verification's view of the snapshot (hashed keys are verified by a full read) */
-	if (!m->imp_over && !m->rc->hashed) {
+	/* the verification's view of the snapshot */
+	if (!m->imp_over) {
 		if (m->imp.n >= IMPORT_HASHES_MAX) {
 			m->imp_over = true;
 			mig_hashes_free(&m->imp);
@@ -300,7 +300,7 @@ int mig_step_import(mig *m)
 	if (rc)
 		return rc;
 	m->import_ts = at;
-	if (!m->imp_over && !m->rc->hashed) {
+	if (!m->imp_over) {
 		mig_hashes_sort_unique(&m->imp);
 		m->imp_ts = at;
 	}

@@ -231,6 +231,11 @@ int mig_connect_shards(mig *m);
  * SDB_EUNAVAILABLE (the command failed: transport, or the shard answered an error whose
  * code is in m->code), SDB_EIO (writeErrors). */
 int mig_shard_run(mig *m, mongoc_client_t *c, const bson_t *cmd, bson_t *reply_out);
+/* Whether shard c has an index whose key pattern is exactly the shard key m->key (for a
+ * hashed key {k: "hashed"}: the index that bounds keyRange reads and deletes; shards of
+ * collections created before the embedded shard had hashed indexes lack it). *has false
+ * when the collection is missing there. Errors: as mig_shard_run. */
+int mig_has_key_index(mig *m, mongoc_client_t *c, bool *has);
 /* The shard's oplog head (0 for an empty oplog). Errors: as mig_shard_run. */
 int mig_oplog_head(mig *m, mongoc_client_t *c, uint64_t *ts);
 
@@ -261,8 +266,10 @@ int mig_cursor_open(mig *m, mongoc_client_t *c, const char *db, const bson_t *cm
 /* Delete the chunk's documents from shard c in batches of at most spec.deleteBatch,
  * spec.deleteDelayMS apart, tagged $stripedbOrigin; m->deleted counts. Ranged keys: each
  * batch is one delete statement with keyRange/keyRangeLimit that the shard answers from
- * its shard-key index (until a batch deletes fewer). Hashed keys: the chunk is read once
- * by mig_scan_chunk and deleted by _id (the shard has no hashed index to range over).
+ * its shard-key index (until a batch deletes fewer); hashed keys the same on the hashed
+ * index {k: "hashed"}. A hashed key on a shard without that index (a keyRange delete would
+ * examine the whole collection per batch): the chunk is read once by mig_scan_chunk and
+ * deleted by _id.
  * Errors: SDB_ECANCELED (stopping), and those of mig_shard_run and mig_scan_chunk. */
 int mig_delete_chunk(mig *m, mongoc_client_t *c);
 

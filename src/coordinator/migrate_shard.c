@@ -145,6 +145,34 @@ int mig_cursor_open(mig *m, mongoc_client_t *c, const char *db, const bson_t *cm
 	return 0;
 }
 
+int mig_has_key_index(mig *m, mongoc_client_t *c, bool *has)
+{
+	bson_t cmd = BSON_INITIALIZER, reply, ix, kp;
+	bson_iter_t it, cur, fb, ki;
+	uint32_t len;
+	const uint8_t *data;
+	*has = false;
+	BSON_APPEND_UTF8(&cmd, "listIndexes", m->coll);
+	int rc = mig_shard_run(m, c, &cmd, &reply);
+	bson_destroy(&cmd);
+	if (rc)
+		return m->code == 26 ? 0 : rc; /* NamespaceNotFound: no index */
+	if (bson_iter_init_find(&it, &reply, "cursor") && bson_iter_recurse(&it, &cur) &&
+	    bson_iter_find(&cur, "firstBatch") && bson_iter_recurse(&cur, &fb))
+		while (!*has && bson_iter_next(&fb)) {
+			if (!BSON_ITER_HOLDS_DOCUMENT(&fb))
+				continue;
+			bson_iter_document(&fb, &len, &data);
+			if (!bson_init_static(&ix, data, len) ||
+			    !bson_iter_init_find(&ki, &ix, "key") || !BSON_ITER_HOLDS_DOCUMENT(&ki))
+				continue;
+			bson_iter_document(&ki, &len, &data);
+			*has = bson_init_static(&kp, data, len) && bson_equal(&kp, m->key);
+		}
+	bson_destroy(&reply);
+	return 0;
+}
+
 /* Iterate the documents of the chunk in collection coll on client c: a snapshot
  * (stripedbSnapshot, *at = atOplogTs) when at != NULL, else a plain find; sorted by sort
  * (or none). Only documents of the chunk reach fn. */
@@ -162,8 +190,9 @@ int mig_scan_chunk(mig *m, mongoc_client_t *c, const bson_t *sort, const bson_t 
 		BSON_APPEND_UTF8(&cmd, "find", m->coll);
 	}
 	/* issue #17: the shard returns the chunk's documents only, reading its shard-key
-	 * index between the bounds (ranged keys; hashed keys are checked through the hash on
-	 * the shard, every document examined there); mig_in_chunk below stays as a check */
+	 * index between the bounds (ranged keys; hashed keys on the hashed index between the
+	 * chunk's NumberLong bounds, or through the hash of every document where a shard has
+	 * no hashed index); mig_in_chunk below stays as a check */
 	bson_t kr;
 	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "keyRange", &kr);
 	BSON_APPEND_DOCUMENT(&kr, "key", m->key);

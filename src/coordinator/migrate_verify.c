@@ -6,7 +6,7 @@
  * OPLOG (local.oplog.rs, not the CDC log the replicator reads) shows changed in the
  * namespace in (T, P] replaced by its state at P, read from the source by _id. The whole
  * chunk is read again (the "full" mode, as before) when the import's hashes are not here
- * (coordinator restarted, more than IMPORT_HASHES_MAX documents, hashed shard key), when
+ * (coordinator restarted, more than IMPORT_HASHES_MAX documents), when
  * the oplog no longer reaches back to T, when it holds a command entry of the database
  * (drop, rename, ...), or when at least as many _ids changed as the import loaded. */
 #include <inttypes.h>
@@ -264,7 +264,7 @@ static int source_from_import(mig *m, mig_hashes *out, uint64_t *at, bool *usabl
 	uint64_t t = m->import_ts, head = 0, oldest = 0;
 	int rc;
 	*usable = false;
-	if (m->imp_over || m->imp_ts != t || t == 0 || m->rc->hashed)
+	if (m->imp_over || m->imp_ts != t || t == 0)
 		return 0;
 	if ((rc = mig_oplog_head(m, m->sc, &head)) != 0)
 		return rc;

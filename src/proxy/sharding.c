@@ -524,8 +524,8 @@ static bool key_prefixes(const bson_t *key, const bson_t *kp)
  *   and with the simple collation, for the chunks' range scans (InvalidOptions 72, "Please
  *   create an index that starts with the proposed shard key before sharding the
  *   collection"; MongoDB's validShardKeyIndexExists, which creates it only for an empty
- *   collection). A hashed key needs none: the embedded shard has no hashed index (67 on
- *   createIndexes) and computes the hash of each document (docs/compat.md).
+ *   collection). A hashed key needs none here: shardCollection creates {k: "hashed"}
+ *   on every shard itself (the embedded shard builds it over existing documents).
  * A collection gone from holder passes. Returns: 0, or the code answered on c. */
 static int check_unique_indexes(ctx *c, const char *db, const char *coll, const char *ns,
 				 const char *holder, const bson_t *key, bool hashed)
@@ -760,9 +760,11 @@ static int do_shard_collection(ctx *c)
 		return st;
 	}
 	/* the shard key's index: MongoDB creates it for an empty collection (a collection with
-	 * documents must have one, checked above); unique: the unique index asked for; none
-	 * for a hashed key (no hashed index on the embedded shard) */
-	if ((unique || (holder == NULL && !hashed)) &&
+	 * documents must have one, checked above); unique: the unique index asked for. A
+	 * hashed key's index {k: "hashed"} is created in every case (over the documents the
+	 * holder has: an array value refuses the build, code 16766, as MongoDB refuses to
+	 * shard such a collection): it bounds migrations' chunk reads on the shards. */
+	if ((unique || holder == NULL || hashed) &&
 	    (st = create_key_index(c, db, coll, &key, unique)) != 0) {
 		free(holder);
 		return st;

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
-#include <xxhash.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -634,23 +633,7 @@ err:
 
 int64_t route_hash_value(const bson_value_t *v)
 {
-	sdb_key k;
-	bson_value_t null_v;
-	char err[64];
-	uint64_t h;
-
-	sdb_key_init(&k);
-	if (v == NULL) {
-		null_v.value_type = BSON_TYPE_NULL;
-		v = &null_v;
-	}
-	if (sdb_keyenc_append_value(&k, v, false, err, sizeof err) != 0) {
-		sdb_key_free(&k);
-		return 0;
-	}
-	h = XXH64(k.data, k.len, 0);
-	sdb_key_free(&k);
-	return (int64_t)h;
+	return sdb_keyenc_hash_value(v); /* the shard's hashed indexes use the same function */
 }
 
 /* Find the value at a dotted path through documents only. Returns 1 found (it set),
@@ -727,15 +710,11 @@ int route_key_encode(const route_coll *c, const bson_t *doc, sdb_key *out)
 			memset(&v, 0, sizeof v);
 			v.value_type = BSON_TYPE_NULL;
 		}
-		if (c->hashed) { /* as route_hash_value, in out's buffer */
-			size_t at = out->len;
-			uint64_t h = 0; /* route_hash_value's answer for a value it cannot encode */
-			if (sdb_keyenc_append_value(out, &v, false, err, sizeof err) == 0)
-				h = XXH64(out->data + at, out->len - at, 0);
-			out->len = at;
+		if (c->hashed) {
+			int64_t h = sdb_keyenc_hash_value(&v);
 			memset(&v, 0, sizeof v);
 			v.value_type = BSON_TYPE_INT64;
-			v.value.v_int64 = (int64_t)h;
+			v.value.v_int64 = h;
 		}
 		if (sdb_keyenc_append_value(out, &v, false, err, sizeof err) != 0)
 			goto bad;

@@ -18,7 +18,7 @@
  * missing from a document counts as null (MongoDB 4.4+). Arrays are never valid key values.
  *
  * Hashed keys (a single field declared "hashed"): the routed value is
- *     NumberLong((int64_t) XXH64(keyenc(value), seed 0))
+ *     NumberLong((int64_t) XXH64(keyenc(value), seed 0))   (sdb_keyenc_hash_value, storage/keyenc.h)
  * where keyenc(value) is the order-preserving encoding of storage/keyenc.h of the value
  * (ascending). keyenc maps equal numbers of different types (1, 1.0, NumberLong(1)) to the
  * same bytes, so they hash equally; chunk bounds of hashed collections are NumberLongs

@@ -406,8 +406,24 @@ int shard_filtering_key_range(shard_ctx *x, const char *ns, const bson_t *kr,
 	spec->owns = owns_doc;
 	spec->owns_arg = owns_new(own); /* the query's reference */
 	spec->owns_free = owns_free;
-	if (rc->hashed || rc->nkeys == 0)
+	if (rc->nkeys == 0)
 		return 0;
+	if (rc->hashed) {
+		/* the chunk's NumberLong bounds on the hashes: the hashed index {k: "hashed"}
+		 * serves them (storage/query.h range_hashed); without one the query scans
+		 * everything and owns filters (correct, slow). A bound that is neither a
+		 * number nor MinKey/MaxKey leaves the range open on that side. */
+		spec->range_field = rc->keys[0];
+		spec->range_hashed = true;
+		spec->range_hi_incl = false;
+		if (bson_iter_init_find(&r->lo, &min, rc->keys[0]) &&
+		    BSON_ITER_HOLDS_NUMBER(&r->lo))
+			spec->range_lo = bson_iter_value(&r->lo);
+		if (bson_iter_init_find(&r->hi, &max, rc->keys[0]) &&
+		    BSON_ITER_HOLDS_NUMBER(&r->hi))
+			spec->range_hi = bson_iter_value(&r->hi);
+		return 0;
+	}
 	/* the first key field's values: [min, max) for one field; [min, max] for a compound
 	 * key (documents whose first field equals max's may still lie below max) */
 	spec->range_field = rc->keys[0];

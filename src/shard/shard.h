@@ -480,10 +480,12 @@ typedef struct shard_key_range {
 } shard_key_range;
 /* Parse kr (the keyRange document of x->cmd's collection ns) into spec: the orphan
  * filter becomes "the shard key lies in [min, max)" (route.h's chunk test, ranged or
- * hashed: exactly the proxy's and the coordinator's), and for a ranged key the query's key
- * range bounds the scan of the shard-key index (the first key field from min's to max's
- * value; MinKey / MaxKey leave that side open). A hashed key has no index to bound (the
- * shard has no hashed indexes): every document is examined, only the chunk's returned.
+ * hashed: exactly the proxy's and the coordinator's), and the query's key range bounds
+ * the scan of the shard-key index: for a ranged key the first key field from min's to
+ * max's value; for a hashed key {k: "hashed"} the hashes from min's to max's NumberLong
+ * on the hashed index {k: "hashed"} (storage/query.h range_hashed); MinKey / MaxKey leave
+ * that side open. Without such an index on the shard (a collection created before its
+ * shards had hashed indexes) every document is examined, only the chunk's returned.
  * Returns: 0, or the MongoDB code BadValue (2) with the message in x->err (nothing
  * replied) on a malformed range or together with $stripedbShardVersion. Not an SDB_E*
  * status. On error spec is unchanged (no orphan filter reference taken). */

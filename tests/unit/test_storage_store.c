@@ -20,6 +20,8 @@
 #include <sqlite3.h>
 
 #include "common/err.h"
+#include "routing/route.h"
+#include "storage/keyenc.h"
 #include "storage/query.h"
 #include "storage/store.h"
 
@@ -379,6 +381,246 @@ static void test_query_key_range(void **state)
 	sdb_query_totals(&k1, &d1, &r1);
 	assert_int_equal(d1 - d0, 20 + 30 + 20 + 20 + 10 + 100);
 	assert_int_equal(r1 - r0, 20 + 30 + 20 + 20 + 10 + 100);
+	sdb_store_rollback(f->c);
+}
+
+/* Hashed indexes {a: "hashed"}: the key is NumberLong(sdb_keyenc_hash_value(a)), the very
+ * hash the router routes on (route_hash_value); documents are found by a range of hashes
+ * (sdb_query_spec.range_hashed); arrays are refused (16766); the planner never bounds a
+ * range of a's values or a sort with it. */
+typedef struct hashed_scan {
+	int64_t n, docs, bad; /* returned, examined, returned outside [lo, hi) */
+} hashed_scan;
+
+static hashed_scan hashed_range(fx *f, const bson_value_t *lo, const bson_value_t *hi)
+{
+	sdb_query_spec qs = {.range_field = "a", .range_hashed = true, .range_lo = lo,
+			     .range_hi = hi};
+	sdb_query *q = NULL;
+	int code = 0;
+	const bson_t *d;
+	hashed_scan r = {0};
+	int64_t ret, keys;
+	assert_int_equal(sdb_query_open(f->c, "db", "c", &qs, &q, &code, f->err, sizeof f->err),
+			 0);
+	while (sdb_query_next(q, &d, &code, f->err, sizeof f->err) == 1) {
+		bson_iter_t it;
+		int64_t h = route_hash_value(bson_iter_init_find(&it, d, "a") ? bson_iter_value(&it)
+									    : NULL);
+		if ((lo && h < lo->value.v_int64) || (hi && h >= hi->value.v_int64))
+			r.bad++;
+		r.n++;
+	}
+	sdb_query_stats(q, &ret, &keys, &r.docs);
+	sdb_query_free(q);
+	return r;
+}
+
+static void test_hashed_index(void **state)
+{
+	fx *f = *state;
+	bool created;
+	int code = 0;
+	/* the router's hash, one function: equal numbers of any type hash equally */
+	bson_value_t i5 = {.value_type = BSON_TYPE_INT32, .value.v_int32 = 5};
+	bson_value_t l5 = {.value_type = BSON_TYPE_INT64, .value.v_int64 = 5};
+	bson_value_t d5 = {.value_type = BSON_TYPE_DOUBLE, .value.v_double = 5.0};
+	bson_value_t s5 = {.value_type = BSON_TYPE_UTF8};
+	s5.value.v_utf8.str = "5";
+	s5.value.v_utf8.len = 1;
+	bson_value_t nul = {.value_type = BSON_TYPE_NULL};
+	assert_true(sdb_keyenc_hash_value(&i5) == route_hash_value(&i5));
+	assert_true(sdb_keyenc_hash_value(&i5) == sdb_keyenc_hash_value(&l5));
+	assert_true(sdb_keyenc_hash_value(&i5) == sdb_keyenc_hash_value(&d5));
+	assert_true(sdb_keyenc_hash_value(&s5) == route_hash_value(&s5));
+	assert_true(sdb_keyenc_hash_value(&s5) != sdb_keyenc_hash_value(&i5));
+	assert_true(sdb_keyenc_hash_value(NULL) == sdb_keyenc_hash_value(&nul));
+	assert_true(sdb_keyenc_hash_value(&nul) == route_hash_value(NULL));
+
+	/* 300 documents before the index (built over them), 100 after */
+	begin_w(f);
+	for (int i = 0; i < 300; i++)
+		assert_int_equal(insert(f, i, i, NULL), 0);
+	bson_t *spec = BCON_NEW("key", "{", "a", BCON_UTF8("hashed"), "}", "name", "a_hashed");
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 0);
+	assert_true(created);
+	bson_destroy(spec);
+	for (int i = 300; i < 390; i++)
+		assert_int_equal(insert(f, i, i, NULL), 0);
+	/* other types, and a missing a (indexed as null's hash) */
+	bson_t *odd[] = {BCON_NEW("_id", BCON_INT32(390), "a", BCON_DOUBLE(5.0)),
+			 BCON_NEW("_id", BCON_INT32(391), "a", BCON_INT64(5)),
+			 BCON_NEW("_id", BCON_INT32(392), "a", BCON_UTF8("5")),
+			 BCON_NEW("_id", BCON_INT32(393), "a", "{", "b", BCON_INT32(1), "}"),
+			 BCON_NEW("_id", BCON_INT32(394)),
+			 BCON_NEW("_id", BCON_INT32(395), "a", BCON_NULL)};
+	for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+		assert_int_equal(
+			sdb_store_insert(f->c, "db", "c", odd[i], NULL, NULL, f->err, sizeof f->err),
+			0);
+		bson_destroy(odd[i]);
+	}
+	/* an array is refused with MongoDB's code (the statement rolled back, as the shard's
+	 * savepoint per document does) */
+	bson_t *arr = BCON_NEW("_id", BCON_INT32(1000), "a", "[", BCON_INT32(1), "]");
+	f->c->write_code = 0;
+	assert_int_equal(sdb_store_savepoint(f->c), 0);
+	assert_int_equal(sdb_store_insert(f->c, "db", "c", arr, NULL, NULL, f->err, sizeof f->err),
+			 SDB_EINVAL);
+	sdb_store_savepoint_rollback(f->c);
+	assert_int_equal(f->c->write_code, 16766);
+	assert_non_null(strstr(f->err, "hashed indexes do not currently support array values"));
+	bson_destroy(arr);
+	commit(f);
+
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	if (np) {
+		char *js = bson_as_relaxed_extended_json(&problems, NULL);
+		fprintf(stderr, "%s\n", js);
+		bson_free(js);
+	}
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
+	const sdb_store_coll *co = NULL;
+	assert_int_equal(sdb_store_coll_get(f->c, "db", "c", &co, f->err, sizeof f->err), 0);
+	assert_int_equal(co->n_indexes, 1);
+	assert_true(co->indexes[0].hashed && !co->indexes[0].multikey);
+	/* listIndexes shows the pattern as given */
+	bson_iter_t it;
+	assert_true(bson_iter_init(&it, co->indexes[0].key) && bson_iter_next(&it));
+	assert_string_equal(bson_iter_key(&it), "a");
+	assert_string_equal(bson_iter_utf8(&it, NULL), "hashed");
+
+	/* ranges of the hash space: the halves partition the 396 documents and each reads
+	 * only its own; a narrow range reads a few */
+	bson_value_t zero = {.value_type = BSON_TYPE_INT64, .value.v_int64 = 0};
+	hashed_scan lo = hashed_range(f, NULL, &zero), hi = hashed_range(f, &zero, NULL);
+	assert_int_equal(lo.n + hi.n, 396);
+	assert_true(lo.n > 100 && hi.n > 100);
+	assert_int_equal(lo.bad + hi.bad, 0);
+	assert_int_equal(lo.docs, lo.n);
+	assert_int_equal(hi.docs, hi.n);
+	bson_value_t q1 = {.value_type = BSON_TYPE_INT64, .value.v_int64 = INT64_MIN / 2};
+	bson_value_t q2 = {.value_type = BSON_TYPE_INT64, .value.v_int64 = INT64_MAX / 2};
+	hashed_scan mid = hashed_range(f, &q1, &q2);
+	assert_int_equal(mid.bad, 0);
+	assert_int_equal(mid.docs, mid.n);
+	assert_true(mid.n > 50 && mid.n < 396);
+	/* 5, 5.0 and NumberLong(5) share one hash: a point range of it finds all three */
+	bson_value_t h5 = {.value_type = BSON_TYPE_INT64,
+			   .value.v_int64 = sdb_keyenc_hash_value(&i5)};
+	bson_value_t h5n = {.value_type = BSON_TYPE_INT64, .value.v_int64 = h5.value.v_int64 + 1};
+	hashed_scan five = hashed_range(f, &h5, &h5n);
+	assert_int_equal(five.n, 3);
+	assert_int_equal(five.docs, 3);
+	/* missing and null: null's hash */
+	bson_value_t hn = {.value_type = BSON_TYPE_INT64,
+			   .value.v_int64 = sdb_keyenc_hash_value(NULL)};
+	bson_value_t hnn = {.value_type = BSON_TYPE_INT64, .value.v_int64 = hn.value.v_int64 + 1};
+	assert_int_equal(hashed_range(f, &hn, &hnn).n, 2);
+	/* a range of a's VALUES never uses the hashed index: planned as without a range */
+	int64_t docs = 0;
+	assert_int_equal(range_count(f, "a", 10, true, 20, false, false, &docs), 396);
+	assert_int_equal(docs, 396);
+	/* nor a filter's range, nor a sort: the results are exact */
+	bson_t *filter = BCON_NEW("a", "{", "$gte", BCON_INT32(10), "$lt", BCON_INT32(20), "}");
+	bson_t *sort = BCON_NEW("a", BCON_INT32(1));
+	sdb_query_spec qs = {.filter = filter, .sort = sort};
+	sdb_query *q = NULL;
+	const bson_t *d;
+	assert_int_equal(sdb_query_open(f->c, "db", "c", &qs, &q, &code, f->err, sizeof f->err),
+			 0);
+	int n = 0;
+	while (sdb_query_next(q, &d, &code, f->err, sizeof f->err) == 1) {
+		assert_true(bson_iter_init_find(&it, d, "a"));
+		assert_int_equal(bson_iter_as_int64(&it), 10 + n);
+		n++;
+	}
+	assert_int_equal(n, 10);
+	sdb_query_free(q);
+	bson_destroy(filter);
+	bson_destroy(sort);
+	/* equality and $in on a use the hashed index (MongoDB does): the points' hashes,
+	 * only the matching documents read (5, 5.0, NumberLong(5); "5"; null and missing) */
+	bson_t *eqs[] = {BCON_NEW("a", BCON_INT32(5)),
+			 BCON_NEW("a", "{", "$in", "[", BCON_INT32(5), BCON_UTF8("5"), BCON_NULL,
+				  "]", "}"),
+			 BCON_NEW("a", "{", "$in", "[", "]", "}")};
+	int64_t want[] = {3, 6, 0};
+	for (size_t i = 0; i < 3; i++) {
+		sdb_query_spec qe = {.filter = eqs[i]};
+		assert_int_equal(
+			sdb_query_open(f->c, "db", "c", &qe, &q, &code, f->err, sizeof f->err), 0);
+		n = 0;
+		while (sdb_query_next(q, &d, &code, f->err, sizeof f->err) == 1)
+			n++;
+		int64_t ret, keys, examined;
+		sdb_query_stats(q, &ret, &keys, &examined);
+		assert_int_equal(n, want[i]);
+		assert_int_equal(examined, want[i]);
+		if (i == 0) {
+			bson_t ex = BSON_INITIALIZER;
+			bson_iter_t sub;
+			sdb_query_explain(q, true, &ex);
+			assert_true(bson_iter_init(&it, &ex));
+			assert_true(bson_iter_find_descendant(&it, "queryPlanner.winningPlan.indexName",
+							      &sub));
+			assert_string_equal(bson_iter_utf8(&sub, NULL), "a_hashed");
+			bson_destroy(&ex);
+		}
+		sdb_query_free(q);
+		bson_destroy(eqs[i]);
+	}
+	/* by hint: the equality's hashes too; a range by hint scans the index whole */
+	filter = BCON_NEW("a", "{", "$gt", BCON_INT32(380), "}");
+	bson_t *hint_doc = BCON_NEW("h", BCON_UTF8("a_hashed"));
+	assert_true(bson_iter_init_find(&it, hint_doc, "h"));
+	sdb_query_spec qh = {.filter = filter, .hint = &it};
+	assert_int_equal(sdb_query_open(f->c, "db", "c", &qh, &q, &code, f->err, sizeof f->err),
+			 0);
+	n = 0;
+	while (sdb_query_next(q, &d, &code, f->err, sizeof f->err) == 1)
+		n++;
+	assert_int_equal(n, 9); /* 381..389 */
+	int64_t hret, hkeys, hdocs;
+	sdb_query_stats(q, &hret, &hkeys, &hdocs);
+	assert_int_equal(hdocs, 396);
+	sdb_query_free(q);
+	bson_destroy(filter);
+	bson_destroy(hint_doc);
+	sdb_store_rollback(f->c);
+
+	/* refused: unique hashed (16764), compound hashed (67); a build over an array (16766) */
+	begin_w(f);
+	spec = BCON_NEW("key", "{", "b", BCON_UTF8("hashed"), "}", "name", "b_hashed", "unique",
+			BCON_BOOL(true));
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 SDB_EINVAL);
+	assert_int_equal(code, 16764);
+	bson_destroy(spec);
+	spec = BCON_NEW("key", "{", "b", BCON_UTF8("hashed"), "c", BCON_INT32(1), "}", "name",
+			"b_hashed_c_1");
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 SDB_EINVAL);
+	assert_int_equal(code, 67);
+	bson_destroy(spec);
+	arr = BCON_NEW("_id", BCON_INT32(1), "x", "{", "y", "[", BCON_INT32(1), "]", "}");
+	assert_int_equal(sdb_store_insert(f->c, "db", "c2", arr, NULL, NULL, f->err, sizeof f->err),
+			 0);
+	bson_destroy(arr);
+	spec = BCON_NEW("key", "{", "x.y", BCON_UTF8("hashed"), "}", "name", "x.y_hashed");
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c2", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 SDB_EINVAL);
+	assert_int_equal(code, 16766);
+	bson_destroy(spec);
 	sdb_store_rollback(f->c);
 }
 
@@ -883,6 +1125,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_crud_and_oplog, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_query_key_range, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hashed_index, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unique_index_duplicate, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ts_monotonic_with_clock_jumps_and_restart,
 						setup, teardown),
