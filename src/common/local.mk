@@ -9,6 +9,7 @@ libstripedb_a_SOURCES += \
 	src/common/dblist.c \
 	src/common/err.c \
 	src/common/http.c \
+	src/common/indexname.c \
 	src/common/log.c \
 	src/common/metauri.c \
 	src/common/metrics.c \
@@ -17,6 +18,7 @@ libstripedb_a_SOURCES += \
 	src/common/throttle.c
 noinst_HEADERS += \
 	src/common/clock.h \
+	src/common/indexname.h \
 	src/common/cmdopts.h \
 	src/common/alloc.h \
 	src/common/bsonget.h \

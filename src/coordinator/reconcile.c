@@ -9,6 +9,7 @@
 #include "common/alloc.h"
 #include "common/bsonget.h"
 #include "common/err.h"
+#include "common/indexname.h"
 #include "common/log.h"
 #include "coordinator/filtering.h"
 #include "coordinator/reconcile.h"
@@ -135,6 +136,115 @@ static int read_metadata(mongoc_client_t *meta, char ***names, int64_t *version,
 	return 0;
 }
 
+/* Does index spec ix (a listIndexes entry) serve shard key pattern key: for a hashed key
+ * the same {f: "hashed"}, for a ranged one an index whose fields start with the key's, in
+ * order (directions ignored), not partial and not sparse (MongoDB's rule for a shard key
+ * index, ShardKeyPattern::isIndexUniqueCompatible / findShardKeyPrefixedIndex). */
+static bool serves_key(const bson_t *ix, const bson_t *key)
+{
+	bson_iter_t it, k, i;
+	bson_t kd;
+	uint32_t len;
+	const uint8_t *data;
+
+	if (bson_has_field(ix, "partialFilterExpression") ||
+	    (bson_iter_init_find(&it, ix, "sparse") && bson_iter_as_bool(&it)) ||
+	    !bson_iter_init_find(&it, ix, "key") || !BSON_ITER_HOLDS_DOCUMENT(&it))
+		return false;
+	bson_iter_document(&it, &len, &data);
+	if (!bson_init_static(&kd, data, len) || !bson_iter_init(&k, key) ||
+	    !bson_iter_init(&i, &kd))
+		return false;
+	while (bson_iter_next(&k)) {
+		if (!bson_iter_next(&i) || strcmp(bson_iter_key(&k), bson_iter_key(&i)) != 0)
+			return false;
+		bool kh = BSON_ITER_HOLDS_UTF8(&k), ih = BSON_ITER_HOLDS_UTF8(&i);
+		if (kh != ih || (kh && strcmp(bson_iter_utf8(&k, NULL), bson_iter_utf8(&i, NULL))))
+			return false;
+	}
+	return true;
+}
+
+/* Before an install: the shard-key index a proxy's shardCollection creates (ranged and
+ * hashed keys: keyRange reads and cleanup are bounded on it) is created on the shard when
+ * the collection there has no index serving the key and holds no document (an empty or
+ * missing collection: cheap). On a collection with documents it is only logged: the build
+ * would hold the shard's writes for its whole length, which the operator schedules
+ * (createIndexes); until then reads of a chunk examine the collection. */
+static void ensure_key_index(mongoc_client_t *sc, const char *shard, const char *ns,
+			     const bson_t *key)
+{
+	char db[128], name[256];
+	const char *coll = strchr(ns, '.');
+	bson_t cmd = BSON_INITIALIZER, reply, arr, spec;
+	bson_iter_t it, ai, cur;
+	bool served = false, empty = false;
+
+	if (!coll || (size_t)(coll - ns) >= sizeof db)
+		return;
+	memcpy(db, ns, (size_t)(coll - ns));
+	db[coll - ns] = '\0';
+	coll++;
+	if (bson_iter_init(&it, key) && bson_iter_next(&it) && !BSON_ITER_HOLDS_UTF8(&it) &&
+	    strcmp(bson_iter_key(&it), "_id") == 0)
+		return; /* {_id: 1, ...} starts with the _id index */
+	BSON_APPEND_UTF8(&cmd, "listIndexes", coll);
+	bson_error_t be;
+	mongoc_database_t *d = mongoc_client_get_database(sc, db);
+	bool ok = mongoc_database_command_simple(d, &cmd, NULL, &reply, &be);
+	if (!ok && be.domain == MONGOC_ERROR_SERVER && be.code == 26) {
+		empty = true; /* no such collection on this shard yet */
+	} else if (ok && bson_iter_init_find(&it, &reply, "cursor") &&
+		   bson_iter_recurse(&it, &cur) && bson_iter_find(&cur, "firstBatch") &&
+		   bson_iter_recurse(&cur, &ai)) {
+		while (bson_iter_next(&ai) && !served) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_t ix;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&ai))
+				continue;
+			bson_iter_document(&ai, &len, &data);
+			served = bson_init_static(&ix, data, len) && serves_key(&ix, key);
+		}
+	} else {
+		served = true; /* unknown: leave it */
+	}
+	bson_destroy(&reply);
+	bson_reinit(&cmd);
+	if (!served && !empty) {
+		BSON_APPEND_UTF8(&cmd, "count", coll);
+		if (mongoc_database_command_simple(d, &cmd, NULL, &reply, &be) &&
+		    bson_iter_init_find(&it, &reply, "n"))
+			empty = bson_iter_as_int64(&it) == 0;
+		bson_destroy(&reply);
+		bson_reinit(&cmd);
+	}
+	if (!served && empty) {
+		sdb_index_default_name(key, name, sizeof name);
+		BSON_APPEND_UTF8(&cmd, "createIndexes", coll);
+		BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &arr);
+		BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &spec);
+		BSON_APPEND_DOCUMENT(&spec, "key", key);
+		BSON_APPEND_UTF8(&spec, "name", name);
+		bson_append_document_end(&arr, &spec);
+		bson_append_array_end(&cmd, &arr);
+		if (!mongoc_database_command_simple(d, &cmd, NULL, &reply, &be)) {
+			sdb_warn("filtering reconciler: shard key index not created", "ns=%s "
+				 "shard=%s index=%s error=\"%s\"", ns, shard, name, be.message);
+		} else {
+			sdb_info("filtering reconciler: shard key index created", "ns=%s shard=%s "
+				 "index=%s", ns, shard, name);
+		}
+		bson_destroy(&reply);
+	} else if (!served) {
+		sdb_warn("filtering reconciler: no shard key index on a collection with documents "
+			 "(create it: reads of a chunk examine the whole collection until then)",
+			 "ns=%s shard=%s", ns, shard);
+	}
+	bson_destroy(&cmd);
+	mongoc_database_destroy(d);
+}
+
 /* An install of this pass: namespace ns (a string of the pass's list) on target s. */
 typedef struct installed_at {
 	const char *ns;
@@ -229,6 +339,7 @@ int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_targ
 				remember_unowned(r, ns, t[s].shard);
 				continue;
 			}
+			ensure_key_index(t[s].client, t[s].shard, ns, &tab.key);
 			if (cfilt_install(t[s].client, ns, t[s].shard, &tab, 0, 0, e, sizeof e) != 0) {
 				/* refused (a switch installed newer metadata meanwhile: StaleConfig)
 				 * or unreachable: the next pass sees what the shard has */

@@ -16,7 +16,11 @@
  *   2. each shard: stripedbListFiltering (the namespaces it has installed);
  *   3. for each sharded namespace some shard lacks: load its routing table once
  *      (getRoutingTable) and install, on each shard lacking it that owns chunks, exactly what
- *      a switch would install (cfilt_install: its chunks, the collection version).
+ *      a switch would install (cfilt_install: its chunks, the collection version); before
+ *      that, create the shard-key index there ({k: 1} / {k: "hashed"}, as a proxy's
+ *      shardCollection does) when no index serves the key and the collection on that shard
+ *      holds no document (a build on a collection with documents would hold the shard's
+ *      writes: only logged).
  * A (namespace, shard) pair found owning no chunk is remembered until the routing version
  * changes, so a quiet cluster costs two metadata reads and one read per shard a period.
  *

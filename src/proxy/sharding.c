@@ -23,6 +23,7 @@
 #include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/indexname.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "proxy/exec.h"
@@ -381,23 +382,12 @@ static int create_key_index(ctx *c, const char *db, const char *coll, const bson
 	ctx sub = *c;
 	bson_t cmd = BSON_INITIALIZER, arr, spec;
 	char **ids = NULL, name[256] = "";
-	size_t n, i, off = 0;
+	size_t n, i;
 	pcall *pc, *bad;
-	bson_iter_t it;
 	int st = 0;
 
 	sub.db = db;
-	bson_iter_init(&it, key);
-	while (bson_iter_next(&it) && off < sizeof name) {
-		/* MongoDB's default index name: field_1, field_-1, field_hashed */
-		char v[32];
-		if (BSON_ITER_HOLDS_UTF8(&it))
-			snprintf(v, sizeof v, "%s", bson_iter_utf8(&it, NULL));
-		else
-			snprintf(v, sizeof v, "%lld", (long long)bson_iter_as_int64(&it));
-		off += (size_t)snprintf(name + off, sizeof name - off, "%s%s_%s", off ? "_" : "",
-					bson_iter_key(&it), v);
-	}
+	sdb_index_default_name(key, name, sizeof name);
 	BSON_APPEND_UTF8(&cmd, "createIndexes", coll);
 	BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &arr);
 	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &spec);

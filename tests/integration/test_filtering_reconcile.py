@@ -51,6 +51,10 @@ def test_a_collection_sharded_through_metadata_gets_its_filtering_metadata(cl3):
         assert sorted(c["id"] for c in f["chunks"]) == mine
         assert f["collectionVersion"] == cver
         assert f["key"] == {"k": 1}
+    # the shard-key index a proxy's shardCollection creates, created on the (empty) shards
+    for sid in ("shard-a", "shard-b"):
+        keys = [ix["key"] for ix in cl.shard_client(sid).db.c.list_indexes()]
+        assert {"k": 1} in keys, (sid, keys)
     # the shard owning nothing is listed by the same pass but gets nothing
     listed = cl.shard_client("shard-c").admin.command({"stripedbListFiltering": 1})
     assert [n["ns"] for n in listed["namespaces"]] == []
@@ -80,6 +84,31 @@ def test_a_collection_sharded_through_metadata_gets_its_filtering_metadata(cl3):
     left = sum(cl.shard_client(s).db.c.count_documents({"orphan": True, "touched": True})
                for s in ("shard-a", "shard-b"))
     assert left == 0
+
+
+def test_hashed_and_non_empty_collections(cl3):
+    """A hashed key gets its {h: "hashed"} index on the owning shards (keyRange reads of its
+    chunks are bounded on it); a collection that already holds documents on a shard without
+    a shard-key index gets its filtering metadata but no index build behind the operator's
+    back (it would hold the shard's writes)."""
+    cl = cl3
+    cl.shard_collection("db.h", {"h": "hashed"}, shards=["shard-a", "shard-b"])
+    cl.shard_client("shard-a").db.full.insert_many([{"_id": i, "k": i} for i in range(10)])
+    cl.shard_collection("db.full", {"k": 1}, split_points=[{"k": 5}],
+                        shards=["shard-a", "shard-b"])
+    owners = {c["shard"] for c in cl.chunks("db.h")}
+    for sid in owners:
+        f = wait_installed(cl, sid, "db.h")
+        assert f["key"] == {"h": "hashed"}
+        keys = [ix["key"] for ix in cl.shard_client(sid).db.h.list_indexes()]
+        assert {"h": "hashed"} in keys, (sid, keys)
+    wait_installed(cl, "shard-a", "db.full")
+    keys = [ix["key"] for ix in cl.shard_client("shard-a").db.full.list_indexes()]
+    assert keys == [{"_id": 1}], keys
+    # the empty side got its index
+    wait_installed(cl, "shard-b", "db.full")
+    keys = [ix["key"] for ix in cl.shard_client("shard-b").db.full.list_indexes()]
+    assert {"k": 1} in keys, keys
 
 
 def test_a_shard_that_lost_its_filtering_metadata_gets_it_back(cl3):

@@ -1,0 +1,15 @@
+/* MongoDB's default index name for a key pattern (src/mongo/db/catalog/index_key_validate
+ * and the drivers' index-name rule): each field and its value joined by '_', fields joined
+ * by '_': {a: 1} -> "a_1", {a: 1, b: -1} -> "a_1_b_-1", {k: "hashed"} -> "k_hashed". */
+#ifndef SDB_COMMON_INDEXNAME_H
+#define SDB_COMMON_INDEXNAME_H
+
+#include <bson/bson.h>
+#include <stddef.h>
+
+/* Write the default name of key (a key pattern: numbers or strings) into out (NUL-terminated,
+ * truncated to outlen - 1 bytes). Returns: the length the whole name needs (>= outlen:
+ * truncated, as snprintf). */
+size_t sdb_index_default_name(const bson_t *key, char *out, size_t outlen);
+
+#endif
