@@ -127,6 +127,7 @@ int64_t cfilt_switch_token(const cfilt_table *t, int64_t cur)
 /* Walk the chunks of t held by shard: calls fn for each. */
 typedef void (*chunk_fn)(const bson_t *ch, int64_t id, void *arg);
 
+/* fn for each chunk of t on shard `shard` (NULL: every chunk). */
 static void each_chunk(const cfilt_table *t, const char *shard, chunk_fn fn, void *arg)
 {
 	bson_iter_t it, ai;
@@ -142,7 +143,7 @@ static void each_chunk(const cfilt_table *t, const char *shard, chunk_fn fn, voi
 		bson_iter_document(&ai, &len, &data);
 		bson_init_static(&ch, data, len);
 		s = get_str(&ch, "shard");
-		if (s && strcmp(s, shard) == 0)
+		if (!shard || (s && strcmp(s, shard) == 0))
 			fn(&ch, get_int(&ch, "id", 0), arg);
 	}
 }
@@ -152,6 +153,27 @@ static void count_fn(const bson_t *ch, int64_t id, void *arg)
 	(void)ch;
 	(void)id;
 	(*(size_t *)arg)++;
+}
+
+void cfilt_each_chunk_id(const cfilt_table *t, const char *shard,
+			 void (*fn)(const bson_t *ch, int64_t id, void *arg), void *arg)
+{
+	each_chunk(t, shard, fn, arg);
+}
+
+static void find_fn(const bson_t *ch, int64_t id, void *arg)
+{
+	int64_t *want = arg;
+	(void)ch;
+	if (id == want[0])
+		want[1] = 1;
+}
+
+bool cfilt_has_chunk(const cfilt_table *t, int64_t id)
+{
+	int64_t want[2] = {id, 0};
+	each_chunk(t, NULL, find_fn, want);
+	return want[1] != 0;
 }
 
 size_t cfilt_chunks_on(const cfilt_table *t, const char *shard)

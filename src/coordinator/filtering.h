@@ -18,6 +18,7 @@
 
 #include <bson/bson.h>
 #include <mongoc/mongoc.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,12 @@ int cfilt_command(mongoc_client_t *c, const bson_t *cmd, bson_t *reply, char *er
 int cfilt_load(mongoc_client_t *meta, const char *ns, cfilt_table *t, char *err, size_t errlen);
 void cfilt_table_destroy(cfilt_table *t);
 
+/* Call fn(chunk document, chunk id, arg) for each of t's chunks on shard `shard` (NULL:
+ * every chunk). */
+void cfilt_each_chunk_id(const cfilt_table *t, const char *shard,
+			 void (*fn)(const bson_t *ch, int64_t id, void *arg), void *arg);
+/* Has t a chunk with id `id` (on any shard)? */
+bool cfilt_has_chunk(const cfilt_table *t, int64_t id);
 /* The number of t's chunks on shard `shard`. */
 size_t cfilt_chunks_on(const cfilt_table *t, const char *shard);
 

@@ -167,7 +167,10 @@ int mig_has_key_index(mig *m, mongoc_client_t *c, bool *has)
 			    !bson_iter_init_find(&ki, &ix, "key") || !BSON_ITER_HOLDS_DOCUMENT(&ki))
 				continue;
 			bson_iter_document(&ki, &len, &data);
-			*has = bson_init_static(&kp, data, len) && bson_equal(&kp, m->key);
+			/* as the shard's planner uses it: neither sparse nor partial */
+			*has = bson_init_static(&kp, data, len) && bson_equal(&kp, m->key) &&
+			       !bson_has_field(&ix, "partialFilterExpression") &&
+			       !(bson_iter_init_find(&ki, &ix, "sparse") && bson_iter_as_bool(&ki));
 		}
 	bson_destroy(&reply);
 	return 0;

@@ -1,5 +1,6 @@
 /* The filtering-metadata reconciler: see reconcile.h. */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,15 +19,33 @@ typedef struct unowned {
 	char *ns, *shard;
 } unowned;
 
+/* An install to confirm: shard `shard` got ns's metadata with chunk ids ids[0..nids) from
+ * a routing table loaded before the install. */
+typedef struct to_check {
+	char *ns, *shard;
+	int64_t *ids;
+	size_t nids;
+} to_check;
+
 struct cfilt_reconciler {
 	int64_t version; /* the routing version `none` was found at */
 	unowned *none;
 	size_t n, cap;
+	to_check *check; /* installs not yet confirmed (kept across passes until they are) */
+	size_t ncheck;
+	const atomic_int *stop; /* non-zero: end the pass early */
 };
 
-cfilt_reconciler *cfilt_reconciler_new(void)
+cfilt_reconciler *cfilt_reconciler_new(const atomic_int *stop)
 {
-	return sdb_calloc(1, sizeof(cfilt_reconciler));
+	cfilt_reconciler *r = sdb_calloc(1, sizeof(cfilt_reconciler));
+	r->stop = stop;
+	return r;
+}
+
+static bool stopping(const cfilt_reconciler *r)
+{
+	return r->stop && atomic_load(r->stop);
 }
 
 static void forget(cfilt_reconciler *r)
@@ -38,12 +57,22 @@ static void forget(cfilt_reconciler *r)
 	r->n = 0;
 }
 
+static void check_free(to_check *c)
+{
+	free(c->ns);
+	free(c->shard);
+	free(c->ids);
+}
+
 void cfilt_reconciler_free(cfilt_reconciler *r)
 {
 	if (!r)
 		return;
 	forget(r);
 	free(r->none);
+	for (size_t i = 0; i < r->ncheck; i++)
+		check_free(&r->check[i]);
+	free(r->check);
 	free(r);
 }
 
@@ -171,9 +200,13 @@ static bool serves_key(const bson_t *ix, const bson_t *key)
  * missing collection: cheap). On a collection with documents it is only logged: the build
  * would hold the shard's writes for its whole length, which the operator schedules
  * (createIndexes); until then reads of a chunk examine the collection. */
-static void ensure_key_index(mongoc_client_t *sc, const char *shard, const char *ns,
-			     const bson_t *key)
+static bool table_current(mongoc_client_t *meta, const char *ns, const cfilt_table *tab);
+
+static void ensure_key_index(mongoc_client_t *meta, mongoc_client_t *sc, const char *shard,
+			     const char *ns, const cfilt_table *tab)
 {
+	const bson_t *key = &tab->key;
+	bool missing = false;
 	char db[128], name[256];
 	const char *coll = strchr(ns, '.');
 	bson_t cmd = BSON_INITIALIZER, reply, arr, spec;
@@ -193,7 +226,7 @@ static void ensure_key_index(mongoc_client_t *sc, const char *shard, const char 
 	mongoc_database_t *d = mongoc_client_get_database(sc, db);
 	bool ok = mongoc_database_command_simple(d, &cmd, NULL, &reply, &be);
 	if (!ok && be.domain == MONGOC_ERROR_SERVER && be.code == 26) {
-		empty = true; /* no such collection on this shard yet */
+		empty = missing = true; /* no such collection on this shard yet */
 	} else if (ok && bson_iter_init_find(&it, &reply, "cursor") &&
 		   bson_iter_recurse(&it, &cur) && bson_iter_find(&cur, "firstBatch") &&
 		   bson_iter_recurse(&cur, &ai)) {
@@ -218,6 +251,13 @@ static void ensure_key_index(mongoc_client_t *sc, const char *shard, const char 
 			empty = bson_iter_as_int64(&it) == 0;
 		bson_destroy(&reply);
 		bson_reinit(&cmd);
+	}
+	/* creating the index creates a missing collection: not for one dropped since the table
+	 * was loaded (the proxy drops it in metadata before the shards); a drop landing
+	 * between this check and the build can still leave an empty collection behind */
+	if (!served && empty && missing && !table_current(meta, ns, tab)) {
+		served = true;
+		empty = false;
 	}
 	if (!served && empty) {
 		sdb_index_default_name(key, name, sizeof name);
@@ -245,42 +285,123 @@ static void ensure_key_index(mongoc_client_t *sc, const char *shard, const char 
 	mongoc_database_destroy(d);
 }
 
-/* An install of this pass: namespace ns (a string of the pass's list) on target s. */
-typedef struct installed_at {
-	const char *ns;
-	size_t s;
-} installed_at;
+static void id_fn(const bson_t *ch, int64_t id, void *arg)
+{
+	to_check *c = arg;
+	(void)ch;
+	c->ids = sdb_realloc(c->ids, (c->nids + 1) * sizeof *c->ids);
+	c->ids[c->nids++] = id;
+}
 
-/* A collection dropped between the routing table's load and the install would leave the
- * shard with metadata of a collection metadata no longer has (and a later collection of
- * the same name, whose tokens start again at 1, could not be installed over it: an older
- * collection version). So after installing, metadata is asked again, and the installs of
- * namespaces it no longer lists are dropped. A collection sharded again meanwhile loses
- * the install too, and the next pass installs it anew (missing metadata heals itself,
- * stale metadata would not). */
-static void undo_dropped(mongoc_client_t *meta, const cfilt_target *t, const installed_at *done,
-			 size_t ndone)
+static void remember_install(cfilt_reconciler *r, const char *ns, const char *shard,
+			     const cfilt_table *tab)
+{
+	to_check c = {sdb_strdup(ns), sdb_strdup(shard), NULL, 0};
+	cfilt_each_chunk_id(tab, shard, id_fn, &c);
+	r->check = sdb_realloc(r->check, (r->ncheck + 1) * sizeof *r->check);
+	r->check[r->ncheck++] = c;
+}
+
+/* Is c's install still of the collection metadata has under that name: listed, and at
+ * least one chunk id installed still among its chunks (a collection dropped and sharded
+ * again has new chunk ids; splits and merges keep some). 1 yes, 0 no, -1 unknown
+ * (metadata did not answer). */
+static int still_same(mongoc_client_t *meta, char **names, const to_check *c)
+{
+	cfilt_table tab;
+	char e[512];
+	bool found = false;
+
+	if (!has_name(names, c->ns))
+		return 0;
+	if (cfilt_load(meta, c->ns, &tab, e, sizeof e) != 0) {
+		cfilt_table_destroy(&tab);
+		return -1;
+	}
+	for (size_t i = 0; i < c->nids && !found; i++)
+		found = cfilt_has_chunk(&tab, c->ids[i]);
+	cfilt_table_destroy(&tab);
+	return found ? 1 : 0;
+}
+
+static void any_id_fn(const bson_t *ch, int64_t id, void *arg)
+{
+	(void)ch;
+	*(int64_t *)arg = id;
+}
+
+/* Does metadata still have the collection tab was loaded from (listed, and the chunk of tab
+ * found last still there)? False also when metadata does not answer. */
+static bool table_current(mongoc_client_t *meta, const char *ns, const cfilt_table *tab)
+{
+	to_check c = {(char *)ns, NULL, NULL, 0};
+	char **names = NULL, e[256];
+	int64_t v, id = 0;
+	bool ok;
+
+	cfilt_each_chunk_id(tab, NULL, any_id_fn, &id);
+	if (read_metadata(meta, &names, &v, e, sizeof e) != 0)
+		return false;
+	c.ids = &id;
+	c.nids = 1;
+	ok = still_same(meta, names, &c) == 1;
+	free_names(names);
+	return ok;
+}
+
+/* A collection dropped (and maybe sharded again under the same name) between the routing
+ * table's load and the install would leave the shard with metadata of a collection
+ * metadata no longer has; a later collection of that name, whose tokens start again at 1,
+ * could not be installed over it (an older collection version), and the reconciler never
+ * replaces an install. So every install is confirmed afterwards against metadata
+ * (still_same) and dropped when it is of another collection: missing metadata heals itself
+ * at the next pass, stale metadata would not. An install that cannot be confirmed or
+ * dropped now (metadata or the shard not answering) is kept in r and tried again at the
+ * next passes, while its shard is held. */
+static void confirm_installs(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_target *t,
+			     size_t n)
 {
 	char **now = NULL, e[256];
 	int64_t v;
+	size_t k = 0;
 
+	if (r->ncheck == 0)
+		return;
 	if (read_metadata(meta, &now, &v, e, sizeof e) != 0) {
-		sdb_warn("filtering reconciler: metadata not read after installing", "error=\"%s\"",
-			 e);
+		sdb_warn("filtering reconciler: installs not confirmed (retried)", "error=\"%s\"", e);
 		return;
 	}
-	for (size_t i = 0; i < ndone; i++) {
-		bson_t cmd = BSON_INITIALIZER, reply;
-		if (has_name(now, done[i].ns))
+	for (size_t i = 0; i < r->ncheck; i++) {
+		to_check *c = &r->check[i];
+		if (stopping(r)) { /* kept as they are */
+			r->check[k++] = *c;
 			continue;
-		BSON_APPEND_UTF8(&cmd, "stripedbSetFiltering", done[i].ns);
-		BSON_APPEND_BOOL(&cmd, "drop", true);
-		int rc = cfilt_command(t[done[i].s].client, &cmd, &reply, e, sizeof e);
-		sdb_warn("filtering reconciler: collection dropped while installing, install "
-			 "dropped", "ns=%s shard=%s code=%d", done[i].ns, t[done[i].s].shard, rc);
-		bson_destroy(&reply);
-		bson_destroy(&cmd);
+		}
+		mongoc_client_t *sc = NULL;
+		for (size_t s = 0; s < n && !sc; s++)
+			if (strcmp(t[s].shard, c->shard) == 0)
+				sc = t[s].client;
+		int same = sc ? still_same(meta, now, c) : 1; /* not held any more: its holder's */
+		bool keep = same < 0;
+		if (same == 0) {
+			bson_t cmd = BSON_INITIALIZER, reply;
+			BSON_APPEND_UTF8(&cmd, "stripedbSetFiltering", c->ns);
+			BSON_APPEND_BOOL(&cmd, "drop", true);
+			int rc = cfilt_command(sc, &cmd, &reply, e, sizeof e);
+			keep = rc != 0;
+			sdb_warn(rc ? "filtering reconciler: install of a dropped collection, its drop "
+				      "failed (retried)"
+				    : "filtering reconciler: install of a dropped collection dropped",
+				 "ns=%s shard=%s code=%d", c->ns, c->shard, rc);
+			bson_destroy(&reply);
+			bson_destroy(&cmd);
+		}
+		if (keep)
+			r->check[k++] = *c;
+		else
+			check_free(c);
 	}
+	r->ncheck = k;
 	free_names(now);
 }
 
@@ -290,8 +411,6 @@ int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_targ
 	char **names, ***have = sdb_calloc(n ? n : 1, sizeof *have);
 	int64_t version = 0;
 	int rc;
-	installed_at *done = NULL;
-	size_t ndone = 0;
 
 	*installed = 0;
 	if ((rc = read_metadata(meta, &names, &version, err, errlen)) != 0) {
@@ -315,7 +434,7 @@ int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_targ
 		bson_destroy(&reply);
 		bson_destroy(&cmd);
 	}
-	for (size_t i = 0; names[i]; i++) {
+	for (size_t i = 0; names[i] && !stopping(r); i++) {
 		const char *ns = names[i];
 		bool need = false;
 		cfilt_table tab;
@@ -331,7 +450,7 @@ int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_targ
 			cfilt_table_destroy(&tab);
 			continue;
 		}
-		for (size_t s = 0; s < n; s++) {
+		for (size_t s = 0; s < n && !stopping(r); s++) {
 			if (!have[s] || has_name(have[s], ns) || known_unowned(r, ns, t[s].shard))
 				continue;
 			size_t owned = cfilt_chunks_on(&tab, t[s].shard);
@@ -339,7 +458,7 @@ int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_targ
 				remember_unowned(r, ns, t[s].shard);
 				continue;
 			}
-			ensure_key_index(t[s].client, t[s].shard, ns, &tab.key);
+			ensure_key_index(meta, t[s].client, t[s].shard, ns, &tab);
 			if (cfilt_install(t[s].client, ns, t[s].shard, &tab, 0, 0, e, sizeof e) != 0) {
 				/* refused (a switch installed newer metadata meanwhile: StaleConfig)
 				 * or unreachable: the next pass sees what the shard has */
@@ -348,18 +467,14 @@ int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_targ
 				continue;
 			}
 			(*installed)++;
-			done = sdb_realloc(done, (ndone + 1) * sizeof *done);
-			done[ndone].ns = ns;
-			done[ndone++].s = s;
+			remember_install(r, ns, t[s].shard, &tab);
 			sdb_info("filtering reconciler: filtering metadata installed",
 				 "ns=%s shard=%s chunks=%zu collection_version=%" PRId64, ns,
 				 t[s].shard, owned, tab.max_token);
 		}
 		cfilt_table_destroy(&tab);
 	}
-	if (ndone > 0)
-		undo_dropped(meta, t, done, ndone);
-	free(done);
+	confirm_installs(r, meta, t, n);
 	for (size_t s = 0; s < n; s++)
 		free_names(have[s]);
 	free(have);

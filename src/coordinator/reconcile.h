@@ -26,16 +26,22 @@
  *
  * Safe against a concurrent migration: a shard refuses an install whose collection version
  * is older than the one installed (storage/store.h sdb_store_filtering_set, SDB_ESTALE), and
- * a switch installs with a token above every token the reconciler could have loaded. Only
- * missing metadata is installed; installed metadata is never replaced or dropped here (a
- * stale install is repaired by the next migration's switch, and a proxy meeting it retries
- * per chunk). Proxies that met the shard without metadata probe it again after
+ * a switch installs with a token above every token the reconciler could have loaded. Safe
+ * against a concurrent drop (and re-shard under the same name, whose tokens start again
+ * at 1): every install is confirmed afterwards against metadata (the namespace still
+ * listed, one of the chunk ids installed still among its chunks) and dropped from the
+ * shard when it is of another collection; one that cannot be confirmed or dropped yet is
+ * retried at the next passes. Only missing metadata is installed; an install present on a
+ * shard is never replaced here (a stale one is repaired by the collection's next
+ * migration switch, and a proxy meeting it retries per chunk). A pass ends early when the
+ * coordinator stops. Proxies that met the shard without metadata probe it again after
  * PX_LEGACY_RECHECK_MS (src/proxy/shardver.c) and then send one request per shard.
  */
 #ifndef SDB_COORDINATOR_RECONCILE_H
 #define SDB_COORDINATOR_RECONCILE_H
 
 #include <mongoc/mongoc.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,7 +59,8 @@ typedef struct cfilt_target {
  * chunk at one routing version. */
 typedef struct cfilt_reconciler cfilt_reconciler;
 
-cfilt_reconciler *cfilt_reconciler_new(void);
+/* stop (may be NULL): when it becomes non-zero a pass ends early (coordinator shutdown). */
+cfilt_reconciler *cfilt_reconciler_new(const atomic_int *stop);
 void cfilt_reconciler_free(cfilt_reconciler *r);
 
 /* One pass over shards t[0..n) with metadata client meta (see top). *installed gets the

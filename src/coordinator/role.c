@@ -534,7 +534,7 @@ static void rec_clients_free(rec_client *cs, size_t n)
 static void *reconcile_thread(void *arg)
 {
 	coord *co = arg;
-	cfilt_reconciler *r = cfilt_reconciler_new();
+	cfilt_reconciler *r = cfilt_reconciler_new(&co->stop);
 	mongoc_client_t *meta = NULL;
 	uint64_t key_gen = 0;
 	rec_client *cs = NULL;

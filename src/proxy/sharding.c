@@ -518,7 +518,8 @@ static bool key_prefixes(const bson_t *key, const bson_t *kp)
  *   on every shard itself (the embedded shard builds it over existing documents).
  * A collection gone from holder passes. Returns: 0, or the code answered on c. */
 static int check_unique_indexes(ctx *c, const char *db, const char *coll, const char *ns,
-				 const char *holder, const bson_t *key, bool hashed)
+				 const char *holder, const bson_t *key, bool hashed,
+				 bool *have_key_index)
 {
 	bool key_index = false;
 	ctx in_db = *c;
@@ -583,6 +584,7 @@ static int check_unique_indexes(ctx *c, const char *db, const char *coll, const 
 			}
 		}
 	bson_destroy(&reply);
+	*have_key_index = key_index;
 	if (st == 0 && !key_index && !hashed)
 		st = px_error(c, WIRE_ERR_INVALID_OPTIONS,
 			      "Please create an index that starts with the proposed shard key before "
@@ -672,6 +674,7 @@ static int do_shard_collection(ctx *c)
 	const char *coll;
 	bson_t key, cmd = BSON_INITIALIZER, reply, have, shards, out;
 	bool hashed, unique = px_get_bool(c->cmd, "unique", false), have_hashed = false;
+	bool have_key_index = false; /* holder: an index serving the key exists */
 	bool newly_sharded = false;
 	int64_t nchunks = 0;
 	char **ids = NULL, err[256];
@@ -742,7 +745,7 @@ static int do_shard_collection(ctx *c)
 			      "numInitialChunks cannot be more than 8192 * number of shards (%zu)",
 			      n);
 	else if (holder)
-		st = check_unique_indexes(c, db, coll, ns, holder, &key, hashed);
+		st = check_unique_indexes(c, db, coll, ns, holder, &key, hashed, &have_key_index);
 	if (st == 0)
 		st = ensure_database(c, db);
 	if (st != 0) {

@@ -163,3 +163,29 @@ def test_a_proxy_probes_a_shard_again_after_it_got_its_metadata(cl3):
     # no routing change made it happen
     assert cl.meta_read({"getRoutingTable": "all", "sinceVersion": 2**62})["routingVersion"] \
         == version
+
+
+def test_a_collection_dropped_and_sharded_again(cl3):
+    """Dropped through a proxy and sharded again through metadata under the same name (its
+    tokens start again at 1): the shards get the new collection's chunks, not the old."""
+    cl = cl3
+    ns = "db.again"
+    cl.shard_collection(ns, {"k": 1}, split_points=[{"k": 10}], shards=["shard-a", "shard-b"])
+    old = wait_installed(cl, "shard-a", ns)
+    prox = cl.proxy_client(0).db
+    prox.again.insert_many([{"_id": i, "k": i} for i in range(20)])
+    prox.drop_collection("again")
+    assert filtering(cl, "shard-a", ns)["installed"] is False
+    cl.shard_collection(ns, {"j": 1}, split_points=[{"j": 5}, {"j": 50}],
+                        shards=["shard-a", "shard-b"])
+    chunks = cl.chunks(ns)
+
+    def fresh():
+        f = filtering(cl, "shard-a", ns)
+        return f if f["installed"] and f["key"] == {"j": 1} else None
+    new = wait_until(fresh, 60, interval=0.2, what="the new collection's install")
+    mine = sorted(str(c["id"]) for c in chunks if c["shard"] == "shard-a")
+    assert sorted(c["id"] for c in new["chunks"]) == mine
+    assert not set(mine) & {c["id"] for c in old["chunks"]}
+    prox.again.insert_many([{"_id": i, "j": i} for i in range(100)])
+    assert prox.again.count_documents({}) == 100
