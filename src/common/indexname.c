@@ -27,3 +27,20 @@ size_t sdb_index_default_name(const bson_t *key, char *out, size_t outlen)
 	}
 	return off;
 }
+
+void sdb_index_create_cmd(bson_t *out, const char *coll, const bson_t *key, bool unique)
+{
+	bson_t arr, spec;
+	char name[256];
+
+	sdb_index_default_name(key, name, sizeof name);
+	BSON_APPEND_UTF8(out, "createIndexes", coll);
+	BSON_APPEND_ARRAY_BEGIN(out, "indexes", &arr);
+	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &spec);
+	BSON_APPEND_DOCUMENT(&spec, "key", key);
+	BSON_APPEND_UTF8(&spec, "name", name);
+	if (unique)
+		BSON_APPEND_BOOL(&spec, "unique", true);
+	bson_append_document_end(&arr, &spec);
+	bson_append_array_end(out, &arr);
+}

@@ -5,11 +5,16 @@
 #define SDB_COMMON_INDEXNAME_H
 
 #include <bson/bson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 /* Write the default name of key (a key pattern: numbers or strings) into out (NUL-terminated,
  * truncated to outlen - 1 bytes). Returns: the length the whole name needs (>= outlen:
  * truncated, as snprintf). */
 size_t sdb_index_default_name(const bson_t *key, char *out, size_t outlen);
+
+/* Append to out (an empty command document) MongoDB's createIndexes of one index on coll:
+ * {createIndexes: coll, indexes: [{key, name: the default name, unique: true when unique}]}. */
+void sdb_index_create_cmd(bson_t *out, const char *coll, const bson_t *key, bool unique);
 
 #endif

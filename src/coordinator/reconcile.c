@@ -209,7 +209,7 @@ static void ensure_key_index(mongoc_client_t *meta, mongoc_client_t *sc, const c
 	bool missing = false;
 	char db[128], name[256];
 	const char *coll = strchr(ns, '.');
-	bson_t cmd = BSON_INITIALIZER, reply, arr, spec;
+	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_iter_t it, ai, cur;
 	bool served = false, empty = false;
 
@@ -261,13 +261,7 @@ static void ensure_key_index(mongoc_client_t *meta, mongoc_client_t *sc, const c
 	}
 	if (!served && empty) {
 		sdb_index_default_name(key, name, sizeof name);
-		BSON_APPEND_UTF8(&cmd, "createIndexes", coll);
-		BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &arr);
-		BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &spec);
-		BSON_APPEND_DOCUMENT(&spec, "key", key);
-		BSON_APPEND_UTF8(&spec, "name", name);
-		bson_append_document_end(&arr, &spec);
-		bson_append_array_end(&cmd, &arr);
+		sdb_index_create_cmd(&cmd, coll, key, false);
 		if (!mongoc_database_command_simple(d, &cmd, NULL, &reply, &be)) {
 			sdb_warn("filtering reconciler: shard key index not created", "ns=%s "
 				 "shard=%s index=%s error=\"%s\"", ns, shard, name, be.message);

@@ -380,23 +380,14 @@ static int create_key_index(ctx *c, const char *db, const char *coll, const bson
 			     bool unique)
 {
 	ctx sub = *c;
-	bson_t cmd = BSON_INITIALIZER, arr, spec;
-	char **ids = NULL, name[256] = "";
+	bson_t cmd = BSON_INITIALIZER;
+	char **ids = NULL;
 	size_t n, i;
 	pcall *pc, *bad;
 	int st = 0;
 
 	sub.db = db;
-	sdb_index_default_name(key, name, sizeof name);
-	BSON_APPEND_UTF8(&cmd, "createIndexes", coll);
-	BSON_APPEND_ARRAY_BEGIN(&cmd, "indexes", &arr);
-	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &spec);
-	BSON_APPEND_DOCUMENT(&spec, "key", key);
-	BSON_APPEND_UTF8(&spec, "name", name);
-	if (unique)
-		BSON_APPEND_BOOL(&spec, "unique", true);
-	bson_append_document_end(&arr, &spec);
-	bson_append_array_end(&cmd, &arr);
+	sdb_index_create_cmd(&cmd, coll, key, unique);
 	n = px_shard_ids(c, &ids);
 	pc = px_pcalls_new(&sub, ids, n);
 	for (i = 0; i < n; i++) {

@@ -12,6 +12,16 @@ from conftest import assert_clean_exit, free_port, http_get, wait_until
 from metadata_cluster import Cluster
 
 
+def shard_cmd_count(cl, sid, cmd):
+    """stripedb_shard_commands_total{cmd} of shard sid (cl: a ProxyCluster or MigCluster)."""
+    st, body = http_get(cl.shard_procs[sid].http_port, "/metrics")
+    assert st == 200
+    for line in body.decode().splitlines():
+        if line.startswith("stripedb_shard_commands_total{") and f'cmd="{cmd}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 class ProxyCluster:
     def __init__(self, start_role, tmp_path, shards=3, proxies=2, proxy_args=(),
                  meta_members=1):

@@ -6,17 +6,9 @@ metadata gets it back."""
 import pytest
 from bson import MinKey
 
-from conftest import http_get, wait_until
+from conftest import wait_until
 from migration_helpers import MigCluster
-
-
-def shard_cmd_count(cl, sid, cmd):
-    st, body = http_get(cl.shard_procs[sid].http_port, "/metrics")
-    assert st == 200
-    for line in body.decode().splitlines():
-        if line.startswith("stripedb_shard_commands_total{") and f'cmd="{cmd}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+from proxy_helpers import shard_cmd_count
 
 
 def filtering(cl, sid, ns):

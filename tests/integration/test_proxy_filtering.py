@@ -8,8 +8,8 @@ import pymongo
 import pytest
 from bson import MinKey
 
-from conftest import free_port, http_get
-from proxy_helpers import ProxyCluster
+from conftest import free_port
+from proxy_helpers import ProxyCluster, shard_cmd_count
 from test_proxy import rand_doc, rand_query
 
 
@@ -25,15 +25,6 @@ def install_filtering(cl, ns, key):
                                                 "chunks": mine, "collectionVersion": cver})
         assert r["nChunks"] == len(mine)
     return chunks
-
-
-def shard_cmd_count(cl, sid, cmd):
-    st, body = http_get(cl.shard_procs[sid].http_port, "/metrics")
-    assert st == 200
-    for line in body.decode().splitlines():
-        if line.startswith("stripedb_shard_commands_total{") and f'cmd="{cmd}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 @pytest.fixture
