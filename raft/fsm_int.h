@@ -95,6 +95,13 @@ int fsm_lerr(bson_t *res, int code, const char *name, const char *fmt, ...)
 int fsm_cmp_key(const bson_t *a, const bson_t *b, int64_t opv);
 int fsm_key_matches(const bson_t *keypat, const bson_t *doc);
 
+/* Returns: the id of a non-terminal migration of chunk `chunk` of ns written into busy
+ * (NUL-terminated, n bytes) and 1 when there is one, 0 when not, or SDB_EIO (op versions 3
+ * and 4, raft/migstate.h: one migration per chunk; no split or merge of a migrating
+ * chunk). */
+int fsm_active_migration_of_chunk(sdb_fsm *f, const char *ns, int64_t chunk, char *busy,
+				  size_t n);
+
 /* Bump the routing version (pruning the routing diff log) into *rv, and take the next
  * value of counter key into *out. Errors: SDB_EIO. fsm_exists Returns: 1 when sql with
  * the one text parameter val returns a row, 0 when not, or SDB_EIO. */

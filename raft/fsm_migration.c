@@ -34,9 +34,9 @@ static int spec_chunk(const bson_t *spec, int64_t *out)
 	return *end == '\0';
 }
 
-/* Op version 3 (raft/migstate.h): the id of a non-terminal migration of chunk of ns into
- * busy (NUL-terminated), 1 when there is one, 0 when not, SDB_EIO. */
-static int active_of_chunk(sdb_fsm *f, const char *ns, int64_t chunk, char *busy, size_t n)
+/* fsm_int.h */
+int fsm_active_migration_of_chunk(sdb_fsm *f, const char *ns, int64_t chunk, char *busy,
+				  size_t n)
 {
 	sqlite3_stmt *st = fsm_q(f,
 				 "SELECT id, state, spec FROM migrations WHERE ns = ? AND state NOT IN"
@@ -89,7 +89,7 @@ int fsm_op_register_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 		/* one active migration per chunk, decided here so two registrations racing
 		 * from two proxies (or ctl and a proxy) cannot both be recorded */
 		char busy[256];
-		e = active_of_chunk(f, ns, chunk, busy, sizeof busy);
+		e = fsm_active_migration_of_chunk(f, ns, chunk, busy, sizeof busy);
 		if (e < 0)
 			return e;
 		if (e) {

@@ -551,6 +551,25 @@ static void chunk_free(chunk_row *c)
 	bson_destroy(c->max);
 }
 
+/* Op version 4: a chunk that a non-terminal migration holds is not split or merged (the
+ * migration copies and deletes the range it read at its start, and routes only the chunk
+ * id it holds: a split during it would leave the other half routed to a source whose
+ * documents the cleanup deletes). Returns: 0, LOGICAL (ConflictingOperationInProgress in
+ * res), SDB_EIO. */
+static int refuse_migrating(sdb_fsm *f, const chunk_row *ch, bson_t *res)
+{
+	char busy[256];
+	int e = fsm_active_migration_of_chunk(f, ch->ns, ch->id, busy, sizeof busy);
+	if (e <= 0)
+		return e;
+	fsm_lerr(res, E_CONFLICTING_OPERATION,
+		 "chunk %lld of %s is being migrated by %s; split or merge it once that "
+		 "migration has ended",
+		 (long long)ch->id, ch->ns, busy);
+	BSON_APPEND_UTF8(res, "activeMigration", busy);
+	return LOGICAL;
+}
+
 int fsm_op_split_chunk(sdb_fsm *f, cmdctx *c, bson_t *res)
 {
 	int64_t id, nid, rv, opv = 1;
@@ -584,6 +603,8 @@ int fsm_op_split_chunk(sdb_fsm *f, cmdctx *c, bson_t *res)
 		rc = fsm_lerr(res, E_BAD_VALUE, "a split point cannot contain an array");
 		goto out;
 	}
+	if (opv >= MIGSTATE_OP_VERSION_KEY_ORDER && (rc = refuse_migrating(f, &ch, res)) != 0)
+		goto out;
 	/* strictly inside by the entry's order: from op version 4 MongoDB's, the one the
 	 * proxies route by, so a Decimal128 or NaN split point lands where routing expects
 	 * it (the earlier order read a Decimal128 as 0: a split could invert the chunks) */
@@ -656,6 +677,9 @@ int fsm_op_merge_chunks(sdb_fsm *f, cmdctx *c, bson_t *res)
 			rc = fsm_lerr(res, E_ILLEGAL, "chunks to merge must share collection and shard");
 			goto out;
 		}
+		if (opv >= MIGSTATE_OP_VERSION_KEY_ORDER &&
+		    (rc = refuse_migrating(f, &rows[i], res)) != 0)
+			goto out;
 		if (i > 0 && fsm_cmp_key(rows[i - 1].max, rows[i].min, opv) != 0) {
 			rc = fsm_lerr(res, E_ILLEGAL, "chunks %lld and %lld are not adjacent",
 				  (long long)rows[i - 1].id, (long long)rows[i].id);

@@ -39,7 +39,9 @@
  * MIGSTATE_OP_VERSION_KEY_ORDER compare split points and bounds with
  * common/bsonval.h sdb_bson_key_cmp (so a split point is "strictly inside its chunk" by the
  * order the proxies route by) and refuse array split points; older ones replay with the
- * earlier order.
+ * earlier order. They also refuse (ConflictingOperationInProgress) to split or merge a chunk
+ * that a non-terminal migration holds: the migration would move and clean up the range it
+ * read at its start but route only the chunk id it holds.
  */
 #ifndef SDB_METADATA_MIGSTATE_H
 #define SDB_METADATA_MIGSTATE_H
@@ -58,7 +60,8 @@
  * binary data and timestamps by value) and a split point holding an array (never a
  * document's shard-key value) is refused at apply. Older entries keep the earlier order
  * (raft/fsm.c cmp_value_v1), in which a Decimal128 reads as 0 and a NaN equals every
- * number, so a split at one could invert the chunk order. */
+ * number, so a split at one could invert the chunk order. Entries stamped >= 4 also refuse
+ * to split or merge a chunk held by a non-terminal migration. */
 #define MIGSTATE_OP_VERSION_KEY_ORDER 4
 /* The highest op version this binary knows (the largest value setOpVersion accepts, and
  * the one a new cluster starts at). */

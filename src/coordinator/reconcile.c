@@ -399,6 +399,41 @@ static void confirm_installs(cfilt_reconciler *r, mongoc_client_t *meta, const c
 	free_names(now);
 }
 
+/* Installs of namespaces metadata does not list (dropped through `ctl collection drop`,
+ * which leaves the shards alone, or by a drop whose shard broadcast failed): dropped from
+ * the shard, so that a later collection of the same name, whose tokens start again at 1,
+ * can be installed (an install older than the one present is refused). Metadata is read
+ * again first: a shard that lists a namespace got it after metadata had it (a proxy's
+ * shardCollection writes metadata first), so a collection sharded while this pass ran is
+ * listed by then. */
+static void drop_unsharded(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_target *t,
+			   size_t n, char **names, char ***have)
+{
+	char **now = NULL, e[256];
+	int64_t v;
+	bool any = false;
+
+	for (size_t s = 0; s < n && !any; s++)
+		for (size_t i = 0; have[s] && have[s][i] && !any; i++)
+			any = !has_name(names, have[s][i]);
+	if (!any || stopping(r) || read_metadata(meta, &now, &v, e, sizeof e) != 0)
+		return;
+	for (size_t s = 0; s < n; s++)
+		for (size_t i = 0; have[s] && have[s][i]; i++) {
+			bson_t cmd = BSON_INITIALIZER, reply;
+			if (has_name(now, have[s][i]))
+				continue;
+			BSON_APPEND_UTF8(&cmd, "stripedbSetFiltering", have[s][i]);
+			BSON_APPEND_BOOL(&cmd, "drop", true);
+			int rc = cfilt_command(t[s].client, &cmd, &reply, e, sizeof e);
+			sdb_info("filtering reconciler: metadata of a collection no longer sharded "
+				 "dropped", "ns=%s shard=%s code=%d", have[s][i], t[s].shard, rc);
+			bson_destroy(&reply);
+			bson_destroy(&cmd);
+		}
+	free_names(now);
+}
+
 int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_target *t, size_t n,
 		    size_t *installed, char *err, size_t errlen)
 {
@@ -468,6 +503,7 @@ int cfilt_reconcile(cfilt_reconciler *r, mongoc_client_t *meta, const cfilt_targ
 		}
 		cfilt_table_destroy(&tab);
 	}
+	drop_unsharded(r, meta, t, n, names, have);
 	confirm_installs(r, meta, t, n);
 	for (size_t s = 0; s < n; s++)
 		free_names(have[s]);

@@ -31,8 +31,10 @@
  * at 1): every install is confirmed afterwards against metadata (the namespace still
  * listed, one of the chunk ids installed still among its chunks) and dropped from the
  * shard when it is of another collection; one that cannot be confirmed or dropped yet is
- * retried at the next passes. Only missing metadata is installed; an install present on a
- * shard is never replaced here (a stale one is repaired by the collection's next
+ * retried at the next passes. An install of a namespace metadata no longer lists (`ctl
+ * collection drop` leaves the shards alone) is dropped from the shard, after metadata is
+ * read again. Only missing metadata is installed; an install present on a shard of a
+ * collection metadata lists is never replaced here (a stale one is repaired by the collection's next
  * migration switch, and a proxy meeting it retries per chunk). A pass ends early when the
  * coordinator stops. Proxies that met the shard without metadata probe it again after
  * PX_LEGACY_RECHECK_MS (src/proxy/shardver.c) and then send one request per shard.

@@ -181,3 +181,28 @@ def test_a_collection_dropped_and_sharded_again(cl3):
     assert not set(mine) & {c["id"] for c in old["chunks"]}
     prox.again.insert_many([{"_id": i, "j": i} for i in range(100)])
     assert prox.again.count_documents({}) == 100
+
+
+def test_ctl_collection_drop_then_create_again(cl3):
+    """`ctl collection drop` removes only metadata's sharding: the reconciler drops the
+    shards' filtering metadata of the collection metadata no longer lists, so the same name
+    sharded again (its tokens start again at 1) gets its own install and the proxy serves
+    it (it answered StaleConfig forever before: found by a review)."""
+    cl = cl3
+    ns = "db.y"
+    cl.meta_write({"createDatabase": "db"}, ok_codes=(48, 11000))
+    cl.ctl("collection", "create", ns, "--shard-key", "k", "--on", "shard-a,shard-b")
+    wait_installed(cl, "shard-a", ns)
+    cl.ctl("collection", "drop", ns)
+    wait_until(lambda: not filtering(cl, "shard-a", ns)["installed"], 60, interval=0.2,
+               what="the dropped collection's install gone")
+    cl.ctl("collection", "create", ns, "--shard-key", "j", "--on", "shard-a,shard-b")
+
+    def fresh():
+        f = filtering(cl, "shard-a", ns)
+        return f if f["installed"] and f["key"] == {"j": 1} else None
+    wait_until(fresh, 60, interval=0.2, what="the new collection's install")
+    prox = cl.proxy_client(0).db.y
+    prox.insert_many([{"_id": i, "j": i} for i in range(30)])
+    assert prox.count_documents({}) == 30
+    assert len(list(prox.find({}))) == 30

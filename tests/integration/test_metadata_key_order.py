@@ -103,3 +103,35 @@ def test_split_at_decimal128_and_nan_routes_every_document(start_role, tmp_path)
             assert held == sorted(i for i, (_, s) in docs.items() if s == sid), sid
     finally:
         cl.close()
+
+
+def test_a_chunk_under_migration_is_not_split_or_merged(start_role, tmp_path):
+    """Op version 4: splitting (ctl chunk split, splitChunk) or merging a chunk that a
+    non-terminal migration holds is ConflictingOperationInProgress (117), nothing changed:
+    the migration copies and cleans up the range it read at its start but routes only its
+    chunk id, so a split during it lost the other half's documents (found by a review).
+    Once the migration has ended the split goes through."""
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=0)
+    try:
+        wait_until(lambda: cl.meta_read({"metadataStatus": 1})["opVersion"] == OP_VERSION_MAX,
+                   30, what="the new cluster's newest op version")
+        cl.shard_collection(NS, {"k": 1}, split_points=[{"k": 100}], shards=["shard-a"])
+        low, high = sorted(cl.chunks(NS), key=lambda c: c["max"]["k"]
+                           if not isinstance(c["max"]["k"], MaxKey) else math.inf)
+        mid = cl.migrate(NS, low["id"], "shard-b")  # no coordinator: stays registered
+        assert cl.migration(mid)["state"] == "registered"
+        before = cl.chunks(NS)
+        r = cl.meta_write({"splitChunk": low["id"], "at": {"k": 50}}, ok_codes=(117,))
+        assert r["code"] == 117 and r["activeMigration"] == mid, r
+        r = cl.ctl("chunk", "split", NS, "--at", '{"k": 50}', check=False)
+        assert r.returncode == 1 and b"being migrated" in r.stderr, r.stderr
+        r = cl.meta_write({"mergeChunks": NS, "ids": [low["id"], high["id"]]}, ok_codes=(117,))
+        assert r["code"] == 117, r
+        assert cl.chunks(NS) == before
+        cl.ctl("migration", "rollback", mid)
+        wait_until(lambda: cl.migration(mid)["state"] in ("aborted", "rolled_back"), 30,
+                   what="the rolled back migration")
+        r = cl.meta_write({"splitChunk": low["id"], "at": {"k": 50}})
+        assert len(cl.chunks(NS)) == 3
+    finally:
+        cl.close()
