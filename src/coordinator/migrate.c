@@ -370,6 +370,9 @@ void migrate_runner_free(migrate_runner *r, mongoc_client_t *c)
 		free(j);
 	}
 	pthread_mutex_destroy(&r->mu);
+	for (size_t i = 0; i < r->nsortless; i++)
+		free(r->sortless[i]);
+	free(r->sortless);
 	free(r->meta_uri);
 	free(r->holder);
 	free(r);

@@ -97,7 +97,10 @@
  *                secondary index is the scattered B-tree, as on MongoDB's WiredTiger;
  *                "arrival" takes the source's order, the chunk's shard-key index scan;
  *                the source sorts by _id in memory, and a chunk over its 100 MB
- *                blocking-sort limit (code 292) is imported in arrival order instead),
+ *                blocking-sort limit (code 292) is imported in arrival order instead;
+ *                so is the next attempt of an import whose sort took over half the
+ *                lease before its first batch, as a lease lost inside that one call
+ *                would otherwise restart the import forever),
  *                deleteBatch 500, deleteDelayMS 5,
  *                maxSwitchAttempts 5, maxCatchUpMS 600000 (replicating/switching without
  *                catching up this long -> aborted), applyRate 0 (events/s cap of the

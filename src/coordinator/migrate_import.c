@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -16,6 +17,8 @@ typedef struct ins_batch {
 	bson_t arr;
 	uint32_t n;
 	size_t bytes;
+	int64_t t0;       /* monotonic ms the snapshot was asked for */
+	int64_t first_ms; /* ms until its first document arrived (0: none yet) */
 } ins_batch;
 
 static int flush_inserts(mig *m, ins_batch *b)
@@ -43,6 +46,8 @@ static int add_insert(mig *m, const bson_t *doc, void *arg)
 {
 	ins_batch *b = arg;
 	int rc;
+	if (b->first_ms == 0)
+		b->first_ms = (int64_t)sdb_mono_ms() - b->t0 + 1;
 	if (b->n && (b->n >= IMPORT_BATCH_DOCS || b->bytes + doc->len > APPLY_BATCH_BYTES) &&
 	    (rc = flush_inserts(m, b)) != 0)
 		return rc;
@@ -256,6 +261,27 @@ static int mark_unknown_sessions(mig *m)
 	return rc;
 }
 
+/* Is migration id on the runner's list of imports not to sort (struct migrate_runner)? */
+static bool sortless(migrate_runner *r, const char *id)
+{
+	bool found = false;
+	pthread_mutex_lock(&r->mu);
+	for (size_t i = 0; i < r->nsortless && !found; i++)
+		found = strcmp(r->sortless[i], id) == 0;
+	pthread_mutex_unlock(&r->mu);
+	return found;
+}
+
+static void add_sortless(migrate_runner *r, const char *id)
+{
+	if (sortless(r, id))
+		return;
+	pthread_mutex_lock(&r->mu);
+	r->sortless = sdb_realloc(r->sortless, (r->nsortless + 1) * sizeof *r->sortless);
+	r->sortless[r->nsortless++] = sdb_strdup(id);
+	pthread_mutex_unlock(&r->mu);
+}
+
 int mig_step_import(mig *m)
 {
 	int rc;
@@ -274,6 +300,13 @@ int mig_step_import(mig *m)
 	bson_t sort = BSON_INITIALIZER;
 	bool by_id = m->import_order == MIG_ORDER_ID ||
 		     (m->import_order == MIG_ORDER_INDEX && m->rc->hashed);
+	bool arrival = m->import_order == MIG_ORDER_ARRIVAL;
+	if (by_id && sortless(m->r, m->id)) {
+		sdb_warn("migration: importing in arrival order (sorting by _id took too long "
+			 "before)", "id=%s", m->id);
+		by_id = false;
+		arrival = true;
+	}
 	if (by_id) {
 		/* the target's clustering key: appends to the embedded store's _id B-tree */
 		BSON_APPEND_INT32(&sort, "_id", 1);
@@ -283,8 +316,19 @@ int mig_step_import(mig *m)
 			BSON_APPEND_INT32(&sort, m->rc->keys[i], 1);
 	}
 	uint64_t at = 0;
-	rc = mig_scan_chunk(m, m->sc, m->import_order == MIG_ORDER_ARRIVAL ? NULL : &sort, NULL,
-			    &at, add_insert, &b);
+	b.t0 = (int64_t)sdb_mono_ms();
+	rc = mig_scan_chunk(m, m->sc, arrival ? NULL : &sort, NULL, &at, add_insert, &b);
+	if (by_id && (b.first_ms == 0 ? (int64_t)sdb_mono_ms() - b.t0 : b.first_ms - 1) >
+			     m->r->lease_ms / 2) {
+		/* one call that long can outlive the lease (no renewal inside it): a retry
+		 * would lose it again */
+		sdb_warn("migration: sorting the chunk by _id on the source took over half the "
+			 "lease before the first batch; a retry imports in arrival order",
+			 "id=%s first_batch_ms=%" PRId64 " lease_ms=%" PRId64, m->id,
+			 b.first_ms == 0 ? (int64_t)sdb_mono_ms() - b.t0 : b.first_ms - 1,
+			 m->r->lease_ms);
+		add_sortless(m->r, m->id);
+	}
 	if (rc != 0 && by_id && m->code == 292 && m->imported == 0 && b.n == 0) {
 		/* the source sorts by _id in memory (the chunk is read through its shard-key
 		 * index) and refused a chunk over its blocking-sort limit before returning a

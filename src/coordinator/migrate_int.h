@@ -77,6 +77,12 @@ struct migrate_runner {
 	atomic_int stop;
 	pthread_mutex_t mu;
 	mig_job *jobs;
+	/* migrations whose import sorted by _id on the source took over half the lease before
+	 * its first batch (the lease may have been lost in that one call): their next import
+	 * here reads in arrival order (no sort), so a chunk too slow to sort cannot keep a
+	 * migration importing forever (under mu) */
+	char **sortless;
+	size_t nsortless;
 	/* /metrics */
 	sdb_histogram *h_pause;
 	sdb_counter *c_switches, *c_rolled, *c_complete, *c_aborted;
