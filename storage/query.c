@@ -194,6 +194,23 @@ static bool hashed_bounds(const sdb_bounds *b, sdb_bounds *out)
 	return true;
 }
 
+/* The bounds of index ix from b, the bounds of its first field's values (b is taken): b
+ * itself for an index of values; for a hashed index its points hashed (hashed_bounds), or
+ * false (b freed) when b does not bound the hashes. */
+static bool index_bounds(const sdb_store_index *ix, sdb_bounds *b)
+{
+	sdb_bounds hb;
+	bool ok;
+
+	if (!ix->hashed)
+		return true;
+	ok = hashed_bounds(b, &hb);
+	sdb_bounds_free(b);
+	if (ok)
+		*b = hb;
+	return ok;
+}
+
 static int bounds_score(const sdb_bounds *b)
 {
 	switch (b->kind) {
@@ -312,14 +329,9 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		sdb_bounds b = {0};
 		bool usable = path && sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL,
 							 0) == 0;
-		if (usable && ix->hashed) {
-			/* its keys are hashes: equality / $in points hashed, else scanned whole */
-			sdb_bounds hb;
-			usable = hashed_bounds(&b, &hb);
-			sdb_bounds_free(&b);
-			if (usable)
-				b = hb;
-		}
+		/* a hashed index's keys are hashes: equality / $in points hashed, else it is
+		 * scanned whole */
+		usable = usable && index_bounds(ix, &b);
 		if (usable) {
 			if (b.kind == SDB_BOUNDS_EMPTY && !ix->sparse)
 				q->empty = true;
@@ -442,16 +454,10 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 		const char *path = first_field(ix->key, &desc);
 		if (!path || sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) != 0)
 			continue;
-		if (ix->hashed) {
-			/* equality / $in on f: the points' hashes; a range of f's values does not
-			 * bound its hashes (the index is skipped) */
-			sdb_bounds hb;
-			bool ok = hashed_bounds(&b, &hb);
-			sdb_bounds_free(&b);
-			if (!ok)
-				continue;
-			b = hb;
-		}
+		/* hashed: equality / $in on f are the points' hashes; a range of f's values does
+		 * not bound its hashes (the index is skipped) */
+		if (!index_bounds(ix, &b))
+			continue;
 		int score = bounds_score(&b);
 		bool rev;
 		bool gives_sort = !ix->multikey && pattern_provides_sort(ix->key, q->sort, &rev);
