@@ -81,6 +81,11 @@ static const char *const internal_delete_stmt_fields[] = {"keyRange", "keyRangeL
 static const char *const validate_fields[] = {"full", "background", "repair", "enforceFastCount",
 					      "metadata", NULL};
 
+/* stripedbSetFiltering (src/shard/filtering.c, sent by the coordinator): an install or a
+ * drop of a namespace's filtering metadata; an unknown field is a sender's mistake */
+static const char *const setfiltering_fields[] = {"key", "collectionVersion", "chunks", "drop",
+						  NULL};
+
 /* update and delete statements (write_ops.idl UpdateOpEntry, DeleteOpEntry) */
 static const char *const update_stmt_fields[] = {
 	"q", "u", "c", "upsert", "multi", "arrayFilters", "hint", "collation", "upsertSupplied",
@@ -96,6 +101,7 @@ static const struct {
 	{"distinct", distinct_fields}, {"insert", insert_fields},	      {"update", update_fields},
 	{"delete", delete_fields},   {"findAndModify", fam_fields},   {"findandmodify", fam_fields},
 	{"getMore", getmore_fields}, {"validate", validate_fields},
+	{"stripedbSetFiltering", setfiltering_fields},
 };
 
 static bool listed(const char *const *list, const char *k)

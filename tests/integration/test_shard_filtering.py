@@ -122,10 +122,43 @@ def test_stale_and_malformed_versions_execute_nothing(shard_dir):
                               ({"k": 1}, [{"id": "1", "min": {"k": 0}, "max": {"k": 10}}], 9),
                               ({"k": 1}, [{"id": "1", "min": {"k": 0}, "max": {"k": 10}, "token": 3},
                                           {"id": "2", "min": {"k": 5}, "max": {"k": 20}, "token": 3}], 9),
-                              ({"k": 1}, RANGES, 5)):  # a token above the collection version
+                              ({"k": 1}, RANGES, 5),  # a token above the collection version
+                              # a descending or zero key field (shardCollection: 1 or "hashed")
+                              ({"k": -1}, RANGES, 9), ({"k": 0}, RANGES, 9),
+                              # hashed only alone
+                              ({"k": "hashed", "j": 1}, RANGES, 9),
+                              # an inverted and an empty range
+                              ({"k": 1}, [{"id": "1", "min": {"k": 10}, "max": {"k": 0}, "token": 3}], 9),
+                              ({"k": 1}, [{"id": "1", "min": {"k": 10}, "max": {"k": 10}, "token": 3}], 9),
+                              # bounds on another field, with an extra field, or missing
+                              ({"k": 1}, [{"id": "1", "min": {"j": 0}, "max": {"j": 10}, "token": 3}], 9),
+                              ({"k": 1}, [{"id": "1", "min": {"k": 0, "j": 0}, "max": {"k": 10}, "token": 3}], 9),
+                              ({"k": 1}, [{"id": "1", "min": {"k": 0}, "token": 3}], 9),
+                              # compound bounds out of the key's order
+                              ({"k": 1, "j": 1}, [{"id": "1", "min": {"j": 0, "k": 0},
+                                                   "max": {"k": 10, "j": 0}, "token": 3}], 9),
+                              # a hashed key's bound that is not a hash (a number)
+                              ({"k": "hashed"}, [{"id": "1", "min": {"k": MinKey()}, "max": {"k": "x"},
+                                                  "token": 3}], 9),
+                              # a repeated chunk id, an unknown chunk field, an empty id
+                              ({"k": 1}, [{"id": "1", "min": {"k": 0}, "max": {"k": 10}, "token": 3},
+                                          {"id": "1", "min": {"k": 20}, "max": {"k": 30}, "token": 3}], 9),
+                              ({"k": 1}, [{"id": "1", "min": {"k": 0}, "max": {"k": 10}, "token": 3,
+                                           "shard": "s2"}], 9),
+                              ({"k": 1}, [{"id": "", "min": {"k": 0}, "max": {"k": 10}, "token": 3}], 9)):
         with pytest.raises(OperationFailure) as e:
             install(adm, "db.c", key, chunks, cver)
-        assert e.value.code == 2, e.value.details
+        assert e.value.code == 2, (key, chunks, e.value.details)
+    # an unknown top-level field (40415, as every strictly parsed command)
+    with pytest.raises(OperationFailure) as e:
+        adm.command({"stripedbSetFiltering": "db.c", "key": {"k": 1}, "chunks": RANGES,
+                     "collectionVersion": 9, "epoch": 1})
+    assert e.value.code == 40415, e.value.details
+    # namespaces MongoDB never shards: IllegalOperation
+    for ns in ("local.oplog.rs", "admin.c", "config.chunks", "db.system.views"):
+        with pytest.raises(OperationFailure) as e:
+            install(adm, ns, {"k": 1}, RANGES, 9)
+        assert e.value.code == 20, (ns, e.value.details)
     got = adm.command("stripedbGetFiltering", "db.c")
     assert got["installed"] and got["shardVersion"] == 6 and len(got["chunks"]) == 2
 
