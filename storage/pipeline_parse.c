@@ -447,6 +447,32 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		bson_destroy(&wrap);
 		return rc;
 	}
+	if (strcmp(name, "$bucketAuto") == 0) {
+		/* groupBy and output compiled as a $group's _id and accumulators
+		 * (pipeline_bucketauto.c), run by pipeline.c's run_bucket_auto */
+		bson_t group, wrap = BSON_INITIALIZER;
+		bson_iter_t g;
+		int32_t buckets;
+		int gran;
+
+		rc = agg_bucketauto_desugar(&it, &group, &buckets, &gran, e);
+		if (rc != 0) {
+			return rc;
+		}
+		BSON_APPEND_DOCUMENT(&wrap, "g", &group);
+		bson_destroy(&group);
+		bson_iter_init_find(&g, &wrap, "g");
+		rc = parse_group(p, &g, e);
+		bson_destroy(&wrap);
+		if (rc == 0) {
+			stage *s = &p->st[p->n - 1];
+
+			s->kind = S_BUCKET_AUTO;
+			s->n = buckets;
+			s->gran = gran;
+		}
+		return rc;
+	}
 	if (strcmp(name, "$replaceRoot") == 0 || strcmp(name, "$replaceWith") == 0) {
 		stage *s = add_stage(p, S_REPLACE_ROOT);
 
@@ -462,7 +488,7 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		return agg_expr_parse(&it, &s->id, e);
 	}
 	static const char *const known[] = {
-		"$lookup", "$out", "$merge", "$bucketAuto", "$graphLookup",
+		"$lookup", "$out", "$merge", "$graphLookup",
 		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
 		"$unionWith", "$indexStats", "$currentOp", "$listSessions",
 		"$search", "$changeStream", "$planCacheStats", "$listLocalSessions",
