@@ -123,8 +123,12 @@ static int parse_group(sdb_pipeline *p, const bson_iter_t *it, const ectx *e)
 			continue;
 		}
 		if (k[0] == '$' || strchr(k, '.') != NULL) {
-			return efail(e, 40236, "The field name '%s' cannot %s", k,
-				     k[0] == '$' ? "be an operator name" : "contain '.'");
+			/* mongod's AccumulationStatement: 40235 a dotted name (checked
+			 * first), 40236 an operator */
+			bool dot = strchr(k, '.') != NULL;
+
+			return efail(e, dot ? 40235 : 40236, "The field name '%s' cannot %s", k,
+				     dot ? "contain '.'" : "be an operator name");
 		}
 		if (!BSON_ITER_HOLDS_DOCUMENT(&sub)) {
 			return efail(e, 40234, "The field '%s' must be an accumulator object", k);

@@ -439,6 +439,12 @@ static void test_bucket_auto(void **state)
 	      "[{'a': 4}, {'a': 2}, {'a': 8}]",
 	      "[{'_id': {'min': 2, 'max': 8}, 'lo': 2, 'hi': 8, 'f': 2, 'avg': 4.666666666666667}]");
 	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 3}}]", "[]", "[]");
+	/* whole values in MongoDB's order: numbers, strings, objects, arrays (element-wise) */
+	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 10}}, {'$project': {'_id': 0, 'm': '$_id.min'}}]",
+	      "[{'a': [1, 2]}, {'a': [1]}, {'a': {'x': 1}}, {'a': [0, 5]}, {'a': 's'}, {'a': 3},"
+	      " {'a': {'w': 9}}, {'a': true}]",
+	      "[{'m': 3}, {'m': 's'}, {'m': {'w': 9}}, {'m': {'x': 1}}, {'m': [0, 5]}, {'m': [1]},"
+	      " {'m': [1, 2]}, {'m': true}]");
 	/* 1, 1.0 and NumberLong(1) are one value */
 	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 3}}]",
 	      "[{'a': 1}, {'a': 1.0}, {'a': {'$numberLong': '1'}}, {'a': 2}]",
