@@ -397,8 +397,9 @@ typedef struct stage {
 	sdb_matcher *m;   /* $match */
 	sdb_projection *proj; /* S_PROJECT */
 	sdb_sortspec *sort;
-	int64_t n;        /* $limit/$skip; $sort: top-k bound from a following $limit (0 = none) */
-	expr *id;         /* $group _id, $replaceRoot newRoot */
+	int64_t n;        /* $limit/$skip; $sort: top-k bound from a following $limit (0 = none);
+			   * $bucketAuto: buckets */
+	expr *id;         /* $group _id, $replaceRoot newRoot, $bucketAuto groupBy */
 	acc_spec *accs;
 	size_t n_accs;
 	char *path;       /* $unwind */
