@@ -114,6 +114,7 @@ typedef struct sitem {
 	bson_t *doc;
 	uint64_t seq;
 	sdb_key key;
+	docbuild_node *val; /* $bucketAuto: the groupBy value (key is its encoding); else NULL */
 } sitem;
 
 typedef struct {
@@ -134,6 +135,10 @@ typedef struct {
 	bson_t *cur;
 	docbuild_node *cur_arr;
 	size_t cur_i;
+	/* $bucketAuto (over items, sorted by the groupBy value) */
+	int64_t bucket_num;       /* buckets emitted */
+	int64_t approx;           /* documents aimed at per bucket */
+	docbuild_node *prev_max;  /* with a granularity: the previous bucket's max */
 } stage_state;
 
 struct sdb_pipeline_cursor {
@@ -166,8 +171,10 @@ static void state_clear(stage_state *s)
 	for (size_t i = s->pos; i < s->n; i++) {
 		bson_destroy(s->items[i].doc);
 		sdb_key_free(&s->items[i].key);
+		docbuild_free(s->items[i].val);
 	}
 	free(s->items);
+	docbuild_free(s->prev_max);
 	for (size_t i = 0; i < s->n_groups; i++) {
 		group *g = s->order[i];
 
@@ -338,6 +345,7 @@ static int run_sort(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 		}
 		it = &s->items[s->n];
 		it->doc = d;
+		it->val = NULL;
 		it->seq = seq++;
 		sdb_key_init(&it->key);
 		/* the sort key is computed once per document (storage/sortspec.h) */
@@ -622,6 +630,210 @@ static bson_t *group_emit(const stage *st, stage_state *s)
 	return out;
 }
 
+/* ---- $bucketAuto ---- */
+
+/* Read all of stage i's input: each document with its groupBy value (missing = null, as
+ * mongod's extractKey; checked against the granularity first) and that value's
+ * order-preserving encoding, held within max_mem bytes (as $sort: 292 beyond), then sorted
+ * stably by the value (MongoDB's comparison order; equal values keep their input order, as
+ * 6.0's in-memory sorter). */
+static int run_bucket_auto(sdb_pipeline_cursor *c, size_t i, const ectx *e)
+{
+	const stage *st = &c->p->st[i];
+	stage_state *s = &c->ss[i];
+	uint64_t seq = 0;
+
+	for (;;) {
+		bson_t *d = NULL;
+		docbuild_node *v = NULL;
+		bson_t scratch;
+		bson_value_t bv;
+		sitem *it;
+		int rc = pull(c, i, &d, e);
+
+		if (rc != 0) {
+			return rc;
+		}
+		if (d == NULL) {
+			break;
+		}
+		rc = agg_expr_eval(st->id, d, &v, e);
+		if (rc == 0 && st->gran != 0) {
+			rc = agg_gran_check(v, e);
+		}
+		if (rc != 0) {
+			docbuild_free(v);
+			bson_destroy(d);
+			return rc;
+		}
+		if (v == NULL) {
+			v = v_null();
+		}
+		if (s->n == s->cap) {
+			s->cap = s->cap == 0 ? 64 : s->cap * 2;
+			s->items = sdb_realloc(s->items, s->cap * sizeof *s->items);
+		}
+		it = &s->items[s->n++];
+		it->doc = d;
+		it->val = v;
+		it->seq = seq++;
+		sdb_key_init(&it->key);
+		docbuild_value(v, &scratch, &bv);
+		rc = sdb_keyenc_append_value(&it->key, &bv, false, e->err, e->errlen);
+		bson_destroy(&scratch);
+		if (rc != 0) {
+			if (e->code != NULL) {
+				*e->code = C_BAD_VALUE;
+			}
+			return rc;
+		}
+		s->mem += sitem_mem(it) + node_size(v);
+		if (s->mem > c->p->max_mem) {
+			return memory_error(e, "$bucketAuto");
+		}
+	}
+	sort_docs(s, 0);
+	if (st->n > 0) {
+		double a = round((double)s->n / (double)st->n);
+
+		s->approx = a < 1 ? 1 : (int64_t)a;
+	}
+	return 0;
+}
+
+/* Feed items[s->pos] to the bucket's accumulators and consume it: its value becomes *max
+ * (the previous one freed) and its key *max_key. */
+static int bucket_add(const stage *st, stage_state *s, acc_state *acc, docbuild_node **max,
+		      sdb_key *max_key, size_t *mem, const ectx *e)
+{
+	sitem *it = &s->items[s->pos++];
+	int rc = 0;
+
+	for (size_t a = 0; a < st->n_accs && rc == 0; a++) {
+		docbuild_node *v = NULL;
+
+		if (st->accs[a].x != NULL) {
+			rc = agg_expr_eval(st->accs[a].x, it->doc, &v, e);
+		}
+		if (rc == 0) {
+			acc_add(&acc[a], v, mem);
+		} else {
+			docbuild_free(v);
+		}
+	}
+	bson_destroy(it->doc);
+	docbuild_free(*max);
+	*max = it->val;
+	it->val = NULL;
+	sdb_key_free(max_key);
+	*max_key = it->key;
+	sdb_key_init(&it->key);
+	return rc;
+}
+
+/* The next bucket of stage i as mongod's populateNextBucket and
+ * adjustBoundariesAndGetMinForNextBucket build it: the next `approx` documents (all the
+ * rest for the last bucket), then every following document of an equal value (with a
+ * granularity: below the max rounded up); its max is the next bucket's first value (with
+ * a granularity: the rounded max), the last bucket's the largest value; with a granularity
+ * a bucket's min is the previous one's max (the first's: its first value rounded down).
+ * *doc NULL when no bucket is left. */
+static int bucket_auto_emit(const stage *st, stage_state *s, size_t max_mem, bson_t **doc,
+			    const ectx *e)
+{
+	acc_state *acc;
+	docbuild_node *min = NULL, *max = NULL, *out, *idd;
+	sdb_key max_key;
+	size_t mem = 0;
+	bool last;
+	int rc = 0;
+
+	*doc = NULL;
+	if (s->bucket_num >= st->n || s->pos >= s->n) {
+		return 0;
+	}
+	last = ++s->bucket_num == st->n;
+	sdb_key_init(&max_key);
+	acc = sdb_calloc(st->n_accs + 1, sizeof *acc);
+	for (size_t a = 0; a < st->n_accs; a++) {
+		acc[a].kind = st->accs[a].kind;
+	}
+	if (st->gran == 0) {
+		min = docbuild_clone(s->items[s->pos].val);
+	} else if (s->prev_max != NULL) {
+		min = docbuild_clone(s->prev_max);
+	} else {
+		rc = agg_gran_round(st->gran, false, s->items[s->pos].val, &min, e);
+	}
+	if (rc == 0) {
+		rc = bucket_add(st, s, acc, &max, &max_key, &mem, e);
+	}
+	for (int64_t k = 1; rc == 0 && s->pos < s->n && (k < s->approx || last); k++) {
+		rc = bucket_add(st, s, acc, &max, &max_key, &mem, e);
+	}
+	if (rc == 0 && st->gran != 0) {
+		docbuild_node *bound = NULL;
+
+		rc = agg_gran_round(st->gran, true, max, &bound, e);
+		while (rc == 0 && s->pos < s->n &&
+		       (vcmp(bound, s->items[s->pos].val) > 0 ||
+			sdb_key_cmp(&max_key, &s->items[s->pos].key) == 0)) {
+			rc = bucket_add(st, s, acc, &max, &max_key, &mem, e);
+		}
+		if (rc == 0 && num_double(bound) == 0.0 && s->pos < s->n) {
+			docbuild_free(bound);
+			bound = NULL;
+			rc = agg_gran_round(st->gran, false, s->items[s->pos].val, &bound, e);
+		}
+		docbuild_free(max);
+		max = bound;
+	} else if (rc == 0) {
+		while (rc == 0 && s->pos < s->n && sdb_key_cmp(&max_key, &s->items[s->pos].key) == 0) {
+			rc = bucket_add(st, s, acc, &max, &max_key, &mem, e);
+		}
+		if (rc == 0 && s->pos < s->n) {
+			docbuild_free(max);
+			max = docbuild_clone(s->items[s->pos].val);
+		}
+	}
+	sdb_key_free(&max_key);
+	if (rc == 0 && mem > max_mem) { /* $push / $addToSet values of one bucket */
+		rc = memory_error(e, "$bucketAuto");
+	}
+	if (rc != 0) {
+		for (size_t a = 0; a < st->n_accs; a++) {
+			docbuild_free(acc[a].v);
+			keyset_free(&acc[a].seen);
+		}
+		free(acc);
+		docbuild_free(min);
+		docbuild_free(max);
+		return rc;
+	}
+	if (st->gran != 0) {
+		docbuild_free(s->prev_max);
+		s->prev_max = docbuild_clone(max);
+	}
+	/* {_id: {min, max}, <accumulators; missing is null>} */
+	out = docbuild_new_doc(NULL);
+	idd = docbuild_new_doc("_id");
+	docbuild_set_key(min, "min");
+	docbuild_push(idd, min);
+	docbuild_set_key(max, "max");
+	docbuild_push(idd, max);
+	docbuild_push(out, idd);
+	for (size_t a = 0; a < st->n_accs; a++) {
+		docbuild_node *v = acc_result(&acc[a]);
+
+		docbuild_set_key(v, st->accs[a].name);
+		docbuild_push(out, v);
+	}
+	free(acc);
+	*doc = node_to_heap(out);
+	docbuild_free(out);
+	return 0;
+}
+
 void agg_set_field(docbuild_node *doc, const char *name, docbuild_node *v)
 {
 	size_t idx;
@@ -832,6 +1044,15 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 				*doc = group_emit(st, s);
 			}
 			return 0;
+		case S_BUCKET_AUTO:
+			if (!s->loaded) {
+				s->loaded = true;
+				rc = run_bucket_auto(c, i - 1, e);
+				if (rc != 0) {
+					return rc;
+				}
+			}
+			return bucket_auto_emit(st, s, c->p->max_mem, doc, e);
 		case S_UNWIND:
 			return unwind_next(c, i - 1, doc, e);
 		case S_FACET:

@@ -5,8 +5,8 @@
  * once into an sdb_pipeline, then run as a pull-based cursor over an input iterator that
  * the store supplies (the collection scan or index scan). Stages are iterators: streaming
  * stages ($match $project $addFields/$set $unset $limit $skip $unwind) pass documents one
- * at a time; blocking stages ($sort $group $count $sortByCount $bucket $facet) consume their input on the
- * first pull.
+ * at a time; blocking stages ($sort $group $count $sortByCount $bucket $bucketAuto $facet)
+ * consume their input on the first pull.
  *
  * Stages: $match (the query matcher; $expr is evaluated with the expression
  * engine below), $project (inclusion, exclusion, computed fields, nested specs), $addFields /
@@ -15,7 +15,10 @@
  * {path, includeArrayIndex, preserveNullAndEmptyArrays}), $sortByCount, $bucket (a $group
  * on a $switch over the boundaries, then a $sort on _id, as MongoDB desugars it:
  * pipeline_bucket.c), $facet (sub-pipelines over its whole input, one output document of
- * at most 16 MiB: pipeline_facet.c), $replaceRoot / $replaceWith.
+ * at most 16 MiB: pipeline_facet.c), $replaceRoot / $replaceWith, $bucketAuto (MongoDB
+ * 6.0's DocumentSourceBucketAuto: its input sorted by groupBy, about documents/buckets per
+ * bucket, equal values never split, {_id: {min, max}}, output accumulators, granularity:
+ * pipeline_bucketauto.c and run_bucket_auto in pipeline.c).
  * Expressions: field paths ("$a.b", mapped over arrays as MongoDB does), $$ROOT, $$CURRENT,
  * $$REMOVE, literals, {$literal: v}, documents and arrays of expressions, and the operators
  * $add $subtract $multiply $divide $mod (int32 -> int64 -> double widening; dates in $add and
@@ -49,12 +52,14 @@
  *        output over 16 MiB
  *   40191-40202 $bucket's options (boundaries constant, of one type, ascending; default
  *        outside them)
- *   292  QueryExceededMemoryLimitNoDiskUseAllowed: a $sort or $group holds more than
+ *   40239-40246, 40257, 40261 $bucketAuto's options; 40258-40260 a groupBy value under a
+ *        granularity (not a number, NaN, negative)
+ *   292  QueryExceededMemoryLimitNoDiskUseAllowed: a $sort, $group or $bucketAuto holds more than
  *        max_memory_bytes (default 100 MB, MongoDB's internalQueryMaxBlockingSortMemoryUsage
  *        and internalDocumentSourceGroupMaxMemoryBytes); we never spill to disk, so
  *        allowDiskUse does not lift the limit.
  *   238  NotImplemented: a stage MongoDB knows but the embedded shard does not run
- *        ($lookup, $out, $merge, $bucketAuto, $sample, ...): "$lookup is not supported
+ *        ($lookup, $out, $merge, $sample, ...): "$lookup is not supported
  *        by the embedded shard"; $rand (expressions are deterministic: shard members
  *        replicate commands)
  *   40602 $documents or $collStats anywhere but first (the shard runs a leading one
@@ -75,7 +80,7 @@
 typedef struct sdb_pipeline sdb_pipeline;
 typedef struct sdb_pipeline_cursor sdb_pipeline_cursor;
 
-/* Default memory bound of one blocking stage ($sort, $group): 100 MB. */
+/* Default memory bound of one blocking stage ($sort, $group, $bucketAuto): 100 MB. */
 #define SDB_PIPELINE_MAX_MEMORY (100u * 1024u * 1024u)
 
 /* The input iterator the store supplies.
@@ -88,8 +93,8 @@ typedef int (*sdb_pipeline_next_fn)(void *ctx, const bson_t **doc, int *code, ch
 				    size_t errlen);
 
 typedef struct sdb_pipeline_opts {
-	/* Bound on the bytes held by one $sort or $group (BSON sizes of held documents and
-	 * group states); 0 means SDB_PIPELINE_MAX_MEMORY. */
+	/* Bound on the bytes held by one $sort, $group or $bucketAuto (BSON sizes of held
+	 * documents and group states); 0 means SDB_PIPELINE_MAX_MEMORY. */
 	size_t max_memory_bytes;
 	/* User variables ({name: constant}, sdb_let_parse) the stages' expressions and $match's
 	 * $expr may read as $$name; NULL = none. Copied where used. */

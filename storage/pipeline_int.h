@@ -297,6 +297,32 @@ void agg_expr_free(expr *x);
  * `_id` in output). */
 int agg_bucket_desugar(const bson_iter_t *it, bson_t *group, bson_t *sort, const ectx *e);
 
+/* $bucketAuto (pipeline_bucketauto.c): check the stage's argument at it as MongoDB 6.0
+ * does and turn it into the argument of a $group whose _id is the groupBy expression and
+ * whose fields are `output` (or {count: {$sum: 1}} when output is absent or empty), for the
+ * compiler to read the expression and the accumulators from; *buckets gets `buckets` (> 0)
+ * and *gran the granularity (0 = none, else the rounder's number for agg_gran_round). On
+ * success *group is initialised (the caller destroys it); on failure it is not.
+ * Errors: SDB_EINVAL with MongoDB's code and message in e: 40240 not an object, 40239 a
+ * groupBy that is not a $path or an operator object, 40241 buckets not a number, 40242 not
+ * an int32, 40243 not positive, 40244 output not an object, 40261 granularity not a
+ * string, 40257 unknown granularity, 40245 unknown option, 40246 groupBy or buckets
+ * missing; 15948 an output field named _id (mongod would emit a second _id). */
+int agg_bucketauto_desugar(const bson_iter_t *it, bson_t *group, int32_t *buckets, int *gran,
+			   const ectx *e);
+/* The granularity check mongod makes on each groupBy value (extractKey): 0 when key (NULL =
+ * missing) is a non-negative number. Errors: SDB_EINVAL with 40258 not a number (missing and
+ * null included), 40259 NaN, 40260 negative; 2 BadValue for Infinity (mongod's rounders loop
+ * forever on it) and 238 for a Decimal128 (no decimal arithmetic here). */
+int agg_gran_check(const docbuild_node *key, const ectx *e);
+/* Round v up (up: the smallest value of the granularity strictly above v) or down (the
+ * largest strictly below) with the rounder gran (1..13, agg_bucketauto_desugar); 0 rounds to
+ * itself. *out: a new node (the caller frees it with docbuild_free): a double for the
+ * preferred-number series, {$pow: [2, n]}'s int, long or double for POWERSOF2.
+ * Errors: agg_gran_check's. */
+int agg_gran_round(int gran, bool up, const docbuild_node *v, docbuild_node **out,
+		   const ectx *e);
+
 /* The largest document $facet builds: a BSON document's limit (maxBsonObjectSize). */
 #define AGG_FACET_MAX_BYTES (16 * 1024 * 1024)
 
@@ -340,6 +366,7 @@ typedef enum {
 	S_UNWIND,
 	S_REPLACE_ROOT,
 	S_FACET, /* $facet: buffers its input, runs each sub-pipeline over it (pipeline_facet.c) */
+	S_BUCKET_AUTO, /* $bucketAuto: id = groupBy, accs = output, n = buckets, gran */
 } skind;
 
 /* A $group accumulator. */
@@ -370,8 +397,9 @@ typedef struct stage {
 	sdb_matcher *m;   /* $match */
 	sdb_projection *proj; /* S_PROJECT */
 	sdb_sortspec *sort;
-	int64_t n;        /* $limit/$skip; $sort: top-k bound from a following $limit (0 = none) */
-	expr *id;         /* $group _id, $replaceRoot newRoot */
+	int64_t n;        /* $limit/$skip; $sort: top-k bound from a following $limit (0 = none);
+			   * $bucketAuto: buckets */
+	expr *id;         /* $group _id, $replaceRoot newRoot, $bucketAuto groupBy */
 	acc_spec *accs;
 	size_t n_accs;
 	char *path;       /* $unwind */
@@ -379,6 +407,7 @@ typedef struct stage {
 	bool preserve;
 	bool sort_by_count_desc; /* $sortByCount: the group is followed by a count sort */
 	agg_facet *facet;         /* $facet */
+	int gran;                 /* $bucketAuto: granularity rounder (0 = none) */
 } stage;
 
 /* The compiled pipeline: its stages in order, and the bytes one blocking stage may hold. */

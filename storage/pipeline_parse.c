@@ -123,8 +123,12 @@ static int parse_group(sdb_pipeline *p, const bson_iter_t *it, const ectx *e)
 			continue;
 		}
 		if (k[0] == '$' || strchr(k, '.') != NULL) {
-			return efail(e, 40236, "The field name '%s' cannot %s", k,
-				     k[0] == '$' ? "be an operator name" : "contain '.'");
+			/* mongod's AccumulationStatement: 40235 a dotted name (checked
+			 * first), 40236 an operator */
+			bool dot = strchr(k, '.') != NULL;
+
+			return efail(e, dot ? 40235 : 40236, "The field name '%s' cannot %s", k,
+				     dot ? "contain '.'" : "be an operator name");
 		}
 		if (!BSON_ITER_HOLDS_DOCUMENT(&sub)) {
 			return efail(e, 40234, "The field '%s' must be an accumulator object", k);
@@ -447,6 +451,32 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		bson_destroy(&wrap);
 		return rc;
 	}
+	if (strcmp(name, "$bucketAuto") == 0) {
+		/* groupBy and output compiled as a $group's _id and accumulators
+		 * (pipeline_bucketauto.c), run by pipeline.c's run_bucket_auto */
+		bson_t group, wrap = BSON_INITIALIZER;
+		bson_iter_t g;
+		int32_t buckets;
+		int gran;
+
+		rc = agg_bucketauto_desugar(&it, &group, &buckets, &gran, e);
+		if (rc != 0) {
+			return rc;
+		}
+		BSON_APPEND_DOCUMENT(&wrap, "g", &group);
+		bson_destroy(&group);
+		bson_iter_init_find(&g, &wrap, "g");
+		rc = parse_group(p, &g, e);
+		bson_destroy(&wrap);
+		if (rc == 0) {
+			stage *s = &p->st[p->n - 1];
+
+			s->kind = S_BUCKET_AUTO;
+			s->n = buckets;
+			s->gran = gran;
+		}
+		return rc;
+	}
 	if (strcmp(name, "$replaceRoot") == 0 || strcmp(name, "$replaceWith") == 0) {
 		stage *s = add_stage(p, S_REPLACE_ROOT);
 
@@ -462,7 +492,7 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		return agg_expr_parse(&it, &s->id, e);
 	}
 	static const char *const known[] = {
-		"$lookup", "$out", "$merge", "$bucketAuto", "$graphLookup",
+		"$lookup", "$out", "$merge", "$graphLookup",
 		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
 		"$unionWith", "$indexStats", "$currentOp", "$listSessions",
 		"$search", "$changeStream", "$planCacheStats", "$listLocalSessions",

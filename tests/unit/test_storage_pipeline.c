@@ -401,6 +401,115 @@ static const char *artists =
 	" {'_id': 7, 'name': 'Redon', 'year_born': 1840}, {'_id': 8, 'name': 'Diriks', 'year_born': 1855},"
 	" {'_id': 9, 'name': 'Later', 'year_born': 1900}, {'_id': 10, 'name': 'Unknown'}]";
 
+/* $bucketAuto (MongoDB 6.0's DocumentSourceBucketAuto): the manual's artwork example (8
+ * prices, 4 buckets of 2: a bucket's max is the next one's min, the last one's the largest
+ * value), equal values never split, fewer buckets than asked, missing as null below
+ * numbers, output accumulators fed in groupBy order; the granularity examples of the
+ * manual (_id 0..99 in 5 buckets); the option errors. */
+static void test_bucket_auto(void **state)
+{
+	static const char *art = "[{'p': 199.99}, {'p': 280.0}, {'p': 76.04}, {'p': 167.3},"
+				 " {'p': 483.0}, {'p': 385.0}, {'p': 159.0}, {'p': 118.42}]";
+	char things[4096];
+	size_t off = 0;
+
+	(void)state;
+	check("[{'$bucketAuto': {'groupBy': '$p', 'buckets': 4}}]", art,
+	      "[{'_id': {'min': 76.04, 'max': 159.0}, 'count': 2},"
+	      " {'_id': {'min': 159.0, 'max': 199.99}, 'count': 2},"
+	      " {'_id': {'min': 199.99, 'max': 385.0}, 'count': 2},"
+	      " {'_id': {'min': 385.0, 'max': 483.0}, 'count': 2}]");
+	/* 1 1 1 2 3 in 2 buckets: approx 3 (round(2.5)); the 1s stay together; then 2 and 3 */
+	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2,"
+	      " 'output': {'n': {'$sum': 1}, 'ids': {'$push': '$i'}}}}]",
+	      "[{'a': 3, 'i': 0}, {'a': 1, 'i': 1}, {'a': 2, 'i': 2}, {'a': 1, 'i': 3}, {'a': 1, 'i': 4}]",
+	      "[{'_id': {'min': 1, 'max': 2}, 'n': 3, 'ids': [1, 3, 4]},"
+	      " {'_id': {'min': 2, 'max': 3}, 'n': 2, 'ids': [2, 0]}]");
+	/* equal values absorbed past approx: 1 1 1 1 2 in 3 buckets (approx 2) -> 2 buckets */
+	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 3}}]",
+	      "[{'a': 1}, {'a': 1}, {'a': 2}, {'a': 1}, {'a': 1}]",
+	      "[{'_id': {'min': 1, 'max': 2}, 'count': 4}, {'_id': {'min': 2, 'max': 2}, 'count': 1}]");
+	/* fewer distinct values than buckets; missing and null group as null, first */
+	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 10}}]",
+	      "[{'a': 'x'}, {'b': 1}, {'a': 5}, {'a': null}, {'a': 5}]",
+	      "[{'_id': {'min': null, 'max': 5}, 'count': 2}, {'_id': {'min': 5, 'max': 'x'}, 'count': 2},"
+	      " {'_id': {'min': 'x', 'max': 'x'}, 'count': 1}]");
+	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 1, 'output': {'lo': {'$min': '$a'},"
+	      " 'hi': {'$max': '$a'}, 'f': {'$first': '$a'}, 'avg': {'$avg': '$a'}}}}]",
+	      "[{'a': 4}, {'a': 2}, {'a': 8}]",
+	      "[{'_id': {'min': 2, 'max': 8}, 'lo': 2, 'hi': 8, 'f': 2, 'avg': 4.666666666666667}]");
+	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 3}}]", "[]", "[]");
+	/* whole values in MongoDB's order: numbers, strings, objects, arrays (element-wise) */
+	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 10}}, {'$project': {'_id': 0, 'm': '$_id.min'}}]",
+	      "[{'a': [1, 2]}, {'a': [1]}, {'a': {'x': 1}}, {'a': [0, 5]}, {'a': 's'}, {'a': 3},"
+	      " {'a': {'w': 9}}, {'a': true}]",
+	      "[{'m': 3}, {'m': 's'}, {'m': {'w': 9}}, {'m': {'x': 1}}, {'m': [0, 5]}, {'m': [1]},"
+	      " {'m': [1, 2]}, {'m': true}]");
+	/* 1, 1.0 and NumberLong(1) are one value */
+	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 3}}]",
+	      "[{'a': 1}, {'a': 1.0}, {'a': {'$numberLong': '1'}}, {'a': 2}]",
+	      "[{'_id': {'min': 1, 'max': 2}, 'count': 3}, {'_id': {'min': 2, 'max': 2}, 'count': 1}]");
+
+	off += (size_t)snprintf(things + off, sizeof things - off, "[");
+	for (int i = 0; i < 100; i++) {
+		off += (size_t)snprintf(things + off, sizeof things - off, "%s{'_id': %d}",
+					i ? ", " : "", i);
+	}
+	snprintf(things + off, sizeof things - off, "]");
+	check("[{'$bucketAuto': {'groupBy': '$_id', 'buckets': 5, 'granularity': 'R5'}}]", things,
+	      "[{'_id': {'min': 0, 'max': 25.0}, 'count': 25}, {'_id': {'min': 25.0, 'max': 63.0},"
+	      " 'count': 38}, {'_id': {'min': 63.0, 'max': 100.0}, 'count': 37}]");
+	check("[{'$bucketAuto': {'groupBy': '$_id', 'buckets': 5, 'granularity': 'POWERSOF2'}}]",
+	      things,
+	      "[{'_id': {'min': 0, 'max': 32}, 'count': 32}, {'_id': {'min': 32, 'max': 64},"
+	      " 'count': 32}, {'_id': {'min': 64, 'max': 128}, 'count': 36}]");
+	/* the first min rounded down; a double rounded up by POWERSOF2 is 2^n as {$pow} gives */
+	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 'E6'}}]",
+	      "[{'a': 0.8}, {'a': 1.2}, {'a': 5}, {'a': 70}]",
+	      "[{'_id': {'min': 0.68, 'max': 1.5}, 'count': 2}, {'_id': {'min': 1.5, 'max': 100.0},"
+	      " 'count': 2}]");
+	check("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 'POWERSOF2'}}]",
+	      "[{'a': 0.3}, {'a': 3.5}]",
+	      "[{'_id': {'min': 0.25, 'max': 0.5}, 'count': 1}, {'_id': {'min': 0.5, 'max': 4}, 'count': 1}]");
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 'R5'}}]",
+		  "[{'a': 'x'}]", 40258, "found a value with type: string");
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 'R5'}}]",
+		  "[{'b': 1}]", 40258, "type: missing");
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 'R5'}}]",
+		  "[{'a': {'$numberDouble': 'NaN'}}]", 40259, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 'R5'}}]",
+		  "[{'a': -1}]", 40260, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 'R5'}}]",
+		  "[{'a': {'$numberDouble': 'Infinity'}}]", 2, "finite");
+	/* an accumulator failing in the second bucket fails the aggregation (nothing leaks) */
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'output': {'q': {'$push':"
+		  " {'$divide': [1, '$a']}}}}}]",
+		  "[{'a': 1}, {'a': 2}, {'a': 0}, {'a': 3}]", 16608, NULL);
+	check_err("[{'$bucketAuto': 1}]", "[]", 40240, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': 'a', 'buckets': 2}}]", "[]", 40239, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$', 'buckets': 2}}]", "[]", 40239, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': {'a': 1}, 'buckets': 2}}]", "[]", 40239, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 'x'}}]", "[]", 40241, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2.5}}]", "[]", 40242, "2.5");
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': {'$numberLong': '5000000000'}}}]",
+		  "[]", 40242, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 0}}]", "[]", 40243, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': -1}}]", "[]", 40243, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'output': 1}}]", "[]", 40244,
+		  NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'x': 1}}]", "[]", 40245, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a'}}]", "[]", 40246, NULL);
+	check_err("[{'$bucketAuto': {'buckets': 2}}]", "[]", 40246, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 'R7'}}]", "[]",
+		  40257, "Unknown rounding granularity 'R7'");
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 5}}]", "[]",
+		  40261, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'output': {'n': 1}}}]", "[]",
+		  40234, NULL);
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'output': {'n': {'$foo': 1}}}}]",
+		  "[]", 15952, NULL);
+}
+
 /* $bucket, after the manual's artists example: [lower, upper) buckets sorted by _id, the
  * default bucket for values outside (and for a missing value), output accumulators. */
 static void test_bucket(void **state)
@@ -648,6 +757,18 @@ static void test_memory_limit(void **state)
 	assert_int_equal(code, 292);
 	assert_non_null(strstr(err, "Exceeded memory limit for $group"));
 
+	/* $bucketAuto holds its whole input (as $sort) */
+	got = run("[{'$bucketAuto': {'groupBy': '$k', 'buckets': 2}}]", docs, &o, &code, err, sizeof err);
+	assert_null(got);
+	assert_int_equal(code, 292);
+	assert_non_null(strstr(err, "Exceeded memory limit for $bucketAuto"));
+	got = run("[{'$match': {'k': {'$lt': 30}}}, {'$bucketAuto': {'groupBy': '$k', 'buckets': 3}},"
+		  " {'$project': {'_id': 0, 'count': 1}}]",
+		  docs, &o, &code, err, sizeof err);
+	assert_non_null(got);
+	assert_string_equal(got, "{ \"v\" : [ { \"count\" : { \"$numberInt\" : \"10\" } }, { \"count\" : { \"$numberInt\" : \"10\" } }, { \"count\" : { \"$numberInt\" : \"10\" } } ] }");
+	bson_free(got);
+
 	/* $facet holds its whole input under the same bound; its sub-pipelines too */
 	got = run("[{'$facet': {'n': [{'$count': 'n'}]}}]", docs, &o, &code, err, sizeof err);
 	assert_null(got);
@@ -830,6 +951,7 @@ int main(void)
 		cmocka_unit_test(test_sort_by_count),
 		cmocka_unit_test(test_switch),
 		cmocka_unit_test(test_bucket),
+		cmocka_unit_test(test_bucket_auto),
 		cmocka_unit_test(test_facet),
 		cmocka_unit_test(test_expressions),
 		cmocka_unit_test(test_stage_errors),
