@@ -5,6 +5,10 @@
  *       in-process C API: N threads call rl_limiter_decide() with batches of --batch
  *       requests (default 1) over --keys distinct keys (token bucket, limit 100 per
  *       minute, hits 1); prints decisions/s and per-call p50/p99 latency.
+ *   ratelimit_bench scale [--threads N] [--rounds R] [--ops N] [--keys N]
+ *       R rounds of: 1 thread, N threads (default 2) on one limiter, N threads on a
+ *       limiter each (the machine's ceiling); prints each round's ratios and their
+ *       medians (issue #23's 1 vs 2 threads).
  *   ratelimit_bench memory [--keys N] [--cache N]
  *       inserts N distinct keys into a limiter whose cache holds --cache keys; prints the
  *       keys held, heap bytes in use (mallinfo2) and RSS growth, and bytes per held key.
@@ -15,6 +19,7 @@
 #include <inttypes.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,22 +101,36 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static int bench_api(int argc, char **argv)
+/* One measurement of the C API: what api_run() saw. */
+typedef struct api_result {
+	long decisions;
+	double secs;      /* wall clock */
+	double cpu_s;     /* the workers' CPU time, summed */
+	uint64_t p50_ns;  /* per call */
+	uint64_t p99_ns;
+	long over;        /* OVER_LIMIT answers */
+} api_result;
+
+/* threads workers, each making ops/batch calls of batch requests over keys distinct keys
+ * on a fresh limiter (cache of 2 x keys): one limiter shared by all workers, or, with
+ * private_limiters, one per worker (nothing shared: the same work with no shared memory,
+ * the machine's own ceiling for scaling). Fills *res. */
+static void api_run(long threads, long ops, long keys, long batch, bool private_limiters,
+		    api_result *res)
 {
-	long threads = opt_long(argc, argv, "--threads", 2);
-	long ops = opt_long(argc, argv, "--ops", 2000000);
-	long keys = opt_long(argc, argv, "--keys", 10000);
-	long batch = opt_long(argc, argv, "--batch", 1);
 	rl_limiter_opts o = {.cache_size = (size_t)keys * 2};
-	rl_limiter *lim = rl_limiter_new(&o);
+	rl_limiter **lims = sdb_calloc((size_t)threads, sizeof(rl_limiter *));
 	worker *w = sdb_calloc((size_t)threads, sizeof(worker));
 	pthread_t *th = sdb_calloc((size_t)threads, sizeof(pthread_t));
-	long calls = ops / batch, over = 0;
+	long calls = ops / batch;
 	uint64_t cpu_ns = 0;
 	uint64_t *all = sdb_malloc(sizeof(uint64_t) * (size_t)(calls * threads));
 
+	*res = (api_result){0};
+	for (long i = 0; i < threads; i++)
+		lims[i] = (private_limiters || i == 0) ? rl_limiter_new(&o) : lims[0];
 	for (long i = 0; i < threads; i++) {
-		w[i] = (worker){.lim = lim, .id = (int)i, .ops = ops, .keys = keys, .batch = batch,
+		w[i] = (worker){.lim = lims[i], .id = (int)i, .ops = ops, .keys = keys, .batch = batch,
 				.lat = sdb_malloc(sizeof(uint64_t) * (size_t)calls)};
 	}
 	uint64_t t0 = now_ns();
@@ -119,30 +138,107 @@ static int bench_api(int argc, char **argv)
 		pthread_create(&th[i], NULL, run_worker, &w[i]);
 	for (long i = 0; i < threads; i++)
 		pthread_join(th[i], NULL);
-	double secs = (double)(now_ns() - t0) / 1e9;
+	res->secs = (double)(now_ns() - t0) / 1e9;
 	for (long i = 0; i < threads; i++) {
 		memcpy(all + i * calls, w[i].lat, sizeof(uint64_t) * (size_t)calls);
-		over += w[i].over;
+		res->over += w[i].over;
 		cpu_ns += w[i].cpu_ns;
 		free(w[i].lat);
 	}
 	qsort(all, (size_t)(calls * threads), sizeof(uint64_t), cmp_u64);
 	long n = calls * threads;
+	res->decisions = n * batch;
+	res->cpu_s = (double)cpu_ns / 1e9;
+	res->p50_ns = all[n / 2];
+	res->p99_ns = all[(n * 99) / 100];
+	free(all);
+	free(th);
+	free(w);
+	for (long i = 0; i < threads; i++)
+		if (private_limiters || i == 0)
+			rl_limiter_free(lims[i]);
+	free(lims);
+}
+
+static int bench_api(int argc, char **argv)
+{
+	long threads = opt_long(argc, argv, "--threads", 2);
+	long ops = opt_long(argc, argv, "--ops", 2000000);
+	long keys = opt_long(argc, argv, "--keys", 10000);
+	long batch = opt_long(argc, argv, "--batch", 1);
+	api_result r;
+
+	api_run(threads, ops, keys, batch, false, &r);
 	/* rate: decisions per wall-clock second (what the threads got of the machine);
 	 * cpu_rate: decisions per CPU-second of the workers, a measure of the cost per
 	 * decision that other processes on a shared machine do not move, except through
 	 * the caches; cpu_util: CPUs the workers actually had on average (a thread that
 	 * waits for a lock or a CPU does not count) */
-	double cpu_s = (double)cpu_ns / 1e9;
 	printf("api threads=%ld batch=%ld keys=%ld decisions=%ld seconds=%.3f rate=%.0f "
 	       "p50_ns=%" PRIu64 " p99_ns=%" PRIu64 " over_limit=%ld cpu_seconds=%.3f "
 	       "cpu_rate=%.0f cpu_util=%.2f\n",
-	       threads, batch, keys, n * batch, secs, (double)(n * batch) / secs, all[n / 2],
-	       all[(n * 99) / 100], over, cpu_s, (double)(n * batch) / cpu_s, cpu_s / secs);
-	free(all);
-	free(th);
-	free(w);
-	rl_limiter_free(lim);
+	       threads, batch, keys, r.decisions, r.secs, (double)r.decisions / r.secs, r.p50_ns,
+	       r.p99_ns, r.over, r.cpu_s, (double)r.decisions / r.cpu_s, r.cpu_s / r.secs);
+	return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Scaling with threads (issue #23): --rounds rounds, each one run on 1 thread, one on
+ * --threads threads sharing one limiter (what the proxy's threads do), and one on
+ * --threads threads with a limiter each (the same work sharing nothing: what the machine
+ * itself allows, e.g. when its vCPUs are hyperthreads of one core), all with the same
+ * --ops per thread and keys, so every ratio compares runs seconds apart. Prints each round
+ * and the medians of the rounds' ratios: shared (decisions/s of N threads on one limiter
+ * over 1 thread's), ceiling (the same for N private limiters) and shared/ceiling (the
+ * share of the machine's scaling the limiter keeps). */
+static int bench_scale(int argc, char **argv)
+{
+	long threads = opt_long(argc, argv, "--threads", 2);
+	long ops = opt_long(argc, argv, "--ops", 2000000);
+	long keys = opt_long(argc, argv, "--keys", 10000);
+	long rounds = opt_long(argc, argv, "--rounds", 7);
+	double *wall = sdb_calloc((size_t)rounds, sizeof(double));
+	double *ceil = sdb_calloc((size_t)rounds, sizeof(double));
+	double *eff = sdb_calloc((size_t)rounds, sizeof(double));
+	api_result one, many, priv;
+
+	if (threads < 2 || rounds < 1 || ops < 1 || keys < 1) {
+		fprintf(stderr, "ratelimit_bench scale: --threads >= 2, --rounds/--ops/--keys >= 1\n");
+		free(wall);
+		free(ceil);
+		free(eff);
+		return 2;
+	}
+	for (long i = 0; i < rounds; i++) {
+		api_run(1, ops, keys, 1, false, &one);
+		api_run(threads, ops, keys, 1, false, &many);
+		api_run(threads, ops, keys, 1, true, &priv);
+		double r1 = (double)one.decisions / one.secs, rn = (double)many.decisions / many.secs;
+		double rp = (double)priv.decisions / priv.secs;
+		wall[i] = rn / r1;
+		ceil[i] = rp / r1;
+		eff[i] = rn / rp;
+		printf("scale round=%ld threads=%ld rate_1=%.0f rate_shared=%.0f rate_private=%.0f "
+		       "cpu_util_shared=%.2f cpu_util_private=%.2f shared_ratio=%.2f "
+		       "ceiling_ratio=%.2f shared_of_ceiling=%.2f\n",
+		       i + 1, threads, r1, rn, rp, many.cpu_s / many.secs, priv.cpu_s / priv.secs,
+		       wall[i], ceil[i], eff[i]);
+	}
+	qsort(wall, (size_t)rounds, sizeof(double), cmp_double);
+	qsort(ceil, (size_t)rounds, sizeof(double), cmp_double);
+	qsort(eff, (size_t)rounds, sizeof(double), cmp_double);
+	printf("scale threads=%ld rounds=%ld keys=%ld median_shared_ratio=%.2f min=%.2f max=%.2f "
+	       "median_ceiling_ratio=%.2f median_shared_of_ceiling=%.2f\n",
+	       threads, rounds, keys, wall[rounds / 2], wall[0], wall[rounds - 1], ceil[rounds / 2],
+	       eff[rounds / 2]);
+	free(eff);
+	free(ceil);
+	free(wall);
 	return 0;
 }
 
@@ -199,8 +295,10 @@ int main(int argc, char **argv)
 {
 	if (argc >= 2 && strcmp(argv[1], "api") == 0)
 		return bench_api(argc, argv);
+	if (argc >= 2 && strcmp(argv[1], "scale") == 0)
+		return bench_scale(argc, argv);
 	if (argc >= 2 && strcmp(argv[1], "memory") == 0)
 		return bench_memory(argc, argv);
-	fprintf(stderr, "usage: ratelimit_bench api|memory [options] (see the source)\n");
+	fprintf(stderr, "usage: ratelimit_bench api|scale|memory [options] (see the source)\n");
 	return 2;
 }
