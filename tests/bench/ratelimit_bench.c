@@ -195,7 +195,8 @@ static int cmp_double(const void *a, const void *b)
  * --ops per thread and keys, so every ratio compares runs seconds apart. Prints each round
  * and the medians of the rounds' ratios: shared (decisions/s of N threads on one limiter
  * over 1 thread's), ceiling (the same for N private limiters) and shared/ceiling (the
- * share of the machine's scaling the limiter keeps). */
+ * share of the machine's scaling the limiter keeps); then the same medians over the
+ * "clean" rounds only, those whose N-thread runs both had at least 0.9 x N CPUs. */
 static int bench_scale(int argc, char **argv)
 {
 	long threads = opt_long(argc, argv, "--threads", 2);
@@ -205,6 +206,10 @@ static int bench_scale(int argc, char **argv)
 	double *wall = sdb_calloc((size_t)rounds, sizeof(double));
 	double *ceil = sdb_calloc((size_t)rounds, sizeof(double));
 	double *eff = sdb_calloc((size_t)rounds, sizeof(double));
+	double *cwall = sdb_calloc((size_t)rounds, sizeof(double));
+	double *cceil = sdb_calloc((size_t)rounds, sizeof(double));
+	double *ceff = sdb_calloc((size_t)rounds, sizeof(double));
+	long nclean = 0;
 	api_result one, many, priv;
 
 	if (threads < 2 || rounds < 1 || ops < 1 || keys < 1) {
@@ -212,6 +217,9 @@ static int bench_scale(int argc, char **argv)
 		free(wall);
 		free(ceil);
 		free(eff);
+		free(cwall);
+		free(cceil);
+		free(ceff);
 		return 2;
 	}
 	for (long i = 0; i < rounds; i++) {
@@ -223,6 +231,14 @@ static int bench_scale(int argc, char **argv)
 		wall[i] = rn / r1;
 		ceil[i] = rp / r1;
 		eff[i] = rn / rp;
+		/* a round whose N-thread runs did not get N CPUs (another process took them)
+		 * measured the neighbours: the "clean" medians leave it out */
+		double us = many.cpu_s / many.secs, up = priv.cpu_s / priv.secs;
+		if (us >= 0.9 * (double)threads && up >= 0.9 * (double)threads) {
+			cwall[nclean] = wall[i];
+			cceil[nclean] = ceil[i];
+			ceff[nclean++] = eff[i];
+		}
 		printf("scale round=%ld threads=%ld rate_1=%.0f rate_shared=%.0f rate_private=%.0f "
 		       "cpu_util_shared=%.2f cpu_util_private=%.2f shared_ratio=%.2f "
 		       "ceiling_ratio=%.2f shared_of_ceiling=%.2f\n",
@@ -232,10 +248,19 @@ static int bench_scale(int argc, char **argv)
 	qsort(wall, (size_t)rounds, sizeof(double), cmp_double);
 	qsort(ceil, (size_t)rounds, sizeof(double), cmp_double);
 	qsort(eff, (size_t)rounds, sizeof(double), cmp_double);
+	qsort(cwall, (size_t)nclean, sizeof(double), cmp_double);
+	qsort(cceil, (size_t)nclean, sizeof(double), cmp_double);
+	qsort(ceff, (size_t)nclean, sizeof(double), cmp_double);
 	printf("scale threads=%ld rounds=%ld keys=%ld median_shared_ratio=%.2f min=%.2f max=%.2f "
-	       "median_ceiling_ratio=%.2f median_shared_of_ceiling=%.2f\n",
+	       "median_ceiling_ratio=%.2f median_shared_of_ceiling=%.2f clean_rounds=%ld "
+	       "clean_median_shared_ratio=%.2f clean_median_ceiling_ratio=%.2f "
+	       "clean_median_shared_of_ceiling=%.2f\n",
 	       threads, rounds, keys, wall[rounds / 2], wall[0], wall[rounds - 1], ceil[rounds / 2],
-	       eff[rounds / 2]);
+	       eff[rounds / 2], nclean, nclean ? cwall[nclean / 2] : 0.0,
+	       nclean ? cceil[nclean / 2] : 0.0, nclean ? ceff[nclean / 2] : 0.0);
+	free(cwall);
+	free(cceil);
+	free(ceff);
 	free(eff);
 	free(ceil);
 	free(wall);
