@@ -8,6 +8,7 @@
 #include "storage/pipeline.h"
 #include "storage/pipeline_int.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -94,6 +95,13 @@ int agg_gran_check(const docbuild_node *key, const ectx *e)
 		return efail(e, C_BAD_VALUE,
 			     "$bucketAuto can specify a 'granularity' with finite numbers only, but "
 			     "found Infinity");
+	/* so do they on a subnormal double: rounding down divides the multiplier by 10 until
+	 * it underflows to 0, and 0 * 10 never reaches the value (found by a review) */
+	if (d > 0.0 && d < DBL_MIN)
+		return efail(e, C_BAD_VALUE,
+			     "$bucketAuto can specify a 'granularity' with numbers of at least %g "
+			     "(or 0) only, but found a subnormal number",
+			     DBL_MIN);
 	return 0;
 }
 

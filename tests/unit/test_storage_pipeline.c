@@ -481,6 +481,23 @@ static void test_bucket_auto(void **state)
 		  "[{'a': -1}]", 40260, NULL);
 	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 'R5'}}]",
 		  "[{'a': {'$numberDouble': 'Infinity'}}]", 2, "finite");
+	/* a subnormal double: mongod's rounder loops forever on it (a review found ours did) */
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'granularity': 'E6'}}]",
+		  "[{'a': {'$numberDouble': '5e-324'}}, {'a': 1}]", 2, "subnormal");
+	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 1, 'granularity': 'R5'}}]",
+		  "[{'a': {'$numberDouble': '1e-322'}}]", 2, "subnormal");
+	/* the smallest normal double rounds (no hang) */
+	{
+		int rcode = 0;
+		char rerr[256] = "";
+		char *got = run("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 1, "
+				"'granularity': 'E6'}}]",
+				"[{'a': {'$numberDouble': '2.2250738585072014e-308'}}]", NULL,
+				&rcode, rerr, sizeof rerr);
+		if (got == NULL)
+			fail_msg("DBL_MIN with E6: code %d %s", rcode, rerr);
+		bson_free(got);
+	}
 	/* an accumulator failing in the second bucket fails the aggregation (nothing leaks) */
 	check_err("[{'$bucketAuto': {'groupBy': '$a', 'buckets': 2, 'output': {'q': {'$push':"
 		  " {'$divide': [1, '$a']}}}}}]",
