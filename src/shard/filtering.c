@@ -99,11 +99,15 @@ static void fcache_put(const void *sh, const char *ns, int64_t gen, route_owned 
 	pthread_mutex_unlock(&fcache_mu);
 }
 
+/* ---- the strict check of an install as it arrives (shard_filtering_precheck) ----
+ * Only at arrival, before the install is proposed: the Raft apply and the load of a stored
+ * install (owner_build) stay as lenient as the version that wrote them, so an entry or a
+ * row written by an earlier version is applied and loaded alike on every member. */
+
 /* A bound of chunk n ({k1: v1, ...}) must name exactly the key pattern's fields in its
- * order; for a hashed key its value is a number (the hash) or MinKey/MaxKey. 0 or
- * SDB_EINVAL. */
+ * order. 0 or SDB_EINVAL. */
 static int bound_check(const bson_t *key, const bson_t *bound, const char *which, uint32_t n,
-		       bool hashed, char *err, size_t errlen)
+		       char *err, size_t errlen)
 {
 	bson_iter_t k, b;
 
@@ -118,81 +122,72 @@ static int bound_check(const bson_t *key, const bson_t *bound, const char *which
 					"chunks[%u].%s must have exactly the shard key's fields, in "
 					"its order",
 					n, which);
-		bson_type_t t = bson_iter_type(&b);
-		if (hashed && !BSON_ITER_HOLDS_NUMBER(&b) && t != BSON_TYPE_MINKEY &&
-		    t != BSON_TYPE_MAXKEY)
-			return sdb_errf(err, errlen, SDB_EINVAL,
-					"chunks[%u].%s of a hashed key must be a number (a hash), "
-					"MinKey or MaxKey",
-					n, which);
 	}
 }
 
-/* The shard key pattern: every field 1 or "hashed" (alone), as shardCollection accepts
- * (MongoDB: "Field ... can only be 1 or 'hashed'"). Sets *hashed. 0 or SDB_EINVAL. */
-static int key_check(const bson_t *key, bool *hashed, char *err, size_t errlen)
+/* The shard key pattern: every field 1 or "hashed" (alone), the rule metadata's
+ * shardCollection applies (raft/fsm_routing.c: an integer value of 1), as MongoDB's
+ * "Field ... can only be 1 or 'hashed'". 0 or SDB_EINVAL. */
+static int key_check(const bson_t *key, char *err, size_t errlen)
 {
 	bson_iter_t it;
 	uint32_t n = 0;
+	bool hashed = false;
 
-	*hashed = false;
 	if (!bson_iter_init(&it, key))
 		return sdb_errf(err, errlen, SDB_EINVAL, "key is corrupt");
 	while (bson_iter_next(&it)) {
 		n++;
 		if (BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), "hashed") == 0)
-			*hashed = true;
-		else if (!BSON_ITER_HOLDS_NUMBER(&it) || bson_iter_as_double(&it) != 1.0)
+			hashed = true;
+		else if (!BSON_ITER_HOLDS_NUMBER(&it) || bson_iter_as_int64(&it) != 1)
 			return sdb_errf(err, errlen, SDB_EINVAL,
 					"key field %s can only be 1 or 'hashed'", bson_iter_key(&it));
 	}
 	if (n == 0)
 		return sdb_errf(err, errlen, SDB_EINVAL, "key must name at least one field");
-	if (*hashed && n != 1)
+	if (hashed && n != 1)
 		return sdb_errf(err, errlen, SDB_EINVAL, "a hashed shard key has exactly one field");
 	return 0;
 }
 
-/* Build the ownership of ns from an install document {key, chunks: [{id, min, max, token}]}:
- * route.h's snapshot, so ranged and hashed keys locate a document's chunk exactly as the
- * proxy and the coordinator do. Checked strictly (an internal command, but what it installs
- * decides which documents the shard serves): the key pattern (key_check), each chunk's
- * fields (id, min, max, token and nothing else), bounds with the key's fields (bound_check)
- * and min < max, distinct ids; route_coll_build refuses overlapping chunks.
- * 0 or SDB_EINVAL with a message. */
-static int owner_build(const char *ns, const bson_t *doc, route_coll **out, int64_t *sver,
-		       char *err, size_t errlen)
+static int cmp_str_ptr(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The install cmd ({stripedbSetFiltering: ns, key, collectionVersion, chunks}) checked
+ * strictly: the key pattern (key_check), each chunk of exactly id (a non-empty string),
+ * min, max (documents with the key's fields, bound_check) and token (an integer >= 0),
+ * min < max, distinct ids (sorted: O(n log n) for the 8,192 chunks a shard may own).
+ * Overlaps are left to route_coll_build. 0 or SDB_EINVAL with a message. */
+static int install_check(const bson_t *cmd, char *err, size_t errlen)
 {
 	bson_iter_t it, arr;
-	bson_t key, table = BSON_INITIALIZER, tarr;
-	uint32_t len;
+	bson_t key;
+	uint32_t len, n = 0, cap = 0;
 	const uint8_t *data;
-	bool hashed;
+	const char **ids = NULL;
 	int rc;
 
-	*sver = 0;
-	if (!bson_iter_init_find(&it, doc, "key") || !BSON_ITER_HOLDS_DOCUMENT(&it))
+	if (!bson_iter_init_find(&it, cmd, "key") || !BSON_ITER_HOLDS_DOCUMENT(&it))
 		return sdb_errf(err, errlen, SDB_EINVAL, "key must be the shard key pattern");
 	bson_iter_document(&it, &len, &data);
 	bson_init_static(&key, data, len);
-	if ((rc = key_check(&key, &hashed, err, errlen)) != 0)
+	if ((rc = key_check(&key, err, errlen)) != 0)
 		return rc;
-	if (!bson_iter_init_find(&it, doc, "chunks") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	if (!bson_iter_init_find(&it, cmd, "chunks") || !BSON_ITER_HOLDS_ARRAY(&it) ||
 	    !bson_iter_recurse(&it, &arr))
 		return sdb_errf(err, errlen, SDB_EINVAL, "chunks must be an array");
-	BSON_APPEND_ARRAY_BEGIN(&table, "chunks", &tarr);
-	uint32_t n = 0, idcap = 0;
-	const char **ids = NULL;
 	while (bson_iter_next(&arr)) {
 		bson_iter_t f;
-		bson_t ch, o, bmin, bmax;
+		bson_t ch, bmin, bmax;
 		int64_t tok = -1;
 		const char *id = NULL;
 		bool have_min = false, have_max = false;
-		char k[16];
 		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
 			rc = sdb_errf(err, errlen, SDB_EINVAL, "chunks[%u] must be a document", n);
-			goto fail;
+			goto out;
 		}
 		bson_iter_document(&arr, &len, &data);
 		bson_init_static(&ch, data, len);
@@ -214,7 +209,7 @@ static int owner_build(const char *ns, const bson_t *doc, route_coll **out, int6
 					      "chunks[%u].%s is not a chunk field (id: <string>, min, "
 					      "max: <document>, token: <integer>)",
 					      n, name);
-				goto fail;
+				goto out;
 			}
 		}
 		if (tok < 0 || id == NULL || id[0] == '\0' || !have_min || !have_max) {
@@ -222,38 +217,124 @@ static int owner_build(const char *ns, const bson_t *doc, route_coll **out, int6
 				      "chunks[%u] needs id: <string>, min, max: <document> and token: "
 				      "<integer >= 0>",
 				      n);
-			goto fail;
+			goto out;
 		}
-		if ((rc = bound_check(&key, &bmin, "min", n, hashed, err, errlen)) != 0 ||
-		    (rc = bound_check(&key, &bmax, "max", n, hashed, err, errlen)) != 0)
-			goto fail;
+		if ((rc = bound_check(&key, &bmin, "min", n, err, errlen)) != 0 ||
+		    (rc = bound_check(&key, &bmax, "max", n, err, errlen)) != 0)
+			goto out;
 		if (route_key_cmp(&bmin, &bmax) >= 0) {
 			rc = sdb_errf(err, errlen, SDB_EINVAL,
 				      "chunks[%u] (id %s) has min >= max: an empty range", n, id);
-			goto fail;
+			goto out;
 		}
-		/* ids are few per shard and installs rare: a quadratic check is fine (the
-		 * strings point into doc, which outlives this call) */
-		for (uint32_t j = 0; j < n; j++) {
-			if (strcmp(ids[j], id) == 0) {
-				rc = sdb_errf(err, errlen, SDB_EINVAL,
-					      "chunks[%u] repeats the id %s of chunks[%u]", n, id, j);
-				goto fail;
+		if (n == cap) {
+			cap = cap ? cap * 2 : 16;
+			ids = sdb_realloc(ids, cap * sizeof *ids);
+		}
+		ids[n++] = id; /* points into cmd, which outlives this call */
+	}
+	if (n > 1) {
+		qsort(ids, n, sizeof *ids, cmp_str_ptr);
+		for (uint32_t j = 1; j < n; j++)
+			if (strcmp(ids[j - 1], ids[j]) == 0) {
+				rc = sdb_errf(err, errlen, SDB_EINVAL, "chunk id %s is repeated",
+					      ids[j]);
+				goto out;
 			}
+	}
+	rc = 0;
+out:
+	free(ids);
+	return rc;
+}
+
+bool shard_filtering_precheck(shard_ctx *x)
+{
+	bson_iter_t it;
+	const char *ns = NULL;
+
+	if (strcmp(wire_req_name(x->req), "stripedbSetFiltering") != 0)
+		return true;
+	if (bson_iter_init_find(&it, x->cmd, "drop") && bson_iter_as_bool(&it))
+		return true; /* a drop of an older version's install stays possible */
+	if (bson_iter_init(&it, x->cmd) && bson_iter_next(&it) && BSON_ITER_HOLDS_UTF8(&it))
+		ns = bson_iter_utf8(&it, NULL);
+	if (!ns || !strchr(ns, '.') || ns[0] == '.')
+		return true; /* the apply answers it (BadValue) */
+	/* what shardCollection refuses to shard: the local, admin and config databases and
+	 * system collections (MongoDB: IllegalOperation) */
+	if (strncmp(ns, "local.", 6) == 0 || strncmp(ns, "admin.", 6) == 0 ||
+	    strncmp(ns, "config.", 7) == 0 || strncmp(strchr(ns, '.') + 1, "system.", 7) == 0 ||
+	    strchr(ns, '$') != NULL) {
+		shard_fail(x, WIRE_ERR_ILLEGAL_OPERATION,
+			   "stripedbSetFiltering: %s cannot be sharded (a local, admin, config or "
+			   "system namespace)",
+			   ns);
+		return false;
+	}
+	if (install_check(x->cmd, x->err, sizeof x->err) != 0) {
+		shard_fail(x, WIRE_ERR_BAD_VALUE, "stripedbSetFiltering: %s", x->err);
+		return false;
+	}
+	return true;
+}
+
+/* Build the ownership of ns from an install document {key, chunks: [{id, min, max, token}]}:
+ * route.h's snapshot, so ranged and hashed keys locate a document's chunk exactly as the
+ * proxy and the coordinator do. 0 or SDB_EINVAL with a message. */
+static int owner_build(const char *ns, const bson_t *doc, route_coll **out, int64_t *sver,
+		       char *err, size_t errlen)
+{
+	bson_iter_t it, arr;
+	bson_t key, table = BSON_INITIALIZER, tarr;
+	uint32_t len;
+	const uint8_t *data;
+	int rc;
+
+	*sver = 0;
+	if (!bson_iter_init_find(&it, doc, "key") || !BSON_ITER_HOLDS_DOCUMENT(&it))
+		return sdb_errf(err, errlen, SDB_EINVAL, "key must be the shard key pattern");
+	bson_iter_document(&it, &len, &data);
+	bson_init_static(&key, data, len);
+	BSON_APPEND_ARRAY_BEGIN(&table, "chunks", &tarr);
+	if (!bson_iter_init_find(&it, doc, "chunks") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &arr)) {
+		bson_destroy(&table);
+		return sdb_errf(err, errlen, SDB_EINVAL, "chunks must be an array");
+	}
+	uint32_t n = 0;
+	while (bson_iter_next(&arr)) {
+		bson_iter_t f;
+		bson_t ch, o;
+		int64_t tok = -1;
+		bool have_id = false;
+		char k[16];
+		if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) {
+			bson_destroy(&table);
+			return sdb_errf(err, errlen, SDB_EINVAL, "chunks[%u] must be a document", n);
 		}
-		if (n == idcap) {
-			idcap = idcap ? idcap * 2 : 16;
-			ids = sdb_realloc(ids, idcap * sizeof *ids);
+		bson_iter_document(&arr, &len, &data);
+		bson_init_static(&ch, data, len);
+		if (bson_iter_init_find(&f, &ch, "token"))
+			util_token(&f, &tok);
+		if (bson_iter_init_find(&f, &ch, "id") && BSON_ITER_HOLDS_UTF8(&f))
+			have_id = true;
+		if (tok < 0 || !have_id) {
+			bson_destroy(&table);
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"chunks[%u] needs id: <string> and token: <integer >= 0>", n);
 		}
-		ids[n] = id;
 		if (tok > *sver)
 			*sver = tok;
 		snprintf(k, sizeof k, "%u", n++);
 		BSON_APPEND_DOCUMENT_BEGIN(&tarr, k, &o);
-		BSON_APPEND_UTF8(&o, "id", id);
-		BSON_APPEND_DOCUMENT(&o, "min", &bmin);
-		BSON_APPEND_DOCUMENT(&o, "max", &bmax);
-		BSON_APPEND_INT64(&o, "token", tok);
+		bson_iter_init(&f, &ch);
+		while (bson_iter_next(&f)) {
+			const char *name = bson_iter_key(&f);
+			if (strcmp(name, "id") == 0 || strcmp(name, "min") == 0 ||
+			    strcmp(name, "max") == 0 || strcmp(name, "token") == 0)
+				bson_append_iter(&o, name, -1, &f);
+		}
 		BSON_APPEND_UTF8(&o, "ns", ns);
 		BSON_APPEND_UTF8(&o, "shard", "self");
 		bson_append_document_end(&tarr, &o);
@@ -261,13 +342,6 @@ static int owner_build(const char *ns, const bson_t *doc, route_coll **out, int6
 	bson_append_array_end(&table, &tarr);
 	rc = route_coll_build(ns, &key, &table, out, err, errlen);
 	bson_destroy(&table);
-	free(ids);
-	return rc;
-fail:
-	/* tarr is still open inside table: close it so table can be destroyed cleanly */
-	bson_append_array_end(&table, &tarr);
-	bson_destroy(&table);
-	free(ids);
 	return rc;
 }
 
@@ -560,18 +634,6 @@ void shard_cmd_set_filtering(shard_ctx *x)
 	}
 	if (bson_iter_init_find(&it, x->cmd, "drop"))
 		drop = bson_iter_as_bool(&it);
-	/* installs only (a drop of an older version's install stays possible): what
-	 * shardCollection refuses to shard: the local, admin and config databases and
-	 * system collections (MongoDB: "can't shard ..." IllegalOperation) */
-	if (!drop && (strncmp(ns, "local.", 6) == 0 || strncmp(ns, "admin.", 6) == 0 ||
-		      strncmp(ns, "config.", 7) == 0 ||
-		      strncmp(strchr(ns, '.') + 1, "system.", 7) == 0 || strchr(ns, '$') != NULL)) {
-		shard_fail(x, WIRE_ERR_ILLEGAL_OPERATION,
-			   "stripedbSetFiltering: %s cannot be sharded (a local, admin, config or "
-			   "system namespace)",
-			   ns);
-		return;
-	}
 	if (!drop) {
 		if (bson_iter_init_find(&it, x->cmd, "collectionVersion"))
 			util_token(&it, &cver);

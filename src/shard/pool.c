@@ -1,9 +1,12 @@
 /* The shard's worker pool: each worker owns one store connection (SQLite connections are
  * per thread) and runs queued commands to completion. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/alloc.h"
@@ -115,7 +118,8 @@ static void *worker_main(void *arg)
 		if (!job->resume && shard_txn_fail_point(&x))
 			; /* answered by the onPrimaryTransactionalWrite test fail point */
 		else if (job->replicate) {
-			if (ctx_parse_ext(&x) && !shard_txn_refuse_fields(&x))
+			if (ctx_parse_ext(&x) && !shard_txn_refuse_fields(&x) &&
+			    shard_filtering_precheck(&x))
 				shard_repl_submit(sh->repl, job->req); /* run by the apply */
 		} else
 			shard_ctx_run(&x, job->fn);
@@ -141,9 +145,27 @@ static void parked_init(void)
 
 static void *await_main(void *arg);
 
+int shard_pool_workers(void)
+{
+	cpu_set_t set;
+	/* the CPUs this process may run on (taskset, a container's cpuset), else the online
+	 * ones; a cgroup CPU quota (cpu.max) is not read */
+	long cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+								 : sysconf(_SC_NPROCESSORS_ONLN);
+	long n = cpus > 0 ? 2 * cpus : SHARD_WORKERS_MIN;
+
+	if (n < SHARD_WORKERS_MIN)
+		n = SHARD_WORKERS_MIN;
+	if (n > SHARD_WORKERS_MAX)
+		n = SHARD_WORKERS_MAX;
+	return (int)n;
+}
+
 int shard_pool_start(shard *sh, char *err, size_t errlen)
 {
-	for (int i = 0; i < SHARD_WORKERS; i++) {
+	int workers = shard_pool_workers();
+
+	for (int i = 0; i < workers; i++) {
 		worker_arg *wa = sdb_calloc(1, sizeof *wa);
 		wa->sh = sh;
 		wa->idx = i;

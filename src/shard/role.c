@@ -137,7 +137,7 @@ static int shard_start(sdb_role *role)
 	/* Buffers of 4 MiB and more (snapshot chunks of 8 MiB, their replies, big documents)
 	 * are mmapped and given back to the system when freed. glibc otherwise raises its
 	 * mmap threshold to the largest block freed (up to 32 MiB), after which such buffers
-	 * come from the per-thread arenas of the 8 workers and stay resident: a snapshot
+	 * come from the per-thread arenas of the workers and stay resident: a snapshot
 	 * copy left a source member ~150 MB larger (tests/bench/snapshot_mem_bench.py). */
 	mallopt(M_MMAP_THRESHOLD, 4 << 20);
 	int rc = sdb_store_open(dir, &so, &sh->store, err, sizeof err);

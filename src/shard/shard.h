@@ -2,7 +2,7 @@
  * store (storage/store.h) off the loop thread, and the cursor registry.
  *
  * Threading: wire handlers run on the role's loop thread and only enqueue a job; each of
- * SHARD_WORKERS threads owns one sdb_store_conn and runs jobs to completion, replying with
+ * shard_pool_workers() threads owns one sdb_store_conn and runs jobs to completion, replying with
  * wire_req_reply/wire_req_error (thread-safe). Write transactions are serialized by the
  * store; reads run concurrently on WAL snapshots.
  *
@@ -41,8 +41,14 @@
 #include "storage/store.h"
 #include "wire/server.h"
 
-/* Worker threads of the pool, each with its own store connection. */
-#define SHARD_WORKERS 8
+/* Worker threads of the pool, each with its own store connection: twice the online CPUs,
+ * at least SHARD_WORKERS_MIN and at most SHARD_WORKERS_MAX (shard_pool_workers). Workers
+ * never wait for one another (writes go to the apply thread, awaitData getMores park
+ * off the pool), so more workers than CPUs only buys overlap with long reads, and each
+ * one costs context switches: on 2 CPUs, 4 workers instead of 8 took 17% less shard CPU
+ * per YCSB C point read (tests/bench/README.md, issue #19). */
+#define SHARD_WORKERS_MIN 4
+#define SHARD_WORKERS_MAX 32
 /* A cursor not used for this long (ms, MongoDB's cursorTimeoutMillis) is reaped. */
 #define SHARD_CURSOR_IDLE_MS (10 * 60 * 1000)
 /* Documents in a first batch when the command gives no batchSize (as mongod). */
@@ -147,7 +153,7 @@ struct shard {
 	pthread_cond_t cv;
 	shard_job *head, *tail;
 	bool stopping;
-	pthread_t threads[SHARD_WORKERS];
+	pthread_t threads[SHARD_WORKERS_MAX];
 	int n_threads;
 	/* parked awaitData getMores (shard_await), guarded by oplog_mu; the await thread
 	 * sleeps on oplog_cv until the earliest deadline. Lock order: oplog_mu, then mu. */
@@ -193,7 +199,10 @@ sdb_store_conn *shard_conn_get(shard *sh, char *err, size_t errlen);
 void shard_conn_put(shard *sh, sdb_store_conn *c);
 /* Close every spare pooled connection (at stop, after the workers joined). */
 void shard_conns_close(shard *sh);
-/* Start the worker threads (SHARD_WORKERS, each owning one store connection) and the
+/* The number of worker threads shard_pool_start starts on this machine (see
+ * SHARD_WORKERS_MIN). Returns: 2 x the online CPUs, clamped to [MIN, MAX]. */
+int shard_pool_workers(void);
+/* Start the worker threads (shard_pool_workers(), each owning one store connection) and the
  * parked-getMore machinery. Loop thread, once, at start. Errors: SDB_EIO, message in
  * err (a worker's store connection could not be opened or configured, or a thread could not
  * be created). On error the workers already started keep running and sh->n_threads counts
@@ -463,6 +472,14 @@ void shard_cmd_list_filtering(shard_ctx *x);
 /* Parse $stripedbShardVersion of x->cmd into x (sv_*). Replies BadValue and returns false
  * when it is malformed or names another namespace than the command's. */
 bool shard_filtering_parse(shard_ctx *x);
+/* The strict check of a stripedbSetFiltering install as it arrives, before the worker
+ * proposes it (pool.c): the key pattern (1 or "hashed" alone), chunks of exactly id, min,
+ * max, token with bounds naming the key's fields in order and min < max, distinct ids; the
+ * local, admin and config databases and system collections refused. The Raft apply and a
+ * stored install's load do not repeat it, so what an earlier version wrote applies alike on
+ * every member. Any other command, and a drop, pass. Returns true when x may be proposed;
+ * else replies (BadValue 2, or IllegalOperation 20 for the namespaces) and returns false. */
+bool shard_filtering_precheck(shard_ctx *x);
 /* The version check of $stripedbShardVersion inside x's open transaction: true with
  * x->owner set when the request's versions match what the shard has installed; else
  * replies StaleConfig (13388, nothing executed; also when the shard has no filtering

@@ -261,9 +261,10 @@ def test_tailable_await_oplog_cursor(shard):
 
 def test_waiting_tailers_do_not_hold_workers(shard):
     """awaitData getMores with nothing to return are parked, not blocking one of the
-    shard's 8 worker threads: 12 tailers waiting up to 10 minutes each leave every other
-    command running, and one insert wakes them all with its entry."""
+    shard's worker threads: more tailers than workers, waiting up to 10 minutes each,
+    leave every other command running, and one insert wakes them all with its entry."""
     import concurrent.futures
+    import os
     import re
 
     from conftest import http_get
@@ -277,8 +278,11 @@ def test_waiting_tailers_do_not_hold_workers(shard):
     c = client_for(port)
     c.park.c.insert_one({"_id": "start"})
     start = c.local["oplog.rs"].find().sort("$natural", -1).limit(1)[0]["ts"]
+    # src/shard/pool.c shard_pool_workers(): twice the CPUs this process may use, 4 to 32
+    workers = max(4, min(32, 2 * len(os.sched_getaffinity(0))))
+    ntail = workers + 4
     tailers = []
-    for _ in range(12):
+    for _ in range(ntail):
         t = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
                                 socketTimeoutMS=120000)
         r = t.local.command("find", "oplog.rs", filter={"ns": "park.c", "ts": {"$gt": start}},
@@ -294,21 +298,21 @@ def test_waiting_tailers_do_not_hold_workers(shard):
     pool = concurrent.futures.ThreadPoolExecutor(len(tailers))
     futs = [pool.submit(wait_next, tc) for tc in tailers]
     # every tailer's getMore is parked on the shard before the commands below
-    wait_until(lambda: parked(http) == 12, 30, what="12 parked getMores")
+    wait_until(lambda: parked(http) == ntail, 30, what=f"{ntail} parked getMores")
     w = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
                             socketTimeoutMS=60000)
     # with the tailers parked, reads, writes and index builds still run (before the fix
-    # they queued behind 8 workers blocked for 10 minutes: this socket timeout fired)
+    # they queued behind the workers blocked for 10 minutes: this socket timeout fired)
     for i in range(20):
         w.park.other.insert_one({"_id": i})
     assert w.park.other.count_documents({}) == 20
     w.park.other.create_index("x")
     # the writes to park.other woke the tailers, which found nothing of park.c and parked
     # again
-    wait_until(lambda: parked(http) == 12, 30, what="12 parked getMores again")
+    wait_until(lambda: parked(http) == ntail, 30, what=f"{ntail} parked getMores again")
     assert not any(f.done() for f in futs)
     w.park.c.insert_one({"_id": "wake"})
-    assert [f.result(timeout=60) for f in futs] == [["wake"]] * 12
+    assert [f.result(timeout=60) for f in futs] == [["wake"]] * ntail
     assert parked(http) == 0
     pool.shutdown()
     for t, cid in tailers:

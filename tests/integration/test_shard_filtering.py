@@ -137,9 +137,6 @@ def test_stale_and_malformed_versions_execute_nothing(shard_dir):
                               # compound bounds out of the key's order
                               ({"k": 1, "j": 1}, [{"id": "1", "min": {"j": 0, "k": 0},
                                                    "max": {"k": 10, "j": 0}, "token": 3}], 9),
-                              # a hashed key's bound that is not a hash (a number)
-                              ({"k": "hashed"}, [{"id": "1", "min": {"k": MinKey()}, "max": {"k": "x"},
-                                                  "token": 3}], 9),
                               # a repeated chunk id, an unknown chunk field, an empty id
                               ({"k": 1}, [{"id": "1", "min": {"k": 0}, "max": {"k": 10}, "token": 3},
                                           {"id": "1", "min": {"k": 20}, "max": {"k": 30}, "token": 3}], 9),
