@@ -49,6 +49,7 @@ typedef struct worker {
 	long ops;
 	long keys;
 	long batch;
+	long limit;    /* the token bucket's limit per minute */
 	uint64_t *lat; /* ns per call */
 	long over;
 	uint64_t cpu_ns; /* this thread's CPU time (CLOCK_THREAD_CPUTIME_ID) */
@@ -78,7 +79,7 @@ static void *run_worker(void *arg)
 			seed ^= seed << 17;
 			snprintf(keys[b], 32, "account:%07lu", (unsigned long)(seed % (uint64_t)w->keys));
 			reqs[b] = (rl_req){.name = "requests_per_sec", .unique_key = keys[b],
-					   .hits = 1, .limit = 100, .duration = 60000};
+					   .hits = 1, .limit = w->limit, .duration = 60000};
 		}
 		uint64_t t0 = now_ns();
 		rl_limiter_decide(w->lim, reqs, (size_t)w->batch, out, NULL, 0);
@@ -115,8 +116,8 @@ typedef struct api_result {
  * on a fresh limiter (cache of 2 x keys): one limiter shared by all workers, or, with
  * private_limiters, one per worker (nothing shared: the same work with no shared memory,
  * the machine's own ceiling for scaling). Fills *res. */
-static void api_run(long threads, long ops, long keys, long batch, bool private_limiters,
-		    api_result *res)
+static void api_run(long threads, long ops, long keys, long batch, long limit,
+		    bool private_limiters, api_result *res)
 {
 	rl_limiter_opts o = {.cache_size = (size_t)keys * 2};
 	rl_limiter **lims = sdb_calloc((size_t)threads, sizeof(rl_limiter *));
@@ -131,6 +132,7 @@ static void api_run(long threads, long ops, long keys, long batch, bool private_
 		lims[i] = (private_limiters || i == 0) ? rl_limiter_new(&o) : lims[0];
 	for (long i = 0; i < threads; i++) {
 		w[i] = (worker){.lim = lims[i], .id = (int)i, .ops = ops, .keys = keys, .batch = batch,
+				.limit = limit,
 				.lat = sdb_malloc(sizeof(uint64_t) * (size_t)calls)};
 	}
 	uint64_t t0 = now_ns();
@@ -168,7 +170,12 @@ static int bench_api(int argc, char **argv)
 	long batch = opt_long(argc, argv, "--batch", 1);
 	api_result r;
 
-	api_run(threads, ops, keys, batch, false, &r);
+	if (threads < 1 || ops < 1 || keys < 1 || batch < 1 || batch > ops) {
+		fprintf(stderr, "ratelimit_bench api: --threads, --ops, --keys, --batch >= 1 and "
+				"--batch <= --ops\n");
+		return 2;
+	}
+	api_run(threads, ops, keys, batch, 100, false, &r);
 	/* rate: decisions per wall-clock second (what the threads got of the machine);
 	 * cpu_rate: decisions per CPU-second of the workers, a measure of the cost per
 	 * decision that other processes on a shared machine do not move, except through
@@ -203,8 +210,9 @@ static int bench_scale(int argc, char **argv)
 	long ops = opt_long(argc, argv, "--ops", 2000000);
 	long keys = opt_long(argc, argv, "--keys", 10000);
 	long rounds = opt_long(argc, argv, "--rounds", 7);
+	long limit = ops * threads + 1;
 	double *wall = sdb_calloc((size_t)rounds, sizeof(double));
-	double *ceil = sdb_calloc((size_t)rounds, sizeof(double));
+	double *ceiling = sdb_calloc((size_t)rounds, sizeof(double));
 	double *eff = sdb_calloc((size_t)rounds, sizeof(double));
 	double *cwall = sdb_calloc((size_t)rounds, sizeof(double));
 	double *cceil = sdb_calloc((size_t)rounds, sizeof(double));
@@ -215,7 +223,7 @@ static int bench_scale(int argc, char **argv)
 	if (threads < 2 || rounds < 1 || ops < 1 || keys < 1) {
 		fprintf(stderr, "ratelimit_bench scale: --threads >= 2, --rounds/--ops/--keys >= 1\n");
 		free(wall);
-		free(ceil);
+		free(ceiling);
 		free(eff);
 		free(cwall);
 		free(cceil);
@@ -223,30 +231,32 @@ static int bench_scale(int argc, char **argv)
 		return 2;
 	}
 	for (long i = 0; i < rounds; i++) {
-		api_run(1, ops, keys, 1, false, &one);
-		api_run(threads, ops, keys, 1, false, &many);
-		api_run(threads, ops, keys, 1, true, &priv);
+		/* a limit no key reaches: every decision of every run takes the same path (an
+		 * under-limit update), though the shared run hits each key N times as often */
+		api_run(1, ops, keys, 1, limit, false, &one);
+		api_run(threads, ops, keys, 1, limit, false, &many);
+		api_run(threads, ops, keys, 1, limit, true, &priv);
 		double r1 = (double)one.decisions / one.secs, rn = (double)many.decisions / many.secs;
 		double rp = (double)priv.decisions / priv.secs;
 		wall[i] = rn / r1;
-		ceil[i] = rp / r1;
+		ceiling[i] = rp / r1;
 		eff[i] = rn / rp;
 		/* a round whose N-thread runs did not get N CPUs (another process took them)
 		 * measured the neighbours: the "clean" medians leave it out */
 		double us = many.cpu_s / many.secs, up = priv.cpu_s / priv.secs;
 		if (us >= 0.9 * (double)threads && up >= 0.9 * (double)threads) {
 			cwall[nclean] = wall[i];
-			cceil[nclean] = ceil[i];
+			cceil[nclean] = ceiling[i];
 			ceff[nclean++] = eff[i];
 		}
 		printf("scale round=%ld threads=%ld rate_1=%.0f rate_shared=%.0f rate_private=%.0f "
 		       "cpu_util_shared=%.2f cpu_util_private=%.2f shared_ratio=%.2f "
 		       "ceiling_ratio=%.2f shared_of_ceiling=%.2f\n",
 		       i + 1, threads, r1, rn, rp, many.cpu_s / many.secs, priv.cpu_s / priv.secs,
-		       wall[i], ceil[i], eff[i]);
+		       wall[i], ceiling[i], eff[i]);
 	}
 	qsort(wall, (size_t)rounds, sizeof(double), cmp_double);
-	qsort(ceil, (size_t)rounds, sizeof(double), cmp_double);
+	qsort(ceiling, (size_t)rounds, sizeof(double), cmp_double);
 	qsort(eff, (size_t)rounds, sizeof(double), cmp_double);
 	qsort(cwall, (size_t)nclean, sizeof(double), cmp_double);
 	qsort(cceil, (size_t)nclean, sizeof(double), cmp_double);
@@ -255,14 +265,14 @@ static int bench_scale(int argc, char **argv)
 	       "median_ceiling_ratio=%.2f median_shared_of_ceiling=%.2f clean_rounds=%ld "
 	       "clean_median_shared_ratio=%.2f clean_median_ceiling_ratio=%.2f "
 	       "clean_median_shared_of_ceiling=%.2f\n",
-	       threads, rounds, keys, wall[rounds / 2], wall[0], wall[rounds - 1], ceil[rounds / 2],
+	       threads, rounds, keys, wall[rounds / 2], wall[0], wall[rounds - 1], ceiling[rounds / 2],
 	       eff[rounds / 2], nclean, nclean ? cwall[nclean / 2] : 0.0,
 	       nclean ? cceil[nclean / 2] : 0.0, nclean ? ceff[nclean / 2] : 0.0);
 	free(cwall);
 	free(cceil);
 	free(ceff);
 	free(eff);
-	free(ceil);
+	free(ceiling);
 	free(wall);
 	return 0;
 }

@@ -108,13 +108,14 @@ errors() {
 		awk '/^stripedb_ratelimit_decisions_total\{status="error"\}/ {printf "%d", $2}'
 }
 d0=$(decisions)
+e0=$(errors)
 h2load -D "$SECS" --warm-up-time=1 -c "$CONNS" -m 1 -t "$THREADS" \
 	-H 'content-type: application/grpc' -H 'te: trailers' -d "$tmp/grpc_body" \
 	"http://127.0.0.1:$GP/pb.gubernator.V1/GetRateLimits" >"$tmp/h2load.out" 2>&1
 d1=$(decisions)
 # every call h2load counts must be a decision the server made (h2load sees HTTP status 200
 # and cannot read grpc-status): the server's decision counter grew by at least that much
-/usr/bin/python3 - "$tmp/h2load.out" "$d0" "$d1" "$(errors)" <<'PY' | tee "$tmp/grpc_h2"
+/usr/bin/python3 - "$tmp/h2load.out" "$d0" "$d1" "$(($(errors) - e0))" <<'PY' | tee "$tmp/grpc_h2"
 import re, sys
 out = open(sys.argv[1]).read()
 d0, d1, errs = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4] or 0)
