@@ -1261,6 +1261,59 @@ static char *db_primary(ctx *c, const char *db)
 	return px_primary(&c2);
 }
 
+/* The other shards' part of a rename (one fan-out unit per shard). */
+typedef struct rename_rest {
+	ctx *c;
+	const sdb_rename_args *a;
+	char **ids;
+	const char *primary;
+} rename_rest;
+
+/* On a shard other than the primary: the empty collections that `create` and
+ * `createIndexes` (broadcast to every shard) leave there follow the primary's rename, so
+ * listCollections through a proxy and a later shardCollection see one name. The source is
+ * renamed over any target there (the primary's target is now the source); where there is
+ * no source and dropTarget was asked, the target is dropped as on the primary. Failures are
+ * logged: the primary, which holds the documents, has renamed already. */
+static void rename_rest_one(void *arg, size_t i)
+{
+	rename_rest *r = arg;
+	const char *id = r->ids[i];
+	bson_t cmd = BSON_INITIALIZER, reply;
+	char nerr[256];
+	int cls, code;
+
+	if (strcmp(id, r->primary) == 0) {
+		bson_destroy(&cmd);
+		return;
+	}
+	BSON_APPEND_UTF8(&cmd, "renameCollection", r->a->from_ns);
+	BSON_APPEND_UTF8(&cmd, "to", r->a->to_ns);
+	BSON_APPEND_BOOL(&cmd, "dropTarget", true);
+	cls = px_run_on(r->c, id, &cmd, NULL, &reply, nerr, sizeof nerr);
+	code = cls == SHARDCONN_CMD_ERR ? (int)px_get_int(&reply, "code", 0) : 0;
+	bson_destroy(&cmd);
+	if (cls == SHARDCONN_CMD_ERR && code == WIRE_ERR_NAMESPACE_NOT_FOUND &&
+	    r->a->drop_target) {
+		ctx c2 = *r->c;
+
+		c2.db = r->a->to_db;
+		bson_destroy(&reply);
+		bson_init(&cmd);
+		BSON_APPEND_UTF8(&cmd, "drop", r->a->to_coll);
+		cls = px_run_on(&c2, id, &cmd, NULL, &reply, nerr, sizeof nerr);
+		code = cls == SHARDCONN_CMD_ERR ? (int)px_get_int(&reply, "code", 0) : 0;
+		bson_destroy(&cmd);
+	}
+	if (cls != SHARDCONN_OK && !(cls == SHARDCONN_CMD_ERR &&
+				     code == WIRE_ERR_NAMESPACE_NOT_FOUND))
+		sdb_warn("renameCollection: the primary shard renamed the collection; another "
+			 "shard's empty copy was not renamed",
+			 "from=%s to=%s shard=%s code=%d err=%s", r->a->from_ns, r->a->to_ns, id,
+			 code, cls == SHARDCONN_CMD_ERR ? px_str_of(&reply, "errmsg") : nerr);
+	bson_destroy(&reply);
+}
+
 /* renameCollection through a proxy (issue #20), as mongos 6.0 renames an unsharded
  * collection (cluster_rename_collection_cmd.cpp, rename_collection_coordinator.cpp): the
  * arguments are checked as a shard checks them (common/renamecoll.h); a source or a target
@@ -1268,7 +1321,9 @@ static char *db_primary(ctx *c, const char *db)
  * rename sharded collections, their chunks live in the metadata service); across
  * databases both must have the same primary shard (else CommandFailed 125 "Source and
  * destination collections must be on same shard", as mongos). Then the command goes as it
- * is to that primary shard, which renames atomically and replicates it. Unsharded
+ * is to that primary shard, which renames atomically and replicates it; then the empty
+ * copies that broadcast `create`/`createIndexes` left on the other shards follow
+ * (rename_rest_one). Unsharded
  * collections live on their database's primary shard and metadata records nothing per
  * unsharded collection, so the new name routes where the old one did and nothing else
  * changes; the shard refuses too when it holds filtering metadata for either name (a
@@ -1316,6 +1371,15 @@ int px_do_rename_collection(ctx *c)
 
 		px_copy_cmd(c->cmd, &fwd, NULL);
 		r = px_run_on(c, from_primary, &fwd, NULL, &reply, nerr, sizeof nerr);
+		if (r == SHARDCONN_OK) {
+			rename_rest rest = {c, &a, NULL, from_primary};
+			size_t n = px_shard_ids(c, &rest.ids);
+
+			px_fanout(c, n, rename_rest_one, &rest);
+			for (size_t i = 0; i < n; i++)
+				free(rest.ids[i]);
+			free(rest.ids);
+		}
 		st = px_reply_write_result(c, r, &reply, nerr);
 		bson_destroy(&reply);
 		bson_destroy(&fwd);
