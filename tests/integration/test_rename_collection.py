@@ -2,6 +2,8 @@
 indexes kept, across databases too, replicated to a shard replica set's secondaries with
 MongoDB's oplog entry) and through a proxy (routed to the database's primary shard);
 MongoDB's codes for every refusal; sharded collections refused (20)."""
+import time
+
 import pymongo
 import pytest
 from pymongo.errors import OperationFailure
@@ -247,3 +249,80 @@ def test_a_replica_set_secondary_applies_the_rename(start_role, tmp_path):
             assert rename_entries(m)[-1] == want_entry
             assert m.admin.command("stripedbCheck")["nProblems"] == 0
     assert want_entry["o"]["renameCollection"] == "app.src" and "dropTarget" in want_entry["o"]
+
+
+@pytest.fixture
+def sec(start_role, tmp_path):
+    """Tenants A (database adb, user alice) and B (bdb, bob) behind a proxy with
+    --auth=enabled (as test_security.py's fixture)."""
+    c = ProxyCluster(start_role, tmp_path, shards=1, proxies=1, proxy_args=["--auth=enabled"])
+    for t, db, user, pw in (("A", "adb", "alice", "alice-pw"), ("B", "bdb", "bob", "bob-pw")):
+        c.meta_cmd({"createTenant": t})
+        c.create_database(db, tenant=t)
+        c.meta_cmd({"createUser": user, "tenant": t, "password": pw})
+    bob = sec_client(c, "bob", "bob-pw")
+    # the proxy re-reads tenants once a second: wait until bob may write his database
+    wait_until(lambda: bob.bdb.c.insert_many([{"_id": i} for i in range(5)]), 20,
+               what="bob's first write")
+    yield c
+    c.close()
+
+
+def sec_client(c, user, pw):
+    return c.proxy_client(0, username=user, password=pw, authSource="admin")
+
+
+def test_tenants_rename_only_within_what_they_may_administer(sec):
+    """--auth=enabled: renameCollection (sent to admin) needs the admin action on both
+    namespaces it names (src/auth/gate.c), as drop needs it on its collection."""
+    alice = sec_client(sec, "alice", "alice-pw")
+    bob = sec_client(sec, "bob", "bob-pw")
+    alice.adb.c.insert_one({"_id": 1})
+    for cmd in ({"renameCollection": "adb.c", "to": "bdb.stolen"},
+                {"renameCollection": "bdb.c", "to": "adb.stolen"},
+                {"renameCollection": "bdb.c", "to": "bdb.d"}):
+        fails(lambda: alice.admin.command(dict(cmd)), 13)
+    assert sorted(bob.bdb.list_collection_names()) == ["c"]
+    assert bob.bdb.c.count_documents({}) == 5
+    alice.admin.command("renameCollection", "adb.c", to="adb.d")
+    assert alice.adb.list_collection_names() == ["d"]
+    assert alice.adb.d.find_one() == {"_id": 1}
+
+
+def test_point_in_time_restore_across_a_rename(start_role, tmp_path):
+    """`stripedb ctl restore` replays the CDC log: a rename away from the restored
+    collection empties it as a drop does; a rename onto it (whose documents come from
+    another collection's history) is refused rather than restored incomplete."""
+    import test_backup as tb
+    c0 = tb.CdcCluster(start_role, tmp_path, shards=1)
+    try:
+        co = tb.start(c0, tmp_path)
+        c = c0.shard_client("shard-a")
+        c.db.p.insert_many([{"_id": i} for i in range(10)])
+        c.db.other.insert_many([{"_id": i, "o": 1} for i in range(3)])
+        c.db.r.insert_one({"_id": "r"})
+        tb.ctl(c0, "backup", "create", "--all")
+        c.db.p.insert_many([{"_id": 10}, {"_id": 11}])
+        c0.wait_published(co, "shard-a")
+        before = tb.now_ms()
+        time.sleep(0.05)
+        c.admin.command("renameCollection", "db.p", to="db.gone")
+        c.admin.command("renameCollection", "db.other", to="db.r", dropTarget=True)
+        c.db.after.insert_one({"_id": 1})  # an event after the renames
+        c0.wait_published(co, "shard-a")
+        t = tb.now_ms()
+
+        def restore(ns, at, into):
+            return tb.ctl(c0, "restore", ns, f"--to-time={at // 1000}.{at % 1000:03d}",
+                          f"--into={into}", f"--uri={tb.shard_uri(c0)}", check=False)
+        r = restore("db.p", before, "db.q1")
+        assert r.returncode == 0, r.stderr
+        assert c.db.q1.count_documents({}) == 12
+        r = restore("db.p", t, "db.q2")
+        assert r.returncode == 0, r.stderr
+        assert c.db.q2.count_documents({}) == 0  # renamed away: gone at t, as by a drop
+        r = restore("db.r", t, "db.q3")
+        assert r.returncode != 0
+        assert b"renameCollection" in r.stderr and b"db.other" in r.stderr, r.stderr
+    finally:
+        c0.close()
