@@ -1337,6 +1337,12 @@ int px_do_rename_collection(ctx *c)
 
 	if (st != 0)
 		return px_error(c, st, "%s", err);
+	/* through a proxy `config` is metadata's read-only view (configdb.c), on no shard */
+	if (strcmp(a.from_db, "config") == 0 || strcmp(a.to_db, "config") == 0)
+		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				"cannot rename %s to %s: the config database is a read-only view "
+				"of the metadata service",
+				a.from_ns, a.to_ns);
 	if ((st = ns_sharded(c, a.from_ns, &sharded)) != 0)
 		return st;
 	if (sharded)

@@ -189,6 +189,15 @@ def test_rename_through_a_proxy(cl):
     assert p.pr2.moved.count_documents({}) == 31
 
 
+def test_config_database_is_refused_through_a_proxy(cl):
+    p = cl.proxy_client(0)
+    p.cf.c.insert_one({"_id": 1})
+    for cmd in ({"renameCollection": "cf.c", "to": "config.c"},
+                {"renameCollection": "config.shards", "to": "cf.shards"}):
+        fails(lambda: p.admin.command(dict(cmd)), 20, "read-only view")
+    assert p.cf.c.count_documents({}) == 1
+
+
 def test_across_databases_with_other_primary_shards_is_refused(cl):
     p = cl.proxy_client(0)
     assert p.admin.command("enableSharding", "onb", primaryShard="shard-b")["ok"] == 1
