@@ -387,7 +387,7 @@ static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t af
 		if (!bson_init_static(&o, od, ol))
 			continue;
 		int mine = strcmp(ns, r->ns) == 0;
-		if (!mine && !(strcmp(ns, dbcmd) == 0 && strcmp(op, "c") == 0))
+		if (!mine && strcmp(op, "c") != 0)
 			continue;
 		if (mine && cdc_bson_str(&e, "origin") && !restored_here(r, &o)) {
 			/* a migration's copy of a document this shard did not own (an import
@@ -413,7 +413,25 @@ static int apply_events(restore *r, cdc_log *log, const char *shard, uint64_t af
 				rc = del_doc(r, &o);
 			else
 				apply = 0;
-		} else {
+		} else if (cdc_bson_str(&o, "renameCollection") && cdc_bson_str(&o, "to")) {
+			/* renameCollection (any database's: it may cross databases): renamed
+			 * away, the documents left the collection as by a drop; renamed onto
+			 * it, the documents come from another collection's history, which this
+			 * replay does not follow: refused rather than restored incomplete */
+			if (strcmp(cdc_bson_str(&o, "to"), r->ns) == 0) {
+				rc = sdb_errf(r->err, sizeof r->err, SDB_ECONFLICT,
+					      "%s: event %u:%u of %s renames %s onto it: a restore "
+					      "across a renameCollection into the collection is not "
+					      "supported",
+					      r->ns, (unsigned)(ev.ts >> 32), (unsigned)ev.ts, shard,
+					      cdc_bson_str(&o, "renameCollection"));
+				break;
+			}
+			if (strcmp(cdc_bson_str(&o, "renameCollection"), r->ns) == 0) {
+				apply = 1;
+				rc = drop_all(r);
+			}
+		} else if (strcmp(ns, dbcmd) == 0) {
 			const char *dropped = cdc_bson_str(&o, "drop");
 			if ((dropped && strcmp(dropped, r->coll) == 0) ||
 			    bson_iter_init_find(&it, &o, "dropDatabase")) {

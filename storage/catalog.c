@@ -308,6 +308,85 @@ int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,
 	return coll_drop_impl(c, co, origin, true, err, errlen);
 }
 
+/* Move db.coll's catalog rows (sql: an UPDATE with parameters ?1 from_db, ?2 from_coll,
+ * ?3 to_db, ?4 to_coll). Returns: 0, or SDB_EIO with the error in err. */
+static int catalog_move_ns(sdb_store_conn *c, const char *sql, const char *from_db,
+			   const char *from_coll, const char *to_db, const char *to_coll,
+			   char *err, size_t errlen)
+{
+	sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
+
+	if (!s)
+		return SDB_EIO;
+	sqlite3_bind_text(s, 1, from_db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 2, from_coll, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 3, to_db, -1, SQLITE_STATIC);
+	sqlite3_bind_text(s, 4, to_coll, -1, SQLITE_STATIC);
+	return store_step_done(c, s, err, errlen, "catalog rename");
+}
+
+int sdb_store_coll_rename(sdb_store_conn *c, const char *from_db, const char *from_coll,
+			  const char *to_db, const char *to_coll, bool drop_target,
+			  bool stay_temp, const char *origin, char *err, size_t errlen)
+{
+	sdb_store_coll *co = store_cache_find(c, from_db, from_coll), *target;
+	uint8_t uuid[16], target_uuid[16];
+	bool dropped = false;
+	int rc;
+
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "Source collection %s.%s does not exist",
+				from_db, from_coll);
+	if (!valid_name(to_db, true))
+		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid database name: '%s'", to_db);
+	if (!valid_name(to_coll, false))
+		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid collection name: %s", to_coll);
+	if (strcmp(from_db, to_db) == 0 && strcmp(from_coll, to_coll) == 0)
+		return sdb_errf(err, errlen, SDB_EINVAL, "Can't rename a collection to itself");
+	memcpy(uuid, co->uuid, 16);
+	target = store_cache_find(c, to_db, to_coll);
+	if (target) {
+		if (!drop_target)
+			return sdb_errf(err, errlen, SDB_EEXISTS, "target namespace exists");
+		memcpy(target_uuid, target->uuid, 16);
+		/* the target's tables and rows go; the rename's one oplog entry says so
+		 * (dropTarget: its UUID), as MongoDB's */
+		rc = coll_drop_impl(c, target, origin, false, err, errlen);
+		if (rc)
+			return rc;
+		dropped = true; /* co and target are invalid from here (cache reloaded) */
+	}
+	rc = catalog_move_ns(c,
+			     "UPDATE catalog_coll SET db = ?3, coll = ?4 WHERE db = ?1 AND coll = ?2",
+			     from_db, from_coll, to_db, to_coll, err, errlen);
+	if (rc == 0)
+		rc = catalog_move_ns(c,
+				     "UPDATE catalog_index SET db = ?3, coll = ?4 WHERE db = ?1 AND "
+				     "coll = ?2",
+				     from_db, from_coll, to_db, to_coll, err, errlen);
+	if (rc == 0)
+		rc = store_catalog_bump(c, err, errlen);
+	if (rc)
+		return rc;
+	/* MongoDB's oplog entry (OpObserverImpl::onRenameCollection): ns "<source db>.$cmd",
+	 * ui the source's UUID, o {renameCollection, to, stayTemp, dropTarget?: UUID} */
+	bson_t o = BSON_INITIALIZER;
+	char *from_ns = sdb_asprintf("%s.%s", from_db, from_coll);
+	char *to_ns = sdb_asprintf("%s.%s", to_db, to_coll);
+	char *ns = sdb_asprintf("%s.$cmd", from_db);
+	BSON_APPEND_UTF8(&o, "renameCollection", from_ns);
+	BSON_APPEND_UTF8(&o, "to", to_ns);
+	BSON_APPEND_BOOL(&o, "stayTemp", stay_temp);
+	if (dropped)
+		bson_append_binary(&o, "dropTarget", -1, BSON_SUBTYPE_UUID, target_uuid, 16);
+	rc = store_oplog_append(c, "c", ns, uuid, &o, NULL, origin, err, errlen);
+	bson_destroy(&o);
+	free(from_ns);
+	free(to_ns);
+	free(ns);
+	return rc;
+}
+
 int sdb_store_db_drop(sdb_store_conn *c, const char *db, const char *origin, int *n_dropped,
 		      char *err, size_t errlen)
 {

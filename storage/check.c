@@ -200,6 +200,29 @@ static int check_oplog(sdb_store_conn *c, bson_t *problems, int *n, char *err, s
 					store_step_done(c, d, err, errlen, "chk");
 				}
 				free(dns);
+			} else if (bson_iter_init_find(&it, &o, "renameCollection") &&
+				   BSON_ITER_HOLDS_UTF8(&it)) {
+				/* the target's history goes (dropTarget), the source's becomes
+				 * the target's */
+				const char *from = bson_iter_utf8(&it, NULL), *to = NULL;
+				if (bson_iter_init_find(&it, &o, "to") && BSON_ITER_HOLDS_UTF8(&it))
+					to = bson_iter_utf8(&it, NULL);
+				sqlite3_stmt *d = to ? store_stmt_get(c,
+								      "DELETE FROM temp.chk WHERE ns = ?",
+								      err, errlen)
+						     : NULL;
+				if (d) {
+					sqlite3_bind_text(d, 1, to, -1, SQLITE_STATIC);
+					store_step_done(c, d, err, errlen, "chk");
+				}
+				d = to ? store_stmt_get(c, "UPDATE temp.chk SET ns = ?2 WHERE ns = ?1",
+							err, errlen)
+				       : NULL;
+				if (d) {
+					sqlite3_bind_text(d, 1, from, -1, SQLITE_STATIC);
+					sqlite3_bind_text(d, 2, to, -1, SQLITE_STATIC);
+					store_step_done(c, d, err, errlen, "chk");
+				}
 			} else if (bson_iter_init_find(&it, &o, "dropDatabase")) {
 				char *pfx = sdb_asprintf("%s.", db);
 				sqlite3_stmt *d = store_stmt_get(

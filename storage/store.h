@@ -214,6 +214,20 @@ int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
  * SDB_ENOTFOUND (no such collection), SDB_EIO. */
 int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,
 			const char *origin, char *err, size_t errlen);
+/* Rename from_db.from_coll to to_db.to_coll (write txn; the databases may differ: a
+ * collection's tables do not depend on its name, so this only moves its catalog rows),
+ * keeping its documents, indexes, options and UUID. With drop_target an existing target
+ * (a collection or a view) is dropped first in the same transaction; stay_temp is only
+ * recorded (stripedb has no temporary collections). Logs one "c" oplog entry as MongoDB's
+ * (ns "<from_db>.$cmd", ui the source's UUID, o {renameCollection: "from_db.from_coll", to:
+ * "to_db.to_coll", stayTemp, dropTarget: <the dropped target's UUID, only when one was
+ * dropped>}) with origin (may be NULL). Filtering metadata and views are the caller's to
+ * check (the shard refuses sharded collections and views). Errors: SDB_ENOTFOUND (no
+ * source), SDB_EEXISTS (the target exists and drop_target is false: "target namespace
+ * exists"), SDB_EINVAL (bad target name, or the same namespace), SDB_EIO. */
+int sdb_store_coll_rename(sdb_store_conn *c, const char *from_db, const char *from_coll,
+			  const char *to_db, const char *to_coll, bool drop_target,
+			  bool stay_temp, const char *origin, char *err, size_t errlen);
 /* Drop every collection of db (write txn). *n_dropped receives the count (may be 0);
  * logs a "c" oplog entry {dropDatabase: 1} when it is not 0. Errors: SDB_EIO (collections
  * dropped before the failure stay dropped until the transaction is rolled back). */

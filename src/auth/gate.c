@@ -1039,6 +1039,29 @@ bool auth_gate_authorize(const auth_policy *pol, const char *tenant, const char 
 		snprintf(what, whatlen, "explain of %s", bson_iter_key(&it));
 		return false;
 	}
+	if (strcmp(name, "renameCollection") == 0) {
+		/* sent to admin but about the two namespaces it names: the admin action on
+		 * both, as drop and create (MongoDB's checkAuthForRenameCollectionCommand asks
+		 * renameCollectionSameDB, or across databases find + dropCollection on the source
+		 * and insert + createIndex + createCollection on the target) */
+		const char *from = str_field(cmd, "renameCollection"), *to = str_field(cmd, "to");
+		const char *fdot = from ? strchr(from, '.') : NULL, *tdot = to ? strchr(to, '.') : NULL;
+		char fdb[128], tdb[128];
+		if (!fdot || !tdot || (size_t)(fdot - from) >= sizeof fdb ||
+		    (size_t)(tdot - to) >= sizeof tdb) {
+			snprintf(what, whatlen, "renameCollection needs two namespaces db.coll");
+			return false;
+		}
+		snprintf(fdb, sizeof fdb, "%.*s", (int)(fdot - from), from);
+		snprintf(tdb, sizeof tdb, "%.*s", (int)(tdot - to), to);
+		need(&a, fdb, fdot + 1, AUTH_ACT_ADMIN);
+		need(&a, tdb, tdot + 1, AUTH_ACT_ADMIN);
+		if (strcmp(fdb, tdb) != 0) {
+			need(&a, fdb, fdot + 1, AUTH_ACT_FIND);
+			need(&a, tdb, tdot + 1, AUTH_ACT_INSERT | AUTH_ACT_CREATE_INDEX);
+		}
+		return a.ok;
+	}
 	for (i = 0; i < sizeof coll_cmds / sizeof coll_cmds[0]; i++) {
 		unsigned act = coll_cmds[i].action;
 		const char *coll = NULL;

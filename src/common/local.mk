@@ -10,6 +10,7 @@ libstripedb_a_SOURCES += \
 	src/common/err.c \
 	src/common/http.c \
 	src/common/indexname.c \
+	src/common/renamecoll.c \
 	src/common/log.c \
 	src/common/metauri.c \
 	src/common/metrics.c \
@@ -19,6 +20,7 @@ libstripedb_a_SOURCES += \
 noinst_HEADERS += \
 	src/common/clock.h \
 	src/common/indexname.h \
+	src/common/renamecoll.h \
 	src/common/cmdopts.h \
 	src/common/alloc.h \
 	src/common/bsonget.h \

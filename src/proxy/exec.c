@@ -602,6 +602,8 @@ static const px_cmd cmd_table[] = {
 	{"create", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
 	{"collMod", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
 	{"dropDatabase", px_do_broadcast, 0, NULL, PXP_NONE},
+	/* admin only; unsharded collections, on their database's primary shard (sharding.c) */
+	{"renameCollection", px_do_rename_collection, 0, NULL, PXP_NONE},
 	{"listIndexes", px_do_list_indexes, PXC_COLL, NULL, PXP_NONE},
 	{"listCollections", do_list_collections, 0, NULL, PXP_NONE},
 	{"listDatabases", do_list_databases, 0, NULL, PXP_NONE},

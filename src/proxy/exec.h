@@ -346,6 +346,7 @@ int px_do_shard_collection(ctx *c);
 int px_do_list_shards(ctx *c);
 int px_do_add_shard(ctx *c);
 int px_do_balancer(ctx *c);                  /* balancerStatus / balancerStart / balancerStop */
+int px_do_rename_collection(ctx *c);         /* renameCollection of an unsharded collection */
 int px_do_refused_sharding(ctx *c);          /* refineCollectionShardKey, reshardCollection */
 int px_do_remove_shard(ctx *c);              /* removeShard of a shard without chunks */
 int px_do_move_chunk(ctx *c);                /* moveChunk: one migration, waited for */

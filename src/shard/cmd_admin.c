@@ -1,11 +1,12 @@
 /* Catalog and administration commands of the shard role: create, drop, createIndexes,
  * dropIndexes, listIndexes, listCollections, listDatabases, dropDatabase, collStats,
- * dbStats, and the stripedb extensions stripedbSetVersion and stripedbCheck. */
+ * dbStats, renameCollection, and the stripedb extensions stripedbSetVersion and stripedbCheck. */
 #include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/renamecoll.h"
 #include "shard/cmd_read_int.h" /* shard_coll_is_view */
 #include "shard/shard.h"
 #include "shard/util.h"
@@ -204,6 +205,86 @@ void shard_cmd_drop(shard_ctx *x)
 	BSON_APPEND_UTF8(reply, "ns", ns);
 	free(ns);
 	wire_req_reply(x->req, reply);
+}
+
+/* True when db.coll is a view (any database; inside the command's transaction). */
+static bool is_view(const sdb_store_coll *co)
+{
+	bson_iter_t it;
+
+	return co != NULL && bson_iter_init_find(&it, co->options, "viewOn");
+}
+
+/* Fail x with IllegalOperation when the shard has filtering metadata for ns (a sharded
+ * collection: its chunks are in the metadata service, a rename here would orphan them).
+ * what: "source" or "target". Returns: true when it failed x. */
+static bool refuse_sharded(shard_ctx *x, const char *ns, const char *what)
+{
+	int64_t cv = 0, sv = 0, gen = 0;
+	int rc = sdb_store_filtering_get(x->conn, ns, &cv, &sv, &gen, NULL, x->err,
+					 sizeof x->err);
+
+	if (rc == SDB_ENOTFOUND)
+		return false;
+	if (rc) {
+		shard_fail(x, WIRE_ERR_INTERNAL, "%s", x->err);
+		return true;
+	}
+	shard_fail(x, WIRE_ERR_ILLEGAL_OPERATION,
+		   "%s namespace '%s' is sharded: stripedb does not rename sharded collections "
+		   "(their chunks are recorded in the metadata service)",
+		   what, ns);
+	return true;
+}
+
+void shard_cmd_rename_collection(shard_ctx *x)
+{
+	sdb_rename_args a;
+	char perr[512];
+	const sdb_store_coll *src = NULL, *dst = NULL;
+	int code = sdb_rename_parse(x->cmd, x->db, &a, perr, sizeof perr);
+
+	if (code != 0) {
+		shard_fail(x, code, "%s", perr);
+		return;
+	}
+	if (!shard_begin(x, true))
+		return;
+	/* a sharded collection first (this shard may own none of its documents) */
+	if (refuse_sharded(x, a.from_ns, "source") || refuse_sharded(x, a.to_ns, "target"))
+		return;
+	/* then rename_collection.cpp checkSourceAndTargetNamespaces, in its order */
+	if (sdb_store_coll_get(x->conn, a.from_db, a.from_coll, &src, NULL, 0) != 0) {
+		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "Source collection %s does not exist",
+			   a.from_ns);
+		return;
+	}
+	if (is_view(src)) {
+		shard_fail(x, WIRE_ERR_COMMAND_NOT_SUPPORTED_ON_VIEW, "cannot rename view: %s",
+			   a.from_ns);
+		return;
+	}
+	if (sdb_store_coll_get(x->conn, a.to_db, a.to_coll, &dst, NULL, 0) == 0) {
+		if (is_view(dst)) {
+			shard_fail(x, WIRE_ERR_NAMESPACE_EXISTS,
+				   "a view already exists with that name: %s", a.to_ns);
+			return;
+		}
+		if (!a.drop_target) {
+			shard_fail(x, WIRE_ERR_NAMESPACE_EXISTS, "target namespace exists");
+			return;
+		}
+	}
+	int rc = sdb_store_coll_rename(x->conn, a.from_db, a.from_coll, a.to_db, a.to_coll,
+				       a.drop_target, a.stay_temp, x->origin, x->err,
+				       sizeof x->err);
+	if (rc == SDB_EINVAL) {
+		shard_fail(x, WIRE_ERR_INVALID_NAMESPACE, "%s", x->err);
+		return;
+	}
+	bson_t *reply = write_reply(x, rc);
+	if (reply)
+		wire_req_reply(x->req, reply);
 }
 
 void shard_cmd_drop_database(shard_ctx *x)

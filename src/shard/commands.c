@@ -36,6 +36,7 @@ static const cmd_entry cmd_table[] = {
 	{"findandmodify", shard_cmd_findandmodify},
 	{"create", shard_cmd_create},
 	{"drop", shard_cmd_drop},
+	{"renameCollection", shard_cmd_rename_collection},
 	{"createIndexes", shard_cmd_create_indexes},
 	{"dropIndexes", shard_cmd_drop_indexes},
 	{"deleteIndexes", shard_cmd_drop_indexes},
@@ -134,6 +135,7 @@ static const char *const write_cmds[] = {
 	"insert",	 "update",	  "delete",	 "findAndModify", "findandmodify",
 	"create",	 "drop",	  "createIndexes", "dropIndexes",	  "deleteIndexes",
 	"dropDatabase", "stripedbSetVersion", "stripedbSetFiltering", "stripedbApplyTxn",
+	"renameCollection",
 };
 
 bool shard_cmd_is_write(const char *name)

@@ -449,6 +449,13 @@ void shard_cmd_delete(shard_ctx *x);
 void shard_cmd_findandmodify(shard_ctx *x);
 void shard_cmd_create(shard_ctx *x);
 void shard_cmd_drop(shard_ctx *x);
+/* renameCollection (admin database only): renames an unsharded collection of this shard,
+ * across databases too, keeping its documents, indexes and UUID, in one transaction with
+ * one "c" oplog entry as MongoDB's (storage/store.h sdb_store_coll_rename); replicated as
+ * the other catalog commands. Arguments and codes: common/renamecoll.h, then 26 (no
+ * source), 166 (a view as source), 20 (the source or the target has filtering metadata:
+ * a sharded collection), 48 (a view as target; a target without dropTarget). */
+void shard_cmd_rename_collection(shard_ctx *x);
 void shard_cmd_create_indexes(shard_ctx *x);
 void shard_cmd_drop_indexes(shard_ctx *x);
 void shard_cmd_list_indexes(shard_ctx *x);

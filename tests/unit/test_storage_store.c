@@ -794,6 +794,80 @@ static void test_catalog_drop_and_oplog_commands(void **state)
 	sdb_store_rollback(f->c);
 }
 
+/* renameCollection's storage step: catalog rows moved (documents, indexes, UUID kept),
+ * across databases and over a dropped target, one oplog entry as MongoDB's, and
+ * stripedbCheck's replay follows it. */
+static void test_coll_rename(void **state)
+{
+	fx *f = *state;
+	const sdb_store_coll *co = NULL;
+	uint8_t uuid[16];
+	bool created;
+	int code;
+
+	begin_w(f);
+	for (int i = 1; i <= 5; i++)
+		assert_int_equal(insert(f, i, i % 2, NULL), 0);
+	bson_t *spec = BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1");
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 0);
+	bson_destroy(spec);
+	assert_int_equal(sdb_store_coll_create(f->c, "db2", "t", NULL, NULL, NULL, f->err,
+					       sizeof f->err),
+			 0);
+	assert_int_equal(sdb_store_coll_get(f->c, "db", "c", &co, NULL, 0), 0);
+	memcpy(uuid, co->uuid, 16);
+	/* refusals change nothing */
+	assert_int_equal(sdb_store_coll_rename(f->c, "db", "nope", "db", "x", false, false, NULL,
+					       f->err, sizeof f->err),
+			 SDB_ENOTFOUND);
+	assert_int_equal(sdb_store_coll_rename(f->c, "db", "c", "db2", "t", false, false, NULL,
+					       f->err, sizeof f->err),
+			 SDB_EEXISTS);
+	assert_int_equal(sdb_store_coll_rename(f->c, "db", "c", "db", "c", true, false, NULL,
+					       f->err, sizeof f->err),
+			 SDB_EINVAL);
+	assert_int_equal(sdb_store_coll_rename(f->c, "db", "c", "bad.db", "c", true, false, NULL,
+					       f->err, sizeof f->err),
+			 SDB_EINVAL);
+	assert_int_equal(sdb_store_coll_rename(f->c, "db", "c", "db2", "t", true, false, "mig-1",
+					       f->err, sizeof f->err),
+			 0);
+	commit(f);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_coll_get(f->c, "db", "c", &co, NULL, 0), SDB_ENOTFOUND);
+	assert_int_equal(sdb_store_coll_get(f->c, "db2", "t", &co, NULL, 0), 0);
+	assert_memory_equal(co->uuid, uuid, 16);
+	assert_int_equal(co->n_indexes, 1);
+	assert_string_equal(co->indexes[0].name, "a_1");
+	assert_int_equal(sdb_store_count(f->c, "db2", "t"), 5);
+	bson_t **e = NULL;
+	size_t ne = 0;
+	assert_int_equal(sdb_store_oplog_read_desc(f->c, 0, 0, 1, &e, &ne, f->err, sizeof f->err), 0);
+	assert_int_equal(ne, 1);
+	bson_iter_t it, sub;
+	assert_true(bson_iter_init_find(&it, e[0], "ns"));
+	assert_string_equal(bson_iter_utf8(&it, NULL), "db.$cmd");
+	assert_true(bson_iter_init_find(&it, e[0], "origin"));
+	assert_string_equal(bson_iter_utf8(&it, NULL), "mig-1");
+	assert_true(bson_iter_init_find(&it, e[0], "o") && bson_iter_recurse(&it, &sub));
+	assert_true(bson_iter_find(&sub, "renameCollection"));
+	assert_string_equal(bson_iter_utf8(&sub, NULL), "db.c");
+	assert_true(bson_iter_find(&sub, "to"));
+	assert_string_equal(bson_iter_utf8(&sub, NULL), "db2.t");
+	assert_true(bson_iter_find(&sub, "stayTemp") && !bson_iter_bool(&sub));
+	assert_true(bson_iter_find(&sub, "dropTarget") && BSON_ITER_HOLDS_BINARY(&sub));
+	sdb_doc_free(e[0]);
+	free(e);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+}
+
 static void test_check_finds_data_that_disagrees_with_the_oplog(void **state)
 {
 	fx *f = *state;
@@ -1124,6 +1198,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_crud_and_oplog, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_coll_rename, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_query_key_range, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hashed_index, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unique_index_duplicate, setup, teardown),
