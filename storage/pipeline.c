@@ -142,6 +142,8 @@ typedef struct {
 	/* $unionWith: the foreign source, open once the input ended (loaded) */
 	sdb_pipeline_source src;
 	bool src_open;
+	/* $lookup: the foreign reads already made */
+	agg_lookup_cache lookups;
 } stage_state;
 
 struct sdb_pipeline_cursor {
@@ -197,6 +199,7 @@ static void state_clear(stage_state *s)
 		s->src.close(s->src.ctx);
 	}
 	s->src_open = false;
+	agg_lookup_cache_clear(&s->lookups);
 }
 
 void sdb_pipeline_cursor_free(sdb_pipeline_cursor *c)
@@ -1154,7 +1157,7 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 		case S_LOOKUP: {
 			docbuild_node *arr = NULL, *d;
 
-			rc = agg_lookup_one(c->p, st, in, &arr, e);
+			rc = agg_lookup_one(c->p, st, in, &s->lookups, &arr, e);
 			if (rc != 0) {
 				bson_destroy(in);
 				return rc;

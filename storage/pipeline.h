@@ -20,7 +20,8 @@
  * bucket, equal values never split, {_id: {min, max}}, output accumulators, granularity:
  * pipeline_bucketauto.c and run_bucket_auto in pipeline.c), $unionWith (its input, then
  * another collection's documents through a sub-pipeline, read by the caller's
- * sdb_pipeline_opts.foreign: pipeline_lookup.c).
+ * sdb_pipeline_opts.foreign: pipeline_lookup.c), $lookup (equality, pipeline with let,
+ * and the two combined: the same reader, once per distinct foreign read in a cursor).
  * Expressions: field paths ("$a.b", mapped over arrays as MongoDB does), $$ROOT, $$CURRENT,
  * $$REMOVE, literals, {$literal: v}, documents and arrays of expressions, and the operators
  * $add $subtract $multiply $divide $mod (int32 -> int64 -> double widening; dates in $add and
@@ -67,7 +68,8 @@
  *   40602 $documents or $collStats anywhere but first (the shard runs a leading one
  *        itself: src/shard/cmd_read.c)
  *   16866-16868, 4890500 a `let` variable's name or value (sdb_let_parse)
- *   9, 14, 40415, 31441 $unionWith's form and its sub-pipeline (pipeline_lookup.c)
+ *   9, 14, 40415, 31441 $unionWith's form and its sub-pipeline; 9, 51047, 4568 $lookup's
+ *        (pipeline_lookup.c)
  *
  * Threading: an sdb_pipeline is immutable after parse/pushdown and may back several
  * cursors at once; one cursor is used by one thread at a time.

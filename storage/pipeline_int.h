@@ -449,12 +449,27 @@ void agg_lookup_clear(stage *s);
  * Variables::uassertValidNameForUserWrite). Errors: SDB_EINVAL with 16866 (empty), 16867
  * (bad first character), 16868 (bad character), 238 (CURRENT) in e. */
 int agg_let_name_ok(const char *name, const ectx *e);
+/* The results a $lookup already read in one cursor: the foreign read's stages and
+ * variables ({s: stages, v: vars}) -> the array it gave, so that equal local values (or an
+ * uncorrelated pipeline) read the foreign collection once. Bounded by
+ * AGG_LOOKUP_CACHE_ENTRIES entries and AGG_LOOKUP_CACHE_BYTES bytes (past them: no caching). */
+#define AGG_LOOKUP_CACHE_ENTRIES 256
+#define AGG_LOOKUP_CACHE_BYTES (16u * 1024u * 1024u)
+typedef struct agg_lookup_cache {
+	bson_t **keys;
+	docbuild_node **vals;
+	size_t n;
+	size_t bytes;
+} agg_lookup_cache;
+/* Free what cache holds (it may then be used again, empty). */
+void agg_lookup_cache_clear(agg_lookup_cache *cache);
 /* $lookup's matches for one input document in (borrowed): *out gets a new array node (the
  * caller sets it as `as` or frees it with docbuild_free) of the foreign documents the
- * sub-pipeline returns. Errors: the foreign reader's or a `let` expression's (code and
- * message in e), 4568 when the array would exceed 16 MiB. */
+ * sub-pipeline returns (from cache when the same read was made before; cache may be NULL).
+ * Errors: the foreign reader's or a `let` expression's (code and message in e), 4568 when
+ * the array would exceed 16 MiB. */
 int agg_lookup_one(const sdb_pipeline *p, const stage *st, const bson_t *in,
-		   docbuild_node **out, const ectx *e);
+		   agg_lookup_cache *cache, docbuild_node **out, const ectx *e);
 /* Open the foreign source of a $unionWith stage st of p (sub-pipeline over coll, with p's
  * `let`). Errors: the foreign reader's. */
 int agg_union_open(const sdb_pipeline *p, const stage *st, sdb_pipeline_source *src,

@@ -73,6 +73,10 @@ static int check_sub(const bson_t *arr, const char *who, int forbidden_code, con
 	}
 	while (bson_iter_next(&it)) {
 		if (!BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			if (forbidden_code == 51047) { /* $lookup's parsePipelineFromBSON */
+				return efail(e, C_FAILED_TO_PARSE,
+					     "'pipeline' element %u is not an object", i);
+			}
 			return efail(e, C_TYPE_MISMATCH,
 				     "BSON field '%s.pipeline.%u' is the wrong type '%s', expected type "
 				     "'object'",
@@ -240,8 +244,14 @@ static int parse_lookup(sdb_pipeline *p, const bson_iter_t *arg, const ectx *e)
 				return efail(e, C_NOT_IMPLEMENTED,
 					     "$lookup 'from' as {db, coll} is not supported by stripedb");
 			}
+			if (strcmp(k, "from") == 0) {
+				return efail(e, C_FAILED_TO_PARSE,
+					     "$lookup 'from' field must be a string or an object, but "
+					     "found %s",
+					     type_name(bson_iter_type(&f)));
+			}
 			return efail(e, C_FAILED_TO_PARSE,
-				     "$lookup argument '%s' must be a string, is type %s", k,
+				     "$lookup argument '%s' must be a string, found %s", k,
 				     type_name(bson_iter_type(&f)));
 		}
 		const char *v = bson_iter_utf8(&f, NULL);
@@ -277,6 +287,9 @@ static int parse_lookup(sdb_pipeline *p, const bson_iter_t *arg, const ectx *e)
 		return efail(e, C_FAILED_TO_PARSE,
 			     "$lookup requires either 'pipeline' or both 'localField' and "
 			     "'foreignField' to be specified");
+	} else if (have_let) {
+		return efail(e, C_FAILED_TO_PARSE,
+			     "$lookup with a 'let' argument must also specify 'pipeline'");
 	}
 	if ((rc = field_path_arg("as", as, e)) != 0 ||
 	    (lf != NULL && (rc = field_path_arg("localField", lf, e)) != 0) ||
@@ -355,9 +368,6 @@ int agg_lookup_parse(sdb_pipeline *p, const char *name, const bson_iter_t *it, c
 	if (strcmp(name, "$unionWith") == 0) {
 		return parse_union_with(p, it, e);
 	}
-	if (getenv("STRIPEDB_LOOKUP_WIP") == NULL) { /* until its tests land */
-		return efail(e, C_NOT_IMPLEMENTED, "$lookup is not supported by the embedded shard");
-	}
 	return parse_lookup(p, it, e);
 }
 
@@ -427,17 +437,25 @@ static void lookup_stages(const stage *st, const bson_t *in, bson_t *out)
 		bson_uint32_to_string(n++, &key, buf, sizeof buf);
 		bson_append_document_begin(out, key, -1, &stage);
 		bson_append_document_begin(&stage, "$match", -1, &match);
-		bson_append_array_begin(&match, "$or", -1, &or);
 		bson_iter_init(&v, &lv.arr);
-		for (uint32_t i = 0; bson_iter_next(&v); i++) {
-			bson_uint32_to_string(i, &key, buf, sizeof buf);
-			bson_append_document_begin(&or, key, -1, &cond);
-			bson_append_document_begin(&cond, st->foreign_field, -1, &eq);
+		if (lv.n == 1 && bson_iter_next(&v)) {
+			/* one value: {ff: {$eq: v}}, which the store's planner serves from an
+			 * index on ff */
+			bson_append_document_begin(&match, st->foreign_field, -1, &eq);
 			bson_append_value(&eq, "$eq", -1, bson_iter_value(&v));
-			bson_append_document_end(&cond, &eq);
-			bson_append_document_end(&or, &cond);
+			bson_append_document_end(&match, &eq);
+		} else {
+			bson_append_array_begin(&match, "$or", -1, &or);
+			for (uint32_t i = 0; bson_iter_next(&v); i++) {
+				bson_uint32_to_string(i, &key, buf, sizeof buf);
+				bson_append_document_begin(&or, key, -1, &cond);
+				bson_append_document_begin(&cond, st->foreign_field, -1, &eq);
+				bson_append_value(&eq, "$eq", -1, bson_iter_value(&v));
+				bson_append_document_end(&cond, &eq);
+				bson_append_document_end(&or, &cond);
+			}
+			bson_append_array_end(&match, &or);
 		}
-		bson_append_array_end(&match, &or);
 		bson_append_document_end(&stage, &match);
 		bson_append_document_end(out, &stage);
 		bson_destroy(&lv.arr);
@@ -450,8 +468,45 @@ static void lookup_stages(const stage *st, const bson_t *in, bson_t *out)
 	}
 }
 
+void agg_lookup_cache_clear(agg_lookup_cache *cache)
+{
+	for (size_t i = 0; i < cache->n; i++) {
+		bson_destroy(cache->keys[i]);
+		docbuild_free(cache->vals[i]);
+	}
+	free(cache->keys);
+	free(cache->vals);
+	memset(cache, 0, sizeof *cache);
+}
+
+static const docbuild_node *cache_find(const agg_lookup_cache *cache, const bson_t *key)
+{
+	for (size_t i = 0; cache != NULL && i < cache->n; i++) {
+		if (cache->keys[i]->len == key->len &&
+		    memcmp(bson_get_data(cache->keys[i]), bson_get_data(key), key->len) == 0) {
+			return cache->vals[i];
+		}
+	}
+	return NULL;
+}
+
+static void cache_add(agg_lookup_cache *cache, const bson_t *key, const docbuild_node *v,
+		      size_t vbytes)
+{
+	if (cache == NULL || cache->n >= AGG_LOOKUP_CACHE_ENTRIES ||
+	    cache->bytes + vbytes + key->len > AGG_LOOKUP_CACHE_BYTES) {
+		return;
+	}
+	cache->keys = sdb_realloc(cache->keys, (cache->n + 1) * sizeof *cache->keys);
+	cache->vals = sdb_realloc(cache->vals, (cache->n + 1) * sizeof *cache->vals);
+	cache->keys[cache->n] = bson_copy(key);
+	cache->vals[cache->n] = docbuild_clone(v);
+	cache->n++;
+	cache->bytes += vbytes + key->len;
+}
+
 int agg_lookup_one(const sdb_pipeline *p, const stage *st, const bson_t *in,
-		   docbuild_node **out, const ectx *e)
+		   agg_lookup_cache *cache, docbuild_node **out, const ectx *e)
 {
 	bson_t vars = BSON_INITIALIZER, stages;
 	sdb_pipeline_source src;
@@ -491,11 +546,24 @@ int agg_lookup_one(const sdb_pipeline *p, const stage *st, const bson_t *in,
 		}
 	}
 	lookup_stages(st, in, &stages);
+	bson_t key = BSON_INITIALIZER;
+	const docbuild_node *hit;
+
+	BSON_APPEND_ARRAY(&key, "s", &stages);
+	BSON_APPEND_DOCUMENT(&key, "v", &vars);
+	if ((hit = cache_find(cache, &key)) != NULL) {
+		bson_destroy(&key);
+		bson_destroy(&stages);
+		bson_destroy(&vars);
+		*out = docbuild_clone(hit);
+		return 0;
+	}
 	memset(&src, 0, sizeof src);
 	rc = p->foreign(p->foreign_arg, st->coll, &stages, &vars, &src, e->code, e->err, e->errlen);
 	bson_destroy(&stages);
 	bson_destroy(&vars);
 	if (rc < 0) {
+		bson_destroy(&key);
 		if (e->code != NULL && *e->code == 0) {
 			*e->code = C_INTERNAL;
 		}
@@ -530,9 +598,12 @@ int agg_lookup_one(const sdb_pipeline *p, const stage *st, const bson_t *in,
 		src.close(src.ctx);
 	}
 	if (rc != 0) {
+		bson_destroy(&key);
 		docbuild_free(arr);
 		return rc;
 	}
+	cache_add(cache, &key, arr, bytes);
+	bson_destroy(&key);
 	*out = arr;
 	return 0;
 }

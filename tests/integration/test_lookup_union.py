@@ -91,24 +91,137 @@ def check_union_errors(db):
         {"$unionWith": {"coll": "c", "pipeline": [{"$limit": -1}]}}]})) == 15958
 
 
+def check_lookup(db):
+    a = db.a
+    eq = {"from": "b", "localField": "x", "foreignField": "k", "as": "m"}
+    # equality: an array local value matches any element (3 -> b's k: [3, 4]); missing and
+    # null match a foreign k that is null or missing
+    out = agg(a, [{"$sort": {"_id": 1}}, {"$lookup": eq}])
+    assert [d["_id"] for d in out] == [1, 2, 3, 4, 5]
+    assert ids_of(out) == {1: [10, 12], 2: [11], 3: [10, 12, 15], 4: [13, 14], 5: [13, 14]}
+    # the other fields are kept; the matches are whole documents
+    one = [d for d in out if d["_id"] == 2][0]
+    assert one == {"_id": 2, "x": 2, "m": [{"_id": 11, "k": 2, "n": "two"}]}
+    # the reverse direction: a foreign array field matches a local scalar
+    out = agg(db.b, [{"$match": {"_id": {"$in": [11, 15]}}},
+                     {"$lookup": {"from": "a", "localField": "k", "foreignField": "x",
+                                  "as": "m"}}])
+    assert ids_of(out) == {11: [2], 15: [3]}
+    # a dotted `as`, a stage after it, no match gives []
+    out = agg(a, [{"$match": {"_id": 2}},
+                  {"$lookup": {"from": "c", "localField": "x", "foreignField": "tag",
+                               "as": "j.none"}},
+                  {"$project": {"_id": 1, "j": 1}}])
+    assert out == [{"_id": 2, "j": {"none": []}}]
+    # pipeline form: let variables read with $$ inside $expr
+    out = agg(a, [{"$match": {"_id": {"$in": [1, 2, 3]}}},
+                  {"$lookup": {"from": "b", "let": {"xv": "$x"}, "as": "m", "pipeline": [
+                      {"$match": {"$expr": {"$eq": ["$k", "$$xv"]}}},
+                      {"$project": {"_id": 1}}]}}])
+    assert ids_of(out) == {1: [10, 12], 2: [11], 3: []}
+    # let with an expression and the command's let next to it
+    out = agg(a, [{"$match": {"_id": 1}},
+                  {"$lookup": {"from": "c", "let": {"want": {"$add": ["$x", 1]}}, "as": "m",
+                               "pipeline": [
+                                   {"$match": {"$expr": {"$and": [
+                                       {"$eq": ["$k", "$$want"]}, {"$eq": ["$tag", "$$tg"]}]}}},
+                                   {"$project": {"tag": 1, "_id": 0}}]}}],
+              let={"tg": "c2"})
+    assert out == [{"_id": 1, "x": 1, "m": [{"tag": "c2"}]}]
+    # uncorrelated pipeline: every document gets the same array
+    out = agg(a, [{"$match": {"_id": {"$in": [1, 4]}}},
+                  {"$lookup": {"from": "c", "as": "m", "pipeline": [
+                      {"$sort": {"_id": 1}}, {"$project": {"_id": 1}}]}}])
+    assert {d["_id"]: d["m"] for d in out} == {1: [{"_id": 100}, {"_id": 101}],
+                                                4: [{"_id": 100}, {"_id": 101}]}
+    # 5.0's combined form: the equality first, then the pipeline
+    out = agg(a, [{"$match": {"_id": 1}},
+                  {"$lookup": {"from": "b", "localField": "x", "foreignField": "k", "as": "m",
+                               "pipeline": [{"$project": {"_id": 0, "n": 1}},
+                                            {"$sort": {"n": 1}}]}}])
+    assert out == [{"_id": 1, "x": 1, "m": [{"n": "one"}, {"n": "uno"}]}]
+    # nested: a $lookup inside the $lookup's pipeline, and inside a $unionWith's
+    out = agg(a, [{"$match": {"_id": 2}},
+                  {"$lookup": {"from": "b", "localField": "x", "foreignField": "k", "as": "m",
+                               "pipeline": [
+                                   {"$lookup": {"from": "c", "localField": "k",
+                                                "foreignField": "k", "as": "cc"}},
+                                   {"$project": {"_id": 1, "tags": "$cc.tag"}}]}}])
+    assert out == [{"_id": 2, "x": 2, "m": [{"_id": 11, "tags": ["c2"]}]}]
+    out = agg(a, [{"$match": {"_id": 1}}, {"$project": {"_id": 1}},
+                  {"$unionWith": {"coll": "c", "pipeline": [
+                      {"$match": {"_id": 101}},
+                      {"$lookup": {"from": "b", "localField": "k", "foreignField": "k",
+                                   "as": "bb"}},
+                      {"$project": {"_id": 1, "n": "$bb.n"}}]}}])
+    out = sorted(out, key=lambda d: d["_id"])
+    out[1]["n"].sort()
+    assert out == [{"_id": 1}, {"_id": 101, "n": ["one", "uno"]}]
+    # a missing foreign collection: every array is empty
+    assert agg(a, [{"$match": {"_id": 1}},
+                   {"$lookup": {"from": "nosuch", "localField": "x", "foreignField": "k",
+                                "as": "m"}}]) == [{"_id": 1, "x": 1, "m": []}]
+    # with an index on the foreign field: the same matches
+    db.b.create_index("k")
+    out = agg(a, [{"$sort": {"_id": 1}}, {"$lookup": eq}])
+    assert ids_of(out) == {1: [10, 12], 2: [11], 3: [10, 12, 15], 4: [13, 14], 5: [13, 14]}
+    db.b.drop_index("k_1")
+    # after $unwind: one output per match
+    out = agg(a, [{"$match": {"_id": 3}}, {"$lookup": eq}, {"$unwind": "$m"},
+                  {"$project": {"_id": 0, "n": "$m.n"}}])
+    assert sorted(d["n"] for d in out) == ["arr", "one", "uno"]
+
+
+def check_lookup_errors(db):
+    a = db.a
+    lk = lambda spec: [{"$lookup": spec}]  # noqa: E731
+    assert code_of(a, lk(1)) == 9
+    assert code_of(a, lk({"from": "b", "localField": "x", "foreignField": "k"})) == 9
+    assert code_of(a, lk({"from": 1, "localField": "x", "foreignField": "k", "as": "m"})) == 9
+    assert code_of(a, lk({"from": "b", "localField": 1, "foreignField": "k", "as": "m"})) == 9
+    assert code_of(a, lk({"from": "b", "localField": "x", "foreignField": "k", "as": "m",
+                          "bogus": 1})) == 9
+    assert code_of(a, lk({"from": "b", "localField": "x", "as": "m"})) == 9
+    assert code_of(a, lk({"from": "b", "as": "m"})) == 9
+    assert code_of(a, lk({"from": "b", "localField": "x", "as": "m", "pipeline": []})) == 9
+    assert code_of(a, lk({"from": "b", "localField": "x", "foreignField": "k", "as": "m",
+                          "let": {"v": 1}})) == 9
+    assert code_of(a, lk({"from": "b", "as": "m", "let": 1, "pipeline": []})) == 9
+    assert code_of(a, lk({"from": "b", "as": "m", "pipeline": 1})) == 9
+    assert code_of(a, lk({"from": "b", "as": "m", "pipeline": [1]})) == 9
+    assert code_of(a, lk({"as": "m", "pipeline": [{"$match": {}}]})) == 9
+    assert code_of(a, lk({"as": "m", "pipeline": [{"$documents": [{}]}]})) == 238
+    assert code_of(a, lk({"from": "b", "as": "m", "let": {"Bad": 1}, "pipeline": []})) == 16867
+    assert code_of(a, lk({"from": "b", "as": "m", "pipeline": [{"$out": "z"}]})) == 51047
+    assert code_of(a, lk({"from": "b", "as": "m", "pipeline": [
+        {"$match": {"$expr": {"$eq": ["$k", "$$nope"]}}}]})) == 17276
+    assert code_of(a, lk({"from": "b", "as": "$m", "localField": "x",
+                          "foreignField": "k"})) == 16410
+    # an error in the sub-pipeline at run time reaches the client
+    assert code_of(a, lk({"from": "b", "as": "m", "let": {"xv": "$x"}, "pipeline": [
+        {"$project": {"q": {"$divide": [1, 0]}}}]})) == 16608
+
+
 def load(db):
     db.a.insert_many(A)
     db.b.insert_many(B)
     db.c.insert_many(C)
 
 
-def test_union_with_on_a_shard(shard):
+def test_union_with_and_lookup_on_a_shard(shard):
     _, port = shard
     c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
     try:
         load(c.lk)
         check_union(c.lk)
         check_union_errors(c.lk)
+        check_lookup(c.lk)
+        check_lookup_errors(c.lk)
     finally:
         c.close()
 
 
-def test_union_with_through_a_proxy(start_role, tmp_path):
+def test_union_with_and_lookup_through_a_proxy(start_role, tmp_path):
     cl = ProxyCluster(start_role, tmp_path, shards=3, proxies=1)
     try:
         # sharded a/b/c over the three shards; ua/ub/uc unsharded (on the primary)
@@ -123,17 +236,22 @@ def test_union_with_through_a_proxy(start_role, tmp_path):
         # every collection sharded: the proxy runs the stages
         check_union(db)
         check_union_errors(db)
+        check_lookup(db)
+        check_lookup_errors(db)
         # every collection unsharded: the primary shard runs the whole pipeline
         u = cl.proxy_client(0).lku
         load(u)
         check_union(u)
         check_union_errors(u)
+        check_lookup(u)
+        check_lookup_errors(u)
         # mixed: sharded main, unsharded foreign and the reverse
         cl.shard_collection("lkm.a", {"_id": 1}, split_points=[{"_id": 2}, {"_id": 4}])
         cl.shard_collection("lkm.c", {"_id": 1}, split_points=[{"_id": 101}])
         m = cl.proxy_client(0).lkm
         load(m)
         check_union(m)
+        check_lookup(m)
         assert sorted(d["_id"] for d in agg(m.b, [{"$unionWith": "a"}])) == [
             1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15]
         assert agg(m.b, [{"$match": {"_id": {"$gte": 14}}}, {"$sort": {"_id": -1}},
