@@ -260,5 +260,39 @@ def test_union_with_and_lookup_through_a_proxy(start_role, tmp_path):
                              {"$sort": {"_id": 1}}, {"$project": {"_id": 1}}]}}]) == [
             {"_id": 15}, {"_id": 14}, {"_id": 1}, {"_id": 2}, {"_id": 3}, {"_id": 4},
             {"_id": 5}]
+        # a foreign side larger than one batch (the proxy's sub-aggregate drains its cursor
+        # with getMores): 250 documents over three shards, unioned and looked up
+        cl.shard_collection("lk.big", {"_id": 1}, split_points=[{"_id": 80}, {"_id": 160}])
+        db.big.insert_many([{"_id": i, "g": i % 2} for i in range(250)])
+        assert agg(db.a, [{"$match": {"_id": 1}}, {"$unionWith": "big"}, {"$count": "n"}]) == [
+            {"n": 251}]
+        # an unsharded main collection (lkm.b) with the sharded big one
+        cl.shard_collection("lkm.big", {"_id": 1}, split_points=[{"_id": 80}, {"_id": 160}])
+        m.big.insert_many([{"_id": i, "g": i % 2} for i in range(250)])
+        assert agg(m.b, [{"$match": {"_id": 10}}, {"$unionWith": {"coll": "big", "pipeline": [
+            {"$match": {"_id": {"$gte": 5}}}]}}, {"$count": "n"}]) == [{"n": 246}]
+        out = agg(db.a, [{"$match": {"_id": {"$in": [1, 2]}}}, {"$sort": {"_id": 1}},
+                         {"$lookup": {"from": "big", "localField": "x", "foreignField": "g",
+                                      "as": "m"}},
+                         {"$project": {"n": {"$size": "$m"}}}])
+        assert out == [{"_id": 1, "n": 125}, {"_id": 2, "n": 0}]
+        # inside a transaction: unsharded collections (one shard, the primary, runs it in
+        # the transaction's snapshot); with sharded ones the foreign read reaches other
+        # shards, which a transaction may not (stripedb's transactions are single-shard: 263)
+        client = cl.proxy_client(0)
+        with client.start_session() as s:
+            with s.start_transaction():
+                out = list(client.lku.a.aggregate(
+                    [{"$match": {"_id": 2}}, {"$lookup": {
+                        "from": "b", "localField": "x", "foreignField": "k", "as": "m"}},
+                     {"$project": {"ids": "$m._id"}}], session=s))
+        assert out == [{"_id": 2, "ids": [11]}]
+        with client.start_session() as s:
+            with pytest.raises(OperationFailure) as e:
+                with s.start_transaction():
+                    # the main read targets one shard, the foreign one all three
+                    list(client.lk.a.aggregate([{"$match": {"_id": 1}}, {"$unionWith": "b"}],
+                                               session=s))
+            assert e.value.code == 263
     finally:
         cl.close()
