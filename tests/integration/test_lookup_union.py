@@ -9,6 +9,7 @@ import pymongo
 import pytest
 from pymongo.errors import OperationFailure
 
+from conftest import wait_until
 from proxy_helpers import ProxyCluster
 
 A = [{"_id": 1, "x": 1}, {"_id": 2, "x": 2}, {"_id": 3, "x": [1, 3]}, {"_id": 4},
@@ -294,5 +295,40 @@ def test_union_with_and_lookup_through_a_proxy(start_role, tmp_path):
                     list(client.lk.a.aggregate([{"$match": {"_id": 1}}, {"$unionWith": "b"}],
                                                session=s))
             assert e.value.code == 263
+    finally:
+        cl.close()
+
+
+def test_foreign_collection_needs_find(start_role, tmp_path):
+    """With authentication the proxy's gate requires find on every collection a pipeline
+    names: a $lookup/$unionWith of a collection the tenant may not read is Unauthorized (13),
+    nested ones included; of a readable one it works."""
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1, proxy_args=["--auth=enabled"])
+    try:
+        cl.meta_cmd({"createTenant": "A"})
+        cl.create_database("adb", tenant="A")
+        cl.meta_cmd({"createUser": "alice", "tenant": "A", "password": "alice-pw"})
+        alice = cl.proxy_client(0, username="alice", password="alice-pw", authSource="admin")
+        wait_until(lambda: alice.adb.c.insert_many([{"_id": 1, "x": 1}]), 20,
+                   what="alice's first write")
+        alice.adb.secret.insert_one({"_id": 1, "k": 1})
+        cl.meta_cmd({"setPolicy": "A", "policy": {"collections": {
+            "adb.secret": {"actions": ["insert"]}}}})
+
+        def code(pipeline):
+            try:
+                list(alice.adb.c.aggregate(pipeline))
+            except OperationFailure as e:
+                return e.code
+            return None
+        wait_until(lambda: code([{"$unionWith": "secret"}]) == 13, 15,
+                   what="the policy to be loaded")
+        assert code([{"$lookup": {"from": "secret", "localField": "x", "foreignField": "k",
+                                  "as": "m"}}]) == 13
+        assert code([{"$unionWith": {"coll": "c", "pipeline": [
+            {"$lookup": {"from": "secret", "pipeline": [], "as": "m"}}]}}]) == 13
+        assert list(alice.adb.c.aggregate([{"$lookup": {
+            "from": "c", "localField": "x", "foreignField": "x", "as": "m"}}])) == [
+            {"_id": 1, "x": 1, "m": [{"_id": 1, "x": 1}]}]
     finally:
         cl.close()
