@@ -189,13 +189,6 @@ static int parse_union_with(sdb_pipeline *p, const bson_iter_t *arg, const ectx 
 	return 0;
 }
 
-/* MongoDB's FieldPath checks for `as`, localField and foreignField. */
-static int field_path_arg(const char *what, const char *v, const ectx *e)
-{
-	(void)what;
-	return agg_field_path_ok(v, e);
-}
-
 static int parse_lookup(sdb_pipeline *p, const bson_iter_t *arg, const ectx *e)
 {
 	const char *from = NULL, *as = NULL, *lf = NULL, *ff = NULL;
@@ -291,9 +284,10 @@ static int parse_lookup(sdb_pipeline *p, const bson_iter_t *arg, const ectx *e)
 		return efail(e, C_FAILED_TO_PARSE,
 			     "$lookup with a 'let' argument must also specify 'pipeline'");
 	}
-	if ((rc = field_path_arg("as", as, e)) != 0 ||
-	    (lf != NULL && (rc = field_path_arg("localField", lf, e)) != 0) ||
-	    (ff != NULL && (rc = field_path_arg("foreignField", ff, e)) != 0)) {
+	/* MongoDB's FieldPath checks of `as`, localField and foreignField */
+	if ((rc = agg_field_path_ok(as, e)) != 0 ||
+	    (lf != NULL && (rc = agg_field_path_ok(lf, e)) != 0) ||
+	    (ff != NULL && (rc = agg_field_path_ok(ff, e)) != 0)) {
 		return rc;
 	}
 	if (from[0] == '\0' || from[0] == '$') {

@@ -832,8 +832,8 @@ static int arr_next(void *arg, const bson_t **doc, int *code, char *err, size_t 
  * pipeline reads a sharded foreign collection: the input is pd's filter/sort/skip/limit run
  * on the primary shard (px_sub_aggregate), the rest runs here; answers c with the cursor.
  * Returns: the answer's status. */
-static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, const bson_t *stages,
-			   sdb_pipeline *pl, int64_t batch)
+static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, sdb_pipeline *pl,
+			   int64_t batch)
 {
 	bson_t pre = BSON_INITIALIZER, sp;
 	uint32_t k = 0;
@@ -846,7 +846,6 @@ static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, const bson
 	int code = 0, r;
 	char err[512];
 
-	(void)stages;
 	bson_uint32_to_string(k++, &kp, key, sizeof key);
 	bson_append_document_begin(&pre, kp, -1, &sp);
 	BSON_APPEND_DOCUMENT(&sp, "$match", &pd->filter);
@@ -998,7 +997,7 @@ int px_do_aggregate(ctx *c)
 		/* an unsharded collection with a sharded foreign one: its pushed-down part runs
 		 * on the primary (a sub-aggregate), the rest here */
 		route_coll_unref(rc);
-		st = unsharded_input(c, &pd, &stages, pl, batch);
+		st = unsharded_input(c, &pd, pl, batch);
 		sdb_pipeline_pushdown_destroy(&pd);
 		sdb_pipeline_free(pl);
 		return st;

@@ -261,6 +261,14 @@ def test_union_with_and_lookup_through_a_proxy(start_role, tmp_path):
                              {"$sort": {"_id": 1}}, {"$project": {"_id": 1}}]}}]) == [
             {"_id": 15}, {"_id": 14}, {"_id": 1}, {"_id": 2}, {"_id": 3}, {"_id": 4},
             {"_id": 5}]
+        # {aggregate: 1}: a $documents pipeline may union an unsharded collection (the primary
+        # shard runs it); a sharded one is refused (238)
+        assert agg(u, [{"$documents": [{"_id": 0}]},
+                       {"$unionWith": {"coll": "c", "pipeline": [{"$sort": {"_id": 1}}]}},
+                       {"$project": {"_id": 1}}]) == [{"_id": 0}, {"_id": 100}, {"_id": 101}]
+        with pytest.raises(OperationFailure) as e:
+            agg(db, [{"$documents": [{"_id": 0}]}, {"$unionWith": "c"}])
+        assert e.value.code == 238
         # a foreign side larger than one batch (the proxy's sub-aggregate drains its cursor
         # with getMores): 250 documents over three shards, unioned and looked up
         cl.shard_collection("lk.big", {"_id": 1}, split_points=[{"_id": 80}, {"_id": 160}])

@@ -726,6 +726,11 @@ static void test_lookup_union(void **state)
 	check_opts("[{'$match': {'_id': 1}}, {'$lookup': {'from': 'o', 'localField': 'x', 'foreignField': 'k',"
 		   " 'as': 'a.b', 'pipeline': [{'$project': {'_id': 1}}, {'$limit': 1}]}}]",
 		   docs, &o, "[{'_id': 1, 'x': 1, 'a': {'b': [{'_id': 10}]}}]");
+	/* the let placeholders of the parse-time check are not evaluated: $size of a let
+	 * variable holding an array */
+	check_opts("[{'$match': {'_id': 2}}, {'$lookup': {'from': 'o', 'let': {'v': '$x'}, 'as': 'm',"
+		   " 'pipeline': [{'$limit': 1}, {'$project': {'_id': 0, 'n': {'$size': '$$v'}}}]}}]",
+		   docs, &o, "[{'_id': 2, 'x': [2, 3], 'm': [{'n': 2}]}]");
 	/* errors */
 	assert_null(run("[{'$unionWith': {'coll': 'o', 'bogus': 1}}]", "[]", &o, &code, err, sizeof err));
 	assert_int_equal(code, 40415);
