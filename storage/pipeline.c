@@ -139,6 +139,11 @@ typedef struct {
 	int64_t bucket_num;       /* buckets emitted */
 	int64_t approx;           /* documents aimed at per bucket */
 	docbuild_node *prev_max;  /* with a granularity: the previous bucket's max */
+	/* $unionWith: the foreign source, open once the input ended (loaded) */
+	sdb_pipeline_source src;
+	bool src_open;
+	/* $lookup: the foreign reads already made */
+	agg_lookup_cache lookups;
 } stage_state;
 
 struct sdb_pipeline_cursor {
@@ -190,6 +195,11 @@ static void state_clear(stage_state *s)
 		bson_destroy(s->cur);
 	}
 	docbuild_free(s->cur_arr);
+	if (s->src_open && s->src.close != NULL) {
+		s->src.close(s->src.ctx);
+	}
+	s->src_open = false;
+	agg_lookup_cache_clear(&s->lookups);
 }
 
 void sdb_pipeline_cursor_free(sdb_pipeline_cursor *c)
@@ -1061,6 +1071,41 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 			}
 			s->loaded = true;
 			return run_facet(c, i - 1, doc, e);
+		case S_UNION_WITH: {
+			const bson_t *d = NULL;
+
+			if (!s->loaded) {
+				rc = pull(c, i - 1, doc, e);
+				if (rc != 0 || *doc != NULL) {
+					return rc;
+				}
+				s->loaded = true;
+				rc = agg_union_open(c->p, st, &s->src, e);
+				if (rc != 0) {
+					return rc;
+				}
+				s->src_open = true;
+			}
+			if (!s->src_open) {
+				return 0;
+			}
+			rc = s->src.next(s->src.ctx, &d, e->code, e->err, e->errlen);
+			if (rc < 0) {
+				if (e->code != NULL && *e->code == 0) {
+					*e->code = C_INTERNAL;
+				}
+				return rc;
+			}
+			if (rc == 0 || d == NULL) {
+				if (s->src.close != NULL) {
+					s->src.close(s->src.ctx);
+				}
+				s->src_open = false;
+				return 0;
+			}
+			*doc = bson_copy(d);
+			return 0;
+		}
 		case S_LIMIT:
 			if (s->count >= st->n) {
 				return 0;
@@ -1107,6 +1152,21 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 				return rc;
 			}
 			*doc = r;
+			return 0;
+		}
+		case S_LOOKUP: {
+			docbuild_node *arr = NULL, *d;
+
+			rc = agg_lookup_one(c->p, st, in, &s->lookups, &arr, e);
+			if (rc != 0) {
+				bson_destroy(in);
+				return rc;
+			}
+			d = docbuild_from_bson(in);
+			bson_destroy(in);
+			set_path(d, st->as, arr);
+			*doc = node_to_heap(d);
+			docbuild_free(d);
 			return 0;
 		}
 		case S_REPLACE_ROOT: {

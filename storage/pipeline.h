@@ -18,7 +18,10 @@
  * at most 16 MiB: pipeline_facet.c), $replaceRoot / $replaceWith, $bucketAuto (MongoDB
  * 6.0's DocumentSourceBucketAuto: its input sorted by groupBy, about documents/buckets per
  * bucket, equal values never split, {_id: {min, max}}, output accumulators, granularity:
- * pipeline_bucketauto.c and run_bucket_auto in pipeline.c).
+ * pipeline_bucketauto.c and run_bucket_auto in pipeline.c), $unionWith (its input, then
+ * another collection's documents through a sub-pipeline, read by the caller's
+ * sdb_pipeline_opts.foreign: pipeline_lookup.c), $lookup (equality, pipeline with let,
+ * and the two combined: the same reader, once per distinct foreign read in a cursor).
  * Expressions: field paths ("$a.b", mapped over arrays as MongoDB does), $$ROOT, $$CURRENT,
  * $$REMOVE, literals, {$literal: v}, documents and arrays of expressions, and the operators
  * $add $subtract $multiply $divide $mod (int32 -> int64 -> double widening; dates in $add and
@@ -59,12 +62,14 @@
  *        and internalDocumentSourceGroupMaxMemoryBytes); we never spill to disk, so
  *        allowDiskUse does not lift the limit.
  *   238  NotImplemented: a stage MongoDB knows but the embedded shard does not run
- *        ($lookup, $out, $merge, $sample, ...): "$lookup is not supported
- *        by the embedded shard"; $rand (expressions are deterministic: shard members
+ *        ($out, $merge, $sample, ...): "$out is not supported by the embedded
+ *        shard"; $unionWith/$lookup without a foreign reader in the options; $rand (expressions are deterministic: shard members
  *        replicate commands)
  *   40602 $documents or $collStats anywhere but first (the shard runs a leading one
  *        itself: src/shard/cmd_read.c)
  *   16866-16868, 4890500 a `let` variable's name or value (sdb_let_parse)
+ *   9, 14, 40415, 31441 $unionWith's form and its sub-pipeline; 9, 51047, 4568 $lookup's
+ *        (pipeline_lookup.c)
  *
  * Threading: an sdb_pipeline is immutable after parse/pushdown and may back several
  * cursors at once; one cursor is used by one thread at a time.
@@ -92,6 +97,27 @@ typedef struct sdb_pipeline_cursor sdb_pipeline_cursor;
 typedef int (*sdb_pipeline_next_fn)(void *ctx, const bson_t **doc, int *code, char *err,
 				    size_t errlen);
 
+/* The documents of another collection, for $unionWith and $lookup: an input iterator (next
+ * and ctx as sdb_pipeline_next_fn's contract) and close (called once, on ctx, when the
+ * stage is done with it or its cursor is freed; may be NULL). */
+typedef struct sdb_pipeline_source {
+	sdb_pipeline_next_fn next;
+	void (*close)(void *ctx);
+	void *ctx;
+} sdb_pipeline_source;
+
+/* How the engine reads another collection (the caller's job: the shard reads its own store
+ * in the same transaction, the proxy runs an aggregate through its routing): open the
+ * output of the pipeline stages (a BSON array of stage documents, possibly empty) over the
+ * collection coll of the same database, with the user variables let ({name: value}, already
+ * evaluated: constants, to be read as $$name; never NULL) in scope. arg is
+ * sdb_pipeline_opts.foreign_arg. On success fill *out (its close is called exactly once).
+ * Errors: any negative SDB_E* code with MongoDB's *code and the message in err (the stage
+ * fails with them); out is then not used. */
+typedef int (*sdb_pipeline_foreign_fn)(void *arg, const char *coll, const bson_t *stages,
+				       const bson_t *let, sdb_pipeline_source *out, int *code,
+				       char *err, size_t errlen);
+
 typedef struct sdb_pipeline_opts {
 	/* Bound on the bytes held by one $sort, $group or $bucketAuto (BSON sizes of held
 	 * documents and group states); 0 means SDB_PIPELINE_MAX_MEMORY. */
@@ -99,6 +125,10 @@ typedef struct sdb_pipeline_opts {
 	/* User variables ({name: constant}, sdb_let_parse) the stages' expressions and $match's
 	 * $expr may read as $$name; NULL = none. Copied where used. */
 	const bson_t *let;
+	/* Reads another collection for $unionWith and $lookup (and the sub-pipelines of
+	 * $facet, $unionWith and $lookup get it too); NULL: those stages are refused (238). */
+	sdb_pipeline_foreign_fn foreign;
+	void *foreign_arg;
 } sdb_pipeline_opts;
 
 /* Parse a pipeline.

@@ -1274,7 +1274,7 @@ static bool expr_reads_doc(const expr *x)
 }
 
 /* MongoDB's Variables::uassertValidNameForUserWrite (variables.cpp). */
-static int let_name_ok(const char *name, const ectx *e)
+int agg_let_name_ok(const char *name, const ectx *e)
 {
 	const unsigned char *c = (const unsigned char *)name;
 
@@ -1330,7 +1330,7 @@ int sdb_let_parse(const bson_iter_t *let, const bson_t *base, const char *what, 
 		docbuild_node *v = NULL;
 		const char *name = bson_iter_key(&it);
 
-		rc = let_name_ok(name, &e);
+		rc = agg_let_name_ok(name, &e);
 		if (rc == 0) {
 			rc = agg_expr_parse(&it, &x, &e);
 		}

@@ -95,6 +95,10 @@ int agg_facet_parse(const bson_iter_t *it, size_t max_mem, agg_facet **out, cons
 			break;
 		}
 		sdb_pipeline_opts opts = {.max_memory_bytes = max_mem, .let = e->vars};
+		if (e->opts != NULL) {
+			opts.foreign = e->opts->foreign;
+			opts.foreign_arg = e->opts->foreign_arg;
+		}
 		sdb_pipeline *p = NULL;
 
 		rc = sdb_pipeline_parse(&stages, &opts, &p, e->code, e->err, e->errlen);

@@ -41,6 +41,9 @@ typedef struct {
 	 * and an update statement's `c`, evaluated; see sdb_let_parse), or NULL: $$name
 	 * resolves to its value, another $$name is 17276 */
 	const bson_t *vars;
+	/* while parsing: the options of the pipeline being parsed (the foreign-collection
+	 * callback for $unionWith/$lookup and sub-pipelines), or NULL */
+	const sdb_pipeline_opts *opts;
 } ectx;
 
 static inline int efail(const ectx *e, int c, const char *fmt, ...)
@@ -367,6 +370,8 @@ typedef enum {
 	S_REPLACE_ROOT,
 	S_FACET, /* $facet: buffers its input, runs each sub-pipeline over it (pipeline_facet.c) */
 	S_BUCKET_AUTO, /* $bucketAuto: id = groupBy, accs = output, n = buckets, gran */
+	S_UNION_WITH,  /* $unionWith: its input, then coll's documents through sub */
+	S_LOOKUP,      /* $lookup: each input document with `as` = the foreign matches */
 } skind;
 
 /* A $group accumulator. */
@@ -408,6 +413,18 @@ typedef struct stage {
 	bool sort_by_count_desc; /* $sortByCount: the group is followed by a count sort */
 	agg_facet *facet;         /* $facet */
 	int gran;                 /* $bucketAuto: granularity rounder (0 = none) */
+	/* $unionWith / $lookup: the foreign collection, the sub-pipeline (a BSON array;
+	 * empty when none) */
+	char *coll;
+	bson_t *sub;
+	/* $lookup: `as`, localField/foreignField (NULL in the pipeline-only form), the `let`
+	 * variables' names and compiled expressions */
+	char *as;
+	char *local_field;
+	char *foreign_field;
+	char **let_names;
+	expr **let_exprs;
+	size_t n_let;
 } stage;
 
 /* The compiled pipeline: its stages in order, and the bytes one blocking stage may hold. */
@@ -415,6 +432,47 @@ struct sdb_pipeline {
 	stage *st;
 	size_t n;
 	size_t max_mem;
+	/* for $unionWith / $lookup: the reader of other collections and the command's `let`
+	 * variables (owned copy; NULL = none) the sub-pipelines see */
+	sdb_pipeline_foreign_fn foreign;
+	void *foreign_arg;
+	bson_t *let;
 };
+
+/* $unionWith and $lookup (pipeline_lookup.c): parse the stage's argument at it into a new
+ * stage of p (name is "$unionWith" or "$lookup"). Errors: SDB_EINVAL with MongoDB's code
+ * and message in e (see pipeline_lookup.c), 238 when p has no foreign reader. */
+int agg_lookup_parse(sdb_pipeline *p, const char *name, const bson_iter_t *it, const ectx *e);
+/* Free what agg_lookup_parse put in s (the coll/sub/as/... fields). */
+void agg_lookup_clear(stage *s);
+/* 0 when name is a valid user variable name (MongoDB's
+ * Variables::uassertValidNameForUserWrite). Errors: SDB_EINVAL with 16866 (empty), 16867
+ * (bad first character), 16868 (bad character), 238 (CURRENT) in e. */
+int agg_let_name_ok(const char *name, const ectx *e);
+/* The results a $lookup already read in one cursor: the foreign read's stages and
+ * variables ({s: stages, v: vars}) -> the array it gave, so that equal local values (or an
+ * uncorrelated pipeline) read the foreign collection once. Bounded by
+ * AGG_LOOKUP_CACHE_ENTRIES entries and AGG_LOOKUP_CACHE_BYTES bytes (past them: no caching). */
+#define AGG_LOOKUP_CACHE_ENTRIES 256
+#define AGG_LOOKUP_CACHE_BYTES (16u * 1024u * 1024u)
+typedef struct agg_lookup_cache {
+	bson_t **keys;
+	docbuild_node **vals;
+	size_t n;
+	size_t bytes;
+} agg_lookup_cache;
+/* Free what cache holds (it may then be used again, empty). */
+void agg_lookup_cache_clear(agg_lookup_cache *cache);
+/* $lookup's matches for one input document in (borrowed): *out gets a new array node (the
+ * caller sets it as `as` or frees it with docbuild_free) of the foreign documents the
+ * sub-pipeline returns (from cache when the same read was made before; cache may be NULL).
+ * Errors: the foreign reader's or a `let` expression's (code and message in e), 4568 when
+ * the array would exceed 16 MiB. */
+int agg_lookup_one(const sdb_pipeline *p, const stage *st, const bson_t *in,
+		   agg_lookup_cache *cache, docbuild_node **out, const ectx *e);
+/* Open the foreign source of a $unionWith stage st of p (sub-pipeline over coll, with p's
+ * `let`). Errors: the foreign reader's. */
+int agg_union_open(const sdb_pipeline *p, const stage *st, sdb_pipeline_source *src,
+		   const ectx *e);
 
 #endif

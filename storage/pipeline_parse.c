@@ -36,6 +36,7 @@ static void stage_clear(stage *s)
 	free(s->path);
 	free(s->index_field);
 	agg_facet_free(s->facet);
+	agg_lookup_clear(s);
 	memset(s, 0, sizeof *s);
 }
 
@@ -48,6 +49,9 @@ void sdb_pipeline_free(sdb_pipeline *p)
 		stage_clear(&p->st[i]);
 	}
 	free(p->st);
+	if (p->let != NULL) {
+		bson_destroy(p->let);
+	}
 	free(p);
 }
 
@@ -491,10 +495,13 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		}
 		return agg_expr_parse(&it, &s->id, e);
 	}
+	if (strcmp(name, "$unionWith") == 0 || strcmp(name, "$lookup") == 0) {
+		return agg_lookup_parse(p, name, &it, e);
+	}
 	static const char *const known[] = {
-		"$lookup", "$out", "$merge", "$graphLookup",
+		"$out", "$merge", "$graphLookup",
 		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
-		"$unionWith", "$indexStats", "$currentOp", "$listSessions",
+		"$indexStats", "$currentOp", "$listSessions",
 		"$search", "$changeStream", "$planCacheStats", "$listLocalSessions",
 	};
 	if (strcmp(name, "$documents") == 0 || strcmp(name, "$collStats") == 0) {
@@ -513,10 +520,18 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 int sdb_pipeline_parse(const bson_t *stages, const sdb_pipeline_opts *opts, sdb_pipeline **out,
 		       int *code, char *err, size_t errlen)
 {
-	ectx e = {code, err, errlen, opts != NULL ? opts->let : NULL};
+	ectx e = {code, err, errlen, opts != NULL ? opts->let : NULL, opts};
 	sdb_pipeline *p = sdb_calloc(1, sizeof *p);
 	bson_iter_t it;
 	int rc = 0;
+
+	if (opts != NULL) {
+		p->foreign = opts->foreign;
+		p->foreign_arg = opts->foreign_arg;
+		if (opts->let != NULL) {
+			p->let = bson_copy(opts->let);
+		}
+	}
 
 	*out = NULL;
 	if (code != NULL) {

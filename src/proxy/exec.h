@@ -10,6 +10,7 @@
 #define SDB_PROXY_EXEC_H
 
 #include "proxy/proxy.h"
+#include "storage/pipeline.h"
 #include "proxy/retry.h"
 #include "proxy/txn.h"
 #include "proxy/txnroute.h"
@@ -325,6 +326,27 @@ pcall *px_pcalls_failed(pcall *pc, size_t n, const int *skip_codes);
  * Returns: its status (0 for a reply, else the recorded error's code; see answers above). */
 int px_do_find(ctx *c);                      /* read.c */
 int px_do_get_more(ctx *c);
+
+/* ---- $unionWith / $lookup (foreign.c) ---- */
+
+/* Where an aggregate over c->db with the stage array stages runs: *cross when a
+ * $unionWith/$lookup (in the pipeline, a sub-pipeline or a $facet) names another collection,
+ * and then *foreign_sharded when one of those is sharded (an unsharded main collection's
+ * pipeline then runs on the proxy, not whole on the primary shard, so that the stage sees
+ * every shard's documents). Returns: 0, or HostUnreachable (6) answered on c (no routing). */
+int px_agg_placement(ctx *c, const bson_t *stages, bool *cross, bool *foreign_sharded);
+/* The output of the aggregate {aggregate: coll, pipeline: stages, let} in c->db run through
+ * the proxy's own routing (px_do_aggregate on a copy of c, the same path as a client's
+ * aggregate, then getMores until the cursor is exhausted). let: evaluated variables
+ * ({name: value}, sent as {$literal}s) or NULL. *docs: a heap array of *n heap documents
+ * (bson_destroy each, free the array). Errors: SDB_EINVAL with the sub-request's MongoDB
+ * *code and message in err (nothing in *docs). Blocking: a worker thread only. */
+int px_sub_aggregate(ctx *c, const char *coll, const bson_t *stages, const bson_t *let,
+		     bson_t ***docs, size_t *n, int *code, char *err, size_t errlen);
+/* sdb_pipeline_foreign_fn of the proxy (arg: the request's ctx *): px_sub_aggregate's
+ * documents as the source. Errors: px_sub_aggregate's. */
+int px_agg_foreign(void *arg, const char *coll, const bson_t *stages, const bson_t *let,
+		   sdb_pipeline_source *out, int *code, char *err, size_t errlen);
 int px_do_kill_cursors(ctx *c);
 int px_do_count(ctx *c);
 int px_do_distinct(ctx *c);

@@ -10,6 +10,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/exec.c \
 	src/proxy/explain.c \
 	src/proxy/findandmodify.c \
+	src/proxy/foreign.c \
 	src/proxy/merge.c \
 	src/proxy/policy.c \
 	src/proxy/quota.c \

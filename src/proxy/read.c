@@ -810,6 +810,109 @@ int px_agg_args(ctx *c, bson_t *pipeline, int64_t *batch)
 	return 0;
 }
 
+typedef struct arr_in {
+	bson_t **docs;
+	size_t n, pos;
+} arr_in;
+
+static int arr_next(void *arg, const bson_t **doc, int *code, char *err, size_t errlen)
+{
+	arr_in *in = arg;
+
+	(void)code;
+	(void)err;
+	(void)errlen;
+	if (in->pos >= in->n)
+		return 0;
+	*doc = in->docs[in->pos++];
+	return 1;
+}
+
+/* The pipeline pl (its leading part pd removed) over an unsharded collection c->coll whose
+ * pipeline reads a sharded foreign collection: the input is pd's filter/sort/skip/limit run
+ * on the primary shard (px_sub_aggregate), the rest runs here; answers c with the cursor.
+ * Returns: the answer's status. */
+static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, sdb_pipeline *pl,
+			   int64_t batch)
+{
+	bson_t pre = BSON_INITIALIZER, sp;
+	uint32_t k = 0;
+	char key[16];
+	const char *kp;
+	arr_in in = {0};
+	sdb_pipeline_cursor *pc = NULL;
+	pstream *out_s;
+	size_t cap = 0;
+	int code = 0, r;
+	char err[512];
+
+	bson_uint32_to_string(k++, &kp, key, sizeof key);
+	bson_append_document_begin(&pre, kp, -1, &sp);
+	BSON_APPEND_DOCUMENT(&sp, "$match", &pd->filter);
+	bson_append_document_end(&pre, &sp);
+	if (!bson_empty(&pd->sort)) {
+		bson_uint32_to_string(k++, &kp, key, sizeof key);
+		bson_append_document_begin(&pre, kp, -1, &sp);
+		BSON_APPEND_DOCUMENT(&sp, "$sort", &pd->sort);
+		bson_append_document_end(&pre, &sp);
+	}
+	if (pd->skip > 0) {
+		bson_uint32_to_string(k++, &kp, key, sizeof key);
+		bson_append_document_begin(&pre, kp, -1, &sp);
+		BSON_APPEND_INT64(&sp, "$skip", pd->skip);
+		bson_append_document_end(&pre, &sp);
+	}
+	if (pd->limit > 0) {
+		bson_uint32_to_string(k++, &kp, key, sizeof key);
+		bson_append_document_begin(&pre, kp, -1, &sp);
+		BSON_APPEND_INT64(&sp, "$limit", pd->limit);
+		bson_append_document_end(&pre, &sp);
+	}
+	{
+		bson_t vars;
+		int st = px_let(c, &vars);
+
+		if (st != 0) {
+			bson_destroy(&pre);
+			return st;
+		}
+		r = px_sub_aggregate(c, c->coll, &pre, &vars, &in.docs, &in.n, &code, err,
+				     sizeof err);
+		bson_destroy(&vars);
+	}
+	bson_destroy(&pre);
+	if (r != 0)
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+	sdb_pipeline_open(pl, arr_next, &in, &pc);
+	out_s = sdb_calloc_bson(1, sizeof *out_s);
+	memset(out_s, 0, sizeof *out_s);
+	out_s->chunk = -1;
+	bson_init(&out_s->err_reply);
+	for (;;) {
+		const bson_t *d;
+		r = sdb_pipeline_cursor_next(pc, &d, &code, err, sizeof err);
+		if (r <= 0)
+			break;
+		if (out_s->n == cap) {
+			cap = cap ? cap * 2 : 64;
+			out_s->docs = sdb_realloc(out_s->docs, cap * sizeof *out_s->docs);
+		}
+		out_s->docs[out_s->n++] = proxy_doc_copy(d);
+	}
+	sdb_pipeline_cursor_free(pc);
+	for (size_t i = 0; i < in.n; i++)
+		bson_destroy(in.docs[i]);
+	free(in.docs);
+	if (r < 0) {
+		pstream_clear(out_s);
+		bson_destroy(&out_s->err_reply);
+		free(out_s);
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+	}
+	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0),
+				batch, false, "firstBatch", c->ns);
+}
+
 int px_do_aggregate(ctx *c)
 {
 	bson_t stages;
@@ -852,16 +955,33 @@ int px_do_aggregate(ctx *c)
 	}
 	if ((st = px_refuse_js(c, &stages)) != 0)
 		return st;
-	if (c->coll == NULL)
-		return px_forward_primary_cursor(c, batch, false);
-	if ((st = px_route_sharded(c, PX_FWD_CURSOR, batch, false, &rc)) != 0 || rc == NULL)
+	/* $unionWith / $lookup: with every collection unsharded the primary shard runs the
+	 * whole pipeline (it reads them in one snapshot); with a sharded foreign collection the
+	 * proxy runs the pipeline and reads the foreign side through its routing */
+	bool cross, foreign_sharded;
+	if ((st = px_agg_placement(c, &stages, &cross, &foreign_sharded)) != 0)
 		return st;
+	if (c->coll == NULL) {
+		if (foreign_sharded)
+			return px_error(c, 238 /* NotImplemented */,
+					"$unionWith/$lookup of a sharded collection in an "
+					"{aggregate: 1} pipeline is not supported by stripedb");
+		return px_forward_primary_cursor(c, batch, false);
+	}
+	if (foreign_sharded) {
+		if ((st = px_route_or_fail(c, &rc)) != 0)
+			return st;
+	} else if ((st = px_route_sharded(c, PX_FWD_CURSOR, batch, false, &rc)) != 0 ||
+		   rc == NULL) {
+		return st;
+	}
 	{
 		bson_t vars;
 
 		st = px_let(c, &vars);
 		if (st == 0) {
-			sdb_pipeline_opts po = {.let = &vars};
+			sdb_pipeline_opts po = {.let = &vars, .foreign = px_agg_foreign,
+						.foreign_arg = c};
 
 			if (sdb_pipeline_parse(&stages, &po, &pl, &code, err, sizeof err) != 0)
 				st = px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
@@ -873,6 +993,15 @@ int px_do_aggregate(ctx *c)
 		}
 	}
 	sdb_pipeline_pushdown(pl, SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT | SDB_PUSHDOWN_LIMIT, &pd);
+	if (rc->nkeys == 0) {
+		/* an unsharded collection with a sharded foreign one: its pushed-down part runs
+		 * on the primary (a sub-aggregate), the rest here */
+		route_coll_unref(rc);
+		st = unsharded_input(c, &pd, pl, batch);
+		sdb_pipeline_pushdown_destroy(&pd);
+		sdb_pipeline_free(pl);
+		return st;
+	}
 	if (merge_sort_parse(&pd.sort, &ms, &code, err, sizeof err) != 0) {
 		sdb_pipeline_pushdown_destroy(&pd);
 		sdb_pipeline_free(pl);

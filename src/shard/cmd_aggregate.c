@@ -177,6 +177,78 @@ static int array_next(void *ctx, const bson_t **doc, int *code, char *err, size_
 	return 1;
 }
 
+/* The documents of a $unionWith / $lookup foreign collection, materialised (array_input
+ * plus its own storage). */
+typedef struct foreign_docs {
+	array_input in;
+} foreign_docs;
+
+static void foreign_close(void *ctx)
+{
+	foreign_docs *f = ctx;
+	util_docs_free(f->in.docs, f->in.n);
+	free(f);
+}
+
+/* sdb_pipeline_foreign_fn of the shard: run stages over db.coll of this shard (a view's
+ * pipeline first) in the request's open read transaction (the same snapshot as the main
+ * collection), with the variables let; no orphan filtering (the foreign collection has no
+ * shard version in the request: a proxy only sends a cross-collection stage to a shard
+ * when both collections are unsharded). Nested $unionWith/$lookup use this again. */
+static int shard_foreign(void *arg, const char *coll, const bson_t *stages, const bson_t *let,
+			 sdb_pipeline_source *out, int *code, char *err, size_t errlen)
+{
+	shard_ctx *x = arg;
+	char source[256];
+	bson_t all = BSON_INITIALIZER;
+	uint32_t nst = 0;
+	sdb_pipeline *p = NULL;
+	sdb_pipeline_cursor *pc = NULL;
+	agg_input in = {0};
+	int rc;
+
+	if (view_resolve(x, coll, source, sizeof source, &all, &nst))
+		coll = source;
+	stages_append(&all, &nst, stages);
+	sdb_pipeline_opts po = {.let = let, .foreign = shard_foreign, .foreign_arg = x};
+	rc = sdb_pipeline_parse(&all, &po, &p, code, err, errlen);
+	bson_destroy(&all);
+	if (rc != 0)
+		return rc;
+	sdb_pipeline_pushdown_t pd;
+	sdb_pipeline_pushdown(p, SDB_PUSHDOWN_MATCH | SDB_PUSHDOWN_SORT | SDB_PUSHDOWN_LIMIT, &pd);
+	sdb_query_spec spec = {
+		.filter = &pd.filter,
+		.sort = bson_empty(&pd.sort) ? NULL : &pd.sort,
+		.skip = pd.skip,
+		.limit = pd.limit > 0 ? pd.limit : 0,
+		.let = let,
+	};
+	rc = sdb_query_open(x->conn, x->db, coll, &spec, &in.q, code, err, errlen);
+	sdb_pipeline_pushdown_destroy(&pd);
+	if (rc != 0) {
+		sdb_pipeline_free(p);
+		return rc;
+	}
+	foreign_docs *f = sdb_calloc(1, sizeof *f);
+	size_t cap = 0;
+	const bson_t *d;
+	sdb_pipeline_open(p, agg_next, &in, &pc);
+	while ((rc = sdb_pipeline_cursor_next(pc, &d, code, err, errlen)) == 1)
+		util_docs_push(&f->in.docs, &f->in.n, &cap, sdb_doc_copy(d));
+	sdb_pipeline_cursor_free(pc);
+	sdb_pipeline_free(p);
+	sdb_query_free(in.q);
+	if (rc < 0) {
+		foreign_close(f);
+		return rc;
+	}
+	out->next = array_next;
+	out->close = foreign_close;
+	out->ctx = f;
+	return 0;
+}
+
 /* cmd_read_int.h */
 bool shard_agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 		     const bson_iter_t *hint, bson_t ***docs_out, size_t *n_out,
@@ -260,7 +332,7 @@ bool shard_agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 		stages_append(&all, &nst, stages);
 	sdb_pipeline *p = NULL;
 	int code = 0;
-	sdb_pipeline_opts po = {.let = shard_let(x)};
+	sdb_pipeline_opts po = {.let = shard_let(x), .foreign = shard_foreign, .foreign_arg = x};
 	if (sdb_pipeline_parse(&all, &po, &p, &code, x->err, sizeof x->err) != 0) {
 		bson_destroy(&all);
 		util_docs_free(sessions.docs, sessions.n);
