@@ -449,6 +449,125 @@ void px_stream_init(pstream *s, const char *shard, const char *db, const char *c
 }
 
 /* Forward a cursor-returning command to one shard as is, and answer through a proxy cursor. */
+/* ---- views (issue #20) ----
+ * Metadata does not know views: a view's name routes as an unsharded collection, to its
+ * database's primary shard, which would resolve a view over a sharded collection against
+ * its own share of the documents only. So reads sent this way carry
+ * $stripedbViewCheck: {allow: [...]}; a shard whose read resolves a view to a source not in
+ * allow answers 169 naming the source (src/shard/cmd_aggregate.c view_check). An unsharded
+ * source is added to allow and the read sent again (the primary holds all of it); a
+ * sharded one is refused with 238, never answered from one shard. */
+#define VIEW_SOURCE_TAG "resolvedView.ns="
+#define VIEW_MAX_SOURCES 8
+
+/* Does the command read a collection a view could stand for? */
+static bool view_read(const bson_t *cmd)
+{
+	bson_iter_t it;
+	const char *k;
+
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it))
+		return false;
+	k = bson_iter_key(&it);
+	return strcmp(k, "find") == 0 || strcmp(k, "aggregate") == 0 || strcmp(k, "count") == 0 ||
+	       strcmp(k, "distinct") == 0 || strcmp(k, "explain") == 0;
+}
+
+/* The source a shard's 169 names (into buf), or false for any other reply. */
+static bool view_source(const bson_t *reply, char *buf, size_t buflen)
+{
+	bson_iter_t it;
+	const char *msg, *tag;
+
+	if (!bson_iter_init_find(&it, reply, "code") || !BSON_ITER_HOLDS_NUMBER(&it) ||
+	    bson_iter_as_int64(&it) != WIRE_ERR_COMMAND_ON_SHARDED_VIEW ||
+	    !bson_iter_init_find(&it, reply, "errmsg") || !BSON_ITER_HOLDS_UTF8(&it))
+		return false;
+	msg = bson_iter_utf8(&it, NULL);
+	if ((tag = strstr(msg, VIEW_SOURCE_TAG)) == NULL)
+		return false;
+	snprintf(buf, buflen, "%s", tag + strlen(VIEW_SOURCE_TAG));
+	return buf[0] != '\0';
+}
+
+/* A shard-style error reply into reply (initialised here). */
+static void error_reply(bson_t *reply, int code, const char *msg)
+{
+	bson_init(reply);
+	BSON_APPEND_DOUBLE(reply, "ok", 0.0);
+	BSON_APPEND_UTF8(reply, "errmsg", msg);
+	BSON_APPEND_INT32(reply, "code", code);
+	BSON_APPEND_UTF8(reply, "codeName", wire_code_name(code));
+}
+
+/* px_run_on for a command forwarded whole to one shard (an unsharded collection's, or a
+ * view's): reads go with $stripedbViewCheck and are sent again, with the source allowed,
+ * while the views they meet resolve to unsharded collections (at most VIEW_MAX_SOURCES); a
+ * view over a sharded collection gets a 238 reply. Returns: as px_run_on. */
+static int run_view_checked(ctx *c, const char *shard, const bson_t *fwd, uint32_t *sid,
+			    bson_t *reply, char *nerr, size_t nerrlen)
+{
+	char *allow[VIEW_MAX_SOURCES];
+	size_t nallow = 0;
+	int r;
+
+	if (!view_read(fwd))
+		return px_run_on(c, shard, fwd, sid, reply, nerr, nerrlen);
+	for (;;) {
+		bson_t cmd = BSON_INITIALIZER, vc, arr;
+		char src[512], rerr[256], msg[1400];
+
+		bson_copy_to_excluding_noinit(fwd, &cmd, "$stripedbViewCheck", NULL);
+		bson_append_document_begin(&cmd, "$stripedbViewCheck", -1, &vc);
+		bson_append_array_begin(&vc, "allow", -1, &arr);
+		for (size_t i = 0; i < nallow; i++) {
+			char k[16];
+			const char *kp;
+			bson_uint32_to_string((uint32_t)i, &kp, k, sizeof k);
+			BSON_APPEND_UTF8(&arr, kp, allow[i]);
+		}
+		bson_append_array_end(&vc, &arr);
+		bson_append_document_end(&cmd, &vc);
+		r = px_run_on(c, shard, &cmd, sid, reply, nerr, nerrlen);
+		bson_destroy(&cmd);
+		if (r != SHARDCONN_CMD_ERR || !view_source(reply, src, sizeof src))
+			break;
+		bson_destroy(reply);
+		ctx c2 = *c; /* the routing of the source, as the request's own */
+		snprintf(c2.ns, sizeof c2.ns, "%s", src);
+		route_coll *rc = px_route(&c2, false, rerr, sizeof rerr);
+		if (rc == NULL) {
+			snprintf(msg, sizeof msg, "routing of %s (a view's source) unavailable: %s",
+				 src, rerr);
+			error_reply(reply, WIRE_ERR_HOST_UNREACHABLE, msg);
+			break;
+		}
+		bool sharded = rc->nkeys > 0;
+		route_coll_unref(rc);
+		if (sharded) {
+			snprintf(msg, sizeof msg,
+				 "a view over the sharded collection %s is not supported through a "
+				 "proxy (the view would see one shard's documents): query %s with "
+				 "the view's pipeline",
+				 src, src);
+			error_reply(reply, WIRE_ERR_NOT_IMPLEMENTED, msg);
+			break;
+		}
+		if (nallow == VIEW_MAX_SOURCES) {
+			snprintf(msg, sizeof msg,
+				 "a read through more than %d views of different sources is not "
+				 "supported through a proxy",
+				 VIEW_MAX_SOURCES);
+			error_reply(reply, WIRE_ERR_NOT_IMPLEMENTED, msg);
+			break;
+		}
+		allow[nallow++] = sdb_strdup(src);
+	}
+	for (size_t i = 0; i < nallow; i++)
+		free(allow[i]);
+	return r;
+}
+
 int px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batch,
 		      bool single)
 {
@@ -462,7 +581,7 @@ int px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batc
 
 	px_copy_cmd(cmd, &fwd, NULL);
 	px_stream_init(s, shard, c->db, c->coll ? c->coll : "");
-	r = px_run_on(c, shard, &fwd, &s->server_id, &reply, nerr, sizeof nerr);
+	r = run_view_checked(c, shard, &fwd, &s->server_id, &reply, nerr, sizeof nerr);
 	if (r != SHARDCONN_OK) {
 		st = px_reply_shard_error(c, r, &reply, nerr);
 		goto fail;
@@ -509,7 +628,7 @@ static int forward_plain(ctx *c, const char *shard)
 		BSON_APPEND_DOCUMENT(&fwd, "lsid", &c->txn.lsid);
 		BSON_APPEND_INT64(&fwd, "txnNumber", c->txn.txn);
 	}
-	r = px_run_on(c, shard, &fwd, NULL, &reply, nerr, sizeof nerr);
+	r = run_view_checked(c, shard, &fwd, NULL, &reply, nerr, sizeof nerr);
 	st = px_reply_write_result(c, r, &reply, nerr);
 	bson_destroy(&reply);
 	bson_destroy(&fwd);

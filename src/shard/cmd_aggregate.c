@@ -98,6 +98,36 @@ static bool view_resolve(shard_ctx *x, const char *coll, char *buf, size_t bufle
 	return true;
 }
 
+/* Views through a proxy (issue #20): a proxy forwards reads of a collection it does not
+ * know as sharded with $stripedbViewCheck: {allow: ["db.src", ...]}, because metadata does
+ * not know views and a view over a sharded collection resolved here would read only this
+ * shard's share of it. A read whose view resolves to a source outside allow answers 169
+ * CommandOnShardedViewNotSupportedOnMongod (mongod's answer to mongos for a view over a
+ * sharded collection) naming the source at the end of errmsg, after VIEW_SOURCE_TAG; the
+ * proxy decides (src/proxy/exec.c): an unsharded source goes into allow and the read is
+ * sent again, a sharded one is refused. Returns true when source (a collection of x->db)
+ * must be reported, with the message in err. */
+#define VIEW_SOURCE_TAG "resolvedView.ns="
+static bool view_check(shard_ctx *x, const char *view, const char *source, char *err,
+		       size_t errlen)
+{
+	bson_iter_t it, sub, arr;
+	char ns[512];
+
+	if (!bson_iter_init_find(&it, x->cmd, "$stripedbViewCheck") ||
+	    !BSON_ITER_HOLDS_DOCUMENT(&it))
+		return false;
+	snprintf(ns, sizeof ns, "%s.%s", x->db, source);
+	if (bson_iter_recurse(&it, &sub) && bson_iter_find(&sub, "allow") &&
+	    BSON_ITER_HOLDS_ARRAY(&sub) && bson_iter_recurse(&sub, &arr))
+		while (bson_iter_next(&arr))
+			if (BSON_ITER_HOLDS_UTF8(&arr) && strcmp(bson_iter_utf8(&arr, NULL), ns) == 0)
+				return false;
+	snprintf(err, errlen, "Namespace %s.%s is a view; its source must be resolved by the "
+		 "proxy; " VIEW_SOURCE_TAG "%s", x->db, view, ns);
+	return true;
+}
+
 /* The document of a leading {$collStats: spec} over db.coll (a copy for util_docs_free):
  * {ns, host, localTime, storageStats?: the collStats fields, count?: {count}}. Replies and
  * returns false for an option other than storageStats and count (FailedToParse, as the
@@ -207,8 +237,14 @@ static int shard_foreign(void *arg, const char *coll, const bson_t *stages, cons
 	agg_input in = {0};
 	int rc;
 
-	if (view_resolve(x, coll, source, sizeof source, &all, &nst))
+	if (view_resolve(x, coll, source, sizeof source, &all, &nst)) {
+		if (view_check(x, coll, source, err, errlen)) {
+			bson_destroy(&all);
+			*code = WIRE_ERR_COMMAND_ON_SHARDED_VIEW;
+			return SDB_EINVAL;
+		}
 		coll = source;
+	}
 	stages_append(&all, &nst, stages);
 	sdb_pipeline_opts po = {.let = let, .foreign = shard_foreign, .foreign_arg = x};
 	rc = sdb_pipeline_parse(&all, &po, &p, code, err, errlen);
@@ -290,6 +326,13 @@ bool shard_agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 		coll = NULL; /* no collection scan */
 	}
 	if (coll && view_resolve(x, coll, source, sizeof source, &all, &nst)) {
+		char verr[1024];
+		if (view_check(x, coll, source, verr, sizeof verr)) {
+			bson_destroy(&all);
+			util_docs_free(sessions.docs, sessions.n);
+			shard_fail(x, WIRE_ERR_COMMAND_ON_SHARDED_VIEW, "%s", verr);
+			return false;
+		}
 		coll = source;
 		hint = NULL;
 	}

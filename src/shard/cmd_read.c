@@ -1077,7 +1077,24 @@ void shard_cmd_distinct(shard_ctx *x)
 	if (!find_opts_get(x, x->cmd, "distinct", true, &o))
 		return;
 	distinct_acc acc = {.key = key};
-	bool ok = query_each(x, coll, &o, false, distinct_doc, &acc);
+	bool ok;
+	if (shard_coll_is_view(x, coll)) {
+		/* a view: its documents through its pipeline and the query's $match (as mongod
+		 * runs a distinct on a view as an aggregation), each walked as a collection's
+		 * (a view's distinct returned nothing before) */
+		bson_t stages = BSON_INITIALIZER;
+		uint32_t nst = 0;
+		bson_t **docs = NULL;
+		size_t nd = 0;
+		view_stages(&o, false, &stages, &nst);
+		ok = shard_agg_exec(x, coll, &stages, NULL, &docs, &nd, NULL);
+		bson_destroy(&stages);
+		for (size_t i = 0; ok && i < nd; i++)
+			distinct_doc(&acc, docs[i]);
+		util_docs_free(docs, nd);
+	} else {
+		ok = query_each(x, coll, &o, false, distinct_doc, &acc);
+	}
 	sdb_store_rollback(x->conn);
 	find_opts_destroy(&o);
 	if (!ok) {

@@ -70,6 +70,7 @@ static const struct {
 	{125, "CommandFailed"},
 	{133, "FailedToSatisfyReadPreference"},
 	{166, "CommandNotSupportedOnView"},
+	{169, "CommandOnShardedViewNotSupportedOnMongod"},
 	{189, "PrimarySteppedDown"},
 	{202, "NetworkInterfaceExceededTimeLimit"},
 	{211, "KeyNotFound"},
