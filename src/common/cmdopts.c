@@ -12,6 +12,7 @@
 #define CODE_NOT_IMPLEMENTED 238 /* NotImplemented */
 #define CODE_UNKNOWN_FIELD 40415 /* IDL: "BSON field '...' is an unknown field." */
 #define CODE_INVALID_OPTIONS 72  /* InvalidOptions */
+#define CODE_INVALID_NAMESPACE 73 /* InvalidNamespace */
 
 /* ---- strict parsing: the fields a command may carry (issue #20) ----
  * MongoDB parses each command with its IDL and answers 40415 "BSON field '<cmd>.<f>' is an
@@ -556,6 +557,35 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 	return sdb_cmd_check(name, cmd, false, err, errlen);
 }
 
+/* A namespace string with a NUL byte inside: C strings would stop at it and the command
+ * would act on a shorter name (`renameCollection: "db.a\0x"` renamed db.a). Checked: the
+ * command's first field when it is a string (the collection or namespace), renameCollection's
+ * `to`, create's `viewOn` and `$db`. MongoDB refuses such names with 73 InvalidNamespace.
+ * Returns: 0, or 73 with the message in err. */
+static int nul_in_namespace(const bson_t *cmd, char *err, size_t errlen)
+{
+	static const char *const named[] = {"to", "viewOn", "$db"};
+	bson_iter_t it;
+	uint32_t len;
+	const char *v;
+
+	if (bson_iter_init(&it, cmd) && bson_iter_next(&it) && BSON_ITER_HOLDS_UTF8(&it) &&
+	    (v = bson_iter_utf8(&it, &len)) != NULL && strlen(v) != len) {
+		snprintf(err, errlen, "Invalid namespace specified '%s': a name contains a null byte",
+			 v);
+		return CODE_INVALID_NAMESPACE;
+	}
+	for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+		if (bson_iter_init_find(&it, cmd, named[i]) && BSON_ITER_HOLDS_UTF8(&it) &&
+		    (v = bson_iter_utf8(&it, &len)) != NULL && strlen(v) != len) {
+			snprintf(err, errlen,
+				 "Invalid namespace specified '%s' (%s): a name contains a null byte",
+				 v, named[i]);
+			return CODE_INVALID_NAMESPACE;
+		}
+	return 0;
+}
+
 int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err, size_t errlen)
 {
 	static const struct {
@@ -576,6 +606,9 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 	bool let_ok = false;
 	const char *unknown = unknown_field(name, cmd, internal);
 	int code;
+
+	if ((code = nul_in_namespace(cmd, err, errlen)) != 0)
+		return code;
 
 	/* `let` (MongoDB 5.0) is honoured by find, aggregate, update, delete and findAndModify
 	 * (storage/pipeline.h sdb_let_parse); no other command has it */

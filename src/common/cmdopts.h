@@ -36,6 +36,8 @@
  *     a malformed writeConcern (w, wtimeout, j, fsync): 9 FailedToParse; a delete
  *     statement's limit other than 0 or 1: 9 "The limit field in delete objects must be 0
  *     or 1. Got 0.5"; getMore's batchSize <= 0: 2 BadValue;
+ *   - a namespace string with a NUL byte inside (the first field when a string, `to`,
+ *     `viewOn`, `$db`): 73 InvalidNamespace, as MongoDB (C strings would end at the NUL);
  *   - with a txnNumber (a retryable write), an update statement with multi: true or a delete
  *     statement with limit: 0: 72 InvalidOptions, as mongod answers (write_ops_exec.cpp),
  *     since a statement touching many documents cannot be recorded for an exactly-once retry.

@@ -144,6 +144,14 @@ REFUSALS = [
      "BSON field 'renameCollection.bogus' is an unknown field."),
     ({"renameCollection": "e.a", "to": "e.b", "collectionUUID": 1}, "admin", 238,
      "collectionUUID"),
+    # a NUL byte inside a name: C strings stopped at it, so the command acted on a shorter
+    # name (renamed e.a, created e.zz; found by a fresh user)
+    ({"renameCollection": "e.a\x00junk", "to": "e.q"}, "admin", 73, "null byte"),
+    ({"renameCollection": "e.a", "to": "e.zz\x00evil"}, "admin", 73, "null byte"),
+    ({"create": "zz\x00q"}, "e", 73, "null byte"),
+    ({"drop": "a\x00q"}, "e", 73, "null byte"),
+    ({"insert": "a\x00q", "documents": [{"_id": 2}]}, "e", 73, "null byte"),
+    ({"create": "w", "viewOn": "a\x00q", "pipeline": []}, "e", 73, "null byte"),
 ]
 
 
