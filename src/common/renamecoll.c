@@ -165,5 +165,13 @@ int sdb_rename_parse(const bson_t *cmd, const char *db, sdb_rename_args *out, ch
 			   errlen)) != 0 ||
 	    (rc = check_ns(out->to_ns, "target", out->to_db, out->to_coll, err, errlen)) != 0)
 		return rc;
+	/* rename_collection.cpp: the local database is not replicated on a mongod, so a
+	 * rename into or out of it is refused (a stripedb shard happens to replicate it) */
+	if ((strcmp(out->from_db, "local") == 0) != (strcmp(out->to_db, "local") == 0)) {
+		snprintf(err, errlen,
+			 "Cannot rename collections between a replicated and an unreplicated "
+			 "database");
+		return 20; /* IllegalOperation */
+	}
 	return 0;
 }

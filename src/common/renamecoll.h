@@ -35,7 +35,9 @@ typedef struct sdb_rename_args {
  * while replicating"; `system.views` / `system.profile`: 20 "error with source namespace:
  * cannot write to db.system.views"; any other `system.*` collection: 20 "error with source
  * namespace: Invalid system namespace: db.system.x" (mongod's userAllowedWriteNS, wrapped
- * as validateAndRunRenameCollection wraps it; "target" for the target).
+ * as validateAndRunRenameCollection wraps it; "target" for the target); into or out of
+ * the `local` database: 20 "Cannot rename collections between a replicated and an
+ * unreplicated database" (rename_collection.cpp).
  * Returns: 0 with *out filled, else the MongoDB error code with the message in err (errlen
  * bytes, NUL-terminated); *out is then unspecified. */
 int sdb_rename_parse(const bson_t *cmd, const char *db, sdb_rename_args *out, char *err,

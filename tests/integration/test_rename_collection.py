@@ -144,6 +144,8 @@ REFUSALS = [
      "BSON field 'renameCollection.bogus' is an unknown field."),
     ({"renameCollection": "e.a", "to": "e.b", "collectionUUID": 1}, "admin", 238,
      "collectionUUID"),
+    ({"renameCollection": "e.a", "to": "local.a"}, "admin", 20,
+     "Cannot rename collections between a replicated and an unreplicated database"),
     # a NUL byte inside a name: C strings stopped at it, so the command acted on a shorter
     # name (renamed e.a, created e.zz; found by a fresh user)
     ({"renameCollection": "e.a\x00junk", "to": "e.q"}, "admin", 73, "null byte"),
