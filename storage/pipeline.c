@@ -111,11 +111,24 @@ typedef struct group {
 } group;
 
 typedef struct sitem {
-	bson_t *doc;
+	bson_t *doc;         /* $sort: the document; $bucketAuto: NULL (not kept) */
 	uint64_t seq;
 	sdb_key key;
 	docbuild_node *val; /* $bucketAuto: the groupBy value (key is its encoding); else NULL */
+	docbuild_node **accv; /* $bucketAuto: each accumulator's argument, evaluated on input
+			       * (naccv of them, NULL entries for $count); else NULL */
+	size_t naccv;
 } sitem;
+
+/* Free an item's evaluated accumulator arguments. */
+static void sitem_accv_free(sitem *it)
+{
+	for (size_t a = 0; a < it->naccv; a++)
+		docbuild_free(it->accv[a]);
+	free(it->accv);
+	it->accv = NULL;
+	it->naccv = 0;
+}
 
 typedef struct {
 	/* $sort */
@@ -177,6 +190,7 @@ static void state_clear(stage_state *s)
 		bson_destroy(s->items[i].doc);
 		sdb_key_free(&s->items[i].key);
 		docbuild_free(s->items[i].val);
+		sitem_accv_free(&s->items[i]);
 	}
 	free(s->items);
 	docbuild_free(s->prev_max);
@@ -311,7 +325,7 @@ static void msort(sitem *items, sitem *tmp, size_t n)
 
 static size_t sitem_mem(const sitem *it)
 {
-	return it->doc->len + sizeof(bson_t) + it->key.len + sizeof *it;
+	return (it->doc ? it->doc->len + sizeof(bson_t) : 0) + it->key.len + sizeof *it;
 }
 
 /* Sort s->items[0..n) stably; keep at most keep (0 = all). */
@@ -326,6 +340,7 @@ static void sort_docs(stage_state *s, size_t keep)
 			s->mem -= sitem_mem(&s->items[i]);
 			bson_destroy(s->items[i].doc);
 			sdb_key_free(&s->items[i].key);
+			sitem_accv_free(&s->items[i]);
 		}
 		s->n = keep;
 	}
@@ -356,6 +371,8 @@ static int run_sort(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 		it = &s->items[s->n];
 		it->doc = d;
 		it->val = NULL;
+		it->accv = NULL;
+		it->naccv = 0;
 		it->seq = seq++;
 		sdb_key_init(&it->key);
 		/* the sort key is computed once per document (storage/sortspec.h) */
@@ -684,10 +701,30 @@ static int run_bucket_auto(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 			s->items = sdb_realloc(s->items, s->cap * sizeof *s->items);
 		}
 		it = &s->items[s->n++];
-		it->doc = d;
+		it->doc = NULL;
 		it->val = v;
 		it->seq = seq++;
+		it->accv = NULL;
+		it->naccv = 0;
 		sdb_key_init(&it->key);
+		/* only what the stage needs is held, not the document (as mongod's bucketAuto
+		 * keeps the groupBy value and the accumulators' arguments): each accumulator's
+		 * argument is evaluated now and fed to its bucket later */
+		size_t argmem = 0;
+		if (st->n_accs > 0) {
+			it->accv = sdb_calloc(st->n_accs, sizeof *it->accv);
+			it->naccv = st->n_accs;
+		}
+		for (size_t a = 0; a < st->n_accs && rc == 0; a++) {
+			if (st->accs[a].x != NULL) {
+				rc = agg_expr_eval(st->accs[a].x, d, &it->accv[a], e);
+				argmem += it->accv[a] ? node_size(it->accv[a]) : 0;
+			}
+		}
+		bson_destroy(d);
+		if (rc != 0) {
+			return rc; /* the item is freed with the stage (state_clear) */
+		}
 		docbuild_value(v, &scratch, &bv);
 		rc = sdb_keyenc_append_value(&it->key, &bv, false, e->err, e->errlen);
 		bson_destroy(&scratch);
@@ -697,7 +734,8 @@ static int run_bucket_auto(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 			}
 			return rc;
 		}
-		s->mem += sitem_mem(it) + node_size(v);
+		s->mem += sitem_mem(it) + node_size(v) + argmem +
+			  it->naccv * sizeof *it->accv;
 		if (s->mem > c->p->max_mem) {
 			return memory_error(e, "$bucketAuto");
 		}
@@ -719,19 +757,13 @@ static int bucket_add(const stage *st, stage_state *s, acc_state *acc, docbuild_
 	sitem *it = &s->items[s->pos++];
 	int rc = 0;
 
-	for (size_t a = 0; a < st->n_accs && rc == 0; a++) {
-		docbuild_node *v = NULL;
-
-		if (st->accs[a].x != NULL) {
-			rc = agg_expr_eval(st->accs[a].x, it->doc, &v, e);
-		}
-		if (rc == 0) {
-			acc_add(&acc[a], v, mem);
-		} else {
-			docbuild_free(v);
-		}
+	(void)e;
+	for (size_t a = 0; a < st->n_accs && a < it->naccv; a++) {
+		/* the argument evaluated on input (run_bucket_auto); acc_add takes it */
+		acc_add(&acc[a], it->accv[a], mem);
+		it->accv[a] = NULL;
 	}
-	bson_destroy(it->doc);
+	sitem_accv_free(it);
 	docbuild_free(*max);
 	*max = it->val;
 	it->val = NULL;

@@ -915,7 +915,7 @@ static void test_match(void **state)
 static void test_memory_limit(void **state)
 {
 	(void)state;
-	sdb_pipeline_opts o = {.max_memory_bytes = 20000};
+	sdb_pipeline_opts o = {.max_memory_bytes = 24000};
 	char *docs = malloc(200000);
 	size_t len = 0;
 	int code;
@@ -939,11 +939,27 @@ static void test_memory_limit(void **state)
 	assert_int_equal(code, 292);
 	assert_non_null(strstr(err, "Exceeded memory limit for $group"));
 
-	/* $bucketAuto holds its whole input (as $sort) */
+	/* $bucketAuto holds every input's groupBy value and accumulator arguments (not the
+	 * documents: a fresh user's 120 x 1 MiB documents failed) under the same bound */
 	got = run("[{'$bucketAuto': {'groupBy': '$k', 'buckets': 2}}]", docs, &o, &code, err, sizeof err);
 	assert_null(got);
 	assert_int_equal(code, 292);
 	assert_non_null(strstr(err, "Exceeded memory limit for $bucketAuto"));
+	{
+		/* a bound the whole documents exceed (1000 x ~300 bytes held) but the values
+		 * fit; an accumulator of the whole pad still does not */
+		sdb_pipeline_opts big = {.max_memory_bytes = 300000};
+		got = run("[{'$bucketAuto': {'groupBy': '$k', 'buckets': 2}}, {'$project': {'_id': 0}}]",
+			  docs, &big, &code, err, sizeof err);
+		if (got == NULL)
+			fail_msg("bucketAuto under 300000 bytes: %d %s", code, err);
+		assert_string_equal(got, "{ \"v\" : [ { \"count\" : { \"$numberInt\" : \"500\" } }, { \"count\" : { \"$numberInt\" : \"500\" } } ] }");
+		bson_free(got);
+		got = run("[{'$bucketAuto': {'groupBy': '$k', 'buckets': 2, 'output': {'p': {'$push': '$$ROOT'}}}}]",
+			  docs, &big, &code, err, sizeof err);
+		assert_null(got);
+		assert_int_equal(code, 292);
+	}
 	got = run("[{'$match': {'k': {'$lt': 30}}}, {'$bucketAuto': {'groupBy': '$k', 'buckets': 3}},"
 		  " {'$project': {'_id': 0, 'count': 1}}]",
 		  docs, &o, &code, err, sizeof err);
