@@ -126,8 +126,10 @@ static int parse_union_with(sdb_pipeline *p, const bson_iter_t *arg, const ectx 
 	bson_iter_t f;
 	int rc;
 
+	uint32_t clen = 0;
+
 	if (BSON_ITER_HOLDS_UTF8(arg)) {
-		coll = bson_iter_utf8(arg, NULL);
+		coll = bson_iter_utf8(arg, &clen);
 	} else if (BSON_ITER_HOLDS_DOCUMENT(arg)) {
 		bson_iter_recurse(arg, &f);
 		while (bson_iter_next(&f)) {
@@ -140,7 +142,7 @@ static int parse_union_with(sdb_pipeline *p, const bson_iter_t *arg, const ectx 
 						     "expected type 'string'",
 						     type_name(bson_iter_type(&f)));
 				}
-				coll = bson_iter_utf8(&f, NULL);
+				coll = bson_iter_utf8(&f, &clen);
 			} else if (strcmp(k, "pipeline") == 0) {
 				if (!iter_array(&f, &sub)) {
 					return efail(e, C_TYPE_MISMATCH,
@@ -169,7 +171,8 @@ static int parse_union_with(sdb_pipeline *p, const bson_iter_t *arg, const ectx 
 			     "found %s",
 			     type_name(bson_iter_type(arg)));
 	}
-	if (coll[0] == '\0' || coll[0] == '$') {
+	if (coll[0] == '\0' || coll[0] == '$' || strlen(coll) != clen) {
+		/* (a NUL inside: C strings would read another collection) */
 		return efail(e, 73, "Invalid collection name: '%s'", coll);
 	}
 	if (p->foreign == NULL) {
@@ -247,8 +250,13 @@ static int parse_lookup(sdb_pipeline *p, const bson_iter_t *arg, const ectx *e)
 				     "$lookup argument '%s' must be a string, found %s", k,
 				     type_name(bson_iter_type(&f)));
 		}
-		const char *v = bson_iter_utf8(&f, NULL);
+		uint32_t vlen = 0;
+		const char *v = bson_iter_utf8(&f, &vlen);
 
+		if (strlen(v) != vlen) {
+			/* C strings would stop at the NUL and read another collection */
+			return efail(e, 73, "$lookup argument '%s' contains a null byte", k);
+		}
 		if (strcmp(k, "from") == 0) {
 			from = v;
 		} else if (strcmp(k, "as") == 0) {

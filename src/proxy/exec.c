@@ -448,7 +448,6 @@ void px_stream_init(pstream *s, const char *shard, const char *db, const char *c
 	bson_init(&s->err_reply);
 }
 
-/* Forward a cursor-returning command to one shard as is, and answer through a proxy cursor. */
 /* ---- views (issue #20) ----
  * Metadata does not know views: a view's name routes as an unsharded collection, to its
  * database's primary shard, which would resolve a view over a sharded collection against
@@ -456,9 +455,11 @@ void px_stream_init(pstream *s, const char *shard, const char *db, const char *c
  * $stripedbViewCheck: {allow: [...]}; a shard whose read resolves a view to a source not in
  * allow answers 169 naming the source (src/shard/cmd_aggregate.c view_check). An unsharded
  * source is added to allow and the read sent again (the primary holds all of it); a
- * sharded one is refused with 238, never answered from one shard. */
+ * sharded one is refused with 238, never answered from one shard. The shard reports the
+ * collections a pipeline's $lookup/$unionWith read the same way (a view's own pipeline may
+ * name a sharded one). Not inside a transaction (see run_view_checked). */
 #define VIEW_SOURCE_TAG "resolvedView.ns="
-#define VIEW_MAX_SOURCES 8
+#define VIEW_MAX_SOURCES 32
 
 /* Does the command read a collection a view could stand for? */
 static bool view_read(const bson_t *cmd)
@@ -511,7 +512,9 @@ static int run_view_checked(ctx *c, const char *shard, const bson_t *fwd, uint32
 	size_t nallow = 0;
 	int r;
 
-	if (!view_read(fwd))
+	/* not inside a transaction: a shard aborts the transaction on any failed statement,
+	 * so the 169 of the first try would abort it (a view there reads as before) */
+	if (!view_read(fwd) || c->tx != NULL)
 		return px_run_on(c, shard, fwd, sid, reply, nerr, nerrlen);
 	for (;;) {
 		bson_t cmd = BSON_INITIALIZER, vc, arr;
@@ -555,8 +558,8 @@ static int run_view_checked(ctx *c, const char *shard, const bson_t *fwd, uint32
 		}
 		if (nallow == VIEW_MAX_SOURCES) {
 			snprintf(msg, sizeof msg,
-				 "a read through more than %d views of different sources is not "
-				 "supported through a proxy",
+				 "a read of more than %d collections through views, $lookup or "
+				 "$unionWith is not supported through a proxy",
 				 VIEW_MAX_SOURCES);
 			error_reply(reply, WIRE_ERR_NOT_IMPLEMENTED, msg);
 			break;
@@ -568,6 +571,7 @@ static int run_view_checked(ctx *c, const char *shard, const bson_t *fwd, uint32
 	return r;
 }
 
+/* Forward a cursor-returning command to one shard as is, and answer through a proxy cursor. */
 int px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batch,
 		      bool single)
 {

@@ -105,8 +105,9 @@ static bool view_resolve(shard_ctx *x, const char *coll, char *buf, size_t bufle
  * CommandOnShardedViewNotSupportedOnMongod (mongod's answer to mongos for a view over a
  * sharded collection) naming the source at the end of errmsg, after VIEW_SOURCE_TAG; the
  * proxy decides (src/proxy/exec.c): an unsharded source goes into allow and the read is
- * sent again, a sharded one is refused. Returns true when source (a collection of x->db)
- * must be reported, with the message in err. */
+ * sent again, a sharded one is refused. A $lookup/$unionWith collection read on this shard
+ * (shard_foreign) is reported the same way, view or not. Returns true when source (a
+ * collection of x->db) must be reported, with the message in err. */
 #define VIEW_SOURCE_TAG "resolvedView.ns="
 static bool view_check(shard_ctx *x, const char *view, const char *source, char *err,
 		       size_t errlen)
@@ -123,8 +124,9 @@ static bool view_check(shard_ctx *x, const char *view, const char *source, char 
 		while (bson_iter_next(&arr))
 			if (BSON_ITER_HOLDS_UTF8(&arr) && strcmp(bson_iter_utf8(&arr, NULL), ns) == 0)
 				return false;
-	snprintf(err, errlen, "Namespace %s.%s is a view; its source must be resolved by the "
-		 "proxy; " VIEW_SOURCE_TAG "%s", x->db, view, ns);
+	snprintf(err, errlen, "Namespace %s.%s reads %s (a view's source or a $lookup/$unionWith "
+		 "collection); the proxy must check where it lives; " VIEW_SOURCE_TAG "%s",
+		 x->db, view, ns, ns);
 	return true;
 }
 
@@ -237,14 +239,17 @@ static int shard_foreign(void *arg, const char *coll, const bson_t *stages, cons
 	agg_input in = {0};
 	int rc;
 
-	if (view_resolve(x, coll, source, sizeof source, &all, &nst)) {
-		if (view_check(x, coll, source, err, errlen)) {
-			bson_destroy(&all);
-			*code = WIRE_ERR_COMMAND_ON_SHARDED_VIEW;
-			return SDB_EINVAL;
-		}
-		coll = source;
+	bool is_view = view_resolve(x, coll, source, sizeof source, &all, &nst);
+	/* the collection read here, a view's source or not: a proxy that sent the pipeline
+	 * whole (it found every collection unsharded) still checks it, since a view's own
+	 * pipeline may name a sharded one and routing may have changed */
+	if (view_check(x, coll, is_view ? source : coll, err, errlen)) {
+		bson_destroy(&all);
+		*code = WIRE_ERR_COMMAND_ON_SHARDED_VIEW;
+		return SDB_EINVAL;
 	}
+	if (is_view)
+		coll = source;
 	stages_append(&all, &nst, stages);
 	sdb_pipeline_opts po = {.let = let, .foreign = shard_foreign, .foreign_arg = x};
 	rc = sdb_pipeline_parse(&all, &po, &p, code, err, errlen);

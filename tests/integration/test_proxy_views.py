@@ -61,6 +61,25 @@ def test_views_through_a_proxy(start_role, tmp_path):
         assert [len(d["m"]) for d in out] == [1]
         # a plain unsharded collection read is unchanged
         assert db.u.count_documents({}) == 30
+        # a view over an unsharded collection whose own pipeline reads the sharded one
+        # (found by a review: the primary read its share of vw.c)
+        db.command("create", "vl", viewOn="u",
+                   pipeline=[{"$lookup": {"from": "c", "localField": "k", "foreignField": "k",
+                                          "as": "m"}}])
+        refused(lambda: list(db.vl.find()))
+        # an all-unsharded $lookup sent whole to the primary still answers everything
+        out = list(db.u.aggregate([{"$match": {"_id": {"$lt": 3}}},
+                                   {"$lookup": {"from": "u", "localField": "k",
+                                                "foreignField": "k", "as": "m"}},
+                                   {"$project": {"n": {"$size": "$m"}}}]))
+        assert sorted((d["_id"], d["n"]) for d in out) == [(0, 1), (1, 1), (2, 1)]
+        # inside a transaction a view of an unsharded collection reads as before (the
+        # check would abort the transaction: not sent there)
+        cli = cl.proxy_client(0)
+        with cli.start_session() as s:
+            with s.start_transaction():
+                assert cli.vw.vu.count_documents({}, session=s) == 10
+                assert len(list(cli.vw.vu.aggregate([{"$match": {}}], session=s))) == 10
         # the shard's side: a read carrying $stripedbViewCheck that meets a view whose
         # source is not allowed answers 169 naming the source; allowed, it runs
         primary = [cl.shard_client(s).vw for s in cl.shard_ids
