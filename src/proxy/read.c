@@ -828,6 +828,41 @@ static int arr_next(void *arg, const bson_t **doc, int *code, char *err, size_t 
 	return 1;
 }
 
+/* Run pl over next/arg to its end and hold its output as one proxy stream (a materialised
+ * cursor for px_answer_cursor). Returns the stream (the caller's), or NULL with *code and
+ * err set when the pipeline failed (nothing held then). */
+static pstream *run_to_stream(const sdb_pipeline *pl, sdb_pipeline_next_fn next, void *arg,
+			      int *code, char *err, size_t errlen)
+{
+	sdb_pipeline_cursor *pc = NULL;
+	pstream *out = sdb_calloc_bson(1, sizeof *out);
+	size_t cap = 0;
+	int r;
+
+	out->chunk = -1;
+	bson_init(&out->err_reply);
+	sdb_pipeline_open(pl, next, arg, &pc);
+	for (;;) {
+		const bson_t *d;
+		r = sdb_pipeline_cursor_next(pc, &d, code, err, errlen);
+		if (r <= 0)
+			break;
+		if (out->n == cap) {
+			cap = cap ? cap * 2 : 64;
+			out->docs = sdb_realloc(out->docs, cap * sizeof *out->docs);
+		}
+		out->docs[out->n++] = proxy_doc_copy(d);
+	}
+	sdb_pipeline_cursor_free(pc);
+	if (r < 0) {
+		pstream_clear(out);
+		bson_destroy(&out->err_reply);
+		free(out);
+		return NULL;
+	}
+	return out;
+}
+
 /* The pipeline pl (its leading part pd removed) over an unsharded collection c->coll whose
  * pipeline reads a sharded foreign collection: the input is pd's filter/sort/skip/limit run
  * on the primary shard (px_sub_aggregate), the rest runs here; answers c with the cursor.
@@ -840,9 +875,7 @@ static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, sdb_pipeli
 	char key[16];
 	const char *kp;
 	arr_in in = {0};
-	sdb_pipeline_cursor *pc = NULL;
 	pstream *out_s;
-	size_t cap = 0;
 	int code = 0, r;
 	char err[512];
 
@@ -883,32 +916,12 @@ static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, sdb_pipeli
 	bson_destroy(&pre);
 	if (r != 0)
 		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
-	sdb_pipeline_open(pl, arr_next, &in, &pc);
-	out_s = sdb_calloc_bson(1, sizeof *out_s);
-	memset(out_s, 0, sizeof *out_s);
-	out_s->chunk = -1;
-	bson_init(&out_s->err_reply);
-	for (;;) {
-		const bson_t *d;
-		r = sdb_pipeline_cursor_next(pc, &d, &code, err, sizeof err);
-		if (r <= 0)
-			break;
-		if (out_s->n == cap) {
-			cap = cap ? cap * 2 : 64;
-			out_s->docs = sdb_realloc(out_s->docs, cap * sizeof *out_s->docs);
-		}
-		out_s->docs[out_s->n++] = proxy_doc_copy(d);
-	}
-	sdb_pipeline_cursor_free(pc);
+	out_s = run_to_stream(pl, arr_next, &in, &code, err, sizeof err);
 	for (size_t i = 0; i < in.n; i++)
 		bson_destroy(in.docs[i]);
 	free(in.docs);
-	if (r < 0) {
-		pstream_clear(out_s);
-		bson_destroy(&out_s->err_reply);
-		free(out_s);
+	if (out_s == NULL)
 		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
-	}
 	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0),
 				batch, false, "firstBatch", c->ns);
 }
@@ -919,15 +932,13 @@ int px_do_aggregate(ctx *c)
 	route_coll *rc;
 	sdb_pipeline *pl = NULL;
 	sdb_pipeline_pushdown_t pd;
-	sdb_pipeline_cursor *pc = NULL;
 	merge_sort *ms = NULL;
 	proxy_cursor *in_cur;
 	agg_in in;
 	pstream *out_s;
 	int64_t batch = 101;
-	int code = 0, r, st;
+	int code = 0, st;
 	char err[512];
-	size_t cap = 0;
 
 	if ((st = px_agg_args(c, &stages, &batch)) != 0)
 		return st;
@@ -1024,33 +1035,13 @@ int px_do_aggregate(ctx *c)
 	in.p = c->p;
 	in.cur = in_cur;
 	in.last = NULL;
-	sdb_pipeline_open(pl, agg_next, &in, &pc);
-	out_s = sdb_calloc_bson(1, sizeof *out_s);
-	memset(out_s, 0, sizeof *out_s);
-	out_s->chunk = -1;
-	bson_init(&out_s->err_reply);
-	for (;;) {
-		const bson_t *d;
-		r = sdb_pipeline_cursor_next(pc, &d, &code, err, sizeof err);
-		if (r <= 0)
-			break;
-		if (out_s->n == cap) {
-			cap = cap ? cap * 2 : 64;
-			out_s->docs = sdb_realloc(out_s->docs, cap * sizeof *out_s->docs);
-		}
-		out_s->docs[out_s->n++] = proxy_doc_copy(d);
-	}
-	sdb_pipeline_cursor_free(pc);
+	out_s = run_to_stream(pl, agg_next, &in, &code, err, sizeof err);
 	proxy_doc_free(in.last);
 	proxy_cursor_destroy(c->p, in_cur);
 	sdb_pipeline_pushdown_destroy(&pd);
 	sdb_pipeline_free(pl);
-	if (r < 0) {
-		pstream_clear(out_s);
-		bson_destroy(&out_s->err_reply);
-		free(out_s);
+	if (out_s == NULL)
 		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
-	}
 	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0),
 				batch, false, "firstBatch", c->ns);
 }
