@@ -294,6 +294,8 @@ int agg_graph_parse(sdb_pipeline *p, const bson_iter_t *arg, const ectx *e)
 
 /* ---- the search ---- */
 
+/* The state of one search (one input document): the sets, the next frontier and the bytes
+ * counted against the memory bound. */
 typedef struct gsearch {
 	const ectx *e;
 	size_t max_mem;
@@ -415,6 +417,8 @@ static void round_stages(const stage *st, const gsearch *g, bson_t *out)
 	bson_append_document_end(out, &stage);
 }
 
+/* 40099 when the documents reached plus the next frontier reach the bound (mongod's
+ * checkMemoryUsage). */
 static int memory_check(const gsearch *g)
 {
 	if (g->visited_bytes + g->front_bytes >= g->max_mem) {
