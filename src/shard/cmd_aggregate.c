@@ -105,9 +105,9 @@ static bool view_resolve(shard_ctx *x, const char *coll, char *buf, size_t bufle
  * CommandOnShardedViewNotSupportedOnMongod (mongod's answer to mongos for a view over a
  * sharded collection) naming the source at the end of errmsg, after VIEW_SOURCE_TAG; the
  * proxy decides (src/proxy/exec.c): an unsharded source goes into allow and the read is
- * sent again, a sharded one is refused. A $lookup/$unionWith collection read on this shard
- * (shard_foreign) is reported the same way, view or not. Returns true when source (a
- * collection of x->db) must be reported, with the message in err. */
+ * sent again, a sharded one is refused. A $lookup/$unionWith/$graphLookup collection read
+ * on this shard (shard_foreign) is reported the same way, view or not. Returns true when
+ * source (a collection of x->db) must be reported, with the message in err. */
 #define VIEW_SOURCE_TAG "resolvedView.ns="
 static bool view_check(shard_ctx *x, const char *view, const char *source, char *err,
 		       size_t errlen)
