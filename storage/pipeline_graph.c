@@ -186,7 +186,7 @@ int agg_graph_parse(sdb_pipeline *p, const bson_iter_t *arg, const ectx *e)
 			     "the $graphLookup stage specification must be an object, but found %s",
 			     type_name(bson_iter_type(arg)));
 	}
-	if ((rc = parse_from(arg, &from, e)) != 0) {
+	if ((rc = parse_from(arg, &from, e)) != 0 || (rc = agg_sub_depth_check(e)) != 0) {
 		return rc;
 	}
 	/* the stage now, so that what the parse below builds is freed with p */
