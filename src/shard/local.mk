@@ -15,7 +15,7 @@ EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unif
 	tests/integration/test_strict_commands.py tests/integration/test_arg_types.py \
 	tests/integration/crud_unified_node.js tests/integration/test_shard_node.py \
 	tests/integration/test_shard.py tests/integration/test_retryable_writes.py \
-	tests/integration/test_shard_filtering.py \
+	tests/integration/test_shard_filtering.py tests/integration/test_validation.py \
 	src/shard/README.md
 
 # benchmark (never in make check): see tests/bench/README.md "shard_bench"

@@ -387,3 +387,32 @@ def test_through_a_proxy_to_a_sharded_collection(start_role, tmp_path):
         assert db.c.count_documents({}) == 4
     finally:
         cl.close()
+
+
+def test_validator_travels_with_a_migrated_chunk(start_role, tmp_path):
+    """A shard that gets its first chunk of a collection by migration gets the validator too
+    (the coordinator's register step copies it with collMod), so every owner enforces it;
+    the migration's own writes are not checked (a document inserted with bypass moves)."""
+    from migration_helpers import MigCluster
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        ns = "mv.c"
+        cl.shard_collection(ns, {"k": 1}, split_points=[{"k": 100}], shards=["shard-a"])
+        db = cl.proxy_client().mv
+        db.c.insert_many([{"_id": i, "k": i} for i in range(0, 200, 10)])
+        db.command("collMod", "c", validator={"k": {"$type": "int"}},
+                   validationLevel="moderate")
+        db.c.insert_one({"_id": "odd", "k": 150.5}, bypass_document_validation=True)
+        assert "c" not in cl.shard_client("shard-b").mv.list_collection_names()
+        (c1,) = [c for c in cl.chunks(ns) if c["min"].get("k") == 100]
+        m = cl.wait_migration(cl.migrate(ns, c1["id"], "shard-b", "--grace-ms=200"))
+        assert m["state"] == "complete", m
+        (info,) = list(cl.shard_client("shard-b").mv.list_collections(filter={"name": "c"}))
+        assert info["options"] == {"validator": {"k": {"$type": "int"}},
+                                   "validationLevel": "moderate"}
+        assert cl.shard_client("shard-b").mv.c.find_one({"_id": "odd"})["k"] == 150.5
+        d = write_fails(lambda: db.c.insert_one({"_id": "bad", "k": 170.5}))
+        assert d["errInfo"]["failingDocumentId"] == "bad"
+        db.c.insert_one({"_id": "good", "k": 171})
+    finally:
+        cl.close()
