@@ -151,6 +151,17 @@ void shard_cmd_create(shard_ctx *x)
 				bson_append_iter(&opts, k, -1, &it);
 		}
 	}
+	/* a view has no documents of its own to validate (create.cpp, as collMod's
+	 * "option not supported on a view") */
+	if (bson_has_field(&opts, "viewOn") &&
+	    (bson_has_field(&opts, "validator") || bson_has_field(&opts, "validationLevel") ||
+	     bson_has_field(&opts, "validationAction"))) {
+		bson_destroy(&opts);
+		shard_fail(x, WIRE_ERR_INVALID_OPTIONS,
+			   "option not supported on a view: validator, validationLevel, "
+			   "validationAction");
+		return;
+	}
 	if (!shard_begin(x, true)) {
 		bson_destroy(&opts);
 		return;

@@ -148,6 +148,7 @@ def test_levels_actions_and_coll_mod(shard):
         cmd_fails(db, 72, "collMod", "c", viewOn="x")
         cmd_fails(db, 2, "collMod", "c", validationLevel="never")
         cmd_fails(db, 238, "collMod", "c", changeStreamPreAndPostImages={"enabled": True})
+        cmd_fails(db, 72, "create", "vw", viewOn="c", pipeline=[], validator={"a": 1})
         db.command("create", "vw", viewOn="c", pipeline=[])
         cmd_fails(db, 72, "collMod", "vw", validator={"a": 1})
         # a view's pipeline can be changed
@@ -302,6 +303,15 @@ def test_coll_mod_index_hidden_and_ttl(start_role, tmp_path):
         assert [x["_id"] for x in db.h.find({"a": {"$gte": 99}}).hint("a_1")] == [100]
         assert list(db.h.find({"a": 3}).hint("a_1")) == []
         assert c.admin.command("stripedbCheck")["nProblems"] == 0
+        # an index created hidden is maintained and not planned until unhidden
+        db.h.create_index("b", hidden=True)
+        db.h.insert_one({"_id": 200, "a": 0, "b": 7})
+        assert db.h.find({"b": 7}).explain()["queryPlanner"]["winningPlan"]["stage"] == \
+            "COLLSCAN"
+        db.command("collMod", "h", index={"name": "b_1", "hidden": False})
+        assert db.h.find({"b": 7}).explain()["queryPlanner"]["winningPlan"]["stage"] == \
+            "IXSCAN"
+        assert [x["_id"] for x in db.h.find({"b": 7})] == [200]
         # errors, as coll_mod.cpp
         cmd_fails(db, 72, "collMod", "h", index={"name": "a_1"})
         cmd_fails(db, 72, "collMod", "h", index={"name": "a_1", "keyPattern": {"a": 1},
@@ -329,6 +339,7 @@ def test_coll_mod_index_hidden_and_ttl(start_role, tmp_path):
             {"collMod": "h", "index": {"keyPattern": {"a": 1}, "hidden": True}},
             {"collMod": "h", "index": {"name": "a_1"}},
             {"collMod": "h", "index": {"name": "a_1", "hidden": False}},
+            {"collMod": "h", "index": {"name": "b_1", "hidden": False}},
             {"collMod": "t", "index": {"keyPattern": {"at": 1}, "expireAfterSeconds": 60}}]
 
 
