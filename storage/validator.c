@@ -555,6 +555,21 @@ static bool sub_eval(const bson_iter_t *sch, const bson_iter_t *val, bson_t *par
 	return ok;
 }
 
+/* A sub-schema's title and description (sch: its element), appended to an entry that
+ * reports it (mongod's appendSchemaAnnotations). */
+static void annotations(const bson_iter_t *sch, bson_t *entry)
+{
+	bson_t sub;
+	bson_iter_t d;
+
+	if (!sub_static(sch, &sub))
+		return;
+	if (bson_iter_init_find(&d, &sub, "title"))
+		bson_append_iter(entry, "title", -1, &d);
+	if (bson_iter_init_find(&d, &sub, "description"))
+		bson_append_iter(entry, "description", -1, &d);
+}
+
 static bool has_field(const bson_iter_t *obj, const char *name)
 {
 	bson_iter_t c;
@@ -749,23 +764,15 @@ static bool js_eval(const bson_t *schema, const bson_iter_t *val, bool top, rule
 						continue;
 					ok = false;
 					if (out) {
-						bson_t e, sub;
+						bson_t e;
 						char key[16];
 						snprintf(key, sizeof key, "%u", np++);
 						BSON_APPEND_DOCUMENT_BEGIN(&pns, key, &e);
 						BSON_APPEND_UTF8(&e, "propertyName", fname);
+						annotations(&a, &e);
 						if (pattern)
 							BSON_APPEND_UTF8(&e, "regexMatched",
 									 bson_iter_key(&a));
-						if (sub_static(&a, &sub)) {
-							bson_iter_t d;
-							if (bson_iter_init_find(&d, &sub, "title"))
-								bson_append_iter(&e, "title", -1, &d);
-							if (bson_iter_init_find(&d, &sub,
-										"description"))
-								bson_append_iter(&e, "description",
-										 -1, &d);
-						}
 						sub_eval(&a, &f, &e, "details");
 						bson_append_document_end(&pns, &e);
 					}
@@ -957,6 +964,7 @@ static bool js_eval(const bson_t *schema, const bson_iter_t *val, bool top, rule
 					snprintf(key, sizeof key, "%u", nf++);
 					BSON_APPEND_DOCUMENT_BEGIN(&fails, key, &e);
 					BSON_APPEND_INT32(&e, "index", i);
+					annotations(&a, &e);
 					sub_eval(&a, val, &e, "details");
 					bson_append_document_end(&fails, &e);
 				}
