@@ -34,6 +34,7 @@ typedef struct werrs {
 	bson_t arr;
 	int n;
 	size_t errmsg_bytes;
+	size_t info_bytes; /* errInfo bytes appended so far (SHARD_VALID_INFO_BUDGET) */
 } werrs;
 
 static void werr_add(werrs *w, int64_t index, int code, const char *msg,
@@ -56,8 +57,14 @@ static void werr_add(werrs *w, int64_t index, int code, const char *msg,
 		BSON_APPEND_DOCUMENT(&e, "keyPattern", &dup->key_pattern);
 		BSON_APPEND_DOCUMENT(&e, "keyValue", &dup->key_value);
 	}
-	if (info)
+	if (info && w->info_bytes + info->len <= SHARD_VALID_INFO_BUDGET) {
+		w->info_bytes += info->len;
 		BSON_APPEND_DOCUMENT(&e, "errInfo", info);
+	} else if (info) {
+		bson_t *t = shard_valid_info_truncated(info);
+		BSON_APPEND_DOCUMENT(&e, "errInfo", t);
+		bson_destroy(t);
+	}
 	bson_append_document_end(&w->arr, &e);
 }
 

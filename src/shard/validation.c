@@ -129,6 +129,11 @@ int shard_valid_doc(shard_ctx *x, const shard_valid *sv, const bson_t *old, cons
 		bson_append_iter(info, "failingDocumentId", -1, &id);
 	BSON_APPEND_DOCUMENT(info, "details", &details);
 	bson_destroy(&details);
+	if (info->len > SHARD_VALID_INFO_MAX) {
+		bson_t *t = shard_valid_info_truncated(info);
+		bson_destroy(info);
+		info = t;
+	}
 	if (sv->warn) {
 		char *js = bson_as_relaxed_extended_json(info, NULL);
 		sdb_log(SDB_LOG_WARN, "Document would fail validation", "ns=%s errInfo=%s", sv->ns,
@@ -142,6 +147,22 @@ int shard_valid_doc(shard_ctx *x, const shard_valid *sv, const bson_t *old, cons
 	x->err_info = info;
 	snprintf(x->err, sizeof x->err, "Document failed validation");
 	return DOC_VALIDATION_FAILURE;
+}
+
+bson_t *shard_valid_info_truncated(const bson_t *info)
+{
+	bson_t *t = bson_new(), d;
+	bson_iter_t it, op;
+
+	if (bson_iter_init_find(&it, info, "failingDocumentId"))
+		bson_append_iter(t, "failingDocumentId", -1, &it);
+	BSON_APPEND_DOCUMENT_BEGIN(t, "details", &d);
+	if (bson_iter_init_find(&it, info, "details") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+	    bson_iter_recurse(&it, &op) && bson_iter_find(&op, "operatorName"))
+		bson_append_iter(&d, "operatorName", -1, &op);
+	BSON_APPEND_UTF8(&d, "reason", "details omitted: the error would be too large");
+	bson_append_document_end(t, &d);
+	return t;
 }
 
 void shard_valid_close(shard_valid *sv)

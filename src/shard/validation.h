@@ -41,6 +41,17 @@ int shard_valid_doc(shard_ctx *x, const shard_valid *sv, const bson_t *old, cons
 
 void shard_valid_close(shard_valid *sv);
 
+/* The largest errInfo one failure carries (bytes): beyond it, and in a write reply once
+ * SHARD_VALID_INFO_BUDGET bytes of errInfo were reported, the errInfo is truncated (as
+ * mongod truncates a detailed error that would not fit a reply). */
+#define SHARD_VALID_INFO_MAX (1024 * 1024)
+#define SHARD_VALID_INFO_BUDGET (4 * 1024 * 1024)
+
+/* A new errInfo {failingDocumentId, details: {operatorName, reason: "details omitted: ..."}}
+ * from info (a full errInfo), for replies that cannot carry the full one. Caller
+ * bson_destroys it. */
+bson_t *shard_valid_info_truncated(const bson_t *info);
+
 /* collMod: validator, validationLevel, validationAction; index {keyPattern | name, hidden,
  * expireAfterSeconds}; viewOn/pipeline of a view. A replicated command (one Raft entry,
  * one "c" oplog entry {collMod: coll, ...} as mongod's). */

@@ -427,3 +427,24 @@ def test_validator_travels_with_a_migrated_chunk(start_role, tmp_path):
         db.c.insert_one({"_id": "good", "k": 171})
     finally:
         cl.close()
+
+
+def test_large_details_are_truncated(shard):
+    """An errInfo over 1 MiB, and the errInfos of a batch past 4 MiB, keep failingDocumentId
+    and details.operatorName only, so the reply stays under the BSON limit."""
+    _, port = shard
+    with client(port) as c:
+        db = c.v
+        db.command("create", "big", validator={"s": {"$regex": "^a"}})
+        d = write_fails(lambda: db.big.insert_one({"_id": 1, "s": "b" * (2 << 20)}))
+        assert d["errInfo"] == {"failingDocumentId": 1, "details": {
+            "operatorName": "$regex", "reason": "details omitted: the error would be too large"}}
+        with pytest.raises(pymongo.errors.BulkWriteError) as e:
+            db.big.insert_many([{"_id": i, "s": "b" * (700 << 10)} for i in range(12)],
+                               ordered=False)
+        errs = e.value.details["writeErrors"]
+        assert [w["errInfo"]["failingDocumentId"] for w in errs] == list(range(12))
+        assert all(w["errInfo"]["details"]["operatorName"] == "$regex" for w in errs)
+        full = [w for w in errs if "consideredValue" in w["errInfo"]["details"]]
+        assert 0 < len(full) < 12
+        assert db.big.count_documents({}) == 0
