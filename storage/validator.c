@@ -80,8 +80,17 @@ static bool is_num(bson_type_t t)
 	       t == BSON_TYPE_DECIMAL128;
 }
 
+/* A number as a double (decimal128 through its string form: bson_iter_as_double gives 0
+ * for it). */
 static double num_of(const bson_iter_t *it)
 {
+	if (BSON_ITER_HOLDS_DECIMAL128(it)) {
+		bson_decimal128_t d;
+		char buf[BSON_DECIMAL128_STRING];
+		bson_iter_decimal128(it, &d);
+		bson_decimal128_to_string(&d, buf);
+		return strtod(buf, NULL);
+	}
 	return bson_iter_as_double(it);
 }
 

@@ -83,6 +83,15 @@ static void test_keywords(void **state)
 		{"{\"$or\": [{\"a\": 1}, {\"$jsonSchema\": {\"required\": [\"b\"]}}]}", "{\"b\": 0}", 1},
 		{"{\"$nor\": [{\"a\": 1}]}", "{\"a\": 1}", 0},
 		{"{}", "{\"a\": 1}", 1},
+		/* decimal128 values and limits */
+		{"{\"$jsonSchema\": {\"properties\": {\"n\": {\"multipleOf\": 3}}}}",
+		 "{\"n\": {\"$numberDecimal\": \"10\"}}", 0},
+		{"{\"$jsonSchema\": {\"properties\": {\"n\": {\"multipleOf\": {\"$numberDecimal\": "
+		 "\"2.5\"}}}}}",
+		 "{\"n\": 5}", 1},
+		{"{\"$jsonSchema\": {\"properties\": {\"s\": {\"maxLength\": {\"$numberDecimal\": "
+		 "\"1\"}}}}}",
+		 "{\"s\": \"ab\"}", 0},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		if (verdict(cases[i].v, cases[i].doc) != cases[i].want)
