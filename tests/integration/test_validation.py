@@ -396,6 +396,23 @@ def test_through_a_proxy_to_a_sharded_collection(start_role, tmp_path):
         db.command("collMod", "c", validationAction="warn")
         db.c.insert_one({"_id": 300, "a": -3})
         assert db.c.count_documents({}) == 4
+        # an empty collection that exists on its primary shard only (created by an insert,
+        # emptied) given a validator, then sharded through the proxy with chunks on both
+        # shards: every shard gets the validator (the proxy copies it with collMod)
+        db.h.insert_one({"_id": "tmp"})
+        db.h.delete_one({"_id": "tmp"})
+        db.command("collMod", "h", validator={"a": {"$type": "int"}})
+        assert sum("h" in cl.shard_client(sid).pv.list_collection_names()
+                   for sid in cl.shard_ids) == 1
+        cl.proxy_client(0).admin.command("shardCollection", "pv.h", key={"_id": "hashed"},
+                                         numInitialChunks=4)
+        for sid in cl.shard_ids:
+            (info,) = list(cl.shard_client(sid).pv.list_collections(filter={"name": "h"}))
+            assert info["options"] == {"validator": {"a": {"$type": "int"}}}, sid
+        for i in range(20):
+            write_fails(lambda: db.h.insert_one({"_id": i, "a": "x"}))
+        db.h.insert_many([{"_id": i, "a": i} for i in range(20)])
+        assert all(cl.shard_client(sid).pv.h.count_documents({}) > 0 for sid in cl.shard_ids)
     finally:
         cl.close()
 
