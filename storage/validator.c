@@ -14,6 +14,7 @@
 #include "common/bsonval.h"
 #include "common/err.h"
 #include "storage/matcher.h"
+#include "storage/path.h"
 
 #define C_BAD_VALUE 2
 #define C_FAILED_TO_PARSE 9
@@ -1138,22 +1139,55 @@ static const char *leaf_reason(const char *op, bool missing)
 	return "expression did not match";
 }
 
-/* Details of a leaf {field: {op: v}} / {field: v} that failed on doc. */
+/* The values a path reaches (storage/path.h, arrays along the path traversed, a leaf
+ * array as one value), gathered for consideredValue(s): at most 10 (mongod's
+ * kMaxConsideredValuesElements is larger; the details stay small). */
+typedef struct considered {
+	bson_t arr, types;
+	uint32_t n;
+} considered;
+
+static bool consider(void *ctx, const bson_iter_t *it, unsigned flags)
+{
+	considered *c = ctx;
+	char key[16];
+
+	if (!it || (flags & SDB_PATH_MISSING))
+		return false;
+	snprintf(key, sizeof key, "%u", c->n++);
+	bson_append_iter(&c->arr, key, -1, it);
+	BSON_APPEND_UTF8(&c->types, key, sdb_bson_type_name(bson_iter_type(it)));
+	return c->n >= 10;
+}
+
+/* Details of a leaf {field: {op: v}} / {field: v} that failed on doc: consideredValue (one
+ * value) or consideredValues (several, through arrays), as mongod's generatePathError. */
 static void leaf_one(bson_t *det, const char *field, const char *op, const bson_t *spec,
 		     const bson_t *doc)
 {
+	considered c;
+	bool type_op = strcmp(op, "$type") == 0;
 	bson_iter_t it;
-	bool found = bson_iter_init(&it, doc) && bson_iter_find_descendant(&it, field, &it);
 
+	bson_init(&c.arr);
+	bson_init(&c.types);
+	c.n = 0;
+	sdb_path_walk(doc, field, 0, consider, &c);
 	BSON_APPEND_UTF8(det, "operatorName", op);
 	BSON_APPEND_DOCUMENT(det, "specifiedAs", spec);
-	BSON_APPEND_UTF8(det, "reason", leaf_reason(op, !found));
-	if (found) {
+	BSON_APPEND_UTF8(det, "reason", leaf_reason(op, c.n == 0));
+	if (c.n == 1 && bson_iter_init(&it, &c.arr) && bson_iter_next(&it)) {
 		bson_append_iter(det, "consideredValue", -1, &it);
-		if (strcmp(op, "$type") == 0)
+		if (type_op)
 			BSON_APPEND_UTF8(det, "consideredType",
 					 sdb_bson_type_name(bson_iter_type(&it)));
+	} else if (c.n > 1) {
+		BSON_APPEND_ARRAY(det, "consideredValues", &c.arr);
+		if (type_op)
+			BSON_APPEND_ARRAY(det, "consideredTypes", &c.types);
 	}
+	bson_destroy(&c.arr);
+	bson_destroy(&c.types);
 }
 
 static void leaf_details(const vnode *n, const bson_t *doc, bson_t *det)

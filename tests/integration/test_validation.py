@@ -57,6 +57,12 @@ def test_query_validator_enforced_with_details(shard):
         assert [x["details"]["reason"] for x in det["clausesNotSatisfied"]] == \
             ["field was missing", "type did not match"]
         assert det["clausesNotSatisfied"][1]["details"]["consideredType"] == "int"
+        # a path through an array: every value reached is considered
+        db.command("create", "arr", validator={"x.y": {"$gt": 5}})
+        det = write_fails(lambda: db.arr.insert_one({"x": [{"y": 1}, {"y": 2}]}))
+        assert det["errInfo"]["details"] == {
+            "operatorName": "$gt", "specifiedAs": {"x.y": {"$gt": 5}},
+            "reason": "comparison failed", "consideredValues": [1, 2]}
         # an insert batch: the valid documents are written, the invalid one is reported
         with pytest.raises(pymongo.errors.BulkWriteError) as e:
             db.c.insert_many([{"_id": 4, "a": 2, "b": "z"}, {"_id": 5, "a": 0, "b": "z"},
