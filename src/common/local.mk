@@ -11,6 +11,7 @@ libstripedb_a_SOURCES += \
 	src/common/http.c \
 	src/common/indexname.c \
 	src/common/renamecoll.c \
+	src/common/aggwrite.c \
 	src/common/log.c \
 	src/common/metauri.c \
 	src/common/metrics.c \
@@ -21,6 +22,7 @@ noinst_HEADERS += \
 	src/common/clock.h \
 	src/common/indexname.h \
 	src/common/renamecoll.h \
+	src/common/aggwrite.h \
 	src/common/cmdopts.h \
 	src/common/alloc.h \
 	src/common/bsonget.h \
