@@ -534,3 +534,82 @@ bool sdb_aggw_index_supports(const sdb_aggw *w, const bson_t *key, const bson_t 
 	}
 	return n == w->n_on;
 }
+
+void sdb_aggw_with_id(const sdb_aggw *w, const bson_t *doc, bson_t *out)
+{
+	bson_iter_t it;
+	bool id_in_on = false;
+	for (size_t i = 0; i < w->n_on; i++)
+		id_in_on |= strcmp(w->on[i], "_id") == 0;
+	bson_init(out);
+	if (id_in_on && !bson_iter_init_find(&it, doc, "_id")) {
+		bson_oid_t oid;
+		bson_oid_init(&oid, NULL);
+		BSON_APPEND_OID(out, "_id", &oid);
+	}
+	bson_concat(out, doc);
+}
+
+/* The statement's c for a pipeline whenMatched: each let variable evaluated against doc
+ * ($$ROOT: the output document), as literals. Returns 0 or a code (message in err). */
+static int pipeline_constants(const sdb_aggw *w, const bson_t *doc, sdb_aggw_eval_fn eval,
+			      bson_t *c, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	bson_iter_init(&it, &w->let);
+	while (bson_iter_next(&it)) {
+		bson_t v, lit;
+		int code = 0;
+		if (eval(&it, doc, &v, &code, err, errlen) != 0) {
+			bson_destroy(&v);
+			return code ? code : 2;
+		}
+		bson_iter_t vi;
+		bson_append_document_begin(c, bson_iter_key(&it), -1, &lit);
+		if (bson_iter_init_find(&vi, &v, "v"))
+			bson_append_iter(&lit, "$literal", -1, &vi);
+		else
+			BSON_APPEND_NULL(&lit, "$literal");
+		bson_append_document_end(c, &lit);
+		bson_destroy(&v);
+	}
+	return 0;
+}
+
+int sdb_aggw_merge_stmt(const sdb_aggw *w, const bson_t *doc, sdb_aggw_eval_fn eval, bson_t *st,
+			char *err, size_t errlen)
+{
+	bson_t q, u, c;
+	int rc = sdb_aggw_on_filter(w, doc, &q, err, errlen);
+	if (rc != 0) {
+		bson_destroy(&q);
+		return rc;
+	}
+	BSON_APPEND_DOCUMENT(st, "q", &q);
+	bson_destroy(&q);
+	switch (w->when_matched) {
+	case SDB_WM_REPLACE:
+		BSON_APPEND_DOCUMENT(st, "u", doc);
+		break;
+	case SDB_WM_KEEP_EXISTING:
+	case SDB_WM_MERGE:
+		bson_append_document_begin(st, "u", -1, &u);
+		BSON_APPEND_DOCUMENT(&u, w->when_matched == SDB_WM_MERGE ? "$set" : "$setOnInsert",
+				     doc);
+		bson_append_document_end(st, &u);
+		break;
+	case SDB_WM_PIPELINE:
+	case SDB_WM_FAIL: /* not an update: the caller inserts */
+	default:
+		BSON_APPEND_ARRAY(st, "u", &w->pipeline);
+		bson_append_document_begin(st, "c", -1, &c);
+		rc = pipeline_constants(w, doc, eval, &c, err, errlen);
+		bson_append_document_end(st, &c);
+		if (w->when_not_matched == SDB_WNM_INSERT)
+			BSON_APPEND_BOOL(st, "upsertSupplied", true);
+		break;
+	}
+	BSON_APPEND_BOOL(st, "upsert", w->when_not_matched == SDB_WNM_INSERT);
+	BSON_APPEND_BOOL(st, "multi", false);
+	return rc;
+}

@@ -98,6 +98,26 @@ int sdb_aggw_on_filter(const sdb_aggw *w, const bson_t *doc, bson_t *out, char *
  * its key fields exactly the set of `on` fields? Pure. */
 bool sdb_aggw_index_supports(const sdb_aggw *w, const bson_t *key, const bson_t *spec);
 
+/* Evaluates an aggregation expression (expr) against doc for sdb_aggw_merge_stmt: out
+ * (uninitialised, always initialised) gets {v: result} or {} when missing. storage/pipeline.h
+ * sdb_pipeline_eval_expr has this shape. Returns: 0, or non-zero with *code and err. */
+typedef int (*sdb_aggw_eval_fn)(const bson_iter_t *expr, const bson_t *doc, bson_t *out,
+				int *code, char *err, size_t errlen);
+
+/* doc with an `_id` (a new ObjectId) first when `on` includes _id and doc has none, as
+ * MergeProcessor::makeBatchObject: a copy into out (uninitialised, always initialised). */
+void sdb_aggw_with_id(const sdb_aggw *w, const bson_t *doc, bson_t *out);
+
+/* The fields of the update statement that $merge (whenMatched other than fail) writes for
+ * the output document doc, appended to st (a statement document being built): q (the `on`
+ * filter), u (replace: doc; merge: {$set: doc}; keepExisting: {$setOnInsert: doc}; a
+ * pipeline: the pipeline), c (a pipeline: the let variables evaluated by eval against doc,
+ * as {$literal}s), upsert (whenNotMatched insert), upsertSupplied (a pipeline with insert),
+ * multi false (merge_processor.cpp's strategies).
+ * Returns: 0, or the code of sdb_aggw_on_filter or of the evaluation (message in err). */
+int sdb_aggw_merge_stmt(const sdb_aggw *w, const bson_t *doc, sdb_aggw_eval_fn eval, bson_t *st,
+			char *err, size_t errlen);
+
 /* Names of the modes for messages ("replace", "insert", ...). Static strings. */
 const char *sdb_aggw_matched_name(sdb_aggw_matched m);
 const char *sdb_aggw_not_matched_name(sdb_aggw_not_matched m);

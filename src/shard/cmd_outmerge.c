@@ -335,67 +335,19 @@ static bool run_out(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bs
 	return true;
 }
 
-/* Append {$literal: v} for the value at it as field k. */
-static void append_literal(bson_t *dst, const char *k, const bson_iter_t *it)
-{
-	bson_t lit;
-	bson_append_document_begin(dst, k, -1, &lit);
-	bson_append_iter(&lit, "$literal", -1, it);
-	bson_append_document_end(dst, &lit);
-}
-
-/* The statement's c for a pipeline whenMatched: each let variable evaluated against doc
- * ($$ROOT: the output document), as literals. Returns 0 or a code (message in err). */
-static int pipeline_constants(const sdb_aggw *w, const bson_t *doc, bson_t *c, char *err,
-			      size_t errlen)
-{
-	bson_iter_t it;
-	bson_iter_init(&it, &w->let);
-	while (bson_iter_next(&it)) {
-		bson_t v;
-		int code = 0;
-		if (sdb_pipeline_eval_expr(&it, doc, &v, &code, err, errlen) != 0) {
-			bson_destroy(&v);
-			return code ? code : 2;
-		}
-		bson_iter_t vi;
-		if (bson_iter_init_find(&vi, &v, "v")) {
-			append_literal(c, bson_iter_key(&it), &vi);
-		} else {
-			bson_t lit;
-			bson_append_document_begin(c, bson_iter_key(&it), -1, &lit);
-			BSON_APPEND_NULL(&lit, "$literal");
-			bson_append_document_end(c, &lit);
-		}
-		bson_destroy(&v);
-	}
-	return 0;
-}
-
 /* $merge, with update statements (or inserts for whenMatched fail). */
 static bool run_merge(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bson_t **wce)
 {
 	om_res r;
 	om_res_init(&r);
-	bool id_in_on = false;
-	for (size_t i = 0; i < w->n_on; i++)
-		id_in_on |= strcmp(w->on[i], "_id") == 0;
 
 	/* documents without _id get one when `on` includes it (makeBatchObject) */
 	bson_t **ready = sdb_calloc(n ? n : 1, sizeof *ready);
 	for (size_t i = 0; i < n; i++) {
-		bson_iter_t it;
-		if (id_in_on && !bson_iter_init_find(&it, docs[i], "_id")) {
-			bson_oid_t oid;
-			bson_t d = BSON_INITIALIZER;
-			bson_oid_init(&oid, NULL);
-			BSON_APPEND_OID(&d, "_id", &oid);
-			bson_concat(&d, docs[i]);
-			ready[i] = sdb_doc_copy(&d);
-			bson_destroy(&d);
-		} else {
-			ready[i] = sdb_doc_copy(docs[i]);
-		}
+		bson_t d;
+		sdb_aggw_with_id(w, docs[i], &d);
+		ready[i] = sdb_doc_copy(&d);
+		bson_destroy(&d);
 	}
 	if (w->when_matched == SDB_WM_FAIL) {
 		/* check the `on` values first, as makeBatchObject does for every document */
@@ -417,41 +369,13 @@ static bool run_merge(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, 
 		while (pos < n && k < OM_BATCH_DOCS &&
 		       (k == 0 || bytes + 2 * ready[pos]->len < OM_BATCH_BYTES)) {
 			const bson_t *d = ready[pos];
-			bson_t st, q, u, c;
+			bson_t st;
 			char key[16];
 			const char *kp;
-			if ((r.code = sdb_aggw_on_filter(w, d, &q, r.errmsg, sizeof r.errmsg)) != 0) {
-				bson_destroy(&q);
-				break;
-			}
 			bson_uint32_to_string((uint32_t)k++, &kp, key, sizeof key);
 			bson_append_document_begin(&arr, kp, -1, &st);
-			BSON_APPEND_DOCUMENT(&st, "q", &q);
-			bson_destroy(&q);
-			switch (w->when_matched) {
-			case SDB_WM_REPLACE:
-				BSON_APPEND_DOCUMENT(&st, "u", d);
-				break;
-			case SDB_WM_KEEP_EXISTING:
-			case SDB_WM_MERGE:
-				bson_append_document_begin(&st, "u", -1, &u);
-				BSON_APPEND_DOCUMENT(&u, w->when_matched == SDB_WM_MERGE ? "$set"
-											 : "$setOnInsert",
-						     d);
-				bson_append_document_end(&st, &u);
-				break;
-			case SDB_WM_PIPELINE:
-			default:
-				BSON_APPEND_ARRAY(&st, "u", &w->pipeline);
-				bson_append_document_begin(&st, "c", -1, &c);
-				r.code = pipeline_constants(w, d, &c, r.errmsg, sizeof r.errmsg);
-				bson_append_document_end(&st, &c);
-				if (w->when_not_matched == SDB_WNM_INSERT)
-					BSON_APPEND_BOOL(&st, "upsertSupplied", true);
-				break;
-			}
-			BSON_APPEND_BOOL(&st, "upsert", w->when_not_matched == SDB_WNM_INSERT);
-			BSON_APPEND_BOOL(&st, "multi", false);
+			r.code = sdb_aggw_merge_stmt(w, d, sdb_pipeline_eval_expr, &st, r.errmsg,
+						     sizeof r.errmsg);
 			bson_append_document_end(&arr, &st);
 			bytes += 2 * d->len;
 			pos++;
