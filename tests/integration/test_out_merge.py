@@ -70,7 +70,7 @@ def contents(coll):
 def check_modes(db, src, tgt):
     """Every combination against a fresh target: src holds SRC."""
     for (m, nm), want in WANT.items():
-        db[tgt].drop()
+        db[tgt].delete_many({})  # not drop: a sharded target stays sharded
         db[tgt].insert_many([dict(d) for d in TARGET])
         spec = {"into": tgt, "whenMatched": PIPE if m == "pipeline" else m,
                 "whenNotMatched": nm}
@@ -234,5 +234,55 @@ def test_through_a_proxy_to_unsharded_targets(start_role, tmp_path):
         check_all(cl.proxy_client(0).pom)
         # the writes went to the database's primary shard
         assert cl.shard_client("shard-a").pom.tgt.count_documents({}) > 0
+    finally:
+        cl.close()
+
+
+def test_through_a_proxy_from_a_sharded_source(start_role, tmp_path):
+    """The proxy runs the pipeline over every shard and writes the output itself."""
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        cl.shard_collection("psh.src", {"_id": 1}, split_points=[{"_id": 2}])
+        db = cl.proxy_client(0).psh
+        db.src.insert_many([dict(d) for d in SRC])
+        check_modes(db, "src", "tgt")
+        check_merge_on(db, "src", "tgt2")
+        check_out(db, "src", "outc")
+        # the unsharded targets live on the database's primary shard, not on shard-b
+        # (which holds the empty copy a broadcast createIndexes leaves)
+        a, b = cl.shard_client("shard-a").psh, cl.shard_client("shard-b").psh
+        assert a.outc.count_documents({}) == 2 and b.outc.count_documents({}) == 0
+        assert a.tgt.count_documents({}) == 3  # the last combination (51181) left TARGET
+        # into a sharded target: routed writes; $out refused (28769)
+        cl.shard_collection("psh.stgt", {"_id": 1}, split_points=[{"_id": 2}])
+        check_modes(db, "src", "stgt")
+        assert a.stgt.count_documents({}) + b.stgt.count_documents({}) == 3
+        assert b.stgt.count_documents({}) > 0 and a.stgt.count_documents({}) > 0
+        fails(lambda: list(db.src.aggregate([{"$out": "stgt"}])), 28769,
+              "psh.stgt cannot be sharded")
+        assert db.stgt.count_documents({}) == 3
+    finally:
+        cl.close()
+
+
+def test_through_a_proxy_to_another_primary_shard(start_role, tmp_path):
+    """Source and target unsharded, in databases whose primary shards differ."""
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        p = cl.proxy_client(0)
+        assert p.admin.command("enableSharding", "onb", primaryShard="shard-b")["ok"] == 1
+        p.ona.src.insert_many([dict(d) for d in SRC])  # `ona`: primary shard-a
+        p.onb.t.insert_many([dict(d) for d in TARGET])
+        p.onb.t.create_index("v")
+        list(p.ona.src.aggregate([{"$merge": {"into": {"db": "onb", "coll": "t"},
+                                              "whenMatched": "replace"}}]))
+        assert contents(p.onb.t) == sorted(WANT[("replace", "insert")], key=lambda d: d["_id"])
+        b = cl.shard_client("shard-b")
+        assert b.onb.t.count_documents({}) == 4
+        list(p.ona.src.aggregate([{"$match": {"v": {"$gt": 10}}},
+                                  {"$out": {"db": "onb", "coll": "t"}}]))
+        assert contents(b.onb.t) == SRC[1:]
+        assert indexes(b.onb.t) == [("_id_", (("_id", 1),), False), ("v_1", (("v", 1),), False)]
+        assert cl.shard_client("shard-a").onb.t.count_documents({}) == 0
     finally:
         cl.close()
