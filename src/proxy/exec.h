@@ -338,7 +338,8 @@ int px_agg_placement(ctx *c, const bson_t *stages, bool *cross, bool *foreign_sh
 /* The output of the aggregate {aggregate: coll, pipeline: stages, let} in c->db run through
  * the proxy's own routing (px_do_aggregate on a copy of c, the same path as a client's
  * aggregate, then getMores until the cursor is exhausted). let: evaluated variables
- * ({name: value}, sent as {$literal}s) or NULL. *docs: a heap array of *n heap documents
+ * ({name: value}, sent as {$literal}s) or NULL; coll NULL: {aggregate: 1} (a leading
+ * $documents). *docs: a heap array of *n heap documents
  * (bson_destroy each, free the array). Errors: SDB_EINVAL with the sub-request's MongoDB
  * *code and message in err (nothing in *docs). Blocking: a worker thread only. */
 int px_sub_aggregate(ctx *c, const char *coll, const bson_t *stages, const bson_t *let,

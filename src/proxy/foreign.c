@@ -197,7 +197,10 @@ int px_sub_aggregate(ctx *c, const char *coll, const bson_t *stages, const bson_
 
 	*docs = NULL;
 	*n = 0;
-	BSON_APPEND_UTF8(&cmd, "aggregate", coll);
+	if (coll != NULL)
+		BSON_APPEND_UTF8(&cmd, "aggregate", coll);
+	else
+		BSON_APPEND_INT32(&cmd, "aggregate", 1); /* {aggregate: 1}: $documents ... */
 	BSON_APPEND_ARRAY(&cmd, "pipeline", stages);
 	bson_append_document_begin(&cmd, "cursor", -1, &cur);
 	bson_append_document_end(&cmd, &cur);
@@ -212,7 +215,7 @@ int px_sub_aggregate(ctx *c, const char *coll, const bson_t *stages, const bson_
 		bson_append_document_end(&cmd, &lv);
 	}
 	sub.coll = coll;
-	snprintf(sub.ns, sizeof sub.ns, "%s.%s", c->db, coll);
+	snprintf(sub.ns, sizeof sub.ns, "%s.%s", c->db, coll ? coll : "$cmd.aggregate");
 	rc = px_sub_run(&sub, px_do_aggregate, &cmd, &reply, code, err, errlen);
 	bson_destroy(&cmd);
 	if (rc != 0)
@@ -224,7 +227,7 @@ int px_sub_aggregate(ctx *c, const char *coll, const bson_t *stages, const bson_
 		bson_t gm = BSON_INITIALIZER;
 
 		BSON_APPEND_INT64(&gm, "getMore", id);
-		BSON_APPEND_UTF8(&gm, "collection", coll);
+		BSON_APPEND_UTF8(&gm, "collection", coll ? coll : "$cmd.aggregate");
 		sub.coll = NULL;
 		rc = px_sub_run(&sub, px_do_get_more, &gm, &reply, code, err, errlen);
 		bson_destroy(&gm);

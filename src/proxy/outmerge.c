@@ -17,7 +17,8 @@
  *    secondary indexes and the documents (inserted on that shard), then renameCollection
  *    with dropTarget moves it over the target there in one step; on an error the temporary
  *    collection is dropped.
- * An aggregate in a transaction is refused (263), as mongod. */
+ * An aggregate in a transaction is refused (263), as mongod. A database-level
+ * {aggregate: 1} ($documents) runs on the database's primary shard the same way. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -382,11 +383,6 @@ int px_agg_write(ctx *c, const sdb_aggw *w, int64_t batch)
 	    strcmp(psrc, ptgt) == 0) {
 		/* everything on one shard: it runs the whole aggregate and writes itself */
 		st = px_forward_primary_cursor(c, batch, false);
-		goto out;
-	}
-	if (c->coll == NULL) {
-		st = px_error(c, 238, "%s from an {aggregate: 1} pipeline into a collection of "
-			      "another shard is not supported by stripedb", stage);
 		goto out;
 	}
 	if (w->kind == SDB_AGGW_OUT && tgt->nkeys > 0) {
