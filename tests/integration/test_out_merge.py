@@ -163,6 +163,12 @@ def check_all(db):
     check_merge_on(db, "src", "tgt2")
     check_out(db, "src", "outc")
     check_refusals(db, "src")
+    # explain shows the pipeline before the stage and writes nothing
+    for stage in ({"$out": "never"}, {"$merge": "never"}):
+        r = db.command("explain", {"aggregate": "src", "pipeline": [{"$match": {"v": 10}},
+                                                                     stage], "cursor": {}})
+        assert r["ok"] == 1
+    assert "never" not in db.list_collection_names()
     # $merge into the source itself (allowed since 4.4), default modes: merge / insert
     list(db.src.aggregate([{"$project": {"w": {"$multiply": ["$v", 2]}}},
                            {"$merge": "src"}]))
