@@ -188,6 +188,12 @@ def test_on_a_shard(shard):
                          writeConcern={"w": 1}, bypassDocumentValidation=True)
         assert r["cursor"]["firstBatch"] == [] and r["cursor"]["id"] == 0
         assert c.om.wc.count_documents({}) == 3
+        # a writeConcern the one-member set cannot satisfy: written, writeConcernError
+        for stage in ({"$merge": "wc2"}, {"$out": "wc3"}):
+            r = c.om.command("aggregate", "src", pipeline=[stage], cursor={},
+                             writeConcern={"w": 5})
+            assert r["writeConcernError"]["code"] == 100, r
+        assert c.om.wc2.count_documents({}) == 3 and c.om.wc3.count_documents({}) == 3
 
 
 def test_in_a_transaction_is_refused(start_role, tmp_path):
@@ -267,6 +273,13 @@ def test_through_a_proxy_from_a_sharded_source(start_role, tmp_path):
         fails(lambda: list(db.src.aggregate([{"$out": "stgt"}])), 28769,
               "psh.stgt cannot be sharded")
         assert db.stgt.count_documents({}) == 3
+        # the client's writeConcern reaches the writes the proxy makes
+        for stage in ({"$merge": "stgt"}, {"$merge": "wcp"}, {"$out": "wco"}):
+            r = db.command("aggregate", "src", pipeline=[stage], cursor={},
+                           writeConcern={"w": 5})
+            # 64 when several shard commands reported one (mongos' merged form)
+            assert r["writeConcernError"]["code"] in (64, 100), (stage, r)
+        assert db.wcp.count_documents({}) == 3 and db.wco.count_documents({}) == 3
     finally:
         cl.close()
 
