@@ -246,6 +246,14 @@ def test_through_a_proxy_to_unsharded_targets(start_role, tmp_path):
         check_all(cl.proxy_client(0).pom)
         # the writes went to the database's primary shard
         assert cl.shard_client("shard-a").pom.tgt.count_documents({}) > 0
+        # in a transaction: refused (263)
+        p = cl.proxy_client(0)
+        for stage, name in (({"$out": "o"}, "$out"), ({"$merge": "o"}, "$merge")):
+            with p.start_session() as s:
+                s.start_transaction()
+                fails(lambda: list(p.pom.src.aggregate([stage], session=s)), 263,
+                      f"{name} cannot be used in a transaction")
+                s.abort_transaction()
     finally:
         cl.close()
 
