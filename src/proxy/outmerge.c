@@ -11,7 +11,9 @@
  *    proxy's write path (px_do_write / px_do_insert on a copy of the request), so a
  *    sharded target's documents are routed per statement by their `on` filter, with the
  *    StaleConfig retries of any write; whenNotMatched fail checks every statement matched
- *    (13113). The `on` fields need a unique index of the target (listIndexes: 51183).
+ *    (13113). The `on` fields need a unique index of the target (listIndexes: 51183);
+ *    without `on`, a sharded target's `on` is its document key (shard key fields and
+ *    _id), as mongos.
  *  - $out: refused for a sharded target (28769, as mongod); else a temporary collection
  *    `tmp.agg_out.<uuid>` on the target database's primary shard gets the target's
  *    secondary indexes and the documents (inserted on that shard), then renameCollection
@@ -393,7 +395,21 @@ int px_agg_write(ctx *c, const sdb_aggw *w, int64_t batch)
 	memset(&r, 0, sizeof r);
 	bson_init(&r.extra);
 	bson_init(&r.wce);
-	if (w->kind == SDB_AGGW_MERGE)
+	/* mongos: without `on`, a sharded target's document key (its shard key fields and
+	 * _id) is the `on` of $merge (ensureFieldsUniqueOrResolveDocumentKey), so that every
+	 * statement is routed to one shard; no unique index is needed for it */
+	sdb_aggw wk = *w; /* a shallow copy: only its `on` differs; w owns the rest */
+	if (w->kind == SDB_AGGW_MERGE && !w->on_given && tgt->nkeys > 0) {
+		wk.n_on = 0;
+		for (size_t i = 0; i < tgt->nkeys && wk.n_on < SDB_AGGW_MAX_ON; i++)
+			snprintf(wk.on[wk.n_on++], sizeof wk.on[0], "%s", tgt->keys[i]);
+		bool has_id = false;
+		for (size_t i = 0; i < wk.n_on; i++)
+			has_id |= strcmp(wk.on[i], "_id") == 0;
+		if (!has_id && wk.n_on < SDB_AGGW_MAX_ON)
+			snprintf(wk.on[wk.n_on++], sizeof wk.on[0], "_id");
+	}
+	if (w->kind == SDB_AGGW_MERGE && w->on_given)
 		check_unique(&t, w, &r);
 	bson_t **docs = NULL;
 	size_t n = 0;
@@ -412,7 +428,7 @@ int px_agg_write(ctx *c, const sdb_aggw *w, int64_t batch)
 	}
 	if (r.code == 0) {
 		if (w->kind == SDB_AGGW_MERGE)
-			run_merge(c, &t, w, docs, n, &r);
+			run_merge(c, &t, &wk, docs, n, &r);
 		else
 			run_out(c, &t, w, ptgt, docs, n, &r);
 	}

@@ -281,6 +281,13 @@ def test_through_a_proxy_from_a_sharded_source(start_role, tmp_path):
         fails(lambda: list(db.src.aggregate([{"$out": "stgt"}])), 28769,
               "psh.stgt cannot be sharded")
         assert db.stgt.count_documents({}) == 3
+        # a target sharded on another field: `on` defaults to its document key {k, _id}
+        cl.shard_collection("psh.kt", {"k": 1}, split_points=[{"k": "b"}])
+        db.kt.insert_one({"_id": 1, "k": "a", "v": 0, "old": True})
+        list(db.src.aggregate([{"$merge": {"into": "kt", "whenMatched": "merge"}}]))
+        assert contents(db.kt) == [{"_id": 1, "k": "a", "v": 10, "old": True},
+                                   {"_id": 2, "k": "b", "v": 20}, {"_id": 3, "k": "c", "v": 30}]
+        assert b.kt.count_documents({}) == 2
         # the client's writeConcern reaches the writes the proxy makes
         for stage in ({"$merge": "stgt"}, {"$merge": "wcp"}, {"$out": "wco"}):
             r = db.command("aggregate", "src", pipeline=[stage], cursor={},
