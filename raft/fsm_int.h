@@ -127,6 +127,10 @@ int fsm_op_drop_collection(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_drop_database(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_drop_user(sdb_fsm *f, cmdctx *c, bson_t *res);
 int fsm_op_lease(sdb_fsm *f, cmdctx *c, bson_t *res);
+/* Whether the lease name (acquireLease) is held by holder and live at ts (epoch ms, an
+ * entry's leader stamp). Returns: 1 held, 0 not (absent, expired or another holder's), or
+ * SDB_EIO. */
+int fsm_lease_held(sdb_fsm *f, const char *name, const char *holder, int64_t ts);
 /* setOpVersion {version: 2..MIGSTATE_OP_VERSION_MAX}: the cluster op version (meta key
  * op_version) the leader stamps on registerMigration (raft/migstate.h). Returns and
  * Errors: as every op (0, LOGICAL, SDB_EIO). */

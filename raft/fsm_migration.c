@@ -224,6 +224,21 @@ int fsm_op_delete_migration(sdb_fsm *f, cmdctx *c, bson_t *res)
 	return fsm_x(f, "DELETE FROM migrations WHERE id = ?", "t", id) ? SDB_EIO : 0;
 }
 
+int fsm_lease_held(sdb_fsm *f, const char *name, const char *holder, int64_t ts)
+{
+	sqlite3_stmt *st =
+		fsm_q(f, "SELECT holder, expires_ms FROM leases WHERE name = ?", "t", name);
+	int held = 0;
+
+	if (!st)
+		return SDB_EIO;
+	if (sqlite3_step(st) == SQLITE_ROW)
+		held = strcmp((const char *)sqlite3_column_text(st, 0), holder) == 0 &&
+		       sqlite3_column_int64(st, 1) > ts;
+	sqlite3_finalize(st);
+	return held;
+}
+
 /* Leases use the leader-stamped epoch ms (c->ts) so that expiry means the same on
  * every member and across leader changes. */
 int fsm_op_lease(sdb_fsm *f, cmdctx *c, bson_t *res)

@@ -262,6 +262,22 @@ int fsm_op_shard_collection(sdb_fsm *f, cmdctx *c, bson_t *res)
 		return fsm_lerr(res, E_BAD_VALUE, "shard key must have at least one field");
 	/* the leader's stamp (src/metadata/role.c); entries without it apply as before */
 	fsm_arg_int(&c->args, "opVersion", &opv);
+	if (opv >= MIGSTATE_OP_VERSION_DDL_LEASE) {
+		/* the proxy's DDL lock (src/proxy/ddllock.h): committed only while held */
+		bson_t dl;
+		if (fsm_arg_doc(&c->args, "ddlLease", &dl, 0)) {
+			const char *ln = fsm_arg_str(&dl, "name"), *lh = fsm_arg_str(&dl, "holder");
+			int held;
+			if (!ln || !lh)
+				return fsm_lerr(res, E_BAD_VALUE, "ddlLease needs name and holder");
+			if ((held = fsm_lease_held(f, ln, lh, c->ts)) < 0)
+				return held;
+			if (!held)
+				return fsm_lerr(res, E_LOCK_BUSY,
+					    "the DDL lock %s is no longer held by %s (it expired); "
+					    "nothing was sharded", ln, lh);
+		}
+	}
 	if (hashed && nfields != 1)
 		return fsm_lerr(res, E_BAD_VALUE, "a hashed shard key has exactly one field");
 	memcpy(dbname, ns, (size_t)(strchr(ns, '.') - ns));

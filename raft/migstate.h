@@ -63,9 +63,16 @@
  * number, so a split at one could invert the chunk order. Entries stamped >= 4 also refuse
  * to split or merge a chunk held by a non-terminal migration. */
 #define MIGSTATE_OP_VERSION_KEY_ORDER 4
+/* shardCollection op version from which an entry carrying ddlLease {name, holder} is
+ * refused at apply (46 LockBusy) unless that lease (acquireLease) is live and held by
+ * holder at the entry's stamped time: the proxies' DDL lock (src/proxy/ddllock.h), so a
+ * shardCollection whose proxy lost its lock (expired while it built indexes) never
+ * commits over a renameCollection that took the lock meanwhile. An older member would
+ * apply such an entry without the check, hence the op version gate. */
+#define MIGSTATE_OP_VERSION_DDL_LEASE 5
 /* The highest op version this binary knows (the largest value setOpVersion accepts, and
  * the one a new cluster starts at). */
-#define MIGSTATE_OP_VERSION_MAX 4
+#define MIGSTATE_OP_VERSION_MAX 5
 
 typedef enum {
 	MIG_REGISTERED = 0,

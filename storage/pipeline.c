@@ -33,13 +33,8 @@
 
 /* ---- cursors ------------------------------------------------------------------------- */
 
-/* A set of encoded keys (open addressing, linear probing); a slot is empty when its data
- * is NULL (an encoded value is never empty). */
-typedef struct {
-	sdb_key *slots;
-	size_t cap;
-	size_t n;
-} keyset;
+/* A set of encoded keys (pipeline_int.h). */
+typedef agg_keyset keyset;
 
 static uint64_t key_hash(const sdb_key *k);
 
@@ -50,6 +45,12 @@ static void keyset_free(keyset *s)
 	}
 	free(s->slots);
 	memset(s, 0, sizeof *s);
+}
+
+/* pipeline_int.h */
+void agg_keyset_free(agg_keyset *s)
+{
+	keyset_free(s);
 }
 
 static void keyset_place(sdb_key *slots, size_t cap, sdb_key *k)
@@ -90,6 +91,12 @@ static bool keyset_add(keyset *s, sdb_key *k)
 			return false;
 		}
 	}
+}
+
+/* pipeline_int.h */
+bool agg_keyset_add(agg_keyset *s, sdb_key *k)
+{
+	return keyset_add(s, k);
 }
 
 typedef struct {
@@ -921,6 +928,12 @@ static void set_path(docbuild_node *doc, const char *path, docbuild_node *v)
 	set_path(f, dot + 1, v);
 }
 
+/* pipeline_int.h */
+void agg_set_path(docbuild_node *doc, const char *path, docbuild_node *v)
+{
+	set_path(doc, path, v);
+}
+
 /* The value at a dotted path through documents only (no array traversal). */
 static docbuild_node *unwind_value(const bson_t *doc, const char *path)
 {
@@ -1186,10 +1199,12 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 			*doc = r;
 			return 0;
 		}
-		case S_LOOKUP: {
+		case S_LOOKUP:
+		case S_GRAPH_LOOKUP: {
 			docbuild_node *arr = NULL, *d;
 
-			rc = agg_lookup_one(c->p, st, in, &s->lookups, &arr, e);
+			rc = st->kind == S_LOOKUP ? agg_lookup_one(c->p, st, in, &s->lookups, &arr, e)
+						  : agg_graph_one(c->p, st, in, &arr, e);
 			if (rc != 0) {
 				bson_destroy(in);
 				return rc;

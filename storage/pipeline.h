@@ -21,7 +21,9 @@
  * pipeline_bucketauto.c and run_bucket_auto in pipeline.c), $unionWith (its input, then
  * another collection's documents through a sub-pipeline, read by the caller's
  * sdb_pipeline_opts.foreign: pipeline_lookup.c), $lookup (equality, pipeline with let,
- * and the two combined: the same reader, once per distinct foreign read in a cursor).
+ * and the two combined: the same reader, once per distinct foreign read in a cursor),
+ * $graphLookup (MongoDB 6.0's DocumentSourceGraphLookUp: a breadth-first search of another
+ * collection through the same reader, one read per round: pipeline_graph.c).
  * Expressions: field paths ("$a.b", mapped over arrays as MongoDB does), $$ROOT, $$CURRENT,
  * $$REMOVE, literals, {$literal: v}, documents and arrays of expressions, and the operators
  * $add $subtract $multiply $divide $mod (int32 -> int64 -> double widening; dates in $add and
@@ -72,6 +74,8 @@
  *   16866-16868, 4890500 a `let` variable's name or value (sdb_let_parse)
  *   9, 14, 40415, 31441 $unionWith's form and its sub-pipeline; 9, 51047, 4568 $lookup's
  *        (pipeline_lookup.c)
+ *   9, 73, 40100-40105, 40185, 13111 $graphLookup's form; 40271 a foreign document
+ *        without _id; 40099 its search over max_memory_bytes (pipeline_graph.c)
  *
  * Threading: an sdb_pipeline is immutable after parse/pushdown and may back several
  * cursors at once; one cursor is used by one thread at a time.
@@ -122,16 +126,26 @@ typedef int (*sdb_pipeline_foreign_fn)(void *arg, const char *coll, const bson_t
 
 typedef struct sdb_pipeline_opts {
 	/* Bound on the bytes held by one $sort, $group or $bucketAuto (BSON sizes of held
-	 * documents and group states); 0 means SDB_PIPELINE_MAX_MEMORY. */
+	 * documents and group states), and by one $graphLookup search (the documents reached
+	 * for one input document plus the next frontier); 0 means SDB_PIPELINE_MAX_MEMORY. */
 	size_t max_memory_bytes;
 	/* User variables ({name: constant}, sdb_let_parse) the stages' expressions and $match's
 	 * $expr may read as $$name; NULL = none. Copied where used. */
 	const bson_t *let;
-	/* Reads another collection for $unionWith and $lookup (and the sub-pipelines of
-	 * $facet, $unionWith and $lookup get it too); NULL: those stages are refused (238). */
+	/* Reads another collection for $unionWith, $lookup and $graphLookup (and the
+	 * sub-pipelines of $facet, $unionWith and $lookup get it too); NULL: those stages are
+	 * refused (238). */
 	sdb_pipeline_foreign_fn foreign;
 	void *foreign_arg;
+	/* How deep this pipeline is nested as a $lookup / $unionWith sub-pipeline (0: the
+	 * command's own; $facet's pipelines are at their stage's depth, as in mongod): a
+	 * sub-pipeline deeper than SDB_PIPELINE_MAX_SUB_DEPTH fails the parse with 232
+	 * MaxSubPipelineDepthExceeded, as mongod's ExpressionContext::subPipelineDepth. */
+	int sub_depth;
 } sdb_pipeline_opts;
+
+/* mongod 6.0's kMaxSubPipelineDepth (DocumentSourceLookUp, DocumentSourceUnionWith). */
+#define SDB_PIPELINE_MAX_SUB_DEPTH 20
 
 /* Parse a pipeline.
  * stages: a BSON array of stage documents (the value of the command's `pipeline` field,

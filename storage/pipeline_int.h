@@ -30,6 +30,7 @@
 #define C_INVALID_OP 168
 #define C_NOT_IMPLEMENTED 238
 #define C_MEMORY 292
+#define C_MAX_SUB_PIPELINE_DEPTH 232 /* MaxSubPipelineDepthExceeded */
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -372,6 +373,8 @@ typedef enum {
 	S_BUCKET_AUTO, /* $bucketAuto: id = groupBy, accs = output, n = buckets, gran */
 	S_UNION_WITH,  /* $unionWith: its input, then coll's documents through sub */
 	S_LOOKUP,      /* $lookup: each input document with `as` = the foreign matches */
+	S_GRAPH_LOOKUP, /* $graphLookup: each input document with `as` = the documents its
+			 * breadth-first search reached (pipeline_graph.c) */
 } skind;
 
 /* A $group accumulator. */
@@ -425,6 +428,14 @@ typedef struct stage {
 	char **let_names;
 	expr **let_exprs;
 	size_t n_let;
+	/* $graphLookup (also coll, as, and id = startWith): connectFromField, connectToField,
+	 * depthField (NULL = none), restrictSearchWithMatch (NULL = none), maxDepth (-1 =
+	 * none) */
+	char *connect_from;
+	char *connect_to;
+	char *depth_field;
+	bson_t *restrict_match;
+	int64_t max_depth;
 } stage;
 
 /* The compiled pipeline: its stages in order, and the bytes one blocking stage may hold. */
@@ -443,6 +454,11 @@ struct sdb_pipeline {
  * stage of p (name is "$unionWith" or "$lookup"). Errors: SDB_EINVAL with MongoDB's code
  * and message in e (see pipeline_lookup.c), 238 when p has no foreign reader. */
 int agg_lookup_parse(sdb_pipeline *p, const char *name, const bson_iter_t *it, const ectx *e);
+/* A stage that reads another collection ($lookup, $unionWith, $graphLookup) in a pipeline
+ * already SDB_PIPELINE_MAX_SUB_DEPTH deep (e->opts->sub_depth): mongod's
+ * ExpressionContext::copyForSubPipeline check. Returns: 0, or SDB_EINVAL with 232
+ * MaxSubPipelineDepthExceeded in e. */
+int agg_sub_depth_check(const ectx *e);
 /* Free what agg_lookup_parse put in s (the coll/sub/as/... fields). */
 void agg_lookup_clear(stage *s);
 /* 0 when name is a valid user variable name (MongoDB's
@@ -470,6 +486,43 @@ void agg_lookup_cache_clear(agg_lookup_cache *cache);
  * the array would exceed 16 MiB. */
 int agg_lookup_one(const sdb_pipeline *p, const stage *st, const bson_t *in,
 		   agg_lookup_cache *cache, docbuild_node **out, const ectx *e);
+/* A set of encoded values (storage/keyenc.h; open addressing, linear probing): a slot is
+ * empty when its data is NULL (an encoded value is never empty). Zero-initialised is
+ * empty; agg_keyset_free releases it. */
+typedef struct agg_keyset {
+	sdb_key *slots;
+	size_t cap;
+	size_t n;
+} agg_keyset;
+/* Add k (taking ownership of its data) unless an equal key is there (then k is freed).
+ * Returns: true when added. */
+bool agg_keyset_add(agg_keyset *s, sdb_key *k);
+/* Free what s holds (it may then be used again, empty). */
+void agg_keyset_free(agg_keyset *s);
+/* Set the dotted path of document node doc to v (ownership of v passes to doc; v NULL
+ * removes it): the intermediate fields that are missing or not documents become empty
+ * documents, as MutableDocument::setNestedField. */
+void agg_set_path(docbuild_node *doc, const char *path, docbuild_node *v);
+
+/* $graphLookup (pipeline_graph.c): parse the stage's argument at it into a new stage of p.
+ * Errors: SDB_EINVAL with MongoDB 6.0's code and message in e (document_source_graph_lookup
+ * .cpp: 9 not an object / no or bad from, 73 an invalid from, 40103 an argument not a
+ * string, 13111 an object where a string is wanted, 40100-40102 maxDepth, 40185 and the
+ * matcher's own codes for restrictSearchWithMatch, 40104 an unknown argument, 40105 a
+ * required argument missing, FieldPath's codes for as/connectFromField/connectToField/
+ * depthField, startWith's expression errors), 238 when p has no foreign reader. */
+int agg_graph_parse(sdb_pipeline *p, const bson_iter_t *it, const ectx *e);
+/* Free what agg_graph_parse put in s (connect_from ... restrict_match). */
+void agg_graph_clear(stage *s);
+/* $graphLookup's breadth-first search for one input document in (borrowed): *out gets a
+ * new array node (the caller sets it as `as` or frees it with docbuild_free) of the
+ * foreign documents reached, each once (by _id), in the order they were reached (mongod's
+ * order is unspecified). Errors: the foreign reader's or startWith's (code and message in
+ * e), 40271 a foreign document without _id, 40099 when the documents reached and the
+ * values to search next exceed p's memory bound. */
+int agg_graph_one(const sdb_pipeline *p, const stage *st, const bson_t *in,
+		  docbuild_node **out, const ectx *e);
+
 /* Open the foreign source of a $unionWith stage st of p (sub-pipeline over coll, with p's
  * `let`). Errors: the foreign reader's. */
 int agg_union_open(const sdb_pipeline *p, const stage *st, sdb_pipeline_source *src,

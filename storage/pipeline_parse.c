@@ -37,6 +37,7 @@ static void stage_clear(stage *s)
 	free(s->index_field);
 	agg_facet_free(s->facet);
 	agg_lookup_clear(s);
+	agg_graph_clear(s);
 	memset(s, 0, sizeof *s);
 }
 
@@ -498,8 +499,10 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 	if (strcmp(name, "$unionWith") == 0 || strcmp(name, "$lookup") == 0) {
 		return agg_lookup_parse(p, name, &it, e);
 	}
+	if (strcmp(name, "$graphLookup") == 0) {
+		return agg_graph_parse(p, &it, e);
+	}
 	static const char *const known[] = {
-		"$graphLookup",
 		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
 		"$indexStats", "$currentOp", "$listSessions",
 		"$search", "$changeStream", "$planCacheStats", "$listLocalSessions",

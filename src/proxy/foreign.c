@@ -1,4 +1,5 @@
-/* The foreign side of $unionWith and $lookup on the proxy (issue #20): where a pipeline with
+/* The foreign side of $unionWith, $lookup and $graphLookup on the proxy (issue #20): where a
+ * pipeline with
  * such stages runs (px_agg_placement) and how the merger reads a foreign collection
  * (px_agg_foreign): an aggregate on the foreign namespace through the proxy's own routing,
  * exactly the path a client's aggregate takes (px_do_aggregate on a copy of the request's
@@ -13,38 +14,55 @@
 #include "proxy/exec.h"
 #include "storage/pipeline.h"
 
-/* Nesting bound of the walk below (auth/gate.c has the same for its own walk). */
-#define FOREIGN_MAX_DEPTH 20
+/* Nesting bound of the walk below, which counts $facet levels too: mongod allows
+ * SDB_PIPELINE_MAX_SUB_DEPTH nested sub-pipelines and a $facet directly in a $facet is
+ * 40600, so a valid pipeline is at most twice that plus one deep (auth/gate.c has the same
+ * bound for its own walk). Deeper: 232, as the parse would answer. */
+#define FOREIGN_MAX_DEPTH (2 * SDB_PIPELINE_MAX_SUB_DEPTH + 1)
 
-static void names_add(char ***names, size_t *n, const char *coll)
+/* The collections a pipeline names: names[i], and graph[i] when a $graphLookup names it. */
+typedef struct fnames {
+	char **names;
+	bool *graph;
+	size_t n;
+	bool too_deep; /* the walk stopped at FOREIGN_MAX_DEPTH */
+} fnames;
+
+static void names_add(fnames *fn, const char *coll, bool graph)
 {
-	for (size_t i = 0; i < *n; i++)
-		if (strcmp((*names)[i], coll) == 0)
+	for (size_t i = 0; i < fn->n; i++)
+		if (strcmp(fn->names[i], coll) == 0) {
+			fn->graph[i] = fn->graph[i] || graph;
 			return;
-	*names = sdb_realloc(*names, (*n + 1) * sizeof **names);
-	(*names)[(*n)++] = sdb_strdup(coll);
+		}
+	fn->names = sdb_realloc(fn->names, (fn->n + 1) * sizeof *fn->names);
+	fn->graph = sdb_realloc(fn->graph, (fn->n + 1) * sizeof *fn->graph);
+	fn->graph[fn->n] = graph;
+	fn->names[fn->n++] = sdb_strdup(coll);
 }
 
-static void walk(bson_iter_t *arr, char ***names, size_t *n, int depth);
+static void walk(bson_iter_t *arr, fnames *fn, int depth);
 
 /* The sub-pipeline field "pipeline" of the stage argument at v, walked. */
-static void walk_sub(const bson_iter_t *v, char ***names, size_t *n, int depth)
+static void walk_sub(const bson_iter_t *v, fnames *fn, int depth)
 {
 	bson_iter_t f, p;
 
 	if (BSON_ITER_HOLDS_DOCUMENT(v) && bson_iter_recurse(v, &f) &&
 	    bson_iter_find(&f, "pipeline") && BSON_ITER_HOLDS_ARRAY(&f) &&
 	    bson_iter_recurse(&f, &p))
-		walk(&p, names, n, depth + 1);
+		walk(&p, fn, depth + 1);
 }
 
-/* Every collection named by a $unionWith / $lookup of the stage array at arr, their
- * sub-pipelines and $facet's, into names (deduplicated). Malformed stages are skipped: the
- * pipeline's parse refuses them. */
-static void walk(bson_iter_t *arr, char ***names, size_t *n, int depth)
+/* Every collection named by a $unionWith / $lookup / $graphLookup of the stage array at
+ * arr, their sub-pipelines and $facet's, into fn (deduplicated). Malformed stages are
+ * skipped: the pipeline's parse refuses them. */
+static void walk(bson_iter_t *arr, fnames *fn, int depth)
 {
-	if (depth > FOREIGN_MAX_DEPTH)
+	if (depth > FOREIGN_MAX_DEPTH) {
+		fn->too_deep = true;
 		return;
+	}
 	while (bson_iter_next(arr)) {
 		bson_iter_t st, f, p;
 		const char *op;
@@ -55,23 +73,24 @@ static void walk(bson_iter_t *arr, char ***names, size_t *n, int depth)
 		op = bson_iter_key(&st);
 		if (strcmp(op, "$unionWith") == 0) {
 			if (BSON_ITER_HOLDS_UTF8(&st)) {
-				names_add(names, n, bson_iter_utf8(&st, NULL));
+				names_add(fn, bson_iter_utf8(&st, NULL), false);
 				continue;
 			}
 			if (BSON_ITER_HOLDS_DOCUMENT(&st) && bson_iter_recurse(&st, &f) &&
 			    bson_iter_find(&f, "coll") && BSON_ITER_HOLDS_UTF8(&f))
-				names_add(names, n, bson_iter_utf8(&f, NULL));
-			walk_sub(&st, names, n, depth);
-		} else if (strcmp(op, "$lookup") == 0) {
+				names_add(fn, bson_iter_utf8(&f, NULL), false);
+			walk_sub(&st, fn, depth);
+		} else if (strcmp(op, "$lookup") == 0 || strcmp(op, "$graphLookup") == 0) {
 			if (BSON_ITER_HOLDS_DOCUMENT(&st) && bson_iter_recurse(&st, &f) &&
 			    bson_iter_find(&f, "from") && BSON_ITER_HOLDS_UTF8(&f))
-				names_add(names, n, bson_iter_utf8(&f, NULL));
-			walk_sub(&st, names, n, depth);
+				names_add(fn, bson_iter_utf8(&f, NULL), op[1] == 'g');
+			if (op[1] == 'l')
+				walk_sub(&st, fn, depth);
 		} else if (strcmp(op, "$facet") == 0 && BSON_ITER_HOLDS_DOCUMENT(&st) &&
 			   bson_iter_recurse(&st, &f)) {
 			while (bson_iter_next(&f))
 				if (BSON_ITER_HOLDS_ARRAY(&f) && bson_iter_recurse(&f, &p))
-					walk(&p, names, n, depth + 1);
+					walk(&p, fn, depth + 1);
 		}
 	}
 }
@@ -79,33 +98,45 @@ static void walk(bson_iter_t *arr, char ***names, size_t *n, int depth)
 /* exec.h */
 int px_agg_placement(ctx *c, const bson_t *stages, bool *cross, bool *foreign_sharded)
 {
-	char **names = NULL;
-	size_t n = 0;
+	fnames fn = {0};
 	bson_iter_t it;
 	int st = 0;
 
 	*cross = false;
 	*foreign_sharded = false;
 	if (bson_iter_init(&it, stages))
-		walk(&it, &names, &n, 0);
-	*cross = n > 0;
-	for (size_t i = 0; i < n && st == 0 && !*foreign_sharded; i++) {
+		walk(&it, &fn, 0);
+	*cross = fn.n > 0;
+	if (fn.too_deep)
+		st = px_error(c, 232 /* MaxSubPipelineDepthExceeded */,
+			      "Maximum number of nested sub-pipelines exceeded. Limit is %d",
+			      SDB_PIPELINE_MAX_SUB_DEPTH);
+	for (size_t i = 0; i < fn.n && st == 0; i++) {
 		ctx sub = *c;
 		route_coll *rc;
 		char err[256];
+		bool sharded;
 
-		snprintf(sub.ns, sizeof sub.ns, "%s.%s", c->db, names[i]);
+		snprintf(sub.ns, sizeof sub.ns, "%s.%s", c->db, fn.names[i]);
 		rc = px_route(&sub, false, err, sizeof err);
 		if (rc == NULL) {
 			st = px_error(c, WIRE_ERR_HOST_UNREACHABLE, "%s", err);
 			break;
 		}
-		*foreign_sharded = rc->nkeys > 0;
+		sharded = rc->nkeys > 0;
 		route_coll_unref(rc);
+		*foreign_sharded = *foreign_sharded || sharded;
+		/* mongod's DocumentSourceGraphLookUp::performSearch: a sharded `from` only
+		 * outside a transaction */
+		if (sharded && fn.graph[i] && c->tx != NULL)
+			st = px_error(c, 3904801,
+				      "Cannot run $graphLookup with a sharded foreign collection in a "
+				      "transaction");
 	}
-	for (size_t i = 0; i < n; i++)
-		free(names[i]);
-	free(names);
+	for (size_t i = 0; i < fn.n; i++)
+		free(fn.names[i]);
+	free(fn.names);
+	free(fn.graph);
 	return st;
 }
 

@@ -7,6 +7,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/configdb.c \
 	src/proxy/cursor.c \
 	src/proxy/dbprimary.c \
+	src/proxy/ddllock.c \
 	src/proxy/exec.c \
 	src/proxy/explain.c \
 	src/proxy/findandmodify.c \
@@ -25,6 +26,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/txnroute.c \
 	src/proxy/write.c
 noinst_HEADERS += \
+	src/proxy/ddllock.h \
 	src/proxy/exec.h \
 	src/proxy/merge.h \
 	src/proxy/proxy.h \

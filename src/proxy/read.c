@@ -982,8 +982,8 @@ int px_do_aggregate(ctx *c)
 		}
 		sdb_aggw_destroy(&w);
 	}
-	/* $unionWith / $lookup: with every collection unsharded the primary shard runs the
-	 * whole pipeline (it reads them in one snapshot); with a sharded foreign collection the
+	/* $unionWith / $lookup / $graphLookup: with every collection unsharded the primary
+	 * shard runs the whole pipeline (it reads them in one snapshot); with a sharded foreign collection the
 	 * proxy runs the pipeline and reads the foreign side through its routing */
 	bool cross, foreign_sharded;
 	if ((st = px_agg_placement(c, &stages, &cross, &foreign_sharded)) != 0)
@@ -991,7 +991,7 @@ int px_do_aggregate(ctx *c)
 	if (c->coll == NULL) {
 		if (foreign_sharded)
 			return px_error(c, 238 /* NotImplemented */,
-					"$unionWith/$lookup of a sharded collection in an "
+					"$unionWith/$lookup/$graphLookup of a sharded collection in an "
 					"{aggregate: 1} pipeline is not supported by stripedb");
 		return px_forward_primary_cursor(c, batch, false);
 	}

@@ -28,6 +28,7 @@
 #include "common/renamecoll.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "proxy/ddllock.h"
 #include "proxy/exec.h"
 #include "proxy/sharding_int.h"
 
@@ -660,7 +661,7 @@ static void install_filtering(ctx *c, const route_coll *rc)
 }
 
 /* {shardCollection: "db.coll", key, unique?, numInitialChunks?, collation?}. */
-static int do_shard_collection(ctx *c)
+static int do_shard_collection(ctx *c, const px_ddl_lock *l)
 {
 	const char *ns = px_first_utf8(c->cmd), *dot;
 	char db[128], *holder = NULL;
@@ -759,6 +760,14 @@ static int do_shard_collection(ctx *c)
 	BSON_APPEND_DOCUMENT(&cmd, "key", &key);
 	if (hashed && nchunks > 0)
 		BSON_APPEND_INT64(&cmd, "numChunks", nchunks);
+	if (l && l->n > 0) {
+		/* committed only while this command's DDL lock is held (op version 5) */
+		bson_t dl;
+		BSON_APPEND_DOCUMENT_BEGIN(&cmd, "ddlLease", &dl);
+		BSON_APPEND_UTF8(&dl, "name", l->names[0]);
+		BSON_APPEND_UTF8(&dl, "holder", l->holder);
+		bson_append_document_end(&cmd, &dl);
+	}
 	if (holder) {
 		/* MongoDB: the documents stay on the shard that holds them; every initial chunk
 		 * is placed there */
@@ -1170,7 +1179,21 @@ int px_do_enable_sharding(ctx *c)
 
 int px_do_shard_collection(ctx *c)
 {
-	return do_shard_collection(c);
+	const char *ns = px_first_utf8(c->cmd);
+	px_ddl_lock l;
+	int st;
+
+	if ((st = px_need_admin_db(c, "shardCollection")) != 0)
+		return st;
+	/* an invalid namespace is refused by do_shard_collection, without a lock */
+	if (ns == NULL || strchr(ns, '.') == NULL || strlen(ns) >= sizeof l.names[0] - 8)
+		return do_shard_collection(c, NULL);
+	/* serialised with renameCollection of the same name (ddllock.h) */
+	if ((st = px_ddl_lock_acquire(c, &ns, 1, &l)) != 0)
+		return st;
+	st = do_shard_collection(c, &l);
+	px_ddl_lock_release(c, &l);
+	return st;
 }
 
 int px_do_list_shards(ctx *c)
@@ -1327,22 +1350,16 @@ static void rename_rest_one(void *arg, size_t i)
  * collections live on their database's primary shard and metadata records nothing per
  * unsharded collection, so the new name routes where the old one did and nothing else
  * changes; the shard refuses too when it holds filtering metadata for either name (a
- * collection sharded meanwhile). */
-int px_do_rename_collection(ctx *c)
+ * collection sharded meanwhile). The whole command holds the DDL locks of both names
+ * (ddllock.h), renewed before the shard is asked, so a shardCollection of either name runs
+ * wholly before or wholly after it. */
+static int rename_locked(ctx *c, const sdb_rename_args *ap, px_ddl_lock *l)
 {
-	sdb_rename_args a;
-	char err[512], *from_primary = NULL, *to_primary = NULL;
+	sdb_rename_args a = *ap;
+	char *from_primary = NULL, *to_primary = NULL;
 	bool sharded = false;
-	int st = sdb_rename_parse(c->cmd, c->db, &a, err, sizeof err);
+	int st;
 
-	if (st != 0)
-		return px_error(c, st, "%s", err);
-	/* through a proxy `config` is metadata's read-only view (configdb.c), on no shard */
-	if (strcmp(a.from_db, "config") == 0 || strcmp(a.to_db, "config") == 0)
-		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-				"cannot rename %s to %s: the config database is a read-only view "
-				"of the metadata service",
-				a.from_ns, a.to_ns);
 	if ((st = ns_sharded(c, a.from_ns, &sharded)) != 0)
 		return st;
 	if (sharded)
@@ -1375,6 +1392,11 @@ int px_do_rename_collection(ctx *c)
 		char nerr[256];
 		int r;
 
+		/* the checks above were made under the locks: still held, or nothing is done */
+		if ((st = px_ddl_lock_renew(c, l)) != 0) {
+			free(from_primary);
+			return st;
+		}
 		px_copy_cmd(c->cmd, &fwd, NULL);
 		r = px_run_on(c, from_primary, &fwd, NULL, &reply, nerr, sizeof nerr);
 		if (r == SHARDCONN_OK) {
@@ -1391,5 +1413,31 @@ int px_do_rename_collection(ctx *c)
 		bson_destroy(&fwd);
 	}
 	free(from_primary);
+	return st;
+}
+
+int px_do_rename_collection(ctx *c)
+{
+	sdb_rename_args a;
+	px_ddl_lock l;
+	char err[512];
+	int st = sdb_rename_parse(c->cmd, c->db, &a, err, sizeof err);
+
+	if (st != 0)
+		return px_error(c, st, "%s", err);
+	/* through a proxy `config` is metadata's read-only view (configdb.c), on no shard */
+	if (strcmp(a.from_db, "config") == 0 || strcmp(a.to_db, "config") == 0)
+		return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+				"cannot rename %s to %s: the config database is a read-only view "
+				"of the metadata service",
+				a.from_ns, a.to_ns);
+	/* serialised with shardCollection of either name (ddllock.h) */
+	{
+		const char *nss[2] = {a.from_ns, a.to_ns};
+		if ((st = px_ddl_lock_acquire(c, nss, 2, &l)) != 0)
+			return st;
+	}
+	st = rename_locked(c, &a, &l);
+	px_ddl_lock_release(c, &l);
 	return st;
 }

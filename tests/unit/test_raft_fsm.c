@@ -964,9 +964,49 @@ static void test_key_order_gate(void **state)
 	      "{\"ns\": \"app.s5\", \"key\": {\"k\": 1}, \"splitPoints\": ["
 	      "{\"k\": {\"a\": 1}}, {\"k\": {\"a\": 2}}], \"opVersion\": 3}", 2);
 
-	/* the new op version is one setOpVersion accepts; the next is not */
 	ok(x, "setOpVersion", "{\"version\": 4}");
-	fails(x, "setOpVersion", "{\"version\": 5}", 2);
+}
+
+/* The DDL lease of shardCollection (raft/migstate.h MIGSTATE_OP_VERSION_DDL_LEASE, the
+ * proxies' lock, src/proxy/ddllock.h): stamped 5, the entry commits only while its lease is
+ * live and its holder's; stamped 4 (an older cluster) the lease is not looked at, as an
+ * older member would apply it. ts = 1000 + index. */
+static void test_shard_collection_ddl_lease(void **state)
+{
+	t *x = *state;
+	base_cluster(x);
+	ok(x, "acquireLease", "{\"name\": \"ddl/app.a\", \"holder\": \"p1\", \"ttlMS\": 5}");
+	/* another holder's lease: refused, nothing sharded */
+	fails(x, "shardCollection",
+	      "{\"ns\": \"app.a\", \"key\": {\"k\": 1}, \"opVersion\": 5, \"ddlLease\": "
+	      "{\"name\": \"ddl/app.a\", \"holder\": \"p2\"}}", 46);
+	/* no holder: 2 BadValue */
+	fails(x, "shardCollection",
+	      "{\"ns\": \"app.a\", \"key\": {\"k\": 1}, \"opVersion\": 5, \"ddlLease\": "
+	      "{\"name\": \"ddl/app.a\"}}", 2);
+	/* the lease lapses (index + 5 > expiry): its own holder is refused too */
+	x->index += 5;
+	fails(x, "shardCollection",
+	      "{\"ns\": \"app.a\", \"key\": {\"k\": 1}, \"opVersion\": 5, \"ddlLease\": "
+	      "{\"name\": \"ddl/app.a\", \"holder\": \"p1\"}}", 46);
+	bson_t *r = query(x, "getRoutingTable", "{\"getRoutingTable\": \"all\"}");
+	assert_int_equal(count_array(r, "chunks"), 0);
+	bson_destroy(r);
+	/* stamped 4: the lease is not checked (an older member's rule) */
+	ok(x, "shardCollection",
+	   "{\"ns\": \"app.a\", \"key\": {\"k\": 1}, \"opVersion\": 4, \"ddlLease\": "
+	   "{\"name\": \"ddl/app.a\", \"holder\": \"p2\"}}");
+	/* held and live: committed */
+	ok(x, "acquireLease", "{\"name\": \"ddl/app.b\", \"holder\": \"p2\", \"ttlMS\": 50}");
+	ok(x, "shardCollection",
+	   "{\"ns\": \"app.b\", \"key\": {\"k\": 1}, \"opVersion\": 5, \"ddlLease\": "
+	   "{\"name\": \"ddl/app.b\", \"holder\": \"p2\"}}");
+	r = query(x, "getRoutingTable", "{\"getRoutingTable\": \"app.b\"}");
+	assert_int_equal(count_array(r, "chunks"), 1);
+	bson_destroy(r);
+	/* the new op version is one setOpVersion accepts; the next is not */
+	ok(x, "setOpVersion", "{\"version\": 5}");
+	fails(x, "setOpVersion", "{\"version\": 6}", 2);
 }
 
 int main(void)
@@ -976,6 +1016,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_shard_collection_ranged, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hashed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_key_order_gate, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_shard_collection_ddl_lease, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migration_cas, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_query_replies, setup, teardown),

@@ -605,6 +605,22 @@ static void test_facet(void **state)
 static const char *const FOREIGN = "[{'_id': 10, 'k': 1}, {'_id': 11, 'k': 2}, {'_id': 12, 'k': [1, 3]},"
 				   " {'_id': 13}, {'_id': 14, 'k': null}]";
 static int foreign_calls;
+/* $graphLookup's collections (the MongoDB manual's $graphLookup examples): emp, air, ppl */
+static const char *const EMPLOYEES =
+	"[{'_id': 1, 'name': 'Dev'}, {'_id': 2, 'name': 'Eliot', 'reportsTo': 'Dev'},"
+	" {'_id': 3, 'name': 'Ron', 'reportsTo': 'Eliot'}, {'_id': 4, 'name': 'Andrew', 'reportsTo': 'Eliot'},"
+	" {'_id': 5, 'name': 'Asya', 'reportsTo': 'Ron'}, {'_id': 6, 'name': 'Dan', 'reportsTo': 'Andrew'}]";
+static const char *const AIRPORTS =
+	"[{'_id': 0, 'airport': 'JFK', 'connects': ['BOS', 'ORD']}, {'_id': 1, 'airport': 'BOS', 'connects': ['JFK', 'PWM']},"
+	" {'_id': 2, 'airport': 'ORD', 'connects': ['JFK']}, {'_id': 3, 'airport': 'PWM', 'connects': ['BOS', 'LHR']},"
+	" {'_id': 4, 'airport': 'LHR', 'connects': ['PWM']}]";
+static const char *const PEOPLE =
+	"[{'_id': 1, 'name': 'Tanya', 'friends': ['Shirley', 'Terry', 'Carole'], 'hobbies': ['tennis', 'golf']},"
+	" {'_id': 2, 'name': 'Carole', 'friends': ['Joseph', 'Tanya', 'Terry'], 'hobbies': ['archery', 'golf']},"
+	" {'_id': 3, 'name': 'Terry', 'friends': ['Tanya', 'Carole', 'Angelo'], 'hobbies': ['knitting']},"
+	" {'_id': 4, 'name': 'Joseph', 'friends': ['Angelo', 'Carole'], 'hobbies': ['tennis', 'golf']},"
+	" {'_id': 5, 'name': 'Angelo', 'friends': ['Terry', 'Shirley', 'Joseph'], 'hobbies': ['golf']},"
+	" {'_id': 6, 'name': 'Shirley', 'friends': ['Angelo', 'Tanya', 'Carole'], 'hobbies': ['frisbee']}]";
 
 typedef struct fsrc {
 	bson_t arr;  /* the output documents */
@@ -643,7 +659,13 @@ static int fake_foreign(void *arg, const char *coll, const bson_t *stages, const
 {
 	sdb_pipeline_opts o = {.let = let, .foreign = fake_foreign, .foreign_arg = arg};
 	bson_t darr;
-	bson_t *dw = JA(strcmp(coll, "o") == 0 ? FOREIGN : "[]", &darr);
+	bson_t *dw = JA(strcmp(coll, "o") == 0	    ? FOREIGN
+			: strcmp(coll, "emp") == 0  ? EMPLOYEES
+			: strcmp(coll, "air") == 0  ? AIRPORTS
+			: strcmp(coll, "ppl") == 0  ? PEOPLE
+			: strcmp(coll, "noid") == 0 ? "[{'a': 1}]"
+						    : "[]",
+			&darr);
 	sdb_pipeline *p = NULL;
 	sdb_pipeline_cursor *c;
 	input in = {.fail_after = -1};
@@ -758,6 +780,113 @@ static void test_lookup_union(void **state)
 			" 'pipeline': [{'$project': {'q': {'$divide': [1, 0]}}}]}}]",
 			docs, &o, &code, err, sizeof err));
 	assert_int_equal(code, 16608);
+}
+
+/* $graphLookup over the fake reader (pipeline_graph.c): the manual's examples (the results
+ * in the order reached: breadth first, each round in the foreign collection's order). */
+static void test_graph_lookup(void **state)
+{
+	sdb_pipeline_opts o = {.foreign = fake_foreign};
+	int code;
+	char err[512];
+
+	(void)state;
+	/* reportsTo: Dan -> Andrew -> Eliot -> Dev; Dev reports to nobody (startWith missing) */
+	check_opts("[{'$match': {'_id': {'$in': [1, 6]}}}, {'$graphLookup': {'from': 'emp', 'startWith': '$reportsTo',"
+		   " 'connectFromField': 'reportsTo', 'connectToField': 'name', 'as': 'h', 'depthField': 'd'}},"
+		   " {'$project': {'_id': 0, 'n': '$h.name', 'd': '$h.d'}}]",
+		   EMPLOYEES, &o,
+		   "[{'n': [], 'd': []}, {'n': ['Andrew', 'Eliot', 'Dev'], 'd': [{'$numberLong': '0'},"
+		   " {'$numberLong': '1'}, {'$numberLong': '2'}]}]");
+	/* airports: arrays followed element by element, cycles, maxDepth 2 */
+	check_opts("[{'$graphLookup': {'from': 'air', 'startWith': '$nearestAirport', 'connectFromField': 'connects',"
+		   " 'connectToField': 'airport', 'maxDepth': 2, 'depthField': 'numConnections', 'as': 'dest'}},"
+		   " {'$project': {'_id': 0, 'name': 1, 'a': '$dest.airport', 'n': '$dest.numConnections'}}]",
+		   "[{'_id': 1, 'name': 'Dev', 'nearestAirport': 'JFK'}, {'_id': 3, 'name': 'Jeff', 'nearestAirport': 'BOS'}]",
+		   &o,
+		   "[{'name': 'Dev', 'a': ['JFK', 'BOS', 'ORD', 'PWM'], 'n': [{'$numberLong': '0'}, {'$numberLong': '1'},"
+		   " {'$numberLong': '1'}, {'$numberLong': '2'}]},"
+		   " {'name': 'Jeff', 'a': ['BOS', 'JFK', 'PWM', 'ORD', 'LHR'], 'n': [{'$numberLong': '0'}, {'$numberLong': '1'},"
+		   " {'$numberLong': '1'}, {'$numberLong': '2'}, {'$numberLong': '2'}]}]");
+	/* maxDepth 0: the first round only; a startWith array: every element */
+	check_opts("[{'$graphLookup': {'from': 'air', 'startWith': ['LHR', 'ORD', 'XXX'], 'connectFromField': 'connects',"
+		   " 'connectToField': 'airport', 'maxDepth': 0.0, 'as': 'dest'}}, {'$project': {'_id': 0, 'a': '$dest.airport'}}]",
+		   "[{'_id': 1}]", &o, "[{'a': ['ORD', 'LHR']}]");
+	/* the whole graph from one node: each airport once */
+	check_opts("[{'$graphLookup': {'from': 'air', 'startWith': 'LHR', 'connectFromField': 'connects',"
+		   " 'connectToField': 'airport', 'as': 'dest'}}, {'$project': {'_id': 0, 'a': '$dest._id'}}]",
+		   "[{'_id': 1}]", &o, "[{'a': [4, 3, 1, 0, 2]}]");
+	/* restrictSearchWithMatch: only golfers are reached (and followed) */
+	check_opts("[{'$match': {'name': 'Tanya'}}, {'$graphLookup': {'from': 'ppl', 'startWith': '$friends',"
+		   " 'connectFromField': 'friends', 'connectToField': 'name', 'as': 'g',"
+		   " 'restrictSearchWithMatch': {'hobbies': 'golf'}}}, {'$project': {'_id': 0, 'g': '$g.name'}}]",
+		   PEOPLE, &o, "[{'g': ['Carole', 'Tanya', 'Joseph', 'Angelo']}]");
+	/* null searches an explicit null only (not a missing field); 1.0 finds 1 and [1, 3] */
+	check_opts("[{'$graphLookup': {'from': 'o', 'startWith': '$s', 'connectFromField': 'none',"
+		   " 'connectToField': 'k', 'as': 'm'}}, {'$project': {'m': '$m._id'}}]",
+		   "[{'_id': 1, 's': null}, {'_id': 2, 's': 1.0}, {'_id': 3}]", &o,
+		   "[{'_id': 1, 'm': [14]}, {'_id': 2, 'm': [10, 12]}, {'_id': 3, 'm': []}]");
+	/* as a nested path, and inside $facet */
+	check_opts("[{'$match': {'_id': 6}}, {'$facet': {'f': [{'$graphLookup': {'from': 'emp', 'startWith': '$reportsTo',"
+		   " 'connectFromField': 'reportsTo', 'connectToField': 'name', 'as': 'x.y', 'maxDepth': 0}},"
+		   " {'$project': {'_id': 0, 'n': '$x.y.name'}}]}}]",
+		   EMPLOYEES, &o, "[{'f': [{'n': ['Andrew']}]}]");
+	/* errors, as mongod's */
+	static const struct {
+		const char *pipeline;
+		int code;
+	} bad[] = {
+		{"[{'$graphLookup': 1}]", 9},
+		{"[{'$graphLookup': {'startWith': 1}}]", 9},
+		{"[{'$graphLookup': {'from': 1}}]", 9},
+		{"[{'$graphLookup': {'from': {'db': 'x', 'coll': 'y'}}}]", 9},
+		{"[{'$graphLookup': {'from': ''}}]", 73},
+		{"[{'$graphLookup': {'from': 'air', 'as': 1}}]", 40103},
+		{"[{'$graphLookup': {'from': 'air', 'as': {}}}]", 13111},
+		{"[{'$graphLookup': {'from': 'air', 'maxDepth': 'x'}}]", 40100},
+		{"[{'$graphLookup': {'from': 'air', 'maxDepth': -1}}]", 40101},
+		{"[{'$graphLookup': {'from': 'air', 'maxDepth': 1.5}}]", 40102},
+		{"[{'$graphLookup': {'from': 'air', 'restrictSearchWithMatch': 1}}]", 40185},
+		{"[{'$graphLookup': {'from': 'air', 'restrictSearchWithMatch': {'a': {'$bogus': 1}}}}]", 2},
+		{"[{'$graphLookup': {'from': 'air', 'bogus': 1}}]", 40104},
+		{"[{'$graphLookup': {'from': 'air', 'startWith': '$a', 'connectFromField': 'a', 'as': 'x'}}]", 40105},
+		{"[{'$graphLookup': {'from': 'air', 'startWith': '$a', 'connectFromField': 'a', 'connectToField': 'b',"
+		 " 'as': ''}}]", 40105},
+		{"[{'$graphLookup': {'from': 'air', 'startWith': '$a', 'connectFromField': 'a', 'connectToField': 'b',"
+		 " 'as': '$x'}}]", 16410},
+		{"[{'$graphLookup': {'from': 'air', 'startWith': '$a', 'connectFromField': 'a', 'connectToField': 'b',"
+		 " 'as': 'x', 'depthField': 'a..b'}}]", 15998},
+		{"[{'$graphLookup': {'from': 'air', 'startWith': {'$bogus': 1}, 'connectFromField': 'a',"
+		 " 'connectToField': 'b', 'as': 'x'}}]", 168},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		assert_null(run(bad[i].pipeline, "[]", &o, &code, err, sizeof err));
+		if (code != bad[i].code) {
+			fail_msg("%s: code %d (%s), want %d", bad[i].pipeline, code, err, bad[i].code);
+		}
+	}
+	assert_null(run("[{'$graphLookup': {'from': 'air', 'restrictSearchWithMatch': {'a': {'$bogus': 1}}}}]", "[]",
+			&o, &code, err, sizeof err));
+	assert_non_null(strstr(err, "Failed to parse 'restrictSearchWithMatch' option to $graphLookup :: caused by :: "));
+	/* a foreign document without _id: 40271 */
+	assert_null(run("[{'$graphLookup': {'from': 'noid', 'startWith': 1, 'connectFromField': 'a', 'connectToField': 'a',"
+			" 'as': 'x'}}]",
+			"[{'_id': 1}]", &o, &code, err, sizeof err));
+	assert_int_equal(code, 40271);
+	/* the memory bound: 40099 */
+	{
+		sdb_pipeline_opts small = {.foreign = fake_foreign, .max_memory_bytes = 200};
+
+		assert_null(run("[{'$graphLookup': {'from': 'air', 'startWith': 'LHR', 'connectFromField': 'connects',"
+				" 'connectToField': 'airport', 'as': 'dest'}}]",
+				"[{'_id': 1}]", &small, &code, err, sizeof err));
+		assert_int_equal(code, 40099);
+		assert_string_equal(err, "$graphLookup reached maximum memory consumption");
+	}
+	/* without a foreign reader: 238 */
+	check_err("[{'$graphLookup': {'from': 'air', 'startWith': '$a', 'connectFromField': 'a',"
+		  " 'connectToField': 'b', 'as': 'x'}}]",
+		  "[]", 238, "$graphLookup is not supported");
 }
 
 static void test_expressions(void **state)
@@ -1152,6 +1281,7 @@ int main(void)
 		cmocka_unit_test(test_bucket_auto),
 		cmocka_unit_test(test_facet),
 		cmocka_unit_test(test_lookup_union),
+		cmocka_unit_test(test_graph_lookup),
 		cmocka_unit_test(test_expressions),
 		cmocka_unit_test(test_stage_errors),
 		cmocka_unit_test(test_match),
