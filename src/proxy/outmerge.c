@@ -258,6 +258,33 @@ static void run_merge(ctx *c, ctx *t, const sdb_aggw *w, bson_t **docs, size_t n
 	}
 }
 
+/* Append the target's create options (listCollections on its primary shard, without
+ * uuid: mongod's _originalOutOptions) to cmd, so the output keeps them; nothing when the
+ * target does not exist or cannot be read (the create then makes a plain collection). */
+static void target_options(ctx *t, const char *primary, bson_t *cmd)
+{
+	bson_t lc = BSON_INITIALIZER, f, reply;
+	bson_iter_t it, cur, arr, e, o;
+	char nerr[256];
+	BSON_APPEND_INT32(&lc, "listCollections", 1);
+	bson_append_document_begin(&lc, "filter", -1, &f);
+	BSON_APPEND_UTF8(&f, "name", t->coll);
+	bson_append_document_end(&lc, &f);
+	int cls = px_run_on(t, primary, &lc, NULL, &reply, nerr, sizeof nerr);
+	bson_destroy(&lc);
+	if (cls == SHARDCONN_OK && bson_iter_init_find(&it, &reply, "cursor") &&
+	    bson_iter_recurse(&it, &cur) && bson_iter_find(&cur, "firstBatch") &&
+	    bson_iter_recurse(&cur, &arr) && bson_iter_next(&arr) &&
+	    bson_iter_recurse(&arr, &e) && bson_iter_find(&e, "options") &&
+	    BSON_ITER_HOLDS_DOCUMENT(&e) && bson_iter_recurse(&e, &o)) {
+		while (bson_iter_next(&o))
+			if (strcmp(bson_iter_key(&o), "uuid") != 0 &&
+			    strcmp(bson_iter_key(&o), "create") != 0)
+				bson_append_iter(cmd, NULL, 0, &o);
+	}
+	bson_destroy(&reply);
+}
+
 static void run_out(ctx *c, ctx *t, const sdb_aggw *w, const char *primary, bson_t **docs,
 		    size_t n, om_res *r)
 {
@@ -282,6 +309,7 @@ static void run_out(ctx *c, ctx *t, const sdb_aggw *w, const char *primary, bson
 	}
 	bson_init(&cmd);
 	BSON_APPEND_UTF8(&cmd, "create", tmp);
+	target_options(t, primary, &cmd);
 	shard_write(t, primary, &cmd, r);
 	bson_destroy(&cmd);
 	bool created = r->code == 0;

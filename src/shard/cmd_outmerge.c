@@ -240,7 +240,7 @@ static bool run_out(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bs
 	uint8_t u[16];
 	bson_oid_t oid;
 	om_res r;
-	bson_t specs = BSON_INITIALIZER;
+	bson_t specs = BSON_INITIALIZER, opts = BSON_INITIALIZER;
 	uint32_t nspecs = 0;
 	const sdb_store_coll *co = NULL;
 
@@ -261,9 +261,18 @@ static bool run_out(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bs
 	/* the target's secondary index specs, to build on the temporary collection */
 	if (!shard_begin(x, false)) {
 		bson_destroy(&specs);
+		bson_destroy(&opts);
 		return false;
 	}
 	if (sdb_store_coll_get(x->conn, w->db, w->coll, &co, NULL, 0) == 0 && co) {
+		/* and its create options (mongod's _originalOutOptions without uuid), so the
+		 * output keeps them (a validator, a collation ...) */
+		bson_iter_t oi;
+		bson_iter_init(&oi, co->options);
+		while (bson_iter_next(&oi))
+			if (strcmp(bson_iter_key(&oi), "uuid") != 0 &&
+			    strcmp(bson_iter_key(&oi), "create") != 0)
+				bson_append_iter(&opts, NULL, 0, &oi);
 		for (size_t i = 0; i < co->n_indexes; i++) {
 			bson_t spec = BSON_INITIALIZER;
 			bson_iter_t it;
@@ -284,6 +293,8 @@ static bool run_out(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bs
 	bson_t cmd = BSON_INITIALIZER;
 	om_res_init(&r);
 	BSON_APPEND_UTF8(&cmd, "create", tmp);
+	bson_concat(&cmd, &opts);
+	bson_destroy(&opts);
 	om_run(x, w->db, &cmd, &r);
 	bson_destroy(&cmd);
 	if (r.code == 0 && nspecs > 0) {
