@@ -61,15 +61,18 @@ section("collation", () => {
 });
 
 section("validator", () => {
-  const c = codeOf(() => S.createCollection("v", { validator: { $jsonSchema: { required: ["a"] } } }));
-  if (c === 0) {
-    eq(codeOf(() => S.v.insertOne({ b: 1 })), 121, "invalid insert");
-    S.v.insertOne({ a: 1 });
-    eq(codeOf(() => S.v.updateOne({ a: 1 }, { $unset: { a: "" } })), 121, "invalid update");
-    eq(S.v.countDocuments({}), 1, "documents after refusals");
-  } else {
-    eq(c, 238, "validator refusal code");
-  }
+  S.createCollection("v", { validator: { $jsonSchema: { required: ["a"], properties: { a: { bsonType: "int", minimum: 0 } } } } });
+  eq(codeOf(() => S.v.insertOne({ b: 1 })), 121, "invalid insert");
+  S.v.insertOne({ a: 1 });
+  eq(codeOf(() => S.v.updateOne({ a: 1 }, { $unset: { a: "" } })), 121, "invalid update");
+  eq(codeOf(() => S.v.insertOne({ a: -1 })), 121, "below minimum");
+  eq(S.v.countDocuments({}), 1, "documents after refusals");
+  // collMod: a looser validator, then the document it allows
+  S.runCommand({ collMod: "v", validator: { a: { $exists: true } }, validationLevel: "strict" });
+  S.v.insertOne({ a: "text" });
+  eq(S.v.countDocuments({}), 2, "after collMod");
+  S.v.insertOne({ b: 2 }, { bypassDocumentValidation: true });
+  eq(S.v.countDocuments({}), 3, "bypassDocumentValidation");
 });
 
 section("ttl_index", () => {
