@@ -161,8 +161,28 @@ def check_refusals(db, src):
     fails(lambda: agg([{"$merge": "view_t"}]), 166)
 
 
+def check_validation(db, src):
+    """A target's validator applies to what $out/$merge write (121), unless
+    bypassDocumentValidation; $out keeps the validator."""
+    db.val.drop()
+    db.create_collection("val", validator={"v": {"$lt": 5}})  # every output fails it
+    db.val.insert_one({"_id": "keep", "v": 1})
+    for stage in ({"$out": "val"}, {"$merge": "val"}):
+        fails(lambda: list(db[src].aggregate([stage])), 121)
+    assert contents(db.val) == [{"_id": "keep", "v": 1}]
+    for stage in ({"$merge": "val"}, {"$out": "val"}):
+        r = db.command("aggregate", src, pipeline=[stage], cursor={},
+                       bypassDocumentValidation=True)
+        assert r["cursor"]["firstBatch"] == []
+    assert contents(db.val) == SRC
+    opts = [x["options"] for x in db.list_collections() if x["name"] == "val"]
+    assert opts == [{"validator": {"v": {"$lt": 5}}}], opts
+    db.val.drop()
+
+
 def check_all(db):
     db.src.insert_many([dict(d) for d in SRC])
+    check_validation(db, "src")
     check_modes(db, "src", "tgt")
     check_merge_on(db, "src", "tgt2")
     check_out(db, "src", "outc")
