@@ -64,9 +64,11 @@
  *        and internalDocumentSourceGroupMaxMemoryBytes); we never spill to disk, so
  *        allowDiskUse does not lift the limit.
  *   238  NotImplemented: a stage MongoDB knows but the embedded shard does not run
- *        ($out, $merge, $sample, ...): "$out is not supported by the embedded
+ *        ($sample, ...): "$sample is not supported by the embedded
  *        shard"; $unionWith/$lookup without a foreign reader in the options; $rand (expressions are deterministic: shard members
  *        replicate commands)
+ *   40601 $out or $merge: the caller runs a last one itself (common/aggwrite.h), so
+ *        the engine sees one only before the last stage
  *   40602 $documents or $collStats anywhere but first (the shard runs a leading one
  *        itself: src/shard/cmd_read.c)
  *   16866-16868, 4890500 a `let` variable's name or value (sdb_let_parse)

@@ -503,11 +503,15 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 		return agg_graph_parse(p, &it, e);
 	}
 	static const char *const known[] = {
-		"$out", "$merge",
 		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
 		"$indexStats", "$currentOp", "$listSessions",
 		"$search", "$changeStream", "$planCacheStats", "$listLocalSessions",
 	};
+	if (strcmp(name, "$out") == 0 || strcmp(name, "$merge") == 0) {
+		/* the caller runs a last $out/$merge itself (common/aggwrite.h): one seen here
+		 * is not the last stage, as mongod's PositionRequirement::kLast refuses */
+		return efail(e, 40601, "%s can only be the final stage in the pipeline", name);
+	}
 	if (strcmp(name, "$documents") == 0 || strcmp(name, "$collStats") == 0) {
 		/* the shard runs a leading $documents (of {aggregate: 1}) or $collStats itself
 		 * (src/shard/cmd_read.c agg_exec) */

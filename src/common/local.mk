@@ -11,6 +11,7 @@ libstripedb_a_SOURCES += \
 	src/common/http.c \
 	src/common/indexname.c \
 	src/common/renamecoll.c \
+	src/common/aggwrite.c \
 	src/common/log.c \
 	src/common/metauri.c \
 	src/common/metrics.c \
@@ -21,6 +22,7 @@ noinst_HEADERS += \
 	src/common/clock.h \
 	src/common/indexname.h \
 	src/common/renamecoll.h \
+	src/common/aggwrite.h \
 	src/common/cmdopts.h \
 	src/common/alloc.h \
 	src/common/bsonget.h \
@@ -38,8 +40,8 @@ noinst_HEADERS += \
 
 EXTRA_DIST += src/common/README.md
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -64,3 +66,6 @@ tests_unit_test_common_dblist_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_cmdopts_SOURCES = tests/unit/test_common_cmdopts.c
 tests_unit_test_common_cmdopts_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_cmdopts_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_aggwrite_SOURCES = tests/unit/test_common_aggwrite.c
+tests_unit_test_common_aggwrite_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_aggwrite_LDADD = $(UNIT_LDADD)

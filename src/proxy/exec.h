@@ -341,11 +341,27 @@ int px_agg_placement(ctx *c, const bson_t *stages, bool *cross, bool *foreign_sh
 /* The output of the aggregate {aggregate: coll, pipeline: stages, let} in c->db run through
  * the proxy's own routing (px_do_aggregate on a copy of c, the same path as a client's
  * aggregate, then getMores until the cursor is exhausted). let: evaluated variables
- * ({name: value}, sent as {$literal}s) or NULL. *docs: a heap array of *n heap documents
+ * ({name: value}, sent as {$literal}s) or NULL; coll NULL: {aggregate: 1} (a leading
+ * $documents). *docs: a heap array of *n heap documents
  * (bson_destroy each, free the array). Errors: SDB_EINVAL with the sub-request's MongoDB
  * *code and message in err (nothing in *docs). Blocking: a worker thread only. */
 int px_sub_aggregate(ctx *c, const char *coll, const bson_t *stages, const bson_t *let,
 		     bson_t ***docs, size_t *n, int *code, char *err, size_t errlen);
+/* Run the handler run on sub (a copy of the request's ctx, e.g. with another db/coll/ns)
+ * with cmd as its command, through the same path as a client's request. 0 and its reply in
+ * *reply (owned by the caller: bson_destroy). Errors: SDB_EINVAL with the answer's MongoDB
+ * *code and message in err (an error answer or a reply with ok: 0). Blocking: a worker
+ * thread only. */
+int px_sub_run(ctx *sub, int (*run)(ctx *), const bson_t *cmd, bson_t **reply, int *code,
+	       char *err, size_t errlen);
+struct sdb_aggw;
+/* An aggregate whose pipeline ends with $out or $merge (w, common/aggwrite.h; batch: its
+ * cursor.batchSize) through the proxy (outmerge.c): forwarded whole to the primary shard
+ * when source and target are unsharded there, else the pipeline runs through the proxy's
+ * routing and the proxy writes its output (see outmerge.c). Answers c with an empty cursor
+ * or the error (263 in a transaction, 28769 $out to a sharded collection, 51183, the
+ * writes' errors, 13113 ...). Returns: the status of the answer. */
+int px_agg_write(ctx *c, const struct sdb_aggw *w, int64_t batch);
 /* sdb_pipeline_foreign_fn of the proxy (arg: the request's ctx *): px_sub_aggregate's
  * documents as the source. Errors: px_sub_aggregate's. */
 int px_agg_foreign(void *arg, const char *coll, const bson_t *stages, const bson_t *let,

@@ -177,10 +177,8 @@ static bool take_batch(const bson_t *reply, const char *field, bson_t ***docs, s
 	return true;
 }
 
-/* Run the handler run on sub (a copy of the request's ctx) with cmd; 0 and its reply in
- * *reply (owned by the caller: bson_destroy), or a negative code with the answer's MongoDB
- * code and message (an error answer or a reply with ok: 0). */
-static int run_sub(ctx *sub, int (*run)(ctx *), const bson_t *cmd, bson_t **reply, int *code,
+/* exec.h */
+int px_sub_run(ctx *sub, int (*run)(ctx *), const bson_t *cmd, bson_t **reply, int *code,
 		   char *err, size_t errlen)
 {
 	px_answer ans;
@@ -230,7 +228,10 @@ int px_sub_aggregate(ctx *c, const char *coll, const bson_t *stages, const bson_
 
 	*docs = NULL;
 	*n = 0;
-	BSON_APPEND_UTF8(&cmd, "aggregate", coll);
+	if (coll != NULL)
+		BSON_APPEND_UTF8(&cmd, "aggregate", coll);
+	else
+		BSON_APPEND_INT32(&cmd, "aggregate", 1); /* {aggregate: 1}: $documents ... */
 	BSON_APPEND_ARRAY(&cmd, "pipeline", stages);
 	bson_append_document_begin(&cmd, "cursor", -1, &cur);
 	bson_append_document_end(&cmd, &cur);
@@ -245,8 +246,8 @@ int px_sub_aggregate(ctx *c, const char *coll, const bson_t *stages, const bson_
 		bson_append_document_end(&cmd, &lv);
 	}
 	sub.coll = coll;
-	snprintf(sub.ns, sizeof sub.ns, "%s.%s", c->db, coll);
-	rc = run_sub(&sub, px_do_aggregate, &cmd, &reply, code, err, errlen);
+	snprintf(sub.ns, sizeof sub.ns, "%s.%s", c->db, coll ? coll : "$cmd.aggregate");
+	rc = px_sub_run(&sub, px_do_aggregate, &cmd, &reply, code, err, errlen);
 	bson_destroy(&cmd);
 	if (rc != 0)
 		return rc;
@@ -257,9 +258,9 @@ int px_sub_aggregate(ctx *c, const char *coll, const bson_t *stages, const bson_
 		bson_t gm = BSON_INITIALIZER;
 
 		BSON_APPEND_INT64(&gm, "getMore", id);
-		BSON_APPEND_UTF8(&gm, "collection", coll);
+		BSON_APPEND_UTF8(&gm, "collection", coll ? coll : "$cmd.aggregate");
 		sub.coll = NULL;
-		rc = run_sub(&sub, px_do_get_more, &gm, &reply, code, err, errlen);
+		rc = px_sub_run(&sub, px_do_get_more, &gm, &reply, code, err, errlen);
 		bson_destroy(&gm);
 		if (rc != 0)
 			break;

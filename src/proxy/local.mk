@@ -13,6 +13,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/findandmodify.c \
 	src/proxy/foreign.c \
 	src/proxy/merge.c \
+	src/proxy/outmerge.c \
 	src/proxy/policy.c \
 	src/proxy/quota.c \
 	src/proxy/read.c \

@@ -13,6 +13,7 @@
 #include "common/cmdopts.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/aggwrite.h"
 #include "proxy/exec.h"
 #include "proxy/txn.h"
 #include "storage/pipeline.h"
@@ -966,6 +967,21 @@ int px_do_aggregate(ctx *c)
 	}
 	if ((st = px_refuse_js(c, &stages)) != 0)
 		return st;
+	{
+		/* a last $out / $merge (outmerge.c) */
+		sdb_aggw w;
+		int wcode = sdb_aggw_parse(&stages, c->db, &w, err, sizeof err);
+		if (wcode != 0) {
+			sdb_aggw_destroy(&w);
+			return px_error(c, wcode, "%s", err);
+		}
+		if (w.kind != SDB_AGGW_NONE) {
+			st = px_agg_write(c, &w, batch);
+			sdb_aggw_destroy(&w);
+			return st;
+		}
+		sdb_aggw_destroy(&w);
+	}
 	/* $unionWith / $lookup / $graphLookup: with every collection unsharded the primary
 	 * shard runs the whole pipeline (it reads them in one snapshot); with a sharded foreign collection the
 	 * proxy runs the pipeline and reads the foreign side through its routing */

@@ -479,6 +479,15 @@ int px_reply_shard_error(ctx *c, int cls, const bson_t *reply, const char *neter
 	}
 	if (bson_iter_init_find(&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
 		msg = bson_iter_utf8(&it, NULL);
+	/* a DuplicateKey error's extra info (e.g. of a $merge run whole on the shard), as
+	 * mongos passes it on (DuplicateKeyErrorInfo) */
+	if (code == 11000 && bson_iter_init_find(&it, reply, "keyPattern")) {
+		bson_t *extra = bson_new();
+		bson_append_iter(extra, "keyPattern", -1, &it);
+		if (bson_iter_init_find(&it, reply, "keyValue"))
+			bson_append_iter(extra, "keyValue", -1, &it);
+		return px_error_extra(c, code, extra, "%s", msg);
+	}
 	return px_error(c, code, "%s", msg);
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/aggwrite.h"
 #include "common/alloc.h"
 #include "common/bsonget.h"
 #include "common/err.h"
@@ -441,6 +442,10 @@ bool shard_agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 	return true;
 }
 
+static bool run_parsed(shard_ctx *x, const bson_t *cmd, const char *coll, const bson_t *stages,
+		       bson_t ***docs_out, size_t *n_out, int64_t *batch, bool explain,
+		       sdb_query **q_out);
+
 /* cmd_read_int.h */
 bool shard_run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out,
 			  bson_t ***docs_out, size_t *n_out, int64_t *batch, bool explain,
@@ -466,6 +471,31 @@ bool shard_run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out,
 		return false;
 	}
 	util_iter_bson(&it, &stages);
+	/* an explained $out/$merge shows the pipeline before it (nothing is written) */
+	sdb_aggw ew;
+	bool ew_on = false;
+	if (explain) {
+		int code = sdb_aggw_parse(&stages, x->db, &ew, x->err, sizeof x->err);
+		if (code) {
+			sdb_aggw_destroy(&ew);
+			shard_fail(x, code, "%s", x->err);
+			return false;
+		}
+		ew_on = true;
+		stages = ew.stages; /* a view of ew's array, released below */
+	}
+	bool ok = run_parsed(x, cmd, coll, &stages, docs_out, n_out, batch, explain, q_out);
+	if (ew_on)
+		sdb_aggw_destroy(&ew);
+	return ok;
+}
+
+/* The rest of shard_run_aggregate once the pipeline is known. */
+static bool run_parsed(shard_ctx *x, const bson_t *cmd, const char *coll, const bson_t *stages,
+		       bson_t ***docs_out, size_t *n_out, int64_t *batch, bool explain,
+		       sdb_query **q_out)
+{
+	bson_iter_t it;
 	*batch = -1;
 	bool have_cursor = false;
 	if (bson_iter_init_find(&it, cmd, "cursor")) {
@@ -496,7 +526,53 @@ bool shard_run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out,
 		have_hint = true;
 	if (!shard_begin(x, false))
 		return false;
-	return shard_agg_exec(x, coll, &stages, have_hint ? &hint : NULL, docs_out, n_out, q_out);
+	return shard_agg_exec(x, coll, stages, have_hint ? &hint : NULL, docs_out, n_out, q_out);
+}
+
+/* An aggregate ending with $out or $merge (w): the checks, the pipeline before it, the
+ * writes (cmd_outmerge.c), then an empty cursor as mongod answers (with the writes'
+ * writeConcernError, if any). */
+static void aggregate_write(shard_ctx *x, const sdb_aggw *w)
+{
+	const char *coll;
+	bson_t **docs;
+	size_t n;
+	int64_t batch;
+	bson_t *wce = NULL;
+	if (!shard_aggw_check(x, w))
+		return;
+	/* the command with the pipeline before the writing stage */
+	bson_t cmd = BSON_INITIALIZER;
+	bson_iter_t it;
+	bson_iter_init(&it, x->cmd);
+	while (bson_iter_next(&it)) {
+		if (strcmp(bson_iter_key(&it), "pipeline") == 0)
+			BSON_APPEND_ARRAY(&cmd, "pipeline", &w->stages);
+		else
+			bson_append_iter(&cmd, NULL, 0, &it);
+	}
+	bool ok = shard_run_aggregate(x, &cmd, &coll, &docs, &n, &batch, false, NULL);
+	if (!ok) {
+		bson_destroy(&cmd);
+		return;
+	}
+	char *ns = coll ? sdb_asprintf("%s.%s", x->db, coll)
+			: sdb_asprintf("%s.$cmd.aggregate", x->db);
+	bson_destroy(&cmd); /* coll pointed into it: ns is a copy */
+	sdb_store_rollback(x->conn);
+	ok = shard_aggw_run(x, w, docs, n, &wce);
+	util_docs_free(docs, n);
+	if (ok) {
+		bson_t *reply = bson_new();
+		size_t taken;
+		shard_cursor_reply(reply, ns, 0, true, NULL, 0, 0, &taken, NULL);
+		if (wce)
+			BSON_APPEND_DOCUMENT(reply, "writeConcernError", wce);
+		wire_req_reply(x->req, reply);
+	}
+	if (wce)
+		bson_destroy(wce);
+	free(ns);
 }
 
 void shard_cmd_aggregate(shard_ctx *x)
@@ -510,6 +586,23 @@ void shard_cmd_aggregate(shard_ctx *x)
 	bson_t **docs;
 	size_t n;
 	int64_t batch;
+	if (bson_iter_init_find(&it, x->cmd, "pipeline") && BSON_ITER_HOLDS_ARRAY(&it)) {
+		bson_t arr;
+		sdb_aggw w;
+		util_iter_bson(&it, &arr);
+		int code = sdb_aggw_parse(&arr, x->db, &w, x->err, sizeof x->err);
+		if (code) {
+			sdb_aggw_destroy(&w);
+			shard_fail(x, code, "%s", x->err);
+			return;
+		}
+		if (w.kind != SDB_AGGW_NONE) {
+			aggregate_write(x, &w);
+			sdb_aggw_destroy(&w);
+			return;
+		}
+		sdb_aggw_destroy(&w);
+	}
 	if (!shard_run_aggregate(x, x->cmd, &coll, &docs, &n, &batch, false, NULL))
 		return;
 	char *ns = coll ? sdb_asprintf("%s.%s", x->db, coll) : sdb_asprintf("%s.$cmd.aggregate",

@@ -51,4 +51,20 @@ bool shard_run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out,
 			 bson_t ***docs_out, size_t *n_out, int64_t *batch, bool explain,
 			 sdb_query **q_out);
 
+struct sdb_aggw;
+/* $out / $merge (cmd_outmerge.c, common/aggwrite.h). Before the pipeline runs: refuse
+ * them in a transaction (263), into a view (166), and $merge whose `on` has no supporting
+ * unique index (51183); true when the aggregate may go on (else x was answered). Uses
+ * (and rolls back) a read transaction of x. */
+bool shard_aggw_check(shard_ctx *x, const struct sdb_aggw *w);
+/* After the pipeline ran (no transaction open): write its n output documents docs
+ * (borrowed) to the target through the replicated write path (one command and one Raft
+ * entry per batch, waited for in turn). True when every write succeeded, with *wce a
+ * writeConcernError of the writes (heap, bson_destroy) or NULL; false after answering x
+ * with the write's error (mongod's code: 11000, 13113, 10107 on a secondary, ...). What
+ * was written before an error stays (as on mongod; $out's temporary collection is
+ * dropped). */
+bool shard_aggw_run(shard_ctx *x, const struct sdb_aggw *w, bson_t **docs, size_t n,
+		    bson_t **wce);
+
 #endif

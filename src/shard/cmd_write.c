@@ -471,6 +471,9 @@ typedef struct upd_stmt {
 	bool have_hint;
 	bson_iter_t c; /* the statement's constants (MongoDB 5.0), for a pipeline update */
 	bool have_c;
+	/* MongoDB's upsertSupplied (write_ops.idl, what $merge sends for a pipeline with
+	 * whenNotMatched insert): an upsert inserts the constant `new` as is */
+	bool upsert_supplied;
 } upd_stmt;
 
 /* Parse one update statement {q, u, upsert, multi, arrayFilters, hint}. Returns 0 or a
@@ -520,7 +523,14 @@ static int parse_upd_stmt(shard_ctx *x, const bson_t *st, upd_stmt *s)
 		} else if (strcmp(k, "c") == 0) {
 			s->c = it;
 			s->have_c = true;
+		} else if (strcmp(k, "upsertSupplied") == 0) {
+			s->upsert_supplied = bson_iter_as_bool(&it);
 		}
+	}
+	if (s->upsert_supplied && !s->upsert) {
+		snprintf(x->err, sizeof x->err,
+			 "the parameter 'upsertSupplied' is set but 'upsert' is false");
+		return WIRE_ERR_FAILED_TO_PARSE;
 	}
 	if (!s->have_u) {
 		snprintf(x->err, sizeof x->err, "BSON field 'u' is missing but a required field");
@@ -606,6 +616,20 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 		bson_destroy(&vars);
 		return code ? code : WIRE_ERR_BAD_VALUE;
 	}
+	bson_t supplied = BSON_INITIALIZER; /* upsertSupplied: the constant `new` */
+	if (s->upsert_supplied) {
+		bson_iter_t nv;
+		if (!s->have_c || !bson_iter_init_find(&nv, &vars, "new") ||
+		    !BSON_ITER_HOLDS_DOCUMENT(&nv)) {
+			if (s->have_c)
+				bson_destroy(&vars);
+			snprintf(x->err, sizeof x->err,
+				 "the parameter 'upsertSupplied' is set but no document was supplied "
+				 "as the constant 'new'");
+			return WIRE_ERR_FAILED_TO_PARSE;
+		}
+		util_iter_copy(&nv, &supplied);
+	}
 	sdb_update_opts uo = {
 		.array_filters = s->have_af ? &s->array_filters : NULL,
 		.query = &s->q,
@@ -619,9 +643,12 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 	int prc = sdb_update_parse_value(&s->u, &uo, &u, &code, x->err, sizeof x->err);
 	if (s->have_c)
 		bson_destroy(&vars); /* parse copied what it uses */
-	if (prc != 0)
+	if (prc != 0) {
+		bson_destroy(&supplied);
 		return code ? code : WIRE_ERR_FAILED_TO_PARSE;
+	}
 	if (s->multi && sdb_update_get_kind(u) == SDB_UPDATE_REPLACEMENT) {
+		bson_destroy(&supplied);
 		sdb_update_free(u);
 		snprintf(x->err, sizeof x->err,
 			 "multi update is not supported for replacement-style update");
@@ -632,6 +659,7 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 	int rc = match_docs(x, coll, &s->q, sort, s->have_hint ? &s->hint : NULL,
 			    s->multi ? 0 : 1, &docs, &n, &code);
 	if (rc) {
+		bson_destroy(&supplied);
 		sdb_update_free(u);
 		return code ? code : WIRE_ERR_BAD_VALUE;
 	}
@@ -683,11 +711,17 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 	util_docs_free(docs, n);
 	if (ret == 0 && r->matched == 0 && s->upsert) {
 		bson_t doc;
-		if (sdb_update_upsert_doc(u, &s->q, &doc, &code, x->err, sizeof x->err) != 0) {
+		if (s->upsert_supplied) {
+			bson_copy_to(&supplied, &doc);
+		} else if (sdb_update_upsert_doc(u, &s->q, &doc, &code, x->err, sizeof x->err) !=
+			   0) {
 			bson_destroy(&doc);
+			bson_destroy(&supplied);
 			sdb_update_free(u);
 			return code ? code : WIRE_ERR_BAD_VALUE;
 		}
+		bson_destroy(&supplied); /* inline again: the returns below need not free it */
+		bson_init(&supplied);
 		bson_t ready, seed;
 		int sc = 0;
 		char se[128];
@@ -727,6 +761,7 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 		}
 		bson_destroy(&ready);
 	}
+	bson_destroy(&supplied);
 	sdb_update_free(u);
 	return ret;
 }
