@@ -551,26 +551,25 @@ void sdb_aggw_with_id(const sdb_aggw *w, const bson_t *doc, bson_t *out)
 }
 
 /* The statement's c for a pipeline whenMatched: each let variable evaluated against doc
- * ($$ROOT: the output document), as literals. Returns 0 or a code (message in err). */
+ * ($$ROOT: the output document); c's values are constants to the shard (mongod's
+ * PipelineExecutor), so they go as they are. Returns 0 or a code (message in err). */
 static int pipeline_constants(const sdb_aggw *w, const bson_t *doc, sdb_aggw_eval_fn eval,
 			      bson_t *c, char *err, size_t errlen)
 {
 	bson_iter_t it;
 	bson_iter_init(&it, &w->let);
 	while (bson_iter_next(&it)) {
-		bson_t v, lit;
+		bson_t v;
 		int code = 0;
 		if (eval(&it, doc, &v, &code, err, errlen) != 0) {
 			bson_destroy(&v);
 			return code ? code : 2;
 		}
 		bson_iter_t vi;
-		bson_append_document_begin(c, bson_iter_key(&it), -1, &lit);
 		if (bson_iter_init_find(&vi, &v, "v"))
-			bson_append_iter(&lit, "$literal", -1, &vi);
+			bson_append_iter(c, bson_iter_key(&it), -1, &vi);
 		else
-			BSON_APPEND_NULL(&lit, "$literal");
-		bson_append_document_end(c, &lit);
+			bson_append_null(c, bson_iter_key(&it), -1);
 		bson_destroy(&v);
 	}
 	return 0;

@@ -611,10 +611,33 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 			 "Constant values may only be specified for pipeline updates");
 		return 51198;
 	}
-	if (s->have_c && sdb_let_parse(&s->c, shard_let(x), "update.updates.c", &vars, &code,
-				       x->err, sizeof x->err) != 0) {
-		bson_destroy(&vars);
-		return code ? code : WIRE_ERR_BAD_VALUE;
+	if (s->have_c) {
+		/* constants, not expressions (mongod's PipelineExecutor: setConstantValue of each
+		 * element): each value wrapped in $literal, then parsed as let is (the names'
+		 * rules, 14 for a c that is not a document) */
+		bson_t lits = BSON_INITIALIZER, lit;
+		bson_iter_t ci;
+		const bson_iter_t *src = &s->c;
+		if (BSON_ITER_HOLDS_DOCUMENT(&s->c) && bson_iter_recurse(&s->c, &ci)) {
+			while (bson_iter_next(&ci)) {
+				bson_append_document_begin(&lits, bson_iter_key(&ci), -1, &lit);
+				bson_append_iter(&lit, "$literal", -1, &ci);
+				bson_append_document_end(&lits, &lit);
+			}
+		}
+		bson_t holder = BSON_INITIALIZER;
+		bson_iter_t hi;
+		BSON_APPEND_DOCUMENT(&holder, "c", &lits);
+		if (BSON_ITER_HOLDS_DOCUMENT(&s->c) && bson_iter_init_find(&hi, &holder, "c"))
+			src = &hi;
+		int prc = sdb_let_parse(src, shard_let(x), "update.updates.c", &vars, &code,
+					x->err, sizeof x->err);
+		bson_destroy(&holder);
+		bson_destroy(&lits);
+		if (prc != 0) {
+			bson_destroy(&vars);
+			return code ? code : WIRE_ERR_BAD_VALUE;
+		}
 	}
 	bson_t supplied = BSON_INITIALIZER; /* upsertSupplied: the constant `new` */
 	if (s->upsert_supplied) {

@@ -50,6 +50,13 @@ def _check(db, coll):
     assert r["n"] == 1 and r["nModified"] == 1, r
     assert db[coll].find_one({"_id": 1}) == {"_id": 1, "a": 1, "b": "B", "c": "C",
                                              "both": "from c"}
+    # c holds constants, not expressions (mongod's PipelineExecutor): "$a" is that string
+    r = db.command({"update": coll, "updates": [
+        {"q": {"_id": 1}, "u": [{"$set": {"lit": "$$p"}}, {"$unset": "lit2"}],
+         "c": {"p": "$a"}}]})
+    assert r["n"] == 1, r
+    assert db[coll].find_one({"_id": 1})["lit"] == "$a"
+    db[coll].update_one({"_id": 1}, {"$unset": {"lit": ""}})
     # update_many with let (a multi-document write)
     # (raw commands: Debian's pymongo 3.11 has no let= keyword)
     r = db.command({"update": coll, "let": {"lo": 4}, "updates": [
