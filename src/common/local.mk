@@ -5,6 +5,7 @@ libstripedb_a_SOURCES += \
 	src/common/bsonval.c \
 	src/common/clock.c \
 	src/common/cmdopts.c \
+	src/common/curop.c \
 	src/common/config.c \
 	src/common/dblist.c \
 	src/common/err.c \
@@ -22,6 +23,7 @@ noinst_HEADERS += \
 	src/common/indexname.h \
 	src/common/renamecoll.h \
 	src/common/cmdopts.h \
+	src/common/curop.h \
 	src/common/alloc.h \
 	src/common/bsonget.h \
 	src/common/bsonval.h \

@@ -362,6 +362,11 @@ int px_do_list_indexes(ctx *c);
 int px_do_list_union(ctx *c, bool databases); /* listDatabases / listCollections */
 int px_do_coll_stats(ctx *c);
 int px_do_validate(ctx *c); /* admin.c: mongos' validate (raw per shard) */
+/* currentop.c (issue #20): currentOp over every shard (admin only: 13; a shard's failure
+ * fails it); killOp's "shardid:opid" form (28625 bad format, 70 unknown shard, 9 a bad
+ * opid). Returns: the status of the answer (0, or the code answered). */
+int px_do_current_op(ctx *c);
+int px_do_kill_op(ctx *c);
 int px_do_coll_stats_stage(ctx *c, const bson_t *spec); /* aggregate [{$collStats}] */
 int px_do_db_stats(ctx *c);
 int px_do_explain(ctx *c);                   /* explain.c */

@@ -249,6 +249,7 @@ void shard_register_commands(shard *sh)
 	}
 	wire_server_register(sh->srv, "stripedbRegisterMember", dispatch_register);
 	wire_server_register(sh->srv, "replSetGetStatus", dispatch_status);
+	shard_currentop_register(sh);
 	shard_members_register(sh);
 }
 

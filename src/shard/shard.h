@@ -403,6 +403,9 @@ void shard_cmd_txn_refuse(shard_ctx *x);
  * worker pool, writes to the replica set's proposals (repl.h), transactions to txn.h.
  * Loop thread, at start. */
 void shard_register_commands(shard *sh);
+/* currentOp and killOp (currentop.c, issue #20): registered on sh->srv, answered on the
+ * loop thread. Loop thread, at start (called by shard_register_commands). */
+void shard_currentop_register(shard *sh);
 
 /* helpers shared by command files (commands.c) */
 /* Begin a transaction and check $stripedbVersion; on failure replies and returns false. */
