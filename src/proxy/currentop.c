@@ -136,3 +136,19 @@ int px_do_kill_op(ctx *c)
 	BSON_APPEND_INT32(out, "shardid", (int32_t)v);
 	return px_reply(c, out);
 }
+
+int px_refuse_current_op_stage(ctx *c, const bson_t *stages)
+{
+	bson_iter_t it, st;
+
+	if (!bson_iter_init(&it, stages))
+		return 0;
+	while (bson_iter_next(&it)) {
+		if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) &&
+		    bson_iter_next(&st) && strcmp(bson_iter_key(&st), "$currentOp") == 0)
+			return px_error(c, WIRE_ERR_NOT_IMPLEMENTED,
+					"$currentOp is not supported through a stripedb proxy: use "
+					"the currentOp command");
+	}
+	return 0;
+}

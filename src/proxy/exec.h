@@ -367,6 +367,10 @@ int px_do_validate(ctx *c); /* admin.c: mongos' validate (raw per shard) */
  * opid). Returns: the status of the answer (0, or the code answered). */
 int px_do_current_op(ctx *c);
 int px_do_kill_op(ctx *c);
+/* The $currentOp aggregation stage is not offered by the proxy (mongos would gather every
+ * shard's ops; the currentOp command does): 238 NotImplemented when stages holds one at
+ * the top level. Returns: 0 when there is none, else the code answered. */
+int px_refuse_current_op_stage(ctx *c, const bson_t *stages);
 int px_do_coll_stats_stage(ctx *c, const bson_t *spec); /* aggregate [{$collStats}] */
 int px_do_db_stats(ctx *c);
 int px_do_explain(ctx *c);                   /* explain.c */

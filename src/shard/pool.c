@@ -129,9 +129,11 @@ static void *worker_main(void *arg)
 				shard_repl_submit(sh->repl, job->req); /* run by the apply */
 		} else {
 			/* every document this command reads checks killOp's flag first */
+			int32_t opid = wire_req_opid(job->req);
 			sdb_store_set_interrupt(req_killed, job->req);
 			shard_ctx_run(&x, job->fn);
 			sdb_store_set_interrupt(NULL, NULL);
+			shard_curop_drop(sh, opid); /* a $currentOp whose pipeline never ran */
 		}
 		/* a handler that failed half-way must not leave its transaction open */
 		sdb_store_rollback(wa->conn);

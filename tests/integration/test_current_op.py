@@ -129,6 +129,42 @@ def test_shard_current_op_options_and_errors(shard):
     c.close()
 
 
+def test_shard_current_op_stage(shard):
+    """The $currentOp aggregation stage (document_source_current_op.cpp) on a shard."""
+    _, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    idle = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    idle.admin.command("ping")
+    out = list(c.admin.aggregate([{"$currentOp": {"allUsers": True, "idleConnections": True}},
+                                  {"$sort": {"type": 1}},
+                                  {"$project": {"_id": 0, "type": 1, "op": 1, "command": 1}}]))
+    types = [d["type"] for d in out]
+    assert "idleConnection" in types and "op" in types, out
+    # this aggregate is there (with the drivers' awaitable hellos, in flight too)
+    mine = [d for d in out if d["type"] == "op" and "aggregate" in d["command"]]
+    assert len(mine) == 1 and mine[0]["op"] == "command"
+    assert mine[0]["command"]["aggregate"] == 1
+    assert list(c.admin.aggregate([{"$currentOp": {}}, {"$match": {"command.aggregate": 1}},
+                                   {"$count": "n"}])) == [{"n": 1}]
+
+    def code(db, cmd):
+        with pytest.raises(OperationFailure) as e:
+            c[db].command(cmd)
+        return e.value.code
+
+    def agg(pipeline, db="admin", coll=1):
+        return code(db, {"aggregate": coll, "pipeline": pipeline, "cursor": {}})
+    assert agg([{"$currentOp": {}}], db="db") == 73
+    assert agg([{"$currentOp": {}}], coll="c") == 73
+    assert agg([{"$currentOp": {"bogus": True}}]) == 9
+    assert agg([{"$currentOp": {"allUsers": 1}}]) == 9
+    assert agg([{"$currentOp": 1}]) == 9
+    assert agg([{"$currentOp": {"idleCursors": True}}]) == 238
+    assert agg([{"$match": {}}, {"$currentOp": {}}]) == 40602
+    idle.close()
+    c.close()
+
+
 def test_shard_kill_write_concern_wait(start_role, tmp_path):
     """A write waiting for w: 3 while a secondary is stopped (SIGSTOP) is in currentOp and
     killOp ends its wait: writeConcernError Interrupted (11601); the write itself stays."""
@@ -191,6 +227,9 @@ def test_proxy_current_op_and_kill(start_role, tmp_path):
         assert code("admin", {"killOp": 1, "op": "nosuch:12"}) == 70
         assert code("admin", {"killOp": 1, "op": "shard-a:x1"}) == 9
         assert code("admin", {"killOp": 1, "op": 2 ** 40}) == 26823
+        # the $currentOp stage is not offered through a proxy (the command is)
+        assert code("admin", {"aggregate": 1, "pipeline": [{"$currentOp": {}}],
+                              "cursor": {}}) == 238
         # a number: one of the proxy's own operations (none here): ok
         assert admin.command({"killOp": 1, "op": 987654})["ok"] == 1.0
     finally:
