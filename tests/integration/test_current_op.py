@@ -234,3 +234,23 @@ def test_proxy_current_op_and_kill(start_role, tmp_path):
         assert admin.command({"killOp": 1, "op": 987654})["ok"] == 1.0
     finally:
         cl.close()
+
+
+def test_proxy_tenant_lacks_inprog_and_killop(start_role, tmp_path):
+    """With authentication a tenant has neither MongoDB's inprog nor killop action (a tenant
+    sees and kills nothing of the shared shards): currentOp, $ownOps included, and killOp
+    are Unauthorized (13)."""
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1, proxy_args=["--auth=enabled"])
+    try:
+        cl.meta_cmd({"createTenant": "A"})
+        cl.create_database("cdb", tenant="A")
+        cl.meta_cmd({"createUser": "alice", "tenant": "A", "password": "alice-pw"})
+        alice = cl.proxy_client(0, username="alice", password="alice-pw", authSource="admin")
+        wait_until(lambda: alice.cdb.c.insert_one({"_id": 1}), 20, what="alice's first write")
+        for cmd in ({"currentOp": 1}, {"currentOp": 1, "$ownOps": True},
+                    {"killOp": 1, "op": "shard-a:1"}, {"killOp": 1, "op": 1}):
+            with pytest.raises(OperationFailure) as e:
+                alice.admin.command(cmd)
+            assert e.value.code == 13, (cmd, e.value.details)
+    finally:
+        cl.close()
