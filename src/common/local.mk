@@ -40,8 +40,8 @@ noinst_HEADERS += \
 
 EXTRA_DIST += src/common/README.md
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_curop
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_curop
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -66,3 +66,6 @@ tests_unit_test_common_dblist_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_cmdopts_SOURCES = tests/unit/test_common_cmdopts.c
 tests_unit_test_common_cmdopts_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_cmdopts_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_curop_SOURCES = tests/unit/test_common_curop.c
+tests_unit_test_common_curop_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_curop_LDADD = $(UNIT_LDADD)
