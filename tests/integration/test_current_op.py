@@ -101,6 +101,35 @@ def test_shard_current_op_and_kill(shard):
     c.close()
 
 
+def test_shard_kill_parked_getmore(shard):
+    """An awaitData getMore on the oplog waits (parked, holding no worker) for new entries:
+    it is in currentOp as a getmore, and killOp ends it with 11601 (its cursor closed)."""
+    _, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    c.db.c.insert_one({"_id": 1})
+
+    # the commands themselves: pymongo's tailable cursors swallow a getMore's error
+    first = c.local.command({"find": "oplog.rs", "tailable": True, "awaitData": True})
+    cid = first["cursor"]["id"]
+    assert cid != 0
+    more = {"getMore": cid, "collection": "oplog.rs", "maxTimeMS": 120000}
+
+    def tail():
+        while True:
+            c.local.command(more)
+    t = Slow(tail)
+    t.start()
+    op = wait_op(c.admin, {"op": "getmore", "ns": "local.oplog.rs"}, "the parked getMore")
+    assert op["command"]["maxTimeMS"] == 120000
+    exc = kill_and_check(c.admin, op["opid"], t,
+                         lambda r: r["info"] == "attempting to kill op" or pytest.fail(repr(r)))
+    assert isinstance(exc, OperationFailure) and exc.code == 11601, repr(exc)
+    with pytest.raises(OperationFailure) as e:  # the killed getMore's cursor is gone
+        c.local.command(more)
+    assert e.value.code == 43
+    c.close()
+
+
 def test_shard_current_op_options_and_errors(shard):
     _, port = shard
     c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
