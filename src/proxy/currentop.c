@@ -7,7 +7,9 @@
  *    shard after that rewriting; the proxy concatenates the shards' `inprog`.
  *  - killOp {op: "<shard id>:<opid>"} forwards {killOp: 1, op: <opid>} to that shard and
  *    answers {shard, shardid: <opid>, ok: 1} whatever the shard said; a number kills one of
- *    the proxy's own operations (loop thread: h_kill_op). */
+ *    the proxy's own operations (loop thread: h_kill_op).
+ *  - a tenant's currentOp {$ownOps: true} lists its own operations on this proxy
+ *    (px_current_op_own). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,8 @@
 #include "common/curop.h"
 #include "common/log.h"
 #include "proxy/exec.h"
+#include "auth/gate.h"
+#include "storage/matcher.h"
 
 typedef struct curop_fan {
 	ctx *c;
@@ -151,4 +155,76 @@ int px_refuse_current_op_stage(ctx *c, const bson_t *stages)
 					"the currentOp command");
 	}
 	return 0;
+}
+
+typedef struct own_run {
+	const char *user;
+	sdb_matcher *m;
+	bson_t arr;
+	uint32_t n;
+} own_run;
+
+static void own_decorate(void *arg, const wire_conn *conn, bson_t *op)
+{
+	const char *u = auth_gate_conn_user(conn);
+	bson_t arr, d;
+
+	(void)arg;
+	if (!u)
+		return;
+	BSON_APPEND_ARRAY_BEGIN(op, "effectiveUsers", &arr);
+	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &d);
+	BSON_APPEND_UTF8(&d, "user", u);
+	BSON_APPEND_UTF8(&d, "db", "admin");
+	bson_append_document_end(&arr, &d);
+	bson_append_array_end(op, &arr);
+}
+
+static void own_each(void *arg, const wire_conn *conn, const bson_t *op)
+{
+	own_run *r = arg;
+	const char *u = auth_gate_conn_user(conn);
+	char key[16];
+
+	if (!u || strcmp(u, r->user) != 0 || !sdb_matcher_match(r->m, op))
+		return;
+	snprintf(key, sizeof key, "%u", r->n++);
+	BSON_APPEND_DOCUMENT(&r->arr, key, op);
+}
+
+void px_current_op_own(wire_server *srv, wire_req *req, const char *user)
+{
+	sdb_curop_args a;
+	own_run r;
+	char err[512];
+	int code = 0;
+	bson_t *reply;
+
+	if (strcmp(wire_req_db(req), "admin") != 0) {
+		wire_req_error(req, WIRE_ERR_UNAUTHORIZED,
+			       "currentOp may only be run against the admin database.");
+		return;
+	}
+	memset(&r, 0, sizeof r);
+	r.user = user;
+	sdb_curop_args_parse(wire_req_cmd(req), NULL, false, &a);
+	if (sdb_matcher_new(&a.filter, &r.m, &code, err, sizeof err) != 0) {
+		bson_destroy(&a.filter);
+		wire_req_error(req, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		return;
+	}
+	reply = bson_new();
+	bson_append_array_begin(reply, "inprog", -1, &r.arr);
+	wire_op_opts o = {
+		.idle = a.all,
+		.truncate = a.truncate,
+		.decorate = own_decorate,
+		.each = own_each,
+		.arg = &r,
+	};
+	wire_server_each_op(srv, &o);
+	bson_append_array_end(reply, &r.arr);
+	sdb_matcher_free(r.m);
+	bson_destroy(&a.filter);
+	wire_req_reply(req, reply);
 }

@@ -979,14 +979,35 @@ static void h_kill_op(wire_req *req, void *data)
 		return;
 	}
 	wire_req *victim = wire_server_find_op(p->srv, opid);
-	if (victim && victim != req) {
-		const char *me = p->auth ? auth_gate_conn_user(wire_req_conn(req)) : NULL;
-		const char *owner = p->auth ? auth_gate_conn_user(wire_req_conn(victim)) : NULL;
-		if (me == owner || (me && (strcmp(me, "__system") == 0 ||
-					   (owner && strcmp(me, owner) == 0))))
-			wire_req_kill(victim);
+	const char *me = p->auth ? auth_gate_conn_user(wire_req_conn(req)) : NULL;
+	const char *owner = victim && p->auth ? auth_gate_conn_user(wire_req_conn(victim)) : NULL;
+	bool may = me == owner || (me && (strcmp(me, "__system") == 0 ||
+					  (owner && strcmp(me, owner) == 0)));
+	if (me && strcmp(me, "__system") != 0 && (!victim || !may)) {
+		/* a tenant (no killop action): only its own op, else Unauthorized, as
+		 * mongod's KillOpCmdBase::checkAuthForCommand */
+		wire_req_error(req, WIRE_ERR_UNAUTHORIZED, "Unauthorized");
+		return;
 	}
+	if (victim && victim != req && may)
+		wire_req_kill(victim);
 	wire_req_reply(req, NULL);
+}
+
+/* currentOp (issue #20), on the loop thread: a tenant's {$ownOps: true} (the gate lets a
+ * tenant through with it only) is answered here with its own operations on this proxy,
+ * the only ones that are its own (the shards see the proxy's connections); anything else
+ * gathers the shards' ops on a worker (px_do_current_op). */
+static void h_current_op(wire_req *req, void *data)
+{
+	proxy *p = data;
+	const char *me = p->auth ? auth_gate_conn_user(wire_req_conn(req)) : NULL;
+
+	if (!me || strcmp(me, "__system") == 0) {
+		h_submit(req, data);
+		return;
+	}
+	px_current_op_own(p->srv, req, me);
 }
 
 void proxy_exec_register(proxy *p)
@@ -1000,5 +1021,6 @@ void proxy_exec_register(proxy *p)
 	for (i = 0; js[i]; i++)
 		wire_server_register(p->srv, js[i], h_refuse_js);
 	wire_server_register(p->srv, "killOp", h_kill_op);
+	wire_server_register(p->srv, "currentOp", h_current_op);
 }
 

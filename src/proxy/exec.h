@@ -371,6 +371,11 @@ int px_do_kill_op(ctx *c);
  * shard's ops; the currentOp command does): 238 NotImplemented when stages holds one at
  * the top level. Returns: 0 when there is none, else the code answered. */
 int px_refuse_current_op_stage(ctx *c, const bson_t *stages);
+/* Answer req, currentOp of the tenant user (its `$ownOps: true` checked by the gate), with
+ * the operations of srv's connections authenticated as user, as mongod describes them
+ * (wire_server_each_op, with effectiveUsers) and filtered by the command's other fields
+ * (admin only: 13; a bad filter: the matcher's code). Loop thread. */
+void px_current_op_own(wire_server *srv, wire_req *req, const char *user);
 int px_do_coll_stats_stage(ctx *c, const bson_t *spec); /* aggregate [{$collStats}] */
 int px_do_db_stats(ctx *c);
 int px_do_explain(ctx *c);                   /* explain.c */

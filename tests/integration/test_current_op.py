@@ -268,21 +268,37 @@ def test_proxy_current_op_and_kill(start_role, tmp_path):
         cl.close()
 
 
-def test_proxy_tenant_lacks_inprog_and_killop(start_role, tmp_path):
+def test_proxy_tenant_own_ops_only(start_role, tmp_path):
     """With authentication a tenant has neither MongoDB's inprog nor killop action (a tenant
-    sees and kills nothing of the shared shards): currentOp, $ownOps included, and killOp
-    are Unauthorized (13)."""
+    sees and kills nothing of the shared shards): currentOp without $ownOps and killOp of
+    anything but its own operation are Unauthorized (13). currentOp {$ownOps: true} lists
+    the tenant user's own operations on the proxy, as mongod lists a user's own."""
     cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1, proxy_args=["--auth=enabled"])
     try:
         cl.meta_cmd({"createTenant": "A"})
         cl.create_database("cdb", tenant="A")
         cl.meta_cmd({"createUser": "alice", "tenant": "A", "password": "alice-pw"})
+        cl.meta_cmd({"createUser": "bob", "tenant": "A", "password": "bob-pw"})
         alice = cl.proxy_client(0, username="alice", password="alice-pw", authSource="admin")
+        bob = cl.proxy_client(0, username="bob", password="bob-pw", authSource="admin")
         wait_until(lambda: alice.cdb.c.insert_one({"_id": 1}), 20, what="alice's first write")
-        for cmd in ({"currentOp": 1}, {"currentOp": 1, "$ownOps": True},
-                    {"killOp": 1, "op": "shard-a:1"}, {"killOp": 1, "op": 1}):
+        bob.cdb.c.find_one()  # bob holds an authenticated, idle connection
+        for cmd in ({"currentOp": 1}, {"killOp": 1, "op": "shard-a:1"},
+                    {"killOp": 1, "op": 987654}, {"killOp": 1}):
             with pytest.raises(OperationFailure) as e:
                 alice.admin.command(cmd)
             assert e.value.code == 13, (cmd, e.value.details)
+        ops = alice.admin.command({"currentOp": 1, "$ownOps": True, "$all": True})["inprog"]
+        assert ops and all(o["effectiveUsers"] == [{"user": "alice", "db": "admin"}]
+                           for o in ops), ops
+        mine = [o for o in ops if o["type"] == "op"]
+        assert len(mine) == 1 and mine[0]["command"]["currentOp"] == 1
+        assert mine[0]["client"].startswith("127.0.0.1:") and isinstance(mine[0]["opid"], int)
+        # the filter applies; another database is 13
+        assert alice.admin.command({"currentOp": 1, "$ownOps": True, "op": "insert"})[
+            "inprog"] == []
+        with pytest.raises(OperationFailure) as e:
+            alice.cdb.command({"currentOp": 1, "$ownOps": True})
+        assert e.value.code == 13
     finally:
         cl.close()
