@@ -377,8 +377,8 @@ bool shard_agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 				      &sessions.n)) {
 			bson_destroy(&all);
 			shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED,
-				   "$currentOp is supported at the top of an aggregate's pipeline "
-				   "only");
+				   "$currentOp is supported only as the first stage of an aggregate "
+				   "command (not in explain, a view or a transaction)");
 			return false;
 		}
 		array_in = true;
