@@ -91,6 +91,8 @@ int store_cache_load(sdb_store_conn *c, char *err, size_t errlen)
 				ix->unique = bson_iter_as_bool(&it);
 			if (bson_iter_init_find(&it, ix->spec, "sparse"))
 				ix->sparse = bson_iter_as_bool(&it);
+			if (bson_iter_init_find(&it, ix->spec, "hidden"))
+				ix->hidden = bson_iter_as_bool(&it);
 			break;
 		}
 	}
@@ -439,4 +441,52 @@ void sdb_store_names_free(char **names, size_t n)
 	for (size_t i = 0; i < n * 2; i++)
 		free(names[i]);
 	free(names);
+}
+
+int sdb_store_coll_mod(sdb_store_conn *c, const char *db, const char *coll,
+		       const bson_t *options, const char *index_name, const bson_t *index_spec,
+		       const bson_t *oplog_o, const char *origin, char *err, size_t errlen)
+{
+	sdb_store_coll *co = store_cache_find(c, db, coll);
+	sqlite3_stmt *s;
+	uint8_t uuid[16];
+	int rc;
+
+	if (!co)
+		return sdb_errf(err, errlen, SDB_ENOTFOUND, "ns does not exist");
+	memcpy(uuid, co->uuid, 16);
+	if (options) {
+		s = store_stmt_get(c, "UPDATE catalog_coll SET options = ? WHERE db = ? AND coll = ?",
+				   err, errlen);
+		if (!s)
+			return SDB_EIO;
+		sqlite3_bind_blob(s, 1, bson_get_data(options), (int)sdb_store_doc_len(options),
+				  SQLITE_STATIC);
+		sqlite3_bind_text(s, 2, db, -1, SQLITE_STATIC);
+		sqlite3_bind_text(s, 3, coll, -1, SQLITE_STATIC);
+		if ((rc = store_step_done(c, s, err, errlen, "collMod options")) != 0)
+			return rc;
+	}
+	if (index_name && index_spec) {
+		s = store_stmt_get(c,
+				   "UPDATE catalog_index SET spec = ? WHERE db = ? AND coll = ? AND "
+				   "name = ?",
+				   err, errlen);
+		if (!s)
+			return SDB_EIO;
+		sqlite3_bind_blob(s, 1, bson_get_data(index_spec),
+				  (int)sdb_store_doc_len(index_spec), SQLITE_STATIC);
+		sqlite3_bind_text(s, 2, db, -1, SQLITE_STATIC);
+		sqlite3_bind_text(s, 3, coll, -1, SQLITE_STATIC);
+		sqlite3_bind_text(s, 4, index_name, -1, SQLITE_STATIC);
+		if ((rc = store_step_done(c, s, err, errlen, "collMod index")) != 0)
+			return rc;
+	}
+	c->ddl = true;
+	if ((rc = store_catalog_bump(c, err, errlen)) != 0)
+		return rc;
+	char *ns = sdb_asprintf("%s.$cmd", db);
+	rc = store_oplog_append(c, "c", ns, uuid, oplog_o, NULL, origin, err, errlen);
+	free(ns);
+	return rc;
 }

@@ -21,9 +21,9 @@ TESTS += tests/unit/test_storage_pipeline
 # --- query core: keyenc path matcher projection sortspec (owner: sa); the comparison order
 # itself is src/common/bsonval.c (shared with raft/), tested by test_storage_bsonval ---
 noinst_HEADERS += storage/keyenc.h storage/path.h storage/matcher.h \
-	storage/matcher_int.h storage/projection.h storage/sortspec.h
+	storage/matcher_int.h storage/projection.h storage/sortspec.h storage/validator.h
 libstripedb_a_SOURCES += storage/keyenc.c storage/path.c storage/matcher.c \
-	storage/projection.c storage/sortspec.c storage/bounds.c
+	storage/projection.c storage/sortspec.c storage/bounds.c storage/validator.c
 
 check_PROGRAMS += tests/unit/test_storage_bsonval
 tests_unit_test_storage_bsonval_SOURCES = tests/unit/test_storage_bsonval.c
@@ -35,6 +35,11 @@ tests_unit_test_storage_keyenc_SOURCES = tests/unit/test_storage_keyenc.c
 tests_unit_test_storage_keyenc_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_keyenc_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_keyenc
+check_PROGRAMS += tests/unit/test_storage_validator
+tests_unit_test_storage_validator_SOURCES = tests/unit/test_storage_validator.c
+tests_unit_test_storage_validator_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_validator_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_validator
 check_PROGRAMS += tests/unit/test_storage_matcher
 tests_unit_test_storage_matcher_SOURCES = tests/unit/test_storage_matcher.c
 tests_unit_test_storage_matcher_CFLAGS = $(UNIT_CFLAGS)

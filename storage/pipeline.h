@@ -135,7 +135,15 @@ typedef struct sdb_pipeline_opts {
 	 * refused (238). */
 	sdb_pipeline_foreign_fn foreign;
 	void *foreign_arg;
+	/* How deep this pipeline is nested as a $lookup / $unionWith sub-pipeline (0: the
+	 * command's own; $facet's pipelines are at their stage's depth, as in mongod): a
+	 * sub-pipeline deeper than SDB_PIPELINE_MAX_SUB_DEPTH fails the parse with 232
+	 * MaxSubPipelineDepthExceeded, as mongod's ExpressionContext::subPipelineDepth. */
+	int sub_depth;
 } sdb_pipeline_opts;
+
+/* mongod 6.0's kMaxSubPipelineDepth (DocumentSourceLookUp, DocumentSourceUnionWith). */
+#define SDB_PIPELINE_MAX_SUB_DEPTH 20
 
 /* Parse a pipeline.
  * stages: a BSON array of stage documents (the value of the command's `pipeline` field,

@@ -98,6 +98,7 @@ int agg_facet_parse(const bson_iter_t *it, size_t max_mem, agg_facet **out, cons
 		if (e->opts != NULL) {
 			opts.foreign = e->opts->foreign;
 			opts.foreign_arg = e->opts->foreign_arg;
+			opts.sub_depth = e->opts->sub_depth;
 		}
 		sdb_pipeline *p = NULL;
 

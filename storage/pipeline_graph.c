@@ -74,7 +74,8 @@ static int parse_max_depth(const bson_iter_t *f, int64_t *out, const ectx *e)
 			bson_decimal128_to_string(&dec, s);
 			d = strtod(s, NULL);
 		}
-		/* BSONElement::safeNumberLong: NaN is 0, out of range clamps */
+		/* BSONElement::safeNumberLong: NaN is 0, out of range clamps; a double truncates,
+		 * a Decimal128 rounds half to even (Decimal128::toLong) */
 		if (isnan(d)) {
 			n = 0;
 		} else if (d >= 9223372036854775807.0) {
@@ -82,7 +83,7 @@ static int parse_max_depth(const bson_iter_t *f, int64_t *out, const ectx *e)
 		} else if (d <= -9223372036854775808.0) {
 			n = INT64_MIN;
 		} else {
-			n = (int64_t)d;
+			n = BSON_ITER_HOLDS_DECIMAL128(f) ? (int64_t)nearbyint(d) : (int64_t)d;
 		}
 	} else {
 		return efail(e, 40100, "maxDepth must be numeric, found type: %s",
@@ -92,8 +93,9 @@ static int parse_max_depth(const bson_iter_t *f, int64_t *out, const ectx *e)
 		return efail(e, 40101, "maxDepth requires a nonnegative argument, found: %lld",
 			     (long long)n);
 	}
-	if ((double)n != d || (BSON_ITER_HOLDS_INT64(f) && n == INT64_MAX)) {
-		/* (the int64 case: mongod's double comparison rounds INT64_MAX up and fails) */
+	/* mongod: `*maxDepth == argument.number()`, compared as doubles (so INT64_MAX, which
+	 * rounds to 2^63 on both sides, is accepted) */
+	if ((double)n != d) {
 		return efail(e, 40102, "maxDepth could not be represented as a long long: %lld",
 			     (long long)n);
 	}
@@ -186,7 +188,7 @@ int agg_graph_parse(sdb_pipeline *p, const bson_iter_t *arg, const ectx *e)
 			     "the $graphLookup stage specification must be an object, but found %s",
 			     type_name(bson_iter_type(arg)));
 	}
-	if ((rc = parse_from(arg, &from, e)) != 0) {
+	if ((rc = parse_from(arg, &from, e)) != 0 || (rc = agg_sub_depth_check(e)) != 0) {
 		return rc;
 	}
 	/* the stage now, so that what the parse below builds is freed with p */

@@ -30,6 +30,7 @@
 #define C_INVALID_OP 168
 #define C_NOT_IMPLEMENTED 238
 #define C_MEMORY 292
+#define C_MAX_SUB_PIPELINE_DEPTH 232 /* MaxSubPipelineDepthExceeded */
 
 /* ---- errors ------------------------------------------------------------------------ */
 
@@ -453,6 +454,11 @@ struct sdb_pipeline {
  * stage of p (name is "$unionWith" or "$lookup"). Errors: SDB_EINVAL with MongoDB's code
  * and message in e (see pipeline_lookup.c), 238 when p has no foreign reader. */
 int agg_lookup_parse(sdb_pipeline *p, const char *name, const bson_iter_t *it, const ectx *e);
+/* A stage that reads another collection ($lookup, $unionWith, $graphLookup) in a pipeline
+ * already SDB_PIPELINE_MAX_SUB_DEPTH deep (e->opts->sub_depth): mongod's
+ * ExpressionContext::copyForSubPipeline check. Returns: 0, or SDB_EINVAL with 232
+ * MaxSubPipelineDepthExceeded in e. */
+int agg_sub_depth_check(const ectx *e);
 /* Free what agg_lookup_parse put in s (the coll/sub/as/... fields). */
 void agg_lookup_clear(stage *s);
 /* 0 when name is a valid user variable name (MongoDB's

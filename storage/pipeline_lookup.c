@@ -101,6 +101,7 @@ static int check_sub(const bson_t *arr, const char *who, int forbidden_code, con
 		o = *e->opts;
 	}
 	o.let = vars;
+	o.sub_depth++; /* agg_sub_depth_check bounded it */
 	rc = sdb_pipeline_parse(arr, &o, &p, e->code, e->err, e->errlen);
 	sdb_pipeline_free(p);
 	return rc;
@@ -365,8 +366,23 @@ static int parse_lookup(sdb_pipeline *p, const bson_iter_t *arg, const ectx *e)
 	return rc;
 }
 
+int agg_sub_depth_check(const ectx *e)
+{
+	if (e->opts != NULL && e->opts->sub_depth >= SDB_PIPELINE_MAX_SUB_DEPTH) {
+		return efail(e, C_MAX_SUB_PIPELINE_DEPTH,
+			     "Maximum number of nested sub-pipelines exceeded. Limit is %d",
+			     SDB_PIPELINE_MAX_SUB_DEPTH);
+	}
+	return 0;
+}
+
 int agg_lookup_parse(sdb_pipeline *p, const char *name, const bson_iter_t *it, const ectx *e)
 {
+	int rc = agg_sub_depth_check(e);
+
+	if (rc != 0) {
+		return rc;
+	}
 	if (strcmp(name, "$unionWith") == 0) {
 		return parse_union_with(p, it, e);
 	}

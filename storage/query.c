@@ -277,7 +277,7 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		if (strcmp(name, "_id_") == 0)
 			is_id = true;
 		for (size_t i = 0; co && i < co->n_indexes; i++)
-			if (strcmp(co->indexes[i].name, name) == 0)
+			if (strcmp(co->indexes[i].name, name) == 0 && !co->indexes[i].hidden)
 				ix = &co->indexes[i];
 	} else if (BSON_ITER_HOLDS_DOCUMENT(hint)) {
 		bson_t h;
@@ -294,7 +294,7 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 			is_id = true;
 		} else {
 			for (size_t i = 0; co && i < co->n_indexes; i++)
-				if (bson_equal(co->indexes[i].key, &h))
+				if (bson_equal(co->indexes[i].key, &h) && !co->indexes[i].hidden)
 					ix = &co->indexes[i];
 		}
 	}
@@ -448,8 +448,9 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 	}
 	for (size_t i = 0; i < co->n_indexes && best_score < 4; i++) {
 		const sdb_store_index *ix = &co->indexes[i];
-		if (ix->sparse)
-			continue; /* a sparse index misses documents: only by hint */
+		if (ix->sparse || ix->hidden)
+			continue; /* a sparse index misses documents: only by hint; a hidden one
+				   * is never planned */
 		bool desc = false;
 		const char *path = first_field(ix->key, &desc);
 		if (!path || sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) != 0)
@@ -492,6 +493,7 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 			const sdb_store_index *si = NULL;
 			for (size_t i = 0; i < co->n_indexes && !si; i++)
 				if (!co->indexes[i].sparse && !co->indexes[i].multikey &&
+				    !co->indexes[i].hidden &&
 				    pattern_provides_sort(co->indexes[i].key, q->sort, &rev))
 					si = &co->indexes[i];
 			if (si) {

@@ -184,6 +184,8 @@ typedef struct sdb_store_index {
 	bool sparse;
 	bool multikey; /* some document gave it several keys (arrays): bounds and sorts are
 			* restricted as in MongoDB */
+	bool hidden;   /* spec hidden: true (collMod / createIndexes): maintained, never
+			* chosen by the planner (MongoDB 4.4's hidden indexes) */
 	bool hashed;   /* {f: "hashed"}: one key per document, enc(NumberLong(hash of f)),
 			* sdb_keyenc_hash_value; bounds for equality / $in on f only, no
 			* sort */
@@ -210,6 +212,14 @@ int sdb_store_coll_get(sdb_store_conn *c, const char *db, const char *coll,
 int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 			  const bson_t *options, const char *origin, const sdb_store_coll **out,
 			  char *err, size_t errlen);
+/* collMod (issue #20, MongoDB's coll_mod.cpp): in a write txn, replace db.coll's stored
+ * options by options (NULL: unchanged) and/or the spec of its index index_name by
+ * index_spec (NULL: unchanged; the caller builds the new spec: hidden, expireAfterSeconds),
+ * and log one "c" oplog entry with o = oplog_o (MongoDB's {collMod: coll, ...}) and origin
+ * (may be NULL). Errors: SDB_ENOTFOUND (no such collection), SDB_EIO. */
+int sdb_store_coll_mod(sdb_store_conn *c, const char *db, const char *coll,
+		       const bson_t *options, const char *index_name, const bson_t *index_spec,
+		       const bson_t *oplog_o, const char *origin, char *err, size_t errlen);
 /* Drop db.coll with its indexes (write txn); logs a "c" oplog entry {drop: coll}. Errors:
  * SDB_ENOTFOUND (no such collection), SDB_EIO. */
 int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,

@@ -19,7 +19,10 @@
 #define AUTH_FAILURE_WINDOW_MS 60000
 #define AUTH_USER_CACHE 64          /* verifiers kept for speculative authentication */
 #define AUTH_USER_CACHE_TTL_NS (10 * 1000000000ull)
-#define AUTH_MAX_PIPELINE_DEPTH 16
+/* Nesting bound of the pipeline walk, $facet levels counted: mongod's 20 nested
+ * sub-pipelines (storage/pipeline.h SDB_PIPELINE_MAX_SUB_DEPTH), each of which may hold one
+ * $facet (not directly nested), so twice that plus one (src/proxy/foreign.c, the same). */
+#define AUTH_MAX_PIPELINE_DEPTH 41
 
 struct auth_gate {
 	uv_loop_t *loop;

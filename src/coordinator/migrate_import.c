@@ -123,6 +123,46 @@ static int copy_indexes(mig *m)
 	return rc;
 }
 
+/* Copy the collection's document validation options (validator, validationLevel,
+ * validationAction; issue #20) from the source to the target with collMod (idempotent: it
+ * sets them again), so that a shard that receives its first chunk of a collection enforces
+ * what the others do. The migration's own writes carry $stripedbOrigin and are not checked.
+ * Nothing to do when the source has none. */
+static int copy_validation(mig *m)
+{
+	static const char *const fields[] = {"validator", "validationLevel", "validationAction"};
+	bson_t cmd = BSON_INITIALIZER, filter, reply, mod = BSON_INITIALIZER;
+	bson_iter_t it, cur, fb, opts, f;
+	bool any = false;
+	int rc;
+
+	BSON_APPEND_INT32(&cmd, "listCollections", 1);
+	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "filter", &filter);
+	BSON_APPEND_UTF8(&filter, "name", m->coll);
+	bson_append_document_end(&cmd, &filter);
+	rc = mig_shard_run(m, m->sc, &cmd, &reply);
+	bson_destroy(&cmd);
+	if (rc)
+		return rc;
+	BSON_APPEND_UTF8(&mod, "collMod", m->coll);
+	if (bson_iter_init_find(&it, &reply, "cursor") && bson_iter_recurse(&it, &cur) &&
+	    bson_iter_find(&cur, "firstBatch") && bson_iter_recurse(&cur, &fb) &&
+	    bson_iter_next(&fb) && BSON_ITER_HOLDS_DOCUMENT(&fb) && bson_iter_recurse(&fb, &opts) &&
+	    bson_iter_find(&opts, "options") && BSON_ITER_HOLDS_DOCUMENT(&opts))
+		for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+			if (bson_iter_recurse(&opts, &f) && bson_iter_find(&f, fields[i])) {
+				bson_append_iter(&mod, fields[i], -1, &f);
+				any = true;
+			}
+	bson_destroy(&reply);
+	if (any) {
+		BSON_APPEND_UTF8(&mod, "$stripedbOrigin", m->id);
+		rc = mig_shard_run(m, m->dc, &mod, NULL);
+	}
+	bson_destroy(&mod);
+	return rc;
+}
+
 int mig_step_register(mig *m)
 {
 	char shard[64] = "";
@@ -143,7 +183,7 @@ int mig_step_register(mig *m)
 		return mig_fail(m, m->err);
 	if ((rc = mig_connect_shards(m)) != 0)
 		return rc;
-	if ((rc = copy_indexes(m)) != 0)
+	if ((rc = copy_indexes(m)) != 0 || (rc = copy_validation(m)) != 0)
 		return rc;
 	return mig_save(m, MIG_IMPORTING);
 }

@@ -491,7 +491,7 @@ static int owner_calls(ctx *c, const char *name, bool bare, size_t *n_out, bool 
 
 /* {$collStats: {storageStats: {...}, count: {}}} as the first (and only) stage of an
  * aggregate (what mongosh's coll.stats() runs): one document per shard, as mongos answers,
- * {ns, shard, host, localTime, storageStats: <the shard's collStats>, count: {count}}.
+ * {ns, shard, host, localTime, storageStats: <the shard's collStats>, count: N}.
  * latencyStats and queryExecStats are not kept by stripedb: FailedToParse (9), as a
  * server that does not know them, so mongosh falls back to the collStats command. */
 int px_do_coll_stats_stage(ctx *c, const bson_t *spec)
@@ -527,7 +527,7 @@ int px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 	BSON_APPEND_UTF8(&cur, "ns", c->ns);
 	bson_append_array_begin(&cur, "firstBatch", -1, &batch);
 	for (i = 0; i < n; i++) {
-		bson_t d, st, cnt;
+		bson_t d, st;
 		char key[24], *hosts;
 		bson_iter_t f;
 		if (pc[i].cls != SHARDCONN_OK)
@@ -551,11 +551,8 @@ int px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 						bson_append_iter(&st, NULL, 0, &f);
 			bson_append_document_end(&d, &st);
 		}
-		if (want_count) {
-			bson_append_document_begin(&d, "count", -1, &cnt);
-			BSON_APPEND_INT64(&cnt, "count", px_get_int(&pc[i].reply, "count", 0));
-			bson_append_document_end(&d, &cnt);
-		}
+		if (want_count) /* a top-level long, as each mongod answers it to mongos */
+			BSON_APPEND_INT64(&d, "count", px_get_int(&pc[i].reply, "count", 0));
 		bson_append_document_end(&batch, &d);
 	}
 	bson_append_array_end(&cur, &batch);

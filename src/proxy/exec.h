@@ -334,8 +334,9 @@ int px_do_get_more(ctx *c);
  * another collection, and then *foreign_sharded when one of those is sharded (an unsharded
  * main collection's pipeline then runs on the proxy, not whole on the primary shard, so
  * that the stage sees every shard's documents). Returns: 0, HostUnreachable (6) answered on
- * c (no routing), or 3904801 answered on c for a $graphLookup of a sharded collection
- * inside a transaction (mongod's refusal). */
+ * c (no routing), 3904801 answered on c for a $graphLookup of a sharded collection
+ * inside a transaction (mongod's refusal), or 232 MaxSubPipelineDepthExceeded answered on c
+ * for a pipeline nested deeper than any valid one (FOREIGN_MAX_DEPTH). */
 int px_agg_placement(ctx *c, const bson_t *stages, bool *cross, bool *foreign_sharded);
 /* The output of the aggregate {aggregate: coll, pipeline: stages, let} in c->db run through
  * the proxy's own routing (px_do_aggregate on a copy of c, the same path as a client's

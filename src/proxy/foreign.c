@@ -14,14 +14,18 @@
 #include "proxy/exec.h"
 #include "storage/pipeline.h"
 
-/* Nesting bound of the walk below (auth/gate.c has the same for its own walk). */
-#define FOREIGN_MAX_DEPTH 20
+/* Nesting bound of the walk below, which counts $facet levels too: mongod allows
+ * SDB_PIPELINE_MAX_SUB_DEPTH nested sub-pipelines and a $facet directly in a $facet is
+ * 40600, so a valid pipeline is at most twice that plus one deep (auth/gate.c has the same
+ * bound for its own walk). Deeper: 232, as the parse would answer. */
+#define FOREIGN_MAX_DEPTH (2 * SDB_PIPELINE_MAX_SUB_DEPTH + 1)
 
 /* The collections a pipeline names: names[i], and graph[i] when a $graphLookup names it. */
 typedef struct fnames {
 	char **names;
 	bool *graph;
 	size_t n;
+	bool too_deep; /* the walk stopped at FOREIGN_MAX_DEPTH */
 } fnames;
 
 static void names_add(fnames *fn, const char *coll, bool graph)
@@ -55,8 +59,10 @@ static void walk_sub(const bson_iter_t *v, fnames *fn, int depth)
  * skipped: the pipeline's parse refuses them. */
 static void walk(bson_iter_t *arr, fnames *fn, int depth)
 {
-	if (depth > FOREIGN_MAX_DEPTH)
+	if (depth > FOREIGN_MAX_DEPTH) {
+		fn->too_deep = true;
 		return;
+	}
 	while (bson_iter_next(arr)) {
 		bson_iter_t st, f, p;
 		const char *op;
@@ -101,6 +107,10 @@ int px_agg_placement(ctx *c, const bson_t *stages, bool *cross, bool *foreign_sh
 	if (bson_iter_init(&it, stages))
 		walk(&it, &fn, 0);
 	*cross = fn.n > 0;
+	if (fn.too_deep)
+		st = px_error(c, 232 /* MaxSubPipelineDepthExceeded */,
+			      "Maximum number of nested sub-pipelines exceeded. Limit is %d",
+			      SDB_PIPELINE_MAX_SUB_DEPTH);
 	for (size_t i = 0; i < fn.n && st == 0; i++) {
 		ctx sub = *c;
 		route_coll *rc;

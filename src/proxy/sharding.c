@@ -406,6 +406,71 @@ static int create_key_index(ctx *c, const char *db, const char *coll, const bson
 	return st;
 }
 
+/* Document validation follows a collection being sharded (issue #20): the validation
+ * options (validator, validationLevel, validationAction) of db.coll found on a shard that
+ * has them are set with collMod on every shard, so that the shards that get the collection
+ * now (the shard key's index) enforce what its first shard does. Best effort for the
+ * lookup (no shard answering: nothing to copy); a failed collMod is answered on c.
+ * Returns: 0, or the first shard's error. */
+static int copy_validation(ctx *c, const char *db, const char *coll)
+{
+	static const char *const fields[] = {"validator", "validationLevel", "validationAction"};
+	ctx sub = *c;
+	bson_t cmd = BSON_INITIALIZER, filter, mod = BSON_INITIALIZER;
+	char **ids = NULL;
+	size_t n, i;
+	pcall *pc, *bad;
+	bool any = false;
+	int st = 0;
+	static const int missing[] = {WIRE_ERR_NAMESPACE_NOT_FOUND, 0};
+
+	sub.db = db;
+	BSON_APPEND_INT32(&cmd, "listCollections", 1);
+	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "filter", &filter);
+	BSON_APPEND_UTF8(&filter, "name", coll);
+	bson_append_document_end(&cmd, &filter);
+	n = px_shard_ids(c, &ids);
+	pc = px_pcalls_new(&sub, ids, n);
+	for (i = 0; i < n; i++) {
+		bson_destroy(&pc[i].cmd);
+		bson_copy_to(&cmd, &pc[i].cmd);
+	}
+	px_fanout(c, n, px_pcall_one, pc);
+	BSON_APPEND_UTF8(&mod, "collMod", coll);
+	for (i = 0; i < n && !any; i++) {
+		bson_iter_t it, cur, fb, opts, f;
+		if (pc[i].cls != SHARDCONN_OK ||
+		    !bson_iter_init_find(&it, &pc[i].reply, "cursor") ||
+		    !bson_iter_recurse(&it, &cur) || !bson_iter_find(&cur, "firstBatch") ||
+		    !bson_iter_recurse(&cur, &fb) || !bson_iter_next(&fb) ||
+		    !BSON_ITER_HOLDS_DOCUMENT(&fb) || !bson_iter_recurse(&fb, &opts) ||
+		    !bson_iter_find(&opts, "options") || !BSON_ITER_HOLDS_DOCUMENT(&opts))
+			continue;
+		for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++)
+			if (bson_iter_recurse(&opts, &f) && bson_iter_find(&f, fields[k])) {
+				bson_append_iter(&mod, fields[k], -1, &f);
+				any = true;
+			}
+	}
+	px_pcalls_free(pc, n);
+	bson_destroy(&cmd);
+	if (any) {
+		n = px_shard_ids(c, &ids);
+		pc = px_pcalls_new(&sub, ids, n);
+		for (i = 0; i < n; i++) {
+			bson_destroy(&pc[i].cmd);
+			bson_copy_to(&mod, &pc[i].cmd);
+		}
+		px_fanout(c, n, px_pcall_one, pc);
+		bad = px_pcalls_failed(pc, n, missing);
+		if (bad)
+			st = px_reply_shard_error(c, bad->cls, &bad->reply, bad->nerr);
+		px_pcalls_free(pc, n);
+	}
+	bson_destroy(&mod);
+	return st;
+}
+
 /* The document it holds into out (a static view). */
 bool px_doc_of(const bson_iter_t *it, bson_t *out)
 {
@@ -752,7 +817,8 @@ static int do_shard_collection(ctx *c, const px_ddl_lock *l)
 	 * holder has: an array value refuses the build, code 16766, as MongoDB refuses to
 	 * shard such a collection): it bounds migrations' chunk reads on the shards. */
 	if ((unique || holder == NULL || hashed) &&
-	    (st = create_key_index(c, db, coll, &key, unique)) != 0) {
+	    ((st = create_key_index(c, db, coll, &key, unique)) != 0 ||
+	     (st = copy_validation(c, db, coll)) != 0)) {
 		free(holder);
 		return st;
 	}

@@ -28,8 +28,13 @@
 static void append_client_wc(const ctx *c, bson_t *cmd)
 {
 	bson_t wc;
+	bson_iter_t it;
 	if (px_get_doc(c->cmd, "writeConcern", &wc))
 		BSON_APPEND_DOCUMENT(cmd, "writeConcern", &wc);
+	/* and the client's bypassDocumentValidation: the shards enforce validators (issue #20,
+	 * src/shard/validation.h) */
+	if (bson_iter_init_find(&it, c->cmd, "bypassDocumentValidation"))
+		BSON_APPEND_BOOL(cmd, "bypassDocumentValidation", bson_iter_as_bool(&it));
 }
 
 /* write_int.h. The shard checks the new document against the key paths: shard/cmd_write.c

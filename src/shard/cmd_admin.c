@@ -10,6 +10,7 @@
 #include "shard/cmd_read_int.h" /* shard_coll_is_view */
 #include "shard/shard.h"
 #include "shard/util.h"
+#include "shard/validation.h"
 #include "storage/matcher.h"
 
 static void append_uuid(bson_t *b, const char *key, const uint8_t *uuid)
@@ -60,7 +61,8 @@ static const char *coll_read(shard_ctx *x, const char *missing, const sdb_store_
 
 /* The create options (MongoDB 6.0 commands.idl `create`) stripedb does not honour: the
  * feature's name for a refusal (238 NotImplemented), "" for a field create does not know
- * at all (40415), NULL for one that is honoured (viewOn, pipeline, collation) or a generic
+ * at all (40415), NULL for one that is honoured (viewOn, pipeline, collation, validator,
+ * validationLevel, validationAction: shard/validation.h) or a generic
  * argument. Accepting and dropping any of them would leave the collection without what
  * the application asked for (a validator that is not enforced, a TTL that never expires).
  */
@@ -69,9 +71,6 @@ static const char *create_option_refused(const char *k, const bson_iter_t *it)
 	static const struct {
 		const char *field, *feature;
 	} refused[] = {
-		{"validator", "document validation"},
-		{"validationLevel", "document validation"},
-		{"validationAction", "document validation"},
 		{"capped", "capped collections"},
 		{"size", "capped collections"},
 		{"max", "capped collections"},
@@ -87,7 +86,8 @@ static const char *create_option_refused(const char *k, const bson_iter_t *it)
 		{"autoIndexId", "collections without an _id index"},
 	};
 	static const char *const honoured[] = {
-		"viewOn", "pipeline", "collation", "writeConcern", "lsid", "txnNumber", "autocommit",
+		"viewOn", "pipeline", "collation", "validator", "validationLevel",
+		"validationAction", "writeConcern", "lsid", "txnNumber", "autocommit",
 		"startTransaction", "comment", "maxTimeMS", "apiVersion", "apiStrict",
 		"apiDeprecationErrors", "readConcern", "flags", NULL};
 
@@ -132,12 +132,35 @@ void shard_cmd_create(shard_ctx *x)
 						   k, refused);
 				return;
 			}
-			/* kept in the catalog: what the collection is (a view) and its
-			 * collation (only "simple" gets this far, cmdopts.h) */
+			/* kept in the catalog: what the collection is (a view), its
+			 * collation (only "simple" gets this far, cmdopts.h) and its
+			 * document validation (checked here, enforced by the writes) */
+			if (strcmp(k, "validator") == 0 || strcmp(k, "validationLevel") == 0 ||
+			    strcmp(k, "validationAction") == 0) {
+				int vc = shard_valid_check_opt(&it, "create", x->err,
+							       sizeof x->err);
+				if (vc != 0) {
+					bson_destroy(&opts);
+					shard_fail(x, vc, "%s", x->err);
+					return;
+				}
+			}
 			if (strcmp(k, "viewOn") == 0 || strcmp(k, "pipeline") == 0 ||
-			    strcmp(k, "collation") == 0)
+			    strcmp(k, "collation") == 0 || strcmp(k, "validator") == 0 ||
+			    strcmp(k, "validationLevel") == 0 || strcmp(k, "validationAction") == 0)
 				bson_append_iter(&opts, k, -1, &it);
 		}
+	}
+	/* a view has no documents of its own to validate (create.cpp, as collMod's
+	 * "option not supported on a view") */
+	if (bson_has_field(&opts, "viewOn") &&
+	    (bson_has_field(&opts, "validator") || bson_has_field(&opts, "validationLevel") ||
+	     bson_has_field(&opts, "validationAction"))) {
+		bson_destroy(&opts);
+		shard_fail(x, WIRE_ERR_INVALID_OPTIONS,
+			   "option not supported on a view: validator, validationLevel, "
+			   "validationAction");
+		return;
 	}
 	if (!shard_begin(x, true)) {
 		bson_destroy(&opts);

@@ -131,11 +131,11 @@ static bool view_check(shard_ctx *x, const char *view, const char *source, char 
 }
 
 /* The document of a leading {$collStats: spec} over db.coll (a copy for util_docs_free):
- * {ns, host, localTime, storageStats?: the collStats fields, count?: {count}}. Replies and
- * returns false for an option other than storageStats and count (FailedToParse, as the
- * proxy), a view (166 CommandNotSupportedOnView) or a missing collection with storageStats
- * (26 NamespaceNotFound, as mongod); count of a missing collection is 0. Needs x's open
- * read transaction. */
+ * {ns, host, localTime, storageStats?: the collStats fields, count?: N (a long, at the top
+ * level as mongod's appendCollectionRecordCount puts it)}. Replies and returns false for an
+ * option other than storageStats and count (FailedToParse, as the proxy), a view (166
+ * CommandNotSupportedOnView) or a missing collection with storageStats or count (26
+ * NamespaceNotFound, as mongod). Needs x's open read transaction. */
 static bool coll_stats_doc(shard_ctx *x, const char *coll, const bson_iter_t *spec,
 			   bson_t **out)
 {
@@ -169,10 +169,10 @@ static bool coll_stats_doc(shard_ctx *x, const char *coll, const bson_iter_t *sp
 	}
 	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0)
 		co = NULL;
-	if (co == NULL && want_storage) {
-		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "Unable to retrieve storageStats in "
-			   "$collStats stage :: caused by :: Collection [%s.%s] not found.", x->db,
-			   coll);
+	if (co == NULL && (want_storage || want_count)) {
+		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND, "Unable to retrieve %s in "
+			   "$collStats stage :: caused by :: Collection [%s.%s] not found.",
+			   want_storage ? "storageStats" : "count", x->db, coll);
 		return false;
 	}
 	char *ns = sdb_asprintf("%s.%s", x->db, coll);
@@ -185,11 +185,8 @@ static bool coll_stats_doc(shard_ctx *x, const char *coll, const bson_iter_t *sp
 		shard_coll_stats_append(x, coll, co, &sub);
 		bson_append_document_end(&d, &sub);
 	}
-	if (want_count) {
-		bson_append_document_begin(&d, "count", -1, &sub);
-		BSON_APPEND_INT64(&sub, "count", co ? sdb_store_count(x->conn, x->db, coll) : 0);
-		bson_append_document_end(&d, &sub);
-	}
+	if (want_count) /* mongod's appendCollectionRecordCount: a top-level long */
+		BSON_APPEND_INT64(&d, "count", sdb_store_count(x->conn, x->db, coll));
 	*out = sdb_doc_copy(&d);
 	bson_destroy(&d);
 	return true;

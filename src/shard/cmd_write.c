@@ -15,6 +15,7 @@
 #include "shard/repl.h"
 #include "shard/shard.h"
 #include "shard/util.h"
+#include "shard/validation.h"
 #include "common/bsonval.h"
 #include "storage/pipeline.h"
 #include "storage/projection.h"
@@ -33,10 +34,11 @@ typedef struct werrs {
 	bson_t arr;
 	int n;
 	size_t errmsg_bytes;
+	size_t info_bytes; /* errInfo bytes appended so far (SHARD_VALID_INFO_BUDGET) */
 } werrs;
 
 static void werr_add(werrs *w, int64_t index, int code, const char *msg,
-		     const sdb_store_dup *dup)
+		     const sdb_store_dup *dup, const bson_t *info)
 {
 	char key[16];
 	snprintf(key, sizeof key, "%d", w->n++);
@@ -54,6 +56,14 @@ static void werr_add(werrs *w, int64_t index, int code, const char *msg,
 	if (dup && dup->set) {
 		BSON_APPEND_DOCUMENT(&e, "keyPattern", &dup->key_pattern);
 		BSON_APPEND_DOCUMENT(&e, "keyValue", &dup->key_value);
+	}
+	if (info && w->info_bytes + info->len <= SHARD_VALID_INFO_BUDGET) {
+		w->info_bytes += info->len;
+		BSON_APPEND_DOCUMENT(&e, "errInfo", info);
+	} else if (info) {
+		bson_t *t = shard_valid_info_truncated(info);
+		BSON_APPEND_DOCUMENT(&e, "errInfo", t);
+		bson_destroy(t);
 	}
 	bson_append_document_end(&w->arr, &e);
 }
@@ -226,7 +236,20 @@ static bool wbatch_open(shard_ctx *x, const char *cmd, const char *field, const 
  * (ordered). */
 static bool wbatch_error(wbatch *b, int code, const char *msg, const sdb_store_dup *dup)
 {
-	werr_add(&b->w, b->i, code, msg, dup);
+	werr_add(&b->w, b->i, code, msg, dup, NULL);
+	return b->ordered;
+}
+
+/* wbatch_error with the errInfo of x's failure (x->err_info: a DocumentValidationFailure's,
+ * taken here) when there is one. */
+static bool wbatch_error_x(shard_ctx *x, wbatch *b, int code, const char *msg,
+			   const sdb_store_dup *dup)
+{
+	werr_add(&b->w, b->i, code, msg, dup, x->err_info);
+	if (x->err_info) {
+		bson_destroy(x->err_info);
+		x->err_info = NULL;
+	}
 	return b->ordered;
 }
 
@@ -312,8 +335,13 @@ static void wbatch_close(shard_ctx *x, wbatch *b, int64_t n, int64_t n_modified,
 void shard_cmd_insert(shard_ctx *x)
 {
 	wbatch b;
+	shard_valid sv;
 	if (!wbatch_open(x, "insert", "documents", "document to insert", false, &b))
 		return;
+	if (!shard_valid_open(x, b.coll, &sv)) {
+		wbatch_abort(&b);
+		return;
+	}
 	int64_t n = 0;
 	bson_t in, *done;
 	int more;
@@ -342,6 +370,13 @@ void shard_cmd_insert(shard_ctx *x)
 		}
 		bson_t doc;
 		prepare_insert(x, &in, &doc);
+		int vcode = shard_valid_doc(x, &sv, NULL, &doc);
+		if (vcode != 0) {
+			bson_destroy(&doc);
+			if (wbatch_error_x(x, &b, vcode, x->err, NULL))
+				break;
+			continue;
+		}
 		sdb_store_dup dup = {0};
 		wbatch_stmt_begin(x, &b, NULL);
 		int rc = sdb_store_insert(x->conn, x->db, b.coll, &doc, x->origin, &dup, x->err,
@@ -361,6 +396,7 @@ void shard_cmd_insert(shard_ctx *x)
 		if (rc == SDB_EIO || rc == SDB_EBUSY || rc == SDB_ECORRUPT) {
 			sdb_store_dup_clear(&dup);
 			wbatch_abort(&b);
+			shard_valid_close(&sv);
 			shard_fail(x, WIRE_ERR_INTERNAL, "insert: %s", x->err);
 			return;
 		}
@@ -370,6 +406,7 @@ void shard_cmd_insert(shard_ctx *x)
 		if (stop)
 			break;
 	}
+	shard_valid_close(&sv);
 	if (more < 0) {
 		wbatch_abort(&b);
 		return;
@@ -552,7 +589,7 @@ typedef struct upd_result {
 /* Run one update statement in the open transaction (caller manages savepoints). Returns 0
  * or a MongoDB code (message in x->err, dup filled for 11000). */
 static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t *sort,
-		      bool keep_images, upd_result *r, sdb_store_dup *dup)
+		      bool keep_images, const shard_valid *sv, upd_result *r, sdb_store_dup *dup)
 {
 	memset(r, 0, sizeof *r);
 	/* the variables a pipeline update reads: the command's let, then the statement's c */
@@ -622,6 +659,10 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 				ret = WIRE_ERR_BSON_TOO_LARGE;
 				break;
 			}
+			if ((ret = shard_valid_doc(x, sv, docs[i], &out)) != 0) {
+				bson_destroy(&out);
+				break;
+			}
 			rc = sdb_store_replace(x->conn, x->db, coll, docs[i], &out, x->origin, dup,
 					       x->err, sizeof x->err);
 			if (rc) {
@@ -665,6 +706,11 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 		}
 		prepare_insert(x, &doc, &ready);
 		bson_destroy(&doc);
+		if ((ret = shard_valid_doc(x, sv, NULL, &ready)) != 0) {
+			bson_destroy(&ready);
+			sdb_update_free(u);
+			return ret;
+		}
 		rc = sdb_store_insert(x->conn, x->db, coll, &ready, x->origin, dup, x->err,
 				      sizeof x->err);
 		if (rc) {
@@ -711,8 +757,13 @@ static void append_upserted(bson_t *upserted, int *n_upserted, int64_t i, const 
 void shard_cmd_update(shard_ctx *x)
 {
 	wbatch b;
+	shard_valid sv;
 	if (!wbatch_open(x, "update", "updates", "update statement", true, &b))
 		return;
+	if (!shard_valid_open(x, b.coll, &sv)) {
+		wbatch_abort(&b);
+		return;
+	}
 	bson_t upserted = BSON_INITIALIZER;
 	int n_upserted = 0;
 	int64_t matched = 0, modified = 0;
@@ -739,6 +790,7 @@ void shard_cmd_update(shard_ctx *x)
 			upd_stmt_destroy(&s);
 			/* malformed statements fail the whole command, as mongod */
 			wbatch_abort(&b);
+			shard_valid_close(&sv);
 			bson_destroy(&upserted);
 			shard_fail(x, code, "%s", x->err);
 			return;
@@ -746,7 +798,7 @@ void shard_cmd_update(shard_ctx *x)
 		upd_result r;
 		sdb_store_dup dup = {0};
 		wbatch_stmt_begin(x, &b, &ms);
-		code = run_update(x, b.coll, &s, NULL, false, &r, &dup);
+		code = run_update(x, b.coll, &s, NULL, false, &sv, &r, &dup);
 		upd_stmt_destroy(&s);
 		if (code == 0) {
 			bson_t res = BSON_INITIALIZER;
@@ -772,15 +824,17 @@ void shard_cmd_update(shard_ctx *x)
 		if (code == WIRE_ERR_INTERNAL) {
 			sdb_store_dup_clear(&dup);
 			wbatch_abort(&b);
+			shard_valid_close(&sv);
 			bson_destroy(&upserted);
 			shard_fail(x, WIRE_ERR_INTERNAL, "update: %s", x->err);
 			return;
 		}
-		bool stop = wbatch_error(&b, code, x->err, &dup);
+		bool stop = wbatch_error_x(x, &b, code, x->err, &dup);
 		sdb_store_dup_clear(&dup);
 		if (stop)
 			break;
 	}
+	shard_valid_close(&sv);
 	if (more < 0) {
 		wbatch_abort(&b);
 		bson_destroy(&upserted);
@@ -947,6 +1001,15 @@ void shard_cmd_delete(shard_ctx *x)
 
 static void fam_fail_dup(shard_ctx *x, int code, sdb_store_dup *dup)
 {
+	if (x->err_info) { /* a DocumentValidationFailure: its errInfo */
+		bson_t *extra = bson_new();
+		BSON_APPEND_DOCUMENT(extra, "errInfo", x->err_info);
+		bson_destroy(x->err_info);
+		x->err_info = NULL;
+		sdb_store_rollback(x->conn);
+		wire_req_error_extra(x->req, code, extra, "%s", x->err);
+		return;
+	}
 	if (code == WIRE_ERR_DUPLICATE_KEY && dup->set) {
 		bson_t *extra = bson_new();
 		BSON_APPEND_DOCUMENT(extra, "keyPattern", &dup->key_pattern);
@@ -1093,7 +1156,14 @@ void shard_cmd_findandmodify(shard_ctx *x)
 		}
 		upd_result r;
 		sdb_store_dup dup = {0};
-		code = run_update(x, coll, &s, have_sort ? &sort : NULL, true, &r, &dup);
+		shard_valid sv;
+		if (!shard_valid_open(x, coll, &sv)) {
+			upd_stmt_destroy(&s);
+			bson_destroy(reply);
+			goto out;
+		}
+		code = run_update(x, coll, &s, have_sort ? &sort : NULL, true, &sv, &r, &dup);
+		shard_valid_close(&sv);
 		upd_stmt_destroy(&s);
 		if (code) {
 			upd_result_destroy(&r);

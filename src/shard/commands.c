@@ -35,6 +35,7 @@ static const cmd_entry cmd_table[] = {
 	{"findAndModify", shard_cmd_findandmodify},
 	{"findandmodify", shard_cmd_findandmodify},
 	{"create", shard_cmd_create},
+	{"collMod", shard_cmd_coll_mod},
 	{"drop", shard_cmd_drop},
 	{"renameCollection", shard_cmd_rename_collection},
 	{"createIndexes", shard_cmd_create_indexes},
@@ -72,7 +73,7 @@ static const struct {
 	{"insert", true},	  {"update", true},	     {"delete", true},
 	{"findAndModify", true},  {"findandmodify", true},   {"create", true},
 	{"createIndexes", true},  {"dropIndexes", true},     {"deleteIndexes", true},
-	{"drop", true},
+	{"drop", true},		  {"collMod", true},
 };
 
 /* Refuse namespaces the embedded shard keeps for itself before a worker sees them:
@@ -135,7 +136,7 @@ static const char *const write_cmds[] = {
 	"insert",	 "update",	  "delete",	 "findAndModify", "findandmodify",
 	"create",	 "drop",	  "createIndexes", "dropIndexes",	  "deleteIndexes",
 	"dropDatabase", "stripedbSetVersion", "stripedbSetFiltering", "stripedbApplyTxn",
-	"renameCollection",
+	"renameCollection", "collMod",
 };
 
 bool shard_cmd_is_write(const char *name)

@@ -77,6 +77,9 @@ void shard_ctx_run(shard_ctx *x, shard_cmd_fn fn)
 	if (x->have_let)
 		bson_destroy(&x->let);
 	x->have_let = false;
+	if (x->err_info)
+		bson_destroy(x->err_info);
+	x->err_info = NULL;
 	shard_filtering_release(x);
 }
 

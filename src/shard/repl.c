@@ -331,7 +331,7 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 					"create",	"drop",	       "createIndexes",
 					"dropIndexes", "deleteIndexes", "dropDatabase",
 					"stripedbSetVersion", "stripedbSetFiltering",
-					"renameCollection"};
+					"renameCollection", "collMod"};
 				bson_iter_t c0;
 				const char *cn = bson_iter_init(&c0, &cmd) && bson_iter_next(&c0)
 							 ? bson_iter_key(&c0)

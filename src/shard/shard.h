@@ -107,6 +107,10 @@ struct shard_ctx {
 	 * released after the command; read them with shard_let */
 	bson_t let;
 	bool have_let;
+	/* errInfo of the last failure (a DocumentValidationFailure's {failingDocumentId,
+	 * details}, shard/validation.h), heap, taken by the code that replies; freed by
+	 * shard_ctx_run when left */
+	bson_t *err_info;
 	char err[512];
 };
 
@@ -471,6 +475,7 @@ void shard_cmd_update(shard_ctx *x);
 void shard_cmd_delete(shard_ctx *x);
 void shard_cmd_findandmodify(shard_ctx *x);
 void shard_cmd_create(shard_ctx *x);
+void shard_cmd_coll_mod(shard_ctx *x); /* shard/validation.h */
 void shard_cmd_drop(shard_ctx *x);
 /* renameCollection (admin database only): renames an unsharded collection of this shard,
  * across databases too, keeping its documents, indexes and UUID, in one transaction with

@@ -66,6 +66,7 @@ static const struct {
 	{112, "WriteConflict"},
 	{115, "CommandNotSupported"},
 	{117, "ConflictingOperationInProgress"},
+	{121, "DocumentValidationFailure"},
 	{118, "NamespaceNotSharded"},
 	{125, "CommandFailed"},
 	{133, "FailedToSatisfyReadPreference"},

@@ -505,6 +505,11 @@ class Runner:
                 cmd.update(args)
                 self.cmd(db, cmd)
                 return None
+            if name == "modifyCollection":  # the driver's collMod helper
+                cmd = SON([("collMod", args.pop("collection"))])
+                cmd.update(args)
+                self.cmd(db, cmd)
+                return None
             if name == "runCommand":
                 return self.cmd(db, SON(args["command"]))
             if name == "listCollectionNames":

@@ -203,6 +203,48 @@ def check_lookup_errors(db):
         {"$project": {"q": {"$divide": [1, 0]}}}]})) == 16608
 
 
+def nested(depth, stage="$lookup", leaf=None):
+    """A pipeline of `depth` nested $lookup (or $unionWith) sub-pipelines over b, each
+    level reading one document of b, the innermost holding leaf (default a $match)."""
+    one = {"$match": {"_id": 10}}
+    inner = leaf or [one]
+    for _ in range(depth):
+        if stage == "$lookup":
+            inner = [{"$lookup": {"from": "b", "pipeline": [one] + inner, "as": "m"}}]
+        else:
+            inner = [one, {"$unionWith": {"coll": "b", "pipeline": inner}}]
+    return inner
+
+
+def check_depth(db):
+    """mongod's bound of 20 nested sub-pipelines (232 MaxSubPipelineDepthExceeded beyond),
+    $facet levels not counted."""
+    for stage in ("$lookup", "$unionWith"):
+        assert len(agg(db.a, [{"$match": {"_id": 1}}] + nested(20, stage))) >= 1
+        with pytest.raises(OperationFailure) as e:
+            agg(db.a, [{"$match": {"_id": 1}}] + nested(21, stage))
+        assert e.value.code == 232, e.value.details
+        assert "Limit is 20" in e.value.details["errmsg"]
+    # a $graphLookup at depth 21 too
+    with pytest.raises(OperationFailure) as e:
+        agg(db.a, nested(20, leaf=[{"$graphLookup": {
+            "from": "b", "startWith": "$k", "connectFromField": "k", "connectToField": "k",
+            "as": "g"}}]))
+    assert e.value.code == 232, e.value.details
+    # 20 levels, each $lookup inside a $facet (40 levels of pipelines), the innermost
+    # reading c: runs (through a proxy the placement walk sees c at the bottom)
+    inner = [{"$lookup": {"from": "c", "pipeline": [{"$match": {"_id": 101}}], "as": "m"}}]
+    for _ in range(19):
+        inner = [{"$match": {"_id": 10}},
+                 {"$facet": {"f": [{"$lookup": {"from": "b", "pipeline": inner, "as": "m"}}]}}]
+    out = agg(db.b, inner)
+    assert len(out) == 1
+    d = out[0]
+    for _ in range(19):
+        d = d["f"][0]["m"][0]
+    assert [x["_id"] for x in d["m"]] == [101]
+
+
 def load(db):
     db.a.insert_many(A)
     db.b.insert_many(B)
@@ -218,6 +260,7 @@ def test_union_with_and_lookup_on_a_shard(shard):
         check_union_errors(c.lk)
         check_lookup(c.lk)
         check_lookup_errors(c.lk)
+        check_depth(c.lk)
     finally:
         c.close()
 
@@ -239,6 +282,7 @@ def test_union_with_and_lookup_through_a_proxy(start_role, tmp_path):
         check_union_errors(db)
         check_lookup(db)
         check_lookup_errors(db)
+        check_depth(db)
         # every collection unsharded: the primary shard runs the whole pipeline
         u = cl.proxy_client(0).lku
         load(u)
@@ -246,6 +290,7 @@ def test_union_with_and_lookup_through_a_proxy(start_role, tmp_path):
         check_union_errors(u)
         check_lookup(u)
         check_lookup_errors(u)
+        check_depth(u)
         # mixed: sharded main, unsharded foreign and the reverse
         cl.shard_collection("lkm.a", {"_id": 1}, split_points=[{"_id": 2}, {"_id": 4}])
         cl.shard_collection("lkm.c", {"_id": 1}, split_points=[{"_id": 101}])
@@ -253,6 +298,8 @@ def test_union_with_and_lookup_through_a_proxy(start_role, tmp_path):
         load(m)
         check_union(m)
         check_lookup(m)
+        # b unsharded, c (read 40 levels down) sharded: the placement walk sees it
+        check_depth(m)
         assert sorted(d["_id"] for d in agg(m.b, [{"$unionWith": "a"}])) == [
             1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15]
         assert agg(m.b, [{"$match": {"_id": {"$gte": 14}}}, {"$sort": {"_id": -1}},

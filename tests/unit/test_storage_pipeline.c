@@ -846,6 +846,12 @@ static void test_graph_lookup(void **state)
 		{"[{'$graphLookup': {'from': 'air', 'maxDepth': 'x'}}]", 40100},
 		{"[{'$graphLookup': {'from': 'air', 'maxDepth': -1}}]", 40101},
 		{"[{'$graphLookup': {'from': 'air', 'maxDepth': 1.5}}]", 40102},
+		/* a Decimal128 rounds half to even (Decimal128::toLong): -0.6 is -1 */
+		{"[{'$graphLookup': {'from': 'air', 'maxDepth': {'$numberDecimal': '-0.6'}}}]", 40101},
+		{"[{'$graphLookup': {'from': 'air', 'maxDepth': {'$numberDecimal': '2.5'}}}]", 40102},
+		/* INT64_MAX is accepted (mongod compares as doubles); the stage then fails on
+		 * its missing arguments */
+		{"[{'$graphLookup': {'from': 'air', 'maxDepth': {'$numberLong': '9223372036854775807'}}}]", 40105},
 		{"[{'$graphLookup': {'from': 'air', 'restrictSearchWithMatch': 1}}]", 40185},
 		{"[{'$graphLookup': {'from': 'air', 'restrictSearchWithMatch': {'a': {'$bogus': 1}}}}]", 2},
 		{"[{'$graphLookup': {'from': 'air', 'bogus': 1}}]", 40104},
