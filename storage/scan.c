@@ -171,10 +171,21 @@ int sdb_store_scan(sdb_store_conn *c, const char *db, const char *coll, const ch
 	return 0;
 }
 
+static _Thread_local bool (*interrupt_fn)(const void *arg);
+static _Thread_local const void *interrupt_arg;
+
+void sdb_store_set_interrupt(bool (*fn)(const void *arg), const void *arg)
+{
+	interrupt_fn = fn;
+	interrupt_arg = fn ? arg : NULL;
+}
+
 int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t errlen)
 {
 	if (!cur)
 		return 0;
+	if (interrupt_fn && interrupt_fn(interrupt_arg))
+		return sdb_errf(err, errlen, SDB_ECANCELED, "operation was interrupted");
 	for (;;) {
 		if (!cur->stmt)
 			return 0;

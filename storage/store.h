@@ -347,8 +347,14 @@ int sdb_store_scan(sdb_store_conn *c, const char *db, const char *coll, const ch
 		   sdb_store_cursor **out, char *err, size_t errlen);
 /* Next document: 1 with *doc initialised read-only over memory valid until the next call
  * (do not destroy), 0 at the end. Errors: SDB_ECORRUPT (a stored document does not
- * parse), SDB_EIO. */
+ * parse), SDB_ECANCELED (interrupted: sdb_store_set_interrupt), SDB_EIO. */
 int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t errlen);
+/* Interruption (killOp, issue #20): while set on a thread, every sdb_store_cursor_next on
+ * that thread (every document a query, an aggregation or a $lookup reads) first asks
+ * fn(arg) and, when it says true, fails with SDB_ECANCELED "operation was interrupted".
+ * fn NULL clears it. Thread-local: set by the thread that runs a client's command, around
+ * it (src/shard/pool.c); fn must be cheap and callable from that thread. */
+void sdb_store_set_interrupt(bool (*fn)(const void *arg), const void *arg);
 /* Keys and documents examined so far (explain executionStats). */
 void sdb_store_cursor_stats(const sdb_store_cursor *cur, int64_t *keys, int64_t *docs);
 void sdb_store_cursor_close(sdb_store_cursor *cur);

@@ -1007,6 +1007,18 @@ bool auth_gate_authorize(const auth_policy *pol, const char *tenant, const char 
 			return true;
 	if (!db || !db[0] || !tenant)
 		return false;
+	/* issue #20: a tenant has neither MongoDB's inprog nor killop action, but, as any
+	 * MongoDB user, may list its own operations (currentOp {$ownOps: true}) and kill one
+	 * of them (killOp of a number: the proxy checks it is the tenant's, else 13) */
+	if (strcmp(name, "currentOp") == 0 && bool_field(cmd, "$ownOps"))
+		return true;
+	if (strcmp(name, "killOp") == 0) {
+		if (bson_iter_init_find(&it, cmd, "op") &&
+		    (BSON_ITER_HOLDS_NUMBER(&it) || BSON_ITER_HOLDS_DECIMAL128(&it)))
+			return true;
+		snprintf(what, whatlen, "killOp of another than its own operations");
+		return false;
+	}
 	if (strcmp(name, "getMore") == 0) {
 		need(&a, db, str_field(cmd, "collection") ? str_field(cmd, "collection") : "",
 		     AUTH_ACT_FIND);

@@ -661,3 +661,11 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 	}
 	return 0;
 }
+
+bool sdb_cmd_is_generic(const char *field)
+{
+	for (size_t i = 0; generic_fields[i]; i++)
+		if (strcmp(generic_fields[i], field) == 0)
+			return true;
+	return false;
+}

@@ -52,4 +52,9 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
  * clients must not use them, false). Returns: as sdb_cmd_unsupported_option. */
 int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err, size_t errlen);
 
+/* Is field one of the generic arguments every command may carry (generic_argument.idl,
+ * MongoDB 6.0: $db, lsid, maxTimeMS, comment, $readPreference ...)? currentOp leaves them
+ * out of its filter, as mongod's CurrentOpCommandBase does. */
+bool sdb_cmd_is_generic(const char *field);
+
 #endif

@@ -5,6 +5,7 @@ libstripedb_a_SOURCES += \
 	src/common/bsonval.c \
 	src/common/clock.c \
 	src/common/cmdopts.c \
+	src/common/curop.c \
 	src/common/config.c \
 	src/common/dblist.c \
 	src/common/err.c \
@@ -24,6 +25,7 @@ noinst_HEADERS += \
 	src/common/renamecoll.h \
 	src/common/aggwrite.h \
 	src/common/cmdopts.h \
+	src/common/curop.h \
 	src/common/alloc.h \
 	src/common/bsonget.h \
 	src/common/bsonval.h \
@@ -40,8 +42,8 @@ noinst_HEADERS += \
 
 EXTRA_DIST += src/common/README.md
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -69,3 +71,6 @@ tests_unit_test_common_cmdopts_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_aggwrite_SOURCES = tests/unit/test_common_aggwrite.c
 tests_unit_test_common_aggwrite_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_aggwrite_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_curop_SOURCES = tests/unit/test_common_curop.c
+tests_unit_test_common_curop_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_curop_LDADD = $(UNIT_LDADD)

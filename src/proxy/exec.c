@@ -28,6 +28,7 @@
 #include "common/bsonget.h"
 #include "common/clock.h"
 #include "common/cmdopts.h"
+#include "common/curop.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "proxy/exec.h"
@@ -760,6 +761,10 @@ static const px_cmd cmd_table[] = {
 	{"reshardCollection", px_do_refused_sharding, 0, NULL, PXP_NONE},
 	{"movePrimary", px_do_refused_sharding, 0, NULL, PXP_NONE},
 	{"moveprimary", px_do_refused_sharding, 0, NULL, PXP_NONE},
+	/* issue #20 (currentop.c): the shards' operations; killOp's "shard:opid" form (a
+	 * number is answered on the loop thread, h_kill_op) */
+	{"currentOp", px_do_current_op, PXC_FREE, NULL, PXP_NONE},
+	{"killOp", px_do_kill_op, PXC_FREE, NULL, PXP_NONE},
 	/* transactions (txnroute.c, issue #16) */
 	{"commitTransaction", pxtxn_do_commit, PXC_TXN_END | PXC_FREE, NULL, PXP_NONE},
 	{"abortTransaction", pxtxn_do_abort, PXC_TXN_END | PXC_FREE, NULL, PXP_NONE},
@@ -938,6 +943,73 @@ static void h_refuse_js(wire_req *req, void *data)
 		       wire_req_name(req));
 }
 
+/* killOp (issue #20), on the loop thread, which owns the connections: a number is one of
+ * the proxy's own operations (mongos' killLocalOperation: marked killed, see
+ * wire_req_kill; answered {ok: 1} whether or not it exists, and when the caller may not
+ * kill it: another user's); a string "shard:opid" goes to a worker (px_do_kill_op). */
+static void h_kill_op(wire_req *req, void *data)
+{
+	proxy *p = data;
+	bson_iter_t it;
+	char err[256];
+	int32_t opid;
+	int code;
+
+	if (strcmp(wire_req_db(req), "admin") != 0) {
+		wire_req_error(req, WIRE_ERR_UNAUTHORIZED,
+			       "killOp may only be run against the admin database.");
+		return;
+	}
+	if (!bson_iter_init_find(&it, wire_req_cmd(req), "op")) {
+		wire_req_error(req, 50759, "Did not provide \"op\" field");
+		return;
+	}
+	if (BSON_ITER_HOLDS_UTF8(&it)) {
+		h_submit(req, data);
+		return;
+	}
+	if (!BSON_ITER_HOLDS_NUMBER(&it) && !BSON_ITER_HOLDS_DECIMAL128(&it)) {
+		wire_req_error(req, 50760, "\"op\" field was of unsupported type %s",
+			       sdb_bson_type_name(bson_iter_type(&it)));
+		return;
+	}
+	code = sdb_curop_parse_opid(wire_req_cmd(req), &opid, err, sizeof err);
+	if (code) {
+		wire_req_error(req, code, "%s", err);
+		return;
+	}
+	wire_req *victim = wire_server_find_op(p->srv, opid);
+	const char *me = p->auth ? auth_gate_conn_user(wire_req_conn(req)) : NULL;
+	const char *owner = victim && p->auth ? auth_gate_conn_user(wire_req_conn(victim)) : NULL;
+	bool may = me == owner || (me && (strcmp(me, "__system") == 0 ||
+					  (owner && strcmp(me, owner) == 0)));
+	if (me && strcmp(me, "__system") != 0 && (!victim || !may)) {
+		/* a tenant (no killop action): only its own op, else Unauthorized, as
+		 * mongod's KillOpCmdBase::checkAuthForCommand */
+		wire_req_error(req, WIRE_ERR_UNAUTHORIZED, "Unauthorized");
+		return;
+	}
+	if (victim && victim != req && may)
+		wire_req_kill(victim);
+	wire_req_reply(req, NULL);
+}
+
+/* currentOp (issue #20), on the loop thread: a tenant's {$ownOps: true} (the gate lets a
+ * tenant through with it only) is answered here with its own operations on this proxy,
+ * the only ones that are its own (the shards see the proxy's connections); anything else
+ * gathers the shards' ops on a worker (px_do_current_op). */
+static void h_current_op(wire_req *req, void *data)
+{
+	proxy *p = data;
+	const char *me = p->auth ? auth_gate_conn_user(wire_req_conn(req)) : NULL;
+
+	if (!me || strcmp(me, "__system") == 0) {
+		h_submit(req, data);
+		return;
+	}
+	px_current_op_own(p->srv, req, me);
+}
+
 void proxy_exec_register(proxy *p)
 {
 	static const char *const js[] = {"mapReduce", "mapreduce", "eval", "$eval", "group",
@@ -948,5 +1020,7 @@ void proxy_exec_register(proxy *p)
 		wire_server_register(p->srv, cmd_table[i].name, h_submit);
 	for (i = 0; js[i]; i++)
 		wire_server_register(p->srv, js[i], h_refuse_js);
+	wire_server_register(p->srv, "killOp", h_kill_op);
+	wire_server_register(p->srv, "currentOp", h_current_op);
 }
 

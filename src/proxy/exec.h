@@ -395,6 +395,20 @@ int px_do_move_range(ctx *c);                /* moveRange: split out of its chun
 int px_do_merge_chunks(ctx *c);              /* mergeChunks: bounds of contiguous chunks */
 int px_do_split(ctx *c);                     /* split with middle (sh.splitAt) */
 int px_do_drop(ctx *c);                      /* drop: sharding metadata, then every shard */
+/* currentop.c (issue #20): currentOp over every shard (admin only: 13; a shard's failure
+ * fails it); killOp's "shardid:opid" form (28625 bad format, 70 unknown shard, 9 a bad
+ * opid). Returns: the status of the answer (0, or the code answered). */
+int px_do_current_op(ctx *c);
+int px_do_kill_op(ctx *c);
+/* The $currentOp aggregation stage is not offered by the proxy (mongos would gather every
+ * shard's ops; the currentOp command does): 238 NotImplemented when stages holds one at
+ * the top level. Returns: 0 when there is none, else the code answered. */
+int px_refuse_current_op_stage(ctx *c, const bson_t *stages);
+/* Answer req, currentOp of the tenant user (its `$ownOps: true` checked by the gate), with
+ * the operations of srv's connections authenticated as user, as mongod describes them
+ * (wire_server_each_op, with effectiveUsers) and filtered by the command's other fields
+ * (admin only: 13; a bad filter: the matcher's code). Loop thread. */
+void px_current_op_own(wire_server *srv, wire_req *req, const char *user);
 /* MongoDB's host string of a shard URI (heap): "rs/h1:p1,h2:p2" for a replica set, else
  * "h1:p1,..."; the URI itself when unparsable. */
 char *px_shard_host_string(const char *uri);

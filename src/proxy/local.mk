@@ -5,6 +5,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/chunks.c \
 	src/proxy/catalog.c \
 	src/proxy/configdb.c \
+	src/proxy/currentop.c \
 	src/proxy/cursor.c \
 	src/proxy/dbprimary.c \
 	src/proxy/ddllock.c \

@@ -943,6 +943,8 @@ int px_do_aggregate(ctx *c)
 
 	if ((st = px_agg_args(c, &stages, &batch)) != 0)
 		return st;
+	if ((st = px_refuse_current_op_stage(c, &stages)) != 0)
+		return st;
 	{
 		/* $collStats: answered by the proxy from the shards' collStats (mongos' way) */
 		bson_iter_t st, first;

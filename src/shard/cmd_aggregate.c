@@ -369,6 +369,21 @@ bool shard_agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 	} else if (!coll && bson_iter_init(&it, stages) &&
 		   bson_iter_next(&it) && BSON_ITER_HOLDS_DOCUMENT(&it) &&
 		   bson_iter_recurse(&it, &st) && bson_iter_next(&st) &&
+		   strcmp(bson_iter_key(&st), "$currentOp") == 0) {
+		/* the op documents taken on the loop thread (src/shard/currentop.c) */
+		if (!shard_curop_take(x->sh, wire_req_opid(x->req), &sessions.docs,
+				      &sessions.n)) {
+			bson_destroy(&all);
+			shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED,
+				   "$currentOp is supported only as the first stage of an aggregate "
+				   "command (not in explain, a view or a transaction)");
+			return false;
+		}
+		array_in = true;
+		stages_append_rest(&all, &nst, &it);
+	} else if (!coll && bson_iter_init(&it, stages) &&
+		   bson_iter_next(&it) && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+		   bson_iter_recurse(&it, &st) && bson_iter_next(&st) &&
 		   strcmp(bson_iter_key(&st), "$listLocalSessions") == 0) {
 		array_in = true;
 		shard_sessions_list(x->sh, &sessions.docs, &sessions.n);

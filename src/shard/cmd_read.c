@@ -736,6 +736,12 @@ static void getmore_tail(shard_ctx *x, shard_cursor *c, int64_t batch, int64_t d
 {
 	sdb_matcher *m = NULL;
 	int code = 0;
+	if (wire_req_killed(x->req)) {
+		/* killOp: a killed getMore's cursor goes too, as on mongod (Interrupted) */
+		shard_cursor_put(x->sh, c, true);
+		shard_fail(x, WIRE_ERR_INTERRUPTED, "operation was interrupted");
+		return;
+	}
 	if (sdb_matcher_new(&c->filter, &m, &code, x->err, sizeof x->err) != 0) {
 		shard_cursor_put(x->sh, c, true);
 		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);

@@ -181,8 +181,14 @@ static void dispatch(wire_req *req, void *role_data)
 				return;
 			}
 			if (shard_repl_check_read(sh->repl, req) &&
-			    shard_repl_read_concern(sh->repl, req, cmd_table[i].fn))
+			    shard_repl_read_concern(sh->repl, req, cmd_table[i].fn)) {
+				/* $currentOp: the op documents are taken here, on the loop
+				 * thread, for the worker (currentop.c) */
+				if (strcmp(name, "aggregate") == 0 &&
+				    shard_curop_stage_dispatch(sh, req))
+					return;
 				shard_pool_submit(sh, cmd_table[i].fn, req);
+			}
 			return;
 		}
 	}
@@ -250,6 +256,7 @@ void shard_register_commands(shard *sh)
 	}
 	wire_server_register(sh->srv, "stripedbRegisterMember", dispatch_register);
 	wire_server_register(sh->srv, "replSetGetStatus", dispatch_status);
+	shard_currentop_register(sh);
 	shard_members_register(sh);
 }
 

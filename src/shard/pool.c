@@ -83,6 +83,12 @@ void shard_ctx_run(shard_ctx *x, shard_cmd_fn fn)
 	shard_filtering_release(x);
 }
 
+/* storage's interruption check (sdb_store_set_interrupt): the request was killed (killOp) */
+static bool req_killed(const void *arg)
+{
+	return wire_req_killed(arg);
+}
+
 typedef struct worker_arg {
 	shard *sh;
 	int idx;
@@ -124,8 +130,14 @@ static void *worker_main(void *arg)
 			if (ctx_parse_ext(&x) && !shard_txn_refuse_fields(&x) &&
 			    shard_filtering_precheck(&x))
 				shard_repl_submit(sh->repl, job->req); /* run by the apply */
-		} else
+		} else {
+			/* every document this command reads checks killOp's flag first */
+			int32_t opid = wire_req_opid(job->req);
+			sdb_store_set_interrupt(req_killed, job->req);
 			shard_ctx_run(&x, job->fn);
+			sdb_store_set_interrupt(NULL, NULL);
+			shard_curop_drop(sh, opid); /* a $currentOp whose pipeline never ran */
+		}
 		/* a handler that failed half-way must not leave its transaction open */
 		sdb_store_rollback(wa->conn);
 		free(job);

@@ -1,7 +1,7 @@
 /* Shard replica sets: the client's writeConcern (issue #15). Every acknowledged write is
  * on a majority's fsync'ed Raft log; a w above the majority waits, on the loop thread, for
  * that many voters to hold the write's entry (checked every 5 ms), up to wtimeout or the
- * command's maxTimeMS; what cannot be honoured gets mongod's writeConcernError
+ * command's maxTimeMS or a killOp (writeConcernError Interrupted, 11601); what cannot be honoured gets mongod's writeConcernError
  * (WriteConcernOptions, replication_coordinator_impl.cpp awaitReplication). Contract in
  * repl_int.h. */
 #include <math.h>
@@ -66,12 +66,16 @@ static void wc_check(uv_timer_t *t)
 		bool enough = holders(r, w->index) >= (unsigned)w->w;
 		bool late = w->deadline_ms && now >= w->deadline_ms;
 		bool gone = r->closed || raft_state(r->raft) != RAFT_LEADER;
-		if (!enough && !late && !gone) {
+		bool killed = wire_req_killed(w->req);
+		if (!enough && !late && !gone && !killed) {
 			pp = &w->next;
 			continue;
 		}
 		*pp = w->next;
-		if (!enough && late && !gone && w->by_maxtime)
+		if (!enough && killed && !gone)
+			/* killOp: mongod's awaitReplication is interrupted (the write stays) */
+			add_wce(w->reply, WIRE_ERR_INTERRUPTED, "operation was interrupted", false);
+		else if (!enough && late && !gone && w->by_maxtime)
 			add_wce(w->reply, WIRE_ERR_MAX_TIME_EXPIRED,
 				"operation exceeded time limit (maxTimeMS) while waiting for "
 				"replication; the write is committed on a majority",

@@ -70,6 +70,8 @@ static void shard_free(shard *sh)
 	pthread_mutex_destroy(&sh->sess_mu);
 	pthread_mutex_destroy(&sh->conn_mu);
 	pthread_mutex_destroy(&sh->health_mu);
+	shard_curop_free_all(sh); /* none left once the workers joined; defensive */
+	pthread_mutex_destroy(&sh->curop_mu);
 	if (sh->health_doc)
 		bson_destroy(sh->health_doc);
 	free(sh);
@@ -97,6 +99,7 @@ static int shard_start(sdb_role *role)
 	pthread_mutex_init(&sh->sess_mu, NULL);
 	pthread_mutex_init(&sh->conn_mu, NULL);
 	pthread_mutex_init(&sh->health_mu, NULL);
+	pthread_mutex_init(&sh->curop_mu, NULL);
 	char err[256];
 	/* oplog caps (--oplog-max-bytes, --oplog-max-age-s) */
 	sdb_store_opts so = {0};

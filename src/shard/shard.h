@@ -192,6 +192,10 @@ struct shard {
 	struct shard_txns *txns;       /* open multi-document transactions (txn.h) */
 	uv_timer_t abandon_timer; /* graceful stop: answer uncommitted writes by the timeout */
 	bool failed_start;        /* closing after a failed start: no sdb_role_stopped */
+	/* $currentOp aggregations' op documents, from the loop thread to their worker
+	 * (currentop.c), guarded by curop_mu */
+	pthread_mutex_t curop_mu;
+	struct shard_curop_snap *curop_snaps;
 };
 
 /* --- pool.c --- */
@@ -407,6 +411,25 @@ void shard_cmd_txn_refuse(shard_ctx *x);
  * worker pool, writes to the replica set's proposals (repl.h), transactions to txn.h.
  * Loop thread, at start. */
 void shard_register_commands(shard *sh);
+/* currentOp and killOp (currentop.c, issue #20): registered on sh->srv, answered on the
+ * loop thread. Loop thread, at start (called by shard_register_commands). */
+void shard_currentop_register(shard *sh);
+/* An aggregate whose pipeline starts with $currentOp (loop thread, before the command
+ * goes to a worker): checks it as mongod (admin and {aggregate: 1}, else 73; options
+ * allUsers, idleConnections, idleSessions, idleCursors (true: 238), localOps,
+ * truncateOps, backtrace, booleans, else 9; $currentOp later in the pipeline: 40602) and
+ * takes the op documents now (the stage's defaults: allUsers false, truncateOps false)
+ * for shard_curop_take. Returns true when it answered req (an error), false to run the
+ * command. */
+bool shard_curop_stage_dispatch(shard *sh, wire_req *req);
+/* The op documents taken for the aggregate with this opid (worker): true with *docs
+ * (free with util_docs_free) and *n, false when there are none. */
+bool shard_curop_take(shard *sh, int32_t opid, bson_t ***docs, size_t *n);
+/* Free what shard_curop_take did not take for opid (the command failed before its
+ * pipeline ran). Worker, after the command. */
+void shard_curop_drop(shard *sh, int32_t opid);
+/* Free every snapshot left (at stop, the workers joined). */
+void shard_curop_free_all(shard *sh);
 
 /* helpers shared by command files (commands.c) */
 /* Begin a transaction and check $stripedbVersion; on failure replies and returns false. */

@@ -77,6 +77,8 @@ struct wire_req {
 	atomic_int completed;
 	atomic_int waiting;       /* wire_req_wait_begin minus _end: > 0 while the handler
 				   * waits on I/O or a timer (reported so at a stop) */
+	int32_t opid;             /* currentOp's opid (wire_req_opid), > 0 */
+	atomic_int killed;        /* killOp marked it (wire_req_kill) */
 	/* detached requests (wire_req_detached_on_done) */
 	void (*detached_done)(void *arg, wire_req *req);
 	void *detached_arg;
@@ -145,6 +147,9 @@ void wire__cmd_configure_fail_point(wire_req *req, void *role_data);
  * the connection, or blocks and will call the handler itself); false to run the handler
  * now (maybe with req->reply_extra set). Loop thread. */
 bool wire__failpoint_intercept(wire_req *req, wire_cmd_entry *entry);
+
+/* currentop.c: the next opid (process-wide, > 0, wraps). Any thread. */
+int32_t wire__next_opid(void);
 
 /* commands.c: register the shared commands (hello, ping, buildInfo, ...). */
 void wire__register_builtins(wire_server *srv);

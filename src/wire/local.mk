@@ -2,6 +2,7 @@
 libstripedb_a_SOURCES += \
 	src/wire/codes.c \
 	src/wire/commands.c \
+	src/wire/currentop.c \
 	src/wire/failpoint.c \
 	src/wire/msg.c \
 	src/wire/server.c

@@ -132,6 +132,8 @@ static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, b
 	req->cmd = bson_new();
 	atomic_init(&req->completed, 0);
 	atomic_init(&req->waiting, 0);
+	atomic_init(&req->killed, 0);
+	req->opid = wire__next_opid();
 	conn->refs++;
 	conn->inflight = req;
 	conn->srv->n_outstanding++;
@@ -243,11 +245,31 @@ static bson_t *error_doc(int code, bson_t *extra, const char *fmt, va_list ap)
 	return doc;
 }
 
+/* The error of a request killOp marked (wire_req_kill): whatever its handler failed
+ * with, mongod's Interrupted (11601) "operation was interrupted" (the error of an
+ * OperationContext killed with ErrorCodes::Interrupted at an interruption point). */
+static bson_t *interrupted_doc(bson_t *extra)
+{
+	bson_t *doc = bson_new();
+
+	if (extra)
+		bson_destroy(extra);
+	BSON_APPEND_DOUBLE(doc, "ok", 0.0);
+	BSON_APPEND_UTF8(doc, "errmsg", "operation was interrupted");
+	BSON_APPEND_INT32(doc, "code", WIRE_ERR_INTERRUPTED);
+	BSON_APPEND_UTF8(doc, "codeName", wire_code_name(WIRE_ERR_INTERRUPTED));
+	return doc;
+}
+
 void wire_req_error(wire_req *req, int code, const char *fmt, ...)
 {
 	va_list ap;
 	bson_t *doc;
 
+	if (atomic_load(&req->killed)) {
+		req_complete(req, interrupted_doc(NULL));
+		return;
+	}
 	va_start(ap, fmt);
 	doc = error_doc(code, NULL, fmt, ap);
 	va_end(ap);
@@ -259,6 +281,10 @@ void wire_req_error_extra(wire_req *req, int code, bson_t *extra, const char *fm
 	va_list ap;
 	bson_t *doc;
 
+	if (atomic_load(&req->killed)) {
+		req_complete(req, interrupted_doc(extra));
+		return;
+	}
 	va_start(ap, fmt);
 	doc = error_doc(code, extra, fmt, ap);
 	va_end(ap);
@@ -277,6 +303,7 @@ wire_req *wire_req_detached_new(const char *db, const bson_t *cmd)
 				       : "");
 	req->op_code = WIRE_OP_MSG;
 	req->start_ns = sdb_mono_ns();
+	req->opid = wire__next_opid();
 	return req;
 }
 

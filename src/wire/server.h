@@ -64,6 +64,7 @@
 #define WIRE_ERR_OPERATION_FAILED 96
 #define WIRE_ERR_CONFLICTING_OPERATION 117 /* ConflictingOperationInProgress */
 #define WIRE_ERR_INTERRUPTED_AT_SHUTDOWN 11600
+#define WIRE_ERR_INTERRUPTED 11601           /* Interrupted (killOp) */
 #define WIRE_ERR_SHUTDOWN_IN_PROGRESS 91     /* ShutdownInProgress: refused, not executed */
 #define WIRE_ERR_NOT_WRITABLE_PRIMARY 10107  /* NotWritablePrimary */
 #define WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK 13435 /* NotPrimaryNoSecondaryOk */
@@ -211,6 +212,51 @@ void wire_req_detached_on_done(wire_req *req, void (*cb)(void *arg, wire_req *re
 bson_t *wire_req_detached_take(wire_req *req);
 /* Free a detached request (and an untaken reply). NULL is a no-op. */
 void wire_req_detached_free(wire_req *req);
+
+/* --- running operations: currentOp / killOp (issue #20; wire/currentop.c) ---
+ *
+ * Every request read from a client connection is an operation with an opid (int32, > 0,
+ * process-wide, wrapping), registered from the moment it is read until its reply is
+ * queued: conn->inflight, one per connection (drivers do not pipeline). */
+
+/* The request's opid. Any thread. */
+int32_t wire_req_opid(const wire_req *req);
+/* Whether killOp marked req (wire_req_kill). Long-running handlers test it at their
+ * interruption points (scans, waits) and fail; an error answered for a killed request,
+ * whatever its code, goes out as Interrupted (11601) "operation was interrupted", as
+ * mongod's killed OperationContext fails. A successful reply is sent as it is (the
+ * operation finished before it reached an interruption point). Any thread. */
+bool wire_req_killed(const wire_req *req);
+/* Mark req killed. Loop thread (req found with wire_server_find_op). */
+void wire_req_kill(wire_req *req);
+
+/* What wire_server_each_op reports. */
+typedef struct wire_op_opts {
+	bool idle;     /* also connections with no request in flight (currentOp $all):
+			* {type: "idleConnection", active: false, ...} */
+	bool truncate; /* a command over 1000 bytes becomes {$truncated: "<its JSON cut to
+			* 1000 bytes, ending in ...>", comment?} (mongod's truncateOps) */
+	/* Called for each op document under construction, after the shared fields, so the
+	 * role appends its own (effectiveUsers ...); may be NULL. */
+	void (*decorate)(void *arg, const wire_conn *conn, bson_t *op);
+	/* Called with each finished op document (valid during the call only). */
+	void (*each)(void *arg, const wire_conn *conn, const bson_t *op);
+	void *arg;
+} wire_op_opts;
+
+/* Describe every operation of srv as mongod's currentOp does (CurOp::reportState):
+ * {type: "op", host, desc: "conn<N>", connectionId, client, active: true, threaded: true,
+ *  opid, lsid?, transaction: {parameters: {txnNumber, autocommit}}? (a multi-document
+ *  transaction's statement), secs_running, microsecs_running, op ("query" find, "getmore",
+ *  "insert", "update", "remove" delete, else "command"), ns ("db.coll" when the command
+ *  names a collection, else "db.$cmd"), command, numYields: 0, locks: {},
+ *  waitingForLock: false, killPending: true (only once killed)}.
+ * Loop thread only (the requests stay valid while it runs). */
+void wire_server_each_op(wire_server *srv, const wire_op_opts *o);
+
+/* The request in flight with this opid, or NULL. Loop thread; valid until the loop runs
+ * the server's completions again (i.e. during the calling handler). */
+wire_req *wire_server_find_op(wire_server *srv, int32_t opid);
 
 /* --- test fail points for roles (wire/failpoint.c; test commands only) --- */
 
