@@ -83,10 +83,42 @@ void shard_ctx_run(shard_ctx *x, shard_cmd_fn fn)
 	shard_filtering_release(x);
 }
 
-/* storage's interruption check (sdb_store_set_interrupt): the request was killed (killOp) */
+/* What storage's interruption check looks at for one request. */
+typedef struct req_limits {
+	wire_req *req;
+	uint64_t deadline_ns; /* maxTimeMS from the request's arrival (monotonic), 0 = none */
+} req_limits;
+
+/* storage's interruption check (sdb_store_set_interrupt): the request was killed
+ * (killOp) or has run past its maxTimeMS (then marked expired: answered 50). */
 static bool req_killed(const void *arg)
 {
-	return wire_req_killed(arg);
+	const req_limits *l = arg;
+
+	if (wire_req_killed(l->req))
+		return true;
+	if (l->deadline_ns != 0 && sdb_mono_ns() >= l->deadline_ns) {
+		wire_req_expire(l->req);
+		return true;
+	}
+	return false;
+}
+
+/* The deadline of a command's maxTimeMS (a positive whole number), counted from its
+ * arrival as mongod counts it, or 0: none, and none for getMore (whose maxTimeMS is an
+ * awaitData cursor's wait, handled by the getMore itself). */
+static uint64_t req_deadline(wire_req *req, const bson_t *cmd)
+{
+	bson_iter_t it;
+	int64_t ms;
+
+	if (strcmp(wire_req_name(req), "getMore") == 0 ||
+	    !bson_iter_init_find(&it, cmd, "maxTimeMS") || !BSON_ITER_HOLDS_NUMBER(&it))
+		return 0;
+	ms = bson_iter_as_int64(&it);
+	if (ms <= 0 || ms > INT32_MAX)
+		return 0;
+	return wire_req_start_ns(req) + (uint64_t)ms * 1000000u;
 }
 
 typedef struct worker_arg {
@@ -131,9 +163,11 @@ static void *worker_main(void *arg)
 			    shard_filtering_precheck(&x))
 				shard_repl_submit(sh->repl, job->req); /* run by the apply */
 		} else {
-			/* every document this command reads checks killOp's flag first */
+			/* every document this command reads checks killOp's flag and the
+			 * command's maxTimeMS first */
 			int32_t opid = wire_req_opid(job->req);
-			sdb_store_set_interrupt(req_killed, job->req);
+			req_limits lim = {job->req, req_deadline(job->req, x.cmd)};
+			sdb_store_set_interrupt(req_killed, &lim);
 			shard_ctx_run(&x, job->fn);
 			sdb_store_set_interrupt(NULL, NULL);
 			shard_curop_drop(sh, opid); /* a $currentOp whose pipeline never ran */

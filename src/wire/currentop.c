@@ -43,7 +43,17 @@ bool wire_req_killed(const wire_req *req)
 
 void wire_req_kill(wire_req *req)
 {
-	atomic_store(&req->killed, 1);
+	int none = 0;
+
+	/* 1: killOp; an expired request (2) becomes Interrupted too only if not yet marked */
+	atomic_compare_exchange_strong(&req->killed, &none, 1);
+}
+
+void wire_req_expire(wire_req *req)
+{
+	int none = 0;
+
+	atomic_compare_exchange_strong(&req->killed, &none, 2);
 }
 
 wire_req *wire_server_find_op(wire_server *srv, int32_t opid)

@@ -78,7 +78,8 @@ struct wire_req {
 	atomic_int waiting;       /* wire_req_wait_begin minus _end: > 0 while the handler
 				   * waits on I/O or a timer (reported so at a stop) */
 	int32_t opid;             /* currentOp's opid (wire_req_opid), > 0 */
-	atomic_int killed;        /* killOp marked it (wire_req_kill) */
+	atomic_int killed;        /* 1 killOp marked it (wire_req_kill), 2 past its maxTimeMS
+				   * (wire_req_expire), else 0 */
 	/* detached requests (wire_req_detached_on_done) */
 	void (*detached_done)(void *arg, wire_req *req);
 	void *detached_arg;

@@ -247,17 +247,22 @@ static bson_t *error_doc(int code, bson_t *extra, const char *fmt, va_list ap)
 
 /* The error of a request killOp marked (wire_req_kill): whatever its handler failed
  * with, mongod's Interrupted (11601) "operation was interrupted" (the error of an
- * OperationContext killed with ErrorCodes::Interrupted at an interruption point). */
-static bson_t *interrupted_doc(bson_t *extra)
+ * OperationContext killed with ErrorCodes::Interrupted at an interruption point); of one
+ * past its maxTimeMS (wire_req_expire), MaxTimeMSExpired (50). */
+static bson_t *interrupted_doc(const wire_req *req, bson_t *extra)
 {
 	bson_t *doc = bson_new();
+	bool expired = atomic_load(&((wire_req *)req)->killed) == 2;
+	int code = expired ? WIRE_ERR_MAX_TIME_EXPIRED : WIRE_ERR_INTERRUPTED;
 
 	if (extra)
 		bson_destroy(extra);
 	BSON_APPEND_DOUBLE(doc, "ok", 0.0);
-	BSON_APPEND_UTF8(doc, "errmsg", "operation was interrupted");
-	BSON_APPEND_INT32(doc, "code", WIRE_ERR_INTERRUPTED);
-	BSON_APPEND_UTF8(doc, "codeName", wire_code_name(WIRE_ERR_INTERRUPTED));
+	/* an expired request: mongod's MaxTimeMSExpired of an operation past maxTimeMS */
+	BSON_APPEND_UTF8(doc, "errmsg",
+			 expired ? "operation exceeded time limit" : "operation was interrupted");
+	BSON_APPEND_INT32(doc, "code", code);
+	BSON_APPEND_UTF8(doc, "codeName", wire_code_name(code));
 	return doc;
 }
 
@@ -267,7 +272,7 @@ void wire_req_error(wire_req *req, int code, const char *fmt, ...)
 	bson_t *doc;
 
 	if (atomic_load(&req->killed)) {
-		req_complete(req, interrupted_doc(NULL));
+		req_complete(req, interrupted_doc(req, NULL));
 		return;
 	}
 	va_start(ap, fmt);
@@ -282,7 +287,7 @@ void wire_req_error_extra(wire_req *req, int code, bson_t *extra, const char *fm
 	bson_t *doc;
 
 	if (atomic_load(&req->killed)) {
-		req_complete(req, interrupted_doc(extra));
+		req_complete(req, interrupted_doc(req, extra));
 		return;
 	}
 	va_start(ap, fmt);

@@ -229,6 +229,11 @@ int32_t wire_req_opid(const wire_req *req);
 bool wire_req_killed(const wire_req *req);
 /* Mark req killed. Loop thread (req found with wire_server_find_op). */
 void wire_req_kill(wire_req *req);
+/* Mark req past its maxTimeMS (issue #20): wire_req_killed says true from now on, so its
+ * interruption points fail, and an error answered for it goes out as mongod's
+ * MaxTimeMSExpired (50) "operation exceeded time limit" (a request killOp marked first
+ * stays Interrupted). Any thread (the worker running it). */
+void wire_req_expire(wire_req *req);
 
 /* What wire_server_each_op reports. */
 typedef struct wire_op_opts {
