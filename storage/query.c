@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
+#include "storage/collation.h"
 #include "storage/keyenc.h"
 #include "storage/matcher.h"
 #include "storage/sortspec.h"
@@ -228,6 +229,10 @@ static int bounds_score(const sdb_bounds *b)
 /* Does scanning pattern (forward or backward) yield the sort order? *reverse set. */
 static bool pattern_provides_sort(const bson_t *pattern, const sdb_sortspec *s, bool *reverse)
 {
+	/* an index orders strings binary: under a collation it gives no sort (a blocking
+	 * sort orders by the collation) */
+	if (sdb_collation_current() != NULL && s && sdb_sortspec_nfields(s))
+		return false;
 	size_t n = s ? sdb_sortspec_nfields(s) : 0;
 	if (n == 0)
 		return false;
@@ -264,6 +269,42 @@ static void set_pattern(sdb_query *q, const bson_t *pattern)
 {
 	bson_destroy(&q->key_pattern);
 	bson_copy_to(pattern, &q->key_pattern);
+}
+
+/* Does the document hold a string or symbol value anywhere (keys aside)? */
+static bool has_strings(const uint8_t *data, size_t len, int depth)
+{
+	bson_iter_t it;
+
+	if (depth > SDB_BSON_MAX_DEPTH || !bson_iter_init_from_data(&it, data, len))
+		return true;
+	while (bson_iter_next(&it)) {
+		if (BSON_ITER_HOLDS_UTF8(&it) || BSON_ITER_HOLDS_SYMBOL(&it))
+			return true;
+		if (BSON_ITER_HOLDS_DOCUMENT(&it) || BSON_ITER_HOLDS_ARRAY(&it)) {
+			const uint8_t *d;
+			uint32_t n;
+
+			if (BSON_ITER_HOLDS_DOCUMENT(&it))
+				bson_iter_document(&it, &n, &d);
+			else
+				bson_iter_array(&it, &n, &d);
+			if (has_strings(d, n, depth + 1))
+				return true;
+		}
+	}
+	return false;
+}
+
+/* May the plan use index bounds? Indexes hold binary (simple collation) keys: under a
+ * non-simple collation (the thread's, storage/collation.h) a string in the filter has no
+ * bounds in them (MongoDB: an index whose collation differs from the query's is not used for
+ * string bounds), so a filter comparing any string gets no bounds at all (a collection scan,
+ * or the hinted index scanned whole); other filters keep their bounds. */
+static bool bounds_allowed(const sdb_query *q)
+{
+	return sdb_collation_current() == NULL ||
+	       !has_strings(bson_get_data(&q->filter), q->filter.len, 0);
 }
 
 static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
@@ -311,7 +352,8 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		BSON_APPEND_INT32(&pat, "_id", 1);
 		set_pattern(q, &pat);
 		bson_destroy(&pat);
-		if (sdb_matcher_bounds(&q->filter, "_id", false, &b, NULL, 0) == 0) {
+		if (bounds_allowed(q) &&
+		    sdb_matcher_bounds(&q->filter, "_id", false, &b, NULL, 0) == 0) {
 			if (b.kind == SDB_BOUNDS_EMPTY)
 				q->empty = true;
 			else if (b.kind != SDB_BOUNDS_ALL)
@@ -327,8 +369,8 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		q->multikey = ix->multikey;
 		set_pattern(q, ix->key);
 		sdb_bounds b = {0};
-		bool usable = path && sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL,
-							 0) == 0;
+		bool usable = path && bounds_allowed(q) &&
+			      sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) == 0;
 		/* a hashed index's keys are hashes: equality / $in points hashed, else it is
 		 * scanned whole */
 		usable = usable && index_bounds(ix, &b);
@@ -439,14 +481,15 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 	bool best_desc = false;
 
 	sdb_bounds b = {0};
-	if (sdb_matcher_bounds(&q->filter, "_id", false, &b, NULL, 0) == 0) {
+	bool with_bounds = bounds_allowed(q);
+	if (with_bounds && sdb_matcher_bounds(&q->filter, "_id", false, &b, NULL, 0) == 0) {
 		bool rev;
 		best_score = bounds_score(&b);
 		best_sort = pattern_provides_sort(&idpat, q->sort, &rev);
 		best_b = b;
 		memset(&b, 0, sizeof b);
 	}
-	for (size_t i = 0; i < co->n_indexes && best_score < 4; i++) {
+	for (size_t i = 0; with_bounds && i < co->n_indexes && best_score < 4; i++) {
 		const sdb_store_index *ix = &co->indexes[i];
 		if (ix->sparse)
 			continue; /* a sparse index misses documents: only by hint */

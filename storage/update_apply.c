@@ -24,6 +24,7 @@
 #include "storage/docbuild.h"
 #include "storage/matcher.h"
 #include "storage/path.h"
+#include "storage/collation.h"
 #include "storage/keyenc.h"
 #include "storage/sortspec.h"
 
@@ -119,7 +120,7 @@ static void elem_sort_key(const unode *n, const docbuild_node *x, sdb_key *k)
 		bson_value_t v;
 
 		docbuild_value(x, &scratch, &v);
-		(void)sdb_keyenc_append_value(k, &v, n->sort_dir < 0, NULL, 0);
+		(void)sdb_keyenc_append_value_coll(k, &v, n->sort_dir < 0, sdb_collation_current(), NULL, 0);
 	} else {
 		if (x->type == BSON_TYPE_DOCUMENT) {
 			docbuild_to_bson(x, &scratch);
@@ -228,7 +229,7 @@ static void value_key(const docbuild_node *x, sdb_key *k)
 	bson_value_t v;
 
 	docbuild_value(x, &scratch, &v);
-	(void)sdb_keyenc_append_value(k, &v, false, NULL, 0);
+	(void)sdb_keyenc_append_value_coll(k, &v, false, sdb_collation_current(), NULL, 0);
 	bson_destroy(&scratch);
 }
 

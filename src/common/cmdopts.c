@@ -167,10 +167,26 @@ static bool collation_is_simple(const bson_iter_t *field)
 	return !bson_iter_next(&c);
 }
 
+/* Commands that honour a collation (issue #20, storage/collation.h): their own top-level
+ * `collation` (update and delete: each statement's; createIndexes' index collations and
+ * shardCollection's are still refused). */
+static bool collated(const char *name)
+{
+	static const char *const names[] = {"find",	     "count",	      "distinct",
+					    "aggregate",     "findAndModify", "findandmodify",
+					    "create"};
+
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (strcmp(names[i], name) == 0)
+			return true;
+	return false;
+}
+
 /* One document: a command (where NULL) or one statement of its array (where names the array's
  * path, e.g. "update.updates"). */
 static int scan(const bson_t *doc, const char *where, bool update_statement,
-		bool delete_statement, bool retryable, char *err, size_t errlen)
+		bool delete_statement, bool retryable, bool collation_ok, char *err,
+		size_t errlen)
 {
 	bson_iter_t it;
 
@@ -178,10 +194,12 @@ static int scan(const bson_t *doc, const char *where, bool update_statement,
 		return 0;
 	while (bson_iter_next(&it)) {
 		const char *k = bson_iter_key(&it);
-		if (strcmp(k, "collation") == 0 && !collation_is_simple(&it)) {
+		if (strcmp(k, "collation") == 0 && !collation_ok && !collation_is_simple(&it)) {
 			snprintf(err, errlen,
-				 "collation is not supported by stripedb: strings compare by their "
-				 "bytes (only {locale: \"simple\"} is accepted; see docs/compat.md)");
+				 "collation is not supported by stripedb %s: strings compare by "
+				 "their bytes there (only {locale: \"simple\"} is accepted; see "
+				 "docs/compat.md)",
+				 where ? "in an index or a shard key" : "by this command");
 			return CODE_NOT_IMPLEMENTED;
 		}
 		if (update_statement && strcmp(k, "sort") == 0) {
@@ -623,12 +641,20 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 	if (command_types(name) != NULL &&
 	    (code = check_types(cmd, name, command_types(name), true, err, errlen)) != 0)
 		return code;
-	code = scan(cmd, NULL, false, false, false, err, errlen);
+	code = scan(cmd, NULL, false, false, false, collated(name), err, errlen);
 	if (code != 0)
 		return code;
 	if (strcmp(name, "explain") == 0 && bson_iter_init_find(&it, cmd, "explain") &&
 	    sdb_bson_iter_doc(&it, &sub)) {
-		bson_iter_t first;
+		bson_iter_t first, c;
+		/* explain plans without the collation: refused rather than answered for
+		 * another query */
+		if (bson_iter_init_find(&c, &sub, "collation") && !collation_is_simple(&c)) {
+			snprintf(err, errlen,
+				 "collation is not supported by stripedb in explain (only "
+				 "{locale: \"simple\"} is accepted; see docs/compat.md)");
+			return CODE_NOT_IMPLEMENTED;
+		}
 		if (bson_iter_init(&first, &sub) && bson_iter_next(&first))
 			return sdb_cmd_check(bson_iter_key(&first), &sub, internal, err, errlen);
 		return 0;
@@ -654,7 +680,8 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 							false, err, errlen)) != 0)
 				return code;
 			code = scan(&sub, arrays[i].where, arrays[i].update,
-				    strcmp(arrays[i].cmd, "delete") == 0, retryable, err, errlen);
+				    strcmp(arrays[i].cmd, "delete") == 0, retryable, stmt, err,
+				    errlen);
 			if (code != 0)
 				return code;
 		}

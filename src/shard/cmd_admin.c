@@ -9,6 +9,7 @@
 #include "common/renamecoll.h"
 #include "shard/cmd_read_int.h" /* shard_coll_is_view */
 #include "shard/shard.h"
+#include "storage/collation.h"
 #include "shard/util.h"
 #include "storage/matcher.h"
 
@@ -133,9 +134,30 @@ void shard_cmd_create(shard_ctx *x)
 				return;
 			}
 			/* kept in the catalog: what the collection is (a view) and its
-			 * collation (only "simple" gets this far, cmdopts.h) */
-			if (strcmp(k, "viewOn") == 0 || strcmp(k, "pipeline") == 0 ||
-			    strcmp(k, "collation") == 0)
+			 * default collation (issue #20): MongoDB's full spec, the locale's
+			 * defaults filled in; {locale: "simple"} is the default and is not
+			 * kept, as MongoDB */
+			if (strcmp(k, "collation") == 0) {
+				const sdb_collator *c = NULL;
+				int code = 0;
+
+				if (sdb_collation_parse(&it, &c, &code, x->err, sizeof x->err) !=
+				    0) {
+					bson_destroy(&opts);
+					shard_fail(x, code, "%s", x->err);
+					return;
+				}
+				if (c && bson_has_field(x->cmd, "viewOn")) {
+					bson_destroy(&opts);
+					shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED,
+						   "a view with a collation is not supported by "
+						   "stripedb (see docs/compat.md)");
+					return;
+				}
+				if (c)
+					BSON_APPEND_DOCUMENT(&opts, k, sdb_collator_spec(c));
+			}
+			if (strcmp(k, "viewOn") == 0 || strcmp(k, "pipeline") == 0)
 				bson_append_iter(&opts, k, -1, &it);
 		}
 	}

@@ -743,6 +743,14 @@ void shard_cmd_update(shard_ctx *x)
 			shard_fail(x, code, "%s", x->err);
 			return;
 		}
+		/* the statement's collation, else the collection's: a bad one is this
+		 * statement's write error, as mongod's */
+		if ((code = shard_collation_set(x, b.coll, &st)) != 0) {
+			upd_stmt_destroy(&s);
+			if (wbatch_error(&b, code, x->err, NULL))
+				break;
+			continue;
+		}
 		upd_result r;
 		sdb_store_dup dup = {0};
 		wbatch_stmt_begin(x, &b, &ms);
@@ -901,6 +909,12 @@ void shard_cmd_delete(shard_ctx *x)
 			wbatch_abort(&b);
 			shard_fail(x, code, "%s", x->err);
 			return;
+		}
+		if ((code = shard_collation_set(x, b.coll, &st)) != 0) {
+			bson_destroy(&q);
+			if (wbatch_error(&b, code, x->err, NULL))
+				break;
+			continue;
 		}
 		bson_t **docs = NULL;
 		size_t nd = 0;
