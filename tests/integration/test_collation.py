@@ -142,5 +142,14 @@ def test_collation_through_a_proxy(start_role, tmp_path):
         assert db.byx.count_documents({"x": "Ping"}, collation=CI) == 2
         assert db.byx.count_documents({"x": "Ping"}) == 0
         check(db)
+        # a collection with a non-simple default collation is not sharded (the routing
+        # compares shard key strings by bytes): refused, never routed wrongly
+        db.create_collection("dflt", collation=CI)
+        with pytest.raises(OperationFailure) as e:
+            cl.proxy_client(0).admin.command("shardCollection", "coll.dflt", key={"x": 1})
+        assert e.value.code == 238 and "default collation" in str(e.value)
+        # an explain with a collation is refused rather than planned without it
+        assert code_of(lambda: db.command("explain", {"find": "words", "filter": {"x": "a"},
+                                                      "collation": CI})) == 238
     finally:
         cl.close()
