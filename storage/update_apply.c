@@ -925,7 +925,9 @@ static bool id_equal(const bson_t *a, const bson_t *b, bool *a_has, bool *b_has)
 	if (bson_iter_type(&ia) != bson_iter_type(&ib)) {
 		return false;
 	}
-	return sdb_bson_iter_eq(&ia, &ib) && bson_iter_type(&ia) == bson_iter_type(&ib);
+	/* identity: binary even under a collation */
+	return sdb_bson_value_eq_simple(bson_iter_value(&ia), bson_iter_value(&ib)) &&
+	       bson_iter_type(&ia) == bson_iter_type(&ib);
 }
 
 /* doc replaced by rep (a replacement's document, or what an update pipeline made of doc):
@@ -941,7 +943,8 @@ static int apply_replacement(const bson_t *rep_doc, const bson_t *doc, bson_t *o
 	rep_has = bson_iter_init_find(&rid, rep_doc, "_id");
 
 	if (doc_has && rep_has &&
-	    (bson_iter_type(&oid) != bson_iter_type(&rid) || !sdb_bson_iter_eq(&oid, &rid))) {
+	    (bson_iter_type(&oid) != bson_iter_type(&rid) ||
+	     !sdb_bson_value_eq_simple(bson_iter_value(&oid), bson_iter_value(&rid)))) {
 		char *j = upd_value_json(bson_iter_value(&rid));
 		int rc = upd_fail(code, C_IMMUTABLE, err, errlen,
 			      "After applying the update, the (immutable) field '_id' was found to "

@@ -136,6 +136,11 @@ const sdb_bson_collator *sdb_bson_collator_set(const sdb_bson_collator *c);
 /* Returns: the calling thread's collation (NULL: simple). */
 const sdb_bson_collator *sdb_bson_collator_get(void);
 
+/* sdb_bson_value_eq under the simple collation whatever the thread's: for identity (an
+ * _id or a shard key that must not change: "a" and "A" differ even under a case-insensitive
+ * collation). NULL means missing. Returns: true when equal. */
+bool sdb_bson_value_eq_simple(const bson_value_t *a, const bson_value_t *b);
+
 /* Compare two shard-key value documents (e.g. chunk bounds {a: 1, b: MinKey}) component by
  * component in the order above, ignoring field names; when one document ends first it
  * compares below. Returns: <0, 0 or >0; a document libbson cannot iterate compares equal

@@ -69,6 +69,12 @@ def check(db):
     doc = c.find_one_and_update({"x": "BANANA"}, {"$set": {"fam": 1}}, collation=CI,
                                 return_document=pymongo.ReturnDocument.AFTER)
     assert doc["x"] == "Banana" and doc["fam"] == 1
+    # identity stays binary: an _id changing case is a change of _id (66)
+    db.ids.insert_one({"_id": "abc", "v": 1})
+    with pytest.raises(WriteError) as e:
+        db.ids.replace_one({"_id": "ABC"}, {"_id": "ABC", "v": 2}, collation=CI)
+    assert e.value.code == 66
+    assert db.ids.find_one({"_id": "abc"}, collation=CI)["v"] == 1
     assert c.delete_many({"x": "ping"}, collation=CI).deleted_count == 2
     assert c.count_documents({}) == 5
 
