@@ -298,6 +298,14 @@ int sdb_keyenc_append_value_coll(sdb_key *k, const bson_value_t *v, bool desc,
 	return rc;
 }
 
+const sdb_collator *sdb_keyenc_collation_swap(const sdb_collator *coll)
+{
+	const sdb_collator *prev = enc_coll;
+
+	enc_coll = coll;
+	return prev;
+}
+
 int sdb_keyenc_append_iter(sdb_key *k, const bson_iter_t *it, bool desc, char *err,
 			   size_t errlen)
 {

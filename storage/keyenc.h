@@ -85,6 +85,12 @@ typedef struct sdb_collator sdb_collator;
 int sdb_keyenc_append_value_coll(sdb_key *k, const bson_value_t *v, bool desc,
 				 const sdb_collator *coll, char *err, size_t errlen);
 
+/* Make coll the collation of every sdb_keyenc_append_value on this thread until the next
+ * swap (NULL: none), for code that builds keys through other modules (an index with a
+ * collation: storage/keys.c; its bounds: storage/query.c). Returns: the previous one, to
+ * restore. */
+const sdb_collator *sdb_keyenc_collation_swap(const sdb_collator *coll);
+
 /* The encoded bracket byte of a canonical bracket (SDB_BRACKET_*), e.g. 0x1E for numbers.
  * Bounds of a whole bracket in ascending order: every key of the bracket is >= the one
  * byte {bracket_byte} and < the one byte {bracket_byte + 1} (and every key of a higher

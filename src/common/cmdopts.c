@@ -168,8 +168,8 @@ static bool collation_is_simple(const bson_iter_t *field)
 }
 
 /* Commands that honour a collation (issue #20, storage/collation.h): their own top-level
- * `collation` (update and delete: each statement's; createIndexes' index collations and
- * shardCollection's are still refused). */
+ * `collation` (update and delete: each statement's, createIndexes each index's;
+ * an explained command as itself; shardCollection's is still refused). */
 static bool collated(const char *name)
 {
 	static const char *const names[] = {"find",	     "count",	      "distinct",
@@ -199,7 +199,7 @@ static int scan(const bson_t *doc, const char *where, bool update_statement,
 				 "collation is not supported by stripedb %s: strings compare by "
 				 "their bytes there (only {locale: \"simple\"} is accepted; see "
 				 "docs/compat.md)",
-				 where ? "in an index or a shard key" : "by this command");
+				 where ? where : "by this command");
 			return CODE_NOT_IMPLEMENTED;
 		}
 		if (update_statement && strcmp(k, "sort") == 0) {
@@ -646,15 +646,7 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 		return code;
 	if (strcmp(name, "explain") == 0 && bson_iter_init_find(&it, cmd, "explain") &&
 	    sdb_bson_iter_doc(&it, &sub)) {
-		bson_iter_t first, c;
-		/* explain plans without the collation: refused rather than answered for
-		 * another query */
-		if (bson_iter_init_find(&c, &sub, "collation") && !collation_is_simple(&c)) {
-			snprintf(err, errlen,
-				 "collation is not supported by stripedb in explain (only "
-				 "{locale: \"simple\"} is accepted; see docs/compat.md)");
-			return CODE_NOT_IMPLEMENTED;
-		}
+		bson_iter_t first;
 		if (bson_iter_init(&first, &sub) && bson_iter_next(&first))
 			return sdb_cmd_check(bson_iter_key(&first), &sub, internal, err, errlen);
 		return 0;
@@ -679,8 +671,9 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 									 : delete_stmt_types,
 							false, err, errlen)) != 0)
 				return code;
+			/* statements and createIndexes' indexes honour their collation */
 			code = scan(&sub, arrays[i].where, arrays[i].update,
-				    strcmp(arrays[i].cmd, "delete") == 0, retryable, stmt, err,
+				    strcmp(arrays[i].cmd, "delete") == 0, retryable, true, err,
 				    errlen);
 			if (code != 0)
 				return code;

@@ -17,10 +17,10 @@
  * statements of update.updates, delete.deletes and createIndexes.indexes) use an option
  * stripedb does not implement?
  *   - collation other than {locale: "simple"} where stripedb does not honour it (issue #20:
- *     find, count, distinct, aggregate, findAndModify, create and the statements of
- *     update and delete honour it, storage/collation.h validates it there): in
- *     createIndexes' indexes, shardCollection, explain and any other command: 238
- *     NotImplemented;
+ *     find, count, distinct, aggregate, findAndModify, create, the statements of
+ *     update and delete and createIndexes' indexes honour it, also explained,
+ *     storage/collation.h validates it there): in shardCollection and any other
+ *     command: 238 NotImplemented;
  *   - top-level `let` on a command other than find, aggregate, update, delete and
  *     findAndModify (which honour it): 40415;
  *   - `sort` in an update statement: 40415 (unknown field, as MongoDB 6.0, the version we

@@ -15,6 +15,7 @@
 #include "storage/collation.h"
 #include "shard/snapfile.h"
 #include "shard/txn.h"
+#include "shard/util.h"
 
 typedef struct cmd_entry {
 	const char *name;
@@ -361,11 +362,32 @@ bool shard_begin(shard_ctx *x, bool write)
 	if (!bson_iter_init(&it, x->cmd) || !bson_iter_next(&it))
 		return true;
 	name = bson_iter_key(&it);
+	const bson_t *holder = x->cmd;
+	bson_t inner, stmt;
+	if (strcmp(name, "explain") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+		/* the explained command's collation: it is planned as it would run (an
+		 * update or delete: its first statement's, the one explain plans) */
+		bson_iter_t f, arr;
+
+		if (!util_iter_bson(&it, &inner) || !bson_iter_init(&f, &inner) ||
+		    !bson_iter_next(&f))
+			return true;
+		it = f;
+		name = bson_iter_key(&it);
+		holder = &inner;
+		if ((strcmp(name, "update") == 0 || strcmp(name, "delete") == 0) &&
+		    bson_iter_init_find(&f, &inner,
+					strcmp(name, "update") == 0 ? "updates" : "deletes") &&
+		    BSON_ITER_HOLDS_ARRAY(&f) && bson_iter_recurse(&f, &arr) &&
+		    bson_iter_next(&arr) && BSON_ITER_HOLDS_DOCUMENT(&arr) &&
+		    util_iter_bson(&arr, &stmt))
+			holder = &stmt;
+	}
 	if (BSON_ITER_HOLDS_UTF8(&it))
 		coll = bson_iter_utf8(&it, NULL);
 	for (size_t i = 0; i < sizeof collated_cmds / sizeof collated_cmds[0]; i++)
 		if (strcmp(collated_cmds[i], name) == 0) {
-			int code = shard_collation_set(x, coll, x->cmd);
+			int code = shard_collation_set(x, coll, holder);
 
 			if (code)
 				shard_fail(x, code, "%s", x->err);

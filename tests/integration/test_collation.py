@@ -104,8 +104,39 @@ def check(db):
     assert db.ci.update_many({"x": "PING"}, {"$set": {"u": 1}}).modified_count == 2
     assert code_of(lambda: db.create_collection("bad", collation={"locale": "bogus"})) == 2
 
-    # still refused: an index with a non-simple collation
-    assert code_of(lambda: c.create_index("x", collation=CI)) == 238
+    # an index with a collation: its keys are ICU sort keys (listIndexes shows the full
+    # spec); it serves bounds and sorts to queries of its collation only
+    assert sorted(d["x"] for d in c.find({})) == ["Banana", "PONG", "apple", "café", "pong"]
+    c.create_index("x", name="x_ci", collation=CI)
+    ix = [i for i in c.list_indexes() if i["name"] == "x_ci"][0]
+    assert ix["collation"]["locale"] == "en_US" and ix["collation"]["strength"] == 2
+    assert sorted(d["x"] for d in c.find({"x": "pong"}, collation=CI).hint("x_ci")) == [
+        "PONG", "pong"]
+    assert sorted(d["x"] for d in c.find({"x": {"$gte": "b", "$lt": "D"}}, collation=CI)
+                  .hint("x_ci")) == ["Banana", "café"]
+    assert [d["x"] for d in c.find({"x": "pong"}).hint("x_ci")] == ["pong"]  # binary query
+    assert [d["x"] for d in c.find({"x": {"$regex": "^p"}}, collation=CI).hint("x_ci")] == [
+        "pong"]
+    assert [d["x"] for d in c.find({}, collation=CI).sort([("x", 1), ("_id", 1)])
+            .hint("x_ci")] == ["apple", "Banana", "café", "PONG", "pong"]
+    assert [d["x"] for d in c.find({"x": {"$gt": "a"}}).sort("x", 1).hint("x_ci")] == [
+        "apple", "café", "pong"]  # binary order, though the index orders by en_US
+    # a unique index under a case-insensitive collation: "K" duplicates "k"
+    db.uq.create_index("k", unique=True, collation=CI)
+    db.uq.insert_one({"_id": 1, "k": "k"})
+    with pytest.raises(pymongo.errors.DuplicateKeyError):
+        db.uq.insert_one({"_id": 2, "k": "K"})
+    # an index without a collation on a collection with a default one inherits it (MongoDB)
+    db.ci.create_index("x")
+    assert [i for i in db.ci.list_indexes() if i["name"] == "x_1"][0]["collation"][
+        "strength"] == 2
+    # explain takes the explained command's collation
+    explain = db.command("explain", {"find": "words", "filter": {"x": "PONG"},
+                                     "collation": CI, "hint": "x_ci"},
+                         verbosity="executionStats")
+    assert "queryPlanner" in explain
+    assert code_of(lambda: c.create_index("y", collation={"locale": "bogus"})) == 2
+    assert code_of(lambda: c.create_index([("y", "hashed")], collation=CI)) == 238
 
 
 def test_collation_on_a_shard(shard):
@@ -123,6 +154,20 @@ def test_collation_on_a_shard(shard):
         assert [d["x"] for d in db.idx.find({"x": {"$gte": "p"}}, collation=CI).hint("x_1")
                 .sort([("x", 1), ("_id", 1)])] == ["ping", "Ping", "PONG", "pong"]
         assert db.idx.count_documents({"x": {"$in": ["APPLE", 3]}}, collation=CI) == 1
+        # explain plans as the command runs: an index of the query's collation gives string
+        # bounds, another one is scanned whole
+        db.idx.create_index("x", name="x_ci", collation=CI)
+
+        def keys(filt, coll, hint):
+            cmd = {"find": "idx", "filter": filt, "hint": hint}
+            if coll:
+                cmd["collation"] = coll
+            return db.command("explain", cmd, verbosity="executionStats")[
+                "executionStats"]["totalKeysExamined"]
+        assert keys({"x": "PING"}, CI, "x_ci") == 2
+        assert keys({"x": "PING"}, None, "x_ci") == 7
+        assert keys({"x": "PING"}, CI, "x_1") == 7
+        assert keys({"x": "ping"}, None, "x_1") == 1
     finally:
         client.close()
 
@@ -154,8 +199,5 @@ def test_collation_through_a_proxy(start_role, tmp_path):
         with pytest.raises(OperationFailure) as e:
             cl.proxy_client(0).admin.command("shardCollection", "coll.dflt", key={"x": 1})
         assert e.value.code == 238 and "default collation" in str(e.value)
-        # an explain with a collation is refused rather than planned without it
-        assert code_of(lambda: db.command("explain", {"find": "words", "filter": {"x": "a"},
-                                                      "collation": CI})) == 238
     finally:
         cl.close()
