@@ -30,9 +30,11 @@
  * sort keys, group keys and distinct. Invalid UTF-8 is compared with U+FFFD in its place.
  *
  * Collators are made once per distinct normalised spec and kept for the life of the process
- * (a process-wide cache behind a mutex; a UCollator is used concurrently only through its
- * const operations, which ICU documents as thread-safe). So a returned collator never needs
- * freeing and stays valid.
+ * (a process-wide cache behind a mutex). Once made, a UCollator is only read
+ * (ucol_strcollIter, ucol_getSortKey), concurrently from any thread, as MongoDB shares one
+ * ICU collator between operations. So a returned collator never needs freeing and stays
+ * valid. The cache is not bounded: each distinct spec a client sends costs one collator
+ * (tens of KB) until the process exits.
  */
 #ifndef SDB_STORAGE_COLLATION_H
 #define SDB_STORAGE_COLLATION_H
