@@ -410,13 +410,18 @@ bool sdb_bson_value_eq(const bson_value_t *a, const bson_value_t *b)
 	return value_cmp(a, b, 0) == 0;
 }
 
-bool sdb_bson_value_eq_simple(const bson_value_t *a, const bson_value_t *b)
+int sdb_bson_value_cmp_simple(const bson_value_t *a, const bson_value_t *b)
 {
 	const sdb_bson_collator *prev = sdb_bson_collator_set(NULL);
-	bool eq = value_cmp(a, b, 0) == 0;
+	int r = value_cmp(a, b, 0);
 
 	sdb_bson_collator_set(prev);
-	return eq;
+	return r;
+}
+
+bool sdb_bson_value_eq_simple(const bson_value_t *a, const bson_value_t *b)
+{
+	return sdb_bson_value_cmp_simple(a, b) == 0;
 }
 
 bool sdb_bson_iter_eq(const bson_iter_t *a, const bson_iter_t *b)

@@ -141,6 +141,10 @@ const sdb_bson_collator *sdb_bson_collator_get(void);
  * collation). NULL means missing. Returns: true when equal. */
 bool sdb_bson_value_eq_simple(const bson_value_t *a, const bson_value_t *b);
 
+/* sdb_bson_value_cmp under the simple collation whatever the thread's (routing: chunk
+ * bounds order strings by their bytes). Returns: <0, 0 or >0. */
+int sdb_bson_value_cmp_simple(const bson_value_t *a, const bson_value_t *b);
+
 /* Compare two shard-key value documents (e.g. chunk bounds {a: 1, b: MinKey}) component by
  * component in the order above, ignoring field names; when one document ends first it
  * compares below. Returns: <0, 0 or >0; a document libbson cannot iterate compares equal

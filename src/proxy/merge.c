@@ -95,8 +95,9 @@ int merge_sort_cmp(const merge_sort *s, const bson_t *a, const bson_t *b)
 
 	if (s == NULL || s->n == 0)
 		return 0;
-	/* a getMore merges on whatever thread runs it: the sort's own collation */
-	prev = sdb_collation_use(s->coll);
+	/* a getMore merges on whatever thread runs it: the sort's own collation when set,
+	 * else the thread's (the request's, exec.c) */
+	prev = s->coll ? sdb_collation_use(s->coll) : sdb_collation_current();
 	for (i = 0; i < s->n; i++) {
 		bson_value_t va, vb;
 		sdb_path_sort_value(a, s->paths[i], s->dir[i] < 0, &va);
@@ -107,7 +108,8 @@ int merge_sort_cmp(const merge_sort *s, const bson_t *a, const bson_t *b)
 			break;
 		}
 	}
-	sdb_collation_use(prev);
+	if (s->coll)
+		sdb_collation_use(prev);
 	return r;
 }
 

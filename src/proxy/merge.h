@@ -32,8 +32,9 @@ void merge_sort_free(merge_sort *s);
 size_t merge_sort_nfields(const merge_sort *s);
 const char *merge_sort_path(const merge_sort *s, size_t i);
 
-/* Strings compare under coll (storage/collation.h; NULL, the default: simple), the
- * command's collation (issue #20): merge_sort_cmp uses it whatever thread merges. */
+/* Strings compare under coll (storage/collation.h), the command's collation (issue #20):
+ * merge_sort_cmp uses it whatever thread merges (a cursor's getMore); without one (the
+ * default) it compares under the calling thread's collation. */
 typedef struct sdb_collator sdb_collator;
 void merge_sort_set_collation(merge_sort *s, const sdb_collator *coll);
 
