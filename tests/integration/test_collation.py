@@ -193,6 +193,19 @@ def test_collation_through_a_proxy(start_role, tmp_path):
         assert db.byx.count_documents({"x": "Ping"}, collation=CI) == 2
         assert db.byx.count_documents({"x": "Ping"}) == 0
         check(db)
+        # $lookup of a sharded collection: the foreign side matches under the collation
+        db.orders.insert_many([{"_id": 1, "w": "APPLE"}, {"_id": 2, "w": "pong"}])
+        out = list(db.orders.aggregate([
+            {"$lookup": {"from": "byx", "localField": "w", "foreignField": "x", "as": "m"}},
+            {"$project": {"n": {"$size": "$m"}}}, {"$sort": {"_id": 1}}], collation=CI))
+        assert out == [{"_id": 1, "n": 0}, {"_id": 2, "n": 0}]
+        out = list(db.orders.aggregate([
+            {"$lookup": {"from": "byx", "pipeline": [{"$match": {"x": "PiNg"}}], "as": "m"}},
+            {"$project": {"n": {"$size": "$m"}}}, {"$sort": {"_id": 1}}], collation=CI))
+        assert out == [{"_id": 1, "n": 2}, {"_id": 2, "n": 2}]
+        assert [d["n"] for d in db.orders.aggregate([
+            {"$lookup": {"from": "byx", "pipeline": [{"$match": {"x": "PiNg"}}], "as": "m"}},
+            {"$project": {"n": {"$size": "$m"}}}])] == [0, 0]  # without: bytes
         # a collection with a non-simple default collation is not sharded (the routing
         # compares shard key strings by bytes): refused, never routed wrongly
         db.create_collection("dflt", collation=CI)
