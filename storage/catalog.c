@@ -17,6 +17,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "storage/collation.h"
 #include "storage/keyenc.h"
 #include "storage/path.h"
 #include "storage/store_int.h"
@@ -87,6 +88,16 @@ int store_cache_load(sdb_store_conn *c, char *err, size_t errlen)
 				ix->key = bson_new_from_data(data, len);
 			}
 			ix->hashed = store_key_hashed_field(ix->key) != NULL;
+			ix->coll = NULL;
+			if (bson_iter_init_find(&it, ix->spec, "collation")) {
+				int ccode = 0;
+				char cerr[256];
+
+				/* stored by sdb_store_index_create after validation */
+				if (sdb_collation_parse(&it, &ix->coll, &ccode, cerr,
+							sizeof cerr) != 0)
+					ix->coll = NULL;
+			}
 			if (bson_iter_init_find(&it, ix->spec, "unique"))
 				ix->unique = bson_iter_as_bool(&it);
 			if (bson_iter_init_find(&it, ix->spec, "sparse"))

@@ -18,6 +18,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "storage/collation.h"
 #include "storage/keyenc.h"
 #include "storage/path.h"
 #include "storage/store_int.h"
@@ -101,6 +102,24 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 		if (rc)
 			return rc;
 	}
+	/* the index's collation (issue #20): its own `collation`, else the collection's
+	 * default, as MongoDB; stored as the full spec, none when simple */
+	const sdb_collator *icoll = NULL;
+	bool have_coll = bson_iter_init_find(&it, spec, "collation");
+	if (have_coll || (bson_iter_init_find(&it, co->options, "collation"))) {
+		int ccode = 0;
+		rc = sdb_collation_parse(&it, &icoll, &ccode, err, errlen);
+		if (rc) {
+			*mongo_code = ccode ? ccode : 2;
+			return rc;
+		}
+	}
+	if (icoll && hashed) {
+		*mongo_code = 238;
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"collation is not supported by stripedb on a hashed index (only "
+				"{locale: \"simple\"}; see docs/compat.md)");
+	}
 	/* _id index: only {_id: 1} named _id_ is accepted (exists already). */
 	bool is_id_key = bson_count_keys(&key) == 1 && bson_iter_init_find(&it, &key, "_id") &&
 			 !hashed; /* {_id: "hashed"} is an ordinary secondary index */
@@ -119,8 +138,11 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 		const sdb_store_index *ix = &co->indexes[i];
 		bool same_key = bson_equal(ix->key, &key);
 		bool same_name = strcmp(ix->name, name) == 0;
+		bool same_coll = ix->coll == icoll ||
+				 (ix->coll && icoll &&
+				  bson_equal(sdb_collator_spec(ix->coll), sdb_collator_spec(icoll)));
 		if (same_key && same_name) {
-			if (ix->unique != unique || ix->sparse != sparse) {
+			if (ix->unique != unique || ix->sparse != sparse || !same_coll) {
 				*mongo_code = 86; /* IndexKeySpecsConflict */
 				return sdb_errf(err, errlen, SDB_ECONFLICT,
 						"An existing index has the same name as the "
@@ -139,7 +161,7 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 					"our documentation. Requested index name: %s",
 					name);
 		}
-		if (same_key && ix->unique == unique && ix->sparse == sparse) {
+		if (same_key && ix->unique == unique && ix->sparse == sparse && same_coll) {
 			*mongo_code = 85; /* IndexOptionsConflict */
 			return sdb_errf(err, errlen, SDB_ECONFLICT,
 					"Index already exists with a different name: %s",
@@ -165,11 +187,14 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 		while (bson_iter_next(&it)) {
 			const char *k = bson_iter_key(&it);
 			if (strcmp(k, "key") == 0 || strcmp(k, "name") == 0 ||
-			    strcmp(k, "v") == 0 || strcmp(k, "ns") == 0)
+			    strcmp(k, "v") == 0 || strcmp(k, "ns") == 0 ||
+			    strcmp(k, "collation") == 0)
 				continue;
 			bson_append_iter(&stored, k, -1, &it);
 		}
 	}
+	if (icoll)
+		BSON_APPEND_DOCUMENT(&stored, "collation", sdb_collator_spec(icoll));
 	sqlite3_stmt *s = store_stmt_get(c,
 				   "INSERT INTO catalog_index(db, coll, name, tbl, spec) "
 				   "VALUES(?, ?, ?, ?, ?)",
@@ -259,7 +284,7 @@ static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_in
 		store_keyset ks;
 		store_keyset_init(&ks);
 		bool missing = false, multikey = false;
-		rc = store_key_index_keys(ix->key, &doc, &ks, &missing, &multikey, code, err,
+		rc = store_key_index_keys(ix->key, ix->coll, &doc, &ks, &missing, &multikey, code, err,
 					  errlen);
 		if (rc == 0 && multikey && !ix->multikey)
 			rc = store_index_mark_multikey(c, co, ix, err, errlen);

@@ -7,6 +7,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/bsonval.h"
+#include "storage/collation.h"
 
 void sdb_key_init(sdb_key *k)
 {
@@ -128,6 +129,17 @@ uint8_t sdb_keyenc_bracket_byte(int bracket)
 
 static int put_value(sdb_key *k, const bson_value_t *v, int depth, char *err, size_t errlen);
 
+/* the collation of the sdb_keyenc_append_value_coll running on this thread (NULL: none) */
+static _Thread_local const sdb_collator *enc_coll;
+
+/* a string under enc_coll: its ICU sort key (no 0x00 inside), then 0x00 0x00 */
+static void put_collated(sdb_key *k, const char *s, size_t len)
+{
+	sdb_collator_sort_key(enc_coll, s, len, k);
+	put_byte(k, 0x00);
+	put_byte(k, 0x00);
+}
+
 static int put_body(sdb_key *k, const bson_value_t *v, int depth, char *err, size_t errlen);
 
 static int put_value(sdb_key *k, const bson_value_t *v, int depth, char *err, size_t errlen)
@@ -196,10 +208,16 @@ static int put_body(sdb_key *k, const bson_value_t *v, int depth, char *err, siz
 		put_number(k, v);
 		return 0;
 	case BSON_TYPE_UTF8:
-		put_str(k, v->value.v_utf8.str, v->value.v_utf8.len);
+		if (enc_coll)
+			put_collated(k, v->value.v_utf8.str, v->value.v_utf8.len);
+		else
+			put_str(k, v->value.v_utf8.str, v->value.v_utf8.len);
 		return 0;
 	case BSON_TYPE_SYMBOL:
-		put_str(k, v->value.v_symbol.symbol, v->value.v_symbol.len);
+		if (enc_coll)
+			put_collated(k, v->value.v_symbol.symbol, v->value.v_symbol.len);
+		else
+			put_str(k, v->value.v_symbol.symbol, v->value.v_symbol.len);
 		return 0;
 	case BSON_TYPE_CODE:
 		put_str(k, v->value.v_code.code, v->value.v_code.code_len);
@@ -266,6 +284,26 @@ int sdb_keyenc_append_value(sdb_key *k, const bson_value_t *v, bool desc, char *
 			k->data[i] ^= 0xff;
 	}
 	return 0;
+}
+
+int sdb_keyenc_append_value_coll(sdb_key *k, const bson_value_t *v, bool desc,
+				 const sdb_collator *coll, char *err, size_t errlen)
+{
+	const sdb_collator *prev = enc_coll;
+	int rc;
+
+	enc_coll = coll;
+	rc = sdb_keyenc_append_value(k, v, desc, err, errlen);
+	enc_coll = prev;
+	return rc;
+}
+
+const sdb_collator *sdb_keyenc_collation_swap(const sdb_collator *coll)
+{
+	const sdb_collator *prev = enc_coll;
+
+	enc_coll = coll;
+	return prev;
 }
 
 int sdb_keyenc_append_iter(sdb_key *k, const bson_iter_t *it, bool desc, char *err,

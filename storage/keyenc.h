@@ -73,6 +73,24 @@ int sdb_keyenc_append_iter(sdb_key *k, const bson_iter_t *it, bool desc, char *e
 int sdb_keyenc_append_value(sdb_key *k, const bson_value_t *v, bool desc, char *err,
 			    size_t errlen);
 
+/* A collator of storage/collation.h (issue #20). */
+typedef struct sdb_collator sdb_collator;
+
+/* sdb_keyenc_append_value under a collation (NULL coll: the same as without): strings and
+ * symbols, also inside objects and arrays, encode as 0x28, their ICU sort key
+ * (sdb_collator_sort_key, no 0x00 inside), then 0x00 0x00; so memcmp order follows the
+ * collation and strings equal under it encode identically (sort keys, group keys, distinct
+ * dedup of a command with a collation; index keys never use this). Errors: as
+ * sdb_keyenc_append_value. */
+int sdb_keyenc_append_value_coll(sdb_key *k, const bson_value_t *v, bool desc,
+				 const sdb_collator *coll, char *err, size_t errlen);
+
+/* Make coll the collation of every sdb_keyenc_append_value on this thread until the next
+ * swap (NULL: none), for code that builds keys through other modules (an index with a
+ * collation: storage/keys.c; its bounds: storage/query.c). Returns: the previous one, to
+ * restore. */
+const sdb_collator *sdb_keyenc_collation_swap(const sdb_collator *coll);
+
 /* The encoded bracket byte of a canonical bracket (SDB_BRACKET_*), e.g. 0x1E for numbers.
  * Bounds of a whole bracket in ascending order: every key of the bracket is >= the one
  * byte {bracket_byte} and < the one byte {bracket_byte + 1} (and every key of a higher

@@ -131,9 +131,9 @@ static int hashed_keys(const char *path, const bson_t *doc, store_keyset *ks,
 	return 0;
 }
 
-int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
-			 bool *all_missing, bool *multikey_out, int *code_out, char *err,
-			 size_t errlen)
+int store_key_index_keys(const bson_t *pattern, const sdb_collator *coll, const bson_t *doc,
+			 store_keyset *ks, bool *all_missing, bool *multikey_out, int *code_out,
+			 char *err, size_t errlen)
 {
 	const char *hashed = store_key_hashed_field(pattern);
 	if (multikey_out)
@@ -145,8 +145,10 @@ int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset 
 	size_t nf = pattern_fields(pattern, paths, desc);
 	bool multikey = false;
 	int code = 0;
+	const sdb_collator *prev = sdb_keyenc_collation_swap(coll);
 	int rc = sdb_index_keys(doc, paths, desc, nf, &ks->keys, &ks->n, &multikey, &code, err,
 				errlen);
+	sdb_keyenc_collation_swap(prev);
 	if (rc) {
 		if (code_out)
 			*code_out = code;

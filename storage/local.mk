@@ -20,9 +20,9 @@ TESTS += tests/unit/test_storage_pipeline
 
 # --- query core: keyenc path matcher projection sortspec (owner: sa); the comparison order
 # itself is src/common/bsonval.c (shared with raft/), tested by test_storage_bsonval ---
-noinst_HEADERS += storage/keyenc.h storage/path.h storage/matcher.h \
+noinst_HEADERS += storage/keyenc.h storage/path.h storage/matcher.h storage/collation.h \
 	storage/matcher_int.h storage/projection.h storage/sortspec.h storage/validator.h
-libstripedb_a_SOURCES += storage/keyenc.c storage/path.c storage/matcher.c \
+libstripedb_a_SOURCES += storage/keyenc.c storage/path.c storage/matcher.c storage/collation.c \
 	storage/projection.c storage/sortspec.c storage/bounds.c storage/validator.c
 
 check_PROGRAMS += tests/unit/test_storage_bsonval
@@ -30,6 +30,11 @@ tests_unit_test_storage_bsonval_SOURCES = tests/unit/test_storage_bsonval.c
 tests_unit_test_storage_bsonval_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_bsonval_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_bsonval
+check_PROGRAMS += tests/unit/test_storage_collation
+tests_unit_test_storage_collation_SOURCES = tests/unit/test_storage_collation.c
+tests_unit_test_storage_collation_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_collation_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_collation
 check_PROGRAMS += tests/unit/test_storage_keyenc
 tests_unit_test_storage_keyenc_SOURCES = tests/unit/test_storage_keyenc.c
 tests_unit_test_storage_keyenc_CFLAGS = $(UNIT_CFLAGS)

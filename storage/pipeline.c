@@ -27,6 +27,7 @@
 #include "common/err.h"
 #include "common/bsonval.h"
 #include "storage/docbuild.h"
+#include "storage/collation.h"
 #include "storage/keyenc.h"
 #include "storage/matcher.h"
 #include "storage/sortspec.h"
@@ -496,7 +497,7 @@ static void acc_add(acc_state *a, docbuild_node *v, size_t *mem)
 
 			sdb_key_init(&k);
 			docbuild_value(v, &scratch, &bv);
-			(void)sdb_keyenc_append_value(&k, &bv, false, NULL, 0);
+			(void)sdb_keyenc_append_value_coll(&k, &bv, false, sdb_collation_current(), NULL, 0);
 			bson_destroy(&scratch);
 			if (!keyset_add(&a->seen, &k)) {
 				docbuild_free(v);
@@ -572,7 +573,7 @@ static int run_group(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 		}
 		sdb_key_init(&key);
 		docbuild_value(id, &scratch, &idv);
-		rc = sdb_keyenc_append_value(&key, &idv, false, e->err, e->errlen);
+		rc = sdb_keyenc_append_value_coll(&key, &idv, false, sdb_collation_current(), e->err, e->errlen);
 		bson_destroy(&scratch);
 		if (rc != 0) {
 			sdb_key_free(&key);
@@ -733,7 +734,7 @@ static int run_bucket_auto(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 			return rc; /* the item is freed with the stage (state_clear) */
 		}
 		docbuild_value(v, &scratch, &bv);
-		rc = sdb_keyenc_append_value(&it->key, &bv, false, e->err, e->errlen);
+		rc = sdb_keyenc_append_value_coll(&it->key, &bv, false, sdb_collation_current(), e->err, e->errlen);
 		bson_destroy(&scratch);
 		if (rc != 0) {
 			if (e->code != NULL) {

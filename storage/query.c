@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/alloc.h"
 #include "common/err.h"
+#include "storage/collation.h"
 #include "storage/keyenc.h"
 #include "storage/matcher.h"
 #include "storage/sortspec.h"
@@ -34,6 +35,7 @@ struct sdb_query {
 	bool collscan;     /* no bounds, no index */
 	char *index;       /* secondary index name, NULL = _id / collection order */
 	bool multikey;     /* the chosen index is multikey */
+	const sdb_collator *icoll; /* the chosen index's collation (NULL: simple) */
 	bson_t key_pattern;
 	bool reverse;
 	bool blocking_sort;
@@ -226,8 +228,19 @@ static int bounds_score(const sdb_bounds *b)
 }
 
 /* Does scanning pattern (forward or backward) yield the sort order? *reverse set. */
-static bool pattern_provides_sort(const bson_t *pattern, const sdb_sortspec *s, bool *reverse)
+/* Are two collations the same (NULL: simple)? */
+static bool same_coll(const sdb_collator *a, const sdb_collator *b)
 {
+	return a == b || (a && b && bson_equal(sdb_collator_spec(a), sdb_collator_spec(b)));
+}
+
+static bool pattern_provides_sort(const bson_t *pattern, const sdb_sortspec *s, bool *reverse,
+				  const sdb_collator *ic)
+{
+	/* an index orders strings by its collation (ic; NULL: binary): it gives the sort only
+	 * to a query of the same collation (else a blocking sort orders by the query's) */
+	if (!same_coll(ic, sdb_collation_current()) && s && sdb_sortspec_nfields(s))
+		return false;
 	size_t n = s ? sdb_sortspec_nfields(s) : 0;
 	if (n == 0)
 		return false;
@@ -264,6 +277,64 @@ static void set_pattern(sdb_query *q, const bson_t *pattern)
 {
 	bson_destroy(&q->key_pattern);
 	bson_copy_to(pattern, &q->key_pattern);
+}
+
+/* Does the document hold a string or symbol value anywhere (keys aside), or with regex a
+ * regular expression ($regex or a BSON regex)? */
+static bool has_strings(const uint8_t *data, size_t len, int depth, bool regex)
+{
+	bson_iter_t it;
+
+	if (depth > SDB_BSON_MAX_DEPTH || !bson_iter_init_from_data(&it, data, len))
+		return true;
+	while (bson_iter_next(&it)) {
+		if (regex ? (BSON_ITER_HOLDS_REGEX(&it) || strcmp(bson_iter_key(&it), "$regex") == 0)
+			  : (BSON_ITER_HOLDS_UTF8(&it) || BSON_ITER_HOLDS_SYMBOL(&it)))
+			return true;
+		if (BSON_ITER_HOLDS_DOCUMENT(&it) || BSON_ITER_HOLDS_ARRAY(&it)) {
+			const uint8_t *d;
+			uint32_t n;
+
+			if (BSON_ITER_HOLDS_DOCUMENT(&it))
+				bson_iter_document(&it, &n, &d);
+			else
+				bson_iter_array(&it, &n, &d);
+			if (has_strings(d, n, depth + 1, regex))
+				return true;
+		}
+	}
+	return false;
+}
+
+/* May the plan use bounds on an index of collation ic (NULL: binary keys)? A string has
+ * bounds only in an index of the query's collation (the thread's, storage/collation.h;
+ * MongoDB: an index whose collation differs from the query's is not used for string
+ * bounds), so a filter comparing any string gets no bounds from another index (a collection
+ * scan, or the hinted index scanned whole); and a regex prefix's bounds are binary, so a
+ * collated index gets none for a filter with a regex. Other filters keep their bounds. */
+static bool bounds_allowed(const sdb_query *q, const sdb_collator *ic)
+{
+	const uint8_t *f = bson_get_data(&q->filter);
+
+	if (ic != NULL && has_strings(f, q->filter.len, 0, true))
+		return false;
+	return same_coll(ic, sdb_collation_current()) || !has_strings(f, q->filter.len, 0, false);
+}
+
+/* sdb_matcher_bounds of path for an index of collation ic, encoded as its keys. Returns:
+ * its result, or -1 when bounds_allowed refuses. */
+static int coll_bounds(const sdb_query *q, const sdb_collator *ic, const char *path,
+		       bool multikey, sdb_bounds *b)
+{
+	const sdb_collator *prev;
+	int rc;
+
+	if (!bounds_allowed(q, ic))
+		return -1;
+	prev = sdb_keyenc_collation_swap(ic);
+	rc = sdb_matcher_bounds(&q->filter, path, multikey, b, NULL, 0);
+	sdb_keyenc_collation_swap(prev);
+	return rc;
 }
 
 static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
@@ -311,7 +382,8 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		BSON_APPEND_INT32(&pat, "_id", 1);
 		set_pattern(q, &pat);
 		bson_destroy(&pat);
-		if (sdb_matcher_bounds(&q->filter, "_id", false, &b, NULL, 0) == 0) {
+		if (bounds_allowed(q, NULL) &&
+		    sdb_matcher_bounds(&q->filter, "_id", false, &b, NULL, 0) == 0) {
 			if (b.kind == SDB_BOUNDS_EMPTY)
 				q->empty = true;
 			else if (b.kind != SDB_BOUNDS_ALL)
@@ -326,9 +398,9 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		q->index = sdb_strdup(ix->name);
 		q->multikey = ix->multikey;
 		set_pattern(q, ix->key);
+		q->icoll = ix->coll;
 		sdb_bounds b = {0};
-		bool usable = path && sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL,
-							 0) == 0;
+		bool usable = path && coll_bounds(q, ix->coll, path, ix->multikey, &b) == 0;
 		/* a hashed index's keys are hashes: equality / $in points hashed, else it is
 		 * scanned whole */
 		usable = usable && index_bounds(ix, &b);
@@ -360,11 +432,11 @@ static bool plan_range(sdb_query *q, const sdb_store_coll *co, const sdb_query_s
 		const sdb_store_index *c = &co->indexes[i];
 		bool d = false;
 		const char *f = first_field(c->key, &d);
-		if (c->sparse || c->multikey || c->hashed != spec->range_hashed || !f ||
+		if (c->sparse || c->multikey || c->coll || c->hashed != spec->range_hashed || !f ||
 		    strcmp(f, spec->range_field) != 0)
 			continue;
-		if (!ix || (!pattern_provides_sort(ix->key, q->sort, &rev) &&
-			    pattern_provides_sort(c->key, q->sort, &rev))) {
+		if (!ix || (!pattern_provides_sort(ix->key, q->sort, &rev, NULL) &&
+			    pattern_provides_sort(c->key, q->sort, &rev, NULL))) {
 			ix = c;
 			desc = d;
 		}
@@ -420,7 +492,8 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 		if (rc == 0 && q->sort && !q->collscan) {
 			bool rev = false;
 			q->blocking_sort = q->multikey ||
-					   !pattern_provides_sort(&q->key_pattern, q->sort, &rev);
+					   !pattern_provides_sort(&q->key_pattern, q->sort, &rev,
+								  q->icoll);
 			if (!q->blocking_sort)
 				q->reverse = rev;
 		} else if (q->sort && sdb_sortspec_nfields(q->sort)) {
@@ -439,10 +512,11 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 	bool best_desc = false;
 
 	sdb_bounds b = {0};
-	if (sdb_matcher_bounds(&q->filter, "_id", false, &b, NULL, 0) == 0) {
+	if (bounds_allowed(q, NULL) &&
+	    sdb_matcher_bounds(&q->filter, "_id", false, &b, NULL, 0) == 0) {
 		bool rev;
 		best_score = bounds_score(&b);
-		best_sort = pattern_provides_sort(&idpat, q->sort, &rev);
+		best_sort = pattern_provides_sort(&idpat, q->sort, &rev, NULL);
 		best_b = b;
 		memset(&b, 0, sizeof b);
 	}
@@ -453,7 +527,7 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 				   * is never planned */
 		bool desc = false;
 		const char *path = first_field(ix->key, &desc);
-		if (!path || sdb_matcher_bounds(&q->filter, path, ix->multikey, &b, NULL, 0) != 0)
+		if (!path || coll_bounds(q, ix->coll, path, ix->multikey, &b) != 0)
 			continue;
 		/* hashed: equality / $in on f are the points' hashes; a range of f's values does
 		 * not bound its hashes (the index is skipped) */
@@ -461,7 +535,8 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 			continue;
 		int score = bounds_score(&b);
 		bool rev;
-		bool gives_sort = !ix->multikey && pattern_provides_sort(ix->key, q->sort, &rev);
+		bool gives_sort =
+			!ix->multikey && pattern_provides_sort(ix->key, q->sort, &rev, ix->coll);
 		if (score > best_score || (score == best_score && score > 0 && gives_sort &&
 					   !best_sort)) {
 			sdb_bounds_free(&best_b);
@@ -481,23 +556,26 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 		if (best) {
 			q->index = sdb_strdup(best->name);
 			q->multikey = best->multikey;
+			q->icoll = best->coll;
 			set_pattern(q, best->key);
 		}
 		bounds_to_ranges(q, &best_b, best_desc);
 	} else {
 		/* no usable bounds: an index that gives the sort, else a collection scan */
 		bool rev = false;
-		if (pattern_provides_sort(&idpat, q->sort, &rev)) {
+		if (pattern_provides_sort(&idpat, q->sort, &rev, NULL)) {
 			/* _id order is the collection's own order */
 		} else {
 			const sdb_store_index *si = NULL;
 			for (size_t i = 0; i < co->n_indexes && !si; i++)
 				if (!co->indexes[i].sparse && !co->indexes[i].multikey &&
 				    !co->indexes[i].hidden &&
-				    pattern_provides_sort(co->indexes[i].key, q->sort, &rev))
+				    pattern_provides_sort(co->indexes[i].key, q->sort, &rev,
+							  co->indexes[i].coll))
 					si = &co->indexes[i];
 			if (si) {
 				q->index = sdb_strdup(si->name);
+				q->icoll = si->coll;
 				set_pattern(q, si->key);
 			} else {
 				q->collscan = true;
@@ -509,7 +587,7 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 	if (q->sort && sdb_sortspec_nfields(q->sort)) {
 		bool rev = false;
 		if (!q->collscan && !q->multikey &&
-		    pattern_provides_sort(&q->key_pattern, q->sort, &rev)) {
+		    pattern_provides_sort(&q->key_pattern, q->sort, &rev, q->icoll)) {
 			q->reverse = rev;
 		} else {
 			q->blocking_sort = true;
@@ -567,7 +645,7 @@ int sdb_query_open(sdb_store_conn *c, const char *db, const char *coll,
 	if (co && !spec->hint && spec->range_field && plan_range(q, co, spec, err, errlen)) {
 		if (q->sort && sdb_sortspec_nfields(q->sort)) {
 			bool rev = false;
-			if (pattern_provides_sort(&q->key_pattern, q->sort, &rev))
+			if (pattern_provides_sort(&q->key_pattern, q->sort, &rev, NULL))
 				q->reverse = rev;
 			else
 				q->blocking_sort = true;

@@ -8,6 +8,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/bsonval.h"
+#include "storage/collation.h"
 #include "storage/path.h"
 
 #define SORT_MAX_FIELDS 32
@@ -183,7 +184,7 @@ int sdb_sortspec_key(const sdb_sortspec *s, const bson_t *doc, sdb_key *out, cha
 		int rc;
 
 		sdb_path_sort_value(doc, s->paths[i], s->dirs[i] < 0, &v);
-		rc = sdb_keyenc_append_value(out, &v, s->dirs[i] < 0, err, errlen);
+		rc = sdb_keyenc_append_value_coll(out, &v, s->dirs[i] < 0, sdb_collation_current(), err, errlen);
 		if (rc)
 			return rc;
 	}

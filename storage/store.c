@@ -878,7 +878,7 @@ int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, int *code, 
 int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
 		      bool *all_missing, char *err, size_t errlen)
 {
-	return store_key_index_keys(ix->key, doc, ks, all_missing, NULL, NULL, err, errlen);
+	return store_key_index_keys(ix->key, ix->coll, doc, ks, all_missing, NULL, NULL, err, errlen);
 }
 
 /* Record that ix became multikey (in this transaction; the cache entry is updated in
@@ -985,7 +985,7 @@ static int indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
 		store_keyset ks;
 		store_keyset_init(&ks);
 		bool missing = false, multikey = false;
-		int rc = store_key_index_keys(ix->key, doc, &ks, &missing, &multikey,
+		int rc = store_key_index_keys(ix->key, ix->coll, doc, &ks, &missing, &multikey,
 					      &c->write_code, err, errlen);
 		if (rc == 0 && multikey && !ix->multikey)
 			rc = store_index_mark_multikey(c, co, ix, err, errlen);

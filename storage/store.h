@@ -190,6 +190,10 @@ typedef struct sdb_store_index {
 			* sdb_keyenc_hash_value; bounds for equality / $in on f only, no
 			* sort */
 	int64_t tbl;   /* i_N table number */
+	/* the index's collation (issue #20, storage/collation.h; spec's `collation`), NULL
+	 * for simple: its string keys are ICU sort keys, so it serves bounds and sorts only
+	 * to a query of the same collation */
+	const struct sdb_collator *coll;
 } sdb_store_index;
 
 typedef struct sdb_store_coll {

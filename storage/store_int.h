@@ -160,10 +160,11 @@ const char *store_key_hashed_field(const bson_t *pattern);
  * one key, the encoding of NumberLong(sdb_keyenc_hash_value(value at the path)), missing
  * hashing as null; never multikey. Errors: SDB_EINVAL with *code (may be NULL) the MongoDB
  * code (171 CannotIndexParallelArrays; 16766 an array at or along a hashed index's path,
- * "hashed indexes do not currently support array values"; else 0). (keys.c) */
-int store_key_index_keys(const bson_t *pattern, const bson_t *doc, store_keyset *ks,
-			 bool *all_missing, bool *multikey_out, int *code, char *err,
-			 size_t errlen);
+ * "hashed indexes do not currently support array values"; else 0). coll (NULL: simple) is
+ * the index's collation: strings encode as its sort keys. (keys.c) */
+int store_key_index_keys(const bson_t *pattern, const struct sdb_collator *coll,
+			 const bson_t *doc, store_keyset *ks, bool *all_missing,
+			 bool *multikey_out, int *code, char *err, size_t errlen);
 /* Free a keyset's keys (it stays usable, empty). (store.c) */
 void store_keyset_destroy(store_keyset *ks);
 /* An empty keyset. (store.c) */

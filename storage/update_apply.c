@@ -24,6 +24,7 @@
 #include "storage/docbuild.h"
 #include "storage/matcher.h"
 #include "storage/path.h"
+#include "storage/collation.h"
 #include "storage/keyenc.h"
 #include "storage/sortspec.h"
 
@@ -119,7 +120,7 @@ static void elem_sort_key(const unode *n, const docbuild_node *x, sdb_key *k)
 		bson_value_t v;
 
 		docbuild_value(x, &scratch, &v);
-		(void)sdb_keyenc_append_value(k, &v, n->sort_dir < 0, NULL, 0);
+		(void)sdb_keyenc_append_value_coll(k, &v, n->sort_dir < 0, sdb_collation_current(), NULL, 0);
 	} else {
 		if (x->type == BSON_TYPE_DOCUMENT) {
 			docbuild_to_bson(x, &scratch);
@@ -228,7 +229,7 @@ static void value_key(const docbuild_node *x, sdb_key *k)
 	bson_value_t v;
 
 	docbuild_value(x, &scratch, &v);
-	(void)sdb_keyenc_append_value(k, &v, false, NULL, 0);
+	(void)sdb_keyenc_append_value_coll(k, &v, false, sdb_collation_current(), NULL, 0);
 	bson_destroy(&scratch);
 }
 
@@ -924,7 +925,9 @@ static bool id_equal(const bson_t *a, const bson_t *b, bool *a_has, bool *b_has)
 	if (bson_iter_type(&ia) != bson_iter_type(&ib)) {
 		return false;
 	}
-	return sdb_bson_iter_eq(&ia, &ib) && bson_iter_type(&ia) == bson_iter_type(&ib);
+	/* identity: binary even under a collation */
+	return sdb_bson_value_eq_simple(bson_iter_value(&ia), bson_iter_value(&ib)) &&
+	       bson_iter_type(&ia) == bson_iter_type(&ib);
 }
 
 /* doc replaced by rep (a replacement's document, or what an update pipeline made of doc):
@@ -940,7 +943,8 @@ static int apply_replacement(const bson_t *rep_doc, const bson_t *doc, bson_t *o
 	rep_has = bson_iter_init_find(&rid, rep_doc, "_id");
 
 	if (doc_has && rep_has &&
-	    (bson_iter_type(&oid) != bson_iter_type(&rid) || !sdb_bson_iter_eq(&oid, &rid))) {
+	    (bson_iter_type(&oid) != bson_iter_type(&rid) ||
+	     !sdb_bson_value_eq_simple(bson_iter_value(&oid), bson_iter_value(&rid)))) {
 		char *j = upd_value_json(bson_iter_value(&rid));
 		int rc = upd_fail(code, C_IMMUTABLE, err, errlen,
 			      "After applying the update, the (immutable) field '_id' was found to "

@@ -190,6 +190,22 @@ static int bytes_cmp(const void *a, size_t alen, const void *b, size_t blen)
 
 static const bson_value_t null_value = {.value_type = BSON_TYPE_NULL};
 
+/* the thread's collation (sdb_bson_collator_set); NULL = simple */
+static _Thread_local const sdb_bson_collator *cur_collator;
+
+const sdb_bson_collator *sdb_bson_collator_set(const sdb_bson_collator *c)
+{
+	const sdb_bson_collator *prev = cur_collator;
+
+	cur_collator = c;
+	return prev;
+}
+
+const sdb_bson_collator *sdb_bson_collator_get(void)
+{
+	return cur_collator;
+}
+
 static int value_cmp(const bson_value_t *a, const bson_value_t *b, int depth);
 
 /* Compare two documents/arrays given as raw BSON. */
@@ -282,6 +298,10 @@ static int value_cmp(const bson_value_t *a, const bson_value_t *b, int depth)
 
 		str_of(a, &sa, &la);
 		str_of(b, &sb, &lb);
+		if (ba == SDB_BRACKET_STRING && cur_collator) {
+			c = cur_collator->cmp(cur_collator, sa, la, sb, lb);
+			return c < 0 ? -1 : c > 0;
+		}
 		return bytes_cmp(sa, la, sb, lb);
 	}
 	case SDB_BRACKET_OBJECT:
@@ -359,19 +379,25 @@ int sdb_bson_key_cmp(const bson_t *a, const bson_t *b)
 {
 	bson_iter_t ia, ib;
 	bool ha, hb;
-	int r;
+	int r = 0;
+	const sdb_bson_collator *prev;
 
 	if (!bson_iter_init(&ia, a) || !bson_iter_init(&ib, b))
 		return 0;
+	prev = sdb_bson_collator_set(NULL); /* chunk bounds compare binary */
 	for (;;) {
 		ha = bson_iter_next(&ia);
 		hb = bson_iter_next(&ib);
-		if (!ha || !hb)
-			return (int)ha - (int)hb;
+		if (!ha || !hb) {
+			r = (int)ha - (int)hb;
+			break;
+		}
 		r = sdb_bson_cmp(&ia, &ib);
 		if (r != 0)
-			return r;
+			break;
 	}
+	sdb_bson_collator_set(prev);
+	return r;
 }
 
 int sdb_bson_doc_cmp(const bson_t *a, const bson_t *b)
@@ -382,6 +408,20 @@ int sdb_bson_doc_cmp(const bson_t *a, const bson_t *b)
 bool sdb_bson_value_eq(const bson_value_t *a, const bson_value_t *b)
 {
 	return value_cmp(a, b, 0) == 0;
+}
+
+int sdb_bson_value_cmp_simple(const bson_value_t *a, const bson_value_t *b)
+{
+	const sdb_bson_collator *prev = sdb_bson_collator_set(NULL);
+	int r = value_cmp(a, b, 0);
+
+	sdb_bson_collator_set(prev);
+	return r;
+}
+
+bool sdb_bson_value_eq_simple(const bson_value_t *a, const bson_value_t *b)
+{
+	return sdb_bson_value_cmp_simple(a, b) == 0;
 }
 
 bool sdb_bson_iter_eq(const bson_iter_t *a, const bson_iter_t *b)

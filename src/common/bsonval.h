@@ -112,6 +112,39 @@ int sdb_bson_cmp(const bson_iter_t *a, const bson_iter_t *b);
  * BSON document of data_len bytes). NULL means missing (== null). Returns: <0, 0 or >0. */
 int sdb_bson_value_cmp(const bson_value_t *a, const bson_value_t *b);
 
+/* A string collation (issue #20): how the values of the string bracket (string, symbol)
+ * compare, for MongoDB's collation option. The comparator lives in storage/collation.h
+ * (ICU); common/ only holds the hook, since raft/ and storage/ may include only common/.
+ * cmp returns <0, 0, >0 for two UTF-8 strings of the given byte lengths (not NUL-terminated).
+ * Code and code with scope keep their binary order, as in MongoDB (bsonelement.cpp
+ * compareElements passes the collator to String and Symbol only). */
+typedef struct sdb_bson_collator sdb_bson_collator;
+struct sdb_bson_collator {
+	int (*cmp)(const sdb_bson_collator *self, const char *a, size_t alen, const char *b,
+		   size_t blen);
+};
+
+/* The calling thread's collation: every sdb_bson_cmp / sdb_bson_value_cmp /
+ * sdb_bson_value_eq / sdb_bson_iter_eq / sdb_bson_doc_cmp on this thread compares strings
+ * with c (NULL: simple binary order, the default). sdb_bson_key_cmp always compares
+ * binary (chunk bounds and routing never follow a query's collation). A command that runs
+ * with a collation sets it for its duration and restores the previous one:
+ *     const sdb_bson_collator *prev = sdb_bson_collator_set(c); ...; sdb_bson_collator_set(prev);
+ * Returns: the previous collation of this thread. c is borrowed and must outlive its use. */
+const sdb_bson_collator *sdb_bson_collator_set(const sdb_bson_collator *c);
+
+/* Returns: the calling thread's collation (NULL: simple). */
+const sdb_bson_collator *sdb_bson_collator_get(void);
+
+/* sdb_bson_value_eq under the simple collation whatever the thread's: for identity (an
+ * _id or a shard key that must not change: "a" and "A" differ even under a case-insensitive
+ * collation). NULL means missing. Returns: true when equal. */
+bool sdb_bson_value_eq_simple(const bson_value_t *a, const bson_value_t *b);
+
+/* sdb_bson_value_cmp under the simple collation whatever the thread's (routing: chunk
+ * bounds order strings by their bytes). Returns: <0, 0 or >0. */
+int sdb_bson_value_cmp_simple(const bson_value_t *a, const bson_value_t *b);
+
 /* Compare two shard-key value documents (e.g. chunk bounds {a: 1, b: MinKey}) component by
  * component in the order above, ignoring field names; when one document ends first it
  * compares below. Returns: <0, 0 or >0; a document libbson cannot iterate compares equal

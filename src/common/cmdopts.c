@@ -167,10 +167,26 @@ static bool collation_is_simple(const bson_iter_t *field)
 	return !bson_iter_next(&c);
 }
 
+/* Commands that honour a collation (issue #20, storage/collation.h): their own top-level
+ * `collation` (update and delete: each statement's, createIndexes each index's;
+ * an explained command as itself; shardCollection's is still refused). */
+static bool collated(const char *name)
+{
+	static const char *const names[] = {"find",	     "count",	      "distinct",
+					    "aggregate",     "findAndModify", "findandmodify",
+					    "create"};
+
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (strcmp(names[i], name) == 0)
+			return true;
+	return false;
+}
+
 /* One document: a command (where NULL) or one statement of its array (where names the array's
  * path, e.g. "update.updates"). */
 static int scan(const bson_t *doc, const char *where, bool update_statement,
-		bool delete_statement, bool retryable, char *err, size_t errlen)
+		bool delete_statement, bool retryable, bool collation_ok, char *err,
+		size_t errlen)
 {
 	bson_iter_t it;
 
@@ -178,10 +194,12 @@ static int scan(const bson_t *doc, const char *where, bool update_statement,
 		return 0;
 	while (bson_iter_next(&it)) {
 		const char *k = bson_iter_key(&it);
-		if (strcmp(k, "collation") == 0 && !collation_is_simple(&it)) {
+		if (strcmp(k, "collation") == 0 && !collation_ok && !collation_is_simple(&it)) {
 			snprintf(err, errlen,
-				 "collation is not supported by stripedb: strings compare by their "
-				 "bytes (only {locale: \"simple\"} is accepted; see docs/compat.md)");
+				 "collation is not supported by stripedb %s: strings compare by "
+				 "their bytes there (only {locale: \"simple\"} is accepted; see "
+				 "docs/compat.md)",
+				 where ? where : "by this command");
 			return CODE_NOT_IMPLEMENTED;
 		}
 		if (update_statement && strcmp(k, "sort") == 0) {
@@ -623,7 +641,7 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 	if (command_types(name) != NULL &&
 	    (code = check_types(cmd, name, command_types(name), true, err, errlen)) != 0)
 		return code;
-	code = scan(cmd, NULL, false, false, false, err, errlen);
+	code = scan(cmd, NULL, false, false, false, collated(name), err, errlen);
 	if (code != 0)
 		return code;
 	if (strcmp(name, "explain") == 0 && bson_iter_init_find(&it, cmd, "explain") &&
@@ -653,8 +671,10 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 									 : delete_stmt_types,
 							false, err, errlen)) != 0)
 				return code;
+			/* statements and createIndexes' indexes honour their collation */
 			code = scan(&sub, arrays[i].where, arrays[i].update,
-				    strcmp(arrays[i].cmd, "delete") == 0, retryable, err, errlen);
+				    strcmp(arrays[i].cmd, "delete") == 0, retryable, true, err,
+				    errlen);
 			if (code != 0)
 				return code;
 		}

@@ -16,7 +16,11 @@
 /* Does the command `name` (cmd, its whole body, including an explained command and the
  * statements of update.updates, delete.deletes and createIndexes.indexes) use an option
  * stripedb does not implement?
- *   - collation other than {locale: "simple"} anywhere: 238 NotImplemented;
+ *   - collation other than {locale: "simple"} where stripedb does not honour it (issue #20:
+ *     find, count, distinct, aggregate, findAndModify, create, the statements of
+ *     update and delete and createIndexes' indexes honour it, also explained,
+ *     storage/collation.h validates it there): in shardCollection and any other
+ *     command: 238 NotImplemented;
  *   - top-level `let` on a command other than find, aggregate, update, delete and
  *     findAndModify (which honour it): 40415;
  *   - `sort` in an update statement: 40415 (unknown field, as MongoDB 6.0, the version we

@@ -32,6 +32,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "proxy/exec.h"
+#include "storage/collation.h"
 #include "proxy/txn.h"
 #include "storage/pipeline.h"
 #include "storage/projection.h"
@@ -313,6 +314,14 @@ void px_append_let(const ctx *c, bson_t *cmd)
 
 	if (bson_iter_init_find(&it, c->cmd, "let"))
 		bson_append_iter(cmd, "let", 3, &it);
+}
+
+void px_append_collation(const bson_t *from, bson_t *cmd)
+{
+	bson_iter_t it;
+
+	if (from && bson_iter_init_find(&it, from, "collation"))
+		bson_append_iter(cmd, "collation", 9, &it);
 }
 
 int px_let(ctx *c, bson_t *vars)
@@ -835,7 +844,21 @@ static int run_checked(ctx *c, const px_cmd *cmd)
 	st = px_config_db(c, cmd, &done);
 	if (done)
 		return st;
-	return cmd->run(c);
+	/* the command's collation (issue #20): validated as mongos does (the shards get it
+	 * as sent), and the request thread's while the handler merges, sorts, dedups and
+	 * runs pipeline stages */
+	bson_iter_t it;
+	if (bson_iter_init_find(&it, c->cmd, "collation")) {
+		int code = 0;
+		char err[512];
+
+		if (sdb_collation_parse(&it, &c->collator, &code, err, sizeof err) != 0)
+			return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+	}
+	const sdb_collator *prev = sdb_collation_use(c->collator);
+	st = cmd->run(c);
+	sdb_collation_use(prev);
+	return st;
 }
 
 /* The client's deadline of c (monotonic ms) from its maxTimeMS (a positive number; 0 or

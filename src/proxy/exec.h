@@ -48,6 +48,9 @@ typedef struct ctx {
 	const uint8_t *rp_data;
 	uint32_t rp_len;
 	pxtxn_stmt *tx; /* the transaction statement being run (txnroute.h), or NULL */
+	/* the command's top-level `collation` (issue #20, storage/collation.h), NULL when
+	 * simple or absent; also the request thread's collation while the handler runs */
+	const struct sdb_collator *collator;
 } ctx;
 
 /* The command table (exec.c), as src/shard/commands.c's. */
@@ -143,6 +146,9 @@ int px_let(ctx *c, bson_t *vars);
 /* Append the client's `let` (as given) to cmd, a command the proxy builds for a shard from
  * the client's (a statement, the collect phase of a multi-document write). */
 void px_append_let(const ctx *c, bson_t *cmd);
+/* Append the `collation` field of from (a client's command or write statement; NULL or
+ * none: nothing) to cmd, a command the proxy builds for a shard (issue #20). */
+void px_append_collation(const bson_t *from, bson_t *cmd);
 /* A field as a boolean (bson_iter_as_bool), def when absent. */
 bool px_get_bool(const bson_t *d, const char *name, bool def);
 /* An aggregate's arguments (read.c): the pipeline array of c->cmd as a static view into
@@ -295,11 +301,13 @@ int px_route_sharded(ctx *c, px_fwd fwd, int64_t batch, bool single, route_coll 
 
 /* Collect from chunk ci the owned documents matching q (in sort order when sort is given),
  * at most limit (0 = all): their _id values into ids (an array being built; *n counts),
- * or, when docs is not NULL, the whole documents into docs. Returns: a SHARDCONN_* class
+ * or, when docs is not NULL, the whole documents into docs. The find carries the
+ * `collation` of coll_from (the client's command or write statement; NULL: none), so the
+ * shard matches under it (issue #20). Returns: a SHARDCONN_* class
  * (not an SDB_E* status); on failure err_reply/nerr hold the error. */
 int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const bson_t *sort,
-		     int64_t limit, bson_t *ids, bson_t *docs, size_t *n, bson_t *err_reply,
-		     char *nerr, size_t nelen);
+		     const bson_t *coll_from, int64_t limit, bson_t *ids, bson_t *docs, size_t *n,
+		     bson_t *err_reply, char *nerr, size_t nelen);
 
 /* ---- parallel calls, one per shard (retry.c) ---- */
 

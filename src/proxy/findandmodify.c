@@ -99,7 +99,7 @@ static int fam_two_phase(px_retry *r, fam_op *o, const bool *sel)
 		bson_iter_t it;
 		if (!sel[i])
 			continue;
-		cls = px_collect_owned(c, rc, i, o->query, o->sort, 1, NULL, &docs, &n, &er, nerr,
+		cls = px_collect_owned(c, rc, i, o->query, o->sort, c->cmd, 1, NULL, &docs, &n, &er, nerr,
 				       sizeof nerr);
 		if (cls != SHARDCONN_OK) {
 			if (cls != SHARDCONN_STALE)
@@ -176,7 +176,7 @@ static int fam_execute(px_retry *r, void *arg)
 	ctx *c = r->c;
 	size_t nsel, i;
 	bool exact;
-	bool *sel = px_target(r->rc, o->query, &nsel, &exact);
+	bool *sel = px_target(r->rc, o->query, c->cmd, &nsel, &exact);
 	int res = PX_RETRY_DONE;
 
 	if (exact && nsel == 1) {

@@ -245,6 +245,8 @@ int px_sub_aggregate(ctx *c, const char *coll, const bson_t *stages, const bson_
 		}
 		bson_append_document_end(&cmd, &lv);
 	}
+	/* the foreign side compares under the pipeline's collation (issue #20) */
+	px_append_collation(c->cmd, &cmd);
 	sub.coll = coll;
 	snprintf(sub.ns, sizeof sub.ns, "%s.%s", c->db, coll ? coll : "$cmd.aggregate");
 	rc = px_sub_run(&sub, px_do_aggregate, &cmd, &reply, code, err, errlen);

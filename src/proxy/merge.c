@@ -7,9 +7,11 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/bsonval.h"
+#include "storage/collation.h"
 #include "storage/path.h"
 
 struct merge_sort {
+	const sdb_collator *coll; /* strings compare under it (NULL: simple) */
 	size_t n;
 	char *paths[MERGE_MAX_SORT_FIELDS];
 	int dir[MERGE_MAX_SORT_FIELDS];
@@ -79,22 +81,36 @@ const char *merge_sort_path(const merge_sort *s, size_t i)
 	return s->paths[i];
 }
 
+void merge_sort_set_collation(merge_sort *s, const sdb_collator *coll)
+{
+	if (s)
+		s->coll = coll;
+}
+
 int merge_sort_cmp(const merge_sort *s, const bson_t *a, const bson_t *b)
 {
 	size_t i;
+	int r = 0;
+	const sdb_collator *prev;
 
-	if (s == NULL)
+	if (s == NULL || s->n == 0)
 		return 0;
+	/* a getMore merges on whatever thread runs it: the sort's own collation when set,
+	 * else the thread's (the request's, exec.c) */
+	prev = s->coll ? sdb_collation_use(s->coll) : sdb_collation_current();
 	for (i = 0; i < s->n; i++) {
 		bson_value_t va, vb;
-		int r;
 		sdb_path_sort_value(a, s->paths[i], s->dir[i] < 0, &va);
 		sdb_path_sort_value(b, s->paths[i], s->dir[i] < 0, &vb);
 		r = sdb_bson_value_cmp(&va, &vb);
-		if (r != 0)
-			return s->dir[i] * (r < 0 ? -1 : 1);
+		if (r != 0) {
+			r = s->dir[i] * (r < 0 ? -1 : 1);
+			break;
+		}
 	}
-	return 0;
+	if (s->coll)
+		sdb_collation_use(prev);
+	return r;
 }
 
 ssize_t merge_pick(const merge_sort *s, const bson_t *const *heads, size_t n)

@@ -32,6 +32,12 @@ void merge_sort_free(merge_sort *s);
 size_t merge_sort_nfields(const merge_sort *s);
 const char *merge_sort_path(const merge_sort *s, size_t i);
 
+/* Strings compare under coll (storage/collation.h), the command's collation (issue #20):
+ * merge_sort_cmp uses it whatever thread merges (a cursor's getMore); without one (the
+ * default) it compares under the calling thread's collation. */
+typedef struct sdb_collator sdb_collator;
+void merge_sort_set_collation(merge_sort *s, const sdb_collator *coll);
+
 /* Returns: <0 when a sorts before b, 0 tie, >0 after. s may be NULL (every pair ties). */
 int merge_sort_cmp(const merge_sort *s, const bson_t *a, const bson_t *b);
 
@@ -50,7 +56,9 @@ int64_t merge_count_window(int64_t total, int64_t skip, int64_t limit);
 int64_t merge_pushdown_limit(int64_t skip, int64_t limit);
 
 /* A set of distinct values (MongoDB distinct: values equal under sdb_bson_value_cmp are one
- * value, so 1 and 1.0 are one), kept sorted: O(log n) lookups. Values are copied. */
+ * value, so 1 and 1.0 are one; under the calling thread's collation, common/bsonval.h, so
+ * a distinct with a collation dedups by it), kept sorted: O(log n) lookups. Values are
+ * copied. */
 typedef struct merge_distinct merge_distinct;
 merge_distinct *merge_distinct_new(void);
 void merge_distinct_free(merge_distinct *d);

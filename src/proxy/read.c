@@ -183,7 +183,7 @@ static int merged_execute(px_retry *r, void *arg)
 	merged_op *m = arg;
 	size_t nsel;
 	bool exact;
-	bool *sel = px_target(r->rc, m->filter, &nsel, &exact);
+	bool *sel = px_target(r->rc, m->filter, r->c->cmd, &nsel, &exact);
 	bson_t err_reply = BSON_INITIALIZER;
 	char nerr[256];
 	bool nometa = false;
@@ -228,6 +228,7 @@ static int open_merged(ctx *c, route_coll **rcp, const bson_t *filter, const bso
 	px_retry_done(&r);
 	*out = NULL;
 	if (m.opened) {
+		merge_sort_set_collation(sort, c->collator);
 		*out = proxy_cursor_new(c->p, c->ns, m.s, m.n, sort, proj, skip, limit);
 		return 0;
 	}
@@ -438,7 +439,7 @@ static void key_projection(const route_coll *rc, bson_t *proj)
  * or, when docs is not NULL, the whole documents into docs. Returns SHARDCONN_*;
  * on failure err_reply/nerr hold the error. */
 int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const bson_t *sort,
-			 int64_t limit, bson_t *ids, bson_t *docs, size_t *n, bson_t *err_reply,
+			 const bson_t *coll_from, int64_t limit, bson_t *ids, bson_t *docs, size_t *n, bson_t *err_reply,
 			 char *nerr, size_t nelen)
 {
 	route_chunk *ch = &rc->chunks[ci];
@@ -464,6 +465,7 @@ int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const b
 	BSON_APPEND_INT64(&cmd, "batchSize", limit > 0 && limit < COLLECT_BATCH ? limit + 16
 									     : COLLECT_BATCH);
 	px_append_let(c, &cmd); /* q may read the client's let */
+	px_append_collation(coll_from, &cmd); /* and match under the client's collation */
 	px_append_version(&cmd, ch);
 	cls = px_run_on(c, ch->shard, &cmd, &s->server_id, &reply, nerr, nelen);
 	bson_destroy(&cmd);
@@ -579,7 +581,7 @@ static void count_one(void *arg, size_t i)
 	}
 	if (a->distinct_key) {
 		bson_iter_t it;
-		a->cls = px_collect_owned(a->c, a->rc, a->ci, a->q, NULL, 0, NULL, &docs, &n,
+		a->cls = px_collect_owned(a->c, a->rc, a->ci, a->q, NULL, a->c->cmd, 0, NULL, &docs, &n,
 				       &a->err_reply, a->nerr, sizeof a->nerr);
 		if (a->cls == SHARDCONN_OK && bson_iter_init(&it, &docs)) {
 			while (bson_iter_next(&it)) {
@@ -592,7 +594,7 @@ static void count_one(void *arg, size_t i)
 			}
 		}
 	} else {
-		a->cls = px_collect_owned(a->c, a->rc, a->ci, a->q, NULL, 0, &ids, NULL, &n,
+		a->cls = px_collect_owned(a->c, a->rc, a->ci, a->q, NULL, a->c->cmd, 0, &ids, NULL, &n,
 				       &a->err_reply, a->nerr, sizeof a->nerr);
 		a->count = (int64_t)n;
 	}
@@ -616,7 +618,7 @@ static int cd_execute(px_retry *r, void *arg)
 	route_coll *rc = r->rc;
 	bool exact;
 	size_t nsel, i, k = 0;
-	bool *sel = px_target(rc, o->q, &nsel, &exact);
+	bool *sel = px_target(rc, o->q, c->cmd, &nsel, &exact);
 	/* one entry per request sent (one per shard in shard mode), not per chunk */
 	px_mode_memo *memo = sdb_calloc(1, sizeof *memo);
 	size_t nreq = px_stream_bound(memo, rc, sel, c->tx != NULL);

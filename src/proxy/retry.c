@@ -11,6 +11,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "proxy/exec.h"
+#include "storage/collation.h"
 
 /* ---------- the real cluster ---------- */
 
@@ -341,10 +342,46 @@ int px_route_or_fail(ctx *c, route_coll **out)
 	return 0;
 }
 
-bool *px_target(route_coll *rc, const bson_t *q, size_t *nsel, bool *exact)
+/* Does the document hold a string or symbol value anywhere (keys aside)? */
+static bool holds_strings(const uint8_t *data, size_t len, int depth)
+{
+	bson_iter_t it;
+
+	if (depth > SDB_BSON_MAX_DEPTH || !bson_iter_init_from_data(&it, data, len))
+		return true;
+	while (bson_iter_next(&it)) {
+		const uint8_t *d;
+		uint32_t n;
+
+		if (BSON_ITER_HOLDS_UTF8(&it) || BSON_ITER_HOLDS_SYMBOL(&it))
+			return true;
+		if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
+			bson_iter_document(&it, &n, &d);
+			if (holds_strings(d, n, depth + 1))
+				return true;
+		} else if (BSON_ITER_HOLDS_ARRAY(&it)) {
+			bson_iter_array(&it, &n, &d);
+			if (holds_strings(d, n, depth + 1))
+				return true;
+		}
+	}
+	return false;
+}
+
+bool *px_target(route_coll *rc, const bson_t *q, const bson_t *coll_from, size_t *nsel,
+		bool *exact)
 {
 	bool *sel = sdb_calloc(rc->nchunks ? rc->nchunks : 1, sizeof *sel);
+	bson_iter_t it;
 
+	if (q && coll_from && bson_iter_init_find(&it, coll_from, "collation") &&
+	    !sdb_collation_is_simple_spec(&it) && holds_strings(bson_get_data(q), q->len, 0)) {
+		for (size_t i = 0; i < rc->nchunks; i++)
+			sel[i] = true;
+		*nsel = rc->nchunks;
+		*exact = false;
+		return sel;
+	}
 	*nsel = route_target(rc, q, sel, exact);
 	return sel;
 }

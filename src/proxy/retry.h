@@ -152,8 +152,14 @@ void px_retry_done(px_retry *r);
 
 /* The chunks of rc that filter q (NULL: every chunk) targets (route_target): a flag per
  * chunk (heap, at least one element; free()), *nsel of them set, *exact when the key pins
- * them. */
-bool *px_target(route_coll *rc, const bson_t *q, size_t *nsel, bool *exact);
+ * them. coll_from is the client's command or write statement whose `collation` q runs
+ * under (NULL: none): with a non-simple one, a filter that compares a string cannot be
+ * targeted by the chunks' binary bounds (strings equal under the collation lie in other
+ * chunks), so every chunk is selected (mongos' rule: with a non-simple collation, string
+ * values of the shard key do not target; stripedb broadcasts when any string is compared,
+ * which is the same on the shard key and a superset elsewhere). */
+bool *px_target(route_coll *rc, const bson_t *q, const bson_t *coll_from, size_t *nsel,
+		bool *exact);
 /* Count a request as targeted (nsel < rc->nchunks) or scatter in the proxy's metrics. */
 void px_note_target(struct ctx *c, const route_coll *rc, size_t nsel);
 

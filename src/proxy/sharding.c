@@ -30,6 +30,7 @@
 #include "common/log.h"
 #include "proxy/ddllock.h"
 #include "proxy/exec.h"
+#include "storage/collation.h"
 #include "proxy/sharding_int.h"
 
 #define MAX_INITIAL_CHUNKS_PER_SHARD 8192 /* MongoDB's cap on numInitialChunks per shard */
@@ -297,8 +298,7 @@ static int check_collation(ctx *c)
 	    !bson_iter_next(&it))
 		return 0;
 	return px_error(c, WIRE_ERR_BAD_VALUE,
-			"The collation for shardCollection must be {locale: 'simple'}: stripedb "
-			"has no collations");
+			"The collation for shardCollection must be {locale: 'simple'}");
 }
 
 /* Options of shardCollection that are refused rather than ignored. Returns: 0, or
@@ -564,6 +564,56 @@ static bool key_prefixes(const bson_t *key, const bson_t *kp)
 	return true;
 }
 
+/* A collection with a non-simple default collation (create's `collation`, issue #20) is
+ * not sharded: the routing compares shard key strings by their bytes while the shards'
+ * commands without a collation compare under the default, so a string equality would be
+ * sent to one chunk and miss equal strings in others (mongos broadcasts then; stripedb's
+ * proxy does not read collections' defaults). Asked of every shard (an empty collection has
+ * no data holder). Returns: 0, or the code answered on c (238, or a shard's error). */
+static int check_default_collation(ctx *c, const char *db, const char *coll)
+{
+	char **ids = NULL;
+	size_t n = px_shard_ids(c, &ids), i;
+	ctx in_db = *c;
+	int st = 0;
+
+	in_db.db = db;
+	for (i = 0; i < n; i++) {
+		bson_t cmd = BSON_INITIALIZER, filter = BSON_INITIALIZER, reply, cur, batch, info,
+		       opts;
+		bson_iter_t it;
+		char nerr[256];
+		int cls;
+
+		if (st == 0) {
+			BSON_APPEND_INT32(&cmd, "listCollections", 1);
+			BSON_APPEND_UTF8(&filter, "name", coll);
+			BSON_APPEND_DOCUMENT(&cmd, "filter", &filter);
+			cls = px_run_on(&in_db, ids[i], &cmd, NULL, &reply, nerr, sizeof nerr);
+			if (cls != SHARDCONN_OK) {
+				st = px_reply_shard_error(c, cls, &reply, nerr);
+			} else if (px_get_doc(&reply, "cursor", &cur) &&
+				   px_get_array(&cur, "firstBatch", &batch) &&
+				   bson_iter_init(&it, &batch) && bson_iter_next(&it) &&
+				   px_doc_of(&it, &info) && px_get_doc(&info, "options", &opts) &&
+				   bson_iter_init_find(&it, &opts, "collation") &&
+				   !sdb_collation_is_simple_spec(&it)) {
+				st = px_error(c, 238 /* NotImplemented */,
+					      "collation is not supported by stripedb in a shard key: "
+					      "%s.%s has a non-simple default collation, and a sharded "
+					      "collection's routing compares strings by their bytes",
+					      db, coll);
+			}
+			bson_destroy(&reply);
+		}
+		bson_destroy(&cmd);
+		bson_destroy(&filter);
+		free(ids[i]);
+	}
+	free(ids);
+	return st;
+}
+
 /* MongoDB's rules for sharding a collection that already has indexes, asked of holder,
  * the shard holding the collection's documents:
  * - every unique index other than _id must have the shard key as its prefix, else
@@ -805,6 +855,8 @@ static int do_shard_collection(ctx *c, const px_ddl_lock *l)
 			      n);
 	else if (holder)
 		st = check_unique_indexes(c, db, coll, ns, holder, &key, hashed, &have_key_index);
+	if (st == 0)
+		st = check_default_collation(c, db, coll);
 	if (st == 0)
 		st = ensure_database(c, db);
 	if (st != 0) {

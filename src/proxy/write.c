@@ -849,7 +849,7 @@ static int multi_on_chunk(ctx *c, route_coll *rc, size_t ci, const wstmt *s, wre
 	char nerr[256];
 	int cls;
 
-	cls = px_collect_owned(c, rc, ci, &s->q, NULL, limit, &ids, NULL, &n, &err_reply, nerr,
+	cls = px_collect_owned(c, rc, ci, &s->q, NULL, &s->stmt, limit, &ids, NULL, &n, &err_reply, nerr,
 			    sizeof nerr);
 	if (cls != SHARDCONN_OK) {
 		if (cls != SHARDCONN_STALE)
@@ -1025,7 +1025,7 @@ static int stmt_execute(px_retry *r, void *arg)
 	wresult *w = o->w;
 	size_t before = o->before, i, nsel;
 	bool exact, stale = false, touched = false, first_attempt = o->first;
-	bool *sel = px_target(rc, &s->q, &nsel, &exact);
+	bool *sel = px_target(rc, &s->q, &s->stmt, &nsel, &exact);
 
 	if (!o->first) {
 		/* restrict to the ranges refused as stale */

@@ -865,7 +865,8 @@ static void cond_find(const bson_t *filter, const char *path, cond *cd, int dept
 
 static int value_cmp_bound(const bson_iter_t *first_of_bound, const bson_value_t *v)
 {
-	return sdb_bson_value_cmp(bson_iter_value((bson_iter_t *)first_of_bound), v);
+	/* chunk bounds are binary, whatever the request's collation */
+	return sdb_bson_value_cmp_simple(bson_iter_value((bson_iter_t *)first_of_bound), v);
 }
 
 static bool first_elem(const bson_t *doc, bson_iter_t *it)
@@ -1028,7 +1029,7 @@ route_key_change route_update_changes_key(const route_coll *c, const bson_t *upd
 					if (strcmp(op, "$set") == 0 &&
 					    strcmp(bson_iter_key(&f), c->keys[i]) == 0 &&
 					    filter_point(filter, c->keys[i], &pinned) &&
-					    sdb_bson_value_eq(bson_iter_value(&f), &pinned))
+					    sdb_bson_value_eq_simple(bson_iter_value(&f), &pinned))
 						continue;
 					sdb_errf(err, errlen, SDB_EINVAL,
 						 "After applying the update, the (immutable) field '%s' "
@@ -1056,7 +1057,7 @@ route_key_change route_update_changes_key(const route_coll *c, const bson_t *upd
 				 c->keys[i]);
 			return ROUTE_KEY_NOT_PINNED;
 		}
-		if (r < 0 || !sdb_bson_value_eq(r ? bson_iter_value(&v) : &null_v, &pinned)) {
+		if (r < 0 || !sdb_bson_value_eq_simple(r ? bson_iter_value(&v) : &null_v, &pinned)) {
 			sdb_errf(err, errlen, SDB_EINVAL,
 				 "After applying the update, the (immutable) field '%s' was found "
 				 "to have been altered",

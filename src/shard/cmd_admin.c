@@ -9,6 +9,7 @@
 #include "common/renamecoll.h"
 #include "shard/cmd_read_int.h" /* shard_coll_is_view */
 #include "shard/shard.h"
+#include "storage/collation.h"
 #include "shard/util.h"
 #include "shard/validation.h"
 #include "storage/matcher.h"
@@ -132,9 +133,8 @@ void shard_cmd_create(shard_ctx *x)
 						   k, refused);
 				return;
 			}
-			/* kept in the catalog: what the collection is (a view), its
-			 * collation (only "simple" gets this far, cmdopts.h) and its
-			 * document validation (checked here, enforced by the writes) */
+			/* kept in the catalog: its document validation (checked here,
+			 * enforced by the writes) */
 			if (strcmp(k, "validator") == 0 || strcmp(k, "validationLevel") == 0 ||
 			    strcmp(k, "validationAction") == 0) {
 				int vc = shard_valid_check_opt(&it, "create", x->err,
@@ -145,9 +145,33 @@ void shard_cmd_create(shard_ctx *x)
 					return;
 				}
 			}
+			/* kept in the catalog: what the collection is (a view) and its
+			 * default collation (issue #20): MongoDB's full spec, the locale's
+			 * defaults filled in; {locale: "simple"} is the default and is not
+			 * kept, as MongoDB */
+			if (strcmp(k, "collation") == 0) {
+				const sdb_collator *c = NULL;
+				int code = 0;
+
+				if (sdb_collation_parse(&it, &c, &code, x->err, sizeof x->err) !=
+				    0) {
+					bson_destroy(&opts);
+					shard_fail(x, code, "%s", x->err);
+					return;
+				}
+				if (c && bson_has_field(x->cmd, "viewOn")) {
+					bson_destroy(&opts);
+					shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED,
+						   "a view with a collation is not supported by "
+						   "stripedb (see docs/compat.md)");
+					return;
+				}
+				if (c)
+					BSON_APPEND_DOCUMENT(&opts, k, sdb_collator_spec(c));
+			}
 			if (strcmp(k, "viewOn") == 0 || strcmp(k, "pipeline") == 0 ||
-			    strcmp(k, "collation") == 0 || strcmp(k, "validator") == 0 ||
-			    strcmp(k, "validationLevel") == 0 || strcmp(k, "validationAction") == 0)
+			    strcmp(k, "validator") == 0 || strcmp(k, "validationLevel") == 0 ||
+			    strcmp(k, "validationAction") == 0)
 				bson_append_iter(&opts, k, -1, &it);
 		}
 	}

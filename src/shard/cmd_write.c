@@ -577,7 +577,9 @@ static int shard_key_kept(shard_ctx *x, const bson_t *before, const bson_t *afte
 		const char *path = bson_iter_utf8(&k, NULL);
 		bool ha = bson_iter_init(&a, before) && bson_iter_find_descendant(&a, path, &a);
 		bool hb = bson_iter_init(&b, after) && bson_iter_find_descendant(&b, path, &b);
-		if (ha == hb && (!ha || sdb_bson_value_eq(bson_iter_value(&a), bson_iter_value(&b))))
+		/* binary even under the statement's collation: "a" -> "A" moves the key */
+		if (ha == hb &&
+		    (!ha || sdb_bson_value_eq_simple(bson_iter_value(&a), bson_iter_value(&b))))
 			continue;
 		snprintf(x->err, sizeof x->err,
 			 "After applying the update, the (immutable) field '%s' was found to have "
@@ -853,6 +855,14 @@ void shard_cmd_update(shard_ctx *x)
 			shard_fail(x, code, "%s", x->err);
 			return;
 		}
+		/* the statement's collation, else the collection's: a bad one is this
+		 * statement's write error, as mongod's */
+		if ((code = shard_collation_set(x, b.coll, &st)) != 0) {
+			upd_stmt_destroy(&s);
+			if (wbatch_error(&b, code, x->err, NULL))
+				break;
+			continue;
+		}
 		upd_result r;
 		sdb_store_dup dup = {0};
 		wbatch_stmt_begin(x, &b, &ms);
@@ -1013,6 +1023,12 @@ void shard_cmd_delete(shard_ctx *x)
 			wbatch_abort(&b);
 			shard_fail(x, code, "%s", x->err);
 			return;
+		}
+		if ((code = shard_collation_set(x, b.coll, &st)) != 0) {
+			bson_destroy(&q);
+			if (wbatch_error(&b, code, x->err, NULL))
+				break;
+			continue;
 		}
 		bson_t **docs = NULL;
 		size_t nd = 0;

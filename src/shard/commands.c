@@ -12,8 +12,10 @@
 #include "shard/members.h"
 #include "shard/repl.h"
 #include "shard/shard.h"
+#include "storage/collation.h"
 #include "shard/snapfile.h"
 #include "shard/txn.h"
+#include "shard/util.h"
 
 typedef struct cmd_entry {
 	const char *name;
@@ -302,7 +304,7 @@ bool shard_refuse_view(shard_ctx *x, const char *coll)
 	return false;
 }
 
-bool shard_begin(shard_ctx *x, bool write)
+static bool begin_checked(shard_ctx *x, bool write)
 {
 	int rc = sdb_store_begin(x->conn, write, x->err, sizeof x->err);
 	if (rc) {
@@ -331,6 +333,75 @@ bool shard_begin(shard_ctx *x, bool write)
 		return false;
 	}
 	return !x->sv_ns || shard_filtering_gate(x);
+}
+
+int shard_collation_set(shard_ctx *x, const char *coll, const bson_t *holder)
+{
+	const sdb_collator *c = NULL;
+	const sdb_store_coll *co = NULL;
+	bson_iter_t it;
+	int code = 0;
+
+	if (holder && bson_iter_init_find(&it, holder, "collation")) {
+		if (sdb_collation_parse(&it, &c, &code, x->err, sizeof x->err) != 0)
+			return code ? code : WIRE_ERR_BAD_VALUE;
+	} else if (coll && sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) == 0 && co &&
+		   bson_iter_init_find(&it, co->options, "collation") &&
+		   sdb_collation_parse(&it, &c, &code, x->err, sizeof x->err) != 0) {
+		c = NULL; /* checked by create: cannot happen; compare binary */
+	}
+	sdb_collation_use(c);
+	return 0;
+}
+
+/* The commands whose strings compare under a collation (issue #20): the command's own
+ * `collation` (update and delete: each statement's, cmd_write.c), else the collection's. */
+static const char *const collated_cmds[] = {"find",   "count",	       "distinct",
+					    "aggregate", "findAndModify", "findandmodify",
+					    "update", "delete"};
+
+bool shard_begin(shard_ctx *x, bool write)
+{
+	bson_iter_t it;
+	const char *name, *coll = NULL;
+
+	if (!begin_checked(x, write))
+		return false;
+	if (!bson_iter_init(&it, x->cmd) || !bson_iter_next(&it))
+		return true;
+	name = bson_iter_key(&it);
+	const bson_t *holder = x->cmd;
+	bson_t inner, stmt;
+	if (strcmp(name, "explain") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+		/* the explained command's collation: it is planned as it would run (an
+		 * update or delete: its first statement's, the one explain plans) */
+		bson_iter_t f, arr;
+
+		if (!util_iter_bson(&it, &inner) || !bson_iter_init(&f, &inner) ||
+		    !bson_iter_next(&f))
+			return true;
+		it = f;
+		name = bson_iter_key(&it);
+		holder = &inner;
+		if ((strcmp(name, "update") == 0 || strcmp(name, "delete") == 0) &&
+		    bson_iter_init_find(&f, &inner,
+					strcmp(name, "update") == 0 ? "updates" : "deletes") &&
+		    BSON_ITER_HOLDS_ARRAY(&f) && bson_iter_recurse(&f, &arr) &&
+		    bson_iter_next(&arr) && BSON_ITER_HOLDS_DOCUMENT(&arr) &&
+		    util_iter_bson(&arr, &stmt))
+			holder = &stmt;
+	}
+	if (BSON_ITER_HOLDS_UTF8(&it))
+		coll = bson_iter_utf8(&it, NULL);
+	for (size_t i = 0; i < sizeof collated_cmds / sizeof collated_cmds[0]; i++)
+		if (strcmp(collated_cmds[i], name) == 0) {
+			int code = shard_collation_set(x, coll, holder);
+
+			if (code)
+				shard_fail(x, code, "%s", x->err);
+			return code == 0;
+		}
+	return true;
 }
 
 bool shard_commit(shard_ctx *x)

@@ -14,9 +14,11 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "shard/util.h"
+#include "storage/collation.h"
 #include "storage/pipeline.h"
 #include "shard/repl.h"
 #include "shard/shard.h"
+#include "storage/collation.h"
 
 /* Parse $stripedbOrigin and $stripedbVersion of the command into x. Replies and returns
  * false when they are malformed. */
@@ -72,8 +74,12 @@ static bool ctx_parse_let(shard_ctx *x)
 
 void shard_ctx_run(shard_ctx *x, shard_cmd_fn fn)
 {
+	/* the command's collation (shard_collation_begin) lasts until it ends */
+	const sdb_collator *coll_prev = sdb_collation_use(NULL);
+
 	if (ctx_parse_ext(x) && !shard_txn_refuse_fields(x) && ctx_parse_let(x))
 		fn(x);
+	sdb_collation_use(coll_prev);
 	if (x->have_let)
 		bson_destroy(&x->let);
 	x->have_let = false;

@@ -434,6 +434,16 @@ void shard_curop_free_all(shard *sh);
 /* helpers shared by command files (commands.c) */
 /* Begin a transaction and check $stripedbVersion; on failure replies and returns false. */
 bool shard_begin(shard_ctx *x, bool write);
+/* The collation a find, count, distinct, aggregate, findAndModify, update or delete runs
+ * with (issue #20): shard_begin calls this for the command itself (replying with its error), cmd_write.c again for
+ * each update/delete statement. The `collation` of holder (the command or the statement)
+ * when it has one, else the default of db.coll (create's `collation` option, stored in the
+ * catalog), else simple; made the thread's collation (storage/collation.h
+ * sdb_collation_use: every string comparison, sort and group key of the command follows
+ * it) until shard_ctx_run ends. Needs the command's transaction open. Returns: 0, or
+ * MongoDB's error code for a bad collation (collation.h lists them) with the message in
+ * x->err (nothing replied; the thread's collation is then unchanged). */
+int shard_collation_set(shard_ctx *x, const char *coll, const bson_t *holder);
 /* Inside a transaction: when db.coll is a view, fail the request with
  * CommandNotSupportedOnView (166), roll back, and return true (MongoDB refuses writes and
  * index builds on views). */

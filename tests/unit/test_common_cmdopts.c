@@ -270,9 +270,19 @@ static void test_explain_and_internal(void **state)
 	ok("{\"ping\": 1, \"maxTimeMS\": \"x\"}");
 	/* an unknown field is still reported before a type */
 	expect("{\"find\": \"c\", \"filter\": \"x\", \"bogus\": 1}", false, 40415, "'find.bogus'");
-	/* a collation of the wrong type is a type error, a non-simple one is not implemented */
+	/* a collation of the wrong type is a type error; a non-simple one passes where it is
+	 * honoured (issue #20; the command validates it) and is not implemented elsewhere */
 	expect("{\"find\": \"c\", \"collation\": \"fr\"}", false, 14, "'find.collation'");
-	expect("{\"find\": \"c\", \"collation\": {\"locale\": \"fr\"}}", false, 238, NULL);
+	ok("{\"find\": \"c\", \"collation\": {\"locale\": \"fr\"}}");
+	ok("{\"update\": \"c\", \"updates\": [{\"q\": {}, \"u\": {}, \"collation\": "
+	   "{\"locale\": \"fr\"}}]}");
+	ok("{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"a\": 1}, \"name\": \"a_1\", "
+	   "\"collation\": {\"locale\": \"fr\"}}]}");
+	expect("{\"shardCollection\": \"d.c\", \"key\": {\"a\": 1}, \"collation\": "
+	       "{\"locale\": \"fr\"}}",
+	       false, 238, NULL);
+	ok("{\"explain\": {\"find\": \"c\", \"collation\": {\"locale\": \"fr\"}}}");
+	ok("{\"explain\": {\"find\": \"c\", \"collation\": {\"locale\": \"simple\"}}}");
 }
 
 int main(void)

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "proxy/merge.h"
+#include "storage/collation.h"
 
 static merge_sort *parse(bson_t *spec)
 {
@@ -48,6 +49,43 @@ static void test_sort_cmp(void **state)
 	bson_destroy(z);
 	bson_destroy(m);
 	bson_destroy(arr);
+	merge_sort_free(s);
+}
+
+/* issue #20: the merge compares under the sort's collation whatever the thread's, and
+ * distinct dedups under the thread's */
+static void test_collation(void **state)
+{
+	merge_sort *s = parse(BCON_NEW("a", BCON_INT32(1)));
+	bson_t *ten = BCON_NEW("a", BCON_UTF8("10")), *nine = BCON_NEW("a", BCON_UTF8("9"));
+	bson_t *up = BCON_NEW("x", BCON_UTF8("PING")), *low = BCON_NEW("x", BCON_UTF8("ping"));
+	bson_t *num = BCON_NEW("locale", BCON_UTF8("en"), "numericOrdering", BCON_BOOL(true));
+	bson_t *ci = BCON_NEW("locale", BCON_UTF8("en_US"), "strength", BCON_INT32(2));
+	const sdb_collator *cn = NULL, *cc = NULL;
+	char err[256];
+	int code = 0;
+	merge_distinct *d;
+
+	(void)state;
+	assert_int_equal(sdb_collation_parse_doc(num, &cn, &code, err, sizeof err), 0);
+	assert_int_equal(sdb_collation_parse_doc(ci, &cc, &code, err, sizeof err), 0);
+	assert_true(merge_sort_cmp(s, ten, nine) < 0); /* bytes: "10" < "9" */
+	merge_sort_set_collation(s, cn);
+	assert_true(merge_sort_cmp(s, ten, nine) > 0); /* numericOrdering: 10 > 9 */
+	assert_null(sdb_collation_current());	       /* the thread's is left as it was */
+	d = merge_distinct_new();
+	assert_null(sdb_collation_use(cc));
+	merge_distinct_add_doc(d, up, "x");
+	merge_distinct_add_doc(d, low, "x");
+	sdb_collation_use(NULL);
+	assert_int_equal(merge_distinct_count(d), 1);
+	merge_distinct_free(d);
+	bson_destroy(ten);
+	bson_destroy(nine);
+	bson_destroy(up);
+	bson_destroy(low);
+	bson_destroy(num);
+	bson_destroy(ci);
 	merge_sort_free(s);
 }
 
@@ -164,7 +202,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_sort_cmp),         cmocka_unit_test(test_sort_parse_errors),
 		cmocka_unit_test(test_pick_merges_streams), cmocka_unit_test(test_windows),
-		cmocka_unit_test(test_distinct),
+		cmocka_unit_test(test_distinct),     cmocka_unit_test(test_collation),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
