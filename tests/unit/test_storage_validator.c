@@ -333,6 +333,45 @@ static void test_regex_limits(void **state)
 	bson_destroy(v);
 }
 
+/* multipleOf as mongod's Decimal128 remainder (a double rounded to 15 digits). */
+static void test_multiple_of(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *div, *val;
+		int want;
+	} cases[] = {
+		{"0.1", "0.3", 1},
+		{"0.1", "0.35", 0},
+		{"0.01", "1.23", 1},
+		{"3", "9", 1},
+		{"3", "10", 0},
+		{"3", "-9", 1},
+		{"2.5", "7.5", 1},
+		{"2.5", "7", 0},
+		{"0.1", "0", 1},
+		{"7", "1e300", 0},
+		{"5", "1e300", 1},
+		{"1e-300", "3e-299", 1},
+		{"0.3", "0.1", 0},
+		{"{\"$numberDecimal\": \"0.1\"}", "{\"$numberDecimal\": \"0.30\"}", 1},
+		{"{\"$numberDecimal\": \"0.1\"}", "{\"$numberDecimal\": \"0.31\"}", 0},
+		{"{\"$numberLong\": \"4\"}", "{\"$numberLong\": \"1000000000000000000\"}", 1},
+		{"1", "{\"$numberDouble\": \"Infinity\"}", 0},
+		{"1", "{\"$numberDouble\": \"NaN\"}", 0},
+	};
+	char v[256], d[256];
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		snprintf(v, sizeof v,
+			 "{\"$jsonSchema\": {\"properties\": {\"a\": {\"multipleOf\": %s}}}}",
+			 cases[i].div);
+		snprintf(d, sizeof d, "{\"a\": %s}", cases[i].val);
+		if (verdict(v, d) != cases[i].want)
+			fail_msg("multipleOf %s of %s: want %d", cases[i].div, cases[i].val,
+				 cases[i].want);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -341,6 +380,7 @@ int main(void)
 		cmocka_unit_test(test_parse_errors),
 		cmocka_unit_test(test_large_arrays),
 		cmocka_unit_test(test_regex_limits),
+		cmocka_unit_test(test_multiple_of),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
