@@ -161,6 +161,8 @@ static bool regex_test(const char *pat, const char *s, size_t len)
 	pcre2_match_data *md;
 	int rc;
 
+	if (tl_rx_err)
+		return false; /* the check already failed: do not pay the limit again */
 	if (tl_rx && tl_rx->n) {
 		rx_entry key = {(char *)pat, NULL};
 		const rx_entry *e = bsearch(&key, tl_rx->v, tl_rx->n, sizeof key, rx_entry_cmp);
