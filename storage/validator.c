@@ -31,8 +31,22 @@ typedef struct vnode {
 	size_t n;
 } vnode;
 
+/* One compiled pattern of the validator (pattern, patternProperties' keys), compiled once
+ * when the validator is built; sorted by pat for bsearch. */
+typedef struct {
+	char *pat;
+	pcre2_code *re;
+} rx_entry;
+
+typedef struct {
+	rx_entry *v;
+	size_t n, cap;
+	pcre2_match_context *mctx;
+} rx_cache;
+
 struct sdb_validator {
 	vnode root;
+	rx_cache rx; /* its regexes, compiled once (read-only while checked) */
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -95,6 +109,12 @@ static double num_of(const bson_iter_t *it)
 	return bson_iter_as_double(it);
 }
 
+/* PCRE2's bounds on one match (pcre2_set_match_limit / pcre2_set_depth_limit): a pattern
+ * with catastrophic backtracking (^(a+)+$) fails quickly instead of holding the shard's
+ * write lock; hitting one is an error of the write, never a silent pass or fail. */
+#define RX_MATCH_LIMIT 100000
+#define RX_DEPTH_LIMIT 1000
+
 static pcre2_code *regex_compile(const char *pat, char *msg, size_t msglen)
 {
 	int errcode;
@@ -110,23 +130,306 @@ static pcre2_code *regex_compile(const char *pat, char *msg, size_t msglen)
 	return re;
 }
 
+/* The cache of the validator being checked on this thread (set by sdb_validator_check),
+ * and the first PCRE2 error (a limit hit) of that check (0: none). */
+static _Thread_local const rx_cache *tl_rx;
+static _Thread_local int tl_rx_err;
+
+static int rx_entry_cmp(const void *a, const void *b)
+{
+	return strcmp(((const rx_entry *)a)->pat, ((const rx_entry *)b)->pat);
+}
+
+static pcre2_match_context *rx_mctx_new(void)
+{
+	pcre2_match_context *m = pcre2_match_context_create(NULL);
+	if (!m) {
+		fprintf(stderr, "stripedb: out of memory (pcre2 match context)\n");
+		abort();
+	}
+	pcre2_set_match_limit(m, RX_MATCH_LIMIT);
+	pcre2_set_depth_limit(m, RX_DEPTH_LIMIT);
+	return m;
+}
+
+/* Does pat match s? On a PCRE2 error (the match or depth limit) records it in tl_rx_err and
+ * answers false; the check then fails with that error. */
 static bool regex_test(const char *pat, const char *s, size_t len)
 {
-	pcre2_code *re = regex_compile(pat, NULL, 0);
+	pcre2_code *re = NULL, *own = NULL;
+	pcre2_match_context *mctx = NULL, *own_ctx = NULL;
 	pcre2_match_data *md;
 	int rc;
 
+	if (tl_rx_err)
+		return false; /* the check already failed: do not pay the limit again */
+	if (tl_rx && tl_rx->n) {
+		rx_entry key = {(char *)pat, NULL};
+		const rx_entry *e = bsearch(&key, tl_rx->v, tl_rx->n, sizeof key, rx_entry_cmp);
+		if (e)
+			re = e->re;
+		mctx = tl_rx->mctx;
+	}
+	if (!re)
+		re = own = regex_compile(pat, NULL, 0);
 	if (!re)
 		return false;
+	if (!mctx)
+		mctx = own_ctx = rx_mctx_new();
 	md = pcre2_match_data_create_from_pattern(re, NULL);
 	if (!md) {
 		fprintf(stderr, "stripedb: out of memory (pcre2 match data)\n");
 		abort();
 	}
-	rc = pcre2_match(re, (PCRE2_SPTR)s, len, 0, 0, md, NULL);
+	rc = pcre2_match(re, (PCRE2_SPTR)s, len, 0, 0, md, mctx);
 	pcre2_match_data_free(md);
-	pcre2_code_free(re);
+	if (own)
+		pcre2_code_free(own);
+	if (own_ctx)
+		pcre2_match_context_free(own_ctx);
+	if ((rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+	     rc == PCRE2_ERROR_HEAPLIMIT || rc == PCRE2_ERROR_NOMEMORY) &&
+	    !tl_rx_err)
+		tl_rx_err = rc;
 	return rc >= 0;
+}
+
+static void rx_add(rx_cache *c, const char *pat)
+{
+	pcre2_code *re;
+
+	re = regex_compile(pat, NULL, 0);
+	if (!re)
+		return; /* refused when parsed; a value that merely looks like one is ignored */
+	if (c->n == c->cap) {
+		c->cap = c->cap ? c->cap * 2 : 8;
+		c->v = sdb_realloc(c->v, c->cap * sizeof *c->v);
+	}
+	c->v[c->n].pat = sdb_strdup(pat);
+	c->v[c->n].re = re;
+	c->n++;
+}
+
+/* Collect every `pattern` string and `patternProperties` key of doc (recursively: the
+ * schema may nest anywhere under the validator's clauses). Over-collecting (a field named
+ * pattern inside an enum value) only costs a compile. */
+static void rx_collect(rx_cache *c, const bson_t *doc, int depth)
+{
+	bson_iter_t it, p;
+	bson_t sub;
+
+	if (depth > 200 || !bson_iter_init(&it, doc))
+		return;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "pattern") == 0 && BSON_ITER_HOLDS_UTF8(&it))
+			rx_add(c, bson_iter_utf8(&it, NULL));
+		if (strcmp(k, "patternProperties") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+		    bson_iter_recurse(&it, &p))
+			while (bson_iter_next(&p))
+				rx_add(c, bson_iter_key(&p));
+		if (sub_static(&it, &sub))
+			rx_collect(c, &sub, depth + 1);
+	}
+}
+
+static void rx_cache_build(rx_cache *c, const bson_t *validator)
+{
+	size_t i, j;
+
+	rx_collect(c, validator, 0);
+	sdb_qsort(c->v, c->n, sizeof *c->v, rx_entry_cmp);
+	for (i = 0, j = 0; i < c->n; i++) {
+		if (j && strcmp(c->v[j - 1].pat, c->v[i].pat) == 0) {
+			free(c->v[i].pat);
+			pcre2_code_free(c->v[i].re);
+			continue;
+		}
+		c->v[j++] = c->v[i];
+	}
+	c->n = j;
+	c->mctx = rx_mctx_new();
+}
+
+static void rx_cache_free(rx_cache *c)
+{
+	for (size_t i = 0; i < c->n; i++) {
+		free(c->v[i].pat);
+		pcre2_code_free(c->v[i].re);
+	}
+	free(c->v);
+	if (c->mctx)
+		pcre2_match_context_free(c->mctx);
+	memset(c, 0, sizeof *c);
+}
+
+/* ------------------------------------------------------------------ multipleOf */
+
+/* |x| as m * 10^e with m < 10^18 and no trailing zero in m (0: m = 0). Doubles as mongod's
+ * Decimal128(double, kRoundTo15Digits) (numberDecimal of a double: 15 significant digits);
+ * integers and decimal128 exactly. Returns: false when x is not finite or has more than 18
+ * significant digits (the caller then falls back to a double fmod). */
+static bool dec_parts(const bson_iter_t *x, uint64_t *m, int64_t *e)
+{
+	char buf[64];
+	const char *p;
+	uint64_t mant = 0;
+	int64_t exp = 0;
+	int digits = 0;
+	bool dot = false;
+
+	if (BSON_ITER_HOLDS_DOUBLE(x)) {
+		double d = bson_iter_double(x);
+		if (!isfinite(d))
+			return false;
+		snprintf(buf, sizeof buf, "%.14e", fabs(d));
+	} else if (BSON_ITER_HOLDS_DECIMAL128(x)) {
+		bson_decimal128_t d;
+		bson_iter_decimal128(x, &d);
+		bson_decimal128_to_string(&d, buf);
+	} else {
+		int64_t i = bson_iter_as_int64(x);
+		if (i == INT64_MIN)
+			return false;
+		snprintf(buf, sizeof buf, "%lld", (long long)(i < 0 ? -i : i));
+	}
+	p = buf;
+	if (*p == '-' || *p == '+')
+		p++;
+	for (; *p; p++) {
+		if (*p == '.') {
+			dot = true;
+			continue;
+		}
+		if (*p == 'e' || *p == 'E') {
+			char *end;
+			long long ex = strtoll(p + 1, &end, 10);
+			if (*end)
+				return false;
+			exp += ex;
+			break;
+		}
+		if (*p < '0' || *p > '9')
+			return false; /* NaN, Infinity */
+		if (mant == 0 && *p == '0') {
+			if (dot)
+				exp--;
+			continue;
+		}
+		if (++digits > 18)
+			return false;
+		mant = mant * 10 + (uint64_t)(*p - '0');
+		if (dot)
+			exp--;
+	}
+	while (mant && mant % 10 == 0) {
+		mant /= 10;
+		exp++;
+	}
+	*m = mant;
+	*e = exp;
+	return true;
+}
+
+/* Is val a multiple of div (> 0)? As mongod's InternalSchemaFmodMatchExpression: the
+ * Decimal128 remainder of val (a double rounded to 15 significant digits) by div is 0, so
+ * {multipleOf: 0.1} accepts 0.3. Exact for up to 18 significant digits; beyond (a long
+ * decimal128 or int64), falls back to a double fmod (may differ from mongod there). */
+static bool multiple_of(const bson_iter_t *val, const bson_iter_t *div)
+{
+	uint64_t ma, mb, r;
+	int64_t ea, eb;
+
+	if (!dec_parts(val, &ma, &ea) || !dec_parts(div, &mb, &eb)) {
+		double v = num_of(val), m = num_of(div);
+		return isfinite(v) && fmod(v, m) == 0;
+	}
+	if (ma == 0)
+		return true;
+	if (mb == 0)
+		return false;
+	if (ea >= eb) { /* (ma * 10^(ea-eb)) mod mb, digit by digit: r * 10 < 10^19 */
+		r = ma % mb;
+		for (int64_t k = 0; k < ea - eb && r; k++)
+			r = r * 10 % mb;
+		return r == 0;
+	}
+	/* ma mod (mb * 10^(eb-ea)): a divisor larger than ma leaves ma (not 0) */
+	r = mb;
+	for (int64_t k = 0; k < eb - ea; k++) {
+		if (r > ma)
+			return false;
+		r *= 10;
+	}
+	return r <= ma && ma % r == 0;
+}
+
+/* ------------------------------------------------------------------ uniqueness */
+
+typedef struct {
+	bson_iter_t it;
+	size_t idx;
+} uitem;
+
+static int uitem_cmp(const void *pa, const void *pb)
+{
+	const uitem *a = pa, *b = pb;
+	int c = sdb_bson_cmp(&a->it, &b->it);
+	if (c)
+		return c;
+	return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+/* Does the array at *arr hold two equal values (MongoDB's comparison, sdb_bson_cmp, the
+ * order of the indexes)? In n log n: sorted, then equal neighbours. With dup != NULL,
+ * *dup is the first element (in array order) that has an equal one after it, as the
+ * pairwise scan mongod's uniqueItems does reports. *n_out (when not NULL) receives the
+ * count of elements. */
+static bool array_has_duplicate(const bson_iter_t *arr, bson_iter_t *dup, size_t *n_out)
+{
+	bson_iter_t a;
+	size_t n = 0, cap = 16, i, best = SIZE_MAX;
+	uitem *v;
+	bool found = false;
+
+	if (n_out)
+		*n_out = 0;
+	if (!bson_iter_recurse(arr, &a))
+		return false;
+	v = sdb_malloc(cap * sizeof *v);
+	while (bson_iter_next(&a)) {
+		if (n == cap) {
+			cap *= 2;
+			v = sdb_realloc(v, cap * sizeof *v);
+		}
+		v[n].it = a;
+		v[n].idx = n;
+		n++;
+	}
+	if (n_out)
+		*n_out = n;
+	if (n > 1)
+		sdb_qsort(v, n, sizeof *v, uitem_cmp);
+	for (i = 1; i < n; i++) {
+		if (sdb_bson_cmp(&v[i - 1].it, &v[i].it) != 0)
+			continue;
+		found = true;
+		/* the run's first element has the smallest index of its run (ties by index) */
+		size_t j = i - 1;
+		while (j > 0 && sdb_bson_cmp(&v[j - 1].it, &v[j].it) == 0)
+			j--;
+		if (v[j].idx < best) {
+			best = v[j].idx;
+			if (dup)
+				*dup = v[j].it;
+		}
+		if (!dup)
+			break;
+		while (i + 1 < n && sdb_bson_cmp(&v[i].it, &v[i + 1].it) == 0)
+			i++;
+	}
+	free(v);
+	return found;
 }
 
 /* ------------------------------------------------------------------ $jsonSchema: types */
@@ -285,25 +588,21 @@ static int check_schema_list(const bson_iter_t *it, int depth, int *code, char *
 static int check_unique_array(const bson_iter_t *it, const char *kw, bool strings, int *code,
 			      char *err, size_t errlen)
 {
-	bson_iter_t a, b;
-	int n = 0;
+	bson_iter_t a;
+	size_t n = 0;
+	bool dup;
 
 	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &a))
 		return failf(code, C_TYPE_MISMATCH, err, errlen,
 			     "$jsonSchema keyword '%s' must be an array", kw);
-	while (bson_iter_next(&a)) {
-		n++;
+	while (bson_iter_next(&a))
 		if (strings && !BSON_ITER_HOLDS_UTF8(&a))
 			return failf(code, C_TYPE_MISMATCH, err, errlen,
 				     "$jsonSchema keyword '%s' must contain only strings", kw);
-		b = a;
-		while (bson_iter_next(&b))
-			if (sdb_bson_iter_eq(&a, &b))
-				return failf(code, C_FAILED_TO_PARSE, err, errlen,
-					     "$jsonSchema keyword '%s' array cannot contain "
-					     "duplicate values",
-					     kw);
-	}
+	dup = array_has_duplicate(it, NULL, &n);
+	if (dup)
+		return failf(code, C_FAILED_TO_PARSE, err, errlen,
+			     "$jsonSchema keyword '%s' array cannot contain duplicate values", kw);
 	if (n == 0)
 		return failf(code, C_FAILED_TO_PARSE, err, errlen,
 			     "$jsonSchema keyword '%s' cannot be an empty array", kw);
@@ -657,8 +956,7 @@ static bool js_eval(const bson_t *schema, const bson_iter_t *val, bool top, rule
 		} else if (strcmp(k, "multipleOf") == 0) {
 			if (top || !is_num(t))
 				continue;
-			double m = num_of(&kw), v = num_of(val);
-			ok = isfinite(v) && fmod(v, m) == 0;
+			ok = multiple_of(val, &kw);
 			if (!ok)
 				leaf_rule(out, &kw,
 					  "considered value is not a multiple of the specified "
@@ -701,13 +999,9 @@ static bool js_eval(const bson_t *schema, const bson_iter_t *val, bool top, rule
 				leaf_rule(out, &kw, "array did not match specified length", val,
 					  false);
 		} else if (strcmp(k, "uniqueItems") == 0) {
-			if (!is_arr || !bson_iter_as_bool(&kw) || !bson_iter_recurse(val, &a))
+			if (!is_arr || !bson_iter_as_bool(&kw))
 				continue;
-			while (ok && bson_iter_next(&a)) {
-				b = a;
-				while (ok && bson_iter_next(&b))
-					ok = !sdb_bson_iter_eq(&a, &b);
-			}
+			ok = !array_has_duplicate(val, &a, NULL);
 			if (!ok && out) {
 				rule_begin(out, &rule, k);
 				spec_as(&rule, &kw);
@@ -1400,6 +1694,7 @@ int sdb_validator_new(const bson_t *validator, sdb_validator **out, int *code, c
 			 msg);
 		return SDB_EINVAL;
 	}
+	rx_cache_build(&v->rx, validator);
 	*out = v;
 	return 0;
 }
@@ -1407,7 +1702,29 @@ int sdb_validator_new(const bson_t *validator, sdb_validator **out, int *code, c
 int sdb_validator_check(const sdb_validator *v, const bson_t *doc, bson_t *details, int *code,
 			char *err, size_t errlen)
 {
-	return node_eval(&v->root, doc, details, code, err, errlen);
+	const rx_cache *saved = tl_rx;
+	int rc;
+
+	tl_rx = &v->rx;
+	tl_rx_err = 0;
+	rc = node_eval(&v->root, doc, details, code, err, errlen);
+	tl_rx = saved;
+	if (tl_rx_err) {
+		PCRE2_UCHAR m[128];
+		pcre2_get_error_message(tl_rx_err, m, sizeof m);
+		tl_rx_err = 0;
+		if (rc == 0 && details)
+			bson_destroy(details);
+		if (code)
+			*code = C_BAD_VALUE;
+		snprintf(err, errlen,
+			 "Regular expression of the collection validator could not be evaluated "
+			 "on the document: %s (a $jsonSchema pattern or patternProperties key "
+			 "backtracks too much)",
+			 (char *)m);
+		return SDB_ETOOBIG;
+	}
+	return rc;
 }
 
 void sdb_validator_free(sdb_validator *v)
@@ -1415,5 +1732,6 @@ void sdb_validator_free(sdb_validator *v)
 	if (!v)
 		return;
 	node_free(&v->root);
+	rx_cache_free(&v->rx);
 	free(v);
 }

@@ -42,8 +42,11 @@ int sdb_validator_new(const bson_t *validator, sdb_validator **out, int *code, c
 
 /* Does doc satisfy v? Returns 1 yes, 0 no; with details != NULL and 0, *details is
  * initialised to the failure's details document (the caller bson_destroys it; untouched on
- * 1). Errors: SDB_EINVAL when a $expr's evaluation fails (*code, err), as mongod fails the
- * write with the expression's error. */
+ * 1). Errors: SDB_EINVAL when a $expr's evaluation fails (*code, err: the caller treats the
+ * document as failing validation, as mongod 6.0's checkValidation); SDB_ETOOBIG when a
+ * $jsonSchema pattern / patternProperties regex hits PCRE2's match or depth limit (*code 2
+ * BadValue, err): an error of the write, never a silent pass. The regexes are compiled once
+ * by sdb_validator_new. */
 int sdb_validator_check(const sdb_validator *v, const bson_t *doc, bson_t *details, int *code,
 			char *err, size_t errlen);
 

@@ -806,6 +806,10 @@ typedef struct authz {
 	bool ok;
 	char *what;
 	size_t whatlen;
+	/* the command carries bypassDocumentValidation: true: its write targets also need
+	 * MongoDB's bypassDocumentValidation action (dbAdmin/restore, not readWrite), which
+	 * a tenant holds as the admin action */
+	bool bypass;
 } authz;
 
 static void need(authz *a, const char *db, const char *coll, unsigned action)
@@ -913,12 +917,15 @@ static void walk_pipeline(authz *a, bson_iter_t *arr, int depth)
 				walk_sub_pipeline(a, &v, depth);
 			}
 		} else if (strcmp(op, "$out") == 0) {
-			need_target(a, &v, "coll", AUTH_ACT_INSERT | AUTH_ACT_REMOVE);
+			need_target(a, &v, "coll",
+				    AUTH_ACT_INSERT | AUTH_ACT_REMOVE | (a->bypass ? AUTH_ACT_ADMIN : 0));
 		} else if (strcmp(op, "$merge") == 0) {
+			unsigned mact = AUTH_ACT_INSERT | AUTH_ACT_UPDATE |
+					(a->bypass ? AUTH_ACT_ADMIN : 0);
 			if (BSON_ITER_HOLDS_UTF8(&v))
-				need_target(a, &v, "coll", AUTH_ACT_INSERT | AUTH_ACT_UPDATE);
+				need_target(a, &v, "coll", mact);
 			else if (bson_iter_recurse(&v, &f) && bson_iter_find(&f, "into"))
-				need_target(a, &f, "coll", AUTH_ACT_INSERT | AUTH_ACT_UPDATE);
+				need_target(a, &f, "coll", mact);
 			else
 				deny(a, "$merge without into");
 		} else if (strcmp(op, "$facet") == 0) {
@@ -997,7 +1004,7 @@ static const char *const explain_cmds[] = {"find",     "count",  "distinct",
 bool auth_gate_authorize(const auth_policy *pol, const char *tenant, const char *name,
 			 const char *db, const bson_t *cmd, char *what, size_t whatlen)
 {
-	authz a = {pol, tenant, db, true, what, whatlen};
+	authz a = {pol, tenant, db, true, what, whatlen, false};
 	bson_iter_t it;
 	size_t i;
 
@@ -1097,6 +1104,18 @@ bool auth_gate_authorize(const auth_policy *pol, const char *tenant, const char 
 		}
 		if (strcmp(name, "update") == 0 && any_true(cmd, "updates", "upsert"))
 			act |= AUTH_ACT_INSERT;
+		/* MongoDB: bypassDocumentValidation: true (truthy) needs the
+		 * bypassDocumentValidation action (auth/authorization_checks.cpp,
+		 * checkAuthForInsert/Update/FindAndModify, and for aggregate on the $out/$merge
+		 * target), else 13 Unauthorized; the tenant's equivalent is the admin action */
+		if (bool_field(cmd, "bypassDocumentValidation")) {
+			if (strcmp(name, "aggregate") == 0)
+				a.bypass = true;
+			else if (strcmp(name, "insert") == 0 || strcmp(name, "update") == 0 ||
+				 strncmp(name, "findAndModify", 13) == 0 ||
+				 strcmp(name, "findandmodify") == 0)
+				act |= AUTH_ACT_ADMIN;
+		}
 		need(&a, db, coll, act); /* coll NULL: aggregate: 1 needs the database */
 		if (strcmp(name, "aggregate") == 0) {
 			need_pipeline_field(&a, cmd);

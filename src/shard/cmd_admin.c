@@ -137,7 +137,8 @@ void shard_cmd_create(shard_ctx *x)
 			 * enforced by the writes) */
 			if (strcmp(k, "validator") == 0 || strcmp(k, "validationLevel") == 0 ||
 			    strcmp(k, "validationAction") == 0) {
-				int vc = shard_valid_check_opt(&it, "create", x->err,
+				int vc = shard_valid_check_opt(&it, "create", x->db,
+							       coll, x->err,
 							       sizeof x->err);
 				if (vc != 0) {
 					bson_destroy(&opts);

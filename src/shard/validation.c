@@ -1,6 +1,7 @@
 /* Document validation on the shard and collMod (see validation.h). */
 #include "shard/validation.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -11,7 +12,8 @@
 
 #define DOC_VALIDATION_FAILURE 121
 
-int shard_valid_check_opt(const bson_iter_t *it, const char *cmd, char *err, size_t errlen)
+int shard_valid_check_opt(const bson_iter_t *it, const char *cmd, const char *db,
+			  const char *coll, char *err, size_t errlen)
 {
 	const char *k = bson_iter_key(it);
 
@@ -31,6 +33,23 @@ int shard_valid_check_opt(const bson_iter_t *it, const char *cmd, char *err, siz
 		bson_iter_document(it, &len, &data);
 		if (!bson_init_static(&v, data, len))
 			return WIRE_ERR_BAD_VALUE;
+		/* mongod's parseValidator (collection_impl.cpp): none on system collections nor
+		 * in the internal databases; {} (no validator) is allowed everywhere */
+		if (!bson_empty(&v) && coll && strncmp(coll, "system.", 7) == 0) {
+			snprintf(err, errlen,
+				 "Document validators not allowed on system collection %s.%s",
+				 db ? db : "", coll);
+			return WIRE_ERR_INVALID_OPTIONS;
+		}
+		if (!bson_empty(&v) && db &&
+		    (strcmp(db, "admin") == 0 || strcmp(db, "local") == 0 ||
+		     strcmp(db, "config") == 0)) {
+			snprintf(err, errlen,
+				 "Document validators are not allowed on collections in the %s "
+				 "database",
+				 db);
+			return WIRE_ERR_INVALID_OPTIONS;
+		}
 		if (sdb_validator_new(&v, &val, &code, err, errlen) != 0)
 			return code ? code : WIRE_ERR_BAD_VALUE;
 		sdb_validator_free(val);
@@ -57,6 +76,87 @@ int shard_valid_check_opt(const bson_iter_t *it, const char *cmd, char *err, siz
 		return 0;
 	}
 	return 0;
+}
+
+/* ------------------------------------------------------------------ validator cache */
+
+#define VCACHE_SLOTS 64
+
+/* A compiled validator shared by the writes of one collection (sdb_validator is immutable
+ * and may be checked from several threads at once). */
+struct shard_vcache_ent {
+	uint8_t uuid[16];
+	uint8_t *bytes; /* the validator document (NULL: free slot) */
+	uint32_t len;
+	sdb_validator *v;
+	int refs;	/* shard_valid holding it; freed when evicted at 0 */
+	uint64_t used; /* last use (for eviction) */
+};
+
+static pthread_mutex_t vcache_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct shard_vcache_ent vcache[VCACHE_SLOTS];
+static uint64_t vcache_clock;
+
+static struct shard_vcache_ent *vcache_get(const uint8_t uuid[16], const bson_t *val)
+{
+	struct shard_vcache_ent *e = NULL;
+	const uint8_t *data = bson_get_data(val);
+
+	pthread_mutex_lock(&vcache_mu);
+	for (size_t i = 0; i < VCACHE_SLOTS; i++) {
+		struct shard_vcache_ent *c = &vcache[i];
+		if (c->bytes && c->len == val->len && memcmp(c->uuid, uuid, 16) == 0 &&
+		    memcmp(c->bytes, data, val->len) == 0) {
+			e = c;
+			break;
+		}
+	}
+	if (e) {
+		e->refs++;
+		e->used = ++vcache_clock;
+	}
+	pthread_mutex_unlock(&vcache_mu);
+	return e;
+}
+
+/* Put v (compiled from val) in the cache; returns its entry (one reference taken) or NULL
+ * when every slot is in use (the caller then owns v alone). */
+static struct shard_vcache_ent *vcache_put(const uint8_t uuid[16], const bson_t *val,
+					   sdb_validator *v)
+{
+	struct shard_vcache_ent *victim = NULL;
+	sdb_validator *old = NULL;
+	uint8_t *old_bytes = NULL;
+
+	pthread_mutex_lock(&vcache_mu);
+	for (size_t i = 0; i < VCACHE_SLOTS; i++) {
+		struct shard_vcache_ent *c = &vcache[i];
+		if (c->refs == 0 &&
+		    (!victim || !c->bytes || (victim->bytes && c->used < victim->used)))
+			victim = c;
+	}
+	if (victim) {
+		old = victim->v;
+		old_bytes = victim->bytes;
+		memcpy(victim->uuid, uuid, 16);
+		victim->bytes = sdb_malloc(val->len);
+		memcpy(victim->bytes, bson_get_data(val), val->len);
+		victim->len = val->len;
+		victim->v = v;
+		victim->refs = 1;
+		victim->used = ++vcache_clock;
+	}
+	pthread_mutex_unlock(&vcache_mu);
+	sdb_validator_free(old);
+	free(old_bytes);
+	return victim;
+}
+
+static void vcache_release(struct shard_vcache_ent *e)
+{
+	pthread_mutex_lock(&vcache_mu);
+	e->refs--;
+	pthread_mutex_unlock(&vcache_mu);
 }
 
 bool shard_valid_open(shard_ctx *x, const char *coll, shard_valid *sv)
@@ -95,10 +195,15 @@ bool shard_valid_open(shard_ctx *x, const char *coll, shard_valid *sv)
 	bson_iter_document(&it, &len, &data);
 	if (!bson_init_static(&v, data, len) || bson_empty(&v))
 		return true;
+	if ((sv->ent = vcache_get(co->uuid, &v)) != NULL) {
+		sv->v = sv->ent->v;
+		return true;
+	}
 	if (sdb_validator_new(&v, &sv->v, &code, x->err, sizeof x->err) != 0) {
 		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
 		return false;
 	}
+	sv->ent = vcache_put(co->uuid, &v, sv->v);
 	return true;
 }
 
@@ -109,19 +214,34 @@ int shard_valid_doc(shard_ctx *x, const shard_valid *sv, const bson_t *old, cons
 
 	if (!sv->v)
 		return 0;
-	/* moderate: an update of a document that did not satisfy the validator is allowed */
+	/* moderate: an update of a document that did not satisfy the validator is allowed; one
+	 * whose evaluation throws counts as not satisfying it (mongod 6.0's checkValidation
+	 * catches the exception) */
 	if (old && sv->moderate) {
 		rc = sdb_validator_check(sv->v, old, NULL, &code, x->err, sizeof x->err);
-		if (rc == 0)
+		if (rc == SDB_ETOOBIG)
+			return code ? code : WIRE_ERR_BAD_VALUE;
+		if (rc <= 0)
 			return 0;
 	}
 	rc = sdb_validator_check(sv->v, doc, &details, &code, x->err, sizeof x->err);
 	if (rc == 1)
 		return 0;
-	if (rc < 0) {
-		if (sv->warn)
-			return 0;
+	if (rc == SDB_ETOOBIG) /* a regex's match limit: an error of the write, never a pass */
 		return code ? code : WIRE_ERR_BAD_VALUE;
+	if (rc < 0) {
+		/* mongod 6.0 (collection_impl.cpp checkValidation) catches an exception of the
+		 * validator's evaluation and fails the document with 121 (warn: logs it and
+		 * writes it); the details say why, as doc_validation_error's "failed to
+		 * evaluate aggregation expression" with the error */
+		bson_t d;
+		bson_init(&details);
+		BSON_APPEND_UTF8(&details, "operatorName", "$expr");
+		BSON_APPEND_UTF8(&details, "reason", "failed to evaluate aggregation expression");
+		BSON_APPEND_DOCUMENT_BEGIN(&details, "details", &d);
+		BSON_APPEND_INT32(&d, "code", code ? code : WIRE_ERR_BAD_VALUE);
+		BSON_APPEND_UTF8(&d, "errmsg", x->err);
+		bson_append_document_end(&details, &d);
 	}
 	bson_t *info = bson_new();
 	bson_iter_t id;
@@ -167,7 +287,11 @@ bson_t *shard_valid_info_truncated(const bson_t *info)
 
 void shard_valid_close(shard_valid *sv)
 {
-	sdb_validator_free(sv->v);
+	if (sv->ent)
+		vcache_release(sv->ent);
+	else
+		sdb_validator_free(sv->v);
+	sv->ent = NULL;
 	sv->v = NULL;
 }
 
@@ -267,7 +391,8 @@ void shard_cmd_coll_mod(shard_ctx *x)
 			}
 		if (strcmp(k, "validator") == 0 || strcmp(k, "validationLevel") == 0 ||
 		    strcmp(k, "validationAction") == 0) {
-			if ((code = shard_valid_check_opt(&it, "collMod", x->err, sizeof x->err)) !=
+			if ((code = shard_valid_check_opt(&it, "collMod", x->db, coll, x->err,
+							 sizeof x->err)) !=
 			    0) {
 				shard_fail(x, code, "%s", x->err);
 				return;

@@ -15,8 +15,10 @@
 
 /* A write command's view of its collection's validation: v NULL when nothing is checked
  * (no validator, validationLevel "off", bypassDocumentValidation, a migration's write). */
+struct shard_vcache_ent;
 typedef struct shard_valid {
-	sdb_validator *v;
+	sdb_validator *v;		/* shared with the compiled-validator cache (below) */
+	struct shard_vcache_ent *ent; /* its cache entry (a reference, dropped by close) */
 	bool moderate; /* validationLevel "moderate": updates of invalid documents pass */
 	bool warn;     /* validationAction "warn": log and write */
 	char ns[256];
@@ -24,19 +26,28 @@ typedef struct shard_valid {
 
 /* Check one validation option of create or collMod (cmd: "create" / "collMod" for the
  * messages): `validator` an object that compiles, `validationLevel` "off" / "strict" /
- * "moderate", `validationAction` "error" / "warn". Returns: 0, or MongoDB's code (14
- * TypeMismatch, 2 BadValue, the validator's parse code) with the message in err. */
-int shard_valid_check_opt(const bson_iter_t *it, const char *cmd, char *err, size_t errlen);
+ * "moderate", `validationAction` "error" / "warn"; db.coll the collection (NULL: not
+ * checked): a non-empty validator on a system.* collection or in admin/local/config is 72
+ * InvalidOptions, as mongod's parseValidator. Returns: 0, or MongoDB's code (14
+ * TypeMismatch, 2 BadValue, 72 InvalidOptions, the validator's parse code) with the message
+ * in err. */
+int shard_valid_check_opt(const bson_iter_t *it, const char *cmd, const char *db,
+			  const char *coll, char *err, size_t errlen);
 
-/* Set sv up for writes to db.coll (x->db) inside the command's open transaction. Returns:
+/* Set sv up for writes to db.coll (x->db) inside the command's open transaction. The
+ * compiled validator comes from a process-wide cache keyed by the collection's UUID and the
+ * validator's bytes (a collMod that changes it misses the cache), so a write command does
+ * not recompile it (an enum of 100,000 values). Returns:
  * true, or false after replying the error (a stored validator that no longer compiles). */
 bool shard_valid_open(shard_ctx *x, const char *coll, shard_valid *sv);
 
 /* Validate doc, the new version of old (NULL for an insert or an upsert's new document).
  * Returns: 0 (valid, not checked, or only warned about), or 121 DocumentValidationFailure
  * with "Document failed validation" in x->err and x->err_info set to the errInfo document
- * {failingDocumentId, details} (heap; taken by the code that replies), or the code of a
- * $expr evaluation error (message in x->err). */
+ * {failingDocumentId, details} (heap; taken by the code that replies); a validator whose
+ * evaluation throws (a $expr dividing by zero) fails the document the same way (121, with
+ * the error in details), as mongod 6.0; or 2 BadValue when a $jsonSchema regex hits
+ * PCRE2's match limit (message in x->err). */
 int shard_valid_doc(shard_ctx *x, const shard_valid *sv, const bson_t *old, const bson_t *doc);
 
 void shard_valid_close(shard_valid *sv);

@@ -373,3 +373,49 @@ def test_speculative_authentication_in_hello(sec):
         client(sec, "alice", "wrong").adb.c.find_one()
     assert ei.value.code == 18
     assert audit_counts(sec)["authFailed"] - before.get("authFailed", 0) == 1
+
+
+def test_bypass_document_validation_needs_the_admin_action(sec):
+    """MongoDB requires the bypassDocumentValidation action (dbAdmin/restore, not readWrite)
+    for bypassDocumentValidation: true on insert, update, findAndModify and aggregate's
+    $out/$merge target, else 13 Unauthorized. A tenant holds it as the admin action."""
+    alice = client(sec, "alice", "alice-pw")
+    alice.adb.create_collection("v", validator={"x": {"$type": "int"}})
+    alice.adb.create_collection("w", validator={"x": {"$type": "int"}})
+    alice.adb.src.insert_one({"_id": 1, "x": "str"})
+    sec.meta_cmd({"setPolicy": "A", "policy": {"collections": {
+        "adb.v": {"actions": ["find", "insert", "update", "remove"]},
+        "adb.w": {"actions": ["find", "insert", "update", "remove", "admin"]}}}})
+
+    def code(coll, cmd):
+        try:
+            r = alice.adb.command(cmd)
+        except OperationFailure as e:
+            return e.code
+        return r["writeErrors"][0]["code"] if r.get("writeErrors") else None
+
+    bad = {"_id": 1, "x": "str"}
+    wait_until(lambda: code("v", {"insert": "v", "documents": [bad],
+                                  "bypassDocumentValidation": True}) == 13,
+               15, what="the policy to be loaded")
+    # without the flag the write is allowed (and validated: 121)
+    assert code("v", {"insert": "v", "documents": [bad]}) == 121
+    for cmd in ({"update": "v", "updates": [{"q": {}, "u": {"$set": {"x": "s"}}}],
+                 "bypassDocumentValidation": 1},
+                {"findAndModify": "v", "query": {}, "update": {"$set": {"x": "s"}},
+                 "bypassDocumentValidation": True},
+                {"aggregate": "src", "cursor": {}, "pipeline": [{"$merge": {"into": "v"}}],
+                 "bypassDocumentValidation": True},
+                {"aggregate": "src", "cursor": {}, "pipeline": [{"$out": "v"}],
+                 "bypassDocumentValidation": True}):
+        assert code("v", cmd) == 13, cmd
+    # false is no bypass: no admin needed
+    assert code("v", {"insert": "v", "documents": [{"_id": 2, "x": 2}],
+                      "bypassDocumentValidation": False}) is None
+    # with the admin action the bypass works
+    assert code("w", {"insert": "w", "documents": [bad],
+                      "bypassDocumentValidation": True}) is None
+    assert alice.adb.w.find_one({"_id": 1}) == bad
+    assert code("w", {"update": "w", "updates": [{"q": {"_id": 1},
+                                                  "u": {"$set": {"y": "s"}}}],
+                      "bypassDocumentValidation": True}) is None

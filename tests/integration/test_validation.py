@@ -471,3 +471,85 @@ def test_large_details_are_truncated(shard):
         full = [w for w in errs if "consideredValue" in w["errInfo"]["details"]]
         assert 0 < len(full) < 12
         assert db.big.count_documents({}) == 0
+
+
+def test_a_validator_that_throws_fails_the_document(shard):
+    """mongod 6.0 catches an error of the validator's evaluation (a $divide by zero) and
+    fails the document with 121 (warn: logs and writes it; moderate: an old document that
+    throws counts as invalid, so its update is allowed)."""
+    proc, port = shard
+    with client(port) as c:
+        db = c.v
+        db.c.insert_many([{"_id": 1, "x": 0}, {"_id": 2, "x": 1}])
+        db.command("collMod", "c", validator={"$expr": {"$gt": [{"$divide": [1, "$x"]}, 0]}})
+        d = write_fails(lambda: db.c.insert_one({"_id": 3, "x": 0}))
+        assert d["errInfo"]["failingDocumentId"] == 3
+        det = d["errInfo"]["details"]
+        assert det["reason"] == "failed to evaluate aggregation expression"
+        assert det["details"]["code"] != 121
+        db.c.insert_one({"_id": 4, "x": 2})
+        write_fails(lambda: db.c.update_one({"_id": 1}, {"$set": {"y": 1}}))
+        # moderate: the old document throws, so it was invalid: its update is allowed
+        db.command("collMod", "c", validationLevel="moderate")
+        db.c.update_one({"_id": 1}, {"$set": {"y": 1}})
+        write_fails(lambda: db.c.update_one({"_id": 2}, {"$set": {"x": 0}}))
+        # warn: logged and written
+        db.command("collMod", "c", validationLevel="strict", validationAction="warn")
+        db.c.insert_one({"_id": 5, "x": 0})
+        assert db.c.find_one({"_id": 5}) == {"_id": 5, "x": 0}
+        wait_until(lambda: "failed to evaluate aggregation expression" in proc.tail(), 10,
+                   what="the warning")
+
+
+def test_no_validators_in_internal_databases_nor_on_system_collections(shard):
+    """mongod's parseValidator: 72 InvalidOptions for a validator on a collection of admin,
+    local or config, or on a system.* collection (create and collMod); {} is allowed."""
+    _, port = shard
+    with client(port) as c:
+        for dbname in ("admin", "local", "config"):
+            msg = cmd_fails(c[dbname], 72, "create", "vc", validator={"a": 1})
+            assert msg == ("Document validators are not allowed on collections in the "
+                           f"{dbname} database")
+        # (system.* collections cannot be created on a shard at all: 73 before the check)
+        c.v.command("create", "plain")
+        c.v.command("create", "plain2", validator={})
+        c.v.command("collMod", "plain", validator={})
+        c.v.command("create", "vc2", validator={"a": 1})
+
+
+def test_regex_limits_and_cached_validator(shard):
+    """A $jsonSchema pattern that backtracks catastrophically is a 2 BadValue write error
+    (PCRE2's match limit), quickly, never a silent pass; patternProperties too. A collMod
+    that changes the validator takes effect at once (the compiled-validator cache is keyed
+    by the validator's bytes)."""
+    _, port = shard
+    with client(port) as c:
+        db = c.v
+        db.command("create", "r", validator={"$jsonSchema": {
+            "properties": {"s": {"pattern": "^(a+)+$"}},
+            "patternProperties": {"^(a+)+$": {"bsonType": "int"}},
+            "additionalProperties": True}})
+        db.r.insert_one({"_id": 1, "s": "aaaa"})
+        write_fails(lambda: db.r.insert_one({"_id": 2, "s": "b"}))
+        for doc in ({"_id": 3, "s": "a" * 40 + "b"},
+                    {"_id": 4, **{"a" * (30 + i) + "b": "str" for i in range(50)}}):
+            with pytest.raises((WriteError, OperationFailure)) as e:
+                db.r.insert_one(doc)
+            assert e.value.code == 2, e.value.details
+            assert "match limit" in e.value.details["errmsg"]
+        assert db.r.count_documents({}) == 1
+        db.command("collMod", "r", validator={"s": {"$type": "int"}})
+        write_fails(lambda: db.r.insert_one({"_id": 5, "s": "aaaa"}))
+        db.r.insert_one({"_id": 5, "s": 5})
+        db.command("collMod", "r", validator={"s": {"$type": "string"}})
+        db.r.insert_one({"_id": 6, "s": "x"})
+        write_fails(lambda: db.r.insert_one({"_id": 7, "s": 5}))
+        # a large enum and uniqueItems over a large array, through the cache
+        db.command("create", "e", validator={"$jsonSchema": {"properties": {
+            "k": {"enum": list(range(100000))},
+            "arr": {"uniqueItems": True}}}})
+        db.e.insert_one({"_id": 1, "k": 99999, "arr": list(range(20000))})
+        d = write_fails(lambda: db.e.insert_one({"_id": 2, "arr": list(range(20000)) + [7]}))
+        rules = d["errInfo"]["details"]["schemaRulesNotSatisfied"]
+        assert rules[0]["propertiesNotSatisfied"][0]["details"][0]["duplicatedValue"] == 7
+        write_fails(lambda: db.e.insert_one({"_id": 3, "k": 100000}))

@@ -164,12 +164,223 @@ static void test_parse_errors(void **state)
 	}
 }
 
+/* A validator {$jsonSchema: {properties: {a: {KW: [0, 1, ..., n-1 (+ extra)]}}}}. */
+static bson_t *big_array_schema(const char *kw, int n, int extra)
+{
+	bson_t *v = bson_new(), js, props, a, spec, arr;
+	char k[16];
+	BSON_APPEND_DOCUMENT_BEGIN(v, "$jsonSchema", &js);
+	BSON_APPEND_DOCUMENT_BEGIN(&js, "properties", &props);
+	BSON_APPEND_DOCUMENT_BEGIN(&props, "a", &a);
+	if (strcmp(kw, "uniqueItems") == 0) {
+		BSON_APPEND_BOOL(&a, "uniqueItems", true);
+	} else {
+		BSON_APPEND_ARRAY_BEGIN(&a, kw, &arr);
+		for (int i = 0; i < n; i++) {
+			snprintf(k, sizeof k, "%d", i);
+			if (strcmp(kw, "required") == 0) {
+				char f[16];
+				snprintf(f, sizeof f, "f%d", i);
+				BSON_APPEND_UTF8(&arr, k, f);
+			} else {
+				BSON_APPEND_INT32(&arr, k, i);
+			}
+		}
+		if (extra >= 0) {
+			snprintf(k, sizeof k, "%d", n);
+			if (strcmp(kw, "required") == 0) {
+				char f[16];
+				snprintf(f, sizeof f, "f%d", extra);
+				BSON_APPEND_UTF8(&arr, k, f);
+			} else {
+				BSON_APPEND_INT64(&arr, k, extra);
+			}
+		}
+		bson_append_array_end(&a, &arr);
+	}
+	(void)spec;
+	bson_append_document_end(&props, &a);
+	bson_append_document_end(&js, &props);
+	bson_append_document_end(v, &js);
+	return v;
+}
+
+/* {a: [0, 1, ..., n-1 (+ extra as a double)]} */
+static bson_t *big_array_doc(int n, int extra)
+{
+	bson_t *d = bson_new(), arr;
+	char k[16];
+	BSON_APPEND_ARRAY_BEGIN(d, "a", &arr);
+	for (int i = 0; i < n; i++) {
+		snprintf(k, sizeof k, "%d", i);
+		BSON_APPEND_INT32(&arr, k, n - 1 - i);
+	}
+	if (extra >= 0) {
+		snprintf(k, sizeof k, "%d", n);
+		BSON_APPEND_DOUBLE(&arr, k, extra);
+	}
+	bson_append_array_end(d, &arr);
+	return d;
+}
+
+/* uniqueItems, enum and required compare values in n log n (the shard's write lock is held
+ * while a document is validated): large arrays give the same verdicts as the pairwise scan. */
+static void test_large_arrays(void **state)
+{
+	(void)state;
+	char err[512];
+	int code = 0;
+	sdb_validator *val = NULL;
+	bson_t *v = big_array_schema("uniqueItems", 0, -1), det;
+	assert_int_equal(sdb_validator_new(v, &val, &code, err, sizeof err), 0);
+	bson_t *d = big_array_doc(20000, -1);
+	assert_int_equal(sdb_validator_check(val, d, NULL, &code, err, sizeof err), 1);
+	bson_destroy(d);
+	/* 7.0 after 20,000 ints: equal to the int 7 (numbers compare by value) */
+	d = big_array_doc(20000, 7);
+	assert_int_equal(sdb_validator_check(val, d, &det, &code, err, sizeof err), 0);
+	char *js = bson_as_relaxed_extended_json(&det, NULL);
+	/* the first item (in array order) that has a duplicate: the int 7 */
+	assert_non_null(strstr(js, "\"duplicatedValue\" : 7 "));
+	bson_free(js);
+	bson_destroy(&det);
+	bson_destroy(d);
+	sdb_validator_free(val);
+	bson_destroy(v);
+
+	/* enum of 100,000 distinct values compiles; one duplicate (an int64 equal to an int32)
+	 * is FailedToParse */
+	v = big_array_schema("enum", 100000, -1);
+	assert_int_equal(sdb_validator_new(v, &val, &code, err, sizeof err), 0);
+	d = big_array_doc(3, -1);
+	bson_destroy(d);
+	sdb_validator_free(val);
+	bson_destroy(v);
+	v = big_array_schema("enum", 100000, 99999);
+	assert_int_equal(sdb_validator_new(v, &val, &code, err, sizeof err), SDB_EINVAL);
+	assert_int_equal(code, 9);
+	assert_non_null(strstr(err, "array cannot contain duplicate values"));
+	bson_destroy(v);
+	v = big_array_schema("required", 50000, 12345);
+	assert_int_equal(sdb_validator_new(v, &val, &code, err, sizeof err), SDB_EINVAL);
+	assert_int_equal(code, 9);
+	bson_destroy(v);
+	v = big_array_schema("required", 50000, -1);
+	assert_int_equal(sdb_validator_new(v, &val, &code, err, sizeof err), 0);
+	sdb_validator_free(val);
+	bson_destroy(v);
+
+	/* the helper on small mixed arrays */
+	static const struct {
+		const char *doc;
+		int want;
+	} cases[] = {
+		{"{\"a\": []}", 1},
+		{"{\"a\": [1]}", 1},
+		{"{\"a\": [1, \"1\", {\"x\": 1}, [1], null]}", 1},
+		{"{\"a\": [{\"x\": 1}, {\"x\": 1.0}]}", 0},
+		{"{\"a\": [[1, 2], [1, 2]]}", 0},
+		{"{\"a\": [{\"x\": 1, \"y\": 2}, {\"y\": 2, \"x\": 1}]}", 1},
+		{"{\"a\": [null, null]}", 0},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+		if (verdict("{\"$jsonSchema\": {\"properties\": {\"a\": {\"uniqueItems\": true}}}}",
+			    cases[i].doc) != cases[i].want)
+			fail_msg("uniqueItems case %zu: %s", i, cases[i].doc);
+}
+
+/* pattern / patternProperties: compiled once with the validator; a catastrophic backtrack
+ * hits PCRE2's match limit and is an error (2 BadValue), never a pass or a silent fail. */
+static void test_regex_limits(void **state)
+{
+	(void)state;
+	char err[512];
+	int code = 0;
+	sdb_validator *val = NULL;
+	bson_t *v = J("{\"$jsonSchema\": {\"properties\": {\"s\": {\"pattern\": \"^(a+)+$\"}, "
+		      "\"t\": {\"pattern\": \"^x\"}, \"u\": {\"pattern\": \"^x\"}}, "
+		      "\"patternProperties\": {\"^(a+)+$\": {\"bsonType\": \"int\"}}}}");
+	assert_int_equal(sdb_validator_new(v, &val, &code, err, sizeof err), 0);
+	assert_int_equal(val->rx.n, 2); /* ^(a+)+$ (twice) and ^x, each once */
+	bson_t *d = J("{\"s\": \"aaaa\", \"t\": \"xy\"}");
+	assert_int_equal(sdb_validator_check(val, d, NULL, &code, err, sizeof err), 1);
+	bson_destroy(d);
+	d = J("{\"t\": \"yx\"}");
+	assert_int_equal(sdb_validator_check(val, d, NULL, &code, err, sizeof err), 0);
+	bson_destroy(d);
+	const char *bad[] = {
+		"{\"s\": \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab\"}",
+		/* a field name the patternProperties regex cannot decide */
+		"{\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab\": 1}",
+	};
+	for (size_t i = 0; i < 2; i++) {
+		bson_t det;
+		d = J(bad[i]);
+		code = 0;
+		assert_int_equal(sdb_validator_check(val, d, NULL, &code, err, sizeof err),
+				 SDB_ETOOBIG);
+		assert_int_equal(code, 2);
+		assert_non_null(strstr(err, "match limit"));
+		assert_int_equal(sdb_validator_check(val, d, &det, &code, err, sizeof err),
+				 SDB_ETOOBIG);
+		bson_destroy(d);
+	}
+	/* the next check starts clean */
+	d = J("{\"t\": \"x\"}");
+	assert_int_equal(sdb_validator_check(val, d, NULL, &code, err, sizeof err), 1);
+	bson_destroy(d);
+	sdb_validator_free(val);
+	bson_destroy(v);
+}
+
+/* multipleOf as mongod's Decimal128 remainder (a double rounded to 15 digits). */
+static void test_multiple_of(void **state)
+{
+	(void)state;
+	static const struct {
+		const char *div, *val;
+		int want;
+	} cases[] = {
+		{"0.1", "0.3", 1},
+		{"0.1", "0.35", 0},
+		{"0.01", "1.23", 1},
+		{"3", "9", 1},
+		{"3", "10", 0},
+		{"3", "-9", 1},
+		{"2.5", "7.5", 1},
+		{"2.5", "7", 0},
+		{"0.1", "0", 1},
+		{"7", "1e300", 0},
+		{"5", "1e300", 1},
+		{"1e-300", "3e-299", 1},
+		{"0.3", "0.1", 0},
+		{"{\"$numberDecimal\": \"0.1\"}", "{\"$numberDecimal\": \"0.30\"}", 1},
+		{"{\"$numberDecimal\": \"0.1\"}", "{\"$numberDecimal\": \"0.31\"}", 0},
+		{"{\"$numberLong\": \"4\"}", "{\"$numberLong\": \"1000000000000000000\"}", 1},
+		{"1", "{\"$numberDouble\": \"Infinity\"}", 0},
+		{"1", "{\"$numberDouble\": \"NaN\"}", 0},
+	};
+	char v[256], d[256];
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		snprintf(v, sizeof v,
+			 "{\"$jsonSchema\": {\"properties\": {\"a\": {\"multipleOf\": %s}}}}",
+			 cases[i].div);
+		snprintf(d, sizeof d, "{\"a\": %s}", cases[i].val);
+		if (verdict(v, d) != cases[i].want)
+			fail_msg("multipleOf %s of %s: want %d", cases[i].div, cases[i].val,
+				 cases[i].want);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_keywords),
 		cmocka_unit_test(test_details),
 		cmocka_unit_test(test_parse_errors),
+		cmocka_unit_test(test_large_arrays),
+		cmocka_unit_test(test_regex_limits),
+		cmocka_unit_test(test_multiple_of),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
