@@ -538,7 +538,7 @@ int sdb_collation_parse_doc(const bson_t *spec, const sdb_collator **out, int *c
 {
 	coll_opts o;
 	int rc;
-	sdb_collator *c, *e;
+	sdb_collator *c = NULL, *e;
 	char *key;
 
 	*out = NULL;
