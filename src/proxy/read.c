@@ -550,6 +550,7 @@ static void count_shard(agg_chunk *a)
 		bson_append_iter(&cmd, "hint", -1, &it);
 	if (bson_iter_init_find(&it, a->c->cmd, "maxTimeMS"))
 		bson_append_iter(&cmd, "maxTimeMS", -1, &it);
+	px_append_collation(a->c->cmd, &cmd); /* the shard counts and dedups under it */
 	px_append_shard_version(&cmd, a->rc, shard);
 	a->cls = px_run_on(a->c, shard, &cmd, NULL, &reply, a->nerr, sizeof a->nerr);
 	if (a->cls == SHARDCONN_OK) {

@@ -192,6 +192,23 @@ def test_collation_through_a_proxy(start_role, tmp_path):
         assert sorted(d["x"] for d in db.byx.find({"x": "ping"}, collation=CI)) == ["PING", "ping"]
         assert db.byx.count_documents({"x": "Ping"}, collation=CI) == 2
         assert db.byx.count_documents({"x": "Ping"}) == 0
+        # the count and distinct commands too, sent per shard by the proxy once the shard
+        # holds the collection's filtering metadata (shardCollection through the proxy
+        # installs it): they carry the collation (a fresh user found count answering 1
+        # where 2 match: the collation was dropped)
+        p = cl.proxy_client(0)
+        assert p.admin.command("shardCollection", "coll.byk", key={"x": 1})["ok"] == 1
+        holder = [sid for sid in cl.shard_ids
+                  if cl.shard_client(sid).admin.command("stripedbGetFiltering",
+                                                        "coll.byk")["installed"]]
+        assert holder, "no shard holds coll.byk's filtering metadata"
+        db.byk.insert_many([{"_id": 1, "x": "PING"}, {"_id": 2, "x": "ping"}])
+        assert db.command({"count": "byk", "query": {"x": "Ping"}, "collation": CI})["n"] == 2
+        assert db.command({"count": "byk", "query": {"x": "Ping"}})["n"] == 0
+        assert sorted(db.command({"distinct": "byk", "key": "_id", "query": {"x": "PiNG"},
+                                  "collation": CI})["values"]) == [1, 2]
+        assert db.command({"distinct": "byk", "key": "x", "collation": CI})["values"] in (
+            ["PING"], ["ping"])
         check(db)
         # $lookup of a sharded collection: the foreign side matches under the collation
         db.orders.insert_many([{"_id": 1, "w": "APPLE"}, {"_id": 2, "w": "pong"}])
