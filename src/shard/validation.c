@@ -1,5 +1,6 @@
 /* Document validation on the shard and collMod (see validation.h). */
 #include "shard/validation.h"
+#include "storage/collation.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -179,6 +180,9 @@ bool shard_valid_open(shard_ctx *x, const char *coll, shard_valid *sv)
 		return true;
 	if (sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) != 0 || !co)
 		return true;
+	if (bson_iter_init_find(&it, co->options, "collation") &&
+	    sdb_collation_parse(&it, &sv->coll, &code, x->err, sizeof x->err) != 0)
+		sv->coll = NULL; /* checked by create: cannot happen */
 	if (bson_iter_init_find(&it, co->options, "validationLevel") &&
 	    BSON_ITER_HOLDS_UTF8(&it)) {
 		const char *l = bson_iter_utf8(&it, NULL);
@@ -207,7 +211,20 @@ bool shard_valid_open(shard_ctx *x, const char *coll, shard_valid *sv)
 	return true;
 }
 
+static int valid_doc(shard_ctx *x, const shard_valid *sv, const bson_t *old, const bson_t *doc);
+
 int shard_valid_doc(shard_ctx *x, const shard_valid *sv, const bson_t *old, const bson_t *doc)
+{
+	/* the validator compares under the collection's default collation, whatever the
+	 * write's own (mongod's validator is parsed with the collection's collator) */
+	const sdb_collator *prev = sdb_collation_use(sv->coll);
+	int rc = valid_doc(x, sv, old, doc);
+
+	sdb_collation_use(prev);
+	return rc;
+}
+
+static int valid_doc(shard_ctx *x, const shard_valid *sv, const bson_t *old, const bson_t *doc)
 {
 	bson_t details;
 	int code = 0, rc;

@@ -21,6 +21,9 @@ typedef struct shard_valid {
 	struct shard_vcache_ent *ent; /* its cache entry (a reference, dropped by close) */
 	bool moderate; /* validationLevel "moderate": updates of invalid documents pass */
 	bool warn;     /* validationAction "warn": log and write */
+	/* the collection's default collation, under which the validator compares strings
+	 * (mongod parses a validator with the collection's collator); NULL: simple */
+	const struct sdb_collator *coll;
 	char ns[256];
 } shard_valid;
 

@@ -553,3 +553,26 @@ def test_regex_limits_and_cached_validator(shard):
         rules = d["errInfo"]["details"]["schemaRulesNotSatisfied"]
         assert rules[0]["propertiesNotSatisfied"][0]["details"][0]["duplicatedValue"] == 7
         write_fails(lambda: db.e.insert_one({"_id": 3, "k": 100000}))
+
+
+def test_validator_compares_under_the_collection_default_collation(shard):
+    """mongod parses a validator with the collection's collator: under a case-insensitive
+    default, {$nin: ["admin"]} refuses "ADMIN" and {$in: ["a"]} accepts "A", whatever the
+    write's own collation (a fresh user found both the other way round)."""
+    _, port = shard
+    c = client(port)
+    db = c.vcoll
+    ci = {"locale": "en", "strength": 2}
+    db.command("create", "users", validator={"name": {"$nin": ["admin", "root"]}}, collation=ci)
+    write_fails(lambda: db.users.insert_one({"name": "ADMIN"}))
+    db.users.insert_one({"name": "alice"})
+    db.command("create", "opts", validator={"n": {"$in": ["a", "b"]}}, collation=ci)
+    db.opts.insert_one({"n": "A"})
+    db.command("create", "ex", validator={"$expr": {"$eq": ["$n", "x"]}}, collation=ci)
+    db.ex.insert_one({"n": "X"})
+    # a collection without a default collation compares bytes
+    db.command("create", "plain", validator={"n": {"$in": ["a"]}})
+    write_fails(lambda: db.plain.insert_one({"n": "A"}))
+    assert db.users.count_documents({}) == 1 and db.opts.count_documents({}) == 1
+    assert db.ex.count_documents({}) == 1 and db.plain.count_documents({}) == 0
+    c.close()
