@@ -1026,7 +1026,10 @@ route_key_change route_update_changes_key(const route_coll *c, const bson_t *upd
 						continue; /* immutable anyway: the shard refuses changes */
 					if (!paths_conflict(bson_iter_key(&f), c->keys[i]))
 						continue;
-					if (strcmp(op, "$set") == 0 &&
+					/* $set, or $setOnInsert (which only sets it on an upsert's
+					 * insert), of the very value the filter pins: kept */
+					if ((strcmp(op, "$set") == 0 ||
+					     strcmp(op, "$setOnInsert") == 0) &&
 					    strcmp(bson_iter_key(&f), c->keys[i]) == 0 &&
 					    filter_point(filter, c->keys[i], &pinned) &&
 					    sdb_bson_value_eq_simple(bson_iter_value(&f), &pinned))

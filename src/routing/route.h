@@ -144,7 +144,7 @@ size_t route_target_range(const route_coll *c, const bson_t *min, const bson_t *
 
 /* True when the update document (op-style or replacement) would change the shard key:
  * op-style when any modifier path equals, contains or lies inside a key path (except $set
- * to the value eq_key already pins); replacement when its key differs from eq_key (or any
+ * or $setOnInsert of the value the filter already pins); replacement when its key differs from eq_key (or any
  * key field is missing and eq_key is NULL). eq_key is the filter's pinned key value
  * (unhashed field values) or NULL. A key field _id is never checked here: _id is immutable
  * and the shard itself refuses to change it (ImmutableField). Returns what the update does

@@ -159,6 +159,17 @@ def test_writes_multi_and_shard_key_rules(cluster):
     r = c.update_one({"k": 777}, {"$set": {"z": 1}}, upsert=True)
     assert r.upserted_id is not None
     assert cluster.shard_client("shard-c").db.c.count_documents({"k": 777}) == 1
+    # $setOnInsert of the pinned key value (what $merge's keepExisting sends): inserted,
+    # then a no-op on the existing document; another value is an attempt to change it
+    r = c.update_one({"k": 778}, {"$setOnInsert": {"k": 778, "w": 1}}, upsert=True)
+    assert r.upserted_id is not None
+    r = c.update_one({"k": 778}, {"$setOnInsert": {"k": 778, "w": 2}}, upsert=True)
+    assert r.matched_count == 1 and r.modified_count == 0
+    assert c.find_one({"k": 778}, {"_id": 0}) == {"k": 778, "w": 1}
+    with pytest.raises(OperationFailure) as e:
+        c.update_one({"k": 779}, {"$setOnInsert": {"k": 1}}, upsert=True)
+    assert e.value.code == 66
+    c.delete_one({"k": 778})
     # findAndModify with and without the key
     d = c.find_one_and_update({"k": 120}, {"$set": {"f": 1}}, return_document=True)
     assert d["f"] == 1 and d["k"] == 120

@@ -327,6 +327,11 @@ static void test_update_key(void **state)
 	assert_int_equal(ROUTE_KEY_CHANGED, changes(c, BCON_NEW("$inc", "{", "k", BCON_INT32(1), "}"), bson_new()));
 	assert_int_equal(ROUTE_KEY_CHANGED, changes(c, BCON_NEW("$unset", "{", "k", BCON_UTF8(""), "}"), bson_new()));
 	assert_int_equal(ROUTE_KEY_KEPT, changes(c, BCON_NEW("$set", "{", "kk", BCON_INT32(1), "}"), bson_new()));
+	/* $setOnInsert of the pinned value (an upsert's insert; $merge keepExisting) is kept,
+	 * of another value or unpinned it is not */
+	assert_int_equal(ROUTE_KEY_KEPT, changes(c, BCON_NEW("$setOnInsert", "{", "k", BCON_INT32(1), "w", BCON_INT32(2), "}"), BCON_NEW("k", BCON_INT32(1))));
+	assert_int_equal(ROUTE_KEY_CHANGED, changes(c, BCON_NEW("$setOnInsert", "{", "k", BCON_INT32(2), "}"), BCON_NEW("k", BCON_INT32(1))));
+	assert_int_equal(ROUTE_KEY_CHANGED, changes(c, BCON_NEW("$setOnInsert", "{", "k", BCON_INT32(2), "}"), bson_new()));
 	/* replacements keep the pinned key or are refused */
 	assert_int_equal(ROUTE_KEY_KEPT, changes(c, BCON_NEW("k", BCON_INT32(1), "x", BCON_INT32(2)), BCON_NEW("k", BCON_INT32(1))));
 	assert_int_equal(ROUTE_KEY_CHANGED, changes(c, BCON_NEW("k", BCON_INT32(3)), BCON_NEW("k", BCON_INT32(1))));
