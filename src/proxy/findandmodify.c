@@ -233,7 +233,8 @@ int px_do_find_and_modify(ctx *c)
 		return st;
 	if ((st = px_route_sharded(c, PX_FWD_PLAIN, 0, false, &rc)) != 0 || rc == NULL)
 		return st;
-	route_key_change kc = px_get_doc(c->cmd, "update", &update)
+	/* under a collation the query pins no key bytes: the shard checks (px_append_key_check) */
+	route_key_change kc = px_get_doc(c->cmd, "update", &update) && !px_holder_collated(c->cmd)
 				      ? route_update_changes_key(rc, &update, &query, err, sizeof err)
 				      : ROUTE_KEY_KEPT;
 	if (kc != ROUTE_KEY_KEPT) {

@@ -17,6 +17,7 @@
 #include "proxy/exec.h"
 #include "proxy/txn.h"
 #include "proxy/write_int.h"
+#include "storage/collation.h"
 #include "storage/pipeline.h"
 #include "storage/projection.h"
 
@@ -37,6 +38,13 @@ static void append_client_wc(const ctx *c, bson_t *cmd)
 		BSON_APPEND_BOOL(cmd, "bypassDocumentValidation", bson_iter_as_bool(&it));
 }
 
+bool px_holder_collated(const bson_t *holder)
+{
+	bson_iter_t it;
+
+	return bson_iter_init_find(&it, holder, "collation") && !sdb_collation_is_simple_spec(&it);
+}
+
 /* write_int.h. The shard checks the new document against the key paths: shard/cmd_write.c
  * shard_key_kept (66 ImmutableField when a value changes). */
 void px_append_key_check(const route_coll *rc, const bson_t *holder, const char *field,
@@ -45,8 +53,10 @@ void px_append_key_check(const route_coll *rc, const bson_t *holder, const char 
 	bson_iter_t it;
 	bson_t arr;
 	char k[16];
-	if (rc == NULL || rc->nkeys == 0 || !bson_iter_init_find(&it, holder, field) ||
-	    !BSON_ITER_HOLDS_ARRAY(&it))
+	if (rc == NULL || rc->nkeys == 0)
+		return;
+	if (!(bson_iter_init_find(&it, holder, field) && BSON_ITER_HOLDS_ARRAY(&it)) &&
+	    !px_holder_collated(holder))
 		return;
 	BSON_APPEND_ARRAY_BEGIN(cmd, "$stripedbShardKey", &arr);
 	for (size_t i = 0, n = 0; i < rc->nkeys; i++) {
@@ -1180,7 +1190,9 @@ static bool write_stmt(ctx *c, route_coll **rcp, const wstmt *s, wresult *w)
 			      "$where and server-side JavaScript are not allowed on stripedb");
 		return false;
 	}
-	if (s->is_update) {
+	/* under a collation the filter pins no key bytes: the shard checks the new document
+	 * instead (px_append_key_check) */
+	if (s->is_update && !px_holder_collated(&s->stmt)) {
 		bson_t u;
 		route_key_change kc = px_get_doc(&s->stmt, "u", &u)
 					      ? route_update_changes_key(*rcp, &u, &s->q, err, sizeof err)

@@ -10,12 +10,15 @@
 
 #include "proxy/exec.h"
 
-/* A pipeline-style update (holder's `field` is an array of stages) of a sharded collection:
- * whether it changes the shard key cannot be told from the stages, as route_update_changes_key
- * tells it for operators and replacements, so the shard is asked to check the new document:
+/* A pipeline-style update (holder's `field` is an array of stages) of a sharded collection,
+ * or any update whose holder carries a non-simple collation (px_holder_collated): whether
+ * it changes the shard key cannot be told here, as route_update_changes_key tells it by
+ * bytes for operators and replacements, so the shard is asked to check the new document:
  * appends $stripedbShardKey (the key paths but _id, which the shard keeps immutable anyway)
- * to cmd. Appends nothing when rc is NULL or unsharded, or holder's `field` is not an array.
- * No errors. */
+ * to cmd. Appends nothing when rc is NULL or unsharded, or neither holds. No errors. */
+/* Whether holder (an update statement, a findAndModify) carries a `collation` that is not
+ * simple: its filter's string equalities do not pin shard key bytes. */
+bool px_holder_collated(const bson_t *holder);
 void px_append_key_check(const route_coll *rc, const bson_t *holder, const char *field,
 			 bson_t *cmd);
 

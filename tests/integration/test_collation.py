@@ -209,6 +209,23 @@ def test_collation_through_a_proxy(start_role, tmp_path):
                                   "collation": CI})["values"]) == [1, 2]
         assert db.command({"distinct": "byk", "key": "x", "collation": CI})["values"] in (
             ["PING"], ["ping"])
+        # a replacement or findAndModify whose filter matches the shard key only under the
+        # collation: the shard checks the key is kept (a fresh user got 66 for an unchanged
+        # key, the proxy comparing the filter's "ABC" with the new "abc" by bytes)
+        db.byk.insert_one({"_id": 3, "x": "abc"})
+        assert db.byk.replace_one({"x": "ABC"}, {"_id": 3, "x": "abc", "v": 5},
+                                  collation=CI).modified_count == 1
+        assert db.byk.find_one({"_id": 3}) == {"_id": 3, "x": "abc", "v": 5}
+        with pytest.raises(OperationFailure) as e:
+            db.byk.replace_one({"x": "ABC"}, {"_id": 3, "x": "xyz"}, collation=CI)
+        assert e.value.code == 66, e.value.details
+        d = db.byk.find_one_and_replace({"x": "ABC"}, {"x": "abc", "v": 6}, collation=CI,
+                                        return_document=True)
+        assert d == {"_id": 3, "x": "abc", "v": 6}
+        with pytest.raises(OperationFailure) as e:
+            db.byk.find_one_and_update({"x": "ABC"}, {"$set": {"x": "xyz"}}, collation=CI)
+        assert e.value.code == 66, e.value.details
+        assert db.byk.find_one({"_id": 3}) == {"_id": 3, "x": "abc", "v": 6}
         check(db)
         # $lookup of a sharded collection: the foreign side matches under the collation
         db.orders.insert_many([{"_id": 1, "w": "APPLE"}, {"_id": 2, "w": "pong"}])
