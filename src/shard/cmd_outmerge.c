@@ -73,6 +73,22 @@ static void om_res_destroy(om_res *r)
 	r->wce = NULL;
 }
 
+/* How many internal writes the stage running on this worker thread has submitted
+ * (shard_aggw_run resets it): after the first one, a "not primary" answer no longer
+ * means that nothing of the stage was applied. */
+static _Thread_local unsigned om_submitted;
+
+/* Is code an answer of a member that lost (or never had) the primary role, or is
+ * shutting down? NotWritablePrimary 10107, NotPrimaryNoSecondaryOk 13435,
+ * NotPrimaryOrSecondary 13436, ShutdownInProgress 91, PrimarySteppedDown 189,
+ * InterruptedAtShutdown 11600. */
+static bool om_not_primary(int code)
+{
+	return code == WIRE_ERR_NOT_WRITABLE_PRIMARY || code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK ||
+	       code == 13436 || code == WIRE_ERR_SHUTDOWN_IN_PROGRESS || code == 189 ||
+	       code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN;
+}
+
 /* Run cmd on database db through the replicated write path and wait for its reply. The
  * command's writeConcern is the aggregate's (when it has one), bypassDocumentValidation is
  * passed on. Fills r (initialised by the caller). */
@@ -86,6 +102,8 @@ static void om_run(shard_ctx *x, const char *db, bson_t *cmd, om_res *r)
 	pthread_mutex_init(&w.mu, NULL);
 	pthread_cond_init(&w.cv, NULL);
 	wire_req_detached_on_done(req, om_done, &w);
+	bool earlier = om_submitted > 0;
+	om_submitted++;
 	wire_req_wait_begin(x->req);
 	shard_repl_submit(x->sh->repl, req);
 	pthread_mutex_lock(&w.mu);
@@ -137,6 +155,18 @@ static void om_run(shard_ctx *x, const char *db, bson_t *cmd, om_res *r)
 		r->wce = bson_new_from_data(data, len);
 	}
 	bson_destroy(reply);
+	if (earlier && om_not_primary(r->code)) {
+		/* earlier writes of the stage may be committed: the aggregate's outcome is
+		 * unknown, never "not executed" (which a router or driver would resend, applying
+		 * a $merge twice): InterruptedDueToReplStateChange, without errorLabels */
+		char m[sizeof r->errmsg];
+		snprintf(m, sizeof m, "%s", r->errmsg);
+		snprintf(r->errmsg, sizeof r->errmsg,
+			 "the primary changed after part of the output of $out/$merge was written; "
+			 "its outcome is unknown :: caused by :: %.800s (code %d)", m, r->code);
+		r->code = WIRE_ERR_INTERRUPTED_REPL_CHANGE;
+		bson_reinit(&r->extra);
+	}
 }
 
 /* Answer x with r's error (the extra fields kept). */
@@ -430,6 +460,7 @@ done:
 bool shard_aggw_run(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bson_t **wce)
 {
 	*wce = NULL;
+	om_submitted = 0;
 	if (w->kind == SDB_AGGW_OUT)
 		return run_out(x, w, docs, n, wce);
 	return run_merge(x, w, docs, n, wce);

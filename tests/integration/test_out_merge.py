@@ -4,6 +4,8 @@ unsharded target on the source's primary shard: the whole pipeline goes there; o
 proxy writes the results through its own write path). Every whenMatched / whenNotMatched
 combination with its final contents, $out replacing a collection with its indexes kept, and
 MongoDB's codes for the refusals."""
+import threading
+
 import pymongo
 import pytest
 from pymongo.errors import OperationFailure
@@ -344,3 +346,73 @@ def test_through_a_proxy_to_another_primary_shard(start_role, tmp_path):
         assert cl.shard_client("shard-a").onb.t.count_documents({}) == 0
     finally:
         cl.close()
+
+
+def _set_behind_proxy(start_role, tmp_path):
+    """A 3-member shard set behind a proxy: (procs, wires, proxy uri)."""
+    from conftest import free_port
+    from metadata_cluster import Cluster
+    procs, wires, rs_uri = start_set(start_role, tmp_path)
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    meta.write({"addShard": "shard-a", "uri": rs_uri})
+    port = free_port()
+    start_role(["--role=proxy", f"--listen=127.0.0.1:{port}", f"--metadata={meta.seeds()}"])
+    uri = f"mongodb://127.0.0.1:{port}/"
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        wait_until(lambda: c.app.warm.insert_one({}), 30, what="a first write through the proxy")
+    return procs, wires, uri
+
+
+def test_merge_through_a_proxy_is_never_applied_twice_on_a_failover(start_role, tmp_path):
+    """The shard writes $merge's output in batches, each committed before the next; a
+    leadership transfer between two batches must not make the proxy resend the aggregate
+    (mongos: kNoRetry for a writing pipeline) nor the shard answer "not executed": every
+    document is incremented at most once; ok:1 means exactly once, an error a prefix."""
+    n = 20000
+    procs, wires, uri = _set_behind_proxy(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000, socketTimeoutMS=120000,
+                             retryReads=False, retryWrites=False) as c:
+        for lo in range(0, n, 5000):
+            c.app.src.insert_many([{"_id": i, "v": 1} for i in range(lo, lo + 5000)])
+            c.app.tgt.insert_many([{"_id": i, "v": 0} for i in range(lo, lo + 5000)])
+        outcome = {}
+
+        def run():
+            try:
+                list(c.app.src.aggregate([
+                    {"$sort": {"_id": 1}},
+                    {"$merge": {"into": "tgt", "whenMatched": PIPE, "whenNotMatched": "insert"}}]))
+                outcome["ok"] = True
+            except pymongo.errors.PyMongoError as e:
+                outcome["error"] = e
+        old = primary_index(wires)
+        t = threading.Thread(target=run)
+        with direct(wires[old]) as m:
+            t.start()
+            # transfer once some batches are committed
+            wait_until(lambda: m.app.tgt.find_one({"v": {"$gte": 1}}), 60, interval=0.01,
+                       what="a first batch of the $merge committed")
+            target = (old + 1) % 3 + 1
+            try:
+                m.admin.command({"transferLeadership": target})
+            except (OperationFailure, pymongo.errors.AutoReconnect):
+                pass
+        t.join(180)
+        assert not t.is_alive()
+        wait_until(lambda: primary_index(wires) is not None, 30, what="a primary")
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        docs = wait_until(lambda: list(c.app.tgt.find({}, sort=[("_id", 1)])), 30,
+                          what="reading the target")
+    assert len(docs) == n
+    twice = [d["_id"] for d in docs if d["v"] > 1]
+    assert not twice, f"{len(twice)} documents incremented twice ({outcome})"
+    done = [d["_id"] for d in docs if d["v"] == 1]
+    if outcome.get("ok"):
+        assert len(done) == n, f"ok:1 but {n - len(done)} documents not incremented"
+    else:
+        err = outcome["error"]
+        # the shard wrote in _id order: what was applied is a prefix
+        assert done == list(range(len(done))), (err, len(done))
+        if isinstance(err, OperationFailure):
+            assert err.code in (11602, 10107, 13435, 189, 91), err.details
