@@ -416,3 +416,121 @@ def test_merge_through_a_proxy_is_never_applied_twice_on_a_failover(start_role, 
         assert done == list(range(len(done))), (err, len(done))
         if isinstance(err, OperationFailure):
             assert err.code in (11602, 10107, 13435, 189, 91), err.details
+
+
+def _out_while_target_changes(client, db, change, n=20000, prepare=None):
+    """Run a $out of n documents into db.outx while change(db) runs once the temporary
+    collection exists; return the aggregate's outcome (None or the OperationFailure)."""
+    db.outx.drop()
+    db.big.drop()
+    if prepare:
+        prepare()
+    db.outx.insert_one({"_id": "old"})
+    for lo in range(0, n, 5000):
+        db.big.insert_many([{"_id": i, "v": i} for i in range(lo, lo + 5000)])
+    outcome = {}
+
+    def run():
+        try:
+            list(db.big.aggregate([{"$out": "outx"}]))
+            outcome["ok"] = True
+        except OperationFailure as e:
+            outcome["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: any(n.startswith("tmp.agg_out.") for n in db.list_collection_names()),
+               60, interval=0.005, what="the temporary collection of $out")
+    change(db)
+    t.join(120)
+    assert not t.is_alive()
+    return outcome
+
+
+def _check_out_refused_on_change(db, prepare=None):
+    for i, change in enumerate((
+            lambda d: d.outx.create_index("late"),
+            lambda d: d.command("collMod", "outx", validator={"x": {"$exists": False}}))):
+        outcome = _out_while_target_changes(db.client, db, change, prepare=prepare)
+        assert "error" in outcome, "the $out finished before the target changed"
+        e = outcome["error"]
+        assert e.code == 125, e.details
+        assert "changed during processing" in e.details["errmsg"], e.details
+        assert f"{db.name}.outx" in e.details["errmsg"], e.details
+        # the target is as it was (the new index kept), no temporary collection is left
+        assert contents(db.outx) == [{"_id": "old"}]
+        assert not [n for n in db.list_collection_names() if n.startswith("tmp.agg_out.")]
+        if i == 0:
+            assert "late_1" in [x["name"] for x in db.outx.list_indexes()]
+    # unchanged (its index kept): it replaces the target
+    db.outx.create_index("late")
+    list(db.big.aggregate([{"$limit": 10}, {"$out": "outx"}]))
+    assert db.outx.count_documents({}) == 10
+    assert "late_1" in [x["name"] for x in db.outx.list_indexes()]
+
+
+def test_out_fails_when_the_target_changes_while_it_runs_on_a_shard(shard):
+    _, port = shard
+    with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true") as c:
+        _check_out_refused_on_change(c.om)
+
+
+def test_out_through_a_proxy_checks_the_target_before_and_at_the_rename(start_role, tmp_path):
+    """The proxy writes $out (a sharded source): into a view 166 naming the target (no
+    temporary view), and 125 when the target's indexes or options change meanwhile."""
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        cl.shard_collection("psh.big", {"_id": 1}, split_points=[{"_id": 10000}])
+        db = cl.proxy_client(0).psh
+        db.big.insert_one({"_id": -1})
+        db.create_collection("v", viewOn="big", pipeline=[])
+        e = fails(lambda: list(db.big.aggregate([{"$out": "v"}])), 166)
+        assert "psh.v is a view" in e["errmsg"] and "tmp." not in e["errmsg"], e
+        a = cl.shard_client("shard-a").psh
+        assert not [n for n in a.list_collection_names() if n.startswith("tmp.")]
+        _check_out_refused_on_change(db, prepare=lambda: cl.shard_collection(
+            "psh.big", {"_id": 1}, split_points=[{"_id": 10000}]))
+        assert cl.shard_client("shard-b").psh.big.count_documents({}) > 0
+    finally:
+        cl.close()
+
+
+def test_leftover_temporary_collection_is_dropped_when_a_primary_starts(shard):
+    """SIGKILL during a large $out leaves `tmp.agg_out.*`; the restarted member drops it
+    when it becomes primary (mongod's dropTempCollections), through the oplog."""
+    proc, port = shard
+    uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
+    c = pymongo.MongoClient(uri, socketTimeoutMS=60000)
+    db = c.om
+    db.outk.insert_one({"_id": "old"})
+    for lo in range(0, 20000, 5000):
+        db.big.insert_many([{"_id": i, "v": i} for i in range(lo, lo + 5000)])
+
+    def run():
+        try:
+            list(db.big.aggregate([{"$out": "outk"}]))
+        except pymongo.errors.PyMongoError:
+            pass
+    t = threading.Thread(target=run)
+    t.start()
+
+    def tmp_with_docs():
+        names = [n for n in db.list_collection_names() if n.startswith("tmp.agg_out.")]
+        return names and db[names[0]].estimated_document_count() > 0 and names
+    tmps = wait_until(tmp_with_docs, 60, interval=0.005, what="the temporary collection filled")
+    proc.p.kill()
+    proc.p.wait(timeout=10)
+    t.join(60)
+    c.close()
+    proc.log.close()
+    proc.restart().wait_healthy()
+    with pymongo.MongoClient(uri) as c2:
+        wait_until(lambda: not [n for n in c2.om.list_collection_names()
+                                if n.startswith("tmp.agg_out.")], 30,
+                   what="the leftover temporary collection dropped")
+        assert contents(c2.om.outk) == [{"_id": "old"}]
+        drops = [e for e in c2.local["oplog.rs"].find({"op": "c", "o.drop": tmps[0]})]
+        assert drops, "the drop is a replicated write (in the oplog)"
+        # a new $out works
+        list(c2.om.big.aggregate([{"$limit": 3}, {"$out": "outk"}]))
+        assert c2.om.outk.count_documents({}) == 3
+
