@@ -209,7 +209,8 @@ static int check_unique(ctx *t, const sdb_aggw *w, om_res *r)
 	return r->code;
 }
 
-static void run_merge(ctx *c, ctx *t, const sdb_aggw *w, bson_t **docs, size_t n, om_res *r)
+static void run_merge(ctx *c, ctx *t, const sdb_aggw *w, const bson_t *vars, bson_t **docs,
+		      size_t n, om_res *r)
 {
 	size_t pos = 0;
 	bool fail_mode = w->when_matched == SDB_WM_FAIL;
@@ -231,7 +232,7 @@ static void run_merge(ctx *c, ctx *t, const sdb_aggw *w, bson_t **docs, size_t n
 				BSON_APPEND_DOCUMENT(&arr, kp, &d);
 			} else {
 				bson_append_document_begin(&arr, kp, -1, &st);
-				r->code = sdb_aggw_merge_stmt(w, &d, sdb_pipeline_eval_expr, &st,
+				r->code = sdb_aggw_merge_stmt(w, &d, vars, sdb_pipeline_eval_expr_vars, &st,
 							      r->errmsg, sizeof r->errmsg);
 				bson_append_document_end(&arr, &st);
 			}
@@ -476,9 +477,10 @@ int px_agg_write(ctx *c, const sdb_aggw *w, int64_t batch)
 		check_unique(&t, w, &r);
 	bson_t **docs = NULL;
 	size_t n = 0;
+	bson_t vars = BSON_INITIALIZER;
 	if (r.code == 0) {
-		bson_t vars;
 		int code = 0;
+		bson_destroy(&vars);
 		if ((st = px_let(c, &vars)) != 0) {
 			bson_destroy(&r.extra);
 			bson_destroy(&r.wce);
@@ -487,14 +489,14 @@ int px_agg_write(ctx *c, const sdb_aggw *w, int64_t batch)
 		if (px_sub_aggregate(c, c->coll, &w->stages, &vars, &docs, &n, &code, r.errmsg,
 				     sizeof r.errmsg) != 0)
 			r.code = code ? code : WIRE_ERR_INTERNAL;
-		bson_destroy(&vars);
 	}
 	if (r.code == 0) {
 		if (w->kind == SDB_AGGW_MERGE)
-			run_merge(c, &t, &wk, docs, n, &r);
+			run_merge(c, &t, &wk, &vars, docs, n, &r);
 		else
 			run_out(c, &t, w, ptgt, docs, n, &r);
 	}
+	bson_destroy(&vars);
 	for (size_t i = 0; i < n; i++)
 		bson_destroy(docs[i]);
 	free(docs);

@@ -525,8 +525,8 @@ static bool run_merge(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, 
 			const char *kp;
 			bson_uint32_to_string((uint32_t)k++, &kp, key, sizeof key);
 			bson_append_document_begin(&arr, kp, -1, &st);
-			r.code = sdb_aggw_merge_stmt(w, d, sdb_pipeline_eval_expr, &st, r.errmsg,
-						     sizeof r.errmsg);
+			r.code = sdb_aggw_merge_stmt(w, d, shard_let(x), sdb_pipeline_eval_expr_vars,
+						     &st, r.errmsg, sizeof r.errmsg);
 			bson_append_document_end(&arr, &st);
 			bytes += 2 * d->len;
 			pos++;

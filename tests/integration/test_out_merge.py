@@ -534,3 +534,39 @@ def test_leftover_temporary_collection_is_dropped_when_a_primary_starts(shard):
         list(c2.om.big.aggregate([{"$limit": 3}, {"$out": "outk"}]))
         assert c2.om.outk.count_documents({}) == 3
 
+
+def check_merge_sees_command_let(db):
+    db.lsrc.drop()
+    db.ltgt.drop()
+    db.lsrc.insert_many([{"_id": 1, "v": 10}, {"_id": 2, "v": 20}])
+    db.ltgt.insert_many([{"_id": 1}, {"_id": 2}])
+    db.command("aggregate", "lsrc", let={"inc": 5}, cursor={}, pipeline=[{"$merge": {
+        "into": "ltgt", "let": {"a": {"$add": ["$v", "$$inc"]}},
+        "whenMatched": [{"$set": {"w": "$$a"}}], "whenNotMatched": "discard"}}])
+    assert contents(db.ltgt) == [{"_id": 1, "w": 15}, {"_id": 2, "w": 25}]
+    # without $merge's let: the command's variables and $$new
+    db.command("aggregate", "lsrc", let={"inc": 5}, cursor={}, pipeline=[{"$merge": {
+        "into": "ltgt", "whenMatched": [{"$set": {"z": {"$add": ["$$new.v", "$$inc"]}}}],
+        "whenNotMatched": "discard"}}])
+    assert contents(db.ltgt) == [{"_id": 1, "w": 15, "z": 15}, {"_id": 2, "w": 25, "z": 25}]
+
+
+def test_merge_sees_the_commands_let(shard, start_role, tmp_path):
+    _, port = shard
+    with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true") as c:
+        check_merge_sees_command_let(c.om)
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        db = cl.proxy_client(0).psh
+        check_merge_sees_command_let(db)  # the whole aggregate forwarded to one shard
+        cl.shard_collection("psh.lsrc2", {"_id": 1}, split_points=[{"_id": 2}])
+        db.lsrc2.insert_many([{"_id": 1, "v": 10}, {"_id": 2, "v": 20}])
+        db.ltgt.delete_many({})
+        db.ltgt.insert_many([{"_id": 1}, {"_id": 2}])
+        db.command("aggregate", "lsrc2", let={"inc": 5}, cursor={}, pipeline=[{"$merge": {
+            "into": "ltgt", "let": {"a": {"$add": ["$v", "$$inc"]}},
+            "whenMatched": [{"$set": {"w": "$$a", "z": "$$inc"}}],
+            "whenNotMatched": "discard"}}])
+        assert contents(db.ltgt) == [{"_id": 1, "w": 15, "z": 5}, {"_id": 2, "w": 25, "z": 5}]
+    finally:
+        cl.close()
