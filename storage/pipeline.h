@@ -213,6 +213,11 @@ void sdb_pipeline_cursor_free(sdb_pipeline_cursor *c);
  * Errors: SDB_EINVAL with *code and err. */
 int sdb_pipeline_eval_expr(const bson_iter_t *expr, const bson_t *doc, bson_t *out, int *code,
 			   char *err, size_t errlen);
+/* sdb_pipeline_eval_expr with user variables vars ({name: constant}, sdb_let_parse; may
+ * be NULL) in scope as $$name, e.g. an aggregate command's `let` in $merge's `let`.
+ * Errors: as sdb_pipeline_eval_expr. */
+int sdb_pipeline_eval_expr_vars(const bson_iter_t *expr, const bson_t *vars, const bson_t *doc,
+				bson_t *out, int *code, char *err, size_t errlen);
 
 /* A compiled aggregation expression, for $expr in query filters (storage/matcher.h). */
 typedef struct sdb_expr sdb_expr;

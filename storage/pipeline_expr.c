@@ -1228,7 +1228,13 @@ int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const 
 int sdb_pipeline_eval_expr(const bson_iter_t *it, const bson_t *doc, bson_t *out, int *code,
 			   char *err, size_t errlen)
 {
-	ectx e = {code, err, errlen};
+	return sdb_pipeline_eval_expr_vars(it, NULL, doc, out, code, err, errlen);
+}
+
+int sdb_pipeline_eval_expr_vars(const bson_iter_t *it, const bson_t *vars, const bson_t *doc,
+				bson_t *out, int *code, char *err, size_t errlen)
+{
+	ectx e = {.code = code, .err = err, .errlen = errlen, .vars = vars};
 	expr *x = NULL;
 	docbuild_node *v = NULL;
 	int rc;

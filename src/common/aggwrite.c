@@ -553,30 +553,41 @@ void sdb_aggw_with_id(const sdb_aggw *w, const bson_t *doc, bson_t *out)
 /* The statement's c for a pipeline whenMatched: each let variable evaluated against doc
  * ($$ROOT: the output document); c's values are constants to the shard (mongod's
  * PipelineExecutor), so they go as they are. Returns 0 or a code (message in err). */
-static int pipeline_constants(const sdb_aggw *w, const bson_t *doc, sdb_aggw_eval_fn eval,
-			      bson_t *c, char *err, size_t errlen)
+static int pipeline_constants(const sdb_aggw *w, const bson_t *doc, const bson_t *vars,
+			      sdb_aggw_eval_fn eval, bson_t *c, char *err, size_t errlen)
 {
-	bson_iter_t it;
+	bson_iter_t it, vi;
+	bool have_vars = vars && !bson_empty(vars);
 	bson_iter_init(&it, &w->let);
 	while (bson_iter_next(&it)) {
 		bson_t v;
 		int code = 0;
-		if (eval(&it, doc, &v, &code, err, errlen) != 0) {
+		int rc;
+		/* the command's `let` in scope (mongod evaluates $merge's let with the
+		 * aggregate's variables) */
+		rc = eval(&it, have_vars ? vars : NULL, doc, &v, &code, err, errlen);
+		if (rc != 0) {
 			bson_destroy(&v);
 			return code ? code : 2;
 		}
-		bson_iter_t vi;
 		if (bson_iter_init_find(&vi, &v, "v"))
 			bson_append_iter(c, bson_iter_key(&it), -1, &vi);
 		else
 			bson_append_null(c, bson_iter_key(&it), -1);
 		bson_destroy(&v);
 	}
+	/* and visible in the whenMatched pipeline, unless $merge's let names them too */
+	if (have_vars) {
+		bson_iter_init(&vi, vars);
+		while (bson_iter_next(&vi))
+			if (!bson_has_field(&w->let, bson_iter_key(&vi)))
+				bson_append_iter(c, bson_iter_key(&vi), -1, &vi);
+	}
 	return 0;
 }
 
-int sdb_aggw_merge_stmt(const sdb_aggw *w, const bson_t *doc, sdb_aggw_eval_fn eval, bson_t *st,
-			char *err, size_t errlen)
+int sdb_aggw_merge_stmt(const sdb_aggw *w, const bson_t *doc, const bson_t *vars,
+			sdb_aggw_eval_fn eval, bson_t *st, char *err, size_t errlen)
 {
 	bson_t q, u, c;
 	int rc = sdb_aggw_on_filter(w, doc, &q, err, errlen);
@@ -602,7 +613,7 @@ int sdb_aggw_merge_stmt(const sdb_aggw *w, const bson_t *doc, sdb_aggw_eval_fn e
 	default:
 		BSON_APPEND_ARRAY(st, "u", &w->pipeline);
 		bson_append_document_begin(st, "c", -1, &c);
-		rc = pipeline_constants(w, doc, eval, &c, err, errlen);
+		rc = pipeline_constants(w, doc, vars, eval, &c, err, errlen);
 		bson_append_document_end(st, &c);
 		if (w->when_not_matched == SDB_WNM_INSERT)
 			BSON_APPEND_BOOL(st, "upsertSupplied", true);

@@ -98,11 +98,12 @@ int sdb_aggw_on_filter(const sdb_aggw *w, const bson_t *doc, bson_t *out, char *
  * its key fields exactly the set of `on` fields? Pure. */
 bool sdb_aggw_index_supports(const sdb_aggw *w, const bson_t *key, const bson_t *spec);
 
-/* Evaluates an aggregation expression (expr) against doc for sdb_aggw_merge_stmt: out
- * (uninitialised, always initialised) gets {v: result} or {} when missing. storage/pipeline.h
- * sdb_pipeline_eval_expr has this shape. Returns: 0, or non-zero with *code and err. */
-typedef int (*sdb_aggw_eval_fn)(const bson_iter_t *expr, const bson_t *doc, bson_t *out,
-				int *code, char *err, size_t errlen);
+/* Evaluates an aggregation expression (expr) against doc for sdb_aggw_merge_stmt, with the
+ * user variables vars ({name: constant} or NULL) in scope: out (uninitialised, always
+ * initialised) gets {v: result} or {} when missing. storage/pipeline.h
+ * sdb_pipeline_eval_expr_vars has this shape. Returns: 0, or non-zero with *code and err. */
+typedef int (*sdb_aggw_eval_fn)(const bson_iter_t *expr, const bson_t *vars, const bson_t *doc,
+				bson_t *out, int *code, char *err, size_t errlen);
 
 /* doc with an `_id` (a new ObjectId) first when `on` includes _id and doc has none, as
  * MergeProcessor::makeBatchObject: a copy into out (uninitialised, always initialised). */
@@ -113,10 +114,13 @@ void sdb_aggw_with_id(const sdb_aggw *w, const bson_t *doc, bson_t *out);
  * filter), u (replace: doc; merge: {$set: doc}; keepExisting: {$setOnInsert: doc}; a
  * pipeline: the pipeline), c (a pipeline: the let variables evaluated by eval against doc,
  * as {$literal}s), upsert (whenNotMatched insert), upsertSupplied (a pipeline with insert),
- * multi false (merge_processor.cpp's strategies).
+ * multi false (merge_processor.cpp's strategies). vars (may be NULL): the aggregate
+ * command's `let` constants ({name: value}, storage/pipeline.h sdb_let_parse), in scope in
+ * $merge's let expressions and added to c (where $merge's let does not name them), so
+ * the whenMatched pipeline sees them as on mongod.
  * Returns: 0, or the code of sdb_aggw_on_filter or of the evaluation (message in err). */
-int sdb_aggw_merge_stmt(const sdb_aggw *w, const bson_t *doc, sdb_aggw_eval_fn eval, bson_t *st,
-			char *err, size_t errlen);
+int sdb_aggw_merge_stmt(const sdb_aggw *w, const bson_t *doc, const bson_t *vars,
+			sdb_aggw_eval_fn eval, bson_t *st, char *err, size_t errlen);
 
 /* Names of the modes for messages ("replace", "insert", ...). Static strings. */
 const char *sdb_aggw_matched_name(sdb_aggw_matched m);

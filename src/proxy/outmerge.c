@@ -209,7 +209,8 @@ static int check_unique(ctx *t, const sdb_aggw *w, om_res *r)
 	return r->code;
 }
 
-static void run_merge(ctx *c, ctx *t, const sdb_aggw *w, bson_t **docs, size_t n, om_res *r)
+static void run_merge(ctx *c, ctx *t, const sdb_aggw *w, const bson_t *vars, bson_t **docs,
+		      size_t n, om_res *r)
 {
 	size_t pos = 0;
 	bool fail_mode = w->when_matched == SDB_WM_FAIL;
@@ -231,7 +232,7 @@ static void run_merge(ctx *c, ctx *t, const sdb_aggw *w, bson_t **docs, size_t n
 				BSON_APPEND_DOCUMENT(&arr, kp, &d);
 			} else {
 				bson_append_document_begin(&arr, kp, -1, &st);
-				r->code = sdb_aggw_merge_stmt(w, &d, sdb_pipeline_eval_expr, &st,
+				r->code = sdb_aggw_merge_stmt(w, &d, vars, sdb_pipeline_eval_expr_vars, &st,
 							      r->errmsg, sizeof r->errmsg);
 				bson_append_document_end(&arr, &st);
 			}
@@ -258,14 +259,16 @@ static void run_merge(ctx *c, ctx *t, const sdb_aggw *w, bson_t **docs, size_t n
 	}
 }
 
-/* Append the target's create options (listCollections on its primary shard, without
- * uuid: mongod's _originalOutOptions) to cmd, so the output keeps them; nothing when the
+/* The target's create options (listCollections on its primary shard, without uuid:
+ * mongod's _originalOutOptions) into opts (initialised by the caller), so the output keeps
+ * them; *exists whether the target exists, *view whether it is a view. Nothing when the
  * target does not exist or cannot be read (the create then makes a plain collection). */
-static void target_options(ctx *t, const char *primary, bson_t *cmd)
+static void target_options(ctx *t, const char *primary, bson_t *opts, bool *exists, bool *view)
 {
 	bson_t lc = BSON_INITIALIZER, f, reply;
 	bson_iter_t it, cur, arr, e, o;
 	char nerr[256];
+	*exists = *view = false;
 	BSON_APPEND_INT32(&lc, "listCollections", 1);
 	bson_append_document_begin(&lc, "filter", -1, &f);
 	BSON_APPEND_UTF8(&f, "name", t->coll);
@@ -275,12 +278,21 @@ static void target_options(ctx *t, const char *primary, bson_t *cmd)
 	if (cls == SHARDCONN_OK && bson_iter_init_find(&it, &reply, "cursor") &&
 	    bson_iter_recurse(&it, &cur) && bson_iter_find(&cur, "firstBatch") &&
 	    bson_iter_recurse(&cur, &arr) && bson_iter_next(&arr) &&
-	    bson_iter_recurse(&arr, &e) && bson_iter_find(&e, "options") &&
-	    BSON_ITER_HOLDS_DOCUMENT(&e) && bson_iter_recurse(&e, &o)) {
-		while (bson_iter_next(&o))
-			if (strcmp(bson_iter_key(&o), "uuid") != 0 &&
-			    strcmp(bson_iter_key(&o), "create") != 0)
-				bson_append_iter(cmd, NULL, 0, &o);
+	    BSON_ITER_HOLDS_DOCUMENT(&arr)) {
+		*exists = true;
+		if (bson_iter_recurse(&arr, &e) && bson_iter_find(&e, "type") &&
+		    BSON_ITER_HOLDS_UTF8(&e) && strcmp(bson_iter_utf8(&e, NULL), "view") == 0)
+			*view = true;
+		if (bson_iter_recurse(&arr, &e) && bson_iter_find(&e, "options") &&
+		    BSON_ITER_HOLDS_DOCUMENT(&e) && bson_iter_recurse(&e, &o)) {
+			while (bson_iter_next(&o)) {
+				if (strcmp(bson_iter_key(&o), "viewOn") == 0)
+					*view = true;
+				if (strcmp(bson_iter_key(&o), "uuid") != 0 &&
+				    strcmp(bson_iter_key(&o), "create") != 0)
+					bson_append_iter(opts, NULL, 0, &o);
+			}
+		}
 	}
 	bson_destroy(&reply);
 }
@@ -303,13 +315,35 @@ static void run_out(ctx *c, ctx *t, const sdb_aggw *w, const char *primary, bson
 	uh[32] = '\0';
 	snprintf(tmp, sizeof tmp, "tmp.agg_out.%.8s-%.4s-%.4s-%.4s-%.12s", uh, uh + 8, uh + 12,
 		 uh + 16, uh + 20);
-	if (target_indexes(t, &specs, &nspecs, r) != 0) {
+	bson_t opts = BSON_INITIALIZER, expect = BSON_INITIALIZER;
+	bool exists, view;
+	/* a view first, named as the shard names it (not the temporary collection) */
+	target_options(t, primary, &opts, &exists, &view);
+	if (view) {
+		r->code = 166; /* CommandNotSupportedOnView */
+		snprintf(r->errmsg, sizeof r->errmsg, "Namespace %s.%s is a view, not a collection",
+			 w->db, w->coll);
+		bson_destroy(&opts);
+		bson_destroy(&expect);
 		bson_destroy(&specs);
 		return;
 	}
+	if (target_indexes(t, &specs, &nspecs, r) != 0) {
+		bson_destroy(&opts);
+		bson_destroy(&expect);
+		bson_destroy(&specs);
+		return;
+	}
+	/* the rename checks on the shard, in its own transaction, that the target's options
+	 * and indexes are still these (mongod's internalRenameIfOptionsAndIndexesMatch: 125);
+	 * read here before the writes, through listCollections and listIndexes */
+	BSON_APPEND_BOOL(&expect, "exists", exists);
+	BSON_APPEND_DOCUMENT(&expect, "options", &opts);
+	BSON_APPEND_ARRAY(&expect, "indexes", &specs);
 	bson_init(&cmd);
 	BSON_APPEND_UTF8(&cmd, "create", tmp);
-	target_options(t, primary, &cmd);
+	bson_concat(&cmd, &opts);
+	bson_destroy(&opts);
 	shard_write(t, primary, &cmd, r);
 	bson_destroy(&cmd);
 	bool created = r->code == 0;
@@ -353,10 +387,12 @@ static void run_out(ctx *c, ctx *t, const sdb_aggw *w, const char *primary, bson
 		BSON_APPEND_UTF8(&cmd, "renameCollection", from);
 		BSON_APPEND_UTF8(&cmd, "to", to);
 		BSON_APPEND_BOOL(&cmd, "dropTarget", true);
+		BSON_APPEND_DOCUMENT(&cmd, "$stripedbIfTargetMatches", &expect);
 		append_client_opts(c, &cmd);
 		shard_write(&ta, primary, &cmd, r);
 		bson_destroy(&cmd);
 	}
+	bson_destroy(&expect);
 	if (r->code != 0 && created) {
 		om_res dr;
 		memset(&dr, 0, sizeof dr);
@@ -441,9 +477,10 @@ int px_agg_write(ctx *c, const sdb_aggw *w, int64_t batch)
 		check_unique(&t, w, &r);
 	bson_t **docs = NULL;
 	size_t n = 0;
+	bson_t vars = BSON_INITIALIZER;
 	if (r.code == 0) {
-		bson_t vars;
 		int code = 0;
+		bson_destroy(&vars);
 		if ((st = px_let(c, &vars)) != 0) {
 			bson_destroy(&r.extra);
 			bson_destroy(&r.wce);
@@ -452,14 +489,14 @@ int px_agg_write(ctx *c, const sdb_aggw *w, int64_t batch)
 		if (px_sub_aggregate(c, c->coll, &w->stages, &vars, &docs, &n, &code, r.errmsg,
 				     sizeof r.errmsg) != 0)
 			r.code = code ? code : WIRE_ERR_INTERNAL;
-		bson_destroy(&vars);
 	}
 	if (r.code == 0) {
 		if (w->kind == SDB_AGGW_MERGE)
-			run_merge(c, &t, &wk, docs, n, &r);
+			run_merge(c, &t, &wk, &vars, docs, n, &r);
 		else
 			run_out(c, &t, w, ptgt, docs, n, &r);
 	}
+	bson_destroy(&vars);
 	for (size_t i = 0; i < n; i++)
 		bson_destroy(docs[i]);
 	free(docs);

@@ -165,6 +165,32 @@ static bool retryable_write(const bson_t *cmd)
 	return strcmp(name, "commitTransaction") == 0 || strcmp(name, "abortTransaction") == 0;
 }
 
+/* An aggregate whose pipeline ends in $out or $merge: it writes, a batch at a time, and
+ * is never resent unless the shard certainly never received it (mongos's
+ * ClusterAggregate: getDesiredRetryPolicy is kNoRetry for a pipeline with a writing
+ * stage). Answers from a shard such as NotWritablePrimary do not prove that none of its
+ * writes was applied. */
+static bool aggregate_writes(const bson_t *cmd)
+{
+	bson_iter_t it, st, last;
+	bool have = false;
+
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) ||
+	    strcmp(bson_iter_key(&it), "aggregate") != 0)
+		return false;
+	if (!bson_iter_init_find(&it, cmd, "pipeline") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &st))
+		return false;
+	while (bson_iter_next(&st)) {
+		last = st;
+		have = true;
+	}
+	if (!have || !BSON_ITER_HOLDS_DOCUMENT(&last) || !bson_iter_recurse(&last, &st) ||
+	    !bson_iter_next(&st))
+		return false;
+	return strcmp(bson_iter_key(&st), "$out") == 0 || strcmp(bson_iter_key(&st), "$merge") == 0;
+}
+
 /* The numeric code of an error reply, 0 when it has none. */
 static int64_t reply_code(const bson_t *reply)
 {
@@ -205,7 +231,11 @@ int px_shard_call(proxy *p, uint64_t deadline_ms, const char *shard, const char 
 	bool resendable = (idempotent_read(cmd) && !bson_has_field(cmd, "autocommit")) ||
 			  retryable_write(cmd);
 	bool was_down = cl->shard_down != NULL && cl->shard_down(impl, shard);
+	bool writes_out = aggregate_writes(cmd);
 	int backoff = 0, rc;
+
+	if (writes_out)
+		resendable = false;
 
 	for (;;) {
 		int fate = SHARDCONN_ANSWERED;
@@ -213,6 +243,8 @@ int px_shard_call(proxy *p, uint64_t deadline_ms, const char *shard, const char 
 
 		rc = cl->command(impl, shard, db, cmd, sid, reply, neterr, nelen, &fate);
 		classify(rc, fate, reply, &unexecuted, &ambiguous);
+		if (writes_out && !(rc == SHARDCONN_NET_ERR && fate == SHARDCONN_UNSENT))
+			unexecuted = false; /* $out/$merge: only what was never sent is resent */
 		if (was_down && rc != SHARDCONN_NET_ERR && !unexecuted && cl->set_shard_down)
 			cl->set_shard_down(impl, shard, false); /* it answered */
 		if (first_server != 0 && rc == SHARDCONN_CMD_ERR && primary_change(reply_code(reply)))

@@ -285,6 +285,108 @@ static bool refuse_sharded(shard_ctx *x, const char *ns, const char *what)
 	return true;
 }
 
+/* Copy of doc without the fields named in skip (NULL-terminated) into out (initialised
+ * here). */
+static void copy_without(const bson_t *doc, const char *const *skip, bson_t *out)
+{
+	bson_iter_t it;
+	bson_init(out);
+	if (!doc || !bson_iter_init(&it, doc))
+		return;
+	while (bson_iter_next(&it)) {
+		bool drop = false;
+		for (size_t i = 0; skip[i]; i++)
+			drop = drop || strcmp(bson_iter_key(&it), skip[i]) == 0;
+		if (!drop)
+			bson_append_iter(out, NULL, 0, &it);
+	}
+}
+
+/* `$stripedbIfTargetMatches: {exists, options, indexes}` of a renameCollection (the
+ * writer of $out, cmd_outmerge.c and the proxy's outmerge.c): the target's existence,
+ * create options and secondary index specs when the stage started. As MongoDB 6.0's
+ * internalRenameIfOptionsAndIndexesMatch (rename_collection.cpp
+ * doLocalRenameIfOptionsAndIndexesHaveNotChanged), checked here in the rename's own write
+ * transaction: options compared without uuid/create, indexes as a set of specs without
+ * ns/v. Replies CommandFailed (125) and returns false when they changed. */
+static bool target_unchanged(shard_ctx *x, const char *to_ns, const sdb_store_coll *dst)
+{
+	static const char *const opt_skip[] = {"uuid", "create", NULL};
+	static const char *const idx_skip[] = {"ns", "v", NULL};
+	bson_iter_t it, e, f;
+	if (!bson_iter_init_find(&it, x->cmd, "$stripedbIfTargetMatches"))
+		return true;
+	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &e)) {
+		shard_fail(x, WIRE_ERR_BAD_VALUE, "$stripedbIfTargetMatches must be an object");
+		return false;
+	}
+	bool exists = false;
+	bson_t want_opts = BSON_INITIALIZER, want_idx = BSON_INITIALIZER;
+	while (bson_iter_next(&e)) {
+		const char *k = bson_iter_key(&e);
+		bson_t sub;
+		if (strcmp(k, "exists") == 0)
+			exists = bson_iter_as_bool(&e);
+		else if (strcmp(k, "options") == 0 && BSON_ITER_HOLDS_DOCUMENT(&e) &&
+			 util_iter_bson(&e, &sub)) {
+			bson_destroy(&want_opts);
+			copy_without(&sub, opt_skip, &want_opts);
+		} else if (strcmp(k, "indexes") == 0 && BSON_ITER_HOLDS_ARRAY(&e)) {
+			util_iter_copy(&e, &want_idx);
+		}
+	}
+	bson_t cur_opts;
+	copy_without(dst ? dst->options : NULL, opt_skip, &cur_opts);
+	bool same_opts = cur_opts.len == want_opts.len &&
+			 memcmp(bson_get_data(&cur_opts), bson_get_data(&want_opts), cur_opts.len) == 0;
+	bool same_idx = exists == (dst != NULL);
+	size_t nwant = 0;
+	if (same_idx && bson_iter_init(&f, &want_idx)) {
+		while (same_idx && bson_iter_next(&f)) {
+			bson_t sub, norm;
+			bool found = false;
+			nwant++;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&f)) {
+				same_idx = false;
+				break;
+			}
+			if (!util_iter_bson(&f, &sub)) {
+				same_idx = false;
+				break;
+			}
+			copy_without(&sub, idx_skip, &norm);
+			for (size_t i = 0; dst && i < dst->n_indexes && !found; i++) {
+				bson_t have;
+				copy_without(dst->indexes[i].spec, idx_skip, &have);
+				found = have.len == norm.len &&
+					memcmp(bson_get_data(&have), bson_get_data(&norm), have.len) == 0;
+				bson_destroy(&have);
+			}
+			bson_destroy(&norm);
+			same_idx = found;
+		}
+	}
+	if (same_idx && dst && dst->n_indexes != nwant)
+		same_idx = false;
+	bool ok = same_opts && same_idx;
+	if (!same_opts) {
+		char *a = bson_as_relaxed_extended_json(&want_opts, NULL);
+		char *b = bson_as_relaxed_extended_json(&cur_opts, NULL);
+		shard_fail(x, 125, "collection options of target collection %s changed during "
+			   "processing. Original options: %.400s, new options: %.400s", to_ns,
+			   a ? a : "?", b ? b : "?");
+		bson_free(a);
+		bson_free(b);
+	} else if (!same_idx) {
+		shard_fail(x, 125, "indexes of target collection %s changed during processing.",
+			   to_ns);
+	}
+	bson_destroy(&cur_opts);
+	bson_destroy(&want_opts);
+	bson_destroy(&want_idx);
+	return ok;
+}
+
 void shard_cmd_rename_collection(shard_ctx *x)
 {
 	sdb_rename_args a;
@@ -312,7 +414,10 @@ void shard_cmd_rename_collection(shard_ctx *x)
 			   a.from_ns);
 		return;
 	}
-	if (sdb_store_coll_get(x->conn, a.to_db, a.to_coll, &dst, NULL, 0) == 0) {
+	bool have_dst = sdb_store_coll_get(x->conn, a.to_db, a.to_coll, &dst, NULL, 0) == 0;
+	if (!target_unchanged(x, a.to_ns, have_dst ? dst : NULL))
+		return;
+	if (have_dst) {
 		if (is_view(dst)) {
 			shard_fail(x, WIRE_ERR_NAMESPACE_EXISTS,
 				   "a view already exists with that name: %s", a.to_ns);

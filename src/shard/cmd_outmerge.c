@@ -22,6 +22,7 @@
 
 #include "common/aggwrite.h"
 #include "common/alloc.h"
+#include "common/log.h"
 #include "shard/cmd_read_int.h"
 #include "shard/repl.h"
 #include "shard/shard.h"
@@ -50,6 +51,89 @@ static void om_done(void *arg, wire_req *req)
 	pthread_mutex_unlock(&w->mu);
 }
 
+/* The temporary collections of the $out stages running on this process ("db\0coll"
+ * names; shard_aggw_drop_temps leaves them alone). */
+#define OM_LIVE_MAX 256
+static pthread_mutex_t om_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static char om_live[OM_LIVE_MAX][320];
+
+static void om_live_set(const char *tmp, bool on)
+{
+	pthread_mutex_lock(&om_live_mu);
+	for (size_t i = 0; i < OM_LIVE_MAX; i++) {
+		if (on && om_live[i][0] == '\0') {
+			snprintf(om_live[i], sizeof om_live[i], "%s", tmp);
+			break;
+		}
+		if (!on && strcmp(om_live[i], tmp) == 0) {
+			om_live[i][0] = '\0';
+			break;
+		}
+	}
+	pthread_mutex_unlock(&om_live_mu);
+}
+
+static bool om_live_has(const char *tmp)
+{
+	bool found = false;
+	pthread_mutex_lock(&om_live_mu);
+	for (size_t i = 0; i < OM_LIVE_MAX && !found; i++)
+		found = strcmp(om_live[i], tmp) == 0;
+	pthread_mutex_unlock(&om_live_mu);
+	return found;
+}
+
+static void temp_drop_done(void *arg, wire_req *req)
+{
+	char *ns = arg;
+	bson_t *reply = wire_req_detached_take(req);
+	bson_iter_t it;
+	if (reply && bson_iter_init_find(&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
+		sdb_info("shard: leftover $out temporary collection not dropped",
+			 "ns=%s err=\"%s\"", ns, bson_iter_utf8(&it, NULL));
+	else
+		sdb_info("shard: dropped a leftover $out temporary collection", "ns=%s", ns);
+	if (reply)
+		bson_destroy(reply);
+	wire_req_detached_free(req);
+	free(ns);
+}
+
+void shard_aggw_drop_temps(shard *sh)
+{
+	char err[256];
+	char **names = NULL;
+	size_t n = 0;
+	sdb_store_conn *conn = NULL;
+
+	if (!sh->repl || sdb_store_conn_open(sh->store, &conn, err, sizeof err) != 0)
+		return;
+	if (sdb_store_begin(conn, false, err, sizeof err) != 0) {
+		sdb_store_conn_close(conn);
+		return;
+	}
+	if (sdb_store_coll_list(conn, NULL, &names, &n, err, sizeof err) != 0)
+		n = 0;
+	for (size_t i = 0; i < n; i++) {
+		const char *db = names[2 * i], *coll = names[2 * i + 1];
+		char key[320];
+		if (strncmp(coll, "tmp.agg_out.", 12) != 0)
+			continue;
+		snprintf(key, sizeof key, "%s.%s", db, coll);
+		if (om_live_has(key))
+			continue;
+		bson_t cmd = BSON_INITIALIZER;
+		BSON_APPEND_UTF8(&cmd, "drop", coll);
+		wire_req *req = wire_req_detached_new(db, &cmd);
+		bson_destroy(&cmd);
+		wire_req_detached_on_done(req, temp_drop_done, sdb_strdup(key));
+		shard_repl_submit(sh->repl, req);
+	}
+	sdb_store_names_free(names, n);
+	sdb_store_rollback(conn);
+	sdb_store_conn_close(conn);
+}
+
 /* The outcome of one internal write. */
 typedef struct om_res {
 	int code;        /* 0 ok, else the command's or its first writeError's code */
@@ -73,6 +157,22 @@ static void om_res_destroy(om_res *r)
 	r->wce = NULL;
 }
 
+/* How many internal writes the stage running on this worker thread has submitted
+ * (shard_aggw_run resets it): after the first one, a "not primary" answer no longer
+ * means that nothing of the stage was applied. */
+static _Thread_local unsigned om_submitted;
+
+/* Is code an answer of a member that lost (or never had) the primary role, or is
+ * shutting down? NotWritablePrimary 10107, NotPrimaryNoSecondaryOk 13435,
+ * NotPrimaryOrSecondary 13436, ShutdownInProgress 91, PrimarySteppedDown 189,
+ * InterruptedAtShutdown 11600. */
+static bool om_not_primary(int code)
+{
+	return code == WIRE_ERR_NOT_WRITABLE_PRIMARY || code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK ||
+	       code == 13436 || code == WIRE_ERR_SHUTDOWN_IN_PROGRESS || code == 189 ||
+	       code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN;
+}
+
 /* Run cmd on database db through the replicated write path and wait for its reply. The
  * command's writeConcern is the aggregate's (when it has one), bypassDocumentValidation is
  * passed on. Fills r (initialised by the caller). */
@@ -86,6 +186,8 @@ static void om_run(shard_ctx *x, const char *db, bson_t *cmd, om_res *r)
 	pthread_mutex_init(&w.mu, NULL);
 	pthread_cond_init(&w.cv, NULL);
 	wire_req_detached_on_done(req, om_done, &w);
+	bool earlier = om_submitted > 0;
+	om_submitted++;
 	wire_req_wait_begin(x->req);
 	shard_repl_submit(x->sh->repl, req);
 	pthread_mutex_lock(&w.mu);
@@ -137,6 +239,18 @@ static void om_run(shard_ctx *x, const char *db, bson_t *cmd, om_res *r)
 		r->wce = bson_new_from_data(data, len);
 	}
 	bson_destroy(reply);
+	if (earlier && om_not_primary(r->code)) {
+		/* earlier writes of the stage may be committed: the aggregate's outcome is
+		 * unknown, never "not executed" (which a router or driver would resend, applying
+		 * a $merge twice): InterruptedDueToReplStateChange, without errorLabels */
+		char m[sizeof r->errmsg];
+		snprintf(m, sizeof m, "%s", r->errmsg);
+		snprintf(r->errmsg, sizeof r->errmsg,
+			 "the primary changed after part of the output of $out/$merge was written; "
+			 "its outcome is unknown :: caused by :: %.800s (code %d)", m, r->code);
+		r->code = WIRE_ERR_INTERRUPTED_REPL_CHANGE;
+		bson_reinit(&r->extra);
+	}
 }
 
 /* Answer x with r's error (the extra fields kept). */
@@ -233,16 +347,15 @@ static void om_drop(shard_ctx *x, const char *db, const char *coll)
 	om_res_destroy(&r);
 }
 
+static bool run_out_tmp(shard_ctx *x, const sdb_aggw *w, const char *tmp, bson_t **docs,
+			size_t n, bson_t **wce);
+
 /* $out: temp collection with the target's indexes, the documents, rename over target. */
 static bool run_out(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bson_t **wce)
 {
 	char tmp[128];
 	uint8_t u[16];
 	bson_oid_t oid;
-	om_res r;
-	bson_t specs = BSON_INITIALIZER, opts = BSON_INITIALIZER;
-	uint32_t nspecs = 0;
-	const sdb_store_coll *co = NULL;
 
 	/* a random name: an ObjectId's 12 bytes and 4 of the clock-free counter */
 	bson_oid_init(&oid, NULL);
@@ -258,13 +371,31 @@ static bool run_out(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bs
 	snprintf(tmp, sizeof tmp, "tmp.agg_out.%.8s-%.4s-%.4s-%.4s-%.12s", uh, uh + 8, uh + 12,
 		 uh + 16, uh + 20);
 
+	char live[320];
+	snprintf(live, sizeof live, "%s.%s", w->db, tmp);
+	om_live_set(live, true);
+	bool ok = run_out_tmp(x, w, tmp, docs, n, wce);
+	om_live_set(live, false);
+	return ok;
+}
+
+/* run_out's work, with the temporary collection tmp registered as in use. */
+static bool run_out_tmp(shard_ctx *x, const sdb_aggw *w, const char *tmp, bson_t **docs,
+			size_t n, bson_t **wce)
+{
+	om_res r;
+	bson_t specs = BSON_INITIALIZER, opts = BSON_INITIALIZER;
+	uint32_t nspecs = 0;
+	const sdb_store_coll *co = NULL;
+
 	/* the target's secondary index specs, to build on the temporary collection */
 	if (!shard_begin(x, false)) {
 		bson_destroy(&specs);
 		bson_destroy(&opts);
 		return false;
 	}
-	if (sdb_store_coll_get(x->conn, w->db, w->coll, &co, NULL, 0) == 0 && co) {
+	bool existed = sdb_store_coll_get(x->conn, w->db, w->coll, &co, NULL, 0) == 0 && co;
+	if (existed) {
 		/* and its create options (mongod's _originalOutOptions without uuid), so the
 		 * output keeps them (a validator, a collation ...) */
 		bson_iter_t oi;
@@ -289,6 +420,13 @@ static bool run_out(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bs
 		}
 	}
 	sdb_store_rollback(x->conn);
+
+	/* what the rename checks, in its own transaction, has not changed (mongod's
+	 * internalRenameIfOptionsAndIndexesMatch): 125 otherwise */
+	bson_t expect = BSON_INITIALIZER;
+	BSON_APPEND_BOOL(&expect, "exists", existed);
+	BSON_APPEND_DOCUMENT(&expect, "options", &opts);
+	BSON_APPEND_ARRAY(&expect, "indexes", &specs);
 
 	bson_t cmd = BSON_INITIALIZER;
 	om_res_init(&r);
@@ -324,6 +462,7 @@ static bool run_out(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bs
 		BSON_APPEND_UTF8(&cmd, "renameCollection", from);
 		BSON_APPEND_UTF8(&cmd, "to", to);
 		BSON_APPEND_BOOL(&cmd, "dropTarget", true);
+		BSON_APPEND_DOCUMENT(&cmd, "$stripedbIfTargetMatches", &expect);
 		om_res_destroy(&r);
 		om_res_init(&r);
 		om_run(x, "admin", &cmd, &r);
@@ -335,6 +474,7 @@ static bool run_out(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bs
 			r.wce = NULL;
 		}
 	}
+	bson_destroy(&expect);
 	if (r.code != 0) {
 		if (created)
 			om_drop(x, w->db, tmp); /* best effort, as mongod's cleanup */
@@ -385,8 +525,8 @@ static bool run_merge(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, 
 			const char *kp;
 			bson_uint32_to_string((uint32_t)k++, &kp, key, sizeof key);
 			bson_append_document_begin(&arr, kp, -1, &st);
-			r.code = sdb_aggw_merge_stmt(w, d, sdb_pipeline_eval_expr, &st, r.errmsg,
-						     sizeof r.errmsg);
+			r.code = sdb_aggw_merge_stmt(w, d, shard_let(x), sdb_pipeline_eval_expr_vars,
+						     &st, r.errmsg, sizeof r.errmsg);
 			bson_append_document_end(&arr, &st);
 			bytes += 2 * d->len;
 			pos++;
@@ -430,6 +570,7 @@ done:
 bool shard_aggw_run(shard_ctx *x, const sdb_aggw *w, bson_t **docs, size_t n, bson_t **wce)
 {
 	*wce = NULL;
+	om_submitted = 0;
 	if (w->kind == SDB_AGGW_OUT)
 		return run_out(x, w, docs, n, wce);
 	return run_merge(x, w, docs, n, wce);

@@ -66,5 +66,12 @@ bool shard_aggw_check(shard_ctx *x, const struct sdb_aggw *w);
  * dropped). */
 bool shard_aggw_run(shard_ctx *x, const struct sdb_aggw *w, bson_t **docs, size_t n,
 		    bson_t **wce);
+/* On this member becoming the ready primary (repl.c on_change, loop thread; also the
+ * first election after a start): drop, through the replicated write path (a detached
+ * `drop` per collection, not waited for), every collection whose name starts with
+ * `tmp.agg_out.` left by a $out that a crash or failover interrupted, except those of a
+ * $out running on this member now; as mongod drops its temporary collections at
+ * step-up (dropTempCollections). Errors are logged (the next step-up retries). */
+void shard_aggw_drop_temps(shard *sh);
 
 #endif

@@ -43,6 +43,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "raft/node.h"
+#include "shard/cmd_read_int.h"
 #include "shard/snapfile.h"
 
 /* Bounds of one Raft entry of writes. Every member applies an entry in one step of its
@@ -972,6 +973,8 @@ static void on_change(void *data)
 		shard_txns_abort_all(r->sh, "the primary stepped down");
 	if (ready || raft_state(r->raft) != RAFT_LEADER)
 		uv_async_send(&r->async); /* writes held while the barrier applied */
+	if (ready && !r->topo_ready)
+		shard_aggw_drop_temps(r->sh); /* leftovers of an interrupted $out */
 	if (ready != r->topo_ready || lid != r->topo_leader ||
 	    sdb_node_term(r->node) != r->topo_term) {
 		r->topo_ready = ready;

@@ -4,6 +4,8 @@ unsharded target on the source's primary shard: the whole pipeline goes there; o
 proxy writes the results through its own write path). Every whenMatched / whenNotMatched
 combination with its final contents, $out replacing a collection with its indexes kept, and
 MongoDB's codes for the refusals."""
+import threading
+
 import pymongo
 import pytest
 from pymongo.errors import OperationFailure
@@ -342,5 +344,229 @@ def test_through_a_proxy_to_another_primary_shard(start_role, tmp_path):
         assert contents(b.onb.t) == SRC[1:]
         assert indexes(b.onb.t) == [("_id_", (("_id", 1),), False), ("v_1", (("v", 1),), False)]
         assert cl.shard_client("shard-a").onb.t.count_documents({}) == 0
+    finally:
+        cl.close()
+
+
+def _set_behind_proxy(start_role, tmp_path):
+    """A 3-member shard set behind a proxy: (procs, wires, proxy uri)."""
+    from conftest import free_port
+    from metadata_cluster import Cluster
+    procs, wires, rs_uri = start_set(start_role, tmp_path)
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    meta.write({"addShard": "shard-a", "uri": rs_uri})
+    port = free_port()
+    start_role(["--role=proxy", f"--listen=127.0.0.1:{port}", f"--metadata={meta.seeds()}"])
+    uri = f"mongodb://127.0.0.1:{port}/"
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        wait_until(lambda: c.app.warm.insert_one({}), 30, what="a first write through the proxy")
+    return procs, wires, uri
+
+
+def test_merge_through_a_proxy_is_never_applied_twice_on_a_failover(start_role, tmp_path):
+    """The shard writes $merge's output in batches, each committed before the next; a
+    leadership transfer between two batches must not make the proxy resend the aggregate
+    (mongos: kNoRetry for a writing pipeline) nor the shard answer "not executed": every
+    document is incremented at most once; ok:1 means exactly once, an error a prefix."""
+    n = 20000
+    procs, wires, uri = _set_behind_proxy(start_role, tmp_path)
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000, socketTimeoutMS=120000,
+                             retryReads=False, retryWrites=False) as c:
+        for lo in range(0, n, 5000):
+            c.app.src.insert_many([{"_id": i, "v": 1} for i in range(lo, lo + 5000)])
+            c.app.tgt.insert_many([{"_id": i, "v": 0} for i in range(lo, lo + 5000)])
+        outcome = {}
+
+        def run():
+            try:
+                list(c.app.src.aggregate([
+                    {"$sort": {"_id": 1}},
+                    {"$merge": {"into": "tgt", "whenMatched": PIPE, "whenNotMatched": "insert"}}]))
+                outcome["ok"] = True
+            except pymongo.errors.PyMongoError as e:
+                outcome["error"] = e
+        old = primary_index(wires)
+        t = threading.Thread(target=run)
+        with direct(wires[old]) as m:
+            t.start()
+            # transfer once some batches are committed
+            wait_until(lambda: m.app.tgt.find_one({"v": {"$gte": 1}}), 60, interval=0.01,
+                       what="a first batch of the $merge committed")
+            target = (old + 1) % 3 + 1
+            try:
+                m.admin.command({"transferLeadership": target})
+            except (OperationFailure, pymongo.errors.AutoReconnect):
+                pass
+        t.join(180)
+        assert not t.is_alive()
+        wait_until(lambda: primary_index(wires) is not None, 30, what="a primary")
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=20000) as c:
+        docs = wait_until(lambda: list(c.app.tgt.find({}, sort=[("_id", 1)])), 30,
+                          what="reading the target")
+    assert len(docs) == n
+    twice = [d["_id"] for d in docs if d["v"] > 1]
+    assert not twice, f"{len(twice)} documents incremented twice ({outcome})"
+    done = [d["_id"] for d in docs if d["v"] == 1]
+    if outcome.get("ok"):
+        assert len(done) == n, f"ok:1 but {n - len(done)} documents not incremented"
+    else:
+        err = outcome["error"]
+        # the shard wrote in _id order: what was applied is a prefix
+        assert done == list(range(len(done))), (err, len(done))
+        if isinstance(err, OperationFailure):
+            assert err.code in (11602, 10107, 13435, 189, 91), err.details
+
+
+def _out_while_target_changes(client, db, change, n=20000, prepare=None):
+    """Run a $out of n documents into db.outx while change(db) runs once the temporary
+    collection exists; return the aggregate's outcome (None or the OperationFailure)."""
+    db.outx.drop()
+    db.big.drop()
+    if prepare:
+        prepare()
+    db.outx.insert_one({"_id": "old"})
+    for lo in range(0, n, 5000):
+        db.big.insert_many([{"_id": i, "v": i} for i in range(lo, lo + 5000)])
+    outcome = {}
+
+    def run():
+        try:
+            list(db.big.aggregate([{"$out": "outx"}]))
+            outcome["ok"] = True
+        except OperationFailure as e:
+            outcome["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: any(n.startswith("tmp.agg_out.") for n in db.list_collection_names()),
+               60, interval=0.005, what="the temporary collection of $out")
+    change(db)
+    t.join(120)
+    assert not t.is_alive()
+    return outcome
+
+
+def _check_out_refused_on_change(db, prepare=None):
+    for i, change in enumerate((
+            lambda d: d.outx.create_index("late"),
+            lambda d: d.command("collMod", "outx", validator={"x": {"$exists": False}}))):
+        outcome = _out_while_target_changes(db.client, db, change, prepare=prepare)
+        assert "error" in outcome, "the $out finished before the target changed"
+        e = outcome["error"]
+        assert e.code == 125, e.details
+        assert "changed during processing" in e.details["errmsg"], e.details
+        assert f"{db.name}.outx" in e.details["errmsg"], e.details
+        # the target is as it was (the new index kept), no temporary collection is left
+        assert contents(db.outx) == [{"_id": "old"}]
+        assert not [n for n in db.list_collection_names() if n.startswith("tmp.agg_out.")]
+        if i == 0:
+            assert "late_1" in [x["name"] for x in db.outx.list_indexes()]
+    # unchanged (its index kept): it replaces the target
+    db.outx.create_index("late")
+    list(db.big.aggregate([{"$limit": 10}, {"$out": "outx"}]))
+    assert db.outx.count_documents({}) == 10
+    assert "late_1" in [x["name"] for x in db.outx.list_indexes()]
+
+
+def test_out_fails_when_the_target_changes_while_it_runs_on_a_shard(shard):
+    _, port = shard
+    with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true") as c:
+        _check_out_refused_on_change(c.om)
+
+
+def test_out_through_a_proxy_checks_the_target_before_and_at_the_rename(start_role, tmp_path):
+    """The proxy writes $out (a sharded source): into a view 166 naming the target (no
+    temporary view), and 125 when the target's indexes or options change meanwhile."""
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        cl.shard_collection("psh.big", {"_id": 1}, split_points=[{"_id": 10000}])
+        db = cl.proxy_client(0).psh
+        db.big.insert_one({"_id": -1})
+        db.create_collection("v", viewOn="big", pipeline=[])
+        e = fails(lambda: list(db.big.aggregate([{"$out": "v"}])), 166)
+        assert "psh.v is a view" in e["errmsg"] and "tmp." not in e["errmsg"], e
+        a = cl.shard_client("shard-a").psh
+        assert not [n for n in a.list_collection_names() if n.startswith("tmp.")]
+        _check_out_refused_on_change(db, prepare=lambda: cl.shard_collection(
+            "psh.big", {"_id": 1}, split_points=[{"_id": 10000}]))
+        assert cl.shard_client("shard-b").psh.big.count_documents({}) > 0
+    finally:
+        cl.close()
+
+
+def test_leftover_temporary_collection_is_dropped_when_a_primary_starts(shard):
+    """SIGKILL during a large $out leaves `tmp.agg_out.*`; the restarted member drops it
+    when it becomes primary (mongod's dropTempCollections), through the oplog."""
+    proc, port = shard
+    uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
+    c = pymongo.MongoClient(uri, socketTimeoutMS=60000)
+    db = c.om
+    db.outk.insert_one({"_id": "old"})
+    for lo in range(0, 20000, 5000):
+        db.big.insert_many([{"_id": i, "v": i} for i in range(lo, lo + 5000)])
+
+    def run():
+        try:
+            list(db.big.aggregate([{"$out": "outk"}]))
+        except pymongo.errors.PyMongoError:
+            pass
+    t = threading.Thread(target=run)
+    t.start()
+
+    def tmp_with_docs():
+        names = [n for n in db.list_collection_names() if n.startswith("tmp.agg_out.")]
+        return names and db[names[0]].estimated_document_count() > 0 and names
+    tmps = wait_until(tmp_with_docs, 60, interval=0.005, what="the temporary collection filled")
+    proc.p.kill()
+    proc.p.wait(timeout=10)
+    t.join(60)
+    c.close()
+    proc.log.close()
+    proc.restart().wait_healthy()
+    with pymongo.MongoClient(uri) as c2:
+        wait_until(lambda: not [n for n in c2.om.list_collection_names()
+                                if n.startswith("tmp.agg_out.")], 30,
+                   what="the leftover temporary collection dropped")
+        assert contents(c2.om.outk) == [{"_id": "old"}]
+        drops = [e for e in c2.local["oplog.rs"].find({"op": "c", "o.drop": tmps[0]})]
+        assert drops, "the drop is a replicated write (in the oplog)"
+        # a new $out works
+        list(c2.om.big.aggregate([{"$limit": 3}, {"$out": "outk"}]))
+        assert c2.om.outk.count_documents({}) == 3
+
+
+def check_merge_sees_command_let(db):
+    db.lsrc.drop()
+    db.ltgt.drop()
+    db.lsrc.insert_many([{"_id": 1, "v": 10}, {"_id": 2, "v": 20}])
+    db.ltgt.insert_many([{"_id": 1}, {"_id": 2}])
+    db.command("aggregate", "lsrc", let={"inc": 5}, cursor={}, pipeline=[{"$merge": {
+        "into": "ltgt", "let": {"a": {"$add": ["$v", "$$inc"]}},
+        "whenMatched": [{"$set": {"w": "$$a"}}], "whenNotMatched": "discard"}}])
+    assert contents(db.ltgt) == [{"_id": 1, "w": 15}, {"_id": 2, "w": 25}]
+    # without $merge's let: the command's variables and $$new
+    db.command("aggregate", "lsrc", let={"inc": 5}, cursor={}, pipeline=[{"$merge": {
+        "into": "ltgt", "whenMatched": [{"$set": {"z": {"$add": ["$$new.v", "$$inc"]}}}],
+        "whenNotMatched": "discard"}}])
+    assert contents(db.ltgt) == [{"_id": 1, "w": 15, "z": 15}, {"_id": 2, "w": 25, "z": 25}]
+
+
+def test_merge_sees_the_commands_let(shard, start_role, tmp_path):
+    _, port = shard
+    with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true") as c:
+        check_merge_sees_command_let(c.om)
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        db = cl.proxy_client(0).psh
+        check_merge_sees_command_let(db)  # the whole aggregate forwarded to one shard
+        cl.shard_collection("psh.lsrc2", {"_id": 1}, split_points=[{"_id": 2}])
+        db.lsrc2.insert_many([{"_id": 1, "v": 10}, {"_id": 2, "v": 20}])
+        db.ltgt.delete_many({})
+        db.ltgt.insert_many([{"_id": 1}, {"_id": 2}])
+        db.command("aggregate", "lsrc2", let={"inc": 5}, cursor={}, pipeline=[{"$merge": {
+            "into": "ltgt", "let": {"a": {"$add": ["$v", "$$inc"]}},
+            "whenMatched": [{"$set": {"w": "$$a", "z": "$$inc"}}],
+            "whenNotMatched": "discard"}}])
+        assert contents(db.ltgt) == [{"_id": 1, "w": 15, "z": 5}, {"_id": 2, "w": 25, "z": 5}]
     finally:
         cl.close()

@@ -176,10 +176,11 @@ static void test_on_filter_and_index(void **state)
 	sdb_aggw_destroy(&w);
 }
 
-static int eval_fixed(const bson_iter_t *expr, const bson_t *doc, bson_t *out, int *code,
-		      char *err, size_t errlen)
+static int eval_fixed(const bson_iter_t *expr, const bson_t *vars, const bson_t *doc,
+		      bson_t *out, int *code, char *err, size_t errlen)
 {
 	(void)expr;
+	(void)vars;
 	(void)doc;
 	(void)code;
 	(void)err;
@@ -202,7 +203,7 @@ static void test_merge_statements(void **state)
 			       &w),
 			 0);
 	bson_t st = BSON_INITIALIZER;
-	assert_int_equal(sdb_aggw_merge_stmt(&w, doc, eval_fixed, &st, err, sizeof err), 0);
+	assert_int_equal(sdb_aggw_merge_stmt(&w, doc, NULL, eval_fixed, &st, err, sizeof err), 0);
 	assert_true(bson_iter_init_find(&it, &st, "u"));
 	bson_t *want = BCON_NEW("q", "{", "_id", BCON_INT32(1), "}", "u", "{", "$setOnInsert",
 				BCON_DOCUMENT(doc), "}", "upsert", BCON_BOOL(true), "multi",
@@ -217,7 +218,7 @@ static void test_merge_statements(void **state)
 			       &w),
 			 0);
 	bson_init(&st);
-	assert_int_equal(sdb_aggw_merge_stmt(&w, doc, eval_fixed, &st, err, sizeof err), 0);
+	assert_int_equal(sdb_aggw_merge_stmt(&w, doc, NULL, eval_fixed, &st, err, sizeof err), 0);
 	want = BCON_NEW("q", "{", "_id", BCON_INT32(1), "}", "u", "[", "]", "c", "{", "v",
 			BCON_INT32(7), "}", "upsert", BCON_BOOL(false), "multi", BCON_BOOL(false));
 	assert_true(bson_equal(&st, want));
