@@ -338,6 +338,20 @@ void shard_cmd_insert(shard_ctx *x)
 	shard_valid sv;
 	if (!wbatch_open(x, "insert", "documents", "document to insert", false, &b))
 		return;
+	/* an $out's temporary collection is created explicitly with the target's options and
+	 * indexes; one that is gone (dropped at a primary change, shard/cmd_outmerge.c) must
+	 * not come back implicitly, empty and without them, under a proxy's later inserts:
+	 * that $out fails instead of renaming an incomplete output over its target */
+	const sdb_store_coll *tco = NULL;
+	if (strncmp(b.coll, "tmp.agg_out.", 12) == 0 && x->origin == NULL &&
+	    (sdb_store_coll_get(x->conn, x->db, b.coll, &tco, NULL, 0) != 0 || tco == NULL)) {
+		wbatch_abort(&b);
+		shard_fail(x, WIRE_ERR_NAMESPACE_NOT_FOUND,
+			   "the $out temporary collection %s.%s no longer exists (dropped at a "
+			   "change of primary): the $out failed, its target is unchanged",
+			   x->db, b.coll);
+		return;
+	}
 	if (!shard_valid_open(x, b.coll, &sv)) {
 		wbatch_abort(&b);
 		return;

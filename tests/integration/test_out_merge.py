@@ -533,6 +533,16 @@ def test_leftover_temporary_collection_is_dropped_when_a_primary_starts(shard):
         # a new $out works
         list(c2.om.big.aggregate([{"$limit": 3}, {"$out": "outk"}]))
         assert c2.om.outk.count_documents({}) == 3
+        # a dropped temporary collection does not come back implicitly under a later
+        # insert (a proxy writing an $out's output across a change of primary): 26, so
+        # that $out fails instead of renaming an incomplete output over its target
+        with pytest.raises(pymongo.errors.OperationFailure) as e:
+            c2.om[tmps[0]].insert_one({"_id": 1})
+        assert e.value.code == 26, e.value.details
+        assert tmps[0] not in c2.om.list_collection_names()
+        c2.om.create_collection(tmps[0])  # created explicitly (as $out does): writable
+        c2.om[tmps[0]].insert_one({"_id": 1})
+        c2.om.drop_collection(tmps[0])
 
 
 def check_merge_sees_command_let(db):
