@@ -623,3 +623,25 @@ int sdb_aggw_merge_stmt(const sdb_aggw *w, const bson_t *doc, const bson_t *vars
 	BSON_APPEND_BOOL(st, "multi", false);
 	return rc;
 }
+
+bool sdb_aggw_first_write_error(const bson_t *reply, int *code, char *errmsg, size_t errlen,
+				bson_t *extra)
+{
+	bson_iter_t we, e0, sub;
+
+	if (!bson_iter_init_find(&we, reply, "writeErrors") || !BSON_ITER_HOLDS_ARRAY(&we) ||
+	    !bson_iter_recurse(&we, &e0) || !bson_iter_next(&e0) ||
+	    !BSON_ITER_HOLDS_DOCUMENT(&e0) || !bson_iter_recurse(&e0, &sub))
+		return false;
+	*code = 1;
+	while (bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+		if (strcmp(k, "code") == 0)
+			*code = (int)bson_iter_as_int64(&sub);
+		else if (strcmp(k, "errmsg") == 0 && BSON_ITER_HOLDS_UTF8(&sub))
+			snprintf(errmsg, errlen, "%s", bson_iter_utf8(&sub, NULL));
+		else if (strcmp(k, "keyPattern") == 0 || strcmp(k, "keyValue") == 0)
+			bson_append_iter(extra, k, -1, &sub);
+	}
+	return true;
+}

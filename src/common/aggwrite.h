@@ -123,6 +123,12 @@ int sdb_aggw_merge_stmt(const sdb_aggw *w, const bson_t *doc, const bson_t *vars
 			sdb_aggw_eval_fn eval, bson_t *st, char *err, size_t errlen);
 
 /* Names of the modes for messages ("replace", "insert", ...). Static strings. */
+/* The first writeError of a write command's reply (the writes of $out/$merge, on a shard and
+ * through a proxy): true with *code (1 when it has none), its errmsg into errmsg (errlen
+ * bytes, truncated) and its keyPattern/keyValue appended to extra (initialised by the
+ * caller); false, nothing touched, when the reply has none. */
+bool sdb_aggw_first_write_error(const bson_t *reply, int *code, char *errmsg, size_t errlen,
+				bson_t *extra);
 const char *sdb_aggw_matched_name(sdb_aggw_matched m);
 const char *sdb_aggw_not_matched_name(sdb_aggw_not_matched m);
 

@@ -47,23 +47,9 @@ typedef struct om_res {
 /* Read a write's reply (ok: 1) into r: n, the first writeError, a writeConcernError. */
 static void read_reply(const bson_t *reply, om_res *r)
 {
-	bson_iter_t f, we, e0;
+	bson_iter_t f;
 	r->n = px_get_int(reply, "n", 0);
-	if (bson_iter_init_find(&we, reply, "writeErrors") && BSON_ITER_HOLDS_ARRAY(&we) &&
-	    bson_iter_recurse(&we, &e0) && bson_iter_next(&e0) && BSON_ITER_HOLDS_DOCUMENT(&e0)) {
-		bson_iter_t sub;
-		bson_iter_recurse(&e0, &sub);
-		r->code = 1;
-		while (bson_iter_next(&sub)) {
-			const char *k = bson_iter_key(&sub);
-			if (strcmp(k, "code") == 0)
-				r->code = (int)bson_iter_as_int64(&sub);
-			else if (strcmp(k, "errmsg") == 0 && BSON_ITER_HOLDS_UTF8(&sub))
-				snprintf(r->errmsg, sizeof r->errmsg, "%s", bson_iter_utf8(&sub, NULL));
-			else if (strcmp(k, "keyPattern") == 0 || strcmp(k, "keyValue") == 0)
-				bson_append_iter(&r->extra, k, -1, &sub);
-		}
-	}
+	sdb_aggw_first_write_error(reply, &r->code, r->errmsg, sizeof r->errmsg, &r->extra);
 	if (bson_iter_init_find(&f, reply, "writeConcernError") && BSON_ITER_HOLDS_DOCUMENT(&f)) {
 		bson_t d;
 		uint32_t len;
