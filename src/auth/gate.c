@@ -1221,6 +1221,21 @@ const char *auth_gate_conn_user(const wire_conn *conn)
 	return c && c->state == CONN_AUTHENTICATED && c->user[0] ? c->user : NULL;
 }
 
+void auth_gate_append_effective_users(const wire_conn *conn, bson_t *op)
+{
+	const char *u = auth_gate_conn_user(conn);
+	bson_t arr, d;
+
+	if (!u)
+		return;
+	BSON_APPEND_ARRAY_BEGIN(op, "effectiveUsers", &arr);
+	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &d);
+	BSON_APPEND_UTF8(&d, "user", u);
+	BSON_APPEND_UTF8(&d, "db", strcmp(u, "__system") == 0 ? "local" : "admin");
+	bson_append_document_end(&arr, &d);
+	bson_append_array_end(op, &arr);
+}
+
 bool auth_gate_check(auth_gate *g, wire_req *req)
 {
 	const char *name = wire_req_name(req);

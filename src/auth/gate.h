@@ -121,6 +121,10 @@ bool auth_gate_check(auth_gate *g, wire_req *req);
  * the loop thread and copy it before handing it to another thread. Used to bind cursors
  * to their user (MongoDB: a cursor is usable only by the user that created it). */
 const char *auth_gate_conn_user(const wire_conn *conn);
+/* currentOp's `effectiveUsers: [{user, db}]` of conn's user, appended to op (nothing when
+ * conn has not authenticated); db is "local" for __system (the cluster user), else
+ * "admin" (mongod's currentOp field, shard and proxy alike). Loop thread. */
+void auth_gate_append_effective_users(const wire_conn *conn, bson_t *op);
 
 /* hello hook part: adds saslSupportedMechs when the hello asks for it. */
 void auth_gate_hello(auth_gate *g, const bson_t *cmd, bson_t *reply);

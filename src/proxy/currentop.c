@@ -166,18 +166,8 @@ typedef struct own_run {
 
 static void own_decorate(void *arg, const wire_conn *conn, bson_t *op)
 {
-	const char *u = auth_gate_conn_user(conn);
-	bson_t arr, d;
-
 	(void)arg;
-	if (!u)
-		return;
-	BSON_APPEND_ARRAY_BEGIN(op, "effectiveUsers", &arr);
-	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &d);
-	BSON_APPEND_UTF8(&d, "user", u);
-	BSON_APPEND_UTF8(&d, "db", "admin");
-	bson_append_document_end(&arr, &d);
-	bson_append_array_end(op, &arr);
+	auth_gate_append_effective_users(conn, op);
 }
 
 static void own_each(void *arg, const wire_conn *conn, const bson_t *op)

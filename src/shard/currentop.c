@@ -43,18 +43,8 @@ static bool same_user(const char *a, const char *b)
 /* effectiveUsers of an authenticated connection (on a shard: __system, the cluster user). */
 static void decorate(void *arg, const wire_conn *conn, bson_t *op)
 {
-	const char *u = auth_gate_conn_user(conn);
-	bson_t arr, d;
-
 	(void)arg;
-	if (!u)
-		return;
-	BSON_APPEND_ARRAY_BEGIN(op, "effectiveUsers", &arr);
-	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &d);
-	BSON_APPEND_UTF8(&d, "user", u);
-	BSON_APPEND_UTF8(&d, "db", strcmp(u, "__system") == 0 ? "local" : "admin");
-	bson_append_document_end(&arr, &d);
-	bson_append_array_end(op, &arr);
+	auth_gate_append_effective_users(conn, op);
 }
 
 static void each(void *arg, const wire_conn *conn, const bson_t *op)
