@@ -11,11 +11,13 @@
  *   - renameCollection takes the source's and the target's (in name order, so two
  *     renames never wait on each other in a cycle), re-reads the routing table, and renews
  *     them just before it asks the primary shard to rename.
- * A lease lives DDL_LEASE_TTL_MS (60 s) from its last acquire or renewal, so a proxy that
- * dies holding one blocks that namespace's DDL for at most that long. What stays open: a
- * renaming proxy paused for longer than that between its renewal and its request to the
- * shard could rename after another proxy sharded the collection (the shard does not check
- * a fencing token). */
+ * A lease lives DDL_LEASE_TTL_MS (5 minutes: longer than a shardCollection's index builds
+ * are expected to take, since its commit is refused once the lease lapsed) from its last
+ * acquire or renewal, so a proxy that dies holding one blocks that namespace's DDL for at
+ * most that long (a waiter without maxTimeMS gives up after DDL_LOCK_WAIT_MS with 46).
+ * What stays open: a renaming proxy paused for longer than that between its renewal and
+ * its request to the shard could rename after another proxy sharded the collection (the
+ * shard does not check a fencing token). */
 #ifndef SDB_PROXY_DDLLOCK_H
 #define SDB_PROXY_DDLLOCK_H
 
@@ -24,7 +26,7 @@
 #include "proxy/exec.h"
 
 /* How long a DDL lease lives after its acquire or renewal (ms). */
-#define DDL_LEASE_TTL_MS 60000
+#define DDL_LEASE_TTL_MS 300000
 /* How long a command waits for a lock another command holds when it has no maxTimeMS (ms). */
 #define DDL_LOCK_WAIT_MS 60000
 
