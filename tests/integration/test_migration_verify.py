@@ -90,6 +90,12 @@ def test_writes_during_the_migration_verify_equal(start_role, tmp_path):
     cl, chunk = _cluster(start_role, tmp_path)
     try:
         mid = "mig-verify-writes"
+        # 400 more documents in the chunk (500 imported): the workload changes at most its
+        # 300 _ids, fewer than the import loaded, so the verification stays "imported"
+        # however long it runs (with 100 imported, a slow run changed 100 _ids and the
+        # verification rightly fell back to the full read: a CI failure of this test)
+        cl.proxy_client()["app"]["c"].insert_many(
+            [{"_id": f"x{i}", "k": 100 + i % 100, "v": 0} for i in range(400)])
         _paused_migration(cl, chunk, mid)
         wl = Workload(cl, NS, writers=2, readers=1, keys=300).start()
         wait_until(lambda: wl.acked() >= 100, 60, what="writes after the import")
