@@ -645,3 +645,24 @@ bool sdb_aggw_first_write_error(const bson_t *reply, int *code, char *errmsg, si
 	}
 	return true;
 }
+
+void sdb_aggw_insert_batch(bson_t *cmd, const char *coll, bson_t *const *docs, size_t n,
+			   size_t *pos)
+{
+	bson_t arr;
+	size_t bytes = 0, k = 0;
+
+	BSON_APPEND_UTF8(cmd, "insert", coll);
+	BSON_APPEND_ARRAY_BEGIN(cmd, "documents", &arr);
+	while (*pos < n && k < SDB_AGGW_BATCH_DOCS &&
+	       (k == 0 || bytes + docs[*pos]->len < SDB_AGGW_BATCH_BYTES)) {
+		char key[16];
+		const char *kp;
+		bson_uint32_to_string((uint32_t)k++, &kp, key, sizeof key);
+		BSON_APPEND_DOCUMENT(&arr, kp, docs[*pos]);
+		bytes += docs[*pos]->len;
+		(*pos)++;
+	}
+	bson_append_array_end(cmd, &arr);
+	BSON_APPEND_BOOL(cmd, "ordered", true);
+}

@@ -123,6 +123,17 @@ int sdb_aggw_merge_stmt(const sdb_aggw *w, const bson_t *doc, const bson_t *vars
 			sdb_aggw_eval_fn eval, bson_t *st, char *err, size_t errlen);
 
 /* Names of the modes for messages ("replace", "insert", ...). Static strings. */
+/* One write of $out/$merge output: at most SDB_AGGW_BATCH_DOCS documents and (past the
+ * first) SDB_AGGW_BATCH_BYTES of them, well under a shard's message limit. */
+#define SDB_AGGW_BATCH_DOCS 250
+#define SDB_AGGW_BATCH_BYTES (4 * 1024 * 1024)
+
+/* Append to cmd the ordered insert of the next batch of docs[*pos..n) into coll
+ * ({insert: coll, documents: [...], ordered: true}) and advance *pos past it (at least
+ * one document when *pos < n). docs stay the caller's. */
+void sdb_aggw_insert_batch(bson_t *cmd, const char *coll, bson_t *const *docs, size_t n,
+			   size_t *pos);
+
 /* The first writeError of a write command's reply (the writes of $out/$merge, on a shard and
  * through a proxy): true with *code (1 when it has none), its errmsg into errmsg (errlen
  * bytes, truncated) and its keyPattern/keyValue appended to extra (initialised by the

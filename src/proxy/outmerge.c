@@ -32,8 +32,8 @@
 #include "routing/route.h"
 #include "storage/pipeline.h"
 
-#define OM_BATCH_DOCS 250
-#define OM_BATCH_BYTES (4 * 1024 * 1024)
+#define OM_BATCH_DOCS SDB_AGGW_BATCH_DOCS
+#define OM_BATCH_BYTES SDB_AGGW_BATCH_BYTES
 
 /* The outcome of one write of the proxy. */
 typedef struct om_res {
@@ -343,22 +343,8 @@ static void run_out(ctx *c, ctx *t, const sdb_aggw *w, const char *primary, bson
 	bson_destroy(&specs);
 	size_t pos = 0;
 	while (r->code == 0 && pos < n) {
-		bson_t arr;
-		size_t bytes = 0, k = 0;
 		bson_init(&cmd);
-		BSON_APPEND_UTF8(&cmd, "insert", tmp);
-		BSON_APPEND_ARRAY_BEGIN(&cmd, "documents", &arr);
-		while (pos < n && k < OM_BATCH_DOCS &&
-		       (k == 0 || bytes + docs[pos]->len < OM_BATCH_BYTES)) {
-			char key[16];
-			const char *kp;
-			bson_uint32_to_string((uint32_t)k++, &kp, key, sizeof key);
-			BSON_APPEND_DOCUMENT(&arr, kp, docs[pos]);
-			bytes += docs[pos]->len;
-			pos++;
-		}
-		bson_append_array_end(&cmd, &arr);
-		BSON_APPEND_BOOL(&cmd, "ordered", true);
+		sdb_aggw_insert_batch(&cmd, tmp, docs, n, &pos);
 		append_client_opts(c, &cmd);
 		shard_write(t, primary, &cmd, r);
 		bson_destroy(&cmd);

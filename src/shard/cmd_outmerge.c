@@ -30,10 +30,9 @@
 #include "storage/pipeline.h"
 #include "storage/store.h"
 
-/* One batch: at most this many statements or documents ... */
-#define OM_BATCH_DOCS 250
-/* ... and about this many bytes of them. */
-#define OM_BATCH_BYTES (4 * 1024 * 1024)
+/* One batch: the proxy's bounds too (common/aggwrite.h) */
+#define OM_BATCH_DOCS SDB_AGGW_BATCH_DOCS
+#define OM_BATCH_BYTES SDB_AGGW_BATCH_BYTES
 
 typedef struct om_wait {
 	pthread_mutex_t mu;
@@ -294,21 +293,8 @@ static void om_insert_all(shard_ctx *x, const char *db, const char *coll, bson_t
 {
 	size_t pos = 0;
 	while (pos < n && r->code == 0) {
-		bson_t cmd = BSON_INITIALIZER, arr;
-		BSON_APPEND_UTF8(&cmd, "insert", coll);
-		BSON_APPEND_ARRAY_BEGIN(&cmd, "documents", &arr);
-		size_t bytes = 0, k = 0;
-		while (pos < n && k < OM_BATCH_DOCS && (k == 0 || bytes + docs[pos]->len <
-								     OM_BATCH_BYTES)) {
-			char key[16];
-			const char *kp;
-			bson_uint32_to_string((uint32_t)k++, &kp, key, sizeof key);
-			BSON_APPEND_DOCUMENT(&arr, kp, docs[pos]);
-			bytes += docs[pos]->len;
-			pos++;
-		}
-		bson_append_array_end(&cmd, &arr);
-		BSON_APPEND_BOOL(&cmd, "ordered", true);
+		bson_t cmd = BSON_INITIALIZER;
+		sdb_aggw_insert_batch(&cmd, coll, docs, n, &pos);
 		append_bypass(x, &cmd);
 		om_res_destroy(r);
 		om_res_init(r);
