@@ -19,6 +19,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/quota.c \
 	src/proxy/read.c \
 	src/proxy/readpref.c \
+	src/proxy/renamecoll.c \
 	src/proxy/retry.c \
 	src/proxy/role.c \
 	src/proxy/shardconn.c \
