@@ -212,7 +212,9 @@ int sdb_store_coll_get(sdb_store_conn *c, const char *db, const char *coll,
 /* Create db.coll (write txn). options (may be NULL) is stored as given. Logs a "c" oplog
  * entry {create: coll} with origin (may be NULL). *out (out may be NULL) is the new
  * catalog entry, as sdb_store_coll_get. Errors: SDB_EEXISTS (already there; *out still set
- * when out != NULL), SDB_EINVAL (bad database or collection name), SDB_EIO. */
+ * when out != NULL), SDB_EINVAL (bad database or collection name; or a database whose name
+ * differs from db only in ASCII case exists: then sdb_store_write_code is 13297
+ * DatabaseDifferCase, mongod's), SDB_EIO. */
 int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 			  const bson_t *options, const char *origin, const sdb_store_coll **out,
 			  char *err, size_t errlen);
@@ -238,7 +240,8 @@ int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,
  * dropped>}) with origin (may be NULL). Filtering metadata and views are the caller's to
  * check (the shard refuses sharded collections and views). Errors: SDB_ENOTFOUND (no
  * source), SDB_EEXISTS (the target exists and drop_target is false: "target namespace
- * exists"), SDB_EINVAL (bad target name, or the same namespace), SDB_EIO. */
+ * exists"), SDB_EINVAL (bad target name, or the same namespace; or to_db differs from an
+ * existing database only in case: sdb_store_write_code 13297), SDB_EIO. */
 int sdb_store_coll_rename(sdb_store_conn *c, const char *from_db, const char *from_coll,
 			  const char *to_db, const char *to_coll, bool drop_target,
 			  bool stay_temp, const char *origin, char *err, size_t errlen);
@@ -290,7 +293,9 @@ void sdb_store_dup_clear(sdb_store_dup *d);
 
 /* The MongoDB code of the document's fault in c's last failed sdb_store_insert or
  * sdb_store_replace: 53 InvalidIdField (an array/regex/undefined _id), 171
- * CannotIndexParallelArrays, 2 BadValue (no _id); 0 when the failure had no such code (then
+ * CannotIndexParallelArrays, 2 BadValue (no _id), 13297 DatabaseDifferCase (the
+ * collection had to be created in a database whose name differs from an existing one only
+ * in case; also after a failed sdb_store_coll_create); 0 when the failure had no such code (then
  * SDB_EEXISTS is DuplicateKey, other SDB_EINVAL BadValue). Returns: that MongoDB code,
  * never an SDB_E* status. */
 int sdb_store_write_code(const sdb_store_conn *c);
