@@ -4,7 +4,8 @@
 noinst_HEADERS += storage/update.h storage/update_int.h storage/pipeline.h storage/pipeline_int.h storage/docbuild.h
 libstripedb_a_SOURCES += storage/update.c storage/update_apply.c storage/update_pipeline.c storage/docbuild.c storage/pipeline.c storage/pipeline_expr.c \
 	storage/pipeline_parse.c storage/pipeline_bucket.c storage/pipeline_bucketauto.c \
-	storage/pipeline_facet.c storage/pipeline_lookup.c storage/pipeline_graph.c
+	storage/pipeline_facet.c storage/pipeline_lookup.c storage/pipeline_graph.c \
+	storage/pipeline_sample.c storage/pipeline_redact.c
 
 check_PROGRAMS += tests/unit/test_storage_update
 tests_unit_test_storage_update_SOURCES = tests/unit/test_storage_update.c

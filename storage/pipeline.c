@@ -165,6 +165,8 @@ typedef struct {
 	bool src_open;
 	/* $lookup: the foreign reads already made */
 	agg_lookup_cache lookups;
+	/* $sample: the documents kept (pipeline_sample.c) */
+	agg_sampler *sampler;
 } stage_state;
 
 struct sdb_pipeline_cursor {
@@ -222,6 +224,8 @@ static void state_clear(stage_state *s)
 	}
 	s->src_open = false;
 	agg_lookup_cache_clear(&s->lookups);
+	agg_sampler_free(s->sampler);
+	s->sampler = NULL;
 }
 
 void sdb_pipeline_cursor_free(sdb_pipeline_cursor *c)
@@ -1109,6 +1113,33 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 				}
 			}
 			return bucket_auto_emit(st, s, c->p->max_mem, doc, e);
+		case S_SAMPLE:
+			if (!s->loaded) {
+				/* size 0: nothing, the input unread (mongod disposes of it) */
+				s->loaded = true;
+				s->sampler = agg_sampler_new(st->n, c->p->max_mem, c->p->sample_key_in,
+							     c->p->sample_key_out && i == c->p->n);
+				for (;;) {
+					bson_t *d = NULL;
+
+					if (st->n == 0) {
+						break;
+					}
+					rc = pull(c, i - 1, &d, e);
+					if (rc != 0) {
+						return rc;
+					}
+					if (d == NULL) {
+						break;
+					}
+					rc = agg_sampler_add(s->sampler, d, e);
+					if (rc != 0) {
+						return rc;
+					}
+				}
+			}
+			*doc = agg_sampler_next(s->sampler);
+			return 0;
 		case S_UNWIND:
 			return unwind_next(c, i - 1, doc, e);
 		case S_FACET:
@@ -1215,6 +1246,20 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 			set_path(d, st->as, arr);
 			*doc = node_to_heap(d);
 			docbuild_free(d);
+			return 0;
+		}
+		case S_REDACT: {
+			bson_t *r = NULL;
+
+			rc = agg_redact_doc(st->id, in, &r, e);
+			bson_destroy(in);
+			if (rc != 0) {
+				return rc;
+			}
+			if (r == NULL) {
+				continue; /* pruned */
+			}
+			*doc = r;
 			return 0;
 		}
 		case S_REPLACE_ROOT: {

@@ -143,6 +143,7 @@ static int parse_string(const char *s, expr **out, const ectx *e)
 		if ((len == 4 && strncmp(var, "ROOT", 4) == 0) ||
 		    (len == 7 && strncmp(var, "CURRENT", 7) == 0)) {
 			x->kind = X_PATH;
+			x->root = len == 4;
 			if (dot != NULL) {
 				x->path = sdb_strdup(dot + 1);
 				rc = agg_field_path_ok(x->path, e);
@@ -1176,12 +1177,15 @@ int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const 
 		return 0;
 	case X_REMOVE:
 		return 0;
-	case X_PATH:
-		*out = x->path == NULL ? docbuild_from_bson(root) : path_eval(root, x->path);
+	case X_PATH: {
+		const bson_t *base = x->root && e->root != NULL ? e->root : root;
+
+		*out = x->path == NULL ? docbuild_from_bson(base) : path_eval(base, x->path);
 		if (*out != NULL) {
 			docbuild_set_key(*out, NULL);
 		}
 		return 0;
+	}
 	case X_VAR:
 		*out = path_eval(x->var, x->path);
 		if (*out != NULL) {

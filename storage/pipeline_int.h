@@ -45,6 +45,10 @@ typedef struct {
 	/* while parsing: the options of the pipeline being parsed (the foreign-collection
 	 * callback for $unionWith/$lookup and sub-pipelines), or NULL */
 	const sdb_pipeline_opts *opts;
+	/* while evaluating: the document $$ROOT reads when it is not the one the expression is
+	 * evaluated against (CURRENT): $redact's subdocuments (pipeline_redact.c); NULL = the
+	 * same document */
+	const bson_t *root;
 } ectx;
 
 static inline int efail(const ectx *e, int c, const char *fmt, ...)
@@ -278,6 +282,7 @@ struct expr {
 	expr **args;        /* X_OP, X_OBJ, X_ARR */
 	char **keys;        /* X_OBJ */
 	size_t n;
+	bool root;          /* X_PATH: $$ROOT[.path] (reads ectx.root when set), not CURRENT */
 };
 
 /* Compile the aggregation expression at it (a literal, "$path", "$$VAR", {op: args} or an
@@ -375,6 +380,8 @@ typedef enum {
 	S_LOOKUP,      /* $lookup: each input document with `as` = the foreign matches */
 	S_GRAPH_LOOKUP, /* $graphLookup: each input document with `as` = the documents its
 			 * breadth-first search reached (pipeline_graph.c) */
+	S_SAMPLE, /* $sample: n = size; the n documents of smallest random key (pipeline_sample.c) */
+	S_REDACT, /* $redact: id = the expression (pipeline_redact.c) */
 } skind;
 
 /* A $group accumulator. */
@@ -448,7 +455,44 @@ struct sdb_pipeline {
 	sdb_pipeline_foreign_fn foreign;
 	void *foreign_arg;
 	bson_t *let;
+	/* $sample's random keys across processes (sdb_pipeline_opts.sample_key_out/in) */
+	bool sample_key_out;
+	bool sample_key_in;
 };
+
+/* $sample (pipeline_sample.c): parse the stage's argument at it into a new S_SAMPLE stage
+ * of p (n = size), as MongoDB 6.0's DocumentSourceSample::createFromBson.
+ * Errors: SDB_EINVAL with 28745 not an object, 28746 size not a number, 28747 size
+ * negative, 28748 an unknown option, 28749 no size, in e. */
+int agg_sample_parse(sdb_pipeline *p, const bson_iter_t *it, const ectx *e);
+/* One $sample's selection: a bounded max-heap of the n documents of smallest random key
+ * (keys are uniform doubles in [0, 1) from a PRNG seeded by getrandom(2) per sampler), so
+ * memory is bounded by n documents, never by the input. */
+typedef struct agg_sampler agg_sampler;
+/* A new sampler keeping n (>= 0) documents of at most max_mem bytes in all; key_in: take
+ * an input document's key from its double field SDB_PIPELINE_SAMPLE_KEY (removed) when it
+ * has one; key_out: emit each document with its key in that field. Free with
+ * agg_sampler_free. Never fails. */
+agg_sampler *agg_sampler_new(int64_t n, size_t max_mem, bool key_in, bool key_out);
+/* Offer doc (ownership passes to the sampler). Returns: 0. Errors: SDB_ETOOBIG with 292
+ * QueryExceededMemoryLimitNoDiskUseAllowed in e when the kept documents exceed max_mem. */
+int agg_sampler_add(agg_sampler *s, bson_t *doc, const ectx *e);
+/* After the last agg_sampler_add: the next kept document in ascending key order (the
+ * caller's; NULL at the end). */
+bson_t *agg_sampler_next(agg_sampler *s);
+/* Free s and the documents it still holds (NULL is fine). */
+void agg_sampler_free(agg_sampler *s);
+
+/* $redact (pipeline_redact.c): compile the stage's argument at it (an expression in which
+ * $$DESCEND, $$PRUNE and $$KEEP are defined) into a new S_REDACT stage of p.
+ * Errors: the expression's parse errors (SDB_EINVAL, code and message in e). */
+int agg_redact_parse(sdb_pipeline *p, const bson_iter_t *it, const ectx *e);
+/* Redact one document in with the expression x, as MongoDB 6.0's
+ * DocumentSourceRedact::redactObject: *out gets the new document (the caller destroys it
+ * with bson_destroy), or NULL when the document is pruned.
+ * Errors: SDB_EINVAL with the expression's error, or 17053 when it evaluates to something
+ * other than "descend", "prune" or "keep", in e. */
+int agg_redact_doc(const expr *x, const bson_t *in, bson_t **out, const ectx *e);
 
 /* $unionWith and $lookup (pipeline_lookup.c): parse the stage's argument at it into a new
  * stage of p (name is "$unionWith" or "$lookup"). Errors: SDB_EINVAL with MongoDB's code
