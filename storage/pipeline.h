@@ -177,8 +177,8 @@ int sdb_pipeline_parse(const bson_t *stages, const sdb_pipeline_opts *opts, sdb_
 
 void sdb_pipeline_free(sdb_pipeline *p);
 
-/* The size of p's first stage when it is a $sample (after sdb_pipeline_pushdown: the
- * first stage not pushed down), else -1. */
+/* p's first stage (after sdb_pipeline_pushdown: the first stage not pushed down).
+ * Returns: its size when it is a $sample, else -1. */
 int64_t sdb_pipeline_first_sample(const sdb_pipeline *p);
 
 /* What the store can do itself (flags for sdb_pipeline_pushdown). */

@@ -1045,6 +1045,154 @@ static void test_match(void **state)
 	      "[{'_id': 2, 'category': 'drinks', 'budget': 100, 'spent': 150}, {'_id': 5, 'category': 'travel', 'budget': 200, 'spent': 650}]");
 }
 
+/* $sample (pipeline_sample.c): sizes, errors, the memory bound, and the keys a shard sends
+ * the proxy (sample_key_out) and the proxy merges (sample_key_in: the smallest keys win,
+ * deterministically). */
+static void test_sample(void **state)
+{
+	(void)state;
+	int code;
+	char err[512];
+	char *got;
+
+	check("[{'$sample': {'size': 0}}]", "[{'_id': 1}]", "[]");
+	check("[{'$sample': {'size': 5}}, {'$sort': {'_id': 1}}]", "[{'_id': 1}, {'_id': 2}, {'_id': 3}]",
+	      "[{'_id': 1}, {'_id': 2}, {'_id': 3}]");
+	check("[{'$sample': {'size': 2.7}}, {'$count': 'n'}]", "[{'_id': 1}, {'_id': 2}, {'_id': 3}]",
+	      "[{'n': 2}]");
+	check_err("[{'$sample': 1}]", "[]", 28745, "the $sample stage specification must be an object");
+	check_err("[{'$sample': {'size': 'a'}}]", "[]", 28746, "size argument to $sample must be a number");
+	check_err("[{'$sample': {'size': -1}}]", "[]", 28747, "size argument to $sample must not be negative");
+	check_err("[{'$sample': {'size': 1, 'x': 1}}]", "[]", 28748, "unrecognized option to $sample: x");
+	check_err("[{'$sample': {}}]", "[]", 28749, "$sample stage must specify a size");
+
+	/* the heap holds size documents: over the bound 292, under it fine */
+	{
+		sdb_pipeline_opts o = {.max_memory_bytes = 24000};
+		char *docs = malloc(200000);
+		size_t len = 0;
+
+		len += (size_t)sprintf(docs + len, "[");
+		for (int i = 0; i < 1000; i++)
+			len += (size_t)sprintf(docs + len, "%s{'_id': %d, 'pad': 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'}",
+					       i ? ", " : "", i);
+		sprintf(docs + len, "]");
+		got = run("[{'$sample': {'size': 500}}]", docs, &o, &code, err, sizeof err);
+		assert_null(got);
+		assert_int_equal(code, 292);
+		assert_non_null(strstr(err, "Exceeded memory limit for $sample"));
+		got = run("[{'$sample': {'size': 50}}, {'$count': 'n'}]", docs, &o, &code, err, sizeof err);
+		assert_non_null(got);
+		assert_string_equal(got, "{ \"v\" : [ { \"n\" : { \"$numberInt\" : \"50\" } } ] }");
+		bson_free(got);
+		free(docs);
+	}
+
+	/* sample_key_out: a last $sample emits ascending keys in [0, 1) */
+	{
+		sdb_pipeline_opts o = {.sample_key_out = true};
+		bson_t parr, darr = BSON_INITIALIZER;
+		bson_t *pw = JA("[{'$sample': {'size': 20}}]", &parr);
+		sdb_pipeline *p = NULL;
+		sdb_pipeline_cursor *c;
+		input in = {.fail_after = -1};
+		const bson_t *d;
+		double prev = -1;
+		int n = 0;
+
+		for (int i = 0; i < 100; i++) {
+			bson_t doc;
+			char key[16];
+
+			snprintf(key, sizeof key, "%d", i);
+			bson_append_document_begin(&darr, key, -1, &doc);
+			BSON_APPEND_INT32(&doc, "_id", i);
+			bson_append_document_end(&darr, &doc);
+		}
+		assert_int_equal(sdb_pipeline_parse(&parr, &o, &p, &code, err, sizeof err), 0);
+		bson_iter_init(&in.it, &darr);
+		sdb_pipeline_open(p, input_next, &in, &c);
+		while (sdb_pipeline_cursor_next(c, &d, &code, err, sizeof err) == 1) {
+			bson_iter_t it;
+
+			assert_true(bson_iter_init_find(&it, d, SDB_PIPELINE_SAMPLE_KEY));
+			assert_true(BSON_ITER_HOLDS_DOUBLE(&it));
+			assert_true(bson_iter_double(&it) >= prev && bson_iter_double(&it) < 1.0);
+			prev = bson_iter_double(&it);
+			n++;
+		}
+		assert_int_equal(n, 20);
+		sdb_pipeline_cursor_free(c);
+		sdb_pipeline_free(p);
+		bson_destroy(pw);
+		bson_destroy(&darr);
+	}
+
+	/* sample_key_in: the documents' own keys decide (and are removed) */
+	{
+		sdb_pipeline_opts o = {.sample_key_in = true};
+		bson_t parr, darr = BSON_INITIALIZER;
+		bson_t *pw = JA("[{'$sample': {'size': 2}}]", &parr);
+		sdb_pipeline *p = NULL;
+		sdb_pipeline_cursor *c;
+		input in = {.fail_after = -1};
+		const bson_t *d;
+		const double keys[] = {0.9, 0.1, 0.5, 0.7};
+		int want[] = {2, 3}, n = 0;
+
+		for (int i = 0; i < 4; i++) {
+			bson_t doc;
+			char key[16];
+
+			snprintf(key, sizeof key, "%d", i);
+			bson_append_document_begin(&darr, key, -1, &doc);
+			BSON_APPEND_INT32(&doc, "_id", i + 1);
+			BSON_APPEND_DOUBLE(&doc, SDB_PIPELINE_SAMPLE_KEY, keys[i]);
+			bson_append_document_end(&darr, &doc);
+		}
+		assert_int_equal(sdb_pipeline_parse(&parr, &o, &p, &code, err, sizeof err), 0);
+		bson_iter_init(&in.it, &darr);
+		sdb_pipeline_open(p, input_next, &in, &c);
+		while (sdb_pipeline_cursor_next(c, &d, &code, err, sizeof err) == 1) {
+			bson_iter_t it;
+
+			assert_true(n < 2);
+			assert_false(bson_iter_init_find(&it, d, SDB_PIPELINE_SAMPLE_KEY));
+			assert_true(bson_iter_init_find(&it, d, "_id"));
+			assert_int_equal(bson_iter_int32(&it), want[n]);
+			n++;
+		}
+		assert_int_equal(n, 2);
+		sdb_pipeline_cursor_free(c);
+		sdb_pipeline_free(p);
+		bson_destroy(pw);
+		bson_destroy(&darr);
+	}
+}
+
+/* $redact (pipeline_redact.c): the manual's accounts example, $$CURRENT / $$ROOT, arrays
+ * of arrays, 17053. */
+static void test_redact(void **state)
+{
+	(void)state;
+	check("[{'$redact': {'$cond': {'if': {'$eq': ['$level', 5]}, 'then': '$$PRUNE', 'else': '$$DESCEND'}}}]",
+	      "[{'_id': 1, 'level': 1, 'acct_id': 'xyz123', 'cc': {'level': 5, 'type': 'yy',"
+	      " 'billing_addr': {'level': 5, 'addr1': '123 ABC Street'},"
+	      " 'shipping_addr': [{'level': 3, 'addr1': '987 XYZ Ave'}]}, 'status': 'A'},"
+	      " {'_id': 2, 'level': 5}]",
+	      "[{'_id': 1, 'level': 1, 'acct_id': 'xyz123', 'status': 'A'}]");
+	check("[{'$redact': {'$cond': [{'$eq': ['$$CURRENT.o', '$$ROOT.o']}, '$$DESCEND', '$$PRUNE']}}]",
+	      "[{'_id': 1, 'o': 'a', 'x': {'o': 'b'}, 'y': {'o': 'a', 'z': {}},"
+	      " 'arr': [[{'o': 'a', 'k': 1}, {'o': 'b'}, 3], {'o': 'b'}, []]}]",
+	      "[{'_id': 1, 'o': 'a', 'y': {'o': 'a'}, 'arr': [[{'o': 'a', 'k': 1}, 3], []]}]");
+	check("[{'$redact': '$$KEEP'}]", "[{'_id': 1, 'a': {'b': 1}}]", "[{'_id': 1, 'a': {'b': 1}}]");
+	check("[{'$redact': 'prune'}]", "[{'_id': 1}]", "[]");
+	check_err("[{'$redact': '$a'}]", "[{'_id': 1, 'a': 2}]", 17053, "but returned 2");
+	check_err("[{'$redact': '$a'}]", "[{'_id': 1}]", 17053, "but returned MISSING");
+	check_err("[{'$redact': 'x'}]", "[{'_id': 1}]", 17053, "but returned \"x\"");
+	check_err("[{'$project': {'a': '$$DESCEND'}}]", "[]", 17276, "Use of undefined variable: DESCEND");
+}
+
 /* Blocking stages over more than max_memory_bytes fail with 292; $sort + $limit keeps only
  * the top documents and stays under the bound. */
 static void test_memory_limit(void **state)
@@ -1293,6 +1441,8 @@ int main(void)
 		cmocka_unit_test(test_match),
 		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_memory_limit),
+		cmocka_unit_test(test_sample),
+		cmocka_unit_test(test_redact),
 		cmocka_unit_test(test_pushdown),
 		cmocka_unit_test(test_input_error),
 		cmocka_unit_test(test_eval_expr),
