@@ -283,5 +283,12 @@ def test_sample_follows_the_documents_not_the_shards(start_role, tmp_path):
         assert chi_square(counts) < CHI2_LIMIT, counts
         got = list(db.big2.aggregate([{"$sample": {"size": 2000}}]))
         assert sorted(d["_id"] for d in got) == list(range(1000))
+        # a shard's sample over more than one batch (getMore on its aggregate cursor)
+        db.big2.insert_many([{"_id": 1000 + i} for i in range(1100)])
+        got = list(db.big2.aggregate([{"$sample": {"size": 5000}}], batchSize=50))
+        assert sorted(d["_id"] for d in got) == list(range(2100))
+        got = list(db.big2.aggregate([{"$sample": {"size": 1500}}]))
+        assert len({d["_id"] for d in got}) == 1500
+        assert all(d["_id"] < 2100 and "$stripedbSampleKey" not in d for d in got)
     finally:
         cl.close()
