@@ -13,6 +13,8 @@
 #include "build_config.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,53 +56,98 @@ int agg_redact_parse(sdb_pipeline *p, const bson_iter_t *it, const ectx *e)
 
 enum { R_KEEP, R_PRUNE, R_DESCEND };
 
-/* mongod's Value::toString of the expression's result, for 17053 */
+/* Append to buf (len bytes, *at used) as snprintf does, never past the end. */
+static void put(char *buf, size_t len, size_t *at, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void put(char *buf, size_t len, size_t *at, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (*at >= len) {
+		return;
+	}
+	va_start(ap, fmt);
+	n = vsnprintf(buf + *at, len - *at, fmt, ap);
+	va_end(ap);
+	if (n > 0) {
+		*at += (size_t)n;
+	}
+}
+
+/* mongod's Value/Document operator<< ({a: 1, b: "x"}, [1, 2], doubles at the ostream's
+ * precision 6, MISSING) for the value at it; depth-bounded by the document's nesting. */
+static void put_value(const bson_iter_t *it, char *buf, size_t len, size_t *at)
+{
+	switch (bson_iter_type(it)) {
+	case BSON_TYPE_UTF8: {
+		uint32_t n;
+		const char *str = bson_iter_utf8(it, &n);
+
+		put(buf, len, at, "\"%.*s\"", (int)n, str);
+		break;
+	}
+	case BSON_TYPE_INT32:
+		put(buf, len, at, "%" PRId32, bson_iter_int32(it));
+		break;
+	case BSON_TYPE_INT64:
+		put(buf, len, at, "%" PRId64, bson_iter_int64(it));
+		break;
+	case BSON_TYPE_DOUBLE:
+		put(buf, len, at, "%g", bson_iter_double(it));
+		break;
+	case BSON_TYPE_BOOL:
+		put(buf, len, at, "%s", bson_iter_bool(it) ? "true" : "false");
+		break;
+	case BSON_TYPE_NULL:
+		put(buf, len, at, "null");
+		break;
+	case BSON_TYPE_UNDEFINED:
+		put(buf, len, at, "undefined");
+		break;
+	case BSON_TYPE_DOCUMENT:
+	case BSON_TYPE_ARRAY: {
+		bool doc = BSON_ITER_HOLDS_DOCUMENT(it);
+		bson_iter_t sub;
+		bool first = true;
+
+		put(buf, len, at, doc ? "{" : "[");
+		if (bson_iter_recurse(it, &sub)) {
+			while (bson_iter_next(&sub)) {
+				put(buf, len, at, "%s", first ? "" : ", ");
+				if (doc) {
+					put(buf, len, at, "%s: ", bson_iter_key(&sub));
+				}
+				put_value(&sub, buf, len, at);
+				first = false;
+			}
+		}
+		put(buf, len, at, doc ? "}" : "]");
+		break;
+	}
+	default:
+		put(buf, len, at, "%s", type_name(bson_iter_type(it)));
+		break;
+	}
+}
+
+/* mongod's Value::toString of the expression's result (v NULL: missing), for 17053 */
 static void value_string(const docbuild_node *v, char *buf, size_t len)
 {
-	bson_t scratch;
-	bson_value_t bv;
+	bson_t wrap = BSON_INITIALIZER;
+	bson_iter_t it;
+	size_t at = 0;
 
+	buf[0] = '\0';
 	if (v == NULL) {
 		snprintf(buf, len, "MISSING");
 		return;
 	}
-	docbuild_value(v, &scratch, &bv);
-	switch (bv.value_type) {
-	case BSON_TYPE_UTF8:
-		snprintf(buf, len, "\"%.*s\"", (int)bv.value.v_utf8.len, bv.value.v_utf8.str);
-		break;
-	case BSON_TYPE_INT32:
-		snprintf(buf, len, "%" PRId32, bv.value.v_int32);
-		break;
-	case BSON_TYPE_INT64:
-		snprintf(buf, len, "%" PRId64, bv.value.v_int64);
-		break;
-	case BSON_TYPE_DOUBLE:
-		snprintf(buf, len, "%.17g", bv.value.v_double);
-		break;
-	case BSON_TYPE_BOOL:
-		snprintf(buf, len, "%s", bv.value.v_bool ? "true" : "false");
-		break;
-	case BSON_TYPE_NULL:
-		snprintf(buf, len, "null");
-		break;
-	case BSON_TYPE_DOCUMENT:
-	case BSON_TYPE_ARRAY: {
-		bson_t d;
-		char *json;
-
-		docbuild_to_bson(v, &d);
-		json = bson_as_relaxed_extended_json(&d, NULL);
-		snprintf(buf, len, "%s", json != NULL ? json : "{}");
-		bson_free(json);
-		bson_destroy(&d);
-		break;
+	docbuild_append(&wrap, "v", 1, v);
+	if (bson_iter_init_find(&it, &wrap, "v")) {
+		put_value(&it, buf, len, &at);
 	}
-	default:
-		snprintf(buf, len, "%s", type_name(bv.value_type));
-		break;
-	}
-	bson_destroy(&scratch);
+	bson_destroy(&wrap);
 }
 
 /* Evaluate x with CURRENT = cur into *action. */

@@ -1190,6 +1190,8 @@ static void test_redact(void **state)
 	check_err("[{'$redact': '$a'}]", "[{'_id': 1, 'a': 2}]", 17053, "but returned 2");
 	check_err("[{'$redact': '$a'}]", "[{'_id': 1}]", 17053, "but returned MISSING");
 	check_err("[{'$redact': 'x'}]", "[{'_id': 1}]", 17053, "but returned \"x\"");
+	check_err("[{'$redact': '$a'}]", "[{'_id': 1, 'a': {'b': 'x', 'c': [1, 2.5, null]}}]", 17053,
+		  "but returned {b: \"x\", c: [1, 2.5, null]}");
 	check_err("[{'$project': {'a': '$$DESCEND'}}]", "[]", 17276, "Use of undefined variable: DESCEND");
 }
 
