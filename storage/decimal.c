@@ -241,6 +241,29 @@ bson_decimal128_t sdb_dec_ceil(bson_decimal128_t a)
 	return quantize0(a, true);
 }
 
+int64_t sdb_dec_to_int64(bson_decimal128_t a)
+{
+	bool neg;
+	int e = 0;
+	u128 c = 0;
+
+	if (unpack(a, &neg, &e, &c) != K_FINITE) {
+		return INT64_MIN;
+	}
+	if (e < 0) {
+		c = shift_round(c, -e, R_HALF_EVEN);
+	} else if (c != 0) {
+		if (e > 19 || c > (((u128)1) << 64) / pow10_u128(e)) {
+			return INT64_MIN;
+		}
+		c *= pow10_u128(e);
+	}
+	if (c > (u128)INT64_MAX + (neg ? 1 : 0)) {
+		return INT64_MIN;
+	}
+	return neg ? (int64_t)(0 - (uint64_t)c) : (int64_t)c;
+}
+
 bson_decimal128_t sdb_dec_from_int64(int64_t v)
 {
 	volatile int64_t rt = v; /* libgcc's conversion, as for doubles */

@@ -41,6 +41,10 @@ bson_decimal128_t sdb_dec_abs(bson_decimal128_t a);
 bson_decimal128_t sdb_dec_floor(bson_decimal128_t a);
 bson_decimal128_t sdb_dec_ceil(bson_decimal128_t a);
 
+/* Decimal128::toLong (bid128_to_int64_rnint): a rounded half to even to an integer;
+ * INT64_MIN (Intel's "integer indefinite") for NaN, infinities and values out of range. */
+int64_t sdb_dec_to_int64(bson_decimal128_t a);
+
 /* Decimal128(int64_t): exact, exponent 0. */
 bson_decimal128_t sdb_dec_from_int64(int64_t v);
 

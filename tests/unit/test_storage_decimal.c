@@ -158,6 +158,16 @@ static void test_conversions(void **state)
 	/* integers exactly */
 	assert_string_equal(S(sdb_dec_from_int64(INT64_MIN)), "-9223372036854775808");
 	assert_string_equal(S(sdb_dec_from_int64(42)), "42");
+	/* to int64: half to even, INT64_MIN when it does not fit */
+	assert_int_equal(sdb_dec_to_int64(D("2.5")), 2);
+	assert_int_equal(sdb_dec_to_int64(D("3.5")), 4);
+	assert_int_equal(sdb_dec_to_int64(D("-2.51")), -3);
+	assert_int_equal(sdb_dec_to_int64(D("1.2E+3")), 1200);
+	assert_int_equal(sdb_dec_to_int64(D("-9223372036854775808")), INT64_MIN);
+	assert_int_equal(sdb_dec_to_int64(D("9223372036854775807")), INT64_MAX);
+	assert_int_equal(sdb_dec_to_int64(D("9223372036854775808")), INT64_MIN);
+	assert_int_equal(sdb_dec_to_int64(D("1E+30")), INT64_MIN);
+	assert_int_equal(sdb_dec_to_int64(D("NaN")), INT64_MIN);
 	/* to double: nearest, half even */
 	assert_true(sdb_dec_to_double(D("0.1")) == 0.1);
 	assert_true(sdb_dec_to_double(D("1E+400")) == INFINITY);
