@@ -1297,6 +1297,14 @@ static void test_decimal(void **state)
 	check("[{'$group': {'_id': null, 's': {'$sum': '$v'}}}]",
 	      "[{'v': " DEC("9.999999999999999999999999999999999E+6144") "}, {'v': " DEC("1E+6144") "}]",
 	      "[{'_id': null, 's': " DEC("Infinity") "}]");
+	/* the accumulators of $bucket and $bucketAuto are $group's */
+	check("[{'$bucketAuto': {'groupBy': '$k', 'buckets': 1, 'output': {'s': {'$sum': '$v'},"
+	      " 'a': {'$avg': '$v'}}}}]",
+	      "[{'k': 1, 'v': " DEC("0.10") "}, {'k': 2, 'v': 1}, {'k': 3, 'v': " DEC("0.2") "}]",
+	      "[{'_id': {'min': 1, 'max': 3}, 's': " DEC("1.30") ", 'a': " DEC("0.4333333333333333333333333333333333") "}]");
+	check("[{'$bucket': {'groupBy': '$k', 'boundaries': [0, 10], 'output': {'s': {'$sum': '$v'}}}}]",
+	      "[{'k': 1, 'v': " DEC("0.10") "}, {'k': 2, 'v': 1}, {'k': 3, 'v': " DEC("0.2") "}]",
+	      "[{'_id': 0, 's': " DEC("1.30") "}]");
 	/* expressions */
 	check("[{'$project': {'_id': 0,"
 	      " 'add': {'$add': ['$d', 2]}, 'addd': {'$add': [" DEC("1") ", 0.1]},"
