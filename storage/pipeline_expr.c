@@ -518,22 +518,125 @@ static void free_vals(docbuild_node **vals, size_t n)
 	free(vals);
 }
 
-/* $add / $multiply: int32 -> int64 -> double widening as MongoDB; one date allowed in $add.
- * A Decimal128 operand makes the result a Decimal128 (MongoDB 6.0 ExpressionAdd /
- * ExpressionMultiply): $add sums the decimals apart and adds the other operands' exact
- * (double-double) sum converted to 34 digits; $multiply converts the product so far to a
- * decimal at the first decimal operand (a double product to 15 digits) and multiplies the
- * rest in decimal (doubles converted to 15 digits). */
-static int eval_arith(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
+/* $add as MongoDB 6.0's AddState (expression.cpp): one running total of the widest type so
+ * far (int32 < int64 < double < decimal); widening converts it (a long total to a double,
+ * a long total exactly or a double total to 34 digits into a decimal), later operands are
+ * coerced to that type (a double to 15 digits into a decimal). An int64 overflow moves to a
+ * double. One date allowed: its milliseconds join as an int64 and the result is a date
+ * (from a double total: 15 Overflow outside int64's range; from a decimal: toLong). */
+static int eval_add(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
 {
-	bool mul = x->op == OP_MULTIPLY;
-	int64_t iacc = mul ? 1 : 0;
-	double dacc = mul ? 1 : 0;
-	bool is_long = false, is_double = false, overflow = false, has_date = false;
-	bool has_dec = false;
-	bson_decimal128_t dec = sdb_dec_from_int64(0);
-	sdb_ddsum nondec = {0};
-	const char *name = mul ? "$multiply" : "$add";
+	int64_t ltotal = 0;
+	double dtotal = 0;
+	bson_decimal128_t dec = {0};
+	int widest = 0; /* 0 int32, 1 int64, 2 double, 3 decimal */
+	bool has_date = false;
+
+	for (size_t i = 0; i < x->n; i++) {
+		docbuild_node *v = vals[i];
+		bson_value_t add;
+		int old = widest;
+
+		if (is_nullish(v)) {
+			*out = v_null();
+			return 0;
+		}
+		if (v->type == BSON_TYPE_DATE_TIME) {
+			if (has_date) {
+				return efail(e, 16612, "only one date allowed in an $add expression");
+			}
+			has_date = true;
+			memset(&add, 0, sizeof add);
+			add.value_type = BSON_TYPE_INT64;
+			add.value.v_int64 = v->value.value.v_datetime;
+		} else if (!is_number(v)) {
+			return efail(e, 16554, "$add only supports numeric or date types, not %s",
+				     type_name(v->type));
+		} else {
+			int t = v->type == BSON_TYPE_INT32   ? 0
+				: v->type == BSON_TYPE_INT64 ? 1
+				: v->type == BSON_TYPE_DOUBLE ? 2
+							      : 3;
+
+			widest = t > widest ? t : widest;
+			add = v->value;
+		}
+		if (old != widest && widest == 2) {
+			dtotal = (double)ltotal;
+		} else if (old != widest && widest == 3) {
+			dec = old == 2 ? sdb_dec_from_double(dtotal, false) : sdb_dec_from_int64(ltotal);
+		}
+		switch (widest) {
+		case 0:
+		case 1: {
+			int64_t iv = add.value_type == BSON_TYPE_INT64 ? add.value.v_int64 : add.value.v_int32;
+
+			if (__builtin_add_overflow(ltotal, iv, &ltotal)) {
+				widest = 2;
+				dtotal = (double)ltotal + (double)iv;
+			}
+			break;
+		}
+		case 2:
+			dtotal += add.value_type == BSON_TYPE_DOUBLE  ? add.value.v_double
+				  : add.value_type == BSON_TYPE_INT64 ? (double)add.value.v_int64
+								      : (double)add.value.v_int32;
+			break;
+		default: {
+			bson_decimal128_t d;
+
+			(void)sdb_dec_from_value(&add, &d);
+			dec = sdb_dec_add(dec, d);
+			break;
+		}
+		}
+	}
+	if (has_date) {
+		switch (widest) {
+		case 0:
+		case 1:
+			*out = v_date(ltotal);
+			return 0;
+		case 2:
+			/* the upper bound is exclusive: (double)INT64_MAX rounds up to 2^63 */
+			if (!(dtotal >= -9223372036854775808.0 && dtotal < 9223372036854775808.0)) {
+				return efail(e, 15, "date overflow in $add");
+			}
+			*out = v_date((int64_t)llround(dtotal));
+			return 0;
+		default:
+			*out = v_date(sdb_dec_to_int64(dec)); /* not checked for overflow, as mongod */
+			return 0;
+		}
+	}
+	switch (widest) {
+	case 0:
+		*out = ltotal >= INT32_MIN && ltotal <= INT32_MAX ? v_int32((int32_t)ltotal)
+								    : v_int64(ltotal);
+		break;
+	case 1:
+		*out = v_int64(ltotal);
+		break;
+	case 2:
+		*out = v_double(dtotal);
+		break;
+	default:
+		*out = v_decimal(dec);
+		break;
+	}
+	return 0;
+}
+
+/* $multiply: int32 -> int64 -> double widening as MongoDB (an int64 overflow or a
+ * non-finite factor moves to the double product). A Decimal128 operand makes it a decimal
+ * (MongoDB 6.0 ExpressionMultiply): the product so far converted at the first decimal (a
+ * double product to 15 digits), the rest multiplied in decimal (doubles to 15 digits). */
+static int eval_multiply(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
+{
+	int64_t iacc = 1;
+	double dacc = 1;
+	bool is_long = false, is_double = false, has_dec = false;
+	bson_decimal128_t dec = {0};
 
 	for (size_t i = 0; i < x->n; i++) {
 		docbuild_node *v = vals[i];
@@ -542,73 +645,38 @@ static int eval_arith(const expr *x, docbuild_node **vals, docbuild_node **out, 
 			*out = v_null();
 			return 0;
 		}
-		if (v->type == BSON_TYPE_DATE_TIME && !mul) {
-			if (has_date) {
-				return efail(e, 16612, "only one date allowed in an $add expression");
-			}
-			has_date = true;
-			if (__builtin_add_overflow(iacc, v->value.value.v_datetime, &iacc)) {
-				overflow = true;
-			}
-			dacc += (double)v->value.value.v_datetime;
-			sdb_ddsum_add_long(&nondec, v->value.value.v_datetime);
-			continue;
-		}
 		if (!is_number(v)) {
-			return efail(e, mul ? 16555 : 16554,
-				     "%s only supports numeric%s types, not %s", name,
-				     mul ? "" : " or date", type_name(v->type));
+			return efail(e, 16555, "$multiply only supports numeric types, not %s",
+				     type_name(v->type));
 		}
-		if (mul && (has_dec || v->type == BSON_TYPE_DECIMAL128)) {
+		if (has_dec || v->type == BSON_TYPE_DECIMAL128) {
 			bson_decimal128_t d;
 
 			if (!has_dec) {
-				/* the partial product so far, as mongod converts it */
-				dec = is_double || overflow ? sdb_dec_from_double(dacc, true)
-							    : sdb_dec_from_int64(iacc);
+				dec = is_double ? sdb_dec_from_double(dacc, true) : sdb_dec_from_int64(iacc);
 				has_dec = true;
 			}
 			(void)sdb_dec_from_value(&v->value, &d);
 			dec = sdb_dec_mul(dec, d);
 			continue;
 		}
-		if (v->type == BSON_TYPE_DECIMAL128) { /* $add */
-			dec = sdb_dec_add(dec, v->value.value.v_decimal128);
-			has_dec = true;
-			continue;
-		}
+		dacc *= num_double(v);
 		if (v->type == BSON_TYPE_DOUBLE) {
 			is_double = true;
-			sdb_ddsum_add_double(&nondec, v->value.value.v_double);
+		} else if (!is_double) {
+			if (v->type == BSON_TYPE_INT64) {
+				is_long = true;
+			}
+			if (__builtin_mul_overflow(iacc, v->type == BSON_TYPE_INT64 ? v->value.value.v_int64
+										: v->value.value.v_int32,
+						   &iacc)) {
+				is_double = true; /* the long product abandoned */
+			}
 		}
-		if (v->type == BSON_TYPE_INT64) {
-			is_long = true;
-			sdb_ddsum_add_long(&nondec, v->value.value.v_int64);
-		}
-		if (v->type == BSON_TYPE_INT32) {
-			sdb_ddsum_add_double(&nondec, v->value.value.v_int32);
-		}
-		int64_t iv = v->type == BSON_TYPE_INT64 ? v->value.value.v_int64
-			     : v->type == BSON_TYPE_INT32 ? v->value.value.v_int32
-							  : 0;
-
-		if (v->type != BSON_TYPE_DOUBLE &&
-		    (mul ? __builtin_mul_overflow(iacc, iv, &iacc) : __builtin_add_overflow(iacc, iv, &iacc))) {
-			overflow = true;
-		}
-		dacc = mul ? dacc * num_double(v) : dacc + num_double(v);
 	}
-	if (has_dec && !mul) {
-		dec = sdb_dec_add(dec, sdb_ddsum_decimal(&nondec));
-	}
-	if (has_date && has_dec) {
-		/* Decimal128::toLong: half to even; NaN or out of range gives INT64_MIN */
-		*out = v_date(sdb_dec_to_int64(dec));
-	} else if (has_date) {
-		*out = v_date(is_double ? (int64_t)llround(dacc) : iacc);
-	} else if (has_dec) {
+	if (has_dec) {
 		*out = v_decimal(dec);
-	} else if (is_double || overflow) {
+	} else if (is_double) {
 		*out = v_double(dacc);
 	} else if (is_long || iacc < INT32_MIN || iacc > INT32_MAX) {
 		*out = v_int64(iacc);
@@ -879,8 +947,10 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 	}
 	switch (x->op) {
 	case OP_ADD:
+		rc = eval_add(x, vals, out, e);
+		break;
 	case OP_MULTIPLY:
-		rc = eval_arith(x, vals, out, e);
+		rc = eval_multiply(x, vals, out, e);
 		break;
 	case OP_SUBTRACT:
 		rc = eval_subtract(vals[0], vals[1], out, e);

@@ -1308,6 +1308,7 @@ static void test_decimal(void **state)
 	/* expressions */
 	check("[{'$project': {'_id': 0,"
 	      " 'add': {'$add': ['$d', 2]}, 'addd': {'$add': [" DEC("1") ", 0.1]},"
+	      " 'adddf': {'$add': [0.1, " DEC("1") "]},"
 	      " 'sub': {'$subtract': [" DEC("10.5") ", 0.25]}, 'mul': {'$multiply': [2, '$d']},"
 	      " 'muld': {'$multiply': [0.5, " DEC("3") "]}, 'div': {'$divide': [" DEC("1") ", 3]},"
 	      " 'mod': {'$mod': [" DEC("5.5") ", 2]}, 'abs': {'$abs': " DEC("-2.50") "},"
@@ -1317,12 +1318,18 @@ static void test_decimal(void **state)
 	      " 'inf': {'$multiply': [" DEC("1E+6000") ", " DEC("1E+6000") "]},"
 	      " 'negz': {'$multiply': [" DEC("-1.5") ", 0]}}}]",
 	      "[{'d': " DEC("1.10") "}]",
-	      "[{'add': " DEC("3.10") ", 'addd': " DEC("1.100000000000000005551115123125783") ","
+	      "[{'add': " DEC("3.10") ", 'addd': " DEC("1.100000000000000") ","
+	      " 'adddf': " DEC("1.100000000000000005551115123125783") ","
 	      " 'sub': " DEC("10.250000000000000") ", 'mul': " DEC("2.20") ","
 	      " 'muld': " DEC("1.500000000000000") ", 'div': " DEC("0.3333333333333333333333333333333333") ","
 	      " 'mod': " DEC("1.5") ", 'abs': " DEC("2.50") ", 'floor': " DEC("-3") ","
 	      " 'ceil': " DEC("3") ", 'sum': " DEC("3.10") ", 'avg': " DEC("1.5") ", 'str': '1.10',"
 	      " 'nan': " DEC("NaN") ", 'inf': " DEC("Infinity") ", 'negz': " DEC("-0.0") "}]");
+	/* $add with a date: a decimal total gives the date of its rounded value */
+	check("[{'$project': {'_id': 0, 't': {'$add': ['$t', " DEC("1.5") "]}}}]",
+	      "[{'t': {'$date': {'$numberLong': '1000'}}}]", "[{'t': {'$date': {'$numberLong': '1002'}}}]");
+	check_err("[{'$project': {'x': {'$add': ['$t', 1e300]}}}]",
+		  "[{'t': {'$date': {'$numberLong': '1000'}}}]", 15, "date overflow in $add");
 	check_err("[{'$project': {'x': {'$divide': ['$d', " DEC("0.00") "]}}}]", "[{'d': 1}]", 16608,
 		  "by zero");
 	check_err("[{'$project': {'x': {'$mod': [" DEC("1") ", 0]}}}]", "[{}]", 16610, "by zero");
