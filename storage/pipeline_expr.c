@@ -697,7 +697,12 @@ static int eval_subtract(docbuild_node *a, docbuild_node *b, docbuild_node **out
 		return 0;
 	}
 	if (a->type == BSON_TYPE_DATE_TIME && is_number(b)) {
-		*out = v_date(a->value.value.v_datetime - (int64_t)llround(num_double(b)));
+		/* a decimal as Value::coerceToLong reads it: Decimal128::toLong, half to even */
+		int64_t ms = b->type == BSON_TYPE_DECIMAL128
+				     ? sdb_dec_to_int64(b->value.value.v_decimal128)
+				     : (int64_t)llround(num_double(b));
+
+		*out = v_date((int64_t)((uint64_t)a->value.value.v_datetime - (uint64_t)ms));
 		return 0;
 	}
 	if (!is_number(a) || !is_number(b)) {

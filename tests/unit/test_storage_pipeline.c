@@ -1328,6 +1328,8 @@ static void test_decimal(void **state)
 	/* $add with a date: a decimal total gives the date of its rounded value */
 	check("[{'$project': {'_id': 0, 't': {'$add': ['$t', " DEC("1.5") "]}}}]",
 	      "[{'t': {'$date': {'$numberLong': '1000'}}}]", "[{'t': {'$date': {'$numberLong': '1002'}}}]");
+	check("[{'$project': {'_id': 0, 't': {'$subtract': ['$t', " DEC("2.5") "]}}}]",
+	      "[{'t': {'$date': {'$numberLong': '1000'}}}]", "[{'t': {'$date': {'$numberLong': '998'}}}]");
 	check_err("[{'$project': {'x': {'$add': ['$t', 1e300]}}}]",
 		  "[{'t': {'$date': {'$numberLong': '1000'}}}]", 15, "date overflow in $add");
 	check_err("[{'$project': {'x': {'$divide': ['$d', " DEC("0.00") "]}}}]", "[{'d': 1}]", 16608,
