@@ -404,8 +404,8 @@ int64_t sdb_ddsum_long(const sdb_ddsum *s)
 		return (int64_t)((uint64_t)llround(s->addend) + ((uint64_t)1 << 63));
 	}
 	sum = llround(s->sum);
-	sum += llround((s->sum - (double)sum) + s->addend);
-	return sum;
+	/* unsigned: at -2^63 an addend of -0.5 rounds one below (mongod overflows there too) */
+	return (int64_t)((uint64_t)sum + (uint64_t)llround((s->sum - (double)sum) + s->addend));
 }
 
 bson_decimal128_t sdb_ddsum_decimal(const sdb_ddsum *s)
