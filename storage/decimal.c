@@ -1,5 +1,5 @@
-/* Decimal128 arithmetic: GCC's _Decimal128 (libgcc's BID library) for + - * / and the
- * conversions, the coefficient/exponent fields of the BID encoding for what C has no
+/* Decimal128 arithmetic: GCC's _Decimal128 (libgcc's BID library; with clang, the same
+ * libgcc functions called directly) for + - * / and the conversions, the coefficient/exponent fields of the BID encoding for what C has no
  * operator for (quantize, fmod, the 15-digit rounding of a double). See decimal.h. */
 #include "decimal.h"
 
@@ -8,8 +8,42 @@
 
 typedef unsigned __int128 u128;
 
+#if defined(__clang__)
+/* clang has no _Decimal128: call the libgcc entry points GCC emits for the _Decimal128
+ * operators (Intel's BID library, linked by clang from libgcc as well). A 16-byte vector is
+ * passed and returned in an XMM register exactly as _Decimal128 is (x86-64 psABI: classes
+ * SSE + SSEUP), so the calls are ABI-identical to GCC's. */
+#if !defined(__x86_64__)
+#error "storage/decimal.c with clang: only x86-64's libgcc BID ABI is known here"
+#endif
+typedef long long dec_t __attribute__((vector_size(16)));
+dec_t __bid_addtd3(dec_t a, dec_t b);
+dec_t __bid_subtd3(dec_t a, dec_t b);
+dec_t __bid_multd3(dec_t a, dec_t b);
+dec_t __bid_divtd3(dec_t a, dec_t b);
+dec_t __bid_extenddftd(double v);
+dec_t __bid_floatditd(long long v);
+double __bid_trunctddf(dec_t a);
+#define D_ADD(a, b) __bid_addtd3((a), (b))
+#define D_SUB(a, b) __bid_subtd3((a), (b))
+#define D_MUL(a, b) __bid_multd3((a), (b))
+#define D_DIV(a, b) __bid_divtd3((a), (b))
+#define D_FROM_DOUBLE(v) __bid_extenddftd(v)
+#define D_FROM_INT64(v) __bid_floatditd(v)
+#define D_TO_DOUBLE(a) __bid_trunctddf(a)
+#else
+typedef _Decimal128 dec_t;
+#define D_ADD(a, b) ((a) + (b))
+#define D_SUB(a, b) ((a) - (b))
+#define D_MUL(a, b) ((a) * (b))
+#define D_DIV(a, b) ((a) / (b))
+#define D_FROM_DOUBLE(v) ((_Decimal128)(v))
+#define D_FROM_INT64(v) ((_Decimal128)(v))
+#define D_TO_DOUBLE(a) ((double)(a))
+#endif
+
 /* The encoding must be the one libgcc uses: 16 bytes, BID, little-endian halves. */
-_Static_assert(sizeof(_Decimal128) == sizeof(bson_decimal128_t), "decimal128 size");
+_Static_assert(sizeof(dec_t) == sizeof(bson_decimal128_t), "decimal128 size");
 #if !defined(__x86_64__) && !defined(__aarch64__)
 #error "storage/decimal.c assumes a little-endian BID _Decimal128 (x86-64, aarch64)"
 #endif
@@ -19,15 +53,15 @@ _Static_assert(sizeof(_Decimal128) == sizeof(bson_decimal128_t), "decimal128 siz
 #define EXP_MAX 6111
 #define MAX_DIGITS 34
 
-static _Decimal128 to_d(bson_decimal128_t a)
+static dec_t to_d(bson_decimal128_t a)
 {
-	_Decimal128 d;
+	dec_t d;
 
 	memcpy(&d, &a, sizeof d);
 	return d;
 }
 
-static bson_decimal128_t from_d(_Decimal128 d)
+static bson_decimal128_t from_d(dec_t d)
 {
 	bson_decimal128_t a;
 
@@ -142,22 +176,22 @@ static u128 shift_round(u128 coef, int k, int mode)
 
 bson_decimal128_t sdb_dec_add(bson_decimal128_t a, bson_decimal128_t b)
 {
-	return from_d(to_d(a) + to_d(b));
+	return from_d(D_ADD(to_d(a), to_d(b)));
 }
 
 bson_decimal128_t sdb_dec_sub(bson_decimal128_t a, bson_decimal128_t b)
 {
-	return from_d(to_d(a) - to_d(b));
+	return from_d(D_SUB(to_d(a), to_d(b)));
 }
 
 bson_decimal128_t sdb_dec_mul(bson_decimal128_t a, bson_decimal128_t b)
 {
-	return from_d(to_d(a) * to_d(b));
+	return from_d(D_MUL(to_d(a), to_d(b)));
 }
 
 bson_decimal128_t sdb_dec_div(bson_decimal128_t a, bson_decimal128_t b)
 {
-	return from_d(to_d(a) / to_d(b));
+	return from_d(D_DIV(to_d(a), to_d(b)));
 }
 
 bson_decimal128_t sdb_dec_mod(bson_decimal128_t a, bson_decimal128_t b)
@@ -268,7 +302,7 @@ bson_decimal128_t sdb_dec_from_int64(int64_t v)
 {
 	volatile int64_t rt = v; /* libgcc's conversion, as for doubles */
 
-	return from_d((_Decimal128)rt);
+	return from_d(D_FROM_INT64(rt));
 }
 
 bson_decimal128_t sdb_dec_from_double(double v, bool digits15)
@@ -276,7 +310,7 @@ bson_decimal128_t sdb_dec_from_double(double v, bool digits15)
 	/* volatile: always libgcc's binary64_to_bid128 (Intel's, as mongod), never GCC's
 	 * compile-time folding of a constant, which picks other exponents (0.5 -> 0.50) */
 	volatile double rt = v;
-	bson_decimal128_t a = from_d((_Decimal128)rt); /* exact value rounded half even */
+	bson_decimal128_t a = from_d(D_FROM_DOUBLE(rt)); /* exact value rounded half even */
 	bool neg;
 	int e = 0, n;
 	u128 c = 0;
@@ -302,7 +336,7 @@ bson_decimal128_t sdb_dec_from_double(double v, bool digits15)
 
 double sdb_dec_to_double(bson_decimal128_t a)
 {
-	return (double)to_d(a);
+	return D_TO_DOUBLE(to_d(a));
 }
 
 bool sdb_dec_is_zero(bson_decimal128_t a)

@@ -40,11 +40,13 @@ static const char *S(bson_decimal128_t d)
 static void test_layout(void **state)
 {
 	(void)state;
+#if !defined(__clang__) /* clang has no decimal literals (decimal.c calls libgcc then) */
 	bson_decimal128_t a = from_d(1.5DL), b = D("1.5");
 
 	assert_int_equal(a.low, b.low);
 	assert_int_equal(a.high, b.high);
 	assert_string_equal(S(from_d(-0.000123DL)), "-0.000123");
+#endif
 	/* round trips of the special values through _Decimal128 and back */
 	const char *specials[] = {"NaN", "Infinity", "-Infinity", "-0", "0E+10", "-0.00",
 				  "9.999999999999999999999999999999999E+6144", "1E-6176"};
