@@ -3,7 +3,8 @@
  * Values are libbson's bson_decimal128_t: IEEE 754-2008 decimal128 in the BID encoding,
  * which is BSON's encoding and the one GCC's _Decimal128 uses on x86-64 (libgcc
  * implements it with Intel's BID library, the library mongod links): {low, high} are the
- * two little-endian 64-bit halves, so a memcpy moves a value between the two types.
+ * two little-endian 64-bit halves, so a memcpy moves a value between the two types. Built
+ * with clang (no _Decimal128), decimal.c calls the same libgcc functions directly.
  * Every operation rounds half to even to 34 digits, like mongod's Decimal128 (its default
  * rounding mode); overflow gives +-Infinity, invalid operations (0/0, Inf-Inf) NaN.
  * Non-canonical encodings (a coefficient above 10^34-1) read as zero with their sign and
