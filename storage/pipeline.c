@@ -105,10 +105,8 @@ typedef struct {
 	keyset seen;      /* $addToSet: keys of the values in v */
 	docbuild_node *v; /* min/max/first/last value, or push/addToSet array */
 	bool set;
-	int64_t isum;
-	double dsum;
-	bool is_long, is_double, overflow;
-	int64_t count;
+	agg_sum sum;   /* $sum / $avg */
+	int64_t count; /* $count */
 } acc_state;
 
 typedef struct group {
@@ -446,23 +444,7 @@ static void acc_add(acc_state *a, docbuild_node *v, size_t *mem)
 		break;
 	case A_SUM:
 	case A_AVG:
-		if (!is_number(v)) {
-			break;
-		}
-		a->count++;
-		a->dsum += num_double(v);
-		if (v->type == BSON_TYPE_DOUBLE || v->type == BSON_TYPE_DECIMAL128) {
-			a->is_double = true;
-		} else {
-			int64_t iv = v->type == BSON_TYPE_INT64 ? v->value.value.v_int64 : v->value.value.v_int32;
-
-			if (v->type == BSON_TYPE_INT64) {
-				a->is_long = true;
-			}
-			if (__builtin_add_overflow(a->isum, iv, &a->isum)) {
-				a->overflow = true;
-			}
-		}
+		agg_sum_add(&a->sum, v);
 		break;
 	case A_MIN:
 	case A_MAX:
@@ -526,15 +508,8 @@ static docbuild_node *acc_result(acc_state *a)
 	case A_COUNT:
 		return a->count <= INT32_MAX ? v_int32((int32_t)a->count) : v_int64(a->count);
 	case A_SUM:
-		if (a->is_double || a->overflow) {
-			return v_double(a->dsum);
-		}
-		if (a->is_long || a->isum < INT32_MIN || a->isum > INT32_MAX) {
-			return v_int64(a->isum);
-		}
-		return v_int32((int32_t)a->isum);
 	case A_AVG:
-		return a->count == 0 ? v_null() : v_double(a->dsum / (double)a->count);
+		return agg_sum_result(&a->sum, a->kind == A_AVG);
 	case A_PUSH:
 	case A_ADDTOSET:
 		v = a->v != NULL ? a->v : docbuild_new_array(NULL);

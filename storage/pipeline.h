@@ -35,8 +35,11 @@
  * $gt $gte $lt $lte $cmp (MongoDB's comparison order; missing sorts below null), $and $or
  * $not, $size $in $arrayElemAt $abs, $sum $avg $min $max (expression forms: over one array
  * argument or over the arguments), $type $isArray $concatArrays $floor $ceil $strLenBytes
- * $substrBytes/$substr $toString $switch. Decimal128 arithmetic is refused (code 238).
- * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count. Groups are
+ * $substrBytes/$substr $toString $switch. Decimal128 operands give Decimal128 results as
+ * in MongoDB 6.0 ($add $subtract $multiply $divide $mod $abs $floor $ceil, $sum and $avg in
+ * both forms; doubles mixed in converted as mongod does: storage/decimal.h).
+ * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count ($sum/$avg:
+ * MongoDB's compensated double-double sum, a Decimal128 when a decimal was added). Groups are
  * keyed by the order-preserving encoding of _id (storage/keyenc.h), so 1, 1.0 and
  * NumberLong(1) are one group; groups come out in first-seen order.
  *
@@ -53,7 +56,7 @@
  *   5107200 negative $skip
  *   40156-40160 $count field name rules; 28808-28822 $unwind options
  *   31253/31254 $project mixing inclusion and exclusion; 31250 path collision
- *   16554/16555/16556/16609 arithmetic type errors; 16608 "can't $divide by 0";
+ *   16554/16555/16556/16609 arithmetic type errors; 16608 "can't $divide by zero";
  *   17124 $size of a non-array; 16702 $concat of a non-string; 16020 wrong argument count
  *   40228 $replaceRoot to a non-document
  *   40060-40068 $switch's form; 40066 no branch matched and no default
@@ -270,7 +273,7 @@ int sdb_expr_parse(const bson_iter_t *it, const bson_t *vars, sdb_expr **out, in
 /* Evaluate x against the document root and tell whether the result is true in MongoDB's
  * sense (not missing, null, undefined, false or a zero number): $expr's rule. 0 with *out.
  * Errors: SDB_EINVAL with the evaluation's *code (may be NULL) and message (e.g. 16608
- * "can't $divide by 0"). Pure: any thread. */
+ * "can't $divide by zero"). Pure: any thread. */
 int sdb_expr_truthy(const sdb_expr *x, const bson_t *root, bool *out, int *code, char *err,
 		    size_t errlen);
 

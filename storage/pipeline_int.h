@@ -18,6 +18,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/bsonval.h"
+#include "storage/decimal.h"
 #include "storage/docbuild.h"
 #include "storage/keyenc.h"
 #include "storage/matcher.h"
@@ -124,6 +125,15 @@ static inline docbuild_node *v_double(double d)
 	return v_scalar(&v);
 }
 
+static inline docbuild_node *v_decimal(bson_decimal128_t d)
+{
+	bson_value_t v = {0};
+
+	v.value_type = BSON_TYPE_DECIMAL128;
+	v.value.v_decimal128 = d;
+	return v_scalar(&v);
+}
+
 static inline docbuild_node *v_date(int64_t ms)
 {
 	bson_value_t v = {0};
@@ -218,6 +228,31 @@ static inline size_t node_size(const docbuild_node *n)
 	}
 	return s;
 }
+
+/* ---- $sum / $avg (pipeline_expr.c) ---------------------------------------------------- */
+
+/* The state of a $sum or $avg, as MongoDB 6.0's AccumulatorSum / AccumulatorAvg keep it
+ * (accumulator_sum.cpp, accumulator_avg.cpp): the ints, longs and doubles in a
+ * DoubleDoubleSummation, the decimals in a Decimal128 total, the widest type seen (int <
+ * long < double < decimal) and the number of numeric inputs. Zero-initialise ({0}). */
+typedef struct {
+	sdb_ddsum nondec;
+	bson_decimal128_t dec; /* valid when has_dec */
+	bool has_dec;
+	int widest; /* 0 int32, 1 int64, 2 double, 3 decimal */
+	int64_t count;
+} agg_sum;
+
+/* Add v (NULL = missing) to s; non-numeric values are ignored, as mongod ignores them. */
+void agg_sum_add(agg_sum *s, const docbuild_node *v);
+
+/* The $sum (avg false) or $avg result of s as a new node (the caller frees it): $sum an
+ * int32 or int64 when every input was an integer and the total fits (an int32 total
+ * outgrowing int32 becomes an int64, an int64 one a double), a double when a double was
+ * added, a Decimal128 (the decimal total plus the other values' exact sum converted to 34
+ * digits) when a decimal was; $avg null without numeric inputs, else the total divided by
+ * the count, a Decimal128 division when a decimal was added, else a double. */
+docbuild_node *agg_sum_result(const agg_sum *s, bool avg);
 
 /* ---- expressions (pipeline_expr.c) ---------------------------------------------------- */
 
@@ -322,7 +357,7 @@ int agg_bucketauto_desugar(const bson_iter_t *it, bson_t *group, int32_t *bucket
 /* The granularity check mongod makes on each groupBy value (extractKey): 0 when key (NULL =
  * missing) is a non-negative number. Errors: SDB_EINVAL with 40258 not a number (missing and
  * null included), 40259 NaN, 40260 negative; 2 BadValue for Infinity (mongod's rounders loop
- * forever on it) and 238 for a Decimal128 (no decimal arithmetic here). */
+ * forever on it) and 238 for a Decimal128 (its rounders in decimal are not implemented). */
 int agg_gran_check(const docbuild_node *key, const ectx *e);
 /* Round v up (up: the smallest value of the granularity strictly above v) or down (the
  * largest strictly below) with the rounder gran (1..13, agg_bucketauto_desugar); 0 rounds to

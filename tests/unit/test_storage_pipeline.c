@@ -960,7 +960,7 @@ static void test_expressions(void **state)
 	      " 'ts': ['5', '0.1', 'true', '2024-01-02T03:04:05.006Z', null]}]");
 	check_err("[{'$project': {'x': {'$concatArrays': [[1], 2]}}}]", "[{'a': 1}]", 28664, NULL);
 	check_err("[{'$project': {'x': {'$strLenBytes': 5}}}]", "[{'a': 1}]", 34473, NULL);
-	check_err("[{'$project': {'x': {'$divide': ['$a', 0]}}}]", "[{'a': 1}]", 16608, "by 0");
+	check_err("[{'$project': {'x': {'$divide': ['$a', 0]}}}]", "[{'a': 1}]", 16608, "by zero");
 	check_err("[{'$project': {'x': {'$size': '$a'}}}]", "[{'a': 1}]", 17124, "must be an array");
 	check_err("[{'$project': {'x': {'$concat': ['$a']}}}]", "[{'a': 1}]", 16702, "only supports strings");
 	check_err("[{'$project': {'x': {'$add': ['$a', 'b']}}}]", "[{'a': 1}]", 16554, NULL);
@@ -1422,6 +1422,71 @@ static void test_eval_expr(void **state)
 	bson_destroy(doc);
 }
 
+#define DEC(s) "{'$numberDecimal': '" s "'}"
+
+/* Decimal128 operands give Decimal128 results (MongoDB 6.0's ExpressionAdd..., AccumulatorSum,
+ * AccumulatorAvg): exact decimal digits, doubles converted as mongod converts them. */
+static void test_decimal(void **state)
+{
+	(void)state;
+	/* $group: decimals sum exactly; ints, longs and doubles join through their exact sum */
+	check("[{'$group': {'_id': '$g', 's': {'$sum': '$v'}, 'a': {'$avg': '$v'}}}, {'$sort': {'_id': 1}}]",
+	      "[{'g': 1, 'v': " DEC("0.1") "}, {'g': 1, 'v': " DEC("0.2") "},"
+	      " {'g': 2, 'v': 1}, {'g': 2, 'v': {'$numberLong': '2'}}, {'g': 2, 'v': 0.5},"
+	      " {'g': 2, 'v': " DEC("0.25") "}, {'g': 2, 'v': 'x'}]",
+	      "[{'_id': 1, 's': " DEC("0.3") ", 'a': " DEC("0.15") "},"
+	      " {'_id': 2, 's': " DEC("3.75") ", 'a': " DEC("0.9375") "}]");
+	/* doubles: MongoDB's compensated sum (ten 0.1s make 1.0, not 0.9999999999999999) */
+	check("[{'$group': {'_id': null, 's': {'$sum': '$v'}, 'a': {'$avg': '$v'}}}]",
+	      "[{'v': 0.1}, {'v': 0.1}, {'v': 0.1}, {'v': 0.1}, {'v': 0.1}, {'v': 0.1}, {'v': 0.1},"
+	      " {'v': 0.1}, {'v': 0.1}, {'v': 0.1}]",
+	      "[{'_id': null, 's': 1.0, 'a': 0.1}]");
+	/* NaN and Infinity propagate; a decimal overflow is Infinity */
+	check("[{'$group': {'_id': null, 's': {'$sum': '$v'}}}]",
+	      "[{'v': " DEC("NaN") "}, {'v': 1}]", "[{'_id': null, 's': " DEC("NaN") "}]");
+	check("[{'$group': {'_id': null, 's': {'$sum': '$v'}}}]",
+	      "[{'v': " DEC("9.999999999999999999999999999999999E+6144") "}, {'v': " DEC("1E+6144") "}]",
+	      "[{'_id': null, 's': " DEC("Infinity") "}]");
+	/* the accumulators of $bucket and $bucketAuto are $group's */
+	check("[{'$bucketAuto': {'groupBy': '$k', 'buckets': 1, 'output': {'s': {'$sum': '$v'},"
+	      " 'a': {'$avg': '$v'}}}}]",
+	      "[{'k': 1, 'v': " DEC("0.10") "}, {'k': 2, 'v': 1}, {'k': 3, 'v': " DEC("0.2") "}]",
+	      "[{'_id': {'min': 1, 'max': 3}, 's': " DEC("1.30") ", 'a': " DEC("0.4333333333333333333333333333333333") "}]");
+	check("[{'$bucket': {'groupBy': '$k', 'boundaries': [0, 10], 'output': {'s': {'$sum': '$v'}}}}]",
+	      "[{'k': 1, 'v': " DEC("0.10") "}, {'k': 2, 'v': 1}, {'k': 3, 'v': " DEC("0.2") "}]",
+	      "[{'_id': 0, 's': " DEC("1.30") "}]");
+	/* expressions */
+	check("[{'$project': {'_id': 0,"
+	      " 'add': {'$add': ['$d', 2]}, 'addd': {'$add': [" DEC("1") ", 0.1]},"
+	      " 'adddf': {'$add': [0.1, " DEC("1") "]},"
+	      " 'sub': {'$subtract': [" DEC("10.5") ", 0.25]}, 'mul': {'$multiply': [2, '$d']},"
+	      " 'muld': {'$multiply': [0.5, " DEC("3") "]}, 'div': {'$divide': [" DEC("1") ", 3]},"
+	      " 'mod': {'$mod': [" DEC("5.5") ", 2]}, 'abs': {'$abs': " DEC("-2.50") "},"
+	      " 'floor': {'$floor': " DEC("-2.5") "}, 'ceil': {'$ceil': " DEC("2.1") "},"
+	      " 'sum': {'$sum': ['$d', 2, 'x']}, 'avg': {'$avg': [" DEC("1") ", 2]},"
+	      " 'str': {'$toString': '$d'}, 'nan': {'$add': [" DEC("NaN") ", 1]},"
+	      " 'inf': {'$multiply': [" DEC("1E+6000") ", " DEC("1E+6000") "]},"
+	      " 'negz': {'$multiply': [" DEC("-1.5") ", 0]}}}]",
+	      "[{'d': " DEC("1.10") "}]",
+	      "[{'add': " DEC("3.10") ", 'addd': " DEC("1.100000000000000") ","
+	      " 'adddf': " DEC("1.100000000000000005551115123125783") ","
+	      " 'sub': " DEC("10.250000000000000") ", 'mul': " DEC("2.20") ","
+	      " 'muld': " DEC("1.500000000000000") ", 'div': " DEC("0.3333333333333333333333333333333333") ","
+	      " 'mod': " DEC("1.5") ", 'abs': " DEC("2.50") ", 'floor': " DEC("-3") ","
+	      " 'ceil': " DEC("3") ", 'sum': " DEC("3.10") ", 'avg': " DEC("1.5") ", 'str': '1.10',"
+	      " 'nan': " DEC("NaN") ", 'inf': " DEC("Infinity") ", 'negz': " DEC("-0.0") "}]");
+	/* $add with a date: a decimal total gives the date of its rounded value */
+	check("[{'$project': {'_id': 0, 't': {'$add': ['$t', " DEC("1.5") "]}}}]",
+	      "[{'t': {'$date': {'$numberLong': '1000'}}}]", "[{'t': {'$date': {'$numberLong': '1002'}}}]");
+	check("[{'$project': {'_id': 0, 't': {'$subtract': ['$t', " DEC("2.5") "]}}}]",
+	      "[{'t': {'$date': {'$numberLong': '1000'}}}]", "[{'t': {'$date': {'$numberLong': '998'}}}]");
+	check_err("[{'$project': {'x': {'$add': ['$t', 1e300]}}}]",
+		  "[{'t': {'$date': {'$numberLong': '1000'}}}]", 15, "date overflow in $add");
+	check_err("[{'$project': {'x': {'$divide': ['$d', " DEC("0.00") "]}}}]", "[{'d': 1}]", 16608,
+		  "by zero");
+	check_err("[{'$project': {'x': {'$mod': [" DEC("1") ", 0]}}}]", "[{}]", 16610, "by zero");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1448,6 +1513,7 @@ int main(void)
 		cmocka_unit_test(test_pushdown),
 		cmocka_unit_test(test_input_error),
 		cmocka_unit_test(test_eval_expr),
+		cmocka_unit_test(test_decimal),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
