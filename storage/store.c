@@ -1200,6 +1200,8 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 		else
 			bson_destroy(&desc); /* a pipeline update logged as a replacement */
 	}
+	if (ud && (size_t)new_doc->len + ud->len > SDB_STORE_UD_MAX_BYTES)
+		ud = NULL; /* the entry would not fit in a reply: logged as a replacement */
 	id_doc(&id_it, &o2);
 	char *ns = store_ns_of(db, coll);
 	rc = store_oplog_append_ud(c, "u", ns, co->uuid, new_doc, &o2, ud, origin, err, errlen);

@@ -321,10 +321,16 @@ typedef enum {
 				      is not smaller than new_doc (then none, as mongod logs a
 				      replacement; sdb_docdiff_describe) */
 } sdb_store_upd_kind;
+/* Largest new_doc plus updateDescription that a "u" entry carries: a larger update is
+ * logged without its description (a replace for the change stream), so that every oplog
+ * entry, with its other fields, fits in one cursor batch of a 16 MiB reply (the shard's
+ * SHARD_MAX_REPLY_BYTES, 16 MiB - 64 KiB) and CDC tailing never sticks on an entry. */
+#define SDB_STORE_UD_MAX_BYTES (16 * 1024 * 1024 - 128 * 1024)
 /* sdb_store_replace for an update: the "u" oplog entry also carries updateDescription
  * ({updatedFields, removedFields, truncatedArrays}, storage/docdiff.h), ud when it is not
  * NULL (written as given, kind ignored: the replay of a transaction's captured entry),
- * else the diff of the stored image and new_doc for kind. o stays the whole new_doc.
+ * else the diff of the stored image and new_doc for kind; none when new_doc and the
+ * description together exceed SDB_STORE_UD_MAX_BYTES. o stays the whole new_doc.
  * Deterministic: every member applying the same write writes the same entry.
  * Errors: sdb_store_replace's; SDB_ECORRUPT also when an image's nested BSON does not
  * parse. */

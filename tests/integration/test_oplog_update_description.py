@@ -115,6 +115,22 @@ def test_modifier_pipeline_and_replacement_entries(start_role, tmp_path):
     assert r["nProblems"] == 0, r
 
 
+def test_large_update_is_logged_as_a_replacement(start_role, tmp_path):
+    """An 8 MiB value in both o and updatedFields would not fit in one 16 MiB reply: the
+    entry carries no updateDescription and stays readable (CDC tailing goes on)."""
+    _, _, uri = one_member(start_role, tmp_path)
+    c = client(uri, retryWrites=False)
+    c.app.c.insert_one({"_id": 1, "a": 1})
+    c.app.c.update_one({"_id": 1}, {"$set": {"big": "x" * (8 * 1024 * 1024 + 1)}})
+    c.app.c.update_one({"_id": 1}, {"$set": {"a": 2}})
+    oplog = c.local.get_collection("oplog.rs", codec_options=RAW)
+    es = list(oplog.find({"ns": "app.c", "op": "u"}))
+    assert len(es) == 2
+    assert "updateDescription" not in es[0]
+    assert len(es[0]["o"]["big"]) == 8 * 1024 * 1024 + 1
+    assert es[1]["updateDescription"].raw == ud({"a": 2})
+
+
 def test_transaction_entries(start_role, tmp_path):
     _, _, uri = one_member(start_role, tmp_path)
     c = client(uri, retryWrites=False)
