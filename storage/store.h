@@ -30,7 +30,9 @@
  *   { ts: Timestamp(secs, inc), t: 1, v: 2, op: "i"|"u"|"d"|"c"|"n", ns: "db.coll",
  *     ui: UUID, o: {...}, o2: {_id: ...} (u only), wall: Date, origin: "mig-42" (optional),
  *     lsid: {id: UUID, ...}, txnNumber: long, stmtId: int (retryable writes only) }
- * op "u" carries the full post-image in o (replacement form; applying it is idempotent).
+ * op "u" carries the full post-image in o (replacement form; applying it is idempotent);
+ * one written by a modifier or pipeline update also carries updateDescription: {updatedFields,
+ * removedFields, truncatedArrays} after o2 (sdb_store_update, storage/docdiff.h).
  * op "c" carries {create: coll} / {drop: coll} / {createIndexes: coll, ...spec} /
  * {dropIndexes: coll, index: name} / {dropDatabase: 1} with ns "db.$cmd".
  * ts: seconds from the injectable wall clock (sdb_store_opts.clock_ms) and a counter;
@@ -316,6 +318,31 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 		      const bson_t *old_doc, const bson_t *new_doc, const char *origin,
 		      sdb_store_dup *dup, char *err, size_t errlen);
+/* The kind of update that made a document's new image (what its "u" oplog entry says). */
+typedef enum {
+	SDB_STORE_UPD_REPLACE = 0, /* a replacement document: no updateDescription */
+	SDB_STORE_UPD_MODIFIER,	   /* update operators: an updateDescription always */
+	SDB_STORE_UPD_PIPELINE,	   /* an update pipeline: an updateDescription unless the diff
+				      is not smaller than new_doc (then none, as mongod logs a
+				      replacement; sdb_docdiff_describe) */
+} sdb_store_upd_kind;
+/* Largest new_doc plus updateDescription that a "u" entry carries: a larger update is
+ * logged without its description (a replace for the change stream), so that every oplog
+ * entry, with its other fields, fits in one cursor batch of a 16 MiB reply (the shard's
+ * SHARD_MAX_REPLY_BYTES, 16 MiB - 64 KiB) and CDC tailing never sticks on an entry. */
+#define SDB_STORE_UD_MAX_BYTES (16 * 1024 * 1024 - 128 * 1024)
+/* sdb_store_replace for an update: the "u" oplog entry also carries updateDescription
+ * ({updatedFields, removedFields, truncatedArrays}, storage/docdiff.h), ud when it is not
+ * NULL (written as given, kind ignored: the replay of a transaction's captured entry),
+ * else the diff of the stored image and new_doc for kind; none when new_doc and the
+ * description together exceed SDB_STORE_UD_MAX_BYTES. o stays the whole new_doc.
+ * Deterministic: every member applying the same write writes the same entry.
+ * Errors: sdb_store_replace's; SDB_ECORRUPT also when an image's nested BSON does not
+ * parse. */
+int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
+		     const bson_t *old_doc, const bson_t *new_doc, sdb_store_upd_kind kind,
+		     const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
+		     size_t errlen);
 /* Delete doc (by its _id) (write txn): removes index entries, appends a "d" oplog entry
  * {o: {_id}}. Errors: SDB_ENOTFOUND (no such collection or document), SDB_EINVAL (doc has
  * no usable _id), SDB_ECORRUPT (the stored document does not parse), SDB_EIO. */
