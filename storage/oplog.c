@@ -119,6 +119,9 @@ int sdb_store_oplog_stmt_result(sdb_store_conn *c, const bson_t *result, char *e
 		if (!p || len <= 0 || !bson_init_static(&old, p, (size_t)len) ||
 		    !bson_iter_init_find(&it, &old, "stmtId"))
 			continue; /* not an entry of the statement */
+		if ((size_t)len + result->len + 16 > SDB_STORE_UD_MAX_BYTES)
+			continue; /* would not fit one oplog read: the entry goes without it (a
+				     migration then marks the session's history incomplete) */
 		if (n == cap) {
 			cap = cap ? 2 * cap : 4;
 			tss = sdb_realloc(tss, cap * sizeof *tss);

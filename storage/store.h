@@ -451,8 +451,12 @@ void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn
 /* Add {stmtResult: result} to every oplog entry written for the statement tagged by the
  * last sdb_store_set_op_session (write txn, before the tag is cleared), so that the
  * statement's recorded outcome travels with its entries (CDC, migrations: MongoDB carries
- * the same through its oplog chain and config.image_collection). 0 when the statement
- * wrote no entry. Errors: SDB_EIO. */
+ * the same through its oplog chain and config.image_collection). An entry that would
+ * grow past SDB_STORE_UD_MAX_BYTES (a findAndModify of a document near 16 MiB carries it
+ * twice) keeps no stmtResult, so that every entry stays readable by one oplog batch (CDC
+ * tailing never sticks on it); a migration then carries the session's incomplete-history
+ * marker (a retry on the new owner is 217, never run twice). The shard's own session
+ * record is unaffected. 0 when the statement wrote no entry. Errors: SDB_EIO. */
 int sdb_store_oplog_stmt_result(sdb_store_conn *c, const bson_t *result, char *err,
 				size_t errlen);
 /* The statement id of a session's "incomplete history" marker (MongoDB's
