@@ -572,9 +572,15 @@ static int eval_add(const expr *x, docbuild_node **vals, docbuild_node **out, co
 		case 1: {
 			int64_t iv = add.value_type == BSON_TYPE_INT64 ? add.value.v_int64 : add.value.v_int32;
 
-			if (__builtin_add_overflow(ltotal, iv, &ltotal)) {
+			int64_t sum;
+
+			/* mongod's AddState: on overflow the double total is built from the
+			 * total before it (the wrapped sum is never used) */
+			if (__builtin_add_overflow(ltotal, iv, &sum)) {
 				widest = 2;
 				dtotal = (double)ltotal + (double)iv;
+			} else {
+				ltotal = sum;
 			}
 			break;
 		}
