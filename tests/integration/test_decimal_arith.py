@@ -130,3 +130,30 @@ def test_add_overflow_and_arithmetic_no_ops_as_mongod(shard):
     assert str(doc["d"]) == "-0.0"
     assert db.c.update_one({"_id": 1}, {"$inc": {"bal": D("0.01")}}).modified_count == 1
     assert db.c.find_one({"_id": 1})["bal"] == D("1.51")
+
+
+def test_date_minus_a_number_as_mongod(shard):
+    """$subtract [date, n]: Value::coerceToLong truncates a double (1.7 ms is 1 ms), takes
+    a long as it is (no rounding through a double), and a duration that cannot be negated
+    (NaN, out of range) is 159 DurationOverflow."""
+    _, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    db = c.dec_date
+    t = datetime.datetime(2020, 1, 1)
+    db.c.insert_one({"_id": 1, "t": t})
+
+    def sub(n):
+        return next(db.c.aggregate([{"$project": {"_id": 0,
+                                                  "v": {"$subtract": ["$t", n]}}}]))["v"]
+
+    ms = datetime.timedelta(milliseconds=1)
+    assert sub(1.7) == t - ms
+    assert sub(-1.7) == t + ms
+    epoch = datetime.datetime(1970, 1, 1)
+    far = next(db.c.aggregate([{"$project": {"_id": 0, "v": {"$subtract": [
+        {"$subtract": ["$t", Int64(2**53 + 1)]}, epoch]}}}]))["v"]
+    assert far == 1577836800000 - (2**53 + 1)  # exact, not rounded through a double
+    for bad in (float("nan"), 1e300, D("NaN")):
+        with pytest.raises(pymongo.errors.OperationFailure) as e:
+            sub(bad)
+        assert e.value.code == 159, bad
