@@ -162,6 +162,45 @@ void docbuild_append(bson_t *dst, const char *key, int keylen, const docbuild_no
 	}
 }
 
+size_t docbuild_depth(const docbuild_node *n, size_t limit)
+{
+	typedef struct {
+		const docbuild_node *n;
+		size_t next; /* next child to visit */
+	} frame;
+	frame *st;
+	size_t top = 0, cap = 16, best = 0;
+
+	if (n->type != BSON_TYPE_DOCUMENT && n->type != BSON_TYPE_ARRAY)
+		return 0;
+	st = sdb_malloc(cap * sizeof *st);
+	st[top++] = (frame){n, 0};
+	best = 1;
+	while (top > 0) {
+		frame *f = &st[top - 1];
+
+		if (f->next == f->n->n) {
+			top--;
+			continue;
+		}
+		const docbuild_node *k = f->n->kids[f->next++];
+
+		if (k->type != BSON_TYPE_DOCUMENT && k->type != BSON_TYPE_ARRAY)
+			continue;
+		if (top + 1 > best)
+			best = top + 1;
+		if (best > limit)
+			break;
+		if (top == cap) {
+			cap *= 2;
+			st = sdb_realloc(st, cap * sizeof *st);
+		}
+		st[top++] = (frame){k, 0};
+	}
+	free(st);
+	return best > limit ? limit + 1 : best;
+}
+
 void docbuild_to_bson(const docbuild_node *n, bson_t *out)
 {
 	bson_init(out);

@@ -41,6 +41,11 @@ void docbuild_free(docbuild_node *n);
 /* Replace n's key (copied; NULL removes it). */
 void docbuild_set_key(docbuild_node *n, const char *key);
 
+/* The nesting depth of n: 0 for a scalar, 1 for a document or array of scalars, 1 + the
+ * deepest child otherwise; counted without recursion (an explicit stack on the heap) and
+ * stopped as soon as it passes limit (then limit + 1 is returned), so a tree of any depth
+ * can be measured before a recursive walk (serialisation, comparison) meets it. */
+size_t docbuild_depth(const docbuild_node *n, size_t limit);
 /* Serialise a DOCUMENT (or ARRAY, with keys "0", "1"...) node; out uninitialised. */
 void docbuild_to_bson(const docbuild_node *n, bson_t *out);
 /* Append n's value to dst under key (keylen -1 for NUL-terminated). */

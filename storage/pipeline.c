@@ -277,15 +277,25 @@ static int pull_input(sdb_pipeline_cursor *c, bson_t **doc, const ectx *e)
 	return 0;
 }
 
-static bson_t *node_to_heap(const docbuild_node *n)
+/* A stage's output document as heap BSON. A document nested deeper than a BSON document
+ * may be (a pipeline can nest $$ROOT in itself stage after stage) is 15 Overflow, as
+ * mongod's Document::toBson, before any recursive walk meets it. Returns 0 (*out set), or
+ * SDB_EINVAL with the error in e (*out NULL). */
+static int node_to_heap(const docbuild_node *n, const ectx *e, bson_t **out)
 {
 	bson_t tmp;
-	bson_t *b;
 
+	*out = NULL;
+	if (docbuild_depth(n, SDB_BSON_MAX_DEPTH) > SDB_BSON_MAX_DEPTH) {
+		return efail(e, 15,
+			     "cannot convert document to BSON because it exceeds the limit of %d "
+			     "levels of nesting",
+			     SDB_BSON_MAX_DEPTH);
+	}
 	docbuild_to_bson(n, &tmp);
-	b = bson_copy(&tmp);
+	*out = bson_copy(&tmp);
 	bson_destroy(&tmp);
-	return b;
+	return 0;
 }
 
 static int memory_error(const ectx *e, const char *stage)
@@ -624,7 +634,7 @@ static int run_group(sdb_pipeline_cursor *c, size_t i, const ectx *e)
 	return 0;
 }
 
-static bson_t *group_emit(const stage *st, stage_state *s)
+static bson_t *group_emit(const stage *st, stage_state *s, const ectx *e)
 {
 	group *g = s->order[s->pos++];
 	docbuild_node *d = docbuild_new_doc(NULL);
@@ -639,7 +649,7 @@ static bson_t *group_emit(const stage *st, stage_state *s)
 		docbuild_set_key(v, st->accs[a].name);
 		docbuild_push(d, v);
 	}
-	out = node_to_heap(d);
+	(void)node_to_heap(d, e, &out);
 	docbuild_free(d);
 	return out;
 }
@@ -858,7 +868,10 @@ static int bucket_auto_emit(const stage *st, stage_state *s, size_t max_mem, bso
 		docbuild_push(out, v);
 	}
 	free(acc);
-	*doc = node_to_heap(out);
+	if (node_to_heap(out, e, doc) != 0) {
+		docbuild_free(out);
+		return SDB_EINVAL;
+	}
 	docbuild_free(out);
 	return 0;
 }
@@ -940,7 +953,10 @@ static int unwind_next(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ect
 				set_path(d, st->index_field, v_int64((int64_t)s->cur_i));
 			}
 			s->cur_i++;
-			*doc = node_to_heap(d);
+			if (node_to_heap(d, e, doc) != 0) {
+				docbuild_free(d);
+				return SDB_EINVAL;
+			}
 			docbuild_free(d);
 			return 0;
 		}
@@ -984,14 +1000,22 @@ static int unwind_next(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ect
 			}
 			set_path(d, st->index_field, v_null());
 			bson_destroy(in);
-			in = node_to_heap(d);
+			if (node_to_heap(d, e, &in) != 0) {
+				docbuild_free(d);
+				docbuild_free(v);
+				return SDB_EINVAL;
+			}
 			docbuild_free(d);
 		} else if (v != NULL && v->type == BSON_TYPE_ARRAY) {
 			docbuild_node *d = docbuild_from_bson(in);
 
 			set_path(d, st->path, NULL);
 			bson_destroy(in);
-			in = node_to_heap(d);
+			if (node_to_heap(d, e, &in) != 0) {
+				docbuild_free(d);
+				docbuild_free(v);
+				return SDB_EINVAL;
+			}
 			docbuild_free(d);
 		}
 		docbuild_free(v);
@@ -1076,7 +1100,10 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 				}
 			}
 			if (s->pos < s->n_groups) {
-				*doc = group_emit(st, s);
+				*doc = group_emit(st, s, e);
+				if (*doc == NULL) {
+					return SDB_EINVAL;
+				}
 			}
 			return 0;
 		case S_BUCKET_AUTO:
@@ -1219,7 +1246,10 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 			d = docbuild_from_bson(in);
 			bson_destroy(in);
 			set_path(d, st->as, arr);
-			*doc = node_to_heap(d);
+			if (node_to_heap(d, e, doc) != 0) {
+				docbuild_free(d);
+				return SDB_EINVAL;
+			}
 			docbuild_free(d);
 			return 0;
 		}
@@ -1252,7 +1282,10 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 				docbuild_free(v);
 				return rc;
 			}
-			*doc = node_to_heap(v);
+			if (node_to_heap(v, e, doc) != 0) {
+				docbuild_free(v);
+				return SDB_EINVAL;
+			}
 			docbuild_free(v);
 			return 0;
 		}

@@ -523,6 +523,36 @@ static void cache_add(agg_lookup_cache *cache, const bson_t *key, const docbuild
 	cache->bytes += vbytes + key->len;
 }
 
+/* Whether a sub-pipeline (or anything nested in it) has a field named $sample or $rand:
+ * its result differs from one run to the next, so MongoDB runs it again for every input
+ * document (lookup_random.js: "$sample in the inner pipeline should be rerun per outer
+ * document") and it must not be cached. depth bounds the walk (a command's BSON is). */
+static bool has_random_stage(const bson_t *b, int depth)
+{
+	bson_iter_t it;
+
+	if (depth > SDB_BSON_MAX_DEPTH || !bson_iter_init(&it, b))
+		return false;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		bson_t sub;
+		const uint8_t *data;
+		uint32_t len;
+
+		if (strcmp(k, "$sample") == 0 || strcmp(k, "$rand") == 0)
+			return true;
+		if (BSON_ITER_HOLDS_DOCUMENT(&it) || BSON_ITER_HOLDS_ARRAY(&it)) {
+			if (BSON_ITER_HOLDS_DOCUMENT(&it))
+				bson_iter_document(&it, &len, &data);
+			else
+				bson_iter_array(&it, &len, &data);
+			if (bson_init_static(&sub, data, len) && has_random_stage(&sub, depth + 1))
+				return true;
+		}
+	}
+	return false;
+}
+
 int agg_lookup_one(const sdb_pipeline *p, const stage *st, const bson_t *in,
 		   agg_lookup_cache *cache, docbuild_node **out, const ectx *e)
 {
@@ -533,6 +563,8 @@ int agg_lookup_one(const sdb_pipeline *p, const stage *st, const bson_t *in,
 	int rc = 0;
 
 	*out = NULL;
+	if (cache != NULL && st->sub != NULL && has_random_stage(st->sub, 0))
+		cache = NULL;
 	/* the command's variables, then this stage's let evaluated against in */
 	if (p->let != NULL) {
 		bson_iter_t v;

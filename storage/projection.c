@@ -491,6 +491,11 @@ static int append_expr(const actx *a, const pnode *n, bson_t *out, const char *k
 	docbuild_node *v = NULL;
 	int rc = agg_expr_eval(n->x, a->root, &v, a->e);
 
+	if (rc == 0 && v != NULL && docbuild_depth(v, SDB_BSON_MAX_DEPTH) >= SDB_BSON_MAX_DEPTH)
+		rc = efail(a->e, 15,
+			   "cannot convert document to BSON because it exceeds the limit of %d "
+			   "levels of nesting",
+			   SDB_BSON_MAX_DEPTH); /* as a stage's output (pipeline.c node_to_heap) */
 	if (rc == 0 && v != NULL)
 		docbuild_append(out, key, (int)keylen, v);
 	docbuild_free(v);

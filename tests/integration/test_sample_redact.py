@@ -188,6 +188,41 @@ def check_redact(db):
 
 # ---- a shard ----
 
+def check_deep_output_refused(db):
+    """A pipeline that nests $$ROOT in itself stage after stage builds documents deeper
+    than any BSON document may be: 15 Overflow as mongod's Document::toBson, never a crash
+    (a reviewer's 40 x 150 levels followed by $redact overflowed the stack of a shard and
+    of a proxy), through $replaceWith, $addFields and $group; the server keeps serving."""
+    db.deep.insert_one({"_id": 1})
+
+    def nest(n, leaf):
+        for _ in range(n):
+            leaf = {"a": leaf}
+        return leaf
+    for last in ([{"$redact": "$$DESCEND"}], [{"$group": {"_id": 1, "p": {"$push": "$$ROOT"}}}],
+                 []):
+        for stage in ("$replaceWith", "$addFields"):
+            spec = nest(150, "$$ROOT") if stage == "$replaceWith" else {"x": nest(50, "$$ROOT")}
+            with pytest.raises(OperationFailure) as e:
+                list(db.deep.aggregate([{stage: spec}] * 40 + last))
+            assert e.value.code == 15, e.value.details
+    assert len(list(db.deep.aggregate([{"$replaceWith": nest(150, "$$ROOT")},
+                                       {"$redact": "$$DESCEND"}]))) == 1
+    assert db.command("ping")["ok"] == 1
+
+
+def check_sample_in_lookup(db):
+    """$sample in a $lookup sub-pipeline runs again for every outer document, as mongod
+    (lookup_random.js); the lookup cache (keyed by the stages and let values) held one draw
+    for all 200 documents."""
+    db.outer.insert_many([{"_id": i} for i in range(200)])
+    db.inner.insert_many([{"_id": i} for i in range(50)])
+    got = list(db.outer.aggregate([
+        {"$lookup": {"from": "inner", "pipeline": [{"$sample": {"size": 1}}], "as": "s"}},
+        {"$unwind": "$s"}, {"$group": {"_id": None, "ids": {"$addToSet": "$s._id"}}}]))
+    assert len(got[0]["ids"]) > 10, got
+
+
 def test_sample_on_a_shard(shard):
     _, port = shard
     c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
@@ -203,6 +238,8 @@ def test_redact_on_a_shard(shard):
     c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
     try:
         check_redact(c.sr)
+        check_deep_output_refused(c.sr)
+        check_sample_in_lookup(c.sr)
     finally:
         c.close()
 
@@ -228,6 +265,10 @@ def test_through_a_proxy_sharded(start_role, tmp_path):
         db = cl.proxy_client(0).sr
         check_sample_basics(db)
         check_redact(db)
+        cl.shard_collection("sr.deep", {"_id": 1})
+        check_deep_output_refused(db)
+        cl.shard_collection("sr.inner", {"_id": 1}, split_points=[{"_id": 25}])
+        check_sample_in_lookup(db)
         # documents on both shards in every case above
         a, b = (cl.shard_client(s).sr.s.count_documents({}) for s in cl.shard_ids)
         assert a > 0 and b > 0 and a + b == 50
