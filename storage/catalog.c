@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -183,8 +184,17 @@ char *store_ns_of(const char *db, const char *coll)
  * Returns true with its name in other. */
 static bool db_case_conflict(sdb_store_conn *c, const char *db, char *other, size_t otherlen)
 {
+	static const char *const reserved[] = {"admin", "config", "local"};
 	char err[128];
 	bool found = false;
+
+	/* the internal databases always exist on mongod: another spelling is refused even
+	 * before they hold a collection */
+	for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
+		if (strcmp(db, reserved[i]) != 0 && strcasecmp(db, reserved[i]) == 0) {
+			snprintf(other, otherlen, "%s", reserved[i]);
+			return true;
+		}
 	sqlite3_stmt *s = store_stmt_get(c,
 					 "SELECT db FROM catalog_coll WHERE db <> ?1 AND "
 					 "lower(db) = lower(?1) LIMIT 1",
@@ -221,7 +231,10 @@ int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 		return sdb_errf(err, errlen, SDB_EEXISTS, "Collection %s.%s already exists.", db,
 				coll);
 	}
-	if (db_case_conflict(c, db, other, sizeof other)) {
+	/* not for a migration's or restore's writes (origin): they carry data the cluster
+	 * already holds, and a chunk must reach its new owner even where two spellings
+	 * already exist (created before this check, or on different shards) */
+	if (origin == NULL && db_case_conflict(c, db, other, sizeof other)) {
 		c->write_code = 13297; /* DatabaseDifferCase */
 		return sdb_errf(err, errlen, SDB_EINVAL,
 				"db already exists with different case already have: [%s] trying "
@@ -393,7 +406,7 @@ int sdb_store_coll_rename(sdb_store_conn *c, const char *from_db, const char *fr
 	{
 		char other[128];
 
-		if (db_case_conflict(c, to_db, other, sizeof other)) {
+		if (origin == NULL && db_case_conflict(c, to_db, other, sizeof other)) {
 			c->write_code = 13297; /* DatabaseDifferCase */
 			return sdb_errf(err, errlen, SDB_EINVAL,
 					"db already exists with different case already have: [%s] "

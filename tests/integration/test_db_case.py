@@ -39,6 +39,10 @@ def test_shard_refuses_a_database_differing_in_case(cl):
     assert code_of(lambda: c.DbCase.x.create_index("a"))[0] == 13297
     assert code_of(lambda: c.admin.command(
         "renameCollection", "dbcase.c", to="DBCASE.c"))[0] == 13297
+    # the internal databases exist for mongod even without collections
+    for name in ("Admin", "CONFIG", "Local"):
+        code, msg = code_of(lambda: c[name].c.insert_one({"_id": 1}))
+        assert code == 13297, (name, msg)
     # nothing was created under the other spelling; the first one works as before
     assert [n for n in c.list_database_names() if n.lower() == "dbcase"] == ["dbcase"]
     c.dbcase.d.insert_one({"_id": 2})
