@@ -999,6 +999,27 @@ static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, sdb_pipeli
 				batch, false, "firstBatch", c->ns);
 }
 
+/* aggregate with `explain: true` (mongod's legacy form of explain for aggregate): the
+ * explain command of the same aggregate at queryPlanner verbosity, as mongod answers it,
+ * whatever the collection's routing (it was ignored for a sharded collection: documents
+ * came back instead of a plan). Returns: px_do_explain's. */
+static int agg_explain(ctx *c)
+{
+	bson_t wrapper = BSON_INITIALIZER, inner;
+	ctx x = *c;
+	int st;
+
+	bson_init(&inner);
+	bson_copy_to_excluding_noinit(c->cmd, &inner, "explain", NULL);
+	BSON_APPEND_DOCUMENT(&wrapper, "explain", &inner);
+	BSON_APPEND_UTF8(&wrapper, "verbosity", "queryPlanner");
+	x.cmd = &wrapper;
+	st = px_do_explain(&x); /* answers on c: x shares c's answer */
+	bson_destroy(&inner);
+	bson_destroy(&wrapper);
+	return st;
+}
+
 int px_do_aggregate(ctx *c)
 {
 	bson_t stages;
@@ -1013,6 +1034,19 @@ int px_do_aggregate(ctx *c)
 	int code = 0, st;
 	char err[512];
 
+	{
+		bson_iter_t ex;
+
+		if (bson_iter_init_find(&ex, c->cmd, "explain")) {
+			if (!BSON_ITER_HOLDS_BOOL(&ex))
+				return px_error(c, WIRE_ERR_TYPE_MISMATCH,
+						"BSON field 'aggregate.explain' is the wrong type '%s', "
+						"expected type 'bool'",
+						sdb_bson_type_name(bson_iter_type(&ex)));
+			if (bson_iter_bool(&ex))
+				return agg_explain(c);
+		}
+	}
 	if ((st = px_agg_args(c, &stages, &batch)) != 0)
 		return st;
 	if ((st = px_refuse_current_op_stage(c, &stages)) != 0)

@@ -797,6 +797,19 @@ def test_stats_and_explain(cluster):
                                              {"$count": "n"}]}, verbosity="queryPlanner")
     assert ex["queryPlanner"]["winningPlan"]["stage"] == "SINGLE_SHARD"
     assert shards_of(ex) == ["shard-b"] and "executionStats" not in ex
+    # the aggregate command's own `explain: true` is the same plan (a reviewer got the
+    # documents back from a sharded collection: the field was ignored)
+    ex2 = db.command({"aggregate": "s", "explain": True,
+                      "pipeline": [{"$match": {"k": {"$gte": 120}}}, {"$count": "n"}]})
+    assert "cursor" not in ex2 and shards_of(ex2) == ["shard-b"]
+    assert ex2["queryPlanner"]["winningPlan"]["stage"] == "SINGLE_SHARD"
+    ex2 = db.command({"aggregate": "s", "explain": True, "pipeline": []})
+    assert "cursor" not in ex2 and shards_of(ex2) == ["shard-a", "shard-b"]
+    with pytest.raises(OperationFailure) as e:
+        db.command({"aggregate": "s", "explain": 1, "pipeline": [], "cursor": {}})
+    assert e.value.code == 14
+    assert db.command({"aggregate": "s", "explain": False, "pipeline": [{"$count": "n"}],
+                       "cursor": {}})["cursor"]["firstBatch"] == [{"n": 150}]
     ex = db.command("explain", {"count": "s", "query": {"k": {"$lt": 10}}},
                     verbosity="executionStats")
     assert shards_of(ex) == ["shard-a"] and ex["executionStats"]["nReturned"] == 10
