@@ -186,9 +186,13 @@ int store_oplog_trim(sdb_store_conn *c, char *err, size_t errlen)
 	int rc = store_step_done(c, s, err, errlen, "oplog trim");
 	if (rc)
 		return rc;
-	s = store_stmt_get(c, "UPDATE meta SET v = 1 WHERE k='oplog_trimmed'", err, errlen);
+	/* the newest ts trimmed (a store of an earlier version says 1: trimmed, up to an
+	 * unknown ts), for change streams' history check (sdb_store_oplog_trimmed_upto) */
+	s = store_stmt_get(c, "UPDATE meta SET v = max(?1, 1) WHERE k='oplog_trimmed' AND v < ?1",
+			   err, errlen);
 	if (!s)
 		return SDB_EIO;
+	sqlite3_bind_int64(s, 1, upto);
 	rc = store_step_done(c, s, err, errlen, "oplog trimmed flag");
 	if (rc == 0)
 		c->pending_oplog_bytes -= freed;
@@ -218,6 +222,12 @@ int64_t sdb_store_oplog_count(sdb_store_conn *c)
 bool sdb_store_oplog_trimmed(sdb_store_conn *c)
 {
 	return store_query_int(c, "SELECT v FROM meta WHERE k='oplog_trimmed'", 0) != 0;
+}
+
+uint64_t sdb_store_oplog_trimmed_upto(sdb_store_conn *c)
+{
+	int64_t v = store_query_int(c, "SELECT v FROM meta WHERE k='oplog_trimmed'", 0);
+	return v > 0 ? (uint64_t)v : 0;
 }
 
 int sdb_store_oplog_note(sdb_store_conn *c, const bson_t *data, uint64_t min_ts, bool *written,

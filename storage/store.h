@@ -385,6 +385,11 @@ int64_t sdb_store_oplog_count(sdb_store_conn *c);
 /* Has the oplog ever been trimmed (meta 'oplog_trimmed')? When not, it holds every entry
  * since the store was created, so a change stream may start at any point (any txn). */
 bool sdb_store_oplog_trimmed(sdb_store_conn *c);
+/* The newest ts the oplog's trimming deleted (any txn): 0 never trimmed, 1 trimmed up to a
+ * ts not recorded (a store trimmed by an earlier version), else the packed ts. An entry
+ * with a ts above it was never trimmed: a reader positioned at P lost history exactly when
+ * this is above P. */
+uint64_t sdb_store_oplog_trimmed_upto(sdb_store_conn *c);
 /* MongoDB's appendOplogNote (write txn; inside a replicated apply the result is the same on
  * every member): append a no-op entry {op: "n", ns: "", o: data} whose ts is above
  * min_ts (a packed Timestamp; 0 = no floor). When the newest oplog entry already is above
