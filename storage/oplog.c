@@ -44,6 +44,13 @@ int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const 
 			const bson_t *o, const bson_t *o2, const char *origin, char *err,
 			size_t errlen)
 {
+	return store_oplog_append_ud(c, op, ns, ui, o, o2, NULL, origin, err, errlen);
+}
+
+int store_oplog_append_ud(sdb_store_conn *c, const char *op, const char *ns, const uint8_t *ui,
+			  const bson_t *o, const bson_t *o2, const bson_t *ud, const char *origin,
+			  char *err, size_t errlen)
+{
 	uint64_t ts = ts_next(c);
 	int64_t wall = store_conn_now_ms(c);
 	bson_t e;
@@ -58,6 +65,8 @@ int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const 
 	BSON_APPEND_DOCUMENT(&e, "o", o);
 	if (o2)
 		BSON_APPEND_DOCUMENT(&e, "o2", o2);
+	if (ud)
+		BSON_APPEND_DOCUMENT(&e, "updateDescription", ud);
 	BSON_APPEND_DATE_TIME(&e, "wall", wall);
 	if (origin)
 		BSON_APPEND_UTF8(&e, "origin", origin);
@@ -110,6 +119,9 @@ int sdb_store_oplog_stmt_result(sdb_store_conn *c, const bson_t *result, char *e
 		if (!p || len <= 0 || !bson_init_static(&old, p, (size_t)len) ||
 		    !bson_iter_init_find(&it, &old, "stmtId"))
 			continue; /* not an entry of the statement */
+		if ((size_t)len + result->len + 16 > SDB_STORE_UD_MAX_BYTES)
+			continue; /* would not fit one oplog read: the entry goes without it (a
+				     migration then marks the session's history incomplete) */
 		if (n == cap) {
 			cap = cap ? 2 * cap : 4;
 			tss = sdb_realloc(tss, cap * sizeof *tss);
