@@ -77,6 +77,8 @@ int store_oplog_append_ud(sdb_store_conn *c, const char *op, const char *ns, con
 			BSON_APPEND_DOCUMENT(&e, "lsid", &lsid);
 		BSON_APPEND_INT64(&e, "txnNumber", c->op_txn);
 		BSON_APPEND_INT32(&e, "stmtId", c->op_stmt);
+		if (c->op_in_txn)
+			BSON_APPEND_BOOL(&e, "inTxn", true); /* change streams: lsid/txnNumber */
 		if (!c->op_first_ts)
 			c->op_first_ts = ts;
 	}

@@ -789,6 +789,12 @@ void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn
 	c->op_txn = txn;
 	c->op_stmt = stmt;
 	c->op_first_ts = 0;
+	c->op_in_txn = false;
+}
+
+void sdb_store_set_op_txn(sdb_store_conn *c)
+{
+	c->op_in_txn = c->op_lsid != NULL;
 }
 
 /* ------------------------------------------------------------------ documents */

@@ -466,6 +466,12 @@ int sdb_store_session_stmt_put(sdb_store_conn *c, const bson_t *lsid, int32_t st
  * carries them; lsid NULL stops tagging. Reset when the transaction ends. */
 void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn,
 			      int32_t stmt);
+/* Mark the ops tagged by the last sdb_store_set_op_session (lsid not NULL) as a
+ * multi-document transaction's commit (stripedbApplyTxn): their oplog entries also get
+ * `inTxn: true`, which change streams read to report lsid and txnNumber (a retryable
+ * write's entries carry the session fields too, without it). Until the next
+ * sdb_store_set_op_session. */
+void sdb_store_set_op_txn(sdb_store_conn *c);
 /* Add {stmtResult: result} to every oplog entry written for the statement tagged by the
  * last sdb_store_set_op_session (write txn, before the tag is cleared), so that the
  * statement's recorded outcome travels with its entries (CDC, migrations: MongoDB carries
