@@ -408,6 +408,13 @@ def test_resume_across_primary_sigkill_loses_and_duplicates_nothing(start_role, 
     stop = threading.Event()
     with client(uri) as c:
         c.app.c.insert_one({"_id": "start"})
+        # a secondary streams its own (applied) oplog as well
+        sec = wires[(primary_index(wires) + 1) % 3]
+        with direct(sec) as d:
+            with d.app.c.watch(start_at_operation_time=Timestamp(1, 0),
+                               max_await_time_ms=300) as s2:
+                wait_until(lambda: s2.try_next() is not None, 20,
+                           what="the insert on a secondary's stream")
         ready = threading.Event()
 
         def watcher():
