@@ -275,7 +275,8 @@ def test_transactions_migration_copies_and_document_key(one):
         # a migration's copy (origin) is no event
         db.command({"insert": "t", "documents": [{"_id": 50}], "$stripedbOrigin": "mig-1"})
         db.s.insert_one({"_id": 5, "k": 3, "y": 1})
-        evs = [s.next() for _ in range(4)]
+        db.s.delete_one({"_id": 5})
+        evs = [s.next() for _ in range(5)]
         assert s.try_next() is None
     txn = evs[:3]
     assert [e["operationType"] for e in txn][0::2] == ["insert", "delete"]
@@ -285,6 +286,12 @@ def test_transactions_migration_copies_and_document_key(one):
         assert int.from_bytes(bytes.fromhex(e["_id"]["_data"])[-4:], "big") == i  # idx
     assert evs[3]["documentKey"] == {"k": 3, "_id": 5}
     assert list(evs[3]["documentKey"].keys()) == ["k", "_id"]
+    # a delete's too: its oplog entry's o is the document key, as mongod writes it
+    assert evs[4]["operationType"] == "delete"
+    assert list(evs[4]["documentKey"].items()) == [("k", 3), ("_id", 5)]
+    d = c.local["oplog.rs"].find_one({"op": "d", "ns": "app.s"})
+    assert list(d["o"].items()) == [("k", 3), ("_id", 5)]
+    assert c.admin.command("stripedbCheck")["nProblems"] == 0
 
 
 def test_pipeline_after_change_stream(one):
