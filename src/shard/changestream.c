@@ -723,6 +723,15 @@ void shard_cs_aggregate(shard_ctx *x)
 	bson_iter_next(&arr);
 	bson_iter_recurse(&arr, &st);
 	bson_iter_next(&st);
+	{
+		bson_iter_t more = st;
+		if (bson_iter_next(&more)) {
+			shard_fail(x, 40323,
+				   "A pipeline stage specification object must contain exactly one "
+				   "field.");
+			return;
+		}
+	}
 	if (!parse_spec(x, &st, &o) || !legal_ns(x, coll, &o) || !parse_rest(x, &arr, &p))
 		return;
 

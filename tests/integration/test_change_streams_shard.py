@@ -370,6 +370,10 @@ def test_namespace_errors(one):
         cmd = dict(base, pipeline=[{"$changeStream": spec}], cursor={})
         got, msg = fail_code(lambda: db.command(cmd))
         assert got == code, (cmd, msg)
+    # a stage document of two fields
+    got, _ = fail_code(lambda: c.app.command(
+        {"aggregate": "c", "pipeline": [{"$changeStream": {}, "$match": {}}], "cursor": {}}))
+    assert got == 40323
     # a later $changeStream in an ordinary pipeline
     got, _ = fail_code(lambda: c.app.command(
         {"aggregate": "c", "pipeline": [{"$match": {}}, {"$changeStream": {}}], "cursor": {}}))
