@@ -482,3 +482,29 @@ def test_resume_across_primary_sigkill_loses_and_duplicates_nothing(start_role, 
     assert not missing, f"{len(missing)} acknowledged writes without an event"
     # every event is a write that was attempted (an unacknowledged one may have committed)
     assert all(k.startswith("w") for k in seen)
+
+
+def test_malformed_input_gets_an_error_never_a_crash(one):
+    db = one.app
+    bad_specs = [[], "x", 1, None, {"resumeAfter": {"_data": "01" * 200}},
+                 {"resumeAfter": {"_data": ""}}, {"startAfter": {"_data": None}},
+                 {"$stripedbShardId": ""}, {"$stripedbShardId": "x" * 100},
+                 {"$stripedbMerge": "yes"}, {"allChangesForCluster": 1},
+                 {"fullDocumentBeforeChange": 5}]
+    for spec in bad_specs:
+        with pytest.raises(OperationFailure):
+            db.command({"aggregate": "c", "pipeline": [{"$changeStream": spec}], "cursor": {}})
+            print("accepted:", spec)
+    for cmd in ({"aggregate": "c", "pipeline": [{"$changeStream": {}}]},
+                {"aggregate": "c", "pipeline": [{"$changeStream": {}}], "cursor": 5},
+                {"aggregate": "c", "pipeline": [{"$changeStream": {}}],
+                 "cursor": {"batchSize": -1}},
+                {"aggregate": "c", "pipeline": [{"$changeStream": {}}, 7], "cursor": {}},
+                {"aggregate": 2, "pipeline": [{"$changeStream": {}}], "cursor": {}},
+                {"aggregate": "c", "pipeline": [{"$changeStream": {}}], "cursor": {},
+                 "explain": True}):
+        with pytest.raises(OperationFailure):
+            db.command(cmd)
+    # still serving
+    db.c.insert_one({"_id": "alive"})
+    assert db.c.find_one({"_id": "alive"}) == {"_id": "alive"}
