@@ -361,7 +361,8 @@ static int cs_fill(shard_ctx *x, struct shard_cs *cs, size_t want, bson_t *arr, 
 					pending_push(cs, outd, &tok[k]);
 			}
 			scanned++;
-			cs->scan_after = ts;
+			if (ts > cs->scan_after) /* (every entry has its row's ts: never 0) */
+				cs->scan_after = ts;
 			if (inv && !cs->merge) {
 				/* only if the invalidating event itself was past the resume point:
 				 * a stream started after the invalidate goes on */
