@@ -344,7 +344,8 @@ int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
 		     const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
 		     size_t errlen);
 /* Delete doc (by its _id) (write txn): removes index entries, appends a "d" oplog entry
- * {o: {_id}}. Errors: SDB_ENOTFOUND (no such collection or document), SDB_EINVAL (doc has
+ * {o: {_id}}, or, when the store has filtering metadata for db.coll, {o: {<the shard key's
+ * fields of the deleted document>, _id}} (MongoDB's documentKey). Errors: SDB_ENOTFOUND (no such collection or document), SDB_EINVAL (doc has
  * no usable _id), SDB_ECORRUPT (the stored document does not parse), SDB_EIO. */
 int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, char *err, size_t errlen);
@@ -414,6 +415,24 @@ uint64_t sdb_store_oplog_last(sdb_store_conn *c);
 uint64_t sdb_store_oplog_first(sdb_store_conn *c);
 /* Count of oplog entries. */
 int64_t sdb_store_oplog_count(sdb_store_conn *c);
+/* Has the oplog ever been trimmed (meta 'oplog_trimmed')? When not, it holds every entry
+ * since the store was created, so a change stream may start at any point (any txn). */
+bool sdb_store_oplog_trimmed(sdb_store_conn *c);
+/* The newest ts the oplog's trimming deleted (any txn): 0 never trimmed, 1 trimmed up to a
+ * ts not recorded (a store trimmed by an earlier version), else the packed ts. An entry
+ * with a ts above it was never trimmed: a reader positioned at P lost history exactly when
+ * this is above P. */
+uint64_t sdb_store_oplog_trimmed_upto(sdb_store_conn *c);
+/* MongoDB's appendOplogNote (write txn; inside a replicated apply the result is the same on
+ * every member): append a no-op entry {op: "n", ns: "", o: data} whose ts is above
+ * min_ts (a packed Timestamp; 0 = no floor). When the newest oplog entry already is above
+ * min_ts (min_ts != 0; not the ts counter, which failed writes move too), nothing is written and *written is false. The floor comes from the
+ * command (its maxClusterTime), so every member computes the same ts: the ts counter is
+ * raised to min_ts first, then allocated as for any entry. Errors: SDB_EINVAL (min_ts
+ * more than an hour of seconds ahead of the store's clock: a ts that far ahead would hold
+ * the oplog's clock there), SDB_EIO. */
+int sdb_store_oplog_note(sdb_store_conn *c, const bson_t *data, uint64_t min_ts, bool *written,
+			 char *err, size_t errlen);
 /* The highest ts ever committed by this process or found at open (atomic read). Used by
  * awaitData cursors to know whether to re-read. */
 uint64_t sdb_store_oplog_committed(sdb_store *st);
@@ -448,6 +467,12 @@ int sdb_store_session_stmt_put(sdb_store_conn *c, const bson_t *lsid, int32_t st
  * carries them; lsid NULL stops tagging. Reset when the transaction ends. */
 void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn,
 			      int32_t stmt);
+/* Mark the ops tagged by the last sdb_store_set_op_session (lsid not NULL) as a
+ * multi-document transaction's commit (stripedbApplyTxn): their oplog entries also get
+ * `inTxn: true`, which change streams read to report lsid and txnNumber (a retryable
+ * write's entries carry the session fields too, without it). Until the next
+ * sdb_store_set_op_session. */
+void sdb_store_set_op_txn(sdb_store_conn *c);
 /* Add {stmtResult: result} to every oplog entry written for the statement tagged by the
  * last sdb_store_set_op_session (write txn, before the tag is cleared), so that the
  * statement's recorded outcome travels with its entries (CDC, migrations: MongoDB carries

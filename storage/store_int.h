@@ -63,6 +63,9 @@ struct sdb_store_conn {
 	uint32_t op_lsid_len;
 	int64_t op_txn;
 	int32_t op_stmt;
+	/* the tagged ops are a multi-document transaction's (sdb_store_set_op_txn): entries
+	 * get inTxn: true; reset by every sdb_store_set_op_session */
+	bool op_in_txn;
 	/* ts of the first oplog entry written for the tagged statement (0 = none yet):
 	 * sdb_store_oplog_stmt_result adds the statement's outcome to its entries */
 	uint64_t op_first_ts;

@@ -3,6 +3,7 @@ libstripedb_a_SOURCES += \
 	src/common/alloc.c \
 	src/common/bsonget.c \
 	src/common/bsonval.c \
+	src/common/changestream.c \
 	src/common/clock.c \
 	src/common/cmdopts.c \
 	src/common/curop.c \
@@ -20,6 +21,7 @@ libstripedb_a_SOURCES += \
 	src/common/shardref.c \
 	src/common/throttle.c
 noinst_HEADERS += \
+	src/common/changestream.h \
 	src/common/clock.h \
 	src/common/indexname.h \
 	src/common/renamecoll.h \
@@ -42,8 +44,8 @@ noinst_HEADERS += \
 
 EXTRA_DIST += src/common/README.md
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop tests/unit/test_common_changestream
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop tests/unit/test_common_changestream
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -74,3 +76,6 @@ tests_unit_test_common_aggwrite_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_curop_SOURCES = tests/unit/test_common_curop.c
 tests_unit_test_common_curop_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_curop_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_changestream_SOURCES = tests/unit/test_common_changestream.c
+tests_unit_test_common_changestream_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_changestream_LDADD = $(UNIT_LDADD)

@@ -1481,6 +1481,7 @@ void shard_cmd_apply_txn(shard_ctx *x)
 		}
 		sdb_store_dup dup = {0};
 		sdb_store_set_op_session(x->conn, &lsid, txn, i);
+		sdb_store_set_op_txn(x->conn);
 		rc = apply_op(x->conn, op[0], ns, &o, have_ud ? &ud : NULL, &dup, x->err,
 			      sizeof x->err);
 		if (rc == SDB_EEXISTS && dup.set) {
