@@ -244,6 +244,14 @@ int mig_shard_run(mig *m, mongoc_client_t *c, const bson_t *cmd, bson_t *reply_o
 int mig_has_key_index(mig *m, mongoc_client_t *c, bool *has);
 /* The shard's oplog head (0 for an empty oplog). Errors: as mig_shard_run. */
 int mig_oplog_head(mig *m, mongoc_client_t *c, uint64_t *ts);
+/* Make every later write of shard c have an oplog ts above `ts` (an oplog ts of another
+ * shard, secs << 32 | inc): mongod's `appendOplogNote {data, maxClusterTime: ts}` on admin,
+ * which writes a replicated no-op entry above ts when c's newest entry is not already
+ * above it. Called on the new owner at a switch, after the old owner's last write of the
+ * chunk is replicated, so that change streams (which merge shards by ts) report the new
+ * owner's writes of a document after the old owner's. Errors: SDB_EUNAVAILABLE (the
+ * command failed; m->code holds the server's code, -1 for transport). */
+int mig_ts_floor(mig *m, mongoc_client_t *c, uint64_t ts);
 
 /* Called for each document of the chunk by mig_scan_chunk (doc borrowed for the call);
  * a non-zero return stops the scan and is returned. */

@@ -111,6 +111,28 @@ int mig_oplog_head(mig *m, mongoc_client_t *c, uint64_t *ts)
 	return 0;
 }
 
+int mig_ts_floor(mig *m, mongoc_client_t *c, uint64_t ts)
+{
+	bson_t cmd = BSON_INITIALIZER, data, reply;
+	bson_error_t e;
+	int rc = 0;
+	BSON_APPEND_INT32(&cmd, "appendOplogNote", 1);
+	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "data", &data);
+	BSON_APPEND_UTF8(&data, "msg", "stripedb migration switch");
+	BSON_APPEND_UTF8(&data, "migration", m->id);
+	bson_append_document_end(&cmd, &data);
+	BSON_APPEND_TIMESTAMP(&cmd, "maxClusterTime", (uint32_t)(ts >> 32), (uint32_t)ts);
+	m->code = 0;
+	if (!mongoc_client_command_simple(c, "admin", &cmd, NULL, &reply, &e)) {
+		m->code = e.domain == MONGOC_ERROR_SERVER ? (int)e.code : -1;
+		rc = sdb_errf(m->err, sizeof m->err, SDB_EUNAVAILABLE, "appendOplogNote: %s",
+			      e.message);
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	return rc;
+}
+
 /* ------------------------------------------------------------ copying documents */
 
 int mig_cursor_open(mig *m, mongoc_client_t *c, const char *db, const bson_t *cmd,

@@ -104,6 +104,10 @@ static int do_switch(mig *m, repl *p, uint64_t start, mongoc_client_t *from_c,
 	m->bump_ts = head;
 	mig_crash_point("mid", "switch");
 	rc = mig_repl_run(m, p, start, head, (int64_t)sdb_mono_ms() + m->max_pause_ms);
+	/* change streams merge shards by oplog ts: the new owner's writes after the switch
+	 * must sort after the old owner's writes before it (the old owner's head is `head`) */
+	if (rc == 0)
+		rc = mig_ts_floor(m, to_c, head);
 	if (rc == 0)
 		rc = mig_oplog_head(m, to_c, to_head);
 	if (rc == 0) {
