@@ -4,6 +4,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/sharding.c \
 	src/proxy/chunks.c \
 	src/proxy/catalog.c \
+	src/proxy/changestream.c \
 	src/proxy/configdb.c \
 	src/proxy/currentop.c \
 	src/proxy/cursor.c \
