@@ -714,11 +714,11 @@ static int release(ctx *c, px_cs *cs, bson_t *arr, size_t *k, size_t *bytes, int
 	for (;;) {
 		if (cs->invalidated)
 			return 0;
-		if ((batch >= 0 && (int64_t)*k >= batch) || *bytes >= CS_MAX_BATCH_BYTES)
-			return 0; /* full: the position is the last event released */
 		ssize_t h = min_head(cs);
 		if (h < 0 || !releasable(cs, &cs->sh[h].tok[cs->sh[h].pos]))
 			break;
+		if ((batch >= 0 && (int64_t)*k >= batch) || *bytes >= CS_MAX_BATCH_BYTES)
+			return 0; /* full with more to release: the position is the last event */
 		cs_shard *s = &cs->sh[h];
 		sdb_cs_token t = s->tok[s->pos];
 		bson_t *ev = s->ev[s->pos++];
@@ -776,6 +776,8 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 			continue; /* holds nothing back */
 		idx[n++] = i;
 	}
+	if (n == 0) /* nothing to ask (cannot happen: something holds back or is ready) */
+		uv_sleep(10);
 	cs_round(p, cs, idx, n, CS_OP_GETMORE, await_ms, 0);
 	for (size_t k = 0; k < n; k++) {
 		cs_shard *s = &cs->sh[idx[k]];

@@ -1,0 +1,333 @@
+"""Change streams through the proxy (issue #20, src/proxy/changestream.c): the proxy merges
+the `$changeStream` of every shard in resume-token order (mongos' high-water-mark rule),
+with pymongo's watch() on a sharded collection, a database and the deployment;
+updateLookup; the stages after $changeStream; drop -> invalidate; refused options; a chunk
+migration under a write load checked Jepsen-style against the acknowledged writes (every
+acknowledged write's event exactly once, per document in the order written, nothing for
+the migration's copies and range deletions); a proxy killed (SIGKILL) and started again at
+the same address, with the driver's resume and an explicit resume_after."""
+import threading
+import time
+
+import pymongo
+import pytest
+from pymongo.errors import OperationFailure
+
+from conftest import wait_until
+from migration_helpers import MigCluster, Workload
+
+
+def tok(event_id):
+    """A resume token decoded (src/common/changestream.h): its sort key under
+    sdb_cs_token_cmp and its parts."""
+    b = bytes.fromhex(event_id["_data"])
+    assert b[0] == 1, b
+    ts = int.from_bytes(b[1:9], "big")
+    kind = b[9]
+    n = b[10]
+    shard = b[11:11 + n].decode()
+    idx = int.from_bytes(b[11 + n:15 + n], "big")
+    return {"key": (ts, 1 if kind == 2 else 0, shard.encode(), idx, kind),
+            "ts": ts, "kind": kind, "shard": shard, "idx": idx}
+
+
+def drain(stream, want, timeout=30.0, pred=None):
+    """Events of stream until want(events) is true (or the timeout: what came)."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not want(out):
+        ev = stream.try_next()
+        if ev is not None and (pred is None or pred(ev)):
+            out.append(ev)
+    return out
+
+
+def assert_token_order(events):
+    keys = [tok(e["_id"])["key"] for e in events]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys), keys
+
+
+def make_cluster(start_role, tmp_path, coordinators=0, proxies=1):
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=proxies,
+                    coordinators=coordinators)
+    cl.shard_collection("app.c", {"k": 1}, split_points=[{"k": 100}],
+                        shards=["shard-a", "shard-b"])
+    return cl
+
+
+def test_sharded_collection_events_from_both_shards_in_token_order(start_role, tmp_path):
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        coll = cl.proxy_client(maxPoolSize=4).app.c
+        with coll.watch(max_await_time_ms=300) as cs:
+            for i in range(20):
+                coll.insert_one({"_id": i, "k": i * 10, "v": i})  # k < 100 and k >= 100
+            coll.update_one({"_id": 3, "k": 30}, {"$set": {"v": 33}})
+            coll.delete_one({"_id": 15, "k": 150})
+            evs = drain(cs, lambda e: len(e) >= 22)
+        assert [e["operationType"] for e in evs] == ["insert"] * 20 + [
+            "update" if evs[20]["operationType"] == "update" else "replace", "delete"]
+        assert sorted(e["documentKey"]["_id"] for e in evs[:20]) == list(range(20))
+        assert {e["ns"]["coll"] for e in evs} == {"c"}
+        assert {tok(e["_id"])["shard"] for e in evs} == {"shard-a", "shard-b"}
+        assert_token_order(evs)
+        for e in evs[:20]:  # each insert comes from the shard that owns its key
+            want = "shard-a" if e["fullDocument"]["k"] < 100 else "shard-b"
+            assert tok(e["_id"])["shard"] == want, e
+        # the client's postBatchResumeToken never goes backwards and ends at or after the
+        # last event
+        assert tok(cs.resume_token)["key"] >= tok(evs[-1]["_id"])["key"]
+    finally:
+        cl.close()
+
+
+def test_database_and_cluster_streams(start_role, tmp_path):
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        cli = cl.proxy_client()
+        with cli.app.watch(max_await_time_ms=300) as dbs, \
+                cli.watch(max_await_time_ms=300) as cls:
+            cli.app.c.insert_one({"_id": 1, "k": 5})
+            cli.app.c.insert_one({"_id": 2, "k": 500})
+            cli.app.u.insert_one({"_id": 3})          # unsharded: on the primary shard
+            cli.other.x.insert_one({"_id": 4})        # another database
+            d = drain(dbs, lambda e: len(e) >= 3)
+            a = drain(cls, lambda e: len(e) >= 4)
+            # nothing else comes to the database stream (other.x is not its)
+            assert dbs.try_next() is None
+        assert sorted((e["ns"]["coll"], e["documentKey"]["_id"]) for e in d) == [
+            ("c", 1), ("c", 2), ("u", 3)]
+        assert sorted((e["ns"]["db"], e["documentKey"]["_id"]) for e in a) == [
+            ("app", 1), ("app", 2), ("app", 3), ("other", 4)]
+        assert_token_order(d)
+        assert_token_order(a)
+    finally:
+        cl.close()
+
+
+def test_update_lookup_and_stages(start_role, tmp_path):
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        coll = cl.proxy_client().app.c
+        coll.insert_many([{"_id": 1, "k": 1, "v": 0}, {"_id": 2, "k": 200, "v": 0}])
+        with coll.watch(full_document="updateLookup", max_await_time_ms=300) as cs:
+            coll.update_one({"_id": 1, "k": 1}, {"$inc": {"v": 1}})
+            coll.update_one({"_id": 2, "k": 200}, {"$inc": {"v": 1}})
+            coll.update_one({"_id": 2, "k": 200}, {"$inc": {"v": 1}})
+            coll.delete_one({"_id": 1, "k": 1})
+            evs = drain(cs, lambda e: len(e) >= 4)
+        ups = [e for e in evs if e["operationType"] == "update"]
+        assert len(ups) == 3, evs
+        # the document as it is when the event is returned (MongoDB's updateLookup):
+        # _id 1 is gone by then -> null; _id 2's current document in both events
+        assert ups[0]["fullDocument"] is None
+        assert ups[1]["fullDocument"] == {"_id": 2, "k": 200, "v": 2}
+        assert ups[2]["fullDocument"] == {"_id": 2, "k": 200, "v": 2}
+        # stages after $changeStream run on the proxy over each merged event
+        pipeline = [{"$match": {"operationType": "insert"}},
+                    {"$project": {"fullDocument.k": 1, "operationType": 1}},
+                    {"$addFields": {"tag": "x"}}]
+        with coll.watch(pipeline, max_await_time_ms=300) as cs:
+            coll.insert_one({"_id": 10, "k": 10, "v": 1})
+            coll.delete_one({"_id": 10, "k": 10})
+            coll.insert_one({"_id": 11, "k": 300, "v": 1})
+            evs = drain(cs, lambda e: len(e) >= 2)
+        assert [(e["operationType"], e["fullDocument"], e["tag"]) for e in evs] == [
+            ("insert", {"k": 10}, "x"), ("insert", {"k": 300}, "x")]
+        assert set(evs[0]) == {"_id", "operationType", "fullDocument", "tag"}
+        # a stage that changes _id: 280, the stream is closed
+        with coll.watch([{"$project": {"_id": 0}}], max_await_time_ms=300) as cs:
+            coll.insert_one({"_id": 12, "k": 12})
+            with pytest.raises(OperationFailure) as ei:
+                drain(cs, lambda e: len(e) >= 1, timeout=10)
+            assert ei.value.code == 280
+    finally:
+        cl.close()
+
+
+def test_bad_options_are_refused(start_role, tmp_path):
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        db = cl.proxy_client().app
+
+        def code_of(pipeline, coll="c"):
+            with pytest.raises(OperationFailure) as ei:
+                db.command({"aggregate": coll, "pipeline": pipeline, "cursor": {}})
+            return ei.value.code
+        assert code_of([{"$changeStream": {"bogus": 1}}]) == 40415
+        assert code_of([{"$changeStream": {"fullDocument": "nope"}}]) == 2
+        assert code_of([{"$changeStream": {"fullDocument": "required"}}]) == 238
+        assert code_of([{"$changeStream": {"fullDocumentBeforeChange": "required"}}]) == 238
+        assert code_of([{"$changeStream": {}}, {"$group": {"_id": 1}}]) == 20
+        assert code_of([{"$match": {}}, {"$changeStream": {}}]) == 40602
+        assert code_of([{"$changeStream": 1}]) == 50808
+        t = {"_data": "01" + "00" * 8 + "02" + "00" + "00000000"}  # HWM(0)
+        assert code_of([{"$changeStream": {"resumeAfter": t, "startAfter": t}}]) == 50865
+        assert code_of([{"$changeStream": {"resumeAfter": {"_data": "zz"}}}]) == 9
+        assert code_of([{"$changeStream": {"resumeAfter": {}}}]) == 40647
+    finally:
+        cl.close()
+
+
+def test_drop_reports_once_then_invalidate(start_role, tmp_path):
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        cli = cl.proxy_client()
+        coll = cli.app.c
+        coll.insert_many([{"_id": i, "k": i * 50} for i in range(6)])  # both shards
+        with coll.watch(max_await_time_ms=300) as cs, \
+                cli.app.watch(max_await_time_ms=300) as dbs:
+            coll.insert_one({"_id": 100, "k": 7})
+            coll.drop()
+            evs = drain(cs, lambda e: len(e) >= 3 or (e and e[-1]["operationType"] ==
+                                                       "invalidate"))
+            assert [e["operationType"] for e in evs] == ["insert", "drop", "invalidate"]
+            assert_token_order(evs)
+            assert not cs.alive  # the invalidate closed the stream
+            # the database stream: the drop once (not once per shard), no invalidate
+            cli.app.after.insert_one({"_id": 1})
+            d = drain(dbs, lambda e: any(x["ns"]["coll"] == "after" for x in e))
+            assert [e["operationType"] for e in d] == ["insert", "drop", "insert"], d
+            # startAfter the invalidate: a new stream from there
+            with coll.watch(start_after=evs[-1]["_id"], max_await_time_ms=300) as again:
+                coll.insert_one({"_id": 200, "k": 1})
+                e2 = drain(again, lambda e: len(e) >= 1)
+                assert [e["documentKey"]["_id"] for e in e2] == [200]
+    finally:
+        cl.close()
+
+
+def _expected_per_doc(history):
+    """Per _id, the writes in the order written: (op, value, required). Acknowledged
+    writes that changed something are required; unknown outcomes optional; a failed
+    write, an update or delete that matched nothing give no event."""
+    per = {}
+    for (kind, _w, _id, val, t0, _t1, outcome, res) in sorted(history, key=lambda e: e[4]):
+        if kind == "read" or outcome == "fail":
+            continue
+        if outcome == "ok" and kind in ("update", "delete") and res != 1:
+            continue
+        per.setdefault(_id, []).append((kind, val, outcome == "ok"))
+    return per
+
+
+def _event_write(e):
+    op = e["operationType"]
+    if op == "insert":
+        return ("insert", e["fullDocument"]["v"])
+    if op == "update":
+        return ("update", e["updateDescription"]["updatedFields"].get("v"))
+    if op == "replace":
+        return ("update", e["fullDocument"]["v"])
+    if op == "delete":
+        return ("delete", None)
+    return (op, None)
+
+
+def _check_events(per, events):
+    """Jepsen-style: every required write's event exactly once, per _id in order, nothing
+    else. Returns the violations."""
+    got = {}
+    for e in events:
+        got.setdefault(e["documentKey"]["_id"], []).append(_event_write(e))
+    bad = []
+    for _id in set(per) | set(got):
+        exp, seq, i = per.get(_id, []), got.get(_id, []), 0
+        for w in seq:
+            while i < len(exp) and not exp[i][2] and (exp[i][0], exp[i][1] if exp[i][0] !=
+                                                     "delete" else None) != w:
+                i += 1
+            if i < len(exp) and (exp[i][0], exp[i][1] if exp[i][0] != "delete" else
+                                 None) == w:
+                i += 1
+            else:
+                bad.append((_id, "unexpected or out of order", w, exp, seq))
+                break
+        else:
+            if any(req for (_k, _v, req) in exp[i:]):
+                bad.append((_id, "missing", exp[i:], seq))
+    return bad
+
+
+def test_chunk_migration_under_writes_each_write_once(start_role, tmp_path):
+    cl = make_cluster(start_role, tmp_path, coordinators=1)
+    try:
+        ns = "app.c"
+        coll = cl.proxy_client().app.c
+        # documents before the stream: the migration copies them, no event may say so
+        coll.insert_many([{"_id": f"p{i}", "k": i, "v": -i} for i in range(150)])
+        cs = coll.watch(max_await_time_ms=200)
+        events = []
+        stop = threading.Event()
+        errors = []
+
+        def reader():
+            try:
+                while not stop.is_set() or cs.try_next() is not None:
+                    ev = cs.try_next()
+                    if ev is not None:
+                        events.append(ev)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+        rt = threading.Thread(target=reader, daemon=True)
+        rt.start()
+        wl = Workload(cl, ns, writers=3, readers=0, keys=200).start()
+        wait_until(lambda: wl.acked() >= 60, 30, what="workload running")
+        (c0,) = [c for c in cl.chunks(ns) if c["shard"] == "shard-a"]
+        mid = cl.migrate(ns, c0["id"], "shard-b", "--grace-ms=500")
+        m = cl.wait_migration(mid)
+        assert m["state"] == "complete", m
+        base = wl.acked()
+        wait_until(lambda: wl.acked() >= base + 60, 30, what="writes after the switch")
+        wl.stop()
+        per = _expected_per_doc(wl.history)
+        need = sum(1 for v in per.values() for w in v if w[2])
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _check_events(per, list(events)) \
+                and not errors:
+            time.sleep(0.2)
+        stop.set()
+        rt.join(timeout=30)
+        cs.close()
+        assert not errors, errors
+        assert not any(str(e["documentKey"]["_id"]).startswith("p") for e in events), \
+            "an event for a migration's copy or range deletion"
+        bad = _check_events(per, events)
+        assert not bad, bad[:5]
+        assert need >= 120
+        assert_token_order(events)
+        assert {tok(e["_id"])["shard"] for e in events} == {"shard-a", "shard-b"}
+    finally:
+        cl.close()
+
+
+def test_proxy_restart_resume_nothing_lost_or_duplicated(start_role, tmp_path):
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        writer = cl.proxy_client()
+        reader = cl.proxy_client(socketTimeoutMS=5000)
+        coll, rcoll = writer.app.c, reader.app.c
+        cs = rcoll.watch(max_await_time_ms=200)
+        for i in range(10):
+            coll.insert_one({"_id": i, "k": (i * 37) % 200})
+        first = drain(cs, lambda e: len(e) >= 10)
+        assert sorted(e["documentKey"]["_id"] for e in first) == list(range(10))
+        # SIGKILL the proxy, write through... nothing (it is the only one), start it again
+        # at the same address, write more: the driver resumes after its last token
+        cl.proxy_procs[0].kill()
+        cl.proxy_procs[0].restart().wait_healthy()
+        for i in range(10, 25):
+            coll.insert_one({"_id": i, "k": (i * 37) % 200})
+        rest = drain(cs, lambda e: len(e) >= 15, timeout=60)
+        cs.close()
+        ids = [e["documentKey"]["_id"] for e in first + rest]
+        assert sorted(ids) == list(range(25)), ids      # nothing lost, nothing twice
+        assert_token_order(first + rest)
+        # an explicit resume_after from the 5th event: exactly the events after it
+        with rcoll.watch(resume_after=first[4]["_id"], max_await_time_ms=200) as again:
+            evs = drain(again, lambda e: len(e) >= 20, timeout=30)
+            assert again.try_next() is None
+        assert [e["_id"] for e in evs] == [e["_id"] for e in (first + rest)[5:]]
+    finally:
+        cl.close()
