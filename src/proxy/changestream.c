@@ -200,6 +200,9 @@ static void open_cmd(px_cs *cs, cs_shard *s, bson_t *cmd)
 		bson_concat(&spec, &cs->start);
 	}
 	BSON_APPEND_BOOL(&spec, "$stripedbMerge", true);
+	/* the id tokens name the shard by: metadata's, the same for every proxy (a shard's
+	 * replica set name may be unset or differ) */
+	BSON_APPEND_UTF8(&spec, "$stripedbShardId", s->id);
 	bson_append_document_end(&st, &spec);
 	bson_append_document_end(&pl, &st);
 	bson_append_array_end(cmd, &pl);
