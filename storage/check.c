@@ -237,6 +237,8 @@ static int check_oplog(sdb_store_conn *c, bson_t *problems, int *n, char *err, s
 			free(db);
 			continue;
 		}
+		if (strcmp(op, "i") != 0 && strcmp(op, "u") != 0 && strcmp(op, "d") != 0)
+			continue; /* a no-op ("n", appendOplogNote): its o is not a document */
 		bson_iter_t id_it;
 		char kerr[64];
 		const bson_t *idsrc = &o;

@@ -215,6 +215,38 @@ int64_t sdb_store_oplog_count(sdb_store_conn *c)
 	return store_query_int(c, "SELECT count(*) FROM oplog", 0);
 }
 
+bool sdb_store_oplog_trimmed(sdb_store_conn *c)
+{
+	return store_query_int(c, "SELECT v FROM meta WHERE k='oplog_trimmed'", 0) != 0;
+}
+
+int sdb_store_oplog_note(sdb_store_conn *c, const bson_t *data, uint64_t min_ts, bool *written,
+			 char *err, size_t errlen)
+{
+	sdb_store *st = c->st;
+	int64_t now = store_conn_now_ms(c);
+	uint64_t secs = now > 0 ? (uint64_t)(now / 1000) : 0;
+	bool above;
+
+	*written = false;
+	if ((min_ts >> 32) > secs + 3600)
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"maxClusterTime Timestamp(%u, %u) is more than an hour ahead of "
+				"this shard's clock",
+				(unsigned)(min_ts >> 32), (unsigned)min_ts);
+	pthread_mutex_lock(&st->ts_mu);
+	above = min_ts != 0 && st->last_ts > min_ts;
+	if (!above && st->last_ts < min_ts)
+		st->last_ts = min_ts; /* the next ts is min_ts + 1 or more */
+	pthread_mutex_unlock(&st->ts_mu);
+	if (above)
+		return 0;
+	int rc = store_oplog_append(c, "n", "", NULL, data, NULL, NULL, err, errlen);
+	if (rc == 0)
+		*written = true;
+	return rc;
+}
+
 static int oplog_read_impl(sdb_store_conn *c, bool desc, uint64_t after, uint64_t before,
 			   size_t max, bson_t ***docs, size_t *n, char *err, size_t errlen)
 {

@@ -505,12 +505,16 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 	static const char *const known[] = {
 		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
 		"$indexStats", "$currentOp", "$listSessions",
-		"$search", "$changeStream", "$planCacheStats", "$listLocalSessions",
+		"$search", "$planCacheStats", "$listLocalSessions",
 	};
 	if (strcmp(name, "$out") == 0 || strcmp(name, "$merge") == 0) {
 		/* the caller runs a last $out/$merge itself (common/aggwrite.h): one seen here
 		 * is not the last stage, as mongod's PositionRequirement::kLast refuses */
 		return efail(e, 40601, "%s can only be the final stage in the pipeline", name);
+	}
+	if (strcmp(name, "$changeStream") == 0) {
+		/* the shard runs a leading one itself (src/shard/changestream.c) */
+		return efail(e, 40602, "$changeStream is only valid as the first stage in a pipeline");
 	}
 	if (strcmp(name, "$documents") == 0 || strcmp(name, "$collStats") == 0) {
 		/* the shard runs a leading $documents (of {aggregate: 1}) or $collStats itself

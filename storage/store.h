@@ -382,6 +382,19 @@ uint64_t sdb_store_oplog_last(sdb_store_conn *c);
 uint64_t sdb_store_oplog_first(sdb_store_conn *c);
 /* Count of oplog entries. */
 int64_t sdb_store_oplog_count(sdb_store_conn *c);
+/* Has the oplog ever been trimmed (meta 'oplog_trimmed')? When not, it holds every entry
+ * since the store was created, so a change stream may start at any point (any txn). */
+bool sdb_store_oplog_trimmed(sdb_store_conn *c);
+/* MongoDB's appendOplogNote (write txn; inside a replicated apply the result is the same on
+ * every member): append a no-op entry {op: "n", ns: "", o: data} whose ts is above
+ * min_ts (a packed Timestamp; 0 = no floor). When the newest ts already is above min_ts
+ * (min_ts != 0), nothing is written and *written is false. The floor comes from the
+ * command (its maxClusterTime), so every member computes the same ts: the ts counter is
+ * raised to min_ts first, then allocated as for any entry. Errors: SDB_EINVAL (min_ts
+ * more than an hour of seconds ahead of the store's clock: a ts that far ahead would hold
+ * the oplog's clock there), SDB_EIO. */
+int sdb_store_oplog_note(sdb_store_conn *c, const bson_t *data, uint64_t min_ts, bool *written,
+			 char *err, size_t errlen);
 /* The highest ts ever committed by this process or found at open (atomic read). Used by
  * awaitData cursors to know whether to re-read. */
 uint64_t sdb_store_oplog_committed(sdb_store *st);

@@ -878,6 +878,18 @@ static void need_target(authz *a, bson_iter_t *v, const char *coll_key, unsigned
 
 static void walk_pipeline(authz *a, bson_iter_t *arr, int depth);
 
+/* A $changeStream spec (at v) that asks for every database (allChangesForCluster: true,
+ * or not a document): a cluster-wide view, not for tenants. A collection or database
+ * stream needs only find on the command's namespace, as the aggregate itself (MongoDB's
+ * changeStream action is part of read). */
+static bool cs_cluster(const bson_iter_t *v)
+{
+	bson_iter_t f;
+	if (!BSON_ITER_HOLDS_DOCUMENT(v) || !bson_iter_recurse(v, &f))
+		return true;
+	return bson_iter_find(&f, "allChangesForCluster") && bson_iter_as_bool(&f);
+}
+
 static void walk_sub_pipeline(authz *a, bson_iter_t *spec, int depth)
 {
 	bson_iter_t f, p;
@@ -940,7 +952,8 @@ static void walk_pipeline(authz *a, bson_iter_t *arr, int depth)
 		} else if (strcmp(op, "$currentOp") == 0 || strcmp(op, "$listLocalSessions") == 0 ||
 			   strcmp(op, "$listSessions") == 0 || strcmp(op, "$planCacheStats") == 0 ||
 			   strcmp(op, "$indexStats") == 0 ||
-			   strcmp(op, "$changeStream") == 0 || strcmp(op, "$listSearchIndexes") == 0) {
+			   (strcmp(op, "$changeStream") == 0 && (depth > 0 || cs_cluster(&v))) ||
+			   strcmp(op, "$listSearchIndexes") == 0) {
 			/* cluster-wide or cross-tenant views: not for tenants */
 			char why[64];
 			snprintf(why, sizeof why, "stage %s", op);
@@ -1033,6 +1046,12 @@ bool auth_gate_authorize(const auth_policy *pol, const char *tenant, const char 
 	}
 	if (strcmp(name, "listCollections") == 0) {
 		need(&a, db, NULL, AUTH_ACT_FIND);
+		return a.ok;
+	}
+	if (strcmp(name, "appendOplogNote") == 0) {
+		/* mongod: the appendOplogNote cluster action (clusterManager), never a
+		 * reader's: the admin action on the admin database, which no tenant owns */
+		need(&a, "admin", NULL, AUTH_ACT_ADMIN);
 		return a.ok;
 	}
 	if (strcmp(name, "dropDatabase") == 0) {

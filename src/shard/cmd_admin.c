@@ -947,3 +947,52 @@ void shard_cmd_check(shard_ctx *x)
 	bson_destroy(&problems);
 	wire_req_reply(x->req, reply);
 }
+
+void shard_cmd_append_oplog_note(shard_ctx *x)
+{
+	bson_iter_t it;
+	bson_t data;
+	uint64_t floor = 0;
+	bool written = false;
+
+	if (strcmp(x->db, "admin") != 0) {
+		shard_fail(x, WIRE_ERR_UNAUTHORIZED,
+			   "appendOplogNote may only be run against the admin database.");
+		return;
+	}
+	/* mongod's AppendOplogNoteCmd: bsonExtractTypedField of data (Object) and of the
+	 * optional maxClusterTime (Timestamp) */
+	if (!bson_iter_init_find(&it, x->cmd, "data")) {
+		shard_fail(x, 4, "Missing expected field \"data\"");
+		return;
+	}
+	if (!BSON_ITER_HOLDS_DOCUMENT(&it)) {
+		shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+			   "\"data\" had the wrong type. Expected object, found %s",
+			   util_type_name(bson_iter_type(&it)));
+		return;
+	}
+	util_iter_bson(&it, &data);
+	if (bson_iter_init_find(&it, x->cmd, "maxClusterTime")) {
+		uint32_t t, i;
+		if (!BSON_ITER_HOLDS_TIMESTAMP(&it)) {
+			shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+				   "\"maxClusterTime\" had the wrong type. Expected timestamp, "
+				   "found %s",
+				   util_type_name(bson_iter_type(&it)));
+			return;
+		}
+		bson_iter_timestamp(&it, &t, &i);
+		floor = sdb_store_ts_pack(t, i);
+	}
+	if (!shard_begin(x, true))
+		return;
+	int rc = sdb_store_oplog_note(x->conn, &data, floor, &written, x->err, sizeof x->err);
+	if (rc == SDB_EINVAL) {
+		shard_fail(x, WIRE_ERR_BAD_VALUE, "%s", x->err);
+		return;
+	}
+	bson_t *reply = write_reply(x, rc);
+	if (reply)
+		wire_req_reply(x->req, reply);
+}

@@ -11,6 +11,7 @@
 #include "common/alloc.h"
 #include "common/bsonget.h"
 #include "common/err.h"
+#include "shard/changestream.h"
 #include "shard/cmd_read_int.h"
 #include "shard/shard.h"
 #include "shard/util.h"
@@ -479,6 +480,12 @@ bool shard_run_aggregate(shard_ctx *x, const bson_t *cmd, const char **coll_out,
 		}
 	}
 	*coll_out = coll;
+	if (shard_cs_wanted(cmd)) {
+		/* run by shard_cs_aggregate; explain, views and count/distinct never get one */
+		shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED,
+			   "explain of a $changeStream aggregate is not supported by stripedb");
+		return false;
+	}
 	bson_t stages;
 	if (!bson_iter_init_find(&it, cmd, "pipeline") || !BSON_ITER_HOLDS_ARRAY(&it)) {
 		shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
@@ -595,6 +602,10 @@ void shard_cmd_aggregate(shard_ctx *x)
 	bson_iter_t it;
 	if (bson_iter_init_find(&it, x->cmd, "explain") && bson_iter_as_bool(&it)) {
 		shard_cmd_explain(x);
+		return;
+	}
+	if (shard_cs_wanted(x->cmd)) {
+		shard_cs_aggregate(x);
 		return;
 	}
 	const char *coll;

@@ -17,6 +17,7 @@
 #include "common/bsonget.h"
 #include "common/err.h"
 #include "shard/cmd_read_int.h"
+#include "shard/changestream.h"
 #include "shard/shard.h"
 #include "shard/util.h"
 #include "common/bsonval.h"
@@ -852,6 +853,12 @@ void shard_cmd_getmore(shard_ctx *x)
 		return;
 	}
 	free(ns);
+	if (c->cs) {
+		/* a change stream: awaitData as a tailable oplog cursor (changestream.c) */
+		shard_cs_getmore(x, c, batch,
+				 (int64_t)sdb_mono_ms() + (max_time > 0 ? max_time : 1000));
+		return;
+	}
 	if (c->tailable) {
 		/* mongod: an awaitData getMore waits up to maxTimeMS (default 1 s) for new
 		 * entries, then answers with an empty batch */

@@ -55,6 +55,7 @@ static const cmd_entry cmd_table[] = {
 	{"stripedbGetFiltering", shard_cmd_get_filtering},
 	{"stripedbListFiltering", shard_cmd_list_filtering},
 	{"stripedbCheck", shard_cmd_check},
+	{"appendOplogNote", shard_cmd_append_oplog_note},
 	{"stripedbSnapshotFile", shard_cmd_snapshot_file},
 	{"stripedbStmtResult", shard_cmd_stmt_result},
 	{"stripedbSessionList", shard_cmd_session_list},
@@ -138,7 +139,7 @@ static const char *const write_cmds[] = {
 	"insert",	 "update",	  "delete",	 "findAndModify", "findandmodify",
 	"create",	 "drop",	  "createIndexes", "dropIndexes",	  "deleteIndexes",
 	"dropDatabase", "stripedbSetVersion", "stripedbSetFiltering", "stripedbApplyTxn",
-	"renameCollection", "collMod",
+	"renameCollection", "collMod", "appendOplogNote",
 };
 
 bool shard_cmd_is_write(const char *name)

@@ -7,6 +7,7 @@
 
 #include "common/clock.h"
 #include "common/alloc.h"
+#include "shard/changestream.h"
 #include "shard/shard.h"
 #include "storage/projection.h"
 #include "storage/query.h"
@@ -118,6 +119,7 @@ void shard_cursor_free(shard_cursor *c)
 	if (c->proj)
 		sdb_projection_free(c->proj);
 	sdb_doc_free(c->pending);
+	shard_cs_free(c->cs);
 	if (c->conn)
 		shard_conn_put(c->sh, c->conn);
 	free(c->docs);

@@ -279,6 +279,9 @@ struct shard_cursor {
 	struct sdb_projection *proj;
 	bson_t *pending; /* a document that did not fit the previous batch */
 	uint64_t last_used_ms;
+	/* a change stream's state (changestream.h), NULL for other cursors; freed with the
+	 * cursor (shard_cs_free) */
+	struct shard_cs *cs;
 };
 /* Register a cursor (ownership taken, with its documents) and return its id (random,
  * non-zero, unique among the registered cursors). Any thread; never fails. */
@@ -556,5 +559,12 @@ int shard_filtering_key_range(shard_ctx *x, const char *ns, const bson_t *kr,
 /* {stripedbCheck: 1} (cmd_admin.c): sdb_store_check in a read transaction, replied as
  * {ok: 1, problems: [strings], nProblems}; InternalError (1) when the check fails. */
 void shard_cmd_check(shard_ctx *x);
+/* {appendOplogNote: 1, data: {...}, maxClusterTime?: Timestamp} on admin (mongod's command,
+ * cmd_admin.c): a replicated write that appends the no-op entry {op: "n", ns: "", o: data}
+ * with a ts above maxClusterTime (nothing when the oplog's newest ts already is above it;
+ * storage/store.h sdb_store_oplog_note), so that change streams' high-water marks pass
+ * it. Errors: 13 off admin, 4 without data, 14 data not a document or maxClusterTime not a
+ * Timestamp, 2 maxClusterTime more than an hour ahead of the entry's clock. */
+void shard_cmd_append_oplog_note(shard_ctx *x);
 
 #endif
