@@ -454,6 +454,9 @@ typedef struct cs_opts {
 	bool have_resume, have_start_after, have_at;
 	sdb_cs_token tok;
 	uint64_t at;
+	/* $stripedbShardId (wip-cs-proxy): the shard id the proxy knows this shard by
+	 * (metadata's), named in the tokens; "" = the replica set name */
+	char shard_id[SDB_CS_SHARD_MAX + 1];
 } cs_opts;
 
 static bool parse_spec(shard_ctx *x, const bson_iter_t *spec_it, cs_opts *o)
@@ -514,6 +517,19 @@ static bool parse_spec(shard_ctx *x, const bson_iter_t *spec_it, cs_opts *o)
 			bson_iter_timestamp(&it, &t, &i);
 			o->at = sdb_store_ts_pack(t, i);
 			o->have_at = true;
+		} else if (strcmp(k, "$stripedbShardId") == 0) {
+			/* wip-cs-proxy: tokens must name the shard as every proxy does (the
+			 * replica set name may be unset, "(null)" on every standalone shard) */
+			uint32_t len = 0;
+			const char *v = BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, &len) : NULL;
+			if (v == NULL || len == 0 || len > SDB_CS_SHARD_MAX || strlen(v) != len) {
+				shard_fail(x, WIRE_ERR_BAD_VALUE,
+					   "$changeStream $stripedbShardId must be a shard id string of "
+					   "1 to %d bytes",
+					   SDB_CS_SHARD_MAX);
+				return false;
+			}
+			memcpy(o->shard_id, v, len + 1);
 		} else if (strcmp(k, "allChangesForCluster") == 0 ||
 			   strcmp(k, "showExpandedEvents") == 0 || strcmp(k, "$stripedbMerge") == 0 ||
 			   strcmp(k, "showMigrationEvents") == 0) {
@@ -689,7 +705,11 @@ void shard_cs_aggregate(shard_ctx *x)
 	cs->kind = o.cluster ? SHARD_CS_CLUSTER : coll ? SHARD_CS_COLL : SHARD_CS_DB;
 	cs->db = sdb_strdup(x->db);
 	cs->coll = coll ? sdb_strdup(coll) : NULL;
-	snprintf(cs->shard, sizeof cs->shard, "%s", shard_repl_set_name(x->sh->repl));
+	if (o.shard_id[0] != '\0')
+		snprintf(cs->shard, sizeof cs->shard, "%s", o.shard_id);
+	else
+		snprintf(cs->shard, sizeof cs->shard, "%s",
+			 shard_repl_set_name(x->sh->repl) ? shard_repl_set_name(x->sh->repl) : "");
 	cs->merge = o.merge;
 	cs->update_lookup = o.update_lookup && !o.merge;
 	cs->p = p;
