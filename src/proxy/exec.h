@@ -375,8 +375,8 @@ int px_agg_write(ctx *c, const struct sdb_aggw *w, int64_t batch);
 int px_agg_foreign(void *arg, const char *coll, const bson_t *stages, const bson_t *let,
 		   sdb_pipeline_source *out, int *code, char *err, size_t errlen);
 int px_do_kill_cursors(ctx *c);
-/* changestream.c (issue #20): where $changeStream is in the stage array stages: 1 first,
- * -1 elsewhere (40602), 0 nowhere. */
+/* changestream.c (issue #20): where $changeStream is in the stage array stages (top level).
+ * Returns: 1 first, -1 elsewhere (then 40602), 0 nowhere. */
 int px_cs_pipeline_kind(const bson_t *stages);
 /* An aggregate whose first stage is $changeStream (batch: its cursor.batchSize): the
  * merged change stream of every shard through a proxy cursor (see changestream.c).
