@@ -25,7 +25,7 @@
  * Failover of a shard under an open stream: its stream is opened again after its last
  * PBRT (transparent to the client); when that fails within the retry budget the client
  * gets the error with the ResumableChangeStreamError label (drivers resume). Shards added
- * later are opened at the merged position (checked every CS_SHARDS_CHECK_MS).
+ * later are opened at the merged position (the shard list is compared at every getMore).
  *
  * Threading: request worker threads; a cursor is used by one request at a time (checked
  * out of cursor.c's table); fan-out units touch only their own shard entry.
@@ -46,7 +46,6 @@
 #define CS_SHARD_BATCH 1000
 #define CS_DEFAULT_AWAIT_MS 1000 /* MongoDB's await of a tailable awaitData getMore */
 #define CS_NOTE_AWAIT_MS 200	 /* a holdout's getMore await while an event waits */
-#define CS_SHARDS_CHECK_MS 2000	 /* how often an open stream looks for new shards */
 #define CS_MAX_BATCH_BYTES (8 * 1024 * 1024)
 #define ERR_CS_FATAL 280
 #define ERR_CS_HISTORY_LOST 286
@@ -88,7 +87,6 @@ struct px_cs {
 	sdb_cs_token pos; /* merged position: the client's PBRT */
 	bool have_pos;
 	bool invalidated; /* the invalidate was returned: the cursor ends */
-	uint64_t shards_checked_ms;
 };
 
 /* ---------- tokens ---------- */
@@ -348,7 +346,11 @@ static bool has_shard(const px_cs *cs, const char *id)
 static void sync_shards(ctx *c, px_cs *cs, bool added)
 {
 	char **ids = NULL;
-	size_t n = px_shard_ids(c, &ids);
+	/* at the open: metadata's list (reloaded); later, at every getMore, the list the
+	 * refresh thread reloads every second (no metadata call per getMore) */
+	size_t n = added && c->p->sc != NULL && c->p->cluster == NULL
+			   ? shardconn_shard_ids(c->p->sc, &ids)
+			   : px_shard_ids(c, &ids);
 
 	for (size_t i = 0; i < n; i++) {
 		if (!has_shard(cs, ids[i])) {
@@ -369,7 +371,6 @@ static void sync_shards(ctx *c, px_cs *cs, bool added)
 	for (size_t i = 0; i < n; i++)
 		free(ids[i]);
 	free(ids);
-	cs->shards_checked_ms = sdb_mono_ms();
 }
 
 /* Open every live shard whose cursor is not open (first open, reopen, new shard). A shard
@@ -1124,8 +1125,7 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 	if (await <= 0 || await > INT32_MAX)
 		await = CS_DEFAULT_AWAIT_MS;
 	deadline = sdb_mono_ms() + (uint64_t)await;
-	if (sdb_mono_ms() >= cs->shards_checked_ms + CS_SHARDS_CHECK_MS)
-		sync_shards(c, cs, true);
+	sync_shards(c, cs, true);
 	for (;;) {
 		if ((st = release(c, cs, &arr, &k, &bytes, batch)) != 0)
 			break;

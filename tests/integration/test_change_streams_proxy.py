@@ -344,3 +344,89 @@ def test_proxy_restart_resume_nothing_lost_or_duplicated(start_role, tmp_path):
         assert [e["_id"] for e in evs] == [e["_id"] for e in (first + rest)[5:]]
     finally:
         cl.close()
+
+
+def _insert_until_acked(coll, doc, timeout=60):
+    """insert_one retried until acknowledged (a duplicate key: an earlier attempt was)."""
+    def once():
+        try:
+            coll.insert_one(dict(doc))
+        except pymongo.errors.DuplicateKeyError:
+            pass
+        return True
+    wait_until(lambda: _quiet(once), timeout, interval=0.2, what=f"insert {doc}")
+
+
+def _quiet(fn):
+    try:
+        return fn()
+    except pymongo.errors.PyMongoError:
+        return False
+
+
+def test_a_shard_added_later_is_merged_in(start_role, tmp_path):
+    cl = make_cluster(start_role, tmp_path, coordinators=1)
+    try:
+        coll = cl.proxy_client().app.c
+        cs = coll.watch(max_await_time_ms=200)
+        for i in range(10):
+            coll.insert_one({"_id": i, "k": i * 20})
+        first = drain(cs, lambda e: len(e) >= 10)
+        cl.add_shard("shard-c")
+        (c0,) = [c for c in cl.chunks("app.c") if c["shard"] == "shard-a"]
+        mid = cl.migrate("app.c", c0["id"], "shard-c", "--grace-ms=200")
+        assert cl.wait_migration(mid)["state"] == "complete"
+        for i in range(10, 30):
+            _insert_until_acked(coll, {"_id": i, "k": (i * 20) % 200})
+        rest = drain(cs, lambda e: len(e) >= 20, timeout=60)
+        cs.close()
+        evs = first + rest
+        assert sorted(e["documentKey"]["_id"] for e in evs) == list(range(30))
+        assert_token_order(evs)
+        # the inserts of k < 100 after the move were executed (and reported) by shard-c
+        late = {tok(e["_id"])["shard"] for e in rest if e["fullDocument"]["k"] < 100}
+        assert late == {"shard-c"}, late
+    finally:
+        cl.close()
+
+
+def test_shard_failover_under_an_open_stream(start_role, tmp_path):
+    """shard-a is a 3-member replica set whose primary is SIGKILLed under an open stream:
+    the stream goes on (the proxy reopens that shard's stream after its last PBRT, or the
+    driver resumes) with every event exactly once."""
+    from metadata_cluster import Cluster
+    from conftest import free_port
+    from test_shard_replset import primary_index, start_set
+
+    procs, wires, rs_uri = start_set(start_role, tmp_path)
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    meta.write({"addShard": "shard-a", "uri": rs_uri})
+    bport = free_port()
+    (tmp_path / "b").mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{bport}", f"--data-dir={tmp_path / 'b'}"])
+    meta.write({"addShard": "shard-b", "uri": f"mongodb://127.0.0.1:{bport}/"})
+    meta.write({"createDatabase": "app", "primary": "shard-a"}, ok_codes=(48, 11000))
+    meta.write({"shardCollection": "app.c", "key": {"k": 1}, "splitPoints": [{"k": 100}],
+                "shards": ["shard-a", "shard-b"]})
+    port = free_port()
+    start_role(["--role=proxy", f"--listen=127.0.0.1:{port}", f"--metadata={meta.seeds()}"])
+    with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", serverSelectionTimeoutMS=20000,
+                             retryWrites=False) as cli:
+        coll = cli.app.c
+        wait_until(lambda: _quiet(lambda: coll.insert_one({"_id": -1, "k": 1}) and True),
+                   30, what="a first write through the proxy")
+        cs = coll.watch(max_await_time_ms=200)
+        for i in range(10):
+            coll.insert_one({"_id": i, "k": (i * 37) % 200})
+        first = drain(cs, lambda e: len(e) >= 10)
+        pi = primary_index(wires)
+        procs[pi].kill()
+        for i in range(10, 30):
+            _insert_until_acked(coll, {"_id": i, "k": (i * 37) % 200})
+        rest = drain(cs, lambda e: len({x["documentKey"]["_id"] for x in e}) >= 20,
+                     timeout=90)
+        cs.close()
+        ids = [e["documentKey"]["_id"] for e in first + rest]
+        assert sorted(ids) == list(range(30)), ids   # nothing lost, nothing twice
+        assert_token_order(first + rest)
