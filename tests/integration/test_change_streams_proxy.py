@@ -430,3 +430,60 @@ def test_shard_failover_under_an_open_stream(start_role, tmp_path):
         ids = [e["documentKey"]["_id"] for e in first + rest]
         assert sorted(ids) == list(range(30)), ids   # nothing lost, nothing twice
         assert_token_order(first + rest)
+
+
+def test_cursor_commands_and_database_drop(start_role, tmp_path):
+    """The raw cursor: batchSize, postBatchResumeToken, killCursors; an unsharded
+    collection's stream; a resume point older than the oplog; dropDatabase -> invalidate
+    of a database stream."""
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        cli = cl.proxy_client()
+        db = cli.app
+        r = db.command({"aggregate": "c", "pipeline": [{"$changeStream": {}}],
+                        "cursor": {}})
+        cid = r["cursor"]["id"]
+        assert cid != 0 and r["cursor"]["firstBatch"] == []
+        pbrt0 = tok(r["cursor"]["postBatchResumeToken"])
+        assert pbrt0["kind"] == 2  # a high-water mark
+        for i in range(5):
+            db.c.insert_one({"_id": i, "k": i * 60})
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < deadline:
+            g = db.command({"getMore": cid, "collection": "c", "batchSize": 2,
+                            "maxTimeMS": 300})
+            got += g["cursor"]["nextBatch"]
+        assert len(got) == 2, got                       # batchSize bounds the batch
+        # cut by batchSize: the position is the last event returned
+        assert g["cursor"]["postBatchResumeToken"] == got[-1]["_id"]
+        k = db.command({"killCursors": "c", "cursors": [cid]})
+        assert k["cursorsKilled"] == [cid]
+        with pytest.raises(OperationFailure) as ei:
+            db.command({"getMore": cid, "collection": "c"})
+        assert ei.value.code == 43
+        # an unsharded collection's stream
+        with db.u.watch(max_await_time_ms=200) as us:
+            db.u.insert_one({"_id": "x"})
+            ev = drain(us, lambda e: len(e) >= 1)
+            assert [(e["operationType"], e["documentKey"]["_id"]) for e in ev] == [
+                ("insert", "x")]
+        # a resume point before every shard's oplog (never trimmed here: the whole
+        # history is there, so it is not 286): the stream opens, nothing is lost
+        old = {"_data": "01" + (1 << 32).to_bytes(8, "big").hex().upper() + "02" + "00"
+               + "00000000"}
+        with db.c.watch(resume_after=old, max_await_time_ms=200) as hs:
+            evs = drain(hs, lambda e: len(e) >= 5)
+            assert sorted(e["documentKey"]["_id"] for e in evs) == list(range(5))
+        # dropDatabase: the database stream reports it once, then invalidates
+        time.sleep(1.1)  # the writes above are a second older than the drop (ts clocks)
+        with db.watch(max_await_time_ms=200) as ds:
+            cli.drop_database("app")
+            evs = drain(ds, lambda e: bool(e) and e[-1]["operationType"] == "invalidate")
+            assert not ds.alive
+        ops = [e["operationType"] for e in evs]
+        assert ops[-2:] == ["dropDatabase", "invalidate"], ops
+        assert ops.count("dropDatabase") == 1 and set(ops[:-2]) <= {"drop"}, ops
+        assert len(ops[:-2]) == len(set(e["ns"].get("coll") for e in evs[:-2])), ops
+    finally:
+        cl.close()
