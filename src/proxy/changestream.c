@@ -1053,7 +1053,7 @@ int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
 		return px_error(c, 40602, "$changeStream is only valid as the first stage in a pipeline");
 	if (c->tx != NULL)
 		return px_error(c, ERR_NOT_IN_TXN,
-				"Operation not permitted in transaction: $changeStream");
+				"Cannot run '$changeStream' in a multi-document transaction.");
 	cs = sdb_calloc(1, sizeof *cs);
 	bson_init(&cs->spec);
 	bson_init(&cs->start);
