@@ -753,16 +753,26 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 	if (h >= 0) {
 		/* an event waits: the shards whose PBRT is below it get a note above its ts */
 		const sdb_cs_token *x = &cs->sh[h].tok[cs->sh[h].pos];
+		/* the note goes above the newest ts any shard reported (not only x's), so
+		 * that one round releases every buffered event, not one */
+		uint64_t top = x->ts;
+		for (size_t i = 0; i < cs->nsh; i++) {
+			const cs_shard *s = &cs->sh[i];
+			if (s->have_pbrt && s->pbrt.ts > top)
+				top = s->pbrt.ts;
+			if (s->pos < s->n && s->tok[s->n - 1].ts > top)
+				top = s->tok[s->n - 1].ts;
+		}
 		for (size_t i = 0; i < cs->nsh; i++) {
 			cs_shard *s = &cs->sh[i];
 			if (!s->gone && s->pos == s->n && s->cursor_id != 0 && s->noted_ts < x->ts &&
 			    (!s->have_pbrt || sdb_cs_token_cmp(&s->pbrt, x) <= 0))
 				idx[n++] = i;
 		}
-		cs_round(p, cs, idx, n, CS_OP_NOTE, 0, x->ts);
+		cs_round(p, cs, idx, n, CS_OP_NOTE, 0, top);
 		for (size_t k = 0; k < n; k++) {
 			cs_shard *s = &cs->sh[idx[k]];
-			s->noted_ts = x->ts;
+			s->noted_ts = top;
 			if (s->status != SHARDCONN_OK)
 				sdb_debug("change stream: appendOplogNote failed", "shard=%s err=%s",
 					  s->id, err_msg(s));

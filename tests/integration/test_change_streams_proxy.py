@@ -487,3 +487,24 @@ def test_cursor_commands_and_database_drop(start_role, tmp_path):
         assert len(ops[:-2]) == len(set(e["ns"].get("coll") for e in evs[:-2])), ops
     finally:
         cl.close()
+
+
+def test_an_idle_shard_does_not_hold_the_stream_back(start_role, tmp_path):
+    """Every write on shard-a, none on shard-b: shard-b's postBatchResumeToken is moved past
+    the waiting events by appendOplogNote (above the newest ts reported), so 500 events
+    come in a few rounds, not one per note."""
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        coll = cl.proxy_client().app.c
+        with coll.watch(max_await_time_ms=500) as cs:
+            for j in range(5):
+                coll.insert_many([{"_id": j * 100 + i, "k": i % 100} for i in range(100)])
+            t0 = time.monotonic()
+            evs = drain(cs, lambda e: len(e) >= 500, timeout=60)
+            took = time.monotonic() - t0
+        assert len(evs) == 500
+        assert {tok(e["_id"])["shard"] for e in evs} == {"shard-a"}
+        assert_token_order(evs)
+        assert took < 10, took
+    finally:
+        cl.close()
