@@ -234,8 +234,14 @@ int sdb_store_oplog_note(sdb_store_conn *c, const bson_t *data, uint64_t min_ts,
 				"maxClusterTime Timestamp(%u, %u) is more than an hour ahead of "
 				"this shard's clock",
 				(unsigned)(min_ts >> 32), (unsigned)min_ts);
+	/* "above" means the newest OPLOG entry is above min_ts (the contract): the ts
+	 * allocator (last_ts) also moves for writes that fail after taking a ts (a
+	 * duplicate key) and never reach the oplog, and a change stream's high-water mark
+	 * only passes min_ts on an entry (wip-cs-proxy: an idle shard then held a merged
+	 * stream back for good) */
+	uint64_t newest = sdb_store_oplog_last(c);
 	pthread_mutex_lock(&st->ts_mu);
-	above = min_ts != 0 && st->last_ts > min_ts;
+	above = min_ts != 0 && newest > min_ts;
 	if (!above && st->last_ts < min_ts)
 		st->last_ts = min_ts; /* the next ts is min_ts + 1 or more */
 	pthread_mutex_unlock(&st->ts_mu);

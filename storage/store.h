@@ -387,8 +387,8 @@ int64_t sdb_store_oplog_count(sdb_store_conn *c);
 bool sdb_store_oplog_trimmed(sdb_store_conn *c);
 /* MongoDB's appendOplogNote (write txn; inside a replicated apply the result is the same on
  * every member): append a no-op entry {op: "n", ns: "", o: data} whose ts is above
- * min_ts (a packed Timestamp; 0 = no floor). When the newest ts already is above min_ts
- * (min_ts != 0), nothing is written and *written is false. The floor comes from the
+ * min_ts (a packed Timestamp; 0 = no floor). When the newest oplog entry already is above
+ * min_ts (min_ts != 0; not the ts counter, which failed writes move too), nothing is written and *written is false. The floor comes from the
  * command (its maxClusterTime), so every member computes the same ts: the ts counter is
  * raised to min_ts first, then allocated as for any entry. Errors: SDB_EINVAL (min_ts
  * more than an hour of seconds ahead of the store's clock: a ts that far ahead would hold
