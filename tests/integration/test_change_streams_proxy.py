@@ -517,3 +517,24 @@ def test_an_idle_shard_does_not_hold_the_stream_back(start_role, tmp_path):
         assert took < 10, took
     finally:
         cl.close()
+
+
+def test_rename_reported_once_then_invalidate(start_role, tmp_path):
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        cli = cl.proxy_client()
+        db = cli.app
+        db.create_collection("r")  # broadcast: an empty copy on every shard
+        db.r.insert_one({"_id": 1})
+        time.sleep(1.1)  # the copies' create entries a second older than the rename
+        with db.r.watch(max_await_time_ms=200) as cs, db.watch(max_await_time_ms=200) as ds:
+            cli.admin.command({"renameCollection": "app.r", "to": "app.r2"})
+            db.r2.insert_one({"_id": 2})
+            evs = drain(cs, lambda e: bool(e) and e[-1]["operationType"] == "invalidate")
+            d = drain(ds, lambda e: any(x["operationType"] == "insert" for x in e))
+        assert [e["operationType"] for e in evs] == ["rename", "invalidate"], evs
+        assert evs[0]["to"] == {"db": "app", "coll": "r2"}
+        assert [(e["operationType"], e["ns"]["coll"]) for e in d] == [
+            ("rename", "r"), ("insert", "r2")], d
+    finally:
+        cl.close()
