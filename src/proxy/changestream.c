@@ -67,6 +67,8 @@ typedef struct cs_shard {
 	sdb_cs_token pbrt;
 	bool have_pbrt;
 	uint64_t noted_ts; /* appendOplogNote sent with this maxClusterTime */
+	uint64_t ended_ms; /* monotonic ms when it answered a cursor id 0 (reopened 100 ms
+			    * later, not in a loop) */
 	/* the last call's result (fan-out unit) */
 	int status;
 	bson_t err_reply; /* always initialised */
@@ -247,7 +249,10 @@ static void cs_round_one(void *arg, size_t k)
 	bson_reinit(&s->err_reply);
 	if (s->status == SHARDCONN_OK && j->op != CS_OP_NOTE) {
 		s->sid = nsid;
-		if (take_reply(s, &reply, field) != 0) {
+		int tr = take_reply(s, &reply, field);
+		if (tr == 0 && s->cursor_id == 0)
+			s->ended_ms = sdb_mono_ms(); /* the shard closed it: reopened later */
+		if (tr != 0) {
 			s->status = SHARDCONN_NET_ERR;
 			snprintf(s->neterr, sizeof s->neterr,
 				 "shard %s: a $changeStream reply without a cursor, an event token or "
@@ -381,8 +386,10 @@ static cs_shard *open_closed(proxy *p, px_cs *cs)
 	size_t *idx = sdb_calloc(cs->nsh ? cs->nsh : 1, sizeof *idx), n = 0;
 	cs_shard *bad = NULL;
 
+	uint64_t now = sdb_mono_ms();
 	for (size_t i = 0; i < cs->nsh; i++)
-		if (cs->sh[i].cursor_id == 0 && !cs->sh[i].gone)
+		if (cs->sh[i].cursor_id == 0 && !cs->sh[i].gone &&
+		    (cs->sh[i].ended_ms == 0 || now >= cs->sh[i].ended_ms + 100))
 			idx[n++] = i;
 	cs_round(p, cs, idx, n, CS_OP_OPEN, 0, 0);
 	for (size_t k = 0; k < n && bad == NULL; k++) {
