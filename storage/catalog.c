@@ -178,12 +178,38 @@ char *store_ns_of(const char *db, const char *coll)
 	return sdb_asprintf("%s.%s", db, coll);
 }
 
+/* A database already in the catalog whose name equals db but for ASCII case (MongoDB keeps
+ * one spelling per database: DatabaseHolder's "db already exists with different case").
+ * Returns true with its name in other. */
+static bool db_case_conflict(sdb_store_conn *c, const char *db, char *other, size_t otherlen)
+{
+	char err[128];
+	bool found = false;
+	sqlite3_stmt *s = store_stmt_get(c,
+					 "SELECT db FROM catalog_coll WHERE db <> ?1 AND "
+					 "lower(db) = lower(?1) LIMIT 1",
+					 err, sizeof err);
+	if (!s)
+		return false;
+	sqlite3_bind_text(s, 1, db, -1, SQLITE_STATIC);
+	if (sqlite3_step(s) == SQLITE_ROW) {
+		const unsigned char *t = sqlite3_column_text(s, 0);
+		snprintf(other, otherlen, "%s", t ? (const char *)t : "");
+		found = true;
+	}
+	sqlite3_reset(s);
+	return found;
+}
+
 int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 			  const bson_t *options, const char *origin, const sdb_store_coll **out,
 			  char *err, size_t errlen)
 {
+	char other[128];
+
 	if (out)
 		*out = NULL;
+	c->write_code = 0;
 	if (!valid_name(db, true))
 		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid database name: '%s'", db);
 	if (!valid_name(coll, false))
@@ -194,6 +220,13 @@ int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 			*out = co;
 		return sdb_errf(err, errlen, SDB_EEXISTS, "Collection %s.%s already exists.", db,
 				coll);
+	}
+	if (db_case_conflict(c, db, other, sizeof other)) {
+		c->write_code = 13297; /* DatabaseDifferCase */
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"db already exists with different case already have: [%s] trying "
+				"to create [%s]",
+				other, db);
 	}
 	int64_t tbl = store_query_int(c, "SELECT v FROM meta WHERE k='next_tbl'", 1);
 	char sql[160];
@@ -356,6 +389,18 @@ int sdb_store_coll_rename(sdb_store_conn *c, const char *from_db, const char *fr
 		return sdb_errf(err, errlen, SDB_EINVAL, "Invalid collection name: %s", to_coll);
 	if (strcmp(from_db, to_db) == 0 && strcmp(from_coll, to_coll) == 0)
 		return sdb_errf(err, errlen, SDB_EINVAL, "Can't rename a collection to itself");
+	c->write_code = 0;
+	{
+		char other[128];
+
+		if (db_case_conflict(c, to_db, other, sizeof other)) {
+			c->write_code = 13297; /* DatabaseDifferCase */
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"db already exists with different case already have: [%s] "
+					"trying to create [%s]",
+					other, to_db);
+		}
+	}
 	memcpy(uuid, co->uuid, 16);
 	target = store_cache_find(c, to_db, to_coll);
 	if (target) {

@@ -99,8 +99,10 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co) {
 		rc = sdb_store_coll_create(c, db, coll, NULL, origin, &co, err, errlen);
-		if (rc)
+		if (rc) {
+			*mongo_code = c->write_code; /* 13297 DatabaseDifferCase, else 0 */
 			return rc;
+		}
 	}
 	/* the index's collation (issue #20): its own `collation`, else the collection's
 	 * default, as MongoDB; stored as the full spec, none when simple */

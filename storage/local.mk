@@ -1,10 +1,11 @@
 # storage: sources and unit tests of this folder (included by the top Makefile.am)
 
 # --- update engine and aggregation pipeline (owner: sb) ---
-noinst_HEADERS += storage/update.h storage/update_int.h storage/pipeline.h storage/pipeline_int.h storage/docbuild.h
-libstripedb_a_SOURCES += storage/update.c storage/update_apply.c storage/update_pipeline.c storage/docbuild.c storage/pipeline.c storage/pipeline_expr.c \
+noinst_HEADERS += storage/decimal.h storage/update.h storage/update_int.h storage/pipeline.h storage/pipeline_int.h storage/docbuild.h
+libstripedb_a_SOURCES += storage/decimal.c storage/update.c storage/update_apply.c storage/update_pipeline.c storage/docbuild.c storage/pipeline.c storage/pipeline_expr.c \
 	storage/pipeline_parse.c storage/pipeline_bucket.c storage/pipeline_bucketauto.c \
-	storage/pipeline_facet.c storage/pipeline_lookup.c storage/pipeline_graph.c
+	storage/pipeline_facet.c storage/pipeline_lookup.c storage/pipeline_graph.c \
+	storage/pipeline_sample.c storage/pipeline_redact.c
 
 check_PROGRAMS += tests/unit/test_storage_update
 tests_unit_test_storage_update_SOURCES = tests/unit/test_storage_update.c
@@ -16,6 +17,13 @@ tests_unit_test_storage_pipeline_SOURCES = tests/unit/test_storage_pipeline.c
 tests_unit_test_storage_pipeline_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_pipeline_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_pipeline
+check_PROGRAMS += tests/unit/test_storage_decimal
+tests_unit_test_storage_decimal_SOURCES = tests/unit/test_storage_decimal.c
+tests_unit_test_storage_decimal_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_decimal_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_decimal
+# benchmark (never in make check): see tests/bench/README.md "Decimal128 $sum"
+EXTRA_DIST += tests/bench/decimal_sum_bench.py
 # --- end sb ---
 
 # --- query core: keyenc path matcher projection sortspec (owner: sa); the comparison order
@@ -58,11 +66,16 @@ TESTS += tests/unit/test_storage_projection
 # --- end sa ---
 
 # --- store, planner and their tests (owner: sc, issue #4) ---
-noinst_HEADERS += storage/store.h storage/query.h storage/store_int.h
-libstripedb_a_SOURCES += storage/store.c storage/catalog.c storage/keys.c storage/scan.c storage/copy.c storage/oplog.c storage/index.c storage/check.c storage/query.c storage/session.c storage/filtering.c
+noinst_HEADERS += storage/store.h storage/query.h storage/store_int.h storage/docdiff.h
+libstripedb_a_SOURCES += storage/docdiff.c storage/store.c storage/catalog.c storage/keys.c storage/scan.c storage/copy.c storage/oplog.c storage/index.c storage/check.c storage/query.c storage/session.c storage/filtering.c
 check_PROGRAMS += tests/unit/test_storage_store
 tests_unit_test_storage_store_SOURCES = tests/unit/test_storage_store.c
 tests_unit_test_storage_store_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_store_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_store
+check_PROGRAMS += tests/unit/test_storage_docdiff
+tests_unit_test_storage_docdiff_SOURCES = tests/unit/test_storage_docdiff.c
+tests_unit_test_storage_docdiff_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_docdiff_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_docdiff
 # --- end sc ---

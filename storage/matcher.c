@@ -77,6 +77,7 @@ static void node_free(node *n)
 	for (size_t i = 0; i < n->nin; i++)
 		bson_value_destroy(&n->in[i]);
 	free(n->in);
+	free(n->in_sorted);
 	for (size_t i = 0; i < n->nin_re; i++)
 		regex_free(&n->in_re[i]);
 	free(n->in_re);
@@ -295,6 +296,32 @@ static bool elem_object_match(const sdb_matcher *sub, const bson_iter_t *e)
 	return eval(sub->root, &doc, NULL); /* no $expr inside $elemMatch */
 }
 
+/* Whether v equals a value of n's sorted $in list, with cmp_value's OP_EQ semantics:
+ * null and undefined equal each other, NaN equals only NaN, other values equal when
+ * sdb_bson_value_cmp says 0 (never across brackets). O(log n). */
+static bool in_sorted_has(const node *n, const bson_value_t *v)
+{
+	int bv = sdb_bson_bracket(v->value_type);
+
+	if (bv == SDB_BRACKET_NULL || bv == SDB_BRACKET_UNDEFINED)
+		return n->in_null || n->in_undef;
+	if (bv == SDB_BRACKET_NUMBER && is_nan(v))
+		return n->in_nan;
+	size_t lo = 0, hi = n->nin_sorted;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = sdb_bson_value_cmp(n->in_sorted[mid], v);
+
+		if (c == 0)
+			return sdb_bson_bracket(n->in_sorted[mid]->value_type) == bv;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return false;
+}
+
 /* A path predicate's test of one present value (from the walk, or an element). */
 static bool pred_present(const node *n, const bson_iter_t *it)
 {
@@ -309,9 +336,14 @@ static bool pred_present(const node *n, const bson_iter_t *it)
 	case OP_GTE:
 		return cmp_value(n->op, &n->val, v);
 	case OP_IN:
-		for (size_t i = 0; i < n->nin; i++)
-			if (cmp_value(OP_EQ, &n->in[i], v))
+		if (n->in_sorted && sdb_bson_collator_get() == n->in_sorted_coll) {
+			if (in_sorted_has(n, v))
 				return true;
+		} else {
+			for (size_t i = 0; i < n->nin; i++)
+				if (cmp_value(OP_EQ, &n->in[i], v))
+					return true;
+		}
 		for (size_t i = 0; i < n->nin_re; i++)
 			if (regex_match(&n->in_re[i], v))
 				return true;
@@ -617,12 +649,51 @@ static void copy_value(const bson_iter_t *it, bson_value_t *out)
 	bson_value_copy(bson_iter_value(&c), out);
 }
 
+/* $in lists at least this long get a sorted copy for binary search (in_sorted_has). */
+#define IN_SORTED_MIN 16
+
+static int in_sorted_cmp(const void *a, const void *b)
+{
+	return sdb_bson_value_cmp(*(const bson_value_t *const *)a,
+				  *(const bson_value_t *const *)b);
+}
+
+/* Build n->in_sorted from n->in under the thread's collation (see matcher_int.h). */
+static void in_sort(node *n)
+{
+	if (n->nin < IN_SORTED_MIN)
+		return;
+	n->in_sorted = sdb_malloc(n->nin * sizeof *n->in_sorted);
+	for (size_t i = 0; i < n->nin; i++) {
+		const bson_value_t *v = &n->in[i];
+		int b = sdb_bson_bracket(v->value_type);
+
+		if (b == SDB_BRACKET_UNDEFINED)
+			n->in_undef = true;
+		else if (b == SDB_BRACKET_NUMBER && is_nan(v))
+			n->in_nan = true;
+		else if (b != SDB_BRACKET_NULL)
+			n->in_sorted[n->nin_sorted++] = v;
+	}
+	qsort(n->in_sorted, n->nin_sorted, sizeof *n->in_sorted, in_sorted_cmp);
+	n->in_sorted_coll = sdb_bson_collator_get();
+}
+
 static int parse_in_list(node *n, const bson_iter_t *it, const char *opname, perr *pe)
 {
 	bson_iter_t e;
+	size_t cap = 0;
 
 	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &e))
 		return fail(pe, ERR_BAD_VALUE, "%s needs an array", opname);
+	{
+		bson_iter_t cnt = e;
+
+		while (bson_iter_next(&cnt))
+			cap++;
+	}
+	if (cap)
+		n->in = sdb_malloc(cap * sizeof *n->in);
 	while (bson_iter_next(&e)) {
 		if (BSON_ITER_HOLDS_REGEX(&e)) {
 			const char *opts;
@@ -641,9 +712,9 @@ static int parse_in_list(node *n, const bson_iter_t *it, const char *opname, per
 			return fail(pe, ERR_BAD_VALUE, "cannot nest $ under %s", opname);
 		if (BSON_ITER_HOLDS_NULL(&e))
 			n->in_null = true;
-		n->in = sdb_realloc(n->in, (n->nin + 1) * sizeof *n->in);
 		copy_value(&e, &n->in[n->nin++]);
 	}
+	in_sort(n);
 	return 0;
 }
 

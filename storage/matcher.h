@@ -88,7 +88,7 @@ bool sdb_matcher_match(const sdb_matcher *m, const bson_t *doc);
 
 /* Does doc match? 1 yes, 0 no (always 0 for a matcher from sdb_matcher_new_elem). Errors:
  * SDB_EINVAL when a $expr's evaluation fails, with its MongoDB *code (may be NULL) and
- * message in err (e.g. 16608 "can't $divide by 0"), as MongoDB fails the whole query. Any
+ * message in err (e.g. 16608 "can't $divide by zero"), as MongoDB fails the whole query. Any
  * thread. */
 int sdb_matcher_eval(const sdb_matcher *m, const bson_t *doc, int *code, char *err,
 		     size_t errlen);

@@ -64,6 +64,14 @@ struct node {
 	regex *in_re;
 	size_t nin_re;
 	bool in_null; /* the list holds null: matches missing */
+	/* OP_IN with at least IN_SORTED_MIN values: pointers into `in` sorted by
+	 * sdb_bson_value_cmp under in_sorted_coll (the thread's collation when the list was
+	 * parsed), without null, undefined and NaN (answered by in_null, in_undef, in_nan), for
+	 * a binary search; used only while the thread's collation is in_sorted_coll. */
+	const bson_value_t **in_sorted;
+	size_t nin_sorted;
+	const sdb_bson_collator *in_sorted_coll;
+	bool in_undef, in_nan;
 	regex re;     /* OP_REGEX */
 	uint8_t types[32]; /* OP_TYPE: bitmap over bson_type_t bytes */
 	int64_t mod_d, mod_r;

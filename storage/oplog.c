@@ -44,6 +44,13 @@ int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const 
 			const bson_t *o, const bson_t *o2, const char *origin, char *err,
 			size_t errlen)
 {
+	return store_oplog_append_ud(c, op, ns, ui, o, o2, NULL, origin, err, errlen);
+}
+
+int store_oplog_append_ud(sdb_store_conn *c, const char *op, const char *ns, const uint8_t *ui,
+			  const bson_t *o, const bson_t *o2, const bson_t *ud, const char *origin,
+			  char *err, size_t errlen)
+{
 	uint64_t ts = ts_next(c);
 	int64_t wall = store_conn_now_ms(c);
 	bson_t e;
@@ -58,6 +65,8 @@ int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const 
 	BSON_APPEND_DOCUMENT(&e, "o", o);
 	if (o2)
 		BSON_APPEND_DOCUMENT(&e, "o2", o2);
+	if (ud)
+		BSON_APPEND_DOCUMENT(&e, "updateDescription", ud);
 	BSON_APPEND_DATE_TIME(&e, "wall", wall);
 	if (origin)
 		BSON_APPEND_UTF8(&e, "origin", origin);
@@ -68,6 +77,8 @@ int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const 
 			BSON_APPEND_DOCUMENT(&e, "lsid", &lsid);
 		BSON_APPEND_INT64(&e, "txnNumber", c->op_txn);
 		BSON_APPEND_INT32(&e, "stmtId", c->op_stmt);
+		if (c->op_in_txn)
+			BSON_APPEND_BOOL(&e, "inTxn", true); /* change streams: lsid/txnNumber */
 		if (!c->op_first_ts)
 			c->op_first_ts = ts;
 	}
@@ -110,6 +121,9 @@ int sdb_store_oplog_stmt_result(sdb_store_conn *c, const bson_t *result, char *e
 		if (!p || len <= 0 || !bson_init_static(&old, p, (size_t)len) ||
 		    !bson_iter_init_find(&it, &old, "stmtId"))
 			continue; /* not an entry of the statement */
+		if ((size_t)len + result->len + 16 > SDB_STORE_UD_MAX_BYTES)
+			continue; /* would not fit one oplog read: the entry goes without it (a
+				     migration then marks the session's history incomplete) */
 		if (n == cap) {
 			cap = cap ? 2 * cap : 4;
 			tss = sdb_realloc(tss, cap * sizeof *tss);
@@ -186,9 +200,13 @@ int store_oplog_trim(sdb_store_conn *c, char *err, size_t errlen)
 	int rc = store_step_done(c, s, err, errlen, "oplog trim");
 	if (rc)
 		return rc;
-	s = store_stmt_get(c, "UPDATE meta SET v = 1 WHERE k='oplog_trimmed'", err, errlen);
+	/* the newest ts trimmed (a store of an earlier version says 1: trimmed, up to an
+	 * unknown ts), for change streams' history check (sdb_store_oplog_trimmed_upto) */
+	s = store_stmt_get(c, "UPDATE meta SET v = max(?1, 1) WHERE k='oplog_trimmed' AND v < ?1",
+			   err, errlen);
 	if (!s)
 		return SDB_EIO;
+	sqlite3_bind_int64(s, 1, upto);
 	rc = store_step_done(c, s, err, errlen, "oplog trimmed flag");
 	if (rc == 0)
 		c->pending_oplog_bytes -= freed;
@@ -218,6 +236,12 @@ int64_t sdb_store_oplog_count(sdb_store_conn *c)
 bool sdb_store_oplog_trimmed(sdb_store_conn *c)
 {
 	return store_query_int(c, "SELECT v FROM meta WHERE k='oplog_trimmed'", 0) != 0;
+}
+
+uint64_t sdb_store_oplog_trimmed_upto(sdb_store_conn *c)
+{
+	int64_t v = store_query_int(c, "SELECT v FROM meta WHERE k='oplog_trimmed'", 0);
+	return v > 0 ? (uint64_t)v : 0;
 }
 
 int sdb_store_oplog_note(sdb_store_conn *c, const bson_t *data, uint64_t min_ts, bool *written,

@@ -105,10 +105,8 @@ typedef struct {
 	keyset seen;      /* $addToSet: keys of the values in v */
 	docbuild_node *v; /* min/max/first/last value, or push/addToSet array */
 	bool set;
-	int64_t isum;
-	double dsum;
-	bool is_long, is_double, overflow;
-	int64_t count;
+	agg_sum sum;   /* $sum / $avg */
+	int64_t count; /* $count */
 } acc_state;
 
 typedef struct group {
@@ -165,6 +163,8 @@ typedef struct {
 	bool src_open;
 	/* $lookup: the foreign reads already made */
 	agg_lookup_cache lookups;
+	/* $sample: the documents kept (pipeline_sample.c) */
+	agg_sampler *sampler;
 } stage_state;
 
 struct sdb_pipeline_cursor {
@@ -222,6 +222,8 @@ static void state_clear(stage_state *s)
 	}
 	s->src_open = false;
 	agg_lookup_cache_clear(&s->lookups);
+	agg_sampler_free(s->sampler);
+	s->sampler = NULL;
 }
 
 void sdb_pipeline_cursor_free(sdb_pipeline_cursor *c)
@@ -442,23 +444,7 @@ static void acc_add(acc_state *a, docbuild_node *v, size_t *mem)
 		break;
 	case A_SUM:
 	case A_AVG:
-		if (!is_number(v)) {
-			break;
-		}
-		a->count++;
-		a->dsum += num_double(v);
-		if (v->type == BSON_TYPE_DOUBLE || v->type == BSON_TYPE_DECIMAL128) {
-			a->is_double = true;
-		} else {
-			int64_t iv = v->type == BSON_TYPE_INT64 ? v->value.value.v_int64 : v->value.value.v_int32;
-
-			if (v->type == BSON_TYPE_INT64) {
-				a->is_long = true;
-			}
-			if (__builtin_add_overflow(a->isum, iv, &a->isum)) {
-				a->overflow = true;
-			}
-		}
+		agg_sum_add(&a->sum, v);
 		break;
 	case A_MIN:
 	case A_MAX:
@@ -522,15 +508,8 @@ static docbuild_node *acc_result(acc_state *a)
 	case A_COUNT:
 		return a->count <= INT32_MAX ? v_int32((int32_t)a->count) : v_int64(a->count);
 	case A_SUM:
-		if (a->is_double || a->overflow) {
-			return v_double(a->dsum);
-		}
-		if (a->is_long || a->isum < INT32_MIN || a->isum > INT32_MAX) {
-			return v_int64(a->isum);
-		}
-		return v_int32((int32_t)a->isum);
 	case A_AVG:
-		return a->count == 0 ? v_null() : v_double(a->dsum / (double)a->count);
+		return agg_sum_result(&a->sum, a->kind == A_AVG);
 	case A_PUSH:
 	case A_ADDTOSET:
 		v = a->v != NULL ? a->v : docbuild_new_array(NULL);
@@ -1109,6 +1088,33 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 				}
 			}
 			return bucket_auto_emit(st, s, c->p->max_mem, doc, e);
+		case S_SAMPLE:
+			if (!s->loaded) {
+				/* size 0: nothing, the input unread (mongod disposes of it) */
+				s->loaded = true;
+				s->sampler = agg_sampler_new(st->n, c->p->max_mem, c->p->sample_key_in,
+							     c->p->sample_key_out && i == c->p->n);
+				for (;;) {
+					bson_t *d = NULL;
+
+					if (st->n == 0) {
+						break;
+					}
+					rc = pull(c, i - 1, &d, e);
+					if (rc != 0) {
+						return rc;
+					}
+					if (d == NULL) {
+						break;
+					}
+					rc = agg_sampler_add(s->sampler, d, e);
+					if (rc != 0) {
+						return rc;
+					}
+				}
+			}
+			*doc = agg_sampler_next(s->sampler);
+			return 0;
 		case S_UNWIND:
 			return unwind_next(c, i - 1, doc, e);
 		case S_FACET:
@@ -1215,6 +1221,20 @@ static int pull(sdb_pipeline_cursor *c, size_t i, bson_t **doc, const ectx *e)
 			set_path(d, st->as, arr);
 			*doc = node_to_heap(d);
 			docbuild_free(d);
+			return 0;
+		}
+		case S_REDACT: {
+			bson_t *r = NULL;
+
+			rc = agg_redact_doc(st->id, in, &r, e);
+			bson_destroy(in);
+			if (rc != 0) {
+				return rc;
+			}
+			if (r == NULL) {
+				continue; /* pruned */
+			}
+			*doc = r;
 			return 0;
 		}
 		case S_REPLACE_ROOT: {

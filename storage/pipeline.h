@@ -23,7 +23,11 @@
  * sdb_pipeline_opts.foreign: pipeline_lookup.c), $lookup (equality, pipeline with let,
  * and the two combined: the same reader, once per distinct foreign read in a cursor),
  * $graphLookup (MongoDB 6.0's DocumentSourceGraphLookUp: a breadth-first search of another
- * collection through the same reader, one read per round: pipeline_graph.c).
+ * collection through the same reader, one read per round: pipeline_graph.c), $sample
+ * (DocumentSourceSample: size documents without replacement, uniformly, by a random key
+ * per document and a bounded heap of the size smallest: pipeline_sample.c), $redact
+ * (DocumentSourceRedact: $$DESCEND / $$PRUNE / $$KEEP, recursing into subdocuments and
+ * arrays of them with $$CURRENT the subdocument and $$ROOT the document: pipeline_redact.c).
  * Expressions: field paths ("$a.b", mapped over arrays as MongoDB does), $$ROOT, $$CURRENT,
  * $$REMOVE, literals, {$literal: v}, documents and arrays of expressions, and the operators
  * $add $subtract $multiply $divide $mod (int32 -> int64 -> double widening; dates in $add and
@@ -31,8 +35,11 @@
  * $gt $gte $lt $lte $cmp (MongoDB's comparison order; missing sorts below null), $and $or
  * $not, $size $in $arrayElemAt $abs, $sum $avg $min $max (expression forms: over one array
  * argument or over the arguments), $type $isArray $concatArrays $floor $ceil $strLenBytes
- * $substrBytes/$substr $toString $switch. Decimal128 arithmetic is refused (code 238).
- * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count. Groups are
+ * $substrBytes/$substr $toString $switch. Decimal128 operands give Decimal128 results as
+ * in MongoDB 6.0 ($add $subtract $multiply $divide $mod $abs $floor $ceil, $sum and $avg in
+ * both forms; doubles mixed in converted as mongod does: storage/decimal.h).
+ * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count ($sum/$avg:
+ * MongoDB's compensated double-double sum, a Decimal128 when a decimal was added). Groups are
  * keyed by the order-preserving encoding of _id (storage/keyenc.h), so 1, 1.0 and
  * NumberLong(1) are one group; groups come out in first-seen order.
  *
@@ -49,7 +56,7 @@
  *   5107200 negative $skip
  *   40156-40160 $count field name rules; 28808-28822 $unwind options
  *   31253/31254 $project mixing inclusion and exclusion; 31250 path collision
- *   16554/16555/16556/16609 arithmetic type errors; 16608 "can't $divide by 0";
+ *   16554/16555/16556/16609 arithmetic type errors; 16608 "can't $divide by zero";
  *   17124 $size of a non-array; 16702 $concat of a non-string; 16020 wrong argument count
  *   40228 $replaceRoot to a non-document
  *   40060-40068 $switch's form; 40066 no branch matched and no default
@@ -63,8 +70,10 @@
  *        max_memory_bytes (default 100 MB, MongoDB's internalQueryMaxBlockingSortMemoryUsage
  *        and internalDocumentSourceGroupMaxMemoryBytes); we never spill to disk, so
  *        allowDiskUse does not lift the limit.
+ *   28745-28749 $sample's form; 17053 $redact's expression returned something else than
+ *        $$KEEP, $$PRUNE or $$DESCEND
  *   238  NotImplemented: a stage MongoDB knows but the embedded shard does not run
- *        ($sample, ...): "$sample is not supported by the embedded
+ *        ($geoNear, ...): "$geoNear is not supported by the embedded
  *        shard"; $unionWith/$lookup without a foreign reader in the options; $rand (expressions are deterministic: shard members
  *        replicate commands)
  *   40601 $out or $merge: the caller runs a last one itself (common/aggwrite.h), so
@@ -142,7 +151,19 @@ typedef struct sdb_pipeline_opts {
 	 * sub-pipeline deeper than SDB_PIPELINE_MAX_SUB_DEPTH fails the parse with 232
 	 * MaxSubPipelineDepthExceeded, as mongod's ExpressionContext::subPipelineDepth. */
 	int sub_depth;
+	/* $sample across processes (the proxy's sharded $sample, src/proxy/read.c): with
+	 * sample_key_out (a shard answering the proxy's $stripedbSampleKey) a $sample that is
+	 * the pipeline's last stage emits each document with its random key, a double in
+	 * [0, 1), in the field SDB_PIPELINE_SAMPLE_KEY; with sample_key_in (the proxy) a $sample
+	 * takes an input document's key from that field (and removes it) instead of drawing
+	 * one. The merger's $sample over the shards' samples of size N then keeps the N
+	 * smallest keys of the union: a uniform sample of the whole collection. */
+	bool sample_key_out;
+	bool sample_key_in;
 } sdb_pipeline_opts;
+
+/* The field carrying a document's $sample key between a shard and the proxy. */
+#define SDB_PIPELINE_SAMPLE_KEY "$stripedbSampleKey"
 
 /* mongod 6.0's kMaxSubPipelineDepth (DocumentSourceLookUp, DocumentSourceUnionWith). */
 #define SDB_PIPELINE_MAX_SUB_DEPTH 20
@@ -158,6 +179,10 @@ int sdb_pipeline_parse(const bson_t *stages, const sdb_pipeline_opts *opts, sdb_
 		       int *code, char *err, size_t errlen);
 
 void sdb_pipeline_free(sdb_pipeline *p);
+
+/* p's first stage (after sdb_pipeline_pushdown: the first stage not pushed down).
+ * Returns: its size when it is a $sample, else -1. */
+int64_t sdb_pipeline_first_sample(const sdb_pipeline *p);
 
 /* What the store can do itself (flags for sdb_pipeline_pushdown). */
 enum {
@@ -248,7 +273,7 @@ int sdb_expr_parse(const bson_iter_t *it, const bson_t *vars, sdb_expr **out, in
 /* Evaluate x against the document root and tell whether the result is true in MongoDB's
  * sense (not missing, null, undefined, false or a zero number): $expr's rule. 0 with *out.
  * Errors: SDB_EINVAL with the evaluation's *code (may be NULL) and message (e.g. 16608
- * "can't $divide by 0"). Pure: any thread. */
+ * "can't $divide by zero"). Pure: any thread. */
 int sdb_expr_truthy(const sdb_expr *x, const bson_t *root, bool *out, int *code, char *err,
 		    size_t errlen);
 

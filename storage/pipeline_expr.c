@@ -143,6 +143,7 @@ static int parse_string(const char *s, expr **out, const ectx *e)
 		if ((len == 4 && strncmp(var, "ROOT", 4) == 0) ||
 		    (len == 7 && strncmp(var, "CURRENT", 7) == 0)) {
 			x->kind = X_PATH;
+			x->root = len == 4;
 			if (dot != NULL) {
 				x->path = sdb_strdup(dot + 1);
 				rc = agg_field_path_ok(x->path, e);
@@ -518,14 +519,125 @@ static void free_vals(docbuild_node **vals, size_t n)
 	free(vals);
 }
 
-/* $add / $multiply: int32 -> int64 -> double widening as MongoDB; one date allowed in $add. */
-static int eval_arith(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
+/* $add as MongoDB 6.0's AddState (expression.cpp): one running total of the widest type so
+ * far (int32 < int64 < double < decimal); widening converts it (a long total to a double,
+ * a long total exactly or a double total to 34 digits into a decimal), later operands are
+ * coerced to that type (a double to 15 digits into a decimal). An int64 overflow moves to a
+ * double. One date allowed: its milliseconds join as an int64 and the result is a date
+ * (from a double total: 15 Overflow outside int64's range; from a decimal: toLong). */
+static int eval_add(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
 {
-	bool mul = x->op == OP_MULTIPLY;
-	int64_t iacc = mul ? 1 : 0;
-	double dacc = mul ? 1 : 0;
-	bool is_long = false, is_double = false, overflow = false, has_date = false;
-	const char *name = mul ? "$multiply" : "$add";
+	int64_t ltotal = 0;
+	double dtotal = 0;
+	bson_decimal128_t dec = {0};
+	int widest = 0; /* 0 int32, 1 int64, 2 double, 3 decimal */
+	bool has_date = false;
+
+	for (size_t i = 0; i < x->n; i++) {
+		docbuild_node *v = vals[i];
+		bson_value_t add;
+		int old = widest;
+
+		if (is_nullish(v)) {
+			*out = v_null();
+			return 0;
+		}
+		if (v->type == BSON_TYPE_DATE_TIME) {
+			if (has_date) {
+				return efail(e, 16612, "only one date allowed in an $add expression");
+			}
+			has_date = true;
+			memset(&add, 0, sizeof add);
+			add.value_type = BSON_TYPE_INT64;
+			add.value.v_int64 = v->value.value.v_datetime;
+		} else if (!is_number(v)) {
+			return efail(e, 16554, "$add only supports numeric or date types, not %s",
+				     type_name(v->type));
+		} else {
+			int t = v->type == BSON_TYPE_INT32   ? 0
+				: v->type == BSON_TYPE_INT64 ? 1
+				: v->type == BSON_TYPE_DOUBLE ? 2
+							      : 3;
+
+			widest = t > widest ? t : widest;
+			add = v->value;
+		}
+		if (old != widest && widest == 2) {
+			dtotal = (double)ltotal;
+		} else if (old != widest && widest == 3) {
+			dec = old == 2 ? sdb_dec_from_double(dtotal, false) : sdb_dec_from_int64(ltotal);
+		}
+		switch (widest) {
+		case 0:
+		case 1: {
+			int64_t iv = add.value_type == BSON_TYPE_INT64 ? add.value.v_int64 : add.value.v_int32;
+
+			if (__builtin_add_overflow(ltotal, iv, &ltotal)) {
+				widest = 2;
+				dtotal = (double)ltotal + (double)iv;
+			}
+			break;
+		}
+		case 2:
+			dtotal += add.value_type == BSON_TYPE_DOUBLE  ? add.value.v_double
+				  : add.value_type == BSON_TYPE_INT64 ? (double)add.value.v_int64
+								      : (double)add.value.v_int32;
+			break;
+		default: {
+			bson_decimal128_t d;
+
+			(void)sdb_dec_from_value(&add, &d);
+			dec = sdb_dec_add(dec, d);
+			break;
+		}
+		}
+	}
+	if (has_date) {
+		switch (widest) {
+		case 0:
+		case 1:
+			*out = v_date(ltotal);
+			return 0;
+		case 2:
+			/* the upper bound is exclusive: (double)INT64_MAX rounds up to 2^63 */
+			if (!(dtotal >= -9223372036854775808.0 && dtotal < 9223372036854775808.0)) {
+				return efail(e, 15, "date overflow in $add");
+			}
+			*out = v_date((int64_t)llround(dtotal));
+			return 0;
+		default:
+			*out = v_date(sdb_dec_to_int64(dec)); /* not checked for overflow, as mongod */
+			return 0;
+		}
+	}
+	switch (widest) {
+	case 0:
+		*out = ltotal >= INT32_MIN && ltotal <= INT32_MAX ? v_int32((int32_t)ltotal)
+								    : v_int64(ltotal);
+		break;
+	case 1:
+		*out = v_int64(ltotal);
+		break;
+	case 2:
+		*out = v_double(dtotal);
+		break;
+	default:
+		*out = v_decimal(dec);
+		break;
+	}
+	return 0;
+}
+
+/* $multiply: int32 -> int64 -> double widening as MongoDB (an int64 overflow or a
+ * non-finite factor moves to the double product). A Decimal128 operand makes it a decimal
+ * (MongoDB 6.0 ExpressionMultiply): the product so far converted at the first decimal (a
+ * double product to 15 digits), the rest multiplied in decimal (doubles to 15 digits). */
+static int eval_multiply(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
+{
+	int64_t iacc = 1;
+	double dacc = 1;
+	bool is_long = false, is_double = false, has_dec = false;
+	bson_decimal128_t dec = {0};
 
 	for (size_t i = 0; i < x->n; i++) {
 		docbuild_node *v = vals[i];
@@ -534,46 +646,38 @@ static int eval_arith(const expr *x, docbuild_node **vals, docbuild_node **out, 
 			*out = v_null();
 			return 0;
 		}
-		if (v->type == BSON_TYPE_DATE_TIME && !mul) {
-			if (has_date) {
-				return efail(e, 16612, "only one date allowed in an $add expression");
+		if (!is_number(v)) {
+			return efail(e, 16555, "$multiply only supports numeric types, not %s",
+				     type_name(v->type));
+		}
+		if (has_dec || v->type == BSON_TYPE_DECIMAL128) {
+			bson_decimal128_t d;
+
+			if (!has_dec) {
+				dec = is_double ? sdb_dec_from_double(dacc, true) : sdb_dec_from_int64(iacc);
+				has_dec = true;
 			}
-			has_date = true;
-			if (__builtin_add_overflow(iacc, v->value.value.v_datetime, &iacc)) {
-				overflow = true;
-			}
-			dacc += (double)v->value.value.v_datetime;
+			(void)sdb_dec_from_value(&v->value, &d);
+			dec = sdb_dec_mul(dec, d);
 			continue;
 		}
-		if (!is_number(v) || v->type == BSON_TYPE_DECIMAL128) {
-			if (v->type == BSON_TYPE_DECIMAL128) {
-				return efail(e, C_NOT_IMPLEMENTED,
-					     "%s on decimal128 values is not supported by the embedded shard",
-					     name);
-			}
-			return efail(e, mul ? 16555 : 16554,
-				     "%s only supports numeric%s types, not %s", name,
-				     mul ? "" : " or date", type_name(v->type));
-		}
+		dacc *= num_double(v);
 		if (v->type == BSON_TYPE_DOUBLE) {
 			is_double = true;
+		} else if (!is_double) {
+			if (v->type == BSON_TYPE_INT64) {
+				is_long = true;
+			}
+			if (__builtin_mul_overflow(iacc, v->type == BSON_TYPE_INT64 ? v->value.value.v_int64
+										: v->value.value.v_int32,
+						   &iacc)) {
+				is_double = true; /* the long product abandoned */
+			}
 		}
-		if (v->type == BSON_TYPE_INT64) {
-			is_long = true;
-		}
-		int64_t iv = v->type == BSON_TYPE_INT64 ? v->value.value.v_int64
-			     : v->type == BSON_TYPE_INT32 ? v->value.value.v_int32
-							  : 0;
-
-		if (v->type != BSON_TYPE_DOUBLE &&
-		    (mul ? __builtin_mul_overflow(iacc, iv, &iacc) : __builtin_add_overflow(iacc, iv, &iacc))) {
-			overflow = true;
-		}
-		dacc = mul ? dacc * num_double(v) : dacc + num_double(v);
 	}
-	if (has_date) {
-		*out = v_date(is_double ? (int64_t)llround(dacc) : iacc);
-	} else if (is_double || overflow) {
+	if (has_dec) {
+		*out = v_decimal(dec);
+	} else if (is_double) {
 		*out = v_double(dacc);
 	} else if (is_long || iacc < INT32_MIN || iacc > INT32_MAX) {
 		*out = v_int64(iacc);
@@ -594,14 +698,27 @@ static int eval_subtract(docbuild_node *a, docbuild_node *b, docbuild_node **out
 		return 0;
 	}
 	if (a->type == BSON_TYPE_DATE_TIME && is_number(b)) {
-		*out = v_date(a->value.value.v_datetime - (int64_t)llround(num_double(b)));
+		/* a decimal as Value::coerceToLong reads it: Decimal128::toLong, half to even */
+		int64_t ms = b->type == BSON_TYPE_DECIMAL128
+				     ? sdb_dec_to_int64(b->value.value.v_decimal128)
+				     : (int64_t)llround(num_double(b));
+
+		*out = v_date((int64_t)((uint64_t)a->value.value.v_datetime - (uint64_t)ms));
 		return 0;
 	}
-	if (!is_number(a) || !is_number(b) || a->type == BSON_TYPE_DECIMAL128 ||
-	    b->type == BSON_TYPE_DECIMAL128) {
+	if (!is_number(a) || !is_number(b)) {
 		return efail(e, 16556, "cant $subtract a%s %s from a %s",
 			     b->type == BSON_TYPE_INT32 ? "n" : "", type_name(b->type),
 			     type_name(a->type));
+	}
+	if (a->type == BSON_TYPE_DECIMAL128 || b->type == BSON_TYPE_DECIMAL128) {
+		/* MongoDB: left.coerceToDecimal().subtract(right.coerceToDecimal()) */
+		bson_decimal128_t x, y;
+
+		(void)sdb_dec_from_value(&a->value, &x);
+		(void)sdb_dec_from_value(&b->value, &y);
+		*out = v_decimal(sdb_dec_sub(x, y));
+		return 0;
 	}
 	if (a->type == BSON_TYPE_DOUBLE || b->type == BSON_TYPE_DOUBLE) {
 		*out = v_double(num_double(a) - num_double(b));
@@ -639,6 +756,12 @@ static char *to_string_value(const docbuild_node *v, const char *op, const ectx 
 	case BSON_TYPE_INT64:
 		snprintf(buf, sizeof buf, "%lld", (long long)v->value.value.v_int64);
 		return sdb_strdup(buf);
+	case BSON_TYPE_DECIMAL128: {
+		char dbuf[BSON_DECIMAL128_STRING];
+
+		bson_decimal128_to_string(&v->value.value.v_decimal128, dbuf);
+		return sdb_strdup(dbuf);
+	}
 	case BSON_TYPE_DOUBLE:
 		/* the shortest representation that reads back as the same double */
 		for (int prec = 15; prec <= 17; prec++) {
@@ -668,45 +791,71 @@ static void list_operands(const expr *x, docbuild_node **vals, docbuild_node ***
 	}
 }
 
-static docbuild_node *eval_sum_avg(bool avg, docbuild_node **items, size_t n)
+/* pipeline_int.h */
+void agg_sum_add(agg_sum *s, const docbuild_node *v)
 {
-	int64_t isum = 0;
-	double dsum = 0;
-	bool is_long = false, is_double = false, overflow = false;
-	size_t count = 0;
+	if (!is_number(v)) {
+		return;
+	}
+	s->count++;
+	switch (v->type) {
+	case BSON_TYPE_INT32:
+		sdb_ddsum_add_double(&s->nondec, v->value.value.v_int32);
+		break;
+	case BSON_TYPE_INT64:
+		sdb_ddsum_add_long(&s->nondec, v->value.value.v_int64);
+		s->widest = s->widest < 1 ? 1 : s->widest;
+		break;
+	case BSON_TYPE_DOUBLE:
+		sdb_ddsum_add_double(&s->nondec, v->value.value.v_double);
+		s->widest = s->widest < 2 ? 2 : s->widest;
+		break;
+	default: /* decimal128: Decimal128() (0, exponent 0) plus each value */
+		s->dec = sdb_dec_add(s->has_dec ? s->dec : sdb_dec_from_int64(0),
+				     v->value.value.v_decimal128);
+		s->has_dec = true;
+		s->widest = 3;
+		break;
+	}
+}
 
-	for (size_t i = 0; i < n; i++) {
-		const docbuild_node *v = items[i];
+/* pipeline_int.h */
+docbuild_node *agg_sum_result(const agg_sum *s, bool avg)
+{
+	bson_decimal128_t total;
 
-		if (!is_number(v)) {
-			continue;
+	if (avg && s->count == 0) {
+		return v_null();
+	}
+	if (s->widest == 3) {
+		total = sdb_dec_add(s->dec, sdb_ddsum_decimal(&s->nondec));
+		if (avg) {
+			total = sdb_dec_div(total, sdb_dec_from_int64(s->count));
 		}
-		count++;
-		dsum += num_double(v);
-		if (v->type == BSON_TYPE_DOUBLE || v->type == BSON_TYPE_DECIMAL128) {
-			is_double = true;
-			continue;
-		}
-		if (v->type == BSON_TYPE_INT64) {
-			is_long = true;
-		}
-		if (__builtin_add_overflow(isum,
-					   v->type == BSON_TYPE_INT64 ? v->value.value.v_int64
-								      : v->value.value.v_int32,
-					   &isum)) {
-			overflow = true;
-		}
+		return v_decimal(total);
 	}
 	if (avg) {
-		return count == 0 ? v_null() : v_double(dsum / (double)count);
+		return v_double(sdb_ddsum_double(&s->nondec) / (double)s->count);
 	}
-	if (is_double || overflow) {
-		return v_double(dsum);
+	if (s->widest < 2 && sdb_ddsum_fits_long(&s->nondec)) {
+		int64_t l = sdb_ddsum_long(&s->nondec);
+
+		if (s->widest == 0 && l >= INT32_MIN && l <= INT32_MAX) {
+			return v_int32((int32_t)l);
+		}
+		return v_int64(l);
 	}
-	if (is_long || isum < INT32_MIN || isum > INT32_MAX) {
-		return v_int64(isum);
+	return v_double(sdb_ddsum_double(&s->nondec));
+}
+
+static docbuild_node *eval_sum_avg(bool avg, docbuild_node **items, size_t n)
+{
+	agg_sum s = {0};
+
+	for (size_t i = 0; i < n; i++) {
+		agg_sum_add(&s, items[i]);
 	}
-	return v_int32((int32_t)isum);
+	return agg_sum_result(&s, avg);
 }
 
 static const char *agg_type_name(const docbuild_node *v)
@@ -804,8 +953,10 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 	}
 	switch (x->op) {
 	case OP_ADD:
+		rc = eval_add(x, vals, out, e);
+		break;
 	case OP_MULTIPLY:
-		rc = eval_arith(x, vals, out, e);
+		rc = eval_multiply(x, vals, out, e);
 		break;
 	case OP_SUBTRACT:
 		rc = eval_subtract(vals[0], vals[1], out, e);
@@ -824,15 +975,28 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 				   type_name(vals[0]->type), type_name(vals[1]->type));
 			break;
 		}
+		if (vals[0]->type == BSON_TYPE_DECIMAL128 || vals[1]->type == BSON_TYPE_DECIMAL128) {
+			/* MongoDB: both coerced to Decimal128 (doubles to 15 digits), a decimal
+			 * result; a zero divisor (any sign or exponent) refused */
+			bson_decimal128_t a, b;
+
+			(void)sdb_dec_from_value(&vals[0]->value, &a);
+			(void)sdb_dec_from_value(&vals[1]->value, &b);
+			if (sdb_dec_is_zero(b)) {
+				rc = efail(e, x->op == OP_DIVIDE ? 16608 : 16610, "can't %s by zero",
+					   name);
+				break;
+			}
+			*out = v_decimal(x->op == OP_DIVIDE ? sdb_dec_div(a, b) : sdb_dec_mod(a, b));
+			break;
+		}
 		if (num_double(vals[1]) == 0) {
-			rc = efail(e, x->op == OP_DIVIDE ? 16608 : 16610, "can't %s by 0", name);
+			rc = efail(e, x->op == OP_DIVIDE ? 16608 : 16610, "can't %s by zero", name);
 			break;
 		}
 		if (x->op == OP_DIVIDE) {
 			*out = v_double(num_double(vals[0]) / num_double(vals[1]));
-		} else if (vals[0]->type == BSON_TYPE_DOUBLE || vals[1]->type == BSON_TYPE_DOUBLE ||
-			   vals[0]->type == BSON_TYPE_DECIMAL128 ||
-			   vals[1]->type == BSON_TYPE_DECIMAL128) {
+		} else if (vals[0]->type == BSON_TYPE_DOUBLE || vals[1]->type == BSON_TYPE_DOUBLE) {
 			*out = v_double(fmod(num_double(vals[0]), num_double(vals[1])));
 		} else {
 			int64_t a = (int64_t)num_double(vals[0]), b = (int64_t)num_double(vals[1]);
@@ -929,6 +1093,8 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 		} else if (!is_number(vals[0])) {
 			rc = efail(e, 28765, "$abs only supports numeric types, not %s",
 				   type_name(vals[0]->type));
+		} else if (vals[0]->type == BSON_TYPE_DECIMAL128) {
+			*out = v_decimal(sdb_dec_abs(vals[0]->value.value.v_decimal128));
 		} else if (vals[0]->type == BSON_TYPE_INT32) {
 			int32_t i = vals[0]->value.value.v_int32;
 
@@ -1022,9 +1188,13 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 	case OP_CEIL:
 		if (is_nullish(vals[0])) {
 			*out = v_null();
-		} else if (!is_number(vals[0]) || vals[0]->type == BSON_TYPE_DECIMAL128) {
+		} else if (!is_number(vals[0])) {
 			rc = efail(e, 28765, "%s only supports numeric types, not %s",
 				   x->op == OP_FLOOR ? "$floor" : "$ceil", type_name(vals[0]->type));
+		} else if (vals[0]->type == BSON_TYPE_DECIMAL128) {
+			/* Decimal128::quantize(kNormalizedZero, toward -/+ Infinity) */
+			*out = v_decimal(x->op == OP_FLOOR ? sdb_dec_floor(vals[0]->value.value.v_decimal128)
+							   : sdb_dec_ceil(vals[0]->value.value.v_decimal128));
 		} else if (vals[0]->type == BSON_TYPE_DOUBLE) {
 			*out = v_double(x->op == OP_FLOOR ? floor(vals[0]->value.value.v_double)
 							 : ceil(vals[0]->value.value.v_double));
@@ -1176,12 +1346,15 @@ int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const 
 		return 0;
 	case X_REMOVE:
 		return 0;
-	case X_PATH:
-		*out = x->path == NULL ? docbuild_from_bson(root) : path_eval(root, x->path);
+	case X_PATH: {
+		const bson_t *base = x->root && e->root != NULL ? e->root : root;
+
+		*out = x->path == NULL ? docbuild_from_bson(base) : path_eval(base, x->path);
 		if (*out != NULL) {
 			docbuild_set_key(*out, NULL);
 		}
 		return 0;
+	}
 	case X_VAR:
 		*out = path_eval(x->var, x->path);
 		if (*out != NULL) {

@@ -18,6 +18,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/bsonval.h"
+#include "storage/decimal.h"
 #include "storage/docbuild.h"
 #include "storage/keyenc.h"
 #include "storage/matcher.h"
@@ -45,6 +46,10 @@ typedef struct {
 	/* while parsing: the options of the pipeline being parsed (the foreign-collection
 	 * callback for $unionWith/$lookup and sub-pipelines), or NULL */
 	const sdb_pipeline_opts *opts;
+	/* while evaluating: the document $$ROOT reads when it is not the one the expression is
+	 * evaluated against (CURRENT): $redact's subdocuments (pipeline_redact.c); NULL = the
+	 * same document */
+	const bson_t *root;
 } ectx;
 
 static inline int efail(const ectx *e, int c, const char *fmt, ...)
@@ -117,6 +122,15 @@ static inline docbuild_node *v_double(double d)
 
 	v.value_type = BSON_TYPE_DOUBLE;
 	v.value.v_double = d;
+	return v_scalar(&v);
+}
+
+static inline docbuild_node *v_decimal(bson_decimal128_t d)
+{
+	bson_value_t v = {0};
+
+	v.value_type = BSON_TYPE_DECIMAL128;
+	v.value.v_decimal128 = d;
 	return v_scalar(&v);
 }
 
@@ -215,6 +229,31 @@ static inline size_t node_size(const docbuild_node *n)
 	return s;
 }
 
+/* ---- $sum / $avg (pipeline_expr.c) ---------------------------------------------------- */
+
+/* The state of a $sum or $avg, as MongoDB 6.0's AccumulatorSum / AccumulatorAvg keep it
+ * (accumulator_sum.cpp, accumulator_avg.cpp): the ints, longs and doubles in a
+ * DoubleDoubleSummation, the decimals in a Decimal128 total, the widest type seen (int <
+ * long < double < decimal) and the number of numeric inputs. Zero-initialise ({0}). */
+typedef struct {
+	sdb_ddsum nondec;
+	bson_decimal128_t dec; /* valid when has_dec */
+	bool has_dec;
+	int widest; /* 0 int32, 1 int64, 2 double, 3 decimal */
+	int64_t count;
+} agg_sum;
+
+/* Add v (NULL = missing) to s; non-numeric values are ignored, as mongod ignores them. */
+void agg_sum_add(agg_sum *s, const docbuild_node *v);
+
+/* The $sum (avg false) or $avg result of s as a new node (the caller frees it): $sum an
+ * int32 or int64 when every input was an integer and the total fits (an int32 total
+ * outgrowing int32 becomes an int64, an int64 one a double), a double when a double was
+ * added, a Decimal128 (the decimal total plus the other values' exact sum converted to 34
+ * digits) when a decimal was; $avg null without numeric inputs, else the total divided by
+ * the count, a Decimal128 division when a decimal was added, else a double. */
+docbuild_node *agg_sum_result(const agg_sum *s, bool avg);
+
 /* ---- expressions (pipeline_expr.c) ---------------------------------------------------- */
 
 typedef enum {
@@ -278,6 +317,7 @@ struct expr {
 	expr **args;        /* X_OP, X_OBJ, X_ARR */
 	char **keys;        /* X_OBJ */
 	size_t n;
+	bool root;          /* X_PATH: $$ROOT[.path] (reads ectx.root when set), not CURRENT */
 };
 
 /* Compile the aggregation expression at it (a literal, "$path", "$$VAR", {op: args} or an
@@ -317,7 +357,7 @@ int agg_bucketauto_desugar(const bson_iter_t *it, bson_t *group, int32_t *bucket
 /* The granularity check mongod makes on each groupBy value (extractKey): 0 when key (NULL =
  * missing) is a non-negative number. Errors: SDB_EINVAL with 40258 not a number (missing and
  * null included), 40259 NaN, 40260 negative; 2 BadValue for Infinity (mongod's rounders loop
- * forever on it) and 238 for a Decimal128 (no decimal arithmetic here). */
+ * forever on it) and 238 for a Decimal128 (its rounders in decimal are not implemented). */
 int agg_gran_check(const docbuild_node *key, const ectx *e);
 /* Round v up (up: the smallest value of the granularity strictly above v) or down (the
  * largest strictly below) with the rounder gran (1..13, agg_bucketauto_desugar); 0 rounds to
@@ -375,6 +415,8 @@ typedef enum {
 	S_LOOKUP,      /* $lookup: each input document with `as` = the foreign matches */
 	S_GRAPH_LOOKUP, /* $graphLookup: each input document with `as` = the documents its
 			 * breadth-first search reached (pipeline_graph.c) */
+	S_SAMPLE, /* $sample: n = size; the n documents of smallest random key (pipeline_sample.c) */
+	S_REDACT, /* $redact: id = the expression (pipeline_redact.c) */
 } skind;
 
 /* A $group accumulator. */
@@ -448,7 +490,44 @@ struct sdb_pipeline {
 	sdb_pipeline_foreign_fn foreign;
 	void *foreign_arg;
 	bson_t *let;
+	/* $sample's random keys across processes (sdb_pipeline_opts.sample_key_out/in) */
+	bool sample_key_out;
+	bool sample_key_in;
 };
+
+/* $sample (pipeline_sample.c): parse the stage's argument at it into a new S_SAMPLE stage
+ * of p (n = size), as MongoDB 6.0's DocumentSourceSample::createFromBson.
+ * Errors: SDB_EINVAL with 28745 not an object, 28746 size not a number, 28747 size
+ * negative, 28748 an unknown option, 28749 no size, in e. */
+int agg_sample_parse(sdb_pipeline *p, const bson_iter_t *it, const ectx *e);
+/* One $sample's selection: a bounded max-heap of the n documents of smallest random key
+ * (keys are uniform doubles in [0, 1) from a PRNG seeded by getrandom(2) per sampler), so
+ * memory is bounded by n documents, never by the input. */
+typedef struct agg_sampler agg_sampler;
+/* A new sampler keeping n (>= 0) documents of at most max_mem bytes in all; key_in: take
+ * an input document's key from its double field SDB_PIPELINE_SAMPLE_KEY (removed) when it
+ * has one; key_out: emit each document with its key in that field. Free with
+ * agg_sampler_free. Never fails. */
+agg_sampler *agg_sampler_new(int64_t n, size_t max_mem, bool key_in, bool key_out);
+/* Offer doc (ownership passes to the sampler). Returns: 0. Errors: SDB_ETOOBIG with 292
+ * QueryExceededMemoryLimitNoDiskUseAllowed in e when the kept documents exceed max_mem. */
+int agg_sampler_add(agg_sampler *s, bson_t *doc, const ectx *e);
+/* After the last agg_sampler_add: the next kept document in ascending key order (the
+ * caller's; NULL at the end). */
+bson_t *agg_sampler_next(agg_sampler *s);
+/* Free s and the documents it still holds (NULL is fine). */
+void agg_sampler_free(agg_sampler *s);
+
+/* $redact (pipeline_redact.c): compile the stage's argument at it (an expression in which
+ * $$DESCEND, $$PRUNE and $$KEEP are defined) into a new S_REDACT stage of p.
+ * Errors: the expression's parse errors (SDB_EINVAL, code and message in e). */
+int agg_redact_parse(sdb_pipeline *p, const bson_iter_t *it, const ectx *e);
+/* Redact one document in with the expression x, as MongoDB 6.0's
+ * DocumentSourceRedact::redactObject: *out gets the new document (the caller destroys it
+ * with bson_destroy), or NULL when the document is pruned.
+ * Errors: SDB_EINVAL with the expression's error, or 17053 when it evaluates to something
+ * other than "descend", "prune" or "keep", in e. */
+int agg_redact_doc(const expr *x, const bson_t *in, bson_t **out, const ectx *e);
 
 /* $unionWith and $lookup (pipeline_lookup.c): parse the stage's argument at it into a new
  * stage of p (name is "$unionWith" or "$lookup"). Errors: SDB_EINVAL with MongoDB's code

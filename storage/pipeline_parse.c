@@ -502,8 +502,14 @@ static int parse_stage(sdb_pipeline *p, const bson_iter_t *st, const ectx *e)
 	if (strcmp(name, "$graphLookup") == 0) {
 		return agg_graph_parse(p, &it, e);
 	}
+	if (strcmp(name, "$sample") == 0) {
+		return agg_sample_parse(p, &it, e); /* pipeline_sample.c */
+	}
+	if (strcmp(name, "$redact") == 0) {
+		return agg_redact_parse(p, &it, e); /* pipeline_redact.c */
+	}
 	static const char *const known[] = {
-		"$geoNear", "$sample", "$redact", "$densify", "$fill", "$setWindowFields",
+		"$geoNear", "$densify", "$fill", "$setWindowFields",
 		"$indexStats", "$currentOp", "$listSessions",
 		"$search", "$planCacheStats", "$listLocalSessions",
 	};
@@ -540,6 +546,8 @@ int sdb_pipeline_parse(const bson_t *stages, const sdb_pipeline_opts *opts, sdb_
 	if (opts != NULL) {
 		p->foreign = opts->foreign;
 		p->foreign_arg = opts->foreign_arg;
+		p->sample_key_out = opts->sample_key_out;
+		p->sample_key_in = opts->sample_key_in;
 		if (opts->let != NULL) {
 			p->let = bson_copy(opts->let);
 		}

@@ -16,6 +16,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "storage/docdiff.h"
 #include "storage/keyenc.h"
 #include "storage/path.h"
 #include "storage/store_int.h"
@@ -788,6 +789,12 @@ void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn
 	c->op_txn = txn;
 	c->op_stmt = stmt;
 	c->op_first_ts = 0;
+	c->op_in_txn = false;
+}
+
+void sdb_store_set_op_txn(sdb_store_conn *c)
+{
+	c->op_in_txn = c->op_lsid != NULL;
 }
 
 /* ------------------------------------------------------------------ documents */
@@ -1135,9 +1142,12 @@ static int unindex_stored(sdb_store_conn *c, const sdb_store_coll *co, const sdb
 	return indexes_remove(c, co, stored, idk, err, errlen);
 }
 
-int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
-		      const bson_t *old_doc, const bson_t *new_doc, const char *origin,
-		      sdb_store_dup *dup, char *err, size_t errlen)
+/* sdb_store_replace and sdb_store_update: the "u" entry carries ud when given, else the
+ * description of kind (computed from the stored image and new_doc). */
+static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
+		       const bson_t *old_doc, const bson_t *new_doc, sdb_store_upd_kind kind,
+		       const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
+		       size_t errlen)
 {
 	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co)
@@ -1176,16 +1186,57 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 	rc = indexes_add(c, (sdb_store_coll *)co, new_doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
-	bson_t o2;
+	bson_t o2, desc;
+	bool have_desc = false;
+	if (!ud && kind != SDB_STORE_UPD_REPLACE) {
+		/* both images in hand: the stored one (never a caller's copy) and the new one */
+		int drc = sdb_docdiff_describe(&stored, new_doc,
+					       kind == SDB_STORE_UPD_PIPELINE ? SDB_DOCDIFF_PIPELINE
+									      : SDB_DOCDIFF_MODIFIER,
+					       &desc);
+		if (drc < 0) {
+			bson_destroy(&desc);
+			rc = sdb_errf(err, errlen, SDB_ECORRUPT,
+				      "update description: a document that does not parse");
+			goto out;
+		}
+		have_desc = drc == 1;
+		if (have_desc)
+			ud = &desc;
+		else
+			bson_destroy(&desc); /* a pipeline update logged as a replacement */
+	}
+	if (ud && (size_t)new_doc->len + ud->len > SDB_STORE_UD_MAX_BYTES)
+		ud = NULL; /* the entry would not fit in a reply: logged as a replacement */
 	id_doc(&id_it, &o2);
-	rc = coll_oplog(c, "u", db, coll, co, new_doc, &o2, origin, err, errlen);
+	char *ns = store_ns_of(db, coll);
+	rc = store_oplog_append_ud(c, "u", ns, co->uuid, new_doc, &o2, ud, origin, err, errlen);
+	free(ns);
 	bson_destroy(&o2);
+	if (have_desc)
+		bson_destroy(&desc);
 out:
 	if (have_stored)
 		bson_destroy(&stored);
 	sdb_key_free(&idk);
 	sdb_key_free(&idk2);
 	return rc;
+}
+
+int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
+		      const bson_t *old_doc, const bson_t *new_doc, const char *origin,
+		      sdb_store_dup *dup, char *err, size_t errlen)
+{
+	return replace_doc(c, db, coll, old_doc, new_doc, SDB_STORE_UPD_REPLACE, NULL, origin,
+			   dup, err, errlen);
+}
+
+int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
+		     const bson_t *old_doc, const bson_t *new_doc, sdb_store_upd_kind kind,
+		     const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
+		     size_t errlen)
+{
+	return replace_doc(c, db, coll, old_doc, new_doc, kind, ud, origin, dup, err, errlen);
 }
 
 int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,

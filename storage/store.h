@@ -30,7 +30,9 @@
  *   { ts: Timestamp(secs, inc), t: 1, v: 2, op: "i"|"u"|"d"|"c"|"n", ns: "db.coll",
  *     ui: UUID, o: {...}, o2: {_id: ...} (u only), wall: Date, origin: "mig-42" (optional),
  *     lsid: {id: UUID, ...}, txnNumber: long, stmtId: int (retryable writes only) }
- * op "u" carries the full post-image in o (replacement form; applying it is idempotent).
+ * op "u" carries the full post-image in o (replacement form; applying it is idempotent);
+ * one written by a modifier or pipeline update also carries updateDescription: {updatedFields,
+ * removedFields, truncatedArrays} after o2 (sdb_store_update, storage/docdiff.h).
  * op "c" carries {create: coll} / {drop: coll} / {createIndexes: coll, ...spec} /
  * {dropIndexes: coll, index: name} / {dropDatabase: 1} with ns "db.$cmd".
  * ts: seconds from the injectable wall clock (sdb_store_opts.clock_ms) and a counter;
@@ -212,7 +214,9 @@ int sdb_store_coll_get(sdb_store_conn *c, const char *db, const char *coll,
 /* Create db.coll (write txn). options (may be NULL) is stored as given. Logs a "c" oplog
  * entry {create: coll} with origin (may be NULL). *out (out may be NULL) is the new
  * catalog entry, as sdb_store_coll_get. Errors: SDB_EEXISTS (already there; *out still set
- * when out != NULL), SDB_EINVAL (bad database or collection name), SDB_EIO. */
+ * when out != NULL), SDB_EINVAL (bad database or collection name; or a database whose name
+ * differs from db only in ASCII case exists: then sdb_store_write_code is 13297
+ * DatabaseDifferCase, mongod's), SDB_EIO. */
 int sdb_store_coll_create(sdb_store_conn *c, const char *db, const char *coll,
 			  const bson_t *options, const char *origin, const sdb_store_coll **out,
 			  char *err, size_t errlen);
@@ -238,7 +242,8 @@ int sdb_store_coll_drop(sdb_store_conn *c, const char *db, const char *coll,
  * dropped>}) with origin (may be NULL). Filtering metadata and views are the caller's to
  * check (the shard refuses sharded collections and views). Errors: SDB_ENOTFOUND (no
  * source), SDB_EEXISTS (the target exists and drop_target is false: "target namespace
- * exists"), SDB_EINVAL (bad target name, or the same namespace), SDB_EIO. */
+ * exists"), SDB_EINVAL (bad target name, or the same namespace; or to_db differs from an
+ * existing database only in case: sdb_store_write_code 13297), SDB_EIO. */
 int sdb_store_coll_rename(sdb_store_conn *c, const char *from_db, const char *from_coll,
 			  const char *to_db, const char *to_coll, bool drop_target,
 			  bool stay_temp, const char *origin, char *err, size_t errlen);
@@ -290,7 +295,9 @@ void sdb_store_dup_clear(sdb_store_dup *d);
 
 /* The MongoDB code of the document's fault in c's last failed sdb_store_insert or
  * sdb_store_replace: 53 InvalidIdField (an array/regex/undefined _id), 171
- * CannotIndexParallelArrays, 2 BadValue (no _id); 0 when the failure had no such code (then
+ * CannotIndexParallelArrays, 2 BadValue (no _id), 13297 DatabaseDifferCase (the
+ * collection had to be created in a database whose name differs from an existing one only
+ * in case; also after a failed sdb_store_coll_create); 0 when the failure had no such code (then
  * SDB_EEXISTS is DuplicateKey, other SDB_EINVAL BadValue). Returns: that MongoDB code,
  * never an SDB_E* status. */
 int sdb_store_write_code(const sdb_store_conn *c);
@@ -311,6 +318,31 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 		      const bson_t *old_doc, const bson_t *new_doc, const char *origin,
 		      sdb_store_dup *dup, char *err, size_t errlen);
+/* The kind of update that made a document's new image (what its "u" oplog entry says). */
+typedef enum {
+	SDB_STORE_UPD_REPLACE = 0, /* a replacement document: no updateDescription */
+	SDB_STORE_UPD_MODIFIER,	   /* update operators: an updateDescription always */
+	SDB_STORE_UPD_PIPELINE,	   /* an update pipeline: an updateDescription unless the diff
+				      is not smaller than new_doc (then none, as mongod logs a
+				      replacement; sdb_docdiff_describe) */
+} sdb_store_upd_kind;
+/* Largest new_doc plus updateDescription that a "u" entry carries: a larger update is
+ * logged without its description (a replace for the change stream), so that every oplog
+ * entry, with its other fields, fits in one cursor batch of a 16 MiB reply (the shard's
+ * SHARD_MAX_REPLY_BYTES, 16 MiB - 64 KiB) and CDC tailing never sticks on an entry. */
+#define SDB_STORE_UD_MAX_BYTES (16 * 1024 * 1024 - 128 * 1024)
+/* sdb_store_replace for an update: the "u" oplog entry also carries updateDescription
+ * ({updatedFields, removedFields, truncatedArrays}, storage/docdiff.h), ud when it is not
+ * NULL (written as given, kind ignored: the replay of a transaction's captured entry),
+ * else the diff of the stored image and new_doc for kind; none when new_doc and the
+ * description together exceed SDB_STORE_UD_MAX_BYTES. o stays the whole new_doc.
+ * Deterministic: every member applying the same write writes the same entry.
+ * Errors: sdb_store_replace's; SDB_ECORRUPT also when an image's nested BSON does not
+ * parse. */
+int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
+		     const bson_t *old_doc, const bson_t *new_doc, sdb_store_upd_kind kind,
+		     const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
+		     size_t errlen);
 /* Delete doc (by its _id) (write txn): removes index entries, appends a "d" oplog entry
  * {o: {_id}}. Errors: SDB_ENOTFOUND (no such collection or document), SDB_EINVAL (doc has
  * no usable _id), SDB_ECORRUPT (the stored document does not parse), SDB_EIO. */
@@ -385,6 +417,11 @@ int64_t sdb_store_oplog_count(sdb_store_conn *c);
 /* Has the oplog ever been trimmed (meta 'oplog_trimmed')? When not, it holds every entry
  * since the store was created, so a change stream may start at any point (any txn). */
 bool sdb_store_oplog_trimmed(sdb_store_conn *c);
+/* The newest ts the oplog's trimming deleted (any txn): 0 never trimmed, 1 trimmed up to a
+ * ts not recorded (a store trimmed by an earlier version), else the packed ts. An entry
+ * with a ts above it was never trimmed: a reader positioned at P lost history exactly when
+ * this is above P. */
+uint64_t sdb_store_oplog_trimmed_upto(sdb_store_conn *c);
 /* MongoDB's appendOplogNote (write txn; inside a replicated apply the result is the same on
  * every member): append a no-op entry {op: "n", ns: "", o: data} whose ts is above
  * min_ts (a packed Timestamp; 0 = no floor). When the newest oplog entry already is above
@@ -429,11 +466,21 @@ int sdb_store_session_stmt_put(sdb_store_conn *c, const bson_t *lsid, int32_t st
  * carries them; lsid NULL stops tagging. Reset when the transaction ends. */
 void sdb_store_set_op_session(sdb_store_conn *c, const bson_t *lsid, int64_t txn,
 			      int32_t stmt);
+/* Mark the ops tagged by the last sdb_store_set_op_session (lsid not NULL) as a
+ * multi-document transaction's commit (stripedbApplyTxn): their oplog entries also get
+ * `inTxn: true`, which change streams read to report lsid and txnNumber (a retryable
+ * write's entries carry the session fields too, without it). Until the next
+ * sdb_store_set_op_session. */
+void sdb_store_set_op_txn(sdb_store_conn *c);
 /* Add {stmtResult: result} to every oplog entry written for the statement tagged by the
  * last sdb_store_set_op_session (write txn, before the tag is cleared), so that the
  * statement's recorded outcome travels with its entries (CDC, migrations: MongoDB carries
- * the same through its oplog chain and config.image_collection). 0 when the statement
- * wrote no entry. Errors: SDB_EIO. */
+ * the same through its oplog chain and config.image_collection). An entry that would
+ * grow past SDB_STORE_UD_MAX_BYTES (a findAndModify of a document near 16 MiB carries it
+ * twice) keeps no stmtResult, so that every entry stays readable by one oplog batch (CDC
+ * tailing never sticks on it); a migration then carries the session's incomplete-history
+ * marker (a retry on the new owner is 217, never run twice). The shard's own session
+ * record is unaffected. 0 when the statement wrote no entry. Errors: SDB_EIO. */
 int sdb_store_oplog_stmt_result(sdb_store_conn *c, const bson_t *result, char *err,
 				size_t errlen);
 /* The statement id of a session's "incomplete history" marker (MongoDB's

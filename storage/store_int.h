@@ -63,6 +63,9 @@ struct sdb_store_conn {
 	uint32_t op_lsid_len;
 	int64_t op_txn;
 	int32_t op_stmt;
+	/* the tagged ops are a multi-document transaction's (sdb_store_set_op_txn): entries
+	 * get inTxn: true; reset by every sdb_store_set_op_session */
+	bool op_in_txn;
 	/* ts of the first oplog entry written for the tagged statement (0 = none yet):
 	 * sdb_store_oplog_stmt_result adds the statement's outcome to its entries */
 	uint64_t op_first_ts;
@@ -135,6 +138,11 @@ int store_index_mark_multikey(sdb_store_conn *c, const sdb_store_coll *co,
 int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const uint8_t *ui,
 			const bson_t *o, const bson_t *o2, const char *origin, char *err,
 			size_t errlen);
+/* store_oplog_append with ud (may be NULL): an "u" entry's updateDescription, written
+ * after o2 (src/shard/README.md "Oplog"). Errors: SDB_EIO. (oplog.c) */
+int store_oplog_append_ud(sdb_store_conn *c, const char *op, const char *ns, const uint8_t *ui,
+			  const bson_t *o, const bson_t *o2, const bson_t *ud, const char *origin,
+			  char *err, size_t errlen);
 /* Delete the oldest oplog entries beyond the byte cap (write transaction). Errors:
  * SDB_EIO. (oplog.c) */
 int store_oplog_trim(sdb_store_conn *c, char *err, size_t errlen);

@@ -38,7 +38,9 @@
  * $position) $pull (value, or condition through storage/matcher.h) $pullAll $addToSet
  * ($each) $pop $currentDate (date or timestamp, from an injectable clock), positional `$`
  * (the first array element the query matched), `$[]` and `$[<identifier>]` with
- * arrayFilters. $inc/$mul on decimal128 values are refused with code 2.
+ * arrayFilters. $inc/$mul follow mongod's SafeNum: a Decimal128 operand (field or
+ * argument) gives a Decimal128 (the other one converted, a double to 15 digits:
+ * storage/decimal.h); an int64 overflow fails with code 2.
  *
  * Field order follows MongoDB: $set on an existing field keeps its position, new fields are
  * appended (in the order of the update's paths, which MongoDB sorts: fields created by one

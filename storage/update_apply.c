@@ -6,6 +6,7 @@
  * array filters and $rename; replacement updates; the upsert seed built from a filter.
  */
 #include "storage/update.h"
+#include "storage/decimal.h"
 #include "storage/update_int.h"
 
 #include <errno.h>
@@ -44,14 +45,22 @@ typedef struct {
 static int apply_obj(actx *a, const unode *un, docbuild_node *c, const char *cname, bool fresh);
 
 /* Numbers: MongoDB's SafeNum for $inc/$mul (int32 -> int64 on overflow, int64 overflow is
- * an error, doubles win). Returns false on int64 overflow or decimal operands. */
+ * an error, doubles win, decimals win over everything: both operands coerced to Decimal128,
+ * a double to 15 digits, as SafeNum::getDecimal). Returns false on int64 overflow. */
 static bool arith(bool mul, const bson_value_t *a, const bson_value_t *b, bson_value_t *out)
 {
 	bson_type_t ta = a->value_type, tb = b->value_type;
 
 	memset(out, 0, sizeof *out);
 	if (ta == BSON_TYPE_DECIMAL128 || tb == BSON_TYPE_DECIMAL128) {
-		return false;
+		bson_decimal128_t x, y;
+
+		if (!sdb_dec_from_value(a, &x) || !sdb_dec_from_value(b, &y)) {
+			return false;
+		}
+		out->value_type = BSON_TYPE_DECIMAL128;
+		out->value.v_decimal128 = mul ? sdb_dec_mul(x, y) : sdb_dec_add(x, y);
+		return true;
 	}
 	if (ta == BSON_TYPE_DOUBLE || tb == BSON_TYPE_DOUBLE) {
 		double x = ta == BSON_TYPE_DOUBLE	? a->value.v_double
@@ -351,13 +360,16 @@ static docbuild_node *create_value(actx *a, const unode *n)
 	case OP_SET_ON_INSERT:
 		return a->upsert ? scalar_node(&n->arg) : NULL;
 	case OP_MUL: {
-		bson_value_t z = {0};
+		/* mongod's ArithmeticNode sets a missing field to operand * int32 0 (SafeNum): 0 of
+		 * the operand's type, -0.0 for a negative double, 0 with the operand's exponent
+		 * (and sign) for a decimal (1.50 -> 0.00) */
+		bson_value_t zero = {0}, r;
 
-		z.value_type = n->arg.value_type;
-		if (z.value_type == BSON_TYPE_DECIMAL128) {
-			bson_decimal128_from_string("0", &z.value.v_decimal128);
+		zero.value_type = BSON_TYPE_INT32;
+		if (!arith(true, &n->arg, &zero, &r)) {
+			r = zero;
 		}
-		return scalar_node(&z);
+		return scalar_node(&r);
 	}
 	case OP_RENAME_TO:
 		return a->rename_vals[n->rename] != NULL ? docbuild_clone(a->rename_vals[n->rename])
@@ -439,7 +451,7 @@ static int apply_leaf(actx *a, const unode *n, docbuild_node *c, size_t i)
 			char *j = upd_node_json(e);
 			int rc = upd_fail(a->code, C_BAD_VALUE, a->err, a->errlen,
 				      "Failed to apply %s operations to current value (%s) for the "
-				      "field '%s' (overflow or decimal operands)",
+				      "field '%s' (overflow)",
 				      n->op == OP_INC ? "$inc" : "$mul", j, n->path);
 
 			free(j);

@@ -13,6 +13,7 @@
 #include "common/bsonget.h"
 #include "common/bsonval.h"
 #include "common/err.h"
+#include "storage/decimal.h"
 #include "storage/matcher.h"
 #include "storage/path.h"
 
@@ -265,103 +266,20 @@ static void rx_cache_free(rx_cache *c)
 
 /* ------------------------------------------------------------------ multipleOf */
 
-/* |x| as m * 10^e with m < 10^18 and no trailing zero in m (0: m = 0). Doubles as mongod's
- * Decimal128(double, kRoundTo15Digits) (numberDecimal of a double: 15 significant digits);
- * integers and decimal128 exactly. Returns: false when x is not finite or has more than 18
- * significant digits (the caller then falls back to a double fmod). */
-static bool dec_parts(const bson_iter_t *x, uint64_t *m, int64_t *e)
-{
-	char buf[64];
-	const char *p;
-	uint64_t mant = 0;
-	int64_t exp = 0;
-	int digits = 0;
-	bool dot = false;
-
-	if (BSON_ITER_HOLDS_DOUBLE(x)) {
-		double d = bson_iter_double(x);
-		if (!isfinite(d))
-			return false;
-		snprintf(buf, sizeof buf, "%.14e", fabs(d));
-	} else if (BSON_ITER_HOLDS_DECIMAL128(x)) {
-		bson_decimal128_t d;
-		bson_iter_decimal128(x, &d);
-		bson_decimal128_to_string(&d, buf);
-	} else {
-		int64_t i = bson_iter_as_int64(x);
-		if (i == INT64_MIN)
-			return false;
-		snprintf(buf, sizeof buf, "%lld", (long long)(i < 0 ? -i : i));
-	}
-	p = buf;
-	if (*p == '-' || *p == '+')
-		p++;
-	for (; *p; p++) {
-		if (*p == '.') {
-			dot = true;
-			continue;
-		}
-		if (*p == 'e' || *p == 'E') {
-			char *end;
-			long long ex = strtoll(p + 1, &end, 10);
-			if (*end)
-				return false;
-			exp += ex;
-			break;
-		}
-		if (*p < '0' || *p > '9')
-			return false; /* NaN, Infinity */
-		if (mant == 0 && *p == '0') {
-			if (dot)
-				exp--;
-			continue;
-		}
-		if (++digits > 18)
-			return false;
-		mant = mant * 10 + (uint64_t)(*p - '0');
-		if (dot)
-			exp--;
-	}
-	while (mant && mant % 10 == 0) {
-		mant /= 10;
-		exp++;
-	}
-	*m = mant;
-	*e = exp;
-	return true;
-}
-
 /* Is val a multiple of div (> 0)? As mongod's InternalSchemaFmodMatchExpression: the
- * Decimal128 remainder of val (a double rounded to 15 significant digits) by div is 0, so
- * {multipleOf: 0.1} accepts 0.3. Exact for up to 18 significant digits; beyond (a long
- * decimal128 or int64), falls back to a double fmod (may differ from mongod there). */
+ * Decimal128 remainder of val by div (each as numberDecimal(): a double rounded to 15
+ * significant digits, integers and decimals exactly; storage/decimal.h) is 0, so
+ * {multipleOf: 0.1} accepts 0.3; NaN and infinite values are not multiples. */
 static bool multiple_of(const bson_iter_t *val, const bson_iter_t *div)
 {
-	uint64_t ma, mb, r;
-	int64_t ea, eb;
+	bson_iter_t vi = *val, di = *div;
+	bson_decimal128_t a, b, r;
 
-	if (!dec_parts(val, &ma, &ea) || !dec_parts(div, &mb, &eb)) {
-		double v = num_of(val), m = num_of(div);
-		return isfinite(v) && fmod(v, m) == 0;
-	}
-	if (ma == 0)
-		return true;
-	if (mb == 0)
+	if (!sdb_dec_from_value(bson_iter_value(&vi), &a) ||
+	    !sdb_dec_from_value(bson_iter_value(&di), &b))
 		return false;
-	if (ea >= eb) { /* (ma * 10^(ea-eb)) mod mb, digit by digit: r * 10 < 10^19 */
-		r = ma % mb;
-		for (int64_t k = 0; k < ea - eb && r; k++)
-			r = r * 10 % mb;
-		return r == 0;
-	}
-	/* ma mod (mb * 10^(eb-ea)): a divisor larger than ma leaves ma (not 0) */
-	r = mb;
-	for (int64_t k = 0; k < eb - ea; k++) {
-		if (r > ma)
-			return false;
-		r *= 10;
-	}
-	return r <= ma && ma % r == 0;
+	r = sdb_dec_mod(a, b);
+	return !sdb_dec_is_nan(r) && sdb_dec_is_zero(r);
 }
 
 /* ------------------------------------------------------------------ uniqueness */

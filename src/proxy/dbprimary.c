@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/alloc.h"
 #include "common/dblist.h"
@@ -50,6 +51,30 @@ char *px_meta_db_primary(ctx *c, const char *db)
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
 	return out;
+}
+
+int px_db_case_check(ctx *c, const char *db)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	const char *name, *primary;
+	sdb_dblist l;
+	char err[256], other[128] = "";
+	int code;
+
+	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
+	if (proxy_meta_command(c->p, &cmd, &reply, &code, err, sizeof err) == 0) {
+		sdb_dblist_init(&l, &reply);
+		while (!other[0] && sdb_dblist_next(&l, "primary", &name, &primary))
+			if (name && strcmp(name, db) != 0 && strcasecmp(name, db) == 0)
+				snprintf(other, sizeof other, "%s", name);
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	if (!other[0])
+		return 0;
+	return px_error(c, 13297, "database already created with different case already have: "
+				  "[%s] trying to create [%s]",
+			other, db);
 }
 
 /* Before db gets primary shard ps (enableSharding primaryShard): a database metadata does

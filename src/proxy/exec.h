@@ -460,6 +460,13 @@ char *px_meta_db_primary(ctx *c, const char *db);
  * that cannot hide anything, else the code answered on c: IllegalOperation (20) when the
  * default primary holds documents of db, or the error of asking it (HostUnreachable 6...). */
 int px_db_data_stays_visible(ctx *c, const char *db, const char *ps);
+/* Before metadata records database db: another database whose name differs from db only
+ * in ASCII case is refused as mongod's config server refuses it (createDatabase:
+ * DatabaseDifferCase 13297 "database already created with different case ..."). Returns: 0
+ * (none, or metadata unreachable: the createDatabase that follows reports that), else the
+ * code answered on c. Known gap: a write to an unrecorded database lands on the default
+ * primary shard, which checks only its own databases (storage/catalog.c). */
+int px_db_case_check(ctx *c, const char *db);
 /* The unsharded collections shard id holds as the primary shard of their database: how
  * many into *count (names, up to 20, "db.coll, ..." in out). Returns: 0, or the code of
  * the error answered on c (metadata or a shard unreachable...). */

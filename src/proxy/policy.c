@@ -143,7 +143,8 @@ int px_policy_check(ctx *c, const px_cmd *cmd)
 				bson_iter_document(&it, &len, &data);
 				if (!bson_init_static(&st, data, len))
 					continue;
-				if (bson_has_field(&st, "$limit") || bson_has_field(&st, "$count"))
+				if (bson_has_field(&st, "$limit") || bson_has_field(&st, "$count") ||
+				    bson_has_field(&st, "$sample"))
 					bounded = true;
 				if (first && px_get_doc(&st, "$match", &q))
 					has_q = true;

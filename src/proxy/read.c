@@ -69,16 +69,67 @@ static void scatter_one(void *arg, size_t i)
 	bson_destroy(&reply);
 }
 
+/* Options of a client's aggregate that a shard's sampling aggregate carries as they are. */
+static void copy_agg_options(const bson_t *cmd, bson_t *out)
+{
+	static const char *const keep[] = {"hint", "collation", "maxTimeMS", "comment",
+					   "allowDiskUse", "let", NULL};
+	bson_iter_t it;
+	size_t i;
+
+	if (!bson_iter_init(&it, cmd))
+		return;
+	while (bson_iter_next(&it))
+		for (i = 0; keep[i]; i++)
+			if (strcmp(bson_iter_key(&it), keep[i]) == 0)
+				bson_append_iter(out, keep[i], -1, &it);
+}
+
+/* The sampling aggregate of a shard for an aggregate whose pipeline starts (after its
+ * leading $match) with {$sample: {size: sample}}: the shard samples its own documents (its
+ * orphans filtered by the shard version) and sends each one's random key
+ * ($stripedbSampleKey: storage/pipeline.h SDB_PIPELINE_SAMPLE_KEY), which the proxy's
+ * $sample then merges (mongod's DocumentSourceSample::distributedPlanLogic). */
+static void sample_cmd(ctx *c, const bson_t *filter, int64_t sample, int64_t batch,
+		       bson_t *cmd)
+{
+	bson_t pl, st, sub, cur;
+
+	BSON_APPEND_UTF8(cmd, "aggregate", c->coll);
+	bson_append_array_begin(cmd, "pipeline", -1, &pl);
+	bson_append_document_begin(&pl, "0", -1, &st);
+	if (filter)
+		BSON_APPEND_DOCUMENT(&st, "$match", filter);
+	else {
+		bson_append_document_begin(&st, "$match", -1, &sub);
+		bson_append_document_end(&st, &sub);
+	}
+	bson_append_document_end(&pl, &st);
+	bson_append_document_begin(&pl, "1", -1, &st);
+	bson_append_document_begin(&st, "$sample", -1, &sub);
+	BSON_APPEND_INT64(&sub, "size", sample);
+	bson_append_document_end(&st, &sub);
+	bson_append_document_end(&pl, &st);
+	bson_append_array_end(cmd, &pl);
+	bson_append_document_begin(cmd, "cursor", -1, &cur);
+	BSON_APPEND_INT64(&cur, "batchSize", batch);
+	bson_append_document_end(cmd, &cur);
+	BSON_APPEND_BOOL(cmd, SDB_PIPELINE_SAMPLE_KEY, true);
+	copy_agg_options(c->cmd, cmd);
+}
+
 /* Open the find cursors of the selected chunks: ONE per target shard that has filtering
  * metadata (shard version, the shard drops orphans: shardver.c), else one per chunk with the
  * ownership filter. base is the find command body without the collection name, filter,
- * projection or version (those are added here).
+ * projection or version (those are added here). sample >= 0: a request to a shard (not
+ * per chunk: the ownership filter would drop sampled documents after the fact) is the
+ * sampling aggregate of sample_cmd instead of a find (sort and proj then unused).
  * Returns SHARDCONN_OK with *out streams (count *nout), or the first failure class with
  * *fail pointing at the failed stream's error (streams freed, shard cursors killed). */
 static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
-			     const bson_t *sort, const bson_t *proj, int64_t batch, pstream **out,
-			     size_t *nout, bson_t *err_reply, char *neterr, size_t nelen,
-			     bool *nometa)
+			     const bson_t *sort, const bson_t *proj, int64_t batch, int64_t sample,
+			     pstream **out, size_t *nout, bson_t *err_reply, char *neterr,
+			     size_t nelen, bool *nometa)
 {
 	scatter sc;
 	size_t i, j, nsel = 0;
@@ -122,6 +173,12 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 		}
 		sc.chunks[sc.n] = i;
 		bson_init(&sc.cmds[sc.n]);
+		if (per_shard && sample >= 0) {
+			sample_cmd(c, filter, sample, batch, &sc.cmds[sc.n]);
+			px_append_shard_version(&sc.cmds[sc.n], rc, ch->shard);
+			sc.n++;
+			continue;
+		}
 		BSON_APPEND_UTF8(&sc.cmds[sc.n], "find", c->coll);
 		if (filter && !bson_empty(filter))
 			BSON_APPEND_DOCUMENT(&sc.cmds[sc.n], "filter", filter);
@@ -172,6 +229,7 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 typedef struct merged_op {
 	const bson_t *filter, *sort_spec, *shard_proj;
 	int64_t batch;
+	int64_t sample; /* >= 0: the shards sample (scatter_open_once) */
 	pstream *s; /* the streams opened (count n) ... */
 	size_t n;
 	bool opened; /* ... when done without an answer */
@@ -191,7 +249,8 @@ static int merged_execute(px_retry *r, void *arg)
 
 	px_note_target(r->c, r->rc, nsel);
 	cls = scatter_open_once(r->c, r->rc, sel, m->filter, m->sort_spec, m->shard_proj,
-				m->batch, &m->s, &m->n, &err_reply, nerr, sizeof nerr, &nometa);
+				m->batch, m->sample, &m->s, &m->n, &err_reply, nerr, sizeof nerr,
+				&nometa);
 	free(sel);
 	if (cls == SHARDCONN_STALE && nometa && !m->redone) {
 		/* a shard without filtering metadata (now remembered): the retry loop runs the
@@ -214,11 +273,12 @@ static int merged_execute(px_retry *r, void *arg)
  * within budget) into *out. Takes sort and proj. *rcp: the routing, replaced by a newer one
  * after a refresh. Returns: 0 with *out, or the code of the error answered on c (*out
  * NULL). */
-static int open_merged(ctx *c, route_coll **rcp, const bson_t *filter, const bson_t *sort_spec,
-		       const bson_t *shard_proj, merge_sort *sort, sdb_projection *proj,
-		       int64_t skip, int64_t limit, int64_t batch, proxy_cursor **out)
+static int open_merged_ex(ctx *c, route_coll **rcp, const bson_t *filter,
+			  const bson_t *sort_spec, const bson_t *shard_proj, merge_sort *sort,
+			  sdb_projection *proj, int64_t skip, int64_t limit, int64_t batch,
+			  int64_t sample, proxy_cursor **out)
 {
-	merged_op m = {filter, sort_spec, shard_proj, batch, NULL, 0, false};
+	merged_op m = {filter, sort_spec, shard_proj, batch, sample, NULL, 0, false, false};
 	px_retry r;
 
 	px_retry_init(&r, c, *rcp, merged_execute, NULL, &m);
@@ -235,6 +295,15 @@ static int open_merged(ctx *c, route_coll **rcp, const bson_t *filter, const bso
 	merge_sort_free(sort);
 	sdb_projection_free(proj);
 	return r.status; /* answered by merged_execute or px_retry_run */
+}
+
+/* open_merged_ex with finds only. */
+static int open_merged(ctx *c, route_coll **rcp, const bson_t *filter, const bson_t *sort_spec,
+		       const bson_t *shard_proj, merge_sort *sort, sdb_projection *proj,
+		       int64_t skip, int64_t limit, int64_t batch, proxy_cursor **out)
+{
+	return open_merged_ex(c, rcp, filter, sort_spec, shard_proj, sort, proj, skip, limit,
+			      batch, -1, out);
 }
 
 /* ---------- find / getMore / killCursors ---------- */
@@ -1016,8 +1085,10 @@ int px_do_aggregate(ctx *c)
 
 		st = px_let(c, &vars);
 		if (st == 0) {
+			/* sample_key_in: a leading $sample merges the keys of the shards'
+			 * samples (sample_cmd) */
 			sdb_pipeline_opts po = {.let = &vars, .foreign = px_agg_foreign,
-						.foreign_arg = c};
+						.foreign_arg = c, .sample_key_in = true};
 
 			if (sdb_pipeline_parse(&stages, &po, &pl, &code, err, sizeof err) != 0)
 				st = px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
@@ -1044,12 +1115,18 @@ int px_do_aggregate(ctx *c)
 		route_coll_unref(rc);
 		return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 	}
-	st = open_merged(c, &rc, &pd.filter, &pd.sort, NULL, ms, NULL, pd.skip,
-			 pd.limit > 0 ? pd.limit : 0,
-			 pd.limit > 0 && pd.skip < 1000 && pd.limit < 1000 - pd.skip
-				 ? pd.limit + pd.skip
-				 : 1000,
-			 &in_cur);
+	/* a $sample right after the leading $match: each shard samples its documents, the
+	 * proxy's $sample keeps the smallest keys of their union */
+	int64_t sample = bson_empty(&pd.sort) && pd.skip == 0 && pd.limit < 0
+				 ? sdb_pipeline_first_sample(pl)
+				 : -1;
+	st = open_merged_ex(c, &rc, &pd.filter, &pd.sort, NULL, ms, NULL, pd.skip,
+			    pd.limit > 0 ? pd.limit : 0,
+			    pd.limit > 0 && pd.skip < 1000 && pd.limit < 1000 - pd.skip
+				    ? pd.limit + pd.skip
+			    : sample > 0 && sample < 1000 ? sample
+							  : 1000,
+			    sample, &in_cur);
 	route_coll_unref(rc);
 	if (st != 0) {
 		sdb_pipeline_pushdown_destroy(&pd);

@@ -86,6 +86,10 @@ static int ensure_database(ctx *c, const char *db)
 	static const int ok[] = {WIRE_ERR_NAMESPACE_EXISTS, WIRE_ERR_DUPLICATE_KEY, 0};
 	int st;
 
+	if ((st = px_db_case_check(c, db)) != 0) {
+		bson_destroy(&cmd);
+		return st;
+	}
 	BSON_APPEND_UTF8(&cmd, "createDatabase", db);
 	st = px_sharding_meta_call(c, &cmd, &reply, ok, NULL);
 	if (st == 0)
@@ -130,6 +134,8 @@ static int do_enable_sharding(ctx *c)
 		}
 		ps = bson_iter_utf8(&it, NULL);
 	}
+	if ((st = px_db_case_check(c, db)) != 0)
+		goto out;
 	if (ps && (st = px_db_data_stays_visible(c, db, ps)) != 0)
 		goto out;
 	BSON_APPEND_UTF8(&cmd, "createDatabase", db);

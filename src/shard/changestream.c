@@ -250,12 +250,19 @@ static void take_pending(struct shard_cs *cs, bson_t *arr, size_t want, size_t *
 	cs->n_pending -= i;
 }
 
-/* Does the oplog still hold what a stream positioned at scan_after needs (entries with
- * ts > scan_after)? Read txn open. */
+/* Has the oplog lost entries a stream positioned at scan_after needs (entries with
+ * ts > scan_after)? Exactly when the trimming deleted one above it; a store trimmed by an
+ * earlier version, which did not record how far, falls back to "its first entry is newer
+ * than the position" (which may also say lost when only a gap of ts lay there). Read txn
+ * open. */
 static bool history_lost(shard_ctx *x, uint64_t scan_after)
 {
-	uint64_t first = sdb_store_oplog_first(x->conn);
-	return first > scan_after + 1 && sdb_store_oplog_trimmed(x->conn);
+	uint64_t upto = sdb_store_oplog_trimmed_upto(x->conn);
+	if (upto == 0)
+		return false;
+	if (upto > 1)
+		return upto > scan_after;
+	return sdb_store_oplog_first(x->conn) > scan_after + 1;
 }
 
 /* One pass: fill arr with up to want events (0 = byte cap only) from pending, then from

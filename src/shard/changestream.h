@@ -44,8 +44,8 @@ typedef struct shard_cs_scope {
  * tok[]. Entries with `origin` (migration copies, range deletions), no-ops ("n"), other
  * namespaces and command entries other than drop, renameCollection and dropDatabase give
  * none. An "i" entry is an insert, "u" with updateDescription an update, "u" without a
- * replace, "d" a delete; a transaction's op (lsid and txnNumber without stmtResult) carries
- * lsid and txnNumber and idx = its stmtId. *invalidates is true when the entry ends the
+ * replace, "d" a delete; a transaction's op (inTxn: true, storage/store.h
+ * sdb_store_set_op_txn) carries lsid and txnNumber and idx = its stmtId. *invalidates is true when the entry ends the
  * stream (the second event is then the invalidate; with s->merge none is produced but
  * *invalidates still tells). Returns: the number of events. Never fails: a malformed
  * entry gives none. */

@@ -200,7 +200,8 @@ void shard_cmd_create(shard_ctx *x)
 		return;
 	}
 	if (rc == SDB_EINVAL) {
-		shard_fail(x, WIRE_ERR_INVALID_NAMESPACE, "%s", x->err);
+		int code = sdb_store_write_code(x->conn);
+		shard_fail(x, code ? code : WIRE_ERR_INVALID_NAMESPACE, "%s", x->err);
 		return;
 	}
 	if (rc) {
@@ -432,7 +433,8 @@ void shard_cmd_rename_collection(shard_ctx *x)
 				       a.drop_target, a.stay_temp, x->origin, x->err,
 				       sizeof x->err);
 	if (rc == SDB_EINVAL) {
-		shard_fail(x, WIRE_ERR_INVALID_NAMESPACE, "%s", x->err);
+		int code = sdb_store_write_code(x->conn);
+		shard_fail(x, code ? code : WIRE_ERR_INVALID_NAMESPACE, "%s", x->err);
 		return;
 	}
 	bson_t *reply = write_reply(x, rc);

@@ -395,6 +395,10 @@ bool shard_agg_exec(shard_ctx *x, const char *coll, const bson_t *stages,
 	sdb_pipeline *p = NULL;
 	int code = 0;
 	sdb_pipeline_opts po = {.let = shard_let(x), .foreign = shard_foreign, .foreign_arg = x};
+	/* the proxy's sharded $sample (src/proxy/read.c): emit each document's random key */
+	bson_iter_t sk;
+	po.sample_key_out = bson_iter_init_find(&sk, x->cmd, SDB_PIPELINE_SAMPLE_KEY) &&
+			    bson_iter_as_bool(&sk);
 	if (sdb_pipeline_parse(&all, &po, &p, &code, x->err, sizeof x->err) != 0) {
 		bson_destroy(&all);
 		util_docs_free(sessions.docs, sessions.n);

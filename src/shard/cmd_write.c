@@ -693,6 +693,12 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 			 "multi update is not supported for replacement-style update");
 		return WIRE_ERR_FAILED_TO_PARSE;
 	}
+	/* what the "u" oplog entries say: an updateDescription, or none for a replacement */
+	sdb_store_upd_kind ukind = SDB_STORE_UPD_REPLACE;
+	if (sdb_update_get_kind(u) == SDB_UPDATE_OPERATORS)
+		ukind = SDB_STORE_UPD_MODIFIER;
+	else if (sdb_update_get_kind(u) == SDB_UPDATE_PIPELINE)
+		ukind = SDB_STORE_UPD_PIPELINE;
 	bson_t **docs = NULL;
 	size_t n = 0;
 	int rc = match_docs(x, coll, &s->q, sort, s->have_hint ? &s->hint : NULL,
@@ -730,8 +736,8 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 				bson_destroy(&out);
 				break;
 			}
-			rc = sdb_store_replace(x->conn, x->db, coll, docs[i], &out, x->origin, dup,
-					       x->err, sizeof x->err);
+			rc = sdb_store_update(x->conn, x->db, coll, docs[i], &out, ukind, NULL,
+					      x->origin, dup, x->err, sizeof x->err);
 			if (rc) {
 				bson_destroy(&out);
 				ret = write_code(rc, x->conn);

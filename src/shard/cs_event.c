@@ -16,7 +16,7 @@ typedef struct cs_entry {
 	bson_t o, o2;
 	bool have_o, have_o2;
 	bson_iter_t lsid, txn, upd;
-	bool have_lsid, have_txn, have_upd, have_stmt_result, have_origin;
+	bool have_lsid, have_txn, have_upd, have_in_txn, have_origin;
 	int32_t stmt;
 } cs_entry;
 
@@ -62,8 +62,8 @@ static bool entry_read(const bson_t *e, cs_entry *x)
 			x->have_txn = true;
 		} else if (strcmp(k, "stmtId") == 0 && BSON_ITER_HOLDS_INT32(&it)) {
 			x->stmt = bson_iter_int32(&it);
-		} else if (strcmp(k, "stmtResult") == 0) {
-			x->have_stmt_result = true;
+		} else if (strcmp(k, "inTxn") == 0) {
+			x->have_in_txn = bson_iter_as_bool(&it);
 		} else if (strcmp(k, "updateDescription") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
 			x->upd = it;
 			x->have_upd = true;
@@ -229,7 +229,7 @@ size_t shard_cs_transform(const shard_cs_scope *s, const bson_t *entry, bson_t *
 	if (strcmp(e.op, "i") == 0 || strcmp(e.op, "u") == 0 || strcmp(e.op, "d") == 0) {
 		if (!ns_split(e.ns, db, sizeof db, &coll) || !in_scope(s, db, coll))
 			return 0;
-		bool txn = e.have_lsid && e.have_txn && !e.have_stmt_result;
+		bool txn = e.have_lsid && e.have_txn && e.have_in_txn;
 		if (txn && e.stmt >= 0)
 			tok[0].idx = (uint32_t)e.stmt;
 		out[n++] = crud_event(s, &e, &tok[0], db, coll, txn);

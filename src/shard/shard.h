@@ -26,6 +26,8 @@
  *        ts of that snapshot: replay the oplog from ts > atOplogTs to catch up); the reply
  *        is a cursor {cursor: {id, ns, firstBatch, atOplogTs}} drained with getMore.
  *   find also accepts `stripedbSnapshot: true` with the same effect on its reply.
+ *   $changeStream: {..., $stripedbMerge: true, $stripedbShardId: "id"}: a proxy's shard
+ *        stream (changestream.h): no invalidate, no lookup; tokens name the shard by id.
  */
 #ifndef SDB_SHARD_SHARD_H
 #define SDB_SHARD_SHARD_H

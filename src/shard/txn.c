@@ -41,6 +41,7 @@ typedef struct txn_op {
 	char op; /* 'i', 'u', 'd' */
 	char *ns;
 	bson_t *o; /* the document (i, u: full post-image) or {_id} (d) */
+	bson_t *ud; /* u: the entry's updateDescription (a modifier or pipeline update), or NULL */
 	uint8_t *k;
 	size_t klen;
 } txn_op;
@@ -106,6 +107,8 @@ static void ops_free(shard_txn_rec *t)
 	for (size_t i = 0; i < t->n_ops; i++) {
 		free(t->ops[i].ns);
 		bson_destroy(t->ops[i].o);
+		if (t->ops[i].ud)
+			bson_destroy(t->ops[i].ud);
 		free(t->ops[i].k);
 	}
 	free(t->ops);
@@ -726,10 +729,11 @@ static bool split_ns(const char *ns, char *db, size_t dblen, const char **coll)
 	return true;
 }
 
-/* Apply one effect on conn (in a write transaction or apply savepoint). 0 or an SDB_E*
- * code (duplicate key: dup filled). */
+/* Apply one effect on conn (in a write transaction or apply savepoint); ud (may be NULL):
+ * a "u" effect's updateDescription, written as captured. 0 or an SDB_E* code (duplicate
+ * key: dup filled). */
 static int apply_op(sdb_store_conn *conn, char op, const char *ns, const bson_t *o,
-		    sdb_store_dup *dup, char *err, size_t errlen)
+		    const bson_t *ud, sdb_store_dup *dup, char *err, size_t errlen)
 {
 	char db[128];
 	const char *coll;
@@ -747,7 +751,9 @@ static int apply_op(sdb_store_conn *conn, char op, const char *ns, const bson_t 
 			return sdb_store_insert(conn, db, coll, o, NULL, dup, err, errlen);
 		if (rc)
 			return rc;
-		rc = sdb_store_replace(conn, db, coll, &old, o, NULL, dup, err, errlen);
+		/* ud NULL: a replacement, no updateDescription */
+		rc = sdb_store_update(conn, db, coll, &old, o, SDB_STORE_UPD_REPLACE, ud, NULL, dup,
+				      err, errlen);
 		bson_destroy(&old);
 		return rc;
 	}
@@ -760,7 +766,8 @@ static int apply_op(sdb_store_conn *conn, char op, const char *ns, const bson_t 
 	return rc;
 }
 
-static void op_add(shard_txn_rec *t, char op, const char *ns, const bson_t *o, const sdb_key *k)
+static void op_add(shard_txn_rec *t, char op, const char *ns, const bson_t *o,
+		   const bson_t *ud, const sdb_key *k)
 {
 	if (t->n_ops == t->cap_ops) {
 		t->cap_ops = t->cap_ops ? t->cap_ops * 2 : 8;
@@ -770,6 +777,7 @@ static void op_add(shard_txn_rec *t, char op, const char *ns, const bson_t *o, c
 	e->op = op;
 	e->ns = sdb_strdup(ns);
 	e->o = bson_copy(o);
+	e->ud = ud ? bson_copy(ud) : NULL;
 	e->klen = k->len;
 	e->k = sdb_malloc(k->len ? k->len : 1);
 	memcpy(e->k, k->data, k->len);
@@ -797,10 +805,20 @@ static int capture(shard_txn_rec *t, sdb_store_conn *conn, uint64_t before, char
 			} else {
 				uint32_t len;
 				const uint8_t *data;
-				bson_t o;
+				bson_t o, ud;
+				bool have_ud = false;
+				bson_iter_t u;
 				bson_iter_document(&it, &len, &data);
+				if (op == 'u' &&
+				    bson_iter_init_find(&u, docs[i], "updateDescription") &&
+				    BSON_ITER_HOLDS_DOCUMENT(&u)) {
+					uint32_t ulen;
+					const uint8_t *udata;
+					bson_iter_document(&u, &ulen, &udata);
+					have_ud = bson_init_static(&ud, udata, ulen);
+				}
 				if (bson_init_static(&o, data, len))
-					op_add(t, op, ns, &o, &k);
+					op_add(t, op, ns, &o, have_ud ? &ud : NULL, &k);
 			}
 		}
 		sdb_key_free(&k);
@@ -834,8 +852,8 @@ static bson_t *run_tentative(shard *sh, shard_txn_rec *t, const char *db, const 
 		rc = sdb_store_begin(conn, true, err, errlen);
 		for (size_t i = 0; rc == 0 && i < t->n_ops; i++) {
 			sdb_store_dup dup = {0};
-			rc = apply_op(conn, t->ops[i].op, t->ops[i].ns, t->ops[i].o, &dup, err,
-				      errlen);
+			rc = apply_op(conn, t->ops[i].op, t->ops[i].ns, t->ops[i].o,
+				      t->ops[i].ud, &dup, err, errlen);
 			sdb_store_dup_clear(&dup);
 		}
 		if (rc == 0)
@@ -1176,7 +1194,8 @@ static void commit(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 	}
 	size_t bytes = 0;
 	for (size_t i = 0; i < t->n_ops; i++)
-		bytes += t->ops[i].o->len + strlen(t->ops[i].ns) + 32;
+		bytes += t->ops[i].o->len + strlen(t->ops[i].ns) + 32 +
+			 (t->ops[i].ud ? t->ops[i].ud->len + 8 : 0);
 	if (bytes > SHARD_MAX_REPLY_BYTES) {
 		/* one Raft entry, one BSON command: mongod's 16 MB transaction oplog limit */
 		finish(T, t, TXN_ABORTED, "it was too large");
@@ -1354,6 +1373,8 @@ bson_t *shard_txn_commit_build(shard *sh, shard_txn_rec *t, wire_req *req,
 		BSON_APPEND_UTF8(&op, "op", o);
 		BSON_APPEND_UTF8(&op, "ns", t->ops[i].ns);
 		BSON_APPEND_DOCUMENT(&op, "o", t->ops[i].o);
+		if (t->ops[i].ud)
+			BSON_APPEND_DOCUMENT(&op, "ud", t->ops[i].ud);
 		bson_append_document_end(&ops, &op);
 	}
 	bson_append_array_end(c, &ops);
@@ -1430,8 +1451,8 @@ void shard_cmd_apply_txn(shard_ctx *x)
 	while (bson_iter_next(&arr)) {
 		bson_iter_t f;
 		const char *op = NULL, *ns = NULL;
-		bson_t o;
-		bool have_o = false;
+		bson_t o, ud;
+		bool have_o = false, have_ud = false, bad_ud = false;
 		if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &f))
 			continue;
 		while (bson_iter_next(&f)) {
@@ -1445,15 +1466,24 @@ void shard_cmd_apply_txn(shard_ctx *x)
 				const uint8_t *data;
 				bson_iter_document(&f, &len, &data);
 				have_o = bson_init_static(&o, data, len);
+			} else if (strcmp(k, "ud") == 0) {
+				uint32_t len = 0;
+				const uint8_t *data = NULL;
+				if (BSON_ITER_HOLDS_DOCUMENT(&f))
+					bson_iter_document(&f, &len, &data);
+				have_ud = data && bson_init_static(&ud, data, len);
+				bad_ud = !have_ud;
 			}
 		}
-		if (!op || !ns || !have_o) {
+		if (!op || !ns || !have_o || bad_ud) {
 			shard_fail(x, WIRE_ERR_BAD_VALUE, "malformed stripedbApplyTxn op %d", i);
 			return;
 		}
 		sdb_store_dup dup = {0};
 		sdb_store_set_op_session(x->conn, &lsid, txn, i);
-		rc = apply_op(x->conn, op[0], ns, &o, &dup, x->err, sizeof x->err);
+		sdb_store_set_op_txn(x->conn);
+		rc = apply_op(x->conn, op[0], ns, &o, have_ud ? &ud : NULL, &dup, x->err,
+			      sizeof x->err);
 		if (rc == SDB_EEXISTS && dup.set) {
 			bson_t *extra = bson_new();
 			BSON_APPEND_DOCUMENT(extra, "keyPattern", &dup.key_pattern);

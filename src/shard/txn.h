@@ -78,7 +78,8 @@ bson_t *shard_txn_commit_build(shard *sh, shard_txn_rec *t, wire_req *req,
 /* Free a record (a queued commit refused before its proposal). NULL is a no-op. */
 void shard_txn_rec_free(shard_txn_rec *t);
 
-/* {stripedbApplyTxn: 1, lsid, txnNumber, ops: [{op: "i"|"u"|"d", ns, o, o2?}], check?}:
+/* {stripedbApplyTxn: 1, lsid, txnNumber, ops: [{op: "i"|"u"|"d", ns, o, o2?, ud?}], check?}
+ * (ud: a "u" op's updateDescription, as its statement's entry had it; none: a replacement):
  * the replicated apply of a commit (never accepted from a client). */
 void shard_cmd_apply_txn(shard_ctx *x);
 

@@ -92,6 +92,7 @@ static const struct {
 	{11600, "InterruptedAtShutdown"},
 	{11601, "Interrupted"},
 	{11602, "InterruptedDueToReplStateChange"},
+	{13297, "DatabaseDifferCase"},
 	{13388, "StaleConfig"},
 	{13435, "NotPrimaryNoSecondaryOk"},
 	{13436, "NotPrimaryOrSecondary"},

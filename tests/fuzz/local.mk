@@ -55,7 +55,7 @@ if FUZZING
 noinst_PROGRAMS += tests/fuzz/fuzz_storage_update
 tests_fuzz_fuzz_storage_update_SOURCES = tests/fuzz/fuzz_storage_update.c storage/update.c \
 	storage/update_apply.c storage/update_pipeline.c storage/docbuild.c storage/pipeline.c \
-	storage/pipeline_expr.c
+	storage/pipeline_expr.c storage/docdiff.c
 tests_fuzz_fuzz_storage_update_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 tests_fuzz_fuzz_storage_update_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 tests_fuzz_fuzz_storage_update_LDADD = libstripedb.a $(SDB_LIBS)

@@ -664,6 +664,9 @@ def test_collection_policy_switches(start_role, tmp_path):
         assert refused(lambda: list(db.c.aggregate([{"$match": {"k": 3}}]))) == 20
         assert list(db.c.aggregate([{"$match": {"k": 3}}, {"$limit": 1}])) == \
             [{"_id": 3, "k": 3, "x": 3, "z": 1}]
+        # a $sample bounds the result too
+        assert list(db.c.aggregate([{"$match": {"k": 3}}, {"$sample": {"size": 1}}])) == \
+            [{"_id": 3, "k": 3, "x": 3, "z": 1}]
         # unindexed: an unsharded collection without an index on y
         assert refused(lambda: db.u.find_one({"y": 3})) == 291
         assert db.u.find_one({"_id": 3}) == {"_id": 3, "y": 3}

@@ -150,6 +150,36 @@ def test_find_and_modify_retry_returns_the_same_images(shard_with_dir):
     assert list(db.c.find().sort("_id", 1)) == [{"_id": 1, "n": 11}, {"_id": 2, "n": 21}]
 
 
+def test_find_and_modify_of_a_large_document_keeps_its_oplog_entry_readable(shard_with_dir):
+    """A retryable findAndModify's entry carries the document in `o` and its recorded reply
+    (the document again) in stmtResult: for a 9 MiB document that would be an 18 MiB entry
+    that no oplog read can return (CDC tailing would stick on it). Such an entry goes
+    without stmtResult; a retry on the shard is still answered from its session record."""
+    _, port = shard_with_dir
+    c = client_for(port)
+    db = c.rw
+    big = "x" * (9 << 20)
+    db.c.insert_one({"_id": 1, "s": big})
+    db.c.insert_one({"_id": 2, "s": "small"})
+    with c.start_session() as s:
+        cmd = SON([("findAndModify", "c"), ("query", {"_id": 1}),
+                   ("update", {"_id": 1, "s": big, "v": 2}), ("new", True),
+                   ("txnNumber", Int64(1))])
+        a = db.command(cmd, session=s)
+        b = db.command(cmd, session=s)  # the retry: answered from the record
+        assert strip(a) == strip(b)
+        assert a["value"]["v"] == 2 and len(a["value"]["s"]) == len(big)
+        small = SON([("findAndModify", "c"), ("query", {"_id": 2}),
+                     ("update", {"$set": {"v": 3}}), ("txnNumber", Int64(2))])
+        db.command(small, session=s)
+    # every entry of the oplog is readable, in order, by a tailing read
+    entries = list(c.local.oplog.rs.find({"ns": "rw.c", "op": "u"}))
+    assert [e["o2"]["_id"] for e in entries] == [1, 2]
+    assert "stmtResult" not in entries[0] and entries[0]["txnNumber"] == 1
+    assert entries[1]["stmtResult"]["value"] == {"_id": 2, "s": "small"}
+    assert db.c.find_one({"_id": 1}, {"v": 1}) == {"_id": 1, "v": 2}
+
+
 def test_older_txn_number_is_transaction_too_old(shard_with_dir):
     _, port = shard_with_dir
     c = client_for(port)

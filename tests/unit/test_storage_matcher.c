@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "storage/collation.h"
 #include "storage/matcher.h"
 #include "storage/path.h"
 
@@ -1014,6 +1015,157 @@ static void test_malformed_nested(void **state)
 	sdb_matcher_free(m);
 }
 
+/* A $in of IN_SORTED_MIN or more values is answered by a binary search over a sorted copy
+ * (in_sorted_has): random lists drawn from values of every bracket (numbers of four types
+ * that compare equal, NaN, null, undefined, strings that a case-insensitive collation makes
+ * equal, arrays, documents, MinKey/MaxKey) must match exactly the documents the same list
+ * matches as an $or of $eq clauses, under the simple collation, under a case-insensitive
+ * one, and when the list was sorted under one collation and is evaluated under the other
+ * (the linear scan then answers). */
+static void append_pool_value(bson_t *b, const char *k, int i)
+{
+	bson_t sub;
+	bson_decimal128_t d;
+
+	switch (i) {
+	case 0: BSON_APPEND_INT32(b, k, 1); break;
+	case 1: BSON_APPEND_INT64(b, k, 1); break;
+	case 2: BSON_APPEND_DOUBLE(b, k, 1.0); break;
+	case 3: bson_decimal128_from_string("1.0", &d); BSON_APPEND_DECIMAL128(b, k, &d); break;
+	case 4: BSON_APPEND_DOUBLE(b, k, 2.5); break;
+	case 5: BSON_APPEND_DOUBLE(b, k, NAN); break;
+	case 6: BSON_APPEND_NULL(b, k); break;
+	case 7: BSON_APPEND_UNDEFINED(b, k); break;
+	case 8: BSON_APPEND_UTF8(b, k, "ping"); break;
+	case 9: BSON_APPEND_UTF8(b, k, "PING"); break;
+	case 10: BSON_APPEND_UTF8(b, k, "pong"); break;
+	case 11: BSON_APPEND_BOOL(b, k, true); break;
+	case 12: BSON_APPEND_BOOL(b, k, false); break;
+	case 13: BSON_APPEND_MINKEY(b, k); break;
+	case 14: BSON_APPEND_MAXKEY(b, k); break;
+	case 15: BSON_APPEND_DATE_TIME(b, k, 1000); break;
+	case 16:
+		BSON_APPEND_ARRAY_BEGIN(b, k, &sub);
+		BSON_APPEND_INT32(&sub, "0", 1);
+		BSON_APPEND_UTF8(&sub, "1", "ping");
+		bson_append_array_end(b, &sub);
+		break;
+	case 17:
+		BSON_APPEND_DOCUMENT_BEGIN(b, k, &sub);
+		BSON_APPEND_UTF8(&sub, "x", "PONG");
+		bson_append_document_end(b, &sub);
+		break;
+	case 18:
+		BSON_APPEND_DOCUMENT_BEGIN(b, k, &sub);
+		BSON_APPEND_UTF8(&sub, "x", "pong");
+		bson_append_document_end(b, &sub);
+		break;
+	case 19: BSON_APPEND_INT32(b, k, -7); break;
+	case 20: BSON_APPEND_DOUBLE(b, k, 1e300); break;
+	case 21: BSON_APPEND_UTF8(b, k, ""); break;
+	default: BSON_APPEND_INT64(b, k, (int64_t)i * 1000003); break;
+	}
+}
+
+#define POOL 40
+
+static sdb_matcher *in_filter(const int *vals, int n, bool as_or)
+{
+	bson_t f = BSON_INITIALIZER, a, in, arr;
+	char key[16];
+	sdb_matcher *m = NULL;
+	char err[256];
+
+	if (as_or) {
+		BSON_APPEND_ARRAY_BEGIN(&f, "$or", &arr);
+		for (int i = 0; i < n; i++) {
+			bson_t cl, eq;
+
+			snprintf(key, sizeof key, "%d", i);
+			BSON_APPEND_DOCUMENT_BEGIN(&arr, key, &cl);
+			BSON_APPEND_DOCUMENT_BEGIN(&cl, "a", &eq);
+			append_pool_value(&eq, "$eq", vals[i]);
+			bson_append_document_end(&cl, &eq);
+			bson_append_document_end(&arr, &cl);
+		}
+		bson_append_array_end(&f, &arr);
+	} else {
+		BSON_APPEND_DOCUMENT_BEGIN(&f, "a", &a);
+		BSON_APPEND_ARRAY_BEGIN(&a, "$in", &in);
+		for (int i = 0; i < n; i++) {
+			snprintf(key, sizeof key, "%d", i);
+			append_pool_value(&in, key, vals[i]);
+		}
+		bson_append_array_end(&a, &in);
+		bson_append_document_end(&f, &a);
+	}
+	assert_int_equal(sdb_matcher_new(&f, &m, NULL, err, sizeof err), 0);
+	bson_destroy(&f);
+	return m;
+}
+
+static void test_in_sorted_equals_linear(void **state)
+{
+	(void)state;
+	const sdb_collator *ci = NULL;
+	bson_t spec = BSON_INITIALIZER;
+	int code = 0;
+	char err[256];
+
+	BSON_APPEND_UTF8(&spec, "locale", "en_US");
+	BSON_APPEND_INT32(&spec, "strength", 2);
+	assert_int_equal(sdb_collation_parse_doc(&spec, &ci, &code, err, sizeof err), 0);
+	bson_destroy(&spec);
+	/* the documents: {a: v} for each pool value, {a: [v, w]}, and {} */
+	bson_t *docs[POOL + POOL + 1];
+	int nd = 0;
+	for (int i = 0; i < POOL; i++) {
+		docs[nd] = bson_new();
+		append_pool_value(docs[nd++], "a", i);
+	}
+	for (int i = 0; i < POOL; i++) {
+		bson_t arr;
+
+		docs[nd] = bson_new();
+		BSON_APPEND_ARRAY_BEGIN(docs[nd], "a", &arr);
+		append_pool_value(&arr, "0", i);
+		append_pool_value(&arr, "1", (i * 7 + 3) % POOL);
+		bson_append_array_end(docs[nd++], &arr);
+	}
+	docs[nd++] = bson_new();
+	unsigned seed = 12345;
+	int checked_sorted = 0;
+	for (int trial = 0; trial < 300; trial++) {
+		int vals[64], n = IN_SORTED_MIN + (int)(rand_r(&seed) % 30);
+
+		for (int i = 0; i < n; i++)
+			vals[i] = (int)(rand_r(&seed) % POOL);
+		/* 0: simple/simple, 1: ci/ci, 2: sorted simple evaluated ci, 3: sorted ci
+		 * evaluated simple */
+		int mode = trial % 4;
+		const sdb_collator *at_parse = (mode == 1 || mode == 3) ? ci : NULL;
+		const sdb_collator *at_eval = (mode == 1 || mode == 2) ? ci : NULL;
+		const sdb_collator *prev = sdb_collation_use(at_parse);
+		sdb_matcher *in = in_filter(vals, n, false);
+		sdb_collation_use(at_eval);
+		sdb_matcher *ors = in_filter(vals, n, true);
+		for (int d = 0; d < nd; d++) {
+			bool a = sdb_matcher_match(in, docs[d]), b = sdb_matcher_match(ors, docs[d]);
+			if (a != b) {
+				char *j = bson_as_relaxed_extended_json(docs[d], NULL);
+				fail_msg("trial %d mode %d doc %s: $in %d, $or %d", trial, mode, j, a, b);
+			}
+		}
+		checked_sorted += at_parse == at_eval;
+		sdb_matcher_free(in);
+		sdb_matcher_free(ors);
+		sdb_collation_use(prev);
+	}
+	assert_true(checked_sorted > 100);
+	for (int d = 0; d < nd; d++)
+		bson_destroy(docs[d]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1033,6 +1185,7 @@ int main(void)
 		cmocka_unit_test(test_bounds_superset),
 		cmocka_unit_test(test_bounds_random_property),
 		cmocka_unit_test(test_malformed_nested),
+		cmocka_unit_test(test_in_sorted_equals_linear),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

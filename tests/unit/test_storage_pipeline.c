@@ -960,7 +960,7 @@ static void test_expressions(void **state)
 	      " 'ts': ['5', '0.1', 'true', '2024-01-02T03:04:05.006Z', null]}]");
 	check_err("[{'$project': {'x': {'$concatArrays': [[1], 2]}}}]", "[{'a': 1}]", 28664, NULL);
 	check_err("[{'$project': {'x': {'$strLenBytes': 5}}}]", "[{'a': 1}]", 34473, NULL);
-	check_err("[{'$project': {'x': {'$divide': ['$a', 0]}}}]", "[{'a': 1}]", 16608, "by 0");
+	check_err("[{'$project': {'x': {'$divide': ['$a', 0]}}}]", "[{'a': 1}]", 16608, "by zero");
 	check_err("[{'$project': {'x': {'$size': '$a'}}}]", "[{'a': 1}]", 17124, "must be an array");
 	check_err("[{'$project': {'x': {'$concat': ['$a']}}}]", "[{'a': 1}]", 16702, "only supports strings");
 	check_err("[{'$project': {'x': {'$add': ['$a', 'b']}}}]", "[{'a': 1}]", 16554, NULL);
@@ -1043,6 +1043,156 @@ static void test_match(void **state)
 	      " {'_id': 3, 'category': 'clothes', 'budget': 100, 'spent': 50}, {'_id': 4, 'category': 'misc', 'budget': 500, 'spent': 300},"
 	      " {'_id': 5, 'category': 'travel', 'budget': 200, 'spent': 650}]",
 	      "[{'_id': 2, 'category': 'drinks', 'budget': 100, 'spent': 150}, {'_id': 5, 'category': 'travel', 'budget': 200, 'spent': 650}]");
+}
+
+/* $sample (pipeline_sample.c): sizes, errors, the memory bound, and the keys a shard sends
+ * the proxy (sample_key_out) and the proxy merges (sample_key_in: the smallest keys win,
+ * deterministically). */
+static void test_sample(void **state)
+{
+	(void)state;
+	int code;
+	char err[512];
+	char *got;
+
+	check("[{'$sample': {'size': 0}}]", "[{'_id': 1}]", "[]");
+	check("[{'$sample': {'size': 5}}, {'$sort': {'_id': 1}}]", "[{'_id': 1}, {'_id': 2}, {'_id': 3}]",
+	      "[{'_id': 1}, {'_id': 2}, {'_id': 3}]");
+	check("[{'$sample': {'size': 2.7}}, {'$count': 'n'}]", "[{'_id': 1}, {'_id': 2}, {'_id': 3}]",
+	      "[{'n': 2}]");
+	check_err("[{'$sample': 1}]", "[]", 28745, "the $sample stage specification must be an object");
+	check_err("[{'$sample': {'size': 'a'}}]", "[]", 28746, "size argument to $sample must be a number");
+	check_err("[{'$sample': {'size': -1}}]", "[]", 28747, "size argument to $sample must not be negative");
+	check_err("[{'$sample': {'size': 1, 'x': 1}}]", "[]", 28748, "unrecognized option to $sample: x");
+	check_err("[{'$sample': {}}]", "[]", 28749, "$sample stage must specify a size");
+
+	/* the heap holds size documents: over the bound 292, under it fine */
+	{
+		sdb_pipeline_opts o = {.max_memory_bytes = 24000};
+		char *docs = malloc(200000);
+		size_t len = 0;
+
+		len += (size_t)sprintf(docs + len, "[");
+		for (int i = 0; i < 1000; i++)
+			len += (size_t)sprintf(docs + len, "%s{'_id': %d, 'pad': 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'}",
+					       i ? ", " : "", i);
+		sprintf(docs + len, "]");
+		got = run("[{'$sample': {'size': 500}}]", docs, &o, &code, err, sizeof err);
+		assert_null(got);
+		assert_int_equal(code, 292);
+		assert_non_null(strstr(err, "Exceeded memory limit for $sample"));
+		got = run("[{'$sample': {'size': 50}}, {'$count': 'n'}]", docs, &o, &code, err, sizeof err);
+		assert_non_null(got);
+		assert_string_equal(got, "{ \"v\" : [ { \"n\" : { \"$numberInt\" : \"50\" } } ] }");
+		bson_free(got);
+		free(docs);
+	}
+
+	/* sample_key_out: a last $sample emits ascending keys in [0, 1) */
+	{
+		sdb_pipeline_opts o = {.sample_key_out = true};
+		bson_t parr, darr = BSON_INITIALIZER;
+		bson_t *pw = JA("[{'$sample': {'size': 20}}]", &parr);
+		sdb_pipeline *p = NULL;
+		sdb_pipeline_cursor *c;
+		input in = {.fail_after = -1};
+		const bson_t *d;
+		double prev = -1;
+		int n = 0;
+
+		for (int i = 0; i < 100; i++) {
+			bson_t doc;
+			char key[16];
+
+			snprintf(key, sizeof key, "%d", i);
+			bson_append_document_begin(&darr, key, -1, &doc);
+			BSON_APPEND_INT32(&doc, "_id", i);
+			bson_append_document_end(&darr, &doc);
+		}
+		assert_int_equal(sdb_pipeline_parse(&parr, &o, &p, &code, err, sizeof err), 0);
+		bson_iter_init(&in.it, &darr);
+		sdb_pipeline_open(p, input_next, &in, &c);
+		while (sdb_pipeline_cursor_next(c, &d, &code, err, sizeof err) == 1) {
+			bson_iter_t it;
+
+			assert_true(bson_iter_init_find(&it, d, SDB_PIPELINE_SAMPLE_KEY));
+			assert_true(BSON_ITER_HOLDS_DOUBLE(&it));
+			assert_true(bson_iter_double(&it) >= prev && bson_iter_double(&it) < 1.0);
+			prev = bson_iter_double(&it);
+			n++;
+		}
+		assert_int_equal(n, 20);
+		sdb_pipeline_cursor_free(c);
+		sdb_pipeline_free(p);
+		bson_destroy(pw);
+		bson_destroy(&darr);
+	}
+
+	/* sample_key_in: the documents' own keys decide (and are removed) */
+	{
+		sdb_pipeline_opts o = {.sample_key_in = true};
+		bson_t parr, darr = BSON_INITIALIZER;
+		bson_t *pw = JA("[{'$sample': {'size': 2}}]", &parr);
+		sdb_pipeline *p = NULL;
+		sdb_pipeline_cursor *c;
+		input in = {.fail_after = -1};
+		const bson_t *d;
+		const double keys[] = {0.9, 0.1, 0.5, 0.7};
+		int want[] = {2, 3}, n = 0;
+
+		for (int i = 0; i < 4; i++) {
+			bson_t doc;
+			char key[16];
+
+			snprintf(key, sizeof key, "%d", i);
+			bson_append_document_begin(&darr, key, -1, &doc);
+			BSON_APPEND_INT32(&doc, "_id", i + 1);
+			BSON_APPEND_DOUBLE(&doc, SDB_PIPELINE_SAMPLE_KEY, keys[i]);
+			bson_append_document_end(&darr, &doc);
+		}
+		assert_int_equal(sdb_pipeline_parse(&parr, &o, &p, &code, err, sizeof err), 0);
+		bson_iter_init(&in.it, &darr);
+		sdb_pipeline_open(p, input_next, &in, &c);
+		while (sdb_pipeline_cursor_next(c, &d, &code, err, sizeof err) == 1) {
+			bson_iter_t it;
+
+			assert_true(n < 2);
+			assert_false(bson_iter_init_find(&it, d, SDB_PIPELINE_SAMPLE_KEY));
+			assert_true(bson_iter_init_find(&it, d, "_id"));
+			assert_int_equal(bson_iter_int32(&it), want[n]);
+			n++;
+		}
+		assert_int_equal(n, 2);
+		sdb_pipeline_cursor_free(c);
+		sdb_pipeline_free(p);
+		bson_destroy(pw);
+		bson_destroy(&darr);
+	}
+}
+
+/* $redact (pipeline_redact.c): the manual's accounts example, $$CURRENT / $$ROOT, arrays
+ * of arrays, 17053. */
+static void test_redact(void **state)
+{
+	(void)state;
+	check("[{'$redact': {'$cond': {'if': {'$eq': ['$level', 5]}, 'then': '$$PRUNE', 'else': '$$DESCEND'}}}]",
+	      "[{'_id': 1, 'level': 1, 'acct_id': 'xyz123', 'cc': {'level': 5, 'type': 'yy',"
+	      " 'billing_addr': {'level': 5, 'addr1': '123 ABC Street'},"
+	      " 'shipping_addr': [{'level': 3, 'addr1': '987 XYZ Ave'}]}, 'status': 'A'},"
+	      " {'_id': 2, 'level': 5}]",
+	      "[{'_id': 1, 'level': 1, 'acct_id': 'xyz123', 'status': 'A'}]");
+	check("[{'$redact': {'$cond': [{'$eq': ['$$CURRENT.o', '$$ROOT.o']}, '$$DESCEND', '$$PRUNE']}}]",
+	      "[{'_id': 1, 'o': 'a', 'x': {'o': 'b'}, 'y': {'o': 'a', 'z': {}},"
+	      " 'arr': [[{'o': 'a', 'k': 1}, {'o': 'b'}, 3], {'o': 'b'}, []]}]",
+	      "[{'_id': 1, 'o': 'a', 'y': {'o': 'a'}, 'arr': [[{'o': 'a', 'k': 1}, 3], []]}]");
+	check("[{'$redact': '$$KEEP'}]", "[{'_id': 1, 'a': {'b': 1}}]", "[{'_id': 1, 'a': {'b': 1}}]");
+	check("[{'$redact': 'prune'}]", "[{'_id': 1}]", "[]");
+	check_err("[{'$redact': '$a'}]", "[{'_id': 1, 'a': 2}]", 17053, "but returned 2");
+	check_err("[{'$redact': '$a'}]", "[{'_id': 1}]", 17053, "but returned MISSING");
+	check_err("[{'$redact': 'x'}]", "[{'_id': 1}]", 17053, "but returned \"x\"");
+	check_err("[{'$redact': '$a'}]", "[{'_id': 1, 'a': {'b': 'x', 'c': [1, 2.5, null]}}]", 17053,
+		  "but returned {b: \"x\", c: [1, 2.5, null]}");
+	check_err("[{'$project': {'a': '$$DESCEND'}}]", "[]", 17276, "Use of undefined variable: DESCEND");
 }
 
 /* Blocking stages over more than max_memory_bytes fail with 292; $sort + $limit keeps only
@@ -1272,6 +1422,71 @@ static void test_eval_expr(void **state)
 	bson_destroy(doc);
 }
 
+#define DEC(s) "{'$numberDecimal': '" s "'}"
+
+/* Decimal128 operands give Decimal128 results (MongoDB 6.0's ExpressionAdd..., AccumulatorSum,
+ * AccumulatorAvg): exact decimal digits, doubles converted as mongod converts them. */
+static void test_decimal(void **state)
+{
+	(void)state;
+	/* $group: decimals sum exactly; ints, longs and doubles join through their exact sum */
+	check("[{'$group': {'_id': '$g', 's': {'$sum': '$v'}, 'a': {'$avg': '$v'}}}, {'$sort': {'_id': 1}}]",
+	      "[{'g': 1, 'v': " DEC("0.1") "}, {'g': 1, 'v': " DEC("0.2") "},"
+	      " {'g': 2, 'v': 1}, {'g': 2, 'v': {'$numberLong': '2'}}, {'g': 2, 'v': 0.5},"
+	      " {'g': 2, 'v': " DEC("0.25") "}, {'g': 2, 'v': 'x'}]",
+	      "[{'_id': 1, 's': " DEC("0.3") ", 'a': " DEC("0.15") "},"
+	      " {'_id': 2, 's': " DEC("3.75") ", 'a': " DEC("0.9375") "}]");
+	/* doubles: MongoDB's compensated sum (ten 0.1s make 1.0, not 0.9999999999999999) */
+	check("[{'$group': {'_id': null, 's': {'$sum': '$v'}, 'a': {'$avg': '$v'}}}]",
+	      "[{'v': 0.1}, {'v': 0.1}, {'v': 0.1}, {'v': 0.1}, {'v': 0.1}, {'v': 0.1}, {'v': 0.1},"
+	      " {'v': 0.1}, {'v': 0.1}, {'v': 0.1}]",
+	      "[{'_id': null, 's': 1.0, 'a': 0.1}]");
+	/* NaN and Infinity propagate; a decimal overflow is Infinity */
+	check("[{'$group': {'_id': null, 's': {'$sum': '$v'}}}]",
+	      "[{'v': " DEC("NaN") "}, {'v': 1}]", "[{'_id': null, 's': " DEC("NaN") "}]");
+	check("[{'$group': {'_id': null, 's': {'$sum': '$v'}}}]",
+	      "[{'v': " DEC("9.999999999999999999999999999999999E+6144") "}, {'v': " DEC("1E+6144") "}]",
+	      "[{'_id': null, 's': " DEC("Infinity") "}]");
+	/* the accumulators of $bucket and $bucketAuto are $group's */
+	check("[{'$bucketAuto': {'groupBy': '$k', 'buckets': 1, 'output': {'s': {'$sum': '$v'},"
+	      " 'a': {'$avg': '$v'}}}}]",
+	      "[{'k': 1, 'v': " DEC("0.10") "}, {'k': 2, 'v': 1}, {'k': 3, 'v': " DEC("0.2") "}]",
+	      "[{'_id': {'min': 1, 'max': 3}, 's': " DEC("1.30") ", 'a': " DEC("0.4333333333333333333333333333333333") "}]");
+	check("[{'$bucket': {'groupBy': '$k', 'boundaries': [0, 10], 'output': {'s': {'$sum': '$v'}}}}]",
+	      "[{'k': 1, 'v': " DEC("0.10") "}, {'k': 2, 'v': 1}, {'k': 3, 'v': " DEC("0.2") "}]",
+	      "[{'_id': 0, 's': " DEC("1.30") "}]");
+	/* expressions */
+	check("[{'$project': {'_id': 0,"
+	      " 'add': {'$add': ['$d', 2]}, 'addd': {'$add': [" DEC("1") ", 0.1]},"
+	      " 'adddf': {'$add': [0.1, " DEC("1") "]},"
+	      " 'sub': {'$subtract': [" DEC("10.5") ", 0.25]}, 'mul': {'$multiply': [2, '$d']},"
+	      " 'muld': {'$multiply': [0.5, " DEC("3") "]}, 'div': {'$divide': [" DEC("1") ", 3]},"
+	      " 'mod': {'$mod': [" DEC("5.5") ", 2]}, 'abs': {'$abs': " DEC("-2.50") "},"
+	      " 'floor': {'$floor': " DEC("-2.5") "}, 'ceil': {'$ceil': " DEC("2.1") "},"
+	      " 'sum': {'$sum': ['$d', 2, 'x']}, 'avg': {'$avg': [" DEC("1") ", 2]},"
+	      " 'str': {'$toString': '$d'}, 'nan': {'$add': [" DEC("NaN") ", 1]},"
+	      " 'inf': {'$multiply': [" DEC("1E+6000") ", " DEC("1E+6000") "]},"
+	      " 'negz': {'$multiply': [" DEC("-1.5") ", 0]}}}]",
+	      "[{'d': " DEC("1.10") "}]",
+	      "[{'add': " DEC("3.10") ", 'addd': " DEC("1.100000000000000") ","
+	      " 'adddf': " DEC("1.100000000000000005551115123125783") ","
+	      " 'sub': " DEC("10.250000000000000") ", 'mul': " DEC("2.20") ","
+	      " 'muld': " DEC("1.500000000000000") ", 'div': " DEC("0.3333333333333333333333333333333333") ","
+	      " 'mod': " DEC("1.5") ", 'abs': " DEC("2.50") ", 'floor': " DEC("-3") ","
+	      " 'ceil': " DEC("3") ", 'sum': " DEC("3.10") ", 'avg': " DEC("1.5") ", 'str': '1.10',"
+	      " 'nan': " DEC("NaN") ", 'inf': " DEC("Infinity") ", 'negz': " DEC("-0.0") "}]");
+	/* $add with a date: a decimal total gives the date of its rounded value */
+	check("[{'$project': {'_id': 0, 't': {'$add': ['$t', " DEC("1.5") "]}}}]",
+	      "[{'t': {'$date': {'$numberLong': '1000'}}}]", "[{'t': {'$date': {'$numberLong': '1002'}}}]");
+	check("[{'$project': {'_id': 0, 't': {'$subtract': ['$t', " DEC("2.5") "]}}}]",
+	      "[{'t': {'$date': {'$numberLong': '1000'}}}]", "[{'t': {'$date': {'$numberLong': '998'}}}]");
+	check_err("[{'$project': {'x': {'$add': ['$t', 1e300]}}}]",
+		  "[{'t': {'$date': {'$numberLong': '1000'}}}]", 15, "date overflow in $add");
+	check_err("[{'$project': {'x': {'$divide': ['$d', " DEC("0.00") "]}}}]", "[{'d': 1}]", 16608,
+		  "by zero");
+	check_err("[{'$project': {'x': {'$mod': [" DEC("1") ", 0]}}}]", "[{}]", 16610, "by zero");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1293,9 +1508,12 @@ int main(void)
 		cmocka_unit_test(test_match),
 		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_memory_limit),
+		cmocka_unit_test(test_sample),
+		cmocka_unit_test(test_redact),
 		cmocka_unit_test(test_pushdown),
 		cmocka_unit_test(test_input_error),
 		cmocka_unit_test(test_eval_expr),
+		cmocka_unit_test(test_decimal),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -414,7 +414,7 @@ static void test_aggregation_eval_error(void **state)
 			 0);
 	assert_int_not_equal(sdb_projection_eval(p, doc, &out, &code, err, sizeof err), 0);
 	assert_int_equal(code, 16608); /* MongoDB's "can't $divide by zero" */
-	assert_string_equal(err, "can't $divide by 0");
+	assert_string_equal(err, "can't $divide by zero");
 	bson_destroy(&out);
 	sdb_projection_free(p);
 	bson_destroy(spec);

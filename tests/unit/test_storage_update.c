@@ -200,6 +200,31 @@ static void test_inc(void **state)
 		  NULL, 2, "overflow");
 }
 
+#define DEC(s) "{'$numberDecimal': '" s "'}"
+
+/* $inc/$mul with a Decimal128 on either side: a Decimal128 (mongod's SafeNum: the other
+ * operand converted exactly, a double to 15 significant digits) */
+static void test_inc_mul_decimal(void **state)
+{
+	(void)state;
+	check("{'_id': 1, 'bal': " DEC("100.10") ", 'n': 5, 'l': {'$numberLong': '9223372036854775807'},"
+	      " 'd': " DEC("1") "}",
+	      "{'$inc': {'bal': " DEC("-0.15") ", 'n': " DEC("0.5") ", 'l': " DEC("1") ","
+	      " 'd': 0.1, 'new': " DEC("2.00") "}}",
+	      "{'_id': 1, 'bal': " DEC("99.95") ", 'n': " DEC("5.5") ","
+	      " 'l': " DEC("9223372036854775808") ", 'd': " DEC("1.100000000000000") ","
+	      " 'new': " DEC("2.00") "}");
+	check("{'_id': 1, 'bal': " DEC("100.10") "}", "{'$inc': {'bal': 1}}",
+	      "{'_id': 1, 'bal': " DEC("101.10") "}");
+	check("{'_id': 1, 'p': " DEC("2.50") ", 'q': 3}",
+	      "{'$mul': {'p': 3, 'q': " DEC("1.1") ", 'z': " DEC("1.50") ", 'zd': -1.5}}",
+	      "{'_id': 1, 'p': " DEC("7.50") ", 'q': " DEC("3.3") ", 'z': " DEC("0.00") ","
+	      " 'zd': {'$numberDouble': '-0.0'}}");
+	check("{'_id': 1, 'x': " DEC("NaN") ", 'y': " DEC("9E+6144") "}",
+	      "{'$inc': {'x': 1}, '$mul': {'y': 10}}",
+	      "{'_id': 1, 'x': " DEC("NaN") ", 'y': " DEC("Infinity") "}");
+}
+
 /* https://www.mongodb.com/docs/manual/reference/operator/update/mul/ */
 static void test_mul(void **state)
 {
@@ -777,6 +802,7 @@ int main(void)
 		cmocka_unit_test(test_set),
 		cmocka_unit_test(test_unset),
 		cmocka_unit_test(test_inc),
+		cmocka_unit_test(test_inc_mul_decimal),
 		cmocka_unit_test(test_mul),
 		cmocka_unit_test(test_min_max),
 		cmocka_unit_test(test_rename),

@@ -359,6 +359,14 @@ static void test_multiple_of(void **state)
 		{"{\"$numberLong\": \"4\"}", "{\"$numberLong\": \"1000000000000000000\"}", 1},
 		{"1", "{\"$numberDouble\": \"Infinity\"}", 0},
 		{"1", "{\"$numberDouble\": \"NaN\"}", 0},
+		/* beyond a double's digits: exact (2^63 - 2 is a multiple of 3, 2^63 is not) */
+		{"{\"$numberLong\": \"3\"}", "{\"$numberLong\": \"9223372036854775806\"}", 1},
+		{"{\"$numberLong\": \"3\"}", "{\"$numberLong\": \"9223372036854775807\"}", 0},
+		{"{\"$numberDecimal\": \"1E-25\"}",
+		 "{\"$numberDecimal\": \"0.1234567890123456789012345\"}", 1},
+		{"{\"$numberDecimal\": \"1E-24\"}",
+		 "{\"$numberDecimal\": \"0.1234567890123456789012345\"}", 0},
+		{"{\"$numberDecimal\": \"0.1\"}", "{\"$numberDecimal\": \"Infinity\"}", 0},
 	};
 	char v[256], d[256];
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
