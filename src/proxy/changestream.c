@@ -88,6 +88,12 @@ struct px_cs {
 	size_t nsh;
 	sdb_cs_token pos; /* merged position: the client's PBRT */
 	bool have_pos;
+	/* a stream opened without a start point: every shard starts at its own present, so
+	 * the stream starts at the newest of their first PBRTs and a lagging shard's events at
+	 * or below it are dropped (they predate the start; a resume after a later token would
+	 * not see them either) */
+	sdb_cs_token floor;
+	bool have_floor;
 	bool invalidated; /* the invalidate was returned: the cursor ends */
 };
 
@@ -733,6 +739,10 @@ static int release(ctx *c, px_cs *cs, bson_t *arr, size_t *k, size_t *bytes, int
 		cs_shard *s = &cs->sh[h];
 		sdb_cs_token t = s->tok[s->pos];
 		bson_t *ev = s->ev[s->pos++];
+		if (cs->have_floor && sdb_cs_token_cmp(&t, &cs->floor) <= 0) {
+			proxy_doc_free(ev); /* before the stream's start */
+			continue;
+		}
 		int st = emit(c, cs, ev, &t, arr, k, bytes);
 		if (st != 0)
 			return st;
@@ -1106,6 +1116,38 @@ int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
 		st = px_error(c, err_code(bad), "%s", err_msg(bad));
 		px_cs_free(c->p, cs);
 		return st;
+	}
+	if (!cs->have_pos) {
+		/* no start point: the stream starts where every shard has started */
+		for (size_t i = 0; i < cs->nsh; i++) {
+			const cs_shard *s = &cs->sh[i];
+			if (s->have_pbrt &&
+			    (!cs->have_floor || sdb_cs_token_cmp(&s->pbrt, &cs->floor) > 0)) {
+				cs->floor = s->pbrt;
+				cs->have_floor = true;
+			}
+		}
+		if (cs->have_floor) {
+			cs->pos = cs->floor;
+			cs->have_pos = true;
+			/* the shards behind the start get a note above it before the client
+			 * hears of the stream: their next writes then come after the start,
+			 * not dropped below it (shard clocks are not gossiped) */
+			size_t *idx = sdb_calloc(cs->nsh, sizeof *idx), n = 0;
+			for (size_t i = 0; i < cs->nsh; i++)
+				if (cs->sh[i].have_pbrt && cs->sh[i].pbrt.ts < cs->floor.ts)
+					idx[n++] = i;
+			cs_round(c->p, cs, idx, n, CS_OP_NOTE, 0, cs->floor.ts);
+			for (size_t k = 0; k < n; k++) {
+				cs_shard *s = &cs->sh[idx[k]];
+				s->noted_ts = cs->floor.ts;
+				if (s->status != SHARDCONN_OK)
+					sdb_log(SDB_LOG_WARN,
+						"change stream: appendOplogNote at the start failed",
+						"shard=%s err=%s", s->id, err_msg(s));
+			}
+			free(idx);
+		}
 	}
 	/* the first batch: what is releasable now (no wait, as mongos' first batch) */
 	bson_t arr = BSON_INITIALIZER;

@@ -226,6 +226,28 @@ static void test_position_never_below_resume_point(void **state)
 	fx_done(&f);
 }
 
+static void test_floor_of_a_stream_without_start(void **state)
+{
+	fixture f;
+	int ids[8];
+
+	(void)state;
+	fx_init(&f);
+	/* opened without a start point: a started at ts 70, b at 75; the stream starts at 75 */
+	f.cs->floor = hwm(75);
+	f.cs->have_floor = true;
+	f.cs->pos = f.cs->floor;
+	f.cs->have_pos = true;
+	push(&f.cs->sh[0], 72, 1); /* before the start: dropped */
+	push(&f.cs->sh[0], 76, 2);
+	set_pbrt(&f.cs->sh[0], hwm(76));
+	set_pbrt(&f.cs->sh[1], hwm(80));
+	assert_int_equal(run_release(&f, -1), 0);
+	assert_int_equal(batch_ids(&f.arr, ids, 8), 1);
+	assert_int_equal(ids[0], 2);
+	fx_done(&f);
+}
+
 static void test_stages_and_changed_id(void **state)
 {
 	fixture f;
@@ -291,6 +313,7 @@ int main(void)
 		cmocka_unit_test(test_equal_ts_by_shard_then_batch_limit),
 		cmocka_unit_test(test_unopened_shard_holds_gone_shard_does_not),
 		cmocka_unit_test(test_position_never_below_resume_point),
+		cmocka_unit_test(test_floor_of_a_stream_without_start),
 		cmocka_unit_test(test_stages_and_changed_id),
 		cmocka_unit_test(test_refused_stages),
 	};
