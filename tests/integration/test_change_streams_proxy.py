@@ -538,3 +538,28 @@ def test_rename_reported_once_then_invalidate(start_role, tmp_path):
             ("rename", "r"), ("insert", "r2")], d
     finally:
         cl.close()
+
+
+def test_start_without_resume_point_is_one_point_for_every_shard(start_role, tmp_path):
+    """shard-a took many writes this second, shard-b none: a stream opened now starts at
+    one point for both (the newest of their first PBRTs; shard-b gets a note above it), so
+    no write before watch() is reported, none after it is lost, and a resume after its
+    first event gives exactly the others."""
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        coll = cl.proxy_client().app.c
+        for _ in range(3):
+            coll.insert_many([{"k": i % 100} for i in range(40)])      # shard-a, busy
+            with coll.watch(max_await_time_ms=200) as cs:
+                coll.insert_one({"_id": "b1", "k": 150})              # shard-b
+                coll.insert_one({"_id": "a1", "k": 5})                # shard-a
+                evs = drain(cs, lambda e: len(e) >= 2)
+                assert cs.try_next() is None
+            assert sorted(e["documentKey"]["_id"] for e in evs) == ["a1", "b1"], evs
+            with coll.watch(resume_after=evs[0]["_id"], max_await_time_ms=200) as again:
+                more = drain(again, lambda e: len(e) >= 1)
+                assert again.try_next() is None
+            assert [e["_id"] for e in more] == [evs[1]["_id"]]
+            coll.delete_many({"_id": {"$in": ["a1", "b1"]}})
+    finally:
+        cl.close()
