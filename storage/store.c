@@ -1029,6 +1029,51 @@ static void id_doc(const bson_iter_t *id_it, bson_t *out)
 	bson_append_iter(out, "_id", 3, id_it);
 }
 
+/* The `o` of a delete's oplog entry: MongoDB's documentKey, the shard key's fields of the
+ * deleted document (pre, the stored image; in the key pattern's order, those present, a
+ * dotted field under its path) and _id when the store has filtering metadata for db.coll
+ * (a sharded collection), else {_id}. Change streams report it as the event's documentKey;
+ * every other reader of the oplog takes o._id. */
+static void delete_key_doc(sdb_store_conn *c, const char *db, const char *coll, const bson_t *pre,
+			   const bson_iter_t *id_it, bson_t *out)
+{
+	int64_t cv, sv, gen;
+	bson_t *fdoc = NULL;
+	bson_iter_t k, v, d;
+	char ferr[64];
+	bool id_in_key = false;
+	char *ns;
+
+	if (!pre) {
+		id_doc(id_it, out);
+		return;
+	}
+	ns = store_ns_of(db, coll);
+	if (sdb_store_filtering_get(c, ns, &cv, &sv, &gen, &fdoc, ferr, sizeof ferr) != 0 ||
+	    !fdoc || !bson_iter_init_find(&k, fdoc, "key") || !BSON_ITER_HOLDS_DOCUMENT(&k) ||
+	    !bson_iter_recurse(&k, &k)) {
+		if (fdoc)
+			bson_destroy(fdoc);
+		free(ns);
+		id_doc(id_it, out);
+		return;
+	}
+	bson_init(out);
+	while (bson_iter_next(&k)) {
+		const char *f = bson_iter_key(&k);
+		if (strcmp(f, "_id") == 0) {
+			id_in_key = true;
+			bson_append_iter(out, "_id", 3, id_it);
+		} else if (bson_iter_init(&v, pre) && bson_iter_find_descendant(&v, f, &d)) {
+			bson_append_iter(out, f, -1, &d);
+		}
+	}
+	if (!id_in_key)
+		bson_append_iter(out, "_id", 3, id_it);
+	bson_destroy(fdoc);
+	free(ns);
+}
+
 /* The cached statement of sql_fmt (one %lld: the collection's table number) for co.
  * Returns: the statement (store_stmt_get's), or NULL with the error in err. */
 static sqlite3_stmt *coll_stmt(sdb_store_conn *c, const sdb_store_coll *co, const char *sql_fmt,
@@ -1265,7 +1310,7 @@ int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const 
 	if (rc)
 		goto out;
 	bson_t o;
-	id_doc(&id_it, &o);
+	delete_key_doc(c, db, coll, have_stored ? &stored : NULL, &id_it, &o);
 	rc = coll_oplog(c, "d", db, coll, co, &o, NULL, origin, err, errlen);
 	bson_destroy(&o);
 out:

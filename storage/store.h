@@ -344,7 +344,8 @@ int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
 		     const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
 		     size_t errlen);
 /* Delete doc (by its _id) (write txn): removes index entries, appends a "d" oplog entry
- * {o: {_id}}. Errors: SDB_ENOTFOUND (no such collection or document), SDB_EINVAL (doc has
+ * {o: {_id}}, or, when the store has filtering metadata for db.coll, {o: {<the shard key's
+ * fields of the deleted document>, _id}} (MongoDB's documentKey). Errors: SDB_ENOTFOUND (no such collection or document), SDB_EINVAL (doc has
  * no usable _id), SDB_ECORRUPT (the stored document does not parse), SDB_EIO. */
 int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, char *err, size_t errlen);

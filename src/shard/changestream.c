@@ -25,6 +25,9 @@
 /* Entries one pass reads at most (a getMore over a long stretch of other namespaces
  * answers an empty batch with an advanced postBatchResumeToken instead of running long). */
 #define CS_MAX_SCAN 10000
+/* The largest event a reply may carry: MongoDB's BSONObjMaxUserSize (16 MiB) plus its
+ * internal slack (16793600 bytes, the limit mongod names in BSONObjectTooLarge). */
+#define BSON_MAX_SIZE_EVENT 16793600u
 /* Default first batch (aggregate without cursor.batchSize), as mongod. */
 #define CS_DEFAULT_BATCH 101
 
@@ -337,6 +340,21 @@ static int cs_fill(shard_ctx *x, struct shard_cs *cs, size_t want, bson_t *arr, 
 					util_docs_free(raw, nraw);
 					keys_reset(cs);
 					shard_fail(x, code, "%s", x->err);
+					return -1;
+				}
+				if (r == 1 && outd->len > BSON_MAX_SIZE_EVENT) {
+					/* mongod: BSONObjectTooLarge (no $changeStreamSplitLargeEvent
+					 * here); the stream cannot pass this event */
+					snprintf(x->err, sizeof x->err,
+						 "BSONObj size: %u (0x%X) is invalid. Size must be between "
+						 "0 and 16793600(16MB) First element: _id: %s",
+						 outd->len, outd->len, "<a change event>");
+					bson_destroy(outd);
+					for (size_t j = k + 1; j < ne; j++)
+						bson_destroy(ev[j]);
+					util_docs_free(raw, nraw);
+					keys_reset(cs);
+					shard_fail(x, WIRE_ERR_BSON_TOO_LARGE, "%s", x->err);
 					return -1;
 				}
 				if (r == 1)

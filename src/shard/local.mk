@@ -17,7 +17,14 @@ EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unif
 	tests/integration/crud_unified_node.js tests/integration/test_shard_node.py \
 	tests/integration/test_shard.py tests/integration/test_retryable_writes.py \
 	tests/integration/test_shard_filtering.py tests/integration/test_validation.py \
+	tests/integration/test_change_streams_shard.py \
 	src/shard/README.md
+
+check_PROGRAMS += tests/unit/test_shard_cs_event
+TESTS += tests/unit/test_shard_cs_event
+tests_unit_test_shard_cs_event_SOURCES = tests/unit/test_shard_cs_event.c
+tests_unit_test_shard_cs_event_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_shard_cs_event_LDADD = $(UNIT_LDADD)
 
 # benchmark (never in make check): see tests/bench/README.md "shard_bench"
 noinst_PROGRAMS += tests/bench/shard_bench

@@ -275,7 +275,8 @@ def test_transactions_migration_copies_and_document_key(one):
         # a migration's copy (origin) is no event
         db.command({"insert": "t", "documents": [{"_id": 50}], "$stripedbOrigin": "mig-1"})
         db.s.insert_one({"_id": 5, "k": 3, "y": 1})
-        evs = [s.next() for _ in range(4)]
+        db.s.delete_one({"_id": 5})
+        evs = [s.next() for _ in range(5)]
         assert s.try_next() is None
     txn = evs[:3]
     assert [e["operationType"] for e in txn][0::2] == ["insert", "delete"]
@@ -285,6 +286,12 @@ def test_transactions_migration_copies_and_document_key(one):
         assert int.from_bytes(bytes.fromhex(e["_id"]["_data"])[-4:], "big") == i  # idx
     assert evs[3]["documentKey"] == {"k": 3, "_id": 5}
     assert list(evs[3]["documentKey"].keys()) == ["k", "_id"]
+    # a delete's too: its oplog entry's o is the document key, as mongod writes it
+    assert evs[4]["operationType"] == "delete"
+    assert list(evs[4]["documentKey"].items()) == [("k", 3), ("_id", 5)]
+    d = c.local["oplog.rs"].find_one({"op": "d", "ns": "app.s"})
+    assert list(d["o"].items()) == [("k", 3), ("_id", 5)]
+    assert c.admin.command("stripedbCheck")["nProblems"] == 0
 
 
 def test_pipeline_after_change_stream(one):
@@ -408,6 +415,13 @@ def test_resume_across_primary_sigkill_loses_and_duplicates_nothing(start_role, 
     stop = threading.Event()
     with client(uri) as c:
         c.app.c.insert_one({"_id": "start"})
+        # a secondary streams its own (applied) oplog as well
+        sec = wires[(primary_index(wires) + 1) % 3]
+        with direct(sec) as d:
+            with d.app.c.watch(start_at_operation_time=Timestamp(1, 0),
+                               max_await_time_ms=300) as s2:
+                wait_until(lambda: s2.try_next() is not None, 20,
+                           what="the insert on a secondary's stream")
         ready = threading.Event()
 
         def watcher():

@@ -138,6 +138,27 @@ static void test_commands(void **state)
 	assert_false(authz(p, "A", "a1", BCON_NEW("create", "v", "viewOn", "c", "pipeline", "[",
 						  "{", "$lookup", "{", "from", "{", "db", "b1",
 						  "coll", "x", "}", "}", "}", "]")));
+	/* change streams: a collection or database stream is a read of the tenant's own
+	 * namespace; a cluster-wide one, one nested in a sub-pipeline, or one on another
+	 * tenant's database is refused; appendOplogNote is an admin action on admin */
+	assert_true(authz(p, "A", "a1", BCON_NEW("aggregate", "c", "pipeline", "[", "{",
+						 "$changeStream", "{", "}", "}", "]")));
+	assert_true(authz(p, "A", "a1", BCON_NEW("aggregate", BCON_INT32(1), "pipeline", "[", "{",
+						 "$changeStream", "{", "}", "}", "]")));
+	assert_false(authz(p, "A", "b1", BCON_NEW("aggregate", "c", "pipeline", "[", "{",
+						  "$changeStream", "{", "}", "}", "]")));
+	assert_false(authz(p, "A", "admin", BCON_NEW("aggregate", BCON_INT32(1), "pipeline", "[",
+						     "{", "$changeStream", "{",
+						     "allChangesForCluster", BCON_BOOL(true), "}",
+						     "}", "]")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("aggregate", "c", "pipeline", "[", "{",
+						  "$unionWith", "{", "coll", "d", "pipeline", "[",
+						  "{", "$changeStream", "{", "}", "}", "]", "}", "}",
+						  "]")));
+	assert_false(authz(p, "A", "admin", BCON_NEW("appendOplogNote", BCON_INT32(1), "data",
+						     "{", "}")));
+	assert_false(authz(p, "A", "a1", BCON_NEW("appendOplogNote", BCON_INT32(1), "data", "{",
+						  "}")));
 	assert_false(authz(p, "A", "a1", BCON_NEW("getLog", "global")));
 	assert_false(authz(p, "A", "a1", BCON_NEW("killAllSessions", "[", "]")));
 	assert_false(authz(p, "A", "a1", BCON_NEW("find", BCON_INT32(1))));
