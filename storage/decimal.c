@@ -21,6 +21,7 @@ dec_t __bid_addtd3(dec_t a, dec_t b);
 dec_t __bid_subtd3(dec_t a, dec_t b);
 dec_t __bid_multd3(dec_t a, dec_t b);
 dec_t __bid_divtd3(dec_t a, dec_t b);
+int __bid_eqtd2(dec_t a, dec_t b);
 dec_t __bid_extenddftd(double v);
 dec_t __bid_floatditd(long long v);
 double __bid_trunctddf(dec_t a);
@@ -31,15 +32,24 @@ double __bid_trunctddf(dec_t a);
 #define D_FROM_DOUBLE(v) __bid_extenddftd(v)
 #define D_FROM_INT64(v) __bid_floatditd(v)
 #define D_TO_DOUBLE(a) __bid_trunctddf(a)
+#define D_EQ(a, b) (__bid_eqtd2((a), (b)) == 0)
 #else
 typedef _Decimal128 dec_t;
-#define D_ADD(a, b) ((a) + (b))
+/* + and * called as functions, not as operators: GCC treats the operators as commutative
+ * and may swap the operands at -O2, and with two NaN operands the library returns its
+ * first one, so the NaN that comes out (sign, payload) would depend on the optimization
+ * level (replicas built differently would store different bytes). mongod keeps the first
+ * operand's (Decimal128::add on `this`). */
+_Decimal128 __bid_addtd3(_Decimal128 a, _Decimal128 b);
+_Decimal128 __bid_multd3(_Decimal128 a, _Decimal128 b);
+#define D_ADD(a, b) __bid_addtd3((a), (b))
 #define D_SUB(a, b) ((a) - (b))
-#define D_MUL(a, b) ((a) * (b))
+#define D_MUL(a, b) __bid_multd3((a), (b))
 #define D_DIV(a, b) ((a) / (b))
 #define D_FROM_DOUBLE(v) ((_Decimal128)(v))
 #define D_FROM_INT64(v) ((_Decimal128)(v))
 #define D_TO_DOUBLE(a) ((double)(a))
+#define D_EQ(a, b) ((a) == (b))
 #endif
 
 /* The encoding must be the one libgcc uses: 16 bytes, BID, little-endian halves. */
@@ -337,6 +347,13 @@ bson_decimal128_t sdb_dec_from_double(double v, bool digits15)
 double sdb_dec_to_double(bson_decimal128_t a)
 {
 	return D_TO_DOUBLE(to_d(a));
+}
+
+bool sdb_dec_equal(bson_decimal128_t a, bson_decimal128_t b)
+{
+	if (sdb_dec_is_nan(a) || sdb_dec_is_nan(b))
+		return false;
+	return D_EQ(to_d(a), to_d(b));
 }
 
 bool sdb_dec_is_zero(bson_decimal128_t a)

@@ -60,6 +60,10 @@ bson_decimal128_t sdb_dec_from_double(double v, bool digits15);
 /* Decimal128::toDouble: the nearest double (half to even); +-Infinity beyond its range. */
 double sdb_dec_to_double(bson_decimal128_t a);
 
+/* Decimal128::isEqual: numeric equality (1.5 == 1.50, -0 == 0, Infinity == Infinity); a
+ * NaN equals nothing. */
+bool sdb_dec_equal(bson_decimal128_t a, bson_decimal128_t b);
+
 /* True for +-0 with any exponent (and for non-canonical encodings, which are zeros). */
 bool sdb_dec_is_zero(bson_decimal128_t a);
 

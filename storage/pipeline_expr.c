@@ -572,9 +572,15 @@ static int eval_add(const expr *x, docbuild_node **vals, docbuild_node **out, co
 		case 1: {
 			int64_t iv = add.value_type == BSON_TYPE_INT64 ? add.value.v_int64 : add.value.v_int32;
 
-			if (__builtin_add_overflow(ltotal, iv, &ltotal)) {
+			int64_t sum;
+
+			/* mongod's AddState: on overflow the double total is built from the
+			 * total before it (the wrapped sum is never used) */
+			if (__builtin_add_overflow(ltotal, iv, &sum)) {
 				widest = 2;
 				dtotal = (double)ltotal + (double)iv;
+			} else {
+				ltotal = sum;
 			}
 			break;
 		}
@@ -698,11 +704,25 @@ static int eval_subtract(docbuild_node *a, docbuild_node *b, docbuild_node **out
 		return 0;
 	}
 	if (a->type == BSON_TYPE_DATE_TIME && is_number(b)) {
-		/* a decimal as Value::coerceToLong reads it: Decimal128::toLong, half to even */
-		int64_t ms = b->type == BSON_TYPE_DECIMAL128
-				     ? sdb_dec_to_int64(b->value.value.v_decimal128)
-				     : (int64_t)llround(num_double(b));
+		/* Value::coerceToLong: a decimal by Decimal128::toLong (half to even), a double
+		 * truncated (x86's conversion: NaN and out-of-range values give INT64_MIN), an
+		 * integer as it is; then Date_t - Milliseconds, which negates the duration */
+		int64_t ms;
 
+		if (b->type == BSON_TYPE_DECIMAL128) {
+			ms = sdb_dec_to_int64(b->value.value.v_decimal128);
+		} else if (b->type == BSON_TYPE_DOUBLE) {
+			double d = b->value.value.v_double;
+
+			ms = (d >= -9223372036854775808.0 && d < 9223372036854775808.0) ? (int64_t)d
+											 : INT64_MIN;
+		} else {
+			ms = b->type == BSON_TYPE_INT64 ? b->value.value.v_int64
+							: b->value.value.v_int32;
+		}
+		if (ms == INT64_MIN) {
+			return efail(e, 159, "Cannot negate the minimum duration");
+		}
 		*out = v_date((int64_t)((uint64_t)a->value.value.v_datetime - (uint64_t)ms));
 		return 0;
 	}

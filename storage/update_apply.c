@@ -44,6 +44,27 @@ typedef struct {
 
 static int apply_obj(actx *a, const unode *un, docbuild_node *c, const char *cname, bool fresh);
 
+/* SafeNum::isIdentical of an $inc/$mul result and the stored value: same type and equal
+ * (decimals numerically: 1.50 is identical to 1.5; doubles by ==, so -0.0 and 0.0 are, NaN
+ * never), when mongod leaves the field as it is. */
+static bool arith_identical(const bson_value_t *r, const bson_value_t *old)
+{
+	if (r->value_type != old->value_type)
+		return false;
+	switch (r->value_type) {
+	case BSON_TYPE_INT32:
+		return r->value.v_int32 == old->value.v_int32;
+	case BSON_TYPE_INT64:
+		return r->value.v_int64 == old->value.v_int64;
+	case BSON_TYPE_DOUBLE:
+		return r->value.v_double == old->value.v_double;
+	case BSON_TYPE_DECIMAL128:
+		return sdb_dec_equal(r->value.v_decimal128, old->value.v_decimal128);
+	default:
+		return false;
+	}
+}
+
 /* Numbers: MongoDB's SafeNum for $inc/$mul (int32 -> int64 on overflow, int64 overflow is
  * an error, doubles win, decimals win over everything: both operands coerced to Decimal128,
  * a double to 15 digits, as SafeNum::getDecimal). Returns false on int64 overflow. */
@@ -447,7 +468,9 @@ static int apply_leaf(actx *a, const unode *n, docbuild_node *c, size_t i)
 			free(j);
 			return rc;
 		}
-		if (!arith(n->op == OP_MUL, &e->value, &n->arg, &r)) {
+		/* mongod's ArithmeticNode: the operand first (`_val += original`: with two NaN
+		 * decimals the operand's comes out) */
+		if (!arith(n->op == OP_MUL, &n->arg, &e->value, &r)) {
 			char *j = upd_node_json(e);
 			int rc = upd_fail(a->code, C_BAD_VALUE, a->err, a->errlen,
 				      "Failed to apply %s operations to current value (%s) for the "
@@ -457,6 +480,9 @@ static int apply_leaf(actx *a, const unode *n, docbuild_node *c, size_t i)
 			free(j);
 			return rc;
 		}
+		if (arith_identical(&r, &e->value))
+			return 0; /* a no-op, as mongod (SafeNum::isIdentical): the stored value
+				     and its digits stay, nothing is written */
 		docbuild_replace(c, i, scalar_node(&r));
 		return 0;
 	}

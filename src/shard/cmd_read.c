@@ -21,6 +21,7 @@
 #include "shard/shard.h"
 #include "shard/util.h"
 #include "common/bsonval.h"
+#include "storage/collation.h"
 #include "storage/matcher.h"
 #include "storage/path.h"
 #include "storage/pipeline.h"
@@ -866,6 +867,9 @@ void shard_cmd_getmore(shard_ctx *x)
 		return;
 	}
 	if (c->q) {
+		/* the find's collation, as mongod's cursor keeps its expression context (the
+		 * thread's is restored when the command ends: shard_ctx_run) */
+		sdb_collation_use(c->collation);
 		bson_t *reply = bson_new();
 		bson_t cur, arr;
 		bool done = false;

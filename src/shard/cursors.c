@@ -9,6 +9,7 @@
 #include "common/alloc.h"
 #include "shard/changestream.h"
 #include "shard/shard.h"
+#include "storage/collation.h"
 #include "storage/projection.h"
 #include "storage/query.h"
 
@@ -40,6 +41,7 @@ int64_t shard_cursor_add(shard *sh, shard_cursor *c)
 			break;
 	}
 	c->last_used_ms = sdb_mono_ms();
+	c->collation = sdb_collation_current();
 	c->sh = sh;
 	c->next = sh->cursors;
 	sh->cursors = c;

@@ -280,13 +280,17 @@ struct shard_cursor {
 	struct sdb_query *q;
 	struct sdb_projection *proj;
 	bson_t *pending; /* a document that did not fit the previous batch */
+	/* the collation the command ran under (shard_cursor_add takes the thread's): a
+	 * streaming cursor's getMores compare strings under it too (interned, never freed) */
+	const struct sdb_collator *collation;
 	uint64_t last_used_ms;
 	/* a change stream's state (changestream.h), NULL for other cursors; freed with the
 	 * cursor (shard_cs_free) */
 	struct shard_cs *cs;
 };
 /* Register a cursor (ownership taken, with its documents) and return its id (random,
- * non-zero, unique among the registered cursors). Any thread; never fails. */
+ * non-zero, unique among the registered cursors); it keeps the calling thread's collation
+ * (the command's). Any thread; never fails. */
 int64_t shard_cursor_add(shard *sh, shard_cursor *c);
 /* Check a cursor out for a getMore (busy until shard_cursor_put). NULL if unknown or busy;
  * *busy tells which. */

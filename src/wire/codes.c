@@ -70,6 +70,7 @@ static const struct {
 	{118, "NamespaceNotSharded"},
 	{125, "CommandFailed"},
 	{133, "FailedToSatisfyReadPreference"},
+	{159, "DurationOverflow"},
 	{166, "CommandNotSupportedOnView"},
 	{169, "CommandOnShardedViewNotSupportedOnMongod"},
 	{189, "PrimarySteppedDown"},

@@ -139,6 +139,22 @@ def check(db):
     assert code_of(lambda: c.create_index([("y", "hashed")], collation=CI)) == 238
 
 
+def check_get_more(db):
+    """A find's getMores compare under its collation as its first batch does (a reviewer
+    found batch_size=10 returning 11 of 200 matches: getMore ran under the simple one),
+    with the command's collation and with the collection's default."""
+    db.many.insert_many([{"_id": i, "a": "b" if i % 2 else "B"} for i in range(400)])
+    for bs in (10, 101, 0):
+        cur = db.many.find({"a": "b"}, collation=CI, batch_size=bs)
+        assert len(list(cur)) == 400, bs
+        cur = db.many.find({"a": {"$gte": "b"}}, collation=CI, batch_size=bs).sort("_id", 1)
+        assert [d["_id"] for d in cur] == list(range(400)), bs
+    db.create_collection("many_ci", collation=CI)
+    db.many_ci.insert_many([{"_id": i, "a": "b" if i % 2 else "B"} for i in range(500)])
+    assert len(list(db.many_ci.find({"a": "B"}, batch_size=7))) == 500
+    assert db.many.count_documents({"a": "b"}, collation=CI) == 400
+
+
 def test_collation_on_a_shard(shard):
     _, port = shard
     client = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
@@ -146,6 +162,7 @@ def test_collation_on_a_shard(shard):
         db = client.coll
         db.words.insert_many(WORDS)
         check(db)
+        check_get_more(db)
         # with an index on x the planner must not use it for strings under a collation
         db.idx.create_index("x")
         db.idx.insert_many(WORDS)
@@ -227,6 +244,8 @@ def test_collation_through_a_proxy(start_role, tmp_path):
         assert e.value.code == 66, e.value.details
         assert db.byk.find_one({"_id": 3}) == {"_id": 3, "x": "abc", "v": 6}
         check(db)
+        cl.shard_collection("coll.many", {"_id": 1}, split_points=[{"_id": 150}])
+        check_get_more(db)
         # $lookup of a sharded collection: the foreign side matches under the collation
         db.orders.insert_many([{"_id": 1, "w": "APPLE"}, {"_id": 2, "w": "pong"}])
         out = list(db.orders.aggregate([

@@ -2,9 +2,11 @@
 $group $sum/$avg of Decimal128 amounts are exact Decimal128 totals over every shard's
 documents, expressions give Decimal128 results, and $inc/$mul on a Decimal128 balance stay
 exact (MongoDB 6.0's semantics: storage/decimal.h, docs/compat.md)."""
+import datetime
 import decimal
 
 import pymongo
+import pytest
 from bson.decimal128 import Decimal128, create_decimal128_context
 from bson.int64 import Int64
 
@@ -96,3 +98,62 @@ def test_decimal_through_a_proxy_over_every_shard(start_role, tmp_path):
         check(cl.proxy_client(0).dec)
     finally:
         cl.close()
+
+
+def test_add_overflow_and_arithmetic_no_ops_as_mongod(shard):
+    """$add over an int64 overflow continues in double from the total before it (mongod's
+    AddState), a date overflow is 15; an $inc/$mul whose result equals the stored value
+    (SafeNum::isIdentical: decimals numerically) leaves the field and its digits alone."""
+    _, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    db = c.dec_noop
+    db.c.insert_one({"_id": 1, "bal": D("1.5"), "p": D("-7.9E+3"), "z": D("-0"),
+                     "d": -0.0})
+    big = Int64(2**63 - 1)
+
+    def add(*args):
+        return next(db.c.aggregate([{"$project": {"_id": 0, "v": {"$add": list(args)}}}]))["v"]
+
+    assert add(560, big, D("0.00301")) == D("9223372036854775808.00301")
+    assert add(big, big) == float(2**64)
+    assert add(big, 1) == 9.223372036854775808e18
+    assert add(Int64(-2**63), -1) == -9.223372036854775808e18
+    with pytest.raises(pymongo.errors.OperationFailure) as e:
+        add(datetime.datetime(2020, 1, 1), big)
+    assert e.value.code == 15
+    r = db.c.update_one({"_id": 1}, {"$inc": {"bal": D("0.00")}})
+    assert r.modified_count == 0
+    r = db.c.update_one({"_id": 1}, {"$mul": {"p": 1.0}, "$inc": {"z": 0, "d": 0}})
+    assert r.modified_count == 0
+    doc = db.c.find_one({"_id": 1})
+    assert (doc["bal"], doc["p"], doc["z"]) == (D("1.5"), D("-7.9E+3"), D("-0"))
+    assert str(doc["d"]) == "-0.0"
+    assert db.c.update_one({"_id": 1}, {"$inc": {"bal": D("0.01")}}).modified_count == 1
+    assert db.c.find_one({"_id": 1})["bal"] == D("1.51")
+
+
+def test_date_minus_a_number_as_mongod(shard):
+    """$subtract [date, n]: Value::coerceToLong truncates a double (1.7 ms is 1 ms), takes
+    a long as it is (no rounding through a double), and a duration that cannot be negated
+    (NaN, out of range) is 159 DurationOverflow."""
+    _, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    db = c.dec_date
+    t = datetime.datetime(2020, 1, 1)
+    db.c.insert_one({"_id": 1, "t": t})
+
+    def sub(n):
+        return next(db.c.aggregate([{"$project": {"_id": 0,
+                                                  "v": {"$subtract": ["$t", n]}}}]))["v"]
+
+    ms = datetime.timedelta(milliseconds=1)
+    assert sub(1.7) == t - ms
+    assert sub(-1.7) == t + ms
+    epoch = datetime.datetime(1970, 1, 1)
+    far = next(db.c.aggregate([{"$project": {"_id": 0, "v": {"$subtract": [
+        {"$subtract": ["$t", Int64(2**53 + 1)]}, epoch]}}}]))["v"]
+    assert far == 1577836800000 - (2**53 + 1)  # exact, not rounded through a double
+    for bad in (float("nan"), 1e300, D("NaN")):
+        with pytest.raises(pymongo.errors.OperationFailure) as e:
+            sub(bad)
+        assert e.value.code == 159, bad
