@@ -12,8 +12,10 @@
  * (PBRT) above X; the client's PBRT is the merged position (the last event released, or,
  * once nothing is releasable, the smallest PBRT of all shards: every event at or below it
  * was delivered). A shard whose PBRT holds the merge back while an event waits gets
- * `appendOplogNote {maxClusterTime: <the waiting event's ts>}` once per such wait, so its
- * next PBRT passes the event.
+ * `appendOplogNote {maxClusterTime: <the newest ts any shard reported>}` once per such
+ * wait, so its next PBRT passes every buffered event. A stream opened without a start point
+ * starts at the newest of the shards' first PBRTs (the floor; lagging shards get a note
+ * above it before the client is answered).
  *
  * Per event, when it is released: drop / rename / dropDatabase are reported only from the
  * database's primary shard (every shard that had the collection reports one); then
