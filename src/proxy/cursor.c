@@ -30,6 +30,7 @@ struct proxy_cursor {
 	uint64_t last_used_ms;
 	bool busy;
 	bson_t *txnf; /* a transaction's cursor: lsid, txnNumber, autocommit on its getMores */
+	px_cs *cs;    /* a change stream (changestream.c): no streams, no sort */
 	proxy_cursor *next;
 };
 
@@ -132,6 +133,19 @@ proxy_cursor *proxy_cursor_new(proxy *p, const char *ns, pstream *streams, size_
 	c->limit = limit < 0 ? -limit : limit;
 	c->last_used_ms = sdb_mono_ms();
 	return c;
+}
+
+proxy_cursor *proxy_cursor_new_cs(proxy *p, const char *ns, px_cs *cs)
+{
+	proxy_cursor *c = proxy_cursor_new(p, ns, NULL, 0, NULL, NULL, 0, 0);
+
+	c->cs = cs;
+	return c;
+}
+
+px_cs *proxy_cursor_cs(const proxy_cursor *c)
+{
+	return c->cs;
 }
 
 void proxy_cursor_set_txn(proxy_cursor *c, bson_t *fields)
@@ -435,6 +449,7 @@ void proxy_cursor_destroy(proxy *p, proxy_cursor *c)
 		bson_destroy(&c->s[i].err_reply);
 	}
 	free(c->s);
+	px_cs_free(p, c->cs);
 	if (c->txnf)
 		bson_destroy(c->txnf);
 	merge_sort_free(c->sort);

@@ -375,6 +375,19 @@ int px_agg_write(ctx *c, const struct sdb_aggw *w, int64_t batch);
 int px_agg_foreign(void *arg, const char *coll, const bson_t *stages, const bson_t *let,
 		   sdb_pipeline_source *out, int *code, char *err, size_t errlen);
 int px_do_kill_cursors(ctx *c);
+/* changestream.c (issue #20): where $changeStream is in the stage array stages (top level).
+ * Returns: 1 first, -1 elsewhere (then 40602), 0 nowhere. */
+int px_cs_pipeline_kind(const bson_t *stages);
+/* An aggregate whose first stage is $changeStream (batch: its cursor.batchSize): the
+ * merged change stream of every shard through a proxy cursor (see changestream.c).
+ * Returns: the status of the answer (0, or the code answered: 40415, 40602, 20, 50865,
+ * 40674, 260, 238, 263, a shard's error ...). */
+int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch);
+/* A getMore of the change stream cursor cur (checked out; id, ns the client's): waits up
+ * to the getMore's maxTimeMS (1 s by default) for events, answers the batch with the
+ * postBatchResumeToken, and checks cur in again or destroys it (invalidate, error).
+ * Returns: the status of the answer (0, or the code answered). */
+int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char *ns);
 int px_do_count(ctx *c);
 int px_do_distinct(ctx *c);
 int px_do_aggregate(ctx *c);

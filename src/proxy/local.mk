@@ -4,6 +4,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/sharding.c \
 	src/proxy/chunks.c \
 	src/proxy/catalog.c \
+	src/proxy/changestream.c \
 	src/proxy/configdb.c \
 	src/proxy/currentop.c \
 	src/proxy/cursor.c \
@@ -41,9 +42,10 @@ noinst_HEADERS += \
 	src/proxy/write_int.h
 
 check_PROGRAMS += tests/unit/test_proxy_merge \
-	tests/unit/test_proxy_cursor tests/unit/test_proxy_txn tests/unit/test_proxy_exec
+	tests/unit/test_proxy_cursor tests/unit/test_proxy_txn tests/unit/test_proxy_exec \
+	tests/unit/test_proxy_changestream
 TESTS += tests/unit/test_proxy_merge tests/unit/test_proxy_cursor \
-	tests/unit/test_proxy_txn tests/unit/test_proxy_exec
+	tests/unit/test_proxy_txn tests/unit/test_proxy_exec tests/unit/test_proxy_changestream
 tests_unit_test_proxy_merge_SOURCES = tests/unit/test_proxy_merge.c
 tests_unit_test_proxy_merge_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_merge_LDADD = $(UNIT_LDADD)
@@ -56,6 +58,9 @@ tests_unit_test_proxy_txn_LDADD = $(UNIT_LDADD)
 tests_unit_test_proxy_exec_SOURCES = tests/unit/test_proxy_exec.c
 tests_unit_test_proxy_exec_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_exec_LDADD = $(UNIT_LDADD)
+tests_unit_test_proxy_changestream_SOURCES = tests/unit/test_proxy_changestream.c
+tests_unit_test_proxy_changestream_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_proxy_changestream_LDADD = $(UNIT_LDADD)
 
 EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py \
 	tests/bench/proxy_bench.py src/proxy/README.md \

@@ -19,6 +19,8 @@
 #include "wire/server.h"
 
 typedef struct proxy_cursor proxy_cursor;
+/* A change stream's merge state (changestream.c), held by a proxy cursor. */
+typedef struct px_cs px_cs;
 
 /* Documents the proxy holds (shard results) are copied into 128-byte aligned bson_t, as the
  * storage/ query core (sort, projection, pipeline) accesses bson_t members. Free with
@@ -171,6 +173,13 @@ void pstream_clear(pstream *s);
 /* A merged cursor over streams. Takes ownership of streams (array of n), sort, proj. */
 proxy_cursor *proxy_cursor_new(proxy *p, const char *ns, pstream *streams, size_t n,
 			       merge_sort *sort, void *proj, int64_t skip, int64_t limit);
+/* A change stream cursor (issue #20): it holds cs (taken over; freed with the cursor by
+ * px_cs_free, which kills the shard cursors) instead of merged streams. */
+proxy_cursor *proxy_cursor_new_cs(proxy *p, const char *ns, px_cs *cs);
+/* The change stream of c, or NULL for another cursor. */
+px_cs *proxy_cursor_cs(const proxy_cursor *c);
+/* changestream.c: kill cs's shard cursors and free it (NULL: nothing). */
+void px_cs_free(proxy *p, px_cs *cs);
 /* Produce the next batch into arr (an array being built) of at most batch_size documents
  * (< 0 = no count limit; 0 = an empty batch, as find's batchSize: 0) and at most ~8 MiB. Returns 0 when the cursor has more
  * (still alive), 1 when exhausted. Errors: as proxy_cursor_next. */

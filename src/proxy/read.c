@@ -402,6 +402,8 @@ int px_do_get_more(ctx *c)
 	if (cur == NULL)
 		return px_error(c, WIRE_ERR_CURSOR_NOT_FOUND, "cursor id %lld not found",
 				(long long)id);
+	if (proxy_cursor_cs(cur) != NULL) /* a change stream (changestream.c) */
+		return px_cs_get_more(c, cur, proxy_cursor_cs(cur), id, ns);
 	bson_init(&arr);
 	r = proxy_cursor_fill(c->p, cur, &arr, px_get_int(c->cmd, "batchSize", 0) > 0 ?
 						      px_get_int(c->cmd, "batchSize", 0) : -1,
@@ -1049,6 +1051,8 @@ int px_do_aggregate(ctx *c)
 	}
 	if ((st = px_agg_args(c, &stages, &batch)) != 0)
 		return st;
+	if (px_cs_pipeline_kind(&stages) != 0) /* issue #20: changestream.c */
+		return px_do_change_stream(c, &stages, batch);
 	if ((st = px_refuse_current_op_stage(c, &stages)) != 0)
 		return st;
 	{

@@ -1,0 +1,1215 @@
+/* Change streams through the proxy (issue #20): `watch()` on a collection, a database
+ * (`aggregate: 1`) or the deployment (`aggregate: 1` on admin with allChangesForCluster),
+ * as mongos 6.0 runs them (src/mongo/s/query/async_results_merger.cpp,
+ * document_source_change_stream*.cpp).
+ *
+ * The proxy opens a `$changeStream` cursor with `$stripedbMerge: true` (no invalidates:
+ * the proxy decides them; fullDocument "default": the proxy does updateLookup) on the
+ * primary of EVERY shard (a collection's chunks may move anywhere), and merges their
+ * events in resume-token order (sdb_cs_token_cmp, /work/cs/CONTRACT.md). The merge rule
+ * is the high-water mark of mongos' AsyncResultsMerger: the smallest buffered event X is
+ * released only when every shard without a buffered event has a postBatchResumeToken
+ * (PBRT) above X; the client's PBRT is the merged position (the last event released, or,
+ * once nothing is releasable, the smallest PBRT of all shards: every event at or below it
+ * was delivered). A shard whose PBRT holds the merge back while an event waits gets
+ * `appendOplogNote {maxClusterTime: <the newest ts any shard reported>}` once per such
+ * wait, so its next PBRT passes every buffered event. A stream opened without a start point
+ * starts at the newest of the shards' first PBRTs (the floor; lagging shards get a note
+ * above it before the client is answered).
+ *
+ * Per event, when it is released: drop / rename / dropDatabase are reported only from the
+ * database's primary shard (every shard that had the collection reports one); then
+ * updateLookup (a find by documentKey through the proxy's own routing), the stages after
+ * $changeStream ($match, $project, $addFields/$set, $unset, $replaceRoot/$replaceWith, run
+ * by the storage pipeline engine), the _id check (280), and the invalidate of a
+ * collection stream (drop, rename, dropDatabase) or a database stream (dropDatabase).
+ *
+ * Failover of a shard under an open stream: its stream is opened again after its last
+ * PBRT (transparent to the client); when that fails within the retry budget the client
+ * gets the error with the ResumableChangeStreamError label (drivers resume). Shards added
+ * later are opened at the merged position (the shard list is compared at every getMore).
+ *
+ * Threading: request worker threads; a cursor is used by one request at a time (checked
+ * out of cursor.c's table); fan-out units touch only their own shard entry.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/bsonget.h"
+#include "common/changestream.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "proxy/exec.h"
+#include "proxy/proxy.h"
+
+#define CS_SHARD_BATCH 1000
+#define CS_DEFAULT_AWAIT_MS 1000 /* MongoDB's await of a tailable awaitData getMore */
+#define CS_NOTE_AWAIT_MS 200	 /* a holdout's getMore await while an event waits */
+#define CS_MAX_BATCH_BYTES (8 * 1024 * 1024)
+#define ERR_CS_FATAL 280
+#define ERR_CS_HISTORY_LOST 286
+#define ERR_NOT_IN_TXN 263
+
+enum { CS_COLL, CS_DB, CS_CLUSTER };
+
+/* One shard's stream. */
+typedef struct cs_shard {
+	char *id;
+	uint32_t sid;
+	int64_t cursor_id; /* 0: not open (to open at the next round) */
+	bool opened;	   /* opened once (then reopened after pbrt) */
+	bool added;	   /* found after the stream was opened: opened at the merged position */
+	bool gone;	   /* no longer in the shard list: holds nothing back */
+	bson_t **ev;	   /* buffered events (owned), ev[pos..n) */
+	sdb_cs_token *tok; /* their tokens */
+	size_t n, pos, cap;
+	sdb_cs_token pbrt;
+	bool have_pbrt;
+	uint64_t noted_ts; /* appendOplogNote sent with this maxClusterTime */
+	uint64_t ended_ms; /* monotonic ms when it answered a cursor id 0 (reopened 100 ms
+			    * later, not in a loop) */
+	/* the last call's result (fan-out unit) */
+	int status;
+	bson_t err_reply; /* always initialised */
+	char neterr[256];
+} cs_shard;
+
+struct px_cs {
+	int level;
+	char *db;	    /* where the shard aggregates run (admin for the cluster) */
+	char *coll;	    /* collection stream: the collection, else NULL */
+	char *gm_coll;	    /* getMore's collection: coll or "$cmd.aggregate" */
+	bson_t spec;	    /* $changeStream for the shards, without the resume fields */
+	bson_t start;	    /* the client's resume fields ({resumeAfter: ...}), maybe empty */
+	bool update_lookup; /* fullDocument: "updateLookup" */
+	sdb_pipeline *pl;   /* the stages after $changeStream, or NULL */
+	cs_shard *sh;
+	size_t nsh;
+	sdb_cs_token pos; /* merged position: the client's PBRT */
+	bool have_pos;
+	/* a stream opened without a start point: every shard starts at its own present, so
+	 * the stream starts at the newest of their first PBRTs and a lagging shard's events at
+	 * or below it are dropped (they predate the start; a resume after a later token would
+	 * not see them either) */
+	sdb_cs_token floor;
+	bool have_floor;
+	bool invalidated; /* the invalidate was returned: the cursor ends */
+};
+
+/* ---------- tokens ---------- */
+
+static bool field_token(const bson_t *d, const char *name, sdb_cs_token *t)
+{
+	bson_t sub;
+	char err[128];
+
+	return px_get_doc(d, name, &sub) && sdb_cs_token_parse(&sub, t, err, sizeof err) == 0;
+}
+
+static void hwm_token(sdb_cs_token *t, uint64_t ts)
+{
+	memset(t, 0, sizeof *t);
+	t->ts = ts;
+	t->kind = SDB_CS_HWM;
+}
+
+/* ---------- shard calls ---------- */
+
+static void shard_entry_init(cs_shard *s, const char *id, bool added)
+{
+	memset(s, 0, sizeof *s);
+	s->id = sdb_strdup(id);
+	s->added = added;
+	bson_init(&s->err_reply);
+}
+
+static void shard_drop_events(cs_shard *s)
+{
+	for (size_t i = s->pos; i < s->n; i++)
+		proxy_doc_free(s->ev[i]);
+	s->n = s->pos = 0;
+}
+
+/* Take a shard's cursor reply: the batch (firstBatch or nextBatch) into s's buffer (s is
+ * empty: refilled only then), the cursor id, the PBRT. Returns: 0, or SDB_EPROTO when the
+ * reply is not a change stream cursor. */
+static int take_reply(cs_shard *s, const bson_t *reply, const char *field)
+{
+	bson_t cur, arr;
+	bson_iter_t it;
+	sdb_cs_token t;
+
+	if (!px_get_doc(reply, "cursor", &cur) || !px_get_array(&cur, field, &arr))
+		return SDB_EPROTO;
+	s->cursor_id = px_get_int(&cur, "id", 0);
+	shard_drop_events(s);
+	if (bson_iter_init(&it, &arr)) {
+		while (bson_iter_next(&it)) {
+			uint32_t len;
+			const uint8_t *data;
+			bson_t d;
+
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+				return SDB_EPROTO;
+			bson_iter_document(&it, &len, &data);
+			if (!bson_init_static(&d, data, len) || !field_token(&d, "_id", &t))
+				return SDB_EPROTO;
+			if (s->n == s->cap) {
+				s->cap = s->cap ? s->cap * 2 : 64;
+				s->ev = sdb_realloc(s->ev, s->cap * sizeof *s->ev);
+				s->tok = sdb_realloc(s->tok, s->cap * sizeof *s->tok);
+			}
+			s->tok[s->n] = t;
+			s->ev[s->n++] = proxy_doc_copy(&d);
+		}
+	}
+	if (!field_token(&cur, "postBatchResumeToken", &t))
+		return SDB_EPROTO;
+	if (!s->have_pbrt || sdb_cs_token_cmp(&t, &s->pbrt) > 0)
+		s->pbrt = t;
+	s->have_pbrt = true;
+	s->opened = true;
+	return 0;
+}
+
+/* Work of one fan-out round (cs_round_one). */
+enum { CS_OP_OPEN, CS_OP_GETMORE, CS_OP_NOTE };
+typedef struct cs_job {
+	proxy *p;
+	px_cs *cs;
+	size_t *idx;
+	int op;
+	int64_t await_ms;   /* CS_OP_GETMORE */
+	uint64_t note_ts;   /* CS_OP_NOTE */
+} cs_job;
+
+static void open_cmd(px_cs *cs, cs_shard *s, bson_t *cmd)
+{
+	bson_t pl, st, spec, cur;
+
+	if (cs->coll)
+		BSON_APPEND_UTF8(cmd, "aggregate", cs->coll);
+	else
+		BSON_APPEND_INT32(cmd, "aggregate", 1);
+	bson_append_array_begin(cmd, "pipeline", -1, &pl);
+	bson_append_document_begin(&pl, "0", -1, &st);
+	bson_append_document_begin(&st, "$changeStream", -1, &spec);
+	bson_concat(&spec, &cs->spec);
+	if (s->opened && s->have_pbrt) {
+		/* reopened (failover, lost cursor): after what it last told us */
+		sdb_cs_token_append(&spec, "resumeAfter", &s->pbrt);
+	} else if (s->added && cs->have_pos) {
+		/* a shard found after the open: from the merged position */
+		sdb_cs_token_append(&spec, "resumeAfter", &cs->pos);
+	} else {
+		bson_concat(&spec, &cs->start);
+	}
+	BSON_APPEND_BOOL(&spec, "$stripedbMerge", true);
+	/* the id tokens name the shard by: metadata's, the same for every proxy (a shard's
+	 * replica set name may be unset or differ) */
+	BSON_APPEND_UTF8(&spec, "$stripedbShardId", s->id);
+	bson_append_document_end(&st, &spec);
+	bson_append_document_end(&pl, &st);
+	bson_append_array_end(cmd, &pl);
+	bson_append_document_begin(cmd, "cursor", -1, &cur);
+	BSON_APPEND_INT32(&cur, "batchSize", CS_SHARD_BATCH);
+	bson_append_document_end(cmd, &cur);
+}
+
+static void cs_round_one(void *arg, size_t k)
+{
+	cs_job *j = arg;
+	cs_shard *s = &j->cs->sh[j->idx[k]];
+	bson_t cmd = BSON_INITIALIZER, reply;
+	const char *db = j->cs->db;
+	const char *field = "nextBatch";
+
+	switch (j->op) {
+	case CS_OP_OPEN:
+		open_cmd(j->cs, s, &cmd);
+		s->sid = 0;
+		field = "firstBatch";
+		break;
+	case CS_OP_GETMORE:
+		BSON_APPEND_INT64(&cmd, "getMore", s->cursor_id);
+		BSON_APPEND_UTF8(&cmd, "collection", j->cs->gm_coll);
+		BSON_APPEND_INT32(&cmd, "batchSize", CS_SHARD_BATCH);
+		BSON_APPEND_INT64(&cmd, "maxTimeMS", j->await_ms > 0 ? j->await_ms : 1);
+		break;
+	default: {
+		bson_t data;
+		BSON_APPEND_INT32(&cmd, "appendOplogNote", 1);
+		bson_append_document_begin(&cmd, "data", -1, &data);
+		BSON_APPEND_UTF8(&data, "msg", "stripedb proxy: change stream merge");
+		bson_append_document_end(&cmd, &data);
+		BSON_APPEND_TIMESTAMP(&cmd, "maxClusterTime", (uint32_t)(j->note_ts >> 32),
+				      (uint32_t)j->note_ts);
+		db = "admin";
+		break;
+	}
+	}
+	uint32_t nsid = j->op == CS_OP_GETMORE ? s->sid : 0;
+	s->status = proxy_shard_command(j->p, s->id, db, &cmd, &nsid, &reply, s->neterr,
+					sizeof s->neterr);
+	bson_reinit(&s->err_reply);
+	if (s->status == SHARDCONN_OK && j->op != CS_OP_NOTE) {
+		s->sid = nsid;
+		int tr = take_reply(s, &reply, field);
+		if (tr == 0 && s->cursor_id == 0)
+			s->ended_ms = sdb_mono_ms(); /* the shard closed it: reopened later */
+		if (tr != 0) {
+			s->status = SHARDCONN_NET_ERR;
+			snprintf(s->neterr, sizeof s->neterr,
+				 "shard %s: a $changeStream reply without a cursor, an event token or "
+				 "a postBatchResumeToken",
+				 s->id);
+			s->cursor_id = 0;
+		}
+	} else if (s->status != SHARDCONN_OK) {
+		bson_copy_to_excluding_noinit(&reply, &s->err_reply, "$clusterTime",
+					      "operationTime", NULL);
+		if (j->op == CS_OP_GETMORE)
+			s->cursor_id = 0;
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
+static void cs_round(proxy *p, px_cs *cs, size_t *idx, size_t n, int op, int64_t await_ms,
+		     uint64_t note_ts)
+{
+	cs_job j = {p, cs, idx, op, await_ms, note_ts};
+
+	if (n > 0)
+		proxy_shard_fanout(p, n, cs_round_one, &j);
+}
+
+static int err_code(const cs_shard *s)
+{
+	if (s->status == SHARDCONN_NET_ERR)
+		return WIRE_ERR_HOST_UNREACHABLE;
+	int64_t code = px_get_int(&s->err_reply, "code", WIRE_ERR_INTERNAL);
+	return code > 0 && code < INT32_MAX ? (int)code : WIRE_ERR_INTERNAL;
+}
+
+static const char *err_msg(const cs_shard *s)
+{
+	bson_iter_t it;
+
+	if (s->status == SHARDCONN_NET_ERR)
+		return s->neterr;
+	if (bson_iter_init_find(&it, &s->err_reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
+		return bson_iter_utf8(&it, NULL);
+	return "shard error";
+}
+
+/* Errors after which a shard's stream is opened again after its PBRT (a failover, a
+ * restart that lost the cursor): MongoDB's resumable change stream errors
+ * (ResumableChangeStreamError: the network, not-primary and shutdown family, and
+ * CursorNotFound). */
+static bool reopenable(const cs_shard *s)
+{
+	static const int codes[] = {6,	   7,	  89,	 91,	189,   262,   9001,  10107,
+				    11600, 11602, 13435, 13436, 63,	150,   13388, 234,
+				    133,   43,	  0};
+
+	if (s->status == SHARDCONN_NET_ERR)
+		return true;
+	int code = err_code(s);
+	for (size_t i = 0; codes[i]; i++)
+		if (codes[i] == code)
+			return true;
+	return false;
+}
+
+/* Answer the failure of shard s: its error; a resumable one (the shard is unreachable or
+ * has no primary after the retry budget) with the ResumableChangeStreamError label, so
+ * that the driver opens the stream again after its last token. Returns: the code. */
+static int answer_shard_failure(ctx *c, const cs_shard *s)
+{
+	int code = err_code(s);
+
+	if (reopenable(s)) {
+		bson_t *extra = bson_new(), arr;
+
+		bson_append_array_begin(extra, "errorLabels", -1, &arr);
+		BSON_APPEND_UTF8(&arr, "0", "ResumableChangeStreamError");
+		bson_append_array_end(extra, &arr);
+		return px_error_extra(c, code, extra, "change stream on shard %s: %s", s->id,
+				      err_msg(s));
+	}
+	return px_error(c, code, "%s", err_msg(s));
+}
+
+/* ---------- the shard set ---------- */
+
+static bool has_shard(const px_cs *cs, const char *id)
+{
+	for (size_t i = 0; i < cs->nsh; i++)
+		if (strcmp(cs->sh[i].id, id) == 0)
+			return true;
+	return false;
+}
+
+/* Compare the shard list with the stream's: new shards are added (opened at the next
+ * round, at the merged position), shards no longer listed hold nothing back. */
+static void sync_shards(ctx *c, px_cs *cs, bool added)
+{
+	char **ids = NULL;
+	/* at the open: metadata's list (reloaded); later, at every getMore, the list the
+	 * refresh thread reloads every second (no metadata call per getMore) */
+	size_t n = added && c->p->sc != NULL && c->p->cluster == NULL
+			   ? shardconn_shard_ids(c->p->sc, &ids)
+			   : px_shard_ids(c, &ids);
+
+	for (size_t i = 0; i < n; i++) {
+		if (!has_shard(cs, ids[i])) {
+			cs->sh = sdb_realloc(cs->sh, (cs->nsh + 1) * sizeof *cs->sh);
+			shard_entry_init(&cs->sh[cs->nsh++], ids[i], added);
+			if (added)
+				sdb_log(SDB_LOG_INFO, "change stream: new shard, opened at the merged "
+						      "position", "shard=%s", ids[i]);
+		}
+	}
+	for (size_t k = 0; k < cs->nsh && n > 0; k++) {
+		bool listed = false;
+		for (size_t i = 0; i < n; i++)
+			if (strcmp(cs->sh[k].id, ids[i]) == 0)
+				listed = true;
+		cs->sh[k].gone = !listed;
+	}
+	for (size_t i = 0; i < n; i++)
+		free(ids[i]);
+	free(ids);
+}
+
+/* Open every live shard whose cursor is not open (first open, reopen, new shard). A shard
+ * added later whose oplog does not reach back to the merged position (286) is opened at
+ * its present instead. Returns: NULL when all opened, else the failed shard. */
+static cs_shard *open_closed(proxy *p, px_cs *cs)
+{
+	size_t *idx = sdb_calloc(cs->nsh ? cs->nsh : 1, sizeof *idx), n = 0;
+	cs_shard *bad = NULL;
+
+	uint64_t now = sdb_mono_ms();
+	for (size_t i = 0; i < cs->nsh; i++)
+		if (cs->sh[i].cursor_id == 0 && !cs->sh[i].gone &&
+		    (cs->sh[i].ended_ms == 0 || now >= cs->sh[i].ended_ms + 100))
+			idx[n++] = i;
+	cs_round(p, cs, idx, n, CS_OP_OPEN, 0, 0);
+	for (size_t k = 0; k < n && bad == NULL; k++) {
+		cs_shard *s = &cs->sh[idx[k]];
+		if (s->status == SHARDCONN_OK)
+			continue;
+		if (s->added && !s->opened && err_code(s) == ERR_CS_HISTORY_LOST) {
+			size_t one = idx[k];
+			bool had = cs->have_pos;
+			cs->have_pos = false; /* open_cmd: no resume field */
+			bson_t keep = cs->start;
+			bson_init(&cs->start);
+			cs_round(p, cs, &one, 1, CS_OP_OPEN, 0, 0);
+			bson_destroy(&cs->start);
+			cs->start = keep;
+			cs->have_pos = had;
+			if (s->status == SHARDCONN_OK)
+				continue;
+		}
+		bad = s;
+	}
+	free(idx);
+	return bad;
+}
+
+/* ---------- the merge ---------- */
+
+/* The shard whose next buffered event is the smallest, or -1. */
+static ssize_t min_head(const px_cs *cs)
+{
+	ssize_t best = -1;
+
+	for (size_t i = 0; i < cs->nsh; i++) {
+		const cs_shard *s = &cs->sh[i];
+		if (s->pos < s->n &&
+		    (best < 0 || sdb_cs_token_cmp(&s->tok[s->pos],
+						  &cs->sh[best].tok[cs->sh[best].pos]) < 0))
+			best = (ssize_t)i;
+	}
+	return best;
+}
+
+/* May the event with token x (the smallest buffered) be released? Every live shard
+ * without buffered events must have promised, by its PBRT, that it has nothing below. */
+static bool releasable(const px_cs *cs, const sdb_cs_token *x)
+{
+	for (size_t i = 0; i < cs->nsh; i++) {
+		const cs_shard *s = &cs->sh[i];
+		if (s->gone || s->pos < s->n)
+			continue;
+		if (!s->have_pbrt || sdb_cs_token_cmp(&s->pbrt, x) <= 0)
+			return false;
+	}
+	return true;
+}
+
+/* With nothing releasable: the smallest PBRT of the live shards becomes the position
+ * (when above it): every event at or below it was delivered. */
+static void advance_to_hwm(px_cs *cs)
+{
+	const sdb_cs_token *m = NULL;
+
+	for (size_t i = 0; i < cs->nsh; i++) {
+		const cs_shard *s = &cs->sh[i];
+		if (s->gone)
+			continue;
+		if (!s->have_pbrt)
+			return;
+		if (m == NULL || sdb_cs_token_cmp(&s->pbrt, m) < 0)
+			m = &s->pbrt;
+	}
+	if (m != NULL && (!cs->have_pos || sdb_cs_token_cmp(m, &cs->pos) > 0)) {
+		cs->pos = *m;
+		cs->have_pos = true;
+	}
+}
+
+/* ---------- per event ---------- */
+
+static bool str_field(const bson_t *d, const char *path, const char **out)
+{
+	bson_iter_t it, f;
+
+	if (!bson_iter_init(&it, d) || !bson_iter_find_descendant(&it, path, &f) ||
+	    !BSON_ITER_HOLDS_UTF8(&f))
+		return false;
+	*out = bson_iter_utf8(&f, NULL);
+	return true;
+}
+
+/* The current document for an update event's documentKey through the proxy's routing
+ * (MongoDB's updateLookup: null when it is gone). Returns: 0 with *out (heap, or NULL for
+ * none), else the code of the error answered on c. */
+static int lookup_doc(ctx *c, const bson_t *ev, bson_t **out)
+{
+	const char *db, *coll;
+	bson_t key, stages = BSON_INITIALIZER, st;
+	bson_t **docs = NULL;
+	size_t n = 0;
+	int code = 0, rc;
+	char err[512];
+	ctx sub;
+
+	*out = NULL;
+	if (!str_field(ev, "ns.db", &db) || !str_field(ev, "ns.coll", &coll) ||
+	    !px_get_doc(ev, "documentKey", &key))
+		return 0;
+	sub = *c;
+	sub.db = db;
+	sub.tx = NULL;
+	sub.rp_data = NULL;
+	bson_append_document_begin(&stages, "0", -1, &st);
+	BSON_APPEND_DOCUMENT(&st, "$match", &key);
+	bson_append_document_end(&stages, &st);
+	bson_append_document_begin(&stages, "1", -1, &st);
+	BSON_APPEND_INT32(&st, "$limit", 1);
+	bson_append_document_end(&stages, &st);
+	rc = px_sub_aggregate(&sub, coll, &stages, NULL, &docs, &n, &code, err, sizeof err);
+	bson_destroy(&stages);
+	if (rc != 0)
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "updateLookup: %s", err);
+	if (n > 0)
+		*out = proxy_doc_copy(docs[0]);
+	for (size_t i = 0; i < n; i++)
+		bson_destroy(docs[i]);
+	free(docs);
+	return 0;
+}
+
+/* ev with fullDocument set to doc (NULL: null), in MongoDB's field order (before ns). */
+static bson_t *with_full_document(const bson_t *ev, const bson_t *doc)
+{
+	bson_t *out = proxy_doc_new();
+	bson_iter_t it;
+	bool put = false;
+
+	if (bson_iter_init(&it, ev)) {
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			if (strcmp(k, "fullDocument") == 0)
+				continue;
+			if (!put && (strcmp(k, "ns") == 0 || strcmp(k, "documentKey") == 0 ||
+				     strcmp(k, "updateDescription") == 0)) {
+				if (doc)
+					BSON_APPEND_DOCUMENT(out, "fullDocument", doc);
+				else
+					BSON_APPEND_NULL(out, "fullDocument");
+				put = true;
+			}
+			bson_append_iter(out, k, -1, &it);
+		}
+	}
+	if (!put) {
+		if (doc)
+			BSON_APPEND_DOCUMENT(out, "fullDocument", doc);
+		else
+			BSON_APPEND_NULL(out, "fullDocument");
+	}
+	return out;
+}
+
+typedef struct one_in {
+	const bson_t *doc;
+	bool done;
+} one_in;
+
+static int one_next(void *arg, const bson_t **doc, int *code, char *err, size_t errlen)
+{
+	one_in *in = arg;
+
+	(void)code;
+	(void)err;
+	(void)errlen;
+	if (in->done)
+		return 0;
+	in->done = true;
+	*doc = in->doc;
+	return 1;
+}
+
+static bool same_id(const bson_t *a, const bson_t *b)
+{
+	bson_iter_t ia, ib;
+
+	if (!bson_iter_init_find(&ia, a, "_id") || !bson_iter_init_find(&ib, b, "_id"))
+		return false;
+	if (bson_iter_type(&ia) != bson_iter_type(&ib) || !BSON_ITER_HOLDS_DOCUMENT(&ia))
+		return false;
+	uint32_t la, lb;
+	const uint8_t *da, *db;
+	bson_iter_document(&ia, &la, &da);
+	bson_iter_document(&ib, &lb, &db);
+	return la == lb && memcmp(da, db, la) == 0;
+}
+
+/* The client's stages over ev into *out (heap; NULL when filtered out). Returns: 0, or
+ * the code of the error answered on c (a stage's, or 280 for a changed _id). */
+static int run_stages(ctx *c, px_cs *cs, const bson_t *ev, bson_t **out)
+{
+	sdb_pipeline_cursor *pc = NULL;
+	one_in in = {ev, false};
+	const bson_t *d;
+	int code = 0, r;
+	char err[512];
+
+	*out = NULL;
+	if (cs->pl == NULL) {
+		*out = proxy_doc_copy(ev);
+		return 0;
+	}
+	sdb_pipeline_open(cs->pl, one_next, &in, &pc);
+	r = sdb_pipeline_cursor_next(pc, &d, &code, err, sizeof err);
+	if (r < 0) {
+		sdb_pipeline_cursor_free(pc);
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+	}
+	if (r == 1) {
+		if (!same_id(ev, d)) {
+			sdb_pipeline_cursor_free(pc);
+			return px_error(
+					c, ERR_CS_FATAL,
+					"Encountered an event whose _id field, which contains the resume "
+					"token, was modified by the pipeline. Modifying the _id field of an "
+					"event makes it impossible to resume the stream from that point. "
+					"Only transformations that retain the unmodified _id field are "
+					"allowed.");
+		}
+		*out = proxy_doc_copy(d);
+	}
+	sdb_pipeline_cursor_free(pc);
+	return 0;
+}
+
+/* The invalidate event that follows ev (its token with kind INVALIDATE). */
+static bson_t *invalidate_event(const bson_t *ev, const sdb_cs_token *t)
+{
+	bson_t *inv = proxy_doc_new();
+	sdb_cs_token it = *t;
+	bson_iter_t f;
+
+	it.kind = SDB_CS_INVALIDATE;
+	sdb_cs_token_append(inv, "_id", &it);
+	BSON_APPEND_UTF8(inv, "operationType", "invalidate");
+	if (bson_iter_init_find(&f, ev, "clusterTime"))
+		bson_append_iter(inv, "clusterTime", -1, &f);
+	if (bson_iter_init_find(&f, ev, "wallTime"))
+		bson_append_iter(inv, "wallTime", -1, &f);
+	return inv;
+}
+
+/* Append doc to the batch arr (k documents so far, *bytes). */
+static void batch_add(bson_t *arr, size_t *k, size_t *bytes, const bson_t *doc)
+{
+	char key[24];
+
+	snprintf(key, sizeof key, "%zu", (*k)++);
+	BSON_APPEND_DOCUMENT(arr, key, doc);
+	*bytes += proxy_bson_len(doc);
+}
+
+/* Release one event (the smallest, already taken out of its shard's buffer, ev owned):
+ * the DDL dedup, updateLookup, the client's stages, the invalidate. The position moves to
+ * its token whatever the stages keep. Returns: 0, or the code of the error answered. */
+static int emit(ctx *c, px_cs *cs, bson_t *ev, const sdb_cs_token *t, bson_t *arr, size_t *k,
+		size_t *bytes)
+{
+	const char *op = "", *db = NULL, *coll = NULL;
+	bson_t *cur = ev, *out = NULL;
+	int st = 0;
+
+	cs->pos = *t;
+	cs->have_pos = true;
+	str_field(ev, "operationType", &op);
+	str_field(ev, "ns.db", &db);
+	str_field(ev, "ns.coll", &coll);
+	bool ddl = strcmp(op, "drop") == 0 || strcmp(op, "rename") == 0 ||
+		   strcmp(op, "dropDatabase") == 0;
+	if (ddl && db != NULL) {
+		/* each shard that had the collection reports it: the database's primary
+		 * shard's copy stands for all (resume-stable: the same copy every time) */
+		char *prim = proxy_db_primary(c->p, db);
+		if (prim == NULL)
+			prim = proxy_primary(c->p);
+		bool mine = prim == NULL || strcmp(prim, t->shard) == 0;
+		free(prim);
+		if (!mine) {
+			proxy_doc_free(ev);
+			return 0;
+		}
+	}
+	if (cs->update_lookup && strcmp(op, "update") == 0) {
+		bson_t *doc = NULL;
+		if ((st = lookup_doc(c, ev, &doc)) != 0) {
+			proxy_doc_free(ev);
+			return st;
+		}
+		cur = with_full_document(ev, doc);
+		proxy_doc_free(doc);
+	}
+	st = run_stages(c, cs, cur, &out);
+	if (st == 0 && out != NULL)
+		batch_add(arr, k, bytes, out);
+	proxy_doc_free(out);
+	if (st == 0 && ddl) {
+		bool inv = false;
+		if (cs->level == CS_COLL)
+			inv = strcmp(op, "dropDatabase") == 0 ||
+			      (coll != NULL && strcmp(coll, cs->coll) == 0);
+		else if (cs->level == CS_DB)
+			inv = strcmp(op, "dropDatabase") == 0;
+		if (inv) {
+			bson_t *ie = invalidate_event(ev, t), *io = NULL;
+			st = run_stages(c, cs, ie, &io);
+			if (st == 0 && io != NULL)
+				batch_add(arr, k, bytes, io);
+			proxy_doc_free(io);
+			cs->pos.kind = SDB_CS_INVALIDATE;
+			cs->invalidated = true;
+			proxy_doc_free(ie);
+		}
+	}
+	if (cur != ev)
+		proxy_doc_free(cur);
+	proxy_doc_free(ev);
+	return st;
+}
+
+/* Release every releasable event into arr (at most batch events, ~8 MiB), then move the
+ * position to the shards' high-water mark when nothing more is releasable. Returns: 0, or
+ * the code of the error answered on c. */
+static int release(ctx *c, px_cs *cs, bson_t *arr, size_t *k, size_t *bytes, int64_t batch)
+{
+	for (;;) {
+		if (cs->invalidated)
+			return 0;
+		ssize_t h = min_head(cs);
+		if (h < 0 || !releasable(cs, &cs->sh[h].tok[cs->sh[h].pos]))
+			break;
+		if ((batch >= 0 && (int64_t)*k >= batch) || *bytes >= CS_MAX_BATCH_BYTES)
+			return 0; /* full with more to release: the position is the last event */
+		cs_shard *s = &cs->sh[h];
+		sdb_cs_token t = s->tok[s->pos];
+		bson_t *ev = s->ev[s->pos++];
+		if (cs->have_floor && sdb_cs_token_cmp(&t, &cs->floor) <= 0) {
+			proxy_doc_free(ev); /* before the stream's start */
+			continue;
+		}
+		int st = emit(c, cs, ev, &t, arr, k, bytes);
+		if (st != 0)
+			return st;
+	}
+	advance_to_hwm(cs);
+	return 0;
+}
+
+/* One wait for more: reopen closed streams, note the holdouts of a waiting event, then a
+ * getMore on every live shard without buffered events that could hold something back.
+ * Returns: 0, or the code of the error answered on c. */
+static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
+{
+	proxy *p = c->p;
+	size_t *idx = sdb_calloc(cs->nsh ? cs->nsh : 1, sizeof *idx), n = 0;
+	cs_shard *bad;
+	ssize_t h;
+	int st = 0;
+
+	if ((bad = open_closed(p, cs)) != NULL) {
+		st = answer_shard_failure(c, bad);
+		goto out;
+	}
+	h = min_head(cs);
+	if (h >= 0) {
+		/* an event waits: the shards whose PBRT is below it get a note above its ts */
+		const sdb_cs_token *x = &cs->sh[h].tok[cs->sh[h].pos];
+		/* the note goes above the newest ts any shard reported (not only x's), so
+		 * that one round releases every buffered event, not one */
+		uint64_t top = x->ts;
+		for (size_t i = 0; i < cs->nsh; i++) {
+			const cs_shard *s = &cs->sh[i];
+			if (s->have_pbrt && s->pbrt.ts > top)
+				top = s->pbrt.ts;
+			if (s->pos < s->n && s->tok[s->n - 1].ts > top)
+				top = s->tok[s->n - 1].ts;
+		}
+		for (size_t i = 0; i < cs->nsh; i++) {
+			cs_shard *s = &cs->sh[i];
+			if (!s->gone && s->pos == s->n && s->cursor_id != 0 && s->noted_ts < x->ts &&
+			    (!s->have_pbrt || sdb_cs_token_cmp(&s->pbrt, x) <= 0))
+				idx[n++] = i;
+		}
+		cs_round(p, cs, idx, n, CS_OP_NOTE, 0, top);
+		for (size_t k = 0; k < n; k++) {
+			cs_shard *s = &cs->sh[idx[k]];
+			s->noted_ts = top;
+			if (s->status != SHARDCONN_OK)
+				sdb_debug("change stream: appendOplogNote failed", "shard=%s err=%s",
+					  s->id, err_msg(s));
+		}
+		if (await_ms > CS_NOTE_AWAIT_MS)
+			await_ms = CS_NOTE_AWAIT_MS;
+	}
+	n = 0;
+	for (size_t i = 0; i < cs->nsh; i++) {
+		cs_shard *s = &cs->sh[i];
+		if (s->gone || s->pos < s->n || s->cursor_id == 0)
+			continue;
+		if (h >= 0 && s->have_pbrt &&
+		    sdb_cs_token_cmp(&s->pbrt, &cs->sh[h].tok[cs->sh[h].pos]) > 0)
+			continue; /* holds nothing back */
+		idx[n++] = i;
+	}
+	if (n == 0) /* nothing to ask (cannot happen: something holds back or is ready) */
+		uv_sleep(10);
+	cs_round(p, cs, idx, n, CS_OP_GETMORE, await_ms, 0);
+	for (size_t k = 0; k < n; k++) {
+		cs_shard *s = &cs->sh[idx[k]];
+		if (s->status == SHARDCONN_OK)
+			continue;
+		if (!reopenable(s)) {
+			st = answer_shard_failure(c, s);
+			goto out;
+		}
+		/* failover or lost cursor: open it again after its last PBRT, now */
+		sdb_log(SDB_LOG_INFO, "change stream: shard stream reopened", "shard=%s code=%d",
+			s->id, err_code(s));
+		s->cursor_id = 0;
+	}
+	if ((bad = open_closed(p, cs)) != NULL)
+		st = answer_shard_failure(c, bad);
+out:
+	free(idx);
+	return st;
+}
+
+/* Answer c with one batch of cursor id (0 = closed) of ns. */
+static int answer_batch(ctx *c, px_cs *cs, int64_t id, const char *ns, const char *field,
+			bson_t *arr)
+{
+	bson_t *out = bson_new(), cd;
+
+	bson_append_document_begin(out, "cursor", -1, &cd);
+	BSON_APPEND_INT64(&cd, "id", id);
+	BSON_APPEND_UTF8(&cd, "ns", ns);
+	bson_append_array(&cd, field, -1, arr);
+	if (cs->have_pos)
+		sdb_cs_token_append(&cd, "postBatchResumeToken", &cs->pos);
+	bson_append_document_end(out, &cd);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	return px_reply(c, out);
+}
+
+/* ---------- lifecycle ---------- */
+
+void px_cs_free(proxy *p, px_cs *cs)
+{
+	size_t *idx, n = 0;
+
+	if (cs == NULL)
+		return;
+	idx = sdb_calloc(cs->nsh ? cs->nsh : 1, sizeof *idx);
+	for (size_t i = 0; i < cs->nsh; i++)
+		if (cs->sh[i].cursor_id != 0)
+			idx[n++] = i;
+	if (n > 0) {
+		/* killCursors on each shard still open */
+		for (size_t k = 0; k < n; k++) {
+			cs_shard *s = &cs->sh[idx[k]];
+			bson_t cmd = BSON_INITIALIZER, reply, arr;
+			char err[128];
+
+			BSON_APPEND_UTF8(&cmd, "killCursors", cs->gm_coll);
+			bson_append_array_begin(&cmd, "cursors", -1, &arr);
+			BSON_APPEND_INT64(&arr, "0", s->cursor_id);
+			bson_append_array_end(&cmd, &arr);
+			proxy_shard_command(p, s->id, cs->db, &cmd, &s->sid, &reply, err, sizeof err);
+			bson_destroy(&reply);
+			bson_destroy(&cmd);
+		}
+	}
+	free(idx);
+	for (size_t i = 0; i < cs->nsh; i++) {
+		cs_shard *s = &cs->sh[i];
+		shard_drop_events(s);
+		free(s->ev);
+		free(s->tok);
+		free(s->id);
+		bson_destroy(&s->err_reply);
+	}
+	free(cs->sh);
+	sdb_pipeline_free(cs->pl);
+	bson_destroy(&cs->spec);
+	bson_destroy(&cs->start);
+	free(cs->db);
+	free(cs->coll);
+	free(cs->gm_coll);
+	free(cs);
+}
+
+/* Parse the client's $changeStream spec into cs (spec for shards, start fields, options).
+ * Returns: 0, or the code of the error answered on c. */
+static int parse_spec(ctx *c, px_cs *cs, const bson_iter_t *specit, bool *cluster)
+{
+	bson_iter_t it;
+	bool resume = false, start_after = false, at_time = false;
+
+	*cluster = false;
+	if (!BSON_ITER_HOLDS_DOCUMENT(specit))
+		return px_error(c, 50808, "$changeStream stage expects a document as argument");
+	bson_iter_recurse(specit, &it);
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "fullDocument") == 0) {
+			const char *v = BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : NULL;
+			if (v == NULL)
+				return px_error(c, WIRE_ERR_TYPE_MISMATCH,
+						"BSON field '$changeStream.fullDocument' is the wrong type "
+						"'%s', expected type 'string'",
+						sdb_bson_type_name(bson_iter_type(&it)));
+			if (strcmp(v, "updateLookup") == 0) {
+				cs->update_lookup = true;
+			} else if (strcmp(v, "whenAvailable") == 0 || strcmp(v, "required") == 0) {
+				return px_error(c, WIRE_ERR_NOT_IMPLEMENTED,
+						"fullDocument: '%s' needs change stream pre- and "
+						"post-images, which stripedb does not implement", v);
+			} else if (strcmp(v, "default") != 0) {
+				return px_error(c, WIRE_ERR_BAD_VALUE,
+						"Enumeration value '%s' for field "
+						"'$changeStream.fullDocument' is not a valid value.",
+						v);
+			}
+		} else if (strcmp(k, "fullDocumentBeforeChange") == 0) {
+			const char *v = BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
+			if (strcmp(v, "off") != 0)
+				return px_error(c, WIRE_ERR_NOT_IMPLEMENTED,
+						"fullDocumentBeforeChange: '%s' needs change stream pre- "
+						"and post-images, which stripedb does not implement", v);
+		} else if (strcmp(k, "resumeAfter") == 0 || strcmp(k, "startAfter") == 0) {
+			bson_t tok;
+			sdb_cs_token t;
+			int code = 0;
+			char err[256];
+			uint32_t len;
+			const uint8_t *data;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+				return px_error(c, WIRE_ERR_TYPE_MISMATCH,
+						"BSON field '$changeStream.%s' is the wrong type '%s', "
+						"expected type 'object'",
+						k, sdb_bson_type_name(bson_iter_type(&it)));
+			bson_iter_document(&it, &len, &data);
+			if (!bson_init_static(&tok, data, len) ||
+			    sdb_cs_token_parse_code(&tok, &t, &code, err, sizeof err) != 0)
+				return px_error(c, code ? code : WIRE_ERR_FAILED_TO_PARSE, "%s", err);
+			if (strcmp(k, "resumeAfter") == 0 && t.kind == SDB_CS_INVALIDATE)
+				return px_error(c, 260 /* InvalidResumeToken */,
+						"Attempting to resume a change stream using "
+						"'resumeAfter' is not allowed from an invalidate "
+						"notification.");
+			if (strcmp(k, "resumeAfter") == 0)
+				resume = true;
+			else
+				start_after = true;
+			bson_append_iter(&cs->start, k, -1, &it);
+			cs->pos = t;
+			cs->have_pos = true;
+		} else if (strcmp(k, "startAtOperationTime") == 0) {
+			uint32_t ts, inc;
+			if (!BSON_ITER_HOLDS_TIMESTAMP(&it))
+				return px_error(c, WIRE_ERR_TYPE_MISMATCH,
+						"BSON field '$changeStream.startAtOperationTime' is the "
+						"wrong type '%s', expected type 'timestamp'",
+						sdb_bson_type_name(bson_iter_type(&it)));
+			bson_iter_timestamp(&it, &ts, &inc);
+			at_time = true;
+			bson_append_iter(&cs->start, k, -1, &it);
+			uint64_t v = (uint64_t)ts << 32 | inc;
+			if (v > 0) {
+				hwm_token(&cs->pos, v - 1);
+				cs->have_pos = true;
+			}
+		} else if (strcmp(k, "allChangesForCluster") == 0) {
+			*cluster = bson_iter_as_bool(&it);
+			bson_append_iter(&cs->spec, k, -1, &it);
+		} else if (strcmp(k, "showExpandedEvents") == 0) {
+			bson_append_iter(&cs->spec, k, -1, &it);
+		} else {
+			return px_error(c, 40415, "BSON field '$changeStream.%s' is an unknown field.",
+					k);
+		}
+	}
+	if (resume && start_after)
+		return px_error(c, 50865,
+				"Do not specify both 'resumeAfter' and 'startAfter' in a $changeStream "
+				"stage.");
+	if (at_time && (resume || start_after))
+		return px_error(c, 40674,
+				"Only one type of resume option is allowed, but multiple were found.");
+	BSON_APPEND_UTF8(&cs->spec, "fullDocument", "default");
+	return 0;
+}
+
+/* The stages after $changeStream: only those mongos allows in a change stream; parsed for
+ * the proxy's engine. Returns: 0, or the code of the error answered on c. */
+static int parse_stages(ctx *c, px_cs *cs, const bson_t *stages)
+{
+	static const char *const ok[] = {"$match",	 "$project",	 "$addFields", "$set",
+					 "$unset",	 "$replaceRoot", "$replaceWith", "$redact",
+					 NULL};
+	bson_t rest = BSON_INITIALIZER;
+	bson_iter_t it, st;
+	uint32_t i = 0;
+	int code = 0, rc;
+	char err[512], key[16];
+	const char *kp;
+
+	if (!bson_iter_init(&it, stages) || !bson_iter_next(&it))
+		return 0;
+	while (bson_iter_next(&it)) {
+		const char *name = NULL;
+		if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) && bson_iter_next(&st))
+			name = bson_iter_key(&st);
+		if (name != NULL && strcmp(name, "$changeStream") == 0) {
+			bson_destroy(&rest);
+			return px_error(c, 40602,
+					"$changeStream is only valid as the first stage in a pipeline");
+		}
+		bool allowed = false;
+		for (size_t k = 0; name != NULL && ok[k]; k++)
+			if (strcmp(ok[k], name) == 0)
+				allowed = true;
+		if (name != NULL && !allowed) {
+			bson_destroy(&rest);
+			return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
+					"%s is not permitted in a $changeStream pipeline", name);
+		}
+		bson_uint32_to_string(i++, &kp, key, sizeof key);
+		bson_append_iter(&rest, kp, -1, &it);
+	}
+	if (i == 0) {
+		bson_destroy(&rest);
+		return 0;
+	}
+	bson_t vars;
+	int st2 = px_let(c, &vars);
+	if (st2 != 0) {
+		bson_destroy(&rest);
+		return st2;
+	}
+	sdb_pipeline_opts po = {.let = &vars};
+	rc = sdb_pipeline_parse(&rest, &po, &cs->pl, &code, err, sizeof err);
+	bson_destroy(&vars);
+	bson_destroy(&rest);
+	if (rc != 0)
+		return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+	return 0;
+}
+
+int px_cs_pipeline_kind(const bson_t *stages)
+{
+	bson_iter_t it, st;
+	int i = 0;
+
+	if (!bson_iter_init(&it, stages))
+		return 0;
+	while (bson_iter_next(&it)) {
+		if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) &&
+		    bson_iter_next(&st) && strcmp(bson_iter_key(&st), "$changeStream") == 0)
+			return i == 0 ? 1 : -1;
+		i++;
+	}
+	return 0;
+}
+
+int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
+{
+	px_cs *cs;
+	bson_iter_t it, first;
+	bool cluster = false;
+	int st;
+	char ns[600];
+
+	if (px_cs_pipeline_kind(stages) < 0)
+		return px_error(c, 40602, "$changeStream is only valid as the first stage in a pipeline");
+	if (c->tx != NULL)
+		return px_error(c, ERR_NOT_IN_TXN,
+				"Cannot run '$changeStream' in a multi-document transaction.");
+	cs = sdb_calloc(1, sizeof *cs);
+	bson_init(&cs->spec);
+	bson_init(&cs->start);
+	cs->db = sdb_strdup(c->db);
+	if (!bson_iter_init(&it, stages) || !bson_iter_next(&it) ||
+	    !bson_iter_recurse(&it, &first) || !bson_iter_next(&first)) {
+		px_cs_free(c->p, cs);
+		return px_error(c, WIRE_ERR_INTERNAL, "no $changeStream stage");
+	}
+	if ((st = parse_spec(c, cs, &first, &cluster)) != 0 ||
+	    (st = parse_stages(c, cs, stages)) != 0) {
+		px_cs_free(c->p, cs);
+		return st;
+	}
+	if (c->coll != NULL) {
+		cs->level = CS_COLL;
+		cs->coll = sdb_strdup(c->coll);
+		cs->gm_coll = sdb_strdup(c->coll);
+		snprintf(ns, sizeof ns, "%s.%s", c->db, c->coll);
+	} else {
+		cs->level = cluster ? CS_CLUSTER : CS_DB;
+		cs->gm_coll = sdb_strdup("$cmd.aggregate");
+		snprintf(ns, sizeof ns, "%s.$cmd.aggregate", c->db);
+	}
+	/* every shard: a collection's chunks may move to any of them */
+	sync_shards(c, cs, false);
+	if (cs->nsh == 0) {
+		px_cs_free(c->p, cs);
+		return px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
+	}
+	cs_shard *bad = open_closed(c->p, cs);
+	if (bad != NULL) {
+		st = px_error(c, err_code(bad), "%s", err_msg(bad));
+		px_cs_free(c->p, cs);
+		return st;
+	}
+	if (!cs->have_pos) {
+		/* no start point: the stream starts where every shard has started */
+		for (size_t i = 0; i < cs->nsh; i++) {
+			const cs_shard *s = &cs->sh[i];
+			if (s->have_pbrt &&
+			    (!cs->have_floor || sdb_cs_token_cmp(&s->pbrt, &cs->floor) > 0)) {
+				cs->floor = s->pbrt;
+				cs->have_floor = true;
+			}
+		}
+		if (cs->have_floor) {
+			cs->pos = cs->floor;
+			cs->have_pos = true;
+			/* the shards behind the start get a note above it before the client
+			 * hears of the stream: their next writes then come after the start,
+			 * not dropped below it (shard clocks are not gossiped) */
+			size_t *idx = sdb_calloc(cs->nsh, sizeof *idx), n = 0;
+			for (size_t i = 0; i < cs->nsh; i++)
+				if (cs->sh[i].have_pbrt && cs->sh[i].pbrt.ts < cs->floor.ts)
+					idx[n++] = i;
+			cs_round(c->p, cs, idx, n, CS_OP_NOTE, 0, cs->floor.ts);
+			for (size_t k = 0; k < n; k++) {
+				cs_shard *s = &cs->sh[idx[k]];
+				s->noted_ts = cs->floor.ts;
+				if (s->status != SHARDCONN_OK)
+					sdb_log(SDB_LOG_WARN,
+						"change stream: appendOplogNote at the start failed",
+						"shard=%s err=%s", s->id, err_msg(s));
+			}
+			free(idx);
+		}
+	}
+	/* the first batch: what is releasable now (no wait, as mongos' first batch) */
+	bson_t arr = BSON_INITIALIZER;
+	size_t k = 0, bytes = 0;
+	if ((st = release(c, cs, &arr, &k, &bytes, batch)) != 0) {
+		bson_destroy(&arr);
+		px_cs_free(c->p, cs);
+		return st;
+	}
+	if (cs->invalidated) {
+		st = answer_batch(c, cs, 0, ns, "firstBatch", &arr);
+		bson_destroy(&arr);
+		px_cs_free(c->p, cs);
+		return st;
+	}
+	proxy_cursor *cur = proxy_cursor_new_cs(c->p, ns, cs);
+	int64_t id = proxy_cursor_register(c->p, cur, c->user);
+	st = answer_batch(c, cs, id, ns, "firstBatch", &arr);
+	bson_destroy(&arr);
+	return st;
+}
+
+int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char *ns)
+{
+	int64_t batch = px_get_int(c->cmd, "batchSize", 0);
+	int64_t await = px_get_int(c->cmd, "maxTimeMS", CS_DEFAULT_AWAIT_MS);
+	uint64_t deadline;
+	bson_t arr = BSON_INITIALIZER;
+	size_t k = 0, bytes = 0;
+	int st = 0;
+
+	if (batch <= 0)
+		batch = -1;
+	if (await <= 0 || await > INT32_MAX)
+		await = CS_DEFAULT_AWAIT_MS;
+	deadline = sdb_mono_ms() + (uint64_t)await;
+	sync_shards(c, cs, true);
+	for (;;) {
+		if ((st = release(c, cs, &arr, &k, &bytes, batch)) != 0)
+			break;
+		if (k > 0 || cs->invalidated)
+			break;
+		uint64_t now = sdb_mono_ms();
+		if (now >= deadline)
+			break;
+		if ((st = fetch(c, cs, (int64_t)(deadline - now))) != 0)
+			break;
+	}
+	if (st != 0) {
+		bson_destroy(&arr);
+		proxy_cursor_destroy(c->p, cur);
+		return st;
+	}
+	if (cs->invalidated) {
+		st = answer_batch(c, cs, 0, ns, "nextBatch", &arr);
+		proxy_cursor_destroy(c->p, cur);
+	} else {
+		st = answer_batch(c, cs, id, ns, "nextBatch", &arr);
+		proxy_cursor_checkin(c->p, cur);
+	}
+	bson_destroy(&arr);
+	return st;
+}
