@@ -404,6 +404,13 @@ int px_do_get_more(ctx *c)
 				(long long)id);
 	if (proxy_cursor_cs(cur) != NULL) /* a change stream (changestream.c) */
 		return px_cs_get_more(c, cur, proxy_cursor_cs(cur), id, ns);
+	if (bson_iter_init_find(&it, c->cmd, "maxTimeMS")) {
+		/* mongod's getMore: maxTimeMS is the await time of an awaitData cursor only,
+		 * and the proxy's other cursors are not tailable */
+		proxy_cursor_checkin(c->p, cur);
+		return px_error(c, WIRE_ERR_BAD_VALUE,
+				"cannot set maxTimeMS on getMore command for a non-awaitData cursor");
+	}
 	bson_init(&arr);
 	r = proxy_cursor_fill(c->p, cur, &arr, px_get_int(c->cmd, "batchSize", 0) > 0 ?
 						      px_get_int(c->cmd, "batchSize", 0) : -1,

@@ -829,8 +829,8 @@ void shard_cmd_getmore(shard_ctx *x)
 	if (bson_iter_init_find(&it, x->cmd, "batchSize") &&
 	    !util_get_int(x, "getMore", &it, 0, INT64_MAX, &batch))
 		return;
-	if (bson_iter_init_find(&it, x->cmd, "maxTimeMS") &&
-	    !util_get_int(x, "getMore", &it, 0, INT32_MAX, &max_time))
+	bool max_time_given = bson_iter_init_find(&it, x->cmd, "maxTimeMS");
+	if (max_time_given && !util_get_int(x, "getMore", &it, 0, INT32_MAX, &max_time))
 		return;
 	bool busy = false;
 	shard_cursor *c = shard_cursor_take(x->sh, id, &busy);
@@ -854,6 +854,13 @@ void shard_cmd_getmore(shard_ctx *x)
 		return;
 	}
 	free(ns);
+	if (max_time_given && !(c->tailable && c->await_data)) {
+		/* mongod's getMore: maxTimeMS is the await time of an awaitData cursor only */
+		shard_cursor_put(x->sh, c, false);
+		shard_fail(x, WIRE_ERR_BAD_VALUE,
+			   "cannot set maxTimeMS on getMore command for a non-awaitData cursor");
+		return;
+	}
 	if (c->cs) {
 		/* a change stream: awaitData as a tailable oplog cursor (changestream.c) */
 		shard_cs_getmore(x, c, batch,

@@ -50,6 +50,16 @@ def check(db):
                             maxTimeMS=60000)) == [{"_id": 5, "k": 5}]
     # the shard still serves reads afterwards
     assert c.count_documents({}) == N
+    # getMore's maxTimeMS is an awaitData cursor's await time: on any other cursor it is
+    # refused as mongod (2), and the cursor stays usable
+    first = db.command("find", "c", batchSize=2)["cursor"]
+    with pytest.raises(OperationFailure) as e:
+        db.command("getMore", first["id"], collection="c", maxTimeMS=100)
+    assert e.value.code == 2, e.value.details
+    assert "non-awaitData cursor" in e.value.details["errmsg"]
+    more = db.command("getMore", first["id"], collection="c", batchSize=2)["cursor"]
+    assert len(more["nextBatch"]) == 2
+    db.command("killCursors", "c", cursors=[first["id"]])
 
 
 def test_max_time_ms_on_a_shard(shard):
