@@ -2,7 +2,7 @@
 
 # --- update engine and aggregation pipeline (owner: sb) ---
 noinst_HEADERS += storage/decimal.h storage/update.h storage/update_int.h storage/pipeline.h storage/pipeline_int.h storage/docbuild.h
-libstripedb_a_SOURCES += storage/decimal.c storage/update.c storage/update_apply.c storage/update_pipeline.c storage/docbuild.c storage/pipeline.c storage/pipeline_expr.c \
+libstripedb_a_SOURCES += storage/decimal.c storage/update.c storage/update_apply.c storage/update_pipeline.c storage/docbuild.c storage/pipeline.c storage/pipeline_expr.c storage/pipeline_arith.c \
 	storage/pipeline_parse.c storage/pipeline_bucket.c storage/pipeline_bucketauto.c \
 	storage/pipeline_facet.c storage/pipeline_lookup.c storage/pipeline_graph.c \
 	storage/pipeline_sample.c storage/pipeline_redact.c

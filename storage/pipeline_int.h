@@ -607,4 +607,15 @@ int agg_graph_one(const sdb_pipeline *p, const stage *st, const bson_t *in,
 int agg_union_open(const sdb_pipeline *p, const stage *st, sdb_pipeline_source *src,
 		   const ectx *e);
 
+/* pipeline_arith.c: the expressions' arithmetic. agg_eval_add / agg_eval_multiply take the
+ * x->n evaluated operands vals (borrowed) and set *out (a new node); agg_eval_subtract its
+ * two operands. Returns: 0, or SDB_EINVAL with MongoDB's code and message in e (16554/16555
+ * non-numeric, 16612 two dates in $add, 15 date overflow, 16556 $subtract types, 159
+ * DurationOverflow). agg_eval_sum_avg: the $sum ($avg when avg) of n values (non-numbers
+ * ignored, as MongoDB's), a new node (int 0 / null for no numbers). */
+int agg_eval_add(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e);
+int agg_eval_multiply(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e);
+int agg_eval_subtract(docbuild_node *a, docbuild_node *b, docbuild_node **out, const ectx *e);
+docbuild_node *agg_eval_sum_avg(bool avg, docbuild_node **items, size_t n);
+
 #endif
