@@ -29,9 +29,11 @@ EXTRA_DIST += tests/bench/decimal_sum_bench.py
 # --- query core: keyenc path matcher projection sortspec (owner: sa); the comparison order
 # itself is src/common/bsonval.c (shared with raft/), tested by test_storage_bsonval ---
 noinst_HEADERS += storage/keyenc.h storage/path.h storage/matcher.h storage/collation.h \
-	storage/matcher_int.h storage/projection.h storage/sortspec.h storage/validator.h
+	storage/matcher_int.h storage/projection.h storage/sortspec.h storage/validator.h \
+	storage/validator_int.h
 libstripedb_a_SOURCES += storage/keyenc.c storage/path.c storage/matcher.c storage/collation.c \
-	storage/projection.c storage/sortspec.c storage/bounds.c storage/validator.c
+	storage/projection.c storage/sortspec.c storage/bounds.c storage/validator.c \
+	storage/validator_schema.c
 
 check_PROGRAMS += tests/unit/test_storage_bsonval
 tests_unit_test_storage_bsonval_SOURCES = tests/unit/test_storage_bsonval.c
