@@ -1083,6 +1083,13 @@ int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
 	if (c->tx != NULL)
 		return px_error(c, ERR_NOT_IN_TXN,
 				"Cannot run '$changeStream' in a multi-document transaction.");
+	{
+		bson_iter_t ci;
+
+		if (bson_iter_init_find(&ci, c->cmd, "collation")) /* refused, never ignored */
+			return px_error(c, WIRE_ERR_NOT_IMPLEMENTED,
+					"collation on a $changeStream aggregate is not supported");
+	}
 	cs = sdb_calloc(1, sizeof *cs);
 	bson_init(&cs->spec);
 	bson_init(&cs->start);

@@ -694,6 +694,12 @@ void shard_cs_aggregate(shard_ctx *x)
 		shard_fail(x, 263, "Cannot run '$changeStream' in a multi-document transaction.");
 		return;
 	}
+	if (bson_iter_init_find(&it, x->cmd, "collation")) {
+		/* the stages after $changeStream run without one: refused, never ignored */
+		shard_fail(x, WIRE_ERR_NOT_IMPLEMENTED,
+			   "collation on a $changeStream aggregate is not supported");
+		return;
+	}
 	if (bson_iter_init(&it, x->cmd) && bson_iter_next(&it)) {
 		if (BSON_ITER_HOLDS_UTF8(&it))
 			coll = bson_iter_utf8(&it, NULL);
