@@ -53,6 +53,42 @@ char *px_meta_db_primary(ctx *c, const char *db)
 	return out;
 }
 
+/* One shard's databases for px_db_case_check: job i asks shard ids[i]. */
+typedef struct {
+	ctx *c;
+	char **ids;
+	const char *db;
+	char (*other)[128]; /* per shard: a name differing from db only in case, or "" */
+} case_job;
+
+static void case_one(void *arg, size_t i)
+{
+	case_job *j = arg;
+	bson_t cmd = BSON_INITIALIZER, reply;
+	bson_iter_t it, arr, d;
+	char neterr[256];
+	uint32_t sid = 0;
+
+	j->other[i][0] = '\0';
+	BSON_APPEND_INT32(&cmd, "listDatabases", 1);
+	BSON_APPEND_BOOL(&cmd, "nameOnly", true);
+	if (proxy_shard_command(j->c->p, j->ids[i], "admin", &cmd, &sid, &reply, neterr,
+				sizeof neterr) == SHARDCONN_OK &&
+	    bson_iter_init_find(&it, &reply, "databases") && BSON_ITER_HOLDS_ARRAY(&it) &&
+	    bson_iter_recurse(&it, &arr)) {
+		while (!j->other[i][0] && bson_iter_next(&arr))
+			if (BSON_ITER_HOLDS_DOCUMENT(&arr) && bson_iter_recurse(&arr, &d) &&
+			    bson_iter_find(&d, "name") && BSON_ITER_HOLDS_UTF8(&d)) {
+				const char *n = bson_iter_utf8(&d, NULL);
+
+				if (strcmp(n, j->db) != 0 && strcasecmp(n, j->db) == 0)
+					snprintf(j->other[i], sizeof j->other[i], "%s", n);
+			}
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
 int px_db_case_check(ctx *c, const char *db)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
@@ -70,6 +106,25 @@ int px_db_case_check(ctx *c, const char *db)
 	}
 	bson_destroy(&reply);
 	bson_destroy(&cmd);
+	if (!other[0]) {
+		/* a database created by a write and never recorded in metadata lives only on
+		 * a shard (its primary then was the lowest shard id): ask every shard */
+		char **ids = NULL;
+		size_t n = px_shard_ids(c, &ids);
+
+		if (n > 0) {
+			case_job j = {c, ids, db, sdb_calloc(n, sizeof *j.other)};
+
+			px_fanout(c, n, case_one, &j);
+			for (size_t i = 0; i < n && !other[0]; i++)
+				if (j.other[i][0])
+					snprintf(other, sizeof other, "%s", j.other[i]);
+			free(j.other);
+		}
+		for (size_t i = 0; i < n; i++)
+			free(ids[i]);
+		free(ids);
+	}
 	if (!other[0])
 		return 0;
 	return px_error(c, 13297, "database already created with different case already have: "

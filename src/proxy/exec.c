@@ -734,7 +734,7 @@ static const px_cmd cmd_table[] = {
 	{"drop", px_do_drop, PXC_COLL, NULL, PXP_NONE}, /* sharding metadata too (sharding.c) */
 	{"create", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
 	{"collMod", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
-	{"dropDatabase", px_do_broadcast, 0, NULL, PXP_NONE},
+	{"dropDatabase", px_do_drop_database, 0, NULL, PXP_NONE},
 	/* admin only; unsharded collections, on their database's primary shard (sharding.c) */
 	{"renameCollection", px_do_rename_collection, 0, NULL, PXP_NONE},
 	{"listIndexes", px_do_list_indexes, PXC_COLL, NULL, PXP_NONE},

@@ -416,6 +416,7 @@ int px_do_move_range(ctx *c);                /* moveRange: split out of its chun
 int px_do_merge_chunks(ctx *c);              /* mergeChunks: bounds of contiguous chunks */
 int px_do_split(ctx *c);                     /* split with middle (sh.splitAt) */
 int px_do_drop(ctx *c);                      /* drop: sharding metadata, then every shard */
+int px_do_drop_database(ctx *c); /* dropDatabase: metadata's database, then every shard */
 /* currentop.c (issue #20): currentOp over every shard (admin only: 13; a shard's failure
  * fails it); killOp's "shardid:opid" form (28625 bad format, 70 unknown shard, 9 a bad
  * opid). Returns: the status of the answer (0, or the code answered). */

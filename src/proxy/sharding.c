@@ -1358,6 +1358,26 @@ int px_do_refused_sharding(ctx *c)
  * the collection is dropped on every shard (px_do_broadcast). In this order a write racing
  * the drop lands on the primary shard and is dropped with the rest; a failed broadcast is
  * repaired by sending drop again (the shards' part is idempotent). */
+int px_do_drop_database(ctx *c)
+{
+	bson_t cmd = BSON_INITIALIZER, reply;
+	static const int fine[] = {WIRE_ERR_NAMESPACE_NOT_FOUND, 0};
+	int st;
+
+	/* metadata's record of the database, its sharded collections and their chunks go
+	 * first (as px_do_drop's dropCollection): a reviewer found them left behind, so
+	 * sharding the collection again with another key was 23 and the name stayed taken */
+	BSON_APPEND_UTF8(&cmd, "dropDatabase", c->db);
+	if ((st = px_sharding_meta_call(c, &cmd, &reply, fine, NULL)) != 0) {
+		bson_destroy(&cmd);
+		return st;
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	px_reload_db_primaries(c);
+	return px_do_broadcast(c);
+}
+
 int px_do_drop(ctx *c)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;

@@ -65,3 +65,26 @@ def test_proxy_refuses_a_database_differing_in_case(cl):
                                            key={"k": 1}))[0] == 13297
     names = [d["name"] for d in p.admin.command("listDatabases")["databases"]]
     assert "ShCase" not in names and "SHCASE" not in names
+    # a database only a shard knows (created by a write, never recorded in metadata) counts
+    # too: enableSharding of another spelling would lock the real one out of sharding
+    p.shop.orders.insert_one({"a": 1})
+    assert code_of(lambda: p.admin.command("enableSharding", "Shop"))[0] == 13297
+    assert p.admin.command("enableSharding", "shop")["ok"] == 1
+    assert p.admin.command("shardCollection", "shop.orders", key={"_id": 1})["ok"] == 1
+
+
+def test_drop_database_through_a_proxy_forgets_its_sharding(cl):
+    """dropDatabase through a proxy drops metadata's record of the database and of its
+    sharded collections (they were left behind: sharding the collection again with another
+    key was 23, and the name stayed taken for 13297)."""
+    p = cl.proxy_client()
+    p.admin.command("enableSharding", "dd")
+    p.admin.command("shardCollection", "dd.c", key={"k": 1})
+    p.dd.c.insert_one({"k": 1})
+    p.drop_database("dd")
+    assert list(p.config.databases.find({"_id": "dd"})) == []
+    assert list(p.config.collections.find({"_id": "dd.c"})) == []
+    assert p.dd.c.count_documents({}) == 0
+    assert p.admin.command("shardCollection", "dd.c", key={"other": 1})["ok"] == 1
+    p.drop_database("dd")
+    assert p.admin.command("enableSharding", "DD")["ok"] == 1
