@@ -278,13 +278,26 @@ static void cs_round_one(void *arg, size_t k)
 	bson_destroy(&cmd);
 }
 
+/* How long past its await a round's shard call may take before the proxy gives up on it
+ * (the shard stopped answering without closing its connection: SIGSTOP, a stalled disk):
+ * the call fails, that shard's stream is reopened after its PBRT by the next round or the
+ * client gets a resumable error, instead of libmongoc's 5-minute socket timeout holding
+ * the client's getMore and a worker (mongos answers an await on time the same way). */
+#define CS_ROUND_GRACE_MS 10000
+
 static void cs_round(proxy *p, px_cs *cs, size_t *idx, size_t n, int op, int64_t await_ms,
 		     uint64_t note_ts)
 {
 	cs_job j = {p, cs, idx, op, await_ms, note_ts};
+	uint64_t prev = shardconn_op_deadline();
+	uint64_t dl = sdb_mono_ms() + (uint64_t)(await_ms > 0 ? await_ms : 0) + CS_ROUND_GRACE_MS;
 
-	if (n > 0)
-		proxy_shard_fanout(p, n, cs_round_one, &j);
+	if (n == 0)
+		return;
+	if (prev == 0 || dl < prev)
+		shardconn_set_op_deadline(dl);
+	proxy_shard_fanout(p, n, cs_round_one, &j);
+	shardconn_set_op_deadline(prev);
 }
 
 static int err_code(const cs_shard *s)
@@ -310,6 +323,16 @@ static const char *err_msg(const cs_shard *s)
  * restart that lost the cursor): MongoDB's resumable change stream errors
  * (ResumableChangeStreamError: the network, not-primary and shutdown family, and
  * CursorNotFound). */
+/* Did s's last round hit CS_ROUND_GRACE_MS (the shard took its await and 10 s more without
+ * answering: stopped, stalled)? Its stream is then reopened after its PBRT later; until
+ * then it holds the merge back and the client gets empty batches, as mongos answers an
+ * await on time while a remote request is pending. */
+static bool round_timed_out(const cs_shard *s)
+{
+	return s->status != SHARDCONN_OK && s->status != SHARDCONN_NET_ERR &&
+	       err_code(s) == WIRE_ERR_MAX_TIME_EXPIRED;
+}
+
 static bool reopenable(const cs_shard *s)
 {
 	static const int codes[] = {6,	   7,	  89,	 91,	189,   262,   9001,  10107,
@@ -399,11 +422,40 @@ static cs_shard *open_closed(proxy *p, px_cs *cs)
 		if (cs->sh[i].cursor_id == 0 && !cs->sh[i].gone &&
 		    (cs->sh[i].ended_ms == 0 || now >= cs->sh[i].ended_ms + 100))
 			idx[n++] = i;
+	if (cs->have_pos) {
+		/* a shard found after the open is opened after the merged position, which holds
+		 * another shard's ts: its writes must come after it, so it gets a note above
+		 * it first (its clock may be behind; a reviewer lost a new shard's first five
+		 * inserts). A failed note leaves the shard closed: tried again next round. */
+		size_t *nidx = sdb_calloc(n ? n : 1, sizeof *nidx), nn = 0;
+		for (size_t k = 0; k < n; k++)
+			if (cs->sh[idx[k]].added && !cs->sh[idx[k]].opened &&
+			    cs->sh[idx[k]].noted_ts < cs->pos.ts)
+				nidx[nn++] = idx[k];
+		cs_round(p, cs, nidx, nn, CS_OP_NOTE, 0, cs->pos.ts);
+		for (size_t k = 0; k < nn; k++) {
+			cs_shard *s = &cs->sh[nidx[k]];
+			if (s->status == SHARDCONN_OK)
+				s->noted_ts = cs->pos.ts;
+		}
+		size_t m = 0;
+		for (size_t k = 0; k < n; k++) {
+			cs_shard *s = &cs->sh[idx[k]];
+			if (!s->added || s->opened || s->noted_ts >= cs->pos.ts)
+				idx[m++] = idx[k];
+		}
+		n = m;
+		free(nidx);
+	}
 	cs_round(p, cs, idx, n, CS_OP_OPEN, 0, 0);
 	for (size_t k = 0; k < n && bad == NULL; k++) {
 		cs_shard *s = &cs->sh[idx[k]];
 		if (s->status == SHARDCONN_OK)
 			continue;
+		if (s->opened && round_timed_out(s)) {
+			s->ended_ms = sdb_mono_ms(); /* a reopen that hung: again later */
+			continue;
+		}
 		if (s->added && !s->opened && err_code(s) == ERR_CS_HISTORY_LOST) {
 			size_t one = idx[k];
 			bool had = cs->have_pos;
@@ -791,8 +843,9 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 		cs_round(p, cs, idx, n, CS_OP_NOTE, 0, top);
 		for (size_t k = 0; k < n; k++) {
 			cs_shard *s = &cs->sh[idx[k]];
-			s->noted_ts = top;
-			if (s->status != SHARDCONN_OK)
+			if (s->status == SHARDCONN_OK)
+				s->noted_ts = top; /* a failed note is sent again next round */
+			else
 				sdb_debug("change stream: appendOplogNote failed", "shard=%s err=%s",
 					  s->id, err_msg(s));
 		}
@@ -816,6 +869,12 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 		cs_shard *s = &cs->sh[idx[k]];
 		if (s->status == SHARDCONN_OK)
 			continue;
+		if (round_timed_out(s)) {
+			/* reopened after its PBRT by a later round, not now (it would wait again) */
+			s->cursor_id = 0;
+			s->ended_ms = sdb_mono_ms();
+			continue;
+		}
 		if (!reopenable(s)) {
 			st = answer_shard_failure(c, s);
 			goto out;
@@ -1147,15 +1206,27 @@ int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
 				if (cs->sh[i].have_pbrt && cs->sh[i].pbrt.ts < cs->floor.ts)
 					idx[n++] = i;
 			cs_round(c->p, cs, idx, n, CS_OP_NOTE, 0, cs->floor.ts);
+			const cs_shard *failed = NULL;
 			for (size_t k = 0; k < n; k++) {
 				cs_shard *s = &cs->sh[idx[k]];
-				s->noted_ts = cs->floor.ts;
-				if (s->status != SHARDCONN_OK)
+				if (s->status == SHARDCONN_OK) {
+					s->noted_ts = cs->floor.ts;
+				} else if (failed == NULL) {
+					failed = s;
 					sdb_log(SDB_LOG_WARN,
 						"change stream: appendOplogNote at the start failed",
 						"shard=%s err=%s", s->id, err_msg(s));
+				}
 			}
 			free(idx);
+			if (failed != NULL) {
+				/* that shard's next writes could fall below the start and be
+				 * dropped by the floor: the stream is not opened (a retry opens it) */
+				st = px_error(c, err_code(failed), "change stream: shard %s: %s",
+					      failed->id, err_msg(failed));
+				px_cs_free(c->p, cs);
+				return st;
+			}
 		}
 	}
 	/* the first batch: what is releasable now (no wait, as mongos' first batch) */

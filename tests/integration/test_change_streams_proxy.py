@@ -399,6 +399,71 @@ def test_a_shard_added_later_is_merged_in(start_role, tmp_path):
         cl.close()
 
 
+
+def test_a_shard_added_behind_the_position_loses_nothing(start_role, tmp_path):
+    """A shard found after the open is opened after the merged position, which holds
+    another shard's ts: the proxy first notes it above that position, so its writes come
+    after it (a reviewer pushed shard-a's clock 30 minutes ahead and lost a new shard's
+    first five inserts: their ts were below the position)."""
+    from bson.timestamp import Timestamp
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        cli = cl.proxy_client()
+        coll = cli.app.c
+        cs = cli.watch(max_await_time_ms=200)  # the deployment
+        a = pymongo.MongoClient(f"mongodb://127.0.0.1:{cl.shard_ports['shard-a']}/",
+                                directConnection=True)
+        a.admin.command({"appendOplogNote": 1, "data": {"test": "skew"},
+                         "maxClusterTime": Timestamp(int(time.time()) + 1800, 1)})
+        coll.insert_one({"_id": 1, "k": 2})  # shard-a, 30 minutes "ahead"
+        assert [e["documentKey"]["_id"] for e in drain(cs, lambda e: len(e) >= 1)] == [1]
+        cl.add_shard("shard-c")
+        cl.meta_write({"createDatabase": "app2", "primary": "shard-c"})
+        # once the proxy routes to shard-c, one getMore finds it and opens its stream (a
+        # write on a new shard before that is a documented limit: src/proxy/README.md)
+        _insert_until_acked(cli.app2.warm, {"_id": 0})
+        cs.try_next()
+        for i in range(5):
+            cli.app2.u.insert_one({"_id": 100 + i})
+        coll.insert_one({"_id": 2, "k": 3})
+        evs = drain(cs, lambda e: len(e) >= 6, timeout=30,
+                    pred=lambda e: e["ns"]["coll"] != "warm")
+        cs.close()
+        assert sorted((e["ns"]["db"], e["documentKey"]["_id"]) for e in evs) == \
+            [("app", 2)] + [("app2", 100 + i) for i in range(5)]
+        assert_token_order(evs)
+    finally:
+        cl.close()
+
+
+def test_a_stopped_shard_does_not_hang_the_stream(start_role, tmp_path):
+    """A shard that stops answering without closing its connection (SIGSTOP) made every
+    getMore of the stream wait for libmongoc's 5-minute socket timeout. Each shard round
+    now has a deadline (its await + 10 s): the getMore answers (an empty batch, the stopped
+    shard holding the merge back), the shard's stream is reopened after its last position
+    once it answers again, and nothing is lost."""
+    import signal
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        coll = cl.proxy_client(socketTimeoutMS=60000).app.c
+        cs = coll.watch(max_await_time_ms=300)
+        coll.insert_one({"_id": 1, "k": 1})
+        assert [e["documentKey"]["_id"] for e in drain(cs, lambda e: len(e) >= 1)] == [1]
+        cl.shard_procs["shard-b"].signal(signal.SIGSTOP)
+        try:
+            coll.insert_one({"_id": 2, "k": 2})  # shard-a
+            got = [cs.try_next(), cs.try_next()]  # answered, not stuck (no exception)
+        finally:
+            cl.shard_procs["shard-b"].signal(signal.SIGCONT)
+        coll.insert_one({"_id": 3, "k": 150})  # shard-b
+        rest = drain(cs, lambda e: len(e) >= 2 - sum(1 for g in got if g), timeout=60)
+        cs.close()
+        ids = sorted([g["documentKey"]["_id"] for g in got if g] +
+                     [e["documentKey"]["_id"] for e in rest])
+        assert ids == [2, 3]
+    finally:
+        cl.close()
+
 def test_shard_failover_under_an_open_stream(start_role, tmp_path):
     """shard-a is a 3-member replica set whose primary is SIGKILLed under an open stream:
     the stream goes on (the proxy reopens that shard's stream after its last PBRT, or the
