@@ -469,7 +469,9 @@ int sdb_store_db_drop(sdb_store_conn *c, const char *db, const char *origin, int
 				co = &c->colls[i];
 		if (!co)
 			break;
-		int rc = coll_drop_impl(c, co, origin, false, err, errlen);
+		/* each collection's own {drop} entry first, then {dropDatabase}, as mongod's
+		 * oplog: a change stream on a collection sees drop then invalidate */
+		int rc = coll_drop_impl(c, co, origin, true, err, errlen);
 		if (rc)
 			return rc;
 		(*n_dropped)++;

@@ -248,7 +248,8 @@ int sdb_store_coll_rename(sdb_store_conn *c, const char *from_db, const char *fr
 			  const char *to_db, const char *to_coll, bool drop_target,
 			  bool stay_temp, const char *origin, char *err, size_t errlen);
 /* Drop every collection of db (write txn). *n_dropped receives the count (may be 0);
- * logs a "c" oplog entry {dropDatabase: 1} when it is not 0. Errors: SDB_EIO (collections
+ * logs each collection's "c" oplog entry {drop: coll} and then {dropDatabase: 1} when it
+ * is not 0 (mongod's oplog). Errors: SDB_EIO (collections
  * dropped before the failure stay dropped until the transaction is rolled back). */
 int sdb_store_db_drop(sdb_store_conn *c, const char *db, const char *origin, int *n_dropped,
 		      char *err, size_t errlen);

@@ -233,14 +233,14 @@ def test_database_and_cluster_streams_ddl_and_invalidate(one):
             {"operationType": "drop", "ns": {"db": "app", "coll": "c"}},
         ]
         assert db_s.try_next() is None
-        # the shard's dropDatabase entry stands for its collections' drops (no drop
-        # entry per collection, unlike mongod's oplog): one dropDatabase event
-        allev = [strip(all_s.next()) for _ in range(5)]
+        # dropDatabase: each collection's drop, then the database's, as mongod's oplog
+        allev = [strip(all_s.next()) for _ in range(6)]
         assert [(e["operationType"], e["ns"]) for e in allev] == [
             ("insert", {"db": "app", "coll": "d"}),
             ("insert", {"db": "other", "coll": "x"}),
             ("rename", {"db": "app", "coll": "d"}),
             ("drop", {"db": "app", "coll": "c"}),
+            ("drop", {"db": "other", "coll": "x"}),
             ("dropDatabase", {"db": "other"}),
         ]
         assert all_s.try_next() is None
