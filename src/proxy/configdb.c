@@ -624,6 +624,9 @@ static int cfg_aggregate(ctx *c)
 
 	if ((rc = px_agg_args(c, &p, &batch)) != 0)
 		return rc;
+	if (px_cs_pipeline_kind(&p) != 0) /* mongod's refusal for the internal databases */
+		return px_error(c, WIRE_ERR_INVALID_NAMESPACE,
+				"$changeStream may not be opened on the internal config database");
 	bson_copy_to(&p, &stages);
 	return answer_view(c, &stages, batch, false, false);
 }

@@ -182,6 +182,15 @@ def test_bad_options_are_refused(start_role, tmp_path):
         assert code_of([{"$changeStream": {"resumeAfter": t, "startAfter": t}}]) == 50865
         assert code_of([{"$changeStream": {"resumeAfter": {"_data": "zz"}}}]) == 9
         assert code_of([{"$changeStream": {"resumeAfter": {}}}]) == 40647
+        # the internal config database (a fresh user got 40602 from the proxy's config
+        # view), and collation, which the stages after $changeStream would not honour
+        with pytest.raises(OperationFailure) as e:
+            cl.proxy_client().config.chunks.watch()
+        assert e.value.code == 73, e.value.details
+        with pytest.raises(OperationFailure) as e:
+            db.command({"aggregate": "c", "pipeline": [{"$changeStream": {}}], "cursor": {},
+                        "collation": {"locale": "en", "strength": 2}})
+        assert e.value.code == 238, e.value.details
     finally:
         cl.close()
 
