@@ -1338,3 +1338,40 @@ int sdb_pipeline_cursor_next(sdb_pipeline_cursor *c, const bson_t **doc, int *co
 	*doc = d;
 	return 1;
 }
+
+typedef struct one_doc {
+	const bson_t *doc;
+	bool given;
+} one_doc;
+
+static int one_next(void *ctx, const bson_t **doc, int *code, char *err, size_t errlen)
+{
+	one_doc *o = ctx;
+
+	(void)code;
+	(void)err;
+	(void)errlen;
+	if (o->given)
+		return 0;
+	o->given = true;
+	*doc = o->doc;
+	return 1;
+}
+
+int sdb_pipeline_run_one(const sdb_pipeline *p, const bson_t *doc, bson_t **out, int *code,
+			 char *err, size_t errlen)
+{
+	one_doc in = {doc, false};
+	sdb_pipeline_cursor *c;
+	const bson_t *r;
+	int rc;
+
+	*out = NULL;
+	*code = 0;
+	sdb_pipeline_open(p, one_next, &in, &c);
+	rc = sdb_pipeline_cursor_next(c, &r, code, err, errlen);
+	if (rc == 1)
+		*out = bson_copy(r);
+	sdb_pipeline_cursor_free(c);
+	return rc;
+}

@@ -231,6 +231,14 @@ int sdb_pipeline_cursor_next(sdb_pipeline_cursor *c, const bson_t **doc, int *co
 
 void sdb_pipeline_cursor_free(sdb_pipeline_cursor *c);
 
+/* Run p over the single input document doc (borrowed). Returns: 1 with *out (a heap copy
+ * of the output, bson_destroy it), 0 when the stages dropped it (*out NULL). Errors:
+ * sdb_pipeline_cursor_next's, with the MongoDB code in *code (0 when the failing stage gave
+ * none: the caller picks its default) and the message in err. Used where a pipeline transforms one document at a time (update
+ * pipelines, the stages after $changeStream). */
+int sdb_pipeline_run_one(const sdb_pipeline *p, const bson_t *doc, bson_t **out, int *code,
+			 char *err, size_t errlen);
+
 /* Evaluate one aggregation expression (the $project/$addFields language above) against
  * doc, e.g. for the shard's own use in $expr-like places. expr is the value at iter.
  * out: uninitialised bson_t, always initialised; on success it holds {"v": <result>} or

@@ -48,46 +48,23 @@ int upd_pipeline_parse(sdb_update *u, const bson_t *stages, const sdb_update_opt
 	return sdb_pipeline_parse(stages, &po, &u->pipe, code, err, errlen);
 }
 
-/* The input of the pipeline: one document. */
-typedef struct one_doc {
-	const bson_t *doc;
-	bool given;
-} one_doc;
-
-static int one_next(void *ctx, const bson_t **doc, int *code, char *err, size_t errlen)
-{
-	one_doc *o = ctx;
-	(void)code;
-	(void)err;
-	(void)errlen;
-	if (o->given)
-		return 0;
-	o->given = true;
-	*doc = o->doc;
-	return 1;
-}
-
 int upd_pipeline_run(const sdb_update *u, const bson_t *doc, bson_t *out, int *code, char *err,
 		     size_t errlen)
 {
-	one_doc in = {doc, false};
-	sdb_pipeline_cursor *c;
-	const bson_t *r;
-	int rc;
+	bson_t *r = NULL;
+	int c = 0;
+	int rc = sdb_pipeline_run_one(u->pipe, doc, &r, &c, err, errlen);
 
 	bson_init(out);
-	sdb_pipeline_open(u->pipe, one_next, &in, &c);
-	rc = sdb_pipeline_cursor_next(c, &r, code, err, errlen);
 	if (rc == 1) {
 		bson_concat(out, r);
-		rc = 0;
-	} else if (rc == 0) {
-		/* none of the admitted stages drops a document */
-		rc = upd_fail(code, C_BAD_VALUE, err, errlen,
-			      "the update pipeline produced no document");
-	} else if (code != NULL && *code == 0) {
-		*code = C_BAD_VALUE;
+		bson_destroy(r);
+		return 0;
 	}
-	sdb_pipeline_cursor_free(c);
+	if (rc == 0) /* none of the admitted stages drops a document */
+		return upd_fail(code, C_BAD_VALUE, err, errlen,
+				"the update pipeline produced no document");
+	if (code != NULL)
+		*code = c ? c : C_BAD_VALUE;
 	return rc;
 }

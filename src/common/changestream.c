@@ -123,3 +123,39 @@ int sdb_cs_token_cmp(const sdb_cs_token *a, const sdb_cs_token *b)
 		return a->kind < b->kind ? -1 : 1;
 	return 0;
 }
+
+int sdb_cs_check_id(const bson_t *event, const bson_t *out, char *err, size_t errlen)
+{
+	bson_iter_t ia, ib;
+	bool have_a = bson_iter_init_find(&ia, event, "_id");
+	bool have_b = bson_iter_init_find(&ib, out, "_id");
+
+	if (have_a && have_b && bson_iter_type(&ia) == bson_iter_type(&ib) &&
+	    BSON_ITER_HOLDS_DOCUMENT(&ia)) {
+		uint32_t la, lb;
+		const uint8_t *da, *db;
+
+		bson_iter_document(&ia, &la, &da);
+		bson_iter_document(&ib, &lb, &db);
+		if (la == lb && memcmp(da, db, la) == 0)
+			return 0;
+	}
+	bson_t w = BSON_INITIALIZER, g = BSON_INITIALIZER;
+	if (have_a)
+		bson_append_iter(&w, "_id", 3, &ia);
+	if (have_b)
+		bson_append_iter(&g, "_id", 3, &ib);
+	char *want = bson_as_relaxed_extended_json(&w, NULL);
+	char *got = bson_as_relaxed_extended_json(&g, NULL);
+	sdb_errf(err, errlen, SDB_EINVAL,
+		 "Encountered an event whose _id field, which contains the resume token, was "
+		 "modified by the pipeline. Modifying the _id field of an event makes it "
+		 "impossible to resume the stream from that point. Only transformations that "
+		 "retain the unmodified _id field are allowed. Expected: %s but found: %s",
+		 want ? want : "{}", got ? got : "{}");
+	bson_free(want);
+	bson_free(got);
+	bson_destroy(&w);
+	bson_destroy(&g);
+	return SDB_EINVAL;
+}

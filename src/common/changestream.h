@@ -58,4 +58,10 @@ int sdb_cs_token_parse_code(const bson_t *doc, sdb_cs_token *t, int *code, char 
 /* Total order on tokens (see the header comment); <0, 0, >0 as strcmp. Returns: the sign. */
 int sdb_cs_token_cmp(const sdb_cs_token *a, const sdb_cs_token *b);
 
+/* The check mongod makes on each event after the stages that follow $changeStream: the
+ * output's `_id` (the resume token) must be the event's, byte for byte. Returns: 0 when it
+ * is; SDB_EINVAL with mongod's ChangeStreamFatalError (280) message in err otherwise
+ * (the caller answers 280). */
+int sdb_cs_check_id(const bson_t *event, const bson_t *out, char *err, size_t errlen);
+
 #endif

@@ -611,75 +611,30 @@ static bson_t *with_full_document(const bson_t *ev, const bson_t *doc)
 	return out;
 }
 
-typedef struct one_in {
-	const bson_t *doc;
-	bool done;
-} one_in;
-
-static int one_next(void *arg, const bson_t **doc, int *code, char *err, size_t errlen)
-{
-	one_in *in = arg;
-
-	(void)code;
-	(void)err;
-	(void)errlen;
-	if (in->done)
-		return 0;
-	in->done = true;
-	*doc = in->doc;
-	return 1;
-}
-
-static bool same_id(const bson_t *a, const bson_t *b)
-{
-	bson_iter_t ia, ib;
-
-	if (!bson_iter_init_find(&ia, a, "_id") || !bson_iter_init_find(&ib, b, "_id"))
-		return false;
-	if (bson_iter_type(&ia) != bson_iter_type(&ib) || !BSON_ITER_HOLDS_DOCUMENT(&ia))
-		return false;
-	uint32_t la, lb;
-	const uint8_t *da, *db;
-	bson_iter_document(&ia, &la, &da);
-	bson_iter_document(&ib, &lb, &db);
-	return la == lb && memcmp(da, db, la) == 0;
-}
-
 /* The client's stages over ev into *out (heap; NULL when filtered out). Returns: 0, or
  * the code of the error answered on c (a stage's, or 280 for a changed _id). */
 static int run_stages(ctx *c, px_cs *cs, const bson_t *ev, bson_t **out)
 {
-	sdb_pipeline_cursor *pc = NULL;
-	one_in in = {ev, false};
-	const bson_t *d;
-	int code = 0, r;
-	char err[512];
+	bson_t *r = NULL;
+	int code = 0, rc;
+	char err[1024];
 
 	*out = NULL;
 	if (cs->pl == NULL) {
 		*out = proxy_doc_copy(ev);
 		return 0;
 	}
-	sdb_pipeline_open(cs->pl, one_next, &in, &pc);
-	r = sdb_pipeline_cursor_next(pc, &d, &code, err, sizeof err);
-	if (r < 0) {
-		sdb_pipeline_cursor_free(pc);
+	rc = sdb_pipeline_run_one(cs->pl, ev, &r, &code, err, sizeof err);
+	if (rc < 0)
 		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+	if (rc == 0)
+		return 0;
+	if (sdb_cs_check_id(ev, r, err, sizeof err) != 0) {
+		bson_destroy(r);
+		return px_error(c, ERR_CS_FATAL, "%s", err);
 	}
-	if (r == 1) {
-		if (!same_id(ev, d)) {
-			sdb_pipeline_cursor_free(pc);
-			return px_error(
-					c, ERR_CS_FATAL,
-					"Encountered an event whose _id field, which contains the resume "
-					"token, was modified by the pipeline. Modifying the _id field of an "
-					"event makes it impossible to resume the stream from that point. "
-					"Only transformations that retain the unmodified _id field are "
-					"allowed.");
-		}
-		*out = proxy_doc_copy(d);
-	}
-	sdb_pipeline_cursor_free(pc);
+	*out = proxy_doc_copy(r);
+	bson_destroy(r);
 	return 0;
 }
 

@@ -21,11 +21,9 @@
 
 /* ---------- scatter reads: per-chunk streams ---------- */
 
-/* Options of a client's find that each per-chunk find carries as they are. */
-static void copy_find_options(const bson_t *cmd, bson_t *out)
+/* Copy the fields of cmd named in keep (NULL-terminated) to out, as they are. */
+static void copy_options(const bson_t *cmd, bson_t *out, const char *const *keep)
 {
-	static const char *const keep[] = {"hint", "collation", "maxTimeMS", "comment",
-					   "allowDiskUse", "let", "min", "max", NULL};
 	bson_iter_t it;
 	size_t i;
 
@@ -35,6 +33,15 @@ static void copy_find_options(const bson_t *cmd, bson_t *out)
 		for (i = 0; keep[i]; i++)
 			if (strcmp(bson_iter_key(&it), keep[i]) == 0)
 				bson_append_iter(out, keep[i], -1, &it);
+}
+
+/* Options of a client's find that each per-chunk find carries as they are. */
+static void copy_find_options(const bson_t *cmd, bson_t *out)
+{
+	static const char *const keep[] = {"hint", "collation", "maxTimeMS", "comment",
+					   "allowDiskUse", "let", "min", "max", NULL};
+
+	copy_options(cmd, out, keep);
 }
 
 typedef struct scatter {
@@ -74,15 +81,8 @@ static void copy_agg_options(const bson_t *cmd, bson_t *out)
 {
 	static const char *const keep[] = {"hint", "collation", "maxTimeMS", "comment",
 					   "allowDiskUse", "let", NULL};
-	bson_iter_t it;
-	size_t i;
 
-	if (!bson_iter_init(&it, cmd))
-		return;
-	while (bson_iter_next(&it))
-		for (i = 0; keep[i]; i++)
-			if (strcmp(bson_iter_key(&it), keep[i]) == 0)
-				bson_append_iter(out, keep[i], -1, &it);
+	copy_options(cmd, out, keep);
 }
 
 /* The sampling aggregate of a shard for an aggregate whose pipeline starts (after its

@@ -125,38 +125,6 @@ static bool lookup(void *arg, const char *db, const char *coll, const bson_iter_
 
 /* ------------------------------------------------------------------ the user's stages */
 
-typedef struct one_input {
-	const bson_t *doc;
-	bool done;
-} one_input;
-
-static int one_next(void *ctx, const bson_t **doc, int *code, char *err, size_t errlen)
-{
-	one_input *in = ctx;
-	(void)code;
-	(void)err;
-	(void)errlen;
-	if (in->done)
-		return 0;
-	in->done = true;
-	*doc = in->doc;
-	return 1;
-}
-
-static bool same_id(const bson_t *a, const bson_t *b)
-{
-	bson_iter_t ia, ib;
-	if (!bson_iter_init_find(&ia, a, "_id") || !bson_iter_init_find(&ib, b, "_id"))
-		return false;
-	if (bson_iter_type(&ia) != bson_iter_type(&ib) || !BSON_ITER_HOLDS_DOCUMENT(&ia))
-		return false;
-	uint32_t la, lb;
-	const uint8_t *da, *db;
-	bson_iter_document(&ia, &la, &da);
-	bson_iter_document(&ib, &lb, &db);
-	return la == lb && memcmp(da, db, la) == 0;
-}
-
 /* Run the user's stages over ev (taken). 1 with *out (heap), 0 when filtered out, -1 on
  * an error (*code, x->err). */
 static int run_stages(shard_ctx *x, struct shard_cs *cs, bson_t *ev, bson_t **out, int *code)
@@ -165,43 +133,15 @@ static int run_stages(shard_ctx *x, struct shard_cs *cs, bson_t *ev, bson_t **ou
 		*out = ev;
 		return 1;
 	}
-	one_input in = {ev, false};
-	sdb_pipeline_cursor *pc = NULL;
-	const bson_t *d;
-	int rc;
-	sdb_pipeline_open(cs->p, one_next, &in, &pc);
-	rc = sdb_pipeline_cursor_next(pc, &d, code, x->err, sizeof x->err);
-	if (rc == 1) {
-		if (!same_id(ev, d)) {
-			bson_iter_t it;
-			char *want = NULL, *got = NULL;
-			bson_t w = BSON_INITIALIZER, g = BSON_INITIALIZER;
-			if (bson_iter_init_find(&it, ev, "_id"))
-				bson_append_iter(&w, "_id", 3, &it);
-			if (bson_iter_init_find(&it, d, "_id"))
-				bson_append_iter(&g, "_id", 3, &it);
-			want = bson_as_relaxed_extended_json(&w, NULL);
-			got = bson_as_relaxed_extended_json(&g, NULL);
-			snprintf(x->err, sizeof x->err,
-				 "Encountered an event whose _id field, which contains the resume "
-				 "token, was modified by the pipeline. Modifying the _id field of an "
-				 "event makes it impossible to resume the stream from that point. Only "
-				 "transformations that retain the unmodified _id field are allowed. "
-				 "Expected: %s but found: %s",
-				 want, got);
-			bson_free(want);
-			bson_free(got);
-			bson_destroy(&w);
-			bson_destroy(&g);
-			*code = 280;
-			rc = -1;
-		} else {
-			*out = bson_copy(d);
-		}
-	} else if (rc < 0 && !*code) {
+	int rc = sdb_pipeline_run_one(cs->p, ev, out, code, x->err, sizeof x->err);
+	if (rc < 0 && !*code)
 		*code = WIRE_ERR_INTERNAL;
+	if (rc == 1 && sdb_cs_check_id(ev, *out, x->err, sizeof x->err) != 0) {
+		bson_destroy(*out);
+		*out = NULL;
+		*code = 280; /* ChangeStreamFatalError */
+		rc = -1;
 	}
-	sdb_pipeline_cursor_free(pc);
 	bson_destroy(ev);
 	return rc < 0 ? -1 : rc;
 }

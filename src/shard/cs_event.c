@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/bsonget.h"
 #include "common/alloc.h"
 #include "shard/changestream.h"
 #include "storage/store.h"
@@ -19,16 +20,6 @@ typedef struct cs_entry {
 	bool have_lsid, have_txn, have_upd, have_in_txn, have_origin;
 	int32_t stmt;
 } cs_entry;
-
-static bool sub_doc(const bson_iter_t *it, bson_t *out)
-{
-	uint32_t len;
-	const uint8_t *data;
-	if (!BSON_ITER_HOLDS_DOCUMENT(it))
-		return false;
-	bson_iter_document(it, &len, &data);
-	return bson_init_static(out, data, len);
-}
 
 static bool entry_read(const bson_t *e, cs_entry *x)
 {
@@ -49,9 +40,9 @@ static bool entry_read(const bson_t *e, cs_entry *x)
 		} else if (strcmp(k, "ns") == 0 && BSON_ITER_HOLDS_UTF8(&it)) {
 			x->ns = bson_iter_utf8(&it, NULL);
 		} else if (strcmp(k, "o") == 0) {
-			x->have_o = sub_doc(&it, &x->o);
+			x->have_o = sdb_bson_iter_doc(&it, &x->o);
 		} else if (strcmp(k, "o2") == 0) {
-			x->have_o2 = sub_doc(&it, &x->o2);
+			x->have_o2 = sdb_bson_iter_doc(&it, &x->o2);
 		} else if (strcmp(k, "origin") == 0) {
 			x->have_origin = true;
 		} else if (strcmp(k, "lsid") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
