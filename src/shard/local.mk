@@ -5,10 +5,10 @@ libstripedb_a_SOURCES += src/shard/role.c src/shard/pool.c src/shard/cursors.c \
 	src/shard/cmd_admin.c src/shard/retry.c src/shard/retry_mig.c src/shard/filtering.c \
 	src/shard/repl.c src/shard/repl_wc.c src/shard/repl_parts.c src/shard/repl_hello.c src/shard/repl_view.c src/shard/snapfile.c \
 	src/shard/members.c \
-	src/shard/ttl.c src/shard/txn.c src/shard/currentop.c src/shard/validation.c \
+	src/shard/ttl.c src/shard/txn.c src/shard/txn_apply.c src/shard/currentop.c src/shard/validation.c \
 	src/shard/changestream.c src/shard/cs_event.c
 noinst_HEADERS += src/shard/shard.h src/shard/util.h src/shard/repl.h src/shard/snapfile.h \
-	src/shard/members.h src/shard/ttl.h src/shard/repl_int.h src/shard/txn.h \
+	src/shard/members.h src/shard/ttl.h src/shard/repl_int.h src/shard/txn.h src/shard/txn_int.h \
 	src/shard/cmd_read_int.h src/shard/validation.h src/shard/changestream.h
 EXTRA_DIST += tests/integration/crud_unified.py tests/integration/test_crud_unified.py \
 	tests/integration/test_compat_refusals.py docs/compat.md docs/compat-crud.md \

@@ -21,69 +21,7 @@
 #include "shard/repl_int.h"
 #include "storage/keyenc.h"
 
-#define WIRE_ERR_WRITE_CONFLICT 112
-#define WIRE_ERR_NO_SUCH_TRANSACTION 251
-#define WIRE_ERR_TRANSACTION_COMMITTED 256
-#define WIRE_ERR_NOT_IN_TRANSACTION 263 /* OperationNotSupportedInTransaction */
-#define WIRE_ERR_TXN_NUMBER_IN_USE 50911
-/* tombstones of finished transactions are kept this long (answers to late statements) */
-#define TXN_TOMBSTONE_MS (10 * 60 * 1000)
-
-enum { TXN_OPEN, TXN_ABORTED, TXN_COMMITTED, TXN_QUEUED };
-
-typedef struct txn_key {
-	char *ns;
-	uint8_t *k; /* keyenc of _id; NULL: the whole namespace (coarse) */
-	size_t klen;
-} txn_key;
-
-typedef struct txn_op {
-	char op; /* 'i', 'u', 'd' */
-	char *ns;
-	bson_t *o; /* the document (i, u: full post-image) or {_id} (d) */
-	bson_t *ud; /* u: the entry's updateDescription (a modifier or pipeline update), or NULL */
-	uint8_t *k;
-	size_t klen;
-} txn_op;
-
-struct shard_txn_rec {
-	shard_txn_rec *next;
-	uint8_t *lsid; /* the lsid document's bytes */
-	size_t lsid_len;
-	int64_t txn;
-	int state;
-	bool check;	    /* a commit retry: only the durable record answers */
-	bool read_only_ok;  /* committed without effects (answers a commit retry) */
-	uint64_t start_seq; /* Raft index applied at the first statement */
-	uint64_t start_ms;  /* sdb_mono_ms of the first statement */
-	uint64_t end_ms;    /* when it stopped being open */
-	char why[128];	    /* why it was aborted */
-	txn_op *ops;
-	size_t n_ops, cap_ops;
-	txn_key *keys;
-	size_t n_keys, cap_keys;
-};
-
-typedef struct wlog_ent {
-	uint64_t seq;
-	char *ns;
-	uint8_t *k;
-	size_t klen;
-	bool all;
-} wlog_ent;
-
-struct shard_txns {
-	shard *sh;
-	uv_timer_t timer;
-	int64_t limit_ms;
-	shard_txn_rec *list;
-	wlog_ent *log;
-	size_t n_log, cap_log;
-	void (*closed_cb)(void *arg);
-	void *closed_arg;
-	sdb_counter *c_started, *c_committed, *c_aborted, *c_conflicts;
-	sdb_gauge *g_open;
-};
+#include "shard/txn_int.h"
 
 static const sdb_metric_def txns_metrics[] = {
 	SDB_METRIC_COUNTER(shard_txns, c_started, "stripedb_shard_txn_started_total",
@@ -262,7 +200,7 @@ static void keys_of_statement(shard_txn_rec *t, const char *name, const char *db
 }
 
 /* Does write-log entry e (or an op of another commit) touch one of t's keys? */
-static bool touches(const shard_txn_rec *t, const char *ns, const uint8_t *k, size_t klen,
+bool txn_touches(const shard_txn_rec *t, const char *ns, const uint8_t *k, size_t klen,
 		    bool all)
 {
 	if (all)
@@ -278,13 +216,13 @@ static bool touches(const shard_txn_rec *t, const char *ns, const uint8_t *k, si
 }
 
 /* Is t still valid: no write applied after its start touched its keys? */
-static bool valid(shard_txns *T, const shard_txn_rec *t)
+bool txn_valid(shard_txns *T, const shard_txn_rec *t)
 {
 	for (size_t i = T->n_log; i > 0; i--) {
 		const wlog_ent *e = &T->log[i - 1];
 		if (e->seq <= t->start_seq)
 			break; /* the log is in apply order */
-		if (touches(t, e->ns, e->k, e->klen, e->all))
+		if (txn_touches(t, e->ns, e->k, e->klen, e->all))
 			return false;
 	}
 	return true;
@@ -292,12 +230,12 @@ static bool valid(shard_txns *T, const shard_txn_rec *t)
 
 /* ------------------------------------------------------------------ table */
 
-static shard_txns *table(shard *sh)
+shard_txns *txn_table(shard *sh)
 {
 	return sh->txns;
 }
 
-static shard_txn_rec *find_rec(shard_txns *T, const bson_t *lsid)
+shard_txn_rec *txn_find_rec(shard_txns *T, const bson_t *lsid)
 {
 	const uint8_t *d = bson_get_data(lsid);
 	for (shard_txn_rec *t = T->list; t; t = t->next)
@@ -332,7 +270,7 @@ static bool needs_log(const shard_txn_rec *t)
 }
 
 /* Drop the write log before the oldest start of a transaction that still needs it. */
-static void trim_log(shard_txns *T)
+void txn_trim_log(shard_txns *T)
 {
 	uint64_t min = UINT64_MAX;
 	for (shard_txn_rec *t = T->list; t; t = t->next)
@@ -361,7 +299,7 @@ static void finish(shard_txns *T, shard_txn_rec *t, int state, const char *why)
 	t->end_ms = sdb_mono_ms();
 	snprintf(t->why, sizeof t->why, "%s", why ? why : "");
 	ops_free(t);
-	trim_log(T);
+	txn_trim_log(T);
 }
 
 static void timer_cb(uv_timer_t *h)
@@ -436,7 +374,7 @@ void shard_txns_stop(shard_txns *T, void (*cb)(void *arg), void *arg)
 
 bool shard_txns_active(shard *sh)
 {
-	shard_txns *T = table(sh);
+	shard_txns *T = txn_table(sh);
 	if (!T)
 		return false;
 	for (shard_txn_rec *t = T->list; t; t = t->next)
@@ -495,7 +433,7 @@ static bool entry_key(const bson_t *e, const char **ns, char *op, sdb_key *k, bo
 void shard_txns_note_apply(shard *sh, sdb_store_conn *conn, uint64_t index, uint64_t before,
 			   bool all)
 {
-	shard_txns *T = table(sh);
+	shard_txns *T = txn_table(sh);
 	bson_t **docs = NULL;
 	size_t n = 0;
 	char err[256];
@@ -523,7 +461,7 @@ void shard_txns_note_apply(shard *sh, sdb_store_conn *conn, uint64_t index, uint
 
 void shard_txns_abort_all(shard *sh, const char *why)
 {
-	shard_txns *T = table(sh);
+	shard_txns *T = txn_table(sh);
 	if (!T)
 		return;
 	for (shard_txn_rec *t = T->list; t; t = t->next) {
@@ -532,7 +470,7 @@ void shard_txns_abort_all(shard *sh, const char *why)
 		else if (t->state == TXN_QUEUED)
 			t->state = TXN_ABORTED; /* its queued commit is refused (not primary) */
 	}
-	trim_log(T);
+	txn_trim_log(T);
 }
 
 /* ------------------------------------------------------------------ replies */
@@ -543,11 +481,9 @@ static bool transient(int code)
 	       code == WIRE_ERR_STALE_CONFIG || code == 24 /* LockTimeout */;
 }
 
-static void fail(wire_req *req, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
 /* Answer an error with mongod's labels: TransientTransactionError on the codes after which
  * the whole transaction may be retried. */
-static void fail(wire_req *req, int code, const char *fmt, ...)
+void txn_fail(wire_req *req, int code, const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
@@ -732,7 +668,7 @@ static bool split_ns(const char *ns, char *db, size_t dblen, const char **coll)
 /* Apply one effect on conn (in a write transaction or apply savepoint); ud (may be NULL):
  * a "u" effect's updateDescription, written as captured. 0 or an SDB_E* code (duplicate
  * key: dup filled). */
-static int apply_op(sdb_store_conn *conn, char op, const char *ns, const bson_t *o,
+int txn_apply_op(sdb_store_conn *conn, char op, const char *ns, const bson_t *o,
 		    const bson_t *ud, sdb_store_dup *dup, char *err, size_t errlen)
 {
 	char db[128];
@@ -852,7 +788,7 @@ static bson_t *run_tentative(shard *sh, shard_txn_rec *t, const char *db, const 
 		rc = sdb_store_begin(conn, true, err, errlen);
 		for (size_t i = 0; rc == 0 && i < t->n_ops; i++) {
 			sdb_store_dup dup = {0};
-			rc = apply_op(conn, t->ops[i].op, t->ops[i].ns, t->ops[i].o,
+			rc = txn_apply_op(conn, t->ops[i].op, t->ops[i].ns, t->ops[i].o,
 				      t->ops[i].ud, &dup, err, errlen);
 			sdb_store_dup_clear(&dup);
 		}
@@ -953,7 +889,7 @@ static void reply_committed(wire_req *req, int64_t txn)
  * records as aborted (with t->why when known). */
 static void reply_aborted(wire_req *req, const shard_txn_rec *t, int64_t txn)
 {
-	fail(req, WIRE_ERR_NO_SUCH_TRANSACTION, "Transaction %lld has been aborted%s%s.",
+	txn_fail(req, WIRE_ERR_NO_SUCH_TRANSACTION, "Transaction %lld has been aborted%s%s.",
 	     (long long)txn, t->why[0] ? ": " : "", t->why);
 }
 
@@ -963,7 +899,7 @@ static void abort_conflict(shard_txns *T, shard_txn_rec *t, wire_req *req, const
 {
 	sdb_counter_inc(T->c_conflicts);
 	finish(T, t, TXN_ABORTED, "a write conflict");
-	fail(req, WIRE_ERR_WRITE_CONFLICT, "%s", msg);
+	txn_fail(req, WIRE_ERR_WRITE_CONFLICT, "%s", msg);
 }
 
 /* When the command name may not run in a multi-document transaction on the request's
@@ -981,7 +917,7 @@ static bool refuse_not_allowed(wire_req *req, const char *name)
 static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 {
 	const char *name = wire_req_name(req);
-	shard_txn_rec *t = find_rec(T, &a->lsid);
+	shard_txn_rec *t = txn_find_rec(T, &a->lsid);
 	if (a->start) {
 		if (t && t->txn > a->txn) {
 			reply_too_old(req, "start", a->txn, t->txn);
@@ -1078,7 +1014,7 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 			if (t && t->txn > a->txn)
 				reply_too_old(req, "continue", a->txn, t->txn);
 			else
-				fail(req, WIRE_ERR_NO_SUCH_TRANSACTION,
+				txn_fail(req, WIRE_ERR_NO_SUCH_TRANSACTION,
 				     "Given transaction number %lld does not match any "
 				     "in-progress transactions.",
 				     (long long)a->txn);
@@ -1110,7 +1046,7 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 	}
 	if (T->limit_ms > 0 && sdb_mono_ms() - t->start_ms >= (uint64_t)T->limit_ms) {
 		finish(T, t, TXN_ABORTED, "it exceeded transactionLifetimeLimitSeconds");
-		fail(req, WIRE_ERR_NO_SUCH_TRANSACTION,
+		txn_fail(req, WIRE_ERR_NO_SUCH_TRANSACTION,
 		     "Transaction %lld has been aborted: it exceeded "
 		     "transactionLifetimeLimitSeconds.",
 		     (long long)a->txn);
@@ -1130,7 +1066,7 @@ static void statement(shard *sh, shard_txns *T, wire_req *req, const txn_args *a
 		return;
 	}
 	(void)ops_before;
-	if (!valid(T, t)) {
+	if (!txn_valid(T, t)) {
 		bson_destroy(reply);
 		abort_conflict(T, t, req,
 			       "Write conflict during plan execution and yielding is disabled. :: "
@@ -1158,7 +1094,7 @@ static shard_txn_rec *check_rec(const txn_args *a)
 
 static void commit(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 {
-	shard_txn_rec *t = find_rec(T, &a->lsid);
+	shard_txn_rec *t = txn_find_rec(T, &a->lsid);
 	if (t && t->txn > a->txn) {
 		reply_too_old(req, "commit", a->txn, t->txn);
 		return;
@@ -1178,7 +1114,7 @@ static void commit(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 		reply_aborted(req, t, a->txn);
 		return;
 	}
-	if (!valid(T, t)) {
+	if (!txn_valid(T, t)) {
 		abort_conflict(T, t, req,
 			       "Write conflict during commit: a document this transaction read or "
 			       "wrote was written since it started. Please retry the transaction.");
@@ -1214,13 +1150,13 @@ static void commit(shard *sh, shard_txns *T, wire_req *req, const txn_args *a)
 	tomb->next = T->list;
 	T->list = tomb;
 	t->state = TXN_QUEUED;
-	trim_log(T);
+	txn_trim_log(T);
 	shard_repl_submit_txn(sh->repl, req, t);
 }
 
 static void abort_txn(shard_txns *T, wire_req *req, const txn_args *a)
 {
-	shard_txn_rec *t = find_rec(T, &a->lsid);
+	shard_txn_rec *t = txn_find_rec(T, &a->lsid);
 	if (t && t->txn == a->txn && t->state == TXN_OPEN) {
 		finish(T, t, TXN_ABORTED, "abortTransaction");
 		wire_req_reply(req, bson_new());
@@ -1234,7 +1170,7 @@ static void abort_txn(shard_txns *T, wire_req *req, const txn_args *a)
 		reply_too_old(req, "abort", a->txn, t->txn);
 		return;
 	}
-	fail(req, WIRE_ERR_NO_SUCH_TRANSACTION,
+	txn_fail(req, WIRE_ERR_NO_SUCH_TRANSACTION,
 	     t && t->txn == a->txn ? "Transaction %lld has been aborted."
 				   : "Given transaction number %lld does not match any "
 				     "in-progress transactions.",
@@ -1253,7 +1189,7 @@ bool shard_txn_wants(wire_req *req)
 
 void shard_txn_dispatch(shard *sh, wire_req *req)
 {
-	shard_txns *T = table(sh);
+	shard_txns *T = txn_table(sh);
 	const char *name = wire_req_name(req);
 	txn_args a;
 	shard_sessions_note(sh, wire_req_cmd(req)); /* $listLocalSessions */
@@ -1283,7 +1219,7 @@ void shard_txn_dispatch(shard *sh, wire_req *req)
 
 bool shard_txn_retryable_check(shard *sh, wire_req *req)
 {
-	shard_txns *T = table(sh);
+	shard_txns *T = txn_table(sh);
 	const bson_t *cmd = wire_req_cmd(req);
 	bson_iter_t it;
 	bson_t lsid;
@@ -1298,7 +1234,7 @@ bool shard_txn_retryable_check(shard *sh, wire_req *req)
 	bson_iter_document(&it, &len, &data);
 	if (!bson_init_static(&lsid, data, len))
 		return false;
-	shard_txn_rec *t = find_rec(T, &lsid);
+	shard_txn_rec *t = txn_find_rec(T, &lsid);
 	/* any transaction this primary remembers (open, committing, committed or aborted) owns
 	 * its txnNumber: a retryable write may not reuse it (mongod) */
 	if (!t)
@@ -1320,204 +1256,4 @@ bool shard_txn_retryable_check(shard *sh, wire_req *req)
 	if (t->state == TXN_OPEN)
 		finish(T, t, TXN_ABORTED, "a newer retryable write started on its session");
 	return false;
-}
-
-/* ------------------------------------------------------------------ proposal */
-
-bson_t *shard_txn_commit_build(shard *sh, shard_txn_rec *t, wire_req *req,
-			       shard_txn_rec *const *prev, size_t n_prev)
-{
-	shard_txns *T = table(sh);
-	bson_t lsid;
-	bool conflict = false;
-	if (!T || !bson_init_static(&lsid, t->lsid, t->lsid_len)) {
-		wire_req_error(req, WIRE_ERR_INTERRUPTED_AT_SHUTDOWN, "the shard is shutting down");
-		shard_txn_rec_free(t);
-		return NULL;
-	}
-	if (!t->check) {
-		conflict = !valid(T, t);
-		for (size_t i = 0; !conflict && i < n_prev; i++)
-			for (size_t j = 0; !conflict && prev[i] && j < prev[i]->n_ops; j++)
-				conflict = touches(t, prev[i]->ops[j].ns, prev[i]->ops[j].k,
-						   prev[i]->ops[j].klen, false);
-	}
-	if (conflict) {
-		shard_txn_rec *tomb = find_rec(T, &lsid);
-		if (tomb && tomb->txn == t->txn && tomb->state == TXN_QUEUED) {
-			tomb->state = TXN_ABORTED;
-			snprintf(tomb->why, sizeof tomb->why, "a write conflict at commit");
-			trim_log(T);
-		}
-		sdb_counter_inc(T->c_conflicts);
-		sdb_counter_inc(T->c_aborted);
-		fail(req, WIRE_ERR_WRITE_CONFLICT,
-		     "Write conflict during commit: a document this transaction read or wrote "
-		     "was written since it started. Please retry the transaction.");
-		shard_txn_rec_free(t);
-		return NULL;
-	}
-	bson_t *c = bson_new();
-	bson_t ops, op;
-	char key[24];
-	BSON_APPEND_INT32(c, "stripedbApplyTxn", 1);
-	BSON_APPEND_DOCUMENT(c, "lsid", &lsid);
-	BSON_APPEND_INT64(c, "txnNumber", t->txn);
-	if (t->check)
-		BSON_APPEND_BOOL(c, "check", true);
-	bson_append_array_begin(c, "ops", -1, &ops);
-	for (size_t i = 0; i < t->n_ops; i++) {
-		snprintf(key, sizeof key, "%zu", i);
-		bson_append_document_begin(&ops, key, -1, &op);
-		char o[2] = {t->ops[i].op, 0};
-		BSON_APPEND_UTF8(&op, "op", o);
-		BSON_APPEND_UTF8(&op, "ns", t->ops[i].ns);
-		BSON_APPEND_DOCUMENT(&op, "o", t->ops[i].o);
-		if (t->ops[i].ud)
-			BSON_APPEND_DOCUMENT(&op, "ud", t->ops[i].ud);
-		bson_append_document_end(&ops, &op);
-	}
-	bson_append_array_end(c, &ops);
-	if (!t->check) {
-		shard_txn_rec *tomb = find_rec(T, &lsid);
-		if (tomb && tomb->txn == t->txn && tomb->state == TXN_QUEUED) {
-			tomb->state = TXN_COMMITTED;
-			trim_log(T);
-		}
-		sdb_counter_inc(T->c_committed);
-	}
-	return c;
-}
-
-/* ------------------------------------------------------------------ replicated apply */
-
-void shard_cmd_apply_txn(shard_ctx *x)
-{
-	bson_iter_t it, arr;
-	bson_t lsid;
-	int64_t txn = -1;
-	bool check = false, have_lsid = false;
-	if (bson_iter_init_find(&it, x->cmd, "lsid") && BSON_ITER_HOLDS_DOCUMENT(&it)) {
-		uint32_t len;
-		const uint8_t *data;
-		bson_iter_document(&it, &len, &data);
-		have_lsid = bson_init_static(&lsid, data, len);
-	}
-	if (bson_iter_init_find(&it, x->cmd, "txnNumber") && BSON_ITER_HOLDS_INT64(&it))
-		txn = bson_iter_int64(&it);
-	if (bson_iter_init_find(&it, x->cmd, "check"))
-		check = bson_iter_as_bool(&it);
-	if (!have_lsid || txn < 0 || !bson_iter_init_find(&it, x->cmd, "ops") ||
-	    !BSON_ITER_HOLDS_ARRAY(&it)) {
-		shard_fail(x, WIRE_ERR_BAD_VALUE, "malformed stripedbApplyTxn");
-		return;
-	}
-	if (!shard_begin(x, true))
-		return;
-	bson_t *mark = NULL;
-	int rc = sdb_store_session_peek(x->conn, &lsid, txn, SHARD_STMT_TXN_COMMITTED, &mark,
-					x->err, sizeof x->err);
-	sdb_doc_free(mark);
-	if (rc < 0) {
-		shard_fail(x, WIRE_ERR_INTERNAL, "shard: session: %s", x->err);
-		return;
-	}
-	if (rc == 1) {
-		/* committed before (a retried commitTransaction): the same answer */
-		sdb_store_rollback(x->conn);
-		wire_req_reply(x->req, bson_new());
-		return;
-	}
-	if (check) {
-		sdb_store_rollback(x->conn);
-		fail(x->req, WIRE_ERR_NO_SUCH_TRANSACTION,
-		     "Transaction %lld has been aborted or was never committed on this replica "
-		     "set.",
-		     (long long)txn);
-		return;
-	}
-	int64_t stored = 0;
-	rc = sdb_store_session_begin(x->conn, &lsid, txn, &stored, x->err, sizeof x->err);
-	if (rc == SDB_ESTALE) {
-		shard_fail(x, WIRE_ERR_TRANSACTION_TOO_OLD, "%s", x->err);
-		return;
-	}
-	if (rc) {
-		shard_fail(x, WIRE_ERR_INTERNAL, "shard: session: %s", x->err);
-		return;
-	}
-	bson_iter_recurse(&it, &arr);
-	int32_t i = 0;
-	while (bson_iter_next(&arr)) {
-		bson_iter_t f;
-		const char *op = NULL, *ns = NULL;
-		bson_t o, ud;
-		bool have_o = false, have_ud = false, bad_ud = false;
-		if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &f))
-			continue;
-		while (bson_iter_next(&f)) {
-			const char *k = bson_iter_key(&f);
-			if (strcmp(k, "op") == 0 && BSON_ITER_HOLDS_UTF8(&f))
-				op = bson_iter_utf8(&f, NULL);
-			else if (strcmp(k, "ns") == 0 && BSON_ITER_HOLDS_UTF8(&f))
-				ns = bson_iter_utf8(&f, NULL);
-			else if (strcmp(k, "o") == 0 && BSON_ITER_HOLDS_DOCUMENT(&f)) {
-				uint32_t len;
-				const uint8_t *data;
-				bson_iter_document(&f, &len, &data);
-				have_o = bson_init_static(&o, data, len);
-			} else if (strcmp(k, "ud") == 0) {
-				uint32_t len = 0;
-				const uint8_t *data = NULL;
-				if (BSON_ITER_HOLDS_DOCUMENT(&f))
-					bson_iter_document(&f, &len, &data);
-				have_ud = data && bson_init_static(&ud, data, len);
-				bad_ud = !have_ud;
-			}
-		}
-		if (!op || !ns || !have_o || bad_ud) {
-			shard_fail(x, WIRE_ERR_BAD_VALUE, "malformed stripedbApplyTxn op %d", i);
-			return;
-		}
-		sdb_store_dup dup = {0};
-		sdb_store_set_op_session(x->conn, &lsid, txn, i);
-		sdb_store_set_op_txn(x->conn);
-		rc = apply_op(x->conn, op[0], ns, &o, have_ud ? &ud : NULL, &dup, x->err,
-			      sizeof x->err);
-		if (rc == SDB_EEXISTS && dup.set) {
-			bson_t *extra = bson_new();
-			BSON_APPEND_DOCUMENT(extra, "keyPattern", &dup.key_pattern);
-			BSON_APPEND_DOCUMENT(extra, "keyValue", &dup.key_value);
-			sdb_store_rollback(x->conn);
-			wire_req_error_extra(x->req, WIRE_ERR_DUPLICATE_KEY, extra,
-					     "%s (the transaction was aborted: nothing of it was "
-					     "applied)",
-					     dup.errmsg ? dup.errmsg : "E11000 duplicate key error");
-			sdb_store_dup_clear(&dup);
-			return;
-		}
-		sdb_store_dup_clear(&dup);
-		if (rc) {
-			shard_fail(x, shard_code_of(rc),
-				   "transaction op %d failed, nothing of the transaction was "
-				   "applied: %s",
-				   i, x->err);
-			return;
-		}
-		i++;
-	}
-	sdb_store_set_op_session(x->conn, NULL, 0, 0);
-	bson_t m = BSON_INITIALIZER;
-	BSON_APPEND_BOOL(&m, "committed", true);
-	BSON_APPEND_INT32(&m, "ops", i);
-	rc = sdb_store_session_stmt_put(x->conn, &lsid, SHARD_STMT_TXN_COMMITTED, &m, x->err,
-					sizeof x->err);
-	bson_destroy(&m);
-	if (rc) {
-		shard_fail(x, WIRE_ERR_INTERNAL, "shard: session: %s", x->err);
-		return;
-	}
-	if (!shard_commit(x))
-		return;
-	wire_req_reply(x->req, bson_new());
 }
