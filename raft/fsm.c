@@ -298,7 +298,7 @@ int fsm_cmp_key(const bson_t *a, const bson_t *b, int64_t opv)
 {
 	bson_iter_t ia, ib;
 	if (opv >= MIGSTATE_OP_VERSION_KEY_ORDER)
-		return sdb_bson_key_cmp(a, b);
+		return sdb_bson_key_cmp_v4(a, b); /* op version 4: decimals as long doubles */
 	if (!bson_iter_init(&ia, a) || !bson_iter_init(&ib, b))
 		return 0;
 	for (;;) {

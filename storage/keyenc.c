@@ -192,6 +192,16 @@ static void put_number(sdb_key *k, const bson_value_t *v)
 		put_byte(k, (uint8_t)e);
 	}
 	put_be64(k, n.frac);
+	if (n.frac & 1) {
+		/* inexact decimal: DEXP2 then the 34-digit coefficient as 15 bytes */
+		uint32_t de = (uint32_t)(n.dexp + 32768);
+
+		put_byte(k, (uint8_t)(de >> 8));
+		put_byte(k, (uint8_t)de);
+		for (int sh = 48; sh >= 0; sh -= 8)
+			put_byte(k, (uint8_t)(n.dhi >> sh));
+		put_be64(k, n.dlo);
+	}
 	if (n.cls == 2) {
 		for (size_t i = start; i < k->len; i++)
 			k->data[i] ^= 0xff;

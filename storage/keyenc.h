@@ -16,11 +16,18 @@
  *     0xF0 MaxKey
  *   BODY by bracket:
  *     MinKey, MaxKey, undefined, null: empty
- *     number: CLS [EXP2 FRAC8]     CLS 0x00 NaN, 0x01 -inf, 0x02 negative, 0x03 zero,
- *             0x04 positive, 0x05 +inf. Finite non-zero values carry
+ *     number: CLS [EXP2 FRAC8 [DEXP2 COEF15]]  CLS 0x00 NaN, 0x01 -inf, 0x02 negative,
+ *             0x03 zero, 0x04 positive, 0x05 +inf. Finite non-zero values carry
  *             EXP2 = (exp + 32768) as 2 bytes big-endian and FRAC8 = frac as 8 bytes
- *             big-endian (sdb_bson_num of bsonval.h); for negatives those 10 bytes are
- *             bit-inverted so larger magnitudes sort lower.
+ *             big-endian (sdb_bson_num of bsonval.h). When frac's bit 0 is set (a
+ *             decimal128 that no 64-bit binary value equals), DEXP2 = (dexp + 32768)
+ *             and COEF15 = the 34-digit coefficient (dhi:dlo, 120 bits big-endian)
+ *             follow; bit 0 tells the two lengths apart, so the encoding stays
+ *             prefix-free. For negatives all those bytes are bit-inverted so larger
+ *             magnitudes sort lower. int, long, double and the decimals equal to them
+ *             encode exactly as before the exact decimal order (keys written by earlier
+ *             versions for decimals that need more than 64 bits differ: such indexes
+ *             must be rebuilt).
  *     string: STR = the bytes with each 0x00 written as 0x00 0xFF, then 0x00 0x00.
  *     object: for each element: BRACKET-BYTE(element) STR(field name) BODY(element),
  *             then 0x00 (below every bracket byte, so a shorter document sorts first).
@@ -37,8 +44,7 @@
  * (x ^ 0xFF). Because encodings are prefix-free, inversion exactly reverses the order and
  * stays prefix-free, so compound keys mixing directions still compare component-wise.
  *
- * Limits: decimal128 keys go through long double (see common/bsonval.h): values closer
- * than about 1 part in 2^64 may get the same key (order is never inverted). Nesting
+ * Limits: nesting
  * deeper than SDB_BSON_MAX_DEPTH is refused with SDB_EINVAL.
  */
 #ifndef SDB_STORAGE_KEYENC_H

@@ -578,7 +578,15 @@ static bool num_as_i64(const bson_iter_t *it, int64_t *out, bool *whole)
 			return true;
 		}
 		*out = (int64_t)ld;
-		*whole = (long double)*out == ld;
+		{
+			/* exact: 2.0000000000000000000001 is not whole though its long double is */
+			bson_value_t dv = {.value_type = BSON_TYPE_DECIMAL128};
+			bson_value_t iv = {.value_type = BSON_TYPE_INT64};
+
+			dv.value.v_decimal128 = dec;
+			iv.value.v_int64 = *out;
+			*whole = sdb_bson_value_cmp(&dv, &iv) == 0;
+		}
 		return true;
 	}
 	default:

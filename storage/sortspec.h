@@ -44,8 +44,8 @@ int sdb_sortspec_natural(const sdb_sortspec *s);
 int sdb_sortspec_cmp(const sdb_sortspec *s, const bson_t *a, const bson_t *b);
 
 /* Build a memcmp-ordered sort key for doc into out (appended; reset it first): comparing
- * two keys with sdb_key_cmp gives the same order as sdb_sortspec_cmp (up to the decimal128
- * limit of keyenc). Useful to sort many documents once or to merge sorted streams.
+ * two keys with sdb_key_cmp gives the same order as sdb_sortspec_cmp (exact, decimals
+ * included). Useful to sort many documents once or to merge sorted streams.
  * Errors: SDB_EINVAL (nesting deeper than SDB_BSON_MAX_DEPTH, corrupt nested BSON). */
 int sdb_sortspec_key(const sdb_sortspec *s, const bson_t *doc, sdb_key *out, char *err,
 		     size_t errlen);

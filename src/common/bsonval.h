@@ -15,12 +15,12 @@
  * Within a bracket:
  *   numbers    by value across types; NaN == NaN and NaN is below every other number;
  *              -0 == 0; int64 vs double is exact (no precision loss for |v| > 2^53).
- *              decimal128 is compared through its nearest long double (on x86-64 a
- *              64-bit significand, exponent range ~1e+-4932; parsed with strtold in the
- *              C locale, which stripedb never changes). Documented limit: the order is
- *              never inverted, but values closer than about 1 part in 2^64 (two
- *              decimals, or a decimal and a double) may compare equal, and decimals
- *              beyond the range compare as +-inf.
+ *              decimal128 compares by exact value, as mongod does (mongo/base/
+ *              compare_numbers.h compareDecimals, compareDecimalToDouble/Long/Int):
+ *              1.0 == 1.00 == 1 == NumberLong(1), -0 == 0, NaN (any payload) == NaN,
+ *              +-Infinity equal to the double infinities; NumberDecimal("0.1") is below
+ *              the double 0.1 (0.1000000000000000055511...). Non-canonical decimals
+ *              (coefficient above 10^34 - 1) read as zero, as IEEE 754-2008 says.
  *   strings    by bytes (simple binary collation), shorter prefix first; symbol == string.
  *   objects    element by element: canonical type bracket, then field name (bytes),
  *              then value; a document that ends first is smaller.
@@ -85,12 +85,27 @@ int sdb_bson_bracket(bson_type_t t);
  *   cls  0 NaN, 1 -inf, 2 negative finite, 3 zero, 4 positive finite, 5 +inf
  *   exp  for finite non-zero: floor(log2(|v|)) (int32 1 -> 0, 0.5 -> -1)
  *   frac for finite non-zero: the bits of |v| after the leading 1, left-aligned in 64
- *        bits (|v| = 2^exp * (1 + frac / 2^64)); 0 otherwise.
- * int32, int64 and double map exactly; decimal128 through long double (see top). */
+ *        bits; bit 0 is the "inexact" flag:
+ *        - bit 0 clear: |v| = 2^exp * (1 + frac / 2^64) exactly, with at most 63 bits
+ *          after the leading 1. Every int32, int64 and double is such a value, and so
+ *          is every decimal128 equal to one (decimal 1.0 and int 1 are the same number).
+ *        - bit 0 set (only for decimal128 values that need more than 64 significant
+ *          bits, e.g. 0.1 or 1.000000000000000000001): frac's bits 63..1 are |v|
+ *          rounded toward zero, so the value sorts strictly between that 64-bit value
+ *          and the next; dexp/dhi:dlo then order the decimals inside that gap:
+ *   dexp, dhi, dlo  (bit 0 of frac set only, zero otherwise) the decimal's adjusted
+ *        exponent (exponent of its leading digit: 1.5 -> 0, 0.01 -> -2) and its
+ *        coefficient left-aligned to 34 digits (1.5 -> 15 * 10^32) as a 113-bit
+ *        integer dhi * 2^64 + dlo. Equal decimals (1.50 and 1.5) get equal fields.
+ * Comparing (cls, exp, frac, dexp, dhi, dlo) lexicographically, with magnitudes reversed
+ * for cls 2, is exact numeric order (sdb_bson_num_cmp). */
 typedef struct sdb_bson_num {
 	int cls;
 	int32_t exp;
 	uint64_t frac;
+	int32_t dexp;
+	uint64_t dhi;
+	uint64_t dlo;
 } sdb_bson_num;
 
 /* Fill *out from a numeric value (BSON_TYPE_INT32, INT64, DOUBLE, DECIMAL128). Returns
@@ -151,6 +166,15 @@ int sdb_bson_value_cmp_simple(const bson_value_t *a, const bson_value_t *b);
  * to anything (callers pass validated BSON). Used by routing (route_key_cmp) and by the
  * metadata state machine (raft/fsm.c), so that both order chunks the same way. */
 int sdb_bson_key_cmp(const bson_t *a, const bson_t *b);
+
+/* sdb_bson_key_cmp as it was before Decimal128 compared exactly: a decimal128 compares
+ * through its nearest long double (x86-64: 64-bit significand, so decimals closer than
+ * about 1 part in 2^64 to each other or to a double compare equal; the order is a
+ * coarsening of the exact one, never an inversion). Returns: <0, 0 or >0. Used only by
+ * the metadata state machine for entries stamped op version 4 (raft/fsm.c fsm_cmp_key),
+ * so that every member, whatever its binary, takes the same split/merge decisions while
+ * replaying a log; moving chunk bounds to the exact order needs a new op version. */
+int sdb_bson_key_cmp_v4(const bson_t *a, const bson_t *b);
 
 /* Compare two whole documents as objects (element by element: bracket, name, value).
  * Returns: <0, 0 or >0. */

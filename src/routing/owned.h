@@ -10,8 +10,7 @@
  * of the previous document) makes documents read in shard-key order O(1) each.
  *
  * Same answers as route_chunk_of_doc(coll, doc) >= 0 on the snapshot it was built from
- * (keyenc orders values as sdb_bson_cmp does; its one limit, decimal128 values closer than
- * 1 part in 2^64 sharing a key, applies to bounds too).
+ * (keyenc orders values exactly as sdb_bson_cmp does, decimals included).
  *
  * Immutable once built, shared by reference counting: worker threads read it without a lock.
  */

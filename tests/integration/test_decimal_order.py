@@ -91,10 +91,38 @@ def test_sort(coll):
 def test_distinct_and_group(coll):
     vals = coll.distinct("amount")
     assert len(vals) == 11, vals
-    groups = {d["_id"]: d["n"] for d in coll.aggregate(
-        [{"$group": {"_id": "$amount", "n": {"$sum": 1}}}])}
+    groups = list(coll.aggregate([{"$group": {"_id": "$amount", "n": {"$sum": 1}}}]))
     assert len(groups) == 11, groups
-    counts = sorted(groups.values())
+    counts = sorted(g["n"] for g in groups)
     assert counts == [1] * 10 + [4]
     s = list(coll.aggregate([{"$group": {"_id": None, "s": {"$addToSet": "$amount"}}}]))
     assert len(s[0]["s"]) == 11
+
+
+def test_proxy_routes_and_merges_decimal_shard_key(start_role, tmp_path):
+    """Range sharding on a Decimal128 key split at 1.000000000000000000001: the proxy
+    routes 1 and 1.000000000000000000001 to different chunks (the long-double order put
+    them in one), each document lands on its chunk's shard, and the proxy's merge sort of
+    a cross-shard find is exact."""
+    from proxy_helpers import ProxyCluster
+
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        a, b = cl.shard_ids
+        cl.shard_collection("pay.s", {"amount": 1}, split_points=[{"amount": ONE_PLUS}],
+                            shards=[a, b])
+        coll = cl.proxy_client()["pay"]["s"]
+        want = {1: a, 2: b, 3: a, 4: a, 5: a, 6: a, 7: a, 8: a, 9: a, 10: a, 11: b, 12: a,
+                13: b, 14: b}
+        coll.insert_many(docs())
+        for sid in (a, b):
+            held = sorted(d["_id"] for d in cl.shard_client(sid)["pay"]["s"].find({}))
+            assert held == sorted(i for i, s in want.items() if s == sid), sid
+        assert ids(coll.find({"amount": ONE})) == [1, 4, 5, 6]
+        assert ids(coll.find({"amount": ONE_PLUS})) == [2]
+        assert ids(coll.find({"amount": {"$gte": ONE_PLUS}})) == [2, 11, 13, 14]
+        order = [d["_id"] for d in coll.find({}, sort=[("amount", 1), ("_id", 1)])]
+        assert order == [10, 12, 9, 7, 8, 3, 1, 4, 5, 6, 2, 13, 14, 11]
+        assert len(coll.distinct("amount")) == 11
+    finally:
+        cl.close()

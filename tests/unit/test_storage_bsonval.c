@@ -51,93 +51,134 @@ static const ranked order[] = {
 	{3, "{'$numberDecimal': 'NaN'}"},
 	{4, "{'$numberDouble': '-Infinity'}"},
 	{4, "{'$numberDecimal': '-Infinity'}"},
-	{5, "-1e300"},
-	{6, "{'$numberLong': '-9223372036854775808'}"},
-	{6, "-9223372036854775808.0"},
-	{7, "{'$numberLong': '-9223372036854775807'}"},
-	{8, "-2"},
-	{8, "-2.0"},
-	{8, "{'$numberLong': '-2'}"},
-	{8, "{'$numberDecimal': '-2'}"},
-	{8, "{'$numberDecimal': '-2.000'}"},
-	{9, "-1.5"},
-	{9, "{'$numberDecimal': '-1.5'}"},
-	{10, "-5e-324"},
-	{11, "0"},
-	{11, "-0.0"},
-	{11, "{'$numberLong': '0'}"},
-	{11, "{'$numberDecimal': '0'}"},
-	{11, "{'$numberDecimal': '-0'}"},
-	{12, "5e-324"},
-	{13, "{'$numberDecimal': '0.1'}"}, /* decimal 0.1 is exact, double 0.1 is 0.1000..0555 */
-	{14, "0.1"},
-	{15, "0.5"},
-	{16, "1"},
-	{16, "1.0"},
-	{16, "{'$numberLong': '1'}"},
-	{16, "{'$numberDecimal': '1.0'}"},
-	{17, "{'$numberLong': '9007199254740992'}"},
-	{17, "9007199254740992.0"},
-	{18, "{'$numberLong': '9007199254740993'}"}, /* 2^53+1: no double has this value */
-	{19, "{'$numberLong': '9007199254740994'}"},
-	{19, "9007199254740994.0"},
-	{20, "{'$numberLong': '9223372036854775807'}"},
-	{21, "9223372036854775808.0"},
-	{22, "1e300"},
-	{23, "{'$numberDecimal': '1E+400'}"},
-	{24, "{'$numberDouble': 'Infinity'}"},
-	{24, "{'$numberDecimal': 'Infinity'}"},
-	{25, "''"},
-	{26, "'a'"},
-	{26, "{'$symbol': 'a'}"},
-	{27, "'ab'"},
-	{28, "'b'"},
-	{29, "'\\u00e9'"},
-	{30, "{}"},
-	{31, "{'b': null}"},
-	{32, "{'a': 1}"},
-	{32, "{'a': 1.0}"},
-	{33, "{'a': 1, 'b': 1}"},
-	{34, "{'a': 2}"},
-	{35, "{'b': 1}"},
-	{36, "{'a': 'x'}"},
-	{37, "{'a': {}}"},
-	{38, "[]"},
-	{39, "[null]"},
-	{40, "[1]"},
-	{40, "[1.0]"},
-	{41, "[1, 2]"},
-	{42, "[2]"},
-	{43, "['a']"},
-	{44, "[[]]"},
-	{45, "{'$binary': {'base64': 'AA==', 'subType': '00'}}"},
-	{46, "{'$binary': {'base64': 'AQ==', 'subType': '00'}}"},
-	{47, "{'$binary': {'base64': 'AA==', 'subType': '05'}}"},
-	{48, "{'$binary': {'base64': 'AAA=', 'subType': '00'}}"},
-	{49, "{'$oid': '000000000000000000000000'}"},
-	{50, "{'$oid': '00000000000000000000ff00'}"},
-	{51, "{'$oid': 'ffffffffffffffffffffffff'}"},
-	{52, "false"},
-	{53, "true"},
-	{54, "{'$date': {'$numberLong': '-1'}}"},
-	{55, "{'$date': {'$numberLong': '0'}}"},
-	{56, "{'$date': {'$numberLong': '1000000000000'}}"},
-	{57, "{'$timestamp': {'t': 1, 'i': 2}}"},
-	{58, "{'$timestamp': {'t': 1, 'i': 3}}"},
-	{59, "{'$timestamp': {'t': 2, 'i': 0}}"},
-	{60, "{'$timestamp': {'t': 4294967295, 'i': 0}}"},
-	{61, "{'$regularExpression': {'pattern': 'a', 'options': ''}}"},
-	{62, "{'$regularExpression': {'pattern': 'a', 'options': 'i'}}"},
-	{63, "{'$regularExpression': {'pattern': 'b', 'options': ''}}"},
-	{64, "{'$dbPointer': {'$ref': 'b', '$id': {'$oid': '000000000000000000000000'}}}"},
+	{5, "{'$numberDecimal': '-9.999999999999999999999999999999999E+6144'}"},
+	{6, "{'$numberDecimal': '-1E+400'}"},
+	{7, "-1e300"},
+	{8, "{'$numberDecimal': '-9223372036854775809'}"},
+	{9, "{'$numberLong': '-9223372036854775808'}"},
+	{9, "-9223372036854775808.0"},
+	{9, "{'$numberDecimal': '-9223372036854775808'}"},
+	{9, "{'$numberDecimal': '-9.223372036854775808E+18'}"},
+	{10, "{'$numberLong': '-9223372036854775807'}"},
+	{10, "{'$numberDecimal': '-9223372036854775807'}"},
+	{11, "-2"},
+	{11, "-2.0"},
+	{11, "{'$numberLong': '-2'}"},
+	{11, "{'$numberDecimal': '-2'}"},
+	{11, "{'$numberDecimal': '-2.000'}"},
+	{12, "{'$numberDecimal': '-1.500000000000000000000000000000001'}"},
+	{13, "-1.5"},
+	{13, "{'$numberDecimal': '-1.5'}"},
+	{13, "{'$numberDecimal': '-15E-1'}"},
+	{14, "{'$numberDecimal': '-1E-10'}"},
+	{15, "-5e-324"},
+	{16, "{'$numberDecimal': '-1E-6176'}"},
+	{17, "0"},
+	{17, "-0.0"},
+	{17, "{'$numberLong': '0'}"},
+	{17, "{'$numberDecimal': '0'}"},
+	{17, "{'$numberDecimal': '-0'}"},
+	{17, "{'$numberDecimal': '0E+300'}"},
+	{17, "{'$numberDecimal': '-0E-6176'}"},
+	{18, "{'$numberDecimal': '1E-6176'}"},
+	{19, "{'$numberDecimal': '4.940656458412465441765687928682213E-324'}"},
+	{20, "5e-324"},
+	{21, "{'$numberDecimal': '4.940656458412465441765687928682214E-324'}"},
+	{22, "{'$numberDecimal': '0.1'}"},
+	{23, "{'$numberDecimal': '0.1000000000000000055511151231257827'}"},
+	{24, "0.1"},
+	{25, "{'$numberDecimal': '0.1000000000000000055511151231257828'}"},
+	{26, "0.5"},
+	{26, "{'$numberDecimal': '0.5'}"},
+	{26, "{'$numberDecimal': '0.50000'}"},
+	{27, "{'$numberDecimal': '0.999999999999999999999'}"},
+	{28, "1"},
+	{28, "1.0"},
+	{28, "{'$numberLong': '1'}"},
+	{28, "{'$numberDecimal': '1.0'}"},
+	{28, "{'$numberDecimal': '1'}"},
+	{28, "{'$numberDecimal': '1.000000000000000000000000000000000'}"},
+	{28, "{'$numberDecimal': '0.001E+3'}"},
+	{28, "{'$numberDecimal': '1E0'}"},
+	{29, "{'$numberDecimal': '1.000000000000000000000000000000001'}"},
+	{30, "{'$numberDecimal': '1.000000000000000000001'}"},
+	{31, "1.0000000000000002"},
+	{32, "{'$numberLong': '9007199254740992'}"},
+	{32, "9007199254740992.0"},
+	{32, "{'$numberDecimal': '9007199254740992'}"},
+	{33, "{'$numberLong': '9007199254740993'}"},
+	{33, "{'$numberDecimal': '9007199254740993'}"},
+	{34, "{'$numberDecimal': '9007199254740993.5'}"},
+	{35, "{'$numberLong': '9007199254740994'}"},
+	{35, "9007199254740994.0"},
+	{36, "{'$numberLong': '9223372036854775807'}"},
+	{36, "{'$numberDecimal': '9223372036854775807'}"},
+	{37, "{'$numberDecimal': '9223372036854775807.5'}"},
+	{38, "9223372036854775808.0"},
+	{38, "{'$numberDecimal': '9223372036854775808'}"},
+	{39, "{'$numberDecimal': '18446744073709551617'}"},
+	{40, "{'$numberDecimal': '18446744073709551618'}"},
+	{40, "{'$numberDecimal': '1.8446744073709551618E+19'}"},
+	{41, "{'$numberDecimal': '1E+300'}"},
+	{42, "1e300"},
+	{43, "{'$numberDecimal': '1.797693134862315708145274237317043E+308'}"},
+	{44, "1.7976931348623157e308"},
+	{45, "{'$numberDecimal': '1.797693134862315708145274237317044E+308'}"},
+	{46, "{'$numberDecimal': '1E+400'}"},
+	{47, "{'$numberDecimal': '9.999999999999999999999999999999999E+6144'}"},
+	{48, "{'$numberDouble': 'Infinity'}"},
+	{48, "{'$numberDecimal': 'Infinity'}"},
+	{49, "''"},
+	{50, "'a'"},
+	{50, "{'$symbol': 'a'}"},
+	{51, "'ab'"},
+	{52, "'b'"},
+	{53, "'\\u00e9'"},
+	{54, "{}"},
+	{55, "{'b': null}"},
+	{56, "{'a': 1}"},
+	{56, "{'a': 1.0}"},
+	{57, "{'a': 1, 'b': 1}"},
+	{58, "{'a': 2}"},
+	{59, "{'b': 1}"},
+	{60, "{'a': 'x'}"},
+	{61, "{'a': {}}"},
+	{62, "[]"},
+	{63, "[null]"},
+	{64, "[1]"},
+	{64, "[1.0]"},
+	{65, "[1, 2]"},
+	{66, "[2]"},
+	{67, "['a']"},
+	{68, "[[]]"},
+	{69, "{'$binary': {'base64': 'AA==', 'subType': '00'}}"},
+	{70, "{'$binary': {'base64': 'AQ==', 'subType': '00'}}"},
+	{71, "{'$binary': {'base64': 'AA==', 'subType': '05'}}"},
+	{72, "{'$binary': {'base64': 'AAA=', 'subType': '00'}}"},
+	{73, "{'$oid': '000000000000000000000000'}"},
+	{74, "{'$oid': '00000000000000000000ff00'}"},
+	{75, "{'$oid': 'ffffffffffffffffffffffff'}"},
+	{76, "false"},
+	{77, "true"},
+	{78, "{'$date': {'$numberLong': '-1'}}"},
+	{79, "{'$date': {'$numberLong': '0'}}"},
+	{80, "{'$date': {'$numberLong': '1000000000000'}}"},
+	{81, "{'$timestamp': {'t': 1, 'i': 2}}"},
+	{82, "{'$timestamp': {'t': 1, 'i': 3}}"},
+	{83, "{'$timestamp': {'t': 2, 'i': 0}}"},
+	{84, "{'$timestamp': {'t': 4294967295, 'i': 0}}"},
+	{85, "{'$regularExpression': {'pattern': 'a', 'options': ''}}"},
+	{86, "{'$regularExpression': {'pattern': 'a', 'options': 'i'}}"},
+	{87, "{'$regularExpression': {'pattern': 'b', 'options': ''}}"},
+	{88, "{'$dbPointer': {'$ref': 'b', '$id': {'$oid': '000000000000000000000000'}}}"},
 	/* dbPointer: namespace length first, so 'aa' > 'b' */
-	{65, "{'$dbPointer': {'$ref': 'aa', '$id': {'$oid': '000000000000000000000000'}}}"},
-	{66, "{'$dbPointer': {'$ref': 'aa', '$id': {'$oid': '000000000000000000000001'}}}"},
-	{67, "{'$code': 'x'}"},
-	{68, "{'$code': 'y'}"},
-	{69, "{'$code': 'x', '$scope': {}}"},
-	{70, "{'$code': 'x', '$scope': {'a': 1}}"},
-	{71, "{'$maxKey': 1}"},
+	{89, "{'$dbPointer': {'$ref': 'aa', '$id': {'$oid': '000000000000000000000000'}}}"},
+	{90, "{'$dbPointer': {'$ref': 'aa', '$id': {'$oid': '000000000000000000000001'}}}"},
+	{91, "{'$code': 'x'}"},
+	{92, "{'$code': 'y'}"},
+	{93, "{'$code': 'x', '$scope': {}}"},
+	{94, "{'$code': 'x', '$scope': {'a': 1}}"},
+	{95, "{'$maxKey': 1}"},
 };
 #define N_ORDER (sizeof order / sizeof order[0])
 
@@ -188,6 +229,22 @@ static void test_table_order(void **state)
 			if (got != want)
 				fail_msg("cmp(%s, %s) = %d, want %d", order[i].json, order[j].json,
 					 got, want);
+			/* the index key encoding agrees, both directions */
+			for (int desc = 0; desc < 2; desc++) {
+				sdb_key ka, kb;
+				char err[128];
+
+				sdb_key_init(&ka);
+				sdb_key_init(&kb);
+				assert_int_equal(sdb_keyenc_append_iter(&ka, &a, desc, err, sizeof err), 0);
+				assert_int_equal(sdb_keyenc_append_iter(&kb, &b, desc, err, sizeof err), 0);
+				got = sign(sdb_key_cmp(&ka, &kb));
+				if (got != (desc ? -want : want))
+					fail_msg("keycmp(%s, %s, desc %d) = %d, want %d", order[i].json,
+						 order[j].json, desc, got, want);
+				sdb_key_free(&ka);
+				sdb_key_free(&kb);
+			}
 		}
 	}
 }
@@ -219,6 +276,68 @@ static void test_brackets(void **state)
 	assert_int_equal(sdb_bson_bracket(BSON_TYPE_ARRAY), 25);
 	assert_int_equal(sdb_bson_bracket(BSON_TYPE_TIMESTAMP), 47);
 	assert_int_equal(sdb_bson_bracket(BSON_TYPE_MAXKEY), 127);
+}
+
+/* Encodings libbson's parser never produces: non-canonical coefficients read as zero
+ * (IEEE 754-2008 3.5.2), NaN of either sign or signalling is NaN. */
+static void test_decimal_noncanonical(void **state)
+{
+	static const struct {
+		uint64_t high, low;
+		int want_vs_zero; /* sign of cmp(value, int 0) */
+	} cases[] = {
+		/* exponent 0, coefficient 2^113 - 1 > 10^34 - 1 */
+		{UINT64_C(0x3041ffffffffffff), UINT64_MAX, 0},
+		/* negative, same */
+		{UINT64_C(0xb041ffffffffffff), UINT64_MAX, 0},
+		/* the "11" combination form (implicit 0b100 coefficient prefix) */
+		{UINT64_C(0x6000000000000000) | (UINT64_C(6176) << 47), 5, 0},
+		/* 10^34 - 1 (canonical maximum coefficient) at exponent 0 */
+		{UINT64_C(0x3041ed09bead87c0), UINT64_C(0x378d8e63ffffffff), 1},
+		/* -NaN, sNaN: below every number */
+		{UINT64_C(0xfc00000000000000), 0, -1},
+		{UINT64_C(0x7e00000000000000), 7, -1},
+	};
+	bson_value_t zero = {.value_type = BSON_TYPE_INT32, .value.v_int32 = 0};
+	bson_value_t nan = {.value_type = BSON_TYPE_DOUBLE, .value.v_double = NAN};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		bson_value_t v = {.value_type = BSON_TYPE_DECIMAL128};
+		sdb_key ka, kb;
+		char err[64];
+
+		v.value.v_decimal128.high = cases[i].high;
+		v.value.v_decimal128.low = cases[i].low;
+		assert_int_equal(sign(sdb_bson_value_cmp(&v, &zero)), cases[i].want_vs_zero);
+		assert_int_equal(sign(sdb_bson_value_cmp(&zero, &v)), -cases[i].want_vs_zero);
+		if (cases[i].want_vs_zero < 0)
+			assert_int_equal(sdb_bson_value_cmp(&v, &nan), 0);
+		sdb_key_init(&ka);
+		sdb_key_init(&kb);
+		assert_int_equal(sdb_keyenc_append_value(&ka, &v, false, err, sizeof err), 0);
+		assert_int_equal(sdb_keyenc_append_value(&kb, &zero, false, err, sizeof err), 0);
+		assert_int_equal(sign(sdb_key_cmp(&ka, &kb)), cases[i].want_vs_zero);
+		sdb_key_free(&ka);
+		sdb_key_free(&kb);
+	}
+}
+
+/* Op version 4 chunk bounds keep the long-double decimal order (raft/fsm.c). */
+static void test_key_cmp_v4(void **state)
+{
+	bson_t *one = J("{'k': {'$numberDecimal': '1'}}");
+	bson_t *one_plus = J("{'k': {'$numberDecimal': '1.000000000000000000001'}}");
+	bson_t *two = J("{'k': 2}");
+
+	(void)state;
+	assert_true(sdb_bson_key_cmp(one, one_plus) < 0);
+	assert_int_equal(sdb_bson_key_cmp_v4(one, one_plus), 0);
+	assert_true(sdb_bson_key_cmp_v4(one_plus, two) < 0);
+	assert_true(sdb_bson_key_cmp_v4(two, one) > 0);
+	bson_destroy(one);
+	bson_destroy(one_plus);
+	bson_destroy(two);
 }
 
 static void test_num_canon(void **state)
@@ -617,6 +736,8 @@ int main(void)
 		cmocka_unit_test(test_missing_is_null),
 		cmocka_unit_test(test_brackets),
 		cmocka_unit_test(test_num_canon),
+		cmocka_unit_test(test_decimal_noncanonical),
+		cmocka_unit_test(test_key_cmp_v4),
 		cmocka_unit_test(test_value_eq_and_doc_cmp),
 		cmocka_unit_test(test_key_cmp),
 		cmocka_unit_test(test_depth),
