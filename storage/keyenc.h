@@ -25,9 +25,9 @@
  *             follow; bit 0 tells the two lengths apart, so the encoding stays
  *             prefix-free. For negatives all those bytes are bit-inverted so larger
  *             magnitudes sort lower. int, long, double and the decimals equal to them
- *             encode exactly as before the exact decimal order (keys written by earlier
- *             versions for decimals that need more than 64 bits differ: such indexes
- *             must be rebuilt).
+ *             encode exactly as before the exact decimal order; keys that earlier
+ *             versions wrote for other decimals differ, and the store re-keys them once
+ *             when it opens a data directory without meta keyenc = 2 (storage/store.c).
  *     string: STR = the bytes with each 0x00 written as 0x00 0xFF, then 0x00 0x00.
  *     object: for each element: BRACKET-BYTE(element) STR(field name) BODY(element),
  *             then 0x00 (below every bracket byte, so a shorter document sorts first).

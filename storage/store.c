@@ -20,6 +20,7 @@
 #include "storage/keyenc.h"
 #include "storage/path.h"
 #include "storage/store_int.h"
+#include "common/bsonval.h"
 
 
 /* ------------------------------------------------------------------ helpers */
@@ -280,6 +281,8 @@ static int conn_pragmas(sdb_store *st, sqlite3 *db, char *err, size_t errlen)
 	return store_exec_sql(db, "PRAGMA mmap_size=1073741824", err, errlen);
 }
 
+static int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen);
+
 int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out, char *err,
 		   size_t errlen)
 {
@@ -347,6 +350,10 @@ int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out,
 	sqlite3_finalize(s);
 	atomic_store(&st->committed_ts, st->last_ts);
 	sqlite3_close(db);
+	db = NULL;
+	rc = store_migrate_decimal_keys(st, err, errlen);
+	if (rc)
+		goto fail;
 	*out = st;
 	return 0;
 fail:
@@ -1095,6 +1102,128 @@ static int coll_oplog(sdb_store_conn *c, const char *op, const char *db, const c
 	int rc = store_oplog_append(c, op, ns, co->uuid, o, o2, origin, err, errlen);
 
 	free(ns);
+	return rc;
+}
+
+/* True when the document holds a Decimal128 anywhere (nested documents and arrays too). */
+static bool doc_has_decimal(bson_iter_t *it, int depth)
+{
+	while (bson_iter_next(it)) {
+		bson_iter_t child;
+
+		if (BSON_ITER_HOLDS_DECIMAL128(it))
+			return true;
+		if ((BSON_ITER_HOLDS_DOCUMENT(it) || BSON_ITER_HOLDS_ARRAY(it)) &&
+		    depth < SDB_BSON_MAX_DEPTH && bson_iter_recurse(it, &child) &&
+		    doc_has_decimal(&child, depth + 1))
+			return true;
+	}
+	return false;
+}
+
+/* Stores written before Decimal128 compared exactly (meta 'keyenc' absent) keyed decimals
+ * through long double: re-key every document holding a decimal (its _id key, and its
+ * entries in every index, hashed ones included) with the exact encoding, once, then set
+ * meta keyenc = 2. The exact order is finer than the old one, so no new duplicate can
+ * appear, and the new keys of decimals that need more than 64 bits (frac bit 0 set) never
+ * equal an old key, so re-keyed rows never collide with rows not yet visited. */
+static int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen)
+{
+	sdb_store_conn *c = NULL;
+	int rc = sdb_store_conn_open(st, &c, err, errlen);
+
+	if (rc)
+		return rc;
+	rc = sdb_store_begin(c, true, err, errlen);
+	if (rc)
+		goto out;
+	if (store_query_int(c, "SELECT v FROM meta WHERE k='keyenc'", 0) >= 2) {
+		sdb_store_rollback(c);
+		goto out;
+	}
+	rc = store_cache_load(c, err, errlen);
+	for (size_t ci = 0; rc == 0 && ci < c->n_colls; ci++) {
+		sdb_store_coll *co = &c->colls[ci];
+		char sql[160];
+		sdb_key *oldk = NULL;
+		bson_t **docs = NULL;
+		size_t n = 0, cap = 0;
+
+		snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld", (long long)co->tbl);
+		sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
+		if (!s) {
+			rc = SDB_EIO;
+			break;
+		}
+		while (sqlite3_step(s) == SQLITE_ROW) {
+			bson_t *doc = bson_new_from_data(sqlite3_column_blob(s, 1),
+							 (size_t)sqlite3_column_bytes(s, 1));
+			bson_iter_t it;
+
+			if (!doc || !bson_iter_init(&it, doc) || !doc_has_decimal(&it, 0)) {
+				if (doc)
+					bson_destroy(doc);
+				continue;
+			}
+			if (n == cap) {
+				cap = cap ? cap * 2 : 16;
+				oldk = sdb_realloc(oldk, cap * sizeof *oldk);
+				docs = sdb_realloc(docs, cap * sizeof *docs);
+			}
+			sdb_key_init(&oldk[n]);
+			sdb_key_append(&oldk[n], sqlite3_column_blob(s, 0),
+				       (size_t)sqlite3_column_bytes(s, 0));
+			docs[n++] = doc;
+		}
+		sqlite3_reset(s);
+		for (size_t i = 0; i < n; i++) {
+			sdb_key newk;
+			bson_iter_t id_it;
+
+			sdb_key_init(&newk);
+			if (rc == 0)
+				rc = store_id_key(docs[i], &newk, &id_it, NULL, err, errlen);
+			for (size_t x = 0; rc == 0 && x < co->n_indexes; x++) {
+				snprintf(sql, sizeof sql, "DELETE FROM i_%lld WHERE id = ?",
+					 (long long)co->indexes[x].tbl);
+				s = store_stmt_get(c, sql, err, errlen);
+				if (!s) {
+					rc = SDB_EIO;
+					break;
+				}
+				sqlite3_bind_blob(s, 1, oldk[i].data, (int)oldk[i].len, SQLITE_STATIC);
+				rc = store_step_done(c, s, err, errlen, "decimal re-key: index delete");
+			}
+			if (rc == 0 && sdb_key_cmp(&newk, &oldk[i]) != 0) {
+				snprintf(sql, sizeof sql, "UPDATE c_%lld SET k = ? WHERE k = ?",
+					 (long long)co->tbl);
+				s = store_stmt_get(c, sql, err, errlen);
+				if (!s) {
+					rc = SDB_EIO;
+				} else {
+					sqlite3_bind_blob(s, 1, newk.data, (int)newk.len, SQLITE_STATIC);
+					sqlite3_bind_blob(s, 2, oldk[i].data, (int)oldk[i].len,
+							  SQLITE_STATIC);
+					rc = store_step_done(c, s, err, errlen, "decimal re-key: _id");
+				}
+			}
+			if (rc == 0)
+				rc = indexes_add(c, co, docs[i], &newk, NULL, err, errlen);
+			sdb_key_free(&newk);
+			sdb_key_free(&oldk[i]);
+			bson_destroy(docs[i]);
+		}
+		free(oldk);
+		free(docs);
+	}
+	if (rc == 0)
+		rc = sdb_store_meta_put(c, "keyenc", "2", err, errlen);
+	if (rc == 0)
+		rc = sdb_store_commit(c, err, errlen);
+	else
+		sdb_store_rollback(c);
+out:
+	sdb_store_conn_close(c);
 	return rc;
 }
 

@@ -9,7 +9,10 @@
  * kill -9 only).
  *
  * Schema (all tables WITHOUT ROWID unless said):
- *   meta(k TEXT PRIMARY KEY, v)                          format version, last oplog ts
+ *   meta(k TEXT PRIMARY KEY, v)                          format version, last oplog ts,
+ *                                                        keyenc = 2 once decimal keys are exact
+ *                                                        (set by sdb_store_open, which re-keys
+ *                                                        older stores' decimals first)
  *   catalog_coll(db, coll, tbl INTEGER, uuid BLOB, options BLOB, PRIMARY KEY(db, coll))
  *   catalog_index(db, coll, name, tbl INTEGER, spec BLOB, multikey INTEGER,
  *                 PRIMARY KEY(db, coll, name))
@@ -71,7 +74,11 @@ typedef struct sdb_store_opts {
  * opts may be NULL for defaults. Free with sdb_store_close() after every connection has
  * been closed. Errors: message in err, *out untouched; SDB_EIO (dir cannot be created,
  * the database cannot be opened, configured or given its schema), SDB_ECORRUPT (the
- * file's format version is not one this build reads). */
+ * file's format version is not one this build reads). A store written before Decimal128
+ * keys were exact (no meta keyenc = 2) is re-keyed here first, in one write transaction
+ * over the documents that hold a decimal; its errors (SDB_EIO, SDB_EINVAL for a document
+ * whose _id cannot be keyed, SDB_EEXISTS on a unique index) are returned as they come and
+ * leave the store as it was. */
 int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out, char *err,
 		   size_t errlen);
 void sdb_store_close(sdb_store *st);

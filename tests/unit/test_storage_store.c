@@ -323,6 +323,83 @@ static void test_check_finds_a_missing_index_entry(void **state)
 	sdb_store_rollback(f->c);
 }
 
+/* A store written before Decimal128 keys were exact (meta 'keyenc' absent): opening it
+ * re-keys the documents holding decimals (_id key and index entries) once. The stale keys
+ * are simulated by rewriting them behind the store's back. */
+static void test_decimal_keys_migrated_on_open(void **state)
+{
+	fx *f = *state;
+	const char *docs_json[] = {
+		"{\"_id\": {\"$numberDecimal\": \"0.1\"}, \"a\": {\"$numberDecimal\": \"19.99\"}}",
+		"{\"_id\": 2, \"a\": {\"$numberDecimal\": \"1.000000000000000000001\"}}",
+		"{\"_id\": {\"$numberDecimal\": \"2.5\"}, \"a\": [{\"$numberDecimal\": \"7.7\"}, 1]}",
+	};
+	bson_error_t je;
+
+	begin_w(f);
+	for (size_t i = 0; i < 3; i++) {
+		bson_t *d = bson_new_from_json((const uint8_t *)docs_json[i], -1, &je);
+
+		assert_non_null(d);
+		assert_int_equal(sdb_store_insert(f->c, "db", "c", d, NULL, NULL, f->err,
+						  sizeof f->err),
+				 0);
+		bson_destroy(d);
+	}
+	bson_t *spec = BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1");
+	bool created;
+	int code;
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 0);
+	bson_destroy(spec);
+	commit(f);
+	fx_close(f);
+
+	char path[300], sql[400];
+	snprintf(path, sizeof path, "%s/shard.db", f->dir);
+	sqlite3 *db;
+	sqlite3_stmt *s;
+	long long ctbl, itbl;
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_prepare_v2(db, "SELECT (SELECT tbl FROM catalog_coll), "
+						"(SELECT tbl FROM catalog_index WHERE name = 'a_1')",
+					    -1, &s, NULL),
+			 SQLITE_OK);
+	assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+	ctbl = sqlite3_column_int64(s, 0);
+	itbl = sqlite3_column_int64(s, 1);
+	sqlite3_finalize(s);
+	snprintf(sql, sizeof sql,
+		 "UPDATE c_%lld SET k = CAST(X'FF' || k AS BLOB); DELETE FROM i_%lld;"
+		 "INSERT INTO i_%lld(k, id) SELECT CAST(X'01' || k AS BLOB), k FROM c_%lld;"
+		 "DELETE FROM meta WHERE k = 'keyenc';",
+		 ctbl, itbl, itbl, ctbl);
+	assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(db);
+
+	fx_open(f, 0);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	if (np != 0) {
+		char *j = bson_as_relaxed_extended_json(&problems, NULL);
+		fail_msg("problems after the re-key: %s", j);
+	}
+	bson_destroy(&problems);
+	bson_t *q = bson_new_from_json((const uint8_t *)docs_json[0], -1, &je);
+	bson_iter_t id;
+	bson_t out;
+	assert_true(bson_iter_init_find(&id, q, "_id"));
+	assert_int_equal(sdb_store_get_by_id(f->c, "db", "c", &id, &out, f->err, sizeof f->err),
+			 0);
+	assert_true(bson_equal(&out, q));
+	bson_destroy(&out);
+	bson_destroy(q);
+	sdb_store_rollback(f->c);
+}
+
 /* sdb_query_spec.range_field (issue #17, a migration reading one chunk): an index scan of
  * the first field's values between the bounds, on a descending index and on _id; the
  * process totals count what each query examined. */
@@ -1198,6 +1275,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_crud_and_oplog, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_decimal_keys_migrated_on_open, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_coll_rename, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_query_key_range, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hashed_index, setup, teardown),
