@@ -664,6 +664,26 @@ static int value_cmp(const bson_value_t *a, const bson_value_t *b, int depth, bo
 	case SDB_BRACKET_NUMBER: {
 		sdb_bson_num na, nb;
 
+		if (a->value_type == BSON_TYPE_DOUBLE && b->value_type == BSON_TYPE_DOUBLE) {
+			double x = a->value.v_double, y = b->value.v_double;
+
+			if (x < y)
+				return -1;
+			if (x > y)
+				return 1;
+			if (x == y)
+				return 0; /* -0 == 0 */
+			return isnan(x) ? (isnan(y) ? 0 : -1) : 1; /* NaN lowest */
+		}
+		if ((a->value_type == BSON_TYPE_INT32 || a->value_type == BSON_TYPE_INT64) &&
+		    (b->value_type == BSON_TYPE_INT32 || b->value_type == BSON_TYPE_INT64)) {
+			int64_t x = a->value_type == BSON_TYPE_INT32 ? a->value.v_int32
+								     : a->value.v_int64;
+			int64_t y = b->value_type == BSON_TYPE_INT32 ? b->value.v_int32
+								     : b->value.v_int64;
+
+			return cmp3_i64(x, y);
+		}
 		if (legacy) {
 			num_canon_legacy(a, &na);
 			num_canon_legacy(b, &nb);
