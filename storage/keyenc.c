@@ -175,12 +175,27 @@ static int put_object(sdb_key *k, const uint8_t *data, size_t len, bool names, i
 	return 0;
 }
 
+/* Set while sdb_keyenc_hash_value encodes: numbers then take the frozen pre-exact form
+ * (sdb_bson_num_canon_legacy), so that hashes never change (see keyenc.h). */
+static _Thread_local bool legacy_numbers;
+
+bool sdb_keyenc_legacy_numbers(bool on)
+{
+	bool prev = legacy_numbers;
+
+	legacy_numbers = on;
+	return prev;
+}
+
 static void put_number(sdb_key *k, const bson_value_t *v)
 {
 	sdb_bson_num n;
 	size_t start;
 
-	sdb_bson_num_canon(v, &n);
+	if (legacy_numbers)
+		sdb_bson_num_canon_legacy(v, &n);
+	else
+		sdb_bson_num_canon(v, &n);
 	put_byte(k, (uint8_t)n.cls);
 	if (n.cls != 2 && n.cls != 4)
 		return;
@@ -360,6 +375,7 @@ int64_t sdb_keyenc_hash_value(const bson_value_t *v)
 	bson_value_t null_v;
 	char err[64];
 	uint64_t h = 0;
+	bool prev = legacy_numbers;
 
 	sdb_key_init(&k);
 	if (v == NULL) {
@@ -367,13 +383,76 @@ int64_t sdb_keyenc_hash_value(const bson_value_t *v)
 		null_v.value_type = BSON_TYPE_NULL;
 		v = &null_v;
 	}
+	legacy_numbers = true;
 	if (sdb_keyenc_append_value(&k, v, false, err, sizeof err) == 0)
-		h = (uint64_t)sdb_keyenc_hash_encoded(k.data, k.len);
+		h = (uint64_t)XXH64(k.data, k.len, 0);
+	legacy_numbers = prev;
 	sdb_key_free(&k);
 	return (int64_t)h;
 }
 
-int64_t sdb_keyenc_hash_encoded(const uint8_t *enc, size_t len)
+/* Does enc (an encoded value) hold a number bracket byte below its first byte? Without a
+ * decoder that cannot tell a nested number from a string byte: true means "maybe". */
+static bool nested_number_maybe(const uint8_t *enc, size_t len)
 {
-	return (int64_t)XXH64(enc, len, 0);
+	return len > 1 && memchr(enc + 1, 0x1e, len - 1) != NULL;
+}
+
+bool sdb_keyenc_hash_encoded(const uint8_t *enc, size_t len, int64_t *out)
+{
+	uint8_t b[29];
+	bson_value_t v = {.value_type = BSON_TYPE_DECIMAL128};
+	uint64_t dhi = 0, dlo = 0, hi;
+	int32_t dexp;
+
+	if (len == 0)
+		return false;
+	switch (enc[0]) {
+	case 0x1e: /* number */
+		if (len != 29) {
+			/* no inexact decimal: the exact and the frozen encodings are the same bytes
+			 * (int, long, double and decimals with at most 64 significant bits) */
+			break;
+		}
+		/* CLS EXP2 FRAC8 DEXP2 COEF15 of a decimal no 64-bit binary value equals: rebuild
+		 * that decimal (coefficient * 10^(dexp - 33)) and hash it the frozen way */
+		memcpy(b, enc, sizeof b);
+		if (b[1] == 2)
+			for (size_t i = 2; i < sizeof b; i++)
+				b[i] ^= 0xff;
+		dexp = (int32_t)(((uint32_t)b[12] << 8) | b[13]) - 32768;
+		for (int i = 14; i < 21; i++)
+			dhi = (dhi << 8) | b[i];
+		for (int i = 21; i < 29; i++)
+			dlo = (dlo << 8) | b[i];
+		{
+			/* the coefficient left-aligned to 34 digits: below the smallest exponent
+			 * drop the trailing zeros the alignment added (an exact division) */
+			__extension__ unsigned __int128 coef =
+				((unsigned __int128)dhi << 64) | dlo;
+			int32_t e = dexp - 33;
+
+			for (; e < -6176; e++)
+				coef /= 10;
+			hi = (uint64_t)(e + 6176) << 49 |
+			     ((uint64_t)(coef >> 64) & UINT64_C(0x1ffffffffffff));
+			dlo = (uint64_t)coef;
+		}
+		if (b[1] == 2)
+			hi |= UINT64_C(1) << 63;
+		v.value.v_decimal128.high = hi;
+		v.value.v_decimal128.low = dlo;
+		*out = sdb_keyenc_hash_value(&v);
+		return true;
+	case 0x32: /* object, array, code with scope: a nested decimal may be encoded exactly */
+	case 0x3c:
+	case 0x96:
+		if (nested_number_maybe(enc, len))
+			return false;
+		break;
+	default:
+		break;
+	}
+	*out = (int64_t)XXH64(enc, len, 0);
+	return true;
 }

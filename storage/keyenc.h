@@ -114,17 +114,35 @@ int sdb_key_cmp_raw(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen
  * Use: all compound keys whose first component equals v are in [enc(v), succ(enc(v))). */
 bool sdb_key_prefix_successor(const uint8_t *prefix, size_t len, sdb_key *out);
 
+/* While on, this thread encodes numbers in their frozen pre-exact form (decimals through
+ * long double, common/bsonval.h sdb_bson_num_canon_legacy): the keys releases before the
+ * exact decimal order wrote. For the store's one-time re-key (storage/store.c), which
+ * computes a document's old index keys to delete them, and for the hash below. Returns the
+ * previous setting (restore it when done). */
+bool sdb_keyenc_legacy_numbers(bool on);
+
 /* The hash of a value for hashed indexes and hashed shard keys (one function serves the
  * shard's hashed indexes, storage/keys.c, and the router, src/routing/route.c):
- *     (int64_t) XXH64(enc(v) ascending, seed 0)
- * enc maps equal numbers of different types (5, 5.0, NumberLong(5)) to the same bytes, so
- * they hash equally, as in MongoDB. v NULL means missing and hashes as null. A value
- * that cannot be encoded (nested deeper than SDB_BSON_MAX_DEPTH) hashes as 0. Never
- * fails. The index key of a hashed index is the encoding of NumberLong(this hash). */
+ *     (int64_t) XXH64(legacy-enc(v) ascending, seed 0)
+ * legacy-enc is this file's encoding with numbers in their frozen pre-exact form
+ * (common/bsonval.h sdb_bson_num_canon_legacy: a decimal128 through its nearest long
+ * double). The hash is persistent data (hashed index keys on disk, hashed shard key chunk
+ * bounds in metadata), so its bytes never change: MongoDB's hashed index likewise hashes
+ * a fixed canonical form (mongo/db/hasher.cpp). Decimals that differ only past ~19
+ * significant digits therefore hash equally, a collision like any other (the matcher
+ * checks what a hashed index returns). Equal numbers of different types (5, 5.0,
+ * NumberLong(5), NumberDecimal("5.00")) hash equally, as in MongoDB. v NULL means missing
+ * and hashes as null. A value that cannot be encoded (nested deeper than
+ * SDB_BSON_MAX_DEPTH) hashes as 0. Never fails. The index key of a hashed index is the
+ * encoding of NumberLong(this hash). tests/unit/test_storage_keyenc.c pins outputs. */
 int64_t sdb_keyenc_hash_value(const bson_value_t *v);
-/* The same hash from a value's ascending encoding (len bytes, as sdb_keyenc_append_value
- * wrote it): sdb_keyenc_hash_value(v) == sdb_keyenc_hash_encoded(enc(v)). The planner
- * hashes the point bounds of an equality this way (storage/query.c). */
-int64_t sdb_keyenc_hash_encoded(const uint8_t *enc, size_t len);
+/* The same hash from a value's ascending (exact) encoding of len bytes, as
+ * sdb_keyenc_append_value wrote it: *out = sdb_keyenc_hash_value(v) for the v that
+ * enc(v) encodes. The planner hashes the point bounds of an equality this way
+ * (storage/query.c). Returns true with *out set; false (*out untouched) when enc is an
+ * object, array or code with scope that may hold a number nested inside (the frozen form
+ * of a nested inexact decimal cannot be rebuilt from its bytes): the caller then plans
+ * without hashed bounds. */
+bool sdb_keyenc_hash_encoded(const uint8_t *enc, size_t len, int64_t *out);
 
 #endif

@@ -155,7 +155,9 @@ static int hashed_iv_cmp(const void *a, const void *b)
 
 /* The bounds of a hashed index from the bounds b of its field's values: each point v
  * becomes the point enc(NumberLong(hash(v))) (sorted, deduplicated); EMPTY stays EMPTY.
- * False (out untouched) for ALL and RANGE: a range of values is no range of hashes. A
+ * False (out untouched) for ALL and RANGE: a range of values is no range of hashes, and
+ * for a point that is a document or array holding a number (its frozen hash cannot be
+ * rebuilt from its exact bytes, storage/keyenc.h sdb_keyenc_hash_encoded). A
  * document matching an equality or $in has a value whose encoding is one of the points
  * (arrays, which the hashed index refuses, aside), so its key is among the hashed points;
  * the matcher still checks every document fetched (hash collisions). */
@@ -168,12 +170,18 @@ static bool hashed_bounds(const sdb_bounds *b, sdb_bounds *out)
 	}
 	if (b->kind != SDB_BOUNDS_POINTS)
 		return false;
+	for (size_t i = 0; i < b->n; i++) {
+		int64_t h;
+
+		if (!sdb_keyenc_hash_encoded(b->iv[i].lo.data, b->iv[i].lo.len, &h))
+			return false; /* a nested number: hash not computable from its bytes */
+	}
 	memset(out, 0, sizeof *out);
 	out->kind = SDB_BOUNDS_POINTS;
 	out->iv = sdb_calloc(b->n, sizeof *out->iv);
 	for (size_t i = 0; i < b->n; i++) {
 		bson_value_t h = {.value_type = BSON_TYPE_INT64};
-		h.value.v_int64 = sdb_keyenc_hash_encoded(b->iv[i].lo.data, b->iv[i].lo.len);
+		sdb_keyenc_hash_encoded(b->iv[i].lo.data, b->iv[i].lo.len, &h.value.v_int64);
 		sdb_interval *iv = &out->iv[out->n++];
 		sdb_key_init(&iv->lo);
 		sdb_key_init(&iv->hi);

@@ -635,17 +635,16 @@ static void num_from_long_double(long double x, sdb_bson_num *out)
 	out->frac = u << 1;
 }
 
-static void num_canon_legacy(const bson_value_t *v, sdb_bson_num *out)
+bool sdb_bson_num_canon_legacy(const bson_value_t *v, sdb_bson_num *out)
 {
 	char buf[BSON_DECIMAL128_STRING];
 
-	if (v->value_type != BSON_TYPE_DECIMAL128) {
-		sdb_bson_num_canon(v, out);
-		return;
-	}
+	if (v->value_type != BSON_TYPE_DECIMAL128)
+		return sdb_bson_num_canon(v, out);
 	memset(out, 0, sizeof *out);
 	bson_decimal128_to_string(&v->value.v_decimal128, buf);
 	num_from_long_double(strtold(buf, NULL), out);
+	return true;
 }
 
 static int value_cmp(const bson_value_t *a, const bson_value_t *b, int depth, bool legacy)
@@ -685,8 +684,8 @@ static int value_cmp(const bson_value_t *a, const bson_value_t *b, int depth, bo
 			return cmp3_i64(x, y);
 		}
 		if (legacy) {
-			num_canon_legacy(a, &na);
-			num_canon_legacy(b, &nb);
+			sdb_bson_num_canon_legacy(a, &na);
+			sdb_bson_num_canon_legacy(b, &nb);
 			return sdb_bson_num_cmp(&na, &nb);
 		}
 		if (a->value_type == BSON_TYPE_DECIMAL128 || b->value_type == BSON_TYPE_DECIMAL128) {
@@ -825,6 +824,15 @@ int sdb_bson_doc_cmp(const bson_t *a, const bson_t *b)
 bool sdb_bson_value_eq(const bson_value_t *a, const bson_value_t *b)
 {
 	return value_cmp(a, b, 0, false) == 0;
+}
+
+int sdb_bson_value_cmp_v4(const bson_value_t *a, const bson_value_t *b)
+{
+	const sdb_bson_collator *prev = sdb_bson_collator_set(NULL);
+	int r = value_cmp(a, b, 0, true);
+
+	sdb_bson_collator_set(prev);
+	return r;
 }
 
 int sdb_bson_value_cmp_simple(const bson_value_t *a, const bson_value_t *b)

@@ -112,6 +112,16 @@ typedef struct sdb_bson_num {
  * false (and sets *out to zero) when v is not a number. */
 bool sdb_bson_num_canon(const bson_value_t *v, sdb_bson_num *out);
 
+/* sdb_bson_num_canon as releases before the exact decimal order computed it: a decimal128
+ * through its nearest long double (x86-64: 64-bit significand; strtold of its string, so
+ * decimals below the long double range read as 0 and above it as +-inf); int32, int64 and
+ * double exactly as sdb_bson_num_canon. Bit 0 of frac is never set (dexp/dhi/dlo zero).
+ * Frozen: the hashed index and hashed shard key hash (storage/keyenc.h
+ * sdb_keyenc_hash_value) and the op-version-4 chunk-bound order (sdb_bson_key_cmp_v4)
+ * are defined by it, so its output must never change. Returns false (and *out zero) when
+ * v is not a number. */
+bool sdb_bson_num_canon_legacy(const bson_value_t *v, sdb_bson_num *out);
+
 /* Three-way compare of two canonical numbers. Returns: <0, 0, >0 (never an error). */
 int sdb_bson_num_cmp(const sdb_bson_num *a, const sdb_bson_num *b);
 
@@ -175,6 +185,11 @@ int sdb_bson_key_cmp(const bson_t *a, const bson_t *b);
  * so that every member, whatever its binary, takes the same split/merge decisions while
  * replaying a log; moving chunk bounds to the exact order needs a new op version. */
 int sdb_bson_key_cmp_v4(const bson_t *a, const bson_t *b);
+
+/* One value in the sdb_bson_key_cmp_v4 order, under the simple (binary) collation whatever
+ * the thread's: how routing compares a query's shard-key bound with a chunk bound
+ * (src/routing/route.c). Returns: <0, 0 or >0. */
+int sdb_bson_value_cmp_v4(const bson_value_t *a, const bson_value_t *b);
 
 /* Compare two whole documents as objects (element by element: bracket, name, value).
  * Returns: <0, 0 or >0. */

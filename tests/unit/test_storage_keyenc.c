@@ -749,6 +749,146 @@ static void test_static_path_comp_index(void **state)
 	assert_int_equal(comp_index("a", 1), -1);
 }
 
+/* The hashed index / hashed shard key hash is persistent (index keys on disk, chunk bounds in
+ * metadata): these outputs were computed by the build of main before Decimal128 compared
+ * exactly (935bb4b) and must never change. Decimals that differ only past ~19 digits hash
+ * equally (their frozen form is the nearest long double). */
+enum pin_type { DEC, DBL, LNG, INT };
+static const struct hash_pin {
+	enum pin_type t;
+	const char *dec;
+	double d;
+	int64_t i;
+	int64_t hash;
+} hash_pins[] = {
+	{DEC, "0", 0, 0, INT64_C(8924569608518389251)},
+	{DEC, "-0", 0, 0, INT64_C(8924569608518389251)},
+	{DEC, "1", 0, 0, INT64_C(3235034393090097035)},
+	{DEC, "1.0", 0, 0, INT64_C(3235034393090097035)},
+	{DEC, "1.00", 0, 0, INT64_C(3235034393090097035)},
+	{DEC, "-1", 0, 0, INT64_C(3303350807650136534)},
+	{DEC, "0.1", 0, 0, INT64_C(3748836102303173800)},
+	{DEC, "0.3", 0, 0, INT64_C(-7883631219378635812)},
+	{DEC, "-0.1", 0, 0, INT64_C(2643124114823560814)},
+	{DEC, "2.5", 0, 0, INT64_C(-6245402185582680816)},
+	{DEC, "1234567890123456789012.901", 0, 0, INT64_C(6369089137331914789)},
+	{DEC, "1234567890123456789012.902", 0, 0, INT64_C(6369089137331914789)},
+	{DEC, "1234567890123456789012.903", 0, 0, INT64_C(6369089137331914789)},
+	{DEC, "-1234567890123456789012.902", 0, 0, INT64_C(5254113816263918968)},
+	{DEC, "1.000000000000000000000000000000001", 0, 0, INT64_C(3235034393090097035)},
+	{DEC, "9.999999999999999999999999999999999E+6144", 0, 0, INT64_C(6289209090275509736)},
+	{DEC, "1E-6176", 0, 0, INT64_C(8924569608518389251)},
+	{DEC, "-1E-6176", 0, 0, INT64_C(8924569608518389251)},
+	{DEC, "12345678901234567890", 0, 0, INT64_C(-2967700490945852055)},
+	{DEC, "9223372036854775807", 0, 0, INT64_C(8478723752207645926)},
+	{DEC, "9223372036854775808", 0, 0, INT64_C(5640208316659734213)},
+	{DEC, "3.14159265358979323846264338327950", 0, 0, INT64_C(-2000934187601772887)},
+	{DEC, "1E+400", 0, 0, INT64_C(-1103611042455361292)},
+	{DEC, "NaN", 0, 0, INT64_C(1568093803270359220)},
+	{DEC, "-NaN", 0, 0, INT64_C(1568093803270359220)},
+	{DEC, "Infinity", 0, 0, INT64_C(6289209090275509736)},
+	{DEC, "-Infinity", 0, 0, INT64_C(6979476090002606672)},
+	{DEC, "100.25", 0, 0, INT64_C(8328670909868852328)},
+	{DEC, "0.000001", 0, 0, INT64_C(2102949069190224993)},
+	{DBL, NULL, 0.0, 0, INT64_C(8924569608518389251)},
+	{DBL, NULL, -0.0, 0, INT64_C(8924569608518389251)},
+	{DBL, NULL, 1.0, 0, INT64_C(3235034393090097035)},
+	{DBL, NULL, 0.1, 0, INT64_C(-357099500260382941)},
+	{DBL, NULL, -2.5, 0, INT64_C(-756075230481211806)},
+	{DBL, NULL, 1e300, 0, INT64_C(466133786247615008)},
+	{DBL, NULL, 9007199254740993.0, 0, INT64_C(8595103018120587114)},
+	{DBL, NULL, 1.0 / 3.0, 0, INT64_C(7190172037984143058)},
+	{LNG, NULL, 0, INT64_C(0), INT64_C(8924569608518389251)},
+	{LNG, NULL, 0, INT64_C(1), INT64_C(3235034393090097035)},
+	{LNG, NULL, 0, INT64_C(-1), INT64_C(3303350807650136534)},
+	{LNG, NULL, 0, INT64_C(9223372036854775807), INT64_C(8478723752207645926)},
+	{LNG, NULL, 0, INT64_MIN, INT64_C(-6572878590374656841)},
+	{LNG, NULL, 0, INT64_C(1234567890123), INT64_C(-8169827024519678077)},
+	{INT, NULL, 0, 0, INT64_C(8924569608518389251)},
+	{INT, NULL, 0, 1, INT64_C(3235034393090097035)},
+	{INT, NULL, 0, -1, INT64_C(3303350807650136534)},
+	{INT, NULL, 0, 2147483647, INT64_C(-448167640339093878)},
+	{INT, NULL, 0, -2147483648, INT64_C(7098782309295932069)},
+	{INT, NULL, 0, 42, INT64_C(8206821337190021826)},
+};
+
+static void test_hash_pinned(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < sizeof hash_pins / sizeof hash_pins[0]; i++) {
+		const struct hash_pin *p = &hash_pins[i];
+		bson_value_t v;
+		sdb_key k;
+		char err[64];
+		int64_t h = 0;
+
+		memset(&v, 0, sizeof v);
+		switch (p->t) {
+		case DEC:
+			v.value_type = BSON_TYPE_DECIMAL128;
+			assert_true(bson_decimal128_from_string(p->dec, &v.value.v_decimal128));
+			break;
+		case DBL:
+			v.value_type = BSON_TYPE_DOUBLE;
+			v.value.v_double = p->d;
+			break;
+		case LNG:
+			v.value_type = BSON_TYPE_INT64;
+			v.value.v_int64 = p->i;
+			break;
+		case INT:
+			v.value_type = BSON_TYPE_INT32;
+			v.value.v_int32 = (int32_t)p->i;
+			break;
+		}
+		if (sdb_keyenc_hash_value(&v) != p->hash)
+			fail_msg("pin %zu (%s): hash %lld, pinned %lld", i, p->dec ? p->dec : "-",
+				 (long long)sdb_keyenc_hash_value(&v), (long long)p->hash);
+		/* the planner's path: the same hash from the exact encoding */
+		sdb_key_init(&k);
+		assert_int_equal(sdb_keyenc_append_value(&k, &v, false, err, sizeof err), 0);
+		assert_true(sdb_keyenc_hash_encoded(k.data, k.len, &h));
+		if (h != p->hash)
+			fail_msg("pin %zu (%s): hash from encoding %lld, pinned %lld", i,
+				 p->dec ? p->dec : "-", (long long)h, (long long)p->hash);
+		sdb_key_free(&k);
+	}
+}
+
+/* Nested numbers: the frozen hash of a document or array holding a decimal (pinned as
+ * above); from an exact encoding it is not computable, and hash_encoded says so. */
+static void test_hash_pinned_nested(void **state)
+{
+	static const struct {
+		const char *json;
+		int64_t hash;
+	} pins[] = {
+		{"{\"a\": [{\"$numberDecimal\": \"0.1\"}, 2.5]}", INT64_C(-5499634122029085523)},
+		{"{\"a\": {\"x\": {\"$numberDecimal\": \"-7.000000000000000000000000000000001\"}}}",
+		 INT64_C(-7055928438284443264)},
+	};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof pins / sizeof pins[0]; i++) {
+		bson_error_t e;
+		bson_t *d = bson_new_from_json((const uint8_t *)pins[i].json, -1, &e);
+		bson_iter_t it;
+		sdb_key k;
+		char err[64];
+		int64_t h = 0;
+
+		assert_non_null(d);
+		assert_true(bson_iter_init_find(&it, d, "a"));
+		assert_int_equal(sdb_keyenc_hash_value(bson_iter_value(&it)), pins[i].hash);
+		sdb_key_init(&k);
+		assert_int_equal(sdb_keyenc_append_value(&k, bson_iter_value(&it), false, err,
+							 sizeof err), 0);
+		assert_false(sdb_keyenc_hash_encoded(k.data, k.len, &h));
+		sdb_key_free(&k);
+		bson_destroy(d);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -763,6 +903,8 @@ int main(void)
 		cmocka_unit_test(test_sort_value),
 		cmocka_unit_test(test_path_valid),
 		cmocka_unit_test(test_static_path_comp_index),
+		cmocka_unit_test(test_hash_pinned),
+		cmocka_unit_test(test_hash_pinned_nested),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
