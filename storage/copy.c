@@ -79,6 +79,7 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 	sqlite3_backup *bk;
 	int rc = SDB_EIO;
 	int64_t gen_before = store_query_int(c, "SELECT v FROM meta WHERE k='catalog_gen'", 0);
+	int64_t keyenc = 0;
 
 	if (c->in_txn || c->apply)
 		return sdb_errf(err, errlen, SDB_EINVAL, "replace: a transaction is open");
@@ -95,6 +96,12 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 			    SQLITE_OK &&
 		    sqlite3_step(s) == SQLITE_ROW)
 			fmt = sqlite3_column_int64(s, 0);
+		sqlite3_finalize(s);
+		s = NULL;
+		if (sqlite3_prepare_v2(src, "SELECT v FROM meta WHERE k='keyenc'", -1, &s, NULL) ==
+			    SQLITE_OK &&
+		    sqlite3_step(s) == SQLITE_ROW)
+			keyenc = sqlite3_column_int64(s, 0);
 		sqlite3_finalize(s);
 		if (fmt != STORE_FORMAT) {
 			rc = sdb_errf(err, errlen, SDB_ECORRUPT,
@@ -150,6 +157,13 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 	pthread_mutex_unlock(&c->st->write_mu);
 	c->cache_gen = -1;
 	rc = 0;
+	/* A copy from a member of a release before exact decimal keys: re-key it as open does
+	 * (store.c store_migrate_decimal_keys, one transaction). On a member installing a
+	 * snapshot the caller is the only writer (the apply path), so nothing writes between
+	 * the copy and the re-key; readers in between may miss a decimal (as during any
+	 * install, their answers then are of no committed state anyway). */
+	if (keyenc < 2)
+		rc = store_migrate_decimal_keys(c->st, err, errlen);
 out:
 	sqlite3_close(src);
 	return rc;

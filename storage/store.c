@@ -281,7 +281,6 @@ static int conn_pragmas(sdb_store *st, sqlite3 *db, char *err, size_t errlen)
 	return store_exec_sql(db, "PRAGMA mmap_size=1073741824", err, errlen);
 }
 
-static int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen);
 
 int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out, char *err,
 		   size_t errlen)
@@ -1124,10 +1123,28 @@ static bool doc_has_decimal(bson_iter_t *it, int depth)
 /* Stores written before Decimal128 compared exactly (meta 'keyenc' absent) keyed decimals
  * through long double: re-key every document holding a decimal (its _id key, and its
  * entries in every index, hashed ones included) with the exact encoding, once, then set
- * meta keyenc = 2. The exact order is finer than the old one, so no new duplicate can
- * appear, and the new keys of decimals that need more than 64 bits (frac bit 0 set) never
- * equal an old key, so re-keyed rows never collide with rows not yet visited. */
-static int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen)
+ * meta keyenc = 2.
+ * - Atomic: one SQLite write transaction; a crash (SIGKILL, power) anywhere before its
+ *   commit leaves the store as it was (WAL), and the next open starts over. No entry can
+ *   be lost or duplicated half-way.
+ * - No collisions: the exact order is finer than the old one, so no new duplicate can
+ *   appear, and the new keys of decimals that need more than 64 bits (frac bit 0 set)
+ *   never equal an old key, so re-keyed rows never collide with rows not yet visited.
+ * - Old index entries are found by their keys, recomputed in the old encoding
+ *   (sdb_keyenc_legacy_numbers), and deleted through the (k, id) primary key: no index
+ *   table scan per document. A partial index's filter is not consulted for the delete
+ *   (absent keys delete nothing), so an entry the old order admitted and the exact order
+ *   does not goes too; indexes_add then applies the filter exactly.
+ * - Cost: one pass over every collection's documents (each parsed once to look for a
+ *   decimal), memory for the _id keys of the documents holding one (the documents are
+ *   read again one by one), index work only for those documents; the WAL grows by the
+ *   rewritten rows until the commit's checkpoint.
+ * - Replica sets: every member runs this on its own store at open, deterministically
+ *   (the keys are functions of the documents); the Raft log carries documents, never
+ *   keys, so entries apply the same way whatever encoding the member had. A snapshot copied
+ *   from another member (sdb_store_replace_from, storage/copy.c) runs it again when the
+ *   copy came from a member of an older release. */
+int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen)
 {
 	sdb_store_conn *c = NULL;
 	int rc = sdb_store_conn_open(st, &c, err, errlen);
@@ -1144,9 +1161,8 @@ static int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen)
 	rc = store_cache_load(c, err, errlen);
 	for (size_t ci = 0; rc == 0 && ci < c->n_colls; ci++) {
 		sdb_store_coll *co = &c->colls[ci];
-		char sql[160];
+		char sql[160], sel[160];
 		sdb_key *oldk = NULL;
-		bson_t **docs = NULL;
 		size_t n = 0, cap = 0;
 
 		snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld", (long long)co->tbl);
@@ -1156,43 +1172,55 @@ static int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen)
 			break;
 		}
 		while (sqlite3_step(s) == SQLITE_ROW) {
-			bson_t *doc = bson_new_from_data(sqlite3_column_blob(s, 1),
-							 (size_t)sqlite3_column_bytes(s, 1));
+			bson_t doc;
 			bson_iter_t it;
 
-			if (!doc || !bson_iter_init(&it, doc) || !doc_has_decimal(&it, 0)) {
-				if (doc)
-					bson_destroy(doc);
+			if (!bson_init_static(&doc, sqlite3_column_blob(s, 1),
+					      (size_t)sqlite3_column_bytes(s, 1)) ||
+			    !bson_iter_init(&it, &doc) || !doc_has_decimal(&it, 0))
 				continue;
-			}
 			if (n == cap) {
 				cap = cap ? cap * 2 : 16;
 				oldk = sdb_realloc(oldk, cap * sizeof *oldk);
-				docs = sdb_realloc(docs, cap * sizeof *docs);
 			}
 			sdb_key_init(&oldk[n]);
 			sdb_key_append(&oldk[n], sqlite3_column_blob(s, 0),
 				       (size_t)sqlite3_column_bytes(s, 0));
-			docs[n++] = doc;
+			n++;
 		}
 		sqlite3_reset(s);
+		snprintf(sel, sizeof sel, "SELECT doc FROM c_%lld WHERE k = ?", (long long)co->tbl);
 		for (size_t i = 0; i < n; i++) {
 			sdb_key newk;
 			bson_iter_t id_it;
+			bson_t *doc = NULL;
 
 			sdb_key_init(&newk);
-			if (rc == 0)
-				rc = store_id_key(docs[i], &newk, &id_it, NULL, err, errlen);
-			for (size_t x = 0; rc == 0 && x < co->n_indexes; x++) {
-				snprintf(sql, sizeof sql, "DELETE FROM i_%lld WHERE id = ?",
-					 (long long)co->indexes[x].tbl);
-				s = store_stmt_get(c, sql, err, errlen);
+			if (rc == 0) {
+				s = store_stmt_get(c, sel, err, errlen);
 				if (!s) {
 					rc = SDB_EIO;
-					break;
+				} else {
+					sqlite3_bind_blob(s, 1, oldk[i].data, (int)oldk[i].len,
+							  SQLITE_STATIC);
+					if (sqlite3_step(s) == SQLITE_ROW)
+						doc = bson_new_from_data(
+							sqlite3_column_blob(s, 0),
+							(size_t)sqlite3_column_bytes(s, 0));
+					sqlite3_reset(s);
+					if (!doc)
+						rc = sdb_errf(err, errlen, SDB_ECORRUPT,
+							      "decimal re-key: a document vanished or "
+							      "does not parse");
 				}
-				sqlite3_bind_blob(s, 1, oldk[i].data, (int)oldk[i].len, SQLITE_STATIC);
-				rc = store_step_done(c, s, err, errlen, "decimal re-key: index delete");
+			}
+			if (rc == 0)
+				rc = store_id_key(doc, &newk, &id_it, NULL, err, errlen);
+			if (rc == 0) {
+				bool prev = sdb_keyenc_legacy_numbers(true);
+
+				rc = indexes_remove(c, co, doc, &oldk[i], err, errlen);
+				sdb_keyenc_legacy_numbers(prev);
 			}
 			if (rc == 0 && sdb_key_cmp(&newk, &oldk[i]) != 0) {
 				snprintf(sql, sizeof sql, "UPDATE c_%lld SET k = ? WHERE k = ?",
@@ -1208,13 +1236,13 @@ static int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen)
 				}
 			}
 			if (rc == 0)
-				rc = indexes_add(c, co, docs[i], &newk, NULL, err, errlen);
+				rc = indexes_add(c, co, doc, &newk, NULL, err, errlen);
 			sdb_key_free(&newk);
 			sdb_key_free(&oldk[i]);
-			bson_destroy(docs[i]);
+			if (doc)
+				bson_destroy(doc);
 		}
 		free(oldk);
-		free(docs);
 	}
 	if (rc == 0)
 		rc = sdb_store_meta_put(c, "keyenc", "2", err, errlen);

@@ -204,6 +204,13 @@ bool sdb_store_int_in_write(const sdb_store_conn *c);
 void store_stmt_forget_all(sdb_store_conn *c);
 /* Drop c's catalog cache (collections, indexes); reloaded by store_cache_load. store.c. */
 void store_cache_clear(sdb_store_conn *c);
+/* Re-key, once, the decimal _id and index keys of a store written before Decimal128 keys
+ * were exact (meta keyenc absent or below 2), then set keyenc = 2; a no-op when set. One
+ * write transaction on a connection of its own (see store.c for crash safety and cost).
+ * Errors: SDB_EIO, SDB_ECORRUPT (a document does not parse), SDB_EINVAL (an _id that
+ * cannot be keyed), SDB_EEXISTS (a unique index refuses): the store is left as it was.
+ * store.c; called by sdb_store_open and sdb_store_replace_from (copy.c). */
+int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen);
 /* Load c's catalog cache from the catalog tables when the catalog generation moved.
  * Errors: SDB_EIO (message in err). catalog.c. */
 int store_cache_load(sdb_store_conn *c, char *err, size_t errlen);

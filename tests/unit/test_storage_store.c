@@ -324,20 +324,26 @@ static void test_check_finds_a_missing_index_entry(void **state)
 }
 
 /* A store written before Decimal128 keys were exact (meta 'keyenc' absent): opening it
- * re-keys the documents holding decimals (_id key and index entries) once. The stale keys
- * are simulated by rewriting them behind the store's back. */
+ * re-keys the documents holding decimals (_id key and index entries, a unique index and a
+ * hashed one among them) once. The old keys are the real ones: the documents are written
+ * while this thread encodes numbers the frozen way (sdb_keyenc_legacy_numbers), as a
+ * binary of that release wrote them, and the keyenc mark is then removed. */
 static void test_decimal_keys_migrated_on_open(void **state)
 {
 	fx *f = *state;
 	const char *docs_json[] = {
-		"{\"_id\": {\"$numberDecimal\": \"0.1\"}, \"a\": {\"$numberDecimal\": \"19.99\"}}",
-		"{\"_id\": 2, \"a\": {\"$numberDecimal\": \"1.000000000000000000001\"}}",
-		"{\"_id\": {\"$numberDecimal\": \"2.5\"}, \"a\": [{\"$numberDecimal\": \"7.7\"}, 1]}",
+		"{\"_id\": {\"$numberDecimal\": \"0.1\"}, \"a\": {\"$numberDecimal\": \"19.99\"}, \"u\": 1}",
+		"{\"_id\": 2, \"a\": {\"$numberDecimal\": \"1.000000000000000000001\"}, \"u\": 2}",
+		"{\"_id\": {\"$numberDecimal\": \"2.5\"}, \"a\": [{\"$numberDecimal\": \"7.7\"}, 1], \"u\": 3}",
+		"{\"_id\": {\"$numberDecimal\": \"1234567890123456789012.901\"}, \"a\": 1, \"u\": {\"$numberDecimal\": \"1234567890123456789012.901\"}}",
+		"{\"_id\": 5, \"a\": 2, \"u\": {\"$numberDecimal\": \"1234567890123456789012.902\"}}",
 	};
+	const size_t ndocs = sizeof docs_json / sizeof docs_json[0];
 	bson_error_t je;
+	bool prev = sdb_keyenc_legacy_numbers(true);
 
 	begin_w(f);
-	for (size_t i = 0; i < 3; i++) {
+	for (size_t i = 0; i < ndocs; i++) {
 		bson_t *d = bson_new_from_json((const uint8_t *)docs_json[i], -1, &je);
 
 		assert_non_null(d);
@@ -353,51 +359,52 @@ static void test_decimal_keys_migrated_on_open(void **state)
 						f->err, sizeof f->err),
 			 0);
 	bson_destroy(spec);
+	/* no unique one on u: under the old order .901 and .902 were one key (the bug) */
+	spec = BCON_NEW("key", "{", "u", BCON_UTF8("hashed"), "}", "name", "u_hashed");
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 0);
+	bson_destroy(spec);
 	commit(f);
+	sdb_keyenc_legacy_numbers(prev);
 	fx_close(f);
 
-	char path[300], sql[400];
+	char path[300];
 	snprintf(path, sizeof path, "%s/shard.db", f->dir);
 	sqlite3 *db;
-	sqlite3_stmt *s;
-	long long ctbl, itbl;
 	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-	assert_int_equal(sqlite3_prepare_v2(db, "SELECT (SELECT tbl FROM catalog_coll), "
-						"(SELECT tbl FROM catalog_index WHERE name = 'a_1')",
-					    -1, &s, NULL),
+	assert_int_equal(sqlite3_exec(db, "DELETE FROM meta WHERE k = 'keyenc'", NULL, NULL, NULL),
 			 SQLITE_OK);
-	assert_int_equal(sqlite3_step(s), SQLITE_ROW);
-	ctbl = sqlite3_column_int64(s, 0);
-	itbl = sqlite3_column_int64(s, 1);
-	sqlite3_finalize(s);
-	snprintf(sql, sizeof sql,
-		 "UPDATE c_%lld SET k = CAST(X'FF' || k AS BLOB); DELETE FROM i_%lld;"
-		 "INSERT INTO i_%lld(k, id) SELECT CAST(X'01' || k AS BLOB), k FROM c_%lld;"
-		 "DELETE FROM meta WHERE k = 'keyenc';",
-		 ctbl, itbl, itbl, ctbl);
-	assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
 	sqlite3_close(db);
 
-	fx_open(f, 0);
-	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
-	bson_t problems = BSON_INITIALIZER;
-	int np = -1;
-	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
-	if (np != 0) {
-		char *j = bson_as_relaxed_extended_json(&problems, NULL);
-		fail_msg("problems after the re-key: %s", j);
+	for (int round = 0; round < 2; round++) { /* the second open finds keyenc = 2 */
+		fx_open(f, 0);
+		assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+		bson_t problems = BSON_INITIALIZER;
+		int np = -1;
+		assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+		if (np != 0) {
+			char *j = bson_as_relaxed_extended_json(&problems, NULL);
+			fail_msg("problems after the re-key: %s", j);
+		}
+		bson_destroy(&problems);
+		for (size_t i = 0; i < ndocs; i++) {
+			bson_t *q = bson_new_from_json((const uint8_t *)docs_json[i], -1, &je);
+			bson_iter_t id;
+			bson_t out;
+			assert_true(bson_iter_init_find(&id, q, "_id"));
+			assert_int_equal(sdb_store_get_by_id(f->c, "db", "c", &id, &out, f->err,
+							     sizeof f->err),
+					 0);
+			assert_true(bson_equal(&out, q));
+			bson_destroy(&out);
+			bson_destroy(q);
+		}
+		assert_int_equal(sdb_store_count(f->c, "db", "c"), (int64_t)ndocs);
+		sdb_store_rollback(f->c);
+		if (round == 0)
+			fx_close(f);
 	}
-	bson_destroy(&problems);
-	bson_t *q = bson_new_from_json((const uint8_t *)docs_json[0], -1, &je);
-	bson_iter_t id;
-	bson_t out;
-	assert_true(bson_iter_init_find(&id, q, "_id"));
-	assert_int_equal(sdb_store_get_by_id(f->c, "db", "c", &id, &out, f->err, sizeof f->err),
-			 0);
-	assert_true(bson_equal(&out, q));
-	bson_destroy(&out);
-	bson_destroy(q);
-	sdb_store_rollback(f->c);
 }
 
 /* sdb_query_spec.range_field (issue #17, a migration reading one chunk): an index scan of
