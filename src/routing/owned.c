@@ -20,17 +20,23 @@ struct route_owned {
 	uint8_t *bytes; /* every bound, back to back */
 };
 
-/* Append the encoding of a bound document (one element per key field) to k. */
+/* Append the encoding of a bound document (one element per key field) to k, numbers in
+ * the frozen form (storage/keyenc.h sdb_keyenc_legacy_numbers) as route_key_encode encodes
+ * documents' keys: memcmp order is then route_key_cmp's order. */
 static int bound_encode(const bson_t *b, sdb_key *k, char *err, size_t errlen)
 {
 	bson_iter_t it;
+	bool legacy;
+	int rc = 0;
 
 	if (!bson_iter_init(&it, b))
 		return sdb_errf(err, errlen, SDB_EINVAL, "corrupt chunk bound");
-	while (bson_iter_next(&it))
+	legacy = sdb_keyenc_legacy_numbers(true);
+	while (rc == 0 && bson_iter_next(&it))
 		if (sdb_keyenc_append_iter(k, &it, false, err, errlen) != 0)
-			return SDB_EINVAL;
-	return 0;
+			rc = SDB_EINVAL;
+	sdb_keyenc_legacy_numbers(legacy);
+	return rc;
 }
 
 int route_owned_build(route_coll *c, route_owned **out, char *err, size_t errlen)

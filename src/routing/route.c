@@ -65,8 +65,9 @@ void route_coll_unref(route_coll *c)
 
 int route_key_cmp(const bson_t *a, const bson_t *b)
 {
-	/* the one key order, shared with the metadata state machine (common/bsonval.h) */
-	return sdb_bson_key_cmp(a, b);
+	/* the one chunk-membership order, shared with the metadata state machine (op version
+	 * 4: decimals through long double, common/bsonval.h) */
+	return sdb_bson_key_cmp_v4(a, b);
 }
 
 static int chunk_qsort_cmp(const void *a, const void *b)
@@ -698,6 +699,7 @@ int route_key_encode(const route_coll *c, const bson_t *doc, sdb_key *out)
 	size_t start = out->len, i;
 	bson_iter_t it;
 	bson_value_t v;
+	bool legacy;
 	char err[64];
 
 	for (i = 0; i < c->nkeys; i++) {
@@ -716,7 +718,10 @@ int route_key_encode(const route_coll *c, const bson_t *doc, sdb_key *out)
 			v.value_type = BSON_TYPE_INT64;
 			v.value.v_int64 = h;
 		}
-		if (sdb_keyenc_append_value(out, &v, false, err, sizeof err) != 0)
+		legacy = sdb_keyenc_legacy_numbers(true); /* route_key_cmp's order */
+		r = sdb_keyenc_append_value(out, &v, false, err, sizeof err);
+		sdb_keyenc_legacy_numbers(legacy);
+		if (r != 0)
 			goto bad;
 	}
 	return 0;
@@ -863,10 +868,11 @@ static void cond_find(const bson_t *filter, const char *path, cond *cd, int dept
 	}
 }
 
+/* A chunk bound's first value vs a query's bound v in route_key_cmp's order (decimals
+ * through long double), binary whatever the request's collation. */
 static int value_cmp_bound(const bson_iter_t *first_of_bound, const bson_value_t *v)
 {
-	/* chunk bounds are binary, whatever the request's collation */
-	return sdb_bson_value_cmp_simple(bson_iter_value((bson_iter_t *)first_of_bound), v);
+	return sdb_bson_value_cmp_v4(bson_iter_value((bson_iter_t *)first_of_bound), v);
 }
 
 static bool first_elem(const bson_t *doc, bson_iter_t *it)
@@ -890,6 +896,11 @@ static size_t select_first_range(const route_coll *c, const bson_value_t *lo,
 			n++;
 			continue;
 		}
+		/* A chunk holds the documents whose key is in [min, max) by route_key_cmp, in
+		 * which a number ties every number with the same nearest long double: one below
+		 * min by exact value can be in the chunk, one at or above max cannot. So max
+		 * compares as route_key_cmp does (its documents are below max exactly too), and a
+		 * min that ties a numeric hi keeps the chunk even when hi is exclusive. */
 		if (lo != NULL) {
 			int r = value_cmp_bound(&mx, lo);
 			if (r < 0 || (r == 0 && c->nkeys == 1))
@@ -897,7 +908,8 @@ static size_t select_first_range(const route_coll *c, const bson_value_t *lo,
 		}
 		if (hi != NULL) {
 			int r = value_cmp_bound(&mn, hi);
-			if (r > 0 || (r == 0 && !hi_incl))
+			if (r > 0 || (r == 0 && !hi_incl && sdb_bson_bracket(hi->value_type) !=
+								   SDB_BRACKET_NUMBER))
 				continue;
 		}
 		sel[i] = true;

@@ -35,8 +35,10 @@
  * its shard key once (into the query's reused buffer) and a memcmp binary search, with the
  * previous document's range tried first (O(1) per document for a scan in shard-key order).
  */
-#include <pthread.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -528,6 +530,53 @@ void shard_filtering_release(shard_ctx *x)
 	x->owner = NULL;
 }
 
+/* The scan start for a chunk whose min's first value is the number v. The chunk holds the
+ * documents whose key is at or above min by route_key_cmp, where a number ties every
+ * number with the same nearest long double L (common/bsonval.h sdb_bson_key_cmp_v4): some
+ * of them lie below v by exact value, which is the shard-key index's order. They all lie
+ * above the long double p just below L (nearest rounding is monotonic), so the scan starts
+ * at p rounded to 34 digits, a Decimal128 (its rounding error, 1 part in 10^33, is far
+ * below half the distance from p to L, 1 part in 2^65, so no such document is skipped);
+ * the orphan filter drops the documents of [p, min) that are not in the chunk. NaN ties
+ * only NaN: v itself. */
+static void key_range_lo_widen(const bson_value_t *v, bson_value_t *out)
+{
+	char buf[BSON_DECIMAL128_STRING + 16];
+	long double l, p;
+
+	switch (v->value_type) {
+	case BSON_TYPE_INT32:
+		l = v->value.v_int32;
+		break;
+	case BSON_TYPE_INT64:
+		l = (long double)v->value.v_int64;
+		break;
+	case BSON_TYPE_DOUBLE:
+		l = v->value.v_double;
+		break;
+	case BSON_TYPE_DECIMAL128:
+		bson_decimal128_to_string(&v->value.v_decimal128, buf);
+		l = strtold(buf, NULL);
+		break;
+	default:
+		*out = *v;
+		return;
+	}
+	if (isnan(l)) {
+		*out = *v;
+		return;
+	}
+	p = nextafterl(l, -INFINITY);
+	if (isinf(p))
+		snprintf(buf, sizeof buf, "%s", p < 0 ? "-Infinity" : "Infinity");
+	else
+		snprintf(buf, sizeof buf, "%.33Le", p);
+	memset(out, 0, sizeof *out);
+	out->value_type = BSON_TYPE_DECIMAL128;
+	if (!bson_decimal128_from_string(buf, &out->value.v_decimal128))
+		*out = *v; /* not reached: glibc prints what libbson parses */
+}
+
 int shard_filtering_key_range(shard_ctx *x, const char *ns, const bson_t *kr,
 			      shard_key_range *r, sdb_query_spec *spec)
 {
@@ -609,8 +658,12 @@ int shard_filtering_key_range(shard_ctx *x, const char *ns, const bson_t *kr,
 	spec->range_field = rc->keys[0];
 	spec->range_hi_incl = rc->nkeys > 1;
 	if (bson_iter_init_find(&r->lo, &min, rc->keys[0]) &&
-	    bson_iter_type(&r->lo) != BSON_TYPE_MINKEY)
-		spec->range_lo = bson_iter_value(&r->lo);
+	    bson_iter_type(&r->lo) != BSON_TYPE_MINKEY) {
+		/* a numeric min: from below the numbers that tie it (key_range_lo_widen) */
+		key_range_lo_widen(bson_iter_value(&r->lo), &r->lo_wide);
+		spec->range_lo = &r->lo_wide;
+	}
+	/* max as it is: a document below max by route_key_cmp is below it exactly too */
 	if (bson_iter_init_find(&r->hi, &max, rc->keys[0]) &&
 	    bson_iter_type(&r->hi) != BSON_TYPE_MAXKEY)
 		spec->range_hi = bson_iter_value(&r->hi);

@@ -223,6 +223,52 @@ static void test_empty(void **state)
 	bson_destroy(key);
 }
 
+/* Decimal128 keys around a decimal chunk bound (issue #20): chunks [MinKey, B) and
+ * [B, MaxKey) with B = 1234567890123456789012.902 owned separately. Chunk membership is
+ * route_key_cmp's order (decimals through their nearest long double, the order every chunk
+ * placement was made in before exact decimals), so .901 and .903, which tie B there, are in
+ * B's chunk, as is B and ...9011 (1.9 below; the long doubles there are 128 apart);
+ * ...8000 is not. The owned filter (memcmp of the
+ * frozen encodings) and route_chunk_of_doc agree on every one. */
+static void test_decimal_ties(void **state)
+{
+	(void)state;
+	bson_decimal128_t b, d;
+	bson_t *key = BCON_NEW("k", BCON_INT32(1));
+	assert_true(bson_decimal128_from_string("1234567890123456789012.902", &b));
+	bson_t *mins[1] = {BCON_NEW("k", BCON_DECIMAL128(&b))};
+	bson_t *maxs[1] = {BCON_NEW("k", BCON_MAXKEY)};
+	route_coll *c = coll_of(key, (const bson_t *const *)mins, (const bson_t *const *)maxs, 1);
+	route_owned *o = NULL;
+	char err[128];
+	sdb_key buf;
+	size_t hint = 0;
+	const struct {
+		const char *v;
+		bool owned;
+	} pts[] = {{"1234567890123456789012.901", true}, {"1234567890123456789012.902", true},
+		   {"1234567890123456789012.903", true},  {"1234567890123456789012.9019999", true},
+		   {"1234567890123456788000", false},     {"1234567890123456789011", true},
+		   {"-1234567890123456789012.902", false}, {"1E+30", true}, {"1E+21", false}};
+
+	sdb_key_init(&buf);
+	assert_int_equal(route_owned_build(c, &o, err, sizeof err), 0);
+	for (size_t i = 0; i < sizeof pts / sizeof pts[0]; i++) {
+		assert_true(bson_decimal128_from_string(pts[i].v, &d));
+		bson_t *doc = BCON_NEW("_id", BCON_INT32(1), "k", BCON_DECIMAL128(&d));
+		if (route_owned_has_doc(o, doc, &buf, &hint) != pts[i].owned)
+			fail_msg("%s: owned %d, want %d", pts[i].v, !pts[i].owned, pts[i].owned);
+		check_same(o, doc, &buf, &hint);
+		bson_destroy(doc);
+	}
+	sdb_key_free(&buf);
+	route_owned_unref(o);
+	route_coll_unref(c);
+	bson_destroy(key);
+	bson_destroy(mins[0]);
+	bson_destroy(maxs[0]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -230,6 +276,7 @@ int main(void)
 		cmocka_unit_test(test_compound_alternating),
 		cmocka_unit_test(test_hashed),
 		cmocka_unit_test(test_empty),
+		cmocka_unit_test(test_decimal_ties),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
