@@ -37,7 +37,8 @@
  * Op version 4 (MongoDB's key order for chunk bounds): the leader stamps the cluster op
  * version on shardCollection, splitChunk and mergeChunks; entries stamped >=
  * MIGSTATE_OP_VERSION_KEY_ORDER compare split points and bounds with
- * common/bsonval.h sdb_bson_key_cmp (so a split point is "strictly inside its chunk" by the
+ * common/bsonval.h sdb_bson_key_cmp_v4 (decimals through their nearest long double, the
+ * chunk-membership order of routing and shards, issue #20) (so a split point is "strictly inside its chunk" by the
  * order the proxies route by) and refuse array split points; older ones replay with the
  * earlier order. They also refuse (ConflictingOperationInProgress) to split or merge a chunk
  * that a non-terminal migration holds: the migration would move and clean up the range it

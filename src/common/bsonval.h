@@ -173,17 +173,18 @@ int sdb_bson_value_cmp_simple(const bson_value_t *a, const bson_value_t *b);
 /* Compare two shard-key value documents (e.g. chunk bounds {a: 1, b: MinKey}) component by
  * component in the order above, ignoring field names; when one document ends first it
  * compares below. Returns: <0, 0 or >0; a document libbson cannot iterate compares equal
- * to anything (callers pass validated BSON). Used by routing (route_key_cmp) and by the
- * metadata state machine (raft/fsm.c), so that both order chunks the same way. */
+ * to anything (callers pass validated BSON). Exact for decimals; chunk bounds use
+ * sdb_bson_key_cmp_v4 below (routing and the metadata state machine). */
 int sdb_bson_key_cmp(const bson_t *a, const bson_t *b);
 
 /* sdb_bson_key_cmp as it was before Decimal128 compared exactly: a decimal128 compares
  * through its nearest long double (x86-64: 64-bit significand, so decimals closer than
  * about 1 part in 2^64 to each other or to a double compare equal; the order is a
- * coarsening of the exact one, never an inversion). Returns: <0, 0 or >0. Used only by
- * the metadata state machine for entries stamped op version 4 (raft/fsm.c fsm_cmp_key),
- * so that every member, whatever its binary, takes the same split/merge decisions while
- * replaying a log; moving chunk bounds to the exact order needs a new op version. */
+ * coarsening of the exact one, never an inversion). Returns: <0, 0 or >0. The
+ * chunk-membership order (issue #20): the metadata state machine for entries stamped op
+ * version 4 (raft/fsm.c fsm_cmp_key), routing (src/routing route_key_cmp), the shard's
+ * ownership filter and keyRange reads; every existing chunk placement was made by it, so it
+ * must not change (exact placement would move a stored document that ties a bound). */
 int sdb_bson_key_cmp_v4(const bson_t *a, const bson_t *b);
 
 /* One value in the sdb_bson_key_cmp_v4 order, under the simple (binary) collation whatever

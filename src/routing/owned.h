@@ -10,7 +10,9 @@
  * of the previous document) makes documents read in shard-key order O(1) each.
  *
  * Same answers as route_chunk_of_doc(coll, doc) >= 0 on the snapshot it was built from
- * (keyenc orders values exactly as sdb_bson_cmp does, decimals included).
+ * (bounds and keys are encoded with numbers in the frozen form, storage/keyenc.h
+ * sdb_keyenc_legacy_numbers, so memcmp orders them as route_key_cmp does: decimals through
+ * their nearest long double, the chunk-membership order).
  *
  * Immutable once built, shared by reference counting: worker threads read it without a lock.
  */

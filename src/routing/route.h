@@ -100,8 +100,11 @@ int64_t route_hash_value(const bson_value_t *v);
 
 /* Compare two key values (documents with nkeys elements) component by component in
  * MongoDB order, ignoring names; a shorter document compares below. Returns: <0, 0, >0.
- * The same function as sdb_bson_key_cmp (common/bsonval.h), which metadata orders chunk
- * bounds with from op version 4, so that routing and metadata never disagree. */
+ * The chunk-membership order: sdb_bson_key_cmp_v4 (common/bsonval.h), which metadata orders
+ * chunk bounds with from op version 4, so that routing and metadata never disagree; a
+ * Decimal128 compares through its nearest long double (issue #20: every chunk placement was
+ * made in this order; exact placement would strand documents that tie a bound). The shard's
+ * ownership filter (owned.h) and keyRange reads (src/shard/filtering.c) use it too. */
 int route_key_cmp(const bson_t *a, const bson_t *b);
 
 /* Extract the shard key value of a document (insert, replacement) into out (initialised
