@@ -103,7 +103,7 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 		    sqlite3_step(s) == SQLITE_ROW)
 			keyenc = sqlite3_column_int64(s, 0);
 		sqlite3_finalize(s);
-		if (fmt != STORE_FORMAT) {
+		if (fmt != STORE_FORMAT && fmt != STORE_FORMAT_LONG_DOUBLE_KEYS) {
 			rc = sdb_errf(err, errlen, SDB_ECORRUPT,
 				      "replace: %s is not a stripedb shard store of format %d", path,
 				      STORE_FORMAT);

@@ -246,7 +246,7 @@ static const char *const schema_sql =
 	"CREATE INDEX IF NOT EXISTS txn_sessions_last_use ON txn_sessions(last_use);"
 	"CREATE TABLE IF NOT EXISTS txn_stmts(lsid BLOB NOT NULL, stmt INTEGER NOT NULL,"
 	" result BLOB NOT NULL, PRIMARY KEY(lsid, stmt)) WITHOUT ROWID;"
-	"INSERT OR IGNORE INTO meta(k, v) VALUES('format', 1), ('catalog_gen', 1),"
+	"INSERT OR IGNORE INTO meta(k, v) VALUES('format', 2), ('catalog_gen', 1),"
 	" ('next_tbl', 1), ('oplog_trimmed', 0);";
 
 static int conn_pragmas(sdb_store *st, sqlite3 *db, char *err, size_t errlen)
@@ -338,7 +338,7 @@ int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out,
 		uint64_t b = (uint64_t)sqlite3_column_int64(s, 2);
 		st->last_ts = a > b ? a : b;
 		st->oplog_bytes = (int64_t)sqlite3_column_double(s, 3);
-		if (fmt != STORE_FORMAT) {
+		if (fmt != STORE_FORMAT && fmt != STORE_FORMAT_LONG_DOUBLE_KEYS) {
 			sqlite3_finalize(s);
 			rc = sdb_errf(err, errlen, SDB_ECORRUPT,
 				      "store: %s has format %lld, this build reads %d", st->path,
@@ -1246,6 +1246,8 @@ int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen)
 	}
 	if (rc == 0)
 		rc = sdb_store_meta_put(c, "keyenc", "2", err, errlen);
+	if (rc == 0)
+		rc = store_exec_cached(c, "UPDATE meta SET v = 2 WHERE k = 'format'", err, errlen);
 	if (rc == 0)
 		rc = sdb_store_commit(c, err, errlen);
 	else

@@ -15,7 +15,13 @@
 
 /* ---- shared by store.c, oplog.c, index.c and check.c ---- */
 
-#define STORE_FORMAT 1
+/* The store format this build writes: 2 = Decimal128 keys exact (issue #20). Format 1 files
+ * (decimals keyed through long double) are read too and upgraded in place on open
+ * (store.c store_migrate_decimal_keys, which sets format 2 and meta keyenc = 2 in the
+ * transaction that re-keys); a binary of format 1 refuses a format 2 file, so a downgraded
+ * member or an older member installing a newer snapshot stops instead of misreading keys. */
+#define STORE_FORMAT 2
+#define STORE_FORMAT_LONG_DOUBLE_KEYS 1
 #define STORE_DEFAULT_OPLOG_BYTES (256LL * 1024 * 1024)
 #define STORE_STMT_CACHE 64
 #define STORE_SCAN_IDLE 16 /* idle scan statements kept per connection (scan.c) */

@@ -373,7 +373,9 @@ static void test_decimal_keys_migrated_on_open(void **state)
 	snprintf(path, sizeof path, "%s/shard.db", f->dir);
 	sqlite3 *db;
 	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-	assert_int_equal(sqlite3_exec(db, "DELETE FROM meta WHERE k = 'keyenc'", NULL, NULL, NULL),
+	assert_int_equal(sqlite3_exec(db, "DELETE FROM meta WHERE k = 'keyenc';"
+					  "UPDATE meta SET v = 1 WHERE k = 'format'",
+				      NULL, NULL, NULL),
 			 SQLITE_OK);
 	sqlite3_close(db);
 
@@ -402,9 +404,21 @@ static void test_decimal_keys_migrated_on_open(void **state)
 		}
 		assert_int_equal(sdb_store_count(f->c, "db", "c"), (int64_t)ndocs);
 		sdb_store_rollback(f->c);
-		if (round == 0)
-			fx_close(f);
+		fx_close(f);
+		/* upgraded: format 2 (a format-1 binary refuses it), keyenc 2 */
+		assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+		sqlite3_stmt *st;
+		assert_int_equal(sqlite3_prepare_v2(db, "SELECT (SELECT v FROM meta WHERE k = 'format'),"
+							" (SELECT v FROM meta WHERE k = 'keyenc')",
+						    -1, &st, NULL),
+				 SQLITE_OK);
+		assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+		assert_int_equal(sqlite3_column_int64(st, 0), 2);
+		assert_int_equal(sqlite3_column_int64(st, 1), 2);
+		sqlite3_finalize(st);
+		sqlite3_close(db);
 	}
+	fx_open(f, 0); /* the fixture's teardown closes it */
 }
 
 /* sdb_query_spec.range_field (issue #17, a migration reading one chunk): an index scan of
