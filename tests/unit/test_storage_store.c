@@ -421,6 +421,79 @@ static void test_decimal_keys_migrated_on_open(void **state)
 	fx_open(f, 0); /* the fixture's teardown closes it */
 }
 
+/* A snapshot copied from a member of an earlier version (format 1, keys through long double)
+ * is re-keyed by sdb_store_replace_from after the copy: lookups by decimal _id and the
+ * index check pass, and the store is format 2. */
+static void test_decimal_keys_rekeyed_after_snapshot_install(void **state)
+{
+	fx *f = *state;
+	fx g = {.now_ms = 1700000000000LL};
+	const char *docs_json[] = {
+		"{\"_id\": {\"$numberDecimal\": \"1234567890123456789012.901\"}, \"a\": 1}",
+		/* not ...902: under the old order that was the same _id key (the bug) */
+		"{\"_id\": {\"$numberDecimal\": \"0.1\"}, \"a\": {\"$numberDecimal\": \"0.1\"}}",
+	};
+	bson_error_t je;
+	char path[300];
+	sqlite3 *db;
+	uint64_t applied = 0;
+
+	snprintf(g.dir, sizeof g.dir, "/tmp/sdb-store-test-XXXXXX");
+	assert_non_null(mkdtemp(g.dir));
+	fx_open(&g, 0);
+	bool prev = sdb_keyenc_legacy_numbers(true); /* as a binary of that version keyed them */
+	begin_w(&g);
+	for (size_t i = 0; i < 2; i++) {
+		bson_t *d = bson_new_from_json((const uint8_t *)docs_json[i], -1, &je);
+		assert_int_equal(sdb_store_insert(g.c, "db", "c", d, NULL, NULL, g.err, sizeof g.err),
+				 0);
+		bson_destroy(d);
+	}
+	bson_t *spec = BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1");
+	bool created;
+	int code;
+	assert_int_equal(sdb_store_index_create(g.c, "db", "c", spec, NULL, &created, &code, g.err,
+						sizeof g.err),
+			 0);
+	bson_destroy(spec);
+	commit(&g);
+	sdb_keyenc_legacy_numbers(prev);
+	fx_close(&g);
+	snprintf(path, sizeof path, "%s/shard.db", g.dir);
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(db, "DELETE FROM meta WHERE k = 'keyenc';"
+					  "UPDATE meta SET v = 1 WHERE k = 'format'",
+				      NULL, NULL, NULL),
+			 SQLITE_OK);
+	sqlite3_close(db);
+
+	assert_int_equal(sdb_store_replace_from(f->c, path, &applied, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
+	for (size_t i = 0; i < 2; i++) {
+		bson_t *q = bson_new_from_json((const uint8_t *)docs_json[i], -1, &je);
+		bson_iter_t id;
+		bson_t out;
+		assert_true(bson_iter_init_find(&id, q, "_id"));
+		assert_int_equal(sdb_store_get_by_id(f->c, "db", "c", &id, &out, f->err,
+						     sizeof f->err),
+				 0);
+		assert_true(bson_equal(&out, q));
+		bson_destroy(&out);
+		bson_destroy(q);
+	}
+	assert_int_equal(store_query_int(f->c, "SELECT v FROM meta WHERE k='format'", 0), 2);
+	assert_int_equal(store_query_int(f->c, "SELECT v FROM meta WHERE k='keyenc'", 0), 2);
+	sdb_store_rollback(f->c);
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", g.dir);
+	assert_int_equal(system(cmd), 0);
+}
+
 /* sdb_query_spec.range_field (issue #17, a migration reading one chunk): an index scan of
  * the first field's values between the bounds, on a descending index and on _id; the
  * process totals count what each query examined. */
@@ -1298,6 +1371,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_crud_and_oplog, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_decimal_keys_migrated_on_open, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(test_decimal_keys_rekeyed_after_snapshot_install,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_coll_rename, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_query_key_range, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hashed_index, setup, teardown),
