@@ -1248,10 +1248,21 @@ int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen)
 		rc = sdb_store_meta_put(c, "keyenc", "2", err, errlen);
 	if (rc == 0)
 		rc = store_exec_cached(c, "UPDATE meta SET v = 2 WHERE k = 'format'", err, errlen);
-	if (rc == 0)
+	if (rc == 0) {
 		rc = sdb_store_commit(c, err, errlen);
-	else
+	} else {
+		/* e.g. a unique partial index whose filter admits, by exact value, a document the
+		 * old order kept out and that duplicates another's key: nothing is changed, the
+		 * store does not open, the message says why (fix the data with the old binary) */
+		char why[400];
+
+		snprintf(why, sizeof why, "%s", err);
 		sdb_store_rollback(c);
+		sdb_errf(err, errlen, rc,
+			 "store: re-keying Decimal128 keys to the exact order (format 2) failed, "
+			 "store left as it was: %s",
+			 why);
+	}
 out:
 	sdb_store_conn_close(c);
 	return rc;

@@ -75,10 +75,11 @@ typedef struct sdb_store_opts {
  * been closed. Errors: message in err, *out untouched; SDB_EIO (dir cannot be created,
  * the database cannot be opened, configured or given its schema), SDB_ECORRUPT (the
  * file's format version is not one this build reads). A store written before Decimal128
- * keys were exact (no meta keyenc = 2) is re-keyed here first, in one write transaction
- * over the documents that hold a decimal; its errors (SDB_EIO, SDB_EINVAL for a document
- * whose _id cannot be keyed, SDB_EEXISTS on a unique index) are returned as they come and
- * leave the store as it was. */
+ * keys were exact (format 1, no meta keyenc = 2) is re-keyed here first, in one write
+ * transaction over the documents that hold a decimal, and becomes format 2 (which format-1
+ * binaries refuse); its errors (SDB_EIO, SDB_ECORRUPT, SDB_EINVAL for a document whose _id
+ * cannot be keyed, SDB_EEXISTS on a unique partial index whose filter now admits a
+ * duplicate) leave the store as it was, message "store: re-keying Decimal128 keys ...". */
 int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out, char *err,
 		   size_t errlen);
 void sdb_store_close(sdb_store *st);
