@@ -30,7 +30,7 @@ esac
 BUILD_PKGS="build-essential autoconf automake libtool pkg-config ca-certificates
 libuv1-dev libraft-dev libsqlite3-dev libbson-dev libmongoc-dev librdkafka-dev
 libssl-dev libcmocka-dev libmicrohttpd-dev libinih-dev libxxhash-dev libpcre2-dev
-libgrpc-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcurl4-openssl-dev libxml2-dev libicu-dev
+libgrpc-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcurl4-openssl-dev libxml2-dev libicu-dev
 python3 python3-pymongo"
 # Tests (pytest and its per-test timeout, grpcio, kcat, curl, sqlite3, Redis for the rate
 # limiter benchmark, network namespaces and sshd for the multi-host test), the fuzzers

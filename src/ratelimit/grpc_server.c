@@ -1,16 +1,16 @@
-/* gRPC C core server for pb.gubernator.V1 and PeersV1 (see grpc_server.h). */
+/* gRPC server for pb.gubernator.V1 and PeersV1 on libnghttp2 and one libuv loop thread
+ * (see grpc_server.h). nghttp2 does HTTP/2 (framing, HPACK, flow control, stream states);
+ * this file does gRPC over it: the request headers (:path, content-type, grpc-timeout,
+ * grpc-encoding), the 5-byte length prefix of messages, the response headers and the
+ * grpc-status / grpc-message trailers (or one Trailers-Only HEADERS frame for an error),
+ * as https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md describes. */
 #include "ratelimit/grpc_server.h"
 #include "ratelimit/membership.h"
 
 #include <bson/bson.h>
 #include <dlfcn.h>
-#include <grpc/byte_buffer.h>
-#include <grpc/byte_buffer_reader.h>
-#include <grpc/grpc.h>
-#include <grpc/grpc_security.h>
-#include <grpc/slice.h>
-#include <grpc/support/log.h>
-#include <grpc/support/time.h>
+#include <netdb.h>
+#include <nghttp2/nghttp2.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,55 +30,27 @@
 #include "ratelimit/proto.h"
 #include "tls/tls.h"
 
-/* calls requested ahead from gRPC, per method */
-static const int outstanding[] = {64, 4, 4, 32, 8};
-#define OUTSTANDING_UNKNOWN 2
-#define MAX_THREADS 16
+#define TLS_ROLE "ratelimit"
+#define MAX_MESSAGE (4 * 1024 * 1024)  /* bytes of a request message, as gRPC's default */
+#define MAX_STREAMS 4096               /* concurrent calls per connection (SETTINGS) */
+#define STREAM_WINDOW (1024 * 1024)    /* bytes: initial window of a stream */
+#define CONN_WINDOW (16 * 1024 * 1024) /* bytes: window of a connection */
+#define WRITE_HIGH (8 * 1024 * 1024)   /* queued output bytes above which reading pauses */
+#define WRITE_LOW (1024 * 1024)        /* ... and below which it resumes */
 
-/* Call lifecycle: REQUESTED (waiting for a client; our methods are registered with
- * GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, so the request message arrives with the call)
- * -> DECIDING (the cluster answers, maybe later) -> SENDING (reply + status) -> freed.
- * A call to an unknown method arrives unregistered and goes REQUESTED -> SENDING
- * (UNIMPLEMENTED); so do calls answered at once (errors, peer calls, health). */
-typedef enum { SC_REQUESTED, SC_DECIDING, SC_SENDING } sc_state;
-
-typedef struct srv_call {
-	rl_grpc_server *srv;
-	sc_state state;
-	grpc_call *call;
-	grpc_call_details details;
-	grpc_metadata_array req_md;
-	grpc_byte_buffer *recv;
-	grpc_byte_buffer *send;
-	int cancelled;
-	grpc_slice status_details;
-	gpr_timespec deadline;
-	uint64_t start_ns;
-	int method; /* index into methods[], -1 for an unregistered (unknown) method */
-	rl_resp *resps;
-	size_t n;
-} srv_call;
-
-#ifdef SDB_DEBUG
-static const bool sc_transitions[3][3] = {
-	/* to:             REQUESTED DECIDING SENDING */
-	[SC_REQUESTED] = {false, true, true},
-	[SC_DECIDING] = {false, false, true},
-	[SC_SENDING] = {false, false, false},
+/* gRPC status codes (grpc/status.h) */
+enum {
+	ST_OK = 0,
+	ST_INVALID_ARGUMENT = 3,
+	ST_DEADLINE_EXCEEDED = 4,
+	ST_PERMISSION_DENIED = 7,
+	ST_RESOURCE_EXHAUSTED = 8,
+	ST_OUT_OF_RANGE = 11,
+	ST_UNIMPLEMENTED = 12,
+	ST_INTERNAL = 13,
+	ST_UNAVAILABLE = 14,
+	ST_UNAUTHENTICATED = 16,
 };
-#endif
-
-static void sc_set_state(srv_call *c, sc_state to)
-{
-#ifdef SDB_DEBUG
-	if (!sc_transitions[c->state][to]) {
-		sdb_error("grpc: illegal call state transition", "from=%d to=%d", (int)c->state,
-			  (int)to);
-		abort();
-	}
-#endif
-	c->state = to;
-}
 
 enum { M_GET_RATE_LIMITS, M_HEALTH_CHECK, M_LIVE_CHECK, M_GET_PEER, M_UPDATE_GLOBALS, M__COUNT };
 
@@ -98,23 +70,71 @@ static const char *const method_labels[M__COUNT] = {
 	"method=\"GetPeerRateLimits\"", "method=\"UpdatePeerGlobals\"",
 };
 
+typedef struct h2conn h2conn;
+typedef struct h2call h2call;
+
+/* One HTTP/2 stream = one unary call. Owned by its connection until the stream closes;
+ * a call whose decision is pending when its stream or connection goes away is orphaned
+ * (conn NULL) and freed when the decision arrives (the cluster always completes). */
+struct h2call {
+	rl_grpc_server *srv;
+	h2conn *conn; /* NULL: orphaned */
+	h2call *prev, *next; /* in conn->calls */
+	h2call *qnext;       /* in srv->done (decided on another thread) */
+	int32_t id;
+	int method; /* index into methods[], -1: unknown */
+	int http_status; /* 200, or 405 / 415 for a request that is not gRPC */
+	bool token_ok;   /* the cluster token header was present and right */
+	bool enc_bad;    /* grpc-encoding other than identity */
+	bool too_large;  /* request body over MAX_MESSAGE + 5 */
+	bool deciding;   /* a cluster decision is pending */
+	bool answered;   /* a response was submitted */
+	uint64_t deadline_ns; /* monotonic, 0: none (grpc-timeout) */
+	uint64_t start_ns;
+	uint8_t *body;
+	size_t blen, bcap;
+	uv_timer_t *timer; /* deadline while deciding, or NULL */
+	rl_resp *resps;
+	size_t n;
+	uint8_t *out; /* the response message with its 5-byte prefix */
+	size_t olen, opos;
+	int status;
+	char *msg; /* grpc-message, percent-encoded, or NULL */
+};
+
+struct h2conn {
+	rl_grpc_server *srv;
+	uv_tcp_t tcp;
+	nghttp2_session *sess;
+	tls_conn *tls; /* NULL: plaintext */
+	h2conn *prev, *next;
+	h2call *calls;
+	uint8_t *obuf; /* output gathered before a write */
+	size_t olen, ocap;
+	bool closing;
+	bool paused;
+	bool failed; /* nghttp2 refused the input (inside a TLS feed) */
+};
+
 struct rl_grpc_server {
-	grpc_server *server;
-	pthread_mutex_t tls_mu; /* guards tls_gen (the certificate fetcher runs on any thread) */
-	unsigned tls_gen;       /* generation of the certificates gRPC serves (tls/tls.h) */
-	grpc_completion_queue *cq;
+	uv_loop_t loop;
+	uv_tcp_t listener;
+	uv_async_t wake;
+	pthread_t thread;
+	bool started; /* the loop thread runs */
 	int port;
-	int n_threads;
-	pthread_t threads[MAX_THREADS];
+	tls_listener *tls; /* NULL: plaintext */
+	nghttp2_session_callbacks *cbs;
+	nghttp2_option *h2opt;
+	h2conn *conns;
 	rl_cluster *cluster;
 	pthread_rwlock_t fence; /* read: a handler uses cluster; write: shutdown fences it */
 	bool fenced;
 	bool shut;
-	int shutdown_tag; /* its address is the server shutdown tag */
-	void *registered[M__COUNT];
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	bool shutdown_done;
+	pthread_mutex_t mu; /* guards done, stop_req, exit_req */
+	h2call *done;       /* decided on other threads, for the loop */
+	bool stop_req, exit_req;
+	bool listener_closed;
 	sdb_counter *m_calls[M__COUNT];
 	sdb_counter *m_bad;
 	sdb_histogram *m_latency[M__COUNT];
@@ -128,94 +148,157 @@ static const sdb_metric_def grpc_server_metrics[] = {
 			   "rate-limit answers sent over gRPC"),
 };
 
-/* Ask gRPC for the next call of method m (-1: of any unregistered method). */
-static void post_request(rl_grpc_server *srv, int m)
-{
-	srv_call *c = sdb_calloc(1, sizeof(*c));
-	grpc_call_error ce;
+static uint8_t rbuf[65536]; /* read buffer of the loop thread (one server per process) */
 
-	c->srv = srv;
-	c->state = SC_REQUESTED;
-	c->method = m;
-	c->status_details = grpc_empty_slice();
-	grpc_call_details_init(&c->details);
-	grpc_metadata_array_init(&c->req_md);
-	if (m >= 0)
-		ce = grpc_server_request_registered_call(srv->server, srv->registered[m], &c->call,
-							 &c->deadline, &c->req_md, &c->recv,
-							 srv->cq, srv->cq, c);
+/* ---- calls ---- */
+
+static void call_unlink(h2call *c)
+{
+	h2conn *cn = c->conn;
+
+	if (cn == NULL)
+		return;
+	if (c->prev)
+		c->prev->next = c->next;
 	else
-		ce = grpc_server_request_call(srv->server, &c->call, &c->details, &c->req_md,
-					      srv->cq, srv->cq, c);
-	if (ce != GRPC_CALL_OK) {
-		grpc_call_details_destroy(&c->details);
-		grpc_metadata_array_destroy(&c->req_md);
-		free(c);
+		cn->calls = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	c->prev = c->next = NULL;
+	c->conn = NULL;
+}
+
+static void timer_free(uv_handle_t *h)
+{
+	free(h);
+}
+
+static void call_stop_timer(h2call *c)
+{
+	if (c->timer != NULL) {
+		uv_close((uv_handle_t *)c->timer, timer_free);
+		c->timer = NULL;
 	}
 }
 
-static void call_free(srv_call *c)
+/* Free c once nothing refers to it: its stream is gone and no decision is pending. */
+static void call_maybe_free(h2call *c)
 {
-	if (c->call)
-		grpc_call_unref(c->call);
-	grpc_call_details_destroy(&c->details);
-	grpc_metadata_array_destroy(&c->req_md);
-	if (c->recv)
-		grpc_byte_buffer_destroy(c->recv);
-	if (c->send)
-		grpc_byte_buffer_destroy(c->send);
-	grpc_slice_unref(c->status_details);
+	if (c->conn != NULL || c->deciding)
+		return;
+	call_stop_timer(c);
+	free(c->body);
 	free(c->resps);
+	free(c->out);
+	free(c->msg);
 	free(c);
 }
 
-/* Finish c with status (and msg bytes, taken over, when code is OK). Any thread. */
-static void reply(srv_call *c, grpc_status_code code, uint8_t *msg, size_t len,
-		  const char *details)
+/* grpc-message is percent-encoded: bytes outside 0x20..0x7e and '%' (PROTOCOL-HTTP2.md). */
+static char *pct_encode(const char *s)
 {
-	grpc_op ops[4];
-	size_t n = 0;
+	size_t n = strlen(s), i, k = 0;
+	char *o = sdb_malloc(3 * n + 1);
 
-	sc_set_state(c, SC_SENDING);
-	memset(ops, 0, sizeof(ops));
-	ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-	ops[n].data.send_initial_metadata.count = 0;
-	n++;
-	if (code == GRPC_STATUS_OK && msg != NULL) {
-		grpc_slice s = grpc_slice_from_copied_buffer((const char *)msg, len);
-		c->send = grpc_raw_byte_buffer_create(&s, 1);
-		grpc_slice_unref(s);
-		ops[n].op = GRPC_OP_SEND_MESSAGE;
-		ops[n].data.send_message.send_message = c->send;
-		n++;
+	for (i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)s[i];
+		if (ch < 0x20 || ch > 0x7e || ch == '%')
+			k += (size_t)sprintf(o + k, "%%%02X", ch);
+		else
+			o[k++] = (char)ch;
 	}
-	free(msg);
-	grpc_slice_unref(c->status_details);
-	c->status_details = grpc_slice_from_copied_string(details ? details : "");
-	ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-	ops[n].data.send_status_from_server.trailing_metadata_count = 0;
-	ops[n].data.send_status_from_server.status = code;
-	ops[n].data.send_status_from_server.status_details = &c->status_details;
-	n++;
-	ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-	ops[n].data.recv_close_on_server.cancelled = &c->cancelled;
-	n++;
-	if (code != GRPC_STATUS_OK && c->method >= 0)
-		sdb_counter_inc(c->srv->m_bad);
-	if (grpc_call_start_batch(c->call, ops, n, c, NULL) != GRPC_CALL_OK) {
-		sdb_warn("grpc: could not send a reply", "method=%s",
-			 c->method >= 0 ? methods[c->method] : "?");
-		call_free(c);
-	}
+	o[k] = '\0';
+	return o;
 }
 
-/* Serialise the GetRateLimits or GetPeerRateLimits answer held in c->resps. */
-static void reply_resps(srv_call *c)
+#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, strlen(v), \
+		  NGHTTP2_NV_FLAG_NO_COPY_NAME}
+
+static ssize_t out_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t len,
+			uint32_t *flags, nghttp2_data_source *src, void *ud)
 {
-	rl_pb_resp *slots = sdb_calloc(c->n ? c->n : 1, sizeof(*slots));
-	Pb__Gubernator__RateLimitResp **ptrs = sdb_calloc(c->n ? c->n : 1, sizeof(*ptrs));
-	uint8_t *buf;
-	size_t len, i;
+	h2call *c = src->ptr;
+	size_t left = c->olen - c->opos;
+	char code[12];
+
+	(void)ud;
+	if (len > left)
+		len = left;
+	memcpy(buf, c->out + c->opos, len);
+	c->opos += len;
+	if (c->opos == c->olen) {
+		snprintf(code, sizeof code, "%d", c->status);
+		nghttp2_nv tr[1] = {NV("grpc-status", code)};
+		*flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+		if (nghttp2_submit_trailer(s, id, tr, 1) != 0)
+			return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+	}
+	return (ssize_t)len;
+}
+
+/* Answer c: status OK with the packed message in c->out (prefix included), or an error
+ * status with details as one Trailers-Only HEADERS frame. Loop thread; the caller flushes
+ * the connection (conn_flush) unless inside nghttp2's receive. */
+static void reply(h2call *c, int status, const char *details)
+{
+	char code[12], hs[8];
+	int rv;
+
+	if (c->answered || c->conn == NULL)
+		return;
+	c->answered = true;
+	c->status = status;
+	if (status != ST_OK && c->method >= 0)
+		sdb_counter_inc(c->srv->m_bad);
+	if (c->method >= 0 && c->start_ns)
+		sdb_histogram_observe_ns(c->srv->m_latency[c->method], sdb_mono_ns() - c->start_ns);
+	snprintf(code, sizeof code, "%d", status);
+	snprintf(hs, sizeof hs, "%d", c->http_status);
+	if (status == ST_OK && c->out != NULL) {
+		nghttp2_nv h[2] = {NV(":status", "200"), NV("content-type", "application/grpc")};
+		nghttp2_data_provider dp;
+		dp.source.ptr = c;
+		dp.read_callback = out_read;
+		rv = nghttp2_submit_response(c->conn->sess, c->id, h, 2, &dp);
+	} else {
+		nghttp2_nv h[5] = {NV(":status", hs), NV("content-type", "application/grpc"),
+				   NV("grpc-status", code), NV("grpc-accept-encoding", "identity"),
+				   NV("grpc-message", "")};
+		size_t nh = 3;
+		if (c->enc_bad)
+			h[nh++] = (nghttp2_nv)NV("grpc-accept-encoding", "identity");
+		if (details && *details) {
+			c->msg = pct_encode(details);
+			h[nh] = (nghttp2_nv)NV("grpc-message", c->msg);
+			nh++;
+		}
+		rv = nghttp2_submit_response(c->conn->sess, c->id, h, nh, NULL);
+	}
+	if (rv != 0)
+		sdb_debug("grpc: could not submit a response", "err=%s", nghttp2_strerror(rv));
+}
+
+/* Set c->out to msg packed behind the 5-byte gRPC prefix. */
+static void set_out(h2call *c, const ProtobufCMessage *msg)
+{
+	size_t n = protobuf_c_message_get_packed_size(msg);
+
+	c->out = sdb_malloc(n + 5);
+	c->out[0] = 0;
+	c->out[1] = (uint8_t)(n >> 24);
+	c->out[2] = (uint8_t)(n >> 16);
+	c->out[3] = (uint8_t)(n >> 8);
+	c->out[4] = (uint8_t)n;
+	c->olen = 5 + protobuf_c_message_pack(msg, c->out + 5);
+	c->opos = 0;
+}
+
+/* Serialise the GetRateLimits or GetPeerRateLimits answer held in c->resps and send it. */
+static void reply_resps(h2call *c)
+{
+	rl_pb_resp slot1, *slots = c->n <= 1 ? &slot1 : sdb_calloc(c->n, sizeof(*slots));
+	Pb__Gubernator__RateLimitResp *ptr1, **ptrs = c->n <= 1 ? &ptr1 : sdb_calloc(c->n, sizeof(*ptrs));
+	size_t i;
 
 	for (i = 0; i < c->n; i++) {
 		rl_proto_resp_to_pb(&c->resps[i], &slots[i]);
@@ -225,53 +308,85 @@ static void reply_resps(srv_call *c)
 		Pb__Gubernator__GetRateLimitsResp m = PB__GUBERNATOR__GET_RATE_LIMITS_RESP__INIT;
 		m.n_responses = c->n;
 		m.responses = ptrs;
-		buf = rl_proto_pack(&m.base, &len);
+		set_out(c, &m.base);
 	} else {
 		Pb__Gubernator__GetPeerRateLimitsResp m =
 			PB__GUBERNATOR__GET_PEER_RATE_LIMITS_RESP__INIT;
 		m.n_rate_limits = c->n;
 		m.rate_limits = ptrs;
-		buf = rl_proto_pack(&m.base, &len);
+		set_out(c, &m.base);
 	}
-	free(ptrs);
-	free(slots);
+	if (ptrs != &ptr1)
+		free(ptrs);
+	if (slots != &slot1)
+		free(slots);
 	sdb_counter_add(c->srv->m_decisions, c->n);
-	reply(c, GRPC_STATUS_OK, buf, len, NULL);
+	reply(c, ST_OK, NULL);
 }
 
+static void conn_flush(h2conn *cn);
+
+/* A decision finished, on the loop thread. */
+static void call_decided(h2call *c)
+{
+	h2conn *cn = c->conn;
+
+	call_stop_timer(c);
+	if (cn != NULL && !c->answered) {
+		reply_resps(c);
+		conn_flush(cn); /* may close the stream: c stays while deciding */
+	}
+	c->deciding = false;
+	call_maybe_free(c);
+}
+
+/* rl_cluster_done_fn: on the loop thread (every key local: inside
+ * rl_cluster_decide_async) or on a peer completion thread, which hands c to the loop. */
 static void on_decided(void *arg)
 {
-	reply_resps(arg);
+	h2call *c = arg;
+	rl_grpc_server *srv = c->srv;
+
+	if (pthread_equal(pthread_self(), srv->thread)) {
+		c->deciding = false;
+		call_stop_timer(c);
+		if (c->conn != NULL && !c->answered)
+			reply_resps(c); /* inside nghttp2's receive: flushed after it */
+		call_maybe_free(c);
+		return;
+	}
+	pthread_mutex_lock(&srv->mu);
+	c->qnext = srv->done;
+	srv->done = c;
+	pthread_mutex_unlock(&srv->mu);
+	uv_async_send(&srv->wake);
 }
 
-/* Finish c with INVALID_ARGUMENT: its request message (named what) did not unpack. */
-static void reply_malformed(srv_call *c, const char *what)
+static void on_deadline(uv_timer_t *t)
 {
-	char msg[120];
+	h2call *c = t->data;
+	h2conn *cn = c->conn;
 
-	snprintf(msg, sizeof(msg), "%s: malformed protobuf message", what);
-	reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0, msg);
-}
-
-static void too_many(srv_call *c, size_t n)
-{
-	char msg[120];
-
-	snprintf(msg, sizeof(msg), "Requests.RateLimits list too large; max size is '%d' (got %zu)",
-		 RL_MAX_BATCH, n);
-	reply(c, GRPC_STATUS_OUT_OF_RANGE, NULL, 0, msg);
+	if (cn != NULL && !c->answered) {
+		reply(c, ST_DEADLINE_EXCEEDED, "Deadline Exceeded");
+		conn_flush(cn);
+	}
 }
 
 /* The n requests of a GetRateLimits or GetPeerRateLimits call, converted, with n answer
  * slots in c->resps (freed with c). Returns a new array (free() it), or NULL when n is over
  * RL_MAX_BATCH: c is then answered OUT_OF_RANGE as Gubernator does. */
-static rl_req *take_requests(srv_call *c, Pb__Gubernator__RateLimitReq *const *pb, size_t n)
+static rl_req *take_requests(h2call *c, Pb__Gubernator__RateLimitReq *const *pb, size_t n)
 {
 	rl_req *reqs;
 	size_t i;
 
 	if (n > RL_MAX_BATCH) {
-		too_many(c, n);
+		char msg[120];
+		snprintf(msg, sizeof(msg),
+			 "Requests.RateLimits list too large; max size is '%d' (got %zu)",
+			 RL_MAX_BATCH, n);
+		reply(c, ST_OUT_OF_RANGE, msg);
 		return NULL;
 	}
 	reqs = sdb_calloc(n ? n : 1, sizeof(*reqs));
@@ -282,29 +397,45 @@ static rl_req *take_requests(srv_call *c, Pb__Gubernator__RateLimitReq *const *p
 	return reqs;
 }
 
-static void handle_get_rate_limits(srv_call *c, const Pb__Gubernator__GetRateLimitsReq *m)
+static void handle_get_rate_limits(h2call *c, const Pb__Gubernator__GetRateLimitsReq *m)
 {
 	rl_grpc_server *srv = c->srv;
 	size_t n = m->n_requests;
-	rl_req *reqs = take_requests(c, m->requests, n);
+	rl_req one, *reqs;
 	char err[200];
 
-	if (reqs == NULL)
-		return;
-	if (rl_v1_reserved(reqs, n, err, sizeof err)) {
-		reply(c, GRPC_STATUS_PERMISSION_DENIED, NULL, 0, err);
-		free(reqs);
+	if (n == 1 && n <= RL_MAX_BATCH) { /* the common case, without an allocation */
+		reqs = &one;
+		memset(&one, 0, sizeof one);
+		rl_proto_req_from_pb(m->requests[0], &one);
+		c->resps = sdb_calloc(1, sizeof(*c->resps));
+		c->n = 1;
+	} else if ((reqs = take_requests(c, m->requests, n)) == NULL) {
 		return;
 	}
-	sc_set_state(c, SC_DECIDING);
-	/* on_decided may complete and free c before this returns: do not touch c after */
-	if (rl_cluster_decide_async(srv->cluster, reqs, n, c->resps, on_decided, c, err,
-				    sizeof(err)) != 0)
-		reply(c, GRPC_STATUS_OUT_OF_RANGE, NULL, 0, err);
-	free(reqs);
+	if (rl_v1_reserved(reqs, n, err, sizeof err)) {
+		reply(c, ST_PERMISSION_DENIED, err);
+	} else {
+		c->deciding = true;
+		/* on_decided may complete c before this returns */
+		if (rl_cluster_decide_async(srv->cluster, reqs, n, c->resps, on_decided, c, err,
+					    sizeof(err)) != 0) {
+			c->deciding = false;
+			reply(c, ST_OUT_OF_RANGE, err);
+		} else if (c->deciding && c->deadline_ns != 0) {
+			uint64_t now = sdb_mono_ns();
+			c->timer = sdb_malloc(sizeof(*c->timer));
+			uv_timer_init(&srv->loop, c->timer);
+			c->timer->data = c;
+			uv_timer_start(c->timer, on_deadline,
+				       c->deadline_ns > now ? (c->deadline_ns - now) / 1000000 + 1 : 0, 0);
+		}
+	}
+	if (reqs != &one)
+		free(reqs);
 }
 
-static void handle_get_peer(srv_call *c, const Pb__Gubernator__GetPeerRateLimitsReq *m)
+static void handle_get_peer(h2call *c, const Pb__Gubernator__GetPeerRateLimitsReq *m)
 {
 	size_t n = m->n_requests;
 	rl_req *reqs = take_requests(c, m->requests, n);
@@ -316,100 +447,110 @@ static void handle_get_peer(srv_call *c, const Pb__Gubernator__GetPeerRateLimits
 	reply_resps(c);
 }
 
-static void handle_update_globals(srv_call *c, const Pb__Gubernator__UpdatePeerGlobalsReq *m)
+static void handle_update_globals(h2call *c, const Pb__Gubernator__UpdatePeerGlobalsReq *m)
 {
 	Pb__Gubernator__UpdatePeerGlobalsResp r = PB__GUBERNATOR__UPDATE_PEER_GLOBALS_RESP__INIT;
-	uint8_t *buf;
-	size_t blen;
 
 	rl_cluster_apply_globals(c->srv->cluster, m);
-	buf = rl_proto_pack(&r.base, &blen);
-	reply(c, GRPC_STATUS_OK, buf, blen, NULL);
+	set_out(c, &r.base);
+	reply(c, ST_OK, NULL);
 }
 
-static void handle_health(srv_call *c)
+static void handle_health(h2call *c)
 {
 	Pb__Gubernator__HealthCheckResp r = PB__GUBERNATOR__HEALTH_CHECK_RESP__INIT;
 	char msg[512];
 	int peers = 0;
-	uint8_t *buf;
-	size_t len;
 	bool ok = rl_cluster_health(c->srv->cluster, &peers, msg, sizeof(msg));
 
 	r.status = (char *)(ok ? "healthy" : "unhealthy");
 	r.message = msg;
 	r.peer_count = peers;
 	r.advertise_address = (char *)rl_cluster_advertise(c->srv->cluster);
-	buf = rl_proto_pack(&r.base, &len);
-	reply(c, GRPC_STATUS_OK, buf, len, NULL);
+	set_out(c, &r.base);
+	reply(c, ST_OK, NULL);
 }
 
-static void handle_live(srv_call *c)
+static void handle_live(h2call *c)
 {
 	Pb__Gubernator__LiveCheckResp r = PB__GUBERNATOR__LIVE_CHECK_RESP__INIT;
-	uint8_t *buf;
-	size_t len;
 
-	buf = rl_proto_pack(&r.base, &len);
-	reply(c, GRPC_STATUS_OK, buf, len, NULL);
+	set_out(c, &r.base);
+	reply(c, ST_OK, NULL);
 }
 
-/* The request message has arrived (or not): dispatch on the method. */
-static void dispatch(srv_call *c)
+/* The request has ended (END_STREAM): check it and dispatch on the method. Inside
+ * nghttp2's receive, on the loop thread. */
+static void dispatch(h2call *c)
 {
 	rl_grpc_server *srv = c->srv;
-	grpc_slice flat;
-	grpc_byte_buffer_reader rd;
-	int m;
+	const uint8_t *p = c->body;
+	uint32_t len;
+	int m = c->method;
 
-	m = c->method;
+	if (c->http_status != 200) {
+		reply(c, ST_INTERNAL, c->http_status == 415 ? "content-type is not application/grpc"
+							     : "gRPC requires POST");
+		return;
+	}
 	if (m < 0) {
-		reply(c, GRPC_STATUS_UNIMPLEMENTED, NULL, 0, "unknown method");
+		reply(c, ST_UNIMPLEMENTED, "unknown method");
 		return;
 	}
+	c->start_ns = sdb_mono_ns();
 	sdb_counter_inc(srv->m_calls[m]);
-	if (c->recv == NULL) {
-		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0, "no request message");
+	if (c->enc_bad) {
+		reply(c, ST_UNIMPLEMENTED, "grpc-encoding not supported: only identity");
 		return;
 	}
-	if (!grpc_byte_buffer_reader_init(&rd, c->recv)) {
-		reply(c, GRPC_STATUS_INVALID_ARGUMENT, NULL, 0, "unreadable request message");
+	if (c->too_large) {
+		reply(c, ST_RESOURCE_EXHAUSTED, "request message larger than 4194304 bytes");
 		return;
 	}
-	flat = grpc_byte_buffer_reader_readall(&rd);
-	grpc_byte_buffer_reader_destroy(&rd);
+	if (c->blen == 0) {
+		reply(c, ST_INVALID_ARGUMENT, "no request message");
+		return;
+	}
+	if (c->blen < 5) {
+		reply(c, ST_INTERNAL, "truncated gRPC message prefix");
+		return;
+	}
+	len = (uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4];
+	if (p[0] != 0) {
+		reply(c, ST_INTERNAL, "compressed message without grpc-encoding");
+		return;
+	}
+	if ((size_t)len != c->blen - 5) {
+		reply(c, (size_t)len > c->blen - 5 ? ST_INTERNAL : ST_UNIMPLEMENTED,
+		      (size_t)len > c->blen - 5 ? "truncated gRPC message"
+						: "more than one request message in a unary call");
+		return;
+	}
+	if (c->deadline_ns != 0 && sdb_mono_ns() >= c->deadline_ns) {
+		reply(c, ST_DEADLINE_EXCEEDED, "Deadline Exceeded");
+		return;
+	}
 
 	/* ---- issue #10: PeersV1 only from cluster members (auth/cluster.h) ---- */
-	if ((m == M_GET_PEER || m == M_UPDATE_GLOBALS) && auth_cluster_peer_token() != NULL) {
-		bool ok = false;
-		for (size_t i = 0; i < c->req_md.count && !ok; i++) {
-			grpc_metadata *md = &c->req_md.metadata[i];
-			if (grpc_slice_str_cmp(md->key, AUTH_CLUSTER_PEER_HEADER) == 0)
-				ok = auth_cluster_peer_token_ok(
-					(const char *)GRPC_SLICE_START_PTR(md->value),
-					GRPC_SLICE_LENGTH(md->value));
-		}
-		if (!ok) {
-			sdb_warn("audit", "event=denied what=\"PeersV1 without the cluster token\"%s",
-				 "");
-			grpc_slice_unref(flat);
-			reply(c, GRPC_STATUS_UNAUTHENTICATED, NULL, 0,
-			      "PeersV1 needs the cluster token (--cluster-key-file)");
-			return;
-		}
+	if ((m == M_GET_PEER || m == M_UPDATE_GLOBALS) && auth_cluster_peer_token() != NULL &&
+	    !c->token_ok) {
+		sdb_warn("audit", "event=denied what=\"PeersV1 without the cluster token\"%s", "");
+		reply(c, ST_UNAUTHENTICATED, "PeersV1 needs the cluster token (--cluster-key-file)");
+		return;
 	}
 	pthread_rwlock_rdlock(&srv->fence);
 	if (srv->fenced) {
-		reply(c, GRPC_STATUS_UNAVAILABLE, NULL, 0, "rate limiter shutting down");
+		reply(c, ST_UNAVAILABLE, "rate limiter shutting down");
 	} else {
 		const ProtobufCMessageDescriptor *d = requests[m];
 		ProtobufCMessage *msg = NULL;
 
 		if (d != NULL)
-			msg = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(flat),
-							GRPC_SLICE_START_PTR(flat));
+			msg = protobuf_c_message_unpack(d, NULL, len, p + 5);
 		if (d != NULL && msg == NULL) {
-			reply_malformed(c, d->short_name);
+			char e[120];
+			snprintf(e, sizeof(e), "%s: malformed protobuf message", d->short_name);
+			reply(c, ST_INVALID_ARGUMENT, e);
 		} else {
 			switch (m) {
 			case M_GET_RATE_LIMITS:
@@ -429,68 +570,426 @@ static void dispatch(srv_call *c)
 				break;
 			}
 		}
-		if (msg != NULL) /* c may be freed by now (on_decided): msg is not c's */
+		if (msg != NULL)
 			protobuf_c_message_free_unpacked(msg, NULL);
 	}
 	pthread_rwlock_unlock(&srv->fence);
-	grpc_slice_unref(flat);
 }
 
-static void on_event(rl_grpc_server *srv, srv_call *c, bool ok)
+/* ---- nghttp2 callbacks (loop thread) ---- */
+
+static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 {
-	switch (c->state) {
-	case SC_REQUESTED:
-		if (!ok) { /* server shutting down */
-			call_free(c);
+	h2conn *cn = ud;
+	h2call *c;
+
+	if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
+		return 0;
+	c = sdb_calloc(1, sizeof(*c));
+	c->srv = cn->srv;
+	c->conn = cn;
+	c->id = f->hd.stream_id;
+	c->method = -1;
+	c->http_status = 200;
+	c->next = cn->calls;
+	if (cn->calls)
+		cn->calls->prev = c;
+	cn->calls = c;
+	nghttp2_session_set_stream_user_data(s, c->id, c);
+	return 0;
+}
+
+/* grpc-timeout: 1-8 digits and a unit (H M S m u n). 0 when malformed (no deadline). */
+static uint64_t parse_timeout(const uint8_t *v, size_t n)
+{
+	uint64_t x = 0, mul;
+	size_t i;
+
+	if (n < 2 || n > 9)
+		return 0;
+	for (i = 0; i + 1 < n; i++) {
+		if (v[i] < '0' || v[i] > '9')
+			return 0;
+		x = x * 10 + (uint64_t)(v[i] - '0');
+	}
+	switch (v[n - 1]) {
+	case 'H': mul = 3600000000000ull; break;
+	case 'M': mul = 60000000000ull; break;
+	case 'S': mul = 1000000000ull; break;
+	case 'm': mul = 1000000ull; break;
+	case 'u': mul = 1000ull; break;
+	case 'n': mul = 1ull; break;
+	default: return 0;
+	}
+	return x * mul + 1; /* +1: "0n" still sets a deadline, already past */
+}
+
+#define HDR_IS(name, lit) (name##len == sizeof(lit) - 1 && memcmp(name, lit, sizeof(lit) - 1) == 0)
+
+static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *name,
+		     size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
+		     void *ud)
+{
+	h2call *c;
+
+	(void)flags;
+	(void)ud;
+	if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
+		return 0; /* trailers of a request: nothing we read */
+	c = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
+	if (c == NULL)
+		return 0;
+	if (HDR_IS(name, ":path")) {
+		for (int m = 0; m < M__COUNT; m++)
+			if (strlen(methods[m]) == valuelen && memcmp(methods[m], value, valuelen) == 0)
+				c->method = m;
+	} else if (HDR_IS(name, ":method")) {
+		if (!(valuelen == 4 && memcmp(value, "POST", 4) == 0))
+			c->http_status = 405;
+	} else if (HDR_IS(name, "content-type")) {
+		if (valuelen < 16 || memcmp(value, "application/grpc", 16) != 0 ||
+		    (valuelen > 16 && value[16] != '+' && value[16] != ';'))
+			if (c->http_status == 200)
+				c->http_status = 415;
+	} else if (HDR_IS(name, "grpc-timeout")) {
+		uint64_t t = parse_timeout(value, valuelen);
+		if (t != 0)
+			c->deadline_ns = sdb_mono_ns() + t;
+	} else if (HDR_IS(name, "grpc-encoding")) {
+		if (!(valuelen == 8 && memcmp(value, "identity", 8) == 0))
+			c->enc_bad = true;
+	} else if (HDR_IS(name, AUTH_CLUSTER_PEER_HEADER)) {
+		if (auth_cluster_peer_token() != NULL)
+			c->token_ok = auth_cluster_peer_token_ok((const char *)value, valuelen);
+	}
+	return 0;
+}
+
+static int on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t id, const uint8_t *data,
+			 size_t len, void *ud)
+{
+	h2call *c = nghttp2_session_get_stream_user_data(s, id);
+
+	(void)flags;
+	(void)ud;
+	if (c == NULL || c->too_large)
+		return 0;
+	if (c->blen + len > MAX_MESSAGE + 5) {
+		c->too_large = true;
+		free(c->body);
+		c->body = NULL;
+		c->blen = c->bcap = 0;
+		return 0;
+	}
+	if (c->blen + len > c->bcap) {
+		size_t cap = c->bcap ? c->bcap * 2 : 256;
+		while (cap < c->blen + len)
+			cap *= 2;
+		c->body = sdb_realloc(c->body, cap);
+		c->bcap = cap;
+	}
+	memcpy(c->body + c->blen, data, len);
+	c->blen += len;
+	return 0;
+}
+
+static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
+{
+	h2call *c;
+
+	(void)ud;
+	if ((f->hd.type != NGHTTP2_DATA && f->hd.type != NGHTTP2_HEADERS) ||
+	    !(f->hd.flags & NGHTTP2_FLAG_END_STREAM))
+		return 0;
+	c = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
+	if (c != NULL && !c->answered && !c->deciding)
+		dispatch(c);
+	return 0;
+}
+
+static int on_stream_close(nghttp2_session *s, int32_t id, uint32_t code, void *ud)
+{
+	h2call *c = nghttp2_session_get_stream_user_data(s, id);
+
+	(void)code;
+	(void)ud;
+	if (c == NULL)
+		return 0;
+	nghttp2_session_set_stream_user_data(s, id, NULL);
+	call_unlink(c);
+	call_maybe_free(c);
+	return 0;
+}
+
+/* ---- connections ---- */
+
+static void conn_closed(uv_handle_t *h)
+{
+	h2conn *cn = h->data;
+
+	free(cn->obuf);
+	free(cn);
+}
+
+static void conn_close_why(h2conn *cn, const char *why)
+{
+	rl_grpc_server *srv = cn->srv;
+
+	if (cn->closing)
+		return;
+	cn->closing = true;
+	sdb_debug("grpc: closing a connection", "why=\"%s\"", why);
+	while (cn->calls) {
+		h2call *c = cn->calls;
+		call_unlink(c);
+		call_maybe_free(c);
+	}
+	nghttp2_session_del(cn->sess); /* calls no stream-close callback */
+	cn->sess = NULL;
+	tls_conn_free(cn->tls);
+	cn->tls = NULL;
+	if (cn->prev)
+		cn->prev->next = cn->next;
+	else
+		srv->conns = cn->next;
+	if (cn->next)
+		cn->next->prev = cn->prev;
+	uv_close((uv_handle_t *)&cn->tcp, conn_closed);
+}
+
+static void obuf_append(void *arg, const uint8_t *d, size_t n)
+{
+	h2conn *cn = arg;
+
+	if (cn->olen + n > cn->ocap) {
+		size_t cap = cn->ocap ? cn->ocap : 16384;
+		while (cap < cn->olen + n)
+			cap *= 2;
+		cn->obuf = sdb_realloc(cn->obuf, cap);
+		cn->ocap = cap;
+	}
+	memcpy(cn->obuf + cn->olen, d, n);
+	cn->olen += n;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+
+static void on_written(uv_write_t *w, int status)
+{
+	h2conn *cn = w->handle->data;
+
+	free(w);
+	if (cn->closing)
+		return;
+	if (status < 0) {
+		conn_close_why(cn, "site:1");
+		return;
+	}
+	if (cn->paused && cn->tcp.write_queue_size < WRITE_LOW) {
+		cn->paused = false;
+		uv_read_start((uv_stream_t *)&cn->tcp, on_alloc, on_read);
+	}
+	if (cn->tcp.write_queue_size == 0 && !nghttp2_session_want_read(cn->sess) &&
+	    !nghttp2_session_want_write(cn->sess))
+		conn_close_why(cn, "site:2");
+}
+
+/* Send what nghttp2 has to send (through TLS when on), then write it to the socket. */
+static void conn_flush(h2conn *cn)
+{
+	if (cn->closing)
+		return;
+	if (cn->tls == NULL || tls_conn_ready(cn->tls)) {
+		for (;;) {
+			const uint8_t *d;
+			ssize_t n = nghttp2_session_mem_send(cn->sess, &d);
+			if (n < 0) {
+				conn_close_why(cn, "site:3");
+				return;
+			}
+			if (n == 0)
+				break;
+			if (cn->tls == NULL)
+				obuf_append(cn, d, (size_t)n);
+			else if (tls_conn_write(cn->tls, d, (size_t)n, obuf_append, cn) != 0) {
+				conn_close_why(cn, "site:4");
+				return;
+			}
+		}
+	}
+	if (cn->olen > 0) {
+		uv_buf_t b = uv_buf_init((char *)cn->obuf, (unsigned)cn->olen);
+		int w = uv_try_write((uv_stream_t *)&cn->tcp, &b, 1);
+		if (w < 0 && w != UV_EAGAIN) {
+			conn_close_why(cn, "site:5");
 			return;
 		}
-		post_request(srv, c->method);
-		c->start_ns = sdb_mono_ns();
-		dispatch(c); /* the request message came with the call */
+		if (w < 0)
+			w = 0;
+		if ((size_t)w < cn->olen) {
+			size_t rest = cn->olen - (size_t)w;
+			uv_write_t *req = sdb_malloc(sizeof(*req) + rest);
+			uint8_t *copy = (uint8_t *)(req + 1);
+			memcpy(copy, cn->obuf + w, rest);
+			b = uv_buf_init((char *)copy, (unsigned)rest);
+			if (uv_write(req, (uv_stream_t *)&cn->tcp, &b, 1, on_written) != 0) {
+				free(req);
+				cn->olen = 0;
+				conn_close_why(cn, "site:6");
+				return;
+			}
+			if (cn->tcp.write_queue_size > WRITE_HIGH && !cn->paused) {
+				cn->paused = true;
+				uv_read_stop((uv_stream_t *)&cn->tcp);
+			}
+		}
+		cn->olen = 0;
+	}
+	if (cn->tcp.write_queue_size == 0 && !nghttp2_session_want_read(cn->sess) &&
+	    !nghttp2_session_want_write(cn->sess))
+		conn_close_why(cn, "site:7");
+}
+
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+	(void)h;
+	(void)hint;
+	*buf = uv_buf_init((char *)rbuf, sizeof rbuf);
+}
+
+static void tls_plain(void *arg, const uint8_t *d, size_t n)
+{
+	h2conn *cn = arg;
+
+	if (cn->failed)
 		return;
-	case SC_DECIDING:
-		return; /* not reached: no batch is pending while deciding */
-	case SC_SENDING:
-		if (c->method >= 0)
-			sdb_histogram_observe_ns(srv->m_latency[c->method], sdb_mono_ns() - c->start_ns);
-		call_free(c);
-		return;
+	ssize_t rv = nghttp2_session_mem_recv(cn->sess, d, n);
+
+	if (rv < 0) {
+		sdb_debug("grpc: not HTTP/2, closing", "err=\"%s\"", nghttp2_strerror((int)rv));
+		cn->failed = true;
 	}
 }
 
-static void *cq_main(void *arg)
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+	h2conn *cn = st->data;
+
+	if (nread == 0)
+		return;
+	if (nread < 0) {
+		if (nread != UV_EOF)
+			sdb_debug("grpc: connection error", "err=%s", uv_strerror((int)nread));
+		conn_close_why(cn, "site:8");
+		return;
+	}
+	if (cn->tls != NULL) {
+		if (tls_conn_feed(cn->tls, (const uint8_t *)buf->base, (size_t)nread, tls_plain,
+				  obuf_append, cn) != 0)
+			cn->failed = true;
+	} else {
+		tls_plain(cn, (const uint8_t *)buf->base, (size_t)nread);
+	}
+	if (cn->failed) { /* garbage: send nghttp2's GOAWAY when we can, then close */
+		conn_flush(cn);
+		conn_close_why(cn, "site:9");
+		return;
+	}
+	conn_flush(cn);
+}
+
+static void on_connection(uv_stream_t *ls, int status)
+{
+	rl_grpc_server *srv = ls->data;
+	nghttp2_settings_entry iv[2] = {
+		{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, MAX_STREAMS},
+		{NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW},
+	};
+	h2conn *cn;
+
+	if (status < 0)
+		return;
+	cn = sdb_calloc(1, sizeof(*cn));
+	cn->srv = srv;
+	uv_tcp_init(&srv->loop, &cn->tcp);
+	cn->tcp.data = cn;
+	if (uv_accept(ls, (uv_stream_t *)&cn->tcp) != 0) {
+		uv_close((uv_handle_t *)&cn->tcp, conn_closed);
+		return;
+	}
+	uv_tcp_nodelay(&cn->tcp, 1);
+	if (srv->tls != NULL && (cn->tls = tls_conn_new(srv->tls)) == NULL) {
+		uv_close((uv_handle_t *)&cn->tcp, conn_closed);
+		return;
+	}
+	if (nghttp2_session_server_new2(&cn->sess, srv->cbs, cn, srv->h2opt) != 0) {
+		tls_conn_free(cn->tls);
+		uv_close((uv_handle_t *)&cn->tcp, conn_closed);
+		return;
+	}
+	nghttp2_submit_settings(cn->sess, NGHTTP2_FLAG_NONE, iv, 2);
+	nghttp2_session_set_local_window_size(cn->sess, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW);
+	cn->next = srv->conns;
+	if (srv->conns)
+		srv->conns->prev = cn;
+	srv->conns = cn;
+	uv_read_start((uv_stream_t *)&cn->tcp, on_alloc, on_read);
+	conn_flush(cn);
+}
+
+/* ---- the loop thread ---- */
+
+static void close_any(uv_handle_t *h, void *arg)
+{
+	(void)arg;
+	if (!uv_is_closing(h))
+		uv_close(h, h->type == UV_TIMER ? timer_free : NULL);
+}
+
+static void on_wake(uv_async_t *a)
+{
+	rl_grpc_server *srv = a->data;
+	h2call *done, *next;
+	bool stop, exit_;
+
+	pthread_mutex_lock(&srv->mu);
+	done = srv->done;
+	srv->done = NULL;
+	stop = srv->stop_req;
+	exit_ = srv->exit_req;
+	pthread_mutex_unlock(&srv->mu);
+	for (h2call *rev = NULL;; done = next) { /* oldest first */
+		if (done == NULL) {
+			done = rev;
+			break;
+		}
+		next = done->qnext;
+		done->qnext = rev;
+		rev = done;
+	}
+	for (; done; done = next) {
+		next = done->qnext;
+		call_decided(done);
+	}
+	if ((stop || exit_) && !srv->listener_closed) {
+		srv->listener_closed = true;
+		uv_close((uv_handle_t *)&srv->listener, NULL);
+	}
+	if (exit_) {
+		while (srv->conns)
+			conn_close_why(srv->conns, "site:10");
+		uv_walk(&srv->loop, close_any, NULL); /* the wake handle and deadline timers */
+	}
+}
+
+static void *loop_main(void *arg)
 {
 	rl_grpc_server *srv = arg;
 
-	sdb_log_set_thread("ratelimit", NULL);
-	for (;;) {
-		grpc_event ev = grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-							   NULL);
-		if (ev.type == GRPC_QUEUE_SHUTDOWN)
-			break;
-		if (ev.type != GRPC_OP_COMPLETE)
-			continue;
-		if (ev.tag == &srv->shutdown_tag) {
-			pthread_mutex_lock(&srv->mu);
-			srv->shutdown_done = true;
-			pthread_cond_broadcast(&srv->cv);
-			pthread_mutex_unlock(&srv->mu);
-			continue;
-		}
-		on_event(srv, ev.tag, ev.success != 0);
-	}
+	sdb_log_set_thread("ratelimit-grpc", NULL);
+	uv_run(&srv->loop, UV_RUN_DEFAULT);
 	return NULL;
-}
-
-
-/* gRPC core logs to stderr in its own multi-line format; route it into the logfmt logger
- * (errors only: its INFO/DEBUG chatter is not an operator's concern). */
-static void grpc_log_to_sdb(gpr_log_func_args *a)
-{
-	char q[1024];
-
-	sdb_log(a->severity == GPR_LOG_SEVERITY_ERROR ? SDB_LOG_ERROR : SDB_LOG_DEBUG, "grpc",
-		"detail=%s", sdb_logq(q, sizeof q, a->message != NULL ? a->message : ""));
 }
 
 bool rl_v1_reserved(const rl_req *reqs, size_t n, char *msg, size_t msglen)
@@ -499,83 +998,6 @@ bool rl_v1_reserved(const rl_req *reqs, size_t n, char *msg, size_t msglen)
 		if (auth_cluster_reserved_name(reqs[i].name, msg, msglen))
 			return true;
 	return false;
-}
-
-/* ---- issue #10: TLS on the gRPC listener ----
- * When the "ratelimit" TLS listener is configured (tls_setup in rl_grpc_start), the
- * port serves TLS only. gRPC asks this fetcher for the certificate configuration at the
- * start of each handshake: it answers NEW after a SIGHUP reload (tls_reload, the "TLS" hook, bumps
- * the listener's generation), so new connections use the new certificate without a
- * restart; UNCHANGED otherwise, or when the new files cannot be read (old ones stay). */
-#define TLS_ROLE "ratelimit"
-
-static grpc_ssl_certificate_config_reload_status tls_fetch(void *arg,
-							   grpc_ssl_server_certificate_config **cfg)
-{
-	rl_grpc_server *srv = arg;
-	char *cert, *key, *ca, err[256];
-	grpc_ssl_pem_key_cert_pair pair;
-	unsigned gen;
-	int rc;
-
-	pthread_mutex_lock(&srv->tls_mu);
-	gen = srv->tls_gen;
-	rc = tls_listener_pem(TLS_ROLE, &gen, &cert, &key, &ca, err, sizeof err);
-	if (rc == 1)
-		srv->tls_gen = gen;
-	pthread_mutex_unlock(&srv->tls_mu);
-	if (rc == 0)
-		return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
-	if (rc < 0) {
-		sdb_error("grpc: TLS certificates", "err=\"%s\"", err);
-		return gen ? GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED
-			   : GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_FAIL;
-	}
-	pair.private_key = key;
-	pair.cert_chain = cert;
-	/* gRPC 1.51 asserts pem_root_certs != NULL in a fetched config even when client
-	 * certificates are not requested: without --tls-ca give it our own chain, which is
-	 * then never used (GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE) */
-	*cfg = grpc_ssl_server_certificate_config_create(ca ? ca : cert, &pair, 1); /* copies */
-	free(cert);
-	memset(key, 0, strlen(key));
-	free(key);
-	free(ca);
-	if (gen > 1)
-		sdb_info("grpc: TLS certificate reloaded", "generation=%u", gen);
-	return GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW;
-}
-
-/* Insecure credentials, or TLS ones when the listener is configured (with --tls-ca a
- * client certificate signed by it is required: mutual TLS). NULL with err on failure. */
-static grpc_server_credentials *server_credentials(rl_grpc_server *srv, char *err,
-						   size_t errlen)
-{
-	grpc_ssl_server_credentials_options *o;
-	char *cert, *key, *ca;
-	unsigned gen = 0;
-	bool mutual;
-
-	if (tls_listener_mode(TLS_ROLE) == TLS_MODE_DISABLED)
-		return grpc_insecure_server_credentials_create();
-	/* read once now so that bad files fail the start with a clear message */
-	if (tls_listener_pem(TLS_ROLE, &gen, &cert, &key, &ca, err, errlen) < 0)
-		return NULL;
-	mutual = ca != NULL;
-	free(cert);
-	memset(key, 0, strlen(key));
-	free(key);
-	free(ca);
-	o = grpc_ssl_server_credentials_create_options_using_config_fetcher(
-		mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-		       : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-		tls_fetch, srv);
-	if (!o) {
-		sdb_errf(err, errlen, SDB_EINVAL, "grpc: TLS options refused");
-		return NULL;
-	}
-	sdb_info("grpc: TLS on the listener", "client_cert=%s", mutual ? "required" : "no");
-	return grpc_ssl_server_credentials_create_with_options(o); /* takes o */
 }
 
 void rl_grpc_tune_runtime(void)
@@ -596,44 +1018,104 @@ void rl_grpc_tune_runtime(void)
 	}
 }
 
-/* The last of srv, after its gRPC server is destroyed and its queue drained (no thread
- * left): the queue, the locks, srv itself and this server's grpc_init reference. */
+/* Bind srv->listener to "HOST:PORT" ("[v6]:PORT"; an empty host: every interface). */
+static int bind_listener(rl_grpc_server *srv, const char *listen, char *err, size_t errlen)
+{
+	const char *colon = strrchr(listen, ':');
+	char host[256], port[16];
+	struct addrinfo hints, *res = NULL, *ai;
+	struct sockaddr_storage ss;
+	int namelen = sizeof ss, rv = -1;
+	size_t hl;
+
+	if (colon == NULL || colon[1] == '\0' || strlen(colon + 1) >= sizeof port)
+		return sdb_errf(err, errlen, SDB_EIO, "grpc: cannot listen on %s (HOST:PORT)",
+				listen);
+	hl = (size_t)(colon - listen);
+	if (hl >= 2 && listen[0] == '[' && listen[hl - 1] == ']') {
+		listen++;
+		hl -= 2;
+	}
+	if (hl >= sizeof host)
+		return sdb_errf(err, errlen, SDB_EIO, "grpc: cannot listen on %s", listen);
+	memcpy(host, listen, hl);
+	host[hl] = '\0';
+	snprintf(port, sizeof port, "%s", colon + 1);
+	memset(&hints, 0, sizeof hints);
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE;
+	if (getaddrinfo(hl ? host : NULL, port, &hints, &res) != 0)
+		return sdb_errf(err, errlen, SDB_EIO, "grpc: cannot listen on %s: bad address",
+				colon - hl);
+	for (ai = res; ai; ai = ai->ai_next) {
+		uv_tcp_init(&srv->loop, &srv->listener);
+		rv = uv_tcp_bind(&srv->listener, ai->ai_addr, 0);
+		if (rv == 0)
+			rv = uv_listen((uv_stream_t *)&srv->listener, 511, on_connection);
+		if (rv == 0)
+			break;
+		uv_close((uv_handle_t *)&srv->listener, NULL);
+		uv_run(&srv->loop, UV_RUN_NOWAIT);
+	}
+	freeaddrinfo(res);
+	if (rv != 0)
+		return sdb_errf(err, errlen, SDB_EIO, "grpc: cannot listen on %s: %s", colon - hl,
+				uv_strerror(rv));
+	srv->listener.data = srv;
+	uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&ss, &namelen);
+	srv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+						   : ((struct sockaddr_in *)&ss)->sin_port);
+	return 0;
+}
+
 static void server_release(rl_grpc_server *srv)
 {
-	grpc_completion_queue_destroy(srv->cq);
-	pthread_cond_destroy(&srv->cv);
+	if (srv->cbs)
+		nghttp2_session_callbacks_del(srv->cbs);
+	if (srv->h2opt)
+		nghttp2_option_del(srv->h2opt);
 	pthread_mutex_destroy(&srv->mu);
-	pthread_mutex_destroy(&srv->tls_mu);
 	pthread_rwlock_destroy(&srv->fence);
 	free(srv);
-	grpc_shutdown();
 }
 
 int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, char *err,
 		       size_t errlen)
 {
 	rl_grpc_server *srv;
-	grpc_server_credentials *creds;
-	grpc_arg args[1];
-	grpc_channel_args chargs;
 	int i, rv;
 
 	*out = NULL;
 	if (opts->listen == NULL || opts->listen[0] == '\0')
 		return sdb_errf(err, errlen, SDB_EINVAL, "grpc: no listen address");
-	gpr_set_log_function(grpc_log_to_sdb);
-	gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
-	rl_grpc_tune_runtime();
-	grpc_init();
 	srv = sdb_calloc(1, sizeof(*srv));
 	srv->cluster = opts->cluster;
-	srv->n_threads = opts->threads > 0 ? opts->threads : 2;
-	if (srv->n_threads > MAX_THREADS)
-		srv->n_threads = MAX_THREADS;
 	pthread_rwlock_init(&srv->fence, NULL);
 	pthread_mutex_init(&srv->mu, NULL);
-	pthread_mutex_init(&srv->tls_mu, NULL);
-	pthread_cond_init(&srv->cv, NULL);
+	if (tls_listener_mode(TLS_ROLE) != TLS_MODE_DISABLED) {
+		char *cert, *key, *ca;
+		unsigned gen = 0;
+		/* read once now so that bad files fail the start with a clear message */
+		if (tls_listener_pem(TLS_ROLE, &gen, &cert, &key, &ca, err, errlen) < 0) {
+			server_release(srv);
+			return SDB_EINVAL;
+		}
+		free(cert);
+		memset(key, 0, strlen(key));
+		free(key);
+		sdb_info("grpc: TLS on the listener", "client_cert=%s", ca ? "required" : "no");
+		free(ca);
+		srv->tls = tls_listener_get(TLS_ROLE);
+		tls_listener_set_alpn_h2(srv->tls);
+	}
+	nghttp2_session_callbacks_new(&srv->cbs);
+	nghttp2_session_callbacks_set_on_begin_headers_callback(srv->cbs, on_begin_headers);
+	nghttp2_session_callbacks_set_on_header_callback(srv->cbs, on_header);
+	nghttp2_session_callbacks_set_on_data_chunk_recv_callback(srv->cbs, on_data_chunk);
+	nghttp2_session_callbacks_set_on_frame_recv_callback(srv->cbs, on_frame_recv);
+	nghttp2_session_callbacks_set_on_stream_close_callback(srv->cbs, on_stream_close);
+	nghttp2_option_new(&srv->h2opt);
 	for (i = 0; i < M__COUNT; i++) {
 		srv->m_calls[i] = sdb_metrics_counter("stripedb_ratelimit_grpc_calls_total",
 						      "gRPC calls received by method", method_labels[i]);
@@ -642,61 +1124,27 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 							  method_labels[i]);
 	}
 	SDB_METRICS_REGISTER(srv, grpc_server_metrics, NULL);
-
-	args[0].type = GRPC_ARG_INTEGER;
-	args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-	args[0].value.integer = 4 * 1024 * 1024;
-	chargs.num_args = 1;
-	chargs.args = args;
-	srv->server = grpc_server_create(&chargs, NULL);
-	srv->cq = grpc_completion_queue_create_for_next(NULL);
-	grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
-	for (i = 0; i < M__COUNT; i++)
-		srv->registered[i] = grpc_server_register_method(
-			srv->server, methods[i], NULL, GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
-	creds = server_credentials(srv, err, errlen);
-	if (creds == NULL) {
-		rv = SDB_EINVAL;
-		goto err_after_server;
-	}
-	srv->port = grpc_server_add_http2_port(srv->server, opts->listen, creds);
-	grpc_server_credentials_release(creds);
-	if (srv->port <= 0) {
-		rv = sdb_errf(err, errlen, SDB_EIO, "grpc: cannot listen on %s", opts->listen);
-		goto err_after_server;
-	}
-	grpc_server_start(srv->server);
-	for (i = 0; i < M__COUNT; i++)
-		for (int k = 0; k < outstanding[i]; k++)
-			post_request(srv, i);
-	for (i = 0; i < OUTSTANDING_UNKNOWN; i++)
-		post_request(srv, -1);
-	for (i = 0; i < srv->n_threads; i++) {
-		rv = pthread_create(&srv->threads[i], NULL, cq_main, srv);
+	uv_loop_init(&srv->loop);
+	rv = bind_listener(srv, opts->listen, err, errlen);
+	if (rv == 0) {
+		uv_async_init(&srv->loop, &srv->wake, on_wake);
+		srv->wake.data = srv;
+		rv = pthread_create(&srv->thread, NULL, loop_main, srv);
 		if (rv != 0) {
-			srv->n_threads = i;
-			rl_grpc_server_shutdown(srv);
-			rl_grpc_server_free(srv);
-			return sdb_errf(err, errlen, SDB_EIO, "grpc: thread: %s", strerror(rv));
+			rv = sdb_errf(err, errlen, SDB_EIO, "grpc: thread: %s", strerror(rv));
+			uv_close((uv_handle_t *)&srv->wake, NULL);
+			uv_close((uv_handle_t *)&srv->listener, NULL);
 		}
 	}
+	if (rv != 0) {
+		uv_run(&srv->loop, UV_RUN_DEFAULT); /* the closes */
+		uv_loop_close(&srv->loop);
+		server_release(srv);
+		return rv;
+	}
+	srv->started = true;
 	*out = srv;
 	return 0;
-
-err_after_server:
-	/* never started: no calls, a plain destroy is enough */
-	grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
-	grpc_server_cancel_all_calls(srv->server);
-	grpc_completion_queue_shutdown(srv->cq);
-	for (;;) {
-		grpc_event ev = grpc_completion_queue_next(srv->cq,
-							   gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-		if (ev.type == GRPC_QUEUE_SHUTDOWN)
-			break;
-	}
-	grpc_server_destroy(srv->server);
-	server_release(srv);
-	return rv;
 }
 
 int rl_grpc_server_port(const rl_grpc_server *srv)
@@ -709,49 +1157,29 @@ void rl_grpc_server_shutdown(rl_grpc_server *srv)
 	if (srv->shut)
 		return;
 	srv->shut = true;
-	grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
-	grpc_server_cancel_all_calls(srv->server);
 	pthread_rwlock_wrlock(&srv->fence);
 	srv->fenced = true;
 	pthread_rwlock_unlock(&srv->fence);
+	pthread_mutex_lock(&srv->mu);
+	srv->stop_req = true;
+	pthread_mutex_unlock(&srv->mu);
+	uv_async_send(&srv->wake);
 }
 
 void rl_grpc_server_free(rl_grpc_server *srv)
 {
-	int i;
-
 	if (srv == NULL)
 		return;
 	rl_grpc_server_shutdown(srv);
-	if (srv->n_threads > 0) {
-		pthread_mutex_lock(&srv->mu);
-		while (!srv->shutdown_done)
-			pthread_cond_wait(&srv->cv, &srv->mu);
-		pthread_mutex_unlock(&srv->mu);
-	} else {
-		/* no thread ever ran: drain here */
-		for (;;) {
-			grpc_event ev = grpc_completion_queue_next(
-				srv->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-			if (ev.type != GRPC_OP_COMPLETE || ev.tag == &srv->shutdown_tag)
-				break;
-			on_event(srv, ev.tag, ev.success != 0);
-		}
-	}
-	grpc_server_destroy(srv->server);
-	grpc_completion_queue_shutdown(srv->cq);
-	if (srv->n_threads == 0) {
-		for (;;) {
-			grpc_event ev = grpc_completion_queue_next(
-				srv->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-			if (ev.type == GRPC_QUEUE_SHUTDOWN)
-				break;
-			if (ev.type == GRPC_OP_COMPLETE && ev.tag != &srv->shutdown_tag)
-				on_event(srv, ev.tag, ev.success != 0);
-		}
-	}
-	for (i = 0; i < srv->n_threads; i++)
-		pthread_join(srv->threads[i], NULL);
+	pthread_mutex_lock(&srv->mu);
+	srv->exit_req = true;
+	pthread_mutex_unlock(&srv->mu);
+	uv_async_send(&srv->wake);
+	pthread_join(srv->thread, NULL);
+	if (srv->done != NULL) /* decided after the loop ended: not reached when the cluster
+				* was freed first, as the protocol above asks */
+		sdb_warn("grpc: decisions completed after the server stopped", NULL);
+	uv_loop_close(&srv->loop);
 	server_release(srv);
 }
 
@@ -907,7 +1335,6 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 	memset(&sopts, 0, sizeof(sopts));
 	sopts.listen = listen;
 	sopts.cluster = g->cluster;
-	sopts.threads = 2;
 	rv = rl_grpc_server_new(&sopts, &g->server, err, errlen);
 	if (rv != 0)
 		goto err_after_cluster;

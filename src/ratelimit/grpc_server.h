@@ -1,14 +1,27 @@
 /* The rate limiter's gRPC service: pb.gubernator.V1 (GetRateLimits, HealthCheck,
- * LiveCheck) and pb.gubernator.PeersV1 (GetPeerRateLimits, UpdatePeerGlobals), on gRPC's
- * C core (grpc/grpc.h) with protobuf-c messages generated from gubernator.proto.
+ * LiveCheck) and pb.gubernator.PeersV1 (GetPeerRateLimits, UpdatePeerGlobals), served by
+ * libnghttp2 (HTTP/2) on one libuv loop thread of its own (never the role's loop; no
+ * hand-off between threads for a call answered locally), with protobuf-c messages
+ * generated from gubernator.proto. gRPC's framing over HTTP/2 (5-byte length prefix,
+ * headers, grpc-status/grpc-message trailers) is grpc_server.c's. The peer client
+ * (peers.c) stays on gRPC's C core.
  *
- * One completion queue served by a few threads of its own (never the role's loop).
  * GetRateLimits is answered asynchronously: keys owned by other peers are forwarded by
- * the cluster layer and the call completes when the last answer arrives, without holding
- * a thread. Status codes (as Gubernator): more than 1000 requests -> OUT_OF_RANGE;
+ * the cluster layer and the call completes when the last answer arrives (the completion
+ * is handed back to the loop thread with uv_async), without holding a thread.
+ * Status codes (as Gubernator): more than 1000 requests -> OUT_OF_RANGE;
  * a body that is not a valid protobuf message -> INVALID_ARGUMENT; an unknown method ->
- * UNIMPLEMENTED; while stopping -> UNAVAILABLE. Per-request problems are per-item
- * `error` strings with status OK.
+ * UNIMPLEMENTED; while stopping -> UNAVAILABLE; a reserved bucket name ->
+ * PERMISSION_DENIED. Per-request problems are per-item `error` strings with status OK.
+ * As gRPC servers: grpc-encoding other than identity -> UNIMPLEMENTED with
+ * grpc-accept-encoding: identity; a request message over 4 MiB -> RESOURCE_EXHAUSTED;
+ * grpc-timeout is honoured (DEADLINE_EXCEEDED when it passes before the answer);
+ * content-type not application/grpc -> HTTP 415, a method other than POST -> HTTP 405.
+ * HTTP/2: up to 4096 concurrent streams per connection, 1 MiB stream windows, 16 MiB
+ * connection window; a connection whose output backs up past 8 MiB stops being read
+ * until it drains; bytes that are not HTTP/2 close the connection (GOAWAY when possible).
+ * TLS (issue #10): when the "ratelimit" listener is configured the port serves TLS only,
+ * through tls/tls.h with ALPN "h2"; a SIGHUP reload applies to new connections.
  */
 #ifndef SDB_RATELIMIT_GRPC_SERVER_H
 #define SDB_RATELIMIT_GRPC_SERVER_H
@@ -24,7 +37,7 @@ typedef struct rl_grpc_server rl_grpc_server;
 typedef struct rl_grpc_server_opts {
 	const char *listen;  /* "HOST:PORT" (port 0: any free port) */
 	rl_cluster *cluster; /* decides; borrowed, must outlive the server's use (see free) */
-	int threads;         /* completion-queue threads; 0 = 2 */
+	int threads;         /* ignored (one loop thread); kept for source compatibility */
 } rl_grpc_server_opts;
 
 /* Bind and start serving. Errors: SDB_EINVAL (no address), SDB_EIO (bind failed:
@@ -39,11 +52,13 @@ int rl_grpc_server_port(const rl_grpc_server *srv);
  * rl_grpc_server_shutdown() stops accepting calls, cancels calls in flight and fences
  * the cluster off (a call that arrives later gets UNAVAILABLE); the caller then frees
  * the cluster (which completes the decisions still pending); rl_grpc_server_free()
- * waits for the last call to finish, joins the threads and frees. */
+ * closes the connections (calls still open are dropped), ends the loop thread and
+ * frees. */
 void rl_grpc_server_shutdown(rl_grpc_server *srv);
 void rl_grpc_server_free(rl_grpc_server *srv);
 
-/* Turn off Abseil's mutex deadlock detection for the process when the linked Abseil has
+/* Turn off Abseil's mutex deadlock detection for the process (for the gRPC core peer
+ * client and the benchmark's client) when the linked Abseil has
  * it on (Debian 12 builds Abseil without NDEBUG, so every absl::Mutex lock inside gRPC
  * core maintains a lock-order graph: about 5% of the CPU of a gRPC call measured with
  * perf, tests/bench/README.md). Looked up at run time (dlsym) under the Debian and the

@@ -8,6 +8,7 @@
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -122,11 +123,23 @@ static void *cq_thread(void *arg)
 	return NULL;
 }
 
+/* gRPC core logs to stderr in its own multi-line format; route it into the logfmt logger
+ * (errors only: its INFO/DEBUG chatter is not an operator's concern). */
+static void grpc_log_to_sdb(gpr_log_func_args *a)
+{
+	char q[1024];
+
+	sdb_log(a->severity == GPR_LOG_SEVERITY_ERROR ? SDB_LOG_ERROR : SDB_LOG_DEBUG, "grpc",
+		"detail=%s", sdb_logq(q, sizeof q, a->message != NULL ? a->message : ""));
+}
+
 int rl_peers_new(rl_peers **out, char *err, size_t errlen)
 {
 	rl_peers *p = sdb_calloc(1, sizeof(*p));
 	int rv;
 
+	gpr_set_log_function(grpc_log_to_sdb);
+	gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
 	rl_grpc_tune_runtime();
 	grpc_init();
 	pthread_mutex_init(&p->mu, NULL);

@@ -20,6 +20,7 @@ struct tls_listener {
 	tls_mode mode;
 	bool internal; /* TLS_CLIENTS_INTERNAL: with a CA, a client certificate is required */
 	unsigned gen;  /* bumped by each successful reload */
+	bool alpn_h2;  /* select ALPN "h2" (tls_listener_set_alpn_h2) */
 	char *cert, *key, *ca;
 	SSL_CTX *ctx;
 };
@@ -47,6 +48,23 @@ static int ssl_errf(char *err, size_t errlen, int rc, const char *what)
 	ERR_error_string_n(e, buf, sizeof buf);
 	ERR_clear_error();
 	return sdb_errf(err, errlen, rc, "tls: %s: %s", what, e ? buf : "failed");
+}
+
+/* ALPN selection for an HTTP/2 listener: "h2" when the client offers it; otherwise no
+ * protocol is selected (the handshake goes on, as RFC 7301 allows). */
+static int alpn_select_h2(SSL *ssl, const unsigned char **out, unsigned char *outlen,
+			  const unsigned char *in, unsigned int inlen, void *arg)
+{
+	static const unsigned char h2[] = {2, 'h', '2'};
+	unsigned char *sel;
+
+	(void)ssl;
+	(void)arg;
+	if (SSL_select_next_proto(&sel, outlen, h2, sizeof h2, in, inlen) !=
+	    OPENSSL_NPN_NEGOTIATED)
+		return SSL_TLSEXT_ERR_NOACK;
+	*out = sel;
+	return SSL_TLSEXT_ERR_OK;
 }
 
 static int make_ctx(const listener *l, SSL_CTX **out, char *err, size_t errlen)
@@ -87,8 +105,21 @@ static int make_ctx(const listener *l, SSL_CTX **out, char *err, size_t errlen)
 		SSL_CTX_set_session_id_context(ctx, (const unsigned char *)l->role,
 					       (unsigned)strlen(l->role));
 	}
+	if (l->alpn_h2)
+		SSL_CTX_set_alpn_select_cb(ctx, alpn_select_h2, NULL);
 	*out = ctx;
 	return 0;
+}
+
+void tls_listener_set_alpn_h2(tls_listener *l)
+{
+	uv_once(&once, init_mu);
+	uv_mutex_lock(&mu);
+	if (!l->alpn_h2) {
+		l->alpn_h2 = true;
+		SSL_CTX_set_alpn_select_cb(l->ctx, alpn_select_h2, NULL);
+	}
+	uv_mutex_unlock(&mu);
 }
 
 int tls_setup(const sdb_config *cfg, const char *role, tls_clients clients, char *err,
@@ -379,4 +410,9 @@ int tls_conn_write(tls_conn *c, const uint8_t *data, size_t len, tls_out_fn send
 		len -= (size_t)n;
 	}
 	return 0;
+}
+
+bool tls_conn_ready(const tls_conn *c)
+{
+	return SSL_is_init_finished(c->ssl) == 1;
 }

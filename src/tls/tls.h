@@ -60,6 +60,11 @@ tls_listener *tls_listener_get(const char *role);
 /* The mode of listener l (not NULL). Thread-safe. */
 tls_mode tls_listener_get_mode(const tls_listener *l);
 
+/* Make listener l (not NULL) an HTTP/2 one: its TLS handshakes select the ALPN protocol
+ * "h2" when the client offers it (gRPC clients require it), now and after each reload.
+ * Idempotent. Thread-safe. */
+void tls_listener_set_alpn_h2(tls_listener *l);
+
 /* Re-read certificate, key and CA of every configured listener and bump the generation of
  * each one reloaded (tls_listener_pem). Only the listeners of this file: the other
  * certificates (--tls-internal, the Raft port, --http-tls) have their own SIGHUP hooks.
@@ -102,5 +107,8 @@ int tls_conn_feed(tls_conn *c, const uint8_t *in, size_t len, tls_out_fn plain, 
 /* Encrypt len plaintext bytes; the ciphertext goes to send(arg, ...). Errors: SDB_EPROTO
  * (the session failed). */
 int tls_conn_write(tls_conn *c, const uint8_t *data, size_t len, tls_out_fn send, void *arg);
+
+/* Has the handshake of c completed? */
+bool tls_conn_ready(const tls_conn *c);
 
 #endif
