@@ -731,7 +731,9 @@ static void conn_closed(uv_handle_t *h)
 	free(cn);
 }
 
-static void conn_close_why(h2conn *cn, const char *why)
+/* Close cn (why: for the debug log): its calls are orphaned or freed, its session and TLS
+ * freed at once, the struct itself when libuv has closed the socket. Idempotent. */
+static void conn_close(h2conn *cn, const char *why)
 {
 	rl_grpc_server *srv = cn->srv;
 
@@ -783,7 +785,7 @@ static void on_written(uv_write_t *w, int status)
 	if (cn->closing)
 		return;
 	if (status < 0) {
-		conn_close_why(cn, "site:1");
+		conn_close(cn, "write failed");
 		return;
 	}
 	if (cn->paused && cn->tcp.write_queue_size < WRITE_LOW) {
@@ -792,7 +794,7 @@ static void on_written(uv_write_t *w, int status)
 	}
 	if (cn->tcp.write_queue_size == 0 && !nghttp2_session_want_read(cn->sess) &&
 	    !nghttp2_session_want_write(cn->sess))
-		conn_close_why(cn, "site:2");
+		conn_close(cn, "session over");
 }
 
 /* Send what nghttp2 has to send (through TLS when on), then write it to the socket. */
@@ -805,7 +807,7 @@ static void conn_flush(h2conn *cn)
 			const uint8_t *d;
 			ssize_t n = nghttp2_session_mem_send(cn->sess, &d);
 			if (n < 0) {
-				conn_close_why(cn, "site:3");
+				conn_close(cn, "nghttp2 send failed");
 				return;
 			}
 			if (n == 0)
@@ -813,7 +815,7 @@ static void conn_flush(h2conn *cn)
 			if (cn->tls == NULL)
 				obuf_append(cn, d, (size_t)n);
 			else if (tls_conn_write(cn->tls, d, (size_t)n, obuf_append, cn) != 0) {
-				conn_close_why(cn, "site:4");
+				conn_close(cn, "TLS write failed");
 				return;
 			}
 		}
@@ -822,7 +824,7 @@ static void conn_flush(h2conn *cn)
 		uv_buf_t b = uv_buf_init((char *)cn->obuf, (unsigned)cn->olen);
 		int w = uv_try_write((uv_stream_t *)&cn->tcp, &b, 1);
 		if (w < 0 && w != UV_EAGAIN) {
-			conn_close_why(cn, "site:5");
+			conn_close(cn, "write failed");
 			return;
 		}
 		if (w < 0)
@@ -836,7 +838,7 @@ static void conn_flush(h2conn *cn)
 			if (uv_write(req, (uv_stream_t *)&cn->tcp, &b, 1, on_written) != 0) {
 				free(req);
 				cn->olen = 0;
-				conn_close_why(cn, "site:6");
+				conn_close(cn, "write failed");
 				return;
 			}
 			if (cn->tcp.write_queue_size > WRITE_HIGH && !cn->paused) {
@@ -848,7 +850,7 @@ static void conn_flush(h2conn *cn)
 	}
 	if (cn->tcp.write_queue_size == 0 && !nghttp2_session_want_read(cn->sess) &&
 	    !nghttp2_session_want_write(cn->sess))
-		conn_close_why(cn, "site:7");
+		conn_close(cn, "session over");
 }
 
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
@@ -881,7 +883,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 	if (nread < 0) {
 		if (nread != UV_EOF)
 			sdb_debug("grpc: connection error", "err=%s", uv_strerror((int)nread));
-		conn_close_why(cn, "site:8");
+		conn_close(cn, "read: end or error");
 		return;
 	}
 	if (cn->tls != NULL) {
@@ -893,7 +895,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 	}
 	if (cn->failed) { /* garbage: send nghttp2's GOAWAY when we can, then close */
 		conn_flush(cn);
-		conn_close_why(cn, "site:9");
+		conn_close(cn, "not HTTP/2 (or TLS failed)");
 		return;
 	}
 	conn_flush(cn);
@@ -978,7 +980,7 @@ static void on_wake(uv_async_t *a)
 	}
 	if (exit_) {
 		while (srv->conns)
-			conn_close_why(srv->conns, "site:10");
+			conn_close(srv->conns, "server stopping");
 		uv_walk(&srv->loop, close_any, NULL); /* the wake handle and deadline timers */
 	}
 }

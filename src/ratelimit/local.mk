@@ -24,7 +24,7 @@ TESTS += tests/unit/test_ratelimit_algo tests/unit/test_ratelimit_limiter \
 noinst_PROGRAMS += tests/bench/ratelimit_bench
 tests_bench_ratelimit_bench_SOURCES = tests/bench/ratelimit_bench.c
 tests_bench_ratelimit_bench_LDADD = libstripedb.a $(SDB_LIBS)
-EXTRA_DIST += tests/bench/ratelimit_bench.sh tests/bench/ratelimit_wrk.lua \
+EXTRA_DIST += tests/bench/ratelimit_bench.sh tests/bench/ratelimit_grpc_vs_redis.sh tests/bench/ratelimit_wrk.lua \
 	tests/bench/ratelimit_token_bucket.lua tests/bench/README.md src/ratelimit/README.md
 # --- end limiter engineer block ---
 

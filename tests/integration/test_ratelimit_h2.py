@@ -1,0 +1,209 @@
+"""The rate limiter's gRPC server on libnghttp2 (issue #23): what a gRPC client can reach
+beyond the API itself. Many concurrent calls on one channel, request and response
+messages larger than the HTTP/2 windows (flow control), a message over 4 MiB
+(RESOURCE_EXHAUSTED), deadlines, a compressed call refused (UNIMPLEMENTED), bytes that
+are not HTTP/2 and connections reset mid-call (raw sockets: the node keeps serving and
+ASan sees nothing), and many concurrent calls over mutual TLS (ALPN h2) after a SIGHUP
+certificate reload. grpcio is the client, with stubs generated from our .proto.
+"""
+import shutil
+import signal
+import socket
+import struct
+
+import grpc
+import pytest
+
+from conftest import free_port, wait_until
+from test_ratelimit_grpc import MINUTE, T0, node, pb, req  # noqa: F401 - fixtures
+from test_security_tls import grpc_tls_channel, live, make_certs, mtls_args, pki, start_rl
+
+
+def get(nd, reqs, timeout=10, **kw):
+    return list(nd.v1.GetRateLimits(nd.pb2.GetRateLimitsReq(requests=reqs), timeout=timeout,
+                                    **kw).responses)
+
+
+def test_many_concurrent_calls_on_one_channel(node, pb):
+    futs = [node.v1.GetRateLimits.future(node.pb2.GetRateLimitsReq(
+        requests=[req(pb, f"cc-{i % 100}", limit=1000)]), timeout=30) for i in range(1000)]
+    rs = [f.result() for f in futs]
+    assert all(len(r.responses) == 1 and r.responses[0].error == "" for r in rs)
+    # each of the 100 keys was hit 10 times, by calls in flight together
+    (r,) = get(node, [req(pb, "cc-7", hits=0, limit=1000)])
+    assert r.remaining == 990
+
+
+def test_messages_larger_than_the_windows(node, pb):
+    # ~1 MB requests and answers: beyond the 64 KiB default windows of both sides
+    long = "n" * 1000
+    reqs = [req(pb, f"big-{i}", name=long) for i in range(1000)]
+    futs = [node.v1.GetRateLimits.future(node.pb2.GetRateLimitsReq(requests=reqs), timeout=30)
+            for _ in range(3)]
+    for k, f in enumerate(futs):
+        out = f.result().responses
+        assert len(out) == 1000
+        assert {r.remaining for r in out} == {9 - k} or len({r.remaining for r in out}) == 1
+    (r,) = get(node, [req(pb, "big-999", name=long, hits=0)])
+    assert r.remaining == 7
+
+
+def test_message_over_4mib_is_resource_exhausted(node, pb):
+    reqs = [req(pb, f"huge-{i}", name="h" * 5000) for i in range(1000)]
+    with pytest.raises(grpc.RpcError) as e:
+        get(node, reqs, timeout=30)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert node.one(req(pb, "after-huge")).remaining == 9
+
+
+def test_deadline(node, pb):
+    with pytest.raises(grpc.RpcError) as e:
+        get(node, [req(pb, "dl")], timeout=0.000001)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    (r,) = get(node, [req(pb, "dl")], timeout=5)  # a deadline not reached: answered
+    assert r.error == "" and r.remaining in (8, 9)
+
+
+def test_compressed_call_is_refused(node, pb):
+    with pytest.raises(grpc.RpcError) as e:
+        get(node, [req(pb, "gz")], compression=grpc.Compression.Gzip)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "identity" in e.value.details()
+    assert node.one(req(pb, "gz")).remaining == 9  # not counted, still serving
+
+
+# ---- raw HTTP/2 over a socket ----
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def frame(ftype, flags, sid, payload=b""):
+    return struct.pack(">I", len(payload))[1:] + bytes([ftype, flags]) + \
+        struct.pack(">I", sid) + payload
+
+
+def hpack_literal(headers):
+    """Literal header fields without indexing, new names, no Huffman (RFC 7541 6.2.2)."""
+    out = b""
+    for k, v in headers:
+        k, v = k.encode(), v.encode()
+        assert len(k) < 127 and len(v) < 127
+        out += b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v
+    return out
+
+
+def request_headers(sid, path, end_stream=False):
+    h = hpack_literal([(":method", "POST"), (":scheme", "http"), (":path", path),
+                       (":authority", "localhost"), ("content-type", "application/grpc"),
+                       ("te", "trailers")])
+    return frame(1, 0x4 | (0x1 if end_stream else 0), sid, h)
+
+
+def read_frames(s, until_type, timeout=5):
+    s.settimeout(timeout)
+    buf = b""
+    frames = []
+    while True:
+        while len(buf) >= 9:
+            n = struct.unpack(">I", b"\x00" + buf[:3])[0]
+            if len(buf) < 9 + n:
+                break
+            ft, fl, sid = buf[3], buf[4], struct.unpack(">I", buf[5:9])[0] & 0x7fffffff
+            frames.append((ft, fl, sid, buf[9:9 + n]))
+            buf = buf[9 + n:]
+            if ft == until_type:
+                return frames
+        chunk = s.recv(65536)
+        if not chunk:
+            return frames
+        buf += chunk
+
+
+def raw(node):
+    host, port = node.addr.split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def test_raw_http2_call(node, pb):
+    with raw(node) as s:
+        s.sendall(PREFACE + frame(4, 0, 0) + request_headers(1, "/pb.gubernator.V1/LiveCheck")
+                  + frame(0, 0x1, 1, b"\x00\x00\x00\x00\x00"))
+        frames = read_frames(s, 0)
+        data = [f for f in frames if f[0] == 0 and f[2] == 1]
+        assert data and data[0][3] == b"\x00\x00\x00\x00\x00"  # an empty LiveCheckResp
+
+
+def test_garbage_and_resets_mid_call(node, pb):
+    # bytes that are not HTTP/2: the connection is closed
+    with raw(node) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\xff" * 1000)
+        s.settimeout(5)
+        try:
+            while s.recv(65536):
+                pass
+        except ConnectionResetError:
+            pass
+    # a frame whose length overruns what the peer may send, after a valid preface
+    with raw(node) as s:
+        s.sendall(PREFACE + frame(4, 0, 0) + b"\xff\xff\xff\x00\x00\x00\x00\x00\x01" + b"x" * 100)
+        read_frames(s, 7)  # GOAWAY (or close)
+    # calls cut mid-message, mid-headers, with many streams open, then the socket reset
+    for cut in range(6):
+        with raw(node) as s:
+            msg = node.pb2.GetRateLimitsReq(requests=[req(pb, f"cut-{cut}")]).SerializeToString()
+            body = b"\x00" + struct.pack(">I", len(msg)) + msg
+            out = PREFACE + frame(4, 0, 0)
+            for sid in range(1, 40, 2):
+                out += request_headers(sid, "/pb.gubernator.V1/GetRateLimits")
+                out += frame(0, 0, sid, body[:len(body) // 2])
+            out += request_headers(41, "/pb.gubernator.V1/GetRateLimits", end_stream=False)
+            s.sendall(out[:len(out) - cut * 7])
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        # RST: closed with SO_LINGER 0
+    # a complete call whose client resets before reading the answer
+    for _ in range(20):
+        s = raw(node)
+        msg = node.pb2.GetRateLimitsReq(requests=[req(pb, "reset")]).SerializeToString()
+        s.sendall(PREFACE + frame(4, 0, 0) + request_headers(1, "/pb.gubernator.V1/GetRateLimits")
+                  + frame(0, 0x1, 1, b"\x00" + struct.pack(">I", len(msg)) + msg))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+    # RST_STREAM mid-call, then a good call on the same connection
+    with raw(node) as s:
+        s.sendall(PREFACE + frame(4, 0, 0) + request_headers(1, "/pb.gubernator.V1/LiveCheck")
+                  + frame(3, 0, 1, struct.pack(">I", 8))
+                  + request_headers(3, "/pb.gubernator.V1/LiveCheck")
+                  + frame(0, 0x1, 3, b"\x00\x00\x00\x00\x00"))
+        frames = read_frames(s, 0)
+        assert any(f[0] == 0 and f[2] == 3 for f in frames)
+    # the node still serves
+    assert node.one(req(pb, "after-garbage")).remaining == 9
+
+
+def test_concurrent_calls_over_mutual_tls_after_reload(start_role, tmp_path, pb):
+    p = pki(tmp_path)
+    gport = free_port()
+    proc = start_rl(start_role, mtls_args(p, internal=True), gport)
+    addr = f"127.0.0.1:{gport}"
+    wait_until(lambda: live(pb, grpc_tls_channel(addr, p)), 20, what="LiveCheck over mTLS")
+
+    def many(ch, prefix):
+        stub = pb[1].V1Stub(ch)
+        futs = [stub.GetRateLimits.future(pb[0].GetRateLimitsReq(
+            requests=[req(pb, f"{prefix}-{i % 50}", limit=100)]), timeout=30)
+            for i in range(300)]
+        assert all(f.result().responses[0].error == "" for f in futs)
+        ch.close()
+    many(grpc_tls_channel(addr, p), "a")
+    # a certificate from another CA in place, SIGHUP: new connections get it
+    d2 = tmp_path / "certs2"
+    d2.mkdir()
+    ca2, cert2, key2 = make_certs(d2)
+    client = dict(p, cert=str(tmp_path / "client-cert.pem"), key=str(tmp_path / "client.key"))
+    shutil.copy(p["cert"], client["cert"])  # still signed by --tls-ca: the client's identity
+    shutil.copy(p["key"], client["key"])
+    shutil.copy(cert2, p["cert"])
+    shutil.copy(key2, p["key"])
+    proc.signal(signal.SIGHUP)
+    wait_until(lambda: "tls certificate reloaded" in proc.tail(100000), 20, what="reload")
+    assert not live(pb, grpc_tls_channel(addr, client))  # the old CA no longer verifies it
+    many(grpc_tls_channel(addr, client, ca=ca2), "b")
