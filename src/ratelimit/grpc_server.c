@@ -227,8 +227,11 @@ static ssize_t out_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t len
 	memcpy(buf, c->out + c->opos, len);
 	c->opos += len;
 	if (c->opos == c->olen) {
-		snprintf(code, sizeof code, "%d", c->status);
-		nghttp2_nv tr[1] = {NV("grpc-status", code)};
+		nghttp2_nv tr[1] = {NV("grpc-status", "0")};
+		if (c->status != ST_OK) {
+			snprintf(code, sizeof code, "%d", c->status);
+			tr[0] = (nghttp2_nv)NV("grpc-status", code);
+		}
 		*flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
 		if (nghttp2_submit_trailer(s, id, tr, 1) != 0)
 			return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
@@ -252,8 +255,6 @@ static void reply(h2call *c, int status, const char *details)
 		sdb_counter_inc(c->srv->m_bad);
 	if (c->method >= 0 && c->start_ns)
 		sdb_histogram_observe_ns(c->srv->m_latency[c->method], sdb_mono_ns() - c->start_ns);
-	snprintf(code, sizeof code, "%d", status);
-	snprintf(hs, sizeof hs, "%d", c->http_status);
 	if (status == ST_OK && c->out != NULL) {
 		nghttp2_nv h[2] = {NV(":status", "200"), NV("content-type", "application/grpc")};
 		nghttp2_data_provider dp;
@@ -261,10 +262,14 @@ static void reply(h2call *c, int status, const char *details)
 		dp.read_callback = out_read;
 		rv = nghttp2_submit_response(c->conn->sess, c->id, h, 2, &dp);
 	} else {
-		nghttp2_nv h[5] = {NV(":status", hs), NV("content-type", "application/grpc"),
-				   NV("grpc-status", code), NV("grpc-accept-encoding", "identity"),
+		nghttp2_nv h[5] = {NV(":status", ""), NV("content-type", "application/grpc"),
+				   NV("grpc-status", ""), NV("grpc-accept-encoding", "identity"),
 				   NV("grpc-message", "")};
 		size_t nh = 3;
+		snprintf(code, sizeof code, "%d", status);
+		snprintf(hs, sizeof hs, "%d", c->http_status);
+		h[0] = (nghttp2_nv)NV(":status", hs);
+		h[2] = (nghttp2_nv)NV("grpc-status", code);
 		if (c->enc_bad)
 			h[nh++] = (nghttp2_nv)NV("grpc-accept-encoding", "identity");
 		if (details && *details) {
