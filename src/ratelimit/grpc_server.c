@@ -37,6 +37,7 @@
 #define CONN_WINDOW (16 * 1024 * 1024) /* bytes: window of a connection */
 #define WRITE_HIGH (8 * 1024 * 1024)   /* queued output bytes above which reading pauses */
 #define WRITE_LOW (1024 * 1024)        /* ... and below which it resumes */
+#define CONN_BUFFERED (32 * 1024 * 1024) /* bytes of unfinished requests per connection */
 
 /* gRPC status codes (grpc/status.h) */
 enum {
@@ -86,7 +87,7 @@ struct h2call {
 	int http_status; /* 200, or 405 / 415 for a request that is not gRPC */
 	bool token_ok;   /* the cluster token header was present and right */
 	bool enc_bad;    /* grpc-encoding other than identity */
-	bool too_large;  /* request body over MAX_MESSAGE + 5 */
+	bool too_large;  /* request body over MAX_MESSAGE + 5, or over CONN_BUFFERED */
 	bool deciding;   /* a cluster decision is pending */
 	bool answered;   /* a response was submitted */
 	uint64_t deadline_ns; /* monotonic, 0: none (grpc-timeout) */
@@ -113,6 +114,7 @@ struct h2conn {
 	size_t olen, ocap;
 	bool closing;
 	bool paused;
+	size_t buffered; /* request bytes held by its calls (at most CONN_BUFFERED) */
 	bool failed; /* nghttp2 refused the input (inside a TLS feed) */
 };
 
@@ -158,6 +160,8 @@ static void call_unlink(h2call *c)
 
 	if (cn == NULL)
 		return;
+	cn->buffered -= c->blen;
+	c->blen = 0;
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -509,7 +513,8 @@ static void dispatch(h2call *c)
 		return;
 	}
 	if (c->too_large) {
-		reply(c, ST_RESOURCE_EXHAUSTED, "request message larger than 4194304 bytes");
+		reply(c, ST_RESOURCE_EXHAUSTED, "request message larger than 4194304 bytes, or "
+						 "over 32 MiB of requests pending on the connection");
 		return;
 	}
 	if (c->blen == 0) {
@@ -679,13 +684,15 @@ static int on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t id, const ui
 	(void)ud;
 	if (c == NULL || c->too_large)
 		return 0;
-	if (c->blen + len > MAX_MESSAGE + 5) {
-		c->too_large = true;
+	if (c->blen + len > MAX_MESSAGE + 5 || c->conn->buffered + len > CONN_BUFFERED) {
+		c->too_large = true; /* the rest of the stream is read and dropped */
+		c->conn->buffered -= c->blen;
 		free(c->body);
 		c->body = NULL;
 		c->blen = c->bcap = 0;
 		return 0;
 	}
+	c->conn->buffered += len;
 	if (c->blen + len > c->bcap) {
 		size_t cap = c->bcap ? c->bcap * 2 : 256;
 		while (cap < c->blen + len)
@@ -707,8 +714,14 @@ static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 	    !(f->hd.flags & NGHTTP2_FLAG_END_STREAM))
 		return 0;
 	c = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
-	if (c != NULL && !c->answered && !c->deciding)
+	if (c != NULL && !c->answered && !c->deciding) {
 		dispatch(c);
+		if (c->conn != NULL) /* the body is unpacked: release it */
+			c->conn->buffered -= c->blen;
+		free(c->body);
+		c->body = NULL;
+		c->blen = c->bcap = 0;
+	}
 	return 0;
 }
 

@@ -14,7 +14,8 @@
  * UNIMPLEMENTED; while stopping -> UNAVAILABLE; a reserved bucket name ->
  * PERMISSION_DENIED. Per-request problems are per-item `error` strings with status OK.
  * As gRPC servers: grpc-encoding other than identity -> UNIMPLEMENTED with
- * grpc-accept-encoding: identity; a request message over 4 MiB -> RESOURCE_EXHAUSTED;
+ * grpc-accept-encoding: identity; a request message over 4 MiB, or one arriving while a
+ * connection's unfinished requests hold 32 MiB -> RESOURCE_EXHAUSTED;
  * grpc-timeout is honoured (DEADLINE_EXCEEDED when it passes before the answer);
  * content-type not application/grpc -> HTTP 415, a method other than POST -> HTTP 405.
  * HTTP/2: up to 4096 concurrent streams per connection, 1 MiB stream windows, 16 MiB

@@ -1,7 +1,7 @@
 """The rate limiter's gRPC server on libnghttp2 (issue #23): what a gRPC client can reach
 beyond the API itself. Many concurrent calls on one channel, request and response
-messages larger than the HTTP/2 windows (flow control), a message over 4 MiB
-(RESOURCE_EXHAUSTED), deadlines, a compressed call refused (UNIMPLEMENTED), bytes that
+messages larger than the HTTP/2 windows (flow control), a message over 4 MiB and more than
+32 MiB of unfinished requests on one connection (RESOURCE_EXHAUSTED), deadlines, a compressed call refused (UNIMPLEMENTED), bytes that
 are not HTTP/2 and connections reset mid-call (raw sockets: the node keeps serving and
 ASan sees nothing), and many concurrent calls over mutual TLS (ALPN h2) after a SIGHUP
 certificate reload. grpcio is the client, with stubs generated from our .proto.
@@ -54,6 +54,24 @@ def test_message_over_4mib_is_resource_exhausted(node, pb):
         get(node, reqs, timeout=30)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert node.one(req(pb, "after-huge")).remaining == 9
+
+
+def test_many_large_calls_on_one_connection(node, pb):
+    # 12 calls of ~3.5 MB in flight on one connection: more than the 32 MiB a connection's
+    # unfinished requests may hold; each call is answered (OK or RESOURCE_EXHAUSTED)
+    reqs = [req(pb, f"lc-{i}", name="l" * 3400) for i in range(1000)]
+    futs = [node.v1.GetRateLimits.future(node.pb2.GetRateLimitsReq(requests=reqs), timeout=60)
+            for _ in range(12)]
+    codes = []
+    for f in futs:
+        try:
+            f.result()
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as e:
+            codes.append(e.code())
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert grpc.StatusCode.OK in codes
+    assert node.one(req(pb, "after-large")).remaining == 9
 
 
 def test_deadline(node, pb):
