@@ -10,12 +10,14 @@ import shutil
 import signal
 import socket
 import struct
+import time
 
 import grpc
 import pytest
 
 from conftest import free_port, wait_until
-from test_ratelimit_grpc import MINUTE, T0, node, pb, req  # noqa: F401 - fixtures
+
+from test_ratelimit_grpc import MINUTE, T0, cluster, node, owners_of, pb, req  # noqa: F401
 from test_security_tls import grpc_tls_channel, live, make_certs, mtls_args, pki, start_rl
 
 
@@ -75,11 +77,25 @@ def test_many_large_calls_on_one_connection(node, pb):
 
 
 def test_deadline(node, pb):
-    with pytest.raises(grpc.RpcError) as e:
-        get(node, [req(pb, "dl")], timeout=0.000001)
-    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     (r,) = get(node, [req(pb, "dl")], timeout=5)  # a deadline not reached: answered
-    assert r.error == "" and r.remaining in (8, 9)
+    assert r.error == "" and r.remaining == 9
+    # a deadline already past when the call is dispatched (grpc-timeout: 1n): the server
+    # answers DEADLINE_EXCEEDED (Trailers-Only HEADERS, no DATA) and decides nothing
+    msg = node.pb2.GetRateLimitsReq(requests=[req(pb, "dl")]).SerializeToString()
+    errs0 = node.metric("stripedb_ratelimit_grpc_errors_total")
+    with raw(node) as s:
+        s.sendall(PREFACE + frame(4, 0, 0)
+                  + request_headers(1, "/pb.gubernator.V1/GetRateLimits",
+                                    extra=[("grpc-timeout", "1n")])
+                  + frame(0, 0x1, 1, b"\x00" + struct.pack(">I", len(msg)) + msg))
+        frames = []
+        while not any(f[0] == 1 and f[2] == 1 and f[1] & 0x1 for f in frames):
+            got = read_frames(s, 1)
+            assert got, "connection closed"
+            frames += got
+        assert not any(f[0] == 0 and f[2] == 1 for f in frames)
+    assert node.metric("stripedb_ratelimit_grpc_errors_total") == errs0 + 1
+    assert node.one(req(pb, "dl")).remaining == 8  # the refused call took nothing
 
 
 def test_compressed_call_is_refused(node, pb):
@@ -109,10 +125,10 @@ def hpack_literal(headers):
     return out
 
 
-def request_headers(sid, path, end_stream=False):
+def request_headers(sid, path, end_stream=False, extra=()):
     h = hpack_literal([(":method", "POST"), (":scheme", "http"), (":path", path),
                        (":authority", "localhost"), ("content-type", "application/grpc"),
-                       ("te", "trailers")])
+                       ("te", "trailers")] + list(extra))
     return frame(1, 0x4 | (0x1 if end_stream else 0), sid, h)
 
 
@@ -225,3 +241,37 @@ def test_concurrent_calls_over_mutual_tls_after_reload(start_role, tmp_path, pb)
     wait_until(lambda: "tls certificate reloaded" in proc.tail(100000), 20, what="reload")
     assert not live(pb, grpc_tls_channel(addr, client))  # the old CA no longer verifies it
     many(grpc_tls_channel(addr, client, ca=ca2), "b")
+
+
+def test_server_deadline_while_a_peer_is_hung(cluster, pb):
+    """grpc-timeout passes while the call waits for a stopped owner (its peer deadline is
+    500 ms): the server itself answers DEADLINE_EXCEEDED (a Trailers-Only HEADERS frame,
+    no DATA) at ~100 ms, then drops the late decision."""
+    pb2 = pb[0]
+    victim = cluster[1]
+    owners = owners_of(cluster, pb, [f"sdl-{i}" for i in range(300)])
+    key = next(k for k, o in owners.items() if o == victim.addr)
+    errs0 = cluster[0].metric("stripedb_ratelimit_grpc_errors_total")
+    victim.proc.p.send_signal(signal.SIGSTOP)
+    try:
+        msg = pb2.GetRateLimitsReq(requests=[req(pb, key, behavior=pb2.NO_BATCHING)]) \
+            .SerializeToString()
+        with raw(cluster[0]) as s:
+            t0 = time.monotonic()
+            s.sendall(PREFACE + frame(4, 0, 0)
+                      + request_headers(1, "/pb.gubernator.V1/GetRateLimits",
+                                        extra=[("grpc-timeout", "100m")])
+                      + frame(0, 0x1, 1, b"\x00" + struct.pack(">I", len(msg)) + msg))
+            frames = []
+            while not any(f[0] == 1 and f[2] == 1 and f[1] & 0x1 for f in frames):
+                got = read_frames(s, 1)
+                assert got, "connection closed"
+                frames += got
+            took = time.monotonic() - t0
+        assert not any(f[0] == 0 and f[2] == 1 for f in frames)  # no answer message
+        assert took < 0.45, took  # before the 500 ms peer deadline
+        assert cluster[0].metric("stripedb_ratelimit_grpc_errors_total") == errs0 + 1
+    finally:
+        victim.proc.p.send_signal(signal.SIGCONT)
+    time.sleep(0.6)  # the late decision arrives and is dropped
+    assert cluster[0].one(req(pb, "after-sdl")).remaining == 9
