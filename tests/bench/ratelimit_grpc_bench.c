@@ -5,7 +5,7 @@
  *   ratelimit_grpc_bench --addr HOST:PORT [--conns N] [--threads N] [--seconds N]
  *                        [--keys N] [--batch N]
  *
- * A C client on gRPC's C core (the same library as the server, so the client costs as
+ * A C client on gRPC's C core (the library of the peer client, so the client costs as
  * little as we can make it): --threads threads, each with its own channel (its own TCP
  * connection) and completion queue, keep --conns calls in flight in total ("concurrent
  * clients"). Each call is a pb.gubernator.V1/GetRateLimits with --batch requests
