@@ -50,11 +50,12 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 int rl_grpc_server_port(const rl_grpc_server *srv);
 
 /* Stop in three steps, so that no call touches a freed cluster:
- * rl_grpc_server_shutdown() stops accepting calls, cancels calls in flight and fences
- * the cluster off (a call that arrives later gets UNAVAILABLE); the caller then frees
- * the cluster (which completes the decisions still pending); rl_grpc_server_free()
- * closes the connections (calls still open are dropped), ends the loop thread and
- * frees. */
+ * rl_grpc_server_shutdown() closes the listener (no new connection) and fences the
+ * cluster off: a call that arrives later on an open connection gets UNAVAILABLE (it
+ * waits for a call being dispatched on the loop thread, never for a peer); the caller
+ * then frees the cluster, which completes the decisions still pending (their answers go
+ * out on the loop thread); rl_grpc_server_free() closes the connections (calls still
+ * open are dropped), ends the loop thread and frees. Any thread but the loop's. */
 void rl_grpc_server_shutdown(rl_grpc_server *srv);
 void rl_grpc_server_free(rl_grpc_server *srv);
 
