@@ -137,6 +137,7 @@ struct rl_grpc_server {
 	h2call *done;       /* decided on other threads, for the loop */
 	bool stop_req, exit_req;
 	bool listener_closed;
+	uint8_t rbuf[65536]; /* read buffer of the loop thread (reads are handled at once) */
 	sdb_counter *m_calls[M__COUNT];
 	sdb_counter *m_bad;
 	sdb_histogram *m_latency[M__COUNT];
@@ -150,7 +151,6 @@ static const sdb_metric_def grpc_server_metrics[] = {
 			   "rate-limit answers sent over gRPC"),
 };
 
-static uint8_t rbuf[65536]; /* read buffer of the loop thread (one server per process) */
 
 /* ---- calls ---- */
 
@@ -873,9 +873,10 @@ static void conn_flush(h2conn *cn)
 
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
 {
-	(void)h;
+	h2conn *cn = h->data;
+
 	(void)hint;
-	*buf = uv_buf_init((char *)rbuf, sizeof rbuf);
+	*buf = uv_buf_init((char *)cn->srv->rbuf, sizeof cn->srv->rbuf);
 }
 
 static void tls_plain(void *arg, const uint8_t *d, size_t n)
