@@ -865,6 +865,11 @@ static void conn_flush(h2conn *cn)
 			}
 		}
 		cn->olen = 0;
+		if (cn->ocap > 256 * 1024) { /* a large answer went out: do not keep its buffer */
+			free(cn->obuf);
+			cn->obuf = NULL;
+			cn->ocap = 0;
+		}
 	}
 	if (cn->tcp.write_queue_size == 0 && !nghttp2_session_want_read(cn->sess) &&
 	    !nghttp2_session_want_write(cn->sess))
