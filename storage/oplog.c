@@ -32,6 +32,9 @@ static uint64_t ts_next(sdb_store_conn *c)
 	uint64_t secs = now > 0 ? (uint64_t)(now / 1000) : 0;
 	pthread_mutex_lock(&st->ts_mu);
 	uint64_t cand = (secs << 32) | 1;
+	/* the entry's cluster-time floor (sdb_store_det.min_ts): above the gossiped time */
+	if (c->apply && c->det.min_ts && cand <= c->det.min_ts)
+		cand = c->det.min_ts + 1;
 	if (cand <= st->last_ts)
 		cand = st->last_ts + 1;
 	st->last_ts = cand;

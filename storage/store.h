@@ -107,11 +107,17 @@ void sdb_store_rollback(sdb_store_conn *c);
  * that every member running the same commands on the same state writes the same bytes.
  * now_ms: the leader's wall clock when it proposed (epoch ms: oplog ts and wall,
  * $currentDate, session expiry); term: the entry's Raft term (the oplog's `t`); seed: the
- * leader's random bytes for the entry (generated ObjectIds and collection UUIDs). */
+ * leader's random bytes for the entry (generated ObjectIds and collection UUIDs); min_ts:
+ * see below. */
 typedef struct sdb_store_det {
 	int64_t now_ms;
 	int64_t term;
 	uint8_t seed[5];
+	/* Cluster-time floor (issue #20, src/shard/clustertime.c): every oplog entry the
+	 * apply writes gets a ts above this packed Timestamp (0 = none). The leader's
+	 * gossiped cluster time, carried in the entry, so every member computes the same
+	 * ts. */
+	uint64_t min_ts;
 } sdb_store_det;
 
 /* Open the write transaction of one Raft entry (takes the write lock). Until

@@ -7,6 +7,32 @@
 #include "common/clock.h"
 
 static _Atomic(int64_t (*)(void)) wall_hook;
+static pthread_once_t offset_once = PTHREAD_ONCE_INIT;
+static int64_t offset_ms;
+
+/* STRIPEDB_TEST_CLOCK_OFFSET_MS (clock.h), read once */
+static void offset_init(void)
+{
+	const char *v = getenv("STRIPEDB_TEST_CLOCK_OFFSET_MS");
+	char *end;
+	long long n;
+
+	if (v == NULL || *v == '\0')
+		return;
+	errno = 0;
+	n = strtoll(v, &end, 10);
+	if (errno || *end != '\0' || n < -86400000LL * 366 || n > 86400000LL * 366) {
+		fprintf(stderr, "stripedb: ignoring STRIPEDB_TEST_CLOCK_OFFSET_MS=%s (an integer "
+				"of ms within a year is expected)\n",
+			v);
+		return;
+	}
+	offset_ms = n;
+	if (n != 0)
+		fprintf(stderr, "stripedb: TEST HOOK: wall clock offset by %lld ms "
+			"(STRIPEDB_TEST_CLOCK_OFFSET_MS)\n",
+		n);
+}
 
 int64_t sdb_wall_ms(void)
 {
@@ -15,8 +41,9 @@ int64_t sdb_wall_ms(void)
 
 	if (fn != NULL)
 		return fn();
+	pthread_once(&offset_once, offset_init);
 	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + offset_ms;
 }
 
 void sdb_clock_set_wall(int64_t (*fn)(void))

@@ -46,7 +46,11 @@ static inline void sdb_sleep_ms(int ms)
 }
 
 /* Epoch milliseconds from the process's wall clock: CLOCK_REALTIME, or the function a
- * test installed. Never use it for a duration or a deadline. */
+ * test installed. Never use it for a duration or a deadline.
+ * Test hook (issue #20): the environment variable STRIPEDB_TEST_CLOCK_OFFSET_MS (an
+ * integer of ms, within +-366 days; read once, announced on stderr) is added to
+ * CLOCK_REALTIME, so integration tests can run shards whose clocks disagree (oplog ts,
+ * leases, everything that reads this clock). Never set it in production. */
 int64_t sdb_wall_ms(void);
 
 /* Test hook: every later sdb_wall_ms() returns fn() (NULL restores CLOCK_REALTIME).

@@ -5,6 +5,7 @@ libstripedb_a_SOURCES += \
 	src/common/bsonval.c \
 	src/common/changestream.c \
 	src/common/clock.c \
+	src/common/clustertime.c \
 	src/common/cmdopts.c \
 	src/common/curop.c \
 	src/common/config.c \
@@ -23,6 +24,7 @@ libstripedb_a_SOURCES += \
 noinst_HEADERS += \
 	src/common/changestream.h \
 	src/common/clock.h \
+	src/common/clustertime.h \
 	src/common/indexname.h \
 	src/common/renamecoll.h \
 	src/common/aggwrite.h \

@@ -23,6 +23,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/renamecoll.c \
 	src/proxy/retry.c \
 	src/proxy/role.c \
+	src/proxy/clustertime.c \
 	src/proxy/shardconn.c \
 	src/proxy/shardver.c \
 	src/proxy/txn.c \

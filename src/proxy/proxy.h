@@ -221,4 +221,15 @@ int64_t proxy_cursor_id(const proxy_cursor *c);
  * then sent one at a time. */
 void proxy_cursor_set_txn(proxy_cursor *c, bson_t *fields);
 
+/* --- clustertime.c (issue #20: cluster-time gossip, common/clustertime.h) ---
+ * The wire hooks (wire_ct_in_fn, wire_ct_out_fn) of the proxy's listener. in: reads the
+ * client's $clusterTime, refuses a malformed one (TypeMismatch 14, NoSuchKey 4), one more
+ * than a year ahead of the wall clock (ClusterTimeFailsRateLimiter 205, mongod's message)
+ * and, with --auth and a cluster key, one above the proxy's clock without a valid
+ * signature from a user other than __system (TimeProofMismatch 204); then raises the
+ * proxy's clock (shardconn_advance_cluster_time). out: appends $clusterTime (signed when
+ * a cluster key is loaded) and operationTime (both the proxy's clock) to every reply. */
+bool proxy_ct_in(wire_req *req, void *role_data);
+void proxy_ct_out(wire_req *req, void *role_data, bson_t *reply);
+
 #endif

@@ -251,6 +251,8 @@ static int proxy_start(sdb_role *role)
 	o.max_connections = (int)sdb_config_get_int(role->cfg, SDB_OPT_max_connections, 10000);
 	o.role_data = p;
 	o.hello = hello_hook;
+	o.ct_in = proxy_ct_in; /* issue #20: cluster-time gossip (clustertime.c) */
+	o.ct_out = proxy_ct_out;
 	o.is_mongos = true;
 	/* configureFailPoint failCommand (issue #16): wire/failpoint.c */
 	o.test_commands = sdb_config_get_bool(role->cfg, SDB_OPT_enable_test_commands, 0) != 0;

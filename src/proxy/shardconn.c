@@ -10,6 +10,7 @@
 #include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/clustertime.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -180,6 +181,7 @@ struct shardconn {
 	sdb_counter *m_abandoned; /* those answered MaxTimeMSExpired before the shard did */
 	shard *meta;            /* the metadata pool (uri: the full URI), or NULL */
 	atomic_uint_least64_t key_gen; /* auth_cluster_generation the pools were made with */
+	_Atomic uint64_t cluster_time; /* issue #20: the highest cluster time seen */
 };
 
 shardconn *shardconn_new(void)
@@ -811,7 +813,28 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 				atomic_store(&sh->server_id, *server_id);
 		}
 	}
-	ok = mongoc_client_command_simple_with_server_id(cl, db, cmd, NULL, *server_id, reply, &e);
+	{
+		/* issue #20: gossip the proxy's cluster time to the shard (its next write sorts
+		 * above it) and take the shard's from the reply (clustertime.h) */
+		bson_t sent;
+		uint64_t ct = atomic_load(&sc->cluster_time);
+		uint8_t secret[32];
+		bson_init(&sent);
+		bson_copy_to_excluding_noinit(cmd, &sent, "$clusterTime", NULL);
+		if (ct) {
+			bson_t tmp = BSON_INITIALIZER;
+			ct_append(&tmp, ct, 0,
+				  auth_cluster_derive(CT_SIGN_LABEL, secret) ? secret : NULL);
+			bson_iter_t ci;
+			if (bson_iter_init_find(&ci, &tmp, "$clusterTime"))
+				bson_append_iter(&sent, "$clusterTime", -1, &ci);
+			bson_destroy(&tmp);
+		}
+		ok = mongoc_client_command_simple_with_server_id(cl, db, &sent, NULL, *server_id,
+								 reply, &e);
+		bson_destroy(&sent);
+		ct_advance(&sc->cluster_time, ct_of_reply(reply));
+	}
 	mongoc_client_pool_push(pool, cl);
 	if (ok)
 		return SHARDCONN_OK;
@@ -960,4 +983,14 @@ mongoc_client_pool_t *shardconn_metadata(shardconn *sc)
 	p = sc->meta ? sc->meta->pool : NULL;
 	uv_rwlock_rdunlock(&sc->lock);
 	return p;
+}
+
+uint64_t shardconn_cluster_time(shardconn *sc)
+{
+	return atomic_load(&sc->cluster_time);
+}
+
+uint64_t shardconn_advance_cluster_time(shardconn *sc, uint64_t time)
+{
+	return ct_advance(&sc->cluster_time, time);
 }

@@ -96,6 +96,14 @@ enum {
 int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
 		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate);
 
+/* Cluster-time gossip (issue #20, common/clustertime.h): the highest cluster time this
+ * proxy has seen (shard replies, clients' $clusterTime), attached as $clusterTime to
+ * every command shardconn_command sends (replacing the command's own) and raised by
+ * every reply's. Any thread. Returns: the packed Timestamp (0: none seen yet); advance
+ * raises it to time when higher and returns the value after. */
+uint64_t shardconn_cluster_time(shardconn *sc);
+uint64_t shardconn_advance_cluster_time(shardconn *sc, uint64_t time);
+
 /* The circuit state of shard id (false for an unknown shard): set by the retry path when a
  * retry budget was spent on the shard, cleared when it answers again, so the commands of a
  * shard that is down for good get one attempt instead of a budget each. Thread-safe. */

@@ -1159,6 +1159,39 @@ static int same_shard_registered(ctx *c, const char *name, const char *uri, bool
 	return st;
 }
 
+/* Issue #20: raise a shard just added above the cluster time this proxy has seen, so its
+ * first writes do not sort below a change stream's merged position (its own clock may be
+ * behind the other shards'): an appendOplogNote sent with the proxy's $clusterTime
+ * (shardconn_command attaches it), which the shard applies with that time as the ts
+ * floor. No maxClusterTime: appendOplogNote refuses one more than an hour ahead of the
+ * shard's clock, the gossip path accepts up to a year. Best effort: the shard is
+ * registered already; a failure is logged (the writes proxies send it carry their
+ * cluster time anyway). */
+static void raise_new_shard_clock(ctx *c, const char *name)
+{
+	bson_t cmd = BSON_INITIALIZER, data, reply;
+	uint32_t server_id = 0;
+	char err[256] = "";
+	int fate;
+
+	if (shardconn_cluster_time(c->p->sc) == 0)
+		return;
+	BSON_APPEND_INT32(&cmd, "appendOplogNote", 1);
+	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "data", &data);
+	BSON_APPEND_UTF8(&data, "msg", "stripedb addShard: cluster time");
+	bson_append_document_end(&cmd, &data);
+	int rc = shardconn_command(c->p->sc, name, "admin", &cmd, &server_id, &reply, err,
+				   sizeof err, &fate);
+	if (rc != SHARDCONN_OK) {
+		char *s = bson_as_relaxed_extended_json(&reply, NULL);
+		sdb_warn("addShard: could not raise the new shard's cluster time", "shard=%s "
+			 "err=\"%s\" reply=%s", name, err, s ? s : "");
+		bson_free(s);
+	}
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+}
+
 /* {addShard: "rs/h:p,..." | "h:p" | "mongodb://...", name?} → {shardAdded: name}. The name
  * defaults to the replica-set name, else shardNNNN (MongoDB's rules). The host is checked
  * first (validate_new_shard): nothing is registered for a host that does not answer. */
@@ -1226,6 +1259,8 @@ static int do_add_shard(ctx *c)
 		}
 		if (proxy_load_shards(c->p, err, sizeof err) != 0)
 			sdb_warn("shard list reload failed", "err=\"%s\"", err);
+		else
+			raise_new_shard_clock(c, name);
 		out = bson_new();
 		BSON_APPEND_UTF8(out, "shardAdded", name);
 		st = px_reply(c, out);

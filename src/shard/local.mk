@@ -1,7 +1,7 @@
 # src/shard: sources and unit tests of this folder (included by the top Makefile.am)
 # The shard role (issue #4): wire commands over storage/store.h, run on a worker pool.
 libstripedb_a_SOURCES += src/shard/role.c src/shard/pool.c src/shard/cursors.c \
-	src/shard/commands.c src/shard/util.c src/shard/cmd_read.c src/shard/cmd_aggregate.c src/shard/cmd_outmerge.c src/shard/cmd_write.c \
+	src/shard/commands.c src/shard/clustertime.c src/shard/util.c src/shard/cmd_read.c src/shard/cmd_aggregate.c src/shard/cmd_outmerge.c src/shard/cmd_write.c \
 	src/shard/cmd_admin.c src/shard/retry.c src/shard/retry_mig.c src/shard/filtering.c \
 	src/shard/repl.c src/shard/repl_wc.c src/shard/repl_parts.c src/shard/repl_hello.c src/shard/repl_view.c src/shard/snapfile.c \
 	src/shard/members.c \

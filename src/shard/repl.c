@@ -267,6 +267,10 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 	}
 	if (bson_iter_init_find(&it, &args, "term") && BSON_ITER_HOLDS_INT64(&it))
 		det.term = bson_iter_int64(&it);
+	/* issue #20: the leader's cluster time, the floor of this entry's oplog ts
+	 * (clustertime.c); absent in entries written before it */
+	if (bson_iter_init_find(&it, &args, "ctFloor") && BSON_ITER_HOLDS_INT64(&it))
+		det.min_ts = (uint64_t)bson_iter_int64(&it);
 	{
 		/* a member started with another --replica-set joined this group's log (the same
 		 * member list): it must not apply another set's writes */
@@ -750,6 +754,9 @@ static void propose_items(shard_repl *r, repl_item *items)
 			memcpy(seed, o.bytes + 4, sizeof seed);
 		}
 		BSON_APPEND_INT64(&args, "term", (int64_t)sdb_node_term(r->node));
+		/* issue #20: the cluster time gossiped so far (every queued command's
+		 * $clusterTime is in it): the entry's writes get a ts above it */
+		BSON_APPEND_INT64(&args, "ctFloor", (int64_t)atomic_load(&r->sh->cluster_time));
 		if (r->set_name)
 			BSON_APPEND_UTF8(&args, "setName", r->set_name);
 		bson_append_binary(&args, "seed", -1, BSON_SUBTYPE_BINARY, seed, sizeof seed);

@@ -178,6 +178,8 @@ static int shard_start(sdb_role *role)
 	}
 	o.gate = auth_cluster_gate();
 	o.hello = hello_hook;
+	o.ct_in = shard_ct_in; /* issue #20: cluster-time gossip (clustertime.c) */
+	o.ct_out = shard_ct_out;
 	o.tls = tls_listener_get("shard"); /* issue #10: NULL when not set up */
 	o.test_commands = sh->test_commands; /* configureFailPoint: wire/failpoint.c */
 	rc = wire_server_new(role->loop, &o, &sh->srv, err, sizeof err);

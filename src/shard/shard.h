@@ -34,6 +34,7 @@
 
 #include <bson/bson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
@@ -198,7 +199,26 @@ struct shard {
 	 * (currentop.c), guarded by curop_mu */
 	pthread_mutex_t curop_mu;
 	struct shard_curop_snap *curop_snaps;
+	/* The cluster time (issue #20, clustertime.c): the highest $clusterTime gossiped
+	 * to this member (packed Timestamp; the newest oplog ts is max'ed in when it is
+	 * read). The primary proposes every entry of writes with it as the ts floor. */
+	_Atomic uint64_t cluster_time;
 };
+
+/* --- clustertime.c (issue #20: cluster-time gossip, common/clustertime.h) --- */
+/* This member's cluster time: max(the gossiped clock, the newest committed oplog ts).
+ * Any thread. Returns: a packed Timestamp (0 before any write or gossip). */
+uint64_t shard_cluster_time(shard *sh);
+/* The wire hooks (wire_ct_in_fn, wire_ct_out_fn): in reads the request's $clusterTime,
+ * refuses a malformed one (TypeMismatch 14, NoSuchKey 4) and one more than a year ahead
+ * of this member's wall clock (ClusterTimeFailsRateLimiter 205, mongod's message) and
+ * advances the clock; with a cluster key, only from a connection authenticated as the
+ * cluster user (every client of a keyed shard is; an unauthenticated hello's time is not
+ * taken, as mongod ignores an unauthenticated client's). out appends $clusterTime (signed
+ * with the cluster key's derived secret when one is loaded, else zeros and keyId 0) and
+ * operationTime (the newest committed oplog ts) to every reply. */
+bool shard_ct_in(wire_req *req, void *role_data);
+void shard_ct_out(wire_req *req, void *role_data, bson_t *reply);
 
 /* --- pool.c --- */
 /* A store connection from the shard's pool of spare connections (opened on demand), for

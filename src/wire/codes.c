@@ -75,6 +75,8 @@ static const struct {
 	{169, "CommandOnShardedViewNotSupportedOnMongod"},
 	{189, "PrimarySteppedDown"},
 	{202, "NetworkInterfaceExceededTimeLimit"},
+	{204, "TimeProofMismatch"},
+	{205, "ClusterTimeFailsRateLimiter"},
 	{211, "KeyNotFound"},
 	{217, "IncompleteTransactionHistory"},
 	{225, "TransactionTooOld"},

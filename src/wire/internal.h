@@ -100,6 +100,8 @@ struct wire_server {
 	void *role_data;
 	wire_hello_fn hello;
 	wire_gate_fn gate;
+	wire_ct_in_fn ct_in;
+	wire_ct_out_fn ct_out;
 	bool is_mongos;
 	wire_failpoint *fp;       /* failCommand setting; NULL without test commands */
 	wire_ptw *ptw;            /* onPrimaryTransactionalWrite; NULL unless test commands

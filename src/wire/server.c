@@ -163,6 +163,8 @@ static void req_complete(wire_req *req, bson_t *reply)
 			  req->name ? req->name : "(none)");
 		abort();
 	}
+	if (srv && srv->ct_out && reply)
+		srv->ct_out(req, srv->role_data, reply);
 	req->reply = reply;
 	if (!srv) {
 		/* detached: the owner takes the reply, or its completion callback does */
@@ -796,6 +798,8 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 	}
 	if (srv->gate && !srv->gate(req, srv->role_data))
 		return;
+	if (entry && srv->ct_in && !srv->ct_in(req, srv->role_data))
+		return;
 	if (!entry) {
 		wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%.200s'",
 			       req->name);
@@ -1218,6 +1222,8 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	srv->max_connections = opts->max_connections > 0 ? opts->max_connections : 10000;
 	srv->role_data = opts->role_data;
 	srv->hello = opts->hello;
+	srv->ct_in = opts->ct_in;
+	srv->ct_out = opts->ct_out;
 	srv->gate = opts->gate;
 	srv->tls = opts->tls;
 	srv->tls_mode = opts->tls ? tls_listener_get_mode(opts->tls) : TLS_MODE_DISABLED;

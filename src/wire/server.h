@@ -107,6 +107,15 @@ typedef void (*wire_hello_fn)(void *role_data, const bson_t *cmd, bson_t *reply)
  * Return true to continue; false after having answered req with wire_req_error(). */
 typedef bool (*wire_gate_fn)(wire_req *req, void *role_data);
 
+/* Cluster-time gossip (issue #20, common/clustertime.h). The in hook runs after the gate
+ * and before the handler, on the loop thread: it reads the request's $clusterTime and
+ * advances the role's clock; return true to continue, false after having answered req
+ * with wire_req_error(). The out hook runs on every reply of a client request (not of a
+ * detached one), on the completing thread (any thread), before it is queued: it may
+ * append fields ($clusterTime, operationTime) to reply. */
+typedef bool (*wire_ct_in_fn)(wire_req *req, void *role_data);
+typedef void (*wire_ct_out_fn)(wire_req *req, void *role_data, bson_t *reply);
+
 typedef struct wire_server_opts {
 	const char *listen;         /* "HOST:PORT" */
 	const char *role;           /* role name, for logs and metric labels */
@@ -114,6 +123,8 @@ typedef struct wire_server_opts {
 	void *role_data;            /* passed to every handler and hook */
 	wire_hello_fn hello;        /* optional */
 	wire_gate_fn gate;          /* optional */
+	wire_ct_in_fn ct_in;        /* optional (cluster-time gossip) */
+	wire_ct_out_fn ct_out;      /* optional (cluster-time gossip) */
 	bool is_mongos;             /* hello says msg: "isdbgrid" */
 	/* Transport security (issue #10): the TLS listener the role set up with tls_setup and
 	 * hands over (tls_listener_get, tls/tls.h); its mode is read here, its context (new
