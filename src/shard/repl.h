@@ -58,7 +58,9 @@ bool shard_repl_check_read(shard_repl *r, wire_req *req);
  * (a member only applies committed entries); linearizable runs on the primary after a
  * barrier of its term committed (fn is then submitted to the pool), elsewhere
  * NotWritablePrimary; snapshot and atClusterTime are refused (InvalidOptions 72), other
- * levels FailedToParse (9). True when the read may be submitted now; false when it was
+ * levels FailedToParse (9). afterClusterTime (issue #20): see repl_hello.c
+ * after_cluster_time_ok (72 above the member's cluster time; on a secondary not yet at
+ * it, 238). True when the read may be submitted now; false when it was
  * answered or deferred. */
 bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn);
 /* hello's replica-set fields (setName, hosts, primary, me, secondary, isWritablePrimary,

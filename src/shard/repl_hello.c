@@ -69,10 +69,42 @@ static void lin_barrier_done(void *arg, int status)
 	free(l);
 }
 
+/* readConcern afterClusterTime T (mongod's waitForReadConcern): T above this member's
+ * cluster time is InvalidOptions (72) with mongod's message (the request's $clusterTime,
+ * taken before, normally covers it). On the primary the read runs at once: it answers a
+ * write only after the write's entry applied here, and serves only after its term's
+ * barrier applied, so every write acknowledged before T is visible. A secondary runs it
+ * when its newest applied oplog entry is at or above T; otherwise it would have to wait
+ * for the primary to write above T (mongod's secondary asks its primary for a no-op
+ * write, makeNoopWriteIfNeeded): not built, refused with NotImplemented (238). */
+static bool after_cluster_time_ok(shard_repl *r, wire_req *req, uint64_t after)
+{
+	uint64_t cur = shard_cluster_time(r->sh);
+
+	if (after > cur) {
+		wire_req_error(req, WIRE_ERR_INVALID_OPTIONS,
+			       "readConcern afterClusterTime value must not be greater than the "
+			       "current clusterTime. Requested clusterTime: { ts: Timestamp(%u, %u) "
+			       "}; current clusterTime: { ts: Timestamp(%u, %u) }",
+			       (unsigned)(after >> 32), (unsigned)after, (unsigned)(cur >> 32),
+			       (unsigned)cur);
+		return false;
+	}
+	if (shard_repl_writable(r) || sdb_store_oplog_committed(r->sh->store) >= after)
+		return true;
+	wire_req_error(req, WIRE_ERR_NOT_IMPLEMENTED,
+		       "readConcern afterClusterTime Timestamp(%u, %u) is above this secondary's "
+		       "newest applied oplog entry: waiting for the primary to write above it is "
+		       "not supported by the stripedb shard; read from the primary",
+		       (unsigned)(after >> 32), (unsigned)after);
+	return false;
+}
+
 bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
 {
 	bson_iter_t it, sub;
 	const char *level = NULL;
+	uint64_t after = 0;
 	if (!bson_iter_init_find(&it, wire_req_cmd(req), "readConcern"))
 		return true;
 	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
@@ -93,14 +125,22 @@ bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
 				       "readConcern atClusterTime is not supported by the stripedb "
 				       "shard (no snapshot reads at a cluster time)");
 			return false;
-		} else if (strcmp(k, "afterClusterTime") == 0 || strcmp(k, "afterOpTime") == 0) {
-			/* causal consistency needs operationTime/$clusterTime in replies, which the
-			 * shard does not send yet: refuse rather than read possibly before it */
+		} else if (strcmp(k, "afterClusterTime") == 0) {
+			/* causal consistency (issue #20: replies carry operationTime, drivers'
+			 * causally consistent sessions send it back here) */
+			uint32_t t, i;
+			if (!BSON_ITER_HOLDS_TIMESTAMP(&sub)) {
+				wire_req_error(req, WIRE_ERR_TYPE_MISMATCH,
+					       "BSON field 'readConcern.afterClusterTime' is the wrong "
+					       "type, expected type 'timestamp'");
+				return false;
+			}
+			bson_iter_timestamp(&sub, &t, &i);
+			after = sdb_store_ts_pack(t, i);
+		} else if (strcmp(k, "afterOpTime") == 0) {
 			wire_req_error(req, WIRE_ERR_INVALID_OPTIONS,
-				       "readConcern %s is not supported by the stripedb shard (no "
-				       "causal consistency: replies carry no operationTime); read from "
-				       "the primary to read your own writes",
-				       k);
+				       "readConcern afterOpTime is not supported by the stripedb shard; "
+				       "use afterClusterTime");
 			return false;
 		} else if (strcmp(k, "provenance") != 0) {
 			wire_req_error(req, WIRE_ERR_FAILED_TO_PARSE,
@@ -108,6 +148,8 @@ bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
 			return false;
 		}
 	}
+	if (after && !after_cluster_time_ok(r, req, after))
+		return false;
 	/* every member applies committed entries only: what it reads is majority-committed */
 	if (!level || strcmp(level, "local") == 0 || strcmp(level, "available") == 0 ||
 	    strcmp(level, "majority") == 0)

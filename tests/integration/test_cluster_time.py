@@ -160,6 +160,15 @@ def test_replies_carry_cluster_time_and_operation_time(start_role, tmp_path):
         last = sh.local["oplog.rs"].find().sort("$natural", -1).limit(1).next()["ts"]
         assert ts_int(r["$clusterTime"]["clusterTime"]) >= ts_int(last)
         assert ts_int(r["operationTime"]) >= ts_int(last)
+        # a causally consistent session (pymongo sends readConcern afterClusterTime with
+        # its reads): through the proxy and directly to a shard, reads see the writes
+        for j, c in enumerate((cl.proxy_client(), sh)):
+            with c.start_session(causal_consistency=True) as s:
+                for i in range(10 + 20 * j, 16 + 20 * j):
+                    c.app.c.insert_one({"_id": i, "k": k_of(i)}, session=s)
+                    assert s.operation_time is not None
+                    assert c.app.c.find_one({"_id": i}, session=s)["_id"] == i
+                    assert c.app.c.count_documents({"_id": i}, session=s) == 1
     finally:
         cl.close()
 

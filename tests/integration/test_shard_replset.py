@@ -324,11 +324,20 @@ def test_bad_concerns_and_member_identity_are_refused(start_role, tmp_path):
                 db.command({"insert": "c", "documents": [{"x": 1}], "writeConcern": wc})
             assert e.value.code == 9, wc
         assert db.c.count_documents({}) == 0
-        for rc in ({"afterClusterTime": Timestamp(1, 1)}, {"level": "snapshot"},
-                   {"level": "bogus"}, {"bogus": 1}):
+        # afterClusterTime above the member's cluster time (issue #20) is 72 as on mongod
+        for rc in ({"afterClusterTime": Timestamp(2 ** 31, 1)}, {"level": "snapshot"},
+                   {"level": "bogus"}, {"bogus": 1}, {"afterOpTime": {"ts": Timestamp(1, 1)}}):
             with pytest.raises(OperationFailure) as e:
                 db.command({"find": "c", "readConcern": rc})
             assert e.value.code in (9, 72), rc
+        # at or below it, on the primary: read at once (causally consistent sessions)
+        with c.start_session() as s:
+            db.c.insert_one({"_id": "cc"}, session=s)
+            assert s.operation_time is not None
+            assert db.c.find_one({"_id": "cc"}, session=s) == {"_id": "cc"}
+        r = db.command({"find": "c", "readConcern": {"afterClusterTime": Timestamp(1, 1)}})
+        assert r["ok"] == 1 and "operationTime" in r
+        db.c.delete_one({"_id": "cc"})
         # maxTimeMS bounds a write-concern wait that cannot be satisfied
         p = primary_index(wires)
         other = (p + 1) % 3
