@@ -46,8 +46,8 @@ noinst_HEADERS += \
 
 EXTRA_DIST += src/common/README.md
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop tests/unit/test_common_changestream
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop tests/unit/test_common_changestream
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop tests/unit/test_common_changestream tests/unit/test_common_clustertime
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop tests/unit/test_common_changestream tests/unit/test_common_clustertime
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -57,6 +57,9 @@ tests_unit_test_common_metrics_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_bsonget_SOURCES = tests/unit/test_common_bsonget.c
 tests_unit_test_common_bsonget_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_bsonget_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_clustertime_SOURCES = tests/unit/test_common_clustertime.c
+tests_unit_test_common_clustertime_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_clustertime_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_clock_SOURCES = tests/unit/test_common_clock.c
 tests_unit_test_common_clock_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_clock_LDADD = $(UNIT_LDADD)
