@@ -242,3 +242,84 @@ def test_shard_added_later_is_raised_above_the_cluster_time(start_role, tmp_path
             late.close()
     finally:
         cl.close()
+
+
+KEY = "c3RyaXBlZGItdGVzdC1jbHVzdGVyLWtleQ"
+
+
+def test_keyed_cluster_signs_and_an_authenticated_proxy_verifies(start_role, tmp_path):
+    """With a cluster key: shards and proxies sign their cluster time (keyId 1); a proxy
+    with --auth takes a client's time above its own only with a valid signature (any
+    proxy's: the key is shared), else 204 TimeProofMismatch; an unauthenticated hello's
+    time does not move a keyed shard's clock."""
+    import os
+    from conftest import wait_until
+    keyfile = tmp_path / "cluster.key"
+    keyfile.write_text(KEY + "\n")
+    os.chmod(keyfile, 0o600)
+    key = f"--cluster-key-file={keyfile}"
+    mport, rport, sport = free_port(), free_port(), free_port()
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "shard").mkdir()
+    start_role(["--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
+                f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{rport}",
+                f"--bootstrap-members=1@127.0.0.1:{rport}", "--raft-election-timeout-ms=300",
+                key])
+    start_role(["--role=shard", f"--listen=127.0.0.1:{sport}",
+                f"--data-dir={tmp_path / 'shard'}", key])
+
+    def member(port):
+        return pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True,
+                                   username="__system", password=KEY, authSource="admin",
+                                   authMechanism="SCRAM-SHA-256", retryWrites=False)
+    meta = member(mport)
+    wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
+    meta.admin.command({"addShard": "shard-a", "uri": f"mongodb://127.0.0.1:{sport}/"})
+    meta.admin.command({"createTenant": "T"})
+    meta.admin.command({"createDatabase": "tdb", "tenant": "T"})
+    meta.admin.command({"createUser": "alice", "tenant": "T", "password": "alice-pw"})
+    pports = [free_port(), free_port()]
+    for p in pports:
+        start_role(["--role=proxy", f"--listen=127.0.0.1:{p}",
+                    f"--metadata=127.0.0.1:{mport}", key])
+    alice = [pymongo.MongoClient(f"mongodb://127.0.0.1:{p}/", directConnection=True,
+                                 username="alice", password="alice-pw", authSource="admin",
+                                 retryWrites=False) for p in pports]
+    sh = member(sport)
+    try:
+        wait_until(lambda: alice[0].tdb.c.insert_one({"_id": 0}), 20, what="first write")
+        wait_until(lambda: alice[1].tdb.c.find_one({"_id": 0}), 20, what="second proxy")
+        # signed replies, shard and proxy
+        for r in (sh.admin.command("ping"), alice[0].tdb.command("ping")):
+            sig = r["$clusterTime"]["signature"]
+            assert sig["keyId"] == 1 and sig["hash"] != b"\x00" * 20, r
+        # proxy 0's signed time, brought by the client to proxy 1: accepted
+        s0, s1 = alice[0].start_session(), alice[1].start_session()
+        alice[0].tdb.c.insert_one({"_id": 1}, session=s0)
+        for _ in range(3):  # proxy 0's clock moves ahead of proxy 1's
+            alice[0].tdb.c.insert_one({"_id": 2 + _}, session=s0)
+        s1.advance_cluster_time(s0.cluster_time)
+        alice[1].tdb.c.insert_one({"_id": 10}, session=s1)
+        # a forged (unsigned) time above the proxy's clock: 204
+        s2 = alice[1].start_session()
+        now = int(time.time())
+        s2.advance_cluster_time({"clusterTime": Timestamp(now + 3600, 1),
+                                 "signature": {"hash": b"\x00" * 20, "keyId": 0}})
+        try:
+            alice[1].tdb.c.insert_one({"_id": 11}, session=s2)
+            assert False, "a forged cluster time was accepted"
+        except pymongo.errors.OperationFailure as e:
+            assert e.code == 204 and e.details["codeName"] == "TimeProofMismatch", e.details
+        # an unauthenticated connection's time (hello, ping) does not move the shard's clock
+        before = sh.admin.command("ping")["$clusterTime"]["clusterTime"]
+        r = raw_command(sport, {"ping": 1, "$db": "admin", "$clusterTime": {
+            "clusterTime": Timestamp(now + 7200, 1),
+            "signature": {"hash": b"\x00" * 20, "keyId": 0}}})
+        assert r["ok"] == 1, r
+        after = sh.admin.command("ping")["$clusterTime"]["clusterTime"]
+        assert after.time < now + 7200 and after >= before, (before, after)
+        for s in (s0, s1, s2):
+            s.end_session()
+    finally:
+        for c in alice + [sh, meta]:
+            c.close()
