@@ -91,7 +91,8 @@ def check_in_order(cl, evs, n):
 
 
 def k_of(i):
-    return (i % 3) * 100 + i // 3
+    """The shard key of write i: round robin over shard-a, shard-b, shard-c."""
+    return (i % 3) * 100 + (i // 3) % 100
 
 
 def test_sequential_writes_over_skewed_shards_come_in_acknowledged_order(start_role, tmp_path):
@@ -131,6 +132,19 @@ def test_sequential_writes_through_two_proxies_alternately(start_role, tmp_path)
         check_in_order(cl, evs, n)
         s0.end_session()
         s1.end_session()
+        # one MongoClient given both proxies (pymongo spreads its commands over them and
+        # gossips its cluster time itself)
+        both = pymongo.MongoClient(
+            f"mongodb://127.0.0.1:{cl.proxy_ports[0]},127.0.0.1:{cl.proxy_ports[1]}/",
+            serverSelectionTimeoutMS=10000, retryWrites=False, localThresholdMS=1000)
+        try:
+            with c0.app.c.watch(max_await_time_ms=300) as cs:
+                for i in range(n, n + 150):
+                    both.app.c.insert_one({"_id": i, "k": k_of(i)})
+                evs = drain(cs, 150)
+            assert [e["documentKey"]["_id"] for e in evs] == list(range(n, n + 150))
+        finally:
+            both.close()
     finally:
         cl.close()
 
