@@ -200,7 +200,7 @@ bool px_is_session_field(const char *k)
 	static const char *const drop[] = {"$db", "lsid", "txnNumber", "$clusterTime",
 					   "$readPreference", "autocommit", "startTransaction",
 					   "apiVersion", "apiStrict", "apiDeprecationErrors",
-					   "$audit", "$client", "readConcern", NULL};
+					   "$audit", "$client", NULL};
 	size_t i;
 
 	for (i = 0; drop[i]; i++)

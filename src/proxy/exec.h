@@ -84,7 +84,11 @@ const px_cmd *px_cmd_find(const char *name);
 /* ---- BSON helpers (exec.c) ---- */
 
 /* True for the session/driver fields the proxy never forwards as they are ($db, lsid,
- * txnNumber, $clusterTime, $readPreference, readConcern, api*, ...). */
+ * txnNumber, $clusterTime, $readPreference, api*, ...). readConcern is forwarded (outside
+ * a transaction, whose first statement's readConcern txnroute.c sends itself), so the
+ * shard applies or refuses it: afterClusterTime on a secondary not yet there is 238, and
+ * snapshot, atClusterTime and linearizable are refused there instead of being dropped
+ * into a plain read (issue #20). */
 bool px_is_session_field(const char *k);
 /* Append cmd to out (initialised) without session fields and without the names in skip
  * (NULL-terminated, may be NULL). */

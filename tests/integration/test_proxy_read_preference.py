@@ -7,6 +7,7 @@ with BadValue rather than ignored.
 Which member answered is read from each member's own command counters
 (stripedb_shard_commands_total{cmd="find"} on its /metrics).
 """
+import bson
 import pymongo
 import pytest
 from pymongo.errors import OperationFailure
@@ -84,3 +85,30 @@ def test_max_staleness_and_tag_sets_are_refused(cluster):
                            "$readPreference": {"mode": "nearest", "tags": [{}],
                                                "maxStalenessSeconds": -1}})
         assert r["ok"] == 1
+
+
+def test_read_concern_is_forwarded_to_the_shard_not_dropped(cluster):
+    """issue #20: the proxy used to drop every readConcern, so a linearizable or snapshot
+    read through it was silently a plain read. It now reaches the shard, which applies or
+    refuses it with the codes it answers directly."""
+    _, _, uri = cluster
+    with pymongo.MongoClient(uri) as c:
+        db = c.app
+        for rc, code in (({"level": "linearizable"}, 72), ({"level": "snapshot"}, 72),
+                         ({"level": "majority", "atClusterTime": bson.Timestamp(1, 1)}, 72),
+                         ({"level": "sideways"}, 9)):
+            for cmd in ({"find": "c", "filter": {}}, {"count": "c"},
+                        {"aggregate": "c", "pipeline": [], "cursor": {}},
+                        {"distinct": "c", "key": "_id"}):
+                with pytest.raises(OperationFailure) as e:
+                    db.command(dict(cmd, readConcern=rc))
+                assert e.value.code == code, (rc, cmd, e.value.details)
+        # the levels a shard serves answer as before
+        for level in ("local", "majority", "available"):
+            assert len(db.command({"find": "c", "filter": {},
+                                   "readConcern": {"level": level}})["cursor"]["firstBatch"]) == 10
+        # a causally consistent session's reads (afterClusterTime) through the proxy
+        with c.start_session(causal_consistency=True) as s:
+            db.c.insert_one({"_id": 100}, session=s)
+            assert db.c.find_one({"_id": 100}, session=s) == {"_id": 100}
+            assert db.c.count_documents({}, session=s) == 11
