@@ -42,8 +42,10 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "proxy/cswait.h"
 #include "proxy/exec.h"
 #include "proxy/proxy.h"
+#include "proxy/txnroute.h"
 
 #define CS_SHARD_BATCH 1000
 #define CS_DEFAULT_AWAIT_MS 1000 /* MongoDB's await of a tailable awaitData getMore */
@@ -97,6 +99,10 @@ struct px_cs {
 	sdb_cs_token floor;
 	bool have_floor;
 	bool invalidated; /* the invalidate was returned: the cursor ends */
+	/* a getMore parked with the cursor (cswait.h): its request (compared, never
+	 * dereferenced) and its await's end (monotonic ms), kept for its next run */
+	const wire_req *park_req;
+	uint64_t park_deadline;
 };
 
 /* ---------- tokens ---------- */
@@ -871,6 +877,8 @@ void px_cs_free(proxy *p, px_cs *cs)
 
 	if (cs == NULL)
 		return;
+	if (cs->park_req != NULL && p->csw != NULL)
+		px_cswait_wake_req(p->csw, cs->park_req); /* killed while parked: answer now */
 	idx = sdb_calloc(cs->nsh ? cs->nsh : 1, sizeof *idx);
 	for (size_t i = 0; i < cs->nsh; i++)
 		if (cs->sh[i].cursor_id != 0)
@@ -1205,31 +1213,89 @@ int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
 	return st;
 }
 
+/* A parked getMore's retry when something is pending that no watcher reports: an event
+ * waits for a holdout shard's PBRT (noted, or stopped), or a shard's stream is closed (to
+ * reopen 100 ms after it ended). */
+#define CS_PARK_RETRY_MS 100
+
+static bool pending(const px_cs *cs)
+{
+	if (min_head(cs) >= 0)
+		return true;
+	for (size_t i = 0; i < cs->nsh; i++)
+		if (!cs->sh[i].gone && cs->sh[i].cursor_id == 0)
+			return true;
+	return false;
+}
+
 int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char *ns)
 {
 	int64_t batch = px_get_int(c->cmd, "batchSize", 0);
 	int64_t await = px_get_int(c->cmd, "maxTimeMS", CS_DEFAULT_AWAIT_MS);
-	uint64_t deadline;
+	uint64_t deadline, gen = 0, now = sdb_mono_ms();
 	bson_t arr = BSON_INITIALIZER;
 	size_t k = 0, bytes = 0;
 	int st = 0;
+	/* parking (cswait.h): the worker and the shard connections are free while the
+	 * stream waits; each run does non-blocking shard getMores. Not in a transaction (its
+	 * statement bookkeeping runs around the handler) nor without the table (unit tests):
+	 * there the getMore waits on its worker, each round awaiting on the shards. */
+	px_cswait *w = c->p->csw;
+	bool can_park = w != NULL && c->req != NULL && !pxtxn_is_txn_cmd(c->cmd);
+	bool fetched = false;
 
 	if (batch <= 0)
 		batch = -1;
 	if (await <= 0 || await > INT32_MAX)
 		await = CS_DEFAULT_AWAIT_MS;
-	deadline = sdb_mono_ms() + (uint64_t)await;
+	if (cs->park_req != NULL && cs->park_req != c->req && now < cs->park_deadline + 1000) {
+		/* another getMore of this cursor is parked (MongoDB: one at a time) */
+		proxy_cursor_checkin(c->p, cur);
+		bson_destroy(&arr);
+		return px_error(c, ERR_CURSOR_IN_USE, "cursor id %lld is already in use",
+				(long long)id);
+	}
+	if (cs->park_req == c->req && c->resumed)
+		deadline = cs->park_deadline; /* the same getMore, woken: its await goes on */
+	else
+		deadline = now + (uint64_t)await;
+	cs->park_req = NULL;
 	sync_shards(c, cs, true);
 	for (;;) {
 		if ((st = release(c, cs, &arr, &k, &bytes, batch)) != 0)
 			break;
 		if (k > 0 || cs->invalidated)
 			break;
-		uint64_t now = sdb_mono_ms();
+		now = sdb_mono_ms();
 		if (now >= deadline)
 			break;
-		if ((st = fetch(c, cs, (int64_t)(deadline - now))) != 0)
+		if (!can_park) {
+			if ((st = fetch(c, cs, (int64_t)(deadline - now))) != 0)
+				break;
+			continue;
+		}
+		if (fetched) {
+			/* a round found nothing to return: wait without a thread */
+			uint64_t until = deadline;
+			if (pending(cs) && now + CS_PARK_RETRY_MS < until)
+				until = now + CS_PARK_RETRY_MS;
+			cs->park_req = c->req;
+			cs->park_deadline = deadline;
+			int r = px_cswait_park(w, c->req, c->user, gen, until, cur);
+			if (r == 1) {
+				bson_destroy(&arr);
+				return px_parked(c); /* cur is checked in; cs is not ours now */
+			}
+			cs->park_req = NULL;
+			if (r < 0)
+				break; /* the proxy stops: answer what there is */
+			fetched = false; /* a shard moved during the round: another */
+			continue;
+		}
+		gen = px_cswait_gen(w); /* before the round: a move during it is not missed */
+		if ((st = fetch(c, cs, 0)) != 0)
 			break;
+		fetched = true;
 	}
 	if (st != 0) {
 		bson_destroy(&arr);

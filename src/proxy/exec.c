@@ -112,6 +112,13 @@ int px_error_extra(ctx *c, int code, bson_t *extra, const char *fmt, ...)
 	return code;
 }
 
+int px_parked(ctx *c)
+{
+	if (answer_slot(c, "parked"))
+		c->ans->state = 3;
+	return 0;
+}
+
 bool px_answered(const ctx *c)
 {
 	return c->ans->state != 0;
@@ -136,6 +143,8 @@ int px_check_answer(int status, const px_answer *a)
 		return status == reply_status(a->reply) ? PX_ANSWER_OK : PX_ANSWER_MISMATCH;
 	case 2:
 		return status != 0 && status == a->code ? PX_ANSWER_OK : PX_ANSWER_MISMATCH;
+	case 3:
+		return status == 0 ? PX_ANSWER_OK : PX_ANSWER_MISMATCH;
 	default:
 		return PX_ANSWER_NONE;
 	}
@@ -180,6 +189,8 @@ static void answer_send(wire_req *req, px_answer *a)
 	case 2:
 		wire_req_error_extra(req, a->code, a->extra, "%s", a->msg);
 		bson_free(a->msg);
+		break;
+	case 3: /* parked (cswait.h): answered by a later run of the request */
 		break;
 	default:
 		sdb_error("proxy handler returned without an answer", "cmd=%s", wire_req_name(req));
@@ -793,6 +804,7 @@ typedef struct pjob {
 	proxy *p;
 	wire_req *req;
 	char *user; /* auth_gate_conn_user, copied on the loop thread; NULL without auth */
+	bool resumed; /* px_exec_resume: a parked request run again */
 } pjob;
 
 /* The checks every routed command passes before its handler, in order: options the shards
@@ -839,7 +851,7 @@ static int run_checked(ctx *c, const px_cmd *cmd)
 	bool done;
 	int st;
 
-	if ((st = job_checks(c, cmd)) != 0)
+	if (!c->resumed && (st = job_checks(c, cmd)) != 0)
 		return st;
 	st = px_config_db(c, cmd, &done);
 	if (done)
@@ -901,6 +913,7 @@ static void run_job(void *arg)
 	c.db = wire_req_db(j->req);
 	c.deadline_ms = sdb_mono_ms() + (uint64_t)j->p->stale_retry_ms;
 	c.user = j->user;
+	c.resumed = j->resumed;
 	if (bson_iter_init(&it, c.cmd) && bson_iter_next(&it) && BSON_ITER_HOLDS_UTF8(&it)) {
 		size_t dl, cl;
 
@@ -955,6 +968,17 @@ static void h_submit(wire_req *req, void *data)
 	j->p = p;
 	j->req = req;
 	j->user = user ? sdb_strdup(user) : NULL; /* the loop thread owns the connection state */
+	shardconn_submit(p->sc, run_job, j);
+}
+
+void px_exec_resume(proxy *p, wire_req *req, const char *user)
+{
+	pjob *j = sdb_calloc(1, sizeof *j);
+
+	j->p = p;
+	j->req = req;
+	j->user = user ? sdb_strdup(user) : NULL;
+	j->resumed = true;
 	shardconn_submit(p->sc, run_job, j);
 }
 

@@ -22,7 +22,7 @@
 
 /* The answer a handler gives (recorded, then sent once by the job runner). */
 typedef struct px_answer {
-	int state;       /* 0 none yet, 1 reply, 2 error */
+	int state;       /* 0 none yet, 1 reply, 2 error, 3 parked (px_parked: nothing sent) */
 	bson_t *reply;   /* state 1: the reply document (owned) */
 	int code;        /* state 2: MongoDB error code */
 	bson_t *extra;   /* state 2: extra fields (errorLabels, retryAfterMS...), owned, or NULL */
@@ -51,6 +51,9 @@ typedef struct ctx {
 	/* the command's top-level `collation` (issue #20, storage/collation.h), NULL when
 	 * simple or absent; also the request thread's collation while the handler runs */
 	const struct sdb_collator *collator;
+	/* the request runs again after a park (px_exec_resume): the checks before the handler
+	 * (quota admission, policies) passed at its first run and are not repeated */
+	bool resumed;
 } ctx;
 
 /* The command table (exec.c), as src/shard/commands.c's. */
@@ -192,6 +195,13 @@ int px_error(ctx *c, int code, const char *fmt, ...) __attribute__((format(print
 /* The same with extra fields appended (extra taken over, may be NULL). Returns: code. */
 int px_error_extra(ctx *c, int code, bson_t *extra, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* Record that the handler parked c's request (cswait.h px_cswait_park returned 1): the job
+ * runner sends nothing; the request is answered by a later run of it (px_exec_resume).
+ * Returns: 0 (the status the handler returns with it). */
+int px_parked(ctx *c);
+/* Run the parked request req (of user, NULL without auth; copied) again on a request
+ * worker, as a new job whose ctx has `resumed` set. Any thread. */
+void px_exec_resume(proxy *p, wire_req *req, const char *user);
 /* True once c has an answer. */
 bool px_answered(const ctx *c);
 /* The status of the answer recorded in c: 0 for a reply (but see `ok: 0` above), the

@@ -7,6 +7,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/changestream.c \
 	src/proxy/configdb.c \
 	src/proxy/currentop.c \
+	src/proxy/cswait.c \
 	src/proxy/cursor.c \
 	src/proxy/dbprimary.c \
 	src/proxy/ddllock.c \
@@ -30,6 +31,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/txnroute.c \
 	src/proxy/write.c
 noinst_HEADERS += \
+	src/proxy/cswait.h \
 	src/proxy/ddllock.h \
 	src/proxy/exec.h \
 	src/proxy/merge.h \
@@ -64,7 +66,7 @@ tests_unit_test_proxy_changestream_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_changestream_LDADD = $(UNIT_LDADD)
 
 EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py \
-	tests/bench/proxy_bench.py src/proxy/README.md \
+	tests/bench/proxy_bench.py tests/bench/cs_starvation_bench.py src/proxy/README.md \
 	tests/integration/test_proxy_filtering.py tests/bench/chunk_bench.py \
 	tests/integration/test_rolling.py tests/integration/test_int_args.py \
 	tests/integration/test_proxy_leaks.py tests/integration/test_retryable_proxy.py

@@ -101,6 +101,9 @@ typedef struct proxy {
 	 * e.g. while the cluster op version is below 3) at ping_next_ms (monotonic ms). */
 	char *advertise;
 	int64_t started_ms;
+	/* issue #20: parked change stream getMores and the shard watchers (cswait.h); NULL
+	 * in unit tests (getMores then wait on their worker) */
+	struct px_cswait *csw;
 	uint64_t ping_next_ms;
 } proxy;
 

@@ -20,6 +20,7 @@
 #include "auth/gate.h"
 #include "auth/raftsec.h"
 #include "tls/tls.h"
+#include "proxy/cswait.h"
 #include "proxy/proxy.h"
 #include "proxy/txnroute.h"
 
@@ -230,6 +231,7 @@ static int proxy_start(sdb_role *role)
 	p->rc = route_cache_new();
 	p->txns = pxtxn_table_new();
 	p->sc = shardconn_new();
+	p->csw = px_cswait_new(p);
 	/* issue #10: the cluster key before any pool to shards or metadata is made */
 	rc = auth_cluster_setup(role->cfg, role->err, sizeof role->err);
 	if (rc != 0)
@@ -284,6 +286,7 @@ static int proxy_start(sdb_role *role)
 err_srv:
 	wire_server_close(p->srv, 0, NULL, NULL);
 err:
+	px_cswait_free(p->csw);
 	auth_gate_free(p->auth);
 	proxy_quota_free(p->quota);
 	shardconn_free(p->sc); /* and its metadata pool */
@@ -307,6 +310,8 @@ static void on_timer_closed(uv_handle_t *h)
 	uv_cond_broadcast(&p->cv);
 	uv_mutex_unlock(&p->mu);
 	uv_thread_join(&p->refresher);
+	px_cswait_free(p->csw); /* its watchers call shards */
+	p->csw = NULL;
 	proxy_cursor_reap(p, true);
 	shardconn_free(p->sc); /* runs queued jobs first, joins the workers */
 	p->sc = NULL; /* the metadata pool went with it */
@@ -342,6 +347,7 @@ static void proxy_stop(sdb_role *role)
 	proxy *p = role->impl;
 
 	uv_timer_stop(&p->reap_timer);
+	px_cswait_stop(p->csw); /* parked getMores answer now, none parks again */
 	if (role->http)
 		sdb_http_unroute(role->http, p);
 	wire_server_close(p->srv, (uint64_t)sdb_config_get_int(role->cfg,

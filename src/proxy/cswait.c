@@ -1,0 +1,376 @@
+/* Parked change-stream getMores and the per-shard watchers: see cswait.h. */
+#include "proxy/cswait.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "common/alloc.h"
+#include "common/changestream.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "proxy/exec.h"
+#include "proxy/proxy.h"
+
+typedef struct park {
+	wire_req *req;
+	char *user;
+	uint64_t until_ms;
+	struct park *next;
+} park;
+
+struct px_cswait {
+	proxy *p;
+	uv_mutex_t mu;
+	uv_cond_t cv; /* the parker: a new entry, or quit */
+	park *head;   /* under mu */
+	uint64_t gen; /* under mu */
+	bool stopping; /* no more parks (under mu) */
+	atomic_bool quit; /* the threads exit */
+	uv_thread_t parker;
+	uv_thread_t watcher;
+	bool watcher_started; /* under mu */
+	sdb_gauge *m_parked;
+	sdb_counter *m_wakes;
+	size_t n; /* parked entries, under mu */
+};
+
+/* Hand a list of entries (taken off the table) back to the request workers. */
+static void resume_list(px_cswait *w, park *e)
+{
+	while (e != NULL) {
+		park *next = e->next;
+		wire_req_wait_end(e->req);
+		px_exec_resume(w->p, e->req, e->user);
+		free(e->user);
+		free(e);
+		e = next;
+	}
+}
+
+static void set_gauge(px_cswait *w)
+{
+	if (w->m_parked)
+		sdb_gauge_set(w->m_parked, (int64_t)w->n);
+}
+
+/* ---------- the parker: deadlines ---------- */
+
+static void parker_main(void *arg)
+{
+	px_cswait *w = arg;
+
+	uv_mutex_lock(&w->mu);
+	while (!atomic_load(&w->quit)) {
+		uint64_t now = sdb_mono_ms(), next = now + 1000;
+		park *due = NULL, **pp = &w->head;
+		while (*pp != NULL) {
+			park *e = *pp;
+			if (e->until_ms <= now) {
+				*pp = e->next;
+				e->next = due;
+				due = e;
+				w->n--;
+			} else {
+				if (e->until_ms < next)
+					next = e->until_ms;
+				pp = &e->next;
+			}
+		}
+		if (due != NULL) {
+			set_gauge(w);
+			uv_mutex_unlock(&w->mu);
+			resume_list(w, due);
+			uv_mutex_lock(&w->mu);
+			continue;
+		}
+		uv_cond_timedwait(&w->cv, &w->mu, (next - now) * 1000000ULL);
+	}
+	uv_mutex_unlock(&w->mu);
+}
+
+/* ---------- watchers: one awaitData tail per shard ---------- */
+
+typedef struct watch_set {
+	px_cswait *w;
+	char **ids;
+	size_t n;
+	atomic_bool restart; /* the shard list changed: every unit ends, the set is made anew */
+} watch_set;
+
+/* Sleep ms unless the proxy stops. */
+static void watch_pause(px_cswait *w, uint64_t ms)
+{
+	uint64_t end = sdb_mono_ms() + ms;
+
+	while (!atomic_load(&w->quit) && sdb_mono_ms() < end)
+		uv_sleep(20);
+}
+
+static bool same_ids(char **a, size_t na, char **b, size_t nb)
+{
+	if (na != nb)
+		return false;
+	for (size_t i = 0; i < na; i++)
+		if (strcmp(a[i], b[i]) != 0)
+			return false;
+	return true;
+}
+
+static void free_ids(char **ids, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(ids[i]);
+	free(ids);
+}
+
+/* One shard's watcher: a deployment-wide change stream on it (every event and note moves
+ * its postBatchResumeToken), each awaitData getMore's answer compared with the last. */
+static void watch_unit(void *arg, size_t i)
+{
+	watch_set *ws = arg;
+	px_cswait *w = ws->w;
+	const char *id = ws->ids[i];
+	int64_t cursor = 0;
+	uint32_t sid = 0;
+	sdb_cs_token last;
+	bool have = false;
+
+	memset(&last, 0, sizeof last);
+	while (!atomic_load(&w->quit) && !atomic_load(&ws->restart)) {
+		bson_t cmd = BSON_INITIALIZER, reply, cur, arr, tokd;
+		const char *field = "nextBatch";
+		char err[256];
+		bool moved = false;
+
+		if (cursor == 0) {
+			bson_t pl, st, spec, c;
+			BSON_APPEND_INT32(&cmd, "aggregate", 1);
+			bson_append_array_begin(&cmd, "pipeline", -1, &pl);
+			bson_append_document_begin(&pl, "0", -1, &st);
+			bson_append_document_begin(&st, "$changeStream", -1, &spec);
+			BSON_APPEND_BOOL(&spec, "allChangesForCluster", true);
+			BSON_APPEND_UTF8(&spec, "fullDocument", "default");
+			BSON_APPEND_BOOL(&spec, "$stripedbMerge", true);
+			BSON_APPEND_UTF8(&spec, "$stripedbShardId", id);
+			bson_append_document_end(&st, &spec);
+			bson_append_document_end(&pl, &st);
+			bson_append_array_end(&cmd, &pl);
+			bson_append_document_begin(&cmd, "cursor", -1, &c);
+			BSON_APPEND_INT32(&c, "batchSize", 1000);
+			bson_append_document_end(&cmd, &c);
+			field = "firstBatch";
+			sid = 0;
+		} else {
+			BSON_APPEND_INT64(&cmd, "getMore", cursor);
+			BSON_APPEND_UTF8(&cmd, "collection", "$cmd.aggregate");
+			BSON_APPEND_INT32(&cmd, "batchSize", 1000);
+			BSON_APPEND_INT64(&cmd, "maxTimeMS", PX_CSWAIT_WATCH_AWAIT_MS);
+		}
+		/* a shard that stops answering (SIGSTOP) fails the call after the await and
+		 * 10 s, not libmongoc's socket timeout */
+		shardconn_set_op_deadline(sdb_mono_ms() + PX_CSWAIT_WATCH_AWAIT_MS + 10000);
+		int st = proxy_shard_command(w->p, id, "admin", &cmd, &sid, &reply, err, sizeof err);
+		shardconn_set_op_deadline(0);
+		sdb_cs_token t;
+		char terr[128];
+		if (st == SHARDCONN_OK && px_get_doc(&reply, "cursor", &cur) &&
+		    px_get_array(&cur, field, &arr) && px_get_doc(&cur, "postBatchResumeToken", &tokd) &&
+		    sdb_cs_token_parse(&tokd, &t, terr, sizeof terr) == 0) {
+			cursor = px_get_int(&cur, "id", 0);
+			moved = !bson_empty(&arr) || !have || sdb_cs_token_cmp(&t, &last) != 0;
+			last = t;
+			have = true;
+		} else {
+			/* down, failover, lost cursor: the streams see it in their own round */
+			sdb_debug("change stream watcher: shard call failed", "shard=%s err=%s", id,
+				  st == SHARDCONN_OK ? "no cursor in the reply" : err);
+			cursor = 0;
+			moved = true;
+		}
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+		if (moved)
+			px_cswait_wake_all(w);
+		if (cursor == 0)
+			watch_pause(w, PX_CSWAIT_WATCH_RETRY_MS);
+		/* the shard list the refresh thread keeps (reloaded every second) */
+		char **now_ids = NULL;
+		size_t nn = shardconn_shard_ids(w->p->sc, &now_ids);
+		if (!same_ids(now_ids, nn, ws->ids, ws->n))
+			atomic_store(&ws->restart, true);
+		free_ids(now_ids, nn);
+	}
+	if (cursor != 0) {
+		bson_t cmd = BSON_INITIALIZER, reply, arr;
+		char err[128];
+		BSON_APPEND_UTF8(&cmd, "killCursors", "$cmd.aggregate");
+		bson_append_array_begin(&cmd, "cursors", -1, &arr);
+		BSON_APPEND_INT64(&arr, "0", cursor);
+		bson_append_array_end(&cmd, &arr);
+		shardconn_set_op_deadline(sdb_mono_ms() + 2000);
+		proxy_shard_command(w->p, id, "admin", &cmd, &sid, &reply, err, sizeof err);
+		shardconn_set_op_deadline(0);
+		bson_destroy(&reply);
+		bson_destroy(&cmd);
+	}
+}
+
+static void watcher_main(void *arg)
+{
+	px_cswait *w = arg;
+
+	while (!atomic_load(&w->quit)) {
+		watch_set ws;
+		memset(&ws, 0, sizeof ws);
+		ws.w = w;
+		ws.n = shardconn_shard_ids(w->p->sc, &ws.ids);
+		atomic_init(&ws.restart, false);
+		if (ws.n == 0) {
+			free_ids(ws.ids, ws.n);
+			watch_pause(w, 500);
+			continue;
+		}
+		proxy_shard_fanout(w->p, ws.n, watch_unit, &ws);
+		free_ids(ws.ids, ws.n);
+		/* the set changed: a new shard may have moved before its watcher opened */
+		px_cswait_wake_all(w);
+	}
+}
+
+/* ---------- the table ---------- */
+
+px_cswait *px_cswait_new(proxy *p)
+{
+	px_cswait *w = sdb_calloc(1, sizeof *w);
+
+	w->p = p;
+	uv_mutex_init(&w->mu);
+	uv_cond_init(&w->cv);
+	atomic_init(&w->quit, false);
+	w->m_parked = sdb_metrics_gauge("stripedb_proxy_cs_parked",
+					"Change stream getMores parked on the proxy (waiting for a "
+					"shard to move or their await to end, holding no thread).",
+					NULL);
+	w->m_wakes = sdb_metrics_counter("stripedb_proxy_cs_wakes_total",
+					 "Times the proxy's change stream watchers woke the parked "
+					 "getMores (a shard moved).",
+					 NULL);
+	if (uv_thread_create(&w->parker, parker_main, w) != 0)
+		abort();
+	return w;
+}
+
+void px_cswait_stop(px_cswait *w)
+{
+	park *all;
+
+	if (w == NULL)
+		return;
+	uv_mutex_lock(&w->mu);
+	w->stopping = true;
+	all = w->head;
+	w->head = NULL;
+	w->n = 0;
+	set_gauge(w);
+	uv_mutex_unlock(&w->mu);
+	resume_list(w, all);
+}
+
+void px_cswait_free(px_cswait *w)
+{
+	if (w == NULL)
+		return;
+	px_cswait_stop(w);
+	uv_mutex_lock(&w->mu);
+	atomic_store(&w->quit, true);
+	uv_cond_broadcast(&w->cv);
+	bool started = w->watcher_started;
+	uv_mutex_unlock(&w->mu);
+	uv_thread_join(&w->parker);
+	if (started)
+		uv_thread_join(&w->watcher);
+	uv_cond_destroy(&w->cv);
+	uv_mutex_destroy(&w->mu);
+	free(w);
+}
+
+uint64_t px_cswait_gen(px_cswait *w)
+{
+	uv_mutex_lock(&w->mu);
+	uint64_t g = w->gen;
+	uv_mutex_unlock(&w->mu);
+	return g;
+}
+
+int px_cswait_park(px_cswait *w, wire_req *req, const char *user, uint64_t gen,
+		   uint64_t until_ms, struct proxy_cursor *cur)
+{
+	park *e;
+
+	uv_mutex_lock(&w->mu);
+	if (w->stopping || atomic_load(&w->quit)) {
+		uv_mutex_unlock(&w->mu);
+		return -1;
+	}
+	if (w->gen != gen) {
+		uv_mutex_unlock(&w->mu);
+		return 0;
+	}
+	if (!w->watcher_started) {
+		if (uv_thread_create(&w->watcher, watcher_main, w) != 0)
+			abort();
+		w->watcher_started = true;
+	}
+	e = sdb_calloc(1, sizeof *e);
+	e->req = req;
+	e->user = user ? sdb_strdup(user) : NULL;
+	e->until_ms = until_ms;
+	e->next = w->head;
+	w->head = e;
+	w->n++;
+	set_gauge(w);
+	/* a stop reports it as waiting, not unanswered (wire/server.h) */
+	wire_req_wait_begin(req);
+	proxy_cursor_checkin(w->p, cur); /* lock order: w->mu, then p->cmu */
+	uv_cond_signal(&w->cv);
+	uv_mutex_unlock(&w->mu);
+	return 1;
+}
+
+void px_cswait_wake_all(px_cswait *w)
+{
+	park *all;
+
+	uv_mutex_lock(&w->mu);
+	w->gen++;
+	all = w->head;
+	w->head = NULL;
+	w->n = 0;
+	set_gauge(w);
+	uv_mutex_unlock(&w->mu);
+	if (all != NULL && w->m_wakes)
+		sdb_counter_inc(w->m_wakes);
+	resume_list(w, all);
+}
+
+void px_cswait_wake_req(px_cswait *w, const wire_req *req)
+{
+	park *found = NULL, **pp;
+
+	uv_mutex_lock(&w->mu);
+	for (pp = &w->head; *pp != NULL; pp = &(*pp)->next) {
+		if ((*pp)->req == req) {
+			found = *pp;
+			*pp = found->next;
+			found->next = NULL;
+			w->n--;
+			set_gauge(w);
+			break;
+		}
+	}
+	uv_mutex_unlock(&w->mu);
+	resume_list(w, found);
+}
