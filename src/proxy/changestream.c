@@ -1262,6 +1262,12 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 	cs->park_req = NULL;
 	sync_shards(c, cs, true);
 	for (;;) {
+		if (c->req != NULL && wire_req_killed(c->req)) {
+			/* killOp (a parked getMore is woken for it): the cursor ends, as a
+			 * getMore's failure ends it on mongod */
+			st = px_error(c, WIRE_ERR_INTERRUPTED, "operation was interrupted");
+			break;
+		}
 		if ((st = release(c, cs, &arr, &k, &bytes, batch)) != 0)
 			break;
 		if (k > 0 || cs->invalidated)

@@ -31,6 +31,7 @@
 #include "common/curop.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "proxy/cswait.h"
 #include "proxy/exec.h"
 #include "storage/collation.h"
 #include "proxy/txn.h"
@@ -1036,8 +1037,13 @@ static void h_kill_op(wire_req *req, void *data)
 		wire_req_error(req, WIRE_ERR_UNAUTHORIZED, "Unauthorized");
 		return;
 	}
-	if (victim && victim != req && may)
+	if (victim && victim != req && may) {
 		wire_req_kill(victim);
+		/* a parked change stream getMore is answered now (Interrupted), not at its
+		 * await's end */
+		if (p->csw != NULL)
+			px_cswait_wake_req(p->csw, victim);
+	}
 	wire_req_reply(req, NULL);
 }
 
