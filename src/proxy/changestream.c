@@ -29,8 +29,14 @@
  * gets the error with the ResumableChangeStreamError label (drivers resume). Shards added
  * later are opened at the merged position (the shard list is compared at every getMore).
  *
+ * Waiting (cswait.h): a getMore runs rounds of non-blocking shard getMores on a request
+ * worker and parks between them (no worker, no shard connection held) until a shard
+ * watcher sees a move, its await ends, or its cursor is killed; it then runs again with
+ * the same await's end (px_cs.park_req / park_deadline).
+ *
  * Threading: request worker threads; a cursor is used by one request at a time (checked
- * out of cursor.c's table); fan-out units touch only their own shard entry.
+ * out of cursor.c's table; checked in while its getMore is parked); fan-out units touch
+ * only their own shard entry.
  */
 #include <stdio.h>
 #include <stdlib.h>
