@@ -423,8 +423,10 @@ static void sync_shards(ctx *c, px_cs *cs, bool added)
 
 /* Open every live shard whose cursor is not open (first open, reopen, new shard). A shard
  * added later whose oplog does not reach back to the merged position (286) is opened at
- * its present instead. Returns: NULL when all opened, else the failed shard. */
-static cs_shard *open_closed(proxy *p, px_cs *cs)
+ * its present instead. w non-NULL (a getMore's rounds): a shard its watcher reports stalled
+ * is left closed for a later round (it holds the merge back; opened after its PBRT then).
+ * Returns: NULL when all opened, else the failed shard. */
+static cs_shard *open_closed(proxy *p, px_cs *cs, px_cswait *w)
 {
 	size_t *idx = sdb_calloc(cs->nsh ? cs->nsh : 1, sizeof *idx), n = 0;
 	cs_shard *bad = NULL;
@@ -432,7 +434,8 @@ static cs_shard *open_closed(proxy *p, px_cs *cs)
 	uint64_t now = sdb_mono_ms();
 	for (size_t i = 0; i < cs->nsh; i++)
 		if (cs->sh[i].cursor_id == 0 && !cs->sh[i].gone &&
-		    (cs->sh[i].ended_ms == 0 || now >= cs->sh[i].ended_ms + 100))
+		    (cs->sh[i].ended_ms == 0 || now >= cs->sh[i].ended_ms + 100) &&
+		    !px_cswait_stalled(w, cs->sh[i].id))
 			idx[n++] = i;
 	if (cs->have_pos) {
 		/* a shard found after the open is opened after the merged position, which holds
@@ -783,7 +786,7 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 	ssize_t h;
 	int st = 0;
 
-	if ((bad = open_closed(p, cs)) != NULL) {
+	if ((bad = open_closed(p, cs, p->csw)) != NULL) {
 		st = answer_shard_failure(c, bad);
 		goto out;
 	}
@@ -804,7 +807,8 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 		for (size_t i = 0; i < cs->nsh; i++) {
 			cs_shard *s = &cs->sh[i];
 			if (!s->gone && s->pos == s->n && s->cursor_id != 0 && s->noted_ts < x->ts &&
-			    (!s->have_pbrt || sdb_cs_token_cmp(&s->pbrt, x) <= 0))
+			    (!s->have_pbrt || sdb_cs_token_cmp(&s->pbrt, x) <= 0) &&
+			    !px_cswait_stalled(p->csw, s->id))
 				idx[n++] = i;
 		}
 		cs_round(p, cs, idx, n, CS_OP_NOTE, 0, top);
@@ -824,12 +828,14 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 		cs_shard *s = &cs->sh[i];
 		if (s->gone || s->pos < s->n || s->cursor_id == 0)
 			continue;
+		if (px_cswait_stalled(p->csw, s->id))
+			continue; /* stopped answering (cswait.h): holds the merge back */
 		if (h >= 0 && s->have_pbrt &&
 		    sdb_cs_token_cmp(&s->pbrt, &cs->sh[h].tok[cs->sh[h].pos]) > 0)
 			continue; /* holds nothing back */
 		idx[n++] = i;
 	}
-	if (n == 0) /* nothing to ask (cannot happen: something holds back or is ready) */
+	if (n == 0 && await_ms > 0) /* nothing to ask (every holdout stalled): not a spin */
 		uv_sleep(10);
 	cs_round(p, cs, idx, n, CS_OP_GETMORE, await_ms, 0);
 	for (size_t k = 0; k < n; k++) {
@@ -851,7 +857,7 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 			s->id, err_code(s));
 		s->cursor_id = 0;
 	}
-	if ((bad = open_closed(p, cs)) != NULL)
+	if ((bad = open_closed(p, cs, p->csw)) != NULL)
 		st = answer_shard_failure(c, bad);
 out:
 	free(idx);
@@ -1148,7 +1154,7 @@ int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
 		px_cs_free(c->p, cs);
 		return px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
 	}
-	cs_shard *bad = open_closed(c->p, cs);
+	cs_shard *bad = open_closed(c->p, cs, NULL); /* every shard, or an error */
 	if (bad != NULL) {
 		st = px_error(c, err_code(bad), "%s", err_msg(bad));
 		px_cs_free(c->p, cs);
@@ -1224,12 +1230,25 @@ int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
  * reopen 100 ms after it ended). */
 #define CS_PARK_RETRY_MS 100
 
-static bool pending(const px_cs *cs)
+static bool pending(const px_cs *cs, px_cswait *w)
 {
-	if (min_head(cs) >= 0)
-		return true;
+	ssize_t h = min_head(cs);
+
+	if (h >= 0) {
+		/* an event waits: for a holdout that answers (a stalled one's watcher wakes us
+		 * when it answers again) */
+		const sdb_cs_token *x = &cs->sh[h].tok[cs->sh[h].pos];
+		for (size_t i = 0; i < cs->nsh; i++) {
+			const cs_shard *s = &cs->sh[i];
+			if (!s->gone && s->pos == s->n &&
+			    (!s->have_pbrt || sdb_cs_token_cmp(&s->pbrt, x) <= 0) &&
+			    !px_cswait_stalled(w, s->id))
+				return true;
+		}
+	}
 	for (size_t i = 0; i < cs->nsh; i++)
-		if (!cs->sh[i].gone && cs->sh[i].cursor_id == 0)
+		if (!cs->sh[i].gone && cs->sh[i].cursor_id == 0 &&
+		    !px_cswait_stalled(w, cs->sh[i].id)) /* its watcher wakes us */
 			return true;
 	return false;
 }
@@ -1289,7 +1308,7 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 		if (fetched) {
 			/* a round found nothing to return: wait without a thread */
 			uint64_t until = deadline;
-			if (pending(cs) && now + CS_PARK_RETRY_MS < until)
+			if (pending(cs, w) && now + CS_PARK_RETRY_MS < until)
 				until = now + CS_PARK_RETRY_MS;
 			cs->park_req = c->req;
 			cs->park_deadline = deadline;

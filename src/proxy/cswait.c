@@ -14,6 +14,13 @@
 #include "proxy/exec.h"
 #include "proxy/proxy.h"
 
+/* A shard whose watcher's call ran into its deadline (the shard stopped answering without
+ * closing its connection), until that watcher gets an answer again. */
+typedef struct stall {
+	char *id;
+	struct stall *next;
+} stall;
+
 typedef struct park {
 	wire_req *req;
 	char *user;
@@ -35,7 +42,65 @@ struct px_cswait {
 	sdb_gauge *m_parked;
 	sdb_counter *m_wakes;
 	size_t n; /* parked entries, under mu */
+	stall *stalled; /* under mu */
 };
+
+/* Returns: true when the state changed. */
+static bool set_stalled(px_cswait *w, const char *id, bool on)
+{
+	stall **pp, *e;
+	bool changed = false;
+
+	uv_mutex_lock(&w->mu);
+	for (pp = &w->stalled; *pp != NULL; pp = &(*pp)->next)
+		if (strcmp((*pp)->id, id) == 0)
+			break;
+	if (on && *pp == NULL) {
+		e = sdb_calloc(1, sizeof *e);
+		e->id = sdb_strdup(id);
+		e->next = w->stalled;
+		w->stalled = e;
+		changed = true;
+	} else if (!on && *pp != NULL) {
+		e = *pp;
+		*pp = e->next;
+		free(e->id);
+		free(e);
+		changed = true;
+	}
+	uv_mutex_unlock(&w->mu);
+	if (changed)
+		sdb_log(on ? SDB_LOG_WARN : SDB_LOG_INFO,
+			on ? "change stream watcher: shard stopped answering, streams skip it"
+			   : "change stream watcher: shard answers again",
+			"shard=%s", id);
+	return changed;
+}
+
+static void clear_stalled(px_cswait *w)
+{
+	uv_mutex_lock(&w->mu);
+	while (w->stalled != NULL) {
+		stall *e = w->stalled;
+		w->stalled = e->next;
+		free(e->id);
+		free(e);
+	}
+	uv_mutex_unlock(&w->mu);
+}
+
+bool px_cswait_stalled(px_cswait *w, const char *id)
+{
+	bool found = false;
+
+	if (w == NULL)
+		return false;
+	uv_mutex_lock(&w->mu);
+	for (stall *e = w->stalled; e != NULL && !found; e = e->next)
+		found = strcmp(e->id, id) == 0;
+	uv_mutex_unlock(&w->mu);
+	return found;
+}
 
 /* Hand a list of entries (taken off the table) back to the request workers. */
 static void resume_list(px_cswait *w, park *e)
@@ -183,7 +248,14 @@ static void watch_unit(void *arg, size_t i)
 			moved = !bson_empty(&arr) || !have || sdb_cs_token_cmp(&t, &last) != 0;
 			last = t;
 			have = true;
+			if (set_stalled(w, id, false))
+				moved = true; /* the streams may ask it again */
 		} else {
+			/* past its deadline (the proxy answered MaxTimeMSExpired for it): the
+			 * shard is stalled; the streams' rounds skip it until it answers */
+			if (st == SHARDCONN_CMD_ERR &&
+			    px_get_int(&reply, "code", 0) == WIRE_ERR_MAX_TIME_EXPIRED)
+				set_stalled(w, id, true);
 			/* down, failover, lost cursor: the streams see it in their own round */
 			sdb_debug("change stream watcher: shard call failed", "shard=%s err=%s", id,
 				  st == SHARDCONN_OK ? "no cursor in the reply" : err);
@@ -235,6 +307,7 @@ static void watcher_main(void *arg)
 		}
 		proxy_shard_fanout(w->p, ws.n, watch_unit, &ws);
 		free_ids(ws.ids, ws.n);
+		clear_stalled(w); /* the new set's watchers say again */
 		/* the set changed: a new shard may have moved before its watcher opened */
 		px_cswait_wake_all(w);
 	}
@@ -292,6 +365,7 @@ void px_cswait_free(px_cswait *w)
 	uv_thread_join(&w->parker);
 	if (started)
 		uv_thread_join(&w->watcher);
+	clear_stalled(w);
 	uv_cond_destroy(&w->cv);
 	uv_mutex_destroy(&w->mu);
 	free(w);

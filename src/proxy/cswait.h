@@ -14,7 +14,8 @@
  *     an event, or fails (then it may have missed a move); every parked getMore is woken,
  *     as every proxy stream is open on every shard;
  *   - its time is up (px_cswait_park's until_ms: the getMore's await, or a short retry);
- *   - its cursor is killed (px_cswait_wake_req) or the proxy stops (px_cswait_stop).
+ *   - its cursor is killed or its request killOp'ed (px_cswait_wake_req), or the proxy
+ *     stops (px_cswait_stop).
  * A woken getMore runs one round of non-blocking shard getMores and parks again when it
  * still has nothing to return (changestream.c px_cs_get_more).
  *
@@ -24,6 +25,7 @@
 #ifndef SDB_PROXY_CSWAIT_H
 #define SDB_PROXY_CSWAIT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "wire/server.h"
@@ -59,6 +61,12 @@ uint64_t px_cswait_gen(px_cswait *w);
  * stopping (not parked: answer now, the cursor is still the caller's). */
 int px_cswait_park(px_cswait *w, wire_req *req, const char *user, uint64_t gen,
 		   uint64_t until_ms, struct proxy_cursor *cur);
+/* True when shard id's watcher saw it stop answering (its call ran past the await and
+ * 10 s without an answer: SIGSTOP, a stalled disk) and it has not answered since. A
+ * getMore's round then leaves that shard out (it holds the merge back, as a round that
+ * timed out on it), so streams do not each hold a worker for 10 s per round on it; when it
+ * answers again every parked getMore is woken. False for NULL w. */
+bool px_cswait_stalled(px_cswait *w, const char *id);
 /* Hand every parked getMore back to a worker (a shard moved). */
 void px_cswait_wake_all(px_cswait *w);
 /* Hand the parked getMore req back to a worker, when it is parked (its cursor is being

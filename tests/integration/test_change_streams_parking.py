@@ -142,3 +142,51 @@ def _quiet(fn):
         fn()
     except Exception:  # noqa: BLE001 - the proxy stops under it
         pass
+
+
+def test_a_stalled_shard_is_skipped_then_merged_again(start_role, tmp_path):
+    """A shard that stops answering (SIGSTOP): once its watcher's call runs past its
+    deadline (await + 10 s) the streams' rounds leave it out (it holds the merge back), so
+    a getMore answers after its await instead of holding a worker for the 10 s round
+    deadline each time; when the shard answers again the held-back event and the shard's
+    own come, in token order, nothing lost (event 1 may come during the stop when the
+    stopped shard's last position was already past it)."""
+    import signal
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        coll = cl.proxy_client(socketTimeoutMS=60000).app.c
+        cs = coll.watch(max_await_time_ms=500)
+        coll.insert_one({"_id": 0, "k": 1})
+        assert [e["documentKey"]["_id"] for e in _drain(cs, 1)] == [0]
+        cl.shard_procs["shard-b"].signal(signal.SIGSTOP)
+        try:
+            coll.insert_one({"_id": 1, "k": 2})  # shard-a: held back by shard-b
+            got, fast = [], 0
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline and fast < 3:
+                t0 = time.monotonic()
+                ev = cs.try_next()
+                if ev is not None:
+                    got.append(ev)
+                fast = fast + 1 if time.monotonic() - t0 < 2 else 0
+            assert fast >= 3, "getMores still wait for the stopped shard's round deadline"
+            # event 1 comes only if shard-b's last position was already past it (its
+            # clock): otherwise shard-b holds it back
+        finally:
+            cl.shard_procs["shard-b"].signal(signal.SIGCONT)
+        coll.insert_one({"_id": 2, "k": 150})  # shard-b
+        evs = got + _drain(cs, 2 - len(got), timeout=60)
+        cs.close()
+        assert [e["documentKey"]["_id"] for e in evs] == [1, 2]
+    finally:
+        cl.close()
+
+
+def _drain(cs, n, timeout=30):
+    out = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(out) < n:
+        ev = cs.try_next()
+        if ev is not None:
+            out.append(ev)
+    return out
