@@ -109,6 +109,11 @@ struct px_cs {
 	 * dereferenced) and its await's end (monotonic ms), kept for its next run */
 	const wire_req *park_req;
 	uint64_t park_deadline;
+	/* the wake generation read before the last round of shard getMores: while it has not
+	 * moved and nothing is pending, a new getMore parks without a round (no shard moved
+	 * since that round asked them all) */
+	uint64_t gen_seen;
+	bool have_gen_seen;
 };
 
 /* ---------- tokens ---------- */
@@ -1324,8 +1329,14 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 			continue;
 		}
 		gen = px_cswait_gen(w); /* before the round: a move during it is not missed */
+		if (cs->have_gen_seen && gen == cs->gen_seen && !pending(cs, w)) {
+			fetched = true; /* the last round saw every shard as it still is */
+			continue;
+		}
 		if ((st = fetch(c, cs, 0)) != 0)
 			break;
+		cs->gen_seen = gen;
+		cs->have_gen_seen = true;
 		fetched = true;
 	}
 	if (st != 0) {

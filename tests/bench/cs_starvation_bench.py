@@ -5,7 +5,8 @@ streams open through the same proxy, each client thread looping getMore (pymongo
 try_next, maxAwaitTimeMS --await-ms). Same run, same cluster, same client code. Prints
 p50/p99/max of --finds sequential point finds for both phases, and the durations of the
 streams' empty getMores (the await a MongoDB client relies on: about --await-ms, not
-earlier and not much later). The finds with streams open stop after --budget-s (a starved
+earlier and not much later). The streams run in a child process (their client threads would
+share the finds' interpreter lock). The finds with streams open stop after --budget-s (a starved
 proxy answers few); n says how many were done.
 
     STRIPEDB_BIN=/path/to/build/stripedb /usr/bin/python3 tests/bench/cs_starvation_bench.py \
@@ -14,8 +15,10 @@ proxy answers few); n says how many were done.
 Every server runs on a free loopback port in a temporary directory and is stopped at the end.
 """
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -54,6 +57,52 @@ def report(name, lat):
           f"  max {max(lat):8.2f} ms", flush=True)
 
 
+def streams_child(uri, n, await_ms):
+    """The streams' process: n threads, each with a change stream looping try_next, until
+    a line on stdin; prints "opened <errors>" once all are open, then a JSON line with the
+    empty getMores' durations (ms) and the errors."""
+    sc = pymongo.MongoClient(uri, directConnection=True, maxPoolSize=n + 16,
+                             socketTimeoutMS=120000)
+    stop = threading.Event()
+    empties, errors = [], []
+    lock = threading.Lock()
+    opened = threading.Semaphore(0)
+
+    def streamer():
+        try:
+            cs = sc.bench.c.watch(max_await_time_ms=await_ms)
+        except Exception as e:  # noqa: BLE001 - reported
+            errors.append(repr(e))
+            opened.release()
+            return
+        opened.release()
+        mine = []
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                ev = cs.try_next()
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+                break
+            if ev is None:
+                mine.append((time.perf_counter() - t0) * 1000)
+        cs.close()
+        with lock:
+            empties.extend(mine)
+
+    ts = [threading.Thread(target=streamer, daemon=True) for _ in range(n)]
+    for t in ts:
+        t.start()
+    for _ in ts:
+        opened.acquire()
+    print(f"opened {len(errors)}", flush=True)
+    sys.stdin.readline()
+    stop.set()
+    for t in ts:
+        t.join(timeout=await_ms / 1000 * 3 + 30)
+    print(json.dumps({"empties": empties, "errors": errors}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--streams", type=int, default=300)
@@ -62,11 +111,13 @@ def main():
     ap.add_argument("--docs", type=int, default=1000)
     ap.add_argument("--budget-s", type=float, default=120,
                     help="time bound of the finds with streams open (a starved proxy)")
+    ap.add_argument("--streams-at", help=argparse.SUPPRESS)  # the streams' child process
     a = ap.parse_args()
+    if a.streams_at:
+        streams_child(a.streams_at, a.streams, a.await_ms)
+        return
     tmp = tempfile.mkdtemp(prefix="cs-bench-")
     st = Starter(tmp)
-    stop = threading.Event()
-    threads = []
     try:
         from pathlib import Path
         cl = ProxyCluster(st, Path(tmp), shards=2, proxies=1)
@@ -79,50 +130,21 @@ def main():
         base = finds(coll, a.finds, a.docs)
         report("finds, no change stream", base)
 
-        sc = pymongo.MongoClient(uri, directConnection=True, maxPoolSize=a.streams + 16,
-                                 socketTimeoutMS=120000)
-        empties = []
-        errors = []
-        lock = threading.Lock()
-        opened = threading.Semaphore(0)
-
-        def streamer():
-            try:
-                cs = sc.bench.c.watch(max_await_time_ms=a.await_ms)
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(repr(e))
-                opened.release()
-                return
-            opened.release()
-            mine = []
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                try:
-                    ev = cs.try_next()
-                except Exception as e:  # noqa: BLE001
-                    errors.append(repr(e))
-                    break
-                if ev is None:
-                    mine.append((time.perf_counter() - t0) * 1000)
-            cs.close()
-            with lock:
-                empties.extend(mine)
-
+        # the streams run in a child process: their 300 client threads would otherwise
+        # share this process' interpreter lock with the finds and slow them client-side
         t0 = time.monotonic()
-        for _ in range(a.streams):
-            t = threading.Thread(target=streamer, daemon=True)
-            t.start()
-            threads.append(t)
-        for _ in range(a.streams):
-            opened.acquire()
+        child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--streams-at", uri,
+                                  "--streams", str(a.streams), "--await-ms", str(a.await_ms)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = child.stdout.readline().split()
         print(f"{a.streams} change streams opened in {time.monotonic() - t0:.1f} s "
-              f"({len(errors)} errors)", flush=True)
+              f"({line[1] if len(line) > 1 else '?'} errors)", flush=True)
         time.sleep(3)  # every stream is in its getMore loop
         loaded = finds(coll, a.finds, a.docs, a.budget_s)
         report(f"finds, {a.streams} idle change streams", loaded)
-        stop.set()
-        for t in threads:
-            t.join(timeout=a.await_ms / 1000 * 3 + 30)
+        out, _ = child.communicate("stop\n", timeout=a.await_ms / 1000 * 3 + 60)
+        res = json.loads(out.strip().splitlines()[-1])
+        empties, errors = res["empties"], res["errors"]
         if empties:
             report(f"empty getMores (await {a.await_ms} ms)", empties)
             print(f"{'':40s} min {min(empties):8.2f} ms", flush=True)
@@ -130,10 +152,8 @@ def main():
             print(f"stream errors: {len(errors)}, first: {errors[0]}", flush=True)
         print(f"p99 with/without streams: {pct(loaded, 99) / pct(base, 99):.2f}x, "
               f"p50 {pct(loaded, 50) / pct(base, 50):.2f}x", flush=True)
-        sc.close()
         fc.close()
     finally:
-        stop.set()
         st.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
