@@ -1141,7 +1141,10 @@ static bool doc_has_decimal(bson_iter_t *it, int depth)
  *   rewritten rows until the commit's checkpoint.
  * - Replica sets: every member runs this on its own store at open, deterministically
  *   (the keys are functions of the documents); the Raft log carries documents, never
- *   keys, so entries apply the same way whatever encoding the member had. A snapshot copied
+ *   keys, so a member's store ends the same whichever encoding it had, as long as every
+ *   member compares decimals alike: a set mixing earlier members (long-double order) with
+ *   these can apply a unique-key entry differently (docs/operations.md: upgrade such sets
+ *   all members at once). A snapshot copied
  *   from another member (sdb_store_replace_from, storage/copy.c) runs it again when the
  *   copy came from a member of an older release. */
 int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen)

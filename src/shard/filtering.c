@@ -530,16 +530,20 @@ void shard_filtering_release(shard_ctx *x)
 	x->owner = NULL;
 }
 
-/* The scan start for a chunk whose min's first value is the number v. The chunk holds the
- * documents whose key is at or above min by route_key_cmp, where a number ties every
- * number with the same nearest long double L (common/bsonval.h sdb_bson_key_cmp_v4): some
- * of them lie below v by exact value, which is the shard-key index's order. They all lie
- * above the long double p just below L (nearest rounding is monotonic), so the scan starts
- * at p rounded to 34 digits, a Decimal128 (its rounding error, 1 part in 10^33, is far
- * below half the distance from p to L, 1 part in 2^65, so no such document is skipped);
- * the orphan filter drops the documents of [p, min) that are not in the chunk. NaN ties
- * only NaN: v itself. */
-static void key_range_lo_widen(const bson_value_t *v, bson_value_t *out)
+/* The scan end of a chunk whose min's (dir < 0) or, for a compound key, max's (dir > 0)
+ * first value is the number v. The chunk holds the documents whose key is at or above min
+ * and below max by route_key_cmp, where a number ties every number with the same nearest
+ * long double L (common/bsonval.h sdb_bson_key_cmp_v4): some of them lie below v (above v)
+ * by exact value, which is the shard-key index's order. For min they are in the chunk;
+ * for a compound max too when their later fields are below max's (issue #20 review: a
+ * move lost them). They all lie above the long double p just below L (below the one just
+ * above L: nearest rounding is monotonic), so the scan ends at p rounded to 34 digits, a
+ * Decimal128 (its rounding error, 1 part in 10^33, is far below half the distance from p
+ * to L, 1 part in 2^65, so no such document is skipped); the orphan filter drops the
+ * documents between p and the bound that are not in the chunk. A single-field max needs
+ * none: a document below it by route_key_cmp is below it exactly too. NaN ties only NaN:
+ * v itself. */
+static void key_range_widen(const bson_value_t *v, int dir, bson_value_t *out)
 {
 	char buf[BSON_DECIMAL128_STRING + 16];
 	long double l, p;
@@ -566,7 +570,7 @@ static void key_range_lo_widen(const bson_value_t *v, bson_value_t *out)
 		*out = *v;
 		return;
 	}
-	p = nextafterl(l, -INFINITY);
+	p = nextafterl(l, dir < 0 ? -INFINITY : INFINITY);
 	if (isinf(p))
 		snprintf(buf, sizeof buf, "%s", p < 0 ? "-Infinity" : "Infinity");
 	else
@@ -659,14 +663,21 @@ int shard_filtering_key_range(shard_ctx *x, const char *ns, const bson_t *kr,
 	spec->range_hi_incl = rc->nkeys > 1;
 	if (bson_iter_init_find(&r->lo, &min, rc->keys[0]) &&
 	    bson_iter_type(&r->lo) != BSON_TYPE_MINKEY) {
-		/* a numeric min: from below the numbers that tie it (key_range_lo_widen) */
-		key_range_lo_widen(bson_iter_value(&r->lo), &r->lo_wide);
+		/* a numeric min: from below the numbers that tie it (key_range_widen) */
+		key_range_widen(bson_iter_value(&r->lo), -1, &r->lo_wide);
 		spec->range_lo = &r->lo_wide;
 	}
-	/* max as it is: a document below max by route_key_cmp is below it exactly too */
+	/* max: as it is for one field; for a compound key up to above the numbers that tie
+	 * it (key_range_widen) */
 	if (bson_iter_init_find(&r->hi, &max, rc->keys[0]) &&
-	    bson_iter_type(&r->hi) != BSON_TYPE_MAXKEY)
-		spec->range_hi = bson_iter_value(&r->hi);
+	    bson_iter_type(&r->hi) != BSON_TYPE_MAXKEY) {
+		if (rc->nkeys > 1) {
+			key_range_widen(bson_iter_value(&r->hi), 1, &r->hi_wide);
+			spec->range_hi = &r->hi_wide;
+		} else {
+			spec->range_hi = bson_iter_value(&r->hi);
+		}
+	}
 	return 0;
 }
 

@@ -569,6 +569,7 @@ void shard_filtering_release(shard_ctx *x);
 typedef struct shard_key_range {
 	bson_iter_t lo, hi;
 	bson_value_t lo_wide; /* a numeric min's scan start (shard_filtering_key_range) */
+	bson_value_t hi_wide; /* a compound key's numeric max's scan end (the same) */
 } shard_key_range;
 /* Parse kr (the keyRange document of x->cmd's collection ns) into spec: the orphan
  * filter becomes "the shard key lies in [min, max)" (route.h's chunk test, ranged or

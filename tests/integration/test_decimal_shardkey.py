@@ -17,6 +17,7 @@ import threading
 import time
 from decimal import ROUND_HALF_EVEN, Decimal, getcontext
 
+import pytest
 from bson.decimal128 import Decimal128
 from bson.max_key import MaxKey
 from bson.min_key import MinKey
@@ -181,5 +182,39 @@ def test_hashed_decimal_shard_key_keeps_routing(start_role, tmp_path):
         assert r.deleted_count == 1
         assert coll.count_documents({"amt": d128(vals[3])}) == 0
         assert coll.count_documents({}) == len(vals) - 1
+    finally:
+        cl.close()
+
+
+@pytest.mark.parametrize("bound,above", [
+    (Decimal128("18446744073709551616"), Decimal128("18446744073709551617")),
+    (1, Decimal128("1.00000000000000000001"))])
+def test_compound_key_move_keeps_documents_tying_the_upper_bound(start_role, tmp_path, bound,
+                                                                 above):
+    """A compound key {acct, ts} whose chunk bound is {acct: B, ts: 100}: documents whose
+    acct is just above B exactly but has B's nearest long double, and whose ts is below 100,
+    belong to the lower chunk (chunk placement keeps the long-double order). Moving that
+    chunk must move them: a review found the migration's read stopped at B exactly and left
+    them behind as orphans no query could reach (verify reported nothing)."""
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        cl.shard_collection("bank.tx", {"acct": 1, "ts": 1},
+                            split_points=[{"acct": bound, "ts": 100}],
+                            shards=["shard-a", "shard-a"])
+        coll = cl.proxy_client().bank.tx
+        coll.create_index([("acct", 1), ("ts", 1)])
+        coll.insert_many([{"_id": f"t{t}", "acct": above, "ts": t} for t in range(0, 200, 20)])
+        before = sorted(x["_id"] for x in coll.find({}))
+        assert len(before) == 10
+        lo = cl.chunks("bank.tx")[0]
+        m = cl.wait_migration(cl.migrate("bank.tx", lo["id"], "shard-b", "--grace-ms=200"))
+        assert m["state"] == "complete", m
+        assert sorted(x["_id"] for x in coll.find({})) == before
+        on_b = sorted(x["_id"] for x in cl.shard_client("shard-b").bank.tx.find({}))
+        assert on_b == sorted(f"t{t}" for t in range(0, 100, 20))
+        # the source kept only the upper chunk's documents once the range deletion ran
+        wait_until(lambda: sorted(x["_id"] for x in cl.shard_client("shard-a").bank.tx.find({}))
+                   == sorted(f"t{t}" for t in range(100, 200, 20)), 30,
+                   what="the moved documents deleted from shard-a")
     finally:
         cl.close()

@@ -621,7 +621,10 @@ def test_shard_down_fails_only_its_chunks(cluster):
     cluster.shard_procs["shard-c"].stop()
     assert c.find_one({"k": 50}) == {"_id": 50, "k": 50}
     c.insert_one({"_id": 7, "k": 7})
-    assert c.count_documents({"k": {"$lt": 200}}) == 5
+    # $lt: 199, not 200: a range ending at a chunk bound (200) also asks the chunk above it,
+    # where decimals just below 200 that tie it under long double are placed (issue #20,
+    # docs/compat.md "Decimal128"); so with shard-c down, $lt: 200 is HostUnreachable
+    assert c.count_documents({"k": {"$lt": 199}}) == 5
     with pytest.raises(OperationFailure) as e:
         c.find_one({"k": 250})
     assert e.value.code == 6  # HostUnreachable: drivers retry it
