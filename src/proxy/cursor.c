@@ -29,6 +29,7 @@ struct proxy_cursor {
 	int64_t returned;
 	uint64_t last_used_ms;
 	bool busy;
+	bool kill_pending; /* killCursors while busy: reaped once checked in (proxy_cursor_kill) */
 	bson_t *txnf; /* a transaction's cursor: lsid, txnNumber, autocommit on its getMores */
 	px_cs *cs;    /* a change stream (changestream.c): no streams, no sort */
 	proxy_cursor *next;
@@ -380,7 +381,8 @@ proxy_cursor *proxy_cursor_checkout(proxy *p, int64_t id, const char *ns)
 
 	uv_mutex_lock(&p->cmu);
 	for (c = p->cursors; c; c = c->next)
-		if (c->id == id && !c->busy && (ns == NULL || strcmp(c->ns, ns) == 0))
+		if (c->id == id && !c->busy && !c->kill_pending &&
+		    (ns == NULL || strcmp(c->ns, ns) == 0))
 			break;
 	if (c)
 		c->busy = true;
@@ -398,6 +400,20 @@ static void unlink_cursor(proxy *p, proxy_cursor *c)
 			return;
 		}
 	}
+}
+
+bool proxy_cursor_kill(proxy *p, int64_t id)
+{
+	proxy_cursor *c;
+
+	uv_mutex_lock(&p->cmu);
+	for (c = p->cursors; c; c = c->next)
+		if (c->id == id && !c->kill_pending)
+			break;
+	if (c)
+		c->kill_pending = true;
+	uv_mutex_unlock(&p->cmu);
+	return c != NULL;
 }
 
 void proxy_cursor_checkin(proxy *p, proxy_cursor *c)
@@ -468,7 +484,8 @@ void proxy_cursor_reap(proxy *p, bool all)
 	pp = &p->cursors;
 	while (*pp) {
 		c = *pp;
-		if (!c->busy && (all || now - c->last_used_ms > (uint64_t)p->cursor_timeout_ms)) {
+		if (!c->busy && (all || c->kill_pending ||
+				 now - c->last_used_ms > (uint64_t)p->cursor_timeout_ms)) {
 			*pp = c->next;
 			c->next = dead;
 			dead = c;
@@ -480,7 +497,8 @@ void proxy_cursor_reap(proxy *p, bool all)
 	while (dead) {
 		c = dead;
 		dead = c->next;
-		sdb_debug("cursor timed out", "id=%lld ns=%s", (long long)c->id, c->ns);
+		sdb_debug(c->kill_pending ? "cursor killed while in use" : "cursor timed out",
+			  "id=%lld ns=%s", (long long)c->id, c->ns);
 		c->id = 0;
 		sdb_gauge_add(p->m_cursors, -1);
 		proxy_cursor_destroy(p, c);

@@ -212,6 +212,12 @@ typedef enum {
 proxy_cursor_access proxy_cursor_check(proxy *p, int64_t id, const char *ns, const char *user);
 /* Take cursor id out of the table for exclusive use (NULL when unknown). */
 proxy_cursor *proxy_cursor_checkout(proxy *p, int64_t id, const char *ns);
+/* killCursors of a cursor another request has checked out (a getMore running or a
+ * change stream's getMore between rounds): mark it so no one checks it out again; the
+ * reaper (every PROXY_REAP_EVERY_MS) destroys it once it is checked in, as mongod kills
+ * a pinned cursor when its operation ends. Returns: true if id was a live cursor (now
+ * killed), false if unknown or already killed. Thread-safe. */
+bool proxy_cursor_kill(proxy *p, int64_t id);
 /* Put it back (refreshing its idle timer). */
 void proxy_cursor_checkin(proxy *p, proxy_cursor *c);
 /* Kill shard cursors and free. */

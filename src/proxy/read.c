@@ -464,8 +464,12 @@ int px_do_kill_cursors(ctx *c)
 		while (bson_iter_next(&it)) {
 			int64_t id = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
 			proxy_cursor *cur = proxy_cursor_checkout(c->p, id, NULL);
-			if (cur) {
+			bool gone = cur != NULL;
+			if (cur)
 				proxy_cursor_destroy(c->p, cur);
+			else /* in use by a running getMore: killed when it ends (as mongod) */
+				gone = proxy_cursor_kill(c->p, id);
+			if (gone) {
 				snprintf(k, sizeof k, "%zu", nk++);
 				BSON_APPEND_INT64(&killed, k, id);
 			}

@@ -170,12 +170,55 @@ static void test_unsorted_streams_in_order(void **state)
 	proxy_cursor_destroy(&p, c);
 }
 
+/* killCursors of a cursor in use (issue #20): proxy_cursor_kill marks it, nobody checks it
+ * out again, the reaper leaves it while busy and frees it once checked in. */
+static void test_kill_while_in_use(void **state)
+{
+	proxy p;
+	pstream *s = sdb_calloc_bson(1, sizeof *s);
+	int a[] = {1, 2};
+	proxy_cursor *c;
+	int64_t id;
+
+	(void)state;
+	memset(&p, 0, sizeof p);
+	assert_int_equal(uv_mutex_init(&p.cmu), 0);
+	p.cursor_timeout_ms = 600000;
+	p.m_cursors = sdb_metrics_gauge("test_proxy_cursors_open", "test", NULL);
+	fill_stream(&s[0], NULL, -1, a, 2);
+	c = proxy_cursor_new(&p, "db.c", s, 1, NULL, NULL, 0, 0);
+	id = proxy_cursor_register(&p, c, NULL);
+	assert_ptr_equal(proxy_cursor_checkout(&p, id, NULL), c); /* a getMore runs */
+	assert_null(proxy_cursor_checkout(&p, id, NULL));
+	assert_true(proxy_cursor_kill(&p, id));
+	assert_false(proxy_cursor_kill(&p, id)); /* already killed */
+	assert_false(proxy_cursor_kill(&p, id + 1));
+	proxy_cursor_reap(&p, false);
+	assert_ptr_equal(p.cursors, c); /* still in use: not freed under the getMore */
+	proxy_cursor_checkin(&p, c);
+	assert_null(proxy_cursor_checkout(&p, id, NULL)); /* killed: CursorNotFound */
+	proxy_cursor_reap(&p, false);
+	assert_null(p.cursors);
+	assert_int_equal(sdb_gauge_value(p.m_cursors), 0);
+	/* a cursor nobody uses is killed the same way */
+	s = sdb_calloc_bson(1, sizeof *s);
+	fill_stream(&s[0], NULL, -1, a, 2);
+	c = proxy_cursor_new(&p, "db.c", s, 1, NULL, NULL, 0, 0);
+	id = proxy_cursor_register(&p, c, NULL);
+	assert_true(proxy_cursor_kill(&p, id));
+	assert_null(proxy_cursor_checkout(&p, id, NULL));
+	proxy_cursor_reap(&p, false);
+	assert_null(p.cursors);
+	uv_mutex_destroy(&p.cmu);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_ownership_filter),
 		cmocka_unit_test(test_merge_skip_limit_projection),
 		cmocka_unit_test(test_unsorted_streams_in_order),
+		cmocka_unit_test(test_kill_while_in_use),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
