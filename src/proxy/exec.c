@@ -31,6 +31,7 @@
 #include "common/curop.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/readconcern.h"
 #include "proxy/cswait.h"
 #include "proxy/exec.h"
 #include "storage/collation.h"
@@ -837,6 +838,15 @@ static int job_checks(ctx *c, const px_cmd *cmd)
 	if ((cmd->flags & PXC_WRITE) && c->tx == NULL &&
 	    !proxy_txn_parse(c->cmd, cmd->stmts, &c->txn, &code, err, sizeof err))
 		return px_error(c, code, "%s", err);
+	/* a read's readConcern outside a transaction, refused here as a shard refuses it
+	 * (common/readconcern.h): the per-chunk commands of a sharded read are built by the
+	 * proxy and would otherwise lose it (issue #20); what passes is forwarded */
+	if (!(cmd->flags & PXC_WRITE) && c->tx == NULL && !bson_has_field(c->cmd, "autocommit")) {
+		sdb_read_concern rcn;
+		code = sdb_read_concern_parse(c->cmd, false, &rcn, err, sizeof err);
+		if (code != 0)
+			return px_error(c, code, "%s", err);
+	}
 	if ((st = px_read_pref_check(c, cmd)) != 0 || (st = px_admit(c, cmd)) != 0 ||
 	    (st = px_policy_check(c, cmd)) != 0)
 		return st;

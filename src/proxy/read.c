@@ -39,7 +39,8 @@ static void copy_options(const bson_t *cmd, bson_t *out, const char *const *keep
 static void copy_find_options(const bson_t *cmd, bson_t *out)
 {
 	static const char *const keep[] = {"hint", "collation", "maxTimeMS", "comment",
-					   "allowDiskUse", "let", "min", "max", NULL};
+					   "allowDiskUse", "let", "min", "max",
+					   "readConcern", NULL};
 
 	copy_options(cmd, out, keep);
 }
@@ -80,7 +81,7 @@ static void scatter_one(void *arg, size_t i)
 static void copy_agg_options(const bson_t *cmd, bson_t *out)
 {
 	static const char *const keep[] = {"hint", "collation", "maxTimeMS", "comment",
-					   "allowDiskUse", "let", NULL};
+					   "allowDiskUse", "let", "readConcern", NULL};
 
 	copy_options(cmd, out, keep);
 }
@@ -632,6 +633,8 @@ static void count_shard(agg_chunk *a)
 		bson_append_iter(&cmd, "hint", -1, &it);
 	if (bson_iter_init_find(&it, a->c->cmd, "maxTimeMS"))
 		bson_append_iter(&cmd, "maxTimeMS", -1, &it);
+	if (bson_iter_init_find(&it, a->c->cmd, "readConcern")) /* afterClusterTime */
+		bson_append_iter(&cmd, "readConcern", -1, &it);
 	px_append_collation(a->c->cmd, &cmd); /* the shard counts and dedups under it */
 	px_append_shard_version(&cmd, a->rc, shard);
 	a->cls = px_run_on(a->c, shard, &cmd, NULL, &reply, a->nerr, sizeof a->nerr);

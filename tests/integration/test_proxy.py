@@ -837,3 +837,43 @@ def test_stats_and_explain(cluster):
     with pytest.raises(OperationFailure) as e:
         db.command({"explain": "s"})
     assert e.value.code == 9
+
+
+def test_read_concern_on_a_sharded_collection_is_refused_as_on_a_shard(cluster):
+    """issue #20 (a fresh user): the per-chunk commands of a sharded read are built by the
+    proxy, which dropped the client's readConcern there: a linearizable or snapshot read,
+    atClusterTime or afterOpTime became a plain read. The proxy now refuses them as a shard
+    does (common/readconcern.h); the levels shards serve still answer, targeted and
+    scattered, and a causal session reads its own writes."""
+    import bson
+    ranged(cluster)
+    client = cluster.proxy_client(0)
+    db = client.db
+    db.c.insert_many([{"_id": i, "k": i} for i in range(0, 300, 10)])
+    future = bson.Timestamp(int(time.time()) + 3600, 1)
+    for rc, code in (({"level": "linearizable"}, 72), ({"level": "snapshot"}, 72),
+                     ({"level": "majority", "atClusterTime": bson.Timestamp(1, 1)}, 72),
+                     ({"afterOpTime": {"ts": bson.Timestamp(1, 1), "t": 1}}, 72),
+                     ({"level": "sideways"}, 9), ({"level": 5}, 9), ({"foo": 1}, 9),
+                     ({"afterClusterTime": 5}, 14)):
+        for flt in ({}, {"k": 150}):  # scattered and targeted
+            for cmd in ({"find": "c", "filter": flt}, {"count": "c", "query": flt},
+                        {"aggregate": "c", "pipeline": [{"$match": flt}], "cursor": {}},
+                        {"distinct": "c", "key": "_id", "query": flt}):
+                with pytest.raises(OperationFailure) as e:
+                    db.command(dict(cmd, readConcern=rc))
+                assert e.value.code == code, (rc, cmd, e.value.details)
+    for level in ("local", "majority", "available"):
+        assert len(db.command({"find": "c", "filter": {}, "readConcern": {"level": level}})
+                   ["cursor"]["firstBatch"]) == 30
+        assert db.command({"count": "c", "query": {"k": 150},
+                           "readConcern": {"level": level}})["n"] == 1
+    with client.start_session(causal_consistency=True) as s:
+        db.c.insert_one({"_id": 1000, "k": 255}, session=s)
+        assert db.c.find_one({"k": 255}, session=s) == {"_id": 1000, "k": 255}
+        assert db.c.count_documents({}, session=s) == 31
+    # a time far past everything answered is refused, not waited on or ignored
+    with pytest.raises(OperationFailure) as e:
+        db.command({"find": "c", "filter": {"k": 150},
+                    "readConcern": {"afterClusterTime": future}})
+    assert e.value.code in (72, 205), e.value.details
