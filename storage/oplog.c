@@ -15,8 +15,9 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "common/clock.h"
 #include "common/alloc.h"
+#include "common/clock.h"
+#include "common/clustertime.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "storage/keyenc.h"
@@ -256,9 +257,12 @@ int sdb_store_oplog_note(sdb_store_conn *c, const bson_t *data, uint64_t min_ts,
 	bool above;
 
 	*written = false;
-	if ((min_ts >> 32) > secs + 3600)
+	/* the gossip's own bound (common/clustertime.h), not a tighter one: a change stream
+	 * notes an idle shard up to the merged position, which a gossiped time may have put
+	 * that far ahead; a tighter bound here stalled every proxy stream (issue #20 review) */
+	if ((min_ts >> 32) > secs + CT_MAX_DRIFT_SECS + 1)
 		return sdb_errf(err, errlen, SDB_EINVAL,
-				"maxClusterTime Timestamp(%u, %u) is more than an hour ahead of "
+				"maxClusterTime Timestamp(%u, %u) is more than a year ahead of "
 				"this shard's clock",
 				(unsigned)(min_ts >> 32), (unsigned)min_ts);
 	/* "above" means the newest OPLOG entry is above min_ts (the contract): the ts

@@ -107,6 +107,14 @@ int ct_parse(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen)
 	return 0;
 }
 
+uint64_t ct_floor_clamp(uint64_t time, int64_t wall_ms)
+{
+	uint64_t wall = wall_ms > 0 ? (uint64_t)wall_ms / 1000 : 0;
+	uint64_t top = ((wall + CT_MAX_DRIFT_SECS - 1) << 32) | 0xFFFFFFFFu;
+
+	return time < top ? time : top;
+}
+
 int ct_check_drift(uint64_t time, int64_t wall_ms, char *err, size_t errlen)
 {
 	uint64_t secs = time >> 32;

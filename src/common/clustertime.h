@@ -54,6 +54,15 @@ int ct_parse(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen);
  * Returns: 0 or 205. */
 int ct_check_drift(uint64_t time, int64_t wall_ms, char *err, size_t errlen);
 
+/* The ts floor a shard writes above for a cluster time it accepted: time, lowered when
+ * needed to at most (wall + CT_MAX_DRIFT_SECS - 1 s, increment 0xFFFFFFFF), so the ts
+ * written above it (+1, which may carry into the next second) stays within the drift
+ * guard of every node whose clock is at wall_ms or later: otherwise a time accepted at the
+ * guard's edge made the shard answer times the cluster then refused to its well-behaved
+ * clients (205; issue #20 review). Only times within a second of a year ahead are
+ * lowered. Returns: the floor (time as Timestamp bits). */
+uint64_t ct_floor_clamp(uint64_t time, int64_t wall_ms);
+
 /* hash = HMAC-SHA-1(secret[32], time as 8 big-endian bytes). */
 void ct_sign(const uint8_t secret[32], uint64_t time, uint8_t hash[CT_HASH_LEN]);
 

@@ -1163,8 +1163,7 @@ static int same_shard_registered(ctx *c, const char *name, const char *uri, bool
  * first writes do not sort below a change stream's merged position (its own clock may be
  * behind the other shards'): an appendOplogNote sent with the proxy's $clusterTime
  * (shardconn_command attaches it), which the shard applies with that time as the ts
- * floor. No maxClusterTime: appendOplogNote refuses one more than an hour ahead of the
- * shard's clock, the gossip path accepts up to a year. Best effort: the shard is
+ * floor (no maxClusterTime needed). Best effort: the shard is
  * registered already; a failure is logged (the writes proxies send it carry their
  * cluster time anyway). */
 static void raise_new_shard_clock(ctx *c, const char *name)

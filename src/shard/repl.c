@@ -39,6 +39,7 @@
 #include "auth/raftsec.h"
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/clustertime.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -756,7 +757,9 @@ static void propose_items(shard_repl *r, repl_item *items)
 		BSON_APPEND_INT64(&args, "term", (int64_t)sdb_node_term(r->node));
 		/* issue #20: the cluster time gossiped so far (every queued command's
 		 * $clusterTime is in it): the entry's writes get a ts above it */
-		BSON_APPEND_INT64(&args, "ctFloor", (int64_t)atomic_load(&r->sh->cluster_time));
+		BSON_APPEND_INT64(&args, "ctFloor",
+				  (int64_t)ct_floor_clamp(atomic_load(&r->sh->cluster_time),
+							  sdb_wall_ms()));
 		if (r->set_name)
 			BSON_APPEND_UTF8(&args, "setName", r->set_name);
 		bson_append_binary(&args, "seed", -1, BSON_SUBTYPE_BINARY, seed, sizeof seed);

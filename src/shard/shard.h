@@ -592,7 +592,7 @@ void shard_cmd_check(shard_ctx *x);
  * with a ts above maxClusterTime (nothing when the oplog's newest ts already is above it;
  * storage/store.h sdb_store_oplog_note), so that change streams' high-water marks pass
  * it. Errors: 13 off admin, 4 without data, 14 data not a document or maxClusterTime not a
- * Timestamp, 2 maxClusterTime more than an hour ahead of the entry's clock. */
+ * Timestamp, 2 maxClusterTime more than a year ahead of the entry's clock. */
 void shard_cmd_append_oplog_note(shard_ctx *x);
 
 #endif

@@ -337,3 +337,42 @@ def test_keyed_cluster_signs_and_an_authenticated_proxy_verifies(start_role, tmp
     finally:
         for c in alice + [sh, meta]:
             c.close()
+
+
+def test_streams_keep_delivering_after_a_time_gossiped_far_ahead(start_role, tmp_path):
+    """A review (issue #20): a $clusterTime months ahead, accepted from any client without a
+    cluster key (as mongod without auth), raised one shard's writes there; the proxy's notes
+    to the idle shards (appendOplogNote up to that time) were refused for being more than an
+    hour ahead, so the stream released nothing. The note's bound is now the gossip's. And a
+    floor at the bound with increment 0xFFFFFFFF must not make the shards answer a time the
+    cluster then refuses (205) to well-behaved clients."""
+    cl = make_cluster(start_role, tmp_path)
+    try:
+        cli = cl.proxy_client()
+        coll = cli.app.c
+        now = int(time.time())
+        with coll.watch(max_await_time_ms=300) as cs:
+            r = raw_command(cl.proxy_ports[0], {
+                "ping": 1, "$db": "admin",
+                "$clusterTime": {"clusterTime": Timestamp(now + 364 * 86400, 5), "signature": {
+                    "hash": bson.Binary(b"\0" * 20), "keyId": bson.Int64(0)}}})
+            assert r["ok"] == 1, r
+            for i in range(6):
+                coll.insert_one({"_id": i, "k": k_of(i)})
+            evs = drain(cs, 6)
+        assert [e["documentKey"]["_id"] for e in evs] == list(range(6))
+        # a floor near the bound with the largest increment: the writes after it carry into
+        # the next second, and clients gossiping that back are not refused (20 s under the
+        # bound: these shards' clocks are 10 s apart, and a node refuses what is a year
+        # ahead of its own clock; the exact edge is tests/unit/test_common_clustertime.c)
+        edge = Timestamp(now + 365 * 86400 - 20, 0xFFFFFFFF)
+        r = raw_command(cl.proxy_ports[0], {
+            "ping": 1, "$db": "admin",
+            "$clusterTime": {"clusterTime": edge, "signature": {
+                "hash": bson.Binary(b"\0" * 20), "keyId": bson.Int64(0)}}})
+        assert r["ok"] == 1, r
+        for i in range(6, 30):
+            coll.insert_one({"_id": i, "k": k_of(i)})  # pymongo gossips the replies' time
+        assert coll.count_documents({}) == 30
+    finally:
+        cl.close()

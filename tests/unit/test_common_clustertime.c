@@ -75,6 +75,14 @@ static void test_drift(void **state)
 		CT_ERR_RATE_LIMITER);
 	assert_string_equal(err, "New $clusterTime, 1781536001, is too far from this node's wall "
 				 "clock time, 1750000000.");
+	/* a floor at the edge is lowered so its next ts (+1, carrying) passes the guard */
+	{
+		uint64_t edge = (wsecs + CT_MAX_DRIFT_SECS) << 32 | 0xFFFFFFFFu;
+		uint64_t f = ct_floor_clamp(edge, wall);
+		assert_true(f < edge);
+		assert_int_equal(ct_check_drift(f + 1, wall, err, sizeof err), 0);
+		assert_int_equal(ct_floor_clamp((uint64_t)5 << 32 | 7, wall), (uint64_t)5 << 32 | 7);
+	}
 	/* the past is always fine */
 	assert_int_equal(ct_check_drift((uint64_t)1 << 32, wall, err, sizeof err), 0);
 	assert_int_equal(ct_check_drift(0, wall, err, sizeof err), 0);
