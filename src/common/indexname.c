@@ -33,7 +33,12 @@ void sdb_index_create_cmd(bson_t *out, const char *coll, const bson_t *key, bool
 	bson_t arr, spec;
 	char name[256];
 
-	sdb_index_default_name(key, name, sizeof name);
+	bson_iter_t it;
+	if (bson_count_keys(key) == 1 && bson_iter_init_find(&it, key, "_id") &&
+	    BSON_ITER_HOLDS_NUMBER(&it) && bson_iter_as_double(&it) == 1.0)
+		snprintf(name, sizeof name, "_id_");
+	else
+		sdb_index_default_name(key, name, sizeof name);
 	BSON_APPEND_UTF8(out, "createIndexes", coll);
 	BSON_APPEND_ARRAY_BEGIN(out, "indexes", &arr);
 	BSON_APPEND_DOCUMENT_BEGIN(&arr, "0", &spec);

@@ -14,7 +14,10 @@
 size_t sdb_index_default_name(const bson_t *key, char *out, size_t outlen);
 
 /* Append to out (an empty command document) MongoDB's createIndexes of one index on coll:
- * {createIndexes: coll, indexes: [{key, name: the default name, unique: true when unique}]}. */
+ * {createIndexes: coll, indexes: [{key, name: the default name, unique: true when unique}]}.
+ * The key {_id: 1} is named "_id_", the index every collection has (a shard answers that
+ * it exists; under another name it is 85 IndexOptionsConflict: shardCollection {_id: 1} of
+ * a new collection failed so). */
 void sdb_index_create_cmd(bson_t *out, const char *coll, const bson_t *key, bool unique);
 
 #endif

@@ -52,6 +52,23 @@ def test_enable_sharding_and_shard_empty_collection_ranged(cluster):
     assert sorted(d["_id"] for d in cluster.proxy_client(0).app.users.find()) == list(range(50))
 
 
+def test_shard_a_new_collection_on_id(cluster):
+    """shardCollection {_id: 1} of a collection that does not exist yet (a fresh user: it
+    was 85 "Index already exists with a different name: _id_", the proxy creating the key's
+    index as "_id_1"); with unique: true too; then writes and reads through the proxy."""
+    admin = cluster.proxy_client(0).admin
+    assert admin.command("shardCollection", "idk.c", key={"_id": 1})["ok"] == 1
+    assert admin.command("shardCollection", "idk.u", key={"_id": 1}, unique=True)["ok"] == 1
+    for name in ("c", "u"):
+        assert cluster.routing(f"idk.{name}")["key"] == {"_id": 1}
+        c = cluster.proxy_client(0).idk[name]
+        c.insert_many([{"_id": i} for i in range(20)])
+        assert sorted(d["_id"] for d in c.find()) == list(range(20))
+        with pytest.raises(DuplicateKeyError):
+            c.insert_one({"_id": 3})
+        assert [ix["name"] for ix in c.list_indexes()] == ["_id_"]
+
+
 def test_shard_empty_collection_hashed_num_initial_chunks(cluster):
     admin = cluster.proxy_client(0).admin
     r = admin.command("shardCollection", "h.c", key={"_id": "hashed"}, numInitialChunks=6)
