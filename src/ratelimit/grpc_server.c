@@ -609,7 +609,12 @@ static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud
 	return 0;
 }
 
-/* grpc-timeout: 1-8 digits and a unit (H M S m u n). 0 when malformed (no deadline). */
+/* grpc-timeout longer than this (ns, half of uint64) is no deadline: 8 digits of hours
+ * (99999999H) would wrap x * mul, and mono + t near it would wrap too. */
+#define GRPC_TIMEOUT_MAX (UINT64_MAX / 2)
+
+/* grpc-timeout: 1-8 digits and a unit (H M S m u n). 0 when malformed or over
+ * GRPC_TIMEOUT_MAX (no deadline, as a wrapped value would be already past). */
 static uint64_t parse_timeout(const uint8_t *v, size_t n)
 {
 	uint64_t x = 0, mul;
@@ -631,6 +636,8 @@ static uint64_t parse_timeout(const uint8_t *v, size_t n)
 	case 'n': mul = 1ull; break;
 	default: return 0;
 	}
+	if (x > (GRPC_TIMEOUT_MAX - 1) / mul)
+		return 0; /* beyond ~292 years (uint64 ns would wrap): no deadline */
 	return x * mul + 1; /* +1: "0n" still sets a deadline, already past */
 }
 
@@ -663,8 +670,9 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
 				c->http_status = 415;
 	} else if (HDR_IS(name, "grpc-timeout")) {
 		uint64_t t = parse_timeout(value, valuelen);
-		if (t != 0)
-			c->deadline_ns = sdb_mono_ns() + t;
+		uint64_t now = sdb_mono_ns();
+		if (t != 0 && t <= UINT64_MAX - now) /* else: no deadline, not a wrapped one */
+			c->deadline_ns = now + t;
 	} else if (HDR_IS(name, "grpc-encoding")) {
 		if (!(valuelen == 8 && memcmp(value, "identity", 8) == 0))
 			c->enc_bad = true;

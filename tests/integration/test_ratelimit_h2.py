@@ -320,3 +320,47 @@ def test_random_frames(node, pb):
             except OSError:
                 pass
     assert node.one(req(pb, "after-random")).remaining == 9
+
+
+def call_frames(s, sid):
+    """Frames of stream sid until its END_STREAM (HEADERS or DATA), or RST_STREAM."""
+    s.settimeout(10)
+    buf, frames = b"", []
+    while True:
+        while len(buf) >= 9:
+            n = struct.unpack(">I", b"\x00" + buf[:3])[0]
+            if len(buf) < 9 + n:
+                break
+            f = (buf[3], buf[4], struct.unpack(">I", buf[5:9])[0] & 0x7fffffff, buf[9:9 + n])
+            frames.append(f)
+            buf = buf[9 + n:]
+            if f[2] == sid and (f[0] == 3 or (f[0] in (0, 1) and f[1] & 0x1)):
+                return frames
+        chunk = s.recv(65536)
+        assert chunk, ("connection closed", frames)
+        buf += chunk
+
+
+def test_huge_grpc_timeout_is_no_deadline(node, pb):
+    """grpc-timeout values whose nanoseconds wrap uint64 (x * unit, or now + timeout) are
+    no deadline: the call is answered, not DEADLINE_EXCEEDED at once."""
+    from hpack import Decoder
+    for i, t in enumerate(["5124095H", "99999999H", "99999999M", "9999999S"]):
+        msg = node.pb2.GetRateLimitsReq(requests=[req(pb, f"ht-{i}")]).SerializeToString()
+        with raw(node) as s:
+            s.sendall(PREFACE + frame(4, 0, 0)
+                      + request_headers(1, "/pb.gubernator.V1/GetRateLimits",
+                                        extra=[("grpc-timeout", t)])
+                      + frame(0, 0x1, 1, b"\x00" + struct.pack(">I", len(msg)) + msg))
+            frames = call_frames(s, 1)
+        data = b"".join(f[3] for f in frames if f[0] == 0 and f[2] == 1)
+        assert data, (t, frames)
+        dec, hdrs = Decoder(), []
+        for f in frames:
+            if f[0] == 1 and f[2] == 1:
+                hdrs += dec.decode(f[3])
+        assert ("grpc-status", "0") in [(k.decode() if isinstance(k, bytes) else k,
+                                         v.decode() if isinstance(v, bytes) else v)
+                                        for k, v in hdrs], (t, hdrs)
+        r = node.pb2.GetRateLimitsResp.FromString(data[5:])
+        assert r.responses[0].remaining == 9, t
