@@ -4,6 +4,7 @@
  * grpc-encoding), the 5-byte length prefix of messages, the response headers and the
  * grpc-status / grpc-message trailers (or one Trailers-Only HEADERS frame for an error),
  * as https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md describes. */
+#include "build_config.h"
 #include "ratelimit/grpc_server.h"
 #include "ratelimit/membership.h"
 
@@ -38,6 +39,11 @@
 #define WRITE_HIGH (8 * 1024 * 1024)   /* queued output bytes above which reading pauses */
 #define WRITE_LOW (1024 * 1024)        /* ... and below which it resumes */
 #define CONN_BUFFERED (32 * 1024 * 1024) /* bytes of unfinished requests per connection */
+#define MAX_HEADER_LIST (16 * 1024) /* SETTINGS_MAX_HEADER_LIST_SIZE: gRPC core's default
+				     * metadata limit; RFC 9113 6.5.2 size (name+value+32) */
+#define RESET_BURST 1000 /* RST_STREAMs a client may cause at once (nghttp2's default) */
+#define RESET_RATE 33    /* ... and per second after the burst */
+#define MAX_CONTINUATIONS 8 /* CONTINUATION frames of one header block (nghttp2's default) */
 
 /* gRPC status codes (grpc/status.h) */
 enum {
@@ -90,6 +96,8 @@ struct h2call {
 	bool too_large;  /* request body over MAX_MESSAGE + 5, or over CONN_BUFFERED */
 	bool deciding;   /* a cluster decision is pending */
 	bool answered;   /* a response was submitted */
+	bool hdr_too_large; /* request headers over MAX_HEADER_LIST */
+	size_t hdr_size; /* RFC 9113 size of the request headers so far */
 	uint64_t deadline_ns; /* monotonic, 0: none (grpc-timeout) */
 	uint64_t start_ns;
 	uint8_t *body;
@@ -512,6 +520,10 @@ static void dispatch(h2call *c)
 		reply(c, ST_UNIMPLEMENTED, "grpc-encoding not supported: only identity");
 		return;
 	}
+	if (c->hdr_too_large) {
+		reply(c, ST_RESOURCE_EXHAUSTED, "request metadata larger than 16384 bytes");
+		return;
+	}
 	if (c->too_large) {
 		reply(c, ST_RESOURCE_EXHAUSTED, "request message larger than 4194304 bytes, or "
 						 "over 32 MiB of requests pending on the connection");
@@ -654,8 +666,13 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
 	if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
 		return 0; /* trailers of a request: nothing we read */
 	c = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
-	if (c == NULL)
+	if (c == NULL || c->hdr_too_large)
 		return 0;
+	c->hdr_size += namelen + valuelen + 32;
+	if (c->hdr_size > MAX_HEADER_LIST) { /* answered RESOURCE_EXHAUSTED at its end */
+		c->hdr_too_large = true;
+		return 0;
+	}
 	if (HDR_IS(name, ":path")) {
 		for (int m = 0; m < M__COUNT; m++)
 			if (strlen(methods[m]) == valuelen && memcmp(methods[m], value, valuelen) == 0)
@@ -936,7 +953,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 static void on_connection(uv_stream_t *ls, int status)
 {
 	rl_grpc_server *srv = ls->data;
-	nghttp2_settings_entry iv[2] = {
+	nghttp2_settings_entry iv[3] = {
+		{NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST},
 		{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, MAX_STREAMS},
 		{NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW},
 	};
@@ -962,7 +980,7 @@ static void on_connection(uv_stream_t *ls, int status)
 		uv_close((uv_handle_t *)&cn->tcp, conn_closed);
 		return;
 	}
-	nghttp2_submit_settings(cn->sess, NGHTTP2_FLAG_NONE, iv, 2);
+	nghttp2_submit_settings(cn->sess, NGHTTP2_FLAG_NONE, iv, 3);
 	nghttp2_session_set_local_window_size(cn->sess, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW);
 	cn->next = srv->conns;
 	if (srv->conns)
@@ -1150,6 +1168,12 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 	nghttp2_session_callbacks_set_on_frame_recv_callback(srv->cbs, on_frame_recv);
 	nghttp2_session_callbacks_set_on_stream_close_callback(srv->cbs, on_stream_close);
 	nghttp2_option_new(&srv->h2opt);
+#ifdef HAVE_NGHTTP2_OPTION_SET_STREAM_RESET_RATE_LIMIT
+	nghttp2_option_set_stream_reset_rate_limit(srv->h2opt, RESET_BURST, RESET_RATE);
+#endif
+#ifdef HAVE_NGHTTP2_OPTION_SET_MAX_CONTINUATIONS
+	nghttp2_option_set_max_continuations(srv->h2opt, MAX_CONTINUATIONS);
+#endif
 	for (i = 0; i < M__COUNT; i++) {
 		srv->m_calls[i] = sdb_metrics_counter("stripedb_ratelimit_grpc_calls_total",
 						      "gRPC calls received by method", method_labels[i]);

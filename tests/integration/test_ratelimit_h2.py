@@ -364,3 +364,48 @@ def test_huge_grpc_timeout_is_no_deadline(node, pb):
                                         for k, v in hdrs], (t, hdrs)
         r = node.pb2.GetRateLimitsResp.FromString(data[5:])
         assert r.responses[0].remaining == 9, t
+
+
+def grpc_status(frames, sid):
+    from hpack import Decoder
+    dec, hdrs = Decoder(), {}
+    for f in frames:
+        if f[0] == 1:
+            for k, v in dec.decode(f[3]):
+                if f[2] == sid:
+                    hdrs[k.decode() if isinstance(k, bytes) else k] = \
+                        v.decode() if isinstance(v, bytes) else v
+    return hdrs.get("grpc-status")
+
+
+def test_max_header_list_size(node, pb):
+    """The server advertises SETTINGS_MAX_HEADER_LIST_SIZE 16 KiB (gRPC core's metadata
+    limit) and answers RESOURCE_EXHAUSTED to a call whose metadata is larger."""
+    from hpack import Encoder
+    msg = node.pb2.GetRateLimitsReq(requests=[req(pb, "mhl")]).SerializeToString()
+    body = frame(0, 0x1, 1, b"\x00" + struct.pack(">I", len(msg)) + msg)
+
+    def call(extra):
+        enc = Encoder()
+        h = enc.encode([(":method", "POST"), (":scheme", "http"),
+                        (":path", "/pb.gubernator.V1/GetRateLimits"),
+                        (":authority", "localhost"), ("content-type", "application/grpc"),
+                        ("te", "trailers")] + extra, huffman=False)
+        with raw(node) as s:
+            s.sendall(PREFACE + frame(4, 0, 0))
+            first = read_frames(s, 4)
+            settings = first[0][3]
+            got = {struct.unpack(">H", settings[i:i + 2])[0]:
+                   struct.unpack(">I", settings[i + 2:i + 6])[0]
+                   for i in range(0, len(settings), 6)}
+            assert got.get(6) == 16384, got
+            chunks = [h[i:i + 8000] for i in range(0, len(h), 8000)]
+            out = frame(1, 0x4 if len(chunks) == 1 else 0, 1, chunks[0])
+            for k, ch in enumerate(chunks[1:], 1):
+                out += frame(9, 0x4 if k == len(chunks) - 1 else 0, 1, ch)
+            s.sendall(out + body)
+            return grpc_status(call_frames(s, 1), 1)
+    assert call([("x-md", "v" * 14000)]) == "0"
+    assert call([(f"x-md-{i}", "v" * 1000) for i in range(17)]) == "8"
+    assert call([("x-md", "v" * 40000)]) == "8"
+    assert node.one(req(pb, "mhl")).remaining == 8  # only the first call counted
