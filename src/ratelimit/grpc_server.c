@@ -1027,8 +1027,24 @@ static void on_wake(uv_async_t *a)
 	if ((stop || exit_) && !srv->listener_closed) {
 		srv->listener_closed = true;
 		uv_close((uv_handle_t *)&srv->listener, NULL);
+		/* gRPC core's graceful shutdown: a first GOAWAY (last stream 2^31-1) so that
+		 * clients open no new stream here, then the final one below */
+		for (h2conn *cn = srv->conns, *nx; cn; cn = nx) {
+			nx = cn->next;
+			if (nghttp2_submit_shutdown_notice(cn->sess) == 0)
+				conn_flush(cn); /* may close cn */
+		}
 	}
 	if (exit_) {
+		/* the final GOAWAY names the last stream processed: the client retries the
+		 * later ones elsewhere, transparently */
+		for (h2conn *cn = srv->conns, *nx; cn; cn = nx) {
+			nx = cn->next;
+			if (nghttp2_submit_goaway(cn->sess, NGHTTP2_FLAG_NONE,
+						  nghttp2_session_get_last_proc_stream_id(cn->sess),
+						  NGHTTP2_NO_ERROR, NULL, 0) == 0)
+				conn_flush(cn);
+		}
 		while (srv->conns)
 			conn_close(srv->conns, "server stopping");
 		uv_walk(&srv->loop, close_any, NULL); /* the wake handle and deadline timers */

@@ -409,3 +409,45 @@ def test_max_header_list_size(node, pb):
     assert call([(f"x-md-{i}", "v" * 1000) for i in range(17)]) == "8"
     assert call([("x-md", "v" * 40000)]) == "8"
     assert node.one(req(pb, "mhl")).remaining == 8  # only the first call counted
+
+
+def read_until_closed(s, timeout=15):
+    s.settimeout(timeout)
+    buf = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    except (ConnectionResetError, socket.timeout):
+        pass
+    frames = []
+    while len(buf) >= 9:
+        n = struct.unpack(">I", b"\x00" + buf[:3])[0]
+        if len(buf) < 9 + n:
+            break
+        frames.append((buf[3], buf[4], struct.unpack(">I", buf[5:9])[0] & 0x7fffffff,
+                       buf[9:9 + n]))
+        buf = buf[9 + n:]
+    return frames
+
+
+def goaways(frames):
+    return [(struct.unpack(">I", f[3][:4])[0] & 0x7fffffff, struct.unpack(">I", f[3][4:8])[0])
+            for f in frames if f[0] == 7]
+
+
+def test_shutdown_sends_goaway(start_role, pb):
+    """On SIGTERM the server sends GOAWAY as gRPC core's graceful shutdown does: a notice
+    (last stream 2^31-1, NO_ERROR), then the final GOAWAY naming the last stream it
+    processed, before it closes the connection."""
+    from test_ratelimit_grpc import start_nodes
+    (nd,) = start_nodes(start_role, pb, 1)
+    with raw(nd) as s:
+        s.sendall(PREFACE + frame(4, 0, 0) + request_headers(3, "/pb.gubernator.V1/LiveCheck")
+                  + frame(0, 0x1, 3, b"\x00\x00\x00\x00\x00"))
+        call_frames(s, 3)
+        nd.proc.signal(signal.SIGTERM)
+        frames = read_until_closed(s)
+    assert goaways(frames) == [(2**31 - 1, 0), (3, 0)], frames
