@@ -43,6 +43,9 @@
 				     * metadata limit; RFC 9113 6.5.2 size (name+value+32) */
 #define RESET_BURST 1000 /* RST_STREAMs a client may cause at once (nghttp2's default) */
 #define RESET_RATE 33    /* ... and per second after the burst */
+#define HANDSHAKE_MS 20000 /* default rl_grpc_server_opts.handshake_ms (gRPC core: 120 s) */
+#define MAX_IDLE_MS 300000 /* default max_idle_ms */
+#define MAX_CONNS 10000    /* default max_conns */
 #define MAX_CONTINUATIONS 8 /* CONTINUATION frames of one header block (nghttp2's default) */
 
 /* gRPC status codes (grpc/status.h) */
@@ -124,6 +127,9 @@ struct h2conn {
 	bool paused;
 	size_t buffered; /* request bytes held by its calls (at most CONN_BUFFERED) */
 	bool failed; /* nghttp2 refused the input (inside a TLS feed) */
+	bool ready;  /* the client's preface and SETTINGS arrived (after TLS, when on) */
+	uint64_t accepted_ns; /* monotonic */
+	uint64_t active_ns;   /* monotonic: a stream opened or closed last */
 };
 
 struct rl_grpc_server {
@@ -137,6 +143,10 @@ struct rl_grpc_server {
 	nghttp2_session_callbacks *cbs;
 	nghttp2_option *h2opt;
 	h2conn *conns;
+	size_t n_conns;
+	uint64_t handshake_ns, idle_ns;
+	size_t max_conns;
+	uv_timer_t sweep; /* closes connections past their handshake or idle time */
 	rl_cluster *cluster;
 	pthread_rwlock_t fence; /* read: a handler uses cluster; write: shutdown fences it */
 	bool fenced;
@@ -607,6 +617,7 @@ static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud
 
 	if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
 		return 0;
+	cn->active_ns = sdb_mono_ns();
 	c = sdb_calloc(1, sizeof(*c));
 	c->srv = cn->srv;
 	c->conn = cn;
@@ -732,9 +743,11 @@ static int on_data_chunk(nghttp2_session *s, uint8_t flags, int32_t id, const ui
 
 static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 {
+	h2conn *cn = ud;
 	h2call *c;
 
-	(void)ud;
+	if (f->hd.type == NGHTTP2_SETTINGS && !(f->hd.flags & NGHTTP2_FLAG_ACK))
+		cn->ready = true; /* nghttp2 checked the preface before it */
 	if ((f->hd.type != NGHTTP2_DATA && f->hd.type != NGHTTP2_HEADERS) ||
 	    !(f->hd.flags & NGHTTP2_FLAG_END_STREAM))
 		return 0;
@@ -753,9 +766,10 @@ static int on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 static int on_stream_close(nghttp2_session *s, int32_t id, uint32_t code, void *ud)
 {
 	h2call *c = nghttp2_session_get_stream_user_data(s, id);
+	h2conn *cn = ud;
 
 	(void)code;
-	(void)ud;
+	cn->active_ns = sdb_mono_ns();
 	if (c == NULL)
 		return 0;
 	nghttp2_session_set_stream_user_data(s, id, NULL);
@@ -799,6 +813,7 @@ static void conn_close(h2conn *cn, const char *why)
 		srv->conns = cn->next;
 	if (cn->next)
 		cn->next->prev = cn->prev;
+	srv->n_conns--;
 	uv_close((uv_handle_t *)&cn->tcp, conn_closed);
 }
 
@@ -970,6 +985,14 @@ static void on_connection(uv_stream_t *ls, int status)
 		uv_close((uv_handle_t *)&cn->tcp, conn_closed);
 		return;
 	}
+	if (srv->n_conns >= srv->max_conns || srv->listener_closed) {
+		/* over the cap: closed at once, so the process keeps fds for /healthz and the
+		 * HTTP gateway */
+		sdb_debug("grpc: too many connections, closing a new one", "max=%zu",
+			  srv->max_conns);
+		uv_close((uv_handle_t *)&cn->tcp, conn_closed);
+		return;
+	}
 	uv_tcp_nodelay(&cn->tcp, 1);
 	if (srv->tls != NULL && (cn->tls = tls_conn_new(srv->tls)) == NULL) {
 		uv_close((uv_handle_t *)&cn->tcp, conn_closed);
@@ -986,11 +1009,37 @@ static void on_connection(uv_stream_t *ls, int status)
 	if (srv->conns)
 		srv->conns->prev = cn;
 	srv->conns = cn;
+	srv->n_conns++;
+	cn->accepted_ns = cn->active_ns = sdb_mono_ns();
 	uv_read_start((uv_stream_t *)&cn->tcp, on_alloc, on_read);
 	conn_flush(cn);
 }
 
 /* ---- the loop thread ---- */
+
+/* Every quarter of the shorter timeout: close the connections that have not finished their
+ * handshake (TLS, preface, SETTINGS) in time, and send GOAWAY to and close those without an
+ * open stream for longer than the idle time (gRPC's max_connection_idle). */
+static void on_sweep(uv_timer_t *t)
+{
+	rl_grpc_server *srv = t->data;
+	uint64_t now = sdb_mono_ns();
+
+	for (h2conn *cn = srv->conns, *nx; cn; cn = nx) {
+		nx = cn->next;
+		if (!cn->ready) {
+			if (now - cn->accepted_ns >= srv->handshake_ns)
+				conn_close(cn, "no HTTP/2 preface and SETTINGS in time");
+		} else if (cn->calls == NULL && now - cn->active_ns >= srv->idle_ns) {
+			if (nghttp2_submit_goaway(cn->sess, NGHTTP2_FLAG_NONE,
+						  nghttp2_session_get_last_proc_stream_id(cn->sess),
+						  NGHTTP2_NO_ERROR, (const uint8_t *)"max_idle",
+						  8) == 0)
+				conn_flush(cn); /* may close cn */
+			conn_close(cn, "idle");
+		}
+	}
+}
 
 static void close_any(uv_handle_t *h, void *arg)
 {
@@ -1035,6 +1084,8 @@ static void on_wake(uv_async_t *a)
 				conn_flush(cn); /* may close cn */
 		}
 	}
+	if (exit_ && !uv_is_closing((uv_handle_t *)&srv->sweep))
+		uv_close((uv_handle_t *)&srv->sweep, NULL);
 	if (exit_) {
 		/* the final GOAWAY names the last stream processed: the client retries the
 		 * later ones elsewhere, transparently */
@@ -1159,6 +1210,10 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 		return sdb_errf(err, errlen, SDB_EINVAL, "grpc: no listen address");
 	srv = sdb_calloc(1, sizeof(*srv));
 	srv->cluster = opts->cluster;
+	srv->handshake_ns = (uint64_t)(opts->handshake_ms > 0 ? opts->handshake_ms : HANDSHAKE_MS) *
+			    1000000;
+	srv->idle_ns = (uint64_t)(opts->max_idle_ms > 0 ? opts->max_idle_ms : MAX_IDLE_MS) * 1000000;
+	srv->max_conns = (size_t)(opts->max_conns > 0 ? opts->max_conns : MAX_CONNS);
 	pthread_rwlock_init(&srv->fence, NULL);
 	pthread_mutex_init(&srv->mu, NULL);
 	if (tls_listener_mode(TLS_ROLE) != TLS_MODE_DISABLED) {
@@ -1201,12 +1256,20 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 	uv_loop_init(&srv->loop);
 	rv = bind_listener(srv, opts->listen, err, errlen);
 	if (rv == 0) {
+		uint64_t every;
 		uv_async_init(&srv->loop, &srv->wake, on_wake);
 		srv->wake.data = srv;
+		uv_timer_init(&srv->loop, &srv->sweep);
+		srv->sweep.data = srv;
+		every = (srv->handshake_ns < srv->idle_ns ? srv->handshake_ns : srv->idle_ns) /
+			4000000;
+		every = every < 50 ? 50 : every > 1000 ? 1000 : every;
+		uv_timer_start(&srv->sweep, on_sweep, every, every);
 		rv = pthread_create(&srv->thread, NULL, loop_main, srv);
 		if (rv != 0) {
 			rv = sdb_errf(err, errlen, SDB_EIO, "grpc: thread: %s", strerror(rv));
 			uv_close((uv_handle_t *)&srv->wake, NULL);
+			uv_close((uv_handle_t *)&srv->sweep, NULL);
 			uv_close((uv_handle_t *)&srv->listener, NULL);
 		}
 	}
@@ -1302,6 +1365,36 @@ static void h_debug_peers(void *data, const sdb_http_req *req, sdb_http_resp *re
 	resp->body_len = strlen(resp->body);
 	bson_free(json);
 	bson_destroy(&doc);
+}
+
+/* Connection limits of the gRPC listener from GUBER_GRPC_HANDSHAKE_TIMEOUT and
+ * GUBER_GRPC_MAX_CONN_IDLE (Go durations, 1ms..24h) and GUBER_GRPC_MAX_CONNS (1..1000000);
+ * unset: the server's defaults. Errors: SDB_EUSAGE (a bad value), with a message in err. */
+static int conn_limits_from_env(rl_grpc_server_opts *o, char *err, size_t errlen)
+{
+	static const char *const durs[2] = {"GUBER_GRPC_HANDSHAKE_TIMEOUT",
+					    "GUBER_GRPC_MAX_CONN_IDLE"};
+	int64_t *dst[2] = {&o->handshake_ms, &o->max_idle_ms};
+	const char *v;
+
+	for (int i = 0; i < 2; i++) {
+		int64_t us = 0;
+		if ((v = getenv(durs[i])) == NULL || *v == '\0')
+			continue;
+		if (rl_parse_go_duration(v, &us) != 0 || us < 1000 || us > 86400000000LL)
+			return sdb_errf(err, errlen, SDB_EUSAGE,
+					"%s: bad duration '%s' (1ms..24h, e.g. 20s, 5m)", durs[i], v);
+		*dst[i] = us / 1000;
+	}
+	if ((v = getenv("GUBER_GRPC_MAX_CONNS")) != NULL && *v != '\0') {
+		char *end;
+		long long n = strtoll(v, &end, 10);
+		if (*end != '\0' || n < 1 || n > 1000000)
+			return sdb_errf(err, errlen, SDB_EUSAGE,
+					"GUBER_GRPC_MAX_CONNS: bad count '%s' (1..1000000)", v);
+		o->max_conns = n;
+	}
+	return 0;
 }
 
 /* Split a comma-separated list into a NULL-terminated heap array of heap strings. */
@@ -1409,7 +1502,9 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 	memset(&sopts, 0, sizeof(sopts));
 	sopts.listen = listen;
 	sopts.cluster = g->cluster;
-	rv = rl_grpc_server_new(&sopts, &g->server, err, errlen);
+	rv = conn_limits_from_env(&sopts, err, errlen);
+	if (rv == 0)
+		rv = rl_grpc_server_new(&sopts, &g->server, err, errlen);
 	if (rv != 0)
 		goto err_after_cluster;
 

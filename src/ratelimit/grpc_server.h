@@ -39,6 +39,11 @@ typedef struct rl_grpc_server_opts {
 	const char *listen;  /* "HOST:PORT" (port 0: any free port) */
 	rl_cluster *cluster; /* decides; borrowed, must outlive the server's use (see free) */
 	int threads;         /* ignored (one loop thread); kept for source compatibility */
+	int64_t handshake_ms; /* a connection without the TLS handshake, the HTTP/2 preface and
+			       * the client's SETTINGS by then is closed; 0: 20000 */
+	int64_t max_idle_ms;  /* a connection without open streams this long gets GOAWAY and
+			       * is closed; 0: 300000 */
+	int64_t max_conns;    /* connections open at once; more are closed on accept; 0: 10000 */
 } rl_grpc_server_opts;
 
 /* Bind and start serving. Errors: SDB_EINVAL (no address), SDB_EIO (bind failed:

@@ -451,3 +451,75 @@ def test_shutdown_sends_goaway(start_role, pb):
         nd.proc.signal(signal.SIGTERM)
         frames = read_until_closed(s)
     assert goaways(frames) == [(2**31 - 1, 0), (3, 0)], frames
+
+
+def closed_within(s, secs):
+    """True when the peer closes s (EOF or reset) within secs."""
+    s.settimeout(secs)
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_handshake_and_idle_timeouts(start_role, pb):
+    """A connection without the preface and SETTINGS in GUBER_GRPC_HANDSHAKE_TIMEOUT is
+    closed; one without open streams for GUBER_GRPC_MAX_CONN_IDLE gets GOAWAY, then closed;
+    one with a call in progress stays."""
+    from test_ratelimit_grpc import start_nodes
+    (nd,) = start_nodes(start_role, pb, 1, env={"GUBER_GRPC_HANDSHAKE_TIMEOUT": "1s",
+                                                "GUBER_GRPC_MAX_CONN_IDLE": "1500ms"})
+    with raw(nd) as s:  # nothing sent
+        t0 = time.monotonic()
+        assert closed_within(s, 5)
+        assert 0.8 < time.monotonic() - t0 < 4
+    with raw(nd) as s:  # half a preface
+        s.sendall(PREFACE[:10])
+        assert closed_within(s, 5)
+    with raw(nd) as s:  # idle after one call
+        s.sendall(PREFACE + frame(4, 0, 0) + request_headers(1, "/pb.gubernator.V1/LiveCheck")
+                  + frame(0, 0x1, 1, b"\x00\x00\x00\x00\x00"))
+        call_frames(s, 1)
+        t0 = time.monotonic()
+        frames = read_until_closed(s, 6)
+        assert 1.2 < time.monotonic() - t0 < 5
+        assert goaways(frames) == [(1, 0)], frames
+    with raw(nd) as s:  # a stream open (no END_STREAM) for longer than the idle time
+        s.sendall(PREFACE + frame(4, 0, 0) + request_headers(1, "/pb.gubernator.V1/LiveCheck"))
+        assert not closed_within(s, 3)
+        s.sendall(frame(0, 0x1, 1, b"\x00\x00\x00\x00\x00"))
+        assert any(f[0] == 0 for f in call_frames(s, 1))
+    assert nd.one(req(pb, "after-idle")).remaining == 9
+
+
+def test_connection_cap(start_role, pb):
+    """Beyond GUBER_GRPC_MAX_CONNS open connections, a new one is closed at once; /healthz
+    still answers, and once connections close new ones are served again."""
+    from conftest import http_get
+    from test_ratelimit_grpc import start_nodes
+    (nd,) = start_nodes(start_role, pb, 1, env={"GUBER_GRPC_MAX_CONNS": "4"})
+    nd.channel.close()
+    time.sleep(0.5)
+    socks = []
+    try:
+        for _ in range(4):
+            s = raw(nd)
+            s.sendall(PREFACE + frame(4, 0, 0))
+            read_frames(s, 4)
+            socks.append(s)
+        extra = raw(nd)
+        assert closed_within(extra, 3)
+        extra.close()
+        assert http_get(nd.proc.http_port, "/healthz", timeout=2)[0] == 200
+    finally:
+        for s in socks:
+            s.close()
+    time.sleep(0.5)
+    with raw(nd) as s:
+        s.sendall(PREFACE + frame(4, 0, 0) + request_headers(1, "/pb.gubernator.V1/LiveCheck")
+                  + frame(0, 0x1, 1, b"\x00\x00\x00\x00\x00"))
+        assert any(f[0] == 0 for f in call_frames(s, 1))
