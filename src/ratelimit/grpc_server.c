@@ -33,12 +33,15 @@
 
 #define TLS_ROLE "ratelimit"
 #define MAX_MESSAGE (4 * 1024 * 1024)  /* bytes of a request message, as gRPC's default */
-#define MAX_STREAMS 4096               /* concurrent calls per connection (SETTINGS) */
+#define MAX_STREAMS 256                /* concurrent calls per connection (SETTINGS) */
 #define STREAM_WINDOW (1024 * 1024)    /* bytes: initial window of a stream */
 #define CONN_WINDOW (16 * 1024 * 1024) /* bytes: window of a connection */
 #define WRITE_HIGH (8 * 1024 * 1024)   /* queued output bytes above which reading pauses */
 #define WRITE_LOW (1024 * 1024)        /* ... and below which it resumes */
 #define CONN_BUFFERED (32 * 1024 * 1024) /* bytes of unfinished requests per connection */
+#define CONN_BUDGET (64 * 1024 * 1024) /* bytes a connection may hold (requests, answer
+					* slots, unsent answers, orphaned calls): beyond it
+					* new streams are refused (RST_STREAM REFUSED_STREAM) */
 #define MAX_HEADER_LIST (16 * 1024) /* SETTINGS_MAX_HEADER_LIST_SIZE: gRPC core's default
 				     * metadata limit; RFC 9113 6.5.2 size (name+value+32) */
 #define RESET_BURST 1000 /* RST_STREAMs a client may cause at once (nghttp2's default) */
@@ -108,7 +111,9 @@ struct h2call {
 	uv_timer_t *timer; /* deadline while deciding, or NULL */
 	rl_resp *resps;
 	size_t n;
-	uint8_t *out; /* the response message with its 5-byte prefix */
+	h2conn *acct; /* the connection whose budget counts held (also once orphaned), or NULL */
+	size_t held;  /* bytes of answer slots and unsent answer counted in acct->held */
+	uint8_t *out; /* the response message with its 5-byte prefix, freed once sent */
 	size_t olen, opos;
 	int status;
 	char *msg; /* grpc-message, percent-encoded, or NULL */
@@ -121,6 +126,8 @@ struct h2conn {
 	tls_conn *tls; /* NULL: plaintext */
 	h2conn *prev, *next;
 	h2call *calls;
+	h2call *orphans; /* calls whose stream closed while a decision is pending */
+	size_t held;     /* bytes held by its calls' answer slots and unsent answers */
 	uint8_t *obuf; /* output gathered before a write */
 	size_t olen, ocap;
 	bool closing;
@@ -188,6 +195,44 @@ static void call_unlink(h2call *c)
 		c->next->prev = c->prev;
 	c->prev = c->next = NULL;
 	c->conn = NULL;
+	if (c->deciding && c->acct == cn) { /* still counted against cn: an orphan */
+		c->next = cn->orphans;
+		if (cn->orphans)
+			cn->orphans->prev = c;
+		cn->orphans = c;
+	}
+}
+
+/* Bytes c holds now: its answer slots and the part of its answer not yet sent. */
+static void call_account(h2call *c)
+{
+	size_t now = (c->resps ? c->n * sizeof(*c->resps) : 0) + (c->out ? c->olen - c->opos : 0);
+
+	if (c->acct != NULL)
+		c->acct->held = c->acct->held - c->held + now;
+	c->held = now;
+}
+
+/* Stop counting c against its connection (c is being freed, or has left its stream with
+ * no decision pending). */
+static void call_unaccount(h2call *c)
+{
+	h2conn *cn = c->acct;
+
+	if (cn == NULL)
+		return;
+	cn->held -= c->held;
+	c->held = 0;
+	c->acct = NULL;
+	if (c->conn == NULL && (c->prev || c->next || cn->orphans == c)) { /* an orphan */
+		if (c->prev)
+			c->prev->next = c->next;
+		else
+			cn->orphans = c->next;
+		if (c->next)
+			c->next->prev = c->prev;
+		c->prev = c->next = NULL;
+	}
 }
 
 static void timer_free(uv_handle_t *h)
@@ -208,6 +253,7 @@ static void call_maybe_free(h2call *c)
 {
 	if (c->conn != NULL || c->deciding)
 		return;
+	call_unaccount(c);
 	call_stop_timer(c);
 	free(c->body);
 	free(c->resps);
@@ -249,6 +295,12 @@ static ssize_t out_read(nghttp2_session *s, int32_t id, uint8_t *buf, size_t len
 	memcpy(buf, c->out + c->opos, len);
 	c->opos += len;
 	if (c->opos == c->olen) {
+		free(c->out); /* nghttp2 has it in its frame: do not hold it until the stream ends */
+		c->out = NULL;
+		c->olen = c->opos = 0;
+	}
+	call_account(c);
+	if (c->out == NULL) {
 		nghttp2_nv tr[1] = {NV("grpc-status", "0")};
 		if (c->status != ST_OK) {
 			snprintf(code, sizeof code, "%d", c->status);
@@ -318,6 +370,7 @@ static void set_out(h2call *c, const ProtobufCMessage *msg)
 	c->out[4] = (uint8_t)n;
 	c->olen = 5 + protobuf_c_message_pack(msg, c->out + 5);
 	c->opos = 0;
+	call_account(c);
 }
 
 /* Serialise the GetRateLimits or GetPeerRateLimits answer held in c->resps and send it. */
@@ -347,6 +400,9 @@ static void reply_resps(h2call *c)
 		free(ptrs);
 	if (slots != &slot1)
 		free(slots);
+	free(c->resps); /* packed: the slots are not needed while the answer waits to go */
+	c->resps = NULL;
+	call_account(c);
 	sdb_counter_add(c->srv->m_decisions, c->n);
 	reply(c, ST_OK, NULL);
 }
@@ -421,6 +477,7 @@ static rl_req *take_requests(h2call *c, Pb__Gubernator__RateLimitReq *const *pb,
 		rl_proto_req_from_pb(pb[i], &reqs[i]);
 	c->resps = sdb_calloc(n ? n : 1, sizeof(*c->resps));
 	c->n = n;
+	call_account(c);
 	return reqs;
 }
 
@@ -437,6 +494,7 @@ static void handle_get_rate_limits(h2call *c, const Pb__Gubernator__GetRateLimit
 		rl_proto_req_from_pb(m->requests[0], &one);
 		c->resps = sdb_calloc(1, sizeof(*c->resps));
 		c->n = 1;
+		call_account(c);
 	} else if ((reqs = take_requests(c, m->requests, n)) == NULL) {
 		return;
 	}
@@ -618,9 +676,17 @@ static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud
 	if (f->hd.type != NGHTTP2_HEADERS || f->headers.cat != NGHTTP2_HCAT_REQUEST)
 		return 0;
 	cn->active_ns = sdb_mono_ns();
+	if (cn->buffered + cn->held > CONN_BUDGET) {
+		/* over its budget (a client not reading its answers): refuse the stream, which
+		 * a gRPC client retries transparently */
+		nghttp2_submit_rst_stream(s, NGHTTP2_FLAG_NONE, f->hd.stream_id,
+					  NGHTTP2_REFUSED_STREAM);
+		return 0;
+	}
 	c = sdb_calloc(1, sizeof(*c));
 	c->srv = cn->srv;
 	c->conn = cn;
+	c->acct = cn;
 	c->id = f->hd.stream_id;
 	c->method = -1;
 	c->http_status = 200;
@@ -773,7 +839,7 @@ static int on_stream_close(nghttp2_session *s, int32_t id, uint32_t code, void *
 	if (c == NULL)
 		return 0;
 	nghttp2_session_set_stream_user_data(s, id, NULL);
-	call_unlink(c);
+	call_unlink(c); /* a deciding call stays counted against cn, as an orphan */
 	call_maybe_free(c);
 	return 0;
 }
@@ -803,6 +869,8 @@ static void conn_close(h2conn *cn, const char *why)
 		call_unlink(c);
 		call_maybe_free(c);
 	}
+	while (cn->orphans) /* they outlive cn: counted nowhere now */
+		call_unaccount(cn->orphans);
 	nghttp2_session_del(cn->sess); /* calls no stream-close callback */
 	cn->sess = NULL;
 	tls_conn_free(cn->tls);

@@ -523,3 +523,74 @@ def test_connection_cap(start_role, pb):
         s.sendall(PREFACE + frame(4, 0, 0) + request_headers(1, "/pb.gubernator.V1/LiveCheck")
                   + frame(0, 0x1, 1, b"\x00\x00\x00\x00\x00"))
         assert any(f[0] == 0 for f in call_frames(s, 1))
+
+
+def vm_rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_window_zero_client_memory_is_bounded(start_role, pb):
+    """A client that keeps its flow-control window at 0 never receives an answer: the
+    server holds at most 256 streams' packed answers per connection (the answer slots are
+    freed once packed), refuses more streams, and its RSS stays bounded. (ASan's
+    quarantine of freed memory is kept small here, so that RSS measures what is held.)"""
+    import os
+    import threading
+    from test_ratelimit_grpc import start_nodes
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    (node,) = start_nodes(start_role, pb, 1, env={
+        "ASAN_OPTIONS": (asan + ":" if asan else "") + "quarantine_size_mb=4"})
+    msg = node.pb2.GetRateLimitsReq(requests=[req(pb, f"w0-{i}", hits=0, limit=1000)
+                                              for i in range(1000)]).SerializeToString()
+    body = b"\x00" + struct.pack(">I", len(msg)) + msg
+    pid = node.proc.p.pid
+    rss0 = vm_rss_kb(pid)
+    seen = {"rst": 0, "refused": 0, "data": 0, "bytes": 0}
+    with raw(node) as s:
+        def drain():
+            buf = b""
+            try:
+                while True:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                    seen["bytes"] += len(chunk)
+                    while len(buf) >= 9:
+                        n = struct.unpack(">I", b"\x00" + buf[:3])[0]
+                        if len(buf) < 9 + n:
+                            break
+                        if buf[3] == 3:
+                            seen["rst"] += 1
+                            seen["refused"] += struct.unpack(">I", buf[9:13])[0] == 7
+                        elif buf[3] == 0 and n > 0:
+                            seen["data"] += 1
+                        buf = buf[9 + n:]
+            except OSError:
+                return
+        th = threading.Thread(target=drain, daemon=True)
+        th.start()
+        # SETTINGS_INITIAL_WINDOW_SIZE 0: no DATA may be sent to us
+        s.sendall(PREFACE + frame(4, 0, 0, struct.pack(">HI", 4, 0)))
+        time.sleep(0.2)
+        for k in range(600):
+            sid = 1 + 2 * k
+            out = request_headers(sid, "/pb.gubernator.V1/GetRateLimits")
+            for i in range(0, len(body), 16384):
+                out += frame(0, 0x1 if i + 16384 >= len(body) else 0, sid, body[i:i + 16384])
+            s.sendall(out)
+        # every stream is either answered (its answer packed, waiting for a window) or refused
+        wait_until(lambda: seen["rst"] + node.metric(
+            "stripedb_ratelimit_grpc_decisions_total") // 1000 >= 600, 60,
+            what="every stream answered or refused")
+        time.sleep(1)
+        rss1 = vm_rss_kb(pid)
+        assert seen["data"] == 0, seen
+        assert seen["refused"] > 0, seen  # streams over the concurrency limit
+        print("window-0:", seen, "rss growth kB", rss1 - rss0)
+        assert rss1 - rss0 < 300 * 1024, (rss0, rss1)
+    assert node.one(req(pb, "after-w0")).remaining == 9
