@@ -5,6 +5,9 @@ messages larger than the HTTP/2 windows (flow control), a message over 4 MiB and
 are not HTTP/2 and connections reset mid-call (raw sockets: the node keeps serving and
 ASan sees nothing), and many concurrent calls over mutual TLS (ALPN h2) after a SIGHUP
 certificate reload. grpcio is the client, with stubs generated from our .proto.
+Hardening (raw sockets): grpc-timeout values that would wrap 64 bits, the 16 KiB header list
+limit, GOAWAY on shutdown, handshake and idle timeouts, the connection cap, and bounded
+memory per connection (a window-0 client; orphaned calls in the 64 MiB budget).
 """
 import shutil
 import signal
@@ -594,3 +597,42 @@ def test_window_zero_client_memory_is_bounded(start_role, pb):
         print("window-0:", seen, "rss growth kB", rss1 - rss0)
         assert rss1 - rss0 < 300 * 1024, (rss0, rss1)
     assert node.one(req(pb, "after-w0")).remaining == 9
+
+
+def test_orphaned_calls_count_in_the_connection_budget(start_role, pb):
+    """Calls forwarded to a hung owner whose streams the client resets stay pending (their
+    answer slots, ~264 KB for 1000 keys, held until the peer answers or times out): they
+    count in the connection's 64 MiB budget, beyond which new streams are refused with
+    RST_STREAM REFUSED_STREAM; the node serves again once they complete."""
+    from test_ratelimit_grpc import start_nodes
+    nodes = start_nodes(start_role, pb, 3, env={"GUBER_BATCH_TIMEOUT": "4s"})
+    victim = nodes[1]
+    owners = {}
+    for part in range(3):
+        owners.update(owners_of(nodes, pb, [f"orph-{part}-{i}" for i in range(1000)]))
+    keys = [k for k, o in owners.items() if o == victim.addr][:1000]
+    assert len(keys) > 500
+    msg = nodes[0].pb2.GetRateLimitsReq(requests=[req(pb, k) for k in keys]).SerializeToString()
+    body = b"\x00" + struct.pack(">I", len(msg)) + msg
+    victim.proc.p.send_signal(signal.SIGSTOP)
+    try:
+        with raw(nodes[0]) as s:
+            s.sendall(PREFACE + frame(4, 0, 0))
+            for k in range(400):
+                sid = 1 + 2 * k
+                out = request_headers(sid, "/pb.gubernator.V1/GetRateLimits")
+                for i in range(0, len(body), 16384):
+                    out += frame(0, 0x1 if i + 16384 >= len(body) else 0, sid,
+                                 body[i:i + 16384])
+                s.sendall(out + frame(3, 0, sid, struct.pack(">I", 8)))  # CANCEL
+            # a LiveCheck after them: refused as well while the orphans hold the budget
+            s.sendall(request_headers(801, "/pb.gubernator.V1/LiveCheck")
+                      + frame(0, 0x1, 801, b"\x00\x00\x00\x00\x00"))
+            frames = call_frames(s, 801)
+        refused = [f for f in frames if f[0] == 3 and struct.unpack(">I", f[3])[0] == 7]
+        assert refused, frames[-5:]
+        assert refused[-1][2] == 801
+    finally:
+        victim.proc.p.send_signal(signal.SIGCONT)
+    time.sleep(1)
+    assert nodes[0].one(req(pb, "after-orphans")).remaining == 9
