@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 
 /* bson type names for the TypeMismatch messages */
@@ -105,6 +106,15 @@ int ct_parse(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen)
 	}
 	out->present = true;
 	return 0;
+}
+
+int ct_take(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen)
+{
+	int code = ct_parse(cmd, out, err, errlen);
+
+	if (code || !out->present)
+		return code;
+	return ct_check_drift(out->time, sdb_wall_ms(), err, errlen);
 }
 
 uint64_t ct_floor_clamp(uint64_t time, int64_t wall_ms)

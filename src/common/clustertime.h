@@ -48,6 +48,11 @@ typedef struct ct_gossip {
  * TypeMismatch 14 (a field of the wrong type), NoSuchKey 4 (clusterTime missing). */
 int ct_parse(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen);
 
+/* A request's gossip as a node takes it: ct_parse, then (when present) ct_check_drift
+ * against this node's sdb_wall_ms(). Returns: 0 with *out (out->present false: no
+ * $clusterTime), or ct_parse's / ct_check_drift's code with the message in err. */
+int ct_take(const bson_t *cmd, ct_gossip *out, char *err, size_t errlen);
+
 /* MongoDB's drift guard: 0 when time is at most CT_MAX_DRIFT_SECS seconds ahead of
  * wall_ms (epoch ms), else ClusterTimeFailsRateLimiter (205) with mongod's message
  * ("New $clusterTime, S, is too far from this node's wall clock time, W.") in err.

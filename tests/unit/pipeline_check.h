@@ -78,6 +78,32 @@ static inline int input_next(void *ctx, const bson_t **doc, int *code, char *err
 	return 1;
 }
 
+/* Run the parsed pipeline p over the documents of the array darr, appending its output
+ * documents to out (keys "0", "1", ...). Returns: 0 at the end, < 0 on an error (*code and
+ * err set). */
+static inline int drain(sdb_pipeline *p, const bson_t *darr, bson_t *out, int *code, char *err,
+			size_t errlen)
+{
+	input in = {.fail_after = -1};
+	sdb_pipeline_cursor *c;
+	int rc, i = 0;
+
+	bson_iter_init(&in.it, darr);
+	sdb_pipeline_open(p, input_next, &in, &c);
+	for (;;) {
+		const bson_t *d;
+		char key[16];
+
+		rc = sdb_pipeline_cursor_next(c, &d, code, err, errlen);
+		if (rc <= 0)
+			break;
+		snprintf(key, sizeof key, "%d", i++);
+		bson_append_document(out, key, -1, d);
+	}
+	sdb_pipeline_cursor_free(c);
+	return rc;
+}
+
 /* Run pipeline over docs; on success return the output documents as one canonical JSON
  * array string (caller frees); on failure return NULL and set *code/err. */
 static inline char *run(const char *pipeline, const char *docs, const sdb_pipeline_opts *opts, int *code,
@@ -86,31 +112,16 @@ static inline char *run(const char *pipeline, const char *docs, const sdb_pipeli
 	bson_t parr, darr;
 	bson_t *pw = JA(pipeline, &parr), *dw = JA(docs, &darr);
 	sdb_pipeline *p = NULL;
-	sdb_pipeline_cursor *c;
-	input in = {.fail_after = -1};
 	bson_t out = BSON_INITIALIZER;
 	char *s = NULL;
-	int rc, i = 0;
+	int rc;
 
 	*code = 0;
 	rc = sdb_pipeline_parse(&parr, opts, &p, code, err, errlen);
 	if (rc != 0) {
 		goto done;
 	}
-	bson_iter_init(&in.it, &darr);
-	sdb_pipeline_open(p, input_next, &in, &c);
-	for (;;) {
-		const bson_t *d;
-		char key[16];
-
-		rc = sdb_pipeline_cursor_next(c, &d, code, err, errlen);
-		if (rc <= 0) {
-			break;
-		}
-		snprintf(key, sizeof key, "%d", i++);
-		bson_append_document(&out, key, -1, d);
-	}
-	sdb_pipeline_cursor_free(c);
+	rc = drain(p, &darr, &out, code, err, errlen);
 	if (rc == 0) {
 		bson_t wrap = BSON_INITIALIZER;
 

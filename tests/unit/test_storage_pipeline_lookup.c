@@ -93,10 +93,8 @@ static int fake_foreign(void *arg, const char *coll, const bson_t *stages, const
 						    : "[]",
 			&darr);
 	sdb_pipeline *p = NULL;
-	sdb_pipeline_cursor *c;
-	input in = {.fail_after = -1};
 	fsrc *f;
-	int rc, i = 0;
+	int rc;
 
 	foreign_calls++;
 	rc = sdb_pipeline_parse(stages, &o, &p, code, err, errlen);
@@ -113,20 +111,7 @@ static int fake_foreign(void *arg, const char *coll, const bson_t *stages, const
 		f = mem;
 	}
 	bson_init(&f->arr);
-	bson_iter_init(&in.it, &darr);
-	sdb_pipeline_open(p, input_next, &in, &c);
-	for (;;) {
-		const bson_t *d;
-		char key[16];
-
-		rc = sdb_pipeline_cursor_next(c, &d, code, err, errlen);
-		if (rc <= 0) {
-			break;
-		}
-		snprintf(key, sizeof key, "%d", i++);
-		bson_append_document(&f->arr, key, -1, d);
-	}
-	sdb_pipeline_cursor_free(c);
+	rc = drain(p, &darr, &f->arr, code, err, errlen);
 	sdb_pipeline_free(p);
 	bson_destroy(dw);
 	if (rc < 0) {
