@@ -33,6 +33,10 @@
 #include "ratelimit/cluster.h"
 #include "ratelimit/limiter.h"
 
+/* The TLS listener name (tls/tls.h) of the gRPC port: --tls-* options of the ratelimit
+ * role configure it, SIGHUP reloads it. */
+#define RL_GRPC_TLS_ROLE "ratelimit"
+
 typedef struct rl_grpc_server rl_grpc_server;
 
 typedef struct rl_grpc_server_opts {

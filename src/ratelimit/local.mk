@@ -44,7 +44,7 @@ nodist_libstripedb_a_SOURCES += $(RL_PB_GEN)
 CLEANFILES += $(RL_PB_GEN) src/ratelimit/gubernator_c.proto
 EXTRA_DIST += src/ratelimit/gubernator.proto
 libstripedb_a_SOURCES += src/ratelimit/ring.c src/ratelimit/proto.c src/ratelimit/peers.c \
-	src/ratelimit/cluster.c src/ratelimit/grpc_server.c src/ratelimit/membership.c
+	src/ratelimit/cluster.c src/ratelimit/grpc_server.c src/ratelimit/grpc_role.c src/ratelimit/membership.c
 noinst_HEADERS += src/ratelimit/ring.h src/ratelimit/proto.h src/ratelimit/peers.h \
 	src/ratelimit/cluster.h src/ratelimit/grpc_server.h src/ratelimit/membership.h
 
