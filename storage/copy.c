@@ -158,7 +158,7 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 	c->cache_gen = -1;
 	rc = 0;
 	/* A copy from a member of a release before exact decimal keys: re-key it as open does
-	 * (store.c store_migrate_decimal_keys, one transaction). On a member installing a
+	 * (store_rekey.c store_migrate_decimal_keys, one transaction). On a member installing a
 	 * snapshot the caller is the only writer (the apply path), so nothing writes between
 	 * the copy and the re-key; readers in between may miss a decimal (as during any
 	 * install, their answers then are of no committed state anyway). */

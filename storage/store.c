@@ -988,9 +988,7 @@ static int index_delete_keys(sdb_store_conn *c, const sdb_store_index *ix,
 	return 0;
 }
 
-/* Add doc's keys to every index of co (skipping sparse indexes where all fields are
- * missing). */
-static int indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
+int store_indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
 		       const sdb_key *idk, sdb_store_dup *dup, char *err, size_t errlen)
 {
 	for (size_t i = 0; i < co->n_indexes; i++) {
@@ -1011,7 +1009,7 @@ static int indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
 	return 0;
 }
 
-static int indexes_remove(sdb_store_conn *c, const sdb_store_coll *co, const bson_t *doc,
+int store_indexes_remove(sdb_store_conn *c, const sdb_store_coll *co, const bson_t *doc,
 			  const sdb_key *idk, char *err, size_t errlen)
 {
 	for (size_t i = 0; i < co->n_indexes; i++) {
@@ -1104,173 +1102,6 @@ static int coll_oplog(sdb_store_conn *c, const char *op, const char *db, const c
 	return rc;
 }
 
-/* True when the document holds a Decimal128 anywhere (nested documents and arrays too). */
-static bool doc_has_decimal(bson_iter_t *it, int depth)
-{
-	while (bson_iter_next(it)) {
-		bson_iter_t child;
-
-		if (BSON_ITER_HOLDS_DECIMAL128(it))
-			return true;
-		if ((BSON_ITER_HOLDS_DOCUMENT(it) || BSON_ITER_HOLDS_ARRAY(it)) &&
-		    depth < SDB_BSON_MAX_DEPTH && bson_iter_recurse(it, &child) &&
-		    doc_has_decimal(&child, depth + 1))
-			return true;
-	}
-	return false;
-}
-
-/* Stores written before Decimal128 compared exactly (meta 'keyenc' absent) keyed decimals
- * through long double: re-key every document holding a decimal (its _id key, and its
- * entries in every index, hashed ones included) with the exact encoding, once, then set
- * meta keyenc = 2.
- * - Atomic: one SQLite write transaction; a crash (SIGKILL, power) anywhere before its
- *   commit leaves the store as it was (WAL), and the next open starts over. No entry can
- *   be lost or duplicated half-way.
- * - No collisions: the exact order is finer than the old one, so no new duplicate can
- *   appear, and the new keys of decimals that need more than 64 bits (frac bit 0 set)
- *   never equal an old key, so re-keyed rows never collide with rows not yet visited.
- * - Old index entries are found by their keys, recomputed in the old encoding
- *   (sdb_keyenc_legacy_numbers), and deleted through the (k, id) primary key: no index
- *   table scan per document. A partial index's filter is not consulted for the delete
- *   (absent keys delete nothing), so an entry the old order admitted and the exact order
- *   does not goes too; indexes_add then applies the filter exactly.
- * - Cost: one pass over every collection's documents (each parsed once to look for a
- *   decimal), memory for the _id keys of the documents holding one (the documents are
- *   read again one by one), index work only for those documents; the WAL grows by the
- *   rewritten rows until the commit's checkpoint.
- * - Replica sets: every member runs this on its own store at open, deterministically
- *   (the keys are functions of the documents); the Raft log carries documents, never
- *   keys, so a member's store ends the same whichever encoding it had, as long as every
- *   member compares decimals alike: a set mixing earlier members (long-double order) with
- *   these can apply a unique-key entry differently (docs/operations.md: upgrade such sets
- *   all members at once). A snapshot copied
- *   from another member (sdb_store_replace_from, storage/copy.c) runs it again when the
- *   copy came from a member of an older release. */
-int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen)
-{
-	sdb_store_conn *c = NULL;
-	int rc = sdb_store_conn_open(st, &c, err, errlen);
-
-	if (rc)
-		return rc;
-	rc = sdb_store_begin(c, true, err, errlen);
-	if (rc)
-		goto out;
-	if (store_query_int(c, "SELECT v FROM meta WHERE k='keyenc'", 0) >= 2) {
-		sdb_store_rollback(c);
-		goto out;
-	}
-	rc = store_cache_load(c, err, errlen);
-	for (size_t ci = 0; rc == 0 && ci < c->n_colls; ci++) {
-		sdb_store_coll *co = &c->colls[ci];
-		char sql[160], sel[160];
-		sdb_key *oldk = NULL;
-		size_t n = 0, cap = 0;
-
-		snprintf(sql, sizeof sql, "SELECT k, doc FROM c_%lld", (long long)co->tbl);
-		sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
-		if (!s) {
-			rc = SDB_EIO;
-			break;
-		}
-		while (sqlite3_step(s) == SQLITE_ROW) {
-			bson_t doc;
-			bson_iter_t it;
-
-			if (!bson_init_static(&doc, sqlite3_column_blob(s, 1),
-					      (size_t)sqlite3_column_bytes(s, 1)) ||
-			    !bson_iter_init(&it, &doc) || !doc_has_decimal(&it, 0))
-				continue;
-			if (n == cap) {
-				cap = cap ? cap * 2 : 16;
-				oldk = sdb_realloc(oldk, cap * sizeof *oldk);
-			}
-			sdb_key_init(&oldk[n]);
-			sdb_key_append(&oldk[n], sqlite3_column_blob(s, 0),
-				       (size_t)sqlite3_column_bytes(s, 0));
-			n++;
-		}
-		sqlite3_reset(s);
-		snprintf(sel, sizeof sel, "SELECT doc FROM c_%lld WHERE k = ?", (long long)co->tbl);
-		for (size_t i = 0; i < n; i++) {
-			sdb_key newk;
-			bson_iter_t id_it;
-			bson_t *doc = NULL;
-
-			sdb_key_init(&newk);
-			if (rc == 0) {
-				s = store_stmt_get(c, sel, err, errlen);
-				if (!s) {
-					rc = SDB_EIO;
-				} else {
-					sqlite3_bind_blob(s, 1, oldk[i].data, (int)oldk[i].len,
-							  SQLITE_STATIC);
-					if (sqlite3_step(s) == SQLITE_ROW)
-						doc = bson_new_from_data(
-							sqlite3_column_blob(s, 0),
-							(size_t)sqlite3_column_bytes(s, 0));
-					sqlite3_reset(s);
-					if (!doc)
-						rc = sdb_errf(err, errlen, SDB_ECORRUPT,
-							      "decimal re-key: a document vanished or "
-							      "does not parse");
-				}
-			}
-			if (rc == 0)
-				rc = store_id_key(doc, &newk, &id_it, NULL, err, errlen);
-			if (rc == 0) {
-				bool prev = sdb_keyenc_legacy_numbers(true);
-
-				rc = indexes_remove(c, co, doc, &oldk[i], err, errlen);
-				sdb_keyenc_legacy_numbers(prev);
-			}
-			if (rc == 0 && sdb_key_cmp(&newk, &oldk[i]) != 0) {
-				snprintf(sql, sizeof sql, "UPDATE c_%lld SET k = ? WHERE k = ?",
-					 (long long)co->tbl);
-				s = store_stmt_get(c, sql, err, errlen);
-				if (!s) {
-					rc = SDB_EIO;
-				} else {
-					sqlite3_bind_blob(s, 1, newk.data, (int)newk.len, SQLITE_STATIC);
-					sqlite3_bind_blob(s, 2, oldk[i].data, (int)oldk[i].len,
-							  SQLITE_STATIC);
-					rc = store_step_done(c, s, err, errlen, "decimal re-key: _id");
-				}
-			}
-			if (rc == 0)
-				rc = indexes_add(c, co, doc, &newk, NULL, err, errlen);
-			sdb_key_free(&newk);
-			sdb_key_free(&oldk[i]);
-			if (doc)
-				bson_destroy(doc);
-		}
-		free(oldk);
-	}
-	if (rc == 0)
-		rc = sdb_store_meta_put(c, "keyenc", "2", err, errlen);
-	if (rc == 0)
-		rc = store_exec_cached(c, "UPDATE meta SET v = 2 WHERE k = 'format'", err, errlen);
-	if (rc == 0) {
-		rc = sdb_store_commit(c, err, errlen);
-	} else {
-		/* e.g. a unique partial index whose filter admits, by exact value, a document the
-		 * old order kept out and that duplicates another's key: nothing is changed, the
-		 * store does not open, the message says why (fix the data with the old binary) */
-		char why[400];
-
-		snprintf(why, sizeof why, "%s", err);
-		sdb_store_rollback(c);
-		sdb_errf(err, errlen, rc,
-			 "store: re-keying Decimal128 keys to the exact order (format 2) failed, "
-			 "store left as it was: %s",
-			 why);
-	}
-out:
-	sdb_store_conn_close(c);
-	return rc;
-}
-
 int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, sdb_store_dup *dup, char *err, size_t errlen)
 {
@@ -1309,7 +1140,7 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 		bson_destroy(&kv);
 		goto out;
 	}
-	rc = indexes_add(c, (sdb_store_coll *)co, doc, &idk, dup, err, errlen);
+	rc = store_indexes_add(c, (sdb_store_coll *)co, doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
 	rc = coll_oplog(c, "i", db, coll, co, doc, NULL, origin, err, errlen);
@@ -1357,7 +1188,7 @@ static int unindex_stored(sdb_store_conn *c, const sdb_store_coll *co, const sdb
 	if (rc)
 		return rc;
 	*have_stored = true;
-	return indexes_remove(c, co, stored, idk, err, errlen);
+	return store_indexes_remove(c, co, stored, idk, err, errlen);
 }
 
 /* sdb_store_replace and sdb_store_update: the "u" entry carries ud when given, else the
@@ -1401,7 +1232,7 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 	rc = store_step_done(c, s, err, errlen, "update");
 	if (rc)
 		goto out;
-	rc = indexes_add(c, (sdb_store_coll *)co, new_doc, &idk, dup, err, errlen);
+	rc = store_indexes_add(c, (sdb_store_coll *)co, new_doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
 	bson_t o2, desc;

@@ -17,7 +17,7 @@
 
 /* The store format this build writes: 2 = Decimal128 keys exact (issue #20). Format 1 files
  * (decimals keyed through long double) are read too and upgraded in place on open
- * (store.c store_migrate_decimal_keys, which sets format 2 and meta keyenc = 2 in the
+ * (store_rekey.c store_migrate_decimal_keys, which sets format 2 and meta keyenc = 2 in the
  * transaction that re-keys); a binary of format 1 refuses a format 2 file, so a downgraded
  * member or an older member installing a newer snapshot stops instead of misreading keys. */
 #define STORE_FORMAT 2
@@ -217,6 +217,17 @@ void store_cache_clear(sdb_store_conn *c);
  * cannot be keyed), SDB_EEXISTS (a unique index refuses): the store is left as it was.
  * store.c; called by sdb_store_open and sdb_store_replace_from (copy.c). */
 int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen);
+
+/* Add doc's keys (its _id key idk) to every index of co, skipping a sparse index whose
+ * fields are all missing; a unique conflict fills *dup when dup is not NULL (store.c).
+ * Returns: 0, or an SDB_E* code with a message in err (c->write_code set to MongoDB's). */
+int store_indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
+		      const sdb_key *idk, sdb_store_dup *dup, char *err, size_t errlen);
+
+/* Remove doc's keys (its _id key idk) from every index of co (store.c). Returns: 0, or an
+ * SDB_E* code with a message in err. */
+int store_indexes_remove(sdb_store_conn *c, const sdb_store_coll *co, const bson_t *doc,
+			 const sdb_key *idk, char *err, size_t errlen);
 /* Load c's catalog cache from the catalog tables when the catalog generation moved.
  * Errors: SDB_EIO (message in err). catalog.c. */
 int store_cache_load(sdb_store_conn *c, char *err, size_t errlen);
