@@ -401,7 +401,7 @@ non_integral:
 /* write_concern_options.cpp: a malformed writeConcern is 9 FailedToParse; the rules of the
  * shard's repl_wc_parse (w a number in [0, 50] or "majority" (another mode: 79
  * UnknownReplWriteConcern), wtimeout an integer in [0, INT32_MAX] ms, j and fsync bool or
- * number). */
+ * number; any other field but provenance and getLastError: 9). */
 static int check_write_concern(const bson_iter_t *wc, char *err, size_t errlen)
 {
 	bson_iter_t it;
@@ -414,6 +414,14 @@ static int check_write_concern(const bson_iter_t *wc, char *err, size_t errlen)
 		const char *k = bson_iter_key(&it);
 		double d = BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_double(&it) : NAN;
 
+		/* as the shard's repl_wc_parse: a proxy splitting a sharded write would
+		 * otherwise accept what a shard refuses (a fresh user's find) */
+		if (strcmp(k, "w") != 0 && strcmp(k, "wtimeout") != 0 &&
+		    strcmp(k, "wtimeoutMS") != 0 && strcmp(k, "j") != 0 && strcmp(k, "fsync") != 0 &&
+		    strcmp(k, "provenance") != 0 && strcmp(k, "getLastError") != 0) {
+			snprintf(err, errlen, "unrecognized write concern field: %s", k);
+			return CODE_FAILED_TO_PARSE;
+		}
 		if (strcmp(k, "w") == 0 && BSON_ITER_HOLDS_UTF8(&it) &&
 		    strcmp(bson_iter_utf8(&it, NULL), "majority") != 0) {
 			/* a mode the shards cannot honour (no tag sets), refused whole before a

@@ -877,3 +877,22 @@ def test_read_concern_on_a_sharded_collection_is_refused_as_on_a_shard(cluster):
         db.command({"find": "c", "filter": {"k": 150},
                     "readConcern": {"afterClusterTime": future}})
     assert e.value.code in (72, 205), e.value.details
+
+
+def test_unknown_write_concern_field_on_a_sharded_write_is_refused(cluster):
+    """An unknown writeConcern field is 9 FailedToParse on a shard and on an unsharded
+    collection; a sharded write, which the proxy splits into commands of its own, accepted
+    it (a fresh user). Now refused before the split, with the shard's message."""
+    ranged(cluster)
+    db = cluster.proxy_client(0).db
+    for cmd in ({"insert": "c", "documents": [{"_id": 1, "k": 1}, {"_id": 2, "k": 150}]},
+                {"update": "c", "updates": [{"q": {"k": 1}, "u": {"$set": {"x": 1}}}]},
+                {"delete": "c", "deletes": [{"q": {"k": 1}, "limit": 1}]}):
+        with pytest.raises(OperationFailure) as e:
+            db.command(dict(cmd, writeConcern={"w": 1, "bogus": 1}))
+        assert e.value.code == 9, e.value.details
+        assert "unrecognized write concern field: bogus" in e.value.details["errmsg"]
+    assert db.c.count_documents({}) == 0
+    r = db.command({"insert": "c", "documents": [{"_id": 1, "k": 1}, {"_id": 2, "k": 150}],
+                    "writeConcern": {"w": 1, "j": True, "wtimeout": 1000}})
+    assert r["n"] == 2
