@@ -80,6 +80,12 @@ def node_env(**extra):
                 HOME=os.environ.get("HOME", "/tmp"), **extra)
 
 
+def no_gossip(reply):
+    """reply without the cluster-time fields every shard and proxy reply carries
+    ($clusterTime, operationTime: issue #20's gossip), for comparing whole replies."""
+    return {k: v for k, v in reply.items() if k not in ("$clusterTime", "operationTime")}
+
+
 def free_port():
     """Return a loopback TCP port that is free now and not handed out before in this run."""
     for _ in range(200):
