@@ -137,32 +137,34 @@ done:
 	return s;
 }
 
-/* Run pipeline over docs; fail the test unless it succeeds with exactly want (a JSON array;
- * types and field order count). */
-static inline void check(const char *pipeline, const char *docs, const char *want)
+/* Run pipeline over docs with options o (NULL: none); fail the test unless it succeeds with
+ * exactly want (a JSON array; types and field order count). */
+static inline void check_opts(const char *pipeline, const char *docs,
+			      const sdb_pipeline_opts *o, const char *want)
 {
 	int code;
 	char err[512] = "";
-	char *got = run(pipeline, docs, NULL, &code, err, sizeof err);
-	bson_t warr;
+	char *got = run(pipeline, docs, o, &code, err, sizeof err);
+	bson_t warr, wrap = BSON_INITIALIZER;
 	bson_t *ww;
 	char *exp;
 
-	if (got == NULL) {
+	if (got == NULL)
 		fail_msg("pipeline %s failed: code %d %s", pipeline, code, err);
-	}
 	ww = JA(want, &warr);
-	{
-		bson_t wrap = BSON_INITIALIZER;
-
-		bson_append_array(&wrap, "v", 1, &warr);
-		exp = bson_as_canonical_extended_json(&wrap, NULL);
-		bson_destroy(&wrap);
-	}
+	bson_append_array(&wrap, "v", 1, &warr);
+	exp = bson_as_canonical_extended_json(&wrap, NULL);
+	bson_destroy(&wrap);
 	assert_string_equal(got, exp);
 	bson_free(got);
 	bson_free(exp);
 	bson_destroy(ww);
+}
+
+/* check_opts with no options. */
+static inline void check(const char *pipeline, const char *docs, const char *want)
+{
+	check_opts(pipeline, docs, NULL, want);
 }
 
 /* Run pipeline over docs; fail the test unless it fails with want_code and (when part is

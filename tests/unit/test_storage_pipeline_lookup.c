@@ -125,29 +125,6 @@ static int fake_foreign(void *arg, const char *coll, const bson_t *stages, const
 	return 0;
 }
 
-static void check_opts(const char *pipeline, const char *docs, const sdb_pipeline_opts *o,
-		       const char *want)
-{
-	int code;
-	char err[512] = "";
-	char *got = run(pipeline, docs, o, &code, err, sizeof err);
-	bson_t warr, wrap = BSON_INITIALIZER;
-	bson_t *ww;
-	char *exp;
-
-	if (got == NULL) {
-		fail_msg("pipeline %s failed: code %d %s", pipeline, code, err);
-	}
-	ww = JA(want, &warr);
-	bson_append_array(&wrap, "v", 1, &warr);
-	exp = bson_as_canonical_extended_json(&wrap, NULL);
-	bson_destroy(&wrap);
-	assert_string_equal(got, exp);
-	bson_free(got);
-	bson_free(exp);
-	bson_destroy(ww);
-}
-
 /* $unionWith and $lookup over the fake reader (pipeline_lookup.c). */
 static void test_lookup_union(void **state)
 {
