@@ -98,6 +98,7 @@ struct h2call {
 	int http_status; /* 200, or 405 / 415 for a request that is not gRPC */
 	bool token_ok;   /* the cluster token header was present and right */
 	bool enc_bad;    /* grpc-encoding other than identity */
+	bool timeout_bad; /* a grpc-timeout that is not 1-8 digits and a unit */
 	bool too_large;  /* request body over MAX_MESSAGE + 5, or over CONN_BUFFERED */
 	bool deciding;   /* a cluster decision is pending */
 	bool answered;   /* a response was submitted */
@@ -587,6 +588,10 @@ static void dispatch(h2call *c)
 		reply(c, ST_UNIMPLEMENTED, "grpc-encoding not supported: only identity");
 		return;
 	}
+	if (c->timeout_bad) { /* refused, not run without the deadline asked for (grpc-go) */
+		reply(c, ST_INTERNAL, "malformed grpc-timeout");
+		return;
+	}
 	if (c->hdr_too_large) {
 		reply(c, ST_RESOURCE_EXHAUSTED, "request metadata larger than 16384 bytes");
 		return;
@@ -701,6 +706,17 @@ static int on_begin_headers(nghttp2_session *s, const nghttp2_frame *f, void *ud
  * (99999999H) would wrap x * mul, and mono + t near it would wrap too. */
 #define GRPC_TIMEOUT_MAX (UINT64_MAX / 2)
 
+/* Is v[0..n) a grpc-timeout as the gRPC HTTP/2 spec writes it: 1-8 digits and a unit? */
+static bool timeout_well_formed(const uint8_t *v, size_t n)
+{
+	if (n < 2 || n > 9 || !strchr("HMSmun", v[n - 1]) || v[n - 1] == '\0')
+		return false;
+	for (size_t i = 0; i + 1 < n; i++)
+		if (v[i] < '0' || v[i] > '9')
+			return false;
+	return true;
+}
+
 /* grpc-timeout: 1-8 digits and a unit (H M S m u n). 0 when malformed or over
  * GRPC_TIMEOUT_MAX (no deadline, as a wrapped value would be already past). */
 static uint64_t parse_timeout(const uint8_t *v, size_t n)
@@ -764,6 +780,8 @@ static int on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8_t *
 	} else if (HDR_IS(name, "grpc-timeout")) {
 		uint64_t t = parse_timeout(value, valuelen);
 		uint64_t now = sdb_mono_ns();
+		if (!timeout_well_formed(value, valuelen))
+			c->timeout_bad = true;
 		if (t != 0 && t <= UINT64_MAX - now) /* else: no deadline, not a wrapped one */
 			c->deadline_ns = now + t;
 	} else if (HDR_IS(name, "grpc-encoding")) {

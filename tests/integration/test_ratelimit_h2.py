@@ -369,6 +369,28 @@ def test_huge_grpc_timeout_is_no_deadline(node, pb):
         assert r.responses[0].remaining == 9, t
 
 
+
+def test_malformed_grpc_timeout_is_refused(node, pb):
+    """A grpc-timeout that is not 1-8 digits and a unit is refused (INTERNAL, as grpc-go),
+    not run without the deadline the client asked for."""
+    from hpack import Decoder
+    for i, t in enumerate(["abc", "10x", "-5S", "123456789S", "S"]):
+        msg = node.pb2.GetRateLimitsReq(requests=[req(pb, f"mt-{i}")]).SerializeToString()
+        with raw(node) as s:
+            s.sendall(PREFACE + frame(4, 0, 0)
+                      + request_headers(1, "/pb.gubernator.V1/GetRateLimits",
+                                        extra=[("grpc-timeout", t)])
+                      + frame(0, 0x1, 1, b"\x00" + struct.pack(">I", len(msg)) + msg))
+            frames = call_frames(s, 1)
+        dec, hdrs = Decoder(), []
+        for f in frames:
+            if f[0] == 1 and f[2] == 1:
+                hdrs += dec.decode(f[3])
+        hd = [(k.decode() if isinstance(k, bytes) else k, v.decode() if isinstance(v, bytes) else v)
+              for k, v in hdrs]
+        assert ("grpc-status", "13") in hd, (t, hd)
+
+
 def grpc_status(frames, sid):
     from hpack import Decoder
     dec, hdrs = Decoder(), {}
