@@ -138,6 +138,47 @@ static const char *unknown_field(const char *name, const bson_t *cmd, bool inter
 	return NULL;
 }
 
+/* Commands that never write, whose MongoDB 6.0 invocation answers supportsWriteConcern()
+ * false: service_entry_point_common.cpp refuses one that carries a writeConcern with 72
+ * InvalidOptions "Command does not support writeConcern" (mongos the same,
+ * strategy.cpp), rather than accept a durability request it cannot honour. aggregate
+ * takes one only with a $out or $merge stage (run_aggregate's supportsWriteConcern). */
+static const char *const no_write_concern[] = {
+	"find",		"getMore",	  "count",	 "distinct",	    "killCursors",
+	"listCollections", "listIndexes",   "listDatabases", "dbStats",	    "collStats",
+	"dataSize",	"validate",	  "ping",	 "hello",	    "isMaster",
+	"ismaster",	"buildInfo",	  "buildinfo",	 "serverStatus",    "hostInfo",
+	"connectionStatus", "whatsmyuri",   "getParameter",  "listCommands",    "currentOp",
+	NULL};
+
+/* Does pipeline (an aggregate's `pipeline` array) hold a $out or $merge stage? */
+static bool pipeline_writes(const bson_t *cmd)
+{
+	bson_iter_t it, arr, st;
+
+	if (!bson_iter_init_find(&it, cmd, "pipeline") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &arr))
+		return false;
+	while (bson_iter_next(&arr))
+		if (BSON_ITER_HOLDS_DOCUMENT(&arr) && bson_iter_recurse(&arr, &st) &&
+		    bson_iter_next(&st) &&
+		    (strcmp(bson_iter_key(&st), "$out") == 0 ||
+		     strcmp(bson_iter_key(&st), "$merge") == 0))
+			return true;
+	return false;
+}
+
+int sdb_cmd_write_concern_check(const char *name, const bson_t *cmd, char *err, size_t errlen)
+{
+	if (!bson_has_field(cmd, "writeConcern"))
+		return 0;
+	if (!(strcmp(name, "aggregate") == 0 && !pipeline_writes(cmd)) &&
+	    !listed(no_write_concern, name))
+		return 0;
+	snprintf(err, errlen, "Command does not support writeConcern");
+	return CODE_INVALID_OPTIONS;
+}
+
 /* The same for one statement of update.updates / delete.deletes. */
 static const char *unknown_stmt_field(const bson_t *stmt, bool update, bool internal)
 {
@@ -648,6 +689,8 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 	}
 	if (command_types(name) != NULL &&
 	    (code = check_types(cmd, name, command_types(name), true, err, errlen)) != 0)
+		return code;
+	if ((code = sdb_cmd_write_concern_check(name, cmd, err, errlen)) != 0)
 		return code;
 	code = scan(cmd, NULL, false, false, false, collated(name), err, errlen);
 	if (code != 0)

@@ -40,6 +40,10 @@
  *     a malformed writeConcern (w, wtimeout, j, fsync): 9 FailedToParse; a delete
  *     statement's limit other than 0 or 1: 9 "The limit field in delete objects must be 0
  *     or 1. Got 0.5"; getMore's batchSize <= 0: 2 BadValue;
+ *   - a writeConcern (well-formed) on a command that never writes (find, getMore, count,
+ *     distinct, killCursors, the listings and stats, ping/hello, currentOp, an aggregate
+ *     without $out/$merge): 72 InvalidOptions "Command does not support writeConcern", as
+ *     mongod and mongos (service_entry_point_common.cpp);
  *   - a namespace string with a NUL byte inside (the first field when a string, `to`,
  *     `viewOn`, `$db`): 73 InvalidNamespace, as MongoDB (C strings would end at the NUL);
  *   - with a txnNumber (a retryable write), an update statement with multi: true or a delete
@@ -55,6 +59,14 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
  * coordinator and backups send to shards, are known (a shard passes true; the proxy, whose
  * clients must not use them, false). Returns: as sdb_cmd_unsupported_option. */
 int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err, size_t errlen);
+
+/* A writeConcern on a command that never writes: name is the command's name (hello for
+ * isMaster), cmd the command. MongoDB 6.0 refuses it before the command runs
+ * (service_entry_point_common.cpp: the invocation's supportsWriteConcern() is false);
+ * sdb_cmd_check applies it to the roles' commands, the wire layer to its built-ins.
+ * Returns: 0 when cmd has no writeConcern or the command takes one; else 72
+ * InvalidOptions with "Command does not support writeConcern" in err (errlen bytes). */
+int sdb_cmd_write_concern_check(const char *name, const bson_t *cmd, char *err, size_t errlen);
 
 /* Is field one of the generic arguments every command may carry (generic_argument.idl,
  * MongoDB 6.0: $db, lsid, maxTimeMS, comment, $readPreference ...)? currentOp leaves them

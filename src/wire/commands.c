@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/cmdopts.h"
 #include "common/alloc.h"
 #include "common/log.h"
 #include "wire/internal.h"
@@ -481,20 +482,52 @@ static void cmd_ok(wire_req *req, void *role_data)
 	wire_req_reply(req, bson_new());
 }
 
+/* The built-in commands that never write: a writeConcern on one is refused (72, as mongod:
+ * common/cmdopts.h sdb_cmd_write_concern_check) before it runs. */
+static const struct {
+	const char *name;
+	wire_cmd_fn fn;
+} read_builtins[] = {
+	{"hello", cmd_hello},
+	{"ping", cmd_ping},
+	{"buildInfo", cmd_build_info},
+	{"buildinfo", cmd_build_info},
+	{"getParameter", cmd_get_parameter},
+	{"getLog", cmd_get_log},
+	{"whatsmyuri", cmd_whatsmyuri},
+	{"hostInfo", cmd_host_info},
+	{"connectionStatus", cmd_connection_status},
+	{"serverStatus", cmd_server_status},
+};
+
+/* Dispatches a read_builtins command by its name (the command's first field). */
+static void cmd_read_builtin(wire_req *req, void *role_data)
+{
+	const bson_t *cmd = wire_req_cmd(req);
+	bson_iter_t it;
+	const char *name = bson_iter_init(&it, cmd) && bson_iter_next(&it) ? bson_iter_key(&it) : "";
+	char err[128];
+	int code;
+
+	for (size_t i = 0; i < sizeof read_builtins / sizeof read_builtins[0]; i++) {
+		if (strcmp(read_builtins[i].name, wire__canonical_name(name)) != 0)
+			continue;
+		if ((code = sdb_cmd_write_concern_check(name, cmd, err, sizeof err)) != 0) {
+			wire_req_error(req, code, "%s", err);
+			return;
+		}
+		read_builtins[i].fn(req, role_data);
+		return;
+	}
+	wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'", name);
+}
+
 void wire__register_builtins(wire_server *srv)
 {
-	wire_server_register(srv, "hello", cmd_hello);
-	wire_server_register(srv, "ping", cmd_ping);
-	wire_server_register(srv, "buildInfo", cmd_build_info);
-	wire_server_register(srv, "buildinfo", cmd_build_info);
-	wire_server_register(srv, "getParameter", cmd_get_parameter);
-	wire_server_register(srv, "getLog", cmd_get_log);
-	wire_server_register(srv, "whatsmyuri", cmd_whatsmyuri);
-	wire_server_register(srv, "hostInfo", cmd_host_info);
-	wire_server_register(srv, "connectionStatus", cmd_connection_status);
+	for (size_t i = 0; i < sizeof read_builtins / sizeof read_builtins[0]; i++)
+		wire_server_register(srv, read_builtins[i].name, cmd_read_builtin);
 	wire_server_register(srv, "endSessions", cmd_ok);
 	wire_server_register(srv, "killAllSessions", cmd_ok);
-	wire_server_register(srv, "serverStatus", cmd_server_status);
 	wire_server_register(srv, "configureFailPoint", wire__cmd_configure_fail_point);
 	uv_once(&process_start_once, process_start_init);
 }

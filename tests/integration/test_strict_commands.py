@@ -11,6 +11,9 @@ ignored, by a shard and through a proxy to an unsharded and to a sharded collect
 - `create` options stripedb does not honour (capped, storageEngine ...): 238; a bad
   validator or validation option: mongod's error (tests/integration/test_validation.py);
   an option create does not know: 40415; nothing created.
+- A writeConcern on a command that never writes (find, count, distinct, getMore, an
+  aggregate without $out/$merge, ping ...): 72 InvalidOptions "Command does not support
+  writeConcern", as mongod and mongos; writes and $out/$merge aggregates take one.
 """
 import pymongo
 import pytest
@@ -74,6 +77,45 @@ def _check_strict(db, coll):
     assert db[coll].count_documents({}, comment="x", maxTimeMS=5000) == 2
 
 
+WC_REFUSED = [
+    {"find": "C", "filter": {}},
+    {"count": "C", "query": {}},
+    {"distinct": "C", "key": "a"},
+    {"aggregate": "C", "pipeline": [{"$match": {}}], "cursor": {}},
+    {"listIndexes": "C"},
+    {"listCollections": 1},
+    {"ping": 1},
+]
+
+
+def _check_wc_on_reads(db, coll):
+    db[coll].insert_many([{"_id": 1, "a": 1}, {"_id": 2, "a": 2}])
+    for wc in ({"w": 1}, {}, {"w": "majority"}):
+        for cmd in WC_REFUSED:
+            cmd = dict(cmd)
+            first = next(iter(cmd))
+            if cmd[first] == "C":
+                cmd[first] = coll
+            cmd["writeConcern"] = wc
+            code, msg = _code(db, cmd)
+            assert code == 72, (cmd, code, msg)
+            assert msg.startswith("Command does not support writeConcern"), msg
+    # a malformed one stays 9 (parsed first, as mongod)
+    assert _code(db, {"find": coll, "writeConcern": {"w": []}})[0] == 9
+    cid = db.command({"find": coll, "filter": {}, "batchSize": 1})["cursor"]["id"]
+    code, msg = _code(db, {"getMore": cid, "collection": coll, "writeConcern": {"w": 1}})
+    assert code == 72, msg
+    # what writes takes one: a write, an aggregate with $out
+    db.command({"insert": coll, "documents": [{"_id": 3, "a": 3}], "writeConcern": {"w": 1}})
+    db.command({"aggregate": coll, "pipeline": [{"$match": {"a": {"$gte": 2}}},
+                                                {"$out": coll + "_out"}],
+                "cursor": {}, "writeConcern": {"w": 1}})
+    assert sorted(d["_id"] for d in db[coll + "_out"].find()) == [2, 3]
+    # and a driver's ordinary reads send none
+    assert db[coll].count_documents({}) == 3
+    assert sorted(db[coll].distinct("a")) == [1, 2, 3]
+
+
 def _check_ids(db, coll):
     for cmd in (
         {"insert": coll, "documents": [{"_id": {"$a": 1}}]},
@@ -122,6 +164,7 @@ def test_shard(shard):
     _check_strict(db, "c")
     _check_ids(db, "i")
     _check_create(db)
+    _check_wc_on_reads(db, "w")
     c.close()
 
 
@@ -136,5 +179,8 @@ def test_through_a_proxy(start_role, tmp_path):
         _check_ids(db, "i")
         _check_ids(db, "si")
         _check_create(db)
+        _check_wc_on_reads(db, "w")  # unsharded
+        cl.shard_collection("strict.ws", {"_id": 1}, split_points=[{"_id": 2}])
+        _check_wc_on_reads(db, "ws")  # sharded
     finally:
         cl.close()
