@@ -1,0 +1,697 @@
+/* The array and set operators of the aggregation expression language, with MongoDB 6.0's
+ * argument counts, type rules, codes and messages (mongo/db/pipeline/expression.cpp):
+ * $slice, $reverseArray, $range, $indexOfArray, $zip, $first / $last (the array forms;
+ * the $group accumulators of those names are pipeline_parse.c's), $allElementsTrue,
+ * $anyElementTrue, $setUnion, $setIntersection, $setDifference, $setEquals, $setIsSubset.
+ * Sets compare values as MongoDB's ValueComparator does (vcmp) and come out in that
+ * order, as mongod's ordered ValueSet gives them. */
+#include "storage/pipeline.h"
+#include "storage/pipeline_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+
+enum {
+	AR_SLICE = 0,
+	AR_REVERSE,
+	AR_RANGE,
+	AR_INDEXOF,
+	AR_ZIP,
+	AR_FIRST,
+	AR_LAST,
+	AR_ALLTRUE,
+	AR_ANYTRUE,
+	AR_SETUNION,
+	AR_SETINTER,
+	AR_SETDIFF,
+	AR_SETEQ,
+	AR_SETSUB,
+};
+
+static const struct {
+	const char *name;
+	int sub;
+	int min, max; /* argument counts; max -1 = any; min -1 = an object argument */
+} arr_ops[] = {
+	{"$slice", AR_SLICE, 2, 3},
+	{"$reverseArray", AR_REVERSE, 1, 1},
+	{"$range", AR_RANGE, 2, 3},
+	{"$indexOfArray", AR_INDEXOF, 2, 4},
+	{"$zip", AR_ZIP, -1, -1},
+	{"$first", AR_FIRST, 1, 1},
+	{"$last", AR_LAST, 1, 1},
+	{"$allElementsTrue", AR_ALLTRUE, 1, 1},
+	{"$anyElementTrue", AR_ANYTRUE, 1, 1},
+	{"$setUnion", AR_SETUNION, 0, -1},
+	{"$setIntersection", AR_SETINTER, 0, -1},
+	{"$setDifference", AR_SETDIFF, 2, 2},
+	{"$setEquals", AR_SETEQ, 0, -1},
+	{"$setIsSubset", AR_SETSUB, 2, 2},
+};
+
+/* The largest $range: MongoDB's internalQueryMaxRangeBytes (100 MiB), against its estimate
+ * sizeof(std::vector<Value>) + length * sizeof(Value). */
+#define RANGE_MAX_BYTES (100LL * 1024 * 1024)
+#define C_EXCEEDED_MEMORY_LIMIT 146
+
+/* {$zip: {inputs: [...], useLongestLength: bool, defaults: [...]}}: args = the inputs, a
+ * NULL separator, the defaults; x->root = useLongestLength. */
+static int parse_zip(const bson_iter_t *arg, expr *x, const ectx *e)
+{
+	bson_iter_t sub, inputs, defaults;
+	bool have_inputs = false, have_defaults = false;
+	size_t n_in = 0, n_def = 0;
+	int rc = 0;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(arg)) {
+		return efail(e, 34460, "$zip only supports an object as an argument, found %s",
+			     type_name(bson_iter_type(arg)));
+	}
+	bson_iter_recurse(arg, &sub);
+	while (bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+
+		if (strcmp(k, "inputs") == 0) {
+			if (!BSON_ITER_HOLDS_ARRAY(&sub)) {
+				return efail(e, 34461, "inputs must be an array of expressions, found %s",
+					     type_name(bson_iter_type(&sub)));
+			}
+			inputs = sub;
+			have_inputs = true;
+		} else if (strcmp(k, "defaults") == 0) {
+			if (!BSON_ITER_HOLDS_ARRAY(&sub)) {
+				return efail(e, 34462, "defaults must be an array of expressions, found %s",
+					     type_name(bson_iter_type(&sub)));
+			}
+			defaults = sub;
+			have_defaults = true;
+		} else if (strcmp(k, "useLongestLength") == 0) {
+			if (!BSON_ITER_HOLDS_BOOL(&sub)) {
+				/* mongod names the type of the whole argument here */
+				return efail(e, 34463, "useLongestLength must be a bool, found %s",
+					     type_name(bson_iter_type(arg)));
+			}
+			x->root = bson_iter_bool(&sub);
+		} else {
+			return efail(e, 34464, "$zip found an unknown argument: %s", k);
+		}
+	}
+	if (have_inputs) {
+		bson_iter_recurse(&inputs, &sub);
+		while (rc == 0 && bson_iter_next(&sub)) {
+			expr *a = NULL;
+
+			rc = agg_expr_parse(&sub, &a, e);
+			agg_expr_push(x, a);
+			n_in++;
+		}
+	}
+	agg_expr_push(x, NULL);
+	if (rc == 0 && have_defaults) {
+		bson_iter_recurse(&defaults, &sub);
+		while (rc == 0 && bson_iter_next(&sub)) {
+			expr *a = NULL;
+
+			rc = agg_expr_parse(&sub, &a, e);
+			agg_expr_push(x, a);
+			n_def++;
+		}
+	}
+	if (rc != 0) {
+		return rc;
+	}
+	if (n_in == 0) {
+		return efail(e, 34465, "$zip requires at least one input array");
+	}
+	if (!x->root && n_def > 0) {
+		return efail(e, 34466, "cannot specify defaults unless useLongestLength is true");
+	}
+	if (n_def > 0 && n_def != n_in) {
+		return efail(e, 34467, "defaults and inputs must have the same length");
+	}
+	return 0;
+}
+
+int agg_xarr_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx *e)
+{
+	for (size_t i = 0; i < sizeof arr_ops / sizeof arr_ops[0]; i++) {
+		int rc;
+
+		if (strcmp(arr_ops[i].name, name) != 0) {
+			continue;
+		}
+		x->op = OP_XARR;
+		x->sub = arr_ops[i].sub;
+		if (x->sub == AR_ZIP) {
+			return parse_zip(arg, x, e);
+		}
+		rc = agg_expr_parse_list(name, arg, x, arr_ops[i].min, arr_ops[i].max, e);
+		if (rc == 0 && x->sub == AR_SETEQ && x->n < 2) {
+			rc = efail(e, 17045, "$setEquals needs at least two arguments had: %zu", x->n);
+		}
+		return rc;
+	}
+	return 1;
+}
+
+/* ---- helpers ---- */
+
+static docbuild_node *kid_copy(const docbuild_node *n)
+{
+	docbuild_node *c = docbuild_clone(n);
+
+	docbuild_set_key(c, NULL);
+	return c;
+}
+
+/* Is v an integral number in int32's range (Value::integral)? *out gets it. */
+static bool int32_of(const docbuild_node *v, int32_t *out)
+{
+	double d;
+
+	if (!is_number(v)) {
+		return false;
+	}
+	if (v->type == BSON_TYPE_INT32) {
+		*out = v->value.value.v_int32;
+		return true;
+	}
+	if (v->type == BSON_TYPE_INT64) {
+		if (v->value.value.v_int64 < INT32_MIN || v->value.value.v_int64 > INT32_MAX) {
+			return false;
+		}
+		*out = (int32_t)v->value.value.v_int64;
+		return true;
+	}
+	d = num_double(v);
+	if (!(d == floor(d) && d >= (double)INT32_MIN && d <= (double)INT32_MAX)) {
+		return false;
+	}
+	*out = (int32_t)d;
+	return true;
+}
+
+static int cmp_nodes(const void *a, const void *b)
+{
+	return vcmp(*(docbuild_node *const *)a, *(docbuild_node *const *)b);
+}
+
+/* The distinct elements of array node a, sorted (borrowed pointers into a; free the array
+ * only). */
+static docbuild_node **sorted_set(const docbuild_node *a, size_t *n)
+{
+	docbuild_node **s = sdb_calloc(a->n + 1, sizeof *s);
+	size_t k = 0;
+
+	if (a->n > 0) {
+		memcpy(s, a->kids, a->n * sizeof *s);
+	}
+	qsort(s, a->n, sizeof *s, cmp_nodes);
+	for (size_t i = 0; i < a->n; i++) {
+		if (k == 0 || vcmp(s[k - 1], s[i]) != 0) {
+			s[k++] = s[i];
+		}
+	}
+	*n = k;
+	return s;
+}
+
+static bool set_has(docbuild_node *const *s, size_t n, const docbuild_node *v)
+{
+	size_t lo = 0, hi = n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = vcmp(s[mid], v);
+
+		if (c == 0) {
+			return true;
+		}
+		if (c < 0) {
+			lo = mid + 1;
+		} else {
+			hi = mid;
+		}
+	}
+	return false;
+}
+
+/* ---- evaluation ---- */
+
+static int eval_slice(docbuild_node **vals, size_t n, docbuild_node **out, const ectx *e)
+{
+	docbuild_node *arr = vals[0];
+	int32_t a2, count;
+	size_t start, end, len;
+
+	if (is_nullish(arr) || is_nullish(vals[1])) {
+		*out = v_null();
+		return 0;
+	}
+	if (arr->type != BSON_TYPE_ARRAY) {
+		return efail(e, 28724, "First argument to $slice must be an array, but is of type: %s",
+			     type_name(arr->type));
+	}
+	if (!is_number(vals[1])) {
+		return efail(e, 28725, "Second argument to $slice must be a numeric value, but is of type: %s",
+			     type_name(vals[1]->type));
+	}
+	if (!int32_of(vals[1], &a2)) {
+		return efail(e, 28726, "Second argument to $slice can't be represented as a 32-bit integer: %g",
+			     num_double(vals[1]));
+	}
+	len = arr->n;
+	if (n == 2) {
+		start = 0;
+		end = len;
+		if (a2 >= 0) {
+			end = (size_t)a2 < len ? (size_t)a2 : len;
+		} else {
+			start = (int64_t)len + a2 > 0 ? (size_t)((int64_t)len + a2) : 0;
+		}
+	} else {
+		if (a2 < 0) {
+			start = (int64_t)len + a2 > 0 ? (size_t)((int64_t)len + a2) : 0;
+		} else {
+			start = (size_t)a2 < len ? (size_t)a2 : len;
+		}
+		if (is_nullish(vals[2])) {
+			*out = v_null();
+			return 0;
+		}
+		if (!is_number(vals[2])) {
+			return efail(e, 28727, "Third argument to $slice must be numeric, but is of type: %s",
+				     type_name(vals[2]->type));
+		}
+		if (!int32_of(vals[2], &count)) {
+			return efail(e, 28728, "Third argument to $slice can't be represented as a 32-bit integer: %g",
+				     num_double(vals[2]));
+		}
+		if (count <= 0) {
+			return efail(e, 28729, "Third argument to $slice must be positive: %d", count);
+		}
+		end = (size_t)count < len - start ? start + (size_t)count : len;
+	}
+	*out = docbuild_new_array(NULL);
+	for (size_t i = start; i < end; i++) {
+		docbuild_push(*out, kid_copy(arr->kids[i]));
+	}
+	return 0;
+}
+
+static int eval_range(docbuild_node **vals, size_t n, docbuild_node **out, const ectx *e)
+{
+	int32_t start, end, step = 1;
+	int64_t length, need;
+
+	if (!is_number(vals[0])) {
+		return efail(e, 34443, "$range requires a numeric starting value, found value of type: %s",
+			     type_name(ntype(vals[0])));
+	}
+	if (!int32_of(vals[0], &start)) {
+		char *s = agg_node_str(vals[0]);
+		int rc = efail(e, 34444, "$range requires a starting value that can be represented as a 32-bit integer, found value: %s",
+			       s);
+
+		free(s);
+		return rc;
+	}
+	if (!is_number(vals[1])) {
+		return efail(e, 34445, "$range requires a numeric ending value, found value of type: %s",
+			     type_name(ntype(vals[1])));
+	}
+	if (!int32_of(vals[1], &end)) {
+		char *s = agg_node_str(vals[1]);
+		int rc = efail(e, 34446, "$range requires an ending value that can be represented as a 32-bit integer, found value: %s",
+			       s);
+
+		free(s);
+		return rc;
+	}
+	if (n == 3) {
+		if (!is_number(vals[2])) {
+			return efail(e, 34447, "$range requires a numeric step value, found value of type:%s",
+				     type_name(ntype(vals[2])));
+		}
+		if (!int32_of(vals[2], &step)) {
+			char *s = agg_node_str(vals[2]);
+			int rc = efail(e, 34448, "$range requires a step value that can be represented as a 32-bit integer, found value: %s",
+				       s);
+
+			free(s);
+			return rc;
+		}
+		if (step == 0) {
+			return efail(e, 34449, "$range requires a non-zero step value");
+		}
+	}
+	length = ((int64_t)end - start) / step;
+	length = length >= 0 ? length + 1 : 0;
+	need = 24 + length * 16;
+	if (need >= RANGE_MAX_BYTES) {
+		return efail(e, C_EXCEEDED_MEMORY_LIMIT,
+			     "$range would use too much memory (%lld bytes) and cannot spill to disk. "
+			     "Memory limit: %lld bytes",
+			     (long long)need, (long long)RANGE_MAX_BYTES);
+	}
+	*out = docbuild_new_array(NULL);
+	for (int64_t cur = start; step > 0 ? cur < end : cur > end; cur += step) {
+		docbuild_push(*out, v_int32((int32_t)cur));
+	}
+	return 0;
+}
+
+static int index_arg(const docbuild_node *v, const char *what, int32_t *out, const ectx *e)
+{
+	char *s;
+	int rc;
+
+	if (!int32_of(v, out)) {
+		s = agg_node_str(v);
+		rc = efail(e, 40096, "$indexOfArrayrequires an integral %s, found a value of type: %s, with value: %s",
+			   what, type_name(ntype(v)), s);
+		free(s);
+		return rc;
+	}
+	if (*out < 0) {
+		s = agg_node_str(v);
+		rc = efail(e, 40097, "$indexOfArray requires a nonnegative %s, found: %s", what, s);
+		free(s);
+		return rc;
+	}
+	return 0;
+}
+
+static int eval_indexof(docbuild_node **vals, size_t n, docbuild_node **out, const ectx *e)
+{
+	int32_t from = 0, to;
+	int rc;
+
+	if (is_nullish(vals[0])) {
+		*out = v_null();
+		return 0;
+	}
+	if (vals[0]->type != BSON_TYPE_ARRAY) {
+		return efail(e, 40090, "$indexOfArray requires an array as a first argument, found: %s",
+			     type_name(vals[0]->type));
+	}
+	to = vals[0]->n > INT32_MAX ? INT32_MAX : (int32_t)vals[0]->n;
+	if (n > 2 && (rc = index_arg(vals[2], "starting index", &from, e)) != 0) {
+		return rc;
+	}
+	if (n > 3) {
+		int32_t t;
+
+		if ((rc = index_arg(vals[3], "ending index", &t, e)) != 0) {
+			return rc;
+		}
+		to = t < to ? t : to;
+	}
+	for (int32_t i = from; i < to; i++) {
+		if (vcmp(vals[0]->kids[i], vals[1]) == 0 && vals[1] != NULL) {
+			*out = v_int32(i);
+			return 0;
+		}
+	}
+	*out = v_int32(-1);
+	return 0;
+}
+
+static int eval_zip(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
+{
+	size_t n_in = 0, rows = 0;
+	bool have_def;
+
+	while (x->args[n_in] != NULL) {
+		n_in++;
+	}
+	have_def = x->n > n_in + 1;
+	for (size_t i = 0; i < n_in; i++) {
+		if (is_nullish(vals[i])) {
+			*out = v_null();
+			return 0;
+		}
+		if (vals[i]->type != BSON_TYPE_ARRAY) {
+			char *s = agg_node_str(vals[i]);
+			int rc = efail(e, 34468, "$zip found a non-array expression in input: %s", s);
+
+			free(s);
+			return rc;
+		}
+		if (i == 0 || (x->root ? vals[i]->n > rows : vals[i]->n < rows)) {
+			rows = vals[i]->n;
+		}
+	}
+	*out = docbuild_new_array(NULL);
+	for (size_t r = 0; r < rows; r++) {
+		docbuild_node *row = docbuild_new_array(NULL);
+
+		for (size_t i = 0; i < n_in; i++) {
+			if (r < vals[i]->n) {
+				docbuild_push(row, kid_copy(vals[i]->kids[r]));
+			} else if (have_def && vals[n_in + 1 + i] != NULL) {
+				docbuild_push(row, kid_copy(vals[n_in + 1 + i]));
+			} else {
+				docbuild_push(row, v_null());
+			}
+		}
+		docbuild_push(*out, row);
+	}
+	return 0;
+}
+
+static int eval_set(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
+{
+	docbuild_node **s = NULL, **t = NULL;
+	size_t ns = 0, nt = 0;
+
+	switch (x->sub) {
+	case AR_SETUNION:
+	case AR_SETINTER: {
+		bool inter = x->sub == AR_SETINTER;
+		docbuild_node *all = docbuild_new_array(NULL);
+
+		for (size_t i = 0; i < x->n; i++) {
+			if (is_nullish(vals[i])) {
+				docbuild_free(all);
+				*out = v_null();
+				return 0;
+			}
+			if (vals[i]->type != BSON_TYPE_ARRAY) {
+				docbuild_free(all);
+				return efail(e, inter ? 17047 : 17043,
+					     inter ? "All operands of $setIntersection must be arrays. One argument is of type: %s"
+						   : "All operands of $setUnion must be arrays. One argument is of type: %s",
+					     type_name(vals[i]->type));
+			}
+		}
+		/* all: the union (or the intersection) as a sorted set */
+		if (!inter) {
+			size_t total = 0, k = 0;
+
+			for (size_t i = 0; i < x->n; i++) {
+				total += vals[i]->n;
+			}
+			t = sdb_calloc(total + 1, sizeof *t);
+			for (size_t i = 0; i < x->n; i++) {
+				if (vals[i]->n > 0) {
+					memcpy(t + k, vals[i]->kids, vals[i]->n * sizeof *t);
+				}
+				k += vals[i]->n;
+			}
+			qsort(t, total, sizeof *t, cmp_nodes);
+			for (size_t i = 0; i < total; i++) {
+				if (i == 0 || vcmp(t[i - 1], t[i]) != 0) {
+					docbuild_push(all, kid_copy(t[i]));
+				}
+			}
+			free(t);
+		}
+		for (size_t i = 0; inter && i < x->n; i++) {
+			t = sorted_set(vals[i], &nt);
+			if (i == 0) {
+				for (size_t k = 0; k < nt; k++) {
+					docbuild_push(all, kid_copy(t[k]));
+				}
+			} else {
+				docbuild_node *keep = docbuild_new_array(NULL);
+
+				for (size_t k = 0; k < all->n; k++) {
+					if (set_has(t, nt, all->kids[k])) {
+						docbuild_push(keep, kid_copy(all->kids[k]));
+					}
+				}
+				docbuild_free(all);
+				all = keep;
+			}
+			free(t);
+		}
+		*out = all;
+		return 0;
+	}
+	case AR_SETDIFF: {
+		for (int i = 0; i < 2; i++) {
+			if (is_nullish(vals[i])) {
+				*out = v_null();
+				return 0;
+			}
+		}
+		for (int i = 0; i < 2; i++) {
+			if (vals[i]->type != BSON_TYPE_ARRAY) {
+				return efail(e, i == 0 ? 17048 : 17049,
+					     "both operands of $setDifference must be arrays. %s argument is of type: %s",
+					     i == 0 ? "First" : "Second", type_name(vals[i]->type));
+			}
+		}
+		s = sorted_set(vals[1], &ns);
+		*out = docbuild_new_array(NULL);
+		for (size_t k = 0; k < vals[0]->n; k++) {
+			const docbuild_node *v = vals[0]->kids[k];
+			bool dup = false;
+
+			for (size_t j = 0; j < (*out)->n && !dup; j++) {
+				dup = vcmp((*out)->kids[j], v) == 0;
+			}
+			if (!dup && !set_has(s, ns, v)) {
+				docbuild_push(*out, kid_copy(v));
+			}
+		}
+		free(s);
+		return 0;
+	}
+	case AR_SETEQ: {
+		bool eq = true;
+
+		for (size_t i = 0; i < x->n; i++) {
+			if (ntype(vals[i]) != BSON_TYPE_ARRAY) {
+				free(s);
+				return efail(e, 17044, "All operands of $setEquals must be arrays. One argument is of type: %s",
+					     type_name(ntype(vals[i])));
+			}
+			if (i == 0) {
+				s = sorted_set(vals[0], &ns);
+				continue;
+			}
+			t = sorted_set(vals[i], &nt);
+			if (eq && nt != ns) {
+				eq = false;
+			}
+			for (size_t k = 0; eq && k < nt; k++) {
+				eq = vcmp(s[k], t[k]) == 0;
+			}
+			free(t);
+		}
+		free(s);
+		*out = v_bool(eq);
+		return 0;
+	}
+	case AR_SETSUB: {
+		bool sub = true;
+
+		if (ntype(vals[0]) != BSON_TYPE_ARRAY) {
+			return efail(e, 17046, "both operands of $setIsSubset must be arrays. First argument is of type: %s",
+				     type_name(ntype(vals[0])));
+		}
+		if (ntype(vals[1]) != BSON_TYPE_ARRAY) {
+			return efail(e, 17042, "both operands of $setIsSubset must be arrays. Second argument is of type: %s",
+				     type_name(ntype(vals[1])));
+		}
+		s = sorted_set(vals[1], &ns);
+		for (size_t k = 0; sub && k < vals[0]->n; k++) {
+			sub = set_has(s, ns, vals[0]->kids[k]);
+		}
+		free(s);
+		*out = v_bool(sub);
+		return 0;
+	}
+	default:
+		return efail(e, C_INTERNAL, "unhandled set expression");
+	}
+}
+
+static int eval_one(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
+{
+	switch (x->sub) {
+	case AR_SLICE: return eval_slice(vals, x->n, out, e);
+	case AR_RANGE: return eval_range(vals, x->n, out, e);
+	case AR_INDEXOF: return eval_indexof(vals, x->n, out, e);
+	case AR_ZIP: return eval_zip(x, vals, out, e);
+	case AR_REVERSE:
+		if (is_nullish(vals[0])) {
+			*out = v_null();
+			return 0;
+		}
+		if (vals[0]->type != BSON_TYPE_ARRAY) {
+			return efail(e, 34435, "The argument to $reverseArray must be an array, but was of type: %s",
+				     type_name(vals[0]->type));
+		}
+		*out = docbuild_new_array(NULL);
+		for (size_t i = vals[0]->n; i > 0; i--) {
+			docbuild_push(*out, kid_copy(vals[0]->kids[i - 1]));
+		}
+		return 0;
+	case AR_FIRST:
+	case AR_LAST:
+		/* ExpressionFirst/Last: arrayElemAt(array, 0 / -1) */
+		if (is_nullish(vals[0])) {
+			*out = v_null();
+			return 0;
+		}
+		if (vals[0]->type != BSON_TYPE_ARRAY) {
+			return efail(e, 28689, "%s's first argument must be an array, but is %s",
+				     x->sub == AR_FIRST ? "$first" : "$last", type_name(vals[0]->type));
+		}
+		if (vals[0]->n > 0) {
+			*out = kid_copy(vals[0]->kids[x->sub == AR_FIRST ? 0 : vals[0]->n - 1]);
+		}
+		return 0;
+	case AR_ALLTRUE:
+	case AR_ANYTRUE: {
+		bool all = x->sub == AR_ALLTRUE;
+
+		if (ntype(vals[0]) != BSON_TYPE_ARRAY) {
+			return efail(e, all ? 17040 : 17041, "%s's argument must be an array, but is %s",
+				     all ? "$allElementsTrue" : "$anyElementTrue",
+				     type_name(ntype(vals[0])));
+		}
+		for (size_t i = 0; i < vals[0]->n; i++) {
+			if (truthy(vals[0]->kids[i]) != all) {
+				*out = v_bool(!all);
+				return 0;
+			}
+		}
+		*out = v_bool(all);
+		return 0;
+	}
+	default:
+		return eval_set(x, vals, out, e);
+	}
+}
+
+int agg_xarr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
+{
+	docbuild_node **vals = sdb_calloc(x->n + 1, sizeof *vals);
+	int rc = 0;
+
+	*out = NULL;
+	for (size_t i = 0; i < x->n && rc == 0; i++) {
+		if (x->args[i] != NULL) {
+			rc = agg_expr_eval(x->args[i], root, &vals[i], e);
+		}
+	}
+	if (rc == 0) {
+		rc = eval_one(x, vals, out, e);
+	}
+	for (size_t i = 0; i < x->n; i++) {
+		docbuild_free(vals[i]);
+	}
+	free(vals);
+	if (rc != 0) {
+		docbuild_free(*out);
+		*out = NULL;
+	}
+	return rc;
+}
