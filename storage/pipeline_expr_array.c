@@ -2,7 +2,8 @@
  * argument counts, type rules, codes and messages (mongo/db/pipeline/expression.cpp):
  * $slice, $reverseArray, $range, $indexOfArray, $zip, $first / $last (the array forms;
  * the $group accumulators of those names are pipeline_parse.c's), $allElementsTrue,
- * $anyElementTrue, $setUnion, $setIntersection, $setDifference, $setEquals, $setIsSubset.
+ * $anyElementTrue, $setUnion, $setIntersection, $setDifference, $setEquals, $setIsSubset,
+ * $sortArray (sortBy 1/-1 sorts whole values, a document sorts as $sort does).
  * Sets compare values as MongoDB's ValueComparator does (vcmp) and come out in that
  * order, as mongod's ordered ValueSet gives them. */
 #include "storage/pipeline.h"
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "storage/sortspec.h"
 
 enum {
 	AR_SLICE = 0,
@@ -29,6 +31,7 @@ enum {
 	AR_SETDIFF,
 	AR_SETEQ,
 	AR_SETSUB,
+	AR_SORTARRAY,
 };
 
 static const struct {
@@ -50,6 +53,7 @@ static const struct {
 	{"$setDifference", AR_SETDIFF, 2, 2},
 	{"$setEquals", AR_SETEQ, 0, -1},
 	{"$setIsSubset", AR_SETSUB, 2, 2},
+	{"$sortArray", AR_SORTARRAY, -1, -1},
 };
 
 /* The largest $range: MongoDB's internalQueryMaxRangeBytes (100 MiB), against its estimate
@@ -135,6 +139,83 @@ static int parse_zip(const bson_iter_t *arg, expr *x, const ectx *e)
 	return 0;
 }
 
+/* {$sortArray: {input, sortBy}}: args = input; sortBy a document: x->var = a copy of it
+ * (a $sort specification); a number: x->var NULL and x->root = descending. */
+static int parse_sortarray(const bson_iter_t *arg, expr *x, const ectx *e)
+{
+	bson_iter_t sub, by;
+	bool have_in = false, have_by = false;
+	int rc = 0;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(arg)) {
+		return efail(e, 2942500, "$sortArray requires an object as an argument, found: %s",
+			     type_name(bson_iter_type(arg)));
+	}
+	bson_iter_recurse(arg, &sub);
+	while (rc == 0 && bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+
+		if (strcmp(k, "input") == 0) {
+			expr *a = NULL;
+
+			if (have_in) {
+				agg_expr_free(x->args[0]);
+				x->n = 0;
+			}
+			rc = agg_expr_parse(&sub, &a, e);
+			agg_expr_push(x, a);
+			have_in = true;
+		} else if (strcmp(k, "sortBy") == 0) {
+			by = sub;
+			have_by = true;
+		} else {
+			rc = efail(e, 2942501, "$sortArray found an unknown argument: %s", k);
+		}
+	}
+	if (rc == 0 && !have_in) {
+		rc = efail(e, 2942502, "$sortArray requires 'input' to be specified");
+	}
+	if (rc == 0 && !have_by) {
+		rc = efail(e, 2942503, "$sortArray requires 'sortBy' to be specified");
+	}
+	if (rc != 0) {
+		return rc;
+	}
+	if (BSON_ITER_HOLDS_DOCUMENT(&by)) {
+		const uint8_t *data;
+		uint32_t len;
+		bson_t spec;
+		sdb_sortspec *ss = NULL;
+
+		bson_iter_document(&by, &len, &data);
+		if (!bson_init_static(&spec, data, len)) {
+			return efail(e, C_BAD_VALUE, "$sortArray: corrupt sortBy");
+		}
+		if (bson_count_keys(&spec) == 0) {
+			return efail(e, 15976, "$sortArray sort stage must have at least one sort key");
+		}
+		rc = sdb_sortspec_parse(&spec, &ss, e->code, e->err, e->errlen);
+		if (rc == 0 && sdb_sortspec_natural(ss) != 0) {
+			rc = efail(e, C_BAD_VALUE, "$natural is not allowed in $sortArray's sortBy");
+		}
+		sdb_sortspec_free(ss);
+		if (rc != 0) {
+			return SDB_EINVAL;
+		}
+		x->var = bson_copy(&spec);
+		return 0;
+	}
+	if (BSON_ITER_HOLDS_NUMBER(&by)) {
+		double d = bson_iter_as_double(&by);
+
+		if (d == 1 || d == -1) {
+			x->root = d < 0;
+			return 0;
+		}
+	}
+	return efail(e, 2942506, "The $sort element value must be either 1 or -1");
+}
+
 int agg_xarr_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx *e)
 {
 	for (size_t i = 0; i < sizeof arr_ops / sizeof arr_ops[0]; i++) {
@@ -147,6 +228,9 @@ int agg_xarr_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx
 		x->sub = arr_ops[i].sub;
 		if (x->sub == AR_ZIP) {
 			return parse_zip(arg, x, e);
+		}
+		if (x->sub == AR_SORTARRAY) {
+			return parse_sortarray(arg, x, e);
 		}
 		rc = agg_expr_parse_list(name, arg, x, arr_ops[i].min, arr_ops[i].max, e);
 		if (rc == 0 && x->sub == AR_SETEQ && x->n < 2) {
@@ -463,6 +547,69 @@ static int eval_zip(const expr *x, docbuild_node **vals, docbuild_node **out, co
 	return 0;
 }
 
+/* one element of a $sortArray: the node, its document (for a sortBy pattern; {} when the
+ * element is not a document, so that its fields sort as missing) and its position (the
+ * sort is stable, as std::stable_sort) */
+typedef struct {
+	const docbuild_node *n;
+	bson_t doc;
+	size_t idx;
+	const sdb_sortspec *ss;
+	int dir;
+} sort_item;
+
+static int cmp_sort_items(const void *pa, const void *pb)
+{
+	const sort_item *a = pa, *b = pb;
+	int c = a->ss != NULL ? sdb_sortspec_cmp(a->ss, &a->doc, &b->doc)
+			      : vcmp(a->n, b->n) * a->dir;
+
+	if (c != 0) {
+		return c;
+	}
+	return (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+static int eval_sortarray(const expr *x, docbuild_node **vals, docbuild_node **out,
+			  const ectx *e)
+{
+	sdb_sortspec *ss = NULL;
+	sort_item *items;
+	size_t n;
+
+	if (is_nullish(vals[0])) {
+		*out = v_null();
+		return 0;
+	}
+	if (vals[0]->type != BSON_TYPE_ARRAY) {
+		return efail(e, 2942504, "The input argument to $sortArray must be an array, but was of type: %s",
+			     type_name(vals[0]->type));
+	}
+	if (x->var != NULL && sdb_sortspec_parse(x->var, &ss, e->code, e->err, e->errlen) != 0) {
+		return SDB_EINVAL;
+	}
+	n = vals[0]->n;
+	items = sdb_calloc(n + 1, sizeof *items);
+	for (size_t i = 0; i < n; i++) {
+		items[i] = (sort_item){.n = vals[0]->kids[i], .idx = i, .ss = ss,
+				       .dir = x->root ? -1 : 1};
+		if (ss != NULL && items[i].n->type == BSON_TYPE_DOCUMENT) {
+			docbuild_to_bson(items[i].n, &items[i].doc);
+		} else {
+			bson_init(&items[i].doc);
+		}
+	}
+	qsort(items, n, sizeof *items, cmp_sort_items);
+	*out = docbuild_new_array(NULL);
+	for (size_t i = 0; i < n; i++) {
+		docbuild_push(*out, kid_copy(items[i].n));
+		bson_destroy(&items[i].doc);
+	}
+	free(items);
+	sdb_sortspec_free(ss);
+	return 0;
+}
+
 static int eval_set(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
 {
 	docbuild_node **s = NULL, **t = NULL;
@@ -619,6 +766,7 @@ static int eval_one(const expr *x, docbuild_node **vals, docbuild_node **out, co
 	case AR_RANGE: return eval_range(vals, x->n, out, e);
 	case AR_INDEXOF: return eval_indexof(vals, x->n, out, e);
 	case AR_ZIP: return eval_zip(x, vals, out, e);
+	case AR_SORTARRAY: return eval_sortarray(x, vals, out, e);
 	case AR_REVERSE:
 		if (is_nullish(vals[0])) {
 			*out = v_null();

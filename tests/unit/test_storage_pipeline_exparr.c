@@ -227,6 +227,42 @@ static void test_sets(void **state)
 	check_err(P("{'$setIsSubset': [[], '$z']}"), "[{}]", 17042, NULL);
 }
 
+/* $sortArray (manual examples) */
+static void test_sort_array(void **state)
+{
+	(void)state;
+	check("[{'$project': {'_id': 0, 'n': {'$sortArray': {'input': '$team', 'sortBy': {'name': 1}}},"
+	      " 'a': {'$sortArray': {'input': '$team', 'sortBy': {'address.city': -1}}},"
+	      " 'v': {'$sortArray': {'input': [20, 4, {'a': 'Free'}, 6, 21, 5, 'Gratis', {'a': null},"
+	      " {'a': {'sale': true, 'price': 19}}, " "{'$numberDecimal': '10.23'}, {'a': 'On sale'}],"
+	      " 'sortBy': 1}},"
+	      " 'd': {'$sortArray': {'input': [1, 3, 2], 'sortBy': -1}},"
+	      " 'z': {'$sortArray': {'input': '$nope', 'sortBy': 1}}}}]",
+	      "[{'team': [{'name': 'pat', 'age': 30, 'address': {'street': '12 Baker St', 'city': 'London'}},"
+	      " {'name': 'dallas', 'age': 36, 'address': {'street': '12 Cowper St', 'city': 'Palo Alto'}},"
+	      " {'name': 'charlie', 'age': 42, 'address': {'street': '12 French St', 'city': 'New Brunswick'}}]}]",
+	      "[{'n': [{'name': 'charlie', 'age': 42, 'address': {'street': '12 French St', 'city': 'New Brunswick'}},"
+	      " {'name': 'dallas', 'age': 36, 'address': {'street': '12 Cowper St', 'city': 'Palo Alto'}},"
+	      " {'name': 'pat', 'age': 30, 'address': {'street': '12 Baker St', 'city': 'London'}}],"
+	      " 'a': [{'name': 'dallas', 'age': 36, 'address': {'street': '12 Cowper St', 'city': 'Palo Alto'}},"
+	      " {'name': 'charlie', 'age': 42, 'address': {'street': '12 French St', 'city': 'New Brunswick'}},"
+	      " {'name': 'pat', 'age': 30, 'address': {'street': '12 Baker St', 'city': 'London'}}],"
+	      " 'v': [4, 5, 6, {'$numberDecimal': '10.23'}, 20, 21, 'Gratis', {'a': null}, {'a': 'Free'},"
+	      " {'a': 'On sale'}, {'a': {'sale': true, 'price': 19}}],"
+	      " 'd': [3, 2, 1], 'z': null}]");
+	/* non-documents sort as missing fields; equal keys keep their order */
+	check(P("{'$sortArray': {'input': [{'k': 2, 'i': 0}, 5, {'k': 1}, {'k': 2, 'i': 1}],"
+		" 'sortBy': {'k': 1}}}"), "[{}]",
+	      "[{'r': [5, {'k': 1}, {'k': 2, 'i': 0}, {'k': 2, 'i': 1}]}]");
+	check_err(P("{'$sortArray': 1}"), "[{}]", 2942500, NULL);
+	check_err(P("{'$sortArray': {'input': [], 'sortBy': 1, 'x': 1}}"), "[{}]", 2942501, NULL);
+	check_err(P("{'$sortArray': {'sortBy': 1}}"), "[{}]", 2942502, NULL);
+	check_err(P("{'$sortArray': {'input': []}}"), "[{}]", 2942503, NULL);
+	check_err(P("{'$sortArray': {'input': 1, 'sortBy': 1}}"), "[{}]", 2942504, NULL);
+	check_err(P("{'$sortArray': {'input': [], 'sortBy': 2}}"), "[{}]", 2942506, NULL);
+	check_err(P("{'$sortArray': {'input': [], 'sortBy': {'a': 2}}}"), "[{}]", 15975, NULL);
+}
+
 /* the object operators */
 static void test_objects(void **state)
 {
@@ -302,11 +338,11 @@ static void test_fuzz(void **state)
 					  "$setEquals", "$setIsSubset", "$mergeObjects",
 					  "$objectToArray", "$arrayToObject", "$getField",
 					  "$setField", "$unsetField", "$zip", "$let", "$map",
-					  "$filter", "$reduce"};
+					  "$filter", "$reduce", "$sortArray"};
 	static const char *const args[] = {"null", "1", "'a'", "[]", "{}", "[null]", "[1, 2]",
 					   "['$a', '$b', '$c']", "[[1], [2], 3]", "{'input': null}",
 					   "{'input': [1], 'in': '$$this', 'cond': 1, 'initialValue': 0}",
-					   "[[['k', 1]], 1, 2]", "'$$REMOVE'", "[{'k': 'a', 'v': 1}]"};
+					   "[[['k', 1]], 1, 2]", "'$$REMOVE'", "{'input': [3, {}, 1], 'sortBy': -1}", "[{'k': 'a', 'v': 1}]"};
 	(void)state;
 	for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
 		for (size_t j = 0; j < sizeof args / sizeof args[0]; j++) {
@@ -332,6 +368,7 @@ int main(void)
 		cmocka_unit_test(test_variables),
 		cmocka_unit_test(test_arrays),
 		cmocka_unit_test(test_sets),
+		cmocka_unit_test(test_sort_array),
 		cmocka_unit_test(test_objects),
 		cmocka_unit_test(test_fuzz),
 	};
