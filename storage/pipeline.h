@@ -41,7 +41,8 @@
  * Variables ($let $map $filter $reduce: $$name[.path], $$this, $$value: pipeline_expr_var.c),
  * arrays and sets ($slice $reverseArray $range $indexOfArray $zip $first $last
  * $allElementsTrue $anyElementTrue $setUnion $setIntersection $setDifference $setEquals
- * $setIsSubset $sortArray: pipeline_expr_array.c) and objects ($mergeObjects $objectToArray
+ * $setIsSubset $sortArray, the array forms of $maxN $minN $firstN $lastN:
+ * pipeline_expr_array.c) and objects ($mergeObjects $objectToArray
  * $arrayToObject $getField $setField $unsetField: pipeline_expr_obj.c), MongoDB 6.0's.
  * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count ($sum/$avg:
  * MongoDB's compensated double-double sum, a Decimal128 when a decimal was added). Groups are

@@ -3,7 +3,8 @@
  * $slice, $reverseArray, $range, $indexOfArray, $zip, $first / $last (the array forms;
  * the $group accumulators of those names are pipeline_parse.c's), $allElementsTrue,
  * $anyElementTrue, $setUnion, $setIntersection, $setDifference, $setEquals, $setIsSubset,
- * $sortArray (sortBy 1/-1 sorts whole values, a document sorts as $sort does).
+ * $sortArray (sortBy 1/-1 sorts whole values, a document sorts as $sort does), and the array
+ * forms of $maxN, $minN, $firstN, $lastN (accumulator_multi.cpp).
  * Sets compare values as MongoDB's ValueComparator does (vcmp) and come out in that
  * order, as mongod's ordered ValueSet gives them. */
 #include "storage/pipeline.h"
@@ -32,6 +33,10 @@ enum {
 	AR_SETEQ,
 	AR_SETSUB,
 	AR_SORTARRAY,
+	AR_MAXN,
+	AR_MINN,
+	AR_FIRSTN,
+	AR_LASTN,
 };
 
 static const struct {
@@ -54,6 +59,10 @@ static const struct {
 	{"$setEquals", AR_SETEQ, 0, -1},
 	{"$setIsSubset", AR_SETSUB, 2, 2},
 	{"$sortArray", AR_SORTARRAY, -1, -1},
+	{"$maxN", AR_MAXN, -1, -1},
+	{"$minN", AR_MINN, -1, -1},
+	{"$firstN", AR_FIRSTN, -1, -1},
+	{"$lastN", AR_LASTN, -1, -1},
 };
 
 /* The largest $range: MongoDB's internalQueryMaxRangeBytes (100 MiB), against its estimate
@@ -216,6 +225,49 @@ static int parse_sortarray(const bson_iter_t *arg, expr *x, const ectx *e)
 	return efail(e, 2942506, "The $sort element value must be either 1 or -1");
 }
 
+/* {$maxN|$minN|$firstN|$lastN: {n, input}} (the array forms, MongoDB 6.0's
+ * accumulator_multi.cpp AccumulatorN::parseArgs): args = n, input. */
+static int parse_n(const bson_iter_t *arg, expr *x, const ectx *e)
+{
+	bson_iter_t sub;
+	expr *n = NULL, *in = NULL;
+	int rc = 0;
+
+	if (!BSON_ITER_HOLDS_DOCUMENT(arg)) {
+		char *s;
+		docbuild_node *v = docbuild_from_iter(arg, false);
+
+		s = agg_node_str(v);
+		docbuild_free(v);
+		rc = efail(e, x->sub == AR_MAXN || x->sub == AR_MINN ? 5787900 : 5787801,
+			   "specification must be an object; found %s: %s", bson_iter_key(arg), s);
+		free(s);
+		return rc;
+	}
+	bson_iter_recurse(arg, &sub);
+	while (rc == 0 && bson_iter_next(&sub)) {
+		const char *k = bson_iter_key(&sub);
+		expr **slot = strcmp(k, "n") == 0 ? &n : strcmp(k, "input") == 0 ? &in : NULL;
+
+		if (slot == NULL) {
+			rc = efail(e, 5787901, "Unknown argument for 'n' operator: %s", k);
+			break;
+		}
+		agg_expr_free(*slot);
+		*slot = NULL;
+		rc = agg_expr_parse(&sub, slot, e);
+	}
+	if (rc == 0 && n == NULL) {
+		rc = efail(e, 5787906, "Missing value for 'n'");
+	}
+	if (rc == 0 && in == NULL) {
+		rc = efail(e, 5787907, "Missing value for 'input'");
+	}
+	agg_expr_push(x, n);
+	agg_expr_push(x, in);
+	return rc;
+}
+
 int agg_xarr_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx *e)
 {
 	for (size_t i = 0; i < sizeof arr_ops / sizeof arr_ops[0]; i++) {
@@ -231,6 +283,9 @@ int agg_xarr_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx
 		}
 		if (x->sub == AR_SORTARRAY) {
 			return parse_sortarray(arg, x, e);
+		}
+		if (x->sub >= AR_MAXN) {
+			return parse_n(arg, x, e);
 		}
 		rc = agg_expr_parse_list(name, arg, x, arr_ops[i].min, arr_ops[i].max, e);
 		if (rc == 0 && x->sub == AR_SETEQ && x->n < 2) {
@@ -610,6 +665,91 @@ static int eval_sortarray(const expr *x, docbuild_node **vals, docbuild_node **o
 	return 0;
 }
 
+/* $maxN / $minN (nullish elements ignored; descending / ascending), $firstN / $lastN: n
+ * checked as AccumulatorN::validateN (5787902 not a number, 5787903 not integral, 5787908
+ * not positive), the input an array (5788200). */
+static int eval_n(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
+{
+	const docbuild_node *nv = vals[0], *in = vals[1];
+	docbuild_node **items;
+	size_t k = 0, count, from = 0;
+	double d;
+	int64_t n;
+
+	if (!is_number(nv)) {
+		char *s = agg_node_str(nv);
+		int rc = efail(e, 5787902, "Value for 'n' must be of integral type, but found %s", s);
+
+		free(s);
+		return rc;
+	}
+	d = num_double(nv);
+	n = nv->type == BSON_TYPE_INT64 ? nv->value.value.v_int64
+	    : d >= 9.3e18 ? INT64_MAX
+	    : d <= -9.3e18 ? INT64_MIN
+	    : (int64_t)d;
+	if (d != d || (nv->type != BSON_TYPE_INT64 && (double)n != d)) {
+		char *s = agg_node_str(nv);
+		int rc = efail(e, 5787903, "Value for 'n' must be of integral type, but found %s", s);
+
+		free(s);
+		return rc;
+	}
+	if (n <= 0) {
+		return efail(e, 5787908, "'n' must be greater than 0, found %lld", (long long)n);
+	}
+	if (ntype(in) != BSON_TYPE_ARRAY) {
+		return efail(e, 5788200, "Input must be an array");
+	}
+	items = sdb_calloc(in->n + 1, sizeof *items);
+	for (size_t i = 0; i < in->n; i++) {
+		if ((x->sub == AR_MAXN || x->sub == AR_MINN) && is_nullish(in->kids[i])) {
+			continue;
+		}
+		items[k++] = in->kids[i];
+	}
+	if (x->sub == AR_MAXN || x->sub == AR_MINN) {
+		/* MongoDB's ordered multiset: equal values are kept in input order and a value
+		 * equal to the worst kept one does not replace it; $maxN reads it backwards */
+		sort_item *si = sdb_calloc(k + 1, sizeof *si);
+		int dir = x->sub == AR_MAXN ? -1 : 1;
+
+		for (size_t i = 0; i < k; i++) {
+			si[i] = (sort_item){.n = items[i], .idx = i, .dir = dir};
+		}
+		qsort(si, k, sizeof *si, cmp_sort_items);
+		for (size_t i = 0; i < k; i++) {
+			items[i] = (docbuild_node *)si[i].n;
+		}
+		free(si);
+		count = (uint64_t)n < k ? (size_t)n : k;
+		for (size_t i = 0; x->sub == AR_MAXN && i < count;) {
+			size_t j = i + 1;
+
+			while (j < count && vcmp(items[i], items[j]) == 0) {
+				j++;
+			}
+			for (size_t a = i, b = j - 1; a < b; a++, b--) {
+				docbuild_node *t = items[a];
+
+				items[a] = items[b];
+				items[b] = t;
+			}
+			i = j;
+		}
+	}
+	count = (uint64_t)n < k ? (size_t)n : k;
+	if (x->sub == AR_LASTN) {
+		from = k - count;
+	}
+	*out = docbuild_new_array(NULL);
+	for (size_t i = from; i < from + count; i++) {
+		docbuild_push(*out, kid_copy(items[i]));
+	}
+	free(items);
+	return 0;
+}
+
 static int eval_set(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
 {
 	docbuild_node **s = NULL, **t = NULL;
@@ -767,6 +907,10 @@ static int eval_one(const expr *x, docbuild_node **vals, docbuild_node **out, co
 	case AR_INDEXOF: return eval_indexof(vals, x->n, out, e);
 	case AR_ZIP: return eval_zip(x, vals, out, e);
 	case AR_SORTARRAY: return eval_sortarray(x, vals, out, e);
+	case AR_MAXN:
+	case AR_MINN:
+	case AR_FIRSTN:
+	case AR_LASTN: return eval_n(x, vals, out, e);
 	case AR_REVERSE:
 		if (is_nullish(vals[0])) {
 			*out = v_null();

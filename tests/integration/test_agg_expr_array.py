@@ -33,6 +33,8 @@ def _project(coll):
                                                "in": ["$$this.k", {"$toString": "$$this.v"}]}}},
             "g": {"$getField": {"field": "k", "input": "$d"}},
             "mo": {"$mergeObjects": ["$d", {"w": "y"}]},
+            "mx": {"$maxN": {"n": 2, "input": "$q"}},
+            "sa": {"$sortArray": {"input": "$tags", "sortBy": -1}},
         }}]))
 
 
@@ -43,7 +45,8 @@ def _want(i):
             "r": 3 * i + 3, "l": [0, 1, 2], "s": [i + 1, i + 2],
             "z": [[i, tags[0]], [i + 1, tags[1]]], "fl": [i, i + 2],
             "u": sorted(set(tags) | {"z"}), "i": sorted(set(tags) & {"a", "c"}),
-            "o": {"k": str(i), "w": "x"}, "g": i, "mo": {"k": i, "w": "y"}}
+            "o": {"k": str(i), "w": "x"}, "g": i, "mo": {"k": i, "w": "y"},
+            "mx": [i + 2, i + 1], "sa": sorted(tags, reverse=True)}
 
 
 def _errors(db, coll):
@@ -55,7 +58,8 @@ def _errors(db, coll):
         ("$$this", 17276),
         ({"$setField": {"field": "$a", "input": {}, "value": 1}}, 4161108),
         ({"$mergeObjects": [1]}, 40400),
-        ({"$maxN": {"n": 2, "input": [1, 2, 3]}}, 168),  # not built: refused clearly
+        ({"$maxN": {"n": 0, "input": [1, 2, 3]}}, 5787908),
+        ({"$bsonSize": "$$ROOT"}, 168),  # not built: refused clearly
     ]
     for expr, code in cases:
         with pytest.raises(OperationFailure) as ei:

@@ -263,6 +263,36 @@ static void test_sort_array(void **state)
 	check_err(P("{'$sortArray': {'input': [], 'sortBy': {'a': 2}}}"), "[{}]", 15975, NULL);
 }
 
+/* $maxN / $minN / $firstN / $lastN, array forms (manual examples) */
+static void test_n_operators(void **state)
+{
+	(void)state;
+	check("[{'$project': {'_id': 0, 'max': {'$maxN': {'n': 2, 'input': '$score'}},"
+	      " 'min': {'$minN': {'n': 2, 'input': '$score'}},"
+	      " 'first': {'$firstN': {'n': 3, 'input': '$score'}},"
+	      " 'last': {'$lastN': {'n': 2, 'input': '$score'}}}}]",
+	      "[{'score': [1, 2, 3, 4, 5]}, {'score': [12, 90, 7, 89, 8]}, {'score': [null]},"
+	      " {'score': []}, {'score': [20, 10, null, 400]}]",
+	      "[{'max': [5, 4], 'min': [1, 2], 'first': [1, 2, 3], 'last': [4, 5]},"
+	      " {'max': [90, 89], 'min': [7, 8], 'first': [12, 90, 7], 'last': [89, 8]},"
+	      " {'max': [], 'min': [], 'first': [null], 'last': [null]},"
+	      " {'max': [], 'min': [], 'first': [], 'last': []},"
+	      " {'max': [400, 20], 'min': [10, 20], 'first': [20, 10, null], 'last': [null, 400]}]");
+	/* equal values: the first kept, in input order (MongoDB's ordered multiset) */
+	check(P("[{'$minN': {'n': 1, 'input': [1, 1.0]}}, {'$maxN': {'n': 3, 'input': [1, 2.0, 2]}}]"),
+	      "[{}]", "[{'r': [[1], [2, 2.0, 1]]}]");
+	check(P("{'$firstN': {'n': 2.0, 'input': [1, 2, 3]}}"), "[{}]", "[{'r': [1, 2]}]");
+	check_err(P("{'$maxN': 5}"), "[{}]", 5787900, "specification must be an object");
+	check_err(P("{'$firstN': [1]}"), "[{}]", 5787801, NULL);
+	check_err(P("{'$lastN': {'n': 1, 'input': [], 'x': 1}}"), "[{}]", 5787901, NULL);
+	check_err(P("{'$minN': {'input': []}}"), "[{}]", 5787906, NULL);
+	check_err(P("{'$minN': {'n': 1}}"), "[{}]", 5787907, NULL);
+	check_err(P("{'$minN': {'n': 'a', 'input': []}}"), "[{}]", 5787902, NULL);
+	check_err(P("{'$minN': {'n': 1.5, 'input': []}}"), "[{}]", 5787903, NULL);
+	check_err(P("{'$minN': {'n': 0, 'input': []}}"), "[{}]", 5787908, "found 0");
+	check_err(P("{'$lastN': {'n': 1, 'input': null}}"), "[{}]", 5788200, "Input must be an array");
+}
+
 /* the object operators */
 static void test_objects(void **state)
 {
@@ -338,11 +368,12 @@ static void test_fuzz(void **state)
 					  "$setEquals", "$setIsSubset", "$mergeObjects",
 					  "$objectToArray", "$arrayToObject", "$getField",
 					  "$setField", "$unsetField", "$zip", "$let", "$map",
-					  "$filter", "$reduce", "$sortArray"};
+					  "$filter", "$reduce", "$sortArray", "$maxN", "$firstN"};
 	static const char *const args[] = {"null", "1", "'a'", "[]", "{}", "[null]", "[1, 2]",
 					   "['$a', '$b', '$c']", "[[1], [2], 3]", "{'input': null}",
 					   "{'input': [1], 'in': '$$this', 'cond': 1, 'initialValue': 0}",
-					   "[[['k', 1]], 1, 2]", "'$$REMOVE'", "{'input': [3, {}, 1], 'sortBy': -1}", "[{'k': 'a', 'v': 1}]"};
+					   "[[['k', 1]], 1, 2]", "'$$REMOVE'", "{'input': [3, {}, 1], 'sortBy': -1}", "{'n': 1e300, 'input': [1]}",
+					   "{'n': {'$numberDecimal': 'NaN'}, 'input': [1]}", "[{'k': 'a', 'v': 1}]"};
 	(void)state;
 	for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
 		for (size_t j = 0; j < sizeof args / sizeof args[0]; j++) {
@@ -369,6 +400,7 @@ int main(void)
 		cmocka_unit_test(test_arrays),
 		cmocka_unit_test(test_sets),
 		cmocka_unit_test(test_sort_array),
+		cmocka_unit_test(test_n_operators),
 		cmocka_unit_test(test_objects),
 		cmocka_unit_test(test_fuzz),
 	};
