@@ -1175,6 +1175,9 @@ int sdb_pipeline_eval_expr_vars(const bson_iter_t *it, const bson_t *vars, const
 /* Does x read the document (a field path, $$ROOT, $$CURRENT)? */
 static bool expr_reads_doc(const expr *x)
 {
+	if (x == NULL) { /* $zip's separator between inputs and defaults */
+		return false;
+	}
 	if (x->kind == X_PATH) {
 		return true;
 	}

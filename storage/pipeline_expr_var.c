@@ -414,16 +414,32 @@ int agg_xvar_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx
 
 /* ---- evaluation ---- */
 
+/* 146 when *used (plus v's size, v NULL = missing) exceeds AGG_EXPR_MAX_BYTES. */
+static int mem_add(const char *op, long long *used, const docbuild_node *v, const ectx *e)
+{
+	*used += v != NULL ? (long long)node_size(v) : 0;
+	if (*used >= AGG_EXPR_MAX_BYTES) {
+		return efail(e, 146, "%s would use too much memory (%lld bytes) and cannot spill to "
+				     "disk. Memory limit: %lld bytes",
+			     op, *used, (long long)AGG_EXPR_MAX_BYTES);
+	}
+	return 0;
+}
+
 static int eval_let(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
 {
 	size_t nvars = x->n - 1;
 	docbuild_node **vals = sdb_calloc(nvars + 1, sizeof *vals);
 	agg_var *frames = sdb_calloc(nvars + 1, sizeof *frames);
 	ectx sub = *e;
+	long long used = 0;
 	int rc = 0;
 
 	for (size_t i = 0; i < nvars && rc == 0; i++) {
 		rc = agg_expr_eval(x->args[i], root, &vals[i], e);
+		if (rc == 0) {
+			rc = mem_add("$let", &used, vals[i], e);
+		}
 	}
 	for (size_t i = 0; i < nvars && rc == 0; i++) {
 		frames[i] = (agg_var){.up = sub.lvars, .name = x->keys[i],
@@ -478,6 +494,7 @@ static int eval_map_filter(const expr *x, const bson_t *root, docbuild_node **ou
 	agg_var frame = {.up = e->lvars, .name = x->path, .len = strlen(x->path)};
 	ectx sub = *e;
 	int64_t limit = -1;
+	long long used = 0;
 	int rc = agg_expr_eval(x->args[0], root, &in, e);
 
 	if (rc != 0) {
@@ -514,6 +531,7 @@ static int eval_map_filter(const expr *x, const bson_t *root, docbuild_node **ou
 			break;
 		}
 		if (!filter) {
+			rc = mem_add("$map", &used, v, e);
 			docbuild_push(res, v != NULL ? v : v_null());
 			continue;
 		}
@@ -568,6 +586,11 @@ static int eval_reduce(const expr *x, const bson_t *root, docbuild_node **out, c
 		rc = agg_expr_eval(x->args[2], root, &next, &sub);
 		docbuild_free(acc);
 		acc = next;
+		if (rc == 0) {
+			long long used = 0;
+
+			rc = mem_add("$reduce", &used, acc, e);
+		}
 	}
 	docbuild_free(in);
 	if (rc != 0) {

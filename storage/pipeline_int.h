@@ -380,6 +380,10 @@ int agg_lvar_eval(const expr *x, docbuild_node **out, const ectx *e);
 /* The value at the dotted path below node v (NULL = missing), with aggregation's array
  * rules (an array maps the rest of the path over its documents): a new node or NULL. */
 docbuild_node *agg_node_path(const docbuild_node *v, const char *path);
+/* The most bytes (node_size) the values $map, $filter, $reduce and $let build may hold:
+ * MongoDB's internalQueryMaxRangeBytes (100 MiB), so that nested loops cannot exhaust the
+ * memory; past it an evaluation is 146 ExceededMemoryLimit. */
+#define AGG_EXPR_MAX_BYTES (100LL * 1024 * 1024)
 /* v (NULL = missing) as text for an error message, as MongoDB's Value::toString: relaxed
  * extended JSON (a new string the caller frees). */
 char *agg_node_str(const docbuild_node *v);

@@ -393,6 +393,38 @@ static void test_fuzz(void **state)
 	}
 }
 
+/* loops cannot build unbounded values: 146 past 100 MiB; a command `let` may use them */
+static void test_bounds(void **state)
+{
+	bson_t *let = J("{'let': {'z': {'$zip': {'inputs': [[1], [2, 3]], 'useLongestLength': true,"
+			" 'defaults': [0, 0]}}, 'm': {'$map': {'input': [1, 2], 'in': {'$add': ['$$this', 1]}}}}}");
+	bson_t *want = J("{'z': [[1, 2], [0, 3]], 'm': [2, 3]}");
+	bson_t out;
+	bson_iter_t it;
+	int code = 0;
+	char err[256] = "";
+
+	(void)state;
+	check_err(P("{'$map': {'input': {'$range': [0, 3000]}, 'in': {'$range': [0, 100000]}}}"),
+		  "[{}]", 146, "$map would use too much memory");
+	check_err(P("{'$reduce': {'input': {'$range': [0, 40]}, 'initialValue': [1],"
+		    " 'in': {'$concatArrays': ['$$value', '$$value']}}}"),
+		  "[{}]", 146, "$reduce would use too much memory");
+	assert_true(bson_iter_init_find(&it, let, "let"));
+	assert_int_equal(sdb_let_parse(&it, NULL, "let", &out, &code, err, sizeof err), 0);
+	assert_true(bson_equal(&out, want));
+	bson_destroy(&out);
+	bson_destroy(let);
+	bson_destroy(want);
+	/* a command let that reads the document through $getField's $$CURRENT is refused */
+	let = J("{'let': {'g': {'$getField': 'a'}}}");
+	assert_true(bson_iter_init_find(&it, let, "let"));
+	assert_int_not_equal(sdb_let_parse(&it, NULL, "let", &out, &code, err, sizeof err), 0);
+	assert_int_equal(code, 4890500);
+	bson_destroy(&out);
+	bson_destroy(let);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -402,6 +434,7 @@ int main(void)
 		cmocka_unit_test(test_sort_array),
 		cmocka_unit_test(test_n_operators),
 		cmocka_unit_test(test_objects),
+		cmocka_unit_test(test_bounds),
 		cmocka_unit_test(test_fuzz),
 	};
 
