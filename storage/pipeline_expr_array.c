@@ -833,20 +833,33 @@ static int eval_set(const expr *x, docbuild_node **vals, docbuild_node **out, co
 					     i == 0 ? "First" : "Second", type_name(vals[i]->type));
 			}
 		}
-		s = sorted_set(vals[1], &ns);
-		*out = docbuild_new_array(NULL);
-		for (size_t k = 0; k < vals[0]->n; k++) {
-			const docbuild_node *v = vals[0]->kids[k];
-			bool dup = false;
+		/* the first of each distinct value of the first array that the second lacks, in
+		 * the first array's order */
+		{
+			size_t n0 = vals[0]->n;
+			sort_item *si = sdb_calloc(n0 + 1, sizeof *si);
+			bool *keep = sdb_calloc(n0 + 1, sizeof *keep);
 
-			for (size_t j = 0; j < (*out)->n && !dup; j++) {
-				dup = vcmp((*out)->kids[j], v) == 0;
+			s = sorted_set(vals[1], &ns);
+			for (size_t k = 0; k < n0; k++) {
+				si[k] = (sort_item){.n = vals[0]->kids[k], .idx = k, .dir = 1};
 			}
-			if (!dup && !set_has(s, ns, v)) {
-				docbuild_push(*out, kid_copy(v));
+			qsort(si, n0, sizeof *si, cmp_sort_items);
+			for (size_t k = 0; k < n0; k++) {
+				if ((k == 0 || vcmp(si[k - 1].n, si[k].n) != 0) && !set_has(s, ns, si[k].n)) {
+					keep[si[k].idx] = true;
+				}
 			}
+			*out = docbuild_new_array(NULL);
+			for (size_t k = 0; k < n0; k++) {
+				if (keep[k]) {
+					docbuild_push(*out, kid_copy(vals[0]->kids[k]));
+				}
+			}
+			free(keep);
+			free(si);
+			free(s);
 		}
-		free(s);
 		return 0;
 	}
 	case AR_SETEQ: {
