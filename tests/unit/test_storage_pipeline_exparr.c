@@ -416,6 +416,17 @@ static void test_bounds(void **state)
 	bson_destroy(&out);
 	bson_destroy(let);
 	bson_destroy(want);
+	/* an error in the middle of a loop frees what the loop built (ASan checks) */
+	check_err(P("{'$map': {'input': [1, 0], 'in': {'$divide': [1, '$$this']}}}"), "[{}]", 16608, NULL);
+	check_err(P("{'$filter': {'input': [1, 0], 'cond': {'$divide': [1, '$$this']}}}"), "[{}]", 16608, NULL);
+	check_err(P("{'$reduce': {'input': [1, 0], 'initialValue': [], 'in': {'$divide': [1, '$$this']}}}"),
+		  "[{}]", 16608, NULL);
+	check_err(P("{'$let': {'vars': {'a': [1], 'b': {'$divide': [1, 0]}}, 'in': 1}}"), "[{}]", 16608, NULL);
+	check_err(P("{'$let': {'vars': {'a': [1]}, 'in': {'$divide': [1, 0]}}}"), "[{}]", 16608, NULL);
+	check_err(P("{'$zip': {'inputs': [[1], {'$divide': [1, 0]}]}}"), "[{}]", 16608, NULL);
+	check_err(P("{'$setField': {'field': 'a', 'input': {}, 'value': {'$divide': [1, 0]}}}"), "[{}]",
+		  16608, NULL);
+	check_err(P("{'$sortArray': {'input': {'$divide': [1, 0]}, 'sortBy': 1}}"), "[{}]", 16608, NULL);
 	/* a command let that reads the document through $getField's $$CURRENT is refused */
 	let = J("{'let': {'g': {'$getField': 'a'}}}");
 	assert_true(bson_iter_init_find(&it, let, "let"));
