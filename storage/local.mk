@@ -5,7 +5,8 @@ noinst_HEADERS += storage/decimal.h storage/update.h storage/update_int.h storag
 libstripedb_a_SOURCES += storage/decimal.c storage/update.c storage/update_apply.c storage/update_pipeline.c storage/docbuild.c storage/pipeline.c storage/pipeline_expr.c storage/pipeline_arith.c \
 	storage/pipeline_parse.c storage/pipeline_bucket.c storage/pipeline_bucketauto.c \
 	storage/pipeline_facet.c storage/pipeline_lookup.c storage/pipeline_graph.c \
-	storage/pipeline_sample.c storage/pipeline_redact.c
+	storage/pipeline_sample.c storage/pipeline_redact.c \
+	storage/pipeline_expr_var.c storage/pipeline_expr_array.c storage/pipeline_expr_obj.c
 
 check_PROGRAMS += tests/unit/test_storage_update
 tests_unit_test_storage_update_SOURCES = tests/unit/test_storage_update.c
@@ -22,6 +23,11 @@ tests_unit_test_storage_pipeline_lookup_SOURCES = tests/unit/test_storage_pipeli
 tests_unit_test_storage_pipeline_lookup_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_pipeline_lookup_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_pipeline_lookup
+check_PROGRAMS += tests/unit/test_storage_pipeline_exparr
+tests_unit_test_storage_pipeline_exparr_SOURCES = tests/unit/test_storage_pipeline_exparr.c tests/unit/pipeline_check.h
+tests_unit_test_storage_pipeline_exparr_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_pipeline_exparr_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_pipeline_exparr
 check_PROGRAMS += tests/unit/test_storage_decimal
 tests_unit_test_storage_decimal_SOURCES = tests/unit/test_storage_decimal.c
 tests_unit_test_storage_decimal_CFLAGS = $(UNIT_CFLAGS)

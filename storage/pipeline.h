@@ -38,6 +38,12 @@
  * $substrBytes/$substr $toString $switch. Decimal128 operands give Decimal128 results as
  * in MongoDB 6.0 ($add $subtract $multiply $divide $mod $abs $floor $ceil, $sum and $avg in
  * both forms; doubles mixed in converted as mongod does: storage/decimal.h).
+ * Variables ($let $map $filter $reduce: $$name[.path], $$this, $$value: pipeline_expr_var.c),
+ * arrays and sets ($slice $reverseArray $range $indexOfArray $zip $first $last
+ * $allElementsTrue $anyElementTrue $setUnion $setIntersection $setDifference $setEquals
+ * $setIsSubset $sortArray, the array forms of $maxN $minN $firstN $lastN:
+ * pipeline_expr_array.c) and objects ($mergeObjects $objectToArray
+ * $arrayToObject $getField $setField $unsetField: pipeline_expr_obj.c), MongoDB 6.0's.
  * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count ($sum/$avg:
  * MongoDB's compensated double-double sum, a Decimal128 when a decimal was added). Groups are
  * keyed by the order-preserving encoding of _id (storage/keyenc.h), so 1, 1.0 and

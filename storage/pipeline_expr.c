@@ -157,6 +157,12 @@ static int parse_string(const char *s, expr **out, const ectx *e)
 		bson_iter_t vit;
 		char name[256];
 
+		rc = agg_lvar_parse(var, len, x, e);
+		if (rc != 1) {
+			return rc;
+		}
+		rc = 0;
+
 		if (e->vars != NULL && len < sizeof name) {
 			memcpy(name, var, len);
 			name[len] = '\0';
@@ -282,6 +288,13 @@ static int parse_op(const char *name, const bson_iter_t *arg, expr **out, const 
 			     "so expressions must be deterministic");
 	}
 	if (idx < 0) {
+		/* the operators of pipeline_expr_var.c, _array.c and _obj.c */
+		rc = agg_xvar_parse(name, arg, x, e);
+		rc = rc == 1 ? agg_xarr_parse(name, arg, x, e) : rc;
+		rc = rc == 1 ? agg_xobj_parse(name, arg, x, e) : rc;
+		if (rc != 1) {
+			return rc;
+		}
 		return efail(e, C_INVALID_OP, "Unrecognized expression '%s'", name);
 	}
 	x->op = ops[idx].op;
@@ -584,6 +597,12 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 	*out = NULL;
 	/* short-circuit and lazy operators first */
 	switch (x->op) {
+	case OP_XVAR:
+		return agg_xvar_eval(x, root, out, e);
+	case OP_XARR:
+		return agg_xarr_eval(x, root, out, e);
+	case OP_XOBJ:
+		return agg_xobj_eval(x, root, out, e);
 	case OP_LITERAL:
 		*out = docbuild_clone(x->args[0]->lit);
 		return 0;
@@ -1068,6 +1087,8 @@ int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const 
 		}
 		return 0;
 	}
+	case X_LVAR:
+		return agg_lvar_eval(x, out, e);
 	case X_VAR:
 		*out = path_eval(x->var, x->path);
 		if (*out != NULL) {
@@ -1154,6 +1175,9 @@ int sdb_pipeline_eval_expr_vars(const bson_iter_t *it, const bson_t *vars, const
 /* Does x read the document (a field path, $$ROOT, $$CURRENT)? */
 static bool expr_reads_doc(const expr *x)
 {
+	if (x == NULL) { /* $zip's separator between inputs and defaults */
+		return false;
+	}
 	if (x->kind == X_PATH) {
 		return true;
 	}

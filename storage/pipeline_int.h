@@ -50,7 +50,20 @@ typedef struct {
 	 * evaluated against (CURRENT): $redact's subdocuments (pipeline_redact.c); NULL = the
 	 * same document */
 	const bson_t *root;
+	/* the variables bound by $let/$map/$filter/$reduce around the expression: while
+	 * parsing their names (val NULL), while evaluating their values; innermost first,
+	 * NULL = none (pipeline_expr_var.c) */
+	const struct agg_var *lvars;
 } ectx;
+
+/* One variable bound by an expression ($let, $map/$filter's `as`, $reduce's this/value):
+ * a link of a chain living on the C stack of the parse or evaluation that binds it. */
+typedef struct agg_var {
+	const struct agg_var *up;
+	const char *name;
+	size_t len;
+	const docbuild_node *val; /* while evaluating: the value (NULL = missing) */
+} agg_var;
 
 static inline int efail(const ectx *e, int c, const char *fmt, ...)
 {
@@ -264,6 +277,7 @@ typedef enum {
 	X_OP,
 	X_REMOVE, /* $$REMOVE: missing */
 	X_VAR,    /* $$name / $$name.a.b of a user variable: path into var */
+	X_LVAR,   /* $$name[.a.b] of a variable an expression binds (ectx.lvars): path */
 } xkind;
 
 typedef enum {
@@ -305,6 +319,9 @@ typedef enum {
 	OP_SUBSTRBYTES,
 	OP_TOSTRING,
 	OP_SWITCH, /* args: case0, then0, case1, then1, ... [, default when n is odd] */
+	OP_XVAR,   /* $let/$map/$filter/$reduce (pipeline_expr_var.c): sub */
+	OP_XARR,   /* array and set operators (pipeline_expr_array.c): sub */
+	OP_XOBJ,   /* object operators (pipeline_expr_obj.c): sub */
 } xop;
 
 typedef struct expr expr;
@@ -318,6 +335,7 @@ struct expr {
 	char **keys;        /* X_OBJ */
 	size_t n;
 	bool root;          /* X_PATH: $$ROOT[.path] (reads ectx.root when set), not CURRENT */
+	int sub;            /* OP_XVAR/OP_XARR/OP_XOBJ: the operator in its file's table */
 };
 
 /* Compile the aggregation expression at it (a literal, "$path", "$$VAR", {op: args} or an
@@ -331,6 +349,44 @@ int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const 
 
 /* Free x (NULL is fine). */
 void agg_expr_free(expr *x);
+
+/* ---- the operators of pipeline_expr_var.c, _array.c and _obj.c ------------------------
+ * agg_x*_parse: when name is one of the file's operators, compile its argument arg into x
+ * (an X_OP node the caller allocated and frees; args are pushed with agg_expr_push) and
+ * return 0 or SDB_EINVAL with MongoDB's code and message in e; return 1 when name is not
+ * the file's. agg_x*_eval: evaluate such an x against root into *out (a new node, NULL =
+ * missing). Errors: SDB_EINVAL with MongoDB's code and message in e. */
+int agg_xvar_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx *e);
+int agg_xvar_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e);
+int agg_xarr_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx *e);
+int agg_xarr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e);
+int agg_xobj_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx *e);
+int agg_xobj_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e);
+/* Append arg (owned by x from now on; may be NULL) to x's arguments. */
+void agg_expr_push(expr *x, expr *arg);
+/* Parse arg as an operator's argument list (an array: its elements, else the one value)
+ * into x's args and check the count against min..max (max -1 = any), as
+ * ExpressionNary::parseArguments and ExpressionFixedArity do. Returns: 0. Errors:
+ * SDB_EINVAL with the arguments' parse errors or 16020, in e. */
+int agg_expr_parse_list(const char *name, const bson_iter_t *arg, expr *x, int min, int max,
+			const ectx *e);
+/* $$name[.path] (var: the text after "$$", len: the name's length) when name is a
+ * variable bound in e->lvars: x becomes an X_LVAR. Returns: 0 when bound, 1 when not.
+ * Errors: the path's FieldPath errors (SDB_EINVAL, in e). */
+int agg_lvar_parse(const char *var, size_t len, expr *x, const ectx *e);
+/* Evaluate the X_LVAR x (its variable's value, or the path below it with aggregation's
+ * array rules) into *out (a new node, NULL = missing). Errors: 17276 when unbound. */
+int agg_lvar_eval(const expr *x, docbuild_node **out, const ectx *e);
+/* The value at the dotted path below node v (NULL = missing), with aggregation's array
+ * rules (an array maps the rest of the path over its documents): a new node or NULL. */
+docbuild_node *agg_node_path(const docbuild_node *v, const char *path);
+/* The most bytes (node_size) the values $map, $filter, $reduce and $let build may hold:
+ * MongoDB's internalQueryMaxRangeBytes (100 MiB), so that nested loops cannot exhaust the
+ * memory; past it an evaluation is 146 ExceededMemoryLimit. */
+#define AGG_EXPR_MAX_BYTES (100LL * 1024 * 1024)
+/* v (NULL = missing) as text for an error message, as MongoDB's Value::toString: relaxed
+ * extended JSON (a new string the caller frees). */
+char *agg_node_str(const docbuild_node *v);
 
 /* $bucket (pipeline_bucket.c): the stage's argument at it turned into the argument of a
  * $group (*group) and of the $sort after it (*sort), as MongoDB 6.0 desugars it: _id is a

@@ -1,0 +1,115 @@
+"""The aggregation expression operators for variables, arrays, sets and objects (issue #20,
+MongoDB 6.0): $let, $map, $filter, $reduce, $slice, $range, $zip, $first/$last, the set
+operators, $mergeObjects, $objectToArray/$arrayToObject, $getField/$setField/$unsetField,
+used in aggregate $project, in a pipeline update and in find's $expr, on a shard and through
+a proxy to an unsharded and to a sharded collection (the proxy's merger evaluates the stages
+after a $sort). Bad arguments answer MongoDB's codes."""
+import pymongo
+import pytest
+from pymongo.errors import OperationFailure
+
+from proxy_helpers import ProxyCluster
+
+DOCS = [{"_id": i, "q": [i, i + 1, i + 2], "tags": ["a", "b"] if i % 2 else ["b", "c"],
+         "d": {"k": i, "w": "x"}} for i in range(6)]
+
+
+def _project(coll):
+    return list(coll.aggregate([
+        {"$sort": {"_id": 1}},
+        {"$project": {
+            "_id": 1,
+            "m": {"$map": {"input": "$q", "as": "v", "in": {"$multiply": ["$$v", 10]}}},
+            "f": {"$filter": {"input": "$q", "cond": {"$gt": ["$$this", 2]}, "limit": 1}},
+            "r": {"$reduce": {"input": "$q", "initialValue": 0,
+                              "in": {"$add": ["$$value", "$$this"]}}},
+            "l": {"$let": {"vars": {"n": {"$size": "$q"}}, "in": {"$range": [0, "$$n"]}}},
+            "s": {"$slice": ["$q", -2]},
+            "z": {"$zip": {"inputs": ["$q", "$tags"]}},
+            "fl": [{"$first": "$q"}, {"$last": "$q"}],
+            "u": {"$setUnion": ["$tags", ["z"]]},
+            "i": {"$setIntersection": ["$tags", ["a", "c"]]},
+            "o": {"$arrayToObject": {"$map": {"input": {"$objectToArray": "$d"},
+                                               "in": ["$$this.k", {"$toString": "$$this.v"}]}}},
+            "g": {"$getField": {"field": "k", "input": "$d"}},
+            "mo": {"$mergeObjects": ["$d", {"w": "y"}]},
+            "mx": {"$maxN": {"n": 2, "input": "$q"}},
+            "sa": {"$sortArray": {"input": "$tags", "sortBy": -1}},
+        }}]))
+
+
+def _want(i):
+    tags = ["a", "b"] if i % 2 else ["b", "c"]
+    return {"_id": i, "m": [10 * i, 10 * i + 10, 10 * i + 20],
+            "f": [x for x in (i, i + 1, i + 2) if x > 2][:1],
+            "r": 3 * i + 3, "l": [0, 1, 2], "s": [i + 1, i + 2],
+            "z": [[i, tags[0]], [i + 1, tags[1]]], "fl": [i, i + 2],
+            "u": sorted(set(tags) | {"z"}), "i": sorted(set(tags) & {"a", "c"}),
+            "o": {"k": str(i), "w": "x"}, "g": i, "mo": {"k": i, "w": "y"},
+            "mx": [i + 2, i + 1], "sa": sorted(tags, reverse=True)}
+
+
+def _errors(db, coll):
+    cases = [
+        ({"$map": {"input": "$q"}}, 16882),
+        ({"$range": [0, 2147483647]}, 146),
+        ({"$zip": {"inputs": ["$q", 1]}}, 34468),
+        ({"$let": {"vars": {"Bad": 1}, "in": 1}}, 16867),
+        ("$$this", 17276),
+        ({"$setField": {"field": "$a", "input": {}, "value": 1}}, 4161108),
+        ({"$mergeObjects": [1]}, 40400),
+        ({"$maxN": {"n": 0, "input": [1, 2, 3]}}, 5787908),
+        ({"$bsonSize": "$$ROOT"}, 168),  # not built: refused clearly
+    ]
+    for expr, code in cases:
+        with pytest.raises(OperationFailure) as ei:
+            list(db[coll].aggregate([{"$project": {"x": expr}}]))
+        assert ei.value.code == code, (expr, ei.value)
+
+
+def _check(db, coll):
+    c = db[coll]
+    c.insert_many(DOCS)
+    assert _project(c) == [_want(i) for i in range(6)]
+
+    # find's $expr
+    got = c.find({"$expr": {"$anyElementTrue": [
+        {"$map": {"input": "$q", "in": {"$eq": ["$$this", 4]}}}]}}, sort=[("_id", 1)])
+    assert [d["_id"] for d in got] == [2, 3, 4]
+    got = c.find({"$expr": {"$setIsSubset": [["a"], "$tags"]}}, sort=[("_id", 1)])
+    assert [d["_id"] for d in got] == [1, 3, 5]
+
+    # a pipeline update
+    r = c.update_one({"_id": 2}, [{"$set": {
+        "q": {"$reverseArray": {"$filter": {"input": "$q", "as": "x",
+                                            "cond": {"$ne": ["$$x", 3]}}}},
+        "d": {"$setField": {"field": "n.m", "input": "$d", "value": "$$ROOT._id"}},
+        "tags": {"$setDifference": ["$tags", ["b"]]}}}])
+    assert r.modified_count == 1
+    assert c.find_one({"_id": 2}) == {"_id": 2, "q": [4, 2], "tags": ["c"],
+                                      "d": {"k": 2, "w": "x", "n.m": 2}}
+    r = c.update_many({}, [{"$set": {"d": {"$unsetField": {"field": "w", "input": "$d"}}}}])
+    assert r.modified_count == 6
+    assert [d["d"] for d in c.find({}, sort=[("_id", 1)])][:2] == [{"k": 0}, {"k": 1}]
+
+    _errors(db, coll)
+
+
+def test_on_a_shard(shard):
+    _, port = shard
+    client = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    try:
+        _check(client.exparr, "c")
+    finally:
+        client.close()
+
+
+def test_through_a_proxy(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        cl.shard_collection("exparr.s", {"_id": 1}, split_points=[{"_id": 3}])
+        db = cl.proxy_client(0).exparr
+        _check(db, "c")  # unsharded: the primary shard runs it all
+        _check(db, "s")  # sharded: the $project after $sort runs on the proxy's merger
+    finally:
+        cl.close()
