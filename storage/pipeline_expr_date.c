@@ -153,10 +153,14 @@ static int parse_offset(const char *s, size_t len, int *minutes)
 	return 0;
 }
 
-int agg_date_parse_iso(const char *s, size_t len, int64_t *ms, char *why, size_t whylen)
+/* agg_date_parse_iso with *zoned telling whether the string carried its own 'Z' or offset
+ * (when not, *ms is the local time as if at UTC). */
+static int parse_iso(const char *s, size_t len, int64_t *ms, bool *zoned, char *why, size_t whylen)
 {
 	int y, mo, d, h = 0, mi = 0, sec = 0, frac = 0, off = 0;
 	size_t i = 10;
+
+	*zoned = false;
 
 	if (why != NULL && whylen > 0) {
 		why[0] = '\0';
@@ -210,8 +214,10 @@ int agg_date_parse_iso(const char *s, size_t len, int64_t *ms, char *why, size_t
 		}
 		if (i < len && s[i] == 'Z' && i + 1 == len) {
 			i++;
+			*zoned = true;
 		} else if (i < len && parse_offset(s + i, len - i, &off) == 0) {
 			i = len;
+			*zoned = true;
 		}
 	}
 	if (i != len) {
@@ -221,6 +227,13 @@ int agg_date_parse_iso(const char *s, size_t len, int64_t *ms, char *why, size_t
 	*ms = days_from_civil(y, mo, d) * MS_PER_DAY + (int64_t)h * 3600000 + (int64_t)mi * 60000 +
 	      (int64_t)sec * 1000 + frac - (int64_t)off * 60000;
 	return 0;
+}
+
+int agg_date_parse_iso(const char *s, size_t len, int64_t *ms, char *why, size_t whylen)
+{
+	bool zoned;
+
+	return parse_iso(s, len, ms, &zoned, why, whylen);
 }
 
 /* ---- operands ---- */
@@ -393,6 +406,619 @@ static int format_date(const char *f, size_t len, int64_t utc_ms, int off, sbuf_
 	return 0;
 }
 
+/* ---- $dateFromParts, $dateFromString, $dateAdd/$dateSubtract, $dateDiff, $dateTrunc ---- */
+
+typedef enum { U_YEAR, U_QUARTER, U_MONTH, U_WEEK, U_DAY, U_HOUR, U_MINUTE, U_SECOND, U_MS } tunit;
+
+static const int64_t unit_ms[] = {0, 0, 0, 7 * MS_PER_DAY, MS_PER_DAY, 3600000, 60000, 1000, 1};
+
+/* Value::integral64Bit + coerceToLong: a number holding an integer in int64's range. */
+static bool as_long(const docbuild_node *v, int64_t *out)
+{
+	switch (ntype(v)) {
+	case BSON_TYPE_INT32:
+		*out = v->value.value.v_int32;
+		return true;
+	case BSON_TYPE_INT64:
+		*out = v->value.value.v_int64;
+		return true;
+	case BSON_TYPE_DOUBLE: {
+		double d = v->value.value.v_double;
+
+		if (!(d == floor(d) && d >= -9223372036854775808.0 && d < 9223372036854775808.0)) {
+			return false;
+		}
+		*out = (int64_t)d;
+		return true;
+	}
+	case BSON_TYPE_DECIMAL128: {
+		bson_decimal128_t d = v->value.value.v_decimal128;
+
+		return sdb_dec_to_int64_trunc(d, out) && sdb_dec_equal(d, sdb_dec_from_int64(*out));
+	}
+	default:
+		return false;
+	}
+}
+
+static int parse_unit(const docbuild_node *v, const char *name, tunit *u, const ectx *e)
+{
+	static const char *const names[] = {"year", "quarter", "month", "week", "day",
+					    "hour", "minute", "second", "millisecond"};
+
+	if (v->type != BSON_TYPE_UTF8) {
+		return efail(e, 5439013, "%s requires 'unit' to be a string, but got %s", name,
+			     type_name(v->type));
+	}
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		if (strlen(names[i]) == v->value.value.v_utf8.len &&
+		    memcmp(names[i], v->value.value.v_utf8.str, v->value.value.v_utf8.len) == 0) {
+			*u = (tunit)i;
+			return 0;
+		}
+	}
+	return efail(e, C_FAILED_TO_PARSE, "unknown time unit value: %.*s",
+		     (int)(v->value.value.v_utf8.len > 100 ? 100 : v->value.value.v_utf8.len),
+		     v->value.value.v_utf8.str);
+}
+
+/* startOfWeek: a day name or its three-letter abbreviation, any case; *w 0 = Sunday. */
+static int parse_sow(const docbuild_node *v, const char *name, int *w, const ectx *e)
+{
+	static const char *const days[] = {"sunday",   "monday", "tuesday", "wednesday",
+					   "thursday", "friday", "saturday"};
+	char low[16];
+	size_t len;
+
+	if (v->type != BSON_TYPE_UTF8) {
+		return efail(e, 5439015, "%s requires 'startOfWeek' to be a string, but got %s", name,
+			     type_name(v->type));
+	}
+	len = v->value.value.v_utf8.len;
+	if (len < sizeof low) {
+		for (size_t i = 0; i < len; i++) {
+			char c = v->value.value.v_utf8.str[i];
+
+			low[i] = c >= 'A' && c <= 'Z' ? (char)(c + 32) : c;
+		}
+		low[len] = '\0';
+		for (int i = 0; i < 7; i++) {
+			if (strcmp(days[i], low) == 0 || (len == 3 && strncmp(days[i], low, 3) == 0)) {
+				*w = i;
+				return 0;
+			}
+		}
+	}
+	return efail(e, 5439016, "%s parameter 'startOfWeek' value cannot be recognized as a day of a week: %.*s",
+		     name, (int)(len > 100 ? 100 : len), v->value.value.v_utf8.str);
+}
+
+static int days_in_month(int64_t y, int m)
+{
+	static const int dm[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+
+	return m == 2 && leap(y) ? 29 : dm[m - 1];
+}
+
+/* Local y-m-d + time of day (ms) at offset off to UTC milliseconds. Returns: false on
+ * int64 overflow (or a year too far out to compute). */
+static bool from_local(int64_t y, int m, int64_t day_add, int64_t tod, int off, int64_t *out)
+{
+	int64_t days, r;
+
+	if (y > INT64_C(300000000) || y < -INT64_C(300000000)) {
+		return false;
+	}
+	days = days_from_civil(y, m, 1);
+	if (__builtin_add_overflow(days, day_add, &days) ||
+	    __builtin_mul_overflow(days, MS_PER_DAY, &r) || __builtin_add_overflow(r, tod, &r) ||
+	    __builtin_sub_overflow(r, (int64_t)off * 60000, &r)) {
+		return false;
+	}
+	*out = r;
+	return true;
+}
+
+/* $dateAdd of amount units to ms at offset off (DateAddTimeUnit: a month past the end
+ * of the target month lands on its last day). */
+static bool date_add(int64_t ms, tunit u, int64_t amount, int off, int64_t *out)
+{
+	int64_t months, r;
+	dparts p;
+
+	if (u >= U_WEEK) {
+		return !__builtin_mul_overflow(amount, unit_ms[u], &r) &&
+		       !__builtin_add_overflow(ms, r, out);
+	}
+	if (__builtin_mul_overflow(amount, u == U_YEAR ? 12 : u == U_QUARTER ? 3 : 1, &months) ||
+	    months > INT64_C(3600000000) || months < -INT64_C(3600000000)) {
+		return false;
+	}
+	split_ms(local_ms(ms, off), &p);
+	{
+		int64_t total = p.year * 12 + (p.month - 1) + months;
+		int64_t ny = floor_div(total, 12);
+		int nm = (int)(total - ny * 12) + 1;
+		int nd = p.day > days_in_month(ny, nm) ? days_in_month(ny, nm) : p.day;
+		int64_t tod = ((int64_t)p.hour * 3600 + p.minute * 60 + p.second) * 1000 + p.ms;
+
+		return from_local(ny, nm, nd - 1, tod, off, out);
+	}
+}
+
+/* The coerced date of an argument for $dateAdd/$dateDiff/$dateTrunc. */
+static int arg_date(const docbuild_node *v, int64_t *ms, int code, const char *fmt,
+		    const char *name, const ectx *e)
+{
+	if (coerce_date(v, ms, e) != 0) {
+		return efail(e, code, fmt, name, type_name(v->type));
+	}
+	return 0;
+}
+
+static int eval_date_arith(const expr *x, docbuild_node **v, docbuild_node **out, const ectx *e)
+{
+	const char *name = ext_name(x);
+	int64_t ms, amount, r;
+	tunit u;
+	int off = 0, rc;
+
+	/* args: startDate, unit, amount, timezone */
+	for (int i = 0; i < 4; i++) {
+		if ((i < 3 || !ext_absent(x->args[3])) && is_nullish(v[i])) {
+			*out = v_null();
+			return 0;
+		}
+	}
+	if (coerce_date(v[0], &ms, e) != 0) {
+		return efail(e, 5166403, "%s requires startDate to be convertible to a date", name);
+	}
+	if ((rc = parse_unit(v[1], name, &u, e)) != 0) {
+		return rc;
+	}
+	if (!as_long(v[2], &amount)) {
+		return efail(e, 5166405, "%s expects integer amount of time units", name);
+	}
+	if (!ext_absent(x->args[3]) && (rc = parse_tz(v[3], &off, e)) != 0) {
+		return rc;
+	}
+	if (x->ext == E_DATESUBTRACT) {
+		if (amount == INT64_MIN) {
+			return efail(e, 5166406, "dateSubtract overflowed");
+		}
+		amount = -amount;
+	}
+	if (!date_add(ms, u, amount, off, &r)) {
+		return efail(e, 5166406, "%s overflowed", x->ext == E_DATEADD ? "dateAdd" : "dateSubtract");
+	}
+	*out = v_date(r);
+	return 0;
+}
+
+static int eval_date_diff(const expr *x, docbuild_node **v, docbuild_node **out, const ectx *e)
+{
+	const char *name = "$dateDiff";
+	int64_t a, b, r = 0;
+	tunit u;
+	int off = 0, sow = 0, rc;
+	dparts pa, pb;
+
+	/* args: startDate, endDate, unit, timezone, startOfWeek */
+	for (int i = 0; i < 5; i++) {
+		if ((i < 3 || !ext_absent(x->args[i])) && is_nullish(v[i])) {
+			*out = v_null();
+			return 0;
+		}
+	}
+	if ((rc = arg_date(v[0], &a, 5166307, "%s requires 'startDate' to be a date, but got %s", name, e)) != 0 ||
+	    (rc = arg_date(v[1], &b, 5166307, "%s requires 'endDate' to be a date, but got %s", name, e)) != 0 ||
+	    (rc = parse_unit(v[2], name, &u, e)) != 0) {
+		return rc;
+	}
+	if (!ext_absent(x->args[3]) && (rc = parse_tz(v[3], &off, e)) != 0) {
+		return rc;
+	}
+	if (u == U_WEEK && !ext_absent(x->args[4]) && (rc = parse_sow(v[4], name, &sow, e)) != 0) {
+		return rc;
+	}
+	a = local_ms(a, off);
+	b = local_ms(b, off);
+	switch (u) {
+	case U_MS:
+		if (__builtin_sub_overflow(b, a, &r)) {
+			return efail(e, 5166308, "dateDiff overflowed");
+		}
+		break;
+	case U_SECOND:
+	case U_MINUTE:
+	case U_HOUR:
+	case U_DAY:
+		r = floor_div(b, unit_ms[u]) - floor_div(a, unit_ms[u]);
+		break;
+	case U_WEEK:
+		/* 1970-01-01 was a Thursday (4) */
+		r = floor_div(floor_div(b, MS_PER_DAY) + 4 - sow, 7) -
+		    floor_div(floor_div(a, MS_PER_DAY) + 4 - sow, 7);
+		break;
+	default:
+		split_ms(a, &pa);
+		split_ms(b, &pb);
+		if (u == U_YEAR) {
+			r = pb.year - pa.year;
+		} else if (u == U_QUARTER) {
+			r = (pb.year * 4 + (pb.month - 1) / 3) - (pa.year * 4 + (pa.month - 1) / 3);
+		} else {
+			r = (pb.year * 12 + pb.month) - (pa.year * 12 + pa.month);
+		}
+		break;
+	}
+	*out = v_int64(r);
+	return 0;
+}
+
+static int eval_date_trunc(const expr *x, docbuild_node **v, docbuild_node **out, const ectx *e)
+{
+	const char *name = "$dateTrunc";
+	int64_t ms, bin = 1, local, r;
+	tunit u;
+	int off = 0, sow = 0, rc;
+	char show[128];
+
+	/* args: date, unit, binSize, timezone, startOfWeek */
+	for (int i = 0; i < 4; i++) {
+		if ((i < 2 || !ext_absent(x->args[i])) && is_nullish(v[i])) {
+			*out = v_null();
+			return 0;
+		}
+	}
+	if ((rc = arg_date(v[0], &ms, 5439012, "%s requires 'date' to be a date, but got %s", name, e)) != 0 ||
+	    (rc = parse_unit(v[1], name, &u, e)) != 0) {
+		return rc;
+	}
+	if (!ext_absent(x->args[2])) {
+		if (!as_long(v[2], &bin)) {
+			return efail(e, 5439017, "%s requires 'binSize' to be a 64-bit integer, but got value '%s' of type %s",
+				     name, ext_show(v[2], show, sizeof show), type_name(v[2]->type));
+		}
+		if (bin <= 0) {
+			return efail(e, 5439018, "%s requires 'binSize' to be greater than 0, but got value %lld",
+				     name, (long long)bin);
+		}
+	}
+	if (!ext_absent(x->args[3]) && (rc = parse_tz(v[3], &off, e)) != 0) {
+		return rc;
+	}
+	if (u == U_WEEK && !ext_absent(x->args[4])) {
+		if (is_nullish(v[4])) {
+			*out = v_null();
+			return 0;
+		}
+		if ((rc = parse_sow(v[4], name, &sow, e)) != 0) {
+			return rc;
+		}
+	}
+	local = local_ms(ms, off);
+	if (u >= U_WEEK) {
+		/* bins from 2000-01-01T00:00 local (weeks: the first startOfWeek day of 2000,
+		 * 2000-01-01 being a Saturday) */
+		int64_t ref = days_from_civil(2000, 1, 1) * MS_PER_DAY, size;
+
+		if (u == U_WEEK) {
+			ref += (int64_t)((sow - 6 + 7) % 7) * MS_PER_DAY;
+		}
+		if (__builtin_mul_overflow(bin, unit_ms[u], &size)) {
+			size = INT64_MAX; /* one bin holds every date */
+		}
+		{
+			/* floor((local - ref) / size) without overflowing: local - ref fits in
+			 * int128 */
+			__int128 d = (__int128)local - ref;
+			__int128 q = d / size;
+			__int128 t;
+
+			if (d % size != 0 && d < 0) {
+				q--;
+			}
+			t = q * size + ref - (__int128)off * 60000;
+			if (t < INT64_MIN || t > INT64_MAX) {
+				return efail(e, 5439000, "dateTrunc overflowed");
+			}
+			r = (int64_t)t;
+		}
+	} else {
+		dparts p;
+		int64_t per = u == U_YEAR ? 12 : u == U_QUARTER ? 3 : 1, size, mi, b;
+
+		split_ms(local, &p);
+		mi = (p.year - 2000) * 12 + (p.month - 1);
+		if (__builtin_mul_overflow(bin, per, &size)) {
+			size = INT64_MAX;
+		}
+		b = floor_div(mi, size) * size;
+		if (!from_local(2000 + floor_div(b, 12), (int)(b - floor_div(b, 12) * 12) + 1, 0, 0, off, &r)) {
+			return efail(e, 5439000, "dateTrunc overflowed");
+		}
+	}
+	*out = v_date(r);
+	return 0;
+}
+
+/* evaluateNumberWithDefault(AndBounds) of $dateFromParts: an integral number, bounded
+ * parts in [-32768, 32767]. Returns: 1 when nullish (the result is null), 0, or an error. */
+static int part_value(const expr *x, docbuild_node **v, int slot, const char *key, int64_t dflt,
+		      bool bounded, int64_t *out, const ectx *e)
+{
+	char show[128];
+
+	if (ext_absent(x->args[slot])) {
+		*out = dflt;
+		return 0;
+	}
+	if (is_nullish(v[slot])) {
+		return 1;
+	}
+	if (!as_long(v[slot], out)) {
+		return efail(e, 40515, "'%s' must evaluate to an integer, found %s with value %s", key,
+			     type_name(v[slot]->type), ext_show(v[slot], show, sizeof show));
+	}
+	if (bounded && (*out < -32768 || *out > 32767)) {
+		return efail(e, 31034, "'%s' must evaluate to a value in the range [-32768, 32767]; found %lld",
+			     key, (long long)*out);
+	}
+	return 0;
+}
+
+static int eval_date_from_parts(const expr *x, docbuild_node **v, docbuild_node **out, const ectx *e)
+{
+	static const char *const keys[] = {"year", "month", "day", "hour", "minute", "second",
+					   "millisecond", "isoWeekYear", "isoWeek", "isoDayOfWeek"};
+	static const int64_t dflt[] = {1970, 1, 1, 0, 0, 0, 0, 1970, 1, 1};
+	static const bool bounded[] = {false, true, true, true, true, false, false, false, true, true};
+	int64_t p[10], tod, r, days;
+	int off = 0, rc;
+	bool iso = ext_absent(x->args[0]);
+
+	for (int i = 0; i < 10; i++) {
+		if ((iso && i <= 2) || (!iso && i >= 7)) {
+			p[i] = 0;
+			continue;
+		}
+		rc = part_value(x, v, i, keys[i], dflt[i], bounded[i], &p[i], e);
+		if (rc == 1) {
+			*out = v_null();
+			return 0;
+		}
+		if (rc != 0) {
+			return rc;
+		}
+	}
+	if (!ext_absent(x->args[10])) {
+		if (is_nullish(v[10])) {
+			*out = v_null();
+			return 0;
+		}
+		if ((rc = parse_tz(v[10], &off, e)) != 0) {
+			return rc;
+		}
+	}
+	if (!iso && (p[0] < 1 || p[0] > 9999)) {
+		return efail(e, 40523, "'year' must evaluate to an integer in the range 1 to 9999, found %lld",
+			     (long long)p[0]);
+	}
+	if (iso && (p[7] < 1 || p[7] > 9999)) {
+		return efail(e, 31095, "'isoWeekYear' must evaluate to an integer in the range 1 to 9999, found %lld",
+			     (long long)p[7]);
+	}
+	/* seconds and milliseconds are unbounded longs: the time of day in int128 */
+	{
+		__int128 t = (__int128)p[3] * 3600000 + (__int128)p[4] * 60000 + (__int128)p[5] * 1000 + p[6];
+
+		if (t < -(__int128)INT64_C(4000000000000000000) || t > (__int128)INT64_C(4000000000000000000)) {
+			return efail(e, C_BAD_VALUE, "$dateFromParts: the date is out of range");
+		}
+		tod = (int64_t)t;
+	}
+	if (!iso) {
+		int64_t total = p[0] * 12 + (p[1] - 1);
+		int64_t y = floor_div(total, 12);
+
+		if (!from_local(y, (int)(total - y * 12) + 1, p[2] - 1, tod, off, &r)) {
+			return efail(e, C_BAD_VALUE, "$dateFromParts: the date is out of range");
+		}
+	} else {
+		/* the Monday of ISO week 1 (the week holding January 4th) */
+		int64_t jan4 = days_from_civil(p[7], 1, 4);
+		int wd = (int)(((jan4 % 7) + 11) % 7); /* 0 = Sunday */
+		int64_t monday = jan4 - (wd == 0 ? 6 : wd - 1);
+
+		days = monday + (p[8] - 1) * 7 + (p[9] - 1);
+		if (!from_local(1970, 1, days, tod, off, &r)) {
+			return efail(e, C_BAD_VALUE, "$dateFromParts: the date is out of range");
+		}
+	}
+	*out = v_date(r);
+	return 0;
+}
+
+/* $dateFromString with a format: %Y %m %d %H %M %S %L %z %Z %% and literal characters;
+ * other specifiers are refused (241). */
+static int parse_with_format(const char *s, size_t len, const char *f, size_t flen, int64_t *ms,
+			     bool *zoned, char *why, size_t whylen)
+{
+	int64_t y = 1970;
+	int mo = 1, d = 1, h = 0, mi = 0, sec = 0, msec = 0, off = 0;
+	size_t i = 0;
+
+	*zoned = false;
+	for (size_t k = 0; k < flen; k++) {
+		int n = 0, val = 0, *dst = NULL, width = 2;
+
+		if (f[k] != '%') {
+			if (i >= len || s[i] != f[k]) {
+				snprintf(why, whylen, "Error parsing date string: the string does not match the format");
+				return -1;
+			}
+			i++;
+			continue;
+		}
+		k++;
+		switch (f[k]) {
+		case '%':
+			if (i >= len || s[i] != '%') {
+				snprintf(why, whylen, "Error parsing date string: the string does not match the format");
+				return -1;
+			}
+			i++;
+			continue;
+		case 'Y': width = 4; break;
+		case 'm': dst = &mo; break;
+		case 'd': dst = &d; break;
+		case 'H': dst = &h; break;
+		case 'M': dst = &mi; break;
+		case 'S': dst = &sec; break;
+		case 'L': dst = &msec; width = 3; break;
+		case 'z':
+		case 'Z': {
+			size_t st = i;
+
+			if (f[k] == 'z') {
+				while (i < len && (s[i] == '+' || s[i] == '-' || s[i] == ':' ||
+						   (s[i] >= '0' && s[i] <= '9'))) {
+					i++;
+				}
+				if (parse_offset(s + st, i - st, &off) != 0) {
+					snprintf(why, whylen, "Error parsing date string: invalid time zone offset");
+					return -1;
+				}
+			} else {
+				int sign = 1;
+
+				if (i < len && (s[i] == '+' || s[i] == '-')) {
+					sign = s[i] == '-' ? -1 : 1;
+					i++;
+				}
+				while (i < len && s[i] >= '0' && s[i] <= '9' && n < 4) {
+					val = val * 10 + (s[i++] - '0');
+					n++;
+				}
+				if (n == 0) {
+					snprintf(why, whylen, "Error parsing date string: invalid time zone offset");
+					return -1;
+				}
+				off = sign * val;
+			}
+			*zoned = true;
+			continue;
+		}
+		default:
+			snprintf(why, whylen, "the format specifier %%%c is not supported by stripedb's $dateFromString",
+				 f[k]);
+			return -1;
+		}
+		while (i < len && s[i] >= '0' && s[i] <= '9' && n < width) {
+			val = val * 10 + (s[i++] - '0');
+			n++;
+		}
+		if (n == 0) {
+			snprintf(why, whylen, "Error parsing date string: a number was expected");
+			return -1;
+		}
+		if (dst == NULL) {
+			y = val;
+		} else {
+			*dst = f[k] == 'L' ? (n == 1 ? val * 100 : n == 2 ? val * 10 : val) : val;
+		}
+	}
+	if (i != len) {
+		snprintf(why, whylen, "Trailing data");
+		return -1;
+	}
+	if (mo < 1 || mo > 12 || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || sec > 59) {
+		snprintf(why, whylen, "The parsed date was invalid");
+		return -1;
+	}
+	*ms = days_from_civil(y, mo, d) * MS_PER_DAY + (int64_t)h * 3600000 + (int64_t)mi * 60000 +
+	      (int64_t)sec * 1000 + msec - (int64_t)off * 60000;
+	return 0;
+}
+
+static int eval_date_from_string(const expr *x, const bson_t *root, docbuild_node **v,
+				 docbuild_node **out, const ectx *e)
+{
+	/* args: dateString, format, timezone, onError, onNull */
+	int off = 0, rc;
+	bool have_tz = !ext_absent(x->args[2]), zoned = false;
+	char why[200], show[200];
+	int64_t ms;
+	const char *s;
+	size_t len;
+
+	if (!ext_absent(x->args[1])) {
+		if (!is_nullish(v[1]) && v[1]->type != BSON_TYPE_UTF8) {
+			return efail(e, 40684, "$dateFromString requires that 'format' be a string, found: %s with value %s",
+				     type_name(v[1]->type), ext_show(v[1], show, sizeof show));
+		}
+		if (!is_nullish(v[1])) {
+			rc = check_format(v[1]->value.value.v_utf8.str, v[1]->value.value.v_utf8.len, e);
+			if (rc != 0) {
+				return rc;
+			}
+		}
+	}
+	if (is_nullish(v[0])) {
+		if (!ext_absent(x->args[4])) {
+			return ext_arg(x, 4, root, out, e);
+		}
+		*out = v_null();
+		return 0;
+	}
+	if ((!ext_absent(x->args[1]) && is_nullish(v[1])) || (have_tz && is_nullish(v[2]))) {
+		*out = v_null();
+		return 0;
+	}
+	if (have_tz && (rc = parse_tz(v[2], &off, e)) != 0) {
+		return rc;
+	}
+	if (v[0]->type != BSON_TYPE_UTF8) {
+		rc = efail(e, C_CONVERSION_FAILURE, "$dateFromString requires that 'dateString' be a string, found: %s with value %s",
+			   type_name(v[0]->type), ext_show(v[0], show, sizeof show));
+		goto failed;
+	}
+	s = v[0]->value.value.v_utf8.str;
+	len = v[0]->value.value.v_utf8.len;
+	why[0] = '\0';
+	rc = ext_absent(x->args[1])
+		     ? parse_iso(s, len, &ms, &zoned, why, sizeof why)
+		     : parse_with_format(s, len, v[1]->value.value.v_utf8.str,
+					 v[1]->value.value.v_utf8.len, &ms, &zoned, why, sizeof why);
+	if (rc != 0) {
+		rc = efail(e, C_CONVERSION_FAILURE, "Error parsing date string '%.*s'; %s",
+			   (int)(len > 200 ? 200 : len), s, why);
+		goto failed;
+	}
+	if (zoned && have_tz) {
+		rc = efail(e, C_CONVERSION_FAILURE,
+			   "you cannot pass in a date/time string with time zone information ('%.*s') together with a second time zone argument",
+			   (int)(len > 200 ? 200 : len), s);
+		goto failed;
+	}
+	if (!zoned && __builtin_sub_overflow(ms, (int64_t)off * 60000, &ms)) {
+		rc = efail(e, C_CONVERSION_FAILURE, "Error parsing date string '%.*s'; out of range",
+			   (int)(len > 200 ? 200 : len), s);
+		goto failed;
+	}
+	*out = v_date(ms);
+	return 0;
+failed:
+	if (!ext_absent(x->args[3])) {
+		if (e->code != NULL) {
+			*e->code = 0;
+		}
+		return ext_arg(x, 3, root, out, e);
+	}
+	return rc;
+}
+
 /* ---- dispatch ---- */
 
 static int eval_part(const expr *x, docbuild_node **v, docbuild_node **out, const ectx *e)
@@ -450,8 +1076,8 @@ int agg_date_eval(const expr *x, const bson_t *root, docbuild_node **out, const 
 
 	*out = NULL;
 	for (size_t i = 0; i < x->n && i < 12 && rc == 0; i++) {
-		/* $dateToString's onNull is evaluated only when needed */
-		if (x->ext == E_DATETOSTRING && i == 3) {
+		/* onNull / onError are evaluated only when needed */
+		if ((x->ext == E_DATETOSTRING && i == 3) || (x->ext == E_DATEFROMSTRING && i == 3)) {
 			break;
 		}
 		rc = ext_arg(x, i, root, &v[i], e);
@@ -562,6 +1188,22 @@ int agg_date_eval(const expr *x, const bson_t *root, docbuild_node **out, const 
 		*out = d;
 		break;
 	}
+	case E_DATEFROMPARTS:
+		rc = eval_date_from_parts(x, v, out, e);
+		break;
+	case E_DATEFROMSTRING:
+		rc = eval_date_from_string(x, root, v, out, e);
+		break;
+	case E_DATEADD:
+	case E_DATESUBTRACT:
+		rc = eval_date_arith(x, v, out, e);
+		break;
+	case E_DATEDIFF:
+		rc = eval_date_diff(x, v, out, e);
+		break;
+	case E_DATETRUNC:
+		rc = eval_date_trunc(x, v, out, e);
+		break;
 	default:
 		rc = eval_part(x, v, out, e);
 		break;

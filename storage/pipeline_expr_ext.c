@@ -36,6 +36,11 @@ typedef struct {
 	F_NAMED, 0, 0, {"input", "regex", "options"}, 2, 51103, 31024, {31022, 31023},       \
 		"%s expects an object of named arguments but found: %s",                     \
 		"%s found an unknown argument: %s", "%s requires '%s' parameter"
+#define DATEARITH_SPEC                                                                       \
+	F_NAMED, 0, 0, {"startDate", "unit", "amount", "timezone"}, 3, 5166400, 5166401,      \
+		{5166402, 5166402, 5166402}, "%s expects an object as its argument",          \
+		"Unrecognized argument to %s: %s",                                           \
+		"%s requires startDate, unit, and amount to be present"
 #define DATEPART F_DATEPART, 1, 1, {"date", "timezone"}, 1, 0, 0, {0}, NULL, NULL, NULL
 #define POS(a, b) F_POS, a, b, {NULL}, 0, 0, 0, {0}, NULL, NULL, NULL
 
@@ -90,6 +95,25 @@ static const ext_op ext_ops[] = {
 	{"$isoDayOfWeek", E_ISODAYOFWEEK, DATEPART},
 	{"$dateToString", E_DATETOSTRING, F_NAMED, 0, 0, {"date", "format", "timezone", "onNull"},
 	 1, 18629, 18534, {18628}, "%s only supports an object as its argument",
+	 "Unrecognized argument to %s: %s", "Missing '%2$s' parameter to %1$s"},
+	{"$dateFromParts", E_DATEFROMPARTS, F_NAMED, 0, 0,
+	 {"year", "month", "day", "hour", "minute", "second", "millisecond", "isoWeekYear",
+	  "isoWeek", "isoDayOfWeek", "timezone"},
+	 0, 40519, 40518, {0}, "%s only supports an object as its argument",
+	 "Unrecognized argument to %s: %s", NULL},
+	{"$dateFromString", E_DATEFROMSTRING, F_NAMED, 0, 0,
+	 {"dateString", "format", "timezone", "onError", "onNull"}, 1, 40540, 40541, {40542},
+	 "%s only supports an object as an argument, found: %s", "Unrecognized argument to %s: %s",
+	 "Missing '%2$s' parameter to %1$s"},
+	{"$dateAdd", E_DATEADD, DATEARITH_SPEC},
+	{"$dateSubtract", E_DATESUBTRACT, DATEARITH_SPEC},
+	{"$dateDiff", E_DATEDIFF, F_NAMED, 0, 0,
+	 {"startDate", "endDate", "unit", "timezone", "startOfWeek"}, 3, 5166301, 5166302,
+	 {5166303, 5166304, 5166305}, "%s only supports an object as its argument",
+	 "Unrecognized argument to %s: %s", "Missing '%2$s' parameter to %1$s"},
+	{"$dateTrunc", E_DATETRUNC, F_NAMED, 0, 0,
+	 {"date", "unit", "binSize", "timezone", "startOfWeek"}, 2, 5439007, 5439008,
+	 {5439009, 5439010}, "%s only supports an object as its argument",
 	 "Unrecognized argument to %s: %s", "Missing '%2$s' parameter to %1$s"},
 	{"$dateToParts", E_DATETOPARTS, F_NAMED, 0, 0, {"date", "timezone", "iso8601"}, 1, 40524,
 	 40520, {40522}, "%s only supports an object as its argument",
@@ -287,7 +311,24 @@ int agg_ext_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx 
 	x->op = OP_EXT;
 	x->ext = (int)op->id;
 	if (op->form == F_NAMED) {
-		return parse_named(op, arg, x, e);
+		rc = parse_named(op, arg, x, e);
+		if (rc == 0 && op->id == E_DATEFROMPARTS) {
+			/* slots 0-2 year month day, 7-9 isoWeekYear isoWeek isoDayOfWeek */
+			bool natural = !ext_absent(x->args[0]) || !ext_absent(x->args[1]) ||
+				       !ext_absent(x->args[2]);
+			bool iso = !ext_absent(x->args[7]) || !ext_absent(x->args[8]) ||
+				   !ext_absent(x->args[9]);
+
+			if (natural && iso) {
+				return efail(e, 40489,
+					     "$dateFromParts does not allow mixing natural dates with ISO dates");
+			}
+			if (ext_absent(x->args[0]) && ext_absent(x->args[7])) {
+				return efail(e, 40516,
+					     "$dateFromParts requires either 'year' or 'isoWeekYear' to be present");
+			}
+		}
+		return rc;
 	}
 	if (op->form == F_DATEPART) {
 		return parse_datepart(op, arg, x, e);

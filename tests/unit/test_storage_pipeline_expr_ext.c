@@ -420,6 +420,123 @@ static void test_dates(void **state)
 	err("{'$dateToParts': {'date': '$d', 'iso8601': 1}}", 40521, NULL);
 }
 
+
+static void test_date_build(void **state)
+{
+	(void)state;
+	ok("{'$dateFromParts': {'year': 2017, 'month': 2, 'day': 8, 'hour': 12}}",
+	   "{'v': {'$date': '2017-02-08T12:00:00Z'}}");
+	ok("{'$dateFromParts': {'isoWeekYear': 2017, 'isoWeek': 6, 'isoDayOfWeek': 3, 'hour': 12}}",
+	   "{'v': {'$date': '2017-02-08T12:00:00Z'}}");
+	ok("{'$dateFromParts': {'year': 2017, 'month': 2, 'day': 8, 'hour': 12, 'timezone': '+05:30'}}",
+	   "{'v': {'$date': '2017-02-08T06:30:00Z'}}");
+	ok("{'$dateFromParts': {'year': 2017, 'month': 14, 'day': 1}}", "{'v': {'$date': '2018-02-01T00:00:00Z'}}");
+	ok("{'$dateFromParts': {'year': 2017, 'month': 3, 'day': 0}}", "{'v': {'$date': '2017-02-28T00:00:00Z'}}");
+	ok("{'$dateFromParts': {'year': 1900, 'millisecond': -1}}", "{'v': {'$date': {'$numberLong': '-2208988800001'}}}");
+	ok("{'$dateFromParts': {'year': 2017, 'month': null}}", "{'v': null}");
+	err("{'$dateFromParts': {'year': 10000}}", 40523, "'year' must evaluate to an integer in the range 1 to 9999, found 10000");
+	err("{'$dateFromParts': {'year': 2017, 'month': 32768}}", 31034, NULL);
+	err("{'$dateFromParts': {'year': 2017.5}}", 40515, NULL);
+	err("{'$dateFromParts': {'isoWeekYear': 0}}", 31095, NULL);
+	err("{'$dateFromParts': {'year': 2017, 'isoWeek': 1}}", 40489, NULL);
+	err("{'$dateFromParts': {'month': 1}}", 40516, NULL);
+	err("{'$dateFromParts': {'year': 2017, 'x': 1}}", 40518, NULL);
+	err("{'$dateFromParts': 1}", 40519, NULL);
+	ok("{'$dateFromString': {'dateString': '2017-02-08T12:10:40.787', 'timezone': '+05:00'}}",
+	   "{'v': {'$date': '2017-02-08T07:10:40.787Z'}}");
+	ok("{'$dateFromString': {'dateString': '2017-02-08T12:10:40.787Z'}}",
+	   "{'v': {'$date': '2017-02-08T12:10:40.787Z'}}");
+	ok("{'$dateFromString': {'dateString': '15-06-2018', 'format': '%d-%m-%Y'}}",
+	   "{'v': {'$date': '2018-06-15T00:00:00Z'}}");
+	ok("{'$dateFromString': {'dateString': '2018/06/15 10:20:30.5 +0100', 'format': '%Y/%m/%d %H:%M:%S.%L %z'}}",
+	   "{'v': {'$date': '2018-06-15T09:20:30.500Z'}}");
+	ok("{'$dateFromString': {'dateString': 'garbage', 'onError': 'bad'}}", "{'v': 'bad'}");
+	ok("{'$dateFromString': {'dateString': null, 'onNull': 'none'}}", "{'v': 'none'}");
+	ok("{'$dateFromString': {'dateString': 5, 'onError': 'bad'}}", "{'v': 'bad'}");
+	err("{'$dateFromString': {'dateString': 'garbage'}}", 241, "Error parsing date string 'garbage'");
+	err("{'$dateFromString': {'dateString': '2017-02-08Z', 'format': '%Y-%m-%dZ%G'}}", 241, NULL);
+	err("{'$dateFromString': {'dateString': '2017-02-08T00:00Z', 'timezone': '+01:00'}}", 241, NULL);
+	err("{'$dateFromString': {'dateString': 'x', 'format': 1}}", 40684, NULL);
+	err("{'$dateFromString': {'format': '%Y'}}", 40542, NULL);
+	err("{'$dateFromString': {'dateString': 'x', 'y': 1}}", 40541, NULL);
+	err("{'$dateFromString': 'x'}", 40540, NULL);
+}
+
+static void test_date_arith(void **state)
+{
+	(void)state;
+	ok("{'$dateAdd': {'startDate': {'$toDate': '2020-01-31'}, 'unit': 'month', 'amount': 1}}",
+	   "{'v': {'$date': '2020-02-29T00:00:00Z'}}");
+	ok("{'$dateAdd': {'startDate': {'$toDate': '2021-03-31T10:00:00Z'}, 'unit': 'quarter', 'amount': -1}}",
+	   "{'v': {'$date': '2020-12-31T10:00:00Z'}}");
+	ok("{'$dateAdd': {'startDate': '$d', 'unit': 'day', 'amount': 3}}", "{'v': {'$date': '2014-01-04T08:15:39.736Z'}}");
+	ok("{'$dateAdd': {'startDate': '$d', 'unit': 'year', 'amount': {'$numberLong': '-200'}}}",
+	   "{'v': {'$date': '1814-01-01T08:15:39.736Z'}}");
+	ok("{'$dateSubtract': {'startDate': '$d', 'unit': 'hour', 'amount': 9}}",
+	   "{'v': {'$date': '2013-12-31T23:15:39.736Z'}}");
+	ok("{'$dateAdd': {'startDate': '$d', 'unit': 'month', 'amount': 1, 'timezone': '-10:00'}}",
+	   "{'v': {'$date': '2014-02-01T08:15:39.736Z'}}"); /* 2013-12-31T22:15 local + 1 month */
+	ok("{'$dateAdd': {'startDate': null, 'unit': 'day', 'amount': 1}}", "{'v': null}");
+	err("{'$dateAdd': {'startDate': '$d', 'unit': 'day', 'amount': 1.5}}", 5166405, NULL);
+	err("{'$dateAdd': {'startDate': 'x', 'unit': 'day', 'amount': 1}}", 5166403, NULL);
+	err("{'$dateAdd': {'startDate': '$d', 'unit': 'days', 'amount': 1}}", 9, "unknown time unit value: days");
+	err("{'$dateAdd': {'startDate': '$d', 'unit': 1, 'amount': 1}}", 5439013, NULL);
+	err("{'$dateAdd': {'startDate': '$d', 'unit': 'millisecond', 'amount': {'$numberLong': '9223372036854775807'}}}",
+	    5166406, NULL);
+	err("{'$dateAdd': {'startDate': '$d', 'unit': 'year', 'amount': {'$numberLong': '9223372036854775807'}}}",
+	    5166406, NULL);
+	err("{'$dateAdd': {'startDate': '$d', 'unit': 'day'}}", 5166402, NULL);
+	err("{'$dateAdd': {'startDate': '$d', 'unit': 'day', 'amount': 1, 'x': 1}}", 5166401, NULL);
+	err("{'$dateSubtract': 1}", 5166400, NULL);
+	ok("{'$dateDiff': {'startDate': {'$toDate': '2021-01-01'}, 'endDate': {'$toDate': '2021-12-31T23:00:00Z'}, 'unit': 'year'}}",
+	   "{'v': {'$numberLong': '0'}}");
+	ok("{'$dateDiff': {'startDate': {'$toDate': '2021-01-01'}, 'endDate': {'$toDate': '2021-12-31T23:00:00Z'}, 'unit': 'month'}}",
+	   "{'v': {'$numberLong': '11'}}");
+	ok("{'$dateDiff': {'startDate': {'$toDate': '2021-01-01'}, 'endDate': {'$toDate': '2021-12-31T23:00:00Z'}, 'unit': 'day'}}",
+	   "{'v': {'$numberLong': '364'}}");
+	ok("{'$dateDiff': {'startDate': {'$toDate': '2022-01-01'}, 'endDate': {'$toDate': '2022-01-02'}, 'unit': 'week'}}",
+	   "{'v': {'$numberLong': '1'}}");
+	ok("{'$dateDiff': {'startDate': {'$toDate': '2022-01-01'}, 'endDate': {'$toDate': '2022-01-02'}, 'unit': 'week', 'startOfWeek': 'MON'}}",
+	   "{'v': {'$numberLong': '0'}}");
+	ok("{'$dateDiff': {'startDate': {'$toDate': '2021-12-31T23:00:00Z'}, 'endDate': {'$toDate': '2022-01-01T01:00:00Z'}, 'unit': 'quarter'}}",
+	   "{'v': {'$numberLong': '1'}}");
+	ok("{'$dateDiff': {'startDate': {'$toDate': '2021-12-31T23:00:00Z'}, 'endDate': {'$toDate': '2022-01-01T01:00:00Z'}, 'unit': 'year', 'timezone': '-05:00'}}",
+	   "{'v': {'$numberLong': '0'}}");
+	ok("{'$dateDiff': {'startDate': '$d', 'endDate': '$old', 'unit': 'millisecond'}}",
+	   "{'v': {'$numberLong': '-3597552939737'}}");
+	ok("{'$dateDiff': {'startDate': '$d', 'endDate': null, 'unit': 'day'}}", "{'v': null}");
+	err("{'$dateDiff': {'startDate': 1, 'endDate': '$d', 'unit': 'day'}}", 5166307, NULL);
+	err("{'$dateDiff': {'startDate': '$d', 'endDate': '$d', 'unit': 'week', 'startOfWeek': 'funday'}}", 5439016, NULL);
+	err("{'$dateDiff': {'endDate': '$d', 'unit': 'day'}}", 5166303, NULL);
+	err("{'$dateDiff': {'startDate': '$d', 'unit': 'day'}}", 5166304, NULL);
+	err("{'$dateDiff': {'startDate': '$d', 'endDate': '$d'}}", 5166305, NULL);
+	ok("{'$dateTrunc': {'date': {'$toDate': '2021-03-20T11:30:05Z'}, 'unit': 'month'}}",
+	   "{'v': {'$date': '2021-03-01T00:00:00Z'}}");
+	ok("{'$dateTrunc': {'date': {'$toDate': '2021-03-20T11:30:05Z'}, 'unit': 'week', 'startOfWeek': 'monday'}}",
+	   "{'v': {'$date': '2021-03-15T00:00:00Z'}}");
+	ok("{'$dateTrunc': {'date': {'$toDate': '2021-03-20T11:30:05Z'}, 'unit': 'week'}}",
+	   "{'v': {'$date': '2021-03-14T00:00:00Z'}}");
+	ok("{'$dateTrunc': {'date': {'$toDate': '2021-03-20T11:30:05Z'}, 'unit': 'hour', 'binSize': 2}}",
+	   "{'v': {'$date': '2021-03-20T10:00:00Z'}}");
+	ok("{'$dateTrunc': {'date': {'$toDate': '2021-03-20T11:30:05Z'}, 'unit': 'quarter'}}",
+	   "{'v': {'$date': '2021-01-01T00:00:00Z'}}");
+	ok("{'$dateTrunc': {'date': {'$toDate': '2021-03-20T11:30:05Z'}, 'unit': 'year', 'binSize': 5}}",
+	   "{'v': {'$date': '2020-01-01T00:00:00Z'}}");
+	ok("{'$dateTrunc': {'date': {'$toDate': '2021-03-20T01:30:05Z'}, 'unit': 'day', 'timezone': '+05:00'}}",
+	   "{'v': {'$date': '2021-03-19T19:00:00Z'}}");
+	ok("{'$dateTrunc': {'date': '$old', 'unit': 'second'}}", "{'v': {'$date': {'$numberLong': '-2208988801000'}}}");
+	ok("{'$dateTrunc': {'date': '$d', 'unit': 'day', 'binSize': {'$numberLong': '9223372036854775807'}}}",
+	   "{'v': {'$date': '2000-01-01T00:00:00Z'}}");
+	ok("{'$dateTrunc': {'date': null, 'unit': 'day'}}", "{'v': null}");
+	err("{'$dateTrunc': {'date': '$d', 'unit': 'day', 'binSize': 0}}", 5439018, NULL);
+	err("{'$dateTrunc': {'date': '$d', 'unit': 'day', 'binSize': 'x'}}", 5439017, NULL);
+	err("{'$dateTrunc': {'date': '$d', 'unit': 'week', 'startOfWeek': 1}}", 5439015, NULL);
+	err("{'$dateTrunc': {'unit': 'day'}}", 5439009, NULL);
+	err("{'$dateTrunc': {'date': '$d'}}", 5439010, NULL);
+	err("{'$dateTrunc': {'date': '$d', 'unit': 'day', 'x': 1}}", 5439008, NULL);
+	err("{'$dateTrunc': 1}", 5439007, NULL);
+}
+
 static void test_invalid_utf8(void **state)
 {
 	bson_t doc = BSON_INITIALIZER, *x;
@@ -455,6 +572,7 @@ static void test_still_refused(void **state)
 {
 	(void)state;
 	err("{'$function': {'body': 'x', 'args': [], 'lang': 'js'}}", 168, "Unrecognized expression '$function'");
+	err("{'$sin': 1}", 168, "Unrecognized expression '$sin'");
 }
 
 int main(void)
@@ -466,6 +584,8 @@ int main(void)
 		cmocka_unit_test(test_regex),
 		cmocka_unit_test(test_convert),
 		cmocka_unit_test(test_dates),
+		cmocka_unit_test(test_date_build),
+		cmocka_unit_test(test_date_arith),
 		cmocka_unit_test(test_invalid_utf8),
 		cmocka_unit_test(test_still_refused),
 	};
