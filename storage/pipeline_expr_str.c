@@ -5,6 +5,7 @@
  * operators count the bytes that are not UTF-8 continuation bytes, as mongod does, so any
  * byte string (invalid UTF-8 included) is walked safely. Regexes are compiled by the
  * matcher's helper (sdb_regex_compile) and matched under PCRE2 match and depth limits. */
+#define _GNU_SOURCE 1 /* memmem */
 #include "storage/pipeline_ext.h"
 #include "storage/matcher.h"
 
@@ -44,6 +45,26 @@ static size_t cp_count(const char *s, size_t len)
 		n += !is_cont((unsigned char)s[i]);
 	}
 	return n;
+}
+
+/* The largest result a string operator builds: BSONObjMaxInternalSize (16 MB + 16 KB);
+ * past it mongod fails to build the document (10334), stripedb fails the operator the same
+ * way before holding more memory. */
+#define STR_MAX_RESULT (16 * 1024 * 1024 + 16 * 1024)
+
+static int too_big(size_t n, const ectx *e)
+{
+	return efail(e, 10334, "BSONObj size: %zu (0x%zx) is invalid. Size must be between 0 and 16793600(16MB)",
+		     n, n);
+}
+
+/* The first occurrence of t (tl bytes) in s[from, len), or NULL (memmem: linear time). */
+static const char *find_bytes(const char *s, size_t len, size_t from, const char *t, size_t tl)
+{
+	if (from > len) {
+		return NULL;
+	}
+	return memmem(s + from, len - from, t, tl);
 }
 
 /* A growable byte buffer. */
@@ -305,13 +326,10 @@ static int eval_indexof(const expr *x, docbuild_node **v, docbuild_node **out, c
 		return 0;
 	}
 	if (!cp) {
-		for (size_t i = (size_t)start; i + tlen <= (size_t)end; i++) {
-			if (memcmp(s + i, tok, tlen) == 0) {
-				*out = v_int32((int32_t)i);
-				return 0;
-			}
-		}
-		*out = v_int32(-1);
+		/* within s[0, end) as input.substr(0, endIndex).find(token, startIndex) */
+		const char *f = find_bytes(s, (size_t)end, (size_t)start, tok, tlen);
+
+		*out = v_int32(f != NULL ? (int32_t)(f - s) : -1);
 		return 0;
 	}
 	if (tlen == 0) {
@@ -319,14 +337,26 @@ static int eval_indexof(const expr *x, docbuild_node **v, docbuild_node **out, c
 		return 0;
 	}
 	{
-		size_t b = cp_offset(s, len, (size_t)start);
+		/* the first match starting on a code point whose index is below end (the token
+		 * may run past it, as mongod's loop allows) */
+		size_t b = cp_offset(s, len, (size_t)start), from = b;
+		size_t idx = (size_t)start;
+		const char *f;
 
-		for (int32_t i = start; i < end && b < len; i++) {
-			if (b + tlen <= len && memcmp(s + b, tok, tlen) == 0) {
-				*out = v_int32(i);
+		while ((f = find_bytes(s, len, from, tok, tlen)) != NULL) {
+			size_t at = (size_t)(f - s);
+
+			if (is_cont((unsigned char)s[at])) {
+				from = at + 1;
+				continue;
+			}
+			idx += cp_count(s + b, at - b);
+			b = at;
+			if (idx < (size_t)end) {
+				*out = v_int32((int32_t)idx);
 				return 0;
 			}
-			b += cp_len(s + b, len - b);
+			break;
 		}
 	}
 	*out = v_int32(-1);
@@ -368,6 +398,11 @@ static int eval_replace(const expr *x, docbuild_node **v, docbuild_node **out, c
 		for (size_t i = 0; i < len && x->ext == E_REPLACEALL;) {
 			size_t l = cp_len(s + i, len - i);
 
+			if (b.len + rlen + l > STR_MAX_RESULT) {
+				free(b.p);
+				return too_big(b.len + rlen + l, e);
+			}
+
 			sb_put(&b, r, rlen);
 			sb_put(&b, s + i, l);
 			i += l;
@@ -380,9 +415,15 @@ static int eval_replace(const expr *x, docbuild_node **v, docbuild_node **out, c
 		size_t i = 0, from = 0;
 
 		while (i + flen <= len) {
-			if (memcmp(s + i, f, flen) != 0) {
-				i++;
-				continue;
+			const char *hit = find_bytes(s, len, i, f, flen);
+
+			if (hit == NULL) {
+				break;
+			}
+			i = (size_t)(hit - s);
+			if (b.len + (i - from) + rlen > STR_MAX_RESULT) {
+				free(b.p);
+				return too_big(b.len + (i - from) + rlen, e);
 			}
 			sb_put(&b, s + from, i - from);
 			sb_put(&b, r, rlen);
@@ -402,14 +443,13 @@ static int eval_replace(const expr *x, docbuild_node **v, docbuild_node **out, c
 /* ---- $regexMatch / $regexFind / $regexFindAll ---- */
 
 /* One match result document {match, idx, captures} (idx in code points). */
-static docbuild_node *find_doc(const char *s, size_t len, const PCRE2_SIZE *ov, int ncap)
+static docbuild_node *find_doc(const char *s, size_t cpidx, const PCRE2_SIZE *ov, int ncap)
 {
 	docbuild_node *d = docbuild_new_doc(NULL);
 	docbuild_node *m = v_string(s + ov[0], ov[1] - ov[0]);
-	docbuild_node *idx = v_int32((int32_t)cp_count(s, ov[0]));
+	docbuild_node *idx = v_int32((int32_t)cpidx);
 	docbuild_node *caps = docbuild_new_array(NULL);
 
-	(void)len;
 	docbuild_set_key(m, "match");
 	docbuild_push(d, m);
 	docbuild_set_key(idx, "idx");
@@ -500,10 +540,13 @@ static int eval_regex(const expr *x, docbuild_node **v, docbuild_node **out, con
 		size_t len = v[0]->value.value.v_utf8.len;
 		size_t start = 0;
 		docbuild_node *all = x->ext == E_REGEXFINDALL ? docbuild_new_array(NULL) : NULL;
+		size_t total = 0;
+		size_t cp_at = 0, cp_idx = 0; /* the code point index of byte cp_at */
+		uint32_t mopts = 0;
 
 		while (rc == 0) {
 			int m = start > len ? PCRE2_ERROR_NOMATCH
-					    : pcre2_match(re, (PCRE2_SPTR)s, len, start, 0, md, mctx);
+					    : pcre2_match(re, (PCRE2_SPTR)s, len, start, mopts, md, mctx);
 			PCRE2_SIZE *ov;
 
 			if (m == PCRE2_ERROR_NOMATCH) {
@@ -522,17 +565,36 @@ static int eval_regex(const expr *x, docbuild_node **v, docbuild_node **out, con
 				break;
 			}
 			ov = pcre2_get_ovector_pointer(md);
+			/* the subject was checked as UTF-8 once: later matches skip the check
+			 * (each would read the whole subject again) */
+			mopts = PCRE2_NO_UTF_CHECK;
+			if (ov[0] >= cp_at) {
+				cp_idx += cp_count(s + cp_at, ov[0] - cp_at);
+				cp_at = ov[0];
+			}
 			if (x->ext == E_REGEXMATCH) {
 				*out = v_bool(true);
 				break;
 			}
 			if (x->ext == E_REGEXFIND) {
-				*out = find_doc(s, len, ov, (int)pcre2_get_ovector_count(md));
+				*out = find_doc(s, cp_idx, ov, (int)pcre2_get_ovector_count(md));
 				break;
 			}
-			docbuild_push(all, find_doc(s, len, ov, (int)pcre2_get_ovector_count(md)));
-			if (node_size(all) > 16 * 1024 * 1024) {
-				rc = efail(e, 16493, "$regexFindAll: the result exceeds the BSON size limit");
+			{
+				docbuild_node *d = find_doc(s, cp_idx, ov, (int)pcre2_get_ovector_count(md));
+
+				/* the document's BSON size, about: its strings plus 64 bytes of
+				 * field names, lengths and the array index */
+				total += (ov[1] - ov[0]) + 64;
+				for (size_t k = 0; k < d->kids[2]->n; k++) {
+					total += 16 + (d->kids[2]->kids[k]->type == BSON_TYPE_UTF8
+							       ? d->kids[2]->kids[k]->value.value.v_utf8.len
+							       : 0);
+				}
+				docbuild_push(all, d);
+			}
+			if (total > STR_MAX_RESULT) {
+				rc = too_big(total, e);
 				break;
 			}
 			/* an empty match moves on one code point */
@@ -590,13 +652,25 @@ int agg_str_eval(const expr *x, const bson_t *root, docbuild_node **out, const e
 			break;
 		}
 		arr = docbuild_new_array(NULL);
-		while (i + slen <= len) {
-			if (memcmp(s + i, sep, slen) == 0) {
+		{
+			size_t total = 0;
+			const char *hit;
+
+			while ((hit = find_bytes(s, len, i, sep, slen)) != NULL) {
+				i = (size_t)(hit - s);
+				/* an element's BSON size: type, index key, length, bytes, NUL */
+				total += (i - from) + 16;
+				if (total > STR_MAX_RESULT) {
+					break;
+				}
 				docbuild_push(arr, v_string(s + from, i - from));
 				i += slen;
 				from = i;
-			} else {
-				i++;
+			}
+			if (total > STR_MAX_RESULT) {
+				docbuild_free(arr);
+				rc = too_big(total, e);
+				break;
 			}
 		}
 		docbuild_push(arr, v_string(s + from, len - from));

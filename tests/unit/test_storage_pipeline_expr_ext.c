@@ -537,6 +537,50 @@ static void test_date_arith(void **state)
 	err("{'$dateTrunc': 1}", 5439007, NULL);
 }
 
+
+/* Results that would outgrow a BSON document are refused (10334) quickly, and searches are
+ * linear: a 2 MB input never hangs the shard nor holds gigabytes. */
+static void test_big_inputs(void **state)
+{
+	size_t n = 2 * 1024 * 1024;
+	char *big = malloc(n + 1);
+	bson_t doc = BSON_INITIALIZER, *x, out;
+	bson_iter_t it;
+	char errmsg[256];
+	static const struct {
+		const char *expr;
+		int code;
+	} cases[] = {
+		{"{'e': {'$split': ['$b', ',']}}", 10334},
+		{"{'e': {'$regexFindAll': {'input': '$b', 'regex': ''}}}", 10334},
+		{"{'e': {'$replaceAll': {'input': '$b', 'find': '', 'replacement': '$b'}}}", 10334},
+		{"{'e': {'$replaceAll': {'input': '$b', 'find': ',', 'replacement': '$b'}}}", 10334},
+		{"{'e': {'$indexOfBytes': ['$b', {'$concat': ['$h', 'x']}]}}", 0},
+		{"{'e': {'$indexOfCP': ['$b', {'$concat': ['$h', 'x']}]}}", 0},
+		{"{'e': {'$strLenCP': '$b'}}", 0},
+	};
+
+	(void)state;
+	memset(big, ',', n);
+	big[n] = '\0';
+	bson_append_utf8(&doc, "b", 1, big, (int)n);
+	bson_append_utf8(&doc, "h", 1, big, (int)(n / 2));
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		int code = 0;
+
+		x = J(cases[i].expr);
+		assert_true(bson_iter_init_find(&it, x, "e"));
+		(void)sdb_pipeline_eval_expr(&it, &doc, &out, &code, errmsg, sizeof errmsg);
+		if (code != cases[i].code) {
+			fail_msg("%s: code %d (%s), want %d", cases[i].expr, code, errmsg, cases[i].code);
+		}
+		bson_destroy(&out);
+		bson_destroy(x);
+	}
+	bson_destroy(&doc);
+	free(big);
+}
+
 static void test_invalid_utf8(void **state)
 {
 	bson_t doc = BSON_INITIALIZER, *x;
@@ -586,6 +630,7 @@ int main(void)
 		cmocka_unit_test(test_dates),
 		cmocka_unit_test(test_date_build),
 		cmocka_unit_test(test_date_arith),
+		cmocka_unit_test(test_big_inputs),
 		cmocka_unit_test(test_invalid_utf8),
 		cmocka_unit_test(test_still_refused),
 	};
