@@ -285,6 +285,60 @@ bson_decimal128_t sdb_dec_ceil(bson_decimal128_t a)
 	return quantize0(a, true);
 }
 
+bson_decimal128_t sdb_dec_quantize(bson_decimal128_t a, int exp, bool trunc)
+{
+	bool neg;
+	int e = 0;
+	u128 c = 0;
+
+	if (unpack(a, &neg, &e, &c) != K_FINITE || exp < EXP_MIN || exp > EXP_MAX) {
+		return quiet_nan();
+	}
+	if (c == 0) {
+		return pack(neg, exp, 0);
+	}
+	if (e >= exp) {
+		if (e - exp > MAX_DIGITS || ndigits(c) + (e - exp) > MAX_DIGITS) {
+			return quiet_nan();
+		}
+		return pack(neg, exp, c * pow10_u128(e - exp));
+	}
+	return pack(neg, exp, shift_round(c, exp - e, trunc ? R_DOWN_MAG : R_HALF_EVEN));
+}
+
+bool sdb_dec_to_int64_trunc(bson_decimal128_t a, int64_t *out)
+{
+	bool neg;
+	int e = 0;
+	u128 c = 0;
+
+	if (unpack(a, &neg, &e, &c) != K_FINITE) {
+		return false;
+	}
+	if (e < 0) {
+		c = shift_round(c, -e, R_DOWN_MAG);
+	} else if (c != 0) {
+		if (e > 19 || ndigits(c) + e > 20) {
+			return false;
+		}
+		c *= pow10_u128(e);
+	}
+	if (neg ? c > (u128)INT64_MAX + 1 : c > (u128)INT64_MAX) {
+		return false;
+	}
+	*out = neg ? (int64_t)(0 - (uint64_t)c) : (int64_t)c;
+	return true;
+}
+
+bool sdb_dec_is_inf(bson_decimal128_t a)
+{
+	bool neg;
+	int e;
+	u128 c;
+
+	return unpack(a, &neg, &e, &c) == K_INF;
+}
+
 int64_t sdb_dec_to_int64(bson_decimal128_t a)
 {
 	bool neg;

@@ -42,6 +42,19 @@ bson_decimal128_t sdb_dec_abs(bson_decimal128_t a);
 bson_decimal128_t sdb_dec_floor(bson_decimal128_t a);
 bson_decimal128_t sdb_dec_ceil(bson_decimal128_t a);
 
+/* Decimal128::quantize(10^exp, mode), what $round (half to even) and $trunc (trunc: toward
+ * zero) do with a place: a with exponent exactly exp. NaN for NaN, +-Infinity, an exp out
+ * of decimal128's range, and a result needing more than 34 digits (bid128_quantize's
+ * invalid operation); zero keeps its sign. */
+bson_decimal128_t sdb_dec_quantize(bson_decimal128_t a, int exp, bool trunc);
+
+/* Decimal128::toLong(kRoundTowardZero) without its flags: a truncated toward zero into
+ * *out. Returns: false (and *out untouched) for NaN, +-Infinity and values outside int64. */
+bool sdb_dec_to_int64_trunc(bson_decimal128_t a, int64_t *out);
+
+/* True for +-Infinity. */
+bool sdb_dec_is_inf(bson_decimal128_t a);
+
 /* Decimal128::toLong (bid128_to_int64_rnint): a rounded half to even to an integer;
  * INT64_MIN (Intel's "integer indefinite") for NaN, infinities and values out of range. */
 int64_t sdb_dec_to_int64(bson_decimal128_t a);

@@ -1,8 +1,10 @@
 # storage: sources and unit tests of this folder (included by the top Makefile.am)
 
 # --- update engine and aggregation pipeline (owner: sb) ---
-noinst_HEADERS += storage/decimal.h storage/update.h storage/update_int.h storage/pipeline.h storage/pipeline_int.h storage/docbuild.h
+noinst_HEADERS += storage/decimal.h storage/update.h storage/update_int.h storage/pipeline.h storage/pipeline_int.h storage/pipeline_ext.h storage/docbuild.h
 libstripedb_a_SOURCES += storage/decimal.c storage/update.c storage/update_apply.c storage/update_pipeline.c storage/docbuild.c storage/pipeline.c storage/pipeline_expr.c storage/pipeline_arith.c \
+	storage/pipeline_expr_ext.c storage/pipeline_expr_str.c storage/pipeline_expr_conv.c \
+	storage/pipeline_expr_date.c \
 	storage/pipeline_parse.c storage/pipeline_bucket.c storage/pipeline_bucketauto.c \
 	storage/pipeline_facet.c storage/pipeline_lookup.c storage/pipeline_graph.c \
 	storage/pipeline_sample.c storage/pipeline_redact.c \
@@ -28,6 +30,11 @@ tests_unit_test_storage_pipeline_exparr_SOURCES = tests/unit/test_storage_pipeli
 tests_unit_test_storage_pipeline_exparr_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_pipeline_exparr_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_pipeline_exparr
+check_PROGRAMS += tests/unit/test_storage_pipeline_expr_ext
+tests_unit_test_storage_pipeline_expr_ext_SOURCES = tests/unit/test_storage_pipeline_expr_ext.c tests/unit/pipeline_check.h
+tests_unit_test_storage_pipeline_expr_ext_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_pipeline_expr_ext_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_pipeline_expr_ext
 check_PROGRAMS += tests/unit/test_storage_decimal
 tests_unit_test_storage_decimal_SOURCES = tests/unit/test_storage_decimal.c
 tests_unit_test_storage_decimal_CFLAGS = $(UNIT_CFLAGS)

@@ -143,6 +143,24 @@ static int regex_compile(regex *r, const char *pattern, const char *flags, perr 
 	return 0;
 }
 
+pcre2_code *sdb_regex_compile(const char *pattern, const char *flags, int *code, char *err,
+			      size_t errlen)
+{
+	perr pe = {.err = err, .errlen = errlen};
+	regex r = {0};
+	pcre2_code *c;
+
+	if (regex_compile(&r, pattern, flags, &pe) != 0) {
+		*code = pe.code;
+		regex_free(&r);
+		return NULL;
+	}
+	c = r.code;
+	r.code = NULL;
+	regex_free(&r);
+	return c;
+}
+
 static bool regex_match(const regex *r, const bson_value_t *v)
 {
 	const char *s;

@@ -148,4 +148,14 @@ int sdb_matcher_bounds(const bson_t *filter, const char *path, bool multikey,
 		       sdb_bounds *out, char *err, size_t errlen);
 void sdb_bounds_free(sdb_bounds *b);
 
+/* The matcher's $regex compilation of pattern with flags (i m s x, u accepted; PCRE2_UTF),
+ * shared with the expression operators $regexMatch/$regexFind/$regexFindAll
+ * (pipeline_expr_str.c). The result is PCRE2's pcre2_code (8-bit): the caller frees it
+ * with pcre2_code_free. Returns: the compiled pattern, or NULL with *code 51108 (an
+ * invalid flag) or 51091 (an invalid pattern: "Regular expression is invalid: <PCRE2's
+ * reason>") and the message in err. */
+struct pcre2_real_code_8;
+struct pcre2_real_code_8 *sdb_regex_compile(const char *pattern, const char *flags, int *code,
+					    char *err, size_t errlen);
+
 #endif

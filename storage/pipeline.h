@@ -44,6 +44,15 @@
  * $setIsSubset $sortArray, the array forms of $maxN $minN $firstN $lastN:
  * pipeline_expr_array.c) and objects ($mergeObjects $objectToArray
  * $arrayToObject $getField $setField $unsetField: pipeline_expr_obj.c), MongoDB 6.0's.
+ * Numeric, string, conversion and date operators (storage/pipeline_expr_ext.c and its
+ * family files, pipeline_ext.h): $round $trunc $exp $ln $log $log10 $pow $sqrt $isNumber,
+ * $split $trim $ltrim $rtrim $indexOfBytes $indexOfCP $strLenCP $substrCP $strcasecmp
+ * $replaceOne $replaceAll $regexMatch $regexFind $regexFindAll, $convert $toInt $toLong
+ * $toDouble $toDecimal $toBool $toString $toObjectId $toDate, $year $month $dayOfMonth
+ * $dayOfWeek $dayOfYear $hour $minute $second $millisecond $week $isoWeek $isoWeekYear
+ * $isoDayOfWeek $dateToString $dateToParts $dateFromParts $dateFromString $dateAdd
+ * $dateSubtract $dateDiff $dateTrunc (time zones: UTC and fixed offsets; another Olson name
+ * is 238; $exp/$ln/$log/$log10/$pow/$sqrt of a Decimal128 are 238).
  * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count ($sum/$avg:
  * MongoDB's compensated double-double sum, a Decimal128 when a decimal was added). Groups are
  * keyed by the order-preserving encoding of _id (storage/keyenc.h), so 1, 1.0 and

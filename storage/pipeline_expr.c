@@ -65,7 +65,6 @@ static const struct {
 	{"$strLenBytes", OP_STRLENBYTES, 1, 1},
 	{"$substrBytes", OP_SUBSTRBYTES, 3, 3},
 	{"$substr", OP_SUBSTRBYTES, 3, 3},
-	{"$toString", OP_TOSTRING, 1, 1},
 	{"$switch", OP_SWITCH, 1, -1},
 };
 
@@ -275,6 +274,11 @@ static int parse_op(const char *name, const bson_iter_t *arg, expr **out, const 
 
 	*out = x;
 	x->kind = X_OP;
+	rc = agg_ext_parse(name, arg, x, e);
+	if (rc != 1) {
+		return rc;
+	}
+	rc = 0;
 	for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
 		if (strcmp(ops[i].name, name) == 0) {
 			idx = (int)i;
@@ -606,6 +610,8 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 	case OP_LITERAL:
 		*out = docbuild_clone(x->args[0]->lit);
 		return 0;
+	case OP_EXT:
+		return agg_ext_eval(x, root, out, e);
 	case OP_COND: {
 		docbuild_node *c = NULL;
 
@@ -974,45 +980,6 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 		}
 		*out = v_string(str + start, count);
 		free(str);
-		break;
-	}
-	case OP_TOSTRING: {
-		char buf[64];
-
-		if (is_nullish(vals[0])) {
-			*out = v_null();
-			break;
-		}
-		switch (vals[0]->type) {
-		case BSON_TYPE_BOOL:
-			*out = v_string(vals[0]->value.value.v_bool ? "true" : "false",
-					vals[0]->value.value.v_bool ? 4 : 5);
-			break;
-		case BSON_TYPE_OID:
-			bson_oid_to_string(&vals[0]->value.value.v_oid, buf);
-			*out = v_string(buf, strlen(buf));
-			break;
-		case BSON_TYPE_DATE_TIME: {
-			int64_t ms = vals[0]->value.value.v_datetime;
-			time_t secs = (time_t)(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
-			struct tm tm;
-
-			gmtime_r(&secs, &tm);
-			snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ",
-				 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-				 tm.tm_sec, (int)(((ms % 1000) + 1000) % 1000));
-			*out = v_string(buf, strlen(buf));
-			break;
-		}
-		default: {
-			char *str = to_string_value(vals[0], "$toString", e, &rc);
-
-			if (str != NULL) {
-				*out = v_string(str, strlen(str));
-				free(str);
-			}
-		}
-		}
 		break;
 	}
 	case OP_ARRAYELEMAT: {

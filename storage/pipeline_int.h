@@ -317,11 +317,11 @@ typedef enum {
 	OP_CEIL,
 	OP_STRLENBYTES,
 	OP_SUBSTRBYTES,
-	OP_TOSTRING,
 	OP_SWITCH, /* args: case0, then0, case1, then1, ... [, default when n is odd] */
 	OP_XVAR,   /* $let/$map/$filter/$reduce (pipeline_expr_var.c): sub */
 	OP_XARR,   /* array and set operators (pipeline_expr_array.c): sub */
 	OP_XOBJ,   /* object operators (pipeline_expr_obj.c): sub */
+	OP_EXT,    /* an operator of the extension tables (pipeline_ext.h): expr.ext names it */
 } xop;
 
 typedef struct expr expr;
@@ -336,6 +336,7 @@ struct expr {
 	size_t n;
 	bool root;          /* X_PATH: $$ROOT[.path] (reads ectx.root when set), not CURRENT */
 	int sub;            /* OP_XVAR/OP_XARR/OP_XOBJ: the operator in its file's table */
+	int ext;            /* OP_EXT: the operator's ext_id (pipeline_ext.h) */
 };
 
 /* Compile the aggregation expression at it (a literal, "$path", "$$VAR", {op: args} or an
@@ -387,6 +388,14 @@ docbuild_node *agg_node_path(const docbuild_node *v, const char *path);
 /* v (NULL = missing) as text for an error message, as MongoDB's Value::toString: relaxed
  * extended JSON (a new string the caller frees). */
 char *agg_node_str(const docbuild_node *v);
+/* The numeric, string, conversion and date operators (pipeline_expr_ext.c and its family
+ * files, pipeline_ext.h). agg_ext_parse compiles {name: arg} into x (kind X_OP, op OP_EXT)
+ * when name is one of them. Returns: 1 (x untouched) when name is not an extension
+ * operator, 0 when compiled, SDB_EINVAL with MongoDB's parse error in e.
+ * agg_ext_eval evaluates such an x against root. Errors: SDB_EINVAL with MongoDB's code and
+ * message in e. */
+int agg_ext_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx *e);
+int agg_ext_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e);
 
 /* $bucket (pipeline_bucket.c): the stage's argument at it turned into the argument of a
  * $group (*group) and of the $sort after it (*sort), as MongoDB 6.0 desugars it: _id is a
