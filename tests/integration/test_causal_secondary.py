@@ -25,11 +25,11 @@ NOOP = {"noop write for afterClusterTime read concern": 1}
 SIG = {"hash": b"\x00" * 20, "keyId": 0}
 
 
-def secondary_client(port):
+def secondary_client(port, **kw):
     """A direct connection to one member that reads from it (pymongo sends secondaryOk)."""
     return pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
                                serverSelectionTimeoutMS=5000, socketTimeoutMS=30000,
-                               readPreference="secondaryPreferred")
+                               readPreference="secondaryPreferred", **kw)
 
 
 def read_at(client, t, **extra):
@@ -167,6 +167,32 @@ def test_cut_off_secondary_answers_max_time_and_kill_op(start_role, tmp_path):
     with secondary_client(wires[sec]) as sc:
         r = read_at(sc, t)
         assert r["cursor"]["firstBatch"] == [{"_id": 1}]
+    # a read waiting when its member stops is answered InterruptedAtShutdown (quiesce 0)
+    t2 = Timestamp(int(time.time()) + 30, 1)
+    for i in others:
+        procs[i].signal(signal.SIGSTOP)
+    try:
+        # no retry: the driver would retry an 11600 read on the stopped member
+        with secondary_client(wires[sec], retryReads=False) as sc:
+            out = {}
+
+            def reader2():
+                try:
+                    out["r"] = read_at(sc, t2)
+                except Exception as ex:  # noqa: BLE001 - checked below
+                    out["e"] = ex
+            th = threading.Thread(target=reader2)
+            th.start()
+            wait_until(lambda: waiting_causal_ops(wires[sec]), 10,
+                       what="the waiting read in currentOp")
+            assert procs[sec].stop() == 0
+            th.join(10)
+            assert not th.is_alive()
+            # pymongo raises NotPrimaryError for the shutdown codes
+            assert "e" in out and getattr(out["e"], "details", {}).get("code") == 11600, out
+    finally:
+        for i in others:
+            procs[i].signal(signal.SIGCONT)
 
 
 def test_causal_secondary_reads_through_the_proxy_on_a_sharded_collection(start_role,
