@@ -2,10 +2,10 @@
  * whose newest applied oplog entry is below T waits, as mongod's waitForReadConcernImpl
  * (mongo/db/read_concern_mongod.cpp): the read parks here without holding a worker, and is
  * handed to the pool once this member applied an entry with ts >= T (repl_ct_wake, called
- * after every apply); meanwhile the member asks the primary for a no-op write above T
- * (mongod's makeNoopWriteIfNeeded: appendOplogNote {data: {"noop write for
- * afterClusterTime read concern": 1}, maxClusterTime: T}) so that its oplog passes T even
- * when no client writes. A parked read answers MaxTimeMSExpired (50) at its maxTimeMS,
+ * after every apply); meanwhile the member asks the primary for a no-op write at or
+ * above T (mongod's makeNoopWriteIfNeeded: appendOplogNote {data: {"noop write for
+ * afterClusterTime read concern": 1}, maxClusterTime: T - 1}, see noop_send) so that its
+ * oplog reaches T even when no client writes. A parked read answers MaxTimeMSExpired (50) at its maxTimeMS,
  * Interrupted (11601) once killOp marked it, InterruptedAtShutdown (11600) at the end of
  * the stop's quiesce; it stays in currentOp (its request is in flight) while it waits.
  *
@@ -94,7 +94,13 @@ static void noop_send(shard_repl *r)
 	BSON_APPEND_DOCUMENT_BEGIN(&cmd, "data", &data);
 	BSON_APPEND_INT32(&data, "noop write for afterClusterTime read concern", 1);
 	bson_append_document_end(&cmd, &data);
-	BSON_APPEND_TIMESTAMP(&cmd, "maxClusterTime", (uint32_t)(want >> 32), (uint32_t)want);
+	/* T - 1: the shard's appendOplogNote writes unless its newest entry is ABOVE
+	 * maxClusterTime (what change streams need), mongod's skips when lastApplied is AT
+	 * or above it; asking for T - 1 gives mongod's rule, so a read that merely lags
+	 * behind an existing entry at T adds nothing to the oplog, and a no-op written gets a
+	 * ts >= T */
+	uint64_t floor = want - 1;
+	BSON_APPEND_TIMESTAMP(&cmd, "maxClusterTime", (uint32_t)(floor >> 32), (uint32_t)floor);
 	struct ct_noop *n = sdb_calloc(1, sizeof *n);
 	n->r = r;
 	n->ts = want;

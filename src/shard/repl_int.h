@@ -227,7 +227,7 @@ void repl_wc_abandon(shard_repl *r);
 
 /* repl_causal.c: afterClusterTime reads on a secondary (mongod's waitForReadConcernImpl).
  * repl_ct_park: park req (fn: its command) until this member applied an entry with
- * ts >= after (packed), and ask the primary for a no-op write above it
+ * ts >= after (packed), and ask the primary for a no-op write at or above it
  * (makeNoopWriteIfNeeded: one request in flight, for the highest T wanted; a failure waits
  * 200 ms or the next park). req is answered at once with 11600 when the member stops, with
  * 50 when its maxTimeMS passed already.
