@@ -162,6 +162,15 @@ shard_cmd_fn shard_cmd_lookup(const char *name)
 	return NULL;
 }
 
+void shard_cmd_run_read(shard *sh, wire_req *req, shard_cmd_fn fn)
+{
+	/* $currentOp: the op documents are taken here, on the loop thread, for the worker
+	 * (currentop.c) */
+	if (strcmp(wire_req_name(req), "aggregate") == 0 && shard_curop_stage_dispatch(sh, req))
+		return;
+	shard_pool_submit(sh, fn, req);
+}
+
 static void dispatch(wire_req *req, void *role_data)
 {
 	shard *sh = role_data;
@@ -184,14 +193,8 @@ static void dispatch(wire_req *req, void *role_data)
 				return;
 			}
 			if (shard_repl_check_read(sh->repl, req) &&
-			    shard_repl_read_concern(sh->repl, req, cmd_table[i].fn)) {
-				/* $currentOp: the op documents are taken here, on the loop
-				 * thread, for the worker (currentop.c) */
-				if (strcmp(name, "aggregate") == 0 &&
-				    shard_curop_stage_dispatch(sh, req))
-					return;
-				shard_pool_submit(sh, cmd_table[i].fn, req);
-			}
+			    shard_repl_read_concern(sh->repl, req, cmd_table[i].fn))
+				shard_cmd_run_read(sh, req, cmd_table[i].fn);
 			return;
 		}
 	}

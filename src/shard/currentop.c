@@ -14,6 +14,7 @@
 #include "common/bsonget.h"
 #include "common/curop.h"
 #include "common/log.h"
+#include "shard/repl.h"
 #include "shard/shard.h"
 #include "shard/util.h"
 #include "storage/matcher.h"
@@ -164,6 +165,9 @@ static void cmd_kill_op(wire_req *req, void *role_data)
 			wire_req_kill(victim);
 			/* a parked awaitData getMore runs again and sees it killed */
 			shard_oplog_notify(sh);
+			/* a read waiting for afterClusterTime answers now */
+			if (sh->repl)
+				shard_repl_reads_killed(sh->repl);
 		}
 	}
 	bson_t *reply = bson_new();

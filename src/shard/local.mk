@@ -3,7 +3,7 @@
 libstripedb_a_SOURCES += src/shard/role.c src/shard/pool.c src/shard/cursors.c \
 	src/shard/commands.c src/shard/clustertime.c src/shard/util.c src/shard/cmd_read.c src/shard/cmd_aggregate.c src/shard/cmd_outmerge.c src/shard/cmd_write.c \
 	src/shard/cmd_admin.c src/shard/retry.c src/shard/retry_mig.c src/shard/filtering.c \
-	src/shard/repl.c src/shard/repl_wc.c src/shard/repl_parts.c src/shard/repl_hello.c src/shard/repl_view.c src/shard/snapfile.c \
+	src/shard/repl.c src/shard/repl_wc.c src/shard/repl_parts.c src/shard/repl_hello.c src/shard/repl_causal.c src/shard/repl_view.c src/shard/snapfile.c \
 	src/shard/members.c \
 	src/shard/ttl.c src/shard/txn.c src/shard/txn_apply.c src/shard/currentop.c src/shard/validation.c \
 	src/shard/changestream.c src/shard/cs_event.c

@@ -379,6 +379,7 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 	r->last_applied = index;
 	r->last_result = res;
 	shard_oplog_notify(r->sh);
+	repl_ct_wake(r); /* reads waiting for afterClusterTime */
 	sdb_gauge_set(r->g_applied, (int64_t)index);
 	{
 		uint64_t dt = sdb_mono_ns() - t0;
@@ -489,6 +490,7 @@ static int vt_restore(struct raft_fsm *vt, struct raft_buffer *buf)
 		r->n_members = 0;
 		sdb_store_meta_scan(r->conn, MEMBER_KEY, member_load, r);
 		shard_oplog_notify(r->sh);
+		repl_ct_wake(r);
 	}
 	free(sender);
 	raft_free(buf->base);
@@ -1014,6 +1016,7 @@ static void stall_cb(uv_timer_t *t)
 	}
 	r->stall_last_ns = now;
 	shard_repl_view_tick(r);
+	repl_ct_tick(r); /* afterClusterTime reads: deadlines, killOp, the no-op's retry */
 }
 
 static void reg_timer_cb(uv_timer_t *t)
@@ -1046,6 +1049,12 @@ static const sdb_metric_def repl_metrics[] = {
 			   "Write commands proposed by this member."),
 	SDB_METRIC_COUNTER(shard_repl, c_not_primary, "stripedb_shard_not_primary_total",
 			   "Commands refused because this member is not primary."),
+	SDB_METRIC_GAUGE(shard_repl, g_ct_parked, "stripedb_shard_causal_reads_waiting",
+			 "Reads with readConcern afterClusterTime waiting on this secondary for "
+			 "its oplog to reach their cluster time (without holding a worker)."),
+	SDB_METRIC_COUNTER(shard_repl, c_ct_noops, "stripedb_shard_causal_noop_requests_total",
+			   "appendOplogNote no-op writes this secondary asked the primary for "
+			   "(makeNoopWriteIfNeeded of a waiting afterClusterTime read)."),
 	SDB_METRIC_HISTOGRAM(shard_repl, h_commit, "stripedb_shard_commit_seconds",
 			     "From proposing a batch of writes to its apply here."),
 	SDB_METRIC_HISTOGRAM(shard_repl, h_apply, "stripedb_shard_apply_seconds",
@@ -1289,6 +1298,7 @@ void shard_repl_abandon(shard_repl *r)
 		}
 	}
 	repl_wc_abandon(r);
+	repl_ct_abandon(r);
 	for (repl_batch *b = r->inflight; b; b = b->next) {
 		for (size_t i = 0; i < b->n; i++) {
 			if (b->reqs[i]) {

@@ -58,11 +58,20 @@ bool shard_repl_check_read(shard_repl *r, wire_req *req);
  * (a member only applies committed entries); linearizable runs on the primary after a
  * barrier of its term committed (fn is then submitted to the pool), elsewhere
  * NotWritablePrimary; snapshot and atClusterTime are refused (InvalidOptions 72), other
- * levels FailedToParse (9). afterClusterTime (issue #20): see repl_hello.c
- * after_cluster_time_ok (72 above the member's cluster time; on a secondary not yet at
- * it, 238). True when the read may be submitted now; false when it was
- * answered or deferred. */
+ * levels FailedToParse (9). afterClusterTime T (issue #20): 72 above the member's
+ * cluster time; on the primary at once; on a secondary whose newest applied oplog entry
+ * is below T the read waits (without a worker) until the member applied T, asking the
+ * primary for a no-op write above T meanwhile, bounded by maxTimeMS (50), killOp (11601)
+ * and the stop (11600): repl_causal.c. True when the read may be submitted now; false
+ * when it was answered or deferred. */
 bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn);
+/* killOp marked a request: answer it now if it is a read waiting for afterClusterTime
+ * (repl_causal.c; otherwise within 50 ms). Loop thread. */
+void shard_repl_reads_killed(shard_repl *r);
+/* The start of a stop with a quiesce of ms: reads waiting for afterClusterTime answer
+ * InterruptedAtShutdown (11600) by then unless their T applied first (ms <= 0: now), as
+ * mongod interrupts waiting operations at shutdown. Loop thread. */
+void shard_repl_reads_close_by(shard_repl *r, int64_t ms);
 /* hello's replica-set fields (setName, hosts, primary, me, secondary, isWritablePrimary,
  * setVersion, electionId) when --replica-set is given; nothing otherwise. */
 void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply);

@@ -61,7 +61,7 @@ static void lin_barrier_done(void *arg, int status)
 		return;
 	}
 	if (status == 0 && !l->r->closed)
-		shard_pool_submit(l->r->sh, l->fn, l->req);
+		shard_cmd_run_read(l->r->sh, l->req, l->fn);
 	else if (status == SDB_ENOTLEADER)
 		shard_repl_reply_not_primary(l->r, l->req);
 	else
@@ -70,18 +70,20 @@ static void lin_barrier_done(void *arg, int status)
 	free(l);
 }
 
-/* readConcern afterClusterTime T (mongod's waitForReadConcern): T above this member's
+/* readConcern afterClusterTime T (mongod's waitForReadConcernImpl): T above this member's
  * cluster time is InvalidOptions (72) with mongod's message (the request's $clusterTime,
  * taken before, normally covers it). On the primary the read runs at once: it answers a
  * write only after the write's entry applied here, and serves only after its term's
  * barrier applied, so every write acknowledged before T is visible. A secondary runs it
- * when its newest applied oplog entry is at or above T; otherwise it would have to wait
- * for the primary to write above T (mongod's secondary asks its primary for a no-op
- * write, makeNoopWriteIfNeeded): not built, refused with NotImplemented (238). */
-static bool after_cluster_time_ok(shard_repl *r, wire_req *req, uint64_t after)
+ * at once when its newest applied oplog entry is at or above T; otherwise *wait is set:
+ * the read waits for the member to apply an entry at or above T (repl_causal.c, which also
+ * asks the primary for a no-op write above T: makeNoopWriteIfNeeded). False when req was
+ * answered. */
+static bool after_cluster_time_ok(shard_repl *r, wire_req *req, uint64_t after, bool *wait)
 {
 	uint64_t cur = shard_cluster_time(r->sh);
 
+	*wait = false;
 	if (after > cur) {
 		wire_req_error(req, WIRE_ERR_INVALID_OPTIONS,
 			       "readConcern afterClusterTime value must not be greater than the "
@@ -91,14 +93,9 @@ static bool after_cluster_time_ok(shard_repl *r, wire_req *req, uint64_t after)
 			       (unsigned)cur);
 		return false;
 	}
-	if (shard_repl_writable(r) || sdb_store_oplog_committed(r->sh->store) >= after)
-		return true;
-	wire_req_error(req, WIRE_ERR_NOT_IMPLEMENTED,
-		       "readConcern afterClusterTime Timestamp(%u, %u) is above this secondary's "
-		       "newest applied oplog entry: waiting for the primary to write above it is "
-		       "not supported by the stripedb shard; read from the primary",
-		       (unsigned)(after >> 32), (unsigned)after);
-	return false;
+	if (!shard_repl_writable(r) && sdb_store_oplog_committed(r->sh->store) < after)
+		*wait = true;
+	return true;
 }
 
 bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
@@ -115,8 +112,16 @@ bool shard_repl_read_concern(shard_repl *r, wire_req *req, shard_cmd_fn fn)
 		return false;
 	}
 	uint64_t after = sdb_store_ts_pack(rcn.after_t, rcn.after_i);
-	if (after && !after_cluster_time_ok(r, req, after))
+	bool wait = false;
+	if (after && !after_cluster_time_ok(r, req, after, &wait))
 		return false;
+	if (wait) {
+		if (rcn.linearizable)
+			shard_repl_reply_not_primary(r, req); /* linearizable: the primary only */
+		else
+			repl_ct_park(r, req, fn, after);
+		return false;
+	}
 	/* every member applies committed entries only: what it reads is majority-committed */
 	if (!rcn.linearizable)
 		return true;

@@ -119,6 +119,13 @@ struct shard_repl {
 	wc_wait *wc_waits; /* replies waiting for more members than a majority */
 	struct lin_read *lin_reads; /* linearizable reads waiting for their barrier */
 	struct reg_req *reg_reqs;   /* stripedbRegisterMember waiting for its commit */
+	/* reads waiting for afterClusterTime on a secondary (repl_causal.c) */
+	struct ct_read *ct_reads;
+	uint64_t ct_noop_want;    /* highest T they wait for (packed ts; 0: none) */
+	uint64_t ct_noop_done;    /* highest T a no-op request to the primary succeeded for */
+	uint64_t ct_noop_next_ms; /* sdb_mono_ms before which no request goes (back-off) */
+	struct ct_noop *ct_noop;  /* the request in flight, or NULL */
+	uint64_t ct_close_ms;     /* the stop's quiesce ends (sdb_mono_ms; 0: not stopping) */
 	uv_timer_t wc_timer;
 	uv_timer_t stall_timer; /* measures how long the loop thread was busy (see stall_cb) */
 	uint64_t stall_last_ns;
@@ -150,7 +157,8 @@ struct shard_repl {
 	uint64_t topo_leader, topo_term;
 	/* metrics */
 	sdb_gauge *g_term, *g_primary, *g_applied;
-	sdb_counter *c_batches, *c_cmds, *c_not_primary;
+	sdb_counter *c_batches, *c_cmds, *c_not_primary, *c_ct_noops;
+	sdb_gauge *g_ct_parked;
 	sdb_histogram *h_commit, *h_apply, *h_stall;
 	/* for /healthz and other threads */
 	atomic_int h_state, h_members;
@@ -166,6 +174,15 @@ typedef struct lin_read {
 	wire_req *req; /* NULL once answered by shard_repl_abandon */
 	shard_cmd_fn fn;
 } lin_read;
+
+/* A read with readConcern afterClusterTime waiting on a secondary (repl_causal.c). */
+typedef struct ct_read {
+	struct ct_read *next, *prev;
+	wire_req *req;
+	shard_cmd_fn fn;
+	uint64_t after;       /* afterClusterTime (packed ts) */
+	uint64_t deadline_ms; /* its maxTimeMS (sdb_mono_ms); 0: none */
+} ct_read;
 
 typedef struct reg_req {
 	struct reg_req *next, *prev;
@@ -207,5 +224,23 @@ void shard_repl_ensure_registered(shard_repl *r);
 bool repl_wc_parse(wire_req *req, int32_t *w, int64_t *wtimeout, int64_t *maxtime);
 void repl_wc_reply(shard_repl *r, repl_batch *b, size_t i, bson_t *reply, uint64_t index);
 void repl_wc_abandon(shard_repl *r);
+
+/* repl_causal.c: afterClusterTime reads on a secondary (mongod's waitForReadConcernImpl).
+ * repl_ct_park: park req (fn: its command) until this member applied an entry with
+ * ts >= after (packed), and ask the primary for a no-op write at or above it
+ * (makeNoopWriteIfNeeded: one request in flight, for the highest T wanted; a failure waits
+ * 200 ms or the next park). req is answered at once with 11600 when the member stops, with
+ * 50 when its maxTimeMS passed already.
+ * repl_ct_wake: after an apply, hand every read whose T is now applied (all of them once
+ * this member is the primary) to the pool (shard_cmd_run_read).
+ * repl_ct_tick: every 50 ms (repl.c stall_cb) and on killOp: wake, then answer the parked
+ * reads killed (11601), past their maxTimeMS (50) or past the stop's quiesce (11600), and
+ * retry a failed no-op request after its back-off.
+ * repl_ct_abandon: answer every parked read 11600 (shutdown) and forget the no-op in
+ * flight (its callback then only frees). Loop thread, all. */
+void repl_ct_park(shard_repl *r, wire_req *req, shard_cmd_fn fn, uint64_t after);
+void repl_ct_wake(shard_repl *r);
+void repl_ct_tick(shard_repl *r);
+void repl_ct_abandon(shard_repl *r);
 
 #endif

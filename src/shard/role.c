@@ -319,6 +319,10 @@ static void shard_stop(sdb_role *role)
 	{
 		int64_t q = sdb_config_get_int(role->cfg, SDB_OPT_shutdown_quiesce_ms, 0);
 		shard_await_close_by(sh, q < (int64_t)timeout ? q : (int64_t)timeout);
+		/* reads waiting for afterClusterTime: the same */
+		if (sh->repl)
+			shard_repl_reads_close_by(sh->repl,
+						  q < (int64_t)timeout ? q : (int64_t)timeout);
 	}
 	wire_server_close(sh->srv, timeout, server_closed, sh);
 }

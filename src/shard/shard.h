@@ -240,6 +240,10 @@ int shard_pool_workers(void);
 int shard_pool_start(shard *sh, char *err, size_t errlen);
 /* Queue fn for req (loop thread). The job is freed by the worker; fn completes req. */
 void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req);
+/* Run a read that passed its gates (read preference, readConcern) now or after waiting
+ * (repl.h shard_repl_read_concern): a $currentOp aggregate takes its op documents here,
+ * everything else goes to the pool as shard_pool_submit. Loop thread (commands.c). */
+void shard_cmd_run_read(shard *sh, wire_req *req, shard_cmd_fn fn);
 /* Queue a write command for a worker's checks (fail points, command extensions), after
  * which it goes to shard_repl_submit (loop thread). */
 void shard_pool_submit_write(shard *sh, wire_req *req);
