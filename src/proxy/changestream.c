@@ -60,6 +60,7 @@
 #define ERR_CS_FATAL 280
 #define ERR_CS_HISTORY_LOST 286
 #define ERR_NOT_IN_TXN 263
+#define ERR_CLIENT_DISCONNECT 279
 
 enum { CS_COLL, CS_DB, CS_CLUSTER };
 
@@ -1409,6 +1410,14 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 	cs->park_req = NULL;
 	sync_shards(c, cs, true);
 	for (;;) {
+		if (c->req != NULL && wire_req_conn_gone(c->req)) {
+			/* its client closed the connection (a parked getMore is woken for it):
+			 * the cursor ends, as mongod interrupts the operation of a client that
+			 * disconnected (ClientDisconnect); the answer is not sent */
+			st = px_error(c, ERR_CLIENT_DISCONNECT,
+				      "operation was interrupted because a client disconnected");
+			break;
+		}
 		if (c->req != NULL && wire_req_killed(c->req)) {
 			/* killOp (a parked getMore is woken for it): the cursor ends, as a
 			 * getMore's failure ends it on mongod */

@@ -607,6 +607,11 @@ int px_cswait_park(px_cswait *w, wire_req *req, const char *user, const px_cswai
 		uv_mutex_unlock(&w->mu);
 		return -1;
 	}
+	if (wire_req_conn_gone(req)) {
+		/* its client closed (wire gone hook): not parked, the getMore drops it */
+		uv_mutex_unlock(&w->mu);
+		return 0;
+	}
 	for (size_t i = 0; i < n; i++) {
 		if (moved_locked(w, checks[i].any ? NULL : f, checks[i].id, checks[i].since)) {
 			uv_mutex_unlock(&w->mu);

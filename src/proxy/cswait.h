@@ -20,8 +20,9 @@
  *     event; "anything" wakes every parked getMore; a position-only move wakes only those
  *     waiting on a holdout shard's position (parked "pending");
  *   - its time is up (px_cswait_park's until_ms: the getMore's await, or a short retry);
- *   - its cursor is killed or its request killOp'ed (px_cswait_wake_req), or the proxy
- *     stops (px_cswait_stop).
+ *   - its cursor is killed, its request killOp'ed, or its client closes the connection
+ *     (px_cswait_wake_req; the wire layer reports the close, wire_req_watch_close), or
+ *     the proxy stops (px_cswait_stop).
  * Moves are numbered (px_cswait_seq) and the last PX_CSWAIT_RING are kept, so that a stream
  * asks only the shards that moved for it since it last asked each (px_cswait_moved); an
  * older number than the table keeps counts as "moved".
@@ -94,7 +95,8 @@ bool px_cswait_moved(px_cswait *w, const px_cswait_filter *f, const char *id, ui
  * Returns: 1 when parked (the caller returns without answering: the request belongs to
  * the table and the getMore runs again later); 0 when a checked shard moved (not parked:
  * run another round, the cursor is still the caller's); -1 when the proxy is stopping (not
- * parked: answer now, the cursor is still the caller's). */
+ * parked: answer now, the cursor is still the caller's). A request whose client closed
+ * (wire_req_conn_gone) is not parked (0). */
 int px_cswait_park(px_cswait *w, wire_req *req, const char *user, const px_cswait_filter *f,
 		   bool pending, const px_cswait_check *checks, size_t n, uint64_t until_ms,
 		   struct proxy_cursor *cur);
@@ -108,7 +110,7 @@ bool px_cswait_stalled(px_cswait *w, const char *id);
  * a worker. */
 void px_cswait_wake_all(px_cswait *w);
 /* Hand the parked getMore req back to a worker, when it is parked (its cursor is being
- * killed). req is only compared, never dereferenced. */
+ * killed, its client closed). req is only compared, never dereferenced. */
 void px_cswait_wake_req(px_cswait *w, const wire_req *req);
 
 #endif
