@@ -82,6 +82,9 @@ typedef struct cs_shard {
 	 * this shard, or that found it had not moved for the stream: every move of it up to
 	 * there is covered (cswait.h) */
 	uint64_t asked_seq;
+	/* the move number read before the last round that asked it: its PBRT is as of then
+	 * (an await's end asks it again when it moved since, CS_ASK_REFRESH) */
+	uint64_t pbrt_seq;
 	bool more; /* its last batch had events: there may be more (asked again) */
 	uint64_t ended_ms; /* monotonic ms when it answered a cursor id 0 (reopened 100 ms
 			    * later, not in a loop) */
@@ -477,7 +480,7 @@ static cs_shard *open_closed(proxy *p, px_cs *cs, px_cswait *w)
 	for (size_t k = 0; k < n && bad == NULL; k++) {
 		cs_shard *s = &cs->sh[idx[k]];
 		if (s->status == SHARDCONN_OK) {
-			s->asked_seq = cs->round_seq;
+			s->asked_seq = s->pbrt_seq = cs->round_seq;
 			continue;
 		}
 		if (s->opened && round_timed_out(s)) {
@@ -495,7 +498,7 @@ static cs_shard *open_closed(proxy *p, px_cs *cs, px_cswait *w)
 			cs->start = keep;
 			cs->have_pos = had;
 			if (s->status == SHARDCONN_OK) {
-				s->asked_seq = cs->round_seq;
+				s->asked_seq = s->pbrt_seq = cs->round_seq;
 				continue;
 			}
 		}
@@ -829,14 +832,17 @@ static int candidate(const px_cs *cs, px_cswait *w, size_t i, ssize_t h)
 	return 2;
 }
 
-/* Did shard s move for cs since it was last asked (any: in any way)? A shard whose last
- * batch had events, or without a position, counts as moved. */
+/* Did shard s move for cs since it was last asked (any: in any way since its PBRT was last
+ * taken)? A shard whose last batch had events, or without a position, counts as moved. */
 static bool shard_moved(const px_cs *cs, px_cswait *w, const cs_shard *s, bool any)
 {
 	px_cswait_filter f;
 
 	cs_filter(cs, &f);
-	return s->more || !s->have_pbrt || px_cswait_moved(w, any ? NULL : &f, s->id, s->asked_seq);
+	if (s->more || !s->have_pbrt)
+		return true;
+	return any ? px_cswait_moved(w, NULL, s->id, s->pbrt_seq)
+		   : px_cswait_moved(w, &f, s->id, s->asked_seq);
 }
 
 static int fetch(ctx *c, px_cs *cs, int64_t await_ms, int mode)
@@ -907,7 +913,7 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms, int mode)
 	for (size_t k = 0; k < n; k++) {
 		cs_shard *s = &cs->sh[idx[k]];
 		if (s->status == SHARDCONN_OK) {
-			s->asked_seq = cs->round_seq;
+			s->asked_seq = s->pbrt_seq = cs->round_seq;
 			continue;
 		}
 		if (round_timed_out(s)) {

@@ -119,8 +119,14 @@ class Watcher:
         self.cs.close()
 
 
-def write_phase(name, coll, watcher, pid, seconds, first_id):
+def others(pids, c0, took):
+    """CPU of the other processes since c0 (cpu_s of each), % of a core."""
+    return "  ".join(f"{k} {(cpu_s(v) - c0[k]) / took * 100:.1f}%" for k, v in pids.items())
+
+
+def write_phase(name, coll, watcher, pid, seconds, first_id, pids):
     sent, lat = {}, []
+    oc0 = {k: cpu_s(v) for k, v in pids.items()}
     c0, t0 = cpu_s(pid), time.monotonic()
     i = first_id
     while time.monotonic() < t0 + seconds:
@@ -133,6 +139,7 @@ def write_phase(name, coll, watcher, pid, seconds, first_id):
         i += 1
     took = time.monotonic() - t0
     cpu = cpu_s(pid) - c0
+    other = others(pids, oc0, took)
     end = time.monotonic() + 15
     while time.monotonic() < end and not all(k in watcher.seen for k in sent):
         time.sleep(0.05)
@@ -142,6 +149,7 @@ def write_phase(name, coll, watcher, pid, seconds, first_id):
           f"{pct(lat, 50):6.2f} p99 {pct(lat, 99):7.2f} ms  proxy CPU {cpu * 1000 / n:6.2f} ms"
           f"/insert, {cpu / took * 100:5.1f}% of a core  event latency p50 {pct(ev, 50):7.1f}"
           f" p99 {pct(ev, 99):7.1f} ms  (events {len(ev)}/{n})", flush=True)
+    print(f"{'':34s} CPU of the others: {other}", flush=True)
     return i
 
 
@@ -163,13 +171,15 @@ def main():
         cl = ProxyCluster(st, Path(tmp), shards=2, proxies=1)
         cl.shard_collection("bench.w", {"_id": 1}, split_points=[{"_id": 0}])
         pid = cl.proxy_procs[0].p.pid
+        pids = {sid: proc.p.pid for sid, proc in cl.shard_procs.items()}
         uri = f"mongodb://127.0.0.1:{cl.proxy_ports[0]}/"
         fc = pymongo.MongoClient(uri, directConnection=True, maxPoolSize=4)
         fc.bench.idle.insert_one({"_id": "here"})
         fc.bench.w.insert_one({"_id": "warm"})
         watcher = Watcher(fc)
         time.sleep(1)
-        nxt = write_phase("writer, no idle stream", fc.bench.w, watcher, pid, a.seconds, 1)
+        nxt = write_phase("writer, no idle stream", fc.bench.w, watcher, pid, a.seconds, 1,
+                          pids)
 
         t0 = time.monotonic()
         child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--streams-at", uri,
@@ -180,13 +190,16 @@ def main():
               f"{time.monotonic() - t0:.1f} s ({line[1] if len(line) > 1 else '?'} errors)",
               flush=True)
         time.sleep(3)  # every stream is in its getMore loop
+        pids["streams' client"] = child.pid
+        oc0 = {k: cpu_s(v) for k, v in pids.items()}
         c0, t1 = cpu_s(pid), time.monotonic()
         time.sleep(a.idle_s)
-        idle_cpu = (cpu_s(pid) - c0) / (time.monotonic() - t1)
-        print(f"{'idle streams, no writer':34s} proxy CPU {idle_cpu * 100:5.1f}% of a core",
-              flush=True)
+        took = time.monotonic() - t1
+        idle_cpu = (cpu_s(pid) - c0) / took
+        print(f"{'idle streams, no writer':34s} proxy CPU {idle_cpu * 100:5.1f}% of a core;"
+              f" the others: {others(pids, oc0, took)}", flush=True)
         write_phase(f"writer, {a.streams} idle streams", fc.bench.w, watcher, pid, a.seconds,
-                    nxt)
+                    nxt, pids)
         out, _ = child.communicate("stop\n", timeout=a.await_ms / 1000 * 3 + 60)
         res = json.loads(out.strip().splitlines()[-1])
         print(f"idle streams: {res['empties']} empty getMores, {len(res['errors'])} errors"

@@ -11,7 +11,7 @@ import time
 import pytest
 from pymongo.errors import OperationFailure
 
-from test_change_streams_proxy import make_cluster
+from test_change_streams_proxy import make_cluster, tok
 
 
 def _pct(lat, q):
@@ -274,17 +274,22 @@ def test_a_write_wakes_only_the_streams_it_concerns(start_role, tmp_path):
             cli.app.c.insert_one({"_id": i, "k": i * 10})  # k < 100: shard-a, else shard-b
         time.sleep(1.5)  # the watchers saw every insert (their await answers at a write)
         assert _wakes(cl) == before, "a write to app.c woke streams on app.b / other"
-        for t, res in waits:
-            t.join(timeout=30)
-            assert "err" not in res, res
-            assert res["g"]["cursor"]["nextBatch"] == []
         evs = drain(a_stream, lambda e: len(e) >= 20)
         a_stream.close()
         assert sorted(e["documentKey"]["_id"] for e in evs) == list(range(20))
         assert_token_order(evs)
-        # each document's own order across the shards is cluster-time order: the inserts
-        # were sequential through one proxy, so they come in the order they were made
+        # sequential inserts through one proxy (cluster-time gossip) come in the order
+        # they were made, across the shards
         assert [e["documentKey"]["_id"] for e in evs] == list(range(20))
+        for t, res in waits:
+            t.join(timeout=30)
+            assert "err" not in res, res
+            assert res["g"]["cursor"]["nextBatch"] == []
+            # at its await's end the idle stream's position moved on past the writes
+            # elsewhere (its last round was more than 5 s before: it asked the shards
+            # that moved): shard-a took 0-9, shard-b 10-19, each is past its own
+            assert tok(res["g"]["cursor"]["postBatchResumeToken"])["key"] > tok(
+                evs[9]["_id"])["key"], (res["g"]["cursor"]["postBatchResumeToken"], evs[9])
     finally:
         cl.close()
 
