@@ -31,8 +31,11 @@
  *
  * Waiting (cswait.h): a getMore runs rounds of non-blocking shard getMores on a request
  * worker and parks between them (no worker, no shard connection held) until a shard
- * watcher sees a move, its await ends, or its cursor is killed; it then runs again with
- * the same await's end (px_cs.park_req / park_deadline).
+ * watcher sees a move that can concern the stream (its namespace), its await ends, its
+ * cursor is killed or its client goes; it then runs again with the same await's end
+ * (px_cs.park_req / park_deadline). A round asks only the shards that moved for the stream
+ * since it last asked them (cs_shard.asked_seq), those whose last batch had events, and,
+ * while an event waits, the holdouts the merge rule needs (candidate()).
  *
  * Threading: request worker threads; a cursor is used by one request at a time (checked
  * out of cursor.c's table; checked in while its getMore is parked); fan-out units touch
