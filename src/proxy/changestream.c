@@ -1352,6 +1352,22 @@ static bool need_round(px_cs *cs, px_cswait *w)
 	return r;
 }
 
+/* Does an event wait for a holdout shard that has not been sent its note yet (the round
+ * that buffered the event did not ask it: it had not moved for the stream)? Then the next
+ * round notes it at once, instead of after a park's retry. */
+static bool note_due(const px_cs *cs, px_cswait *w)
+{
+	ssize_t h = min_head(cs);
+
+	if (h < 0)
+		return false;
+	for (size_t i = 0; i < cs->nsh; i++)
+		if (candidate(cs, w, i, h) == 1 &&
+		    cs->sh[i].noted_ts < cs->sh[h].tok[cs->sh[h].pos].ts)
+			return true;
+	return false;
+}
+
 /* At an await's end: would a refresh round (CS_ASK_REFRESH) ask a shard? */
 static bool refresh_due(px_cs *cs, px_cswait *w, uint64_t now)
 {
@@ -1399,7 +1415,7 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 	 * there the getMore waits on its worker, each round awaiting on the shards. */
 	px_cswait *w = c->p->csw;
 	bool can_park = w != NULL && c->req != NULL && !pxtxn_is_txn_cmd(c->cmd);
-	bool fetched = false, refreshed = false;
+	bool fetched = false, refreshed = false, note_now = false;
 
 	if (batch <= 0)
 		batch = -1;
@@ -1451,6 +1467,13 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 		if (!can_park) {
 			if ((st = fetch(c, cs, (int64_t)(deadline - now), CS_ASK_ALL)) != 0)
 				break;
+			continue;
+		}
+		if (fetched && !note_now && note_due(cs, w)) {
+			/* an event waits for a shard not noted yet: now, once per run (a note that
+			 * fails is sent again after the park's retry, not in a loop) */
+			note_now = true;
+			fetched = false;
 			continue;
 		}
 		if (fetched) {
