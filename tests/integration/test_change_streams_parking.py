@@ -4,7 +4,11 @@ it when a shard's oplog moves. Checked here: more idle streams than the per-shar
 do not slow point finds through the same proxy; an idle getMore answers after its await,
 not earlier and not much later; a write is returned long before the await ends (the
 watcher's wake-up); killCursors of a parked getMore's cursor answers it at once; a
-second getMore on a cursor whose getMore is parked is CursorInUse."""
+second getMore on a cursor whose getMore is parked is CursorInUse. A write wakes only the
+parked getMores it can concern (stripedb_proxy_cs_wakes_total): not streams on another
+collection or database; database and deployment streams by any of theirs; a drop or rename
+the stream of its collection; a shard restart loses nothing; an idle stream's position moves
+on past writes elsewhere; a parked getMore whose client closed is dropped at once."""
 import threading
 import time
 
