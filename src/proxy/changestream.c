@@ -31,8 +31,11 @@
  *
  * Waiting (cswait.h): a getMore runs rounds of non-blocking shard getMores on a request
  * worker and parks between them (no worker, no shard connection held) until a shard
- * watcher sees a move, its await ends, or its cursor is killed; it then runs again with
- * the same await's end (px_cs.park_req / park_deadline).
+ * watcher sees a move that can concern the stream (its namespace), its await ends, its
+ * cursor is killed or its client goes; it then runs again with the same await's end
+ * (px_cs.park_req / park_deadline). A round asks only the shards that moved for the stream
+ * since it last asked them (cs_shard.asked_seq), those whose last batch had events, and,
+ * while an event waits, the holdouts the merge rule needs (candidate()).
  *
  * Threading: request worker threads; a cursor is used by one request at a time (checked
  * out of cursor.c's table; checked in while its getMore is parked); fan-out units touch
@@ -60,6 +63,7 @@
 #define ERR_CS_FATAL 280
 #define ERR_CS_HISTORY_LOST 286
 #define ERR_NOT_IN_TXN 263
+#define ERR_CLIENT_DISCONNECT 279
 
 enum { CS_COLL, CS_DB, CS_CLUSTER };
 
@@ -77,6 +81,14 @@ typedef struct cs_shard {
 	sdb_cs_token pbrt;
 	bool have_pbrt;
 	uint64_t noted_ts; /* appendOplogNote sent with this maxClusterTime */
+	/* the watchers' move number (px_cswait_seq) read before the last round that asked
+	 * this shard, or that found it had not moved for the stream: every move of it up to
+	 * there is covered (cswait.h) */
+	uint64_t asked_seq;
+	/* the move number read before the last round that asked it: its PBRT is as of then
+	 * (an await's end asks it again when it moved since, CS_ASK_REFRESH) */
+	uint64_t pbrt_seq;
+	bool more; /* its last batch had events: there may be more (asked again) */
 	uint64_t ended_ms; /* monotonic ms when it answered a cursor id 0 (reopened 100 ms
 			    * later, not in a loop) */
 	/* the last call's result (fan-out unit) */
@@ -109,11 +121,10 @@ struct px_cs {
 	 * dereferenced) and its await's end (monotonic ms), kept for its next run */
 	const wire_req *park_req;
 	uint64_t park_deadline;
-	/* the wake generation read before the last round of shard getMores: while it has not
-	 * moved and nothing is pending, a new getMore parks without a round (no shard moved
-	 * since that round asked them all) */
-	uint64_t gen_seen;
-	bool have_gen_seen;
+	/* the watchers' move number read before the current round (each shard asked, or
+	 * found unmoved, gets it as its asked_seq) and when the last round started */
+	uint64_t round_seq;
+	uint64_t round_ms;
 };
 
 /* ---------- tokens ---------- */
@@ -183,6 +194,7 @@ static int take_reply(cs_shard *s, const bson_t *reply, const char *field)
 			s->ev[s->n++] = proxy_doc_copy(&d);
 		}
 	}
+	s->more = s->n > 0;
 	if (!field_token(&cur, "postBatchResumeToken", &t))
 		return SDB_EPROTO;
 	if (!s->have_pbrt || sdb_cs_token_cmp(&t, &s->pbrt) > 0)
@@ -470,8 +482,10 @@ static cs_shard *open_closed(proxy *p, px_cs *cs, px_cswait *w)
 	cs_round(p, cs, idx, n, CS_OP_OPEN, 0, 0);
 	for (size_t k = 0; k < n && bad == NULL; k++) {
 		cs_shard *s = &cs->sh[idx[k]];
-		if (s->status == SHARDCONN_OK)
+		if (s->status == SHARDCONN_OK) {
+			s->asked_seq = s->pbrt_seq = cs->round_seq;
 			continue;
+		}
 		if (s->opened && round_timed_out(s)) {
 			s->ended_ms = sdb_mono_ms(); /* a reopen that hung: again later */
 			continue;
@@ -486,8 +500,10 @@ static cs_shard *open_closed(proxy *p, px_cs *cs, px_cswait *w)
 			bson_destroy(&cs->start);
 			cs->start = keep;
 			cs->have_pos = had;
-			if (s->status == SHARDCONN_OK)
+			if (s->status == SHARDCONN_OK) {
+				s->asked_seq = s->pbrt_seq = cs->round_seq;
 				continue;
+			}
 		}
 		bad = s;
 	}
@@ -783,7 +799,56 @@ static int release(ctx *c, px_cs *cs, bson_t *arr, size_t *k, size_t *bytes, int
 /* One wait for more: reopen closed streams, note the holdouts of a waiting event, then a
  * getMore on every live shard without buffered events that could hold something back.
  * Returns: 0, or the code of the error answered on c. */
-static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
+/* Which shards a round asks (fetch's mode): every one without a buffered event (a getMore
+ * that waits on its worker, the old way: no watcher), or, for a getMore that parks, only
+ * those that moved for the stream since they were last asked (cswait.h), or those that
+ * moved at all (at an await's end: the client's position moves on). */
+enum { CS_ASK_ALL, CS_ASK_MOVED, CS_ASK_REFRESH };
+
+/* How long an idle stream's position may stay behind writes elsewhere: at an await's end,
+ * a stream whose last round is older and whose shards moved (for other streams) asks
+ * them, so the client's postBatchResumeToken moves on (bounded resume work). */
+#define CS_POS_REFRESH_MS 5000
+
+static void cs_filter(const px_cs *cs, px_cswait_filter *f)
+{
+	f->level = cs->level == CS_COLL ? PX_CSWAIT_COLL
+		   : cs->level == CS_DB ? PX_CSWAIT_DB
+					: PX_CSWAIT_CLUSTER;
+	f->db = cs->db;
+	f->coll = cs->coll;
+}
+
+/* Is shard i one a getMore round may ask now (h: min_head)? Returns: 0 no (gone, events
+ * buffered, closed: open_closed's, stalled, or above the waiting event); 1 a holdout (an
+ * event waits for its position: asked every round); 2 asked when it moved. */
+static int candidate(const px_cs *cs, px_cswait *w, size_t i, ssize_t h)
+{
+	const cs_shard *s = &cs->sh[i];
+
+	if (s->gone || s->pos < s->n || s->cursor_id == 0 || px_cswait_stalled(w, s->id))
+		return 0;
+	if (h >= 0)
+		return s->have_pbrt && sdb_cs_token_cmp(&s->pbrt, &cs->sh[h].tok[cs->sh[h].pos]) > 0
+			       ? 0
+			       : 1;
+	return 2;
+}
+
+/* Did shard s move for cs since it was last asked (any: in any way since its PBRT was last
+ * taken)? A shard whose last batch had events, or without a position, counts as moved. */
+static bool shard_moved(const px_cs *cs, px_cswait *w, const cs_shard *s, bool any)
+{
+	px_cswait_filter f;
+
+	cs_filter(cs, &f);
+	if (s->more || !s->have_pbrt)
+		return true;
+	return any ? px_cswait_moved(w, NULL, s->id, s->pbrt_seq)
+		   : px_cswait_moved(w, &f, s->id, s->asked_seq);
+}
+
+static int fetch(ctx *c, px_cs *cs, int64_t await_ms, int mode)
 {
 	proxy *p = c->p;
 	size_t *idx = sdb_calloc(cs->nsh ? cs->nsh : 1, sizeof *idx), n = 0;
@@ -791,6 +856,8 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 	ssize_t h;
 	int st = 0;
 
+	cs->round_seq = px_cswait_seq(p->csw); /* before the round: a move during it is seen */
+	cs->round_ms = sdb_mono_ms();
 	if ((bad = open_closed(p, cs, p->csw)) != NULL) {
 		st = answer_shard_failure(c, bad);
 		goto out;
@@ -831,13 +898,16 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 	n = 0;
 	for (size_t i = 0; i < cs->nsh; i++) {
 		cs_shard *s = &cs->sh[i];
-		if (s->gone || s->pos < s->n || s->cursor_id == 0)
+		/* not: events buffered, closed, stopped answering (cswait.h: holds the merge
+		 * back), above the waiting event (holds nothing back) */
+		int cand = candidate(cs, p->csw, i, h);
+		if (cand == 0)
 			continue;
-		if (px_cswait_stalled(p->csw, s->id))
-			continue; /* stopped answering (cswait.h): holds the merge back */
-		if (h >= 0 && s->have_pbrt &&
-		    sdb_cs_token_cmp(&s->pbrt, &cs->sh[h].tok[cs->sh[h].pos]) > 0)
-			continue; /* holds nothing back */
+		if (cand == 2 && mode != CS_ASK_ALL &&
+		    !shard_moved(cs, p->csw, s, mode == CS_ASK_REFRESH)) {
+			s->asked_seq = cs->round_seq; /* nothing for this stream up to there */
+			continue;
+		}
 		idx[n++] = i;
 	}
 	if (n == 0 && await_ms > 0) /* nothing to ask (every holdout stalled): not a spin */
@@ -845,8 +915,10 @@ static int fetch(ctx *c, px_cs *cs, int64_t await_ms)
 	cs_round(p, cs, idx, n, CS_OP_GETMORE, await_ms, 0);
 	for (size_t k = 0; k < n; k++) {
 		cs_shard *s = &cs->sh[idx[k]];
-		if (s->status == SHARDCONN_OK)
+		if (s->status == SHARDCONN_OK) {
+			s->asked_seq = s->pbrt_seq = cs->round_seq;
 			continue;
+		}
 		if (round_timed_out(s)) {
 			/* reopened after its PBRT by a later round, not now (it would wait again) */
 			s->cursor_id = 0;
@@ -1159,6 +1231,8 @@ int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
 		px_cs_free(c->p, cs);
 		return px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
 	}
+	cs->round_seq = px_cswait_seq(c->p->csw);
+	cs->round_ms = sdb_mono_ms();
 	cs_shard *bad = open_closed(c->p, cs, NULL); /* every shard, or an error */
 	if (bad != NULL) {
 		st = px_error(c, err_code(bad), "%s", err_msg(bad));
@@ -1258,11 +1332,80 @@ static bool pending(const px_cs *cs, px_cswait *w)
 	return false;
 }
 
+/* Must a getMore that parks run a round before parking? When something is pending, or a
+ * shard it would ask moved for it since it last asked it (cswait.h); a shard that did not
+ * is marked seen up to now. */
+static bool need_round(px_cs *cs, px_cswait *w)
+{
+	if (pending(cs, w))
+		return true;
+	ssize_t h = min_head(cs);
+	uint64_t q = px_cswait_seq(w);
+	bool r = false;
+	for (size_t i = 0; i < cs->nsh; i++) {
+		int cand = candidate(cs, w, i, h);
+		if (cand == 1 || (cand == 2 && shard_moved(cs, w, &cs->sh[i], false)))
+			r = true;
+		else if (cand == 2)
+			cs->sh[i].asked_seq = q;
+	}
+	return r;
+}
+
+/* Does an event wait for a holdout shard that has not been sent its note yet (the round
+ * that buffered the event did not ask it: it had not moved for the stream)? Then the next
+ * round notes it at once, instead of after a park's retry. */
+static bool note_due(const px_cs *cs, px_cswait *w)
+{
+	ssize_t h = min_head(cs);
+
+	if (h < 0)
+		return false;
+	for (size_t i = 0; i < cs->nsh; i++)
+		if (candidate(cs, w, i, h) == 1 &&
+		    cs->sh[i].noted_ts < cs->sh[h].tok[cs->sh[h].pos].ts)
+			return true;
+	return false;
+}
+
+/* At an await's end: would a refresh round (CS_ASK_REFRESH) ask a shard? */
+static bool refresh_due(px_cs *cs, px_cswait *w, uint64_t now)
+{
+	if (now < cs->round_ms + CS_POS_REFRESH_MS)
+		return false;
+	ssize_t h = min_head(cs);
+	for (size_t i = 0; i < cs->nsh; i++)
+		if (candidate(cs, w, i, h) == 2 && shard_moved(cs, w, &cs->sh[i], true))
+			return true;
+	return false;
+}
+
+/* The shards a park checks for a move it has not seen: those need_round looks at.
+ * Returns: their number; *out (free it) borrows the ids from cs. */
+static size_t park_checks(const px_cs *cs, px_cswait *w, px_cswait_check **out)
+{
+	px_cswait_check *ck = sdb_calloc(cs->nsh ? cs->nsh : 1, sizeof *ck);
+	ssize_t h = min_head(cs);
+	size_t n = 0;
+
+	for (size_t i = 0; i < cs->nsh; i++) {
+		int cand = candidate(cs, w, i, h);
+		if (cand == 0)
+			continue;
+		ck[n].id = cs->sh[i].id;
+		ck[n].since = cs->sh[i].asked_seq;
+		ck[n].any = cand == 1;
+		n++;
+	}
+	*out = ck;
+	return n;
+}
+
 int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char *ns)
 {
 	int64_t batch = px_get_int(c->cmd, "batchSize", 0);
 	int64_t await = px_get_int(c->cmd, "maxTimeMS", CS_DEFAULT_AWAIT_MS);
-	uint64_t deadline, gen = 0, now = sdb_mono_ms();
+	uint64_t deadline, now = sdb_mono_ms();
 	bson_t arr = BSON_INITIALIZER;
 	size_t k = 0, bytes = 0;
 	int st = 0;
@@ -1272,7 +1415,7 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 	 * there the getMore waits on its worker, each round awaiting on the shards. */
 	px_cswait *w = c->p->csw;
 	bool can_park = w != NULL && c->req != NULL && !pxtxn_is_txn_cmd(c->cmd);
-	bool fetched = false;
+	bool fetched = false, refreshed = false, note_now = false;
 
 	if (batch <= 0)
 		batch = -1;
@@ -1292,6 +1435,14 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 	cs->park_req = NULL;
 	sync_shards(c, cs, true);
 	for (;;) {
+		if (c->req != NULL && wire_req_conn_gone(c->req)) {
+			/* its client closed the connection (a parked getMore is woken for it):
+			 * the cursor ends, as mongod interrupts the operation of a client that
+			 * disconnected (ClientDisconnect); the answer is not sent */
+			st = px_error(c, ERR_CLIENT_DISCONNECT,
+				      "operation was interrupted because a client disconnected");
+			break;
+		}
 		if (c->req != NULL && wire_req_killed(c->req)) {
 			/* killOp (a parked getMore is woken for it): the cursor ends, as a
 			 * getMore's failure ends it on mongod */
@@ -1303,21 +1454,42 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 		if (k > 0 || cs->invalidated)
 			break;
 		now = sdb_mono_ms();
-		if (now >= deadline)
+		if (now >= deadline) {
+			if (can_park && !refreshed && refresh_due(cs, w, now)) {
+				/* the position moves on (shards moved for other streams) */
+				refreshed = true;
+				if ((st = fetch(c, cs, 0, CS_ASK_REFRESH)) != 0)
+					break;
+				continue;
+			}
 			break;
+		}
 		if (!can_park) {
-			if ((st = fetch(c, cs, (int64_t)(deadline - now))) != 0)
+			if ((st = fetch(c, cs, (int64_t)(deadline - now), CS_ASK_ALL)) != 0)
 				break;
+			continue;
+		}
+		if (fetched && !note_now && note_due(cs, w)) {
+			/* an event waits for a shard not noted yet: now, once per run (a note that
+			 * fails is sent again after the park's retry, not in a loop) */
+			note_now = true;
+			fetched = false;
 			continue;
 		}
 		if (fetched) {
 			/* a round found nothing to return: wait without a thread */
 			uint64_t until = deadline;
-			if (pending(cs, w) && now + CS_PARK_RETRY_MS < until)
+			bool pend = pending(cs, w);
+			if (pend && now + CS_PARK_RETRY_MS < until)
 				until = now + CS_PARK_RETRY_MS;
+			px_cswait_filter f;
+			px_cswait_check *ck;
+			size_t nck = park_checks(cs, w, &ck);
+			cs_filter(cs, &f);
 			cs->park_req = c->req;
 			cs->park_deadline = deadline;
-			int r = px_cswait_park(w, c->req, c->user, gen, until, cur);
+			int r = px_cswait_park(w, c->req, c->user, &f, pend, ck, nck, until, cur);
+			free(ck);
 			if (r == 1) {
 				bson_destroy(&arr);
 				return px_parked(c); /* cur is checked in; cs is not ours now */
@@ -1325,18 +1497,15 @@ int px_cs_get_more(ctx *c, proxy_cursor *cur, px_cs *cs, int64_t id, const char 
 			cs->park_req = NULL;
 			if (r < 0)
 				break; /* the proxy stops: answer what there is */
-			fetched = false; /* a shard moved during the round: another */
+			fetched = false; /* a shard moved for it during the round: another */
 			continue;
 		}
-		gen = px_cswait_gen(w); /* before the round: a move during it is not missed */
-		if (cs->have_gen_seen && gen == cs->gen_seen && !pending(cs, w)) {
-			fetched = true; /* the last round saw every shard as it still is */
+		if (!need_round(cs, w)) {
+			fetched = true; /* no shard it would ask moved for it since it asked */
 			continue;
 		}
-		if ((st = fetch(c, cs, 0)) != 0)
+		if ((st = fetch(c, cs, 0, CS_ASK_MOVED)) != 0)
 			break;
-		cs->gen_seen = gen;
-		cs->have_gen_seen = true;
 		fetched = true;
 	}
 	if (st != 0) {

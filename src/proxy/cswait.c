@@ -25,15 +25,33 @@ typedef struct park {
 	wire_req *req;
 	char *user;
 	uint64_t until_ms;
+	/* the wake filter (strings owned) */
+	int level;
+	char *db, *coll;
+	bool pending; /* any move wakes it: an event waits for a holdout's position */
 	struct park *next;
 } park;
+
+/* A watcher's report (cswait.h "move"). */
+#define MOVE_NS_MAX 8 /* namespaces one move names; more: MOVE_ALL */
+enum { MOVE_ALL, MOVE_NS, MOVE_POS };
+typedef struct move {
+	uint64_t seq;  /* 0: an empty slot */
+	char *shard;   /* NULL: every shard */
+	int kind;      /* MOVE_ALL: anything may have moved; MOVE_NS: events of these
+			* namespaces; MOVE_POS: the position only (an oplog note) */
+	size_t nns;
+	char *db[MOVE_NS_MAX];
+	char *coll[MOVE_NS_MAX]; /* NULL: the whole database (dropDatabase) */
+} move;
 
 struct px_cswait {
 	proxy *p;
 	uv_mutex_t mu;
 	uv_cond_t cv; /* the parker: a new entry, or quit */
 	park *head;   /* under mu */
-	uint64_t gen; /* under mu */
+	uint64_t seq; /* the last move's number (under mu) */
+	move *ring;   /* PX_CSWAIT_RING moves, move seq at ring[seq % PX_CSWAIT_RING] (under mu) */
 	bool stopping; /* no more parks (under mu) */
 	atomic_bool quit; /* the threads exit */
 	uv_thread_t parker;
@@ -110,8 +128,157 @@ static void resume_list(px_cswait *w, park *e)
 		wire_req_wait_end(e->req);
 		px_exec_resume(w->p, e->req, e->user);
 		free(e->user);
+		free(e->db);
+		free(e->coll);
 		free(e);
 		e = next;
+	}
+}
+
+static void set_gauge(px_cswait *w);
+
+static void move_clear(move *m)
+{
+	free(m->shard);
+	for (size_t i = 0; i < m->nns; i++) {
+		free(m->db[i]);
+		free(m->coll[i]);
+	}
+	memset(m, 0, sizeof *m);
+}
+
+static bool same_str(const char *a, const char *b)
+{
+	return a != NULL && b != NULL && strcmp(a, b) == 0;
+}
+
+/* Does move m concern a stream of (level, db, coll)? any: every move does (the stream
+ * waits for a holdout's position). */
+static bool concerns(const move *m, int level, const char *db, const char *coll, bool any)
+{
+	if (m->kind == MOVE_ALL || any)
+		return true;
+	if (m->kind == MOVE_POS)
+		return false;
+	if (level == PX_CSWAIT_CLUSTER)
+		return true;
+	for (size_t i = 0; i < m->nns; i++) {
+		if (!same_str(m->db[i], db))
+			continue;
+		if (level == PX_CSWAIT_DB || m->coll[i] == NULL || same_str(m->coll[i], coll))
+			return true;
+	}
+	return false;
+}
+
+/* Under mu. */
+static bool moved_locked(px_cswait *w, const px_cswait_filter *f, const char *id, uint64_t since)
+{
+	if (since >= w->seq)
+		return false;
+	if (w->seq - since >= PX_CSWAIT_RING)
+		return true; /* older than the ring: may have moved */
+	for (uint64_t q = since + 1; q <= w->seq; q++) {
+		const move *m = &w->ring[q % PX_CSWAIT_RING];
+		if (m->seq != q)
+			return true;
+		if (m->shard != NULL && !same_str(m->shard, id))
+			continue;
+		if (f == NULL ? true : concerns(m, f->level, f->db, f->coll, false))
+			return true;
+	}
+	return false;
+}
+
+/* Number m (taken: its strings are the table's now), keep it in the ring, and hand the
+ * parked getMores it concerns back to the workers. */
+static void report(px_cswait *w, move *m)
+{
+	park *woken = NULL, **pp;
+	size_t nw = 0;
+
+	uv_mutex_lock(&w->mu);
+	m->seq = ++w->seq;
+	move *slot = &w->ring[m->seq % PX_CSWAIT_RING];
+	move_clear(slot);
+	*slot = *m;
+	memset(m, 0, sizeof *m);
+	for (pp = &w->head; *pp != NULL;) {
+		park *e = *pp;
+		if (concerns(slot, e->level, e->db, e->coll, e->pending)) {
+			*pp = e->next;
+			e->next = woken;
+			woken = e;
+			w->n--;
+			nw++;
+		} else {
+			pp = &e->next;
+		}
+	}
+	if (nw > 0)
+		set_gauge(w);
+	uv_mutex_unlock(&w->mu);
+	if (nw > 0 && w->m_wakes)
+		sdb_counter_add(w->m_wakes, nw);
+	resume_list(w, woken);
+}
+
+/* Report "anything may have moved" on shard id (NULL: every shard). */
+static void report_all(px_cswait *w, const char *id)
+{
+	move m;
+
+	memset(&m, 0, sizeof m);
+	m.kind = MOVE_ALL;
+	m.shard = id ? sdb_strdup(id) : NULL;
+	report(w, &m);
+}
+
+/* Add namespace (db, coll) (coll NULL: the database) to m, once; past MOVE_NS_MAX m
+ * becomes MOVE_ALL. */
+static void move_add_ns(move *m, const char *db, const char *coll)
+{
+	if (m->kind == MOVE_ALL)
+		return;
+	for (size_t i = 0; i < m->nns; i++)
+		if (same_str(m->db[i], db) &&
+		    (m->coll[i] == NULL ? coll == NULL : same_str(m->coll[i], coll)))
+			return;
+	if (m->nns == MOVE_NS_MAX) {
+		m->kind = MOVE_ALL;
+		return;
+	}
+	m->db[m->nns] = sdb_strdup(db);
+	m->coll[m->nns] = coll ? sdb_strdup(coll) : NULL;
+	m->nns++;
+	m->kind = MOVE_NS;
+}
+
+/* Add the namespaces of event ev (`ns`, and `to` of a rename) to m; an event whose `ns`
+ * has no database name makes m MOVE_ALL (it cannot be classified). */
+static void move_add_event(move *m, const bson_t *ev)
+{
+	static const char *const fields[] = {"ns", "to"};
+
+	for (size_t k = 0; k < 2; k++) {
+		bson_t d;
+		bson_iter_t it;
+		const char *db = NULL, *coll = NULL;
+
+		if (!px_get_doc(ev, fields[k], &d)) {
+			if (k == 0)
+				m->kind = MOVE_ALL;
+			continue;
+		}
+		if (bson_iter_init_find(&it, &d, "db") && BSON_ITER_HOLDS_UTF8(&it))
+			db = bson_iter_utf8(&it, NULL);
+		if (bson_iter_init_find(&it, &d, "coll") && BSON_ITER_HOLDS_UTF8(&it))
+			coll = bson_iter_utf8(&it, NULL);
+		if (db == NULL) {
+			m->kind = MOVE_ALL;
+			continue;
+		}
+		move_add_ns(m, db, coll);
 	}
 }
 
@@ -241,15 +408,43 @@ static void watch_unit(void *arg, size_t i)
 		shardconn_set_op_deadline(0);
 		sdb_cs_token t;
 		char terr[128];
+		move m;
+		memset(&m, 0, sizeof m);
+		m.kind = MOVE_POS;
 		if (st == SHARDCONN_OK && px_get_doc(&reply, "cursor", &cur) &&
 		    px_get_array(&cur, field, &arr) && px_get_doc(&cur, "postBatchResumeToken", &tokd) &&
 		    sdb_cs_token_parse(&tokd, &t, terr, sizeof terr) == 0) {
+			bson_iter_t it;
 			cursor = px_get_int(&cur, "id", 0);
+			/* what moved: the namespaces of its events; the first answer of a cursor
+			 * (opened at the shard's present: what came before it was not seen) and
+			 * anything it cannot classify move everything */
 			moved = !bson_empty(&arr) || !have || sdb_cs_token_cmp(&t, &last) != 0;
+			if (!have)
+				m.kind = MOVE_ALL;
+			if (bson_iter_init(&it, &arr)) {
+				while (bson_iter_next(&it) && m.kind != MOVE_ALL) {
+					uint32_t len;
+					const uint8_t *data;
+					bson_t ev;
+					if (!BSON_ITER_HOLDS_DOCUMENT(&it)) {
+						m.kind = MOVE_ALL;
+						break;
+					}
+					bson_iter_document(&it, &len, &data);
+					if (!bson_init_static(&ev, data, len)) {
+						m.kind = MOVE_ALL;
+						break;
+					}
+					move_add_event(&m, &ev);
+				}
+			}
 			last = t;
 			have = true;
-			if (set_stalled(w, id, false))
+			if (set_stalled(w, id, false)) {
 				moved = true; /* the streams may ask it again */
+				m.kind = MOVE_ALL;
+			}
 		} else {
 			/* past its deadline (the proxy answered MaxTimeMSExpired for it): the
 			 * shard is stalled; the streams' rounds skip it until it answers */
@@ -260,12 +455,18 @@ static void watch_unit(void *arg, size_t i)
 			sdb_debug("change stream watcher: shard call failed", "shard=%s err=%s", id,
 				  st == SHARDCONN_OK ? "no cursor in the reply" : err);
 			cursor = 0;
+			have = false; /* the reopened cursor's first answer moves everything */
 			moved = true;
+			m.kind = MOVE_ALL;
 		}
 		bson_destroy(&reply);
 		bson_destroy(&cmd);
-		if (moved)
-			px_cswait_wake_all(w);
+		if (moved) {
+			m.shard = sdb_strdup(id);
+			report(w, &m); /* takes m's strings */
+		} else {
+			move_clear(&m);
+		}
 		if (cursor == 0)
 			watch_pause(w, PX_CSWAIT_WATCH_RETRY_MS);
 		/* the shard list the refresh thread keeps (reloaded every second) */
@@ -309,7 +510,7 @@ static void watcher_main(void *arg)
 		free_ids(ws.ids, ws.n);
 		clear_stalled(w); /* the new set's watchers say again */
 		/* the set changed: a new shard may have moved before its watcher opened */
-		px_cswait_wake_all(w);
+		report_all(w, NULL);
 	}
 }
 
@@ -328,9 +529,10 @@ px_cswait *px_cswait_new(proxy *p)
 					"shard to move or their await to end, holding no thread).",
 					NULL);
 	w->m_wakes = sdb_metrics_counter("stripedb_proxy_cs_wakes_total",
-					 "Times the proxy's change stream watchers woke the parked "
-					 "getMores (a shard moved).",
+					 "Parked change stream getMores woken by a watcher's move (a "
+					 "shard moved in a way that can concern their stream).",
 					 NULL);
+	w->ring = sdb_calloc(PX_CSWAIT_RING, sizeof *w->ring);
 	if (uv_thread_create(&w->parker, parker_main, w) != 0)
 		abort();
 	return w;
@@ -366,21 +568,37 @@ void px_cswait_free(px_cswait *w)
 	if (started)
 		uv_thread_join(&w->watcher);
 	clear_stalled(w);
+	for (size_t i = 0; i < PX_CSWAIT_RING; i++)
+		move_clear(&w->ring[i]);
+	free(w->ring);
 	uv_cond_destroy(&w->cv);
 	uv_mutex_destroy(&w->mu);
 	free(w);
 }
 
-uint64_t px_cswait_gen(px_cswait *w)
+uint64_t px_cswait_seq(px_cswait *w)
 {
+	if (w == NULL)
+		return 0;
 	uv_mutex_lock(&w->mu);
-	uint64_t g = w->gen;
+	uint64_t q = w->seq;
 	uv_mutex_unlock(&w->mu);
-	return g;
+	return q;
 }
 
-int px_cswait_park(px_cswait *w, wire_req *req, const char *user, uint64_t gen,
-		   uint64_t until_ms, struct proxy_cursor *cur)
+bool px_cswait_moved(px_cswait *w, const px_cswait_filter *f, const char *id, uint64_t since)
+{
+	if (w == NULL)
+		return false;
+	uv_mutex_lock(&w->mu);
+	bool r = moved_locked(w, f, id, since);
+	uv_mutex_unlock(&w->mu);
+	return r;
+}
+
+int px_cswait_park(px_cswait *w, wire_req *req, const char *user, const px_cswait_filter *f,
+		   bool pending, const px_cswait_check *checks, size_t n, uint64_t until_ms,
+		   struct proxy_cursor *cur)
 {
 	park *e;
 
@@ -389,9 +607,16 @@ int px_cswait_park(px_cswait *w, wire_req *req, const char *user, uint64_t gen,
 		uv_mutex_unlock(&w->mu);
 		return -1;
 	}
-	if (w->gen != gen) {
+	if (wire_req_conn_gone(req)) {
+		/* its client closed (wire gone hook): not parked, the getMore drops it */
 		uv_mutex_unlock(&w->mu);
 		return 0;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (moved_locked(w, checks[i].any ? NULL : f, checks[i].id, checks[i].since)) {
+			uv_mutex_unlock(&w->mu);
+			return 0;
+		}
 	}
 	if (!w->watcher_started) {
 		if (uv_thread_create(&w->watcher, watcher_main, w) != 0)
@@ -402,6 +627,10 @@ int px_cswait_park(px_cswait *w, wire_req *req, const char *user, uint64_t gen,
 	e->req = req;
 	e->user = user ? sdb_strdup(user) : NULL;
 	e->until_ms = until_ms;
+	e->level = f->level;
+	e->db = f->db ? sdb_strdup(f->db) : NULL;
+	e->coll = f->coll ? sdb_strdup(f->coll) : NULL;
+	e->pending = pending;
 	e->next = w->head;
 	w->head = e;
 	w->n++;
@@ -416,18 +645,7 @@ int px_cswait_park(px_cswait *w, wire_req *req, const char *user, uint64_t gen,
 
 void px_cswait_wake_all(px_cswait *w)
 {
-	park *all;
-
-	uv_mutex_lock(&w->mu);
-	w->gen++;
-	all = w->head;
-	w->head = NULL;
-	w->n = 0;
-	set_gauge(w);
-	uv_mutex_unlock(&w->mu);
-	if (all != NULL && w->m_wakes)
-		sdb_counter_inc(w->m_wakes);
-	resume_list(w, all);
+	report_all(w, NULL);
 }
 
 void px_cswait_wake_req(px_cswait *w, const wire_req *req)

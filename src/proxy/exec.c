@@ -979,6 +979,10 @@ static void h_submit(wire_req *req, void *data)
 	j->p = p;
 	j->req = req;
 	j->user = user ? sdb_strdup(user) : NULL; /* the loop thread owns the connection state */
+	/* a getMore may park (a change stream's, cswait.h): its client's close wakes it
+	 * (role.c's gone hook), so it is dropped at once, not at its await's end */
+	if (strcmp(wire_req_name(req), "getMore") == 0)
+		wire_req_watch_close(req);
 	shardconn_submit(p->sc, run_job, j);
 }
 

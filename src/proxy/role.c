@@ -204,6 +204,16 @@ static const sdb_metric_def proxy_metrics[] = {
 			 "Proxy cursors open (merged cursors kept for getMore)."),
 };
 
+/* wire_server_opts.gone (loop thread): a watched request's client closed its connection; a
+ * parked change stream getMore is handed back to a worker, which drops it (cswait.h). */
+static void proxy_req_gone(wire_req *req, void *role_data)
+{
+	proxy *p = role_data;
+
+	if (p->csw != NULL)
+		px_cswait_wake_req(p->csw, req);
+}
+
 static int proxy_start(sdb_role *role)
 {
 	proxy *p = sdb_calloc(1, sizeof *p);
@@ -254,6 +264,7 @@ static int proxy_start(sdb_role *role)
 	o.role_data = p;
 	o.hello = hello_hook;
 	o.ct_in = proxy_ct_in; /* issue #20: cluster-time gossip (clustertime.c) */
+	o.gone = proxy_req_gone; /* a parked getMore's client closed (cswait.h) */
 	o.ct_out = proxy_ct_out;
 	o.is_mongos = true;
 	/* configureFailPoint failCommand (issue #16): wire/failpoint.c */

@@ -86,6 +86,7 @@ static const struct {
 	{260, "InvalidResumeToken"},
 	{262, "ExceededTimeLimit"},
 	{263, "OperationNotSupportedInTransaction"},
+	{279, "ClientDisconnect"},
 	{280, "ChangeStreamFatalError"},
 	{286, "ChangeStreamHistoryLost"},
 	{462, "IngressRequestRateLimitExceeded"},

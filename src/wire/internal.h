@@ -80,6 +80,9 @@ struct wire_req {
 	int32_t opid;             /* currentOp's opid (wire_req_opid), > 0 */
 	atomic_int killed;        /* 1 killOp marked it (wire_req_kill), 2 past its maxTimeMS
 				   * (wire_req_expire), else 0 */
+	bool watch_close;         /* wire_req_watch_close: report the client's close (loop) */
+	atomic_bool conn_gone;    /* the client closed the connection while it was in flight
+				   * (watched: wire_req_conn_gone) */
 	/* detached requests (wire_req_detached_on_done) */
 	void (*detached_done)(void *arg, wire_req *req);
 	void *detached_arg;
@@ -102,6 +105,7 @@ struct wire_server {
 	wire_gate_fn gate;
 	wire_ct_in_fn ct_in;
 	wire_ct_out_fn ct_out;
+	wire_gone_fn gone;
 	bool is_mongos;
 	wire_failpoint *fp;       /* failCommand setting; NULL without test commands */
 	wire_ptw *ptw;            /* onPrimaryTransactionalWrite; NULL unless test commands

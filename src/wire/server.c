@@ -31,6 +31,7 @@ typedef struct wire_write {
 } wire_write;
 
 static void conn_close(wire_conn *conn);
+static void conn_gone(wire_conn *conn);
 static void conn_process(wire_conn *conn);
 static void srv_maybe_finish(wire_server *srv);
 static void conn_start_reading(wire_conn *conn);
@@ -133,6 +134,7 @@ static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, b
 	atomic_init(&req->completed, 0);
 	atomic_init(&req->waiting, 0);
 	atomic_init(&req->killed, 0);
+	atomic_init(&req->conn_gone, false);
 	req->opid = wire__next_opid();
 	conn->refs++;
 	conn->inflight = req;
@@ -878,6 +880,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 			  (long long)conn->id, conn->peer,
 			  nread == UV_EOF ? "eof" : uv_strerror((int)nread));
 		conn_close(conn);
+		conn_gone(conn);
 		return;
 	}
 	if (nread == 0)
@@ -901,6 +904,31 @@ static void conn_start_reading(wire_conn *conn)
 		return;
 	}
 	conn->reading = true;
+}
+
+/* The client of conn closed it: tell the handler of a watched request in flight. */
+static void conn_gone(wire_conn *conn)
+{
+	wire_req *req = conn->inflight;
+
+	if (req == NULL || !req->watch_close || atomic_load(&req->completed))
+		return;
+	atomic_store(&req->conn_gone, true);
+	if (conn->srv->gone)
+		conn->srv->gone(req, conn->srv->role_data);
+}
+
+void wire_req_watch_close(wire_req *req)
+{
+	if (req->conn == NULL || req->conn->state != WIRE_CONN_BUSY)
+		return;
+	req->watch_close = true;
+	wire__conn_watch_eof(req->conn);
+}
+
+bool wire_req_conn_gone(const wire_req *req)
+{
+	return atomic_load(&((wire_req *)req)->conn_gone);
 }
 
 void wire__conn_watch_eof(wire_conn *conn)
@@ -1224,6 +1252,7 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	srv->hello = opts->hello;
 	srv->ct_in = opts->ct_in;
 	srv->ct_out = opts->ct_out;
+	srv->gone = opts->gone;
 	srv->gate = opts->gate;
 	srv->tls = opts->tls;
 	srv->tls_mode = opts->tls ? tls_listener_get_mode(opts->tls) : TLS_MODE_DISABLED;

@@ -115,6 +115,10 @@ typedef bool (*wire_gate_fn)(wire_req *req, void *role_data);
  * append fields ($clusterTime, operationTime) to reply. */
 typedef bool (*wire_ct_in_fn)(wire_req *req, void *role_data);
 typedef void (*wire_ct_out_fn)(wire_req *req, void *role_data, bson_t *reply);
+/* The client closed the connection of req, still in flight, whose close its handler asked
+ * to hear of (wire_req_watch_close): wire_req_conn_gone(req) is true from before the call.
+ * The handler still completes req (its reply is dropped). Loop thread; must not block. */
+typedef void (*wire_gone_fn)(wire_req *req, void *role_data);
 
 typedef struct wire_server_opts {
 	const char *listen;         /* "HOST:PORT" */
@@ -125,6 +129,7 @@ typedef struct wire_server_opts {
 	wire_gate_fn gate;          /* optional */
 	wire_ct_in_fn ct_in;        /* optional (cluster-time gossip) */
 	wire_ct_out_fn ct_out;      /* optional (cluster-time gossip) */
+	wire_gone_fn gone;          /* optional (a watched request's client closed) */
 	bool is_mongos;             /* hello says msg: "isdbgrid" */
 	/* Transport security (issue #10): the TLS listener the role set up with tls_setup and
 	 * hands over (tls_listener_get, tls/tls.h); its mode is read here, its context (new
@@ -199,6 +204,17 @@ uint64_t wire_req_start_ns(const wire_req *req);
  * test whose process logs it). Every begin needs its end before req is completed. */
 void wire_req_wait_begin(wire_req *req);
 void wire_req_wait_end(wire_req *req);
+
+/* Read req's connection while req is in flight (drivers do not pipeline: nothing else
+ * comes on it meanwhile) so that the client's close is noticed at once: the server's gone
+ * hook (wire_server_opts.gone) is then called with req, and wire_req_conn_gone says true.
+ * For a handler that may wait long (a change stream getMore parked until its await's end),
+ * as an awaitable hello notices a monitor's close. Loop thread (a handler, before it hands
+ * req to another thread). A detached request: no-op. */
+void wire_req_watch_close(wire_req *req);
+/* Whether the client closed req's connection while req was in flight and watched
+ * (wire_req_watch_close). Any thread. */
+bool wire_req_conn_gone(const wire_req *req);
 
 /* Complete with a reply document. Takes ownership of reply (bson_destroy'd after
  * sending); `ok: 1.0` is appended when the reply has no `ok` field. Thread-safe. */
