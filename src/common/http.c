@@ -104,6 +104,7 @@ static enum MHD_Result serve_health_json(sdb_http *h, struct MHD_Connection *c)
 
 	bson_append_array_begin(&doc, "checks", -1, &arr);
 	pthread_mutex_lock(&h->mu);
+	ok = h->checks != NULL; /* no role registered yet: starting, not ready */
 	for (health *k = h->checks; k != NULL; k = k->next) {
 		char msg[256] = "";
 		bson_t one;
@@ -141,6 +142,11 @@ static enum MHD_Result serve_health(sdb_http *h, struct MHD_Connection *c)
 	int ok = 1;
 
 	pthread_mutex_lock(&h->mu);
+	if (h->checks == NULL) {
+		/* the server listens before a role registers its check: not ready yet */
+		ok = 0;
+		o = (size_t)snprintf(reasons, sizeof reasons, "starting: no role registered yet\n");
+	}
 	for (health *k = h->checks; k != NULL; k = k->next) {
 		char msg[256] = "";
 		if (!k->fn(k->data, msg, sizeof msg)) {

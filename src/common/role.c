@@ -319,20 +319,16 @@ int sdb_roles_run(const sdb_config_set *set)
 	for (size_t i = 0; i < set->n_roles; i++) {
 		roles[i].lock_fd = -1;
 	}
+	/* every role's /healthz check is registered before any role starts: a probe between
+	 * one role's start and the next one's registration would see only running roles and
+	 * answer ready while a role of the process is not (a test or an orchestrator then
+	 * connects to a listener that is not open yet) */
 	for (size_t i = 0; i < set->n_roles && !failed; i++) {
 		sdb_role *r = &roles[i];
 		const char *http = sdb_config_get(&set->roles[i], SDB_OPT_http_listen);
-		const char *data_dir = sdb_config_get(&set->roles[i], SDB_OPT_data_dir);
 		r->def = sdb_role_find(set->roles[i].role);
 		r->cfg = &set->roles[i];
 		r->state = ST_NEW;
-		pick_node(r);
-		if (data_dir != NULL && lock_data_dir(r, data_dir) != 0) {
-			fprintf(stderr, "stripedb: %s: %s\n", r->def->name, r->err);
-			exit_code = 1;
-			failed = 1;
-			break;
-		}
 		if (http != NULL) {
 			int rc = sdb_http_acquire_cfg(http, &set->roles[i], &r->http, r->err,
 						      sizeof r->err);
@@ -343,6 +339,17 @@ int sdb_roles_run(const sdb_config_set *set)
 				break;
 			}
 			sdb_http_add_health(r->http, r->def->name, role_health, r);
+		}
+	}
+	for (size_t i = 0; i < set->n_roles && !failed; i++) {
+		sdb_role *r = &roles[i];
+		const char *data_dir = sdb_config_get(&set->roles[i], SDB_OPT_data_dir);
+		pick_node(r);
+		if (data_dir != NULL && lock_data_dir(r, data_dir) != 0) {
+			fprintf(stderr, "stripedb: %s: %s\n", r->def->name, r->err);
+			exit_code = 1;
+			failed = 1;
+			break;
 		}
 		uv_sem_init(&r->started, 0);
 		uv_thread_create(&r->thread, role_thread, r);
