@@ -11,8 +11,8 @@
 # rather than compute, so 3 workers on 2 cores cut the wall time by more than half.
 # The exit status is non-zero when either phase fails.
 #
-# PYTEST_ARGS runs a subset instead, in one plain pytest (no workers), e.g.
-#   PYTEST_ARGS="test_proxy.py -k txn" make check
+# PYTEST_ARGS runs a subset instead, in one plain pytest (no workers) in this directory, e.g.
+#   make check PYTEST_ARGS="test_proxy.py -k txn"
 # SDB_TEST_JOBS=1 runs the whole suite that way too (one pytest, serial tests included).
 if [ "${SDB_SKIP_INTEGRATION:-0}" = 1 ]; then
 	echo "integration suite skipped (SDB_SKIP_INTEGRATION=1)"
@@ -20,13 +20,17 @@ if [ "${SDB_SKIP_INTEGRATION:-0}" = 1 ]; then
 fi
 here=$(cd "$(dirname "$0")" && pwd)
 : "${STRIPEDB_BIN:?set STRIPEDB_BIN to the stripedb binary}"
+case $STRIPEDB_BIN in /*) ;; *) STRIPEDB_BIN=$(pwd)/$STRIPEDB_BIN ;; esac
 export STRIPEDB_BIN
 jobs=${SDB_TEST_JOBS:-3}
 pytest="/usr/bin/python3 -m pytest -q -p no:cacheprovider -o junit_family=xunit2"
+# From the suite's directory: test file names in PYTEST_ARGS are relative to it, and without
+# any, pytest.ini's testpaths (.) selects the whole suite.
+cd "$here" || exit 99
 
 if [ -n "${PYTEST_ARGS:-}" ] || [ "$jobs" -le 1 ]; then
 	# shellcheck disable=SC2086 # PYTEST_ARGS is a list of words
-	exec $pytest "$here" ${PYTEST_ARGS:-}
+	exec $pytest ${PYTEST_ARGS:-}
 fi
 
 # pytest-xdist (python3-pytest-xdist, scripts/install-deps.sh --test) runs the workers.
@@ -39,11 +43,11 @@ fi
 # Exit 5 is pytest's "no tests collected" (e.g. no test is marked serial): not a failure.
 status=0
 echo "=== integration phase 1: tests not marked serial, $jobs workers (pytest-xdist, --dist loadfile)"
-$pytest -n "$jobs" --dist loadfile -m "not serial" "$here"
+$pytest -n "$jobs" --dist loadfile -m "not serial"
 rc=$?
 [ "$rc" = 0 ] || [ "$rc" = 5 ] || status=1
 echo "=== integration phase 2: tests marked serial, one at a time"
-$pytest -m serial "$here"
+$pytest -m serial
 rc=$?
 [ "$rc" = 0 ] || [ "$rc" = 5 ] || status=1
 exit $status
