@@ -91,7 +91,7 @@ def _port_range():
     Debian), so no client's outgoing connection takes a port between free_port() and the
     server's bind. Under pytest-xdist (tests/integration/run.sh runs the suite with -n N) worker
     gwK gets its own slice of [10000, 22000), so two workers never hand out the same port
-    (each keeps only its own record of what it handed out); a run without xdist (the serial
+    (a worker knows only the ports it handed out itself); a run without xdist (the serial
     phase of run.sh, or one file run by hand) uses [22000, 32000), starting at an offset from
     its pid so that two such runs side by side rarely meet (the bind check below catches a
     port already in use)."""
