@@ -94,7 +94,10 @@ def _port_range():
     (a worker knows only the ports it handed out itself); a run without xdist (the serial
     phase of run.sh, or one file run by hand) uses [22000, 32000), starting at an offset from
     its pid so that two such runs side by side rarely meet (the bind check below catches a
-    port already in use)."""
+    port already in use). `stripedb dev up` (test_dev.py, test_demo.py) takes its ports at
+    random from the same region, each checked free by a bind like these, and holds them bound
+    until its processes start. On a machine whose ephemeral range starts lower than these
+    ranges need, (0, 0, 0): free_port lets the kernel choose (bind to port 0)."""
     lo, hi = 22000, 32000
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
@@ -106,7 +109,11 @@ def _port_range():
         k = int(worker[2:])
         n = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), k + 1)
         span = (min(22000, hi) - 10000) // n
+        if span < 100:
+            return 0, 0, 0
         return 10000 + k * span, 10000 + (k + 1) * span, 0
+    if hi - lo < 100:
+        return 0, 0, 0
     return lo, hi, (os.getpid() * 7919) % (hi - lo)
 
 
@@ -121,6 +128,12 @@ def free_port():
     cannot be bound now."""
     global _port_next
     size = _PORT_HI - _PORT_LO
+    if size == 0:  # no range below the ephemeral one (_port_range): the kernel's choice
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        return port
     for _ in range(size):
         port = _PORT_LO + _port_next
         _port_next = (_port_next + 1) % size
