@@ -32,12 +32,13 @@ libuv1-dev libraft-dev libsqlite3-dev libbson-dev libmongoc-dev librdkafka-dev
 libssl-dev libcmocka-dev libmicrohttpd-dev libinih-dev libxxhash-dev libpcre2-dev
 libgrpc-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcurl4-openssl-dev libxml2-dev libicu-dev
 python3 python3-pymongo"
-# Tests (pytest and its per-test timeout, grpcio, h2/hpack for raw HTTP/2 frames, kcat, curl, sqlite3, Redis for the rate
+# Tests (pytest, its per-test timeout, pytest-xdist for the parallel phase of tests/integration/run.sh,
+# grpcio, h2/hpack for raw HTTP/2 frames, kcat, curl, sqlite3, Redis for the rate
 # limiter benchmark, network namespaces and sshd for the multi-host test), the fuzzers
 # (clang, and libclang-rt-14-dev for the libFuzzer runtime, which clang only recommends) and
 # the package builds (debhelper, rpm, lintian, debootstrap), and the S3 server of the CDC
 # archive tests (Ceph's radosgw on a one-node Ceph: tests/integration/s3_server.py).
-TEST_PKGS="git sqlite3 python3-pytest python3-pytest-timeout python3-grpcio python3-grpc-tools
+TEST_PKGS="git sqlite3 python3-pytest python3-pytest-timeout python3-pytest-xdist python3-grpcio python3-grpc-tools
 python3-prometheus-client python3-h2 redis-server kcat clang libclang-rt-14-dev curl iproute2 openssh-client openssh-server
 debhelper dpkg-dev fakeroot rpm lintian debootstrap
 radosgw ceph-mon ceph-osd ceph-common"

@@ -68,7 +68,10 @@ if ! (cd build && make -j"$jobs" check); then
 	done
 	exit 1
 fi
-cat build/tests/integration/run.sh.log | tail -n 40
+# run.sh runs two pytest phases (parallel, then the tests marked serial): each one's summary
+# line and its slowest tests.
+grep -E '^=== integration phase|^(FAILED|ERROR) |[0-9]+ (passed|failed|skipped)' build/tests/integration/run.sh.log
+tail -n 40 build/tests/integration/run.sh.log
 
 step "fuzz the parsers (wire ${FUZZ_SECONDS:-60} s, the others ${FUZZ_SECONDS_OTHER:-20} s each)"
 rm -rf build-fuzz && mkdir build-fuzz

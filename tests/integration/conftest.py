@@ -28,8 +28,6 @@ SRCDIR = os.environ.get("STRIPEDB_SRCDIR") or os.path.abspath(
 with open(os.path.join(SRCDIR, "raft", "migstate.h")) as _f:
     OP_VERSION_MAX = int(re.search(r"#define MIGSTATE_OP_VERSION_MAX (\d+)", _f.read()).group(1))
 
-_used_ports = set()
-
 # What src/wire/server.c logs for each request still running when a graceful stop's drain
 # times out; start_role fails the test whose processes log it.
 UNANSWERED = "wire: unanswered request at shutdown"
@@ -86,17 +84,68 @@ def no_gossip(reply):
     return {k: v for k, v in reply.items() if k not in ("$clusterTime", "operationTime")}
 
 
+def _port_range():
+    """The loopback ports this pytest process hands out: [lo, hi).
+
+    All below the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768+ on
+    Debian), so no client's outgoing connection takes a port between free_port() and the
+    server's bind. Under pytest-xdist (tests/integration/run.sh runs the suite with -n N) worker
+    gwK gets its own slice of [10000, 22000), so two workers never hand out the same port
+    (a worker knows only the ports it handed out itself); a run without xdist (the serial
+    phase of run.sh, or one file run by hand) uses [22000, 32000), starting at an offset from
+    its pid so that two such runs side by side rarely meet (the bind check below catches a
+    port already in use). `stripedb dev up` (test_dev.py, test_demo.py) takes its ports at
+    random from the same region, each checked free by a bind like these, and holds them bound
+    until its processes start. On a machine whose ephemeral range starts lower than these
+    ranges need, (0, 0, 0): free_port lets the kernel choose (bind to port 0)."""
+    lo, hi = 22000, 32000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            hi = min(hi, int(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        pass
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        k = int(worker[2:])
+        n = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), k + 1)
+        span = (min(22000, hi) - 10000) // n
+        if span < 100:
+            return 0, 0, 0
+        return 10000 + k * span, 10000 + (k + 1) * span, 0
+    if hi - lo < 100:
+        return 0, 0, 0
+    return lo, hi, (os.getpid() * 7919) % (hi - lo)
+
+
+_PORT_LO, _PORT_HI, _port_next = _port_range()
+
+
 def free_port():
-    """Return a loopback TCP port that is free now and not handed out before in this run."""
-    for _ in range(200):
+    """Return a loopback TCP port that is free now and not handed out recently by this process
+    (see _port_range for which ports each process uses). Ports are handed out in turn through
+    the process's range, so none twice in a turn; after the whole range the turn starts again
+    (the tests that had the first ones have ended long ago), still skipping any port that
+    cannot be bound now."""
+    global _port_next
+    size = _PORT_HI - _PORT_LO
+    if size == 0:  # no range below the ephemeral one (_port_range): the kernel's choice
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         s.close()
-        if port not in _used_ports:
-            _used_ports.add(port)
-            return port
-    raise RuntimeError("no free port")
+        return port
+    for _ in range(size):
+        port = _PORT_LO + _port_next
+        _port_next = (_port_next + 1) % size
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        return port
+    raise RuntimeError(f"no free port in [{_PORT_LO}, {_PORT_HI})")
 
 
 def alive(pid):

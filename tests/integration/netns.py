@@ -12,10 +12,12 @@ No iptables is needed (there is none on the CI image): routes and link state are
 Needs root and `ip netns`: skip_reason() says why not. Used by shard_net.py (shard replica
 sets) and test_multihost.py (ctl cluster bootstrap over SSH).
 """
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 
 
 def sh(*args, check=True):
@@ -63,10 +65,32 @@ class BridgeNet:
     def addr(self, i):
         return f"{self.subnet}.{i}"
 
+    def _claim_subnet(self):
+        """Make self.subnet a /24 that no interface of the root namespace has an address in:
+        the one given, else the next free one (A.B.C+1, ...). The subnet the callers pass
+        derives from the pid, so two test processes side by side (pytest-xdist workers, see
+        run.sh) may ask for the same one; a second bridge on the same /24 would take the
+        other's routes. A lock file serialises the check and the bridge's address across
+        processes."""
+        base, third = self.subnet.rsplit(".", 1)
+        with open(os.path.join(tempfile.gettempdir(), "stripedb-test-netns.lock"), "w") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            used = sh("ip", "-4", "-o", "addr", "show").stdout
+            for i in range(250):
+                cand = f"{base}.{(int(third) + i) % 250}"
+                if f" {cand}." not in used:
+                    self.subnet = cand
+                    break
+            else:
+                raise RuntimeError(f"no free {base}.N/24 subnet for a test bridge")
+            sh("ip", "link", "add", self.bridge, "type", "bridge")
+            self.made_bridge = True
+            sh("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
+
     def up(self):
-        sh("ip", "link", "add", self.bridge, "type", "bridge")
-        self.made_bridge = True
-        sh("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
+        """Create the bridge and the namespaces. self.subnet (and so addr()) is final only
+        after this (see _claim_subnet)."""
+        self._claim_subnet()
         sh("ip", "link", "set", self.bridge, "up")
         for i, ns in self.ns.items():
             peer = f"{self.prefix}{self.tag}n{i}"

@@ -218,7 +218,13 @@ def raw_docs(cl, sid, chunk):
 
 
 def test_every_bson_type_15mib_docs_and_string_number_keys(start_role, tmp_path):
-    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    # lease_ms: the coordinator renews the migration lease between import batches, and a
+    # batch holding a 15 MiB document took up to 2.7 s under ASan on a loaded machine: with
+    # the helpers' 1.5 s lease (short for the failover tests) the lease expired in every
+    # batch and the import restarted from scratch until the test's 120 s ran out. This test
+    # is about what is copied, not about failover: 10 s (the default is 5 s).
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1,
+                    lease_ms=10000)
     try:
         # split at "5": numbers, null and strings < "5" ("10", "100", "1") live in the first
         # chunk, "9" in the second

@@ -218,6 +218,10 @@ def _run_script(name, timeout):
     return r
 
 
+# serial: builds the package from a tarball on every core (dpkg-buildpackage parallel=nproc,
+# rpmbuild), then debootstrap and apt-get in a chroot: minutes of full CPU and disk that would
+# slow every test beside it past its bounds.
+@pytest.mark.serial
 @pytest.mark.skipif(not PACKAGING, reason=SKIP_REASON)
 @pytest.mark.timeout(3700)  # the script's own bound (3600 s: debootstrap from the mirror)
 def test_deb_in_fresh_debian_root():
@@ -228,6 +232,10 @@ def test_deb_in_fresh_debian_root():
     assert "test-deb: PASS" in r.stdout
 
 
+# serial: builds the package from a tarball on every core (dpkg-buildpackage parallel=nproc,
+# rpmbuild), then debootstrap and apt-get in a chroot: minutes of full CPU and disk that would
+# slow every test beside it past its bounds.
+@pytest.mark.serial
 @pytest.mark.skipif(not PACKAGING, reason=SKIP_REASON)
 @pytest.mark.timeout(3700)  # the script's own bound
 def test_rpm_same_files_as_deb():
