@@ -34,6 +34,7 @@
 #include <mongoc/mongoc.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,23 @@ static int ephemeral_low(void)
 	return lo;
 }
 
+/* STRIPEDB_DEV_PORT_RANGE=LO-HI: take ports from [LO, HI) instead (1024 <= LO, LO + 100 <=
+ * HI <= 65536), so that processes sharing a machine can keep to disjoint ranges (the
+ * parallel integration suite gives each worker its own, tests/integration/conftest.py).
+ * False when unset or malformed (the default range is used). */
+static bool env_port_range(int *lo, int *hi)
+{
+	const char *v = getenv("STRIPEDB_DEV_PORT_RANGE");
+	int a, b, n = 0;
+
+	if (v == NULL || sscanf(v, "%d-%d%n", &a, &b, &n) != 2 || v[n] != '\0' || a < 1024 ||
+	    b > 65536 || b - a < 100)
+		return false;
+	*lo = a;
+	*hi = b;
+	return true;
+}
+
 /* Ports are taken below the ephemeral range: a port reserved here is released before the
  * processes start, and the Raft connections between members (outgoing, ephemeral ports)
  * must not take a listen port of a process that starts later. Falls back to the kernel's
@@ -82,13 +100,15 @@ static int reserve_port(void)
 	struct sockaddr_in a;
 	socklen_t len = sizeof a;
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	int lo = ephemeral_low();
+	int base = 10000, lo = ephemeral_low();
 
+	if (!env_port_range(&base, &lo) && lo <= 12000)
+		lo = base; /* no room below the ephemeral range: the kernel's choice */
 	memset(&a, 0, sizeof a);
 	a.sin_family = AF_INET;
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	for (int i = 0; fd >= 0 && lo > 12000 && i < 200; i++) {
-		int port = 10000 + (int)((unsigned)rand() % (unsigned)(lo - 10000));
+	for (int i = 0; fd >= 0 && lo > base && i < 200; i++) {
+		int port = base + (int)((unsigned)rand() % (unsigned)(lo - base));
 		a.sin_port = htons((uint16_t)port);
 		if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0) {
 			reserved_fds[n_reserved++] = fd;

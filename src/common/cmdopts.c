@@ -149,7 +149,7 @@ static const char *const no_write_concern[] = {
 	"dataSize",	"validate",	  "ping",	 "hello",	    "isMaster",
 	"ismaster",	"buildInfo",	  "buildinfo",	 "serverStatus",    "hostInfo",
 	"connectionStatus", "whatsmyuri",   "getParameter",  "listCommands",    "currentOp",
-	NULL};
+	"getLog",	NULL};
 
 /* Does pipeline (an aggregate's `pipeline` array) hold a $out or $merge stage? */
 static bool pipeline_writes(const bson_t *cmd)
@@ -687,10 +687,12 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 		snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.", name, unknown);
 		return CODE_UNKNOWN_FIELD;
 	}
+	/* before the types: mongod refuses any writeConcern of such a command, well-formed or
+	 * not, without parsing it (uassertCommandDoesNotSpecifyWriteConcern) */
+	if ((code = sdb_cmd_write_concern_check(name, cmd, err, errlen)) != 0)
+		return code;
 	if (command_types(name) != NULL &&
 	    (code = check_types(cmd, name, command_types(name), true, err, errlen)) != 0)
-		return code;
-	if ((code = sdb_cmd_write_concern_check(name, cmd, err, errlen)) != 0)
 		return code;
 	code = scan(cmd, NULL, false, false, false, collated(name), err, errlen);
 	if (code != 0)

@@ -40,7 +40,7 @@
  *     a malformed writeConcern (w, wtimeout, j, fsync): 9 FailedToParse; a delete
  *     statement's limit other than 0 or 1: 9 "The limit field in delete objects must be 0
  *     or 1. Got 0.5"; getMore's batchSize <= 0: 2 BadValue;
- *   - a writeConcern (well-formed) on a command that never writes (find, getMore, count,
+ *   - a writeConcern (any, not parsed) on a command that never writes (find, getMore, count,
  *     distinct, killCursors, the listings and stats, ping/hello, currentOp, an aggregate
  *     without $out/$merge): 72 InvalidOptions "Command does not support writeConcern", as
  *     mongod and mongos (service_entry_point_common.cpp);

@@ -325,10 +325,22 @@ int sdb_roles_run(const sdb_config_set *set)
 	 * connects to a listener that is not open yet) */
 	for (size_t i = 0; i < set->n_roles && !failed; i++) {
 		sdb_role *r = &roles[i];
-		const char *http = sdb_config_get(&set->roles[i], SDB_OPT_http_listen);
+		const char *data_dir = sdb_config_get(&set->roles[i], SDB_OPT_data_dir);
 		r->def = sdb_role_find(set->roles[i].role);
 		r->cfg = &set->roles[i];
 		r->state = ST_NEW;
+		pick_node(r);
+		/* the data directories first: a second instance of the same configuration says
+		 * its directory is locked, not that the HTTP port is taken */
+		if (data_dir != NULL && lock_data_dir(r, data_dir) != 0) {
+			fprintf(stderr, "stripedb: %s: %s\n", r->def->name, r->err);
+			exit_code = 1;
+			failed = 1;
+		}
+	}
+	for (size_t i = 0; i < set->n_roles && !failed; i++) {
+		sdb_role *r = &roles[i];
+		const char *http = sdb_config_get(&set->roles[i], SDB_OPT_http_listen);
 		if (http != NULL) {
 			int rc = sdb_http_acquire_cfg(http, &set->roles[i], &r->http, r->err,
 						      sizeof r->err);
@@ -343,14 +355,6 @@ int sdb_roles_run(const sdb_config_set *set)
 	}
 	for (size_t i = 0; i < set->n_roles && !failed; i++) {
 		sdb_role *r = &roles[i];
-		const char *data_dir = sdb_config_get(&set->roles[i], SDB_OPT_data_dir);
-		pick_node(r);
-		if (data_dir != NULL && lock_data_dir(r, data_dir) != 0) {
-			fprintf(stderr, "stripedb: %s: %s\n", r->def->name, r->err);
-			exit_code = 1;
-			failed = 1;
-			break;
-		}
 		uv_sem_init(&r->started, 0);
 		uv_thread_create(&r->thread, role_thread, r);
 		uv_sem_wait(&r->started);

@@ -1299,6 +1299,10 @@ void shard_repl_abandon(shard_repl *r)
 	}
 	repl_wc_abandon(r);
 	repl_ct_abandon(r);
+	if (r->reg_async) {
+		r->reg_async->r = NULL; /* its callback only frees it */
+		r->reg_async = NULL;
+	}
 	for (repl_batch *b = r->inflight; b; b = b->next) {
 		for (size_t i = 0; i < b->n; i++) {
 			if (b->reqs[i]) {

@@ -152,6 +152,10 @@ void repl_ct_park(shard_repl *r, wire_req *req, shard_cmd_fn fn, uint64_t after)
 		wire_req_error(req, WIRE_ERR_MAX_TIME_EXPIRED, "operation exceeded time limit");
 		return;
 	}
+	/* a client that gives up (socketTimeoutMS) and closes must not leave its read parked
+	 * until T or maxTimeMS: the tick answers it ClientDisconnect (as mongod kills the
+	 * operation of a closed connection) */
+	wire_req_watch_close(req);
 	c->next = r->ct_reads;
 	if (r->ct_reads)
 		r->ct_reads->prev = c;
@@ -159,9 +163,9 @@ void repl_ct_park(shard_repl *r, wire_req *req, shard_cmd_fn fn, uint64_t after)
 	sdb_gauge_add(r->g_ct_parked, 1);
 	if (after > r->ct_noop_want)
 		r->ct_noop_want = after;
-	/* a park retries a failed request at once (its back-off only keeps ticks from
-	 * spinning) */
-	r->ct_noop_next_ms = 0;
+	/* a failed request's back-off holds for parks too: a primary that refuses at once
+	 * would otherwise cost a connection and a login per parked read (the tick sends it
+	 * when the back-off ends) */
 	noop_send(r);
 }
 
@@ -198,6 +202,8 @@ void repl_ct_tick(shard_repl *r)
 		} else if (wire_req_killed(c->req)) {
 			/* goes out as Interrupted (11601), or 50 if expired first */
 			wire_req_error(c->req, WIRE_ERR_INTERRUPTED, "operation was interrupted");
+		} else if (wire_req_conn_gone(c->req)) {
+			wire_req_error(c->req, WIRE_ERR_CLIENT_DISCONNECT, "client disconnected");
 		} else if (c->deadline_ms && now >= c->deadline_ms) {
 			wire_req_expire(c->req);
 			wire_req_error(c->req, WIRE_ERR_MAX_TIME_EXPIRED,

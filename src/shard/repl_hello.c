@@ -175,10 +175,15 @@ void shard_repl_hello(shard_repl *r, const bson_t *cmd, bson_t *reply)
  * helper; shard_repl_ensure_registered tries again). */
 static void reg_after(void *arg, bool ok, const bson_t *reply)
 {
-	shard_repl *r = arg;
+	struct repl_reg_async *a = arg;
+	shard_repl *r = a->r;
 	(void)reply;
 	(void)ok;
-	r->reg_inflight--;
+	if (r) {
+		r->reg_inflight--;
+		r->reg_async = NULL;
+	}
+	free(a);
 }
 
 static void member_proposed(void *arg, int status, bson_t *result)
@@ -227,9 +232,15 @@ void shard_repl_ensure_registered(shard_repl *r)
 	bson_t cmd = BSON_INITIALIZER;
 	BSON_APPEND_INT64(&cmd, "stripedbRegisterMember", (int64_t)r->id);
 	BSON_APPEND_UTF8(&cmd, "wire", r->me);
+	struct repl_reg_async *a = sdb_calloc(1, sizeof *a);
+	a->r = r;
 	if (auth_cluster_command_async(uv_handle_get_loop((uv_handle_t *)&r->async), lw, &cmd,
-				       "shard stripedbRegisterMember", reg_after, r) == 0)
+				       "shard stripedbRegisterMember", reg_after, a) == 0) {
 		r->reg_inflight++;
+		r->reg_async = a;
+	} else {
+		free(a);
+	}
 	bson_destroy(&cmd);
 }
 

@@ -95,6 +95,12 @@ typedef struct member_contact {
 	uint64_t caught_ms; /* sdb_wall_ms when it last held the primary's whole log */
 } member_contact;
 
+/* A follower's registration with the primary in flight (repl_hello.c): r is the member, or
+ * NULL once it closed (the callback then only frees this). */
+struct repl_reg_async {
+	struct shard_repl *r;
+};
+
 struct shard_repl {
 	shard *sh;
 	sdb_node *node;
@@ -152,6 +158,9 @@ struct shard_repl {
 	bool promo_snap;
 	uint64_t reg_last_ms;
 	int reg_inflight;
+	/* the registration in flight (shard_repl_ensure_registered): its callback may come
+	 * after the member is freed, so it holds this context, whose r the close sets NULL */
+	struct repl_reg_async *reg_async;
 	/* what hello last said, to wake held awaitable hellos on a change */
 	bool topo_ready;
 	uint64_t topo_leader, topo_term;
@@ -229,12 +238,13 @@ void repl_wc_abandon(shard_repl *r);
  * repl_ct_park: park req (fn: its command) until this member applied an entry with
  * ts >= after (packed), and ask the primary for a no-op write at or above it
  * (makeNoopWriteIfNeeded: one request in flight, for the highest T wanted; a failure waits
- * 200 ms or the next park). req is answered at once with 11600 when the member stops, with
+ * 200 ms, parks included). req is answered at once with 11600 when the member stops, with
  * 50 when its maxTimeMS passed already.
  * repl_ct_wake: after an apply, hand every read whose T is now applied (all of them once
  * this member is the primary) to the pool (shard_cmd_run_read).
  * repl_ct_tick: every 50 ms (repl.c stall_cb) and on killOp: wake, then answer the parked
- * reads killed (11601), past their maxTimeMS (50) or past the stop's quiesce (11600), and
+ * reads killed (11601), whose client closed (279), past their maxTimeMS (50) or past the
+ * stop's quiesce (11600), and
  * retry a failed no-op request after its back-off.
  * repl_ct_abandon: answer every parked read 11600 (shutdown) and forget the no-op in
  * flight (its callback then only frees). Loop thread, all. */

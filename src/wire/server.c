@@ -531,6 +531,7 @@ static bool tls_on_read(wire_conn *conn, size_t nread)
 		sdb_debug("wire: TLS session failed, closing connection", "conn=%lld peer=%s",
 			  (long long)conn->id, conn->peer);
 		conn_close(conn);
+		conn_gone(conn); /* a client's close_notify ends the session too */
 		return false;
 	}
 	conn_process(conn);

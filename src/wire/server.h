@@ -65,6 +65,7 @@
 #define WIRE_ERR_CONFLICTING_OPERATION 117 /* ConflictingOperationInProgress */
 #define WIRE_ERR_INTERRUPTED_AT_SHUTDOWN 11600
 #define WIRE_ERR_INTERRUPTED 11601           /* Interrupted (killOp) */
+#define WIRE_ERR_CLIENT_DISCONNECT 279       /* ClientDisconnect (its client closed) */
 #define WIRE_ERR_SHUTDOWN_IN_PROGRESS 91     /* ShutdownInProgress: refused, not executed */
 #define WIRE_ERR_NOT_WRITABLE_PRIMARY 10107  /* NotWritablePrimary */
 #define WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK 13435 /* NotPrimaryNoSecondaryOk */

@@ -95,8 +95,8 @@ def _port_range():
     phase of run.sh, or one file run by hand) uses [22000, 32000), starting at an offset from
     its pid so that two such runs side by side rarely meet (the bind check below catches a
     port already in use). `stripedb dev up` (test_dev.py, test_demo.py) takes its ports at
-    random from the same region, each checked free by a bind like these, and holds them bound
-    until its processes start. On a machine whose ephemeral range starts lower than these
+    random from the same range (STRIPEDB_DEV_PORT_RANGE, set below), each checked free by a
+    bind like these, and holds them bound until its processes start. On a machine whose ephemeral range starts lower than these
     ranges need, (0, 0, 0): free_port lets the kernel choose (bind to port 0)."""
     lo, hi = 22000, 32000
     try:
@@ -118,6 +118,11 @@ def _port_range():
 
 
 _PORT_LO, _PORT_HI, _port_next = _port_range()
+if _PORT_HI - _PORT_LO >= 100:
+    # `stripedb dev up` (test_dev.py, test_demo.py) draws its ports from this process's range
+    # too: at random below the ephemeral range it took ports of other workers' servers (a
+    # module-scoped radosgw answered by a dev cluster's HTTP listener)
+    os.environ["STRIPEDB_DEV_PORT_RANGE"] = f"{_PORT_LO}-{_PORT_HI}"
 
 
 def free_port():

@@ -27,9 +27,10 @@ SIG = {"hash": b"\x00" * 20, "keyId": 0}
 
 def secondary_client(port, **kw):
     """A direct connection to one member that reads from it (pymongo sends secondaryOk)."""
-    return pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
-                               serverSelectionTimeoutMS=5000, socketTimeoutMS=30000,
-                               readPreference="secondaryPreferred", **kw)
+    opts = dict(serverSelectionTimeoutMS=5000, socketTimeoutMS=30000,
+                readPreference="secondaryPreferred")
+    opts.update(kw)
+    return pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true", **opts)
 
 
 def read_at(client, t, **extra):
@@ -160,6 +161,14 @@ def test_cut_off_secondary_answers_max_time_and_kill_op(start_role, tmp_path):
             assert not th.is_alive()
             assert "e" in out and out["e"].code == 11601, out
             assert waiting_causal_ops(wires[sec]) == []
+        # clients that give up (socketTimeoutMS) and close leave nothing parked: each read
+        # is dropped when its connection closes (mongod kills a closed client's operation)
+        for _ in range(3):
+            with secondary_client(wires[sec], socketTimeoutMS=500, retryReads=False) as gc:
+                with pytest.raises(pymongo.errors.PyMongoError):
+                    read_at(gc, t)
+        wait_until(lambda: waiting_causal_ops(wires[sec]) == [], 10,
+                   what="the reads of closed clients dropped")
     finally:
         for i in others:
             procs[i].signal(signal.SIGCONT)

@@ -100,8 +100,10 @@ def _check_wc_on_reads(db, coll):
             code, msg = _code(db, cmd)
             assert code == 72, (cmd, code, msg)
             assert msg.startswith("Command does not support writeConcern"), msg
-    # a malformed one stays 9 (parsed first, as mongod)
-    assert _code(db, {"find": coll, "writeConcern": {"w": []}})[0] == 9
+    # any writeConcern, not parsed first (mongod: commands_that_do_not_write_do_not_accept_wc.js)
+    assert _code(db, {"find": coll, "writeConcern": {"w": []}})[0] == 72
+    assert _code(db, {"count": coll, "writeConcern": {"w": "invalid"}})[0] == 72
+    assert _code(db, {"getLog": "global", "writeConcern": {"w": 1}})[0] == 72
     cid = db.command({"find": coll, "filter": {}, "batchSize": 1})["cursor"]["id"]
     code, msg = _code(db, {"getMore": cid, "collection": coll, "writeConcern": {"w": 1}})
     assert code == 72, msg
