@@ -123,16 +123,24 @@ int agg_field_path_ok(const char *p, const ectx *e)
 	return 0;
 }
 
-static int parse_string(const char *s, expr **out, const ectx *e)
+static int parse_string(const char *s, uint32_t slen, expr **out, const ectx *e)
 {
 	expr *x = sdb_calloc(1, sizeof *x);
 	int rc = 0;
 
 	*out = x;
 	if (s[0] != '$') {
+		/* the whole string: a literal may hold NUL bytes (strlen would cut it short) */
 		x->kind = X_LIT;
-		x->lit = v_string(s, strlen(s));
+		x->lit = v_string(s, slen);
 		return 0;
+	}
+	if (strlen(s) != slen) {
+		/* a field path or variable name read as a C string would silently be another */
+		x->kind = X_LIT;
+		x->lit = v_string("", 0);
+		return efail(e, C_BAD_VALUE, "field path or variable name '%s' contains a null byte",
+			     s);
 	}
 	if (s[1] == '$') {
 		const char *var = s + 2;
@@ -382,7 +390,10 @@ int agg_expr_parse(const bson_iter_t *it, expr **out, const ectx *e)
 	int rc = 0;
 
 	if (BSON_ITER_HOLDS_UTF8(it)) {
-		return parse_string(bson_iter_utf8(it, NULL), out, e);
+		uint32_t slen = 0;
+		const char *str = bson_iter_utf8(it, &slen);
+
+		return parse_string(str, slen, out, e);
 	}
 	if (BSON_ITER_HOLDS_DOCUMENT(it)) {
 		bson_iter_t sub;

@@ -489,7 +489,9 @@ static int eval_range(docbuild_node **vals, size_t n, docbuild_node **out, const
 	}
 	length = ((int64_t)end - start) / step;
 	length = length >= 0 ? length + 1 : 0;
-	need = 24 + length * 16;
+	/* what the array costs here (a node per element and its slot), not mongod's 16-byte
+	 * Value: 1,000,000 elements raised a shard's RSS by 150 MB under MongoDB's estimate */
+	need = 24 + length * (int64_t)(sizeof(docbuild_node) + sizeof(docbuild_node *) + 16);
 	if (need >= RANGE_MAX_BYTES) {
 		return efail(e, C_EXCEEDED_MEMORY_LIMIT,
 			     "$range would use too much memory (%lld bytes) and cannot spill to disk. "

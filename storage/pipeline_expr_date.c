@@ -64,8 +64,15 @@ typedef struct {
 
 static void split_ms(int64_t ms, dparts *p)
 {
-	int64_t days = floor_div(ms, MS_PER_DAY);
-	int64_t rem = ms - days * MS_PER_DAY;
+	/* days * MS_PER_DAY would overflow for the last partial day above INT64_MIN (a
+	 * Date(-2^63), Java's Long.MIN_VALUE): the remainder is taken first */
+	int64_t days = ms / MS_PER_DAY;
+	int64_t rem = ms % MS_PER_DAY;
+
+	if (rem < 0) {
+		rem += MS_PER_DAY;
+		days--;
+	}
 
 	civil_from_days(days, &p->year, &p->month, &p->day);
 	p->days = days;
@@ -391,7 +398,9 @@ static int format_date(const char *f, size_t len, int64_t utc_ms, int off, sbuf_
 			if (off < 0) {
 				sb_add(b, "-", 1);
 			}
-			put_padded(b, off < 0 ? -off : off, 3);
+			/* unpadded minutes (date_time_support.h outputDateWithFormat: "%Z" is
+			 * durationCount<Minutes>(utcOffset)): 0, 330, -60 */
+			put_padded(b, off < 0 ? -off : off, 1);
 			continue;
 		default:
 			break;

@@ -687,6 +687,21 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 		snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.", name, unknown);
 		return CODE_UNKNOWN_FIELD;
 	}
+	/* find options that shape what is returned and that no role implements: refused,
+	 * never ignored (a max bound ignored returned every document; a fresh user's find) */
+	if (strcmp(name, "find") == 0) {
+		if (bson_has_field(cmd, "min") || bson_has_field(cmd, "max")) {
+			snprintf(err, errlen, "find's min and max (index key bounds) are not supported "
+					      "by stripedb: use a filter on the indexed fields");
+			return CODE_NOT_IMPLEMENTED;
+		}
+		if ((bson_iter_init_find(&it, cmd, "returnKey") && bson_iter_as_bool(&it)) ||
+		    (bson_iter_init_find(&it, cmd, "showRecordId") && bson_iter_as_bool(&it))) {
+			snprintf(err, errlen, "find's returnKey and showRecordId are not supported by "
+					      "stripedb: use a projection");
+			return CODE_NOT_IMPLEMENTED;
+		}
+	}
 	/* before the types: mongod refuses any writeConcern of such a command, well-formed or
 	 * not, without parsing it (uassertCommandDoesNotSpecifyWriteConcern) */
 	if ((code = sdb_cmd_write_concern_check(name, cmd, err, errlen)) != 0)

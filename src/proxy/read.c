@@ -334,6 +334,13 @@ int px_do_find(ctx *c)
 		return st;
 	if ((st = px_route_sharded(c, PX_FWD_CURSOR, batch, single, &rc)) != 0 || rc == NULL)
 		return st;
+	if (px_get_bool(c->cmd, "tailable", false)) {
+		/* what a shard answers an unsharded collection's (no collection is capped) */
+		route_coll_unref(rc);
+		return px_error(c, WIRE_ERR_BAD_VALUE,
+				"error processing query: tailable cursor requested on non capped "
+				"collection");
+	}
 	if (merge_sort_parse(has_sort ? &sort_spec : NULL, &sort, &code, err, sizeof err) != 0) {
 		route_coll_unref(rc);
 		return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);

@@ -65,6 +65,16 @@ def _errors(db, coll):
         with pytest.raises(OperationFailure) as ei:
             list(db[coll].aggregate([{"$project": {"x": expr}}]))
         assert ei.value.code == code, (expr, ei.value)
+    # a NUL byte: a string literal keeps it (it was cut at the NUL, so $arrayToObject made
+    # the key "a" of "a\0x" and overwrote a; a fresh user's find), a key refuses it
+    got = list(db[coll].aggregate([{"$limit": 1}, {"$project": {
+        "_id": 0, "s": "a\x00x", "c": {"$concat": ["a\x00x", "y"]}}}]))
+    assert got == [{"s": "a\x00x", "c": "a\x00xy"}], got
+    for expr in ({"$arrayToObject": [[["a", 1], ["a\x00x", 2]]]},
+                 {"$setField": {"field": "b\x00y", "input": {}, "value": 1}}):
+        with pytest.raises(OperationFailure) as ei:
+            list(db[coll].aggregate([{"$project": {"x": expr}}]))
+        assert "null byte" in str(ei.value), (expr, ei.value)
 
 
 def _check(db, coll):

@@ -400,6 +400,19 @@ static void test_dates(void **state)
 	ok("{'$dateToString': {'date': '$d', 'format': '%H:%M:%S:%L%z', 'timezone': '+04:30'}}",
 	   "{'v': '12:45:39:736+0430'}");
 	ok("{'$dateToString': {'date': '$d', 'format': '%Z', 'timezone': '+04:30'}}", "{'v': '270'}");
+	/* the last day above Date(-2^63 ms) (Java's Long.MIN_VALUE): no overflow splitting it
+	 * into days (UBSan stopped the shard, and a replicated update pipeline every member) */
+	ok("{'$year': {'$toDate': {'$numberLong': '-9223372036854775808'}}}",
+	   "{'v': -292275055}");
+	ok("{'$year': {'date': {'$toDate': {'$numberLong': '-9223372036854775808'}}, "
+	   "'timezone': '-23:59'}}",
+	   "{'v': -292275055}");
+	ok("{'$dateDiff': {'startDate': {'$toDate': {'$numberLong': '-9223372036854775808'}}, "
+	   "'endDate': {'$toDate': {'$numberLong': '9223372036854775807'}}, 'unit': 'year'}}",
+	   "{'v': {'$numberLong': '584554049'}}");
+	/* %Z is unpadded minutes (date_time_support.h) */
+	ok("{'$dateToString': {'date': '$d', 'format': '%Z', 'timezone': 'UTC'}}", "{'v': '0'}");
+	ok("{'$dateToString': {'date': '$d', 'format': '%Z', 'timezone': '-01:00'}}", "{'v': '-60'}");
 	ok("{'$dateToString': {'date': '$d', 'format': '%j %w %u %U %V %G %%'}}",
 	   "{'v': '001 4 3 00 01 2014 %'}");
 	ok("{'$dateToString': {'date': '$d'}}", "{'v': '2014-01-01T08:15:39.736Z'}");
