@@ -306,33 +306,6 @@ static docbuild_node *kid_copy(const docbuild_node *n)
 	return c;
 }
 
-/* Is v an integral number in int32's range (Value::integral)? *out gets it. */
-static bool int32_of(const docbuild_node *v, int32_t *out)
-{
-	double d;
-
-	if (!is_number(v)) {
-		return false;
-	}
-	if (v->type == BSON_TYPE_INT32) {
-		*out = v->value.value.v_int32;
-		return true;
-	}
-	if (v->type == BSON_TYPE_INT64) {
-		if (v->value.value.v_int64 < INT32_MIN || v->value.value.v_int64 > INT32_MAX) {
-			return false;
-		}
-		*out = (int32_t)v->value.value.v_int64;
-		return true;
-	}
-	d = num_double(v);
-	if (!(d == floor(d) && d >= (double)INT32_MIN && d <= (double)INT32_MAX)) {
-		return false;
-	}
-	*out = (int32_t)d;
-	return true;
-}
-
 static int cmp_nodes(const void *a, const void *b)
 {
 	return vcmp(*(docbuild_node *const *)a, *(docbuild_node *const *)b);
@@ -398,7 +371,7 @@ static int eval_slice(docbuild_node **vals, size_t n, docbuild_node **out, const
 		return efail(e, 28725, "Second argument to $slice must be a numeric value, but is of type: %s",
 			     type_name(vals[1]->type));
 	}
-	if (!int32_of(vals[1], &a2)) {
+	if (!agg_integral32(vals[1], &a2)) {
 		return efail(e, 28726, "Second argument to $slice can't be represented as a 32-bit integer: %g",
 			     num_double(vals[1]));
 	}
@@ -425,7 +398,7 @@ static int eval_slice(docbuild_node **vals, size_t n, docbuild_node **out, const
 			return efail(e, 28727, "Third argument to $slice must be numeric, but is of type: %s",
 				     type_name(vals[2]->type));
 		}
-		if (!int32_of(vals[2], &count)) {
+		if (!agg_integral32(vals[2], &count)) {
 			return efail(e, 28728, "Third argument to $slice can't be represented as a 32-bit integer: %g",
 				     num_double(vals[2]));
 		}
@@ -450,7 +423,7 @@ static int eval_range(docbuild_node **vals, size_t n, docbuild_node **out, const
 		return efail(e, 34443, "$range requires a numeric starting value, found value of type: %s",
 			     type_name(ntype(vals[0])));
 	}
-	if (!int32_of(vals[0], &start)) {
+	if (!agg_integral32(vals[0], &start)) {
 		char *s = agg_node_str(vals[0]);
 		int rc = efail(e, 34444, "$range requires a starting value that can be represented as a 32-bit integer, found value: %s",
 			       s);
@@ -462,7 +435,7 @@ static int eval_range(docbuild_node **vals, size_t n, docbuild_node **out, const
 		return efail(e, 34445, "$range requires a numeric ending value, found value of type: %s",
 			     type_name(ntype(vals[1])));
 	}
-	if (!int32_of(vals[1], &end)) {
+	if (!agg_integral32(vals[1], &end)) {
 		char *s = agg_node_str(vals[1]);
 		int rc = efail(e, 34446, "$range requires an ending value that can be represented as a 32-bit integer, found value: %s",
 			       s);
@@ -475,7 +448,7 @@ static int eval_range(docbuild_node **vals, size_t n, docbuild_node **out, const
 			return efail(e, 34447, "$range requires a numeric step value, found value of type:%s",
 				     type_name(ntype(vals[2])));
 		}
-		if (!int32_of(vals[2], &step)) {
+		if (!agg_integral32(vals[2], &step)) {
 			char *s = agg_node_str(vals[2]);
 			int rc = efail(e, 34448, "$range requires a step value that can be represented as a 32-bit integer, found value: %s",
 				       s);
@@ -510,7 +483,7 @@ static int index_arg(const docbuild_node *v, const char *what, int32_t *out, con
 	char *s;
 	int rc;
 
-	if (!int32_of(v, out)) {
+	if (!agg_integral32(v, out)) {
 		s = agg_node_str(v);
 		rc = efail(e, 40096, "$indexOfArrayrequires an integral %s, found a value of type: %s, with value: %s",
 			   what, type_name(ntype(v)), s);

@@ -83,33 +83,6 @@ static void sb_put(sbuf *b, const char *s, size_t n)
 	b->len += n;
 }
 
-/* Value::integral(): a number whose value is an integer representable as an int32. */
-static bool integral32(const docbuild_node *v, int32_t *out)
-{
-	double d;
-
-	if (!is_number(v)) {
-		return false;
-	}
-	if (v->type == BSON_TYPE_INT32) {
-		*out = v->value.value.v_int32;
-		return true;
-	}
-	if (v->type == BSON_TYPE_INT64) {
-		if (v->value.value.v_int64 < INT32_MIN || v->value.value.v_int64 > INT32_MAX) {
-			return false;
-		}
-		*out = (int32_t)v->value.value.v_int64;
-		return true;
-	}
-	d = num_double(v);
-	if (!(d == floor(d) && d >= INT32_MIN && d <= INT32_MAX)) {
-		return false;
-	}
-	*out = (int32_t)d;
-	return true;
-}
-
 /* Value::coerceToString as $substrCP/$strcasecmp use it: null/missing "", strings,
  * numbers, dates, timestamps; else 16007. The caller frees *s. */
 static int coerce_string(const docbuild_node *v, const char *op, char **s, size_t *len,
@@ -272,7 +245,7 @@ static int index_arg(const docbuild_node *v, const char *name, const char *what,
 {
 	char show[256];
 
-	if (!integral32(v, out)) {
+	if (!agg_integral32(v, out)) {
 		return efail(e, 40096, "%srequires an integral %s, found a value of type: %s, with value: %s",
 			     name, what, type_name(ntype(v)), ext_show(v, show, sizeof show));
 	}
@@ -706,13 +679,13 @@ int agg_str_eval(const expr *x, const bson_t *root, docbuild_node **out, const e
 		if (!is_number(v[1])) {
 			rc = efail(e, 34450, "%s: starting index must be a numeric type (is BSON type %s)",
 				   name, type_name(ntype(v[1])));
-		} else if (!integral32(v[1], &start)) {
+		} else if (!agg_integral32(v[1], &start)) {
 			rc = efail(e, 34451, "%s: starting index cannot be represented as a 32-bit integral value: %s",
 				   name, ext_show(v[1], show, sizeof show));
 		} else if (!is_number(v[2])) {
 			rc = efail(e, 34452, "%s: length must be a numeric type (is BSON type %s)", name,
 				   type_name(ntype(v[2])));
-		} else if (!integral32(v[2], &count)) {
+		} else if (!agg_integral32(v[2], &count)) {
 			rc = efail(e, 34453, "%s: length cannot be represented as a 32-bit integral value: %s",
 				   name, ext_show(v[2], show, sizeof show));
 		} else if (count < 0) {

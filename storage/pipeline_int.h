@@ -193,6 +193,34 @@ static inline double num_double(const docbuild_node *n)
 	}
 }
 
+/* Value::integral(): is v a number whose value is an integer in int32's range? *out gets
+ * it (the $slice/$range/$indexOf* and code-point operators' index arguments). */
+static inline bool agg_integral32(const docbuild_node *v, int32_t *out)
+{
+	double d;
+
+	if (!is_number(v)) {
+		return false;
+	}
+	if (v->type == BSON_TYPE_INT32) {
+		*out = v->value.value.v_int32;
+		return true;
+	}
+	if (v->type == BSON_TYPE_INT64) {
+		if (v->value.value.v_int64 < INT32_MIN || v->value.value.v_int64 > INT32_MAX) {
+			return false;
+		}
+		*out = (int32_t)v->value.value.v_int64;
+		return true;
+	}
+	d = num_double(v);
+	if (!(d == floor(d) && d >= (double)INT32_MIN && d <= (double)INT32_MAX)) {
+		return false;
+	}
+	*out = (int32_t)d;
+	return true;
+}
+
 /* Aggregation truthiness: false, null, undefined, missing and 0 are false. */
 static inline bool truthy(const docbuild_node *n)
 {
