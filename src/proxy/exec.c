@@ -427,9 +427,11 @@ int px_reply_copy(ctx *c, const bson_t *reply)
 
 /* ---------- forwarding to one shard ---------- */
 
-/* Wrap a cursor reply of one shard into a proxy cursor and answer the client. */
-int px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
-		     const char *batch_field, const char *ns)
+/* px_answer_cursor, with wce (NULL or empty: none) the writeConcernError of the shard's
+ * first reply, answered next to the cursor as mongod does for an aggregate with $out or
+ * $merge (issue #20: a shard's writeConcernError is never dropped). */
+static int answer_cursor_wce(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
+			     const char *batch_field, const char *ns, const bson_t *wce)
 {
 	bson_t *out = bson_new();
 	bson_t cd, arr;
@@ -456,9 +458,18 @@ int px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
 	BSON_APPEND_UTF8(&cd, "ns", ns);
 	bson_append_array(&cd, batch_field, -1, &arr);
 	bson_append_document_end(out, &cd);
+	if (wce != NULL && !bson_empty(wce))
+		BSON_APPEND_DOCUMENT(out, "writeConcernError", wce);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	bson_destroy(&arr);
 	return px_reply(c, out);
+}
+
+/* Wrap a cursor reply of one shard into a proxy cursor and answer the client. */
+int px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
+		     const char *batch_field, const char *ns)
+{
+	return answer_cursor_wce(c, cur, batch, single, batch_field, ns, NULL);
 }
 
 void px_stream_init(pstream *s, const char *shard, const char *db, const char *coll)
@@ -624,14 +635,24 @@ int px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batc
 			s->coll = sdb_strdup(dot + 1);
 		}
 	}
+	/* the writeConcernError of a writing aggregate ($out / $merge of an unsharded
+	 * collection run whole by its primary shard) reaches the client, as mongos'
+	 * (cluster_aggregate.cpp appends the shard's one); the shard's $clusterTime and
+	 * operationTime are not copied, as px_reply_copy does not */
+	bson_t wce = BSON_INITIALIZER, w;
+	if (px_get_doc(&reply, "writeConcernError", &w))
+		bson_concat(&wce, &w);
 	if (pstream_take_batch(s, &reply, "firstBatch") != 0) {
+		bson_destroy(&wce);
 		st = px_reply_copy(c, &reply);
 		goto fail;
 	}
 	bson_destroy(&reply);
 	bson_destroy(&fwd);
-	return px_answer_cursor(c, proxy_cursor_new(c->p, ns, s, 1, NULL, NULL, 0, 0), batch,
-				single, "firstBatch", ns);
+	st = answer_cursor_wce(c, proxy_cursor_new(c->p, ns, s, 1, NULL, NULL, 0, 0), batch,
+			       single, "firstBatch", ns, &wce);
+	bson_destroy(&wce);
+	return st;
 fail:
 	pstream_clear(s);
 	bson_destroy(&s->err_reply);

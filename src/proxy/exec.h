@@ -286,7 +286,8 @@ void px_stream_init(pstream *s, const char *shard, const char *db, const char *c
  * of the error answered when the first batch fails (InternalError 1 by default). */
 int px_answer_cursor(ctx *c, proxy_cursor *cur, int64_t batch, bool single,
 		      const char *batch_field, const char *ns);
-/* Forward a cursor-returning command to one shard as is and answer through a proxy cursor.
+/* Forward a cursor-returning command to one shard as is and answer through a proxy cursor;
+ * the shard's writeConcernError (an aggregate with $out / $merge) is answered with it.
  * Returns: the status of the answer (0, or the code of the shard's error). */
 int px_forward_cursor(ctx *c, const char *shard, const bson_t *cmd, int64_t batch,
 		       bool single);

@@ -458,6 +458,123 @@ void shard_cmd_drop_database(shard_ctx *x)
 	wire_req_reply(x->req, reply);
 }
 
+/* The fields MongoDB 6.0 accepts in an index specification (index_key_validate.h
+ * allowedFieldNames; `clustered` is refused there through its own rules). Which of them
+ * stripedb honours is decided by sdb_store_index_create, not here. */
+static const char *const index_spec_fields[] = {
+	"2dsphereIndexVersion", "_id",	   "background",	"bits",
+	"bucketSize",		"coarsestIndexedLevel", "collation",	"default_language",
+	"dropDups",		"expireAfterSeconds",	"finestIndexedLevel", "hidden",
+	"key",			"language_override",	"max",		"min",
+	"name",			"ns",			"originalSpec",	"partialFilterExpression",
+	"prepareUnique",	"sparse",		"storageEngine",	"textIndexVersion",
+	"unique",		"v",			"weights",	"wildcardProjection",
+	NULL};
+
+static void format_value(bson_string_t *s, const bson_iter_t *it);
+
+/* d as MongoDB's BSONObj::toString prints it ("{ key: { u: 1 }, name: \"u_1\" }", an
+ * array "[ 1, 2 ]"), for the specification quoted in an error message. */
+static void format_doc(bson_string_t *s, const bson_t *d, bool array)
+{
+	bson_iter_t it;
+	bool first = true;
+	bson_string_append(s, array ? "[" : "{");
+	if (bson_iter_init(&it, d)) {
+		while (bson_iter_next(&it)) {
+			bson_string_append(s, first ? " " : ", ");
+			if (!array)
+				bson_string_append_printf(s, "%s: ", bson_iter_key(&it));
+			format_value(s, &it);
+			first = false;
+		}
+	}
+	bson_string_append(s, first ? (array ? "]" : "}") : (array ? " ]" : " }"));
+}
+
+static void format_value(bson_string_t *s, const bson_iter_t *it)
+{
+	bson_t sub;
+	switch (bson_iter_type(it)) {
+	case BSON_TYPE_UTF8:
+		bson_string_append_printf(s, "\"%s\"", bson_iter_utf8(it, NULL));
+		break;
+	case BSON_TYPE_INT32:
+		bson_string_append_printf(s, "%d", bson_iter_int32(it));
+		break;
+	case BSON_TYPE_INT64:
+		bson_string_append_printf(s, "%lld", (long long)bson_iter_int64(it));
+		break;
+	case BSON_TYPE_DOUBLE: {
+		double v = bson_iter_double(it);
+		/* MongoDB prints an integral double with ".0" */
+		if (v == (double)(long long)v && v > -1e15 && v < 1e15)
+			bson_string_append_printf(s, "%lld.0", (long long)v);
+		else
+			bson_string_append_printf(s, "%.17g", v);
+		break;
+	}
+	case BSON_TYPE_BOOL:
+		bson_string_append(s, bson_iter_bool(it) ? "true" : "false");
+		break;
+	case BSON_TYPE_NULL:
+		bson_string_append(s, "null");
+		break;
+	case BSON_TYPE_DOCUMENT:
+	case BSON_TYPE_ARRAY:
+		if (util_iter_bson(it, &sub))
+			format_doc(s, &sub, bson_iter_type(it) == BSON_TYPE_ARRAY);
+		else
+			bson_string_append(s, "{}");
+		break;
+	default: {
+		/* other types: their relaxed extended JSON ({"v": X} minus the wrapper) */
+		bson_t one = BSON_INITIALIZER;
+		bson_append_iter(&one, "v", 1, it);
+		size_t len = 0;
+		char *js = bson_as_relaxed_extended_json(&one, &len);
+		const char *v = js ? strstr(js, ": ") : NULL;
+		if (v && len >= 2) {
+			v += 2;
+			size_t vlen = strlen(v);
+			bson_string_append_printf(s, "%.*s", (int)(vlen >= 2 ? vlen - 2 : vlen), v);
+		}
+		bson_free(js);
+		bson_destroy(&one);
+		break;
+	}
+	}
+}
+
+/* An index specification with a field MongoDB does not know is refused, as mongod
+ * (index_key_validate.cpp validateIndexSpecFieldNames, with parseAndValidateIndexSpecs'
+ * context): InvalidIndexSpecificationOption (197) "Error in specification S :: caused by
+ * :: The field 'F' is not valid for an index specification. Specification: S" (issue #20:
+ * {uniqe: true} made a non-unique index). Returns true after that reply. */
+static bool refuse_unknown_index_field(shard_ctx *x, const bson_t *spec)
+{
+	bson_iter_t it;
+	if (!bson_iter_init(&it, spec))
+		return false;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		bool known = false;
+		for (size_t i = 0; index_spec_fields[i] && !known; i++)
+			known = strcmp(k, index_spec_fields[i]) == 0;
+		if (known)
+			continue;
+		bson_string_t *s = bson_string_new(NULL);
+		format_doc(s, spec, false);
+		shard_fail(x, 197,
+			   "Error in specification %s :: caused by :: The field '%s' is not valid "
+			   "for an index specification. Specification: %s",
+			   s->str, k, s->str);
+		bson_string_free(s, true);
+		return true;
+	}
+	return false;
+}
+
 void shard_cmd_create_indexes(shard_ctx *x)
 {
 	const char *coll = shard_coll_arg(x);
@@ -469,6 +586,14 @@ void shard_cmd_create_indexes(shard_ctx *x)
 		shard_fail(x, 40414,
 			   "BSON field 'createIndexes.indexes' is missing but a required field");
 		return;
+	}
+	/* every specification's field names first, before any index is built (mongod
+	 * validates them all before it builds one) */
+	bson_iter_t pre = arr;
+	while (bson_iter_next(&pre) && BSON_ITER_HOLDS_DOCUMENT(&pre)) {
+		bson_t spec;
+		if (util_iter_bson(&pre, &spec) && refuse_unknown_index_field(x, &spec))
+			return;
 	}
 	if (!shard_begin(x, true))
 		return;

@@ -74,6 +74,7 @@ static const struct {
 	{166, "CommandNotSupportedOnView"},
 	{169, "CommandOnShardedViewNotSupportedOnMongod"},
 	{189, "PrimarySteppedDown"},
+	{197, "InvalidIndexSpecificationOption"},
 	{202, "NetworkInterfaceExceededTimeLimit"},
 	{204, "TimeProofMismatch"},
 	{205, "ClusterTimeFailsRateLimiter"},

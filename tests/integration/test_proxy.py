@@ -324,6 +324,43 @@ def test_indexes_broadcast_and_aggregate(cluster):
     assert "db" in cluster.proxy_client(0).list_database_names()
 
 
+def test_unknown_index_spec_fields_are_refused_on_a_shard_and_through_a_proxy(cluster):
+    # issue #20: {uniqe: true} made a non-unique index; mongod refuses a field it does not
+    # know (index_key_validate.cpp validateIndexSpecFieldNames), before building any index
+    ranged(cluster)
+    spec = "{ key: { u: 1 }, name: \"u_1\", uniqe: true }"
+    msg = (f"Error in specification {spec} :: caused by :: The field 'uniqe' is not valid "
+           f"for an index specification. Specification: {spec}")
+    dbs = [cluster.shard_client("shard-a").mm, cluster.proxy_client(0).mm,  # unsharded
+           cluster.proxy_client(0).db]  # db.c is sharded over the 3 shards
+    for db, coll in zip(dbs, ["mm", "mm", "c"]):
+        with pytest.raises(OperationFailure) as e:
+            db.command({"createIndexes": coll, "indexes": [
+                {"key": {"ok": 1}, "name": "ok_1"},
+                {"key": {"u": 1}, "name": "u_1", "uniqe": True}]})
+        assert e.value.code == 197, (coll, e.value.details)
+        assert e.value.details["codeName"] == "InvalidIndexSpecificationOption"
+        assert e.value.details["errmsg"] == msg, e.value.details
+        # nothing was built, not even the valid specification before it
+        for sid in cluster.shard_ids:
+            names = [ix["name"] for ix in cluster.shard_client(sid)[db.name][coll].list_indexes()]
+            assert "ok_1" not in names and "u_1" not in names, (sid, names)
+    # nested values are quoted as mongod prints them
+    with pytest.raises(OperationFailure) as e:
+        cluster.proxy_client(0).mm.command({"createIndexes": "mm", "indexes": [
+            {"key": {"a": 1, "b": -1}, "name": "ab", "bogus": [1, "x", {"y": None}],
+             "sparse": False}]})
+    assert e.value.code == 197
+    assert e.value.details["errmsg"].endswith(
+        "Specification: { key: { a: 1, b: -1 }, name: \"ab\", bogus: [ 1, \"x\", "
+        "{ y: null } ], sparse: false }"), e.value.details
+    # the fields mongod knows still reach the index checks as before
+    cluster.proxy_client(0).mm.command({"createIndexes": "mm", "indexes": [
+        {"key": {"u": 1}, "name": "u_1", "unique": True, "v": 2, "background": True}]})
+    ix = {i["name"]: i for i in cluster.proxy_client(0).mm.mm.list_indexes()}
+    assert ix["u_1"]["unique"] is True
+
+
 # ---------------------------------------------------------------- differential test
 
 OPS = ["$lt", "$lte", "$gt", "$gte", "$ne", "$in", "$eq"]

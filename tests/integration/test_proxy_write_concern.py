@@ -8,7 +8,10 @@ writeConcernError as the shard sent it, or, from several shard commands, one
 WriteConcernFailed (64) naming them, as mongos answers (BatchWriteOp::buildClientResponse).
 
 The shards here are one-member replica sets: w: 5 cannot be satisfied and each shard
-answers UnsatisfiableWriteConcern (100) after applying the write (as mongod does)."""
+answers UnsatisfiableWriteConcern (100) after applying the write (as mongod does).
+
+An aggregate with $out/$merge of an unsharded collection is forwarded whole to the
+database's primary shard: its writeConcernError was dropped too (issue #20)."""
 import pytest
 
 from proxy_helpers import ProxyCluster
@@ -77,3 +80,30 @@ def test_a_satisfiable_write_concern_answers_no_error(cluster):
                         "writeConcern": wc})
         assert r["n"] == 2 and "writeConcernError" not in r, (wc, r)
     assert len(owned(cluster)) == 6
+
+
+def unsharded_docs(cl, coll):
+    """The documents of the unsharded db.<coll> on whichever shard is db's primary."""
+    out = []
+    for s in ("shard-a", "shard-b"):
+        out += list(cl.shard_client(s).db[coll].find({}, sort=[("_id", 1)]))
+    return out
+
+
+@pytest.mark.parametrize("stage", [{"$out": "plain_out"}, {"$merge": "plain_out"}])
+def test_out_merge_of_an_unsharded_collection_answers_the_shards_error(cluster, stage):
+    # issue #20: the whole aggregate goes to the primary shard, whose writeConcernError
+    # the proxy dropped ({ok: 1} alone); a shard and mongos answer it next to the cursor
+    db = cluster.proxy_client(0).db
+    db.plain.insert_many([{"_id": i, "v": i} for i in range(3)])
+    r = db.command({"aggregate": "plain", "pipeline": [stage], "cursor": {},
+                    "writeConcern": {"w": 5}})
+    assert r["ok"] == 1 and r["cursor"]["firstBatch"] == [], r
+    wce = r["writeConcernError"]
+    assert wce["code"] == 100 and wce["codeName"] == "UnsatisfiableWriteConcern", r
+    assert "$clusterTime" not in wce and "operationTime" not in wce, wce
+    assert unsharded_docs(cluster, "plain_out") == [{"_id": i, "v": i} for i in range(3)]
+    # a satisfiable writeConcern: no error
+    r = db.command({"aggregate": "plain", "pipeline": [stage], "cursor": {},
+                    "writeConcern": {"w": 1}})
+    assert r["ok"] == 1 and "writeConcernError" not in r, r
