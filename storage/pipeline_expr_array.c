@@ -356,7 +356,7 @@ static bool set_has(docbuild_node *const *s, size_t n, const docbuild_node *v)
 static int eval_slice(docbuild_node **vals, size_t n, docbuild_node **out, const ectx *e)
 {
 	docbuild_node *arr = vals[0];
-	int32_t a2, count;
+	int32_t a2 = 0, count = 0;
 	size_t start, end, len;
 
 	if (is_nullish(arr) || is_nullish(vals[1])) {
@@ -416,7 +416,7 @@ static int eval_slice(docbuild_node **vals, size_t n, docbuild_node **out, const
 
 static int eval_range(docbuild_node **vals, size_t n, docbuild_node **out, const ectx *e)
 {
-	int32_t start, end, step = 1;
+	int32_t start = 0, end = 0, step = 1;
 	int64_t length, need;
 
 	if (!is_number(vals[0])) {

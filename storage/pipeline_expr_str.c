@@ -262,7 +262,7 @@ static int eval_indexof(const expr *x, docbuild_node **v, docbuild_node **out, c
 	const char *name = ext_name(x);
 	const char *s, *tok;
 	size_t len, tlen, total;
-	int32_t start = 0, end;
+	int32_t start = 0, end = 0;
 	int rc;
 
 	if (is_nullish(v[0])) {
@@ -670,7 +670,7 @@ int agg_str_eval(const expr *x, const bson_t *root, docbuild_node **out, const e
 	case E_SUBSTRCP: {
 		char *s = NULL, show[256];
 		size_t len = 0, b, en;
-		int32_t start, count;
+		int32_t start = 0, count = 0;
 
 		rc = coerce_string(v[0], name, &s, &len, e);
 		if (rc != 0) {

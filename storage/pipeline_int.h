@@ -199,6 +199,7 @@ static inline bool agg_integral32(const docbuild_node *v, int32_t *out)
 {
 	double d;
 
+	*out = 0; /* set on every path: callers read it after a false too (-Wmaybe-uninitialized) */
 	if (!is_number(v)) {
 		return false;
 	}
