@@ -624,6 +624,25 @@ static const struct {
 	{"minKey", -1},	   {"maxKey", 127},
 };
 
+bool sdb_bson_type_code(const char *name, size_t len, int *code)
+{
+	for (size_t i = 0; i < sizeof type_aliases / sizeof type_aliases[0]; i++) {
+		if (strlen(type_aliases[i].name) == len && memcmp(type_aliases[i].name, name, len) == 0) {
+			*code = type_aliases[i].code;
+			return true;
+		}
+	}
+	return false;
+}
+
+bool sdb_bson_type_known(int code)
+{
+	for (size_t i = 0; i < sizeof type_aliases / sizeof type_aliases[0]; i++)
+		if (type_aliases[i].code == code)
+			return true;
+	return false;
+}
+
 static void type_set(node *n, int code)
 {
 	unsigned t = (unsigned)code & 0xff;
@@ -643,11 +662,10 @@ static int type_add(node *n, const bson_iter_t *it, perr *pe)
 			type_set(n, BSON_TYPE_DECIMAL128);
 			return 0;
 		}
-		for (size_t i = 0; i < sizeof type_aliases / sizeof type_aliases[0]; i++) {
-			if (strcmp(s, type_aliases[i].name) == 0) {
-				type_set(n, type_aliases[i].code);
-				return 0;
-			}
+		int code;
+		if (sdb_bson_type_code(s, strlen(s), &code)) {
+			type_set(n, code);
+			return 0;
 		}
 		return fail(pe, ERR_BAD_VALUE, "Unknown type name alias: %s", s);
 	}

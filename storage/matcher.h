@@ -158,4 +158,11 @@ struct pcre2_real_code_8;
 struct pcre2_real_code_8 *sdb_regex_compile(const char *pattern, const char *flags, int *code,
 					    char *err, size_t errlen);
 
+/* MongoDB's BSON type aliases ("double" 1 ... "decimal" 19, "minKey" -1, "maxKey" 127, as
+ * $type and $convert's `to` name them): the code of name (len bytes) in *code. Returns:
+ * false when name is no alias. */
+bool sdb_bson_type_code(const char *name, size_t len, int *code);
+/* Whether code is the number of one of those types. */
+bool sdb_bson_type_known(int code);
+
 #endif

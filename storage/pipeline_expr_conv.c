@@ -7,19 +7,6 @@
 #include <ctype.h>
 #include <errno.h>
 
-/* The BSON types a conversion can target, by $convert's 'to' name or number. */
-static const struct {
-	const char *name;
-	int type;
-} type_names[] = {
-	{"double", 1},	   {"string", 2},     {"object", 3},	    {"array", 4},
-	{"binData", 5},	   {"undefined", 6},  {"objectId", 7},	    {"bool", 8},
-	{"date", 9},	   {"null", 10},      {"regex", 11},	    {"dbPointer", 12},
-	{"javascript", 13}, {"symbol", 14},   {"javascriptWithScope", 15},
-	{"int", 16},	   {"timestamp", 17}, {"long", 18},	    {"decimal", 19},
-	{"minKey", -1},	   {"maxKey", 127},
-};
-
 #define NOERR " in $convert with no onError value"
 
 /* A value for a conversion failure message: numbers as MongoDB prints them. */
@@ -127,13 +114,8 @@ static int parse_double(const char *s, size_t len, double *out, const char **why
 static int target_type(const docbuild_node *to, int *t, const ectx *e)
 {
 	if (to->type == BSON_TYPE_UTF8) {
-		for (size_t i = 0; i < sizeof type_names / sizeof type_names[0]; i++) {
-			if (strlen(type_names[i].name) == to->value.value.v_utf8.len &&
-			    memcmp(type_names[i].name, to->value.value.v_utf8.str,
-				   to->value.value.v_utf8.len) == 0) {
-				*t = type_names[i].type;
-				return 0;
-			}
+		if (sdb_bson_type_code(to->value.value.v_utf8.str, to->value.value.v_utf8.len, t)) {
+			return 0;
 		}
 		return efail(e, C_BAD_VALUE, "Unknown type name: %.*s", (int)to->value.value.v_utf8.len,
 			     to->value.value.v_utf8.str);
@@ -144,11 +126,9 @@ static int target_type(const docbuild_node *to, int *t, const ectx *e)
 		if (d != floor(d)) {
 			return efail(e, C_FAILED_TO_PARSE, "In $convert, numeric 'to' argument is not an integer");
 		}
-		for (size_t i = 0; i < sizeof type_names / sizeof type_names[0]; i++) {
-			if ((double)type_names[i].type == d) {
-				*t = type_names[i].type;
-				return 0;
-			}
+		if (d >= -1 && d <= 127 && sdb_bson_type_known((int)d)) {
+			*t = (int)d;
+			return 0;
 		}
 		return efail(e, C_FAILED_TO_PARSE,
 			     "In $convert, numeric value for 'to' does not correspond to a BSON type: %g", d);
@@ -157,14 +137,10 @@ static int target_type(const docbuild_node *to, int *t, const ectx *e)
 		     type_name(to->type));
 }
 
+/* The name of the type numbered t as $type says it (-1: minKey). */
 static const char *tname(int t)
 {
-	for (size_t i = 0; i < sizeof type_names / sizeof type_names[0]; i++) {
-		if (type_names[i].type == t) {
-			return type_names[i].name;
-		}
-	}
-	return "?";
+	return type_name(t == -1 ? BSON_TYPE_MINKEY : (bson_type_t)t);
 }
 
 /* A double or decimal to an integer in [lo, hi]: NaN, infinity and overflow refused. */
