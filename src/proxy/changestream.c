@@ -41,91 +41,7 @@
  * out of cursor.c's table; checked in while its getMore is parked); fan-out units touch
  * only their own shard entry.
  */
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "common/alloc.h"
-#include "common/bsonget.h"
-#include "common/changestream.h"
-#include "common/clock.h"
-#include "common/err.h"
-#include "common/log.h"
-#include "proxy/cswait.h"
-#include "proxy/exec.h"
-#include "proxy/proxy.h"
-#include "proxy/txnroute.h"
-
-#define CS_SHARD_BATCH 1000
-#define CS_DEFAULT_AWAIT_MS 1000 /* MongoDB's await of a tailable awaitData getMore */
-#define CS_NOTE_AWAIT_MS 200	 /* a holdout's getMore await while an event waits */
-#define CS_MAX_BATCH_BYTES (8 * 1024 * 1024)
-#define ERR_CS_FATAL 280
-#define ERR_CS_HISTORY_LOST 286
-#define ERR_NOT_IN_TXN 263
-#define ERR_CLIENT_DISCONNECT 279
-
-enum { CS_COLL, CS_DB, CS_CLUSTER };
-
-/* One shard's stream. */
-typedef struct cs_shard {
-	char *id;
-	uint32_t sid;
-	int64_t cursor_id; /* 0: not open (to open at the next round) */
-	bool opened;	   /* opened once (then reopened after pbrt) */
-	bool added;	   /* found after the stream was opened: opened at the merged position */
-	bool gone;	   /* no longer in the shard list: holds nothing back */
-	bson_t **ev;	   /* buffered events (owned), ev[pos..n) */
-	sdb_cs_token *tok; /* their tokens */
-	size_t n, pos, cap;
-	sdb_cs_token pbrt;
-	bool have_pbrt;
-	uint64_t noted_ts; /* appendOplogNote sent with this maxClusterTime */
-	/* the watchers' move number (px_cswait_seq) read before the last round that asked
-	 * this shard, or that found it had not moved for the stream: every move of it up to
-	 * there is covered (cswait.h) */
-	uint64_t asked_seq;
-	/* the move number read before the last round that asked it: its PBRT is as of then
-	 * (an await's end asks it again when it moved since, CS_ASK_REFRESH) */
-	uint64_t pbrt_seq;
-	bool more; /* its last batch had events: there may be more (asked again) */
-	uint64_t ended_ms; /* monotonic ms when it answered a cursor id 0 (reopened 100 ms
-			    * later, not in a loop) */
-	/* the last call's result (fan-out unit) */
-	int status;
-	bson_t err_reply; /* always initialised */
-	char neterr[256];
-} cs_shard;
-
-struct px_cs {
-	int level;
-	char *db;	    /* where the shard aggregates run (admin for the cluster) */
-	char *coll;	    /* collection stream: the collection, else NULL */
-	char *gm_coll;	    /* getMore's collection: coll or "$cmd.aggregate" */
-	bson_t spec;	    /* $changeStream for the shards, without the resume fields */
-	bson_t start;	    /* the client's resume fields ({resumeAfter: ...}), maybe empty */
-	bool update_lookup; /* fullDocument: "updateLookup" */
-	sdb_pipeline *pl;   /* the stages after $changeStream, or NULL */
-	cs_shard *sh;
-	size_t nsh;
-	sdb_cs_token pos; /* merged position: the client's PBRT */
-	bool have_pos;
-	/* a stream opened without a start point: every shard starts at its own present, so
-	 * the stream starts at the newest of their first PBRTs and a lagging shard's events at
-	 * or below it are dropped (they predate the start; a resume after a later token would
-	 * not see them either) */
-	sdb_cs_token floor;
-	bool have_floor;
-	bool invalidated; /* the invalidate was returned: the cursor ends */
-	/* a getMore parked with the cursor (cswait.h): its request (compared, never
-	 * dereferenced) and its await's end (monotonic ms), kept for its next run */
-	const wire_req *park_req;
-	uint64_t park_deadline;
-	/* the watchers' move number read before the current round (each shard asked, or
-	 * found unmoved, gets it as its asked_seq) and when the last round started */
-	uint64_t round_seq;
-	uint64_t round_ms;
-};
+#include "proxy/changestream_int.h"
 
 /* ---------- tokens ---------- */
 
@@ -137,12 +53,6 @@ static bool field_token(const bson_t *d, const char *name, sdb_cs_token *t)
 	return px_get_doc(d, name, &sub) && sdb_cs_token_parse(&sub, t, err, sizeof err) == 0;
 }
 
-static void hwm_token(sdb_cs_token *t, uint64_t ts)
-{
-	memset(t, 0, sizeof *t);
-	t->ts = ts;
-	t->kind = SDB_CS_HWM;
-}
 
 /* ---------- shard calls ---------- */
 
@@ -1007,180 +917,6 @@ void px_cs_free(proxy *p, px_cs *cs)
 	free(cs);
 }
 
-/* Parse the client's $changeStream spec into cs (spec for shards, start fields, options).
- * Returns: 0, or the code of the error answered on c. */
-static int parse_spec(ctx *c, px_cs *cs, const bson_iter_t *specit, bool *cluster)
-{
-	bson_iter_t it;
-	bool resume = false, start_after = false, at_time = false;
-
-	*cluster = false;
-	if (!BSON_ITER_HOLDS_DOCUMENT(specit))
-		return px_error(c, 50808, "$changeStream stage expects a document as argument");
-	bson_iter_recurse(specit, &it);
-	while (bson_iter_next(&it)) {
-		const char *k = bson_iter_key(&it);
-		if (strcmp(k, "fullDocument") == 0) {
-			const char *v = BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : NULL;
-			if (v == NULL)
-				return px_error(c, WIRE_ERR_TYPE_MISMATCH,
-						"BSON field '$changeStream.fullDocument' is the wrong type "
-						"'%s', expected type 'string'",
-						sdb_bson_type_name(bson_iter_type(&it)));
-			if (strcmp(v, "updateLookup") == 0) {
-				cs->update_lookup = true;
-			} else if (strcmp(v, "whenAvailable") == 0 || strcmp(v, "required") == 0) {
-				return px_error(c, WIRE_ERR_NOT_IMPLEMENTED,
-						"fullDocument: '%s' needs change stream pre- and "
-						"post-images, which stripedb does not implement", v);
-			} else if (strcmp(v, "default") != 0) {
-				return px_error(c, WIRE_ERR_BAD_VALUE,
-						"Enumeration value '%s' for field "
-						"'$changeStream.fullDocument' is not a valid value.",
-						v);
-			}
-		} else if (strcmp(k, "fullDocumentBeforeChange") == 0) {
-			const char *v = BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL) : "";
-			if (strcmp(v, "off") != 0)
-				return px_error(c, WIRE_ERR_NOT_IMPLEMENTED,
-						"fullDocumentBeforeChange: '%s' needs change stream pre- "
-						"and post-images, which stripedb does not implement", v);
-		} else if (strcmp(k, "resumeAfter") == 0 || strcmp(k, "startAfter") == 0) {
-			bson_t tok;
-			sdb_cs_token t;
-			int code = 0;
-			char err[256];
-			uint32_t len;
-			const uint8_t *data;
-			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
-				return px_error(c, WIRE_ERR_TYPE_MISMATCH,
-						"BSON field '$changeStream.%s' is the wrong type '%s', "
-						"expected type 'object'",
-						k, sdb_bson_type_name(bson_iter_type(&it)));
-			bson_iter_document(&it, &len, &data);
-			if (!bson_init_static(&tok, data, len) ||
-			    sdb_cs_token_parse_code(&tok, &t, &code, err, sizeof err) != 0)
-				return px_error(c, code ? code : WIRE_ERR_FAILED_TO_PARSE, "%s", err);
-			if (strcmp(k, "resumeAfter") == 0 && t.kind == SDB_CS_INVALIDATE)
-				return px_error(c, 260 /* InvalidResumeToken */,
-						"Attempting to resume a change stream using "
-						"'resumeAfter' is not allowed from an invalidate "
-						"notification.");
-			if (strcmp(k, "resumeAfter") == 0)
-				resume = true;
-			else
-				start_after = true;
-			bson_append_iter(&cs->start, k, -1, &it);
-			cs->pos = t;
-			cs->have_pos = true;
-		} else if (strcmp(k, "startAtOperationTime") == 0) {
-			uint32_t ts, inc;
-			if (!BSON_ITER_HOLDS_TIMESTAMP(&it))
-				return px_error(c, WIRE_ERR_TYPE_MISMATCH,
-						"BSON field '$changeStream.startAtOperationTime' is the "
-						"wrong type '%s', expected type 'timestamp'",
-						sdb_bson_type_name(bson_iter_type(&it)));
-			bson_iter_timestamp(&it, &ts, &inc);
-			at_time = true;
-			bson_append_iter(&cs->start, k, -1, &it);
-			uint64_t v = (uint64_t)ts << 32 | inc;
-			if (v > 0) {
-				hwm_token(&cs->pos, v - 1);
-				cs->have_pos = true;
-			}
-		} else if (strcmp(k, "allChangesForCluster") == 0) {
-			*cluster = bson_iter_as_bool(&it);
-			bson_append_iter(&cs->spec, k, -1, &it);
-		} else if (strcmp(k, "showExpandedEvents") == 0) {
-			bson_append_iter(&cs->spec, k, -1, &it);
-		} else {
-			return px_error(c, 40415, "BSON field '$changeStream.%s' is an unknown field.",
-					k);
-		}
-	}
-	if (resume && start_after)
-		return px_error(c, 50865,
-				"Do not specify both 'resumeAfter' and 'startAfter' in a $changeStream "
-				"stage.");
-	if (at_time && (resume || start_after))
-		return px_error(c, 40674,
-				"Only one type of resume option is allowed, but multiple were found.");
-	BSON_APPEND_UTF8(&cs->spec, "fullDocument", "default");
-	return 0;
-}
-
-/* The stages after $changeStream: only those mongos allows in a change stream; parsed for
- * the proxy's engine. Returns: 0, or the code of the error answered on c. */
-static int parse_stages(ctx *c, px_cs *cs, const bson_t *stages)
-{
-	static const char *const ok[] = {"$match",	 "$project",	 "$addFields", "$set",
-					 "$unset",	 "$replaceRoot", "$replaceWith", "$redact",
-					 NULL};
-	bson_t rest = BSON_INITIALIZER;
-	bson_iter_t it, st;
-	uint32_t i = 0;
-	int code = 0, rc;
-	char err[512], key[16];
-	const char *kp;
-
-	if (!bson_iter_init(&it, stages) || !bson_iter_next(&it))
-		return 0;
-	while (bson_iter_next(&it)) {
-		const char *name = NULL;
-		if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) && bson_iter_next(&st))
-			name = bson_iter_key(&st);
-		if (name != NULL && strcmp(name, "$changeStream") == 0) {
-			bson_destroy(&rest);
-			return px_error(c, 40602,
-					"$changeStream is only valid as the first stage in a pipeline");
-		}
-		bool allowed = false;
-		for (size_t k = 0; name != NULL && ok[k]; k++)
-			if (strcmp(ok[k], name) == 0)
-				allowed = true;
-		if (name != NULL && !allowed) {
-			bson_destroy(&rest);
-			return px_error(c, WIRE_ERR_ILLEGAL_OPERATION,
-					"%s is not permitted in a $changeStream pipeline", name);
-		}
-		bson_uint32_to_string(i++, &kp, key, sizeof key);
-		bson_append_iter(&rest, kp, -1, &it);
-	}
-	if (i == 0) {
-		bson_destroy(&rest);
-		return 0;
-	}
-	bson_t vars;
-	int st2 = px_let(c, &vars);
-	if (st2 != 0) {
-		bson_destroy(&rest);
-		return st2;
-	}
-	sdb_pipeline_opts po = {.let = &vars};
-	rc = sdb_pipeline_parse(&rest, &po, &cs->pl, &code, err, sizeof err);
-	bson_destroy(&vars);
-	bson_destroy(&rest);
-	if (rc != 0)
-		return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
-	return 0;
-}
-
-int px_cs_pipeline_kind(const bson_t *stages)
-{
-	bson_iter_t it, st;
-	int i = 0;
-
-	if (!bson_iter_init(&it, stages))
-		return 0;
-	while (bson_iter_next(&it)) {
-		if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &st) &&
-		    bson_iter_next(&st) && strcmp(bson_iter_key(&st), "$changeStream") == 0)
-			return i == 0 ? 1 : -1;
-		i++;
-	}
-	return 0;
-}
-
 int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
 {
 	px_cs *cs;
@@ -1210,8 +946,8 @@ int px_do_change_stream(ctx *c, const bson_t *stages, int64_t batch)
 		px_cs_free(c->p, cs);
 		return px_error(c, WIRE_ERR_INTERNAL, "no $changeStream stage");
 	}
-	if ((st = parse_spec(c, cs, &first, &cluster)) != 0 ||
-	    (st = parse_stages(c, cs, stages)) != 0) {
+	if ((st = cs_parse_spec(c, cs, &first, &cluster)) != 0 ||
+	    (st = cs_parse_stages(c, cs, stages)) != 0) {
 		px_cs_free(c->p, cs);
 		return st;
 	}

@@ -5,6 +5,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/chunks.c \
 	src/proxy/catalog.c \
 	src/proxy/changestream.c \
+	src/proxy/changestream_spec.c \
 	src/proxy/configdb.c \
 	src/proxy/currentop.c \
 	src/proxy/cswait.c \
@@ -31,6 +32,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/txnroute.c \
 	src/proxy/write.c
 noinst_HEADERS += \
+	src/proxy/changestream_int.h \
 	src/proxy/cswait.h \
 	src/proxy/ddllock.h \
 	src/proxy/exec.h \

@@ -32,7 +32,7 @@ static sdb_cs_token hwm(uint64_t ts)
 {
 	sdb_cs_token t;
 
-	hwm_token(&t, ts);
+	cs_hwm_token(&t, ts);
 	return t;
 }
 
@@ -259,7 +259,7 @@ static void test_stages_and_changed_id(void **state)
 	stages = BCON_NEW("0", "{", "$changeStream", "{", "}", "}", "1", "{", "$match", "{",
 			  "documentKey._id", "{", "$gt", BCON_INT32(1), "}", "}", "}");
 	f.c.cmd = stages; /* px_let reads the command's let: none */
-	assert_int_equal(parse_stages(&f.c, f.cs, stages), 0);
+	assert_int_equal(cs_parse_stages(&f.c, f.cs, stages), 0);
 	push(&f.cs->sh[0], 60, 1);
 	push(&f.cs->sh[0], 61, 2);
 	set_pbrt(&f.cs->sh[0], hwm(61));
@@ -276,7 +276,7 @@ static void test_stages_and_changed_id(void **state)
 	stages = BCON_NEW("0", "{", "$changeStream", "{", "}", "}", "1", "{", "$set", "{", "_id",
 			  BCON_INT32(1), "}", "}");
 	f.c.cmd = stages;
-	assert_int_equal(parse_stages(&f.c, f.cs, stages), 0);
+	assert_int_equal(cs_parse_stages(&f.c, f.cs, stages), 0);
 	push(&f.cs->sh[0], 62, 3);
 	set_pbrt(&f.cs->sh[0], hwm(62));
 	set_pbrt(&f.cs->sh[1], hwm(62));
@@ -296,7 +296,7 @@ static void test_refused_stages(void **state)
 	stages = BCON_NEW("0", "{", "$changeStream", "{", "}", "}", "1", "{", "$group", "{", "_id",
 			  BCON_INT32(1), "}", "}");
 	f.c.cmd = stages;
-	assert_int_equal(parse_stages(&f.c, f.cs, stages), WIRE_ERR_ILLEGAL_OPERATION);
+	assert_int_equal(cs_parse_stages(&f.c, f.cs, stages), WIRE_ERR_ILLEGAL_OPERATION);
 	bson_destroy(stages);
 	px_answer_clear(&f.ans);
 	stages = BCON_NEW("0", "{", "$match", "{", "}", "}", "1", "{", "$changeStream", "{", "}",
