@@ -3,6 +3,8 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,16 +25,25 @@ typedef struct entry {
 	char key[];
 } entry;
 
+/* A shard. A decision on a key that is cached touches only the first cache line (the
+ * lock, the bucket array, its mask and the tallies: with glibc's 40-byte mutex they fill
+ * 60 bytes), the key's bucket slot and the key's entry; both cores deciding on every
+ * shard move each of those lines between them, so every line kept off the hot path counts
+ * (tests/bench/README.md, 1 vs 2 threads). The rest is written on inserts and evictions. */
 struct rl_cache_shard {
 	pthread_mutex_t mu;
-	rl_cache *cache;
 	entry **buckets;
-	size_t mask;      /* buckets - 1 */
-	size_t count;     /* keys in this shard (under mu) */
-	uint64_t evicted; /* written under mu, read relaxed by rl_cache_evictions */
-	uint64_t tally[RL_TALLIES]; /* under mu */
-	entry lru;        /* sentinel: lru.next = MRU, lru.prev = LRU */
+	uint32_t mask;                  /* buckets - 1 */
+	uint32_t tally[RL_TALLIES];     /* under mu; folded into tally_hi before they wrap */
+	rl_cache *cache;
+	size_t count;                   /* keys in this shard (under mu) */
+	uint64_t evicted;               /* written under mu, read relaxed by rl_cache_evictions */
+	uint64_t tally_hi[RL_TALLIES];  /* under mu */
+	entry lru;                      /* sentinel: lru.next = MRU, lru.prev = LRU */
 } __attribute__((aligned(64)));
+
+_Static_assert(offsetof(rl_cache_shard, tally) + sizeof(((rl_cache_shard *)0)->tally) <= 64,
+	       "a shard's hot fields fit one cache line");
 
 struct rl_cache {
 	rl_cache_shard *shards;
@@ -73,7 +84,7 @@ rl_cache *rl_cache_new(size_t capacity, size_t nshards)
 		s->cache = c;
 		nb = pow2_ceil(capacity / nshards < 8 ? 8 : capacity / nshards);
 		s->buckets = sdb_calloc(nb, sizeof(entry *));
-		s->mask = nb - 1;
+		s->mask = (uint32_t)(nb - 1);
 		s->lru.next = s->lru.prev = &s->lru;
 	}
 	return c;
@@ -205,7 +216,7 @@ static bool evict_one(rl_cache_shard *s, int64_t now)
  * even share of the capacity, since the capacity is global). */
 static void grow(rl_cache_shard *s)
 {
-	size_t nb = (s->mask + 1) * 2, i;
+	size_t nb = ((size_t)s->mask + 1) * 2, i;
 	entry **b = sdb_calloc(nb, sizeof(entry *));
 
 	for (i = 0; i <= s->mask; i++) {
@@ -219,7 +230,7 @@ static void grow(rl_cache_shard *s)
 	}
 	free(s->buckets);
 	s->buckets = b;
-	s->mask = nb - 1;
+	s->mask = (uint32_t)(nb - 1);
 }
 
 rl_state *rl_cache_insert(rl_cache_shard *s, uint64_t hash, const char *key, size_t keylen,
@@ -250,7 +261,7 @@ rl_state *rl_cache_insert(rl_cache_shard *s, uint64_t hash, const char *key, siz
 		if (!done)
 			break;
 	}
-	if (s->count >= 2 * (s->mask + 1))
+	if (s->count >= 2 * ((size_t)s->mask + 1) && s->mask < UINT32_MAX / 2)
 		grow(s);
 	e = sdb_malloc(sizeof(*e) + keylen);
 	memset(e, 0, sizeof(*e));
@@ -276,7 +287,10 @@ int rl_cache_remove(rl_cache_shard *s, uint64_t hash, const char *key, size_t ke
 
 void rl_cache_tally(rl_cache_shard *s, int which)
 {
-	s->tally[which]++;
+	if (++s->tally[which] == UINT32_MAX) {
+		s->tally_hi[which] += s->tally[which];
+		s->tally[which] = 0;
+	}
 }
 
 void rl_cache_take_tallies(rl_cache *c, uint64_t out[RL_TALLIES])
@@ -285,7 +299,8 @@ void rl_cache_take_tallies(rl_cache *c, uint64_t out[RL_TALLIES])
 		rl_cache_shard *s = &c->shards[i];
 		pthread_mutex_lock(&s->mu);
 		for (int k = 0; k < RL_TALLIES; k++) {
-			out[k] += s->tally[k];
+			out[k] += s->tally_hi[k] + s->tally[k];
+			s->tally_hi[k] = 0;
 			s->tally[k] = 0;
 		}
 		pthread_mutex_unlock(&s->mu);
