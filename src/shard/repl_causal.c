@@ -1,5 +1,6 @@
-/* Causal reads on a secondary (issue #20): readConcern {afterClusterTime: T} on a member
- * whose newest applied oplog entry is below T waits, as mongod's waitForReadConcernImpl
+/* Causal reads (issue #20): readConcern {afterClusterTime: T} on a member (a secondary,
+ * or a primary of a set with more than one voter) whose newest applied oplog entry is
+ * below T waits, as mongod's waitForReadConcernImpl
  * (mongo/db/read_concern_mongod.cpp): the read parks here without holding a worker, and is
  * handed to the pool once this member applied an entry with ts >= T (repl_ct_wake, called
  * after every apply); meanwhile the member asks the primary for a no-op write at or
@@ -84,7 +85,9 @@ static void noop_send(shard_repl *r)
 	    sdb_store_oplog_committed(r->sh->store) >= want || now < r->ct_noop_next_ms)
 		return;
 	sdb_node_leader(r->node, &lid, &la);
-	const char *lw = lid && lid != r->id ? shard_repl_member_wire(r, lid) : NULL;
+	/* the primary asks itself (its own wire address, the same command path): the note
+	 * commits only while it still leads a majority */
+	const char *lw = lid ? shard_repl_member_wire(r, lid) : NULL;
 	if (!lw) {
 		r->ct_noop_next_ms = now + CT_NOOP_BACKOFF_MS; /* no primary known yet */
 		return;
@@ -174,12 +177,12 @@ void repl_ct_wake(shard_repl *r)
 	if (!r->ct_reads)
 		return;
 	uint64_t committed = sdb_store_oplog_committed(r->sh->store);
-	bool all = shard_repl_writable(r); /* a primary serves at once */
 	ct_read *c = r->ct_reads, *next;
 
+	/* a primary too waits for its oplog to reach T (repl_hello.c after_cluster_time_ok) */
 	for (; c; c = next) {
 		next = c->next;
-		if (!all && c->after > committed)
+		if (c->after > committed)
 			continue;
 		ct_unlink(r, c);
 		shard_cmd_run_read(r->sh, c->req, c->fn);

@@ -70,15 +70,29 @@ static void lin_barrier_done(void *arg, int status)
 	free(l);
 }
 
+/* Does this member's configuration have one voter (itself)? Then no other primary can
+ * exist in a later term, so its own view is the newest there is. */
+static bool sole_voter(shard_repl *r)
+{
+	unsigned voters = 0;
+	for (unsigned i = 0; i < r->raft->configuration.n; i++)
+		if (r->raft->configuration.servers[i].role == RAFT_VOTER)
+			voters++;
+	return voters < 2;
+}
+
 /* readConcern afterClusterTime T (mongod's waitForReadConcernImpl): T above this member's
  * cluster time is InvalidOptions (72) with mongod's message (the request's $clusterTime,
- * taken before, normally covers it). On the primary the read runs at once: it answers a
- * write only after the write's entry applied here, and serves only after its term's
- * barrier applied, so every write acknowledged before T is visible. A secondary runs it
- * at once when its newest applied oplog entry is at or above T; otherwise *wait is set:
- * the read waits for the member to apply an entry at or above T (repl_causal.c, which also
- * asks the primary for a no-op write above T: makeNoopWriteIfNeeded). False when req was
- * answered. */
+ * taken before, normally covers it). The read runs at once when this member's newest
+ * applied (committed) oplog entry is at or above T; otherwise *wait is set: the read waits
+ * for the member to apply an entry at or above T (repl_causal.c, which also asks the
+ * primary for a no-op write above T: makeNoopWriteIfNeeded). That holds on the primary
+ * too, as in mongod: a primary that was deposed without knowing it yet (paused,
+ * partitioned) cannot have applied the newer primary's write the client saw at T, and its
+ * own no-op commits only with a majority, which a deposed primary no longer has; a
+ * primary that still leads commits the no-op and serves. The sole voter of its set
+ * cannot be deposed and serves at once (what it has applied is all there is). False when
+ * req was answered. */
 static bool after_cluster_time_ok(shard_repl *r, wire_req *req, uint64_t after, bool *wait)
 {
 	uint64_t cur = shard_cluster_time(r->sh);
@@ -93,7 +107,8 @@ static bool after_cluster_time_ok(shard_repl *r, wire_req *req, uint64_t after, 
 			       (unsigned)cur);
 		return false;
 	}
-	if (!shard_repl_writable(r) && sdb_store_oplog_committed(r->sh->store) < after)
+	if (sdb_store_oplog_committed(r->sh->store) < after &&
+	    !(shard_repl_writable(r) && sole_voter(r)))
 		*wait = true;
 	return true;
 }

@@ -125,7 +125,7 @@ struct shard_repl {
 	wc_wait *wc_waits; /* replies waiting for more members than a majority */
 	struct lin_read *lin_reads; /* linearizable reads waiting for their barrier */
 	struct reg_req *reg_reqs;   /* stripedbRegisterMember waiting for its commit */
-	/* reads waiting for afterClusterTime on a secondary (repl_causal.c) */
+	/* reads waiting for afterClusterTime (repl_causal.c) */
 	struct ct_read *ct_reads;
 	uint64_t ct_noop_want;    /* highest T they wait for (packed ts; 0: none) */
 	uint64_t ct_noop_done;    /* highest T a no-op request to the primary succeeded for */
@@ -184,7 +184,8 @@ typedef struct lin_read {
 	shard_cmd_fn fn;
 } lin_read;
 
-/* A read with readConcern afterClusterTime waiting on a secondary (repl_causal.c). */
+/* A read with readConcern afterClusterTime waiting for this member's oplog to reach T
+ * (repl_causal.c). */
 typedef struct ct_read {
 	struct ct_read *next, *prev;
 	wire_req *req;
@@ -234,14 +235,14 @@ bool repl_wc_parse(wire_req *req, int32_t *w, int64_t *wtimeout, int64_t *maxtim
 void repl_wc_reply(shard_repl *r, repl_batch *b, size_t i, bson_t *reply, uint64_t index);
 void repl_wc_abandon(shard_repl *r);
 
-/* repl_causal.c: afterClusterTime reads on a secondary (mongod's waitForReadConcernImpl).
+/* repl_causal.c: afterClusterTime reads waiting for the oplog (mongod's waitForReadConcernImpl).
  * repl_ct_park: park req (fn: its command) until this member applied an entry with
  * ts >= after (packed), and ask the primary for a no-op write at or above it
  * (makeNoopWriteIfNeeded: one request in flight, for the highest T wanted; a failure waits
  * 200 ms, parks included). req is answered at once with 11600 when the member stops, with
  * 50 when its maxTimeMS passed already.
- * repl_ct_wake: after an apply, hand every read whose T is now applied (all of them once
- * this member is the primary) to the pool (shard_cmd_run_read).
+ * repl_ct_wake: after an apply, hand every read whose T is now applied to the pool
+ * (shard_cmd_run_read).
  * repl_ct_tick: every 50 ms (repl.c stall_cb) and on killOp: wake, then answer the parked
  * reads killed (11601), whose client closed (279), past their maxTimeMS (50) or past the
  * stop's quiesce (11600), and

@@ -111,6 +111,14 @@ def test_read_above_every_write_completes_through_a_noop_on_the_primary(start_ro
     with direct(wires[p]) as pc:
         r = read_at(pc, t)
         assert r["ok"] == 1
+        # a time ahead of its own oplog (from another shard): the primary, too, waits for
+        # its oplog to reach it (a deposed primary must not serve it: test_shard_partition),
+        # and writes the no-op itself
+        t2 = Timestamp(int(time.time()) + 6, 1)
+        r = read_at(pc, t2)
+        assert r["ok"] == 1 and r["cursor"]["firstBatch"] == [{"_id": 1}], r
+        notes2 = list(pc.local["oplog.rs"].find({"op": "n", "o": NOOP}))
+        assert any(n["ts"] >= t2 for n in notes2), (notes2, t2)
         far = Timestamp(int(time.time()) + 3600, 1)
         with pytest.raises(OperationFailure) as e:
             pc.app.command({"find": "c", "filter": {}, "readConcern": {"afterClusterTime": far}})

@@ -202,6 +202,55 @@ def test_deposed_primary_does_not_serve_a_stale_linearizable_read(net):
         f"the deposed primary answered a linearizable read with {out['doc']} after v=1 was acknowledged"
 
 
+def test_deposed_primary_does_not_serve_a_stale_causal_read(net):
+    """A primary paused and partitioned while a new one is elected and acknowledges a write
+    at operationTime T; a causally consistent read (readConcern afterClusterTime T, the
+    session's $clusterTime) queued at the old primary must not return the value before that
+    write once it resumes, although the old member still believes it is primary for a
+    while: it waits for its oplog to reach T (mongod's waitForReadConcernImpl on a primary
+    too), which a deposed primary cannot, and answers an error or, after the heal, v=1."""
+    rs = net.replset("rs-causal-read", [1, 2, 3])
+    with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=20000) as c:
+        c.app.c.insert_one({"_id": 1, "v": 0})
+    old = rs.primary()
+    stale = rs.direct(old, socketTimeoutMS=20000, retryWrites=False, retryReads=False)
+    stale.admin.command("ping")  # connected before the pause
+    rs.procs[old].signal(signal.SIGSTOP)
+    out = {}
+    try:
+        net.partition([rs.hosts[old]], [rs.hosts[i] for i in range(3) if i != old])
+        new = rs.wait_primary(exclude=(old,))
+        with rs.direct(new, retryWrites=False) as c:
+            with c.start_session(causal_consistency=True) as s:
+                c.app.c.update_one({"_id": 1}, {"$set": {"v": 1}}, session=s)  # majority
+                op_time, cluster_time = s.operation_time, s.cluster_time
+        assert op_time is not None and cluster_time is not None
+
+        def read():
+            try:
+                with stale.start_session(causal_consistency=True) as s2:
+                    s2.advance_cluster_time(cluster_time)
+                    s2.advance_operation_time(op_time)
+                    out["doc"] = stale.app.c.find_one({"_id": 1}, session=s2,
+                                                      max_time_ms=8000)
+            except PyMongoError as e:
+                out["err"] = e
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        wait_until(lambda: _recv_queue_nonempty(rs.procs[old].p.pid), 10,
+                   what="the read queued at the paused primary")
+    finally:
+        rs.procs[old].signal(signal.SIGCONT)
+    t.join(timeout=40)
+    assert not t.is_alive(), "the causal read never answered"
+    stale.close()
+    net.heal()
+    assert "doc" not in out or out["doc"]["v"] == 1, \
+        f"the deposed primary answered a causal read at T with {out['doc']} after v=1 was acknowledged at T"
+    if "err" in out:
+        print(f"the deposed primary answered: {out['err']!r}")
+
+
 def _recv_queue_nonempty(pid):
     """Does a TCP socket of process pid have unread bytes (ss -tnp in its namespace)?"""
     import subprocess
