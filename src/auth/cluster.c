@@ -9,6 +9,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/ssl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "auth/gate.h"
 #include "auth/scram.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/role.h"
@@ -710,15 +712,90 @@ typedef struct cluster_cmd_work {
 	void *arg;
 } cluster_cmd_work;
 
+/* Idle clients of peer commands, kept for the next command to the same host: a new client
+ * costs a TCP connection, a SCRAM-SHA-256 conversation (PBKDF2 on both ends) and, with
+ * internal TLS, a handshake; the shard's causal reads ask the primary for a no-op each
+ * time their T is ahead of the oplog (src/shard/repl_causal.c). A client is taken out
+ * while a command runs (a mongoc_client_t is one thread's at a time), put back after a
+ * command the peer answered, destroyed after a network error; one idle longer than
+ * PEER_IDLE_MS is dropped when next seen (libmongoc itself re-checks a socket idle for
+ * 5 s before using it). Under peer_mu. */
+#define PEER_IDLE_MAX 8
+#define PEER_IDLE_MS 60000
+static struct peer_idle {
+	char *host;
+	mongoc_client_t *client;
+	uint64_t since_ms;
+} peer_idle[PEER_IDLE_MAX];
+static pthread_mutex_t peer_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static mongoc_client_t *peer_client_take(const char *host)
+{
+	mongoc_client_t *c = NULL, *old[PEER_IDLE_MAX];
+	size_t nold = 0;
+	uint64_t now = sdb_mono_ms();
+
+	pthread_mutex_lock(&peer_mu);
+	for (size_t i = 0; i < PEER_IDLE_MAX; i++) {
+		struct peer_idle *p = &peer_idle[i];
+		if (!p->client)
+			continue;
+		if (now - p->since_ms > PEER_IDLE_MS) {
+			old[nold++] = p->client;
+		} else if (!c && strcmp(p->host, host) == 0) {
+			c = p->client;
+		} else {
+			continue;
+		}
+		free(p->host);
+		p->host = NULL;
+		p->client = NULL;
+	}
+	pthread_mutex_unlock(&peer_mu);
+	for (size_t i = 0; i < nold; i++)
+		mongoc_client_destroy(old[i]);
+	return c;
+}
+
+static void peer_client_put(const char *host, mongoc_client_t *c)
+{
+	mongoc_client_t *evict = NULL;
+	size_t slot = 0;
+
+	pthread_mutex_lock(&peer_mu);
+	for (size_t i = 0; i < PEER_IDLE_MAX; i++) {
+		if (!peer_idle[i].client) {
+			slot = i;
+			break;
+		}
+		if (peer_idle[i].since_ms < peer_idle[slot].since_ms)
+			slot = i; /* full: the longest idle goes */
+	}
+	if (peer_idle[slot].client) {
+		evict = peer_idle[slot].client;
+		free(peer_idle[slot].host);
+	}
+	peer_idle[slot].host = sdb_strdup(host);
+	peer_idle[slot].client = c;
+	peer_idle[slot].since_ms = sdb_mono_ms();
+	pthread_mutex_unlock(&peer_mu);
+	if (evict)
+		mongoc_client_destroy(evict);
+}
+
 static void cluster_cmd_run(uv_work_t *w)
 {
 	cluster_cmd_work *cw = w->data;
-	char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&connectTimeoutMS=1000&"
-				 "serverSelectionTimeoutMS=2000&socketTimeoutMS=2000",
-				 cw->host);
-	mongoc_client_t *c = auth_cluster_client_new(uri);
+	mongoc_client_t *c = peer_client_take(cw->host);
 	bson_error_t e;
-	free(uri);
+
+	if (!c) {
+		char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&connectTimeoutMS=1000&"
+					 "serverSelectionTimeoutMS=2000&socketTimeoutMS=2000",
+					 cw->host);
+		c = auth_cluster_client_new(uri);
+		free(uri);
+	}
 	if (!c) {
 		bson_init(&cw->reply);
 		return;
@@ -730,7 +807,11 @@ static void cluster_cmd_run(uv_work_t *w)
 			  "err=\"%s\" reply=%s", cw->what, cw->host, e.message, j ? j : "");
 		bson_free(j);
 	}
-	mongoc_client_destroy(c);
+	/* the peer answered (ok or a command error): the connection is sound */
+	if (cw->ok || e.domain == MONGOC_ERROR_SERVER || e.domain == MONGOC_ERROR_WRITE_CONCERN)
+		peer_client_put(cw->host, c);
+	else
+		mongoc_client_destroy(c);
 }
 
 static void cluster_cmd_after(uv_work_t *w, int status)
