@@ -136,3 +136,50 @@ def test_shard_entries_record_the_key_of_their_time(start_role, tmp_path):
             again = [s.next() for _ in range(6)]
         assert keyed(again) == keyed(evs)
         assert c.admin.command("stripedbCheck")["nProblems"] == 0
+
+
+def test_a_migrated_document_keeps_its_key(start_role, tmp_path):
+    """moveChunk through the proxy: the migration's copies (recipient) and range deletions
+    (donor) are no events (mongod's fromMigrate); the documents' later writes, on the
+    recipient, report {k, _id}, as their earlier ones on the donor did."""
+    cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1)
+    try:
+        cli = cl.proxy_client()
+        admin, coll = cli.admin, cli.app.m
+        admin.command("shardCollection", "app.m", key={"k": 1})
+        admin.command("split", "app.m", middle={"k": 50})
+        with coll.watch(max_await_time_ms=300) as s:
+            coll.insert_many([{"_id": i, "k": i * 10} for i in range(10)])  # k 0..90
+            low = [ch for ch in cl.chunks("app.m") if ch["max"] == {"k": 50}][0]
+            to = [x for x in cl.shard_ids if x != low["shard"]][0]
+            r = admin.command("moveChunk", "app.m", find={"k": 7}, to=to,
+                              _waitForDelete=True)
+            assert r["ok"] == 1
+            coll.update_one({"_id": 2, "k": 20}, {"$set": {"v": 1}})
+            coll.delete_one({"_id": 3, "k": 30})
+            coll.update_one({"_id": 7, "k": 70}, {"$set": {"v": 1}})
+            evs = drain(s, lambda e: len(e) >= 13)
+            assert s.try_next() is None  # nothing for the copies or the range deletion
+        assert sorted(keyed(evs)[:10]) == sorted(
+            ("insert", [("k", i * 10), ("_id", i)]) for i in range(10))
+        assert keyed(evs)[10:] == [("update", [("k", 20), ("_id", 2)]),
+                                   ("delete", [("k", 30), ("_id", 3)]),
+                                   ("update", [("k", 70), ("_id", 7)])]
+        # the moved documents' writes came from the recipient
+        from test_change_streams_proxy import tok
+        assert [tok(e["_id"])["shard"] for e in evs[10:12]] == [to, to]
+        # the migration's own entries: copies on the recipient, range deletions on the
+        # donor, with origin (not events) and a documentKey recorded too: the donor's
+        # range deletions with k (it holds the filtering metadata), the recipient's copies
+        # with what it knew then (no filtering metadata before the switch: {_id};
+        # src/shard/README.md "Oplog")
+        copies = list(cl.shard_client(to).local["oplog.rs"].find(
+            {"ns": "app.m", "op": "i", "origin": {"$exists": True}}))
+        assert sorted(e["o"]["_id"] for e in copies) == [0, 1, 2, 3, 4]
+        assert all(e["docKey"] is True and e["o2"]["_id"] == e["o"]["_id"] for e in copies)
+        dels = list(cl.shard_client(low["shard"]).local["oplog.rs"].find(
+            {"ns": "app.m", "op": "d", "origin": {"$exists": True}}))
+        assert sorted((e["o"]["_id"], list(e["o"])) for e in dels) == [
+            (i, ["k", "_id"]) for i in range(5)]
+    finally:
+        cl.close()
