@@ -48,12 +48,12 @@ int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const 
 			const bson_t *o, const bson_t *o2, const char *origin, char *err,
 			size_t errlen)
 {
-	return store_oplog_append_ud(c, op, ns, ui, o, o2, NULL, origin, err, errlen);
+	return store_oplog_append_ud(c, op, ns, ui, o, o2, NULL, false, origin, err, errlen);
 }
 
 int store_oplog_append_ud(sdb_store_conn *c, const char *op, const char *ns, const uint8_t *ui,
-			  const bson_t *o, const bson_t *o2, const bson_t *ud, const char *origin,
-			  char *err, size_t errlen)
+			  const bson_t *o, const bson_t *o2, const bson_t *ud, bool doc_key,
+			  const char *origin, char *err, size_t errlen)
 {
 	uint64_t ts = ts_next(c);
 	int64_t wall = store_conn_now_ms(c);
@@ -71,6 +71,8 @@ int store_oplog_append_ud(sdb_store_conn *c, const char *op, const char *ns, con
 		BSON_APPEND_DOCUMENT(&e, "o2", o2);
 	if (ud)
 		BSON_APPEND_DOCUMENT(&e, "updateDescription", ud);
+	if (doc_key)
+		BSON_APPEND_BOOL(&e, SDB_STORE_OPLOG_DOCKEY_FIELD, true);
 	BSON_APPEND_DATE_TIME(&e, "wall", wall);
 	if (origin)
 		BSON_APPEND_UTF8(&e, "origin", origin);

@@ -1033,34 +1033,40 @@ static void id_doc(const bson_iter_t *id_it, bson_t *out)
 	bson_append_iter(out, "_id", 3, id_it);
 }
 
-/* The `o` of a delete's oplog entry: MongoDB's documentKey, the shard key's fields of the
- * deleted document (pre, the stored image; in the key pattern's order, those present, a
- * dotted field under its path) and _id when the store has filtering metadata for db.coll
- * (a sharded collection), else {_id}. Change streams report it as the event's documentKey;
- * every other reader of the oplog takes o._id. */
-static void delete_key_doc(sdb_store_conn *c, const char *db, const char *coll, const bson_t *pre,
-			   const bson_iter_t *id_it, bson_t *out)
+/* The documentKey of doc (MongoDB's getDocumentKey, op_observer_util.cpp, and
+ * ShardKeyPattern::extractShardKeyFromDoc's template extraction) as the write records it
+ * in its oplog entry: when the store has filtering metadata for db.coll (a sharded
+ * collection) the shard key's fields of doc (in the key pattern's order, those present, a
+ * dotted field under its dotted name, a hashed field's value itself) then _id (unless the
+ * pattern names it), else {_id}. id_it: doc's _id. Read in the write's transaction, so it
+ * is the key known when the write happened: a later drop, re-creation with another key
+ * or shardCollection leaves it as it was. out is initialised on every path (bson_destroy
+ * it). Errors: SDB_EIO (the filtering metadata cannot be read or does not parse; out is
+ * then {_id}). */
+static int doc_key(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
+		   const bson_iter_t *id_it, bson_t *out, char *err, size_t errlen)
 {
 	int64_t cv, sv, gen;
 	bson_t *fdoc = NULL;
 	bson_iter_t k, v, d;
-	char ferr[64];
 	bool id_in_key = false;
-	char *ns;
+	char *ns = store_ns_of(db, coll);
+	int rc = sdb_store_filtering_get(c, ns, &cv, &sv, &gen, &fdoc, err, errlen);
 
-	if (!pre) {
+	free(ns);
+	if (rc == SDB_ENOTFOUND || (rc == 0 && !fdoc)) {
 		id_doc(id_it, out);
-		return;
+		return 0;
 	}
-	ns = store_ns_of(db, coll);
-	if (sdb_store_filtering_get(c, ns, &cv, &sv, &gen, &fdoc, ferr, sizeof ferr) != 0 ||
-	    !fdoc || !bson_iter_init_find(&k, fdoc, "key") || !BSON_ITER_HOLDS_DOCUMENT(&k) ||
+	if (rc != 0 || !bson_iter_init_find(&k, fdoc, "key") || !BSON_ITER_HOLDS_DOCUMENT(&k) ||
 	    !bson_iter_recurse(&k, &k)) {
+		if (rc == 0)
+			rc = sdb_errf(err, errlen, SDB_EIO,
+				      "filtering metadata of %s.%s has no key pattern", db, coll);
 		if (fdoc)
 			bson_destroy(fdoc);
-		free(ns);
 		id_doc(id_it, out);
-		return;
+		return rc;
 	}
 	bson_init(out);
 	while (bson_iter_next(&k)) {
@@ -1068,14 +1074,14 @@ static void delete_key_doc(sdb_store_conn *c, const char *db, const char *coll, 
 		if (strcmp(f, "_id") == 0) {
 			id_in_key = true;
 			bson_append_iter(out, "_id", 3, id_it);
-		} else if (bson_iter_init(&v, pre) && bson_iter_find_descendant(&v, f, &d)) {
+		} else if (bson_iter_init(&v, doc) && bson_iter_find_descendant(&v, f, &d)) {
 			bson_append_iter(out, f, -1, &d);
 		}
 	}
 	if (!id_in_key)
 		bson_append_iter(out, "_id", 3, id_it);
 	bson_destroy(fdoc);
-	free(ns);
+	return 0;
 }
 
 /* The cached statement of sql_fmt (one %lld: the collection's table number) for co.
@@ -1089,14 +1095,28 @@ static sqlite3_stmt *coll_stmt(sdb_store_conn *c, const sdb_store_coll *co, cons
 	return store_stmt_get(c, sql, err, errlen);
 }
 
+/* Most bytes of o, o2 and updateDescription together in one document write's oplog entry
+ * (16 MiB + 16 KiB, mongod's BSONObjMaxInternalSize, less 1 KiB for the other fields). */
+#define STORE_OPLOG_OBJS_MAX (16 * 1024 * 1024 + 15 * 1024)
+
 /* Append an oplog entry (op "i", "u" or "d") for a write to db.coll: o the entry's object,
- * o2 (may be NULL) its o2. Returns: store_oplog_append's status. */
+ * o2 (may be NULL) its o2, ud (may be NULL) an update's description; each records its
+ * documentKey (doc_key: o2 of "i"/"u", o of "d") and says so (docKey: true). Errors:
+ * SDB_EINVAL (o, o2 and ud above STORE_OPLOG_OBJS_MAX), store_oplog_append_ud's. */
 static int coll_oplog(sdb_store_conn *c, const char *op, const char *db, const char *coll,
 		      const sdb_store_coll *co, const bson_t *o, const bson_t *o2,
-		      const char *origin, char *err, size_t errlen)
+		      const bson_t *ud, const char *origin, char *err, size_t errlen)
 {
+	/* an entry must stay readable in one reply (mongod's BSONObjMaxInternalSize):
+	 * a document near 16 MiB whose documentKey is huge too (a multi-MiB _id or shard
+	 * key value) would not be; refused like mongod's oversized oplog entry (BadValue) */
+	if ((size_t)o->len + (o2 ? o2->len : 0) + (ud ? ud->len : 0) > STORE_OPLOG_OBJS_MAX)
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"the oplog entry of this write (the document and its documentKey) "
+				"would exceed %d bytes",
+				STORE_OPLOG_OBJS_MAX);
 	char *ns = store_ns_of(db, coll);
-	int rc = store_oplog_append(c, op, ns, co->uuid, o, o2, origin, err, errlen);
+	int rc = store_oplog_append_ud(c, op, ns, co->uuid, o, o2, ud, true, origin, err, errlen);
 
 	free(ns);
 	return rc;
@@ -1143,7 +1163,13 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 	rc = store_indexes_add(c, (sdb_store_coll *)co, doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
-	rc = coll_oplog(c, "i", db, coll, co, doc, NULL, origin, err, errlen);
+	/* o2: the documentKey, as mongod 5.3+ writes an insert (OpObserverImpl::onInserts;
+	 * a migration's copies too, with this shard's filtering metadata) */
+	bson_t key;
+	rc = doc_key(c, db, coll, doc, &id_it, &key, err, errlen);
+	if (rc == 0)
+		rc = coll_oplog(c, "i", db, coll, co, doc, &key, NULL, origin, err, errlen);
+	bson_destroy(&key);
 out:
 	sdb_key_free(&idk);
 	return rc;
@@ -1257,10 +1283,15 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 	}
 	if (ud && (size_t)new_doc->len + ud->len > SDB_STORE_UD_MAX_BYTES)
 		ud = NULL; /* the entry would not fit in a reply: logged as a replacement */
-	id_doc(&id_it, &o2);
-	char *ns = store_ns_of(db, coll);
-	rc = store_oplog_append_ud(c, "u", ns, co->uuid, new_doc, &o2, ud, origin, err, errlen);
-	free(ns);
+	/* o2: the documentKey of the stored pre-image (mongod's update stage:
+	 * args.criteria = collDesc.extractDocumentKey(oldObj) for a user's write, the
+	 * document's {_id} for an internal one: a migration's, with origin) */
+	if (origin)
+		id_doc(&id_it, &o2);
+	else
+		rc = doc_key(c, db, coll, &stored, &id_it, &o2, err, errlen);
+	if (rc == 0)
+		rc = coll_oplog(c, "u", db, coll, co, new_doc, &o2, ud, origin, err, errlen);
 	bson_destroy(&o2);
 	if (have_desc)
 		bson_destroy(&desc);
@@ -1313,9 +1344,12 @@ int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const 
 	rc = store_step_done(c, s, err, errlen, "delete");
 	if (rc)
 		goto out;
+	/* o: the documentKey of the stored image (OpObserverImpl::onDelete's
+	 * documentKey.getShardKeyAndId(); a range deletion's too) */
 	bson_t o;
-	delete_key_doc(c, db, coll, have_stored ? &stored : NULL, &id_it, &o);
-	rc = coll_oplog(c, "d", db, coll, co, &o, NULL, origin, err, errlen);
+	rc = doc_key(c, db, coll, &stored, &id_it, &o, err, errlen);
+	if (rc == 0)
+		rc = coll_oplog(c, "d", db, coll, co, &o, NULL, NULL, origin, err, errlen);
 	bson_destroy(&o);
 out:
 	if (have_stored)

@@ -31,11 +31,20 @@
  *
  * Oplog entries follow local.oplog.rs of a replica-set member:
  *   { ts: Timestamp(secs, inc), t: 1, v: 2, op: "i"|"u"|"d"|"c"|"n", ns: "db.coll",
- *     ui: UUID, o: {...}, o2: {_id: ...} (u only), wall: Date, origin: "mig-42" (optional),
+ *     ui: UUID, o: {...}, o2: <documentKey> (i, u), updateDescription (u, optional),
+ *     docKey: true (i, u, d), wall: Date, origin: "mig-42" (optional),
  *     lsid: {id: UUID, ...}, txnNumber: long, stmtId: int (retryable writes only) }
  * op "u" carries the full post-image in o (replacement form; applying it is idempotent);
  * one written by a modifier or pipeline update also carries updateDescription: {updatedFields,
  * removedFields, truncatedArrays} after o2 (sdb_store_update, storage/docdiff.h).
+ * documentKey (issue #20, MongoDB 5.3+'s oplog: o2 of "i" and "u", o of "d"): the
+ * document's shard key fields (in the key pattern's order, those present) then _id when
+ * the store has filtering metadata for the collection at the time of the write, else
+ * {_id}: an insert's from the new document, an update's and a delete's from the stored
+ * pre-image; a migration's update (origin) has {_id} (mongod's internal writes). Entries
+ * that record it say so with docKey: true (SDB_STORE_OPLOG_DOCKEY_FIELD); those written
+ * before (an "i" without o2, an "u" whose o2 is {_id} whatever the collection) lack it and
+ * their readers fall back (src/shard/cs_event.c).
  * op "c" carries {create: coll} / {drop: coll} / {createIndexes: coll, ...spec} /
  * {dropIndexes: coll, index: name} / {dropDatabase: 1} with ns "db.$cmd".
  * ts: seconds from the injectable wall clock (sdb_store_opts.clock_ms) and a counter;
@@ -48,6 +57,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* The field with which an "i", "u" or "d" oplog entry says that it records its write-time
+ * documentKey (o2 of "i"/"u", o of "d"; see above): `docKey: true`. */
+#define SDB_STORE_OPLOG_DOCKEY_FIELD "docKey"
 
 typedef struct sdb_store sdb_store;
 typedef struct sdb_store_conn sdb_store_conn;
@@ -319,14 +332,16 @@ int sdb_store_write_code(const sdb_store_conn *c);
 
 /* Insert doc (which must have _id as its first field; the caller adds one) into db.coll,
  * creating the collection if missing (write txn). Appends an "i" oplog entry tagged with
- * origin (may be NULL). Errors: SDB_EEXISTS (duplicate key on _id or a unique index: dup
- * filled), SDB_EINVAL (no _id, _id an array/regex/undefined, index keys that cannot be
- * built such as parallel arrays: sdb_store_write_code tells which; a bad collection name
- * when it has to be created), SDB_EIO. */
+ * origin (may be NULL), o2 the document's documentKey (see the top of this file).
+ * Errors: SDB_EEXISTS (duplicate key on _id or a unique index: dup filled), SDB_EINVAL
+ * (no _id, _id an array/regex/undefined, index keys that cannot be built such as parallel
+ * arrays: sdb_store_write_code tells which; a bad collection name when it has to be
+ * created; an oplog entry that would exceed 16 MiB + 15 KiB with its documentKey), SDB_EIO. */
 int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, sdb_store_dup *dup, char *err, size_t errlen);
 /* Replace the document whose _id is old_doc's _id by new_doc (same _id) (write txn):
- * rewrites index entries and appends a "u" oplog entry with o = new_doc, o2 = {_id}.
+ * rewrites index entries and appends a "u" oplog entry with o = new_doc, o2 = the stored
+ * document's documentKey (see the top of this file; {_id} with origin).
  * Errors: SDB_ENOTFOUND (no such collection or document), SDB_EEXISTS (unique index
  * violation, dup filled), SDB_EINVAL (a bad _id, the _ids differ, keys that cannot be
  * built), SDB_ECORRUPT (the stored document does not parse), SDB_EIO. */
@@ -360,7 +375,7 @@ int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
 		     size_t errlen);
 /* Delete doc (by its _id) (write txn): removes index entries, appends a "d" oplog entry
  * {o: {_id}}, or, when the store has filtering metadata for db.coll, {o: {<the shard key's
- * fields of the deleted document>, _id}} (MongoDB's documentKey). Errors: SDB_ENOTFOUND (no such collection or document), SDB_EINVAL (doc has
+ * fields of the deleted document>, _id}} (MongoDB's documentKey, of the stored image). Errors: SDB_ENOTFOUND (no such collection or document), SDB_EINVAL (doc has
  * no usable _id), SDB_ECORRUPT (the stored document does not parse), SDB_EIO. */
 int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
 		     const char *origin, char *err, size_t errlen);

@@ -145,10 +145,12 @@ int store_oplog_append(sdb_store_conn *c, const char *op, const char *ns, const 
 			const bson_t *o, const bson_t *o2, const char *origin, char *err,
 			size_t errlen);
 /* store_oplog_append with ud (may be NULL): an "u" entry's updateDescription, written
- * after o2 (src/shard/README.md "Oplog"). Errors: SDB_EIO. (oplog.c) */
+ * after o2 (src/shard/README.md "Oplog"); doc_key: the entry records its write-time
+ * documentKey (o2 of an "i" or "u", o of a "d": store.h SDB_STORE_OPLOG_DOCKEY_FIELD), which it
+ * says with `docKey: true` after updateDescription. Errors: SDB_EIO. (oplog.c) */
 int store_oplog_append_ud(sdb_store_conn *c, const char *op, const char *ns, const uint8_t *ui,
-			  const bson_t *o, const bson_t *o2, const bson_t *ud, const char *origin,
-			  char *err, size_t errlen);
+			  const bson_t *o, const bson_t *o2, const bson_t *ud, bool doc_key,
+			  const char *origin, char *err, size_t errlen);
 /* Delete the oldest oplog entries beyond the byte cap (write transaction). Errors:
  * SDB_EIO. (oplog.c) */
 int store_oplog_trim(sdb_store_conn *c, char *err, size_t errlen);

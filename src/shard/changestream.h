@@ -27,8 +27,10 @@ typedef struct shard_cs_scope {
 	bool merge;	      /* $stripedbMerge: no invalidate events (the proxy decides) */
 	bool update_lookup;   /* fullDocument "updateLookup": update events get the current
 			       * document through lookup */
-	/* The shard key pattern of ns (a view valid until the next call), or NULL when the
-	 * shard has no filtering metadata for it: documentKey is then {_id}. */
+	/* The shard key pattern of ns now (a view valid until the next call), or NULL when
+	 * the shard has no filtering metadata for it. Only for entries written before
+	 * entries recorded their documentKey (storage/store.h SDB_STORE_OPLOG_DOCKEY_FIELD):
+	 * their documentKey is built with it ({_id} with NULL). */
 	const bson_t *(*key_of)(void *arg, const char *ns);
 	/* The current document of db.coll with the _id at id: true with *out (initialised,
 	 * the caller destroys it), false when it is gone (fullDocument null). Errors: a

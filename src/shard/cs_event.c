@@ -18,6 +18,7 @@ typedef struct cs_entry {
 	bool have_o, have_o2;
 	bson_iter_t lsid, txn, upd;
 	bool have_lsid, have_txn, have_upd, have_in_txn, have_origin;
+	bool have_dockey; /* the entry records its documentKey (storage/store.h) */
 	int32_t stmt;
 } cs_entry;
 
@@ -45,6 +46,8 @@ static bool entry_read(const bson_t *e, cs_entry *x)
 			x->have_o2 = sdb_bson_iter_doc(&it, &x->o2);
 		} else if (strcmp(k, "origin") == 0) {
 			x->have_origin = true;
+		} else if (strcmp(k, SDB_STORE_OPLOG_DOCKEY_FIELD) == 0) {
+			x->have_dockey = bson_iter_as_bool(&it);
 		} else if (strcmp(k, "lsid") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {
 			x->lsid = it;
 			x->have_lsid = true;
@@ -122,10 +125,14 @@ static bson_t *event_head(const cs_entry *e, const sdb_cs_token *t, const char *
 	return ev;
 }
 
-/* documentKey: the shard key's fields of doc (in the pattern's order, those present) and
- * _id, or {_id} when the collection has no filtering metadata here. */
-static void append_document_key(const shard_cs_scope *s, const char *ns, const bson_t *doc,
-				bson_t *ev)
+/* documentKey of an entry written before entries recorded it (no docKey field, storage/store.h):
+ * the shard key's fields of doc (in the pattern's order, those present) and _id, or {_id}
+ * when the collection has no filtering metadata here, with the pattern known NOW, not at
+ * the time of the write. Kept so that such entries stay readable after an upgrade; it is
+ * wrong for an entry written before a shardCollection, or before a drop and re-creation
+ * with another key (the new key's fields are looked up in the old document). */
+static void append_document_key_now(const shard_cs_scope *s, const char *ns, const bson_t *doc,
+				    bson_t *ev)
 {
 	const bson_t *key = s->key_of ? s->key_of(s->arg, ns) : NULL;
 	bson_t dk;
@@ -146,12 +153,28 @@ static void append_document_key(const shard_cs_scope *s, const char *ns, const b
 	bson_append_document_end(ev, &dk);
 }
 
+/* documentKey of a CRUD entry, MongoDB 6.0's ChangeStreamDefaultEventTransformation: the
+ * one the entry recorded at the time of the write (o2 of an insert or update, o of a
+ * delete, with the shard key of the collection as it was then), else (an entry of an
+ * earlier stripedb) append_document_key_now. */
+static void append_document_key(const shard_cs_scope *s, const cs_entry *e, bson_t *ev)
+{
+	const bson_t *rec = NULL;
+	bson_iter_t id;
+	if (e->have_dockey)
+		rec = e->op[0] == 'd' ? &e->o : e->have_o2 ? &e->o2 : NULL;
+	if (rec && bson_iter_init_find(&id, rec, "_id")) {
+		BSON_APPEND_DOCUMENT(ev, "documentKey", rec);
+		return;
+	}
+	append_document_key_now(s, e->ns, &e->o, ev);
+}
+
 static bson_t *crud_event(const shard_cs_scope *s, const cs_entry *e, const sdb_cs_token *t,
 			  const char *db, const char *coll, bool txn)
 {
 	const char *type;
 	bool full = false, lookup = false;
-	const bson_t *key_src = &e->o;
 	switch (e->op[0]) {
 	case 'i':
 		type = "insert";
@@ -182,7 +205,7 @@ static bson_t *crud_event(const shard_cs_scope *s, const cs_entry *e, const sdb_
 		}
 	}
 	append_ns(ev, "ns", db, coll);
-	append_document_key(s, e->ns, key_src, ev);
+	append_document_key(s, e, ev);
 	if (e->op[0] == 'u' && e->have_upd)
 		bson_append_iter(ev, "updateDescription", -1, &e->upd);
 	return ev;

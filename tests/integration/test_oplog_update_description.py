@@ -16,8 +16,9 @@ from test_shard_replset import direct, primary_index, start_set
 from test_shard_txn import client, one_member
 
 RAW = CodecOptions(document_class=RawBSONDocument)
-ENTRY_KEYS_UD = ["ts", "t", "v", "op", "ns", "ui", "o", "o2", "updateDescription", "wall"]
-ENTRY_KEYS = ["ts", "t", "v", "op", "ns", "ui", "o", "o2", "wall"]
+ENTRY_KEYS_UD = ["ts", "t", "v", "op", "ns", "ui", "o", "o2", "updateDescription", "docKey",
+                 "wall"]
+ENTRY_KEYS = ["ts", "t", "v", "op", "ns", "ui", "o", "o2", "docKey", "wall"]
 
 
 def ud(updated=None, removed=(), truncated=()):

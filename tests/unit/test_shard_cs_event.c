@@ -65,6 +65,17 @@ static bool has(const bson_t *d, const char *path)
 	return bson_iter_init(&it, d) && bson_iter_find_descendant(&it, path, &x);
 }
 
+/* Is the document at it byte-for-byte want (fields, order and values)? */
+static bool doc_eq_at(const bson_iter_t *it, const bson_t *want)
+{
+	const uint8_t *data;
+	uint32_t len;
+	if (!BSON_ITER_HOLDS_DOCUMENT(it))
+		return false;
+	bson_iter_document(it, &len, &data);
+	return len == want->len && memcmp(data, bson_get_data(want), len) == 0;
+}
+
 static void free_all(bson_t **ev, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
@@ -297,11 +308,63 @@ static void test_transaction_ops(void **state)
 	bson_destroy(lsid);
 }
 
+/* The documentKey an entry recorded (docKey: true: o2 of "i"/"u", o of "d") is the event's,
+ * verbatim, whatever the shard key is now (key_s says db.s is sharded on {k, a.b}): an
+ * entry written while db.s was sharded on {j: 1}, or unsharded, keeps its key. Entries
+ * without the field (an earlier stripedb) still get the pattern known now. */
+static void test_recorded_document_key(void **state)
+{
+	bson_t *doc = BCON_NEW("_id", BCON_INT32(1), "j", BCON_INT32(7), "k", BCON_INT32(5));
+	bson_t *key_j = BCON_NEW("j", BCON_INT32(7), "_id", BCON_INT32(1));
+	bson_t *key_id = BCON_NEW("_id", BCON_INT32(1));
+	shard_cs_scope s = scope(SHARD_CS_COLL, "db", "s");
+	bson_t *ev[2], want;
+	sdb_cs_token tok[2];
+	bool inv;
+	size_t n;
+	bson_iter_t it;
+	const char *ops[3] = {"i", "u", "d"};
+
+	(void)state;
+	for (int i = 0; i < 3; i++) {
+		for (int unsharded = 0; unsharded < 2; unsharded++) {
+			const bson_t *rec = unsharded ? key_id : key_j;
+			bson_t *e = entry(ops[i], "db.s", i == 2 ? rec : doc);
+			if (i < 2)
+				BSON_APPEND_DOCUMENT(e, "o2", rec);
+			BSON_APPEND_BOOL(e, SDB_STORE_OPLOG_DOCKEY_FIELD, true);
+			n = shard_cs_transform(&s, e, ev, tok, &inv);
+			assert_int_equal(n, 1);
+			assert_true(bson_iter_init_find(&it, ev[0], "documentKey"));
+			assert_true(doc_eq_at(&it, rec));
+			free_all(ev, n);
+			bson_destroy(e);
+		}
+	}
+	/* the same insert without the field: today's pattern on the document */
+	bson_t *e = entry("i", "db.s", doc);
+	BSON_APPEND_DOCUMENT(e, "o2", key_j);
+	n = shard_cs_transform(&s, e, ev, tok, &inv);
+	assert_int_equal(n, 1);
+	bson_init(&want);
+	BSON_APPEND_INT32(&want, "k", 5);
+	BSON_APPEND_INT32(&want, "_id", 1);
+	assert_true(bson_iter_init_find(&it, ev[0], "documentKey"));
+	assert_true(doc_eq_at(&it, &want));
+	bson_destroy(&want);
+	free_all(ev, n);
+	bson_destroy(e);
+	bson_destroy(doc);
+	bson_destroy(key_j);
+	bson_destroy(key_id);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_insert_document_key_and_scope),
 		cmocka_unit_test(test_update_replace_delete),
+		cmocka_unit_test(test_recorded_document_key),
 		cmocka_unit_test(test_not_events),
 		cmocka_unit_test(test_ddl_and_invalidate),
 		cmocka_unit_test(test_transaction_ops),

@@ -160,6 +160,87 @@ static void test_crud_and_oplog(void **state)
 	sdb_store_rollback(f->c);
 }
 
+/* The field of oplog entry e (a document) is byte-for-byte want. */
+static void assert_entry_doc(const bson_t *e, const char *field, const bson_t *want)
+{
+	bson_iter_t it;
+	const uint8_t *data;
+	uint32_t len;
+	assert_true(bson_iter_init_find(&it, e, field));
+	assert_true(BSON_ITER_HOLDS_DOCUMENT(&it));
+	bson_iter_document(&it, &len, &data);
+	assert_int_equal(len, want->len);
+	assert_memory_equal(data, bson_get_data(want), len);
+}
+
+/* Every "i"/"u"/"d" entry records the documentKey of the write's time (issue #20, mongod
+ * 5.3+): o2 of an insert (the new document's) and of an update (the stored pre-image's), o
+ * of a delete, with docKey: true; {_id} without filtering metadata and for a migration's
+ * update; the shard key of the install in force at the write, not a later one. */
+static void test_oplog_records_document_key(void **state)
+{
+	fx *f = *state;
+	bson_t *fm = BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "chunks", "[", "]");
+	bson_t *fm2 = BCON_NEW("key", "{", "b", BCON_INT32(1), "}", "chunks", "[", "]");
+	bson_t *d1 = BCON_NEW("_id", BCON_INT32(1), "a", BCON_INT32(5), "b", BCON_INT32(9));
+	bson_t *d1u = BCON_NEW("_id", BCON_INT32(1), "a", BCON_INT32(6), "b", BCON_INT32(9));
+	bson_t *k_id = BCON_NEW("_id", BCON_INT32(1));
+	bson_t *k_a5 = BCON_NEW("a", BCON_INT32(5), "_id", BCON_INT32(1));
+	bson_t *k_b9 = BCON_NEW("b", BCON_INT32(9), "_id", BCON_INT32(1));
+	bson_t **e = NULL;
+	size_t n = 0;
+	bson_iter_t it;
+
+	begin_w(f);
+	/* unsharded: {_id} */
+	assert_int_equal(sdb_store_insert(f->c, "db", "s", d1, NULL, NULL, f->err, sizeof f->err),
+			 0);
+	assert_int_equal(sdb_store_delete(f->c, "db", "s", d1, NULL, f->err, sizeof f->err), 0);
+	/* sharded on {a: 1}: insert, update (the pre-image's a), a migration's update ({_id}) */
+	assert_int_equal(sdb_store_filtering_set(f->c, "db.s", 1, 1, fm, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_insert(f->c, "db", "s", d1, NULL, NULL, f->err, sizeof f->err),
+			 0);
+	assert_int_equal(sdb_store_update(f->c, "db", "s", d1, d1u, SDB_STORE_UPD_MODIFIER, NULL,
+					  NULL, NULL, f->err, sizeof f->err),
+			 0);
+	assert_int_equal(sdb_store_update(f->c, "db", "s", d1u, d1u, SDB_STORE_UPD_REPLACE, NULL,
+					  "mig-1", NULL, f->err, sizeof f->err),
+			 0);
+	/* re-sharded on {b: 1}: the delete has b; the entries before keep a */
+	assert_int_equal(sdb_store_filtering_drop(f->c, "db.s", f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_filtering_set(f->c, "db.s", 2, 1, fm2, f->err, sizeof f->err),
+			 0);
+	assert_int_equal(sdb_store_delete(f->c, "db", "s", d1u, NULL, f->err, sizeof f->err), 0);
+	commit(f);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_oplog_read(f->c, 0, 100, &e, &n, f->err, sizeof f->err), 0);
+	/* create, i, d, i, u, u, d */
+	assert_int_equal(n, 7);
+	assert_entry_doc(e[1], "o2", k_id);
+	assert_entry_doc(e[2], "o", k_id);
+	assert_entry_doc(e[3], "o2", k_a5);
+	assert_entry_doc(e[4], "o2", k_a5); /* the pre-image's a: 5, not 6 */
+	assert_true(bson_iter_init_find(&it, e[4], "updateDescription"));
+	assert_entry_doc(e[5], "o2", k_id); /* a migration's (origin) */
+	assert_entry_doc(e[6], "o", k_b9);
+	for (size_t i = 1; i < n; i++) {
+		assert_true(bson_iter_init_find(&it, e[i], SDB_STORE_OPLOG_DOCKEY_FIELD));
+		assert_true(bson_iter_as_bool(&it));
+	}
+	assert_false(bson_iter_init_find(&it, e[0], SDB_STORE_OPLOG_DOCKEY_FIELD)); /* "c" */
+	for (size_t i = 0; i < n; i++)
+		sdb_doc_free(e[i]);
+	free(e);
+	sdb_store_rollback(f->c);
+	bson_destroy(fm);
+	bson_destroy(fm2);
+	bson_destroy(d1);
+	bson_destroy(d1u);
+	bson_destroy(k_id);
+	bson_destroy(k_a5);
+	bson_destroy(k_b9);
+}
+
 static void test_unique_index_duplicate(void **state)
 {
 	fx *f = *state;
@@ -1369,6 +1450,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_crud_and_oplog, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_oplog_records_document_key, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_decimal_keys_migrated_on_open, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_decimal_keys_rekeyed_after_snapshot_install,
