@@ -163,53 +163,13 @@ def test_minority_side_refuses_writes_and_the_majority_goes_on(net):
     assert not survived, f"writes sent to the minority survived the heal: {survived}"
 
 
-def test_deposed_primary_does_not_serve_a_stale_linearizable_read(net):
-    """A primary paused (SIGSTOP: a GC pause, a stalled VM) and partitioned while a new one
-    is elected and acknowledges a write; a read with readConcern "linearizable" sent to the
-    old one while it is paused must not return the value before that write once it resumes
-    (MongoDB: such a read confirms with a majority that the node is still primary)."""
-    rs = net.replset("rs-lin-read", [1, 2, 3])
-    with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=20000) as c:
-        c.app.c.insert_one({"_id": 1, "v": 0})
-    old = rs.primary()
-    stale = rs.direct(old, socketTimeoutMS=10000, retryWrites=False, retryReads=False)
-    stale.admin.command("ping")  # connected before the pause
-    rs.procs[old].signal(signal.SIGSTOP)
-    try:
-        net.partition([rs.hosts[old]], [rs.hosts[i] for i in range(3) if i != old])
-        new = rs.wait_primary(exclude=(old,))
-        with rs.direct(new, retryWrites=False) as c:
-            c.app.c.update_one({"_id": 1}, {"$set": {"v": 1}})  # acknowledged by a majority
-        out = {}
-
-        def read():
-            coll = stale.app.c.with_options(read_concern=ReadConcern("linearizable"))
-            try:
-                out["doc"] = coll.find_one({"_id": 1})
-            except PyMongoError as e:
-                out["err"] = e
-        t = threading.Thread(target=read, daemon=True)
-        t.start()
-        # the request is in the paused process's socket when it resumes
-        wait_until(lambda: _recv_queue_nonempty(rs.procs[old].p.pid), 10,
-                   what="the read queued at the paused primary")
-    finally:
-        rs.procs[old].signal(signal.SIGCONT)
-    t.join(timeout=30)
-    stale.close()
-    net.heal()
-    assert "doc" not in out or out["doc"]["v"] == 1, \
-        f"the deposed primary answered a linearizable read with {out['doc']} after v=1 was acknowledged"
-
-
-def test_deposed_primary_does_not_serve_a_stale_causal_read(net):
-    """A primary paused and partitioned while a new one is elected and acknowledges a write
-    at operationTime T; a causally consistent read (readConcern afterClusterTime T, the
-    session's $clusterTime) queued at the old primary must not return the value before that
-    write once it resumes, although the old member still believes it is primary for a
-    while: it waits for its oplog to reach T (mongod's waitForReadConcernImpl on a primary
-    too), which a deposed primary cannot, and answers an error or, after the heal, v=1."""
-    rs = net.replset("rs-causal-read", [1, 2, 3])
+def _read_at_deposed_primary(net, set_name, update, read):
+    """Insert {_id: 1, v: 0}; pause (SIGSTOP: a GC pause, a stalled VM) and partition the
+    primary; on the new primary run update(client) (it sets v=1, acknowledged by a majority;
+    what it returns is passed to read); queue read(stale_client, that) at the paused old
+    primary, resume it, heal. Returns {"doc": ...} or {"err": ...}: what the old one
+    answered."""
+    rs = net.replset(set_name, [1, 2, 3])
     with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=20000) as c:
         c.app.c.insert_one({"_id": 1, "v": 0})
     old = rs.primary()
@@ -221,34 +181,65 @@ def test_deposed_primary_does_not_serve_a_stale_causal_read(net):
         net.partition([rs.hosts[old]], [rs.hosts[i] for i in range(3) if i != old])
         new = rs.wait_primary(exclude=(old,))
         with rs.direct(new, retryWrites=False) as c:
-            with c.start_session(causal_consistency=True) as s:
-                c.app.c.update_one({"_id": 1}, {"$set": {"v": 1}}, session=s)  # majority
-                op_time, cluster_time = s.operation_time, s.cluster_time
-        assert op_time is not None and cluster_time is not None
+            seen = update(c)
 
-        def read():
+        def run():
             try:
-                with stale.start_session(causal_consistency=True) as s2:
-                    s2.advance_cluster_time(cluster_time)
-                    s2.advance_operation_time(op_time)
-                    out["doc"] = stale.app.c.find_one({"_id": 1}, session=s2,
-                                                      max_time_ms=8000)
+                out["doc"] = read(stale, seen)
             except PyMongoError as e:
                 out["err"] = e
-        t = threading.Thread(target=read, daemon=True)
+        t = threading.Thread(target=run, daemon=True)
         t.start()
+        # the request is in the paused process's socket when it resumes
         wait_until(lambda: _recv_queue_nonempty(rs.procs[old].p.pid), 10,
                    what="the read queued at the paused primary")
     finally:
         rs.procs[old].signal(signal.SIGCONT)
     t.join(timeout=40)
-    assert not t.is_alive(), "the causal read never answered"
+    assert not t.is_alive(), "the read at the deposed primary never answered"
     stale.close()
     net.heal()
-    assert "doc" not in out or out["doc"]["v"] == 1, \
-        f"the deposed primary answered a causal read at T with {out['doc']} after v=1 was acknowledged at T"
     if "err" in out:
         print(f"the deposed primary answered: {out['err']!r}")
+    return out
+
+
+def test_deposed_primary_does_not_serve_a_stale_linearizable_read(net):
+    """A read with readConcern "linearizable" sent to a paused, deposed primary must not
+    return the value before the new primary's write once it resumes (MongoDB: such a read
+    confirms with a majority that the node is still primary)."""
+    def update(c):
+        c.app.c.update_one({"_id": 1}, {"$set": {"v": 1}})
+
+    def read(stale, _):
+        coll = stale.app.c.with_options(read_concern=ReadConcern("linearizable"))
+        return coll.find_one({"_id": 1})
+    out = _read_at_deposed_primary(net, "rs-lin-read", update, read)
+    assert "doc" not in out or out["doc"]["v"] == 1, \
+        f"the deposed primary answered a linearizable read with {out['doc']} after v=1 was acknowledged"
+
+
+def test_deposed_primary_does_not_serve_a_stale_causal_read(net):
+    """A causally consistent read (readConcern afterClusterTime T, the session's
+    $clusterTime) of the new primary's write at operationTime T, queued at the old primary
+    while it still believes it is primary: it waits for its oplog to reach T (mongod's
+    waitForReadConcernImpl on a primary too), which a deposed primary cannot, and answers an
+    error or, after the heal, v=1; never v=0."""
+    def update(c):
+        with c.start_session(causal_consistency=True) as s:
+            c.app.c.update_one({"_id": 1}, {"$set": {"v": 1}}, session=s)
+            assert s.operation_time is not None and s.cluster_time is not None
+            return s.operation_time, s.cluster_time
+
+    def read(stale, seen):
+        op_time, cluster_time = seen
+        with stale.start_session(causal_consistency=True) as s2:
+            s2.advance_cluster_time(cluster_time)
+            s2.advance_operation_time(op_time)
+            return stale.app.c.find_one({"_id": 1}, session=s2, max_time_ms=8000)
+    out = _read_at_deposed_primary(net, "rs-causal-read", update, read)
+    assert "doc" not in out or out["doc"]["v"] == 1, \
+        f"the deposed primary answered a causal read at T with {out['doc']} after v=1 was acknowledged at T"
 
 
 def _recv_queue_nonempty(pid):
