@@ -134,7 +134,15 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 	 * default, as MongoDB; stored as the full spec, none when simple */
 	const sdb_collator *icoll = NULL;
 	bool have_coll = bson_iter_init_find(&it, spec, "collation");
-	if (have_coll || (bson_iter_init_find(&it, co->options, "collation"))) {
+	/* v: 1 or 2 (src/shard/cmd_admin.c checked it), stored as given; a v: 1 index does
+	 * not inherit the collection's collation (mongod's validateIndexSpecCollation) */
+	int version = 2;
+	if (bson_iter_init_find(&it, spec, "v") && BSON_ITER_HOLDS_NUMBER(&it) &&
+	    bson_iter_as_double(&it) == 1.0)
+		version = 1;
+	have_coll = bson_iter_init_find(&it, spec, "collation");
+	if (have_coll ||
+	    (version == 2 && bson_iter_init_find(&it, co->options, "collation"))) {
 		int ccode = 0;
 		rc = sdb_collation_parse(&it, &icoll, &ccode, err, errlen);
 		if (rc) {
@@ -216,7 +224,7 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 	c->ddl = true;
 	/* stored spec: {v: 2, key, name, ...the rest as given} */
 	bson_t stored = BSON_INITIALIZER;
-	BSON_APPEND_INT32(&stored, "v", 2);
+	BSON_APPEND_INT32(&stored, "v", version);
 	BSON_APPEND_DOCUMENT(&stored, "key", &key);
 	BSON_APPEND_UTF8(&stored, "name", name);
 	if (bson_iter_init(&it, spec)) {

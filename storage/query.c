@@ -383,9 +383,22 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		} else if (bson_count_keys(&h) == 1 && bson_iter_init_find(&it, &h, "_id")) {
 			is_id = true;
 		} else {
+			const sdb_store_index *second = NULL;
 			for (size_t i = 0; co && i < co->n_indexes; i++)
-				if (bson_equal(co->indexes[i].key, &h) && !co->indexes[i].hidden)
-					ix = &co->indexes[i];
+				if (bson_equal(co->indexes[i].key, &h) && !co->indexes[i].hidden) {
+					if (!ix)
+						ix = &co->indexes[i];
+					else if (!second)
+						second = &co->indexes[i];
+				}
+			if (second) {
+				/* partial indexes may share a key pattern (mongod query_planner.cpp) */
+				*code = 27; /* IndexNotFound */
+				return sdb_errf(err, errlen, SDB_EINVAL,
+						"Hint matched multiple indexes, must hint by index "
+						"name. Matched: %s and %s",
+						ix->name, second->name);
+			}
 		}
 	}
 	if (!co)

@@ -871,12 +871,26 @@ void shard_cmd_drop_indexes(shard_ctx *x)
 	} else if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
 		bson_t key;
 		util_iter_bson(&it, &key);
+		size_t matches = 0;
 		for (size_t i = 0; i < co->n_indexes; i++) {
 			if (bson_equal(co->indexes[i].key, &key)) {
-				names = sdb_malloc(sizeof *names);
-				names[n++] = sdb_strdup(co->indexes[i].name);
-				break;
+				if (matches++ == 0) {
+					names = sdb_malloc(sizeof *names);
+					names[n++] = sdb_strdup(co->indexes[i].name);
+				}
 			}
+		}
+		if (matches > 1) {
+			/* partial indexes may share a key pattern (mongod drop_indexes.cpp) */
+			bson_string_t *ks = bson_string_new(NULL);
+			format_doc(ks, &key, false);
+			shard_fail(x, 286,
+				   "%zu indexes found for key: %s, identify by name instead.",
+				   matches, ks->str);
+			bson_string_free(ks, true);
+			free(names[0]);
+			free(names);
+			return;
 		}
 		if (n == 0) {
 			char *js = bson_as_relaxed_extended_json(&key, NULL);

@@ -136,6 +136,17 @@ def test_partial_index_on_a_shard(shard):
     assert _code(lambda: db.two.create_index(
         "k", name="k_a", partialFilterExpression={"c": 1}))[0] == 86
     db.two.create_index("k", name="k_a", partialFilterExpression={"a": 1})  # exists: ok
+    # a key pattern shared by two indexes names neither: mongod's codes
+    db.two.insert_many([{"_id": 1, "k": 1, "a": 1}, {"_id": 2, "k": 1, "b": 1}])
+    assert _ids(db.two.find({"k": 1, "a": 1}).hint("k_a")) == [1]
+    assert _ids(db.two.find({"k": 1, "b": 1}).hint("k_b")) == [2]
+    code, msg = _code(lambda: list(db.two.find({"k": 1, "a": 1}).hint([("k", 1)])))
+    assert code == 27 and "must hint by index name" in msg, msg
+    code, msg = _code(lambda: db.command({"dropIndexes": "two", "index": {"k": 1}}))
+    assert code == 286 and "identify by name instead" in msg, msg
+    db.two.drop_index("k_b")
+    db.command({"dropIndexes": "two", "index": {"k": 1}})  # one left: by key pattern
+    assert [i["name"] for i in db.two.list_indexes()] == ["_id_"]
     cl.close()
 
 
