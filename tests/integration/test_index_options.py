@@ -256,3 +256,26 @@ def test_migration_keeps_a_partial_index(start_role, tmp_path):
                    30, what="source chunk deleted")
     finally:
         cl.close()
+
+
+def test_partial_ttl_index_expires_only_the_documents_it_holds(start_role, tmp_path):
+    import datetime
+
+    from conftest import free_port
+    port = free_port()
+    d = tmp_path / "shard"
+    d.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}",
+                "--ttl-monitor-sleep-secs=1"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True)
+    db = c.t
+    old = datetime.datetime(2020, 1, 1)
+    db.e.create_index("at", expireAfterSeconds=0, partialFilterExpression={"kind": "temp"})
+    db.e.insert_many([{"_id": i, "at": old, "kind": "temp" if i % 2 else "keep"}
+                      for i in range(6)])
+    wait_until(lambda: db.e.count_documents({"kind": "temp"}) == 0, 30,
+               what="the temp documents expired")
+    # the others are past the date too, but outside the index: kept (mongod)
+    assert _ids(db.e.find({})) == [0, 2, 4]
+    assert c.admin.command("stripedbCheck")["nProblems"] == 0
+    c.close()
