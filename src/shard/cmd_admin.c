@@ -460,8 +460,10 @@ void shard_cmd_drop_database(shard_ctx *x)
 }
 
 /* The fields MongoDB 6.0 accepts in an index specification (index_key_validate.h
- * allowedFieldNames; `clustered` is refused there through its own rules). Which of them
- * stripedb honours is decided by sdb_store_index_create, not here. */
+ * allowedFieldNames; `clustered` is refused there through its own rules). Their values
+ * are checked by refuse_index_options below (types, and the options stripedb refuses) and
+ * by sdb_store_index_create (key, name, unique, sparse, partialFilterExpression,
+ * expireAfterSeconds, collation, v); docs/compat.md "Index options" lists what each does. */
 static const char *const index_spec_fields[] = {
 	"2dsphereIndexVersion", "_id",	   "background",	"bits",
 	"bucketSize",		"coarsestIndexedLevel", "collation",	"default_language",
