@@ -11,7 +11,9 @@
  *   among the documents it holds.
  * - Planning: the planner uses the index, by itself or by hint, only when every document
  *   the query can return is in it: when the query's filter implies the index's
- *   (store_partial_implied, a conservative form of MongoDB's expression::isSubsetOf).
+ *   (store_partial_implied, a conservative form of MongoDB's expression::isSubsetOf:
+ *   each conjunct of the index's filter is implied by one of the query's top-level
+ *   conjuncts, an $or of it by the query implying one of its branches).
  */
 #include "storage/store.h"
 
@@ -278,6 +280,38 @@ static bool in_list(const bson_iter_t *v, const bson_iter_t *arr)
 	return false;
 }
 
+static bool atom_implies(const atom *q, const atom *p);
+
+/* Does the conjunction qs imply the filter document at data (each of its conjuncts)? */
+static bool conj_implies(const atoms *qs, const uint8_t *data, uint32_t len, int depth)
+{
+	atoms ps = {0};
+	bool ok = collect(data, len, &ps, depth);
+	for (size_t i = 0; ok && i < ps.n; i++) {
+		bool found = false;
+		for (size_t j = 0; j < qs->n && !found; j++)
+			found = atom_implies(&qs->a[j], &ps.a[i]);
+		/* an $or of the filter: implied when one of its branches is */
+		if (!found && !ps.a[i].op && strcmp(ps.a[i].path, "$or") == 0 &&
+		    BSON_ITER_HOLDS_ARRAY(&ps.a[i].v) && depth < 32) {
+			bson_iter_t br;
+			if (bson_iter_recurse(&ps.a[i].v, &br)) {
+				while (!found && bson_iter_next(&br)) {
+					uint32_t l;
+					const uint8_t *d;
+					if (!BSON_ITER_HOLDS_DOCUMENT(&br))
+						break;
+					bson_iter_document(&br, &l, &d);
+					found = conj_implies(qs, d, l, depth + 1);
+				}
+			}
+		}
+		ok = found;
+	}
+	free(ps.a);
+	return ok;
+}
+
 /* Does the query conjunct q imply the index's conjunct p (same path)? */
 static bool atom_implies(const atom *q, const atom *p)
 {
@@ -343,16 +377,9 @@ bool store_partial_implied(const bson_t *query, const sdb_store_index *ix)
 	uint32_t plen;
 	const uint8_t *pdata;
 	bson_iter_document(&it, &plen, &pdata);
-	atoms qs = {0}, ps = {0};
+	atoms qs = {0};
 	bool ok = collect(bson_get_data(query), query->len, &qs, 0) &&
-		  collect(pdata, plen, &ps, 0);
-	for (size_t i = 0; ok && i < ps.n; i++) {
-		bool found = false;
-		for (size_t j = 0; j < qs.n && !found; j++)
-			found = atom_implies(&qs.a[j], &ps.a[i]);
-		ok = found;
-	}
+		  conj_implies(&qs, pdata, plen, 0);
 	free(qs.a);
-	free(ps.a);
 	return ok;
 }

@@ -84,6 +84,15 @@ def _check_partial_reads(coll):
     assert "partial index 'x_1'" in msg
     code, _ = _code(lambda: list(coll.find({}).hint([("x", 1)])))
     assert code == 2
+    # $in and $or filters (MongoDB 6.0): a query within one branch may use the index
+    coll.create_index("g", partialFilterExpression={
+        "$or": [{"x": {"$in": [1, 2]}}, {"$and": [{"x": 9}, {"g": 1}]}]})
+    assert _ids(coll.find({"g": 1, "x": 1}).hint("g_1")) == [101]
+    assert _ids(coll.find({"g": 1, "x": 9}).hint("g_1")) == [109]
+    assert _ids(coll.find({"g": 0, "x": {"$in": [2]}}).hint("g_1")) == [102]
+    assert _code(lambda: list(coll.find({"g": 1, "x": 3}).hint("g_1")))[0] == 2
+    assert _code(lambda: list(coll.find({"x": 9}).hint("g_1")))[0] == 2
+    assert _ids(coll.find({"g": 1, "x": {"$lt": 4}})) == [101, 103]
 
 
 def test_partial_index_on_a_shard(shard):
