@@ -133,14 +133,13 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 	/* the index's collation (issue #20): its own `collation`, else the collection's
 	 * default, as MongoDB; stored as the full spec, none when simple */
 	const sdb_collator *icoll = NULL;
-	bool have_coll = bson_iter_init_find(&it, spec, "collation");
 	/* v: 1 or 2 (src/shard/cmd_admin.c checked it), stored as given; a v: 1 index does
 	 * not inherit the collection's collation (mongod's validateIndexSpecCollation) */
 	int version = 2;
 	if (bson_iter_init_find(&it, spec, "v") && BSON_ITER_HOLDS_NUMBER(&it) &&
 	    bson_iter_as_double(&it) == 1.0)
 		version = 1;
-	have_coll = bson_iter_init_find(&it, spec, "collation");
+	bool have_coll = bson_iter_init_find(&it, spec, "collation");
 	if (have_coll ||
 	    (version == 2 && bson_iter_init_find(&it, co->options, "collation"))) {
 		int ccode = 0;
@@ -222,7 +221,7 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 	if (rc)
 		return rc;
 	c->ddl = true;
-	/* stored spec: {v: 2, key, name, ...the rest as given} */
+	/* stored spec: {v: 1 or 2, key, name, ...the rest as given} */
 	bson_t stored = BSON_INITIALIZER;
 	BSON_APPEND_INT32(&stored, "v", version);
 	BSON_APPEND_DOCUMENT(&stored, "key", &key);
