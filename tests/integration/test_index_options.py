@@ -196,6 +196,12 @@ def test_other_index_options_on_a_shard(shard):
          "storageEngine": {}, "v": 1, "textIndexVersion": 3, "default_language": "fr"}]})
     db.o.insert_many([{"k": 1}, {"k": 1}])
     assert db.o.count_documents({"k": 1}) == 2
+    specs = {i["name"]: i for i in db.o.list_indexes()}
+    assert specs["k_1"]["v"] == 1 and specs["k_1"]["default_language"] == "fr"
+    # key pattern, collation and partial filter identify an index (mongod): the same
+    # key under another name is 85 even with other options
+    assert _code(lambda: db.o.create_index("k", name="k_u", sparse=True))[0] == 85
+    assert _code(lambda: db.o.create_index("k", name="k_1", sparse=True))[0] == 86
     cl.close()
 
 
