@@ -599,9 +599,11 @@ static bool field_is(const char *k, const char *const *names)
  *     '$**' index (stripedb has none): 2; unique with prepareUnique: 67;
  *   - refused as not implemented (238): prepareUnique: true (new duplicate keys refused
  *     while existing ones stay) and a non-empty storageEngine (WiredTiger configuration;
- *     the shard stores on SQLite). A migration's copy of a collection's indexes
- *     ($stripedbOrigin, internal) passes: such a spec can only come from an earlier release
- *     that accepted it, and the target keeps what the source has.
+ *     the shard stores on SQLite). A copy of a collection's existing indexes passes: a
+ *     migration's ($stripedbOrigin) and $out's into an existing collection
+ *     ($stripedbIndexCopy, sent by src/shard/cmd_outmerge.c and src/proxy/outmerge.c;
+ *     the proxy refuses $stripedb* fields from clients): such a spec can only come from an
+ *     earlier release that accepted it, and the copy keeps what the source has.
  * The text and geo options (default_language ... finestIndexedLevel, bucketSize) have no
  * effect on the ascending/descending/hashed indexes stripedb builds, as in mongod.
  * Returns true after the error reply. */
@@ -748,7 +750,7 @@ static bool refuse_index_options(shard_ctx *x, const bson_t *spec)
 	}
 	if (prepare_unique)
 		refuse238 = "prepareUnique";
-	if (refuse238 && !x->origin) {
+	if (refuse238 && !x->origin && !bson_has_field(x->cmd, "$stripedbIndexCopy")) {
 		shard_fail(x, 238,
 			   "the index option '%s' is not supported by stripedb (%s; see "
 			   "docs/compat.md)",

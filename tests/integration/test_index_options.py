@@ -202,6 +202,16 @@ def test_other_index_options_on_a_shard(shard):
     # key under another name is 85 even with other options
     assert _code(lambda: db.o.create_index("k", name="k_u", sparse=True))[0] == 85
     assert _code(lambda: db.o.create_index("k", name="k_1", sparse=True))[0] == 86
+    # a spec an earlier release accepted (prepareUnique, storageEngine: ignored then) is
+    # still copied by $out into the collection that has it, and by migrations
+    db.command({"createIndexes": "legacy", "$stripedbIndexCopy": True, "indexes": [
+        {"key": {"a": 1}, "name": "a_1", "prepareUnique": True,
+         "storageEngine": {"wiredTiger": {}}}]})
+    db.src.insert_many([{"_id": 1, "a": 1}, {"_id": 2, "a": 2}])
+    list(db.src.aggregate([{"$out": "legacy"}]))
+    assert _ids(db.legacy.find({})) == [1, 2]
+    specs = {i["name"]: i for i in db.legacy.list_indexes()}
+    assert specs["a_1"]["prepareUnique"] is True
     cl.close()
 
 
@@ -229,6 +239,10 @@ def test_partial_index_through_a_proxy(start_role, tmp_path):
         assert _code(lambda: db.c.create_index(
             "y", partialFilterExpression={"y": {"$ne": 1}}))[0] == 67
         assert _code(lambda: db.c.create_index("y", prepareUnique=True))[0] == 238
+        # the copy marker is stripedb's own: never from a client
+        assert _code(lambda: db.command({
+            "createIndexes": "c", "$stripedbIndexCopy": True,
+            "indexes": [{"key": {"y": 1}, "name": "y_1", "prepareUnique": True}]}))[0] == 2
     finally:
         cl.close()
 
