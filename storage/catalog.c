@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "storage/collation.h"
 #include "storage/keyenc.h"
+#include "storage/matcher.h"
 #include "storage/path.h"
 #include "storage/store_int.h"
 
@@ -105,6 +106,26 @@ int store_cache_load(sdb_store_conn *c, char *err, size_t errlen)
 				ix->sparse = bson_iter_as_bool(&it);
 			if (bson_iter_init_find(&it, ix->spec, "hidden"))
 				ix->hidden = bson_iter_as_bool(&it);
+			ix->partial = NULL;
+			if (bson_iter_init_find(&it, ix->spec, "partialFilterExpression") &&
+			    BSON_ITER_HOLDS_DOCUMENT(&it)) {
+				/* validated by sdb_store_index_create (store_partial_check). A
+				 * stored filter that no longer compiles (a catalog written by
+				 * another build) leaves the index whole and out of every plan */
+				bson_t pf;
+				uint32_t plen;
+				const uint8_t *pdata;
+				char perr[256] = "not a BSON document";
+
+				bson_iter_document(&it, &plen, &pdata);
+				if (!bson_init_static(&pf, pdata, plen) ||
+				    sdb_matcher_new(&pf, &ix->partial, NULL, perr, sizeof perr) != 0) {
+					ix->partial = NULL;
+					ix->hidden = true;
+					sdb_error("store: index partialFilterExpression does not compile",
+						  "ns=%s.%s index=%s err=\"%s\"", db, coll, ix->name, perr);
+				}
+			}
 			break;
 		}
 	}

@@ -84,7 +84,8 @@ static int check_coll(sdb_store_conn *c, const sdb_store_coll *co, bson_t *probl
 			store_keyset ks;
 			store_keyset_init(&ks);
 			bool missing = false;
-			if (store_index_keys(ix, &doc, &ks, &missing, kerr, sizeof kerr) == 0 &&
+			if (store_partial_covers(ix, &doc) &&
+			    store_index_keys(ix, &doc, &ks, &missing, kerr, sizeof kerr) == 0 &&
 			    !(ix->sparse && missing)) {
 				char q[128];
 				snprintf(q, sizeof q, "SELECT 1 FROM i_%lld WHERE k = ? AND id = ?",

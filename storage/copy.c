@@ -164,6 +164,10 @@ int sdb_store_replace_from(sdb_store_conn *c, const char *path, uint64_t *applie
 	 * install, their answers then are of no committed state anyway). */
 	if (keyenc < 2)
 		rc = store_migrate_decimal_keys(c->st, err, errlen);
+	/* and from a release that built partial indexes whole: rebuild them (a no-op on a
+	 * copy whose meta partial_idx is set) */
+	if (rc == 0)
+		rc = store_partial_rebuild(c->st, err, errlen);
 out:
 	sqlite3_close(src);
 	return rc;

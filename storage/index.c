@@ -25,6 +25,18 @@
 
 /* ------------------------------------------------------------------ indexes */
 
+/* The same BSON value (type and bytes). */
+static bool iter_same_value(const bson_iter_t *a, const bson_iter_t *b)
+{
+	bson_t x = BSON_INITIALIZER, y = BSON_INITIALIZER;
+	bson_append_iter(&x, "v", 1, a);
+	bson_append_iter(&y, "v", 1, b);
+	bool r = bson_equal(&x, &y);
+	bson_destroy(&x);
+	bson_destroy(&y);
+	return r;
+}
+
 static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_index *ix,
 		       sdb_store_dup *dup, int *code, char *err, size_t errlen);
 
@@ -96,6 +108,20 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 					"specification");
 		}
 	}
+	/* partialFilterExpression (issue #20, storage/partial.c): MongoDB 6.0's operators */
+	bson_iter_t pfe;
+	bool partial = bson_iter_init_find(&pfe, spec, "partialFilterExpression");
+	if (partial) {
+		rc = store_partial_check(&pfe, mongo_code, err, errlen);
+		if (rc)
+			return rc;
+		if (sparse) {
+			*mongo_code = 67;
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"cannot mix \"partialFilterExpression\" and \"sparse\" "
+					"options");
+		}
+	}
 	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co) {
 		rc = sdb_store_coll_create(c, db, coll, NULL, origin, &co, err, errlen);
@@ -107,8 +133,15 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 	/* the index's collation (issue #20): its own `collation`, else the collection's
 	 * default, as MongoDB; stored as the full spec, none when simple */
 	const sdb_collator *icoll = NULL;
+	/* v: 1 or 2 (src/shard/cmd_admin.c checked it), stored as given; a v: 1 index does
+	 * not inherit the collection's collation (mongod's validateIndexSpecCollation) */
+	int version = 2;
+	if (bson_iter_init_find(&it, spec, "v") && BSON_ITER_HOLDS_NUMBER(&it) &&
+	    bson_iter_as_double(&it) == 1.0)
+		version = 1;
 	bool have_coll = bson_iter_init_find(&it, spec, "collation");
-	if (have_coll || (bson_iter_init_find(&it, co->options, "collation"))) {
+	if (have_coll ||
+	    (version == 2 && bson_iter_init_find(&it, co->options, "collation"))) {
 		int ccode = 0;
 		rc = sdb_collation_parse(&it, &icoll, &ccode, err, errlen);
 		if (rc) {
@@ -143,8 +176,16 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 		bool same_coll = ix->coll == icoll ||
 				 (ix->coll && icoll &&
 				  bson_equal(sdb_collator_spec(ix->coll), sdb_collator_spec(icoll)));
+		/* key pattern, collation and partial filter identify an index (MongoDB's
+		 * IndexDescriptor::compareIndexOptions): two indexes may share a key pattern
+		 * when their filters differ */
+		bson_iter_t ipfe;
+		bool ipartial = bson_iter_init_find(&ipfe, ix->spec, "partialFilterExpression");
+		bool same_partial = ipartial == partial &&
+				    (!partial || iter_same_value(&ipfe, &pfe));
 		if (same_key && same_name) {
-			if (ix->unique != unique || ix->sparse != sparse || !same_coll) {
+			if (ix->unique != unique || ix->sparse != sparse || !same_coll ||
+			    !same_partial) {
 				*mongo_code = 86; /* IndexKeySpecsConflict */
 				return sdb_errf(err, errlen, SDB_ECONFLICT,
 						"An existing index has the same name as the "
@@ -163,7 +204,7 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 					"our documentation. Requested index name: %s",
 					name);
 		}
-		if (same_key && ix->unique == unique && ix->sparse == sparse && same_coll) {
+		if (same_key && same_coll && same_partial) {
 			*mongo_code = 85; /* IndexOptionsConflict */
 			return sdb_errf(err, errlen, SDB_ECONFLICT,
 					"Index already exists with a different name: %s",
@@ -180,9 +221,9 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 	if (rc)
 		return rc;
 	c->ddl = true;
-	/* stored spec: {v: 2, key, name, ...the rest as given} */
+	/* stored spec: {v: 1 or 2, key, name, ...the rest as given} */
 	bson_t stored = BSON_INITIALIZER;
-	BSON_APPEND_INT32(&stored, "v", 2);
+	BSON_APPEND_INT32(&stored, "v", version);
 	BSON_APPEND_DOCUMENT(&stored, "key", &key);
 	BSON_APPEND_UTF8(&stored, "name", name);
 	if (bson_iter_init(&it, spec)) {
@@ -280,6 +321,8 @@ static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_in
 				      co->db, co->coll);
 			break;
 		}
+		if (!store_partial_covers(ix, &doc))
+			continue; /* outside the partial filter: no entry */
 		sdb_key_reset(&idk);
 		sdb_key_append(&idk, sqlite3_column_blob(s, 0),
 				     (size_t)sqlite3_column_bytes(s, 0));
@@ -344,5 +387,51 @@ int sdb_store_index_drop(sdb_store_conn *c, const char *db, const char *coll,
 		free(ns);
 	}
 	bson_destroy(&o);
+	return rc;
+}
+
+int store_partial_rebuild(sdb_store *st, char *err, size_t errlen)
+{
+	sdb_store_conn *c = NULL;
+	int rc = sdb_store_conn_open(st, &c, err, errlen);
+
+	if (rc)
+		return rc;
+	rc = sdb_store_begin(c, true, err, errlen);
+	if (rc)
+		goto out;
+	if (store_query_int(c, "SELECT v FROM meta WHERE k='partial_idx'", 0) >= 1) {
+		sdb_store_rollback(c);
+		goto out;
+	}
+	rc = store_cache_load(c, err, errlen);
+	for (size_t ci = 0; rc == 0 && ci < c->n_colls; ci++) {
+		sdb_store_coll *co = &c->colls[ci];
+		for (size_t i = 0; rc == 0 && i < co->n_indexes; i++) {
+			sdb_store_index *ix = &co->indexes[i];
+			char sql[64];
+
+			if (!ix->partial)
+				continue;
+			snprintf(sql, sizeof sql, "DELETE FROM i_%lld", (long long)ix->tbl);
+			rc = store_exec_sql(c->db, sql, err, errlen);
+			if (rc == 0) {
+				/* a subset of a unique index's entries: no duplicate can appear */
+				int code = 0;
+				rc = index_build(c, co, ix, NULL, &code, err, errlen);
+			}
+			if (rc == 0)
+				sdb_info("store: partial index rebuilt", "ns=%s.%s index=%s", co->db,
+					 co->coll, ix->name);
+		}
+	}
+	if (rc == 0)
+		rc = sdb_store_meta_put(c, "partial_idx", "1", err, errlen);
+	if (rc == 0)
+		rc = sdb_store_commit(c, err, errlen);
+	else
+		sdb_store_rollback(c);
+out:
+	sdb_store_conn_close(c);
 	return rc;
 }

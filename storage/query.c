@@ -14,6 +14,7 @@
 #include "storage/keyenc.h"
 #include "storage/matcher.h"
 #include "storage/sortspec.h"
+#include "storage/store_int.h"
 
 #define QUERY_MAX_SORT_BYTES (100u * 1024u * 1024u)
 
@@ -242,6 +243,16 @@ static bool same_coll(const sdb_collator *a, const sdb_collator *b)
 	return a == b || (a && b && bson_equal(sdb_collator_spec(a), sdb_collator_spec(b)));
 }
 
+/* May q use ix? A partial index (issue #20) holds only the documents its filter matches:
+ * it serves a query only when the query's filter implies it, compared under one collation
+ * (MongoDB: the query's and the index's collations must match, and expression::isSubsetOf). */
+static bool partial_ok(const sdb_query *q, const sdb_store_index *ix)
+{
+	if (!ix->partial)
+		return true;
+	return same_coll(ix->coll, sdb_collation_current()) && store_partial_implied(&q->filter, ix);
+}
+
 static bool pattern_provides_sort(const bson_t *pattern, const sdb_sortspec *s, bool *reverse,
 				  const sdb_collator *ic)
 {
@@ -372,9 +383,22 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		} else if (bson_count_keys(&h) == 1 && bson_iter_init_find(&it, &h, "_id")) {
 			is_id = true;
 		} else {
+			const sdb_store_index *second = NULL;
 			for (size_t i = 0; co && i < co->n_indexes; i++)
-				if (bson_equal(co->indexes[i].key, &h) && !co->indexes[i].hidden)
-					ix = &co->indexes[i];
+				if (bson_equal(co->indexes[i].key, &h) && !co->indexes[i].hidden) {
+					if (!ix)
+						ix = &co->indexes[i];
+					else if (!second)
+						second = &co->indexes[i];
+				}
+			if (second) {
+				/* partial indexes may share a key pattern (mongod query_planner.cpp) */
+				*code = 27; /* IndexNotFound */
+				return sdb_errf(err, errlen, SDB_EINVAL,
+						"Hint matched multiple indexes, must hint by index "
+						"name. Matched: %s and %s",
+						ix->name, second->name);
+			}
 		}
 	}
 	if (!co)
@@ -399,6 +423,15 @@ static int plan_hint(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *
 		}
 		sdb_bounds_free(&b);
 		return 0;
+	}
+	if (ix && !partial_ok(q, ix)) {
+		/* mongod cannot plan a hinted partial index the query does not imply */
+		*code = 2;
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"hint provided does not correspond to an existing index: the "
+				"partial index '%s' does not hold every document this query can "
+				"match (its filter must imply the index's partialFilterExpression)",
+				ix->name);
 	}
 	if (ix) {
 		bool desc = false;
@@ -440,7 +473,8 @@ static bool plan_range(sdb_query *q, const sdb_store_coll *co, const sdb_query_s
 		const sdb_store_index *c = &co->indexes[i];
 		bool d = false;
 		const char *f = first_field(c->key, &d);
-		if (c->sparse || c->multikey || c->coll || c->hashed != spec->range_hashed || !f ||
+		if (c->sparse || c->partial || c->multikey || c->coll ||
+		    c->hashed != spec->range_hashed || !f ||
 		    strcmp(f, spec->range_field) != 0)
 			continue;
 		if (!ix || (!pattern_provides_sort(ix->key, q->sort, &rev, NULL) &&
@@ -530,9 +564,9 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 	}
 	for (size_t i = 0; i < co->n_indexes && best_score < 4; i++) {
 		const sdb_store_index *ix = &co->indexes[i];
-		if (ix->sparse || ix->hidden)
+		if (ix->sparse || ix->hidden || !partial_ok(q, ix))
 			continue; /* a sparse index misses documents: only by hint; a hidden one
-				   * is never planned */
+				   * is never planned; a partial one only for a query within it */
 		bool desc = false;
 		const char *path = first_field(ix->key, &desc);
 		if (!path || coll_bounds(q, ix->coll, path, ix->multikey, &b) != 0)
@@ -577,7 +611,7 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 			const sdb_store_index *si = NULL;
 			for (size_t i = 0; i < co->n_indexes && !si; i++)
 				if (!co->indexes[i].sparse && !co->indexes[i].multikey &&
-				    !co->indexes[i].hidden &&
+				    !co->indexes[i].hidden && partial_ok(q, &co->indexes[i]) &&
 				    pattern_provides_sort(co->indexes[i].key, q->sort, &rev,
 							  co->indexes[i].coll))
 					si = &co->indexes[i];

@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "storage/docdiff.h"
 #include "storage/keyenc.h"
+#include "storage/matcher.h"
 #include "storage/path.h"
 #include "storage/store_int.h"
 #include "common/bsonval.h"
@@ -351,6 +352,8 @@ int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out,
 	sqlite3_close(db);
 	db = NULL;
 	rc = store_migrate_decimal_keys(st, err, errlen);
+	if (rc == 0)
+		rc = store_partial_rebuild(st, err, errlen);
 	if (rc)
 		goto fail;
 	*out = st;
@@ -387,6 +390,7 @@ void store_cache_clear(sdb_store_conn *c)
 			free(co->indexes[j].name);
 			bson_destroy(co->indexes[j].spec);
 			bson_destroy(co->indexes[j].key);
+			sdb_matcher_free(co->indexes[j].partial);
 		}
 		free(co->indexes);
 	}
@@ -993,6 +997,8 @@ int store_indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
 {
 	for (size_t i = 0; i < co->n_indexes; i++) {
 		sdb_store_index *ix = &co->indexes[i];
+		if (!store_partial_covers(ix, doc))
+			continue; /* a partial index holds only the documents its filter matches */
 		store_keyset ks;
 		store_keyset_init(&ks);
 		bool missing = false, multikey = false;
@@ -1014,6 +1020,8 @@ int store_indexes_remove(sdb_store_conn *c, const sdb_store_coll *co, const bson
 {
 	for (size_t i = 0; i < co->n_indexes; i++) {
 		const sdb_store_index *ix = &co->indexes[i];
+		if (!store_partial_covers(ix, doc))
+			continue; /* never indexed (store_indexes_add) */
 		store_keyset ks;
 		store_keyset_init(&ks);
 		bool missing = false;

@@ -223,6 +223,10 @@ typedef struct sdb_store_index {
 	 * for simple: its string keys are ICU sort keys, so it serves bounds and sorts only
 	 * to a query of the same collation */
 	const struct sdb_collator *coll;
+	/* the index's partialFilterExpression compiled (issue #20, storage/partial.c), NULL
+	 * when it has none: only the documents it matches (under coll) have entries, and the
+	 * planner uses the index only for a query whose filter implies it */
+	struct sdb_matcher *partial;
 } sdb_store_index;
 
 typedef struct sdb_store_coll {

@@ -220,8 +220,35 @@ void store_cache_clear(sdb_store_conn *c);
  * store.c; called by sdb_store_open and sdb_store_replace_from (copy.c). */
 int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen);
 
+/* Check an index's partialFilterExpression (pfe: the spec's element) as MongoDB 6.0's
+ * createIndexes does: a document the query language accepts, of equality, $exists: true,
+ * $gt $gte $lt $lte, $type, $in, $and and $or only. Errors: SDB_EINVAL with *code
+ * MongoDB's: 14 TypeMismatch (not a document), the query language's code (2 BadValue
+ * unknown operator ...), 67 CannotCreateIndex "Expression not supported in partial index:
+ * ..." (partial.c). */
+int store_partial_check(const bson_iter_t *pfe, int *code, char *err, size_t errlen);
+/* Does doc belong in ix (no partial filter, or doc matches it under ix's collation)?
+ * (partial.c) */
+bool store_partial_covers(const sdb_store_index *ix, const bson_t *doc);
+/* Does every document matching query also match ix's partial filter (true when ix has
+ * none)? Conservative: the query's top-level conjuncts ($and flattened) must contain, for
+ * each of the filter's conjuncts, the same predicate or one that implies it (a narrower
+ * range of the same type bracket, a value of the $in list, any predicate that needs the
+ * field for $exists: true); false when unsure. Compares strings under the calling
+ * thread's collation: call it only when the query's collation is the index's.
+ * (partial.c) */
+bool store_partial_implied(const bson_t *query, const sdb_store_index *ix);
+
+/* Once per store (meta partial_idx unset): empty and rebuild every partial index, in one
+ * write transaction on a connection of its own. Releases before issue #20's partial
+ * indexes built them whole (an entry for every document); this gives them their entries
+ * under the filter. Called by sdb_store_open and sdb_store_replace_from after the
+ * decimal re-keying. Errors: SDB_EIO, SDB_ECORRUPT (a document does not parse), SDB_EINVAL
+ * (a document's keys cannot be built): the store is left as it was. (index.c) */
+int store_partial_rebuild(sdb_store *st, char *err, size_t errlen);
+
 /* Add doc's keys (its _id key idk) to every index of co, skipping a sparse index whose
- * fields are all missing; a unique conflict fills *dup when dup is not NULL (store.c).
+ * fields are all missing and a partial index whose filter doc does not match; a unique conflict fills *dup when dup is not NULL (store.c).
  * Returns: 0, or an SDB_E* code with a message in err (c->write_code set to MongoDB's). */
 int store_indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
 		      const sdb_key *idk, sdb_store_dup *dup, char *err, size_t errlen);

@@ -43,9 +43,10 @@ static bool doc_has_decimal(bson_iter_t *it, int depth)
  *   never equal an old key, so re-keyed rows never collide with rows not yet visited.
  * - Old index entries are found by their keys, recomputed in the old encoding
  *   (sdb_keyenc_legacy_numbers), and deleted through the (k, id) primary key: no index
- *   table scan per document. A partial index's filter is not consulted for the delete
- *   (absent keys delete nothing), so an entry the old order admitted and the exact order
- *   does not goes too; indexes_add then applies the filter exactly.
+ *   table scan per document (absent keys delete nothing). A partial index is skipped for
+ *   a document its filter does not match (store_indexes_remove); a file this old was
+ *   written when partial indexes were built whole, so store_partial_rebuild, which
+ *   sdb_store_open runs right after this, rebuilds every partial index from scratch.
  * - Cost: one pass over every collection's documents (each parsed once to look for a
  *   decimal), memory for the _id keys of the documents holding one (the documents are
  *   read again one by one), index work only for those documents; the WAL grows by the

@@ -337,6 +337,9 @@ static void run_out(ctx *c, ctx *t, const sdb_aggw *w, const char *primary, bson
 		bson_init(&cmd);
 		BSON_APPEND_UTF8(&cmd, "createIndexes", tmp);
 		BSON_APPEND_ARRAY(&cmd, "indexes", &specs);
+		/* a copy of the target's existing specs: not refused for the options a
+		 * client may no longer ask for (src/shard/cmd_admin.c refuse_index_options) */
+		BSON_APPEND_BOOL(&cmd, "$stripedbIndexCopy", true);
 		shard_write(t, primary, &cmd, r);
 		bson_destroy(&cmd);
 	}

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/bsonget.h"
 #include "common/err.h"
 #include "common/renamecoll.h"
 #include "shard/cmd_read_int.h" /* shard_coll_is_view */
@@ -459,8 +460,10 @@ void shard_cmd_drop_database(shard_ctx *x)
 }
 
 /* The fields MongoDB 6.0 accepts in an index specification (index_key_validate.h
- * allowedFieldNames; `clustered` is refused there through its own rules). Which of them
- * stripedb honours is decided by sdb_store_index_create, not here. */
+ * allowedFieldNames; `clustered` is refused there through its own rules). Their values
+ * are checked by refuse_index_options below (types, and the options stripedb refuses) and
+ * by sdb_store_index_create (key, name, unique, sparse, partialFilterExpression,
+ * expireAfterSeconds, collation, v); docs/compat.md "Index options" lists what each does. */
 static const char *const index_spec_fields[] = {
 	"2dsphereIndexVersion", "_id",	   "background",	"bits",
 	"bucketSize",		"coarsestIndexedLevel", "collation",	"default_language",
@@ -575,6 +578,192 @@ static bool refuse_unknown_index_field(shard_ctx *x, const bson_t *spec)
 	return false;
 }
 
+static bool field_is(const char *k, const char *const *names)
+{
+	for (size_t i = 0; names[i]; i++)
+		if (strcmp(k, names[i]) == 0)
+			return true;
+	return false;
+}
+
+/* The options of one index specification, as MongoDB 6.0's validateIndexSpec
+ * (index_key_validate.cpp) checks them, and those stripedb cannot honour (issue #20:
+ * nothing accepted is silently ignored; docs/compat.md "Index options"):
+ *   - types: unique sparse background dropDups prepareUnique a number or a bool (14
+ *     "The field 'F has value V, which is not convertible to bool"); hidden a bool;
+ *     default_language language_override strings; textIndexVersion 2dsphereIndexVersion
+ *     bits min max coarsestIndexedLevel finestIndexedLevel numbers; weights an object or a
+ *     string; originalSpec a non-empty object (14 TypeMismatch, 2 BadValue);
+ *   - v: 1 or 2 (67 "cannot create an index with v=N"), v 1 without a collation;
+ *   - weights outside a text index (stripedb has none): 67; wildcardProjection outside a
+ *     '$**' index (stripedb has none): 2; unique with prepareUnique: 67;
+ *   - refused as not implemented (238): prepareUnique: true (new duplicate keys refused
+ *     while existing ones stay) and a non-empty storageEngine (WiredTiger configuration;
+ *     the shard stores on SQLite). A copy of a collection's existing indexes passes: a
+ *     migration's ($stripedbOrigin) and $out's into an existing collection
+ *     ($stripedbIndexCopy, sent by src/shard/cmd_outmerge.c and src/proxy/outmerge.c;
+ *     the proxy refuses $stripedb* fields from clients): such a spec can only come from an
+ *     earlier release that accepted it, and the copy keeps what the source has.
+ * The text and geo options (default_language ... finestIndexedLevel, bucketSize) have no
+ * effect on the ascending/descending/hashed indexes stripedb builds, as in mongod.
+ * Returns true after the error reply. */
+static bool refuse_index_options(shard_ctx *x, const bson_t *spec)
+{
+	static const char *const boolish[] = {"unique",	 "sparse",	  "background",
+					      "dropDups", "prepareUnique", NULL};
+	static const char *const strings[] = {"default_language", "language_override", NULL};
+	static const char *const numbers[] = {"textIndexVersion", "2dsphereIndexVersion",
+					      "bits",		  "min",
+					      "max",		  "coarsestIndexedLevel",
+					      "finestIndexedLevel", NULL};
+	bson_iter_t it;
+	bool unique = false, prepare_unique = false, collation = false;
+	int version = 2;
+	const char *refuse238 = NULL;
+
+	if (!bson_iter_init(&it, spec))
+		return false;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		bson_type_t t = bson_iter_type(&it);
+		const char *tn = sdb_bson_type_name(t);
+		if (field_is(k, boolish)) {
+			if (!BSON_ITER_HOLDS_NUMBER(&it) && !BSON_ITER_HOLDS_BOOL(&it)) {
+				bson_string_t *v = bson_string_new(NULL);
+				format_value(v, &it);
+				shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+					   "The field '%s has value %s: %s, which is not convertible "
+					   "to bool",
+					   k, k, v->str);
+				bson_string_free(v, true);
+				return true;
+			}
+			if (strcmp(k, "unique") == 0)
+				unique = bson_iter_as_bool(&it);
+			if (strcmp(k, "prepareUnique") == 0)
+				prepare_unique = bson_iter_as_bool(&it);
+		} else if (strcmp(k, "hidden") == 0 && !BSON_ITER_HOLDS_BOOL(&it)) {
+			shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+				   "The field 'hidden' must be a bool, but got %s", tn);
+			return true;
+		} else if (field_is(k, strings) && !BSON_ITER_HOLDS_UTF8(&it)) {
+			shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+				   "The field '%s' must be a string, but got %s", k, tn);
+			return true;
+		} else if (field_is(k, numbers) && !BSON_ITER_HOLDS_NUMBER(&it)) {
+			shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+				   "The field '%s' must be a number, but got %s", k, tn);
+			return true;
+		} else if (strcmp(k, "weights") == 0) {
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it) && !BSON_ITER_HOLDS_ARRAY(&it) &&
+			    !BSON_ITER_HOLDS_UTF8(&it)) {
+				shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+					   "The field 'weights' must be an object, but got %s", tn);
+				return true;
+			}
+			bson_string_t *sp = bson_string_new(NULL);
+			format_doc(sp, spec, false);
+			shard_fail(x, 67,
+				   "Invalid index specification %s; the field 'weights' can only be "
+				   "specified with text indexes",
+				   sp->str);
+			bson_string_free(sp, true);
+			return true;
+		} else if (strcmp(k, "wildcardProjection") == 0) {
+			shard_fail(x, WIRE_ERR_BAD_VALUE,
+				   "The field 'wildcardProjection' is only allowed in '$**' indexes");
+			return true;
+		} else if (strcmp(k, "originalSpec") == 0) {
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it)) {
+				shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+					   "The field 'originalSpec' must be an object, but got %s",
+					   tn);
+				return true;
+			}
+			bson_t o;
+			if (util_iter_bson(&it, &o) && bson_empty(&o)) {
+				shard_fail(x, WIRE_ERR_BAD_VALUE,
+					   "The field 'originalSpec' cannot be an empty object.");
+				return true;
+			}
+		} else if (strcmp(k, "v") == 0) {
+			if (!BSON_ITER_HOLDS_NUMBER(&it)) {
+				shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+					   "The field 'v' must be a number, but got %s", tn);
+				return true;
+			}
+			double d = bson_iter_as_double(&it);
+			if (!(d >= -2147483648.0 && d <= 2147483647.0) || d != (double)(int)d) {
+				bson_string_t *v = bson_string_new(NULL);
+				format_value(v, &it);
+				shard_fail(x, WIRE_ERR_BAD_VALUE,
+					   "Index version must be representable as a 32-bit integer, "
+					   "but got %s",
+					   v->str);
+				bson_string_free(v, true);
+				return true;
+			}
+			version = (int)d;
+			if (version != 1 && version != 2) {
+				bson_string_t *sp = bson_string_new(NULL);
+				format_doc(sp, spec, false);
+				shard_fail(x, 67,
+					   "Invalid index specification %s; cannot create an index "
+					   "with v=%d",
+					   sp->str, version);
+				bson_string_free(sp, true);
+				return true;
+			}
+		} else if (strcmp(k, "collation") == 0) {
+			collation = true;
+		} else if (strcmp(k, "storageEngine") == 0) {
+			bson_t o;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it)) {
+				shard_fail(x, WIRE_ERR_TYPE_MISMATCH,
+					   "The field 'storageEngine' must be an object, but got %s",
+					   tn);
+				return true;
+			}
+			if (util_iter_bson(&it, &o) && !bson_empty(&o))
+				refuse238 = "storageEngine";
+		}
+	}
+	if (version < 2 && collation) {
+		bson_string_t *sp = bson_string_new(NULL);
+		format_doc(sp, spec, false);
+		shard_fail(x, 67,
+			   "Invalid index specification %s; cannot create an index with the "
+			   "'collation' option and v=%d",
+			   sp->str, version);
+		bson_string_free(sp, true);
+		return true;
+	}
+	if (unique && prepare_unique) {
+		bson_string_t *sp = bson_string_new(NULL);
+		format_doc(sp, spec, false);
+		shard_fail(x, 67,
+			   "Invalid index specification %s; cannot create an index with the "
+			   "'unique' option and the 'prepareUnique' option",
+			   sp->str);
+		bson_string_free(sp, true);
+		return true;
+	}
+	if (prepare_unique)
+		refuse238 = "prepareUnique";
+	if (refuse238 && !x->origin && !bson_has_field(x->cmd, "$stripedbIndexCopy")) {
+		shard_fail(x, 238,
+			   "the index option '%s' is not supported by stripedb (%s; see "
+			   "docs/compat.md)",
+			   refuse238,
+			   strcmp(refuse238, "prepareUnique") == 0
+				   ? "create the index with unique: true once the collection has no "
+				     "duplicate keys"
+				   : "the shard stores on SQLite: no storage engine options");
+		return true;
+	}
+	return false;
+}
+
 void shard_cmd_create_indexes(shard_ctx *x)
 {
 	const char *coll = shard_coll_arg(x);
@@ -592,7 +781,8 @@ void shard_cmd_create_indexes(shard_ctx *x)
 	bson_iter_t pre = arr;
 	while (bson_iter_next(&pre) && BSON_ITER_HOLDS_DOCUMENT(&pre)) {
 		bson_t spec;
-		if (util_iter_bson(&pre, &spec) && refuse_unknown_index_field(x, &spec))
+		if (util_iter_bson(&pre, &spec) &&
+		    (refuse_unknown_index_field(x, &spec) || refuse_index_options(x, &spec)))
 			return;
 	}
 	if (!shard_begin(x, true))
@@ -685,12 +875,26 @@ void shard_cmd_drop_indexes(shard_ctx *x)
 	} else if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
 		bson_t key;
 		util_iter_bson(&it, &key);
+		size_t matches = 0;
 		for (size_t i = 0; i < co->n_indexes; i++) {
 			if (bson_equal(co->indexes[i].key, &key)) {
-				names = sdb_malloc(sizeof *names);
-				names[n++] = sdb_strdup(co->indexes[i].name);
-				break;
+				if (matches++ == 0) {
+					names = sdb_malloc(sizeof *names);
+					names[n++] = sdb_strdup(co->indexes[i].name);
+				}
 			}
+		}
+		if (matches > 1) {
+			/* partial indexes may share a key pattern (mongod drop_indexes.cpp) */
+			bson_string_t *ks = bson_string_new(NULL);
+			format_doc(ks, &key, false);
+			shard_fail(x, 286,
+				   "%zu indexes found for key: %s, identify by name instead.",
+				   matches, ks->str);
+			bson_string_free(ks, true);
+			free(names[0]);
+			free(names);
+			return;
 		}
 		if (n == 0) {
 			char *js = bson_as_relaxed_extended_json(&key, NULL);

@@ -412,6 +412,9 @@ static bool run_out_tmp(shard_ctx *x, const sdb_aggw *w, const char *tmp, bson_t
 		bson_init(&cmd);
 		BSON_APPEND_UTF8(&cmd, "createIndexes", tmp);
 		BSON_APPEND_ARRAY(&cmd, "indexes", &specs);
+		/* a copy of the target's existing specs: not refused for the options a
+		 * client may no longer ask for (src/shard/cmd_admin.c refuse_index_options) */
+		BSON_APPEND_BOOL(&cmd, "$stripedbIndexCopy", true);
 		om_res_destroy(&r);
 		om_res_init(&r);
 		om_run(x, w->db, &cmd, &r);

@@ -57,16 +57,29 @@ static void del_done(void *arg, wire_req *req)
 
 /* Queue the delete of db.coll's documents whose field is a date before cutoff_ms. */
 static void expire(shard_ttl *t, const char *db, const char *coll, const char *field,
-		   int64_t cutoff_ms)
+		   int64_t cutoff_ms, const bson_iter_t *pfe)
 {
-	bson_t cmd = BSON_INITIALIZER, dels, del, q, cond;
+	bson_t cmd = BSON_INITIALIZER, dels, del, q, cond, and, one;
 	BSON_APPEND_UTF8(&cmd, "delete", coll);
 	BSON_APPEND_ARRAY_BEGIN(&cmd, "deletes", &dels);
 	BSON_APPEND_DOCUMENT_BEGIN(&dels, "0", &del);
 	BSON_APPEND_DOCUMENT_BEGIN(&del, "q", &q);
-	BSON_APPEND_DOCUMENT_BEGIN(&q, field, &cond);
-	BSON_APPEND_DATE_TIME(&cond, "$lt", cutoff_ms);
-	bson_append_document_end(&q, &cond);
+	if (pfe) {
+		/* a partial TTL index expires only the documents it holds (issue #20):
+		 * {$and: [{field: {$lt: cutoff}}, partialFilterExpression]} */
+		BSON_APPEND_ARRAY_BEGIN(&q, "$and", &and);
+		BSON_APPEND_DOCUMENT_BEGIN(&and, "0", &one);
+		BSON_APPEND_DOCUMENT_BEGIN(&one, field, &cond);
+		BSON_APPEND_DATE_TIME(&cond, "$lt", cutoff_ms);
+		bson_append_document_end(&one, &cond);
+		bson_append_document_end(&and, &one);
+		bson_append_iter(&and, "1", 1, pfe);
+		bson_append_array_end(&q, &and);
+	} else {
+		BSON_APPEND_DOCUMENT_BEGIN(&q, field, &cond);
+		BSON_APPEND_DATE_TIME(&cond, "$lt", cutoff_ms);
+		bson_append_document_end(&q, &cond);
+	}
 	bson_append_document_end(&del, &q);
 	BSON_APPEND_INT32(&del, "limit", 0);
 	bson_append_document_end(&dels, &del);
@@ -115,7 +128,11 @@ static void pass(uv_timer_t *h)
 			    !bson_iter_next(&k))
 				continue;
 			int64_t secs = bson_iter_as_int64(&it);
-			expire(t, db, coll, bson_iter_key(&k), now - secs * 1000);
+			bson_iter_t pfe;
+			bool partial = bson_iter_init_find(&pfe, ix->spec, "partialFilterExpression") &&
+				       BSON_ITER_HOLDS_DOCUMENT(&pfe);
+			expire(t, db, coll, bson_iter_key(&k), now - secs * 1000,
+			       partial ? &pfe : NULL);
 		}
 	}
 	sdb_store_names_free(names, n);

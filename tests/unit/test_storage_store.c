@@ -22,6 +22,7 @@
 #include "common/err.h"
 #include "routing/route.h"
 #include "storage/keyenc.h"
+#include "storage/matcher.h"
 #include "storage/query.h"
 #include "storage/store.h"
 
@@ -1446,6 +1447,78 @@ static void test_rolled_back_apply_leaves_no_trace(void **state)
 	assert_int_equal(system(cmd), 0);
 }
 
+
+/* store_partial_implied (storage/partial.c): which query filters imply a partial index's
+ * filter (the planner may use the index only then). */
+static bool implied(const char *query_json, const char *pfe_json)
+{
+	bson_error_t e;
+	bson_t *q = bson_new_from_json((const uint8_t *)query_json, -1, &e);
+	bson_t *pf = bson_new_from_json((const uint8_t *)pfe_json, -1, &e);
+	assert_non_null(q);
+	assert_non_null(pf);
+	sdb_store_index ix;
+	memset(&ix, 0, sizeof ix);
+	ix.spec = bson_new();
+	BSON_APPEND_DOCUMENT(ix.spec, "partialFilterExpression", pf);
+	char err[256];
+	assert_int_equal(sdb_matcher_new(pf, &ix.partial, NULL, err, sizeof err), 0);
+	bool r = store_partial_implied(q, &ix);
+	sdb_matcher_free(ix.partial);
+	bson_destroy(ix.spec);
+	bson_destroy(pf);
+	bson_destroy(q);
+	return r;
+}
+
+static void test_partial_filter_implication(void **state)
+{
+	(void)state;
+	/* the same predicate, and narrower ranges of the same type */
+	assert_true(implied("{\"a\": 1, \"x\": 6}", "{\"a\": 1}"));
+	assert_true(implied("{\"x\": {\"$gt\": 7}}", "{\"x\": {\"$gt\": 5}}"));
+	assert_true(implied("{\"x\": {\"$gte\": 6}}", "{\"x\": {\"$gt\": 5}}"));
+	assert_true(implied("{\"x\": 6}", "{\"x\": {\"$gt\": 5}}"));
+	assert_true(implied("{\"x\": {\"$gt\": 10}}", "{\"x\": {\"$gte\": 10}}"));
+	assert_true(implied("{\"a\": {\"$lte\": 1}}", "{\"a\": {\"$lte\": 1.5}}"));
+	assert_false(implied("{\"a\": {\"$lt\": 1.6}}", "{\"a\": {\"$lte\": 1.5}}"));
+	assert_false(implied("{\"x\": {\"$gte\": 5}}", "{\"x\": {\"$gt\": 5}}"));
+	assert_false(implied("{\"x\": 5}", "{\"x\": {\"$gt\": 5}}"));
+	/* another type bracket never implies a range ("b" sorts above 5 but $gt: 5 wants
+	 * numbers) */
+	assert_false(implied("{\"x\": {\"$gt\": \"b\"}}", "{\"x\": {\"$gt\": 5}}"));
+	assert_false(implied("{\"x\": null}", "{\"x\": {\"$lte\": 5}}"));
+	/* nothing about the filter's field */
+	assert_false(implied("{}", "{\"a\": 1}"));
+	assert_false(implied("{\"b\": 1}", "{\"a\": 1}"));
+	/* $exists: true by any predicate that needs the field, not by null */
+	assert_true(implied("{\"a\": {\"$gt\": 1}}", "{\"a\": {\"$exists\": true}}"));
+	assert_true(implied("{\"a\": \"s\"}", "{\"a\": {\"$exists\": true}}"));
+	assert_true(implied("{\"a\": {\"$type\": \"int\"}}", "{\"a\": {\"$exists\": true}}"));
+	assert_false(implied("{\"a\": null}", "{\"a\": {\"$exists\": true}}"));
+	assert_false(implied("{\"a\": {\"$ne\": 1}}", "{\"a\": {\"$exists\": true}}"));
+	assert_false(implied("{\"a\": {\"$gte\": {\"$minKey\": 1}}}",
+			     "{\"a\": {\"$exists\": true}}"));
+	/* $in: a value or a subset of the list */
+	assert_true(implied("{\"a\": 3}", "{\"a\": {\"$in\": [3, 5]}}"));
+	assert_true(implied("{\"a\": {\"$in\": [5]}}", "{\"a\": {\"$in\": [3, 5]}}"));
+	assert_false(implied("{\"a\": {\"$lt\": 6}}", "{\"a\": {\"$in\": [3, 5]}}"));
+	assert_false(implied("{\"a\": {\"$in\": [3, 4]}}", "{\"a\": {\"$in\": [3, 5]}}"));
+	/* $and flattened on both sides; every conjunct of the filter is needed */
+	assert_true(implied("{\"$and\": [{\"a\": 1}, {\"b\": {\"$gt\": 3}}]}",
+			    "{\"a\": 1, \"b\": {\"$gt\": 2}}"));
+	assert_false(implied("{\"a\": 1}", "{\"$and\": [{\"a\": 1}, {\"b\": 2}]}"));
+	/* $or: one implied branch; a query $or only by the same $or */
+	assert_true(implied("{\"a\": 5, \"b\": 5}",
+			    "{\"$or\": [{\"a\": 3}, {\"$and\": [{\"a\": 5}, {\"b\": 5}]}]}"));
+	assert_false(implied("{\"a\": 5, \"b\": 1}",
+			     "{\"$or\": [{\"a\": 3}, {\"$and\": [{\"a\": 5}, {\"b\": 5}]}]}"));
+	assert_true(implied("{\"$or\": [{\"a\": 1}, {\"b\": 1}]}",
+			    "{\"$or\": [{\"a\": 1}, {\"b\": 1}]}"));
+	assert_false(implied("{\"$or\": [{\"a\": 1}, {\"c\": 1}]}",
+			     "{\"$or\": [{\"a\": 1}, {\"b\": 1}]}"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1469,6 +1542,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_check_finds_a_missing_index_entry, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_query_plans_and_counters, setup, teardown),
+		cmocka_unit_test(test_partial_filter_implication),
 		cmocka_unit_test_setup_teardown(test_rolled_back_apply_leaves_no_trace, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_replicated_apply_is_deterministic, setup,

@@ -1,0 +1,385 @@
+/* Partial indexes (issue #20): an index's partialFilterExpression, MongoDB 6.0's rules.
+ *
+ * - Creation (index_catalog_impl.cpp _checkValidFilterExpressions with the 6.0 default
+ *   feature flags): the filter may hold equality ({f: v}, $eq), $exists: true, $gt $gte
+ *   $lt $lte, $type, $in, and $and / $or at any depth; anything else is refused with 67
+ *   CannotCreateIndex "Expression not supported in partial index: ...". (6.0 also accepts
+ *   $geoWithin / $geoIntersects there; the matcher has no geo operators, so they are
+ *   refused as well.)
+ * - Maintenance: a document has entries in the index only when it matches the filter
+ *   (under the index's collation), so a unique partial index only refuses duplicates
+ *   among the documents it holds.
+ * - Planning: the planner uses the index, by itself or by hint, only when every document
+ *   the query can return is in it: when the query's filter implies the index's
+ *   (store_partial_implied, a conservative form of MongoDB's expression::isSubsetOf:
+ *   each conjunct of the index's filter is implied by one of the query's top-level
+ *   conjuncts, an $or of it by the query implying one of its branches).
+ */
+#include "storage/store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/bsonget.h"
+#include "common/bsonval.h"
+#include "common/err.h"
+#include "storage/collation.h"
+#include "storage/matcher.h"
+#include "storage/store_int.h"
+
+/* ------------------------------------------------------------------ creation */
+
+static int refuse_expr(int *code, char *err, size_t errlen, const char *path, const char *op)
+{
+	*code = 67; /* CannotCreateIndex */
+	if (path)
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"Expression not supported in partial index: %s %s", path, op);
+	return sdb_errf(err, errlen, SDB_EINVAL, "Expression not supported in partial index: %s",
+			op);
+}
+
+static int check_filter(const bson_t *f, int depth, int *code, char *err, size_t errlen);
+
+/* The elements of a $and / $or array: each a filter document. */
+static int check_list(const bson_iter_t *arr, int depth, int *code, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	if (!bson_iter_recurse(arr, &it))
+		return refuse_expr(code, err, errlen, NULL, bson_iter_key(arr));
+	while (bson_iter_next(&it)) {
+		bson_t sub;
+		uint32_t len;
+		const uint8_t *data;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+			return refuse_expr(code, err, errlen, NULL, bson_iter_key(arr));
+		bson_iter_document(&it, &len, &data);
+		if (!bson_init_static(&sub, data, len))
+			return refuse_expr(code, err, errlen, NULL, bson_iter_key(arr));
+		int rc = check_filter(&sub, depth + 1, code, err, errlen);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int check_filter(const bson_t *f, int depth, int *code, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	if (depth > 32)
+		return refuse_expr(code, err, errlen, NULL, "(nested too deep)");
+	if (!bson_iter_init(&it, f))
+		return refuse_expr(code, err, errlen, NULL, "(bad document)");
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "$and") == 0 || strcmp(k, "$or") == 0) {
+			int rc = check_list(&it, depth, code, err, errlen);
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (k[0] == '$')
+			return refuse_expr(code, err, errlen, NULL, k);
+		if (BSON_ITER_HOLDS_REGEX(&it))
+			return refuse_expr(code, err, errlen, k, "regex");
+		bson_iter_t ops;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &ops))
+			continue; /* equality */
+		bson_iter_t first = ops;
+		if (!bson_iter_next(&first) || bson_iter_key(&first)[0] != '$')
+			continue; /* equality to a document */
+		while (bson_iter_next(&ops)) {
+			const char *op = bson_iter_key(&ops);
+			if (strcmp(op, "$eq") == 0 || strcmp(op, "$gt") == 0 ||
+			    strcmp(op, "$gte") == 0 || strcmp(op, "$lt") == 0 ||
+			    strcmp(op, "$lte") == 0 || strcmp(op, "$type") == 0 ||
+			    strcmp(op, "$in") == 0)
+				continue;
+			if (strcmp(op, "$exists") == 0 && bson_iter_as_bool(&ops))
+				continue;
+			if (strcmp(op, "$exists") == 0)
+				return refuse_expr(code, err, errlen, k, "$exists: false");
+			return refuse_expr(code, err, errlen, k, op);
+		}
+	}
+	return 0;
+}
+
+int store_partial_check(const bson_iter_t *pfe, int *code, char *err, size_t errlen)
+{
+	*code = 0;
+	if (!BSON_ITER_HOLDS_DOCUMENT(pfe)) {
+		*code = 14; /* TypeMismatch */
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"The field 'partialFilterExpression' must be an object, but got %s",
+				sdb_bson_type_name(bson_iter_type(pfe)));
+	}
+	bson_t f;
+	uint32_t len;
+	const uint8_t *data;
+	bson_iter_document(pfe, &len, &data);
+	if (!bson_init_static(&f, data, len)) {
+		*code = 2;
+		return sdb_errf(err, errlen, SDB_EINVAL, "partialFilterExpression is not valid BSON");
+	}
+	/* the query language's own errors first (unknown operator, $in needs an array ...) */
+	sdb_matcher *m = NULL;
+	int mcode = 0;
+	int rc = sdb_matcher_new(&f, &m, &mcode, err, errlen);
+	if (rc) {
+		*code = mcode ? mcode : 2;
+		return rc;
+	}
+	sdb_matcher_free(m);
+	return check_filter(&f, 0, code, err, errlen);
+}
+
+/* ------------------------------------------------------------------ maintenance */
+
+bool store_partial_covers(const sdb_store_index *ix, const bson_t *doc)
+{
+	if (!ix->partial)
+		return true;
+	const sdb_collator *prev = sdb_collation_use(ix->coll);
+	bool r = sdb_matcher_match(ix->partial, doc);
+	sdb_collation_use(prev);
+	return r;
+}
+
+/* ------------------------------------------------------------------ implication */
+
+/* One conjunct of a filter: {path: {op: value}}; op NULL for a top-level operator
+ * ($or, $nor, $expr ...) kept whole, path then being its name. */
+typedef struct atom {
+	const char *path;
+	const char *op;
+	bson_iter_t v;
+} atom;
+
+typedef struct atoms {
+	atom *a;
+	size_t n, cap;
+} atoms;
+
+static void atoms_push(atoms *s, const char *path, const char *op, const bson_iter_t *v)
+{
+	if (s->n == s->cap) {
+		s->cap = s->cap ? s->cap * 2 : 8;
+		s->a = sdb_realloc(s->a, s->cap * sizeof *s->a);
+	}
+	s->a[s->n].path = path;
+	s->a[s->n].op = op;
+	s->a[s->n].v = *v;
+	s->n++;
+}
+
+/* The conjuncts of filter f ($and flattened). Returns false for a document libbson
+ * cannot walk (nothing is then implied). */
+static bool collect(const uint8_t *data, uint32_t len, atoms *s, int depth)
+{
+	bson_t f;
+	bson_iter_t it;
+	if (depth > 32 || !bson_init_static(&f, data, len) || !bson_iter_init(&it, &f))
+		return false;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "$and") == 0 && BSON_ITER_HOLDS_ARRAY(&it)) {
+			bson_iter_t el;
+			if (!bson_iter_recurse(&it, &el))
+				return false;
+			while (bson_iter_next(&el)) {
+				uint32_t l;
+				const uint8_t *d;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&el))
+					return false;
+				bson_iter_document(&el, &l, &d);
+				if (!collect(d, l, s, depth + 1))
+					return false;
+			}
+			continue;
+		}
+		if (k[0] == '$') {
+			atoms_push(s, k, NULL, &it);
+			continue;
+		}
+		bson_iter_t ops, first;
+		if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &ops)) {
+			first = ops;
+			if (bson_iter_next(&first) && bson_iter_key(&first)[0] == '$') {
+				while (bson_iter_next(&ops))
+					atoms_push(s, k, bson_iter_key(&ops), &ops);
+				continue;
+			}
+		}
+		atoms_push(s, k, "$eq", &it);
+	}
+	return true;
+}
+
+/* Two values that are the same BSON (type and bytes): the query and the index say the
+ * same thing. */
+static bool same_value(const bson_iter_t *a, const bson_iter_t *b)
+{
+	if (bson_iter_type(a) != bson_iter_type(b))
+		return false;
+	bson_t x = BSON_INITIALIZER, y = BSON_INITIALIZER;
+	bson_append_iter(&x, "v", 1, a);
+	bson_append_iter(&y, "v", 1, b);
+	bool r = bson_equal(&x, &y);
+	bson_destroy(&x);
+	bson_destroy(&y);
+	return r;
+}
+
+/* A value whose comparisons stay inside its own bracket (not null / undefined: they
+ * also match missing fields; not MinKey / MaxKey: they compare across brackets). */
+static bool plain_value(const bson_iter_t *v)
+{
+	int b = sdb_bson_bracket(bson_iter_type(v));
+	return b != SDB_BRACKET_NULL && b != SDB_BRACKET_MINKEY && b != SDB_BRACKET_MAXKEY;
+}
+
+/* Does a document matching {path: {q->op: q->v}} have the field (not null)? */
+static bool implies_exists(const atom *q)
+{
+	const char *op = q->op;
+	if (strcmp(op, "$exists") == 0)
+		return bson_iter_as_bool(&q->v);
+	if (strcmp(op, "$type") == 0 || strcmp(op, "$regex") == 0 ||
+	    strcmp(op, "$elemMatch") == 0 || strcmp(op, "$size") == 0 || strcmp(op, "$mod") == 0)
+		return true;
+	if (strcmp(op, "$eq") == 0 || strcmp(op, "$gt") == 0 || strcmp(op, "$gte") == 0 ||
+	    strcmp(op, "$lt") == 0 || strcmp(op, "$lte") == 0)
+		return plain_value(&q->v);
+	if (strcmp(op, "$in") == 0 && BSON_ITER_HOLDS_ARRAY(&q->v)) {
+		bson_iter_t el;
+		bool any = false;
+		if (!bson_iter_recurse(&q->v, &el))
+			return false;
+		while (bson_iter_next(&el)) {
+			if (!plain_value(&el))
+				return false;
+			any = true;
+		}
+		return any;
+	}
+	return false;
+}
+
+/* Is value v (of an equality) one of the elements of the $in array arr? */
+static bool in_list(const bson_iter_t *v, const bson_iter_t *arr)
+{
+	bson_iter_t el;
+	if (!BSON_ITER_HOLDS_ARRAY(arr) || !bson_iter_recurse(arr, &el))
+		return false;
+	while (bson_iter_next(&el))
+		if (same_value(v, &el) && !BSON_ITER_HOLDS_REGEX(&el))
+			return true;
+	return false;
+}
+
+static bool atom_implies(const atom *q, const atom *p);
+
+/* Does the conjunction qs imply the filter document at data (each of its conjuncts)? */
+static bool conj_implies(const atoms *qs, const uint8_t *data, uint32_t len, int depth)
+{
+	atoms ps = {0};
+	bool ok = collect(data, len, &ps, depth);
+	for (size_t i = 0; ok && i < ps.n; i++) {
+		bool found = false;
+		for (size_t j = 0; j < qs->n && !found; j++)
+			found = atom_implies(&qs->a[j], &ps.a[i]);
+		/* an $or of the filter: implied when one of its branches is */
+		if (!found && !ps.a[i].op && strcmp(ps.a[i].path, "$or") == 0 &&
+		    BSON_ITER_HOLDS_ARRAY(&ps.a[i].v) && depth < 32) {
+			bson_iter_t br;
+			if (bson_iter_recurse(&ps.a[i].v, &br)) {
+				while (!found && bson_iter_next(&br)) {
+					uint32_t l;
+					const uint8_t *d;
+					if (!BSON_ITER_HOLDS_DOCUMENT(&br))
+						break;
+					bson_iter_document(&br, &l, &d);
+					found = conj_implies(qs, d, l, depth + 1);
+				}
+			}
+		}
+		ok = found;
+	}
+	free(ps.a);
+	return ok;
+}
+
+/* Does the query conjunct q imply the index's conjunct p (same path)? */
+static bool atom_implies(const atom *q, const atom *p)
+{
+	if (!p->op || !q->op) /* top-level operators: only the same one */
+		return !p->op && !q->op && strcmp(p->path, q->path) == 0 && same_value(&q->v, &p->v);
+	if (strcmp(q->path, p->path) != 0)
+		return false;
+	if (strcmp(q->op, p->op) == 0 && same_value(&q->v, &p->v))
+		return true;
+	const char *po = p->op, *qo = q->op;
+	if (strcmp(po, "$exists") == 0)
+		return bson_iter_as_bool(&p->v) && implies_exists(q);
+	if (strcmp(po, "$in") == 0) {
+		if (strcmp(qo, "$eq") == 0)
+			return !BSON_ITER_HOLDS_ARRAY(&q->v) && !BSON_ITER_HOLDS_REGEX(&q->v) &&
+			       in_list(&q->v, &p->v);
+		if (strcmp(qo, "$in") == 0 && BSON_ITER_HOLDS_ARRAY(&q->v)) {
+			bson_iter_t el;
+			bool any = false;
+			if (!bson_iter_recurse(&q->v, &el))
+				return false;
+			while (bson_iter_next(&el)) {
+				if (BSON_ITER_HOLDS_ARRAY(&el) || BSON_ITER_HOLDS_REGEX(&el) ||
+				    !in_list(&el, &p->v))
+					return false;
+				any = true;
+			}
+			return any;
+		}
+		return false;
+	}
+	bool pgt = strcmp(po, "$gt") == 0, pgte = strcmp(po, "$gte") == 0;
+	bool plt = strcmp(po, "$lt") == 0, plte = strcmp(po, "$lte") == 0;
+	if (!pgt && !pgte && !plt && !plte)
+		return false; /* $eq, $type: only the same conjunct */
+	bool qeq = strcmp(qo, "$eq") == 0, qgt = strcmp(qo, "$gt") == 0,
+	     qgte = strcmp(qo, "$gte") == 0, qlt = strcmp(qo, "$lt") == 0,
+	     qlte = strcmp(qo, "$lte") == 0;
+	if (!plain_value(&p->v) || !plain_value(&q->v) ||
+	    sdb_bson_bracket(bson_iter_type(&p->v)) != sdb_bson_bracket(bson_iter_type(&q->v)))
+		return false;
+	/* strings compare under the query's collation on one side and the index's on the
+	 * other: the caller only asks when they are the same */
+	int c = sdb_bson_value_cmp(bson_iter_value((bson_iter_t *)&q->v),
+				   bson_iter_value((bson_iter_t *)&p->v));
+	if (pgt)
+		return (qeq && c > 0) || (qgt && c >= 0) || (qgte && c > 0);
+	if (pgte)
+		return (qeq || qgt || qgte) && c >= 0;
+	if (plt)
+		return (qeq && c < 0) || (qlt && c <= 0) || (qlte && c < 0);
+	return (qeq || qlt || qlte) && c <= 0; /* plte */
+}
+
+bool store_partial_implied(const bson_t *query, const sdb_store_index *ix)
+{
+	if (!ix->partial)
+		return true;
+	bson_iter_t it;
+	if (!bson_iter_init_find(&it, ix->spec, "partialFilterExpression") ||
+	    !BSON_ITER_HOLDS_DOCUMENT(&it))
+		return false;
+	uint32_t plen;
+	const uint8_t *pdata;
+	bson_iter_document(&it, &plen, &pdata);
+	atoms qs = {0};
+	bool ok = collect(bson_get_data(query), query->len, &qs, 0) &&
+		  conj_implies(&qs, pdata, plen, 0);
+	free(qs.a);
+	return ok;
+}
