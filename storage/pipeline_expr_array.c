@@ -954,21 +954,24 @@ static int eval_one(const expr *x, docbuild_node **vals, docbuild_node **out, co
 int agg_xarr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
 {
 	docbuild_node **vals = sdb_calloc(x->n + 1, sizeof *vals);
+	bool *owned = sdb_calloc(x->n + 1, sizeof *owned);
 	int rc = 0;
 
 	*out = NULL;
+	/* the operators only read their operands: variables are lent, not copied */
 	for (size_t i = 0; i < x->n && rc == 0; i++) {
 		if (x->args[i] != NULL) {
-			rc = agg_expr_eval(x->args[i], root, &vals[i], e);
+			rc = agg_expr_eval_ref(x->args[i], root, &vals[i], &owned[i], e);
 		}
 	}
 	if (rc == 0) {
 		rc = eval_one(x, vals, out, e);
 	}
 	for (size_t i = 0; i < x->n; i++) {
-		docbuild_free(vals[i]);
+		agg_ref_free(vals[i], owned[i]);
 	}
 	free(vals);
+	free(owned);
 	if (rc != 0) {
 		docbuild_free(*out);
 		*out = NULL;

@@ -54,15 +54,42 @@ typedef struct {
 	 * parsing their names (val NULL), while evaluating their values; innermost first,
 	 * NULL = none (pipeline_expr_var.c) */
 	const struct agg_var *lvars;
+	/* while evaluating the `in` of a $reduce: the size of its accumulator, kept up to date
+	 * by a $concatArrays that appends to it in place (pipeline_expr_var.c), or NULL */
+	struct agg_acc_size *acc;
 } ectx;
 
+/* While parsing a $reduce's `in`: how it reads $$value (agg_lvar_parse counts), so that a
+ * single read, not repeated by a loop, may move the accumulator instead of copying it. */
+typedef struct agg_var_use {
+	int refs;            /* $$value and $$value.path reads */
+	bool repeated;       /* one of them is inside a $map/$filter/$reduce loop */
+	struct expr *whole;  /* the last whole-variable read ($$value), or NULL */
+} agg_var_use;
+
+/* The accumulator of a running $reduce: its size in bytes (node_size) and whether this
+ * iteration's $concatArrays appended to it in place (then bytes is up to date). */
+typedef struct agg_acc_size {
+	long long bytes;
+	bool appended;
+} agg_acc_size;
+
 /* One variable bound by an expression ($let, $map/$filter's `as`, $reduce's this/value):
- * a link of a chain living on the C stack of the parse or evaluation that binds it. */
+ * a link of a chain living on the C stack of the parse or evaluation that binds it.
+ * Reads borrow the value (agg_expr_eval_ref); none copies it unless its consumer keeps
+ * it. */
 typedef struct agg_var {
 	const struct agg_var *up;
 	const char *name;
 	size_t len;
 	const docbuild_node *val; /* while evaluating: the value (NULL = missing) */
+	/* while evaluating: when non-NULL the binding owns the value *own (val unused) and
+	 * the one read marked `take` moves it out (*own becomes NULL): $reduce's $$value */
+	docbuild_node **own;
+	/* while parsing: the frame's expression is evaluated once per element ($map,
+	 * $filter, $reduce), and (or NULL) where to count the reads of the variable */
+	bool loop;
+	agg_var_use *use;
 } agg_var;
 
 static inline int efail(const ectx *e, int c, const char *fmt, ...)
@@ -366,6 +393,8 @@ struct expr {
 	bool root;          /* X_PATH: $$ROOT[.path] (reads ectx.root when set), not CURRENT */
 	int sub;            /* OP_XVAR/OP_XARR/OP_XOBJ: the operator in its file's table */
 	int ext;            /* OP_EXT: the operator's ext_id (pipeline_ext.h) */
+	bool take;          /* X_LVAR: the only read of $reduce's $$value, outside any loop:
+			     * moves the accumulator out instead of copying it */
 };
 
 /* Compile the aggregation expression at it (a literal, "$path", "$$VAR", {op: args} or an
@@ -377,6 +406,19 @@ int agg_expr_parse(const bson_iter_t *it, expr **out, const ectx *e);
  * docbuild_free, or NULL for "missing"). Errors: SDB_EINVAL with code and message in e. */
 int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e);
 
+/* Evaluate x like agg_expr_eval, but without copying what is already there: a variable
+ * ($$name, bound by an expression) or a literal is lent (*owned false: *out is read-only
+ * and lives as long as the binding or x), anything else is a new node (*owned true: the
+ * caller frees it with docbuild_free, and may change it). Errors: agg_expr_eval's. */
+int agg_expr_eval_ref(const expr *x, const bson_t *root, docbuild_node **out, bool *owned,
+		      const ectx *e);
+/* Free v when owned (agg_expr_eval_ref's pairs). */
+static inline void agg_ref_free(docbuild_node *v, bool owned)
+{
+	if (owned) {
+		docbuild_free(v);
+	}
+}
 /* Free x (NULL is fine). */
 void agg_expr_free(expr *x);
 
@@ -407,6 +449,12 @@ int agg_lvar_parse(const char *var, size_t len, expr *x, const ectx *e);
 /* Evaluate the X_LVAR x (its variable's value, or the path below it with aggregation's
  * array rules) into *out (a new node, NULL = missing). Errors: 17276 when unbound. */
 int agg_lvar_eval(const expr *x, docbuild_node **out, const ectx *e);
+/* The value of the X_LVAR x without a path, lent (*out: read-only, NULL = missing, valid
+ * while the binding lives). Errors: 17276 when unbound. */
+int agg_lvar_ref(const expr *x, const docbuild_node **out, const ectx *e);
+/* Is x a $concatArrays whose first operand is, through inner $concatArrays, the
+ * accumulator its $reduce moved out: its result is that accumulator grown in place. */
+bool agg_expr_grows_acc(const expr *x);
 /* The value at the dotted path below node v (NULL = missing), with aggregation's array
  * rules (an array maps the rest of the path over its documents): a new node or NULL. */
 docbuild_node *agg_node_path(const docbuild_node *v, const char *path);
