@@ -5,6 +5,7 @@
 #include "storage/pipeline.h"
 #include "storage/pipeline_int.h"
 #include "storage/path.h"
+#include "storage/store.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -537,6 +538,15 @@ static int eval_args(const expr *x, const bson_t *root, docbuild_node **vals, bo
 		if (rc != 0) {
 			return rc;
 		}
+	}
+	return 0;
+}
+
+int agg_check_interrupt(size_t i, const ectx *e)
+{
+	if (i % AGG_INTERRUPT_EVERY == 0 && sdb_store_interrupted()) {
+		efail(e, 11601, "operation was interrupted");
+		return SDB_ECANCELED;
 	}
 	return 0;
 }

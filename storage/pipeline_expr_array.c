@@ -472,7 +472,10 @@ static int eval_range(docbuild_node **vals, size_t n, docbuild_node **out, const
 			     (long long)need, (long long)RANGE_MAX_BYTES);
 	}
 	*out = docbuild_new_array(NULL);
-	for (int64_t cur = start; step > 0 ? cur < end : cur > end; cur += step) {
+	for (int64_t cur = start, i = 0; step > 0 ? cur < end : cur > end; cur += step, i++) {
+		if (agg_check_interrupt((size_t)i, e) != 0) {
+			return SDB_ECANCELED; /* the caller frees *out */
+		}
 		docbuild_push(*out, v_int32((int32_t)cur));
 	}
 	return 0;
@@ -561,7 +564,12 @@ static int eval_zip(const expr *x, docbuild_node **vals, docbuild_node **out, co
 	}
 	*out = docbuild_new_array(NULL);
 	for (size_t r = 0; r < rows; r++) {
-		docbuild_node *row = docbuild_new_array(NULL);
+		docbuild_node *row;
+
+		if (agg_check_interrupt(r, e) != 0) {
+			return SDB_ECANCELED; /* the caller frees *out */
+		}
+		row = docbuild_new_array(NULL);
 
 		for (size_t i = 0; i < n_in; i++) {
 			if (r < vals[i]->n) {
@@ -621,6 +629,14 @@ static int eval_sortarray(const expr *x, docbuild_node **vals, docbuild_node **o
 	n = vals[0]->n;
 	items = sdb_calloc(n + 1, sizeof *items);
 	for (size_t i = 0; i < n; i++) {
+		if (agg_check_interrupt(i, e) != 0) {
+			for (size_t k = 0; k < i; k++) {
+				bson_destroy(&items[k].doc);
+			}
+			free(items);
+			sdb_sortspec_free(ss);
+			return SDB_ECANCELED;
+		}
 		items[i] = (sort_item){.n = vals[0]->kids[i], .idx = i, .ss = ss,
 				       .dir = x->root ? -1 : 1};
 		if (ss != NULL && items[i].n->type == BSON_TYPE_DOCUMENT) {
@@ -766,6 +782,11 @@ static int eval_set(const expr *x, docbuild_node **vals, docbuild_node **out, co
 			}
 			qsort(t, total, sizeof *t, cmp_nodes);
 			for (size_t i = 0; i < total; i++) {
+				if (agg_check_interrupt(i, e) != 0) {
+					free(t);
+					docbuild_free(all);
+					return SDB_ECANCELED;
+				}
 				if (i == 0 || vcmp(t[i - 1], t[i]) != 0) {
 					docbuild_push(all, kid_copy(t[i]));
 				}
@@ -782,6 +803,12 @@ static int eval_set(const expr *x, docbuild_node **vals, docbuild_node **out, co
 				docbuild_node *keep = docbuild_new_array(NULL);
 
 				for (size_t k = 0; k < all->n; k++) {
+					if (agg_check_interrupt(k, e) != 0) {
+						free(t);
+						docbuild_free(keep);
+						docbuild_free(all);
+						return SDB_ECANCELED;
+					}
 					if (set_has(t, nt, all->kids[k])) {
 						docbuild_push(keep, kid_copy(all->kids[k]));
 					}

@@ -583,6 +583,10 @@ static int eval_map_filter(const expr *x, const bson_t *root, docbuild_node **ou
 	for (size_t i = 0; i < in->n && rc == 0 && (limit < 0 || (int64_t)res->n < limit); i++) {
 		docbuild_node *v = NULL;
 
+		rc = agg_check_interrupt(i, e);
+		if (rc != 0) {
+			break;
+		}
 		frame.val = in->kids[i];
 		rc = agg_expr_eval(x->args[1], root, &v, &sub);
 		if (rc != 0) {
@@ -653,6 +657,10 @@ static int eval_reduce(const expr *x, const bson_t *root, docbuild_node **out, c
 	for (size_t i = 0; i < in->n && rc == 0; i++) {
 		docbuild_node *next = NULL;
 
+		rc = agg_check_interrupt(i, e);
+		if (rc != 0) {
+			break;
+		}
 		frames[0].val = in->kids[i];
 		size.appended = false;
 		rc = agg_expr_eval(x->args[2], root, &next, &sub);

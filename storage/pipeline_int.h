@@ -419,6 +419,16 @@ static inline void agg_ref_free(docbuild_node *v, bool owned)
 		docbuild_free(v);
 	}
 }
+/* How often (iterations) the loops of the expression operators check for interruption. */
+#define AGG_INTERRUPT_EVERY 1024
+/* The interruption check of the loops of the expression operators ($map, $filter,
+ * $reduce, $range, $zip, the set operators, $sortArray, string loops): every
+ * AGG_INTERRUPT_EVERY iterations (and on the first), ask storage's interruption check
+ * (sdb_store_interrupted: killOp, or the command's maxTimeMS passed). Returns: 0.
+ * Errors: SDB_ECANCELED with 11601 Interrupted in e (the wire layer answers 50
+ * MaxTimeMSExpired instead when the request's maxTimeMS expired), as mongod's
+ * OperationContext::checkForInterrupt at its interruption points. */
+int agg_check_interrupt(size_t i, const ectx *e);
 /* Free x (NULL is fine). */
 void agg_expr_free(expr *x);
 
