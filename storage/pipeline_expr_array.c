@@ -306,13 +306,40 @@ static docbuild_node *kid_copy(const docbuild_node *n)
 	return c;
 }
 
-static int cmp_nodes(const void *a, const void *b)
+/* an element being sorted, with its position: equal values keep their input order */
+typedef struct {
+	docbuild_node *n;
+	size_t idx;
+} pos_node;
+
+static int cmp_pos_nodes(const void *pa, const void *pb)
 {
-	return vcmp(*(docbuild_node *const *)a, *(docbuild_node *const *)b);
+	const pos_node *a = pa, *b = pb;
+	int c = vcmp(a->n, b->n);
+
+	return c != 0 ? c : (a->idx > b->idx) - (a->idx < b->idx);
 }
 
-/* The distinct elements of array node a, sorted (borrowed pointers into a; free the array
- * only). */
+/* Sort the n nodes t in MongoDB order, stably: of equal values (1, 1.0, NumberLong(1)) the
+ * one that came first stays first, as the first inserted stays in mongod's ValueSet (a
+ * std::set: insert keeps the element already there). qsort alone is not stable (glibc's
+ * is a merge sort only while it can allocate). */
+static void sort_nodes_stable(docbuild_node **t, size_t n)
+{
+	pos_node *p = sdb_calloc(n + 1, sizeof *p);
+
+	for (size_t i = 0; i < n; i++) {
+		p[i] = (pos_node){t[i], i};
+	}
+	qsort(p, n, sizeof *p, cmp_pos_nodes);
+	for (size_t i = 0; i < n; i++) {
+		t[i] = p[i].n;
+	}
+	free(p);
+}
+
+/* The distinct elements of array node a, sorted, the first of equal ones kept (borrowed
+ * pointers into a; free the array only). */
 static docbuild_node **sorted_set(const docbuild_node *a, size_t *n)
 {
 	docbuild_node **s = sdb_calloc(a->n + 1, sizeof *s);
@@ -321,7 +348,7 @@ static docbuild_node **sorted_set(const docbuild_node *a, size_t *n)
 	if (a->n > 0) {
 		memcpy(s, a->kids, a->n * sizeof *s);
 	}
-	qsort(s, a->n, sizeof *s, cmp_nodes);
+	sort_nodes_stable(s, a->n);
 	for (size_t i = 0; i < a->n; i++) {
 		if (k == 0 || vcmp(s[k - 1], s[i]) != 0) {
 			s[k++] = s[i];
@@ -780,7 +807,7 @@ static int eval_set(const expr *x, docbuild_node **vals, docbuild_node **out, co
 				}
 				k += vals[i]->n;
 			}
-			qsort(t, total, sizeof *t, cmp_nodes);
+			sort_nodes_stable(t, total);
 			for (size_t i = 0; i < total; i++) {
 				if (agg_check_interrupt(i, e) != 0) {
 					free(t);

@@ -247,6 +247,17 @@ static void test_sets(void **state)
 	/* numbers compare by value, mixed types in MongoDB order, nested arrays are elements */
 	check(P("{'$setUnion': [[2, 1.0, {'$numberLong': '1'}], ['a', [1]], []]}"), "[{}]",
 	      "[{'r': [1.0, 2, 'a', [1]]}]");
+	/* of equal values of different types the first one (argument order, then array order)
+	 * is kept, as mongod's ValueSet (a std::set) keeps the first inserted: whatever the
+	 * sort, with many equal values of two types interleaved */
+	check(P("{'$setUnion': [{'$map': {'input': {'$range': [0, 300]}, 'in': {'$cond': ["
+		"{'$eq': [{'$mod': ['$$this', 2]}, 0]}, {'$toLong': {'$mod': ['$$this', 3]}},"
+		" {'$toDouble': {'$mod': ['$$this', 3]}}]}}}, [1]]}"), "[{}]",
+	      "[{'r': [{'$numberLong': '0'}, 1.0, {'$numberLong': '2'}]}]");
+	check(P("{'$setUnion': [[{'$numberLong': '1'}], [1.0, 1]]}"), "[{}]",
+	      "[{'r': [{'$numberLong': '1'}]}]");
+	check(P("{'$setIntersection': [[{'$numberLong': '1'}, 1, 2.0, 2], [1.0, 2]]}"), "[{}]",
+	      "[{'r': [{'$numberLong': '1'}, 2.0]}]");
 	check(P("{'$setIntersection': []}"), "[{}]", "[{'r': []}]");
 	check(P("{'$setUnion': [[1], null]}"), "[{}]", "[{'r': null}]");
 	check(P("{'$setDifference': [[3, 1, 3, 2], [2]]}"), "[{}]", "[{'r': [3, 1]}]");
