@@ -56,6 +56,8 @@ static const struct {
 	{"$literal", OP_LITERAL, 1, 1},
 	{"$sum", OP_SUM, 0, -1},
 	{"$avg", OP_AVG, 0, -1},
+	{"$stdDevPop", OP_STDDEVPOP, 0, -1},
+	{"$stdDevSamp", OP_STDDEVSAMP, 0, -1},
 	{"$min", OP_MIN, 0, -1},
 	{"$max", OP_MAX, 0, -1},
 	{"$type", OP_TYPE, 1, 1},
@@ -911,6 +913,21 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 
 		list_operands(x, vals, &items, &n);
 		*out = agg_eval_sum_avg(x->op == OP_AVG, items, n);
+		break;
+	}
+	case OP_STDDEVPOP:
+	case OP_STDDEVSAMP: {
+		/* ExpressionFromAccumulator<AccumulatorStdDev*>: one argument's array elements,
+		 * else each argument */
+		docbuild_node **items;
+		size_t n;
+		agg_stddev sd = {0};
+
+		list_operands(x, vals, &items, &n);
+		for (size_t i = 0; i < n; i++) {
+			agg_stddev_add(&sd, items[i]);
+		}
+		*out = agg_stddev_result(&sd, x->op == OP_STDDEVSAMP);
 		break;
 	}
 	case OP_MIN:

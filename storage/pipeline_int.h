@@ -323,6 +323,25 @@ void agg_sum_add(agg_sum *s, const docbuild_node *v);
  * the count, a Decimal128 division when a decimal was added, else a double. */
 docbuild_node *agg_sum_result(const agg_sum *s, bool avg);
 
+/* ---- $stdDevPop / $stdDevSamp (pipeline_arith.c) ----------------------------------- */
+
+/* The state of a $stdDevPop or $stdDevSamp, as MongoDB 6.0's AccumulatorStdDev
+ * (accumulator_std_dev.cpp): Welford's online mean and sum of squared differences over
+ * the numeric inputs read as doubles. Zero-initialise ({0}). */
+typedef struct {
+	int64_t count;
+	double mean;
+	double m2;
+} agg_stddev;
+
+/* Add v (NULL = missing) to s; non-numeric values are ignored, as mongod ignores them. */
+void agg_stddev_add(agg_stddev *s, const docbuild_node *v);
+
+/* The result of s as a new double node (the caller frees it): sqrt(m2 / count) for the
+ * population (samp false), sqrt(m2 / (count - 1)) for the sample; null when that count
+ * is not positive (no numeric input; one for the sample), as mongod. */
+docbuild_node *agg_stddev_result(const agg_stddev *s, bool samp);
+
 /* ---- expressions (pipeline_expr.c) ---------------------------------------------------- */
 
 typedef enum {
@@ -374,6 +393,8 @@ typedef enum {
 	OP_STRLENBYTES,
 	OP_SUBSTRBYTES,
 	OP_SWITCH, /* args: case0, then0, case1, then1, ... [, default when n is odd] */
+	OP_STDDEVPOP,
+	OP_STDDEVSAMP,
 	OP_XVAR,   /* $let/$map/$filter/$reduce (pipeline_expr_var.c): sub */
 	OP_XARR,   /* array and set operators (pipeline_expr_array.c): sub */
 	OP_XOBJ,   /* object operators (pipeline_expr_obj.c): sub */
@@ -582,6 +603,8 @@ typedef enum {
 	A_PUSH,
 	A_ADDTOSET,
 	A_COUNT,
+	A_STDDEVPOP,
+	A_STDDEVSAMP,
 } akind;
 
 /* One output field of a $group: its name (owned), accumulator and argument expression

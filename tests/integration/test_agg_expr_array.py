@@ -95,6 +95,16 @@ def _check(db, coll):
     assert [d["_id"] for d in got] == [2, 3, 4]
     got = c.find({"$expr": {"$setIsSubset": [["a"], "$tags"]}}, sort=[("_id", 1)])
     assert [d["_id"] for d in got] == [1, 3, 5]
+    # $stdDevPop / $stdDevSamp, accumulators (over every shard's documents through a proxy)
+    # and expressions
+    g = list(c.aggregate([{"$group": {"_id": None, "p": {"$stdDevPop": "$_id"},
+                                      "s": {"$stdDevSamp": "$d.k"}, "n": {"$stdDevSamp": "$d.w"}}}]))
+    assert g == [{"_id": None, "p": pytest.approx((17.5 / 6) ** 0.5, rel=1e-15),
+                  "s": pytest.approx((17.5 / 5) ** 0.5, rel=1e-15), "n": None}]
+    got = c.aggregate([{"$sort": {"_id": 1}}, {"$limit": 1},
+                       {"$project": {"_id": 0, "p": {"$stdDevPop": "$q"},
+                                     "s": {"$stdDevSamp": ["$_id", 2, "x"]}}}])
+    assert list(got) == [{"p": pytest.approx((2 / 3) ** 0.5, rel=1e-15), "s": 2 ** 0.5}]
 
     # a pipeline update
     r = c.update_one({"_id": 2}, [{"$set": {
