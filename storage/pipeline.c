@@ -106,6 +106,7 @@ typedef struct {
 	docbuild_node *v; /* min/max/first/last value, or push/addToSet array */
 	bool set;
 	agg_sum sum;   /* $sum / $avg */
+	agg_stddev sd; /* $stdDevPop / $stdDevSamp */
 	int64_t count; /* $count */
 } acc_state;
 
@@ -456,6 +457,10 @@ static void acc_add(acc_state *a, docbuild_node *v, size_t *mem)
 	case A_AVG:
 		agg_sum_add(&a->sum, v);
 		break;
+	case A_STDDEVPOP:
+	case A_STDDEVSAMP:
+		agg_stddev_add(&a->sd, v);
+		break;
 	case A_MIN:
 	case A_MAX:
 		if (is_nullish(v)) {
@@ -520,6 +525,9 @@ static docbuild_node *acc_result(acc_state *a)
 	case A_SUM:
 	case A_AVG:
 		return agg_sum_result(&a->sum, a->kind == A_AVG);
+	case A_STDDEVPOP:
+	case A_STDDEVSAMP:
+		return agg_stddev_result(&a->sd, a->kind == A_STDDEVSAMP);
 	case A_PUSH:
 	case A_ADDTOSET:
 		v = a->v != NULL ? a->v : docbuild_new_array(NULL);

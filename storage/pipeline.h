@@ -33,8 +33,8 @@
  * $add $subtract $multiply $divide $mod (int32 -> int64 -> double widening; dates in $add and
  * $subtract), $concat $toUpper $toLower, $cond (array and document forms) $ifNull, $eq $ne
  * $gt $gte $lt $lte $cmp (MongoDB's comparison order; missing sorts below null), $and $or
- * $not, $size $in $arrayElemAt $abs, $sum $avg $min $max (expression forms: over one array
- * argument or over the arguments), $type $isArray $concatArrays $floor $ceil $strLenBytes
+ * $not, $size $in $arrayElemAt $abs, $sum $avg $min $max $stdDevPop $stdDevSamp (expression
+ * forms: over one array argument or over the arguments), $type $isArray $concatArrays $floor $ceil $strLenBytes
  * $substrBytes/$substr $toString $switch. Decimal128 operands give Decimal128 results as
  * in MongoDB 6.0 ($add $subtract $multiply $divide $mod $abs $floor $ceil, $sum and $avg in
  * both forms; doubles mixed in converted as mongod does: storage/decimal.h).
@@ -53,8 +53,9 @@
  * $isoDayOfWeek $dateToString $dateToParts $dateFromParts $dateFromString $dateAdd
  * $dateSubtract $dateDiff $dateTrunc (time zones: UTC and fixed offsets; another Olson name
  * is 238; $exp/$ln/$log/$log10/$pow/$sqrt of a Decimal128 are 238).
- * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count ($sum/$avg:
- * MongoDB's compensated double-double sum, a Decimal128 when a decimal was added). Groups are
+ * $group accumulators: $sum $avg $min $max $first $last $push $addToSet $count $stdDevPop
+ * $stdDevSamp ($sum/$avg: MongoDB's compensated double-double sum, a Decimal128 when a
+ * decimal was added; $stdDevPop/$stdDevSamp: AccumulatorStdDev's Welford over doubles). Groups are
  * keyed by the order-preserving encoding of _id (storage/keyenc.h), so 1, 1.0 and
  * NumberLong(1) are one group; groups come out in first-seen order.
  *

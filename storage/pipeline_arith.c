@@ -317,6 +317,32 @@ docbuild_node *agg_sum_result(const agg_sum *s, bool avg)
 	return v_double(sdb_ddsum_double(&s->nondec));
 }
 
+void agg_stddev_add(agg_stddev *s, const docbuild_node *v)
+{
+	double val, delta;
+
+	if (!is_number(v)) {
+		return;
+	}
+	val = num_double(v);
+	s->count++;
+	delta = val - s->mean;
+	if (delta != 0.0) {
+		s->mean += delta / (double)s->count;
+		s->m2 += delta * (val - s->mean);
+	}
+}
+
+docbuild_node *agg_stddev_result(const agg_stddev *s, bool samp)
+{
+	int64_t n = samp ? s->count - 1 : s->count;
+
+	if (n <= 0) {
+		return v_null();
+	}
+	return v_double(sqrt(s->m2 / (double)n));
+}
+
 docbuild_node *agg_eval_sum_avg(bool avg, docbuild_node **items, size_t n)
 {
 	agg_sum s = {0};

@@ -5,6 +5,7 @@
 #include "storage/pipeline.h"
 #include "storage/pipeline_int.h"
 #include "storage/path.h"
+#include "storage/store.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -55,6 +56,8 @@ static const struct {
 	{"$literal", OP_LITERAL, 1, 1},
 	{"$sum", OP_SUM, 0, -1},
 	{"$avg", OP_AVG, 0, -1},
+	{"$stdDevPop", OP_STDDEVPOP, 0, -1},
+	{"$stdDevSamp", OP_STDDEVSAMP, 0, -1},
 	{"$min", OP_MIN, 0, -1},
 	{"$max", OP_MAX, 0, -1},
 	{"$type", OP_TYPE, 1, 1},
@@ -527,10 +530,12 @@ static docbuild_node *path_eval(const bson_t *doc, const char *path)
 }
 
 
-static int eval_args(const expr *x, const bson_t *root, docbuild_node **vals, const ectx *e)
+/* The operands of x: vals[i] owned when owned[i] (see agg_expr_eval_ref). */
+static int eval_args(const expr *x, const bson_t *root, docbuild_node **vals, bool *owned,
+		     const ectx *e)
 {
 	for (size_t i = 0; i < x->n; i++) {
-		int rc = agg_expr_eval(x->args[i], root, &vals[i], e);
+		int rc = agg_expr_eval_ref(x->args[i], root, &vals[i], &owned[i], e);
 
 		if (rc != 0) {
 			return rc;
@@ -539,12 +544,37 @@ static int eval_args(const expr *x, const bson_t *root, docbuild_node **vals, co
 	return 0;
 }
 
-static void free_vals(docbuild_node **vals, size_t n)
+int agg_check_interrupt(size_t i, const ectx *e)
+{
+	if (i % AGG_INTERRUPT_EVERY == 0 && sdb_store_interrupted()) {
+		efail(e, 11601, "operation was interrupted");
+		return SDB_ECANCELED;
+	}
+	return 0;
+}
+
+/* Is a (an operand of $concatArrays) the accumulator of the $reduce whose `in` holds it,
+ * moved out ($$value marked take) and possibly grown in place by inner $concatArrays? */
+static bool is_moved_acc(const expr *a)
+{
+	while (a != NULL && a->kind == X_OP && a->op == OP_CONCATARRAYS && a->n > 0) {
+		a = a->args[0];
+	}
+	return a != NULL && a->kind == X_LVAR && a->take;
+}
+
+bool agg_expr_grows_acc(const expr *x)
+{
+	return x != NULL && x->kind == X_OP && x->op == OP_CONCATARRAYS && is_moved_acc(x);
+}
+
+static void free_vals(docbuild_node **vals, bool *owned, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
-		docbuild_free(vals[i]);
+		agg_ref_free(vals[i], owned[i]);
 	}
 	free(vals);
+	free(owned);
 }
 
 static char *to_string_value(const docbuild_node *v, const char *op, const ectx *e, int *rc)
@@ -607,6 +637,7 @@ static const char *agg_type_name(const docbuild_node *v)
 static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
 {
 	docbuild_node **vals;
+	bool *owned;
 	int rc = 0;
 
 	*out = NULL;
@@ -696,7 +727,8 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 		break;
 	}
 	vals = sdb_calloc(x->n + 1, sizeof *vals);
-	rc = eval_args(x, root, vals, e);
+	owned = sdb_calloc(x->n + 1, sizeof *owned);
+	rc = eval_args(x, root, vals, owned, e);
 	if (rc != 0) {
 		goto done;
 	}
@@ -883,6 +915,21 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 		*out = agg_eval_sum_avg(x->op == OP_AVG, items, n);
 		break;
 	}
+	case OP_STDDEVPOP:
+	case OP_STDDEVSAMP: {
+		/* ExpressionFromAccumulator<AccumulatorStdDev*>: one argument's array elements,
+		 * else each argument */
+		docbuild_node **items;
+		size_t n;
+		agg_stddev sd = {0};
+
+		list_operands(x, vals, &items, &n);
+		for (size_t i = 0; i < n; i++) {
+			agg_stddev_add(&sd, items[i]);
+		}
+		*out = agg_stddev_result(&sd, x->op == OP_STDDEVSAMP);
+		break;
+	}
 	case OP_MIN:
 	case OP_MAX: {
 		docbuild_node **items;
@@ -913,22 +960,53 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 		*out = v_bool(ntype(vals[0]) == BSON_TYPE_ARRAY);
 		break;
 	case OP_CONCATARRAYS: {
-		docbuild_node *arr = docbuild_new_array(NULL);
+		docbuild_node *arr;
+		long long added = 0;
+		size_t from = 0;
 
-		for (size_t i = 0; i < x->n && rc == 0; i++) {
+		for (size_t i = 0; i < x->n; i++) {
 			if (is_nullish(vals[i])) {
-				docbuild_free(arr);
-				arr = v_null();
-				break;
+				*out = v_null();
+				goto done;
 			}
 			if (vals[i]->type != BSON_TYPE_ARRAY) {
 				rc = efail(e, 28664, "$concatArrays only supports arrays, not %s",
 					   type_name(vals[i]->type));
-				break;
+				goto done;
 			}
+		}
+		/* the first operand, when it is ours, is grown in place: $reduce's
+		 * {$concatArrays: ["$$value", ...]} appends to its accumulator in time linear in
+		 * what it appends, not in what the accumulator holds */
+		if (x->n > 0 && owned[0]) {
+			arr = vals[0];
+			vals[0] = NULL;
+			from = 1;
+		} else {
+			arr = docbuild_new_array(NULL);
+		}
+		for (size_t i = from; i < x->n; i++) {
 			for (size_t k = 0; k < vals[i]->n; k++) {
-				docbuild_push(arr, docbuild_clone(vals[i]->kids[k]));
+				docbuild_node *c;
+
+				if (owned[i]) {
+					c = vals[i]->kids[k]; /* moved out: n is cleared below */
+				} else {
+					c = docbuild_clone(vals[i]->kids[k]);
+					docbuild_set_key(c, NULL);
+				}
+				if (e->acc != NULL) {
+					added += (long long)node_size(c);
+				}
+				docbuild_push(arr, c);
 			}
+			if (owned[i]) {
+				vals[i]->n = 0;
+			}
+		}
+		if (e->acc != NULL && from == 1 && is_moved_acc(x->args[0])) {
+			e->acc->bytes += added;
+			e->acc->appended = true;
 		}
 		*out = arr;
 		break;
@@ -1036,12 +1114,32 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 		break;
 	}
 done:
-	free_vals(vals, x->n);
+	free_vals(vals, owned, x->n);
 	if (rc != 0) {
 		docbuild_free(*out);
 		*out = NULL;
 	}
 	return rc;
+}
+
+int agg_expr_eval_ref(const expr *x, const bson_t *root, docbuild_node **out, bool *owned,
+		      const ectx *e)
+{
+	*owned = true;
+	if (x != NULL && x->kind == X_LIT && x->lit->key == NULL) {
+		*out = x->lit;
+		*owned = false;
+		return 0;
+	}
+	if (x != NULL && x->kind == X_LVAR && !x->take && strchr(x->path, '.') == NULL) {
+		const docbuild_node *v = NULL;
+		int rc = agg_lvar_ref(x, &v, e);
+
+		*out = (docbuild_node *)v;
+		*owned = false;
+		return rc;
+	}
+	return agg_expr_eval(x, root, out, e);
 }
 
 int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)

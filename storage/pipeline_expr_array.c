@@ -306,13 +306,40 @@ static docbuild_node *kid_copy(const docbuild_node *n)
 	return c;
 }
 
-static int cmp_nodes(const void *a, const void *b)
+/* an element being sorted, with its position: equal values keep their input order */
+typedef struct {
+	docbuild_node *n;
+	size_t idx;
+} pos_node;
+
+static int cmp_pos_nodes(const void *pa, const void *pb)
 {
-	return vcmp(*(docbuild_node *const *)a, *(docbuild_node *const *)b);
+	const pos_node *a = pa, *b = pb;
+	int c = vcmp(a->n, b->n);
+
+	return c != 0 ? c : (a->idx > b->idx) - (a->idx < b->idx);
 }
 
-/* The distinct elements of array node a, sorted (borrowed pointers into a; free the array
- * only). */
+/* Sort the n nodes t in MongoDB order, stably: of equal values (1, 1.0, NumberLong(1)) the
+ * one that came first stays first, as the first inserted stays in mongod's ValueSet (a
+ * std::set: insert keeps the element already there). qsort alone is not stable (glibc's
+ * is a merge sort only while it can allocate). */
+static void sort_nodes_stable(docbuild_node **t, size_t n)
+{
+	pos_node *p = sdb_calloc(n + 1, sizeof *p);
+
+	for (size_t i = 0; i < n; i++) {
+		p[i] = (pos_node){t[i], i};
+	}
+	qsort(p, n, sizeof *p, cmp_pos_nodes);
+	for (size_t i = 0; i < n; i++) {
+		t[i] = p[i].n;
+	}
+	free(p);
+}
+
+/* The distinct elements of array node a, sorted, the first of equal ones kept (borrowed
+ * pointers into a; free the array only). */
 static docbuild_node **sorted_set(const docbuild_node *a, size_t *n)
 {
 	docbuild_node **s = sdb_calloc(a->n + 1, sizeof *s);
@@ -321,7 +348,7 @@ static docbuild_node **sorted_set(const docbuild_node *a, size_t *n)
 	if (a->n > 0) {
 		memcpy(s, a->kids, a->n * sizeof *s);
 	}
-	qsort(s, a->n, sizeof *s, cmp_nodes);
+	sort_nodes_stable(s, a->n);
 	for (size_t i = 0; i < a->n; i++) {
 		if (k == 0 || vcmp(s[k - 1], s[i]) != 0) {
 			s[k++] = s[i];
@@ -472,7 +499,10 @@ static int eval_range(docbuild_node **vals, size_t n, docbuild_node **out, const
 			     (long long)need, (long long)RANGE_MAX_BYTES);
 	}
 	*out = docbuild_new_array(NULL);
-	for (int64_t cur = start; step > 0 ? cur < end : cur > end; cur += step) {
+	for (int64_t cur = start, i = 0; step > 0 ? cur < end : cur > end; cur += step, i++) {
+		if (agg_check_interrupt((size_t)i, e) != 0) {
+			return SDB_ECANCELED; /* the caller frees *out */
+		}
 		docbuild_push(*out, v_int32((int32_t)cur));
 	}
 	return 0;
@@ -561,7 +591,12 @@ static int eval_zip(const expr *x, docbuild_node **vals, docbuild_node **out, co
 	}
 	*out = docbuild_new_array(NULL);
 	for (size_t r = 0; r < rows; r++) {
-		docbuild_node *row = docbuild_new_array(NULL);
+		docbuild_node *row;
+
+		if (agg_check_interrupt(r, e) != 0) {
+			return SDB_ECANCELED; /* the caller frees *out */
+		}
+		row = docbuild_new_array(NULL);
 
 		for (size_t i = 0; i < n_in; i++) {
 			if (r < vals[i]->n) {
@@ -621,6 +656,14 @@ static int eval_sortarray(const expr *x, docbuild_node **vals, docbuild_node **o
 	n = vals[0]->n;
 	items = sdb_calloc(n + 1, sizeof *items);
 	for (size_t i = 0; i < n; i++) {
+		if (agg_check_interrupt(i, e) != 0) {
+			for (size_t k = 0; k < i; k++) {
+				bson_destroy(&items[k].doc);
+			}
+			free(items);
+			sdb_sortspec_free(ss);
+			return SDB_ECANCELED;
+		}
 		items[i] = (sort_item){.n = vals[0]->kids[i], .idx = i, .ss = ss,
 				       .dir = x->root ? -1 : 1};
 		if (ss != NULL && items[i].n->type == BSON_TYPE_DOCUMENT) {
@@ -764,8 +807,13 @@ static int eval_set(const expr *x, docbuild_node **vals, docbuild_node **out, co
 				}
 				k += vals[i]->n;
 			}
-			qsort(t, total, sizeof *t, cmp_nodes);
+			sort_nodes_stable(t, total);
 			for (size_t i = 0; i < total; i++) {
+				if (agg_check_interrupt(i, e) != 0) {
+					free(t);
+					docbuild_free(all);
+					return SDB_ECANCELED;
+				}
 				if (i == 0 || vcmp(t[i - 1], t[i]) != 0) {
 					docbuild_push(all, kid_copy(t[i]));
 				}
@@ -782,6 +830,12 @@ static int eval_set(const expr *x, docbuild_node **vals, docbuild_node **out, co
 				docbuild_node *keep = docbuild_new_array(NULL);
 
 				for (size_t k = 0; k < all->n; k++) {
+					if (agg_check_interrupt(k, e) != 0) {
+						free(t);
+						docbuild_free(keep);
+						docbuild_free(all);
+						return SDB_ECANCELED;
+					}
 					if (set_has(t, nt, all->kids[k])) {
 						docbuild_push(keep, kid_copy(all->kids[k]));
 					}
@@ -954,21 +1008,24 @@ static int eval_one(const expr *x, docbuild_node **vals, docbuild_node **out, co
 int agg_xarr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
 {
 	docbuild_node **vals = sdb_calloc(x->n + 1, sizeof *vals);
+	bool *owned = sdb_calloc(x->n + 1, sizeof *owned);
 	int rc = 0;
 
 	*out = NULL;
+	/* the operators only read their operands: variables are lent, not copied */
 	for (size_t i = 0; i < x->n && rc == 0; i++) {
 		if (x->args[i] != NULL) {
-			rc = agg_expr_eval(x->args[i], root, &vals[i], e);
+			rc = agg_expr_eval_ref(x->args[i], root, &vals[i], &owned[i], e);
 		}
 	}
 	if (rc == 0) {
 		rc = eval_one(x, vals, out, e);
 	}
 	for (size_t i = 0; i < x->n; i++) {
-		docbuild_free(vals[i]);
+		agg_ref_free(vals[i], owned[i]);
 	}
 	free(vals);
+	free(owned);
 	if (rc != 0) {
 		docbuild_free(*out);
 		*out = NULL;

@@ -138,8 +138,9 @@ static bool digits(const char *s, size_t len, size_t at, int n, int *out)
 	return true;
 }
 
-/* "+hh", "+hhmm", "+hh:mm" (or '-') at s: the offset in minutes. Returns: 0, or -1. */
-static int parse_offset(const char *s, size_t len, int *minutes)
+/* "+hh", "+hhmm", "+hh:mm" (or '-') at s: the offset in minutes, mm at most max_min.
+ * Returns: 0, or -1. */
+static int parse_offset_max(const char *s, size_t len, int max_min, int *minutes)
 {
 	int h = 0, m = 0;
 
@@ -153,11 +154,17 @@ static int parse_offset(const char *s, size_t len, int *minutes)
 	} else {
 		return -1;
 	}
-	if (h > 99 || m > 59) {
+	if (h > 99 || m > max_min) {
 		return -1;
 	}
 	*minutes = (s[0] == '-' ? -1 : 1) * (h * 60 + m);
 	return 0;
+}
+
+/* An offset inside a date string (minutes 00-59). */
+static int parse_offset(const char *s, size_t len, int *minutes)
+{
+	return parse_offset_max(s, len, 59, minutes);
 }
 
 /* agg_date_parse_iso with *zoned telling whether the string carried its own 'Z' or offset
@@ -245,8 +252,10 @@ int agg_date_parse_iso(const char *s, size_t len, int64_t *ms, char *why, size_t
 
 /* ---- operands ---- */
 
-/* The time zone at tz (a string) into *offset_min. Errors: 40517 not a string, 40485 an
- * unknown identifier, 238 an Olson name other than UTC's. */
+/* The time zone at tz (a string) into *offset_min: a UTC name, or an offset "+hh",
+ * "+hhmm", "+hh:mm" (or '-') of any two digits each, as mongod's getTimeZone. Errors: 40517
+ * not a string, 40485 an unknown identifier (a malformed offset included), 238 an Olson
+ * name other than UTC's. */
 static int parse_tz(const docbuild_node *tz, int *offset_min, const ectx *e)
 {
 	static const char *const utc[] = {"UTC", "GMT", "Etc/UTC", "Etc/GMT", "Z", "Etc/Universal",
@@ -265,7 +274,9 @@ static int parse_tz(const docbuild_node *tz, int *offset_min, const ectx *e)
 			return 0;
 		}
 	}
-	if (parse_offset(s, len, offset_min) == 0) {
+	/* mongod 6.0's TimeZoneDatabase::parseUtcOffset: two digits each, not range-checked
+	 * ("+24:00" is a day ahead, "+01:99" 2 h 39 min); any other shape is 40485 */
+	if (parse_offset_max(s, len, 99, offset_min) == 0) {
 		return 0;
 	}
 	if (len > 0 && ((s[0] >= 'A' && s[0] <= 'Z') || (s[0] >= 'a' && s[0] <= 'z'))) {

@@ -368,8 +368,13 @@ static int eval_replace(const expr *x, docbuild_node **v, docbuild_node **out, c
 	sb_put(&b, "", 0);
 	if (flen == 0) {
 		/* an empty find matches before every code point and at the end */
-		for (size_t i = 0; i < len && x->ext == E_REPLACEALL;) {
+		for (size_t i = 0, iter = 0; i < len && x->ext == E_REPLACEALL; iter++) {
 			size_t l = cp_len(s + i, len - i);
+
+			if (agg_check_interrupt(iter, e) != 0) {
+				free(b.p);
+				return SDB_ECANCELED;
+			}
 
 			if (b.len + rlen + l > STR_MAX_RESULT) {
 				free(b.p);
@@ -387,8 +392,13 @@ static int eval_replace(const expr *x, docbuild_node **v, docbuild_node **out, c
 	} else {
 		size_t i = 0, from = 0;
 
-		while (i + flen <= len) {
+		for (size_t iter = 0; i + flen <= len; iter++) {
 			const char *hit = find_bytes(s, len, i, f, flen);
+
+			if (agg_check_interrupt(iter, e) != 0) {
+				free(b.p);
+				return SDB_ECANCELED;
+			}
 
 			if (hit == NULL) {
 				break;
@@ -517,10 +527,16 @@ static int eval_regex(const expr *x, docbuild_node **v, docbuild_node **out, con
 		size_t cp_at = 0, cp_idx = 0; /* the code point index of byte cp_at */
 		uint32_t mopts = 0;
 
-		while (rc == 0) {
-			int m = start > len ? PCRE2_ERROR_NOMATCH
-					    : pcre2_match(re, (PCRE2_SPTR)s, len, start, mopts, md, mctx);
+		for (size_t iter = 0; rc == 0; iter++) {
+			int m;
 			PCRE2_SIZE *ov;
+
+			rc = agg_check_interrupt(iter, e);
+			if (rc != 0) {
+				break;
+			}
+			m = start > len ? PCRE2_ERROR_NOMATCH
+					: pcre2_match(re, (PCRE2_SPTR)s, len, start, mopts, md, mctx);
 
 			if (m == PCRE2_ERROR_NOMATCH) {
 				if (all != NULL) {
@@ -629,7 +645,11 @@ int agg_str_eval(const expr *x, const bson_t *root, docbuild_node **out, const e
 			size_t total = 0;
 			const char *hit;
 
-			while ((hit = find_bytes(s, len, i, sep, slen)) != NULL) {
+			for (size_t iter = 0; (hit = find_bytes(s, len, i, sep, slen)) != NULL; iter++) {
+				if (agg_check_interrupt(iter, e) != 0) {
+					total = SIZE_MAX;
+					break;
+				}
 				i = (size_t)(hit - s);
 				/* an element's BSON size: type, index key, length, bytes, NUL */
 				total += (i - from) + 16;
@@ -639,6 +659,11 @@ int agg_str_eval(const expr *x, const bson_t *root, docbuild_node **out, const e
 				docbuild_push(arr, v_string(s + from, i - from));
 				i += slen;
 				from = i;
+			}
+			if (total == SIZE_MAX) {
+				docbuild_free(arr);
+				rc = SDB_ECANCELED; /* interrupted: the code and message are in e */
+				break;
 			}
 			if (total > STR_MAX_RESULT) {
 				docbuild_free(arr);

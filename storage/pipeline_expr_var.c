@@ -112,11 +112,27 @@ int agg_lvar_parse(const char *var, size_t len, expr *x, const ectx *e)
 	if (rc != 0) {
 		return rc;
 	}
-	if (lookup(e->lvars, var, len) == NULL) {
+	const agg_var *v;
+	bool repeated = false;
+
+	for (v = e->lvars; v != NULL; v = v->up) {
+		if (v->len == len && memcmp(v->name, var, len) == 0) {
+			break;
+		}
+		repeated = repeated || v->loop;
+	}
+	if (v == NULL) {
 		return 1;
 	}
 	x->kind = X_LVAR;
 	x->path = sdb_strdup(var);
+	if (v->use != NULL) {
+		v->use->refs++;
+		v->use->repeated = v->use->repeated || repeated;
+		if (var[len] != '.') {
+			v->use->whole = x;
+		}
+	}
 	return var[len] == '.' ? agg_field_path_ok(var + len + 1, e) : 0;
 }
 
@@ -158,20 +174,45 @@ docbuild_node *agg_node_path(const docbuild_node *v, const char *path)
 	return NULL;
 }
 
-int agg_lvar_eval(const expr *x, docbuild_node **out, const ectx *e)
+/* The binding of x's variable (NULL: 17276 in e), its value in *val. */
+static const agg_var *lvar_find(const expr *x, const docbuild_node **val, const ectx *e)
 {
 	const char *dot = strchr(x->path, '.');
 	size_t len = dot != NULL ? (size_t)(dot - x->path) : strlen(x->path);
 	const agg_var *v = lookup(e->lvars, x->path, len);
 
+	*val = NULL;
+	if (v == NULL) {
+		efail(e, 17276, "Use of undefined variable: %.*s", (int)len, x->path);
+		return NULL;
+	}
+	*val = v->own != NULL ? *v->own : v->val;
+	return v;
+}
+
+int agg_lvar_ref(const expr *x, const docbuild_node **out, const ectx *e)
+{
+	return lvar_find(x, out, e) != NULL ? 0 : SDB_EINVAL;
+}
+
+int agg_lvar_eval(const expr *x, docbuild_node **out, const ectx *e)
+{
+	const char *dot = strchr(x->path, '.');
+	const docbuild_node *val;
+	const agg_var *v = lvar_find(x, &val, e);
+
 	*out = NULL;
 	if (v == NULL) {
-		return efail(e, 17276, "Use of undefined variable: %.*s", (int)len, x->path);
+		return SDB_EINVAL;
 	}
 	if (dot != NULL) {
-		*out = agg_node_path(v->val, dot + 1);
-	} else if (v->val != NULL) {
-		*out = docbuild_clone(v->val);
+		*out = agg_node_path(val, dot + 1);
+	} else if (x->take && v->own != NULL) {
+		/* the only read of $reduce's $$value: the accumulator moves, not copied */
+		*out = *v->own;
+		*v->own = NULL;
+	} else if (val != NULL) {
+		*out = docbuild_clone(val);
 		docbuild_set_key(*out, NULL);
 	}
 	return 0;
@@ -345,6 +386,7 @@ static int parse_map_filter(const bson_iter_t *arg, expr *x, bool filter, const 
 	frame.up = e->lvars;
 	frame.name = x->path;
 	frame.len = strlen(x->path);
+	frame.loop = true;
 	sub.lvars = &frame;
 	rc = parse_push(&f[2].it, x, &sub);
 	if (rc == 0 && filter && have[3]) {
@@ -360,6 +402,7 @@ static int parse_reduce(const bson_iter_t *arg, expr *x, const ectx *e)
 	iterbox f[3];
 	bool have[3] = {false, false, false};
 	agg_var frames[2] = {{0}, {0}};
+	agg_var_use use = {0};
 	ectx sub = *e;
 	int rc;
 
@@ -386,10 +429,17 @@ static int parse_reduce(const bson_iter_t *arg, expr *x, const ectx *e)
 	if (rc != 0) {
 		return rc;
 	}
-	frames[0] = (agg_var){.up = e->lvars, .name = "this", .len = 4};
-	frames[1] = (agg_var){.up = &frames[0], .name = "value", .len = 5};
+	frames[0] = (agg_var){.up = e->lvars, .name = "this", .len = 4, .loop = true};
+	frames[1] = (agg_var){.up = &frames[0], .name = "value", .len = 5, .loop = true,
+			      .use = &use};
 	sub.lvars = &frames[1];
-	return parse_push(&f[2].it, x, &sub);
+	rc = parse_push(&f[2].it, x, &sub);
+	/* one read of $$value, evaluated at most once per element: it may move the
+	 * accumulator (eval_reduce owns it between elements) instead of copying it */
+	if (rc == 0 && use.refs == 1 && !use.repeated && use.whole != NULL) {
+		use.whole->take = true;
+	}
+	return rc;
 }
 
 int agg_xvar_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx *e)
@@ -414,16 +464,22 @@ int agg_xvar_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx
 
 /* ---- evaluation ---- */
 
+/* 146 when used bytes reach AGG_EXPR_MAX_BYTES. */
+static int mem_over(const char *op, long long used, const ectx *e)
+{
+	if (used >= AGG_EXPR_MAX_BYTES) {
+		return efail(e, 146, "%s would use too much memory (%lld bytes) and cannot spill to "
+				     "disk. Memory limit: %lld bytes",
+			     op, used, (long long)AGG_EXPR_MAX_BYTES);
+	}
+	return 0;
+}
+
 /* 146 when *used (plus v's size, v NULL = missing) exceeds AGG_EXPR_MAX_BYTES. */
 static int mem_add(const char *op, long long *used, const docbuild_node *v, const ectx *e)
 {
 	*used += v != NULL ? (long long)node_size(v) : 0;
-	if (*used >= AGG_EXPR_MAX_BYTES) {
-		return efail(e, 146, "%s would use too much memory (%lld bytes) and cannot spill to "
-				     "disk. Memory limit: %lld bytes",
-			     op, *used, (long long)AGG_EXPR_MAX_BYTES);
-	}
-	return 0;
+	return mem_over(op, *used, e);
 }
 
 static int eval_let(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
@@ -495,13 +551,14 @@ static int eval_map_filter(const expr *x, const bson_t *root, docbuild_node **ou
 	ectx sub = *e;
 	int64_t limit = -1;
 	long long used = 0;
-	int rc = agg_expr_eval(x->args[0], root, &in, e);
+	bool own_in = true;
+	int rc = agg_expr_eval_ref(x->args[0], root, &in, &own_in, e);
 
 	if (rc != 0) {
 		return rc;
 	}
 	if (is_nullish(in)) {
-		docbuild_free(in);
+		agg_ref_free(in, own_in);
 		*out = v_null();
 		return 0;
 	}
@@ -510,11 +567,12 @@ static int eval_map_filter(const expr *x, const bson_t *root, docbuild_node **ou
 				    type_name(in->type))
 			    : efail(e, 16883, "input to $map must be an array not %s",
 				    type_name(in->type));
-		docbuild_free(in);
+		agg_ref_free(in, own_in);
 		return rc;
 	}
 	if (in->n == 0) {
-		*out = in;
+		agg_ref_free(in, own_in);
+		*out = docbuild_new_array(NULL);
 		return 0;
 	}
 	if (filter) {
@@ -525,6 +583,10 @@ static int eval_map_filter(const expr *x, const bson_t *root, docbuild_node **ou
 	for (size_t i = 0; i < in->n && rc == 0 && (limit < 0 || (int64_t)res->n < limit); i++) {
 		docbuild_node *v = NULL;
 
+		rc = agg_check_interrupt(i, e);
+		if (rc != 0) {
+			break;
+		}
 		frame.val = in->kids[i];
 		rc = agg_expr_eval(x->args[1], root, &v, &sub);
 		if (rc != 0) {
@@ -543,7 +605,7 @@ static int eval_map_filter(const expr *x, const bson_t *root, docbuild_node **ou
 		}
 		docbuild_free(v);
 	}
-	docbuild_free(in);
+	agg_ref_free(in, own_in);
 	if (rc != 0) {
 		docbuild_free(res);
 		return rc;
@@ -552,19 +614,28 @@ static int eval_map_filter(const expr *x, const bson_t *root, docbuild_node **ou
 	return 0;
 }
 
+/* $reduce. The accumulator is read by reference: $$value lends it, or moves it when `in`
+ * reads it once (expr.take), and a $concatArrays that receives it appends in place, so
+ * {$concatArrays: ["$$value", [...]]} costs what it appends, not the accumulator's size
+ * (mongod's Values are reference-counted: neither copies the array per element). Its size
+ * against AGG_EXPR_MAX_BYTES is then counted from what was appended (agg_acc_size), and
+ * walked afresh (node_size) after any other `in`. */
 static int eval_reduce(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
 {
 	docbuild_node *in = NULL, *acc = NULL;
 	agg_var frames[2] = {{.up = e->lvars, .name = "this", .len = 4},
-			     {.up = &frames[0], .name = "value", .len = 5}};
+			     {.up = &frames[0], .name = "value", .len = 5, .own = &acc}};
+	agg_acc_size size = {0};
+	bool grows = agg_expr_grows_acc(x->args[2]);
+	bool own_in = true;
 	ectx sub = *e;
-	int rc = agg_expr_eval(x->args[0], root, &in, e);
+	int rc = agg_expr_eval_ref(x->args[0], root, &in, &own_in, e);
 
 	if (rc != 0) {
 		return rc;
 	}
 	if (is_nullish(in)) {
-		docbuild_free(in);
+		agg_ref_free(in, own_in);
 		*out = v_null();
 		return 0;
 	}
@@ -573,26 +644,36 @@ static int eval_reduce(const expr *x, const bson_t *root, docbuild_node **out, c
 
 		rc = efail(e, 40080, "$reduce requires that 'input' be an array, found: %s", json);
 		free(json);
-		docbuild_free(in);
+		agg_ref_free(in, own_in);
 		return rc;
 	}
 	rc = agg_expr_eval(x->args[1], root, &acc, e);
+	if (rc == 0) {
+		size.bytes = acc != NULL ? (long long)node_size(acc) : 0;
+		rc = mem_over("$reduce", size.bytes, e);
+	}
 	sub.lvars = &frames[1];
+	sub.acc = &size;
 	for (size_t i = 0; i < in->n && rc == 0; i++) {
 		docbuild_node *next = NULL;
 
+		rc = agg_check_interrupt(i, e);
+		if (rc != 0) {
+			break;
+		}
 		frames[0].val = in->kids[i];
-		frames[1].val = acc;
+		size.appended = false;
 		rc = agg_expr_eval(x->args[2], root, &next, &sub);
-		docbuild_free(acc);
+		docbuild_free(acc); /* NULL when `in` moved it */
 		acc = next;
 		if (rc == 0) {
-			long long used = 0;
-
-			rc = mem_add("$reduce", &used, acc, e);
+			if (!(grows && size.appended && ntype(acc) == BSON_TYPE_ARRAY)) {
+				size.bytes = acc != NULL ? (long long)node_size(acc) : 0;
+			}
+			rc = mem_over("$reduce", size.bytes, e);
 		}
 	}
-	docbuild_free(in);
+	agg_ref_free(in, own_in);
 	if (rc != 0) {
 		docbuild_free(acc);
 		return rc;

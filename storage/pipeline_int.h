@@ -54,15 +54,42 @@ typedef struct {
 	 * parsing their names (val NULL), while evaluating their values; innermost first,
 	 * NULL = none (pipeline_expr_var.c) */
 	const struct agg_var *lvars;
+	/* while evaluating the `in` of a $reduce: the size of its accumulator, kept up to date
+	 * by a $concatArrays that appends to it in place (pipeline_expr_var.c), or NULL */
+	struct agg_acc_size *acc;
 } ectx;
 
+/* While parsing a $reduce's `in`: how it reads $$value (agg_lvar_parse counts), so that a
+ * single read, not repeated by a loop, may move the accumulator instead of copying it. */
+typedef struct agg_var_use {
+	int refs;            /* $$value and $$value.path reads */
+	bool repeated;       /* one of them is inside a $map/$filter/$reduce loop */
+	struct expr *whole;  /* the last whole-variable read ($$value), or NULL */
+} agg_var_use;
+
+/* The accumulator of a running $reduce: its size in bytes (node_size) and whether this
+ * iteration's $concatArrays appended to it in place (then bytes is up to date). */
+typedef struct agg_acc_size {
+	long long bytes;
+	bool appended;
+} agg_acc_size;
+
 /* One variable bound by an expression ($let, $map/$filter's `as`, $reduce's this/value):
- * a link of a chain living on the C stack of the parse or evaluation that binds it. */
+ * a link of a chain living on the C stack of the parse or evaluation that binds it.
+ * Reads borrow the value (agg_expr_eval_ref); none copies it unless its consumer keeps
+ * it. */
 typedef struct agg_var {
 	const struct agg_var *up;
 	const char *name;
 	size_t len;
 	const docbuild_node *val; /* while evaluating: the value (NULL = missing) */
+	/* while evaluating: when non-NULL the binding owns the value *own (val unused) and
+	 * the one read marked `take` moves it out (*own becomes NULL): $reduce's $$value */
+	docbuild_node **own;
+	/* while parsing: the frame's expression is evaluated once per element ($map,
+	 * $filter, $reduce), and (or NULL) where to count the reads of the variable */
+	bool loop;
+	agg_var_use *use;
 } agg_var;
 
 static inline int efail(const ectx *e, int c, const char *fmt, ...)
@@ -296,6 +323,25 @@ void agg_sum_add(agg_sum *s, const docbuild_node *v);
  * the count, a Decimal128 division when a decimal was added, else a double. */
 docbuild_node *agg_sum_result(const agg_sum *s, bool avg);
 
+/* ---- $stdDevPop / $stdDevSamp (pipeline_arith.c) ----------------------------------- */
+
+/* The state of a $stdDevPop or $stdDevSamp, as MongoDB 6.0's AccumulatorStdDev
+ * (accumulator_std_dev.cpp): Welford's online mean and sum of squared differences over
+ * the numeric inputs read as doubles. Zero-initialise ({0}). */
+typedef struct {
+	int64_t count;
+	double mean;
+	double m2;
+} agg_stddev;
+
+/* Add v (NULL = missing) to s; non-numeric values are ignored, as mongod ignores them. */
+void agg_stddev_add(agg_stddev *s, const docbuild_node *v);
+
+/* The result of s as a new double node (the caller frees it): sqrt(m2 / count) for the
+ * population (samp false), sqrt(m2 / (count - 1)) for the sample; null when that count
+ * is not positive (no numeric input; one for the sample), as mongod. */
+docbuild_node *agg_stddev_result(const agg_stddev *s, bool samp);
+
 /* ---- expressions (pipeline_expr.c) ---------------------------------------------------- */
 
 typedef enum {
@@ -347,6 +393,8 @@ typedef enum {
 	OP_STRLENBYTES,
 	OP_SUBSTRBYTES,
 	OP_SWITCH, /* args: case0, then0, case1, then1, ... [, default when n is odd] */
+	OP_STDDEVPOP,
+	OP_STDDEVSAMP,
 	OP_XVAR,   /* $let/$map/$filter/$reduce (pipeline_expr_var.c): sub */
 	OP_XARR,   /* array and set operators (pipeline_expr_array.c): sub */
 	OP_XOBJ,   /* object operators (pipeline_expr_obj.c): sub */
@@ -366,6 +414,8 @@ struct expr {
 	bool root;          /* X_PATH: $$ROOT[.path] (reads ectx.root when set), not CURRENT */
 	int sub;            /* OP_XVAR/OP_XARR/OP_XOBJ: the operator in its file's table */
 	int ext;            /* OP_EXT: the operator's ext_id (pipeline_ext.h) */
+	bool take;          /* X_LVAR: the only read of $reduce's $$value, outside any loop:
+			     * moves the accumulator out instead of copying it */
 };
 
 /* Compile the aggregation expression at it (a literal, "$path", "$$VAR", {op: args} or an
@@ -377,6 +427,29 @@ int agg_expr_parse(const bson_iter_t *it, expr **out, const ectx *e);
  * docbuild_free, or NULL for "missing"). Errors: SDB_EINVAL with code and message in e. */
 int agg_expr_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e);
 
+/* Evaluate x like agg_expr_eval, but without copying what is already there: a variable
+ * ($$name, bound by an expression) or a literal is lent (*owned false: *out is read-only
+ * and lives as long as the binding or x), anything else is a new node (*owned true: the
+ * caller frees it with docbuild_free, and may change it). Errors: agg_expr_eval's. */
+int agg_expr_eval_ref(const expr *x, const bson_t *root, docbuild_node **out, bool *owned,
+		      const ectx *e);
+/* Free v when owned (agg_expr_eval_ref's pairs). */
+static inline void agg_ref_free(docbuild_node *v, bool owned)
+{
+	if (owned) {
+		docbuild_free(v);
+	}
+}
+/* How often (iterations) the loops of the expression operators check for interruption. */
+#define AGG_INTERRUPT_EVERY 1024
+/* The interruption check of the loops of the expression operators ($map, $filter,
+ * $reduce, $range, $zip, the set operators, $sortArray, string loops): every
+ * AGG_INTERRUPT_EVERY iterations (and on the first), ask storage's interruption check
+ * (sdb_store_interrupted: killOp, or the command's maxTimeMS passed). Returns: 0.
+ * Errors: SDB_ECANCELED with 11601 Interrupted in e (the wire layer answers 50
+ * MaxTimeMSExpired instead when the request's maxTimeMS expired), as mongod's
+ * OperationContext::checkForInterrupt at its interruption points. */
+int agg_check_interrupt(size_t i, const ectx *e);
 /* Free x (NULL is fine). */
 void agg_expr_free(expr *x);
 
@@ -407,6 +480,12 @@ int agg_lvar_parse(const char *var, size_t len, expr *x, const ectx *e);
 /* Evaluate the X_LVAR x (its variable's value, or the path below it with aggregation's
  * array rules) into *out (a new node, NULL = missing). Errors: 17276 when unbound. */
 int agg_lvar_eval(const expr *x, docbuild_node **out, const ectx *e);
+/* The value of the X_LVAR x without a path, lent (*out: read-only, NULL = missing, valid
+ * while the binding lives). Errors: 17276 when unbound. */
+int agg_lvar_ref(const expr *x, const docbuild_node **out, const ectx *e);
+/* Is x a $concatArrays whose first operand is, through inner $concatArrays, the
+ * accumulator its $reduce moved out: its result is that accumulator grown in place. */
+bool agg_expr_grows_acc(const expr *x);
 /* The value at the dotted path below node v (NULL = missing), with aggregation's array
  * rules (an array maps the rest of the path over its documents): a new node or NULL. */
 docbuild_node *agg_node_path(const docbuild_node *v, const char *path);
@@ -524,6 +603,8 @@ typedef enum {
 	A_PUSH,
 	A_ADDTOSET,
 	A_COUNT,
+	A_STDDEVPOP,
+	A_STDDEVSAMP,
 } akind;
 
 /* One output field of a $group: its name (owned), accumulator and argument expression

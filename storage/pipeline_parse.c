@@ -106,6 +106,7 @@ static int parse_group(sdb_pipeline *p, const bson_iter_t *it, const ectx *e)
 		{"$sum", A_SUM},	 {"$avg", A_AVG},	    {"$min", A_MIN},
 		{"$max", A_MAX},	 {"$first", A_FIRST},	    {"$last", A_LAST},
 		{"$push", A_PUSH},	 {"$addToSet", A_ADDTOSET}, {"$count", A_COUNT},
+		{"$stdDevPop", A_STDDEVPOP}, {"$stdDevSamp", A_STDDEVSAMP},
 	};
 	stage *s;
 	bson_iter_t sub;

@@ -180,6 +180,11 @@ void sdb_store_set_interrupt(bool (*fn)(const void *arg), const void *arg)
 	interrupt_arg = fn ? arg : NULL;
 }
 
+bool sdb_store_interrupted(void)
+{
+	return interrupt_fn && interrupt_fn(interrupt_arg);
+}
+
 int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t errlen)
 {
 	if (!cur)

@@ -426,6 +426,10 @@ int sdb_store_cursor_next(sdb_store_cursor *cur, bson_t *doc, char *err, size_t 
  * fn NULL clears it. Thread-local: set by the thread that runs a client's command, around
  * it (src/shard/pool.c); fn must be cheap and callable from that thread. */
 void sdb_store_set_interrupt(bool (*fn)(const void *arg), const void *arg);
+/* The same check on demand, for work that reads no document for a long time (the loops of
+ * one aggregation expression, storage/pipeline_expr*.c): true when the fn set on this
+ * thread says the operation is to stop (false when none is set). As cheap as fn. */
+bool sdb_store_interrupted(void);
 /* Keys and documents examined so far (explain executionStats). */
 void sdb_store_cursor_stats(const sdb_store_cursor *cur, int64_t *keys, int64_t *docs);
 void sdb_store_cursor_close(sdb_store_cursor *cur);

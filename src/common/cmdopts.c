@@ -142,14 +142,16 @@ static const char *unknown_field(const char *name, const bson_t *cmd, bool inter
  * false: service_entry_point_common.cpp refuses one that carries a writeConcern with 72
  * InvalidOptions "Command does not support writeConcern" (mongos the same,
  * strategy.cpp), rather than accept a durability request it cannot honour. aggregate
- * takes one only with a $out or $merge stage (run_aggregate's supportsWriteConcern). */
+ * takes one only with a $out or $merge stage (run_aggregate's supportsWriteConcern);
+ * explain never (explain_cmd.cpp: CmdExplain::Invocation::supportsWriteConcern() is false,
+ * whatever it explains). */
 static const char *const no_write_concern[] = {
 	"find",		"getMore",	  "count",	 "distinct",	    "killCursors",
 	"listCollections", "listIndexes",   "listDatabases", "dbStats",	    "collStats",
 	"dataSize",	"validate",	  "ping",	 "hello",	    "isMaster",
 	"ismaster",	"buildInfo",	  "buildinfo",	 "serverStatus",    "hostInfo",
 	"connectionStatus", "whatsmyuri",   "getParameter",  "listCommands",    "currentOp",
-	"getLog",	NULL};
+	"getLog",	"explain",	NULL};
 
 /* Does pipeline (an aggregate's `pipeline` array) hold a $out or $merge stage? */
 static bool pipeline_writes(const bson_t *cmd)

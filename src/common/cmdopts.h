@@ -41,8 +41,8 @@
  *     statement's limit other than 0 or 1: 9 "The limit field in delete objects must be 0
  *     or 1. Got 0.5"; getMore's batchSize <= 0: 2 BadValue;
  *   - a writeConcern (any, not parsed) on a command that never writes (find, getMore, count,
- *     distinct, killCursors, the listings and stats, ping/hello, currentOp, an aggregate
- *     without $out/$merge): 72 InvalidOptions "Command does not support writeConcern", as
+ *     distinct, killCursors, the listings and stats, ping/hello, currentOp, explain, an
+ *     aggregate without $out/$merge): 72 InvalidOptions "Command does not support writeConcern", as
  *     mongod and mongos (service_entry_point_common.cpp);
  *   - a namespace string with a NUL byte inside (the first field when a string, `to`,
  *     `viewOn`, `$db`): 73 InvalidNamespace, as MongoDB (C strings would end at the NUL);

@@ -38,6 +38,7 @@
 #include "proxy/txn.h"
 #include "storage/pipeline.h"
 #include "storage/projection.h"
+#include "storage/store.h"
 
 /* ---------- answers: recorded by handlers, sent once by run_job ---------- */
 
@@ -923,12 +924,36 @@ static uint64_t op_deadline(const ctx *c)
 	return ms > 0 && ms <= INT32_MAX ? sdb_mono_ms() + (uint64_t)ms : 0;
 }
 
+/* What the interruption check of the proxy's own evaluation looks at for one request. */
+typedef struct px_limits {
+	wire_req *req;
+	uint64_t deadline_ms; /* op_deadline: 0 = none */
+} px_limits;
+
+/* The interruption check of what the proxy evaluates itself (storage's
+ * sdb_store_set_interrupt, asked by the expression loops of the stages it runs after the
+ * shards' part, storage/pipeline_expr*.c): killOp marked the request, or its maxTimeMS
+ * passed (then marked expired: answered 50 MaxTimeMSExpired, as mongos). */
+static bool px_interrupted(const void *arg)
+{
+	const px_limits *l = arg;
+
+	if (wire_req_killed(l->req))
+		return true;
+	if (l->deadline_ms != 0 && sdb_mono_ms() >= l->deadline_ms) {
+		wire_req_expire(l->req);
+		return true;
+	}
+	return false;
+}
+
 /* A request on a worker thread: checks, the handler, its contract checked
  * (answer_check), then its one answer. */
 static void run_job(void *arg)
 {
 	pjob *j = arg;
 	ctx c;
+	px_limits lim;
 	px_answer ans;
 	pxtxn_stmt st;
 	bson_iter_t it;
@@ -968,7 +993,10 @@ static void run_job(void *arg)
 		}
 	}
 	shardconn_set_current_req(c.req); /* its waits are reported as such (shardconn.h) */
-	shardconn_set_op_deadline(op_deadline(&c));
+	lim.req = c.req;
+	lim.deadline_ms = op_deadline(&c);
+	shardconn_set_op_deadline(lim.deadline_ms);
+	sdb_store_set_interrupt(px_interrupted, &lim);
 	if (cmd == NULL) { /* registered from cmd_table only: cannot happen */
 		status = px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'", name);
 		answer_check(name, status, &ans);
@@ -984,6 +1012,7 @@ static void run_job(void *arg)
 	}
 	shardconn_set_current_req(NULL);
 	shardconn_set_op_deadline(0);
+	sdb_store_set_interrupt(NULL, NULL);
 	answer_send(c.req, &ans);
 	proxy_txn_free(&c.txn);
 	free(j->user);

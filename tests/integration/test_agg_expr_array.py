@@ -9,6 +9,13 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from proxy_helpers import ProxyCluster
+from test_current_op import Slow, wait_op
+
+# one expression that reads no document while it runs for hours: 10^5 $range arrays of
+# 10^5 elements built one after the other (10^10 elements)
+EXPENSIVE = [{"$project": {"_id": 0, "r": {"$reduce": {
+    "input": {"$range": [0, 100000]}, "initialValue": 0,
+    "in": {"$add": ["$$value", {"$size": {"$range": [0, 100000]}}]}}}}}]
 
 DOCS = [{"_id": i, "q": [i, i + 1, i + 2], "tags": ["a", "b"] if i % 2 else ["b", "c"],
          "d": {"k": i, "w": "x"}} for i in range(6)]
@@ -88,6 +95,16 @@ def _check(db, coll):
     assert [d["_id"] for d in got] == [2, 3, 4]
     got = c.find({"$expr": {"$setIsSubset": [["a"], "$tags"]}}, sort=[("_id", 1)])
     assert [d["_id"] for d in got] == [1, 3, 5]
+    # $stdDevPop / $stdDevSamp, accumulators (over every shard's documents through a proxy)
+    # and expressions
+    g = list(c.aggregate([{"$group": {"_id": None, "p": {"$stdDevPop": "$_id"},
+                                      "s": {"$stdDevSamp": "$d.k"}, "n": {"$stdDevSamp": "$d.w"}}}]))
+    assert g == [{"_id": None, "p": pytest.approx((17.5 / 6) ** 0.5, rel=1e-15),
+                  "s": pytest.approx((17.5 / 5) ** 0.5, rel=1e-15), "n": None}]
+    got = c.aggregate([{"$sort": {"_id": 1}}, {"$limit": 1},
+                       {"$project": {"_id": 0, "p": {"$stdDevPop": "$q"},
+                                     "s": {"$stdDevSamp": ["$_id", 2, "x"]}}}])
+    assert list(got) == [{"p": pytest.approx((2 / 3) ** 0.5, rel=1e-15), "s": 2 ** 0.5}]
 
     # a pipeline update
     r = c.update_one({"_id": 2}, [{"$set": {
@@ -105,11 +122,43 @@ def _check(db, coll):
     _errors(db, coll)
 
 
+def _max_time(coll):
+    """maxTimeMS stops one long expression evaluation: the loops of the operators check
+    the command's deadline (no document is read meanwhile): 50 MaxTimeMSExpired."""
+    coll.insert_one({"_id": "one"})
+    with pytest.raises(OperationFailure) as e:
+        list(coll.aggregate([{"$match": {"_id": "one"}}] + EXPENSIVE, maxTimeMS=200))
+    assert e.value.code == 50, e.value.details
+    assert e.value.details["codeName"] == "MaxTimeMSExpired"
+    # in a $map over string work too
+    with pytest.raises(OperationFailure) as e:
+        list(coll.aggregate([{"$match": {"_id": "one"}}, {"$project": {"r": {"$map": {
+            "input": {"$range": [0, 100000]},
+            "in": {"$size": {"$split": [{"$reduce": {"input": {"$range": [0, 2000]},
+                                                     "initialValue": "", "in": {
+                                                         "$concat": ["$$value", "a,"]}}},
+                                        ","]}}}}}}], maxTimeMS=200))
+    assert e.value.code == 50, e.value.details
+    coll.delete_one({"_id": "one"})
+
+
 def test_on_a_shard(shard):
     _, port = shard
-    client = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    client = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                                 socketTimeoutMS=120000)
     try:
         _check(client.exparr, "c")
+        _max_time(client.exparr.c)
+        # killOp interrupts an expression as well: 11601 Interrupted
+        t = Slow(lambda: list(client.exparr.c.aggregate(EXPENSIVE, comment="slow-expr")))
+        client.exparr.c.insert_one({"_id": "one"})
+        t.start()
+        op = wait_op(client.admin, {"command.comment": "slow-expr"}, "the aggregation")
+        client.admin.command({"killOp": 1, "op": op["opid"]})
+        t.join(60)
+        assert not t.is_alive(), "the killed expression is still running"
+        assert isinstance(t.exc, OperationFailure) and t.exc.code == 11601, repr(t.exc)
+        assert client.exparr.c.count_documents({}) == 7  # the shard still serves
     finally:
         client.close()
 
@@ -121,5 +170,6 @@ def test_through_a_proxy(start_role, tmp_path):
         db = cl.proxy_client(0).exparr
         _check(db, "c")  # unsharded: the primary shard runs it all
         _check(db, "s")  # sharded: the $project after $sort runs on the proxy's merger
+        _max_time(db.s)  # the shard's 50 reaches the client
     finally:
         cl.close()

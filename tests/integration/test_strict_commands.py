@@ -85,6 +85,9 @@ WC_REFUSED = [
     {"listIndexes": "C"},
     {"listCollections": 1},
     {"ping": 1},
+    # explain never takes one, whatever it explains (explain_cmd.cpp)
+    {"explain": {"find": "C", "filter": {}}},
+    {"explain": {"delete": "C", "deletes": [{"q": {"a": 1}, "limit": 1}]}},
 ]
 
 
@@ -96,10 +99,15 @@ def _check_wc_on_reads(db, coll):
             first = next(iter(cmd))
             if cmd[first] == "C":
                 cmd[first] = coll
+            elif first == "explain":
+                inner = dict(cmd["explain"])
+                inner[next(iter(inner))] = coll
+                cmd["explain"] = inner
             cmd["writeConcern"] = wc
             code, msg = _code(db, cmd)
             assert code == 72, (cmd, code, msg)
             assert msg.startswith("Command does not support writeConcern"), msg
+    assert db[coll].count_documents({}) == 2  # the explained delete did not run
     # any writeConcern, not parsed first (mongod: commands_that_do_not_write_do_not_accept_wc.js)
     assert _code(db, {"find": coll, "writeConcern": {"w": []}})[0] == 72
     assert _code(db, {"count": coll, "writeConcern": {"w": "invalid"}})[0] == 72

@@ -283,6 +283,15 @@ static void test_explain_and_internal(void **state)
 	       false, 238, NULL);
 	ok("{\"explain\": {\"find\": \"c\", \"collation\": {\"locale\": \"fr\"}}}");
 	ok("{\"explain\": {\"find\": \"c\", \"collation\": {\"locale\": \"simple\"}}}");
+	/* explain never takes a writeConcern, whatever it explains (mongod 6.0's
+	 * CmdExplain::Invocation::supportsWriteConcern() is false) */
+	expect("{\"explain\": {\"find\": \"c\"}, \"writeConcern\": {\"w\": 1}}", false, 72,
+	       "Command does not support writeConcern");
+	expect("{\"explain\": {\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 0}]},"
+	       " \"writeConcern\": {\"w\": \"majority\"}}",
+	       false, 72, "Command does not support writeConcern");
+	ok("{\"explain\": {\"update\": \"c\", \"updates\": [{\"q\": {}, \"u\": {}}]}, "
+	   "\"verbosity\": \"queryPlanner\"}");
 }
 
 int main(void)

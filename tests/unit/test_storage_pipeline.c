@@ -60,6 +60,21 @@ static void test_group(void **state)
 	check("[{'$group': {'_id': null, 's': {'$sum': '$v'}, 'a': {'$avg': '$s'}, 'm': {'$min': '$nope'}}}]",
 	      "[{'v': 2147483647}, {'v': 1}, {'v': 'str'}]",
 	      "[{'_id': null, 's': {'$numberLong': '2147483648'}, 'a': null, 'm': null}]");
+	/* $stdDevPop / $stdDevSamp (AccumulatorStdDev: Welford over the numbers as doubles,
+	 * others ignored; null without numbers, and for the sample of one) */
+	check("[{'$group': {'_id': '$g', 'p': {'$stdDevPop': '$v'}, 's': {'$stdDevSamp': '$v'}}},"
+	      " {'$sort': {'_id': 1}}]",
+	      "[{'g': 1, 'v': 2}, {'g': 1, 'v': 4}, {'g': 1, 'v': 4.0}, {'g': 1, 'v': {'$numberLong': '4'}},"
+	      " {'g': 1, 'v': 5}, {'g': 1, 'v': {'$numberDecimal': '5'}}, {'g': 1, 'v': 7}, {'g': 1, 'v': 9},"
+	      " {'g': 1, 'v': 'x'}, {'g': 1}, {'g': 2, 'v': 3}, {'g': 3, 'v': null}]",
+	      "[{'_id': 1, 'p': 2.0, 's': 2.138089935299395}, {'_id': 2, 'p': 0.0, 's': null},"
+	      " {'_id': 3, 'p': null, 's': null}]");
+	check("[{'$project': {'_id': 0, 'a': {'$stdDevPop': [1, 2, 3, 4]}, 'b': {'$stdDevPop': '$arr'},"
+	      " 'c': {'$stdDevSamp': [1, 'x', 3]}, 'd': {'$stdDevSamp': '$arr'}, 'e': {'$stdDevPop': []},"
+	      " 'f': {'$stdDevPop': ['$arr', 1]}, 'g': {'$stdDevSamp': 5}}}]",
+	      "[{'arr': [1, 'x', 3]}]",
+	      "[{'a': 1.118033988749895, 'b': 1.0, 'c': 1.4142135623730951, 'd': 1.4142135623730951,"
+	      " 'e': null, 'f': 0.0, 'g': null}]");
 	/* $addToSet keeps the first of equal values (1, 1.0 and NumberLong(1) are equal) */
 	check("[{'$group': {'_id': null, 's': {'$addToSet': '$v'}}}]",
 	      "[{'v': 1}, {'v': 1.0}, {'v': 'a'}, {'v': {'$numberLong': '1'}}, {'v': [1]}, {'v': 'a'}, {}]",

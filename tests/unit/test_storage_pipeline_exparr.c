@@ -18,6 +18,8 @@
 #include "pipeline_check.h"
 
 #define P(expr) "[{'$project': {'_id': 0, 'r': " expr "}}]"
+#define S64 "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+#define S1K S64 S64 S64 S64 S64 S64 S64 S64 S64 S64 S64 S64 S64 S64 S64 S64
 
 /* $let, $map, $filter, $reduce and the variable rules */
 static void test_variables(void **state)
@@ -73,6 +75,38 @@ static void test_variables(void **state)
 	      "[{'r': null}]");
 	check_err(P("{'$reduce': {'input': 5, 'initialValue': 0, 'in': 1}}"), "[{}]", 40080,
 		  "'input' be an array, found: 5");
+	/* the accumulator grown in place (its one read moves it): linear, 50,000 elements */
+	check(P("{'$let': {'vars': {'a': {'$reduce': {'input': {'$range': [0, 50000]},"
+		" 'initialValue': [], 'in': {'$concatArrays': ['$$value', ['$$this']]}}}},"
+		" 'in': [{'$size': '$$a'}, {'$first': '$$a'}, {'$last': '$$a'},"
+		" {'$arrayElemAt': ['$$a', 31337]}]}}"),
+	      "[{}]", "[{'r': [50000, 0, 49999, 31337]}]");
+	/* nested $concatArrays, and an initial value from the document (not moved from it) */
+	check(P("{'$reduce': {'input': [1, 2], 'initialValue': '$a',"
+		" 'in': {'$concatArrays': [{'$concatArrays': ['$$value', ['$$this']]}, [0]]}}}"),
+	      "[{'a': [9]}, {'a': null}]", "[{'r': [9, 1, 0, 2, 0]}, {'r': null}]");
+	/* $$value read twice, or inside a loop, is not moved: each read sees it whole */
+	check(P("{'$reduce': {'input': [1, 2], 'initialValue': [7],"
+		" 'in': {'$concatArrays': ['$$value', '$$value', ['$$this']]}}}"),
+	      "[{}]", "[{'r': [7, 7, 1, 7, 7, 1, 2]}]");
+	check(P("{'$reduce': {'input': [1, 2], 'initialValue': [0],"
+		" 'in': {'$map': {'input': [1, 2], 'in': {'$size': '$$value'}}}}}"),
+	      "[{}]", "[{'r': [2, 2]}]");
+	check(P("{'$reduce': {'input': [1, 2, 3], 'initialValue': [],"
+		" 'in': {'$cond': [{'$eq': ['$$this', 2]}, [], {'$concatArrays': ['$$value', ['$$this']]}]}}}"),
+	      "[{}]", "[{'r': [3]}]");
+	check(P("{'$reduce': {'input': [1, 2], 'initialValue': {'a': [0]},"
+		" 'in': {'$concatArrays': ['$$value.a', ['$$this']]}}}"),
+	      "[{}]", "[{'r': [2]}]");
+	/* a $let inside `in` shadows $$value: the outer one is not the one read */
+	check(P("{'$reduce': {'input': [1, 2], 'initialValue': [5], 'in': {'$let': {'vars':"
+		" {'value': [8]}, 'in': {'$concatArrays': ['$$value', ['$$this']]}}}}}"),
+	      "[{}]", "[{'r': [8, 2]}]");
+	/* $$this and $$value of an outer $reduce read inside an inner one */
+	check(P("{'$reduce': {'input': [[1, 2], [3]], 'initialValue': [], 'in': {'$reduce':"
+		" {'input': '$$this', 'initialValue': '$$value',"
+		" 'in': {'$concatArrays': ['$$value', ['$$this']]}}}}}"),
+	      "[{}]", "[{'r': [1, 2, 3]}]");
 	/* argument errors */
 	check_err(P("{'$let': 1}"), "[{}]", 16874, "$let only supports an object");
 	check_err(P("{'$let': {'vars': {}, 'in': 1, 'x': 2}}"), "[{}]", 16875,
@@ -213,6 +247,17 @@ static void test_sets(void **state)
 	/* numbers compare by value, mixed types in MongoDB order, nested arrays are elements */
 	check(P("{'$setUnion': [[2, 1.0, {'$numberLong': '1'}], ['a', [1]], []]}"), "[{}]",
 	      "[{'r': [1.0, 2, 'a', [1]]}]");
+	/* of equal values of different types the first one (argument order, then array order)
+	 * is kept, as mongod's ValueSet (a std::set) keeps the first inserted: whatever the
+	 * sort, with many equal values of two types interleaved */
+	check(P("{'$setUnion': [{'$map': {'input': {'$range': [0, 300]}, 'in': {'$cond': ["
+		"{'$eq': [{'$mod': ['$$this', 2]}, 0]}, {'$toLong': {'$mod': ['$$this', 3]}},"
+		" {'$toDouble': {'$mod': ['$$this', 3]}}]}}}, [1]]}"), "[{}]",
+	      "[{'r': [{'$numberLong': '0'}, 1.0, {'$numberLong': '2'}]}]");
+	check(P("{'$setUnion': [[{'$numberLong': '1'}], [1.0, 1]]}"), "[{}]",
+	      "[{'r': [{'$numberLong': '1'}]}]");
+	check(P("{'$setIntersection': [[{'$numberLong': '1'}, 1, 2.0, 2], [1.0, 2]]}"), "[{}]",
+	      "[{'r': [{'$numberLong': '1'}, 2.0]}]");
 	check(P("{'$setIntersection': []}"), "[{}]", "[{'r': []}]");
 	check(P("{'$setUnion': [[1], null]}"), "[{}]", "[{'r': null}]");
 	check(P("{'$setDifference': [[3, 1, 3, 2], [2]]}"), "[{}]", "[{'r': [3, 1]}]");
@@ -410,6 +455,10 @@ static void test_bounds(void **state)
 	check_err(P("{'$reduce': {'input': {'$range': [0, 40]}, 'initialValue': [1],"
 		    " 'in': {'$concatArrays': ['$$value', '$$value']}}}"),
 		  "[{}]", 146, "$reduce would use too much memory");
+	/* grown in place, the accumulator is still counted: 100 MiB of 2 KiB strings */
+	check_err("[{'$project': {'_id': 0, 'r': {'$reduce': {'input': {'$range': [0, 200000]},"
+		  " 'initialValue': [], 'in': {'$concatArrays': ['$$value', ['$s']]}}}}}]",
+		  "[{'s': '" S1K S1K "'}]", 146, "$reduce would use too much memory");
 	assert_true(bson_iter_init_find(&it, let, "let"));
 	assert_int_equal(sdb_let_parse(&it, NULL, "let", &out, &code, err, sizeof err), 0);
 	assert_true(bson_equal(&out, want));

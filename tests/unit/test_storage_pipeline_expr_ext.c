@@ -392,6 +392,22 @@ static void test_dates(void **state)
 	err("{'$year': 'x'}", 16006, "can't convert from BSON type string to Date");
 	err("{'$year': {'date': '$d', 'timezone': 'America/New_York'}}", 238, NULL);
 	err("{'$year': {'date': '$d', 'timezone': '+5:3'}}", 40485, NULL);
+	/* offsets as mongod 6.0's parseUtcOffset: any two digits (no range check: +24:00 is a
+	 * day ahead, +00:99 is 1 h 39 min), every other shape refused */
+	ok("{'$dayOfMonth': {'date': '$d', 'timezone': '+24:00'}}", "{'v': 2}");
+	ok("{'$hour': {'date': '$d', 'timezone': '+24:00'}}", "{'v': 8}");
+	ok("{'$minute': {'date': '$d', 'timezone': '+00:99'}}", "{'v': 54}");
+	ok("{'$dayOfMonth': {'date': '$d', 'timezone': '-99'}}", "{'v': 28}");
+	ok("{'$hour': {'date': '$d', 'timezone': '-99'}}", "{'v': 5}");
+	err("{'$year': {'date': '$d', 'timezone': '+1'}}", 40485,
+	    "unrecognized time zone identifier: \"+1\"");
+	err("{'$year': {'date': '$d', 'timezone': '+123'}}", 40485, NULL);
+	err("{'$year': {'date': '$d', 'timezone': '+12:3'}}", 40485, NULL);
+	err("{'$year': {'date': '$d', 'timezone': '+12-30'}}", 40485, NULL);
+	err("{'$year': {'date': '$d', 'timezone': '+12:345'}}", 40485, NULL);
+	err("{'$year': {'date': '$d', 'timezone': '24:00'}}", 40485, NULL);
+	err("{'$year': {'date': '$d', 'timezone': '+ab'}}", 40485, NULL);
+	err("{'$year': {'date': '$d', 'timezone': ''}}", 40485, NULL);
 	err("{'$year': {'date': '$d', 'timezone': 5}}", 40517, NULL);
 	err("{'$year': {'date': '$d', 'zone': 5}}", 40535, NULL);
 	err("{'$year': {'timezone': 'UTC'}}", 40539, NULL);
