@@ -793,9 +793,13 @@ static void send_global_hits(rl_cluster *cl, cl_conn *c, rl_req *reqs, uint64_t 
 	}
 }
 
-/* Aggregated GLOBAL hits to their owners (an owner that became this node applies them
- * here). The owner consumes what it can: DRAIN_OVER_LIMIT is set on aggregated hits,
- * since this node has already admitted them. */
+/* Aggregated GLOBAL hits to their owners. The owner consumes what it can:
+ * DRAIN_OVER_LIMIT is set on aggregated hits, since this node has already admitted them.
+ * Hits whose owner is now this node (the owner died, was marked dead or left the ring)
+ * are not applied again: they were applied to this node's copy of the key when this node
+ * answered them (rl_cluster_decide, the non-owner GLOBAL path), and that copy is now the
+ * owner's state; the key is only queued for a broadcast of that state. Applying them
+ * again counted every such hit twice (issue #23 retest). */
 static void flush_hits(rl_cluster *cl, cl_gent *list)
 {
 	size_t n = 0, cap = 0, i;
@@ -809,8 +813,7 @@ static void flush_hits(rl_cluster *cl, cl_gent *list)
 		int owner = owner_index(v, e->hash);
 		e->req.behavior |= RL_DRAIN_OVER_LIMIT;
 		if (owner == v->self) {
-			rl_resp out;
-			decide_here(cl, &e->req, e->hash, &out);
+			queue_bcast(cl, &e->req, e->hash);
 			continue;
 		}
 		if (n == cap) {
@@ -886,7 +889,7 @@ typedef struct bcast_slot {
 	rl_resp resp;
 	Pb__Gubernator__RateLimitResp__MetadataEntry md[3];
 	Pb__Gubernator__RateLimitResp__MetadataEntry *mdp[5];
-	char key[600];
+	char key[RL_MAX_KEY_LEN + 2]; /* name "_" unique_key */
 	char state[400];
 } bcast_slot;
 
