@@ -403,6 +403,17 @@ static cl_gent *gmap_get(cl_gmap *m, uint64_t hash, const char *name, const char
 	return e;
 }
 
+/* The entry of (name, uk) in m, or NULL. */
+static cl_gent *gmap_find(cl_gmap *m, uint64_t hash, const char *name, const char *uk)
+{
+	cl_gent *e;
+
+	for (e = m->buckets[hash % GMAP_BUCKETS]; e != NULL; e = e->chain)
+		if (e->hash == hash && strcmp(e->name, name) == 0 && strcmp(e->uk, uk) == 0)
+			return e;
+	return NULL;
+}
+
 /* Move every entry of m into the returned list and empty m. */
 static cl_gent *gmap_take(cl_gmap *m)
 {
@@ -985,6 +996,38 @@ static void flush_bcast(rl_cluster *cl, cl_gent *list)
 	free(slots);
 }
 
+/* After the owner's state replaced this node's copy of (name, uk): hits this node took
+ * for the key and has not sent yet (still in cl->hits) are not in that state; apply them
+ * to the copy again as the owner will (DRAIN_OVER_LIMIT), so the copy stays the owner's
+ * state plus this node's undelivered hits. Otherwise, should this node become the key's owner before delivering them
+ * (flush_hits then only broadcasts its copy), they would be lost. Hits already taken out
+ * for sending are either in a later broadcast or re-queued on failure. */
+static void reapply_pending(rl_cluster *cl, const char *name, const char *uk)
+{
+	uint64_t hash = rl_key_hash(name, uk);
+	cl_gent *e;
+	rl_req q;
+	rl_resp out;
+	char *n = NULL, *k = NULL;
+
+	pthread_mutex_lock(&cl->mu);
+	e = gmap_find(&cl->hits, hash, name, uk);
+	if (e != NULL && (e->req.hits > 0 || (e->req.behavior & RL_RESET_REMAINING))) {
+		q = e->req;
+		n = sdb_strdup(e->name);
+		k = sdb_strdup(e->uk);
+	}
+	pthread_mutex_unlock(&cl->mu);
+	if (n == NULL)
+		return;
+	q.name = n;
+	q.unique_key = k;
+	q.behavior |= RL_DRAIN_OVER_LIMIT; /* as the owner will apply them (flush_hits) */
+	rl_limiter_decide(cl->lim, &q, 1, &out, NULL, 0);
+	free(n);
+	free(k);
+}
+
 void rl_cluster_apply_globals(rl_cluster *cl, const Pb__Gubernator__UpdatePeerGlobalsReq *req)
 {
 	size_t i, m;
@@ -1011,6 +1054,7 @@ void rl_cluster_apply_globals(rl_cluster *cl, const Pb__Gubernator__UpdatePeerGl
 			goto skip; /* not from a stripedb peer: cannot split Gubernator's key */
 		if (rl_limiter_set_state(cl->lim, name, uk, &st) != 0)
 			goto skip;
+		reapply_pending(cl, name, uk);
 		sdb_counter_inc(cl->m_global_apply);
 		continue;
 	skip:

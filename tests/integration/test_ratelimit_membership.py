@@ -453,3 +453,52 @@ def test_metadata_needs_grpc_listen_and_peers_win(start_role, tmp_path):
     assert p.stop() == 0
     log = open(p.log_path).read()
     assert "--peers and --metadata both given: the ring is --peers" in log
+
+
+def test_global_hits_exact_after_owner_broadcast(start_role, tmp_path, pb):
+    """GLOBAL hits a member took and has not delivered yet survive a broadcast of the
+    owner's state that replaces its copy: the copy is the owner's state plus those hits,
+    so when the owner then dies every hit is counted once, whoever takes the key over."""
+    pb2 = pb[0]
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    slow = {"GUBER_GLOBAL_SYNC_WAIT": "3s", "GUBER_BATCH_TIMEOUT": "300ms"}
+    fast = {"GUBER_GLOBAL_SYNC_WAIT": "50ms", "GUBER_BATCH_TIMEOUT": "300ms"}
+    rls = [start_ratelimit(start_role, pb, meta.seeds(), env=slow)] + \
+        [start_ratelimit(start_role, pb, meta.seeds(), env=fast) for _ in range(2)]
+    wait_until(lambda: rings_agree(rls, [m.addr for m in rls]), 30, what="three in the ring")
+    a = rls[0]
+    name = "global_bcast"
+    cand = [f"b-{i}" for i in range(200)]
+    owners = wait_until(lambda: owners_seen(rls, pb, cand, name=name), 20, what="owners")
+    b = next(m for m in rls[1:] if sum(1 for k in cand if owners[k] == m.addr) >= 12)
+    keys = [k for k in cand if owners[k] == b.addr][:12]
+    # a takes 4 hits per key: queued for b, sent in 3 s
+    for i in range(4):
+        out = a.node.get(*[req(pb, k, hits=1, limit=1000, behavior=pb2.GLOBAL, at=T0 + i,
+                               name=name) for k in keys])
+        assert [r.error for r in out] == [""] * len(keys)
+    # one hit per key on the owner itself: its broadcast (50 ms) replaces a's copies
+    out = b.node.get(*[req(pb, k, hits=1, limit=1000, behavior=pb2.GLOBAL, at=T0 + 5,
+                           name=name) for k in keys])
+    assert [r.error for r in out] == [""] * len(keys)
+    time.sleep(0.8)
+    # a answers from the owner's state plus its own undelivered hits
+    out = a.node.get(*[req(pb, k, hits=0, limit=1000, behavior=pb2.GLOBAL, at=T0 + 6,
+                           name=name) for k in keys])
+    assert [1000 - r.remaining for r in out] == [5] * len(keys)
+    b.proc.kill()
+    live = [m for m in rls if m is not b]
+    wait_until(lambda: rings_agree(live, [m.addr for m in live]), 30, what="b out of the rings")
+
+    def counts():
+        out = a.node.get(*[req(pb, k, hits=0, limit=1000, at=T0 + 10, name=name)
+                           for k in keys])
+        assert [r.error for r in out] == [""] * len(keys)
+        return out if all(r.remaining <= 1000 - 5 for r in out) else None
+
+    wait_until(counts, 30, what="every key's new owner holding the hits")
+    time.sleep(3.5)  # a's sync period: anything counted twice would have arrived
+    out = counts()
+    assert a.addr in {r.metadata["owner"] for r in out}
+    assert {k: 1000 - r.remaining for k, r in zip(keys, out)} == {k: 5 for k in keys}
