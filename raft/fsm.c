@@ -846,6 +846,27 @@ uint64_t sdb_fsm_hash(sdb_fsm *f)
 			sqlite3_finalize(st);
 		}
 	}
+	{
+		/* ratelimit_peer_instances (issue #23 retest) likewise only once it has rows */
+		sqlite3_stmt *st;
+		bool named = false;
+		if (sqlite3_prepare_v2(f->db, "SELECT addr, instance FROM ratelimit_peer_instances"
+					   " ORDER BY 1", -1, &st, NULL) == SQLITE_OK) {
+			while (sqlite3_step(st) == SQLITE_ROW) {
+				if (!named)
+					XXH64_update(h, "ratelimit_peer_instances", 24);
+				named = true;
+				for (int i = 0; i < 2; i++) {
+					int n = sqlite3_column_bytes(st, i);
+					const void *p = sqlite3_column_blob(st, i);
+					XXH64_update(h, &n, sizeof n);
+					if (p && n > 0)
+						XXH64_update(h, p, (size_t)n);
+				}
+			}
+			sqlite3_finalize(st);
+		}
+	}
 	out = XXH64_digest(h);
 	XXH64_freeState(h);
 	return out;

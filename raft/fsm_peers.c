@@ -11,6 +11,7 @@
 #define TTL_MIN_MS 1000
 #define TTL_MAX_MS 600000
 #define ADDR_MAX 255
+#define INSTANCE_MAX 64
 
 static const char *arg_str(const bson_t *args, const char *key)
 {
@@ -123,14 +124,43 @@ int sdb_fsm_peers_is_op(const char *op)
 		strcmp(op, "deregisterRatelimitPeer") == 0 || strcmp(op, "expireRatelimitPeers") == 0);
 }
 
+/* The instance recorded for addr (copied into buf, n bytes) and, in *expires, the lease end
+ * of addr (0 when not registered). Returns 1 when an instance is recorded, 0 when not,
+ * SDB_EIO on a storage failure. */
+static int holder(sqlite3 *db, const char *addr, char *buf, size_t n, int64_t *expires)
+{
+	sqlite3_stmt *st = NULL;
+	int found = 0;
+
+	*expires = 0;
+	buf[0] = '\0';
+	if (sqlite3_prepare_v2(db,
+			       "SELECT p.expires_ms, i.instance FROM ratelimit_peers p LEFT JOIN"
+			       " ratelimit_peer_instances i ON i.addr = p.addr WHERE p.addr = ?",
+			       -1, &st, NULL) != SQLITE_OK)
+		return SDB_EIO;
+	sqlite3_bind_text(st, 1, addr, -1, SQLITE_TRANSIENT);
+	if (sqlite3_step(st) == SQLITE_ROW) {
+		*expires = sqlite3_column_int64(st, 0);
+		if (sqlite3_column_type(st, 1) == SQLITE_TEXT) {
+			snprintf(buf, n, "%s", (const char *)sqlite3_column_text(st, 1));
+			found = 1;
+		}
+	}
+	sqlite3_finalize(st);
+	return found;
+}
+
 static int op_register(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 {
 	const char *addr = arg_str(args, "addr"), *kind = arg_str(args, "kind");
-	int64_t ttl = 0, version;
+	const char *inst = arg_str(args, "instance");
+	int64_t ttl = 0, version, held_until;
 	int changes = 0, rc;
 	bson_iter_t it;
 	sqlite3_stmt *st = NULL;
 	int exists = 0;
+	char cur[INSTANCE_MAX + 1];
 
 	if (addr == NULL || addr[0] == '\0' || strlen(addr) > ADDR_MAX || strchr(addr, ':') == NULL)
 		return bad_value(res, "registerRatelimitPeer needs addr: \"HOST:PORT\"%s", "");
@@ -143,6 +173,27 @@ static int op_register(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 		ttl = bson_iter_as_int64(&it);
 	if (ttl < TTL_MIN_MS || ttl > TTL_MAX_MS)
 		return bad_value(res, "registerRatelimitPeer needs ttlMS in 1000..600000%s", "");
+	if (inst != NULL && (inst[0] == '\0' || strlen(inst) > INSTANCE_MAX))
+		return bad_value(res, "registerRatelimitPeer: instance must be 1..64 bytes%s", "");
+	if (inst != NULL) {
+		rc = holder(db, addr, cur, sizeof cur, &held_until);
+		if (rc < 0)
+			return rc;
+		if (rc == 1 && held_until > ts && strcmp(cur, inst) != 0) {
+			char msg[400];
+			snprintf(msg, sizeof msg,
+				 "registerRatelimitPeer: %s is registered by another live process"
+				 " (instance %s, lease ends in %lld ms); each member needs its own"
+				 " --advertise address",
+				 addr, cur, (long long)(held_until - ts));
+			bson_reinit(res);
+			BSON_APPEND_DOUBLE(res, "ok", 0.0);
+			BSON_APPEND_UTF8(res, "errmsg", msg);
+			BSON_APPEND_INT32(res, "code", 11000);
+			BSON_APPEND_UTF8(res, "codeName", "DuplicateKey");
+			return 1;
+		}
+	}
 	if (sqlite3_prepare_v2(db, "SELECT 1 FROM ratelimit_peers WHERE addr = ?", -1, &st, NULL) !=
 	    SQLITE_OK)
 		return SDB_EIO;
@@ -156,6 +207,12 @@ static int op_register(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 		  "ttii", addr, kind, ts + ttl, ts, &changes);
 	if (rc != 0)
 		return rc;
+	if (inst != NULL &&
+	    exec(db,
+		 "INSERT INTO ratelimit_peer_instances(addr, instance) VALUES(?, ?)"
+		 " ON CONFLICT(addr) DO UPDATE SET instance = excluded.instance",
+		 "tt", addr, inst, 0, 0, NULL) != 0)
+		return SDB_EIO;
 	if (!exists) {
 		if (bump(db, &version) != 0)
 			return SDB_EIO;
@@ -168,19 +225,35 @@ static int op_register(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 	return 0;
 }
 
-/* deregisterRatelimitPeer {addr}: remove the peer; res gets the version (bumped when it
- * was there) and removed. Returns: 0, 1 without addr (res then is the BadValue error,
- * bad_value), or SDB_EIO. */
+/* deregisterRatelimitPeer {addr, instance}: remove the peer (with instance: only while
+ * that instance holds it); res gets the version (bumped when it was removed) and removed.
+ * Returns: 0, 1 without addr (res then is the BadValue error, bad_value), or SDB_EIO. */
 static int op_deregister(sqlite3 *db, const bson_t *args, bson_t *res)
 {
-	const char *addr = arg_str(args, "addr");
-	int64_t version;
-	int changes = 0;
+	const char *addr = arg_str(args, "addr"), *inst = arg_str(args, "instance");
+	int64_t version, held_until;
+	int changes = 0, rc;
+	char cur[INSTANCE_MAX + 1];
 
 	if (addr == NULL || addr[0] == '\0')
 		return bad_value(res, "deregisterRatelimitPeer needs addr: \"HOST:PORT\"%s", "");
+	if (inst != NULL) {
+		rc = holder(db, addr, cur, sizeof cur, &held_until);
+		if (rc < 0)
+			return rc;
+		if (rc == 1 && strcmp(cur, inst) != 0) {
+			/* another process holds the address now: not ours to remove */
+			if (version_after(db, 0, &version) != 0)
+				return SDB_EIO;
+			BSON_APPEND_INT64(res, "version", version);
+			BSON_APPEND_BOOL(res, "removed", false);
+			return 0;
+		}
+	}
 	if (exec(db, "DELETE FROM ratelimit_peers WHERE addr = ?", "t", addr, NULL, 0, 0,
-		 &changes) != 0)
+		 &changes) != 0 ||
+	    exec(db, "DELETE FROM ratelimit_peer_instances WHERE addr = ?", "t", addr, NULL, 0, 0,
+		 NULL) != 0)
 		return SDB_EIO;
 	if (version_after(db, changes, &version) != 0)
 		return SDB_EIO;
@@ -221,6 +294,12 @@ static int op_expire(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 	if (exec(db, "DELETE FROM ratelimit_peers WHERE expires_ms <= ?1 AND ?2 + ttl_ms <= ?1",
 		 "ii", NULL, NULL, ts, since, &changes) != 0)
 		return SDB_EIO;
+	if (changes > 0 &&
+	    exec(db,
+		 "DELETE FROM ratelimit_peer_instances WHERE addr NOT IN"
+		 " (SELECT addr FROM ratelimit_peers)",
+		 "", NULL, NULL, 0, 0, NULL) != 0)
+		return SDB_EIO;
 	if (version_after(db, changes, &version) != 0)
 		return SDB_EIO;
 	BSON_APPEND_INT64(res, "version", version);
@@ -248,8 +327,9 @@ int sdb_fsm_peers_query(sqlite3 *db, bson_t *reply)
 	if (version < 0)
 		return SDB_EIO;
 	if (sqlite3_prepare_v2(db,
-			       "SELECT addr, kind, expires_ms, registered_ms FROM ratelimit_peers"
-			       " ORDER BY addr",
+			       "SELECT p.addr, p.kind, p.expires_ms, p.registered_ms, i.instance"
+			       " FROM ratelimit_peers p LEFT JOIN ratelimit_peer_instances i"
+			       " ON i.addr = p.addr ORDER BY p.addr",
 			       -1, &st, NULL) != SQLITE_OK)
 		return SDB_EIO;
 	BSON_APPEND_INT64(reply, "version", version);
@@ -261,6 +341,8 @@ int sdb_fsm_peers_query(sqlite3 *db, bson_t *reply)
 		BSON_APPEND_UTF8(&d, "kind", (const char *)sqlite3_column_text(st, 1));
 		BSON_APPEND_INT64(&d, "expiresMS", sqlite3_column_int64(st, 2));
 		BSON_APPEND_INT64(&d, "registeredMS", sqlite3_column_int64(st, 3));
+		if (sqlite3_column_type(st, 4) == SQLITE_TEXT)
+			BSON_APPEND_UTF8(&d, "instance", (const char *)sqlite3_column_text(st, 4));
 		bson_append_document_end(&arr, &d);
 	}
 	bson_append_array_end(reply, &arr);

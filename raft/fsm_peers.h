@@ -19,15 +19,29 @@
  * full lease to renew with: leases that ran out while the metadata service had no
  * leader (an election, a restart) are renewed, not dropped, and no ring shrinks.
  *
+ * Instances (issue #23 retest): a registration may carry `instance`, an id the process
+ * draws at random when it starts. An address whose lease is live (expires_ms > ts) under
+ * another instance id is refused (DuplicateKey, below): two processes advertising one
+ * address would otherwise share one ring entry, and the first to stop would remove the
+ * other from every ring. A lease that has run out may be taken over by a new instance
+ * (a restart after SIGKILL waits at most one lease). A deregistration with an instance id
+ * removes the address only while that instance holds it. Entries without instance (older
+ * binaries, still in logs and snapshots) apply as before: a registration without it
+ * renews whatever holds the address and keeps the recorded instance, a deregistration
+ * without it removes the address.
+ *
  * Commands (args as the wire command's fields, result fields on success):
- *   registerRatelimitPeer  addr "H:P", kind "ratelimit"|"proxy", ttlMS 1000..600000
+ *   registerRatelimitPeer  addr "H:P", kind "ratelimit"|"proxy", ttlMS 1000..600000,
+ *                          instance (optional, 1..64 bytes)
  *                          -> version, expiresMS, added (bool)
- *   deregisterRatelimitPeer addr -> version, removed (bool)
+ *   deregisterRatelimitPeer addr, instance (optional) -> version, removed (bool)
  *   expireRatelimitPeers   sinceMS (default 0) -> version, expired: [addr]
  * Query:
- *   listRatelimitPeers     -> version, peers: [{addr, kind, expiresMS, registeredMS}]
- *                             (ascending addr)
- * Errors are results {ok: 0, errmsg, code: 2, codeName: "BadValue"}.
+ *   listRatelimitPeers     -> version, peers: [{addr, kind, expiresMS, registeredMS,
+ *                             instance (when recorded)}] (ascending addr)
+ * Errors are results {ok: 0, errmsg, code: 2, codeName: "BadValue"}, or for a live
+ * address held by another instance {ok: 0, errmsg, code: 11000, codeName:
+ * "DuplicateKey"} (MongoDB's code for a second document with one unique key).
  */
 #ifndef SDB_RAFT_FSM_PEERS_H
 #define SDB_RAFT_FSM_PEERS_H
@@ -36,9 +50,14 @@
 #include <sqlite3.h>
 #include <stdint.h>
 
+/* ratelimit_peer_instances (issue #23 retest): the instance id of the process holding
+ * each address, a table of its own so that databases and snapshots of the versions
+ * before it gain it by CREATE (the peers table keeps its columns). */
 #define SDB_FSM_PEERS_SCHEMA                                                               \
 	"CREATE TABLE IF NOT EXISTS ratelimit_peers (addr TEXT PRIMARY KEY, kind TEXT NOT NULL," \
-	" expires_ms INTEGER NOT NULL, registered_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL);"
+	" expires_ms INTEGER NOT NULL, registered_ms INTEGER NOT NULL, ttl_ms INTEGER NOT NULL);" \
+	"CREATE TABLE IF NOT EXISTS ratelimit_peer_instances (addr TEXT PRIMARY KEY,"          \
+	" instance TEXT NOT NULL);"
 
 /* Is op one of the commands above? Returns: 1 yes, 0 no (also for NULL). */
 int sdb_fsm_peers_is_op(const char *op);
@@ -46,8 +65,8 @@ int sdb_fsm_peers_is_op(const char *op);
 /* Apply op inside the caller's transaction (db: the state machine's SQLite handle; ts:
  * the leader-stamped epoch ms; args: the command's args). op must be one of
  * sdb_fsm_peers_is_op's (anything else runs the expiry sweep). Returns: 0 (res gets the
- * result fields), 1 (a logical error, BadValue: res holds {ok: 0, ...}; the caller rolls
- * the op back). Errors: SDB_EIO (storage failure). */
+ * result fields), 1 (a logical error, BadValue or DuplicateKey: res holds {ok: 0, ...};
+ * the caller rolls the op back). Errors: SDB_EIO (storage failure). */
 int sdb_fsm_peers_apply(sqlite3 *db, const char *op, int64_t ts, const bson_t *args,
 			bson_t *res);
 

@@ -41,12 +41,14 @@ typedef enum {
 	X("listen", listen, SDB_OPT_ADDR, NULL, "MongoDB wire protocol address HOST:PORT")        \
 	X("http-listen", http_listen, SDB_OPT_ADDR, NULL, "HTTP address for /healthz, /metrics")   \
 	X("raft-listen", raft_listen, SDB_OPT_ADDR, NULL, "metadata, shard: raft transport address")     \
-	X("grpc-listen", grpc_listen, SDB_OPT_ADDR, NULL, "ratelimit: gRPC address")              \
+	X("grpc-listen", grpc_listen, SDB_OPT_ADDR, NULL,                                       \
+	  "ratelimit, proxy: rate-limit gRPC address (a proxy with it joins the peer ring)")    \
 	X("advertise", advertise, SDB_OPT_ADDR, NULL, "address peers use to reach this node")     \
 	X("bootstrap-members", bootstrap_members, SDB_OPT_MEMBERS, NULL,                        \
 	  "metadata, shard: initial raft members ID@HOST:PORT,...")                                    \
 	X("metadata", metadata, SDB_OPT_ADDRS, NULL, "metadata members HOST:PORT,...")            \
-	X("peers", peers, SDB_OPT_ADDRS, NULL, "ratelimit: static peer list HOST:PORT,...")       \
+	X("peers", peers, SDB_OPT_ADDRS, NULL,                                                   \
+	  "ratelimit, proxy: static rate-limit peer ring HOST:PORT,... (else from --metadata)") \
 	X("cdc", cdc, SDB_OPT_STRING, NULL, "coordinator: CDC log embedded:DIR or kafka:BOOTSTRAP") \
 	X("archive", archive, SDB_OPT_STRING, NULL,                                             \
 	  "coordinator: CDC archive file:DIR or s3://BUCKET/PREFIX")                            \

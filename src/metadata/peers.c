@@ -15,6 +15,7 @@
 
 #define MAX_WAIT_MS 60000
 #define TICK_MS 100
+#define GAP_MS 1000 /* ticks further apart than this: the loop did not run */
 
 typedef struct pwaiter {
 	wire_req *req;
@@ -34,6 +35,7 @@ struct meta_peers {
 	bool stopping;
 	bool was_ready;      /* the node was the ready leader at the last tick */
 	int64_t ready_since; /* epoch ms when it became the ready leader (this clock) */
+	uint64_t last_tick;  /* sdb_mono_ms of the last tick (0 before the first) */
 	pwaiter *waiters;
 	uint64_t seen_applied; /* last_applied when the version was last read */
 	int64_t version;       /* membership version as of seen_applied */
@@ -127,7 +129,8 @@ static void copy_field(const bson_t *cmd, const char *from, bson_t *args, const 
  * every metadata role in the process (set by meta_peers_start). */
 static meta_peers_of_fn peers_of;
 
-/* {registerRatelimitPeer: "H:P", kind, ttlMS} / {deregisterRatelimitPeer: "H:P"} */
+/* {registerRatelimitPeer: "H:P", kind, ttlMS, instance} / {deregisterRatelimitPeer: "H:P",
+ * instance} */
 static void h_write(wire_req *req, void *data)
 {
 	meta_peers *mp = peers_of(data);
@@ -151,6 +154,7 @@ static void h_write(wire_req *req, void *data)
 		bson_append_value(&args, "addr", -1, bson_iter_value(&it));
 	copy_field(cmd, "kind", &args, "kind");
 	copy_field(cmd, "ttlMS", &args, "ttlMS");
+	copy_field(cmd, "instance", &args, "instance");
 	w = sdb_calloc(1, sizeof *w);
 	w->req = req;
 	rc = sdb_node_propose(mp->node, name, &args, write_done, w);
@@ -259,12 +263,24 @@ static void tick_cb(uv_timer_t *t)
 	meta_peers *mp = t->data;
 	bson_t args = BSON_INITIALIZER;
 	bool ready = sdb_node_ready(mp->node);
+	uint64_t now = sdb_mono_ms();
+	uint64_t gap_ms = mp->last_tick != 0 ? now - mp->last_tick : 0;
+	bool gap = gap_ms > GAP_MS;
 
+	mp->last_tick = now;
 	wake(mp, false);
 	/* grace after a leader change (raft/fsm_peers.h): leases that lapsed while there was
-	 * no leader get one full ttl with this leader before they can be expired */
-	if (ready && !mp->was_ready)
+	 * no leader get one full ttl with this leader before they can be expired. Likewise
+	 * after a gap in the ticks (this process was stopped, e.g. SIGSTOP, or its loop
+	 * blocked): nobody could renew with it meanwhile, so the clock starts again; a
+	 * leader paused together with every other member would otherwise expire every lease
+	 * the moment it resumed. */
+	if (ready && (!mp->was_ready || gap)) {
+		if (gap && mp->was_ready)
+			sdb_info("metadata: ticks resumed after a gap, rate-limit leases get a full"
+				 " ttl again", "gap_ms=%llu", (unsigned long long)gap_ms);
 		mp->ready_since = sdb_wall_ms();
+	}
 	mp->was_ready = ready;
 	if (mp->stopping || mp->expire_inflight > 0 || !ready)
 		return;

@@ -1,9 +1,12 @@
 /* The metadata role's rate-limit peer membership commands (issue #23).
  *
  * Wire commands, next to the routing ones (src/metadata/README.md):
- *   {registerRatelimitPeer: "H:P", kind: "ratelimit"|"proxy", ttlMS: N}  (leader; a
+ *   {registerRatelimitPeer: "H:P", kind: "ratelimit"|"proxy", ttlMS: N, instance: ID}
+ *       (leader; instance optional, a live address held by another instance is refused
+ *       with DuplicateKey, raft/fsm_peers.h; a
  *       renewal is the same command) -> {version, expiresMS, added}
- *   {deregisterRatelimitPeer: "H:P"}  (leader) -> {version, removed}
+ *   {deregisterRatelimitPeer: "H:P", instance: ID}  (leader; with instance only while
+ *       that instance holds the address) -> {version, removed}
  *   {listRatelimitPeers: 1}  (any member, local state) -> {version, peers: [{addr, kind,
  *       expiresMS, registeredMS}], lastApplied}
  *   {waitRatelimitPeers: 1, gt: N, timeoutMS: T}  (any member; parked, the loop is never

@@ -403,6 +403,17 @@ static cl_gent *gmap_get(cl_gmap *m, uint64_t hash, const char *name, const char
 	return e;
 }
 
+/* The entry of (name, uk) in m, or NULL. */
+static cl_gent *gmap_find(cl_gmap *m, uint64_t hash, const char *name, const char *uk)
+{
+	cl_gent *e;
+
+	for (e = m->buckets[hash % GMAP_BUCKETS]; e != NULL; e = e->chain)
+		if (e->hash == hash && strcmp(e->name, name) == 0 && strcmp(e->uk, uk) == 0)
+			return e;
+	return NULL;
+}
+
 /* Move every entry of m into the returned list and empty m. */
 static cl_gent *gmap_take(cl_gmap *m)
 {
@@ -793,9 +804,13 @@ static void send_global_hits(rl_cluster *cl, cl_conn *c, rl_req *reqs, uint64_t 
 	}
 }
 
-/* Aggregated GLOBAL hits to their owners (an owner that became this node applies them
- * here). The owner consumes what it can: DRAIN_OVER_LIMIT is set on aggregated hits,
- * since this node has already admitted them. */
+/* Aggregated GLOBAL hits to their owners. The owner consumes what it can:
+ * DRAIN_OVER_LIMIT is set on aggregated hits, since this node has already admitted them.
+ * Hits whose owner is now this node (the owner died, was marked dead or left the ring)
+ * are not applied again: they were applied to this node's copy of the key when this node
+ * answered them (rl_cluster_decide, the non-owner GLOBAL path), and that copy is now the
+ * owner's state; the key is only queued for a broadcast of that state. Applying them
+ * again counted every such hit twice (issue #23 retest). */
 static void flush_hits(rl_cluster *cl, cl_gent *list)
 {
 	size_t n = 0, cap = 0, i;
@@ -809,8 +824,7 @@ static void flush_hits(rl_cluster *cl, cl_gent *list)
 		int owner = owner_index(v, e->hash);
 		e->req.behavior |= RL_DRAIN_OVER_LIMIT;
 		if (owner == v->self) {
-			rl_resp out;
-			decide_here(cl, &e->req, e->hash, &out);
+			queue_bcast(cl, &e->req, e->hash);
 			continue;
 		}
 		if (n == cap) {
@@ -886,7 +900,7 @@ typedef struct bcast_slot {
 	rl_resp resp;
 	Pb__Gubernator__RateLimitResp__MetadataEntry md[3];
 	Pb__Gubernator__RateLimitResp__MetadataEntry *mdp[5];
-	char key[600];
+	char key[RL_MAX_KEY_LEN + 2]; /* name "_" unique_key */
 	char state[400];
 } bcast_slot;
 
@@ -982,6 +996,38 @@ static void flush_bcast(rl_cluster *cl, cl_gent *list)
 	free(slots);
 }
 
+/* After the owner's state replaced this node's copy of (name, uk): hits this node took
+ * for the key and has not sent yet (still in cl->hits) are not in that state; apply them
+ * to the copy again as the owner will (DRAIN_OVER_LIMIT), so the copy stays the owner's
+ * state plus this node's undelivered hits. Otherwise, should this node become the key's owner before delivering them
+ * (flush_hits then only broadcasts its copy), they would be lost. Hits already taken out
+ * for sending are either in a later broadcast or re-queued on failure. */
+static void reapply_pending(rl_cluster *cl, const char *name, const char *uk)
+{
+	uint64_t hash = rl_key_hash(name, uk);
+	cl_gent *e;
+	rl_req q;
+	rl_resp out;
+	char *n = NULL, *k = NULL;
+
+	pthread_mutex_lock(&cl->mu);
+	e = gmap_find(&cl->hits, hash, name, uk);
+	if (e != NULL && (e->req.hits > 0 || (e->req.behavior & RL_RESET_REMAINING))) {
+		q = e->req;
+		n = sdb_strdup(e->name);
+		k = sdb_strdup(e->uk);
+	}
+	pthread_mutex_unlock(&cl->mu);
+	if (n == NULL)
+		return;
+	q.name = n;
+	q.unique_key = k;
+	q.behavior |= RL_DRAIN_OVER_LIMIT; /* as the owner will apply them (flush_hits) */
+	rl_limiter_decide(cl->lim, &q, 1, &out, NULL, 0);
+	free(n);
+	free(k);
+}
+
 void rl_cluster_apply_globals(rl_cluster *cl, const Pb__Gubernator__UpdatePeerGlobalsReq *req)
 {
 	size_t i, m;
@@ -1008,6 +1054,7 @@ void rl_cluster_apply_globals(rl_cluster *cl, const Pb__Gubernator__UpdatePeerGl
 			goto skip; /* not from a stripedb peer: cannot split Gubernator's key */
 		if (rl_limiter_set_state(cl->lim, name, uk, &st) != 0)
 			goto skip;
+		reapply_pending(cl, name, uk);
 		sdb_counter_inc(cl->m_global_apply);
 		continue;
 	skip:

@@ -154,6 +154,7 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 	rl_grpc *g;
 	char **peers = NULL;
 	size_t n_peers = 0;
+	bool is_proxy, has_peers, has_meta;
 	int rv;
 
 	*out = NULL;
@@ -161,12 +162,37 @@ int rl_grpc_start(sdb_role *role, rl_frontend *fe, rl_grpc **out, char *err, siz
 		listen = getenv("GUBER_GRPC_ADDRESS");
 	if (advertise == NULL || *advertise == '\0')
 		advertise = getenv("GUBER_ADVERTISE_ADDRESS");
+	is_proxy = strcmp(role->def->name, "proxy") == 0;
+	has_peers = peers_s != NULL && *peers_s != '\0';
+	has_meta = metadata != NULL && *metadata != '\0';
 	if (listen == NULL || *listen == '\0') {
-		if (peers_s != NULL && *peers_s != '\0')
+		if (has_peers)
 			return sdb_errf(err, errlen, SDB_EUSAGE,
 					"ratelimit: --peers needs --grpc-listen (or GUBER_GRPC_ADDRESS)");
+		/* A rate limiter's --metadata is only for its peer membership: without a gRPC
+		 * address it would run unregistered, alone, which nobody asks for. A proxy's
+		 * --metadata is its routing; without --grpc-listen it just keeps out of the
+		 * rate-limit ring (documented, docs/operations.md). */
+		if (has_meta && !is_proxy)
+			return sdb_errf(err, errlen, SDB_EUSAGE,
+					"ratelimit: --metadata needs --grpc-listen (or "
+					"GUBER_GRPC_ADDRESS): the peer address registered in metadata");
 		sdb_info("ratelimit gRPC not configured (no --grpc-listen)", NULL);
 		return 0;
+	}
+	/* The ring comes from --peers or from --metadata, not both: --peers (a static ring)
+	 * wins. A proxy needs --metadata for its routing anyway; a rate limiter may get both
+	 * from a configuration file with a global `metadata` (the one `stripedb cluster`
+	 * writes has a static `peers` list per section), so this is a warning, not a
+	 * refusal (docs/operations.md). */
+	if (has_peers && has_meta) {
+		if (is_proxy)
+			sdb_info("proxy: rate-limit ring from --peers (static); not registered in "
+				 "metadata", NULL);
+		else
+			sdb_warn("ratelimit: --peers and --metadata both given: the ring is --peers "
+				 "(static), --metadata is ignored (not registered, no discovery)",
+				 NULL);
 	}
 	if (advertise == NULL || *advertise == '\0')
 		advertise = listen;

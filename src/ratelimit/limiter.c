@@ -96,6 +96,12 @@ int rl_req_validate(const rl_req *req, char *err, size_t errlen)
 		return sdb_errf(err, errlen, SDB_EINVAL, "field 'namespace' cannot be empty");
 	if (req->unique_key == NULL || req->unique_key[0] == '\0')
 		return sdb_errf(err, errlen, SDB_EINVAL, "field 'unique_key' cannot be empty");
+	if (strnlen(req->name, RL_MAX_KEY_LEN + 1) +
+		    strnlen(req->unique_key, RL_MAX_KEY_LEN + 1) >
+	    RL_MAX_KEY_LEN)
+		return sdb_errf(err, errlen, SDB_EINVAL,
+				"fields 'name' and 'unique_key' are longer than %d bytes together",
+				RL_MAX_KEY_LEN);
 	if (req->algorithm < 0 || req->algorithm > RL_ALGORITHM_MAX)
 		return sdb_errf(err, errlen, SDB_EINVAL,
 				"invalid rate limit algorithm '%d'; want TOKEN_BUCKET (0), "

@@ -80,6 +80,13 @@ typedef enum {
  * call error: gRPC OUT_OF_RANGE, HTTP 400 code 11). */
 #define RL_MAX_BATCH 1000
 
+/* Longest name + unique_key (bytes, together) a request may have: the cache is bounded in
+ * keys, not bytes, so without this a client pins cache-size times any key length in
+ * memory (issue #23 retest: 60 keys of 1 MB). 4096 is far above any real key (Gubernator
+ * has no limit; its keys are short identifiers) and keeps a full cache of the default
+ * 50,000 keys under ~200 MB of key text. A longer one is a per-item error (rl_req_validate). */
+#define RL_MAX_KEY_LEN 4096
+
 /* Bound on a per-item error message, bytes including the NUL. */
 #define RL_ERROR_MAX 160
 
@@ -173,7 +180,8 @@ void rl_limiter_free(rl_limiter *lim);
  * and returns SDB_EINVAL when it is invalid (empty name or unique_key, unknown algorithm,
  * negative limit or burst, negative duration, zero duration without
  * DURATION_IS_GREGORIAN, a Gregorian duration that is weeks or unknown, behaviour bits
- * outside RL_BEHAVIOR_MASK); returns 0 when valid. Errors: SDB_EINVAL (those cases). */
+ * outside RL_BEHAVIOR_MASK, name and unique_key longer than RL_MAX_KEY_LEN bytes together);
+ * returns 0 when valid. Errors: SDB_EINVAL (those cases). */
 int rl_req_validate(const rl_req *req, char *err, size_t errlen);
 
 /* Decide n requests locally, in order: out[i] answers reqs[i]. Each request is validated

@@ -186,6 +186,14 @@ def test_leaky_bucket_scenario(node, pb):
            pb2.OVER_LIMIT, 7, T0 + 5000)
 
 
+def test_key_length_limit(node, pb):
+    pb2 = pb[0]
+    out = node.get(req(pb, "k" * 4096, name="g"), req(pb, "k" * (1 << 20)))
+    assert out[0].error == "fields 'name' and 'unique_key' are longer than 4096 bytes together"
+    assert out[1].error == out[0].error
+    expect(node.one(req(pb, "k" * 4095, name="g")), pb2.UNDER_LIMIT, 9, T0 + MINUTE)
+
+
 def test_batch_of_requests_in_order_with_item_errors(node, pb):
     pb2 = pb[0]
     out = node.get(req(pb, "a", hits=1), req(pb, ""), req(pb, "a", hits=2, at=T0 + 1),

@@ -217,6 +217,28 @@ def test_invalid_items_get_per_item_errors(rl):
     assert out["responses"][-1] == resp("UNDER_LIMIT", 5, 4, T0 + 1000)
 
 
+def test_key_length_limit(rl):
+    """name + unique_key longer than 4096 bytes together is a per-item error (the cache is
+    bounded in keys, so long keys would pin memory); 4096 exactly is decided."""
+    good = {"name": "klen", "unique_key": "k", "hits": 1, "limit": 5, "duration": 1000,
+            "created_at": T0}
+    msg = "fields 'name' and 'unique_key' are longer than 4096 bytes together"
+    reqs = [dict(good, unique_key="x" * (4096 - 4)),
+            dict(good, unique_key="y" * (4096 - 3)),
+            dict(good, unique_key="z" * (1 << 20)),
+            dict(good, name="n" * 5000)]
+    st, out = post(rl, {"requests": reqs})
+    assert st == 200
+    assert out["responses"][0] == resp("UNDER_LIMIT", 5, 4, T0 + 1000)
+    for r in out["responses"][1:]:
+        assert r == resp("UNDER_LIMIT", 0, 0, 0, error=msg)
+    # nothing cached for the refused ones: only the one valid key
+    st, body = http_get(rl, "/metrics")
+    assert st == 200
+    text = body.decode() if isinstance(body, bytes) else body
+    assert "stripedb_ratelimit_cache_keys 1\n" in text
+
+
 def test_call_errors(rl):
     item = {"name": "many", "unique_key": "k", "hits": 0, "limit": 5, "duration": 1000}
     st, out = post(rl, {"requests": [item] * 1001})

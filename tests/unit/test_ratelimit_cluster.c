@@ -515,15 +515,16 @@ static void test_ring_change(void **state)
 	assert_int_equal(rl_cluster_decide(a.cl, &r, 1, &out, err, sizeof(err)), 0);
 	assert_int_equal(out.remaining, 7);
 	deadline = mono_ms() + 10000;
-	for (;;) {
-		/* the local copy took the hits once (7); the owner's copy takes them again when
-		 * the owner is this node (4): an acknowledged hit is never lost */
-		if (sdb_counter_value(requeued) > requeued0 &&
-		    rl_limiter_get_state(a.lim, "test_cluster", key, &st) == 0 && st.remaining == 4)
-			break;
+	while (sdb_counter_value(requeued) == requeued0) {
 		assert_true(mono_ms() < deadline);
 		usleep(2000);
 	}
+	/* the hits were re-queued; the next owner is a itself, whose copy already holds them
+	 * (taken when it answered): they are counted once, not applied again (issue #23
+	 * retest: 7, not 4), after several sync periods */
+	usleep(500 * 1000);
+	assert_int_equal(rl_limiter_get_state(a.lim, "test_cluster", key, &st), 0);
+	assert_int_equal(st.remaining, 7);
 	/* back to a ring of one */
 	assert_int_equal(rl_cluster_set_peers(a.cl, NULL, 0, 9, err, sizeof(err)), 0);
 	assert_int_equal(rl_cluster_peer_count(a.cl), 1);

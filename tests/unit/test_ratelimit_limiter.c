@@ -340,8 +340,16 @@ static void test_long_keys(void **state)
 	memset(big, 'z', sizeof big - 1);
 	rl_req r = base_req(big);
 	rl_resp out;
+	/* name + unique_key beyond RL_MAX_KEY_LEN: a per-item error, nothing cached */
+	assert_int_equal(rl_limiter_decide(lim, &r, 1, &out, NULL, 0), 0);
+	assert_string_equal(out.error,
+			    "fields 'name' and 'unique_key' are longer than 4096 bytes together");
+	assert_int_equal(rl_limiter_size(lim), 0);
+	/* exactly RL_MAX_KEY_LEN together is decided */
+	big[RL_MAX_KEY_LEN - strlen(r.name)] = '\0';
 	assert_int_equal(rl_limiter_decide(lim, &r, 1, &out, NULL, 0), 0);
 	assert_int_equal(rl_limiter_decide(lim, &r, 1, &out, NULL, 0), 0);
+	assert_string_equal(out.error, "");
 	assert_int_equal(out.remaining, 8);
 	assert_int_equal(rl_key_hash("n", big), rl_key_hash("n", big));
 	assert_true(rl_key_hash("a_b", "c") != rl_key_hash("a", "b_c"));
