@@ -622,36 +622,23 @@ char *cl_host_config(const cl_spec *s, const cl_host *h)
 		}
 		cl_sb_printf(&b, "\n");
 	}
-	if (h->roles & ((1u << R_RATELIMIT) | (1u << R_PROXY))) {
-		/* the rate-limit peer ring: every rate limiter and every proxy (as `dev up`) */
-		sbuf peers = {0};
-		for (int i = 0; i < s->n_hosts; i++) {
-			const cl_host *p = &s->hosts[i];
-			if (p->roles & (1u << R_RATELIMIT)) {
-				cl_sb_printf(&peers, "%s%s:%d", peers.len ? "," : "", p->addr,
-					  cl_port_of(s, p, P_RL_GRPC));
-			}
-			if (p->roles & (1u << R_PROXY)) {
-				cl_sb_printf(&peers, "%s%s:%d", peers.len ? "," : "", p->addr,
-					  cl_port_of(s, p, P_PROXY_GRPC));
-			}
-		}
-		if (h->roles & (1u << R_RATELIMIT)) {
-			cl_sb_printf(&b, "\n[ratelimit]\nnode-id = ratelimit-%s\nhttp-listen = %s:%d\n"
-				      "grpc-listen = %s:%d\npeers = %s\n",
-				  h->name, h->addr, cl_port_of(s, h, P_HTTP_RL), h->addr,
-				  cl_port_of(s, h, P_RL_GRPC), peers.p);
-		}
-		if (h->roles & (1u << R_PROXY)) {
-			cl_sb_printf(&b, "\n[proxy]\nnode-id = proxy-%s\nlisten = %s:%d\nhttp-listen = %s:%d\n"
-				      "grpc-listen = %s:%d\npeers = %s\n",
-				  h->name, h->addr, cl_port_of(s, h, P_PROXY_WIRE), h->addr,
-				  cl_port_of(s, h, P_HTTP_PROXY), h->addr, cl_port_of(s, h, P_PROXY_GRPC),
-				  peers.p);
-			if (s->auth[0] != '\0')
-				cl_sb_printf(&b, "auth = %s\n", s->auth);
-		}
-		free(peers.p);
+	/* The rate-limit peer ring: every rate limiter and every proxy with a gRPC address
+	 * registers with the metadata service (the global `metadata =` above) and builds its
+	 * ring from the registry (issue #23, src/ratelimit/README.md "Membership"), so a
+	 * host added or removed later changes every ring without a config change. */
+	if (h->roles & (1u << R_RATELIMIT)) {
+		cl_sb_printf(&b, "\n[ratelimit]\nnode-id = ratelimit-%s\nhttp-listen = %s:%d\n"
+			      "grpc-listen = %s:%d\n",
+			  h->name, h->addr, cl_port_of(s, h, P_HTTP_RL), h->addr,
+			  cl_port_of(s, h, P_RL_GRPC));
+	}
+	if (h->roles & (1u << R_PROXY)) {
+		cl_sb_printf(&b, "\n[proxy]\nnode-id = proxy-%s\nlisten = %s:%d\nhttp-listen = %s:%d\n"
+			      "grpc-listen = %s:%d\n",
+			  h->name, h->addr, cl_port_of(s, h, P_PROXY_WIRE), h->addr,
+			  cl_port_of(s, h, P_HTTP_PROXY), h->addr, cl_port_of(s, h, P_PROXY_GRPC));
+		if (s->auth[0] != '\0')
+			cl_sb_printf(&b, "auth = %s\n", s->auth);
 	}
 	if (h->roles & (1u << R_COORDINATOR)) {
 		cl_sb_printf(&b, "\n[coordinator]\nnode-id = coordinator-%s\nhttp-listen = %s:%d\n"

@@ -808,7 +808,7 @@ static int dev_up(int argc, char **argv)
 	const char *dir = "stripedb-dev";
 	const char *level = "info";
 	int shards = 3, members_per_shard = 3, proxies = 2, coords = 2;
-	char members[512], meta[512], peers[512];
+	char members[512], meta[512];
 	int meta_idx[3];
 
 	memset(c, 0, sizeof *c);
@@ -977,24 +977,15 @@ static int dev_up(int argc, char **argv)
 		p->grpc = reserve_port();
 	}
 	/* The rate-limit peer ring: the rate limiter and every proxy (proxies decide quotas
-	 * in-process and forward to a key's owner). */
-	{
-		size_t o = 0;
-		peers[0] = '\0';
-		for (int i = 0; i < c->n; i++) {
-			if (c->procs[i].grpc != 0) {
-				o += (size_t)snprintf(peers + o, sizeof peers - o, "%s127.0.0.1:%d",
-						      o ? "," : "", c->procs[i].grpc);
-			}
-		}
-	}
+	 * in-process and forward to a key's owner) register with the metadata service and
+	 * build their rings from it (issue #23): no static --peers. */
 	for (int i = 0; i < c->n; i++) {
 		dev_proc *p = &c->procs[i];
 		if (strcmp(p->role, "ratelimit") == 0) {
 			proc_arg(p, "--node-id=%s", p->name);
 			proc_arg(p, "--http-listen=127.0.0.1:%d", p->http);
 			proc_arg(p, "--grpc-listen=127.0.0.1:%d", p->grpc);
-			proc_arg(p, "--peers=%s", peers);
+			proc_arg(p, "--metadata=%s", meta);
 			proc_arg(p, "--log-level=%s", level);
 		} else if (strcmp(p->role, "proxy") == 0) {
 			proc_arg(p, "--node-id=%s", p->name);
@@ -1002,7 +993,6 @@ static int dev_up(int argc, char **argv)
 			proc_arg(p, "--http-listen=127.0.0.1:%d", p->http);
 			proc_arg(p, "--metadata=%s", meta);
 			proc_arg(p, "--grpc-listen=127.0.0.1:%d", p->grpc);
-			proc_arg(p, "--peers=%s", peers);
 			proc_arg(p, "--log-level=%s", level);
 		}
 	}

@@ -408,8 +408,7 @@ def test_example_spec_config_per_host():
         "listen = 10.0.0.2:27019", "raft-listen = 10.0.0.2:27029", "http-listen = 10.0.0.2:9101",
         "bootstrap-members = 1@10.0.0.1:27029,2@10.0.0.2:27029,3@10.0.0.3:27029",
         "[proxy]", "node-id = proxy-db2", "listen = 10.0.0.2:27017",
-        "http-listen = 10.0.0.2:9103", "grpc-listen = 10.0.0.2:1052",
-        "peers = 10.0.0.1:1051,10.0.0.2:1052,10.0.0.3:1052"]
+        "http-listen = 10.0.0.2:9103", "grpc-listen = 10.0.0.2:1052"]
     r = _cluster("config", "--spec", example, "db4")
     # db1, db4 and db5 share shard-name shard-a: one 3-member replica set (issue #15)
     assert ("[shard]\nreplica-set = shard-a\nnode-id = 2\ndata-dir = /var/lib/stripedb/shard\n"
