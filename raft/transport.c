@@ -394,12 +394,15 @@ static void hs_done(conn *c, const uint8_t *rest, size_t restlen)
 			conn_close(c, "bridge socketpair failed");
 			return;
 		}
-		/* what libraft reads from the bridge is checked first (raft/msgcheck.h) */
-		c->check = true;
+		/* plaintext mode (no authentication): what libraft reads from the bridge is
+		 * checked first (raft/msgcheck.h); a TLS peer proved its certificate */
+		c->check = t->plaintext;
 		sdb_rmsg_init(&c->rmsg);
-		if (restlen && sdb_rmsg_feed(&c->rmsg, rest, restlen, to_inner, c) != 0) {
+		if (restlen && (c->check ? sdb_rmsg_feed(&c->rmsg, rest, restlen, to_inner, c)
+					 : stream_write(c, (uv_stream_t *)&c->inner, rest, restlen,
+							false)) != 0) {
 			uv_close((uv_handle_t *)s, free_handle);
-			conn_close(c, c->rmsg.error);
+			conn_close(c, c->check && c->rmsg.error ? c->rmsg.error : "bridge write failed");
 			return;
 		}
 		t->accept_cb(t->transport, c->hs.peer_id, c->hs.peer_addr, s);

@@ -31,9 +31,10 @@
  *      opts.peer_ok's verdict on them (the metadata node refuses ids and addresses that
  *      are not in its Raft configuration: another cluster's member).
  * In plaintext mode steps 1 and 2 are skipped (libraft's own wire format).
- * Accepted connections that are bridged (TLS, or plaintext mode) then go through the
- * message validator of raft/msgcheck.h: the first malformed message closes the
- * connection, and libraft never sees a byte of it.
+ * Accepted connections in plaintext mode (unauthenticated) then go through the message
+ * validator of raft/msgcheck.h: the first malformed message closes the connection, and
+ * libraft never sees a byte of it. (An authenticated peer, by key or certificate, is
+ * trusted as a member: its stream is libraft's as before.)
  * A connection that fails a step, or does not finish within handshake_timeout_ms, is
  * closed and logged (`raft: transport peer refused`, at most one line per second with a
  * count of the others; counter stripedb_raft_transport_refused_total).
