@@ -47,6 +47,14 @@ void sdb_hs_init(sdb_hs *h, bool server, const uint8_t *key, const uint8_t *nonc
 	sdb_hs_init_keys(h, server, (const uint8_t(*)[SDB_HS_KEY_LEN])key, key ? 1 : 0, nonce);
 }
 
+void sdb_hs_init_plain(sdb_hs *h, bool server)
+{
+	memset(h, 0, sizeof *h);
+	h->server = server;
+	h->state = server ? ST_PRE_HDR : ST_DONE;
+	h->need = server ? SDB_HS_PREAMBLE_HDR : 0;
+}
+
 void sdb_hs_set_binding(sdb_hs *h, const uint8_t binding[32])
 {
 	memcpy(h->binding, binding, sizeof h->binding);

@@ -84,6 +84,13 @@ void sdb_hs_init_keys(sdb_hs *h, bool server, const uint8_t (*keys)[SDB_HS_KEY_L
 		      size_t nkeys, const uint8_t *nonce);
 void sdb_hs_set_binding(sdb_hs *h, const uint8_t binding[32]);
 
+/* Start libraft's bare plaintext handshake (the transport's plaintext mode, wire-compatible
+ * with libraft's own TCP transport): no hello, no proof. A server reads the connector's
+ * preamble only (checked as above: protocol 1, id > 0, padded address length within
+ * 8..SDB_HS_ADDR_MAX, NUL-terminated address); a client is done at once (it sends the
+ * preamble). Never send a hello after this. */
+void sdb_hs_init_plain(sdb_hs *h, bool server);
+
 /* Write this side's hello (SDB_HS_HELLO_LEN bytes) into out; send it first. */
 void sdb_hs_hello(const sdb_hs *h, uint8_t out[SDB_HS_HELLO_LEN]);
 

@@ -1,8 +1,8 @@
 # raft: the metadata service's Raft integration (SQLite state machine, node setup) and
 # its unit tests (included by the top Makefile.am)
-libstripedb_a_SOURCES += raft/fsm.c raft/fsm_query.c raft/fsm_routing.c raft/fsm_migration.c raft/fsm_auth.c raft/migstate.c raft/fsm_peers.c raft/node.c raft/handshake.c raft/transport.c \
+libstripedb_a_SOURCES += raft/fsm.c raft/fsm_query.c raft/fsm_routing.c raft/fsm_migration.c raft/fsm_auth.c raft/migstate.c raft/fsm_peers.c raft/node.c raft/handshake.c raft/msgcheck.c raft/transport.c \
 	raft/routing.c
-noinst_HEADERS += raft/fsm.h raft/fsm_int.h raft/migstate.h raft/fsm_peers.h raft/node.h raft/handshake.h raft/transport.h \
+noinst_HEADERS += raft/fsm.h raft/fsm_int.h raft/migstate.h raft/fsm_peers.h raft/node.h raft/handshake.h raft/msgcheck.h raft/transport.h \
 	raft/routing.h
 EXTRA_DIST += raft/README.md
 

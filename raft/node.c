@@ -22,7 +22,6 @@ struct sdb_node {
 	struct raft raft;
 	struct raft_io io;
 	struct raft_uv_transport transport;
-	bool secure; /* transport is raft/transport.c's, else libraft's TCP one */
 	sdb_fsm *fsm; /* the metadata state machine, when sm is the default */
 	sdb_node_sm sm;
 	uint64_t id;
@@ -260,10 +259,44 @@ static void prepare_cb(uv_prepare_t *h)
 
 static void transport_free(sdb_node *n)
 {
-	if (n->secure)
-		sdb_transport_close(&n->transport);
-	else
-		raft_uv_tcp_close(&n->transport);
+	sdb_transport_close(&n->transport);
+}
+
+/* sdb_transport_opts.peer_ok: an incoming Raft connection is accepted only from a member
+ * of the current configuration, by id and address (what libraft's preamble carries). A
+ * member with an empty configuration (started to join, nothing received yet) accepts any
+ * peer: the leader that adds it is not known before its first message. Refuses another
+ * cluster's members (stray processes on reused ports: test_raft_node) before any of their
+ * messages reaches libraft. */
+static bool node_peer_ok(uint64_t id, const char *address, void *arg, const char **why)
+{
+	sdb_node *n = arg;
+	const struct raft_configuration *c = &n->raft.configuration;
+	if (c->n == 0)
+		return true;
+	for (unsigned i = 0; i < c->n; i++) {
+		if (c->servers[i].id != id)
+			continue;
+		if (strcmp(c->servers[i].address, address) == 0)
+			return true;
+		*why = "raft peer's address differs from its address in the configuration";
+		return false;
+	}
+	*why = "raft peer's server id is not in the configuration";
+	return false;
+}
+
+/* sdb_transport_opts.announce: this member's address in the configuration (what its peers
+ * check and answer to: it differs from --raft-listen behind a proxy), or NULL when not
+ * a member yet (the listen address then). */
+static const char *node_announce(void *arg)
+{
+	sdb_node *n = arg;
+	const struct raft_configuration *c = &n->raft.configuration;
+	for (unsigned i = 0; i < c->n; i++)
+		if (c->servers[i].id == n->id)
+			return c->servers[i].address;
+	return NULL;
 }
 
 static void raft_closed(struct raft *r);
@@ -325,9 +358,17 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 				      .last_applied = meta_last_applied,
 				      .close = meta_close};
 	}
-	n->secure = opts->transport != NULL;
-	rv = n->secure ? sdb_transport_init(&n->transport, loop, opts->transport)
-		       : raft_uv_tcp_init(&n->transport, loop);
+	{
+		/* our transport in every mode: libraft 0.15's own TCP transport hands any
+		 * peer's bytes to a decoder that trusts them (raft/msgcheck.h) */
+		sdb_transport_opts to = {.plaintext = true};
+		if (opts->transport)
+			to = *opts->transport;
+		to.peer_ok = node_peer_ok;
+		to.peer_arg = n;
+		to.announce = node_announce;
+		rv = sdb_transport_init(&n->transport, loop, &to);
+	}
 	if (rv != 0) {
 		rc = sdb_errf(err, errlen, SDB_EIO, "raft transport: %s", raft_strerror(rv));
 		goto err_fsm;

@@ -1,4 +1,4 @@
-/* One metadata Raft member: libraft 0.15 with its libuv disk + TCP transport, the
+/* One metadata Raft member: libraft 0.15 with its libuv disk backend and our transport, the
  * SQLite state machine (raft/fsm.h), bootstrap, membership and the mitigations for
  * libraft 0.15 bugs described in raft/README.md.
  *
@@ -49,8 +49,12 @@ typedef struct sdb_node_opts {
 	const char *bootstrap;         /* "ID@HOST:PORT,..." or NULL (join later) */
 	unsigned snapshot_threshold;   /* entries between snapshots; 0 = 1024 */
 	unsigned election_timeout_ms;  /* 0 = 1000; heartbeat is a tenth of it */
-	/* The Raft port's security (raft/transport.h): NULL = libraft's plaintext TCP
-	 * transport; else our authenticated/TLS transport with these options (copied). */
+	/* The Raft port's security (raft/transport.h): NULL = our transport in plaintext
+	 * mode (libraft's wire format, every message checked by raft/msgcheck.h); else our
+	 * authenticated/TLS transport with these options (copied). Either way an incoming
+	 * connection is accepted only from a member of the current configuration, by id and
+	 * address (a member whose configuration is still empty accepts any), and this member
+	 * announces its address in the configuration (raft/README.md, "Foreign peers"). */
 	const sdb_transport_opts *transport;
 	/* The state machine (copied); NULL = metadata's. */
 	const sdb_node_sm *sm;

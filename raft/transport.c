@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "raft/handshake.h"
+#include "raft/msgcheck.h"
 
 #define BACKLOG 128
 #define HIGH_WATER (4u << 20) /* bytes queued on the other side before we stop reading */
@@ -36,6 +37,10 @@ typedef struct tp {
 	raft_uv_transport_close_cb close_cb;
 	bool closing;
 	bool has_key;
+	bool plaintext;
+	bool (*peer_ok)(uint64_t id, const char *address, void *arg, const char **why);
+	void *peer_arg;
+	const char *(*announce)(void *arg);
 	uint8_t key[SDB_HS_KEY_LEN];
 	size_t (*keys)(uint8_t (*out)[32], size_t max, void *arg);
 	void *keys_arg;
@@ -64,6 +69,8 @@ struct conn {
 	SSL *ssl;
 	BIO *rbio, *wbio;   /* owned by ssl */
 	bool tls_ready;
+	bool check;  /* accepted and bridged: the Raft messages go through rmsg */
+	sdb_rmsg rmsg;
 	sdb_hs hs;
 	struct raft_uv_connect *req; /* connector: answered exactly once */
 	int status;                  /* connector: status given to req->cb when failing */
@@ -143,6 +150,7 @@ static void unref(conn *c)
 		req->cb(req, NULL, t->closing ? RAFT_CANCELED : c->status);
 	}
 	SSL_free(c->ssl);
+	sdb_rmsg_free(&c->rmsg);
 	OPENSSL_cleanse(&c->hs, sizeof c->hs);
 	free(c);
 	maybe_closed(t);
@@ -350,14 +358,27 @@ static uv_stream_t *bridge_open(conn *c)
 
 /* ------------------------------------------------------------ handshake */
 
+/* sdb_rmsg_emit: checked Raft bytes to libraft's end of the bridge. */
+static int to_inner(void *arg, const uint8_t *data, size_t len)
+{
+	conn *c = arg;
+	return stream_write(c, (uv_stream_t *)&c->inner, data, len, false);
+}
+
 static void hs_done(conn *c, const uint8_t *rest, size_t restlen)
 {
 	tp *t = c->t;
 	uv_timer_stop(&c->timer);
 	if (c->server) {
 		uv_stream_t *s;
+		const char *why = "raft peer refused";
 		t->n_pending--;
-		if (!c->ssl) {
+		if (t->peer_ok && !t->peer_ok(c->hs.peer_id, c->hs.peer_addr, t->peer_arg, &why)) {
+			c->state = C_DONE;
+			conn_close(c, why);
+			return;
+		}
+		if (!c->ssl && !t->plaintext) {
 			/* plaintext: libraft reads the Raft messages from the TCP stream itself */
 			s = (uv_stream_t *)c->tcp;
 			uv_read_stop(s);
@@ -373,9 +394,15 @@ static void hs_done(conn *c, const uint8_t *rest, size_t restlen)
 			conn_close(c, "bridge socketpair failed");
 			return;
 		}
-		if (restlen && stream_write(c, (uv_stream_t *)&c->inner, rest, restlen, false) != 0) {
+		/* plaintext mode (no authentication): what libraft reads from the bridge is
+		 * checked first (raft/msgcheck.h); a TLS peer proved its certificate */
+		c->check = t->plaintext;
+		sdb_rmsg_init(&c->rmsg);
+		if (restlen && (c->check ? sdb_rmsg_feed(&c->rmsg, rest, restlen, to_inner, c)
+					 : stream_write(c, (uv_stream_t *)&c->inner, rest, restlen,
+							false)) != 0) {
 			uv_close((uv_handle_t *)s, free_handle);
-			conn_close(c, "bridge write failed");
+			conn_close(c, c->check && c->rmsg.error ? c->rmsg.error : "bridge write failed");
 			return;
 		}
 		t->accept_cb(t->transport, c->hs.peer_id, c->hs.peer_addr, s);
@@ -383,7 +410,9 @@ static void hs_done(conn *c, const uint8_t *rest, size_t restlen)
 	}
 	{
 		uint8_t pre[SDB_HS_PREAMBLE_HDR + SDB_HS_ADDR_MAX];
-		size_t n = sdb_hs_preamble(t->id, t->address, pre, sizeof pre);
+		const char *self = t->announce ? t->announce(t->peer_arg) : NULL;
+		size_t n = sdb_hs_preamble(t->id, self && *self ? self : t->address, pre,
+					   sizeof pre);
 		uv_stream_t *s;
 		struct raft_uv_connect *req;
 		if (n == 0) {
@@ -417,8 +446,10 @@ static void on_plain(conn *c, const uint8_t *data, size_t len)
 {
 	while (len > 0 && !c->closing) {
 		if (c->state == C_BRIDGE) {
-			if (stream_write(c, (uv_stream_t *)&c->inner, data, len, false) != 0) {
-				conn_close(c, "bridge write failed");
+			if (c->check ? sdb_rmsg_feed(&c->rmsg, data, len, to_inner, c) != 0
+				     : stream_write(c, (uv_stream_t *)&c->inner, data, len, false) != 0) {
+				conn_close(c, c->check && c->rmsg.error ? c->rmsg.error
+									: "bridge write failed");
 				return;
 			}
 			if (c->tcp && queued_high((uv_stream_t *)&c->inner)) {
@@ -616,6 +647,14 @@ static void conn_begin(conn *c)
 		snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
 	}
 	uv_timer_start(&c->timer, timer_cb, t->timeout_ms, 0);
+	if (t->plaintext) { /* libraft's bare handshake: the connector's preamble only */
+		sdb_hs_init_plain(&c->hs, c->server);
+		if (c->server)
+			uv_read_start((uv_stream_t *)c->tcp, alloc_tcp, tcp_read_cb);
+		else
+			hs_done(c, NULL, 0);
+		return;
+	}
 	if (RAND_bytes(nonce, sizeof nonce) != 1) {
 		conn_close(c, "no randomness");
 		return;
@@ -803,9 +842,14 @@ int sdb_transport_init(struct raft_uv_transport *transport, uv_loop_t *loop,
 	tp *t;
 	memset(transport, 0, sizeof *transport);
 	transport->data = data;
-	if (!opts->key && !opts->keys && !opts->tls_ctx) {
+	if (!opts->plaintext && !opts->key && !opts->keys && !opts->tls_ctx) {
 		snprintf(transport->errmsg, RAFT_ERRMSG_BUF_SIZE,
 			 "the secure transport needs a key or TLS");
+		return RAFT_INVALID;
+	}
+	if (opts->plaintext && (opts->key || opts->keys || opts->tls_ctx)) {
+		snprintf(transport->errmsg, RAFT_ERRMSG_BUF_SIZE,
+			 "the plaintext transport takes neither a key nor TLS");
 		return RAFT_INVALID;
 	}
 	t = calloc(1, sizeof *t);
@@ -819,6 +863,10 @@ int sdb_transport_init(struct raft_uv_transport *transport, uv_loop_t *loop,
 	}
 	t->keys = opts->keys;
 	t->keys_arg = opts->keys_arg;
+	t->plaintext = opts->plaintext;
+	t->peer_ok = opts->peer_ok;
+	t->peer_arg = opts->peer_arg;
+	t->announce = opts->announce;
 	t->tls_ctx = opts->tls_ctx;
 	t->tls_arg = opts->tls_arg;
 	t->timeout_ms = opts->handshake_timeout_ms ? opts->handshake_timeout_ms : 5000;

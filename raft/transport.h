@@ -27,14 +27,24 @@
  *   2. The handshake of raft/handshake.h: magic and version, and when opts.key is set a
  *      mutual HMAC-SHA256 challenge-response over both sides' random nonces (and the TLS
  *      exporter value when TLS is on).
- *   3. The connector's libraft preamble (server id and address), parsed with bounds.
+ *   3. The connector's libraft preamble (server id and address), parsed with bounds, and
+ *      opts.peer_ok's verdict on them (the metadata node refuses ids and addresses that
+ *      are not in its Raft configuration: another cluster's member).
+ * In plaintext mode steps 1 and 2 are skipped (libraft's own wire format).
+ * Accepted connections in plaintext mode (unauthenticated) then go through the message
+ * validator of raft/msgcheck.h: the first malformed message closes the connection, and
+ * libraft never sees a byte of it. (An authenticated peer, by key or certificate, is
+ * trusted as a member: its stream is libraft's as before.)
  * A connection that fails a step, or does not finish within handshake_timeout_ms, is
  * closed and logged (`raft: transport peer refused`, at most one line per second with a
  * count of the others; counter stripedb_raft_transport_refused_total).
  *
  * How libraft gets its stream:
- *   - Without TLS the authenticated uv_tcp_t itself is handed over (the handshake reads
- *     exactly the bytes it needs, so nothing of the Raft stream is consumed).
+ *   - With the key and without TLS the authenticated uv_tcp_t itself is handed over (the
+ *     handshake reads exactly the bytes it needs, so nothing of the Raft stream is
+ *     consumed); so is the connector's side in plaintext mode.
+ *   - An accepted plaintext-mode connection gets the bridge below without TLS: the bytes
+ *     pass the validator on their way to libraft.
  *   - With TLS libraft still needs a real uv_stream_t that carries plaintext, so each
  *     connection gets a bridge: a socketpair(AF_UNIX), one end a uv_pipe_t given to
  *     libraft, the other ours; plaintext read from ours is encrypted onto the TCP stream
@@ -74,12 +84,29 @@ typedef struct sdb_transport_opts {
 	void *tls_arg;
 	unsigned handshake_timeout_ms; /* 0 = 5000 */
 	unsigned max_pending;          /* handshakes in progress at once; 0 = 128 */
+	/* Plaintext mode (no key, keys nor tls_ctx allowed with it): libraft's own bare TCP
+	 * handshake (the connector sends the preamble, nothing else), wire-compatible with
+	 * raft_uv_tcp_init's transport, but every accepted connection is bridged through
+	 * raft/msgcheck.h so that no malformed message reaches libraft, and peer_ok applies. */
+	bool plaintext;
+	/* When set, asked once per accepted connection after the preamble (the connector's
+	 * raft server id and address): false refuses it (closed before any byte reaches
+	 * libraft, logged with *why, a static text). Runs on the loop. NULL: accept all. */
+	bool (*peer_ok)(uint64_t id, const char *address, void *arg, const char **why);
+	void *peer_arg;
+	/* When set, asked at every outgoing connection for the address to announce in the
+	 * preamble (peer_arg as argument; the string only needs to live until the call
+	 * returns' preamble is encoded, on the loop); NULL or "": the address libraft gave
+	 * init. The metadata node announces its address in the Raft configuration, which is
+	 * what its peers check (peer_ok) and where libraft sends its replies. */
+	const char *(*announce)(void *arg);
 } sdb_transport_opts;
 
 /* Initialise t (its data field is kept) as our transport on loop with opts (copied).
- * At least one of key, keys and tls_ctx must be set (use raft_uv_tcp_init for plaintext).
+ * Exactly one of: plaintext, or at least one of key, keys and tls_ctx.
  * Returns: 0, or a libraft code (not an SDB_E* status): RAFT_INVALID (no key, keys or
- * tls_ctx) or RAFT_NOMEM, with a message in t->errmsg. */
+ * tls_ctx without plaintext, or plaintext with one of them) or RAFT_NOMEM, with a message
+ * in t->errmsg. */
 int sdb_transport_init(struct raft_uv_transport *t, uv_loop_t *loop,
 		       const sdb_transport_opts *opts);
 

@@ -13,10 +13,11 @@
  *     any key is accepted on incoming ones (key rotation, src/auth/README.md).
  *   - enabled: one of the two must be configured (SDB_EUSAGE otherwise); TLS needs all
  *     three files (SDB_EUSAGE when cert/key are given without --tls-ca).
- *   - auto: the secure transport when either is configured; otherwise libraft's
- *     plaintext TCP transport with a start-up warning.
- *   - disabled: libraft's plaintext TCP transport (wire-compatible with members of
- *     earlier versions), with a start-up warning.
+ *   - auto: the secure transport when either is configured; otherwise the plaintext
+ *     transport (libraft's wire format, raft/transport.h plaintext mode: members only,
+ *     messages checked) with a start-up warning.
+ *   - disabled: that plaintext transport (wire-compatible with members of earlier
+ *     versions), with a start-up warning.
  * Call after auth_cluster_setup (the key must be loaded). The TLS contexts are rebuilt
  * by auth_raft_reload, the "Raft TLS" SIGHUP hook that the first auth_raft_setup with TLS
  * registers (common/role.h sdb_on_sighup): new Raft connections use the new certificate and CA, the

@@ -5,7 +5,10 @@
  * migrations, takes leases and starts workers; each migration this coordinator holds runs
  * on its own worker thread with its own libmongoc clients (metadata, source, target) and
  * its own CDC reader, so a long bulk import never delays the CDC publishers' lease renewals.
- * The worker renews mig/<id> every lease/3 and stops at once when the lease is lost.
+ * A second thread per migration renews mig/<id> every lease/3 on its own metadata client
+ * (mig_lease_start), so a slow shard call (a 15 MiB import batch under load, a stopped
+ * shard) never outlasts the lease; the worker checks the lease between steps and batches
+ * (mig_stopping) and stops at once when it is lost or unknown.
  *
  * Shard I/O goes through libmongoc commands, so a real MongoDB shard is driven the same
  * way; the stripedb extensions used are stripedbSnapshot (atOplogTs, keyRange),
@@ -72,7 +75,12 @@ static void *worker(void *arg)
 	if (!m->meta)
 		goto out;
 	mongoc_client_set_error_api(m->meta, MONGOC_ERROR_API_VERSION_2);
-	m->last_renew = (int64_t)sdb_mono_ms();
+	/* the runner acquired the lease just before starting us */
+	atomic_store(&m->last_renew, (int64_t)sdb_mono_ms());
+	if (mig_lease_start(m) != 0) {
+		sdb_warn("migration lease thread not started", "id=%s", m->id);
+		goto out;
+	}
 	rc = mig_load(m);
 	while (!mig_stopping(m)) {
 		if (rc == 0) {
@@ -143,7 +151,8 @@ static void *worker(void *arg)
 		}
 	}
 out:
-	if (m->meta && !m->lost) {
+	mig_lease_stop(m); /* no renewal after the release below */
+	if (m->meta && !atomic_load(&m->lost)) {
 		char err[256];
 		(void)mig_lease(m->meta, "releaseLease", m->id, m->r->holder, 0, err, sizeof err);
 	}

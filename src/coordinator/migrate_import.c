@@ -360,8 +360,8 @@ int mig_step_import(mig *m)
 	rc = mig_scan_chunk(m, m->sc, arrival ? NULL : &sort, NULL, &at, add_insert, &b);
 	if (by_id && (b.first_ms == 0 ? (int64_t)sdb_mono_ms() - b.t0 : b.first_ms - 1) >
 			     m->r->lease_ms / 2) {
-		/* one call that long can outlive the lease (no renewal inside it): a retry
-		 * would lose it again */
+		/* one call that long stalls the import (the lease survives it: its own
+		 * thread renews it), and a retry would wait as long again */
 		sdb_warn("migration: sorting the chunk by _id on the source took over half the "
 			 "lease before the first batch; a retry imports in arrival order",
 			 "id=%s first_batch_ms=%" PRId64 " lease_ms=%" PRId64, m->id,

@@ -172,8 +172,20 @@ typedef struct mig {
 	/* work */
 	mongoc_client_t *sc, *dc;
 	repl fwd, rev;
-	int64_t last_renew, last_ckpt;
-	bool lost;
+	int64_t last_ckpt;
+	/* the lease mig/<id>: renewed by its own thread (mig_lease_start), whatever the worker
+	 * is blocked in (a slow import batch, a stopped shard); last_renew is the monotonic ms
+	 * of the last renewal the metadata leader acknowledged; lost is set by that thread
+	 * (LockBusy: another holder) or by mig_stopping once lease - lease/5 passed without
+	 * a renewal (the lease may have expired: another coordinator may hold it) */
+	_Atomic int64_t last_renew;
+	atomic_bool lost;
+	pthread_t ka_th;
+	bool ka_started;
+	bool ka_stop; /* under ka_mu */
+	pthread_mutex_t ka_mu;
+	pthread_cond_t ka_cv;
+	mongoc_client_t *ka_meta;
 	char err[512];
 } mig;
 
@@ -192,7 +204,17 @@ int mig_meta_run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply, char *err
 /* acquireLease / renewLease / releaseLease of mig/<id>. Returns: as mig_meta_run. */
 int mig_lease(mongoc_client_t *c, const char *verb, const char *id, const char *holder,
 	      int64_t ttl, char *err, size_t errlen);
-/* Renew mig/<id> when a third of its ttl passed; sets m->lost when it is lost. */
+/* Start the thread that renews mig/<id> every third of its ttl on its own metadata
+ * client (the worker's clients stay the worker's), from now (the runner just acquired
+ * it). A renewal answered LockBusy sets m->lost; a renewal that fails otherwise
+ * (metadata unreachable, no leader) is retried every lease/10, and the lease counts as
+ * lost once lease - lease/5 passed since the last acknowledged one (mig_stopping).
+ * Returns: 0, or SDB_ENOMEM/SDB_EIO (no client or no thread: the worker must not run). */
+int mig_lease_start(mig *m);
+/* Stop and join that thread (no renewal after it returns: release the lease after). */
+void mig_lease_stop(mig *m);
+/* Fencing check between steps and batches (the renewal itself is mig_lease_start's):
+ * sets m->lost when the lease's deadline passed without a renewal. */
 void mig_keepalive(mig *m);
 /* Whether `ctl migration pause` holds mig-pause/<id> (checked at most every 500 ms). */
 bool mig_paused(mig *m);

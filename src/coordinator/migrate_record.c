@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth/cluster.h"
 #include "common/bsonget.h"
 #include "common/clock.h"
 #include "common/err.h"
@@ -48,9 +49,21 @@ void mig_crash_point(const char *kind, const char *what)
 	}
 }
 
+/* The lease is unknown once lease - lease/5 passed since the last acknowledged renewal
+ * (metadata stamps expiry from its own clock at apply: a margin for the round trip). */
+static bool lease_expired(mig *m)
+{
+	return (int64_t)sdb_mono_ms() - atomic_load(&m->last_renew) >
+	       m->r->lease_ms - m->r->lease_ms / 5;
+}
+
 bool mig_stopping(mig *m)
 {
-	return m->lost || atomic_load(&m->r->stop);
+	if (!atomic_load(&m->lost) && lease_expired(m)) {
+		sdb_warn("migration lease unknown, stopping", "id=%s", m->id);
+		atomic_store(&m->lost, true);
+	}
+	return atomic_load(&m->lost) || atomic_load(&m->r->stop);
 }
 
 /* Sleep up to ms, waking early on stop. */
@@ -90,24 +103,83 @@ int mig_lease(mongoc_client_t *c, const char *verb, const char *id, const char *
 	return rc;
 }
 
-/* Renew the lease when a third of it passed. Sets m->lost on LockBusy. */
 void mig_keepalive(mig *m)
 {
-	int64_t now = (int64_t)sdb_mono_ms();
-	if (now - m->last_renew < m->r->lease_ms / 3)
-		return;
+	(void)mig_stopping(m);
+}
+
+/* The renewal thread: renew every lease/3 (retry every lease/10 after a failure) until
+ * mig_lease_stop or a LockBusy answer. */
+static void *lease_thread(void *arg)
+{
+	mig *m = arg;
+	int64_t period = m->r->lease_ms / 3, retry = m->r->lease_ms / 10;
+	uint64_t next = (uint64_t)atomic_load(&m->last_renew) + (uint64_t)period;
 	char err[256];
-	int rc = mig_lease(m->meta, "renewLease", m->id, m->r->holder, m->r->lease_ms, err, sizeof err);
-	if (rc == 0)
-		m->last_renew = now;
-	else if (rc > 0) {
-		sdb_warn("migration lease lost", "id=%s code=%d", m->id, rc);
-		m->lost = true;
-	} else if (now - m->last_renew > m->r->lease_ms - m->r->lease_ms / 5) {
-		/* cannot reach metadata for most of the ttl: another coordinator may take over */
-		sdb_warn("migration lease unknown, stopping", "id=%s", m->id);
-		m->lost = true;
+	sdb_log_set_thread("coordinator", m->id);
+	pthread_mutex_lock(&m->ka_mu);
+	while (!m->ka_stop) {
+		if (sdb_mono_ms() < next) {
+			sdb_cond_wait_until(&m->ka_cv, &m->ka_mu, next);
+			continue;
+		}
+		pthread_mutex_unlock(&m->ka_mu);
+		int64_t sent = (int64_t)sdb_mono_ms();
+		int rc = mig_lease(m->ka_meta, "renewLease", m->id, m->r->holder, m->r->lease_ms,
+				   err, sizeof err);
+		pthread_mutex_lock(&m->ka_mu);
+		if (rc == 0) {
+			/* the ttl runs from the leader's apply, after `sent`: count from sent */
+			atomic_store(&m->last_renew, sent);
+			next = (uint64_t)(sent + period);
+		} else if (rc == LEASE_BUSY) {
+			sdb_warn("migration lease lost", "id=%s code=%d err=\"%s\"", m->id, rc, err);
+			atomic_store(&m->lost, true);
+			break;
+		} else {
+			sdb_warn("migration lease renewal failed, retrying", "id=%s code=%d err=\"%s\"",
+				 m->id, rc, err);
+			next = sdb_mono_ms() + (uint64_t)(retry > 0 ? retry : 1);
+		}
 	}
+	pthread_mutex_unlock(&m->ka_mu);
+	return NULL;
+}
+
+int mig_lease_start(mig *m)
+{
+	m->ka_meta = auth_cluster_client_new(m->r->meta_uri);
+	if (!m->ka_meta)
+		return SDB_EIO;
+	mongoc_client_set_error_api(m->ka_meta, MONGOC_ERROR_API_VERSION_2);
+	pthread_mutex_init(&m->ka_mu, NULL);
+	sdb_cond_init_mono(&m->ka_cv);
+	m->ka_stop = false;
+	if (pthread_create(&m->ka_th, NULL, lease_thread, m) != 0) {
+		pthread_cond_destroy(&m->ka_cv);
+		pthread_mutex_destroy(&m->ka_mu);
+		mongoc_client_destroy(m->ka_meta);
+		m->ka_meta = NULL;
+		return SDB_ENOMEM;
+	}
+	m->ka_started = true;
+	return 0;
+}
+
+void mig_lease_stop(mig *m)
+{
+	if (!m->ka_started)
+		return;
+	pthread_mutex_lock(&m->ka_mu);
+	m->ka_stop = true;
+	pthread_cond_signal(&m->ka_cv);
+	pthread_mutex_unlock(&m->ka_mu);
+	pthread_join(m->ka_th, NULL);
+	pthread_cond_destroy(&m->ka_cv);
+	pthread_mutex_destroy(&m->ka_mu);
+	mongoc_client_destroy(m->ka_meta);
+	m->ka_meta = NULL;
+	m->ka_started = false;
 }
 
 

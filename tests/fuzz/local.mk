@@ -60,3 +60,12 @@ tests_fuzz_fuzz_storage_update_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,u
 tests_fuzz_fuzz_storage_update_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 tests_fuzz_fuzz_storage_update_LDADD = libstripedb.a $(SDB_LIBS)
 endif
+
+# The validator of libraft's message stream on accepted Raft connections (raft/msgcheck.h).
+if FUZZING
+noinst_PROGRAMS += tests/fuzz/fuzz_raft_msgcheck
+tests_fuzz_fuzz_raft_msgcheck_SOURCES = tests/fuzz/fuzz_raft_msgcheck.c raft/msgcheck.c
+tests_fuzz_fuzz_raft_msgcheck_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_raft_msgcheck_LDFLAGS = $(AM_LDFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+tests_fuzz_fuzz_raft_msgcheck_LDADD = libstripedb.a $(SDB_LIBS)
+endif

@@ -4,6 +4,7 @@ bump, every BSON type with 15 MiB documents and keys that sort differently as st
 numbers, a hot shard-key value, a write rate the target cannot match, and rollback after
 the switch. Each runs a pymongo workload through a proxy and ends with checker.py's
 verdict."""
+import signal
 import time
 
 import bson
@@ -218,13 +219,14 @@ def raw_docs(cl, sid, chunk):
 
 
 def test_every_bson_type_15mib_docs_and_string_number_keys(start_role, tmp_path):
-    # lease_ms: the coordinator renews the migration lease between import batches, and a
-    # batch holding a 15 MiB document took up to 2.7 s under ASan on a loaded machine: with
-    # the helpers' 1.5 s lease (short for the failover tests) the lease expired in every
-    # batch and the import restarted from scratch until the test's 120 s ran out. This test
-    # is about what is copied, not about failover: 10 s (the default is 5 s).
+    """Every BSON type, keys that sort differently as strings and numbers, and two 15 MiB
+    documents move byte for byte, with the helpers' short 1.5 s lease while the target is
+    stopped (SIGSTOP) for several leases in the middle of the migration: the coordinator
+    renews the migration's lease on its own thread whatever its worker is blocked in (a
+    15 MiB import batch under load once took 2.7 s; the lease was renewed only between
+    batches and the import restarted forever), keeps it and finishes without a restart."""
     cl = MigCluster(start_role, tmp_path, meta=1, shards=2, proxies=1, coordinators=1,
-                    lease_ms=10000)
+                    lease_ms=1500)
     try:
         # split at "5": numbers, null and strings < "5" ("10", "100", "1") live in the first
         # chunk, "9" in the second
@@ -241,6 +243,25 @@ def test_every_bson_type_15mib_docs_and_string_number_keys(start_role, tmp_path)
         before = raw_docs(cl, "shard-a", c)
         assert len(before) == sum(1 for d in docs if in_range(d, c)) + 2
         mid = cl.migrate(NS, c["id"], "shard-b", "--grace-ms=300")
+        wait_until(lambda: cl.migration(mid)["state"] != "registered", 60,
+                   what="migration started")
+        assert cl.migration(mid)["state"] in ("importing", "replicating"), cl.migration(mid)
+        holder = cl.meta_read({"getLease": f"mig/{mid}"})["lease"]["holder"]
+        dst = cl.shard_procs["shard-b"]
+        dst.signal(signal.SIGSTOP)
+        try:
+            # a write to the chunk (on the source) that the worker must copy to the stopped
+            # target: whatever step it is in, it blocks on shard-b now
+            coll.insert_one({"_id": "during-stop", "k": 7, "v": "x"})
+            before[repr("during-stop")] = bson.encode(
+                cl.shard_client("shard-a")["app"]["c"].find_one({"_id": "during-stop"}))
+            e0 = cl.meta_read({"getLease": f"mig/{mid}"})["lease"]["expiresMS"]
+            # renewed for more than two leases while the worker waits on the stopped shard
+            wait_until(lambda: cl.meta_read({"getLease": f"mig/{mid}"})["lease"]["expiresMS"]
+                       > e0 + 2 * cl.lease_ms, 30, what="lease renewed while shard-b is stopped")
+            assert cl.meta_read({"getLease": f"mig/{mid}"})["lease"]["holder"] == holder
+        finally:
+            dst.signal(signal.SIGCONT)
         m = cl.wait_migration(mid, timeout=120)
         assert m["state"] == "complete", m
         assert m["stats"]["verify"] == {"count": len(before), "missing": 0, "extra": 0,
@@ -248,6 +269,10 @@ def test_every_bson_type_15mib_docs_and_string_number_keys(start_role, tmp_path)
         after = raw_docs(cl, "shard-b", c)
         assert after.keys() == before.keys()
         assert all(after[k] == before[k] for k in before)  # byte for byte
+        log = cl.coords[0].tail(2000000)
+        assert "migration lease lost" not in log and "migration lease unknown" not in log
+        assert "migration acquired" in log and log.count("migration acquired") == 1, \
+            "the migration was taken up again"
     finally:
         cl.close()
 

@@ -38,6 +38,7 @@ def one_member(start_role, tmp_path, extra=()):
                     f"--data-dir={tmp_path / 'one'}", f"--listen=127.0.0.1:{wire}",
                     f"--raft-listen=127.0.0.1:{raft}", f"--bootstrap-members=1@127.0.0.1:{raft}",
                     "--raft-tls=disabled", "--shutdown-quiesce-ms=0", *extra])
+    p.raft_port = raft
     return p, wire, f"mongodb://127.0.0.1:{wire}/?replicaSet={SET}"
 
 
@@ -240,6 +241,40 @@ def test_transaction_lifetime_limit_aborts(start_role, tmp_path):
             s.commit_transaction()
         assert e.value.code == 251
     assert coll.find_one({"_id": 1}) == {"_id": 1, "n": 0}
+
+
+def test_foreign_raft_leader_does_not_abort_transactions(start_role, tmp_path):
+    """A stray member of another replica set (an interrupted run's process whose peer
+    address this shard's Raft port now reuses) sends its AppendEntries heartbeat with a
+    higher term: the shard refuses the connection (not a member of its configuration)
+    instead of stepping down, so its open transaction is not aborted ("the primary stepped
+    down": test_transaction_lifetime_limit_aborts failed that way beside the parallel
+    suite)."""
+    import socket
+    import struct
+    p, _, uri = one_member(start_role, tmp_path)
+    c = client(uri)
+    coll = c.app.c
+    coll.insert_one({"_id": 1, "n": 0})
+    with c.start_session() as s:
+        s.start_transaction()
+        coll.update_one({"_id": 1}, {"$inc": {"n": 1}}, session=s)
+        addr = b"127.0.0.1:1\0"
+        addr += b"\0" * (-len(addr) % 8)
+        body = struct.pack("<QQQQQ", 1000, 0, 0, 0, 0) + b"\0" * 8  # term 1000, no entries
+        raw = struct.pack("<QQQ", 1, 2, len(addr)) + addr + struct.pack("<QQ", 1, len(body)) + body
+        sock = socket.create_connection(("127.0.0.1", p.raft_port), timeout=15)
+        sock.sendall(raw)
+        try:  # closed (EOF, or a reset: the shard did not read the message)
+            assert sock.recv(16) == b"", "the shard answered the stray leader"
+        except ConnectionResetError:
+            pass
+        sock.close()
+        assert "raft peer's server id is not in the configuration" in p.tail(200000)
+        assert coll.find_one({"_id": 1}, session=s) == {"_id": 1, "n": 1}
+        s.commit_transaction()
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "n": 1}
+    assert c.admin.command("hello")["isWritablePrimary"] is True
 
 
 def test_write_conflict_is_transient_and_with_transaction_retries(start_role, tmp_path):

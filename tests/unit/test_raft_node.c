@@ -1,7 +1,9 @@
 /* Unit tests of raft/node.c on a real libuv loop and disk (single-member group):
  * readiness only after the election barrier, proposals and their results, entries that
- * survive a restart without being applied twice, a clean close (no handle left), and
- * the process aborting when a log append fails (libraft 0.15 mitigation).
+ * survive a restart without being applied twice, a clean close (no handle left), the
+ * process aborting when a log append fails (libraft 0.15 mitigation), and foreign peers
+ * on the Raft port (garbage, another cluster's members, connections cut mid-message)
+ * changing nothing.
  *
  * Compiled against node.c itself so the test can swap the wrapped append. */
 
@@ -9,6 +11,7 @@
  * libstripedb.a: see UNIT_LDADD in Makefile.am. */
 #include "../../raft/node.c"
 
+#include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -224,12 +227,204 @@ static void test_unavailable_aborts(void **state)
 	assert_int_equal(WTERMSIG(st), SIGABRT);
 }
 
+/* ---------------------------------------------------------------- foreign peers */
+
+static int g_fd = -1;    /* the foreign client's socket */
+static int g_eof;        /* the node closed it */
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Append libraft's preamble (protocol 1, id, padded address) at out; returns its length. */
+static size_t preamble(uint8_t *out, uint64_t id, const char *addr)
+{
+	size_t alen = strlen(addr), padded = (alen + 1 + 7) & ~(size_t)7;
+	memset(out, 0, 24 + padded);
+	put64(out, 1);
+	put64(out + 8, id);
+	put64(out + 16, padded);
+	memcpy(out + 24, addr, alen);
+	return 24 + padded;
+}
+
+/* A message preamble (type, header length) at out; returns 16. */
+static size_t msg(uint8_t *out, uint64_t type, uint64_t hdr_len)
+{
+	put64(out, type);
+	put64(out + 8, hdr_len);
+	return 16;
+}
+
+static int peer_closed(env *e)
+{
+	char b[256];
+	ssize_t r;
+	(void)e;
+	if (g_eof)
+		return 1;
+	r = recv(g_fd, b, sizeof b, MSG_DONTWAIT);
+	if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+		g_eof = 1;
+	return g_eof;
+}
+
+static void foreign_connect(env *e)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	const char *colon = strrchr(e->addr, ':');
+	a.sin_port = htons((uint16_t)atoi(colon + 1));
+	g_fd = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(g_fd >= 0);
+	assert_int_equal(connect(g_fd, (struct sockaddr *)&a, sizeof a), 0); /* in the backlog */
+	g_eof = 0;
+}
+
+/* Send len bytes from a new connection; expect the node to close it (refused). */
+static void send_refused(env *e, const uint8_t *b, size_t len, const char *what)
+{
+	foreign_connect(e);
+	assert_int_equal(send(g_fd, b, len, MSG_NOSIGNAL), (ssize_t)len);
+	if (!run_until(e, peer_closed))
+		fail_msg("the node kept a connection that sent %s", what);
+	close(g_fd);
+	g_fd = -1;
+}
+
+/* Send len bytes and close (cut mid-message); run the loop a while. */
+static void send_cut(env *e, const uint8_t *b, size_t len)
+{
+	foreign_connect(e);
+	assert_int_equal(send(g_fd, b, len, MSG_NOSIGNAL), (ssize_t)len);
+	close(g_fd);
+	g_fd = -1;
+	for (int i = 0; i < 20; i++)
+		uv_run(&e->loop, UV_RUN_NOWAIT);
+}
+
+/* Garbage, another cluster's members (valid libraft messages with a higher term) and
+ * connections cut mid-message reach the Raft port of a one-member group; the member must
+ * refuse them without crashing (ASan) and keep its term, leadership and state. */
+static void test_foreign_peers(void **state)
+{
+	env *e = *state;
+	uint8_t b[4096];
+	size_t o;
+	uint64_t term, h;
+	start(e);
+	assert_true(run_until(e, is_ready));
+	assert_true(propose(e, "addShard", "{\"id\": \"a\", \"uri\": \"mongodb://a\"}") == 1.0);
+	term = e->node->raft.current_term;
+	h = sdb_fsm_hash(sdb_node_fsm(e->node));
+
+	/* (a) garbage */
+	for (size_t i = 0; i < sizeof b; i++)
+		b[i] = (uint8_t)(i * 131 + 7);
+	send_refused(e, b, sizeof b, "random bytes");
+	/* a preamble with an unterminated address (libraft would strlen past it) */
+	o = preamble(b, 1, e->addr);
+	memset(b + 24, 'x', o - 24);
+	send_refused(e, b, o, "an unterminated address");
+	/* our own id and address (passes the configuration check), then bad messages */
+	{
+		struct {
+			uint64_t type, len;
+			const char *what;
+		} bad[] = {
+			{3, 1, "a 1-byte RequestVote (libraft reads 40)"},
+			{4, 8, "a short RequestVoteResult"},
+			{2, 16, "a short AppendEntriesResult"},
+			{9, 24, "an unknown message type"},
+			{1, 24, "a short AppendEntries"},
+			{3, 1ull << 40, "a 1 TiB header"},
+		};
+		for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+			o = preamble(b, 1, e->addr);
+			o += msg(b + o, bad[k].type, bad[k].len);
+			memset(b + o, 0, 64);
+			send_refused(e, b, o + (bad[k].len < 64 ? bad[k].len : 64), bad[k].what);
+		}
+		/* AppendEntries claiming 2^40 entries in a 56-byte header */
+		o = preamble(b, 1, e->addr);
+		o += msg(b + o, 1, 56);
+		memset(b + o, 0, 56);
+		put64(b + o + 32, 1ull << 40);
+		send_refused(e, b, o + 56, "an entry count beyond the header");
+		/* AppendEntries with one entry of an unknown type */
+		o = preamble(b, 1, e->addr);
+		o += msg(b + o, 1, 56);
+		memset(b + o, 0, 56);
+		put64(b + o + 32, 1);
+		b[o + 40 + 8] = 77;
+		b[o + 40 + 12] = 8;
+		send_refused(e, b, o + 56, "an entry of unknown type");
+		/* InstallSnapshot with an empty configuration (libraft asserts) */
+		o = preamble(b, 1, e->addr);
+		o += msg(b + o, 5, 56);
+		memset(b + o, 0, 56);
+		put64(b + o + 40, 1); /* data length after a 0-byte configuration */
+		send_refused(e, b, o + 56, "an empty snapshot configuration");
+		/* InstallSnapshot with a server address running off the configuration */
+		o = preamble(b, 1, e->addr);
+		o += msg(b + o, 5, 72);
+		memset(b + o, 0, 72);
+		put64(b + o + 32, 16);
+		b[o + 40] = 1;            /* format */
+		put64(b + o + 41, 1);     /* one server */
+		memset(b + o + 49, 'y', 7); /* id: 7 of 8 bytes, then no room for the address */
+		put64(b + o + 56, 8);
+		send_refused(e, b, o + 72, "a truncated snapshot configuration");
+	}
+
+	/* (b) another cluster's members: well-formed libraft traffic, higher term */
+	{
+		const char *who[][2] = {{"2", "127.0.0.1:1"}, {"1", "127.0.0.1:2"}};
+		for (size_t k = 0; k < 2; k++) {
+			o = preamble(b, (uint64_t)atoi(who[k][0]), who[k][1]);
+			o += msg(b + o, 3, 40); /* RequestVote term 1000, disrupt the leader */
+			put64(b + o, term + 1000);
+			put64(b + o + 8, (uint64_t)atoi(who[k][0]));
+			put64(b + o + 16, 1000);
+			put64(b + o + 24, term + 999);
+			put64(b + o + 32, 1);
+			o += 40;
+			o += msg(b + o, 1, 48); /* AppendEntries, term 1000, no entries */
+			memset(b + o, 0, 48);
+			put64(b + o, term + 1000);
+			o += 48;
+			send_refused(e, b, o, "another cluster's RequestVote and AppendEntries");
+		}
+	}
+
+	/* (c) connections cut mid-preamble, mid-header and mid-payload */
+	o = preamble(b, 1, e->addr);
+	send_cut(e, b, 10);
+	o += msg(b + o, 1, 56);
+	send_cut(e, b, o + 20);
+	memset(b + o, 0, 56);
+	put64(b + o, 0); /* term 0: stale, libraft rejects it once whole */
+	put64(b + o + 32, 1);
+	b[o + 40 + 8] = 1;
+	b[o + 40 + 12] = 200; /* 200 payload bytes announced, 30 sent */
+	send_cut(e, b, o + 56 + 30);
+
+	/* nothing changed: still leader in the same term, same state, still writable */
+	assert_int_equal(raft_state(&e->node->raft), RAFT_LEADER);
+	assert_int_equal(e->node->raft.current_term, term);
+	assert_true(sdb_fsm_hash(sdb_node_fsm(e->node)) == h);
+	assert_true(propose(e, "addShard", "{\"id\": \"b\", \"uri\": \"mongodb://b\"}") == 1.0);
+	stop(e);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_ready_propose_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_append_aborts, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unavailable_aborts, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_foreign_peers, setup, teardown),
 	};
 	return cmocka_run_group_tests_name("raft_node", tests, NULL, NULL);
 }
