@@ -191,6 +191,9 @@ static int op_register(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 			BSON_APPEND_UTF8(res, "errmsg", msg);
 			BSON_APPEND_INT32(res, "code", 11000);
 			BSON_APPEND_UTF8(res, "codeName", "DuplicateKey");
+			/* how long the holder's lease still runs: a restarted member waits that
+			 * long for a predecessor it replaces (src/ratelimit/membership.c) */
+			BSON_APPEND_INT64(res, "leaseLeftMS", (int64_t)(held_until - ts));
 			return 1;
 		}
 	}

@@ -73,7 +73,7 @@ static bool run(mongoc_client_t *c, const bson_t *cmd, bson_t *reply, bson_error
  * logged and not yet followed by a success (one line per streak); err gets the message
  * of a refusal (REG_DUPLICATE). */
 static enum reg_result do_register(rl_membership *m, mongoc_client_t *c, bool *logged,
-				   char *err, size_t errlen)
+				   char *err, size_t errlen, int64_t *lease_left)
 {
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_error_t e;
@@ -87,6 +87,10 @@ static enum reg_result do_register(rl_membership *m, mongoc_client_t *c, bool *l
 		r = e.code == DUPLICATE_KEY ? REG_DUPLICATE : REG_FAILED;
 		if (r == REG_DUPLICATE && err != NULL)
 			snprintf(err, errlen, "%s", e.message);
+		bson_iter_t it;
+		if (r == REG_DUPLICATE && lease_left != NULL &&
+		    bson_iter_init_find(&it, &reply, "leaseLeftMS") && BSON_ITER_HOLDS_NUMBER(&it))
+			*lease_left = bson_iter_as_int64(&it);
 		if (!*logged) {
 			if (r == REG_DUPLICATE)
 				sdb_error("ratelimit: peer registration refused by metadata, retrying"
@@ -245,7 +249,7 @@ static void *renew_main(void *arg)
 				continue;
 			}
 		}
-		if (do_register(m, c, &logged, NULL, 0) == REG_OK) {
+		if (do_register(m, c, &logged, NULL, 0, NULL) == REG_OK) {
 			next = now + m->lease_ms / 3;
 		} else {
 			mongoc_client_destroy(c);
@@ -295,25 +299,33 @@ static void new_instance(char out[17])
 
 /* The first registration, before the role reports itself started: an address that
  * another live process holds (a duplicate --advertise) is refused by the metadata; this
- * waits up to one lease (+1 s) for that lease to lapse (the holder may be a predecessor
- * killed without deregistering) and then fails, so the process exits non-zero with the
- * reason. When the metadata cannot be reached now the threads keep trying (a refusal
+ * waits for that lease to lapse (the holder may be a predecessor killed without
+ * deregistering), up to one lease of its own or the holder's lease left as the first
+ * refusal reports it (leaseLeftMS: a predecessor may have had a longer lease), whichever
+ * is longer, +1 s, and then fails, so the process exits non-zero with the reason. When the metadata cannot be reached now the threads keep trying (a refusal
  * seen later is logged as an error and retried). Returns 0 or SDB_EEXISTS (err set). */
 static int first_registration(rl_membership *m, char *err, size_t errlen)
 {
 	int64_t deadline = (int64_t)sdb_mono_ms() + m->lease_ms + 1000;
-	bool logged = false;
+	bool logged = false, extended = false;
 	char why[512] = "";
 
 	for (;;) {
-		int64_t t0 = (int64_t)sdb_mono_ms();
+		int64_t t0 = (int64_t)sdb_mono_ms(), left = -1;
 		enum reg_result r;
 
 		if (m->first == NULL)
 			m->first = auth_cluster_client_new(m->lease_uri);
 		if (m->first == NULL)
 			return 0;
-		r = do_register(m, m->first, &logged, why, sizeof why);
+		r = do_register(m, m->first, &logged, why, sizeof why, &left);
+		/* only the first refusal's figure: a live holder renews, and waiting on its
+		 * renewed lease would wait for ever */
+		if (r == REG_DUPLICATE && !extended && left >= 0) {
+			extended = true;
+			if (t0 + left + 1000 > deadline)
+				deadline = t0 + left + 1000;
+		}
 		if (r == REG_OK) {
 			m->next_renew = t0 + m->lease_ms / 3;
 			return 0;

@@ -438,6 +438,33 @@ def test_duplicate_advertise_refused(start_role, tmp_path, pb):
     assert again.p.poll() is None
 
 
+def test_restart_with_a_shorter_lease_waits_for_the_predecessors(start_role, tmp_path):
+    """Issue #23 retest: a member SIGKILLed with an 8 s lease and restarted at once with a
+    1 s lease waits for the predecessor's lease as metadata reports it (leaseLeftMS), not
+    for its own: it starts and holds the address (it used to give up after its own lease
+    and exit non-zero)."""
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    gp, hp = free_port(), free_port()
+    addr = f"127.0.0.1:{gp}"
+    first = start_role(["--role=ratelimit", f"--grpc-listen={addr}",
+                        f"--http-listen=127.0.0.1:{hp}", f"--metadata={meta.seeds()}",
+                        "--ratelimit-lease-ms=8000"])
+    wait_until(lambda: [p["addr"] for p in registry(meta)["peers"]] == [addr], 30,
+               what="the first process registered")
+    inst = registry(meta)["peers"][0]["instance"]
+    first.p.kill()
+    first.p.wait(timeout=10)
+    again = start_role(["--role=ratelimit", f"--grpc-listen={addr}",
+                        f"--http-listen=127.0.0.1:{free_port()}", f"--metadata={meta.seeds()}",
+                        "--ratelimit-lease-ms=1000"], wait=False)
+    wait_until(lambda: again.p.poll() is not None or
+               [p.get("instance") for p in registry(meta)["peers"]
+                if p["addr"] == addr] not in ([], [inst]), 30,
+               what="the restarted process holding the address or exiting")
+    assert again.p.poll() is None, open(again.log_path).read()[-2000:]
+
+
 def test_metadata_needs_grpc_listen_and_peers_win(start_role, tmp_path):
     """Issue #23 retest: a rate limiter with --metadata but no --grpc-listen would run
     unregistered and alone: refused (exit 2, one line on stderr). --peers with --metadata:
