@@ -17,6 +17,7 @@
  */
 #include "storage/store.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 #include "common/bsonval.h"
 #include "common/err.h"
 #include "storage/collation.h"
+#include "storage/decimal.h"
 #include "storage/matcher.h"
 #include "storage/store_int.h"
 
@@ -241,6 +243,26 @@ static bool plain_value(const bson_iter_t *v)
 	return b != SDB_BRACKET_NULL && b != SDB_BRACKET_MINKEY && b != SDB_BRACKET_MAXKEY;
 }
 
+/* Is v a NaN (double or Decimal128): mongod's std::isnan(elem.numberDouble()). */
+static bool nan_value(const bson_iter_t *v)
+{
+	if (BSON_ITER_HOLDS_DOUBLE(v))
+		return isnan(bson_iter_double(v));
+	if (BSON_ITER_HOLDS_DECIMAL128(v)) {
+		bson_decimal128_t d;
+		bson_iter_decimal128(v, &d);
+		return sdb_dec_is_nan(d);
+	}
+	return false;
+}
+
+/* An operator whose matches include the value itself ($eq $lte $gte): mongod's
+ * expression_algo.cpp supportsEquality. */
+static bool equality_op(const char *op)
+{
+	return strcmp(op, "$eq") == 0 || strcmp(op, "$lte") == 0 || strcmp(op, "$gte") == 0;
+}
+
 /* Does a document matching {path: {q->op: q->v}} have the field (not null)? */
 static bool implies_exists(const atom *q)
 {
@@ -274,9 +296,18 @@ static bool in_list(const bson_iter_t *v, const bson_iter_t *arr)
 	bson_iter_t el;
 	if (!BSON_ITER_HOLDS_ARRAY(arr) || !bson_iter_recurse(arr, &el))
 		return false;
-	while (bson_iter_next(&el))
-		if (same_value(v, &el) && !BSON_ITER_HOLDS_REGEX(&el))
+	while (bson_iter_next(&el)) {
+		if (BSON_ITER_HOLDS_REGEX(&el))
+			continue;
+		if (nan_value(v) || nan_value(&el)) {
+			/* NaN equals only NaN (mongod _isSubsetOf: a double and a decimal NaN too) */
+			if (nan_value(v) && nan_value(&el))
+				return true;
+			continue;
+		}
+		if (same_value(v, &el))
 			return true;
+	}
 	return false;
 }
 
@@ -355,6 +386,12 @@ static bool atom_implies(const atom *q, const atom *p)
 		return false;
 	/* strings compare under the query's collation on one side and the index's on the
 	 * other: the caller only asks when they are the same */
+	/* NaN compares equal only to itself (mongod expression_algo.cpp _isSubsetOf): a
+	 * comparison with a NaN on either side is a subset only when both are NaN and both
+	 * operators match the value itself ({a: NaN} is within {a: {$lte: NaN}}, never within
+	 * {a: {$lt: 5}}: NaN sorts below every number but $lt 5 does not match it) */
+	if (nan_value(&q->v) || nan_value(&p->v))
+		return equality_op(qo) && equality_op(po) && nan_value(&q->v) && nan_value(&p->v);
 	int c = sdb_bson_value_cmp(bson_iter_value((bson_iter_t *)&q->v),
 				   bson_iter_value((bson_iter_t *)&p->v));
 	if (pgt)

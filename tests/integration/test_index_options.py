@@ -15,6 +15,7 @@ On a shard, through a proxy to a sharded collection, and across a chunk migratio
 """
 import pymongo
 import pytest
+from bson.decimal128 import Decimal128
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from conftest import wait_until
@@ -95,12 +96,41 @@ def _check_partial_reads(coll):
     assert _ids(coll.find({"g": 1, "x": {"$lt": 4}})) == [101, 103]
 
 
+def _check_partial_nan(coll):
+    """NaN sorts below every number but a range on numbers does not match it: a query for
+    NaN is within a partial filter only when the filter is a NaN comparison that matches
+    NaN ($eq/$lte/$gte NaN; mongod expression_algo.cpp _isSubsetOf)."""
+    nan, dnan = float("nan"), Decimal128("NaN")
+    coll.insert_many([{"_id": 1, "a": nan}, {"_id": 2, "a": 3}, {"_id": 3, "a": dnan}])
+    for op in ("$lt", "$lte", "$gt", "$gte"):
+        coll.create_index("a", name="p", partialFilterExpression={"a": {op: 5}})
+        for v in (nan, dnan):
+            for q in ({"a": v}, {"a": {"$lte": v}}, {"a": {"$gte": v}}, {"a": {"$in": [v]}}):
+                assert _ids(coll.find(q).sort("a", 1)) == [1, 3], (op, q)
+                assert _ids(coll.find(q)) == [1, 3], (op, q)
+                code, msg = _code(lambda: list(coll.find(q).hint("p")))
+                assert code == 2 and "partial index 'p'" in msg, (op, q, code, msg)
+            for q in ({"a": {"$lt": v}}, {"a": {"$gt": v}}):
+                assert _ids(coll.find(q).sort("a", 1)) == [], (op, q)
+                assert _code(lambda: list(coll.find(q).hint("p")))[0] == 2, (op, q)
+        coll.drop_index("p")
+    # a filter that matches NaN holds it: a NaN query may use it (double or decimal)
+    for fop in ("$lte", "$gte"):
+        coll.create_index("a", name="n", partialFilterExpression={"a": {fop: nan}})
+        for v in (nan, dnan):
+            for q in ({"a": v}, {"a": {"$lte": v}}, {"a": {"$gte": v}}):
+                assert _ids(coll.find(q).hint("n")) == [1, 3], (fop, q)
+            assert _code(lambda: list(coll.find({"a": {"$lt": 5}}).hint("n")))[0] == 2
+        coll.drop_index("n")
+
+
 def test_partial_index_on_a_shard(shard):
     _, port = shard
     cl = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True)
     db = cl.t
     _check_partial_unique(db.u)
     _check_partial_reads(db.r)
+    _check_partial_nan(db.nan)
     # validate counts the partial index's entries against the documents it holds
     for c in ("u", "r"):
         r = db.command("validate", c)
@@ -225,6 +255,7 @@ def test_partial_index_through_a_proxy(start_role, tmp_path):
         _check_partial_unique(db.c, key_extra={"t": 5})
         # an unsharded collection through the proxy
         _check_partial_reads(cl.proxy_client(0).un.r)
+        _check_partial_nan(cl.proxy_client(0).un.nan)
         # and on the sharded one, documents on both shards
         db.c.insert_many([{"_id": 200 + i, "t": i * 3, "x": i} for i in range(10)])
         db.c.create_index("x", partialFilterExpression={"x": {"$gt": 5}})

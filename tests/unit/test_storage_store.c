@@ -1517,6 +1517,47 @@ static void test_partial_filter_implication(void **state)
 			    "{\"$or\": [{\"a\": 1}, {\"b\": 1}]}"));
 	assert_false(implied("{\"$or\": [{\"a\": 1}, {\"c\": 1}]}",
 			     "{\"$or\": [{\"a\": 1}, {\"b\": 1}]}"));
+	/* NaN (double or decimal) equals only NaN, though it sorts below every number
+	 * (mongod expression_algo.cpp _isSubsetOf) */
+	static const char *const nans[] = {
+		"{\"$numberDouble\": \"NaN\"}",
+		"{\"$numberDecimal\": \"NaN\"}",
+	};
+	static const char *const ranges[] = {"$lt", "$lte", "$gt", "$gte"};
+	char q[160], f[160];
+	for (size_t i = 0; i < 2; i++) {
+		for (size_t r = 0; r < 4; r++) {
+			snprintf(f, sizeof f, "{\"a\": {\"%s\": 5}}", ranges[r]);
+			snprintf(q, sizeof q, "{\"a\": %s}", nans[i]);
+			assert_false(implied(q, f));
+			for (size_t o = 0; o < 4; o++) {
+				snprintf(q, sizeof q, "{\"a\": {\"%s\": %s}}", ranges[o], nans[i]);
+				assert_false(implied(q, f));
+			}
+		}
+		/* NaN within NaN: only when both operators match the value itself */
+		for (size_t j = 0; j < 2; j++) {
+			snprintf(q, sizeof q, "{\"a\": %s}", nans[i]);
+			snprintf(f, sizeof f, "{\"a\": {\"$lte\": %s}}", nans[j]);
+			assert_true(implied(q, f));
+			snprintf(f, sizeof f, "{\"a\": {\"$gte\": %s}}", nans[j]);
+			assert_true(implied(q, f));
+			snprintf(f, sizeof f, "{\"a\": {\"$in\": [1, %s]}}", nans[j]);
+			assert_true(implied(q, f));
+			snprintf(f, sizeof f, "{\"a\": {\"$lt\": %s}}", nans[j]);
+			assert_false(implied(q, f));
+			snprintf(q, sizeof q, "{\"a\": {\"$gte\": %s}}", nans[i]);
+			snprintf(f, sizeof f, "{\"a\": {\"$lte\": %s}}", nans[j]);
+			assert_true(implied(q, f));
+			snprintf(q, sizeof q, "{\"a\": {\"$gt\": %s}}", nans[i]);
+			assert_false(implied(q, f));
+		}
+		snprintf(q, sizeof q, "{\"a\": 5}");
+		snprintf(f, sizeof f, "{\"a\": {\"$lte\": %s}}", nans[i]);
+		assert_false(implied(q, f));
+		snprintf(f, sizeof f, "{\"a\": {\"$in\": [%s]}}", nans[i]);
+		assert_false(implied(q, f));
+	}
 }
 
 int main(void)
