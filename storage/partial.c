@@ -109,6 +109,68 @@ static int check_filter(const bson_t *f, int depth, int *code, char *err, size_t
 	return 0;
 }
 
+/* The query features createIndexes parses a filter without (index_catalog_impl.cpp parses
+ * it with MatchExpressionParser::kBanAllSpecialFeatures; expression_parser.cpp's errors):
+ * $expr and $jsonSchema 224 QueryFeatureNotAllowed, $where and $text 2 BadValue, $near
+ * $nearSphere $geoNear 5626500. Walks $and / $or / $nor. Returns: 0, or SDB_EINVAL with
+ * *code and err set. */
+static int check_banned(const bson_t *f, int depth, int *code, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	if (depth > 32 || !bson_iter_init(&it, f))
+		return 0; /* the matcher and check_filter refuse these */
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "$expr") == 0 || strcmp(k, "$jsonSchema") == 0) {
+			*code = 224; /* QueryFeatureNotAllowed */
+			return sdb_errf(err, errlen, SDB_EINVAL, "%s is not allowed in this context",
+					k);
+		}
+		if (strcmp(k, "$where") == 0 || strcmp(k, "$text") == 0) {
+			*code = 2;
+			return sdb_errf(err, errlen, SDB_EINVAL, "%s is not allowed in this context",
+					k);
+		}
+		bson_iter_t sub;
+		if (!bson_iter_recurse(&it, &sub))
+			continue;
+		if (strcmp(k, "$and") == 0 || strcmp(k, "$or") == 0 || strcmp(k, "$nor") == 0) {
+			while (bson_iter_next(&sub)) {
+				uint32_t l;
+				const uint8_t *d;
+				bson_t c;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&sub))
+					continue;
+				bson_iter_document(&sub, &l, &d);
+				if (!bson_init_static(&c, d, l))
+					continue;
+				int rc = check_banned(&c, depth + 1, code, err, errlen);
+				if (rc)
+					return rc;
+			}
+			continue;
+		}
+		if (k[0] == '$' || !BSON_ITER_HOLDS_DOCUMENT(&it))
+			continue;
+		while (bson_iter_next(&sub)) {
+			const char *op = bson_iter_key(&sub);
+			if (strcmp(op, "$near") == 0 || strcmp(op, "$nearSphere") == 0 ||
+			    strcmp(op, "$geoNear") == 0) {
+				*code = 5626500;
+				return sdb_errf(err, errlen, SDB_EINVAL,
+						"$geoNear, $near, and $nearSphere are not allowed in "
+						"this context, as these operators require sorting "
+						"geospatial data. If you do not need sort, consider "
+						"using $geoWithin instead. Check out "
+						"https://dochub.mongodb.org/core/near-sort-operation "
+						"and https://dochub.mongodb.org/core/"
+						"nearSphere-sort-operationfor more details.");
+			}
+		}
+	}
+	return 0;
+}
+
 int store_partial_check(const bson_iter_t *pfe, int *code, char *err, size_t errlen)
 {
 	*code = 0;
@@ -126,10 +188,14 @@ int store_partial_check(const bson_iter_t *pfe, int *code, char *err, size_t err
 		*code = 2;
 		return sdb_errf(err, errlen, SDB_EINVAL, "partialFilterExpression is not valid BSON");
 	}
-	/* the query language's own errors first (unknown operator, $in needs an array ...) */
+	/* the query features a partial filter may not use, then the query language's own
+	 * errors (unknown operator, $in needs an array ...) */
+	int rc = check_banned(&f, 0, code, err, errlen);
+	if (rc)
+		return rc;
 	sdb_matcher *m = NULL;
 	int mcode = 0;
-	int rc = sdb_matcher_new(&f, &m, &mcode, err, errlen);
+	rc = sdb_matcher_new(&f, &m, &mcode, err, errlen);
 	if (rc) {
 		*code = mcode ? mcode : 2;
 		return rc;

@@ -155,6 +155,22 @@ def test_partial_index_on_a_shard(shard):
         code, msg = _code(lambda: db.bad.create_index("k", partialFilterExpression=f))
         assert code == 67, (f, code, msg)
         assert msg.startswith("Expression not supported in partial index"), msg
+    # the query features createIndexes parses a filter without (mongod's
+    # kBanAllSpecialFeatures: expression_parser.cpp's codes and messages)
+    banned = [({"$expr": {"$eq": ["$a", 1]}}, 224, "$expr is not allowed in this context"),
+              ({"$or": [{"b": 1}, {"$expr": True}]}, 224, "$expr is not allowed"),
+              ({"$jsonSchema": {}}, 224, "$jsonSchema is not allowed in this context"),
+              ({"$text": {"$search": "x"}}, 2, "$text is not allowed in this context"),
+              ({"$where": "true"}, 2, "$where is not allowed in this context"),
+              ({"a": {"$near": [0, 0]}}, 5626500, "$geoNear, $near, and $nearSphere are not"),
+              ({"a": {"$nearSphere": [0, 0]}}, 5626500, "$geoNear, $near, and $nearSphere")]
+    for f, want, prefix in banned:
+        with pytest.raises(OperationFailure) as e:
+            db.bad.create_index("k", partialFilterExpression=f)
+        assert e.value.code == want, (f, e.value.details)
+        assert e.value.details["errmsg"].startswith(prefix), (f, e.value.details)
+        if want == 224:
+            assert e.value.details["codeName"] == "QueryFeatureNotAllowed"
     # the query language's own errors first, then the type
     assert _code(lambda: db.bad.create_index(
         "k", partialFilterExpression={"a": {"$foo": 1}}))[0] == 2
