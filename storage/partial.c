@@ -486,3 +486,249 @@ bool store_partial_implied(const bson_t *query, const sdb_store_index *ix)
 	free(qs.a);
 	return ok;
 }
+
+/* ------------------------------------------------------------------ identity */
+
+/* A list of canonical nodes (each an owned document {path: {op: v}}, {"$or": [...]} or
+ * another top-level operator kept whole). */
+typedef struct nodes {
+	bson_t **a;
+	size_t n, cap;
+} nodes;
+
+static void nodes_push(nodes *s, bson_t *d)
+{
+	if (s->n == s->cap) {
+		s->cap = s->cap ? s->cap * 2 : 8;
+		s->a = sdb_realloc(s->a, s->cap * sizeof *s->a);
+	}
+	s->a[s->n++] = d;
+}
+
+static void nodes_free(nodes *s)
+{
+	for (size_t i = 0; i < s->n; i++)
+		bson_destroy(s->a[i]);
+	free(s->a);
+	s->a = NULL;
+	s->n = s->cap = 0;
+}
+
+static int node_cmp(const void *x, const void *y)
+{
+	return sdb_bson_doc_cmp(*(bson_t *const *)x, *(bson_t *const *)y);
+}
+
+static int value_cmp(const void *x, const void *y)
+{
+	return sdb_bson_value_cmp((const bson_value_t *)x, (const bson_value_t *)y);
+}
+
+/* {path: {op: v}} */
+static bson_t *leaf(const char *path, const char *op, const bson_value_t *v)
+{
+	bson_t *d = bson_new(), sub;
+	bson_append_document_begin(d, path, -1, &sub);
+	bson_append_value(&sub, op, -1, v);
+	bson_append_document_end(d, &sub);
+	return d;
+}
+
+/* A list node {name: [sorted nodes]}; takes the nodes. */
+static bson_t *list_node(const char *name, nodes *s)
+{
+	qsort(s->a, s->n, sizeof *s->a, node_cmp);
+	bson_t *d = bson_new(), arr;
+	bson_append_array_begin(d, name, -1, &arr);
+	for (size_t i = 0; i < s->n; i++) {
+		char key[24];
+		snprintf(key, sizeof key, "%zu", i);
+		bson_append_document(&arr, key, -1, s->a[i]);
+	}
+	bson_append_array_end(d, &arr);
+	nodes_free(s);
+	return d;
+}
+
+/* Is d the list node {name: [...]}? Then *arr iterates its nodes. */
+static bool is_list(const bson_t *d, const char *name, bson_iter_t *arr)
+{
+	bson_iter_t it;
+	return bson_iter_init(&it, d) && bson_iter_next(&it) &&
+	       strcmp(bson_iter_key(&it), name) == 0 && BSON_ITER_HOLDS_ARRAY(&it) &&
+	       bson_iter_recurse(&it, arr);
+}
+
+/* Push copies of a list node's nodes, or the node itself (a conjunct inside a conjunction,
+ * a branch inside a disjunction: MatchExpression::optimize flattens them); takes d. */
+static void splice(nodes *s, bson_t *d, const char *name)
+{
+	bson_iter_t el;
+	if (!is_list(d, name, &el)) {
+		nodes_push(s, d);
+		return;
+	}
+	while (bson_iter_next(&el)) {
+		uint32_t l;
+		const uint8_t *p;
+		if (!BSON_ITER_HOLDS_DOCUMENT(&el))
+			continue;
+		bson_iter_document(&el, &l, &p);
+		nodes_push(s, bson_new_from_data(p, l));
+	}
+	bson_destroy(d);
+}
+
+static bson_t *canon_doc(const uint8_t *data, uint32_t len, int depth);
+
+/* The conjuncts of filter document data, canonical, into s. */
+static void canon_conj(const uint8_t *data, uint32_t len, nodes *s, int depth)
+{
+	bson_t f;
+	bson_iter_t it;
+	if (depth > 32 || !bson_init_static(&f, data, len) || !bson_iter_init(&it, &f))
+		return;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		const bson_value_t *v = bson_iter_value(&it);
+		bson_iter_t el;
+		if ((strcmp(k, "$and") == 0 || strcmp(k, "$or") == 0) &&
+		    BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &el)) {
+			bool is_and = k[1] == 'a';
+			nodes br = {0};
+			while (bson_iter_next(&el)) {
+				uint32_t l;
+				const uint8_t *p;
+				if (!BSON_ITER_HOLDS_DOCUMENT(&el))
+					continue;
+				bson_iter_document(&el, &l, &p);
+				if (is_and)
+					canon_conj(p, l, s, depth + 1);
+				else
+					splice(&br, canon_doc(p, l, depth + 1), "$or");
+			}
+			if (is_and)
+				continue;
+			/* a one-branch $or is its branch */
+			if (br.n == 1) {
+				bson_t *one = br.a[0];
+				free(br.a);
+				splice(s, one, "$and");
+			} else {
+				nodes_push(s, list_node("$or", &br));
+			}
+			continue;
+		}
+		if (k[0] == '$') {
+			bson_t *d = bson_new();
+			bson_append_value(d, k, -1, v);
+			nodes_push(s, d);
+			continue;
+		}
+		bson_iter_t ops, first;
+		bool opdoc = BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &ops);
+		if (opdoc) {
+			first = ops;
+			opdoc = bson_iter_next(&first) && bson_iter_key(&first)[0] == '$';
+		}
+		if (!opdoc) {
+			nodes_push(s, leaf(k, "$eq", v)); /* {f: v} is {f: {$eq: v}} */
+			continue;
+		}
+		while (bson_iter_next(&ops)) {
+			const char *op = bson_iter_key(&ops);
+			const bson_value_t *ov = bson_iter_value(&ops);
+			if (strcmp(op, "$exists") == 0) {
+				bson_value_t b = {.value_type = BSON_TYPE_BOOL};
+				b.value.v_bool = bson_iter_as_bool(&ops);
+				nodes_push(s, leaf(k, op, &b));
+				continue;
+			}
+			bson_iter_t in;
+			if (strcmp(op, "$in") != 0 || !BSON_ITER_HOLDS_ARRAY(&ops) ||
+			    !bson_iter_recurse(&ops, &in)) {
+				nodes_push(s, leaf(k, op, ov));
+				continue;
+			}
+			/* $in: a set (InMatchExpression sorts and dedups its equalities); of one
+			 * value, an equality (optimize) */
+			bson_value_t *vals = NULL;
+			size_t n = 0, cap = 0;
+			bool regex = false;
+			while (bson_iter_next(&in)) {
+				if (BSON_ITER_HOLDS_REGEX(&in))
+					regex = true;
+				if (n == cap) {
+					cap = cap ? cap * 2 : 8;
+					vals = sdb_realloc(vals, cap * sizeof *vals);
+				}
+				vals[n++] = *bson_iter_value(&in);
+			}
+			if (regex) { /* the regexes' order is kept by mongod: the list as given */
+				free(vals);
+				nodes_push(s, leaf(k, op, ov));
+				continue;
+			}
+			qsort(vals, n, sizeof *vals, value_cmp);
+			size_t m = 0;
+			for (size_t i = 0; i < n; i++)
+				if (m == 0 || sdb_bson_value_cmp(&vals[m - 1], &vals[i]) != 0)
+					vals[m++] = vals[i];
+			if (m == 1) {
+				nodes_push(s, leaf(k, "$eq", &vals[0]));
+			} else {
+				bson_t *d = bson_new(), sub, arr;
+				bson_append_document_begin(d, k, -1, &sub);
+				bson_append_array_begin(&sub, op, -1, &arr);
+				for (size_t i = 0; i < m; i++) {
+					char key[24];
+					snprintf(key, sizeof key, "%zu", i);
+					bson_append_value(&arr, key, -1, &vals[i]);
+				}
+				bson_append_array_end(&sub, &arr);
+				bson_append_document_end(d, &sub);
+				nodes_push(s, d);
+			}
+			free(vals);
+		}
+	}
+}
+
+/* The canonical node of a filter document: its one conjunct, or {"$and": [sorted]}. */
+static bson_t *canon_doc(const uint8_t *data, uint32_t len, int depth)
+{
+	nodes s = {0};
+	canon_conj(data, len, &s, depth);
+	if (s.n == 1) {
+		bson_t *one = s.a[0];
+		free(s.a);
+		return one;
+	}
+	return list_node("$and", &s);
+}
+
+bool store_partial_same(const bson_iter_t *a, const bson_iter_t *b)
+{
+	if (!BSON_ITER_HOLDS_DOCUMENT(a) || !BSON_ITER_HOLDS_DOCUMENT(b)) {
+		bson_t x = BSON_INITIALIZER, y = BSON_INITIALIZER;
+		bson_append_iter(&x, "v", 1, a);
+		bson_append_iter(&y, "v", 1, b);
+		bool r = bson_equal(&x, &y);
+		bson_destroy(&x);
+		bson_destroy(&y);
+		return r;
+	}
+	uint32_t la, lb;
+	const uint8_t *da, *db;
+	bson_iter_document(a, &la, &da);
+	bson_iter_document(b, &lb, &db);
+	/* strings by their bytes: mongod does not compare filters under the collation
+	 * (SERVER-47664) */
+	const sdb_bson_collator *prev = sdb_bson_collator_set(NULL);
+	bson_t *ca = canon_doc(da, la, 0), *cb = canon_doc(db, lb, 0);
+	bool r = sdb_bson_doc_cmp(ca, cb) == 0;
+	sdb_bson_collator_set(prev);
+	bson_destroy(ca);
+	bson_destroy(cb);
+	return r;
+}

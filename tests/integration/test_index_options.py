@@ -124,6 +124,49 @@ def _check_partial_nan(coll):
         coll.drop_index("n")
 
 
+def _check_partial_identity(coll):
+    """mongod compares partial filters after parsing and normalizing them
+    (IndexDescriptor::compareIndexOptions: MatchExpression::equivalent): each pair below is
+    one index (another name: 85; the same name: a no-op), and listIndexes shows the filter
+    as first given."""
+    same = [
+        ({"a": {"$gt": 1, "$lt": 5}}, {"a": {"$lt": 5, "$gt": 1}}),
+        ({"a": {"$gt": 1, "$lt": 5}}, {"$and": [{"a": {"$lt": 5}}, {"a": {"$gt": 1}}]}),
+        ({"a": {"$in": [1, 2]}}, {"a": {"$in": [2, 1]}}),
+        ({"a": {"$in": [1, 2]}}, {"a": {"$in": [2, 1, 2.0]}}),
+        ({"a": {"$eq": 1}}, {"a": 1}),
+        ({"a": 1}, {"a": {"$in": [1]}}),
+        ({"a": 1}, {"$and": [{"a": 1}]}),
+        ({"a": 1}, {"$or": [{"a": 1}]}),
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1}),
+        ({"$or": [{"a": 1}, {"b": 2}]}, {"$or": [{"b": 2}, {"$or": [{"a": 1}]}]}),
+        ({"a": {"$exists": True}}, {"a": {"$exists": 1}}),
+    ]
+    for i, (f, g) in enumerate(same):
+        name = f"s{i}"
+        coll.create_index("k", name=name, partialFilterExpression=f)
+        code, msg = _code(lambda: coll.create_index(
+            "k", name=f"other{i}", partialFilterExpression=g))
+        assert code == 85 and name in msg, (f, g, code, msg)
+        coll.create_index("k", name=name, partialFilterExpression=g)  # exists: no-op
+        specs = {ix["name"]: ix for ix in coll.list_indexes()}
+        assert specs[name]["partialFilterExpression"] == f, specs[name]
+        assert f"other{i}" not in specs
+        coll.drop_index(name)
+    # different filters stay different indexes
+    differ = [({"a": 1}, {"a": 2}), ({"a": {"$gt": 1}}, {"a": {"$gte": 1}}),
+              ({"a": {"$in": [1, 2]}}, {"a": {"$in": [1, 3]}}), ({"a": 1}, {"b": 1}),
+              ({"$or": [{"a": 1}, {"b": 2}]}, {"a": 1, "b": 2}), ({"a": "x"}, {"a": "X"})]
+    for i, (f, g) in enumerate(differ):
+        coll.create_index("k", name=f"d{i}", partialFilterExpression=f)
+        coll.create_index("k", name=f"e{i}", partialFilterExpression=g)
+        code, _ = _code(lambda: coll.create_index(
+            "k", name=f"d{i}", partialFilterExpression=g))
+        assert code == 86, (f, g)
+        coll.drop_index(f"d{i}")
+        coll.drop_index(f"e{i}")
+
+
 def test_partial_index_on_a_shard(shard):
     _, port = shard
     cl = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True)
@@ -131,6 +174,7 @@ def test_partial_index_on_a_shard(shard):
     _check_partial_unique(db.u)
     _check_partial_reads(db.r)
     _check_partial_nan(db.nan)
+    _check_partial_identity(db.ident)
     # validate counts the partial index's entries against the documents it holds
     for c in ("u", "r"):
         r = db.command("validate", c)
@@ -139,7 +183,7 @@ def test_partial_index_on_a_shard(shard):
     assert r["keysPerIndex"]["x_1"] == 4, r  # x in 6..9
     # the operators MongoDB 6.0 allows: equality, $exists: true, comparisons, $type,
     # $in, $and, $or (nested too)
-    ok = [{"a": 1}, {"a": {"$eq": 1}}, {"a": {"$exists": True}}, {"a": {"$type": "string"}},
+    ok = [{"a": 1}, {"a": {"$eq": 3}}, {"a": {"$exists": True}}, {"a": {"$type": "string"}},
           {"a": {"$in": [1, 2]}}, {"a": {"$gte": 1, "$lt": 9}},
           {"$and": [{"a": 1}, {"b": {"$gt": 2}}]}, {"$or": [{"a": 1}, {"b": 2}]},
           {"$and": [{"$or": [{"a": 1}, {"b": 2}]}, {"c": 3}]}, {"a": {"b": 1}}]
@@ -272,6 +316,7 @@ def test_partial_index_through_a_proxy(start_role, tmp_path):
         # an unsharded collection through the proxy
         _check_partial_reads(cl.proxy_client(0).un.r)
         _check_partial_nan(cl.proxy_client(0).un.nan)
+        _check_partial_identity(db.c)
         # and on the sharded one, documents on both shards
         db.c.insert_many([{"_id": 200 + i, "t": i * 3, "x": i} for i in range(10)])
         db.c.create_index("x", partialFilterExpression={"x": {"$gt": 5}})

@@ -1471,6 +1471,53 @@ static bool implied(const char *query_json, const char *pfe_json)
 	return r;
 }
 
+/* store_partial_same on two filters in extended JSON. */
+static bool same_filter(const char *a_json, const char *b_json)
+{
+	bson_error_t e;
+	bson_t *a = bson_new_from_json((const uint8_t *)a_json, -1, &e);
+	bson_t *b = bson_new_from_json((const uint8_t *)b_json, -1, &e);
+	assert_non_null(a);
+	assert_non_null(b);
+	bson_t x = BSON_INITIALIZER, y = BSON_INITIALIZER;
+	BSON_APPEND_DOCUMENT(&x, "f", a);
+	BSON_APPEND_DOCUMENT(&y, "f", b);
+	bson_iter_t ia, ib;
+	assert_true(bson_iter_init_find(&ia, &x, "f"));
+	assert_true(bson_iter_init_find(&ib, &y, "f"));
+	bool r = store_partial_same(&ia, &ib);
+	assert_true(store_partial_same(&ib, &ia) == r);
+	bson_destroy(&x);
+	bson_destroy(&y);
+	bson_destroy(a);
+	bson_destroy(b);
+	return r;
+}
+
+static void test_partial_filter_identity(void **state)
+{
+	(void)state;
+	assert_true(same_filter("{\"a\": {\"$gt\": 1, \"$lt\": 5}}",
+				"{\"a\": {\"$lt\": 5, \"$gt\": 1}}"));
+	assert_true(same_filter("{\"a\": {\"$gt\": 1, \"$lt\": 5}}",
+				"{\"$and\": [{\"a\": {\"$lt\": 5}}, {\"a\": {\"$gt\": 1}}]}"));
+	assert_true(same_filter("{\"a\": {\"$in\": [1, 2]}}", "{\"a\": {\"$in\": [2, 1, 1.0]}}"));
+	assert_true(same_filter("{\"a\": {\"$eq\": 1}}", "{\"a\": 1}"));
+	assert_true(same_filter("{\"a\": {\"$in\": [1]}}", "{\"a\": 1}"));
+	assert_true(same_filter("{\"$and\": [{\"a\": 1}]}", "{\"a\": 1}"));
+	assert_true(same_filter("{\"$or\": [{\"a\": 1, \"b\": 1}]}", "{\"b\": 1, \"a\": 1}"));
+	assert_true(same_filter("{\"$or\": [{\"a\": 1}, {\"$or\": [{\"b\": 1}, {\"c\": 1}]}]}",
+				"{\"$or\": [{\"c\": 1}, {\"b\": 1}, {\"a\": 1}]}"));
+	assert_true(same_filter("{\"a\": {\"$numberDouble\": \"NaN\"}}",
+				"{\"a\": {\"$numberDecimal\": \"NaN\"}}"));
+	assert_false(same_filter("{\"a\": 1}", "{\"a\": 2}"));
+	assert_false(same_filter("{\"a\": \"x\"}", "{\"a\": \"X\"}"));
+	assert_false(same_filter("{\"a\": {\"$gt\": 1}}", "{\"a\": {\"$gte\": 1}}"));
+	assert_false(same_filter("{\"$or\": [{\"a\": 1}, {\"b\": 1}]}", "{\"a\": 1, \"b\": 1}"));
+	assert_false(same_filter("{\"a\": {\"$in\": [1, 2]}}", "{\"a\": {\"$in\": [1]}}"));
+	assert_false(same_filter("{\"a\": 1, \"b\": 1}", "{\"a\": 1}"));
+}
+
 static void test_partial_filter_implication(void **state)
 {
 	(void)state;
@@ -1584,6 +1631,7 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_query_plans_and_counters, setup, teardown),
 		cmocka_unit_test(test_partial_filter_implication),
+		cmocka_unit_test(test_partial_filter_identity),
 		cmocka_unit_test_setup_teardown(test_rolled_back_apply_leaves_no_trace, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_replicated_apply_is_deterministic, setup,
