@@ -2,7 +2,8 @@
  *
  * - Creation (index_catalog_impl.cpp _checkValidFilterExpressions with the 6.0 default
  *   feature flags): the filter may hold equality ({f: v}, $eq), $exists: true, $gt $gte
- *   $lt $lte, $type, $in, and $and / $or at any depth; anything else is refused with 67
+ *   $lt $lte, $type, $in, and $and / $or at any depth (an $all of values is an $and of
+ *   equalities to mongod's parser, so it is taken too); anything else is refused with 67
  *   CannotCreateIndex "Expression not supported in partial index: ...". (6.0 also accepts
  *   $geoWithin / $geoIntersects there; the matcher has no geo operators, so they are
  *   refused as well.)
@@ -44,6 +45,27 @@ static int refuse_expr(int *code, char *err, size_t errlen, const char *path, co
 }
 
 static int check_filter(const bson_t *f, int depth, int *code, char *err, size_t errlen);
+
+/* An $all of equalities: a non-empty array of values that are neither regexes nor
+ * {$elemMatch: ...} clauses (mongod parses it as an $and of $eq: expression_parser.cpp
+ * parseAll; an empty $all is $alwaysFalse, a regex a $regex, $elemMatch ones $elemMatch). */
+static bool all_of_equalities(const bson_iter_t *v)
+{
+	bson_iter_t el;
+	bool any = false;
+	if (!BSON_ITER_HOLDS_ARRAY(v) || !bson_iter_recurse(v, &el))
+		return false;
+	while (bson_iter_next(&el)) {
+		if (BSON_ITER_HOLDS_REGEX(&el))
+			return false;
+		bson_iter_t sub;
+		if (BSON_ITER_HOLDS_DOCUMENT(&el) && bson_iter_recurse(&el, &sub) &&
+		    bson_iter_next(&sub) && bson_iter_key(&sub)[0] == '$')
+			return false;
+		any = true;
+	}
+	return any;
+}
 
 /* The elements of a $and / $or array: each a filter document. */
 static int check_list(const bson_iter_t *arr, int depth, int *code, char *err, size_t errlen)
@@ -100,6 +122,9 @@ static int check_filter(const bson_t *f, int depth, int *code, char *err, size_t
 			    strcmp(op, "$in") == 0)
 				continue;
 			if (strcmp(op, "$exists") == 0 && bson_iter_as_bool(&ops))
+				continue;
+			/* an $and of equalities, which 6.0 takes at any depth */
+			if (strcmp(op, "$all") == 0 && all_of_equalities(&ops))
 				continue;
 			if (strcmp(op, "$exists") == 0)
 				return refuse_expr(code, err, errlen, k, "$exists: false");
@@ -276,8 +301,17 @@ static bool collect(const uint8_t *data, uint32_t len, atoms *s, int depth)
 		if (BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &ops)) {
 			first = ops;
 			if (bson_iter_next(&first) && bson_iter_key(&first)[0] == '$') {
-				while (bson_iter_next(&ops))
+				while (bson_iter_next(&ops)) {
+					bson_iter_t el;
+					/* {f: {$all: [v, w]}} is {f: v, f: w} (mongod's parse) */
+					if (strcmp(bson_iter_key(&ops), "$all") == 0 &&
+					    all_of_equalities(&ops) && bson_iter_recurse(&ops, &el)) {
+						while (bson_iter_next(&el))
+							atoms_push(s, k, "$eq", &el);
+						continue;
+					}
 					atoms_push(s, k, bson_iter_key(&ops), &ops);
+				}
 				continue;
 			}
 		}
@@ -645,6 +679,12 @@ static void canon_conj(const uint8_t *data, uint32_t len, nodes *s, int depth)
 				continue;
 			}
 			bson_iter_t in;
+			if (strcmp(op, "$all") == 0 && all_of_equalities(&ops) &&
+			    bson_iter_recurse(&ops, &in)) {
+				while (bson_iter_next(&in)) /* an $and of equalities */
+					nodes_push(s, leaf(k, "$eq", bson_iter_value(&in)));
+				continue;
+			}
 			if (strcmp(op, "$in") != 0 || !BSON_ITER_HOLDS_ARRAY(&ops) ||
 			    !bson_iter_recurse(&ops, &in)) {
 				nodes_push(s, leaf(k, op, ov));

@@ -16,6 +16,7 @@ On a shard, through a proxy to a sharded collection, and across a chunk migratio
 import pymongo
 import pytest
 from bson.decimal128 import Decimal128
+from bson.regex import Regex
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from conftest import wait_until
@@ -141,6 +142,8 @@ def _check_partial_identity(coll):
         ({"a": 1, "b": 2}, {"b": 2, "a": 1}),
         ({"$or": [{"a": 1}, {"b": 2}]}, {"$or": [{"b": 2}, {"$or": [{"a": 1}]}]}),
         ({"a": {"$exists": True}}, {"a": {"$exists": 1}}),
+        ({"a": {"$all": [1]}}, {"a": 1}),
+        ({"a": {"$all": [1, 2]}}, {"$and": [{"a": 2}, {"a": 1}]}),
     ]
     for i, (f, g) in enumerate(same):
         name = f"s{i}"
@@ -186,15 +189,25 @@ def test_partial_index_on_a_shard(shard):
     ok = [{"a": 1}, {"a": {"$eq": 3}}, {"a": {"$exists": True}}, {"a": {"$type": "string"}},
           {"a": {"$in": [1, 2]}}, {"a": {"$gte": 1, "$lt": 9}},
           {"$and": [{"a": 1}, {"b": {"$gt": 2}}]}, {"$or": [{"a": 1}, {"b": 2}]},
-          {"$and": [{"$or": [{"a": 1}, {"b": 2}]}, {"c": 3}]}, {"a": {"b": 1}}]
+          {"$and": [{"$or": [{"a": 1}, {"b": 2}]}, {"c": 3}]}, {"a": {"b": 1}},
+          {"a": {"$all": [5, 6]}}, {"$or": [{"a": {"$all": [7]}}, {"b": 3}]}]
     for i, f in enumerate(ok):
         db.ok.create_index([("k", 1)], name=f"k_{i}", partialFilterExpression=f)
     assert len(list(db.ok.list_indexes())) == len(ok) + 1
+    # an $all of values is an $and of equalities (mongod 6.0 takes it)
+    db.allf.insert_many([{"_id": 1, "k": 1, "a": [5, 6]}, {"_id": 2, "k": 1, "a": [5]}])
+    db.allf.create_index("k", name="ka", partialFilterExpression={"a": {"$all": [5, 6]}})
+    assert _ids(db.allf.find({"k": 1, "a": {"$all": [6, 5]}}).hint("ka")) == [1]
+    assert _ids(db.allf.find({"k": 1, "a": 5, "$and": [{"a": 6}]}).hint("ka")) == [1]
+    assert _code(lambda: list(db.allf.find({"k": 1, "a": 5}).hint("ka")))[0] == 2
+    assert db.command("validate", "allf")["keysPerIndex"]["ka"] == 1
     # every other expression: 67 CannotCreateIndex, nothing built
     bad = [{"a": {"$ne": 1}}, {"a": {"$exists": False}}, {"a": {"$nin": [1]}},
            {"$nor": [{"a": 1}]}, {"a": {"$regex": "x"}}, {"a": {"$not": {"$gt": 1}}},
            {"a": {"$elemMatch": {"b": 1}}}, {"a": {"$size": 1}}, {"a": {"$mod": [2, 0]}},
-           {"$and": [{"a": {"$ne": 1}}]}, {"$or": [{"a": 1}, {"b": {"$exists": False}}]}]
+           {"$and": [{"a": {"$ne": 1}}]}, {"$or": [{"a": 1}, {"b": {"$exists": False}}]},
+           {"a": {"$all": []}}, {"a": {"$all": [1, Regex("x")]}},
+           {"a": {"$all": [{"$elemMatch": {"b": 1}}]}}]
     for f in bad:
         code, msg = _code(lambda: db.bad.create_index("k", partialFilterExpression=f))
         assert code == 67, (f, code, msg)

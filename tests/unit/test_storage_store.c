@@ -1516,6 +1516,11 @@ static void test_partial_filter_identity(void **state)
 	assert_false(same_filter("{\"$or\": [{\"a\": 1}, {\"b\": 1}]}", "{\"a\": 1, \"b\": 1}"));
 	assert_false(same_filter("{\"a\": {\"$in\": [1, 2]}}", "{\"a\": {\"$in\": [1]}}"));
 	assert_false(same_filter("{\"a\": 1, \"b\": 1}", "{\"a\": 1}"));
+	/* $all of values: an $and of equalities */
+	assert_true(same_filter("{\"a\": {\"$all\": [1]}}", "{\"a\": 1}"));
+	assert_true(same_filter("{\"a\": {\"$all\": [1, 2]}}",
+				"{\"$and\": [{\"a\": 2}, {\"a\": 1}]}"));
+	assert_false(same_filter("{\"a\": {\"$all\": [1, 2]}}", "{\"a\": 1}"));
 }
 
 static void test_partial_filter_implication(void **state)
@@ -1564,6 +1569,13 @@ static void test_partial_filter_implication(void **state)
 			    "{\"$or\": [{\"a\": 1}, {\"b\": 1}]}"));
 	assert_false(implied("{\"$or\": [{\"a\": 1}, {\"c\": 1}]}",
 			     "{\"$or\": [{\"a\": 1}, {\"b\": 1}]}"));
+	/* $all of values: an $and of equalities, on either side */
+	assert_true(implied("{\"a\": {\"$all\": [1, 2]}}", "{\"a\": 1}"));
+	assert_true(implied("{\"a\": {\"$all\": [1, 2]}}", "{\"a\": {\"$lt\": 2}}"));
+	assert_true(implied("{\"a\": 1, \"b\": 0}", "{\"a\": {\"$all\": [1]}}"));
+	assert_false(implied("{\"a\": 1}", "{\"a\": {\"$all\": [1, 2]}}"));
+	assert_true(implied("{\"a\": 2, \"$and\": [{\"a\": 1}]}",
+			    "{\"a\": {\"$all\": [1, 2]}}"));
 	/* NaN (double or decimal) equals only NaN, though it sorts below every number
 	 * (mongod expression_algo.cpp _isSubsetOf) */
 	static const char *const nans[] = {
