@@ -614,6 +614,7 @@ static void splice(nodes *s, bson_t *d, const char *name)
 }
 
 static bson_t *canon_doc(const uint8_t *data, uint32_t len, int depth);
+static bson_t *type_leaf(const char *path, const bson_iter_t *v);
 
 /* The conjuncts of filter document data, canonical, into s. */
 static void canon_conj(const uint8_t *data, uint32_t len, nodes *s, int depth)
@@ -678,6 +679,11 @@ static void canon_conj(const uint8_t *data, uint32_t len, nodes *s, int depth)
 				nodes_push(s, leaf(k, op, &b));
 				continue;
 			}
+			if (strcmp(op, "$type") == 0) {
+				bson_t *t = type_leaf(k, &ops);
+				nodes_push(s, t ? t : leaf(k, op, ov));
+				continue;
+			}
 			bson_iter_t in;
 			if (strcmp(op, "$all") == 0 && all_of_equalities(&ops) &&
 			    bson_iter_recurse(&ops, &in)) {
@@ -732,6 +738,76 @@ static void canon_conj(const uint8_t *data, uint32_t len, nodes *s, int depth)
 			free(vals);
 		}
 	}
+}
+
+static int int_cmp(const void *x, const void *y)
+{
+	int a = *(const int *)x, b = *(const int *)y;
+	return (a > b) - (a < b);
+}
+
+/* Add one $type operand (an alias, "number" or a code) to the set. Returns: false for
+ * one the matcher would not take. */
+static bool type_add_one(const bson_iter_t *it, int *codes, size_t *n, bool *number)
+{
+	int code;
+	if (BSON_ITER_HOLDS_UTF8(it)) {
+		uint32_t l;
+		const char *str = bson_iter_utf8(it, &l);
+		if (strcmp(str, "number") == 0) {
+			*number = true;
+			return true;
+		}
+		if (!sdb_bson_type_code(str, l, &code))
+			return false;
+	} else if (BSON_ITER_HOLDS_NUMBER(it)) {
+		code = (int)bson_iter_as_int64(it);
+	} else {
+		return false;
+	}
+	if (*n == 64)
+		return false;
+	codes[(*n)++] = code;
+	return true;
+}
+
+/* {path: {$type: [("number",) codes sorted, without duplicates]}}: the type set mongod's
+ * TypeMatchExpression compares (MatcherTypeSet: "number" is a flag of its own, aliases are
+ * their codes). NULL for a value the matcher would not take. */
+static bson_t *type_leaf(const char *path, const bson_iter_t *v)
+{
+	int codes[64];
+	size_t n = 0;
+	bool number = false;
+	if (BSON_ITER_HOLDS_ARRAY(v)) {
+		bson_iter_t el;
+		if (!bson_iter_recurse(v, &el))
+			return NULL;
+		while (bson_iter_next(&el))
+			if (!type_add_one(&el, codes, &n, &number))
+				return NULL;
+	} else if (!type_add_one(v, codes, &n, &number)) {
+		return NULL;
+	}
+	qsort(codes, n, sizeof *codes, int_cmp);
+	bson_t *d = bson_new(), sub, list;
+	bson_append_document_begin(d, path, -1, &sub);
+	bson_append_array_begin(&sub, "$type", -1, &list);
+	size_t k = 0;
+	char key[24];
+	if (number) {
+		snprintf(key, sizeof key, "%zu", k++);
+		bson_append_utf8(&list, key, -1, "number", -1);
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (i > 0 && codes[i] == codes[i - 1])
+			continue;
+		snprintf(key, sizeof key, "%zu", k++);
+		bson_append_int32(&list, key, -1, codes[i]);
+	}
+	bson_append_array_end(&sub, &list);
+	bson_append_document_end(d, &sub);
+	return d;
 }
 
 /* The canonical node of a filter document: its one conjunct, or {"$and": [sorted]}. */

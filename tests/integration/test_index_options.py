@@ -143,6 +143,7 @@ def _check_partial_identity(coll):
         ({"$or": [{"a": 1}, {"b": 2}]}, {"$or": [{"b": 2}, {"$or": [{"a": 1}]}]}),
         ({"a": {"$exists": True}}, {"a": {"$exists": 1}}),
         ({"a": {"$all": [1]}}, {"a": 1}),
+        ({"a": {"$type": "int"}}, {"a": {"$type": [16, "int"]}}),
         ({"a": {"$all": [1, 2]}}, {"$and": [{"a": 2}, {"a": 1}]}),
     ]
     for i, (f, g) in enumerate(same):
@@ -159,7 +160,9 @@ def _check_partial_identity(coll):
     # different filters stay different indexes
     differ = [({"a": 1}, {"a": 2}), ({"a": {"$gt": 1}}, {"a": {"$gte": 1}}),
               ({"a": {"$in": [1, 2]}}, {"a": {"$in": [1, 3]}}), ({"a": 1}, {"b": 1}),
-              ({"$or": [{"a": 1}, {"b": 2}]}, {"a": 1, "b": 2}), ({"a": "x"}, {"a": "X"})]
+              ({"$or": [{"a": 1}, {"b": 2}]}, {"a": 1, "b": 2}), ({"a": "x"}, {"a": "X"}),
+              ({"a": {"$type": "number"}}, {"a": {"$type": [1, 16, 18, 19]}}),
+              ({"a": {"$type": "int"}}, {"a": {"$type": "long"}})]
     for i, (f, g) in enumerate(differ):
         coll.create_index("k", name=f"d{i}", partialFilterExpression=f)
         coll.create_index("k", name=f"e{i}", partialFilterExpression=g)
