@@ -25,18 +25,6 @@
 
 /* ------------------------------------------------------------------ indexes */
 
-/* The same BSON value (type and bytes). */
-static bool iter_same_value(const bson_iter_t *a, const bson_iter_t *b)
-{
-	bson_t x = BSON_INITIALIZER, y = BSON_INITIALIZER;
-	bson_append_iter(&x, "v", 1, a);
-	bson_append_iter(&y, "v", 1, b);
-	bool r = bson_equal(&x, &y);
-	bson_destroy(&x);
-	bson_destroy(&y);
-	return r;
-}
-
 static int index_build(sdb_store_conn *c, const sdb_store_coll *co, sdb_store_index *ix,
 		       sdb_store_dup *dup, int *code, char *err, size_t errlen);
 
@@ -182,7 +170,7 @@ int sdb_store_index_create(sdb_store_conn *c, const char *db, const char *coll,
 		bson_iter_t ipfe;
 		bool ipartial = bson_iter_init_find(&ipfe, ix->spec, "partialFilterExpression");
 		bool same_partial = ipartial == partial &&
-				    (!partial || iter_same_value(&ipfe, &pfe));
+				    (!partial || store_partial_same(&ipfe, &pfe));
 		if (same_key && same_name) {
 			if (ix->unique != unique || ix->sparse != sparse || !same_coll ||
 			    !same_partial) {

@@ -227,6 +227,15 @@ int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen);
  * unknown operator ...), 67 CannotCreateIndex "Expression not supported in partial index:
  * ..." (partial.c). */
 int store_partial_check(const bson_iter_t *pfe, int *code, char *err, size_t errlen);
+/* Are two partialFilterExpression elements the same filter to mongod
+ * (IndexDescriptor::compareIndexOptions: parseAndNormalize, then
+ * MatchExpression::equivalent)? Compares a canonical form: $and flattened, {f: v} as
+ * {f: {$eq: v}}, a path's operators split, $in as a sorted set without duplicates (one
+ * value: $eq), $type as a type set, $all of values as equalities, a one-branch $or or $and
+ * as its branch, conjuncts and branches sorted; values
+ * compare as MongoDB compares them (1 == 1.0, NaN == NaN), strings by their bytes. The
+ * specs as given are kept (listIndexes shows them). Returns: true when equivalent. */
+bool store_partial_same(const bson_iter_t *a, const bson_iter_t *b);
 /* Does doc belong in ix (no partial filter, or doc matches it under ix's collation)?
  * (partial.c) */
 bool store_partial_covers(const sdb_store_index *ix, const bson_t *doc);

@@ -80,6 +80,7 @@ static const struct {
 	{205, "ClusterTimeFailsRateLimiter"},
 	{211, "KeyNotFound"},
 	{217, "IncompleteTransactionHistory"},
+	{224, "QueryFeatureNotAllowed"},
 	{225, "TransactionTooOld"},
 	{238, "NotImplemented"},
 	{251, "NoSuchTransaction"},

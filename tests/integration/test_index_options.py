@@ -15,6 +15,8 @@ On a shard, through a proxy to a sharded collection, and across a chunk migratio
 """
 import pymongo
 import pytest
+from bson.decimal128 import Decimal128
+from bson.regex import Regex
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from conftest import wait_until
@@ -95,12 +97,90 @@ def _check_partial_reads(coll):
     assert _ids(coll.find({"g": 1, "x": {"$lt": 4}})) == [101, 103]
 
 
+def _check_partial_nan(coll):
+    """NaN sorts below every number but a range on numbers does not match it: a query for
+    NaN is within a partial filter only when the filter is a NaN comparison that matches
+    NaN ($eq/$lte/$gte NaN; mongod expression_algo.cpp _isSubsetOf)."""
+    nan, dnan = float("nan"), Decimal128("NaN")
+    coll.insert_many([{"_id": 1, "a": nan}, {"_id": 2, "a": 3}, {"_id": 3, "a": dnan}])
+    for op in ("$lt", "$lte", "$gt", "$gte"):
+        coll.create_index("a", name="p", partialFilterExpression={"a": {op: 5}})
+        for v in (nan, dnan):
+            for q in ({"a": v}, {"a": {"$lte": v}}, {"a": {"$gte": v}}, {"a": {"$in": [v]}}):
+                assert _ids(coll.find(q).sort("a", 1)) == [1, 3], (op, q)
+                assert _ids(coll.find(q)) == [1, 3], (op, q)
+                code, msg = _code(lambda: list(coll.find(q).hint("p")))
+                assert code == 2 and "partial index 'p'" in msg, (op, q, code, msg)
+            for q in ({"a": {"$lt": v}}, {"a": {"$gt": v}}):
+                assert _ids(coll.find(q).sort("a", 1)) == [], (op, q)
+                assert _code(lambda: list(coll.find(q).hint("p")))[0] == 2, (op, q)
+        coll.drop_index("p")
+    # a filter that matches NaN holds it: a NaN query may use it (double or decimal)
+    for fop in ("$lte", "$gte"):
+        coll.create_index("a", name="n", partialFilterExpression={"a": {fop: nan}})
+        for v in (nan, dnan):
+            for q in ({"a": v}, {"a": {"$lte": v}}, {"a": {"$gte": v}}):
+                assert _ids(coll.find(q).hint("n")) == [1, 3], (fop, q)
+            assert _code(lambda: list(coll.find({"a": {"$lt": 5}}).hint("n")))[0] == 2
+        coll.drop_index("n")
+
+
+def _check_partial_identity(coll):
+    """mongod compares partial filters after parsing and normalizing them
+    (IndexDescriptor::compareIndexOptions: MatchExpression::equivalent): each pair below is
+    one index (another name: 85; the same name: a no-op), and listIndexes shows the filter
+    as first given."""
+    same = [
+        ({"a": {"$gt": 1, "$lt": 5}}, {"a": {"$lt": 5, "$gt": 1}}),
+        ({"a": {"$gt": 1, "$lt": 5}}, {"$and": [{"a": {"$lt": 5}}, {"a": {"$gt": 1}}]}),
+        ({"a": {"$in": [1, 2]}}, {"a": {"$in": [2, 1]}}),
+        ({"a": {"$in": [1, 2]}}, {"a": {"$in": [2, 1, 2.0]}}),
+        ({"a": {"$eq": 1}}, {"a": 1}),
+        ({"a": 1}, {"a": {"$in": [1]}}),
+        ({"a": 1}, {"$and": [{"a": 1}]}),
+        ({"a": 1}, {"$or": [{"a": 1}]}),
+        ({"a": 1, "b": 2}, {"b": 2, "a": 1}),
+        ({"$or": [{"a": 1}, {"b": 2}]}, {"$or": [{"b": 2}, {"$or": [{"a": 1}]}]}),
+        ({"a": {"$exists": True}}, {"a": {"$exists": 1}}),
+        ({"a": {"$all": [1]}}, {"a": 1}),
+        ({"a": {"$type": "int"}}, {"a": {"$type": [16, "int"]}}),
+        ({"a": {"$all": [1, 2]}}, {"$and": [{"a": 2}, {"a": 1}]}),
+    ]
+    for i, (f, g) in enumerate(same):
+        name = f"s{i}"
+        coll.create_index("k", name=name, partialFilterExpression=f)
+        code, msg = _code(lambda: coll.create_index(
+            "k", name=f"other{i}", partialFilterExpression=g))
+        assert code == 85 and name in msg, (f, g, code, msg)
+        coll.create_index("k", name=name, partialFilterExpression=g)  # exists: no-op
+        specs = {ix["name"]: ix for ix in coll.list_indexes()}
+        assert specs[name]["partialFilterExpression"] == f, specs[name]
+        assert f"other{i}" not in specs
+        coll.drop_index(name)
+    # different filters stay different indexes
+    differ = [({"a": 1}, {"a": 2}), ({"a": {"$gt": 1}}, {"a": {"$gte": 1}}),
+              ({"a": {"$in": [1, 2]}}, {"a": {"$in": [1, 3]}}), ({"a": 1}, {"b": 1}),
+              ({"$or": [{"a": 1}, {"b": 2}]}, {"a": 1, "b": 2}), ({"a": "x"}, {"a": "X"}),
+              ({"a": {"$type": "number"}}, {"a": {"$type": [1, 16, 18, 19]}}),
+              ({"a": {"$type": "int"}}, {"a": {"$type": "long"}})]
+    for i, (f, g) in enumerate(differ):
+        coll.create_index("k", name=f"d{i}", partialFilterExpression=f)
+        coll.create_index("k", name=f"e{i}", partialFilterExpression=g)
+        code, _ = _code(lambda: coll.create_index(
+            "k", name=f"d{i}", partialFilterExpression=g))
+        assert code == 86, (f, g)
+        coll.drop_index(f"d{i}")
+        coll.drop_index(f"e{i}")
+
+
 def test_partial_index_on_a_shard(shard):
     _, port = shard
     cl = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True)
     db = cl.t
     _check_partial_unique(db.u)
     _check_partial_reads(db.r)
+    _check_partial_nan(db.nan)
+    _check_partial_identity(db.ident)
     # validate counts the partial index's entries against the documents it holds
     for c in ("u", "r"):
         r = db.command("validate", c)
@@ -109,22 +189,48 @@ def test_partial_index_on_a_shard(shard):
     assert r["keysPerIndex"]["x_1"] == 4, r  # x in 6..9
     # the operators MongoDB 6.0 allows: equality, $exists: true, comparisons, $type,
     # $in, $and, $or (nested too)
-    ok = [{"a": 1}, {"a": {"$eq": 1}}, {"a": {"$exists": True}}, {"a": {"$type": "string"}},
+    ok = [{"a": 1}, {"a": {"$eq": 3}}, {"a": {"$exists": True}}, {"a": {"$type": "string"}},
           {"a": {"$in": [1, 2]}}, {"a": {"$gte": 1, "$lt": 9}},
           {"$and": [{"a": 1}, {"b": {"$gt": 2}}]}, {"$or": [{"a": 1}, {"b": 2}]},
-          {"$and": [{"$or": [{"a": 1}, {"b": 2}]}, {"c": 3}]}, {"a": {"b": 1}}]
+          {"$and": [{"$or": [{"a": 1}, {"b": 2}]}, {"c": 3}]}, {"a": {"b": 1}},
+          {"a": {"$all": [5, 6]}}, {"$or": [{"a": {"$all": [7]}}, {"b": 3}]}]
     for i, f in enumerate(ok):
         db.ok.create_index([("k", 1)], name=f"k_{i}", partialFilterExpression=f)
     assert len(list(db.ok.list_indexes())) == len(ok) + 1
+    # an $all of values is an $and of equalities (mongod 6.0 takes it)
+    db.allf.insert_many([{"_id": 1, "k": 1, "a": [5, 6]}, {"_id": 2, "k": 1, "a": [5]}])
+    db.allf.create_index("k", name="ka", partialFilterExpression={"a": {"$all": [5, 6]}})
+    assert _ids(db.allf.find({"k": 1, "a": {"$all": [6, 5]}}).hint("ka")) == [1]
+    assert _ids(db.allf.find({"k": 1, "a": 5, "$and": [{"a": 6}]}).hint("ka")) == [1]
+    assert _code(lambda: list(db.allf.find({"k": 1, "a": 5}).hint("ka")))[0] == 2
+    assert db.command("validate", "allf")["keysPerIndex"]["ka"] == 1
     # every other expression: 67 CannotCreateIndex, nothing built
     bad = [{"a": {"$ne": 1}}, {"a": {"$exists": False}}, {"a": {"$nin": [1]}},
            {"$nor": [{"a": 1}]}, {"a": {"$regex": "x"}}, {"a": {"$not": {"$gt": 1}}},
            {"a": {"$elemMatch": {"b": 1}}}, {"a": {"$size": 1}}, {"a": {"$mod": [2, 0]}},
-           {"$and": [{"a": {"$ne": 1}}]}, {"$or": [{"a": 1}, {"b": {"$exists": False}}]}]
+           {"$and": [{"a": {"$ne": 1}}]}, {"$or": [{"a": 1}, {"b": {"$exists": False}}]},
+           {"a": {"$all": []}}, {"a": {"$all": [1, Regex("x")]}},
+           {"a": {"$all": [{"$elemMatch": {"b": 1}}]}}]
     for f in bad:
         code, msg = _code(lambda: db.bad.create_index("k", partialFilterExpression=f))
         assert code == 67, (f, code, msg)
         assert msg.startswith("Expression not supported in partial index"), msg
+    # the query features createIndexes parses a filter without (mongod's
+    # kBanAllSpecialFeatures: expression_parser.cpp's codes and messages)
+    banned = [({"$expr": {"$eq": ["$a", 1]}}, 224, "$expr is not allowed in this context"),
+              ({"$or": [{"b": 1}, {"$expr": True}]}, 224, "$expr is not allowed"),
+              ({"$jsonSchema": {}}, 224, "$jsonSchema is not allowed in this context"),
+              ({"$text": {"$search": "x"}}, 2, "$text is not allowed in this context"),
+              ({"$where": "true"}, 2, "$where is not allowed in this context"),
+              ({"a": {"$near": [0, 0]}}, 5626500, "$geoNear, $near, and $nearSphere are not"),
+              ({"a": {"$nearSphere": [0, 0]}}, 5626500, "$geoNear, $near, and $nearSphere")]
+    for f, want, prefix in banned:
+        with pytest.raises(OperationFailure) as e:
+            db.bad.create_index("k", partialFilterExpression=f)
+        assert e.value.code == want, (f, e.value.details)
+        assert e.value.details["errmsg"].startswith(prefix), (f, e.value.details)
+        if want == 224:
+            assert e.value.details["codeName"] == "QueryFeatureNotAllowed"
     # the query language's own errors first, then the type
     assert _code(lambda: db.bad.create_index(
         "k", partialFilterExpression={"a": {"$foo": 1}}))[0] == 2
@@ -225,6 +331,8 @@ def test_partial_index_through_a_proxy(start_role, tmp_path):
         _check_partial_unique(db.c, key_extra={"t": 5})
         # an unsharded collection through the proxy
         _check_partial_reads(cl.proxy_client(0).un.r)
+        _check_partial_nan(cl.proxy_client(0).un.nan)
+        _check_partial_identity(db.c)
         # and on the sharded one, documents on both shards
         db.c.insert_many([{"_id": 200 + i, "t": i * 3, "x": i} for i in range(10)])
         db.c.create_index("x", partialFilterExpression={"x": {"$gt": 5}})

@@ -1471,6 +1471,60 @@ static bool implied(const char *query_json, const char *pfe_json)
 	return r;
 }
 
+/* store_partial_same on two filters in extended JSON. */
+static bool same_filter(const char *a_json, const char *b_json)
+{
+	bson_error_t e;
+	bson_t *a = bson_new_from_json((const uint8_t *)a_json, -1, &e);
+	bson_t *b = bson_new_from_json((const uint8_t *)b_json, -1, &e);
+	assert_non_null(a);
+	assert_non_null(b);
+	bson_t x = BSON_INITIALIZER, y = BSON_INITIALIZER;
+	BSON_APPEND_DOCUMENT(&x, "f", a);
+	BSON_APPEND_DOCUMENT(&y, "f", b);
+	bson_iter_t ia, ib;
+	assert_true(bson_iter_init_find(&ia, &x, "f"));
+	assert_true(bson_iter_init_find(&ib, &y, "f"));
+	bool r = store_partial_same(&ia, &ib);
+	assert_true(store_partial_same(&ib, &ia) == r);
+	bson_destroy(&x);
+	bson_destroy(&y);
+	bson_destroy(a);
+	bson_destroy(b);
+	return r;
+}
+
+static void test_partial_filter_identity(void **state)
+{
+	(void)state;
+	assert_true(same_filter("{\"a\": {\"$gt\": 1, \"$lt\": 5}}",
+				"{\"a\": {\"$lt\": 5, \"$gt\": 1}}"));
+	assert_true(same_filter("{\"a\": {\"$gt\": 1, \"$lt\": 5}}",
+				"{\"$and\": [{\"a\": {\"$lt\": 5}}, {\"a\": {\"$gt\": 1}}]}"));
+	assert_true(same_filter("{\"a\": {\"$in\": [1, 2]}}", "{\"a\": {\"$in\": [2, 1, 1.0]}}"));
+	assert_true(same_filter("{\"a\": {\"$eq\": 1}}", "{\"a\": 1}"));
+	assert_true(same_filter("{\"a\": {\"$in\": [1]}}", "{\"a\": 1}"));
+	assert_true(same_filter("{\"$and\": [{\"a\": 1}]}", "{\"a\": 1}"));
+	assert_true(same_filter("{\"$or\": [{\"a\": 1, \"b\": 1}]}", "{\"b\": 1, \"a\": 1}"));
+	assert_true(same_filter("{\"$or\": [{\"a\": 1}, {\"$or\": [{\"b\": 1}, {\"c\": 1}]}]}",
+				"{\"$or\": [{\"c\": 1}, {\"b\": 1}, {\"a\": 1}]}"));
+	assert_true(same_filter("{\"a\": {\"$numberDouble\": \"NaN\"}}",
+				"{\"a\": {\"$numberDecimal\": \"NaN\"}}"));
+	assert_false(same_filter("{\"a\": 1}", "{\"a\": 2}"));
+	assert_false(same_filter("{\"a\": \"x\"}", "{\"a\": \"X\"}"));
+	assert_false(same_filter("{\"a\": {\"$gt\": 1}}", "{\"a\": {\"$gte\": 1}}"));
+	assert_false(same_filter("{\"$or\": [{\"a\": 1}, {\"b\": 1}]}", "{\"a\": 1, \"b\": 1}"));
+	assert_false(same_filter("{\"a\": {\"$in\": [1, 2]}}", "{\"a\": {\"$in\": [1]}}"));
+	assert_false(same_filter("{\"a\": 1, \"b\": 1}", "{\"a\": 1}"));
+	/* ($type sets: test_index_options.py, libbson's JSON parser reads "$type" as
+	 * legacy extended JSON) */
+	/* $all of values: an $and of equalities */
+	assert_true(same_filter("{\"a\": {\"$all\": [1]}}", "{\"a\": 1}"));
+	assert_true(same_filter("{\"a\": {\"$all\": [1, 2]}}",
+				"{\"$and\": [{\"a\": 2}, {\"a\": 1}]}"));
+	assert_false(same_filter("{\"a\": {\"$all\": [1, 2]}}", "{\"a\": 1}"));
+}
+
 static void test_partial_filter_implication(void **state)
 {
 	(void)state;
@@ -1517,6 +1571,54 @@ static void test_partial_filter_implication(void **state)
 			    "{\"$or\": [{\"a\": 1}, {\"b\": 1}]}"));
 	assert_false(implied("{\"$or\": [{\"a\": 1}, {\"c\": 1}]}",
 			     "{\"$or\": [{\"a\": 1}, {\"b\": 1}]}"));
+	/* $all of values: an $and of equalities, on either side */
+	assert_true(implied("{\"a\": {\"$all\": [1, 2]}}", "{\"a\": 1}"));
+	assert_true(implied("{\"a\": {\"$all\": [1, 2]}}", "{\"a\": {\"$lt\": 2}}"));
+	assert_true(implied("{\"a\": 1, \"b\": 0}", "{\"a\": {\"$all\": [1]}}"));
+	assert_false(implied("{\"a\": 1}", "{\"a\": {\"$all\": [1, 2]}}"));
+	assert_true(implied("{\"a\": 2, \"$and\": [{\"a\": 1}]}",
+			    "{\"a\": {\"$all\": [1, 2]}}"));
+	/* NaN (double or decimal) equals only NaN, though it sorts below every number
+	 * (mongod expression_algo.cpp _isSubsetOf) */
+	static const char *const nans[] = {
+		"{\"$numberDouble\": \"NaN\"}",
+		"{\"$numberDecimal\": \"NaN\"}",
+	};
+	static const char *const ranges[] = {"$lt", "$lte", "$gt", "$gte"};
+	char q[160], f[160];
+	for (size_t i = 0; i < 2; i++) {
+		for (size_t r = 0; r < 4; r++) {
+			snprintf(f, sizeof f, "{\"a\": {\"%s\": 5}}", ranges[r]);
+			snprintf(q, sizeof q, "{\"a\": %s}", nans[i]);
+			assert_false(implied(q, f));
+			for (size_t o = 0; o < 4; o++) {
+				snprintf(q, sizeof q, "{\"a\": {\"%s\": %s}}", ranges[o], nans[i]);
+				assert_false(implied(q, f));
+			}
+		}
+		/* NaN within NaN: only when both operators match the value itself */
+		for (size_t j = 0; j < 2; j++) {
+			snprintf(q, sizeof q, "{\"a\": %s}", nans[i]);
+			snprintf(f, sizeof f, "{\"a\": {\"$lte\": %s}}", nans[j]);
+			assert_true(implied(q, f));
+			snprintf(f, sizeof f, "{\"a\": {\"$gte\": %s}}", nans[j]);
+			assert_true(implied(q, f));
+			snprintf(f, sizeof f, "{\"a\": {\"$in\": [1, %s]}}", nans[j]);
+			assert_true(implied(q, f));
+			snprintf(f, sizeof f, "{\"a\": {\"$lt\": %s}}", nans[j]);
+			assert_false(implied(q, f));
+			snprintf(q, sizeof q, "{\"a\": {\"$gte\": %s}}", nans[i]);
+			snprintf(f, sizeof f, "{\"a\": {\"$lte\": %s}}", nans[j]);
+			assert_true(implied(q, f));
+			snprintf(q, sizeof q, "{\"a\": {\"$gt\": %s}}", nans[i]);
+			assert_false(implied(q, f));
+		}
+		snprintf(q, sizeof q, "{\"a\": 5}");
+		snprintf(f, sizeof f, "{\"a\": {\"$lte\": %s}}", nans[i]);
+		assert_false(implied(q, f));
+		snprintf(f, sizeof f, "{\"a\": {\"$in\": [%s]}}", nans[i]);
+		assert_false(implied(q, f));
+	}
 }
 
 int main(void)
@@ -1543,6 +1645,7 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_query_plans_and_counters, setup, teardown),
 		cmocka_unit_test(test_partial_filter_implication),
+		cmocka_unit_test(test_partial_filter_identity),
 		cmocka_unit_test_setup_teardown(test_rolled_back_apply_leaves_no_trace, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_replicated_apply_is_deterministic, setup,
