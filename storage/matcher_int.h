@@ -41,6 +41,10 @@ typedef enum {
 	OP_SIZE,
 	OP_ELEM_VALUE,  /* $elemMatch, value form: kid[0] is a path-less AND */
 	OP_ELEM_OBJECT, /* $elemMatch, object form: sub is a matcher on each element */
+	OP_BITS_ALL_SET,   /* $bitsAllSet: bits, nbits, bitmask */
+	OP_BITS_ALL_CLEAR, /* $bitsAllClear */
+	OP_BITS_ANY_SET,   /* $bitsAnySet */
+	OP_BITS_ANY_CLEAR, /* $bitsAnyClear */
 } op_kind;
 
 typedef struct node node;
@@ -76,6 +80,12 @@ struct node {
 	uint8_t types[32]; /* OP_TYPE: bitmap over bson_type_t bytes */
 	int64_t mod_d, mod_r;
 	bool exists;  /* OP_EXISTS */
+	/* OP_BITS_*: the bit positions tested (owned; from a number, a BinData or a list) and
+	 * the same as a 64-bit mask for numbers (positions past 63 test bit 63: numbers are
+	 * sign-extended), as mongod's BitTestMatchExpression */
+	uint32_t *bits;
+	size_t nbits;
+	uint64_t bitmask;
 	int64_t size; /* OP_SIZE */
 	sdb_matcher *sub; /* OP_ELEM_OBJECT */
 	sdb_expr *x; /* N_EXPR */

@@ -546,18 +546,23 @@ static int eval_args(const expr *x, const bson_t *root, docbuild_node **vals, bo
 
 int agg_check_interrupt(size_t i, const ectx *e)
 {
-	if (i % AGG_INTERRUPT_EVERY == 0 && sdb_store_interrupted()) {
+	(void)i;
+	if (sdb_store_interrupted()) {
 		efail(e, 11601, "operation was interrupted");
 		return SDB_ECANCELED;
 	}
 	return 0;
 }
 
-/* Is a (an operand of $concatArrays) the accumulator of the $reduce whose `in` holds it,
- * moved out ($$value marked take) and possibly grown in place by inner $concatArrays? */
-static bool is_moved_acc(const expr *a)
+static bool grows_first(const expr *a)
 {
-	while (a != NULL && a->kind == X_OP && a->op == OP_CONCATARRAYS && a->n > 0) {
+	return a != NULL && a->kind == X_OP && a->n > 0 &&
+	       (a->op == OP_CONCATARRAYS || (a->op == OP_XOBJ && a->sub == AGG_XOBJ_MERGE));
+}
+
+bool agg_expr_moved_acc(const expr *a)
+{
+	while (grows_first(a)) {
 		a = a->args[0];
 	}
 	return a != NULL && a->kind == X_LVAR && a->take;
@@ -565,7 +570,7 @@ static bool is_moved_acc(const expr *a)
 
 bool agg_expr_grows_acc(const expr *x)
 {
-	return x != NULL && x->kind == X_OP && x->op == OP_CONCATARRAYS && is_moved_acc(x);
+	return grows_first(x) && agg_expr_moved_acc(x);
 }
 
 static void free_vals(docbuild_node **vals, bool *owned, size_t n)
@@ -1004,7 +1009,7 @@ static int eval_op(const expr *x, const bson_t *root, docbuild_node **out, const
 				vals[i]->n = 0;
 			}
 		}
-		if (e->acc != NULL && from == 1 && is_moved_acc(x->args[0])) {
+		if (e->acc != NULL && from == 1 && agg_expr_moved_acc(x->args[0])) {
 			e->acc->bytes += added;
 			e->acc->appended = true;
 		}

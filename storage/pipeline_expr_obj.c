@@ -11,7 +11,7 @@
 
 #include "common/alloc.h"
 
-enum { O_MERGE = 0, O_TOARRAY, O_FROMARRAY, O_GETFIELD, O_SETFIELD, O_UNSETFIELD };
+enum { O_MERGE = AGG_XOBJ_MERGE, O_TOARRAY, O_FROMARRAY, O_GETFIELD, O_SETFIELD, O_UNSETFIELD };
 
 static docbuild_node *kid_copy(const docbuild_node *n, const char *key)
 {
@@ -205,6 +205,88 @@ int agg_xobj_parse(const char *name, const bson_iter_t *arg, expr *x, const ectx
 	return 1;
 }
 
+/* The field names of a document being built, hashed (open addressing; slots hold a
+ * child's position + 1, 0 = empty), so that $mergeObjects finds a field in O(1) and a
+ * merge costs what it merges, not (fields merged) x (fields held). */
+typedef struct fidx {
+	size_t *slots;
+	size_t cap; /* a power of two, at least twice the fields held */
+} fidx;
+
+static size_t fhash(const char *k, size_t len)
+{
+	size_t h = 1469598103934665603u;
+
+	for (size_t i = 0; i < len; i++) {
+		h = (h ^ (unsigned char)k[i]) * 1099511628211u;
+	}
+	return h;
+}
+
+/* The slot of key in ix (d's fields): the one holding it, or the empty one ending its
+ * probe sequence. */
+static size_t fidx_slot(const fidx *ix, const docbuild_node *d, const char *key, size_t len)
+{
+	size_t s = fhash(key, len) & (ix->cap - 1);
+
+	while (ix->slots[s] != 0) {
+		const char *k = d->kids[ix->slots[s] - 1]->key;
+
+		if (strncmp(k, key, len) == 0 && k[len] == '\0') {
+			break;
+		}
+		s = (s + 1) & (ix->cap - 1);
+	}
+	return s;
+}
+
+/* (Re)build ix over d's fields with room for want fields. Returns false when d holds a
+ * field name twice (then ix is left empty). */
+static bool fidx_build(fidx *ix, const docbuild_node *d, size_t want)
+{
+	size_t cap = 16;
+
+	while (cap < 2 * want + 2) {
+		cap *= 2;
+	}
+	free(ix->slots);
+	ix->slots = sdb_calloc(cap, sizeof *ix->slots);
+	ix->cap = cap;
+	for (size_t i = 0; i < d->n; i++) {
+		size_t s = fidx_slot(ix, d, d->kids[i]->key, strlen(d->kids[i]->key));
+
+		if (ix->slots[s] != 0) {
+			return false;
+		}
+		ix->slots[s] = i + 1;
+	}
+	return true;
+}
+
+/* Set field f->key of d (indexed by ix) to f (owned): replaces a field of that name in
+ * place (MongoDB's MutableDocument: the first occurrence's position, the last value),
+ * else appends. Returns the bytes (node_size) d grew by, negative when it shrank. */
+static long long fidx_put(fidx *ix, docbuild_node *d, docbuild_node *f)
+{
+	size_t len = strlen(f->key);
+	size_t s = fidx_slot(ix, d, f->key, len);
+	long long grew = (long long)node_size(f);
+
+	if (ix->slots[s] != 0) {
+		size_t i = ix->slots[s] - 1;
+
+		grew -= (long long)node_size(d->kids[i]);
+		docbuild_replace(d, i, f);
+		return grew;
+	}
+	docbuild_push(d, f);
+	ix->slots[s] = d->n;
+	if (2 * d->n + 2 > ix->cap) {
+		fidx_build(ix, d, d->n * 2);
+	}
+	return grew;
+}
+
 /* Set field key of document d to v (owned; replaces in place, as MutableDocument). */
 static void put(docbuild_node *d, const char *key, size_t len, docbuild_node *v)
 {
@@ -224,6 +306,7 @@ static void put(docbuild_node *d, const char *key, size_t len, docbuild_node *v)
 static int eval_from_array(const docbuild_node *in, docbuild_node **out, const ectx *e)
 {
 	docbuild_node *d;
+	fidx ix = {0};
 	bool pairs;
 	int rc = 0;
 
@@ -249,6 +332,7 @@ static int eval_from_array(const docbuild_node *in, docbuild_node **out, const e
 		return efail(e, 40398, "Unrecognised input type format for $arrayToObject: %s",
 			     type_name(in->kids[0]->type));
 	}
+	fidx_build(&ix, d, in->n); /* pairs with one key keep its first position */
 	for (size_t i = 0; i < in->n && rc == 0; i++) {
 		const docbuild_node *el = in->kids[i], *k, *v;
 
@@ -302,8 +386,14 @@ static int eval_from_array(const docbuild_node *in, docbuild_node **out, const e
 				   "Key field cannot contain an embedded null byte");
 			break;
 		}
-		put(d, k->value.value.v_utf8.str, k->value.value.v_utf8.len, kid_copy(v, NULL));
+		{
+			char *key = sdb_strndup(k->value.value.v_utf8.str, k->value.value.v_utf8.len);
+
+			fidx_put(&ix, d, kid_copy(v, key));
+			free(key);
+		}
 	}
+	free(ix.slots);
 	if (rc != 0) {
 		docbuild_free(d);
 		return rc;
@@ -312,34 +402,87 @@ static int eval_from_array(const docbuild_node *in, docbuild_node **out, const e
 	return 0;
 }
 
+/* $mergeObjects (ExpressionMergeObjects::evaluate: a MutableDocument that each operand's
+ * fields are set into; null/missing operands skipped, others not objects 40400). The
+ * first operand, when it is ours (a value computed for us, or $reduce's accumulator
+ * moved out of $$value), is the result grown in place: {$mergeObjects: ["$$value",
+ * {...}]} in a $reduce costs what it merges, and the accumulator's size (e->acc) is kept
+ * up to date from what changed. */
+static int eval_merge(const expr *x, docbuild_node **vals, bool *owned, docbuild_node **out,
+		      const ectx *e)
+{
+	docbuild_node *d = NULL;
+	fidx ix = {0};
+	size_t from = 0;
+	long long grew = 0;
+	bool acc = e->acc != NULL && x->n > 0 && agg_expr_moved_acc(x->args[0]);
+
+	for (size_t i = 0; i < x->n; i++) {
+		if (!is_nullish(vals[i]) && vals[i]->type != BSON_TYPE_DOCUMENT) {
+			char *s = agg_node_str(vals[i]);
+			int rc = efail(e, 40400, "$mergeObjects requires object inputs, but input %s is of type %s",
+				       s, type_name(vals[i]->type));
+
+			free(s);
+			return rc;
+		}
+	}
+	if (acc && owned[0] && vals[0] != NULL && vals[0] == e->acc->idx_of) {
+		/* the accumulator this $reduce's merges grew: its index is up to date */
+		ix.slots = e->acc->idx_slots;
+		ix.cap = e->acc->idx_cap;
+		e->acc->idx_slots = NULL;
+		e->acc->idx_of = NULL;
+		d = vals[0];
+		vals[0] = NULL;
+		from = 1;
+	} else if (x->n > 0 && owned[0] && ntype(vals[0]) == BSON_TYPE_DOCUMENT &&
+		   fidx_build(&ix, vals[0], vals[0]->n)) {
+		d = vals[0];
+		vals[0] = NULL;
+		docbuild_set_key(d, NULL);
+		from = 1;
+	} else {
+		d = docbuild_new_doc(NULL);
+		fidx_build(&ix, d, 8);
+	}
+	for (size_t i = from; i < x->n; i++) {
+		if (is_nullish(vals[i])) {
+			continue;
+		}
+		for (size_t k = 0; k < vals[i]->n; k++) {
+			docbuild_node *f = owned[i] ? vals[i]->kids[k] : docbuild_clone(vals[i]->kids[k]);
+
+			grew += fidx_put(&ix, d, f);
+		}
+		if (owned[i]) {
+			vals[i]->n = 0; /* its fields moved into d */
+		}
+	}
+	if (acc) {
+		free(e->acc->idx_slots);
+		e->acc->idx_slots = NULL;
+		e->acc->idx_of = NULL;
+		if (from == 1) {
+			e->acc->bytes += grew;
+			e->acc->appended = true;
+			/* kept for the next element's merge into d */
+			e->acc->idx_slots = ix.slots;
+			e->acc->idx_cap = ix.cap;
+			e->acc->idx_of = d;
+			ix.slots = NULL;
+		} else {
+			e->acc->stale = true; /* rebuilt: eval_reduce measures it afresh */
+		}
+	}
+	free(ix.slots);
+	*out = d;
+	return 0;
+}
+
 static int eval_one(const expr *x, docbuild_node **vals, docbuild_node **out, const ectx *e)
 {
 	switch (x->sub) {
-	case O_MERGE: {
-		docbuild_node *d = docbuild_new_doc(NULL);
-
-		for (size_t i = 0; i < x->n; i++) {
-			if (is_nullish(vals[i])) {
-				continue;
-			}
-			if (vals[i]->type != BSON_TYPE_DOCUMENT) {
-				char *s = agg_node_str(vals[i]);
-				int rc = efail(e, 40400, "$mergeObjects requires object inputs, but input %s is of type %s",
-					       s, type_name(vals[i]->type));
-
-				free(s);
-				docbuild_free(d);
-				return rc;
-			}
-			for (size_t k = 0; k < vals[i]->n; k++) {
-				const docbuild_node *f = vals[i]->kids[k];
-
-				put(d, f->key, strlen(f->key), kid_copy(f, NULL));
-			}
-		}
-		*out = d;
-		return 0;
-	}
 	case O_TOARRAY:
 		if (is_nullish(vals[0])) {
 			*out = v_null();
@@ -403,19 +546,27 @@ static int eval_one(const expr *x, docbuild_node **vals, docbuild_node **out, co
 int agg_xobj_eval(const expr *x, const bson_t *root, docbuild_node **out, const ectx *e)
 {
 	docbuild_node **vals = sdb_calloc(x->n + 1, sizeof *vals);
+	bool *owned = sdb_calloc(x->n + 1, sizeof *owned);
 	int rc = 0;
 
 	*out = NULL;
 	for (size_t i = 0; i < x->n && rc == 0; i++) {
-		rc = agg_expr_eval(x->args[i], root, &vals[i], e);
+		if (x->sub == O_MERGE) {
+			/* lent when only read (variables, literals); owned ones may be moved */
+			rc = agg_expr_eval_ref(x->args[i], root, &vals[i], &owned[i], e);
+		} else {
+			rc = agg_expr_eval(x->args[i], root, &vals[i], e);
+			owned[i] = true;
+		}
 	}
 	if (rc == 0) {
-		rc = eval_one(x, vals, out, e);
+		rc = x->sub == O_MERGE ? eval_merge(x, vals, owned, out, e) : eval_one(x, vals, out, e);
 	}
 	for (size_t i = 0; i < x->n; i++) {
-		docbuild_free(vals[i]);
+		agg_ref_free(vals[i], owned[i]);
 	}
 	free(vals);
+	free(owned);
 	if (rc != 0) {
 		docbuild_free(*out);
 		*out = NULL;

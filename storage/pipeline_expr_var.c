@@ -615,8 +615,9 @@ static int eval_map_filter(const expr *x, const bson_t *root, docbuild_node **ou
 }
 
 /* $reduce. The accumulator is read by reference: $$value lends it, or moves it when `in`
- * reads it once (expr.take), and a $concatArrays that receives it appends in place, so
- * {$concatArrays: ["$$value", [...]]} costs what it appends, not the accumulator's size
+ * reads it once (expr.take), and a $concatArrays or $mergeObjects that receives it grows
+ * it in place, so {$concatArrays: ["$$value", [...]]} and {$mergeObjects: ["$$value",
+ * {...}]} cost what they add, not the accumulator's size
  * (mongod's Values are reference-counted: neither copies the array per element). Its size
  * against AGG_EXPR_MAX_BYTES is then counted from what was appended (agg_acc_size), and
  * walked afresh (node_size) after any other `in`. */
@@ -663,17 +664,27 @@ static int eval_reduce(const expr *x, const bson_t *root, docbuild_node **out, c
 		}
 		frames[0].val = in->kids[i];
 		size.appended = false;
+		size.stale = false;
 		rc = agg_expr_eval(x->args[2], root, &next, &sub);
 		docbuild_free(acc); /* NULL when `in` moved it */
 		acc = next;
+		if (size.idx_of != acc) {
+			/* the merge index is for a node that is not the accumulator (any more):
+			 * dropped before that node's address can be reused */
+			free(size.idx_slots);
+			size.idx_slots = NULL;
+			size.idx_of = NULL;
+		}
 		if (rc == 0) {
-			if (!(grows && size.appended && ntype(acc) == BSON_TYPE_ARRAY)) {
+			if (!(grows && size.appended && !size.stale &&
+			      (ntype(acc) == BSON_TYPE_ARRAY || ntype(acc) == BSON_TYPE_DOCUMENT))) {
 				size.bytes = acc != NULL ? (long long)node_size(acc) : 0;
 			}
 			rc = mem_over("$reduce", size.bytes, e);
 		}
 	}
 	agg_ref_free(in, own_in);
+	free(size.idx_slots);
 	if (rc != 0) {
 		docbuild_free(acc);
 		return rc;

@@ -68,10 +68,19 @@ typedef struct agg_var_use {
 } agg_var_use;
 
 /* The accumulator of a running $reduce: its size in bytes (node_size) and whether this
- * iteration's $concatArrays appended to it in place (then bytes is up to date). */
+ * iteration's $concatArrays or $mergeObjects grew it in place (then bytes is up to date
+ * unless stale: a $mergeObjects of the chain rebuilt it instead). */
 typedef struct agg_acc_size {
 	long long bytes;
 	bool appended;
+	bool stale;
+	/* the field-name index of the accumulator document that $mergeObjects last grew in
+	 * place (pipeline_expr_obj.c), kept between elements so that the next merge does
+	 * not rebuild it: valid for the node idx_of only (NULL: none); owned, freed by
+	 * eval_reduce */
+	size_t *idx_slots;
+	size_t idx_cap;
+	const docbuild_node *idx_of;
 } agg_acc_size;
 
 /* One variable bound by an expression ($let, $map/$filter's `as`, $reduce's this/value):
@@ -440,12 +449,15 @@ static inline void agg_ref_free(docbuild_node *v, bool owned)
 		docbuild_free(v);
 	}
 }
-/* How often (iterations) the loops of the expression operators check for interruption. */
-#define AGG_INTERRUPT_EVERY 1024
 /* The interruption check of the loops of the expression operators ($map, $filter,
- * $reduce, $range, $zip, the set operators, $sortArray, string loops): every
- * AGG_INTERRUPT_EVERY iterations (and on the first), ask storage's interruption check
- * (sdb_store_interrupted: killOp, or the command's maxTimeMS passed). Returns: 0.
+ * $reduce, $range, $zip, the set operators, $sortArray, string loops): on every
+ * iteration (i, the iteration's index, is not used), ask storage's interruption check
+ * (sdb_store_interrupted: killOp, or the command's maxTimeMS passed). That check is an
+ * atomic load and a vDSO clock read (tens of ns), less than any loop body (which builds
+ * nodes); checking every iteration bounds the time to an interruption by one body's
+ * cost, however expensive the body, and a loop nested in a body checks on its own
+ * iterations. (Every 1,024 iterations let a body of ~5 ms run ~5 s past maxTimeMS.)
+ * Returns: 0.
  * Errors: SDB_ECANCELED with 11601 Interrupted in e (the wire layer answers 50
  * MaxTimeMSExpired instead when the request's maxTimeMS expired), as mongod's
  * OperationContext::checkForInterrupt at its interruption points. */
@@ -483,9 +495,15 @@ int agg_lvar_eval(const expr *x, docbuild_node **out, const ectx *e);
 /* The value of the X_LVAR x without a path, lent (*out: read-only, NULL = missing, valid
  * while the binding lives). Errors: 17276 when unbound. */
 int agg_lvar_ref(const expr *x, const docbuild_node **out, const ectx *e);
-/* Is x a $concatArrays whose first operand is, through inner $concatArrays, the
+/* The expr.sub of $mergeObjects among the OP_XOBJ operators (pipeline_expr_obj.c). */
+#define AGG_XOBJ_MERGE 0
+/* Is x a $concatArrays or $mergeObjects whose first operand is, through inner ones, the
  * accumulator its $reduce moved out: its result is that accumulator grown in place. */
 bool agg_expr_grows_acc(const expr *x);
+/* Is a (an operand of $concatArrays/$mergeObjects) the accumulator of the $reduce whose
+ * `in` holds it, moved out ($$value marked take), possibly through inner $concatArrays/
+ * $mergeObjects that grew it in place? */
+bool agg_expr_moved_acc(const expr *a);
 /* The value at the dotted path below node v (NULL = missing), with aggregation's array
  * rules (an array maps the rest of the path over its documents): a new node or NULL. */
 docbuild_node *agg_node_path(const docbuild_node *v, const char *path);

@@ -144,7 +144,8 @@ static const char *unknown_field(const char *name, const bson_t *cmd, bool inter
  * strategy.cpp), rather than accept a durability request it cannot honour. aggregate
  * takes one only with a $out or $merge stage (run_aggregate's supportsWriteConcern);
  * explain never (explain_cmd.cpp: CmdExplain::Invocation::supportsWriteConcern() is false,
- * whatever it explains). */
+ * whatever it explains: the explain's own writeConcern is refused; the explained command's
+ * is not looked at, see cmd_check). */
 static const char *const no_write_concern[] = {
 	"find",		"getMore",	  "count",	 "distinct",	    "killCursors",
 	"listCollections", "listIndexes",   "listDatabases", "dbStats",	    "collStats",
@@ -655,7 +656,21 @@ static int nul_in_namespace(const bson_t *cmd, char *err, size_t errlen)
 	return 0;
 }
 
+/* sdb_cmd_check; explained: cmd is the command an explain explains, whose own writeConcern
+ * mongod never looks at (only the explain's: service_entry_point_common.cpp checks the
+ * request's body against the outer invocation's supportsWriteConcern(), false for explain;
+ * the inner command's IDL parser takes writeConcern as a generic argument, and explaining
+ * runs no write), so an explained find, delete or aggregate accepts one alike. */
+static int cmd_check(const char *name, const bson_t *cmd, bool internal, bool explained,
+		     char *err, size_t errlen);
+
 int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err, size_t errlen)
+{
+	return cmd_check(name, cmd, internal, false, err, errlen);
+}
+
+static int cmd_check(const char *name, const bson_t *cmd, bool internal, bool explained,
+		     char *err, size_t errlen)
 {
 	static const struct {
 		const char *cmd, *array, *where;
@@ -706,7 +721,7 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 	}
 	/* before the types: mongod refuses any writeConcern of such a command, well-formed or
 	 * not, without parsing it (uassertCommandDoesNotSpecifyWriteConcern) */
-	if ((code = sdb_cmd_write_concern_check(name, cmd, err, errlen)) != 0)
+	if (!explained && (code = sdb_cmd_write_concern_check(name, cmd, err, errlen)) != 0)
 		return code;
 	if (command_types(name) != NULL &&
 	    (code = check_types(cmd, name, command_types(name), true, err, errlen)) != 0)
@@ -718,7 +733,8 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
 	    sdb_bson_iter_doc(&it, &sub)) {
 		bson_iter_t first;
 		if (bson_iter_init(&first, &sub) && bson_iter_next(&first))
-			return sdb_cmd_check(bson_iter_key(&first), &sub, internal, err, errlen);
+			return cmd_check(bson_iter_key(&first), &sub, internal, true, err,
+					 errlen);
 		return 0;
 	}
 	for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {

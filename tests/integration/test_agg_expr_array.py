@@ -122,6 +122,48 @@ def _check(db, coll):
     _errors(db, coll)
 
 
+def _merge_reduce(coll):
+    """$mergeObjects in a $reduce grows the accumulator in place (a field index kept
+    between elements): MongoDB's field order (first occurrence's position, last value),
+    the accumulator read twice (copied), null operands, initialValue's own fields, and a
+    result that is not the accumulator (the index must not be reused)."""
+    coll.insert_one({"_id": "m"})
+    one = {"$arrayToObject": [[[{"$toString": {"$mod": ["$$this", 3]}}, "$$this"]]]}
+    exprs = {
+        "a": {"$reduce": {"input": {"$range": [0, 7]}, "initialValue": {"z": 1, "1": "x"},
+                          "in": {"$mergeObjects": ["$$value", one, None]}}},
+        "b": {"$reduce": {"input": {"$range": [0, 7]}, "initialValue": {},
+                          "in": {"$mergeObjects": [{"$mergeObjects": ["$$value", one]},
+                                                   {"n": "$$this"}]}}},
+        "c": {"$reduce": {"input": {"$range": [0, 5]}, "initialValue": {},
+                          "in": {"$mergeObjects": ["$$value", one,
+                                                   {"s": {"$size": {"$objectToArray":
+                                                                    "$$value"}}}]}}},
+        "d": {"$reduce": {"input": {"$range": [0, 6]}, "initialValue": None,
+                          "in": {"$mergeObjects": ["$$value", one]}}},
+        "e": {"$reduce": {"input": {"$range": [0, 6]}, "initialValue": {},
+                          "in": {"$arrayToObject": {"$objectToArray": {
+                              "$mergeObjects": ["$$value", one]}}}}},
+        "f": {"$size": {"$objectToArray": {"$reduce": {
+            "input": {"$range": [0, 20000]}, "initialValue": {},
+            "in": {"$mergeObjects": ["$$value", {"$arrayToObject": [[[
+                {"$toString": "$$this"}, 1]]]}]}}}}},
+    }
+    got = list(coll.aggregate([{"$match": {"_id": "m"}}, {"$project": exprs}]))[0]
+    assert got == {"_id": "m", "a": {"z": 1, "1": 4, "0": 6, "2": 5},
+                   "b": {"0": 6, "n": 6, "1": 4, "2": 5},
+                   "c": {"0": 3, "s": 4, "1": 4, "2": 2},
+                   "d": {"0": 3, "1": 4, "2": 5},
+                   "e": {"0": 3, "1": 4, "2": 5}, "f": 20000}, got
+    # a $mergeObjects operand that is not an object: 40400, in place or not
+    with pytest.raises(OperationFailure) as e:
+        list(coll.aggregate([{"$match": {"_id": "m"}}, {"$project": {"r": {"$reduce": {
+            "input": [1, 2], "initialValue": {},
+            "in": {"$mergeObjects": ["$$value", "$$this"]}}}}}]))
+    assert e.value.code == 40400, e.value.details
+    coll.delete_one({"_id": "m"})
+
+
 def _max_time(coll):
     """maxTimeMS stops one long expression evaluation: the loops of the operators check
     the command's deadline (no document is read meanwhile): 50 MaxTimeMSExpired."""
@@ -139,6 +181,23 @@ def _max_time(coll):
                                                          "$concat": ["$$value", "a,"]}}},
                                         ","]}}}}}}], maxTimeMS=200))
     assert e.value.code == 50, e.value.details
+    # a loop whose body grows expensive ($mergeObjects copying an accumulator read twice:
+    # quadratic) is interrupted within one body's cost, not every 1,024 bodies
+    one = {"$arrayToObject": [[[{"$toString": "$$this"}, 1]]]}
+    with pytest.raises(OperationFailure) as e:
+        list(coll.aggregate([{"$match": {"_id": "one"}}, {"$project": {"r": {"$reduce": {
+            "input": {"$range": [0, 1000000]}, "initialValue": {},
+            "in": {"$mergeObjects": ["$$value", one, {"$cond": [
+                {"$eq": [{"$type": "$$value"}, "missing"]}, "$$value", {}]}]}}}}}],
+            maxTimeMS=1000))
+    assert e.value.code == 50, e.value.details
+    # the same with the work nested: each element's body is a loop of its own
+    with pytest.raises(OperationFailure) as e:
+        list(coll.aggregate([{"$match": {"_id": "one"}}, {"$project": {"r": {"$map": {
+            "input": {"$range": [0, 1000]}, "as": "o", "in": {"$reduce": {
+                "input": {"$range": [0, 1000000]}, "initialValue": {},
+                "in": {"$mergeObjects": ["$$value", one]}}}}}}}], maxTimeMS=1000))
+    assert e.value.code == 50, e.value.details
     coll.delete_one({"_id": "one"})
 
 
@@ -148,6 +207,7 @@ def test_on_a_shard(shard):
                                  socketTimeoutMS=120000)
     try:
         _check(client.exparr, "c")
+        _merge_reduce(client.exparr.c)
         _max_time(client.exparr.c)
         # killOp interrupts an expression as well: 11601 Interrupted
         t = Slow(lambda: list(client.exparr.c.aggregate(EXPENSIVE, comment="slow-expr")))
@@ -170,6 +230,7 @@ def test_through_a_proxy(start_role, tmp_path):
         db = cl.proxy_client(0).exparr
         _check(db, "c")  # unsharded: the primary shard runs it all
         _check(db, "s")  # sharded: the $project after $sort runs on the proxy's merger
+        _merge_reduce(db.s)
         _max_time(db.s)  # the shard's 50 reaches the client
     finally:
         cl.close()

@@ -85,7 +85,7 @@ WC_REFUSED = [
     {"listIndexes": "C"},
     {"listCollections": 1},
     {"ping": 1},
-    # explain never takes one, whatever it explains (explain_cmd.cpp)
+    # explain never takes one of its own, whatever it explains (explain_cmd.cpp)
     {"explain": {"find": "C", "filter": {}}},
     {"explain": {"delete": "C", "deletes": [{"q": {"a": 1}, "limit": 1}]}},
 ]
@@ -108,6 +108,16 @@ def _check_wc_on_reads(db, coll):
             assert code == 72, (cmd, code, msg)
             assert msg.startswith("Command does not support writeConcern"), msg
     assert db[coll].count_documents({}) == 2  # the explained delete did not run
+    # a writeConcern inside the explained command is not looked at (mongod checks only the
+    # explain's own; the inner parser takes it as a generic argument), whatever it explains
+    for inner in ({"find": coll, "filter": {}},
+                  {"delete": coll, "deletes": [{"q": {"a": 1}, "limit": 1}]},
+                  {"aggregate": coll, "pipeline": [{"$match": {}}], "cursor": {}},
+                  {"aggregate": coll, "pipeline": [{"$out": coll + "_o"}], "cursor": {}}):
+        inner = dict(inner, writeConcern={"w": 1})
+        assert db.command({"explain": inner})["ok"] == 1, inner
+    assert db[coll].count_documents({}) == 2  # nothing ran
+    assert coll + "_o" not in db.list_collection_names()
     # any writeConcern, not parsed first (mongod: commands_that_do_not_write_do_not_accept_wc.js)
     assert _code(db, {"find": coll, "writeConcern": {"w": []}})[0] == 72
     assert _code(db, {"count": coll, "writeConcern": {"w": "invalid"}})[0] == 72
