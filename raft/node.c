@@ -262,28 +262,47 @@ static void transport_free(sdb_node *n)
 	sdb_transport_close(&n->transport);
 }
 
-/* sdb_transport_opts.peer_ok: an incoming Raft connection is accepted only from a member
- * of the current configuration, by id and address (what libraft's preamble carries). A
- * member with an empty configuration (started to join, nothing received yet) accepts any
- * peer: the leader that adds it is not known before its first message. Refuses another
- * cluster's members (stray processes on reused ports: test_raft_node) before any of their
- * messages reaches libraft. */
+/* sdb_transport_opts.peer_ok: which incoming Raft connections reach libraft (the
+ * preamble's server id; every accepted plaintext connection's messages are validated
+ * by msgcheck.c whatever this says).
+ * - A peer claiming this member's own id is refused: a member never connects to itself,
+ *   so that is another cluster's node (ids 1, 2, 3 are everywhere).
+ * - The sole voter of a non-empty configuration refuses ids not in it: its configuration
+ *   changes only through itself, so a leader it does not know cannot be of its set (a
+ *   stray one-member set's heartbeat deposed it and aborted its transactions:
+ *   test_shard_txn). It does not compare addresses: a member added under one address
+ *   string may announce another (0.0.0.0, a proxy, another spelling) until it has
+ *   received its configuration.
+ * - Every other member accepts any id, as libraft does: a member that lagged behind
+ *   configuration changes (paused or partitioned while a new member was added and then
+ *   became leader) can only learn the newer configuration from that new leader, so
+ *   refusing ids it does not know would cut it off for good (review of the change). */
 static bool node_peer_ok(uint64_t id, const char *address, void *arg, const char **why)
 {
 	sdb_node *n = arg;
 	const struct raft_configuration *c = &n->raft.configuration;
-	if (c->n == 0)
-		return true;
-	for (unsigned i = 0; i < c->n; i++) {
-		if (c->servers[i].id != id)
-			continue;
-		if (strcmp(c->servers[i].address, address) == 0)
-			return true;
-		*why = "raft peer's address differs from its address in the configuration";
+	unsigned voters = 0;
+	bool self_voter = false, known = false;
+
+	(void)address;
+	if (id == n->id) {
+		*why = "raft peer claims this member's own server id";
 		return false;
 	}
-	*why = "raft peer's server id is not in the configuration";
-	return false;
+	for (unsigned i = 0; i < c->n; i++) {
+		if (c->servers[i].id == id)
+			known = true;
+		if (c->servers[i].role == RAFT_VOTER) {
+			voters++;
+			if (c->servers[i].id == n->id)
+				self_voter = true;
+		}
+	}
+	if (voters == 1 && self_voter && !known) {
+		*why = "raft peer's server id is not in the configuration of this sole voter";
+		return false;
+	}
+	return true;
 }
 
 /* sdb_transport_opts.announce: this member's address in the configuration (what its peers
