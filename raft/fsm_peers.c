@@ -6,6 +6,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "raft/migstate.h"
 
 #define VERSION_KEY "ratelimit_peers_version"
 #define TTL_MIN_MS 1000
@@ -151,10 +152,22 @@ static int holder(sqlite3 *db, const char *addr, char *buf, size_t n, int64_t *e
 	return found;
 }
 
+/* The entry's `instance`, or NULL when the entry predates
+ * MIGSTATE_OP_VERSION_PEER_INSTANCE (no opVersion stamped by the leader, or a lower one):
+ * such entries apply as before instance ids existed, on every member alike. */
+static const char *entry_instance(const bson_t *args)
+{
+	bson_iter_t it;
+	if (!bson_iter_init_find(&it, args, "opVersion") || !BSON_ITER_HOLDS_NUMBER(&it) ||
+	    bson_iter_as_int64(&it) < MIGSTATE_OP_VERSION_PEER_INSTANCE)
+		return NULL;
+	return arg_str(args, "instance");
+}
+
 static int op_register(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
 {
 	const char *addr = arg_str(args, "addr"), *kind = arg_str(args, "kind");
-	const char *inst = arg_str(args, "instance");
+	const char *inst = entry_instance(args);
 	int64_t ttl = 0, version, held_until;
 	int changes = 0, rc;
 	bson_iter_t it;
@@ -233,7 +246,7 @@ static int op_register(sqlite3 *db, int64_t ts, const bson_t *args, bson_t *res)
  * Returns: 0, 1 without addr (res then is the BadValue error, bad_value), or SDB_EIO. */
 static int op_deregister(sqlite3 *db, const bson_t *args, bson_t *res)
 {
-	const char *addr = arg_str(args, "addr"), *inst = arg_str(args, "instance");
+	const char *addr = arg_str(args, "addr"), *inst = entry_instance(args);
 	int64_t version, held_until;
 	int changes = 0, rc;
 	char cur[INSTANCE_MAX + 1];

@@ -71,9 +71,17 @@
  * commits over a renameCollection that took the lock meanwhile. An older member would
  * apply such an entry without the check, hence the op version gate. */
 #define MIGSTATE_OP_VERSION_DDL_LEASE 5
+/* registerRatelimitPeer / deregisterRatelimitPeer op version from which an entry's
+ * `instance` counts (issue #23: a live address held by another instance is refused, a
+ * deregistration removes only its own instance's entry; raft/fsm_peers.c). An older
+ * member ignores `instance` and would renew or remove where a newer one refuses or keeps,
+ * so the leader stamps the cluster's op version on these entries and apply honours
+ * `instance` only from this version on: no member of a mixed-version group applies them
+ * differently. */
+#define MIGSTATE_OP_VERSION_PEER_INSTANCE 6
 /* The highest op version this binary knows (the largest value setOpVersion accepts, and
  * the one a new cluster starts at). */
-#define MIGSTATE_OP_VERSION_MAX 5
+#define MIGSTATE_OP_VERSION_MAX 6
 
 typedef enum {
 	MIG_REGISTERED = 0,

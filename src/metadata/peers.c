@@ -155,6 +155,10 @@ static void h_write(wire_req *req, void *data)
 	copy_field(cmd, "kind", &args, "kind");
 	copy_field(cmd, "ttlMS", &args, "ttlMS");
 	copy_field(cmd, "instance", &args, "instance");
+	/* the leader, not the client, says whether `instance` counts: only once the cluster
+	 * op version reached MIGSTATE_OP_VERSION_PEER_INSTANCE (raft/migstate.h), so that
+	 * no older member of a mixed-version group applies the entry differently */
+	BSON_APPEND_INT32(&args, "opVersion", (int32_t)sdb_fsm_op_version(sdb_node_fsm(mp->node)));
 	w = sdb_calloc(1, sizeof *w);
 	w->req = req;
 	rc = sdb_node_propose(mp->node, name, &args, write_done, w);

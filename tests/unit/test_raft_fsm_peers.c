@@ -181,19 +181,19 @@ static void test_instances(void **state)
 	(void)state;
 	assert_int_equal(sdb_fsm_open(":memory:", &f, err, sizeof err), 0);
 	r = apply_at(f, ++i, "registerRatelimitPeer", 1000,
-		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"instance\": \"a\"}");
+		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"opVersion\": 6, \"instance\": \"a\"}");
 	assert_true(ok_of(r) == 1.0);
 	assert_int_equal(int_of(r, "version"), 1);
 	bson_destroy(r);
 	/* another process with the same address while a's lease is live: refused */
 	r = apply_at(f, ++i, "registerRatelimitPeer", 2000,
-		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"instance\": \"b\"}");
+		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"opVersion\": 6, \"instance\": \"b\"}");
 	assert_true(ok_of(r) == 0.0);
 	assert_int_equal(int_of(r, "code"), 11000);
 	bson_destroy(r);
 	/* b's deregistration does not remove a's entry */
 	r = apply_at(f, ++i, "deregisterRatelimitPeer", 2100,
-		     "{\"addr\": \"h:1\", \"instance\": \"b\"}");
+		     "{\"addr\": \"h:1\", \"opVersion\": 6, \"instance\": \"b\"}");
 	assert_true(ok_of(r) == 1.0);
 	assert_false(int_of(r, "removed"));
 	bson_destroy(r);
@@ -202,7 +202,7 @@ static void test_instances(void **state)
 	assert_int_equal(v, 1);
 	/* a's renewal; then an older binary's renewal (no instance) keeps the holder */
 	r = apply_at(f, ++i, "registerRatelimitPeer", 2200,
-		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"instance\": \"a\"}");
+		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"opVersion\": 6, \"instance\": \"a\"}");
 	assert_true(ok_of(r) == 1.0);
 	bson_destroy(r);
 	r = apply_at(f, ++i, "registerRatelimitPeer", 2300, "{\"addr\": \"h:1\", \"ttlMS\": 3000}");
@@ -210,34 +210,34 @@ static void test_instances(void **state)
 	assert_int_equal(int_of(r, "expiresMS"), 5300);
 	bson_destroy(r);
 	r = apply_at(f, ++i, "registerRatelimitPeer", 2400,
-		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"instance\": \"b\"}");
+		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"opVersion\": 6, \"instance\": \"b\"}");
 	assert_int_equal(int_of(r, "code"), 11000);
 	bson_destroy(r);
 	/* once a's lease has lapsed (5300) b takes the address over, without a version bump */
 	r = apply_at(f, ++i, "registerRatelimitPeer", 5300,
-		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"instance\": \"b\"}");
+		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"opVersion\": 6, \"instance\": \"b\"}");
 	assert_true(ok_of(r) == 1.0);
 	assert_int_equal(int_of(r, "version"), 1);
 	bson_destroy(r);
 	/* now a's deregistration is the stale one */
 	r = apply_at(f, ++i, "deregisterRatelimitPeer", 5400,
-		     "{\"addr\": \"h:1\", \"instance\": \"a\"}");
+		     "{\"addr\": \"h:1\", \"opVersion\": 6, \"instance\": \"a\"}");
 	assert_false(int_of(r, "removed"));
 	bson_destroy(r);
 	r = apply_at(f, ++i, "deregisterRatelimitPeer", 5500,
-		     "{\"addr\": \"h:1\", \"instance\": \"b\"}");
+		     "{\"addr\": \"h:1\", \"opVersion\": 6, \"instance\": \"b\"}");
 	assert_true(int_of(r, "removed"));
 	assert_int_equal(int_of(r, "version"), 2);
 	bson_destroy(r);
 	/* an older binary's deregistration (no instance) removes whatever holds it */
 	bson_destroy(apply_at(f, ++i, "registerRatelimitPeer", 6000,
-			      "{\"addr\": \"h:2\", \"ttlMS\": 3000, \"instance\": \"c\"}"));
+			      "{\"addr\": \"h:2\", \"ttlMS\": 3000, \"opVersion\": 6, \"instance\": \"c\"}"));
 	r = apply_at(f, ++i, "deregisterRatelimitPeer", 6100, "{\"addr\": \"h:2\"}");
 	assert_true(int_of(r, "removed"));
 	bson_destroy(r);
 	/* expiry drops the instance too: a new instance registers at once afterwards */
 	bson_destroy(apply_at(f, ++i, "registerRatelimitPeer", 7000,
-			      "{\"addr\": \"h:3\", \"ttlMS\": 3000, \"instance\": \"d\"}"));
+			      "{\"addr\": \"h:3\", \"ttlMS\": 3000, \"opVersion\": 6, \"instance\": \"d\"}"));
 	r = apply_at(f, ++i, "expireRatelimitPeers", 10000, "{}");
 	assert_int_equal(int_of(r, "version"), 6);
 	bson_destroy(r);
@@ -253,9 +253,38 @@ static void test_instances(void **state)
 	}
 	/* a bad instance is BadValue */
 	r = apply_at(f, ++i, "registerRatelimitPeer", 10000,
-		     "{\"addr\": \"h:4\", \"ttlMS\": 3000, \"instance\": \"\"}");
+		     "{\"addr\": \"h:4\", \"ttlMS\": 3000, \"opVersion\": 6, \"instance\": \"\"}");
 	assert_int_equal(int_of(r, "code"), 2);
 	bson_destroy(r);
+	sdb_fsm_close(f);
+}
+
+/* Entries with an instance but stamped below MIGSTATE_OP_VERSION_PEER_INSTANCE (or not
+ * stamped: a leader of an older binary) apply as before instance ids existed, as an older
+ * member applies them: no refusal, a deregistration removes the address. */
+static void test_instances_need_op_version(void **state)
+{
+	sdb_fsm *f;
+	char err[128], list[256];
+	int64_t v;
+	bson_t *r;
+	uint64_t i = 0;
+
+	(void)state;
+	assert_int_equal(sdb_fsm_open(":memory:", &f, err, sizeof err), 0);
+	bson_destroy(apply_at(f, ++i, "registerRatelimitPeer", 1000,
+			      "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"opVersion\": 5, "
+			      "\"instance\": \"a\"}"));
+	r = apply_at(f, ++i, "registerRatelimitPeer", 2000,
+		     "{\"addr\": \"h:1\", \"ttlMS\": 3000, \"instance\": \"b\"}");
+	assert_true(ok_of(r) == 1.0); /* a renewal, as an older member applies it */
+	bson_destroy(r);
+	r = apply_at(f, ++i, "deregisterRatelimitPeer", 2100,
+		     "{\"addr\": \"h:1\", \"opVersion\": 5, \"instance\": \"c\"}");
+	assert_true(int_of(r, "removed"));
+	bson_destroy(r);
+	listed(f, list, sizeof list, &v);
+	assert_string_equal(list, "");
 	sdb_fsm_close(f);
 }
 
@@ -264,6 +293,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_register_renew_expire),
 		cmocka_unit_test(test_instances),
+		cmocka_unit_test(test_instances_need_op_version),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
