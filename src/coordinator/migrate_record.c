@@ -108,8 +108,34 @@ void mig_keepalive(mig *m)
 	(void)mig_stopping(m);
 }
 
-/* The renewal thread: renew every lease/3 (retry every lease/10 after a failure) until
- * mig_lease_stop or a LockBusy answer. */
+/* A metadata client for the renewals: the runner's URI with every timeout lease/6
+ * (250 ms..2 s), well below the renewal period, so a renewal sent to a metadata leader
+ * that hangs (SIGSTOP: TCP accepted, no answer) fails in time to be retried on the new
+ * leader within the lease (the runner's own 10 s socket timeout outlasted a 5 s lease:
+ * review). NULL when the URI does not parse. */
+static mongoc_client_t *lease_client(mig *m)
+{
+	int32_t t = (int32_t)(m->r->lease_ms / 6 < 250 ? 250 : m->r->lease_ms / 6 > 2000 ? 2000
+					  : m->r->lease_ms / 6);
+	mongoc_uri_t *u = mongoc_uri_new(m->r->meta_uri);
+	mongoc_client_t *c = NULL;
+
+	if (!u)
+		return NULL;
+	mongoc_uri_set_option_as_int32(u, MONGOC_URI_CONNECTTIMEOUTMS, t);
+	mongoc_uri_set_option_as_int32(u, MONGOC_URI_SOCKETTIMEOUTMS, t);
+	mongoc_uri_set_option_as_int32(u, MONGOC_URI_SERVERSELECTIONTIMEOUTMS, t);
+	c = auth_cluster_client_new(mongoc_uri_get_string(u));
+	mongoc_uri_destroy(u);
+	if (c)
+		mongoc_client_set_error_api(c, MONGOC_ERROR_API_VERSION_2);
+	return c;
+}
+
+/* The renewal thread: renew every lease/3 (retry every lease/10 after a failure, on a
+ * fresh client: libmongoc keeps a server that timed out in its cooldown, and the fresh
+ * client looks for the leader among every seed) until mig_lease_stop or a LockBusy
+ * answer. */
 static void *lease_thread(void *arg)
 {
 	mig *m = arg;
@@ -140,6 +166,11 @@ static void *lease_thread(void *arg)
 			sdb_warn("migration lease renewal failed, retrying", "id=%s code=%d err=\"%s\"",
 				 m->id, rc, err);
 			next = sdb_mono_ms() + (uint64_t)(retry > 0 ? retry : 1);
+			mongoc_client_t *fresh = lease_client(m);
+			if (fresh) {
+				mongoc_client_destroy(m->ka_meta);
+				m->ka_meta = fresh;
+			}
 		}
 	}
 	pthread_mutex_unlock(&m->ka_mu);
@@ -148,10 +179,9 @@ static void *lease_thread(void *arg)
 
 int mig_lease_start(mig *m)
 {
-	m->ka_meta = auth_cluster_client_new(m->r->meta_uri);
+	m->ka_meta = lease_client(m);
 	if (!m->ka_meta)
 		return SDB_EIO;
-	mongoc_client_set_error_api(m->ka_meta, MONGOC_ERROR_API_VERSION_2);
 	pthread_mutex_init(&m->ka_mu, NULL);
 	sdb_cond_init_mono(&m->ka_cv);
 	m->ka_stop = false;
