@@ -1004,9 +1004,18 @@ static void test_shard_collection_ddl_lease(void **state)
 	r = query(x, "getRoutingTable", "{\"getRoutingTable\": \"app.b\"}");
 	assert_int_equal(count_array(r, "chunks"), 1);
 	bson_destroy(r);
-	/* the new op version is one setOpVersion accepts; the next is not */
+	/* op version 5 is one setOpVersion accepts */
 	ok(x, "setOpVersion", "{\"version\": 5}");
-	fails(x, "setOpVersion", "{\"version\": 6}", 2);
+}
+
+/* The highest op version (MIGSTATE_OP_VERSION_MAX, 6: a rate-limit peer's instance,
+ * raft/fsm_peers.c) is one setOpVersion accepts; the next is not. */
+static void test_op_version_max(void **state)
+{
+	t *x = *state;
+	base_cluster(x);
+	ok(x, "setOpVersion", "{\"version\": 6}");
+	fails(x, "setOpVersion", "{\"version\": 7}", 2);
 }
 
 int main(void)
@@ -1017,6 +1026,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_hashed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_key_order_gate, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shard_collection_ddl_lease, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_op_version_max, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migration_cas, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_query_replies, setup, teardown),
