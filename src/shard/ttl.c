@@ -55,9 +55,13 @@ static void del_done(void *arg, wire_req *req)
 	free(d);
 }
 
-/* Queue the delete of db.coll's documents whose field is a date before cutoff_ms. */
+/* Queue the delete of db.coll's documents whose field is a date before cutoff_ms and, for
+ * a partial index, that match its partialFilterExpression pfe. spec: the index's spec; the
+ * delete runs under the index's collation (its stored `collation`, absent when simple),
+ * never the collection's default: the index holds the documents its filter matches under
+ * its own collation, and mongod's TTL monitor deletes through the index. */
 static void expire(shard_ttl *t, const char *db, const char *coll, const char *field,
-		   int64_t cutoff_ms, const bson_iter_t *pfe)
+		   int64_t cutoff_ms, const bson_iter_t *pfe, const bson_t *spec)
 {
 	bson_t cmd = BSON_INITIALIZER, dels, del, q, cond, and, one;
 	BSON_APPEND_UTF8(&cmd, "delete", coll);
@@ -82,6 +86,15 @@ static void expire(shard_ttl *t, const char *db, const char *coll, const char *f
 	}
 	bson_append_document_end(&del, &q);
 	BSON_APPEND_INT32(&del, "limit", 0);
+	bson_iter_t ci;
+	if (bson_iter_init_find(&ci, spec, "collation") && BSON_ITER_HOLDS_DOCUMENT(&ci)) {
+		bson_append_iter(&del, "collation", -1, &ci);
+	} else {
+		bson_t simple;
+		BSON_APPEND_DOCUMENT_BEGIN(&del, "collation", &simple);
+		BSON_APPEND_UTF8(&simple, "locale", "simple");
+		bson_append_document_end(&del, &simple);
+	}
 	bson_append_document_end(&dels, &del);
 	bson_append_array_end(&cmd, &dels);
 	BSON_APPEND_BOOL(&cmd, "ordered", false);
@@ -132,7 +145,7 @@ static void pass(uv_timer_t *h)
 			bool partial = bson_iter_init_find(&pfe, ix->spec, "partialFilterExpression") &&
 				       BSON_ITER_HOLDS_DOCUMENT(&pfe);
 			expire(t, db, coll, bson_iter_key(&k), now - secs * 1000,
-			       partial ? &pfe : NULL);
+			       partial ? &pfe : NULL, ix->spec);
 		}
 	}
 	sdb_store_names_free(names, n);

@@ -416,3 +416,36 @@ def test_partial_ttl_index_expires_only_the_documents_it_holds(start_role, tmp_p
     assert _ids(db.e.find({})) == [0, 2, 4]
     assert c.admin.command("stripedbCheck")["nProblems"] == 0
     c.close()
+
+
+def test_partial_ttl_index_expires_under_the_index_collation(start_role, tmp_path):
+    """A partial TTL index's filter is the index's, evaluated under the index's collation
+    (mongod's TTL monitor deletes through the index): not under the collection's default."""
+    import datetime
+
+    from conftest import free_port
+    port = free_port()
+    d = tmp_path / "shard"
+    d.mkdir()
+    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}",
+                "--ttl-monitor-sleep-secs=1"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True)
+    db = c.t
+    old = datetime.datetime(2020, 1, 1)
+    ci = {"locale": "en", "strength": 2}
+    # collection case-insensitive, index simple: "TEMP" is not in the index, kept
+    db.create_collection("ci", collation=ci)
+    db.ci.create_index("at", expireAfterSeconds=0, partialFilterExpression={"kind": "temp"},
+                       collation={"locale": "simple"})
+    # collection simple, index case-insensitive: "TEMP" is in the index, expired
+    db.create_collection("cs")
+    db.cs.create_index("at", expireAfterSeconds=0, partialFilterExpression={"kind": "temp"},
+                       collation=ci)
+    for coll in (db.ci, db.cs):
+        coll.insert_many([{"_id": i, "at": old, "kind": ["temp", "TEMP", "keep"][i % 3]}
+                          for i in range(6)])
+    wait_until(lambda: _ids(db.ci.find({})) != [0, 1, 2, 3, 4, 5] and
+               _ids(db.cs.find({})) == [2, 5], 30, what="the indexed documents expired")
+    assert _ids(db.ci.find({})) == [1, 2, 4, 5]
+    assert c.admin.command("stripedbCheck")["nProblems"] == 0
+    c.close()
