@@ -4,10 +4,32 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/aggwrite.h"
+
 /* MongoDB's codes (error_codes.yml) */
 #define RC_FAILED_TO_PARSE 9
 #define RC_TYPE_MISMATCH 14
 #define RC_INVALID_OPTIONS 72
+
+/* The writing stage ($out or $merge) of an aggregate command's top-level pipeline, or NULL
+ * (not an aggregate, no pipeline array, no such stage). Points into cmd. */
+static const char *agg_write_stage(const bson_t *cmd)
+{
+	bson_iter_t it, pipe, st;
+
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) ||
+	    strcmp(bson_iter_key(&it), "aggregate") != 0)
+		return NULL;
+	if (!bson_iter_init_find(&it, cmd, "pipeline") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+	    !bson_iter_recurse(&it, &pipe))
+		return NULL;
+	while (bson_iter_next(&pipe)) {
+		if (BSON_ITER_HOLDS_DOCUMENT(&pipe) && bson_iter_recurse(&pipe, &st) &&
+		    bson_iter_next(&st) && sdb_aggw_is_stage(bson_iter_key(&st)))
+			return bson_iter_key(&st);
+	}
+	return NULL;
+}
 
 int sdb_read_concern_parse(const bson_t *cmd, bool linearizable_ok, sdb_read_concern *rc,
 			   char *err, size_t errlen)
@@ -67,6 +89,14 @@ int sdb_read_concern_parse(const bson_t *cmd, bool linearizable_ok, sdb_read_con
 			 "linearizable)",
 			 rc->level);
 		return RC_FAILED_TO_PARSE;
+	}
+	/* MongoDB refuses a writing stage under linearizable whatever the node
+	 * (document_source_out.h / document_source_merge.h, supportsReadConcern) */
+	const char *stage = agg_write_stage(cmd);
+	if (stage) {
+		snprintf(err, errlen, "%s cannot be used with a 'linearizable' read concern level",
+			 stage);
+		return RC_INVALID_OPTIONS;
 	}
 	if (!linearizable_ok) {
 		snprintf(err, errlen,

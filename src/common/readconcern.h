@@ -25,8 +25,10 @@ typedef struct sdb_read_concern {
  * Returns: 0, or MongoDB's code with the message in err (errlen bytes): 9 FailedToParse
  * (not an object, a level that is not a string or not a level, an unknown field),
  * 14 TypeMismatch (afterClusterTime not a Timestamp), 72 InvalidOptions (atClusterTime,
- * afterOpTime, level "snapshot" outside a transaction, "linearizable" when not
- * linearizable_ok: not built by stripedb). */
+ * afterOpTime, level "snapshot" outside a transaction, "linearizable" on an aggregate whose
+ * pipeline has $out or $merge: "$out cannot be used with a 'linearizable' read concern
+ * level" as MongoDB, whatever linearizable_ok; "linearizable" when not linearizable_ok: not
+ * built by stripedb). */
 int sdb_read_concern_parse(const bson_t *cmd, bool linearizable_ok, sdb_read_concern *rc,
 			   char *err, size_t errlen);
 

@@ -263,9 +263,13 @@ void px_fanout(ctx *c, size_t n, void (*fn)(void *arg, size_t i), void *arg);
 /* ---- read preferences (readpref.c, issue #15) ---- */
 
 /* Parse c->cmd's $readPreference: a mode other than primary on a command that is not a
- * write is kept in c (rp_data/rp_len) for px_run_on. Returns: 0, or the code of the
- * refusal answered on c: an unknown mode or a malformed one (FailedToParse 9),
- * maxStalenessSeconds other than -1 and non-empty tag sets (BadValue 2: not supported). */
+ * write is kept in c (rp_data/rp_len) for px_run_on, unless it has maxStalenessSeconds
+ * (>= 90): then the read goes to the primary (no secondary's staleness is known).
+ * Returns: 0, or the code of the refusal answered on c: an unknown mode or a malformed
+ * one, a maxStalenessSeconds that is not a number (FailedToParse 9), a negative
+ * maxStalenessSeconds other than -1, maxStalenessSeconds with mode primary or (not
+ * supported) secondary, non-empty tag sets (BadValue 2), maxStalenessSeconds 1..89
+ * (MaxStalenessOutOfRange 160). */
 int px_read_pref_check(ctx *c, const px_cmd *cmd);
 /* True, with *rp (static, into c->cmd) the client's $readPreference, when fwd (a command
  * for a shard) is a read that follows it: find, aggregate, count, distinct. */

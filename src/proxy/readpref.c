@@ -2,13 +2,24 @@
  * than primary (secondary, secondaryPreferred, nearest, primaryPreferred) is forwarded to
  * the shard with that $readPreference, and shardconn_command selects the shard replica
  * set's member with it (libmongoc server selection, shardconn.c), as mongos does. Writes
- * always go to the primary (mongos ignores a write's read preference too). Options the
- * proxy cannot honour are refused, not ignored: maxStalenessSeconds (the shards' hello
- * reports no lastWrite, so staleness cannot be estimated) and tag sets (members have no
- * tags). Contract in exec.h. */
+ * always go to the primary (mongos ignores a write's read preference too).
+ *
+ * maxStalenessSeconds (Max Staleness spec; validated as mongos does, MongoDB's
+ * src/mongo/client/read_preference.cpp: a number, at least 90, not with mode primary) is
+ * honoured conservatively: the shards' hello reports no lastWrite, so no secondary's
+ * staleness can be estimated and none is eligible; the primary, never stale, is. So
+ * primaryPreferred, secondaryPreferred and nearest with maxStalenessSeconds read from the
+ * primary (what the spec selects when every secondary is too stale), and mode secondary,
+ * which then has no eligible member, is refused (BadValue) rather than served by a member
+ * of unknown staleness. Tag sets are refused (members have no tags). Contract in exec.h. */
 #include <string.h>
 
 #include "proxy/exec.h"
+
+/* MongoDB's ReadPreferenceSetting::kMinimalMaxStalenessValue (seconds) and the code of a
+ * smaller value (error_codes.yml MaxStalenessOutOfRange) */
+#define RP_MIN_MAX_STALENESS 90
+#define RP_MAX_STALENESS_OUT_OF_RANGE 160
 
 static const char *const modes[] = {"primary", "primaryPreferred", "secondary",
 				    "secondaryPreferred", "nearest", NULL};
@@ -18,6 +29,7 @@ int px_read_pref_check(ctx *c, const px_cmd *cmd)
 	bson_iter_t it, sub;
 	const char *mode = NULL;
 	bool known = false;
+	int64_t max_staleness = 0; /* seconds; 0: none (absent, -1 or 0) */
 	uint32_t len;
 	const uint8_t *data;
 
@@ -34,12 +46,18 @@ int px_read_pref_check(ctx *c, const px_cmd *cmd)
 		if (strcmp(k, "mode") == 0 && BSON_ITER_HOLDS_UTF8(&sub)) {
 			mode = bson_iter_utf8(&sub, NULL);
 		} else if (strcmp(k, "maxStalenessSeconds") == 0) {
-			if (!BSON_ITER_HOLDS_NUMBER(&sub) || bson_iter_as_int64(&sub) != -1) {
+			if (!BSON_ITER_HOLDS_NUMBER(&sub))
+				return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+						"maxStalenessSeconds field must be a number");
+			int64_t v = bson_iter_as_int64(&sub);
+			if (v < -1)
 				return px_error(c, WIRE_ERR_BAD_VALUE,
-						"$readPreference maxStalenessSeconds is not supported by "
-						"stripedb (shard members report no last write time); read "
-						"without it");
-			}
+						"maxStalenessSeconds must be a non-negative integer");
+			if (v > 0 && v < RP_MIN_MAX_STALENESS)
+				return px_error(c, RP_MAX_STALENESS_OUT_OF_RANGE,
+						"maxStalenessSeconds value cannot be less than %d",
+						RP_MIN_MAX_STALENESS);
+			max_staleness = v > 0 ? v : 0;
 		} else if (strcmp(k, "tags") == 0) {
 			bson_iter_t t, one;
 			if (BSON_ITER_HOLDS_ARRAY(&sub) && bson_iter_recurse(&sub, &t))
@@ -60,6 +78,16 @@ int px_read_pref_check(ctx *c, const px_cmd *cmd)
 				"Could not parse $readPreference: mode must be one of primary, "
 				"primaryPreferred, secondary, secondaryPreferred or nearest");
 	}
+	if (max_staleness > 0 && strcmp(mode, "primary") == 0)
+		return px_error(c, WIRE_ERR_BAD_VALUE,
+				"mode primary cannot be combined with 'maxStalenessSeconds' option");
+	if (max_staleness > 0 && strcmp(mode, "secondary") == 0)
+		return px_error(c, WIRE_ERR_BAD_VALUE,
+				"$readPreference maxStalenessSeconds with mode secondary is not "
+				"supported by stripedb (shard members report no last write time, so "
+				"no secondary's staleness is known)");
+	if (max_staleness > 0)
+		return 0; /* the primary: the only member known to be within the bound */
 	if (strcmp(mode, "primary") != 0 && !(cmd->flags & PXC_WRITE)) {
 		c->rp_data = data;
 		c->rp_len = len;

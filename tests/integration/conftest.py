@@ -342,3 +342,25 @@ def shard(start_role, tmp_path):
     data.mkdir()
     p = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}"])
     return p, port
+
+
+def start_one_member_set(start_role, data_dir, set_name="rs-spec", extra=()):
+    """Start a shard as the only member of replica set set_name (its hello reports setName,
+    as a 1-member MongoDB replica set does) with data in data_dir (made here), plus extra
+    arguments (e.g. --enable-test-commands); wait until it is the writable primary.
+    Returns (proc, wire_port)."""
+    import pymongo
+    wire, raft = free_port(), free_port()
+    os.makedirs(data_dir, exist_ok=True)
+    p = start_role(["--role=shard", f"--replica-set={set_name}", "--node-id=1",
+                    f"--listen=127.0.0.1:{wire}", f"--data-dir={data_dir}",
+                    f"--raft-listen=127.0.0.1:{raft}",
+                    f"--bootstrap-members=1@127.0.0.1:{raft}", "--raft-tls=disabled",
+                    "--raft-election-timeout-ms=300"] + list(extra))
+    uri = f"mongodb://127.0.0.1:{wire}/?directConnection=true"
+
+    def primary():
+        with pymongo.MongoClient(uri, serverSelectionTimeoutMS=2000) as c:
+            return c.admin.command("hello").get("isWritablePrimary")
+    wait_until(primary, 30, interval=0.05, what="the one-member set to elect its primary")
+    return p, wire

@@ -12,15 +12,30 @@ predates `comment` on write helpers).
 What is checked: initialData, each operation's expectResult or expectError (isError,
 isClientError, errorCode, errorCodeName, errorContains, errorResponse, and a bulk write's
 partial result), and outcome. expectEvents (command monitoring) is about drivers and is
-ignored. Matching follows "Evaluating Matches": numbers compare by value whatever their BSON
+ignored, but what a driver adds to a command from the entities' options is sent (client
+uriOptions readConcernLevel and w, databaseOptions / collectionOptions readConcern,
+writeConcern and readPreference: readConcern and $readPreference on reads, writeConcern on
+writes, all three on aggregate with $out/$merge), so the server answers what it would get.
+
+The topology runOnRequirements are checked against is learnt from the server's hello, as a
+driver's SDAM does: "sharded" for a mongos (msg: "isdbgrid", a stripedb proxy), "replicaset"
+for a replica set member (setName, a shard started with --replica-set), else "single".
+
+The testRunner failPoint operation sends its configureFailPoint (MongoDB's failCommand fail
+point, src/wire/failpoint.c) to the admin database of the server: the server must run with
+--enable-test-commands. Every fail point a test set is turned off (mode "off") when the test
+ends, whatever its end. A connection the server closes (failCommand closeConnection) is a
+network error: a client-side error for expectError (isClientError: true; the runner's client
+has retryReads and retryWrites off). Matching follows "Evaluating Matches": numbers compare by value whatever their BSON
 type, $$unsetOrMatches / $$exists / $$type / $$lte are honoured, and extra fields are
 allowed only in root-level result documents (the result document, or each document of a
 result array such as a cursor's); nested documents and the outcome's documents must match
 exactly.
 
-Skips (each with its reason): runOnRequirements that exclude the server's version or
-topology (the shard reports itself as a 6.0.0 standalone), the test-only `failPoint`
-operation (configureFailPoint is not a production command), and test-level skipReason.
+Skips (each with its reason): runOnRequirements that exclude the server's version (stripedb
+reports 6.0.0) or its topology (a test the spec runs on a standalone or replica set only,
+through a proxy), a refusal listed in docs/compat.md's refusal table, and test-level
+skipReason.
 
 Usable as a library (run_file) and from the command line:
     python3 crud_unified.py mongodb://127.0.0.1:PORT [FILE.json ...]
@@ -36,7 +51,17 @@ from bson import json_util, ObjectId, SON, Int64, Decimal128
 from bson.codec_options import CodecOptions
 import pymongo
 
-TOPOLOGY = "single"
+
+def server_topology(client):
+    """The unified format's topology name of the server client talks to, learnt from its
+    hello reply as a driver's SDAM does: "sharded" for a mongos (msg "isdbgrid"),
+    "replicaset" for a replica set member (setName), else "single"."""
+    hello = client.admin.command("hello")
+    if hello.get("msg") == "isdbgrid":
+        return "sharded"
+    if hello.get("setName"):
+        return "replicaset"
+    return "single"
 
 
 class ClientError(Exception):
@@ -51,6 +76,19 @@ class ServerError(Exception):
         self.errmsg = self.reply.get("errmsg", "")
         self.partial = partial  # a bulk write's result so far
         super().__init__(f"server error {self.code} {self.code_name}: {self.errmsg}")
+
+
+class NetworkError(ServerError):
+    """The connection failed while a command was in flight (no reply): a client-side error
+    for expectError (isClientError: true), as the unified format counts network errors."""
+
+    def __init__(self, msg, labels=()):
+        Exception.__init__(self, msg)
+        self.reply = {"errorLabels": list(labels), "errmsg": msg}
+        self.code = None
+        self.code_name = None
+        self.errmsg = msg
+        self.partial = None
 
 
 class Skip(Exception):
@@ -228,8 +266,6 @@ def _write_error(reply):
 class Runner:
     """Runs one spec file against one server (pymongo client to its URI)."""
 
-    topology = TOPOLOGY  # what runOnRequirements' topologies are checked against
-
     def __init__(self, uri, spec, **client_kwargs):
         self.uri = uri
         self.spec = spec
@@ -239,7 +275,11 @@ class Runner:
         self.opts = CodecOptions(document_class=dict, tz_aware=False)
         info = self.client.admin.command("buildInfo")
         self.version = tuple(int(x) for x in re.findall(r"\d+", info["version"])[:3])
+        # what runOnRequirements' topologies are checked against
+        self.topology = server_topology(self.client)
         self.entities = {}
+        self.fail_points = set()  # fail points configured by the current test
+        self.cur_opts = {}  # the options of the entity of the current operation
 
     def close(self):
         self.client.close()
@@ -252,6 +292,13 @@ class Runner:
             return self.client[dbname].command(command, codec_options=self.opts)
         except pymongo.errors.OperationFailure as e:
             raise ServerError(e.details or {"errmsg": str(e), "code": e.code})
+        except pymongo.errors.NotMasterError as e:  # a reply: not-primary/shutdown codes
+            d = e.details if isinstance(e.details, dict) else None
+            if d and "ok" in d:
+                raise ServerError(d)
+            raise NetworkError(str(e))
+        except pymongo.errors.ConnectionFailure as e:  # e.g. failCommand closeConnection
+            raise NetworkError(str(e))
 
     def drain(self, dbname, coll, reply, batch_size=None):
         cur = reply["cursor"]
@@ -288,7 +335,8 @@ class Runner:
             if "topologies" in r and self.topology not in r["topologies"]:
                 kind = {"single": "standalone", "replicaset": "replica set member",
                         "sharded": "mongos"}.get(self.topology, self.topology)
-                why.append(f"needs topology {r['topologies']} (the server is a {kind})")
+                why.append(f"the spec runs it on topologies {r['topologies']} only (the "
+                           f"server is a {kind})")
             if r.get("serverless") == "require":
                 why.append("needs a serverless deployment")
             if r.get("auth") is True:
@@ -305,15 +353,26 @@ class Runner:
     def create_entities(self):
         self.entities = {}
         self.unacknowledged = set()  # collections with writeConcern {w: 0}
+        self.options = {}  # entity id -> {readConcern, writeConcern, readPreference}
         for e in self.spec.get("createEntities", []):
             (kind, d), = e.items()
             if kind == "client":
                 self.entities[d["id"]] = ("client", None)
+                uo = d.get("uriOptions", {})
+                o = {}
+                if "readConcernLevel" in uo:
+                    o["readConcern"] = {"level": uo["readConcernLevel"]}
+                if "w" in uo:
+                    o["writeConcern"] = {"w": uo["w"]}
+                self.options[d["id"]] = o
             elif kind == "database":
                 self.entities[d["id"]] = ("database", d["databaseName"])
+                self.options[d["id"]] = self._inherit(d["client"], d.get("databaseOptions"))
             elif kind == "collection":
                 dbname = self.entities[d["database"]][1]
                 self.entities[d["id"]] = ("collection", (dbname, d["collectionName"]))
+                self.options[d["id"]] = self._inherit(d["database"],
+                                                      d.get("collectionOptions"))
                 wc = d.get("collectionOptions", {}).get("writeConcern", {})
                 if wc.get("w") == 0:
                     self.unacknowledged.add(d["id"])
@@ -321,6 +380,41 @@ class Runner:
                 raise Skip("sessions are not used by the CRUD files this runner targets")
             else:
                 raise Skip(f"entity kind {kind} is not supported by this runner")
+
+    def _inherit(self, parent, given):
+        """A database's or collection's read/write concern and read preference: its own
+        options (databaseOptions/collectionOptions), else its parent entity's."""
+        o = dict(self.options.get(parent, {}))
+        for k in ("readConcern", "writeConcern", "readPreference"):
+            if given and k in given:
+                o[k] = given[k]
+        return o
+
+    def _apply_options(self, cmd):
+        """Add what a driver adds to a command from the entity's options (the read/write
+        concern specification, and server selection's $readPreference for a mode other
+        than primary): readConcern on reads (aggregate, find, count, distinct) and on
+        aggregate with $out/$merge, writeConcern on writes and on aggregate with
+        $out/$merge (an unacknowledged w: 0 is the runner's own business), and
+        $readPreference on reads, including aggregate with $out/$merge (MongoDB 5.0+)."""
+        opts = self.cur_opts
+        if not opts:
+            return cmd
+        name = next(iter(cmd))
+        write_stage = name == "aggregate" and any(
+            isinstance(st, dict) and ("$out" in st or "$merge" in st)
+            for st in cmd.get("pipeline", []))
+        read = name in ("aggregate", "find", "count", "distinct")
+        write = write_stage or name in ("insert", "update", "delete", "findAndModify")
+        if read and "readConcern" in opts and "readConcern" not in cmd:
+            cmd["readConcern"] = opts["readConcern"]
+        if write and "writeConcern" in opts and opts["writeConcern"].get("w") != 0 and \
+                "writeConcern" not in cmd:
+            cmd["writeConcern"] = opts["writeConcern"]
+        rp = opts.get("readPreference")
+        if read and rp and rp.get("mode", "primary") != "primary":
+            cmd["$readPreference"] = rp
+        return cmd
 
     def load_initial_data(self):
         for d in self.spec.get("initialData", []):
@@ -423,7 +517,7 @@ class Runner:
                 cmd["comment"] = comment
             if let is not None:
                 cmd["let"] = let
-            r = self.cmd(db, cmd)
+            r = self.cmd(db, self._apply_options(cmd))
             n = r.get("n", 0)
             failed = {e["index"] for e in r.get("writeErrors", [])}
             if kind == "insert":
@@ -461,10 +555,16 @@ class Runner:
         args = copy.deepcopy(op.get("arguments", {}))
         if obj == "testRunner":
             if name == "failPoint":
-                raise Skip("the failPoint operation needs configureFailPoint, a test-only "
-                           "command the embedded shard does not implement")
+                # configureFailPoint on the admin database of the named client (the one
+                # server this runner talks to, started with --enable-test-commands);
+                # run_test turns it off at the end of the test
+                fp = args["failPoint"]
+                self.fail_points.add(fp["configureFailPoint"])
+                self.cmd("admin", SON(fp))
+                return None
             raise Skip(f"testRunner operation {name} is not supported")
         kind, ref = self.entities[obj]
+        self.cur_opts = getattr(self, "options", {}).get(obj, {})
         if kind == "client" and name == "clientBulkWrite":
             # The driver validates the models before it sends anything (the CRUD spec's
             # client bulkWrite rules); the command itself is MongoDB 8.0's bulkWrite.
@@ -482,7 +582,7 @@ class Runner:
         def com(cmd):
             if comment is not MISSING:
                 cmd["comment"] = comment
-            return cmd
+            return self._apply_options(cmd)
 
         if kind == "database":
             db = ref
@@ -644,13 +744,21 @@ class Runner:
         """None if exc satisfies expectError exp, else why not."""
         if exc is None:
             return f"expected an error {exp!r}, the operation succeeded"
-        is_client = isinstance(exc, ClientError)
+        is_client = isinstance(exc, (ClientError, NetworkError))
         if "isClientError" in exp and exp["isClientError"] != is_client:
             return f"isClientError {exp['isClientError']} but got {exc!r}"
         if is_client:
-            for k in ("errorCode", "errorCodeName", "errorResponse"):
+            for k in ("errorCode", "errorCodeName", "errorResponse", "expectResult"):
                 if k in exp:
                     return f"expected a server error ({k}) but got a client error {exc}"
+            labels = exc.reply.get("errorLabels", []) if isinstance(exc, NetworkError) \
+                else []
+            for lab in exp.get("errorLabelsContain", []):
+                if lab not in labels:
+                    return f"error label {lab} missing"
+            for lab in exp.get("errorLabelsOmit", []):
+                if lab in labels:
+                    return f"error label {lab} present"
             return None
         if "errorCode" in exp and exc.code != exp["errorCode"]:
             return f"errorCode {exp['errorCode']} but got {exc.code} ({exc.errmsg})"
@@ -679,12 +787,22 @@ class Runner:
         return None
 
     def run_test(self, test):
-        """Return ("passed"|"failed"|"skipped", detail)."""
+        """Return ("passed"|"failed"|"skipped", detail); the fail points the test set are
+        turned off (mode "off") whatever its end, as the unified format says."""
         if "skipReason" in test:
             return "skipped", test["skipReason"]
         why = self.requirement_skip(test.get("runOnRequirements"))
         if why:
             return "skipped", why
+        try:
+            return self._run_test(test)
+        finally:
+            self.cur_opts = {}
+            for name in sorted(self.fail_points):
+                Runner.cmd(self, "admin", SON([("configureFailPoint", name), ("mode", "off")]))
+            self.fail_points = set()
+
+    def _run_test(self, test):
         try:
             self.create_entities()
             self.load_initial_data()

@@ -36,7 +36,7 @@ from bson import Int64, SON
 from pymongo import monitoring
 
 import crud_unified
-from crud_unified import ClientError, ServerError, Skip, MISSING, match
+from crud_unified import ClientError, NetworkError, ServerError, Skip, MISSING, match
 
 NAME = "mongodb-retryable-writes-unified"
 # After a network error the driver rediscovers the server no sooner than
@@ -54,18 +54,6 @@ _TXN = itertools.count(1)
 
 def compat_dir():
     return crud_unified.compat_dir(NAME)
-
-
-class NetworkError(ServerError):
-    """The connection failed while a command was in flight (no reply)."""
-
-    def __init__(self, msg, labels=()):
-        Exception.__init__(self, msg)
-        self.reply = {"errorLabels": list(labels), "errmsg": msg}
-        self.code = None
-        self.code_name = None
-        self.errmsg = msg
-        self.partial = None
 
 
 class Listener(monitoring.CommandListener):
@@ -88,26 +76,15 @@ class Listener(monitoring.CommandListener):
         pass
 
 
-def _server_topology(client):
-    hello = client.admin.command("hello")
-    if hello.get("msg") == "isdbgrid":
-        return "sharded"
-    if hello.get("setName"):
-        return "replicaset"
-    return "single"
-
-
 class RetryRunner(crud_unified.Runner):
     """crud_unified.Runner plus sessions, retries, fail points and command monitoring."""
 
     def __init__(self, uri, spec):
         self.listener = Listener()
         super().__init__(uri, spec, event_listeners=[self.listener])
-        self.topology = _server_topology(self.client)
         self.clients = {}
         self.db_client = {}  # database/collection entity id -> client entity id
         self.cur_obj = None
-        self.fail_points = set()  # names set during the current test
 
     # -- entities
 
@@ -291,10 +268,7 @@ class RetryRunner(crud_unified.Runner):
         except Skip as s:
             return "skipped", str(s)
         finally:
-            self.cur_obj = None
-            for name in sorted(self.fail_points):
-                super().cmd("admin", SON([("configureFailPoint", name), ("mode", "off")]))
-            self.fail_points = set()
+            self.cur_obj = None  # (crud_unified.Runner.run_test turned the fail points off)
 
     def close(self):
         for c in self.clients.values():

@@ -1,8 +1,11 @@
 """MongoDB's CRUD unified spec files (../shared/compat/mongodb-crud-unified) in the three
-places issue #20 asks for: against one shard, through a proxy to unsharded collections (2
-shards), and through a proxy to sharded collections (3 shards). A test that passes against
-the shard must pass through the proxy in both modes (no regression), and every skip gives its
-reason (test_crud_unified.py checks the shard alone file by file: no failure there).
+places issue #20 asks for: against one shard (the only member of a replica set: the runner
+sees topology "replicaset"), through a proxy to unsharded collections (2 shards), and
+through a proxy to sharded collections (3 shards; the runner sees topology "sharded"). Every
+role runs with --enable-test-commands (the failPoint operations). A test that passes against
+the shard must pass through the proxy in both modes (no regression) unless the spec runs it
+on a standalone or replica set only, and every skip gives its reason (test_crud_unified.py
+checks the shard alone file by file: no failure there).
 
 With STRIPEDB_CRUD_REPORT=PATH the per-file passed/failed/skipped of each place and the
 skip reasons are written to PATH as Markdown (docs/compat-crud.md is made this way:
@@ -17,7 +20,7 @@ import pymongo
 import pytest
 
 import crud_unified
-from conftest import free_port
+from conftest import start_one_member_set
 from proxy_helpers import ProxyCluster
 
 DIR = crud_unified.compat_dir()
@@ -25,10 +28,11 @@ FILES = sorted(f for f in os.listdir(DIR) if f.endswith(".json")) if DIR else []
 
 
 def _namespaces_to_shard(files):
-    """{ns: True} of the collections the files use, sharded on a ranged _id; a collection
-    whose file creates a unique index that does not start with _id stays unsharded (such an
-    index cannot be enforced by each shard alone: the proxy refuses it with 67, as MongoDB
-    does)."""
+    """The collections the files use, to be sharded on a ranged _id, except two kinds that
+    stay unsharded: a collection whose file creates a unique index that does not start with
+    _id (such an index cannot be enforced by each shard alone: the proxy refuses it with 67,
+    as MongoDB does), and the target of an $out ($out cannot write to a sharded collection:
+    28769, as MongoDB; a driver's test runner does not shard it either)."""
     namespaces, unsharded = {}, set()
     for f in files:
         spec = crud_unified.load_file(os.path.join(DIR, f))
@@ -40,13 +44,30 @@ def _namespaces_to_shard(files):
         for ns in colls.values():
             namespaces[ns] = True
         for t in spec.get("tests", []):
+            through_mongos = _may_run_sharded(spec.get("runOnRequirements")) and \
+                _may_run_sharded(t.get("runOnRequirements"))
             for op in t.get("operations", []):
                 args = op.get("arguments", {})
+                obj = op.get("object")
+                for st in args.get("pipeline", []) if op.get("name") == "aggregate" and \
+                        through_mongos else []:
+                    out = st.get("$out") if isinstance(st, dict) else None
+                    db = dbs.get(obj) or (colls[obj].split(".", 1)[0] if obj in colls
+                                          else None)
+                    if isinstance(out, str) and db:
+                        unsharded.add(f"{db}.{out}")
+                    elif isinstance(out, dict) and "db" in out and "coll" in out:
+                        unsharded.add(f"{out['db']}.{out['coll']}")
                 if (op.get("name") == "createIndex" and args.get("unique") and
                         next(iter(args.get("keys", {"_id": 1}))) != "_id" and
                         op.get("object") in colls):
                     unsharded.add(colls[op["object"]])
     return [ns for ns in namespaces if ns not in unsharded]
+
+
+def _may_run_sharded(reqs):
+    """Whether runOnRequirements reqs let a test run on a sharded cluster (a mongos)."""
+    return not reqs or any("sharded" in r.get("topologies", ["sharded"]) for r in reqs)
 
 
 def _reset(uri):
@@ -69,6 +90,16 @@ def _reset(uri):
         c.close()
 
 
+TOPOLOGY_RE = re.compile(r"the spec runs it on topologies (\[.*?\]) only \(the server is a "
+                         r"(.*?)\)")
+
+
+def _topology_only(detail):
+    """Whether a skip's reason is that the spec runs the test on other topologies only (in
+    every one of the requirements' alternatives)."""
+    return all(TOPOLOGY_RE.search(part) for part in (detail or "-").split("; "))
+
+
 def _reason(detail):
     """A skip reason without the test's particulars (for the summary)."""
     m = re.match(r"refused by stripedb: (.*?) \(docs/compat.md\)", detail or "")
@@ -76,20 +107,25 @@ def _reason(detail):
         return f"refused by stripedb: {m.group(1)}"
     if detail and detail.startswith("needs server"):
         return "needs another server version than the 6.0 we advertise"
+    if _topology_only(detail):
+        m = TOPOLOGY_RE.search(detail)
+        return f"the spec file runs it on {m.group(1)} only, not on a {m.group(2)}"
     return re.sub(r"'[^']*'", "'...'", detail or "")[:120]
 
 
 @pytest.mark.skipif(not DIR, reason="spec files not found: set STRIPEDB_COMPAT_DIR or put "
                     "them in ../shared/compat/mongodb-crud-unified")
 def test_crud_files_on_a_shard_and_through_a_proxy(start_role, tmp_path):
-    port = free_port()
-    d = tmp_path / "solo"
-    d.mkdir()
-    start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+    # test commands on (the failPoint operations): the shard, and the proxies, whose own
+    # fail point a useMultipleMongoses: false client sets (as on one mongos)
+    test_cmds = ["--enable-test-commands"]
+    _, port = start_one_member_set(start_role, tmp_path / "solo", extra=test_cmds)
     (tmp_path / "plain").mkdir()
     (tmp_path / "sharded").mkdir()
-    plain = ProxyCluster(start_role, tmp_path / "plain", shards=2, proxies=1)
-    sharded = ProxyCluster(start_role, tmp_path / "sharded", shards=3, proxies=1)
+    plain = ProxyCluster(start_role, tmp_path / "plain", shards=2, proxies=1,
+                         proxy_args=test_cmds)
+    sharded = ProxyCluster(start_role, tmp_path / "sharded", shards=3, proxies=1,
+                           proxy_args=test_cmds)
     try:
         for ns in _namespaces_to_shard(FILES):
             sharded.shard_collection(ns, {"_id": 1}, split_points=[{"_id": 2}, {"_id": 4}])
@@ -113,7 +149,10 @@ def test_crud_files_on_a_shard_and_through_a_proxy(start_role, tmp_path):
             ok_shard = {t for t, st, _ in per["shard"] if st == "passed"}
             for place, _ in places[1:]:
                 for t, st, detail in per[place]:
-                    if t in ok_shard and st != "passed":
+                    # a test the spec runs on a standalone or replica set only is not run
+                    # through a mongos: not a regression
+                    if t in ok_shard and st != "passed" and not \
+                            (st == "skipped" and _topology_only(detail)):
                         regressions.append(f"{place}: {f}: {t}: {detail}")
             rows.append((f, {p: collections.Counter(st for _, st, _ in per[p])
                              for p, _ in places}))
@@ -136,11 +175,16 @@ def _cell(c):
 def _write_report(path, places, rows, totals, reasons):
     lines = ["# CRUD unified spec files: passed / failed / skipped", "",
              "Made by tests/integration/test_crud_report.py (see its docstring) from "
-             f"{len(rows)} files of ../shared/compat/mongodb-crud-unified. A skip is a test "
-             "the runner does not run, with its reason below: a feature stripedb refuses "
-             "(docs/compat.md's refusal table), a server version other than the MongoDB 6.0 "
-             "stripedb advertises, or an operation of the test runner itself. A failure "
-             "through a proxy of a test that passes on the shard fails the test file.", "",
+             f"{len(rows)} files of ../shared/compat/mongodb-crud-unified. The shard is the "
+             "only member of a replica set (topology \"replicaset\" for the runner, which "
+             "learns it from hello as a driver does); through a proxy the topology is "
+             "\"sharded\"; every role runs with --enable-test-commands, so the failPoint "
+             "operations run. A skip is a test the runner does not run, with its reason "
+             "below: a feature stripedb refuses (docs/compat.md's refusal table), a server "
+             "version other than the MongoDB 6.0 stripedb advertises, or, through a proxy, a "
+             "test the spec file runs on a standalone or replica set only (as a driver's "
+             "test runner skips it on a mongos). A failure through a proxy of a test that "
+             "passes on the shard fails the test file.", "",
              "| file | " + " | ".join(p for p, _ in places) + " |",
              "|---|" + "---:|" * len(places)]
     for f, per in rows:

@@ -140,6 +140,12 @@ def check_refusals(db, src):
           "$out can only be the final stage in the pipeline")
     fails(lambda: agg([{"$merge": {"into": "o"}}, {"$match": {}}]), 40601)
     fails(lambda: agg([{"$out": 1}]), 16990)
+    # a writing stage under readConcern linearizable: InvalidOptions, as MongoDB (its
+    # message, not stripedb's refusal of linearizable reads)
+    for stage, name in (({"$out": "o"}, "$out"), ({"$merge": "o"}, "$merge")):
+        fails(lambda: db.command("aggregate", src, pipeline=[stage], cursor={},
+                                 readConcern={"level": "linearizable"}), 72,
+              f"{name} cannot be used with a 'linearizable' read concern level")
     fails(lambda: agg([{"$out": {"coll": "o"}}]), 40414)
     fails(lambda: agg([{"$out": "system.x"}]), 17385)
     fails(lambda: agg([{"$out": {"db": "admin", "coll": "x"}}]), 31321)

@@ -1,8 +1,9 @@
 """Read preferences through the proxy (issue #15): a read with readPreference secondary
 (or secondaryPreferred, nearest) is forwarded with it and served by a secondary of the
 shard's replica set (src/proxy/readpref.c, shardconn.c server selection); a read without
-one, and every write, goes to the primary; maxStalenessSeconds and tag sets are refused
-with BadValue rather than ignored.
+one, and every write, goes to the primary; tag sets are refused with BadValue rather than
+ignored; maxStalenessSeconds is validated as mongos does and honoured by reading from the
+primary (no secondary's staleness is known), refused with mode secondary.
 
 Which member answered is read from each member's own command counters
 (stripedb_shard_commands_total{cmd="find"} on its /metrics).
@@ -71,20 +72,55 @@ def test_secondary_read_through_the_proxy_is_served_by_a_secondary(cluster):
 def test_max_staleness_and_tag_sets_are_refused(cluster):
     procs, wires, uri = cluster
     with pymongo.MongoClient(uri) as c:
-        for rp, what in (({"mode": "secondary", "maxStalenessSeconds": 120},
-                          "maxStalenessSeconds is not supported"),
-                         ({"mode": "secondary", "tags": [{"dc": "east"}]},
-                          "tag sets are not supported"),
-                         ({"mode": "sideways"}, "Could not parse $readPreference")):
+        for rp, what, code in (
+                ({"mode": "secondary", "maxStalenessSeconds": 120},
+                 "maxStalenessSeconds with mode secondary is not supported", 2),
+                ({"mode": "primary", "maxStalenessSeconds": 120},
+                 "mode primary cannot be combined with 'maxStalenessSeconds'", 2),
+                ({"mode": "nearest", "maxStalenessSeconds": 89},
+                 "maxStalenessSeconds value cannot be less than 90", 160),
+                ({"mode": "nearest", "maxStalenessSeconds": -5},
+                 "maxStalenessSeconds must be a non-negative integer", 2),
+                ({"mode": "nearest", "maxStalenessSeconds": "x"},
+                 "maxStalenessSeconds field must be a number", 9),
+                ({"mode": "secondary", "tags": [{"dc": "east"}]},
+                 "tag sets are not supported", 2),
+                ({"mode": "sideways"}, "Could not parse $readPreference", 9)):
             with pytest.raises(OperationFailure) as ei:
                 c.app.command({"find": "c", "filter": {}, "$readPreference": rp})
             assert what in str(ei.value), ei.value
-            assert ei.value.code == (9 if rp["mode"] == "sideways" else 2)
+            assert ei.value.code == code, ei.value
         # an empty tag set and maxStalenessSeconds -1 mean "none": accepted
         r = c.app.command({"find": "c", "filter": {},
                            "$readPreference": {"mode": "nearest", "tags": [{}],
                                                "maxStalenessSeconds": -1}})
         assert r["ok"] == 1
+
+
+def test_max_staleness_reads_from_the_primary(cluster):
+    """maxStalenessSeconds with secondaryPreferred, primaryPreferred or nearest: the shards
+    report no last write time, so no secondary is known to be within the bound and the
+    primary (never stale) serves the read, as the Max Staleness spec selects when every
+    secondary is too stale; an aggregate with $out/$merge too (MongoDB 5.0+ drivers send
+    their read preference with it; the CRUD spec's aggregate-write-readPreference.json)."""
+    procs, wires, uri = cluster
+    pi = primary_index(wires)
+    with pymongo.MongoClient(uri) as c:
+        for mode in ("secondaryPreferred", "primaryPreferred", "nearest"):
+            rp = {"mode": mode, "maxStalenessSeconds": 600}
+            for _ in range(5):
+                before = finds(procs)
+                r = c.app.command({"find": "c", "filter": {}, "$readPreference": rp})
+                assert len(r["cursor"]["firstBatch"]) == 10
+                grew = [a - b for a, b in zip(finds(procs), before)]
+                assert grew[pi] == 1 and sum(grew) == 1, (mode, grew)
+        for stage in ({"$out": "o"}, {"$merge": {"into": "m"}}):
+            r = c.app.command({"aggregate": "c", "pipeline": [{"$match": {"_id": {"$gt": 4}}},
+                                                              stage], "cursor": {},
+                               "$readPreference": {"mode": "secondaryPreferred",
+                                                   "maxStalenessSeconds": 600}})
+            assert r["ok"] == 1
+        assert c.app.o.count_documents({}) == 5 and c.app.m.count_documents({}) == 5
 
 
 def test_read_concern_is_forwarded_to_the_shard_not_dropped(cluster):
