@@ -570,7 +570,24 @@ bool agg_expr_moved_acc(const expr *a)
 
 bool agg_expr_grows_acc(const expr *x)
 {
-	return grows_first(x) && agg_expr_moved_acc(x);
+	if (grows_first(x)) {
+		return agg_expr_moved_acc(x);
+	}
+	if (x == NULL || x->kind != X_OP || (x->op != OP_COND && x->op != OP_SWITCH)) {
+		return false;
+	}
+	/* a $cond/$switch whose every branch grows the moved accumulator or is the moved
+	 * accumulator itself (pipeline_expr_var.c branch_take) */
+	for (size_t i = 0; i < x->n; i++) {
+		bool branch = x->op == OP_COND ? i > 0 : (i % 2 == 1 || i + 1 == x->n);
+		const expr *b = x->args[i];
+
+		if (branch && !(grows_first(b) && agg_expr_moved_acc(b)) &&
+		    !(b != NULL && b->kind == X_LVAR && b->take)) {
+			return false;
+		}
+	}
+	return true;
 }
 
 static void free_vals(docbuild_node **vals, bool *owned, size_t n)

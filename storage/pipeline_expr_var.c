@@ -127,6 +127,11 @@ int agg_lvar_parse(const char *var, size_t len, expr *x, const ectx *e)
 	x->kind = X_LVAR;
 	x->path = sdb_strdup(var);
 	if (v->use != NULL) {
+		if (v->use->refs < AGG_VAR_USE_READS) {
+			v->use->reads[v->use->refs] = x;
+			v->use->read_whole[v->use->refs] = var[len] != '.';
+			v->use->read_rep[v->use->refs] = repeated;
+		}
 		v->use->refs++;
 		v->use->repeated = v->use->repeated || repeated;
 		if (var[len] != '.') {
@@ -395,6 +400,67 @@ static int parse_map_filter(const bson_iter_t *arg, expr *x, bool filter, const 
 	return rc;
 }
 
+/* How many of u's recorded reads are nodes of the tree t (*which: the last one's index in
+ * u->reads). Sub-expressions all live in args (as agg_expr_free walks them). */
+static int count_reads(const expr *t, const agg_var_use *u, int *which)
+{
+	int n = 0;
+
+	if (t == NULL) {
+		return 0;
+	}
+	for (int i = 0; i < u->refs && i < AGG_VAR_USE_READS; i++) {
+		if (u->reads[i] == t) {
+			n++;
+			*which = i;
+		}
+	}
+	for (size_t i = 0; i < t->n; i++) {
+		n += count_reads(t->args[i], u, which);
+	}
+	return n;
+}
+
+/* A $reduce whose `in` is a $cond or a $switch that reads $$value more than once, e.g.
+ * {$cond: [{$lt: [{$size: "$$value"}, 10]}, {$concatArrays: ["$$value", ["$$this"]]},
+ * "$$value"]}: its conditions are evaluated (into values of their own) before one branch
+ * runs, and only one branch runs, so a branch whose one read of $$value is whole and
+ * outside any loop may move the accumulator (take) as the single read of a plain `in`
+ * does; nothing reads $$value after it in that element. Every read must be found in the
+ * tree (else nothing is marked), and a branch with two reads moves nothing. */
+static void branch_take(expr *in, const agg_var_use *u)
+{
+	int found = 0, which[64];
+
+	if (in == NULL || in->kind != X_OP || (in->op != OP_COND && in->op != OP_SWITCH) ||
+	    u->refs > AGG_VAR_USE_READS || in->n > sizeof which / sizeof which[0]) {
+		return;
+	}
+	for (size_t i = 0; i < in->n; i++) {
+		int k;
+
+		which[i] = -1;
+		k = count_reads(in->args[i], u, &which[i]);
+		found += k;
+		if (k != 1) {
+			which[i] = -1;
+		}
+	}
+	if (found != u->refs) {
+		return;
+	}
+	for (size_t i = 0; i < in->n; i++) {
+		/* $cond: args if, then, else; $switch: case, then, ..., [default] */
+		bool branch = in->op == OP_COND ? i > 0 : (i % 2 == 1 || i + 1 == in->n);
+		int w = which[i];
+
+		if (branch && w >= 0 && u->read_whole[w] && !u->read_rep[w] &&
+		    u->reads[w]->kind == X_LVAR) {
+			u->reads[w]->take = true;
+		}
+	}
+}
+
 /* {$reduce: {input, initialValue, in}}: args = input, initialValue, in. */
 static int parse_reduce(const bson_iter_t *arg, expr *x, const ectx *e)
 {
@@ -438,6 +504,8 @@ static int parse_reduce(const bson_iter_t *arg, expr *x, const ectx *e)
 	 * accumulator (eval_reduce owns it between elements) instead of copying it */
 	if (rc == 0 && use.refs == 1 && !use.repeated && use.whole != NULL) {
 		use.whole->take = true;
+	} else if (rc == 0 && use.refs > 1 && x->n == 3) {
+		branch_take(x->args[2], &use);
 	}
 	return rc;
 }
@@ -656,7 +724,7 @@ static int eval_reduce(const expr *x, const bson_t *root, docbuild_node **out, c
 	sub.lvars = &frames[1];
 	sub.acc = &size;
 	for (size_t i = 0; i < in->n && rc == 0; i++) {
-		docbuild_node *next = NULL;
+		docbuild_node *next = NULL, *prev = acc;
 
 		rc = agg_check_interrupt(i, e);
 		if (rc != 0) {
@@ -676,7 +744,12 @@ static int eval_reduce(const expr *x, const bson_t *root, docbuild_node **out, c
 			size.idx_of = NULL;
 		}
 		if (rc == 0) {
-			if (!(grows && size.appended && !size.stale &&
+			/* grown in place (bytes counted the append), or, for a $cond/$switch
+			 * branch that is $$value itself, handed back unchanged: no walk */
+			bool same = grows && !size.appended && !size.stale && acc == prev &&
+				    acc != NULL;
+			if (!same &&
+			    !(grows && size.appended && !size.stale &&
 			      (ntype(acc) == BSON_TYPE_ARRAY || ntype(acc) == BSON_TYPE_DOCUMENT))) {
 				size.bytes = acc != NULL ? (long long)node_size(acc) : 0;
 			}

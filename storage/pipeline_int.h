@@ -61,10 +61,17 @@ typedef struct {
 
 /* While parsing a $reduce's `in`: how it reads $$value (agg_lvar_parse counts), so that a
  * single read, not repeated by a loop, may move the accumulator instead of copying it. */
+#define AGG_VAR_USE_READS 16
 typedef struct agg_var_use {
 	int refs;            /* $$value and $$value.path reads */
 	bool repeated;       /* one of them is inside a $map/$filter/$reduce loop */
 	struct expr *whole;  /* the last whole-variable read ($$value), or NULL */
+	/* the first AGG_VAR_USE_READS reads in parse order (X_LVAR nodes), each whole or not
+	 * and inside a loop or not: where they sit in a $cond/$switch decides which may move
+	 * the accumulator when there are several (pipeline_expr_var.c branch_take) */
+	struct expr *reads[AGG_VAR_USE_READS];
+	bool read_whole[AGG_VAR_USE_READS];
+	bool read_rep[AGG_VAR_USE_READS];
 } agg_var_use;
 
 /* The accumulator of a running $reduce: its size in bytes (node_size) and whether this
@@ -498,7 +505,9 @@ int agg_lvar_ref(const expr *x, const docbuild_node **out, const ectx *e);
 /* The expr.sub of $mergeObjects among the OP_XOBJ operators (pipeline_expr_obj.c). */
 #define AGG_XOBJ_MERGE 0
 /* Is x a $concatArrays or $mergeObjects whose first operand is, through inner ones, the
- * accumulator its $reduce moved out: its result is that accumulator grown in place. */
+ * accumulator its $reduce moved out (its result is that accumulator grown in place), or a
+ * $cond/$switch each of whose branches is such an operator or the moved $$value itself
+ * (its result is the accumulator, grown in place or unchanged)? */
 bool agg_expr_grows_acc(const expr *x);
 /* Is a (an operand of $concatArrays/$mergeObjects) the accumulator of the $reduce whose
  * `in` holds it, moved out ($$value marked take), possibly through inner $concatArrays/

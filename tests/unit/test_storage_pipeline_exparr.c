@@ -98,6 +98,46 @@ static void test_variables(void **state)
 	check(P("{'$reduce': {'input': [1, 2], 'initialValue': {'a': [0]},"
 		" 'in': {'$concatArrays': ['$$value.a', ['$$this']]}}}"),
 	      "[{}]", "[{'r': [2]}]");
+	/* a $cond/$switch reading $$value in its condition and in its branches: a branch's
+	 * one read moves the accumulator (linear), a branch reading it twice copies */
+	check(P("{'$let': {'vars': {'a': {'$reduce': {'input': {'$range': [0, 5000]},"
+		" 'initialValue': [], 'in': {'$cond': [{'$gte': [{'$size': '$$value'}, 0]},"
+		" {'$concatArrays': ['$$value', ['$$this']]}, '$$value']}}}},"
+		" 'in': [{'$size': '$$a'}, {'$last': '$$a'}]}}"),
+	      "[{}]", "[{'r': [5000, 4999]}]");
+	check(P("{'$reduce': {'input': [1, 2, 3, 4, 5, 6], 'initialValue': [],"
+		" 'in': {'$cond': [{'$lt': [{'$size': '$$value'}, 3]},"
+		" {'$concatArrays': ['$$value', ['$$this']]}, '$$value']}}}"),
+	      "[{}]", "[{'r': [1, 2, 3]}]");
+	check(P("{'$reduce': {'input': [1, 2, 3, 4], 'initialValue': [],"
+		" 'in': {'$cond': [{'$lt': [{'$size': '$$value'}, 2]},"
+		" {'$concatArrays': ['$$value', ['$$this']]}, {'$concatArrays': [['x'], '$$value']}]}}}"),
+	      "[{}]", "[{'r': ['x', 'x', 1, 2]}]");
+	check(P("{'$reduce': {'input': [1, 2, 3], 'initialValue': [0],"
+		" 'in': {'$cond': [true, {'$concatArrays': ['$$value', '$$value']}, '$$value']}}}"),
+	      "[{}]", "[{'r': [0, 0, 0, 0, 0, 0, 0, 0]}]");
+	check(P("{'$reduce': {'input': [1, 2, 3], 'initialValue': [0], 'in': {'$cond': {"
+		" 'if': {'$gt': ['$$this', 1]}, 'then': {'$concatArrays': ['$$value', ['$$this']]},"
+		" 'else': {'$concatArrays': ['$$value', [{'$size': '$$value'}]]}}}}}"),
+	      "[{}]", "[{'r': [0, 1, 2, 3]}]");
+	check(P("{'$reduce': {'input': [1, 2, 3], 'initialValue': {'n': 0},"
+		" 'in': {'$cond': [{'$gt': ['$$value.n', 1]}, '$$value',"
+		" {'$mergeObjects': ['$$value', {'n': {'$add': ['$$value.n', 1]}}]}]}}}"),
+	      "[{}]", "[{'r': {'n': 2}}]");
+	check(P("{'$reduce': {'input': [1, 2, 3], 'initialValue': [], 'in': {'$switch': {"
+		" 'branches': [{'case': {'$eq': ['$$this', 1]}, 'then': {'$concatArrays': ['$$value', ['one']]}},"
+		" {'case': {'$in': ['$$this', '$$value']}, 'then': '$$value'}],"
+		" 'default': {'$concatArrays': ['$$value', ['$$this']]}}}}}"),
+	      "[{}]", "[{'r': ['one', 2, 3]}]");
+	check(P("{'$reduce': {'input': [1, 2], 'initialValue': [],"
+		" 'in': {'$cond': [{'$eq': [{'$size': '$$value'}, 0]},"
+		" {'$concatArrays': ['$$value', ['$$this']]},"
+		" {'$let': {'vars': {'v': '$$value'}, 'in': {'$concatArrays': ['$$v', '$$value']}}}]}}}"),
+	      "[{}]", "[{'r': [1, 1]}]");
+	check(P("{'$reduce': {'input': [1, 2, 3], 'initialValue': [],"
+		" 'in': {'$cond': [false, '$$value', {'$map': {'input': [1],"
+		" 'in': {'$concatArrays': ['$$value', ['$$this']]}}}]}}}"),
+	      "[{}]", "[{'r': [[[[1], 1], 1]]}]");
 	/* a $let inside `in` shadows $$value: the outer one is not the one read */
 	check(P("{'$reduce': {'input': [1, 2], 'initialValue': [5], 'in': {'$let': {'vars':"
 		" {'value': [8]}, 'in': {'$concatArrays': ['$$value', ['$$this']]}}}}}"),
