@@ -49,7 +49,7 @@ EXTRA_DIST += tests/bench/decimal_sum_bench.py
 noinst_HEADERS += storage/keyenc.h storage/path.h storage/matcher.h storage/collation.h \
 	storage/matcher_int.h storage/projection.h storage/sortspec.h storage/validator.h \
 	storage/validator_int.h
-libstripedb_a_SOURCES += storage/keyenc.c storage/path.c storage/matcher.c storage/collation.c \
+libstripedb_a_SOURCES += storage/keyenc.c storage/path.c storage/matcher.c storage/matcher_bits.c storage/collation.c \
 	storage/projection.c storage/sortspec.c storage/bounds.c storage/validator.c \
 	storage/validator_schema.c
 
