@@ -1,6 +1,8 @@
-/* Unit tests of storage/partial.c: when two partialFilterExpressions are the same index
+/* Unit tests of partial indexes: when two partialFilterExpressions are the same index
  * option (store_partial_same) and which query filters imply a partial index's filter
- * (store_partial_implied). */
+ * (store_partial_implied), both storage/partial.c; the one-time rebuild of partial
+ * indexes a release before issue #20 built whole (index.c store_partial_rebuild, run by
+ * sdb_store_open). */
 
 /* The module under test, compiled into this binary (statics included), not taken from
  * libstripedb.a: see UNIT_LDADD in Makefile.am. */
@@ -12,9 +14,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
 
 #include "storage/matcher.h"
 #include "storage/store.h"
@@ -193,11 +197,115 @@ static void test_partial_filter_implication(void **state)
 	}
 }
 
+/* The integer the one-row, one-column query sql gives on the SQLite file at path. */
+static int64_t file_query_int(const char *path, const char *sql)
+{
+	sqlite3 *db;
+	sqlite3_stmt *st;
+	int64_t v;
+
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+	assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+	v = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	sqlite3_close(db);
+	return v;
+}
+
+/* A store whose partial index was built whole (an entry for every document, as releases
+ * before issue #20 built them) and whose meta partial_idx is unset: opening it rebuilds
+ * the index under its filter, once. The whole index is made by copying the entries of a
+ * full index over the same key and documents in another collection. */
+static void test_partial_index_rebuilt_on_open(void **state)
+{
+	char dir[64], path[128], sql[256], err[512];
+	sdb_store *st;
+	sdb_store_conn *c;
+	bool created;
+	int code;
+
+	(void)state;
+	snprintf(dir, sizeof dir, "/tmp/sdb-partial-test-XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/shard.db", dir);
+	assert_int_equal(sdb_store_open(dir, NULL, &st, err, sizeof err), 0);
+	assert_int_equal(sdb_store_conn_open(st, &c, err, sizeof err), 0);
+	assert_int_equal(sdb_store_begin(c, true, err, sizeof err), 0);
+	for (int i = 1; i <= 4; i++) {
+		bson_t *d = BCON_NEW("_id", BCON_INT32(i), "a", BCON_INT32(i));
+
+		assert_int_equal(sdb_store_insert(c, "db", "part", d, NULL, NULL, err, sizeof err), 0);
+		assert_int_equal(sdb_store_insert(c, "db", "full", d, NULL, NULL, err, sizeof err), 0);
+		bson_destroy(d);
+	}
+	bson_t *spec = BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1",
+				"partialFilterExpression", "{", "a", "{", "$gt", BCON_INT32(2), "}",
+				"}");
+	assert_int_equal(sdb_store_index_create(c, "db", "part", spec, NULL, &created, &code, err,
+						sizeof err),
+			 0);
+	bson_destroy(spec);
+	spec = BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1");
+	assert_int_equal(sdb_store_index_create(c, "db", "full", spec, NULL, &created, &code, err,
+						sizeof err),
+			 0);
+	bson_destroy(spec);
+	assert_int_equal(sdb_store_commit(c, err, sizeof err), 0);
+	sdb_store_conn_close(c);
+	sdb_store_close(st);
+
+	int64_t part = file_query_int(path, "SELECT tbl FROM catalog_index WHERE coll = 'part'"
+					    " AND name = 'a_1'");
+	int64_t full = file_query_int(path, "SELECT tbl FROM catalog_index WHERE coll = 'full'"
+					    " AND name = 'a_1'");
+	snprintf(sql, sizeof sql, "SELECT count(*) FROM i_%lld", (long long)part);
+	assert_int_equal(file_query_int(path, sql), 2); /* built under its filter: 3 and 4 */
+	assert_int_equal(file_query_int(path, "SELECT v FROM meta WHERE k = 'partial_idx'"), 1);
+	{
+		sqlite3 *db;
+		char w[256];
+
+		snprintf(w, sizeof w,
+			 "DELETE FROM meta WHERE k = 'partial_idx';"
+			 "INSERT OR IGNORE INTO i_%lld SELECT k, id FROM i_%lld",
+			 (long long)part, (long long)full);
+		assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+		assert_int_equal(sqlite3_exec(db, w, NULL, NULL, NULL), SQLITE_OK);
+		sqlite3_close(db);
+	}
+	assert_int_equal(file_query_int(path, sql), 4); /* as an old release built it */
+
+	for (int round = 0; round < 2; round++) { /* the second open finds partial_idx = 1 */
+		bson_t problems = BSON_INITIALIZER;
+		int np = -1;
+
+		assert_int_equal(sdb_store_open(dir, NULL, &st, err, sizeof err), 0);
+		assert_int_equal(sdb_store_conn_open(st, &c, err, sizeof err), 0);
+		assert_int_equal(sdb_store_begin(c, false, err, sizeof err), 0);
+		assert_int_equal(sdb_store_check(c, &problems, &np, err, sizeof err), 0);
+		if (np != 0) {
+			char *j = bson_as_relaxed_extended_json(&problems, NULL);
+			fail_msg("problems after the rebuild: %s", j);
+		}
+		bson_destroy(&problems);
+		sdb_store_rollback(c);
+		sdb_store_conn_close(c);
+		sdb_store_close(st);
+		assert_int_equal(file_query_int(path, sql), 2);
+		assert_int_equal(file_query_int(path, "SELECT v FROM meta WHERE k = 'partial_idx'"),
+				 1);
+	}
+	snprintf(sql, sizeof sql, "rm -rf %s", dir);
+	assert_int_equal(system(sql), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_partial_filter_implication),
 		cmocka_unit_test(test_partial_filter_identity),
+		cmocka_unit_test(test_partial_index_rebuilt_on_open),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
