@@ -378,48 +378,33 @@ int sdb_store_index_drop(sdb_store_conn *c, const char *db, const char *coll,
 	return rc;
 }
 
+/* Empty and rebuild the partial indexes of one collection (store_partial_rebuild). */
+static int partial_rebuild_coll(sdb_store_conn *c, sdb_store_coll *co, char *err, size_t errlen)
+{
+	int rc = 0;
+
+	for (size_t i = 0; rc == 0 && i < co->n_indexes; i++) {
+		sdb_store_index *ix = &co->indexes[i];
+		char sql[64];
+
+		if (!ix->partial)
+			continue;
+		snprintf(sql, sizeof sql, "DELETE FROM i_%lld", (long long)ix->tbl);
+		rc = store_exec_sql(c->db, sql, err, errlen);
+		if (rc == 0) {
+			/* a subset of a unique index's entries: no duplicate can appear */
+			int code = 0;
+			rc = index_build(c, co, ix, NULL, &code, err, errlen);
+		}
+		if (rc == 0)
+			sdb_info("store: partial index rebuilt", "ns=%s.%s index=%s", co->db, co->coll,
+				 ix->name);
+	}
+	return rc;
+}
+
 int store_partial_rebuild(sdb_store *st, char *err, size_t errlen)
 {
-	sdb_store_conn *c = NULL;
-	int rc = sdb_store_conn_open(st, &c, err, errlen);
-
-	if (rc)
-		return rc;
-	rc = sdb_store_begin(c, true, err, errlen);
-	if (rc)
-		goto out;
-	if (store_query_int(c, "SELECT v FROM meta WHERE k='partial_idx'", 0) >= 1) {
-		sdb_store_rollback(c);
-		goto out;
-	}
-	rc = store_cache_load(c, err, errlen);
-	for (size_t ci = 0; rc == 0 && ci < c->n_colls; ci++) {
-		sdb_store_coll *co = &c->colls[ci];
-		for (size_t i = 0; rc == 0 && i < co->n_indexes; i++) {
-			sdb_store_index *ix = &co->indexes[i];
-			char sql[64];
-
-			if (!ix->partial)
-				continue;
-			snprintf(sql, sizeof sql, "DELETE FROM i_%lld", (long long)ix->tbl);
-			rc = store_exec_sql(c->db, sql, err, errlen);
-			if (rc == 0) {
-				/* a subset of a unique index's entries: no duplicate can appear */
-				int code = 0;
-				rc = index_build(c, co, ix, NULL, &code, err, errlen);
-			}
-			if (rc == 0)
-				sdb_info("store: partial index rebuilt", "ns=%s.%s index=%s", co->db,
-					 co->coll, ix->name);
-		}
-	}
-	if (rc == 0)
-		rc = sdb_store_meta_put(c, "partial_idx", "1", err, errlen);
-	if (rc == 0)
-		rc = sdb_store_commit(c, err, errlen);
-	else
-		sdb_store_rollback(c);
-out:
-	sdb_store_conn_close(c);
-	return rc;
+	return store_upgrade_once(st, "partial_idx", 1, partial_rebuild_coll, NULL, NULL, err,
+				  errlen);
 }

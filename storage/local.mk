@@ -49,7 +49,7 @@ EXTRA_DIST += tests/bench/decimal_sum_bench.py
 noinst_HEADERS += storage/keyenc.h storage/path.h storage/matcher.h storage/collation.h \
 	storage/matcher_int.h storage/projection.h storage/sortspec.h storage/validator.h \
 	storage/validator_int.h
-libstripedb_a_SOURCES += storage/keyenc.c storage/path.c storage/matcher.c storage/collation.c \
+libstripedb_a_SOURCES += storage/keyenc.c storage/path.c storage/matcher.c storage/matcher_bits.c storage/collation.c \
 	storage/projection.c storage/sortspec.c storage/bounds.c storage/validator.c \
 	storage/validator_schema.c
 
@@ -93,6 +93,11 @@ tests_unit_test_storage_store_SOURCES = tests/unit/test_storage_store.c
 tests_unit_test_storage_store_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_storage_store_LDADD = $(UNIT_LDADD)
 TESTS += tests/unit/test_storage_store
+check_PROGRAMS += tests/unit/test_storage_partial
+tests_unit_test_storage_partial_SOURCES = tests/unit/test_storage_partial.c
+tests_unit_test_storage_partial_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_storage_partial_LDADD = $(UNIT_LDADD)
+TESTS += tests/unit/test_storage_partial
 check_PROGRAMS += tests/unit/test_storage_docdiff
 tests_unit_test_storage_docdiff_SOURCES = tests/unit/test_storage_docdiff.c
 tests_unit_test_storage_docdiff_CFLAGS = $(UNIT_CFLAGS)

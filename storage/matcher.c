@@ -1,5 +1,6 @@
 /* Query matcher: MongoDB's query language over BSON documents (parsing and evaluation;
- * the index-bounds analysis of a filter is storage/bounds.c). See matcher.h. */
+ * the $bits* operators are storage/matcher_bits.c, the index-bounds analysis of a filter
+ * is storage/bounds.c). See matcher.h. */
 #include "storage/matcher.h"
 #include "storage/matcher_int.h"
 #include "storage/pipeline.h"
@@ -17,24 +18,11 @@
 #include "storage/decimal.h"
 #include "storage/path.h"
 
-#define ERR_BAD_VALUE 2
 #define ERR_REGEX_FLAG 51108
 #define ERR_REGEX_INVALID 51091
 #define MATCHER_MAX_DEPTH 100 /* nesting of $and/$or/$not/$elemMatch in one filter */
 
-typedef struct perr {
-	int code;
-	char *err;
-	size_t errlen;
-	bool allow_expr; /* SDB_MATCHER_EXPR: $expr is built (else refused) */
-	const bson_t *vars; /* user variables for $expr (sdb_matcher_new_vars), or NULL */
-	bool in_elem;    /* parsing an $elemMatch object: $expr is refused there */
-	bool expr_shape; /* SDB_MATCHER_EXPR_SHAPE: $expr's node holds no expression */
-} perr;
-
-static int fail(perr *pe, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int fail(perr *pe, int code, const char *fmt, ...)
+int matcher_fail(perr *pe, int code, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -130,7 +118,8 @@ static int regex_compile(regex *r, const char *pattern, const char *flags, perr 
 		case 'u':
 			break;
 		default:
-			return fail(pe, ERR_REGEX_FLAG, "invalid flag in regex options: %c", *f);
+			return matcher_fail(pe, ERR_REGEX_FLAG,
+					    "invalid flag in regex options: %c", *f);
 		}
 	}
 	r->code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts, &errcode, &erroff,
@@ -139,7 +128,7 @@ static int regex_compile(regex *r, const char *pattern, const char *flags, perr 
 		PCRE2_UCHAR msg[256];
 
 		pcre2_get_error_message(errcode, msg, sizeof msg);
-		return fail(pe, ERR_REGEX_INVALID, "Regular expression is invalid: %s", (char *)msg);
+		return matcher_fail(pe, ERR_REGEX_INVALID, "Regular expression is invalid: %s", (char *)msg);
 	}
 	r->pattern = sdb_strdup(pattern);
 	r->flags = sdb_strdup(flags);
@@ -254,103 +243,12 @@ static bool cmp_value(op_kind op, const bson_value_t *rhs, const bson_value_t *v
 	}
 }
 
-/* Does one bit test of n ($bitsAllSet ...) hold given bit `set`? False: the answer is
- * known (the test fails for All*, succeeds for Any*). BitTestMatchExpression::
- * needFurtherBitTests. */
-static bool bits_continue(op_kind op, bool set)
-{
-	return op == OP_BITS_ALL_SET || op == OP_BITS_ANY_CLEAR ? set : !set;
-}
-
-/* $bitsAllSet/$bitsAllClear/$bitsAnySet/$bitsAnyClear on one value, as mongod's
- * BitTestMatchExpression::matchesSingleElement: numbers as 64-bit two's complement
- * (doubles only when integral and within int64, else no match; decimals rounded half to
- * even as Decimal128::toLong), BinData bytes little-endian (bit 0 is the lowest bit of the
- * first byte; positions past the data are 0); other types never match. */
-static bool bits_value(const node *n, const bson_value_t *v)
-{
-	int64_t x;
-	uint64_t m = n->bitmask;
-
-	switch (v->value_type) {
-	case BSON_TYPE_INT32:
-		x = v->value.v_int32;
-		break;
-	case BSON_TYPE_INT64:
-		x = v->value.v_int64;
-		break;
-	case BSON_TYPE_DOUBLE: {
-		double d = v->value.v_double;
-
-		if (isnan(d) || d >= 9.2233720368547758e18 || d < -9.2233720368547758e18)
-			return false;
-		x = (int64_t)d;
-		if ((double)x != d)
-			return false;
-		break;
-	}
-	case BSON_TYPE_DECIMAL128:
-		x = sdb_dec_to_int64(v->value.v_decimal128);
-		break;
-	case BSON_TYPE_BINARY: {
-		const uint8_t *data = v->value.v_binary.data;
-		uint64_t bitlen = (uint64_t)v->value.v_binary.data_len * 8;
-
-		for (size_t i = 0; i < n->nbits; i++) {
-			uint32_t b = n->bits[i];
-			bool set = b < bitlen && ((data[b / 8] >> (b % 8)) & 1);
-
-			if (!bits_continue(n->op, set))
-				return n->op == OP_BITS_ANY_SET || n->op == OP_BITS_ANY_CLEAR;
-		}
-		return n->op == OP_BITS_ALL_SET || n->op == OP_BITS_ALL_CLEAR;
-	}
-	default:
-		return false;
-	}
-	switch (n->op) {
-	case OP_BITS_ALL_SET:
-		return ((uint64_t)x & m) == m;
-	case OP_BITS_ALL_CLEAR:
-		return ((uint64_t)x & m) == 0;
-	case OP_BITS_ANY_SET:
-		return ((uint64_t)x & m) != 0;
-	default:
-		return ((uint64_t)x & m) != m;
-	}
-}
-
 static bool mod_value(const node *n, const bson_value_t *v)
 {
 	int64_t x;
 
-	switch (v->value_type) {
-	case BSON_TYPE_INT32:
-		x = v->value.v_int32;
-		break;
-	case BSON_TYPE_INT64:
-		x = v->value.v_int64;
-		break;
-	case BSON_TYPE_DOUBLE:
-		if (!isfinite(v->value.v_double) || v->value.v_double >= 9.2233720368547758e18 ||
-		    v->value.v_double < -9.2233720368547758e18)
-			return false;
-		x = (int64_t)v->value.v_double;
-		break;
-	case BSON_TYPE_DECIMAL128: {
-		char buf[BSON_DECIMAL128_STRING];
-		long double d;
-
-		bson_decimal128_to_string(&v->value.v_decimal128, buf);
-		d = strtold(buf, NULL);
-		if (!isfinite(d) || d >= 9.2233720368547758e18L || d < -9.2233720368547758e18L)
-			return false;
-		x = (int64_t)d;
-		break;
-	}
-	default:
+	if (matcher_num_i64(v, &x, NULL) != MATCHER_I64_OK)
 		return false;
-	}
 	if (n->mod_d == -1)
 		return n->mod_r == 0; /* avoid INT64_MIN % -1 */
 	return x % n->mod_d == n->mod_r;
@@ -448,7 +346,7 @@ static bool pred_present(const node *n, const bson_iter_t *it)
 	case OP_BITS_ALL_CLEAR:
 	case OP_BITS_ANY_SET:
 	case OP_BITS_ANY_CLEAR:
-		return bits_value(n, v);
+		return matcher_bits_value(n, v);
 	case OP_EXISTS:
 		return true;
 	case OP_SIZE:
@@ -636,54 +534,64 @@ static bool is_op_doc(const bson_iter_t *it)
 	       strcmp(k, "$db") != 0;
 }
 
-static bool num_as_i64(const bson_iter_t *it, int64_t *out, bool *whole)
+matcher_i64 matcher_num_i64(const bson_value_t *v, int64_t *out, bool *whole)
 {
-	double d;
-
-	*whole = true;
-	switch (bson_iter_type(it)) {
+	switch (v->value_type) {
 	case BSON_TYPE_INT32:
+		*out = v->value.v_int32;
+		break;
 	case BSON_TYPE_INT64:
-		*out = bson_iter_as_int64(it);
-		return true;
-	case BSON_TYPE_DOUBLE:
-		d = bson_iter_double(it);
-		if (!isfinite(d) || d >= 9.2233720368547758e18 || d < -9.2233720368547758e18) {
-			*whole = false;
-			*out = 0;
-			return true;
-		}
+		*out = v->value.v_int64;
+		break;
+	case BSON_TYPE_DOUBLE: {
+		double d = v->value.v_double;
+
+		if (!isfinite(d) || d >= 9.2233720368547758e18 || d < -9.2233720368547758e18)
+			goto out_of_range;
 		*out = (int64_t)d;
-		*whole = (double)*out == d;
-		return true;
+		if (whole)
+			*whole = (double)*out == d;
+		return MATCHER_I64_OK;
+	}
 	case BSON_TYPE_DECIMAL128: {
 		char buf[BSON_DECIMAL128_STRING];
-		bson_decimal128_t dec;
 		long double ld;
 
-		bson_iter_decimal128(it, &dec);
-		bson_decimal128_to_string(&dec, buf);
+		bson_decimal128_to_string(&v->value.v_decimal128, buf);
 		ld = strtold(buf, NULL);
-		if (!isfinite(ld) || ld >= 9.2233720368547758e18L || ld < -9.2233720368547758e18L) {
-			*whole = false;
-			*out = 0;
-			return true;
-		}
+		if (!isfinite(ld) || ld >= 9.2233720368547758e18L || ld < -9.2233720368547758e18L)
+			goto out_of_range;
 		*out = (int64_t)ld;
-		{
+		if (whole) {
 			/* exact: 2.0000000000000000000001 is not whole though its long double is */
-			bson_value_t dv = {.value_type = BSON_TYPE_DECIMAL128};
 			bson_value_t iv = {.value_type = BSON_TYPE_INT64};
 
-			dv.value.v_decimal128 = dec;
 			iv.value.v_int64 = *out;
-			*whole = sdb_bson_value_cmp(&dv, &iv) == 0;
+			*whole = sdb_bson_value_cmp(v, &iv) == 0;
 		}
-		return true;
+		return MATCHER_I64_OK;
 	}
 	default:
-		return false;
+		return MATCHER_I64_NOT_NUMBER;
 	}
+	if (whole)
+		*whole = true;
+	return MATCHER_I64_OK;
+out_of_range:
+	*out = 0;
+	if (whole)
+		*whole = false;
+	return MATCHER_I64_OUT_OF_RANGE;
+}
+
+/* A number operand (it) as an int64 for the parser: false when it is not a number; an
+ * out-of-range one gives 0, not whole (matcher_num_i64). */
+static bool num_as_i64(const bson_iter_t *it, int64_t *out, bool *whole)
+{
+	bson_iter_t c = *it;
+
+	*whole = true;
+	return matcher_num_i64(bson_iter_value(&c), out, whole) != MATCHER_I64_NOT_NUMBER;
 }
 
 static const struct {
@@ -741,19 +649,19 @@ static int type_add(node *n, const bson_iter_t *it, perr *pe)
 			type_set(n, code);
 			return 0;
 		}
-		return fail(pe, ERR_BAD_VALUE, "Unknown type name alias: %s", s);
+		return matcher_fail(pe, ERR_BAD_VALUE, "Unknown type name alias: %s", s);
 	}
 	{
 		int64_t code;
 		bool whole;
 
 		if (!num_as_i64(it, &code, &whole))
-			return fail(pe, ERR_BAD_VALUE,
+			return matcher_fail(pe, ERR_BAD_VALUE,
 				    "type must be represented as a number or a string");
 		if (!whole)
-			return fail(pe, ERR_BAD_VALUE, "Invalid numerical type code");
+			return matcher_fail(pe, ERR_BAD_VALUE, "Invalid numerical type code");
 		if (!((code >= 1 && code <= 19) || code == -1 || code == 127))
-			return fail(pe, ERR_BAD_VALUE, "Invalid numerical type code: %lld",
+			return matcher_fail(pe, ERR_BAD_VALUE, "Invalid numerical type code: %lld",
 				    (long long)code);
 		type_set(n, (int)code);
 		return 0;
@@ -803,7 +711,7 @@ static int parse_in_list(node *n, const bson_iter_t *it, const char *opname, per
 	size_t cap = 0;
 
 	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &e))
-		return fail(pe, ERR_BAD_VALUE, "%s needs an array", opname);
+		return matcher_fail(pe, ERR_BAD_VALUE, "%s needs an array", opname);
 	{
 		bson_iter_t cnt = e;
 
@@ -827,162 +735,13 @@ static int parse_in_list(node *n, const bson_iter_t *it, const char *opname, per
 			continue;
 		}
 		if (is_op_doc(&e))
-			return fail(pe, ERR_BAD_VALUE, "cannot nest $ under %s", opname);
+			return matcher_fail(pe, ERR_BAD_VALUE, "cannot nest $ under %s", opname);
 		if (BSON_ITER_HOLDS_NULL(&e))
 			n->in_null = true;
 		copy_value(&e, &n->in[n->nin++]);
 	}
 	in_sort(n);
 	return 0;
-}
-
-/* A number as mongod's BSONElement prints it in a message ("-1", "1.5", "-1.0"). */
-static void num_str(const bson_iter_t *it, char *buf, size_t len)
-{
-	switch (bson_iter_type(it)) {
-	case BSON_TYPE_DOUBLE: {
-		double d = bson_iter_double(it);
-
-		if (isfinite(d) && d == floor(d) && fabs(d) < 1e15) {
-			snprintf(buf, len, "%.1f", d);
-		} else {
-			for (int p = 15; p <= 17; p++) {
-				snprintf(buf, len, "%.*g", p, d);
-				if (strtod(buf, NULL) == d)
-					break;
-			}
-		}
-		break;
-	}
-	case BSON_TYPE_DECIMAL128: {
-		bson_decimal128_t dec;
-		char s[BSON_DECIMAL128_STRING];
-
-		bson_iter_decimal128(it, &dec);
-		bson_decimal128_to_string(&dec, s);
-		snprintf(buf, len, "NumberDecimal(\"%s\")", s);
-		break;
-	}
-	default:
-		snprintf(buf, len, "%lld", (long long)bson_iter_as_int64(it));
-		break;
-	}
-}
-
-static const char *type_name_of(const bson_iter_t *it)
-{
-	return sdb_bson_type_name(bson_iter_type(it));
-}
-
-static void bits_add(node *n, uint32_t pos)
-{
-	if ((n->nbits & (n->nbits + 1)) == 0 || n->nbits == 0)
-		n->bits = sdb_realloc(n->bits, (2 * n->nbits + 2) * sizeof *n->bits);
-	n->bits[n->nbits++] = pos;
-	n->bitmask |= 1ull << (pos < 63 ? pos : 63);
-}
-
-/* The operand of $bitsAllSet/$bitsAllClear/$bitsAnySet/$bitsAnyClear (op) into n, as
- * mongod 6.0's parseBitTest (expression_parser.cpp): a non-negative integral number (a
- * bitmask; else 9 FailedToParse as parseIntegerElementToNonNegativeLong), an array of bit
- * positions (integral numbers 0..2^31-1; else 2 BadValue as parseBitPositionsArray) or a
- * BinData bitmask (any subtype; little-endian bytes); another type: 2 BadValue. */
-static int parse_bits(node *n, const char *op, const bson_iter_t *it, perr *pe)
-{
-	char num[64];
-
-	if (BSON_ITER_HOLDS_NUMBER(it) || BSON_ITER_HOLDS_DECIMAL128(it)) {
-		int64_t mask;
-		bool whole;
-
-		num_str(it, num, sizeof num);
-		if (BSON_ITER_HOLDS_DOUBLE(it)) {
-			double d = bson_iter_double(it);
-
-			if (isnan(d))
-				return fail(pe, 9, "Expected an integer, but found NaN in: %s: %s", op,
-					    num);
-			if (d >= 9.2233720368547758e18 || d < -9.2233720368547758e18)
-				return fail(pe, 9, "Cannot represent as a 64-bit integer: %s: %s", op,
-					    num);
-		}
-		num_as_i64(it, &mask, &whole);
-		if (!whole)
-			return fail(pe, 9, "%s: %s: %s",
-				    BSON_ITER_HOLDS_DOUBLE(it) ? "Expected an integer"
-							       : "Cannot represent as a 64-bit integer",
-				    op, num);
-		if (mask < 0)
-			return fail(pe, 9, "Expected a positive number in: %s: %s", op, num);
-		for (uint32_t b = 0; b < 63; b++)
-			if ((mask >> b) & 1)
-				bits_add(n, b);
-		return 0;
-	}
-	if (BSON_ITER_HOLDS_BINARY(it)) {
-		const uint8_t *data;
-		uint32_t len;
-		bson_subtype_t st;
-
-		bson_iter_binary(it, &st, &len, &data);
-		for (uint64_t b = 0; b < (uint64_t)len * 8; b++)
-			if ((data[b / 8] >> (b % 8)) & 1)
-				bits_add(n, (uint32_t)b);
-		return 0;
-	}
-	if (BSON_ITER_HOLDS_ARRAY(it)) {
-		bson_iter_t e;
-
-		if (!bson_iter_recurse(it, &e))
-			return fail(pe, ERR_BAD_VALUE, "corrupt array");
-		while (bson_iter_next(&e)) {
-			int64_t pos;
-			bool whole;
-
-			if (!BSON_ITER_HOLDS_NUMBER(&e) && !BSON_ITER_HOLDS_DECIMAL128(&e))
-				return fail(pe, ERR_BAD_VALUE,
-					    "bit positions must be an integer but got: %s: %s",
-					    bson_iter_key(&e), type_name_of(&e));
-			num_str(&e, num, sizeof num);
-			if (BSON_ITER_HOLDS_DOUBLE(&e)) {
-				double d = bson_iter_double(&e);
-
-				if (isnan(d))
-					return fail(pe, ERR_BAD_VALUE,
-						    "bit positions cannot take a NaN: %s: %s",
-						    bson_iter_key(&e), num);
-				if (d > 2147483647.0 || d < -2147483648.0)
-					return fail(pe, ERR_BAD_VALUE,
-						    "bit positions cannot be represented as a 32-bit signed integer: %s: %s",
-						    bson_iter_key(&e), num);
-				if (d != floor(d))
-					return fail(pe, ERR_BAD_VALUE,
-						    "bit positions must be an integer but got: %s: %s",
-						    bson_iter_key(&e), num);
-			}
-			num_as_i64(&e, &pos, &whole);
-			if (BSON_ITER_HOLDS_INT64(&e) && (pos > INT32_MAX || pos < INT32_MIN))
-				return fail(pe, ERR_BAD_VALUE,
-					    "bit positions cannot be represented as a 32-bit signed integer: %s: %s",
-					    bson_iter_key(&e), num);
-			if (BSON_ITER_HOLDS_DECIMAL128(&e)) {
-				/* BSONElement::numberInt of a decimal: Decimal128::toInt, rounded half
-				 * to even, saturated */
-				bson_decimal128_t dec;
-
-				bson_iter_decimal128(&e, &dec);
-				pos = sdb_dec_to_int64(dec);
-				pos = pos > INT32_MAX ? INT32_MAX : pos < INT32_MIN ? INT32_MIN : pos;
-			}
-			if (pos < 0)
-				return fail(pe, ERR_BAD_VALUE, "bit positions must be >= 0 but got: %s: %s",
-					    bson_iter_key(&e), num);
-			bits_add(n, (uint32_t)pos);
-		}
-		return 0;
-	}
-	return fail(pe, ERR_BAD_VALUE, "%s takes an Array, a number, or a BinData but received: %s: %s",
-		    op, op, type_name_of(it));
 }
 
 static int parse_mod(node *n, const bson_iter_t *it, perr *pe)
@@ -993,22 +752,22 @@ static int parse_mod(node *n, const bson_iter_t *it, perr *pe)
 	bool whole;
 
 	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &e))
-		return fail(pe, ERR_BAD_VALUE, "malformed mod, needs to be an array");
+		return matcher_fail(pe, ERR_BAD_VALUE, "malformed mod, needs to be an array");
 	while (bson_iter_next(&e)) {
 		if (count == 2)
-			return fail(pe, ERR_BAD_VALUE, "malformed mod, too many elements");
+			return matcher_fail(pe, ERR_BAD_VALUE, "malformed mod, too many elements");
 		if (!num_as_i64(&e, &v[count], &whole))
-			return fail(pe, ERR_BAD_VALUE, "malformed mod, %s not a number",
+			return matcher_fail(pe, ERR_BAD_VALUE, "malformed mod, %s not a number",
 				    count == 0 ? "divisor" : "remainder");
 		if (BSON_ITER_HOLDS_DOUBLE(&e) && !isfinite(bson_iter_double(&e)))
-			return fail(pe, ERR_BAD_VALUE, "malformed mod, %s value is invalid :: caused by :: %s",
+			return matcher_fail(pe, ERR_BAD_VALUE, "malformed mod, %s value is invalid :: caused by :: %s",
 				    count == 0 ? "divisor" : "remainder", "value must be finite");
 		count++;
 	}
 	if (count < 2)
-		return fail(pe, ERR_BAD_VALUE, "malformed mod, not enough elements");
+		return matcher_fail(pe, ERR_BAD_VALUE, "malformed mod, not enough elements");
 	if (v[0] == 0)
-		return fail(pe, ERR_BAD_VALUE, "divisor cannot be 0");
+		return matcher_fail(pe, ERR_BAD_VALUE, "divisor cannot be 0");
 	n->mod_d = v[0];
 	n->mod_r = v[1];
 	return 0;
@@ -1026,19 +785,20 @@ static int parse_regex_pair(const char *path, const bson_iter_t *re_it, const bs
 	} else if (BSON_ITER_HOLDS_REGEX(re_it)) {
 		pattern = bson_iter_regex(re_it, &flags);
 	} else {
-		return fail(pe, ERR_BAD_VALUE, "$regex has to be a string");
+		return matcher_fail(pe, ERR_BAD_VALUE, "$regex has to be a string");
 	}
 	if (opt_it) {
 		if (!BSON_ITER_HOLDS_UTF8(opt_it))
-			return fail(pe, ERR_BAD_VALUE, "$options has to be a string");
+			return matcher_fail(pe, ERR_BAD_VALUE, "$options has to be a string");
 		if (BSON_ITER_HOLDS_REGEX(re_it) && *flags)
-			return fail(pe, ERR_BAD_VALUE,
+			return matcher_fail(pe, ERR_BAD_VALUE,
 				    "options set in both $regex and $options");
 		flags = bson_iter_utf8(opt_it, NULL);
 	}
 	if (strlen(pattern) != (BSON_ITER_HOLDS_UTF8(re_it) ? bson_iter_utf8_len_unsafe(re_it)
 							     : strlen(pattern)))
-		return fail(pe, 51108, "Regular expression cannot contain an embedded null byte");
+		return matcher_fail(pe, 51108,
+				    "Regular expression cannot contain an embedded null byte");
 	n = path_node(path, OP_REGEX);
 	rc = regex_compile(&n->re, pattern, flags, pe);
 	if (rc) {
@@ -1060,12 +820,12 @@ static int parse_elem_match(const char *path, const bson_iter_t *it, node *and_o
 	bool value_form = false;
 
 	if (!BSON_ITER_HOLDS_DOCUMENT(it))
-		return fail(pe, ERR_BAD_VALUE, "$elemMatch needs an Object");
+		return matcher_fail(pe, ERR_BAD_VALUE, "$elemMatch needs an Object");
 	c = *it;
 	v = bson_iter_value(&c);
 	if (!v->value.v_doc.data ||
 	    !bson_init_static(&sub, v->value.v_doc.data, v->value.v_doc.data_len))
-		return fail(pe, ERR_BAD_VALUE, "$elemMatch: corrupt document");
+		return matcher_fail(pe, ERR_BAD_VALUE, "$elemMatch: corrupt document");
 	if (bson_iter_recurse(it, &c) && bson_iter_next(&c)) {
 		const char *k = bson_iter_key(&c);
 
@@ -1108,7 +868,7 @@ static int parse_all(const char *path, const bson_iter_t *it, node *and_out, int
 	int rc;
 
 	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &e))
-		return fail(pe, ERR_BAD_VALUE, "$all needs an array");
+		return matcher_fail(pe, ERR_BAD_VALUE, "$all needs an array");
 	while (bson_iter_next(&e)) {
 		bson_iter_t c;
 
@@ -1116,16 +876,17 @@ static int parse_all(const char *path, const bson_iter_t *it, node *and_out, int
 		    strcmp(bson_iter_key(&c), "$elemMatch") == 0) {
 			n_elem++;
 			if (n_other)
-				return fail(pe, ERR_BAD_VALUE, "$all/$elemMatch has to be consistent");
+				return matcher_fail(pe, ERR_BAD_VALUE, "$all/$elemMatch has to be consistent");
 			rc = parse_elem_match(path, &c, and_out, depth, pe);
 			if (rc)
 				return rc;
 			if (bson_iter_next(&c))
-				return fail(pe, ERR_BAD_VALUE, "$all/$elemMatch has to be consistent");
+				return matcher_fail(pe, ERR_BAD_VALUE, "$all/$elemMatch has to be consistent");
 			continue;
 		}
 		if (n_elem)
-			return fail(pe, ERR_BAD_VALUE, "$all/$elemMatch has to be consistent");
+			return matcher_fail(pe, ERR_BAD_VALUE,
+					    "$all/$elemMatch has to be consistent");
 		n_other++;
 		if (BSON_ITER_HOLDS_REGEX(&e)) {
 			rc = parse_regex_pair(path, &e, NULL, and_out, pe);
@@ -1134,7 +895,7 @@ static int parse_all(const char *path, const bson_iter_t *it, node *and_out, int
 			continue;
 		}
 		if (is_op_doc(&e))
-			return fail(pe, ERR_BAD_VALUE, "no $ expressions in $all");
+			return matcher_fail(pe, ERR_BAD_VALUE, "no $ expressions in $all");
 		{
 			node *n = path_node(path, OP_EQ);
 
@@ -1156,17 +917,18 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 	int rc;
 
 	if (depth > MATCHER_MAX_DEPTH)
-		return fail(pe, ERR_BAD_VALUE, "exceeded depth limit of %d when parsing the filter",
-			    MATCHER_MAX_DEPTH);
+		return matcher_fail(pe, ERR_BAD_VALUE,
+				    "exceeded depth limit of %d when parsing the filter",
+				    MATCHER_MAX_DEPTH);
 	if (!bson_iter_recurse(opdoc, &it))
-		return fail(pe, ERR_BAD_VALUE, "corrupt operator document");
+		return matcher_fail(pe, ERR_BAD_VALUE, "corrupt operator document");
 	while (bson_iter_next(&it)) {
 		const char *op = bson_iter_key(&it);
 		op_kind cmp = 0;
 		node *n;
 
 		if (op[0] != '$')
-			return fail(pe, ERR_BAD_VALUE, "unknown operator: %s", op);
+			return matcher_fail(pe, ERR_BAD_VALUE, "unknown operator: %s", op);
 		if (strcmp(op, "$eq") == 0)
 			cmp = OP_EQ;
 		else if (strcmp(op, "$lt") == 0)
@@ -1238,7 +1000,7 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 				}
 				if (count == 0) {
 					node_free(n);
-					return fail(pe, ERR_BAD_VALUE,
+					return matcher_fail(pe, ERR_BAD_VALUE,
 						    "%s must match at least one type", op);
 				}
 			} else if ((rc = type_add(n, &it, pe))) {
@@ -1253,11 +1015,12 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 			bool whole;
 
 			if (!num_as_i64(&it, &sz, &whole))
-				return fail(pe, ERR_BAD_VALUE, "$size needs a number");
+				return matcher_fail(pe, ERR_BAD_VALUE, "$size needs a number");
 			if (!whole)
-				return fail(pe, ERR_BAD_VALUE, "$size must be a whole number");
+				return matcher_fail(pe, ERR_BAD_VALUE,
+						    "$size must be a whole number");
 			if (sz < 0)
-				return fail(pe, ERR_BAD_VALUE, "$size may not be negative");
+				return matcher_fail(pe, ERR_BAD_VALUE, "$size may not be negative");
 			n = path_node(path, OP_SIZE);
 			n->size = sz;
 			node_add(and_out, n);
@@ -1273,16 +1036,12 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 			continue;
 		}
 		if (strncmp(op, "$bits", 5) == 0) {
-			op_kind bk = strcmp(op, "$bitsAllSet") == 0     ? OP_BITS_ALL_SET
-				     : strcmp(op, "$bitsAllClear") == 0 ? OP_BITS_ALL_CLEAR
-				     : strcmp(op, "$bitsAnySet") == 0   ? OP_BITS_ANY_SET
-				     : strcmp(op, "$bitsAnyClear") == 0 ? OP_BITS_ANY_CLEAR
-									 : 0;
+			op_kind bk = matcher_bits_op(op);
 
 			if (bk == 0)
-				return fail(pe, ERR_BAD_VALUE, "unknown operator: %s", op);
+				return matcher_fail(pe, ERR_BAD_VALUE, "unknown operator: %s", op);
 			n = path_node(path, bk);
-			if ((rc = parse_bits(n, op, &it, pe))) {
+			if ((rc = matcher_parse_bits(n, op, &it, pe))) {
 				node_free(n);
 				return rc;
 			}
@@ -1319,11 +1078,13 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 				bson_iter_t c;
 
 				if (!bson_iter_recurse(&it, &c) || !bson_iter_next(&c))
-					rc = fail(pe, ERR_BAD_VALUE, "$not cannot be empty");
+					rc = matcher_fail(pe, ERR_BAD_VALUE,
+							  "$not cannot be empty");
 				else
 					rc = parse_ops(path, &it, inner, depth + 1, pe);
 			} else {
-				rc = fail(pe, ERR_BAD_VALUE, "$not needs a regex or a document");
+				rc = matcher_fail(pe, ERR_BAD_VALUE,
+						  "$not needs a regex or a document");
 			}
 			if (rc) {
 				node_free(not);
@@ -1335,11 +1096,12 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 		if (strcmp(op, "$comment") == 0)
 			continue;
 		if (strcmp(op, "$expr") == 0 || strcmp(op, "$where") == 0)
-			return fail(pe, ERR_BAD_VALUE, "%s is not supported by stripedb", op);
-		return fail(pe, ERR_BAD_VALUE, "unknown operator: %s", op);
+			return matcher_fail(pe, ERR_BAD_VALUE,
+					    "%s is not supported by stripedb", op);
+		return matcher_fail(pe, ERR_BAD_VALUE, "unknown operator: %s", op);
 	}
 	if (have_opt && !have_re)
-		return fail(pe, ERR_BAD_VALUE, "$options needs a $regex");
+		return matcher_fail(pe, ERR_BAD_VALUE, "$options needs a $regex");
 	if (have_re)
 		return parse_regex_pair(path, &re_it, have_opt ? &opt_it : NULL, and_out, pe);
 	return 0;
@@ -1353,7 +1115,7 @@ static int parse_logical(node_kind kind, const char *name, const bson_iter_t *it
 	int count = 0, rc;
 
 	if (!BSON_ITER_HOLDS_ARRAY(it) || !bson_iter_recurse(it, &e))
-		return fail(pe, ERR_BAD_VALUE, "%s must be an array", name);
+		return matcher_fail(pe, ERR_BAD_VALUE, "%s must be an array", name);
 	n = node_new(kind);
 	while (bson_iter_next(&e)) {
 		bson_iter_t c = e;
@@ -1363,13 +1125,13 @@ static int parse_logical(node_kind kind, const char *name, const bson_iter_t *it
 
 		if (!BSON_ITER_HOLDS_DOCUMENT(&e)) {
 			node_free(n);
-			return fail(pe, ERR_BAD_VALUE, "$or/$and/$nor entries need to be full objects");
+			return matcher_fail(pe, ERR_BAD_VALUE, "$or/$and/$nor entries need to be full objects");
 		}
 		v = bson_iter_value(&c);
 		if (!v->value.v_doc.data ||
 	    !bson_init_static(&sub, v->value.v_doc.data, v->value.v_doc.data_len)) {
 			node_free(n);
-			return fail(pe, ERR_BAD_VALUE, "corrupt document in %s", name);
+			return matcher_fail(pe, ERR_BAD_VALUE, "corrupt document in %s", name);
 		}
 		kid = node_new(N_AND);
 		node_add(n, kid);
@@ -1381,7 +1143,7 @@ static int parse_logical(node_kind kind, const char *name, const bson_iter_t *it
 	}
 	if (count == 0) {
 		node_free(n);
-		return fail(pe, ERR_BAD_VALUE, "$and/$or/$nor must be a nonempty array");
+		return matcher_fail(pe, ERR_BAD_VALUE, "$and/$or/$nor must be a nonempty array");
 	}
 	node_add(and_out, n);
 	return 0;
@@ -1393,9 +1155,9 @@ static int parse_expr(const bson_iter_t *it, node *and_out, perr *pe)
 	node *n;
 
 	if (pe->in_elem)
-		return fail(pe, ERR_BAD_VALUE, "$expr can only be applied to the top-level document");
+		return matcher_fail(pe, ERR_BAD_VALUE, "$expr can only be applied to the top-level document");
 	if (!pe->allow_expr)
-		return fail(pe, ERR_BAD_VALUE,
+		return matcher_fail(pe, ERR_BAD_VALUE,
 			    "$expr is not supported here by stripedb (only in the filters of find, "
 			    "count, distinct, update, delete, findAndModify and $match)");
 	n = node_new(N_EXPR);
@@ -1417,10 +1179,11 @@ static int parse_query(const bson_t *q, node *and_out, int depth, perr *pe)
 	int rc;
 
 	if (depth > MATCHER_MAX_DEPTH)
-		return fail(pe, ERR_BAD_VALUE, "exceeded depth limit of %d when parsing the filter",
-			    MATCHER_MAX_DEPTH);
+		return matcher_fail(pe, ERR_BAD_VALUE,
+				    "exceeded depth limit of %d when parsing the filter",
+				    MATCHER_MAX_DEPTH);
 	if (!bson_iter_init(&it, q))
-		return fail(pe, ERR_BAD_VALUE, "corrupt filter document");
+		return matcher_fail(pe, ERR_BAD_VALUE, "corrupt filter document");
 	while (bson_iter_next(&it)) {
 		const char *key = bson_iter_key(&it);
 		node *n;
@@ -1438,9 +1201,10 @@ static int parse_query(const bson_t *q, node *and_out, int depth, perr *pe)
 				rc = parse_expr(&it, and_out, pe);
 			else if (strcmp(key, "$where") == 0 || strcmp(key, "$text") == 0 ||
 				 strcmp(key, "$jsonSchema") == 0)
-				rc = fail(pe, ERR_BAD_VALUE, "%s is not supported by stripedb", key);
+				rc = matcher_fail(pe, ERR_BAD_VALUE, "%s is not supported by stripedb", key);
 			else
-				rc = fail(pe, ERR_BAD_VALUE, "unknown top level operator: %s", key);
+				rc = matcher_fail(pe, ERR_BAD_VALUE,
+						  "unknown top level operator: %s", key);
 			if (rc)
 				return rc;
 			continue;

@@ -1,6 +1,6 @@
-/* Internals of the query matcher shared by its parser and evaluator (matcher.c) and its
- * index-bounds analysis (bounds.c): the compiled filter tree. Not for use outside those two
- * files. */
+/* Internals of the query matcher shared by its parser and evaluator (matcher.c), its
+ * $bits* operators (matcher_bits.c) and its index-bounds analysis (bounds.c): the compiled
+ * filter tree and the parser's error state. Not for use outside those files. */
 #ifndef SDB_STORAGE_MATCHER_INT_H
 #define SDB_STORAGE_MATCHER_INT_H
 
@@ -103,6 +103,61 @@ static inline bool is_nan(const bson_value_t *v)
 
 	return sdb_bson_num_canon(v, &num) && num.cls == 0;
 }
+
+/* The parser's state: where its error goes, and what the filter may hold. */
+typedef struct perr {
+	int code;
+	char *err;
+	size_t errlen;
+	bool allow_expr; /* SDB_MATCHER_EXPR: $expr is built (else refused) */
+	const bson_t *vars; /* user variables for $expr (sdb_matcher_new_vars), or NULL */
+	bool in_elem;    /* parsing an $elemMatch object: $expr is refused there */
+	bool expr_shape; /* SDB_MATCHER_EXPR_SHAPE: $expr's node holds no expression */
+} perr;
+
+#define ERR_BAD_VALUE 2 /* MongoDB's BadValue, most parse errors' code */
+
+/* A parse error: sets pe->code to code and pe->err (up to pe->errlen bytes, when given)
+ * to the printf-formatted message, for `return matcher_fail(...)`. Errors: always
+ * SDB_EINVAL. (matcher.c) */
+int matcher_fail(perr *pe, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* What matcher_num_i64 made of a value. */
+typedef enum {
+	MATCHER_I64_NOT_NUMBER = 0, /* not an int32, int64, double or decimal128 */
+	MATCHER_I64_OUT_OF_RANGE,   /* NaN, an infinity, or outside [-2^63, 2^63) */
+	MATCHER_I64_OK,             /* *out holds it, truncated toward zero */
+} matcher_i64;
+
+/* A number as a 64-bit integer, with the range checks $mod, $bits*, $size and $type's
+ * codes share: int32 and int64 as they are; a double or decimal128 truncated toward zero
+ * when finite and within int64 (a decimal is read through a long double). *whole (when
+ * whole is not NULL) says whether the value was integral: for a decimal by an exact
+ * comparison (2.0000000000000000000001 is not whole), which costs a conversion, so
+ * evaluation passes NULL when it does not need it. Out of range: *out 0, *whole false.
+ * Not a number: *out and *whole untouched. (matcher.c) */
+matcher_i64 matcher_num_i64(const bson_value_t *v, int64_t *out, bool *whole);
+
+/* The OP_BITS_* kind of a $bits* operator name ("$bitsAllSet" ...), or 0 for another
+ * name. (matcher_bits.c) */
+op_kind matcher_bits_op(const char *op);
+
+/* The operand of $bitsAllSet/$bitsAllClear/$bitsAnySet/$bitsAnyClear (op) into n, as
+ * mongod 6.0's parseBitTest (expression_parser.cpp): a non-negative integral number (a
+ * bitmask; else 9 FailedToParse as parseIntegerElementToNonNegativeLong), an array of bit
+ * positions (integral numbers 0..2^31-1; else 2 BadValue as parseBitPositionsArray) or a
+ * BinData bitmask (any subtype; little-endian bytes); another type: 2 BadValue. Each
+ * bit position is added to n (n->bits, n->bitmask; owned by n, freed with it). Returns 0.
+ * Errors: SDB_EINVAL with pe's code (9 or 2, above) and message set. (matcher_bits.c) */
+int matcher_parse_bits(node *n, const char *op, const bson_iter_t *it, perr *pe);
+
+/* $bitsAllSet/$bitsAllClear/$bitsAnySet/$bitsAnyClear on one value, as mongod's
+ * BitTestMatchExpression::matchesSingleElement: numbers as 64-bit two's complement
+ * (doubles only when integral and within int64, else no match; decimals rounded half to
+ * even as Decimal128::toLong), BinData bytes little-endian (bit 0 is the lowest bit of the
+ * first byte; positions past the data are 0); other types never match. n is an
+ * OP_BITS_* node from matcher_parse_bits. (matcher_bits.c) */
+bool matcher_bits_value(const node *n, const bson_value_t *v);
 
 /* Internal flag of sdb_matcher_new_opts (bounds.c): $expr is accepted and not compiled
  * (its node has no expression), so a filter whose $expr reads `let` variables can be

@@ -212,12 +212,25 @@ bool sdb_store_int_in_write(const sdb_store_conn *c);
 void store_stmt_forget_all(sdb_store_conn *c);
 /* Drop c's catalog cache (collections, indexes); reloaded by store_cache_load. store.c. */
 void store_cache_clear(sdb_store_conn *c);
+/* One collection's step of a one-time upgrade (store_upgrade_once), inside its write
+ * transaction: 0, or an error with err set (the upgrade then stops and rolls back). */
+typedef int (*store_upgrade_fn)(sdb_store_conn *c, sdb_store_coll *co, char *err,
+				size_t errlen);
+/* A one-time upgrade of st, in one write transaction on a connection of its own: nothing
+ * when meta `flag` is already >= done; else load the catalog, run coll on every collection
+ * (until one fails), set meta flag = done, run finish_sql (no parameters; NULL: none) and
+ * commit. On a failure after the transaction began everything is rolled back (the store
+ * is left as it was) and, when fail_what is not NULL, err becomes "store: <fail_what>
+ * failed, store left as it was: <the step's error>". Errors: the step's, SDB_EIO.
+ * (store_rekey.c; used by store_migrate_decimal_keys and store_partial_rebuild) */
+int store_upgrade_once(sdb_store *st, const char *flag, int done, store_upgrade_fn coll,
+		       const char *finish_sql, const char *fail_what, char *err, size_t errlen);
 /* Re-key, once, the decimal _id and index keys of a store written before Decimal128 keys
  * were exact (meta keyenc absent or below 2), then set keyenc = 2; a no-op when set. One
- * write transaction on a connection of its own (see store.c for crash safety and cost).
- * Errors: SDB_EIO, SDB_ECORRUPT (a document does not parse), SDB_EINVAL (an _id that
- * cannot be keyed), SDB_EEXISTS (a unique index refuses): the store is left as it was.
- * store.c; called by sdb_store_open and sdb_store_replace_from (copy.c). */
+ * write transaction on a connection of its own (see store_rekey.c for crash safety and
+ * cost). Errors: SDB_EIO, SDB_ECORRUPT (a document does not parse), SDB_EINVAL (an _id
+ * that cannot be keyed), SDB_EEXISTS (a unique index refuses): the store is left as it
+ * was. store_rekey.c; called by sdb_store_open and sdb_store_replace_from (copy.c). */
 int store_migrate_decimal_keys(sdb_store *st, char *err, size_t errlen);
 
 /* Check an index's partialFilterExpression (pfe: the spec's element) as MongoDB 6.0's

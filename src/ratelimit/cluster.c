@@ -1,11 +1,8 @@
-/* Owner lookup, forwarding, BATCHING and GLOBAL sync between rate-limit peers (see
- * cluster.h for the behaviour and its sources).
- *
- * Why one file of ~1,500 lines: its sections (jobs, configuration, ring and liveness,
- * forwarding, GLOBAL sync, the flusher thread, ring views) all work on the one private
- * rl_cluster struct (its ring view under view_mu, its queues and GLOBAL maps under mu),
- * defined once, here. */
+/* Owner lookup, forwarding, BATCHING and the flusher thread of the rate limiter's peer
+ * cluster (see cluster.h for the behaviour and its sources); GLOBAL sync is
+ * cluster_global.c, the private rl_cluster struct both work on is cluster_int.h. */
 #include "ratelimit/cluster.h"
+#include "ratelimit/cluster_int.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -26,120 +23,6 @@
 #include "ratelimit/peers.h"
 #include "ratelimit/proto.h"
 #include "ratelimit/ring.h"
-
-#define GMAP_BUCKETS 1024
-#define MD_NAME "name"
-#define MD_UNIQUE_KEY "unique_key"
-#define MD_STATE "sdb_state"
-
-/* ---- jobs: one rl_cluster_decide_async call ---- */
-
-typedef struct cl_job {
-	atomic_size_t pending; /* items in flight + 1 while the call is being set up */
-	rl_resp *out;
-	rl_cluster_done_fn done;
-	void *arg;
-} cl_job;
-
-/* One request that left (or may leave) this node. */
-typedef struct cl_item {
-	cl_job *job;
-	size_t idx;
-	rl_req req; /* name and unique_key point into the item's own copies */
-	char *name;
-	char *uk;
-	uint64_t hash;
-	int attempts;
-	struct cl_item *next;
-} cl_item;
-
-/* One peer address this node has known, for the cluster's lifetime (so an address
- * string or connection handed out stays valid across ring changes). */
-typedef struct cl_conn {
-	char *addr;
-	rl_peer *conn;                 /* NULL for self */
-	_Atomic int64_t dead_until_ms; /* CLOCK_MONOTONIC ms; the peer is skipped until then */
-	struct cl_conn *next;
-} cl_conn;
-
-/* A peer in one ring view. */
-typedef struct cl_peer {
-	cl_conn *c;
-	bool self;
-	cl_item *q_head, *q_tail; /* BATCHING queue, under cl->mu (current view only) */
-	size_t q_len;
-	int64_t q_deadline_us;
-} cl_peer;
-
-/* One immutable ring and its peers. The current view is cl->view (swapped under cl->mu
- * and cl->view_mu by rl_cluster_set_peers); readers hold a reference (view_get/put), so
- * a view is freed when the last reader is done. Only the current view's queues hold
- * items: a swap moves them to the new view's owners. */
-typedef struct cl_view {
-	atomic_int refs;
-	uint64_t version; /* membership version it was built from (0: static --peers) */
-	rl_ring *ring;
-	cl_peer *peers; /* indexed like the ring */
-	size_t n_peers;
-	int self;
-} cl_view;
-
-/* GLOBAL bookkeeping: one entry per key in a chained hash map (insertion list too). */
-typedef struct cl_gent {
-	uint64_t hash;
-	char *name;
-	char *uk;
-	rl_req req; /* hits map: the aggregated request */
-	int owner;  /* hits map: ring index of the owner when queued */
-	struct cl_gent *chain;
-	struct cl_gent *next;
-} cl_gent;
-
-typedef struct cl_gmap {
-	cl_gent *buckets[GMAP_BUCKETS];
-	cl_gent *list;
-	size_t n;
-} cl_gmap;
-
-struct rl_cluster {
-	rl_limiter *lim;
-	cl_view *view;            /* current ring; under view_mu (and cl->mu to swap) */
-	pthread_mutex_t view_mu;
-	cl_conn *conns;           /* every address ever in a view; under view_mu */
-	unsigned vnodes;
-	char *advertise;
-	int64_t batch_wait_us;
-	size_t batch_limit;
-	int64_t batch_timeout_ms;
-	int64_t sync_wait_us;
-	size_t global_batch_limit;
-	int64_t dead_ms;
-	rl_clock_fn clock;
-	void *clock_data;
-
-	rl_peers *client;
-	pthread_t flusher;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	bool stopping;
-	cl_gmap hits;  /* GLOBAL hits queued for owners (non-owner side) */
-	cl_gmap bcast; /* GLOBAL keys to broadcast (owner side) */
-	int64_t g_deadline_us;
-
-	sdb_counter *m_calls_get;    /* peer calls GetPeerRateLimits sent */
-	sdb_counter *m_calls_update; /* peer calls UpdatePeerGlobals sent */
-	sdb_counter *m_forwarded;    /* requests forwarded to owners */
-	sdb_counter *m_local;        /* requests decided here as owner */
-	sdb_counter *m_rerouted;     /* requests re-routed after a peer failure */
-	sdb_counter *m_peer_errors;  /* failed peer calls */
-	sdb_counter *m_global_hits;  /* GLOBAL keys whose hits were sent to an owner */
-	sdb_counter *m_global_apply; /* UpdatePeerGlobal entries installed */
-	sdb_counter *m_global_skip;  /* UpdatePeerGlobal entries skipped (unreadable) */
-	sdb_counter *m_global_requeued; /* GLOBAL keys re-queued after their owner failed */
-	sdb_counter *m_global_dropped;  /* GLOBAL keys whose hits were dropped */
-	sdb_counter *m_ring_changes;    /* ring views installed by rl_cluster_set_peers */
-	size_t global_queue_max;        /* keys in cl->hits beyond which hits are dropped */
-};
 
 static const sdb_metric_def cluster_metrics[] = {
 	SDB_METRIC_COUNTER_L(rl_cluster, m_calls_get, "stripedb_ratelimit_peer_calls_total",
@@ -275,12 +158,7 @@ int rl_cluster_opts_from_env(rl_cluster_opts *o, char *err, size_t errlen)
 
 /* ---- ring and liveness ---- */
 
-typedef struct alive_ctx {
-	cl_view *v;
-	int64_t now_ms;
-} alive_ctx;
-
-static bool peer_alive(size_t idx, void *arg)
+bool cl_peer_alive(size_t idx, void *arg)
 {
 	alive_ctx *a = arg;
 	cl_peer *p = &a->v->peers[idx];
@@ -288,7 +166,7 @@ static bool peer_alive(size_t idx, void *arg)
 	return p->self || atomic_load(&p->c->dead_until_ms) <= a->now_ms;
 }
 
-static cl_view *view_get(rl_cluster *cl)
+cl_view *cl_view_get(rl_cluster *cl)
 {
 	cl_view *v;
 
@@ -299,7 +177,7 @@ static cl_view *view_get(rl_cluster *cl)
 	return v;
 }
 
-static void view_put(cl_view *v)
+void cl_view_put(cl_view *v)
 {
 	if (v == NULL || atomic_fetch_sub(&v->refs, 1) != 1)
 		return;
@@ -308,15 +186,15 @@ static void view_put(cl_view *v)
 	free(v);
 }
 
-static int owner_index(cl_view *v, uint64_t hash)
+int cl_owner_index(cl_view *v, uint64_t hash)
 {
 	alive_ctx a = {v, (int64_t)sdb_mono_us() / 1000};
-	int o = rl_ring_owner(v->ring, hash, peer_alive, &a);
+	int o = rl_ring_owner(v->ring, hash, cl_peer_alive, &a);
 
 	return o < 0 ? v->self : o;
 }
 
-static void mark_dead(rl_cluster *cl, cl_conn *p, const char *why)
+void cl_mark_dead(rl_cluster *cl, cl_conn *p, const char *why)
 {
 	int64_t until = (int64_t)sdb_mono_us() / 1000 + cl->dead_ms;
 	int64_t prev = atomic_exchange(&p->dead_until_ms, until);
@@ -378,130 +256,6 @@ static cl_item *item_new(cl_job *job, size_t idx, const rl_req *r, uint64_t hash
 	return it;
 }
 
-/* ---- GLOBAL maps ---- */
-
-static cl_gent *gmap_get(cl_gmap *m, uint64_t hash, const char *name, const char *uk,
-			 bool *created)
-{
-	cl_gent **slot = &m->buckets[hash % GMAP_BUCKETS], *e;
-
-	for (e = *slot; e != NULL; e = e->chain)
-		if (e->hash == hash && strcmp(e->name, name) == 0 && strcmp(e->uk, uk) == 0) {
-			*created = false;
-			return e;
-		}
-	e = sdb_calloc(1, sizeof(*e));
-	e->hash = hash;
-	e->name = sdb_strdup(name);
-	e->uk = sdb_strdup(uk);
-	e->chain = *slot;
-	*slot = e;
-	e->next = m->list;
-	m->list = e;
-	m->n++;
-	*created = true;
-	return e;
-}
-
-/* The entry of (name, uk) in m, or NULL. */
-static cl_gent *gmap_find(cl_gmap *m, uint64_t hash, const char *name, const char *uk)
-{
-	cl_gent *e;
-
-	for (e = m->buckets[hash % GMAP_BUCKETS]; e != NULL; e = e->chain)
-		if (e->hash == hash && strcmp(e->name, name) == 0 && strcmp(e->uk, uk) == 0)
-			return e;
-	return NULL;
-}
-
-/* Move every entry of m into the returned list and empty m. */
-static cl_gent *gmap_take(cl_gmap *m)
-{
-	cl_gent *list = m->list;
-
-	memset(m, 0, sizeof(*m));
-	return list;
-}
-
-static void gent_free_list(cl_gent *e)
-{
-	while (e != NULL) {
-		cl_gent *next = e->next;
-		free(e->name);
-		free(e->uk);
-		free(e);
-		e = next;
-	}
-}
-
-/* Called with cl->mu held after an insertion. */
-static void global_armed(rl_cluster *cl)
-{
-	if (cl->g_deadline_us == 0) {
-		cl->g_deadline_us = (int64_t)sdb_mono_us() + cl->sync_wait_us;
-		pthread_cond_signal(&cl->cv);
-	}
-	if (cl->hits.n >= cl->global_batch_limit || cl->bcast.n >= cl->global_batch_limit)
-		pthread_cond_signal(&cl->cv);
-}
-
-static void queue_bcast(rl_cluster *cl, const rl_req *r, uint64_t hash)
-{
-	bool created;
-
-	cl_view *v = view_get(cl);
-	size_t npeers = v->n_peers;
-
-	view_put(v);
-	if (npeers < 2)
-		return;
-	pthread_mutex_lock(&cl->mu);
-	if (!cl->stopping) {
-		cl_gent *e = gmap_get(&cl->bcast, hash, r->name, r->unique_key, &created);
-		int64_t at = created ? r->created_at : e->req.created_at;
-
-		/* the latest configuration, and the latest request clock seen */
-		e->req = *r;
-		e->req.name = e->name;
-		e->req.unique_key = e->uk;
-		e->req.metadata = NULL;
-		e->req.n_metadata = 0;
-		e->req.created_at = at > r->created_at ? at : r->created_at;
-		global_armed(cl);
-	}
-	pthread_mutex_unlock(&cl->mu);
-}
-
-static void queue_hits(rl_cluster *cl, const rl_req *r, uint64_t hash, int owner)
-{
-	cl_gent *e;
-	bool created;
-
-	pthread_mutex_lock(&cl->mu);
-	if (!cl->stopping) {
-		e = gmap_get(&cl->hits, hash, r->name, r->unique_key, &created);
-		if (created) {
-			e->req = *r;
-			e->req.hits = 0;
-		}
-		/* the latest configuration wins; hits add up */
-		e->req.limit = r->limit;
-		e->req.duration = r->duration;
-		e->req.algorithm = r->algorithm;
-		e->req.burst = r->burst;
-		e->req.behavior = r->behavior | e->req.behavior;
-		e->req.created_at = r->created_at;
-		e->req.hits += r->hits;
-		e->req.name = e->name;
-		e->req.unique_key = e->uk;
-		e->req.metadata = NULL;
-		e->req.n_metadata = 0;
-		e->owner = owner;
-		global_armed(cl);
-	}
-	pthread_mutex_unlock(&cl->mu);
-}
-
 /* ---- deciding here ---- */
 
 /* Decide r on this node as the key's owner. */
@@ -510,7 +264,7 @@ static void decide_here(rl_cluster *cl, const rl_req *r, uint64_t hash, rl_resp 
 	if (r->behavior & RL_GLOBAL) {
 		rl_state st;
 		if (rl_limiter_decide_owner(cl->lim, r, out, &st) == 0)
-			queue_bcast(cl, r, hash);
+			cl_queue_bcast(cl, r, hash);
 	} else {
 		rl_limiter_decide(cl->lim, r, 1, out, NULL, 0);
 	}
@@ -520,14 +274,6 @@ static void decide_here(rl_cluster *cl, const rl_req *r, uint64_t hash, rl_resp 
 }
 
 /* ---- forwarding ---- */
-
-typedef struct cl_batch {
-	rl_cluster *cl;
-	cl_conn *peer;
-	size_t n;
-	cl_item **items;
-	cl_gent *hits; /* GLOBAL hits sent (own copies), re-queued if the owner fails */
-} cl_batch;
 
 static void route_item(rl_cluster *cl, cl_item *it);
 
@@ -568,7 +314,7 @@ static void batch_done(void *arg, int status, const uint8_t *data, size_t len,
 		pthread_mutex_unlock(&cl->mu);
 		if (!stopping &&
 		    (status == GRPC_STATUS_UNAVAILABLE || status == GRPC_STATUS_DEADLINE_EXCEEDED)) {
-			mark_dead(cl, b->peer, details);
+			cl_mark_dead(cl, b->peer, details);
 			for (i = 0; i < b->n; i++) {
 				b->items[i]->attempts++;
 				sdb_counter_inc(cl->m_rerouted);
@@ -585,10 +331,7 @@ static void batch_done(void *arg, int status, const uint8_t *data, size_t len,
 	free(b);
 }
 
-/* One GetPeerRateLimits call of the n requests pbs (filled by rl_proto_req_to_pb; the array
- * is taken over) to peer p for batch b, which gets cl and p; done(b, ...) gets the answer.
- * Returns rl_peer_call's status: when it is not 0, done never fires and b is the caller's. */
-static int call_get_peer(rl_cluster *cl, cl_conn *p, cl_batch *b,
+int cl_call_get_peer(rl_cluster *cl, cl_conn *p, cl_batch *b,
 			 Pb__Gubernator__RateLimitReq *pbs, size_t n, rl_peer_cb done)
 {
 	Pb__Gubernator__GetPeerRateLimitsReq msg = PB__GUBERNATOR__GET_PEER_RATE_LIMITS_REQ__INIT;
@@ -626,7 +369,7 @@ static void send_batch(rl_cluster *cl, cl_conn *p, cl_item **items, size_t n)
 	b->n = n;
 	b->items = items;
 	sdb_counter_add(cl->m_forwarded, n);
-	rv = call_get_peer(cl, p, b, pbs, n, batch_done);
+	rv = cl_call_get_peer(cl, p, b, pbs, n, batch_done);
 	if (rv != 0) {
 		for (i = 0; i < n; i++)
 			item_fail(items[i], "error while fetching rate limit from peer %s: %s",
@@ -645,10 +388,10 @@ static void route_item(rl_cluster *cl, cl_item *it)
 	cl_peer *p;
 
 again:
-	v = view_get(cl);
-	owner = owner_index(v, it->hash);
+	v = cl_view_get(cl);
+	owner = cl_owner_index(v, it->hash);
 	if (owner == v->self || it->attempts > (int)v->n_peers) {
-		view_put(v);
+		cl_view_put(v);
 		decide_here(cl, &it->req, it->hash, &it->job->out[it->idx]);
 		item_done(it);
 		return;
@@ -657,7 +400,7 @@ again:
 	if (it->req.behavior & RL_NO_BATCHING) {
 		cl_item **one = sdb_malloc(sizeof(*one));
 		cl_conn *c = p->c;
-		view_put(v);
+		cl_view_put(v);
 		one[0] = it;
 		send_batch(cl, c, one, 1);
 		return;
@@ -667,13 +410,13 @@ again:
 		pthread_mutex_unlock(&cl->mu);
 		item_fail(it, "error while fetching rate limit from peer %s: %s", p->c->addr,
 			  "rate limiter shutting down");
-		view_put(v);
+		cl_view_put(v);
 		return;
 	}
 	if (v != cl->view) {
 		/* the ring changed meanwhile: its queues were moved; route on the new one */
 		pthread_mutex_unlock(&cl->mu);
-		view_put(v);
+		cl_view_put(v);
 		goto again;
 	}
 	it->next = NULL;
@@ -690,376 +433,7 @@ again:
 		pthread_cond_signal(&cl->cv);
 	}
 	pthread_mutex_unlock(&cl->mu);
-	view_put(v);
-}
-
-/* ---- GLOBAL sync ---- */
-
-/* Put hits that could not be delivered back into the hits map (merged with hits queued
- * since: they add up; the newer configuration wins), so the next sync sends them to the
- * key's owner then: the next live peer clockwise while the failed one is marked dead,
- * or its successor once the ring no longer has it. Beyond global_queue_max keys queued,
- * hits are dropped and counted. Takes the list over. */
-static void requeue_hits(rl_cluster *cl, cl_gent *list)
-{
-	uint64_t requeued = 0, dropped = 0;
-	cl_gent *e;
-
-	pthread_mutex_lock(&cl->mu);
-	for (e = list; e != NULL; e = e->next) {
-		cl_gent *q;
-		bool created;
-
-		if (cl->stopping || cl->hits.n >= cl->global_queue_max) {
-			dropped++;
-			continue;
-		}
-		q = gmap_get(&cl->hits, e->hash, e->name, e->uk, &created);
-		if (created) {
-			q->req = e->req;
-			q->req.name = q->name;
-			q->req.unique_key = q->uk;
-		} else {
-			q->req.hits += e->req.hits;
-			q->req.behavior |= e->req.behavior & RL_RESET_REMAINING;
-		}
-		requeued++;
-	}
-	if (requeued > 0 && !cl->stopping)
-		global_armed(cl);
-	pthread_mutex_unlock(&cl->mu);
-	if (requeued)
-		sdb_counter_add(cl->m_global_requeued, requeued);
-	if (dropped)
-		sdb_counter_add(cl->m_global_dropped, dropped);
-	gent_free_list(list);
-}
-
-static void global_hits_done(void *arg, int status, const uint8_t *data, size_t len,
-			     const char *details)
-{
-	cl_batch *b = arg; /* items unused: cl, peer and the hits sent */
-	cl_gent *hits = b->hits;
-
-	(void)data;
-	(void)len;
-	if (status != GRPC_STATUS_OK) {
-		sdb_counter_inc(b->cl->m_peer_errors);
-		if (status == GRPC_STATUS_UNAVAILABLE || status == GRPC_STATUS_DEADLINE_EXCEEDED) {
-			/* A deadline may hide hits the owner did apply: re-sending them counts
-			 * them twice (the limit errs towards refusing), never loses them. */
-			mark_dead(b->cl, b->peer, details);
-			requeue_hits(b->cl, hits);
-			hits = NULL;
-		} else if (hits != NULL) {
-			size_t n = 0;
-			for (cl_gent *e = hits; e != NULL; e = e->next)
-				n++;
-			sdb_counter_add(b->cl->m_global_dropped, n);
-		}
-	}
-	gent_free_list(hits);
-	free(b);
-}
-
-static void update_done(void *arg, int status, const uint8_t *data, size_t len,
-			const char *details)
-{
-	cl_batch *b = arg;
-
-	(void)data;
-	(void)len;
-	if (status != GRPC_STATUS_OK) {
-		sdb_counter_inc(b->cl->m_peer_errors);
-		if (status == GRPC_STATUS_UNAVAILABLE || status == GRPC_STATUS_DEADLINE_EXCEEDED)
-			mark_dead(b->cl, b->peer, details);
-	}
-	free(b);
-}
-
-static void send_global_hits(rl_cluster *cl, cl_conn *c, rl_req *reqs, uint64_t *hashes,
-			     size_t n)
-{
-	Pb__Gubernator__RateLimitReq *pbs = sdb_calloc(n, sizeof(*pbs));
-	cl_batch *b = sdb_calloc(1, sizeof(*b));
-	size_t i;
-
-	for (i = 0; i < n; i++)
-		rl_proto_req_to_pb(&reqs[i], &pbs[i]);
-	for (i = n; i-- > 0;) { /* own copies, re-queued if the call fails */
-		cl_gent *e = sdb_calloc(1, sizeof(*e));
-		e->hash = hashes[i];
-		e->name = sdb_strdup(reqs[i].name);
-		e->uk = sdb_strdup(reqs[i].unique_key);
-		e->req = reqs[i];
-		e->req.name = e->name;
-		e->req.unique_key = e->uk;
-		e->next = b->hits;
-		b->hits = e;
-	}
-	sdb_counter_add(cl->m_global_hits, n);
-	if (call_get_peer(cl, c, b, pbs, n, global_hits_done) != 0) {
-		requeue_hits(cl, b->hits);
-		free(b);
-	}
-}
-
-/* Aggregated GLOBAL hits to their owners. The owner consumes what it can:
- * DRAIN_OVER_LIMIT is set on aggregated hits, since this node has already admitted them.
- * Hits whose owner is now this node (the owner died, was marked dead or left the ring)
- * are not applied again: they were applied to this node's copy of the key when this node
- * answered them (rl_cluster_decide, the non-owner GLOBAL path), and that copy is now the
- * owner's state; the key is only queued for a broadcast of that state. Applying them
- * again counted every such hit twice (issue #23 retest). */
-static void flush_hits(rl_cluster *cl, cl_gent *list)
-{
-	size_t n = 0, cap = 0, i;
-	cl_gent *e;
-	rl_req *reqs = NULL;
-	uint64_t *hashes = NULL;
-	int *owners = NULL;
-	cl_view *v = view_get(cl);
-
-	for (e = list; e != NULL; e = e->next) {
-		int owner = owner_index(v, e->hash);
-		e->req.behavior |= RL_DRAIN_OVER_LIMIT;
-		if (owner == v->self) {
-			queue_bcast(cl, &e->req, e->hash);
-			continue;
-		}
-		if (n == cap) {
-			cap = cap ? cap * 2 : 64;
-			reqs = sdb_realloc(reqs, cap * sizeof(*reqs));
-			hashes = sdb_realloc(hashes, cap * sizeof(*hashes));
-			owners = sdb_realloc(owners, cap * sizeof(*owners));
-		}
-		reqs[n] = e->req;
-		hashes[n] = e->hash;
-		owners[n] = owner;
-		n++;
-	}
-	for (i = 0; i < v->n_peers; i++) {
-		rl_req *mine;
-		uint64_t *mh;
-		size_t m = 0, k;
-
-		if ((int)i == v->self)
-			continue;
-		mine = sdb_calloc(n ? n : 1, sizeof(*mine));
-		mh = sdb_calloc(n ? n : 1, sizeof(*mh));
-		for (k = 0; k < n; k++)
-			if (owners[k] == (int)i) {
-				mh[m] = hashes[k];
-				mine[m++] = reqs[k];
-			}
-		for (k = 0; k < m; k += RL_MAX_BATCH)
-			send_global_hits(cl, v->peers[i].c, mine + k, mh + k,
-					 m - k > RL_MAX_BATCH ? RL_MAX_BATCH : m - k);
-		free(mine);
-		free(mh);
-	}
-	view_put(v);
-	free(reqs);
-	free(hashes);
-	free(owners);
-}
-
-/* The state travels in status.metadata "sdb_state" so stripedb peers install it exactly;
- * key, status, algorithm, duration and created_at are filled as Gubernator does, so a
- * Gubernator-style reader can rebuild an approximation. */
-static void state_encode(const rl_state *s, char *buf, size_t n)
-{
-	snprintf(buf, n,
-		 "%" PRId32 ",%" PRId32 ",%" PRId32 ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
-		 ",%.17g,%.17g,%" PRId64 ",%" PRId64 ",%" PRId64,
-		 s->algorithm, s->behavior, s->status, s->limit, s->duration, s->burst,
-		 s->remaining, s->remaining_f, s->tat, s->created_at, s->updated_at, s->expire_at);
-}
-
-static int state_decode(const char *buf, rl_state *s)
-{
-	int used = 0;
-
-	memset(s, 0, sizeof(*s));
-	if (sscanf(buf,
-		   "%" SCNd32 ",%" SCNd32 ",%" SCNd32 ",%" SCNd64 ",%" SCNd64 ",%" SCNd64 ",%" SCNd64
-		   ",%lg,%lg,%" SCNd64 ",%" SCNd64 ",%" SCNd64 "%n",
-		   &s->algorithm, &s->behavior, &s->status, &s->limit, &s->duration, &s->burst,
-		   &s->remaining, &s->remaining_f, &s->tat, &s->created_at, &s->updated_at,
-		   &s->expire_at, &used) != 12 ||
-	    buf[used] != '\0')
-		return SDB_EINVAL;
-	if (!isfinite(s->remaining_f) || !isfinite(s->tat))
-		return SDB_EINVAL;
-	return 0;
-}
-
-typedef struct bcast_slot {
-	Pb__Gubernator__UpdatePeerGlobal g;
-	rl_pb_resp status;
-	rl_resp resp;
-	Pb__Gubernator__RateLimitResp__MetadataEntry md[3];
-	Pb__Gubernator__RateLimitResp__MetadataEntry *mdp[5];
-	char key[RL_MAX_KEY_LEN + 2]; /* name "_" unique_key */
-	char state[400];
-} bcast_slot;
-
-static void send_updates(rl_cluster *cl, Pb__Gubernator__UpdatePeerGlobal **ptrs, size_t n)
-{
-	Pb__Gubernator__UpdatePeerGlobalsReq msg = PB__GUBERNATOR__UPDATE_PEER_GLOBALS_REQ__INIT;
-	uint8_t *buf;
-	size_t len, i;
-	cl_view *v = view_get(cl);
-	alive_ctx a = {v, (int64_t)sdb_mono_us() / 1000};
-
-	msg.n_globals = n;
-	msg.globals = ptrs;
-	buf = rl_proto_pack(&msg.base, &len);
-	for (i = 0; i < v->n_peers; i++) {
-		cl_batch *b;
-		if ((int)i == v->self || !peer_alive(i, &a))
-			continue;
-		b = sdb_calloc(1, sizeof(*b));
-		b->cl = cl;
-		b->peer = v->peers[i].c;
-		sdb_counter_inc(cl->m_calls_update);
-		if (rl_peer_call(b->peer->conn, RL_METHOD_UPDATE_PEER_GLOBALS, buf, len,
-				 cl->batch_timeout_ms, update_done, b) != 0)
-			free(b);
-	}
-	view_put(v);
-	free(buf);
-}
-
-static void flush_bcast(rl_cluster *cl, cl_gent *list)
-{
-	size_t n = 0, cap = 0, i;
-	cl_gent *e;
-	bcast_slot *slots = NULL;
-	Pb__Gubernator__UpdatePeerGlobal **ptrs;
-
-	for (e = list; e != NULL; e = e->next)
-		cap++;
-	if (cap == 0)
-		return;
-	slots = sdb_calloc(cap, sizeof(*slots));
-	for (e = list; e != NULL; e = e->next) {
-		bcast_slot *s = &slots[n];
-		rl_state st;
-		rl_req q = e->req;
-		rl_resp qr;
-		size_t m;
-
-		/* The key's current state, read as Gubernator does with a hits=0 request on the
-		 * owner at the latest request clock seen (not the wall clock: requests may carry
-		 * their own created_at). */
-		q.hits = 0;
-		q.behavior &= ~(RL_RESET_REMAINING | RL_DRAIN_OVER_LIMIT);
-		if (rl_limiter_decide_owner(cl->lim, &q, &qr, &st) != 0)
-			continue;
-		pb__gubernator__update_peer_global__init(&s->g);
-		snprintf(s->key, sizeof(s->key), "%s_%s", e->name, e->uk);
-		s->g.key = s->key;
-		s->g.algorithm = (Pb__Gubernator__Algorithm)st.algorithm;
-		s->g.duration = st.duration;
-		s->g.created_at = st.created_at;
-		s->resp = qr;
-		snprintf(s->resp.owner, sizeof(s->resp.owner), "%s", cl->advertise);
-		rl_proto_resp_to_pb(&s->resp, &s->status);
-		/* extend the metadata: name, unique_key, sdb_state */
-		state_encode(&st, s->state, sizeof(s->state));
-		for (m = 0; m < s->status.msg.n_metadata; m++)
-			s->mdp[m] = s->status.msg.metadata[m];
-		pb__gubernator__rate_limit_resp__metadata_entry__init(&s->md[0]);
-		s->md[0].key = (char *)MD_NAME;
-		s->md[0].value = e->name;
-		pb__gubernator__rate_limit_resp__metadata_entry__init(&s->md[1]);
-		s->md[1].key = (char *)MD_UNIQUE_KEY;
-		s->md[1].value = e->uk;
-		pb__gubernator__rate_limit_resp__metadata_entry__init(&s->md[2]);
-		s->md[2].key = (char *)MD_STATE;
-		s->md[2].value = s->state;
-		s->mdp[m++] = &s->md[0];
-		s->mdp[m++] = &s->md[1];
-		s->mdp[m++] = &s->md[2];
-		s->status.msg.metadata = s->mdp;
-		s->status.msg.n_metadata = m;
-		s->g.status = &s->status.msg;
-		n++;
-	}
-	ptrs = sdb_calloc(n ? n : 1, sizeof(*ptrs));
-	for (i = 0; i < n; i++)
-		ptrs[i] = &slots[i].g;
-	for (i = 0; i < n; i += RL_MAX_BATCH)
-		send_updates(cl, ptrs + i, n - i > RL_MAX_BATCH ? RL_MAX_BATCH : n - i);
-	free(ptrs);
-	free(slots);
-}
-
-/* After the owner's state replaced this node's copy of (name, uk): hits this node took
- * for the key and has not sent yet (still in cl->hits) are not in that state; apply them
- * to the copy again as the owner will (DRAIN_OVER_LIMIT), so the copy stays the owner's
- * state plus this node's undelivered hits. Otherwise, should this node become the key's owner before delivering them
- * (flush_hits then only broadcasts its copy), they would be lost. Hits already taken out
- * for sending are either in a later broadcast or re-queued on failure. */
-static void reapply_pending(rl_cluster *cl, const char *name, const char *uk)
-{
-	uint64_t hash = rl_key_hash(name, uk);
-	cl_gent *e;
-	rl_req q;
-	rl_resp out;
-	char *n = NULL, *k = NULL;
-
-	pthread_mutex_lock(&cl->mu);
-	e = gmap_find(&cl->hits, hash, name, uk);
-	if (e != NULL && (e->req.hits > 0 || (e->req.behavior & RL_RESET_REMAINING))) {
-		q = e->req;
-		n = sdb_strdup(e->name);
-		k = sdb_strdup(e->uk);
-	}
-	pthread_mutex_unlock(&cl->mu);
-	if (n == NULL)
-		return;
-	q.name = n;
-	q.unique_key = k;
-	q.behavior |= RL_DRAIN_OVER_LIMIT; /* as the owner will apply them (flush_hits) */
-	rl_limiter_decide(cl->lim, &q, 1, &out, NULL, 0);
-	free(n);
-	free(k);
-}
-
-void rl_cluster_apply_globals(rl_cluster *cl, const Pb__Gubernator__UpdatePeerGlobalsReq *req)
-{
-	size_t i, m;
-
-	for (i = 0; i < req->n_globals; i++) {
-		const Pb__Gubernator__UpdatePeerGlobal *g = req->globals[i];
-		const char *name = NULL, *uk = NULL, *state = NULL;
-		rl_state st;
-
-		if (g == NULL || g->status == NULL)
-			goto skip;
-		for (m = 0; m < g->status->n_metadata; m++) {
-			const Pb__Gubernator__RateLimitResp__MetadataEntry *e = g->status->metadata[m];
-			if (e == NULL || e->key == NULL || e->value == NULL)
-				continue;
-			if (strcmp(e->key, MD_NAME) == 0)
-				name = e->value;
-			else if (strcmp(e->key, MD_UNIQUE_KEY) == 0)
-				uk = e->value;
-			else if (strcmp(e->key, MD_STATE) == 0)
-				state = e->value;
-		}
-		if (name == NULL || uk == NULL || state == NULL || state_decode(state, &st) != 0)
-			goto skip; /* not from a stripedb peer: cannot split Gubernator's key */
-		if (rl_limiter_set_state(cl->lim, name, uk, &st) != 0)
-			goto skip;
-		reapply_pending(cl, name, uk);
-		sdb_counter_inc(cl->m_global_apply);
-		continue;
-	skip:
-		sdb_counter_inc(cl->m_global_skip);
-	}
+	cl_view_put(v);
 }
 
 /* ---- the flusher thread ---- */
@@ -1074,7 +448,7 @@ static void *flusher_main(void *arg)
 		int64_t now = (int64_t)sdb_mono_us(), next = now + 1000000;
 		size_t i;
 		bool worked = false;
-		cl_view *v = view_get(cl);
+		cl_view *v = cl_view_get(cl);
 
 		for (i = 0; i < v->n_peers && v == cl->view; i++) {
 			cl_peer *p = &v->peers[i];
@@ -1100,20 +474,11 @@ static void *flusher_main(void *arg)
 		}
 		if (v != cl->view)
 			worked = true; /* the ring changed while sending: look again */
-		view_put(v);
+		cl_view_put(v);
 		if (cl->hits.n > 0 || cl->bcast.n > 0) {
 			if (now >= cl->g_deadline_us || cl->hits.n >= cl->global_batch_limit ||
 			    cl->bcast.n >= cl->global_batch_limit) {
-				cl_gent *hits = gmap_take(&cl->hits);
-				cl_gent *bcast = gmap_take(&cl->bcast);
-				cl->g_deadline_us = 0;
-				pthread_mutex_unlock(&cl->mu);
-				/* hits first: an owner that is this node queues more broadcasts */
-				flush_hits(cl, hits);
-				flush_bcast(cl, bcast);
-				gent_free_list(hits);
-				gent_free_list(bcast);
-				pthread_mutex_lock(&cl->mu);
+				cl_global_flush(cl);
 				worked = true;
 			} else if (cl->g_deadline_us < next) {
 				next = cl->g_deadline_us;
@@ -1226,7 +591,7 @@ int rl_cluster_set_peers(rl_cluster *cl, const char *const *peers, size_t n, uin
 	pthread_mutex_lock(&cl->mu);
 	if (cl->stopping) {
 		pthread_mutex_unlock(&cl->mu);
-		view_put(v);
+		cl_view_put(v);
 		return SDB_ECANCELED;
 	}
 	old = cl->view;
@@ -1237,7 +602,7 @@ int rl_cluster_set_peers(rl_cluster *cl, const char *const *peers, size_t n, uin
 		/* same ring: keep the queues where they are */
 		__atomic_store_n(&old->version, version, __ATOMIC_RELAXED);
 		pthread_mutex_unlock(&cl->mu);
-		view_put(v);
+		cl_view_put(v);
 		return 0;
 	}
 	queued = view_take_queued(old);
@@ -1255,7 +620,7 @@ int rl_cluster_set_peers(rl_cluster *cl, const char *const *peers, size_t n, uin
 	sdb_info("ratelimit ring changed", "version=%" PRIu64 " peers=%zu members=%s", version,
 		 v->n_peers, list);
 	sdb_counter_inc(cl->m_ring_changes);
-	view_put(old);
+	cl_view_put(old);
 	/* queued requests go to their owner on the new ring (Gubernator: keys move to their
 	 * new owner, which starts without their state) */
 	for (it = queued; it != NULL; it = next) {
@@ -1267,7 +632,7 @@ int rl_cluster_set_peers(rl_cluster *cl, const char *const *peers, size_t n, uin
 
 size_t rl_cluster_members(rl_cluster *cl, rl_member *out, size_t max, uint64_t *version)
 {
-	cl_view *v = view_get(cl);
+	cl_view *v = cl_view_get(cl);
 	int64_t now = (int64_t)sdb_mono_us() / 1000;
 	size_t i;
 
@@ -1281,7 +646,7 @@ size_t rl_cluster_members(rl_cluster *cl, rl_member *out, size_t max, uint64_t *
 		out[i].dead_for_ms = out[i].alive ? 0 : dead - now;
 	}
 	i = v->n_peers;
-	view_put(v);
+	cl_view_put(v);
 	return i;
 }
 
@@ -1356,7 +721,7 @@ int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **ou
 	return 0;
 
 err_after_view:
-	view_put(cl->view);
+	cl_view_put(cl->view);
 err_after_peers:
 	rl_peers_free(cl->client);
 	conns_free(cl);
@@ -1377,20 +742,19 @@ void rl_cluster_free(rl_cluster *cl)
 	cl->stopping = true;
 	pthread_cond_signal(&cl->cv);
 	queued = view_take_queued(cl->view);
-	gent_free_list(gmap_take(&cl->hits));
-	gent_free_list(gmap_take(&cl->bcast));
+	cl_global_clear(cl);
 	pthread_mutex_unlock(&cl->mu);
 	pthread_join(cl->flusher, NULL);
 	for (it = queued; it != NULL; it = next) {
 		next = it->next;
 		item_fail(it, "error while fetching rate limit from peer %s: %s",
-			  cl->view->peers[owner_index(cl->view, it->hash)].c->addr,
+			  cl->view->peers[cl_owner_index(cl->view, it->hash)].c->addr,
 			  "rate limiter shutting down");
 	}
 	rl_peers_free(cl->client); /* cancels calls in flight; their callbacks fail items */
 	pthread_cond_destroy(&cl->cv);
 	pthread_mutex_destroy(&cl->mu);
-	view_put(cl->view);
+	cl_view_put(cl->view);
 	conns_free(cl);
 	pthread_mutex_destroy(&cl->view_mu);
 	free(cl->advertise);
@@ -1414,7 +778,7 @@ int rl_cluster_decide_async(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 	job->done = done;
 	job->arg = arg;
 	now_ms = cl->clock(cl->clock_data);
-	v = view_get(cl);
+	v = cl_view_get(cl);
 
 	for (i = 0; i < n; i++) {
 		rl_req r;
@@ -1430,7 +794,7 @@ int rl_cluster_decide_async(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 		if (r.created_at == 0)
 			r.created_at = now_ms; /* the owner decides with the receiving peer's clock */
 		hash = rl_key_hash(r.name, r.unique_key);
-		owner = owner_index(v, hash);
+		owner = cl_owner_index(v, hash);
 		if (owner == v->self) {
 			decide_here(cl, &r, hash, &out[i]);
 		} else if (r.behavior & RL_GLOBAL) {
@@ -1439,14 +803,14 @@ int rl_cluster_decide_async(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 				snprintf(out[i].owner, sizeof(out[i].owner), "%s",
 					 v->peers[owner].c->addr);
 				if (r.hits != 0 || (r.behavior & RL_RESET_REMAINING))
-					queue_hits(cl, &r, hash, owner);
+					cl_queue_hits(cl, &r, hash, owner);
 			}
 		} else {
 			atomic_fetch_add(&job->pending, 1);
 			route_item(cl, item_new(job, i, &r, hash));
 		}
 	}
-	view_put(v);
+	cl_view_put(v);
 	job_release(job);
 	return 0;
 }
@@ -1506,7 +870,7 @@ void rl_cluster_peer_decide(rl_cluster *cl, const rl_req *reqs, size_t n, rl_res
 
 bool rl_cluster_health(rl_cluster *cl, int *peer_count, char *msg, size_t msglen)
 {
-	cl_view *v = view_get(cl);
+	cl_view *v = cl_view_get(cl);
 	alive_ctx a = {v, (int64_t)sdb_mono_us() / 1000};
 	size_t i, off = 0;
 	bool ok = true;
@@ -1515,7 +879,7 @@ bool rl_cluster_health(rl_cluster *cl, int *peer_count, char *msg, size_t msglen
 		msg[0] = '\0';
 	*peer_count = (int)v->n_peers;
 	for (i = 0; i < v->n_peers; i++) {
-		if (peer_alive(i, &a))
+		if (cl_peer_alive(i, &a))
 			continue;
 		ok = false;
 		if (off < msglen) {
@@ -1525,17 +889,17 @@ bool rl_cluster_health(rl_cluster *cl, int *peer_count, char *msg, size_t msglen
 				off += (size_t)w;
 		}
 	}
-	view_put(v);
+	cl_view_put(v);
 	return ok;
 }
 
 int rl_cluster_peer_count(void *ctx)
 {
 	rl_cluster *cl = ctx;
-	cl_view *v = view_get(cl);
+	cl_view *v = cl_view_get(cl);
 	int n = (int)v->n_peers;
 
-	view_put(v);
+	cl_view_put(v);
 	return n;
 }
 
@@ -1546,9 +910,9 @@ const char *rl_cluster_advertise(const rl_cluster *cl)
 
 const char *rl_cluster_owner_of(rl_cluster *cl, const char *name, const char *unique_key)
 {
-	cl_view *v = view_get(cl);
-	const char *addr = v->peers[owner_index(v, rl_key_hash(name, unique_key))].c->addr;
+	cl_view *v = cl_view_get(cl);
+	const char *addr = v->peers[cl_owner_index(v, rl_key_hash(name, unique_key))].c->addr;
 
-	view_put(v); /* the address string lives as long as the cluster */
+	cl_view_put(v); /* the address string lives as long as the cluster */
 	return addr;
 }

@@ -44,9 +44,11 @@ nodist_libstripedb_a_SOURCES += $(RL_PB_GEN)
 CLEANFILES += $(RL_PB_GEN) src/ratelimit/gubernator_c.proto
 EXTRA_DIST += src/ratelimit/gubernator.proto
 libstripedb_a_SOURCES += src/ratelimit/ring.c src/ratelimit/proto.c src/ratelimit/peers.c \
-	src/ratelimit/cluster.c src/ratelimit/grpc_server.c src/ratelimit/grpc_role.c src/ratelimit/membership.c
+	src/ratelimit/cluster.c src/ratelimit/cluster_global.c src/ratelimit/grpc_server.c \
+	src/ratelimit/grpc_role.c src/ratelimit/membership.c
 noinst_HEADERS += src/ratelimit/ring.h src/ratelimit/proto.h src/ratelimit/peers.h \
-	src/ratelimit/cluster.h src/ratelimit/grpc_server.h src/ratelimit/membership.h
+	src/ratelimit/cluster.h src/ratelimit/cluster_int.h src/ratelimit/grpc_server.h \
+	src/ratelimit/membership.h
 
 check_PROGRAMS += tests/unit/test_ratelimit_ring tests/unit/test_ratelimit_cluster
 tests_unit_test_ratelimit_ring_SOURCES = tests/unit/test_ratelimit_ring.c
@@ -61,13 +63,15 @@ EXTRA_DIST += tests/integration/test_ratelimit_grpc.py
 noinst_PROGRAMS += tests/bench/ratelimit_grpc_bench
 tests_bench_ratelimit_grpc_bench_SOURCES = tests/bench/ratelimit_grpc_bench.c
 tests_bench_ratelimit_grpc_bench_LDADD = libstripedb.a $(SDB_LIBS)
-# libFuzzer target over the gRPC messages a client or peer controls (proto.c, cluster.c's
-# peer side and the limiter compiled in for coverage); built only with --enable-fuzzing
+# libFuzzer target over the gRPC messages a client or peer controls (proto.c, the peer side
+# of cluster.c and cluster_global.c, and the limiter compiled in for coverage); built only
+# with --enable-fuzzing
 EXTRA_DIST += tests/fuzz/corpus/ratelimit_pb
 if FUZZING
 noinst_PROGRAMS += tests/fuzz/fuzz_ratelimit_pb
 tests_fuzz_fuzz_ratelimit_pb_SOURCES = tests/fuzz/fuzz_ratelimit_pb.c src/ratelimit/proto.c \
-	src/ratelimit/cluster.c src/ratelimit/limiter.c src/ratelimit/algo.c src/ratelimit/cache.c
+	src/ratelimit/cluster.c src/ratelimit/cluster_global.c src/ratelimit/limiter.c \
+	src/ratelimit/algo.c src/ratelimit/cache.c
 nodist_tests_fuzz_fuzz_ratelimit_pb_SOURCES = src/ratelimit/gubernator_c.pb-c.c
 tests_fuzz_fuzz_ratelimit_pb_CFLAGS = $(AM_CFLAGS) -fsanitize=fuzzer,address,undefined \
 	-fno-sanitize-recover=undefined

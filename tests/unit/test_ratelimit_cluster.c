@@ -1,10 +1,11 @@
-/* Unit tests of src/ratelimit/cluster.c, peers.c and grpc_server.c: Go durations, the
+/* Unit tests of src/ratelimit/cluster.c, cluster_global.c, peers.c and grpc_server.c: Go durations, the
  * GUBER_* environment, a cluster of one, and two in-process nodes talking gRPC over
  * loopback (owner forwarding, BATCHING, NO_BATCHING, GLOBAL sync, a dead peer). */
 
 /* The modules under test, compiled into this binary (statics included), not taken from
  * libstripedb.a: see UNIT_LDADD in Makefile.am. */
 #include "../../src/ratelimit/cluster.c"
+#include "../../src/ratelimit/cluster_global.c"
 #include "../../src/ratelimit/peers.c"
 #include "../../src/ratelimit/grpc_server.c"
 
