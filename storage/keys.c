@@ -174,7 +174,13 @@ int store_key_check_pattern(const bson_t *pattern, char *err, size_t errlen)
 	size_t nkeys = bson_count_keys(pattern);
 	while (bson_iter_next(&it)) {
 		char perr[128];
-		if (!sdb_path_valid(bson_iter_key(&it), perr, sizeof perr))
+		const char *f = bson_iter_key(&it);
+		/* MongoDB's wildcard indexes ("$**", "a.$**"): not built */
+		size_t flen = strlen(f);
+		if (strcmp(f, "$**") == 0 || (flen > 4 && strcmp(f + flen - 4, ".$**") == 0))
+			return sdb_errf(err, errlen, SDB_EINVAL,
+					"wildcard indexes ('%s') are not supported by stripedb", f);
+		if (!sdb_path_valid(f, perr, sizeof perr))
 			return sdb_errf(err, errlen, SDB_EINVAL, "Error in specification: %s", perr);
 		if (BSON_ITER_HOLDS_UTF8(&it) &&
 		    strcmp(bson_iter_utf8(&it, NULL), "hashed") == 0) {

@@ -1098,6 +1098,14 @@ static int parse_ops(const char *path, const bson_iter_t *opdoc, node *and_out, 
 		if (strcmp(op, "$expr") == 0 || strcmp(op, "$where") == 0)
 			return matcher_fail(pe, ERR_BAD_VALUE,
 					    "%s is not supported by stripedb", op);
+		/* MongoDB's geospatial query operators: no geo indexes or geometry here */
+		if (strcmp(op, "$geoWithin") == 0 || strcmp(op, "$geoIntersects") == 0 ||
+		    strcmp(op, "$near") == 0 || strcmp(op, "$nearSphere") == 0 ||
+		    strcmp(op, "$within") == 0)
+			return matcher_fail(pe, ERR_BAD_VALUE,
+					    "%s (a geospatial query operator) is not supported by "
+					    "stripedb",
+					    op);
 		return matcher_fail(pe, ERR_BAD_VALUE, "unknown operator: %s", op);
 	}
 	if (have_opt && !have_re)
@@ -1200,7 +1208,7 @@ static int parse_query(const bson_t *q, node *and_out, int depth, perr *pe)
 			else if (strcmp(key, "$expr") == 0)
 				rc = parse_expr(&it, and_out, pe);
 			else if (strcmp(key, "$where") == 0 || strcmp(key, "$text") == 0 ||
-				 strcmp(key, "$jsonSchema") == 0)
+				 strcmp(key, "$jsonSchema") == 0 || strcmp(key, "$sampleRate") == 0)
 				rc = matcher_fail(pe, ERR_BAD_VALUE, "%s is not supported by stripedb", key);
 			else
 				rc = matcher_fail(pe, ERR_BAD_VALUE,

@@ -1047,14 +1047,6 @@ void px_exec_resume(proxy *p, wire_req *req, const char *user)
 	shardconn_submit(p->sc, run_job, j);
 }
 
-static void h_refuse_js(wire_req *req, void *data)
-{
-	(void)data;
-	wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND,
-		       "%s is not supported: server-side JavaScript is never accepted by stripedb",
-		       wire_req_name(req));
-}
-
 /* killOp (issue #20), on the loop thread, which owns the connections: a number is one of
  * the proxy's own operations (mongos' killLocalOperation: marked killed, see
  * wire_req_kill; answered {ok: 1} whether or not it exists, and when the caller may not
@@ -1129,14 +1121,9 @@ static void h_current_op(wire_req *req, void *data)
 
 void proxy_exec_register(proxy *p)
 {
-	static const char *const js[] = {"mapReduce", "mapreduce", "eval", "$eval", "group",
-					 NULL};
-	size_t i;
-
-	for (i = 0; i < sizeof cmd_table / sizeof cmd_table[0]; i++)
+	for (size_t i = 0; i < sizeof cmd_table / sizeof cmd_table[0]; i++)
 		wire_server_register(p->srv, cmd_table[i].name, h_submit);
-	for (i = 0; js[i]; i++)
-		wire_server_register(p->srv, js[i], h_refuse_js);
+	wire_server_refuse_js(p->srv);
 	wire_server_register(p->srv, "killOp", h_kill_op);
 	wire_server_register(p->srv, "currentOp", h_current_op);
 }

@@ -260,6 +260,7 @@ void shard_register_commands(shard *sh)
 						      "Commands received by the shard role", labels);
 		wire_server_register(sh->srv, cmd_table[i].name, dispatch);
 	}
+	wire_server_refuse_js(sh->srv); /* mapReduce, eval, group: 59, as the proxy */
 	wire_server_register(sh->srv, "stripedbRegisterMember", dispatch_register);
 	wire_server_register(sh->srv, "replSetGetStatus", dispatch_status);
 	shard_currentop_register(sh);

@@ -1299,6 +1299,22 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	return 0;
 }
 
+static void refuse_js(wire_req *req, void *data)
+{
+	(void)data;
+	wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND,
+		       "%s is not supported: server-side JavaScript is never accepted by stripedb",
+		       wire_req_name(req));
+}
+
+void wire_server_refuse_js(wire_server *srv)
+{
+	static const char *const js[] = {"mapReduce", "mapreduce", "eval", "$eval", "group"};
+
+	for (size_t i = 0; i < sizeof js / sizeof js[0]; i++)
+		wire_server_register(srv, js[i], refuse_js);
+}
+
 void wire_server_register(wire_server *srv, const char *name, wire_cmd_fn fn)
 {
 	wire_cmd_entry *e;

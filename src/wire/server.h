@@ -155,6 +155,12 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
  * called on the loop thread. Later registrations replace earlier ones. */
 void wire_server_register(wire_server *srv, const char *name, wire_cmd_fn fn);
 
+/* Register the refusal of MongoDB's server-side JavaScript commands (mapReduce, eval,
+ * group; never built by stripedb): each answers CommandNotFound (59) "<name> is not
+ * supported: server-side JavaScript is never accepted by stripedb", the same on every role
+ * that calls it (shard, proxy). Loop thread, as wire_server_register. */
+void wire_server_refuse_js(wire_server *srv);
+
 /* SDAM streaming: increment hello's topologyVersion.counter and answer every held
  * awaitable hello now with a fresh reply (the hello hook runs again). A role whose hello
  * state can change (metadata: isWritablePrimary, primary, electionId) calls it on every
