@@ -127,16 +127,8 @@ int agg_lvar_parse(const char *var, size_t len, expr *x, const ectx *e)
 	x->kind = X_LVAR;
 	x->path = sdb_strdup(var);
 	if (v->use != NULL) {
-		if (v->use->refs < AGG_VAR_USE_READS) {
-			v->use->reads[v->use->refs] = x;
-			v->use->read_whole[v->use->refs] = var[len] != '.';
-			v->use->read_rep[v->use->refs] = repeated;
-		}
-		v->use->refs++;
-		v->use->repeated = v->use->repeated || repeated;
-		if (var[len] != '.') {
-			v->use->whole = x;
-		}
+		x->bind = v->use;
+		x->rep = repeated;
 	}
 	return var[len] == '.' ? agg_field_path_ok(var + len + 1, e) : 0;
 }
@@ -400,63 +392,75 @@ static int parse_map_filter(const bson_iter_t *arg, expr *x, bool filter, const 
 	return rc;
 }
 
-/* How many of u's recorded reads are nodes of the tree t (*which: the last one's index in
- * u->reads). Sub-expressions all live in args (as agg_expr_free walks them). */
-static int count_reads(const expr *t, const agg_var_use *u, int *which)
+/* How many reads of the binding u (X_LVAR nodes stamped with it) the tree t holds; *last:
+ * the last one found. Sub-expressions all live in args (as agg_expr_free walks them), so
+ * the walk sees exactly the nodes that will be evaluated. */
+static int count_reads(const expr *t, const agg_var_use *u, expr **last)
 {
 	int n = 0;
 
 	if (t == NULL) {
 		return 0;
 	}
-	for (int i = 0; i < u->refs && i < AGG_VAR_USE_READS; i++) {
-		if (u->reads[i] == t) {
-			n++;
-			*which = i;
-		}
+	if (t->kind == X_LVAR && t->bind == u) {
+		n++;
+		*last = (expr *)t;
 	}
 	for (size_t i = 0; i < t->n; i++) {
-		n += count_reads(t->args[i], u, which);
+		n += count_reads(t->args[i], u, last);
 	}
 	return n;
 }
 
-/* A $reduce whose `in` is a $cond or a $switch that reads $$value more than once, e.g.
- * {$cond: [{$lt: [{$size: "$$value"}, 10]}, {$concatArrays: ["$$value", ["$$this"]]},
- * "$$value"]}: its conditions are evaluated (into values of their own) before one branch
- * runs, and only one branch runs, so a branch whose one read of $$value is whole and
- * outside any loop may move the accumulator (take) as the single read of a plain `in`
- * does; nothing reads $$value after it in that element. Every read must be found in the
- * tree (else nothing is marked), and a branch with two reads moves nothing. */
-static void branch_take(expr *in, const agg_var_use *u)
+/* Forget the stamps of u in t (its address is a stack slot, reused by later parses). */
+static void clear_reads(expr *t, const agg_var_use *u)
 {
-	int found = 0, which[64];
-
-	if (in == NULL || in->kind != X_OP || (in->op != OP_COND && in->op != OP_SWITCH) ||
-	    u->refs > AGG_VAR_USE_READS || in->n > sizeof which / sizeof which[0]) {
+	if (t == NULL) {
 		return;
 	}
-	for (size_t i = 0; i < in->n; i++) {
-		int k;
-
-		which[i] = -1;
-		k = count_reads(in->args[i], u, &which[i]);
-		found += k;
-		if (k != 1) {
-			which[i] = -1;
-		}
+	if (t->kind == X_LVAR && t->bind == u) {
+		t->bind = NULL;
 	}
-	if (found != u->refs) {
+	for (size_t i = 0; i < t->n; i++) {
+		clear_reads(t->args[i], u);
+	}
+}
+
+/* Can the read r move the accumulator: a whole $$value (no path), outside any loop? */
+static bool takeable(const expr *r)
+{
+	return r != NULL && !r->rep && strchr(r->path, '.') == NULL;
+}
+
+/* Mark the read of $reduce's $$value (binding u) in `in` that may move the accumulator:
+ * - the only read of `in`, when whole and outside any loop: nothing else reads it;
+ * - else, when `in` is a $cond or a $switch, e.g. {$cond: [{$lt: [{$size: "$$value"},
+ *   10]}, {$concatArrays: ["$$value", ["$$this"]]}, "$$value"]}: its conditions are
+ *   evaluated (into values of their own) before one branch runs, and only one branch runs,
+ *   so a branch whose one read is whole and outside any loop may move it too; nothing
+ *   reads $$value after it in that element. A branch with two reads moves nothing. */
+static void mark_take(expr *in, const agg_var_use *u)
+{
+	expr *last = NULL;
+	int total = count_reads(in, u, &last);
+
+	if (total == 1) {
+		if (takeable(last)) {
+			last->take = true;
+		}
+		return;
+	}
+	if (total < 2 || in == NULL || in->kind != X_OP ||
+	    (in->op != OP_COND && in->op != OP_SWITCH)) {
 		return;
 	}
 	for (size_t i = 0; i < in->n; i++) {
 		/* $cond: args if, then, else; $switch: case, then, ..., [default] */
 		bool branch = in->op == OP_COND ? i > 0 : (i % 2 == 1 || i + 1 == in->n);
-		int w = which[i];
+		expr *r = NULL;
 
-		if (branch && w >= 0 && u->read_whole[w] && !u->read_rep[w] &&
-		    u->reads[w]->kind == X_LVAR) {
-			u->reads[w]->take = true;
+		if (branch && count_reads(in->args[i], u, &r) == 1 && takeable(r)) {
+			r->take = true;
 		}
 	}
 }
@@ -500,12 +504,13 @@ static int parse_reduce(const bson_iter_t *arg, expr *x, const ectx *e)
 			      .use = &use};
 	sub.lvars = &frames[1];
 	rc = parse_push(&f[2].it, x, &sub);
-	/* one read of $$value, evaluated at most once per element: it may move the
-	 * accumulator (eval_reduce owns it between elements) instead of copying it */
-	if (rc == 0 && use.refs == 1 && !use.repeated && use.whole != NULL) {
-		use.whole->take = true;
-	} else if (rc == 0 && use.refs > 1 && x->n == 3) {
-		branch_take(x->args[2], &use);
+	/* a read of $$value evaluated last in its element may move the accumulator
+	 * (eval_reduce owns it between elements) instead of copying it: mark_take */
+	if (x->n == 3) {
+		if (rc == 0) {
+			mark_take(x->args[2], &use);
+		}
+		clear_reads(x->args[2], &use);
 	}
 	return rc;
 }

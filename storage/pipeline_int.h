@@ -59,19 +59,12 @@ typedef struct {
 	struct agg_acc_size *acc;
 } ectx;
 
-/* While parsing a $reduce's `in`: how it reads $$value (agg_lvar_parse counts), so that a
- * single read, not repeated by a loop, may move the accumulator instead of copying it. */
-#define AGG_VAR_USE_READS 16
+/* While parsing a $reduce's `in`: the tag of its $$value binding. agg_lvar_parse stamps
+ * every read of the variable with it (expr.bind, expr.rep), and parse_reduce then walks the
+ * parsed tree (never pointers kept during the parse: a repeated key frees what was parsed
+ * first) to find which single read may move the accumulator instead of copying it. */
 typedef struct agg_var_use {
-	int refs;            /* $$value and $$value.path reads */
-	bool repeated;       /* one of them is inside a $map/$filter/$reduce loop */
-	struct expr *whole;  /* the last whole-variable read ($$value), or NULL */
-	/* the first AGG_VAR_USE_READS reads in parse order (X_LVAR nodes), each whole or not
-	 * and inside a loop or not: where they sit in a $cond/$switch decides which may move
-	 * the accumulator when there are several (pipeline_expr_var.c branch_take) */
-	struct expr *reads[AGG_VAR_USE_READS];
-	bool read_whole[AGG_VAR_USE_READS];
-	bool read_rep[AGG_VAR_USE_READS];
+	char tag; /* only its address is used */
 } agg_var_use;
 
 /* The accumulator of a running $reduce: its size in bytes (node_size) and whether this
@@ -432,6 +425,11 @@ struct expr {
 	int ext;            /* OP_EXT: the operator's ext_id (pipeline_ext.h) */
 	bool take;          /* X_LVAR: the only read of $reduce's $$value, outside any loop:
 			     * moves the accumulator out instead of copying it */
+	/* X_LVAR, while its $reduce is parsed: the agg_var_use of the binding it reads (NULL
+	 * for other variables; cleared when that parse ends) and whether it sits inside a
+	 * $map/$filter/$reduce loop of that `in` */
+	const agg_var_use *bind;
+	bool rep;
 };
 
 /* Compile the aggregation expression at it (a literal, "$path", "$$VAR", {op: args} or an

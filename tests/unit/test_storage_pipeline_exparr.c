@@ -138,6 +138,19 @@ static void test_variables(void **state)
 		" 'in': {'$cond': [false, '$$value', {'$map': {'input': [1],"
 		" 'in': {'$concatArrays': ['$$value', ['$$this']]}}}]}}}"),
 	      "[{}]", "[{'r': [[[[1], 1], 1]]}]");
+	/* a repeated key frees what was parsed first (the last wins, as MongoDB): the
+	 * analysis walks the parsed tree, never a freed read (review: a freed read's address
+	 * reused by an inner $reduce's $$value moved the wrong accumulator; a freed whole
+	 * read was written to) */
+	check(P("{'$reduce': {'input': [1, 2], 'initialValue': [0], 'in': {'$cond': {'if': true,"
+		" 'then': '$$value', 'then': {'$literal': [1]}, 'else': [2]}}}}"),
+	      "[{}]", "[{'r': [1]}]");
+	check(P("{'$reduce': {'input': [[1, 2]], 'initialValue': [], 'in': {'$cond': {"
+		" 'if': {'$isArray': '$$value'}, 'then': {'$concatArrays': [{'$concatArrays':"
+		" [{'$concatArrays': [{'$concatArrays': ['$$value']}]}]}]},"
+		" 'then': {'$reduce': {'input': '$$this', 'initialValue': '$$this',"
+		" 'in': {'$concatArrays': ['$$value', '$$value']}}}, 'else': '$$value'}}}}"),
+	      "[{}]", "[{'r': [1, 2, 1, 2, 1, 2, 1, 2]}]");
 	/* a $let inside `in` shadows $$value: the outer one is not the one read */
 	check(P("{'$reduce': {'input': [1, 2], 'initialValue': [5], 'in': {'$let': {'vars':"
 		" {'value': [8]}, 'in': {'$concatArrays': ['$$value', ['$$this']]}}}}}"),
