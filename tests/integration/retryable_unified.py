@@ -79,6 +79,8 @@ class Listener(monitoring.CommandListener):
 class RetryRunner(crud_unified.Runner):
     """crud_unified.Runner plus sessions, retries, fail points and command monitoring."""
 
+    checks_events = True  # check_events: pymongo command monitoring
+
     def __init__(self, uri, spec):
         self.listener = Listener()
         super().__init__(uri, spec, event_listeners=[self.listener])
