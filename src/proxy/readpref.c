@@ -12,6 +12,7 @@
  * primary (what the spec selects when every secondary is too stale), and mode secondary,
  * which then has no eligible member, is refused (BadValue) rather than served by a member
  * of unknown staleness. Tag sets are refused (members have no tags). Contract in exec.h. */
+#include <math.h>
 #include <string.h>
 
 #include "proxy/exec.h"
@@ -29,7 +30,7 @@ int px_read_pref_check(ctx *c, const px_cmd *cmd)
 	bson_iter_t it, sub;
 	const char *mode = NULL;
 	bool known = false;
-	int64_t max_staleness = 0; /* seconds; 0: none (absent, -1 or 0) */
+	bool max_staleness = false; /* a bound was given (> 0; absent, -1 or 0: none) */
 	uint32_t len;
 	const uint8_t *data;
 
@@ -49,15 +50,16 @@ int px_read_pref_check(ctx *c, const px_cmd *cmd)
 			if (!BSON_ITER_HOLDS_NUMBER(&sub))
 				return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
 						"maxStalenessSeconds field must be a number");
-			int64_t v = bson_iter_as_int64(&sub);
-			if (v < -1)
+			/* read as a double, as mongos (no truncation before the checks) */
+			double v = bson_iter_as_double(&sub);
+			if (isnan(v) || (v < 0 && v != -1))
 				return px_error(c, WIRE_ERR_BAD_VALUE,
 						"maxStalenessSeconds must be a non-negative integer");
 			if (v > 0 && v < RP_MIN_MAX_STALENESS)
 				return px_error(c, RP_MAX_STALENESS_OUT_OF_RANGE,
 						"maxStalenessSeconds value cannot be less than %d",
 						RP_MIN_MAX_STALENESS);
-			max_staleness = v > 0 ? v : 0;
+			max_staleness = v > 0;
 		} else if (strcmp(k, "tags") == 0) {
 			bson_iter_t t, one;
 			if (BSON_ITER_HOLDS_ARRAY(&sub) && bson_iter_recurse(&sub, &t))
@@ -78,15 +80,15 @@ int px_read_pref_check(ctx *c, const px_cmd *cmd)
 				"Could not parse $readPreference: mode must be one of primary, "
 				"primaryPreferred, secondary, secondaryPreferred or nearest");
 	}
-	if (max_staleness > 0 && strcmp(mode, "primary") == 0)
+	if (max_staleness && strcmp(mode, "primary") == 0)
 		return px_error(c, WIRE_ERR_BAD_VALUE,
 				"mode primary cannot be combined with 'maxStalenessSeconds' option");
-	if (max_staleness > 0 && strcmp(mode, "secondary") == 0)
+	if (max_staleness && strcmp(mode, "secondary") == 0)
 		return px_error(c, WIRE_ERR_BAD_VALUE,
 				"$readPreference maxStalenessSeconds with mode secondary is not "
 				"supported by stripedb (shard members report no last write time, so "
 				"no secondary's staleness is known)");
-	if (max_staleness > 0)
+	if (max_staleness)
 		return 0; /* the primary: the only member known to be within the bound */
 	if (strcmp(mode, "primary") != 0 && !(cmd->flags & PXC_WRITE)) {
 		c->rp_data = data;

@@ -81,6 +81,14 @@ def test_max_staleness_and_tag_sets_are_refused(cluster):
                  "maxStalenessSeconds value cannot be less than 90", 160),
                 ({"mode": "nearest", "maxStalenessSeconds": -5},
                  "maxStalenessSeconds must be a non-negative integer", 2),
+                # read as a double, never truncated first (review: -0.5 was taken for
+                # "none", NaN for a huge negative)
+                ({"mode": "nearest", "maxStalenessSeconds": 89.5},
+                 "maxStalenessSeconds value cannot be less than 90", 160),
+                ({"mode": "nearest", "maxStalenessSeconds": -0.5},
+                 "maxStalenessSeconds must be a non-negative integer", 2),
+                ({"mode": "nearest", "maxStalenessSeconds": float("nan")},
+                 "maxStalenessSeconds must be a non-negative integer", 2),
                 ({"mode": "nearest", "maxStalenessSeconds": "x"},
                  "maxStalenessSeconds field must be a number", 9),
                 ({"mode": "secondary", "tags": [{"dc": "east"}]},
