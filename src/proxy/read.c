@@ -1056,6 +1056,52 @@ static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, sdb_pipeli
 				batch, false, "firstBatch", c->ns);
 }
 
+/* An aggregate whose first stage is {$collStats: spec} (rest: an iterator on that stage
+ * of the pipeline array): the shards' $collStats documents (px_coll_stats_stage_docs),
+ * then the later stages run on the proxy over them, as mongos merges them. Returns: the
+ * answer's status. */
+static int coll_stats_pipeline(ctx *c, const bson_t *spec, bson_iter_t *rest, int64_t batch)
+{
+	bson_t later = BSON_INITIALIZER, vars;
+	sdb_pipeline *pl = NULL;
+	arr_in in = {0};
+	pstream *out_s;
+	uint32_t k = 0;
+	int code = 0, st = 0;
+	char err[512];
+
+	while (bson_iter_next(rest)) {
+		char key[16];
+		const char *kp;
+		bson_uint32_to_string(k++, &kp, key, sizeof key);
+		bson_append_iter(&later, kp, -1, rest);
+	}
+	/* the later stages are checked before any shard is asked */
+	if ((st = px_refuse_js(c, &later)) == 0 && (st = px_let(c, &vars)) == 0) {
+		sdb_pipeline_opts po = {.let = &vars, .foreign = px_agg_foreign, .foreign_arg = c};
+
+		if (sdb_pipeline_parse(&later, &po, &pl, &code, err, sizeof err) != 0)
+			st = px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		bson_destroy(&vars);
+	}
+	bson_destroy(&later);
+	if (st != 0)
+		return st;
+	if ((st = px_coll_stats_stage_docs(c, spec, &in.docs, &in.n)) != 0 || in.docs == NULL) {
+		sdb_pipeline_free(pl);
+		return st;
+	}
+	out_s = run_to_stream(pl, arr_next, &in, &code, err, sizeof err);
+	sdb_pipeline_free(pl);
+	for (size_t i = 0; i < in.n; i++)
+		bson_destroy(in.docs[i]);
+	free(in.docs);
+	if (out_s == NULL)
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0),
+				batch, false, "firstBatch", c->ns);
+}
+
 /* aggregate with `explain: true` (mongod's legacy form of explain for aggregate): the
  * explain command of the same aggregate at queryPlanner verbosity, as mongod answers it,
  * whatever the collection's routing (it was ignored for a sharded collection: documents
@@ -1119,17 +1165,13 @@ int px_do_aggregate(ctx *c)
 			bson_t spec;
 			uint32_t len;
 			const uint8_t *data;
-			if (bson_iter_next(&st))
-				return px_error(
-						c, WIRE_ERR_FAILED_TO_PARSE,
-						"$collStats is supported as the only stage of a pipeline");
 			if (!BSON_ITER_HOLDS_DOCUMENT(&first))
 				return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
 						"$collStats must take a nested object");
 			bson_iter_document(&first, &len, &data);
-			if (bson_init_static(&spec, data, len))
-				return px_do_coll_stats_stage(c, &spec);
-			return px_answer_status(c); /* cannot happen: none, answered InternalError */
+			if (!bson_init_static(&spec, data, len))
+				return px_error(c, WIRE_ERR_INTERNAL, "malformed $collStats");
+			return coll_stats_pipeline(c, &spec, &st, batch);
 		}
 	}
 	if ((st = px_refuse_js(c, &stages)) != 0)
