@@ -489,21 +489,23 @@ static int owner_calls(ctx *c, const char *name, bool bare, size_t *n_out, bool 
 	return 0;
 }
 
-/* {$collStats: {storageStats: {...}, count: {}}} as the first (and only) stage of an
- * aggregate (what mongosh's coll.stats() runs): one document per shard, as mongos answers,
- * {ns, shard, host, localTime, storageStats: <the shard's collStats>, count: N}.
- * latencyStats and queryExecStats are not kept by stripedb: FailedToParse (9), as a
- * server that does not know them, so mongosh falls back to the collStats command. */
-int px_do_coll_stats_stage(ctx *c, const bson_t *spec)
+/* {$collStats: {storageStats: {...}, count: {}}} as the first stage of an aggregate (what
+ * mongosh's coll.stats() runs): one document per shard, as mongos answers,
+ * {ns, shard, host, localTime, storageStats: <the shard's collStats>, count: N}; the later
+ * stages run over them on the proxy (read.c). latencyStats and queryExecStats are not kept
+ * by stripedb: FailedToParse (9), as a server that does not know them, so mongosh falls
+ * back to the collStats command. */
+int px_coll_stats_stage_docs(ctx *c, const bson_t *spec, bson_t ***docs, size_t *ndocs)
 {
 	bson_iter_t it;
 	size_t n = 0, i;
 	bool sharded, want_storage = false, want_count = false;
 	int64_t nchunks;
 	pcall *pc;
-	bson_t *out, cur, batch;
 	int rst;
 
+	*docs = NULL;
+	*ndocs = 0;
 	if (bson_iter_init(&it, spec)) {
 		while (bson_iter_next(&it)) {
 			const char *k = bson_iter_key(&it);
@@ -520,48 +522,38 @@ int px_do_coll_stats_stage(ctx *c, const bson_t *spec)
 		}
 	}
 	if ((rst = owner_calls(c, "collStats", true, &n, &sharded, &nchunks, &pc)) != 0 || pc == NULL)
-		return rst;
-	out = bson_new();
-	bson_append_document_begin(out, "cursor", -1, &cur);
-	BSON_APPEND_INT64(&cur, "id", 0);
-	BSON_APPEND_UTF8(&cur, "ns", c->ns);
-	bson_append_array_begin(&cur, "firstBatch", -1, &batch);
+		return rst; /* answered (a shard's reply copied: maybe 0) */
+	*docs = sdb_calloc(n ? n : 1, sizeof **docs);
 	for (i = 0; i < n; i++) {
-		bson_t d, st;
-		char key[24], *hosts;
+		bson_t *d, st;
+		char *hosts;
 		bson_iter_t f;
 		if (pc[i].cls != SHARDCONN_OK)
 			continue;
-		snprintf(key, sizeof key, "%zu", i);
-		bson_append_document_begin(&batch, key, -1, &d);
-		BSON_APPEND_UTF8(&d, "ns", c->ns);
-		BSON_APPEND_UTF8(&d, "shard", pc[i].shard);
+		d = bson_new();
+		BSON_APPEND_UTF8(d, "ns", c->ns);
+		BSON_APPEND_UTF8(d, "shard", pc[i].shard);
 		hosts = px_shard_hosts(c, pc[i].shard);
 		if (hosts)
-			BSON_APPEND_UTF8(&d, "host", hosts);
+			BSON_APPEND_UTF8(d, "host", hosts);
 		free(hosts);
-		bson_append_now_utc(&d, "localTime", -1);
+		bson_append_now_utc(d, "localTime", -1);
 		if (want_storage) {
-			bson_append_document_begin(&d, "storageStats", -1, &st);
+			bson_append_document_begin(d, "storageStats", -1, &st);
 			if (bson_iter_init(&f, &pc[i].reply))
 				while (bson_iter_next(&f))
 					if (strcmp(bson_iter_key(&f), "ok") != 0 &&
 					    strcmp(bson_iter_key(&f), "$clusterTime") != 0 &&
 					    strcmp(bson_iter_key(&f), "operationTime") != 0)
 						bson_append_iter(&st, NULL, 0, &f);
-			bson_append_document_end(&d, &st);
+			bson_append_document_end(d, &st);
 		}
 		if (want_count) /* a top-level long, as each mongod answers it to mongos */
-			BSON_APPEND_INT64(&d, "count", px_get_int(&pc[i].reply, "count", 0));
-		bson_append_document_end(&batch, &d);
+			BSON_APPEND_INT64(d, "count", px_get_int(&pc[i].reply, "count", 0));
+		(*docs)[(*ndocs)++] = d;
 	}
-	bson_append_array_end(&cur, &batch);
-	bson_append_document_end(out, &cur);
-	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	px_pcalls_free(pc, n);
-	(void)sharded;
-	(void)nchunks;
-	return px_reply(c, out);
+	return 0;
 }
 
 int px_do_coll_stats(ctx *c)

@@ -32,6 +32,8 @@ struct proxy_cursor {
 	bool kill_pending; /* killCursors while busy: reaped once checked in (proxy_cursor_kill) */
 	bson_t *txnf; /* a transaction's cursor: lsid, txnNumber, autocommit on its getMores */
 	px_cs *cs;    /* a change stream (changestream.c): no streams, no sort */
+	bool partial_ok; /* allowPartialResults: a stream whose shard is unreachable is dropped */
+	bool partial;    /* ... and one was (partialResultsReturned) */
 	proxy_cursor *next;
 };
 
@@ -156,6 +158,17 @@ void proxy_cursor_set_txn(proxy_cursor *c, bson_t *fields)
 	c->txnf = fields;
 }
 
+void proxy_cursor_set_partial(proxy_cursor *c, bool dropped)
+{
+	c->partial_ok = true;
+	c->partial = c->partial || dropped;
+}
+
+bool proxy_cursor_partial(const proxy_cursor *c)
+{
+	return c->partial;
+}
+
 int64_t proxy_cursor_id(const proxy_cursor *c)
 {
 	return c->id;
@@ -245,6 +258,15 @@ int proxy_cursor_next(proxy *p, proxy_cursor *c, bson_t **doc_out, int *code, ch
 				proxy_shard_fanout(p, nidx, refill_one, &rcx);
 			for (i = 0; i < nidx; i++) {
 				pstream *s = &c->s[idx[i]];
+				if (s->status == SHARDCONN_NET_ERR && c->partial_ok) {
+					/* allowPartialResults: this shard's part is dropped (its
+					 * cursor id is 0 now, its buffer empty) */
+					sdb_info("cursor: a shard's part dropped (allowPartialResults)",
+						 "ns=%s shard=%s err=%s", c->ns, s->shard, s->neterr);
+					s->cursor_id = 0;
+					c->partial = true;
+					continue;
+				}
 				if (s->status != SHARDCONN_OK) {
 					rc = copy_error(s, code, err, errlen);
 					goto out;

@@ -449,6 +449,7 @@ static int answer_cursor_wce(ctx *c, proxy_cursor *cur, int64_t batch, bool sing
 		proxy_cursor_destroy(c->p, cur);
 		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
 	}
+	bool partial = proxy_cursor_partial(cur);
 	bson_append_document_begin(out, "cursor", -1, &cd);
 	if (r == 1 || single) {
 		proxy_cursor_destroy(c->p, cur);
@@ -458,6 +459,8 @@ static int answer_cursor_wce(ctx *c, proxy_cursor *cur, int64_t batch, bool sing
 	}
 	BSON_APPEND_UTF8(&cd, "ns", ns);
 	bson_append_array(&cd, batch_field, -1, &arr);
+	if (partial) /* allowPartialResults left a shard out (mongos's CursorResponse) */
+		BSON_APPEND_BOOL(&cd, "partialResultsReturned", true);
 	bson_append_document_end(out, &cd);
 	if (wce != NULL && !bson_empty(wce))
 		BSON_APPEND_DOCUMENT(out, "writeConcernError", wce);

@@ -419,7 +419,12 @@ int px_do_list_indexes(ctx *c);
 int px_do_list_union(ctx *c, bool databases); /* listDatabases / listCollections */
 int px_do_coll_stats(ctx *c);
 int px_do_validate(ctx *c); /* admin.c: mongos' validate (raw per shard) */
-int px_do_coll_stats_stage(ctx *c, const bson_t *spec); /* aggregate [{$collStats}] */
+/* admin.c: the documents of a leading {$collStats: spec} through a proxy, one per shard
+ * owning c->ns (mongos's), {ns, shard, host, localTime, storageStats?, count?}, into
+ * *docs (heap array of *n heap documents; free each with bson_destroy, then the array).
+ * Returns: 0 with *docs; with *docs NULL, the status of the answer given on c instead
+ * (FailedToParse 9 for an option stripedb does not keep, a shard's error or its reply). */
+int px_coll_stats_stage_docs(ctx *c, const bson_t *spec, bson_t ***docs, size_t *n);
 int px_do_db_stats(ctx *c);
 int px_do_explain(ctx *c);                   /* explain.c */
 int px_do_enable_sharding(ctx *c);           /* sharding.c (issue #18) */

@@ -229,6 +229,15 @@ int64_t proxy_cursor_id(const proxy_cursor *c);
  * autocommit: false; taken over, may be NULL) are added to its shard getMores, which are
  * then sent one at a time. */
 void proxy_cursor_set_txn(proxy_cursor *c, bson_t *fields);
+/* A find's allowPartialResults (issue #20, mongos's AsyncResultsMerger): from now on a
+ * stream whose getMore gets no answer from its shard (SHARDCONN_NET_ERR: down, timeout;
+ * never a command error) is dropped, its documents missing, instead of failing the
+ * cursor with HostUnreachable. dropped: some shard's part was dropped already (when the
+ * cursor was opened). */
+void proxy_cursor_set_partial(proxy_cursor *c, bool dropped);
+/* True once some shard's part of c was dropped (proxy_cursor_set_partial): the cursor
+ * replies carry partialResultsReturned: true from then on, as mongos's. */
+bool proxy_cursor_partial(const proxy_cursor *c);
 
 /* --- clustertime.c (issue #20: cluster-time gossip, common/clustertime.h) ---
  * The wire hooks (wire_ct_in_fn, wire_ct_out_fn) of the proxy's listener. in: reads the

@@ -125,12 +125,15 @@ static void sample_cmd(ctx *c, const bson_t *filter, int64_t sample, int64_t bat
  * projection or version (those are added here). sample >= 0: a request to a shard (not
  * per chunk: the ownership filter would drop sampled documents after the fact) is the
  * sampling aggregate of sample_cmd instead of a find (sort and proj then unused).
+ * partial_ok (a find's allowPartialResults): a request its shard did not answer
+ * (SHARDCONN_NET_ERR: down, timeout; never a command error) leaves its stream empty and
+ * exhausted instead of failing, and sets *dropped.
  * Returns SHARDCONN_OK with *out streams (count *nout), or the first failure class with
  * *fail pointing at the failed stream's error (streams freed, shard cursors killed). */
 static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
 			     const bson_t *sort, const bson_t *proj, int64_t batch, int64_t sample,
-			     pstream **out, size_t *nout, bson_t *err_reply, char *neterr,
-			     size_t nelen, bool *nometa)
+			     bool partial_ok, pstream **out, size_t *nout, bson_t *err_reply,
+			     char *neterr, size_t nelen, bool *nometa, bool *dropped)
 {
 	scatter sc;
 	size_t i, j, nsel = 0;
@@ -198,6 +201,15 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 	free(memo);
 	px_fanout(c, sc.n, scatter_one, &sc);
 	for (i = 0; i < sc.n; i++) {
+		if (partial_ok && sc.s[i].status == SHARDCONN_NET_ERR) {
+			/* allowPartialResults: this shard's part is left out */
+			sdb_info("find: a shard's part dropped (allowPartialResults)",
+				 "ns=%s shard=%s err=%s", c->ns, sc.s[i].shard, sc.s[i].neterr);
+			sc.s[i].status = SHARDCONN_OK;
+			sc.s[i].cursor_id = 0;
+			*dropped = true;
+			continue;
+		}
 		if (sc.s[i].status != SHARDCONN_OK && cls == SHARDCONN_OK) {
 			cls = sc.s[i].status;
 			bson_copy_to(&sc.s[i].err_reply, err_reply);
@@ -235,6 +247,8 @@ typedef struct merged_op {
 	size_t n;
 	bool opened; /* ... when done without an answer */
 	bool redone; /* an attempt was run again for a shard without filtering metadata */
+	bool partial_ok; /* a find's allowPartialResults (scatter_open_once) ... */
+	bool dropped;    /* ... and the opened streams miss an unreachable shard's part */
 } merged_op;
 
 static int merged_execute(px_retry *r, void *arg)
@@ -249,9 +263,10 @@ static int merged_execute(px_retry *r, void *arg)
 	int cls;
 
 	px_note_target(r->c, r->rc, nsel);
+	m->dropped = false; /* of this attempt */
 	cls = scatter_open_once(r->c, r->rc, sel, m->filter, m->sort_spec, m->shard_proj,
-				m->batch, m->sample, &m->s, &m->n, &err_reply, nerr, sizeof nerr,
-				&nometa);
+				m->batch, m->sample, m->partial_ok, &m->s, &m->n, &err_reply, nerr,
+				sizeof nerr, &nometa, &m->dropped);
 	free(sel);
 	if (cls == SHARDCONN_STALE && nometa && !m->redone) {
 		/* a shard without filtering metadata (now remembered): the retry loop runs the
@@ -270,16 +285,29 @@ static int merged_execute(px_retry *r, void *arg)
 	return cls == SHARDCONN_STALE ? PX_RETRY_STALE : PX_RETRY_DONE;
 }
 
+/* Does c, a find, ask for partial results (allowPartialResults: true)? Honoured outside
+ * transactions only (a transaction's statement fails as a whole). */
+static bool find_partial_ok(const ctx *c)
+{
+	bson_iter_t it;
+
+	return c->tx == NULL && bson_iter_init(&it, c->cmd) && bson_iter_next(&it) &&
+	       strcmp(bson_iter_key(&it), "find") == 0 &&
+	       px_get_bool(c->cmd, "allowPartialResults", false);
+}
+
 /* A merged cursor over the chunks a filter targets (px_retry_run: StaleConfig retried
  * within budget) into *out. Takes sort and proj. *rcp: the routing, replaced by a newer one
- * after a refresh. Returns: 0 with *out, or the code of the error answered on c (*out
- * NULL). */
+ * after a refresh. A find with allowPartialResults leaves out the shards that do not
+ * answer (find_partial_ok; the cursor reports it: proxy_cursor_set_partial). Returns: 0
+ * with *out, or the code of the error answered on c (*out NULL). */
 static int open_merged_ex(ctx *c, route_coll **rcp, const bson_t *filter,
 			  const bson_t *sort_spec, const bson_t *shard_proj, merge_sort *sort,
 			  sdb_projection *proj, int64_t skip, int64_t limit, int64_t batch,
 			  int64_t sample, proxy_cursor **out)
 {
-	merged_op m = {filter, sort_spec, shard_proj, batch, sample, NULL, 0, false, false};
+	merged_op m = {filter, sort_spec, shard_proj, batch, sample, NULL, 0, false, false,
+		       find_partial_ok(c), false};
 	px_retry r;
 
 	px_retry_init(&r, c, *rcp, merged_execute, NULL, &m);
@@ -291,6 +319,8 @@ static int open_merged_ex(ctx *c, route_coll **rcp, const bson_t *filter,
 	if (m.opened) {
 		merge_sort_set_collation(sort, c->collator);
 		*out = proxy_cursor_new(c->p, c->ns, m.s, m.n, sort, proj, skip, limit);
+		if (m.partial_ok)
+			proxy_cursor_set_partial(*out, m.dropped);
 		return 0;
 	}
 	merge_sort_free(sort);
@@ -385,6 +415,7 @@ int px_do_get_more(ctx *c)
 	bson_t *out, cd, arr;
 	int code = 0, r;
 	char err[512], ns[512];
+	bool partial;
 
 	if (bson_iter_init_find(&it, c->cmd, "getMore") && BSON_ITER_HOLDS_NUMBER(&it))
 		id = bson_iter_as_int64(&it);
@@ -430,6 +461,7 @@ int px_do_get_more(ctx *c)
 		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
 	}
 	out = bson_new();
+	partial = proxy_cursor_partial(cur);
 	bson_append_document_begin(out, "cursor", -1, &cd);
 	if (r == 1) {
 		proxy_cursor_destroy(c->p, cur);
@@ -440,6 +472,8 @@ int px_do_get_more(ctx *c)
 	}
 	BSON_APPEND_UTF8(&cd, "ns", ns);
 	bson_append_array(&cd, "nextBatch", -1, &arr);
+	if (partial) /* allowPartialResults left a shard out (mongos's CursorResponse) */
+		BSON_APPEND_BOOL(&cd, "partialResultsReturned", true);
 	bson_append_document_end(out, &cd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	bson_destroy(&arr);
@@ -1022,6 +1056,52 @@ static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, sdb_pipeli
 				batch, false, "firstBatch", c->ns);
 }
 
+/* An aggregate whose first stage is {$collStats: spec} (rest: an iterator on that stage
+ * of the pipeline array): the shards' $collStats documents (px_coll_stats_stage_docs),
+ * then the later stages run on the proxy over them, as mongos merges them. Returns: the
+ * answer's status. */
+static int coll_stats_pipeline(ctx *c, const bson_t *spec, bson_iter_t *rest, int64_t batch)
+{
+	bson_t later = BSON_INITIALIZER, vars;
+	sdb_pipeline *pl = NULL;
+	arr_in in = {0};
+	pstream *out_s;
+	uint32_t k = 0;
+	int code = 0, st = 0;
+	char err[512];
+
+	while (bson_iter_next(rest)) {
+		char key[16];
+		const char *kp;
+		bson_uint32_to_string(k++, &kp, key, sizeof key);
+		bson_append_iter(&later, kp, -1, rest);
+	}
+	/* the later stages are checked before any shard is asked */
+	if ((st = px_refuse_js(c, &later)) == 0 && (st = px_let(c, &vars)) == 0) {
+		sdb_pipeline_opts po = {.let = &vars, .foreign = px_agg_foreign, .foreign_arg = c};
+
+		if (sdb_pipeline_parse(&later, &po, &pl, &code, err, sizeof err) != 0)
+			st = px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		bson_destroy(&vars);
+	}
+	bson_destroy(&later);
+	if (st != 0)
+		return st;
+	if ((st = px_coll_stats_stage_docs(c, spec, &in.docs, &in.n)) != 0 || in.docs == NULL) {
+		sdb_pipeline_free(pl);
+		return st;
+	}
+	out_s = run_to_stream(pl, arr_next, &in, &code, err, sizeof err);
+	sdb_pipeline_free(pl);
+	for (size_t i = 0; i < in.n; i++)
+		bson_destroy(in.docs[i]);
+	free(in.docs);
+	if (out_s == NULL)
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0),
+				batch, false, "firstBatch", c->ns);
+}
+
 /* aggregate with `explain: true` (mongod's legacy form of explain for aggregate): the
  * explain command of the same aggregate at queryPlanner verbosity, as mongod answers it,
  * whatever the collection's routing (it was ignored for a sharded collection: documents
@@ -1085,17 +1165,13 @@ int px_do_aggregate(ctx *c)
 			bson_t spec;
 			uint32_t len;
 			const uint8_t *data;
-			if (bson_iter_next(&st))
-				return px_error(
-						c, WIRE_ERR_FAILED_TO_PARSE,
-						"$collStats is supported as the only stage of a pipeline");
 			if (!BSON_ITER_HOLDS_DOCUMENT(&first))
 				return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
 						"$collStats must take a nested object");
 			bson_iter_document(&first, &len, &data);
-			if (bson_init_static(&spec, data, len))
-				return px_do_coll_stats_stage(c, &spec);
-			return px_answer_status(c); /* cannot happen: none, answered InternalError */
+			if (!bson_init_static(&spec, data, len))
+				return px_error(c, WIRE_ERR_INTERNAL, "malformed $collStats");
+			return coll_stats_pipeline(c, &spec, &st, batch);
 		}
 	}
 	if ((st = px_refuse_js(c, &stages)) != 0)

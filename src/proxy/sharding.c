@@ -620,6 +620,43 @@ static int check_default_collation(ctx *c, const char *db, const char *coll)
 	return st;
 }
 
+/* A view is not sharded (MongoDB 6.0's shardCollection: CommandNotSupportedOnView 166,
+ * "Namespace db.coll is a view, not a collection"). Views live in the database's catalog on
+ * its primary shard (create with viewOn is forwarded there), so the primary is asked
+ * {listCollections: 1, filter: {name: coll}, nameOnly: false} before anything is probed or
+ * registered: a view over a sharded collection would otherwise show documents on several
+ * shards. Returns: 0 (not a view, or no such name), or the code answered on c (166, 70 when
+ * no shard is registered, or the primary's error: HostUnreachable 6...). */
+static int check_not_view(ctx *c, const char *db, const char *coll, const char *ns)
+{
+	ctx in_db = *c;
+	bson_t cmd = BSON_INITIALIZER, filter = BSON_INITIALIZER, reply, cur, batch, info;
+	bson_iter_t it;
+	char nerr[256], *primary = NULL;
+	int cls, st;
+
+	in_db.db = db;
+	if ((st = px_with_primary(&in_db, &primary)) != 0)
+		return st;
+	BSON_APPEND_INT32(&cmd, "listCollections", 1);
+	BSON_APPEND_UTF8(&filter, "name", coll);
+	BSON_APPEND_DOCUMENT(&cmd, "filter", &filter);
+	cls = px_run_on(&in_db, primary, &cmd, NULL, &reply, nerr, sizeof nerr);
+	if (cls != SHARDCONN_OK)
+		st = px_reply_shard_error(c, cls, &reply, nerr);
+	else if (px_get_doc(&reply, "cursor", &cur) && px_get_array(&cur, "firstBatch", &batch) &&
+		 bson_iter_init(&it, &batch) && bson_iter_next(&it) && px_doc_of(&it, &info) &&
+		 bson_iter_init_find(&it, &info, "type") && BSON_ITER_HOLDS_UTF8(&it) &&
+		 strcmp(bson_iter_utf8(&it, NULL), "view") == 0)
+		st = px_error(c, WIRE_ERR_COMMAND_NOT_SUPPORTED_ON_VIEW,
+			      "Namespace %s is a view, not a collection", ns);
+	bson_destroy(&reply);
+	bson_destroy(&cmd);
+	bson_destroy(&filter);
+	free(primary);
+	return st;
+}
+
 /* MongoDB's rules for sharding a collection that already has indexes, asked of holder,
  * the shard holding the collection's documents:
  * - every unique index other than _id must have the shard key as its prefix, else
@@ -847,6 +884,8 @@ static int do_shard_collection(ctx *c, const px_ddl_lock *l)
 		return st;
 	}
 	bson_destroy(&have);
+	if ((st = check_not_view(c, db, coll, ns)) != 0)
+		return st;
 	if ((st = find_data_holder(c, db, coll, ns, &holder)) != 0)
 		return st;
 	n = px_shard_ids(c, &ids);

@@ -52,5 +52,34 @@ def test_coll_stats_stage_through_a_proxy(start_role, tmp_path):
         docs = _agg(db, "s", [{"$collStats": {"count": {}}}])
         assert sorted(d["shard"] for d in docs) == ["shard-a", "shard-b"]
         assert sum(d["count"] for d in docs) == 7
+        # later stages run over the shards' documents, as on a shard and on mongos 6.0
+        # (issue #20: the proxy answered 9 "$collStats is supported as the only stage")
+        out = _agg(db, "s", [{"$collStats": {"count": {}, "storageStats": {}}},
+                             {"$project": {"_id": 0, "shard": 1, "n": "$count",
+                                           "s": "$storageStats.count"}},
+                             {"$sort": {"shard": 1}}])
+        assert [d["shard"] for d in out] == ["shard-a", "shard-b"]
+        assert sorted(d["n"] for d in out) == [3, 4]
+        assert all(d["n"] == d["s"] and set(d) == {"shard", "n", "s"} for d in out), out
+        assert _agg(db, "s", [{"$collStats": {"count": {}}},
+                              {"$group": {"_id": None, "n": {"$sum": "$count"}}}]) == \
+            [{"_id": None, "n": 7}]
+        # the driver's cursor, with a batch size smaller than the output
+        got = list(db.s.aggregate([{"$collStats": {"count": {}}}, {"$match": {"count": 4}},
+                                   {"$project": {"_id": 0, "count": 1}}], batchSize=1))
+        assert got == [{"count": 4}]
+        # errors of the later stages and options are the shard's
+        shard_db = cl.shard_client("shard-a").cs
+        for pipeline in ([{"$collStats": {"count": {}}}, {"$bogus": {}}],
+                         [{"$collStats": {"latencyStats": {}}}, {"$project": {"a": 1}}],
+                         [{"$collStats": {"count": {}}}, {"$project": 1}]):
+            with pytest.raises(OperationFailure) as e:
+                _agg(shard_db, "s", pipeline)
+            want = e.value.code
+            with pytest.raises(OperationFailure) as e:
+                _agg(db, "s", pipeline)
+            assert e.value.code == want, (pipeline, e.value.details)
+        # everything built above was freed: a clean exit, no sanitizer report
+        cl.stop_proxy_clean(0)
     finally:
         cl.close()

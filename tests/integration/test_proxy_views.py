@@ -95,3 +95,43 @@ def test_views_through_a_proxy(start_role, tmp_path):
         assert primary.vu.count_documents({}) == 10
     finally:
         cl.close()
+
+
+def test_shard_collection_of_a_view_is_refused(start_role, tmp_path):
+    """shardCollection of a view through a proxy (issue #20, a fresh user): it answered ok
+    and registered the view as sharded (config.collections listed it, a later moveChunk
+    retried forever); of a view over a sharded collection it answered 20 "its unsharded
+    documents are on 2 shards". MongoDB 6.0: 166 CommandNotSupportedOnView "Namespace ...
+    is a view, not a collection", nothing registered."""
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        cli = cl.proxy_client(0)
+        db, admin = cli.vw, cli.admin
+        db.customers.insert_many(DOCS)
+        db.create_collection("vx", viewOn="customers", pipeline=[])
+        for key in ({"_id": 1}, {"_id": "hashed"}):
+            with pytest.raises(OperationFailure) as e:
+                admin.command("shardCollection", "vw.vx", key=key)
+            assert e.value.code == 166, e.value.details
+            assert e.value.details["errmsg"] == "Namespace vw.vx is a view, not a collection"
+        assert cli.config.collections.find_one({"_id": "vw.vx"}) is None
+        # the view still reads its source; the source itself can still be sharded
+        assert db.vx.count_documents({}) == 30
+        # a view over a sharded collection (documents on both shards)
+        cl.shard_collection("vw.c", {"_id": 1}, split_points=[{"_id": 15}])
+        db.c.insert_many(DOCS)
+        for sid in cl.shard_ids:
+            assert 0 < cl.shard_client(sid).vw.c.count_documents({}) < 30, sid
+        db.create_collection("vs", viewOn="c", pipeline=[{"$match": {"g": 0}}])
+        with pytest.raises(OperationFailure) as e:
+            admin.command("shardCollection", "vw.vs", key={"_id": 1})
+        assert e.value.code == 166, e.value.details
+        assert e.value.details["errmsg"] == "Namespace vw.vs is a view, not a collection"
+        assert cli.config.collections.find_one({"_id": "vw.vs"}) is None
+        # a plain unsharded collection is still sharded as before
+        assert admin.command("shardCollection", "vw.customers", key={"_id": 1})["ok"] == 1
+        assert cli.config.collections.find_one({"_id": "vw.customers"}) is not None
+        # everything built above was freed: a clean exit, no sanitizer report
+        cl.stop_proxy_clean(0)
+    finally:
+        cl.close()
