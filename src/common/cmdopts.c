@@ -78,6 +78,28 @@ static const char *const getmore_fields[] = {
 static const char *const internal_find_fields[] = {"keyRange", "stripedbSnapshot", NULL};
 static const char *const internal_delete_stmt_fields[] = {"keyRange", "keyRangeLimit", NULL};
 
+/* The catalog and cursor commands (MongoDB 6.0 create_indexes.idl, drop_indexes.idl,
+ * drop.idl, drop_database.idl, list_indexes.idl, list_collections.idl, list_databases.idl,
+ * kill_cursors.idl, commands/explain.idl: each `strict: true`). A field listed here that
+ * stripedb does not read is one mongod reads for a feature stripedb has no counterpart
+ * for (commitQuorum: every index is built on the primary and replicated as one Raft entry;
+ * collectionUUID, isTimeseriesNamespace: sent between MongoDB's own roles). */
+static const char *const create_indexes_fields[] = {
+	"indexes",	"v",	"ignoreUnknownIndexOptions", "commitQuorum", "returnOnStart",
+	"isTimeseriesNamespace", "collectionUUID", NULL};
+static const char *const drop_indexes_fields[] = {"index", "isTimeseriesNamespace",
+						  "collectionUUID", NULL};
+static const char *const drop_fields[] = {"collectionUUID", NULL};
+static const char *const no_fields[] = {NULL};
+static const char *const list_indexes_fields[] = {
+	"cursor", "includeBuildUUIDs", "includeIndexBuildInfo", "isTimeseriesNamespace", NULL};
+static const char *const list_collections_fields[] = {
+	"cursor", "filter", "nameOnly", "authorizedCollections", "includePendingDrops", NULL};
+static const char *const list_databases_fields[] = {"filter", "nameOnly",
+						    "authorizedDatabases", NULL};
+static const char *const kill_cursors_fields[] = {"cursors", NULL};
+static const char *const explain_fields[] = {"verbosity", NULL};
+
 /* validate (MongoDB 6.0 src/mongo/db/commands/validate.cpp: the options it reads) */
 static const char *const validate_fields[] = {"full", "background", "repair", "enforceFastCount",
 					      "metadata", NULL};
@@ -102,6 +124,11 @@ static const struct {
 	{"distinct", distinct_fields}, {"insert", insert_fields},	      {"update", update_fields},
 	{"delete", delete_fields},   {"findAndModify", fam_fields},   {"findandmodify", fam_fields},
 	{"getMore", getmore_fields}, {"validate", validate_fields},
+	{"createIndexes", create_indexes_fields}, {"dropIndexes", drop_indexes_fields},
+	{"deleteIndexes", drop_indexes_fields}, {"drop", drop_fields},
+	{"dropDatabase", no_fields}, {"listIndexes", list_indexes_fields},
+	{"listCollections", list_collections_fields}, {"listDatabases", list_databases_fields},
+	{"killCursors", kill_cursors_fields}, {"explain", explain_fields},
 	{"stripedbSetFiltering", setfiltering_fields},
 };
 
@@ -297,6 +324,7 @@ typedef enum arg_type {
 	ARG_CURSOR,	/* aggregate's cursor: {batchSize: safeInt64 >= 0} */
 	ARG_GETMORE_BATCH, /* getMore's batchSize: a safeInt64 > 0 (getmore_cmd.cpp, 2) */
 	ARG_DELETE_LIMIT,  /* a delete statement's limit: exactly 0 or 1 (9) */
+	ARG_VERBOSITY,	   /* explain's verbosity: an enum string (explain_verbosity.idl, 2) */
 } arg_type;
 
 typedef struct arg_rule {
@@ -370,10 +398,13 @@ static const arg_rule delete_stmt_types[] = {{"q", ARG_OBJECT},
 					     {"collation", ARG_OBJECT},
 					     {NULL, 0}};
 
+static const arg_rule explain_types[] = {{"verbosity", ARG_VERBOSITY}, {NULL, 0}};
+
 static const struct {
 	const char *cmd;
 	const arg_rule *rules;
 } cmd_types[] = {
+	{"explain", explain_types},
 	{"find", find_types},	       {"aggregate", aggregate_types},
 	{"count", count_types},	       {"distinct", distinct_types},
 	{"insert", insert_types},      {"update", update_types},
@@ -572,6 +603,19 @@ static int check_arg(const bson_iter_t *it, arg_type type, const char *path, cha
 			code = CODE_BAD_VALUE;
 		}
 		return code;
+	case ARG_VERBOSITY:
+		if (t != BSON_TYPE_UTF8)
+			return wrong_type(it, path, "type 'string'", err, errlen);
+		if (strcmp(bson_iter_utf8(it, NULL), "queryPlanner") != 0 &&
+		    strcmp(bson_iter_utf8(it, NULL), "executionStats") != 0 &&
+		    strcmp(bson_iter_utf8(it, NULL), "allPlansExecution") != 0) {
+			/* idl_parser.cpp throwBadEnumValue */
+			snprintf(err, errlen,
+				 "Enumeration value '%s' for field '%s' is not a valid value.",
+				 bson_iter_utf8(it, NULL), path);
+			return CODE_BAD_VALUE;
+		}
+		return 0;
 	case ARG_DELETE_LIMIT: {
 		double d;
 		if (!BSON_ITER_HOLDS_NUMBER(it))
@@ -764,6 +808,86 @@ static int cmd_check(const char *name, const bson_t *cmd, bool internal, bool ex
 			if (code != 0)
 				return code;
 		}
+	}
+	return 0;
+}
+
+/* ---- the API parameters (issue #20) ----
+ * MongoDB 6.0 initialize_api_parameters.cpp initializeAPIParameters, run for every command
+ * but the internal ones (skipApiVersionCheck: server to server) before the command parses:
+ * the types (IDL struct APIParametersFromClient: apiVersion a string, apiStrict and
+ * apiDeprecationErrors bools: 14), apiStrict or apiDeprecationErrors present (true or false)
+ * without apiVersion: 4886600, an apiVersion other than "1": 322 APIVersionError, and with
+ * apiStrict: true a command outside API Version 1: 323 APIStrictError. The commands of API
+ * Version 1 are those whose IDL or Command class declares `api_version: "1"` (kApiVersions1)
+ * in 6.0. No 6.0 command is deprecated in Version 1, so apiDeprecationErrors: true refuses
+ * nothing. */
+static const char *const api_v1_commands[] = {
+	"abortTransaction", "aggregate",     "authenticate",   "collMod",	   "commitTransaction",
+	"count",	    "create",	     "createIndexes",  "delete",	   "drop",
+	"dropDatabase",	    "dropIndexes",   "deleteIndexes",  "endSessions",	   "explain",
+	"find",		    "findAndModify", "findandmodify",  "getMore",	   "hello",
+	"isMaster",	    "ismaster",	     "insert",	       "killCursors",	   "listCollections",
+	"listDatabases",    "listIndexes",   "ping",	       "refreshSessions", "update",
+	NULL};
+
+#define CODE_API_VERSION_ERROR 322 /* APIVersionError */
+#define CODE_API_STRICT_ERROR 323  /* APIStrictError */
+#define CODE_API_PARAM_WITHOUT_VERSION 4886600
+
+int sdb_cmd_api_check(const char *name, const bson_t *cmd, char *err, size_t errlen)
+{
+	static const struct {
+		const char *field;
+		bson_type_t type;
+		const char *expected;
+	} params[] = {{"apiVersion", BSON_TYPE_UTF8, "string"},
+		      {"apiStrict", BSON_TYPE_BOOL, "bool"},
+		      {"apiDeprecationErrors", BSON_TYPE_BOOL, "bool"}};
+	bson_iter_t it;
+	char path[64];
+	const char *version = NULL;
+	bool strict = false, strict_or_dep = false;
+
+	/* stripedb's own commands between roles: as mongod's internal commands */
+	if (strncmp(name, "stripedb", 8) == 0)
+		return 0;
+	for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+		if (!bson_iter_init_find(&it, cmd, params[i].field))
+			continue;
+		if (bson_iter_type(&it) != params[i].type) {
+			snprintf(path, sizeof path, "APIParametersFromClient.%s", params[i].field);
+			snprintf(err, errlen, "BSON field '%s' is the wrong type '%s', expected type '%s'",
+				 path, sdb_bson_type_name(bson_iter_type(&it)), params[i].expected);
+			return CODE_TYPE_MISMATCH;
+		}
+		if (i == 0)
+			version = bson_iter_utf8(&it, NULL);
+		else
+			strict_or_dep = true;
+		if (i == 1)
+			strict = bson_iter_bool(&it);
+	}
+	if (strict_or_dep && version == NULL) {
+		snprintf(err, errlen, "Provided apiStrict and/or apiDeprecationErrors without "
+				      "passing apiVersion");
+		return CODE_API_PARAM_WITHOUT_VERSION;
+	}
+	if (version != NULL && strcmp(version, "2") == 0) {
+		snprintf(err, errlen, "Cannot accept API version 2");
+		return CODE_API_VERSION_ERROR;
+	}
+	if (version != NULL && strcmp(version, "1") != 0) {
+		snprintf(err, errlen, "API version must be \"1\"");
+		return CODE_API_VERSION_ERROR;
+	}
+	if (strict && !listed(api_v1_commands, name)) {
+		snprintf(err, errlen,
+			 "Provided apiStrict:true, but the command %s is not in API Version 1. "
+			 "Information on supported commands and migrations in API Version 1 can be "
+			 "found at https://dochub.mongodb.org/core/manual-versioned-api",
+			 name);
+		return CODE_API_STRICT_ERROR;
 	}
 	return 0;
 }
