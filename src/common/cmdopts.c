@@ -41,17 +41,15 @@ static const char *const find_fields[] = {
 	"awaitData", "allowPartialResults", "collation", "allowDiskUse", "let", "readOnce",
 	"allowSpeculativeMajorityRead", "$_requestResumeToken", "$_resumeAfter",
 	"requestResumeToken", "resumeAfter", "term", "ntoreturn", "encryptionInformation",
-	"includeQueryStatsMetrics", NULL};
+	NULL};
 static const char *const aggregate_fields[] = {
 	"pipeline", "explain", "allowDiskUse", "cursor", "bypassDocumentValidation", "collation",
-	"hint", "let", "needsMerge", "fromMongos", "fromRouter", "$_needsMerge", "exchange",
-	"runtimeConstants", "isMapReduceCommand", "$_isMapReduceCommand", "collectionUUID",
-	"encryptionInformation", "$_requestReshardingResumeToken", "$_generateV2ResumeTokens",
-	"includeQueryStatsMetrics", NULL};
+	"hint", "let", "needsMerge", "fromMongos", "exchange", "runtimeConstants",
+	"isMapReduceCommand", "$_isMapReduceCommand", "collectionUUID", "encryptionInformation",
+	"$_requestReshardingResumeToken", "$_generateV2ResumeTokens", NULL};
 static const char *const count_fields[] = {
 	"query", "limit", "skip", "hint", "collation", "fields", "encryptionInformation", NULL};
-static const char *const distinct_fields[] = {"key", "query", "collation", "hint",
-					      "sampleId", NULL};
+static const char *const distinct_fields[] = {"key", "query", "collation", "hint", NULL};
 static const char *const insert_fields[] = {
 	"documents", "ordered", "bypassDocumentValidation", "stmtIds", "collectionUUID",
 	"encryptionInformation", "isTimeseriesNamespace", NULL};
@@ -68,8 +66,12 @@ static const char *const fam_fields[] = {
 	"stmtIds", /* stripedb: the proxy sends a retryable findAndModify's stmtIds as a write's */
 	NULL};
 static const char *const getmore_fields[] = {
-	"collection", "batchSize", "term", "lastKnownCommittedOpTime",
-	"includeQueryStatsMetrics", NULL};
+	"collection", "batchSize", "term", "lastKnownCommittedOpTime", NULL};
+/* Left out above, MongoDB 7.0 and later only (unknown to 6.0, 40415): find's, aggregate's
+ * and getMore's includeQueryStatsMetrics, distinct's and the update/delete statements'
+ * sampleId, aggregate's fromRouter and $_needsMerge (8.0's names of fromMongos and
+ * needsMerge). */
+
 /* stripedb's own fields of these commands, sent to shards by the coordinator and backups
  * (src/shard/README.md): a find's keyRange and stripedbSnapshot flag, a delete statement's
  * keyRange and keyRangeLimit (a migration's range cleanup). Known to a shard only
@@ -112,9 +114,8 @@ static const char *const setfiltering_fields[] = {"key", "collectionVersion", "c
 /* update and delete statements (write_ops.idl UpdateOpEntry, DeleteOpEntry) */
 static const char *const update_stmt_fields[] = {
 	"q", "u", "c", "upsert", "multi", "arrayFilters", "hint", "collation", "upsertSupplied",
-	"sampleId", NULL};
-static const char *const delete_stmt_fields[] = {"q", "limit", "hint", "collation",
-						 "sampleId", NULL};
+	NULL};
+static const char *const delete_stmt_fields[] = {"q", "limit", "hint", "collation", NULL};
 
 static const struct {
 	const char *cmd;
@@ -700,6 +701,63 @@ static int nul_in_namespace(const bson_t *cmd, char *err, size_t errlen)
 	return 0;
 }
 
+/* Fields of the 6.0 IDL that stripedb knows but does not honour, refused rather than
+ * ignored (issue #20): encryptionInformation (Queryable Encryption, rewritten by mongod),
+ * isTimeseriesNamespace: true (a mongos-rewritten time-series request; stripedb has no
+ * time-series collections): 238. An aggregate's internal fields, as mongos
+ * (cluster_aggregate.cpp) refuses them from a client: exchange 51028, runtimeConstants
+ * 51143, needsMerge or fromMongos true 51089; a shard (internal) refuses exchange and
+ * needsMerge: true with 238, since it has no exchange and never answers in the merge
+ * format (no role of ours sends them). Returns: 0 or the code, the message in err. */
+static int not_honoured(const char *name, const bson_t *cmd, bool internal, char *err,
+			size_t errlen)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, cmd, "encryptionInformation")) {
+		snprintf(err, errlen,
+			 "BSON field '%s.encryptionInformation' is not supported by stripedb: it "
+			 "has no Queryable Encryption (see docs/compat.md)",
+			 name);
+		return CODE_NOT_IMPLEMENTED;
+	}
+	if (bson_iter_init_find(&it, cmd, "isTimeseriesNamespace") && bson_iter_as_bool(&it)) {
+		snprintf(err, errlen,
+			 "BSON field '%s.isTimeseriesNamespace' is not supported by stripedb: it "
+			 "has no time-series collections",
+			 name);
+		return CODE_NOT_IMPLEMENTED;
+	}
+	if (strcmp(name, "aggregate") != 0)
+		return 0;
+	if (!internal) {
+		if (bson_has_field(cmd, "exchange")) {
+			snprintf(err, errlen, "Cannot specify exchange option to a mongos");
+			return 51028;
+		}
+		if (bson_has_field(cmd, "runtimeConstants")) {
+			snprintf(err, errlen, "Cannot specify runtime constants option to a mongos");
+			return 51143;
+		}
+		if ((bson_iter_init_find(&it, cmd, "needsMerge") && bson_iter_as_bool(&it)) ||
+		    (bson_iter_init_find(&it, cmd, "fromMongos") && bson_iter_as_bool(&it))) {
+			snprintf(err, errlen, "Internal parameter(s) [needsMerge, fromMongos] cannot "
+					      "be set to 'true' when sent to mongos");
+			return 51089;
+		}
+		return 0;
+	}
+	if (bson_has_field(cmd, "exchange") ||
+	    (bson_iter_init_find(&it, cmd, "needsMerge") && bson_iter_as_bool(&it))) {
+		snprintf(err, errlen,
+			 "aggregate's internal %s is not supported by a stripedb shard: it never "
+			 "answers in a merge format",
+			 bson_has_field(cmd, "exchange") ? "exchange" : "needsMerge");
+		return CODE_NOT_IMPLEMENTED;
+	}
+	return 0;
+}
+
 /* sdb_cmd_check; explained: cmd is the command an explain explains, whose own writeConcern
  * mongod never looks at (only the explain's: service_entry_point_common.cpp checks the
  * request's body against the outer invocation's supportsWriteConcern(), false for explain;
@@ -748,6 +806,8 @@ static int cmd_check(const char *name, const bson_t *cmd, bool internal, bool ex
 		snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.", name, unknown);
 		return CODE_UNKNOWN_FIELD;
 	}
+	if ((code = not_honoured(name, cmd, internal, err, errlen)) != 0)
+		return code;
 	/* find options that shape what is returned and that no role implements: refused,
 	 * never ignored (a max bound ignored returned every document; a fresh user's find) */
 	if (strcmp(name, "find") == 0) {

@@ -403,3 +403,67 @@ def test_strict_catalog_through_a_proxy(start_role, tmp_path):
         _check_strict_catalog(c, "s", proxy=True)  # sharded over two shards
     finally:
         cl.close()
+
+
+# ---- fields MongoDB 6.0 does not have, or does not take from a client ----
+
+def _check_not_in_6_0(db, coll, proxy):
+    db[coll].insert_many([{"_id": 1, "a": 1}, {"_id": 2, "a": 2}])
+    refused = [
+        # MongoDB 7.0 and later only: 40415 on 6.0
+        ({"find": coll, "includeQueryStatsMetrics": True}, 40415),
+        ({"aggregate": coll, "pipeline": [], "cursor": {}, "includeQueryStatsMetrics": True},
+         40415),
+        ({"aggregate": coll, "pipeline": [], "cursor": {}, "fromRouter": True}, 40415),
+        ({"aggregate": coll, "pipeline": [], "cursor": {}, "$_needsMerge": True}, 40415),
+        ({"distinct": coll, "key": "a", "sampleId": 1}, 40415),
+        ({"update": coll, "updates": [{"q": {"_id": 1}, "u": {"$set": {"a": 9}},
+                                       "sampleId": 1}]}, 40415),
+        ({"delete": coll, "deletes": [{"q": {"_id": 1}, "limit": 1, "sampleId": 1}]}, 40415),
+        # known to 6.0, not honoured by stripedb: refused, not ignored
+        ({"find": coll, "encryptionInformation": {"type": 1}}, 238),
+        ({"insert": coll, "documents": [{"_id": 7}], "encryptionInformation": {"type": 1}},
+         238),
+        ({"insert": coll, "documents": [{"_id": 7}], "isTimeseriesNamespace": True}, 238),
+    ]
+    if proxy:  # as mongos (cluster_aggregate.cpp)
+        refused += [
+            ({"aggregate": coll, "pipeline": [], "cursor": {}, "exchange": {}}, 51028),
+            ({"aggregate": coll, "pipeline": [], "cursor": {}, "runtimeConstants": {}},
+             51143),
+            ({"aggregate": coll, "pipeline": [], "cursor": {}, "fromMongos": True}, 51089),
+            ({"aggregate": coll, "pipeline": [], "cursor": {}, "needsMerge": True}, 51089),
+        ]
+    else:  # a shard never answers in the merge format
+        refused += [
+            ({"aggregate": coll, "pipeline": [], "cursor": {}, "exchange": {}}, 238),
+            ({"aggregate": coll, "pipeline": [], "cursor": {}, "needsMerge": True,
+              "fromMongos": True}, 238),
+        ]
+    for cmd, want in refused:
+        code, msg = _code(db, cmd)
+        assert code == want, (cmd, code, msg)
+    # nothing done by the refused writes
+    assert sorted((d["_id"], d["a"]) for d in db[coll].find()) == [(1, 1), (2, 2)]
+    assert db[coll].count_documents({"_id": 7}) == 0
+    # isTimeseriesNamespace: false asks nothing
+    assert db.command({"insert": coll, "documents": [{"_id": 8}],
+                       "isTimeseriesNamespace": False})["n"] == 1
+
+
+def test_not_in_6_0_shard(shard):
+    _, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    _check_not_in_6_0(c.strict6, "c", proxy=False)
+    c.close()
+
+
+def test_not_in_6_0_through_a_proxy(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1)
+    try:
+        cl.shard_collection("strict6.s", {"_id": 1}, split_points=[{"_id": 2}])
+        db = cl.proxy_client(0).strict6
+        _check_not_in_6_0(db, "c", proxy=True)  # unsharded
+        _check_not_in_6_0(db, "s", proxy=True)  # sharded over two shards
+    finally:
+        cl.close()
