@@ -1001,6 +1001,7 @@ static const struct {
 	{"killCursors", AUTH_ACT_FIND},   {"insert", AUTH_ACT_INSERT},
 	{"update", AUTH_ACT_UPDATE},      {"delete", AUTH_ACT_REMOVE},
 	{"createIndexes", AUTH_ACT_CREATE_INDEX}, {"dropIndexes", AUTH_ACT_CREATE_INDEX},
+	{"deleteIndexes", AUTH_ACT_CREATE_INDEX},
 	{"drop", AUTH_ACT_ADMIN},         {"collMod", AUTH_ACT_ADMIN},
 	{"create", AUTH_ACT_ADMIN},       {"findAndModify", AUTH_ACT_FIND},
 	{"findandmodify", AUTH_ACT_FIND}, {"aggregate", AUTH_ACT_FIND},

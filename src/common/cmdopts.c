@@ -41,17 +41,15 @@ static const char *const find_fields[] = {
 	"awaitData", "allowPartialResults", "collation", "allowDiskUse", "let", "readOnce",
 	"allowSpeculativeMajorityRead", "$_requestResumeToken", "$_resumeAfter",
 	"requestResumeToken", "resumeAfter", "term", "ntoreturn", "encryptionInformation",
-	"includeQueryStatsMetrics", NULL};
+	NULL};
 static const char *const aggregate_fields[] = {
 	"pipeline", "explain", "allowDiskUse", "cursor", "bypassDocumentValidation", "collation",
-	"hint", "let", "needsMerge", "fromMongos", "fromRouter", "$_needsMerge", "exchange",
-	"runtimeConstants", "isMapReduceCommand", "$_isMapReduceCommand", "collectionUUID",
-	"encryptionInformation", "$_requestReshardingResumeToken", "$_generateV2ResumeTokens",
-	"includeQueryStatsMetrics", NULL};
+	"hint", "let", "needsMerge", "fromMongos", "exchange", "runtimeConstants",
+	"isMapReduceCommand", "$_isMapReduceCommand", "collectionUUID", "encryptionInformation",
+	"$_requestReshardingResumeToken", "$_generateV2ResumeTokens", NULL};
 static const char *const count_fields[] = {
 	"query", "limit", "skip", "hint", "collation", "fields", "encryptionInformation", NULL};
-static const char *const distinct_fields[] = {"key", "query", "collation", "hint",
-					      "sampleId", NULL};
+static const char *const distinct_fields[] = {"key", "query", "collation", "hint", NULL};
 static const char *const insert_fields[] = {
 	"documents", "ordered", "bypassDocumentValidation", "stmtIds", "collectionUUID",
 	"encryptionInformation", "isTimeseriesNamespace", NULL};
@@ -68,8 +66,12 @@ static const char *const fam_fields[] = {
 	"stmtIds", /* stripedb: the proxy sends a retryable findAndModify's stmtIds as a write's */
 	NULL};
 static const char *const getmore_fields[] = {
-	"collection", "batchSize", "term", "lastKnownCommittedOpTime",
-	"includeQueryStatsMetrics", NULL};
+	"collection", "batchSize", "term", "lastKnownCommittedOpTime", NULL};
+/* Left out above, MongoDB 7.0 and later only (unknown to 6.0, 40415): find's, aggregate's
+ * and getMore's includeQueryStatsMetrics, distinct's and the update/delete statements'
+ * sampleId, aggregate's fromRouter and $_needsMerge (8.0's names of fromMongos and
+ * needsMerge). */
+
 /* stripedb's own fields of these commands, sent to shards by the coordinator and backups
  * (src/shard/README.md): a find's keyRange and stripedbSnapshot flag, a delete statement's
  * keyRange and keyRangeLimit (a migration's range cleanup). Known to a shard only
@@ -77,6 +79,28 @@ static const char *const getmore_fields[] = {
  * session records, $stripedbSession): through a proxy they are unknown fields. */
 static const char *const internal_find_fields[] = {"keyRange", "stripedbSnapshot", NULL};
 static const char *const internal_delete_stmt_fields[] = {"keyRange", "keyRangeLimit", NULL};
+
+/* The catalog and cursor commands (MongoDB 6.0 create_indexes.idl, drop_indexes.idl,
+ * drop.idl, drop_database.idl, list_indexes.idl, list_collections.idl, list_databases.idl,
+ * kill_cursors.idl, commands/explain.idl: each `strict: true`). A field listed here that
+ * stripedb does not read is one mongod reads for a feature stripedb has no counterpart
+ * for (commitQuorum: every index is built on the primary and replicated as one Raft entry;
+ * collectionUUID, isTimeseriesNamespace: sent between MongoDB's own roles). */
+static const char *const create_indexes_fields[] = {
+	"indexes",	"v",	"ignoreUnknownIndexOptions", "commitQuorum", "returnOnStart",
+	"isTimeseriesNamespace", "collectionUUID", NULL};
+static const char *const drop_indexes_fields[] = {"index", "isTimeseriesNamespace",
+						  "collectionUUID", NULL};
+static const char *const drop_fields[] = {"collectionUUID", NULL};
+static const char *const no_fields[] = {NULL};
+static const char *const list_indexes_fields[] = {
+	"cursor", "includeBuildUUIDs", "includeIndexBuildInfo", "isTimeseriesNamespace", NULL};
+static const char *const list_collections_fields[] = {
+	"cursor", "filter", "nameOnly", "authorizedCollections", "includePendingDrops", NULL};
+static const char *const list_databases_fields[] = {"filter", "nameOnly",
+						    "authorizedDatabases", NULL};
+static const char *const kill_cursors_fields[] = {"cursors", NULL};
+static const char *const explain_fields[] = {"verbosity", NULL};
 
 /* validate (MongoDB 6.0 src/mongo/db/commands/validate.cpp: the options it reads) */
 static const char *const validate_fields[] = {"full", "background", "repair", "enforceFastCount",
@@ -90,9 +114,8 @@ static const char *const setfiltering_fields[] = {"key", "collectionVersion", "c
 /* update and delete statements (write_ops.idl UpdateOpEntry, DeleteOpEntry) */
 static const char *const update_stmt_fields[] = {
 	"q", "u", "c", "upsert", "multi", "arrayFilters", "hint", "collation", "upsertSupplied",
-	"sampleId", NULL};
-static const char *const delete_stmt_fields[] = {"q", "limit", "hint", "collation",
-						 "sampleId", NULL};
+	NULL};
+static const char *const delete_stmt_fields[] = {"q", "limit", "hint", "collation", NULL};
 
 static const struct {
 	const char *cmd;
@@ -102,6 +125,11 @@ static const struct {
 	{"distinct", distinct_fields}, {"insert", insert_fields},	      {"update", update_fields},
 	{"delete", delete_fields},   {"findAndModify", fam_fields},   {"findandmodify", fam_fields},
 	{"getMore", getmore_fields}, {"validate", validate_fields},
+	{"createIndexes", create_indexes_fields}, {"dropIndexes", drop_indexes_fields},
+	{"deleteIndexes", drop_indexes_fields}, {"drop", drop_fields},
+	{"dropDatabase", no_fields}, {"listIndexes", list_indexes_fields},
+	{"listCollections", list_collections_fields}, {"listDatabases", list_databases_fields},
+	{"killCursors", kill_cursors_fields}, {"explain", explain_fields},
 	{"stripedbSetFiltering", setfiltering_fields},
 };
 
@@ -297,6 +325,7 @@ typedef enum arg_type {
 	ARG_CURSOR,	/* aggregate's cursor: {batchSize: safeInt64 >= 0} */
 	ARG_GETMORE_BATCH, /* getMore's batchSize: a safeInt64 > 0 (getmore_cmd.cpp, 2) */
 	ARG_DELETE_LIMIT,  /* a delete statement's limit: exactly 0 or 1 (9) */
+	ARG_VERBOSITY,	   /* explain's verbosity: an enum string (explain_verbosity.idl, 2) */
 } arg_type;
 
 typedef struct arg_rule {
@@ -370,10 +399,13 @@ static const arg_rule delete_stmt_types[] = {{"q", ARG_OBJECT},
 					     {"collation", ARG_OBJECT},
 					     {NULL, 0}};
 
+static const arg_rule explain_types[] = {{"verbosity", ARG_VERBOSITY}, {NULL, 0}};
+
 static const struct {
 	const char *cmd;
 	const arg_rule *rules;
 } cmd_types[] = {
+	{"explain", explain_types},
 	{"find", find_types},	       {"aggregate", aggregate_types},
 	{"count", count_types},	       {"distinct", distinct_types},
 	{"insert", insert_types},      {"update", update_types},
@@ -572,6 +604,19 @@ static int check_arg(const bson_iter_t *it, arg_type type, const char *path, cha
 			code = CODE_BAD_VALUE;
 		}
 		return code;
+	case ARG_VERBOSITY:
+		if (t != BSON_TYPE_UTF8)
+			return wrong_type(it, path, "type 'string'", err, errlen);
+		if (strcmp(bson_iter_utf8(it, NULL), "queryPlanner") != 0 &&
+		    strcmp(bson_iter_utf8(it, NULL), "executionStats") != 0 &&
+		    strcmp(bson_iter_utf8(it, NULL), "allPlansExecution") != 0) {
+			/* idl_parser.cpp throwBadEnumValue */
+			snprintf(err, errlen,
+				 "Enumeration value '%s' for field '%s' is not a valid value.",
+				 bson_iter_utf8(it, NULL), path);
+			return CODE_BAD_VALUE;
+		}
+		return 0;
 	case ARG_DELETE_LIMIT: {
 		double d;
 		if (!BSON_ITER_HOLDS_NUMBER(it))
@@ -656,6 +701,63 @@ static int nul_in_namespace(const bson_t *cmd, char *err, size_t errlen)
 	return 0;
 }
 
+/* Fields of the 6.0 IDL that stripedb knows but does not honour, refused rather than
+ * ignored (issue #20): encryptionInformation (Queryable Encryption, rewritten by mongod),
+ * isTimeseriesNamespace: true (a mongos-rewritten time-series request; stripedb has no
+ * time-series collections): 238. An aggregate's internal fields, as mongos
+ * (cluster_aggregate.cpp) refuses them from a client: exchange 51028, runtimeConstants
+ * 51143, needsMerge or fromMongos true 51089; a shard (internal) refuses exchange and
+ * needsMerge: true with 238, since it has no exchange and never answers in the merge
+ * format (no role of ours sends them). Returns: 0 or the code, the message in err. */
+static int not_honoured(const char *name, const bson_t *cmd, bool internal, char *err,
+			size_t errlen)
+{
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, cmd, "encryptionInformation")) {
+		snprintf(err, errlen,
+			 "BSON field '%s.encryptionInformation' is not supported by stripedb: it "
+			 "has no Queryable Encryption (see docs/compat.md)",
+			 name);
+		return CODE_NOT_IMPLEMENTED;
+	}
+	if (bson_iter_init_find(&it, cmd, "isTimeseriesNamespace") && bson_iter_as_bool(&it)) {
+		snprintf(err, errlen,
+			 "BSON field '%s.isTimeseriesNamespace' is not supported by stripedb: it "
+			 "has no time-series collections",
+			 name);
+		return CODE_NOT_IMPLEMENTED;
+	}
+	if (strcmp(name, "aggregate") != 0)
+		return 0;
+	if (!internal) {
+		if (bson_has_field(cmd, "exchange")) {
+			snprintf(err, errlen, "Cannot specify exchange option to a mongos");
+			return 51028;
+		}
+		if (bson_has_field(cmd, "runtimeConstants")) {
+			snprintf(err, errlen, "Cannot specify runtime constants option to a mongos");
+			return 51143;
+		}
+		if ((bson_iter_init_find(&it, cmd, "needsMerge") && bson_iter_as_bool(&it)) ||
+		    (bson_iter_init_find(&it, cmd, "fromMongos") && bson_iter_as_bool(&it))) {
+			snprintf(err, errlen, "Internal parameter(s) [needsMerge, fromMongos] cannot "
+					      "be set to 'true' when sent to mongos");
+			return 51089;
+		}
+		return 0;
+	}
+	if (bson_has_field(cmd, "exchange") ||
+	    (bson_iter_init_find(&it, cmd, "needsMerge") && bson_iter_as_bool(&it))) {
+		snprintf(err, errlen,
+			 "aggregate's internal %s is not supported by a stripedb shard: it never "
+			 "answers in a merge format",
+			 bson_has_field(cmd, "exchange") ? "exchange" : "needsMerge");
+		return CODE_NOT_IMPLEMENTED;
+	}
+	return 0;
+}
+
 /* sdb_cmd_check; explained: cmd is the command an explain explains, whose own writeConcern
  * mongod never looks at (only the explain's: service_entry_point_common.cpp checks the
  * request's body against the outer invocation's supportsWriteConcern(), false for explain;
@@ -704,6 +806,8 @@ static int cmd_check(const char *name, const bson_t *cmd, bool internal, bool ex
 		snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.", name, unknown);
 		return CODE_UNKNOWN_FIELD;
 	}
+	if ((code = not_honoured(name, cmd, internal, err, errlen)) != 0)
+		return code;
 	/* find options that shape what is returned and that no role implements: refused,
 	 * never ignored (a max bound ignored returned every document; a fresh user's find) */
 	if (strcmp(name, "find") == 0) {
@@ -764,6 +868,86 @@ static int cmd_check(const char *name, const bson_t *cmd, bool internal, bool ex
 			if (code != 0)
 				return code;
 		}
+	}
+	return 0;
+}
+
+/* ---- the API parameters (issue #20) ----
+ * MongoDB 6.0 initialize_api_parameters.cpp initializeAPIParameters, run for every command
+ * but the internal ones (skipApiVersionCheck: server to server) before the command parses:
+ * the types (IDL struct APIParametersFromClient: apiVersion a string, apiStrict and
+ * apiDeprecationErrors bools: 14), apiStrict or apiDeprecationErrors present (true or false)
+ * without apiVersion: 4886600, an apiVersion other than "1": 322 APIVersionError, and with
+ * apiStrict: true a command outside API Version 1: 323 APIStrictError. The commands of API
+ * Version 1 are those whose IDL or Command class declares `api_version: "1"` (kApiVersions1)
+ * in 6.0. No 6.0 command is deprecated in Version 1, so apiDeprecationErrors: true refuses
+ * nothing. */
+static const char *const api_v1_commands[] = {
+	"abortTransaction", "aggregate",     "authenticate",   "collMod",	   "commitTransaction",
+	"count",	    "create",	     "createIndexes",  "delete",	   "drop",
+	"dropDatabase",	    "dropIndexes",   "deleteIndexes",  "endSessions",	   "explain",
+	"find",		    "findAndModify", "findandmodify",  "getMore",	   "hello",
+	"isMaster",	    "ismaster",	     "insert",	       "killCursors",	   "listCollections",
+	"listDatabases",    "listIndexes",   "ping",	       "refreshSessions", "update",
+	NULL};
+
+#define CODE_API_VERSION_ERROR 322 /* APIVersionError */
+#define CODE_API_STRICT_ERROR 323  /* APIStrictError */
+#define CODE_API_PARAM_WITHOUT_VERSION 4886600
+
+int sdb_cmd_api_check(const char *name, const bson_t *cmd, char *err, size_t errlen)
+{
+	static const struct {
+		const char *field;
+		bson_type_t type;
+		const char *expected;
+	} params[] = {{"apiVersion", BSON_TYPE_UTF8, "string"},
+		      {"apiStrict", BSON_TYPE_BOOL, "bool"},
+		      {"apiDeprecationErrors", BSON_TYPE_BOOL, "bool"}};
+	bson_iter_t it;
+	char path[64];
+	const char *version = NULL;
+	bool strict = false, strict_or_dep = false;
+
+	/* stripedb's own commands between roles: as mongod's internal commands */
+	if (strncmp(name, "stripedb", 8) == 0)
+		return 0;
+	for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
+		if (!bson_iter_init_find(&it, cmd, params[i].field))
+			continue;
+		if (bson_iter_type(&it) != params[i].type) {
+			snprintf(path, sizeof path, "APIParametersFromClient.%s", params[i].field);
+			snprintf(err, errlen, "BSON field '%s' is the wrong type '%s', expected type '%s'",
+				 path, sdb_bson_type_name(bson_iter_type(&it)), params[i].expected);
+			return CODE_TYPE_MISMATCH;
+		}
+		if (i == 0)
+			version = bson_iter_utf8(&it, NULL);
+		else
+			strict_or_dep = true;
+		if (i == 1)
+			strict = bson_iter_bool(&it);
+	}
+	if (strict_or_dep && version == NULL) {
+		snprintf(err, errlen, "Provided apiStrict and/or apiDeprecationErrors without "
+				      "passing apiVersion");
+		return CODE_API_PARAM_WITHOUT_VERSION;
+	}
+	if (version != NULL && strcmp(version, "2") == 0) {
+		snprintf(err, errlen, "Cannot accept API version 2");
+		return CODE_API_VERSION_ERROR;
+	}
+	if (version != NULL && strcmp(version, "1") != 0) {
+		snprintf(err, errlen, "API version must be \"1\"");
+		return CODE_API_VERSION_ERROR;
+	}
+	if (strict && !listed(api_v1_commands, name)) {
+		snprintf(err, errlen,
+			 "Provided apiStrict:true, but the command %s is not in API Version 1. "
+			 "Information on supported commands and migrations in API Version 1 can be "
+			 "found at https://dochub.mongodb.org/core/manual-versioned-api",
+			 name);
+		return CODE_API_STRICT_ERROR;
 	}
 	return 0;
 }

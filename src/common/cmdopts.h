@@ -68,6 +68,17 @@ int sdb_cmd_check(const char *name, const bson_t *cmd, bool internal, char *err,
  * InvalidOptions with "Command does not support writeConcern" in err (errlen bytes). */
 int sdb_cmd_write_concern_check(const char *name, const bson_t *cmd, char *err, size_t errlen);
 
+/* The API parameters of a command (MongoDB 6.0 initialize_api_parameters.cpp), checked by the
+ * wire layer for every command of every role before it runs; name is the command's name
+ * as sent (isMaster, findandmodify), cmd the command. stripedb's own commands (stripedb*)
+ * are not checked, as mongod's internal commands are not.
+ * Returns: 0, or with the message in err (errlen bytes): 14 TypeMismatch for an apiVersion
+ * that is not a string or an apiStrict / apiDeprecationErrors that is not a bool; 4886600
+ * for apiStrict or apiDeprecationErrors without apiVersion; 322 APIVersionError for an
+ * apiVersion other than "1"; 323 APIStrictError for apiStrict: true on a command outside
+ * API Version 1 (collStats, dbStats, serverStatus, ...). */
+int sdb_cmd_api_check(const char *name, const bson_t *cmd, char *err, size_t errlen);
+
 /* Is field one of the generic arguments every command may carry (generic_argument.idl,
  * MongoDB 6.0: $db, lsid, maxTimeMS, comment, $readPreference ...)? currentOp leaves them
  * out of its filter, as mongod's CurrentOpCommandBase does. */

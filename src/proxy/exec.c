@@ -769,6 +769,8 @@ static const px_cmd cmd_table[] = {
 	{"aggregate", px_do_aggregate, 0, NULL, PXP_AGGREGATE}, /* db-level: no collection */
 	{"createIndexes", px_do_create_indexes, PXC_COLL, NULL, PXP_NONE},
 	{"dropIndexes", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
+	/* its alias (drop_indexes.idl command_alias), forwarded as such: a shard knows it */
+	{"deleteIndexes", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
 	{"drop", px_do_drop, PXC_COLL, NULL, PXP_NONE}, /* sharding metadata too (sharding.c) */
 	{"create", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},
 	{"collMod", px_do_broadcast, PXC_COLL, NULL, PXP_NONE},

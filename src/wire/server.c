@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/cmdopts.h"
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -806,6 +807,11 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 	if (!entry) {
 		wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%.200s'",
 			       req->name);
+		return;
+	}
+	/* apiVersion, apiStrict, apiDeprecationErrors: for every role alike */
+	if ((code = sdb_cmd_api_check(req->name, req->cmd, err, sizeof err)) != 0) {
+		wire_req_error(req, code, "%s", err);
 		return;
 	}
 	if (srv->fp && wire__failpoint_intercept(req, entry))

@@ -294,6 +294,64 @@ static void test_explain_and_internal(void **state)
 	   "\"verbosity\": \"queryPlanner\"}");
 }
 
+/* sdb_cmd_api_check of the command in canonical extended JSON: code and message text. */
+static void expect_api(const char *json, int code, const char *text)
+{
+	bson_error_t berr;
+	bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &berr);
+	bson_iter_t it;
+	char err[256] = "";
+	int got;
+
+	if (cmd == NULL)
+		fail_msg("bad JSON %s: %s", json, berr.message);
+	assert_true(bson_iter_init(&it, cmd) && bson_iter_next(&it));
+	got = sdb_cmd_api_check(bson_iter_key(&it), cmd, err, sizeof err);
+	if (got != code)
+		fail_msg("%s: code %d (%s), expected %d", json, got, err, code);
+	if (text != NULL && strstr(err, text) == NULL)
+		fail_msg("%s: message \"%s\" lacks \"%s\"", json, err, text);
+	bson_destroy(cmd);
+}
+
+/* The API parameters (MongoDB 6.0 initializeAPIParameters) and the 6.0 IDL of the catalog
+ * commands. */
+static void test_api_and_catalog(void **state)
+{
+	(void)state;
+	expect_api("{\"find\": \"c\"}", 0, NULL);
+	expect_api("{\"find\": \"c\", \"apiVersion\": \"1\", \"apiStrict\": true}", 0, NULL);
+	expect_api("{\"collStats\": \"c\", \"apiVersion\": \"1\", \"apiStrict\": false}", 0,
+		   NULL);
+	expect_api("{\"isMaster\": 1, \"apiVersion\": \"1\", \"apiStrict\": true}", 0, NULL);
+	expect_api("{\"find\": \"c\", \"apiVersion\": \"2\"}", 322, "Cannot accept API version 2");
+	expect_api("{\"find\": \"c\", \"apiVersion\": \"v1\"}", 322, "API version must be");
+	expect_api("{\"find\": \"c\", \"apiStrict\": false}", 4886600, "without passing");
+	expect_api("{\"find\": \"c\", \"apiDeprecationErrors\": true}", 4886600, NULL);
+	expect_api("{\"find\": \"c\", \"apiVersion\": 1}", 14,
+		   "'APIParametersFromClient.apiVersion' is the wrong type 'int'");
+	expect_api("{\"find\": \"c\", \"apiVersion\": \"1\", \"apiStrict\": 1}", 14, NULL);
+	expect_api("{\"collStats\": \"c\", \"apiVersion\": \"1\", \"apiStrict\": true}", 323,
+		   "the command collStats is not in API Version 1");
+	/* stripedb's own commands are internal: not checked */
+	expect_api("{\"stripedbSetVersion\": \"c\", \"apiStrict\": true}", 0, NULL);
+
+	expect("{\"listCollections\": 1, \"x\": 1}", false, 40415,
+	       "'listCollections.x' is an unknown field.");
+	expect("{\"dropDatabase\": 1, \"x\": 1}", true, 40415, NULL);
+	ok("{\"listCollections\": 1, \"filter\": {}, \"nameOnly\": true, \"$db\": \"d\"}");
+	ok("{\"createIndexes\": \"c\", \"indexes\": [], \"$stripedbIndexCopy\": true}");
+	expect("{\"explain\": {\"find\": \"c\"}, \"verbosity\": \"x\"}", false, 2,
+	       "Enumeration value 'x' for field 'explain.verbosity' is not a valid value.");
+	expect("{\"explain\": {\"find\": \"c\"}, \"verbosity\": 1}", false, 14, NULL);
+	expect("{\"find\": \"c\", \"includeQueryStatsMetrics\": true}", true, 40415, NULL);
+	expect("{\"aggregate\": \"c\", \"pipeline\": [], \"fromMongos\": true}", false, 51089,
+	       NULL);
+	expect("{\"aggregate\": \"c\", \"pipeline\": [], \"fromMongos\": true}", true, 0, NULL);
+	expect("{\"aggregate\": \"c\", \"pipeline\": [], \"needsMerge\": true}", true, 238,
+	       NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -302,6 +360,7 @@ int main(void)
 		cmocka_unit_test(test_max_time_ms),	  cmocka_unit_test(test_write_concern),
 		cmocka_unit_test(test_delete_statements), cmocka_unit_test(test_update_statements),
 		cmocka_unit_test(test_cursors),		  cmocka_unit_test(test_explain_and_internal),
+		cmocka_unit_test(test_api_and_catalog),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
