@@ -442,6 +442,11 @@ static int answer_cursor_wce(ctx *c, proxy_cursor *cur, int64_t batch, bool sing
 
 	bson_init(&arr);
 	proxy_cursor_set_txn(cur, pxtxn_cursor_fields(c));
+	/* find's noCursorTimeout (forwarded to the shards: read.c copy_find_options) */
+	bson_iter_t first;
+	proxy_cursor_set_no_timeout(cur, bson_iter_init(&first, c->cmd) && bson_iter_next(&first) &&
+						 strcmp(bson_iter_key(&first), "find") == 0 &&
+						 px_get_bool(c->cmd, "noCursorTimeout", false));
 	r = proxy_cursor_fill(c->p, cur, &arr, batch, &code, err, sizeof err);
 	if (r < 0) {
 		bson_destroy(&arr);
