@@ -41,15 +41,17 @@ static const char *const find_fields[] = {
 	"awaitData", "allowPartialResults", "collation", "allowDiskUse", "let", "readOnce",
 	"allowSpeculativeMajorityRead", "$_requestResumeToken", "$_resumeAfter",
 	"requestResumeToken", "resumeAfter", "term", "ntoreturn", "encryptionInformation",
-	NULL};
+	"collectionUUID", NULL};
 static const char *const aggregate_fields[] = {
 	"pipeline", "explain", "allowDiskUse", "cursor", "bypassDocumentValidation", "collation",
 	"hint", "let", "needsMerge", "fromMongos", "exchange", "runtimeConstants",
 	"isMapReduceCommand", "$_isMapReduceCommand", "collectionUUID", "encryptionInformation",
 	"$_requestReshardingResumeToken", "$_generateV2ResumeTokens", NULL};
 static const char *const count_fields[] = {
-	"query", "limit", "skip", "hint", "collation", "fields", "encryptionInformation", NULL};
-static const char *const distinct_fields[] = {"key", "query", "collation", "hint", NULL};
+	"query", "limit", "skip", "hint", "collation", "fields", "encryptionInformation",
+	"collectionUUID", NULL};
+static const char *const distinct_fields[] = {"key", "query", "collation", "hint",
+					      "collectionUUID", NULL};
 static const char *const insert_fields[] = {
 	"documents", "ordered", "bypassDocumentValidation", "stmtIds", "collectionUUID",
 	"encryptionInformation", "isTimeseriesNamespace", NULL};
@@ -64,7 +66,7 @@ static const char *const fam_fields[] = {
 	"bypassDocumentValidation", "collation", "arrayFilters", "hint", "let",
 	"runtimeConstants", "encryptionInformation", "batchSize",
 	"stmtIds", /* stripedb: the proxy sends a retryable findAndModify's stmtIds as a write's */
-	NULL};
+	"collectionUUID", NULL};
 static const char *const getmore_fields[] = {
 	"collection", "batchSize", "term", "lastKnownCommittedOpTime", NULL};
 /* Left out above, MongoDB 7.0 and later only (unknown to 6.0, 40415): find's, aggregate's
@@ -326,6 +328,7 @@ typedef enum arg_type {
 	ARG_GETMORE_BATCH, /* getMore's batchSize: a safeInt64 > 0 (getmore_cmd.cpp, 2) */
 	ARG_DELETE_LIMIT,  /* a delete statement's limit: exactly 0 or 1 (9) */
 	ARG_VERBOSITY,	   /* explain's verbosity: an enum string (explain_verbosity.idl, 2) */
+	ARG_UUID,	   /* collectionUUID: binData of subtype 4 (IDL uuid, 14 otherwise) */
 } arg_type;
 
 typedef struct arg_rule {
@@ -351,35 +354,35 @@ static const arg_rule find_types[] = {
 	{"tailable", ARG_BOOL},	   {"noCursorTimeout", ARG_BOOL}, {"awaitData", ARG_BOOL},
 	{"allowPartialResults", ARG_BOOL}, {"let", ARG_OBJECT},	{"term", ARG_INT},
 	{"readOnce", ARG_BOOL},	   {"$_requestResumeToken", ARG_BOOL},
-	{"$_resumeAfter", ARG_OBJECT}, {NULL, 0}};
+	{"$_resumeAfter", ARG_OBJECT}, {"collectionUUID", ARG_UUID}, {NULL, 0}};
 static const arg_rule aggregate_types[] = {
 	{"pipeline", ARG_ARRAY},   {"explain", ARG_BOOL},	  {"allowDiskUse", ARG_BOOL},
 	{"cursor", ARG_CURSOR},	   {"bypassDocumentValidation", ARG_BOOL},
 	{"collation", ARG_OBJECT}, {"hint", ARG_HINT},		  {"let", ARG_OBJECT},
-	{NULL, 0}};
+	{"collectionUUID", ARG_UUID}, {NULL, 0}};
 static const arg_rule count_types[] = {
 	{"query", ARG_OBJECT}, {"limit", ARG_INT},    {"skip", ARG_INT}, {"hint", ARG_HINT},
-	{"collation", ARG_OBJECT}, {"fields", ARG_OBJECT}, {NULL, 0}};
+	{"collation", ARG_OBJECT}, {"fields", ARG_OBJECT}, {"collectionUUID", ARG_UUID}, {NULL, 0}};
 static const arg_rule distinct_types[] = {{"key", ARG_STRING},	     {"query", ARG_OBJECT},
 					  {"collation", ARG_OBJECT}, {"hint", ARG_HINT},
-					  {NULL, 0}};
+					  {"collectionUUID", ARG_UUID}, {NULL, 0}};
 static const arg_rule insert_types[] = {{"documents", ARG_ARRAY},
 					{"ordered", ARG_BOOL},
 					{"bypassDocumentValidation", ARG_BOOL},
 					{"stmtIds", ARG_ARRAY},
-					{NULL, 0}};
+					{"collectionUUID", ARG_UUID}, {NULL, 0}};
 static const arg_rule update_types[] = {
 	{"updates", ARG_ARRAY}, {"ordered", ARG_BOOL}, {"bypassDocumentValidation", ARG_BOOL},
-	{"let", ARG_OBJECT},	{"stmtIds", ARG_ARRAY}, {NULL, 0}};
+	{"let", ARG_OBJECT},	{"stmtIds", ARG_ARRAY}, {"collectionUUID", ARG_UUID}, {NULL, 0}};
 static const arg_rule delete_types[] = {
 	{"deletes", ARG_ARRAY}, {"ordered", ARG_BOOL}, {"bypassDocumentValidation", ARG_BOOL},
-	{"let", ARG_OBJECT},	{"stmtIds", ARG_ARRAY}, {NULL, 0}};
+	{"let", ARG_OBJECT},	{"stmtIds", ARG_ARRAY}, {"collectionUUID", ARG_UUID}, {NULL, 0}};
 static const arg_rule fam_types[] = {
 	{"query", ARG_OBJECT},	  {"fields", ARG_OBJECT},    {"sort", ARG_OBJECT},
 	{"remove", ARG_BOOL},	  {"update", ARG_UPDATE},    {"new", ARG_BOOL},
 	{"upsert", ARG_BOOL},	  {"bypassDocumentValidation", ARG_BOOL},
 	{"collation", ARG_OBJECT}, {"arrayFilters", ARG_ARRAY}, {"hint", ARG_HINT},
-	{"let", ARG_OBJECT},	  {"stmtIds", ARG_ARRAY},    {NULL, 0}};
+	{"let", ARG_OBJECT},	  {"stmtIds", ARG_ARRAY},    {"collectionUUID", ARG_UUID}, {NULL, 0}};
 static const arg_rule getmore_types[] = {{"getMore", ARG_CURSOR_ID},
 					 {"collection", ARG_STRING},
 					 {"batchSize", ARG_GETMORE_BATCH},
@@ -564,6 +567,24 @@ static int check_arg(const bson_iter_t *it, arg_type type, const char *path, cha
 		return t == BSON_TYPE_DOCUMENT || t == BSON_TYPE_UTF8
 			       ? 0
 			       : wrong_type(it, path, "types '[string, object]'", err, errlen);
+	case ARG_UUID:
+		if (t != BSON_TYPE_BINARY)
+			return wrong_type(it, path, "type 'binData'", err, errlen);
+		{
+			bson_subtype_t st;
+			uint32_t len;
+			const uint8_t *data;
+
+			bson_iter_binary(it, &st, &len, &data);
+			if (st != BSON_SUBTYPE_UUID || len != 16) {
+				snprintf(err, errlen,
+					 "BSON field '%s' is the wrong binData type '%d', expected type "
+					 "'4'",
+					 path, (int)st);
+				return CODE_TYPE_MISMATCH;
+			}
+		}
+		return 0;
 	case ARG_UPDATE:
 		return t == BSON_TYPE_DOCUMENT || t == BSON_TYPE_ARRAY
 			       ? 0
@@ -822,6 +843,14 @@ static int cmd_check(const char *name, const bson_t *cmd, bool internal, bool ex
 					      "stripedb: use a projection");
 			return CODE_NOT_IMPLEMENTED;
 		}
+	}
+	/* collectionUUID on the index commands: a shard checks it on the CRUD commands and drop
+	 * (src/shard/commands.c), not here: refused, never ignored */
+	if ((strcmp(name, "createIndexes") == 0 || strcmp(name, "dropIndexes") == 0 ||
+	     strcmp(name, "deleteIndexes") == 0) &&
+	    bson_has_field(cmd, "collectionUUID")) {
+		snprintf(err, errlen, "collectionUUID on %s is not supported by stripedb", name);
+		return CODE_NOT_IMPLEMENTED;
 	}
 	/* before the types: mongod refuses any writeConcern of such a command, well-formed or
 	 * not, without parsing it (uassertCommandDoesNotSpecifyWriteConcern) */

@@ -98,7 +98,7 @@ typedef enum {
 	X("migration-shard-budget", migration_shard_budget, SDB_OPT_INT, "2",                   \
 	  "coordinator: migrations active at once touching one shard")                          \
 	X("cursor-timeout-ms", cursor_timeout_ms, SDB_OPT_INT, "600000",                        \
-	  "proxy: idle proxy cursors are killed after this long (ms)")                \
+	  "proxy, shard: idle cursors (not noCursorTimeout) are killed after this long (ms)")                \
 	X("cache-size", cache_size, SDB_OPT_INT, NULL,                                          \
 	  "ratelimit: max keys in the rate-limit cache (default GUBER_CACHE_SIZE or 50000)") \
 	X("ratelimit-lease-ms", ratelimit_lease_ms, SDB_OPT_INT, "3000",                      \

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "proxy/exec.h"
 #include "proxy/txn.h"
+#include "storage/matcher.h"
 #include "storage/pipeline.h"
 #include "storage/projection.h"
 
@@ -243,16 +244,116 @@ static void add_metadata_collections(ctx *c, bson_t *merged, size_t *count)
 	bson_destroy(&cmd);
 }
 
+/* A database's sizeOnDisk summed over the shards' listDatabases replies of b (n). */
+static int64_t db_size(const bcast *b, size_t n, const char *name)
+{
+	int64_t size = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		bson_iter_t it, arr, f;
+		bool this_db;
+
+		if (b->cls[i] != SHARDCONN_OK || !bson_iter_init_find(&it, &b->replies[i], "databases") ||
+		    !bson_iter_recurse(&it, &arr))
+			continue;
+		while (bson_iter_next(&arr)) {
+			int64_t s = 0;
+
+			this_db = false;
+			if (!bson_iter_recurse(&arr, &f))
+				continue;
+			while (bson_iter_next(&f)) {
+				if (strcmp(bson_iter_key(&f), "name") == 0 && BSON_ITER_HOLDS_UTF8(&f))
+					this_db = strcmp(bson_iter_utf8(&f, NULL), name) == 0;
+				else if (strcmp(bson_iter_key(&f), "sizeOnDisk") == 0 &&
+					 BSON_ITER_HOLDS_NUMBER(&f))
+					s = bson_iter_as_int64(&f);
+			}
+			if (this_db)
+				size += s;
+		}
+	}
+	return size;
+}
+
+/* listDatabases through the proxy: *merged (the union by name, each the first shard's
+ * document) rebuilt as {name, sizeOnDisk (summed over the shards), empty} ({name} with
+ * name_only) keeping the documents match (the client's filter, may match all) matches.
+ * Returns: the sum of the kept databases' sizes (totalSize). */
+static int64_t filter_databases(const bcast *b, size_t n, bson_t *merged, bool name_only,
+				const sdb_matcher *match)
+{
+	bson_t kept = BSON_INITIALIZER;
+	bson_iter_t it, f;
+	int64_t total = 0;
+	size_t k = 0;
+
+	if (bson_iter_init(&it, merged))
+		while (bson_iter_next(&it)) {
+			const char *name;
+			int64_t size;
+			bson_t d = BSON_INITIALIZER;
+			char key[24];
+
+			if (!bson_iter_recurse(&it, &f) || !bson_iter_find(&f, "name") ||
+			    !BSON_ITER_HOLDS_UTF8(&f))
+				continue;
+			name = bson_iter_utf8(&f, NULL);
+			size = db_size(b, n, name);
+			BSON_APPEND_UTF8(&d, "name", name);
+			if (!name_only) {
+				BSON_APPEND_INT64(&d, "sizeOnDisk", size);
+				BSON_APPEND_BOOL(&d, "empty", size == 0);
+			}
+			if (sdb_matcher_match(match, &d)) {
+				total += size;
+				snprintf(key, sizeof key, "%zu", k++);
+				BSON_APPEND_DOCUMENT(&kept, key, &d);
+			}
+			bson_destroy(&d);
+		}
+	bson_destroy(merged);
+	bson_steal(merged, &kept);
+	return total;
+}
+
 /* Union over shards of a listing: arrays at path cursor.firstBatch or `field`, deduplicated
  * by `name`; sizes (sizeOnDisk) summed for databases. */
 int px_do_list_union(ctx *c, bool databases)
 {
+	static const char *const no_filter[] = {"filter", NULL};
 	bcast b;
-	size_t n = broadcast(c, c->cmd, &b), i, count = 0;
-	bson_t merged = BSON_INITIALIZER, *out;
+	size_t n, i, count = 0;
+	bson_t merged = BSON_INITIALIZER, *out, fwd = BSON_INITIALIZER, filter = BSON_INITIALIZER;
 	int64_t total = 0;
-	bool any_ok = false;
-	int st;
+	bool any_ok = false, name_only = px_get_bool(c->cmd, "nameOnly", false);
+	sdb_matcher *match = NULL;
+	bson_iter_t fi;
+	char err[512];
+	int st, code = 0;
+
+	/* listDatabases' filter (MongoDB list_databases.cpp, cluster_list_databases_cmd.cpp):
+	 * a query over each database's merged document ({name, sizeOnDisk summed over the
+	 * shards, empty}; {name} with nameOnly), run here on the merged listing: the shards
+	 * are asked without it, since a size condition holds of the sum, not of one shard's
+	 * part. totalSize sums the databases kept and is left out with nameOnly, as mongos. */
+	if (databases) {
+		if (bson_iter_init_find(&fi, c->cmd, "filter")) {
+			if (!BSON_ITER_HOLDS_DOCUMENT(&fi))
+				return px_error(c, WIRE_ERR_TYPE_MISMATCH,
+						"BSON field 'listDatabases.filter' is the wrong type "
+						"'%s', expected type 'object'",
+						sdb_bson_type_name(bson_iter_type(&fi)));
+			px_get_doc(c->cmd, "filter", &filter);
+		}
+		if (sdb_matcher_new(&filter, &match, &code, err, sizeof err) != 0)
+			return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
+		px_copy_cmd(c->cmd, &fwd, no_filter);
+	} else {
+		px_copy_cmd(c->cmd, &fwd, NULL);
+	}
+	n = broadcast(c, &fwd, &b);
+	bson_destroy(&fwd);
 
 	for (i = 0; i < n; i++) {
 		bson_iter_t it, sub, arr;
@@ -313,14 +414,19 @@ int px_do_list_union(ctx *c, bool databases)
 			st = px_error(c, WIRE_ERR_SHARD_NOT_FOUND, "no shard is registered");
 		bcast_free(&b, n);
 		bson_destroy(&merged);
+		sdb_matcher_free(match);
 		return st;
 	}
+	if (databases)
+		total = filter_databases(&b, n, &merged, name_only, match);
+	sdb_matcher_free(match);
 	if (!databases)
 		add_metadata_collections(c, &merged, &count);
 	out = bson_new();
 	if (databases) {
 		bson_append_array(out, "databases", -1, &merged);
-		BSON_APPEND_INT64(out, "totalSize", total);
+		if (!name_only)
+			BSON_APPEND_INT64(out, "totalSize", total);
 	} else {
 		bson_t cd;
 		char ns[512];

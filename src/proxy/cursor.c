@@ -29,6 +29,7 @@ struct proxy_cursor {
 	int64_t returned;
 	uint64_t last_used_ms;
 	bool busy;
+	bool no_timeout;   /* find's noCursorTimeout: never reaped for idleness */
 	bool kill_pending; /* killCursors while busy: reaped once checked in (proxy_cursor_kill) */
 	bson_t *txnf; /* a transaction's cursor: lsid, txnNumber, autocommit on its getMores */
 	px_cs *cs;    /* a change stream (changestream.c): no streams, no sort */
@@ -167,6 +168,11 @@ void proxy_cursor_set_partial(proxy_cursor *c, bool dropped)
 bool proxy_cursor_partial(const proxy_cursor *c)
 {
 	return c->partial;
+}
+
+void proxy_cursor_set_no_timeout(proxy_cursor *c, bool no_timeout)
+{
+	c->no_timeout = no_timeout;
 }
 
 int64_t proxy_cursor_id(const proxy_cursor *c)
@@ -507,7 +513,8 @@ void proxy_cursor_reap(proxy *p, bool all)
 	while (*pp) {
 		c = *pp;
 		if (!c->busy && (all || c->kill_pending ||
-				 now - c->last_used_ms > (uint64_t)p->cursor_timeout_ms)) {
+				 (!c->no_timeout &&
+				  now - c->last_used_ms > (uint64_t)p->cursor_timeout_ms))) {
 			*pp = c->next;
 			c->next = dead;
 			dead = c;

@@ -442,6 +442,11 @@ static int answer_cursor_wce(ctx *c, proxy_cursor *cur, int64_t batch, bool sing
 
 	bson_init(&arr);
 	proxy_cursor_set_txn(cur, pxtxn_cursor_fields(c));
+	/* find's noCursorTimeout (forwarded to the shards: read.c copy_find_options) */
+	bson_iter_t first;
+	proxy_cursor_set_no_timeout(cur, bson_iter_init(&first, c->cmd) && bson_iter_next(&first) &&
+						 strcmp(bson_iter_key(&first), "find") == 0 &&
+						 px_get_bool(c->cmd, "noCursorTimeout", false));
 	r = proxy_cursor_fill(c->p, cur, &arr, batch, &code, err, sizeof err);
 	if (r < 0) {
 		bson_destroy(&arr);
@@ -862,6 +867,15 @@ static int job_checks(ctx *c, const px_cmd *cmd)
 	code = sdb_cmd_unsupported_option(cmd->name, c->cmd, err, sizeof err);
 	if (code != 0)
 		return px_error(c, code, "%s", err);
+	/* MongoDB 6.0's collectionUUID (honoured by a shard, src/shard/commands.c): each shard
+	 * creates its part of a collection under its own UUID, so no UUID names a sharded
+	 * collection on every shard, and the proxy rebuilds most commands without the field:
+	 * refused rather than ignored (issue #20; docs/compat.md) */
+	if (bson_has_field(c->cmd, "collectionUUID"))
+		return px_error(c, 238,
+				"collectionUUID is not supported through a stripedb proxy: the "
+				"shards of a collection each hold it under their own UUID (send "
+				"it to a shard, or leave it out)");
 	if ((cmd->flags & PXC_WRITE) && c->tx == NULL &&
 	    !proxy_txn_parse(c->cmd, cmd->stmts, &c->txn, &code, err, sizeof err))
 		return px_error(c, code, "%s", err);

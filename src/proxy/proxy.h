@@ -238,6 +238,10 @@ void proxy_cursor_set_partial(proxy_cursor *c, bool dropped);
 /* True once some shard's part of c was dropped (proxy_cursor_set_partial): the cursor
  * replies carry partialResultsReturned: true from then on, as mongos's. */
 bool proxy_cursor_partial(const proxy_cursor *c);
+/* Make c a cursor that is never killed for idleness (find's noCursorTimeout: true, MongoDB's
+ * ClientCursor isNoTimeout): only its exhaustion, killCursors, its owner's session end
+ * or the proxy's stop end it. Before proxy_cursor_register. */
+void proxy_cursor_set_no_timeout(proxy_cursor *c, bool no_timeout);
 
 /* --- clustertime.c (issue #20: cluster-time gossip, common/clustertime.h) ---
  * The wire hooks (wire_ct_in_fn, wire_ct_out_fn) of the proxy's listener. in: reads the

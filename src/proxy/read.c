@@ -40,7 +40,7 @@ static void copy_find_options(const bson_t *cmd, bson_t *out)
 {
 	static const char *const keep[] = {"hint", "collation", "maxTimeMS", "comment",
 					   "allowDiskUse", "let", "min", "max",
-					   "readConcern", NULL};
+					   "readConcern", "noCursorTimeout", NULL};
 
 	copy_options(cmd, out, keep);
 }

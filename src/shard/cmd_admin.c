@@ -1028,11 +1028,30 @@ void shard_cmd_list_collections(shard_ctx *x)
 void shard_cmd_list_databases(shard_ctx *x)
 {
 	bson_iter_t it;
+	bson_t filter = BSON_INITIALIZER;
 	bool name_only = false;
+	/* filter (MongoDB list_databases.cpp): a query over each database's document as the
+	 * reply shows it ({name, sizeOnDisk, empty}; {name} with nameOnly), totalSize the sum
+	 * over the databases it keeps */
+	if (bson_iter_init_find(&it, x->cmd, "filter") &&
+	    !util_get_doc(x, "listDatabases", &it, &filter)) {
+		bson_destroy(&filter);
+		return;
+	}
 	if (bson_iter_init_find(&it, x->cmd, "nameOnly"))
 		name_only = bson_iter_as_bool(&it);
-	if (!shard_begin(x, false))
+	sdb_matcher *m = NULL;
+	int code = 0;
+	if (sdb_matcher_new(&filter, &m, &code, x->err, sizeof x->err) != 0) {
+		bson_destroy(&filter);
+		shard_fail(x, code ? code : WIRE_ERR_BAD_VALUE, "%s", x->err);
 		return;
+	}
+	bson_destroy(&filter);
+	if (!shard_begin(x, false)) {
+		sdb_matcher_free(m);
+		return;
+	}
 	char **names = NULL;
 	size_t nn = 0;
 	sdb_store_coll_list(x->conn, NULL, &names, &nn, NULL, 0);
@@ -1052,22 +1071,25 @@ void shard_cmd_list_databases(shard_ctx *x)
 		for (size_t j = i; j < nn; j++)
 			if (strcmp(names[j * 2], names[i * 2]) == 0)
 				size += sdb_store_data_size(x->conn, names[j * 2], names[j * 2 + 1]);
-		total += size;
 		char key[16];
-		snprintf(key, sizeof key, "%d", k++);
-		bson_t d;
-		BSON_APPEND_DOCUMENT_BEGIN(&arr, key, &d);
+		bson_t d = BSON_INITIALIZER;
 		BSON_APPEND_UTF8(&d, "name", names[i * 2]);
 		if (!name_only) {
 			BSON_APPEND_INT64(&d, "sizeOnDisk", size);
 			BSON_APPEND_BOOL(&d, "empty", size == 0);
 		}
-		bson_append_document_end(&arr, &d);
+		if (sdb_matcher_match(m, &d)) {
+			total += size;
+			snprintf(key, sizeof key, "%d", k++);
+			BSON_APPEND_DOCUMENT(&arr, key, &d);
+		}
+		bson_destroy(&d);
 	}
 	bson_append_array_end(reply, &arr);
 	if (!name_only)
 		BSON_APPEND_INT64(reply, "totalSize", total);
 	sdb_store_names_free(names, nn);
+	sdb_matcher_free(m);
 	sdb_store_rollback(x->conn);
 	wire_req_reply(x->req, reply);
 }

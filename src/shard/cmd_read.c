@@ -237,6 +237,17 @@ static sdb_query *query_open(shard_ctx *x, const char *coll, const sdb_query_spe
 	return q;
 }
 
+/* Does x's command ask for a cursor that is never killed for idleness (find's
+ * noCursorTimeout: true; MongoDB 6.0 has it on find only)? */
+static bool wants_no_timeout(const shard_ctx *x)
+{
+	bson_iter_t it;
+
+	return bson_iter_init(&it, x->cmd) && bson_iter_next(&it) &&
+	       strcmp(bson_iter_key(&it), "find") == 0 &&
+	       bson_iter_init_find(&it, x->cmd, "noCursorTimeout") && bson_iter_as_bool(&it);
+}
+
 /* Reply with a cursor over docs (ownership taken). batch < 0: default. */
 void shard_reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, int64_t batch,
 			 bool single, const bson_t *extra, shard_cursor *tail)
@@ -253,6 +264,7 @@ void shard_reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, i
 		for (size_t i = take; i < n; i++)
 			sdb_doc_free(docs[i]);
 		n = take;
+		tail->no_timeout = wants_no_timeout(x);
 		id = shard_cursor_add(x->sh, tail);
 	} else if (more) {
 		shard_cursor *c = sdb_calloc_bson(1, sizeof *c);
@@ -262,6 +274,7 @@ void shard_reply_cursor(shard_ctx *x, const char *ns, bson_t **docs, size_t n, i
 		for (size_t i = take; i < n; i++)
 			c->docs[c->n_docs++] = docs[i];
 		n = take;
+		c->no_timeout = wants_no_timeout(x);
 		id = shard_cursor_add(x->sh, c);
 	}
 	bson_t *reply = bson_new();
@@ -689,6 +702,7 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		c->q = q;
 		c->proj = proj;
 		c->pending = pending;
+		c->no_timeout = wants_no_timeout(x);
 		id = shard_cursor_add(x->sh, c);
 	}
 	BSON_APPEND_INT64(&cur, "id", id);

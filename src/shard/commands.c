@@ -365,6 +365,76 @@ static const char *const collated_cmds[] = {"find",   "count",	       "distinct"
 					    "aggregate", "findAndModify", "findandmodify",
 					    "update", "delete"};
 
+/* The commands that take MongoDB 6.0's collectionUUID (find_command.idl,
+ * aggregate_command.idl, count_command.idl, distinct_command.idl, write_ops.idl with
+ * findAndModify's, drop.idl): checked by shard_begin. createIndexes and dropIndexes with
+ * the field are refused (238) by cmdopts.c. */
+static const char *const uuid_cmds[] = {"find",	  "aggregate", "count",	       "distinct",
+					"insert", "update",    "delete",       "findAndModify",
+					"findandmodify", "drop"};
+
+/* collectionUUID (MongoDB 6.0 collection_uuid_mismatch.cpp): the command runs only when
+ * db.coll exists and has that UUID; else 361 CollectionUUIDMismatch with {db,
+ * collectionUUID, expectedCollection, actualCollection (the collection of db that has the
+ * UUID, or null)}, rolled back, nothing done. A view has no UUID (listCollections shows
+ * none in MongoDB). cmdopts.c checked the field's type. Returns: true to run the command,
+ * false after replying. */
+static bool coll_uuid_check(shard_ctx *x, const char *coll)
+{
+	const sdb_store_coll *co = NULL;
+	bson_iter_t it, vit;
+	const uint8_t *want = NULL;
+	uint32_t len = 0;
+	bson_subtype_t sub;
+	char **names = NULL, hex[40];
+	size_t nn = 0;
+	const char *actual = NULL;
+	bool ok;
+
+	if (!bson_iter_init_find(&it, x->cmd, "collectionUUID"))
+		return true;
+	if (!BSON_ITER_HOLDS_BINARY(&it))
+		return true; /* cmdopts.c refused it */
+	bson_iter_binary(&it, &sub, &len, &want);
+	if (sub != BSON_SUBTYPE_UUID || len != 16)
+		return true;
+	if (coll == NULL) {
+		shard_fail(x, WIRE_ERR_INVALID_OPTIONS,
+			   "collectionUUID is not supported on a collectionless command");
+		return false;
+	}
+	ok = sdb_store_coll_get(x->conn, x->db, coll, &co, NULL, 0) == 0 && co &&
+	     !bson_iter_init_find(&vit, co->options, "viewOn") && memcmp(co->uuid, want, 16) == 0;
+	if (ok)
+		return true;
+	sdb_store_coll_list(x->conn, x->db, &names, &nn, NULL, 0);
+	for (size_t i = 0; i < nn && actual == NULL; i++) {
+		const sdb_store_coll *o = NULL;
+		if (sdb_store_coll_get(x->conn, x->db, names[i * 2 + 1], &o, NULL, 0) == 0 && o &&
+		    !bson_iter_init_find(&vit, o->options, "viewOn") && memcmp(o->uuid, want, 16) == 0)
+			actual = names[i * 2 + 1];
+	}
+	for (int i = 0; i < 16; i++)
+		snprintf(hex + i * 2, 3, "%02x", want[i]);
+	bson_t *extra = bson_new();
+	BSON_APPEND_UTF8(extra, "db", x->db);
+	bson_append_binary(extra, "collectionUUID", -1, BSON_SUBTYPE_UUID, want, 16);
+	BSON_APPEND_UTF8(extra, "expectedCollection", coll);
+	if (actual)
+		BSON_APPEND_UTF8(extra, "actualCollection", actual);
+	else
+		BSON_APPEND_NULL(extra, "actualCollection");
+	sdb_store_rollback(x->conn);
+	wire_req_error_extra(x->req, WIRE_ERR_COLLECTION_UUID_MISMATCH, extra,
+			     "Collection UUID %.8s-%.4s-%.4s-%.4s-%.12s does not match that of the "
+			     "collection %s.%s%s%s%s%s",
+			     hex, hex + 8, hex + 12, hex + 16, hex + 20, x->db, coll,
+			     actual ? ": it is the UUID of " : "", actual ? x->db : "",
+			     actual ? "." : "", actual ? actual : "");
+	sdb_store_names_free(names, nn);
+	return false;
+}
+
 bool shard_begin(shard_ctx *x, bool write)
 {
 	bson_iter_t it;
@@ -375,6 +445,11 @@ bool shard_begin(shard_ctx *x, bool write)
 	if (!bson_iter_init(&it, x->cmd) || !bson_iter_next(&it))
 		return true;
 	name = bson_iter_key(&it);
+	for (size_t i = 0; i < sizeof uuid_cmds / sizeof uuid_cmds[0]; i++)
+		if (strcmp(uuid_cmds[i], name) == 0 &&
+		    !coll_uuid_check(x, BSON_ITER_HOLDS_UTF8(&it) ? bson_iter_utf8(&it, NULL)
+								 : NULL))
+			return false;
 	const bson_t *holder = x->cmd;
 	bson_t inner, stmt;
 	if (strcmp(name, "explain") == 0 && BSON_ITER_HOLDS_DOCUMENT(&it)) {

@@ -1,5 +1,6 @@
 /* The shard's cursor registry: materialized results (and tailable oplog cursors) kept
- * between find/aggregate and getMore, reaped after SHARD_CURSOR_IDLE_MS of idleness. */
+ * between find/aggregate and getMore, reaped after --cursor-timeout-ms (SHARD_CURSOR_IDLE_MS
+ * by default) of idleness unless find asked for noCursorTimeout. */
 #include <fcntl.h>
 #include <time.h>
 #include <string.h>
@@ -137,7 +138,9 @@ void shard_cursors_reap(shard *sh, uint64_t now_ms, uint64_t idle_ms)
 	shard_cursor **pp = &sh->cursors;
 	while (*pp) {
 		shard_cursor *c = *pp;
-		if (!c->busy && now_ms - c->last_used_ms >= idle_ms) {
+		/* idle_ms 0 (the shard stopping) frees noCursorTimeout cursors too */
+		if (!c->busy && (idle_ms == 0 || !c->no_timeout) &&
+		    now_ms - c->last_used_ms >= idle_ms) {
 			*pp = c->next;
 			c->next = dead;
 			dead = c;

@@ -53,7 +53,7 @@ static void hello_hook(void *data, const bson_t *cmd, bson_t *reply)
 static void reap_cb(uv_timer_t *t)
 {
 	shard *sh = t->data;
-	shard_cursors_reap(sh, sdb_mono_ms(), SHARD_CURSOR_IDLE_MS);
+	shard_cursors_reap(sh, sdb_mono_ms(), sh->cursor_idle_ms);
 }
 
 static void shard_free(shard *sh)
@@ -121,6 +121,15 @@ static int shard_start(sdb_role *role)
 		shard_free(sh);
 		return SDB_EUSAGE;
 	}
+	int64_t cursor_ms =
+		sdb_config_get_int(role->cfg, SDB_OPT_cursor_timeout_ms, SHARD_CURSOR_IDLE_MS);
+	if (cursor_ms < 1 || cursor_ms > 86400LL * 1000) {
+		sdb_errf(role->err, sizeof role->err, SDB_EUSAGE,
+			 "shard: --cursor-timeout-ms must be between 1 and 86400000");
+		shard_free(sh);
+		return SDB_EUSAGE;
+	}
+	sh->cursor_idle_ms = (uint64_t)cursor_ms;
 	int64_t txn_limit_s =
 		sdb_config_get_int(role->cfg, SDB_OPT_transaction_lifetime_limit_seconds, 60);
 	if (txn_limit_s < 1 || txn_limit_s > 86400) {
@@ -220,7 +229,11 @@ static int shard_start(sdb_role *role)
 	shard_members_start(sh);
 	sh->ttl = shard_ttl_start(sh, ttl_s);
 
-	uv_timer_start(&sh->reap_timer, reap_cb, 60000, 60000);
+	/* the reaper looks a few times per timeout, at most once a minute */
+	uint64_t reap_every = sh->cursor_idle_ms / 4 < 60000 ? sh->cursor_idle_ms / 4 : 60000;
+	if (reap_every < 50)
+		reap_every = 50;
+	uv_timer_start(&sh->reap_timer, reap_cb, reap_every, reap_every);
 	if (role->http)
 		sdb_http_add_health_detail(role->http, "shard", shard_health, shard_health_detail,
 					   sh);

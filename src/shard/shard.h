@@ -52,7 +52,8 @@
  * per YCSB C point read (tests/bench/README.md, issue #19). */
 #define SHARD_WORKERS_MIN 4
 #define SHARD_WORKERS_MAX 32
-/* A cursor not used for this long (ms, MongoDB's cursorTimeoutMillis) is reaped. */
+/* A cursor not used for this long (ms, MongoDB's cursorTimeoutMillis) is reaped: the
+ * default of --cursor-timeout-ms. */
 #define SHARD_CURSOR_IDLE_MS (10 * 60 * 1000)
 /* Documents in a first batch when the command gives no batchSize (as mongod). */
 #define SHARD_DEFAULT_BATCH 101
@@ -176,6 +177,8 @@ struct shard {
 	pthread_mutex_t cur_mu;
 	shard_cursor *cursors; /* linked list */
 	uv_timer_t reap_timer;
+	/* --cursor-timeout-ms: an idle cursor (not noCursorTimeout) is killed after this */
+	uint64_t cursor_idle_ms;
 	/* spare store connections */
 	pthread_mutex_t conn_mu;
 	sdb_store_conn *spare[16];
@@ -296,6 +299,9 @@ struct shard_cursor {
 	uint64_t last_ts; /* tailable oplog cursors: newest ts returned */
 	bson_t filter;    /* tailable: the filter re-applied to new entries */
 	bool busy;        /* checked out by a getMore */
+	/* find's noCursorTimeout: never reaped for idleness, only exhausted, killed or
+	 * freed at stop (MongoDB's ClientCursor isNoTimeout) */
+	bool no_timeout;
 	bool killed;      /* killCursors while busy: dropped when put back */
 	/* streaming cursors (find): the query runs in a read transaction of a pooled
 	 * connection the cursor keeps, so every batch comes from one snapshot and memory
@@ -327,7 +333,9 @@ bool shard_cursor_kill(shard *sh, int64_t id);
  * connection (given back), its query and projection. */
 void shard_cursor_free(shard_cursor *c);
 /* Free every cursor not checked out that was last used more than idle_ms before now_ms
- * (MongoDB's cursorTimeoutMillis; the shard reaps after 10 minutes). Any thread. */
+ * (MongoDB's cursorTimeoutMillis; the shard reaps after --cursor-timeout-ms, 10 minutes by
+ * default), except noCursorTimeout ones; idle_ms 0 frees every cursor not checked out
+ * (the shard stopping). Any thread. */
 void shard_cursors_reap(shard *sh, uint64_t now_ms, uint64_t idle_ms);
 /* Free every cursor (at stop, when no worker runs). */
 void shard_cursors_free_all(shard *sh);

@@ -91,6 +91,7 @@ static const struct {
 	{279, "ClientDisconnect"},
 	{280, "ChangeStreamFatalError"},
 	{286, "ChangeStreamHistoryLost"},
+	{361, "CollectionUUIDMismatch"},
 	{462, "IngressRequestRateLimitExceeded"},
 	{10107, "NotWritablePrimary"},
 	{10334, "BSONObjectTooLarge"},

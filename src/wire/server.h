@@ -55,6 +55,7 @@
 #define WIRE_ERR_INVALID_OPTIONS 72
 #define WIRE_ERR_INVALID_NAMESPACE 73
 #define WIRE_ERR_COMMAND_NOT_SUPPORTED_ON_VIEW 166 /* CommandNotSupportedOnView */
+#define WIRE_ERR_COLLECTION_UUID_MISMATCH 361 /* CollectionUUIDMismatch (MongoDB 6.0) */
 /* a shard asked by a proxy to report views (src/shard/cmd_aggregate.c view_check) */
 #define WIRE_ERR_COMMAND_ON_SHARDED_VIEW 169 /* CommandOnShardedViewNotSupportedOnMongod */
 #define WIRE_ERR_INDEX_OPTIONS_CONFLICT 85

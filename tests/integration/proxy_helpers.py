@@ -24,7 +24,7 @@ def shard_cmd_count(cl, sid, cmd):
 
 class ProxyCluster:
     def __init__(self, start_role, tmp_path, shards=3, proxies=2, proxy_args=(),
-                 meta_members=1):
+                 meta_members=1, shard_args=()):
         self.start_role = start_role
         self.meta = Cluster(start_role, tmp_path, meta_members,
                             election_ms=300 if meta_members == 1 else 500)
@@ -39,7 +39,8 @@ class ProxyCluster:
             d = tmp_path / sid
             d.mkdir()
             self.shard_procs[sid] = start_role(
-                ["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+                ["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"]
+                + list(shard_args))
             self.shard_ids.append(sid)
             self.shard_ports[sid] = port
             self.meta_cmd({"addShard": sid, "uri": f"mongodb://127.0.0.1:{port}/"})
