@@ -122,3 +122,21 @@ def test_proxy_refuses_it(cluster):
             assert "collectionUUID is not supported" in str(e.value)
     assert sorted(d["_id"] for d in db.c.find()) == [0, 1, 2, 3, 4]
     assert db.c.count_documents({"x": 1}) == 0
+
+
+def test_shard_drop_checks_it_and_the_index_commands_refuse_it(shard_client):
+    db = shard_client.cu
+    db.d.insert_one({"_id": 1})
+    random = Binary.from_uuid(uuid.uuid4())
+    with pytest.raises(OperationFailure) as e:
+        db.command({"drop": "d", "collectionUUID": random})
+    assert e.value.code == 361, e.value.details
+    assert "d" in db.list_collection_names()
+    for cmd in ({"createIndexes": "d", "indexes": [{"key": {"a": 1}, "name": "a_1"}]},
+                {"dropIndexes": "d", "index": "*"}):
+        with pytest.raises(OperationFailure) as e:
+            db.command(dict(cmd, collectionUUID=_uuid_of(db, "d")))
+        assert e.value.code == 238, e.value.details
+    assert [i["name"] for i in db.d.list_indexes()] == ["_id_"]
+    db.command({"drop": "d", "collectionUUID": _uuid_of(db, "d")})
+    assert "d" not in db.list_collection_names()
