@@ -211,6 +211,12 @@ class RetryRunner(crud_unified.Runner):
                     raise Skip(f"the {fp['configureFailPoint']} fail point is not built")
                 self.cur_obj = None
                 self.fail_points.add(fp["configureFailPoint"])
+                # failCommand's closeConnection; onPrimaryTransactionalWrite closes the
+                # connection unless its data says closeConnection: false (mongod's)
+                data = fp.get("data") or {}
+                if data.get("closeConnection",
+                            fp["configureFailPoint"] == "onPrimaryTransactionalWrite"):
+                    self.closes_connection = True
                 super().cmd("admin", SON(fp))
                 return None
             if op["name"] == "createEntities":
@@ -224,6 +230,8 @@ class RetryRunner(crud_unified.Runner):
 
     def check_error(self, exp, exc):
         if isinstance(exc, NetworkError):
+            if not self.closes_connection:  # a crash or a hang never meets expectError
+                return f"a network error with no closeConnection fail point set: {exc!r}"
             if exp.get("isClientError") is False or "errorCode" in exp or \
                     "errorCodeName" in exp or "errorResponse" in exp:
                 return f"expected a server error, got a network error {exc}"
