@@ -13,6 +13,7 @@
 #define CODE_UNKNOWN_FIELD 40415 /* IDL: "BSON field '...' is an unknown field." */
 #define CODE_INVALID_OPTIONS 72  /* InvalidOptions */
 #define CODE_INVALID_NAMESPACE 73 /* InvalidNamespace */
+#define CODE_UNAUTHORIZED 13      /* Unauthorized */
 
 /* ---- strict parsing: the fields a command may carry (issue #20) ----
  * MongoDB parses each command with its IDL and answers 40415 "BSON field '<cmd>.<f>' is an
@@ -96,7 +97,7 @@ static const char *const drop_indexes_fields[] = {"index", "isTimeseriesNamespac
 static const char *const drop_fields[] = {"collectionUUID", NULL};
 static const char *const no_fields[] = {NULL};
 static const char *const list_indexes_fields[] = {
-	"cursor", "includeBuildUUIDs", "includeIndexBuildInfo", "isTimeseriesNamespace", NULL};
+	"cursor", "includeBuildUUIDs", "isTimeseriesNamespace", NULL};
 static const char *const list_collections_fields[] = {
 	"cursor", "filter", "nameOnly", "authorizedCollections", "includePendingDrops", NULL};
 static const char *const list_databases_fields[] = {"filter", "nameOnly",
@@ -403,6 +404,7 @@ static const arg_rule delete_stmt_types[] = {{"q", ARG_OBJECT},
 					     {NULL, 0}};
 
 static const arg_rule explain_types[] = {{"verbosity", ARG_VERBOSITY}, {NULL, 0}};
+static const arg_rule drop_types[] = {{"collectionUUID", ARG_UUID}, {NULL, 0}};
 
 static const struct {
 	const char *cmd;
@@ -414,7 +416,7 @@ static const struct {
 	{"insert", insert_types},      {"update", update_types},
 	{"delete", delete_types},      {"findAndModify", fam_types},
 	{"findandmodify", fam_types},  {"getMore", getmore_types},
-	{"killCursors", killcursors_types},
+	{"killCursors", killcursors_types}, {"drop", drop_types},
 };
 
 static const arg_rule *command_types(const char *name)
@@ -844,13 +846,21 @@ static int cmd_check(const char *name, const bson_t *cmd, bool internal, bool ex
 			return CODE_NOT_IMPLEMENTED;
 		}
 	}
-	/* collectionUUID on the index commands: a shard checks it on the CRUD commands and drop
-	 * (src/shard/commands.c), not here: refused, never ignored */
-	if ((strcmp(name, "createIndexes") == 0 || strcmp(name, "dropIndexes") == 0 ||
+	/* collectionUUID on the index commands and in an explained command: a shard checks it
+	 * on the CRUD commands and drop (src/shard/commands.c), not there: refused, never
+	 * ignored */
+	if ((explained || strcmp(name, "createIndexes") == 0 || strcmp(name, "dropIndexes") == 0 ||
 	     strcmp(name, "deleteIndexes") == 0) &&
 	    bson_has_field(cmd, "collectionUUID")) {
-		snprintf(err, errlen, "collectionUUID on %s is not supported by stripedb", name);
+		snprintf(err, errlen, "collectionUUID on %s%s is not supported by stripedb",
+			 explained ? "an explained " : "", name);
 		return CODE_NOT_IMPLEMENTED;
+	}
+	/* listDatabases runs on admin only (list_databases.cpp: 13 Unauthorized) */
+	if (strcmp(name, "listDatabases") == 0 && bson_iter_init_find(&it, cmd, "$db") &&
+	    BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), "admin") != 0) {
+		snprintf(err, errlen, "listDatabases may only be run against the admin database.");
+		return CODE_UNAUTHORIZED;
 	}
 	/* before the types: mongod refuses any writeConcern of such a command, well-formed or
 	 * not, without parsing it (uassertCommandDoesNotSpecifyWriteConcern) */

@@ -393,11 +393,19 @@ static bool coll_uuid_check(shard_ctx *x, const char *coll)
 
 	if (!bson_iter_init_find(&it, x->cmd, "collectionUUID"))
 		return true;
-	if (!BSON_ITER_HOLDS_BINARY(&it))
-		return true; /* cmdopts.c refused it */
+	/* cmdopts.c refuses another type; refused here too, so that a command without that
+	 * type rule never runs unchecked (review: drop ran with collectionUUID: "x") */
+	if (!BSON_ITER_HOLDS_BINARY(&it)) {
+		shard_fail(x, 14, "BSON field 'collectionUUID' is the wrong type '%s', expected a UUID",
+			   sdb_bson_type_name(bson_iter_type(&it)));
+		return false;
+	}
 	bson_iter_binary(&it, &sub, &len, &want);
-	if (sub != BSON_SUBTYPE_UUID || len != 16)
-		return true;
+	if (sub != BSON_SUBTYPE_UUID || len != 16) {
+		shard_fail(x, 14, "BSON field 'collectionUUID' is the wrong type 'binData', "
+				  "expected a UUID (binData subtype 4)");
+		return false;
+	}
 	if (coll == NULL) {
 		shard_fail(x, WIRE_ERR_INVALID_OPTIONS,
 			   "collectionUUID is not supported on a collectionless command");

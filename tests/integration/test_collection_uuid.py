@@ -140,3 +140,19 @@ def test_shard_drop_checks_it_and_the_index_commands_refuse_it(shard_client):
     assert [i["name"] for i in db.d.list_indexes()] == ["_id_"]
     db.command({"drop": "d", "collectionUUID": _uuid_of(db, "d")})
     assert "d" not in db.list_collection_names()
+
+
+def test_shard_drop_refuses_a_mistyped_uuid_and_explain_refuses_it(shard_client):
+    """A collectionUUID of the wrong type on drop is 14 and drops nothing (a fresh user:
+    drop ran with collectionUUID: "x"); an explained command's is refused (238), never
+    explained as if it matched."""
+    db = shard_client.cu
+    db.t.insert_one({"_id": 1})
+    for bad in ("x", 5, None, Binary(b"abc", 0)):
+        with pytest.raises(OperationFailure) as e:
+            db.command({"drop": "t", "collectionUUID": bad})
+        assert e.value.code == 14, (bad, e.value.details)
+    assert db.t.count_documents({}) == 1
+    with pytest.raises(OperationFailure) as e:
+        db.command({"explain": {"find": "t", "collectionUUID": Binary.from_uuid(uuid.uuid4())}})
+    assert e.value.code == 238, e.value.details
