@@ -1123,6 +1123,10 @@ void shard_cmd_coll_stats(shard_ctx *x)
 	const char *coll = coll_read(x, "Collection [%s.%s] not found.", &co);
 	if (!coll)
 		return;
+	/* a view has no storage: 166 as mongod (a fresh user's $collStats over a view through
+	 * a proxy, which sends this command, answered count 0) */
+	if (shard_refuse_view(x, coll))
+		return;
 	bson_t *reply = bson_new();
 	shard_coll_stats_append(x, coll, co, reply);
 	sdb_store_rollback(x->conn);

@@ -52,6 +52,14 @@ def test_coll_stats_stage_through_a_proxy(start_role, tmp_path):
         docs = _agg(db, "s", [{"$collStats": {"count": {}}}])
         assert sorted(d["shard"] for d in docs) == ["shard-a", "shard-b"]
         assert sum(d["count"] for d in docs) == 7
+        # a view has no storage: 166 as mongod (a fresh user: count 0 through a proxy)
+        db.create_collection("sv", viewOn="s", pipeline=[])
+        with pytest.raises(OperationFailure) as e:
+            _agg(db, "sv", [{"$collStats": {"count": {}}}])
+        assert e.value.code == 166, e.value.details
+        with pytest.raises(OperationFailure) as e:
+            db.command("collStats", "sv")
+        assert e.value.code == 166, e.value.details
         # later stages run over the shards' documents, as on a shard and on mongos 6.0
         # (issue #20: the proxy answered 9 "$collStats is supported as the only stage")
         out = _agg(db, "s", [{"$collStats": {"count": {}, "storageStats": {}}},
