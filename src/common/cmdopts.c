@@ -928,7 +928,9 @@ static const char *const api_v1_commands[] = {
 	"find",		    "findAndModify", "findandmodify",  "getMore",	   "hello",
 	"isMaster",	    "ismaster",	     "insert",	       "killCursors",	   "listCollections",
 	"listDatabases",    "listIndexes",   "ping",	       "refreshSessions", "update",
-	NULL};
+	/* authentication: accepted under apiStrict, as `authenticate` (a driver may send its
+	 * API parameters with the handshake's SCRAM conversation) */
+	"saslStart", "saslContinue", NULL};
 
 #define CODE_API_VERSION_ERROR 322 /* APIVersionError */
 #define CODE_API_STRICT_ERROR 323  /* APIStrictError */

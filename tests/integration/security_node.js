@@ -1,15 +1,17 @@
 // Authentication through the Node.js `mongodb` driver against a stripedb proxy with
 // --auth=enabled (tests/integration/test_security.py runs it).
 // usage: node security_node.js PORT USER GOOD_PASSWORD BAD_PASSWORD OWN_DB OTHER_DB [MECH]
-// MECH: SCRAM-SHA-256 (default) or SCRAM-SHA-1.
+// MECH: SCRAM-SHA-256 (default) or SCRAM-SHA-1, with ":strict" for a strict Stable API
+// client (its SCRAM conversation carries apiVersion and apiStrict).
 // Prints one JSON line: {good: {...}, bad: {...}, other: {...}}.
 const { MongoClient } = require("mongodb");
 
 let mech = "SCRAM-SHA-256";
+let serverApi; // MECH ":strict": the client declares {serverApi: {version: "1", strict: true}}
 
 async function attempt(port, user, pw, fn) {
   const uri = `mongodb://${encodeURIComponent(user)}:${encodeURIComponent(pw)}@127.0.0.1:${port}/?directConnection=true&authSource=admin&authMechanism=${mech}&serverSelectionTimeoutMS=10000&retryWrites=false`;
-  const client = new MongoClient(uri);
+  const client = new MongoClient(uri, serverApi ? { serverApi } : {});
   const started = process.hrtime.bigint();
   try {
     await client.connect();
@@ -25,7 +27,8 @@ async function attempt(port, user, pw, fn) {
 
 (async () => {
   const [port, user, good, bad, ownDb, otherDb, m] = process.argv.slice(2);
-  if (m) mech = m;
+  if (m) [mech] = m.split(":");
+  if (m && m.endsWith(":strict")) serverApi = { version: "1", strict: true };
   const out = {};
   out.good = await attempt(port, user, good, async (c) => {
     await c.db(ownDb).collection("node").insertOne({ _id: 1, via: "node" });

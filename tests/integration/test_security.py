@@ -309,7 +309,7 @@ def test_brute_force_is_rate_limited_through_the_peer_ring(start_role, tmp_path,
 
 
 @needs_node_client("mongodb")
-@pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-1"])
+@pytest.mark.parametrize("mech", ["SCRAM-SHA-256", "SCRAM-SHA-1", "SCRAM-SHA-256:strict"])
 def test_node_driver_auth_and_isolation(sec, mech):
     r = subprocess.run(["node", os.path.join(HERE, "security_node.js"),
                         str(sec.proxy_ports[0]), "alice", "alice-pw", "wrong", "adb", "bdb",
