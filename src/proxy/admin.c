@@ -619,12 +619,15 @@ int px_coll_stats_stage_docs(ctx *c, const bson_t *spec, bson_t ***docs, size_t 
 				want_storage = true;
 			else if (strcmp(k, "count") == 0)
 				want_count = true;
-			else {
-				return px_error(c, WIRE_ERR_FAILED_TO_PARSE,
+			else if (strcmp(k, "latencyStats") == 0 || strcmp(k, "queryExecStats") == 0)
+				/* MongoDB 6.0's, not kept by stripedb: refused, as a shard */
+				return px_error(c, WIRE_ERR_NOT_IMPLEMENTED,
 						"$collStats: %s is not supported by stripedb "
 						"(storageStats and count are)",
 						k);
-			}
+			else
+				return px_error(c, 40415,
+						"BSON field '$collStats.%s' is an unknown field.", k);
 		}
 	}
 	if ((rst = owner_calls(c, "collStats", true, &n, &sharded, &nchunks, &pc)) != 0 || pc == NULL)

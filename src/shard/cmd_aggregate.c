@@ -134,8 +134,9 @@ static bool view_check(shard_ctx *x, const char *view, const char *source, char 
 
 /* The document of a leading {$collStats: spec} over db.coll (a copy for util_docs_free):
  * {ns, host, localTime, storageStats?: the collStats fields, count?: N (a long, at the top
- * level as mongod's appendCollectionRecordCount puts it)}. Replies and returns false for an
- * option other than storageStats and count (FailedToParse, as the proxy), a view (166
+ * level as mongod's appendCollectionRecordCount puts it)}. Replies and returns false for
+ * latencyStats or queryExecStats (238 NotImplemented, as the proxy), another option (40415,
+ * MongoDB's strict IDL spec), a view (166
  * CommandNotSupportedOnView) or a missing collection with storageStats or count (26
  * NamespaceNotFound, as mongod). Needs x's open read transaction. */
 static bool coll_stats_doc(shard_ctx *x, const char *coll, const bson_iter_t *spec,
@@ -157,11 +158,16 @@ static bool coll_stats_doc(shard_ctx *x, const char *coll, const bson_iter_t *sp
 			want_storage = true;
 		} else if (strcmp(k, "count") == 0) {
 			want_count = true;
-		} else {
-			shard_fail(x, WIRE_ERR_FAILED_TO_PARSE,
+		} else if (strcmp(k, "latencyStats") == 0 || strcmp(k, "queryExecStats") == 0) {
+			/* MongoDB 6.0's, not kept by stripedb: refused, never ignored */
+			shard_fail(x, 238,
 				   "$collStats: %s is not supported by stripedb (storageStats and "
 				   "count are)",
 				   k);
+			return false;
+		} else {
+			/* DocumentSourceCollStatsSpec is a strict IDL struct */
+			shard_fail(x, 40415, "BSON field '$collStats.%s' is an unknown field.", k);
 			return false;
 		}
 	}

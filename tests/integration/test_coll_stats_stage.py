@@ -31,7 +31,8 @@ def test_coll_stats_stage_on_a_shard(shard):
     # a collection that does not exist: its count and storageStats are NamespaceNotFound
     for pipeline, code in (([{"$collStats": {"storageStats": {}}}], 26),
                            ([{"$collStats": {"count": {}}}], 26),
-                           ([{"$collStats": {"latencyStats": {}}}], 9),
+                           ([{"$collStats": {"latencyStats": {}}}], 238),
+                           ([{"$collStats": {"bogus": {}}}], 40415),
                            ([{"$match": {}}, {"$collStats": {}}], 40602)):
         with pytest.raises(OperationFailure) as e:
             _agg(db, "none" if code == 26 else "c", pipeline)
@@ -80,6 +81,7 @@ def test_coll_stats_stage_through_a_proxy(start_role, tmp_path):
         shard_db = cl.shard_client("shard-a").cs
         for pipeline in ([{"$collStats": {"count": {}}}, {"$bogus": {}}],
                          [{"$collStats": {"latencyStats": {}}}, {"$project": {"a": 1}}],
+                         [{"$collStats": {"bogus": {}}}],
                          [{"$collStats": {"count": {}}}, {"$project": 1}]):
             with pytest.raises(OperationFailure) as e:
                 _agg(shard_db, "s", pipeline)
