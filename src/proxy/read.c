@@ -997,6 +997,23 @@ static pstream *run_to_stream(const sdb_pipeline *pl, sdb_pipeline_next_fn next,
  * pipeline reads a sharded foreign collection: the input is pd's filter/sort/skip/limit run
  * on the primary shard (px_sub_aggregate), the rest runs here; answers c with the cursor.
  * Returns: the answer's status. */
+/* Run pl (still the caller's) over in's documents, which it frees, and answer the output
+ * as a cursor of batch documents in its first batch. Returns: the answer's status. */
+static int answer_docs(ctx *c, const sdb_pipeline *pl, arr_in *in, int64_t batch)
+{
+	int code = 0;
+	char err[512];
+	pstream *out_s = run_to_stream(pl, arr_next, in, &code, err, sizeof err);
+
+	for (size_t i = 0; i < in->n; i++)
+		bson_destroy(in->docs[i]);
+	free(in->docs);
+	if (out_s == NULL)
+		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
+	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0),
+				batch, false, "firstBatch", c->ns);
+}
+
 static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, sdb_pipeline *pl,
 			   int64_t batch)
 {
@@ -1005,7 +1022,6 @@ static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, sdb_pipeli
 	char key[16];
 	const char *kp;
 	arr_in in = {0};
-	pstream *out_s;
 	int code = 0, r;
 	char err[512];
 
@@ -1046,14 +1062,7 @@ static int unsharded_input(ctx *c, const sdb_pipeline_pushdown_t *pd, sdb_pipeli
 	bson_destroy(&pre);
 	if (r != 0)
 		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
-	out_s = run_to_stream(pl, arr_next, &in, &code, err, sizeof err);
-	for (size_t i = 0; i < in.n; i++)
-		bson_destroy(in.docs[i]);
-	free(in.docs);
-	if (out_s == NULL)
-		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
-	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0),
-				batch, false, "firstBatch", c->ns);
+	return answer_docs(c, pl, &in, batch);
 }
 
 /* An aggregate whose first stage is {$collStats: spec} (rest: an iterator on that stage
@@ -1065,7 +1074,6 @@ static int coll_stats_pipeline(ctx *c, const bson_t *spec, bson_iter_t *rest, in
 	bson_t later = BSON_INITIALIZER, vars;
 	sdb_pipeline *pl = NULL;
 	arr_in in = {0};
-	pstream *out_s;
 	uint32_t k = 0;
 	int code = 0, st = 0;
 	char err[512];
@@ -1091,15 +1099,9 @@ static int coll_stats_pipeline(ctx *c, const bson_t *spec, bson_iter_t *rest, in
 		sdb_pipeline_free(pl);
 		return st;
 	}
-	out_s = run_to_stream(pl, arr_next, &in, &code, err, sizeof err);
+	st = answer_docs(c, pl, &in, batch);
 	sdb_pipeline_free(pl);
-	for (size_t i = 0; i < in.n; i++)
-		bson_destroy(in.docs[i]);
-	free(in.docs);
-	if (out_s == NULL)
-		return px_error(c, code ? code : WIRE_ERR_INTERNAL, "%s", err);
-	return px_answer_cursor(c, proxy_cursor_new(c->p, c->ns, out_s, 1, NULL, NULL, 0, 0),
-				batch, false, "firstBatch", c->ns);
+	return st;
 }
 
 /* aggregate with `explain: true` (mongod's legacy form of explain for aggregate): the

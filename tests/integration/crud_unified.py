@@ -263,6 +263,18 @@ def _write_error(reply):
     return err
 
 
+def check_labels(exp, labels):
+    """None when labels (an error's errorLabels) meet expectError exp's errorLabelsContain
+    and errorLabelsOmit, else why not."""
+    for lab in exp.get("errorLabelsContain", []):
+        if lab not in labels:
+            return f"error label {lab} missing"
+    for lab in exp.get("errorLabelsOmit", []):
+        if lab in labels:
+            return f"error label {lab} present"
+    return None
+
+
 class Runner:
     """Runs one spec file against one server (pymongo client to its URI)."""
 
@@ -759,15 +771,8 @@ class Runner:
             for k in ("errorCode", "errorCodeName", "errorResponse", "expectResult"):
                 if k in exp:
                     return f"expected a server error ({k}) but got a client error {exc}"
-            labels = exc.reply.get("errorLabels", []) if isinstance(exc, NetworkError) \
-                else []
-            for lab in exp.get("errorLabelsContain", []):
-                if lab not in labels:
-                    return f"error label {lab} missing"
-            for lab in exp.get("errorLabelsOmit", []):
-                if lab in labels:
-                    return f"error label {lab} present"
-            return None
+            return check_labels(exp, exc.reply.get("errorLabels", [])
+                                if isinstance(exc, NetworkError) else [])
         if "errorCode" in exp and exc.code != exp["errorCode"]:
             return f"errorCode {exp['errorCode']} but got {exc.code} ({exc.errmsg})"
         if "errorCodeName" in exp and exc.code_name != exp["errorCodeName"]:
@@ -784,15 +789,7 @@ class Runner:
             m = match(exp["expectResult"], exc.partial)
             if m:
                 return m
-        if "errorLabelsContain" in exp or "errorLabelsOmit" in exp:
-            labels = exc.reply.get("errorLabels", [])
-            for lab in exp.get("errorLabelsContain", []):
-                if lab not in labels:
-                    return f"error label {lab} missing"
-            for lab in exp.get("errorLabelsOmit", []):
-                if lab in labels:
-                    return f"error label {lab} present"
-        return None
+        return check_labels(exp, exc.reply.get("errorLabels", []))
 
     def run_test(self, test):
         """Return ("passed"|"failed"|"skipped", detail); the fail points the test set are

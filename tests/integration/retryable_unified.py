@@ -235,14 +235,7 @@ class RetryRunner(crud_unified.Runner):
             if exp.get("isClientError") is False or "errorCode" in exp or \
                     "errorCodeName" in exp or "errorResponse" in exp:
                 return f"expected a server error, got a network error {exc}"
-            labels = exc.reply["errorLabels"]
-            for lab in exp.get("errorLabelsContain", []):
-                if lab not in labels:
-                    return f"error label {lab} missing"
-            for lab in exp.get("errorLabelsOmit", []):
-                if lab in labels:
-                    return f"error label {lab} present"
-            return None
+            return crud_unified.check_labels(exp, exc.reply["errorLabels"])
         return super().check_error(exp, exc)
 
     def check_events(self, expected):
