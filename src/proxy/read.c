@@ -125,15 +125,24 @@ static void sample_cmd(ctx *c, const bson_t *filter, int64_t sample, int64_t bat
  * projection or version (those are added here). sample >= 0: a request to a shard (not
  * per chunk: the ownership filter would drop sampled documents after the fact) is the
  * sampling aggregate of sample_cmd instead of a find (sort and proj then unused).
+ * limit > 0 (the client's limit + skip, merge_pushdown_limit): each per-shard find gets it
+ * as its limit, as mongos sends a find's limit to its shards (issue #19): a shard then
+ * returns at most that many documents in all and closes its cursor itself once it has
+ * (cursor id 0 in the reply), so a short sorted scan needs no killCursors afterwards. The
+ * shard counts only the documents it owns (its orphan filter runs before the limit,
+ * storage/query.h). Per-chunk finds go without it: their shard also returns the documents
+ * of its other chunks and its orphans, which the proxy drops (pstream_take_batch), so a
+ * limit there could stop before the chunk's own documents.
  * partial_ok (a find's allowPartialResults): a request its shard did not answer
  * (SHARDCONN_NET_ERR: down, timeout; never a command error) leaves its stream empty and
  * exhausted instead of failing, and sets *dropped.
  * Returns SHARDCONN_OK with *out streams (count *nout), or the first failure class with
  * *fail pointing at the failed stream's error (streams freed, shard cursors killed). */
 static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson_t *filter,
-			     const bson_t *sort, const bson_t *proj, int64_t batch, int64_t sample,
-			     bool partial_ok, pstream **out, size_t *nout, bson_t *err_reply,
-			     char *neterr, size_t nelen, bool *nometa, bool *dropped)
+			     const bson_t *sort, const bson_t *proj, int64_t batch, int64_t limit,
+			     int64_t sample, bool partial_ok, pstream **out, size_t *nout,
+			     bson_t *err_reply, char *neterr, size_t nelen, bool *nometa,
+			     bool *dropped)
 {
 	scatter sc;
 	size_t i, j, nsel = 0;
@@ -191,6 +200,8 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 		if (proj && !bson_empty(proj))
 			BSON_APPEND_DOCUMENT(&sc.cmds[sc.n], "projection", proj);
 		BSON_APPEND_INT64(&sc.cmds[sc.n], "batchSize", batch);
+		if (per_shard && limit > 0)
+			BSON_APPEND_INT64(&sc.cmds[sc.n], "limit", limit);
 		copy_find_options(c->cmd, &sc.cmds[sc.n]);
 		if (per_shard)
 			px_append_shard_version(&sc.cmds[sc.n], rc, ch->shard);
@@ -242,6 +253,7 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 typedef struct merged_op {
 	const bson_t *filter, *sort_spec, *shard_proj;
 	int64_t batch;
+	int64_t limit;  /* > 0: each shard's limit (limit + skip; scatter_open_once) */
 	int64_t sample; /* >= 0: the shards sample (scatter_open_once) */
 	pstream *s; /* the streams opened (count n) ... */
 	size_t n;
@@ -265,7 +277,7 @@ static int merged_execute(px_retry *r, void *arg)
 	px_note_target(r->c, r->rc, nsel);
 	m->dropped = false; /* of this attempt */
 	cls = scatter_open_once(r->c, r->rc, sel, m->filter, m->sort_spec, m->shard_proj,
-				m->batch, m->sample, m->partial_ok, &m->s, &m->n, &err_reply, nerr,
+				m->batch, m->limit, m->sample, m->partial_ok, &m->s, &m->n, &err_reply, nerr,
 				sizeof nerr, &nometa, &m->dropped);
 	free(sel);
 	if (cls == SHARDCONN_STALE && nometa && !m->redone) {
@@ -306,8 +318,8 @@ static int open_merged_ex(ctx *c, route_coll **rcp, const bson_t *filter,
 			  sdb_projection *proj, int64_t skip, int64_t limit, int64_t batch,
 			  int64_t sample, proxy_cursor **out)
 {
-	merged_op m = {filter, sort_spec, shard_proj, batch, sample, NULL, 0, false, false,
-		       find_partial_ok(c), false};
+	merged_op m = {filter, sort_spec, shard_proj, batch, merge_pushdown_limit(skip, limit),
+		       sample, NULL, 0, false, false, find_partial_ok(c), false};
 	px_retry r;
 
 	px_retry_init(&r, c, *rcp, merged_execute, NULL, &m);
