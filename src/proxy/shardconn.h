@@ -148,8 +148,9 @@ void shardconn_wait_end(void);
  * shardconn_fanout carries it to the fan-out units. */
 void shardconn_set_op_deadline(uint64_t deadline_ms);
 uint64_t shardconn_op_deadline(void);
-/* Run fn(ctx, i) for i in [0, n) in parallel on the I/O pool and return when all have
- * finished (n == 1 runs inline). The units see the caller's shardconn_op_deadline. */
+/* Run fn(ctx, i) for i in [0, n) in parallel and return when all have finished: unit 0
+ * on the calling thread (so n == 1 runs inline), the others on the I/O pool. The units
+ * see the caller's shardconn_op_deadline. */
 void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
 
 /* The shardconn's metadata pool, for the members "H:P,H:P" (replicaSet=stripedb-meta, so
