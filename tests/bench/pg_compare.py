@@ -14,7 +14,8 @@ count, against:
   * proxy    one stripedb proxy in front of one shard (metadata member + proxy + shard);
   * rs3      (--replset) a 3-member shard replica set (replicaSet URI);
   * 4x2      (--scale-out) 4 shards behind 2 proxies, ycsb.usertable sharded on _id in 4
-             ranged chunks, the client given both proxies;
+             ranged chunks (each shard given its filtering metadata, as a coordinator
+             would), the client given both proxies;
 
 stripedb targets are driven by `stripedb bench` (C, libmongoc; it reloads the collection
 before each run). One loopback round trip is measured in the same run (redis-benchmark
@@ -323,6 +324,23 @@ def loopback_redis(tmp, seconds):
 
 # ---------------------------------------------------------------- stripedb targets
 
+def install_filtering(cl, ns, key):
+    """Give each shard of cl (a ProxyCluster) the filtering metadata of ns, as a
+    deployment's coordinator reconciles it (src/coordinator/filtering.h) and a proxy's
+    shardCollection installs it: ProxyCluster shards through the metadata member directly
+    and starts no coordinator, so without this its shards have none and the proxies fall
+    back to per-chunk requests with their own ownership filter (src/proxy/shardver.c), a
+    path that cannot send a find's limit to the shards (issue #19, tests/bench/README.md
+    "Short range scans on 4 shards")."""
+    chunks = cl.routing(ns)["chunks"]
+    cver = max(ch["token"] for ch in chunks)
+    for sid in cl.shard_ids:
+        mine = [{"id": str(ch["id"]), "min": ch["min"], "max": ch["max"], "token": ch["token"]}
+                for ch in chunks if ch["shard"] == sid]
+        cl.shard_client(sid).admin.command({"stripedbSetFiltering": ns, "key": key,
+                                            "chunks": mine, "collectionVersion": cver})
+
+
 def start_targets(args, tmp, st):
     """[(label, uri, pids)] in table order, starting each cluster; pids: its server
     processes (for CPU per operation)."""
@@ -358,6 +376,7 @@ def start_targets(args, tmp, st):
         n = args.records
         four.shard_collection("ycsb.usertable", {"_id": 1},
                               split_points=[{"_id": f"user{n * i // 4:012d}"} for i in (1, 2, 3)])
+        install_filtering(four, "ycsb.usertable", {"_id": 1})
         hosts = ",".join(f"127.0.0.1:{p}" for p in four.proxy_ports)
         targets.append(("4x2", f"mongodb://{hosts}/", new_pids(n0)))
     return targets
