@@ -100,6 +100,13 @@ def test_limit_with_skip_batch_size_and_get_more(cl3):
             if batch:
                 cur = cur.batch_size(batch)
             assert [d["_id"] for d in cur] == want, (k, skip, lim, batch)
+    # an aggregate's pushed-down $sort/$skip/$limit goes the same way (limit + skip)
+    for k, skip, lim in ((0, 0, 5), (55, 3, 61), (118, 10, 100), (235, 0, 100)):
+        pipe = [{"$match": {"_id": {"$gte": k}}}, {"$sort": {"_id": 1}}]
+        pipe += [{"$skip": skip}] if skip else []
+        pipe += [{"$limit": lim}, {"$project": {"pad": 0}}]
+        got = [d["_id"] for d in coll.aggregate(pipe, batchSize=7)]
+        assert got == list(range(k, N))[skip:][:lim], (k, skip, lim)
     # a cursor given up after its first batch: the shards that still hold an open cursor
     # for it get a killCursors from the proxy
     kills = counts(cl, "killCursors")
