@@ -33,6 +33,7 @@ struct sdb_query {
 	bson_t sort_doc;
 	/* plan */
 	bool empty;        /* bounds proved nothing matches */
+	size_t id_points;  /* the plan looks up this many _id values (0: another plan) */
 	bool collscan;     /* no bounds, no index */
 	char *index;       /* secondary index name, NULL = _id / collection order */
 	bool multikey;     /* the chosen index is multikey */
@@ -595,6 +596,8 @@ static int plan(sdb_query *q, const sdb_store_coll *co, const bson_iter_t *hint,
 	if (best_score == 4) {
 		q->empty = true;
 	} else if (best_score > 0) {
+		if (!best && best_b.kind == SDB_BOUNDS_POINTS)
+			q->id_points = best_b.n;
 		if (best) {
 			q->index = sdb_strdup(best->name);
 			q->multikey = best->multikey;
@@ -834,6 +837,11 @@ end:
 		q->end_ns = sdb_mono_ns();
 	}
 	return 0;
+}
+
+bool sdb_query_is_point(const sdb_query *q, size_t max_points)
+{
+	return q->empty || (q->id_points > 0 && q->id_points <= max_points);
 }
 
 void sdb_query_stats(const sdb_query *q, int64_t *n_returned, int64_t *keys, int64_t *docs)

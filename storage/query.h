@@ -90,6 +90,13 @@ int sdb_query_next(sdb_query *q, const bson_t **doc, int *code, char *err, size_
  * query (sdb_query_next until 0) first for exact stats. */
 void sdb_query_explain(const sdb_query *q, bool stats, bson_t *out);
 
+/* Whether q's plan reads at most max_points documents whatever the data: it looks up at
+ * most max_points _id values in the _id index (an equality or a short $in on _id, planned
+ * without a hint or a keyRange), or its bounds proved nothing matches. A shard runs such a
+ * read on its event loop thread (src/shard/pool.c shard_pool_run_inline): its cost does
+ * not grow with the collection. */
+bool sdb_query_is_point(const sdb_query *q, size_t max_points);
+
 /* Counters so far. */
 void sdb_query_stats(const sdb_query *q, int64_t *n_returned, int64_t *keys, int64_t *docs);
 

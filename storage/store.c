@@ -534,9 +534,14 @@ int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen)
 	return 0;
 }
 
+bool sdb_store_conn_idle(const sdb_store_conn *c)
+{
+	return !c->in_txn && !c->apply;
+}
+
 void sdb_store_rollback(sdb_store_conn *c)
 {
-	if (!c->in_txn)
+	if (!c || !c->in_txn)
 		return;
 	if (c->apply) {
 		store_exec_cached(c, "ROLLBACK TO cmd", NULL, 0);

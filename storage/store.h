@@ -114,8 +114,12 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen);
  * transaction it releases the savepoint "cmd". Errors: SDB_EINVAL (no transaction open),
  * SDB_EIO (oplog trim or COMMIT failed; the transaction is rolled back). */
 int sdb_store_commit(sdb_store_conn *c, char *err, size_t errlen);
-/* Roll back; safe to call with no transaction open. */
+/* Roll back; safe to call with no transaction open, and with c NULL (no connection:
+ * nothing to roll back). */
 void sdb_store_rollback(sdb_store_conn *c);
+/* True when c has no transaction open and is not inside a replicated apply
+ * (sdb_store_apply_begin .. commit): a read may begin on it. */
+bool sdb_store_conn_idle(const sdb_store_conn *c);
 /* Replicated apply (shard replica sets, issue #15): the inputs a Raft entry carries so
  * that every member running the same commands on the same state writes the same bytes.
  * now_ms: the leader's wall clock when it proposed (epoch ms: oplog ts and wall,

@@ -29,6 +29,9 @@
 #include "storage/query.h"
 
 static const char OPLOG_DB[] = "local";
+/* The most _id values a find run on the loop thread may look up (an equality, or null's
+ * two points); shard_pool_run_inline. */
+#define INLINE_MAX_POINTS 2
 static const char OPLOG_COLL[] = "oplog.rs";
 
 /* Open the next stage of stages (*nst of them so far) as st; the caller appends the stage's
@@ -576,7 +579,10 @@ static void find_conn_put(shard_ctx *x, sdb_store_conn *worker_conn, sdb_store_c
 			  sdb_projection *proj)
 {
 	x->conn = worker_conn;
-	shard_conn_put(x->sh, fc);
+	if (fc == worker_conn)
+		sdb_store_rollback(fc); /* a read on the loop thread: its own connection */
+	else
+		shard_conn_put(x->sh, fc);
 	sdb_projection_free(proj);
 }
 
@@ -620,7 +626,9 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		find_in_txn(x, coll, o, proj);
 		return;
 	}
-	sdb_store_conn *fc = shard_conn_get(x->sh, x->err, sizeof x->err);
+	/* on the loop thread, the read ends within this call (a point read: a cursor left
+	 * open is deferred below), so it runs on the connection it was given */
+	sdb_store_conn *fc = x->inline_run ? x->conn : shard_conn_get(x->sh, x->err, sizeof x->err);
 	if (!fc) {
 		sdb_projection_free(proj);
 		shard_fail(x, WIRE_ERR_INTERNAL, "shard: %s", x->err);
@@ -629,6 +637,13 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 	x->conn = fc;
 	if (!shard_begin(x, false)) {
 		find_conn_put(x, worker_conn, fc, proj);
+		return;
+	}
+	if (x->inline_run && shard_coll_is_view(x, coll)) {
+		/* an aggregation over the view's source: not bounded, a worker runs it */
+		sdb_store_rollback(x->conn);
+		find_conn_put(x, worker_conn, fc, proj);
+		x->deferred = true;
 		return;
 	}
 	if (o->have_key_range && shard_coll_is_view(x, coll)) {
@@ -665,6 +680,14 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		find_conn_put(x, worker_conn, fc, proj);
 		return;
 	}
+	if (x->inline_run && !sdb_query_is_point(q, INLINE_MAX_POINTS)) {
+		/* its cost may grow with the collection: a worker runs it */
+		sdb_query_free(q);
+		sdb_store_rollback(x->conn);
+		find_conn_put(x, worker_conn, fc, proj);
+		x->deferred = true;
+		return;
+	}
 	code = 0;
 	uint64_t at = snapshot ? sdb_store_oplog_last(fc) : 0;
 	size_t batch = o->have_batch ? (size_t)o->batch : SHARD_DEFAULT_BATCH;
@@ -686,14 +709,23 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 		find_conn_put(x, worker_conn, fc, proj);
 		return;
 	}
+	if (x->inline_run && !done && !o->single_batch) {
+		/* more than one batch (a small batchSize, documents near 16 MiB): a cursor
+		 * needs a connection of its own; nothing was sent, a worker runs it again */
+		bson_destroy(reply);
+		sdb_query_free(q);
+		sdb_doc_free(pending);
+		find_conn_put(x, worker_conn, fc, proj);
+		x->deferred = true;
+		return;
+	}
 	x->conn = worker_conn;
 	char *ns = sdb_asprintf("%s.%s", x->db, coll);
 	int64_t id = 0;
 	if (done || o->single_batch) {
 		sdb_query_free(q);
 		sdb_doc_free(pending);
-		shard_conn_put(x->sh, fc);
-		sdb_projection_free(proj);
+		find_conn_put(x, worker_conn, fc, proj);
 	} else {
 		shard_cursor *c = sdb_calloc_bson(1, sizeof *c);
 		c->ns = sdb_strdup(ns);
@@ -717,6 +749,10 @@ static void run_find(shard_ctx *x, const char *coll, find_opts *o, bool snapshot
 void shard_cmd_find(shard_ctx *x)
 {
 	find_opts o;
+	if (x->inline_run && strcmp(x->db, OPLOG_DB) == 0) {
+		x->deferred = true; /* the oplog is scanned, not looked up: a worker reads it */
+		return;
+	}
 	const char *coll = find_args(x, "find", false, &o);
 	if (!coll)
 		return;

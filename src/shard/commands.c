@@ -162,13 +162,33 @@ shard_cmd_fn shard_cmd_lookup(const char *name)
 	return NULL;
 }
 
+/* May req run on the loop thread (shard_pool_run_inline)? A find whose filter names _id
+ * at its top level, without a hint: likely a point read. This only saves queueing what
+ * would be deferred; the find decides by its plan (sdb_query_is_point) and defers what
+ * is not a point read. */
+static bool read_inline_candidate(wire_req *req)
+{
+	bson_iter_t it, f;
+
+	if (strcmp(wire_req_name(req), "find") != 0)
+		return false;
+	if (bson_iter_init_find(&it, wire_req_cmd(req), "hint"))
+		return false;
+	return bson_iter_init_find(&it, wire_req_cmd(req), "filter") &&
+	       BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &f) &&
+	       bson_iter_find(&f, "_id");
+}
+
 void shard_cmd_run_read(shard *sh, wire_req *req, shard_cmd_fn fn)
 {
 	/* $currentOp: the op documents are taken here, on the loop thread, for the worker
 	 * (currentop.c) */
 	if (strcmp(wire_req_name(req), "aggregate") == 0 && shard_curop_stage_dispatch(sh, req))
 		return;
-	shard_pool_submit(sh, fn, req);
+	if (read_inline_candidate(req))
+		shard_pool_run_inline(sh, fn, req);
+	else
+		shard_pool_submit(sh, fn, req);
 }
 
 static void dispatch(wire_req *req, void *role_data)

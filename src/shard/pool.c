@@ -271,9 +271,77 @@ void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req)
 	submit(sh, fn, req, NULL);
 }
 
+static sdb_counter *loop_reads, *loop_deferred;
+static pthread_once_t loop_once = PTHREAD_ONCE_INIT;
+
+static void loop_init(void)
+{
+	loop_reads = sdb_metrics_counter("stripedb_shard_loop_reads_total",
+					 "finds by _id answered on the event loop thread, without a "
+					 "worker",
+					 "role=\"shard\"");
+	loop_deferred = sdb_metrics_counter("stripedb_shard_loop_reads_deferred_total",
+					    "finds tried on the event loop thread and handed to a "
+					    "worker: not a point read (a view, another plan, the oplog)",
+					    "role=\"shard\"");
+}
+
+void shard_pool_run_inline(shard *sh, shard_cmd_fn fn, wire_req *req)
+{
+	char err[256];
+	/* the apply's connection keeps its cache across writes; a pooled one when it is busy
+	 * (a read resumed from inside an apply) */
+	sdb_store_conn *own = sh->repl ? shard_repl_read_conn(sh->repl) : NULL;
+	sdb_store_conn *conn = own ? own : shard_conn_get(sh, err, sizeof err);
+	shard_ctx x;
+
+	if (!conn) {
+		submit(sh, fn, req, NULL); /* the worker answers the same failure */
+		return;
+	}
+	memset(&x, 0, sizeof x);
+	x.sh = sh;
+	x.conn = conn;
+	x.req = req;
+	x.cmd = wire_req_cmd(req);
+	x.db = wire_req_db(req);
+	x.inline_run = true;
+	pthread_once(&loop_once, loop_init);
+	int32_t opid = wire_req_opid(req);
+	shard_sessions_note(sh, x.cmd);
+	shard_ctx_run(&x, fn);
+	if (own)
+		sdb_store_rollback(own);
+	else
+		shard_conn_put(sh, conn); /* rolled back there */
+	if (x.deferred) {
+		sdb_counter_inc(loop_deferred);
+		submit(sh, fn, req, NULL);
+	} else {
+		sdb_counter_inc(loop_reads);
+		shard_curop_drop(sh, opid);
+	}
+}
+
 void shard_pool_submit_write(shard *sh, wire_req *req)
 {
-	submit_job(sh, NULL, req, NULL, true);
+	shard_ctx x;
+
+	if (wire_failpoint_primary_write_armed(req)) {
+		/* the test fail point reads the session table: a worker's connection */
+		submit_job(sh, NULL, req, NULL, true);
+		return;
+	}
+	/* the checks only parse the command: run here, as the worker would, with no store
+	 * connection (x.conn NULL: nothing to roll back) */
+	memset(&x, 0, sizeof x);
+	x.sh = sh;
+	x.req = req;
+	x.cmd = wire_req_cmd(req);
+	x.db = wire_req_db(req);
+	shard_sessions_note(sh, x.cmd);
+	if (ctx_parse_ext(&x) && !shard_txn_refuse_fields(&x) && shard_filtering_precheck(&x))
+		shard_repl_submit(sh->repl, req); /* run by the apply */
 }
 
 /* ------------------------------------------------------------ parked awaitData getMores */

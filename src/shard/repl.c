@@ -951,6 +951,13 @@ bool shard_repl_writable(shard_repl *r)
 	return r->node && !r->closed && sdb_node_ready(r->node);
 }
 
+sdb_store_conn *shard_repl_read_conn(shard_repl *r)
+{
+	if (r->closed || !r->conn || !sdb_store_conn_idle(r->conn))
+		return NULL;
+	return r->conn;
+}
+
 bool shard_repl_check_write(shard_repl *r, wire_req *req)
 {
 	if (shard_repl_writable(r) ||

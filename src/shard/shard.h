@@ -106,6 +106,11 @@ struct shard_ctx {
 	 * connection (txn.c): reads are materialized on x->conn (no pooled streaming
 	 * connection: it would not see the transaction's own writes), no tailer is woken */
 	bool in_txn;
+	/* run on the event loop thread (shard_pool_run_inline): the command must finish in
+	 * bounded time without waiting; one that finds it would not (a view, a plan that is
+	 * not a point lookup) sets deferred, answers nothing and is queued for a worker */
+	bool inline_run;
+	bool deferred;
 	/* the command's `let` variables (MongoDB 5.0: find, aggregate, update, delete,
 	 * findAndModify), evaluated by shard_ctx_run (storage/pipeline.h sdb_let_parse) and
 	 * released after the command; read them with shard_let */
@@ -247,8 +252,17 @@ void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req);
  * (repl.h shard_repl_read_concern): a $currentOp aggregate takes its op documents here,
  * everything else goes to the pool as shard_pool_submit. Loop thread (commands.c). */
 void shard_cmd_run_read(shard *sh, wire_req *req, shard_cmd_fn fn);
-/* Queue a write command for a worker's checks (fail points, command extensions), after
- * which it goes to shard_repl_submit (loop thread). */
+/* Run fn for req now, on the calling event loop thread, as a worker would (the same
+ * checks, a pooled store connection), without the hand-off to a worker and back (two
+ * thread wake-ups per request). For reads whose cost is bounded whatever the data: a
+ * find by _id (shard_read_inline_ok). When the command finds it is not such a read (it
+ * sets x->deferred before answering), it is queued for a worker as shard_pool_submit.
+ * Issue #19: on a 2-core machine those wake-ups were the largest cost of a point read. */
+void shard_pool_run_inline(shard *sh, shard_cmd_fn fn, wire_req *req);
+/* Check a write command (command extensions, transaction fields; loop thread) and hand
+ * it to shard_repl_submit. The checks only parse, so they run on the calling loop thread;
+ * with the onPrimaryTransactionalWrite test fail point armed (which reads the session
+ * table) a worker runs them. */
 void shard_pool_submit_write(shard *sh, wire_req *req);
 /* Run command fn for x (x->sh, conn, req, cmd and db set): parse the stripedb extensions
  * ($stripedbOrigin, $stripedbVersion), refuse transaction fields and evaluate the `let`

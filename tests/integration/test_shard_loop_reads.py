@@ -1,0 +1,129 @@
+"""A shard answers a find by _id on its event loop thread, without the hand-off to a worker
+and back (src/shard/pool.c shard_pool_run_inline, issue #19); any find that turns out not
+to be a point read (a view, a plan that is not an _id lookup, the oplog) goes to a worker.
+Both paths must answer exactly what the worker path answers. The split is visible in two
+counters of /metrics: stripedb_shard_loop_reads_total and
+stripedb_shard_loop_reads_deferred_total."""
+import threading
+
+import pymongo
+import pytest
+from pymongo.errors import OperationFailure
+
+from conftest import http_get
+
+
+def _counter(proc, name):
+    st, body = http_get(proc.http_port, "/metrics")
+    assert st == 200
+    for line in body.decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def _counts(proc):
+    return (_counter(proc, "stripedb_shard_loop_reads_total"),
+            _counter(proc, "stripedb_shard_loop_reads_deferred_total"))
+
+
+@pytest.fixture
+def shard_db(shard):
+    proc, port = shard
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/?directConnection=true")
+    db = c.loopreads
+    db.c.insert_many([{"_id": i, "x": i, "s": f"v{i}"} for i in range(200)])
+    yield proc, c, db
+    c.close()
+
+
+def test_point_reads_answered_on_the_loop(shard_db):
+    proc, c, db = shard_db
+    before = _counts(proc)
+    assert db.c.find_one({"_id": 7}) == {"_id": 7, "x": 7, "s": "v7"}
+    assert db.c.find_one({"_id": 1000}) is None
+    assert db.c.find_one({"_id": 7, "x": 8}) is None        # the rest of the filter holds
+    assert db.c.find_one({"_id": 7}, {"s": 0}) == {"_id": 7, "x": 7}
+    assert list(db.c.find({"_id": {"$in": [3, 4]}}).sort("_id", -1)) == [
+        {"_id": 4, "x": 4, "s": "v4"}, {"_id": 3, "x": 3, "s": "v3"}]
+    assert list(db.c.find({"_id": None})) == []
+    assert list(db.nosuchcoll.find({"_id": 1})) == []
+    after = _counts(proc)
+    assert after[0] - before[0] >= 6, (before, after)
+    # the missing collection has no plan: deferred to a worker, answered the same
+    assert after[1] - before[1] <= 1, (before, after)
+
+
+def test_other_finds_go_to_a_worker_with_the_same_answers(shard_db):
+    proc, c, db = shard_db
+    db.command("create", "v", viewOn="c", pipeline=[{"$match": {"x": {"$lt": 10}}}])
+    db.create_collection("ci", collation={"locale": "en", "strength": 2})
+    db.ci.insert_many([{"_id": "A"}, {"_id": "b"}])
+    before = _counts(proc)
+    # three _id values: more than a point read may look up on the loop
+    assert [d["_id"] for d in db.c.find({"_id": {"$in": [5, 6, 9]}})] == [5, 6, 9]
+    # a view: an aggregation over its source
+    assert list(db.v.find({"_id": 3})) == [{"_id": 3, "x": 3, "s": "v3"}]
+    assert list(db.v.find({"_id": 30})) == []
+    # a string _id under a case-insensitive default collation: not an _id lookup here
+    assert list(db.ci.find({"_id": "a"})) == [{"_id": "A"}]
+    assert list(db.ci.find({"_id": "B"})) == [{"_id": "b"}]
+    # a range on _id
+    assert [d["_id"] for d in db.c.find({"_id": {"$gte": 197}})] == [197, 198, 199]
+    # the oplog
+    c.local["oplog.rs"].find_one({"_id": 1})
+    after = _counts(proc)
+    assert after[1] - before[1] >= 7, (before, after)
+    assert after[0] == before[0], (before, after)
+    # with a hint: straight to a worker, not tried on the loop
+    assert db.c.find_one({"_id": 8}, hint=[("_id", 1)]) == {"_id": 8, "x": 8, "s": "v8"}
+    assert _counts(proc) == after
+
+
+def test_errors_on_the_loop_path(shard_db):
+    proc, c, db = shard_db
+    with pytest.raises(OperationFailure) as e:
+        db.c.find_one({"_id": {"$foo": 1}})
+    assert e.value.code == 2
+    with pytest.raises(OperationFailure) as e:
+        db.c.find_one({"_id": 3}, {"a": 1, "b": 0})
+    assert e.value.code in (31253, 31254, 2)
+    # the shard still answers after the failures
+    assert db.c.find_one({"_id": 3})["x"] == 3
+
+
+def test_point_reads_see_whole_updates(shard_db):
+    """Readers on the loop and writers through the Raft apply: every document read has
+    x == y (one update sets both), and each reader's values of a key never go back."""
+    proc, c, db = shard_db
+    db.pair.insert_many([{"_id": k, "x": 0, "y": 0} for k in range(8)])
+    stop = threading.Event()
+    bad = []
+
+    def writer(k):
+        cl = pymongo.MongoClient(c.address[0], c.address[1], directConnection=True)
+        for n in range(1, 150):
+            cl.loopreads.pair.update_one({"_id": k}, {"$set": {"x": n, "y": n}})
+        cl.close()
+
+    def reader(k):
+        cl = pymongo.MongoClient(c.address[0], c.address[1], directConnection=True)
+        last = -1
+        while not stop.is_set():
+            d = cl.loopreads.pair.find_one({"_id": k})
+            if d["x"] != d["y"] or d["x"] < last:
+                bad.append((k, d, last))
+            last = d["x"]
+        cl.close()
+
+    readers = [threading.Thread(target=reader, args=(k % 8,)) for k in range(8)]
+    writers = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+    for t in readers + writers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    for t in readers:
+        t.join()
+    assert not bad, bad[:5]
+    assert [db.pair.find_one({"_id": k})["x"] for k in range(8)] == [149] * 8
