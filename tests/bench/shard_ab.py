@@ -1,0 +1,109 @@
+#!/usr/bin/python3
+"""A/B of two stripedb builds as one shard direct, side by side in the same run (issue #19).
+
+Starts one shard of each binary on loopback (`--role=shard`), loads both with
+`stripedb bench` (50,000 documents of 10 x 100 bytes by default), then alternates timed
+runs of the same YCSB workload against each (base first in even rounds, new first in odd
+ones), after a 1 s warm-up run each time. Per run it prints ops/s, the shard's CPU per
+operation (user + system of the shard process from /proc/PID/stat over the run, divided
+by the run's operations) and the bench's latency lines. On a shared machine compare the
+ratios of runs next to each other, never absolute figures.
+
+    /usr/bin/python3 tests/bench/shard_ab.py --base /tmp/base/stripedb --new build/stripedb \\
+        --workload c --threads 16 --seconds 6 --rounds 4
+
+The bench client is --base's binary for both shards. Exits 2 with one line on stderr when
+a shard does not start or a run prints no result.
+"""
+import argparse
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def cpu_ticks(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base", required=True, help="stripedb binary A (also the client)")
+    ap.add_argument("--new", required=True, help="stripedb binary B")
+    ap.add_argument("--workload", default="c", help="stripedb bench workload (default c)")
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--records", type=int, default=50000)
+    ap.add_argument("--seconds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="shard-ab-")
+    shards = {}
+    try:
+        for name, binary in (("base", args.base), ("new", args.new)):
+            port = free_port()
+            d = os.path.join(tmp, name)
+            os.mkdir(d)
+            p = subprocess.Popen([binary, "--role=shard", f"--listen=127.0.0.1:{port}",
+                                  f"--data-dir={d}"], stdout=open(d + ".log", "w"),
+                                 stderr=subprocess.STDOUT)
+            shards[name] = (port, p)
+        for name, (port, p) in shards.items():
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), 0.2).close()
+                    break
+                except OSError:
+                    if p.poll() is not None or time.monotonic() > deadline:
+                        sys.exit(f"shard_ab: the {name} shard did not start (log {tmp}/{name}.log)")
+                    time.sleep(0.05)
+
+        def bench(port, threads, seconds, load=False):
+            cmd = [args.base, "bench", "--uri",
+                   f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                   "--workload", args.workload, "--threads", str(threads),
+                   "--records", str(args.records), "--seconds", str(seconds),
+                   "--distribution", "uniform", "--quiet", "--no-check"]
+            if not load:
+                cmd.append("--no-load")
+            return subprocess.run(cmd, capture_output=True, text=True).stdout
+
+        for port, _ in shards.values():
+            bench(port, 16, 1, load=True)
+        tick = os.sysconf("SC_CLK_TCK")
+        for r in range(args.rounds):
+            for name in (("base", "new") if r % 2 == 0 else ("new", "base")):
+                port, p = shards[name]
+                bench(port, args.threads, 1)
+                c0 = cpu_ticks(p.pid)
+                out = bench(port, args.threads, args.seconds)
+                c1 = cpu_ticks(p.pid)
+                m = re.search(r"phase run\s+[\d.]+ s\s+(\d+) ops\s+(\d+) ops/s", out)
+                if not m or int(m.group(1)) == 0:
+                    print(f"shard_ab: no result from the {name} run:\n{out}", file=sys.stderr)
+                    sys.exit(2)
+                ops = int(m.group(1))
+                lat = " / ".join(" ".join(l.split()) for l in out.splitlines() if " p50 " in l)
+                print(f"round {r} {name}: ops/s={m.group(2)} "
+                      f"shard_cpu_us/op={(c1 - c0) / tick * 1e6 / ops:.1f} | {lat}", flush=True)
+    finally:
+        for _, p in shards.values():
+            p.kill()
+            p.wait()
+
+
+if __name__ == "__main__":
+    main()
