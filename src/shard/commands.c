@@ -162,21 +162,88 @@ shard_cmd_fn shard_cmd_lookup(const char *name)
 	return NULL;
 }
 
+/* Does the query filter at it (a document or an array of a $and/$or/$nor) hold an
+ * operator whose cost per document has no bound but the server's (an aggregation
+ * expression: $expr; JavaScript: $where, $function)? Walks every nested document. */
+static bool filter_has_expr(bson_iter_t *it)
+{
+	bson_iter_t sub;
+
+	while (bson_iter_next(it)) {
+		const char *k = bson_iter_key(it);
+		if (strcmp(k, "$expr") == 0 || strcmp(k, "$where") == 0 ||
+		    strcmp(k, "$function") == 0)
+			return true;
+		if ((BSON_ITER_HOLDS_DOCUMENT(it) || BSON_ITER_HOLDS_ARRAY(it)) &&
+		    bson_iter_recurse(it, &sub) && filter_has_expr(&sub))
+			return true;
+	}
+	return false;
+}
+
+/* Is the find projection at it made only of inclusions and exclusions (numbers, bools),
+ * nested sub-projections of those, $slice and expression-free $elemMatch? Anything else
+ * (an aggregation expression, $meta, a literal) is evaluated per document at a cost the
+ * projection alone bounds. */
+static bool projection_plain(bson_iter_t *it)
+{
+	bson_iter_t sub, op;
+
+	while (bson_iter_next(it)) {
+		if (BSON_ITER_HOLDS_NUMBER(it) || BSON_ITER_HOLDS_BOOL(it))
+			continue;
+		if (!BSON_ITER_HOLDS_DOCUMENT(it) || !bson_iter_recurse(it, &sub))
+			return false;
+		op = sub;
+		if (!bson_iter_next(&op))
+			return false; /* {}: the find answers the error */
+		if (bson_iter_key(&op)[0] != '$') {
+			if (!projection_plain(&sub))
+				return false;
+			continue;
+		}
+		if (strcmp(bson_iter_key(&op), "$slice") == 0) {
+			if (!BSON_ITER_HOLDS_NUMBER(&op) && !BSON_ITER_HOLDS_ARRAY(&op))
+				return false;
+		} else if (strcmp(bson_iter_key(&op), "$elemMatch") == 0) {
+			bson_iter_t em;
+			if (!BSON_ITER_HOLDS_DOCUMENT(&op) || !bson_iter_recurse(&op, &em) ||
+			    filter_has_expr(&em))
+				return false;
+		} else {
+			return false;
+		}
+		if (bson_iter_next(&op))
+			return false;
+	}
+	return true;
+}
+
 /* May req run on the loop thread (shard_pool_run_inline)? A find whose filter names _id
  * at its top level, without a hint: likely a point read. This only saves queueing what
  * would be deferred; the find decides by its plan (sdb_query_is_point) and defers what
- * is not a point read. */
+ * is not a point read. A plan bounds the documents read, not the work per document: a
+ * find with `let`, an expression in its filter ($expr) or a projection that is not plain
+ * (projection_plain) can run for as long as its expressions do, which on the loop thread
+ * would hold Raft's heartbeats (an election) and ignore maxTimeMS and killOp: a worker
+ * runs those. */
 static bool read_inline_candidate(wire_req *req)
 {
 	bson_iter_t it, f;
+	const bson_t *cmd = wire_req_cmd(req);
 
 	if (strcmp(wire_req_name(req), "find") != 0)
 		return false;
-	if (bson_iter_init_find(&it, wire_req_cmd(req), "hint"))
+	if (bson_iter_init_find(&it, cmd, "hint") || bson_iter_init_find(&it, cmd, "let"))
 		return false;
-	return bson_iter_init_find(&it, wire_req_cmd(req), "filter") &&
-	       BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &f) &&
-	       bson_iter_find(&f, "_id");
+	if (bson_iter_init_find(&it, cmd, "projection") &&
+	    (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &f) ||
+	     !projection_plain(&f)))
+		return false;
+	if (!bson_iter_init_find(&it, cmd, "filter") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+	    !bson_iter_recurse(&it, &f) || !bson_iter_find(&f, "_id"))
+		return false;
+	return bson_iter_recurse(&it, &f) && !filter_has_expr(&f);
 }
 
 void shard_cmd_run_read(shard *sh, wire_req *req, shard_cmd_fn fn)

@@ -309,7 +309,13 @@ void shard_pool_run_inline(shard *sh, shard_cmd_fn fn, wire_req *req)
 	pthread_once(&loop_once, loop_init);
 	int32_t opid = wire_req_opid(req);
 	shard_sessions_note(sh, x.cmd);
+	/* as on a worker: killOp and maxTimeMS (a read resumed after it waited for
+	 * afterClusterTime or a linearizable barrier may already be past it); cleared
+	 * before the loop thread goes on (an apply must not see it) */
+	req_limits lim = {req, req_deadline(req, x.cmd)};
+	sdb_store_set_interrupt(req_killed, &lim);
 	shard_ctx_run(&x, fn);
+	sdb_store_set_interrupt(NULL, NULL);
 	if (own)
 		sdb_store_rollback(own);
 	else

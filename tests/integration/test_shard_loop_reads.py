@@ -127,3 +127,45 @@ def test_point_reads_see_whole_updates(shard_db):
         t.join()
     assert not bad, bad[:5]
     assert [db.pair.find_one({"_id": k})["x"] for k in range(8)] == [149] * 8
+
+
+def _quadratic(n):
+    """An aggregation expression of n * n steps whatever the document: the sum of n
+    arrays of n values' sizes."""
+    return {"$reduce": {"input": {"$range": [0, n]}, "initialValue": 0,
+                        "in": {"$add": ["$$value", {"$size": {"$range": [0, n]}}]}}}
+
+
+def test_finds_by_id_with_expressions_keep_maxtimems_and_leave_the_loop(shard_db):
+    """A plan by _id bounds the documents read, not the work per document: `let`, $expr
+    in the filter and a projection expression run as long as their expressions do. On
+    the loop thread they ignored maxTimeMS (answered after seconds) and held the thread
+    (Raft's heartbeats: a replica set's primary lost its term). They go to a worker,
+    which stops them at maxTimeMS (MaxTimeMSExpired, 50) as it does without the _id."""
+    proc, c, db = shard_db
+    slow = _quadratic(8000)  # 6.4e7 steps: seconds, far above maxTimeMS
+    cases = [
+        dict(filter={"_id": 1}, let={"v": slow}),
+        dict(filter={"_id": 1, "$expr": {"$gt": [slow, 0]}}),
+        dict(filter={"$and": [{"_id": 1}, {"$expr": {"$gt": [slow, 0]}}], "_id": 1}),
+        dict(filter={"_id": 1}, projection={"v": slow}),
+    ]
+    before = _counts(proc)
+    for kw in cases:
+        with pytest.raises(OperationFailure) as e:
+            db.command("find", "c", maxTimeMS=50, **kw)
+        assert e.value.code == 50, (kw.keys(), e.value.details)
+    assert _counts(proc)[0] == before[0], (before, _counts(proc))
+    # cheap ones still run on the loop, with the same answers as before
+    small = _quadratic(3)
+    assert db.command("find", "c", filter={"_id": 2}, let={"v": small},
+                      projection={"x": 1})["cursor"]["firstBatch"] == [{"_id": 2, "x": 2}]
+    assert db.command("find", "c", filter={"_id": 2, "$expr": {"$eq": ["$x", 2]}}
+                      )["cursor"]["firstBatch"] == [{"_id": 2, "x": 2, "s": "v2"}]
+    assert db.command("find", "c", filter={"_id": 2}, projection={"v": small}
+                      )["cursor"]["firstBatch"] == [{"_id": 2, "v": 9}]
+    mid = _counts(proc)
+    assert db.c.find_one({"_id": 3}, {"x": 1, "s": {"$slice": 1}}) == {"_id": 3, "x": 3,
+                                                                       "s": "v3"}
+    assert db.c.find_one({"_id": 4}, {"s": 0}) == {"_id": 4, "x": 4}
+    assert _counts(proc)[0] == mid[0] + 2, (mid, _counts(proc))
