@@ -219,6 +219,12 @@ static bool projection_plain(bson_iter_t *it)
 	return true;
 }
 
+/* The largest find command tried on the loop thread (bytes of its BSON): parsing and
+ * planning it there, before the plan says whether it is a point read, costs time in
+ * proportion to its size (a filter {_id: {$in: [900,000 ids]}}, 12 MB, held the loop
+ * thread 2-7 s before it went to a worker). A point read's command is a few hundred. */
+#define INLINE_MAX_CMD_BYTES 4096u
+
 /* May req run on the loop thread (shard_pool_run_inline)? A find whose filter names _id
  * at its top level, without a hint: likely a point read. This only saves queueing what
  * would be deferred; the find decides by its plan (sdb_query_is_point) and defers what
@@ -226,13 +232,13 @@ static bool projection_plain(bson_iter_t *it)
  * find with `let`, an expression in its filter ($expr) or a projection that is not plain
  * (projection_plain) can run for as long as its expressions do, which on the loop thread
  * would hold Raft's heartbeats (an election) and ignore maxTimeMS and killOp: a worker
- * runs those. */
+ * runs those, and commands over INLINE_MAX_CMD_BYTES. */
 static bool read_inline_candidate(wire_req *req)
 {
 	bson_iter_t it, f;
 	const bson_t *cmd = wire_req_cmd(req);
 
-	if (strcmp(wire_req_name(req), "find") != 0)
+	if (strcmp(wire_req_name(req), "find") != 0 || cmd->len > INLINE_MAX_CMD_BYTES)
 		return false;
 	if (bson_iter_init_find(&it, cmd, "hint") || bson_iter_init_find(&it, cmd, "let"))
 		return false;

@@ -169,3 +169,18 @@ def test_finds_by_id_with_expressions_keep_maxtimems_and_leave_the_loop(shard_db
                                                                        "s": "v3"}
     assert db.c.find_one({"_id": 4}, {"s": 0}) == {"_id": 4, "x": 4}
     assert _counts(proc)[0] == mid[0] + 2, (mid, _counts(proc))
+
+
+def test_big_finds_by_id_are_not_tried_on_the_loop(shard_db):
+    """Parsing and planning a find costs time in proportion to its size, on the loop thread
+    too before the plan sends it to a worker: a filter {_id: {$in: [900,000 ids]}} held it
+    2-7 s. A command over a few KiB goes to a worker without a try on the loop: neither
+    counter moves; the answers are the worker's."""
+    proc, c, db = shard_db
+    ids = list(range(-1500, 1500))  # 3,000 ids: ~30 KB
+    before = _counts(proc)
+    assert [d["_id"] for d in db.c.find({"_id": {"$in": ids}}).sort("_id", 1)] == \
+        list(range(200))
+    assert db.c.find_one({"_id": 5, "s": {"$nin": [f"w{i}" for i in range(2000)]}}) == \
+        {"_id": 5, "x": 5, "s": "v5"}
+    assert _counts(proc) == before, (before, _counts(proc))
