@@ -320,6 +320,11 @@ void shard_pool_run_inline(shard *sh, shard_cmd_fn fn, wire_req *req)
 		sdb_store_rollback(own);
 	else
 		shard_conn_put(sh, conn); /* rolled back there */
+	/* A disk or memory failure of this read (a corrupt page, EIO, ENOMEM) was answered to
+	 * its client. The record of it is per thread, and on this thread the next replicated
+	 * apply takes it as its own (repl.c apply_cmd) and stops the member: drop it, as a
+	 * worker's stays on the worker. */
+	(void)sdb_store_take_io_fault();
 	if (x.deferred) {
 		sdb_counter_inc(loop_deferred);
 		submit(sh, fn, req, NULL);

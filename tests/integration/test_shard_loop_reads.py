@@ -184,3 +184,44 @@ def test_big_finds_by_id_are_not_tried_on_the_loop(shard_db):
     assert db.c.find_one({"_id": 5, "s": {"$nin": [f"w{i}" for i in range(2000)]}}) == \
         {"_id": 5, "x": 5, "s": "v5"}
     assert _counts(proc) == before, (before, _counts(proc))
+
+
+def test_a_failed_point_read_does_not_stop_the_next_apply(shard, tmp_path):
+    """A point read that meets a corrupt page answers its error (InternalError) and
+    nothing more. On the loop thread its SQLite failure was left in the thread's fault
+    record (storage/store.c sdb_store_take_io_fault), which the next replicated apply
+    there took as its own: the member aborted at the next write ("cannot apply a
+    replicated entry, stopping this member"), where the same read on a worker left it
+    serving."""
+    import os
+    import struct
+    proc, port = shard
+    uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
+    marker = b"MARKERQZ"
+    with pymongo.MongoClient(uri) as c:
+        c.cor.c.insert_one({"_id": 1, "s": (marker * 40000).decode()})
+        c.cor.c.insert_one({"_id": 2, "s": "small"})
+    assert proc.stop() == 0
+    path = os.path.join(str(tmp_path / "shard"), "shard.db")
+    with open(path, "rb") as f:
+        data = f.read()
+    ps = struct.unpack(">H", data[16:18])[0]
+    ps = 65536 if ps == 1 else ps
+    # the overflow pages of the document (in its collection and in the oplog): their
+    # first 4 bytes are the next page's number; point two of them past the file's end
+    pages = [i // ps for i in range(0, len(data), ps)
+             if data[i + 8:i + 808].count(marker) >= 90]
+    assert len(pages) >= 8, len(pages)
+    with open(path, "r+b") as f:
+        for q in (pages[len(pages) // 4], pages[3 * len(pages) // 4]):
+            f.seek(q * ps)
+            f.write(struct.pack(">I", 0x7FFFFFF0))
+    proc.restart().wait_healthy()
+    with pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000, socketTimeoutMS=10000) as c:
+        with pytest.raises(OperationFailure) as e:
+            c.cor.c.find_one({"_id": 1})
+        assert e.value.code == 1 and "malformed" in str(e.value), e.value.details
+        c.cor.other.insert_one({"_id": 3})
+        c.cor.other.insert_one({"_id": 4})
+        assert [d["_id"] for d in c.cor.other.find()] == [3, 4]
+    assert proc.p.poll() is None
