@@ -72,6 +72,16 @@ static bool ctx_parse_let(shard_ctx *x)
 	return true;
 }
 
+void shard_ctx_init(shard_ctx *x, shard *sh, sdb_store_conn *conn, wire_req *req)
+{
+	memset(x, 0, sizeof *x);
+	x->sh = sh;
+	x->conn = conn;
+	x->req = req;
+	x->cmd = wire_req_cmd(req);
+	x->db = wire_req_db(req);
+}
+
 void shard_ctx_run(shard_ctx *x, shard_cmd_fn fn)
 {
 	/* the command's collation (shard_collation_begin) lasts until it ends */
@@ -154,12 +164,7 @@ static void *worker_main(void *arg)
 		if (!job)
 			break; /* stopping and the queue is drained */
 		shard_ctx x;
-		memset(&x, 0, sizeof x);
-		x.sh = sh;
-		x.conn = wa->conn;
-		x.req = job->req;
-		x.cmd = wire_req_cmd(job->req);
-		x.db = wire_req_db(job->req);
+		shard_ctx_init(&x, sh, wa->conn, job->req);
 		x.resume = job->resume;
 		shard_sessions_note(sh, x.cmd);
 		if (!job->resume && shard_txn_fail_point(&x))
@@ -299,12 +304,7 @@ void shard_pool_run_inline(shard *sh, shard_cmd_fn fn, wire_req *req)
 		submit(sh, fn, req, NULL); /* the worker answers the same failure */
 		return;
 	}
-	memset(&x, 0, sizeof x);
-	x.sh = sh;
-	x.conn = conn;
-	x.req = req;
-	x.cmd = wire_req_cmd(req);
-	x.db = wire_req_db(req);
+	shard_ctx_init(&x, sh, conn, req);
 	x.inline_run = true;
 	pthread_once(&loop_once, loop_init);
 	int32_t opid = wire_req_opid(req);
@@ -345,11 +345,7 @@ void shard_pool_submit_write(shard *sh, wire_req *req)
 	}
 	/* the checks only parse the command: run here, as the worker would, with no store
 	 * connection (x.conn NULL: nothing to roll back) */
-	memset(&x, 0, sizeof x);
-	x.sh = sh;
-	x.req = req;
-	x.cmd = wire_req_cmd(req);
-	x.db = wire_req_db(req);
+	shard_ctx_init(&x, sh, NULL, req);
 	shard_sessions_note(sh, x.cmd);
 	if (ctx_parse_ext(&x) && !shard_txn_refuse_fields(&x) && shard_filtering_precheck(&x))
 		shard_repl_submit(sh->repl, req); /* run by the apply */

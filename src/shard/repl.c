@@ -199,12 +199,7 @@ static void apply_cmd(shard_repl *r, uint64_t index, const char *db, const bson_
 	shard_ctx x;
 	char key[16];
 
-	memset(&x, 0, sizeof x);
-	x.sh = r->sh;
-	x.conn = r->conn;
-	x.req = req;
-	x.cmd = wire_req_cmd(req);
-	x.db = wire_req_db(req);
+	shard_ctx_init(&x, r->sh, r->conn, req);
 	if (!fn || !shard_cmd_is_write(name))
 		wire_req_error(req, WIRE_ERR_INTERNAL, "not a replicated command: '%s'", name);
 	else

@@ -123,6 +123,10 @@ struct shard_ctx {
 	char err[512];
 };
 
+/* Zero x and set it up to run req (its command and database, views into req) as shard sh
+ * on conn (may be NULL: a command that only parses). */
+void shard_ctx_init(shard_ctx *x, shard *sh, sdb_store_conn *conn, wire_req *req);
+
 /* The command's `let` variables ({name: constant}) for sdb_query_spec.let,
  * sdb_pipeline_opts.let, sdb_projection_new_vars and sdb_update_opts.vars, or NULL. */
 static inline const bson_t *shard_let(const shard_ctx *x)

@@ -804,12 +804,7 @@ static bson_t *run_tentative(shard *sh, shard_txn_rec *t, const char *db, const 
 	uint64_t before = sdb_store_oplog_last(conn);
 	wire_req *dreq = wire_req_detached_new(db, cmd);
 	shard_ctx x;
-	memset(&x, 0, sizeof x);
-	x.sh = sh;
-	x.conn = conn;
-	x.req = dreq;
-	x.cmd = wire_req_cmd(dreq);
-	x.db = wire_req_db(dreq);
+	shard_ctx_init(&x, sh, conn, dreq);
 	x.in_txn = true;
 	shard_ctx_run(&x, fn);
 	sdb_store_rollback(conn); /* a command that failed half-way */

@@ -37,7 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 
 import conftest  # noqa: E402
-from proxy_helpers import ProxyCluster  # noqa: E402
+from proxy_helpers import ProxyCluster, install_filtering  # noqa: E402
 
 
 class Starter:
@@ -60,17 +60,6 @@ class Starter:
     def stop(self):
         for p in reversed(self.procs):
             p.stop()
-
-
-def install_filtering(cl, ns, key):
-    """What the coordinator installs (src/coordinator/filtering.h)."""
-    chunks = cl.routing(ns)["chunks"]
-    cver = max(ch["token"] for ch in chunks)
-    for sid in cl.shard_ids:
-        mine = [{"id": str(ch["id"]), "min": ch["min"], "max": ch["max"], "token": ch["token"]}
-                for ch in chunks if ch["shard"] == sid]
-        cl.shard_client(sid).admin.command({"stripedbSetFiltering": ns, "key": key,
-                                            "chunks": mine, "collectionVersion": cver})
 
 
 def timed(fn, reps):

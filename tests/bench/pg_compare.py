@@ -324,27 +324,10 @@ def loopback_redis(tmp, seconds):
 
 # ---------------------------------------------------------------- stripedb targets
 
-def install_filtering(cl, ns, key):
-    """Give each shard of cl (a ProxyCluster) the filtering metadata of ns, as a
-    deployment's coordinator reconciles it (src/coordinator/filtering.h) and a proxy's
-    shardCollection installs it: ProxyCluster shards through the metadata member directly
-    and starts no coordinator, so without this its shards have none and the proxies fall
-    back to per-chunk requests with their own ownership filter (src/proxy/shardver.c), a
-    path that cannot send a find's limit to the shards (issue #19, tests/bench/README.md
-    "Short range scans on 4 shards")."""
-    chunks = cl.routing(ns)["chunks"]
-    cver = max(ch["token"] for ch in chunks)
-    for sid in cl.shard_ids:
-        mine = [{"id": str(ch["id"]), "min": ch["min"], "max": ch["max"], "token": ch["token"]}
-                for ch in chunks if ch["shard"] == sid]
-        cl.shard_client(sid).admin.command({"stripedbSetFiltering": ns, "key": key,
-                                            "chunks": mine, "collectionVersion": cver})
-
-
 def start_targets(args, tmp, st):
     """[(label, uri, pids)] in table order, starting each cluster; pids: its server
     processes (for CPU per operation)."""
-    from proxy_helpers import ProxyCluster
+    from proxy_helpers import ProxyCluster, install_filtering
     from replset_bench import start_set
 
     def new_pids(n0):

@@ -12,6 +12,25 @@ from conftest import assert_clean_exit, free_port, http_get, wait_until
 from metadata_cluster import Cluster
 
 
+def install_filtering(cl, ns, key):
+    """Give each shard of cl (a ProxyCluster) the filtering metadata of ns that a
+    deployment's coordinator installs (src/coordinator/filtering.h): the chunks metadata
+    routes to it, with the collection version (the largest token). ProxyCluster shards
+    through the metadata member and starts no coordinator, so without this its shards have
+    none and the proxies fall back to per-chunk requests (src/proxy/shardver.c). Returns
+    the chunks."""
+    chunks = cl.routing(ns)["chunks"]
+    cver = max(ch["token"] for ch in chunks)
+    for sid in cl.shard_ids:
+        mine = [{"id": str(ch["id"]), "min": ch["min"], "max": ch["max"], "token": ch["token"]}
+                for ch in chunks if ch["shard"] == sid]
+        r = cl.shard_client(sid).admin.command({"stripedbSetFiltering": ns, "key": key,
+                                                "chunks": mine, "collectionVersion": cver})
+        if r["nChunks"] != len(mine):
+            raise AssertionError(f"{sid} installed {r['nChunks']} chunks of {len(mine)}")
+    return chunks
+
+
 def shard_cmd_count(cl, sid, cmd):
     """stripedb_shard_commands_total{cmd} of shard sid (cl: a ProxyCluster or MigCluster)."""
     st, body = http_get(cl.shard_procs[sid].http_port, "/metrics")

@@ -9,22 +9,8 @@ import pytest
 from bson import MinKey
 
 from conftest import free_port
-from proxy_helpers import ProxyCluster, shard_cmd_count
+from proxy_helpers import ProxyCluster, install_filtering, shard_cmd_count
 from test_proxy import rand_doc, rand_query
-
-
-def install_filtering(cl, ns, key):
-    """What the coordinator installs (src/coordinator/filtering.h): each shard gets the
-    chunks metadata routes to it, with the collection version (largest token)."""
-    chunks = cl.routing(ns)["chunks"]
-    cver = max(ch["token"] for ch in chunks)
-    for sid in cl.shard_ids:
-        mine = [{"id": str(ch["id"]), "min": ch["min"], "max": ch["max"], "token": ch["token"]}
-                for ch in chunks if ch["shard"] == sid]
-        r = cl.shard_client(sid).admin.command({"stripedbSetFiltering": ns, "key": key,
-                                                "chunks": mine, "collectionVersion": cver})
-        assert r["nChunks"] == len(mine)
-    return chunks
 
 
 @pytest.fixture

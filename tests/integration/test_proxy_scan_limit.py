@@ -11,7 +11,7 @@ from bson import MaxKey, MinKey
 
 from conftest import wait_until
 from proxy_helpers import ProxyCluster, shard_cmd_count
-from test_proxy_filtering import install_filtering
+from proxy_helpers import install_filtering
 
 N = 300  # documents _id 0..299
 SPLITS = [60, 120, 180, 240]  # 5 chunks over 3 shards: one shard holds two of them

@@ -19,7 +19,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from proxy_helpers import ProxyCluster, shard_cmd_count
-from test_proxy_filtering import install_filtering
+from proxy_helpers import install_filtering
 
 CHI2_LIMIT = 45.0  # chi-square, 9 degrees of freedom: P(X > 45) ~ 9e-7
 
