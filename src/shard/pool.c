@@ -193,14 +193,24 @@ static void *worker_main(void *arg)
 }
 
 static sdb_gauge *parked_gauge;
-static pthread_once_t parked_once = PTHREAD_ONCE_INIT;
+static sdb_counter *loop_reads, *loop_deferred; /* shard_pool_run_inline */
+static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
 
-static void parked_init(void)
+/* The pool's metrics, registered once per process (shard_pool_start). */
+static void metrics_init(void)
 {
 	parked_gauge = sdb_metrics_gauge("stripedb_shard_parked_getmores",
 					 "awaitData getMores waiting for new oplog entries without "
 					 "holding a worker",
 					 "role=\"shard\"");
+	loop_reads = sdb_metrics_counter("stripedb_shard_loop_reads_total",
+					 "finds by _id answered on the event loop thread, without a "
+					 "worker",
+					 "role=\"shard\"");
+	loop_deferred = sdb_metrics_counter("stripedb_shard_loop_reads_deferred_total",
+					    "finds tried on the event loop thread and handed to a "
+					    "worker: not a point read (a view, another plan, the oplog)",
+					    "role=\"shard\"");
 }
 
 static void *await_main(void *arg);
@@ -225,6 +235,8 @@ int shard_pool_start(shard *sh, char *err, size_t errlen)
 {
 	int workers = shard_pool_workers();
 
+	pthread_once(&metrics_once, metrics_init);
+
 	for (int i = 0; i < workers; i++) {
 		worker_arg *wa = sdb_calloc(1, sizeof *wa);
 		wa->sh = sh;
@@ -241,7 +253,6 @@ int shard_pool_start(shard *sh, char *err, size_t errlen)
 		}
 		sh->n_threads++;
 	}
-	pthread_once(&parked_once, parked_init);
 	if (pthread_create(&sh->await_thread, NULL, await_main, sh) != 0)
 		return sdb_errf(err, errlen, SDB_EIO, "shard: cannot start the await thread");
 	sh->await_started = true;
@@ -276,21 +287,6 @@ void shard_pool_submit(shard *sh, shard_cmd_fn fn, wire_req *req)
 	submit(sh, fn, req, NULL);
 }
 
-static sdb_counter *loop_reads, *loop_deferred;
-static pthread_once_t loop_once = PTHREAD_ONCE_INIT;
-
-static void loop_init(void)
-{
-	loop_reads = sdb_metrics_counter("stripedb_shard_loop_reads_total",
-					 "finds by _id answered on the event loop thread, without a "
-					 "worker",
-					 "role=\"shard\"");
-	loop_deferred = sdb_metrics_counter("stripedb_shard_loop_reads_deferred_total",
-					    "finds tried on the event loop thread and handed to a "
-					    "worker: not a point read (a view, another plan, the oplog)",
-					    "role=\"shard\"");
-}
-
 void shard_pool_run_inline(shard *sh, shard_cmd_fn fn, wire_req *req)
 {
 	char err[256];
@@ -306,7 +302,6 @@ void shard_pool_run_inline(shard *sh, shard_cmd_fn fn, wire_req *req)
 	}
 	shard_ctx_init(&x, sh, conn, req);
 	x.inline_run = true;
-	pthread_once(&loop_once, loop_init);
 	int32_t opid = wire_req_opid(req);
 	shard_sessions_note(sh, x.cmd);
 	/* as on a worker: killOp and maxTimeMS (a read resumed after it waited for

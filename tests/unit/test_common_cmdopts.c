@@ -14,9 +14,10 @@
 
 #include <cmocka.h>
 
-/* sdb_cmd_check of the command in canonical extended JSON (its first key names it);
- * asserts the code and, when text is not NULL, that the message contains it. */
-static void expect(const char *json, bool internal, int code, const char *text)
+/* Run one of the checks (api true: sdb_cmd_api_check, else sdb_cmd_check with internal)
+ * on the command in canonical extended JSON (its first key names it); asserts the code
+ * and, when text is not NULL, that the message contains it. */
+static void expect_any(const char *json, bool api, bool internal, int code, const char *text)
 {
 	bson_error_t berr;
 	bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &berr);
@@ -27,12 +28,19 @@ static void expect(const char *json, bool internal, int code, const char *text)
 	if (cmd == NULL)
 		fail_msg("bad JSON %s: %s", json, berr.message);
 	assert_true(bson_iter_init(&it, cmd) && bson_iter_next(&it));
-	got = sdb_cmd_check(bson_iter_key(&it), cmd, internal, err, sizeof err);
+	got = api ? sdb_cmd_api_check(bson_iter_key(&it), cmd, err, sizeof err)
+		  : sdb_cmd_check(bson_iter_key(&it), cmd, internal, err, sizeof err);
 	if (got != code)
 		fail_msg("%s: code %d (%s), expected %d", json, got, err, code);
 	if (text != NULL && strstr(err, text) == NULL)
 		fail_msg("%s: message \"%s\" lacks \"%s\"", json, err, text);
 	bson_destroy(cmd);
+}
+
+/* sdb_cmd_check of the command in canonical extended JSON: code and message text. */
+static void expect(const char *json, bool internal, int code, const char *text)
+{
+	expect_any(json, false, internal, code, text);
 }
 
 static void ok(const char *json)
@@ -297,21 +305,7 @@ static void test_explain_and_internal(void **state)
 /* sdb_cmd_api_check of the command in canonical extended JSON: code and message text. */
 static void expect_api(const char *json, int code, const char *text)
 {
-	bson_error_t berr;
-	bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &berr);
-	bson_iter_t it;
-	char err[256] = "";
-	int got;
-
-	if (cmd == NULL)
-		fail_msg("bad JSON %s: %s", json, berr.message);
-	assert_true(bson_iter_init(&it, cmd) && bson_iter_next(&it));
-	got = sdb_cmd_api_check(bson_iter_key(&it), cmd, err, sizeof err);
-	if (got != code)
-		fail_msg("%s: code %d (%s), expected %d", json, got, err, code);
-	if (text != NULL && strstr(err, text) == NULL)
-		fail_msg("%s: message \"%s\" lacks \"%s\"", json, err, text);
-	bson_destroy(cmd);
+	expect_any(json, true, false, code, text);
 }
 
 /* The API parameters (MongoDB 6.0 initializeAPIParameters) and the 6.0 IDL of the catalog
