@@ -17,7 +17,7 @@
 /* Run one of the checks (api true: sdb_cmd_api_check, else sdb_cmd_check with internal)
  * on the command in canonical extended JSON (its first key names it); asserts the code
  * and, when text is not NULL, that the message contains it. */
-static void expect_any(const char *json, bool api, bool internal, int code, const char *text)
+static void check_cmd(const char *json, bool api, bool internal, int code, const char *text)
 {
 	bson_error_t berr;
 	bson_t *cmd = bson_new_from_json((const uint8_t *)json, -1, &berr);
@@ -40,7 +40,7 @@ static void expect_any(const char *json, bool api, bool internal, int code, cons
 /* sdb_cmd_check of the command in canonical extended JSON: code and message text. */
 static void expect(const char *json, bool internal, int code, const char *text)
 {
-	expect_any(json, false, internal, code, text);
+	check_cmd(json, false, internal, code, text);
 }
 
 static void ok(const char *json)
@@ -305,7 +305,7 @@ static void test_explain_and_internal(void **state)
 /* sdb_cmd_api_check of the command in canonical extended JSON: code and message text. */
 static void expect_api(const char *json, int code, const char *text)
 {
-	expect_any(json, true, false, code, text);
+	check_cmd(json, true, false, code, text);
 }
 
 /* The API parameters (MongoDB 6.0 initializeAPIParameters) and the 6.0 IDL of the catalog
