@@ -646,6 +646,11 @@ static void conn_begin(conn *c)
 		}
 		snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
 	}
+	/* No Nagle: libraft writes an AppendEntries and its result as separate small
+	 * messages, and with Nagle a message written while an earlier one is unacknowledged
+	 * waits for the peer's delayed ACK (40 ms on Linux). A 3-member set under YCSB A
+	 * (16 clients) stalled its writes that long: update p95 46 ms against 0.9 ms p50. */
+	uv_tcp_nodelay(c->tcp, 1);
 	uv_timer_start(&c->timer, timer_cb, t->timeout_ms, 0);
 	if (t->plaintext) { /* libraft's bare handshake: the connector's preamble only */
 		sdb_hs_init_plain(&c->hs, c->server);

@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/evp.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -365,6 +366,21 @@ static void finish(env *e)
 	assert_int_equal(uv_loop_close(&e->loop), 0); /* every handle was closed */
 }
 
+/* The TCP connection handed to libraft has Nagle's algorithm off (TCP_NODELAY): with it on,
+ * a small Raft message written while the previous one is unacknowledged waits for the
+ * peer's delayed ACK (40 ms on Linux); a 3-member shard set stalled its writes that long. */
+static void assert_nodelay(uv_stream_t *s)
+{
+	uv_os_fd_t fd;
+	int on = 0;
+	socklen_t len = sizeof on;
+	assert_non_null(s);
+	assert_int_equal(s->type, UV_TCP);
+	assert_int_equal(uv_fileno((uv_handle_t *)s, &fd), 0);
+	assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len), 0);
+	assert_int_not_equal(on, 0);
+}
+
 static void test_loop_same_key(void **state)
 {
 	env *e = calloc(1, sizeof *e);
@@ -375,6 +391,9 @@ static void test_loop_same_key(void **state)
 	assert_int_equal(e->accepted, 1);
 	assert_int_equal(e->got_len, 10);
 	assert_memory_equal(e->got, "raft bytes", 10);
+	/* authenticated without TLS: libraft reads and writes the TCP streams themselves */
+	assert_nodelay(e->in);
+	assert_nodelay(e->out);
 	finish(e);
 	free(e);
 }
