@@ -87,7 +87,7 @@ TESTS += tests/unit/test_storage_projection
 
 # --- store, planner and their tests (owner: sc, issue #4) ---
 noinst_HEADERS += storage/store.h storage/query.h storage/store_int.h storage/docdiff.h
-libstripedb_a_SOURCES += storage/docdiff.c storage/store.c storage/store_rekey.c storage/catalog.c storage/keys.c storage/scan.c storage/copy.c storage/oplog.c storage/index.c storage/partial.c storage/check.c storage/query.c storage/session.c storage/filtering.c
+libstripedb_a_SOURCES += storage/docdiff.c storage/store.c storage/checkpoint.c storage/store_rekey.c storage/catalog.c storage/keys.c storage/scan.c storage/copy.c storage/oplog.c storage/index.c storage/partial.c storage/check.c storage/query.c storage/session.c storage/filtering.c
 check_PROGRAMS += tests/unit/test_storage_store
 tests_unit_test_storage_store_SOURCES = tests/unit/test_storage_store.c
 tests_unit_test_storage_store_CFLAGS = $(UNIT_CFLAGS)

@@ -354,11 +354,14 @@ int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out,
 	rc = store_migrate_decimal_keys(st, err, errlen);
 	if (rc == 0)
 		rc = store_partial_rebuild(st, err, errlen);
+	if (rc == 0)
+		rc = store_ckpt_start(st, conn_pragmas, err, errlen);
 	if (rc)
 		goto fail;
 	*out = st;
 	return 0;
 fail:
+	store_ckpt_stop(st);
 	if (db)
 		sqlite3_close(db);
 	pthread_mutex_destroy(&st->write_mu);
@@ -372,6 +375,7 @@ void sdb_store_close(sdb_store *st)
 {
 	if (!st)
 		return;
+	store_ckpt_stop(st);
 	pthread_mutex_destroy(&st->write_mu);
 	pthread_mutex_destroy(&st->ts_mu);
 	free(st->path);
@@ -420,6 +424,7 @@ int sdb_store_conn_open(sdb_store *st, sdb_store_conn **out, char *err, size_t e
 		free(c);
 		return rc;
 	}
+	store_ckpt_attach(st, c->db);
 	*out = c;
 	return 0;
 }

@@ -97,6 +97,14 @@ int sdb_store_open(const char *dir, const sdb_store_opts *opts, sdb_store **out,
 		   size_t errlen);
 void sdb_store_close(sdb_store *st);
 
+/* WAL checkpoints (storage/checkpoint.c): a store copies its WAL into the database file on
+ * a thread of its own, woken when the WAL holds 1,000 frames (SQLite's automatic
+ * checkpoint threshold), so no committing thread stops for one; a committing connection
+ * checkpoints itself only when the WAL reaches 8,000 frames (the thread fell behind).
+ * Counts since open: *background, checkpoints run by the thread; *inlined, those run by
+ * committing connections. Any thread. */
+void sdb_store_checkpoint_counts(sdb_store *st, uint64_t *background, uint64_t *inlined);
+
 /* Open a connection for the calling thread. Close with sdb_store_conn_close() on the same
  * thread. Errors: SDB_EIO (SQLite cannot open or configure it; *out = NULL). */
 int sdb_store_conn_open(sdb_store *st, sdb_store_conn **out, char *err, size_t errlen);

@@ -26,8 +26,31 @@
 #define STORE_STMT_CACHE 64
 #define STORE_SCAN_IDLE 16 /* idle scan statements kept per connection (scan.c) */
 
+/* ---- WAL checkpoints (checkpoint.c) ---- */
+
+/* A checkpoint is asked of the store's checkpoint thread once the WAL holds this many
+ * frames (pages; SQLite's automatic checkpoint threshold), and a committing connection
+ * runs one itself at STORE_CKPT_FRAMES_INLINE (the thread fell behind). */
+#define STORE_CKPT_FRAMES 1000
+#define STORE_CKPT_FRAMES_INLINE 8000
+
+typedef struct store_ckpt store_ckpt;
+
+/* Open the checkpoint connection (configured by pragmas, store.c's conn_pragmas) and
+ * start the thread; st->ckpt is set. Errors: SDB_EIO with a message (no connection, no
+ * thread), st->ckpt stays NULL. */
+int store_ckpt_start(sdb_store *st, int (*pragmas)(sdb_store *, sqlite3 *, char *, size_t),
+		     char *err, size_t errlen);
+/* Stop and join the thread, close its connection (a checkpoint under way finishes
+ * first). No-op when none was started. */
+void store_ckpt_stop(sdb_store *st);
+/* Give connection db the store's WAL hook, which replaces SQLite's automatic checkpoint
+ * (no-op without a checkpoint thread: the automatic checkpoint stays). */
+void store_ckpt_attach(sdb_store *st, sqlite3 *db);
+
 struct sdb_store {
 	char *path; /* DIR/shard.db */
+	store_ckpt *ckpt; /* the checkpoint thread (checkpoint.c), NULL before it starts */
 	sdb_store_opts opts;
 	pthread_mutex_t write_mu; /* serializes write transactions inside the process */
 	pthread_mutex_t ts_mu;

@@ -13,6 +13,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/role.h"
 #include "tls/tls.h"
 #include "shard/members.h"
@@ -56,10 +57,25 @@ static void reap_cb(uv_timer_t *t)
 	shard_cursors_reap(sh, sdb_mono_ms(), sh->cursor_idle_ms);
 }
 
+/* Metrics hook (before each /metrics render): the store's checkpoints since the last. */
+static void ckpt_metrics(void *arg)
+{
+	shard *sh = arg;
+	uint64_t n[2];
+
+	sdb_store_checkpoint_counts(sh->store, &n[0], &n[1]);
+	for (int i = 0; i < 2; i++) {
+		sdb_counter_add(sh->c_ckpt[i], n[i] - sh->ckpt_seen[i]);
+		sh->ckpt_seen[i] = n[i];
+	}
+}
+
 static void shard_free(shard *sh)
 {
 	shard_cursors_free_all(sh); /* before the connections they hold go */
 	shard_conns_close(sh);
+	if (sh->c_ckpt[0])
+		sdb_metrics_remove_hook(ckpt_metrics, sh);
 	if (sh->store)
 		sdb_store_close(sh->store);
 	pthread_mutex_destroy(&sh->mu);
@@ -158,6 +174,15 @@ static int shard_start(sdb_role *role)
 		shard_free(sh);
 		return rc;
 	}
+	sh->c_ckpt[0] = sdb_metrics_counter("stripedb_shard_wal_checkpoints_total",
+					    "WAL checkpoints of the shard's store, by who ran them: "
+					    "its checkpoint thread, or a commit (the thread fell behind)",
+					    "by=\"thread\"");
+	sh->c_ckpt[1] = sdb_metrics_counter("stripedb_shard_wal_checkpoints_total",
+					    "WAL checkpoints of the shard's store, by who ran them: "
+					    "its checkpoint thread, or a commit (the thread fell behind)",
+					    "by=\"commit\"");
+	sdb_metrics_add_hook(ckpt_metrics, sh);
 	rc = shard_pool_start(sh, err, sizeof err);
 	if (rc) {
 		sdb_errf(role->err, sizeof role->err, rc, "shard: %s", err);

@@ -39,6 +39,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "common/metrics.h"
 #include "common/role.h"
 #include "storage/query.h"
 #include "storage/store.h"
@@ -164,6 +165,11 @@ typedef struct shard_await {
 struct shard {
 	sdb_role *role;
 	sdb_store *store;
+	/* /metrics: the store's WAL checkpoints (sdb_store_checkpoint_counts), by who ran
+	 * them ([0] its checkpoint thread, [1] a committing connection), and the counts
+	 * already added (role.c ckpt_metrics, under the metrics hook lock) */
+	sdb_counter *c_ckpt[2];
+	uint64_t ckpt_seen[2];
 	wire_server *srv;
 	/* pool */
 	pthread_mutex_t mu;

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -364,6 +366,55 @@ static void test_oplog_capped_by_size(void **state)
 	sdb_doc_free(e[0]);
 	free(e);
 	assert_int_equal(sdb_store_count(f->c, "db", "c"), 200);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+}
+
+/* WAL checkpoints run on the store's own thread (storage/checkpoint.c): after ~10,000
+ * frames of commits the thread has checkpointed, the WAL file stayed bounded (it restarts
+ * after a complete checkpoint; a committing connection checkpoints itself only past
+ * 8,000 frames), and the data reads back whole. */
+static void test_wal_checkpointed_by_its_thread(void **state)
+{
+	fx *f = *state;
+	char pad[3500], wal[300];
+	uint64_t bg = 0, inl = 0;
+	struct stat sb;
+	int id = 0;
+
+	memset(pad, 'x', sizeof pad - 1);
+	pad[sizeof pad - 1] = '\0';
+	for (int i = 0; i < 400; i++) {
+		begin_w(f);
+		for (int j = 0; j < 10; j++) {
+			bson_t *d = bson_new();
+			BSON_APPEND_INT32(d, "_id", id++);
+			BSON_APPEND_UTF8(d, "pad", pad);
+			assert_int_equal(
+				sdb_store_insert(f->c, "db", "c", d, NULL, NULL, f->err, sizeof f->err), 0);
+			bson_destroy(d);
+		}
+		commit(f);
+	}
+	/* the thread is woken by a commit; wait for its checkpoint (bounded) */
+	for (int i = 0; i < 3000; i++) {
+		sdb_store_checkpoint_counts(f->st, &bg, &inl);
+		if (bg > 0)
+			break;
+		struct timespec ts = {0, 10 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	assert_true(bg > 0);
+	snprintf(wal, sizeof wal, "%s/shard.db-wal", f->dir);
+	assert_int_equal(stat(wal, &sb), 0);
+	/* 8,000 frames of 4 KiB pages (+ 24-byte frame headers), plus one commit's frames */
+	assert_true(sb.st_size <= (off_t)(8000 + 200) * (4096 + 24) + 32);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_count(f->c, "db", "c"), 4000);
 	bson_t problems = BSON_INITIALIZER;
 	int np = -1;
 	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
@@ -1452,6 +1503,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_crud_and_oplog, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_wal_checkpointed_by_its_thread, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_oplog_records_document_key, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_decimal_keys_migrated_on_open, setup,
 						teardown),
