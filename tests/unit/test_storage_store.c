@@ -104,6 +104,19 @@ static void commit(fx *f)
 	assert_int_equal(sdb_store_commit(f->c, f->err, sizeof f->err), 0);
 }
 
+/* In a read transaction: db.c holds n documents and sdb_store_check finds no problem. */
+static void assert_count_and_clean(fx *f, int64_t n)
+{
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_count(f->c, "db", "c"), n);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+}
+
 static uint64_t ts_of(const bson_t *e)
 {
 	bson_iter_t it;
@@ -281,14 +294,7 @@ static void test_unique_index_duplicate(void **state)
 	sdb_store_dup_clear(&dup);
 	commit(f);
 	/* the failed items left nothing behind */
-	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
-	assert_int_equal(sdb_store_count(f->c, "db", "c"), 1);
-	bson_t problems = BSON_INITIALIZER;
-	int np = -1;
-	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
-	assert_int_equal(np, 0);
-	bson_destroy(&problems);
-	sdb_store_rollback(f->c);
+	assert_count_and_clean(f, 1);
 }
 
 static void test_ts_monotonic_with_clock_jumps_and_restart(void **state)
@@ -413,14 +419,7 @@ static void test_wal_checkpointed_by_its_thread(void **state)
 	assert_int_equal(stat(wal, &sb), 0);
 	/* 8,000 frames of 4 KiB pages (+ 24-byte frame headers), plus one commit's frames */
 	assert_true(sb.st_size <= (off_t)(8000 + 200) * (4096 + 24) + 32);
-	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
-	assert_int_equal(sdb_store_count(f->c, "db", "c"), 4000);
-	bson_t problems = BSON_INITIALIZER;
-	int np = -1;
-	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
-	assert_int_equal(np, 0);
-	bson_destroy(&problems);
-	sdb_store_rollback(f->c);
+	assert_count_and_clean(f, 4000);
 }
 
 static void test_check_finds_a_missing_index_entry(void **state)
