@@ -1271,9 +1271,11 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 	/* How long the leader waits for the answer to an InstallSnapshot before it sends the
 	 * snapshot again. libraft 0.15 drops an InstallSnapshot that reaches a member while
 	 * the member writes a snapshot of its own (RAFT_BUSY, no answer), which a member
-	 * catching up does as it applies the leader's backlog, and the leader sends nothing
-	 * else to that member but heartbeats until this timeout: it was 30 minutes, and
-	 * such a member stayed behind for as long (test_shard_partition.py
+	 * catching up does as it applies the leader's backlog, or installs an older one
+	 * (the leader started over with a newer snapshot when a heartbeat's rejection named
+	 * the index of the one it had sent), and the leader sends nothing else to that
+	 * member but heartbeats until this timeout: it was 30 minutes, and such a member
+	 * stayed behind for as long (test_shard_partition.py
 	 * test_deposed_primary_catches_up_from_a_compacted_log). A short timeout costs no
 	 * second copy of shard.db: libraft resends only to a member it heard from in the
 	 * last election timeout, and a member copying shard.db (vt_restore, on its loop)
