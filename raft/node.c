@@ -32,6 +32,13 @@ struct sdb_node {
 	/* libraft's own append, wrapped to abort on a failed disk write */
 	int (*orig_append)(struct raft_io *io, struct raft_io_append *req,
 			   const struct raft_entry entries[], unsigned n, raft_io_append_cb cb);
+	/* libraft's own start and send, wrapped to log the InstallSnapshot messages it
+	 * sends and those it drops on receipt (send_wrap, recv_wrap) */
+	int (*orig_start)(struct raft_io *io, unsigned msecs, raft_io_tick_cb tick,
+			  raft_io_recv_cb recv);
+	raft_io_recv_cb orig_recv;
+	int (*orig_send)(struct raft_io *io, struct raft_io_send *req,
+			 const struct raft_message *message, raft_io_send_cb cb);
 	uint64_t ready_term;   /* term whose barrier has been applied here as leader */
 	uint64_t barrier_term; /* term whose barrier was proposed */
 	/* last observed, to report changes */
@@ -117,6 +124,12 @@ static void meta_close(void *impl) { sdb_fsm_close(impl); }
 
 /* ------------------------------------------------------- failed-append abort */
 
+/* The member whose uv backend io is (the wrappers below replace its functions). */
+static sdb_node *node_of_io(struct raft_io *io)
+{
+	return (sdb_node *)((char *)io - offsetof(sdb_node, io));
+}
+
 struct append_ctx {
 	void *data;
 	raft_io_append_cb cb;
@@ -144,7 +157,7 @@ static void append_done(struct raft_io_append *req, int status)
 static int append_wrap(struct raft_io *io, struct raft_io_append *req,
 		       const struct raft_entry entries[], unsigned n_entries, raft_io_append_cb cb)
 {
-	sdb_node *n = (sdb_node *)((char *)io - offsetof(sdb_node, io));
+	sdb_node *n = node_of_io(io);
 	struct append_ctx *ctx = sdb_malloc(sizeof *ctx);
 	int rv;
 	ctx->data = req->data;
@@ -161,6 +174,60 @@ static int append_wrap(struct raft_io *io, struct raft_io_append *req,
 			abort();
 		}
 	}
+	return rv;
+}
+
+/* ------------------------------------------------------- InstallSnapshot logging */
+
+/* libraft 0.15 says nothing when a leader sends a snapshot, and drops an InstallSnapshot
+ * silently when it arrives while the member is writing a snapshot of its own or
+ * installing another (replicationInstallSnapshot returns RAFT_BUSY, recv.c frees the
+ * message: "the leader will eventually retry", which it does only after its
+ * install-snapshot timeout). Both are logged here, where the message passes. */
+static void recv_wrap(struct raft_io *io, struct raft_message *m)
+{
+	sdb_node *n = node_of_io(io);
+	struct raft *r = &n->raft;
+	/* libraft checks the term first: an older leader's snapshot is refused, with an
+	 * answer; a current or newer one meets the busy check */
+	if (m->type == RAFT_IO_INSTALL_SNAPSHOT && m->install_snapshot.term >= r->current_term) {
+		if (r->snapshot.pending.term != 0)
+			sdb_warn("raft: snapshot from the leader dropped: this member is writing "
+				 "a snapshot of its own; the leader sends it again after its "
+				 "install-snapshot timeout",
+				 "from=%llu last_index=%llu term=%llu own_snapshot_index=%llu",
+				 (unsigned long long)m->server_id,
+				 (unsigned long long)m->install_snapshot.last_index,
+				 (unsigned long long)m->install_snapshot.term,
+				 (unsigned long long)r->snapshot.pending.index);
+		else if (r->snapshot.put.data != NULL)
+			sdb_info("raft: snapshot from the leader ignored: this member is installing "
+				 "one already",
+				 "from=%llu last_index=%llu term=%llu", (unsigned long long)m->server_id,
+				 (unsigned long long)m->install_snapshot.last_index,
+				 (unsigned long long)m->install_snapshot.term);
+	}
+	n->orig_recv(io, m);
+}
+
+static int start_wrap(struct raft_io *io, unsigned msecs, raft_io_tick_cb tick,
+		      raft_io_recv_cb recv)
+{
+	sdb_node *n = node_of_io(io);
+	n->orig_recv = recv;
+	return n->orig_start(io, msecs, tick, recv_wrap);
+}
+
+static int send_wrap(struct raft_io *io, struct raft_io_send *req,
+		     const struct raft_message *m, raft_io_send_cb cb)
+{
+	sdb_node *n = node_of_io(io);
+	int rv = n->orig_send(io, req, m, cb);
+	if (m->type == RAFT_IO_INSTALL_SNAPSHOT)
+		sdb_info("raft: sending a snapshot to a member", "to=%llu last_index=%llu "
+			 "term=%llu status=%d", (unsigned long long)m->server_id,
+			 (unsigned long long)m->install_snapshot.last_index,
+			 (unsigned long long)m->install_snapshot.term, rv);
 	return rv;
 }
 
@@ -399,6 +466,10 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 	raft_uv_set_connect_retry_delay(&n->io, 100);
 	n->orig_append = n->io.append;
 	n->io.append = append_wrap;
+	n->orig_start = n->io.start;
+	n->io.start = start_wrap;
+	n->orig_send = n->io.send;
+	n->io.send = send_wrap;
 	if ((rv = raft_init(&n->raft, &n->io, n->sm.fsm, n->id, n->raft_addr)) != 0) {
 		rc = sdb_errf(err, errlen, SDB_EIO, "raft init: %s", raft_errmsg(&n->raft));
 		goto err_io;
