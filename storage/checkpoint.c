@@ -1,5 +1,5 @@
 /* WAL checkpoints of a store on a thread of their own (issue #19). Contract in
- * store_int.h ("WAL checkpoints").
+ * store_int.h ("WAL checkpoints") and store.h.
  *
  * Why: SQLite's automatic checkpoint runs inside the commit that takes the WAL past 1,000
  * frames, on the committing thread. A shard commits every Raft entry on its event loop
@@ -9,18 +9,31 @@
  * together and stall together, and a write waits for the majority: under YCSB A the
  * checkpoints were the writes' p95/p99 (34/67 ms against a 6.5 ms p50).
  *
- * How: every connection's WAL hook (sqlite3_wal_hook, which replaces the automatic
- * checkpoint) wakes this thread once the WAL holds STORE_CKPT_FRAMES frames; the thread
- * runs a PASSIVE checkpoint (sqlite3_wal_checkpoint_v2) on its own connection, beside the
- * writers and readers (PASSIVE neither waits for nor blocks them). The next write
- * transaction after a checkpoint that copied every frame restarts the WAL from its start,
- * as after an automatic checkpoint. Should the thread fall behind (the WAL at
- * STORE_CKPT_FRAMES_INLINE frames), the committing connection checkpoints itself, as
- * SQLite's automatic checkpoint did, so the WAL stays bounded.
+ * How (every connection's WAL hook, sqlite3_wal_hook, replaces the automatic checkpoint;
+ * it runs on the committing thread after each commit, with the WAL's frame count):
+ *  - the bulk: once the WAL holds STORE_CKPT_FRAMES frames, the hook wakes the thread,
+ *    which runs a PASSIVE checkpoint (sqlite3_wal_checkpoint_v2) on its own connection,
+ *    beside the writers and readers (PASSIVE neither waits for nor blocks them);
+ *  - the tail: SQLite restarts the WAL from its start only when a write transaction
+ *    begins with every frame copied, which a checkpoint beside a busy writer rarely
+ *    achieves (the writer commits more frames meanwhile; retrying chased them hundreds of
+ *    times a second, each with two fsyncs). So once the thread has copied all but at most
+ *    STORE_CKPT_TAIL frames, the next commit's hook copies the rest itself (a few hundred
+ *    frames, where it used to copy all of them), and the write after restarts the WAL;
+ *  - behind: should the WAL reach STORE_CKPT_FRAMES_INLINE frames with the thread idle
+ *    (it cannot keep up), the committing connection checkpoints itself, as SQLite's
+ *    automatic checkpoint did, which bounds the WAL;
+ *  - blocked: a checkpoint that could not copy every frame although nothing wrote
+ *    meanwhile was stopped by a reader's older snapshot (an open read transaction); no
+ *    commit checkpoints again until the WAL restarts or the thread copies everything,
+ *    and the thread is woken every STORE_CKPT_FRAMES / 2 frames meanwhile (the WAL grows
+ *    for as long as the reader stays, as it did with the automatic checkpoint).
  *
  * Durability does not change: a commit is durable by its own WAL write (synchronous);
- * a checkpoint only copies committed frames into the database file, fsyncing the WAL
- * before and the database after (SQLite's checkpoint protocol).
+ * a checkpoint copies committed frames into the database file, fsyncing the WAL before
+ * and the database after (SQLite's checkpoint protocol). A checkpoint that fails with a
+ * disk error is recorded (sdb_store_checkpoint_fault): commits only write the WAL and
+ * would not see it, while the WAL grew without end.
  */
 #include <pthread.h>
 #include <sqlite3.h>
@@ -39,16 +52,67 @@ struct store_ckpt {
 	pthread_t thread;
 	pthread_mutex_t mu;
 	pthread_cond_t cond;
-	bool wanted; /* under mu: a hook asked for a checkpoint */
-	bool stop;   /* under mu */
+	/* under mu */
+	bool wanted;     /* a hook asked the thread for a checkpoint */
+	bool running;    /* the thread is in a checkpoint */
+	bool stop;
+	bool blocked;    /* a reader keeps frames from being copied (see above) */
+	int backfilled;  /* frames of the current WAL copied by the last checkpoint */
+	int last_frames; /* the WAL's frames at the last commit (a drop: it restarted) */
+	int woken_at;    /* the WAL's frames when the thread was last woken */
+	unsigned gen;    /* WAL restarts seen: a result of an older generation is dropped */
+	/* statistics and the first disk error (any thread) */
 	_Atomic uint64_t runs;    /* checkpoints run by the thread */
 	_Atomic uint64_t inlined; /* checkpoints a committing connection ran itself */
+	_Atomic int fault;        /* SQLite extended code of a failed checkpoint, 0 none */
 };
+
+/* A checkpoint's result (rc, nlog frames in the WAL when it began, nckpt copied), begun
+ * in WAL generation gen, under k->mu. */
+static void note_result(store_ckpt *k, sqlite3 *db, unsigned gen, int rc, int nlog,
+			int nckpt)
+{
+	if (rc == SQLITE_OK) {
+		if (gen != k->gen)
+			return; /* the WAL restarted since: the counts are of the old frames */
+		k->backfilled = nckpt;
+		/* PASSIVE copies up to the frames it found; fewer means a reader held them */
+		k->blocked = nckpt < nlog;
+		return;
+	}
+	switch (rc & 0xff) {
+	case SQLITE_BUSY: /* another checkpoint is under way */
+	case SQLITE_LOCKED:
+		return;
+	default:
+		break;
+	}
+	int expected = 0;
+	int code = sqlite3_extended_errcode(db);
+	if (atomic_compare_exchange_strong(&k->fault, &expected, code ? code : rc))
+		sdb_error("store: WAL checkpoint failed: the database file cannot be written",
+			  "path=%s sqlite=%d error=\"%s\"", k->st->path, code ? code : rc,
+			  sqlite3_errmsg(db));
+}
+
+/* fdatasync the database file (through SQLite's own handle of it). SQLite syncs it at the
+ * end of a checkpoint only when the checkpoint copied every frame, as it stood when the
+ * copy ended: one beside a busy writer rarely does, and the next complete checkpoint (the
+ * commit's copy of the tail) then synced all of this one's pages (4 MB: 10-20 ms on the
+ * loop thread). An early sync is only earlier durability. Returns the SQLite code. */
+static int sync_db(store_ckpt *k)
+{
+	sqlite3_file *f = NULL;
+
+	if (sqlite3_file_control(k->db, "main", SQLITE_FCNTL_FILE_POINTER, &f) != SQLITE_OK || !f ||
+	    !f->pMethods)
+		return SQLITE_OK;
+	return f->pMethods->xSync(f, SQLITE_SYNC_NORMAL);
+}
 
 static void *ckpt_main(void *arg)
 {
 	store_ckpt *k = arg;
-	unsigned long warned = 0;
 
 	pthread_mutex_lock(&k->mu);
 	for (;;) {
@@ -57,40 +121,63 @@ static void *ckpt_main(void *arg)
 		if (k->stop)
 			break;
 		k->wanted = false;
+		k->running = true;
+		unsigned gen = k->gen;
 		pthread_mutex_unlock(&k->mu);
 		int nlog = 0, nckpt = 0;
 		int rc = sqlite3_wal_checkpoint_v2(k->db, "main", SQLITE_CHECKPOINT_PASSIVE, &nlog,
 						   &nckpt);
 		atomic_fetch_add(&k->runs, 1);
-		/* SQLITE_BUSY: a committing connection's own checkpoint is running; the next
-		 * wake-up catches up. A disk error leaves the frames in the WAL (the commits are
-		 * durable there) and is met again by the writers, which stop the member. */
-		if (rc != SQLITE_OK && rc != SQLITE_BUSY && warned++ % 1000 == 0)
-			sdb_warn("store: WAL checkpoint failed", "path=%s error=%s", k->st->path,
-				 sqlite3_errmsg(k->db));
+		if (rc == SQLITE_OK && nckpt > 0)
+			rc = sync_db(k);
 		pthread_mutex_lock(&k->mu);
+		k->running = false;
+		note_result(k, k->db, gen, rc, nlog, nckpt);
 	}
 	pthread_mutex_unlock(&k->mu);
 	return NULL;
 }
 
 /* sqlite3_wal_hook callback, on the committing thread after each commit: nframes is the
- * number of frames in the WAL. */
+ * number of frames in the WAL. Always SQLITE_OK: the commit itself succeeded. */
 static int ckpt_hook(void *arg, sqlite3 *db, const char *name, int nframes)
 {
 	store_ckpt *k = arg;
+	bool run_here = false;
 
-	if (nframes >= STORE_CKPT_FRAMES_INLINE) {
-		atomic_fetch_add(&k->inlined, 1);
-		sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
-		return SQLITE_OK; /* the commit itself succeeded either way */
+	pthread_mutex_lock(&k->mu);
+	if (nframes < k->last_frames) { /* the WAL restarted: a new generation of frames */
+		k->backfilled = 0;
+		k->woken_at = 0;
+		k->blocked = false;
+		k->gen++;
 	}
-	if (nframes >= STORE_CKPT_FRAMES) {
-		pthread_mutex_lock(&k->mu);
-		if (!k->wanted) {
+	k->last_frames = nframes;
+	if (nframes >= STORE_CKPT_FRAMES && !k->running && !k->wanted) {
+		int behind = nframes - k->backfilled;
+		if (!k->blocked && k->backfilled > 0 && behind <= STORE_CKPT_TAIL)
+			run_here = true; /* the tail: complete it so the next write restarts */
+		else if (!k->blocked && nframes >= STORE_CKPT_FRAMES_INLINE)
+			run_here = true; /* the thread cannot keep up */
+		else if (behind >= STORE_CKPT_FRAMES / 2 &&
+			 (!k->blocked || nframes - k->woken_at >= STORE_CKPT_FRAMES / 2)) {
 			k->wanted = true;
+			k->woken_at = nframes;
 			pthread_cond_signal(&k->cond);
 		}
+	}
+	unsigned gen = k->gen;
+	if (run_here)
+		k->running = true; /* the thread stays out meanwhile */
+	pthread_mutex_unlock(&k->mu);
+	if (run_here) {
+		int nlog = 0, nckpt = 0;
+		int rc = sqlite3_wal_checkpoint_v2(db, name, SQLITE_CHECKPOINT_PASSIVE, &nlog,
+						   &nckpt);
+		atomic_fetch_add(&k->inlined, 1);
+		pthread_mutex_lock(&k->mu);
+		k->running = false;
+		note_result(k, db, gen, rc, nlog, nckpt);
 		pthread_mutex_unlock(&k->mu);
 	}
 	return SQLITE_OK;
@@ -159,4 +246,9 @@ void sdb_store_checkpoint_counts(sdb_store *st, uint64_t *background, uint64_t *
 {
 	*background = st->ckpt ? atomic_load(&st->ckpt->runs) : 0;
 	*inlined = st->ckpt ? atomic_load(&st->ckpt->inlined) : 0;
+}
+
+int sdb_store_checkpoint_fault(sdb_store *st)
+{
+	return st->ckpt ? atomic_load(&st->ckpt->fault) : 0;
 }

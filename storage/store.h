@@ -99,11 +99,18 @@ void sdb_store_close(sdb_store *st);
 
 /* WAL checkpoints (storage/checkpoint.c): a store copies its WAL into the database file on
  * a thread of its own, woken when the WAL holds 1,000 frames (SQLite's automatic
- * checkpoint threshold), so no committing thread stops for one; a committing connection
- * checkpoints itself only when the WAL reaches 8,000 frames (the thread fell behind).
- * Counts since open: *background, checkpoints run by the thread; *inlined, those run by
- * committing connections. Any thread. */
+ * checkpoint threshold), so no committing thread stops for a whole checkpoint; a
+ * committing connection copies the last few hundred frames after the thread (so that the
+ * WAL restarts), and all of them only when the WAL reaches 8,000 frames (the thread fell
+ * behind). Counts since open: *background, checkpoints run by the thread; *inlined, those
+ * run by committing connections. Any thread. */
 void sdb_store_checkpoint_counts(sdb_store *st, uint64_t *background, uint64_t *inlined);
+/* Whether a checkpoint failed with a disk error writing the database file (anything but
+ * SQLITE_BUSY/LOCKED), which commits, writing only the WAL, do not see. The store cannot
+ * checkpoint any more: its owner should stop using it (a shard member stops, as on a
+ * failed apply). Any thread. Returns: the SQLite extended error code of the first such
+ * checkpoint, 0 when none. */
+int sdb_store_checkpoint_fault(sdb_store *st);
 
 /* Open a connection for the calling thread. Close with sdb_store_conn_close() on the same
  * thread. Errors: SDB_EIO (SQLite cannot open or configure it; *out = NULL). */

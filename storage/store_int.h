@@ -30,9 +30,13 @@
 
 /* A checkpoint is asked of the store's checkpoint thread once the WAL holds this many
  * frames (pages; SQLite's automatic checkpoint threshold), and a committing connection
- * runs one itself at STORE_CKPT_FRAMES_INLINE (the thread fell behind). */
+ * runs one itself at STORE_CKPT_FRAMES_INLINE (the thread fell behind) and to copy the
+ * last STORE_CKPT_TAIL frames after the thread's copy (checkpoint.c). */
 #define STORE_CKPT_FRAMES 1000
 #define STORE_CKPT_FRAMES_INLINE 8000
+/* Once the thread has copied all but this many frames, a commit copies the rest itself,
+ * so that the next write restarts the WAL (checkpoint.c). */
+#define STORE_CKPT_TAIL 256
 
 typedef struct store_ckpt store_ckpt;
 

@@ -371,6 +371,11 @@ static int vt_apply(struct raft_fsm *vt, const struct raft_buffer *buf, void **r
 	rc = sdb_store_apply_commit(r->conn, index, err, sizeof err);
 	if (rc)
 		return fatal_fault(r, index, "commit", err);
+	if ((rc = sdb_store_checkpoint_fault(r->sh->store)) != 0) {
+		/* the database file cannot be written: the WAL would grow without end */
+		snprintf(err, sizeof err, "a WAL checkpoint failed with SQLite code %d", rc);
+		return fatal_fault(r, index, "checkpoint", err);
+	}
 	r->last_applied = index;
 	r->last_result = res;
 	shard_oplog_notify(r->sh);
