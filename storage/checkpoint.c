@@ -20,9 +20,15 @@
  *    times a second, each with two fsyncs). So once the thread has copied all but at most
  *    STORE_CKPT_TAIL frames, the next commit's hook copies the rest itself (a few hundred
  *    frames, where it used to copy all of them), and the write after restarts the WAL;
- *  - behind: should the WAL reach STORE_CKPT_FRAMES_INLINE frames with the thread idle
- *    (it cannot keep up), the committing connection checkpoints itself, as SQLite's
- *    automatic checkpoint did, which bounds the WAL;
+ *  - behind: should the WAL grow by STORE_CKPT_FRAMES_BEHIND frames while the thread
+ *    copies (writes outpace the copy), the commit waits for the copy to end, which bounds
+ *    the WAL as SQLite's automatic checkpoint did (an idle thread is always woken, never
+ *    replaced by a commit's whole copy: one big commit, such as an oplog trim, is copied
+ *    by the thread);
+ *  - bounded: from STORE_CKPT_FRAMES_BEHIND frames on, the tail a commit completes may be
+ *    STORE_CKPT_FRAMES long, and at STORE_CKPT_FRAMES_MAX an idle thread's whole remainder
+ *    is copied by the commit (the disk cannot keep up with the writes);
+ *  - a restarted WAL is told by its header (wal_generation), not by its frame count;
  *  - blocked: a checkpoint that could not copy every frame although nothing wrote
  *    meanwhile was stopped by a reader's older snapshot (an open read transaction); no
  *    commit checkpoints again until the WAL restarts or the thread copies everything,
@@ -39,6 +45,7 @@
 #include <sqlite3.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "common/alloc.h"
@@ -51,25 +58,28 @@ struct store_ckpt {
 	sqlite3 *db; /* the thread's own connection */
 	pthread_t thread;
 	pthread_mutex_t mu;
-	pthread_cond_t cond;
+	pthread_cond_t cond; /* wakes the thread */
+	pthread_cond_t done; /* a copy ended (running became false) */
 	/* under mu */
 	bool wanted;     /* a hook asked the thread for a checkpoint */
 	bool running;    /* the thread is in a checkpoint */
 	bool stop;
 	bool blocked;    /* a reader keeps frames from being copied (see above) */
 	int backfilled;  /* frames of the current WAL copied by the last checkpoint */
-	int last_frames; /* the WAL's frames at the last commit (a drop: it restarted) */
+	int last_frames; /* the WAL's frames at the last hook that acted (a drop: restarted) */
 	int woken_at;    /* the WAL's frames when the thread was last woken */
-	unsigned gen;    /* WAL restarts seen: a result of an older generation is dropped */
+	uint64_t gen;    /* the WAL's generation (wal_generation) at the last hook that acted:
+			  * a result of an older generation is dropped */
 	/* statistics and the first disk error (any thread) */
 	_Atomic uint64_t runs;    /* checkpoints run by the thread */
 	_Atomic uint64_t inlined; /* checkpoints a committing connection ran itself */
+	_Atomic uint64_t waits;   /* commits that waited for the thread (behind) */
 	_Atomic int fault;        /* SQLite extended code of a failed checkpoint, 0 none */
 };
 
 /* A checkpoint's result (rc, nlog frames in the WAL when it began, nckpt copied), begun
  * in WAL generation gen, under k->mu. */
-static void note_result(store_ckpt *k, sqlite3 *db, unsigned gen, int rc, int nlog,
+static void note_result(store_ckpt *k, sqlite3 *db, uint64_t gen, int rc, int nlog,
 			int nckpt)
 {
 	if (rc == SQLITE_OK) {
@@ -122,20 +132,39 @@ static void *ckpt_main(void *arg)
 			break;
 		k->wanted = false;
 		k->running = true;
-		unsigned gen = k->gen;
+		uint64_t gen = k->gen; /* no restart until this copy completes */
+		int before = k->backfilled;
 		pthread_mutex_unlock(&k->mu);
 		int nlog = 0, nckpt = 0;
 		int rc = sqlite3_wal_checkpoint_v2(k->db, "main", SQLITE_CHECKPOINT_PASSIVE, &nlog,
 						   &nckpt);
 		atomic_fetch_add(&k->runs, 1);
-		if (rc == SQLITE_OK && nckpt > 0)
+		if (rc == SQLITE_OK && nckpt > before)
 			rc = sync_db(k);
 		pthread_mutex_lock(&k->mu);
 		k->running = false;
+		pthread_cond_broadcast(&k->done);
 		note_result(k, k->db, gen, rc, nlog, nckpt);
 	}
 	pthread_mutex_unlock(&k->mu);
 	return NULL;
+}
+
+/* The generation of db's WAL: its header's checkpoint sequence number and first salt
+ * (SQLite's WAL file format, offsets 12 and 16), both changed by every restart. The frame
+ * count alone can miss a restart (a first commit as large as the last one before it).
+ * 0 when the header cannot be read. */
+static uint64_t wal_generation(sqlite3 *db)
+{
+	sqlite3_file *f = NULL;
+	unsigned char h[24];
+
+	if (sqlite3_file_control(db, "main", SQLITE_FCNTL_JOURNAL_POINTER, &f) != SQLITE_OK || !f ||
+	    !f->pMethods || f->pMethods->xRead(f, h, sizeof h, 0) != SQLITE_OK)
+		return 0;
+	return (uint64_t)h[12] << 56 | (uint64_t)h[13] << 48 | (uint64_t)h[14] << 40 |
+	       (uint64_t)h[15] << 32 | (uint64_t)h[16] << 24 | (uint64_t)h[17] << 16 |
+	       (uint64_t)h[18] << 8 | h[19];
 }
 
 /* sqlite3_wal_hook callback, on the committing thread after each commit: nframes is the
@@ -145,28 +174,42 @@ static int ckpt_hook(void *arg, sqlite3 *db, const char *name, int nframes)
 	store_ckpt *k = arg;
 	bool run_here = false;
 
+	if (nframes < STORE_CKPT_FRAMES)
+		return SQLITE_OK;
+	uint64_t g = wal_generation(db);
 	pthread_mutex_lock(&k->mu);
-	if (nframes < k->last_frames) { /* the WAL restarted: a new generation of frames */
+	if (g != k->gen || nframes < k->last_frames) {
+		/* the WAL restarted since the last look: its frames are new ones */
 		k->backfilled = 0;
 		k->woken_at = 0;
 		k->blocked = false;
-		k->gen++;
+		k->gen = g;
 	}
 	k->last_frames = nframes;
-	if (nframes >= STORE_CKPT_FRAMES && !k->running && !k->wanted) {
+	if (!k->running && !k->wanted) {
 		int behind = nframes - k->backfilled;
-		if (!k->blocked && k->backfilled > 0 && behind <= STORE_CKPT_TAIL)
+		/* a bigger tail once the WAL is big: a copy beside steady writes always left
+		 * more than STORE_CKPT_TAIL behind, and the WAL never restarted */
+		int tail = nframes >= STORE_CKPT_FRAMES_BEHIND ? STORE_CKPT_FRAMES : STORE_CKPT_TAIL;
+		if (!k->blocked && k->backfilled > 0 && behind >= 0 && behind <= tail)
 			run_here = true; /* the tail: complete it so the next write restarts */
-		else if (!k->blocked && nframes >= STORE_CKPT_FRAMES_INLINE)
-			run_here = true; /* the thread cannot keep up */
+		else if (!k->blocked && nframes >= STORE_CKPT_FRAMES_MAX)
+			run_here = true; /* overload: the disk cannot copy as fast as commits write */
 		else if (behind >= STORE_CKPT_FRAMES / 2 &&
 			 (!k->blocked || nframes - k->woken_at >= STORE_CKPT_FRAMES / 2)) {
 			k->wanted = true;
 			k->woken_at = nframes;
 			pthread_cond_signal(&k->cond);
 		}
+	} else if (!k->blocked && nframes - k->woken_at >= STORE_CKPT_FRAMES_BEHIND) {
+		/* the WAL grew this much while the thread copies: writes outpace the copy, so
+		 * wait for it (back-pressure, which bounds the WAL as SQLite's automatic
+		 * checkpoint did); the next commit wakes the thread for the rest */
+		atomic_fetch_add(&k->waits, 1);
+		while ((k->running || k->wanted) && !k->stop)
+			pthread_cond_wait(&k->done, &k->mu);
 	}
-	unsigned gen = k->gen;
+	uint64_t gen = k->gen;
 	if (run_here)
 		k->running = true; /* the thread stays out meanwhile */
 	pthread_mutex_unlock(&k->mu);
@@ -177,6 +220,7 @@ static int ckpt_hook(void *arg, sqlite3 *db, const char *name, int nframes)
 		atomic_fetch_add(&k->inlined, 1);
 		pthread_mutex_lock(&k->mu);
 		k->running = false;
+		pthread_cond_broadcast(&k->done);
 		note_result(k, db, gen, rc, nlog, nckpt);
 		pthread_mutex_unlock(&k->mu);
 	}
@@ -207,9 +251,11 @@ int store_ckpt_start(sdb_store *st, int (*pragmas)(sdb_store *, sqlite3 *, char 
 	sqlite3_wal_hook(k->db, NULL, NULL); /* it commits nothing */
 	pthread_mutex_init(&k->mu, NULL);
 	pthread_cond_init(&k->cond, NULL);
+	pthread_cond_init(&k->done, NULL);
 	if (pthread_create(&k->thread, NULL, ckpt_main, k) != 0) {
 		pthread_mutex_destroy(&k->mu);
 		pthread_cond_destroy(&k->cond);
+		pthread_cond_destroy(&k->done);
 		sqlite3_close(k->db);
 		free(k);
 		return sdb_errf(err, errlen, SDB_EIO, "store: cannot start the checkpoint thread");
@@ -227,11 +273,13 @@ void store_ckpt_stop(sdb_store *st)
 	pthread_mutex_lock(&k->mu);
 	k->stop = true;
 	pthread_cond_signal(&k->cond);
+	pthread_cond_broadcast(&k->done);
 	pthread_mutex_unlock(&k->mu);
 	pthread_join(k->thread, NULL);
 	sqlite3_close(k->db);
 	pthread_mutex_destroy(&k->mu);
 	pthread_cond_destroy(&k->cond);
+	pthread_cond_destroy(&k->done);
 	free(k);
 	st->ckpt = NULL;
 }
@@ -242,10 +290,12 @@ void store_ckpt_attach(sdb_store *st, sqlite3 *db)
 		sqlite3_wal_hook(db, ckpt_hook, st->ckpt);
 }
 
-void sdb_store_checkpoint_counts(sdb_store *st, uint64_t *background, uint64_t *inlined)
+void sdb_store_checkpoint_counts(sdb_store *st, uint64_t *background, uint64_t *inlined,
+				 uint64_t *waits)
 {
 	*background = st->ckpt ? atomic_load(&st->ckpt->runs) : 0;
 	*inlined = st->ckpt ? atomic_load(&st->ckpt->inlined) : 0;
+	*waits = st->ckpt ? atomic_load(&st->ckpt->waits) : 0;
 }
 
 int sdb_store_checkpoint_fault(sdb_store *st)

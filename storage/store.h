@@ -101,10 +101,12 @@ void sdb_store_close(sdb_store *st);
  * a thread of its own, woken when the WAL holds 1,000 frames (SQLite's automatic
  * checkpoint threshold), so no committing thread stops for a whole checkpoint; a
  * committing connection copies the last few hundred frames after the thread (so that the
- * WAL restarts), and all of them only when the WAL reaches 8,000 frames (the thread fell
- * behind). Counts since open: *background, checkpoints run by the thread; *inlined, those
- * run by committing connections. Any thread. */
-void sdb_store_checkpoint_counts(sdb_store *st, uint64_t *background, uint64_t *inlined);
+ * WAL restarts), and waits for the thread's copy only when the WAL grew by 8,000 frames
+ * during it (writes outpace the copy). Counts since open: *background, checkpoints run by
+ * the thread; *inlined, those run by committing connections; *waits, commits that waited.
+ * Any thread. */
+void sdb_store_checkpoint_counts(sdb_store *st, uint64_t *background, uint64_t *inlined,
+				 uint64_t *waits);
 /* Whether a checkpoint failed with a disk error writing the database file (anything but
  * SQLITE_BUSY/LOCKED), which commits, writing only the WAL, do not see. The store cannot
  * checkpoint any more: its owner should stop using it (a shard member stops, as on a

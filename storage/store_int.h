@@ -29,11 +29,13 @@
 /* ---- WAL checkpoints (checkpoint.c) ---- */
 
 /* A checkpoint is asked of the store's checkpoint thread once the WAL holds this many
- * frames (pages; SQLite's automatic checkpoint threshold), and a committing connection
- * runs one itself at STORE_CKPT_FRAMES_INLINE (the thread fell behind) and to copy the
- * last STORE_CKPT_TAIL frames after the thread's copy (checkpoint.c). */
+ * frames (pages; SQLite's automatic checkpoint threshold); a committing connection copies
+ * the last STORE_CKPT_TAIL frames after the thread's copy, and waits for the thread's copy
+ * when the WAL grew by STORE_CKPT_FRAMES_BEHIND frames during it; a big WAL allows a
+ * bigger tail, and at STORE_CKPT_FRAMES_MAX a commit copies it all (checkpoint.c). */
 #define STORE_CKPT_FRAMES 1000
-#define STORE_CKPT_FRAMES_INLINE 8000
+#define STORE_CKPT_FRAMES_BEHIND 8000
+#define STORE_CKPT_FRAMES_MAX 32000
 /* Once the thread has copied all but this many frames, a commit copies the rest itself,
  * so that the next write restarts the WAL (checkpoint.c). */
 #define STORE_CKPT_TAIL 256

@@ -61,10 +61,10 @@ static void reap_cb(uv_timer_t *t)
 static void ckpt_metrics(void *arg)
 {
 	shard *sh = arg;
-	uint64_t n[2];
+	uint64_t n[3];
 
-	sdb_store_checkpoint_counts(sh->store, &n[0], &n[1]);
-	for (int i = 0; i < 2; i++) {
+	sdb_store_checkpoint_counts(sh->store, &n[0], &n[1], &n[2]);
+	for (int i = 0; i < 3; i++) {
 		sdb_counter_add(sh->c_ckpt[i], n[i] - sh->ckpt_seen[i]);
 		sh->ckpt_seen[i] = n[i];
 	}
@@ -182,6 +182,10 @@ static int shard_start(sdb_role *role)
 					    "WAL checkpoints of the shard's store, by who ran them: "
 					    "its checkpoint thread, or a commit (the thread fell behind)",
 					    "by=\"commit\"");
+	sh->c_ckpt[2] = sdb_metrics_counter("stripedb_shard_wal_checkpoint_waits_total",
+					    "Commits of the shard's store that waited for its "
+					    "checkpoint thread (writes outpaced the copy)",
+					    NULL);
 	sdb_metrics_add_hook(ckpt_metrics, sh);
 	rc = shard_pool_start(sh, err, sizeof err);
 	if (rc) {

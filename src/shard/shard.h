@@ -166,10 +166,11 @@ struct shard {
 	sdb_role *role;
 	sdb_store *store;
 	/* /metrics: the store's WAL checkpoints (sdb_store_checkpoint_counts), by who ran
-	 * them ([0] its checkpoint thread, [1] a committing connection), and the counts
-	 * already added (role.c ckpt_metrics, under the metrics hook lock) */
-	sdb_counter *c_ckpt[2];
-	uint64_t ckpt_seen[2];
+	 * them ([0] its checkpoint thread, [1] a committing connection), [2] the commits
+	 * that waited for the thread, and the counts already added (role.c ckpt_metrics,
+	 * under the metrics hook lock) */
+	sdb_counter *c_ckpt[3];
+	uint64_t ckpt_seen[3];
 	wire_server *srv;
 	/* pool */
 	pthread_mutex_t mu;
