@@ -98,11 +98,13 @@ static void note_result(store_ckpt *k, sqlite3 *db, uint64_t gen, int rc, int nl
 		break;
 	}
 	int expected = 0;
-	int code = sqlite3_extended_errcode(db);
-	if (atomic_compare_exchange_strong(&k->fault, &expected, code ? code : rc))
+	/* the connection's extended code when it is of this error (sync_db's is not) */
+	int code = (sqlite3_extended_errcode(db) & 0xff) == (rc & 0xff)
+			   ? sqlite3_extended_errcode(db)
+			   : rc;
+	if (atomic_compare_exchange_strong(&k->fault, &expected, code))
 		sdb_error("store: WAL checkpoint failed: the database file cannot be written",
-			  "path=%s sqlite=%d error=\"%s\"", k->st->path, code ? code : rc,
-			  sqlite3_errmsg(db));
+			  "path=%s sqlite=%d error=\"%s\"", k->st->path, code, sqlite3_errstr(code));
 }
 
 /* fdatasync the database file (through SQLite's own handle of it). SQLite syncs it at the
