@@ -176,11 +176,13 @@ static int shard_start(sdb_role *role)
 	}
 	sh->c_ckpt[0] = sdb_metrics_counter("stripedb_shard_wal_checkpoints_total",
 					    "WAL checkpoints of the shard's store, by who ran them: "
-					    "its checkpoint thread, or a commit (the thread fell behind)",
+					    "its checkpoint thread, or a commit (the last frames, so "
+					    "that the WAL restarts)",
 					    "by=\"thread\"");
 	sh->c_ckpt[1] = sdb_metrics_counter("stripedb_shard_wal_checkpoints_total",
 					    "WAL checkpoints of the shard's store, by who ran them: "
-					    "its checkpoint thread, or a commit (the thread fell behind)",
+					    "its checkpoint thread, or a commit (the last frames, so "
+					    "that the WAL restarts)",
 					    "by=\"commit\"");
 	sh->c_ckpt[2] = sdb_metrics_counter("stripedb_shard_wal_checkpoint_waits_total",
 					    "Commits of the shard's store that waited for its "
