@@ -20,7 +20,7 @@
  * setName} taken after an fsync of shard.db (sdb_store_sync), so libraft may drop the
  * log before it; after a restart the entries up to meta 'raft_applied' are skipped. A
  * member that needs a snapshot it does not hold (it fell behind the leader's compacted
- * log) cannot install it yet: it stops with a clear error (README, "Limits"). */
+ * log) copies shard.db from another member (vt_restore, shard/snapfile.h). */
 #include "shard/repl.h"
 
 #include <errno.h>
