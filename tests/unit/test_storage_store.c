@@ -382,6 +382,21 @@ static void test_oplog_capped_by_size(void **state)
 	sdb_store_rollback(f->c);
 }
 
+/* One write transaction of 10 documents {_id: *id++, pad} committed. */
+static void commit_padded(fx *f, int *id, const char *pad)
+{
+	begin_w(f);
+	for (int j = 0; j < 10; j++) {
+		bson_t *d = bson_new();
+		BSON_APPEND_INT32(d, "_id", (*id)++);
+		BSON_APPEND_UTF8(d, "pad", pad);
+		assert_int_equal(sdb_store_insert(f->c, "db", "c", d, NULL, NULL, f->err, sizeof f->err),
+				 0);
+		bson_destroy(d);
+	}
+	commit(f);
+}
+
 /* WAL checkpoints run on the store's own thread (storage/checkpoint.c): after ~15,000
  * frames of commits the thread has checkpointed, the WAL file stayed bounded (it restarts
  * after a complete checkpoint), and the data reads back whole. */
@@ -396,16 +411,7 @@ static void test_wal_checkpointed_by_its_thread(void **state)
 	memset(pad, 'x', sizeof pad - 1);
 	pad[sizeof pad - 1] = '\0';
 	for (int i = 0; i < 600; i++) {
-		begin_w(f);
-		for (int j = 0; j < 10; j++) {
-			bson_t *d = bson_new();
-			BSON_APPEND_INT32(d, "_id", id++);
-			BSON_APPEND_UTF8(d, "pad", pad);
-			assert_int_equal(
-				sdb_store_insert(f->c, "db", "c", d, NULL, NULL, f->err, sizeof f->err), 0);
-			bson_destroy(d);
-		}
-		commit(f);
+		commit_padded(f, &id, pad);
 	}
 	/* the thread is woken by a commit; wait for its checkpoint (bounded) */
 	for (int i = 0; i < 3000; i++) {
@@ -583,16 +589,7 @@ static void test_wal_checkpoint_disk_error_is_recorded(void **state)
 	memset(pad, 'x', sizeof pad - 1);
 	pad[sizeof pad - 1] = '\0';
 	for (int i = 0; i < 300 && sdb_store_checkpoint_fault(f->st) == 0; i++) {
-		begin_w(f);
-		for (int j = 0; j < 10; j++) {
-			bson_t *d = bson_new();
-			BSON_APPEND_INT32(d, "_id", id++);
-			BSON_APPEND_UTF8(d, "pad", pad);
-			assert_int_equal(
-				sdb_store_insert(f->c, "db", "c", d, NULL, NULL, f->err, sizeof f->err), 0);
-			bson_destroy(d);
-		}
-		commit(f); /* the commits themselves succeed: they write the WAL */
+		commit_padded(f, &id, pad); /* the commits succeed: they write the WAL */
 	}
 	for (int i = 0; i < 3000 && sdb_store_checkpoint_fault(f->st) == 0; i++) {
 		struct timespec ts = {0, 10 * 1000 * 1000};
