@@ -485,6 +485,21 @@ int sdb_node_start(uv_loop_t *loop, const sdb_node_opts *opts, sdb_node **out, c
 		raft_set_snapshot_threshold(&n->raft, th);
 		raft_set_snapshot_trailing(&n->raft, th / 4 ? th / 4 : 1);
 		raft_set_pre_vote(&n->raft, true);
+		/* How long a leader waits for the answer to an InstallSnapshot before it sends
+		 * the snapshot again (libraft's default is 30 s; the shard had set 30 min).
+		 * libraft 0.15 drops, with no answer, an InstallSnapshot that reaches a member
+		 * while the member writes a snapshot of its own (RAFT_BUSY), which a member
+		 * catching up does as it applies the leader's backlog; until this timeout the
+		 * leader sends that member nothing but heartbeats, and it stays behind
+		 * (test_shard_partition.py test_deposed_primary_catches_up_from_a_compacted_log).
+		 * A short timeout costs no second copy: libraft resends only to a member it heard
+		 * from within the last election timeout (it clears that mark every election
+		 * timeout), and a member receiving or restoring a snapshot (the shard's
+		 * shard.db copy, metadata's restore_image) does so on its loop and answers nothing
+		 * until done, so SDB_NODE_SNAPSHOT_RESEND_ELECTIONS (>= 2) election timeouts of
+		 * silence separate a resend from a copy in progress. */
+		raft_set_install_snapshot_timeout(&n->raft,
+						  SDB_NODE_SNAPSHOT_RESEND_ELECTIONS * et);
 	}
 	if (opts->bootstrap && *opts->bootstrap) {
 		bool member = false;

@@ -42,6 +42,12 @@ typedef struct sdb_node_sm {
 	void (*close)(void *impl);
 } sdb_node_sm;
 
+/* libraft's InstallSnapshot timeout of every member (metadata and shard), in election
+ * timeouts (4 s at the default 1000 ms, 3 s at the shard's 750 ms): after it a leader
+ * sends the snapshot again to a member that has not answered it (raft/node.c, where it
+ * is set, says why four). */
+#define SDB_NODE_SNAPSHOT_RESEND_ELECTIONS 4u
+
 typedef struct sdb_node_opts {
 	uint64_t id;                   /* raft server id, > 0 */
 	const char *data_dir;          /* DIR: raft log in DIR/raft, state machine DIR/meta.db */

@@ -1273,21 +1273,6 @@ int shard_repl_start(shard *sh, const char *wire_addr, char *err, size_t errlen)
 		return rc;
 	}
 	atomic_store(&r->h_members, (int)r->raft->configuration.n);
-	/* How long the leader waits for the answer to an InstallSnapshot before it sends the
-	 * snapshot again. libraft 0.15 drops an InstallSnapshot that reaches a member while
-	 * the member writes a snapshot of its own (RAFT_BUSY, no answer), which a member
-	 * catching up does as it applies the leader's backlog, or installs an older one
-	 * (the leader started over with a newer snapshot when a heartbeat's rejection named
-	 * the index of the one it had sent), and the leader sends nothing else to that
-	 * member but heartbeats until this timeout: it was 30 minutes, and such a member
-	 * stayed behind for as long (test_shard_partition.py
-	 * test_deposed_primary_catches_up_from_a_compacted_log). A short timeout costs no
-	 * second copy of shard.db: libraft resends only to a member it heard from in the
-	 * last election timeout, and a member copying shard.db (vt_restore, on its loop)
-	 * answers nothing until done, then answers the install first; a resend of the same
-	 * snapshot is a no-op there (REPL_SNAPSHOT_RESEND_ELECTIONS in repl_int.h). */
-	raft_set_install_snapshot_timeout(sdb_node_raft(r->node),
-					  REPL_SNAPSHOT_RESEND_ELECTIONS * no.election_timeout_ms);
 	sdb_gauge_set(r->g_applied, (int64_t)r->last_applied);
 	sdb_info("shard: replica set member", "set=%s id=%llu raft=%s wire=%s applied=%llu",
 		 set ? set : "(one member)", (unsigned long long)r->id, r->raft_addr, r->me,

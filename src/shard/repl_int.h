@@ -210,14 +210,6 @@ void shard_repl_reply_unknown(wire_req *req, int status);
  * catch-up round limit while the member being promoted installs one (repl_view.c).
  * 30 minutes: 2 GB copy in about a minute on loopback. */
 #define REPL_SNAPSHOT_INSTALL_MS (30u * 60 * 1000)
-/* libraft's InstallSnapshot timeout, in election timeouts (3 s at the default 750 ms):
- * after it the leader sends the snapshot again to a member that has not installed it
- * (libraft 0.15 drops one that arrives while the member writes its own snapshot). Four:
- * the leader resends only to a member it heard from within the last election timeout
- * (libraft clears that mark every election timeout), and a member copying shard.db is
- * silent from the end of its (short) snapshot write on, so at least two election
- * timeouts of silence separate the resend from a copy in progress. */
-#define REPL_SNAPSHOT_RESEND_ELECTIONS 4u
 /* libraft's default catch-up round limit (RAFT_MAX_CATCH_UP_ROUND_DURATION): a member being
  * promoted that does not answer for that long is given up. */
 #define REPL_CATCH_UP_ROUND_MS 5000u

@@ -149,6 +149,10 @@ static void test_ready_propose_restart(void **state)
 	assert_false(sdb_node_ready(e->node));
 	assert_int_equal(sdb_node_propose(e->node, "addShard", &args, on_applied, e), SDB_ENOTLEADER);
 	assert_true(run_until(e, is_ready));
+	/* a dropped InstallSnapshot is sent again after four election timeouts, not
+	 * libraft's default 30 s (node.c) */
+	assert_int_equal(sdb_node_raft(e->node)->install_snapshot_timeout,
+			 SDB_NODE_SNAPSHOT_RESEND_ELECTIONS * 200);
 	/* odd-sized commands (padded to 8 bytes in the log) */
 	assert_true(propose(e, "addShard", "{\"id\": \"a\", \"uri\": \"mongodb://a\"}") == 1.0);
 	assert_true(propose(e, "addShard", "{\"id\": \"bb\", \"uri\": \"mongodb://bb:1\"}") == 1.0);
