@@ -157,6 +157,8 @@ static void req_free(wire_req *req)
 	free(req);
 }
 
+static void on_finish(uv_idle_t *h);
+
 static void req_complete(wire_req *req, bson_t *reply)
 {
 	wire_server *srv = req->srv;
@@ -174,6 +176,24 @@ static void req_complete(wire_req *req, bson_t *reply)
 		if (req->detached_done)
 			req->detached_done(req->detached_arg, req);
 		return;
+	}
+	if (srv->loop_thread_known) {
+		uv_thread_t self = uv_thread_self();
+		if (uv_thread_equal(&self, &srv->loop_thread)) {
+			/* on the loop thread: finished by the idle handle (internal.h) */
+			uv_mutex_lock(&srv->mu);
+			if (srv->done_tail)
+				srv->done_tail->next = req;
+			else
+				srv->done_head = req;
+			srv->done_tail = req;
+			uv_mutex_unlock(&srv->mu);
+			if (!srv->finish_active) {
+				uv_idle_start(&srv->finish, on_finish);
+				srv->finish_active = true;
+			}
+			return;
+		}
 	}
 	/* uv_async_send under the mutex: once the loop thread has seen this request (and may
 	 * free the server), this thread no longer touches srv. */
@@ -572,10 +592,30 @@ static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len)
 		free(buf);
 		return;
 	}
+	/* Written now when the socket takes it all (a reply almost always fits the send
+	 * buffer): no write request, so libuv neither queues a completion for the next loop
+	 * iteration nor re-arms the socket's epoll registration after it (issue #19: an
+	 * epoll_ctl and an extra epoll_wait per reply). libuv refuses (EAGAIN) while earlier
+	 * writes are queued, so the order of the bytes holds. */
+	rc = uv_try_write((uv_stream_t *)&conn->tcp, &(uv_buf_t){.base = (char *)buf, .len = len},
+			  1);
+	if (rc == (int)len) {
+		free(buf);
+		sdb_counter_add(conn->srv->m_bytes_out, len);
+		return;
+	}
+	if (rc < 0 && rc != UV_EAGAIN) {
+		sdb_debug("wire: write failed, closing connection", "conn=%lld peer=%s error=%s",
+			  (long long)conn->id, conn->peer, uv_strerror(rc));
+		free(buf);
+		conn_close(conn);
+		return;
+	}
+	size_t done = rc > 0 ? (size_t)rc : 0;
 	w = sdb_malloc(sizeof *w);
 	w->conn = conn;
 	w->buf = buf;
-	b = uv_buf_init((char *)buf, (unsigned)len);
+	b = uv_buf_init((char *)buf + done, (unsigned)(len - done));
 	rc = uv_write(&w->req, (uv_stream_t *)&conn->tcp, &b, 1, on_write);
 	if (rc != 0) {
 		sdb_debug("wire: write failed, closing connection", "conn=%lld peer=%s error=%s",
@@ -621,10 +661,28 @@ static void send_reply(wire_req *req)
 	conn_write(conn, buf, len);
 }
 
-/* Loop thread: finish every request completed since the last wakeup. */
+static void finish_done(wire_server *srv);
+
+/* Loop thread: finish every request completed by another thread since the last wakeup. */
 static void on_async(uv_async_t *a)
 {
-	wire_server *srv = a->data;
+	finish_done(a->data);
+}
+
+/* Loop thread: finish the requests completed on this thread (req_complete). */
+static void on_finish(uv_idle_t *h)
+{
+	wire_server *srv = h->data;
+
+	uv_idle_stop(&srv->finish);
+	srv->finish_active = false;
+	finish_done(srv);
+}
+
+/* Loop thread: send the replies of every request on the done list, in completion order,
+ * and go on reading their connections. */
+static void finish_done(wire_server *srv)
+{
 	wire_req *req, *next;
 
 	uv_mutex_lock(&srv->mu);
@@ -852,7 +910,12 @@ static void conn_process(wire_conn *conn)
 	if (conn->state == WIRE_CONN_READING && !conn->reading && srv_reading(conn->srv)) {
 		conn_start_reading(conn);
 	} else if (conn->state == WIRE_CONN_BUSY && conn->reading &&
-		   !(conn->watch_eof && conn->rlen == 0)) {
+		   (conn->rlen > 0 || (conn->tls_state == 2 && !conn->watch_eof))) {
+		/* A busy connection stays read while nothing is buffered: a client waits for
+		 * its reply, so nothing comes, and stopping and restarting the read cost two
+		 * epoll_ctl calls per request (issue #19). Bytes that do come (a pipelined
+		 * message) stop it until the reply, as does TLS (a close_notify must not end
+		 * the session before its reply is sent). EOF while busy: on_read. */
 		uv_read_stop((uv_stream_t *)&conn->tcp);
 		conn->reading = false;
 	}
@@ -882,6 +945,14 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	wire_conn *conn = s->data;
 
 	(void)buf;
+	if (nread == UV_EOF && conn->state == WIRE_CONN_BUSY && !conn->watch_eof) {
+		/* the client shut down its side while its command runs: it may still read the
+		 * reply (as before, when a busy connection was not read). Read again after
+		 * the reply, which meets the EOF again and closes. */
+		uv_read_stop((uv_stream_t *)&conn->tcp);
+		conn->reading = false;
+		return;
+	}
 	if (nread < 0) {
 		sdb_debug("wire: peer closed the connection", "conn=%lld peer=%s reason=%s",
 			  (long long)conn->id, conn->peer,
@@ -984,6 +1055,10 @@ static void on_connection(uv_stream_t *listener, int status)
 	}
 	if (srv->state != WIRE_SRV_RUNNING)
 		return;
+	if (!srv->loop_thread_known) {
+		srv->loop_thread = uv_thread_self();
+		srv->loop_thread_known = true;
+	}
 	if (srv->n_conns >= (size_t)srv->max_connections) {
 		uv_tcp_t *t = sdb_malloc(sizeof *t);
 		uv_tcp_init(srv->loop, t);
@@ -1079,9 +1154,11 @@ static void srv_maybe_finish(wire_server *srv)
 		return;
 	srv->state = WIRE_SRV_CLOSING;
 	uv_timer_stop(&srv->close_timer);
-	srv->handles_closing = 2;
+	srv->handles_closing = 3;
 	uv_close((uv_handle_t *)&srv->close_timer, on_srv_handle_closed);
 	uv_close((uv_handle_t *)&srv->async, on_srv_handle_closed);
+	uv_close((uv_handle_t *)&srv->finish, on_srv_handle_closed); /* stops it */
+	srv->finish_active = false;
 }
 
 static void on_close_timeout(uv_timer_t *t);
@@ -1288,6 +1365,8 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 
 	uv_async_init(loop, &srv->async, on_async);
 	srv->async.data = srv;
+	uv_idle_init(loop, &srv->finish);
+	srv->finish.data = srv;
 	uv_timer_init(loop, &srv->close_timer);
 	srv->close_timer.data = srv;
 
