@@ -23,6 +23,9 @@ from metadata_cluster import Cluster
 from test_ratelimit_grpc import MINUTE, T0, Node, pb, port_open, req  # noqa: F401 (fixture)
 
 LEASE_MS = 2000
+# a lease no test outlasts: a member hung (SIGSTOP) with it stays in every ring until the test
+# removes its registration
+HUNG_LEASE_MS = 600000
 
 
 def ring_of(http_port):
@@ -43,11 +46,11 @@ class Member:
         self.node = node  # gRPC client (rate limiters only)
 
 
-def start_ratelimit(start_role, pb, meta, env=None):
+def start_ratelimit(start_role, pb, meta, env=None, lease_ms=LEASE_MS):
     gp, hp = free_port(), free_port()
     proc = start_role(["--role=ratelimit", f"--grpc-listen=127.0.0.1:{gp}",
                        f"--http-listen=127.0.0.1:{hp}", f"--metadata={meta}",
-                       f"--ratelimit-lease-ms={LEASE_MS}"], env=env)
+                       f"--ratelimit-lease-ms={lease_ms}"], env=env)
     wait_until(lambda: port_open(gp), what=f"gRPC port {gp}")
     nd = Node(proc, gp, hp, pb)
     wait_until(lambda: nd.v1.LiveCheck(nd.pb2.LiveCheckReq(), timeout=1) is not None,
@@ -221,46 +224,72 @@ def test_graceful_stop_leaves_at_once(start_role, tmp_path, pb):
 
 
 def test_global_hits_survive_owner_sigkill(start_role, tmp_path, pb):
+    """GLOBAL hits a member (a) takes while the key's owner (b) hangs (SIGSTOP) are
+    re-queued when their delivery fails and reach the next owner (c): once b is SIGKILLed
+    and out of the rings, c holds every one of them, once. The key's next owner is c, not
+    a: hits a re-queues for a key it then owns are already in its copy, so only a delivery
+    to another member shows whether re-queued hits were lost (a as the next owner:
+    test_global_hits_exact_on_the_member_taking_over).
+
+    A hung member leaves the rings one lease after its last renewal. With a 2 s lease that
+    was 1.3-2 s after the SIGSTOP: a's hits taken or flushed later (a loaded machine) went
+    straight to the next owner, so no delivery failed and nothing was re-queued. The members
+    here have a lease longer than the test (HUNG_LEASE_MS): b stays in every ring while it
+    hangs, and after the SIGKILL the test removes its registration as the lease's expiry
+    would (leaving on expiry: test_discovery_join_and_leave_under_load)."""
     pb2 = pb[0]
     meta = Cluster(start_role, tmp_path, 1)
     meta.leader()
     env = {"GUBER_GLOBAL_SYNC_WAIT": "50ms", "GUBER_BATCH_TIMEOUT": "300ms"}
-    rls = [start_ratelimit(start_role, pb, meta.seeds(), env=env) for _ in range(3)]
+    name = "global_hits"
+    cand = [f"g-{i}" for i in range(200)]
+    a, c = [start_ratelimit(start_role, pb, meta.seeds(), env=env, lease_ms=HUNG_LEASE_MS)
+            for _ in range(2)]
+    wait_until(lambda: rings_agree([a, c], [a.addr, c.addr]), 30, what="a and c in the ring")
+    # a key's owner in the ring without b is its owner once b has left (consistent hashing)
+    without_b = wait_until(lambda: owners_seen([a, c], pb, cand, name=name), 20,
+                           what="owners without b")
+    b = start_ratelimit(start_role, pb, meta.seeds(), env=env, lease_ms=HUNG_LEASE_MS)
+    rls = [a, b, c]
     wait_until(lambda: rings_agree(rls, [m.addr for m in rls]), 30, what="three in the ring")
-    a = rls[0]
-    # a key owned by another member (b); c is the third. The owner is of (name, key):
-    # the same name as the GLOBAL requests below
-    keys = [f"g-{i}" for i in range(60)]
-    owners = wait_until(lambda: owners_seen(rls, pb, keys, name="global_hits"), 20,
-                        what="owners")
-    key = next(k for k in keys if owners[k] != a.addr)
-    b = next(m for m in rls if m.addr == owners[key])
+    # a key owned by b (of (name, key): the name of the GLOBAL requests below) that moves
+    # to c when b leaves
+    owners = wait_until(lambda: owners_seen(rls, pb, cand, name=name), 20, what="owners")
+    key = next(k for k in cand if owners[k] == b.addr and without_b[k] == c.addr)
+    b_instance = next(p["instance"] for p in registry(meta)["peers"] if p["addr"] == b.addr)
     # b hangs (SIGSTOP): hits a takes for the key cannot reach it
     b.proc.signal(signal.SIGSTOP)
     acked = 0
     for i in range(5):
         r = a.node.one(req(pb, key, hits=1, limit=100, behavior=pb2.GLOBAL, at=T0 + i,
-                           name="global_hits"))
+                           name=name))
         assert r.error == ""
         assert r.status == pb2.UNDER_LIMIT
+        if i == 0:
+            # queued for b: nothing has failed yet, so b is a's owner of the key (later
+            # hits name c once the failed delivery has marked b dead)
+            assert r.metadata["owner"] == b.addr
         acked += 1
-    # ... then dies; its lease lapses and the key moves to its next owner
+    # b is in a's ring for the whole lease: a's delivery of the hits to it fails (deadline
+    # GUBER_BATCH_TIMEOUT) and they are re-queued
     wait_until(lambda: a.node.metric("stripedb_ratelimit_global_hits_requeued_total") > 0,
                30, what="the undelivered hits re-queued")
+    # ... then b dies and leaves the ring (its registration removed, as its lease's
+    # expiry would); the key moves to c
     b.proc.kill()
-    live = [m for m in rls if m is not b]
+    reply = meta.leader().cmd("deregisterRatelimitPeer", b.addr, instance=b_instance)
+    assert reply["removed"]
+    live = [a, c]
     wait_until(lambda: rings_agree(live, [m.addr for m in live]), 30, what="b out of the rings")
 
     def owner_count():
         # a plain query (hits 0, not GLOBAL) is decided by the key's owner
-        r = a.node.one(req(pb, key, hits=0, limit=100, at=T0 + 10, name="global_hits"))
+        r = a.node.one(req(pb, key, hits=0, limit=100, at=T0 + 10, name=name))
         assert r.error == ""
-        return r if r.metadata["owner"] != b.addr and r.remaining <= 100 - acked else None
+        return r if r.metadata["owner"] == c.addr and r.remaining <= 100 - acked else None
 
-    r = wait_until(owner_count, 30, what="the new owner holding every acknowledged hit")
-    assert r.metadata["owner"] in {m.addr for m in live}
-    # every acknowledged hit is counted once, also when a itself became the owner (its
-    # local copy, which already holds the hits, is then the owner's state)
+    r = wait_until(owner_count, 30, what="c holding every acknowledged hit")
+    # every acknowledged hit is counted once
     time.sleep(0.5)
     r = owner_count()
     assert r.remaining == 100 - acked
