@@ -177,34 +177,30 @@ static void req_complete(wire_req *req, bson_t *reply)
 			req->detached_done(req->detached_arg, req);
 		return;
 	}
+	bool on_loop = false;
 	if (srv->loop_thread_known) {
 		uv_thread_t self = uv_thread_self();
-		if (uv_thread_equal(&self, &srv->loop_thread)) {
-			/* on the loop thread: finished by the idle handle (internal.h) */
-			uv_mutex_lock(&srv->mu);
-			if (srv->done_tail)
-				srv->done_tail->next = req;
-			else
-				srv->done_head = req;
-			srv->done_tail = req;
-			uv_mutex_unlock(&srv->mu);
-			if (!srv->finish_active) {
-				uv_idle_start(&srv->finish, on_finish);
-				srv->finish_active = true;
-			}
-			return;
-		}
+		on_loop = uv_thread_equal(&self, &srv->loop_thread);
 	}
-	/* uv_async_send under the mutex: once the loop thread has seen this request (and may
-	 * free the server), this thread no longer touches srv. */
 	uv_mutex_lock(&srv->mu);
 	if (srv->done_tail)
 		srv->done_tail->next = req;
 	else
 		srv->done_head = req;
 	srv->done_tail = req;
-	uv_async_send(&srv->async);
+	if (!on_loop) {
+		/* uv_async_send under the mutex: once the loop thread has seen this request
+		 * (and may free the server), this thread no longer touches srv. */
+		uv_async_send(&srv->async);
+		uv_mutex_unlock(&srv->mu);
+		return;
+	}
 	uv_mutex_unlock(&srv->mu);
+	/* on the loop thread: finished by the idle handle (internal.h) */
+	if (!srv->finish_active) {
+		uv_idle_start(&srv->finish, on_finish);
+		srv->finish_active = true;
+	}
 }
 
 static bool reply_is_ok(const bson_t *reply)
