@@ -435,6 +435,11 @@ def stripedb_bench(args, targets, wl, threads, seed, work):
             continue
         ph = json.loads(jp.read_text())["phases"][0]
         res = {"ops_s": ph["opsPerSec"], "errors": None}
+        # the point reads' own percentiles (the JSON's, to the microsecond: the table
+        # prints hundredths of a millisecond, coarse against a ~0.05 ms round trip)
+        rd = ph.get("latencyMS", {}).get("read")
+        if rd:
+            res["p50_read"] = rd["p50"]
         if label in table:
             f = table[label]
             res.update(p50=float(f[3]), p99=float(f[4]), errors=int(f[5]))
@@ -514,7 +519,7 @@ def goals(rows, loop):
     r = get("c", 1, "direct")
     rtt = (loop.get("redis") or loop.get("echo") or {}).get("p50")
     add("1-client point read p50 <= 1.5x loopback round trip p50",
-        r["p50"] / rtt if r and rtt else None, 1.5, ok_if_ge=False)
+        r.get("p50_read", r["p50"]) / rtt if r and rtt else None, 1.5, ok_if_ge=False)
     r = get("a", 64, "4x2")
     add("4 shards / 2 proxies >= 3x shard direct on YCSB A, 64 threads",
         r and r.get("x_direct"), 3.0)
