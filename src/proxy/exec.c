@@ -354,6 +354,42 @@ int px_let(ctx *c, bson_t *vars)
 	return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 }
 
+void px_find_fields(const bson_t *doc, px_field *f, size_t n)
+{
+	bson_iter_t it;
+	size_t left = n;
+
+	for (size_t i = 0; i < n; i++)
+		f[i].found = false;
+	if (!bson_iter_init(&it, doc))
+		return;
+	while (left > 0 && bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+
+		for (size_t i = 0; i < n; i++)
+			if (!f[i].found && f[i].name[0] == k[0] && strcmp(f[i].name, k) == 0) {
+				f[i].found = true;
+				f[i].it = it;
+				left--;
+				break;
+			}
+	}
+}
+
+int px_client_int_field(ctx *c, const px_field *f, int64_t lo, int64_t hi, int64_t def,
+			int64_t *out)
+{
+	sdb_bson_err e;
+
+	if (!f->found) {
+		*out = def;
+		return 0;
+	}
+	if (sdb_bson_get_int64(&f->it, f->name, lo, hi, out, &e) == 0)
+		return 0;
+	return px_error(c, e.code, "%s", e.msg);
+}
+
 bool px_get_bool(const bson_t *d, const char *name, bool def)
 {
 	bson_iter_t it;
@@ -850,17 +886,27 @@ static int job_checks(ctx *c, const px_cmd *cmd)
 	char err[256];
 	int code, st;
 	bson_iter_t it;
+	/* collectionUUID and autocommit, noted in the same pass (a lookup of an absent field
+	 * walks the whole command; issue #19) */
+	bool has_uuid = false, has_autocommit = false;
 
 	/* the fields the coordinator and the proxy itself send to shards ($stripedbOrigin tags
 	 * a migration's writes, $stripedbSession(s) writes session records,
 	 * $stripedbVersion / $stripedbShardVersion gate): never from a client */
 	if (bson_iter_init(&it, c->cmd))
-		while (bson_iter_next(&it))
-			if (strncmp(bson_iter_key(&it), "$stripedb", 9) == 0)
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+
+			if (k[0] == '$' && strncmp(k, "$stripedb", 9) == 0)
 				return px_error(
 						c, WIRE_ERR_BAD_VALUE,
 						"field '%s' is internal to stripedb: a client cannot send it",
-						bson_iter_key(&it));
+						k);
+			if (k[0] == 'c' && strcmp(k, "collectionUUID") == 0)
+				has_uuid = true;
+			else if (k[0] == 'a' && strcmp(k, "autocommit") == 0)
+				has_autocommit = true;
+		}
 
 	/* options the shards would refuse, refused before the proxy builds requests of its own
 	 * from the command (merge sorts, findAndModify's candidate finds) */
@@ -871,7 +917,7 @@ static int job_checks(ctx *c, const px_cmd *cmd)
 	 * creates its part of a collection under its own UUID, so no UUID names a sharded
 	 * collection on every shard, and the proxy rebuilds most commands without the field:
 	 * refused rather than ignored (issue #20; docs/compat.md) */
-	if (bson_has_field(c->cmd, "collectionUUID"))
+	if (has_uuid)
 		return px_error(c, 238,
 				"collectionUUID is not supported through a stripedb proxy: the "
 				"shards of a collection each hold it under their own UUID (send "
@@ -882,7 +928,7 @@ static int job_checks(ctx *c, const px_cmd *cmd)
 	/* a read's readConcern outside a transaction, refused here as a shard refuses it
 	 * (common/readconcern.h): the per-chunk commands of a sharded read are built by the
 	 * proxy and would otherwise lose it (issue #20); what passes is forwarded */
-	if (!(cmd->flags & PXC_WRITE) && c->tx == NULL && !bson_has_field(c->cmd, "autocommit")) {
+	if (!(cmd->flags & PXC_WRITE) && c->tx == NULL && !has_autocommit) {
 		sdb_read_concern rcn;
 		code = sdb_read_concern_parse(c->cmd, false, &rcn, err, sizeof err);
 		if (code != 0)
@@ -931,11 +977,11 @@ static int run_checked(ctx *c, const px_cmd *cmd)
  * transaction (a statement or commit abandoned half-way would leave the transaction's
  * shards in a state the proxy does not track; the shards still get the statement's
  * maxTimeMS). */
-static uint64_t op_deadline(const ctx *c)
+static uint64_t op_deadline(const ctx *c, bool txn_cmd)
 {
 	int64_t ms;
 
-	if (strcmp(wire_req_name(c->req), "getMore") == 0 || pxtxn_is_txn_cmd(c->cmd))
+	if (txn_cmd || strcmp(wire_req_name(c->req), "getMore") == 0)
 		return 0;
 	/* a whole number by the shared getter's rules (a fractional, huge or NaN double is
 	 * not one: no deadline here, and the handler's own checks refuse it) */
@@ -1012,14 +1058,16 @@ static void run_job(void *arg)
 		}
 	}
 	shardconn_set_current_req(c.req); /* its waits are reported as such (shardconn.h) */
+	/* a statement of a transaction (autocommit): looked up once (issue #19) */
+	bool txn_cmd = pxtxn_is_txn_cmd(c.cmd);
 	lim.req = c.req;
-	lim.deadline_ms = op_deadline(&c);
+	lim.deadline_ms = op_deadline(&c, txn_cmd);
 	shardconn_set_op_deadline(lim.deadline_ms);
 	sdb_store_set_interrupt(px_interrupted, &lim);
 	if (cmd == NULL) { /* registered from cmd_table only: cannot happen */
 		status = px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'", name);
 		answer_check(name, status, &ans);
-	} else if ((cmd->flags & PXC_TXN_END) || !pxtxn_is_txn_cmd(c.cmd)) {
+	} else if ((cmd->flags & PXC_TXN_END) || !txn_cmd) {
 		status = run_checked(&c, cmd);
 		answer_check(name, status, &ans);
 	} else if ((status = pxtxn_begin(&c, &st)) != 0) {
