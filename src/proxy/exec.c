@@ -599,7 +599,12 @@ static int run_view_checked(ctx *c, const char *shard, const bson_t *fwd, uint32
 		bson_t cmd = BSON_INITIALIZER, vc, arr;
 		char src[512], rerr[256], msg[1400];
 
-		bson_copy_to_excluding_noinit(fwd, &cmd, "$stripedbViewCheck", NULL);
+		/* the commands forwarded here seldom carry one: then a copy of the bytes, not a
+		 * field by field rebuild (issue #19) */
+		if (bson_has_field(fwd, "$stripedbViewCheck"))
+			bson_copy_to_excluding_noinit(fwd, &cmd, "$stripedbViewCheck", NULL);
+		else
+			bson_copy_to(fwd, &cmd);
 		bson_append_document_begin(&cmd, "$stripedbViewCheck", -1, &vc);
 		bson_append_array_begin(&vc, "allow", -1, &arr);
 		for (size_t i = 0; i < nallow; i++) {
