@@ -169,7 +169,8 @@ typedef struct px_field {
  * of an absent field walks the whole document, and a handler asking for several options a
  * command seldom has paid one walk each (issue #19). */
 void px_find_fields(const bson_t *doc, px_field *f, size_t n);
-/* px_client_int over a field px_find_fields looked up (def when it was not found). */
+/* px_client_int over a field px_find_fields looked up (def when it was not found).
+ * Returns: 0 with *out, or the code of the error answered on c (px_client_int's). */
 int px_client_int_field(ctx *c, const px_field *f, int64_t lo, int64_t hi, int64_t def,
 			int64_t *out);
 /* An aggregate's arguments (read.c): the pipeline array of c->cmd as a static view into

@@ -574,7 +574,40 @@ static _Thread_local struct {
 	uint64_t time;
 	uint8_t doc[128];      /* the document {$clusterTime: ...} for time, signed */
 	uint32_t doc_len;
+	bool located;          /* time_at and hash_at point into doc */
+	bson_iter_t time_at;   /* on doc's clusterTime: a new time overwrites it there */
+	uint8_t *hash_at;      /* doc's signature hash (CT_HASH_LEN bytes) */
 } ct_state;
+
+/* Point ct_state.time_at and hash_at into doc (just built by ct_append_signed, whose
+ * layout a new time keeps: a Timestamp and 20 bytes of hash, fixed sizes). */
+static void ct_state_locate(void)
+{
+	bson_t doc;
+	bson_iter_t top, it;
+	bson_subtype_t st;
+	uint32_t len = 0;
+	const uint8_t *data = NULL;
+
+	ct_state.located = false;
+	if (!bson_init_static(&doc, ct_state.doc, ct_state.doc_len))
+		return;
+	if (!bson_iter_init(&top, &doc) ||
+	    !bson_iter_find_descendant(&top, "$clusterTime.clusterTime", &it) ||
+	    !BSON_ITER_HOLDS_TIMESTAMP(&it))
+		return;
+	ct_state.time_at = it;
+	if (!bson_iter_init(&top, &doc) ||
+	    !bson_iter_find_descendant(&top, "$clusterTime.signature.hash", &it) ||
+	    !BSON_ITER_HOLDS_BINARY(&it))
+		return;
+	bson_iter_binary(&it, &st, &len, &data);
+	if (len != CT_HASH_LEN || data == NULL)
+		return;
+	/* data points into ct_state.doc, which is ours to write */
+	ct_state.hash_at = ct_state.doc + (data - ct_state.doc);
+	ct_state.located = true;
+}
 
 void shardconn_cluster_time_doc(uint64_t ct, bson_t *out)
 {
@@ -588,6 +621,15 @@ void shardconn_cluster_time_doc(uint64_t ct, bson_t *out)
 		ct_state.gen = gen;
 		ct_state.derived = true;
 		ct_state.built = false;
+	}
+	if (ct_state.built && ct_state.time != ct && ct_state.located) {
+		/* a new time (writes move it): the same document, its time and hash
+		 * overwritten in place, not built again */
+		bson_iter_overwrite_timestamp(&ct_state.time_at, (uint32_t)(ct >> 32),
+					      (uint32_t)ct);
+		if (ct_state.keyed)
+			ct_sign(ct_state.secret, ct, ct_state.hash_at);
+		ct_state.time = ct;
 	}
 	if (!ct_state.built || ct_state.time != ct) {
 		uint8_t hash[CT_HASH_LEN];
@@ -603,6 +645,7 @@ void shardconn_cluster_time_doc(uint64_t ct, bson_t *out)
 		ct_state.time = ct;
 		ct_state.built = true;
 		bson_destroy(&doc);
+		ct_state_locate();
 	}
 	if (!bson_init_static(out, ct_state.doc, ct_state.doc_len))
 		bson_init(out); /* cannot happen: built by libbson above */
