@@ -152,24 +152,42 @@ void ct_sign(const uint8_t secret[32], uint64_t time, uint8_t hash[CT_HASH_LEN])
 		memset(hash, 0, CT_HASH_LEN); /* never verifies: a time then is not accepted */
 }
 
+void ct_append_signed(bson_t *doc, uint64_t cluster_time, const uint8_t *hash)
+{
+	static const uint8_t zeros[CT_HASH_LEN];
+	bson_t ct, sig;
+
+	BSON_APPEND_DOCUMENT_BEGIN(doc, "$clusterTime", &ct);
+	BSON_APPEND_TIMESTAMP(&ct, "clusterTime", (uint32_t)(cluster_time >> 32),
+			      (uint32_t)cluster_time);
+	BSON_APPEND_DOCUMENT_BEGIN(&ct, "signature", &sig);
+	BSON_APPEND_BINARY(&sig, "hash", BSON_SUBTYPE_BINARY, hash ? hash : zeros, CT_HASH_LEN);
+	BSON_APPEND_INT64(&sig, "keyId", hash ? 1 : 0);
+	bson_append_document_end(&ct, &sig);
+	bson_append_document_end(doc, &ct);
+}
+
 void ct_append(bson_t *reply, uint64_t cluster_time, uint64_t op_time, const uint8_t *secret)
 {
 	bson_iter_t it;
 
 	if (!bson_iter_init_find(&it, reply, "$clusterTime")) {
-		bson_t ct, sig;
 		uint8_t hash[CT_HASH_LEN] = {0};
 		if (secret)
 			ct_sign(secret, cluster_time, hash);
-		BSON_APPEND_DOCUMENT_BEGIN(reply, "$clusterTime", &ct);
-		BSON_APPEND_TIMESTAMP(&ct, "clusterTime", (uint32_t)(cluster_time >> 32),
-				      (uint32_t)cluster_time);
-		BSON_APPEND_DOCUMENT_BEGIN(&ct, "signature", &sig);
-		BSON_APPEND_BINARY(&sig, "hash", BSON_SUBTYPE_BINARY, hash, CT_HASH_LEN);
-		BSON_APPEND_INT64(&sig, "keyId", secret ? 1 : 0);
-		bson_append_document_end(&ct, &sig);
-		bson_append_document_end(reply, &ct);
+		ct_append_signed(reply, cluster_time, secret ? hash : NULL);
 	}
+	if (!bson_iter_init_find(&it, reply, "operationTime"))
+		BSON_APPEND_TIMESTAMP(reply, "operationTime", (uint32_t)(op_time >> 32),
+				      (uint32_t)op_time);
+}
+
+void ct_append_doc(bson_t *reply, const bson_t *ct_doc, uint64_t op_time)
+{
+	bson_iter_t it;
+
+	if (!bson_iter_init_find(&it, reply, "$clusterTime"))
+		bson_concat(reply, ct_doc);
 	if (!bson_iter_init_find(&it, reply, "operationTime"))
 		BSON_APPEND_TIMESTAMP(reply, "operationTime", (uint32_t)(op_time >> 32),
 				      (uint32_t)op_time);

@@ -71,10 +71,22 @@ uint64_t ct_floor_clamp(uint64_t time, int64_t wall_ms);
 /* hash = HMAC-SHA-1(secret[32], time as 8 big-endian bytes). */
 void ct_sign(const uint8_t secret[32], uint64_t time, uint8_t hash[CT_HASH_LEN]);
 
+/* Append the field $clusterTime {clusterTime: cluster_time, signature: {hash, keyId}} to
+ * doc, whatever doc holds: hash is the CT_HASH_LEN bytes ct_sign gave for cluster_time
+ * (keyId 1), or NULL for 20 zero bytes and keyId 0 (no cluster key). For a caller that
+ * keeps a signature it computed once (the proxy, per shard command; issue #19).
+ * Returns nothing: appending cannot fail. */
+void ct_append_signed(bson_t *doc, uint64_t cluster_time, const uint8_t *hash);
+
 /* Append $clusterTime {clusterTime, signature} (signed with secret, or zeros with keyId 0
  * when secret is NULL) and operationTime (op_time) to reply, each only when reply does
  * not have it yet. Returns nothing: appending cannot fail. */
 void ct_append(bson_t *reply, uint64_t cluster_time, uint64_t op_time, const uint8_t *secret);
+
+/* ct_append with the $clusterTime field prebuilt: ct_doc holds it alone, as a document
+ * (ct_append_signed's); appended when reply has no $clusterTime yet, then operationTime
+ * (op_time) when reply has none. Returns nothing: appending cannot fail. */
+void ct_append_doc(bson_t *reply, const bson_t *ct_doc, uint64_t op_time);
 
 /* Atomically raise *clock to time when it is higher. Returns: the clock's value after. */
 uint64_t ct_advance(_Atomic uint64_t *clock, uint64_t time);

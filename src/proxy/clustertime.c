@@ -76,12 +76,13 @@ bool proxy_ct_in(wire_req *req, void *role_data)
 void proxy_ct_out(wire_req *req, void *role_data, bson_t *reply)
 {
 	proxy *p = role_data;
-	uint8_t secret[32];
-	bool keyed = auth_cluster_derive(CT_SIGN_LABEL, secret);
 	uint64_t ct = shardconn_cluster_time(p->sc);
 
 	(void)req;
 	/* operationTime: the clock when answering, at or above the ts of every write and
 	 * read this command made on a shard (their replies raised it) */
-	ct_append(reply, ct, ct, keyed ? secret : NULL);
+	/* the signed $clusterTime kept per thread (issue #19) */
+	bson_t ctdoc;
+	shardconn_cluster_time_doc(ct, &ctdoc);
+	ct_append_doc(reply, &ctdoc, ct);
 }

@@ -354,6 +354,42 @@ int px_let(ctx *c, bson_t *vars)
 	return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 }
 
+void px_find_fields(const bson_t *doc, px_field *f, size_t n)
+{
+	bson_iter_t it;
+	size_t left = n;
+
+	for (size_t i = 0; i < n; i++)
+		f[i].found = false;
+	if (!bson_iter_init(&it, doc))
+		return;
+	while (left > 0 && bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+
+		for (size_t i = 0; i < n; i++)
+			if (!f[i].found && f[i].name[0] == k[0] && strcmp(f[i].name, k) == 0) {
+				f[i].found = true;
+				f[i].it = it;
+				left--;
+				break;
+			}
+	}
+}
+
+int px_client_int_field(ctx *c, const px_field *f, int64_t lo, int64_t hi, int64_t def,
+			int64_t *out)
+{
+	sdb_bson_err e;
+
+	if (!f->found) {
+		*out = def;
+		return 0;
+	}
+	if (sdb_bson_get_int64(&f->it, f->name, lo, hi, out, &e) == 0)
+		return 0;
+	return px_error(c, e.code, "%s", e.msg);
+}
+
 bool px_get_bool(const bson_t *d, const char *name, bool def)
 {
 	bson_iter_t it;
@@ -563,7 +599,12 @@ static int run_view_checked(ctx *c, const char *shard, const bson_t *fwd, uint32
 		bson_t cmd = BSON_INITIALIZER, vc, arr;
 		char src[512], rerr[256], msg[1400];
 
-		bson_copy_to_excluding_noinit(fwd, &cmd, "$stripedbViewCheck", NULL);
+		/* the commands forwarded here seldom carry one: then a copy of the bytes, not a
+		 * field by field rebuild (issue #19) */
+		if (bson_has_field(fwd, "$stripedbViewCheck"))
+			bson_copy_to_excluding_noinit(fwd, &cmd, "$stripedbViewCheck", NULL);
+		else
+			bson_copy_to(fwd, &cmd);
 		bson_append_document_begin(&cmd, "$stripedbViewCheck", -1, &vc);
 		bson_append_array_begin(&vc, "allow", -1, &arr);
 		for (size_t i = 0; i < nallow; i++) {
@@ -841,26 +882,76 @@ typedef struct pjob {
 	bool resumed; /* px_exec_resume: a parked request run again */
 } pjob;
 
+/* What run_job notes of the client's command in one pass over it, for the checks and
+ * lookups before the handler: a lookup of a field the command does not have walks all of
+ * it, and these are seldom there (issue #19). Where a field is there, its own lookup runs
+ * as before. */
+typedef struct req_fields {
+	const char *internal; /* the first field named $stripedb..., or NULL */
+	bool autocommit;      /* a transaction's statement (pxtxn_is_txn_cmd) */
+	bool collection_uuid;
+	bool read_pref;       /* $readPreference */
+	bool read_concern;
+	bool collation;
+	bool max_time;        /* maxTimeMS */
+} req_fields;
+
+/* *f for cmd (every field: the first occurrence of each name counts, as a lookup). */
+static void note_fields(const bson_t *cmd, req_fields *f)
+{
+	bson_iter_t it;
+
+	memset(f, 0, sizeof *f);
+	if (!bson_iter_init(&it, cmd))
+		return;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+
+		switch (k[0]) {
+		case '$':
+			if (strncmp(k, "$stripedb", 9) == 0) {
+				if (f->internal == NULL)
+					f->internal = k;
+			} else if (strcmp(k, "$readPreference") == 0) {
+				f->read_pref = true;
+			}
+			break;
+		case 'a':
+			f->autocommit = f->autocommit || strcmp(k, "autocommit") == 0;
+			break;
+		case 'c':
+			f->collection_uuid = f->collection_uuid || strcmp(k, "collectionUUID") == 0;
+			f->collation = f->collation || strcmp(k, "collation") == 0;
+			break;
+		case 'r':
+			f->read_concern = f->read_concern || strcmp(k, "readConcern") == 0;
+			break;
+		case 'm':
+			f->max_time = f->max_time || strcmp(k, "maxTimeMS") == 0;
+			break;
+		default:
+			break;
+		}
+	}
+}
+
 /* The checks every routed command passes before its handler, in order: options the shards
  * would refuse, stripedb's internal fields, the retryable-write fields of a write, the
  * tenant's quotas, the collection policy, a collection name where the command needs one.
+ * f: note_fields(c->cmd).
  * Returns: 0 when the command may run, else the code of the refusal answered on c. */
-static int job_checks(ctx *c, const px_cmd *cmd)
+static int job_checks(ctx *c, const px_cmd *cmd, const req_fields *f)
 {
 	char err[256];
 	int code, st;
-	bson_iter_t it;
 
 	/* the fields the coordinator and the proxy itself send to shards ($stripedbOrigin tags
 	 * a migration's writes, $stripedbSession(s) writes session records,
 	 * $stripedbVersion / $stripedbShardVersion gate): never from a client */
-	if (bson_iter_init(&it, c->cmd))
-		while (bson_iter_next(&it))
-			if (strncmp(bson_iter_key(&it), "$stripedb", 9) == 0)
-				return px_error(
-						c, WIRE_ERR_BAD_VALUE,
-						"field '%s' is internal to stripedb: a client cannot send it",
-						bson_iter_key(&it));
+	if (f->internal != NULL)
+		return px_error(c, WIRE_ERR_BAD_VALUE,
+				"field '%s' is internal to stripedb: a client cannot send it",
+				f->internal);
 
 	/* options the shards would refuse, refused before the proxy builds requests of its own
 	 * from the command (merge sorts, findAndModify's candidate finds) */
@@ -871,7 +962,7 @@ static int job_checks(ctx *c, const px_cmd *cmd)
 	 * creates its part of a collection under its own UUID, so no UUID names a sharded
 	 * collection on every shard, and the proxy rebuilds most commands without the field:
 	 * refused rather than ignored (issue #20; docs/compat.md) */
-	if (bson_has_field(c->cmd, "collectionUUID"))
+	if (f->collection_uuid)
 		return px_error(c, 238,
 				"collectionUUID is not supported through a stripedb proxy: the "
 				"shards of a collection each hold it under their own UUID (send "
@@ -882,14 +973,15 @@ static int job_checks(ctx *c, const px_cmd *cmd)
 	/* a read's readConcern outside a transaction, refused here as a shard refuses it
 	 * (common/readconcern.h): the per-chunk commands of a sharded read are built by the
 	 * proxy and would otherwise lose it (issue #20); what passes is forwarded */
-	if (!(cmd->flags & PXC_WRITE) && c->tx == NULL && !bson_has_field(c->cmd, "autocommit")) {
+	if (!(cmd->flags & PXC_WRITE) && c->tx == NULL && !f->autocommit && f->read_concern) {
 		sdb_read_concern rcn;
 		code = sdb_read_concern_parse(c->cmd, false, &rcn, err, sizeof err);
 		if (code != 0)
 			return px_error(c, code, "%s", err);
 	}
-	if ((st = px_read_pref_check(c, cmd)) != 0 || (st = px_admit(c, cmd)) != 0 ||
-	    (st = px_policy_check(c, cmd)) != 0)
+	/* without $readPreference: c->rp_data stays NULL (run_job zeroes c) */
+	if ((f->read_pref && (st = px_read_pref_check(c, cmd)) != 0) ||
+	    (st = px_admit(c, cmd)) != 0 || (st = px_policy_check(c, cmd)) != 0)
 		return st;
 	if ((cmd->flags & PXC_COLL) && c->coll == NULL)
 		return px_error(c, WIRE_ERR_INVALID_NAMESPACE,
@@ -898,12 +990,12 @@ static int job_checks(ctx *c, const px_cmd *cmd)
 }
 
 /* The checks, then the handler. Returns: the status of the answer recorded. */
-static int run_checked(ctx *c, const px_cmd *cmd)
+static int run_checked(ctx *c, const px_cmd *cmd, const req_fields *f)
 {
 	bool done;
 	int st;
 
-	if (!c->resumed && (st = job_checks(c, cmd)) != 0)
+	if (!c->resumed && (st = job_checks(c, cmd, f)) != 0)
 		return st;
 	st = px_config_db(c, cmd, &done);
 	if (done)
@@ -912,7 +1004,7 @@ static int run_checked(ctx *c, const px_cmd *cmd)
 	 * as sent), and the request thread's while the handler merges, sorts, dedups and
 	 * runs pipeline stages */
 	bson_iter_t it;
-	if (bson_iter_init_find(&it, c->cmd, "collation")) {
+	if (f->collation && bson_iter_init_find(&it, c->cmd, "collation")) {
 		int code = 0;
 		char err[512];
 
@@ -930,12 +1022,12 @@ static int run_checked(ctx *c, const px_cmd *cmd)
  * tailable cursor's await time, forwarded to the shard) and for every command of a
  * transaction (a statement or commit abandoned half-way would leave the transaction's
  * shards in a state the proxy does not track; the shards still get the statement's
- * maxTimeMS). */
-static uint64_t op_deadline(const ctx *c)
+ * maxTimeMS). f: note_fields(c->cmd) (no maxTimeMS: no deadline, not looked up). */
+static uint64_t op_deadline(const ctx *c, const req_fields *f)
 {
 	int64_t ms;
 
-	if (strcmp(wire_req_name(c->req), "getMore") == 0 || pxtxn_is_txn_cmd(c->cmd))
+	if (!f->max_time || f->autocommit || strcmp(wire_req_name(c->req), "getMore") == 0)
 		return 0;
 	/* a whole number by the shared getter's rules (a fractional, huge or NaN double is
 	 * not one: no deadline here, and the handler's own checks refuse it) */
@@ -1012,20 +1104,24 @@ static void run_job(void *arg)
 		}
 	}
 	shardconn_set_current_req(c.req); /* its waits are reported as such (shardconn.h) */
+	/* the fields the checks look up, noted in one pass (issue #19); f.autocommit is
+	 * pxtxn_is_txn_cmd */
+	req_fields f;
+	note_fields(c.cmd, &f);
 	lim.req = c.req;
-	lim.deadline_ms = op_deadline(&c);
+	lim.deadline_ms = op_deadline(&c, &f);
 	shardconn_set_op_deadline(lim.deadline_ms);
 	sdb_store_set_interrupt(px_interrupted, &lim);
 	if (cmd == NULL) { /* registered from cmd_table only: cannot happen */
 		status = px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'", name);
 		answer_check(name, status, &ans);
-	} else if ((cmd->flags & PXC_TXN_END) || !pxtxn_is_txn_cmd(c.cmd)) {
-		status = run_checked(&c, cmd);
+	} else if ((cmd->flags & PXC_TXN_END) || !f.autocommit) {
+		status = run_checked(&c, cmd, &f);
 		answer_check(name, status, &ans);
 	} else if ((status = pxtxn_begin(&c, &st)) != 0) {
 		answer_check(name, status, &ans);
 	} else { /* a statement of a transaction (txnroute.h) */
-		status = run_checked(&c, cmd);
+		status = run_checked(&c, cmd, &f);
 		answer_check(name, status, &ans);
 		pxtxn_end(&c); /* may replace the answer with the transaction's failure */
 	}

@@ -48,9 +48,10 @@ noinst_HEADERS += \
 
 check_PROGRAMS += tests/unit/test_proxy_merge \
 	tests/unit/test_proxy_cursor tests/unit/test_proxy_txn tests/unit/test_proxy_exec \
-	tests/unit/test_proxy_changestream
+	tests/unit/test_proxy_changestream tests/unit/test_proxy_shardconn
 TESTS += tests/unit/test_proxy_merge tests/unit/test_proxy_cursor \
-	tests/unit/test_proxy_txn tests/unit/test_proxy_exec tests/unit/test_proxy_changestream
+	tests/unit/test_proxy_txn tests/unit/test_proxy_exec tests/unit/test_proxy_changestream \
+	tests/unit/test_proxy_shardconn
 tests_unit_test_proxy_merge_SOURCES = tests/unit/test_proxy_merge.c
 tests_unit_test_proxy_merge_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_merge_LDADD = $(UNIT_LDADD)
@@ -66,6 +67,9 @@ tests_unit_test_proxy_exec_LDADD = $(UNIT_LDADD)
 tests_unit_test_proxy_changestream_SOURCES = tests/unit/test_proxy_changestream.c
 tests_unit_test_proxy_changestream_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_proxy_changestream_LDADD = $(UNIT_LDADD)
+tests_unit_test_proxy_shardconn_SOURCES = tests/unit/test_proxy_shardconn.c
+tests_unit_test_proxy_shardconn_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_proxy_shardconn_LDADD = $(UNIT_LDADD)
 
 EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py \
 	tests/bench/proxy_bench.py tests/bench/cs_starvation_bench.py src/proxy/README.md \

@@ -353,12 +353,18 @@ static int open_merged(ctx *c, route_coll **rcp, const bson_t *filter, const bso
 
 int px_do_find(ctx *c)
 {
+	/* the options read here, in one pass over the command (px_find_fields) */
+	enum { F_FILTER, F_SORT, F_PROJ, F_SINGLE, F_SKIP, F_LIMIT, F_BATCH, F_TAILABLE, F_N };
+	px_field f[F_N] = {{.name = "filter"},	   {.name = "sort"},  {.name = "projection"},
+			   {.name = "singleBatch"}, {.name = "skip"},  {.name = "limit"},
+			   {.name = "batchSize"},   {.name = "tailable"}};
+	px_find_fields(c->cmd, f, F_N);
 	bson_t filter, sort_spec, proj_spec;
-	bool has_filter = px_get_doc(c->cmd, "filter", &filter);
-	bool has_sort = px_get_doc(c->cmd, "sort", &sort_spec);
-	bool has_proj = px_get_doc(c->cmd, "projection", &proj_spec);
+	bool has_filter = f[F_FILTER].found && sdb_bson_iter_doc(&f[F_FILTER].it, &filter);
+	bool has_sort = f[F_SORT].found && sdb_bson_iter_doc(&f[F_SORT].it, &sort_spec);
+	bool has_proj = f[F_PROJ].found && sdb_bson_iter_doc(&f[F_PROJ].it, &proj_spec);
 	int64_t skip, limit, batch;
-	bool single = px_get_bool(c->cmd, "singleBatch", false);
+	bool single = f[F_SINGLE].found && bson_iter_as_bool(&f[F_SINGLE].it);
 	route_coll *rc;
 	merge_sort *sort = NULL;
 	sdb_projection *proj = NULL;
@@ -370,13 +376,13 @@ int px_do_find(ctx *c)
 	if (has_filter && (st = px_refuse_js(c, &filter)) != 0)
 		return st;
 	/* find_command.idl: skip, limit and batchSize are safeInt64 with `gte: 0` */
-	if ((st = px_client_int(c, "skip", 0, INT64_MAX, 0, &skip)) != 0 ||
-	    (st = px_client_int(c, "limit", 0, INT64_MAX, 0, &limit)) != 0 ||
-	    (st = px_client_int(c, "batchSize", 0, INT64_MAX, 101, &batch)) != 0)
+	if ((st = px_client_int_field(c, &f[F_SKIP], 0, INT64_MAX, 0, &skip)) != 0 ||
+	    (st = px_client_int_field(c, &f[F_LIMIT], 0, INT64_MAX, 0, &limit)) != 0 ||
+	    (st = px_client_int_field(c, &f[F_BATCH], 0, INT64_MAX, 101, &batch)) != 0)
 		return st;
 	if ((st = px_route_sharded(c, PX_FWD_CURSOR, batch, single, &rc)) != 0 || rc == NULL)
 		return st;
-	if (px_get_bool(c->cmd, "tailable", false)) {
+	if (f[F_TAILABLE].found && bson_iter_as_bool(&f[F_TAILABLE].it)) {
 		/* what a shard answers an unsharded collection's (no collection is capped) */
 		route_coll_unref(rc);
 		return px_error(c, WIRE_ERR_BAD_VALUE,

@@ -560,6 +560,97 @@ static mongoc_read_prefs_t *cmd_read_prefs(const bson_t *cmd)
 
 static _Thread_local wire_req *current_req;
 
+/* The signing state of this thread's last shard command: the secret derived for one
+ * cluster key generation and the signature of one cluster time. The secret's derivation
+ * (HMAC-SHA-256 under the key file's mutex, shared by every request thread) and the
+ * signature (HMAC-SHA-1) were redone for every shard command; the cluster time moves with
+ * writes only (issue #19). */
+static _Thread_local struct {
+	bool derived;          /* secret/keyed are those of gen */
+	uint64_t gen;          /* auth_cluster_generation() they were derived at */
+	bool keyed;            /* a cluster key was loaded: sign with secret */
+	uint8_t secret[32];
+	bool built;            /* doc holds time, signed with secret */
+	uint64_t time;
+	uint8_t doc[128];      /* the document {$clusterTime: ...} for time, signed */
+	uint32_t doc_len;
+	bool located;          /* time_at and hash_at point into doc */
+	bson_iter_t time_at;   /* on doc's clusterTime: a new time overwrites it there */
+	uint8_t *hash_at;      /* doc's signature hash (CT_HASH_LEN bytes) */
+} ct_state;
+
+/* Point ct_state.time_at and hash_at into doc (just built by ct_append_signed, whose
+ * layout a new time keeps: a Timestamp and 20 bytes of hash, fixed sizes). */
+static void ct_state_locate(void)
+{
+	bson_t doc;
+	bson_iter_t top, it;
+	bson_subtype_t st;
+	uint32_t len = 0;
+	const uint8_t *data = NULL;
+
+	ct_state.located = false;
+	if (!bson_init_static(&doc, ct_state.doc, ct_state.doc_len))
+		return;
+	if (!bson_iter_init(&top, &doc) ||
+	    !bson_iter_find_descendant(&top, "$clusterTime.clusterTime", &it) ||
+	    !BSON_ITER_HOLDS_TIMESTAMP(&it))
+		return;
+	ct_state.time_at = it;
+	if (!bson_iter_init(&top, &doc) ||
+	    !bson_iter_find_descendant(&top, "$clusterTime.signature.hash", &it) ||
+	    !BSON_ITER_HOLDS_BINARY(&it))
+		return;
+	bson_iter_binary(&it, &st, &len, &data);
+	if (len != CT_HASH_LEN || data == NULL)
+		return;
+	/* data points into ct_state.doc, which is ours to write */
+	ct_state.hash_at = ct_state.doc + (data - ct_state.doc);
+	ct_state.located = true;
+}
+
+void shardconn_cluster_time_doc(uint64_t ct, bson_t *out)
+{
+	/* read before deriving: a key change after the read makes the next call derive
+	 * again (its generation differs), never keep an older secret under a newer one */
+	uint64_t gen = auth_cluster_generation();
+	bson_t doc;
+
+	if (!ct_state.derived || ct_state.gen != gen) {
+		ct_state.keyed = auth_cluster_derive(CT_SIGN_LABEL, ct_state.secret);
+		ct_state.gen = gen;
+		ct_state.derived = true;
+		ct_state.built = false;
+	}
+	if (ct_state.built && ct_state.time != ct && ct_state.located) {
+		/* a new time (writes move it): the same document, its time and hash
+		 * overwritten in place, not built again */
+		bson_iter_overwrite_timestamp(&ct_state.time_at, (uint32_t)(ct >> 32),
+					      (uint32_t)ct);
+		if (ct_state.keyed)
+			ct_sign(ct_state.secret, ct, ct_state.hash_at);
+		ct_state.time = ct;
+	}
+	if (!ct_state.built || ct_state.time != ct) {
+		uint8_t hash[CT_HASH_LEN];
+
+		if (ct_state.keyed)
+			ct_sign(ct_state.secret, ct, hash);
+		bson_init(&doc);
+		ct_append_signed(&doc, ct, ct_state.keyed ? hash : NULL);
+		/* ~90 bytes: in the bson_t itself, never on the heap */
+		BSON_ASSERT(doc.len <= sizeof ct_state.doc);
+		memcpy(ct_state.doc, bson_get_data(&doc), doc.len);
+		ct_state.doc_len = doc.len;
+		ct_state.time = ct;
+		ct_state.built = true;
+		bson_destroy(&doc);
+		ct_state_locate();
+	}
+	if (!bson_init_static(out, ct_state.doc, ct_state.doc_len))
+		bson_init(out); /* cannot happen: built by libbson above */
+}
+
 void shardconn_set_current_req(wire_req *req)
 {
 	current_req = req;
@@ -818,17 +909,19 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 		 * above it) and take the shard's from the reply (clustertime.h) */
 		bson_t sent;
 		uint64_t ct = atomic_load(&sc->cluster_time);
-		uint8_t secret[32];
-		bson_init(&sent);
-		bson_copy_to_excluding_noinit(cmd, &sent, "$clusterTime", NULL);
+
+		/* the commands the proxy builds carry no $clusterTime (px_copy_cmd drops it):
+		 * one copy of the bytes then, not a field by field rebuild (issue #19) */
+		if (bson_has_field(cmd, "$clusterTime")) {
+			bson_init(&sent);
+			bson_copy_to_excluding_noinit(cmd, &sent, "$clusterTime", NULL);
+		} else {
+			bson_copy_to(cmd, &sent);
+		}
 		if (ct) {
-			bson_t tmp = BSON_INITIALIZER;
-			ct_append(&tmp, ct, 0,
-				  auth_cluster_derive(CT_SIGN_LABEL, secret) ? secret : NULL);
-			bson_iter_t ci;
-			if (bson_iter_init_find(&ci, &tmp, "$clusterTime"))
-				bson_append_iter(&sent, "$clusterTime", -1, &ci);
-			bson_destroy(&tmp);
+			bson_t ctdoc;
+			shardconn_cluster_time_doc(ct, &ctdoc);
+			bson_concat(&sent, &ctdoc);
 		}
 		ok = mongoc_client_command_simple_with_server_id(cl, db, &sent, NULL, *server_id,
 								 reply, &e);

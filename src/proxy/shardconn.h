@@ -104,6 +104,13 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 uint64_t shardconn_cluster_time(shardconn *sc);
 uint64_t shardconn_advance_cluster_time(shardconn *sc, uint64_t time);
 
+/* The document {$clusterTime: {clusterTime: ct, signature}} signed as ct_append signs
+ * (the cluster key's secret, keyId 1; zeros and keyId 0 without a key), as a static view
+ * in *out of this thread's copy: valid until this thread's next call. Kept per thread for
+ * one key generation and one ct, so the secret is derived once per key (not under the key
+ * file's mutex per command) and a time signed once (issue #19). Any thread. */
+void shardconn_cluster_time_doc(uint64_t ct, bson_t *out);
+
 /* The circuit state of shard id (false for an unknown shard): set by the retry path when a
  * retry budget was spent on the shard, cleared when it answers again, so the commands of a
  * shard that is down for good get one attempt instead of a budget each. Thread-safe. */
