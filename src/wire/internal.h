@@ -23,7 +23,8 @@ typedef struct wire_cmd_entry {
 } wire_cmd_entry;
 
 /* Connection lifecycle. Allowed transitions (checked in debug builds):
- *   READING -> BUSY      a request was handed to a handler (reading stops)
+ *   READING -> BUSY      a request was handed to a handler (reading goes on while nothing
+ *                        is buffered, plaintext only: server.c conn_process, on_read)
  *   BUSY    -> READING   its reply was queued for writing (reading resumes)
  *   READING -> CLOSING, BUSY -> CLOSING   uv_close() called
  * Memory is released when the handle is closed AND no request refers to the connection

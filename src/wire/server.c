@@ -903,7 +903,8 @@ static void conn_process(wire_conn *conn)
 		conn->rbuf = NULL;
 		conn->rcap = 0;
 	}
-	if (conn->state == WIRE_CONN_READING && !conn->reading && srv_reading(conn->srv)) {
+	if (conn->state == WIRE_CONN_READING && !conn->reading && !conn->close_when_idle &&
+	    srv_reading(conn->srv)) {
 		conn_start_reading(conn);
 	} else if (conn->state == WIRE_CONN_BUSY && conn->reading &&
 		   (conn->rlen > 0 || (conn->tls_state == 2 && !conn->watch_eof))) {
@@ -941,12 +942,24 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	wire_conn *conn = s->data;
 
 	(void)buf;
-	if (nread == UV_EOF && conn->state == WIRE_CONN_BUSY && !conn->watch_eof) {
-		/* the client shut down its side while its command runs: it may still read the
-		 * reply (as before, when a busy connection was not read). Read again after
-		 * the reply, which meets the EOF again and closes. */
+	if (nread < 0 && conn->state == WIRE_CONN_BUSY && !conn->watch_eof) {
+		/* The client shut down its side (EOF) or reset the connection while its
+		 * command runs, as before, when a busy connection was not read: after EOF it
+		 * may still read the reply; either way the connection stays in srv->conns
+		 * until the reply, so the running command stays in currentOp, killOp finds it
+		 * and a stop that times out names it. Read again after the reply, which
+		 * meets the EOF again (or the write meets the reset) and closes. A watched
+		 * request (watch_eof) is told at once, below. */
 		uv_read_stop((uv_stream_t *)&conn->tcp);
 		conn->reading = false;
+		return;
+	}
+	if (nread == UV_EOF && conn->state == WIRE_CONN_READING && conn->writes_pending > 0) {
+		/* a half-closed client still reads the replies queued for it (one larger than
+		 * the socket buffers is partly queued): close once they are written, on_write */
+		uv_read_stop((uv_stream_t *)&conn->tcp);
+		conn->reading = false;
+		conn->close_when_idle = true;
 		return;
 	}
 	if (nread < 0) {

@@ -424,3 +424,149 @@ def test_a_request_waiting_on_io_at_the_stop_is_slow_not_unanswered(tmp_path):
     assert "wire: request waiting at shutdown" in text, text[-3000:]
     assert "wire: unanswered request at shutdown" not in text, text[-3000:]
     assert "cmd=stripedbTestSleep" in text and "db=admin" in text, text[-3000:]
+
+
+# ---- the connection's life around a request (issue #19's read-while-busy, uv_try_write) ----
+
+@pytest.fixture
+def tc_shard(start_role, tmp_path):
+    """An embedded shard with test commands (failCommand), once it is the writable primary:
+    (proc, wire port)."""
+    port = free_port()
+    data = tmp_path / "shard"
+    data.mkdir()
+    p = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={data}",
+                    "--enable-test-commands=true"])
+    wait_until(lambda: _can_connect(port), what=f"wire port {port}")
+
+    def primary():
+        with pymongo.MongoClient("127.0.0.1", port, directConnection=True,
+                                 serverSelectionTimeoutMS=2000) as c:
+            return c.admin.command("hello").get("isWritablePrimary")
+    wait_until(primary, 30, interval=0.05, what="the shard to be writable")
+    return p, port
+
+
+BIG_DOCS = 14  # of 1 MiB each: a ~14.7 MB first batch, far over loopback's socket buffers
+
+
+def _insert_big_docs(port):
+    with pymongo.MongoClient("127.0.0.1", port, directConnection=True) as c:
+        c.t.big.insert_many([{"_id": i, "s": "x" * (1 << 20)} for i in range(BIG_DOCS)])
+
+
+def _small_window_socket(port):
+    """A client socket whose receive buffer (64 KiB, set before connect so the window is
+    small) holds little of a big reply: the server's write of it is partial."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    s.settimeout(60)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def _recv_whole_reply(s, what):
+    """One OP_MSG reply -> (responseTo, body); fails naming what when the server closes
+    before the whole reply arrived."""
+    hdr = recv_exact(s, 16)
+    assert hdr is not None, f"{what}: closed before the reply"
+    length, _rid, response_to, opcode = struct.unpack("<iiii", hdr)
+    rest = recv_exact(s, length - 16)
+    assert rest is not None, f"{what}: closed inside a reply of {length} bytes (truncated)"
+    assert opcode == OP_MSG
+    return response_to, bson.decode(rest[5:])
+
+
+def test_half_closed_client_gets_its_reply_then_the_close(tc_shard):
+    """A client that sends its request and shuts down its side (shutdown(SHUT_WR), as a
+    scripted client does) still reads the whole reply, then the server's close: for a small
+    reply (the EOF is met while the command is busy and held until the reply) and for one
+    far larger than the socket buffers (queued in part when the EOF is read: the close
+    waits until it is written; closing at the EOF cut it)."""
+    _, port = tc_shard
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(op_msg(1, {"ping": 1, "$db": "admin"}))
+        s.shutdown(socket.SHUT_WR)
+        rto, body = _recv_whole_reply(s, "half-closed ping")
+        assert (rto, body["ok"]) == (1, 1.0)
+        assert closed_by_server(s)
+    _insert_big_docs(port)
+    for rid in (2, 3):
+        with _small_window_socket(port) as s:
+            s.sendall(op_msg(rid, {"find": "big", "batchSize": 100, "$db": "t"}))
+            s.shutdown(socket.SHUT_WR)
+            rto, body = _recv_whole_reply(s, "half-closed find of ~14.7 MB")
+            assert rto == rid
+            assert [d["_id"] for d in body["cursor"]["firstBatch"]] == list(range(BIG_DOCS))
+            assert closed_by_server(s)
+
+
+def test_pipelined_messages_are_answered_in_order(tc_shard):
+    """Messages sent back to back in one write (a pipelining client; fire-and-forget w:0
+    inserts with moreToCome) are run one at a time, in order: every reply in order, none
+    for the moreToCome inserts, and the read after them sees all of them."""
+    _, port = tc_shard
+    msgs = b"".join(op_msg(i, {"ping": 1, "$db": "admin"}) for i in range(1, 51))
+    msgs += b"".join(op_msg(100 + i, {"insert": "p", "documents": [{"_id": i}],
+                                      "writeConcern": {"w": 0}, "$db": "t"}, flags=2)
+                     for i in range(100))
+    msgs += op_msg(999, {"count": "p", "$db": "t"})
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(msgs)
+        assert [_recv_whole_reply(s, "ping")[0] for _ in range(50)] == list(range(1, 51))
+        rto, body = _recv_whole_reply(s, "count")
+        assert (rto, body["ok"], body["n"]) == (999, 1.0, 100)
+
+
+def test_reply_larger_than_the_socket_buffers_arrives_whole_and_in_order(tc_shard):
+    """A reply far larger than the socket buffers, to a client that reads only after it
+    has sent its next messages: the server writes what the socket takes and queues the
+    rest; the replies of the messages after it (written by then) come after it, whole."""
+    _, port = tc_shard
+    _insert_big_docs(port)
+    big = {"find": "big", "batchSize": 100, "$db": "t"}
+    with _small_window_socket(port) as s:
+        s.sendall(op_msg(1, big) + op_msg(2, {"ping": 1, "$db": "admin"}) + op_msg(3, big) +
+                  op_msg(4, {"ping": 1, "$db": "admin"}))
+        for rid in (1, 2, 3, 4):
+            rto, body = _recv_whole_reply(s, f"reply {rid}")
+            assert (rto, body["ok"]) == (rid, 1.0)
+            if rid in (1, 3):
+                assert [d["_id"] for d in body["cursor"]["firstBatch"]] == list(range(BIG_DOCS))
+
+
+def test_reset_while_busy_keeps_the_command_in_current_op(tc_shard):
+    """A client that resets its connection (RST) while its command runs: the command runs
+    on, so it stays in currentOp (and killOp's reach) until it ends, as when a busy
+    connection was not read; the connection closes after it. Closing at the reset hid a
+    running command from currentOp and killOp."""
+    _, port = tc_shard
+    c = pymongo.MongoClient("127.0.0.1", port, directConnection=True,
+                            serverSelectionTimeoutMS=10000)
+    try:
+        c.t.c.insert_one({"_id": 1})
+        c.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                         "data": {"failCommands": ["find"], "blockConnection": True,
+                                  "blockTimeMS": 10000}})
+
+        def ops(idle=False):
+            return list(c.admin.aggregate([{"$currentOp": {"idleConnections": idle}}]))
+
+        def blocked():
+            return [o for o in ops() if o.get("command", {}).get("find") == "c"]
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(op_msg(1, {"find": "c", "$db": "t"}))
+        wait_until(blocked, what="the find blocked by failCommand")
+        op = blocked()[0]
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()  # RST
+        # the reset reached the shard before this ping, so the loop read it first
+        assert c.admin.command("ping")["ok"] == 1.0
+        assert [o["opid"] for o in blocked()] == [op["opid"]]
+        # the connection goes once the command ends (at blockTimeMS)
+        wait_until(lambda: op["connectionId"] not in
+                   [o.get("connectionId") for o in ops(idle=True)], 40,
+                   what="the reset connection to close after its command")
+        assert blocked() == []
+    finally:
+        c.close()
