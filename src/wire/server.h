@@ -2,9 +2,14 @@
  *
  * Spec: https://www.mongodb.com/docs/manual/reference/mongodb-wire-protocol/ (OP_MSG,
  * OP_QUERY/OP_REPLY for the legacy hello handshake, OP_COMPRESSED refused with a clear
- * error). One server = one TCP listener on a role's libuv loop. A connection reads one
- * message at a time: while a command is in flight the connection stops reading
- * (backpressure, and drivers do not pipeline), and replies are written in order.
+ * error). One server = one TCP listener on a role's libuv loop. A connection runs one
+ * message at a time: while a command is in flight, bytes that arrive (a pipelined
+ * message) stop its reading until the reply (backpressure); a plaintext connection with
+ * nothing buffered stays read, and an EOF or reset met then waits for the reply (a
+ * half-closed client still gets it whole; the command stays in currentOp). Replies are
+ * written in order, directly when the socket takes them (uv_try_write). A request
+ * completed on the loop thread is finished at the next loop iteration, one completed
+ * on another thread through a uv_async wake-up.
  *
  * Commands are dispatched through a table that the role fills (wire_server_register);
  * the shared layer answers hello/isMaster, ping, buildInfo, getParameter, getLog,
