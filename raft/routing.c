@@ -390,6 +390,11 @@ int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply,
 		sqlite3_bind_text(st, 1, ns, -1, SQLITE_STATIC);
 		if (sqlite3_step(st) != SQLITE_ROW) {
 			sqlite3_finalize(st);
+			/* the version this answer is true at goes with it (the caller's error
+			 * reply carries it): a proxy caches "not sharded" at that version, which
+			 * replaces its snapshot of the collection before a drop; at version 0 its
+			 * cache kept the dropped collection's chunks and routed writes by them */
+			BSON_APPEND_INT64(reply, "routingVersion", rv);
 			return sdb_errf(err, errlen, SDB_ENSNOTFOUND, "collection %s is not sharded",
 					ns);
 		}

@@ -75,7 +75,8 @@ int fsm_routing_remove_db(sqlite3 *db, int64_t rv, const char *dbname);
 int fsm_routing_prune(sqlite3 *db, int64_t rv);
 
 /* getRoutingTable (see top). rv: the current routing version. reply (initialised)
- * gets the answer fields. Errors: SDB_ENSNOTFOUND ("collection ... is not sharded"),
+ * gets the answer fields (and routingVersion with SDB_ENSNOTFOUND). Errors:
+ * SDB_ENSNOTFOUND ("collection ... is not sharded"),
  * SDB_EINVAL (bad argument), SDB_ETOOBIG (no cursor and the table does not fit one
  * reply), SDB_EIO. Messages in err. */
 int fsm_routing_query(sqlite3 *db, int64_t rv, const bson_t *cmd, bson_t *reply, char *err,

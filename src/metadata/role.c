@@ -533,10 +533,18 @@ static void run_query(meta *m, wire_req *req)
 		wire_req_reply(req, reply);
 		return;
 	}
+	if (rc == SDB_ENSNOTFOUND) {
+		/* getRoutingTable's "not sharded" says at which routingVersion it is true */
+		bson_iter_t it;
+		bson_t *extra = bson_new();
+		if (bson_iter_init_find(&it, reply, "routingVersion"))
+			bson_append_iter(extra, "routingVersion", -1, &it);
+		bson_destroy(reply);
+		wire_req_error_extra(req, WIRE_ERR_NAMESPACE_NOT_FOUND, extra, "%s", err);
+		return;
+	}
 	bson_destroy(reply);
-	if (rc == SDB_ENSNOTFOUND)
-		wire_req_error(req, WIRE_ERR_NAMESPACE_NOT_FOUND, "%s", err);
-	else if (rc == SDB_ENOTFOUND)
+	if (rc == SDB_ENOTFOUND)
 		wire_req_error(req, WIRE_ERR_NO_SUCH_KEY, "%s", err);
 	else if (rc == SDB_EINVAL)
 		wire_req_error(req, WIRE_ERR_BAD_VALUE, "%s", err);

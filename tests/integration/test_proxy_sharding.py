@@ -563,6 +563,37 @@ def test_drop_through_proxy_drops_sharding_metadata(cluster):
     p.dr.nothere.drop()  # dropping an unknown collection is fine
 
 
+def test_writes_right_after_a_drop_follow_the_new_routing(cluster):
+    """The proxy that drops a sharded collection routes the writes that follow it as
+    unsharded, to the primary shard only. Its reload after the drop read metadata's "not
+    sharded", which carried no routing version: cached at version 0, it could not replace
+    the dropped collection's newer snapshot, so the next writes went by the dropped chunks
+    to every shard; once the refresh thread caught up, the collection was unsharded and the
+    documents on the other shards were hidden (an acknowledged insert no read or delete
+    found: test_crud_report.py, "deletedCount: expected 1, got 0")."""
+    p = cluster.proxy_client(0)
+    for rnd in range(4):
+        db = f"dropw{rnd}"
+        cluster.shard_collection(f"{db}.c", {"_id": 1},
+                                 split_points=[{"_id": 10}, {"_id": 20}])
+        p[db].c.insert_many([{"_id": i} for i in range(30)])  # p's cache: the chunks
+        assert len([s for s in cluster.shard_ids
+                    if cluster.shard_client(s)[db].c.count_documents({})]) == 3
+        p[db].c.drop()
+        # metadata's "not sharded" says at which routing version it holds (what the proxy
+        # caches it at): the drop's, or later
+        with pytest.raises(OperationFailure) as e:
+            cluster.routing(f"{db}.c")
+        assert e.value.code == 26
+        assert e.value.details["routingVersion"] >= cluster.routing_version() > 0
+        p[db].c.insert_many([{"_id": i} for i in range(30)])
+        holders = [s for s in cluster.shard_ids
+                   if cluster.shard_client(s)[db].c.count_documents({})]
+        assert len(holders) == 1, (rnd, holders)
+        assert p[db].c.count_documents({}) == 30
+        assert p[db].c.delete_one({"_id": 25}).deleted_count == 1
+
+
 def test_shard_key_index_required_with_documents_and_created_without(cluster):
     """MongoDB's rule: sharding a collection that holds documents needs an index starting
     with the shard key (not sparse, not partial), else 72 InvalidOptions and nothing
