@@ -56,6 +56,17 @@ struct wire_conn {
 	 * seen), 1 plaintext, 2 TLS (tls set). */
 	int tls_state;
 	tls_conn *tls;
+	/* A reply sent by the handler's thread (server.c req_complete, issue #19): the
+	 * socket, and whether the request in flight may send its reply so. direct_ok is set
+	 * by the loop when it hands a plaintext connection with no queued writes a request,
+	 * taken by the reply, and cleared by conn_close before the socket is closed; all
+	 * under wmu, which the sender holds while it writes. */
+	uv_os_fd_t fd;
+	uv_mutex_t wmu;
+	bool direct_ok;
+	/* The loop waits on this connection's request (bytes or EOF arrived while it runs):
+	 * its completion wakes the loop even when the reply went out. Under srv->mu. */
+	bool want_done;
 };
 
 struct wire_req {
@@ -84,6 +95,11 @@ struct wire_req {
 	bool watch_close;         /* wire_req_watch_close: report the client's close (loop) */
 	atomic_bool conn_gone;    /* the client closed the connection while it was in flight
 				   * (watched: wire_req_conn_gone) */
+	bool sent;                /* the reply went out from the handler's thread */
+	uint8_t *out;             /* else, when the handler's thread tried: the encoded
+				   * reply (heap), of which out_off of out_len bytes went out;
+				   * the loop writes the rest */
+	size_t out_len, out_off;
 	/* detached requests (wire_req_detached_on_done) */
 	void (*detached_done)(void *arg, wire_req *req);
 	void *detached_arg;
@@ -103,6 +119,17 @@ struct wire_server {
 	 * other I/O. */
 	uv_idle_t finish;
 	bool finish_active;
+	/* A request whose reply its handler's thread sent (req_complete) is finished
+	 * lazily: put on the done list without waking the loop, and finished when the loop
+	 * next wakes: its connection's next message or EOF (on_read), or any other event
+	 * (this prepare handle, run before the loop blocks). The client has its reply; what
+	 * waits is the loop's bookkeeping (the connection's state, n_outstanding), and
+	 * metrics and currentOp are done at completion. lazy_ok: under mu, false once the
+	 * server closes (every completion wakes the loop then). lazy_pending: some request
+	 * was queued so. */
+	uv_prepare_t drain;
+	bool lazy_ok;
+	atomic_bool lazy_pending;
 	/* the thread running the loop: set at the first accepted connection (a loop
 	 * callback), before any request of a connection exists */
 	uv_thread_t loop_thread;
@@ -142,7 +169,7 @@ struct wire_server {
 	size_t n_outstanding;     /* requests created and not yet completed on the loop */
 	wire_hello_wait *hello_waits;
 
-	uv_mutex_t mu;            /* guards done_head/done_tail */
+	uv_mutex_t mu;            /* guards done_head/done_tail, lazy_ok, conns' want_done */
 	wire_req *done_head, *done_tail;
 
 	void (*close_cb)(void *);

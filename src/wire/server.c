@@ -2,11 +2,13 @@
  * completion from any thread, graceful close. See server.h for the contract and msg.h for
  * the codec. */
 #include <assert.h>
+#include <errno.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "common/clock.h"
 #include "common/cmdopts.h"
@@ -76,6 +78,7 @@ static void conn_unref(wire_conn *conn)
 	if (conn->data_free)
 		conn->data_free(conn->data);
 	tls_conn_free(conn->tls);
+	uv_mutex_destroy(&conn->wmu);
 	free(conn->rbuf);
 	free(conn);
 }
@@ -142,6 +145,9 @@ static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, b
 	conn->srv->n_outstanding++;
 	sdb_gauge_add(conn->srv->m_running, 1);
 	conn_set_state(conn, WIRE_CONN_BUSY);
+	uv_mutex_lock(&conn->wmu);
+	conn->direct_ok = conn->tls == NULL && conn->writes_pending == 0 && !no_reply;
+	uv_mutex_unlock(&conn->wmu);
 	return req;
 }
 
@@ -154,10 +160,46 @@ static void req_free(wire_req *req)
 		bson_destroy(req->reply_extra);
 	free(req->name);
 	free(req->db);
+	free(req->out);
 	free(req);
 }
 
 static void on_finish(uv_idle_t *h);
+static bool reply_is_ok(const bson_t *reply);
+static uint8_t *reply_encode(wire_req *req, size_t *len);
+
+/* The handler's thread (not the loop): send req's reply on its connection now, when the
+ * loop allowed it (conn->direct_ok). Sets req->sent, or leaves in req->out what the loop
+ * must write. A failed send is left to the loop's write, which meets the error again
+ * and closes the connection. */
+static void reply_direct(wire_req *req)
+{
+	wire_conn *conn = req->conn;
+
+	if (req->no_reply || req->close_after)
+		return;
+	uv_mutex_lock(&conn->wmu);
+	if (conn->direct_ok) {
+		size_t len;
+		uint8_t *buf = reply_encode(req, &len);
+		ssize_t n;
+
+		conn->direct_ok = false;
+		do {
+			n = send(conn->fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+		} while (n < 0 && errno == EINTR);
+		if (n == (ssize_t)len) {
+			free(buf);
+			req->sent = true;
+			sdb_counter_add(req->srv->m_bytes_out, len);
+		} else {
+			req->out = buf;
+			req->out_len = len;
+			req->out_off = n > 0 ? (size_t)n : 0;
+		}
+	}
+	uv_mutex_unlock(&conn->wmu);
+}
 
 static void req_complete(wire_req *req, bson_t *reply)
 {
@@ -177,11 +219,26 @@ static void req_complete(wire_req *req, bson_t *reply)
 			req->detached_done(req->detached_arg, req);
 		return;
 	}
+	/* metrics now, not when the loop finishes the request: a lazily finished one
+	 * (reply_direct) may wait for the loop's next wakeup */
+	{
+		uint64_t ns = sdb_mono_ns() - req->start_ns;
+		bool ok = reply_is_ok(reply);
+
+		sdb_gauge_add(srv->m_running, -1);
+		sdb_counter_inc(ok ? req->entry->ok : req->entry->error);
+		sdb_histogram_observe_ns(req->entry->duration, ns);
+		sdb_debug("wire: command done", "conn=%lld cmd=%s db=%s ok=%d us=%llu",
+			  (long long)req->conn->id, req->name ? req->name : "(invalid)",
+			  req->db ? req->db : "", ok, (unsigned long long)(ns / 1000));
+	}
 	bool on_loop = false;
 	if (srv->loop_thread_known) {
 		uv_thread_t self = uv_thread_self();
 		on_loop = uv_thread_equal(&self, &srv->loop_thread);
 	}
+	if (!on_loop)
+		reply_direct(req);
 	uv_mutex_lock(&srv->mu);
 	if (srv->done_tail)
 		srv->done_tail->next = req;
@@ -189,6 +246,12 @@ static void req_complete(wire_req *req, bson_t *reply)
 		srv->done_head = req;
 	srv->done_tail = req;
 	if (!on_loop) {
+		if (req->sent && srv->lazy_ok && !req->conn->want_done) {
+			/* the client has its reply: the loop finishes it when it next wakes */
+			atomic_store(&srv->lazy_pending, true);
+			uv_mutex_unlock(&srv->mu);
+			return;
+		}
 		/* uv_async_send under the mutex: once the loop thread has seen this request
 		 * (and may free the server), this thread no longer touches srv. */
 		uv_async_send(&srv->async);
@@ -435,6 +498,10 @@ static void conn_close(wire_conn *conn)
 {
 	if (conn->state == WIRE_CONN_CLOSING)
 		return;
+	/* no reply is sent on the socket from here on (reply_direct) */
+	uv_mutex_lock(&conn->wmu);
+	conn->direct_ok = false;
+	uv_mutex_unlock(&conn->wmu);
 	conn_set_state(conn, WIRE_CONN_CLOSING);
 	conn->reading = false;
 	uv_close((uv_handle_t *)&conn->tcp, on_conn_closed);
@@ -471,6 +538,7 @@ static void on_write(uv_write_t *wr, int status)
 }
 
 static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len);
+static void conn_write_rest(wire_conn *conn, uint8_t *buf, size_t len, size_t off);
 
 /* ---- issue #10: TLS through memory BIOs (src/tls/tls.h) ---- */
 typedef struct tls_out {
@@ -580,6 +648,13 @@ static void conn_write(wire_conn *conn, uint8_t *buf, size_t len)
 /* Queue buf (len bytes, heap, taken over) on conn as is. */
 static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len)
 {
+	conn_write_rest(conn, buf, len, 0);
+}
+
+/* Queue buf[off, len) (buf heap, taken over) on conn as is: the first off bytes went out
+ * already (reply_direct). */
+static void conn_write_rest(wire_conn *conn, uint8_t *buf, size_t len, size_t off)
+{
 	wire_write *w;
 	uv_buf_t b;
 	int rc;
@@ -593,11 +668,11 @@ static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len)
 	 * iteration nor re-arms the socket's epoll registration after it (issue #19: an
 	 * epoll_ctl and an extra epoll_wait per reply). libuv refuses (EAGAIN) while earlier
 	 * writes are queued, so the order of the bytes holds. */
-	rc = uv_try_write((uv_stream_t *)&conn->tcp, &(uv_buf_t){.base = (char *)buf, .len = len},
-			  1);
-	if (rc == (int)len) {
+	rc = uv_try_write((uv_stream_t *)&conn->tcp,
+			  &(uv_buf_t){.base = (char *)buf + off, .len = len - off}, 1);
+	if (rc == (int)(len - off)) {
 		free(buf);
-		sdb_counter_add(conn->srv->m_bytes_out, len);
+		sdb_counter_add(conn->srv->m_bytes_out, len - off);
 		return;
 	}
 	if (rc < 0 && rc != UV_EAGAIN) {
@@ -607,7 +682,7 @@ static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len)
 		conn_close(conn);
 		return;
 	}
-	size_t done = rc > 0 ? (size_t)rc : 0;
+	size_t done = off + (rc > 0 ? (size_t)rc : 0);
 	w = sdb_malloc(sizeof *w);
 	w->conn = conn;
 	w->buf = buf;
@@ -623,16 +698,17 @@ static void conn_write_raw(wire_conn *conn, uint8_t *buf, size_t len)
 	}
 	conn->refs++;
 	conn->writes_pending++;
-	sdb_counter_add(conn->srv->m_bytes_out, len);
+	sdb_counter_add(conn->srv->m_bytes_out, len - off);
 }
 
-static void send_reply(wire_req *req)
+/* req's reply as a message (heap, *len bytes): OP_REPLY to an OP_QUERY, else OP_MSG; one
+ * over maxBsonObjectSize becomes a BSONObjectTooLarge error. Any thread. */
+static uint8_t *reply_encode(wire_req *req, size_t *len)
 {
 	wire_conn *conn = req->conn;
 	bson_t *reply = req->reply;
 	bson_t *big = NULL;
 	uint8_t *buf;
-	size_t len;
 	int32_t rid = atomic_fetch_add(&next_request_id, 1);
 
 	if (wire_bson_len(reply) > WIRE_MAX_REPLY_BSON) {
@@ -649,12 +725,30 @@ static void send_reply(wire_req *req)
 	if (req->op_code == WIRE_OP_QUERY)
 		buf = wire_msg_encode_reply(rid, req->request_id,
 					    req->reply_flags | WIRE_REPLY_FLAG_AWAIT_CAPABLE, reply,
-					    &len);
+					    len);
 	else
-		buf = wire_msg_encode_msg(rid, req->request_id, 0, reply, &len);
+		buf = wire_msg_encode_msg(rid, req->request_id, 0, reply, len);
 	if (big)
 		bson_destroy(big);
-	conn_write(conn, buf, len);
+	return buf;
+}
+
+/* Loop thread: write req's reply, or what reply_direct left of it. */
+static void send_reply(wire_req *req)
+{
+	size_t len;
+	uint8_t *buf;
+
+	if (req->sent)
+		return;
+	if (req->out) {
+		buf = req->out;
+		req->out = NULL;
+		conn_write_rest(req->conn, buf, req->out_len, req->out_off);
+		return;
+	}
+	buf = reply_encode(req, &len);
+	conn_write(req->conn, buf, len);
 }
 
 static void finish_done(wire_server *srv);
@@ -684,21 +778,15 @@ static void finish_done(wire_server *srv)
 	uv_mutex_lock(&srv->mu);
 	req = srv->done_head;
 	srv->done_head = srv->done_tail = NULL;
+	for (wire_req *r = req; r; r = r->next)
+		r->conn->want_done = false;
 	uv_mutex_unlock(&srv->mu);
 
 	for (; req; req = next) {
 		wire_conn *conn = req->conn;
-		uint64_t ns = sdb_mono_ns() - req->start_ns;
-		bool ok = reply_is_ok(req->reply);
 
 		next = req->next;
 		srv->n_outstanding--;
-		sdb_gauge_add(srv->m_running, -1);
-		sdb_counter_inc(ok ? req->entry->ok : req->entry->error);
-		sdb_histogram_observe_ns(req->entry->duration, ns);
-		sdb_debug("wire: command done", "conn=%lld cmd=%s db=%s ok=%d us=%llu",
-			  (long long)conn->id, req->name ? req->name : "(invalid)",
-			  req->db ? req->db : "", ok, (unsigned long long)(ns / 1000));
 		if (conn->inflight == req)
 			conn->inflight = NULL;
 		conn->watch_eof = false;
@@ -719,6 +807,38 @@ static void finish_done(wire_server *srv)
 		conn_unref(conn);
 	}
 	srv_maybe_finish(srv);
+}
+
+/* Loop thread: finish the requests finished lazily (reply_direct) if there are any. Not
+ * from inside conn_process: finishing one processes its connection's next message. */
+static void srv_finish_lazy(wire_server *srv)
+{
+	if (atomic_load(&srv->lazy_pending) && atomic_exchange(&srv->lazy_pending, false))
+		finish_done(srv);
+}
+
+/* Before the loop blocks: the requests finished lazily since it last woke. */
+static void on_drain(uv_prepare_t *h)
+{
+	srv_finish_lazy(h->data);
+}
+
+/* Loop thread: conn's request must wake the loop when it completes (its connection has
+ * bytes or an EOF waiting), even when its reply goes out from the handler's thread. If it
+ * completed already, the idle handle finishes it. */
+static void conn_want_done(wire_conn *conn)
+{
+	wire_server *srv = conn->srv;
+	bool queued;
+
+	uv_mutex_lock(&srv->mu);
+	conn->want_done = true;
+	queued = srv->done_head != NULL;
+	uv_mutex_unlock(&srv->mu);
+	if (queued && !srv->finish_active) {
+		uv_idle_start(&srv->finish, on_finish);
+		srv->finish_active = true;
+	}
 }
 
 /* Answer a message that cannot reach a handler with an error, through the normal
@@ -903,18 +1023,31 @@ static void conn_process(wire_conn *conn)
 		conn->rbuf = NULL;
 		conn->rcap = 0;
 	}
-	if (conn->state == WIRE_CONN_READING && !conn->reading && !conn->close_when_idle &&
-	    srv_reading(conn->srv)) {
+	if (conn->state == WIRE_CONN_READING) {
+		if (!conn->reading && !conn->close_when_idle && srv_reading(conn->srv))
+			conn_start_reading(conn);
+		return;
+	}
+	if (conn->state != WIRE_CONN_BUSY)
+		return;
+	/* Busy. A busy plaintext connection is read while nothing is buffered: a client
+	 * waits for its reply, so nothing comes, and stopping and restarting the read cost
+	 * two epoll_ctl calls per request (issue #19); and a reply sent by the handler's
+	 * thread (reply_direct) does not wake the loop: the client's next message does, so
+	 * it must be read. Bytes that do come (a pipelined message) stop the read until the
+	 * reply, and then the request's end must wake the loop (conn_want_done) to hand the
+	 * message over. TLS is not read while busy: a close_notify must not end the session
+	 * before its reply is sent. EOF while busy: on_read. */
+	if (conn->rlen > 0 || (conn->tls_state == 2 && !conn->watch_eof)) {
+		if (conn->reading) {
+			uv_read_stop((uv_stream_t *)&conn->tcp);
+			conn->reading = false;
+		}
+		if (conn->rlen > 0)
+			conn_want_done(conn);
+	} else if (!conn->reading && conn->tls_state != 2 && !conn->close_when_idle &&
+		   srv_reading(conn->srv)) {
 		conn_start_reading(conn);
-	} else if (conn->state == WIRE_CONN_BUSY && conn->reading &&
-		   (conn->rlen > 0 || (conn->tls_state == 2 && !conn->watch_eof))) {
-		/* A busy connection stays read while nothing is buffered: a client waits for
-		 * its reply, so nothing comes, and stopping and restarting the read cost two
-		 * epoll_ctl calls per request (issue #19). Bytes that do come (a pipelined
-		 * message) stop it until the reply, as does TLS (a close_notify must not end
-		 * the session before its reply is sent). EOF while busy: on_read. */
-		uv_read_stop((uv_stream_t *)&conn->tcp);
-		conn->reading = false;
 	}
 }
 
@@ -942,6 +1075,12 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	wire_conn *conn = s->data;
 
 	(void)buf;
+	if (nread < 0 && conn->state == WIRE_CONN_BUSY) {
+		/* its request may be done, its reply sent (reply_direct) */
+		srv_finish_lazy(conn->srv);
+		if (conn->state == WIRE_CONN_CLOSING)
+			return;
+	}
 	if (nread < 0 && conn->state == WIRE_CONN_BUSY && !conn->watch_eof) {
 		/* The client shut down its side (EOF) or reset the connection while its
 		 * command runs, as before, when a busy connection was not read: after EOF it
@@ -952,6 +1091,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		 * request (watch_eof) is told at once, below. */
 		uv_read_stop((uv_stream_t *)&conn->tcp);
 		conn->reading = false;
+		conn_want_done(conn);
 		return;
 	}
 	if (nread == UV_EOF && conn->state == WIRE_CONN_READING && conn->writes_pending > 0) {
@@ -976,6 +1116,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		return; /* issue #10: TLS consumed the bytes */
 	conn->rlen += (size_t)nread;
 	sdb_counter_add(conn->srv->m_bytes_in, (uint64_t)nread);
+	if (conn->state == WIRE_CONN_BUSY) {
+		/* usually the client's next message after a reply sent by the handler's
+		 * thread: finish that request first (which processes these bytes) */
+		srv_finish_lazy(conn->srv);
+		if (conn->state == WIRE_CONN_CLOSING)
+			return;
+	}
 	/* A message whose length is already known to be invalid is refused before more
 	 * bytes are buffered. */
 	conn_process(conn);
@@ -1094,6 +1241,8 @@ static void on_connection(uv_stream_t *listener, int status)
 		return;
 	}
 	conn = sdb_calloc(1, sizeof *conn);
+	uv_mutex_init(&conn->wmu);
+	conn->fd = -1;
 	conn->srv = srv;
 	conn->id = atomic_fetch_add(&next_conn_id, 1);
 	conn->state = WIRE_CONN_READING;
@@ -1111,6 +1260,8 @@ static void on_connection(uv_stream_t *listener, int status)
 		return;
 	}
 	uv_tcp_nodelay(&conn->tcp, 1);
+	if (uv_fileno((uv_handle_t *)&conn->tcp, &conn->fd) != 0)
+		conn->fd = -1;
 	format_peer(&conn->tcp, conn->peer, sizeof conn->peer);
 	sdb_debug("wire: connection accepted", "conn=%lld peer=%s", (long long)conn->id,
 		  conn->peer);
@@ -1163,9 +1314,10 @@ static void srv_maybe_finish(wire_server *srv)
 		return;
 	srv->state = WIRE_SRV_CLOSING;
 	uv_timer_stop(&srv->close_timer);
-	srv->handles_closing = 3;
+	srv->handles_closing = 4;
 	uv_close((uv_handle_t *)&srv->close_timer, on_srv_handle_closed);
 	uv_close((uv_handle_t *)&srv->async, on_srv_handle_closed);
+	uv_close((uv_handle_t *)&srv->drain, on_srv_handle_closed); /* stops it */
 	uv_close((uv_handle_t *)&srv->finish, on_srv_handle_closed); /* stops it */
 	srv->finish_active = false;
 }
@@ -1239,6 +1391,15 @@ void wire_server_close(wire_server *srv, uint64_t timeout_ms, void (*cb)(void *a
 	if (srv->state != WIRE_SRV_RUNNING)
 		return;
 	srv->state = WIRE_SRV_DRAINING;
+	/* every completion wakes the loop from here on; the ones finished lazily so far are
+	 * finished by the idle handle (not here: this may run inside a command) */
+	uv_mutex_lock(&srv->mu);
+	srv->lazy_ok = false;
+	uv_mutex_unlock(&srv->mu);
+	if (atomic_exchange(&srv->lazy_pending, false) && !srv->finish_active) {
+		uv_idle_start(&srv->finish, on_finish);
+		srv->finish_active = true;
+	}
 	srv->close_cb = cb;
 	srv->close_arg = arg;
 	srv->close_deadline = uv_now(srv->loop) + timeout_ms;
@@ -1376,6 +1537,11 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 	srv->async.data = srv;
 	uv_idle_init(loop, &srv->finish);
 	srv->finish.data = srv;
+	srv->lazy_ok = true;
+	atomic_init(&srv->lazy_pending, false);
+	uv_prepare_init(loop, &srv->drain);
+	srv->drain.data = srv;
+	uv_prepare_start(&srv->drain, on_drain);
 	uv_timer_init(loop, &srv->close_timer);
 	srv->close_timer.data = srv;
 

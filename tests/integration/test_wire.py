@@ -405,6 +405,36 @@ def stop_during_sleep(tmp_path, cmd):
     return log_path.read_text()
 
 
+def test_the_message_after_pipelined_ones_is_read(tmp_path):
+    """A reply its handler's thread sends itself does not wake the loop; the client's next
+    message does. So a busy connection must be read whenever nothing is buffered: after two
+    pipelined messages (the second waits, unread, for the first's end) the loop hands the
+    second over and must read on, or the third is never read (it was not, until something
+    else woke the loop: a stall of up to a second through a proxy, for ever here, where
+    nothing else wakes it). wire_test_server's stripedbTestSleep completes from a thread
+    of its own. A hang fails at the socket's timeout."""
+    assert os.access(TEST_SERVER, os.X_OK), f"{TEST_SERVER} not built (make check builds it)"
+    port = free_port()
+    with open(tmp_path / "wire_test_server.log", "wb") as log:
+        p = subprocess.Popen([TEST_SERVER, f"--listen=127.0.0.1:{port}"],
+                             stdout=subprocess.PIPE, stderr=log)
+        try:
+            assert p.stdout.readline().decode() == f"port={port}\n"
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                for rnd in range(20):
+                    rid = 10 * rnd
+                    sleep = {"stripedbTestSleep": 0, "$db": "admin"}
+                    s.sendall(op_msg(rid + 1, sleep) + op_msg(rid + 2, sleep))
+                    assert [recv_reply(s)[0] for _ in range(2)] == [rid + 1, rid + 2]
+                    for k in range(3, 6):  # one at a time, each after the last reply
+                        s.sendall(op_msg(rid + k, sleep))
+                        rto, body = recv_reply(s)
+                        assert (rto, body["ok"], body["slept"]) == (rid + k, 1.0, 0)
+        finally:
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=30) == 0, (tmp_path / "wire_test_server.log").read_text()
+
+
 def test_unanswered_request_is_named_when_the_stop_times_out(tmp_path):
     """A handler that never replies in time must not go unnoticed: when the graceful stop's
     drain times out (wire_test_server drains for 5 s) the server logs each unanswered

@@ -5,15 +5,19 @@
  *                    prints "port=N" on stdout once listening; with --http-listen it also
  *                    serves /healthz and /metrics (common/http.h)
  *
- * Test commands (handlers complete on libuv's thread pool, i.e. from another thread):
+ * Test commands (handlers complete from another thread than the loop's):
  *   {stripedbTestSleep: MS}   reply {slept: MS} after MS ms (at most 10000); with
  *                             `waiting: true` the sleep is bracketed by
- *                             wire_req_wait_begin/_end (a wait that ends by itself)
+ *                             wire_req_wait_begin/_end (a wait that ends by itself); it
+ *                             runs on a thread of its own, which tells the loop nothing
+ *                             else (as the proxy's request threads): only the wire
+ *                             server's own completion can wake the loop
  *   {insert: "coll", documents: [...]} (documents usually as an OP_MSG kind-1 sequence)
  *                             reply {n: count of documents}; nothing is stored
  *   {stripedbTestEcho: 1, ...} reply {cmd: <the command document as the handler saw it>}
  * SIGTERM or SIGINT -> wire_server_close (drain, 5 s) -> exit 0 when the loop closed
  * cleanly with no handle left, 1 otherwise. */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +30,6 @@
 #include "wire/server.h"
 
 typedef struct work {
-	uv_work_t w;
 	wire_req *req;
 	int64_t ms;
 	bool waiting; /* bracket the sleep as a wait (wire_req_wait_begin) */
@@ -44,23 +47,19 @@ static int health(void *data, char *msg, size_t msglen)
 	return 1;
 }
 
-static void sleep_work(uv_work_t *w)
+static void *sleep_thread(void *arg)
 {
-	work *k = (work *)w;
+	work *k = arg;
 	sdb_info("stripedbTestSleep started", "ms=%lld", (long long)k->ms); /* tests wait for it */
 	if (k->waiting)
 		wire_req_wait_begin(k->req);
 	uv_sleep((unsigned)k->ms);
 	if (k->waiting)
 		wire_req_wait_end(k->req);
-	/* completed from the pool thread, as a role with blocking work would */
+	/* completed from this thread, as a role with blocking work would */
 	wire_req_reply(k->req, BCON_NEW("slept", BCON_INT64(k->ms)));
-}
-
-static void sleep_done(uv_work_t *w, int status)
-{
-	(void)status;
-	free(w);
+	free(k);
+	return NULL;
 }
 
 static void cmd_sleep(wire_req *req, void *data)
@@ -80,10 +79,13 @@ static void cmd_sleep(wire_req *req, void *data)
 	k->ms = bson_iter_as_int64(&it);
 	k->waiting = bson_iter_init_find(&it, wire_req_cmd(req), "waiting") &&
 		     bson_iter_as_bool(&it);
-	if (uv_queue_work(uv_default_loop(), &k->w, sleep_work, sleep_done) != 0) {
+	pthread_t t;
+	if (pthread_create(&t, NULL, sleep_thread, k) != 0) {
 		free(k);
-		wire_req_error(req, 1, "uv_queue_work failed");
+		wire_req_error(req, 1, "pthread_create failed");
+		return;
 	}
+	pthread_detach(t);
 }
 
 static void cmd_insert(wire_req *req, void *data)
