@@ -179,6 +179,27 @@ static void test_mask_limit(void **state)
 	bson_destroy(&doc);
 }
 
+/* Names whose first bytes share a bucket of the prefilter (byte & 63: 'a' and '!' are
+ * bucket 33, 'B' and the UTF-8 lead byte 0xc2 of "¡" bucket 2) are told apart by the
+ * comparison. */
+static void test_shared_first_byte_bucket(void **state)
+{
+	bson_t *doc = BCON_NEW("ax", BCON_INT32(1), "\xc2\xa1x", BCON_INT32(2), "Ax",
+			       BCON_INT32(3));
+	static const char *const names[] = {"!x", "ax", "\xc2\xa1x", "Bx", "Ax"};
+	sdb_field_iter its[5];
+	uint64_t found;
+
+	(void)state;
+	assert_int_equal(sdb_bson_find_fields(doc, names, 5, &found, its), 0);
+	assert_int_equal(found, SDB_FIELD_BIT(1) | SDB_FIELD_BIT(2) | SDB_FIELD_BIT(4));
+	assert_int_equal(bson_iter_int32(&its[1].it), 1);
+	assert_int_equal(bson_iter_int32(&its[2].it), 2);
+	assert_int_equal(bson_iter_int32(&its[4].it), 3);
+	assert_as_single_lookups(doc, names, 5, found, its);
+	bson_destroy(doc);
+}
+
 /* Names in another order than the document's fields: each bit and iterator is its name's. */
 static void test_names_in_any_order(void **state)
 {
@@ -204,6 +225,7 @@ int main(void)
 		cmocka_unit_test(test_prefix_of_another_name),
 		cmocka_unit_test(test_prefix_names),
 		cmocka_unit_test(test_mask_limit),
+		cmocka_unit_test(test_shared_first_byte_bucket),
 		cmocka_unit_test(test_names_in_any_order),
 	};
 
