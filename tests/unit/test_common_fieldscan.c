@@ -200,22 +200,6 @@ static void test_shared_first_byte_bucket(void **state)
 	bson_destroy(doc);
 }
 
-/* Names in another order than the document's fields: each bit and iterator is its name's. */
-static void test_names_in_any_order(void **state)
-{
-	bson_t *doc = BCON_NEW("a", BCON_INT32(1), "b", BCON_INT32(2), "c", BCON_INT32(3));
-	static const char *const names[] = {"b", "a"};
-	sdb_field_iter its[2];
-	uint64_t found;
-
-	(void)state;
-	assert_int_equal(sdb_bson_find_fields(doc, names, 2, &found, its), 0);
-	assert_int_equal(found, SDB_FIELD_BIT(0) | SDB_FIELD_BIT(1));
-	assert_int_equal(bson_iter_int32(&its[0].it), 2);
-	assert_int_equal(bson_iter_int32(&its[1].it), 1);
-	bson_destroy(doc);
-}
-
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -226,7 +210,6 @@ int main(void)
 		cmocka_unit_test(test_prefix_names),
 		cmocka_unit_test(test_mask_limit),
 		cmocka_unit_test(test_shared_first_byte_bucket),
-		cmocka_unit_test(test_names_in_any_order),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
