@@ -11,6 +11,7 @@
  *   - the value must then lie in [lo, hi], so that no caller negates or adds to a value it
  *     has not bounded (`limit = -limit` on INT64_MIN is undefined behaviour).
  * The error names the field as the caller spells it ("limit", "find.limit").
+ * To find several fields of a command in one pass first, see common/fieldscan.h.
  */
 #ifndef SDB_COMMON_BSONGET_H
 #define SDB_COMMON_BSONGET_H

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/bsonget.h"
+#include "common/fieldscan.h"
 
 #define CODE_NOT_IMPLEMENTED 238 /* NotImplemented */
 #define CODE_UNKNOWN_FIELD 40415 /* IDL: "BSON field '...' is an unknown field." */
@@ -703,73 +704,67 @@ int sdb_cmd_unsupported_option(const char *name, const bson_t *cmd, char *err, s
 	return sdb_cmd_check(name, cmd, false, err, errlen);
 }
 
-/* The fields cmd_check looks up by name, as bits from one pass over the command: a lookup
- * of a field the command does not have walks every field (bson_iter_init_find), and ~15
- * such walks per command were ~2% of a proxy point read (issue #19). A lookup runs as
- * before when its bit is set (the bit only says the key occurs). */
+/* The fields cmd_check looks up by name, found in one pass over the command
+ * (sdb_bson_find_fields, common/fieldscan.h): a lookup of a field the command does not
+ * have walks every field (bson_iter_init_find), and ~15 such walks per command were ~2% of
+ * a proxy point read (issue #19). OPT_ indexes opt_names; HAS(OPT_X) is its bit in
+ * opt_fields.has and at[OPT_X].it is on its first occurrence when the bit is set (the element
+ * a lookup by name would give). */
 enum {
-	HAS_TXN_NUMBER = 1u << 0,
-	HAS_AUTOCOMMIT = 1u << 1,
-	HAS_LET = 1u << 2,
-	HAS_ENCRYPTION = 1u << 3,
-	HAS_TIMESERIES = 1u << 4,
-	HAS_EXCHANGE = 1u << 5,
-	HAS_RUNTIME_CONSTANTS = 1u << 6,
-	HAS_NEEDS_MERGE = 1u << 7,
-	HAS_FROM_MONGOS = 1u << 8,
-	HAS_MIN = 1u << 9,
-	HAS_MAX = 1u << 10,
-	HAS_RETURN_KEY = 1u << 11,
-	HAS_SHOW_RECORD_ID = 1u << 12,
-	HAS_COLLECTION_UUID = 1u << 13,
-	HAS_DB = 1u << 14,
-	HAS_TO = 1u << 15,
-	HAS_VIEW_ON = 1u << 16,
-	HAS_WRITE_CONCERN = 1u << 17,
+	OPT_TXN_NUMBER,
+	OPT_AUTOCOMMIT,
+	OPT_LET,
+	OPT_ENCRYPTION,
+	OPT_TIMESERIES,
+	OPT_EXCHANGE,
+	OPT_RUNTIME_CONSTANTS,
+	OPT_NEEDS_MERGE,
+	OPT_FROM_MONGOS,
+	OPT_MIN,
+	OPT_MAX,
+	OPT_RETURN_KEY,
+	OPT_SHOW_RECORD_ID,
+	OPT_COLLECTION_UUID,
+	OPT_DB,
+	OPT_TO,
+	OPT_VIEW_ON,
+	OPT_WRITE_CONCERN,
+	OPT_N
+};
+_Static_assert(OPT_N <= SDB_FIELDS_MAX, "cmd_check's fields fit one sdb_bson_find_fields");
+#define HAS(opt) SDB_FIELD_BIT(opt)
+
+static const char *const opt_names[OPT_N] = {
+	[OPT_TXN_NUMBER] = "txnNumber",
+	[OPT_AUTOCOMMIT] = "autocommit",
+	[OPT_LET] = "let",
+	[OPT_ENCRYPTION] = "encryptionInformation",
+	[OPT_TIMESERIES] = "isTimeseriesNamespace",
+	[OPT_EXCHANGE] = "exchange",
+	[OPT_RUNTIME_CONSTANTS] = "runtimeConstants",
+	[OPT_NEEDS_MERGE] = "needsMerge",
+	[OPT_FROM_MONGOS] = "fromMongos",
+	[OPT_MIN] = "min",
+	[OPT_MAX] = "max",
+	[OPT_RETURN_KEY] = "returnKey",
+	[OPT_SHOW_RECORD_ID] = "showRecordId",
+	[OPT_COLLECTION_UUID] = "collectionUUID",
+	[OPT_DB] = "$db",
+	[OPT_TO] = "to",
+	[OPT_VIEW_ON] = "viewOn",
+	[OPT_WRITE_CONCERN] = "writeConcern",
 };
 
-/* The HAS_ bits of the fields of cmd (every field, its first too, as a lookup by name
- * would find it). */
-static unsigned fields_present(const bson_t *cmd)
+/* opt_names in a command: which occur, and each one's first occurrence. */
+typedef struct opt_fields {
+	uint64_t has;		  /* HAS(OPT_X) bits */
+	sdb_field_iter at[OPT_N]; /* at[OPT_X].it valid when HAS(OPT_X) is set */
+} opt_fields;
+
+/* The field OPT_X of *f as a boolean (bson_iter_as_bool), false when absent. */
+static bool opt_true(const opt_fields *f, int opt)
 {
-	static const struct {
-		const char *name;
-		unsigned bit;
-	} names[] = {
-		{"txnNumber", HAS_TXN_NUMBER},
-		{"autocommit", HAS_AUTOCOMMIT},
-		{"let", HAS_LET},
-		{"encryptionInformation", HAS_ENCRYPTION},
-		{"isTimeseriesNamespace", HAS_TIMESERIES},
-		{"exchange", HAS_EXCHANGE},
-		{"runtimeConstants", HAS_RUNTIME_CONSTANTS},
-		{"needsMerge", HAS_NEEDS_MERGE},
-		{"fromMongos", HAS_FROM_MONGOS},
-		{"min", HAS_MIN},
-		{"max", HAS_MAX},
-		{"returnKey", HAS_RETURN_KEY},
-		{"showRecordId", HAS_SHOW_RECORD_ID},
-		{"collectionUUID", HAS_COLLECTION_UUID},
-		{"$db", HAS_DB},
-		{"to", HAS_TO},
-		{"viewOn", HAS_VIEW_ON},
-		{"writeConcern", HAS_WRITE_CONCERN},
-	};
-	bson_iter_t it;
-	unsigned has = 0;
-
-	if (!bson_iter_init(&it, cmd))
-		return 0;
-	while (bson_iter_next(&it)) {
-		const char *k = bson_iter_key(&it);
-
-		for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-			if (same(names[i].name, k)) {
-				has |= names[i].bit;
-				break;
-			}
-	}
-	return has;
+	return (f->has & HAS(opt)) && bson_iter_as_bool(&f->at[opt].it);
 }
 
 /* A namespace string with a NUL byte inside: C strings would stop at it and the command
@@ -777,10 +772,9 @@ static unsigned fields_present(const bson_t *cmd)
  * command's first field when it is a string (the collection or namespace), renameCollection's
  * `to`, create's `viewOn` and `$db`. MongoDB refuses such names with 73 InvalidNamespace.
  * Returns: 0, or 73 with the message in err. */
-static int nul_in_namespace(const bson_t *cmd, unsigned has, char *err, size_t errlen)
+static int nul_in_namespace(const bson_t *cmd, const opt_fields *f, char *err, size_t errlen)
 {
-	static const char *const named[] = {"to", "viewOn", "$db"};
-	static const unsigned named_bit[] = {HAS_TO, HAS_VIEW_ON, HAS_DB};
+	static const int named[] = {OPT_TO, OPT_VIEW_ON, OPT_DB};
 	bson_iter_t it;
 	uint32_t len;
 	const char *v;
@@ -792,12 +786,11 @@ static int nul_in_namespace(const bson_t *cmd, unsigned has, char *err, size_t e
 		return CODE_INVALID_NAMESPACE;
 	}
 	for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
-		if ((has & named_bit[i]) && bson_iter_init_find(&it, cmd, named[i]) &&
-		    BSON_ITER_HOLDS_UTF8(&it) &&
-		    (v = bson_iter_utf8(&it, &len)) != NULL && strlen(v) != len) {
+		if ((f->has & HAS(named[i])) && BSON_ITER_HOLDS_UTF8(&f->at[named[i]].it) &&
+		    (v = bson_iter_utf8(&f->at[named[i]].it, &len)) != NULL && strlen(v) != len) {
 			snprintf(err, errlen,
 				 "Invalid namespace specified '%s' (%s): a name contains a null byte",
-				 v, named[i]);
+				 v, opt_names[named[i]]);
 			return CODE_INVALID_NAMESPACE;
 		}
 	return 0;
@@ -810,22 +803,19 @@ static int nul_in_namespace(const bson_t *cmd, unsigned has, char *err, size_t e
  * (cluster_aggregate.cpp) refuses them from a client: exchange 51028, runtimeConstants
  * 51143, needsMerge or fromMongos true 51089; a shard (internal) refuses exchange and
  * needsMerge: true with 238, since it has no exchange and never answers in the merge
- * format (no role of ours sends them). has: fields_present(cmd). Returns: 0 or the code,
+ * format (no role of ours sends them). f: the command's opt_fields. Returns: 0 or the code,
  * the message in err. */
-static int not_honoured(const char *name, const bson_t *cmd, unsigned has, bool internal,
-			char *err, size_t errlen)
+static int not_honoured(const char *name, const opt_fields *f, bool internal, char *err,
+			size_t errlen)
 {
-	bson_iter_t it;
-
-	if ((has & HAS_ENCRYPTION) && bson_iter_init_find(&it, cmd, "encryptionInformation")) {
+	if (f->has & HAS(OPT_ENCRYPTION)) {
 		snprintf(err, errlen,
 			 "BSON field '%s.encryptionInformation' is not supported by stripedb: it "
 			 "has no Queryable Encryption (see docs/compat.md)",
 			 name);
 		return CODE_NOT_IMPLEMENTED;
 	}
-	if ((has & HAS_TIMESERIES) && bson_iter_init_find(&it, cmd, "isTimeseriesNamespace") &&
-	    bson_iter_as_bool(&it)) {
+	if (opt_true(f, OPT_TIMESERIES)) {
 		snprintf(err, errlen,
 			 "BSON field '%s.isTimeseriesNamespace' is not supported by stripedb: it "
 			 "has no time-series collections",
@@ -833,31 +823,30 @@ static int not_honoured(const char *name, const bson_t *cmd, unsigned has, bool 
 		return CODE_NOT_IMPLEMENTED;
 	}
 	if (strcmp(name, "aggregate") != 0 ||
-	    !(has & (HAS_EXCHANGE | HAS_RUNTIME_CONSTANTS | HAS_NEEDS_MERGE | HAS_FROM_MONGOS)))
+	    !(f->has & (HAS(OPT_EXCHANGE) | HAS(OPT_RUNTIME_CONSTANTS) | HAS(OPT_NEEDS_MERGE) |
+			HAS(OPT_FROM_MONGOS))))
 		return 0;
 	if (!internal) {
-		if (bson_has_field(cmd, "exchange")) {
+		if (f->has & HAS(OPT_EXCHANGE)) {
 			snprintf(err, errlen, "Cannot specify exchange option to a mongos");
 			return 51028;
 		}
-		if (bson_has_field(cmd, "runtimeConstants")) {
+		if (f->has & HAS(OPT_RUNTIME_CONSTANTS)) {
 			snprintf(err, errlen, "Cannot specify runtime constants option to a mongos");
 			return 51143;
 		}
-		if ((bson_iter_init_find(&it, cmd, "needsMerge") && bson_iter_as_bool(&it)) ||
-		    (bson_iter_init_find(&it, cmd, "fromMongos") && bson_iter_as_bool(&it))) {
+		if (opt_true(f, OPT_NEEDS_MERGE) || opt_true(f, OPT_FROM_MONGOS)) {
 			snprintf(err, errlen, "Internal parameter(s) [needsMerge, fromMongos] cannot "
 					      "be set to 'true' when sent to mongos");
 			return 51089;
 		}
 		return 0;
 	}
-	if (bson_has_field(cmd, "exchange") ||
-	    (bson_iter_init_find(&it, cmd, "needsMerge") && bson_iter_as_bool(&it))) {
+	if ((f->has & HAS(OPT_EXCHANGE)) || opt_true(f, OPT_NEEDS_MERGE)) {
 		snprintf(err, errlen,
 			 "aggregate's internal %s is not supported by a stripedb shard: it never "
 			 "answers in a merge format",
-			 bson_has_field(cmd, "exchange") ? "exchange" : "needsMerge");
+			 (f->has & HAS(OPT_EXCHANGE)) ? "exchange" : "needsMerge");
 		return CODE_NOT_IMPLEMENTED;
 	}
 	return 0;
@@ -889,41 +878,43 @@ static int cmd_check(const char *name, const bson_t *cmd, bool internal, bool ex
 	};
 	bson_iter_t it, arr;
 	bson_t sub;
-	unsigned has = fields_present(cmd);
+	opt_fields f;
+	/* cannot fail: OPT_N <= SDB_FIELDS_MAX (asserted above) */
+	(void)sdb_bson_find_fields(cmd, opt_names, OPT_N, &f.has, f.at);
 	/* a transaction's statement (autocommit: false) is not a retryable write */
-	bool retryable = (has & HAS_TXN_NUMBER) && !(has & HAS_AUTOCOMMIT);
+	bool retryable = (f.has & HAS(OPT_TXN_NUMBER)) && !(f.has & HAS(OPT_AUTOCOMMIT));
 	static const char *const with_let[] = {"find",	 "aggregate",	  "update",
 					       "delete", "findAndModify", "findandmodify"};
 	bool let_ok = false;
 	const char *unknown = unknown_field(name, cmd, internal);
 	int code;
 
-	if ((code = nul_in_namespace(cmd, has, err, errlen)) != 0)
+	if ((code = nul_in_namespace(cmd, &f, err, errlen)) != 0)
 		return code;
 
 	/* `let` (MongoDB 5.0) is honoured by find, aggregate, update, delete and findAndModify
 	 * (storage/pipeline.h sdb_let_parse); no other command has it */
 	for (size_t i = 0; i < sizeof with_let / sizeof with_let[0]; i++)
 		let_ok = let_ok || strcmp(with_let[i], name) == 0;
-	if (unknown == NULL && !let_ok && (has & HAS_LET))
+	if (unknown == NULL && !let_ok && (f.has & HAS(OPT_LET)))
 		unknown = "let";
 	if (unknown != NULL) {
 		snprintf(err, errlen, "BSON field '%s.%s' is an unknown field.", name, unknown);
 		return CODE_UNKNOWN_FIELD;
 	}
-	if ((code = not_honoured(name, cmd, has, internal, err, errlen)) != 0)
+	if ((code = not_honoured(name, &f, internal, err, errlen)) != 0)
 		return code;
 	/* find options that shape what is returned and that no role implements: refused,
 	 * never ignored (a max bound ignored returned every document; a fresh user's find) */
 	if (strcmp(name, "find") == 0 &&
-	    (has & (HAS_MIN | HAS_MAX | HAS_RETURN_KEY | HAS_SHOW_RECORD_ID))) {
-		if (has & (HAS_MIN | HAS_MAX)) {
+	    (f.has &
+	     (HAS(OPT_MIN) | HAS(OPT_MAX) | HAS(OPT_RETURN_KEY) | HAS(OPT_SHOW_RECORD_ID)))) {
+		if (f.has & (HAS(OPT_MIN) | HAS(OPT_MAX))) {
 			snprintf(err, errlen, "find's min and max (index key bounds) are not supported "
 					      "by stripedb: use a filter on the indexed fields");
 			return CODE_NOT_IMPLEMENTED;
 		}
-		if ((bson_iter_init_find(&it, cmd, "returnKey") && bson_iter_as_bool(&it)) ||
-		    (bson_iter_init_find(&it, cmd, "showRecordId") && bson_iter_as_bool(&it))) {
+		if (opt_true(&f, OPT_RETURN_KEY) || opt_true(&f, OPT_SHOW_RECORD_ID)) {
 			snprintf(err, errlen, "find's returnKey and showRecordId are not supported by "
 					      "stripedb: use a projection");
 			return CODE_NOT_IMPLEMENTED;
@@ -934,20 +925,21 @@ static int cmd_check(const char *name, const bson_t *cmd, bool internal, bool ex
 	 * ignored */
 	if ((explained || strcmp(name, "createIndexes") == 0 || strcmp(name, "dropIndexes") == 0 ||
 	     strcmp(name, "deleteIndexes") == 0) &&
-	    (has & HAS_COLLECTION_UUID)) {
+	    (f.has & HAS(OPT_COLLECTION_UUID))) {
 		snprintf(err, errlen, "collectionUUID on %s%s is not supported by stripedb",
 			 explained ? "an explained " : "", name);
 		return CODE_NOT_IMPLEMENTED;
 	}
 	/* listDatabases runs on admin only (list_databases.cpp: 13 Unauthorized) */
-	if (strcmp(name, "listDatabases") == 0 && bson_iter_init_find(&it, cmd, "$db") &&
-	    BSON_ITER_HOLDS_UTF8(&it) && strcmp(bson_iter_utf8(&it, NULL), "admin") != 0) {
+	if (strcmp(name, "listDatabases") == 0 && (f.has & HAS(OPT_DB)) &&
+	    BSON_ITER_HOLDS_UTF8(&f.at[OPT_DB].it) &&
+	    strcmp(bson_iter_utf8(&f.at[OPT_DB].it, NULL), "admin") != 0) {
 		snprintf(err, errlen, "listDatabases may only be run against the admin database.");
 		return CODE_UNAUTHORIZED;
 	}
 	/* before the types: mongod refuses any writeConcern of such a command, well-formed or
 	 * not, without parsing it (uassertCommandDoesNotSpecifyWriteConcern) */
-	if (!explained && (has & HAS_WRITE_CONCERN) &&
+	if (!explained && (f.has & HAS(OPT_WRITE_CONCERN)) &&
 	    (code = sdb_cmd_write_concern_check(name, cmd, err, errlen)) != 0)
 		return code;
 	const arg_rule *rules = command_types(name);

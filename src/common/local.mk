@@ -12,6 +12,7 @@ libstripedb_a_SOURCES += \
 	src/common/config.c \
 	src/common/dblist.c \
 	src/common/err.c \
+	src/common/fieldscan.c \
 	src/common/http.c \
 	src/common/indexname.c \
 	src/common/renamecoll.c \
@@ -38,6 +39,7 @@ noinst_HEADERS += \
 	src/common/config.h \
 	src/common/dblist.h \
 	src/common/err.h \
+	src/common/fieldscan.h \
 	src/common/http.h \
 	src/common/log.h \
 	src/common/metauri.h \
@@ -48,8 +50,8 @@ noinst_HEADERS += \
 
 EXTRA_DIST += src/common/README.md
 
-check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop tests/unit/test_common_changestream tests/unit/test_common_clustertime
-TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop tests/unit/test_common_changestream tests/unit/test_common_clustertime
+check_PROGRAMS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop tests/unit/test_common_changestream tests/unit/test_common_clustertime tests/unit/test_common_fieldscan
+TESTS += tests/unit/test_common_config tests/unit/test_common_metrics tests/unit/test_common_bsonget tests/unit/test_common_clock tests/unit/test_common_metauri tests/unit/test_common_throttle tests/unit/test_common_dblist tests/unit/test_common_cmdopts tests/unit/test_common_aggwrite tests/unit/test_common_curop tests/unit/test_common_changestream tests/unit/test_common_clustertime tests/unit/test_common_fieldscan
 tests_unit_test_common_config_SOURCES = tests/unit/test_common_config.c
 tests_unit_test_common_config_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_config_LDADD = $(UNIT_LDADD)
@@ -74,6 +76,9 @@ tests_unit_test_common_throttle_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_dblist_SOURCES = tests/unit/test_common_dblist.c
 tests_unit_test_common_dblist_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_dblist_LDADD = $(UNIT_LDADD)
+tests_unit_test_common_fieldscan_SOURCES = tests/unit/test_common_fieldscan.c
+tests_unit_test_common_fieldscan_CFLAGS = $(UNIT_CFLAGS)
+tests_unit_test_common_fieldscan_LDADD = $(UNIT_LDADD)
 tests_unit_test_common_cmdopts_SOURCES = tests/unit/test_common_cmdopts.c
 tests_unit_test_common_cmdopts_CFLAGS = $(UNIT_CFLAGS)
 tests_unit_test_common_cmdopts_LDADD = $(UNIT_LDADD)

@@ -30,6 +30,7 @@
 #include "common/cmdopts.h"
 #include "common/curop.h"
 #include "common/err.h"
+#include "common/fieldscan.h"
 #include "common/log.h"
 #include "common/readconcern.h"
 #include "proxy/cswait.h"
@@ -354,38 +355,16 @@ int px_let(ctx *c, bson_t *vars)
 	return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 }
 
-void px_find_fields(const bson_t *doc, px_field *f, size_t n)
-{
-	bson_iter_t it;
-	size_t left = n;
-
-	for (size_t i = 0; i < n; i++)
-		f[i].found = false;
-	if (!bson_iter_init(&it, doc))
-		return;
-	while (left > 0 && bson_iter_next(&it)) {
-		const char *k = bson_iter_key(&it);
-
-		for (size_t i = 0; i < n; i++)
-			if (!f[i].found && f[i].name[0] == k[0] && strcmp(f[i].name, k) == 0) {
-				f[i].found = true;
-				f[i].it = it;
-				left--;
-				break;
-			}
-	}
-}
-
-int px_client_int_field(ctx *c, const px_field *f, int64_t lo, int64_t hi, int64_t def,
-			int64_t *out)
+int px_client_int_field(ctx *c, const bson_iter_t *it, const char *name, int64_t lo,
+			int64_t hi, int64_t def, int64_t *out)
 {
 	sdb_bson_err e;
 
-	if (!f->found) {
+	if (it == NULL) {
 		*out = def;
 		return 0;
 	}
-	if (sdb_bson_get_int64(&f->it, f->name, lo, hi, out, &e) == 0)
+	if (sdb_bson_get_int64(it, name, lo, hi, out, &e) == 0)
 		return 0;
 	return px_error(c, e.code, "%s", e.msg);
 }
@@ -882,63 +861,43 @@ typedef struct pjob {
 	bool resumed; /* px_exec_resume: a parked request run again */
 } pjob;
 
-/* What run_job notes of the client's command in one pass over it, for the checks and
- * lookups before the handler: a lookup of a field the command does not have walks all of
- * it, and these are seldom there (issue #19). Where a field is there, its own lookup runs
- * as before. */
+/* What run_job notes of the client's command in one pass over it (sdb_bson_find_fields,
+ * common/fieldscan.h), for the checks and lookups before the handler: a lookup of a field
+ * the command does not have walks all of it, and these are seldom there (issue #19).
+ * RF_ indexes req_field_names; RF(RF_X) is its bit in req_fields.has, and at[RF_X].it is on
+ * its first occurrence when the bit is set (what a lookup by name gives). */
+enum {
+	RF_INTERNAL,	    /* the first field named $stripedb... */
+	RF_AUTOCOMMIT,	    /* a transaction's statement (pxtxn_is_txn_cmd) */
+	RF_COLLECTION_UUID,
+	RF_READ_PREF,	    /* $readPreference */
+	RF_READ_CONCERN,
+	RF_COLLATION,
+	RF_MAX_TIME,	    /* maxTimeMS */
+	RF_N
+};
+#define RF(rf) SDB_FIELD_BIT(rf)
+_Static_assert(RF_N <= SDB_FIELDS_MAX, "run_job's fields fit one sdb_bson_find_fields");
+
+static const char *const req_field_names[RF_N] = {
+	[RF_INTERNAL] = "$stripedb*",
+	[RF_AUTOCOMMIT] = "autocommit",
+	[RF_COLLECTION_UUID] = "collectionUUID",
+	[RF_READ_PREF] = "$readPreference",
+	[RF_READ_CONCERN] = "readConcern",
+	[RF_COLLATION] = "collation",
+	[RF_MAX_TIME] = "maxTimeMS",
+};
+
 typedef struct req_fields {
-	const char *internal; /* the first field named $stripedb..., or NULL */
-	bool autocommit;      /* a transaction's statement (pxtxn_is_txn_cmd) */
-	bool collection_uuid;
-	bool read_pref;       /* $readPreference */
-	bool read_concern;
-	bool collation;
-	bool max_time;        /* maxTimeMS */
+	uint64_t has;		/* RF(RF_X) bits */
+	sdb_field_iter at[RF_N]; /* at[RF_X].it valid when RF(RF_X) is set */
 } req_fields;
-
-/* *f for cmd (every field: the first occurrence of each name counts, as a lookup). */
-static void note_fields(const bson_t *cmd, req_fields *f)
-{
-	bson_iter_t it;
-
-	memset(f, 0, sizeof *f);
-	if (!bson_iter_init(&it, cmd))
-		return;
-	while (bson_iter_next(&it)) {
-		const char *k = bson_iter_key(&it);
-
-		switch (k[0]) {
-		case '$':
-			if (strncmp(k, "$stripedb", 9) == 0) {
-				if (f->internal == NULL)
-					f->internal = k;
-			} else if (strcmp(k, "$readPreference") == 0) {
-				f->read_pref = true;
-			}
-			break;
-		case 'a':
-			f->autocommit = f->autocommit || strcmp(k, "autocommit") == 0;
-			break;
-		case 'c':
-			f->collection_uuid = f->collection_uuid || strcmp(k, "collectionUUID") == 0;
-			f->collation = f->collation || strcmp(k, "collation") == 0;
-			break;
-		case 'r':
-			f->read_concern = f->read_concern || strcmp(k, "readConcern") == 0;
-			break;
-		case 'm':
-			f->max_time = f->max_time || strcmp(k, "maxTimeMS") == 0;
-			break;
-		default:
-			break;
-		}
-	}
-}
 
 /* The checks every routed command passes before its handler, in order: options the shards
  * would refuse, stripedb's internal fields, the retryable-write fields of a write, the
  * tenant's quotas, the collection policy, a collection name where the command needs one.
- * f: note_fields(c->cmd).
+ * f: req_fields of c->cmd.
  * Returns: 0 when the command may run, else the code of the refusal answered on c. */
 static int job_checks(ctx *c, const px_cmd *cmd, const req_fields *f)
 {
@@ -948,10 +907,10 @@ static int job_checks(ctx *c, const px_cmd *cmd, const req_fields *f)
 	/* the fields the coordinator and the proxy itself send to shards ($stripedbOrigin tags
 	 * a migration's writes, $stripedbSession(s) writes session records,
 	 * $stripedbVersion / $stripedbShardVersion gate): never from a client */
-	if (f->internal != NULL)
+	if (f->has & RF(RF_INTERNAL))
 		return px_error(c, WIRE_ERR_BAD_VALUE,
 				"field '%s' is internal to stripedb: a client cannot send it",
-				f->internal);
+				bson_iter_key(&f->at[RF_INTERNAL].it));
 
 	/* options the shards would refuse, refused before the proxy builds requests of its own
 	 * from the command (merge sorts, findAndModify's candidate finds) */
@@ -962,7 +921,7 @@ static int job_checks(ctx *c, const px_cmd *cmd, const req_fields *f)
 	 * creates its part of a collection under its own UUID, so no UUID names a sharded
 	 * collection on every shard, and the proxy rebuilds most commands without the field:
 	 * refused rather than ignored (issue #20; docs/compat.md) */
-	if (f->collection_uuid)
+	if (f->has & RF(RF_COLLECTION_UUID))
 		return px_error(c, 238,
 				"collectionUUID is not supported through a stripedb proxy: the "
 				"shards of a collection each hold it under their own UUID (send "
@@ -973,14 +932,15 @@ static int job_checks(ctx *c, const px_cmd *cmd, const req_fields *f)
 	/* a read's readConcern outside a transaction, refused here as a shard refuses it
 	 * (common/readconcern.h): the per-chunk commands of a sharded read are built by the
 	 * proxy and would otherwise lose it (issue #20); what passes is forwarded */
-	if (!(cmd->flags & PXC_WRITE) && c->tx == NULL && !f->autocommit && f->read_concern) {
+	if (!(cmd->flags & PXC_WRITE) && c->tx == NULL && !(f->has & RF(RF_AUTOCOMMIT)) &&
+	    (f->has & RF(RF_READ_CONCERN))) {
 		sdb_read_concern rcn;
 		code = sdb_read_concern_parse(c->cmd, false, &rcn, err, sizeof err);
 		if (code != 0)
 			return px_error(c, code, "%s", err);
 	}
 	/* without $readPreference: c->rp_data stays NULL (run_job zeroes c) */
-	if ((f->read_pref && (st = px_read_pref_check(c, cmd)) != 0) ||
+	if (((f->has & RF(RF_READ_PREF)) && (st = px_read_pref_check(c, cmd)) != 0) ||
 	    (st = px_admit(c, cmd)) != 0 || (st = px_policy_check(c, cmd)) != 0)
 		return st;
 	if ((cmd->flags & PXC_COLL) && c->coll == NULL)
@@ -1003,12 +963,12 @@ static int run_checked(ctx *c, const px_cmd *cmd, const req_fields *f)
 	/* the command's collation (issue #20): validated as mongos does (the shards get it
 	 * as sent), and the request thread's while the handler merges, sorts, dedups and
 	 * runs pipeline stages */
-	bson_iter_t it;
-	if (f->collation && bson_iter_init_find(&it, c->cmd, "collation")) {
+	if (f->has & RF(RF_COLLATION)) {
 		int code = 0;
 		char err[512];
 
-		if (sdb_collation_parse(&it, &c->collator, &code, err, sizeof err) != 0)
+		if (sdb_collation_parse(&f->at[RF_COLLATION].it, &c->collator, &code, err,
+					sizeof err) != 0)
 			return px_error(c, code ? code : WIRE_ERR_BAD_VALUE, "%s", err);
 	}
 	const sdb_collator *prev = sdb_collation_use(c->collator);
@@ -1022,16 +982,18 @@ static int run_checked(ctx *c, const px_cmd *cmd, const req_fields *f)
  * tailable cursor's await time, forwarded to the shard) and for every command of a
  * transaction (a statement or commit abandoned half-way would leave the transaction's
  * shards in a state the proxy does not track; the shards still get the statement's
- * maxTimeMS). f: note_fields(c->cmd) (no maxTimeMS: no deadline, not looked up). */
+ * maxTimeMS). f: req_fields of c->cmd (no maxTimeMS: no deadline). */
 static uint64_t op_deadline(const ctx *c, const req_fields *f)
 {
 	int64_t ms;
 
-	if (!f->max_time || f->autocommit || strcmp(wire_req_name(c->req), "getMore") == 0)
+	if (!(f->has & RF(RF_MAX_TIME)) || (f->has & RF(RF_AUTOCOMMIT)) ||
+	    strcmp(wire_req_name(c->req), "getMore") == 0)
 		return 0;
 	/* a whole number by the shared getter's rules (a fractional, huge or NaN double is
 	 * not one: no deadline here, and the handler's own checks refuse it) */
-	ms = px_get_int(c->cmd, "maxTimeMS", 0);
+	if (!sdb_bson_as_int64(&f->at[RF_MAX_TIME].it, &ms))
+		return 0;
 	return ms > 0 && ms <= INT32_MAX ? sdb_mono_ms() + (uint64_t)ms : 0;
 }
 
@@ -1104,10 +1066,10 @@ static void run_job(void *arg)
 		}
 	}
 	shardconn_set_current_req(c.req); /* its waits are reported as such (shardconn.h) */
-	/* the fields the checks look up, noted in one pass (issue #19); f.autocommit is
-	 * pxtxn_is_txn_cmd */
+	/* the fields the checks look up, noted in one pass (issue #19); RF_AUTOCOMMIT is
+	 * pxtxn_is_txn_cmd. Cannot fail: RF_N <= SDB_FIELDS_MAX (asserted at the table). */
 	req_fields f;
-	note_fields(c.cmd, &f);
+	(void)sdb_bson_find_fields(c.cmd, req_field_names, RF_N, &f.has, f.at);
 	lim.req = c.req;
 	lim.deadline_ms = op_deadline(&c, &f);
 	shardconn_set_op_deadline(lim.deadline_ms);
@@ -1115,7 +1077,7 @@ static void run_job(void *arg)
 	if (cmd == NULL) { /* registered from cmd_table only: cannot happen */
 		status = px_error(&c, WIRE_ERR_COMMAND_NOT_FOUND, "no such command: '%s'", name);
 		answer_check(name, status, &ans);
-	} else if ((cmd->flags & PXC_TXN_END) || !f.autocommit) {
+	} else if ((cmd->flags & PXC_TXN_END) || !(f.has & RF(RF_AUTOCOMMIT))) {
 		status = run_checked(&c, cmd, &f);
 		answer_check(name, status, &ans);
 	} else if ((status = pxtxn_begin(&c, &st)) != 0) {

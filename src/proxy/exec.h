@@ -158,21 +158,12 @@ void px_append_let(const ctx *c, bson_t *cmd);
 void px_append_collation(const bson_t *from, bson_t *cmd);
 /* A field as a boolean (bson_iter_as_bool), def when absent. */
 bool px_get_bool(const bson_t *d, const char *name, bool def);
-/* One top-level field for px_find_fields: name (set by the caller), then found and `it`
- * on its first occurrence, what bson_iter_init_find(name) gives. */
-typedef struct px_field {
-	const char *name;
-	bool found;
-	bson_iter_t it;
-} px_field;
-/* Look up the n fields f (names set) of doc in one pass over doc: each bson_iter_init_find
- * of an absent field walks the whole document, and a handler asking for several options a
- * command seldom has paid one walk each (issue #19). */
-void px_find_fields(const bson_t *doc, px_field *f, size_t n);
-/* px_client_int over a field px_find_fields looked up (def when it was not found).
- * Returns: 0 with *out, or the code of the error answered on c (px_client_int's). */
-int px_client_int_field(ctx *c, const px_field *f, int64_t lo, int64_t hi, int64_t def,
-			int64_t *out);
+/* px_client_int over a field already found (sdb_bson_find_fields, common/fieldscan.h): it
+ * on the field, or NULL when the command does not have it (then *out = def); name: the
+ * field as messages name it. Returns: 0 with *out, or the code of the error answered on c
+ * (px_client_int's). */
+int px_client_int_field(ctx *c, const bson_iter_t *it, const char *name, int64_t lo,
+			int64_t hi, int64_t def, int64_t *out);
 /* An aggregate's arguments (read.c): the pipeline array of c->cmd as a static view into
  * it, and cursor.batchSize (101 when absent). Returns: 0, or FailedToParse (9) answered
  * on c when there is no pipeline array. */

@@ -12,6 +12,7 @@
 #include "common/bsonget.h"
 #include "common/cmdopts.h"
 #include "common/err.h"
+#include "common/fieldscan.h"
 #include "common/log.h"
 #include "common/aggwrite.h"
 #include "proxy/exec.h"
@@ -353,18 +354,22 @@ static int open_merged(ctx *c, route_coll **rcp, const bson_t *filter, const bso
 
 int px_do_find(ctx *c)
 {
-	/* the options read here, in one pass over the command (px_find_fields) */
+	/* the options read here, in one pass over the command (common/fieldscan.h); at[F_X].it
+	 * is on field F_X when has & SDB_FIELD_BIT(F_X) */
 	enum { F_FILTER, F_SORT, F_PROJ, F_SINGLE, F_SKIP, F_LIMIT, F_BATCH, F_TAILABLE, F_N };
-	px_field f[F_N] = {{.name = "filter"},	   {.name = "sort"},  {.name = "projection"},
-			   {.name = "singleBatch"}, {.name = "skip"},  {.name = "limit"},
-			   {.name = "batchSize"},   {.name = "tailable"}};
-	px_find_fields(c->cmd, f, F_N);
+	static const char *const names[F_N] = {"filter",    "sort",  "projection",
+					       "singleBatch", "skip",  "limit",
+					       "batchSize",   "tailable"};
+	sdb_field_iter at[F_N];
+	uint64_t has;
+	(void)sdb_bson_find_fields(c->cmd, names, F_N, &has, at); /* F_N <= SDB_FIELDS_MAX */
+#define FOUND(f) ((has & SDB_FIELD_BIT(f)) ? &at[f].it : NULL)
 	bson_t filter, sort_spec, proj_spec;
-	bool has_filter = f[F_FILTER].found && sdb_bson_iter_doc(&f[F_FILTER].it, &filter);
-	bool has_sort = f[F_SORT].found && sdb_bson_iter_doc(&f[F_SORT].it, &sort_spec);
-	bool has_proj = f[F_PROJ].found && sdb_bson_iter_doc(&f[F_PROJ].it, &proj_spec);
+	bool has_filter = FOUND(F_FILTER) && sdb_bson_iter_doc(&at[F_FILTER].it, &filter);
+	bool has_sort = FOUND(F_SORT) && sdb_bson_iter_doc(&at[F_SORT].it, &sort_spec);
+	bool has_proj = FOUND(F_PROJ) && sdb_bson_iter_doc(&at[F_PROJ].it, &proj_spec);
 	int64_t skip, limit, batch;
-	bool single = f[F_SINGLE].found && bson_iter_as_bool(&f[F_SINGLE].it);
+	bool single = FOUND(F_SINGLE) && bson_iter_as_bool(&at[F_SINGLE].it);
 	route_coll *rc;
 	merge_sort *sort = NULL;
 	sdb_projection *proj = NULL;
@@ -376,13 +381,16 @@ int px_do_find(ctx *c)
 	if (has_filter && (st = px_refuse_js(c, &filter)) != 0)
 		return st;
 	/* find_command.idl: skip, limit and batchSize are safeInt64 with `gte: 0` */
-	if ((st = px_client_int_field(c, &f[F_SKIP], 0, INT64_MAX, 0, &skip)) != 0 ||
-	    (st = px_client_int_field(c, &f[F_LIMIT], 0, INT64_MAX, 0, &limit)) != 0 ||
-	    (st = px_client_int_field(c, &f[F_BATCH], 0, INT64_MAX, 101, &batch)) != 0)
+	if ((st = px_client_int_field(c, FOUND(F_SKIP), names[F_SKIP], 0, INT64_MAX, 0,
+				      &skip)) != 0 ||
+	    (st = px_client_int_field(c, FOUND(F_LIMIT), names[F_LIMIT], 0, INT64_MAX, 0,
+				      &limit)) != 0 ||
+	    (st = px_client_int_field(c, FOUND(F_BATCH), names[F_BATCH], 0, INT64_MAX, 101,
+				      &batch)) != 0)
 		return st;
 	if ((st = px_route_sharded(c, PX_FWD_CURSOR, batch, single, &rc)) != 0 || rc == NULL)
 		return st;
-	if (f[F_TAILABLE].found && bson_iter_as_bool(&f[F_TAILABLE].it)) {
+	if (FOUND(F_TAILABLE) && bson_iter_as_bool(&at[F_TAILABLE].it)) {
 		/* what a shard answers an unsharded collection's (no collection is capped) */
 		route_coll_unref(rc);
 		return px_error(c, WIRE_ERR_BAD_VALUE,
@@ -422,6 +430,7 @@ int px_do_find(ctx *c)
 	if (st != 0)
 		return st;
 	return px_answer_cursor(c, cur, batch, single, "firstBatch", c->ns);
+#undef FOUND
 }
 
 int px_do_get_more(ctx *c)
