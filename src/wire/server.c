@@ -476,6 +476,8 @@ static void on_write(uv_write_t *wr, int status)
 		conn_close(conn);
 	} else {
 		conn_maybe_close_idle(conn);
+		if (conn->exhaust && conn->writes_pending == 0 && conn->state == WIRE_CONN_READING)
+			conn_process(conn); /* the exhaust stream waited for this write */
 	}
 	(void)srv;
 	conn_unref(conn);
@@ -989,9 +991,13 @@ static void conn_process(wire_conn *conn)
 {
 	size_t off = 0;
 
-	if (conn->exhaust && conn->state == WIRE_CONN_READING && srv_reading(conn->srv))
-		exhaust_next(conn); /* before anything the client sent: it waits for the stream */
-	while (conn->state == WIRE_CONN_READING && srv_reading(conn->srv) &&
+	/* A legacy exhaust stream goes on before anything the client sent (it only reads),
+	 * one reply at a time: the next getMore waits until the socket took the previous
+	 * reply (on_write), so a slow reader does not make the server queue the collection. */
+	if (conn->exhaust && conn->writes_pending == 0 && conn->state == WIRE_CONN_READING &&
+	    srv_reading(conn->srv))
+		exhaust_next(conn);
+	while (conn->state == WIRE_CONN_READING && !conn->exhaust && srv_reading(conn->srv) &&
 	       conn->rlen - off >= 4) {
 		int32_t mlen = wire_msg_peek_length(conn->rbuf + off);
 		if (!wire_msg_length_ok(mlen)) {
@@ -1016,10 +1022,10 @@ static void conn_process(wire_conn *conn)
 		conn->rbuf = NULL;
 		conn->rcap = 0;
 	}
-	if (conn->state == WIRE_CONN_READING && !conn->reading && !conn->close_when_idle &&
-	    srv_reading(conn->srv)) {
+	if (conn->state == WIRE_CONN_READING && !conn->exhaust && !conn->reading &&
+	    !conn->close_when_idle && srv_reading(conn->srv)) {
 		conn_start_reading(conn);
-	} else if (conn->state == WIRE_CONN_BUSY && conn->reading &&
+	} else if ((conn->state == WIRE_CONN_BUSY || conn->exhaust) && conn->reading &&
 		   (conn->rlen > 0 || (conn->tls_state == 2 && !conn->watch_eof))) {
 		/* A busy connection stays read while nothing is buffered: a client waits for
 		 * its reply, so nothing comes, and stopping and restarting the read cost two
