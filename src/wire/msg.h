@@ -183,11 +183,11 @@ int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, siz
  * $readPreference -> {mode: "secondaryPreferred"} (mongos's reading of the bit).
  * On success *db and *coll are heap strings (free()) and *batch the batchSize for the
  * getMores of an exhaust cursor (0: default).
- * Errors (nothing in *db, *coll): SDB_EINVAL with *code InvalidNamespace (73) for a
+ * Errors: (nothing in *db, *coll) SDB_EINVAL with *code InvalidNamespace (73) for a
  * namespace without a database or a collection, BadValue (2) for a negative numberToSkip,
  * exhaust on a tailable cursor without awaitData,
  * an unsupported modifier ($explain, $snapshot, $maxScan, unknown ones) or a modifier of
- * the wrong type. */
+ * the wrong type; SDB_EPROTO with InvalidBSON (22) for a query that is not valid BSON. */
 int wire_msg_legacy_find(const wire_msg *msg, bson_t *out, char **db, char **coll,
 			 int32_t *batch, int *code, char *err, size_t errlen);
 
