@@ -443,6 +443,17 @@ static bool legacy_type_ok(const bson_iter_t *it, char type)
 	}
 }
 
+/* The row of legacy_modifiers for modifier k, or -1. */
+static int legacy_modifier_find(const char *k)
+{
+	int n = (int)(sizeof legacy_modifiers / sizeof legacy_modifiers[0]);
+
+	for (int i = 0; i < n; i++)
+		if (strcmp(k, legacy_modifiers[i].modifier) == 0)
+			return i;
+	return -1;
+}
+
 /* Append the find fields of the modifiers of a wrapped query (every field of q but the
  * wrapper `wrapper`). */
 static int legacy_modifiers_append(const bson_t *q, const char *wrapper, bson_t *out,
@@ -454,14 +465,12 @@ static int legacy_modifiers_append(const bson_t *q, const char *wrapper, bson_t 
 		FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "OP_QUERY: invalid query document");
 	while (bson_iter_next(&it)) {
 		const char *k = bson_iter_key(&it);
-		size_t i, n = sizeof legacy_modifiers / sizeof legacy_modifiers[0];
+		int i;
 
 		if (strcmp(k, wrapper) == 0)
 			continue;
-		for (i = 0; i < n; i++)
-			if (strcmp(k, legacy_modifiers[i].modifier) == 0)
-				break;
-		if (i == n)
+		i = legacy_modifier_find(k);
+		if (i < 0)
 			FAIL(SDB_EINVAL, WIRE_ERR_BAD_VALUE,
 			     "OP_QUERY: query modifier '%.100s' is not supported (supported: "
 			     "$orderby, $hint, $comment, $maxTimeMS, $min, $max, $returnKey, "
@@ -469,7 +478,7 @@ static int legacy_modifiers_append(const bson_t *q, const char *wrapper, bson_t 
 			     k);
 		if (!legacy_type_ok(&it, legacy_modifiers[i].type))
 			FAIL(SDB_EINVAL, WIRE_ERR_BAD_VALUE,
-			     "OP_QUERY: query modifier '%s' has the wrong type", k);
+			     "OP_QUERY: query modifier '%.100s' has the wrong type", k);
 		if (legacy_modifiers[i].type == 'b')
 			BSON_APPEND_BOOL(out, legacy_modifiers[i].field, bson_iter_as_bool(&it));
 		else
@@ -507,7 +516,6 @@ int wire_msg_legacy_find(const wire_msg *msg, bson_t *out, char **db, char **col
 	int32_t flags = msg->query_flags, ntoreturn = msg->number_to_return;
 	bson_t filter;
 	bson_iter_t it;
-	int rc;
 
 	*code = 0;
 	*db = *coll = NULL;
@@ -557,7 +565,7 @@ int wire_msg_legacy_find(const wire_msg *msg, bson_t *out, char **db, char **col
 		*batch = ntoreturn;
 	}
 	if (wrapper) {
-		rc = legacy_modifiers_append(&msg->body, wrapper, out, code, err, errlen);
+		int rc = legacy_modifiers_append(&msg->body, wrapper, out, code, err, errlen);
 		if (rc != 0)
 			return rc;
 	}
@@ -694,7 +702,7 @@ uint8_t *wire_msg_encode_cursor_reply(int32_t request_id, int32_t response_to,
 	bson_iter_t it, cur, batch;
 	bool have_id = false, have_batch = false;
 	int64_t id = 0;
-	size_t body = 0, off = 36;
+	size_t body = 0;
 	int32_t n = 0;
 	uint8_t *p;
 
@@ -747,7 +755,8 @@ uint8_t *wire_msg_encode_cursor_reply(int32_t request_id, int32_t response_to,
 			}
 	p = reply_begin(request_id, response_to, response_flags, id, starting_from, n, body, len);
 	it = batch;
-	if (bson_iter_recurse(&it, &cur))
+	if (bson_iter_recurse(&it, &cur)) {
+		size_t off = 36;
 		while (bson_iter_next(&cur))
 			if (BSON_ITER_HOLDS_DOCUMENT(&cur)) {
 				const uint8_t *d;
@@ -756,6 +765,7 @@ uint8_t *wire_msg_encode_cursor_reply(int32_t request_id, int32_t response_to,
 				memcpy(p + off, d, dl);
 				off += dl;
 			}
+	}
 	*cursor_id = id;
 	*n_returned = n;
 	return p;
