@@ -32,6 +32,17 @@ typedef struct wire_cmd_entry {
 enum wire_conn_state { WIRE_CONN_READING = 0, WIRE_CONN_BUSY, WIRE_CONN_CLOSING };
 
 typedef struct wire_hello_wait wire_hello_wait;
+
+/* The next getMore of a legacy exhaust cursor (OP_QUERY flag exhaust, msg.h): armed when
+ * an OP_REPLY with a cursorID is queued (server.c send_reply), run by conn_process before
+ * any message the client sent, so the client receives one OP_REPLY after another. */
+typedef struct wire_exhaust {
+	int64_t cursor_id;
+	int32_t response_to;   /* requestID of the OP_REPLY just sent */
+	int32_t batch;         /* batchSize of each getMore (0: the default) */
+	int32_t starting_from; /* documents sent so far (OP_REPLY startingFrom) */
+	char *db, *coll;       /* heap */
+} wire_exhaust;
 typedef struct wire_failpoint wire_failpoint;
 typedef struct wire_ptw wire_ptw;
 
@@ -67,6 +78,7 @@ struct wire_conn {
 	/* The loop waits on this connection's request (bytes or EOF arrived while it runs):
 	 * its completion wakes the loop even when the reply went out. Under srv->mu. */
 	bool want_done;
+	wire_exhaust *exhaust;      /* a legacy exhaust cursor's next getMore, or NULL */
 };
 
 struct wire_req {
@@ -79,6 +91,13 @@ struct wire_req {
 	int32_t reply_flags;      /* OP_REPLY responseFlags */
 	bool no_reply;            /* moreToCome: run, but send nothing back */
 	bool close_after;         /* close the connection once the reply is written */
+	/* legacy OP_QUERY on a collection (or an exhaust cursor's getMore): the reply is a
+	 * find/getMore reply sent as OP_REPLY documents (msg.h wire_msg_encode_cursor_reply) */
+	bool legacy_cursor;
+	bool exhaust;             /* OP_QUERY flag exhaust: stream the following batches */
+	int32_t legacy_batch;     /* batchSize of the exhaust getMores (0: default) */
+	int32_t starting_from;    /* documents of the cursor sent before this reply */
+	char *coll;               /* legacy_cursor: the collection (heap) */
 	bson_t *cmd;              /* heap: a bson_t member would force 128-byte alignment */
 	char *name;
 	char *db;

@@ -275,6 +275,36 @@ static int parse_op_query(const uint8_t *buf, size_t len, wire_msg *out, int *co
 	return 0;
 }
 
+static int parse_op_get_more(const uint8_t *buf, size_t len, wire_msg *out, int *code,
+			     char *err, size_t errlen)
+{
+	size_t pos = WIRE_MSG_HEADER_LEN;
+	ssize_t nslen;
+	uint64_t id;
+
+	if (len < pos + 4)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR, "OP_GET_MORE: truncated ZERO field");
+	pos += 4;
+	nslen = read_cstring(buf + pos, len - pos);
+	if (nslen < 0)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+		     "OP_GET_MORE: unterminated fullCollectionName");
+	if (!bson_utf8_validate((const char *)(buf + pos), (size_t)nslen, false))
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+		     "OP_GET_MORE: fullCollectionName is not valid UTF-8");
+	out->full_collection_name = (const char *)(buf + pos);
+	pos += (size_t)nslen + 1;
+	if (len - pos != 12)
+		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
+		     "OP_GET_MORE: %zu bytes after fullCollectionName, want 12 (numberToReturn, "
+		     "cursorID)",
+		     len - pos);
+	out->number_to_return = rd_i32(buf + pos);
+	id = (uint64_t)rd_u32(buf + pos + 4) | ((uint64_t)rd_u32(buf + pos + 8) << 32);
+	memcpy(&out->cursor_id, &id, sizeof id);
+	return 0;
+}
+
 static int parse_op_compressed(const uint8_t *buf, size_t len, wire_msg *out, int *code,
 			       char *err, size_t errlen)
 {
@@ -312,6 +342,8 @@ int wire_msg_parse(const uint8_t *buf, size_t len, wire_msg *out, int *code, cha
 		return parse_op_msg(buf, len, out, code, err, errlen);
 	case WIRE_OP_QUERY:
 		return parse_op_query(buf, len, out, code, err, errlen);
+	case WIRE_OP_GET_MORE:
+		return parse_op_get_more(buf, len, out, code, err, errlen);
 	case WIRE_OP_COMPRESSED:
 		return parse_op_compressed(buf, len, out, code, err, errlen);
 	default:
@@ -380,6 +412,194 @@ int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, siz
 	return 0;
 }
 
+/* ---- legacy OP_QUERY on a collection ---- */
+
+/* One $-modifier of a wrapped legacy query (mongod's QueryRequest::initFullQuery) and the
+ * find field it becomes; type: 'd' document, 'h' document or string, 'n' number,
+ * 'b' any (truthiness), '*' any. */
+static const struct {
+	const char *modifier;
+	const char *field;
+	char type;
+} legacy_modifiers[] = {
+	{"$orderby", "sort", 'd'},   {"orderby", "sort", 'd'},
+	{"$hint", "hint", 'h'},	     {"$comment", "comment", '*'},
+	{"$maxTimeMS", "maxTimeMS", 'n'}, {"$min", "min", 'd'},
+	{"$max", "max", 'd'},	     {"$returnKey", "returnKey", 'b'},
+	{"$showDiskLoc", "showRecordId", 'b'}, {"$readPreference", "$readPreference", 'd'},
+};
+
+static bool legacy_type_ok(const bson_iter_t *it, char type)
+{
+	switch (type) {
+	case 'd':
+		return BSON_ITER_HOLDS_DOCUMENT(it);
+	case 'h':
+		return BSON_ITER_HOLDS_DOCUMENT(it) || BSON_ITER_HOLDS_UTF8(it);
+	case 'n':
+		return BSON_ITER_HOLDS_NUMBER(it);
+	default:
+		return true;
+	}
+}
+
+/* The row of legacy_modifiers for modifier k, or -1. */
+static int legacy_modifier_find(const char *k)
+{
+	int n = (int)(sizeof legacy_modifiers / sizeof legacy_modifiers[0]);
+
+	for (int i = 0; i < n; i++)
+		if (strcmp(k, legacy_modifiers[i].modifier) == 0)
+			return i;
+	return -1;
+}
+
+/* Append the find fields of the modifiers of a wrapped query (every field of q but the
+ * wrapper `wrapper`). */
+static int legacy_modifiers_append(const bson_t *q, const char *wrapper, bson_t *out,
+				   int *code, char *err, size_t errlen)
+{
+	bson_iter_t it;
+
+	if (!bson_iter_init(&it, q))
+		FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "OP_QUERY: invalid query document");
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		int i;
+
+		if (strcmp(k, wrapper) == 0)
+			continue;
+		i = legacy_modifier_find(k);
+		if (i < 0)
+			FAIL(SDB_EINVAL, WIRE_ERR_BAD_VALUE,
+			     "OP_QUERY: query modifier '%.100s' is not supported (supported: "
+			     "$orderby, $hint, $comment, $maxTimeMS, $min, $max, $returnKey, "
+			     "$showDiskLoc, $readPreference; use the find or explain command)",
+			     k);
+		if (!legacy_type_ok(&it, legacy_modifiers[i].type))
+			FAIL(SDB_EINVAL, WIRE_ERR_BAD_VALUE,
+			     "OP_QUERY: query modifier '%.100s' has the wrong type", k);
+		if (legacy_modifiers[i].type == 'b')
+			BSON_APPEND_BOOL(out, legacy_modifiers[i].field, bson_iter_as_bool(&it));
+		else
+			bson_append_iter(out, legacy_modifiers[i].field, -1, &it);
+	}
+	return 0;
+}
+
+int wire_msg_legacy_get_more_cmd(const wire_msg *msg, bson_t *out, char **db, char **coll,
+				 int *code, char *err, size_t errlen)
+{
+	const char *ns = msg->full_collection_name;
+	const char *dot = ns ? strchr(ns, '.') : NULL;
+	int32_t n = msg->number_to_return;
+
+	*code = 0;
+	*db = *coll = NULL;
+	if (!dot || dot == ns || dot[1] == '\0')
+		FAIL(SDB_EINVAL, WIRE_ERR_INVALID_NAMESPACE,
+		     "OP_GET_MORE: invalid namespace '%.100s' (want <db>.<collection>)",
+		     ns ? ns : "");
+	*db = sdb_strndup(ns, (size_t)(dot - ns));
+	*coll = sdb_strdup(dot + 1);
+	wire_msg_legacy_get_more(msg->cursor_id, *db, *coll,
+				 n == INT32_MIN ? INT32_MAX : n < 0 ? -n : n, out);
+	return 0;
+}
+
+int wire_msg_legacy_find(const wire_msg *msg, bson_t *out, char **db, char **coll,
+			 int32_t *batch, int *code, char *err, size_t errlen)
+{
+	const char *ns = msg->full_collection_name;
+	const char *dot = ns ? strchr(ns, '.') : NULL;
+	const char *wrapper = NULL;
+	int32_t flags = msg->query_flags, ntoreturn = msg->number_to_return;
+	bson_t filter;
+	bson_iter_t it;
+
+	*code = 0;
+	*db = *coll = NULL;
+	*batch = 0;
+	if (!dot || dot == ns || dot[1] == '\0')
+		FAIL(SDB_EINVAL, WIRE_ERR_INVALID_NAMESPACE,
+		     "OP_QUERY: invalid namespace '%.100s' (want <db>.<collection> or <db>.$cmd)",
+		     ns ? ns : "");
+	if ((flags & WIRE_QUERY_FLAG_EXHAUST) && (flags & WIRE_QUERY_FLAG_TAILABLE) &&
+	    !(flags & WIRE_QUERY_FLAG_AWAIT_DATA))
+		FAIL(SDB_EINVAL, WIRE_ERR_BAD_VALUE,
+		     "OP_QUERY: an exhaust cursor that is tailable must also be awaitData (its "
+		     "stream of empty batches would never pause)");
+	if (msg->number_to_skip < 0)
+		FAIL(SDB_EINVAL, WIRE_ERR_BAD_VALUE, "OP_QUERY: negative numberToSkip %d",
+		     (int)msg->number_to_skip);
+	/* mongod: `query`, else `$query`, when it is a document, wraps the filter */
+	if (bson_iter_init_find(&it, &msg->body, "query") && BSON_ITER_HOLDS_DOCUMENT(&it))
+		wrapper = "query";
+	else if (bson_iter_init_find(&it, &msg->body, "$query") && BSON_ITER_HOLDS_DOCUMENT(&it))
+		wrapper = "$query";
+	if (wrapper) {
+		const uint8_t *data;
+		uint32_t dlen;
+		bson_iter_document(&it, &dlen, &data);
+		if (!bson_init_static(&filter, data, dlen))
+			FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "OP_QUERY: invalid %s", wrapper);
+	} else if (!bson_init_static(&filter, bson_get_data(&msg->body),
+				     wire_bson_len(&msg->body))) {
+		FAIL(SDB_EPROTO, WIRE_ERR_INVALID_BSON, "OP_QUERY: invalid query document");
+	}
+
+	bson_append_utf8(out, "find", -1, dot + 1, -1);
+	BSON_APPEND_DOCUMENT(out, "filter", &filter);
+	if (msg->has_fields && !bson_empty(&msg->fields))
+		BSON_APPEND_DOCUMENT(out, "projection", &msg->fields);
+	if (msg->number_to_skip > 0)
+		BSON_APPEND_INT32(out, "skip", msg->number_to_skip);
+	if (ntoreturn < 0 || ntoreturn == 1) {
+		/* -INT32_MIN does not fit: as mongod, the largest limit */
+		BSON_APPEND_INT64(out, "limit", ntoreturn == INT32_MIN ? INT32_MAX
+						 : ntoreturn < 0 ? -(int64_t)ntoreturn
+								 : 1);
+		BSON_APPEND_BOOL(out, "singleBatch", true);
+	} else if (ntoreturn > 1) {
+		BSON_APPEND_INT32(out, "batchSize", ntoreturn);
+		*batch = ntoreturn;
+	}
+	if (wrapper) {
+		int rc = legacy_modifiers_append(&msg->body, wrapper, out, code, err, errlen);
+		if (rc != 0)
+			return rc;
+	}
+	if (flags & WIRE_QUERY_FLAG_TAILABLE) {
+		BSON_APPEND_BOOL(out, "tailable", true);
+		if (flags & WIRE_QUERY_FLAG_AWAIT_DATA)
+			BSON_APPEND_BOOL(out, "awaitData", true);
+	}
+	if (flags & WIRE_QUERY_FLAG_NO_CURSOR_TIMEOUT)
+		BSON_APPEND_BOOL(out, "noCursorTimeout", true);
+	if (flags & WIRE_QUERY_FLAG_PARTIAL)
+		BSON_APPEND_BOOL(out, "allowPartialResults", true);
+	if ((flags & WIRE_QUERY_FLAG_SLAVE_OK) && !bson_iter_init_find(&it, out, "$readPreference")) {
+		bson_t rp;
+		bson_append_document_begin(out, "$readPreference", -1, &rp);
+		BSON_APPEND_UTF8(&rp, "mode", "secondaryPreferred");
+		bson_append_document_end(out, &rp);
+	}
+	bson_append_utf8(out, "$db", -1, ns, (int)(dot - ns));
+	*db = sdb_strndup(ns, (size_t)(dot - ns));
+	*coll = sdb_strdup(dot + 1);
+	return 0;
+}
+
+void wire_msg_legacy_get_more(int64_t cursor_id, const char *db, const char *coll,
+			      int32_t batch, bson_t *out)
+{
+	BSON_APPEND_INT64(out, "getMore", cursor_id);
+	BSON_APPEND_UTF8(out, "collection", coll);
+	if (batch > 0)
+		BSON_APPEND_INT32(out, "batchSize", batch);
+	BSON_APPEND_UTF8(out, "$db", db);
+}
+
 /* ---- encoding ---- */
 
 uint32_t wire_bson_len(const bson_t *b)
@@ -410,18 +630,143 @@ uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t f
 	return p;
 }
 
+static bool doc_is_ok(const bson_t *doc)
+{
+	bson_iter_t it;
+	return bson_iter_init_find(&it, doc, "ok") && bson_iter_as_bool(&it);
+}
+
+/* The legacy error document of a failed reply: {$err: errmsg, <doc's fields>, [code: 8],
+ * [ok: 0]} (mongod: {$err, code, ok: 0}). Heap, bson_destroy(). */
+static bson_t *legacy_error_doc(const bson_t *doc)
+{
+	bson_t *out = bson_new();
+	bson_iter_t it;
+
+	if (bson_iter_init_find(&it, doc, "$err") && BSON_ITER_HOLDS_UTF8(&it)) {
+		bson_concat(out, doc);
+	} else {
+		const char *msg = "unknown error";
+		if (bson_iter_init_find(&it, doc, "errmsg") && BSON_ITER_HOLDS_UTF8(&it))
+			msg = bson_iter_utf8(&it, NULL);
+		BSON_APPEND_UTF8(out, "$err", msg);
+		bson_copy_to_excluding_noinit(doc, out, "$err", NULL);
+	}
+	if (!bson_iter_init_find(&it, out, "code"))
+		BSON_APPEND_INT32(out, "code", 8); /* UnknownError */
+	if (!bson_iter_init_find(&it, out, "ok"))
+		BSON_APPEND_DOUBLE(out, "ok", 0.0);
+	return out;
+}
+
+/* An OP_REPLY header + body of `body_len` bytes (copied by the caller to p + 36). */
+static uint8_t *reply_begin(int32_t request_id, int32_t response_to, int32_t response_flags,
+			    int64_t cursor_id, int32_t starting_from, int32_t n_returned,
+			    size_t body_len, size_t *len)
+{
+	size_t n = WIRE_MSG_HEADER_LEN + 20 + body_len;
+	uint8_t *p = sdb_malloc(n);
+	uint64_t cid;
+
+	memcpy(&cid, &cursor_id, sizeof cid);
+	put_header(p, n, request_id, response_to, WIRE_OP_REPLY);
+	wr_i32(p + 16, response_flags);
+	wr_u32(p + 20, (uint32_t)cid);
+	wr_u32(p + 24, (uint32_t)(cid >> 32));
+	wr_i32(p + 28, starting_from);
+	wr_i32(p + 32, n_returned);
+	*len = n;
+	return p;
+}
+
 uint8_t *wire_msg_encode_reply(int32_t request_id, int32_t response_to, int32_t response_flags,
 			       const bson_t *doc, size_t *len)
 {
-	size_t n = WIRE_MSG_HEADER_LEN + 20 + wire_bson_len(doc);
-	uint8_t *p = sdb_malloc(n);
+	bson_t *err = NULL;
+	uint8_t *p;
 
-	put_header(p, n, request_id, response_to, WIRE_OP_REPLY);
-	wr_i32(p + 16, response_flags);
-	memset(p + 20, 0, 8); /* cursorID 0 */
-	wr_i32(p + 28, 0);    /* startingFrom */
-	wr_i32(p + 32, 1);    /* numberReturned */
+	if ((response_flags & WIRE_REPLY_FLAG_QUERY_FAILURE) || !doc_is_ok(doc))
+		doc = err = legacy_error_doc(doc);
+	p = reply_begin(request_id, response_to, response_flags, 0, 0, 1, wire_bson_len(doc), len);
 	memcpy(p + 36, bson_get_data(doc), wire_bson_len(doc));
-	*len = n;
+	if (err)
+		bson_destroy(err);
+	return p;
+}
+
+uint8_t *wire_msg_encode_cursor_reply(int32_t request_id, int32_t response_to,
+				      int32_t response_flags, int32_t starting_from,
+				      const bson_t *reply, int64_t *cursor_id,
+				      int32_t *n_returned, size_t *len)
+{
+	bson_iter_t it, cur, batch;
+	bool have_id = false, have_batch = false;
+	int64_t id = 0;
+	size_t body = 0;
+	int32_t n = 0;
+	uint8_t *p;
+
+	*cursor_id = 0;
+	*n_returned = 1;
+	if (doc_is_ok(reply) && bson_iter_init_find(&it, reply, "cursor") &&
+	    BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &cur)) {
+		while (bson_iter_next(&cur)) {
+			const char *k = bson_iter_key(&cur);
+			if (strcmp(k, "id") == 0 && BSON_ITER_HOLDS_INT(&cur)) {
+				id = bson_iter_as_int64(&cur);
+				have_id = true;
+			} else if ((strcmp(k, "firstBatch") == 0 || strcmp(k, "nextBatch") == 0) &&
+				   BSON_ITER_HOLDS_ARRAY(&cur)) {
+				batch = cur;
+				have_batch = true;
+			}
+		}
+	}
+	if (!have_id || !have_batch) {
+		bson_t *bad = NULL;
+		if (bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it) &&
+		    bson_iter_as_int64(&it) == WIRE_ERR_CURSOR_NOT_FOUND) {
+			*n_returned = 0;
+			return reply_begin(request_id, response_to,
+					   response_flags | WIRE_REPLY_FLAG_CURSOR_NOT_FOUND, 0, 0, 0,
+					   0, len);
+		}
+		if (doc_is_ok(reply)) /* a handler bug: never sent as a success */
+			reply = bad = BCON_NEW("ok", BCON_DOUBLE(0.0), "errmsg",
+					       BCON_UTF8("internal error: find or getMore reply "
+							 "without a cursor"),
+					       "code", BCON_INT32(WIRE_ERR_INTERNAL));
+		p = wire_msg_encode_reply(request_id, response_to,
+					  response_flags | WIRE_REPLY_FLAG_QUERY_FAILURE, reply, len);
+		if (bad)
+			bson_destroy(bad);
+		return p;
+	}
+	/* the documents, laid end to end: first their size, then copy */
+	it = batch;
+	if (bson_iter_recurse(&it, &cur))
+		while (bson_iter_next(&cur))
+			if (BSON_ITER_HOLDS_DOCUMENT(&cur)) {
+				const uint8_t *d;
+				uint32_t dl;
+				bson_iter_document(&cur, &dl, &d);
+				body += dl;
+				n++;
+			}
+	p = reply_begin(request_id, response_to, response_flags, id, starting_from, n, body, len);
+	it = batch;
+	if (bson_iter_recurse(&it, &cur)) {
+		size_t off = 36;
+		while (bson_iter_next(&cur))
+			if (BSON_ITER_HOLDS_DOCUMENT(&cur)) {
+				const uint8_t *d;
+				uint32_t dl;
+				bson_iter_document(&cur, &dl, &d);
+				memcpy(p + off, d, dl);
+				off += dl;
+			}
+	}
+	*cursor_id = id;
+	*n_returned = n;
 	return p;
 }

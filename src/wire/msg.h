@@ -20,16 +20,32 @@
  *   [uint32 checksum]     CRC-32C (Castagnoli) of every preceding byte of the message,
  *                         present iff checksumPresent; this codec VERIFIES it
  *
- * OP_QUERY (2004, legacy; only used by drivers for the first hello on <db>.$cmd):
+ * OP_QUERY (2004, legacy): a command on <db>.$cmd (drivers' first hello), or a query on a
+ *   collection "<db>.<coll>" (drivers before OP_MSG, and pymongo 3.x for exhaust cursors),
+ *   run as the find command mongod 3.2 .. 5.0 ran for it (wire_msg_legacy_find):
  *   int32 flags, cstring fullCollectionName, int32 numberToSkip, int32 numberToReturn,
  *   document query, [document returnFieldsSelector]
+ *   flags: bit 1 tailable, 2 slaveOk, 3 oplogReplay, 4 noCursorTimeout, 5 awaitData,
+ *   6 exhaust, 7 partial (WIRE_QUERY_FLAG_*)
+ *
+ * OP_GET_MORE (2005, legacy; pymongo 3.x find_raw_batches): int32 ZERO, cstring
+ *   fullCollectionName "<db>.<coll>", int32 numberToReturn, int64 cursorID. Run as the
+ *   getMore command (wire_msg_legacy_get_more_cmd), answered with an OP_REPLY; an unknown
+ *   cursor is answered with responseFlags CursorNotFound (bit 0) and no document.
  *
  * OP_COMPRESSED (2012): int32 originalOpcode, int32 uncompressedSize, uint8 compressorId,
  *   compressed bytes. Parsed (header fields only) so the server can refuse it clearly:
  *   stripedb never offers compression in hello.
  *
  * OP_REPLY (1, encoded only): int32 responseFlags, int64 cursorID, int32 startingFrom,
- *   int32 numberReturned, documents.
+ *   int32 numberReturned, documents. A failed query is ONE document
+ *   {$err: <string>, code: <int>, ok: 0, ...} with responseFlags QueryFailure (bit 1), as
+ *   mongod's generateLegacyQueryErrorResponse sends: legacy drivers read `$err` (pymongo
+ *   3.x raises KeyError without it).
+ *
+ * Exhaust (OP_QUERY flag bit 6): after each OP_REPLY whose cursorID is not 0 the server
+ * runs the next getMore by itself and sends its OP_REPLY with responseTo = the requestID
+ * of the previous reply, until a reply carries cursorID 0 or an error (mongod 3.x/4.x).
  */
 #ifndef SDB_WIRE_MSG_H
 #define SDB_WIRE_MSG_H
@@ -43,6 +59,7 @@
 
 #define WIRE_OP_REPLY 1
 #define WIRE_OP_QUERY 2004
+#define WIRE_OP_GET_MORE 2005
 #define WIRE_OP_COMPRESSED 2012
 #define WIRE_OP_MSG 2013
 
@@ -54,7 +71,16 @@
 /* Bits 0..15 the peer requires us to understand. */
 #define WIRE_MSG_FLAG_REQUIRED_MASK 0xffffu
 
+/* OP_QUERY flags bits. */
+#define WIRE_QUERY_FLAG_TAILABLE (1 << 1)
+#define WIRE_QUERY_FLAG_SLAVE_OK (1 << 2)
+#define WIRE_QUERY_FLAG_NO_CURSOR_TIMEOUT (1 << 4)
+#define WIRE_QUERY_FLAG_AWAIT_DATA (1 << 5)
+#define WIRE_QUERY_FLAG_EXHAUST (1 << 6)
+#define WIRE_QUERY_FLAG_PARTIAL (1 << 7)
+
 /* OP_REPLY responseFlags bits. */
+#define WIRE_REPLY_FLAG_CURSOR_NOT_FOUND (1 << 0)
 #define WIRE_REPLY_FLAG_QUERY_FAILURE (1 << 1)
 #define WIRE_REPLY_FLAG_AWAIT_CAPABLE (1 << 3)
 
@@ -99,11 +125,13 @@ typedef struct wire_msg {
 	wire_msg_seq seqs[WIRE_MSG_MAX_SEQS];
 	/* OP_QUERY */
 	int32_t query_flags;
-	const char *full_collection_name; /* "<db>.$cmd"; points into the buffer */
+	const char *full_collection_name; /* "<db>.$cmd" or "<db>.<coll>"; into the buffer */
 	int32_t number_to_skip;
 	int32_t number_to_return;
 	bool has_fields;
 	bson_t fields; /* returnFieldsSelector when has_fields */
+	/* OP_GET_MORE: full_collection_name and number_to_return above, and */
+	int64_t cursor_id;
 	/* OP_COMPRESSED */
 	int32_t original_op_code;
 	int32_t uncompressed_size;
@@ -141,6 +169,55 @@ int wire_msg_parse(const uint8_t *buf, size_t len, wire_msg *out, int *code, cha
  * (*code InvalidBSON), or the message is not OP_MSG/OP_QUERY (ProtocolError). */
 int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, size_t errlen);
 
+/* Build the find command mongod 3.2 .. 5.0 ran for a legacy OP_QUERY on a collection
+ * namespace "<db>.<coll>" (msg->full_collection_name; not "<db>.$cmd"): appends to out
+ * (an empty initialised document the caller destroys, also on error)
+ *   {find: coll, filter, [projection: returnFieldsSelector], [skip: numberToSkip],
+ *    [limit + singleBatch | batchSize: from numberToReturn], [the $-modifiers of a wrapped
+ *    query: $orderby -> sort, $hint, $comment, $maxTimeMS, $min, $max, $returnKey,
+ *    $showDiskLoc -> showRecordId, $readPreference], [tailable, awaitData,
+ *    noCursorTimeout, allowPartialResults from the flags], $db: db}
+ * The query is the filter unless it wraps one in `query` or `$query` (a document), as
+ * mongod reads it. numberToReturn: < 0 -> limit -n, singleBatch; 1 -> limit 1, singleBatch
+ * (legacy: 1 means -1); > 1 -> batchSize n; 0 -> the default. slaveOk without a
+ * $readPreference -> {mode: "secondaryPreferred"} (mongos's reading of the bit).
+ * On success *db and *coll are heap strings (free()) and *batch the batchSize for the
+ * getMores of an exhaust cursor (0: default).
+ * Errors: (nothing in *db, *coll) SDB_EINVAL with *code InvalidNamespace (73) for a
+ * namespace without a database or a collection, BadValue (2) for a negative numberToSkip,
+ * exhaust on a tailable cursor without awaitData,
+ * an unsupported modifier ($explain, $snapshot, $maxScan, unknown ones) or a modifier of
+ * the wrong type; SDB_EPROTO with InvalidBSON (22) for a query that is not valid BSON. */
+int wire_msg_legacy_find(const wire_msg *msg, bson_t *out, char **db, char **coll,
+			 int32_t *batch, int *code, char *err, size_t errlen);
+
+/* Build the getMore command of an exhaust cursor's next batch: appends
+ * {getMore: cursor_id (int64), collection: coll, [batchSize: batch when > 0], $db: db} to
+ * out (an empty initialised document). */
+void wire_msg_legacy_get_more(int64_t cursor_id, const char *db, const char *coll,
+			      int32_t batch, bson_t *out);
+
+/* Build the getMore command of a legacy OP_GET_MORE (msg->full_collection_name
+ * "<db>.<coll>", msg->cursor_id; numberToReturn n != 0 -> batchSize |n|), as
+ * wire_msg_legacy_get_more. On success *db and *coll are heap strings (free()).
+ * Errors: SDB_EINVAL with *code InvalidNamespace (73) for a namespace without a database or
+ * a collection (nothing in *db, *coll). */
+int wire_msg_legacy_get_more_cmd(const wire_msg *msg, bson_t *out, char **db, char **coll,
+				 int *code, char *err, size_t errlen);
+
+/* Encode the OP_REPLY of a legacy query or exhaust getMore from the reply of the find or
+ * getMore command it ran: the documents of reply's cursor.firstBatch (or nextBatch),
+ * cursorID cursor.id, startingFrom starting_from, responseFlags response_flags. A reply
+ * that is not ok, or is not a cursor reply, becomes one error document with QueryFailure
+ * added and cursorID 0 (see wire_msg_encode_reply), except CursorNotFound (43): the
+ * CursorNotFound flag and no document, as mongod answers a getMore of an unknown cursor.
+ * *cursor_id and *n_returned report what was encoded (0, and 1 or 0, for an error). Returns a heap buffer (free()) of *len bytes.
+ * Aborts on OOM (sdb_malloc). */
+uint8_t *wire_msg_encode_cursor_reply(int32_t request_id, int32_t response_to,
+				      int32_t response_flags, int32_t starting_from,
+				      const bson_t *reply, int64_t *cursor_id,
+				      int32_t *n_returned, size_t *len);
+
 /* Encode an OP_MSG reply: header (requestID request_id, responseTo response_to), flagBits
  * `flags` (only moreToCome is meaningful in a reply; the checksum bit is cleared: replies
  * carry no checksum), one kind-0 section with body. Returns a heap buffer (free()) of
@@ -149,7 +226,11 @@ uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t f
 			     const bson_t *body, size_t *len);
 
 /* Encode an OP_REPLY with one document (the reply to a legacy OP_QUERY command).
- * response_flags: WIRE_REPLY_FLAG_*. Returns a heap buffer (free()) of *len bytes. */
+ * response_flags: WIRE_REPLY_FLAG_*. A failure (doc's `ok` false, or QueryFailure in
+ * response_flags) is sent as mongod's legacy error document: `$err` (doc's errmsg) first,
+ * then doc's fields, `code` (8 UnknownError when doc has none) and `ok: 0` added when
+ * missing, so that a legacy driver reading `$err` and a command reader using `errmsg`
+ * both see the error. Returns a heap buffer (free()) of *len bytes. */
 uint8_t *wire_msg_encode_reply(int32_t request_id, int32_t response_to, int32_t response_flags,
 			       const bson_t *doc, size_t *len);
 

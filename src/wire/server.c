@@ -70,6 +70,15 @@ static void conn_set_state(wire_conn *conn, enum wire_conn_state to)
 	conn->state = to;
 }
 
+static void exhaust_free(wire_exhaust *x)
+{
+	if (!x)
+		return;
+	free(x->db);
+	free(x->coll);
+	free(x);
+}
+
 static void conn_unref(wire_conn *conn)
 {
 	assert(conn->refs > 0);
@@ -79,6 +88,7 @@ static void conn_unref(wire_conn *conn)
 		conn->data_free(conn->data);
 	tls_conn_free(conn->tls);
 	uv_mutex_destroy(&conn->wmu);
+	exhaust_free(conn->exhaust);
 	free(conn->rbuf);
 	free(conn);
 }
@@ -161,6 +171,7 @@ static void req_free(wire_req *req)
 	free(req->name);
 	free(req->db);
 	free(req->out);
+	free(req->coll);
 	free(req);
 }
 
@@ -176,7 +187,7 @@ static void reply_direct(wire_req *req)
 {
 	wire_conn *conn = req->conn;
 
-	if (req->no_reply || req->close_after)
+	if (req->no_reply || req->close_after || req->legacy_cursor)
 		return;
 	uv_mutex_lock(&conn->wmu);
 	if (conn->direct_ok) {
@@ -532,6 +543,8 @@ static void on_write(uv_write_t *wr, int status)
 		conn_close(conn);
 	} else {
 		conn_maybe_close_idle(conn);
+		if (conn->exhaust && conn->writes_pending == 0 && conn->state == WIRE_CONN_READING)
+			conn_process(conn); /* the exhaust stream waited for this write */
 	}
 	(void)srv;
 	conn_unref(conn);
@@ -701,8 +714,34 @@ static void conn_write_rest(wire_conn *conn, uint8_t *buf, size_t len, size_t of
 	sdb_counter_add(conn->srv->m_bytes_out, len - off);
 }
 
+/* The OP_REPLY of a legacy query or exhaust getMore (req->legacy_cursor), sent as
+ * requestID rid; arms the connection's next exhaust getMore when the cursor goes on. */
+static uint8_t *legacy_cursor_reply(wire_req *req, int32_t rid, const bson_t *reply,
+				    size_t *len)
+{
+	int64_t cursor_id;
+	int32_t n;
+	uint8_t *buf = wire_msg_encode_cursor_reply(rid, req->request_id,
+						    WIRE_REPLY_FLAG_AWAIT_CAPABLE,
+						    req->starting_from, reply, &cursor_id, &n, len);
+
+	if (req->exhaust && cursor_id != 0) {
+		wire_exhaust *x = sdb_calloc(1, sizeof *x);
+		x->cursor_id = cursor_id;
+		x->response_to = rid;
+		x->batch = req->legacy_batch;
+		x->starting_from = req->starting_from + n;
+		x->db = sdb_strdup(req->db);
+		x->coll = sdb_strdup(req->coll);
+		exhaust_free(req->conn->exhaust);
+		req->conn->exhaust = x;
+	}
+	return buf;
+}
+
 /* req's reply as a message (heap, *len bytes): OP_REPLY to an OP_QUERY, else OP_MSG; one
- * over maxBsonObjectSize becomes a BSONObjectTooLarge error. Any thread. */
+ * over maxBsonObjectSize becomes a BSONObjectTooLarge error. Any thread, but a legacy
+ * cursor's reply (it arms the connection's exhaust stream) on the loop's only. */
 static uint8_t *reply_encode(wire_req *req, size_t *len)
 {
 	wire_conn *conn = req->conn;
@@ -722,7 +761,9 @@ static uint8_t *reply_encode(wire_req *req, size_t *len)
 			 wire_req_name(req), (unsigned)wire_bson_len(reply));
 		reply = big;
 	}
-	if (req->op_code == WIRE_OP_QUERY)
+	if (req->legacy_cursor)
+		buf = legacy_cursor_reply(req, rid, reply, len);
+	else if (req->op_code == WIRE_OP_QUERY)
 		buf = wire_msg_encode_reply(rid, req->request_id,
 					    req->reply_flags | WIRE_REPLY_FLAG_AWAIT_CAPABLE, reply,
 					    len);
@@ -853,6 +894,14 @@ static void reply_error_now(wire_conn *conn, const wire_msg_header *hdr, int32_t
 	wire_req_error(req, code, "%s", msg);
 }
 
+/* Whether ns names commands: "<db>.$cmd". */
+static bool is_cmd_namespace(const char *ns)
+{
+	const char *dot = strchr(ns, '.');
+
+	return dot && strcmp(dot, ".$cmd") == 0;
+}
+
 static char *db_from_namespace(const char *ns)
 {
 	const char *dot = strchr(ns, '.');
@@ -896,13 +945,32 @@ static void refuse_shutdown(wire_req *req)
 			     req->name);
 }
 
+static void req_dispatch(wire_req *req);
+
+/* Loop thread, conn READING: run the next getMore of the legacy exhaust cursor whose
+ * OP_REPLY was just queued (conn->exhaust), as a request answering that reply. */
+static void exhaust_next(wire_conn *conn)
+{
+	wire_exhaust *x = conn->exhaust;
+	wire_req *req = req_new(conn, x->response_to, WIRE_OP_QUERY, false);
+
+	conn->exhaust = NULL;
+	req->legacy_cursor = true;
+	req->exhaust = true;
+	req->legacy_batch = x->batch;
+	req->starting_from = x->starting_from;
+	wire_msg_legacy_get_more(x->cursor_id, x->db, x->coll, x->batch, req->cmd);
+	req->db = x->db;
+	req->coll = x->coll;
+	free(x);
+	req_dispatch(req);
+}
+
 /* Handle one complete message buf[0 .. len). Loop thread; conn is READING. */
 static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 {
-	wire_server *srv = conn->srv;
 	wire_msg msg;
 	wire_req *req;
-	wire_cmd_entry *entry;
 	bson_iter_t it;
 	char err[256];
 	int code = 0;
@@ -910,14 +978,18 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 
 	rc = wire_msg_parse(buf, len, &msg, &code, err, sizeof err);
 	if (rc != 0) {
+		bool legacy = msg.hdr.op_code == WIRE_OP_QUERY ||
+			      msg.hdr.op_code == WIRE_OP_GET_MORE;
 		bool can_reply = (msg.hdr.op_code == WIRE_OP_MSG && !msg.more_to_come &&
 				  !(msg.flags & WIRE_MSG_FLAG_MORE_TO_COME)) ||
-				 msg.hdr.op_code == WIRE_OP_QUERY;
+				 legacy;
 		sdb_warn("wire: bad message", "conn=%lld peer=%s op=%d error=\"%s\" action=%s",
 			 (long long)conn->id, conn->peer, (int)msg.hdr.op_code, err,
 			 can_reply ? "reply" : "close");
 		if (can_reply)
-			reply_error_now(conn, &msg.hdr, msg.hdr.op_code, 0, false, code, err);
+			reply_error_now(conn, &msg.hdr, legacy ? WIRE_OP_QUERY : msg.hdr.op_code,
+					legacy ? WIRE_REPLY_FLAG_QUERY_FAILURE : 0, false, code,
+					err);
 		else
 			conn_close(conn);
 		return;
@@ -933,6 +1005,36 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 		return;
 	}
 
+	if (msg.hdr.op_code == WIRE_OP_GET_MORE ||
+	    (msg.hdr.op_code == WIRE_OP_QUERY && !is_cmd_namespace(msg.full_collection_name))) {
+		/* a legacy query or getMore: run as find or getMore, answered as OP_REPLY
+		 * documents */
+		req = req_new(conn, msg.hdr.request_id, WIRE_OP_QUERY, false);
+		req->legacy_cursor = true;
+		if (msg.hdr.op_code == WIRE_OP_GET_MORE) {
+			rc = wire_msg_legacy_get_more_cmd(&msg, req->cmd, &req->db, &req->coll,
+							  &code, err, sizeof err);
+		} else {
+			req->exhaust = msg.query_flags & WIRE_QUERY_FLAG_EXHAUST;
+			rc = wire_msg_legacy_find(&msg, req->cmd, &req->db, &req->coll,
+						  &req->legacy_batch, &code, err, sizeof err);
+			/* mongos refused it (ClusterFind, code 18526): pymongo 3.x does too */
+			if (rc == 0 && req->exhaust && conn->srv->is_mongos) {
+				rc = SDB_EINVAL;
+				code = WIRE_ERR_EXHAUST_ON_MONGOS;
+				snprintf(err, sizeof err,
+					 "The 'exhaust' query option is invalid for mongos queries: "
+					 "%.100s",
+					 msg.full_collection_name);
+			}
+		}
+		if (rc != 0) {
+			wire_req_error(req, code, "%s", err);
+			return;
+		}
+		req_dispatch(req);
+		return;
+	}
 	req = req_new(conn, msg.hdr.request_id, msg.hdr.op_code, msg.more_to_come);
 	rc = wire_msg_command(&msg, req->cmd, &code, err, sizeof err);
 	if (rc != 0) {
@@ -949,8 +1051,7 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 		if (!req->db) {
 			req->reply_flags = WIRE_REPLY_FLAG_QUERY_FAILURE;
 			wire_req_error(req, WIRE_ERR_INVALID_NAMESPACE,
-				       "OP_QUERY is only supported for commands on <db>.$cmd, not "
-				       "on '%.100s'",
+				       "OP_QUERY: invalid command namespace '%.100s'",
 				       msg.full_collection_name);
 			return;
 		}
@@ -963,6 +1064,19 @@ static void handle_message(wire_conn *conn, const uint8_t *buf, size_t len)
 		}
 		req->db = sdb_strdup(bson_iter_utf8(&it, NULL));
 	}
+	req_dispatch(req);
+}
+
+/* Run req (its cmd and db set) through the checks every command passes and its handler:
+ * a message's command (handle_message) or an exhaust cursor's getMore (exhaust_next). */
+static void req_dispatch(wire_req *req)
+{
+	wire_server *srv = req->srv;
+	wire_cmd_entry *entry;
+	bson_iter_t it;
+	char err[256];
+	int code;
+
 	if (!bson_iter_init(&it, req->cmd) || !bson_iter_next(&it)) {
 		wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND, "no command in an empty document");
 		return;
@@ -998,7 +1112,13 @@ static void conn_process(wire_conn *conn)
 {
 	size_t off = 0;
 
-	while (conn->state == WIRE_CONN_READING && srv_reading(conn->srv) &&
+	/* A legacy exhaust stream goes on before anything the client sent (it only reads),
+	 * one reply at a time: the next getMore waits until the socket took the previous
+	 * reply (on_write), so a slow reader does not make the server queue the collection. */
+	if (conn->exhaust && conn->writes_pending == 0 && conn->state == WIRE_CONN_READING &&
+	    srv_reading(conn->srv))
+		exhaust_next(conn);
+	while (conn->state == WIRE_CONN_READING && !conn->exhaust && srv_reading(conn->srv) &&
 	       conn->rlen - off >= 4) {
 		int32_t mlen = wire_msg_peek_length(conn->rbuf + off);
 		if (!wire_msg_length_ok(mlen)) {
@@ -1024,8 +1144,17 @@ static void conn_process(wire_conn *conn)
 		conn->rcap = 0;
 	}
 	if (conn->state == WIRE_CONN_READING) {
-		if (!conn->reading && !conn->close_when_idle && srv_reading(conn->srv))
+		if (conn->exhaust) {
+			/* an exhaust stream waits for its reply to be written (on_write): what
+			 * the client sends meanwhile stops the read until the stream ends */
+			if (conn->reading &&
+			    (conn->rlen > 0 || (conn->tls_state == 2 && !conn->watch_eof))) {
+				uv_read_stop((uv_stream_t *)&conn->tcp);
+				conn->reading = false;
+			}
+		} else if (!conn->reading && !conn->close_when_idle && srv_reading(conn->srv)) {
 			conn_start_reading(conn);
+		}
 		return;
 	}
 	if (conn->state != WIRE_CONN_BUSY)

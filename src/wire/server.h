@@ -1,7 +1,8 @@
 /* The MongoDB wire protocol server shared by the shard, proxy and metadata roles.
  *
  * Spec: https://www.mongodb.com/docs/manual/reference/mongodb-wire-protocol/ (OP_MSG,
- * OP_QUERY/OP_REPLY for the legacy hello handshake, OP_COMPRESSED refused with a clear
+ * OP_QUERY/OP_REPLY for the legacy hello handshake, and legacy queries, OP_GET_MORE and
+ * exhaust cursors run as find/getMore (msg.h), OP_COMPRESSED refused with a clear
  * error). One server = one TCP listener on a role's libuv loop. A connection runs one
  * message at a time: while a command is in flight, bytes that arrive (a pipelined
  * message) stop its reading until the reply (backpressure); a plaintext connection with
@@ -89,6 +90,7 @@
 #define WIRE_ERR_LOCATION_40352 40352        /* FieldPath cannot be constructed with empty string */
 #define WIRE_ERR_OVERFLOW 15
 #define WIRE_ERR_NOT_IMPLEMENTED 238
+#define WIRE_ERR_EXHAUST_ON_MONGOS 18526   /* mongos: the exhaust query option is invalid */
 #define WIRE_ERR_TRANSACTION_TOO_OLD 225     /* TransactionTooOld (retryable writes) */
 #define WIRE_ERR_INCOMPLETE_TXN_HISTORY 217  /* IncompleteTransactionHistory (migrated sessions) */
 

@@ -49,6 +49,48 @@ static void check_command(const wire_msg *msg)
 	bson_destroy(&cmd);
 }
 
+/* A legacy query on a collection or an OP_GET_MORE: the find/getMore command it runs, and
+ * that command document fed to the OP_REPLY cursor encoder (any shape must encode). */
+static void check_legacy(const wire_msg *msg)
+{
+	bson_t cmd;
+	char err[256];
+	char *db = NULL, *coll = NULL;
+	int code = 0, rc;
+	int32_t batch = 0, n = -1;
+	int64_t id = -1;
+	size_t len;
+	uint8_t *m;
+
+	bson_init(&cmd);
+	if (msg->hdr.op_code == WIRE_OP_GET_MORE)
+		rc = wire_msg_legacy_get_more_cmd(msg, &cmd, &db, &coll, &code, err, sizeof err);
+	else
+		rc = wire_msg_legacy_find(msg, &cmd, &db, &coll, &batch, &code, err, sizeof err);
+	if (rc == 0) {
+		if (!db || !coll || !bson_validate(&cmd, BSON_VALIDATE_NONE, NULL))
+			abort();
+	} else if (code == 0 || db || coll) {
+		abort();
+	}
+	m = wire_msg_encode_cursor_reply(1, msg->hdr.request_id, 0, 0, &cmd, &id, &n, &len);
+	if (len < 36 || wire_msg_peek_length(m) != (int32_t)len || n < 0)
+		abort();
+	free(m);
+	free(db);
+	free(coll);
+	bson_destroy(&cmd);
+}
+
+static void check_message(const wire_msg *msg)
+{
+	if (msg->hdr.op_code == WIRE_OP_GET_MORE ||
+	    (msg->hdr.op_code == WIRE_OP_QUERY && !strstr(msg->full_collection_name, ".$cmd")))
+		check_legacy(msg);
+	if (msg->hdr.op_code == WIRE_OP_MSG || msg->hdr.op_code == WIRE_OP_QUERY)
+		check_command(msg);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	size_t off = 0;
@@ -62,8 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (size > 0)
 			memcpy(copy, data, size);
 		if (wire_msg_parse(copy, size, &msg, &code, err, sizeof err) == 0) {
-			if (msg.hdr.op_code == WIRE_OP_MSG || msg.hdr.op_code == WIRE_OP_QUERY)
-				check_command(&msg);
+			check_message(&msg);
 		} else if (code == 0 || err[0] == '\0') {
 			abort();
 		}
@@ -83,9 +124,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		/* exact-size heap copy so ASan catches any read past the message */
 		copy = malloc((size_t)mlen);
 		memcpy(copy, data + off, (size_t)mlen);
-		if (wire_msg_parse(copy, (size_t)mlen, &msg, &code, err, sizeof err) == 0 &&
-		    (msg.hdr.op_code == WIRE_OP_MSG || msg.hdr.op_code == WIRE_OP_QUERY))
-			check_command(&msg);
+		if (wire_msg_parse(copy, (size_t)mlen, &msg, &code, err, sizeof err) == 0)
+			check_message(&msg);
 		free(copy);
 		off += (size_t)mlen;
 	}

@@ -671,6 +671,336 @@ static void test_op_query(void **state)
 	bson_destroy(wrapped);
 }
 
+/* An OP_QUERY message on ns: flags, skip, ntoreturn, query, optional fields. */
+static mbuf build_query(const char *ns, int32_t flags, int32_t skip, int32_t ntoreturn,
+			const bson_t *q, const bson_t *fields)
+{
+	mbuf b = msg_begin(12, WIRE_OP_QUERY);
+
+	put_i32(&b, flags);
+	put(&b, ns, strlen(ns) + 1);
+	put_i32(&b, skip);
+	put_i32(&b, ntoreturn);
+	put_doc(&b, q);
+	if (fields)
+		put_doc(&b, fields);
+	msg_end(&b);
+	return b;
+}
+
+/* wire_msg_legacy_find of one OP_QUERY: its return code; the command as JSON in want
+ * (success) or the error's code in *code. */
+static int legacy_find(const char *ns, int32_t flags, int32_t skip, int32_t ntoreturn,
+		       const bson_t *q, const bson_t *fields, const char *want, int *code,
+		       int32_t *batch)
+{
+	mbuf b = build_query(ns, flags, skip, ntoreturn, q, fields);
+	wire_msg m;
+	uint8_t *keep;
+	char err[256] = "";
+	char *db = NULL, *coll = NULL;
+	bson_t cmd;
+	int rc;
+
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, code, err, sizeof err), 0);
+	bson_init(&cmd);
+	rc = wire_msg_legacy_find(&m, &cmd, &db, &coll, batch, code, err, sizeof err);
+	if (rc == 0) {
+		assert_doc_json(&cmd, want);
+		assert_int_equal(*code, 0);
+		assert_string_equal(db, ns[0] == 'd' ? "db" : "x");
+		assert_non_null(coll);
+		assert_string_equal(coll, strchr(ns, '.') + 1);
+	} else {
+		assert_null(db);
+		assert_null(coll);
+		assert_true(err[0] != '\0');
+	}
+	free(db);
+	free(coll);
+	bson_destroy(&cmd);
+	free(keep);
+	free(b.p);
+	return rc;
+}
+
+static void test_legacy_find(void **state)
+{
+	bson_t *plain = BCON_NEW("a", BCON_INT32(1));
+	bson_t *fields = BCON_NEW("a", BCON_INT32(1));
+	bson_t *wrapped = BCON_NEW("$query", "{", "a", BCON_INT32(1), "}", "$orderby", "{", "b",
+				   BCON_INT32(-1), "}", "$hint", BCON_UTF8("b_1"), "$comment",
+				   BCON_UTF8("c"), "$maxTimeMS", BCON_INT32(100), "$returnKey",
+				   BCON_INT32(1), "$showDiskLoc", BCON_BOOL(false), "$min", "{",
+				   "b", BCON_INT32(0), "}", "$max", "{", "b", BCON_INT32(9), "}");
+	bson_t *query_wrapped = BCON_NEW("query", "{", "a", BCON_INT32(2), "}", "orderby", "{",
+					 "a", BCON_INT32(1), "}");
+	bson_t *rp = BCON_NEW("$query", "{", "}", "$readPreference", "{", "mode",
+			      BCON_UTF8("nearest"), "}");
+	bson_t *explain = BCON_NEW("$query", "{", "}", "$explain", BCON_BOOL(true));
+	bson_t *bad_sort = BCON_NEW("$query", "{", "}", "$orderby", BCON_UTF8("a"));
+	int code;
+	int32_t batch;
+
+	(void)state;
+	/* the plain case: filter, projection, skip, batchSize */
+	assert_int_equal(legacy_find("db.c.sub", 0, 5, 7, plain, fields,
+				     "{ \"find\" : \"c.sub\", \"filter\" : { \"a\" : 1 }, "
+				     "\"projection\" : { \"a\" : 1 }, \"skip\" : 5, \"batchSize\" : 7, "
+				     "\"$db\" : \"db\" }",
+				     &code, &batch),
+			 0);
+	assert_int_equal(batch, 7);
+	/* every modifier and every flag; slaveOk -> secondaryPreferred */
+	assert_int_equal(
+		legacy_find("db.c",
+			    WIRE_QUERY_FLAG_TAILABLE | WIRE_QUERY_FLAG_AWAIT_DATA |
+				    WIRE_QUERY_FLAG_NO_CURSOR_TIMEOUT | WIRE_QUERY_FLAG_PARTIAL |
+				    WIRE_QUERY_FLAG_SLAVE_OK | WIRE_QUERY_FLAG_EXHAUST,
+			    0, 0, wrapped, NULL,
+			    "{ \"find\" : \"c\", \"filter\" : { \"a\" : 1 }, \"sort\" : { \"b\" : -1 }, "
+			    "\"hint\" : \"b_1\", \"comment\" : \"c\", \"maxTimeMS\" : 100, "
+			    "\"returnKey\" : true, \"showRecordId\" : false, \"min\" : { \"b\" : 0 }, "
+			    "\"max\" : { \"b\" : 9 }, \"tailable\" : true, \"awaitData\" : true, "
+			    "\"noCursorTimeout\" : true, \"allowPartialResults\" : true, "
+			    "\"$readPreference\" : { \"mode\" : \"secondaryPreferred\" }, "
+			    "\"$db\" : \"db\" }",
+			    &code, &batch),
+		0);
+	assert_int_equal(batch, 0);
+	/* mongod's other wrapper, `query` (and `orderby`); ntoreturn -3: limit, single batch */
+	assert_int_equal(legacy_find("db.c", 0, 0, -3, query_wrapped, NULL,
+				     "{ \"find\" : \"c\", \"filter\" : { \"a\" : 2 }, \"limit\" : 3, "
+				     "\"singleBatch\" : true, \"sort\" : { \"a\" : 1 }, "
+				     "\"$db\" : \"db\" }",
+				     &code, &batch),
+			 0);
+	/* ntoreturn 1 is -1; INT32_MIN cannot be negated */
+	assert_int_equal(legacy_find("db.c", 0, 0, 1, plain, NULL,
+				     "{ \"find\" : \"c\", \"filter\" : { \"a\" : 1 }, \"limit\" : 1, "
+				     "\"singleBatch\" : true, \"$db\" : \"db\" }",
+				     &code, &batch),
+			 0);
+	assert_int_equal(legacy_find("db.c", 0, 0, INT32_MIN, plain, NULL,
+				     "{ \"find\" : \"c\", \"filter\" : { \"a\" : 1 }, "
+				     "\"limit\" : 2147483647, \"singleBatch\" : true, \"$db\" : \"db\" }",
+				     &code, &batch),
+			 0);
+	/* an explicit $readPreference wins over slaveOk */
+	assert_int_equal(legacy_find("db.c", WIRE_QUERY_FLAG_SLAVE_OK, 0, 0, rp, NULL,
+				     "{ \"find\" : \"c\", \"filter\" : {  }, "
+				     "\"$readPreference\" : { \"mode\" : \"nearest\" }, \"$db\" : \"db\" }",
+				     &code, &batch),
+			 0);
+	/* errors */
+	assert_int_equal(legacy_find("db.", 0, 0, 0, plain, NULL, NULL, &code, &batch),
+			 SDB_EINVAL);
+	assert_int_equal(code, WIRE_ERR_INVALID_NAMESPACE);
+	assert_int_equal(legacy_find(".c", 0, 0, 0, plain, NULL, NULL, &code, &batch), SDB_EINVAL);
+	assert_int_equal(code, WIRE_ERR_INVALID_NAMESPACE);
+	assert_int_equal(legacy_find("db", 0, 0, 0, plain, NULL, NULL, &code, &batch), SDB_EINVAL);
+	assert_int_equal(code, WIRE_ERR_INVALID_NAMESPACE);
+	assert_int_equal(legacy_find("db.c", 0, -1, 0, plain, NULL, NULL, &code, &batch),
+			 SDB_EINVAL);
+	assert_int_equal(code, WIRE_ERR_BAD_VALUE);
+	assert_int_equal(legacy_find("db.c", 0, 0, 0, explain, NULL, NULL, &code, &batch),
+			 SDB_EINVAL);
+	assert_int_equal(code, WIRE_ERR_BAD_VALUE);
+	assert_int_equal(legacy_find("db.c", 0, 0, 0, bad_sort, NULL, NULL, &code, &batch),
+			 SDB_EINVAL);
+	assert_int_equal(code, WIRE_ERR_BAD_VALUE);
+	assert_int_equal(legacy_find("db.c", WIRE_QUERY_FLAG_EXHAUST | WIRE_QUERY_FLAG_TAILABLE, 0,
+				     0, plain, NULL, NULL, &code, &batch),
+			 SDB_EINVAL);
+	assert_int_equal(code, WIRE_ERR_BAD_VALUE);
+	bson_destroy(plain);
+	bson_destroy(fields);
+	bson_destroy(wrapped);
+	bson_destroy(query_wrapped);
+	bson_destroy(rp);
+	bson_destroy(explain);
+	bson_destroy(bad_sort);
+}
+
+static void test_op_get_more(void **state)
+{
+	mbuf b = msg_begin(13, WIRE_OP_GET_MORE);
+	wire_msg m;
+	uint8_t *keep;
+	char err[256] = "";
+	char *db = NULL, *coll = NULL;
+	int code = -1;
+	bson_t cmd;
+
+	(void)state;
+	put_i32(&b, 0);
+	put(&b, "db.c", 5);
+	put_i32(&b, -40);
+	put_i32(&b, 0x01020304); /* cursorID 0x0000000501020304, little-endian */
+	put_i32(&b, 5);
+	msg_end(&b);
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), 0);
+	assert_int_equal(m.hdr.op_code, 2005);
+	assert_string_equal(m.full_collection_name, "db.c");
+	assert_int_equal(m.number_to_return, -40);
+	assert_true(m.cursor_id == 0x0000000501020304LL);
+	bson_init(&cmd);
+	assert_int_equal(wire_msg_legacy_get_more_cmd(&m, &cmd, &db, &coll, &code, err, sizeof err),
+			 0);
+	assert_doc_json(&cmd, "{ \"getMore\" : 21491745540, \"collection\" : \"c\", "
+			      "\"batchSize\" : 40, \"$db\" : \"db\" }");
+	assert_string_equal(db, "db");
+	assert_string_equal(coll, "c");
+	free(db);
+	free(coll);
+	bson_destroy(&cmd);
+	free(keep);
+	/* every truncation and one trailing byte fail */
+	for (size_t l = 16; l < b.len; l++) {
+		set_i32(&b, 0, (int32_t)l);
+		assert_int_equal(parse_copy(b.p, l, &m, &keep, &code, err, sizeof err), SDB_EPROTO);
+		assert_int_equal(code, WIRE_ERR_PROTOCOL_ERROR);
+		free(keep);
+	}
+	put_u8(&b, 0);
+	msg_end(&b);
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), SDB_EPROTO);
+	free(keep);
+	free(b.p);
+	/* a namespace without a collection */
+	b = msg_begin(14, WIRE_OP_GET_MORE);
+	put_i32(&b, 0);
+	put(&b, "db", 3);
+	put_i32(&b, 0);
+	put_i32(&b, 1);
+	put_i32(&b, 0);
+	msg_end(&b);
+	assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), 0);
+	bson_init(&cmd);
+	assert_int_equal(wire_msg_legacy_get_more_cmd(&m, &cmd, &db, &coll, &code, err, sizeof err),
+			 SDB_EINVAL);
+	assert_int_equal(code, WIRE_ERR_INVALID_NAMESPACE);
+	assert_null(db);
+	bson_destroy(&cmd);
+	free(keep);
+	free(b.p);
+}
+
+/* An OP_REPLY's header fields and documents. */
+static void read_reply(const uint8_t *p, size_t len, int32_t *flags, int64_t *cursor_id,
+		       int32_t *starting_from, int32_t *n)
+{
+	assert_true(len >= 36);
+	assert_int_equal(wire_msg_peek_length(p), (int32_t)len);
+	assert_int_equal(p[12], 1);
+	memcpy(flags, p + 16, 4);
+	memcpy(cursor_id, p + 20, 8);
+	memcpy(starting_from, p + 28, 4);
+	memcpy(n, p + 32, 4);
+}
+
+static void test_encode_cursor_reply(void **state)
+{
+	bson_t *first = BCON_NEW("cursor", "{", "firstBatch", "[", "{", "_id", BCON_INT32(1), "}",
+				 "{", "_id", BCON_INT32(2), "}", "]", "id", BCON_INT64(77), "ns",
+				 BCON_UTF8("db.c"), "}", "ok", BCON_DOUBLE(1.0));
+	bson_t *next = BCON_NEW("cursor", "{", "id", BCON_INT64(0), "nextBatch", "[", "{", "_id",
+				BCON_INT32(3), "}", "]", "}", "ok", BCON_DOUBLE(1.0));
+	bson_t *fail = BCON_NEW("ok", BCON_DOUBLE(0.0), "errmsg", BCON_UTF8("bad"), "code",
+				BCON_INT32(2), "codeName", BCON_UTF8("BadValue"));
+	bson_t *gone = BCON_NEW("ok", BCON_DOUBLE(0.0), "errmsg", BCON_UTF8("cursor id 5 not found"),
+				"code", BCON_INT32(43));
+	bson_t *shapeless = BCON_NEW("ok", BCON_DOUBLE(1.0));
+	bson_t *d1 = BCON_NEW("_id", BCON_INT32(1)), *d2 = BCON_NEW("_id", BCON_INT32(2));
+	int32_t flags, from, n, nret;
+	int64_t id, cid;
+	size_t len;
+	uint8_t *p;
+	bson_t doc;
+
+	(void)state;
+	p = wire_msg_encode_cursor_reply(5, 6, WIRE_REPLY_FLAG_AWAIT_CAPABLE, 0, first, &cid,
+					 &nret, &len);
+	read_reply(p, len, &flags, &id, &from, &n);
+	assert_int_equal(flags, WIRE_REPLY_FLAG_AWAIT_CAPABLE);
+	assert_true(id == 77 && cid == 77);
+	assert_int_equal(from, 0);
+	assert_int_equal(n, 2);
+	assert_int_equal(nret, 2);
+	assert_int_equal(p[4], 5);
+	assert_int_equal(p[8], 6);
+	assert_int_equal(len, 36 + wire_bson_len(d1) + wire_bson_len(d2));
+	assert_memory_equal(p + 36, bson_get_data(d1), wire_bson_len(d1));
+	assert_memory_equal(p + 36 + wire_bson_len(d1), bson_get_data(d2), wire_bson_len(d2));
+	free(p);
+
+	p = wire_msg_encode_cursor_reply(7, 8, 0, 2, next, &cid, &nret, &len);
+	read_reply(p, len, &flags, &id, &from, &n);
+	assert_true(id == 0 && cid == 0);
+	assert_int_equal(from, 2);
+	assert_int_equal(n, 1);
+	free(p);
+
+	/* a failure: one {$err, ...} document, QueryFailure, cursorID 0 */
+	p = wire_msg_encode_cursor_reply(9, 10, WIRE_REPLY_FLAG_AWAIT_CAPABLE, 4, fail, &cid, &nret,
+					 &len);
+	read_reply(p, len, &flags, &id, &from, &n);
+	assert_int_equal(flags, WIRE_REPLY_FLAG_AWAIT_CAPABLE | WIRE_REPLY_FLAG_QUERY_FAILURE);
+	assert_true(id == 0 && cid == 0);
+	assert_int_equal(n, 1);
+	assert_true(bson_init_static(&doc, p + 36, len - 36));
+	assert_doc_json(&doc, "{ \"$err\" : \"bad\", \"ok\" : 0.0, \"errmsg\" : \"bad\", "
+			      "\"code\" : 2, \"codeName\" : \"BadValue\" }");
+	free(p);
+
+	/* an unknown cursor: CursorNotFound, no document (mongod's OP_GET_MORE answer) */
+	p = wire_msg_encode_cursor_reply(11, 12, 0, 0, gone, &cid, &nret, &len);
+	read_reply(p, len, &flags, &id, &from, &n);
+	assert_int_equal(flags, WIRE_REPLY_FLAG_CURSOR_NOT_FOUND);
+	assert_int_equal(n, 0);
+	assert_int_equal(nret, 0);
+	assert_int_equal(len, 36);
+	free(p);
+
+	/* ok but no cursor: never sent as a success */
+	p = wire_msg_encode_cursor_reply(13, 14, 0, 0, shapeless, &cid, &nret, &len);
+	read_reply(p, len, &flags, &id, &from, &n);
+	assert_int_equal(flags, WIRE_REPLY_FLAG_QUERY_FAILURE);
+	assert_true(bson_init_static(&doc, p + 36, len - 36));
+	assert_int_equal(n, 1);
+	{
+		bson_iter_t it;
+		assert_true(bson_iter_init_find(&it, &doc, "$err") && BSON_ITER_HOLDS_UTF8(&it));
+		assert_true(bson_iter_init_find(&it, &doc, "code") &&
+			    bson_iter_int32(&it) == WIRE_ERR_INTERNAL);
+	}
+	free(p);
+
+	/* a plain OP_REPLY of a failed command gets $err too; code and ok added if missing */
+	{
+		bson_t *bare = BCON_NEW("errmsg", BCON_UTF8("x"));
+		p = wire_msg_encode_reply(15, 16, WIRE_REPLY_FLAG_QUERY_FAILURE, bare, &len);
+		assert_true(bson_init_static(&doc, p + 36, len - 36));
+		assert_doc_json(&doc, "{ \"$err\" : \"x\", \"errmsg\" : \"x\", \"code\" : 8, "
+				      "\"ok\" : 0.0 }");
+		free(p);
+		p = wire_msg_encode_reply(15, 16, 0, fail, &len);
+		assert_int_equal(p[16], 0); /* flags as given: a command's reply */
+		assert_true(bson_init_static(&doc, p + 36, len - 36));
+		assert_doc_json(&doc, "{ \"$err\" : \"bad\", \"ok\" : 0.0, \"errmsg\" : \"bad\", "
+				      "\"code\" : 2, \"codeName\" : \"BadValue\" }");
+		free(p);
+		bson_destroy(bare);
+	}
+	bson_destroy(first);
+	bson_destroy(next);
+	bson_destroy(fail);
+	bson_destroy(gone);
+	bson_destroy(shapeless);
+	bson_destroy(d1);
+	bson_destroy(d2);
+}
+
 static void test_op_compressed_and_unknown_opcode(void **state)
 {
 	mbuf b = msg_begin(21, WIRE_OP_COMPRESSED);
@@ -916,6 +1246,9 @@ int main(void)
 		cmocka_unit_test(test_invalid_nested_bson),
 		cmocka_unit_test(test_deeply_nested_body_is_refused),
 		cmocka_unit_test(test_op_query),
+		cmocka_unit_test(test_legacy_find),
+		cmocka_unit_test(test_op_get_more),
+		cmocka_unit_test(test_encode_cursor_reply),
 		cmocka_unit_test(test_op_compressed_and_unknown_opcode),
 		cmocka_unit_test(test_command_fold_errors),
 		cmocka_unit_test(test_encode_round_trip),

@@ -628,13 +628,15 @@ static void test_sequence_folded(void **state)
 	run_scenario(sc_sequence_folded, 0);
 }
 
-/* OP_QUERY isMaster on admin.$cmd -> OP_REPLY; on a non-$cmd namespace -> QueryFailure. */
+/* OP_QUERY isMaster on admin.$cmd -> OP_REPLY; on a namespace without a collection ->
+ * QueryFailure {$err, code 73}; on a collection -> run as find (this server has none:
+ * QueryFailure {$err, code 59}). */
 static void sc_op_query(fixture *f)
 {
-	for (int variant = 0; variant < 2; variant++) {
+	for (int variant = 0; variant < 3; variant++) {
 		int fd = raw_connect(f);
 		bson_t *q = BCON_NEW("isMaster", BCON_INT32(1));
-		const char *ns = variant == 0 ? "admin.$cmd" : "test.coll";
+		const char *ns = variant == 0 ? "admin.$cmd" : variant == 1 ? "test" : "test.coll";
 		uint8_t buf[256];
 		size_t n = 0, len;
 		uint8_t *m;
@@ -667,8 +669,16 @@ static void sc_op_query(fixture *f)
 				CHECK(f, get_bool(&doc, "ismaster"), "ismaster");
 				CHECK(f, (m[16] & 2) == 0, "no QueryFailure");
 			} else {
+				int want = variant == 1 ? 73 : 59;
+				const char *e = get_str(&doc, "$err");
 				CHECK(f, (m[16] & 2) == 2, "QueryFailure flag");
-				CHECK(f, get_i32(&doc, "code") == 73, "code %d", get_i32(&doc, "code"));
+				CHECK(f, get_i32(&doc, "code") == want, "code %d",
+				      get_i32(&doc, "code"));
+				CHECK(f, strcmp(e, "(missing)") != 0 &&
+					      strcmp(e, get_str(&doc, "errmsg")) == 0,
+				      "$err %s", e);
+				CHECK(f, variant == 1 || strcmp(e, "no such command: 'find'") == 0,
+				      "$err %s", e);
 			}
 		}
 		free(m);
