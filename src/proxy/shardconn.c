@@ -1,10 +1,13 @@
 /* Shard connections and worker threads of the proxy: see shardconn.h. */
 #include "proxy/shardconn.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <uv.h>
 
 #include "auth/cluster.h"
@@ -32,15 +35,29 @@ typedef struct job {
 	struct job *next;
 } job;
 
-typedef struct tpool {
+typedef struct tpool tpool;
+
+/* One thread of a pool. An idle thread waits on its own semaphore and is handed its next
+ * job directly (tpool_push): the hand-off is one futex wake and one wait. With a
+ * condition variable and the pool's mutex (before), glibc re-takes the mutex after the
+ * wait as contended, so the thread's unlock was a third futex call per request (issue
+ * #19: proxy syscalls per point read). */
+typedef struct tworker {
+	tpool *p;
+	sem_t sem;    /* posted when the thread is handed a job, or told to stop */
+	job *job;     /* the job handed over (set under p->mu before the post), or NULL */
+	struct tworker *next; /* p->idle */
+} tworker;
+
+struct tpool {
 	uv_mutex_t mu;
-	uv_cond_t cv;	/* jobs queued, or stop */
-	uv_cond_t gone; /* a thread exited (tpool_destroy waits for n == 0) */
-	job *head, *tail;
+	uv_cond_t gone;  /* a thread exited (tpool_destroy waits for n == 0) */
+	job *head, *tail; /* jobs no idle thread was there for */
+	tworker *idle;    /* idle threads, the most recently idle first (its cache is warm) */
 	bool stop;
-	size_t n, idle, min, max;
+	size_t n, min, max;
 	sdb_gauge *g_threads; /* may be NULL */
-} tpool;
+};
 
 static void tpool_main(void *arg);
 
@@ -49,8 +66,18 @@ static void tpool_main(void *arg);
 static bool tpool_spawn(tpool *p)
 {
 	uv_thread_t t;
-	if (uv_thread_create(&t, tpool_main, p) != 0)
+	tworker *w = sdb_calloc(1, sizeof *w);
+
+	w->p = p;
+	if (sem_init(&w->sem, 0, 0) != 0) {
+		free(w);
 		return false;
+	}
+	if (uv_thread_create(&t, tpool_main, w) != 0) {
+		sem_destroy(&w->sem);
+		free(w);
+		return false;
+	}
 	pthread_detach(t); /* tpool_destroy waits on n, not on joins */
 	p->n++;
 	if (p->g_threads)
@@ -58,44 +85,105 @@ static bool tpool_spawn(tpool *p)
 	return true;
 }
 
+/* Take w off p->idle if it is there; mu held. True when it was (nobody handed it a job
+ * or a stop). */
+static bool tpool_unidle(tpool *p, tworker *w)
+{
+	for (tworker **pp = &p->idle; *pp; pp = &(*pp)->next) {
+		if (*pp == w) {
+			*pp = w->next;
+			w->next = NULL;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* Wait for w's semaphore at most timeout_ns; false on timeout. The deadline is on the
+ * wall clock (sem_timedwait): a clock step only moves when an idle thread exits. */
+static bool tpool_wait(tworker *w, uint64_t timeout_ns)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += (time_t)(timeout_ns / 1000000000ULL);
+	ts.tv_nsec += (long)(timeout_ns % 1000000000ULL);
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	for (;;) {
+		if (sem_timedwait(&w->sem, &ts) == 0)
+			return true;
+		if (errno == ETIMEDOUT)
+			return false;
+		/* EINTR: wait again */
+	}
+}
+
 static void tpool_main(void *arg)
 {
-	tpool *p = arg;
+	tworker *w = arg;
+	tpool *p = w->p;
 
 	uv_mutex_lock(&p->mu);
 	for (;;) {
-		job *j;
-		while (p->head == NULL && !p->stop) {
-			p->idle++;
-			int rc = uv_cond_timedwait(&p->cv, &p->mu, TPOOL_IDLE_NS);
-			p->idle--;
-			if (rc == UV_ETIMEDOUT && p->head == NULL && p->n > p->min)
-				goto out;
+		job *j = p->head;
+		if (j != NULL) {
+			p->head = j->next;
+			if (p->head == NULL)
+				p->tail = NULL;
+		} else {
+			if (p->stop)
+				break;
+			w->job = NULL;
+			w->next = p->idle;
+			p->idle = w;
+			uv_mutex_unlock(&p->mu);
+			bool woken = tpool_wait(w, TPOOL_IDLE_NS);
+			if (!woken) {
+				uv_mutex_lock(&p->mu);
+				if (tpool_unidle(p, w)) {
+					if (p->n > p->min)
+						break; /* idle too long: exit */
+					continue;  /* stay: wait again */
+				}
+				/* handed a job (or a stop) as the wait timed out: its post is
+				 * there or coming */
+				uv_mutex_unlock(&p->mu);
+				while (sem_wait(&w->sem) != 0)
+					;
+			}
+			/* the job was set before the post that woke this thread */
+			j = w->job;
+			w->job = NULL;
+			if (j == NULL) { /* stop */
+				uv_mutex_lock(&p->mu);
+				continue; /* the queued jobs first, then exit */
+			}
+			j->fn(j->arg);
+			free(j);
+			uv_mutex_lock(&p->mu);
+			continue;
 		}
-		j = p->head;
-		if (j == NULL)
-			goto out; /* stop, nothing left */
-		p->head = j->next;
-		if (p->head == NULL)
-			p->tail = NULL;
 		uv_mutex_unlock(&p->mu);
 		j->fn(j->arg);
 		free(j);
 		uv_mutex_lock(&p->mu);
 	}
-out:
 	p->n--;
 	if (p->g_threads)
 		sdb_gauge_set(p->g_threads, (int64_t)p->n);
 	uv_cond_broadcast(&p->gone);
 	uv_mutex_unlock(&p->mu);
+	sem_destroy(&w->sem);
+	free(w);
 }
 
 static void tpool_init(tpool *p, size_t min, size_t max, sdb_gauge *g)
 {
 	memset(p, 0, sizeof *p);
 	uv_mutex_init(&p->mu);
-	uv_cond_init(&p->cv);
 	uv_cond_init(&p->gone);
 	p->min = min;
 	p->max = max;
@@ -110,41 +198,51 @@ static void tpool_init(tpool *p, size_t min, size_t max, sdb_gauge *g)
 static void tpool_push(tpool *p, void (*fn)(void *), void *arg)
 {
 	job *j = sdb_calloc(1, sizeof *j);
-
-	bool wake = false;
+	tworker *w;
 
 	j->fn = fn;
 	j->arg = arg;
 	uv_mutex_lock(&p->mu);
-	if (p->tail)
-		p->tail->next = j;
-	else
-		p->head = j;
-	p->tail = j;
-	if (p->idle == 0 && p->n < p->max)
-		tpool_spawn(p);
-	else
-		wake = p->idle > 0;
+	w = p->idle;
+	if (w != NULL) {
+		/* an idle thread takes it directly */
+		p->idle = w->next;
+		w->next = NULL;
+		w->job = j;
+	} else {
+		if (p->tail)
+			p->tail->next = j;
+		else
+			p->head = j;
+		p->tail = j;
+		if (p->n < p->max)
+			tpool_spawn(p);
+	}
 	uv_mutex_unlock(&p->mu);
-	/* Signalled after unlocking: the woken thread does not wake into a held mutex and
-	 * block on it again (that wait and its wake-up were ~4% of the proxy's CPU per point
-	 * read). A thread that goes idle after the unlock finds the job queued before it
-	 * waits; one woken for a job another thread took waits again. */
-	if (wake)
-		uv_cond_signal(&p->cv);
+	/* posted after unlocking: the woken thread does not run into the held mutex */
+	if (w != NULL)
+		sem_post(&w->sem);
 }
 
 /* Stop: the jobs already queued run first, then every thread exits. */
 static void tpool_destroy(tpool *p)
 {
+	tworker *w, *next;
+
 	uv_mutex_lock(&p->mu);
 	p->stop = true;
-	uv_cond_broadcast(&p->cv);
+	w = p->idle;
+	p->idle = NULL;
+	for (; w; w = next) {
+		next = w->next;
+		w->next = NULL;
+		w->job = NULL;
+		sem_post(&w->sem);
+	}
 	while (p->n > 0)
 		uv_cond_wait(&p->gone, &p->mu);
 	uv_mutex_unlock(&p->mu);
 	uv_cond_destroy(&p->gone);
-	uv_cond_destroy(&p->cv);
 	uv_mutex_destroy(&p->mu);
 }
 
