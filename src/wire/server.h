@@ -9,8 +9,13 @@
  * nothing buffered stays read, and an EOF or reset met then waits for the reply (a
  * half-closed client still gets it whole; the command stays in currentOp). Replies are
  * written in order, directly when the socket takes them (uv_try_write). A request
- * completed on the loop thread is finished at the next loop iteration, one completed
- * on another thread through a uv_async wake-up.
+ * completed on the loop thread is finished at the next loop iteration. One completed on
+ * another thread sends its reply from that thread when the connection is plaintext and
+ * has nothing queued (send, MSG_DONTWAIT), and the loop finishes it (the connection's
+ * state, its next pipelined message) when it next wakes, usually for that client's next
+ * message; otherwise, or when the loop waits on it (bytes or an EOF came meanwhile, the
+ * server is closing), through a uv_async wake-up. Metrics and currentOp count a request
+ * done when it completes.
  *
  * Commands are dispatched through a table that the role fills (wire_server_register);
  * the shared layer answers hello/isMaster, ping, buildInfo, getParameter, getLog,
@@ -232,7 +237,9 @@ void wire_req_watch_close(wire_req *req);
 bool wire_req_conn_gone(const wire_req *req);
 
 /* Complete with a reply document. Takes ownership of reply (bson_destroy'd after
- * sending); `ok: 1.0` is appended when the reply has no `ok` field. Thread-safe. */
+ * sending); `ok: 1.0` is appended when the reply has no `ok` field. Thread-safe; called
+ * off the loop thread it may write the reply to the socket before it returns (see the
+ * top of this file). */
 void wire_req_reply(wire_req *req, bson_t *reply);
 /* Complete with {ok: 0, errmsg, code, codeName}. Thread-safe. */
 void wire_req_error(wire_req *req, int code, const char *fmt, ...)
