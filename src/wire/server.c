@@ -199,10 +199,11 @@ static void reply_direct(wire_req *req)
 		do {
 			n = send(conn->fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL);
 		} while (n < 0 && errno == EINTR);
+		if (n > 0) /* the loop counts only what it writes (conn_write_rest) */
+			sdb_counter_add(req->srv->m_bytes_out, (uint64_t)n);
 		if (n == (ssize_t)len) {
 			free(buf);
 			req->sent = true;
-			sdb_counter_add(req->srv->m_bytes_out, len);
 		} else {
 			req->out = buf;
 			req->out_len = len;

@@ -11,7 +11,9 @@
  *                             wire_req_wait_begin/_end (a wait that ends by itself); it
  *                             runs on a thread of its own, which tells the loop nothing
  *                             else (as the proxy's request threads): only the wire
- *                             server's own completion can wake the loop
+ *                             server's own completion can wake the loop; with `pad: N`
+ *                             (0..12000000) the reply also carries pad: a string of N
+ *                             'x' (a reply larger than the socket buffers)
  *   {insert: "coll", documents: [...]} (documents usually as an OP_MSG kind-1 sequence)
  *                             reply {n: count of documents}; nothing is stored
  *   {stripedbTestEcho: 1, ...} reply {cmd: <the command document as the handler saw it>}
@@ -32,6 +34,7 @@
 typedef struct work {
 	wire_req *req;
 	int64_t ms;
+	int64_t pad;  /* bytes of the reply's pad string */
 	bool waiting; /* bracket the sleep as a wait (wire_req_wait_begin) */
 } work;
 
@@ -57,7 +60,15 @@ static void *sleep_thread(void *arg)
 	if (k->waiting)
 		wire_req_wait_end(k->req);
 	/* completed from this thread, as a role with blocking work would */
-	wire_req_reply(k->req, BCON_NEW("slept", BCON_INT64(k->ms)));
+	bson_t *reply = BCON_NEW("slept", BCON_INT64(k->ms));
+	if (k->pad > 0) {
+		char *pad = sdb_malloc((size_t)k->pad + 1);
+		memset(pad, 'x', (size_t)k->pad);
+		pad[k->pad] = '\0';
+		BSON_APPEND_UTF8(reply, "pad", pad);
+		free(pad);
+	}
+	wire_req_reply(k->req, reply);
 	free(k);
 	return NULL;
 }
@@ -79,6 +90,9 @@ static void cmd_sleep(wire_req *req, void *data)
 	k->ms = bson_iter_as_int64(&it);
 	k->waiting = bson_iter_init_find(&it, wire_req_cmd(req), "waiting") &&
 		     bson_iter_as_bool(&it);
+	if (bson_iter_init_find(&it, wire_req_cmd(req), "pad") && BSON_ITER_HOLDS_NUMBER(&it) &&
+	    bson_iter_as_int64(&it) > 0 && bson_iter_as_int64(&it) <= 12000000)
+		k->pad = bson_iter_as_int64(&it);
 	pthread_t t;
 	if (pthread_create(&t, NULL, sleep_thread, k) != 0) {
 		free(k);
