@@ -1488,6 +1488,14 @@ static void on_close_timeout(uv_timer_t *t)
 		srv_drain(srv);
 		return;
 	}
+	/* Finish first what completed and waits for the loop (a reply its handler's thread
+	 * sent, finished lazily; one whose wakeup is not handled yet): those are answered,
+	 * not named below, and a reply not written yet is written before the close. Due
+	 * before the idle handle when the timeout is 0. */
+	atomic_store(&srv->lazy_pending, false);
+	finish_done(srv);
+	if (srv->state != WIRE_SRV_DRAINING)
+		return; /* that was the last request: srv_maybe_finish closed the server */
 	sdb_warn("wire: shutdown timeout, closing connections",
 		 "connections=%zu requests_running=%zu", srv->n_conns, srv->n_outstanding);
 	for (conn = srv->conns; conn; conn = next) {

@@ -1,9 +1,11 @@
 /* A stand-alone wire protocol server for tests/integration/test_wire.py: the shared
  * commands of src/wire plus three test commands, on one libuv loop.
  *
- *   wire_test_server --listen=HOST:PORT [--http-listen=HOST:PORT] [--debug]
+ *   wire_test_server --listen=HOST:PORT [--http-listen=HOST:PORT] [--close-timeout-ms=N]
+ *                    [--debug]
  *                    prints "port=N" on stdout once listening; with --http-listen it also
- *                    serves /healthz and /metrics (common/http.h)
+ *                    serves /healthz and /metrics (common/http.h); --close-timeout-ms is
+ *                    wire_server_close's timeout at SIGTERM (default 5000)
  *
  * Test commands (handlers complete from another thread than the loop's):
  *   {stripedbTestSleep: MS}   reply {slept: MS} after MS ms (at most 10000); with
@@ -17,7 +19,7 @@
  *   {insert: "coll", documents: [...]} (documents usually as an OP_MSG kind-1 sequence)
  *                             reply {n: count of documents}; nothing is stored
  *   {stripedbTestEcho: 1, ...} reply {cmd: <the command document as the handler saw it>}
- * SIGTERM or SIGINT -> wire_server_close (drain, 5 s) -> exit 0 when the loop closed
+ * SIGTERM or SIGINT -> wire_server_close (drain, 5 s by default) -> exit 0 when the loop closed
  * cleanly with no handle left, 1 otherwise. */
 #include <pthread.h>
 #include <signal.h>
@@ -41,6 +43,7 @@ typedef struct work {
 static uv_signal_t sig_term, sig_int;
 static wire_server *srv;
 static sdb_http *http;
+static uint64_t close_timeout_ms = 5000;
 
 static int health(void *data, char *msg, size_t msglen)
 {
@@ -141,7 +144,7 @@ static void on_signal(uv_signal_t *s, int signum)
 	(void)signum;
 	uv_signal_stop(&sig_term);
 	uv_signal_stop(&sig_int);
-	wire_server_close(srv, 5000, on_closed, NULL);
+	wire_server_close(srv, close_timeout_ms, on_closed, NULL);
 }
 
 int main(int argc, char **argv)
@@ -158,6 +161,8 @@ int main(int argc, char **argv)
 			listen = argv[i] + 9;
 		else if (strncmp(argv[i], "--http-listen=", 14) == 0)
 			http_listen = argv[i] + 14;
+		else if (strncmp(argv[i], "--close-timeout-ms=", 19) == 0)
+			close_timeout_ms = strtoull(argv[i] + 19, NULL, 10);
 		else if (strcmp(argv[i], "--debug") == 0)
 			sdb_log_set_level(SDB_LOG_DEBUG);
 	}
