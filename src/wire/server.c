@@ -1489,9 +1489,9 @@ static void on_close_timeout(uv_timer_t *t)
 		return;
 	}
 	/* Finish first what completed and waits for the loop (a reply its handler's thread
-	 * sent, finished lazily; one whose wakeup is not handled yet): those are answered,
-	 * not named below, and a reply not written yet is written before the close. Due
-	 * before the idle handle when the timeout is 0. */
+	 * sent, finished lazily; one whose wakeup is not handled yet): a reply not written
+	 * yet is written before the close. Due before the idle handle when the timeout is
+	 * 0. */
 	atomic_store(&srv->lazy_pending, false);
 	finish_done(srv);
 	if (srv->state != WIRE_SRV_DRAINING)
@@ -1502,9 +1502,11 @@ static void on_close_timeout(uv_timer_t *t)
 		next = conn->next;
 		/* a handler that never replies and waits on nothing is a bug: name it (the
 		 * integration suite fails the test whose process logs this,
-		 * tests/integration/conftest.py); one waiting on another server is slow */
+		 * tests/integration/conftest.py); one waiting on another server is slow. One
+		 * its handler completed is answered: its thread may have sent the reply and not
+		 * yet queued the request (req_complete), so finish_done above did not see it. */
 		wire_req *r = conn->inflight;
-		if (r != NULL) {
+		if (r != NULL && !atomic_load(&r->completed)) {
 			unsigned long long ms = (sdb_mono_ns() - r->start_ns) / 1000000u;
 			const char *name = r->name ? r->name : "(invalid)";
 			if (atomic_load(&r->waiting) > 0)

@@ -508,9 +508,11 @@ def test_an_answered_request_is_not_named_unanswered_at_a_zero_timeout_stop(tmp_
     warning)."""
     with run_test_server(tmp_path, args=["--close-timeout-ms=0"]) as (port, _, p):
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-            s.sendall(op_msg(1, {"stripedbTestSleep": 0, "$db": "admin"}))
+            # 100 ms: the loop is asleep when the handler's thread sends the reply (one
+            # that completed before the loop slept would be finished by then)
+            s.sendall(op_msg(1, {"stripedbTestSleep": 100, "$db": "admin"}))
             rto, body = recv_reply(s)
-            assert (rto, body["ok"], body["slept"]) == (1, 1.0, 0)
+            assert (rto, body["ok"], body["slept"]) == (1, 1.0, 100)
             # the client still connected (its EOF would wake the loop): the stop now
             p.send_signal(signal.SIGTERM)
             assert p.wait(timeout=30) == 0
