@@ -195,7 +195,8 @@ struct wire_server {
 	void *close_arg;
 
 	sdb_gauge *m_conns;
-	sdb_gauge *m_running; /* n_outstanding, exposed */
+	sdb_gauge *m_running; /* requests created and not yet completed (req_complete):
+			      * n_outstanding less those waiting for the loop's finish */
 	sdb_counter *m_bytes_in;
 	sdb_counter *m_bytes_out;
 	sdb_counter *m_refused;

@@ -9,6 +9,7 @@ Bad input (truncated, wrong length, 50 MB, garbage, OP_COMPRESSED) must get the 
 closed or a clear error, while a second pymongo client on the same process keeps working.
 The Node.js driver and mongosh checks need `scripts/install-deps.sh --test` (CI runs it).
 """
+import contextlib
 import json
 import os
 import signal
@@ -433,6 +434,91 @@ def test_the_message_after_pipelined_ones_is_read(tmp_path):
         finally:
             p.send_signal(signal.SIGTERM)
             assert p.wait(timeout=30) == 0, (tmp_path / "wire_test_server.log").read_text()
+
+
+@contextlib.contextmanager
+def run_test_server(tmp_path, http=False, args=()):
+    """wire_test_server on free ports (and args) -> (port, http_port or None, its Popen);
+    stopped with SIGTERM at the end (unless stopped already), which must close its loop
+    cleanly (exit 0)."""
+    assert os.access(TEST_SERVER, os.X_OK), f"{TEST_SERVER} not built (make check builds it)"
+    port = free_port()
+    http_port = free_port() if http else None
+    args = [TEST_SERVER, f"--listen=127.0.0.1:{port}"] + list(args)
+    if http:
+        args.append(f"--http-listen=127.0.0.1:{http_port}")
+    log_path = tmp_path / "wire_test_server.log"
+    with open(log_path, "wb") as log:
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log)
+        try:
+            assert p.stdout.readline().decode() == f"port={port}\n"
+            if http:
+                wait_until(lambda: http_get(http_port, "/healthz", timeout=1.0)[0] == 200,
+                           what="wire_test_server /healthz")
+            yield port, http_port, p
+        finally:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+            try:
+                rc = p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                rc = "killed: no exit 30 s after SIGTERM"
+            assert rc == 0, log_path.read_text()[-3000:]
+
+
+def metric(http_port, name, labels=None):
+    """The value of one sample of /metrics, or None."""
+    st, body = http_get(http_port, "/metrics")
+    assert st == 200
+    for fam in text_string_to_metric_families(body.decode()):
+        for smp in fam.samples:
+            if smp.name == name and all(smp.labels.get(k) == v
+                                        for k, v in (labels or {}).items()):
+                return smp.value
+    return None
+
+
+def test_bytes_out_counts_a_reply_its_handler_thread_sent_in_part(tmp_path):
+    """A reply larger than the socket buffers, completed on the handler's thread: that
+    thread sends what the socket takes and the loop writes the rest. Every byte the
+    client receives is counted in stripedb_wire_bytes_out_total, the part the handler's
+    thread sent too."""
+    with run_test_server(tmp_path, http=True) as (port, http_port, _):
+        with _small_window_socket(port) as s:
+            before = metric(http_port, "stripedb_wire_bytes_out_total")
+            s.sendall(op_msg(1, {"stripedbTestSleep": 0, "pad": 8_000_000, "$db": "admin"}))
+            hdr = recv_exact(s, 16)
+            assert hdr is not None, "closed before the reply"
+            length, _rid, rto, _op = struct.unpack("<iiii", hdr)
+            rest = recv_exact(s, length - 16)
+            assert rest is not None, f"closed inside a reply of {length} bytes"
+            body = bson.decode(rest[5:])
+            assert (rto, body["ok"], len(body["pad"])) == (1, 1.0, 8_000_000)
+            after = metric(http_port, "stripedb_wire_bytes_out_total")
+            assert after - before == length
+
+
+def test_an_answered_request_is_not_named_unanswered_at_a_zero_timeout_stop(tmp_path):
+    """A reply its handler's thread sent leaves the request for the loop to finish when it
+    next wakes. A stop with no drain time (shutdown timeout 0: the force-close timer is due
+    before the loop finishes anything) must not name that request as unanswered at
+    shutdown: its client has its reply (and conftest fails a test whose process logs the
+    warning)."""
+    with run_test_server(tmp_path, args=["--close-timeout-ms=0"]) as (port, _, p):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            # 100 ms: the loop is asleep when the handler's thread sends the reply (one
+            # that completed before the loop slept would be finished by then)
+            s.sendall(op_msg(1, {"stripedbTestSleep": 100, "$db": "admin"}))
+            rto, body = recv_reply(s)
+            assert (rto, body["ok"], body["slept"]) == (1, 1.0, 100)
+            # the client still connected (its EOF would wake the loop): the stop now
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=30) == 0
+    text = (tmp_path / "wire_test_server.log").read_text()
+    assert "wire: server closed" in text, text[-3000:]
+    assert "unanswered request at shutdown" not in text, text[-3000:]
 
 
 def test_unanswered_request_is_named_when_the_stop_times_out(tmp_path):

@@ -1,9 +1,11 @@
 /* A stand-alone wire protocol server for tests/integration/test_wire.py: the shared
  * commands of src/wire plus three test commands, on one libuv loop.
  *
- *   wire_test_server --listen=HOST:PORT [--http-listen=HOST:PORT] [--debug]
+ *   wire_test_server --listen=HOST:PORT [--http-listen=HOST:PORT] [--close-timeout-ms=N]
+ *                    [--debug]
  *                    prints "port=N" on stdout once listening; with --http-listen it also
- *                    serves /healthz and /metrics (common/http.h)
+ *                    serves /healthz and /metrics (common/http.h); --close-timeout-ms is
+ *                    wire_server_close's timeout at SIGTERM (default 5000)
  *
  * Test commands (handlers complete from another thread than the loop's):
  *   {stripedbTestSleep: MS}   reply {slept: MS} after MS ms (at most 10000); with
@@ -11,11 +13,13 @@
  *                             wire_req_wait_begin/_end (a wait that ends by itself); it
  *                             runs on a thread of its own, which tells the loop nothing
  *                             else (as the proxy's request threads): only the wire
- *                             server's own completion can wake the loop
+ *                             server's own completion can wake the loop; with `pad: N`
+ *                             (0..12000000) the reply also carries pad: a string of N
+ *                             'x' (a reply larger than the socket buffers)
  *   {insert: "coll", documents: [...]} (documents usually as an OP_MSG kind-1 sequence)
  *                             reply {n: count of documents}; nothing is stored
  *   {stripedbTestEcho: 1, ...} reply {cmd: <the command document as the handler saw it>}
- * SIGTERM or SIGINT -> wire_server_close (drain, 5 s) -> exit 0 when the loop closed
+ * SIGTERM or SIGINT -> wire_server_close (drain, 5 s by default) -> exit 0 when the loop closed
  * cleanly with no handle left, 1 otherwise. */
 #include <pthread.h>
 #include <signal.h>
@@ -32,12 +36,14 @@
 typedef struct work {
 	wire_req *req;
 	int64_t ms;
+	int64_t pad;  /* bytes of the reply's pad string */
 	bool waiting; /* bracket the sleep as a wait (wire_req_wait_begin) */
 } work;
 
 static uv_signal_t sig_term, sig_int;
 static wire_server *srv;
 static sdb_http *http;
+static uint64_t close_timeout_ms = 5000;
 
 static int health(void *data, char *msg, size_t msglen)
 {
@@ -57,7 +63,15 @@ static void *sleep_thread(void *arg)
 	if (k->waiting)
 		wire_req_wait_end(k->req);
 	/* completed from this thread, as a role with blocking work would */
-	wire_req_reply(k->req, BCON_NEW("slept", BCON_INT64(k->ms)));
+	bson_t *reply = BCON_NEW("slept", BCON_INT64(k->ms));
+	if (k->pad > 0) {
+		char *pad = sdb_malloc((size_t)k->pad + 1);
+		memset(pad, 'x', (size_t)k->pad);
+		pad[k->pad] = '\0';
+		BSON_APPEND_UTF8(reply, "pad", pad);
+		free(pad);
+	}
+	wire_req_reply(k->req, reply);
 	free(k);
 	return NULL;
 }
@@ -79,6 +93,9 @@ static void cmd_sleep(wire_req *req, void *data)
 	k->ms = bson_iter_as_int64(&it);
 	k->waiting = bson_iter_init_find(&it, wire_req_cmd(req), "waiting") &&
 		     bson_iter_as_bool(&it);
+	if (bson_iter_init_find(&it, wire_req_cmd(req), "pad") && BSON_ITER_HOLDS_NUMBER(&it) &&
+	    bson_iter_as_int64(&it) > 0 && bson_iter_as_int64(&it) <= 12000000)
+		k->pad = bson_iter_as_int64(&it);
 	pthread_t t;
 	if (pthread_create(&t, NULL, sleep_thread, k) != 0) {
 		free(k);
@@ -127,7 +144,7 @@ static void on_signal(uv_signal_t *s, int signum)
 	(void)signum;
 	uv_signal_stop(&sig_term);
 	uv_signal_stop(&sig_int);
-	wire_server_close(srv, 5000, on_closed, NULL);
+	wire_server_close(srv, close_timeout_ms, on_closed, NULL);
 }
 
 int main(int argc, char **argv)
@@ -144,6 +161,8 @@ int main(int argc, char **argv)
 			listen = argv[i] + 9;
 		else if (strncmp(argv[i], "--http-listen=", 14) == 0)
 			http_listen = argv[i] + 14;
+		else if (strncmp(argv[i], "--close-timeout-ms=", 19) == 0)
+			close_timeout_ms = strtoull(argv[i] + 19, NULL, 10);
 		else if (strcmp(argv[i], "--debug") == 0)
 			sdb_log_set_level(SDB_LOG_DEBUG);
 	}
