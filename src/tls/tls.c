@@ -392,6 +392,8 @@ int tls_conn_feed(tls_conn *c, const uint8_t *in, size_t len, tls_out_fn plain, 
 		e = SSL_get_error(c->ssl, n);
 		ERR_clear_error();
 		flush(c, send, arg);
+		if (e == SSL_ERROR_ZERO_RETURN)
+			return 1; /* close_notify */
 		return e == SSL_ERROR_WANT_READ ? 0 : SDB_EPROTO;
 	}
 }

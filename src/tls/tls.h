@@ -99,8 +99,10 @@ tls_conn *tls_conn_new(tls_listener *l);
 void tls_conn_free(tls_conn *c); /* NULL is a no-op */
 
 /* Feed len ciphertext bytes received. Decrypted bytes go to plain(arg, ...), bytes to send
- * (handshake, alerts) to send(arg, ...), both called synchronously. Returns 0. Errors:
- * SDB_EPROTO when the session failed or was closed by the peer (close the connection). */
+ * (handshake, alerts) to send(arg, ...), both called synchronously. Returns 0, or 1 when
+ * the peer closed its side with close_notify (RFC 8446 6.1: it sends nothing more; the
+ * bytes before it were handed to plain, and c may still encrypt replies). Errors:
+ * SDB_EPROTO when the session failed (close the connection). */
 int tls_conn_feed(tls_conn *c, const uint8_t *in, size_t len, tls_out_fn plain, tls_out_fn send,
 		  void *arg);
 

@@ -104,7 +104,7 @@ static const sdb_metric_def entry_metrics[] = {
 			     "Wire protocol commands completed, by command and status.",
 			     "status=\"error\""),
 	SDB_METRIC_HISTOGRAM(wire_cmd_entry, duration, "stripedb_wire_command_duration_seconds",
-			     "Wire protocol command latency, receive to reply queued."),
+			     "Wire protocol command latency, receive to the reply (completion)."),
 };
 
 static void entry_init_metrics(wire_server *srv, wire_cmd_entry *e, const char *cmd)
@@ -626,14 +626,33 @@ static bool tls_on_read(wire_conn *conn, size_t nread)
 		conn_write_raw(conn, rx.out.buf, rx.out.len);
 	else
 		free(rx.out.buf);
-	if (rc != 0) {
+	if (rc < 0) {
 		sdb_debug("wire: TLS session failed, closing connection", "conn=%lld peer=%s",
 			  (long long)conn->id, conn->peer);
 		conn_close(conn);
-		conn_gone(conn); /* a client's close_notify ends the session too */
+		conn_gone(conn);
 		return false;
 	}
-	conn_process(conn);
+	conn_process(conn); /* what came before a close_notify runs */
+	if (rc == 1 && conn->state != WIRE_CONN_CLOSING) {
+		/* close_notify: the client sends nothing more, as at a plaintext EOF. It still
+		 * gets the replies of what it sent, queued or to come: the connection closes
+		 * once they are written (a reply larger than the socket buffers was cut). A
+		 * watched request (awaitable hello) is told at once. */
+		sdb_debug("wire: TLS close_notify", "conn=%lld peer=%s", (long long)conn->id,
+			  conn->peer);
+		if (conn->reading) {
+			uv_read_stop((uv_stream_t *)&conn->tcp);
+			conn->reading = false;
+		}
+		conn->close_when_idle = true;
+		if (conn->state == WIRE_CONN_BUSY && conn->watch_eof) {
+			conn_close(conn);
+			conn_gone(conn);
+			return false;
+		}
+		conn_maybe_close_idle(conn);
+	}
 	return false;
 }
 

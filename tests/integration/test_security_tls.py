@@ -1,8 +1,12 @@
 """TLS on the proxy's client listener (issue #10): --tls-mode=required serves TLS clients
 and refuses plaintext ones; allowed serves both; authentication works over TLS."""
 import json
+import socket
+import ssl
+import struct
 import subprocess
 
+import bson
 import pymongo
 import pytest
 from pymongo.errors import ServerSelectionTimeoutError
@@ -83,6 +87,79 @@ def test_tls_allowed_serves_both(start_role, tmp_path):
     assert list(p.db.c.find({})) == [{"_id": 1}]
     t.close()
     p.close()
+    cl.close()
+
+
+def test_a_client_that_sends_close_notify_still_gets_its_reply(start_role, tmp_path):
+    """A TLS client may send its request and then close its side with close_notify (TLS
+    1.3's half-close, RFC 8446 6.1), as a plaintext client may shut down its write side:
+    it still gets the whole reply, here several MB (far larger than the socket buffers), and
+    then the close. The server closed at the close_notify: nothing came back."""
+    ca, args = tls_args(tmp_path, "allowed")
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1, proxy_args=args)
+    port = cl.proxy_ports[0]
+    c = tls_client(port, ca)
+    c.t.big.insert_many([{"_id": i, "s": "x" * (1 << 20)} for i in range(14)])
+    c.close()
+
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    raw.settimeout(60)
+    raw.connect(("127.0.0.1", port))
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context(cafile=ca).wrap_bio(inc, out,
+                                                         server_hostname="127.0.0.1")
+
+    def flush():
+        data = out.read()
+        if data:
+            raw.sendall(data)
+
+    def fill():
+        data = raw.recv(1 << 16)
+        if data:
+            inc.write(data)
+        else:
+            inc.write_eof()
+        return bool(data)
+
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            flush()
+            assert fill(), "closed during the handshake"
+    flush()
+    body = bson.encode({"find": "big", "batchSize": 100, "$db": "t"})
+    payload = struct.pack("<I", 0) + b"\x00" + body
+    tls.write(struct.pack("<iiii", 16 + len(payload), 7, 0, 2013) + payload)
+    try:
+        tls.unwrap()  # queues close_notify; the server's answers come after
+    except ssl.SSLWantReadError:
+        pass
+    flush()
+    plain = b""
+    while True:
+        try:
+            chunk = tls.read(1 << 20)
+        except ssl.SSLWantReadError:
+            if not fill():
+                break
+            continue
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            break
+        if not chunk:
+            break
+        plain += chunk
+    raw.close()
+    assert len(plain) >= 16, f"no reply after close_notify ({len(plain)} bytes)"
+    length, _rid, response_to, _op = struct.unpack("<iiii", plain[:16])
+    assert len(plain) == length, f"reply of {length} bytes cut at {len(plain)}"
+    reply = bson.decode(plain[21:length])
+    assert response_to == 7 and reply["ok"] == 1.0, reply.get("errmsg")
+    ids = [d["_id"] for d in reply["cursor"]["firstBatch"]]  # the proxy cuts the batch
+    assert ids == list(range(len(ids))) and length > 4 << 20, (ids, length)
     cl.close()
 
 

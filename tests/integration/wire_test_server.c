@@ -156,6 +156,8 @@ int main(int argc, char **argv)
 	int rc;
 
 	sdb_alloc_init();
+	signal(SIGPIPE, SIG_IGN); /* a client's reset meets a write: an error, not a kill (as
+				   * common/role.c does for the roles) */
 	for (int i = 1; i < argc; i++) {
 		if (strncmp(argv[i], "--listen=", 9) == 0)
 			listen = argv[i] + 9;
