@@ -11,10 +11,12 @@ import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import time
 import urllib.request
 
+import bson
 import pytest
 
 BIN = os.environ.get("STRIPEDB_BIN") or os.path.join(
@@ -188,6 +190,13 @@ def http_get(port, path, timeout=5.0):
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def op_msg(request_id, body, flags=0):
+    """One OP_MSG message (bytes): flagBits, then body (a dict) as its kind-0 section.
+    Wire protocol: https://www.mongodb.com/docs/manual/reference/mongodb-wire-protocol/"""
+    payload = struct.pack("<I", flags) + b"\x00" + bson.encode(body)
+    return struct.pack("<iiii", 16 + len(payload), request_id, 0, 2013) + payload
 
 
 def assert_clean_exit(proc, timeout=20.0):

@@ -21,7 +21,7 @@ import pytest
 from pymongo import monitoring
 from pymongo.errors import OperationFailure
 
-from conftest import wait_until
+from conftest import op_msg, wait_until
 
 from proxy_helpers import ProxyCluster
 
@@ -41,11 +41,6 @@ def op_query(request_id, ns, query, ntoreturn=0, skip=0, flags=0, fields=None):
     if fields is not None:
         payload += bson.encode(fields)
     return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_QUERY) + payload
-
-
-def op_msg(request_id, body, flags=0):
-    payload = struct.pack("<I", flags) + b"\x00" + bson.encode(body)
-    return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_MSG) + payload
 
 
 def recv_exact(s, n):

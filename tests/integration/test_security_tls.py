@@ -11,7 +11,7 @@ import pymongo
 import pytest
 from pymongo.errors import ServerSelectionTimeoutError
 
-from conftest import free_port, wait_until
+from conftest import free_port, op_msg, wait_until
 from proxy_helpers import ProxyCluster
 from test_ratelimit_grpc import pb  # noqa: F401 - the stubs fixture
 
@@ -131,9 +131,7 @@ def test_a_client_that_sends_close_notify_still_gets_its_reply(start_role, tmp_p
             flush()
             assert fill(), "closed during the handshake"
     flush()
-    body = bson.encode({"find": "big", "batchSize": 100, "$db": "t"})
-    payload = struct.pack("<I", 0) + b"\x00" + body
-    tls.write(struct.pack("<iiii", 16 + len(payload), 7, 0, 2013) + payload)
+    tls.write(op_msg(7, {"find": "big", "batchSize": 100, "$db": "t"}))
     try:
         tls.unwrap()  # queues close_notify; the server's answers come after
     except ssl.SSLWantReadError:

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import (BIN, MONGOSH, free_port, no_gossip, http_get, needs_node_client, node_env,
-                      wait_until)
+                      op_msg, wait_until)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEST_SERVER = os.path.join(os.path.dirname(os.path.abspath(BIN)), "tests", "integration",
@@ -94,11 +94,6 @@ def wire(start_role, tmp_path):
 
 
 # ---- raw protocol helpers ----
-
-def op_msg(request_id, body, flags=0):
-    payload = struct.pack("<I", flags) + b"\x00" + bson.encode(body)
-    return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_MSG) + payload
-
 
 def recv_exact(s, n):
     buf = b""
