@@ -2,6 +2,7 @@
 #include "cdc/reader.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,8 +102,12 @@ int cdc_reader_open(cdc_log *log, const char *shard, uint64_t after_ts, cdc_read
 	if (rc)
 		goto fail;
 	/* Starting at the oldest event a source has is only safe if the event before it is
-	 * somewhere (then its ts <= after_ts) or if the log really began there (offset 0). */
-	if (r->next == src->first_offset && r->next > 0 && !covers(other, r->next - 1)) {
+	 * somewhere (then its ts <= after_ts) or if the log really began there (offset 0).
+	 * And the source's retention may have passed the position while we located it: then
+	 * it exists nowhere unless the other source has it. */
+	bool passed = r->next < src->first_offset && !covers(other, r->next);
+	if (passed ||
+	    (r->next == src->first_offset && r->next > 0 && !covers(other, r->next - 1))) {
 		rc = sdb_errf(err, errlen, SDB_ENOTFOUND,
 			      "cdc %s: position %u:%u exists nowhere: the oldest event kept is "
 			      "offset %" PRIu64 " (ts %u:%u) in the %s; older events were dropped "
