@@ -2,7 +2,8 @@
  * introspection commands for pymongo, the Node.js driver, libmongoc and mongosh.
  * Sources: MongoDB's hello (src/mongo/db/repl/replication_info.cpp, the awaitable hello of
  * the SDAM spec "server-monitoring.md"), buildInfo, getParameter, getLog, whatsmyuri,
- * hostInfo, connectionStatus, endSessions and killAllSessions reference pages. */
+ * hostInfo, connectionStatus, endSessions and killAllSessions reference pages. And the
+ * command table itself (wire_server_register, the lookup, per-command metrics). */
 #ifdef HAVE_CONFIG_H
 #include "build_config.h"
 #endif
@@ -530,4 +531,77 @@ void wire__register_builtins(wire_server *srv)
 	wire_server_register(srv, "killAllSessions", cmd_ok);
 	wire_server_register(srv, "configureFailPoint", wire__cmd_configure_fail_point);
 	uv_once(&process_start_once, process_start_init);
+}
+
+/* ---- the command table: registration, lookup, per-command metrics ---- */
+
+/* A command's series: its labels are role="R",cmd="C" and then the row's. */
+static const sdb_metric_def entry_metrics[] = {
+	SDB_METRIC_COUNTER_L(wire_cmd_entry, ok, "stripedb_wire_commands_total",
+			     "Wire protocol commands completed, by command and status.",
+			     "status=\"ok\""),
+	SDB_METRIC_COUNTER_L(wire_cmd_entry, error, "stripedb_wire_commands_total",
+			     "Wire protocol commands completed, by command and status.",
+			     "status=\"error\""),
+	SDB_METRIC_HISTOGRAM(wire_cmd_entry, duration, "stripedb_wire_command_duration_seconds",
+			     "Wire protocol command latency, receive to the reply (completion)."),
+};
+
+void wire__entry_init_metrics(wire_server *srv, wire_cmd_entry *e, const char *cmd)
+{
+	char labels[256];
+
+	snprintf(labels, sizeof labels, "role=\"%s\",cmd=\"%s\"", srv->role, cmd);
+	SDB_METRICS_REGISTER(e, entry_metrics, labels);
+}
+
+const char *wire__canonical_name(const char *name)
+{
+	if (strcmp(name, "isMaster") == 0 || strcmp(name, "ismaster") == 0)
+		return "hello";
+	return name;
+}
+
+wire_cmd_entry *wire__lookup(wire_server *srv, const char *name)
+{
+	name = wire__canonical_name(name);
+	for (size_t i = 0; i < srv->n_cmds; i++)
+		if (strcmp(srv->cmds[i]->name, name) == 0)
+			return srv->cmds[i];
+	return NULL;
+}
+
+static void refuse_js(wire_req *req, void *data)
+{
+	(void)data;
+	wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND,
+		       "%s is not supported: server-side JavaScript is never accepted by stripedb",
+		       wire_req_name(req));
+}
+
+void wire_server_refuse_js(wire_server *srv)
+{
+	static const char *const js[] = {"mapReduce", "mapreduce", "eval", "$eval", "group"};
+
+	for (size_t i = 0; i < sizeof js / sizeof js[0]; i++)
+		wire_server_register(srv, js[i], refuse_js);
+}
+
+void wire_server_register(wire_server *srv, const char *name, wire_cmd_fn fn)
+{
+	wire_cmd_entry *e;
+
+	name = wire__canonical_name(name);
+	e = wire__lookup(srv, name);
+	if (!e) {
+		if (srv->n_cmds == srv->cap_cmds) {
+			srv->cap_cmds = srv->cap_cmds ? srv->cap_cmds * 2 : 32;
+			srv->cmds = sdb_realloc(srv->cmds, srv->cap_cmds * sizeof *srv->cmds);
+		}
+		e = sdb_calloc(1, sizeof *e);
+		srv->cmds[srv->n_cmds++] = e;
+		e->name = sdb_strdup(name);
+		wire__entry_init_metrics(srv, e, name);
+	}
+	e->fn = fn;
 }

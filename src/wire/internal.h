@@ -1,4 +1,5 @@
-/* Private state shared by src/wire/server.c and src/wire/commands.c. Not for other folders:
+/* Private state shared by src/wire/server.c, request.c, commands.c, currentop.c and
+ * failpoint.c. Not for other folders:
  * roles use wire/server.h only. */
 #ifndef SDB_WIRE_INTERNAL_H
 #define SDB_WIRE_INTERNAL_H
@@ -67,7 +68,7 @@ struct wire_conn {
 	 * seen), 1 plaintext, 2 TLS (tls set). */
 	int tls_state;
 	tls_conn *tls;
-	/* A reply sent by the handler's thread (server.c req_complete, issue #19): the
+	/* A reply sent by the handler's thread (server.c wire__req_complete, issue #19): the
 	 * socket, and whether the request in flight may send its reply so. direct_ok is set
 	 * by the loop when it hands a plaintext connection with no queued writes a request,
 	 * taken by the reply, and cleared by conn_close before the socket is closed; all
@@ -218,6 +219,18 @@ bool wire__failpoint_intercept(wire_req *req, wire_cmd_entry *entry);
 /* currentop.c: the next opid (process-wide, > 0, wraps). Any thread. */
 int32_t wire__next_opid(void);
 
+/* server.c: complete req with reply (taken over; NULL only for a detached request's
+ * error paths as before): metrics, then the reply is sent and the request finished (see
+ * server.h). Any thread; exactly once per request (a second call aborts). */
+void wire__req_complete(wire_req *req, bson_t *reply);
+/* server.c: free a request (its command, reply, names, unsent reply bytes). */
+void wire__req_free(wire_req *req);
+/* request.c: whether reply's `ok` field is true (absent: false). */
+bool wire__reply_is_ok(const bson_t *reply);
+/* commands.c: the registered command named name (isMaster/ismaster: hello), or NULL. */
+wire_cmd_entry *wire__lookup(wire_server *srv, const char *name);
+/* commands.c: register e's metric series, labelled with srv's role and cmd. */
+void wire__entry_init_metrics(wire_server *srv, wire_cmd_entry *e, const char *cmd);
 /* commands.c: register the shared commands (hello, ping, buildInfo, ...). */
 void wire__register_builtins(wire_server *srv);
 /* commands.c: append topologyVersion {processId, counter} (SDAM) to doc. Loop thread. */

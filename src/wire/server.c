@@ -4,7 +4,6 @@
 #include <assert.h>
 #include <errno.h>
 #include <netdb.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,45 +92,7 @@ static void conn_unref(wire_conn *conn)
 	free(conn);
 }
 
-/* ---- metrics ---- */
-
-/* A command's series: its labels are role="R",cmd="C" and then the row's. */
-static const sdb_metric_def entry_metrics[] = {
-	SDB_METRIC_COUNTER_L(wire_cmd_entry, ok, "stripedb_wire_commands_total",
-			     "Wire protocol commands completed, by command and status.",
-			     "status=\"ok\""),
-	SDB_METRIC_COUNTER_L(wire_cmd_entry, error, "stripedb_wire_commands_total",
-			     "Wire protocol commands completed, by command and status.",
-			     "status=\"error\""),
-	SDB_METRIC_HISTOGRAM(wire_cmd_entry, duration, "stripedb_wire_command_duration_seconds",
-			     "Wire protocol command latency, receive to the reply (completion)."),
-};
-
-static void entry_init_metrics(wire_server *srv, wire_cmd_entry *e, const char *cmd)
-{
-	char labels[256];
-
-	snprintf(labels, sizeof labels, "role=\"%s\",cmd=\"%s\"", srv->role, cmd);
-	SDB_METRICS_REGISTER(e, entry_metrics, labels);
-}
-
 /* ---- requests ---- */
-
-const char *wire__canonical_name(const char *name)
-{
-	if (strcmp(name, "isMaster") == 0 || strcmp(name, "ismaster") == 0)
-		return "hello";
-	return name;
-}
-
-static wire_cmd_entry *srv_lookup(wire_server *srv, const char *name)
-{
-	name = wire__canonical_name(name);
-	for (size_t i = 0; i < srv->n_cmds; i++)
-		if (strcmp(srv->cmds[i]->name, name) == 0)
-			return srv->cmds[i];
-	return NULL;
-}
 
 static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, bool no_reply)
 {
@@ -161,7 +122,7 @@ static wire_req *req_new(wire_conn *conn, int32_t request_id, int32_t op_code, b
 	return req;
 }
 
-static void req_free(wire_req *req)
+void wire__req_free(wire_req *req)
 {
 	bson_destroy(req->cmd);
 	if (req->reply)
@@ -176,7 +137,6 @@ static void req_free(wire_req *req)
 }
 
 static void on_finish(uv_idle_t *h);
-static bool reply_is_ok(const bson_t *reply);
 static uint8_t *reply_encode(wire_req *req, size_t *len);
 
 /* The handler's thread (not the loop): send req's reply on its connection now, when the
@@ -213,7 +173,7 @@ static void reply_direct(wire_req *req)
 	uv_mutex_unlock(&conn->wmu);
 }
 
-static void req_complete(wire_req *req, bson_t *reply)
+void wire__req_complete(wire_req *req, bson_t *reply)
 {
 	wire_server *srv = req->srv;
 
@@ -235,7 +195,7 @@ static void req_complete(wire_req *req, bson_t *reply)
 	 * (reply_direct) may wait for the loop's next wakeup */
 	{
 		uint64_t ns = sdb_mono_ns() - req->start_ns;
-		bool ok = reply_is_ok(reply);
+		bool ok = wire__reply_is_ok(reply);
 
 		sdb_gauge_add(srv->m_running, -1);
 		sdb_counter_inc(ok ? req->entry->ok : req->entry->error);
@@ -276,216 +236,6 @@ static void req_complete(wire_req *req, bson_t *reply)
 		uv_idle_start(&srv->finish, on_finish);
 		srv->finish_active = true;
 	}
-}
-
-static bool reply_is_ok(const bson_t *reply)
-{
-	bson_iter_t it;
-	return bson_iter_init_find(&it, reply, "ok") && bson_iter_as_bool(&it);
-}
-
-void wire_req_reply(wire_req *req, bson_t *reply)
-{
-	bson_iter_t it;
-
-	if (!reply)
-		reply = bson_new();
-	if (!bson_iter_init_find(&it, reply, "ok"))
-		BSON_APPEND_DOUBLE(reply, "ok", 1.0);
-	if (req->reply_extra && reply_is_ok(reply))
-		bson_concat(reply, req->reply_extra); /* failCommand's writeConcernError */
-	req_complete(req, reply);
-}
-
-/* errmsg must be valid UTF-8 (drivers refuse to decode the reply otherwise), but it may
- * quote client bytes cut mid-character by a "%.200s": replace each byte that does not
- * start a valid sequence with '?', in place. */
-static void utf8_repair(char *s)
-{
-	unsigned char *p = (unsigned char *)s;
-
-	while (*p) {
-		size_t len = *p < 0x80 ? 1
-			     : (*p & 0xE0) == 0xC0 ? 2
-			     : (*p & 0xF0) == 0xE0 ? 3
-			     : (*p & 0xF8) == 0xF0 ? 4
-						   : 0;
-		size_t i = 1;
-
-		while (i < len && (p[i] & 0xC0) == 0x80) /* stops at the NUL too */
-			i++;
-		if (len == 0 || i < len || !bson_utf8_validate((const char *)p, len, false)) {
-			*p++ = '?';
-			continue;
-		}
-		p += len;
-	}
-}
-
-static bson_t *error_doc(int code, bson_t *extra, const char *fmt, va_list ap)
-{
-	bson_t *doc = bson_new();
-	char *msg = bson_strdupv_printf(fmt, ap);
-
-	utf8_repair(msg);
-
-	BSON_APPEND_DOUBLE(doc, "ok", 0.0);
-	BSON_APPEND_UTF8(doc, "errmsg", msg);
-	BSON_APPEND_INT32(doc, "code", code);
-	BSON_APPEND_UTF8(doc, "codeName", wire_code_name(code));
-	if (extra) {
-		bson_concat(doc, extra);
-		bson_destroy(extra);
-	}
-	bson_free(msg);
-	return doc;
-}
-
-/* The error of a request killOp marked (wire_req_kill): whatever its handler failed
- * with, mongod's Interrupted (11601) "operation was interrupted" (the error of an
- * OperationContext killed with ErrorCodes::Interrupted at an interruption point); of one
- * past its maxTimeMS (wire_req_expire), MaxTimeMSExpired (50). */
-static bson_t *interrupted_doc(const wire_req *req, bson_t *extra)
-{
-	bson_t *doc = bson_new();
-	bool expired = atomic_load(&((wire_req *)req)->killed) == 2;
-	int code = expired ? WIRE_ERR_MAX_TIME_EXPIRED : WIRE_ERR_INTERRUPTED;
-
-	if (extra)
-		bson_destroy(extra);
-	BSON_APPEND_DOUBLE(doc, "ok", 0.0);
-	/* an expired request: mongod's MaxTimeMSExpired of an operation past maxTimeMS */
-	BSON_APPEND_UTF8(doc, "errmsg",
-			 expired ? "operation exceeded time limit" : "operation was interrupted");
-	BSON_APPEND_INT32(doc, "code", code);
-	BSON_APPEND_UTF8(doc, "codeName", wire_code_name(code));
-	return doc;
-}
-
-void wire_req_error(wire_req *req, int code, const char *fmt, ...)
-{
-	va_list ap;
-	bson_t *doc;
-
-	if (atomic_load(&req->killed)) {
-		req_complete(req, interrupted_doc(req, NULL));
-		return;
-	}
-	va_start(ap, fmt);
-	doc = error_doc(code, NULL, fmt, ap);
-	va_end(ap);
-	req_complete(req, doc);
-}
-
-void wire_req_error_extra(wire_req *req, int code, bson_t *extra, const char *fmt, ...)
-{
-	va_list ap;
-	bson_t *doc;
-
-	if (atomic_load(&req->killed)) {
-		req_complete(req, interrupted_doc(req, extra));
-		return;
-	}
-	va_start(ap, fmt);
-	doc = error_doc(code, extra, fmt, ap);
-	va_end(ap);
-	req_complete(req, doc);
-}
-
-wire_req *wire_req_detached_new(const char *db, const bson_t *cmd)
-{
-	wire_req *req = sdb_calloc(1, sizeof *req);
-	bson_iter_t it;
-
-	req->cmd = bson_copy(cmd);
-	req->db = sdb_strdup(db);
-	req->name = sdb_strdup(bson_iter_init(&it, cmd) && bson_iter_next(&it)
-				       ? bson_iter_key(&it)
-				       : "");
-	req->op_code = WIRE_OP_MSG;
-	req->start_ns = sdb_mono_ns();
-	req->opid = wire__next_opid();
-	return req;
-}
-
-void wire_req_detached_on_done(wire_req *req, void (*cb)(void *arg, wire_req *req), void *arg)
-{
-	req->detached_done = cb;
-	req->detached_arg = arg;
-}
-
-bson_t *wire_req_detached_take(wire_req *req)
-{
-	bson_t *reply = atomic_load(&req->completed) ? req->reply : NULL;
-
-	req->reply = NULL;
-	return reply;
-}
-
-void wire_req_detached_free(wire_req *req)
-{
-	if (req)
-		req_free(req);
-}
-
-const bson_t *wire_req_cmd(const wire_req *req)
-{
-	return req->cmd;
-}
-
-const char *wire_req_name(const wire_req *req)
-{
-	return req->name ? req->name : "";
-}
-
-const char *wire_req_db(const wire_req *req)
-{
-	return req->db ? req->db : "";
-}
-
-wire_conn *wire_req_conn(const wire_req *req)
-{
-	return req->conn;
-}
-
-uint64_t wire_req_start_ns(const wire_req *req)
-{
-	return req->start_ns;
-}
-
-void wire_req_wait_begin(wire_req *req)
-{
-	atomic_fetch_add(&req->waiting, 1);
-}
-
-void wire_req_wait_end(wire_req *req)
-{
-	int was = atomic_fetch_sub(&req->waiting, 1);
-	assert(was > 0);
-	(void)was;
-}
-
-/* ---- connections ---- */
-
-void *wire_conn_data(const wire_conn *conn)
-{
-	return conn->data;
-}
-
-void wire_conn_set_data(wire_conn *conn, void *data, void (*free_fn)(void *))
-{
-	conn->data = data;
-	conn->data_free = free_fn;
-}
-
-const char *wire_conn_peer(const wire_conn *conn)
-{
-	return conn->peer;
-}
-
-int64_t wire_conn_id(const wire_conn *conn)
-{
-	return conn->id;
 }
 
 static void on_conn_closed(uv_handle_t *h)
@@ -864,7 +614,7 @@ static void finish_done(wire_server *srv)
 					conn_process(conn);
 			}
 		}
-		req_free(req);
+		wire__req_free(req);
 		conn_unref(conn);
 	}
 	srv_maybe_finish(srv);
@@ -1102,7 +852,7 @@ static void req_dispatch(wire_req *req)
 		return;
 	}
 	req->name = sdb_strdup(bson_iter_key(&it));
-	entry = srv_lookup(srv, req->name);
+	entry = wire__lookup(srv, req->name);
 	req->entry = entry ? entry : &srv->unknown;
 	if (srv->state != WIRE_SRV_RUNNING && refused_at_shutdown(req->name)) {
 		refuse_shutdown(req);
@@ -1709,48 +1459,13 @@ int wire_server_new(uv_loop_t *loop, const wire_server_opts *opts, wire_server *
 		snprintf(labels, sizeof labels, "role=\"%s\"", srv->role);
 		SDB_METRICS_REGISTER(srv, server_metrics, labels);
 	}
-	entry_init_metrics(srv, &srv->unknown, "unknown");
-	entry_init_metrics(srv, &srv->invalid, "invalid");
+	wire__entry_init_metrics(srv, &srv->unknown, "unknown");
+	wire__entry_init_metrics(srv, &srv->invalid, "invalid");
 	wire__register_builtins(srv);
 
 	sdb_info("wire: listening", "addr=%s port=%d", opts->listen, srv->port);
 	*out = srv;
 	return 0;
-}
-
-static void refuse_js(wire_req *req, void *data)
-{
-	(void)data;
-	wire_req_error(req, WIRE_ERR_COMMAND_NOT_FOUND,
-		       "%s is not supported: server-side JavaScript is never accepted by stripedb",
-		       wire_req_name(req));
-}
-
-void wire_server_refuse_js(wire_server *srv)
-{
-	static const char *const js[] = {"mapReduce", "mapreduce", "eval", "$eval", "group"};
-
-	for (size_t i = 0; i < sizeof js / sizeof js[0]; i++)
-		wire_server_register(srv, js[i], refuse_js);
-}
-
-void wire_server_register(wire_server *srv, const char *name, wire_cmd_fn fn)
-{
-	wire_cmd_entry *e;
-
-	name = wire__canonical_name(name);
-	e = srv_lookup(srv, name);
-	if (!e) {
-		if (srv->n_cmds == srv->cap_cmds) {
-			srv->cap_cmds = srv->cap_cmds ? srv->cap_cmds * 2 : 32;
-			srv->cmds = sdb_realloc(srv->cmds, srv->cap_cmds * sizeof *srv->cmds);
-		}
-		e = sdb_calloc(1, sizeof *e);
-		srv->cmds[srv->n_cmds++] = e;
-		e->name = sdb_strdup(name);
-		entry_init_metrics(srv, e, name);
-	}
-	e->fn = fn;
 }
 
 int wire_server_port(const wire_server *srv)
