@@ -76,11 +76,16 @@ bool sdb_bson_as_int64_exact(const bson_iter_t *it, int64_t *out);
  * do not form one (*out then unusable). */
 bool sdb_bson_iter_doc(const bson_iter_t *it, bson_t *out);
 
-/* Whether every nested document and array of doc is itself well formed to its end, at
- * most max_depth levels deep. bson_validate with BSON_VALIDATE_NONE skips a nested document
- * it cannot open and stops quietly at a malformed element inside one, so a document it
- * accepts may still abort bson_init_static deeper in (fuzz_storage_update found one reaching
- * the update engine). The wire layer checks every incoming document with both. */
+/* Whether doc is valid BSON for the wire: every element well formed to the document's
+ * end, every field name UTF-8 (an empty name is allowed), and every nested document, array
+ * and code-with-scope scope well formed in turn, at most max_depth levels deep (the
+ * top-level document is level 0; {a: {}} nests 1). This is everything bson_validate with
+ * BSON_VALIDATE_NONE refuses (as libbson 1.23 implements it) and more: that walk skips a
+ * nested document it cannot open, stops quietly at a malformed element inside one (a
+ * document it accepted aborted bson_init_static deeper in the update engine, found by
+ * fuzz_storage_update), and recurses into nested documents and scopes without a limit. The
+ * values of strings are not checked for UTF-8, as neither bson_validate(NONE) nor mongod's
+ * default BSON validation does. One pass; no allocation; recursion bounded by max_depth. */
 bool sdb_bson_well_formed(const bson_t *doc, int max_depth);
 
 #endif

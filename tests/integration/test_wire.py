@@ -209,6 +209,32 @@ def _big_body_msg(request_id, nbytes):
     return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_MSG) + payload
 
 
+def _deep_scope_msg(request_id, depth):
+    """OP_MSG {find: "c", $db: "test", filter: {x: CodeWScope("x", {a: {a: ... {}}})}}
+    whose scope nests `depth` levels (8 bytes a level)."""
+    doc = b"\x05\x00\x00\x00\x00"
+    for _ in range(depth):
+        doc = struct.pack("<i", len(doc) + 8) + b"\x03a\x00" + doc + b"\x00"
+    cws = struct.pack("<i", 2) + b"x\x00" + doc
+    cws = struct.pack("<i", len(cws) + 4) + cws
+    filt = b"\x0fx\x00" + cws
+    filt = struct.pack("<i", len(filt) + 5) + filt + b"\x00"
+    fields = (b"\x02find\x00" + struct.pack("<i", 2) + b"c\x00"
+              + b"\x02$db\x00" + struct.pack("<i", 5) + b"test\x00" + b"\x03filter\x00" + filt)
+    body = struct.pack("<i", len(fields) + 5) + fields + b"\x00"
+    payload = struct.pack("<I", 0) + b"\x00" + body
+    return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_MSG) + payload
+
+
+def _bad_key_msg(request_id):
+    """OP_MSG {ping: 1, $db: "admin", "a\\xff": 1}: a field name that is not UTF-8."""
+    fields = (b"\x10ping\x00" + struct.pack("<i", 1) + b"\x02$db\x00" + struct.pack("<i", 6)
+              + b"admin\x00" + b"\x10a\xff\x00" + struct.pack("<i", 1))
+    body = struct.pack("<i", len(fields) + 5) + fields + b"\x00"
+    payload = struct.pack("<I", 0) + b"\x00" + body
+    return struct.pack("<iiii", 16 + len(payload), request_id, 0, OP_MSG) + payload
+
+
 BAD_INPUTS = {
     # framing is valid (17 MiB < 48 MB) but the body is over maxBsonObjectSize
     "body_over_16MiB": (lambda s: s.sendall(_big_body_msg(6, 17 * 1024 * 1024)),
@@ -229,6 +255,10 @@ BAD_INPUTS = {
     "op_compressed": (lambda s: s.sendall(
         struct.pack("<iiiiiiB", 16 + 9 + 4, 8, 0, OP_COMPRESSED, OP_MSG, 64, 2) + b"zzzz"),
         ("error", 8, 238)),
+    # a code-with-scope whose scope nests 100,000 levels (800 KB): libbson's validation
+    # recursed through it without a limit and overflowed the loop thread's stack
+    "scope_nested_100000": (lambda s: s.sendall(_deep_scope_msg(9, 100_000)), ("error", 9, 22)),
+    "field_name_not_utf8": (lambda s: s.sendall(_bad_key_msg(10)), ("error", 10, 22)),
 }
 
 

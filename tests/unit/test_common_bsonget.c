@@ -195,11 +195,83 @@ static void test_well_formed_nested(void **state)
 	assert_false(sdb_bson_well_formed(&d, 10));
 }
 
+/* {x: CodeWScope("x", <scope>)} where the scope is {a: {a: ... {}}} nested `depth` deep
+ * (the scope itself is one level). Heap buffer of *len bytes. */
+static uint8_t *scope_doc(int depth, size_t *len)
+{
+	bson_t *inner = bson_new();
+	for (int i = 0; i < depth; i++) {
+		bson_t *outer = bson_new();
+		BSON_APPEND_DOCUMENT(outer, "a", inner);
+		bson_destroy(inner);
+		inner = outer;
+	}
+	bson_t *d = bson_new();
+	BSON_APPEND_CODE_WITH_SCOPE(d, "x", "x", inner);
+	uint8_t *out = bson_destroy_with_steal(d, true, (uint32_t *)len);
+	bson_destroy(inner);
+	return out;
+}
+
+/* A code-with-scope's scope is a nested document for the depth bound (a scope nested
+ * 100,000 deep killed the shard in bson_validate before) and must be well formed itself. */
+static void test_well_formed_scope(void **state)
+{
+	(void)state;
+	size_t len = 0;
+	uint8_t *buf = scope_doc(3, &len);
+	bson_t d;
+	assert_true(bson_init_static(&d, buf, len));
+	assert_true(sdb_bson_well_formed(&d, 4));  /* scope level 1, its {a: {a: {a: {}}}} 2..4 */
+	assert_false(sdb_bson_well_formed(&d, 3));
+	assert_true(bson_validate(&d, BSON_VALIDATE_NONE, NULL));
+	/* the innermost empty document's length (its last byte: after it come its terminator,
+	 * the three enclosing documents' and the top level's), broken: bson_validate refuses it
+	 * too */
+	buf[len - 1 - 3 - 1 - 1] = 0x7f;
+	assert_true(bson_init_static(&d, buf, len));
+	assert_false(bson_validate(&d, BSON_VALIDATE_NONE, NULL));
+	assert_false(sdb_bson_well_formed(&d, 10));
+	bson_free(buf);
+
+	buf = scope_doc(5000, &len);
+	assert_true(bson_init_static(&d, buf, len));
+	assert_false(sdb_bson_well_formed(&d, 200));
+	bson_free(buf);
+}
+
+/* Field names must be UTF-8 (bson_validate(NONE) refuses them too); an empty name is
+ * allowed; a string value that is not UTF-8 is allowed, as with bson_validate(NONE) and
+ * mongod's default validation. */
+static void test_well_formed_utf8(void **state)
+{
+	(void)state;
+	/* {"a\xff": 1} */
+	uint8_t badkey[13] = {13, 0, 0, 0, 0x10, 'a', 0xff, 0, 1, 0, 0, 0, 0};
+	/* {k: {"\xc3": 1}} */
+	uint8_t badnested[20] = {20, 0, 0, 0, 0x03, 'k', 0, 12, 0, 0, 0, 0x10, 0xc3, 0, 1, 0, 0, 0,
+				 0, 0};
+	/* {"": "\xff"} */
+	uint8_t badvalue[13] = {13, 0, 0, 0, 0x02, 0, 2, 0, 0, 0, 0xff, 0, 0};
+	bson_t d;
+	assert_true(bson_init_static(&d, badkey, sizeof badkey));
+	assert_false(bson_validate(&d, BSON_VALIDATE_NONE, NULL));
+	assert_false(sdb_bson_well_formed(&d, 10));
+	assert_true(bson_init_static(&d, badnested, sizeof badnested));
+	assert_false(bson_validate(&d, BSON_VALIDATE_NONE, NULL));
+	assert_false(sdb_bson_well_formed(&d, 10));
+	assert_true(bson_init_static(&d, badvalue, sizeof badvalue));
+	assert_true(bson_validate(&d, BSON_VALIDATE_NONE, NULL));
+	assert_true(sdb_bson_well_formed(&d, 10));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_integral_types_accepted),
 		cmocka_unit_test(test_well_formed_nested),
+		cmocka_unit_test(test_well_formed_scope),
+		cmocka_unit_test(test_well_formed_utf8),
 		cmocka_unit_test(test_absent_gives_default),
 		cmocka_unit_test(test_doubles_must_be_integral_int64),
 		cmocka_unit_test(test_wrong_type_names_field_and_type),

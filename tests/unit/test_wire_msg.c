@@ -589,6 +589,81 @@ static void test_deeply_nested_body_is_refused(void **state)
 	bson_destroy(head);
 }
 
+/* A body {find: "c", filter: {x: CodeWScope("x", {a: {a: ... {}}})}} whose scope nests
+ * 20,000 levels deep is refused InvalidBSON without recursing through it: the scope is a
+ * document that bson_validate recursed into without a limit (a 100,000-deep one killed a
+ * shard through one message). */
+static void test_deeply_nested_scope_is_refused(void **state)
+{
+	enum { DEPTH = 20000 };
+	size_t cap = (size_t)DEPTH * 8 + 64, len = 5, i;
+	uint8_t *d = malloc(cap), *t = malloc(cap);
+	mbuf b = msg_begin(5, WIRE_OP_MSG);
+	wire_msg m;
+	uint8_t *keep;
+	char err[256] = "";
+	int code = -1;
+
+	(void)state;
+	assert_non_null(d);
+	assert_non_null(t);
+	memcpy(d, "\x05\x00\x00\x00\x00", 5); /* {} */
+	for (i = 0; i < DEPTH; i++) { /* d = {a: d} */
+		size_t n = 4 + 1 + 2 + len + 1;
+		t[0] = (uint8_t)n;
+		t[1] = (uint8_t)(n >> 8);
+		t[2] = (uint8_t)(n >> 16);
+		t[3] = (uint8_t)(n >> 24);
+		t[4] = 0x03;
+		t[5] = 'a';
+		t[6] = 0;
+		memcpy(t + 7, d, len);
+		t[7 + len] = 0;
+		memcpy(d, t, n);
+		len = n;
+	}
+	put_i32(&b, 0);
+	put_u8(&b, 0);
+	{
+		/* code-with-scope value: int32 total, string "x", scope */
+		int32_t cws = (int32_t)(4 + 4 + 2 + len);
+		int32_t filter = (int32_t)(4 + 1 + 2 + cws + 1);
+		int32_t body = (int32_t)(4 + (1 + 5 + 4 + 2) + (1 + 7 + filter) + 1);
+		put_i32(&b, body);
+		put_u8(&b, 0x02);
+		put(&b, "find", 5);
+		put_i32(&b, 2);
+		put(&b, "c", 2);
+		put_u8(&b, 0x03);
+		put(&b, "filter", 7);
+		put_i32(&b, filter);
+		put_u8(&b, 0x0f);
+		put(&b, "x", 2);
+		put_i32(&b, cws);
+		put_i32(&b, 2);
+		put(&b, "x", 2);
+		put(&b, d, len);
+		put_u8(&b, 0);
+		put_u8(&b, 0);
+	}
+	msg_end(&b);
+	deep_arg arg = {b.p, b.len, &m, &keep, &code, err, sizeof err, 0};
+	pthread_attr_t attr;
+	pthread_t th;
+	assert_int_equal(pthread_attr_init(&attr), 0);
+	assert_int_equal(pthread_attr_setstacksize(&attr, 256 * 1024), 0);
+	assert_int_equal(pthread_create(&th, &attr, deep_parse, &arg), 0);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	pthread_attr_destroy(&attr);
+	assert_int_equal(arg.rc, SDB_EPROTO);
+	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
+	assert_non_null(strstr(err, "deeper than 200 levels"));
+	free(keep);
+	free(b.p);
+	free(d);
+	free(t);
+}
+
 static void test_op_query(void **state)
 {
 	bson_t *q = BCON_NEW("isMaster", BCON_INT32(1), "helloOk", BCON_BOOL(true));
@@ -1245,6 +1320,7 @@ int main(void)
 		cmocka_unit_test(test_sections_errors),
 		cmocka_unit_test(test_invalid_nested_bson),
 		cmocka_unit_test(test_deeply_nested_body_is_refused),
+		cmocka_unit_test(test_deeply_nested_scope_is_refused),
 		cmocka_unit_test(test_op_query),
 		cmocka_unit_test(test_legacy_find),
 		cmocka_unit_test(test_op_get_more),
