@@ -76,3 +76,9 @@ EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py
 	tests/integration/test_proxy_filtering.py tests/bench/chunk_bench.py \
 	tests/integration/test_rolling.py tests/integration/test_int_args.py \
 	tests/integration/test_proxy_leaks.py tests/integration/test_retryable_proxy.py
+
+# benchmark tool (never in make check): see tests/bench/README.md "The floor of an
+# event-driven proxy"
+noinst_PROGRAMS += tests/bench/relay_floor
+tests_bench_relay_floor_SOURCES = tests/bench/relay_floor.c
+tests_bench_relay_floor_LDADD = $(SDB_LIBS)

@@ -12,6 +12,10 @@ count, against:
              custom scripts (-M prepared, -c N -j N, -T, --random-seed, -l for latencies);
   * direct   one stripedb shard, directly;
   * proxy    one stripedb proxy in front of one shard (metadata member + proxy + shard);
+  * relay    (--relay PATH) tests/bench/relay_floor in front of a shard of its own: a
+             one-thread libuv byte relay, the floor under any event-driven proxy's cost
+             (its server CPU is the relay's and the shard's; x direct is the ratio to the
+             shard direct, as for the proxy);
   * rs3      (--replset) a 3-member shard replica set (replicaSet URI);
   * 4x2      (--scale-out) 4 shards behind 2 proxies, ycsb.usertable sharded on _id in 4
              ranged chunks (each shard given its filtering metadata, as a coordinator
@@ -27,7 +31,8 @@ the issue's goals met or not; --json FILE writes the same as JSON.
 
     /usr/bin/python3 tests/bench/pg_compare.py --bin /tmp/build-pg/stripedb \\
         [--seconds 10] [--records 50000] [--threads 1,16] [--with-64 [WORKLOADS]] \\
-        [--workloads c,a,b,e] [--replset] [--scale-out] [--json FILE] [--keep]
+        [--workloads c,a,b,e] [--replset] [--scale-out] [--relay build/tests/bench/relay_floor]
+        [--json FILE] [--keep]
 
 PostgreSQL refuses to run as root: when run as root, initdb, pg_ctl and the server run as
 --pg-user (default `postgres`, Debian's package user) via `runuser -u USER --`; pgbench
@@ -347,6 +352,16 @@ def start_targets(args, tmp, st):
     one = ProxyCluster(st, d, shards=1, proxies=1)
     targets.append(("proxy", f"mongodb://127.0.0.1:{one.proxy_ports[0]}/?directConnection=true",
                     new_pids(n0)))
+    if args.relay:
+        d = tmp / "relay"
+        d.mkdir()
+        sport, rport = free_port(), free_port()
+        n0 = len(st.starter.procs)
+        st(["--role=shard", f"--listen=127.0.0.1:{sport}", f"--data-dir={d}"])
+        relay = Relay(args.relay, rport, sport, d / "relay.log")
+        st.members.append(relay)
+        targets.append(("relay", f"mongodb://127.0.0.1:{rport}/?directConnection=true",
+                        new_pids(n0) + [relay.p.pid]))
     if args.replset:
         procs, _, uri = start_set(args.bin, tmp, 3, "pgcmp-rs3")
         st.members += procs
@@ -363,6 +378,29 @@ def start_targets(args, tmp, st):
         hosts = ",".join(f"127.0.0.1:{p}" for p in four.proxy_ports)
         targets.append(("4x2", f"mongodb://{hosts}/", new_pids(n0)))
     return targets
+
+
+class Relay:
+    """tests/bench/relay_floor on 127.0.0.1:port in front of 127.0.0.1:upstream; stop()."""
+
+    def __init__(self, path, port, upstream, log):
+        self.p = subprocess.Popen([path, str(port), "127.0.0.1", str(upstream)],
+                                  stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+
+        def up():
+            if self.p.poll() is not None:
+                raise RuntimeError(f"relay_floor exited with {self.p.returncode}: "
+                                   f"{pathlib.Path(log).read_text()[-300:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+        wait_until(up, 10, what="relay_floor listening")
+
+    def stop(self):
+        self.p.kill()
+        self.p.wait()
 
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -538,6 +576,8 @@ def main():
     ap.add_argument("--workloads", default="c,a,b,e", help="of c,a,b,e (default all)")
     ap.add_argument("--replset", action="store_true", help="also a 3-member shard set")
     ap.add_argument("--scale-out", action="store_true", help="also 4 shards behind 2 proxies")
+    ap.add_argument("--relay", metavar="PATH",
+                    help="also tests/bench/relay_floor (this binary) in front of a shard")
     ap.add_argument("--loopback-seconds", type=float, default=3)
     ap.add_argument("--seed", type=int, default=19)
     ap.add_argument("--pg-bindir", default=PG_BIN)
@@ -549,6 +589,8 @@ def main():
     if not args.bin or not os.access(args.bin, os.X_OK):
         die("--bin (or STRIPEDB_BIN) must name the stripedb binary")
     args.bin = os.path.abspath(args.bin)
+    if args.relay and not os.access(args.relay, os.X_OK):
+        die("--relay must name the relay_floor binary (make tests/bench/relay_floor)")
     os.environ["STRIPEDB_BIN"] = args.bin
     threads = [int(t) for t in args.threads.split(",") if t]
     wls = [w for w in args.workloads.split(",") if w]
