@@ -31,6 +31,7 @@ BUILD_PKGS="build-essential autoconf automake libtool pkg-config ca-certificates
 libuv1-dev libraft-dev libsqlite3-dev libbson-dev libmongoc-dev librdkafka-dev
 libssl-dev libcmocka-dev libmicrohttpd-dev libinih-dev libxxhash-dev libpcre2-dev
 libgrpc-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libcurl4-openssl-dev libxml2-dev libicu-dev
+libgoogle-perftools-dev
 python3 python3-pymongo"
 # Tests (pytest, its per-test timeout, pytest-xdist for the parallel phase of tests/integration/run.sh,
 # grpcio, h2/hpack for raw HTTP/2 frames, kcat, curl, sqlite3, Redis for the rate

@@ -166,7 +166,9 @@ static int shard_start(sdb_role *role)
 	 * are mmapped and given back to the system when freed. glibc otherwise raises its
 	 * mmap threshold to the largest block freed (up to 32 MiB), after which such buffers
 	 * come from the per-thread arenas of the workers and stay resident: a snapshot
-	 * copy left a source member ~150 MB larger (tests/bench/snapshot_mem_bench.py). */
+	 * copy left a source member ~150 MB larger (tests/bench/snapshot_mem_bench.py).
+	 * glibc's malloc only: a release build's tcmalloc (configure.ac) ignores mallopt and
+	 * returns freed spans to the system itself. */
 	mallopt(M_MMAP_THRESHOLD, 4 << 20);
 	int rc = sdb_store_open(dir, &so, &sh->store, err, sizeof err);
 	if (rc) {

@@ -22,7 +22,8 @@ count, against:
              would), the client given both proxies;
 
 stripedb targets are driven by `stripedb bench` (C, libmongoc; it reloads the collection
-before each run). One loopback round trip is measured in the same run (redis-benchmark
+before each run), of --client-bin when given: a release build links tcmalloc, which the
+servers should have and an application's libmongoc client usually does not. One loopback round trip is measured in the same run (redis-benchmark
 PING with 1 client against a private redis-server when installed, and always a 1-byte TCP
 echo between two Python processes) for the "1-client point read <= 1.5x a loopback round
 trip" goal. Prints one table (workload, threads, system, ops/s, p50 ms, p99 ms, ratio to
@@ -428,7 +429,7 @@ def stripedb_bench(args, targets, wl, threads, seed, work):
     over, the run has begun) to the start of the next target (or the end): CPU ms/op."""
     out = {}
     jbase = work / f"sdb-{wl}-{threads}.json"
-    cmd = [args.bin, "bench", "--workload", wl, "--distribution", "uniform",
+    cmd = [args.client_bin, "bench", "--workload", wl, "--distribution", "uniform",
            "--threads", str(threads), "--records", str(args.records),
            "--seconds", str(args.seconds), "--seed", str(seed), "--no-check",
            "--json", str(jbase)]
@@ -568,6 +569,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default=os.environ.get("STRIPEDB_BIN"),
                     help="the stripedb binary (a release build)")
+    ap.add_argument("--client-bin", metavar="PATH",
+                    help="the stripedb binary whose `stripedb bench` is the client (default "
+                         "--bin; e.g. a --without-tcmalloc build, so that the client keeps "
+                         "glibc's malloc, as an application linking libmongoc would)")
     ap.add_argument("--seconds", type=float, default=10, help="per run (default 10)")
     ap.add_argument("--records", type=int, default=50000, help="documents (default 50000)")
     ap.add_argument("--threads", default="1,16", help="client threads, comma-separated")
@@ -589,6 +594,9 @@ def main():
     if not args.bin or not os.access(args.bin, os.X_OK):
         die("--bin (or STRIPEDB_BIN) must name the stripedb binary")
     args.bin = os.path.abspath(args.bin)
+    args.client_bin = os.path.abspath(args.client_bin or args.bin)
+    if not os.access(args.client_bin, os.X_OK):
+        die("--client-bin must name a stripedb binary")
     if args.relay and not os.access(args.relay, os.X_OK):
         die("--relay must name the relay_floor binary (make tests/bench/relay_floor)")
     os.environ["STRIPEDB_BIN"] = args.bin
