@@ -1235,12 +1235,36 @@ static int unindex_stored(sdb_store_conn *c, const sdb_store_coll *co, const sdb
 	return store_indexes_remove(c, co, stored, idk, err, errlen);
 }
 
-/* sdb_store_replace and sdb_store_update: the "u" entry carries ud when given, else the
- * description of kind (computed from the stored image and new_doc). */
+#ifdef SDB_DEBUG
+/* Debug builds: abort unless image is, byte for byte, the stored document with key idk
+ * (the promise of sdb_store_update_stored's caller). */
+static void check_stored_image(sdb_store_conn *c, const sdb_store_coll *co, const sdb_key *idk,
+			       const bson_t *image)
+{
+	bson_t stored;
+	char err[128];
+
+	if (load_doc(c, co, idk, &stored, err, sizeof err) != 0)
+		return; /* no such document: the UPDATE finds none and says so */
+	if (stored.len != image->len ||
+	    memcmp(bson_get_data(&stored), bson_get_data(image), stored.len) != 0) {
+		fprintf(stderr, "store: sdb_store_update_stored given an image that is not the "
+				"stored document\n");
+		abort();
+	}
+	bson_destroy(&stored);
+}
+#endif
+
+/* sdb_store_replace, sdb_store_update and sdb_store_update_stored: the "u" entry carries
+ * ud when given, else the description of kind (computed from the stored image and
+ * new_doc). old_is_stored: old_doc is the stored image (sdb_store_update_stored), so the
+ * document is not read again: the UPDATE by key is the write's one descent of the
+ * collection's B-tree, and no row updated means no such document. */
 static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
-		       const bson_t *old_doc, const bson_t *new_doc, sdb_store_upd_kind kind,
-		       const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
-		       size_t errlen)
+		       const bson_t *old_doc, bool old_is_stored, const bson_t *new_doc,
+		       sdb_store_upd_kind kind, const bson_t *ud, const char *origin,
+		       sdb_store_dup *dup, char *err, size_t errlen)
 {
 	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co)
@@ -1264,9 +1288,17 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 			      "field '_id'");
 		goto out;
 	}
-	rc = unindex_stored(c, co, &idk, &stored, &have_stored, err, errlen);
-	if (rc)
-		goto out;
+	const bson_t *pre = &stored; /* the stored image */
+	if (old_is_stored) {
+#ifdef SDB_DEBUG
+		check_stored_image(c, co, &idk, old_doc);
+#endif
+		pre = old_doc;
+	} else {
+		rc = unindex_stored(c, co, &idk, &stored, &have_stored, err, errlen);
+		if (rc)
+			goto out;
+	}
 	sqlite3_stmt *s = coll_stmt(c, co, "UPDATE c_%lld SET doc = ? WHERE k = ?", err, errlen);
 	rc = SDB_EIO;
 	if (!s)
@@ -1276,6 +1308,16 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 	rc = store_step_done(c, s, err, errlen, "update");
 	if (rc)
 		goto out;
+	if (old_is_stored) {
+		/* index entries go after the row is known to exist: nothing to undo otherwise */
+		if (sqlite3_changes(c->db) == 0) {
+			rc = sdb_errf(err, errlen, SDB_ENOTFOUND, "no such document");
+			goto out;
+		}
+		rc = store_indexes_remove(c, co, pre, &idk, err, errlen);
+		if (rc)
+			goto out;
+	}
 	rc = store_indexes_add(c, (sdb_store_coll *)co, new_doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
@@ -1283,7 +1325,7 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 	bool have_desc = false;
 	if (!ud && kind != SDB_STORE_UPD_REPLACE) {
 		/* both images in hand: the stored one (never a caller's copy) and the new one */
-		int drc = sdb_docdiff_describe(&stored, new_doc,
+		int drc = sdb_docdiff_describe(pre, new_doc,
 					       kind == SDB_STORE_UPD_PIPELINE ? SDB_DOCDIFF_PIPELINE
 									      : SDB_DOCDIFF_MODIFIER,
 					       &desc);
@@ -1307,7 +1349,7 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 	if (origin)
 		id_doc(&id_it, &o2);
 	else
-		rc = doc_key(c, db, coll, &stored, &id_it, &o2, err, errlen);
+		rc = doc_key(c, db, coll, pre, &id_it, &o2, err, errlen);
 	if (rc == 0)
 		rc = coll_oplog(c, "u", db, coll, co, new_doc, &o2, ud, origin, err, errlen);
 	bson_destroy(&o2);
@@ -1325,8 +1367,8 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 		      const bson_t *old_doc, const bson_t *new_doc, const char *origin,
 		      sdb_store_dup *dup, char *err, size_t errlen)
 {
-	return replace_doc(c, db, coll, old_doc, new_doc, SDB_STORE_UPD_REPLACE, NULL, origin,
-			   dup, err, errlen);
+	return replace_doc(c, db, coll, old_doc, false, new_doc, SDB_STORE_UPD_REPLACE, NULL,
+			   origin, dup, err, errlen);
 }
 
 int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
@@ -1334,7 +1376,17 @@ int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
 		     const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
 		     size_t errlen)
 {
-	return replace_doc(c, db, coll, old_doc, new_doc, kind, ud, origin, dup, err, errlen);
+	return replace_doc(c, db, coll, old_doc, false, new_doc, kind, ud, origin, dup, err,
+			   errlen);
+}
+
+int sdb_store_update_stored(sdb_store_conn *c, const char *db, const char *coll,
+			    const bson_t *stored, const bson_t *new_doc, sdb_store_upd_kind kind,
+			    const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
+			    size_t errlen)
+{
+	return replace_doc(c, db, coll, stored, true, new_doc, kind, ud, origin, dup, err,
+			   errlen);
 }
 
 int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,
