@@ -570,7 +570,7 @@ int sdb_store_savepoint(sdb_store_conn *c)
 {
 	char sql[64];
 	snprintf(sql, sizeof sql, "SAVEPOINT sp%d", c->savepoints + 1);
-	int rc = store_exec_sql(c->db, sql, NULL, 0);
+	int rc = store_exec_cached(c, sql, NULL, 0);
 	if (rc == 0)
 		c->savepoints++;
 	return rc;
@@ -582,7 +582,7 @@ void sdb_store_savepoint_release(sdb_store_conn *c)
 	if (c->savepoints <= 0)
 		return;
 	snprintf(sql, sizeof sql, "RELEASE sp%d", c->savepoints--);
-	store_exec_sql(c->db, sql, NULL, 0);
+	store_exec_cached(c, sql, NULL, 0);
 }
 
 void sdb_store_savepoint_rollback(sdb_store_conn *c)
@@ -591,9 +591,9 @@ void sdb_store_savepoint_rollback(sdb_store_conn *c)
 	if (c->savepoints <= 0)
 		return;
 	snprintf(sql, sizeof sql, "ROLLBACK TO sp%d", c->savepoints);
-	store_exec_sql(c->db, sql, NULL, 0);
+	store_exec_cached(c, sql, NULL, 0);
 	snprintf(sql, sizeof sql, "RELEASE sp%d", c->savepoints--);
-	store_exec_sql(c->db, sql, NULL, 0);
+	store_exec_cached(c, sql, NULL, 0);
 	/* a rolled-back DDL must not leave a stale cache */
 	c->cache_gen = -1;
 	store_cache_load(c, NULL, 0);
@@ -607,7 +607,7 @@ int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err
 	if (c->in_txn || c->apply)
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: transaction already open");
 	pthread_mutex_lock(&c->st->write_mu);
-	int rc = store_exec_sql(c->db, "BEGIN IMMEDIATE", err, errlen);
+	int rc = store_exec_cached(c, "BEGIN IMMEDIATE", err, errlen);
 	if (rc) {
 		pthread_mutex_unlock(&c->st->write_mu);
 		return sqlite3_errcode(c->db) == SQLITE_BUSY ? SDB_EBUSY : rc;
@@ -628,7 +628,9 @@ int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err
 		c->st->last_ts = a > b ? a : b;
 		pthread_mutex_unlock(&c->st->ts_mu);
 	}
-	c->cache_gen = -1;
+	/* the catalog cache is reloaded only when catalog_gen moved: every catalog write bumps
+	 * it (store_catalog_bump, store_index_mark_multikey), a whole-store copy moves it past
+	 * both stores' (sdb_store_replace_from), and a rollback clears the cache */
 	rc = store_cache_load(c, err, errlen);
 	if (rc) {
 		sdb_store_apply_rollback(c);
@@ -672,7 +674,7 @@ int sdb_store_apply_commit(sdb_store_conn *c, uint64_t index, char *err, size_t 
 		}
 	}
 	if (rc == 0)
-		rc = store_exec_sql(c->db, "COMMIT", err, errlen);
+		rc = store_exec_cached(c, "COMMIT", err, errlen);
 	if (rc) {
 		sdb_store_apply_rollback(c);
 		return rc;
