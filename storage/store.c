@@ -456,6 +456,11 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 		c->savepoints = 0;
 		c->cmd_pending_bytes = c->pending_oplog_bytes;
 		c->cmd_last_ts = c->st->last_ts;
+		/* a cache loaded in this apply transaction is current: only this connection
+		 * writes until it commits, and its own catalog writes reload the cache, update
+		 * it in place (multikey) or, rolled back, clear it (cache_gen -1) */
+		if (c->cache_gen != -1)
+			return 0;
 		rc = store_cache_load(c, err, errlen);
 		if (rc) {
 			sdb_store_rollback(c);
