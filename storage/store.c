@@ -1052,6 +1052,61 @@ int store_indexes_remove(sdb_store_conn *c, const sdb_store_coll *co, const bson
 	return 0;
 }
 
+/* Whether two keysets hold the same keys in the same order. */
+static bool keysets_equal(const store_keyset *a, const store_keyset *b)
+{
+	if (a->n != b->n)
+		return false;
+	for (size_t i = 0; i < a->n; i++)
+		if (a->keys[i].len != b->keys[i].len ||
+		    memcmp(a->keys[i].data, b->keys[i].data, a->keys[i].len) != 0)
+			return false;
+	return true;
+}
+
+/* Index maintenance of the document with _id key idk replaced, old_doc (the stored image)
+ * by new_doc: store_indexes_remove of old_doc then store_indexes_add of new_doc, except
+ * that an index whose entries stay the same (the document in it before and after with the
+ * same keys in the same order, or in it neither before nor after: partial filter, sparse)
+ * is not written; it is still marked multikey when new_doc makes it so. Errors: theirs. */
+static int indexes_update(sdb_store_conn *c, sdb_store_coll *co, const bson_t *old_doc,
+			  const bson_t *new_doc, const sdb_key *idk, sdb_store_dup *dup,
+			  char *err, size_t errlen)
+{
+	for (size_t i = 0; i < co->n_indexes; i++) {
+		sdb_store_index *ix = &co->indexes[i];
+		bool old_cov = store_partial_covers(ix, old_doc);
+		bool new_cov = store_partial_covers(ix, new_doc);
+		bool old_missing = false, new_missing = false, multikey = false;
+		store_keyset oks, nks;
+		int rc = 0;
+
+		store_keyset_init(&oks);
+		store_keyset_init(&nks);
+		if (old_cov)
+			rc = store_index_keys(ix, old_doc, &oks, &old_missing, err, errlen);
+		if (rc == 0 && new_cov)
+			rc = store_key_index_keys(ix->key, ix->coll, new_doc, &nks, &new_missing,
+						  &multikey, &c->write_code, err, errlen);
+		if (rc == 0 && multikey && !ix->multikey)
+			rc = store_index_mark_multikey(c, co, ix, err, errlen);
+		bool old_in = old_cov && !(ix->sparse && old_missing);
+		bool new_in = new_cov && !(ix->sparse && new_missing);
+		if (rc == 0 && !(old_in == new_in && (!old_in || keysets_equal(&oks, &nks)))) {
+			if (old_cov)
+				rc = index_delete_keys(c, ix, &oks, idk, err, errlen);
+			if (rc == 0 && new_in)
+				rc = store_index_insert_keys(c, co, ix, &nks, idk, new_doc, dup, err,
+							     errlen);
+		}
+		store_keyset_destroy(&oks);
+		store_keyset_destroy(&nks);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 static void id_doc(const bson_iter_t *id_it, bson_t *out)
 {
 	bson_init(out);
@@ -1227,7 +1282,7 @@ static int load_doc(sdb_store_conn *c, const sdb_store_coll *co, const sdb_key *
 	return rc;
 }
 
-/* The first half of replacing or deleting the document with _id key idk: its stored
+/* The first half of deleting the document with _id key idk: its stored
  * image into *stored (*have_stored set once it is; the caller destroys it) and its index
  * entries removed; index maintenance works from the stored image, never a caller's copy.
  * Returns: 0, or load_doc's / indexes_remove's error. */
@@ -1302,9 +1357,10 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 #endif
 		pre = old_doc;
 	} else {
-		rc = unindex_stored(c, co, &idk, &stored, &have_stored, err, errlen);
+		rc = load_doc(c, co, &idk, &stored, err, errlen);
 		if (rc)
 			goto out;
+		have_stored = true;
 	}
 	sqlite3_stmt *s = coll_stmt(c, co, "UPDATE c_%lld SET doc = ? WHERE k = ?", err, errlen);
 	rc = SDB_EIO;
@@ -1315,23 +1371,19 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 	rc = store_step_done(c, s, err, errlen, "update");
 	if (rc)
 		goto out;
-	if (old_is_stored) {
-		/* index entries go after the row is known to exist: nothing to undo otherwise */
-		if (sqlite3_changes(c->db) == 0) {
-			rc = sdb_errf(err, errlen, SDB_ENOTFOUND, "no such document");
-			goto out;
-		}
-		rc = store_indexes_remove(c, co, pre, &idk, err, errlen);
-		if (rc)
-			goto out;
+	/* index entries go after the row is known to exist: nothing to undo otherwise */
+	if (old_is_stored && sqlite3_changes(c->db) == 0) {
+		rc = sdb_errf(err, errlen, SDB_ENOTFOUND, "no such document");
+		goto out;
 	}
-	rc = store_indexes_add(c, (sdb_store_coll *)co, new_doc, &idk, dup, err, errlen);
+	rc = indexes_update(c, (sdb_store_coll *)co, pre, new_doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
 	bson_t o2, desc;
 	bool have_desc = false;
 	if (!ud && kind != SDB_STORE_UPD_REPLACE) {
-		/* both images in hand: the stored one (never a caller's copy) and the new one */
+		/* both images in hand: the stored one (loaded here, or the stored image the
+		 * caller of sdb_store_update_stored read) and the new one */
 		int drc = sdb_docdiff_describe(pre, new_doc,
 					       kind == SDB_STORE_UPD_PIPELINE ? SDB_DOCDIFF_PIPELINE
 									      : SDB_DOCDIFF_MODIFIER,
