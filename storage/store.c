@@ -1096,8 +1096,8 @@ static int indexes_update(sdb_store_conn *c, sdb_store_coll *co, const bson_t *o
 			if (old_cov)
 				rc = index_delete_keys(c, ix, &oks, idk, err, errlen);
 			if (rc == 0 && new_in)
-				rc = store_index_insert_keys(c, co, ix, &nks, idk, new_doc, dup, err,
-							     errlen);
+				rc = store_index_insert_keys(c, co, ix, &nks, idk, new_doc, dup,
+							     err, errlen);
 		}
 		store_keyset_destroy(&oks);
 		store_keyset_destroy(&nks);
