@@ -456,6 +456,11 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 		c->savepoints = 0;
 		c->cmd_pending_bytes = c->pending_oplog_bytes;
 		c->cmd_last_ts = c->st->last_ts;
+		/* a cache loaded in this apply transaction is current: only this connection
+		 * writes until it commits, and its own catalog writes reload the cache, update
+		 * it in place (multikey) or, rolled back, clear it (cache_gen -1) */
+		if (c->cache_gen != -1)
+			return 0;
 		rc = store_cache_load(c, err, errlen);
 		if (rc) {
 			sdb_store_rollback(c);
@@ -570,7 +575,7 @@ int sdb_store_savepoint(sdb_store_conn *c)
 {
 	char sql[64];
 	snprintf(sql, sizeof sql, "SAVEPOINT sp%d", c->savepoints + 1);
-	int rc = store_exec_sql(c->db, sql, NULL, 0);
+	int rc = store_exec_cached(c, sql, NULL, 0);
 	if (rc == 0)
 		c->savepoints++;
 	return rc;
@@ -582,7 +587,7 @@ void sdb_store_savepoint_release(sdb_store_conn *c)
 	if (c->savepoints <= 0)
 		return;
 	snprintf(sql, sizeof sql, "RELEASE sp%d", c->savepoints--);
-	store_exec_sql(c->db, sql, NULL, 0);
+	store_exec_cached(c, sql, NULL, 0);
 }
 
 void sdb_store_savepoint_rollback(sdb_store_conn *c)
@@ -591,9 +596,9 @@ void sdb_store_savepoint_rollback(sdb_store_conn *c)
 	if (c->savepoints <= 0)
 		return;
 	snprintf(sql, sizeof sql, "ROLLBACK TO sp%d", c->savepoints);
-	store_exec_sql(c->db, sql, NULL, 0);
+	store_exec_cached(c, sql, NULL, 0);
 	snprintf(sql, sizeof sql, "RELEASE sp%d", c->savepoints--);
-	store_exec_sql(c->db, sql, NULL, 0);
+	store_exec_cached(c, sql, NULL, 0);
 	/* a rolled-back DDL must not leave a stale cache */
 	c->cache_gen = -1;
 	store_cache_load(c, NULL, 0);
@@ -607,7 +612,7 @@ int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err
 	if (c->in_txn || c->apply)
 		return sdb_errf(err, errlen, SDB_EINVAL, "store: transaction already open");
 	pthread_mutex_lock(&c->st->write_mu);
-	int rc = store_exec_sql(c->db, "BEGIN IMMEDIATE", err, errlen);
+	int rc = store_exec_cached(c, "BEGIN IMMEDIATE", err, errlen);
 	if (rc) {
 		pthread_mutex_unlock(&c->st->write_mu);
 		return sqlite3_errcode(c->db) == SQLITE_BUSY ? SDB_EBUSY : rc;
@@ -628,7 +633,9 @@ int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err
 		c->st->last_ts = a > b ? a : b;
 		pthread_mutex_unlock(&c->st->ts_mu);
 	}
-	c->cache_gen = -1;
+	/* the catalog cache is reloaded only when catalog_gen moved: every catalog write bumps
+	 * it (store_catalog_bump, store_index_mark_multikey), a whole-store copy moves it past
+	 * both stores' (sdb_store_replace_from), and a rollback clears the cache */
 	rc = store_cache_load(c, err, errlen);
 	if (rc) {
 		sdb_store_apply_rollback(c);
@@ -672,7 +679,7 @@ int sdb_store_apply_commit(sdb_store_conn *c, uint64_t index, char *err, size_t 
 		}
 	}
 	if (rc == 0)
-		rc = store_exec_sql(c->db, "COMMIT", err, errlen);
+		rc = store_exec_cached(c, "COMMIT", err, errlen);
 	if (rc) {
 		sdb_store_apply_rollback(c);
 		return rc;
@@ -1045,6 +1052,61 @@ int store_indexes_remove(sdb_store_conn *c, const sdb_store_coll *co, const bson
 	return 0;
 }
 
+/* Whether two keysets hold the same keys in the same order. */
+static bool keysets_equal(const store_keyset *a, const store_keyset *b)
+{
+	if (a->n != b->n)
+		return false;
+	for (size_t i = 0; i < a->n; i++)
+		if (a->keys[i].len != b->keys[i].len ||
+		    memcmp(a->keys[i].data, b->keys[i].data, a->keys[i].len) != 0)
+			return false;
+	return true;
+}
+
+/* Index maintenance of the document with _id key idk replaced, old_doc (the stored image)
+ * by new_doc: store_indexes_remove of old_doc then store_indexes_add of new_doc, except
+ * that an index whose entries stay the same (the document in it before and after with the
+ * same keys in the same order, or in it neither before nor after: partial filter, sparse)
+ * is not written; it is still marked multikey when new_doc makes it so. Errors: theirs. */
+static int indexes_update(sdb_store_conn *c, sdb_store_coll *co, const bson_t *old_doc,
+			  const bson_t *new_doc, const sdb_key *idk, sdb_store_dup *dup,
+			  char *err, size_t errlen)
+{
+	for (size_t i = 0; i < co->n_indexes; i++) {
+		sdb_store_index *ix = &co->indexes[i];
+		bool old_cov = store_partial_covers(ix, old_doc);
+		bool new_cov = store_partial_covers(ix, new_doc);
+		bool old_missing = false, new_missing = false, multikey = false;
+		store_keyset oks, nks;
+		int rc = 0;
+
+		store_keyset_init(&oks);
+		store_keyset_init(&nks);
+		if (old_cov)
+			rc = store_index_keys(ix, old_doc, &oks, &old_missing, err, errlen);
+		if (rc == 0 && new_cov)
+			rc = store_key_index_keys(ix->key, ix->coll, new_doc, &nks, &new_missing,
+						  &multikey, &c->write_code, err, errlen);
+		if (rc == 0 && multikey && !ix->multikey)
+			rc = store_index_mark_multikey(c, co, ix, err, errlen);
+		bool old_in = old_cov && !(ix->sparse && old_missing);
+		bool new_in = new_cov && !(ix->sparse && new_missing);
+		if (rc == 0 && !(old_in == new_in && (!old_in || keysets_equal(&oks, &nks)))) {
+			if (old_cov)
+				rc = index_delete_keys(c, ix, &oks, idk, err, errlen);
+			if (rc == 0 && new_in)
+				rc = store_index_insert_keys(c, co, ix, &nks, idk, new_doc, dup,
+							     err, errlen);
+		}
+		store_keyset_destroy(&oks);
+		store_keyset_destroy(&nks);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 static void id_doc(const bson_iter_t *id_it, bson_t *out)
 {
 	bson_init(out);
@@ -1220,7 +1282,7 @@ static int load_doc(sdb_store_conn *c, const sdb_store_coll *co, const sdb_key *
 	return rc;
 }
 
-/* The first half of replacing or deleting the document with _id key idk: its stored
+/* The first half of deleting the document with _id key idk: its stored
  * image into *stored (*have_stored set once it is; the caller destroys it) and its index
  * entries removed; index maintenance works from the stored image, never a caller's copy.
  * Returns: 0, or load_doc's / indexes_remove's error. */
@@ -1235,12 +1297,36 @@ static int unindex_stored(sdb_store_conn *c, const sdb_store_coll *co, const sdb
 	return store_indexes_remove(c, co, stored, idk, err, errlen);
 }
 
-/* sdb_store_replace and sdb_store_update: the "u" entry carries ud when given, else the
- * description of kind (computed from the stored image and new_doc). */
+#ifdef SDB_DEBUG
+/* Debug builds: abort unless image is, byte for byte, the stored document with key idk
+ * (the promise of sdb_store_update_stored's caller). */
+static void check_stored_image(sdb_store_conn *c, const sdb_store_coll *co, const sdb_key *idk,
+			       const bson_t *image)
+{
+	bson_t stored;
+	char err[128];
+
+	if (load_doc(c, co, idk, &stored, err, sizeof err) != 0)
+		return; /* no such document: the UPDATE finds none and says so */
+	if (stored.len != image->len ||
+	    memcmp(bson_get_data(&stored), bson_get_data(image), stored.len) != 0) {
+		fprintf(stderr, "store: sdb_store_update_stored given an image that is not the "
+				"stored document\n");
+		abort();
+	}
+	bson_destroy(&stored);
+}
+#endif
+
+/* sdb_store_replace, sdb_store_update and sdb_store_update_stored: the "u" entry carries
+ * ud when given, else the description of kind (computed from the stored image and
+ * new_doc). old_is_stored: old_doc is the stored image (sdb_store_update_stored), so the
+ * document is not read again: the UPDATE by key is the write's one descent of the
+ * collection's B-tree, and no row updated means no such document. */
 static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
-		       const bson_t *old_doc, const bson_t *new_doc, sdb_store_upd_kind kind,
-		       const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
-		       size_t errlen)
+		       const bson_t *old_doc, bool old_is_stored, const bson_t *new_doc,
+		       sdb_store_upd_kind kind, const bson_t *ud, const char *origin,
+		       sdb_store_dup *dup, char *err, size_t errlen)
 {
 	const sdb_store_coll *co = store_cache_find(c, db, coll);
 	if (!co)
@@ -1264,9 +1350,18 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 			      "field '_id'");
 		goto out;
 	}
-	rc = unindex_stored(c, co, &idk, &stored, &have_stored, err, errlen);
-	if (rc)
-		goto out;
+	const bson_t *pre = &stored; /* the stored image */
+	if (old_is_stored) {
+#ifdef SDB_DEBUG
+		check_stored_image(c, co, &idk, old_doc);
+#endif
+		pre = old_doc;
+	} else {
+		rc = load_doc(c, co, &idk, &stored, err, errlen);
+		if (rc)
+			goto out;
+		have_stored = true;
+	}
 	sqlite3_stmt *s = coll_stmt(c, co, "UPDATE c_%lld SET doc = ? WHERE k = ?", err, errlen);
 	rc = SDB_EIO;
 	if (!s)
@@ -1276,14 +1371,20 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 	rc = store_step_done(c, s, err, errlen, "update");
 	if (rc)
 		goto out;
-	rc = store_indexes_add(c, (sdb_store_coll *)co, new_doc, &idk, dup, err, errlen);
+	/* index entries go after the row is known to exist: nothing to undo otherwise */
+	if (old_is_stored && sqlite3_changes(c->db) == 0) {
+		rc = sdb_errf(err, errlen, SDB_ENOTFOUND, "no such document");
+		goto out;
+	}
+	rc = indexes_update(c, (sdb_store_coll *)co, pre, new_doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
 	bson_t o2, desc;
 	bool have_desc = false;
 	if (!ud && kind != SDB_STORE_UPD_REPLACE) {
-		/* both images in hand: the stored one (never a caller's copy) and the new one */
-		int drc = sdb_docdiff_describe(&stored, new_doc,
+		/* both images in hand: the stored one (loaded here, or the stored image the
+		 * caller of sdb_store_update_stored read) and the new one */
+		int drc = sdb_docdiff_describe(pre, new_doc,
 					       kind == SDB_STORE_UPD_PIPELINE ? SDB_DOCDIFF_PIPELINE
 									      : SDB_DOCDIFF_MODIFIER,
 					       &desc);
@@ -1307,7 +1408,7 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 	if (origin)
 		id_doc(&id_it, &o2);
 	else
-		rc = doc_key(c, db, coll, &stored, &id_it, &o2, err, errlen);
+		rc = doc_key(c, db, coll, pre, &id_it, &o2, err, errlen);
 	if (rc == 0)
 		rc = coll_oplog(c, "u", db, coll, co, new_doc, &o2, ud, origin, err, errlen);
 	bson_destroy(&o2);
@@ -1325,8 +1426,8 @@ int sdb_store_replace(sdb_store_conn *c, const char *db, const char *coll,
 		      const bson_t *old_doc, const bson_t *new_doc, const char *origin,
 		      sdb_store_dup *dup, char *err, size_t errlen)
 {
-	return replace_doc(c, db, coll, old_doc, new_doc, SDB_STORE_UPD_REPLACE, NULL, origin,
-			   dup, err, errlen);
+	return replace_doc(c, db, coll, old_doc, false, new_doc, SDB_STORE_UPD_REPLACE, NULL,
+			   origin, dup, err, errlen);
 }
 
 int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
@@ -1334,7 +1435,17 @@ int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
 		     const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
 		     size_t errlen)
 {
-	return replace_doc(c, db, coll, old_doc, new_doc, kind, ud, origin, dup, err, errlen);
+	return replace_doc(c, db, coll, old_doc, false, new_doc, kind, ud, origin, dup, err,
+			   errlen);
+}
+
+int sdb_store_update_stored(sdb_store_conn *c, const char *db, const char *coll,
+			    const bson_t *stored, const bson_t *new_doc, sdb_store_upd_kind kind,
+			    const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
+			    size_t errlen)
+{
+	return replace_doc(c, db, coll, stored, true, new_doc, kind, ud, origin, dup, err,
+			   errlen);
 }
 
 int sdb_store_delete(sdb_store_conn *c, const char *db, const char *coll, const bson_t *doc,

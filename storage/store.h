@@ -398,6 +398,20 @@ int sdb_store_update(sdb_store_conn *c, const char *db, const char *coll,
 		     const bson_t *old_doc, const bson_t *new_doc, sdb_store_upd_kind kind,
 		     const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
 		     size_t errlen);
+/* sdb_store_update where the caller holds the stored document itself: stored is, byte for
+ * byte, the document with new_doc's _id as this write transaction reads it now (a query's
+ * or sdb_store_get_by_id's result on c, nothing written to that document since), and takes
+ * old_doc's place. The document is then not read again: index entries are removed from
+ * stored's keys, the updateDescription and o2 come from it, and the UPDATE by key is the
+ * write's only descent of the collection's B-tree. An image that is not the stored one
+ * would leave index entries of keys the document no longer has: debug builds
+ * (--enable-debug) read the document and abort on a difference. The caller keeps
+ * ownership of stored. Errors: sdb_store_update's (SDB_ENOTFOUND when no document has
+ * that _id, nothing written then). */
+int sdb_store_update_stored(sdb_store_conn *c, const char *db, const char *coll,
+			    const bson_t *stored, const bson_t *new_doc, sdb_store_upd_kind kind,
+			    const bson_t *ud, const char *origin, sdb_store_dup *dup, char *err,
+			    size_t errlen);
 /* Delete doc (by its _id) (write txn): removes index entries, appends a "d" oplog entry
  * {o: {_id}}, or, when the store has filtering metadata for db.coll, {o: {<the shard key's
  * fields of the deleted document>, _id}} (MongoDB's documentKey, of the stored image). Errors: SDB_ENOTFOUND (no such collection or document), SDB_EINVAL (doc has

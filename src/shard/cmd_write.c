@@ -736,8 +736,9 @@ static int run_update(shard_ctx *x, const char *coll, upd_stmt *s, const bson_t 
 				bson_destroy(&out);
 				break;
 			}
-			rc = sdb_store_update(x->conn, x->db, coll, docs[i], &out, ukind, NULL,
-					      x->origin, dup, x->err, sizeof x->err);
+			/* docs[i]: the stored image, read by match_docs in this transaction */
+			rc = sdb_store_update_stored(x->conn, x->db, coll, docs[i], &out, ukind,
+						     NULL, x->origin, dup, x->err, sizeof x->err);
 			if (rc) {
 				bson_destroy(&out);
 				ret = write_code(rc, x->conn);

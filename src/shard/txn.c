@@ -687,9 +687,9 @@ int txn_apply_op(sdb_store_conn *conn, char op, const char *ns, const bson_t *o,
 			return sdb_store_insert(conn, db, coll, o, NULL, dup, err, errlen);
 		if (rc)
 			return rc;
-		/* ud NULL: a replacement, no updateDescription */
-		rc = sdb_store_update(conn, db, coll, &old, o, SDB_STORE_UPD_REPLACE, ud, NULL, dup,
-				      err, errlen);
+		/* ud NULL: a replacement, no updateDescription; old: the stored image, just read */
+		rc = sdb_store_update_stored(conn, db, coll, &old, o, SDB_STORE_UPD_REPLACE, ud,
+					     NULL, dup, err, errlen);
 		bson_destroy(&old);
 		return rc;
 	}

@@ -223,6 +223,105 @@ static void test_unique_index_duplicate(void **state)
 	assert_count_and_clean(f, 1);
 }
 
+static void create_index(fx *f, bson_t *spec)
+{
+	bool created = false;
+	int code = 0;
+	assert_int_equal(sdb_store_index_create(f->c, "db", "c", spec, NULL, &created, &code,
+						f->err, sizeof f->err),
+			 0);
+	assert_true(created);
+	bson_destroy(spec);
+}
+
+/* Update document id to upd with sdb_store_update_stored (the stored image read by
+ * sdb_store_get_by_id, as a query would give it), in its own write transaction; returns
+ * its status. */
+static int update_stored(fx *f, int id, bson_t *upd)
+{
+	bson_t id_doc = BSON_INITIALIZER, stored;
+	bson_iter_t it;
+	BSON_APPEND_INT32(&id_doc, "_id", id);
+	assert_true(bson_iter_init_find(&it, &id_doc, "_id"));
+	begin_w(f);
+	assert_int_equal(sdb_store_get_by_id(f->c, "db", "c", &it, &stored, f->err,
+					     sizeof f->err),
+			 0);
+	int rc = sdb_store_update_stored(f->c, "db", "c", &stored, upd, SDB_STORE_UPD_MODIFIER,
+					 NULL, NULL, NULL, f->err, sizeof f->err);
+	if (rc == 0)
+		commit(f);
+	else
+		sdb_store_rollback(f->c);
+	bson_destroy(&stored);
+	bson_destroy(&id_doc);
+	bson_destroy(upd);
+	return rc;
+}
+
+/* Updates rewrite exactly the index entries whose keys changed: the integrity check finds
+ * every index holding exactly its documents' keys after updates that keep an index's keys
+ * (a field it does not cover; a scalar that becomes a one-element array, which must still
+ * mark the index multikey), change them, make a sparse index's field appear and vanish,
+ * and move a document in and out of a partial index; a unique index refuses a changed
+ * key that clashes and keeps an unchanged one. */
+static void test_update_rewrites_only_changed_index_entries(void **state)
+{
+	fx *f = *state;
+	begin_w(f);
+	for (int i = 1; i <= 3; i++)
+		assert_int_equal(insert(f, i, i * 10, NULL), 0);
+	create_index(f, BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1"));
+	create_index(f, BCON_NEW("key", "{", "b", BCON_INT32(1), "}", "name", "b_1", "sparse",
+				 BCON_BOOL(true)));
+	create_index(f, BCON_NEW("key", "{", "a", BCON_INT32(-1), "}", "name", "a_-1_u",
+				 "unique", BCON_BOOL(true)));
+	create_index(f, BCON_NEW("key", "{", "c", BCON_INT32(1), "}", "name", "c_1",
+				 "partialFilterExpression", "{", "c", "{", "$gt", BCON_INT32(5),
+				 "}", "}"));
+	commit(f);
+
+	/* a field no index covers: every index keeps its entries */
+	assert_int_equal(update_stored(f, 1, BCON_NEW("_id", BCON_INT32(1), "a", BCON_INT32(10),
+						     "z", BCON_UTF8("x"))),
+			 0);
+	/* same keys, now an array: a_1 and the unique index become multikey */
+	assert_int_equal(update_stored(f, 1, BCON_NEW("_id", BCON_INT32(1), "a", "[",
+						     BCON_INT32(10), "]", "z", BCON_UTF8("x"))),
+			 0);
+	/* keys that change; a sparse field and a partial index's field appear */
+	assert_int_equal(update_stored(f, 2, BCON_NEW("_id", BCON_INT32(2), "a", BCON_INT32(21),
+						     "b", BCON_INT32(7), "c", BCON_INT32(9))),
+			 0);
+	/* the unique index: another document's key is refused, nothing written */
+	assert_int_equal(update_stored(f, 3, BCON_NEW("_id", BCON_INT32(3), "a", BCON_INT32(21))),
+			 SDB_EEXISTS);
+	/* the sparse field vanishes, the document leaves the partial index */
+	assert_int_equal(update_stored(f, 2, BCON_NEW("_id", BCON_INT32(2), "a", BCON_INT32(21),
+						     "c", BCON_INT32(1))),
+			 0);
+	/* no document with that _id: SDB_ENOTFOUND */
+	bson_t *ghost = BCON_NEW("_id", BCON_INT32(9), "a", BCON_INT32(90));
+	begin_w(f);
+	assert_int_equal(sdb_store_update_stored(f->c, "db", "c", ghost, ghost,
+						 SDB_STORE_UPD_REPLACE, NULL, NULL, NULL, f->err,
+						 sizeof f->err),
+			 SDB_ENOTFOUND);
+	commit(f);
+	bson_destroy(ghost);
+
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	const sdb_store_coll *co = NULL;
+	assert_int_equal(sdb_store_coll_get(f->c, "db", "c", &co, f->err, sizeof f->err), 0);
+	assert_int_equal(co->n_indexes, 4);
+	assert_string_equal(co->indexes[0].name, "a_1");
+	assert_true(co->indexes[0].multikey);
+	assert_true(co->indexes[2].multikey);
+	assert_false(co->indexes[1].multikey);
+	assert_store_clean(f);
+	assert_count_and_clean(f, 3);
+}
+
 static void test_ts_monotonic_with_clock_jumps_and_restart(void **state)
 {
 	fx *f = *state;
@@ -1380,6 +1479,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_query_key_range, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hashed_index, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unique_index_duplicate, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_update_rewrites_only_changed_index_entries,
+						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ts_monotonic_with_clock_jumps_and_restart,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_version_tokens, setup, teardown),
