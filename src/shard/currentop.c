@@ -5,6 +5,7 @@
  * killed one fails with Interrupted (11601) at its next interruption point: a document read
  * by a query, an aggregation or a $lookup (storage's sdb_store_set_interrupt, set by
  * pool.c), a parked awaitData getMore, a writeConcern wait (repl_wc.c). */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,6 +281,7 @@ bool shard_curop_stage_dispatch(shard *sh, wire_req *req)
 	pthread_mutex_lock(&sh->curop_mu);
 	snap->next = sh->curop_snaps;
 	sh->curop_snaps = snap;
+	atomic_fetch_add_explicit(&sh->curop_n, 1, memory_order_relaxed);
 	pthread_mutex_unlock(&sh->curop_mu);
 	return false;
 }
@@ -293,6 +295,7 @@ static struct shard_curop_snap *snap_unlink(shard *sh, int32_t opid)
 		if ((*pp)->opid == opid) {
 			s = *pp;
 			*pp = s->next;
+			atomic_fetch_sub_explicit(&sh->curop_n, 1, memory_order_relaxed);
 			break;
 		}
 	}
@@ -316,7 +319,13 @@ void shard_curop_drop(shard *sh, int32_t opid)
 {
 	struct shard_curop_snap *s;
 
-	if (!sh->curop_snaps) /* racy peek: only this request's snapshot matters */
+	/* The fast path of every request: no snapshot at all, no lock. Relaxed is enough:
+	 * this request's own snapshot, the only one it may drop, was pushed (the count
+	 * raised) before the request was handed to this thread (the hand-off orders it), and
+	 * only this request removes it, so the count read here is not 0 while it is listed;
+	 * a count that another request's push or take moves meanwhile is either 0 (nothing
+	 * of ours) or leads to the lock, which orders the list itself. */
+	if (atomic_load_explicit(&sh->curop_n, memory_order_relaxed) == 0)
 		return;
 	s = snap_unlink(sh, opid);
 	if (s) {

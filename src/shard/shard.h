@@ -215,9 +215,12 @@ struct shard {
 	uv_timer_t abandon_timer; /* graceful stop: answer uncommitted writes by the timeout */
 	bool failed_start;        /* closing after a failed start: no sdb_role_stopped */
 	/* $currentOp aggregations' op documents, from the loop thread to their worker
-	 * (currentop.c), guarded by curop_mu */
+	 * (currentop.c), guarded by curop_mu. curop_n is their number, written under
+	 * curop_mu and read without it by shard_curop_drop's fast path (every request): an
+	 * atomic, since a plain read racing with the loop thread's push is a data race. */
 	pthread_mutex_t curop_mu;
 	struct shard_curop_snap *curop_snaps;
+	_Atomic size_t curop_n;
 	/* The cluster time (issue #20, clustertime.c): the highest $clusterTime gossiped
 	 * to this member (packed Timestamp; the newest oplog ts is max'ed in when it is
 	 * read). The primary proposes every entry of writes with it as the ts floor. */
