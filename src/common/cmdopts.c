@@ -15,6 +15,7 @@
 #define CODE_INVALID_OPTIONS 72  /* InvalidOptions */
 #define CODE_INVALID_NAMESPACE 73 /* InvalidNamespace */
 #define CODE_UNAUTHORIZED 13      /* Unauthorized */
+#define CODE_DUPLICATE_FIELD 40413 /* IDLDuplicateField */
 
 /* ---- strict parsing: the fields a command may carry (issue #20) ----
  * MongoDB parses each command with its IDL and answers 40415 "BSON field '<cmd>.<f>' is an
@@ -1012,52 +1013,181 @@ static const char *const api_v1_commands[] = {
 #define CODE_API_STRICT_ERROR 323  /* APIStrictError */
 #define CODE_API_PARAM_WITHOUT_VERSION 4886600
 
-int sdb_cmd_api_check(const char *name, const bson_t *cmd, char *err, size_t errlen)
-{
-	static const struct {
-		const char *field;
-		bson_type_t type;
-		const char *expected;
-	} params[] = {{"apiVersion", BSON_TYPE_UTF8, "string"},
-		      {"apiStrict", BSON_TYPE_BOOL, "bool"},
-		      {"apiDeprecationErrors", BSON_TYPE_BOOL, "bool"}};
-	bson_iter_t it;
+static const struct {
+	const char *field;
+	bson_type_t type;
+	const char *expected;
+} api_params[] = {{"apiVersion", BSON_TYPE_UTF8, "string"},
+		  {"apiStrict", BSON_TYPE_BOOL, "bool"},
+		  {"apiDeprecationErrors", BSON_TYPE_BOOL, "bool"}};
+#define N_API_PARAMS (sizeof api_params / sizeof api_params[0])
+
+/* The API parameters of a command, as one pass over its fields collects them: each one's
+ * first occurrence. */
+typedef struct api_fields {
 	struct {
 		bool found;
 		bson_iter_t it;
-	} at[sizeof params / sizeof params[0]];
-	char path[64];
-	const char *version = NULL;
-	bool strict = false, strict_or_dep = false;
+	} at[N_API_PARAMS];
+} api_fields;
+
+/* Note the field under it in *a when it is an API parameter not seen before. Cheap for
+ * the others: one byte compared. */
+static inline void api_collect(api_fields *a, const char *k, const bson_iter_t *it)
+{
+	if (k[0] != 'a')
+		return;
+	for (size_t i = 0; i < N_API_PARAMS; i++)
+		if (!a->at[i].found && strcmp(k, api_params[i].field) == 0) {
+			a->at[i].found = true;
+			a->at[i].it = *it;
+			return;
+		}
+}
+
+/* sdb_cmd_api_check on the parameters collected in *a. */
+static int api_judge(const char *name, const api_fields *a, char *err, size_t errlen);
+
+int sdb_cmd_api_check(const char *name, const bson_t *cmd, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	api_fields a;
 
 	/* stripedb's own commands between roles: as mongod's internal commands */
 	if (strncmp(name, "stripedb", 8) == 0)
 		return 0;
-	for (size_t i = 0; i < sizeof params / sizeof params[0]; i++)
-		at[i].found = false;
+	memset(&a, 0, sizeof a);
 	/* the first occurrence of each, in one pass (three lookups of fields most commands
 	 * do not have walked the command three times: issue #19) */
 	if (bson_iter_init(&it, cmd))
-		while (bson_iter_next(&it)) {
-			const char *k = bson_iter_key(&it);
+		while (bson_iter_next(&it))
+			api_collect(&a, bson_iter_key(&it), &it);
+	return api_judge(name, &a, err, errlen);
+}
 
-			if (k[0] != 'a')
-				continue;
-			for (size_t i = 0; i < sizeof params / sizeof params[0]; i++)
-				if (!at[i].found && strcmp(k, params[i].field) == 0) {
-					at[i].found = true;
-					at[i].it = it;
-					break;
-				}
+/* ---- duplicate top-level fields (MongoDB's IDL parsers: 40413 IDLDuplicateField) ----
+ * A set of the keys met so far, open addressing on a 32-bit FNV-1a hash of the key's
+ * bytes: 64 slots on the stack hold the ~5-15 fields of a command (half full at most), a
+ * command with more (a client may send thousands) grows it on the heap, so the pass stays
+ * linear in the number of fields, never quadratic. The keys are pointers into the
+ * command (valid while it is). */
+typedef struct key_slot {
+	const char *k; /* NULL: free */
+	uint32_t len, hash;
+} key_slot;
+
+typedef struct key_set {
+	key_slot *slots; /* local, or bson_malloc0'd when grown */
+	uint32_t cap, n; /* cap a power of two; n < cap / 2 */
+	key_slot local[64];
+} key_set;
+
+static uint32_t key_hash(const char *k, uint32_t len)
+{
+	uint32_t h = 2166136261u;
+
+	for (uint32_t i = 0; i < len; i++)
+		h = (h ^ (unsigned char)k[i]) * 16777619u;
+	return h;
+}
+
+/* Place a key known to be absent. */
+static void key_place(key_slot *slots, uint32_t cap, const key_slot *s)
+{
+	uint32_t i = s->hash & (cap - 1);
+
+	while (slots[i].k != NULL)
+		i = (i + 1) & (cap - 1);
+	slots[i] = *s;
+}
+
+/* Add k (len bytes) to *set. Returns: true when it was there already (a duplicate). */
+static bool key_seen(key_set *set, const char *k, uint32_t len)
+{
+	key_slot s = {k, len, key_hash(k, len)};
+
+	for (uint32_t i = s.hash & (set->cap - 1); set->slots[i].k != NULL;
+	     i = (i + 1) & (set->cap - 1))
+		if (set->slots[i].hash == s.hash && set->slots[i].len == len &&
+		    memcmp(set->slots[i].k, k, len) == 0)
+			return true;
+	if ((set->n + 1) * 2 > set->cap) {
+		uint32_t cap = set->cap * 2;
+		key_slot *grown = bson_malloc0(cap * sizeof *grown);
+
+		for (uint32_t i = 0; i < set->cap; i++)
+			if (set->slots[i].k != NULL)
+				key_place(grown, cap, &set->slots[i]);
+		if (set->slots != set->local)
+			bson_free(set->slots);
+		set->slots = grown;
+		set->cap = cap;
+	}
+	key_place(set->slots, set->cap, &s);
+	set->n++;
+	return false;
+}
+
+int sdb_cmd_fields_check(const char *name, const bson_t *cmd, char *err, size_t errlen)
+{
+	key_set set;
+	api_fields a;
+	bson_iter_t it;
+	const char *dup = NULL;
+
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it))
+		return 0;
+	memset(&a, 0, sizeof a);
+	memset(set.local, 0, sizeof set.local);
+	set.slots = set.local;
+	set.cap = sizeof set.local / sizeof set.local[0];
+	set.n = 0;
+	/* the first field, the command's name, is not in the set: mongod's IDL parsers skip
+	 * it (firstFieldFound) and answer a repeat of it as any other field they do not
+	 * define (40415), which is left to the command's own checks */
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+
+		/* lsid and $clusterTime again are let through: libmongoc, with which every
+		 * role sends its commands to the others (DESIGN.md §2), appends its implicit
+		 * session's lsid and its topology's $clusterTime after a command that carries
+		 * its own (a proxy's forward of a client's retryable write; every command of a
+		 * proxy to a replica-set shard, which gossips its cluster time), and the
+		 * first, the command's, is the one every lookup takes */
+		if (key_seen(&set, k, bson_iter_key_len(&it)) && strcmp(k, "lsid") != 0 &&
+		    strcmp(k, "$clusterTime") != 0) {
+			dup = k;
+			break;
 		}
-	for (size_t i = 0; i < sizeof params / sizeof params[0]; i++) {
-		if (!at[i].found)
+		api_collect(&a, k, &it);
+	}
+	if (set.slots != set.local)
+		bson_free(set.slots);
+	if (dup != NULL) {
+		snprintf(err, errlen, "BSON field '%s.%s' is a duplicate field", name, dup);
+		return CODE_DUPLICATE_FIELD;
+	}
+	/* stripedb's own commands between roles: as mongod's internal commands */
+	if (strncmp(name, "stripedb", 8) == 0)
+		return 0;
+	return api_judge(name, &a, err, errlen);
+}
+
+static int api_judge(const char *name, const api_fields *a, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	char path[64];
+	const char *version = NULL;
+	bool strict = false, strict_or_dep = false;
+
+	for (size_t i = 0; i < N_API_PARAMS; i++) {
+		if (!a->at[i].found)
 			continue;
-		it = at[i].it;
-		if (bson_iter_type(&it) != params[i].type) {
-			snprintf(path, sizeof path, "APIParametersFromClient.%s", params[i].field);
+		it = a->at[i].it;
+		if (bson_iter_type(&it) != api_params[i].type) {
+			snprintf(path, sizeof path, "APIParametersFromClient.%s", api_params[i].field);
 			snprintf(err, errlen, "BSON field '%s' is the wrong type '%s', expected type '%s'",
-				 path, sdb_bson_type_name(bson_iter_type(&it)), params[i].expected);
+				 path, sdb_bson_type_name(bson_iter_type(&it)), api_params[i].expected);
 			return CODE_TYPE_MISMATCH;
 		}
 		if (i == 0)

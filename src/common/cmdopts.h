@@ -79,6 +79,26 @@ int sdb_cmd_write_concern_check(const char *name, const bson_t *cmd, char *err, 
  * API Version 1 (collStats, dbStats, serverStatus, ...). */
 int sdb_cmd_api_check(const char *name, const bson_t *cmd, char *err, size_t errlen);
 
+/* The checks of a command's top-level fields that every command of every role passes, in
+ * one pass over them (the wire layer runs it before the command's handler): name is the
+ * command's name as sent, cmd the command (an OP_MSG's document sequences appended).
+ *   - a field that occurs twice: 40413 IDLDuplicateField "BSON field 'insert.ordered' is
+ *     a duplicate field", as MongoDB's IDL parsers (idl_parser.cpp throwDuplicateField)
+ *     refuse it, the first repeat in the command's order named. The command's name (its
+ *     first field) is not counted: MongoDB's IDL skips it and answers a repeat of it as a
+ *     field it does not define (40415), which is left to the command's own checks
+ *     (sdb_cmd_check). Applied to every command, stripedb's own too; MongoDB applies it
+ *     to the commands it parses with IDL (all of the CRUD and most others). Not refused:
+ *     a repeat of lsid or $clusterTime, which libmongoc appends (its implicit session,
+ *     its topology's cluster time) after a command of one role to another that carries
+ *     its own; the first occurrence is the one used, as by every lookup;
+ *   - then sdb_cmd_api_check's checks, on the fields' first occurrences.
+ * Costs one walk of the top-level fields and a hash of each key (no allocation for a
+ * command of up to 32 fields; a set grown on the heap past that, so a command of many
+ * fields costs linear time). Returns: 0, or the code with the message in err (errlen
+ * bytes). */
+int sdb_cmd_fields_check(const char *name, const bson_t *cmd, char *err, size_t errlen);
+
 /* Is field one of the generic arguments every command may carry (generic_argument.idl,
  * MongoDB 6.0: $db, lsid, maxTimeMS, comment, $readPreference ...)? currentOp leaves them
  * out of its filter, as mongod's CurrentOpCommandBase does. */

@@ -104,6 +104,7 @@ static const struct {
 	{13435, "NotPrimaryNoSecondaryOk"},
 	{13436, "NotPrimaryOrSecondary"},
 	{40352, "Location40352"},
+	{40413, "IDLDuplicateField"},
 };
 
 const char *wire_code_name(int code)

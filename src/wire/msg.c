@@ -377,6 +377,22 @@ int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, siz
 		FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR, "opCode %d carries no command",
 		     (int)msg->hdr.op_code);
 
+	/* as mongod's OpMsg::parse (op_msg.cpp): two sequences of one name are refused as
+	 * the sections are read (40431), then a sequence named as a body field (40433) */
+	for (size_t i = 0; i < msg->n_seqs; i++) {
+		if (msg->seqs[i].identifier[0] == '\0')
+			FAIL(SDB_EPROTO, WIRE_ERR_BAD_VALUE,
+			     "OP_MSG: document sequence with an empty identifier");
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(msg->seqs[j].identifier, msg->seqs[i].identifier) == 0)
+				FAIL(SDB_EPROTO, WIRE_ERR_DUPLICATE_DOC_SEQUENCE,
+				     "Duplicate document sequence: %s", msg->seqs[i].identifier);
+	}
+	for (size_t i = 0; i < msg->n_seqs; i++)
+		if (bson_iter_init_find(&it, &msg->body, msg->seqs[i].identifier))
+			FAIL(SDB_EPROTO, WIRE_ERR_DUPLICATE_BODY_SEQUENCE,
+			     "Duplicate field between body and document sequence %s",
+			     msg->seqs[i].identifier);
 	bson_concat(out, &msg->body);
 	for (size_t i = 0; i < msg->n_seqs; i++) {
 		const wire_msg_seq *seq = &msg->seqs[i];
@@ -384,13 +400,6 @@ int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, siz
 		size_t pos = 0;
 		uint32_t idx = 0;
 
-		if (seq->identifier[0] == '\0')
-			FAIL(SDB_EPROTO, WIRE_ERR_BAD_VALUE,
-			     "OP_MSG: document sequence with an empty identifier");
-		if (bson_iter_init_find(&it, out, seq->identifier))
-			FAIL(SDB_EPROTO, WIRE_ERR_PROTOCOL_ERROR,
-			     "OP_MSG: duplicate field '%s' in the body and a document sequence",
-			     seq->identifier);
 		bson_append_array_begin(out, seq->identifier, -1, &arr);
 		while (pos < seq->docs_len) {
 			char keybuf[16];

@@ -95,6 +95,9 @@
 #ifndef WIRE_ERR_INVALID_BSON
 #define WIRE_ERR_INVALID_BSON 22 /* InvalidBSON */
 #endif
+/* mongod's assertion ids (op_msg.cpp), no ErrorCodes name: codeName "Location<code>" */
+#define WIRE_ERR_DUPLICATE_DOC_SEQUENCE 40431  /* two document sequences of one name */
+#define WIRE_ERR_DUPLICATE_BODY_SEQUENCE 40433 /* a sequence named as a body field */
 
 typedef struct wire_msg_header {
 	int32_t message_length;
@@ -164,9 +167,12 @@ int wire_msg_parse(const uint8_t *buf, size_t len, wire_msg *out, int *code, cha
  * `documents: [...]`). For OP_QUERY, the query document, unwrapped from
  * {$query: {...}} when a legacy driver wrapped it. Appends to out, an empty initialised
  * document (bson_new() or bson_init()) that the caller destroys, also on error.
- * Errors: SDB_EPROTO when an identifier duplicates a body field or is empty (*code
- * ProtocolError / BadValue), a sequence document or OP_QUERY's $query is not valid BSON
- * (*code InvalidBSON), or the message is not OP_MSG/OP_QUERY (ProtocolError). */
+ * Errors: SDB_EPROTO when an identifier is empty (*code BadValue), names two sequences
+ * (40431 "Duplicate document sequence: documents") or a body field too (40433 "Duplicate
+ * field between body and document sequence documents"), mongod's codes and messages
+ * (op_msg.cpp, answered as an error reply), a sequence document or OP_QUERY's $query is
+ * not valid BSON (*code InvalidBSON), or the message is not OP_MSG/OP_QUERY
+ * (ProtocolError). */
 int wire_msg_command(const wire_msg *msg, bson_t *out, int *code, char *err, size_t errlen);
 
 /* Build the find command mongod 3.2 .. 5.0 ran for a legacy OP_QUERY on a collection

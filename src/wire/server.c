@@ -867,8 +867,9 @@ static void req_dispatch(wire_req *req)
 			       req->name);
 		return;
 	}
-	/* apiVersion, apiStrict, apiDeprecationErrors: for every role alike */
-	if ((code = sdb_cmd_api_check(req->name, req->cmd, err, sizeof err)) != 0) {
+	/* a duplicate field (40413), then apiVersion, apiStrict, apiDeprecationErrors: for
+	 * every role alike, in one pass over the fields */
+	if ((code = sdb_cmd_fields_check(req->name, req->cmd, err, sizeof err)) != 0) {
 		wire_req_error(req, code, "%s", err);
 		return;
 	}

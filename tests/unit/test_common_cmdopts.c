@@ -302,6 +302,97 @@ static void test_explain_and_internal(void **state)
 	   "\"verbosity\": \"queryPlanner\"}");
 }
 
+/* sdb_cmd_fields_check of cmd (its first key names it): code and, when text is not NULL,
+ * the whole message. */
+static void expect_fields(const bson_t *cmd, int code, const char *text)
+{
+	bson_iter_t it;
+	char err[256] = "";
+	int got;
+
+	assert_true(bson_iter_init(&it, cmd) && bson_iter_next(&it));
+	got = sdb_cmd_fields_check(bson_iter_key(&it), cmd, err, sizeof err);
+	if (got != code)
+		fail_msg("code %d (%s), expected %d", got, err, code);
+	if (text != NULL)
+		assert_string_equal(err, text);
+}
+
+/* A duplicate top-level field: 40413 IDLDuplicateField, the message of MongoDB's
+ * IDLParserContext::throwDuplicateField, the first repeat in the command's order named;
+ * the command's own name is not counted; then the API parameters, checked alike. */
+static void test_duplicate_fields(void **state)
+{
+	bson_t *cmd;
+	char key[16];
+
+	(void)state;
+	cmd = BCON_NEW("insert", BCON_UTF8("c"), "documents", "[", "]", "ordered", BCON_BOOL(true),
+		       "ordered", BCON_BOOL(false), "$db", BCON_UTF8("d"));
+	expect_fields(cmd, 40413, "BSON field 'insert.ordered' is a duplicate field");
+	bson_destroy(cmd);
+	/* the first field whose repeat comes first: b, though a was seen before it */
+	cmd = BCON_NEW("find", BCON_UTF8("c"), "a", BCON_INT32(1), "b", BCON_INT32(1), "b",
+		       BCON_INT32(2), "a", BCON_INT32(2));
+	expect_fields(cmd, 40413, "BSON field 'find.b' is a duplicate field");
+	bson_destroy(cmd);
+	cmd = BCON_NEW("find", BCON_UTF8("c"), "$db", BCON_UTF8("d"), "$db", BCON_UTF8("e"));
+	expect_fields(cmd, 40413, "BSON field 'find.$db' is a duplicate field");
+	bson_destroy(cmd);
+	/* a duplicate is found before the API parameters are judged (mongod parses first) */
+	cmd = BCON_NEW("find", BCON_UTF8("c"), "apiVersion", BCON_INT32(1), "x", BCON_INT32(1), "x",
+		       BCON_INT32(2));
+	expect_fields(cmd, 40413, "BSON field 'find.x' is a duplicate field");
+	bson_destroy(cmd);
+	/* stripedb's own commands: duplicates refused, API parameters not checked */
+	cmd = BCON_NEW("stripedbSetVersion", BCON_UTF8("c"), "t", BCON_INT32(1), "t",
+		       BCON_INT32(1));
+	expect_fields(cmd, 40413, "BSON field 'stripedbSetVersion.t' is a duplicate field");
+	bson_destroy(cmd);
+	cmd = BCON_NEW("stripedbSetVersion", BCON_UTF8("c"), "apiStrict", BCON_BOOL(true));
+	expect_fields(cmd, 0, NULL);
+	bson_destroy(cmd);
+	/* lsid and $clusterTime again: what libmongoc appends after a role's command that
+	 * carries its own (its implicit session, its cluster time), let through */
+	cmd = BCON_NEW("update", BCON_UTF8("c"), "lsid", "{", "id", BCON_INT32(1), "}",
+		       "$clusterTime", "{", "}", "$db", BCON_UTF8("d"), "lsid", "{", "id",
+		       BCON_INT32(2), "}", "$clusterTime", "{", "}");
+	expect_fields(cmd, 0, NULL);
+	bson_destroy(cmd);
+	/* the command's name again is no duplicate here (the command's checks answer it) */
+	cmd = BCON_NEW("find", BCON_UTF8("c"), "find", BCON_UTF8("d"));
+	expect_fields(cmd, 0, NULL);
+	bson_destroy(cmd);
+	/* fields alike but for case or a prefix are distinct */
+	cmd = BCON_NEW("find", BCON_UTF8("c"), "filter", "{", "}", "Filter", "{", "}", "filte",
+		       BCON_INT32(1), "filter2", BCON_INT32(1), "", BCON_INT32(1));
+	expect_fields(cmd, 0, NULL);
+	bson_destroy(cmd);
+	/* API parameters through this check as through sdb_cmd_api_check */
+	cmd = BCON_NEW("find", BCON_UTF8("c"), "apiVersion", BCON_UTF8("2"));
+	expect_fields(cmd, 322, "Cannot accept API version 2");
+	bson_destroy(cmd);
+	cmd = BCON_NEW("collStats", BCON_UTF8("c"), "apiVersion", BCON_UTF8("1"), "apiStrict",
+		       BCON_BOOL(true));
+	expect_fields(cmd, 323, NULL);
+	bson_destroy(cmd);
+	cmd = BCON_NEW("find", BCON_UTF8("c"), "apiVersion", BCON_UTF8("1"), "apiStrict",
+		       BCON_BOOL(true), "filter", "{", "}", "$db", BCON_UTF8("d"));
+	expect_fields(cmd, 0, NULL);
+	bson_destroy(cmd);
+	/* many fields: the set grows past its 64 slots on the stack; every one distinct, then
+	 * one repeated at the end */
+	cmd = BCON_NEW("find", BCON_UTF8("c"));
+	for (int i = 0; i < 1000; i++) {
+		snprintf(key, sizeof key, "f%d", i);
+		BSON_APPEND_INT32(cmd, key, i);
+	}
+	expect_fields(cmd, 0, NULL);
+	BSON_APPEND_INT32(cmd, "f777", 0);
+	expect_fields(cmd, 40413, "BSON field 'find.f777' is a duplicate field");
+	bson_destroy(cmd);
+}
+
 /* sdb_cmd_api_check of the command in canonical extended JSON: code and message text. */
 static void expect_api(const char *json, int code, const char *text)
 {
@@ -354,7 +445,7 @@ int main(void)
 		cmocka_unit_test(test_max_time_ms),	  cmocka_unit_test(test_write_concern),
 		cmocka_unit_test(test_delete_statements), cmocka_unit_test(test_update_statements),
 		cmocka_unit_test(test_cursors),		  cmocka_unit_test(test_explain_and_internal),
-		cmocka_unit_test(test_api_and_catalog),
+		cmocka_unit_test(test_api_and_catalog),	  cmocka_unit_test(test_duplicate_fields),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1116,7 +1116,8 @@ static void test_command_fold_errors(void **state)
 				BCON_UTF8("t"));
 	bson_t *d1 = BCON_NEW("_id", BCON_INT32(1));
 	const char *ids[] = {"documents", ""};
-	const char *want[] = {"duplicate field 'documents'", "empty identifier"};
+	const char *want[] = {"Duplicate field between body and document sequence documents",
+			      "empty identifier"};
 
 	(void)state;
 	for (int i = 0; i < 2; i++) {
@@ -1137,7 +1138,35 @@ static void test_command_fold_errors(void **state)
 		bson_init(&cmd);
 	assert_int_equal(wire_msg_command(&m, &cmd, &code, err, sizeof err), SDB_EPROTO);
 		assert_non_null(strstr(err, want[i]));
-		assert_int_equal(code, i == 0 ? WIRE_ERR_PROTOCOL_ERROR : WIRE_ERR_BAD_VALUE);
+		/* mongod's op_msg.cpp assertion 40433 (codeName Location40433) */
+		assert_int_equal(code, i == 0 ? 40433 : WIRE_ERR_BAD_VALUE);
+		bson_destroy(&cmd);
+		free(keep);
+		free(b.p);
+	}
+	/* two sequences of one name: 40431, before the body is looked at (mongod refuses it as
+	 * it reads the sections, and the body's `documents` after) */
+	{
+		mbuf b = msg_begin(3, WIRE_OP_MSG);
+		wire_msg m;
+		bson_t cmd;
+		uint8_t *keep;
+		char err[256] = "";
+		int code = -1;
+
+		put_i32(&b, 0);
+		put_u8(&b, 1);
+		put_seq(&b, "documents", &d1, 1);
+		put_u8(&b, 0);
+		put_doc(&b, body);
+		put_u8(&b, 1);
+		put_seq(&b, "documents", &d1, 1);
+		msg_end(&b);
+		assert_int_equal(parse_copy(b.p, b.len, &m, &keep, &code, err, sizeof err), 0);
+		bson_init(&cmd);
+		assert_int_equal(wire_msg_command(&m, &cmd, &code, err, sizeof err), SDB_EPROTO);
+		assert_string_equal(err, "Duplicate document sequence: documents");
+		assert_int_equal(code, 40431);
 		bson_destroy(&cmd);
 		free(keep);
 		free(b.p);
