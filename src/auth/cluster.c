@@ -710,6 +710,7 @@ typedef struct cluster_cmd_work {
 	bool ok;
 	auth_cluster_command_cb cb;
 	void *arg;
+	sdb_log_ctx log; /* the loop thread's log context, for the thread-pool thread */
 } cluster_cmd_work;
 
 /* Idle clients of peer commands, kept for the next command to the same host: a new client
@@ -786,8 +787,11 @@ static void peer_client_put(const char *host, mongoc_client_t *c)
 static void cluster_cmd_run(uv_work_t *w)
 {
 	cluster_cmd_work *cw = w->data;
-	mongoc_client_t *c = peer_client_take(cw->host);
+	mongoc_client_t *c;
 	bson_error_t e;
+
+	sdb_log_set_thread_ctx(&cw->log); /* a shared libuv pool thread: lines as the role's */
+	c = peer_client_take(cw->host);
 
 	if (!c) {
 		char *uri = sdb_asprintf("mongodb://%s/?directConnection=true&connectTimeoutMS=1000&"
@@ -837,6 +841,7 @@ int auth_cluster_command_async(uv_loop_t *loop, const char *host, const bson_t *
 	cw->cb = cb;
 	cw->arg = arg;
 	cw->work.data = cw;
+	sdb_log_get_thread(&cw->log);
 	if (uv_queue_work(loop, &cw->work, cluster_cmd_run, cluster_cmd_after) != 0) {
 		bson_destroy(&cw->cmd);
 		free(cw->host);

@@ -373,6 +373,7 @@ typedef struct fail_count {
 	wire_req *req;
 	char user[AUTH_SCRAM_MAX_USER + 1];
 	char host[80];
+	sdb_log_ctx log; /* the loop thread's log context, for the thread-pool thread */
 } fail_count;
 
 static void reply_failed_later(auth_gate *g, wire_req *req);
@@ -380,6 +381,7 @@ static void reply_failed_later(auth_gate *g, wire_req *req);
 static void fail_count_work(uv_work_t *w)
 {
 	fail_count *f = w->data;
+	sdb_log_set_thread_ctx(&f->log); /* a shared libuv pool thread: lines as the role's */
 	failures_take(f->g, f->user, f->host, 1);
 }
 
@@ -457,6 +459,7 @@ static void auth_fail(auth_gate *g, wire_req *req, auth_conn *c, auth_audit_even
 		return;
 	}
 	if (f != NULL) {
+		sdb_log_get_thread(&f->log);
 		if (uv_queue_work(g->loop, &f->work, fail_count_work, fail_count_done) == 0)
 			return; /* answered by fail_count_done */
 		free(f);
@@ -536,6 +539,7 @@ typedef struct lookup {
 	int64_t users_version;
 	char out[AUTH_SCRAM_MAX_MSG + 1];
 	char err[256];
+	sdb_log_ctx log; /* the loop thread's log context, for the thread-pool thread */
 	char host[80];  /* the client's host (brute-force key) */
 	bool limited;   /* the cluster's limiter refuses more attempts of user or host */
 } lookup;
@@ -585,6 +589,8 @@ static void lookup_work(uv_work_t *w)
 	bson_t cmd = BSON_INITIALIZER, reply;
 	bson_iter_t it, d, f;
 	int code = 0;
+
+	sdb_log_set_thread_ctx(&l->log); /* a shared libuv pool thread: lines as the role's */
 
 	l->limited = l->g->failures_cluster && !failures_take(l->g, l->user, l->host, 0);
 	BSON_APPEND_UTF8(&cmd, "getUser", l->user);
@@ -695,6 +701,7 @@ static int lookup_start(auth_gate *g, wire_req *req, auth_conn *c, bool recheck,
 	snprintf(l->user, sizeof l->user, "%s", c->scram.user);
 	peer_host(wire_conn_peer(wire_req_conn(req)), l->host, sizeof l->host);
 	c->busy = true;
+	sdb_log_get_thread(&l->log);
 	if (uv_queue_work(g->loop, &l->work, lookup_work, lookup_done) != 0) {
 		OPENSSL_cleanse(l->out, sizeof l->out);
 		free(l);

@@ -16,6 +16,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/metrics.h"
 
 #define BATCH 5000
@@ -443,7 +444,7 @@ int cdc_publisher_start(cdc_log *log, const char *shard, const char *uri, int64_
 	snprintf(labels, sizeof labels, "shard=\"%s\"", shard);
 	SDB_METRICS_REGISTER(p, publisher_metrics, labels);
 	sdb_gauge_set(p->g_lag_n, -1);
-	if (pthread_create(&p->thread, NULL, run, p) != 0)
+	if (sdb_thread_create(&p->thread, run, p) != 0)
 		abort();
 	*out = p;
 	return 0;

@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 
 /* Idle curl handles kept for their connections. */
 #define S3_POOL 8
@@ -743,7 +744,7 @@ static int multipart(cdc_s3 *s, const char *key, int fd, uint64_t size, const ch
 		size_t nth = 0;
 		pthread_mutex_init(&j.mu, NULL);
 		while (nth < CDC_S3_PART_THREADS && nth < parts &&
-		       pthread_create(&th[nth], NULL, part_worker, &j) == 0)
+		       sdb_thread_create(&th[nth], part_worker, &j) == 0)
 			nth++;
 		if (nth == 0)
 			part_worker(&j);

@@ -22,6 +22,7 @@ libstripedb_a_SOURCES += \
 	src/common/metrics.c \
 	src/common/role.c \
 	src/common/shardref.c \
+	src/common/thread.c \
 	src/common/throttle.c
 noinst_HEADERS += \
 	src/common/changestream.h \
@@ -46,6 +47,7 @@ noinst_HEADERS += \
 	src/common/metrics.h \
 	src/common/role.h \
 	src/common/shardref.h \
+	src/common/thread.h \
 	src/common/throttle.h
 
 EXTRA_DIST += src/common/README.md

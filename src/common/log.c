@@ -42,6 +42,23 @@ void sdb_log_set_thread(const char *role, const char *node)
 	snprintf(t_node, sizeof t_node, "%s", node != NULL ? node : "");
 }
 
+void sdb_log_get_thread(sdb_log_ctx *out)
+{
+	memcpy(out->role, t_role, sizeof out->role);
+	memcpy(out->node, t_node, sizeof out->node);
+}
+
+void sdb_log_set_thread_ctx(const sdb_log_ctx *ctx)
+{
+	snprintf(t_role, sizeof t_role, "%s", ctx->role);
+	snprintf(t_node, sizeof t_node, "%s", ctx->node);
+}
+
+void sdb_log_set_thread_role(const char *role)
+{
+	snprintf(t_role, sizeof t_role, "%s", role != NULL ? role : "");
+}
+
 const char *sdb_logq(char *buf, unsigned n, const char *s)
 {
 	int needs = (*s == '\0');

@@ -28,6 +28,23 @@ int sdb_log_parse_level(const char *s, sdb_log_level *out);
  * (then the key is left out). The strings are copied (at most 31 bytes each). */
 void sdb_log_set_thread(const char *role, const char *node);
 
+/* A thread's log context: the role and node id its lines carry (empty: left out). */
+typedef struct sdb_log_ctx {
+	char role[32];
+	char node[32];
+} sdb_log_ctx;
+
+/* Copy this thread's log context into *out (for a thread it starts: common/thread.h). */
+void sdb_log_get_thread(sdb_log_ctx *out);
+
+/* Make *ctx this thread's log context (as sdb_log_set_thread(ctx->role, ctx->node)). */
+void sdb_log_set_thread_ctx(const sdb_log_ctx *ctx);
+
+/* Set this thread's role (NULL or empty: left out), keeping its node id: for a thread
+ * that started with its creator's context (common/thread.h) and works for another role
+ * (the rate limiter's threads in a proxy). The string is copied (at most 31 bytes). */
+void sdb_log_set_thread_role(const char *role);
+
 /* Log msg with extra key=value pairs given by printf-style fmt (may be NULL).
  * Example: sdb_log(SDB_LOG_WARN, "connection closed", "peer=%s reason=%s", peer, why);
  * Values the caller formats must already be quoted if they contain spaces;

@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 
 /* SIGHUP reload hooks (sdb_on_sighup), registered by the code that owns each reload,
  * mostly while the roles start; guarded by sighup_mu. */
@@ -401,7 +402,7 @@ int sdb_roles_run(const sdb_config_set *set)
 				bound = t;
 		}
 		bound += 6000; /* after the roles' own bound (their timeout + 5 s) */
-		if (uv_thread_create(&wd, stop_watchdog, (void *)(uintptr_t)bound) != 0)
+		if (sdb_uv_thread_create(&wd, stop_watchdog, (void *)(uintptr_t)bound) != 0)
 			sdb_log(SDB_LOG_WARN, "no stop watchdog thread", NULL);
 	}
 	for (size_t i = 0; i < started; i++) {

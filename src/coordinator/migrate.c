@@ -25,6 +25,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "coordinator/migrate_int.h"
 
 /* ------------------------------------------------------------ worker */
@@ -342,7 +343,7 @@ void migrate_runner_tick(migrate_runner *r, mongoc_client_t *c)
 		j->id = sdb_strdup(w->id);
 		j->r = r;
 		atomic_init(&j->done, 0);
-		if (pthread_create(&j->th, NULL, worker, j) != 0)
+		if (sdb_thread_create(&j->th, worker, j) != 0)
 			abort();
 		if (w->state == MIG_REGISTERED)
 			active++;

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/throttle.h"
 #include "coordinator/migrate_int.h"
 
@@ -185,7 +186,7 @@ int mig_lease_start(mig *m)
 	pthread_mutex_init(&m->ka_mu, NULL);
 	sdb_cond_init_mono(&m->ka_cv);
 	m->ka_stop = false;
-	if (pthread_create(&m->ka_th, NULL, lease_thread, m) != 0) {
+	if (sdb_thread_create(&m->ka_th, lease_thread, m) != 0) {
 		pthread_cond_destroy(&m->ka_cv);
 		pthread_mutex_destroy(&m->ka_mu);
 		mongoc_client_destroy(m->ka_meta);

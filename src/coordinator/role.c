@@ -50,6 +50,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/metrics.h"
 #include "common/role.h"
 #include "common/metauri.h"
@@ -381,7 +382,7 @@ static void *archive_thread(void *arg)
 	char **uris = NULL;
 	backup_period = backup_period < 1000 ? 1000 : backup_period > 60000 ? 60000 : backup_period;
 	period = period < 1000 ? 1000 : period > 60000 ? 60000 : period;
-	sdb_log_set_thread("coordinator", NULL);
+	sdb_log_set_thread_role("coordinator"); /* the node id: from its role thread */
 	pthread_mutex_lock(&co->mu);
 	while (!atomic_load(&co->stop)) {
 		sdb_cond_wait_ms(&co->cv, &co->mu, 1000);
@@ -540,7 +541,7 @@ static void *reconcile_thread(void *arg)
 	rec_client *cs = NULL;
 	size_t ncs = 0;
 
-	sdb_log_set_thread("coordinator", NULL);
+	sdb_log_set_thread_role("coordinator"); /* the node id: from its role thread */
 	pthread_mutex_lock(&co->mu);
 	while (!atomic_load(&co->stop)) {
 		sdb_cond_wait_ms(&co->cv, &co->mu, CFILT_RECONCILE_PERIOD_MS);
@@ -606,7 +607,7 @@ static void *manager(void *arg)
 	coord *co = arg;
 	mongoc_client_t *c = auth_cluster_client_new(co->meta_uri);
 	int64_t period = co->lease_ms / 3 < 500 ? co->lease_ms / 3 : 500;
-	sdb_log_set_thread("coordinator", NULL);
+	sdb_log_set_thread_role("coordinator"); /* the node id: from its role thread */
 	if (c == NULL) {
 		sdb_error("bad metadata uri", "uri=%s", co->meta_uri);
 		return NULL;
@@ -792,17 +793,17 @@ static int coordinator_start(sdb_role *role)
 	host[sizeof host - 1] = '\0';
 	co->holder = sdb_asprintf("%s/%d/%s", host, (int)getpid(), http ? http : "-");
 	mongoc_init();
-	if (pthread_create(&co->mgr, NULL, manager, co) != 0)
+	if (sdb_thread_create(&co->mgr, manager, co) != 0)
 		abort();
 	co->mgr_started = 1;
 	co->arch_retention_s = arch_retention_s;
 	co->backup_interval_s = backup_interval_s;
 	if (cdc_log_archive(co->log)) {
-		if (pthread_create(&co->ret, NULL, archive_thread, co) != 0)
+		if (sdb_thread_create(&co->ret, archive_thread, co) != 0)
 			abort();
 		co->ret_started = 1;
 	}
-	if (pthread_create(&co->rec, NULL, reconcile_thread, co) != 0)
+	if (sdb_thread_create(&co->rec, reconcile_thread, co) != 0)
 		abort();
 	co->rec_started = 1;
 	if (role->http) {

@@ -638,7 +638,7 @@ void proxy_catalog_refresher(void *arg)
 	char err[256];
 	bool have_shards = false, ring_ready = false;
 
-	sdb_log_set_thread("proxy", NULL);
+	sdb_log_set_thread_role("proxy"); /* the node id: from its role thread */
 	for (;;) {
 		bson_t cmd = BSON_INITIALIZER, reply;
 		bson_iter_t it;

@@ -10,6 +10,7 @@
 #include "common/changestream.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/metrics.h"
 #include "proxy/exec.h"
 #include "proxy/proxy.h"
@@ -533,7 +534,7 @@ px_cswait *px_cswait_new(proxy *p)
 					 "shard moved in a way that can concern their stream).",
 					 NULL);
 	w->ring = sdb_calloc(PX_CSWAIT_RING, sizeof *w->ring);
-	if (uv_thread_create(&w->parker, parker_main, w) != 0)
+	if (sdb_uv_thread_create(&w->parker, parker_main, w) != 0)
 		abort();
 	return w;
 }
@@ -619,7 +620,7 @@ int px_cswait_park(px_cswait *w, wire_req *req, const char *user, const px_cswai
 		}
 	}
 	if (!w->watcher_started) {
-		if (uv_thread_create(&w->watcher, watcher_main, w) != 0)
+		if (sdb_uv_thread_create(&w->watcher, watcher_main, w) != 0)
 			abort();
 		w->watcher_started = true;
 	}

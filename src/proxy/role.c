@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/role.h"
 #include "auth/cluster.h"
 #include "auth/gate.h"
@@ -281,7 +282,7 @@ static int proxy_start(sdb_role *role)
 		wire_server_register(p->srv, "connectionStatus", h_connection_status);
 	p->advertise = advertise_of(listen, wire_server_port(p->srv));
 	p->started_ms = sdb_wall_ms();
-	if (uv_thread_create(&p->refresher, proxy_catalog_refresher, p) != 0) {
+	if (sdb_uv_thread_create(&p->refresher, proxy_catalog_refresher, p) != 0) {
 		rc = sdb_errf(role->err, sizeof role->err, SDB_EIO, "proxy: cannot start a thread");
 		goto err_srv;
 	}

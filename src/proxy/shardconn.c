@@ -16,6 +16,7 @@
 #include "common/clustertime.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/metrics.h"
 #include "common/metauri.h"
 #include "wire/server.h"
@@ -73,7 +74,7 @@ static bool tpool_spawn(tpool *p)
 		free(w);
 		return false;
 	}
-	if (uv_thread_create(&t, tpool_main, w) != 0) {
+	if (sdb_uv_thread_create(&t, tpool_main, w) != 0) {
 		sem_destroy(&w->sem);
 		free(w);
 		return false;

@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/metrics.h"
 #include "ratelimit/peers.h"
 #include "ratelimit/proto.h"
@@ -442,7 +443,7 @@ static void *flusher_main(void *arg)
 {
 	rl_cluster *cl = arg;
 
-	sdb_log_set_thread("ratelimit", NULL);
+	sdb_log_set_thread_role("ratelimit"); /* the node id: from the thread that started it */
 	pthread_mutex_lock(&cl->mu);
 	while (!cl->stopping) {
 		int64_t now = (int64_t)sdb_mono_us(), next = now + 1000000;
@@ -705,7 +706,7 @@ int rl_cluster_new(rl_limiter *lim, const rl_cluster_opts *opts, rl_cluster **ou
 
 	pthread_mutex_init(&cl->mu, NULL);
 	sdb_cond_init_mono(&cl->cv);
-	rv = pthread_create(&cl->flusher, NULL, flusher_main, cl);
+	rv = sdb_thread_create(&cl->flusher, flusher_main, cl);
 	if (rv != 0) {
 		sdb_errf(err, errlen, SDB_EIO, "cluster: thread: %s", strerror(rv));
 		rv = SDB_EIO;

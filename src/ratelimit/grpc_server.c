@@ -27,6 +27,7 @@
 #include "common/err.h"
 #include "common/http.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/metrics.h"
 #include "ratelimit/proto.h"
 #include "tls/tls.h"
@@ -1191,7 +1192,7 @@ static void *loop_main(void *arg)
 {
 	rl_grpc_server *srv = arg;
 
-	sdb_log_set_thread("ratelimit-grpc", NULL);
+	sdb_log_set_thread_role("ratelimit-grpc"); /* the node id: from its starter */
 	uv_run(&srv->loop, UV_RUN_DEFAULT);
 	return NULL;
 }
@@ -1350,7 +1351,7 @@ int rl_grpc_server_new(const rl_grpc_server_opts *opts, rl_grpc_server **out, ch
 			4000000;
 		every = every < 50 ? 50 : every > 1000 ? 1000 : every;
 		uv_timer_start(&srv->sweep, on_sweep, every, every);
-		rv = pthread_create(&srv->thread, NULL, loop_main, srv);
+		rv = sdb_thread_create(&srv->thread, loop_main, srv);
 		if (rv != 0) {
 			rv = sdb_errf(err, errlen, SDB_EIO, "grpc: thread: %s", strerror(rv));
 			uv_close((uv_handle_t *)&srv->wake, NULL);

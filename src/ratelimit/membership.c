@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/metauri.h"
 
 #define POLL_MAX_MS 1000
@@ -189,7 +190,7 @@ static void *watch_main(void *arg)
 	mongoc_client_t *c = NULL;
 	int64_t version = -1;
 
-	sdb_log_set_thread("ratelimit", NULL);
+	sdb_log_set_thread_role("ratelimit"); /* the node id: from the thread that started it */
 	while (!stopping(m)) {
 		int64_t v;
 
@@ -233,7 +234,7 @@ static void *renew_main(void *arg)
 	bool logged = false;
 
 	m->first = NULL;
-	sdb_log_set_thread("ratelimit", NULL);
+	sdb_log_set_thread_role("ratelimit"); /* the node id: from the thread that started it */
 	while (!stopping(m)) {
 		int64_t now = (int64_t)sdb_mono_ms();
 
@@ -378,10 +379,10 @@ int rl_membership_start(const char *metadata, const char *advertise, const char 
 		membership_free(m);
 		return rv;
 	}
-	rv = pthread_create(&m->renewer, NULL, renew_main, m);
+	rv = sdb_thread_create(&m->renewer, renew_main, m);
 	if (rv == 0) {
 		m->renewer_started = true;
-		rv = pthread_create(&m->watcher, NULL, watch_main, m);
+		rv = sdb_thread_create(&m->watcher, watch_main, m);
 		if (rv == 0)
 			m->watcher_started = true;
 	}

@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 
 struct rl_peer {
 	rl_peers *owner;
@@ -111,7 +112,7 @@ static void *cq_thread(void *arg)
 {
 	rl_peers *p = arg;
 
-	sdb_log_set_thread("ratelimit", NULL);
+	sdb_log_set_thread_role("ratelimit"); /* the node id: from the thread that started it */
 	for (;;) {
 		grpc_event ev = grpc_completion_queue_next(p->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
 							   NULL);
@@ -145,7 +146,7 @@ int rl_peers_new(rl_peers **out, char *err, size_t errlen)
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->drained, NULL);
 	p->cq = grpc_completion_queue_create_for_next(NULL);
-	rv = pthread_create(&p->thread, NULL, cq_thread, p);
+	rv = sdb_thread_create(&p->thread, cq_thread, p);
 	if (rv != 0) {
 		grpc_completion_queue_shutdown(p->cq);
 		grpc_completion_queue_destroy(p->cq);

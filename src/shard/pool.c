@@ -12,6 +12,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/thread.h"
 #include "common/metrics.h"
 #include "shard/util.h"
 #include "storage/collation.h"
@@ -246,14 +247,14 @@ int shard_pool_start(shard *sh, char *err, size_t errlen)
 			free(wa);
 			return rc;
 		}
-		if (pthread_create(&sh->threads[i], NULL, worker_main, wa) != 0) {
+		if (sdb_thread_create(&sh->threads[i], worker_main, wa) != 0) {
 			sdb_store_conn_close(wa->conn);
 			free(wa);
 			return sdb_errf(err, errlen, SDB_EIO, "shard: cannot start worker thread");
 		}
 		sh->n_threads++;
 	}
-	if (pthread_create(&sh->await_thread, NULL, await_main, sh) != 0)
+	if (sdb_thread_create(&sh->await_thread, await_main, sh) != 0)
 		return sdb_errf(err, errlen, SDB_EIO, "shard: cannot start the await thread");
 	sh->await_started = true;
 	return 0;

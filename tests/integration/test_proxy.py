@@ -937,3 +937,37 @@ def test_unknown_write_concern_field_on_a_sharded_write_is_refused(cluster):
     r = db.command({"insert": "c", "documents": [{"_id": 1, "k": 1}, {"_id": 2, "k": 150}],
                     "writeConcern": {"w": 1, "j": True, "wtimeout": 1000}})
     assert r["n"] == 2
+
+
+def test_request_thread_log_lines_name_role_and_node(start_role, tmp_path, monkeypatch):
+    """Every log line names its role and node (common/log.h), also those of the threads a
+    role starts: the proxy's request threads (proxy/shardconn.c) logged "wire: command
+    done" without role= and node= (their thread had no log context). Now every thread
+    starts with its creator's (common/thread.h). A proxy without --node-id is named by its
+    listen address."""
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=0)
+    try:
+        monkeypatch.setenv("STRIPEDB_LOG_LEVEL", "debug")  # the proxy's, started now
+        cl.add_proxy()
+        monkeypatch.delenv("STRIPEDB_LOG_LEVEL")
+        cl.shard_collection("db.c", {"k": 1}, split_points=[{"k": 100}],
+                            shards=["shard-a", "shard-b"])
+        c = cl.proxy_client(0).db.c
+        c.insert_many([{"_id": i, "k": i * 10} for i in range(20)])
+        # a scatter-gather find and a targeted one: both routed on request threads
+        assert len(list(c.find({}))) == 20
+        assert c.find_one({"k": 150}) == {"_id": 15, "k": 150}
+        node = f"node=127.0.0.1:{cl.proxy_ports[0]}"
+
+        def done_lines():
+            return [ln for ln in cl.proxy_procs[0].tail(1 << 22).splitlines()
+                    if 'msg="wire: command done"' in ln
+                    and any(f" cmd={n} " in ln for n in ("find", "insert"))]
+        # the reply may reach the client before its thread writes the line
+        wait_until(lambda: sum(" cmd=find " in ln for ln in done_lines()) >= 2,
+                   what="the finds' command done lines")
+        bad = [ln for ln in done_lines()
+               if " role=proxy " not in ln or f" {node} " not in ln]
+        assert not bad, bad
+    finally:
+        cl.close()
