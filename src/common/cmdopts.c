@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "common/bsonget.h"
 #include "common/fieldscan.h"
@@ -1066,8 +1067,8 @@ int sdb_cmd_api_check(const char *name, const bson_t *cmd, char *err, size_t err
 }
 
 /* ---- duplicate top-level fields (MongoDB's IDL parsers: 40413 IDLDuplicateField) ----
- * A set of the keys met so far, open addressing on a 32-bit FNV-1a hash of the key's
- * bytes: 64 slots on the stack hold the ~5-15 fields of a command (half full at most), a
+ * A set of the keys met so far, open addressing on xxHash's XXH3 of the key's bytes
+ * (libxxhash): 64 slots on the stack hold the ~5-15 fields of a command (half full at most), a
  * command with more (a client may send thousands) grows it on the heap, so the pass stays
  * linear in the number of fields, never quadratic. The keys are pointers into the
  * command (valid while it is). */
@@ -1084,11 +1085,7 @@ typedef struct key_set {
 
 static uint32_t key_hash(const char *k, uint32_t len)
 {
-	uint32_t h = 2166136261u;
-
-	for (uint32_t i = 0; i < len; i++)
-		h = (h ^ (unsigned char)k[i]) * 16777619u;
-	return h;
+	return (uint32_t)XXH3_64bits(k, len);
 }
 
 /* Place a key known to be absent. */
