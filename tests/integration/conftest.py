@@ -254,6 +254,33 @@ class Proc:
         if self.p and self.p.poll() is None:
             self.p.send_signal(sig)
 
+    def pause(self, timeout=20.0):
+        """SIGSTOP the process and return once every one of its threads is stopped.
+
+        kill(2) returns before the process stops: the kernel wakes one thread to take the
+        SIGSTOP, and only when that thread runs does it tell the others to stop. On a loaded
+        machine that takes milliseconds, in which the other threads go on: a member "stopped"
+        that way once still stored and acknowledged a write sent after the kill, so a w: 3
+        write was rightly acknowledged and a test expecting a writeConcernError failed.
+        Read /proc/PID/task/*/stat until each thread is in state T (stopped)."""
+        assert self.p is not None and self.p.poll() is None, "pause() of a process that exited"
+        self.p.send_signal(signal.SIGSTOP)
+        task_dir = f"/proc/{self.p.pid}/task"
+
+        def stopped():
+            for tid in os.listdir(task_dir):
+                try:
+                    with open(f"{task_dir}/{tid}/stat") as f:
+                        # the command name in parentheses may hold spaces: split after it
+                        state = f.read().rsplit(")", 1)[1].split()[0]
+                except (FileNotFoundError, ProcessLookupError):
+                    continue  # a thread that ended
+                if state not in ("T", "t"):
+                    return False
+            return True
+
+        wait_until(stopped, timeout, interval=0.001, what=f"every thread of {self.p.pid} stopped")
+
     def kill(self):
         """SIGKILL and reap."""
         if self.p and self.p.poll() is None:

@@ -215,7 +215,7 @@ def test_shard_kill_write_concern_wait(start_role, tmp_path):
     sec = [i for i in range(3) if i != p][0]
     c = pymongo.MongoClient(uri, serverSelectionTimeoutMS=10000)
     c.app.c.insert_one({"_id": 0})
-    procs[sec].signal(signal.SIGSTOP)
+    procs[sec].pause()  # every thread stopped (conftest Proc.pause), or w: 3 could be met
     try:
         wc = c.app.get_collection("c", write_concern=pymongo.WriteConcern(w=3))
         t = Slow(lambda: wc.insert_one({"_id": 1}))

@@ -4,6 +4,7 @@ Real processes on loopback and pymongo with a replicaSet URI. Jepsen-style: ever
 client saw acknowledged is recorded and checked against the final state of every member;
 members are compared by their documents and their oplogs.
 """
+import contextlib
 import signal
 import threading
 import time
@@ -57,6 +58,33 @@ def primary_index(wires):
         except (ConnectionFailure, OperationFailure):
             continue
     return None
+
+
+@contextlib.contextmanager
+def secondary_paused(procs, wires):
+    """Yield the app database of the primary, on a direct connection, while one secondary
+    is stopped; resume it on the way out.
+
+    Nothing is left to timing: the primary is the member whose own hello says so on the
+    connection the caller's writes then use (directConnection, retryWrites=false: a write
+    goes to no other member); the secondary is stopped with Proc.pause(), which returns
+    only once every thread of it is stopped (kill(2) returns before that; a member
+    SIGSTOPped without waiting once stored and acknowledged a w: 3 write sent after the
+    kill, so w: 3 was truly met); after the caller's block the primary must still be
+    primary, else the block's outcome says nothing of the set it expected."""
+    p = primary_index(wires)
+    assert p is not None, "no primary"
+    other = (p + 1) % 3
+    with pymongo.MongoClient(f"mongodb://127.0.0.1:{wires[p]}/?directConnection=true",
+                             retryWrites=False, serverSelectionTimeoutMS=3000) as c:
+        assert c.admin.command("hello")["isWritablePrimary"], "the primary changed (election)"
+        procs[other].pause()
+        try:
+            yield c.app
+            assert c.admin.command("hello")["isWritablePrimary"], \
+                f"member {p} stopped being primary while member {other} was stopped (election)"
+        finally:
+            procs[other].signal(signal.SIGCONT)
 
 
 def member_state(port, db="app", coll="c"):
@@ -213,7 +241,7 @@ def test_minority_refuses_writes(start_role, tmp_path):
     p = primary_index(wires)
     others = [i for i in range(3) if i != p]
     for i in others:
-        procs[i].signal(signal.SIGSTOP)
+        procs[i].pause()  # every thread stopped, or the write could still commit
     try:
         with direct(wires[p]) as c:
             # the old leader steps down when it stops hearing from a majority; until
@@ -266,20 +294,15 @@ def test_write_concern_is_honoured_or_reported(start_role, tmp_path):
                         "writeConcern": {"w": "dc-east"}})
         assert e.value.code == 79
         assert db.c.find_one({"_id": 3}) is None
-        p = primary_index(wires)
-        other = (p + 1) % 3
-        procs[other].signal(signal.SIGSTOP)
-        try:
-            r = db.command({"insert": "c", "documents": [{"_id": 4}],
-                            "writeConcern": {"w": 3, "wtimeout": 500}})
+        with secondary_paused(procs, wires) as d:
+            r = d.command({"insert": "c", "documents": [{"_id": 4}],
+                           "writeConcern": {"w": 3, "wtimeout": 500}})
             assert r["writeConcernError"]["code"] == 64, r
             assert r["writeConcernError"]["errInfo"]["wtimeout"] is True
             # a majority still commits and acknowledges
-            r = db.command({"insert": "c", "documents": [{"_id": 5}],
-                            "writeConcern": {"w": "majority"}})
+            r = d.command({"insert": "c", "documents": [{"_id": 5}],
+                           "writeConcern": {"w": "majority"}})
             assert r["n"] == 1 and "writeConcernError" not in r
-        finally:
-            procs[other].signal(signal.SIGCONT)
     docs, _ = wait_converged(wires)
     assert {d["_id"] for d in docs} == {1, 2, 4, 5}
 
@@ -339,15 +362,10 @@ def test_bad_concerns_and_member_identity_are_refused(start_role, tmp_path):
         assert r["ok"] == 1 and "operationTime" in r
         db.c.delete_one({"_id": "cc"})
         # maxTimeMS bounds a write-concern wait that cannot be satisfied
-        p = primary_index(wires)
-        other = (p + 1) % 3
-        procs[other].signal(signal.SIGSTOP)
-        try:
-            r = db.command({"insert": "c", "documents": [{"_id": "m"}],
-                            "writeConcern": {"w": 3}, "maxTimeMS": 500})
+        with secondary_paused(procs, wires) as d:
+            r = d.command({"insert": "c", "documents": [{"_id": "m"}],
+                           "writeConcern": {"w": 3}, "maxTimeMS": 500})
             assert r["writeConcernError"]["code"] == 50, r
-        finally:
-            procs[other].signal(signal.SIGCONT)
     # identities
     rafts = [free_port() for _ in range(3)]
     boot = ",".join(f"{i + 1}@127.0.0.1:{rafts[i]}" for i in range(3))
