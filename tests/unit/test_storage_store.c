@@ -369,9 +369,14 @@ static void test_rolled_back_multikey_mark_leaves_no_stale_cache(void **state)
 	assert_string_equal(co->indexes[0].name, "a_1");
 	assert_true(co->indexes[0].multikey);
 	assert_false(co->indexes[1].multikey);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(c2, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
 	sdb_store_rollback(c2);
 	sdb_store_conn_close(c2);
-	assert_store_clean(f);
+	assert_count_and_clean(f, 3);
 	bson_destroy(d1);
 	bson_destroy(d2);
 	bson_destroy(d3);
@@ -486,6 +491,44 @@ static void test_check_finds_a_missing_index_entry(void **state)
 	assert_int_equal(np, 2); /* a missing key, and the entry count */
 	bson_destroy(&problems);
 	sdb_store_rollback(f->c);
+}
+
+/* sdb_store_check finds an index whose catalog entry says not multikey while a document
+ * gives it an array (the planner would intersect bounds and take sorts from it): here the
+ * flag cleared behind the store's back, as a lost multikey mark leaves it. */
+static void test_check_finds_an_index_not_marked_multikey(void **state)
+{
+	fx *f = *state;
+	bson_t *d = BCON_NEW("_id", BCON_INT32(1), "a", "[", BCON_INT32(1), BCON_INT32(2), "]");
+	begin_w(f);
+	assert_int_equal(insert(f, 0, 5, NULL), 0);
+	assert_int_equal(sdb_store_insert(f->c, "db", "c", d, NULL, NULL, f->err, sizeof f->err),
+			 0);
+	create_index(f, BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1"));
+	commit(f);
+	assert_count_and_clean(f, 2);
+	char path[300];
+	snprintf(path, sizeof path, "%s/shard.db", f->dir);
+	sqlite3 *db;
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	sqlite3_busy_timeout(db, 5000);
+	assert_int_equal(sqlite3_exec(db,
+				      "UPDATE catalog_index SET multikey = 0 WHERE name = 'a_1'; "
+				      "UPDATE meta SET v = v + 1 WHERE k = 'catalog_gen'",
+				      NULL, NULL, NULL),
+			 SQLITE_OK);
+	sqlite3_close(db);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	bson_t problems = BSON_INITIALIZER;
+	int np = 0;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 1);
+	bson_iter_t it;
+	assert_true(bson_iter_init_find(&it, &problems, "0"));
+	assert_non_null(strstr(bson_iter_utf8(&it, NULL), "index a_1 is not marked multikey"));
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+	bson_destroy(d);
 }
 
 /* A store written before Decimal128 keys were exact (meta 'keyenc' absent): opening it
@@ -1537,6 +1580,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_update_rewrites_only_changed_index_entries,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rolled_back_multikey_mark_leaves_no_stale_cache,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_check_finds_an_index_not_marked_multikey,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ts_monotonic_with_clock_jumps_and_restart,
 						setup, teardown),
