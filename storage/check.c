@@ -83,10 +83,21 @@ static int check_coll(sdb_store_conn *c, const sdb_store_coll *co, bson_t *probl
 			const sdb_store_index *ix = &co->indexes[i];
 			store_keyset ks;
 			store_keyset_init(&ks);
-			bool missing = false;
+			bool missing = false, multikey = false;
 			if (store_partial_covers(ix, &doc) &&
-			    store_index_keys(ix, &doc, &ks, &missing, kerr, sizeof kerr) == 0 &&
+			    store_key_index_keys(ix->key, ix->coll, &doc, &ks, &missing, &multikey,
+						 NULL, kerr, sizeof kerr) == 0 &&
 			    !(ix->sparse && missing)) {
+				if (multikey && !ix->multikey) {
+					/* the planner would intersect bounds and give sorts from an
+					 * index that holds several keys of one document */
+					char *js = bson_as_relaxed_extended_json(&doc, NULL);
+					problem(problems, n,
+						"%s.%s: index %s is not marked multikey but holds an "
+						"array of document %.200s",
+						co->db, co->coll, ix->name, js ? js : "?");
+					bson_free(js);
+				}
 				char q[128];
 				snprintf(q, sizeof q, "SELECT 1 FROM i_%lld WHERE k = ? AND id = ?",
 					 (long long)ix->tbl);

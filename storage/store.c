@@ -481,6 +481,7 @@ int sdb_store_begin(sdb_store_conn *c, bool write, char *err, size_t errlen)
 	c->pending_oplog_bytes = 0;
 	c->pending_ts = 0;
 	c->ddl = false;
+	c->cache_touched = false;
 	c->savepoints = 0;
 	/* The first read fixes the snapshot; the catalog is read in it. */
 	rc = store_cache_load(c, err, errlen);
@@ -566,7 +567,7 @@ void sdb_store_rollback(sdb_store_conn *c)
 		return;
 	}
 	store_exec_cached(c, "ROLLBACK", NULL, 0);
-	if (c->ddl)
+	if (c->ddl || c->cache_touched)
 		store_cache_clear(c);
 	txn_end(c, false);
 }
@@ -623,6 +624,7 @@ int sdb_store_apply_begin(sdb_store_conn *c, const sdb_store_det *det, char *err
 	c->pending_oplog_bytes = 0;
 	c->pending_ts = 0;
 	c->ddl = false;
+	c->cache_touched = false;
 	c->savepoints = 0;
 	/* The ts counter comes from disk, not from this process's history, so that a member
 	 * that restarted allocates the same ts as one that did not. */
@@ -916,7 +918,8 @@ int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset 
 }
 
 /* Record that ix became multikey (in this transaction; the cache entry is updated in
- * place, other connections reload the catalog at their next transaction). */
+ * place, other connections reload the catalog at their next transaction; a rollback of
+ * this one drops this connection's cache: c->cache_touched). */
 int store_index_mark_multikey(sdb_store_conn *c, const sdb_store_coll *co,
 			       sdb_store_index *ix, char *err, size_t errlen)
 {
@@ -936,8 +939,10 @@ int store_index_mark_multikey(sdb_store_conn *c, const sdb_store_coll *co,
 	if (!s)
 		return SDB_EIO;
 	rc = store_step_done(c, s, err, errlen, "catalog gen");
-	if (rc == 0)
+	if (rc == 0) {
 		ix->multikey = true;
+		c->cache_touched = true; /* a rollback drops the cache (sdb_store_rollback) */
+	}
 	return rc;
 }
 

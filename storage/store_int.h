@@ -92,6 +92,10 @@ struct sdb_store_conn {
 	int64_t pending_oplog_bytes;
 	uint64_t pending_ts;
 	bool ddl;
+	/* this transaction changed the catalog cache in place (store_index_mark_multikey),
+	 * which a rollback outside an apply must drop: catalog_gen goes back to the cache's, so
+	 * no reload would undo it */
+	bool cache_touched;
 	/* the statement being written for a retryable write (sdb_store_set_op_session):
 	 * borrowed lsid bytes, recorded into each oplog entry; NULL = none */
 	const uint8_t *op_lsid;

@@ -322,6 +322,66 @@ static void test_update_rewrites_only_changed_index_entries(void **state)
 	assert_count_and_clean(f, 3);
 }
 
+/* A write transaction outside an apply that marks an index multikey (in place in the
+ * connection's catalog cache) and then rolls back whole (sdb_store_rollback, here after a
+ * unique index refused the same update) must not leave that connection's cache saying
+ * multikey: the catalog on disk says not and catalog_gen is back to the cache's, so no
+ * reload undoes it, and the connection's next array key then does not mark the index in
+ * the catalog. Every other connection (and a restart) would plan the index as
+ * non-multikey while it holds several keys per document. (A shard's writes run inside an
+ * apply, whose rollback reloads the cache; this is the store API's other write path.) */
+static void test_rolled_back_multikey_mark_leaves_no_stale_cache(void **state)
+{
+	fx *f = *state;
+	bson_t *d1 = BCON_NEW("_id", BCON_INT32(1), "a", BCON_INT32(1), "u", BCON_INT32(1));
+	bson_t *d2 = BCON_NEW("_id", BCON_INT32(2), "a", BCON_INT32(2), "u", BCON_INT32(2));
+	bson_t *d3 = BCON_NEW("_id", BCON_INT32(3), "a", "[", BCON_INT32(0), BCON_INT32(5), "]",
+			      "u", BCON_INT32(3));
+	begin_w(f);
+	assert_int_equal(sdb_store_insert(f->c, "db", "c", d1, NULL, NULL, f->err, sizeof f->err),
+			 0);
+	assert_int_equal(sdb_store_insert(f->c, "db", "c", d2, NULL, NULL, f->err, sizeof f->err),
+			 0);
+	create_index(f, BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1"));
+	create_index(f, BCON_NEW("key", "{", "u", BCON_INT32(1), "}", "name", "u_1", "unique",
+				 BCON_BOOL(true)));
+	commit(f);
+
+	/* a_1 becomes multikey, then u_1 refuses the update: the transaction rolls back */
+	assert_int_equal(update_stored(f, 1, BCON_NEW("_id", BCON_INT32(1), "a", "[",
+						     BCON_INT32(1), BCON_INT32(2), "]", "u",
+						     BCON_INT32(2))),
+			 SDB_EEXISTS);
+	/* the same connection then stores an array under a_1 */
+	begin_w(f);
+	assert_int_equal(sdb_store_insert(f->c, "db", "c", d3, NULL, NULL, f->err, sizeof f->err),
+			 0);
+	commit(f);
+
+	/* what another connection reads from the catalog: a_1 is multikey */
+	sdb_store_conn *c2 = NULL;
+	assert_int_equal(sdb_store_conn_open(f->st, &c2, f->err, sizeof f->err), 0);
+	assert_int_equal(sdb_store_begin(c2, false, f->err, sizeof f->err), 0);
+	const sdb_store_coll *co = NULL;
+	assert_int_equal(sdb_store_coll_get(c2, "db", "c", &co, f->err, sizeof f->err), 0);
+	assert_non_null(co);
+	assert_int_equal(co->n_indexes, 2);
+	assert_string_equal(co->indexes[0].name, "a_1");
+	assert_true(co->indexes[0].multikey);
+	assert_false(co->indexes[1].multikey);
+	bson_t problems = BSON_INITIALIZER;
+	int np = -1;
+	assert_int_equal(sdb_store_check(c2, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 0);
+	bson_destroy(&problems);
+	sdb_store_rollback(c2);
+	sdb_store_conn_close(c2);
+	assert_count_and_clean(f, 3);
+	bson_destroy(d1);
+	bson_destroy(d2);
+	bson_destroy(d3);
+}
+
 static void test_ts_monotonic_with_clock_jumps_and_restart(void **state)
 {
 	fx *f = *state;
@@ -431,6 +491,44 @@ static void test_check_finds_a_missing_index_entry(void **state)
 	assert_int_equal(np, 2); /* a missing key, and the entry count */
 	bson_destroy(&problems);
 	sdb_store_rollback(f->c);
+}
+
+/* sdb_store_check finds an index whose catalog entry says not multikey while a document
+ * gives it an array (the planner would intersect bounds and take sorts from it): here the
+ * flag cleared behind the store's back, as a lost multikey mark leaves it. */
+static void test_check_finds_an_index_not_marked_multikey(void **state)
+{
+	fx *f = *state;
+	bson_t *d = BCON_NEW("_id", BCON_INT32(1), "a", "[", BCON_INT32(1), BCON_INT32(2), "]");
+	begin_w(f);
+	assert_int_equal(insert(f, 0, 5, NULL), 0);
+	assert_int_equal(sdb_store_insert(f->c, "db", "c", d, NULL, NULL, f->err, sizeof f->err),
+			 0);
+	create_index(f, BCON_NEW("key", "{", "a", BCON_INT32(1), "}", "name", "a_1"));
+	commit(f);
+	assert_count_and_clean(f, 2);
+	char path[300];
+	snprintf(path, sizeof path, "%s/shard.db", f->dir);
+	sqlite3 *db;
+	assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+	sqlite3_busy_timeout(db, 5000);
+	assert_int_equal(sqlite3_exec(db,
+				      "UPDATE catalog_index SET multikey = 0 WHERE name = 'a_1'; "
+				      "UPDATE meta SET v = v + 1 WHERE k = 'catalog_gen'",
+				      NULL, NULL, NULL),
+			 SQLITE_OK);
+	sqlite3_close(db);
+	assert_int_equal(sdb_store_begin(f->c, false, f->err, sizeof f->err), 0);
+	bson_t problems = BSON_INITIALIZER;
+	int np = 0;
+	assert_int_equal(sdb_store_check(f->c, &problems, &np, f->err, sizeof f->err), 0);
+	assert_int_equal(np, 1);
+	bson_iter_t it;
+	assert_true(bson_iter_init_find(&it, &problems, "0"));
+	assert_non_null(strstr(bson_iter_utf8(&it, NULL), "index a_1 is not marked multikey"));
+	bson_destroy(&problems);
+	sdb_store_rollback(f->c);
+	bson_destroy(d);
 }
 
 /* A store written before Decimal128 keys were exact (meta 'keyenc' absent): opening it
@@ -1480,6 +1578,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_hashed_index, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unique_index_duplicate, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_update_rewrites_only_changed_index_entries,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rolled_back_multikey_mark_leaves_no_stale_cache,
+						setup, teardown),
+		cmocka_unit_test_setup_teardown(test_check_finds_an_index_not_marked_multikey,
 						setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ts_monotonic_with_clock_jumps_and_restart,
 						setup, teardown),
