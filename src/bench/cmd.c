@@ -23,7 +23,7 @@
 #include "bench/bench.h"
 #include "common/alloc.h"
 
-#define MAX_URIS 4
+#define MAX_URIS 8 /* targets of one invocation (--uri) */
 
 static volatile sig_atomic_t interrupted;
 
@@ -185,9 +185,13 @@ int bench_main(int argc, char **argv)
 			}
 			v = argv[++i];
 		}
-		if (strcmp(flag, "--uri") == 0 && nuris < MAX_URIS) {
+		if ((strcmp(flag, "--uri") == 0 && nuris == MAX_URIS) ||
+		    (strcmp(flag, "--label") == 0 && nlabels == MAX_URIS)) {
+			fprintf(stderr, "stripedb bench: at most %d %s\n", MAX_URIS, flag);
+			return 2;
+		} else if (strcmp(flag, "--uri") == 0) {
 			uris[nuris++] = v;
-		} else if (strcmp(flag, "--label") == 0 && nlabels < MAX_URIS) {
+		} else if (strcmp(flag, "--label") == 0) {
 			labels[nlabels++] = v;
 		} else if (strcmp(flag, "--workload") == 0) {
 			o.workload = v;
