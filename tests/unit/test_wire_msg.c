@@ -523,39 +523,70 @@ static void *deep_parse(void *arg)
 	return NULL;
 }
 
-/* A body nested 20,000 levels deep ({find: "c", let: {v: [[[...]]]}}, about 240 KB) is
+/* {} wrapped depth times as {<key>: <previous>} with element type type (0x03 document,
+ * 0x04 array): a heap buffer of *len bytes, 8 bytes a level (free it). */
+static uint8_t *nested(unsigned depth, uint8_t type, char key, size_t *len)
+{
+	size_t cap = (size_t)depth * 8 + 5, n = 5;
+	uint8_t *d = malloc(cap), *t = malloc(cap);
+
+	assert_non_null(d);
+	assert_non_null(t);
+	memcpy(d, "\x05\x00\x00\x00\x00", 5); /* {} */
+	for (unsigned i = 0; i < depth; i++) {
+		size_t m = 4 + 1 + 2 + n + 1;
+		t[0] = (uint8_t)m;
+		t[1] = (uint8_t)(m >> 8);
+		t[2] = (uint8_t)(m >> 16);
+		t[3] = (uint8_t)(m >> 24);
+		t[4] = type;
+		t[5] = (uint8_t)key;
+		t[6] = 0;
+		memcpy(t + 7, d, n);
+		t[7 + n] = 0;
+		memcpy(d, t, m);
+		n = m;
+	}
+	free(t);
+	*len = n;
+	return d;
+}
+
+/* Parse the message in b on a thread with a 256 KB stack, as the role's loop thread whose
+ * stack overflowed, and check it is refused InvalidBSON for its depth. Frees b. */
+static void refused_on_small_stack(mbuf *b)
+{
+	wire_msg m;
+	uint8_t *keep = NULL;
+	char err[256] = "";
+	int code = -1;
+	deep_arg arg = {b->p, b->len, &m, &keep, &code, err, sizeof err, 0};
+	pthread_attr_t attr;
+	pthread_t th;
+
+	assert_int_equal(pthread_attr_init(&attr), 0);
+	assert_int_equal(pthread_attr_setstacksize(&attr, 256 * 1024), 0);
+	assert_int_equal(pthread_create(&th, &attr, deep_parse, &arg), 0);
+	assert_int_equal(pthread_join(th, NULL), 0);
+	pthread_attr_destroy(&attr);
+	assert_int_equal(arg.rc, SDB_EPROTO);
+	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
+	assert_non_null(strstr(err, "deeper than 200 levels"));
+	free(keep);
+	free(b->p);
+}
+
+/* A body nested 20,000 levels deep ({find: "c", let: {v: [[[...]]]}}, about 160 KB) is
  * refused InvalidBSON without recursing through it: bson_validate, which recursed without a
  * limit, overflowed the loop thread's stack and killed the process. */
 static void test_deeply_nested_body_is_refused(void **state)
 {
-	enum { DEPTH = 20000 };
-	size_t cap = (size_t)DEPTH * 12 + 64, len = 5, i;
-	uint8_t *d = malloc(cap), *t = malloc(cap);
+	size_t len;
+	uint8_t *d = nested(20000, 0x04, '0', &len);
 	bson_t *head = BCON_NEW("find", BCON_UTF8("c"));
 	mbuf b = msg_begin(4, WIRE_OP_MSG);
-	wire_msg m;
-	uint8_t *keep;
-	char err[256] = "";
-	int code = -1;
 
 	(void)state;
-	assert_non_null(d);
-	assert_non_null(t);
-	memcpy(d, "\x05\x00\x00\x00\x00", 5); /* {} */
-	for (i = 0; i < DEPTH; i++) { /* d = {"0": d} as an array */
-		size_t n = 4 + 1 + 2 + len + 1;
-		t[0] = (uint8_t)n;
-		t[1] = (uint8_t)(n >> 8);
-		t[2] = (uint8_t)(n >> 16);
-		t[3] = (uint8_t)(n >> 24);
-		t[4] = 0x04;
-		t[5] = '0';
-		t[6] = 0;
-		memcpy(t + 7, d, len);
-		t[7 + len] = 0;
-		memcpy(d, t, n);
-		len = n;
-	}
 	put_i32(&b, 0);
 	put_u8(&b, 0);
 	/* body = head's elements + {let: d-as-document} */
@@ -570,22 +601,8 @@ static void test_deeply_nested_body_is_refused(void **state)
 		put_u8(&b, 0);
 	}
 	msg_end(&b);
-	/* on a thread with a small stack, as the role's loop thread whose stack overflowed */
-	deep_arg arg = {b.p, b.len, &m, &keep, &code, err, sizeof err, 0};
-	pthread_attr_t attr;
-	pthread_t th;
-	assert_int_equal(pthread_attr_init(&attr), 0);
-	assert_int_equal(pthread_attr_setstacksize(&attr, 256 * 1024), 0);
-	assert_int_equal(pthread_create(&th, &attr, deep_parse, &arg), 0);
-	assert_int_equal(pthread_join(th, NULL), 0);
-	pthread_attr_destroy(&attr);
-	assert_int_equal(arg.rc, SDB_EPROTO);
-	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
-	assert_non_null(strstr(err, "deeper than 200 levels"));
-	free(keep);
-	free(b.p);
+	refused_on_small_stack(&b);
 	free(d);
-	free(t);
 	bson_destroy(head);
 }
 
@@ -595,33 +612,11 @@ static void test_deeply_nested_body_is_refused(void **state)
  * shard through one message). */
 static void test_deeply_nested_scope_is_refused(void **state)
 {
-	enum { DEPTH = 20000 };
-	size_t cap = (size_t)DEPTH * 8 + 64, len = 5, i;
-	uint8_t *d = malloc(cap), *t = malloc(cap);
+	size_t len;
+	uint8_t *d = nested(20000, 0x03, 'a', &len);
 	mbuf b = msg_begin(5, WIRE_OP_MSG);
-	wire_msg m;
-	uint8_t *keep;
-	char err[256] = "";
-	int code = -1;
 
 	(void)state;
-	assert_non_null(d);
-	assert_non_null(t);
-	memcpy(d, "\x05\x00\x00\x00\x00", 5); /* {} */
-	for (i = 0; i < DEPTH; i++) { /* d = {a: d} */
-		size_t n = 4 + 1 + 2 + len + 1;
-		t[0] = (uint8_t)n;
-		t[1] = (uint8_t)(n >> 8);
-		t[2] = (uint8_t)(n >> 16);
-		t[3] = (uint8_t)(n >> 24);
-		t[4] = 0x03;
-		t[5] = 'a';
-		t[6] = 0;
-		memcpy(t + 7, d, len);
-		t[7 + len] = 0;
-		memcpy(d, t, n);
-		len = n;
-	}
 	put_i32(&b, 0);
 	put_u8(&b, 0);
 	{
@@ -647,21 +642,8 @@ static void test_deeply_nested_scope_is_refused(void **state)
 		put_u8(&b, 0);
 	}
 	msg_end(&b);
-	deep_arg arg = {b.p, b.len, &m, &keep, &code, err, sizeof err, 0};
-	pthread_attr_t attr;
-	pthread_t th;
-	assert_int_equal(pthread_attr_init(&attr), 0);
-	assert_int_equal(pthread_attr_setstacksize(&attr, 256 * 1024), 0);
-	assert_int_equal(pthread_create(&th, &attr, deep_parse, &arg), 0);
-	assert_int_equal(pthread_join(th, NULL), 0);
-	pthread_attr_destroy(&attr);
-	assert_int_equal(arg.rc, SDB_EPROTO);
-	assert_int_equal(code, WIRE_ERR_INVALID_BSON);
-	assert_non_null(strstr(err, "deeper than 200 levels"));
-	free(keep);
-	free(b.p);
+	refused_on_small_stack(&b);
 	free(d);
-	free(t);
 }
 
 static void test_op_query(void **state)
