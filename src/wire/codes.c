@@ -105,6 +105,8 @@ static const struct {
 	{13436, "NotPrimaryOrSecondary"},
 	{40352, "Location40352"},
 	{40413, "IDLDuplicateField"},
+	{40414, "IDLFailedToParse"},
+	{40415, "IDLUnknownField"},
 };
 
 const char *wire_code_name(int code)

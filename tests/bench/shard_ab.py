@@ -10,7 +10,7 @@ by the run's operations) and the bench's latency lines. On a shared machine comp
 ratios of runs next to each other, never absolute figures.
 
     /usr/bin/python3 tests/bench/shard_ab.py --base /tmp/base/stripedb --new build/stripedb \\
-        --workload c --threads 16 --seconds 6 --rounds 4
+        --workload c --threads 16 --seconds 6 --rounds 4 [--keep]
 
 The bench client is --base's binary for both shards. Exits 2 with one line on stderr when
 a shard does not start or a run prints no result.
@@ -18,6 +18,7 @@ a shard does not start or a run prints no result.
 import argparse
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -47,6 +48,8 @@ def main():
     ap.add_argument("--records", type=int, default=50000)
     ap.add_argument("--seconds", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the temp dir (the shards' data and logs, ~1 GB each)")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="shard-ab-")
@@ -103,6 +106,10 @@ def main():
         for _, p in shards.values():
             p.kill()
             p.wait()
+        if args.keep:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1237,6 +1237,10 @@ static void test_code_names(void **state)
 	assert_string_equal(wire_code_name(WIRE_ERR_RATE_LIMITED),
 			    "IngressRequestRateLimitExceeded");
 	assert_string_equal(wire_code_name(WIRE_ERR_PROTOCOL_ERROR), "ProtocolError");
+	/* the IDL parsers' codes, named in mongod's error_codes.yml */
+	assert_string_equal(wire_code_name(40413), "IDLDuplicateField");
+	assert_string_equal(wire_code_name(40414), "IDLFailedToParse");
+	assert_string_equal(wire_code_name(40415), "IDLUnknownField");
 	/* mongod: codes without an ErrorCodes name are "Location<code>" */
 	assert_string_equal(wire_code_name(31254), "Location31254");
 	assert_string_equal(wire_code_name(15975), "Location15975");
