@@ -838,56 +838,6 @@ void sdb_store_dup_clear(sdb_store_dup *d)
 	memset(d, 0, sizeof *d);
 }
 
-/* "{ a: 1, b: \"x\" }" as MongoDB prints dup keys. */
-static char *format_dup_key(const bson_t *kv)
-{
-	bson_string_t *s = bson_string_new("{ ");
-	bson_iter_t it;
-	bool first = true;
-	if (bson_iter_init(&it, kv)) {
-		while (bson_iter_next(&it)) {
-			bson_t one = BSON_INITIALIZER;
-			bson_append_iter(&one, "v", 1, &it);
-			size_t len;
-			char *js = bson_as_relaxed_extended_json(&one, &len);
-			/* js is `{ "v" : VALUE }` */
-			const char *v = js ? strstr(js, ": ") : NULL;
-			bson_string_append_printf(s, "%s%s: ", first ? "" : ", ",
-						  bson_iter_key(&it));
-			if (v && len >= 2) {
-				v += 2;
-				size_t vlen = strlen(v);
-				if (vlen >= 2)
-					vlen -= 2; /* strip " }" */
-				char *tmp = sdb_strndup(v, vlen);
-				bson_string_append(s, tmp);
-				free(tmp);
-			}
-			bson_free(js);
-			bson_destroy(&one);
-			first = false;
-		}
-	}
-	bson_string_append(s, first ? "}" : " }");
-	return bson_string_free(s, false);
-}
-
-static void dup_fill(sdb_store_dup *dup, const char *db, const char *coll, const char *index,
-		     const bson_t *pattern, const bson_t *value)
-{
-	if (!dup)
-		return;
-	sdb_store_dup_clear(dup);
-	char *k = format_dup_key(value);
-	dup->errmsg = sdb_asprintf("E11000 duplicate key error collection: %s.%s index: %s "
-				   "dup key: %s",
-				   db, coll, index, k);
-	free(k);
-	bson_copy_to(pattern, &dup->key_pattern);
-	bson_copy_to(value, &dup->key_value);
-	dup->set = true;
-}
-
 int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, int *code, char *err,
 		 size_t errlen)
 {
@@ -910,207 +860,6 @@ int store_id_key(const bson_t *doc, sdb_key *kb, bson_iter_t *id_it, int *code, 
 	return sdb_keyenc_append_iter(kb, id_it, false, err, errlen);
 }
 
-/* Index keys of doc for index ix: a set of encoded keys (multikey expands arrays). */
-int store_index_keys(const sdb_store_index *ix, const bson_t *doc, store_keyset *ks,
-		      bool *all_missing, char *err, size_t errlen)
-{
-	return store_key_index_keys(ix->key, ix->coll, doc, ks, all_missing, NULL, NULL, err, errlen);
-}
-
-/* Record that ix became multikey (in this transaction; the cache entry is updated in
- * place, other connections reload the catalog at their next transaction; a rollback of
- * this one drops this connection's cache: c->cache_touched). */
-int store_index_mark_multikey(sdb_store_conn *c, const sdb_store_coll *co,
-			       sdb_store_index *ix, char *err, size_t errlen)
-{
-	sqlite3_stmt *s = store_stmt_get(c,
-				   "UPDATE catalog_index SET multikey = 1 WHERE db = ? AND coll = ? "
-				   "AND name = ?",
-				   err, errlen);
-	if (!s)
-		return SDB_EIO;
-	sqlite3_bind_text(s, 1, co->db, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 2, co->coll, -1, SQLITE_STATIC);
-	sqlite3_bind_text(s, 3, ix->name, -1, SQLITE_STATIC);
-	int rc = store_step_done(c, s, err, errlen, "multikey");
-	if (rc)
-		return rc;
-	s = store_stmt_get(c, "UPDATE meta SET v = v + 1 WHERE k='catalog_gen'", err, errlen);
-	if (!s)
-		return SDB_EIO;
-	rc = store_step_done(c, s, err, errlen, "catalog gen");
-	if (rc == 0) {
-		ix->multikey = true;
-		c->cache_touched = true; /* a rollback drops the cache (sdb_store_rollback) */
-	}
-	return rc;
-}
-
-int store_index_insert_keys(sdb_store_conn *c, const sdb_store_coll *co,
-			     const sdb_store_index *ix, const store_keyset *ks,
-			     const sdb_key *idk, const bson_t *doc, sdb_store_dup *dup,
-			     char *err, size_t errlen)
-{
-	char sql[160];
-	for (size_t i = 0; i < ks->n; i++) {
-		if (ix->unique) {
-			snprintf(sql, sizeof sql,
-				 "SELECT 1 FROM i_%lld WHERE k = ? AND id <> ? LIMIT 1",
-				 (long long)ix->tbl);
-			sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
-			if (!s)
-				return SDB_EIO;
-			sqlite3_bind_blob(s, 1, ks->keys[i].data, (int)ks->keys[i].len,
-					  SQLITE_STATIC);
-			sqlite3_bind_blob(s, 2, idk->data, (int)idk->len, SQLITE_STATIC);
-			int r = sqlite3_step(s);
-			sqlite3_reset(s);
-			if (r == SQLITE_ROW) {
-				bson_t kv;
-				if (!store_key_dup_value_of(ix->key, doc, ks->keys[i].data,
-							    ks->keys[i].len, &kv)) {
-					bson_destroy(&kv);
-					store_key_dup_value(ix->key, doc, &kv);
-				}
-				dup_fill(dup, co->db, co->coll, ix->name, ix->key, &kv);
-				bson_destroy(&kv);
-				return sdb_errf(err, errlen, SDB_EEXISTS, "%s",
-						dup ? dup->errmsg : "duplicate key");
-			}
-			if (r != SQLITE_DONE)
-				return store_sqlerr(c->db, err, errlen, "unique check");
-		}
-		snprintf(sql, sizeof sql, "INSERT OR IGNORE INTO i_%lld(k, id) VALUES(?, ?)",
-			 (long long)ix->tbl);
-		sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
-		if (!s)
-			return SDB_EIO;
-		sqlite3_bind_blob(s, 1, ks->keys[i].data, (int)ks->keys[i].len, SQLITE_STATIC);
-		sqlite3_bind_blob(s, 2, idk->data, (int)idk->len, SQLITE_STATIC);
-		int rc = store_step_done(c, s, err, errlen, "index insert");
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
-static int index_delete_keys(sdb_store_conn *c, const sdb_store_index *ix,
-			     const store_keyset *ks, const sdb_key *idk, char *err,
-			     size_t errlen)
-{
-	char sql[128];
-	snprintf(sql, sizeof sql, "DELETE FROM i_%lld WHERE k = ? AND id = ?",
-		 (long long)ix->tbl);
-	for (size_t i = 0; i < ks->n; i++) {
-		sqlite3_stmt *s = store_stmt_get(c, sql, err, errlen);
-		if (!s)
-			return SDB_EIO;
-		sqlite3_bind_blob(s, 1, ks->keys[i].data, (int)ks->keys[i].len, SQLITE_STATIC);
-		sqlite3_bind_blob(s, 2, idk->data, (int)idk->len, SQLITE_STATIC);
-		int rc = store_step_done(c, s, err, errlen, "index delete");
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
-int store_indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
-		       const sdb_key *idk, sdb_store_dup *dup, char *err, size_t errlen)
-{
-	for (size_t i = 0; i < co->n_indexes; i++) {
-		sdb_store_index *ix = &co->indexes[i];
-		if (!store_partial_covers(ix, doc))
-			continue; /* a partial index holds only the documents its filter matches */
-		store_keyset ks;
-		store_keyset_init(&ks);
-		bool missing = false, multikey = false;
-		int rc = store_key_index_keys(ix->key, ix->coll, doc, &ks, &missing, &multikey,
-					      &c->write_code, err, errlen);
-		if (rc == 0 && multikey && !ix->multikey)
-			rc = store_index_mark_multikey(c, co, ix, err, errlen);
-		if (rc == 0 && !(ix->sparse && missing))
-			rc = store_index_insert_keys(c, co, ix, &ks, idk, doc, dup, err, errlen);
-		store_keyset_destroy(&ks);
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
-int store_indexes_remove(sdb_store_conn *c, const sdb_store_coll *co, const bson_t *doc,
-			  const sdb_key *idk, char *err, size_t errlen)
-{
-	for (size_t i = 0; i < co->n_indexes; i++) {
-		const sdb_store_index *ix = &co->indexes[i];
-		if (!store_partial_covers(ix, doc))
-			continue; /* never indexed (store_indexes_add) */
-		store_keyset ks;
-		store_keyset_init(&ks);
-		bool missing = false;
-		int rc = store_index_keys(ix, doc, &ks, &missing, err, errlen);
-		if (rc == 0)
-			rc = index_delete_keys(c, ix, &ks, idk, err, errlen);
-		store_keyset_destroy(&ks);
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
-/* Whether two keysets hold the same keys in the same order. */
-static bool keysets_equal(const store_keyset *a, const store_keyset *b)
-{
-	if (a->n != b->n)
-		return false;
-	for (size_t i = 0; i < a->n; i++)
-		if (a->keys[i].len != b->keys[i].len ||
-		    memcmp(a->keys[i].data, b->keys[i].data, a->keys[i].len) != 0)
-			return false;
-	return true;
-}
-
-/* Index maintenance of the document with _id key idk replaced, old_doc (the stored image)
- * by new_doc: store_indexes_remove of old_doc then store_indexes_add of new_doc, except
- * that an index whose entries stay the same (the document in it before and after with the
- * same keys in the same order, or in it neither before nor after: partial filter, sparse)
- * is not written; it is still marked multikey when new_doc makes it so. Errors: theirs. */
-static int indexes_update(sdb_store_conn *c, sdb_store_coll *co, const bson_t *old_doc,
-			  const bson_t *new_doc, const sdb_key *idk, sdb_store_dup *dup,
-			  char *err, size_t errlen)
-{
-	for (size_t i = 0; i < co->n_indexes; i++) {
-		sdb_store_index *ix = &co->indexes[i];
-		bool old_cov = store_partial_covers(ix, old_doc);
-		bool new_cov = store_partial_covers(ix, new_doc);
-		bool old_missing = false, new_missing = false, multikey = false;
-		store_keyset oks, nks;
-		int rc = 0;
-
-		store_keyset_init(&oks);
-		store_keyset_init(&nks);
-		if (old_cov)
-			rc = store_index_keys(ix, old_doc, &oks, &old_missing, err, errlen);
-		if (rc == 0 && new_cov)
-			rc = store_key_index_keys(ix->key, ix->coll, new_doc, &nks, &new_missing,
-						  &multikey, &c->write_code, err, errlen);
-		if (rc == 0 && multikey && !ix->multikey)
-			rc = store_index_mark_multikey(c, co, ix, err, errlen);
-		bool old_in = old_cov && !(ix->sparse && old_missing);
-		bool new_in = new_cov && !(ix->sparse && new_missing);
-		if (rc == 0 && !(old_in == new_in && (!old_in || keysets_equal(&oks, &nks)))) {
-			if (old_cov)
-				rc = index_delete_keys(c, ix, &oks, idk, err, errlen);
-			if (rc == 0 && new_in)
-				rc = store_index_insert_keys(c, co, ix, &nks, idk, new_doc, dup,
-							     err, errlen);
-		}
-		store_keyset_destroy(&oks);
-		store_keyset_destroy(&nks);
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
 
 static void id_doc(const bson_iter_t *id_it, bson_t *out)
 {
@@ -1238,7 +987,7 @@ int sdb_store_insert(sdb_store_conn *c, const char *db, const char *coll, const 
 		bson_t kp = BSON_INITIALIZER, kv;
 		BSON_APPEND_INT32(&kp, "_id", 1);
 		id_doc(&id_it, &kv);
-		dup_fill(dup, db, coll, "_id_", &kp, &kv);
+		store_dup_fill(dup, db, coll, "_id_", &kp, &kv);
 		rc = sdb_errf(err, errlen, SDB_EEXISTS, "%s",
 			      dup ? dup->errmsg : "duplicate key");
 		bson_destroy(&kp);
@@ -1381,7 +1130,7 @@ static int replace_doc(sdb_store_conn *c, const char *db, const char *coll,
 		rc = sdb_errf(err, errlen, SDB_ENOTFOUND, "no such document");
 		goto out;
 	}
-	rc = indexes_update(c, (sdb_store_coll *)co, pre, new_doc, &idk, dup, err, errlen);
+	rc = store_indexes_update(c, (sdb_store_coll *)co, pre, new_doc, &idk, dup, err, errlen);
 	if (rc)
 		goto out;
 	bson_t o2, desc;

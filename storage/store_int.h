@@ -312,6 +312,16 @@ int store_indexes_add(sdb_store_conn *c, sdb_store_coll *co, const bson_t *doc,
  * SDB_E* code with a message in err. */
 int store_indexes_remove(sdb_store_conn *c, const sdb_store_coll *co, const bson_t *doc,
 			 const sdb_key *idk, char *err, size_t errlen);
+/* Index maintenance of the document with _id key idk replaced, old_doc (the stored image)
+ * by new_doc (index.c): an index whose entries stay the same is not written, but is still
+ * marked multikey when new_doc makes it so. Errors: store_indexes_remove's / _add's. */
+int store_indexes_update(sdb_store_conn *c, sdb_store_coll *co, const bson_t *old_doc,
+			 const bson_t *new_doc, const sdb_key *idk, sdb_store_dup *dup, char *err,
+			 size_t errlen);
+/* Fill *dup (when not NULL) with a duplicate key's namespace, index name, key pattern and
+ * value (MongoDB's keyPattern / keyValue of an E11000 error); copies them. */
+void store_dup_fill(sdb_store_dup *dup, const char *db, const char *coll, const char *index,
+		    const bson_t *pattern, const bson_t *value);
 /* Load c's catalog cache from the catalog tables when the catalog generation moved.
  * Errors: SDB_EIO (message in err). catalog.c. */
 int store_cache_load(sdb_store_conn *c, char *err, size_t errlen);

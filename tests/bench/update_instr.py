@@ -30,16 +30,11 @@ import time
 
 from pymongo import MongoClient
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shard_ab import free_port  # noqa: E402
+
 FUNCS = ["vt_apply", "run_update", "match_docs_in", "sdb_update_apply", "replace_doc",
          "coll_oplog", "sdb_store_apply_begin", "sdb_store_apply_commit", "conn_process"]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start(cmd, log, port):
