@@ -851,3 +851,137 @@ int auth_cluster_command_async(uv_loop_t *loop, const char *host, const bson_t *
 	}
 	return 0;
 }
+
+/* ------------------------------------------------------------------ client side */
+
+/* The payload of a SASL reply as a NUL-terminated string in out (outlen bytes). */
+static bool sasl_payload(const bson_t *reply, char *out, size_t outlen)
+{
+	bson_iter_t it;
+	const uint8_t *data = NULL;
+	uint32_t len = 0;
+	bson_subtype_t st;
+
+	if (!bson_iter_init_find(&it, reply, "payload"))
+		return false;
+	if (BSON_ITER_HOLDS_BINARY(&it))
+		bson_iter_binary(&it, &st, &len, &data);
+	else if (BSON_ITER_HOLDS_UTF8(&it))
+		data = (const uint8_t *)bson_iter_utf8(&it, &len);
+	if (data == NULL || len >= outlen || memchr(data, '\0', len) != NULL)
+		return false;
+	memcpy(out, data, len);
+	out[len] = '\0';
+	return true;
+}
+
+static bool reply_flag(const bson_t *reply, const char *name)
+{
+	bson_iter_t it;
+	return bson_iter_init_find(&it, reply, name) && bson_iter_as_bool(&it);
+}
+
+/* One SASL step: run cmd, 0 when it answered ok: 1 (payload and done read), else an
+ * error naming what. */
+static int sasl_step(auth_cluster_run_fn run, void *arg, const bson_t *cmd, bson_t *reply,
+		     char *payload, size_t plen, bool *done, char *err, size_t errlen)
+{
+	bson_iter_t it;
+	int rc = run(arg, cmd, reply, err, errlen);
+
+	if (rc != 0)
+		return rc;
+	if (!reply_flag(reply, "ok")) {
+		const char *msg = bson_iter_init_find(&it, reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&it)
+					  ? bson_iter_utf8(&it, NULL)
+					  : "no message";
+		return sdb_errf(err, errlen, SDB_EAUTH, "authentication refused: %s", msg);
+	}
+	if (!sasl_payload(reply, payload, plen))
+		return sdb_errf(err, errlen, SDB_EPROTO, "authentication: no payload in the answer");
+	*done = reply_flag(reply, "done");
+	return 0;
+}
+
+int auth_cluster_authenticate(auth_cluster_run_fn run, void *arg, char *err, size_t errlen)
+{
+	char password[CLUSTER_KEY_MAX + 1], first[128], server_first[AUTH_SCRAM_MAX_MSG + 1],
+		final[AUTH_SCRAM_MAX_MSG + 1], expect[AUTH_SCRAM_SERVER_FINAL_MAX],
+		server_final[AUTH_SCRAM_MAX_MSG + 1], nonce[48];
+	uint8_t raw[24];
+	bson_t cmd, reply;
+	bson_iter_t it;
+	int32_t conv = 0;
+	bool done = false;
+	int rc;
+
+	lock_mu();
+	if (gate == NULL || nkeys == 0) {
+		uv_mutex_unlock(&mu);
+		return 0;
+	}
+	memcpy(password, keys[0], sizeof password);
+	uv_mutex_unlock(&mu);
+	if (RAND_bytes(raw, sizeof raw) != 1 || auth_b64_encode(raw, sizeof raw, nonce, sizeof nonce) < 0) {
+		rc = sdb_errf(err, errlen, SDB_EINTERNAL, "authentication: no randomness");
+		goto out;
+	}
+	snprintf(first, sizeof first, "n,,n=" AUTH_CLUSTER_USER ",r=%s", nonce);
+	/* MongoDB auth spec, SCRAM: saslStart {mechanism, payload: client-first} */
+	bson_init(&cmd);
+	BSON_APPEND_INT32(&cmd, "saslStart", 1);
+	BSON_APPEND_UTF8(&cmd, "mechanism", "SCRAM-SHA-256");
+	bson_append_binary(&cmd, "payload", -1, BSON_SUBTYPE_BINARY, (const uint8_t *)first,
+			   (uint32_t)strlen(first));
+	BSON_APPEND_INT32(&cmd, "autoAuthorize", 1);
+	BSON_APPEND_UTF8(&cmd, "$db", "admin");
+	rc = sasl_step(run, arg, &cmd, &reply, server_first, sizeof server_first, &done, err,
+		       errlen);
+	bson_destroy(&cmd);
+	if (rc == 0 && bson_iter_init_find(&it, &reply, "conversationId") &&
+	    BSON_ITER_HOLDS_NUMBER(&it))
+		conv = (int32_t)bson_iter_as_int64(&it);
+	bson_destroy(&reply);
+	if (rc != 0)
+		goto out;
+	rc = auth_scram_client_final_ex(AUTH_SCRAM_SHA256, AUTH_CLUSTER_USER, password, first + 3,
+					server_first, final, sizeof final, expect, err, errlen);
+	if (rc != 0)
+		goto out;
+	bson_init(&cmd);
+	BSON_APPEND_INT32(&cmd, "saslContinue", 1);
+	BSON_APPEND_INT32(&cmd, "conversationId", conv);
+	bson_append_binary(&cmd, "payload", -1, BSON_SUBTYPE_BINARY, (const uint8_t *)final,
+			   (uint32_t)strlen(final));
+	BSON_APPEND_UTF8(&cmd, "$db", "admin");
+	rc = sasl_step(run, arg, &cmd, &reply, server_final, sizeof server_final, &done, err,
+		       errlen);
+	bson_destroy(&cmd);
+	bson_destroy(&reply);
+	if (rc != 0)
+		goto out;
+	/* RFC 5802 §3: the server proves it knows the key too */
+	if (strlen(server_final) != strlen(expect) ||
+	    CRYPTO_memcmp(server_final, expect, strlen(expect)) != 0) {
+		rc = sdb_errf(err, errlen, SDB_EAUTH, "authentication: wrong server signature");
+		goto out;
+	}
+	if (!done) { /* the optional empty last step (auth spec: skipEmptyExchange not asked) */
+		bson_init(&cmd);
+		BSON_APPEND_INT32(&cmd, "saslContinue", 1);
+		BSON_APPEND_INT32(&cmd, "conversationId", conv);
+		bson_append_binary(&cmd, "payload", -1, BSON_SUBTYPE_BINARY, (const uint8_t *)"", 0);
+		BSON_APPEND_UTF8(&cmd, "$db", "admin");
+		rc = sasl_step(run, arg, &cmd, &reply, server_final, sizeof server_final, &done,
+			       err, errlen);
+		bson_destroy(&cmd);
+		bson_destroy(&reply);
+		if (rc == 0 && !done)
+			rc = sdb_errf(err, errlen, SDB_EPROTO,
+				      "authentication: the conversation did not end");
+	}
+out:
+	OPENSSL_cleanse(password, sizeof password);
+	OPENSSL_cleanse(final, sizeof final);
+	return rc;
+}

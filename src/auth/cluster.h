@@ -124,6 +124,24 @@ typedef void (*auth_cluster_command_cb)(void *arg, bool ok, const bson_t *reply)
 int auth_cluster_command_async(uv_loop_t *loop, const char *host, const bson_t *cmd,
 			       const char *what, auth_cluster_command_cb cb, void *arg);
 
+/* The transport of auth_cluster_authenticate: send cmd (a complete command, $db included)
+ * on the caller's connection and put the answer into reply, which the function
+ * initialises in every case (the caller destroys it). Returns 0 when an answer came,
+ * whatever its ok, else an SDB_E* status with a message in err. */
+typedef int (*auth_cluster_run_fn)(void *arg, const bson_t *cmd, bson_t *reply, char *err,
+				   size_t errlen);
+
+/* Authenticate a connection of an internal client as a cluster member, as a driver does
+ * with the key file (MongoDB's auth spec, SCRAM-SHA-256, RFC 5802/7677): saslStart and
+ * saslContinue (and the empty last saslContinue when the server asks for it) as __system
+ * with the first key, through run; the server's signature is checked, so a peer that
+ * does not know the key is refused. Returns 0 at once, sending nothing, when no key is
+ * loaded. Errors: SDB_EAUTH (refused, or the server's signature is wrong), SDB_EPROTO (a
+ * malformed answer), SDB_EINTERNAL (no randomness, OpenSSL), or run's status; message in
+ * err. Any thread (the key is copied under the module's lock, cleansed after use). Used
+ * by the proxy's own shard connections (proxy/shardwire.c). */
+int auth_cluster_authenticate(auth_cluster_run_fn run, void *arg, char *err, size_t errlen);
+
 /* ---- internal TLS: the client side of mutual TLS between roles (issue #10) ----
  * Explicit, per process: --tls-internal=true (config file: tls-internal = true) makes
  * every internal client (libmongoc to shards and metadata members through the helpers

@@ -367,41 +367,39 @@ int auth_scram_client_final(auth_scram *s, const uint8_t *payload, size_t len, c
 	return 0;
 }
 
-int auth_scram_client_final_make(auth_mech mech, const char *user, const char *password,
-				 const char *client_first_bare, const char *server_first,
-				 char *out, size_t outlen, char *err, size_t errlen)
+int auth_scram_client_final_ex(auth_mech mech, const char *user, const char *password,
+			       const char *client_first_bare, const char *server_first, char *out,
+			       size_t outlen, char server_final[AUTH_SCRAM_SERVER_FINAL_MAX],
+			       char *err, size_t errlen)
 {
-	auth_scram_creds c;
 	uint8_t salt[AUTH_SCRAM_MAX_SALT], salted[AUTH_SCRAM_MAX_KEY], ckey[AUTH_SCRAM_MAX_KEY],
-		stored[AUTH_SCRAM_MAX_KEY], sig[AUTH_SCRAM_MAX_KEY], proof[AUTH_SCRAM_MAX_KEY];
-	char nonce[AUTH_SCRAM_MAX_MSG + 1], am[3 * AUTH_SCRAM_MAX_MSG + 8], pb[64];
-	const char *sp, *ip;
-	int sl, n, iters;
+		skey[AUTH_SCRAM_MAX_KEY], stored[AUTH_SCRAM_MAX_KEY], sig[AUTH_SCRAM_MAX_KEY],
+		ssig[AUTH_SCRAM_MAX_KEY], proof[AUTH_SCRAM_MAX_KEY];
+	char nonce[AUTH_SCRAM_MAX_MSG + 1], am[3 * AUTH_SCRAM_MAX_MSG + 8], pb[64], digest[33];
+	const char *sp, *ip, *cn, *pw = password;
+	int sl, n, rc = 0;
+	long iters;
 	size_t kl = auth_scram_key_len(mech);
-	(void)c;
 
-	if (sscanf(server_first, "r=%1024[^,]", nonce) != 1 ||
+	if (kl == 0)
+		return sdb_errf(err, errlen, SDB_EINVAL, "client: unknown mechanism");
+	if (strlen(server_first) > AUTH_SCRAM_MAX_MSG ||
+	    sscanf(server_first, "r=%1024[^,]", nonce) != 1 ||
 	    !(sp = strstr(server_first, ",s=")) || !(ip = strstr(server_first, ",i=")) || ip < sp)
 		return sdb_errf(err, errlen, SDB_EPROTO, "client: bad server-first");
+	/* RFC 5802 §5.1: the server's nonce starts with the client's */
+	cn = strstr(client_first_bare, ",r=");
+	if (cn == NULL || strncmp(nonce, cn + 3, strlen(cn + 3)) != 0 ||
+	    strlen(nonce) <= strlen(cn + 3))
+		return sdb_errf(err, errlen, SDB_EPROTO, "client: server nonce does not extend ours");
 	sl = auth_b64_decode(sp + 3, (size_t)(ip - sp - 3), salt, sizeof salt);
-	iters = atoi(ip + 3);
-	if (sl < 16 || iters < AUTH_SCRAM_MIN_ITERATIONS)
+	iters = strtol(ip + 3, NULL, 10);
+	if (sl < 1 || iters < AUTH_SCRAM_MIN_ITERATIONS || iters > 10000000)
 		return sdb_errf(err, errlen, SDB_EPROTO, "client: bad salt or iterations");
-	if (auth_scram_verifier(mech, user, password, salt, (size_t)sl, iters, &c, err, errlen))
-		return SDB_EINVAL;
-	/* recompute ClientKey (the verifier keeps only StoredKey) */
-	{
-		char digest[33];
-		const char *pw = password;
-		if (mech == AUTH_SCRAM_SHA1) {
-			if (auth_scram_mongo_digest(user, password, digest) != 0)
-				return sdb_errf(err, errlen, SDB_EINTERNAL, "client: MD5 failed");
-			pw = digest;
-		}
-		PKCS5_PBKDF2_HMAC(pw, (int)strlen(pw), salt, sl, iters, mech_md(mech), (int)kl,
-				  salted);
-		hmac(mech, salted, kl, "Client Key", 10, ckey);
-		hash(mech, ckey, kl, stored);
+	if (mech == AUTH_SCRAM_SHA1) {
+		if (auth_scram_mongo_digest(user, password, digest) != 0)
+			return sdb_errf(err, errlen, SDB_EINTERNAL, "client: MD5 failed");
+		pw = digest;
 	}
 	n = snprintf(out, outlen, "c=biws,r=%s", nonce);
 	if (n < 0 || (size_t)n >= outlen)
@@ -409,13 +407,42 @@ int auth_scram_client_final_make(auth_mech mech, const char *user, const char *p
 	if (snprintf(am, sizeof am, "%s,%s,%s", client_first_bare, server_first, out) >=
 	    (int)sizeof am)
 		return sdb_errf(err, errlen, SDB_EINVAL, "client: too long");
-	hmac(mech, stored, kl, am, strlen(am), sig);
+	/* RFC 5802 §3: SaltedPassword, ClientKey, StoredKey, ClientProof, ServerSignature */
+	if (PKCS5_PBKDF2_HMAC(pw, (int)strlen(pw), salt, sl, (int)iters, mech_md(mech), (int)kl,
+			      salted) != 1 ||
+	    hmac(mech, salted, kl, "Client Key", 10, ckey) != 0 ||
+	    hmac(mech, salted, kl, "Server Key", 10, skey) != 0 ||
+	    hash(mech, ckey, kl, stored) != 0 || hmac(mech, stored, kl, am, strlen(am), sig) != 0 ||
+	    hmac(mech, skey, kl, am, strlen(am), ssig) != 0) {
+		rc = sdb_errf(err, errlen, SDB_EINTERNAL, "client: OpenSSL failed");
+		goto out;
+	}
 	for (size_t i = 0; i < kl; i++)
 		proof[i] = ckey[i] ^ sig[i];
-	auth_b64_encode(proof, kl, pb, sizeof pb);
-	if ((size_t)n + 3 + strlen(pb) >= outlen)
-		return sdb_errf(err, errlen, SDB_EINVAL, "client: out too small");
+	if (auth_b64_encode(proof, kl, pb, sizeof pb) < 0 ||
+	    (size_t)n + 3 + strlen(pb) >= outlen) {
+		rc = sdb_errf(err, errlen, SDB_EINVAL, "client: out too small");
+		goto out;
+	}
 	strcat(out, ",p=");
 	strcat(out, pb);
-	return 0;
+	memcpy(server_final, "v=", 2);
+	if (auth_b64_encode(ssig, kl, server_final + 2, AUTH_SCRAM_SERVER_FINAL_MAX - 2) < 0)
+		rc = sdb_errf(err, errlen, SDB_EINTERNAL, "client: server signature");
+out:
+	OPENSSL_cleanse(salted, sizeof salted);
+	OPENSSL_cleanse(ckey, sizeof ckey);
+	OPENSSL_cleanse(skey, sizeof skey);
+	OPENSSL_cleanse(digest, sizeof digest);
+	return rc;
+}
+
+int auth_scram_client_final_make(auth_mech mech, const char *user, const char *password,
+				 const char *client_first_bare, const char *server_first,
+				 char *out, size_t outlen, char *err, size_t errlen)
+{
+	char server_final[AUTH_SCRAM_SERVER_FINAL_MAX];
+
+	return auth_scram_client_final_ex(mech, user, password, client_first_bare, server_first,
+					  out, outlen, server_final, err, errlen);
 }

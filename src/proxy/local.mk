@@ -27,6 +27,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/role.c \
 	src/proxy/clustertime.c \
 	src/proxy/shardconn.c \
+	src/proxy/shardwire.c \
 	src/proxy/shardver.c \
 	src/proxy/txn.c \
 	src/proxy/txnroute.c \
@@ -41,6 +42,7 @@ noinst_HEADERS += \
 	src/proxy/quota.h \
 	src/proxy/retry.h \
 	src/proxy/shardconn.h \
+	src/proxy/shardwire.h \
 	src/proxy/sharding_int.h \
 	src/proxy/txn.h \
 	src/proxy/txnroute.h \

@@ -19,6 +19,7 @@
 #include "common/thread.h"
 #include "common/metrics.h"
 #include "common/metauri.h"
+#include "proxy/shardwire.h"
 #include "wire/server.h"
 
 /* ---------- an elastic thread pool ----------
@@ -249,6 +250,8 @@ static void tpool_destroy(tpool *p)
 
 /* ---------- shards ---------- */
 
+#define SHARD_WIRE_MEMBERS 16 /* members of one shard with own connections (more: libmongoc) */
+
 typedef struct shard {
 	char *id;
 	char *uri;
@@ -266,6 +269,19 @@ typedef struct shard {
 	/* calls under a client's deadline running (or queued) on the calls pool for this
 	 * shard, abandoned ones included (under shardconn.dl_mu) */
 	int dl_running;
+	/* The own connections (issue #19, shardwire.h; see "The own connections" below).
+	 * wire_ok: the URI asks for nothing they lack (no TLS, no credentials or mechanism of
+	 * its own, no compression, not load balanced); wire_cto / wire_sto: its connect and
+	 * socket timeouts (ms). wires: one per member (libmongoc server id and host) a primary
+	 * command learned, kept until shard_free (commands may be running on them); primary:
+	 * the one libmongoc last selected as primary and that answered as one, or NULL, and
+	 * then the next primary command goes through libmongoc, which selects again. */
+	bool wire_ok;
+	int wire_cto, wire_sto;
+	uv_mutex_t wire_mu; /* wires, n_wires */
+	shardwire *wires[SHARD_WIRE_MEMBERS];
+	size_t n_wires;
+	_Atomic(shardwire *) primary;
 	struct shard *next;
 } shard;
 
@@ -278,6 +294,7 @@ struct shardconn {
 	uv_mutex_t dl_mu; /* shard.dl_running */
 	uv_cond_t dl_cv;  /* a dl_running went down */
 	sdb_counter *m_abandoned; /* those answered MaxTimeMSExpired before the shard did */
+	sdb_counter *m_wire;      /* commands answered on the own connections (issue #19) */
 	shard *meta;            /* the metadata pool (uri: the full URI), or NULL */
 	atomic_uint_least64_t key_gen; /* auth_cluster_generation the pools were made with */
 	_Atomic uint64_t cluster_time; /* issue #20: the highest cluster time seen */
@@ -305,6 +322,11 @@ shardconn *shardconn_new(void)
 				     "stays busy per abandoned call until the shard answers or the "
 				     "socket times out).",
 				     NULL));
+	sc->m_wire = sdb_metrics_counter(
+		"stripedb_proxy_shard_wire_commands_total",
+		"Shard commands the proxy sent on its own connections (shardwire.c) rather than "
+		"through libmongoc, and that were answered.",
+		NULL);
 	sc->m_abandoned = sdb_metrics_counter(
 		"stripedb_proxy_shard_calls_abandoned_total",
 		"Shard calls answered MaxTimeMSExpired (50) by the proxy because the shard had not "
@@ -318,6 +340,9 @@ static void shard_free(shard *s)
 {
 	if (s->pool)
 		mongoc_client_pool_destroy(s->pool);
+	for (size_t i = 0; i < s->n_wires; i++)
+		shardwire_free(s->wires[i]);
+	uv_mutex_destroy(&s->wire_mu);
 	free(s->id);
 	free(s->uri);
 	free(s);
@@ -405,22 +430,46 @@ static bool uri_single(const mongoc_uri_t *u)
 	       mongoc_uri_get_option_as_bool(u, MONGOC_URI_DIRECTCONNECTION, true);
 }
 
-/* A pool for URI full (the proxy's settings applied); *single (may be NULL) tells whether
- * it is a Single topology (uri_single). */
-static mongoc_client_pool_t *pool_for(const char *full, bool *single, char *err,
+/* What pool_for tells about a URI. */
+typedef struct pool_info {
+	bool single;  /* a Single topology (uri_single) */
+	bool wire_ok; /* the own connections can serve it (shard.wire_ok) */
+	int cto, sto; /* its connectTimeoutMS and socketTimeoutMS (libmongoc's defaults) */
+} pool_info;
+
+/* True when the own connections (shardwire.h) can carry what u asks for: checked before
+ * the cluster credentials are applied (credentials of the URI's own are a user's, whose
+ * mechanism they do not speak), tls after (internal TLS sets it). */
+static bool uri_wire_ok(const mongoc_uri_t *u)
+{
+	const bson_t *comp = mongoc_uri_get_compressors(u);
+	return mongoc_uri_get_username(u) == NULL && mongoc_uri_get_auth_mechanism(u) == NULL &&
+	       (comp == NULL || bson_empty(comp)) &&
+	       !mongoc_uri_get_option_as_bool(u, MONGOC_URI_LOADBALANCED, false);
+}
+
+/* A pool for URI full (the proxy's settings applied); *info (may be NULL) tells what the
+ * URI asks for. */
+static mongoc_client_pool_t *pool_for(const char *full, pool_info *info, char *err,
 				      size_t errlen)
 {
 	bson_error_t e;
 	mongoc_uri_t *u = mongoc_uri_new_with_error(full, &e);
 	mongoc_client_pool_t *p;
+	bool wire_ok;
 
 	if (u == NULL) {
 		sdb_errf(err, errlen, SDB_EINVAL, "bad URI %s: %s", full, e.message);
 		return NULL;
 	}
-	if (single)
-		*single = uri_single(u);
+	wire_ok = uri_wire_ok(u);
 	auth_cluster_uri_apply(u); /* issue #10: authenticate as a cluster member */
+	if (info) {
+		info->single = uri_single(u);
+		info->wire_ok = wire_ok && !mongoc_uri_get_tls(u);
+		info->cto = mongoc_uri_get_option_as_int32(u, MONGOC_URI_CONNECTTIMEOUTMS, 10000);
+		info->sto = mongoc_uri_get_option_as_int32(u, MONGOC_URI_SOCKETTIMEOUTMS, 300000);
+	}
 	p = mongoc_client_pool_new(u);
 	mongoc_uri_destroy(u);
 	if (p == NULL) {
@@ -433,12 +482,30 @@ static mongoc_client_pool_t *pool_for(const char *full, bool *single, char *err,
 	return p;
 }
 
+/* A shard entry (not linked) owning pool. */
+static shard *shard_new(const char *id, const char *uri, mongoc_client_pool_t *pool,
+			const pool_info *info)
+{
+	shard *s = sdb_calloc(1, sizeof *s);
+
+	s->id = sdb_strdup(id);
+	s->uri = sdb_strdup(uri);
+	s->pool = pool;
+	s->single = info->single;
+	s->wire_ok = info->wire_ok;
+	s->wire_cto = info->cto;
+	s->wire_sto = info->sto;
+	uv_mutex_init(&s->wire_mu);
+	atomic_init(&s->primary, NULL);
+	return s;
+}
+
 int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *err, size_t errlen)
 {
 	shard *s, **pp;
 	char *full = uri_with_defaults(uri);
 	mongoc_client_pool_t *pool;
-	bool single = false;
+	pool_info info = {0};
 
 	uv_rwlock_rdlock(&sc->lock);
 	for (s = sc->shards; s; s = s->next) {
@@ -449,15 +516,11 @@ int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *er
 		}
 	}
 	uv_rwlock_rdunlock(&sc->lock);
-	pool = pool_for(full, &single, err, errlen);
+	pool = pool_for(full, &info, err, errlen);
 	free(full);
 	if (pool == NULL)
 		return SDB_EINVAL;
-	s = sdb_calloc(1, sizeof *s);
-	s->id = sdb_strdup(id);
-	s->uri = sdb_strdup(uri);
-	s->pool = pool;
-	s->single = single;
+	s = shard_new(id, uri, pool, &info);
 	uv_rwlock_wrlock(&sc->lock);
 	for (pp = &sc->shards; *pp; pp = &(*pp)->next) {
 		if (strcmp((*pp)->id, id) == 0) {
@@ -559,8 +622,8 @@ static shard *renewed(const shard *old, bool meta)
 {
 	char err[256];
 	char *full = meta ? sdb_strdup(old->uri) : uri_with_defaults(old->uri);
-	bool single = false;
-	mongoc_client_pool_t *pool = pool_for(full, &single, err, sizeof err);
+	pool_info info = {0};
+	mongoc_client_pool_t *pool = pool_for(full, &info, err, sizeof err);
 	shard *s;
 
 	free(full);
@@ -569,11 +632,9 @@ static shard *renewed(const shard *old, bool meta)
 			 old->id, err);
 		return NULL;
 	}
-	s = sdb_calloc(1, sizeof *s);
-	s->id = sdb_strdup(old->id);
-	s->uri = sdb_strdup(old->uri);
-	s->pool = pool;
-	s->single = single;
+	if (meta)
+		info.wire_ok = false; /* metadata commands go through libmongoc only */
+	s = shard_new(old->id, old->uri, pool, &info);
 	return s;
 }
 
@@ -951,6 +1012,147 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
 	return rc;
 }
 
+/* ---------- The own connections (issue #19) ----------
+ * libmongoc selects a shard's primary and watches its members; once a primary command it
+ * sent was answered by a member libmongoc describes as a primary (or the one server of a
+ * Single topology, a standalone), that member's own connections (shardwire.h) carry the
+ * shard's primary commands, and getMores pinned to its server id, from then on. Any
+ * failure hands the shard back to libmongoc: a network error or an answer that the member
+ * is not (or no longer) a primary forgets the member as primary; a not-primary answer on
+ * the own connection is then sent again through libmongoc at once (it did not run), so
+ * libmongoc sees the error, marks the member and selects again, exactly as when it had
+ * sent the command itself. What reaches the member differs from libmongoc's commands in
+ * two ways: no implicit session (lsid) libmongoc would have started for a command
+ * without one, and no $readPreference primaryPreferred that libmongoc adds in a Single
+ * topology to a member that is not a mongos (the member is a primary here). */
+
+/* The codes that say the member is not (or is no longer) a primary: the SDAM spec's "not
+ * writable primary" and "node is recovering" errors. */
+static bool not_primary_code(int64_t code)
+{
+	switch (code) {
+	case 10107: /* NotWritablePrimary */
+	case 13435: /* NotPrimaryNoSecondaryOk */
+	case 10058: /* LegacyNotPrimary */
+	case 13436: /* NotPrimaryOrSecondary */
+	case 11600: /* InterruptedAtShutdown */
+	case 11602: /* InterruptedDueToReplStateChange */
+	case 189:   /* PrimarySteppedDown */
+	case 91:    /* ShutdownInProgress */
+		return true;
+	default:
+		return false;
+	}
+}
+
+static int64_t reply_code(const bson_t *reply)
+{
+	bson_iter_t it;
+	return bson_iter_init_find(&it, reply, "code") && BSON_ITER_HOLDS_NUMBER(&it)
+		       ? bson_iter_as_int64(&it)
+		       : 0;
+}
+
+/* After a primary command libmongoc sent to server_id was answered (not with a
+ * not-primary error): make that member the shard's own-connection primary when
+ * libmongoc describes it as a primary or a standalone. */
+static void wire_learn(shard *sh, mongoc_client_t *cl, uint32_t server_id)
+{
+	mongoc_server_description_t *sd;
+	const char *type;
+	shardwire *w = NULL;
+
+	if (!sh->wire_ok || atomic_load(&sh->primary) != NULL)
+		return;
+	sd = mongoc_client_get_server_description(cl, server_id);
+	if (sd == NULL)
+		return;
+	type = mongoc_server_description_type(sd);
+	if (strcmp(type, "RSPrimary") == 0 || strcmp(type, "Standalone") == 0) {
+		const char *host = mongoc_server_description_host(sd)->host_and_port;
+		uv_mutex_lock(&sh->wire_mu);
+		for (size_t i = 0; i < sh->n_wires && !w; i++)
+			if (shardwire_server_id(sh->wires[i]) == server_id &&
+			    strcmp(shardwire_host(sh->wires[i]), host) == 0)
+				w = sh->wires[i];
+		if (!w && sh->n_wires < SHARD_WIRE_MEMBERS) {
+			w = shardwire_new(host, server_id, sh->wire_cto, sh->wire_sto);
+			sh->wires[sh->n_wires++] = w;
+		}
+		uv_mutex_unlock(&sh->wire_mu);
+		if (w)
+			atomic_store(&sh->primary, w);
+	}
+	mongoc_server_description_destroy(sd);
+}
+
+/* Forget w as the shard's primary (when it still is). */
+static void wire_forget(shard *sh, shardwire *w)
+{
+	shardwire *expect = w;
+	atomic_compare_exchange_strong(&sh->primary, &expect, NULL);
+}
+
+/* The command as sent: cmd without its $clusterTime, the proxy's signed one instead
+ * (issue #20), and $db when with_db (the own connections; libmongoc adds its own). */
+static void sent_cmd(const char *db, const bson_t *cmd, bool with_db, uint64_t ct,
+		     bson_t *sent)
+{
+	/* the commands the proxy builds carry no $clusterTime (px_copy_cmd drops it):
+	 * one copy of the bytes then, not a field by field rebuild (issue #19) */
+	if (bson_has_field(cmd, "$clusterTime")) {
+		bson_init(sent);
+		bson_copy_to_excluding_noinit(cmd, sent, "$clusterTime", NULL);
+	} else {
+		bson_copy_to(cmd, sent);
+	}
+	if (ct) {
+		bson_t ctdoc;
+		shardconn_cluster_time_doc(ct, &ctdoc);
+		bson_concat(sent, &ctdoc);
+	}
+	if (with_db && !bson_has_field(cmd, "$db"))
+		BSON_APPEND_UTF8(sent, "$db", db);
+}
+
+/* shardconn_command's attempt on the own connections of w. Returns -1 when the member
+ * answered that it is not a primary (the command did not run: the caller sends it
+ * through libmongoc), else shardconn_command's result. */
+static int command_wire(shardconn *sc, shard *sh, shardwire *w, const char *db,
+			const bson_t *cmd, uint32_t *server_id, bson_t *reply, char *err,
+			size_t errlen, int *fate)
+{
+	bson_t sent;
+	bson_iter_t it;
+	uint64_t ct = atomic_load(&sc->cluster_time);
+	char why[512];
+	int rc;
+
+	sent_cmd(db, cmd, true, ct, &sent);
+	rc = shardwire_command(w, &sent, reply, why, sizeof why);
+	bson_destroy(&sent);
+	if (rc != SHARDWIRE_OK) {
+		wire_forget(sh, w);
+		sdb_errf(err, errlen, SDB_EUNAVAILABLE, "shard %s: %s", sh->id, why);
+		*fate = rc == SHARDWIRE_UNSENT ? SHARDCONN_UNSENT : SHARDCONN_UNKNOWN_OUTCOME;
+		return SHARDCONN_NET_ERR;
+	}
+	sdb_counter_inc(sc->m_wire);
+	ct_advance(&sc->cluster_time, ct_of_reply(reply));
+	*server_id = shardwire_server_id(w);
+	if (bson_iter_init_find(&it, reply, "ok") && bson_iter_as_bool(&it))
+		return SHARDCONN_OK;
+	{
+		int64_t code = reply_code(reply);
+		if (not_primary_code(code)) {
+			wire_forget(sh, w);
+			bson_reinit(reply);
+			return -1;
+		}
+		return code == WIRE_ERR_STALE_CONFIG ? SHARDCONN_STALE : SHARDCONN_CMD_ERR;
+	}
+}
+
 /* shardconn_command's attempt (its contract), inside the caller's wait bracket. */
 static int command_io(shardconn *sc, const char *id, const char *db, const bson_t *cmd,
 		      uint32_t *server_id, bson_t *reply, char *err, size_t errlen, int *fate)
@@ -958,9 +1160,11 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 	shard *sh = find_pool(sc, id);
 	mongoc_client_pool_t *pool = sh ? sh->pool : NULL;
 	mongoc_client_t *cl;
+	shardwire *w;
 	bson_error_t e;
 	bson_iter_t it;
-	bool ok, cached = false;
+	bool ok, cached = false, primary = false;
+	uint32_t entry_id = *server_id;
 	int rc;
 
 	*fate = SHARDCONN_ANSWERED;
@@ -970,14 +1174,26 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 		*fate = SHARDCONN_UNREGISTERED;
 		return SHARDCONN_NET_ERR;
 	}
-	cl = mongoc_client_pool_pop(pool);
+	cl = mongoc_client_pool_pop(pool); /* also the in-flight bound of the own connections */
+	if (sh->wire_ok && (w = atomic_load(&sh->primary)) != NULL &&
+	    (*server_id != 0 ? *server_id == shardwire_server_id(w)
+			     : !bson_has_field(cmd, "$readPreference"))) {
+		rc = command_wire(sc, sh, w, db, cmd, server_id, reply, err, errlen, fate);
+		if (rc >= 0) {
+			mongoc_client_pool_push(pool, cl);
+			return rc;
+		}
+		/* not a primary any more: through libmongoc, which selects again */
+		bson_destroy(reply);
+		*server_id = entry_id;
+	}
 	if (*server_id == 0) {
 		/* a read with a read preference (the proxy forwards the client's, readpref.c)
 		 * selects a member by it; everything else goes to the primary */
 		mongoc_read_prefs_t *rp = cmd_read_prefs(cmd);
-		bool primary = rp == NULL;
 		mongoc_server_description_t *sd = NULL;
 
+		primary = rp == NULL;
 		/* A Single topology has one server, with one id: a primary command goes to
 		 * it without selecting it again (a down server then fails to connect, UNSENT,
 		 * as selection would have failed). The id is forgotten after any failure. */
@@ -1009,24 +1225,16 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 		bson_t sent;
 		uint64_t ct = atomic_load(&sc->cluster_time);
 
-		/* the commands the proxy builds carry no $clusterTime (px_copy_cmd drops it):
-		 * one copy of the bytes then, not a field by field rebuild (issue #19) */
-		if (bson_has_field(cmd, "$clusterTime")) {
-			bson_init(&sent);
-			bson_copy_to_excluding_noinit(cmd, &sent, "$clusterTime", NULL);
-		} else {
-			bson_copy_to(cmd, &sent);
-		}
-		if (ct) {
-			bson_t ctdoc;
-			shardconn_cluster_time_doc(ct, &ctdoc);
-			bson_concat(&sent, &ctdoc);
-		}
+		sent_cmd(db, cmd, false, ct, &sent);
 		ok = mongoc_client_command_simple_with_server_id(cl, db, &sent, NULL, *server_id,
 								 reply, &e);
 		bson_destroy(&sent);
 		ct_advance(&sc->cluster_time, ct_of_reply(reply));
 	}
+	if (primary && (ok || ((e.domain == MONGOC_ERROR_SERVER ||
+				e.domain == MONGOC_ERROR_WRITE_CONCERN) &&
+			       !not_primary_code(reply_code(reply)))))
+		wire_learn(sh, cl, *server_id);
 	mongoc_client_pool_push(pool, cl);
 	if (ok)
 		return SHARDCONN_OK;
@@ -1156,10 +1364,11 @@ int shardconn_set_metadata(shardconn *sc, const char *addrs, char *err, size_t e
 		free(uri);
 		return SDB_EINVAL;
 	}
-	s = sdb_calloc(1, sizeof *s);
-	s->id = sdb_strdup("metadata");
-	s->uri = uri;
-	s->pool = p;
+	{
+		pool_info none = {0}; /* metadata commands go through libmongoc only */
+		s = shard_new("metadata", uri, p, &none);
+		free(uri);
+	}
 	uv_rwlock_wrlock(&sc->lock);
 	if (sc->meta) {
 		sc->meta->next = sc->retired;

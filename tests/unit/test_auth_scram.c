@@ -147,7 +147,7 @@ static void round_trip(auth_mech mech, const char *pw_client, int expect)
 	const uint8_t salt[16] = "0123456789abcdef", snonce[24] = "server-nonce-bytes-24-xx";
 	auth_scram_creds c;
 	auth_scram s;
-	char sf[1100], cf[1100], out[256], err[256];
+	char sf[1100], cf[1100], out[256], err[256], sfinal[AUTH_SCRAM_SERVER_FINAL_MAX];
 	const char *cfirst = "n,,n=al=2Cice=3D,r=clientnonce123";
 
 	assert_int_equal(auth_scram_verifier(mech, "al,ice=", "s3cret", salt, 16, 4096, &c, err,
@@ -161,13 +161,45 @@ static void round_trip(auth_mech mech, const char *pw_client, int expect)
 						 sizeof err),
 			 0);
 	assert_int_equal(strncmp(sf, "r=clientnonce123", 16), 0);
-	assert_int_equal(auth_scram_client_final_make(mech, "al,ice=", pw_client,
-						      cfirst + 3, sf, cf, sizeof cf, err, sizeof err),
+	assert_int_equal(auth_scram_client_final_ex(mech, "al,ice=", pw_client, cfirst + 3, sf,
+						    cf, sizeof cf, sfinal, err, sizeof err),
 			 0);
 	assert_int_equal(auth_scram_client_final(&s, U8(cf), strlen(cf), out, sizeof out, err,
 						 sizeof err),
 			 expect);
 	assert_int_equal(s.state, expect == 0 ? AUTH_SCRAM_DONE : AUTH_SCRAM_FAILED);
+	/* the client's expected server-final is what a server knowing the password sends */
+	if (expect == 0)
+		assert_string_equal(out, sfinal);
+}
+
+/* The client refuses a server-first whose nonce does not extend its own (RFC 5802 §5.1)
+ * and absurd iteration counts. */
+static void test_client_checks_server_first(void **state)
+{
+	char cf[256], sfinal[AUTH_SCRAM_SERVER_FINAL_MAX], err[256];
+	const char *bare = "n=__system,r=abcdef";
+	static const char *const bad[] = {
+		"r=abcdeX123,s=c2FsdHNhbHRzYWx0c2FsdA==,i=4096", /* another nonce */
+		"r=abcdef,s=c2FsdHNhbHRzYWx0c2FsdA==,i=4096",    /* nothing of the server's */
+		"r=abc,s=c2FsdHNhbHRzYWx0c2FsdA==,i=4096",       /* shorter */
+		"r=abcdef99,s=c2FsdHNhbHRzYWx0c2FsdA==,i=1",     /* iterations */
+		"r=abcdef99,s=c2FsdHNhbHRzYWx0c2FsdA==,i=99999999999",
+		"r=abcdef99,s=!!!,i=4096", /* salt */
+		"r=abcdef99,i=4096",       /* no salt */
+	};
+	(void)state;
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		assert_int_equal(auth_scram_client_final_ex(AUTH_SCRAM_SHA256, "__system", "k", bare,
+							    bad[i], cf, sizeof cf, sfinal, err,
+							    sizeof err),
+				 SDB_EPROTO);
+	assert_int_equal(auth_scram_client_final_ex(AUTH_SCRAM_SHA256, "__system", "k", bare,
+						    "r=abcdef99,s=c2FsdHNhbHRzYWx0c2FsdA==,i=4096",
+						    cf, sizeof cf, sfinal, err, sizeof err),
+			 0);
+	assert_int_equal(strncmp(cf, "c=biws,r=abcdef99,p=", 20), 0);
+	assert_int_equal(strncmp(sfinal, "v=", 2), 0);
 }
 
 static void test_round_trip_sha256(void **state)
@@ -269,6 +301,7 @@ int main(void)
 		cmocka_unit_test(test_rfc7677_vector),   cmocka_unit_test(test_mongodb_sha1_vector),
 		cmocka_unit_test(test_rfc5802_vector),   cmocka_unit_test(test_mongodb_digest),
 		cmocka_unit_test(test_round_trip_sha256), cmocka_unit_test(test_round_trip_sha1),
+		cmocka_unit_test(test_client_checks_server_first),
 		cmocka_unit_test(test_client_first_rejects),
 		cmocka_unit_test(test_client_final_rejects), cmocka_unit_test(test_base64),
 	};

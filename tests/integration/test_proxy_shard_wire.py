@@ -1,0 +1,149 @@
+"""The proxy's own shard connections (issue #19, src/proxy/shardwire.c): once libmongoc
+has selected a shard's primary, the proxy sends that shard's primary commands on
+connections of its own (OP_MSG over blocking sockets, authenticated with the cluster key
+when there is one). What must hold: the commands really go that way, a restarted shard
+costs no error and no write applied twice, and a cluster key authenticates them."""
+import os
+import threading
+
+import pymongo
+import pytest
+
+from conftest import free_port, http_get, wait_until
+from proxy_helpers import ProxyCluster
+
+WIRE = "stripedb_proxy_shard_wire_commands_total"
+OPENED = "stripedb_proxy_shard_wire_connections_total"
+STALE = "stripedb_proxy_shard_wire_stale_total"
+
+
+@pytest.fixture
+def cluster(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1)
+    yield cl
+    cl.close()
+
+
+def test_primary_commands_go_on_the_own_connections(cluster):
+    c = cluster.proxy_client(0)
+    coll = c.ydb.t
+    coll.insert_one({"_id": 0, "v": 0})  # libmongoc selects the primary; the proxy learns it
+    before = cluster.metric(0, WIRE)
+    for i in range(1, 101):
+        coll.insert_one({"_id": i, "v": i})
+        assert coll.find_one({"_id": i}) == {"_id": i, "v": i}
+        coll.update_one({"_id": i}, {"$inc": {"v": 1}})
+    sent = cluster.metric(0, WIRE) - before
+    # 300 client commands, each at least one shard command on the own connections
+    assert sent >= 300, sent
+    assert cluster.metric(0, OPENED) >= 1
+    assert sorted(d["v"] for d in coll.find({"_id": {"$gt": 0}})) == list(range(2, 102))
+    # a cursor's getMores follow it on the same member
+    docs = list(coll.find({}, batch_size=7).sort("_id", 1))
+    assert [d["_id"] for d in docs] == list(range(0, 101))
+    # an error answer is the shard's own, as through libmongoc
+    with pytest.raises(pymongo.errors.DuplicateKeyError) as e:
+        coll.insert_one({"_id": 5})
+    assert e.value.code == 11000
+
+
+def test_a_restarted_shard_costs_no_error_and_no_duplicate(cluster):
+    """The proxy's idle connections to a shard that was SIGKILLed and restarted were closed
+    by the kernel; the next command finds that before sending (nothing is sent on a dead
+    connection, so a write cannot end as an unknown outcome) and opens a new one."""
+    c = cluster.proxy_client(0)
+    coll = c.ydb.r
+    for i in range(20):
+        coll.insert_one({"_id": i})
+    assert cluster.metric(0, WIRE) > 0
+    stale = cluster.metric(0, STALE)
+    opened = cluster.metric(0, OPENED)
+    sid = cluster.shard_ids[0]
+    cluster.shard_procs[sid].kill()
+    cluster.shard_procs[sid].restart()
+    wait_until(lambda: _shard_up(cluster, sid), 20, what="shard restarted")
+    for i in range(20, 40):
+        coll.insert_one({"_id": i})  # retryWrites=False: any unknown outcome would raise
+    assert sorted(d["_id"] for d in coll.find()) == list(range(40))
+    assert cluster.metric(0, STALE) > stale
+    assert cluster.metric(0, OPENED) > opened
+
+
+def _shard_up(cl, sid):
+    try:
+        cl.shard_client(sid).admin.command("ping")
+        return True
+    except pymongo.errors.PyMongoError:
+        return False
+
+
+def test_concurrent_clients_share_the_connections(cluster):
+    """16 threads through one proxy: every acknowledged insert is there exactly once."""
+    c = cluster.proxy_client(0, maxPoolSize=32)
+    coll = c.ydb.conc
+    errors = []
+
+    def worker(t):
+        try:
+            for i in range(100):
+                coll.insert_one({"_id": t * 1000 + i, "t": t})
+                assert coll.find_one({"_id": t * 1000 + i})["t"] == t
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(16)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+    ids = sorted(d["_id"] for d in coll.find())
+    assert ids == sorted(t * 1000 + i for t in range(16) for i in range(100))
+    # bounded by the in-flight limit per shard (64), not one connection per request
+    assert cluster.metric(0, OPENED) <= 64
+
+
+def _metric(proc, name):
+    st, body = http_get(proc.http_port, "/metrics")
+    assert st == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith(name + " ") or line.startswith(name + "{"))
+
+
+def test_cluster_key_authenticates_the_own_connections(start_role, tmp_path):
+    """With a cluster key the own connections authenticate as __system (SCRAM-SHA-256,
+    the server's signature checked) before any command, as libmongoc's do."""
+    key = tmp_path / "cluster.key"
+    key.write_text("c3RyaXBlZGJzaGFyZHdpcmV0ZXN0a2V5\n")
+    os.chmod(key, 0o600)
+    kf = f"--cluster-key-file={key}"
+    mport, rport, sport, pport = free_port(), free_port(), free_port(), free_port()
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "shard").mkdir()
+    start_role(["--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
+                f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{rport}",
+                f"--bootstrap-members=1@127.0.0.1:{rport}", "--raft-election-timeout-ms=300",
+                kf])
+    start_role(["--role=shard", f"--listen=127.0.0.1:{sport}",
+                f"--data-dir={tmp_path / 'shard'}", kf])
+    meta = pymongo.MongoClient(f"mongodb://127.0.0.1:{mport}/", directConnection=True,
+                               username="__system", password=key.read_text().strip(),
+                               authSource="admin", authMechanism="SCRAM-SHA-256")
+    wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
+    meta.admin.command({"addShard": "shard-a", "uri": f"mongodb://127.0.0.1:{sport}/"})
+    proxy = start_role(["--role=proxy", f"--listen=127.0.0.1:{pport}",
+                        f"--metadata=127.0.0.1:{mport}", kf, "--auth=disabled"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{pport}/", directConnection=True,
+                            retryWrites=False)
+    c.kdb.t.insert_one({"_id": 1})
+    for _ in range(5):
+        assert c.kdb.t.find_one({"_id": 1}) == {"_id": 1}
+    assert _metric(proxy, WIRE) >= 5
+    assert _metric(proxy, OPENED) >= 1
+    # the shard answers only cluster members: a client without the key is refused
+    direct = pymongo.MongoClient(f"mongodb://127.0.0.1:{sport}/", directConnection=True,
+                                 serverSelectionTimeoutMS=5000)
+    with pytest.raises(pymongo.errors.OperationFailure):
+        direct.kdb.t.find_one()
+    for x in (direct, c, meta):
+        x.close()
