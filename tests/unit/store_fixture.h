@@ -1,5 +1,5 @@
 /* The store fixture of the storage unit tests (test_storage_store.c,
- * test_storage_checkpoint.c): a store in a fresh temp directory with an injected clock
+ * test_storage_index.c, test_storage_checkpoint.c): a store in a fresh temp directory with an injected clock
  * and one connection, and the assertions they share. Include after cmocka.h and
  * storage/store.h. */
 #ifndef SDB_TESTS_UNIT_STORE_FIXTURE_H
@@ -57,6 +57,25 @@ static inline int teardown(void **state)
 	assert_int_equal(system(cmd), 0);
 	free(f);
 	return 0;
+}
+
+/* {_id: id, a: a} (caller destroys). */
+static inline bson_t *doc_id_a(int id, int a)
+{
+	bson_t *d = bson_new();
+	BSON_APPEND_INT32(d, "_id", id);
+	BSON_APPEND_INT32(d, "a", a);
+	return d;
+}
+
+/* Insert {_id: id, a: a} into db.c (in the caller's write transaction); the store's
+ * status, *dup filled on a duplicate key. */
+static inline int insert(fx *f, int id, int a, sdb_store_dup *dup)
+{
+	bson_t *d = doc_id_a(id, a);
+	int rc = sdb_store_insert(f->c, "db", "c", d, NULL, dup, f->err, sizeof f->err);
+	bson_destroy(d);
+	return rc;
 }
 
 static inline void begin_w(fx *f)
