@@ -279,7 +279,7 @@ static int conn_pragmas(sdb_store *st, sqlite3 *db, char *err, size_t errlen)
 	 * SQLite's documented one: a disk error while reading a mapped page is a SIGBUS, so the
 	 * member stops (fail-stop, as mongod's fassert on an I/O error) instead of answering
 	 * the read with an error; its replica set elects another primary. */
-	return store_exec_sql(db, "PRAGMA mmap_size=1073741824", err, errlen);
+	return store_exec_sql(db, "PRAGMA mmap_size=" STORE_MMAP_SIZE, err, errlen);
 }
 
 

@@ -347,4 +347,9 @@ void store_key_dup_value(const bson_t *pattern, const bson_t *doc, bson_t *out);
 bool store_key_dup_value_of(const bson_t *pattern, const bson_t *doc, const uint8_t *key,
 			    size_t len, bson_t *out);
 
+
+/* Bytes of shard.db every connection reads through SQLite's memory map (PRAGMA mmap_size,
+ * set in store.c's connection setup; the reasons are there), as the pragma's text. */
+#define STORE_MMAP_SIZE "1073741824"
+
 #endif

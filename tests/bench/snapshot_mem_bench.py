@@ -21,10 +21,10 @@ Usage (release build; see tests/bench/README.md):
     /usr/bin/python3 tests/bench/snapshot_mem_bench.py --bin /tmp/build-rel/stripedb \\
         [--gb 0.2] [--doc-kb 64] [--batch 6] [--threads 4] [--threshold 64] [--dir DIR]
         [--keep]
-Prints key=value lines and a summary table; exit 1 when a member's peak anonymous memory
-(RssAnon, sampled every 50 ms) is over --limit-mb (512). VmHWM is printed too:
-it also counts shard.db's pages mapped by SQLite's mmap (the page cache's, not the
-member's). Never part of `make check`.
+Prints key=value lines and a summary table; exit 1 when a member's peak RSS (VmHWM) is
+over --limit-mb (512). Beside it, each member's peak anonymous memory (RssAnon) and mapped
+file pages (RssFile + RssShmem), sampled every 50 ms: VmHWM also counts shard.db's pages
+mapped by SQLite's mmap, which are the page cache's. Never part of `make check`.
 """
 import argparse
 import os
@@ -323,11 +323,11 @@ def main():
                   f"({anon_copy.get(k, 0) / 1024:.0f} MB) | {file_copy.get(k, 0) / 1024:.0f} MB |")
         worst = max(list(peak_copy.values()) + list(peak_load.values())) / 1024
         worst_anon = max(list(anon_copy.values()) + list(anon_load.values())) / 1024
-        # the goal is about the memory a member holds: its anonymous pages (heap, stacks,
-        # buffers); shard.db's mapped pages are the page cache's (AnonPeaks)
+        # the verdict is on VmHWM (every resident page, shard.db's mapped ones included),
+        # the issue's measure; the anonymous peak says how much of it the member holds
         print(f"\nmax_peak_rss_mb={worst:.0f} max_peak_anon_mb={worst_anon:.0f} "
-              f"limit_mb={args.limit_mb} {'OK' if worst_anon <= args.limit_mb else 'OVER'}")
-        return 0 if worst_anon <= args.limit_mb else 1
+              f"limit_mb={args.limit_mb} {'OK' if worst <= args.limit_mb else 'OVER'}")
+        return 0 if worst <= args.limit_mb else 1
     finally:
         for m in procs.values():
             m.stop()
