@@ -9,6 +9,12 @@
  * SHARDCONN_CONNECT_TIMEOUT_MS when the URI has none, so a shard that is down fails (after
  * the request's retry budget: the proxy's one retry path, retry.c px_shard_call) with an
  * error for its chunks only. This file is transport: one attempt per call, no retries.
+ * Once libmongoc has selected a shard's primary and a command it sent there was answered,
+ * that shard's primary commands go on the proxy's own connections to that member
+ * (shardwire.h; issue #19: libmongoc's per-command cost) until a network error or a
+ * not-primary answer hands the shard back to libmongoc (shardconn.c, "The own
+ * connections"); the pool's client is still taken for each command, so both paths share
+ * the in-flight bound.
  *
  * Threads: shardconn_submit() queues a job on the request pool (SHARDCONN_WORKERS threads);
  * shardconn_fanout() runs n sub-tasks of one request in parallel on a second pool (so a
