@@ -307,8 +307,8 @@ def main():
                   f"m{k}_peak_file_copy_mb={file_copy.get(k, -1024) / 1024:.0f}", flush=True)
 
         print()
-        print(f"| data (dataSize) | shard.db | docs | load | add (votes) | caught up |")
-        print(f"|---:|---:|---:|---:|---:|---:|")
+        print("| data (dataSize) | shard.db | docs | load | add (votes) | caught up |")
+        print("|---:|---:|---:|---:|---:|---:|")
         print(f"| {data_mb:,.0f} MB | {db_mb:,.0f} MB | {n_docs:,} | {load_s:.0f} s | "
               f"{add_s:.1f} s | {copy_s:.1f} s |")
         print()
