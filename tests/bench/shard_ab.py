@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A/B of two stripedb builds as one shard direct, side by side in the same run (issue #19).
+"""A/B of two stripedb builds as one shard direct (or as proxies), side by side in the same run (issue #19).
 
 Starts one shard of each binary on loopback (`--role=shard`), loads both with
 `stripedb bench` (50,000 documents of 10 x 100 bytes by default), then alternates timed
@@ -12,9 +12,18 @@ ratios of runs next to each other, never absolute figures.
     /usr/bin/python3 tests/bench/shard_ab.py --base /tmp/base/stripedb --new build/stripedb \\
         --workload c --threads 16 --seconds 6 --rounds 4 [--keep]
 
-The bench client is --base's binary for both shards. Exits 2 with one line on stderr when
-a shard does not start or a run prints no result.
+With --proxies the two builds are proxies instead, both in front of one shard (and one
+metadata member) of --new's binary, started as pg_compare.py starts its `proxy` target
+(proxy_helpers.ProxyCluster, an unsharded collection on its primary shard); each run then
+prints the proxy's CPU per operation and the shard's.
+
+    /usr/bin/python3 tests/bench/shard_ab.py --proxies --base /tmp/base/stripedb \
+        --new build/stripedb --client-bin /tmp/glibc/stripedb --workload c --rounds 6
+
+The bench client is --client-bin, else --base's binary, for both. Exits 2 with one line on
+stderr when a process does not start or a run prints no result.
 """
+import pathlib
 import argparse
 import os
 import re
@@ -50,20 +59,40 @@ def main():
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--keep", action="store_true",
                     help="keep the temp dir (the shards' data and logs, ~1 GB each)")
+    ap.add_argument("--proxies", action="store_true",
+                    help="compare the builds as proxies in front of one shard of --new")
+    ap.add_argument("--client-bin", help="the `stripedb bench` client (default: --base)")
     args = ap.parse_args()
+    client = args.client_bin or args.base
 
     tmp = tempfile.mkdtemp(prefix="shard-ab-")
-    shards = {}
+    shards = {}  # name -> (port, Popen or None, pid)
+    stack = None
     try:
-        for name, binary in (("base", args.base), ("new", args.new)):
+        if args.proxies:
+            here = pathlib.Path(__file__).resolve().parent
+            sys.path.insert(0, str(here.parent / "integration"))
+            sys.path.insert(0, str(here))
+            import conftest
+            from pg_compare import Stack
+            from proxy_helpers import ProxyCluster
+            conftest.BIN = args.new
+            stack = Stack(pathlib.Path(tmp))
+            cl = ProxyCluster(stack, pathlib.Path(tmp), shards=1, proxies=1)
+            conftest.BIN = args.base
+            cl.add_proxy()
+            shard_pid = cl.shard_procs[cl.shard_ids[0]].p.pid
+            shards["new"] = (cl.proxy_ports[0], None, cl.proxy_procs[0].p.pid)
+            shards["base"] = (cl.proxy_ports[1], None, cl.proxy_procs[1].p.pid)
+        for name, binary in (() if args.proxies else (("base", args.base), ("new", args.new))):
             port = free_port()
             d = os.path.join(tmp, name)
             os.mkdir(d)
             p = subprocess.Popen([binary, "--role=shard", f"--listen=127.0.0.1:{port}",
                                   f"--data-dir={d}"], stdout=open(d + ".log", "w"),
                                  stderr=subprocess.STDOUT)
-            shards[name] = (port, p)
-        for name, (port, p) in shards.items():
+            shards[name] = (port, p, p.pid)
+        for name, (port, p, _) in (() if args.proxies else shards.items()):
             deadline = time.monotonic() + 20
             while True:
                 try:
@@ -75,8 +104,9 @@ def main():
                     time.sleep(0.05)
 
         def bench(port, threads, seconds, load=False):
-            cmd = [args.base, "bench", "--uri",
-                   f"mongodb://127.0.0.1:{port}/?directConnection=true",
+            uri = (f"mongodb://127.0.0.1:{port}/" if args.proxies
+                   else f"mongodb://127.0.0.1:{port}/?directConnection=true")
+            cmd = [client, "bench", "--uri", uri,
                    "--workload", args.workload, "--threads", str(threads),
                    "--records", str(args.records), "--seconds", str(seconds),
                    "--distribution", "uniform", "--quiet", "--no-check"]
@@ -84,28 +114,37 @@ def main():
                 cmd.append("--no-load")
             return subprocess.run(cmd, capture_output=True, text=True).stdout
 
-        for port, _ in shards.values():
-            bench(port, 16, 1, load=True)
+        for port, _, _ in (list(shards.values())[:1] if args.proxies else shards.values()):
+            bench(port, 16, 1, load=True)  # proxies: one load, both read the same shard
         tick = os.sysconf("SC_CLK_TCK")
         for r in range(args.rounds):
             for name in (("base", "new") if r % 2 == 0 else ("new", "base")):
-                port, p = shards[name]
+                port, p, pid = shards[name]
                 bench(port, args.threads, 1)
-                c0 = cpu_ticks(p.pid)
+                c0 = cpu_ticks(pid)
+                s0 = cpu_ticks(shard_pid) if args.proxies else 0
                 out = bench(port, args.threads, args.seconds)
-                c1 = cpu_ticks(p.pid)
+                c1 = cpu_ticks(pid)
+                s1 = cpu_ticks(shard_pid) if args.proxies else 0
                 m = re.search(r"phase run\s+[\d.]+ s\s+(\d+) ops\s+(\d+) ops/s", out)
                 if not m or int(m.group(1)) == 0:
                     print(f"shard_ab: no result from the {name} run:\n{out}", file=sys.stderr)
                     sys.exit(2)
                 ops = int(m.group(1))
                 lat = " / ".join(" ".join(l.split()) for l in out.splitlines() if " p50 " in l)
+                what = "proxy" if args.proxies else "shard"
+                extra = (f" shard_cpu_us/op={(s1 - s0) / tick * 1e6 / ops:.1f}"
+                         if args.proxies else "")
                 print(f"round {r} {name}: ops/s={m.group(2)} "
-                      f"shard_cpu_us/op={(c1 - c0) / tick * 1e6 / ops:.1f} | {lat}", flush=True)
+                      f"{what}_cpu_us/op={(c1 - c0) / tick * 1e6 / ops:.1f}{extra} | {lat}",
+                      flush=True)
     finally:
-        for _, p in shards.values():
-            p.kill()
-            p.wait()
+        for _, p, _ in shards.values():
+            if p is not None:
+                p.kill()
+                p.wait()
+        if stack is not None:
+            stack.stop()
         if args.keep:
             print(f"kept {tmp}", file=sys.stderr)
         else:
