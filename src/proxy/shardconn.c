@@ -282,6 +282,7 @@ typedef struct shard {
 	shardwire *wires[SHARD_WIRE_MEMBERS];
 	size_t n_wires;
 	_Atomic(shardwire *) primary;
+	atomic_uint_least64_t topo_gen; /* topology-changed events seen (topology_changed) */
 	struct shard *next;
 } shard;
 
@@ -482,7 +483,19 @@ static mongoc_client_pool_t *pool_for(const char *full, pool_info *info, char *e
 	return p;
 }
 
-/* A shard entry (not linked) owning pool. */
+/* libmongoc's SDAM monitoring (a monitor thread): the shard's topology description
+ * changed (a member became primary or stopped being one, a member was added or removed,
+ * a heartbeat failed; round-trip times do not count), so the member the own connections
+ * take for the primary is forgotten and the next primary command goes through libmongoc's
+ * selection again (see "The own connections"). */
+static void topology_changed(const mongoc_apm_topology_changed_t *ev)
+{
+	shard *sh = mongoc_apm_topology_changed_get_context(ev);
+	atomic_fetch_add(&sh->topo_gen, 1);
+	atomic_store(&sh->primary, NULL);
+}
+
+/* A shard entry (not linked) owning pool (whose first client is not popped yet). */
 static shard *shard_new(const char *id, const char *uri, mongoc_client_pool_t *pool,
 			const pool_info *info)
 {
@@ -497,6 +510,13 @@ static shard *shard_new(const char *id, const char *uri, mongoc_client_pool_t *p
 	s->wire_sto = info->sto;
 	uv_mutex_init(&s->wire_mu);
 	atomic_init(&s->primary, NULL);
+	if (s->wire_ok) {
+		mongoc_apm_callbacks_t *cbs = mongoc_apm_callbacks_new();
+		mongoc_apm_set_topology_changed_cb(cbs, topology_changed);
+		if (!mongoc_client_pool_set_apm_callbacks(pool, cbs, s))
+			s->wire_ok = false; /* cannot follow the topology: libmongoc only */
+		mongoc_apm_callbacks_destroy(cbs);
+	}
 	return s;
 }
 
@@ -1016,9 +1036,11 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
  * libmongoc selects a shard's primary and watches its members; once a primary command it
  * sent was answered by a member libmongoc describes as a primary (or the one server of a
  * Single topology, a standalone), that member's own connections (shardwire.h) carry the
- * shard's primary commands, and getMores pinned to its server id, from then on. Any
- * failure hands the shard back to libmongoc: a network error or an answer that the member
- * is not (or no longer) a primary forgets the member as primary; a not-primary answer on
+ * shard's primary commands, and getMores pinned to its server id, until libmongoc's view
+ * of the shard changes (its SDAM monitoring's topology-changed event: topology_changed)
+ * or a command fails. Any failure hands the shard back to libmongoc: a network error or
+ * an answer that the member is not (or no longer) a primary forgets the member as
+ * primary; a not-primary answer on
  * the own connection is then sent again through libmongoc at once (it did not run), so
  * libmongoc sees the error, marks the member and selects again, exactly as when it had
  * sent the command itself. What reaches the member differs from libmongoc's commands in
@@ -1053,6 +1075,13 @@ static int64_t reply_code(const bson_t *reply)
 		       : 0;
 }
 
+/* Forget w as the shard's primary (when it still is). */
+static void wire_forget(shard *sh, shardwire *w)
+{
+	shardwire *expect = w;
+	atomic_compare_exchange_strong(&sh->primary, &expect, NULL);
+}
+
 /* After a primary command libmongoc sent to server_id was answered (not with a
  * not-primary error): make that member the shard's own-connection primary when
  * libmongoc describes it as a primary or a standalone. */
@@ -1061,6 +1090,8 @@ static void wire_learn(shard *sh, mongoc_client_t *cl, uint32_t server_id)
 	mongoc_server_description_t *sd;
 	const char *type;
 	shardwire *w = NULL;
+
+	uint64_t gen = atomic_load(&sh->topo_gen);
 
 	if (!sh->wire_ok || atomic_load(&sh->primary) != NULL)
 		return;
@@ -1080,17 +1111,14 @@ static void wire_learn(shard *sh, mongoc_client_t *cl, uint32_t server_id)
 			sh->wires[sh->n_wires++] = w;
 		}
 		uv_mutex_unlock(&sh->wire_mu);
-		if (w)
+		if (w) {
 			atomic_store(&sh->primary, w);
+			/* a change seen since sd was read may have come before the store */
+			if (atomic_load(&sh->topo_gen) != gen)
+				wire_forget(sh, w);
+		}
 	}
 	mongoc_server_description_destroy(sd);
-}
-
-/* Forget w as the shard's primary (when it still is). */
-static void wire_forget(shard *sh, shardwire *w)
-{
-	shardwire *expect = w;
-	atomic_compare_exchange_strong(&sh->primary, &expect, NULL);
 }
 
 /* The command as sent: cmd without its $clusterTime, the proxy's signed one instead
