@@ -147,3 +147,47 @@ def test_cluster_key_authenticates_the_own_connections(start_role, tmp_path):
         direct.kdb.t.find_one()
     for x in (direct, c, meta):
         x.close()
+
+
+def test_a_new_primary_takes_over_the_own_connections(start_role, tmp_path):
+    """A 3-member shard set behind the proxy: its primary commands go on the own
+    connections to the primary; after `ctl shard member transfer` (Raft leadership
+    transfer) every write through the proxy still succeeds exactly once
+    (retryWrites=False: an error would surface), lands on the new primary, and the new
+    primary's commands go on the own connections again."""
+    from metadata_cluster import Cluster
+    from test_shard_members import _metrics, ctl
+    from test_shard_replset import primary_index, start_set
+    procs, wires, rs_uri = start_set(start_role, tmp_path)
+    meta = Cluster(start_role, tmp_path, 1)
+    meta.leader()
+    meta.write({"addShard": "shard-a", "uri": rs_uri})
+    port = free_port()
+    proxy = start_role(["--role=proxy", f"--listen=127.0.0.1:{port}",
+                        f"--metadata={meta.seeds()}"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", serverSelectionTimeoutMS=20000,
+                            retryWrites=False)
+    coll = c.app.t
+    wait_until(lambda: coll.insert_one({"_id": -1}), 30, what="a first write")
+    for i in range(20):
+        coll.insert_one({"_id": i})
+    before = _metric(proxy, WIRE)
+    assert before >= 20
+    old = primary_index(wires)
+    target = (old + 1) % 3 + 1  # another member's node id (ids are index + 1)
+    r = ctl("--json", "shard", "member", "transfer", rs_uri, str(target))
+    assert r.returncode == 0, r.stderr
+    ins = "stripedb_shard_commands_total[('cmd', 'insert'), ('role', 'shard')]"
+    on_new = _metrics(procs[target - 1].http_port).get(ins, 0)
+    for i in range(20, 60):
+        coll.insert_one({"_id": i})
+    assert sorted(d["_id"] for d in coll.find()) == list(range(-1, 60))
+    assert primary_index(wires) == target - 1
+    # the new primary ran the inserts made after the transfer
+    assert _metrics(procs[target - 1].http_port).get(ins, 0) - on_new >= 40
+    # and after libmongoc found it, the proxy's own connections carry its commands again
+    mid = _metric(proxy, WIRE)
+    for i in range(60, 80):
+        coll.insert_one({"_id": i})
+    assert _metric(proxy, WIRE) - mid >= 15
+    c.close()
