@@ -1040,10 +1040,9 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
  * of the shard changes (its SDAM monitoring's topology-changed event: topology_changed)
  * or a command fails. Any failure hands the shard back to libmongoc: a network error or
  * an answer that the member is not (or no longer) a primary forgets the member as
- * primary; a not-primary answer on
- * the own connection is then sent again through libmongoc at once (it did not run), so
- * libmongoc sees the error, marks the member and selects again, exactly as when it had
- * sent the command itself. What reaches the member differs from libmongoc's commands in
+ * primary; a not-primary answer on the own connection is then sent again through
+ * libmongoc at once (it did not run), so libmongoc sees the error, marks the member and
+ * selects again, exactly as when it had sent the command itself. What reaches the member differs from libmongoc's commands in
  * two ways: no implicit session (lsid) libmongoc would have started for a command
  * without one, and no $readPreference primaryPreferred that libmongoc adds in a Single
  * topology to a member that is not a mongos (the member is a primary here). */
@@ -1090,7 +1089,6 @@ static void wire_learn(shard *sh, mongoc_client_t *cl, uint32_t server_id)
 	mongoc_server_description_t *sd;
 	const char *type;
 	shardwire *w = NULL;
-
 	uint64_t gen = atomic_load(&sh->topo_gen);
 
 	if (!sh->wire_ok || atomic_load(&sh->primary) != NULL)
