@@ -1018,10 +1018,11 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
  * Single topology, a standalone), that member's own connections (shardwire.h) carry the
  * shard's primary commands, and getMores pinned to its server id, from then on. Any
  * failure hands the shard back to libmongoc: a network error or an answer that the member
- * is not (or no longer) a primary forgets the member as primary; a not-primary answer on
- * the own connection is then sent again through libmongoc at once (it did not run), so
- * libmongoc sees the error, marks the member and selects again, exactly as when it had
- * sent the command itself. What reaches the member differs from libmongoc's commands in
+ * is not (or no longer) a primary forgets the member as primary; a refusal as not a
+ * primary (refused_code) on the own connection is then sent again through libmongoc at
+ * once (it did not run), so libmongoc sees the error, marks the member and selects again,
+ * exactly as when it had sent the command itself; an interruption by a step-down or a
+ * shutdown (11602, 11600, 189: it may have run) is answered as it came, for retry.c. What reaches the member differs from libmongoc's commands in
  * two ways: no implicit session (lsid) libmongoc would have started for a command
  * without one, and no $readPreference primaryPreferred that libmongoc adds in a Single
  * topology to a member that is not a mongos (the member is a primary here). */
@@ -1039,6 +1040,26 @@ static bool not_primary_code(int64_t code)
 	case 11602: /* InterruptedDueToReplStateChange */
 	case 189:   /* PrimarySteppedDown */
 	case 91:    /* ShutdownInProgress */
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* Of those, the codes that say the member refused the command without running any of it
+ * (retry.c's "unexecuted"): sending it again elsewhere cannot apply it twice. The others
+ * (InterruptedDueToReplStateChange 11602, InterruptedAtShutdown 11600, PrimarySteppedDown
+ * 189) interrupt a command that may have run, or a write that entered the member's log
+ * and may still commit on the next primary (shard_repl_reply_unknown): its outcome is
+ * unknown and only retry.c may resend it (a retryable write, an idempotent read). */
+static bool refused_code(int64_t code)
+{
+	switch (code) {
+	case 10107: /* NotWritablePrimary */
+	case 13435: /* NotPrimaryNoSecondaryOk */
+	case 10058: /* LegacyNotPrimary */
+	case 13436: /* NotPrimaryOrSecondary */
+	case 91:    /* ShutdownInProgress: refused, not executed (wire/server.h) */
 		return true;
 	default:
 		return false;
@@ -1116,8 +1137,9 @@ static void sent_cmd(const char *db, const bson_t *cmd, bool with_db, uint64_t c
 }
 
 /* shardconn_command's attempt on the own connections of w. Returns -1 when the member
- * answered that it is not a primary (the command did not run: the caller sends it
- * through libmongoc), else shardconn_command's result. */
+ * refused the command as not a primary (refused_code: it did not run; the caller sends
+ * it through libmongoc), else shardconn_command's result (an interrupted command's
+ * 11602/11600/189 answer is a CMD_ERR, as through libmongoc, the member forgotten). */
 static int command_wire(shardconn *sc, shard *sh, shardwire *w, const char *db,
 			const bson_t *cmd, uint32_t *server_id, bson_t *reply, char *err,
 			size_t errlen, int *fate)
@@ -1146,6 +1168,8 @@ static int command_wire(shardconn *sc, shard *sh, shardwire *w, const char *db,
 		int64_t code = reply_code(reply);
 		if (not_primary_code(code)) {
 			wire_forget(sh, w);
+			if (!refused_code(code))
+				return SHARDCONN_CMD_ERR; /* it may have run: retry.c decides */
 			bson_reinit(reply);
 			return -1;
 		}

@@ -147,3 +147,36 @@ def test_cluster_key_authenticates_the_own_connections(start_role, tmp_path):
         direct.kdb.t.find_one()
     for x in (direct, c, meta):
         x.close()
+
+
+@pytest.mark.parametrize("code", [11602, 11600])
+def test_a_write_of_unknown_outcome_is_not_resent(start_role, tmp_path, code):
+    """InterruptedDueToReplStateChange (11602) and InterruptedAtShutdown (11600) are what
+    a shard answers when it stepped down or shut down AFTER a write entered its log
+    (shard_repl_reply_unknown: "its outcome is unknown"): the write may still commit on
+    the new primary. The own connections must not take them for a refusal and send the
+    write again through libmongoc (a non-retryable $inc applied twice, and a failed
+    resend reported as UNSENT); they must reach retry.c, which resends only retryable
+    writes, as they did through libmongoc. The fail point answers the code without
+    running the update, so the count shows how many times the proxy sent it."""
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
+                      shard_args=["--enable-test-commands"])
+    try:
+        c = cl.proxy_client(0)  # retryWrites=False: the update carries no txnNumber
+        coll = c.udb.t
+        coll.insert_one({"_id": 1, "v": 0})  # libmongoc selects; the proxy learns
+        coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+        before = cl.metric(0, WIRE)
+        sh = cl.shard_client(cl.shard_ids[0])
+        sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                          "data": {"failCommands": ["update"], "errorCode": code}})
+        with pytest.raises(pymongo.errors.PyMongoError) as e:
+            coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+        # pymongo raises NotPrimaryError (an AutoReconnect: no .code) for these codes
+        assert (e.value.details or {}).get("code") == code, repr(e.value)
+        assert cl.metric(0, WIRE) > before  # it was sent on the own connections
+        off = sh.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+        assert off["count"] == 1
+        assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    finally:
+        cl.close()
