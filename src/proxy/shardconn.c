@@ -282,6 +282,10 @@ typedef struct shard {
 	shardwire *wires[SHARD_WIRE_MEMBERS];
 	size_t n_wires;
 	_Atomic(shardwire *) primary;
+	/* the server id libmongoc's monitoring last described as neither a primary nor a
+	 * standalone (0: none, or it became one again): wire_learn checks it after it set
+	 * primary, for an event that came between its look at the description and the store */
+	_Atomic uint32_t demoted;
 	struct shard *next;
 } shard;
 
@@ -482,7 +486,11 @@ static mongoc_client_pool_t *pool_for(const char *full, pool_info *info, char *e
 	return p;
 }
 
-/* A shard entry (not linked) owning pool. */
+static void on_server_changed(const mongoc_apm_server_changed_t *ev);
+static void wire_forget(shard *sh, shardwire *w);
+
+/* A shard entry (not linked) owning pool (not popped yet: its monitoring events are
+ * set here when the own connections may serve it). */
 static shard *shard_new(const char *id, const char *uri, mongoc_client_pool_t *pool,
 			const pool_info *info)
 {
@@ -497,6 +505,14 @@ static shard *shard_new(const char *id, const char *uri, mongoc_client_pool_t *p
 	s->wire_sto = info->sto;
 	uv_mutex_init(&s->wire_mu);
 	atomic_init(&s->primary, NULL);
+	atomic_init(&s->demoted, 0);
+	if (s->wire_ok) {
+		mongoc_apm_callbacks_t *cbs = mongoc_apm_callbacks_new();
+		mongoc_apm_set_server_changed_cb(cbs, on_server_changed);
+		if (!mongoc_client_pool_set_apm_callbacks(pool, cbs, s))
+			s->wire_ok = false; /* cannot follow the members: libmongoc only */
+		mongoc_apm_callbacks_destroy(cbs);
+	}
 	return s;
 }
 
@@ -1085,6 +1101,8 @@ static void wire_learn(shard *sh, mongoc_client_t *cl, uint32_t server_id)
 
 	if (!sh->wire_ok || atomic_load(&sh->primary) != NULL)
 		return;
+	if (atomic_load(&sh->demoted) == server_id)
+		return; /* libmongoc's monitoring already saw it stop being the primary */
 	sd = mongoc_client_get_server_description(cl, server_id);
 	if (sd == NULL)
 		return;
@@ -1101,8 +1119,12 @@ static void wire_learn(shard *sh, mongoc_client_t *cl, uint32_t server_id)
 			sh->wires[sh->n_wires++] = w;
 		}
 		uv_mutex_unlock(&sh->wire_mu);
-		if (w)
+		if (w) {
 			atomic_store(&sh->primary, w);
+			/* an event may have come after the description was copied */
+			if (atomic_load(&sh->demoted) == server_id)
+				wire_forget(sh, w);
+		}
 	}
 	mongoc_server_description_destroy(sd);
 }
@@ -1112,6 +1134,34 @@ static void wire_forget(shard *sh, shardwire *w)
 {
 	shardwire *expect = w;
 	atomic_compare_exchange_strong(&sh->primary, &expect, NULL);
+}
+
+/* libmongoc's monitoring (SDAM "server description changed" events; its monitor
+ * threads, or a request thread after a network or not-primary error): the own
+ * connections must follow what it learns, or a primary that was stopped or cut off (its
+ * connections open, no error) keeps the shard's primary commands until a socket times
+ * out, long after libmongoc found the new primary. A member described as anything but a
+ * primary (or standalone) is forgotten when it is the own connections' primary; another
+ * member described as the primary makes them forget theirs. Either way the next primary
+ * command goes through libmongoc, which selects and learns again. */
+static void on_server_changed(const mongoc_apm_server_changed_t *ev)
+{
+	shard *sh = mongoc_apm_server_changed_get_context(ev);
+	const mongoc_server_description_t *nd = mongoc_apm_server_changed_get_new_description(ev);
+	const char *type = mongoc_server_description_type(nd);
+	uint32_t id = mongoc_server_description_id(nd);
+	bool is_primary = strcmp(type, "RSPrimary") == 0 || strcmp(type, "Standalone") == 0;
+	shardwire *w;
+
+	if (is_primary) {
+		uint32_t expect = id;
+		atomic_compare_exchange_strong(&sh->demoted, &expect, 0);
+	} else {
+		atomic_store(&sh->demoted, id);
+	}
+	w = atomic_load(&sh->primary);
+	if (w && (shardwire_server_id(w) == id) != is_primary)
+		wire_forget(sh, w);
 }
 
 /* The command as sent: cmd without its $clusterTime, the proxy's signed one instead

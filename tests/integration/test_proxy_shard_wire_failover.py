@@ -1,0 +1,65 @@
+"""The proxy's own shard connections (src/proxy/shardwire.c) across a change of a shard
+replica set's primary: libmongoc watches the members; the own connections must follow
+what it learns, not keep sending to a former primary until a socket times out."""
+import signal
+
+import pymongo
+import pytest
+from pymongo.errors import PyMongoError
+
+from conftest import free_port, http_get, wait_until
+from metadata_cluster import Cluster
+from test_shard_replset import primary_index, start_set
+
+WIRE = "stripedb_proxy_shard_wire_commands_total"
+
+
+def _metric(proc, name):
+    st, body = http_get(proc.http_port, "/metrics")
+    assert st == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith(name + " ") or line.startswith(name + "{"))
+
+
+def test_writes_leave_a_stopped_primary_for_the_new_one(start_role, tmp_path):
+    """SIGSTOP the primary the proxy's own connections go to: the kernel keeps its
+    connections open, so a command sent there waits for the socket timeout (libmongoc's
+    default, 300 s). libmongoc's monitor (heartbeat 1 s) sees the member stop answering
+    and the new primary elected; writes through the proxy must then reach the new
+    primary. The client's socket timeout (3 s) bounds each attempt; 60 s of attempts is
+    far below the 300 s a command stuck on the stopped member waits."""
+    procs, wires, uri = start_set(start_role, tmp_path)
+    meta = Cluster(start_role, tmp_path, 1, election_ms=300)
+    meta.leader()
+    meta.write({"addShard": "shard-a", "uri": uri})
+    port = free_port()
+    proxy = start_role(["--role=proxy", f"--listen=127.0.0.1:{port}",
+                        f"--metadata={meta.seeds()}"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True,
+                            retryWrites=False, socketTimeoutMS=3000,
+                            serverSelectionTimeoutMS=3000)
+    coll = c.app.c
+    wait_until(lambda: coll.insert_one({"_id": "first"}), 30, what="a first write")
+    before = _metric(proxy, WIRE)
+    for i in range(20):
+        coll.insert_one({"_id": i})
+    assert _metric(proxy, WIRE) - before >= 20  # they went on the own connections
+    old = primary_index(wires)
+    assert old is not None
+    procs[old].pause()
+    try:
+        wait_until(lambda: primary_index([w for i, w in enumerate(wires) if i != old])
+                   is not None, 30, what="a new primary")
+        n = [100]
+
+        def write():
+            n[0] += 1
+            try:
+                coll.insert_one({"_id": n[0]})
+                return True
+            except PyMongoError:
+                return False
+        wait_until(write, 60, what="a write through the proxy on the new primary")
+    finally:
+        procs[old].signal(signal.SIGCONT)
+    c.close()
