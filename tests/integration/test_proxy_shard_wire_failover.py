@@ -9,7 +9,7 @@ from pymongo.errors import PyMongoError
 
 from conftest import free_port, http_get, wait_until
 from metadata_cluster import Cluster
-from test_shard_replset import primary_index, start_set
+from test_shard_replset import direct, primary_index, start_set
 
 WIRE = "stripedb_proxy_shard_wire_commands_total"
 
@@ -21,13 +21,17 @@ def _metric(proc, name):
                if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
-def test_writes_leave_a_stopped_primary_for_the_new_one(start_role, tmp_path):
-    """SIGSTOP the primary the proxy's own connections go to: the kernel keeps its
-    connections open, so a command sent there waits for the socket timeout (libmongoc's
-    default, 300 s). libmongoc's monitor (heartbeat 1 s) sees the member stop answering
-    and the new primary elected; writes through the proxy must then reach the new
-    primary. The client's socket timeout (3 s) bounds each attempt; 60 s of attempts is
-    far below the 300 s a command stuck on the stopped member waits."""
+def _finds(proc):
+    """stripedb_shard_commands_total{cmd="find"} of a shard member."""
+    st, body = http_get(proc.http_port, "/metrics")
+    assert st == 200
+    for line in body.decode().splitlines():
+        if line.startswith("stripedb_shard_commands_total{") and 'cmd="find"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _set_behind_a_proxy(start_role, tmp_path):
     procs, wires, uri = start_set(start_role, tmp_path)
     meta = Cluster(start_role, tmp_path, 1, election_ms=300)
     meta.leader()
@@ -38,6 +42,45 @@ def test_writes_leave_a_stopped_primary_for_the_new_one(start_role, tmp_path):
     c = pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", directConnection=True,
                             retryWrites=False, socketTimeoutMS=3000,
                             serverSelectionTimeoutMS=3000)
+    return procs, wires, proxy, c
+
+
+def test_reads_leave_a_primary_that_stepped_down(start_role, tmp_path):
+    """The primary hands its role over (transferLeadership) and stays up as a secondary.
+    A read-only workload on the own connections must then reach the new primary: the
+    former one refuses a find without a secondary read preference (13435,
+    shard_repl_check_read), which the own connections take as a refusal (forget the
+    member, send again through libmongoc), and libmongoc's monitoring sees the member
+    become a secondary. (Passes on main too: a guard for the read path.)"""
+    procs, wires, proxy, c = _set_behind_a_proxy(start_role, tmp_path)
+    coll = c.app.c
+    wait_until(lambda: coll.insert_one({"_id": "first"}), 30, what="a first write")
+    before = _metric(proxy, WIRE)
+    for _ in range(20):
+        assert coll.find_one({"_id": "first"}) == {"_id": "first"}
+    assert _metric(proxy, WIRE) - before >= 20  # they went on the own connections
+    old = primary_index(wires)
+    with direct(wires[old]) as d:
+        d.admin.command({"transferLeadership": 0})
+    wait_until(lambda: primary_index(wires) not in (None, old), 30, what="a new primary")
+    new = primary_index(wires)
+
+    def read_on_new():
+        n = _finds(procs[new])
+        assert coll.find_one({"_id": "first"}) == {"_id": "first"}
+        return _finds(procs[new]) > n
+    wait_until(read_on_new, 30, what="a read through the proxy on the new primary")
+    c.close()
+
+
+def test_writes_leave_a_stopped_primary_for_the_new_one(start_role, tmp_path):
+    """SIGSTOP the primary the proxy's own connections go to: the kernel keeps its
+    connections open, so a command sent there waits for the socket timeout (libmongoc's
+    default, 300 s). libmongoc's monitor (heartbeat 1 s) sees the member stop answering
+    and the new primary elected; writes through the proxy must then reach the new
+    primary. The client's socket timeout (3 s) bounds each attempt; 60 s of attempts is
+    far below the 300 s a command stuck on the stopped member waits."""
+    procs, wires, proxy, c = _set_behind_a_proxy(start_role, tmp_path)
     coll = c.app.c
     wait_until(lambda: coll.insert_one({"_id": "first"}), 30, what="a first write")
     before = _metric(proxy, WIRE)
