@@ -11,6 +11,7 @@ import pytest
 
 from conftest import free_port, http_get, wait_until
 from proxy_helpers import ProxyCluster
+from shard_impostor import Impostor
 
 WIRE = "stripedb_proxy_shard_wire_commands_total"
 OPENED = "stripedb_proxy_shard_wire_connections_total"
@@ -180,3 +181,79 @@ def test_a_write_of_unknown_outcome_is_not_resent(start_role, tmp_path, code):
         assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
     finally:
         cl.close()
+
+
+def _keyed_behind_impostor(start_role, tmp_path, mode):
+    """metadata, one shard and a proxy sharing a cluster key; the shard registered at an
+    Impostor relay (shard_impostor.py) that hands the proxy's own connections to mode.
+    Returns (proxy process, client of the proxy, impostor, keyed client of the shard)."""
+    key = tmp_path / "cluster.key"
+    key.write_text("c3RyaXBlZGJzaGFyZHdpcmV0ZXN0a2V5\n")
+    os.chmod(key, 0o600)
+    kf = f"--cluster-key-file={key}"
+    mport, rport, sport, pport = free_port(), free_port(), free_port(), free_port()
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "shard").mkdir()
+    start_role(["--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
+                f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{rport}",
+                f"--bootstrap-members=1@127.0.0.1:{rport}", "--raft-election-timeout-ms=300",
+                kf])
+    start_role(["--role=shard", f"--listen=127.0.0.1:{sport}",
+                f"--data-dir={tmp_path / 'shard'}", kf])
+    creds = dict(username="__system", password=key.read_text().strip(), authSource="admin",
+                 authMechanism="SCRAM-SHA-256", directConnection=True)
+    meta = pymongo.MongoClient(f"mongodb://127.0.0.1:{mport}/", **creds)
+    wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
+    imp = Impostor(sport, mode)
+    meta.admin.command({"addShard": "shard-a", "uri": f"mongodb://127.0.0.1:{imp.port}/"})
+    meta.close()
+    proxy = start_role(["--role=proxy", f"--listen=127.0.0.1:{pport}",
+                        f"--metadata=127.0.0.1:{mport}", kf, "--auth=disabled"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{pport}/", directConnection=True,
+                            retryWrites=False, socketTimeoutMS=20000)
+    shard = pymongo.MongoClient(f"mongodb://127.0.0.1:{sport}/", **creds)
+    return proxy, c, imp, shard
+
+
+def test_a_member_that_does_not_know_the_cluster_key_gets_no_command(start_role, tmp_path):
+    """The own connections reach a server that plays SCRAM without the key: it accepts
+    any proof and ends with a made-up server signature. The proxy must check the
+    signature (RFC 5802 §3) and send it nothing: no command reaches it, and every write
+    lands on the real shard (through libmongoc, whose connections the relay passes)."""
+    proxy, c, imp, shard = _keyed_behind_impostor(start_role, tmp_path, "signature")
+    try:
+        for i in range(10):
+            c.kdb.t.insert_one({"_id": i})
+            assert c.kdb.t.find_one({"_id": i}) == {"_id": i}
+        assert imp.own >= 1  # the own connections did try the impostor
+        assert imp.commands == []
+        assert sorted(d["_id"] for d in shard.kdb.t.find()) == list(range(10))
+    finally:
+        imp.close()
+        c.close()
+        shard.close()
+
+
+def test_a_garbage_answer_is_an_unknown_outcome(start_role, tmp_path):
+    """The member answers a command on an own connection with bytes that are not an OP_MSG
+    reply to it: the outcome is unknown, so a non-retryable insert is reported as an error
+    (never as acknowledged, never sent again), and an idempotent read is resent (retry.c)
+    and answered; the proxy goes on serving."""
+    proxy, c, imp, shard = _keyed_behind_impostor(start_role, tmp_path, "garbage")
+    try:
+        c.kdb.t.insert_one({"_id": 0})  # through libmongoc: the proxy learns the primary
+        n_err = 0
+        for i in range(1, 6):
+            try:
+                c.kdb.t.insert_one({"_id": i})
+            except pymongo.errors.PyMongoError:
+                n_err += 1
+        assert imp.commands.count("insert") == n_err >= 1
+        # what the impostor swallowed never reached the shard, nor was it resent
+        ids = sorted(d["_id"] for d in shard.kdb.t.find())
+        assert len(ids) == 6 - n_err, ids
+        assert c.kdb.t.find_one({"_id": 0}) == {"_id": 0}
+    finally:
+        imp.close()
+        c.close()
+        shard.close()
