@@ -2,6 +2,7 @@
 replica set's primary: libmongoc watches the members; the own connections must follow
 what it learns, not keep sending to a former primary until a socket times out."""
 import signal
+import threading
 
 import pymongo
 import pytest
@@ -105,4 +106,63 @@ def test_writes_leave_a_stopped_primary_for_the_new_one(start_role, tmp_path):
         wait_until(write, 60, what="a write through the proxy on the new primary")
     finally:
         procs[old].signal(signal.SIGCONT)
+    c.close()
+
+
+def test_no_increment_applied_twice_across_primary_transfers(start_role, tmp_path):
+    """Writers through the proxy, each $inc-ing its own document by 1 without retryable
+    writes (no txnNumber: nothing on the shard can tell a resend), while the primary
+    role is handed over again and again (transferLeadership: entries the old primary
+    had in flight may still commit under the new one, and their writes are answered
+    11602, outcome unknown). Per document, with A attempts and K acknowledgements:
+    K <= v <= A. A write the proxy resent after an unknown outcome can make v > A."""
+    procs, wires, proxy, c = _set_behind_a_proxy(start_role, tmp_path)
+    coll = c.app.c
+    writers = 6
+    wait_until(lambda: coll.insert_many([{"_id": w, "v": 0} for w in range(writers)]), 30,
+               what="the documents")
+    stop = threading.Event()
+    attempts = [0] * writers
+    acks = [0] * writers
+    codes = []
+
+    def writer(w):
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{c.address[1]}/",
+                                 directConnection=True, retryWrites=False,
+                                 socketTimeoutMS=10000) as wc:
+            while not stop.is_set():
+                attempts[w] += 1
+                try:
+                    wc.app.c.update_one({"_id": w}, {"$inc": {"v": 1}})
+                    acks[w] += 1
+                except PyMongoError as e:
+                    codes.append((getattr(e, "details", None) or {}).get("code"))
+    ts = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+    for t in ts:
+        t.start()
+    try:
+        for _ in range(16):  # main doubled an $inc in about one run in three of 8
+            wait_until(lambda: sum(acks) > 0, 30, what="writes acknowledged")
+            old = primary_index(wires)
+            if old is None:
+                continue
+            try:
+                with direct(wires[old]) as d:
+                    d.admin.command({"transferLeadership": 0})
+            except PyMongoError:
+                pass
+            wait_until(lambda: primary_index(wires) not in (None, old), 30,
+                       what="a new primary")
+            base = sum(acks)
+            wait_until(lambda: sum(acks) >= base + 20, 30, what="writes on the new primary")
+    finally:
+        stop.set()
+        for t in ts:
+            t.join(timeout=60)
+    p = primary_index(wires)
+    with direct(wires[p]) as d:
+        got = {doc["_id"]: doc["v"] for doc in d.app.c.find()}
+    print(f"attempts={attempts} acks={acks} values={got} error codes={sorted(set(map(str, codes)))}")
+    for w in range(writers):
+        assert acks[w] <= got[w] <= attempts[w], (w, acks[w], got[w], attempts[w])
     c.close()
