@@ -50,7 +50,7 @@ const char *shardwire_host(const shardwire *w);
 
 /* Run cmd (a complete command: $db included; borrowed) on the member and put its answer
  * into reply (initialised in every case; the caller destroys it). Blocking: request
- * threads only. Returns one of the SHARDWIRE_* results; on UNSENT and UNKNOWN err holds a
+ * threads only. Returns: one of the SHARDWIRE_* results (not a status); on UNSENT and UNKNOWN err holds a
  * message naming the member (connection refused, timeout, reset, an answer that is not a
  * well-formed OP_MSG reply to this request, authentication refused). An idle connection
  * the member has closed (its FIN or RST already received) is detected before sending and
