@@ -257,3 +257,19 @@ def test_a_garbage_answer_is_an_unknown_outcome(start_role, tmp_path):
         imp.close()
         c.close()
         shard.close()
+
+
+def test_large_replies_on_the_own_connections(cluster):
+    """Replies beyond the first 16 KB read, up to a 16 MB batch, come whole."""
+    c = cluster.proxy_client(0)
+    coll = c.ydb.big
+    coll.insert_one({"_id": "learn"})
+    before = cluster.metric(0, WIRE)
+    blobs = {i: bytes([i]) * (6 * 1024 * 1024 + i) for i in range(4)}
+    for i, b in blobs.items():
+        coll.insert_one({"_id": i, "b": b})
+    for i in (0, 3):
+        assert coll.find_one({"_id": i})["b"] == blobs[i]
+    got = {d["_id"]: d["b"] for d in coll.find({"_id": {"$in": list(blobs)}})}
+    assert got == blobs
+    assert cluster.metric(0, WIRE) - before >= 6
