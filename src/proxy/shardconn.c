@@ -1090,6 +1090,17 @@ static int64_t reply_code(const bson_t *reply)
 		       : 0;
 }
 
+/* The setName of the hello a server description was made from, or NULL (borrowed). */
+static const char *set_name_of(const mongoc_server_description_t *sd)
+{
+	bson_iter_t it;
+	const bson_t *hello = mongoc_server_description_hello_response(sd);
+
+	return hello && bson_iter_init_find(&it, hello, "setName") && BSON_ITER_HOLDS_UTF8(&it)
+		       ? bson_iter_utf8(&it, NULL)
+		       : NULL;
+}
+
 /* After a primary command libmongoc sent to server_id was answered (not with a
  * not-primary error): make that member the shard's own-connection primary when
  * libmongoc describes it as a primary or a standalone. */
@@ -1115,7 +1126,8 @@ static void wire_learn(shard *sh, mongoc_client_t *cl, uint32_t server_id)
 			    strcmp(shardwire_host(sh->wires[i]), host) == 0)
 				w = sh->wires[i];
 		if (!w && sh->n_wires < SHARD_WIRE_MEMBERS) {
-			w = shardwire_new(host, server_id, sh->wire_cto, sh->wire_sto);
+			w = shardwire_new(host, server_id, sh->wire_cto, sh->wire_sto,
+					  set_name_of(sd));
 			sh->wires[sh->n_wires++] = w;
 		}
 		uv_mutex_unlock(&sh->wire_mu);

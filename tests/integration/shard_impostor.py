@@ -6,6 +6,8 @@ real shard byte for byte. The impostor plays one of two parts:
   "signature": answers hello and a SCRAM-SHA-256 conversation as if it knew the cluster
       key (a well-formed server-first, then done: true with a made-up server signature)
       and answers any later command {ok: 1, n: 1} -- a server that does not know the key;
+  "other": relays them, byte for byte, to another server (other_port), as when another
+      process (a member of another shard) took over the member's address;
   "garbage": relays hello and authentication to the real shard, then answers the first
       other command with bytes that are not an OP_MSG reply and closes.
 
@@ -50,8 +52,9 @@ def _reply(s, req, doc):
 
 
 class Impostor:
-    def __init__(self, target_port, mode):
+    def __init__(self, target_port, mode, other_port=None):
         self.target = ("127.0.0.1", target_port)
+        self.other = ("127.0.0.1", other_port)
         self.mode = mode
         self.commands = []
         self.own = 0  # own connections seen
@@ -88,7 +91,9 @@ class Impostor:
                 return
             with self.lock:
                 self.own += 1
-            if self.mode == "signature":
+            if self.mode == "other":
+                self._relay(c, first, self.other)
+            elif self.mode == "signature":
                 self._fake(c, first, req)
             else:
                 self._garbage(c, first)
@@ -97,8 +102,8 @@ class Impostor:
         finally:
             c.close()
 
-    def _relay(self, c, first):
-        u = socket.create_connection(self.target)
+    def _relay(self, c, first, target=None):
+        u = socket.create_connection(target or self.target)
         u.sendall(first)
 
         def pump(a, b):

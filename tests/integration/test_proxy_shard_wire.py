@@ -273,3 +273,56 @@ def test_large_replies_on_the_own_connections(cluster):
     got = {d["_id"]: d["b"] for d in coll.find({"_id": {"$in": list(blobs)}})}
     assert got == blobs
     assert cluster.metric(0, WIRE) - before >= 6
+
+
+def _one_member_set(start_role, tmp_path, name):
+    wire, raft = free_port(), free_port()
+    (tmp_path / name).mkdir()
+    start_role(["--role=shard", f"--replica-set={name}", "--node-id=1",
+                f"--data-dir={tmp_path / name}", f"--listen=127.0.0.1:{wire}",
+                f"--raft-listen=127.0.0.1:{raft}", f"--bootstrap-members=1@127.0.0.1:{raft}",
+                "--raft-tls=disabled", "--raft-election-timeout-ms=300"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{wire}/", directConnection=True,
+                            serverSelectionTimeoutMS=5000)
+    wait_until(lambda: c.admin.command("hello").get("isWritablePrimary"), 30,
+               what=f"{name} primary")
+    return wire, c
+
+
+def test_a_member_of_another_set_on_the_address_gets_no_command(start_role, tmp_path):
+    """The shard (a one-member set rs-a, registered with directConnection) is reached
+    through a relay that hands the proxy's own connections to a member of ANOTHER set
+    (rs-b), as when another shard's member took over the address. libmongoc drops a
+    member whose hello names another set; the own connections must refuse it too (the
+    hello's setName checked when a connection opens), or the writes land on rs-b."""
+    a_port, a = _one_member_set(start_role, tmp_path, "rs-a")
+    b_port, b = _one_member_set(start_role, tmp_path, "rs-b")
+    imp = Impostor(a_port, "other", other_port=b_port)
+    cl = None
+    try:
+        mport, rport, pport = free_port(), free_port(), free_port()
+        (tmp_path / "meta").mkdir()
+        start_role(["--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
+                    f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{rport}",
+                    f"--bootstrap-members=1@127.0.0.1:{rport}",
+                    "--raft-election-timeout-ms=300"])
+        meta = pymongo.MongoClient(f"mongodb://127.0.0.1:{mport}/", directConnection=True)
+        wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
+        meta.admin.command({"addShard": "shard-a",
+                            "uri": f"mongodb://127.0.0.1:{imp.port}/?directConnection=true"})
+        meta.close()
+        start_role(["--role=proxy", f"--listen=127.0.0.1:{pport}",
+                    f"--metadata=127.0.0.1:{mport}"])
+        cl = pymongo.MongoClient(f"mongodb://127.0.0.1:{pport}/", directConnection=True,
+                                 retryWrites=False, socketTimeoutMS=20000)
+        for i in range(10):
+            cl.odb.t.insert_one({"_id": i})
+            assert cl.odb.t.find_one({"_id": i}) == {"_id": i}
+        assert imp.own >= 1  # the own connections did reach rs-b
+        assert sorted(d["_id"] for d in a.odb.t.find()) == list(range(10))
+        assert list(b.odb.t.find()) == []
+    finally:
+        imp.close()
+        for x in (cl, a, b):
+            if x is not None:
+                x.close()
