@@ -112,6 +112,9 @@ int auth_scram_verifier_raw(auth_mech mech, const char *scram_password, const ui
 			    size_t salt_len, int iterations, auth_scram_creds *out, char *err,
 			    size_t errlen);
 
+/* Bytes of a server-final ("v=" and a base64 SHA-256 signature) with its NUL. */
+#define AUTH_SCRAM_SERVER_FINAL_MAX 64
+
 /* Client side (RFC 5802 §3, §5): client-final for server_first in a conversation whose
  * client-first-bare was client_first_bare ("n=USER,r=CNONCE", user already escaped),
  * written NUL-terminated into out (outlen bytes; AUTH_SCRAM_MAX_MSG + 1 is enough), and
@@ -122,13 +125,13 @@ int auth_scram_verifier_raw(auth_mech mech, const char *scram_password, const ui
  * sane. Key material is cleansed before returning. Errors: SDB_EPROTO (bad server-first,
  * nonce, salt or iterations), SDB_EINVAL (out too small, unknown mechanism),
  * SDB_EINTERNAL (OpenSSL). Used by auth_cluster_authenticate (internal clients). */
-#define AUTH_SCRAM_SERVER_FINAL_MAX 64
 int auth_scram_client_final_ex(auth_mech mech, const char *user, const char *password,
 			       const char *client_first_bare, const char *server_first, char *out,
 			       size_t outlen, char server_final[AUTH_SCRAM_SERVER_FINAL_MAX],
 			       char *err, size_t errlen);
 
-/* auth_scram_client_final_ex without the server's expected answer (tests and fuzzing). */
+/* auth_scram_client_final_ex without the server's expected answer (tests and fuzzing).
+ * Errors: as auth_scram_client_final_ex. */
 int auth_scram_client_final_make(auth_mech mech, const char *user, const char *password,
 				 const char *client_first_bare, const char *server_first,
 				 char *out, size_t outlen, char *err, size_t errlen);

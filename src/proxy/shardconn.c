@@ -282,7 +282,10 @@ typedef struct shard {
 	shardwire *wires[SHARD_WIRE_MEMBERS];
 	size_t n_wires;
 	_Atomic(shardwire *) primary;
-	atomic_uint_least64_t topo_gen; /* topology-changed events seen (topology_changed) */
+	/* the server id libmongoc's monitoring last described as neither a primary nor a
+	 * standalone (0: none, or it became one again): wire_learn checks it after it set
+	 * primary, for an event that came between its look at the description and the store */
+	_Atomic uint32_t demoted;
 	struct shard *next;
 } shard;
 
@@ -483,19 +486,11 @@ static mongoc_client_pool_t *pool_for(const char *full, pool_info *info, char *e
 	return p;
 }
 
-/* libmongoc's SDAM monitoring (a monitor thread): the shard's topology description
- * changed (a member became primary or stopped being one, a member was added or removed,
- * a heartbeat failed; round-trip times do not count), so the member the own connections
- * take for the primary is forgotten and the next primary command goes through libmongoc's
- * selection again (see "The own connections"). */
-static void topology_changed(const mongoc_apm_topology_changed_t *ev)
-{
-	shard *sh = mongoc_apm_topology_changed_get_context(ev);
-	atomic_fetch_add(&sh->topo_gen, 1);
-	atomic_store(&sh->primary, NULL);
-}
+static void on_server_changed(const mongoc_apm_server_changed_t *ev);
+static void wire_forget(shard *sh, shardwire *w);
 
-/* A shard entry (not linked) owning pool (whose first client is not popped yet). */
+/* A shard entry (not linked) owning pool (not popped yet: its monitoring events are
+ * set here when the own connections may serve it). */
 static shard *shard_new(const char *id, const char *uri, mongoc_client_pool_t *pool,
 			const pool_info *info)
 {
@@ -510,11 +505,12 @@ static shard *shard_new(const char *id, const char *uri, mongoc_client_pool_t *p
 	s->wire_sto = info->sto;
 	uv_mutex_init(&s->wire_mu);
 	atomic_init(&s->primary, NULL);
+	atomic_init(&s->demoted, 0);
 	if (s->wire_ok) {
 		mongoc_apm_callbacks_t *cbs = mongoc_apm_callbacks_new();
-		mongoc_apm_set_topology_changed_cb(cbs, topology_changed);
+		mongoc_apm_set_server_changed_cb(cbs, on_server_changed);
 		if (!mongoc_client_pool_set_apm_callbacks(pool, cbs, s))
-			s->wire_ok = false; /* cannot follow the topology: libmongoc only */
+			s->wire_ok = false; /* cannot follow the members: libmongoc only */
 		mongoc_apm_callbacks_destroy(cbs);
 	}
 	return s;
@@ -1036,14 +1032,16 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
  * libmongoc selects a shard's primary and watches its members; once a primary command it
  * sent was answered by a member libmongoc describes as a primary (or the one server of a
  * Single topology, a standalone), that member's own connections (shardwire.h) carry the
- * shard's primary commands, and getMores pinned to its server id, until libmongoc's view
- * of the shard changes (its SDAM monitoring's topology-changed event: topology_changed)
- * or a command fails. Any failure hands the shard back to libmongoc: a network error or
- * an answer that the member is not (or no longer) a primary forgets the member as
- * primary; a not-primary answer on the own connection is then sent again through
- * libmongoc at once (it did not run), so libmongoc sees the error, marks the member and
- * selects again, exactly as when it had sent the command itself. What reaches the member differs from libmongoc's commands in
- * two ways: no implicit session (lsid) libmongoc would have started for a command
+ * shard's primary commands, and getMores pinned to its server id, until libmongoc's
+ * monitoring describes that member as anything but a primary or another member as the
+ * primary (on_server_changed) or a command fails. Any failure hands the shard back to
+ * libmongoc: a network error or an answer that the member is not (or no longer) a
+ * primary forgets the member as primary; a refusal as not a primary (refused_code) on
+ * the own connection is then sent again through libmongoc at once (it did not run), so
+ * libmongoc sees the error, marks the member and selects again, exactly as when it had
+ * sent the command itself; an interruption by a step-down or a shutdown (11602, 11600,
+ * 189: it may have run) is answered as it came, for retry.c. What reaches the member
+ * differs from libmongoc's commands in two ways: no implicit session (lsid) libmongoc would have started for a command
  * without one, and no $readPreference primaryPreferred that libmongoc adds in a Single
  * topology to a member that is not a mongos (the member is a primary here). */
 
@@ -1066,6 +1064,26 @@ static bool not_primary_code(int64_t code)
 	}
 }
 
+/* Of those, the codes that say the member refused the command without running any of it
+ * (retry.c's "unexecuted"): sending it again elsewhere cannot apply it twice. The others
+ * (InterruptedDueToReplStateChange 11602, InterruptedAtShutdown 11600, PrimarySteppedDown
+ * 189) interrupt a command that may have run, or a write that entered the member's log
+ * and may still commit on the next primary (shard_repl_reply_unknown): its outcome is
+ * unknown and only retry.c may resend it (a retryable write, an idempotent read). */
+static bool refused_code(int64_t code)
+{
+	switch (code) {
+	case 10107: /* NotWritablePrimary */
+	case 13435: /* NotPrimaryNoSecondaryOk */
+	case 10058: /* LegacyNotPrimary */
+	case 13436: /* NotPrimaryOrSecondary */
+	case 91:    /* ShutdownInProgress: refused, not executed (wire/server.h) */
+		return true;
+	default:
+		return false;
+	}
+}
+
 static int64_t reply_code(const bson_t *reply)
 {
 	bson_iter_t it;
@@ -1074,11 +1092,15 @@ static int64_t reply_code(const bson_t *reply)
 		       : 0;
 }
 
-/* Forget w as the shard's primary (when it still is). */
-static void wire_forget(shard *sh, shardwire *w)
+/* The setName of the hello a server description was made from, or NULL (borrowed). */
+static const char *set_name_of(const mongoc_server_description_t *sd)
 {
-	shardwire *expect = w;
-	atomic_compare_exchange_strong(&sh->primary, &expect, NULL);
+	bson_iter_t it;
+	const bson_t *hello = mongoc_server_description_hello_response(sd);
+
+	return hello && bson_iter_init_find(&it, hello, "setName") && BSON_ITER_HOLDS_UTF8(&it)
+		       ? bson_iter_utf8(&it, NULL)
+		       : NULL;
 }
 
 /* After a primary command libmongoc sent to server_id was answered (not with a
@@ -1089,10 +1111,11 @@ static void wire_learn(shard *sh, mongoc_client_t *cl, uint32_t server_id)
 	mongoc_server_description_t *sd;
 	const char *type;
 	shardwire *w = NULL;
-	uint64_t gen = atomic_load(&sh->topo_gen);
 
 	if (!sh->wire_ok || atomic_load(&sh->primary) != NULL)
 		return;
+	if (atomic_load(&sh->demoted) == server_id)
+		return; /* libmongoc's monitoring already saw it stop being the primary */
 	sd = mongoc_client_get_server_description(cl, server_id);
 	if (sd == NULL)
 		return;
@@ -1105,18 +1128,54 @@ static void wire_learn(shard *sh, mongoc_client_t *cl, uint32_t server_id)
 			    strcmp(shardwire_host(sh->wires[i]), host) == 0)
 				w = sh->wires[i];
 		if (!w && sh->n_wires < SHARD_WIRE_MEMBERS) {
-			w = shardwire_new(host, server_id, sh->wire_cto, sh->wire_sto);
+			w = shardwire_new(host, server_id, sh->wire_cto, sh->wire_sto,
+					  set_name_of(sd));
 			sh->wires[sh->n_wires++] = w;
 		}
 		uv_mutex_unlock(&sh->wire_mu);
 		if (w) {
 			atomic_store(&sh->primary, w);
-			/* a change seen since sd was read may have come before the store */
-			if (atomic_load(&sh->topo_gen) != gen)
+			/* an event may have come after the description was copied */
+			if (atomic_load(&sh->demoted) == server_id)
 				wire_forget(sh, w);
 		}
 	}
 	mongoc_server_description_destroy(sd);
+}
+
+/* Forget w as the shard's primary (when it still is). */
+static void wire_forget(shard *sh, shardwire *w)
+{
+	shardwire *expect = w;
+	atomic_compare_exchange_strong(&sh->primary, &expect, NULL);
+}
+
+/* libmongoc's monitoring (SDAM "server description changed" events; its monitor
+ * threads, or a request thread after a network or not-primary error): the own
+ * connections must follow what it learns, or a primary that was stopped or cut off (its
+ * connections open, no error) keeps the shard's primary commands until a socket times
+ * out, long after libmongoc found the new primary. A member described as anything but a
+ * primary (or standalone) is forgotten when it is the own connections' primary; another
+ * member described as the primary makes them forget theirs. Either way the next primary
+ * command goes through libmongoc, which selects and learns again. */
+static void on_server_changed(const mongoc_apm_server_changed_t *ev)
+{
+	shard *sh = mongoc_apm_server_changed_get_context(ev);
+	const mongoc_server_description_t *nd = mongoc_apm_server_changed_get_new_description(ev);
+	const char *type = mongoc_server_description_type(nd);
+	uint32_t id = mongoc_server_description_id(nd);
+	bool is_primary = strcmp(type, "RSPrimary") == 0 || strcmp(type, "Standalone") == 0;
+	shardwire *w;
+
+	if (is_primary) {
+		uint32_t expect = id;
+		atomic_compare_exchange_strong(&sh->demoted, &expect, 0);
+	} else {
+		atomic_store(&sh->demoted, id);
+	}
+	w = atomic_load(&sh->primary);
+	if (w && (shardwire_server_id(w) == id) != is_primary)
+		wire_forget(sh, w);
 }
 
 /* The command as sent: cmd without its $clusterTime, the proxy's signed one instead
@@ -1142,8 +1201,9 @@ static void sent_cmd(const char *db, const bson_t *cmd, bool with_db, uint64_t c
 }
 
 /* shardconn_command's attempt on the own connections of w. Returns -1 when the member
- * answered that it is not a primary (the command did not run: the caller sends it
- * through libmongoc), else shardconn_command's result. */
+ * refused the command as not a primary (refused_code: it did not run; the caller sends
+ * it through libmongoc), else shardconn_command's result (an interrupted command's
+ * 11602/11600/189 answer is a CMD_ERR, as through libmongoc, the member forgotten). */
 static int command_wire(shardconn *sc, shard *sh, shardwire *w, const char *db,
 			const bson_t *cmd, uint32_t *server_id, bson_t *reply, char *err,
 			size_t errlen, int *fate)
@@ -1172,6 +1232,8 @@ static int command_wire(shardconn *sc, shard *sh, shardwire *w, const char *db,
 		int64_t code = reply_code(reply);
 		if (not_primary_code(code)) {
 			wire_forget(sh, w);
+			if (!refused_code(code))
+				return SHARDCONN_CMD_ERR; /* it may have run: retry.c decides */
 			bson_reinit(reply);
 			return -1;
 		}

@@ -40,6 +40,7 @@ struct shardwire {
 	char *host_and_port;
 	char *host; /* without brackets */
 	char *port;
+	char *set_name; /* NULL: a standalone, no check */
 	uint32_t server_id;
 	int connect_timeout_ms;
 	int socket_timeout_ms;
@@ -64,7 +65,7 @@ static void metrics_init(void)
 }
 
 shardwire *shardwire_new(const char *host_and_port, uint32_t server_id, int connect_timeout_ms,
-			 int socket_timeout_ms)
+			 int socket_timeout_ms, const char *set_name)
 {
 	shardwire *w = sdb_calloc(1, sizeof *w);
 	const char *colon = strrchr(host_and_port, ':');
@@ -84,6 +85,7 @@ shardwire *shardwire_new(const char *host_and_port, uint32_t server_id, int conn
 		w->host = sdb_strndup(h, hl);
 		w->port = sdb_strdup(colon + 1);
 	}
+	w->set_name = set_name ? sdb_strdup(set_name) : NULL;
 	w->server_id = server_id;
 	w->connect_timeout_ms = connect_timeout_ms > 0 ? connect_timeout_ms : 1000;
 	w->socket_timeout_ms = socket_timeout_ms > 0 ? socket_timeout_ms : 300000;
@@ -106,6 +108,7 @@ void shardwire_free(shardwire *w)
 	free(w->host_and_port);
 	free(w->host);
 	free(w->port);
+	free(w->set_name);
 	free(w);
 }
 
@@ -373,6 +376,18 @@ static wconn *conn_open(shardwire *w, char *err, size_t errlen)
 	if (g == 0 && !(bson_iter_init_find(&it, &reply, "ok") && bson_iter_as_bool(&it))) {
 		snprintf(aerr, sizeof aerr, "hello refused");
 		g = SDB_EPROTO;
+	}
+	if (g == 0 && w->set_name) {
+		/* the member libmongoc knew, not whatever listens on its address now */
+		const char *set = bson_iter_init_find(&it, &reply, "setName") &&
+					  BSON_ITER_HOLDS_UTF8(&it)
+				  ? bson_iter_utf8(&it, NULL)
+				  : "";
+		if (strcmp(set, w->set_name) != 0) {
+			snprintf(aerr, sizeof aerr, "a member of replica set '%.60s', not '%.60s'",
+				 set, w->set_name);
+			g = SDB_EPROTO;
+		}
 	}
 	bson_destroy(&reply);
 	if (g == 0)

@@ -39,9 +39,13 @@ enum {
 
 /* Idle connections to host_and_port ("H:P" or "[v6]:P", as libmongoc's
  * host_and_port) with libmongoc's server_id of that member. Timeouts in milliseconds
- * (> 0). Never fails (allocation aborts); nothing is connected until a command. */
+ * (> 0). set_name (copied; NULL: none, a standalone): the replica set the member belongs
+ * to, as its hello said to libmongoc; a connection whose hello names another set (or
+ * none) is refused before any command, as libmongoc drops such a member (another
+ * process now on the address, e.g. a member of another shard). Never fails (allocation
+ * aborts); nothing is connected until a command. */
 shardwire *shardwire_new(const char *host_and_port, uint32_t server_id, int connect_timeout_ms,
-			 int socket_timeout_ms);
+			 int socket_timeout_ms, const char *set_name);
 /* Close the idle connections and free w. No command may be running on w. NULL is a no-op. */
 void shardwire_free(shardwire *w);
 
@@ -50,7 +54,7 @@ const char *shardwire_host(const shardwire *w);
 
 /* Run cmd (a complete command: $db included; borrowed) on the member and put its answer
  * into reply (initialised in every case; the caller destroys it). Blocking: request
- * threads only. Returns one of the SHARDWIRE_* results; on UNSENT and UNKNOWN err holds a
+ * threads only. Returns: one of the SHARDWIRE_* results (not a status); on UNSENT and UNKNOWN err holds a
  * message naming the member (connection refused, timeout, reset, an answer that is not a
  * well-formed OP_MSG reply to this request, authentication refused). An idle connection
  * the member has closed (its FIN or RST already received) is detected before sending and

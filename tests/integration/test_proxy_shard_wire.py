@@ -11,6 +11,7 @@ import pytest
 
 from conftest import free_port, http_get, wait_until
 from proxy_helpers import ProxyCluster
+from shard_impostor import Impostor
 
 WIRE = "stripedb_proxy_shard_wire_commands_total"
 OPENED = "stripedb_proxy_shard_wire_connections_total"
@@ -191,3 +192,181 @@ def test_a_new_primary_takes_over_the_own_connections(start_role, tmp_path):
         coll.insert_one({"_id": i})
     assert _metric(proxy, WIRE) - mid >= 15
     c.close()
+
+
+@pytest.mark.parametrize("code", [11602, 11600])
+def test_a_write_of_unknown_outcome_is_not_resent(start_role, tmp_path, code):
+    """InterruptedDueToReplStateChange (11602) and InterruptedAtShutdown (11600) are what
+    a shard answers when it stepped down or shut down AFTER a write entered its log
+    (shard_repl_reply_unknown: "its outcome is unknown"): the write may still commit on
+    the new primary. The own connections must not take them for a refusal and send the
+    write again through libmongoc (a non-retryable $inc applied twice, and a failed
+    resend reported as UNSENT); they must reach retry.c, which resends only retryable
+    writes, as they did through libmongoc. The fail point answers the code without
+    running the update, so the count shows how many times the proxy sent it."""
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
+                      shard_args=["--enable-test-commands"])
+    try:
+        c = cl.proxy_client(0)  # retryWrites=False: the update carries no txnNumber
+        coll = c.udb.t
+        coll.insert_one({"_id": 1, "v": 0})  # libmongoc selects; the proxy learns
+        coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+        before = cl.metric(0, WIRE)
+        sh = cl.shard_client(cl.shard_ids[0])
+        sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                          "data": {"failCommands": ["update"], "errorCode": code}})
+        with pytest.raises(pymongo.errors.PyMongoError) as e:
+            coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+        # pymongo raises NotPrimaryError (an AutoReconnect: no .code) for these codes
+        assert (e.value.details or {}).get("code") == code, repr(e.value)
+        assert cl.metric(0, WIRE) > before  # it was sent on the own connections
+        off = sh.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+        assert off["count"] == 1
+        assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    finally:
+        cl.close()
+
+
+def _keyed_behind_impostor(start_role, tmp_path, mode):
+    """metadata, one shard and a proxy sharing a cluster key; the shard registered at an
+    Impostor relay (shard_impostor.py) that hands the proxy's own connections to mode.
+    Returns (proxy process, client of the proxy, impostor, keyed client of the shard)."""
+    key = tmp_path / "cluster.key"
+    key.write_text("c3RyaXBlZGJzaGFyZHdpcmV0ZXN0a2V5\n")
+    os.chmod(key, 0o600)
+    kf = f"--cluster-key-file={key}"
+    mport, rport, sport, pport = free_port(), free_port(), free_port(), free_port()
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "shard").mkdir()
+    start_role(["--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
+                f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{rport}",
+                f"--bootstrap-members=1@127.0.0.1:{rport}", "--raft-election-timeout-ms=300",
+                kf])
+    start_role(["--role=shard", f"--listen=127.0.0.1:{sport}",
+                f"--data-dir={tmp_path / 'shard'}", kf])
+    creds = dict(username="__system", password=key.read_text().strip(), authSource="admin",
+                 authMechanism="SCRAM-SHA-256", directConnection=True)
+    meta = pymongo.MongoClient(f"mongodb://127.0.0.1:{mport}/", **creds)
+    wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
+    imp = Impostor(sport, mode)
+    meta.admin.command({"addShard": "shard-a", "uri": f"mongodb://127.0.0.1:{imp.port}/"})
+    meta.close()
+    proxy = start_role(["--role=proxy", f"--listen=127.0.0.1:{pport}",
+                        f"--metadata=127.0.0.1:{mport}", kf, "--auth=disabled"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{pport}/", directConnection=True,
+                            retryWrites=False, socketTimeoutMS=20000)
+    shard = pymongo.MongoClient(f"mongodb://127.0.0.1:{sport}/", **creds)
+    return proxy, c, imp, shard
+
+
+def test_a_member_that_does_not_know_the_cluster_key_gets_no_command(start_role, tmp_path):
+    """The own connections reach a server that plays SCRAM without the key: it accepts
+    any proof and ends with a made-up server signature. The proxy must check the
+    signature (RFC 5802 §3) and send it nothing: no command reaches it, and every write
+    lands on the real shard (through libmongoc, whose connections the relay passes)."""
+    proxy, c, imp, shard = _keyed_behind_impostor(start_role, tmp_path, "signature")
+    try:
+        for i in range(10):
+            c.kdb.t.insert_one({"_id": i})
+            assert c.kdb.t.find_one({"_id": i}) == {"_id": i}
+        assert imp.own >= 1  # the own connections did try the impostor
+        assert imp.commands == []
+        assert sorted(d["_id"] for d in shard.kdb.t.find()) == list(range(10))
+    finally:
+        imp.close()
+        c.close()
+        shard.close()
+
+
+def test_a_garbage_answer_is_an_unknown_outcome(start_role, tmp_path):
+    """The member answers a command on an own connection with bytes that are not an OP_MSG
+    reply to it: the outcome is unknown, so a non-retryable insert is reported as an error
+    (never as acknowledged, never sent again), and an idempotent read is resent (retry.c)
+    and answered; the proxy goes on serving."""
+    proxy, c, imp, shard = _keyed_behind_impostor(start_role, tmp_path, "garbage")
+    try:
+        c.kdb.t.insert_one({"_id": 0})  # through libmongoc: the proxy learns the primary
+        n_err = 0
+        for i in range(1, 6):
+            try:
+                c.kdb.t.insert_one({"_id": i})
+            except pymongo.errors.PyMongoError:
+                n_err += 1
+        assert imp.commands.count("insert") == n_err >= 1
+        # what the impostor swallowed never reached the shard, nor was it resent
+        ids = sorted(d["_id"] for d in shard.kdb.t.find())
+        assert len(ids) == 6 - n_err, ids
+        assert c.kdb.t.find_one({"_id": 0}) == {"_id": 0}
+    finally:
+        imp.close()
+        c.close()
+        shard.close()
+
+
+def test_large_replies_on_the_own_connections(cluster):
+    """Replies beyond the first 16 KB read, up to a 16 MB batch, come whole."""
+    c = cluster.proxy_client(0)
+    coll = c.ydb.big
+    coll.insert_one({"_id": "learn"})
+    before = cluster.metric(0, WIRE)
+    blobs = {i: bytes([i]) * (6 * 1024 * 1024 + i) for i in range(4)}
+    for i, b in blobs.items():
+        coll.insert_one({"_id": i, "b": b})
+    for i in (0, 3):
+        assert coll.find_one({"_id": i})["b"] == blobs[i]
+    got = {d["_id"]: d["b"] for d in coll.find({"_id": {"$in": list(blobs)}})}
+    assert got == blobs
+    assert cluster.metric(0, WIRE) - before >= 6
+
+
+def _one_member_set(start_role, tmp_path, name):
+    wire, raft = free_port(), free_port()
+    (tmp_path / name).mkdir()
+    start_role(["--role=shard", f"--replica-set={name}", "--node-id=1",
+                f"--data-dir={tmp_path / name}", f"--listen=127.0.0.1:{wire}",
+                f"--raft-listen=127.0.0.1:{raft}", f"--bootstrap-members=1@127.0.0.1:{raft}",
+                "--raft-tls=disabled", "--raft-election-timeout-ms=300"])
+    c = pymongo.MongoClient(f"mongodb://127.0.0.1:{wire}/", directConnection=True,
+                            serverSelectionTimeoutMS=5000)
+    wait_until(lambda: c.admin.command("hello").get("isWritablePrimary"), 30,
+               what=f"{name} primary")
+    return wire, c
+
+
+def test_a_member_of_another_set_on_the_address_gets_no_command(start_role, tmp_path):
+    """The shard (a one-member set rs-a, registered with directConnection) is reached
+    through a relay that hands the proxy's own connections to a member of ANOTHER set
+    (rs-b), as when another shard's member took over the address. libmongoc drops a
+    member whose hello names another set; the own connections must refuse it too (the
+    hello's setName checked when a connection opens), or the writes land on rs-b."""
+    a_port, a = _one_member_set(start_role, tmp_path, "rs-a")
+    b_port, b = _one_member_set(start_role, tmp_path, "rs-b")
+    imp = Impostor(a_port, "other", other_port=b_port)
+    cl = None
+    try:
+        mport, rport, pport = free_port(), free_port(), free_port()
+        (tmp_path / "meta").mkdir()
+        start_role(["--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
+                    f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{rport}",
+                    f"--bootstrap-members=1@127.0.0.1:{rport}",
+                    "--raft-election-timeout-ms=300"])
+        meta = pymongo.MongoClient(f"mongodb://127.0.0.1:{mport}/", directConnection=True)
+        wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
+        meta.admin.command({"addShard": "shard-a",
+                            "uri": f"mongodb://127.0.0.1:{imp.port}/?directConnection=true"})
+        meta.close()
+        start_role(["--role=proxy", f"--listen=127.0.0.1:{pport}",
+                    f"--metadata=127.0.0.1:{mport}"])
+        cl = pymongo.MongoClient(f"mongodb://127.0.0.1:{pport}/", directConnection=True,
+                                 retryWrites=False, socketTimeoutMS=20000)
+        for i in range(10):
+            cl.odb.t.insert_one({"_id": i})
+            assert cl.odb.t.find_one({"_id": i}) == {"_id": i}
+        assert imp.own >= 1  # the own connections did reach rs-b
+        assert sorted(d["_id"] for d in a.odb.t.find()) == list(range(10))
+        assert list(b.odb.t.find()) == []
+    finally:
+        imp.close()
+        for x in (cl, a, b):
+            if x is not None:
+                x.close()
