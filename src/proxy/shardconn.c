@@ -278,7 +278,8 @@ typedef struct shard {
 	 * then the next primary command goes through libmongoc, which selects again. */
 	bool wire_ok;
 	int wire_cto, wire_sto;
-	uv_mutex_t wire_mu; /* wires, n_wires */
+	uv_mutex_t wire_mu; /* wires, n_wires, wire_retired */
+	bool wire_retired;  /* shard_retire: nothing more is learned */
 	shardwire *wires[SHARD_WIRE_MEMBERS];
 	size_t n_wires;
 	_Atomic(shardwire *) primary;
@@ -516,6 +517,21 @@ static shard *shard_new(const char *id, const char *uri, mongoc_client_pool_t *p
 	return s;
 }
 
+/* Move old (unlinked by the caller, under sc->lock held for writing) to the retired
+ * list: its pool and own connections stay allocated (commands may still run on them),
+ * its idle own connections are closed now rather than at exit. */
+static void shard_retire(shardconn *sc, shard *old)
+{
+	atomic_store(&old->primary, NULL);
+	uv_mutex_lock(&old->wire_mu);
+	old->wire_retired = true;
+	for (size_t i = 0; i < old->n_wires; i++)
+		shardwire_retire(old->wires[i]);
+	uv_mutex_unlock(&old->wire_mu);
+	old->next = sc->retired;
+	sc->retired = old;
+}
+
 int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *err, size_t errlen)
 {
 	shard *s, **pp;
@@ -542,8 +558,7 @@ int shardconn_set_shard(shardconn *sc, const char *id, const char *uri, char *er
 		if (strcmp((*pp)->id, id) == 0) {
 			shard *old = *pp;
 			*pp = old->next;
-			old->next = sc->retired;
-			sc->retired = old;
+			shard_retire(sc, old);
 			break;
 		}
 	}
@@ -587,8 +602,7 @@ void shardconn_retain_shards(shardconn *sc, char *const *ids, size_t n)
 			continue;
 		}
 		*pp = s->next; /* removed from the cluster: its pool retires (clients may be out) */
-		s->next = sc->retired;
-		sc->retired = s;
+		shard_retire(sc, s);
 	}
 	uv_rwlock_wrunlock(&sc->lock);
 }
@@ -672,8 +686,7 @@ static void rekey(shardconn *sc)
 				continue;
 			s->next = old->next;
 			*pp = s;
-			old->next = sc->retired;
-			sc->retired = old;
+			shard_retire(sc, old);
 		}
 		if (sc->meta) {
 			shard *s = renewed(sc->meta, true);
@@ -1127,7 +1140,9 @@ static void wire_learn(shard *sh, mongoc_client_t *cl, uint32_t server_id)
 			if (shardwire_server_id(sh->wires[i]) == server_id &&
 			    strcmp(shardwire_host(sh->wires[i]), host) == 0)
 				w = sh->wires[i];
-		if (!w && sh->n_wires < SHARD_WIRE_MEMBERS) {
+		if (sh->wire_retired)
+			w = NULL; /* replaced or removed: its entry learns nothing more */
+		else if (!w && sh->n_wires < SHARD_WIRE_MEMBERS) {
 			w = shardwire_new(host, server_id, sh->wire_cto, sh->wire_sto,
 					  set_name_of(sd));
 			sh->wires[sh->n_wires++] = w;

@@ -44,9 +44,10 @@ struct shardwire {
 	uint32_t server_id;
 	int connect_timeout_ms;
 	int socket_timeout_ms;
-	pthread_mutex_t mu; /* idle, n_idle */
+	pthread_mutex_t mu; /* idle, n_idle, retired */
 	wconn *idle;
 	size_t n_idle;
+	bool retired; /* shardwire_retire: keep no idle connection */
 };
 
 static pthread_once_t metrics_once = PTHREAD_ONCE_INIT;
@@ -110,6 +111,24 @@ void shardwire_free(shardwire *w)
 	free(w->port);
 	free(w->set_name);
 	free(w);
+}
+
+static void conn_close(wconn *c);
+
+void shardwire_retire(shardwire *w)
+{
+	wconn *c, *n;
+
+	pthread_mutex_lock(&w->mu);
+	w->retired = true;
+	c = w->idle;
+	w->idle = NULL;
+	w->n_idle = 0;
+	pthread_mutex_unlock(&w->mu);
+	for (; c; c = n) {
+		n = c->next;
+		conn_close(c);
+	}
 }
 
 uint32_t shardwire_server_id(const shardwire *w)
@@ -352,7 +371,11 @@ static wconn *conn_open(shardwire *w, char *err, size_t errlen)
 			 strerror(e ? e : ECONNREFUSED));
 		return NULL;
 	}
-	set_timeouts(fd, w->socket_timeout_ms);
+	/* the handshake and the authentication are bounded by connectTimeoutMS, as a
+	 * driver's (CMAP spec: establishing a connection), so a member that accepts
+	 * connections and answers nothing (a stopped process) costs that, not the socket
+	 * timeout; commands get socketTimeoutMS after */
+	set_timeouts(fd, w->connect_timeout_ms);
 	c = sdb_calloc(1, sizeof *c);
 	c->fd = fd;
 	/* the handshake (MongoDB handshake spec): hello with the client metadata */
@@ -397,6 +420,7 @@ static wconn *conn_open(shardwire *w, char *err, size_t errlen)
 		conn_close(c);
 		return NULL;
 	}
+	set_timeouts(fd, w->socket_timeout_ms);
 	sdb_counter_inc(m_opened);
 	return c;
 }
@@ -430,7 +454,7 @@ static wconn *conn_take_idle(shardwire *w)
 static void conn_give_back(shardwire *w, wconn *c)
 {
 	pthread_mutex_lock(&w->mu);
-	if (w->n_idle < WCONN_IDLE_MAX) {
+	if (!w->retired && w->n_idle < WCONN_IDLE_MAX) {
 		c->next = w->idle;
 		w->idle = c;
 		w->n_idle++;

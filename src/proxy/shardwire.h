@@ -49,6 +49,11 @@ shardwire *shardwire_new(const char *host_and_port, uint32_t server_id, int conn
 /* Close the idle connections and free w. No command may be running on w. NULL is a no-op. */
 void shardwire_free(shardwire *w);
 
+/* Close w's idle connections and keep none from now on (a connection in use is closed
+ * when its command ends): for a shard entry replaced (new cluster key, new URI) or
+ * removed, whose w stays allocated while commands may still run on it. Thread-safe. */
+void shardwire_retire(shardwire *w);
+
 uint32_t shardwire_server_id(const shardwire *w);
 const char *shardwire_host(const shardwire *w);
 
