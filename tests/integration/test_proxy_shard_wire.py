@@ -111,9 +111,10 @@ def _metric(proc, name):
                if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
-def test_cluster_key_authenticates_the_own_connections(start_role, tmp_path):
-    """With a cluster key the own connections authenticate as __system (SCRAM-SHA-256,
-    the server's signature checked) before any command, as libmongoc's do."""
+def _keyed_meta_and_shard(start_role, tmp_path):
+    """A metadata member and a shard sharing a cluster key. Returns (--cluster-key-file
+    flag, shard port, a free port for the proxy, metadata port, keyed client options, a
+    keyed client of metadata once it is ready)."""
     key = tmp_path / "cluster.key"
     key.write_text("c3RyaXBlZGJzaGFyZHdpcmV0ZXN0a2V5\n")
     os.chmod(key, 0o600)
@@ -127,10 +128,17 @@ def test_cluster_key_authenticates_the_own_connections(start_role, tmp_path):
                 kf])
     start_role(["--role=shard", f"--listen=127.0.0.1:{sport}",
                 f"--data-dir={tmp_path / 'shard'}", kf])
-    meta = pymongo.MongoClient(f"mongodb://127.0.0.1:{mport}/", directConnection=True,
-                               username="__system", password=key.read_text().strip(),
-                               authSource="admin", authMechanism="SCRAM-SHA-256")
+    creds = dict(username="__system", password=key.read_text().strip(), authSource="admin",
+                 authMechanism="SCRAM-SHA-256", directConnection=True)
+    meta = pymongo.MongoClient(f"mongodb://127.0.0.1:{mport}/", **creds)
     wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
+    return kf, sport, pport, mport, creds, meta
+
+
+def test_cluster_key_authenticates_the_own_connections(start_role, tmp_path):
+    """With a cluster key the own connections authenticate as __system (SCRAM-SHA-256,
+    the server's signature checked) before any command, as libmongoc's do."""
+    kf, sport, pport, mport, _, meta = _keyed_meta_and_shard(start_role, tmp_path)
     meta.admin.command({"addShard": "shard-a", "uri": f"mongodb://127.0.0.1:{sport}/"})
     proxy = start_role(["--role=proxy", f"--listen=127.0.0.1:{pport}",
                         f"--metadata=127.0.0.1:{mport}", kf, "--auth=disabled"])
@@ -231,23 +239,7 @@ def _keyed_behind_impostor(start_role, tmp_path, mode):
     """metadata, one shard and a proxy sharing a cluster key; the shard registered at an
     Impostor relay (shard_impostor.py) that hands the proxy's own connections to mode.
     Returns (proxy process, client of the proxy, impostor, keyed client of the shard)."""
-    key = tmp_path / "cluster.key"
-    key.write_text("c3RyaXBlZGJzaGFyZHdpcmV0ZXN0a2V5\n")
-    os.chmod(key, 0o600)
-    kf = f"--cluster-key-file={key}"
-    mport, rport, sport, pport = free_port(), free_port(), free_port(), free_port()
-    (tmp_path / "meta").mkdir()
-    (tmp_path / "shard").mkdir()
-    start_role(["--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
-                f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{rport}",
-                f"--bootstrap-members=1@127.0.0.1:{rport}", "--raft-election-timeout-ms=300",
-                kf])
-    start_role(["--role=shard", f"--listen=127.0.0.1:{sport}",
-                f"--data-dir={tmp_path / 'shard'}", kf])
-    creds = dict(username="__system", password=key.read_text().strip(), authSource="admin",
-                 authMechanism="SCRAM-SHA-256", directConnection=True)
-    meta = pymongo.MongoClient(f"mongodb://127.0.0.1:{mport}/", **creds)
-    wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
+    kf, sport, pport, mport, creds, meta = _keyed_meta_and_shard(start_role, tmp_path)
     imp = Impostor(sport, mode)
     meta.admin.command({"addShard": "shard-a", "uri": f"mongodb://127.0.0.1:{imp.port}/"})
     meta.close()
