@@ -183,17 +183,15 @@ static int send_cmd(wconn *c, const bson_t *cmd)
 {
 	uint8_t pre[WIRE_MSG_HEADER_LEN + 5];
 	uint32_t blen = wire_bson_len(cmd);
-	int32_t len = (int32_t)(sizeof pre + blen), op = WIRE_OP_MSG, zero = 0;
+	/* messageLength, requestID, responseTo 0, opCode, flagBits 0: little-endian */
+	uint32_t hdr[5] = {BSON_UINT32_TO_LE((uint32_t)(sizeof pre + blen)), 0, 0,
+			   BSON_UINT32_TO_LE((uint32_t)WIRE_OP_MSG), 0};
 	struct iovec iov[2];
 
 	c->request_id = c->request_id == INT32_MAX ? 1 : c->request_id + 1;
-	/* little-endian host (x86-64, arm64): the wire's byte order */
-	memcpy(pre, &len, 4);
-	memcpy(pre + 4, &c->request_id, 4);
-	memcpy(pre + 8, &zero, 4);
-	memcpy(pre + 12, &op, 4);
-	memcpy(pre + 16, &zero, 4);
-	pre[20] = 0;
+	hdr[1] = BSON_UINT32_TO_LE((uint32_t)c->request_id);
+	memcpy(pre, hdr, sizeof hdr);
+	pre[20] = 0; /* section kind 0: the body */
 	iov[0].iov_base = pre;
 	iov[0].iov_len = sizeof pre;
 	iov[1].iov_base = (void *)bson_get_data(cmd);
