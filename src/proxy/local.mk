@@ -28,6 +28,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/clustertime.c \
 	src/proxy/shardconn.c \
 	src/proxy/shardwire.c \
+	src/proxy/tpool.c \
 	src/proxy/shardver.c \
 	src/proxy/txn.c \
 	src/proxy/txnroute.c \
@@ -43,6 +44,7 @@ noinst_HEADERS += \
 	src/proxy/retry.h \
 	src/proxy/shardconn.h \
 	src/proxy/shardwire.h \
+	src/proxy/tpool.h \
 	src/proxy/sharding_int.h \
 	src/proxy/txn.h \
 	src/proxy/txnroute.h \
