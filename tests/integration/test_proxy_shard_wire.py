@@ -112,27 +112,17 @@ def _metric(proc, name):
 
 
 def _keyed_meta_and_shard(start_role, tmp_path):
-    """A metadata member and a shard sharing a cluster key. Returns (--cluster-key-file
-    flag, shard port, a free port for the proxy, metadata port, keyed client options, a
-    keyed client of metadata once it is ready)."""
+    """A metadata member and a shard sharing a cluster key (test_security_cluster's
+    setup). Returns (--cluster-key-file flag, shard port, a free port for the proxy,
+    metadata port, keyed client options, a keyed client of metadata once it is ready)."""
+    from test_security_cluster import KEY, start_keyed_meta_and_shard
     key = tmp_path / "cluster.key"
-    key.write_text("c3RyaXBlZGJzaGFyZHdpcmV0ZXN0a2V5\n")
+    key.write_text(KEY + "\n")
     os.chmod(key, 0o600)
-    kf = f"--cluster-key-file={key}"
-    mport, rport, sport, pport = free_port(), free_port(), free_port(), free_port()
-    (tmp_path / "meta").mkdir()
-    (tmp_path / "shard").mkdir()
-    start_role(["--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
-                f"--listen=127.0.0.1:{mport}", f"--raft-listen=127.0.0.1:{rport}",
-                f"--bootstrap-members=1@127.0.0.1:{rport}", "--raft-election-timeout-ms=300",
-                kf])
-    start_role(["--role=shard", f"--listen=127.0.0.1:{sport}",
-                f"--data-dir={tmp_path / 'shard'}", kf])
-    creds = dict(username="__system", password=key.read_text().strip(), authSource="admin",
+    mport, sport, meta = start_keyed_meta_and_shard(start_role, tmp_path, str(key))
+    creds = dict(username="__system", password=KEY, authSource="admin",
                  authMechanism="SCRAM-SHA-256", directConnection=True)
-    meta = pymongo.MongoClient(f"mongodb://127.0.0.1:{mport}/", **creds)
-    wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
-    return kf, sport, pport, mport, creds, meta
+    return f"--cluster-key-file={key}", sport, free_port(), mport, creds, meta
 
 
 def test_cluster_key_authenticates_the_own_connections(start_role, tmp_path):

@@ -36,11 +36,12 @@ def keyfile(tmp_path):
     return str(p)
 
 
-@pytest.fixture
-def keyed(start_role, tmp_path, keyfile):
-    """metadata (1 member) + shard + proxy, all with the cluster key."""
+def start_keyed_meta_and_shard(start_role, tmp_path, keyfile):
+    """One metadata member and one shard (not registered) with the cluster key in
+    keyfile (KEY). Returns (metadata port, shard port, a keyed client of metadata once it
+    has a leader)."""
     key = f"--cluster-key-file={keyfile}"
-    mport, rport, sport, pport = free_port(), free_port(), free_port(), free_port()
+    mport, rport, sport = free_port(), free_port(), free_port()
     (tmp_path / "meta").mkdir()
     (tmp_path / "shard").mkdir()
     start_role(["--role=metadata", "--node-id=1", f"--data-dir={tmp_path / 'meta'}",
@@ -51,6 +52,15 @@ def keyed(start_role, tmp_path, keyfile):
                 f"--data-dir={tmp_path / 'shard'}", key])
     meta = member(mport)
     wait_until(lambda: meta.admin.command("metadataStatus")["ready"], 20, what="leader")
+    return mport, sport, meta
+
+
+@pytest.fixture
+def keyed(start_role, tmp_path, keyfile):
+    """metadata (1 member) + shard + proxy, all with the cluster key."""
+    key = f"--cluster-key-file={keyfile}"
+    mport, sport, meta = start_keyed_meta_and_shard(start_role, tmp_path, keyfile)
+    pport = free_port()
     meta.admin.command({"addShard": "shard-a", "uri": f"mongodb://127.0.0.1:{sport}/"})
     # --auth=disabled: these tests are about trust between roles, not client users (a
     # keyed proxy authenticates clients by default: test_keyed_proxy_requires_auth...)
