@@ -857,18 +857,11 @@ int auth_cluster_command_async(uv_loop_t *loop, const char *host, const bson_t *
 /* The payload of a SASL reply as a NUL-terminated string in out (outlen bytes). */
 static bool sasl_payload(const bson_t *reply, char *out, size_t outlen)
 {
-	bson_iter_t it;
 	const uint8_t *data = NULL;
 	uint32_t len = 0;
-	bson_subtype_t st;
 
-	if (!bson_iter_init_find(&it, reply, "payload"))
-		return false;
-	if (BSON_ITER_HOLDS_BINARY(&it))
-		bson_iter_binary(&it, &st, &len, &data);
-	else if (BSON_ITER_HOLDS_UTF8(&it))
-		data = (const uint8_t *)bson_iter_utf8(&it, &len);
-	if (data == NULL || len >= outlen || memchr(data, '\0', len) != NULL)
+	if (!auth_sasl_payload(reply, &data, &len) || len >= outlen ||
+	    memchr(data, '\0', len) != NULL)
 		return false;
 	memcpy(out, data, len);
 	out[len] = '\0';

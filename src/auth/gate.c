@@ -495,8 +495,8 @@ static auth_conn *conn_state_get(wire_req *req)
 	return c;
 }
 
-/* The payload field: binary (drivers) or a string (mongosh tests). */
-static bool get_payload(const bson_t *cmd, const uint8_t **data, uint32_t *len)
+/* auth_sasl_payload (gate.h): binary (drivers) or a string (mongosh tests). */
+bool auth_sasl_payload(const bson_t *cmd, const uint8_t **data, uint32_t *len)
 {
 	bson_iter_t it;
 	bson_subtype_t st;
@@ -736,7 +736,7 @@ static void sasl_start(auth_gate *g, wire_req *req, auth_conn *c)
 		return;
 	}
 	auth_scram_init(&c->scram, mech);
-	if (!get_payload(cmd, &payload, &plen) ||
+	if (!auth_sasl_payload(cmd, &payload, &plen) ||
 	    auth_scram_client_first(&c->scram, payload, plen, err, sizeof err) != 0) {
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, NULL, "malformed client-first");
 		return;
@@ -782,7 +782,7 @@ static void sasl_continue(auth_gate *g, wire_req *req, auth_conn *c)
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, user, "saslContinue without saslStart");
 		return;
 	}
-	if (!get_payload(wire_req_cmd(req), &payload, &plen)) {
+	if (!auth_sasl_payload(wire_req_cmd(req), &payload, &plen)) {
 		auth_fail(g, req, c, AUTH_AUDIT_AUTH_FAILED, user, "saslContinue without payload");
 		return;
 	}
@@ -1212,7 +1212,7 @@ static void speculative(auth_gate *g, wire_req *req, auth_conn *c)
 	if (!bson_init_static(&spec, data, len) || !bson_iter_init_find(&it, &spec, "mechanism") ||
 	    !BSON_ITER_HOLDS_UTF8(&it) ||
 	    !(mech = auth_scram_mech_parse(bson_iter_utf8(&it, NULL))) ||
-	    !get_payload(&spec, &payload, &plen))
+	    !auth_sasl_payload(&spec, &payload, &plen))
 		return;
 	auth_scram_init(&s, mech);
 	if (auth_scram_client_first(&s, payload, plen, err, sizeof err) != 0)

@@ -116,6 +116,12 @@ void auth_gate_load(auth_gate *g, const bson_t *tenants, const bson_t *dbs);
 /* The wire gate (wire_gate_fn with role data g). Loop thread. */
 bool auth_gate_check(auth_gate *g, wire_req *req);
 
+/* The SASL payload of a saslStart / saslContinue command or of its reply (its "payload"
+ * field, BinData or, as some drivers send it, a string): *data (borrowed from doc) and
+ * *len bytes, not NUL-terminated. False when doc has none of either type. Used by the
+ * gate (server side) and by auth_cluster_authenticate (client side). */
+bool auth_sasl_payload(const bson_t *doc, const uint8_t **data, uint32_t *len);
+
 /* The user conn authenticated as (a tenant user, or __system), or NULL when it has not
  * (or no gate runs on its listener). The string lives in the connection's state: call on
  * the loop thread and copy it before handing it to another thread. Used to bind cursors

@@ -181,17 +181,12 @@ static int write_all(int fd, struct iovec *iov, int n)
  * 0, or -1 with errno (nothing of a complete message reached the peer). */
 static int send_cmd(wconn *c, const bson_t *cmd)
 {
-	uint8_t pre[WIRE_MSG_HEADER_LEN + 5];
+	uint8_t pre[WIRE_MSG_PREFIX_LEN];
 	uint32_t blen = wire_bson_len(cmd);
-	/* messageLength, requestID, responseTo 0, opCode, flagBits 0: little-endian */
-	uint32_t hdr[5] = {BSON_UINT32_TO_LE((uint32_t)(sizeof pre + blen)), 0, 0,
-			   BSON_UINT32_TO_LE((uint32_t)WIRE_OP_MSG), 0};
 	struct iovec iov[2];
 
 	c->request_id = c->request_id == INT32_MAX ? 1 : c->request_id + 1;
-	hdr[1] = BSON_UINT32_TO_LE((uint32_t)c->request_id);
-	memcpy(pre, hdr, sizeof hdr);
-	pre[20] = 0; /* section kind 0: the body */
+	wire_msg_encode_msg_prefix(pre, c->request_id, 0, 0, blen);
 	iov[0].iov_base = pre;
 	iov[0].iov_len = sizeof pre;
 	iov[1].iov_base = (void *)bson_get_data(cmd);

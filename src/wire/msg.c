@@ -624,16 +624,23 @@ static void put_header(uint8_t *p, size_t len, int32_t request_id, int32_t respo
 	wr_i32(p + 12, op_code);
 }
 
+void wire_msg_encode_msg_prefix(uint8_t out[WIRE_MSG_PREFIX_LEN], int32_t request_id,
+				int32_t response_to, uint32_t flags, uint32_t body_len)
+{
+	put_header(out, WIRE_MSG_PREFIX_LEN + (size_t)body_len, request_id, response_to,
+		   WIRE_OP_MSG);
+	wr_u32(out + 16, flags & ~WIRE_MSG_FLAG_CHECKSUM_PRESENT);
+	out[20] = 0;
+}
+
 uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t flags,
 			     const bson_t *body, size_t *len)
 {
-	size_t n = WIRE_MSG_HEADER_LEN + 4 + 1 + wire_bson_len(body);
+	size_t n = WIRE_MSG_PREFIX_LEN + wire_bson_len(body);
 	uint8_t *p = sdb_malloc(n);
 
-	put_header(p, n, request_id, response_to, WIRE_OP_MSG);
-	wr_u32(p + 16, flags & ~WIRE_MSG_FLAG_CHECKSUM_PRESENT);
-	p[20] = 0;
-	memcpy(p + 21, bson_get_data(body), wire_bson_len(body));
+	wire_msg_encode_msg_prefix(p, request_id, response_to, flags, wire_bson_len(body));
+	memcpy(p + WIRE_MSG_PREFIX_LEN, bson_get_data(body), wire_bson_len(body));
 	*len = n;
 	return p;
 }

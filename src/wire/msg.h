@@ -231,6 +231,15 @@ uint8_t *wire_msg_encode_cursor_reply(int32_t request_id, int32_t response_to,
 uint8_t *wire_msg_encode_msg(int32_t request_id, int32_t response_to, uint32_t flags,
 			     const bson_t *body, size_t *len);
 
+/* The bytes of an OP_MSG before its one kind-0 section's document: the header
+ * (messageLength = WIRE_MSG_PREFIX_LEN + body_len, requestID, responseTo, opCode OP_MSG),
+ * flagBits (flags without the checksum bit) and the section kind 0, little-endian, into
+ * out. For a sender that writes the document's own bytes after it (writev, no copy:
+ * the proxy's shard connections); wire_msg_encode_msg uses it too. */
+#define WIRE_MSG_PREFIX_LEN (WIRE_MSG_HEADER_LEN + 5)
+void wire_msg_encode_msg_prefix(uint8_t out[WIRE_MSG_PREFIX_LEN], int32_t request_id,
+				int32_t response_to, uint32_t flags, uint32_t body_len);
+
 /* Encode an OP_REPLY with one document (the reply to a legacy OP_QUERY command).
  * response_flags: WIRE_REPLY_FLAG_*. A failure (doc's `ok` false, or QueryFailure in
  * response_flags) is sent as mongod's legacy error document: `$err` (doc's errmsg) first,
