@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/clustertime.h"
 #include "common/err.h"
+#include "common/fieldscan.h"
 #include "common/log.h"
 #include "common/thread.h"
 #include "common/metrics.h"
@@ -968,14 +969,30 @@ static void on_server_changed(const mongoc_apm_server_changed_t *ev)
 		wire_forget(sh, w);
 }
 
+/* The fields of a shard command that command_io and sent_cmd ask about, found in one
+ * walk of it (cmd_fields): bits of sdb_bson_find_fields's mask. */
+#define CMD_HAS_READ_PREF SDB_FIELD_BIT(0)    /* $readPreference */
+#define CMD_HAS_CLUSTER_TIME SDB_FIELD_BIT(1) /* $clusterTime */
+#define CMD_HAS_DB SDB_FIELD_BIT(2)           /* $db */
+
+static uint64_t cmd_fields(const bson_t *cmd)
+{
+	static const char *const names[] = {"$readPreference", "$clusterTime", "$db"};
+	uint64_t found = 0;
+
+	sdb_bson_find_fields(cmd, names, sizeof names / sizeof names[0], &found, NULL);
+	return found;
+}
+
 /* The command as sent: cmd without its $clusterTime, the proxy's signed one instead
- * (issue #20), and $db when with_db (the own connections; libmongoc adds its own). */
-static void sent_cmd(const char *db, const bson_t *cmd, bool with_db, uint64_t ct,
-		     bson_t *sent)
+ * (issue #20), and $db when with_db (the own connections; libmongoc adds its own).
+ * fields: cmd_fields(cmd). */
+static void sent_cmd(const char *db, const bson_t *cmd, uint64_t fields, bool with_db,
+		     uint64_t ct, bson_t *sent)
 {
 	/* the commands the proxy builds carry no $clusterTime (px_copy_cmd drops it):
 	 * one copy of the bytes then, not a field by field rebuild (issue #19) */
-	if (bson_has_field(cmd, "$clusterTime")) {
+	if (fields & CMD_HAS_CLUSTER_TIME) {
 		bson_init(sent);
 		bson_copy_to_excluding_noinit(cmd, sent, "$clusterTime", NULL);
 	} else {
@@ -986,7 +1003,7 @@ static void sent_cmd(const char *db, const bson_t *cmd, bool with_db, uint64_t c
 		shardconn_cluster_time_doc(ct, &ctdoc);
 		bson_concat(sent, &ctdoc);
 	}
-	if (with_db && !bson_has_field(cmd, "$db"))
+	if (with_db && !(fields & CMD_HAS_DB))
 		BSON_APPEND_UTF8(sent, "$db", db);
 }
 
@@ -995,8 +1012,8 @@ static void sent_cmd(const char *db, const bson_t *cmd, bool with_db, uint64_t c
  * it through libmongoc), else shardconn_command's result (an interrupted command's
  * 11602/11600/189 answer is a CMD_ERR, as through libmongoc, the member forgotten). */
 static int command_wire(shardconn *sc, shard *sh, shardwire *w, const char *db,
-			const bson_t *cmd, uint32_t *server_id, bson_t *reply, char *err,
-			size_t errlen, int *fate)
+			const bson_t *cmd, uint64_t fields, uint32_t *server_id, bson_t *reply,
+			char *err, size_t errlen, int *fate)
 {
 	bson_t sent;
 	bson_iter_t it;
@@ -1004,7 +1021,7 @@ static int command_wire(shardconn *sc, shard *sh, shardwire *w, const char *db,
 	char why[512];
 	int rc;
 
-	sent_cmd(db, cmd, true, ct, &sent);
+	sent_cmd(db, cmd, fields, true, ct, &sent);
 	rc = shardwire_command(w, &sent, reply, why, sizeof why);
 	bson_destroy(&sent);
 	if (rc != SHARDWIRE_OK) {
@@ -1043,6 +1060,7 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 	bson_iter_t it;
 	bool ok, cached = false, primary = false;
 	uint32_t entry_id = *server_id;
+	uint64_t fields;
 	int rc;
 
 	*fate = SHARDCONN_ANSWERED;
@@ -1053,10 +1071,12 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 		return SHARDCONN_NET_ERR;
 	}
 	cl = mongoc_client_pool_pop(pool); /* also the in-flight bound of the own connections */
+	fields = cmd_fields(cmd);
 	if (sh->wire_ok && (w = atomic_load(&sh->primary)) != NULL &&
 	    (*server_id != 0 ? *server_id == shardwire_server_id(w)
-			     : !bson_has_field(cmd, "$readPreference"))) {
-		rc = command_wire(sc, sh, w, db, cmd, server_id, reply, err, errlen, fate);
+			     : !(fields & CMD_HAS_READ_PREF))) {
+		rc = command_wire(sc, sh, w, db, cmd, fields, server_id, reply, err, errlen,
+				  fate);
 		if (rc >= 0) {
 			mongoc_client_pool_push(pool, cl);
 			return rc;
@@ -1103,7 +1123,7 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 		bson_t sent;
 		uint64_t ct = atomic_load(&sc->cluster_time);
 
-		sent_cmd(db, cmd, false, ct, &sent);
+		sent_cmd(db, cmd, fields, false, ct, &sent);
 		ok = mongoc_client_command_simple_with_server_id(cl, db, &sent, NULL, *server_id,
 								 reply, &e);
 		bson_destroy(&sent);
