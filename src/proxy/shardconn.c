@@ -248,8 +248,10 @@ static mongoc_client_pool_t *pool_for(const char *full, pool_info *info, char *e
 	if (info) {
 		info->single = uri_single(u);
 		info->wire_ok = wire_ok && !mongoc_uri_get_tls(u);
-		info->cto = mongoc_uri_get_option_as_int32(u, MONGOC_URI_CONNECTTIMEOUTMS, 10000);
-		info->sto = mongoc_uri_get_option_as_int32(u, MONGOC_URI_SOCKETTIMEOUTMS, 300000);
+		info->cto = mongoc_uri_get_option_as_int32(u, MONGOC_URI_CONNECTTIMEOUTMS,
+						   (int32_t)MONGOC_DEFAULT_CONNECTTIMEOUTMS);
+		info->sto = mongoc_uri_get_option_as_int32(u, MONGOC_URI_SOCKETTIMEOUTMS,
+						   (int32_t)MONGOC_DEFAULT_SOCKETTIMEOUTMS);
 	}
 	p = mongoc_client_pool_new(u);
 	mongoc_uri_destroy(u);

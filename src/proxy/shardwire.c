@@ -16,6 +16,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <mongoc/mongoc.h>
+
 #include "auth/cluster.h"
 #include "common/alloc.h"
 #include "common/err.h"
@@ -88,8 +90,12 @@ shardwire *shardwire_new(const char *host_and_port, uint32_t server_id, int conn
 	}
 	w->set_name = set_name ? sdb_strdup(set_name) : NULL;
 	w->server_id = server_id;
-	w->connect_timeout_ms = connect_timeout_ms > 0 ? connect_timeout_ms : 1000;
-	w->socket_timeout_ms = socket_timeout_ms > 0 ? socket_timeout_ms : 300000;
+	/* the URI's values as libmongoc reads them: socketTimeoutMS=0 is no timeout (a
+	 * zero SO_RCVTIMEO / SO_SNDTIMEO blocks forever); connectTimeoutMS=0 is its default */
+	w->connect_timeout_ms = connect_timeout_ms > 0 ? connect_timeout_ms
+							: (int)MONGOC_DEFAULT_CONNECTTIMEOUTMS;
+	w->socket_timeout_ms = socket_timeout_ms >= 0 ? socket_timeout_ms
+						       : (int)MONGOC_DEFAULT_SOCKETTIMEOUTMS;
 	pthread_mutex_init(&w->mu, NULL);
 	return w;
 }

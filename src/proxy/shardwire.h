@@ -38,8 +38,9 @@ enum {
 };
 
 /* Idle connections to host_and_port ("H:P" or "[v6]:P", as libmongoc's
- * host_and_port) with libmongoc's server_id of that member. Timeouts in milliseconds
- * (> 0). set_name (copied; NULL: none, a standalone): the replica set the member belongs
+ * host_and_port) with libmongoc's server_id of that member. Timeouts in milliseconds,
+ * the URI's connectTimeoutMS (0: libmongoc's default, 10 s) and socketTimeoutMS (0: none,
+ * as in libmongoc). set_name (copied; NULL: none, a standalone): the replica set the member belongs
  * to, as its hello said to libmongoc; a connection whose hello names another set (or
  * none) is refused before any command, as libmongoc drops such a member (another
  * process now on the address, e.g. a member of another shard). Never fails (allocation
