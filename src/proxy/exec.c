@@ -186,6 +186,7 @@ static void answer_check(const char *name, int status, px_answer *a)
 /* Send the recorded answer: the one place a routed request is completed. */
 static void answer_send(wire_req *req, px_answer *a)
 {
+	px_answer_mask_state_change(a); /* a shard's state-change error is not the proxy's */
 	switch (a->state) {
 	case 1:
 		wire_req_reply(req, a->reply);

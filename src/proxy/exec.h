@@ -245,6 +245,22 @@ int px_reply_retryable_net_error(ctx *c, bool nothing_written, const char *neter
  * else as px_reply_shard_error. (retry.c, with the two above.) Returns: the status of the
  * answer (px_reply_copy's for a copied reply, else the code answered). */
 int px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *neterr);
+/* Mask a shard's state-change error in an answer before it is sent (exec.c answer_send):
+ * a code for which wire_state_change_code holds (NotWritablePrimary 10107,
+ * InterruptedDueToReplStateChange 11602, ShutdownInProgress 91 ...), as the answer's
+ * top-level code or its writeConcernError's, becomes HostUnreachable (6) with errmsg
+ * "<codeName> (<code>) from a shard: <errmsg>", and an error reply's top-level
+ * topologyVersion (the shard's) is dropped. Why: a driver reads a state-change code as news
+ * about the server that answered (SDAM "Error handling": mark it Unknown, clear its pool,
+ * wait for its monitor), and that server is this proxy, whose state did not change; its
+ * monitor's awaitable hello then answers only at maxAwaitTimeMS (10 s), so one shard's
+ * election stalled the proxy's clients. HostUnreachable keeps what they may do: the
+ * retryable reads spec retries it once, and errorLabels (RetryableWriteError on a
+ * retryable write, whose resend the shard recognises; TransientTransactionError,
+ * UnknownTransactionCommitResult) are kept as they are. The proxy has no state-change error
+ * of its own to give through an answer (its shutdown is answered by the wire layer).
+ * a: any state; changed in place. Errors: none. */
+void px_answer_mask_state_change(px_answer *a);
 
 /* ---- StaleConfig retries, routing, the cluster (retry.c; the loop is retry.h's) ---- */
 

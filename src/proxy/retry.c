@@ -201,25 +201,19 @@ static int64_t reply_code(const bson_t *reply)
 	return 0;
 }
 
-/* Is code a replica-set member's answer to losing (or not having) the primary role? */
-static bool primary_change(int64_t code)
-{
-	return code == WIRE_ERR_NOT_WRITABLE_PRIMARY || code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK ||
-	       code == WIRE_ERR_INTERRUPTED_REPL_CHANGE || code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN;
-}
-
 /* What an attempt's result says about cmd: *unexecuted when the shard certainly did not
- * run it, *ambiguous when it may have (px_shard_call's contract). */
+ * run it (a network error before sending; a refusal, wire_not_executed_code), *ambiguous
+ * when it may have (a network error after sending; the other state-change codes,
+ * wire_state_change_code: interrupted by a step-down or a shutdown) (px_shard_call's
+ * contract). */
 static void classify(int cls, int fate, const bson_t *reply, bool *unexecuted, bool *ambiguous)
 {
 	int64_t code = cls == SHARDCONN_CMD_ERR ? reply_code(reply) : 0;
 
 	*unexecuted = (cls == SHARDCONN_NET_ERR && fate == SHARDCONN_UNSENT) ||
-		      code == WIRE_ERR_SHUTDOWN_IN_PROGRESS || code == WIRE_ERR_NOT_WRITABLE_PRIMARY ||
-		      code == WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK;
+		      wire_not_executed_code(code);
 	*ambiguous = (cls == SHARDCONN_NET_ERR && fate == SHARDCONN_UNKNOWN_OUTCOME) ||
-		     code == WIRE_ERR_INTERRUPTED_REPL_CHANGE ||
-		     code == WIRE_ERR_INTERRUPTED_AT_SHUTDOWN;
+		     (wire_state_change_code(code) && !wire_not_executed_code(code));
 }
 
 int px_shard_call(proxy *p, uint64_t deadline_ms, const char *shard, const char *db,
@@ -247,7 +241,8 @@ int px_shard_call(proxy *p, uint64_t deadline_ms, const char *shard, const char 
 			unexecuted = false; /* $out/$merge: only what was never sent is resent */
 		if (was_down && rc != SHARDCONN_NET_ERR && !unexecuted && cl->set_shard_down)
 			cl->set_shard_down(impl, shard, false); /* it answered */
-		if (first_server != 0 && rc == SHARDCONN_CMD_ERR && primary_change(reply_code(reply)))
+		if (first_server != 0 && rc == SHARDCONN_CMD_ERR &&
+		    wire_state_change_code(reply_code(reply)))
 			return rc; /* pinned (a cursor's member): another attempt there cannot help */
 		if (!unexecuted && !(ambiguous && resendable))
 			return rc;
@@ -583,6 +578,131 @@ int px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *nete
 	if (cls == SHARDCONN_NET_ERR)
 		return px_reply_shard_error(c, cls, reply, neterr);
 	return px_reply_copy(c, reply);
+}
+
+/* The errmsg of a masked state-change error (px_answer_mask_state_change): bson_malloc'd. */
+static char *masked_msg(int64_t code, const char *msg)
+{
+	return bson_strdup_printf("%s (%d) from a shard: %s", wire_code_name((int)code), (int)code,
+				  msg ? msg : "");
+}
+
+/* A writeConcernError document with its state-change code masked, appended as key. */
+static void append_masked_wce(bson_t *out, const char *key, const bson_iter_t *wce)
+{
+	bson_iter_t it;
+	bson_t sub;
+	const char *msg = NULL;
+	int64_t code = 0;
+
+	if (bson_iter_recurse(wce, &it) && bson_iter_find(&it, "code") &&
+	    BSON_ITER_HOLDS_NUMBER(&it))
+		code = bson_iter_as_int64(&it);
+	if (bson_iter_recurse(wce, &it) && bson_iter_find(&it, "errmsg") &&
+	    BSON_ITER_HOLDS_UTF8(&it))
+		msg = bson_iter_utf8(&it, NULL);
+	bson_append_document_begin(out, key, -1, &sub);
+	BSON_APPEND_INT32(&sub, "code", WIRE_ERR_HOST_UNREACHABLE);
+	BSON_APPEND_UTF8(&sub, "codeName", wire_code_name(WIRE_ERR_HOST_UNREACHABLE));
+	char *m = masked_msg(code, msg);
+	BSON_APPEND_UTF8(&sub, "errmsg", m);
+	bson_free(m);
+	if (bson_iter_recurse(wce, &it))
+		while (bson_iter_next(&it)) {
+			const char *k = bson_iter_key(&it);
+			if (strcmp(k, "code") != 0 && strcmp(k, "codeName") != 0 &&
+			    strcmp(k, "errmsg") != 0)
+				bson_append_iter(&sub, k, -1, &it);
+		}
+	bson_append_document_end(out, &sub);
+}
+
+/* The code of the writeConcernError document at it (0 when it has none). */
+static int64_t wce_code(const bson_iter_t *wce)
+{
+	bson_iter_t it;
+
+	if (BSON_ITER_HOLDS_DOCUMENT(wce) && bson_iter_recurse(wce, &it) &&
+	    bson_iter_find(&it, "code") && BSON_ITER_HOLDS_NUMBER(&it))
+		return bson_iter_as_int64(&it);
+	return 0;
+}
+
+/* reply with its state-change codes masked (px_answer_mask_state_change), or NULL when it
+ * has none to mask. */
+static bson_t *masked_reply(const bson_t *reply)
+{
+	bson_iter_t it;
+	bool failed = false, top = false, wce = false, tv = false;
+	const char *msg = NULL;
+	int64_t code = 0;
+
+	if (!bson_iter_init(&it, reply))
+		return NULL;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (strcmp(k, "ok") == 0)
+			failed = !bson_iter_as_bool(&it);
+		else if (strcmp(k, "code") == 0 && BSON_ITER_HOLDS_NUMBER(&it))
+			code = bson_iter_as_int64(&it);
+		else if (strcmp(k, "errmsg") == 0 && BSON_ITER_HOLDS_UTF8(&it))
+			msg = bson_iter_utf8(&it, NULL);
+		else if (strcmp(k, "topologyVersion") == 0)
+			tv = true;
+		else if (strcmp(k, "writeConcernError") == 0)
+			wce = wire_state_change_code(wce_code(&it));
+	}
+	top = failed && wire_state_change_code(code);
+	if (!top && !wce && !(failed && tv))
+		return NULL;
+
+	bson_t *out = bson_new();
+	bson_iter_init(&it, reply);
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+		if (failed && strcmp(k, "topologyVersion") == 0)
+			continue;
+		if (top && strcmp(k, "code") == 0) {
+			BSON_APPEND_INT32(out, "code", WIRE_ERR_HOST_UNREACHABLE);
+		} else if (top && strcmp(k, "codeName") == 0) {
+			continue; /* appended with the errmsg */
+		} else if (top && strcmp(k, "errmsg") == 0) {
+			continue;
+		} else if (wce && strcmp(k, "writeConcernError") == 0) {
+			append_masked_wce(out, k, &it);
+		} else {
+			bson_append_iter(out, k, -1, &it);
+		}
+	}
+	if (top) {
+		char *m = masked_msg(code, msg);
+		BSON_APPEND_UTF8(out, "codeName", wire_code_name(WIRE_ERR_HOST_UNREACHABLE));
+		BSON_APPEND_UTF8(out, "errmsg", m);
+		bson_free(m);
+	}
+	return out;
+}
+
+void px_answer_mask_state_change(px_answer *a)
+{
+	if (a->state == 1 && a->reply != NULL) {
+		bson_t *m = masked_reply(a->reply);
+		if (m != NULL) {
+			bson_destroy(a->reply);
+			a->reply = m;
+		}
+	} else if (a->state == 2 && wire_state_change_code(a->code)) {
+		char *m = masked_msg(a->code, a->msg);
+		bson_free(a->msg);
+		a->msg = m;
+		a->code = WIRE_ERR_HOST_UNREACHABLE;
+		if (a->extra != NULL && bson_has_field(a->extra, "topologyVersion")) {
+			bson_t *x = bson_new();
+			bson_copy_to_excluding_noinit(a->extra, x, "topologyVersion", NULL);
+			bson_destroy(a->extra);
+			a->extra = x;
+		}
+	}
 }
 
 /* ---------- fan-out: one call per shard ---------- */

@@ -73,18 +73,19 @@ typedef struct px_cluster {
  * shardconn_command; neterr holds the message of a NET_ERR.
  * Resent (issue #11, #15) with backoff PX_RESEND_* until deadline_ms when the shard
  * certainly did not execute cmd: it was never sent (SHARDCONN_UNSENT: down or restarting),
- * or the shard refused it before execution: ShutdownInProgress (91, a stopping shard in
- * quiesce), NotWritablePrimary (10107) or NotPrimaryNoSecondaryOk (13435, a replica-set
- * member that is not primary; the next attempt selects the new one). After an unknown
- * outcome (a network error after sending; InterruptedDueToReplStateChange 11602 or
- * InterruptedAtShutdown 11600: the primary lost its role before the command committed)
+ * or the shard refused it before execution (wire_not_executed_code): ShutdownInProgress
+ * (91, a stopping shard in quiesce), NotWritablePrimary (10107), NotPrimaryNoSecondaryOk
+ * (13435), NotPrimaryOrSecondary (13436) or LegacyNotPrimary (10058) (a replica-set member
+ * that is not primary; the next attempt selects the new one). After an unknown outcome (a
+ * network error after sending; InterruptedDueToReplStateChange 11602, InterruptedAtShutdown
+ * 11600 or PrimarySteppedDown 189: the primary lost its role before the command committed)
  * only idempotent reads (find, count, distinct, list*, *Stats, ping) and retryable writes
  * (lsid and txnNumber: the shard answers a retry from its record, issue #16) are resent,
  * so a write is never applied twice; a transaction's statement (cmd has `autocommit`) is
  * not (the proxy answers TransientTransactionError), its commitTransaction and
  * abortTransaction are, as mongod's. A call pinned to a server (*sid non-zero: a
- * cursor's member) is not resent after a primary change (another attempt there cannot
- * help).
+ * cursor's member) is not resent after any state-change code (wire_state_change_code:
+ * another attempt there cannot help).
  * When the budget is spent on a command the shard certainly did not execute, the result
  * is NET_ERR and reply holds SHARDCONN_UNEXECUTED_FIELD: true (shardconn_unexecuted), and
  * the shard is marked down: its later commands get one attempt until it answers again (a

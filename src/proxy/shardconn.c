@@ -836,45 +836,6 @@ int shardconn_command(shardconn *sc, const char *id, const char *db, const bson_
  * without one, and no $readPreference primaryPreferred that libmongoc adds in a Single
  * topology to a member that is not a mongos (the member is a primary here). */
 
-/* The codes that say the member is not (or is no longer) a primary: the SDAM spec's "not
- * writable primary" and "node is recovering" errors. */
-static bool not_primary_code(int64_t code)
-{
-	switch (code) {
-	case 10107: /* NotWritablePrimary */
-	case 13435: /* NotPrimaryNoSecondaryOk */
-	case 10058: /* LegacyNotPrimary */
-	case 13436: /* NotPrimaryOrSecondary */
-	case 11600: /* InterruptedAtShutdown */
-	case 11602: /* InterruptedDueToReplStateChange */
-	case 189:   /* PrimarySteppedDown */
-	case 91:    /* ShutdownInProgress */
-		return true;
-	default:
-		return false;
-	}
-}
-
-/* Of those, the codes that say the member refused the command without running any of it
- * (retry.c's "unexecuted"): sending it again elsewhere cannot apply it twice. The others
- * (InterruptedDueToReplStateChange 11602, InterruptedAtShutdown 11600, PrimarySteppedDown
- * 189) interrupt a command that may have run, or a write that entered the member's log
- * and may still commit on the next primary (shard_repl_reply_unknown): its outcome is
- * unknown and only retry.c may resend it (a retryable write, an idempotent read). */
-static bool refused_code(int64_t code)
-{
-	switch (code) {
-	case 10107: /* NotWritablePrimary */
-	case 13435: /* NotPrimaryNoSecondaryOk */
-	case 10058: /* LegacyNotPrimary */
-	case 13436: /* NotPrimaryOrSecondary */
-	case 91:    /* ShutdownInProgress: refused, not executed (wire/server.h) */
-		return true;
-	default:
-		return false;
-	}
-}
-
 static int64_t reply_code(const bson_t *reply)
 {
 	bson_iter_t it;
@@ -1039,9 +1000,9 @@ static int command_wire(shardconn *sc, shard *sh, shardwire *w, const char *db,
 		return SHARDCONN_OK;
 	{
 		int64_t code = reply_code(reply);
-		if (not_primary_code(code)) {
+		if (wire_state_change_code(code)) {
 			wire_forget(sh, w);
-			if (!refused_code(code))
+			if (!wire_not_executed_code(code))
 				return SHARDCONN_CMD_ERR; /* it may have run: retry.c decides */
 			bson_reinit(reply);
 			return -1;
@@ -1133,7 +1094,7 @@ static int command_io(shardconn *sc, const char *id, const char *db, const bson_
 	}
 	if (primary && (ok || ((e.domain == MONGOC_ERROR_SERVER ||
 				e.domain == MONGOC_ERROR_WRITE_CONCERN) &&
-			       !not_primary_code(reply_code(reply)))))
+			       !wire_state_change_code(reply_code(reply)))))
 		wire_learn(sh, cl, *server_id);
 	mongoc_client_pool_push(pool, cl);
 	if (ok)

@@ -93,6 +93,7 @@ static const struct {
 	{286, "ChangeStreamHistoryLost"},
 	{361, "CollectionUUIDMismatch"},
 	{462, "IngressRequestRateLimitExceeded"},
+	{10058, "LegacyNotPrimary"},
 	{10107, "NotWritablePrimary"},
 	{10334, "BSONObjectTooLarge"},
 	{11000, "DuplicateKey"},
@@ -121,4 +122,35 @@ const char *wire_code_name(int code)
 		return "UnknownError";
 	snprintf(location, sizeof location, "Location%d", code);
 	return location;
+}
+
+bool wire_state_change_code(int64_t code)
+{
+	switch (code) {
+	case 10107: /* NotWritablePrimary */
+	case 13435: /* NotPrimaryNoSecondaryOk */
+	case 10058: /* LegacyNotPrimary */
+	case 13436: /* NotPrimaryOrSecondary */
+	case 11602: /* InterruptedDueToReplStateChange */
+	case 189:   /* PrimarySteppedDown */
+	case 11600: /* InterruptedAtShutdown */
+	case 91:    /* ShutdownInProgress */
+		return true;
+	default:
+		return false;
+	}
+}
+
+bool wire_not_executed_code(int64_t code)
+{
+	switch (code) {
+	case 10107: /* NotWritablePrimary */
+	case 13435: /* NotPrimaryNoSecondaryOk */
+	case 10058: /* LegacyNotPrimary */
+	case 13436: /* NotPrimaryOrSecondary */
+	case 91:    /* ShutdownInProgress */
+		return true;
+	default:
+		return false;
+	}
 }

@@ -457,29 +457,6 @@ static bool fp_fire(wire_failpoint *fp, const char *name, fp_action *a)
 	return true;
 }
 
-/* mongod's appendErrorLabelsAndTopologyVersion: an error of the NotPrimaryError or
- * ShutdownError category carries the server's current topologyVersion, so that a driver
- * (SDAM spec, "stale errors") does not mark the server Unknown (and wait for its monitor)
- * for an error no newer than what its monitor knows. Only the fail point's errors get it
- * here: mongod bumps topologyVersion BEFORE answering a real step-down's errors, while a
- * stripedb role bumps it after noticing the change, so a real error carrying it could be
- * taken for stale. */
-static bool state_change_code(int code)
-{
-	switch (code) {
-	case WIRE_ERR_NOT_WRITABLE_PRIMARY:
-	case WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK:
-	case 13436: /* NotPrimaryOrSecondary */
-	case 189:   /* PrimarySteppedDown */
-	case WIRE_ERR_INTERRUPTED_REPL_CHANGE:
-	case WIRE_ERR_INTERRUPTED_AT_SHUTDOWN:
-	case WIRE_ERR_SHUTDOWN_IN_PROGRESS:
-		return true;
-	default:
-		return false;
-	}
-}
-
 /* The part after blocking: answer with the error, or arrange the write concern error
  * and return false for the command to run. Loop thread. */
 static bool fp_finish(wire_req *req, fp_action *a)
@@ -491,7 +468,14 @@ static bool fp_finish(wire_req *req, fp_action *a)
 			BSON_APPEND_ARRAY(extra, "errorLabels", labels);
 			bson_destroy(labels);
 		}
-		if (state_change_code(a->code))
+		/* mongod's appendErrorLabelsAndTopologyVersion: an error of the NotPrimaryError
+		 * or ShutdownError category carries the server's current topologyVersion, so that
+		 * a driver (SDAM spec, "stale errors") does not mark the server Unknown (and wait
+		 * for its monitor) for an error no newer than what its monitor knows. Only the fail
+		 * point's errors get it here: mongod bumps topologyVersion BEFORE answering a real
+		 * step-down's errors, while a stripedb role bumps it after noticing the change, so
+		 * a real error carrying it could be taken for stale. */
+		if (wire_state_change_code(a->code))
 			wire__append_topology_version(req->srv, extra);
 		wire_req_error_extra(req, a->code, extra,
 				     "Failing command via 'failCommand' failpoint");

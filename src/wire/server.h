@@ -104,6 +104,26 @@
  * buffer until the next call on that thread), a non-positive one "UnknownError". */
 const char *wire_code_name(int code);
 
+/* wire_state_change_code: is code one of the SDAM spec's state-change errors, "not
+ * writable primary" (NotWritablePrimary 10107, NotPrimaryNoSecondaryOk 13435,
+ * LegacyNotPrimary 10058) or "node is recovering" (NotPrimaryOrSecondary 13436,
+ * InterruptedDueToReplStateChange 11602, PrimarySteppedDown 189, and the "node is shutting
+ * down" ones InterruptedAtShutdown 11600 and ShutdownInProgress 91)? A driver that gets one
+ * from a server, top-level or in a writeConcernError, marks that server Unknown and waits
+ * for its monitor to describe it again (server-discovery-and-monitoring.md, "Error
+ * handling"). Returns: true for those codes. Errors: none. */
+bool wire_state_change_code(int64_t code);
+
+/* wire_not_executed_code: is code one of the state-change errors a member answers
+ * before running any of the command (NotWritablePrimary 10107, NotPrimaryNoSecondaryOk
+ * 13435, LegacyNotPrimary 10058, NotPrimaryOrSecondary 13436, ShutdownInProgress 91: a
+ * refusal, so sending the command again elsewhere cannot apply it twice)? The other
+ * state-change codes (InterruptedDueToReplStateChange 11602, InterruptedAtShutdown 11600,
+ * PrimarySteppedDown 189) interrupt a command that may have run, or a write that entered
+ * the member's log and may still commit on the next primary. Returns: true for the
+ * refusals. Errors: none. */
+bool wire_not_executed_code(int64_t code);
+
 typedef struct wire_server wire_server;
 typedef struct wire_conn wire_conn;
 typedef struct wire_req wire_req;

@@ -10,6 +10,7 @@ from pymongo.errors import PyMongoError
 
 from conftest import free_port, http_get, wait_until
 from metadata_cluster import Cluster
+from sdam_watch import STATE_CHANGE, SdamWatch
 from test_shard_replset import direct, primary_index, start_set
 
 WIRE = "stripedb_proxy_shard_wire_commands_total"
@@ -115,7 +116,10 @@ def test_no_increment_applied_twice_across_primary_transfers(start_role, tmp_pat
     role is handed over again and again (transferLeadership: entries the old primary
     had in flight may still commit under the new one, and their writes are answered
     11602, outcome unknown). Per document, with A attempts and K acknowledgements:
-    K <= v <= A. A write the proxy resent after an unknown outcome can make v > A."""
+    K <= v <= A. A write the proxy resent after an unknown outcome can make v > A.
+    And no writer's driver ever took an error for news about the proxy (a shard's
+    state-change code passed on as the proxy's: test_proxy_state_change.py): it would
+    mark the proxy Unknown and wait up to 10 s for its monitor."""
     procs, wires, proxy, c = _set_behind_a_proxy(start_role, tmp_path)
     coll = c.app.c
     writers = 6
@@ -125,11 +129,12 @@ def test_no_increment_applied_twice_across_primary_transfers(start_role, tmp_pat
     attempts = [0] * writers
     acks = [0] * writers
     codes = []
+    watch = SdamWatch()
 
     def writer(w):
         with pymongo.MongoClient(f"mongodb://127.0.0.1:{c.address[1]}/",
                                  directConnection=True, retryWrites=False,
-                                 socketTimeoutMS=10000) as wc:
+                                 socketTimeoutMS=10000, event_listeners=[watch]) as wc:
             while not stop.is_set():
                 attempts[w] += 1
                 try:
@@ -156,6 +161,8 @@ def test_no_increment_applied_twice_across_primary_transfers(start_role, tmp_pat
             base = sum(acks)
             wait_until(lambda: sum(acks) >= base + 20, 30, what="writes on the new primary")
     finally:
+        # what the drivers did while they ran (closing a client clears its pool)
+        unknown, cleared = list(watch.unknown), list(watch.cleared)
         stop.set()
         for t in ts:
             t.join(timeout=60)
@@ -165,4 +172,6 @@ def test_no_increment_applied_twice_across_primary_transfers(start_role, tmp_pat
     print(f"attempts={attempts} acks={acks} values={got} error codes={sorted(set(map(str, codes)))}")
     for w in range(writers):
         assert acks[w] <= got[w] <= attempts[w], (w, acks[w], got[w], attempts[w])
+    assert not STATE_CHANGE & set(codes), codes
+    assert unknown == [] and cleared == [], (unknown, cleared)
     c.close()

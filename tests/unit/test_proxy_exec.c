@@ -623,6 +623,94 @@ static void test_status_contract(void **state)
 	bson_destroy(ok0);
 }
 
+/* The errmsg and code of a reply document (static strings of doc). */
+static const char *doc_msg(const bson_t *doc, int64_t *code)
+{
+	bson_iter_t it;
+
+	*code = bson_iter_init_find(&it, doc, "code") ? bson_iter_as_int64(&it) : 0;
+	return bson_iter_init_find(&it, doc, "errmsg") ? bson_iter_utf8(&it, NULL) : "";
+}
+
+/* px_answer_mask_state_change: a shard's state-change code (top-level, recorded as an
+ * error or as a copied reply, or a writeConcernError's) becomes HostUnreachable with the
+ * code in errmsg, a shard's topologyVersion is dropped, labels and other fields are
+ * kept; other answers are left as they are. */
+static void test_mask_state_change(void **state)
+{
+	(void)state;
+	px_answer a;
+	bson_iter_t it;
+	int64_t code;
+
+	/* an error recorded with a shard's code */
+	memset(&a, 0, sizeof a);
+	a.state = 2;
+	a.code = WIRE_ERR_INTERRUPTED_REPL_CHANGE;
+	a.msg = bson_strdup("stepped down");
+	a.extra = BCON_NEW("errorLabels", "[", "RetryableWriteError", "]", "topologyVersion", "{",
+			   "counter", BCON_INT64(3), "}");
+	px_answer_mask_state_change(&a);
+	assert_int_equal(a.code, WIRE_ERR_HOST_UNREACHABLE);
+	assert_string_equal(a.msg, "InterruptedDueToReplStateChange (11602) from a shard: "
+				   "stepped down");
+	assert_true(bson_has_field(a.extra, "errorLabels"));
+	assert_false(bson_has_field(a.extra, "topologyVersion"));
+	px_answer_clear(&a);
+
+	/* a shard's error reply copied */
+	a.state = 1;
+	a.reply = BCON_NEW("ok", BCON_DOUBLE(0), "errmsg", "not primary", "code", BCON_INT32(10107),
+			   "codeName", "NotWritablePrimary", "topologyVersion", "{", "counter",
+			   BCON_INT64(3), "}", "errorLabels", "[", "RetryableWriteError", "]");
+	px_answer_mask_state_change(&a);
+	assert_string_equal(doc_msg(a.reply, &code), "NotWritablePrimary (10107) from a shard: "
+						     "not primary");
+	assert_int_equal(code, WIRE_ERR_HOST_UNREACHABLE);
+	assert_true(bson_iter_init_find(&it, a.reply, "codeName"));
+	assert_string_equal(bson_iter_utf8(&it, NULL), "HostUnreachable");
+	assert_true(bson_has_field(a.reply, "errorLabels"));
+	assert_false(bson_has_field(a.reply, "topologyVersion"));
+	assert_int_equal(reply_status(a.reply), WIRE_ERR_HOST_UNREACHABLE);
+	px_answer_clear(&a);
+
+	/* a writeConcernError's code (the write ran) */
+	a.state = 1;
+	a.reply = BCON_NEW("n", BCON_INT32(1), "writeConcernError", "{", "code", BCON_INT32(189),
+			   "codeName", "PrimarySteppedDown", "errmsg", "e", "errInfo", "{", "x",
+			   BCON_INT32(1), "}", "}", "ok", BCON_DOUBLE(1));
+	px_answer_mask_state_change(&a);
+	assert_true(bson_iter_init_find(&it, a.reply, "writeConcernError"));
+	{
+		const uint8_t *d;
+		uint32_t n;
+		bson_t wce;
+		bson_iter_document(&it, &n, &d);
+		assert_true(bson_init_static(&wce, d, n));
+		assert_string_equal(doc_msg(&wce, &code), "PrimarySteppedDown (189) from a shard: e");
+		assert_int_equal(code, WIRE_ERR_HOST_UNREACHABLE);
+		assert_true(bson_has_field(&wce, "errInfo"));
+	}
+	assert_int_equal(px_get_int(a.reply, "n", 0), 1);
+	assert_int_equal(reply_status(a.reply), 0);
+	px_answer_clear(&a);
+
+	/* left alone: another error, a success, and the proxy's own errors */
+	a.state = 1;
+	a.reply = BCON_NEW("ok", BCON_DOUBLE(0), "code", BCON_INT32(11000), "errmsg", "dup");
+	bson_t *before = a.reply;
+	px_answer_mask_state_change(&a);
+	assert_ptr_equal(a.reply, before);
+	px_answer_clear(&a);
+	a.state = 2;
+	a.code = WIRE_ERR_BAD_VALUE;
+	a.msg = bson_strdup("bad");
+	px_answer_mask_state_change(&a);
+	assert_int_equal(a.code, WIRE_ERR_BAD_VALUE);
+	assert_string_equal(a.msg, "bad");
+	px_answer_clear(&a);
+}
+
 /* px_config_db: not the config database, or getMore there: not done, nothing answered;
  * a write on config: done, IllegalOperation (20) returned and recorded. */
 static void test_config_db_tristate(void **state)
@@ -1090,6 +1178,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_stream_bound),
+		cmocka_unit_test(test_mask_state_change),
 		cmocka_unit_test_setup_teardown(test_count_owned, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_resend_until_answered, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_resend_budget_spent, setup, teardown),
