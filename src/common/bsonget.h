@@ -85,7 +85,12 @@ bool sdb_bson_iter_doc(const bson_iter_t *it, bson_t *out);
  * document it accepted aborted bson_init_static deeper in the update engine, found by
  * fuzz_storage_update), and recurses into nested documents and scopes without a limit. The
  * values of strings are not checked for UTF-8, as neither bson_validate(NONE) nor mongod's
- * default BSON validation does. One pass; no allocation; recursion bounded by max_depth. */
+ * default BSON validation does. One pass over the raw bytes, element by element exactly as
+ * libbson's bson_iter_next checks them (a document is accepted exactly when iterating it
+ * with libbson reaches its end without error: tests/unit/test_common_bsonget.c compares
+ * the two on 200,000 mutated documents); no allocation; recursion bounded by max_depth.
+ * Returns: true when well formed; false otherwise, also for a bson_t whose length, header
+ * and terminator disagree. Errors: none (a verdict, not a status). */
 bool sdb_bson_well_formed(const bson_t *doc, int max_depth);
 
 #endif

@@ -265,6 +265,145 @@ static void test_well_formed_utf8(void **state)
 	assert_true(sdb_bson_well_formed(&d, 10));
 }
 
+/* The reference the raw walk must agree with: the walk over libbson's iterator that
+ * sdb_bson_well_formed was before (issue #19), so its verdict is libbson's own. */
+static bool ref_well_formed(const bson_t *doc, int level, int max_depth)
+{
+	bson_iter_t it;
+	if (level > max_depth || !bson_iter_init(&it, doc))
+		return false;
+	while (bson_iter_next(&it)) {
+		const char *key = bson_iter_key(&it);
+		uint32_t klen = bson_iter_key_len(&it);
+		if (!bson_utf8_validate(key, klen, false))
+			return false;
+		const uint8_t *data = NULL;
+		uint32_t len = 0, code_len = 0;
+		bson_t sub;
+		switch (bson_iter_type(&it)) {
+		case BSON_TYPE_DOCUMENT:
+			bson_iter_document(&it, &len, &data);
+			break;
+		case BSON_TYPE_ARRAY:
+			bson_iter_array(&it, &len, &data);
+			break;
+		case BSON_TYPE_CODEWSCOPE:
+			bson_iter_codewscope(&it, &code_len, &len, &data);
+			break;
+		default:
+			continue;
+		}
+		if (data == NULL || !bson_init_static(&sub, data, len) ||
+		    !ref_well_formed(&sub, level + 1, max_depth))
+			return false;
+	}
+	return it.err_off == 0;
+}
+
+/* A document with an element of every BSON type, nested two levels (heap, *len bytes). */
+static uint8_t *every_type_doc(uint32_t *len)
+{
+	bson_t *in = BCON_NEW("s", "str", "i", BCON_INT32(7), "l", BCON_INT64(-9), "d",
+			      BCON_DOUBLE(1.5), "b", BCON_BOOL(true), "n", BCON_NULL);
+	bson_t *scope = BCON_NEW("x", BCON_INT32(1));
+	bson_t *d = bson_new();
+	bson_oid_t oid;
+	bson_decimal128_t dec;
+	uint8_t bin[6] = {1, 2, 3, 4, 5, 6};
+
+	bson_oid_init_from_string(&oid, "0123456789abcdef01234567");
+	bson_decimal128_from_string("1.25", &dec);
+	BSON_APPEND_UTF8(d, "s", "hello");
+	BSON_APPEND_DOCUMENT(d, "doc", in);
+	bson_t arr;
+	BSON_APPEND_ARRAY_BEGIN(d, "arr", &arr);
+	BSON_APPEND_DOCUMENT(&arr, "0", in);
+	BSON_APPEND_INT32(&arr, "1", 3);
+	bson_append_array_end(d, &arr);
+	BSON_APPEND_BINARY(d, "bin", BSON_SUBTYPE_BINARY, bin, sizeof bin);
+	BSON_APPEND_BINARY(d, "old", BSON_SUBTYPE_BINARY_DEPRECATED, bin, sizeof bin);
+	BSON_APPEND_UNDEFINED(d, "u");
+	BSON_APPEND_OID(d, "o", &oid);
+	BSON_APPEND_BOOL(d, "f", false);
+	BSON_APPEND_DATE_TIME(d, "t", 1234);
+	BSON_APPEND_NULL(d, "nul");
+	BSON_APPEND_REGEX(d, "re", "^a.*", "im");
+	BSON_APPEND_DBPOINTER(d, "dbp", "db.coll", &oid);
+	BSON_APPEND_CODE(d, "code", "function(){}");
+	BSON_APPEND_SYMBOL(d, "sym", "sy");
+	BSON_APPEND_CODE_WITH_SCOPE(d, "cws", "f()", scope);
+	BSON_APPEND_INT32(d, "i32", -1);
+	BSON_APPEND_TIMESTAMP(d, "ts", 5, 6);
+	BSON_APPEND_INT64(d, "i64", 1);
+	BSON_APPEND_DECIMAL128(d, "dec", &dec);
+	BSON_APPEND_MAXKEY(d, "max");
+	BSON_APPEND_MINKEY(d, "min");
+	BSON_APPEND_UTF8(d, "\xc3\xa9t\xc3\xa9", "");
+	uint8_t *out = bson_destroy_with_steal(d, true, len);
+	bson_destroy(in);
+	bson_destroy(scope);
+	return out;
+}
+
+/* The raw walk and libbson's iterator agree on every document made by mutating one with
+ * every type: bytes set to edge values or random ones (lengths, types, terminators, NULs,
+ * key bytes), and truncations with the header and terminator fixed up. Each candidate is
+ * copied to a buffer of exactly its length, so a read past it is AddressSanitizer's. */
+static void test_well_formed_agrees_with_libbson(void **state)
+{
+	(void)state;
+	static const uint8_t edge[] = {0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x0b, 0x0c,
+				       0x0f, 0x13, 0x14, 0x7f, 0x80, 0xc3, 0xfe, 0xff};
+	uint32_t len = 0;
+	uint8_t *base = every_type_doc(&len);
+	uint64_t seed = 0x9e3779b97f4a7c15ull;
+	unsigned accepted = 0, refused = 0;
+	bson_t d;
+
+	assert_true(bson_init_static(&d, base, len));
+	assert_true(sdb_bson_well_formed(&d, 10));
+	assert_true(ref_well_formed(&d, 0, 10));
+	for (int round = 0; round < 200000; round++) {
+		uint8_t *m = malloc(len);
+		uint32_t mlen = len;
+		memcpy(m, base, len);
+		seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+		int edits = 1 + (int)(seed % 3);
+		for (int e = 0; e < edits; e++) {
+			seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+			uint32_t at = 4 + (uint32_t)((seed >> 8) % (len - 5));
+			uint8_t v = (seed >> 40) & 1 ? edge[(seed >> 48) % sizeof edge]
+						     : (uint8_t)(seed >> 32);
+			m[at] = v;
+		}
+		if (seed % 7 == 0) { /* truncate, then mend the header and the terminator */
+			mlen = 5 + (uint32_t)((seed >> 20) % (len - 5));
+			uint32_t le = BSON_UINT32_TO_LE(mlen);
+			memcpy(m, &le, 4);
+			m[mlen - 1] = 0;
+		}
+		uint8_t *exact = malloc(mlen);
+		memcpy(exact, m, mlen);
+		free(m);
+		if (bson_init_static(&d, exact, mlen)) {
+			int depth = (int)(seed % 4);
+			bool ref = ref_well_formed(&d, 0, depth);
+			bool got = sdb_bson_well_formed(&d, depth);
+			if (ref != got)
+				fail_msg("round %d: libbson %d, raw walk %d", round, ref, got);
+			if (got)
+				accepted++;
+			else
+				refused++;
+		}
+		free(exact);
+	}
+	/* both verdicts were exercised */
+	assert_true(accepted > 1000);
+	assert_true(refused > 1000);
+	bson_free(base);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -272,6 +411,7 @@ int main(void)
 		cmocka_unit_test(test_well_formed_nested),
 		cmocka_unit_test(test_well_formed_scope),
 		cmocka_unit_test(test_well_formed_utf8),
+		cmocka_unit_test(test_well_formed_agrees_with_libbson),
 		cmocka_unit_test(test_absent_gives_default),
 		cmocka_unit_test(test_doubles_must_be_integral_int64),
 		cmocka_unit_test(test_wrong_type_names_field_and_type),
