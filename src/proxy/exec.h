@@ -54,6 +54,11 @@ typedef struct ctx {
 	/* the request runs again after a park (px_exec_resume): the checks before the handler
 	 * (quota admission, policies) passed at its first run and are not repeated */
 	bool resumed;
+	/* the command's noCursorTimeout as run_job found it (truthy, as px_get_bool reads
+	 * it), valid while cmd is nct_of (a copy of the ctx given another command looks its
+	 * own up) */
+	const bson_t *nct_of;
+	bool nct;
 } ctx;
 
 /* The command table (exec.c), as src/shard/commands.c's. */
@@ -284,15 +289,16 @@ void px_fanout(ctx *c, size_t n, void (*fn)(void *arg, size_t i), void *arg);
 
 /* ---- read preferences (readpref.c, issue #15) ---- */
 
-/* Parse c->cmd's $readPreference: a mode other than primary on a command that is not a
- * write is kept in c (rp_data/rp_len) for px_run_on, unless it has maxStalenessSeconds
- * (>= 90): then the read goes to the primary (no secondary's staleness is known).
+/* Parse c->cmd's $readPreference (rp: on that field of c->cmd, as the caller found it):
+ * a mode other than primary on a command that is not a write is kept in c
+ * (rp_data/rp_len) for px_run_on, unless it has maxStalenessSeconds (>= 90): then the
+ * read goes to the primary (no secondary's staleness is known).
  * Returns: 0, or the code of the refusal answered on c: an unknown mode or a malformed
  * one, a maxStalenessSeconds that is not a number (FailedToParse 9), a negative
  * maxStalenessSeconds other than -1, maxStalenessSeconds with mode primary or (not
  * supported) secondary, non-empty tag sets (BadValue 2), maxStalenessSeconds 1..89
  * (MaxStalenessOutOfRange 160). */
-int px_read_pref_check(ctx *c, const px_cmd *cmd);
+int px_read_pref_check(ctx *c, const px_cmd *cmd, const bson_iter_t *rp);
 /* True, with *rp (static, into c->cmd) the client's $readPreference, when fwd (a command
  * for a shard) is a read that follows it: find, aggregate, count, distinct. */
 bool px_read_pref_applies(const ctx *c, const bson_t *fwd, bson_t *rp);

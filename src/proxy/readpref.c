@@ -25,9 +25,9 @@
 static const char *const modes[] = {"primary", "primaryPreferred", "secondary",
 				    "secondaryPreferred", "nearest", NULL};
 
-int px_read_pref_check(ctx *c, const px_cmd *cmd)
+int px_read_pref_check(ctx *c, const px_cmd *cmd, const bson_iter_t *rp)
 {
-	bson_iter_t it, sub;
+	bson_iter_t it = *rp, sub;
 	const char *mode = NULL;
 	bool known = false;
 	bool max_staleness = false; /* a bound was given (> 0; absent, -1 or 0: none) */
@@ -36,8 +36,6 @@ int px_read_pref_check(ctx *c, const px_cmd *cmd)
 
 	c->rp_data = NULL;
 	c->rp_len = 0;
-	if (!bson_iter_init_find(&it, c->cmd, "$readPreference"))
-		return 0;
 	if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &sub)) {
 		return px_error(c, WIRE_ERR_FAILED_TO_PARSE, "$readPreference must be an object");
 	}
