@@ -253,7 +253,9 @@ int px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *nete
 /* Mask a shard's state-change error in an answer before it is sent (exec.c answer_send):
  * a code for which wire_state_change_code holds (NotWritablePrimary 10107,
  * InterruptedDueToReplStateChange 11602, ShutdownInProgress 91 ...), as the answer's
- * top-level code or its writeConcernError's, becomes HostUnreachable (6) with errmsg
+ * top-level code, its writeConcernError's or a writeErrors entry's (a multi-shard write
+ * reports a shard's error as its statements' write errors, and pymongo 3.11 reads those
+ * too: topology._handle_error clears the pool), becomes HostUnreachable (6) with errmsg
  * "<codeName> (<code>) from a shard: <errmsg>", and an error reply's top-level
  * topologyVersion (the shard's) is dropped. Why: a driver reads a state-change code as news
  * about the server that answered (SDAM "Error handling": mark it Unknown, clear its pool,

@@ -587,7 +587,8 @@ static char *masked_msg(int64_t code, const char *msg)
 				  msg ? msg : "");
 }
 
-/* A writeConcernError document with its state-change code masked, appended as key. */
+/* A writeConcernError (or writeErrors entry) document with its state-change code masked,
+ * appended as key. */
 static void append_masked_wce(bson_t *out, const char *key, const bson_iter_t *wce)
 {
 	bson_iter_t it;
@@ -628,12 +629,43 @@ static int64_t wce_code(const bson_iter_t *wce)
 	return 0;
 }
 
+/* Does the writeErrors array at it hold an entry with a state-change code? */
+static bool write_errors_state_change(const bson_iter_t *arr)
+{
+	bson_iter_t it;
+
+	if (!BSON_ITER_HOLDS_ARRAY(arr) || !bson_iter_recurse(arr, &it))
+		return false;
+	while (bson_iter_next(&it))
+		if (wire_state_change_code(wce_code(&it)))
+			return true;
+	return false;
+}
+
+/* The writeErrors array at arr with its entries' state-change codes masked, appended as
+ * key (the other entries as they are). */
+static void append_masked_write_errors(bson_t *out, const char *key, const bson_iter_t *arr)
+{
+	bson_iter_t it;
+	bson_t sub;
+
+	bson_append_array_begin(out, key, -1, &sub);
+	if (bson_iter_recurse(arr, &it))
+		while (bson_iter_next(&it)) {
+			if (wire_state_change_code(wce_code(&it)))
+				append_masked_wce(&sub, bson_iter_key(&it), &it);
+			else
+				bson_append_iter(&sub, bson_iter_key(&it), -1, &it);
+		}
+	bson_append_array_end(out, &sub);
+}
+
 /* reply with its state-change codes masked (px_answer_mask_state_change), or NULL when it
  * has none to mask. */
 static bson_t *masked_reply(const bson_t *reply)
 {
 	bson_iter_t it;
-	bool failed = false, top = false, wce = false, tv = false;
+	bool failed = false, top = false, wce = false, tv = false, werr = false;
 	const char *msg = NULL;
 	int64_t code = 0;
 
@@ -651,9 +683,11 @@ static bson_t *masked_reply(const bson_t *reply)
 			tv = true;
 		else if (strcmp(k, "writeConcernError") == 0)
 			wce = wire_state_change_code(wce_code(&it));
+		else if (strcmp(k, "writeErrors") == 0)
+			werr = write_errors_state_change(&it);
 	}
 	top = failed && wire_state_change_code(code);
-	if (!top && !wce && !(failed && tv))
+	if (!top && !wce && !werr && !(failed && tv))
 		return NULL;
 
 	bson_t *out = bson_new();
@@ -670,6 +704,8 @@ static bson_t *masked_reply(const bson_t *reply)
 			continue;
 		} else if (wce && strcmp(k, "writeConcernError") == 0) {
 			append_masked_wce(out, k, &it);
+		} else if (werr && strcmp(k, "writeErrors") == 0) {
+			append_masked_write_errors(out, k, &it);
 		} else {
 			bson_append_iter(out, k, -1, &it);
 		}

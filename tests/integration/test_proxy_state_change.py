@@ -142,3 +142,35 @@ def test_no_state_change_code_reaches_the_client(cluster):
     assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
     print(dict(zip(sorted(STATE_CHANGE), seen)))
     c.close()
+
+
+@pytest.fixture
+def two_shards(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1,
+                      shard_args=["--enable-test-commands"])
+    cl.shard_collection("sdb.t", {"k": 1}, split_points=[{"k": 100}], shards=cl.shard_ids)
+    yield cl
+    cl.close()
+
+
+@pytest.mark.parametrize("op", ["update_many", "delete_many"])
+def test_a_multi_shard_write_error_of_a_step_down_leaves_the_proxy_known(two_shards, op):
+    """A write sent to two shards, one of which answers 11602 (it may have run: not
+    resent): the proxy reports it as its statements' writeErrors, and pymongo 3.11 reads
+    a state-change code there too (topology._handle_error's OperationFailure branch: the
+    proxy marked Unknown and its pool cleared). The entry's code is masked as well."""
+    c, w = _watched_client(two_shards)
+    coll = c.sdb.t
+    coll.insert_many([{"_id": i, "k": i * 20, "v": 0} for i in range(10)])
+    sh = two_shards.shard_client(two_shards.shard_ids[1])
+    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                      "data": {"failCommands": [op.split("_")[0]], "errorCode": 11602}})
+    with pytest.raises(pymongo.errors.WriteError) as e:
+        if op == "update_many":
+            coll.update_many({}, {"$inc": {"v": 1}})
+        else:
+            coll.delete_many({"v": 5})
+    d = e.value.details
+    assert d.get("code") == 6 and "(11602) from a shard" in d.get("errmsg", ""), d
+    assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
+    c.close()

@@ -695,6 +695,41 @@ static void test_mask_state_change(void **state)
 	assert_int_equal(reply_status(a.reply), 0);
 	px_answer_clear(&a);
 
+	/* a writeErrors entry's code (a multi-shard write: a shard's error for its batch
+	 * becomes its statements' write errors; pymongo 3.11 clears the pool of the server
+	 * whose answer has one, whatever the SDAM spec says); other entries as they are */
+	a.state = 1;
+	a.reply = BCON_NEW("n", BCON_INT32(1), "writeErrors", "[", "{", "index", BCON_INT64(0),
+			   "code", BCON_INT32(11602), "codeName", "InterruptedDueToReplStateChange",
+			   "errmsg", "x", "}", "{", "index", BCON_INT64(1), "code", BCON_INT32(11000),
+			   "errmsg", "dup", "}", "]", "ok", BCON_DOUBLE(1));
+	px_answer_mask_state_change(&a);
+	{
+		bson_iter_t arr, e;
+		const uint8_t *d;
+		uint32_t n;
+		bson_t doc;
+		assert_true(bson_iter_init_find(&it, a.reply, "writeErrors"));
+		assert_true(BSON_ITER_HOLDS_ARRAY(&it));
+		assert_true(bson_iter_recurse(&it, &arr));
+		assert_true(bson_iter_next(&arr));
+		bson_iter_document(&arr, &n, &d);
+		assert_true(bson_init_static(&doc, d, n));
+		assert_string_equal(doc_msg(&doc, &code),
+				    "InterruptedDueToReplStateChange (11602) from a shard: x");
+		assert_int_equal(code, WIRE_ERR_HOST_UNREACHABLE);
+		assert_true(bson_iter_init_find(&e, &doc, "index"));
+		assert_int_equal(bson_iter_as_int64(&e), 0);
+		assert_true(bson_iter_next(&arr));
+		bson_iter_document(&arr, &n, &d);
+		assert_true(bson_init_static(&doc, d, n));
+		assert_string_equal(doc_msg(&doc, &code), "dup");
+		assert_int_equal(code, 11000);
+		assert_false(bson_iter_next(&arr));
+	}
+	assert_int_equal(px_get_int(a.reply, "n", 0), 1);
+	px_answer_clear(&a);
+
 	/* left alone: another error, a success, and the proxy's own errors */
 	a.state = 1;
 	a.reply = BCON_NEW("ok", BCON_DOUBLE(0), "code", BCON_INT32(11000), "errmsg", "dup");
