@@ -14,7 +14,7 @@ import pymongo
 import pytest
 
 from proxy_helpers import ProxyCluster
-from sdam_watch import STATE_CHANGE, SdamWatch
+from sdam_watch import STATE_CHANGE, SdamWatch, flush_events
 
 @pytest.fixture
 def cluster(start_role, tmp_path):
@@ -60,6 +60,7 @@ def test_a_write_interrupted_by_a_shard_step_down_leaves_the_proxy_known(cluster
     with pytest.raises(pymongo.errors.OperationFailure) as e:
         coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
     _masked(e.value.details, code)
+    flush_events(c)
     assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
     # the fail point answered without running it: one increment, not two
     assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
@@ -80,6 +81,7 @@ def test_a_write_concern_error_of_a_step_down_leaves_the_proxy_known(cluster):
     assert wce.get("code") == 6, wce
     assert "InterruptedDueToReplStateChange (11602) from a shard: stepped down" in \
         wce.get("errmsg", ""), wce
+    flush_events(c)
     assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
     assert coll.count_documents({}) == 2  # it ran
     c.close()
@@ -97,6 +99,7 @@ def test_a_cursor_whose_shard_stepped_down_leaves_the_proxy_known(cluster):
     with pytest.raises(pymongo.errors.OperationFailure) as e:
         list(cur)
     _masked(e.value.details, 11602)
+    flush_events(c)
     assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
     assert coll.count_documents({}) == 50
     c.close()
@@ -117,7 +120,8 @@ def test_a_retryable_write_keeps_its_label(cluster):
             coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
         _masked(e.value.details, 11602)
         assert "RetryableWriteError" in e.value.details.get("errorLabels", [])
-        assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
+        flush_events(c)
+    assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
     finally:
         sh.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
     assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 0}
@@ -139,6 +143,7 @@ def test_no_state_change_code_reaches_the_client(cluster):
         except pymongo.errors.OperationFailure as e:
             assert e.code not in STATE_CHANGE, (code, e.details)
             seen.append(e.code)
+    flush_events(c)
     assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
     print(dict(zip(sorted(STATE_CHANGE), seen)))
     c.close()
@@ -172,5 +177,6 @@ def test_a_multi_shard_write_error_of_a_step_down_leaves_the_proxy_known(two_sha
             coll.delete_many({"v": 5})
     d = e.value.details
     assert d.get("code") == 6 and "(11602) from a shard" in d.get("errmsg", ""), d
+    flush_events(c)
     assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
     c.close()
