@@ -530,18 +530,13 @@ void pxtxn_end(struct ctx *c)
  * retryable errors, plus a write concern failure)? */
 static bool commit_unknown(int64_t code)
 {
+	if (wire_state_change_code(code)) /* a member that lost or is losing the primary role */
+		return true;
 	switch (code) {
 	case WIRE_ERR_HOST_UNREACHABLE:
 	case WIRE_ERR_NETWORK_TIMEOUT:
-	case WIRE_ERR_SHUTDOWN_IN_PROGRESS:
-	case WIRE_ERR_NOT_WRITABLE_PRIMARY:
-	case WIRE_ERR_NOT_PRIMARY_NO_SECONDARY_OK:
-	case WIRE_ERR_INTERRUPTED_REPL_CHANGE:
-	case WIRE_ERR_INTERRUPTED_AT_SHUTDOWN:
 	case WIRE_ERR_MAX_TIME_EXPIRED:
-	case 64:  /* WriteConcernFailed */
-	case 189: /* PrimarySteppedDown */
-	case 13436: /* NotPrimaryOrSecondary */
+	case WIRE_ERR_WRITE_CONCERN_FAILED:
 		return true;
 	default:
 		return false;

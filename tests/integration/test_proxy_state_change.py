@@ -121,7 +121,7 @@ def test_a_retryable_write_keeps_its_label(cluster):
         _masked(e.value.details, 11602)
         assert "RetryableWriteError" in e.value.details.get("errorLabels", [])
         flush_events(c)
-    assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
+        assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
     finally:
         sh.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
     assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 0}
@@ -129,23 +129,29 @@ def test_a_retryable_write_keeps_its_label(cluster):
 
 
 def test_no_state_change_code_reaches_the_client(cluster):
-    """Every state-change code, on a command the proxy forwards as it is (count): none
-    reaches the client as such."""
+    """Every state-change code, once, on a non-retryable update: a refusal (nothing ran:
+    wire_not_executed_code) is resent by the proxy and the update applies once; an
+    interruption (it may have run) is passed on, masked. No code reaches the client as
+    such, and the driver's view of the proxy never changes."""
     c, w = _watched_client(cluster)
-    db = c.sdb
-    db.t.insert_one({"_id": 1})
-    seen = []
+    coll = c.sdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    coll.update_one({"_id": 1}, {"$inc": {"v": 1}})  # the proxy has learned the primary
+    refusals = {10107, 13435, 10058, 13436, 91}
+    applied = 1
     for code in sorted(STATE_CHANGE):
-        _fail(cluster, {"failCommands": ["count"], "errorCode": code})
-        try:
-            db.command({"count": "t"})
-            seen.append(None)  # a refusal the proxy resent: answered by the shard
-        except pymongo.errors.OperationFailure as e:
-            assert e.code not in STATE_CHANGE, (code, e.details)
-            seen.append(e.code)
+        _fail(cluster, {"failCommands": ["update"], "errorCode": code})
+        if code in refusals:
+            coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+            applied += 1
+        else:
+            with pytest.raises(pymongo.errors.OperationFailure) as e:
+                coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+            _masked(e.value.details, code)
     flush_events(c)
     assert w.unknown == [] and w.cleared == [], (w.unknown, w.cleared)
-    print(dict(zip(sorted(STATE_CHANGE), seen)))
+    # the fail point answers without running the update: each applied exactly once
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": applied}
     c.close()
 
 
