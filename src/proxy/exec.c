@@ -2,7 +2,8 @@
  * every routed command is submitted to a worker thread (shardconn_submit), checked (a
  * transaction's statement checks its session out, txnroute.c; unsupported options,
  * retryable-write fields, admission, collection policy) and dispatched to its handler in
- * read.c, write.c, admin.c or explain.c.
+ * read.c, write.c, admin.c or explain.c; except a point read of an unsharded collection
+ * the loop thread can send and answer itself (forwarder.h, issue #19).
  *
  * Version gating (DESIGN.md §5, §6 step 5): every request for a sharded collection is sent
  * PER CHUNK with `$stripedbVersion: {chunk: ID, token: N}`, so a shard that no longer owns
@@ -35,6 +36,7 @@
 #include "common/readconcern.h"
 #include "proxy/cswait.h"
 #include "proxy/exec.h"
+#include "proxy/forwarder.h"
 #include "storage/collation.h"
 #include "proxy/txn.h"
 #include "storage/pipeline.h"
@@ -184,7 +186,7 @@ static void answer_check(const char *name, int status, px_answer *a)
 }
 
 /* Send the recorded answer: the one place a routed request is completed. */
-static void answer_send(wire_req *req, px_answer *a)
+void px_answer_send(wire_req *req, px_answer *a)
 {
 	px_answer_mask_state_change(a); /* a shard's state-change error is not the proxy's */
 	switch (a->state) {
@@ -579,6 +581,30 @@ static void error_reply(bson_t *reply, int code, const char *msg)
 	BSON_APPEND_UTF8(reply, "codeName", wire_code_name(code));
 }
 
+void px_view_check_cmd(const bson_t *fwd, const char *const *allow, size_t nallow,
+		       bson_t *out)
+{
+	bson_t vc, arr;
+
+	bson_init(out);
+	/* the commands forwarded here seldom carry one: then a copy of the bytes, not a
+	 * field by field rebuild (issue #19) */
+	if (bson_has_field(fwd, "$stripedbViewCheck"))
+		bson_copy_to_excluding_noinit(fwd, out, "$stripedbViewCheck", NULL);
+	else
+		bson_concat(out, fwd);
+	bson_append_document_begin(out, "$stripedbViewCheck", -1, &vc);
+	bson_append_array_begin(&vc, "allow", -1, &arr);
+	for (size_t i = 0; i < nallow; i++) {
+		char k[16];
+		const char *kp;
+		bson_uint32_to_string((uint32_t)i, &kp, k, sizeof k);
+		BSON_APPEND_UTF8(&arr, kp, allow[i]);
+	}
+	bson_append_array_end(&vc, &arr);
+	bson_append_document_end(out, &vc);
+}
+
 /* px_run_on for a command forwarded whole to one shard (an unsharded collection's, or a
  * view's): reads go with $stripedbViewCheck and are sent again, with the source allowed,
  * while the views they meet resolve to unsharded collections (at most VIEW_MAX_SOURCES); a
@@ -595,25 +621,10 @@ static int run_view_checked(ctx *c, const char *shard, const bson_t *fwd, uint32
 	if (!view_read(fwd) || c->tx != NULL)
 		return px_run_on(c, shard, fwd, sid, reply, nerr, nerrlen);
 	for (;;) {
-		bson_t cmd = BSON_INITIALIZER, vc, arr;
+		bson_t cmd;
 		char src[512], rerr[256], msg[1400];
 
-		/* the commands forwarded here seldom carry one: then a copy of the bytes, not a
-		 * field by field rebuild (issue #19) */
-		if (bson_has_field(fwd, "$stripedbViewCheck"))
-			bson_copy_to_excluding_noinit(fwd, &cmd, "$stripedbViewCheck", NULL);
-		else
-			bson_copy_to(fwd, &cmd);
-		bson_append_document_begin(&cmd, "$stripedbViewCheck", -1, &vc);
-		bson_append_array_begin(&vc, "allow", -1, &arr);
-		for (size_t i = 0; i < nallow; i++) {
-			char k[16];
-			const char *kp;
-			bson_uint32_to_string((uint32_t)i, &kp, k, sizeof k);
-			BSON_APPEND_UTF8(&arr, kp, allow[i]);
-		}
-		bson_append_array_end(&vc, &arr);
-		bson_append_document_end(&cmd, &vc);
+		px_view_check_cmd(fwd, (const char *const *)allow, nallow, &cmd);
 		r = px_run_on(c, shard, &cmd, sid, reply, nerr, nerrlen);
 		bson_destroy(&cmd);
 		if (r != SHARDCONN_CMD_ERR || !view_source(reply, src, sizeof src))
@@ -1116,15 +1127,14 @@ static void run_job(void *arg)
 	shardconn_set_current_req(NULL);
 	shardconn_set_op_deadline(0);
 	sdb_store_set_interrupt(NULL, NULL);
-	answer_send(c.req, &ans);
+	px_answer_send(c.req, &ans);
 	proxy_txn_free(&c.txn);
 	free(j->user);
 	free(j);
 }
 
-static void h_submit(wire_req *req, void *data)
+void px_exec_submit(proxy *p, wire_req *req)
 {
-	proxy *p = data;
 	pjob *j = sdb_calloc(1, sizeof *j);
 
 	const char *user = p->auth ? auth_gate_conn_user(wire_req_conn(req)) : NULL;
@@ -1137,6 +1147,17 @@ static void h_submit(wire_req *req, void *data)
 	if (strcmp(wire_req_name(req), "getMore") == 0)
 		wire_req_watch_close(req);
 	shardconn_submit(p->sc, run_job, j);
+}
+
+static void h_submit(wire_req *req, void *data)
+{
+	proxy *p = data;
+
+	/* a point read of an unsharded collection: sent and answered by the loop thread
+	 * itself when it can (forwarder.h) */
+	if (px_forward_try(p->fw, req))
+		return;
+	px_exec_submit(p, req);
 }
 
 void px_exec_resume(proxy *p, wire_req *req, const char *user)

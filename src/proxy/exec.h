@@ -213,6 +213,23 @@ int px_parked(ctx *c);
 /* Run the parked request req (of user, NULL without auth; copied) again on a request
  * worker, as a new job whose ctx has `resumed` set. Any thread. */
 void px_exec_resume(proxy *p, wire_req *req, const char *user);
+/* Run req (a routed command the wire server dispatched to the proxy) on a request worker:
+ * its checks, its handler and its one answer (exec.c run_job). The user the command runs
+ * as is read from req's connection here. Loop thread (the connection's auth state is the
+ * loop's), as the dispatch hook that calls it and the forwarder that hands it requests it
+ * could not answer (forwarder.h). */
+void px_exec_submit(proxy *p, wire_req *req);
+/* fwd (a command forwarded whole to one shard) with $stripedbViewCheck {allow: [allow
+ * ...]} (nallow names, "db.coll") in place of any it had, into out (initialised here;
+ * the caller destroys it): a shard refuses with 169 naming the source a read that meets
+ * a view over a collection not in allow (see exec.c "views"). */
+void px_view_check_cmd(const bson_t *fwd, const char *const *allow, size_t nallow,
+		       bson_t *out);
+/* Send the answer a recorded (state 1 or 2; state 3 sends nothing) as req's one
+ * completion, after px_answer_mask_state_change, and clear a (what it owned is sent or
+ * freed). No answer (state 0) is logged and answered InternalError (debug builds abort).
+ * Any thread: the job runner's, and the loop's for the forwarder (forwarder.h). */
+void px_answer_send(wire_req *req, px_answer *a);
 /* True once c has an answer. */
 bool px_answered(const ctx *c);
 /* The status of the answer recorded in c: 0 for a reply (but see `ok: 0` above), the
@@ -250,7 +267,7 @@ int px_reply_retryable_net_error(ctx *c, bool nothing_written, const char *neter
  * else as px_reply_shard_error. (retry.c, with the two above.) Returns: the status of the
  * answer (px_reply_copy's for a copied reply, else the code answered). */
 int px_reply_write_result(ctx *c, int cls, const bson_t *reply, const char *neterr);
-/* Mask a shard's state-change error in an answer before it is sent (exec.c answer_send):
+/* Mask a shard's state-change error in an answer before it is sent (px_answer_send):
  * a code for which wire_state_change_code holds (NotWritablePrimary 10107,
  * InterruptedDueToReplStateChange 11602, ShutdownInProgress 91 ...), as the answer's
  * top-level code, its writeConcernError's or a writeErrors entry's (a multi-shard write

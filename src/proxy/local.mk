@@ -16,6 +16,7 @@ libstripedb_a_SOURCES += \
 	src/proxy/explain.c \
 	src/proxy/findandmodify.c \
 	src/proxy/foreign.c \
+	src/proxy/forwarder.c \
 	src/proxy/merge.c \
 	src/proxy/outmerge.c \
 	src/proxy/policy.c \
@@ -38,6 +39,7 @@ noinst_HEADERS += \
 	src/proxy/cswait.h \
 	src/proxy/ddllock.h \
 	src/proxy/exec.h \
+	src/proxy/forwarder.h \
 	src/proxy/merge.h \
 	src/proxy/proxy.h \
 	src/proxy/quota.h \

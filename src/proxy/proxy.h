@@ -105,6 +105,9 @@ typedef struct proxy {
 	 * in unit tests (getMores then wait on their worker) */
 	struct px_cswait *csw;
 	uint64_t ping_next_ms;
+	/* issue #19: the loop thread's forwarder of point reads (forwarder.h); NULL in unit
+	 * tests */
+	struct px_forwarder *fw;
 } proxy;
 
 /* retry.c: every shard command and fan-out of the proxy (handlers and cursors) goes through
@@ -138,6 +141,12 @@ char *proxy_db_primary(proxy *p, const char *db);
  * already follows its primary. A name not found is remembered and not asked about again
  * (the periodic reload still learns it). Worker threads only (blocks on metadata). */
 char *proxy_db_primary_lookup(proxy *p, const char *db);
+/* The primary shard of database db as a command on it would be routed now without
+ * asking metadata (heap copy): the cached one, or the cluster's default for a name
+ * proxy_db_primary_lookup asked about and did not find. NULL when that takes a metadata
+ * call (a name never asked about, no shard known yet). Never blocks on the network. Any
+ * thread. */
+char *proxy_db_primary_cached(proxy *p, const char *db);
 /* Replace that cache from a metadata listDatabases reply ({databases: [{name, primary?}]}).
  * Called by the refresh thread and by handlers that just read or changed the databases. */
 void proxy_set_db_primaries(proxy *p, const bson_t *list_databases_reply);

@@ -178,6 +178,19 @@ void proxy_quota_load(proxy_quota *q, const bson_t *tenants, const bson_t *dbs)
 	uv_rwlock_wrunlock(&q->lock);
 }
 
+bool proxy_quota_tenant_db(proxy_quota *q, const char *db)
+{
+	bool found = false;
+
+	if (q == NULL)
+		return false;
+	uv_rwlock_rdlock(&q->lock);
+	for (size_t i = 0; i < q->nd && !found; i++)
+		found = strcmp(q->d[i].db, db) == 0;
+	uv_rwlock_rdunlock(&q->lock);
+	return found;
+}
+
 unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns)
 {
 	unsigned flags = 0;

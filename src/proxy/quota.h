@@ -46,6 +46,10 @@ enum {
 /* The switches for ns (a bit set of PROXY_POLICY_*), 0 when none. Thread-safe. */
 unsigned proxy_policy(proxy_quota *q, const char *db, const char *ns);
 
+/* Does a tenant own db (its quotas and policy may apply to db's commands)? Never blocks
+ * (a read lock on the tables). Thread-safe. Returns: true when db is a tenant's. */
+bool proxy_quota_tenant_db(proxy_quota *q, const char *db);
+
 /* With a peer ring: ask each other peer once (hits: 0 on a probe key it owns) so that the
  * channels are up before quotas matter; true once every peer answered and none is marked
  * dead (always true without a ring). Blocking: call from the refresh thread. */

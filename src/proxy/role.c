@@ -22,6 +22,7 @@
 #include "auth/raftsec.h"
 #include "tls/tls.h"
 #include "proxy/cswait.h"
+#include "proxy/forwarder.h"
 #include "proxy/proxy.h"
 #include "proxy/txnroute.h"
 
@@ -277,6 +278,7 @@ static int proxy_start(sdb_role *role)
 	rc = wire_server_new(role->loop, &o, &p->srv, role->err, sizeof role->err);
 	if (rc != 0)
 		goto err;
+	p->fw = px_forwarder_new(p); /* issue #19: point reads answered by the loop */
 	proxy_exec_register(p);
 	if (p->auth)
 		wire_server_register(p->srv, "connectionStatus", h_connection_status);
@@ -296,6 +298,8 @@ static int proxy_start(sdb_role *role)
 		 wire_server_port(p->srv), meta);
 	return 0;
 err_srv:
+	px_forwarder_stop(p->fw);
+	px_forwarder_free(p->fw);
 	wire_server_close(p->srv, 0, NULL, NULL);
 err:
 	px_cswait_free(p->csw);
@@ -325,6 +329,8 @@ static void on_timer_closed(uv_handle_t *h)
 	px_cswait_free(p->csw); /* its watchers call shards */
 	p->csw = NULL;
 	proxy_cursor_reap(p, true);
+	px_forwarder_free(p->fw); /* stopped in proxy_stop */
+	p->fw = NULL;
 	shardconn_free(p->sc); /* runs queued jobs first, joins the workers */
 	p->sc = NULL; /* the metadata pool went with it */
 	proxy_quota_free(p->quota);
@@ -360,6 +366,7 @@ static void proxy_stop(sdb_role *role)
 
 	uv_timer_stop(&p->reap_timer);
 	px_cswait_stop(p->csw); /* parked getMores answer now, none parks again */
+	px_forwarder_stop(p->fw); /* no new command on the loop; those in flight finish */
 	if (role->http)
 		sdb_http_unroute(role->http, p);
 	wire_server_close(p->srv, (uint64_t)sdb_config_get_int(role->cfg,

@@ -1260,3 +1260,47 @@ uint64_t shardconn_advance_cluster_time(shardconn *sc, uint64_t time)
 {
 	return ct_advance(&sc->cluster_time, time);
 }
+
+/* ---------- the loop thread's forwarder (forwarder.h) ---------- */
+
+shardwire *shardconn_forward_target(shardconn *sc, const char *id)
+{
+	shard *sh;
+	shardwire *w;
+
+	/* a rotated cluster key renews the pools (rekey, a request thread's job): until
+	 * then the request threads serve the shard */
+	if (atomic_load(&sc->key_gen) != auth_cluster_generation())
+		return NULL;
+	sh = find_shard(sc, id);
+	if (sh == NULL || !sh->wire_ok || atomic_load(&sh->down))
+		return NULL;
+	w = atomic_load(&sh->primary);
+	if (w == NULL || atomic_load(&sh->demoted) == shardwire_server_id(w))
+		return NULL;
+	return w;
+}
+
+void shardconn_forward_cmd(shardconn *sc, const char *db, const bson_t *cmd, bson_t *sent)
+{
+	sent_cmd(db, cmd, cmd_fields(cmd), true, atomic_load(&sc->cluster_time), sent);
+}
+
+bool shardconn_forward_done(shardconn *sc, const char *id, shardwire *w, const bson_t *reply)
+{
+	shard *sh = find_shard(sc, id);
+	bson_iter_t it;
+
+	if (reply == NULL) {
+		if (sh)
+			wire_forget(sh, w);
+		return false;
+	}
+	sdb_counter_inc(sc->m_wire);
+	ct_advance(&sc->cluster_time, ct_of_reply(reply));
+	if (bson_iter_init_find(&it, reply, "ok") && bson_iter_as_bool(&it))
+		return true;
+	if (sh && wire_state_change_code(reply_code(reply)))
+		wire_forget(sh, w);
+	return false;
+}

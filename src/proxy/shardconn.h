@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proxy/shardwire.h"
 #include "wire/server.h"
 
 #define SHARDCONN_WORKERS 16     /* request threads always running */
@@ -177,5 +178,30 @@ void shardconn_fanout(shardconn *sc, size_t n, void (*fn)(void *ctx, size_t i), 
  * alive (their connections are authenticated already) until shardconn_free. Thread-safe. */
 int shardconn_set_metadata(shardconn *sc, const char *addrs, char *err, size_t errlen);
 mongoc_client_pool_t *shardconn_metadata(shardconn *sc);
+
+/* ---- the loop thread's forwarder (forwarder.h, issue #19) ----
+ * The forwarder sends a shard's primary commands on its own non-blocking connections,
+ * taken from the shard's own connections (shardwire.h), and only while shardconn knows
+ * the primary member as the request threads' commands do (command_io's own-connection
+ * path). Loop thread or any thread; none blocks. */
+
+/* The own connections of shard id's primary member: the member a primary command of a
+ * request thread would be sent to without libmongoc now. Returns: it, or NULL when such
+ * a command would go through libmongoc (no primary learned, the URI needs libmongoc, the
+ * shard marked down, a rotated cluster key not yet applied, an unknown shard). The
+ * shardwire stays allocated until shardconn_free. */
+shardwire *shardconn_forward_target(shardconn *sc, const char *id);
+
+/* cmd as the own connections send it into sent (initialised here; the caller destroys
+ * it): the proxy's signed $clusterTime instead of cmd's own, and $db (db) when cmd has
+ * none. */
+void shardconn_forward_cmd(shardconn *sc, const char *db, const bson_t *cmd, bson_t *sent);
+
+/* What a command sent on w (shard id's member) by the forwarder came to: reply is the
+ * member's answer, or NULL when the connection failed (no complete answer). Counts the
+ * command, raises the cluster time from the reply, and forgets w as the shard's primary
+ * after a failure or a state-change answer (as command_wire does). Returns: true when
+ * reply says ok: 1. */
+bool shardconn_forward_done(shardconn *sc, const char *id, shardwire *w, const bson_t *reply);
 
 #endif

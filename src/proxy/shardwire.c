@@ -219,6 +219,27 @@ static int read_all(int fd, uint8_t *buf, size_t n)
 	return 0;
 }
 
+int shardwire_parse_reply(const uint8_t *msg, size_t len, int32_t request_id, bson_t *reply,
+			  char *err, size_t errlen)
+{
+	wire_msg m;
+	int code = 0;
+	char perr[128];
+
+	if (wire_msg_parse(msg, len, &m, &code, perr, sizeof perr) != 0) {
+		snprintf(err, errlen, "malformed answer: %s", perr);
+		return -1;
+	}
+	if (m.hdr.op_code != WIRE_OP_MSG || m.hdr.response_to != request_id || m.more_to_come ||
+	    m.n_seqs != 0) {
+		snprintf(err, errlen, "unexpected answer (opCode %d, responseTo %d, request %d)",
+			 (int)m.hdr.op_code, (int)m.hdr.response_to, (int)request_id);
+		return -1;
+	}
+	bson_concat(reply, &m.body);
+	return 0;
+}
+
 /* Read the answer to the last request of c into reply (initialised by the caller: its
  * body is appended). 0, or -1 with a message in err (the connection is then unusable). */
 static int recv_reply(wconn *c, bson_t *reply, char *err, size_t errlen)
@@ -226,9 +247,7 @@ static int recv_reply(wconn *c, bson_t *reply, char *err, size_t errlen)
 	uint8_t first[WCONN_FIRST_READ], *buf = first;
 	size_t got = 0;
 	int32_t len;
-	wire_msg m;
-	int code = 0, rc = -1;
-	char perr[128];
+	int rc = -1;
 
 	while (got < WIRE_MSG_HEADER_LEN) {
 		ssize_t k = recv(c->fd, first + got, sizeof first - got, 0);
@@ -258,18 +277,7 @@ static int recv_reply(wconn *c, bson_t *reply, char *err, size_t errlen)
 			goto out;
 		}
 	}
-	if (wire_msg_parse(buf, (size_t)len, &m, &code, perr, sizeof perr) != 0) {
-		snprintf(err, errlen, "malformed answer: %s", perr);
-		goto out;
-	}
-	if (m.hdr.op_code != WIRE_OP_MSG || m.hdr.response_to != c->request_id ||
-	    m.more_to_come || m.n_seqs != 0) {
-		snprintf(err, errlen, "unexpected answer (opCode %d, responseTo %d, request %d)",
-			 (int)m.hdr.op_code, (int)m.hdr.response_to, (int)c->request_id);
-		goto out;
-	}
-	bson_concat(reply, &m.body);
-	rc = 0;
+	rc = shardwire_parse_reply(buf, (size_t)len, c->request_id, reply, err, errlen);
 out:
 	if (buf != first)
 		free(buf);
@@ -487,4 +495,32 @@ int shardwire_command(shardwire *w, const bson_t *cmd, bson_t *reply, char *err,
 	}
 	conn_give_back(w, c);
 	return SHARDWIRE_OK;
+}
+
+int shardwire_take_idle_fd(shardwire *w, int32_t *request_id)
+{
+	wconn *c = conn_take_idle(w);
+	int fd;
+
+	if (c == NULL)
+		return -1;
+	fd = c->fd;
+	*request_id = c->request_id;
+	free(c);
+	return fd;
+}
+
+int shardwire_socket_timeout_ms(const shardwire *w)
+{
+	return w->socket_timeout_ms;
+}
+
+bool shardwire_retired(shardwire *w)
+{
+	bool r;
+
+	pthread_mutex_lock(&w->mu);
+	r = w->retired;
+	pthread_mutex_unlock(&w->mu);
+	return r;
 }

@@ -25,6 +25,7 @@
 #define SDB_PROXY_SHARDWIRE_H
 
 #include <bson/bson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -67,5 +68,30 @@ const char *shardwire_host(const shardwire *w);
  * replaced, so a member restarted between two commands costs a new connection, not an
  * unknown outcome. */
 int shardwire_command(shardwire *w, const bson_t *cmd, bson_t *reply, char *err, size_t errlen);
+
+/* ---- for the loop thread's forwarder (forwarder.h) ----
+ * It keeps connections of its own, taken from w's idle ones once a request thread opened
+ * them, and runs them non-blocking on the proxy's loop. */
+
+/* Take one of w's idle connections for good (the caller closes it): its fd (a blocking,
+ * connected, greeted and authenticated socket; the caller may make it non-blocking) and
+ * in *request_id the last requestID sent on it. Never opens one, never blocks (a
+ * non-blocking MSG_PEEK drops idle connections their member closed). Thread-safe.
+ * Returns: the fd, or -1 when w has no idle connection. */
+int shardwire_take_idle_fd(shardwire *w, int32_t *request_id);
+
+/* The answer in msg (one complete message of len bytes, as framed by its length field) to
+ * the OP_MSG sent with request_id, appended to reply (initialised by the caller). Any
+ * thread. Returns: 0, or -1 with a message in err (malformed, not an OP_MSG, another
+ * request's answer, moreToCome, document sequences): the connection is then unusable. */
+int shardwire_parse_reply(const uint8_t *msg, size_t len, int32_t request_id, bson_t *reply,
+			  char *err, size_t errlen);
+
+/* Returns: w's socket timeout in ms (0: none), as shardwire_new took it. */
+int shardwire_socket_timeout_ms(const shardwire *w);
+
+/* Returns: true once shardwire_retire ran on w (its member's connections are not to be
+ * used for new commands). Thread-safe. */
+bool shardwire_retired(shardwire *w);
 
 #endif

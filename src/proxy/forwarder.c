@@ -1,0 +1,808 @@
+/* The proxy's event-driven forwarder of point reads and retryable updates (issue #19).
+ * See proxy/forwarder.h. */
+#include "proxy/forwarder.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/bsonget.h"
+#include "common/cmdopts.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "proxy/exec.h"
+#include "proxy/quota.h"
+#include "proxy/shardconn.h"
+#include "proxy/shardwire.h"
+#include "proxy/txn.h"
+#include "routing/route.h"
+#include "wire/msg.h"
+
+#define FW_FIRST_BUF 16384 /* a reply's first buffer: most point reads fit */
+
+typedef struct fw_conn fw_conn;
+
+/* The loop's connections to one shard member (w: the member's own connections). */
+typedef struct fw_member {
+	shardwire *w;
+	fw_conn *idle; /* singly linked through fw_conn.next */
+	size_t n_conns; /* open: idle and busy */
+} fw_member;
+
+/* One connection of the loop. Idle: in its member's idle list, polled for anything
+ * readable (which closes it). Busy: one request in flight (req, shard), in fw->busy. */
+struct fw_conn {
+	px_forwarder *fw;
+	fw_member *m;
+	int fd;
+	int32_t request_id; /* the last one sent */
+	uv_poll_t poll;
+	uv_timer_t timer;
+	int handles; /* of poll and timer, not yet closed */
+	bool closing;
+	wire_req *req; /* busy: the client's request */
+	char *shard;   /* busy: the shard's id (heap) */
+	bool update;   /* busy: req is a retryable update (else a find) */
+	proxy_txn txn; /* busy, update: its session fields (views into req's command) */
+	uint8_t *buf;  /* the answer as it arrives */
+	size_t got, cap;
+	fw_conn *next, *prev; /* the member's idle list (next only), or fw->busy */
+};
+
+struct px_forwarder {
+	proxy *p;
+	fw_member **members;
+	size_t n_members;
+	fw_conn *busy;
+	size_t n_open; /* conns whose handles are not all closed */
+	bool stopping, free_when_closed;
+};
+
+static sdb_counter *m_answered, *m_fallbacks;
+static sdb_gauge *m_in_flight;
+
+px_forwarder *px_forwarder_new(proxy *p)
+{
+	px_forwarder *fw = sdb_calloc(1, sizeof *fw);
+
+	if (m_answered == NULL) { /* the loop thread: no race */
+		m_answered = sdb_metrics_counter(
+			"stripedb_proxy_loop_commands_total",
+			"Point reads and retryable updates the proxy's loop thread sent to their "
+			"shard and answered itself, with no request thread (forwarder.h).",
+			NULL);
+		m_fallbacks = sdb_metrics_counter(
+			"stripedb_proxy_loop_command_fallbacks_total",
+			"Commands the loop thread sent to their shard and then handed to a "
+			"request thread, which ran them again (an answer other than a complete "
+			"batch, a failed or closed connection, a socket timeout, the proxy's "
+			"stop).",
+			NULL);
+		m_in_flight = sdb_metrics_gauge(
+			"stripedb_proxy_loop_commands_in_flight",
+			"Commands sent by the proxy's loop thread and not answered yet.", NULL);
+	}
+	fw->p = p;
+	return fw;
+}
+
+/* ---------- which reads ---------- */
+
+/* May v be the value of an `_id` equality sent from the loop? A plain value: never an
+ * operator document, an array (matches elements), a regular expression (matches by
+ * pattern), JavaScript or a deprecated type. */
+static bool plain_id(const bson_iter_t *v)
+{
+	switch (bson_iter_type(v)) {
+	case BSON_TYPE_DOUBLE:
+	case BSON_TYPE_UTF8:
+	case BSON_TYPE_BINARY:
+	case BSON_TYPE_OID:
+	case BSON_TYPE_BOOL:
+	case BSON_TYPE_DATE_TIME:
+	case BSON_TYPE_NULL:
+	case BSON_TYPE_INT32:
+	case BSON_TYPE_TIMESTAMP:
+	case BSON_TYPE_INT64:
+	case BSON_TYPE_DECIMAL128:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* A whole number >= lo (int32, int64, or a double holding one). */
+static bool count_at_least(const bson_iter_t *v, int64_t lo)
+{
+	double d;
+
+	switch (bson_iter_type(v)) {
+	case BSON_TYPE_INT32:
+		return bson_iter_int32(v) >= lo;
+	case BSON_TYPE_INT64:
+		return bson_iter_int64(v) >= lo;
+	case BSON_TYPE_DOUBLE:
+		d = bson_iter_double(v);
+		return d >= (double)lo && d <= 9007199254740992.0 && d == (double)(int64_t)d;
+	default:
+		return false;
+	}
+}
+
+/* Is the $readPreference at it {mode: "primary"}, as drivers send it? Any other field or
+ * mode is readpref.c's. */
+static bool primary_read_pref(const bson_iter_t *it)
+{
+	bson_iter_t f;
+
+	return BSON_ITER_HOLDS_DOCUMENT(it) && bson_iter_recurse(it, &f) && bson_iter_next(&f) &&
+	       strcmp(bson_iter_key(&f), "mode") == 0 && BSON_ITER_HOLDS_UTF8(&f) &&
+	       strcmp(bson_iter_utf8(&f, NULL), "primary") == 0 && !bson_iter_next(&f);
+}
+
+/* Is cmd a find the forwarder takes (forwarder.h)? *coll: its collection name. The
+ * fields not listed here (sort, skip, hint, readConcern, collation, maxTimeMS, any
+ * option of a transaction, stripedb's internal ones ...) leave the read to a request
+ * thread, whose checks answer what is wrong with them. */
+static bool point_find(const bson_t *cmd, const char **coll)
+{
+	bson_iter_t it, f;
+	bool have_filter = false;
+
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) || !BSON_ITER_HOLDS_UTF8(&it) ||
+	    strcmp(bson_iter_key(&it), "find") != 0)
+		return false;
+	*coll = bson_iter_utf8(&it, NULL);
+	if (**coll == '\0')
+		return false;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+
+		if (strcmp(k, "filter") == 0) {
+			/* exactly {_id: <plain value>} */
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &f) ||
+			    !bson_iter_next(&f) || strcmp(bson_iter_key(&f), "_id") != 0 ||
+			    !plain_id(&f) || bson_iter_next(&f))
+				return false;
+			have_filter = true;
+		} else if (strcmp(k, "projection") == 0) {
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+				return false;
+		} else if (strcmp(k, "limit") == 0) {
+			if (!count_at_least(&it, 0))
+				return false;
+		} else if (strcmp(k, "batchSize") == 0) {
+			if (!count_at_least(&it, 1)) /* 0: a cursor left open */
+				return false;
+		} else if (strcmp(k, "singleBatch") == 0) {
+			if (!BSON_ITER_HOLDS_BOOL(&it))
+				return false;
+		} else if (strcmp(k, "$readPreference") == 0) {
+			if (!primary_read_pref(&it))
+				return false;
+		} else if (strcmp(k, "$db") != 0 && strcmp(k, "lsid") != 0 &&
+			   strcmp(k, "$clusterTime") != 0) {
+			return false;
+		}
+	}
+	return have_filter;
+}
+
+/* Is cmd an update the forwarder takes (forwarder.h)? One statement {q: {_id: <plain
+ * value>}, u: <a document of update operators or a replacement, no JavaScript
+ * operator>, upsert?, multi: false?}, and ordered, writeConcern, lsid, txnNumber (a
+ * retryable write when both), the cluster-time and primary read-preference fields.
+ * *coll: its collection name. */
+static bool point_update(const bson_t *cmd, const char **coll)
+{
+	bson_iter_t it, arr, st;
+	bool have_stmt = false;
+
+	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) || !BSON_ITER_HOLDS_UTF8(&it) ||
+	    strcmp(bson_iter_key(&it), "update") != 0)
+		return false;
+	*coll = bson_iter_utf8(&it, NULL);
+	if (**coll == '\0')
+		return false;
+	while (bson_iter_next(&it)) {
+		const char *k = bson_iter_key(&it);
+
+		if (strcmp(k, "updates") == 0) {
+			bool have_q = false, have_u = false;
+
+			if (!BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &arr) ||
+			    !bson_iter_next(&arr) || !BSON_ITER_HOLDS_DOCUMENT(&arr) ||
+			    !bson_iter_recurse(&arr, &st) || bson_iter_next(&arr))
+				return false;
+			while (bson_iter_next(&st)) {
+				const char *sk = bson_iter_key(&st);
+				bson_iter_t q;
+				bson_t u;
+
+				if (strcmp(sk, "q") == 0) {
+					if (!BSON_ITER_HOLDS_DOCUMENT(&st) ||
+					    !bson_iter_recurse(&st, &q) || !bson_iter_next(&q) ||
+					    strcmp(bson_iter_key(&q), "_id") != 0 || !plain_id(&q) ||
+					    bson_iter_next(&q))
+						return false;
+					have_q = true;
+				} else if (strcmp(sk, "u") == 0) {
+					if (!sdb_bson_iter_doc(&st, &u) || px_uses_js_ops(&u))
+						return false;
+					have_u = true;
+				} else if (strcmp(sk, "upsert") == 0) {
+					if (!BSON_ITER_HOLDS_BOOL(&st))
+						return false;
+				} else if (strcmp(sk, "multi") == 0) {
+					if (!BSON_ITER_HOLDS_BOOL(&st) || bson_iter_bool(&st))
+						return false;
+				} else {
+					return false;
+				}
+			}
+			if (!have_q || !have_u)
+				return false;
+			have_stmt = true;
+		} else if (strcmp(k, "ordered") == 0) {
+			if (!BSON_ITER_HOLDS_BOOL(&it))
+				return false;
+		} else if (strcmp(k, "writeConcern") == 0) {
+			if (!BSON_ITER_HOLDS_DOCUMENT(&it))
+				return false;
+		} else if (strcmp(k, "$readPreference") == 0) {
+			if (!primary_read_pref(&it))
+				return false;
+		} else if (strcmp(k, "$db") != 0 && strcmp(k, "$clusterTime") != 0 &&
+			   strcmp(k, "lsid") != 0 && strcmp(k, "txnNumber") != 0) {
+			return false; /* lsid and txnNumber: proxy_txn_parse checks them */
+		}
+	}
+	return have_stmt;
+}
+
+/* ---------- connections ---------- */
+
+static void conn_close(fw_conn *c);
+static void on_poll(uv_poll_t *h, int status, int events);
+
+static void member_prune(px_forwarder *fw, fw_member *m)
+{
+	while (m->idle) {
+		fw_conn *c = m->idle;
+		m->idle = c->next;
+		conn_close(c);
+	}
+	(void)fw;
+}
+
+/* The member entry of w, made when new. Members whose own connections were retired (a
+ * shard re-registered, a new cluster key) lose their idle connections here. */
+static fw_member *member_of(px_forwarder *fw, shardwire *w)
+{
+	fw_member *found = NULL;
+
+	for (size_t i = 0; i < fw->n_members; i++) {
+		fw_member *m = fw->members[i];
+		if (m->w == w)
+			found = m;
+		else if (m->idle && shardwire_retired(m->w))
+			member_prune(fw, m);
+	}
+	if (found)
+		return found;
+	fw->members = sdb_realloc(fw->members, (fw->n_members + 1) * sizeof *fw->members);
+	found = sdb_calloc(1, sizeof *found);
+	found->w = w;
+	fw->members[fw->n_members++] = found;
+	return found;
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+	fw_conn *c = h->data;
+	px_forwarder *fw = c->fw;
+
+	if (--c->handles > 0)
+		return;
+	close(c->fd);
+	free(c->buf);
+	free(c);
+	fw->n_open--;
+	if (fw->n_open == 0 && fw->free_when_closed) {
+		for (size_t i = 0; i < fw->n_members; i++)
+			free(fw->members[i]);
+		free(fw->members);
+		free(fw);
+	}
+}
+
+/* Close c (idle, or busy with its request already handed on). */
+static void conn_close(fw_conn *c)
+{
+	if (c->closing)
+		return;
+	c->closing = true;
+	c->m->n_conns--;
+	uv_close((uv_handle_t *)&c->poll, on_handle_closed);
+	uv_close((uv_handle_t *)&c->timer, on_handle_closed);
+}
+
+/* An idle connection to m's member, or NULL (none idle, none of the member's own idle
+ * ones to take, or PX_FORWARD_CONNS open). */
+static fw_conn *conn_get(px_forwarder *fw, fw_member *m)
+{
+	fw_conn *c = m->idle;
+	int32_t rid;
+	int fd;
+
+	if (c) {
+		m->idle = c->next;
+		return c;
+	}
+	if (m->n_conns >= PX_FORWARD_CONNS || (fd = shardwire_take_idle_fd(m->w, &rid)) < 0)
+		return NULL;
+	c = sdb_calloc(1, sizeof *c);
+	c->fw = fw;
+	c->m = m;
+	c->fd = fd;
+	c->request_id = rid;
+	/* uv_poll_init_socket makes the socket non-blocking */
+	if (uv_poll_init_socket(fw->p->loop, &c->poll, fd) != 0) {
+		close(fd);
+		free(c);
+		return NULL;
+	}
+	uv_timer_init(fw->p->loop, &c->timer);
+	c->poll.data = c;
+	c->timer.data = c;
+	c->handles = 2;
+	m->n_conns++;
+	fw->n_open++;
+	return c;
+}
+
+/* c's request is answered or handed on: c out of the busy list, its request forgotten;
+ * then back to its member's idle list (watched), or closed when keep is false, the
+ * forwarder stops or the member's own connections were retired. */
+static void conn_release(fw_conn *c, bool keep)
+{
+	px_forwarder *fw = c->fw;
+
+	uv_timer_stop(&c->timer);
+	sdb_gauge_add(m_in_flight, -1);
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		fw->busy = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	c->prev = NULL;
+	c->req = NULL;
+	free(c->shard);
+	c->shard = NULL;
+	if (c->update)
+		proxy_txn_free(&c->txn);
+	c->update = false;
+	c->got = 0;
+	if (c->cap > FW_FIRST_BUF) { /* a large answer's buffer is not kept */
+		free(c->buf);
+		c->buf = NULL;
+		c->cap = 0;
+	}
+	c->next = NULL;
+	if (!keep || fw->stopping || shardwire_retired(c->m->w)) {
+		conn_close(c);
+		return;
+	}
+	c->next = c->m->idle;
+	c->m->idle = c;
+}
+
+/* ---------- one read ---------- */
+
+/* A request context for answering c's request the way its handler would (px_reply_*):
+ * the fields those read. ans: where the answer is recorded (px_answer_send sends it). */
+static void fw_ctx(fw_conn *c, ctx *x, px_answer *ans)
+{
+	memset(x, 0, sizeof *x);
+	memset(ans, 0, sizeof *ans);
+	x->p = c->fw->p;
+	x->req = c->req;
+	x->ans = ans;
+	x->cmd = wire_req_cmd(c->req);
+	x->db = wire_req_db(c->req);
+	if (c->update)
+		x->txn = c->txn; /* a copy of the views: freed with c's */
+}
+
+/* Hand c's request to a request thread (px_exec_submit) and close c. failed: the
+ * connection failed, so the member is no longer trusted as the shard's primary. */
+static void op_fallback(fw_conn *c, bool failed, const char *why)
+{
+	px_forwarder *fw = c->fw;
+	wire_req *req = c->req;
+
+	sdb_debug("proxy: loop command handed to a request thread", "shard=%s why=\"%s\"",
+		  c->shard ? c->shard : "", why);
+	if (failed)
+		(void)shardconn_forward_done(fw->p->sc, c->shard, c->m->w, NULL);
+	sdb_counter_inc(m_fallbacks);
+	conn_release(c, !failed);
+	px_exec_submit(fw->p, req);
+}
+
+/* c's connection failed after the command was sent (a read or write error, a closed
+ * connection, a malformed answer, the socket timeout): the member is no longer trusted
+ * as the shard's primary. A read or a retryable update goes to a request thread (its
+ * resend); a non-retryable update may have run, so it is answered as px_shard_call
+ * answers an unknown outcome it must not resend (px_reply_write_result: HostUnreachable,
+ * no label). */
+static void op_failed(fw_conn *c, const char *why)
+{
+	wire_req *req = c->req;
+	ctx x;
+	px_answer ans;
+	bson_t none = BSON_INITIALIZER;
+	char msg[512];
+
+	if (!c->update || c->txn.on) {
+		op_fallback(c, true, why);
+		return;
+	}
+	(void)shardconn_forward_done(c->fw->p->sc, c->shard, c->m->w, NULL);
+	snprintf(msg, sizeof msg, "shard %s: %s: %s", c->shard, shardwire_host(c->m->w), why);
+	fw_ctx(c, &x, &ans);
+	(void)px_reply_write_result(&x, SHARDCONN_NET_ERR, &none, msg);
+	bson_destroy(&none);
+	conn_release(c, false);
+	sdb_counter_inc(m_answered);
+	px_answer_send(req, &ans);
+}
+
+/* The answer of c's update (ok: what reply says), as forward_plain gives it
+ * (px_reply_write_result); what px_shard_call sends again goes to a request thread. */
+static void op_answer_update(fw_conn *c, const bson_t *reply, bool ok)
+{
+	int64_t code = ok ? 0 : px_get_int(reply, "code", 0);
+	wire_req *req = c->req;
+	ctx x;
+	px_answer ans;
+
+	/* px_shard_call's resends: a refusal (it did not run), or any state change of a
+	 * retryable write (the shard recognises the resend); an interruption of a
+	 * non-retryable one (it may have run) is answered as it came (masked) */
+	if (!ok && wire_state_change_code(code) && (c->txn.on || wire_not_executed_code(code))) {
+		op_fallback(c, false, "a state change");
+		return;
+	}
+	fw_ctx(c, &x, &ans);
+	(void)px_reply_write_result(&x,
+				    ok			       ? SHARDCONN_OK
+				    : code == WIRE_ERR_STALE_CONFIG ? SHARDCONN_STALE
+								    : SHARDCONN_CMD_ERR,
+				    reply, "");
+	conn_release(c, true);
+	sdb_counter_inc(m_answered);
+	px_answer_send(req, &ans);
+}
+
+/* The complete answer in c->buf: the client's answer, or the request handed on. */
+static void op_answer(fw_conn *c)
+{
+	px_forwarder *fw = c->fw;
+	bson_t reply, *out, cd;
+	bson_iter_t it, cur;
+	char err[256];
+	int64_t id = -1;
+	const char *ns = NULL;
+	uint32_t nslen = 0, blen = 0;
+	const uint8_t *batch = NULL;
+	wire_req *req = c->req;
+
+	bson_init(&reply);
+	if (shardwire_parse_reply(c->buf, c->got, c->request_id, &reply, err, sizeof err) != 0) {
+		bson_destroy(&reply);
+		op_failed(c, err);
+		return;
+	}
+	bool ok = shardconn_forward_done(fw->p->sc, c->shard, c->m->w, &reply);
+	if (c->update) {
+		op_answer_update(c, &reply, ok);
+		bson_destroy(&reply);
+		return;
+	}
+	if (!ok) {
+		int64_t code = px_get_int(&reply, "code", 0);
+		bson_iter_t m;
+
+		/* what run_job's path sends again: a state change (px_shard_call resends a
+		 * read after any), a view (exec.c run_view_checked); a request thread runs it
+		 * from the start, which is that one resend */
+		if (wire_state_change_code(code) ||
+		    (code == WIRE_ERR_COMMAND_ON_SHARDED_VIEW &&
+		     bson_iter_init_find(&m, &reply, "errmsg") && BSON_ITER_HOLDS_UTF8(&m) &&
+		     strstr(bson_iter_utf8(&m, NULL), "resolvedView.ns=") != NULL)) {
+			bson_destroy(&reply);
+			op_fallback(c, false, "a state change or a view");
+			return;
+		}
+		/* any other error is answered as px_forward_cursor answers it */
+		ctx x;
+		px_answer ans;
+
+		fw_ctx(c, &x, &ans);
+		(void)px_reply_shard_error(&x, code == WIRE_ERR_STALE_CONFIG ? SHARDCONN_STALE
+									   : SHARDCONN_CMD_ERR,
+					   &reply, "");
+		bson_destroy(&reply);
+		conn_release(c, true);
+		sdb_counter_inc(m_answered);
+		px_answer_send(req, &ans);
+		return;
+	}
+	if (bson_iter_init_find(&it, &reply, "cursor") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
+	    bson_iter_recurse(&it, &cur)) {
+		while (bson_iter_next(&cur)) {
+			const char *k = bson_iter_key(&cur);
+			if (strcmp(k, "id") == 0 && BSON_ITER_HOLDS_INT(&cur))
+				id = bson_iter_as_int64(&cur);
+			else if (strcmp(k, "ns") == 0 && BSON_ITER_HOLDS_UTF8(&cur))
+				ns = bson_iter_utf8(&cur, &nslen);
+			else if (strcmp(k, "firstBatch") == 0 && BSON_ITER_HOLDS_ARRAY(&cur))
+				bson_iter_array(&cur, &blen, &batch);
+		}
+	}
+	if (id != 0 || ns == NULL || batch == NULL) {
+		/* not one complete batch (a filter on _id returns at most one document, so
+		 * this is not expected): a request thread runs it through a proxy cursor; a
+		 * shard cursor left open here ends at the shard's idle timeout */
+		sdb_warn("proxy: a loop read's answer was not one complete batch",
+			 "shard=%s cursor_id=%lld", c->shard, (long long)id);
+		bson_destroy(&reply);
+		op_fallback(c, false, "not one complete batch");
+		return;
+	}
+	/* as exec.c answer_cursor_wce answers a batch that ends the cursor */
+	out = bson_new();
+	bson_append_document_begin(out, "cursor", -1, &cd);
+	BSON_APPEND_INT64(&cd, "id", 0);
+	bson_append_utf8(&cd, "ns", -1, ns, (int)nslen);
+	{
+		bson_t arr;
+		if (bson_init_static(&arr, batch, blen))
+			bson_append_array(&cd, "firstBatch", -1, &arr);
+	}
+	bson_append_document_end(out, &cd);
+	BSON_APPEND_DOUBLE(out, "ok", 1.0);
+	bson_destroy(&reply);
+	conn_release(c, true);
+	sdb_counter_inc(m_answered);
+	wire_req_reply(req, out);
+}
+
+static void on_timeout(uv_timer_t *t)
+{
+	fw_conn *c = t->data;
+
+	if (c->req)
+		op_failed(c, "socket timeout");
+}
+
+/* Read what c's member sent. Busy: the answer, until complete; idle: anything (a FIN, an
+ * RST, stray bytes) closes c. */
+static void on_poll(uv_poll_t *h, int status, int events)
+{
+	fw_conn *c = h->data;
+
+	(void)events;
+	if (c->closing)
+		return;
+	if (c->req == NULL) {
+		/* idle: the member closed it or says something unasked */
+		fw_member *m = c->m;
+		for (fw_conn **pp = &m->idle; *pp; pp = &(*pp)->next)
+			if (*pp == c) {
+				*pp = c->next;
+				break;
+			}
+		conn_close(c);
+		return;
+	}
+	if (status < 0) {
+		op_failed(c, uv_strerror(status));
+		return;
+	}
+	for (;;) {
+		size_t want = FW_FIRST_BUF;
+		ssize_t k;
+
+		if (c->got >= WIRE_MSG_HEADER_LEN) {
+			int32_t len = wire_msg_peek_length(c->buf);
+			if (!wire_msg_length_ok(len) || (size_t)len < WIRE_MSG_HEADER_LEN) {
+				op_failed(c, "bad answer length");
+				return;
+			}
+			want = (size_t)len;
+			if (c->got > want) {
+				op_failed(c, "bytes after the answer");
+				return;
+			}
+			if (c->got == want) {
+				op_answer(c);
+				return;
+			}
+		}
+		if (c->cap < want) {
+			c->buf = sdb_realloc(c->buf, want);
+			c->cap = want;
+		}
+		/* before the header: at most the first buffer, so nothing after one answer
+		 * is read with it */
+		size_t ask = c->got < WIRE_MSG_HEADER_LEN ? WIRE_MSG_HEADER_LEN - c->got
+							  : want - c->got;
+		do
+			k = recv(c->fd, c->buf + c->got, ask, MSG_DONTWAIT);
+		while (k < 0 && errno == EINTR);
+		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return; /* the rest comes with a later readable event */
+		if (k <= 0) {
+			op_failed(c, k == 0 ? "connection closed by the shard" : strerror(errno));
+			return;
+		}
+		c->got += (size_t)k;
+	}
+}
+
+bool px_forward_try(px_forwarder *fw, wire_req *req)
+{
+	proxy *p;
+	const bson_t *cmd;
+	const char *db, *coll;
+	char ns[512], err[256], *shard;
+	route_coll *rc;
+	shardwire *w;
+	fw_member *m;
+	fw_conn *c;
+	bool sharded;
+
+	proxy_txn txn;
+	int code;
+
+	if (fw == NULL || fw->stopping)
+		return false;
+	const char *name = wire_req_name(req);
+	bool update = strcmp(name, "update") == 0;
+	if (!update && strcmp(name, "find") != 0)
+		return false;
+	p = fw->p;
+	cmd = wire_req_cmd(req);
+	db = wire_req_db(req);
+	if (!(update ? point_update(cmd, &coll) : point_find(cmd, &coll)) || db == NULL ||
+	    strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 || strcmp(db, "local") == 0)
+		return false;
+	if ((size_t)snprintf(ns, sizeof ns, "%s.%s", db, coll) >= sizeof ns)
+		return false;
+	/* job_checks' option check; a tenant's quota or policy decision may block */
+	if (sdb_cmd_unsupported_option(name, cmd, err, sizeof err) != 0 ||
+	    proxy_quota_tenant_db(p->quota, db))
+		return false;
+	if ((rc = route_cache_get(p->rc, ns)) == NULL)
+		return false; /* the first read of it loads its routing */
+	sharded = rc->nkeys > 0;
+	route_coll_unref(rc);
+	if (sharded || (shard = proxy_db_primary_cached(p, db)) == NULL)
+		return false;
+	if ((w = shardconn_forward_target(p->sc, shard)) == NULL) {
+		free(shard);
+		return false;
+	}
+	m = member_of(fw, w);
+	/* job_checks' session-field check of a write (a malformed one is answered by a
+	 * request thread) */
+	if (update && !proxy_txn_parse(cmd, "updates", &txn, &code, err, sizeof err)) {
+		proxy_txn_free(&txn);
+		free(shard);
+		return false;
+	}
+	if ((c = conn_get(fw, m)) == NULL) {
+		if (update)
+			proxy_txn_free(&txn);
+		free(shard);
+		return false; /* a request thread opens one (then idle for the next read) */
+	}
+
+	/* the command as run_job's path sends it: exec.c px_forward_cursor for a find, its
+	 * forward_plain for an update (its session fields appended) */
+	bson_t fwd = BSON_INITIALIZER, checked, sent;
+	uint8_t pre[WIRE_MSG_PREFIX_LEN];
+	struct iovec iov[2];
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+	ssize_t k;
+
+	px_copy_cmd(cmd, &fwd, NULL);
+	if (update) {
+		if (txn.on) { /* a retryable write: the whole of it, its stmtId(s) as given */
+			BSON_APPEND_DOCUMENT(&fwd, "lsid", &txn.lsid);
+			BSON_APPEND_INT64(&fwd, "txnNumber", txn.txn);
+		}
+		shardconn_forward_cmd(p->sc, db, &fwd, &sent);
+	} else {
+		px_view_check_cmd(&fwd, NULL, 0, &checked);
+		shardconn_forward_cmd(p->sc, db, &checked, &sent);
+		bson_destroy(&checked);
+	}
+	bson_destroy(&fwd);
+	c->request_id = c->request_id == INT32_MAX ? 1 : c->request_id + 1;
+	wire_msg_encode_msg_prefix(pre, c->request_id, 0, 0, sent.len);
+	iov[0].iov_base = pre;
+	iov[0].iov_len = sizeof pre;
+	iov[1].iov_base = (void *)bson_get_data(&sent);
+	iov[1].iov_len = sent.len;
+	do
+		k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+	while (k < 0 && errno == EINTR);
+	bson_destroy(&sent);
+	if (k != (ssize_t)(sizeof pre + iov[1].iov_len)) {
+		/* nothing complete reached the member (a closed connection, or a send buffer
+		 * too full for one command): it cannot have run; a request thread does it */
+		sdb_debug("proxy: loop command not sent", "shard=%s err=\"%s\"", shard,
+			  k < 0 ? strerror(errno) : "partial send");
+		(void)shardconn_forward_done(p->sc, shard, w, NULL);
+		if (update)
+			proxy_txn_free(&txn);
+		free(shard);
+		conn_close(c);
+		return false;
+	}
+	sdb_gauge_add(m_in_flight, 1);
+	c->req = req;
+	c->shard = shard;
+	c->update = update;
+	if (update)
+		c->txn = txn;
+	c->got = 0;
+	c->next = fw->busy;
+	c->prev = NULL;
+	if (fw->busy)
+		fw->busy->prev = c;
+	fw->busy = c;
+	if (!uv_is_active((uv_handle_t *)&c->poll))
+		uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, on_poll);
+	{
+		int ms = shardwire_socket_timeout_ms(w);
+		if (ms > 0)
+			uv_timer_start(&c->timer, on_timeout, (uint64_t)ms, 0);
+	}
+	return true;
+}
+
+void px_forwarder_stop(px_forwarder *fw)
+{
+	if (fw == NULL)
+		return;
+	fw->stopping = true;
+	/* the commands in flight finish here (the wire server's stop waits for their
+	 * answers): handing one to a request thread would run it again while the shard may
+	 * still be running it */
+	for (size_t i = 0; i < fw->n_members; i++)
+		member_prune(fw, fw->members[i]);
+}
+
+void px_forwarder_free(px_forwarder *fw)
+{
+	if (fw == NULL)
+		return;
+	if (fw->n_open > 0) {
+		fw->free_when_closed = true;
+		return;
+	}
+	for (size_t i = 0; i < fw->n_members; i++)
+		free(fw->members[i]);
+	free(fw->members);
+	free(fw);
+}

@@ -1,0 +1,87 @@
+/* The proxy's event-driven forwarder (issue #19): point reads and retryable updates of
+ * unsharded collections sent to their shard and answered by the proxy's loop thread
+ * itself, with no request thread.
+ *
+ * Why: a request thread costs every proxied request a hand-off (the loop wakes a thread),
+ * a context switch each way and a thread that sleeps in recv until the shard answers;
+ * that was a third of the proxy's CPU per point read (tests/bench/README.md). Here the
+ * loop sends the command on a non-blocking connection to the shard's primary and goes
+ * on with other clients; the answer wakes the loop like any client's message.
+ *
+ * What it takes, on an unsharded collection (cached routing, primary shard known without
+ * asking metadata), on a database no tenant owns (no quota or policy decision), while
+ * shardconn knows the shard's primary member (its own connections, shardwire.h):
+ *  - a `find` whose filter is one `_id` equality on a plain value, with only projection,
+ *    limit, batchSize >= 1, singleBatch and the session / cluster-time / primary read
+ *    preference fields besides;
+ *  - an `update` of one statement {q: {_id: <plain value>}, u: <document>, upsert?,
+ *    multi: false?} with ordered, writeConcern, lsid, txnNumber and the cluster-time /
+ *    primary read preference fields besides.
+ * Everything else goes to a request thread as before (exec.c run_job), unchanged.
+ *
+ * What it sends and answers is what run_job's path does for such a command: for the find
+ * (read.c px_do_find -> exec.c px_forward_cursor) the command without session fields,
+ * with `$stripedbViewCheck {allow: []}`, the answer `{cursor: {id: 0, ns, firstBatch},
+ * ok: 1}` from the shard's, a shard's error as px_reply_shard_error passes it on; for the
+ * update (write.c px_do_write -> exec.c forward_plain) the command with its lsid and
+ * txnNumber when it is a retryable write, the answer as px_reply_write_result gives it;
+ * both with the proxy's `$clusterTime` and `$db`, and every answer through
+ * px_answer_send (a shard's state-change code masked). What run_job's path would send
+ * again goes to a request thread, which runs the command from the start with the full
+ * retry path, and that run is the one resend run_job's path makes:
+ *  - a command that never reached the member whole (a failed send);
+ *  - a refusal (wire_not_executed_code: it did not run);
+ *  - for a find or a retryable update, also any other state-change answer, a connection
+ *    that fails or closes, the socket timeout of the shard's URI (a find has no side
+ *    effect; the shard answers a retryable update it already ran from its record);
+ *  - a find's view (169, resent by run_view_checked) or an answer that is not one
+ *    complete batch.
+ * A non-retryable update that may have run (an interruption such as 11602, a connection
+ * lost after the send, the socket timeout) is answered as px_shard_call answers an
+ * unknown outcome it must not resend: the shard's interruption (masked), or
+ * HostUnreachable without a label. The proxy's stop lets the commands in flight finish on
+ * the loop (the wire server's stop waits for them).
+ *
+ * Connections: per shard member, taken from that member's idle own connections (opened
+ * and authenticated by request threads) and kept by the loop for good (at most
+ * PX_FORWARD_CONNS per member); one command at a time on each. An idle one that becomes
+ * readable (the member closed it, or sent something unasked) is closed.
+ *
+ * Metrics: stripedb_proxy_loop_commands_total (answered by the loop),
+ * stripedb_proxy_loop_command_fallbacks_total (started on the loop, then handed to a
+ * request thread), stripedb_proxy_loop_commands_in_flight.
+ *
+ * Loop thread only, every function. */
+#ifndef SDB_PROXY_FORWARDER_H
+#define SDB_PROXY_FORWARDER_H
+
+#include <stdbool.h>
+
+#include "proxy/proxy.h"
+#include "wire/server.h"
+
+#define PX_FORWARD_CONNS 64 /* connections the loop keeps per shard member */
+
+typedef struct px_forwarder px_forwarder;
+
+/* A forwarder for p on p->loop (p->sc, p->rc, p->quota, p->srv set). Never fails
+ * (allocation aborts). Returns: it (free with px_forwarder_stop then px_forwarder_free). */
+px_forwarder *px_forwarder_new(proxy *p);
+
+/* Send req (dispatched by the wire server to the proxy) from the loop when it is a command
+ * the forwarder takes (see the top of this file); it is then answered by the loop or
+ * handed to a request thread (px_exec_submit) later. fw NULL: never. Returns: true when
+ * the forwarder took req (the caller does nothing more with it), false when the caller
+ * submits it to a request thread. */
+bool px_forward_try(px_forwarder *fw, wire_req *req);
+
+/* From now on take no request; the idle connections are closed now, the busy ones once
+ * their command is answered (the wire server's stop waits for it). For the proxy's stop,
+ * before the wire server closes. NULL is a no-op. */
+void px_forwarder_stop(px_forwarder *fw);
+
+/* Free fw once its connections' handles are closed (at once, or by the last close
+ * callback). After px_forwarder_stop. NULL is a no-op. */
+void px_forwarder_free(px_forwarder *fw);
+
+#endif

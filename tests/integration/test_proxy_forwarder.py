@@ -1,0 +1,513 @@
+"""The proxy's event-driven forwarder (issue #19, src/proxy/forwarder.c): a point read or
+a retryable single-document update of an unsharded collection is sent to its shard and
+answered by the proxy's loop thread, with no request thread. What must hold: such commands
+really go that way; every answer is the one a request thread gives for the same command
+(compared answer by answer); what the loop does not take, or cannot finish (a view, a
+state change, a closed connection, a stopped shard, the proxy's own stop), is answered as
+before, and no update is applied twice or lost."""
+import signal
+import socket
+import threading
+
+import bson
+import pymongo
+import pytest
+
+from conftest import free_port, wait_until
+from proxy_helpers import ProxyCluster
+
+LOOP = "stripedb_proxy_loop_commands_total"
+FALLBACK = "stripedb_proxy_loop_command_fallbacks_total"
+IN_FLIGHT = "stripedb_proxy_loop_commands_in_flight"
+
+
+@pytest.fixture
+def cluster(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
+                      shard_args=["--enable-test-commands"])
+    yield cl
+    cl.close()
+
+
+def _strip(reply):
+    return {k: v for k, v in reply.items() if k not in ("$clusterTime", "operationTime")}
+
+
+def _warm(cl, coll):
+    """One write (libmongoc selects the shard's primary, the proxy learns it and keeps an
+    idle own connection the loop can take) and one read of the collection (its routing
+    cached)."""
+    coll.insert_one({"_id": "warm"})
+    coll.find_one({"_id": "warm"})
+    coll.find_one({"_id": "warm"})
+
+
+def test_point_reads_are_answered_by_the_loop_as_a_request_thread_answers(cluster):
+    c = cluster.proxy_client(0)
+    db = c.fwdb
+    docs = [{"_id": 1, "v": 1, "s": "a"}, {"_id": "k", "v": 2}, {"_id": 2.5, "v": 3},
+            {"_id": bson.ObjectId(), "v": 4}, {"_id": None, "v": 5},
+            {"_id": bson.Int64(7), "v": 6, "sub": {"x": [1, 2]}},
+            {"_id": bson.Binary(b"\x01\x02", 0), "v": 7},
+            {"_id": bson.Decimal128("1.5"), "v": 8}, {"_id": True, "v": 9}]
+    db.t.insert_many(docs)
+    _warm(cluster, db.t)
+    queries = []
+    for d in docs + [{"_id": "absent"}]:
+        f = {"_id": d["_id"]}
+        queries += [
+            {"filter": f},
+            {"filter": f, "projection": {"v": 1}},
+            {"filter": f, "projection": {"v": 0, "_id": 0}},
+            {"filter": f, "limit": 1, "singleBatch": True},
+            {"filter": f, "batchSize": 1},
+            {"filter": f, "batchSize": 2.0, "limit": 0},
+        ]
+    # an equal number 1 and 1.0 (the same _id under MongoDB's comparison)
+    queries.append({"filter": {"_id": 1.0}})
+    # a projection the shard refuses: an error answered by the loop, as a thread does
+    queries.append({"filter": {"_id": 1}, "projection": {"v": 1, "s": 0}})
+    for q in queries:
+        before = cluster.metric(0, LOOP)
+        loop = _strip(db.command(dict({"find": "t"}, **q), check=False))
+        assert cluster.metric(0, LOOP) == before + 1, q
+        # `comment` is a field the loop does not take: the same read on a request thread
+        before = cluster.metric(0, LOOP)
+        thread = _strip(db.command(dict({"find": "t"}, **q, comment="thread"), check=False))
+        assert cluster.metric(0, LOOP) == before, q
+        assert loop == thread, q
+    assert cluster.metric(0, FALLBACK) == 0
+
+
+@pytest.mark.parametrize("extra", [
+    {"filter": {"_id": {"$in": [1, 2]}}},
+    {"filter": {"_id": {"$gt": 0}}},
+    {"filter": {"_id": [1]}},
+    {"filter": {"v": 1}},
+    {"filter": {"_id": 1, "v": 1}},
+    {"filter": {"_id": 1}, "sort": {"_id": 1}},
+    {"filter": {"_id": 1}, "skip": 0},
+    {"filter": {"_id": 1}, "batchSize": 0},
+    {"filter": {"_id": 1}, "readConcern": {"level": "local"}},
+    {"filter": {"_id": 1}, "collation": {"locale": "simple"}},
+    {"filter": {"_id": 1}, "maxTimeMS": 10000},
+    {"filter": {"_id": 1}, "$readPreference": {"mode": "primaryPreferred"}},
+    {"filter": {"_id": 1}, "limit": -1},
+    {"filter": {"_id": 1}, "allowPartialResults": True},
+])
+def test_what_the_loop_does_not_take_goes_to_request_threads(cluster, extra):
+    c = cluster.proxy_client(0)
+    db = c.fwdb
+    db.t.insert_many([{"_id": 1, "v": 1}, {"_id": 2, "v": 2}])
+    _warm(cluster, db.t)
+    before = cluster.metric(0, LOOP)
+    r = db.command(dict({"find": "t"}, **extra), check=False)
+    assert cluster.metric(0, LOOP) == before, (extra, r)
+    if extra.get("limit") == -1:
+        assert r["ok"] == 0, r  # the request thread's check
+    else:
+        assert r["ok"] == 1, r
+
+
+def test_a_view_is_read_through_a_request_thread(cluster):
+    c = cluster.proxy_client(0)
+    db = c.fwdb
+    db.src.insert_many([{"_id": i, "v": i} for i in range(5)])
+    db.command({"create": "vw", "viewOn": "src", "pipeline": [{"$match": {"v": {"$gte": 2}}}]})
+    _warm(cluster, db.src)
+    db.vw.find_one({"_id": 4})  # its routing (unsharded) cached
+    fb = cluster.metric(0, FALLBACK)
+    assert db.vw.find_one({"_id": 3}) == {"_id": 3, "v": 3}
+    assert db.vw.find_one({"_id": 1}) is None
+    # the shard refused each with 169 naming the source; a request thread read it again
+    assert cluster.metric(0, FALLBACK) == fb + 2
+
+
+@pytest.mark.parametrize("code", [11602, 10107, 91])
+def test_a_state_change_answer_is_resent_once_by_a_request_thread(cluster, code):
+    """What px_shard_call does for a read after a state-change answer (send it again) is
+    what a request thread does with the loop's read: the client gets the document."""
+    c = cluster.proxy_client(0)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 1})
+    _warm(cluster, coll)
+    sh = cluster.shard_client(cluster.shard_ids[0])
+    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                      "data": {"failCommands": ["find"], "errorCode": code}})
+    fb = cluster.metric(0, FALLBACK)
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    assert cluster.metric(0, FALLBACK) == fb + 1
+
+
+def test_a_shard_error_is_answered_by_the_loop_not_run_again(cluster):
+    """An error a request thread would pass on is passed on by the loop: the shard's
+    fail point (two times) fails the loop's read once, and the next read succeeds, so
+    the read was not run a second time behind the client's back."""
+    c = cluster.proxy_client(0)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 1})
+    _warm(cluster, coll)
+    sh = cluster.shard_client(cluster.shard_ids[0])
+    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 2},
+                      "data": {"failCommands": ["find"], "errorCode": 2}})
+    with pytest.raises(pymongo.errors.OperationFailure) as e:
+        coll.find_one({"_id": 1})
+    assert e.value.code == 2
+    with pytest.raises(pymongo.errors.OperationFailure) as e:
+        coll.find_one({"_id": 1})
+    assert e.value.code == 2
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    assert cluster.metric(0, FALLBACK) == 0
+
+
+def test_a_restarted_shard_costs_no_error(cluster):
+    """The loop's idle connections to a shard that was SIGKILLed were closed by the kernel:
+    the loop sees that (or the send fails) and the reads go on, on new connections."""
+    c = cluster.proxy_client(0, retryReads=False)
+    coll = c.fwdb.t
+    coll.insert_many([{"_id": i} for i in range(10)])
+    _warm(cluster, coll)
+    for i in range(10):
+        assert coll.find_one({"_id": i}) == {"_id": i}
+    sid = cluster.shard_ids[0]
+    cluster.shard_procs[sid].kill()
+    cluster.shard_procs[sid].restart()
+
+    def up():
+        try:
+            cluster.shard_client(sid).admin.command("ping")
+            return True
+        except pymongo.errors.PyMongoError:
+            return False
+    wait_until(up, 20, what="shard restarted")
+    for i in range(10):
+        assert coll.find_one({"_id": i}) == {"_id": i}  # no retry by the driver
+    loop = cluster.metric(0, LOOP)
+    coll.insert_one({"_id": "again"})  # the primary learned again
+    for i in range(10):
+        assert coll.find_one({"_id": i}) == {"_id": i}
+    assert cluster.metric(0, LOOP) > loop
+
+
+def _in_flight_read(cluster, coll, out):
+    def run():
+        try:
+            out.append(coll.find_one({"_id": 1}))
+        except Exception as e:  # noqa: BLE001 - asserted by the caller
+            out.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 1, 20, what="a loop read in flight")
+    return t
+
+
+def test_a_stopped_shard_then_the_socket_timeout(start_role, tmp_path):
+    """The shard URI's socketTimeoutMS bounds a loop read as it bounds a request thread's
+    command: past it the read goes to a request thread, which answers once the shard
+    runs again."""
+    cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0)
+    try:
+        port = free_port()
+        d = tmp_path / "shard-a"
+        d.mkdir()
+        proc = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}"])
+        cl.shard_ids.append("shard-a")
+        cl.shard_ports["shard-a"] = port
+        cl.shard_procs["shard-a"] = proc
+        cl.meta_cmd({"addShard": "shard-a",
+                     "uri": f"mongodb://127.0.0.1:{port}/?socketTimeoutMS=1500"})
+        cl.add_proxy()
+        c = cl.proxy_client(0, socketTimeoutMS=60000)
+        coll = c.fwdb.t
+        coll.insert_one({"_id": 1, "v": 1})
+        _warm(cl, coll)
+        proc.pause()
+        out = []
+        t = _in_flight_read(cl, coll, out)
+        wait_until(lambda: cl.metric(0, FALLBACK) == 1, 30, what="the socket timeout")
+        proc.signal(signal.SIGCONT)
+        t.join(60)
+        assert out == [{"_id": 1, "v": 1}], out
+        assert cl.metric(0, IN_FLIGHT) == 0
+    finally:
+        cl.close()
+
+
+def test_the_proxy_stop_waits_for_a_loop_read(cluster):
+    """A graceful stop while a loop read waits for a stopped shard: the read stays where
+    it is (running it again elsewhere could run a write twice), is answered once the
+    shard runs again, and the proxy exits cleanly (no leak, no sanitizer report)."""
+    c = cluster.proxy_client(0, socketTimeoutMS=60000, retryReads=False)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 1})
+    _warm(cluster, coll)
+    sid = cluster.shard_ids[0]
+    cluster.shard_procs[sid].pause()
+    out = []
+    t = _in_flight_read(cluster, coll, out)
+    proxy = cluster.proxy_procs[0]
+    port = cluster.proxy_ports[0]
+    proxy.signal(signal.SIGTERM)
+
+    def listener_closed():
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.5).close()
+            return False
+        except OSError:
+            return True
+    wait_until(listener_closed, 20, what="the proxy's stop began")
+    assert proxy.p.poll() is None  # waiting for the read
+    cluster.shard_procs[sid].signal(signal.SIGCONT)
+    t.join(60)
+    assert out == [{"_id": 1, "v": 1}], out
+    assert proxy.p.wait(timeout=30) == 0, proxy.tail()
+    assert "ERROR: AddressSanitizer" not in proxy.tail(), proxy.tail()
+    assert "LeakSanitizer" not in proxy.tail(), proxy.tail()
+
+
+def test_concurrent_point_reads_and_writes(cluster):
+    """16 threads writing and reading their own documents through one proxy: each read
+    sees its thread's last acknowledged write (the loop's reads are not behind a request
+    thread's writes)."""
+    c = cluster.proxy_client(0, maxPoolSize=32)
+    coll = c.fwdb.conc
+    _warm(cluster, coll)
+    errors = []
+
+    def worker(t):
+        try:
+            for i in range(60):
+                coll.update_one({"_id": t}, {"$set": {"i": i}}, upsert=True)
+                got = coll.find_one({"_id": t})
+                if got != {"_id": t, "i": i}:
+                    errors.append((t, i, got))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    loop = cluster.metric(0, LOOP)
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(16)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert errors == []
+    assert cluster.metric(0, LOOP) - loop >= 16 * 60 * 0.5  # most reads on the loop
+    assert cluster.metric(0, IN_FLIGHT) == 0
+
+
+def _update_cmd(coll, q, u, txn, **kw):
+    cmd = {"update": coll, "updates": [dict({"q": q, "u": u}, **kw.pop("stmt", {}))]}
+    cmd.update(kw)
+    return cmd
+
+
+def test_retryable_updates_are_answered_by_the_loop_as_a_request_thread_answers(cluster):
+    """The same updates on two copies of a collection, one through the loop and one
+    (with `comment`, a field the loop does not take) through a request thread: the same
+    answers and the same documents after."""
+    c = cluster.proxy_client(0, retryWrites=True)
+    db = c.fwdb
+    seed = [{"_id": i, "v": i, "a": [1, 2]} for i in range(5)] + [{"_id": "s", "v": "x"}]
+    db.loop.insert_many(seed)
+    db.thread.insert_many(seed)
+    _warm(cluster, db.loop)
+    _warm(cluster, db.thread)
+    stmts = [
+        ({"_id": 1}, {"$inc": {"v": 1}}, {}),
+        ({"_id": 1}, {"$set": {"w": {"x": 1}}}, {}),
+        ({"_id": 2}, {"$push": {"a": 3}}, {}),
+        ({"_id": "s"}, {"v": "replaced"}, {}),                      # a replacement
+        ({"_id": 99}, {"$set": {"v": 99}}, {"upsert": True}),       # an upsert
+        ({"_id": 98}, {"$set": {"v": 98}}, {}),                      # no match
+        ({"_id": 3}, {"$set": {"_id": 4}}, {}),                      # ImmutableField
+        ({"_id": 3}, {"$inc": {"a": 1}}, {}),                        # TypeMismatch
+        ({"_id": 3}, {"$bad": {"v": 1}}, {}),                        # unknown operator
+        ({"_id": 4}, {"$set": {"v": 5}}, {"multi": False, "upsert": False}),
+    ]
+    # two sessions open at once (pymongo reuses an ended session's lsid), each with its
+    # own increasing txnNumber, as a driver's retryable writes
+    s_loop, s_thread = c.start_session(), c.start_session()
+    assert s_loop.session_id != s_thread.session_id
+    for i, (q, u, opts) in enumerate(stmts):
+        # pymongo adds a txnNumber to a retryable write it runs itself, not to
+        # command(): it is given here as a driver gives it (lsid: the session's)
+        base = {"txnNumber": bson.Int64(1000 + i)}  # above the warm-up's numbers
+        before = cluster.metric(0, LOOP)
+        loop = _strip(db.command(dict(_update_cmd("loop", q, u, None, stmt=opts), **base),
+                                 check=False, session=s_loop))
+        assert cluster.metric(0, LOOP) == before + 1, (q, u)
+        before = cluster.metric(0, LOOP)
+        thread = _strip(db.command(dict(_update_cmd("thread", q, u, None, stmt=opts),
+                                        comment="thread", **base), check=False,
+                                   session=s_thread))
+        assert cluster.metric(0, LOOP) == before, (q, u)
+        # errmsg names no collection here; upserted ids are the same
+        assert loop == thread, (q, u, loop, thread)
+    s_loop.end_session()
+    s_thread.end_session()
+    assert sorted(db.loop.find(), key=repr) == sorted(db.thread.find(), key=repr)
+    assert cluster.metric(0, FALLBACK) == 0
+
+
+def test_a_retried_update_on_the_loop_is_applied_once(cluster):
+    c = cluster.proxy_client(0, retryWrites=True)
+    db = c.fwdb
+    db.t.insert_one({"_id": 1, "v": 0})
+    _warm(cluster, db.t)
+    with c.start_session() as s:
+        cmd = dict(_update_cmd("t", {"_id": 1}, {"$inc": {"v": 1}}, None),
+                   txnNumber=bson.Int64(7))
+        before = cluster.metric(0, LOOP)
+        first = _strip(db.command(cmd, session=s))
+        # the driver's retry: answered from the shard's record
+        again = _strip(db.command(cmd, session=s))
+        assert cluster.metric(0, LOOP) == before + 2
+    assert first == again, (first, again)
+    assert db.t.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+
+
+def test_non_retryable_updates_of_one_document_on_the_loop(cluster):
+    c = cluster.proxy_client(0, retryWrites=False)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    _warm(cluster, coll)
+    before = cluster.metric(0, LOOP)
+    coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+    assert cluster.metric(0, LOOP) == before + 1
+    coll.update_many({"_id": 1}, {"$inc": {"v": 1}})  # multi: a request thread's
+    coll.update_one({"v": 2}, {"$inc": {"v": 1}})  # not an _id equality
+    assert cluster.metric(0, LOOP) == before + 1
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 3}
+
+
+@pytest.mark.parametrize("code,resent", [(11602, False), (11600, False), (189, False),
+                                         (10107, True), (91, True)])
+def test_a_state_change_answer_to_a_non_retryable_loop_update(cluster, code, resent):
+    """As px_shard_call: a refusal (it did not run) is sent again, by a request thread;
+    an interruption (it may have run) is answered, masked, and never sent again."""
+    c = cluster.proxy_client(0, retryWrites=False)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    _warm(cluster, coll)
+    sh = cluster.shard_client(cluster.shard_ids[0])
+    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                      "data": {"failCommands": ["update"], "errorCode": code}})
+    fb = cluster.metric(0, FALLBACK)
+    if resent:
+        assert coll.update_one({"_id": 1}, {"$inc": {"v": 1}}).modified_count == 1
+        assert cluster.metric(0, FALLBACK) == fb + 1
+        assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    else:
+        with pytest.raises(pymongo.errors.OperationFailure) as e:
+            coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+        assert e.value.code == 6 and f"({code}) from a shard" in e.value.details["errmsg"]
+        assert cluster.metric(0, FALLBACK) == fb
+        # the fail point answered without running it: not run at all
+        assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 0}
+
+
+def test_a_non_retryable_update_lost_with_its_connection_is_an_unknown_outcome(cluster):
+    """The shard dies with a non-retryable update in flight on the loop: it may have
+    run, so it is not run again; the client gets HostUnreachable without the
+    RetryableWriteError label."""
+    c = cluster.proxy_client(0, retryWrites=False, socketTimeoutMS=60000)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    _warm(cluster, coll)
+    sid = cluster.shard_ids[0]
+    cluster.shard_procs[sid].pause()
+    out = []
+
+    def run():
+        try:
+            out.append(coll.update_one({"_id": 1}, {"$inc": {"v": 1}}))
+        except Exception as e:  # noqa: BLE001 - asserted below
+            out.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 1, 20, what="a loop update in flight")
+    fb = cluster.metric(0, FALLBACK)
+    cluster.shard_procs[sid].kill()
+    t.join(60)
+    assert len(out) == 1 and isinstance(out[0], pymongo.errors.OperationFailure), out
+    assert out[0].code == 6, out[0].details
+    assert "RetryableWriteError" not in out[0].details.get("errorLabels", []), out[0].details
+    assert cluster.metric(0, FALLBACK) == fb
+    cluster.shard_procs[sid].restart()
+
+
+@pytest.mark.parametrize("code", [11602, 10107, 189])
+def test_a_state_change_answer_to_a_loop_update_is_resent_and_applied_once(cluster, code):
+    """The shard's fail point answers the update with code without running it; the loop
+    hands it to a request thread, which sends it again with the same txnNumber: applied
+    once, and the client sees success (as px_shard_call's resend gives)."""
+    c = cluster.proxy_client(0, retryWrites=True)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    _warm(cluster, coll)
+    sh = cluster.shard_client(cluster.shard_ids[0])
+    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                      "data": {"failCommands": ["update"], "errorCode": code}})
+    fb = cluster.metric(0, FALLBACK)
+    r = coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+    assert r.modified_count == 1
+    assert cluster.metric(0, FALLBACK) == fb + 1
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+
+
+def test_a_write_concern_error_of_a_loop_update_is_masked(cluster):
+    c = cluster.proxy_client(0, retryWrites=True)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    _warm(cluster, coll)
+    sh = cluster.shard_client(cluster.shard_ids[0])
+    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                      "data": {"failCommands": ["update"],
+                               "writeConcernError": {"code": 11602, "errmsg": "stepped down"}}})
+    before = cluster.metric(0, LOOP)
+    with pytest.raises(pymongo.errors.WriteConcernError) as e:
+        coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+    assert e.value.code == 6, e.value.details
+    assert "(11602) from a shard" in e.value.details["errmsg"]
+    assert cluster.metric(0, LOOP) == before + 1
+
+
+@pytest.mark.parametrize("retry_writes", [True, False])
+def test_updates_through_a_restarted_shard_are_applied_once(cluster, retry_writes):
+    """$inc from 4 threads while the shard is SIGKILLed and restarted: every
+    acknowledged increment is in the final count, none is applied twice, and a failed
+    one was applied at most once."""
+    c = cluster.proxy_client(0, retryWrites=retry_writes, maxPoolSize=16)
+    coll = c.fwdb.cnt
+    coll.insert_many([{"_id": t, "v": 0} for t in range(4)])
+    _warm(cluster, coll)
+    acked = [0] * 4
+    unknown = [0] * 4
+    stop = threading.Event()
+
+    def worker(t):
+        while not stop.is_set():
+            try:
+                coll.update_one({"_id": t}, {"$inc": {"v": 1}})
+                acked[t] += 1
+            except pymongo.errors.PyMongoError:
+                unknown[t] += 1
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in ts:
+        t.start()
+    wait_until(lambda: sum(acked) >= 200, 30, what="updates before the restart")
+    sid = cluster.shard_ids[0]
+    cluster.shard_procs[sid].kill()
+    cluster.shard_procs[sid].restart()
+    at_restart = sum(acked)
+    wait_until(lambda: sum(acked) >= at_restart + 200, 60, what="updates after the restart")
+    stop.set()
+    for t in ts:
+        t.join()
+    final = {d["_id"]: d["v"] for d in coll.find({"_id": {"$in": list(range(4))}})}
+    for t in range(4):
+        # a failed update may or may not have been applied; an acknowledged one was,
+        # and once
+        assert acked[t] <= final[t] <= acked[t] + unknown[t], (t, acked, unknown, final)
+    assert cluster.metric(0, LOOP) > 0
