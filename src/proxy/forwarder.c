@@ -641,10 +641,10 @@ static void on_poll(uv_poll_t *h, int status, int events)
 			c->buf = sdb_realloc(c->buf, want);
 			c->cap = want;
 		}
-		/* before the header: at most the first buffer, so nothing after one answer
-		 * is read with it */
-		size_t ask = c->got < WIRE_MSG_HEADER_LEN ? WIRE_MSG_HEADER_LEN - c->got
-							  : want - c->got;
+		/* before the header, as much as the buffer holds: one recv for most answers
+		 * (the member sends nothing but the answer to the one command in flight; more
+		 * is a broken connection, above) */
+		size_t ask = c->got < WIRE_MSG_HEADER_LEN ? c->cap - c->got : want - c->got;
 		do
 			k = recv(c->fd, c->buf + c->got, ask, MSG_DONTWAIT);
 		while (k < 0 && errno == EINTR);
