@@ -140,7 +140,9 @@ char *proxy_primary(proxy *p)
 	return s;
 }
 
-char *proxy_db_primary(proxy *p, const char *db)
+/* proxy_db_primary, and with or_default the default for a name db_checked holds
+ * (proxy_db_primary_cached). */
+static char *db_primary(proxy *p, const char *db, bool or_default)
 {
 	bson_iter_t it;
 	char *s = NULL;
@@ -151,27 +153,23 @@ char *proxy_db_primary(proxy *p, const char *db)
 	if (p->db_primaries && bson_iter_init_find(&it, p->db_primaries, db) &&
 	    BSON_ITER_HOLDS_UTF8(&it))
 		s = sdb_strdup(bson_iter_utf8(&it, NULL));
+	else if (or_default && p->primary && p->db_checked &&
+		 bson_iter_init_find(&it, p->db_checked, db))
+		s = sdb_strdup(p->primary); /* asked about and not found: the default */
 	uv_mutex_unlock(&p->mu);
 	return s;
+}
+
+char *proxy_db_primary(proxy *p, const char *db)
+{
+	return db_primary(p, db, false);
 }
 
 #define PROXY_DB_CHECKED_MAX 1024 /* bound of p->db_checked */
 
 char *proxy_db_primary_cached(proxy *p, const char *db)
 {
-	bson_iter_t it;
-	char *s = NULL;
-
-	if (db == NULL)
-		return NULL;
-	uv_mutex_lock(&p->mu);
-	if (p->db_primaries && bson_iter_init_find(&it, p->db_primaries, db) &&
-	    BSON_ITER_HOLDS_UTF8(&it))
-		s = sdb_strdup(bson_iter_utf8(&it, NULL));
-	else if (p->primary && p->db_checked && bson_iter_init_find(&it, p->db_checked, db))
-		s = sdb_strdup(p->primary); /* asked about and not found: the default */
-	uv_mutex_unlock(&p->mu);
-	return s;
+	return db_primary(p, db, true);
 }
 
 char *proxy_db_primary_lookup(proxy *p, const char *db)

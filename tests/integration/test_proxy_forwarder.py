@@ -42,6 +42,22 @@ def _warm(cl, coll):
     coll.find_one({"_id": "warm"})
 
 
+def _one_doc(cl, retry_writes, **kw):
+    """A client of proxy 0 and fwdb.t holding {_id: 1, v: 0}, warmed (_warm)."""
+    c = cl.proxy_client(0, retryWrites=retry_writes, **kw)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    _warm(cl, coll)
+    return coll
+
+
+def _fail_next(cl, command, times=1, **data):
+    """The shard's failCommand fail point on its next `times` commands named command."""
+    cl.shard_client(cl.shard_ids[0]).admin.command(
+        {"configureFailPoint": "failCommand", "mode": {"times": times},
+         "data": dict({"failCommands": [command]}, **data)})
+
+
 def test_point_reads_are_answered_by_the_loop_as_a_request_thread_answers(cluster):
     c = cluster.proxy_client(0)
     db = c.fwdb
@@ -127,15 +143,10 @@ def test_a_view_is_read_through_a_request_thread(cluster):
 def test_a_state_change_answer_is_resent_once_by_a_request_thread(cluster, code):
     """What px_shard_call does for a read after a state-change answer (send it again) is
     what a request thread does with the loop's read: the client gets the document."""
-    c = cluster.proxy_client(0)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 1})
-    _warm(cluster, coll)
-    sh = cluster.shard_client(cluster.shard_ids[0])
-    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
-                      "data": {"failCommands": ["find"], "errorCode": code}})
+    coll = _one_doc(cluster, False)
+    _fail_next(cluster, "find", errorCode=code)
     fb = cluster.metric(0, FALLBACK)
-    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 0}
     assert cluster.metric(0, FALLBACK) == fb + 1
 
 
@@ -143,20 +154,15 @@ def test_a_shard_error_is_answered_by_the_loop_not_run_again(cluster):
     """An error a request thread would pass on is passed on by the loop: the shard's
     fail point (two times) fails the loop's read once, and the next read succeeds, so
     the read was not run a second time behind the client's back."""
-    c = cluster.proxy_client(0)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 1})
-    _warm(cluster, coll)
-    sh = cluster.shard_client(cluster.shard_ids[0])
-    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 2},
-                      "data": {"failCommands": ["find"], "errorCode": 2}})
+    coll = _one_doc(cluster, False)
+    _fail_next(cluster, "find", times=2, errorCode=2)
     with pytest.raises(pymongo.errors.OperationFailure) as e:
         coll.find_one({"_id": 1})
     assert e.value.code == 2
     with pytest.raises(pymongo.errors.OperationFailure) as e:
         coll.find_one({"_id": 1})
     assert e.value.code == 2
-    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 0}
     assert cluster.metric(0, FALLBACK) == 0
 
 
@@ -385,13 +391,8 @@ def test_non_retryable_updates_of_one_document_on_the_loop(cluster):
 def test_a_state_change_answer_to_a_non_retryable_loop_update(cluster, code, resent):
     """As px_shard_call: a refusal (it did not run) is sent again, by a request thread;
     an interruption (it may have run) is answered, masked, and never sent again."""
-    c = cluster.proxy_client(0, retryWrites=False)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 0})
-    _warm(cluster, coll)
-    sh = cluster.shard_client(cluster.shard_ids[0])
-    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
-                      "data": {"failCommands": ["update"], "errorCode": code}})
+    coll = _one_doc(cluster, False)
+    _fail_next(cluster, "update", errorCode=code)
     fb = cluster.metric(0, FALLBACK)
     if resent:
         assert coll.update_one({"_id": 1}, {"$inc": {"v": 1}}).modified_count == 1
@@ -441,13 +442,8 @@ def test_a_state_change_answer_to_a_loop_update_is_resent_and_applied_once(clust
     """The shard's fail point answers the update with code without running it; the loop
     hands it to a request thread, which sends it again with the same txnNumber: applied
     once, and the client sees success (as px_shard_call's resend gives)."""
-    c = cluster.proxy_client(0, retryWrites=True)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 0})
-    _warm(cluster, coll)
-    sh = cluster.shard_client(cluster.shard_ids[0])
-    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
-                      "data": {"failCommands": ["update"], "errorCode": code}})
+    coll = _one_doc(cluster, True)
+    _fail_next(cluster, "update", errorCode=code)
     fb = cluster.metric(0, FALLBACK)
     r = coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
     assert r.modified_count == 1
@@ -456,14 +452,9 @@ def test_a_state_change_answer_to_a_loop_update_is_resent_and_applied_once(clust
 
 
 def test_a_write_concern_error_of_a_loop_update_is_masked(cluster):
-    c = cluster.proxy_client(0, retryWrites=True)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 0})
-    _warm(cluster, coll)
-    sh = cluster.shard_client(cluster.shard_ids[0])
-    sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
-                      "data": {"failCommands": ["update"],
-                               "writeConcernError": {"code": 11602, "errmsg": "stepped down"}}})
+    coll = _one_doc(cluster, True)
+    _fail_next(cluster, "update",
+               writeConcernError={"code": 11602, "errmsg": "stepped down"})
     before = cluster.metric(0, LOOP)
     with pytest.raises(pymongo.errors.WriteConcernError) as e:
         coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
