@@ -1,4 +1,4 @@
-/* The proxy's event-driven forwarder of point reads and retryable updates (issue #19).
+/* The proxy's event-driven forwarder of point reads and small writes (issue #19).
  * See proxy/forwarder.h. */
 #include "proxy/forwarder.h"
 
@@ -24,6 +24,10 @@
 #include "wire/msg.h"
 
 #define FW_FIRST_BUF 16384 /* a reply's first buffer: most point reads fit */
+#define FW_INSERT_BYTES (256 * 1024) /* the largest insert command taken */
+
+/* What the forwarder sends: a find, or a write and which. */
+enum fw_kind { FW_FIND, FW_UPDATE, FW_DELETE, FW_INSERT };
 
 typedef struct fw_conn fw_conn;
 
@@ -47,8 +51,8 @@ struct fw_conn {
 	bool closing;
 	wire_req *req; /* busy: the client's request */
 	char *shard;   /* busy: the shard's id (heap) */
-	bool update;   /* busy: req is a retryable update (else a find) */
-	proxy_txn txn; /* busy, update: its session fields (views into req's command) */
+	bool write;    /* busy: req is a write (an update, a delete, an insert), else a find */
+	proxy_txn txn; /* busy, write: its session fields (views into req's command) */
 	uint8_t *buf;  /* the answer as it arrives */
 	size_t got, cap;
 	fw_conn *next, *prev; /* the member's idle list (next only), or fw->busy */
@@ -73,8 +77,8 @@ px_forwarder *px_forwarder_new(proxy *p)
 	if (m_answered == NULL) { /* the loop thread: no race */
 		m_answered = sdb_metrics_counter(
 			"stripedb_proxy_loop_commands_total",
-			"Point reads and retryable updates the proxy's loop thread sent to their "
-			"shard and answered itself, with no request thread (forwarder.h).",
+			"Point reads and writes the proxy's loop thread sent to their shard and "
+			"answered itself, with no request thread (forwarder.h).",
 			NULL);
 		m_fallbacks = sdb_metrics_counter(
 			"stripedb_proxy_loop_command_fallbacks_total",
@@ -134,6 +138,15 @@ static bool count_at_least(const bson_iter_t *v, int64_t lo)
 	}
 }
 
+/* Is the filter at it exactly {_id: <plain value>}? */
+static bool id_filter(const bson_iter_t *it)
+{
+	bson_iter_t f;
+
+	return BSON_ITER_HOLDS_DOCUMENT(it) && bson_iter_recurse(it, &f) && bson_iter_next(&f) &&
+	       strcmp(bson_iter_key(&f), "_id") == 0 && plain_id(&f) && !bson_iter_next(&f);
+}
+
 /* Is the $readPreference at it {mode: "primary"}, as drivers send it? Any other field or
  * mode is readpref.c's. */
 static bool primary_read_pref(const bson_iter_t *it)
@@ -151,7 +164,7 @@ static bool primary_read_pref(const bson_iter_t *it)
  * thread, whose checks answer what is wrong with them. */
 static bool point_find(const bson_t *cmd, const char **coll)
 {
-	bson_iter_t it, f;
+	bson_iter_t it;
 	bool have_filter = false;
 
 	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) || !BSON_ITER_HOLDS_UTF8(&it) ||
@@ -164,10 +177,7 @@ static bool point_find(const bson_t *cmd, const char **coll)
 		const char *k = bson_iter_key(&it);
 
 		if (strcmp(k, "filter") == 0) {
-			/* exactly {_id: <plain value>} */
-			if (!BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &f) ||
-			    !bson_iter_next(&f) || strcmp(bson_iter_key(&f), "_id") != 0 ||
-			    !plain_id(&f) || bson_iter_next(&f))
+			if (!id_filter(&it))
 				return false;
 			have_filter = true;
 		} else if (strcmp(k, "projection") == 0) {
@@ -193,62 +203,104 @@ static bool point_find(const bson_t *cmd, const char **coll)
 	return have_filter;
 }
 
-/* Is cmd an update the forwarder takes (forwarder.h)? One statement {q: {_id: <plain
- * value>}, u: <a document of update operators or a replacement, no JavaScript
- * operator>, upsert?, multi: false?}, and ordered, writeConcern, lsid, txnNumber (a
- * retryable write when both), the cluster-time and primary read-preference fields.
- * *coll: its collection name. */
-static bool point_update(const bson_t *cmd, const char **coll)
+/* Is the statement at st (an element of an update's `updates`) one the forwarder takes:
+ * {q: {_id: <plain value>}, u: <a document of update operators or a replacement, no
+ * JavaScript operator>, upsert?, multi: false?}? */
+static bool point_update_stmt(bson_iter_t *st)
 {
+	bool have_q = false, have_u = false;
+
+	while (bson_iter_next(st)) {
+		const char *sk = bson_iter_key(st);
+		bson_t u;
+
+		if (strcmp(sk, "q") == 0) {
+			if (!id_filter(st))
+				return false;
+			have_q = true;
+		} else if (strcmp(sk, "u") == 0) {
+			if (!sdb_bson_iter_doc(st, &u) || px_uses_js_ops(&u))
+				return false;
+			have_u = true;
+		} else if (strcmp(sk, "upsert") == 0) {
+			if (!BSON_ITER_HOLDS_BOOL(st))
+				return false;
+		} else if (strcmp(sk, "multi") == 0) {
+			if (!BSON_ITER_HOLDS_BOOL(st) || bson_iter_bool(st))
+				return false;
+		} else {
+			return false;
+		}
+	}
+	return have_q && have_u;
+}
+
+/* The same for a delete's statement: {q: {_id: <plain value>}, limit: 0 or 1}. */
+static bool point_delete_stmt(bson_iter_t *st)
+{
+	bool have_q = false, have_limit = false;
+
+	while (bson_iter_next(st)) {
+		const char *sk = bson_iter_key(st);
+
+		if (strcmp(sk, "q") == 0) {
+			if (!id_filter(st))
+				return false;
+			have_q = true;
+		} else if (strcmp(sk, "limit") == 0) {
+			if (!count_at_least(st, 0) || bson_iter_as_int64(st) > 1)
+				return false;
+			have_limit = true;
+		} else {
+			return false;
+		}
+	}
+	return have_q && have_limit;
+}
+
+/* Is cmd (an update, a delete or an insert: kind) a write the forwarder takes
+ * (forwarder.h)? An update or a delete of one statement on {_id: <plain value>}
+ * (point_update_stmt, point_delete_stmt); an insert of documents at most FW_INSERT_BYTES
+ * long in all (what one non-blocking send takes; write.c forwards an unsharded
+ * collection's insert of up to 14 MB as is, as this does); besides, ordered,
+ * writeConcern, bypassDocumentValidation, lsid and txnNumber (a retryable write when
+ * both: proxy_txn_parse checks them), the cluster-time and primary read-preference
+ * fields. *coll: its collection name. */
+static bool point_write(const bson_t *cmd, enum fw_kind kind, const char **coll)
+{
+	static const char *const names[] = {[FW_UPDATE] = "update", [FW_DELETE] = "delete",
+					    [FW_INSERT] = "insert"};
+	static const char *const stmts[] = {[FW_UPDATE] = "updates", [FW_DELETE] = "deletes",
+					    [FW_INSERT] = "documents"};
 	bson_iter_t it, arr, st;
-	bool have_stmt = false;
+	bool have_stmts = false;
 
 	if (!bson_iter_init(&it, cmd) || !bson_iter_next(&it) || !BSON_ITER_HOLDS_UTF8(&it) ||
-	    strcmp(bson_iter_key(&it), "update") != 0)
+	    strcmp(bson_iter_key(&it), names[kind]) != 0)
 		return false;
 	*coll = bson_iter_utf8(&it, NULL);
-	if (**coll == '\0')
+	if (**coll == '\0' || (kind == FW_INSERT && cmd->len > FW_INSERT_BYTES))
 		return false;
 	while (bson_iter_next(&it)) {
 		const char *k = bson_iter_key(&it);
 
-		if (strcmp(k, "updates") == 0) {
-			bool have_q = false, have_u = false;
-
+		if (strcmp(k, stmts[kind]) == 0) {
 			if (!BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &arr) ||
-			    !bson_iter_next(&arr) || !BSON_ITER_HOLDS_DOCUMENT(&arr) ||
-			    !bson_iter_recurse(&arr, &st) || bson_iter_next(&arr))
+			    !bson_iter_next(&arr))
 				return false;
-			while (bson_iter_next(&st)) {
-				const char *sk = bson_iter_key(&st);
-				bson_iter_t q;
-				bson_t u;
-
-				if (strcmp(sk, "q") == 0) {
-					if (!BSON_ITER_HOLDS_DOCUMENT(&st) ||
-					    !bson_iter_recurse(&st, &q) || !bson_iter_next(&q) ||
-					    strcmp(bson_iter_key(&q), "_id") != 0 || !plain_id(&q) ||
-					    bson_iter_next(&q))
-						return false;
-					have_q = true;
-				} else if (strcmp(sk, "u") == 0) {
-					if (!sdb_bson_iter_doc(&st, &u) || px_uses_js_ops(&u))
-						return false;
-					have_u = true;
-				} else if (strcmp(sk, "upsert") == 0) {
-					if (!BSON_ITER_HOLDS_BOOL(&st))
-						return false;
-				} else if (strcmp(sk, "multi") == 0) {
-					if (!BSON_ITER_HOLDS_BOOL(&st) || bson_iter_bool(&st))
-						return false;
-				} else {
+			do {
+				if (!BSON_ITER_HOLDS_DOCUMENT(&arr))
 					return false;
-				}
-			}
-			if (!have_q || !have_u)
-				return false;
-			have_stmt = true;
-		} else if (strcmp(k, "ordered") == 0) {
+				if (kind != FW_INSERT &&
+				    (!bson_iter_recurse(&arr, &st) ||
+				     !(kind == FW_UPDATE ? point_update_stmt(&st)
+							 : point_delete_stmt(&st)) ||
+				     bson_iter_next(&arr)))
+					return false; /* one statement */
+			} while (kind == FW_INSERT && bson_iter_next(&arr));
+			have_stmts = true;
+		} else if (strcmp(k, "ordered") == 0 ||
+			   (strcmp(k, "bypassDocumentValidation") == 0 && kind != FW_DELETE)) {
 			if (!BSON_ITER_HOLDS_BOOL(&it))
 				return false;
 		} else if (strcmp(k, "writeConcern") == 0) {
@@ -259,10 +311,10 @@ static bool point_update(const bson_t *cmd, const char **coll)
 				return false;
 		} else if (strcmp(k, "$db") != 0 && strcmp(k, "$clusterTime") != 0 &&
 			   strcmp(k, "lsid") != 0 && strcmp(k, "txnNumber") != 0) {
-			return false; /* lsid and txnNumber: proxy_txn_parse checks them */
+			return false;
 		}
 	}
-	return have_stmt;
+	return have_stmts;
 }
 
 /* ---------- connections ---------- */
@@ -385,9 +437,9 @@ static void conn_release(fw_conn *c, bool keep)
 	c->req = NULL;
 	free(c->shard);
 	c->shard = NULL;
-	if (c->update)
+	if (c->write)
 		proxy_txn_free(&c->txn);
-	c->update = false;
+	c->write = false;
 	c->got = 0;
 	if (c->cap > FW_FIRST_BUF) { /* a large answer's buffer is not kept */
 		free(c->buf);
@@ -416,7 +468,7 @@ static void fw_ctx(fw_conn *c, ctx *x, px_answer *ans)
 	x->ans = ans;
 	x->cmd = wire_req_cmd(c->req);
 	x->db = wire_req_db(c->req);
-	if (c->update)
+	if (c->write)
 		x->txn = c->txn; /* a copy of the views: freed with c's */
 }
 
@@ -438,8 +490,8 @@ static void op_fallback(fw_conn *c, bool failed, const char *why)
 
 /* c's connection failed after the command was sent (a read or write error, a closed
  * connection, a malformed answer, the socket timeout): the member is no longer trusted
- * as the shard's primary. A read or a retryable update goes to a request thread (its
- * resend); a non-retryable update may have run, so it is answered as px_shard_call
+ * as the shard's primary. A read or a retryable write goes to a request thread (its
+ * resend); a non-retryable write may have run, so it is answered as px_shard_call
  * answers an unknown outcome it must not resend (px_reply_write_result: HostUnreachable,
  * no label). */
 static void op_failed(fw_conn *c, const char *why)
@@ -450,7 +502,7 @@ static void op_failed(fw_conn *c, const char *why)
 	bson_t none = BSON_INITIALIZER;
 	char msg[512];
 
-	if (!c->update || c->txn.on) {
+	if (!c->write || c->txn.on) {
 		op_fallback(c, true, why);
 		return;
 	}
@@ -464,9 +516,9 @@ static void op_failed(fw_conn *c, const char *why)
 	px_answer_send(req, &ans);
 }
 
-/* The answer of c's update (ok: what reply says), as forward_plain gives it
+/* The answer of c's write (ok: what reply says), as forward_plain gives it
  * (px_reply_write_result); what px_shard_call sends again goes to a request thread. */
-static void op_answer_update(fw_conn *c, const bson_t *reply, bool ok)
+static void op_answer_write(fw_conn *c, const bson_t *reply, bool ok)
 {
 	int64_t code = ok ? 0 : px_get_int(reply, "code", 0);
 	wire_req *req = c->req;
@@ -511,8 +563,8 @@ static void op_answer(fw_conn *c)
 		return;
 	}
 	bool ok = shardconn_forward_done(fw->p->sc, c->shard, c->m->w, &reply);
-	if (c->update) {
-		op_answer_update(c, &reply, ok);
+	if (c->write) {
+		op_answer_write(c, &reply, ok);
 		bson_destroy(&reply);
 		return;
 	}
@@ -675,14 +727,26 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 
 	if (fw == NULL || fw->stopping)
 		return false;
+	static const char *const stmts[] = {[FW_UPDATE] = "updates", [FW_DELETE] = "deletes",
+					    [FW_INSERT] = "documents"};
 	const char *name = wire_req_name(req);
-	bool update = strcmp(name, "update") == 0;
-	if (!update && strcmp(name, "find") != 0)
+	enum fw_kind kind;
+
+	if (strcmp(name, "find") == 0)
+		kind = FW_FIND;
+	else if (strcmp(name, "update") == 0)
+		kind = FW_UPDATE;
+	else if (strcmp(name, "delete") == 0)
+		kind = FW_DELETE;
+	else if (strcmp(name, "insert") == 0)
+		kind = FW_INSERT;
+	else
 		return false;
+	bool write = kind != FW_FIND;
 	p = fw->p;
 	cmd = wire_req_cmd(req);
 	db = wire_req_db(req);
-	if (!(update ? point_update(cmd, &coll) : point_find(cmd, &coll)) || db == NULL ||
+	if (!(write ? point_write(cmd, kind, &coll) : point_find(cmd, &coll)) || db == NULL ||
 	    strcmp(db, "admin") == 0 || strcmp(db, "config") == 0 || strcmp(db, "local") == 0)
 		return false;
 	if ((size_t)snprintf(ns, sizeof ns, "%s.%s", db, coll) >= sizeof ns)
@@ -704,20 +768,20 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	m = member_of(fw, w);
 	/* job_checks' session-field check of a write (a malformed one is answered by a
 	 * request thread) */
-	if (update && !proxy_txn_parse(cmd, "updates", &txn, &code, err, sizeof err)) {
+	if (write && !proxy_txn_parse(cmd, stmts[kind], &txn, &code, err, sizeof err)) {
 		proxy_txn_free(&txn);
 		free(shard);
 		return false;
 	}
 	if ((c = conn_get(fw, m)) == NULL) {
-		if (update)
+		if (write)
 			proxy_txn_free(&txn);
 		free(shard);
 		return false; /* a request thread opens one (then idle for the next read) */
 	}
 
 	/* the command as run_job's path sends it: exec.c px_forward_cursor for a find, its
-	 * forward_plain for an update (its session fields appended) */
+	 * forward_plain for a write (its session fields appended) */
 	bson_t fwd = BSON_INITIALIZER, checked, sent;
 	uint8_t pre[WIRE_MSG_PREFIX_LEN];
 	struct iovec iov[2];
@@ -725,7 +789,7 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	ssize_t k;
 
 	px_copy_cmd(cmd, &fwd, NULL);
-	if (update) {
+	if (write) {
 		if (txn.on) { /* a retryable write: the whole of it, its stmtId(s) as given */
 			BSON_APPEND_DOCUMENT(&fwd, "lsid", &txn.lsid);
 			BSON_APPEND_INT64(&fwd, "txnNumber", txn.txn);
@@ -753,7 +817,7 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 		sdb_debug("proxy: loop command not sent", "shard=%s err=\"%s\"", shard,
 			  k < 0 ? strerror(errno) : "partial send");
 		(void)shardconn_forward_done(p->sc, shard, w, NULL);
-		if (update)
+		if (write)
 			proxy_txn_free(&txn);
 		free(shard);
 		conn_close(c);
@@ -762,8 +826,8 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	sdb_gauge_add(m_in_flight, 1);
 	c->req = req;
 	c->shard = shard;
-	c->update = update;
-	if (update)
+	c->write = write;
+	if (write)
 		c->txn = txn;
 	c->got = 0;
 	c->next = fw->busy;

@@ -1,4 +1,4 @@
-/* The proxy's event-driven forwarder (issue #19): point reads and retryable updates of
+/* The proxy's event-driven forwarder (issue #19): point reads and small writes of
  * unsharded collections sent to their shard and answered by the proxy's loop thread
  * itself, with no request thread.
  *
@@ -15,28 +15,31 @@
  *    limit, batchSize >= 1, singleBatch and the session / cluster-time / primary read
  *    preference fields besides;
  *  - an `update` of one statement {q: {_id: <plain value>}, u: <document>, upsert?,
- *    multi: false?} with ordered, writeConcern, lsid, txnNumber and the cluster-time /
+ *    multi: false?}, a `delete` of one statement {q: {_id: <plain value>}, limit: 0 or
+ *    1}, an `insert` of at most 256 KiB of documents, each with ordered, writeConcern,
+ *    bypassDocumentValidation (not a delete), lsid, txnNumber and the cluster-time /
  *    primary read preference fields besides.
  * Everything else goes to a request thread as before (exec.c run_job), unchanged.
  *
  * What it sends and answers is what run_job's path does for such a command: for the find
  * (read.c px_do_find -> exec.c px_forward_cursor) the command without session fields,
  * with `$stripedbViewCheck {allow: []}`, the answer `{cursor: {id: 0, ns, firstBatch},
- * ok: 1}` from the shard's, a shard's error as px_reply_shard_error passes it on; for the
- * update (write.c px_do_write -> exec.c forward_plain) the command with its lsid and
- * txnNumber when it is a retryable write, the answer as px_reply_write_result gives it;
+ * ok: 1}` from the shard's, a shard's error as px_reply_shard_error passes it on; for a
+ * write (write.c px_do_write / px_do_insert -> exec.c forward_plain) the command with its
+ * lsid and txnNumber when it is a retryable write, the answer as px_reply_write_result
+ * gives it;
  * both with the proxy's `$clusterTime` and `$db`, and every answer through
  * px_answer_send (a shard's state-change code masked). What run_job's path would send
  * again goes to a request thread, which runs the command from the start with the full
  * retry path, and that run is the one resend run_job's path makes:
  *  - a command that never reached the member whole (a failed send);
  *  - a refusal (wire_not_executed_code: it did not run);
- *  - for a find or a retryable update, also any other state-change answer, a connection
+ *  - for a find or a retryable write, also any other state-change answer, a connection
  *    that fails or closes, the socket timeout of the shard's URI (a find has no side
- *    effect; the shard answers a retryable update it already ran from its record);
+ *    effect; the shard answers a retryable write it already ran from its record);
  *  - a find's view (169, resent by run_view_checked) or an answer that is not one
  *    complete batch.
- * A non-retryable update that may have run (an interruption such as 11602, a connection
+ * A non-retryable write that may have run (an interruption such as 11602, a connection
  * lost after the send, the socket timeout) is answered as px_shard_call answers an
  * unknown outcome it must not resend: the shard's interruption (masked), or
  * HostUnreachable without a label. The proxy's stop lets the commands in flight finish on

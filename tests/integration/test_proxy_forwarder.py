@@ -502,3 +502,87 @@ def test_updates_through_a_restarted_shard_are_applied_once(cluster, retry_write
         # and once
         assert acked[t] <= final[t] <= acked[t] + unknown[t], (t, acked, unknown, final)
     assert cluster.metric(0, LOOP) > 0
+
+
+def test_inserts_and_deletes_are_answered_by_the_loop_as_a_request_thread_answers(cluster):
+    """Inserts (one document, several, a duplicate key, ordered and not) and deletes of
+    one _id on two copies of a collection, one through the loop and one (with `comment`)
+    through a request thread, as retryable writes: the same answers and documents."""
+    c = cluster.proxy_client(0, retryWrites=True)
+    db = c.fwdb
+    for name in ("loop", "thread"):
+        db[name].insert_many([{"_id": i, "v": i} for i in range(5)])
+        _warm(cluster, db[name])
+    cmds = [
+        {"insert": None, "documents": [{"_id": 10, "v": 10}]},
+        {"insert": None, "documents": [{"_id": 11}, {"_id": 12, "x": [1, {"y": 2}]}]},
+        {"insert": None, "documents": [{"_id": 13}, {"_id": 1}, {"_id": 14}]},   # dup
+        {"insert": None, "documents": [{"_id": 15}, {"_id": 2}, {"_id": 16}],
+         "ordered": False},
+        {"insert": None, "documents": [{"v": "no _id"}]},   # the shard makes one
+        {"delete": None, "deletes": [{"q": {"_id": 3}, "limit": 1}]},
+        {"delete": None, "deletes": [{"q": {"_id": 3}, "limit": 1}]},   # gone already
+        {"insert": None, "documents": [{"_id": 20}], "writeConcern": {"w": 1, "j": True}},
+    ]
+    s_loop, s_thread = c.start_session(), c.start_session()
+    for i, cmd in enumerate(cmds):
+        name = next(iter(cmd))
+        base = {"txnNumber": bson.Int64(2000 + i)}
+        before = cluster.metric(0, LOOP)
+        loop = _strip(db.command(dict(cmd, **{name: "loop"}, **base), check=False,
+                                 session=s_loop))
+        assert cluster.metric(0, LOOP) == before + 1, (cmd, loop)
+        before = cluster.metric(0, LOOP)
+        thread = _strip(db.command(dict(cmd, **{name: "thread"}, comment="t", **base),
+                                   check=False, session=s_thread))
+        assert cluster.metric(0, LOOP) == before, cmd
+        for r in (loop, thread):  # errmsgs name their collection
+            for we in r.get("writeErrors", []):
+                we["errmsg"] = we["errmsg"].replace("fwdb.loop", "X").replace("fwdb.thread", "X")
+        assert loop == thread, (cmd, loop, thread)
+    s_loop.end_session()
+    s_thread.end_session()
+
+    def docs(name):  # the generated _id differs
+        return sorted(({k: v for k, v in d.items() if not isinstance(v, bson.ObjectId)}
+                       for d in db[name].find()), key=repr)
+    assert docs("loop") == docs("thread")
+    assert cluster.metric(0, FALLBACK) == 0
+    # limit 0 cannot be a retryable write (InvalidOptions, the request thread's check);
+    # without a txnNumber the loop takes it
+    before = cluster.metric(0, LOOP)
+    assert db.command({"delete": "loop", "deletes": [{"q": {"_id": 4}, "limit": 0}]})["n"] == 1
+    assert cluster.metric(0, LOOP) == before + 1
+
+
+def test_a_retried_insert_on_the_loop_is_applied_once(cluster):
+    c = cluster.proxy_client(0, retryWrites=True)
+    db = c.fwdb
+    _warm(cluster, db.t)
+    with c.start_session() as s:
+        cmd = {"insert": "t", "documents": [{"_id": "a"}, {"_id": "b"}],
+               "txnNumber": bson.Int64(77)}
+        first = _strip(db.command(cmd, session=s))
+        again = _strip(db.command(cmd, session=s))
+    assert first == again == {"n": 2, "ok": 1.0}, (first, again)
+    assert sorted(d["_id"] for d in db.t.find()) == ["a", "b", "warm"]
+
+
+@pytest.mark.parametrize("cmd", [
+    {"insert": "t", "documents": [{"_id": 1}], "bypassDocumentValidation": 1},
+    {"delete": "t", "deletes": [{"q": {"_id": 1}, "limit": 2}]},
+    {"delete": "t", "deletes": [{"q": {"_id": 1}, "limit": 1}, {"q": {"_id": 2}, "limit": 1}]},
+    {"delete": "t", "deletes": [{"q": {"_id": 1}, "limit": 1, "collation": {"locale": "fr"}}]},
+    {"delete": "t", "deletes": [{"q": {"_id": {"$gt": 1}}, "limit": 0}]},
+    {"insert": "t", "documents": [{"_id": i, "pad": "x" * 1000} for i in range(300)]},
+    {"update": "t", "updates": [{"q": {"_id": 1}, "u": {"$set": {"v": 1}},
+                                 "arrayFilters": []}]},
+    {"update": "t", "updates": [{"q": {"_id": 1}, "u": [{"$set": {"v": 1}}]}]},
+])
+def test_writes_the_loop_does_not_take(cluster, cmd):
+    c = cluster.proxy_client(0)
+    db = c.fwdb
+    _warm(cluster, db.t)
+    before = cluster.metric(0, LOOP)
+    db.command(cmd, check=False)
+    assert cluster.metric(0, LOOP) == before, cmd
