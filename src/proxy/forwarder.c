@@ -375,6 +375,8 @@ static void conn_release(fw_conn *c, bool keep)
 
 	uv_timer_stop(&c->timer);
 	sdb_gauge_add(m_in_flight, -1);
+	if (c->req)
+		wire_req_wait_end(c->req); /* px_forward_try's begin */
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -760,6 +762,10 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 		return false;
 	}
 	sdb_gauge_add(m_in_flight, 1);
+	/* a wait for the shard, bounded by its socket timeout, as a request thread's
+	 * (shardconn_wait_begin): a graceful stop that times out logs it as a wait, not as
+	 * a request its handler forgot (wire_req_wait_begin) */
+	wire_req_wait_begin(req);
 	c->req = req;
 	c->shard = shard;
 	c->update = update;
