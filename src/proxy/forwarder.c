@@ -615,10 +615,10 @@ static void on_poll(uv_poll_t *h, int status, int events)
 		conn_close(c);
 		return;
 	}
-	if (status < 0) {
-		op_failed(c, uv_strerror(status));
-		return;
-	}
+	/* an error (libuv reports POLLERR as UV_EBADF and stops the poll) may come with the
+	 * answer already received: it is read first, as a request thread's blocking recv
+	 * reads what arrived before a reset; only with nothing (more) to read is it the
+	 * connection's failure */
 	for (;;) {
 		size_t want = FW_FIRST_BUF;
 		ssize_t k;
@@ -650,8 +650,11 @@ static void on_poll(uv_poll_t *h, int status, int events)
 		do
 			k = recv(c->fd, c->buf + c->got, ask, MSG_DONTWAIT);
 		while (k < 0 && errno == EINTR);
-		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			if (status < 0) /* the poll stopped: no later event */
+				op_failed(c, uv_strerror(status));
 			return; /* the rest comes with a later readable event */
+		}
 		if (k <= 0) {
 			op_failed(c, k == 0 ? "connection closed by the shard" : strerror(errno));
 			return;

@@ -17,6 +17,14 @@ FALLBACK = "stripedb_proxy_loop_command_fallbacks_total"
 IN_FLIGHT = "stripedb_proxy_loop_commands_in_flight"
 
 
+@pytest.fixture
+def cluster_1(start_role, tmp_path):
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
+                      shard_args=["--enable-test-commands"])
+    yield cl
+    cl.close()
+
+
 def _warm(coll):
     coll.insert_one({"_id": "warm"})
     coll.find_one({"_id": "warm"})
@@ -79,3 +87,109 @@ def test_a_loop_read_at_a_stop_past_its_timeout_is_a_wait_not_a_lost_request(sta
     finally:
         cl.shard_procs[cl.shard_ids[0]].signal(signal.SIGCONT)
         cl.close()
+
+
+def _cluster_with_timeout(start_role, tmp_path, timeout_ms, proxy_args=()):
+    cl = ProxyCluster(start_role, tmp_path, shards=0, proxies=0)
+    port = free_port()
+    d = tmp_path / "shard-a"
+    d.mkdir()
+    proc = start_role(["--role=shard", f"--listen=127.0.0.1:{port}", f"--data-dir={d}",
+                       "--enable-test-commands"])
+    cl.shard_ids.append("shard-a")
+    cl.shard_ports["shard-a"] = port
+    cl.shard_procs["shard-a"] = proc
+    cl.meta_cmd({"addShard": "shard-a",
+                 "uri": f"mongodb://127.0.0.1:{port}/?socketTimeoutMS={timeout_ms}"})
+    cl.add_proxy(list(proxy_args))
+    return cl
+
+
+@pytest.mark.parametrize("path", ["loop", "thread"])
+@pytest.mark.parametrize("retryable", [True, False])
+def test_an_update_slower_than_the_socket_timeout_is_applied_once(start_role, tmp_path,
+                                                                  path, retryable):
+    """The shard holds the update (blockConnection) longer than the URI's socket timeout,
+    then runs it. A retryable one is resent (by a request thread) while the first copy
+    still waits on the shard; a non-retryable one is an unknown outcome. Either way the
+    document is incremented once, through the loop as through a request thread."""
+    cl = _cluster_with_timeout(start_role, tmp_path, 1000)
+    try:
+        c = cl.proxy_client(0, socketTimeoutMS=60000)
+        db = c.fwdb
+        db.t.insert_one({"_id": 1, "v": 0})
+        _warm(db.t)
+        sh = cl.shard_client("shard-a")
+        sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
+                          "data": {"failCommands": ["update"], "blockConnection": True,
+                                   "blockTimeMS": 2500}})
+        cmd = {"update": "t", "updates": [{"q": {"_id": 1}, "u": {"$inc": {"v": 1}}}]}
+        if path == "thread":
+            cmd["comment"] = "thread"
+        before = cl.metric(0, LOOP) + cl.metric(0, FALLBACK)
+        if retryable:
+            with c.start_session() as s:
+                r = db.command(dict(cmd, txnNumber=bson.Int64(5)), session=s, check=False)
+        else:
+            r = db.command(cmd, check=False)
+        took = cl.metric(0, LOOP) + cl.metric(0, FALLBACK) - before
+        assert took == (1 if path == "loop" else 0), r
+        time.sleep(3.5)  # the held copy ran by now
+        assert db.t.find_one({"_id": 1}) == {"_id": 1, "v": 1}, r
+        if retryable:
+            assert r["ok"] == 1 and r["n"] == 1, r
+        else:
+            assert r["ok"] == 0 and r["code"] == 6, r
+            assert "RetryableWriteError" not in r.get("errorLabels", []), r
+    finally:
+        cl.close()
+
+
+@pytest.mark.parametrize("path", ["loop", "thread"])
+def test_non_retryable_updates_through_graceful_shard_restarts(cluster_1, path):
+    """Non-retryable $inc from 8 threads while the shard is stopped gracefully (SIGTERM)
+    and restarted, 3 times: every acknowledged update is applied, none twice, and a
+    failed one at most once, through the loop as through request threads. (Both paths
+    see some 'Connection reset by peer' unknown outcomes at a graceful shard stop; the
+    loop's read 'bad file descriptor' before it read what a reset left to read.)"""
+    cl = cluster_1
+    c = cl.proxy_client(0, retryWrites=False, maxPoolSize=16)
+    coll = c.fwdb.cnt
+    coll.insert_many([{"_id": t, "v": 0} for t in range(8)])
+    _warm(coll)
+    acked = [0] * 8
+    errors = []
+    stop = threading.Event()
+
+    def worker(t):
+        while not stop.is_set():
+            cmd = {"update": "cnt", "updates": [{"q": {"_id": t}, "u": {"$inc": {"v": 1}}}]}
+            if path == "thread":
+                cmd["comment"] = "thread"
+            try:
+                r = c.fwdb.command(cmd)
+                assert r["n"] == 1, r
+                acked[t] += 1
+            except pymongo.errors.PyMongoError as e:
+                errors.append(repr(e))
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in ts:
+        t.start()
+    sid = cl.shard_ids[0]
+    try:
+        for _ in range(3):
+            at = sum(acked)
+            wait_until(lambda: sum(acked) >= at + 200, 60, what="updates")
+            assert cl.shard_procs[sid].stop() == 0
+            cl.shard_procs[sid].restart()
+        at = sum(acked)
+        wait_until(lambda: sum(acked) >= at + 200, 60, what="updates after")
+    finally:
+        stop.set()
+        for t in ts:
+            t.join()
+    final = {d["_id"]: d["v"] for d in coll.find({"_id": {"$in": list(range(8))}})}
+    assert not any("bad file descriptor" in e for e in errors), errors[:5]
+    for t in range(8):
+        assert acked[t] <= final[t] <= acked[t] + len(errors), (t, acked, final, errors[:3])
