@@ -748,16 +748,20 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	iov[0].iov_len = sizeof pre;
 	iov[1].iov_base = (void *)bson_get_data(&sent);
 	iov[1].iov_len = sent.len;
+	int send_errno = 0;
 	do
 		k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-	while (k < 0 && errno == EINTR);
+	while (k < 0 && (send_errno = errno) == EINTR);
 	bson_destroy(&sent);
 	if (k != (ssize_t)(sizeof pre + iov[1].iov_len)) {
 		/* nothing complete reached the member (a closed connection, or a send buffer
 		 * too full for one command): it cannot have run; a request thread does it */
 		sdb_debug("proxy: loop command not sent", "shard=%s err=\"%s\"", shard,
-			  k < 0 ? strerror(errno) : "partial send");
-		(void)shardconn_forward_done(p->sc, shard, w, NULL);
+			  k < 0 ? strerror(send_errno) : "partial send");
+		/* only a failed connection says the member may not be the primary any more; a
+		 * command larger than the send buffer (partial, EAGAIN) says nothing of it */
+		if (k < 0 && send_errno != EAGAIN && send_errno != EWOULDBLOCK)
+			(void)shardconn_forward_done(p->sc, shard, w, NULL);
 		if (update)
 			proxy_txn_free(&txn);
 		free(shard);

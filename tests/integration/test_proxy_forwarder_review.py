@@ -193,3 +193,93 @@ def test_non_retryable_updates_through_graceful_shard_restarts(cluster_1, path):
     assert not any("bad file descriptor" in e for e in errors), errors[:5]
     for t in range(8):
         assert acked[t] <= final[t] <= acked[t] + len(errors), (t, acked, final, errors[:3])
+
+
+def _strip(reply):
+    return {k: v for k, v in reply.items() if k not in ("$clusterTime", "operationTime")}
+
+
+def test_odd_commands_answered_by_the_loop_as_by_a_request_thread(cluster_1):
+    """Odd but eligible finds and updates: the loop's answer equals a request thread's
+    (the same command with `comment`), on two copies of the collection."""
+    cl = cluster_1
+    c = cl.proxy_client(0)
+    db = c.fwdb
+    big = "x" * (4 << 20)
+    seed = [{"_id": 1, "v": 1, "a": [{"b": 1}, {"b": 2}]}, {"_id": "", "v": 2},
+            {"_id": bson.Timestamp(5, 1), "v": 3}, {"_id": 2, "v": 4, "big": big}]
+    for name in ("loop", "thread"):
+        db[name].insert_many(seed)
+        db[name].create_index("v", unique=True)
+        _warm(db[name])
+    finds = [
+        {"filter": {"_id": 1}, "projection": {"a": {"$elemMatch": {"b": 2}}}},
+        {"filter": {"_id": 1}, "projection": {"a": {"$slice": 1}}},
+        {"filter": {"_id": 1}, "projection": {"a.$": 1}},
+        {"filter": {"_id": 1}, "projection": {}},
+        {"filter": {"_id": 1}, "limit": bson.Int64(2**62), "batchSize": bson.Int64(2**62)},
+        {"filter": {"_id": 1}, "singleBatch": False, "limit": 1.0},
+        {"filter": {"_id": ""}},
+        {"filter": {"_id": bson.Timestamp(5, 1)}},
+        {"filter": {"_id": 2}},  # a 4 MB answer
+        {"filter": {"_id": 2}, "projection": {"big": 0}},
+        {"filter": {"_id": 1}, "$readPreference": {"mode": "primary"}},
+        {"filter": {"_id": "y" * 100000}},
+    ]
+    for q in finds:
+        before = cl.metric(0, LOOP)
+        loop = _strip(db.command(dict({"find": "loop"}, **q), check=False))
+        took = cl.metric(0, LOOP) - before
+        thread = _strip(db.command(dict({"find": "loop"}, **q, comment="t"), check=False))
+        assert took == 1, (q, loop)
+        assert loop == thread, (q, loop, thread)
+    updates = [
+        ({"_id": 1}, {}, {}),                                   # an empty replacement
+        ({"_id": 1}, {"$set": {}}, {}),
+        ({"_id": 1}, [{"$set": {"w": 1}}], {}),                 # a pipeline
+        ({"_id": 7}, {"$setOnInsert": {"s": 1}, "$set": {"v": 70}}, {"upsert": True}),
+        ({"_id": 8}, {"$set": {"v": 70}}, {"upsert": True}),    # duplicate key on v
+        ({"_id": 1}, {"_id": 2, "v": 9}, {}),                   # _id changed
+        ({"_id": 1}, {"$set": {"big2": big}}, {}),              # a 4 MB update
+        ({"_id": 9}, {"v": 90, "$x": 1}, {"upsert": True}),
+        ({"_id": ""}, {"$inc": {"v": 1}}, {"upsert": False, "multi": False}),
+    ]
+    wcs = [None, {"w": 1, "j": True}, {"w": "majority", "wtimeout": 1}, {"w": 3, "wtimeout": 50}]
+    for i, (q, u, opts) in enumerate(updates):
+        for wc in wcs:
+            res = {}
+            for name in ("loop", "thread"):
+                cmd = {"update": name, "updates": [dict({"q": q, "u": u}, **opts)],
+                       "ordered": False}
+                if wc:
+                    cmd["writeConcern"] = wc
+                if name == "thread":
+                    cmd["comment"] = "t"
+                before = cl.metric(0, LOOP)
+                res[name] = _strip(db.command(cmd, check=False))
+                # a pipeline is a thread's; a 4 MB update does not fit the socket's send
+                # buffer (partial send: a thread's, see the test below)
+                if name == "loop" and not isinstance(u, list) and "big2" not in str(u)[:20]:
+                    assert cl.metric(0, LOOP) - before == 1, (q, u, wc, res)
+            assert repr(res["loop"]) == repr(res["thread"]).replace("fwdb.thread", "fwdb.loop"), \
+                (q, u, wc, res)
+    assert sorted(db.loop.find({}, {"big": 0, "big2": 0}), key=repr) == \
+        sorted(db.thread.find({}, {"big": 0, "big2": 0}), key=repr)
+
+
+def test_a_command_too_big_for_one_send_keeps_the_shard_primary_known(cluster_1):
+    """A 4 MB update does not fit a non-blocking send: the loop hands it to a request
+    thread (it cannot have run: no complete message reached the shard). That is no
+    failure of the member: the loop must not forget the shard's primary (and send the
+    commands after it through libmongoc until a thread learns the primary again)."""
+    cl = cluster_1
+    c = cl.proxy_client(0)
+    coll = c.fwdb.t
+    coll.insert_many([{"_id": i, "v": i} for i in range(3)])
+    _warm(coll)
+    big = "x" * (4 << 20)
+    for i in range(3):
+        coll.update_one({"_id": i}, {"$set": {"big": big}})
+        before = cl.metric(0, LOOP)
+        assert coll.find_one({"_id": i}, {"big": 0}) == {"_id": i, "v": i}
+        assert cl.metric(0, LOOP) == before + 1, i
