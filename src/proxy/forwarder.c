@@ -366,6 +366,19 @@ static fw_conn *conn_get(px_forwarder *fw, fw_member *m)
 	return c;
 }
 
+/* Has the member closed idle c, or sent it something unasked (what the idle poll closes
+ * it for, seen before that poll event is handled)? */
+static bool conn_stale(fw_conn *c)
+{
+	char b;
+	ssize_t k;
+
+	do
+		k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	while (k < 0 && errno == EINTR);
+	return !(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}
+
 /* c's request is answered or handed on: c out of the busy list, its request forgotten;
  * then back to its member's idle list (watched), or closed when keep is false, the
  * forwarder stops or the member's own connections were retired. */
@@ -714,7 +727,14 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 		free(shard);
 		return false;
 	}
-	if ((c = conn_get(fw, m)) == NULL) {
+	/* a non-retryable update sent on a connection the member already closed would be an
+	 * unknown outcome although it never ran: as shardwire_command does before each send,
+	 * an idle connection with anything to read (a FIN or RST whose poll event the loop
+	 * has not handled yet in this iteration) is dropped first. Finds and retryable
+	 * updates need no check: their failure goes to a request thread. */
+	while ((c = conn_get(fw, m)) != NULL && update && !txn.on && conn_stale(c))
+		conn_close(c);
+	if (c == NULL) {
 		if (update)
 			proxy_txn_free(&txn);
 		free(shard);
