@@ -283,3 +283,74 @@ def test_a_command_too_big_for_one_send_keeps_the_shard_primary_known(cluster_1)
         before = cl.metric(0, LOOP)
         assert coll.find_one({"_id": i}, {"big": 0}) == {"_id": i, "v": i}
         assert cl.metric(0, LOOP) == before + 1, i
+
+
+@pytest.mark.parametrize("what", ["find", "update"])
+def test_a_client_gone_with_its_loop_command_in_flight(cluster_1, what):
+    """The client closes its connection (its socket timeout) while its command waits
+    on the loop for a stopped shard; the shard then answers. The proxy goes on serving,
+    the update is applied once, and the proxy exits cleanly (no use of the freed
+    connection, no leak)."""
+    cl = cluster_1
+    c = cl.proxy_client(0)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    _warm(coll)
+    impatient = cl.proxy_client(0, socketTimeoutMS=1000, retryReads=False,
+                                retryWrites=False)
+    icoll = impatient.fwdb.t
+    icoll.find_one({"_id": "warm"})
+    sid = cl.shard_ids[0]
+    cl.shard_procs[sid].pause()
+    before = cl.metric(0, LOOP) + cl.metric(0, FALLBACK)
+    with pytest.raises(pymongo.errors.NetworkTimeout):
+        if what == "find":
+            icoll.find_one({"_id": 1})
+        else:
+            icoll.update_one({"_id": 1}, {"$inc": {"v": 1}})
+    assert cl.metric(0, IN_FLIGHT) == 1
+    impatient.close()
+    time.sleep(0.5)
+    cl.shard_procs[sid].signal(signal.SIGCONT)
+    wait_until(lambda: cl.metric(0, IN_FLIGHT) == 0, 20, what="the answer")
+    assert cl.metric(0, LOOP) + cl.metric(0, FALLBACK) >= before + 1
+    for _ in range(20):
+        assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1 if what == "update" else 0}
+    cl.stop_proxy_clean(0)
+
+
+@pytest.mark.parametrize("path", ["loop", "thread"])
+def test_a_retryable_update_resent_to_a_stopped_shard_is_applied_once(start_role, tmp_path,
+                                                                      path):
+    """SIGSTOP: every copy of a retryable update (the loop's, then the request thread's
+    resends past the URI's socket timeout) waits in the shard's sockets and all run at
+    SIGCONT, concurrently: the shard must apply it once."""
+    cl = _cluster_with_timeout(start_role, tmp_path, 700)
+    try:
+        c = cl.proxy_client(0, socketTimeoutMS=60000)
+        db = c.fwdb
+        db.t.insert_many([{"_id": i, "v": 0} for i in range(4)])
+        _warm(db.t)
+        sid = cl.shard_ids[0]
+        out = []
+
+        def run(i):
+            cmd = {"update": "t", "updates": [{"q": {"_id": i}, "u": {"$inc": {"v": 1}}}]}
+            if path == "thread":
+                cmd["comment"] = "t"
+            with c.start_session() as s:
+                out.append(db.command(dict(cmd, txnNumber=bson.Int64(3)), session=s,
+                                      check=False))
+        cl.shard_procs[sid].pause()
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        time.sleep(2.5)
+        cl.shard_procs[sid].signal(signal.SIGCONT)
+        for t in ts:
+            t.join(60)
+        final = {d["_id"]: d["v"] for d in db.t.find({"_id": {"$in": list(range(4))}})}
+        assert final == {i: 1 for i in range(4)}, (final, out)
+    finally:
+        cl.shard_procs[cl.shard_ids[0]].signal(signal.SIGCONT)
+        cl.close()
