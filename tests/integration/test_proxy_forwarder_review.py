@@ -354,3 +354,76 @@ def test_a_retryable_update_resent_to_a_stopped_shard_is_applied_once(start_role
     finally:
         cl.shard_procs[cl.shard_ids[0]].signal(signal.SIGCONT)
         cl.close()
+
+
+@pytest.mark.parametrize("retry_writes", [True, False])
+def test_loop_updates_and_reads_across_primary_transfers(start_role, tmp_path, retry_writes):
+    """A shard replica set's primary handed over 8 times while writers $inc their own
+    document and readers read it, both on the loop: per document acks <= v <= attempts,
+    no state-change code reaches a client, and the loop took most of them."""
+    from test_proxy_shard_wire_failover import _set_behind_a_proxy, _metric
+    from test_shard_replset import direct, primary_index
+    from sdam_watch import STATE_CHANGE
+    procs, wires, proxy, c = _set_behind_a_proxy(start_role, tmp_path)
+    coll = c.app.c
+    writers = 4
+    wait_until(lambda: coll.insert_many([{"_id": w, "v": 0} for w in range(writers)]), 30,
+               what="the documents")
+    coll.find_one({"_id": 0})
+    stop = threading.Event()
+    attempts, acks, codes, bad_reads = [0] * writers, [0] * writers, [], []
+
+    def writer(w):
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{c.address[1]}/",
+                                 directConnection=True, retryWrites=retry_writes,
+                                 socketTimeoutMS=10000) as wc:
+            last = 0
+            while not stop.is_set():
+                attempts[w] += 1
+                try:
+                    wc.app.c.update_one({"_id": w}, {"$inc": {"v": 1}})
+                    acks[w] += 1
+                except PyMongoError as e:
+                    codes.append((getattr(e, "details", None) or {}).get("code"))
+                try:
+                    d = wc.app.c.find_one({"_id": w})
+                    if d["v"] < last or d["v"] < acks[w]:
+                        bad_reads.append((w, d, last, acks[w]))
+                    last = d["v"]
+                except PyMongoError as e:
+                    codes.append((getattr(e, "details", None) or {}).get("code"))
+    loop0 = _metric(proxy, LOOP)
+    ts = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+    for t in ts:
+        t.start()
+    try:
+        for _ in range(8):
+            base = sum(acks)
+            wait_until(lambda: sum(acks) >= base + 20, 30, what="writes")
+            old = primary_index(wires)
+            if old is None:
+                continue
+            try:
+                with direct(wires[old]) as d:
+                    d.admin.command({"transferLeadership": 0})
+            except PyMongoError:
+                pass
+            wait_until(lambda: primary_index(wires) not in (None, old), 30,
+                       what="a new primary")
+        base = sum(acks)
+        wait_until(lambda: sum(acks) >= base + 20, 30, what="writes after")
+    finally:
+        stop.set()
+        for t in ts:
+            t.join(timeout=60)
+    p = primary_index(wires)
+    with direct(wires[p]) as d:
+        got = {doc["_id"]: doc["v"] for doc in d.app.c.find()}
+    print(f"attempts={attempts} acks={acks} values={got} codes={sorted(set(map(str, codes)))} "
+          f"loop={_metric(proxy, LOOP) - loop0}")
+    for w in range(writers):
+        assert acks[w] <= got[w] <= attempts[w], (w, acks[w], got[w], attempts[w])
+    assert not STATE_CHANGE & set(codes), codes
+    assert bad_reads == [], bad_reads[:5]
+    assert _metric(proxy, LOOP) - loop0 > sum(attempts)
+    c.close()
