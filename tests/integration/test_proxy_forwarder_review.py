@@ -427,3 +427,29 @@ def test_loop_updates_and_reads_across_primary_transfers(start_role, tmp_path, r
     assert bad_reads == [], bad_reads[:5]
     assert _metric(proxy, LOOP) - loop0 > sum(attempts)
     c.close()
+
+
+@pytest.mark.parametrize("path", ["loop", "thread"])
+def test_unacknowledged_updates_of_one_connection_keep_their_order(cluster_1, path):
+    """w: 0 updates (OP_MSG moreToCome: no answer awaited) sent back to back on one
+    connection run in the order sent, as on a mongod: the last $set wins."""
+    from pymongo.write_concern import WriteConcern
+    cl = cluster_1
+    c = cl.proxy_client(0, maxPoolSize=1)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    _warm(coll)
+    w0 = coll.with_options(write_concern=WriteConcern(w=0))
+    before = cl.metric(0, LOOP)
+    for i in range(1, 301):
+        if path == "loop":
+            w0.update_one({"_id": 1}, {"$set": {"v": i}})
+        else:
+            w0.update_one({"_id": 1}, {"$set": {"v": i}}, bypass_document_validation=True)
+    # an acknowledged command on the same (only) connection after them
+    assert coll.find_one({"_id": 1}, comment="after") is not None
+    wait_until(lambda: cl.metric(0, IN_FLIGHT) == 0, 10, what="nothing in flight")
+    time.sleep(0.5)
+    if path == "loop":
+        assert cl.metric(0, LOOP) - before >= 300
+    assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 300}
