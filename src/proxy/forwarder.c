@@ -45,6 +45,7 @@ struct fw_conn {
 	uv_timer_t timer;
 	int handles; /* of poll and timer, not yet closed */
 	bool closing;
+	bool failed; /* its poll reported an error (and stopped): never kept */
 	wire_req *req; /* busy: the client's request */
 	char *shard;   /* busy: the shard's id (heap) */
 	bool update;   /* busy: req is a retryable update (else a find) */
@@ -410,7 +411,7 @@ static void conn_release(fw_conn *c, bool keep)
 		c->cap = 0;
 	}
 	c->next = NULL;
-	if (!keep || fw->stopping || shardwire_retired(c->m->w)) {
+	if (!keep || c->failed || fw->stopping || shardwire_retired(c->m->w)) {
 		conn_close(c);
 		return;
 	}
@@ -631,7 +632,9 @@ static void on_poll(uv_poll_t *h, int status, int events)
 	/* an error (libuv reports POLLERR as UV_EBADF and stops the poll) may come with the
 	 * answer already received: it is read first, as a request thread's blocking recv
 	 * reads what arrived before a reset; only with nothing (more) to read is it the
-	 * connection's failure */
+	 * connection's failure. Either way the connection is not kept. */
+	if (status < 0)
+		c->failed = true;
 	for (;;) {
 		size_t want = FW_FIRST_BUF;
 		ssize_t k;
