@@ -533,3 +533,32 @@ def test_connections_to_a_shard_member_stay_bounded(cluster_1):
     assert loop_phase == 64  # the loop took 64 own connections for good
     # a few more: this test's own clients; 134 seen (64 loop + 64 request threads)
     assert n <= 64 + 8, (n, inflight)
+
+
+@pytest.mark.parametrize("retryable", [True, False])
+def test_the_proxy_stop_with_a_loop_update_in_flight(cluster_1, retryable):
+    """SIGTERM while a loop update waits for a stopped shard: it stays on the loop (never
+    run a second time by a request thread), its answer reaches the client once the
+    shard runs, it is applied once, and the proxy exits cleanly."""
+    cl = cluster_1
+    c = cl.proxy_client(0, socketTimeoutMS=60000, retryWrites=retryable)
+    coll = c.fwdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    _warm(coll)
+    sid = cl.shard_ids[0]
+    cl.shard_procs[sid].pause()
+    out = []
+    t = _in_flight(cl, lambda: coll.update_one({"_id": 1}, {"$inc": {"v": 1}}), out)
+    proxy = cl.proxy_procs[0]
+    proxy.signal(signal.SIGTERM)
+    wait_until(lambda: _listener_closed(cl.proxy_ports[0]), 20, what="the stop began")
+    time.sleep(0.5)
+    cl.shard_procs[sid].signal(signal.SIGCONT)
+    t.join(60)
+    assert len(out) == 1 and not isinstance(out[0], Exception), out
+    assert out[0].modified_count == 1
+    assert proxy.p.wait(timeout=30) == 0, proxy.tail()
+    tail = proxy.tail(20000)
+    assert "ERROR: AddressSanitizer" not in tail and "LeakSanitizer" not in tail, tail
+    sh = cl.shard_client(sid)
+    assert sh.fwdb.t.find_one({"_id": 1}) == {"_id": 1, "v": 1}
