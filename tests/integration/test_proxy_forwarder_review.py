@@ -562,3 +562,40 @@ def test_the_proxy_stop_with_a_loop_update_in_flight(cluster_1, retryable):
     assert "ERROR: AddressSanitizer" not in tail and "LeakSanitizer" not in tail, tail
     sh = cl.shard_client(sid)
     assert sh.fwdb.t.find_one({"_id": 1}) == {"_id": 1, "v": 1}
+
+
+def test_more_id_types_read_and_updated_by_the_loop_as_by_a_request_thread(cluster_1):
+    import datetime
+    import uuid
+    cl = cluster_1
+    c = cl.proxy_client(0)
+    db = c.fwdb
+    ids = [bson.Int64(2**63 - 1), bson.Int64(-2**63), bson.Decimal128("NaN"),
+           bson.Decimal128("-0"), float("nan"), float("inf"), -0.0,
+           datetime.datetime(1969, 12, 31, 23, 59, 59), bson.Binary(uuid.uuid4().bytes, 4),
+           bson.Binary(b"\x00", 2), bson.Binary(b"zz", 0x80), False, bson.Timestamp(0, 0),
+           "é\u0000x" if False else "é", 0]
+    for name in ("loop", "thread"):
+        for i, x in enumerate(ids):
+            try:
+                db[name].insert_one({"_id": x, "i": i})
+            except pymongo.errors.DuplicateKeyError:
+                pass
+        _warm(db[name])
+    for x in ids:
+        before = cl.metric(0, LOOP)
+        a = _strip(db.command({"find": "loop", "filter": {"_id": x}}, check=False))
+        assert cl.metric(0, LOOP) == before + 1, x
+        b = _strip(db.command({"find": "loop", "filter": {"_id": x}, "comment": "t"},
+                              check=False))
+        assert repr(a) == repr(b), (x, a, b)
+        res = {}
+        for name in ("loop", "thread"):
+            cmd = {"update": name, "updates": [{"q": {"_id": x}, "u": {"$inc": {"n": 1}},
+                                                "upsert": True}]}
+            if name == "thread":
+                cmd["comment"] = "t"
+            res[name] = _strip(db.command(cmd, check=False))
+        assert repr(res["loop"]) == repr(res["thread"]), (x, res)
+    assert repr(sorted(db.loop.find({}, {"_id": 0}), key=repr)) == \
+        repr(sorted(db.thread.find({}, {"_id": 0}), key=repr))
