@@ -49,6 +49,7 @@ struct fw_conn {
 	uv_timer_t timer;
 	int handles; /* of poll and timer, not yet closed */
 	bool closing;
+	bool failed; /* its poll reported an error (and stopped): never kept */
 	wire_req *req; /* busy: the client's request */
 	char *shard;   /* busy: the shard's id (heap) */
 	bool write;    /* busy: req is a write (an update, a delete, an insert), else a find */
@@ -418,6 +419,19 @@ static fw_conn *conn_get(px_forwarder *fw, fw_member *m)
 	return c;
 }
 
+/* Has the member closed idle c, or sent it something unasked (what the idle poll closes
+ * it for, seen before that poll event is handled)? */
+static bool conn_stale(fw_conn *c)
+{
+	char b;
+	ssize_t k;
+
+	do
+		k = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	while (k < 0 && errno == EINTR);
+	return !(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}
+
 /* c's request is answered or handed on: c out of the busy list, its request forgotten;
  * then back to its member's idle list (watched), or closed when keep is false, the
  * forwarder stops or the member's own connections were retired. */
@@ -427,6 +441,8 @@ static void conn_release(fw_conn *c, bool keep)
 
 	uv_timer_stop(&c->timer);
 	sdb_gauge_add(m_in_flight, -1);
+	if (c->req)
+		wire_req_wait_end(c->req); /* px_forward_try's begin */
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -447,7 +463,7 @@ static void conn_release(fw_conn *c, bool keep)
 		c->cap = 0;
 	}
 	c->next = NULL;
-	if (!keep || fw->stopping || shardwire_retired(c->m->w)) {
+	if (!keep || c->failed || fw->stopping || shardwire_retired(c->m->w)) {
 		conn_close(c);
 		return;
 	}
@@ -665,10 +681,12 @@ static void on_poll(uv_poll_t *h, int status, int events)
 		conn_close(c);
 		return;
 	}
-	if (status < 0) {
-		op_failed(c, uv_strerror(status));
-		return;
-	}
+	/* an error (libuv reports POLLERR as UV_EBADF and stops the poll) may come with the
+	 * answer already received: it is read first, as a request thread's blocking recv
+	 * reads what arrived before a reset; only with nothing (more) to read is it the
+	 * connection's failure. Either way the connection is not kept. */
+	if (status < 0)
+		c->failed = true;
 	for (;;) {
 		size_t want = FW_FIRST_BUF;
 		ssize_t k;
@@ -700,8 +718,11 @@ static void on_poll(uv_poll_t *h, int status, int events)
 		do
 			k = recv(c->fd, c->buf + c->got, ask, MSG_DONTWAIT);
 		while (k < 0 && errno == EINTR);
-		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			if (status < 0) /* the poll stopped: no later event */
+				op_failed(c, uv_strerror(status));
 			return; /* the rest comes with a later readable event */
+		}
 		if (k <= 0) {
 			op_failed(c, k == 0 ? "connection closed by the shard" : strerror(errno));
 			return;
@@ -773,7 +794,14 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 		free(shard);
 		return false;
 	}
-	if ((c = conn_get(fw, m)) == NULL) {
+	/* a non-retryable write sent on a connection the member already closed would be an
+	 * unknown outcome although it never ran: as shardwire_command does before each send,
+	 * an idle connection with anything to read (a FIN or RST whose poll event the loop
+	 * has not handled yet in this iteration) is dropped first. Finds and retryable
+	 * writes need no check: their failure goes to a request thread. */
+	while ((c = conn_get(fw, m)) != NULL && write && !txn.on && conn_stale(c))
+		conn_close(c);
+	if (c == NULL) {
 		if (write)
 			proxy_txn_free(&txn);
 		free(shard);
@@ -807,16 +835,20 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	iov[0].iov_len = sizeof pre;
 	iov[1].iov_base = (void *)bson_get_data(&sent);
 	iov[1].iov_len = sent.len;
+	int send_errno = 0;
 	do
 		k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-	while (k < 0 && errno == EINTR);
+	while (k < 0 && (send_errno = errno) == EINTR);
 	bson_destroy(&sent);
 	if (k != (ssize_t)(sizeof pre + iov[1].iov_len)) {
 		/* nothing complete reached the member (a closed connection, or a send buffer
 		 * too full for one command): it cannot have run; a request thread does it */
 		sdb_debug("proxy: loop command not sent", "shard=%s err=\"%s\"", shard,
-			  k < 0 ? strerror(errno) : "partial send");
-		(void)shardconn_forward_done(p->sc, shard, w, NULL);
+			  k < 0 ? strerror(send_errno) : "partial send");
+		/* only a failed connection says the member may not be the primary any more; a
+		 * command larger than the send buffer (partial, EAGAIN) says nothing of it */
+		if (k < 0 && send_errno != EAGAIN && send_errno != EWOULDBLOCK)
+			(void)shardconn_forward_done(p->sc, shard, w, NULL);
 		if (write)
 			proxy_txn_free(&txn);
 		free(shard);
@@ -824,6 +856,10 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 		return false;
 	}
 	sdb_gauge_add(m_in_flight, 1);
+	/* a wait for the shard, bounded by its socket timeout, as a request thread's
+	 * (shardconn_wait_begin): a graceful stop that times out logs it as a wait, not as
+	 * a request its handler forgot (wire_req_wait_begin) */
+	wire_req_wait_begin(req);
 	c->req = req;
 	c->shard = shard;
 	c->write = write;
