@@ -334,17 +334,23 @@ static void member_prune(px_forwarder *fw, fw_member *m)
 }
 
 /* The member entry of w, made when new. Members whose own connections were retired (a
- * shard re-registered, a new cluster key) lose their idle connections here. */
+ * shard re-registered, a new cluster key) lose their idle connections here, and their
+ * entry once no connection of theirs is left. */
 static fw_member *member_of(px_forwarder *fw, shardwire *w)
 {
 	fw_member *found = NULL;
 
 	for (size_t i = 0; i < fw->n_members; i++) {
 		fw_member *m = fw->members[i];
-		if (m->w == w)
+		if (m->w == w) {
 			found = m;
-		else if (m->idle && shardwire_retired(m->w))
+		} else if (shardwire_retired(m->w)) {
 			member_prune(fw, m);
+			if (m->n_conns == 0) { /* no connection points to it any more */
+				free(m);
+				fw->members[i--] = fw->members[--fw->n_members];
+			}
+		}
 	}
 	if (found)
 		return found;
