@@ -679,6 +679,8 @@ static void on_poll(uv_poll_t *h, int status, int events)
 	if (c->req == NULL) {
 		/* idle: the member closed it or says something unasked */
 		fw_member *m = c->m;
+
+		shardwire_count_stale();
 		for (fw_conn **pp = &m->idle; *pp; pp = &(*pp)->next)
 			if (*pp == c) {
 				*pp = c->next;
@@ -805,8 +807,10 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	 * an idle connection with anything to read (a FIN or RST whose poll event the loop
 	 * has not handled yet in this iteration) is dropped first. Finds and retryable
 	 * writes need no check: their failure goes to a request thread. */
-	while ((c = conn_get(fw, m)) != NULL && write && !txn.on && conn_stale(c))
+	while ((c = conn_get(fw, m)) != NULL && write && !txn.on && conn_stale(c)) {
+		shardwire_count_stale();
 		conn_close(c);
+	}
 	if (c == NULL) {
 		if (write)
 			proxy_txn_free(&txn);

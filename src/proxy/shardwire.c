@@ -510,6 +510,12 @@ int shardwire_take_idle_fd(shardwire *w, int32_t *request_id)
 	return fd;
 }
 
+void shardwire_count_stale(void)
+{
+	pthread_once(&metrics_once, metrics_init);
+	sdb_counter_inc(m_stale);
+}
+
 int shardwire_socket_timeout_ms(const shardwire *w)
 {
 	return w->socket_timeout_ms;

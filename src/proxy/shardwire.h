@@ -87,6 +87,11 @@ int shardwire_take_idle_fd(shardwire *w, int32_t *request_id);
 int shardwire_parse_reply(const uint8_t *msg, size_t len, int32_t request_id, bson_t *reply,
 			  char *err, size_t errlen);
 
+/* Count one idle connection found closed by its member before a command was sent on it
+ * (stripedb_proxy_shard_wire_stale_total), for the forwarder's own idle connections.
+ * Thread-safe. */
+void shardwire_count_stale(void);
+
 /* Returns: w's socket timeout in ms (0: none), as shardwire_new took it. */
 int shardwire_socket_timeout_ms(const shardwire *w);
 
