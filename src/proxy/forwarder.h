@@ -27,8 +27,7 @@
  * ok: 1}` from the shard's, a shard's error as px_reply_shard_error passes it on; for a
  * write (write.c px_do_write / px_do_insert -> exec.c forward_plain) the command with its
  * lsid and txnNumber when it is a retryable write, the answer as px_reply_write_result
- * gives it;
- * both with the proxy's `$clusterTime` and `$db`, and every answer through
+ * gives it; both with the proxy's `$clusterTime` and `$db`, and every answer through
  * px_answer_send (a shard's state-change code masked). What run_job's path would send
  * again goes to a request thread, which runs the command from the start with the full
  * retry path, and that run is the one resend run_job's path makes:
@@ -42,13 +41,19 @@
  * A non-retryable write that may have run (an interruption such as 11602, a connection
  * lost after the send, the socket timeout) is answered as px_shard_call answers an
  * unknown outcome it must not resend: the shard's interruption (masked), or
- * HostUnreachable without a label. The proxy's stop lets the commands in flight finish on
- * the loop (the wire server's stop waits for them).
+ * HostUnreachable without a label; so that it never is one without having run, an idle
+ * connection the member already closed is dropped (a non-blocking MSG_PEEK, as
+ * shardwire_command does) before a non-retryable write is sent on it. A command in flight
+ * is a wait for its shard (wire_req_wait_begin), as a request thread's shard call; the
+ * proxy's stop lets those finish on the loop (the wire server's stop waits for them).
  *
  * Connections: per shard member, taken from that member's idle own connections (opened
  * and authenticated by request threads) and kept by the loop for good (at most
- * PX_FORWARD_CONNS per member); one command at a time on each. An idle one that becomes
- * readable (the member closed it, or sent something unasked) is closed.
+ * PX_FORWARD_CONNS per member, besides the request threads' 64 in flight: at most 128
+ * connections from one proxy to a member); one command at a time on each. An idle one
+ * that becomes readable (the member closed it, or sent something unasked) is closed and
+ * counted in stripedb_proxy_shard_wire_stale_total. A retired member's entry goes once
+ * none of its connections is left.
  *
  * Metrics: stripedb_proxy_loop_commands_total (answered by the loop),
  * stripedb_proxy_loop_command_fallbacks_total (started on the loop, then handed to a
