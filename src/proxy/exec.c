@@ -2,8 +2,9 @@
  * every routed command is submitted to a worker thread (shardconn_submit), checked (a
  * transaction's statement checks its session out, txnroute.c; unsupported options,
  * retryable-write fields, admission, collection policy) and dispatched to its handler in
- * read.c, write.c, admin.c or explain.c; except a point read of an unsharded collection
- * the loop thread can send and answer itself (forwarder.h, issue #19).
+ * read.c, write.c, admin.c or explain.c; except a point read or a small write of an
+ * unsharded collection the loop thread can send and answer itself (forwarder.h, issue
+ * #19).
  *
  * Version gating (DESIGN.md §5, §6 step 5): every request for a sharded collection is sent
  * PER CHUNK with `$stripedbVersion: {chunk: ID, token: N}`, so a shard that no longer owns
@@ -1153,8 +1154,8 @@ static void h_submit(wire_req *req, void *data)
 {
 	proxy *p = data;
 
-	/* a point read of an unsharded collection: sent and answered by the loop thread
-	 * itself when it can (forwarder.h) */
+	/* a point read or a small write of an unsharded collection: sent and answered by
+	 * the loop thread itself when it can (forwarder.h) */
 	if (px_forward_try(p->fw, req))
 		return;
 	px_exec_submit(p, req);

@@ -278,7 +278,7 @@ static int proxy_start(sdb_role *role)
 	rc = wire_server_new(role->loop, &o, &p->srv, role->err, sizeof role->err);
 	if (rc != 0)
 		goto err;
-	p->fw = px_forwarder_new(p); /* issue #19: point reads answered by the loop */
+	p->fw = px_forwarder_new(p); /* issue #19: point reads and small writes on the loop */
 	proxy_exec_register(p);
 	if (p->auth)
 		wire_server_register(p->srv, "connectionStatus", h_connection_status);
