@@ -81,7 +81,9 @@ EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py
 	tests/bench/proxy_bench.py tests/bench/cs_starvation_bench.py src/proxy/README.md \
 	tests/integration/test_proxy_filtering.py tests/bench/chunk_bench.py \
 	tests/integration/test_rolling.py tests/integration/test_int_args.py \
-	tests/integration/test_proxy_leaks.py tests/integration/test_retryable_proxy.py
+	tests/integration/test_proxy_leaks.py tests/integration/test_retryable_proxy.py \
+	tests/integration/test_proxy_forwarder.py tests/integration/test_proxy_forwarder_review.py \
+	tests/integration/forwarder_helpers.py
 
 # benchmark tool (never in make check): see tests/bench/README.md "The floor of an
 # event-driven proxy"

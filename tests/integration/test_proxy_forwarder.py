@@ -6,7 +6,6 @@ really go that way; every answer is the one a request thread gives for the same 
 state change, a closed connection, a stopped shard, the proxy's own stop), is answered as
 before, and no update is applied twice or lost."""
 import signal
-import socket
 import threading
 
 import bson
@@ -14,11 +13,10 @@ import pymongo
 import pytest
 
 from conftest import free_port, wait_until
+from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, strip,
+                               warm)
 from proxy_helpers import ProxyCluster
 
-LOOP = "stripedb_proxy_loop_commands_total"
-FALLBACK = "stripedb_proxy_loop_command_fallbacks_total"
-IN_FLIGHT = "stripedb_proxy_loop_commands_in_flight"
 
 
 @pytest.fixture
@@ -29,25 +27,12 @@ def cluster(start_role, tmp_path):
     cl.close()
 
 
-def _strip(reply):
-    return {k: v for k, v in reply.items() if k not in ("$clusterTime", "operationTime")}
-
-
-def _warm(cl, coll):
-    """One write (libmongoc selects the shard's primary, the proxy learns it and keeps an
-    idle own connection the loop can take) and one read of the collection (its routing
-    cached)."""
-    coll.insert_one({"_id": "warm"})
-    coll.find_one({"_id": "warm"})
-    coll.find_one({"_id": "warm"})
-
-
 def _one_doc(cl, retry_writes, **kw):
     """A client of proxy 0 and fwdb.t holding {_id: 1, v: 0}, warmed (_warm)."""
     c = cl.proxy_client(0, retryWrites=retry_writes, **kw)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 0})
-    _warm(cl, coll)
+    warm(coll)
     return coll
 
 
@@ -67,7 +52,7 @@ def test_point_reads_are_answered_by_the_loop_as_a_request_thread_answers(cluste
             {"_id": bson.Binary(b"\x01\x02", 0), "v": 7},
             {"_id": bson.Decimal128("1.5"), "v": 8}, {"_id": True, "v": 9}]
     db.t.insert_many(docs)
-    _warm(cluster, db.t)
+    warm(db.t)
     queries = []
     for d in docs + [{"_id": "absent"}]:
         f = {"_id": d["_id"]}
@@ -85,11 +70,11 @@ def test_point_reads_are_answered_by_the_loop_as_a_request_thread_answers(cluste
     queries.append({"filter": {"_id": 1}, "projection": {"v": 1, "s": 0}})
     for q in queries:
         before = cluster.metric(0, LOOP)
-        loop = _strip(db.command(dict({"find": "t"}, **q), check=False))
+        loop = strip(db.command(dict({"find": "t"}, **q), check=False))
         assert cluster.metric(0, LOOP) == before + 1, q
         # `comment` is a field the loop does not take: the same read on a request thread
         before = cluster.metric(0, LOOP)
-        thread = _strip(db.command(dict({"find": "t"}, **q, comment="thread"), check=False))
+        thread = strip(db.command(dict({"find": "t"}, **q, comment="thread"), check=False))
         assert cluster.metric(0, LOOP) == before, q
         assert loop == thread, q
     assert cluster.metric(0, FALLBACK) == 0
@@ -115,7 +100,7 @@ def test_what_the_loop_does_not_take_goes_to_request_threads(cluster, extra):
     c = cluster.proxy_client(0)
     db = c.fwdb
     db.t.insert_many([{"_id": 1, "v": 1}, {"_id": 2, "v": 2}])
-    _warm(cluster, db.t)
+    warm(db.t)
     before = cluster.metric(0, LOOP)
     r = db.command(dict({"find": "t"}, **extra), check=False)
     assert cluster.metric(0, LOOP) == before, (extra, r)
@@ -130,7 +115,7 @@ def test_a_view_is_read_through_a_request_thread(cluster):
     db = c.fwdb
     db.src.insert_many([{"_id": i, "v": i} for i in range(5)])
     db.command({"create": "vw", "viewOn": "src", "pipeline": [{"$match": {"v": {"$gte": 2}}}]})
-    _warm(cluster, db.src)
+    warm(db.src)
     db.vw.find_one({"_id": 4})  # its routing (unsharded) cached
     fb = cluster.metric(0, FALLBACK)
     assert db.vw.find_one({"_id": 3}) == {"_id": 3, "v": 3}
@@ -172,7 +157,7 @@ def test_a_restarted_shard_costs_no_error(cluster):
     c = cluster.proxy_client(0, retryReads=False)
     coll = c.fwdb.t
     coll.insert_many([{"_id": i} for i in range(10)])
-    _warm(cluster, coll)
+    warm(coll)
     for i in range(10):
         assert coll.find_one({"_id": i}) == {"_id": i}
     sid = cluster.shard_ids[0]
@@ -195,18 +180,6 @@ def test_a_restarted_shard_costs_no_error(cluster):
     assert cluster.metric(0, LOOP) > loop
 
 
-def _in_flight_read(cluster, coll, out):
-    def run():
-        try:
-            out.append(coll.find_one({"_id": 1}))
-        except Exception as e:  # noqa: BLE001 - asserted by the caller
-            out.append(e)
-    t = threading.Thread(target=run)
-    t.start()
-    wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 1, 20, what="a loop read in flight")
-    return t
-
-
 def test_a_stopped_shard_then_the_socket_timeout(start_role, tmp_path):
     """The shard URI's socketTimeoutMS bounds a loop read as it bounds a request thread's
     command: past it the read goes to a request thread, which answers once the shard
@@ -226,10 +199,10 @@ def test_a_stopped_shard_then_the_socket_timeout(start_role, tmp_path):
         c = cl.proxy_client(0, socketTimeoutMS=60000)
         coll = c.fwdb.t
         coll.insert_one({"_id": 1, "v": 1})
-        _warm(cl, coll)
+        warm(coll)
         proc.pause()
         out = []
-        t = _in_flight_read(cl, coll, out)
+        t = in_flight(cl, lambda: coll.find_one({"_id": 1}), out)
         wait_until(lambda: cl.metric(0, FALLBACK) == 1, 30, what="the socket timeout")
         proc.signal(signal.SIGCONT)
         t.join(60)
@@ -246,22 +219,16 @@ def test_the_proxy_stop_waits_for_a_loop_read(cluster):
     c = cluster.proxy_client(0, socketTimeoutMS=60000, retryReads=False)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 1})
-    _warm(cluster, coll)
+    warm(coll)
     sid = cluster.shard_ids[0]
     cluster.shard_procs[sid].pause()
     out = []
-    t = _in_flight_read(cluster, coll, out)
+    t = in_flight(cluster, lambda: coll.find_one({"_id": 1}), out)
     proxy = cluster.proxy_procs[0]
     port = cluster.proxy_ports[0]
     proxy.signal(signal.SIGTERM)
 
-    def listener_closed():
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            return False
-        except OSError:
-            return True
-    wait_until(listener_closed, 20, what="the proxy's stop began")
+    wait_until(lambda: listener_closed(port), 20, what="the proxy's stop began")
     assert proxy.p.poll() is None  # waiting for the read
     cluster.shard_procs[sid].signal(signal.SIGCONT)
     t.join(60)
@@ -277,7 +244,7 @@ def test_concurrent_point_reads_and_writes(cluster):
     thread's writes)."""
     c = cluster.proxy_client(0, maxPoolSize=32)
     coll = c.fwdb.conc
-    _warm(cluster, coll)
+    warm(coll)
     errors = []
 
     def worker(t):
@@ -316,8 +283,8 @@ def test_retryable_updates_are_answered_by_the_loop_as_a_request_thread_answers(
     seed = [{"_id": i, "v": i, "a": [1, 2]} for i in range(5)] + [{"_id": "s", "v": "x"}]
     db.loop.insert_many(seed)
     db.thread.insert_many(seed)
-    _warm(cluster, db.loop)
-    _warm(cluster, db.thread)
+    warm(db.loop)
+    warm(db.thread)
     stmts = [
         ({"_id": 1}, {"$inc": {"v": 1}}, {}),
         ({"_id": 1}, {"$set": {"w": {"x": 1}}}, {}),
@@ -339,11 +306,11 @@ def test_retryable_updates_are_answered_by_the_loop_as_a_request_thread_answers(
         # command(): it is given here as a driver gives it (lsid: the session's)
         base = {"txnNumber": bson.Int64(1000 + i)}  # above the warm-up's numbers
         before = cluster.metric(0, LOOP)
-        loop = _strip(db.command(dict(_update_cmd("loop", q, u, None, stmt=opts), **base),
+        loop = strip(db.command(dict(_update_cmd("loop", q, u, None, stmt=opts), **base),
                                  check=False, session=s_loop))
         assert cluster.metric(0, LOOP) == before + 1, (q, u)
         before = cluster.metric(0, LOOP)
-        thread = _strip(db.command(dict(_update_cmd("thread", q, u, None, stmt=opts),
+        thread = strip(db.command(dict(_update_cmd("thread", q, u, None, stmt=opts),
                                         comment="thread", **base), check=False,
                                    session=s_thread))
         assert cluster.metric(0, LOOP) == before, (q, u)
@@ -359,14 +326,14 @@ def test_a_retried_update_on_the_loop_is_applied_once(cluster):
     c = cluster.proxy_client(0, retryWrites=True)
     db = c.fwdb
     db.t.insert_one({"_id": 1, "v": 0})
-    _warm(cluster, db.t)
+    warm(db.t)
     with c.start_session() as s:
         cmd = dict(_update_cmd("t", {"_id": 1}, {"$inc": {"v": 1}}, None),
                    txnNumber=bson.Int64(7))
         before = cluster.metric(0, LOOP)
-        first = _strip(db.command(cmd, session=s))
+        first = strip(db.command(cmd, session=s))
         # the driver's retry: answered from the shard's record
-        again = _strip(db.command(cmd, session=s))
+        again = strip(db.command(cmd, session=s))
         assert cluster.metric(0, LOOP) == before + 2
     assert first == again, (first, again)
     assert db.t.find_one({"_id": 1}) == {"_id": 1, "v": 1}
@@ -376,7 +343,7 @@ def test_non_retryable_updates_of_one_document_on_the_loop(cluster):
     c = cluster.proxy_client(0, retryWrites=False)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 0})
-    _warm(cluster, coll)
+    warm(coll)
     before = cluster.metric(0, LOOP)
     coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
     assert cluster.metric(0, LOOP) == before + 1
@@ -414,7 +381,7 @@ def test_a_non_retryable_update_lost_with_its_connection_is_an_unknown_outcome(c
     c = cluster.proxy_client(0, retryWrites=False, socketTimeoutMS=60000)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 0})
-    _warm(cluster, coll)
+    warm(coll)
     sid = cluster.shard_ids[0]
     cluster.shard_procs[sid].pause()
     out = []
@@ -471,7 +438,7 @@ def test_updates_through_a_restarted_shard_are_applied_once(cluster, retry_write
     c = cluster.proxy_client(0, retryWrites=retry_writes, maxPoolSize=16)
     coll = c.fwdb.cnt
     coll.insert_many([{"_id": t, "v": 0} for t in range(4)])
-    _warm(cluster, coll)
+    warm(coll)
     acked = [0] * 4
     unknown = [0] * 4
     stop = threading.Event()
@@ -512,7 +479,7 @@ def test_inserts_and_deletes_are_answered_by_the_loop_as_a_request_thread_answer
     db = c.fwdb
     for name in ("loop", "thread"):
         db[name].insert_many([{"_id": i, "v": i} for i in range(5)])
-        _warm(cluster, db[name])
+        warm(db[name])
     cmds = [
         {"insert": None, "documents": [{"_id": 10, "v": 10}]},
         {"insert": None, "documents": [{"_id": 11}, {"_id": 12, "x": [1, {"y": 2}]}]},
@@ -529,11 +496,11 @@ def test_inserts_and_deletes_are_answered_by_the_loop_as_a_request_thread_answer
         name = next(iter(cmd))
         base = {"txnNumber": bson.Int64(2000 + i)}
         before = cluster.metric(0, LOOP)
-        loop = _strip(db.command(dict(cmd, **{name: "loop"}, **base), check=False,
+        loop = strip(db.command(dict(cmd, **{name: "loop"}, **base), check=False,
                                  session=s_loop))
         assert cluster.metric(0, LOOP) == before + 1, (cmd, loop)
         before = cluster.metric(0, LOOP)
-        thread = _strip(db.command(dict(cmd, **{name: "thread"}, comment="t", **base),
+        thread = strip(db.command(dict(cmd, **{name: "thread"}, comment="t", **base),
                                    check=False, session=s_thread))
         assert cluster.metric(0, LOOP) == before, cmd
         for r in (loop, thread):  # errmsgs name their collection
@@ -558,12 +525,12 @@ def test_inserts_and_deletes_are_answered_by_the_loop_as_a_request_thread_answer
 def test_a_retried_insert_on_the_loop_is_applied_once(cluster):
     c = cluster.proxy_client(0, retryWrites=True)
     db = c.fwdb
-    _warm(cluster, db.t)
+    warm(db.t)
     with c.start_session() as s:
         cmd = {"insert": "t", "documents": [{"_id": "a"}, {"_id": "b"}],
                "txnNumber": bson.Int64(77)}
-        first = _strip(db.command(cmd, session=s))
-        again = _strip(db.command(cmd, session=s))
+        first = strip(db.command(cmd, session=s))
+        again = strip(db.command(cmd, session=s))
     assert first == again == {"n": 2, "ok": 1.0}, (first, again)
     assert sorted(d["_id"] for d in db.t.find()) == ["a", "b", "warm"]
 
@@ -582,7 +549,7 @@ def test_a_retried_insert_on_the_loop_is_applied_once(cluster):
 def test_writes_the_loop_does_not_take(cluster, cmd):
     c = cluster.proxy_client(0)
     db = c.fwdb
-    _warm(cluster, db.t)
+    warm(db.t)
     before = cluster.metric(0, LOOP)
     db.command(cmd, check=False)
     assert cluster.metric(0, LOOP) == before, cmd

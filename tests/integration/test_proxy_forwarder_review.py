@@ -1,7 +1,6 @@
 """Review of the loop thread's forwarder (src/proxy/forwarder.c): cases the first tests
 (test_proxy_forwarder.py) do not cover."""
 import signal
-import socket
 import threading
 
 import bson
@@ -9,11 +8,10 @@ import pymongo
 import pytest
 
 from conftest import free_port, wait_until
+from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, strip,
+                               warm)
 from proxy_helpers import ProxyCluster
 
-LOOP = "stripedb_proxy_loop_commands_total"
-FALLBACK = "stripedb_proxy_loop_command_fallbacks_total"
-IN_FLIGHT = "stripedb_proxy_loop_commands_in_flight"
 
 
 @pytest.fixture
@@ -22,32 +20,6 @@ def cluster_1(start_role, tmp_path):
                       shard_args=["--enable-test-commands"])
     yield cl
     cl.close()
-
-
-def _warm(coll):
-    coll.insert_one({"_id": "warm"})
-    coll.find_one({"_id": "warm"})
-    coll.find_one({"_id": "warm"})
-
-
-def _in_flight(cluster, fn, out):
-    def run():
-        try:
-            out.append(fn())
-        except Exception as e:  # noqa: BLE001 - asserted by the caller
-            out.append(e)
-    t = threading.Thread(target=run)
-    t.start()
-    wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 1, 20, what="a loop command in flight")
-    return t
-
-
-def _listener_closed(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), 0.5).close()
-        return False
-    except OSError:
-        return True
 
 
 def test_a_loop_read_at_a_stop_past_its_timeout_is_a_wait_not_a_lost_request(start_role,
@@ -64,14 +36,14 @@ def test_a_loop_read_at_a_stop_past_its_timeout_is_a_wait_not_a_lost_request(sta
         c = cl.proxy_client(0, socketTimeoutMS=60000, retryReads=False)
         coll = c.fwdb.t
         coll.insert_one({"_id": 1, "v": 1})
-        _warm(coll)
+        warm(coll)
         sid = cl.shard_ids[0]
         cl.shard_procs[sid].pause()
         out = []
-        t = _in_flight(cl, lambda: coll.find_one({"_id": 1}), out)
+        t = in_flight(cl, lambda: coll.find_one({"_id": 1}), out)
         proxy = cl.proxy_procs[0]
         proxy.signal(signal.SIGTERM)
-        wait_until(lambda: _listener_closed(cl.proxy_ports[0]), 20, what="the stop began")
+        wait_until(lambda: listener_closed(cl.proxy_ports[0]), 20, what="the stop began")
         wait_until(lambda: "shutdown timeout, closing connections" in proxy.tail(20000), 20,
                    what="the proxy's shutdown timeout")
         cl.shard_procs[sid].signal(signal.SIGCONT)
@@ -117,7 +89,7 @@ def test_an_update_slower_than_the_socket_timeout_is_applied_once(start_role, tm
         c = cl.proxy_client(0, socketTimeoutMS=60000)
         db = c.fwdb
         db.t.insert_one({"_id": 1, "v": 0})
-        _warm(db.t)
+        warm(db.t)
         sh = cl.shard_client("shard-a")
         sh.admin.command({"configureFailPoint": "failCommand", "mode": {"times": 1},
                           "data": {"failCommands": ["update"], "blockConnection": True,
@@ -160,7 +132,7 @@ def test_non_retryable_updates_through_graceful_shard_restarts(cluster_1, path):
     c = cl.proxy_client(0, retryWrites=False, maxPoolSize=16)
     coll = c.fwdb.cnt
     coll.insert_many([{"_id": t, "v": 0} for t in range(8)])
-    _warm(coll)
+    warm(coll)
     acked = [0] * 8
     errors = []
     stop = threading.Event()
@@ -199,10 +171,6 @@ def test_non_retryable_updates_through_graceful_shard_restarts(cluster_1, path):
         assert acked[t] <= final[t] <= acked[t] + len(errors), (t, acked, final, errors[:3])
 
 
-def _strip(reply):
-    return {k: v for k, v in reply.items() if k not in ("$clusterTime", "operationTime")}
-
-
 def test_odd_commands_answered_by_the_loop_as_by_a_request_thread(cluster_1):
     """Odd but eligible finds and updates: the loop's answer equals a request thread's
     (the same command with `comment`), on two copies of the collection."""
@@ -215,7 +183,7 @@ def test_odd_commands_answered_by_the_loop_as_by_a_request_thread(cluster_1):
     for name in ("loop", "thread"):
         db[name].insert_many(seed)
         db[name].create_index("v", unique=True)
-        _warm(db[name])
+        warm(db[name])
     finds = [
         {"filter": {"_id": 1}, "projection": {"a": {"$elemMatch": {"b": 2}}}},
         {"filter": {"_id": 1}, "projection": {"a": {"$slice": 1}}},
@@ -232,9 +200,9 @@ def test_odd_commands_answered_by_the_loop_as_by_a_request_thread(cluster_1):
     ]
     for q in finds:
         before = cl.metric(0, LOOP)
-        loop = _strip(db.command(dict({"find": "loop"}, **q), check=False))
+        loop = strip(db.command(dict({"find": "loop"}, **q), check=False))
         took = cl.metric(0, LOOP) - before
-        thread = _strip(db.command(dict({"find": "loop"}, **q, comment="t"), check=False))
+        thread = strip(db.command(dict({"find": "loop"}, **q, comment="t"), check=False))
         assert took == 1, (q, loop)
         assert loop == thread, (q, loop, thread)
     updates = [
@@ -260,7 +228,7 @@ def test_odd_commands_answered_by_the_loop_as_by_a_request_thread(cluster_1):
                 if name == "thread":
                     cmd["comment"] = "t"
                 before = cl.metric(0, LOOP)
-                res[name] = _strip(db.command(cmd, check=False))
+                res[name] = strip(db.command(cmd, check=False))
                 # a pipeline is a thread's; a 4 MB update does not fit the socket's send
                 # buffer (partial send: a thread's, see the test below)
                 if name == "loop" and not isinstance(u, list) and "big2" not in str(u)[:20]:
@@ -280,7 +248,7 @@ def test_a_command_too_big_for_one_send_keeps_the_shard_primary_known(cluster_1)
     c = cl.proxy_client(0)
     coll = c.fwdb.t
     coll.insert_many([{"_id": i, "v": i} for i in range(3)])
-    _warm(coll)
+    warm(coll)
     big = "x" * (4 << 20)
     for i in range(3):
         coll.update_one({"_id": i}, {"$set": {"big": big}})
@@ -290,7 +258,7 @@ def test_a_command_too_big_for_one_send_keeps_the_shard_primary_known(cluster_1)
 
 
 @pytest.mark.parametrize("what", ["find", "update"])
-def test_a_client_gone_with_its_loop_command_in_flight(cluster_1, what):
+def test_a_client_gone_with_its_loop_commandin_flight(cluster_1, what):
     """The client closes its connection (its socket timeout) while its command waits
     on the loop for a stopped shard; the shard then answers. The proxy goes on serving,
     the update is applied once, and the proxy exits cleanly (no use of the freed
@@ -299,7 +267,7 @@ def test_a_client_gone_with_its_loop_command_in_flight(cluster_1, what):
     c = cl.proxy_client(0)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 0})
-    _warm(coll)
+    warm(coll)
     impatient = cl.proxy_client(0, socketTimeoutMS=1000, retryReads=False,
                                 retryWrites=False)
     icoll = impatient.fwdb.t
@@ -333,7 +301,7 @@ def test_a_retryable_update_resent_to_a_stopped_shard_is_applied_once(start_role
         c = cl.proxy_client(0, socketTimeoutMS=60000)
         db = c.fwdb
         db.t.insert_many([{"_id": i, "v": 0} for i in range(4)])
-        _warm(db.t)
+        warm(db.t)
         sid = cl.shard_ids[0]
         out = []
 
@@ -392,14 +360,14 @@ def test_loop_updates_and_reads_across_primary_transfers(start_role, tmp_path, r
                 try:
                     wc.app.c.update_one({"_id": w}, {"$inc": {"v": 1}})
                     acks[w] += 1
-                except PyMongoError as e:
+                except pymongo.errors.PyMongoError as e:
                     codes.append((getattr(e, "details", None) or {}).get("code"))
                 try:
                     d = wc.app.c.find_one({"_id": w})
                     if d["v"] < last or d["v"] < acks[w]:
                         bad_reads.append((w, d, last, acks[w]))
                     last = d["v"]
-                except PyMongoError as e:
+                except pymongo.errors.PyMongoError as e:
                     codes.append((getattr(e, "details", None) or {}).get("code"))
     loop0 = _metric(proxy, LOOP)
     ts = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
@@ -415,7 +383,7 @@ def test_loop_updates_and_reads_across_primary_transfers(start_role, tmp_path, r
             try:
                 with direct(wires[old]) as d:
                     d.admin.command({"transferLeadership": 0})
-            except PyMongoError:
+            except pymongo.errors.PyMongoError:
                 pass
             wait_until(lambda: primary_index(wires) not in (None, old), 30,
                        what="a new primary")
@@ -447,7 +415,7 @@ def test_unacknowledged_updates_of_one_connection_keep_their_order(cluster_1, pa
     c = cl.proxy_client(0, maxPoolSize=1)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 0})
-    _warm(coll)
+    warm(coll)
     w0 = coll.with_options(write_concern=WriteConcern(w=0))
     before = cl.metric(0, LOOP)
     for i in range(1, 301):
@@ -487,7 +455,7 @@ def test_connections_to_a_shard_member_stay_bounded(cluster_1):
     c = cl.proxy_client(0, maxPoolSize=300, socketTimeoutMS=120000, retryReads=False)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 1})
-    _warm(coll)
+    warm(coll)
 
     def burst(n, thread_path):
         out = []
@@ -538,7 +506,7 @@ def test_connections_to_a_shard_member_stay_bounded(cluster_1):
 
 
 @pytest.mark.parametrize("retryable", [True, False])
-def test_the_proxy_stop_with_a_loop_update_in_flight(cluster_1, retryable):
+def test_the_proxy_stop_with_a_loop_updatein_flight(cluster_1, retryable):
     """SIGTERM while a loop update waits for a stopped shard: it stays on the loop (never
     run a second time by a request thread), its answer reaches the client once the
     shard runs, it is applied once, and the proxy exits cleanly."""
@@ -546,14 +514,14 @@ def test_the_proxy_stop_with_a_loop_update_in_flight(cluster_1, retryable):
     c = cl.proxy_client(0, socketTimeoutMS=60000, retryWrites=retryable)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 0})
-    _warm(coll)
+    warm(coll)
     sid = cl.shard_ids[0]
     cl.shard_procs[sid].pause()
     out = []
-    t = _in_flight(cl, lambda: coll.update_one({"_id": 1}, {"$inc": {"v": 1}}), out)
+    t = in_flight(cl, lambda: coll.update_one({"_id": 1}, {"$inc": {"v": 1}}), out)
     proxy = cl.proxy_procs[0]
     proxy.signal(signal.SIGTERM)
-    wait_until(lambda: _listener_closed(cl.proxy_ports[0]), 20, what="the stop began")
+    wait_until(lambda: listener_closed(cl.proxy_ports[0]), 20, what="the stop began")
     cl.shard_procs[sid].signal(signal.SIGCONT)
     t.join(60)
     assert len(out) == 1 and not isinstance(out[0], Exception), out
@@ -582,12 +550,12 @@ def test_more_id_types_read_and_updated_by_the_loop_as_by_a_request_thread(clust
                 db[name].insert_one({"_id": x, "i": i})
             except pymongo.errors.DuplicateKeyError:
                 pass
-        _warm(db[name])
+        warm(db[name])
     for x in ids:
         before = cl.metric(0, LOOP)
-        a = _strip(db.command({"find": "loop", "filter": {"_id": x}}, check=False))
+        a = strip(db.command({"find": "loop", "filter": {"_id": x}}, check=False))
         assert cl.metric(0, LOOP) == before + 1, x
-        b = _strip(db.command({"find": "loop", "filter": {"_id": x}, "comment": "t"},
+        b = strip(db.command({"find": "loop", "filter": {"_id": x}, "comment": "t"},
                               check=False))
         assert repr(a) == repr(b), (x, a, b)
         res = {}
@@ -596,7 +564,7 @@ def test_more_id_types_read_and_updated_by_the_loop_as_by_a_request_thread(clust
                                                 "upsert": True}]}
             if name == "thread":
                 cmd["comment"] = "t"
-            res[name] = _strip(db.command(cmd, check=False))
+            res[name] = strip(db.command(cmd, check=False))
         assert repr(res["loop"]) == repr(res["thread"]), (x, res)
     assert repr(sorted(db.loop.find({}, {"_id": 0}), key=repr)) == \
         repr(sorted(db.thread.find({}, {"_id": 0}), key=repr))

@@ -1,0 +1,47 @@
+"""Helpers of the proxy forwarder's tests (test_proxy_forwarder*.py; src/proxy/forwarder.h):
+its metrics, a warmed collection, a command held in flight on the loop."""
+import socket
+import threading
+
+from conftest import wait_until
+
+LOOP = "stripedb_proxy_loop_commands_total"
+FALLBACK = "stripedb_proxy_loop_command_fallbacks_total"
+IN_FLIGHT = "stripedb_proxy_loop_commands_in_flight"
+
+
+def strip(reply):
+    """A command's reply without the fields that differ between any two (cluster time)."""
+    return {k: v for k, v in reply.items() if k not in ("$clusterTime", "operationTime")}
+
+
+def warm(coll):
+    """One write (libmongoc selects the shard's primary, the proxy learns it and keeps an
+    idle own connection the loop can take) and two reads of the collection (its routing
+    cached, then a loop read)."""
+    coll.insert_one({"_id": "warm"})
+    coll.find_one({"_id": "warm"})
+    coll.find_one({"_id": "warm"})
+
+
+def in_flight(cluster, fn, out):
+    """Run fn() on a thread (its result or exception appended to out) and return the
+    thread once proxy 0's loop has one command in flight."""
+    def run():
+        try:
+            out.append(fn())
+        except Exception as e:  # noqa: BLE001 - asserted by the caller
+            out.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: cluster.metric(0, IN_FLIGHT) == 1, 20, what="a loop command in flight")
+    return t
+
+
+def listener_closed(port):
+    """True once nothing accepts connections on 127.0.0.1:port (a stop began)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+        return False
+    except OSError:
+        return True
