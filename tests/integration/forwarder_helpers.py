@@ -3,11 +3,23 @@ its metrics, a warmed collection, a command held in flight on the loop."""
 import socket
 import threading
 
+import pytest
+
 from conftest import wait_until
+from proxy_helpers import ProxyCluster
 
 LOOP = "stripedb_proxy_loop_commands_total"
 FALLBACK = "stripedb_proxy_loop_command_fallbacks_total"
 IN_FLIGHT = "stripedb_proxy_loop_commands_in_flight"
+
+
+@pytest.fixture
+def cluster(start_role, tmp_path):
+    """One metadata member, one shard with test commands (failCommand), one proxy."""
+    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
+                      shard_args=["--enable-test-commands"])
+    yield cl
+    cl.close()
 
 
 def strip(reply):

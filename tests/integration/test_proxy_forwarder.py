@@ -13,18 +13,10 @@ import pymongo
 import pytest
 
 from conftest import free_port, wait_until
-from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, strip,
-                               warm)
+from forwarder_helpers import cluster  # noqa: F401 - the fixture
+from forwarder_helpers import FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, strip, warm
 from proxy_helpers import ProxyCluster
 
-
-
-@pytest.fixture
-def cluster(start_role, tmp_path):
-    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
-                      shard_args=["--enable-test-commands"])
-    yield cl
-    cl.close()
 
 
 def _one_doc(cl, retry_writes, **kw):

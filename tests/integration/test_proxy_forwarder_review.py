@@ -8,18 +8,10 @@ import pymongo
 import pytest
 
 from conftest import free_port, wait_until
-from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, strip,
-                               warm)
+from forwarder_helpers import cluster  # noqa: F401 - the fixture
+from forwarder_helpers import FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, strip, warm
 from proxy_helpers import ProxyCluster
 
-
-
-@pytest.fixture
-def cluster_1(start_role, tmp_path):
-    cl = ProxyCluster(start_role, tmp_path, shards=1, proxies=1,
-                      shard_args=["--enable-test-commands"])
-    yield cl
-    cl.close()
 
 
 def test_a_loop_read_at_a_stop_past_its_timeout_is_a_wait_not_a_lost_request(start_role,
@@ -122,13 +114,13 @@ def test_an_update_slower_than_the_socket_timeout_is_applied_once(start_role, tm
 
 
 @pytest.mark.parametrize("path", ["loop", "thread"])
-def test_non_retryable_updates_through_graceful_shard_restarts(cluster_1, path):
+def test_non_retryable_updates_through_graceful_shard_restarts(cluster, path):
     """Non-retryable $inc from 8 threads while the shard is stopped gracefully (SIGTERM)
     and restarted, 3 times: every acknowledged update is applied, none twice, and a
     failed one at most once, through the loop as through request threads. (Both paths
     see some 'Connection reset by peer' unknown outcomes at a graceful shard stop; the
     loop's read 'bad file descriptor' before it read what a reset left to read.)"""
-    cl = cluster_1
+    cl = cluster
     c = cl.proxy_client(0, retryWrites=False, maxPoolSize=16)
     coll = c.fwdb.cnt
     coll.insert_many([{"_id": t, "v": 0} for t in range(8)])
@@ -171,10 +163,10 @@ def test_non_retryable_updates_through_graceful_shard_restarts(cluster_1, path):
         assert acked[t] <= final[t] <= acked[t] + len(errors), (t, acked, final, errors[:3])
 
 
-def test_odd_commands_answered_by_the_loop_as_by_a_request_thread(cluster_1):
+def test_odd_commands_answered_by_the_loop_as_by_a_request_thread(cluster):
     """Odd but eligible finds and updates: the loop's answer equals a request thread's
     (the same command with `comment`), on two copies of the collection."""
-    cl = cluster_1
+    cl = cluster
     c = cl.proxy_client(0)
     db = c.fwdb
     big = "x" * (4 << 20)
@@ -239,12 +231,12 @@ def test_odd_commands_answered_by_the_loop_as_by_a_request_thread(cluster_1):
         sorted(db.thread.find({}, {"big": 0, "big2": 0}), key=repr)
 
 
-def test_a_command_too_big_for_one_send_keeps_the_shard_primary_known(cluster_1):
+def test_a_command_too_big_for_one_send_keeps_the_shard_primary_known(cluster):
     """A 4 MB update does not fit a non-blocking send: the loop hands it to a request
     thread (it cannot have run: no complete message reached the shard). That is no
     failure of the member: the loop must not forget the shard's primary (and send the
     commands after it through libmongoc until a thread learns the primary again)."""
-    cl = cluster_1
+    cl = cluster
     c = cl.proxy_client(0)
     coll = c.fwdb.t
     coll.insert_many([{"_id": i, "v": i} for i in range(3)])
@@ -258,12 +250,12 @@ def test_a_command_too_big_for_one_send_keeps_the_shard_primary_known(cluster_1)
 
 
 @pytest.mark.parametrize("what", ["find", "update"])
-def test_a_client_gone_with_its_loop_commandin_flight(cluster_1, what):
+def test_a_client_gone_with_its_loop_commandin_flight(cluster, what):
     """The client closes its connection (its socket timeout) while its command waits
     on the loop for a stopped shard; the shard then answers. The proxy goes on serving,
     the update is applied once, and the proxy exits cleanly (no use of the freed
     connection, no leak)."""
-    cl = cluster_1
+    cl = cluster
     c = cl.proxy_client(0)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 0})
@@ -407,11 +399,11 @@ def test_loop_updates_and_reads_across_primary_transfers(start_role, tmp_path, r
 
 
 @pytest.mark.parametrize("path", ["loop", "thread"])
-def test_unacknowledged_updates_of_one_connection_keep_their_order(cluster_1, path):
+def test_unacknowledged_updates_of_one_connection_keep_their_order(cluster, path):
     """w: 0 updates (OP_MSG moreToCome: no answer awaited) sent back to back on one
     connection run in the order sent, as on a mongod: the last $set wins."""
     from pymongo.write_concern import WriteConcern
-    cl = cluster_1
+    cl = cluster
     c = cl.proxy_client(0, maxPoolSize=1)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 0})
@@ -443,13 +435,13 @@ def _conns_to(port):
     return n
 
 
-def test_connections_to_a_shard_member_stay_bounded(cluster_1):
+def test_connections_to_a_shard_member_stay_bounded(cluster):
     """The request threads' commands to a shard are bounded by its pool (64 clients), and
     the loop keeps at most PX_FORWARD_CONNS (64) connections per member besides, taken for
     good from the own ones (src/proxy/README.md): against a slow shard (blockConnection),
     with 64 + 64 + 64 commands in flight at once, one proxy's connections to the member
     stay within 128 (and this test's own clients)."""
-    cl = cluster_1
+    cl = cluster
     sid = cl.shard_ids[0]
     port = cl.shard_ports[sid]
     c = cl.proxy_client(0, maxPoolSize=300, socketTimeoutMS=120000, retryReads=False)
@@ -506,11 +498,11 @@ def test_connections_to_a_shard_member_stay_bounded(cluster_1):
 
 
 @pytest.mark.parametrize("retryable", [True, False])
-def test_the_proxy_stop_with_a_loop_updatein_flight(cluster_1, retryable):
+def test_the_proxy_stop_with_a_loop_updatein_flight(cluster, retryable):
     """SIGTERM while a loop update waits for a stopped shard: it stays on the loop (never
     run a second time by a request thread), its answer reaches the client once the
     shard runs, it is applied once, and the proxy exits cleanly."""
-    cl = cluster_1
+    cl = cluster
     c = cl.proxy_client(0, socketTimeoutMS=60000, retryWrites=retryable)
     coll = c.fwdb.t
     coll.insert_one({"_id": 1, "v": 0})
@@ -533,10 +525,10 @@ def test_the_proxy_stop_with_a_loop_updatein_flight(cluster_1, retryable):
     assert sh.fwdb.t.find_one({"_id": 1}) == {"_id": 1, "v": 1}
 
 
-def test_more_id_types_read_and_updated_by_the_loop_as_by_a_request_thread(cluster_1):
+def test_more_id_types_read_and_updated_by_the_loop_as_by_a_request_thread(cluster):
     import datetime
     import uuid
-    cl = cluster_1
+    cl = cluster
     c = cl.proxy_client(0)
     db = c.fwdb
     ids = [bson.Int64(2**63 - 1), bson.Int64(-2**63), bson.Decimal128("NaN"),
