@@ -582,19 +582,11 @@ static void error_reply(bson_t *reply, int code, const char *msg)
 	BSON_APPEND_UTF8(reply, "codeName", wire_code_name(code));
 }
 
-void px_view_check_cmd(const bson_t *fwd, const char *const *allow, size_t nallow,
-		       bson_t *out)
+void px_append_view_check(bson_t *cmd, const char *const *allow, size_t nallow)
 {
 	bson_t vc, arr;
 
-	bson_init(out);
-	/* the commands forwarded here seldom carry one: then a copy of the bytes, not a
-	 * field by field rebuild (issue #19) */
-	if (bson_has_field(fwd, "$stripedbViewCheck"))
-		bson_copy_to_excluding_noinit(fwd, out, "$stripedbViewCheck", NULL);
-	else
-		bson_concat(out, fwd);
-	bson_append_document_begin(out, "$stripedbViewCheck", -1, &vc);
+	bson_append_document_begin(cmd, "$stripedbViewCheck", -1, &vc);
 	bson_append_array_begin(&vc, "allow", -1, &arr);
 	for (size_t i = 0; i < nallow; i++) {
 		char k[16];
@@ -603,7 +595,7 @@ void px_view_check_cmd(const bson_t *fwd, const char *const *allow, size_t nallo
 		BSON_APPEND_UTF8(&arr, kp, allow[i]);
 	}
 	bson_append_array_end(&vc, &arr);
-	bson_append_document_end(out, &vc);
+	bson_append_document_end(cmd, &vc);
 }
 
 /* px_run_on for a command forwarded whole to one shard (an unsharded collection's, or a
@@ -625,7 +617,14 @@ static int run_view_checked(ctx *c, const char *shard, const bson_t *fwd, uint32
 		bson_t cmd;
 		char src[512], rerr[256], msg[1400];
 
-		px_view_check_cmd(fwd, (const char *const *)allow, nallow, &cmd);
+		/* the commands forwarded here seldom carry one: then a copy of the bytes, not a
+		 * field by field rebuild (issue #19) */
+		bson_init(&cmd);
+		if (bson_has_field(fwd, "$stripedbViewCheck"))
+			bson_copy_to_excluding_noinit(fwd, &cmd, "$stripedbViewCheck", NULL);
+		else
+			bson_concat(&cmd, fwd);
+		px_append_view_check(&cmd, (const char *const *)allow, nallow);
 		r = px_run_on(c, shard, &cmd, sid, reply, nerr, nerrlen);
 		bson_destroy(&cmd);
 		if (r != SHARDCONN_CMD_ERR || !view_source(reply, src, sizeof src))

@@ -219,12 +219,10 @@ void px_exec_resume(proxy *p, wire_req *req, const char *user);
  * loop's), as the dispatch hook that calls it and the forwarder that hands it requests it
  * could not answer (forwarder.h). */
 void px_exec_submit(proxy *p, wire_req *req);
-/* fwd (a command forwarded whole to one shard) with $stripedbViewCheck {allow: [allow
- * ...]} (nallow names, "db.coll") in place of any it had, into out (initialised here;
- * the caller destroys it): a shard refuses with 169 naming the source a read that meets
- * a view over a collection not in allow (see exec.c "views"). */
-void px_view_check_cmd(const bson_t *fwd, const char *const *allow, size_t nallow,
-		       bson_t *out);
+/* Append $stripedbViewCheck {allow: [allow ...]} (nallow names, "db.coll") to cmd (a
+ * read forwarded whole to one shard, without one): a shard refuses with 169 naming the
+ * source a read that meets a view over a collection not in allow (see exec.c "views"). */
+void px_append_view_check(bson_t *cmd, const char *const *allow, size_t nallow);
 /* Send the answer a recorded (state 1 or 2; state 3 sends nothing) as req's one
  * completion, after px_answer_mask_state_change, and clear a (what it owned is sent or
  * freed). No answer (state 0) is logged and answered InternalError (debug builds abort).

@@ -28,6 +28,9 @@
 
 /* What the forwarder sends: a find, or a write and which. */
 enum fw_kind { FW_FIND, FW_UPDATE, FW_DELETE, FW_INSERT };
+/* A write's statements array (the cmd_table's stmts in exec.c). */
+static const char *const stmts[] = {[FW_UPDATE] = "updates", [FW_DELETE] = "deletes",
+				    [FW_INSERT] = "documents"};
 
 typedef struct fw_conn fw_conn;
 
@@ -271,8 +274,6 @@ static bool point_write(const bson_t *cmd, enum fw_kind kind, const char **coll)
 {
 	static const char *const names[] = {[FW_UPDATE] = "update", [FW_DELETE] = "delete",
 					    [FW_INSERT] = "insert"};
-	static const char *const stmts[] = {[FW_UPDATE] = "updates", [FW_DELETE] = "deletes",
-					    [FW_INSERT] = "documents"};
 	bson_iter_t it, arr, st;
 	bool have_stmts = false;
 
@@ -494,6 +495,17 @@ static void fw_ctx(fw_conn *c, ctx *x, px_answer *ans)
 		x->txn = c->txn; /* a copy of the views: freed with c's */
 }
 
+/* Send the answer recorded in ans (fw_ctx) as c's request's one completion
+ * (px_answer_send), after c is released (keep: as conn_release's). */
+static void op_send(fw_conn *c, bool keep, px_answer *ans)
+{
+	wire_req *req = c->req;
+
+	conn_release(c, keep);
+	sdb_counter_inc(m_answered);
+	px_answer_send(req, ans);
+}
+
 /* Hand c's request to a request thread (px_exec_submit) and close c. failed: the
  * connection failed, so the member is no longer trusted as the shard's primary. */
 static void op_fallback(fw_conn *c, bool failed, const char *why)
@@ -518,7 +530,6 @@ static void op_fallback(fw_conn *c, bool failed, const char *why)
  * no label). */
 static void op_failed(fw_conn *c, const char *why)
 {
-	wire_req *req = c->req;
 	ctx x;
 	px_answer ans;
 	bson_t none = BSON_INITIALIZER;
@@ -533,9 +544,7 @@ static void op_failed(fw_conn *c, const char *why)
 	fw_ctx(c, &x, &ans);
 	(void)px_reply_write_result(&x, SHARDCONN_NET_ERR, &none, msg);
 	bson_destroy(&none);
-	conn_release(c, false);
-	sdb_counter_inc(m_answered);
-	px_answer_send(req, &ans);
+	op_send(c, false, &ans);
 }
 
 /* The answer of c's write (ok: what reply says), as forward_plain gives it
@@ -543,7 +552,6 @@ static void op_failed(fw_conn *c, const char *why)
 static void op_answer_write(fw_conn *c, const bson_t *reply, bool ok)
 {
 	int64_t code = ok ? 0 : px_get_int(reply, "code", 0);
-	wire_req *req = c->req;
 	ctx x;
 	px_answer ans;
 
@@ -560,9 +568,7 @@ static void op_answer_write(fw_conn *c, const bson_t *reply, bool ok)
 				    : code == WIRE_ERR_STALE_CONFIG ? SHARDCONN_STALE
 								    : SHARDCONN_CMD_ERR,
 				    reply, "");
-	conn_release(c, true);
-	sdb_counter_inc(m_answered);
-	px_answer_send(req, &ans);
+	op_send(c, true, &ans);
 }
 
 /* The complete answer in c->buf: the client's answer, or the request handed on. */
@@ -614,9 +620,7 @@ static void op_answer(fw_conn *c)
 									   : SHARDCONN_CMD_ERR,
 					   &reply, "");
 		bson_destroy(&reply);
-		conn_release(c, true);
-		sdb_counter_inc(m_answered);
-		px_answer_send(req, &ans);
+		op_send(c, true, &ans);
 		return;
 	}
 	if (bson_iter_init_find(&it, &reply, "cursor") && BSON_ITER_HOLDS_DOCUMENT(&it) &&
@@ -756,8 +760,6 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 
 	if (fw == NULL || fw->stopping)
 		return false;
-	static const char *const stmts[] = {[FW_UPDATE] = "updates", [FW_DELETE] = "deletes",
-					    [FW_INSERT] = "documents"};
 	const char *name = wire_req_name(req);
 	enum fw_kind kind;
 
@@ -820,25 +822,20 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 
 	/* the command as run_job's path sends it: exec.c px_forward_cursor for a find, its
 	 * forward_plain for a write (its session fields appended) */
-	bson_t fwd = BSON_INITIALIZER, checked, sent;
+	bson_t sent = BSON_INITIALIZER;
 	uint8_t pre[WIRE_MSG_PREFIX_LEN];
 	struct iovec iov[2];
 	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
 	ssize_t k;
 
-	px_copy_cmd(cmd, &fwd, NULL);
-	if (write) {
-		if (txn.on) { /* a retryable write: the whole of it, its stmtId(s) as given */
-			BSON_APPEND_DOCUMENT(&fwd, "lsid", &txn.lsid);
-			BSON_APPEND_INT64(&fwd, "txnNumber", txn.txn);
-		}
-		shardconn_forward_cmd(p->sc, db, &fwd, &sent);
-	} else {
-		px_view_check_cmd(&fwd, NULL, 0, &checked);
-		shardconn_forward_cmd(p->sc, db, &checked, &sent);
-		bson_destroy(&checked);
+	px_copy_cmd(cmd, &sent, NULL); /* the one copy: without session fields, $db, $clusterTime */
+	if (!write)
+		px_append_view_check(&sent, NULL, 0); /* point_find took no $stripedb* field */
+	else if (txn.on) { /* a retryable write: the whole of it, its stmtId(s) as given */
+		BSON_APPEND_DOCUMENT(&sent, "lsid", &txn.lsid);
+		BSON_APPEND_INT64(&sent, "txnNumber", txn.txn);
 	}
-	bson_destroy(&fwd);
+	shardconn_forward_finish(p->sc, db, &sent);
 	c->request_id = c->request_id == INT32_MAX ? 1 : c->request_id + 1;
 	wire_msg_encode_msg_prefix(pre, c->request_id, 0, 0, sent.len);
 	iov[0].iov_base = pre;

@@ -1281,9 +1281,17 @@ shardwire *shardconn_forward_target(shardconn *sc, const char *id)
 	return w;
 }
 
-void shardconn_forward_cmd(shardconn *sc, const char *db, const bson_t *cmd, bson_t *sent)
+void shardconn_forward_finish(shardconn *sc, const char *db, bson_t *cmd)
 {
-	sent_cmd(db, cmd, cmd_fields(cmd), true, atomic_load(&sc->cluster_time), sent);
+	uint64_t ct = atomic_load(&sc->cluster_time);
+
+	/* as sent_cmd, appended in place: cmd has neither field */
+	if (ct) {
+		bson_t ctdoc;
+		shardconn_cluster_time_doc(ct, &ctdoc);
+		bson_concat(cmd, &ctdoc);
+	}
+	BSON_APPEND_UTF8(cmd, "$db", db);
 }
 
 bool shardconn_forward_done(shardconn *sc, const char *id, shardwire *w, const bson_t *reply)

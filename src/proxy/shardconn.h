@@ -192,10 +192,10 @@ mongoc_client_pool_t *shardconn_metadata(shardconn *sc);
  * shardwire stays allocated until shardconn_free. */
 shardwire *shardconn_forward_target(shardconn *sc, const char *id);
 
-/* cmd as the own connections send it into sent (initialised here; the caller destroys
- * it): the proxy's signed $clusterTime instead of cmd's own, and $db (db) when cmd has
- * none. */
-void shardconn_forward_cmd(shardconn *sc, const char *db, const bson_t *cmd, bson_t *sent);
+/* Make cmd (built by the caller with neither $clusterTime nor $db, e.g. by px_copy_cmd)
+ * what the own connections send: the proxy's signed $clusterTime (as sent_cmd attaches
+ * it) and $db (db) appended. */
+void shardconn_forward_finish(shardconn *sc, const char *db, bson_t *cmd);
 
 /* What a command sent on w (shard id's member) by the forwarder came to: reply is the
  * member's answer, or NULL when the connection failed (no complete answer). Counts the

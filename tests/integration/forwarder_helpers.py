@@ -36,6 +36,15 @@ def warm(coll):
     coll.find_one({"_id": "warm"})
 
 
+def one_doc(cl, **client_opts):
+    """fwdb.t holding {_id: 1, v: 0}, warmed (warm), through a client of proxy 0 made
+    with client_opts."""
+    coll = cl.proxy_client(0, **client_opts).fwdb.t
+    coll.insert_one({"_id": 1, "v": 0})
+    warm(coll)
+    return coll
+
+
 def in_flight(cluster, fn, out):
     """Run fn() on a thread (its result or exception appended to out) and return the
     thread once proxy 0's loop has one command in flight."""

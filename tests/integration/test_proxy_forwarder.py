@@ -14,18 +14,10 @@ import pytest
 
 from conftest import free_port, wait_until
 from forwarder_helpers import cluster  # noqa: F401 - the fixture
-from forwarder_helpers import FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, strip, warm
+from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, one_doc,
+                               strip, warm)
 from proxy_helpers import ProxyCluster
 
-
-
-def _one_doc(cl, retry_writes, **kw):
-    """A client of proxy 0 and fwdb.t holding {_id: 1, v: 0}, warmed (_warm)."""
-    c = cl.proxy_client(0, retryWrites=retry_writes, **kw)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 0})
-    warm(coll)
-    return coll
 
 
 def _fail_next(cl, command, times=1, **data):
@@ -120,7 +112,7 @@ def test_a_view_is_read_through_a_request_thread(cluster):
 def test_a_state_change_answer_is_resent_once_by_a_request_thread(cluster, code):
     """What px_shard_call does for a read after a state-change answer (send it again) is
     what a request thread does with the loop's read: the client gets the document."""
-    coll = _one_doc(cluster, False)
+    coll = one_doc(cluster, retryWrites=False)
     _fail_next(cluster, "find", errorCode=code)
     fb = cluster.metric(0, FALLBACK)
     assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 0}
@@ -131,7 +123,7 @@ def test_a_shard_error_is_answered_by_the_loop_not_run_again(cluster):
     """An error a request thread would pass on is passed on by the loop: the shard's
     fail point (two times) fails the loop's read once, and the next read succeeds, so
     the read was not run a second time behind the client's back."""
-    coll = _one_doc(cluster, False)
+    coll = one_doc(cluster, retryWrites=False)
     _fail_next(cluster, "find", times=2, errorCode=2)
     with pytest.raises(pymongo.errors.OperationFailure) as e:
         coll.find_one({"_id": 1})
@@ -332,10 +324,7 @@ def test_a_retried_update_on_the_loop_is_applied_once(cluster):
 
 
 def test_non_retryable_updates_of_one_document_on_the_loop(cluster):
-    c = cluster.proxy_client(0, retryWrites=False)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 0})
-    warm(coll)
+    coll = one_doc(cluster, retryWrites=False)
     before = cluster.metric(0, LOOP)
     coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
     assert cluster.metric(0, LOOP) == before + 1
@@ -350,7 +339,7 @@ def test_non_retryable_updates_of_one_document_on_the_loop(cluster):
 def test_a_state_change_answer_to_a_non_retryable_loop_update(cluster, code, resent):
     """As px_shard_call: a refusal (it did not run) is sent again, by a request thread;
     an interruption (it may have run) is answered, masked, and never sent again."""
-    coll = _one_doc(cluster, False)
+    coll = one_doc(cluster, retryWrites=False)
     _fail_next(cluster, "update", errorCode=code)
     fb = cluster.metric(0, FALLBACK)
     if resent:
@@ -370,10 +359,7 @@ def test_a_non_retryable_update_lost_with_its_connection_is_an_unknown_outcome(c
     """The shard dies with a non-retryable update in flight on the loop: it may have
     run, so it is not run again; the client gets HostUnreachable without the
     RetryableWriteError label."""
-    c = cluster.proxy_client(0, retryWrites=False, socketTimeoutMS=60000)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 0})
-    warm(coll)
+    coll = one_doc(cluster, retryWrites=False, socketTimeoutMS=60000)
     sid = cluster.shard_ids[0]
     cluster.shard_procs[sid].pause()
     out = []
@@ -401,7 +387,7 @@ def test_a_state_change_answer_to_a_loop_update_is_resent_and_applied_once(clust
     """The shard's fail point answers the update with code without running it; the loop
     hands it to a request thread, which sends it again with the same txnNumber: applied
     once, and the client sees success (as px_shard_call's resend gives)."""
-    coll = _one_doc(cluster, True)
+    coll = one_doc(cluster, retryWrites=True)
     _fail_next(cluster, "update", errorCode=code)
     fb = cluster.metric(0, FALLBACK)
     r = coll.update_one({"_id": 1}, {"$inc": {"v": 1}})
@@ -411,7 +397,7 @@ def test_a_state_change_answer_to_a_loop_update_is_resent_and_applied_once(clust
 
 
 def test_a_write_concern_error_of_a_loop_update_is_masked(cluster):
-    coll = _one_doc(cluster, True)
+    coll = one_doc(cluster, retryWrites=True)
     _fail_next(cluster, "update",
                writeConcernError={"code": 11602, "errmsg": "stepped down"})
     before = cluster.metric(0, LOOP)

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import free_port, wait_until
 from forwarder_helpers import cluster  # noqa: F401 - the fixture
-from forwarder_helpers import FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, strip, warm
+from forwarder_helpers import (FALLBACK, IN_FLIGHT, LOOP, in_flight, listener_closed, one_doc,
+                               strip, warm)
 from proxy_helpers import ProxyCluster
 
 
@@ -250,16 +251,13 @@ def test_a_command_too_big_for_one_send_keeps_the_shard_primary_known(cluster):
 
 
 @pytest.mark.parametrize("what", ["find", "update"])
-def test_a_client_gone_with_its_loop_commandin_flight(cluster, what):
+def test_a_client_gone_with_its_loop_command_in_flight(cluster, what):
     """The client closes its connection (its socket timeout) while its command waits
     on the loop for a stopped shard; the shard then answers. The proxy goes on serving,
     the update is applied once, and the proxy exits cleanly (no use of the freed
     connection, no leak)."""
     cl = cluster
-    c = cl.proxy_client(0)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 0})
-    warm(coll)
+    coll = one_doc(cl)
     impatient = cl.proxy_client(0, socketTimeoutMS=1000, retryReads=False,
                                 retryWrites=False)
     icoll = impatient.fwdb.t
@@ -404,10 +402,7 @@ def test_unacknowledged_updates_of_one_connection_keep_their_order(cluster, path
     connection run in the order sent, as on a mongod: the last $set wins."""
     from pymongo.write_concern import WriteConcern
     cl = cluster
-    c = cl.proxy_client(0, maxPoolSize=1)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 0})
-    warm(coll)
+    coll = one_doc(cl, maxPoolSize=1)
     w0 = coll.with_options(write_concern=WriteConcern(w=0))
     before = cl.metric(0, LOOP)
     for i in range(1, 301):
@@ -498,15 +493,12 @@ def test_connections_to_a_shard_member_stay_bounded(cluster):
 
 
 @pytest.mark.parametrize("retryable", [True, False])
-def test_the_proxy_stop_with_a_loop_updatein_flight(cluster, retryable):
+def test_the_proxy_stop_with_a_loop_update_in_flight(cluster, retryable):
     """SIGTERM while a loop update waits for a stopped shard: it stays on the loop (never
     run a second time by a request thread), its answer reaches the client once the
     shard runs, it is applied once, and the proxy exits cleanly."""
     cl = cluster
-    c = cl.proxy_client(0, socketTimeoutMS=60000, retryWrites=retryable)
-    coll = c.fwdb.t
-    coll.insert_one({"_id": 1, "v": 0})
-    warm(coll)
+    coll = one_doc(cl, socketTimeoutMS=60000, retryWrites=retryable)
     sid = cl.shard_ids[0]
     cl.shard_procs[sid].pause()
     out = []
