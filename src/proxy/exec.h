@@ -373,6 +373,38 @@ int px_collect_owned(ctx *c, route_coll *rc, size_t ci, const bson_t *q, const b
 		     const bson_t *coll_from, int64_t limit, bson_t *ids, bson_t *docs, size_t *n,
 		     bson_t *err_reply, char *nerr, size_t nelen);
 
+/* The find read.c sends for chunk ci of rc (a sharded collection) into out (initialised by
+ * the caller): find c->coll with filter, sort and proj when not NULL or empty, batchSize
+ * batch, the client's options the shards carry (hint, collation, maxTimeMS, comment, ...
+ * from c->cmd), and, per_shard (the shard keeps filtering metadata, px_shard_mode), limit
+ * when > 0 and the shard's version (px_append_shard_version), else the chunk's
+ * (px_append_version). Shared by scatter_open_once and the loop's sharded point reads
+ * (forwarder.c), so both send the same command. No errors. */
+void px_find_shard_cmd(const ctx *c, const route_coll *rc, size_t ci, bool per_shard,
+		       const bson_t *filter, const bson_t *sort, const bson_t *proj,
+		       int64_t batch, int64_t limit, bson_t *out);
+/* The batchSize read.c asks a sharded find's shards for, given the client's skip, limit
+ * (0: none) and batchSize (101 when absent): limit + skip or batch + skip when smaller,
+ * at most 1000, at least 1. */
+int64_t px_find_first_batch(int64_t skip, int64_t limit, int64_t batch);
+
+/* ---- one update or delete statement of a sharded collection (write.c) ---- */
+
+/* The command write.c sends for the update (is_update) or delete statement at elem (the
+ * client's statement 0: a document) to chunk ci of rc when its filter pins that one chunk
+ * exactly, into cmd (initialised by the caller): the statement as given, ordered, the
+ * client's writeConcern and let, the shard key check of a pipeline update, the chunk's
+ * version (px_append_version), and c->txn's session fields with stmtId 0 when the
+ * statement is not multi. False when elem is not a document (nothing appended). Shared by
+ * write.c's exact-target send and the loop's sharded point writes (forwarder.c). */
+bool px_stmt_shard_cmd(ctx *c, route_coll *rc, size_t ci, const bson_iter_t *elem,
+		       bool is_update, bson_t *cmd);
+/* Answer c (px_do_write's answer) for a one-statement update (is_update) or delete that
+ * was sent as px_stmt_shard_cmd built it: reply is the shard's answer when cls is
+ * SHARDCONN_OK, else its error (cls a SHARDCONN_* class other than STALE, neterr the
+ * network error). Returns: the answer's status, as px_do_write's. */
+int px_stmt_answer(ctx *c, bool is_update, const bson_t *reply, int cls, const char *neterr);
+
 /* ---- parallel calls, one per shard (retry.c) ---- */
 
 /* One command for one shard, run in parallel with others (a fan-out unit). */

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "proxy/exec.h"
+#include "proxy/merge.h"
 #include "proxy/quota.h"
 #include "proxy/shardconn.h"
 #include "proxy/shardwire.h"
@@ -56,6 +57,9 @@ struct fw_conn {
 	wire_req *req; /* busy: the client's request */
 	char *shard;   /* busy: the shard's id (heap) */
 	bool write;    /* busy: req is a write (an update, a delete, an insert), else a find */
+	bool update;   /* busy, write: an update (else a delete or an insert) */
+	route_coll *rc; /* busy: a sharded collection's routing the command was built from
+			 * (one reference), NULL when unsharded */
 	proxy_txn txn; /* busy, write: its session fields (views into req's command) */
 	uint8_t *buf;  /* the answer as it arrives */
 	size_t got, cap;
@@ -463,6 +467,10 @@ static void conn_release(fw_conn *c, bool keep)
 	if (c->write)
 		proxy_txn_free(&c->txn);
 	c->write = false;
+	if (c->rc) {
+		route_coll_unref(c->rc);
+		c->rc = NULL;
+	}
 	c->got = 0;
 	if (c->cap > FW_FIRST_BUF) { /* a large answer's buffer is not kept */
 		free(c->buf);
@@ -480,6 +488,8 @@ static void conn_release(fw_conn *c, bool keep)
 
 /* ---------- one read ---------- */
 
+static void op_send(fw_conn *c, bool keep, px_answer *ans);
+
 /* A request context for answering c's request the way its handler would (px_reply_*):
  * the fields those read. ans: where the answer is recorded (px_answer_send sends it). */
 static void fw_ctx(fw_conn *c, ctx *x, px_answer *ans)
@@ -493,6 +503,19 @@ static void fw_ctx(fw_conn *c, ctx *x, px_answer *ans)
 	x->db = wire_req_db(c->req);
 	if (c->write)
 		x->txn = c->txn; /* a copy of the views: freed with c's */
+}
+
+/* The answer of c's sharded update or delete (cls, reply, neterr as px_stmt_answer
+ * takes them), as px_do_write gives it, sent (keep: as conn_release's). */
+static void op_answer_stmt(fw_conn *c, bool keep, const bson_t *reply, int cls,
+			   const char *neterr)
+{
+	ctx x;
+	px_answer ans;
+
+	fw_ctx(c, &x, &ans);
+	(void)px_stmt_answer(&x, c->update, reply, cls, neterr);
+	op_send(c, keep, &ans);
 }
 
 /* Send the answer recorded in ans (fw_ctx) as c's request's one completion
@@ -541,6 +564,11 @@ static void op_failed(fw_conn *c, const char *why)
 	}
 	(void)shardconn_forward_done(c->fw->p->sc, c->shard, c->m->w, NULL);
 	snprintf(msg, sizeof msg, "shard %s: %s: %s", c->shard, shardwire_host(c->m->w), why);
+	if (c->rc) { /* send_stmt_v's network error */
+		op_answer_stmt(c, false, &none, SHARDCONN_NET_ERR, msg);
+		bson_destroy(&none);
+		return;
+	}
 	fw_ctx(c, &x, &ans);
 	(void)px_reply_write_result(&x, SHARDCONN_NET_ERR, &none, msg);
 	bson_destroy(&none);
@@ -560,6 +588,15 @@ static void op_answer_write(fw_conn *c, const bson_t *reply, bool ok)
 	 * non-retryable one (it may have run) is answered as it came (masked) */
 	if (!ok && wire_state_change_code(code) && (c->txn.on || wire_not_executed_code(code))) {
 		op_fallback(c, false, "a state change");
+		return;
+	}
+	if (c->rc) {
+		/* stmt_execute's: a StaleConfig refusal (nothing ran) is retried under newer
+		 * routing, which the request thread's run does; anything else is answered */
+		if (!ok && code == WIRE_ERR_STALE_CONFIG)
+			op_fallback(c, false, "StaleConfig");
+		else
+			op_answer_stmt(c, true, reply, ok ? SHARDCONN_OK : SHARDCONN_CMD_ERR, "");
 		return;
 	}
 	fw_ctx(c, &x, &ans);
@@ -609,6 +646,15 @@ static void op_answer(fw_conn *c)
 		     strstr(bson_iter_utf8(&m, NULL), "resolvedView.ns=") != NULL)) {
 			bson_destroy(&reply);
 			op_fallback(c, false, "a state change or a view");
+			return;
+		}
+		if (c->rc && code == WIRE_ERR_STALE_CONFIG) {
+			/* merged_execute's StaleConfig: retried under newer routing (a request
+			 * thread's run); a shard without filtering metadata is remembered, so
+			 * that its reads go per chunk (scatter_open_once) */
+			(void)px_shard_mode_note(c->rc, c->shard, &reply);
+			bson_destroy(&reply);
+			op_fallback(c, false, "StaleConfig");
 			return;
 		}
 		/* any other error is answered as px_forward_cursor answers it */
@@ -743,6 +789,77 @@ static void on_poll(uv_poll_t *h, int status, int events)
 	}
 }
 
+/* ---------- a sharded collection's point commands ---------- */
+
+/* The chunk of rc (a sharded collection) that cmd (a find, an update or a delete the
+ * forwarder takes: point_find, point_write) pins exactly, or -1 when the loop does not
+ * take it on rc: the shard key is not {_id: 1} or {_id: "hashed"}, the command is an
+ * insert (px_do_insert routes each document and fills in missing _ids), a find has a
+ * projection (px_do_find applies a sharded find's projection itself), the _id is null, an
+ * update would change the shard key (write_stmt's refusal), or no chunk holds the key. */
+static ssize_t sharded_point(const route_coll *rc, enum fw_kind kind, const bson_t *cmd)
+{
+	bson_t q, arr, st, u;
+	bson_iter_t it;
+	char err[256];
+
+	if (kind == FW_INSERT || rc->nkeys != 1 || strcmp(rc->keys[0], "_id") != 0)
+		return -1;
+	if (kind == FW_FIND) {
+		if (!px_get_doc(cmd, "filter", &q) || bson_has_field(cmd, "projection"))
+			return -1;
+	} else {
+		if (!px_get_array(cmd, stmts[kind], &arr) || !bson_iter_init(&it, &arr) ||
+		    !bson_iter_next(&it) || !sdb_bson_iter_doc(&it, &st) ||
+		    !px_get_doc(&st, "q", &q))
+			return -1;
+		if (kind == FW_UPDATE &&
+		    (!px_get_doc(&st, "u", &u) ||
+		     route_update_changes_key(rc, &u, &q, err, sizeof err) != ROUTE_KEY_KEPT))
+			return -1;
+	}
+	if (!bson_iter_init_find(&it, &q, "_id") || BSON_ITER_HOLDS_NULL(&it))
+		return -1;
+	return route_chunk_of_doc(rc, &q); /* route_target's exact point: one chunk */
+}
+
+/* Into sent (initialised): what px_do_find / px_do_write send for req's command (kind,
+ * on coll) to chunk ci of rc, which sharded_point found: read.c's px_find_shard_cmd with
+ * px_do_find's batch and limit, or write.c's px_stmt_shard_cmd with the write's session
+ * fields (txn; NULL for a find). Counted as a targeted request (px_note_target). */
+static void sharded_cmd(proxy *p, wire_req *req, route_coll *rc, size_t ci, enum fw_kind kind,
+			const char *coll, const proxy_txn *txn, bson_t *sent)
+{
+	ctx x;
+	bson_t q, arr;
+	bson_iter_t it;
+
+	memset(&x, 0, sizeof x);
+	x.p = p;
+	x.req = req;
+	x.cmd = wire_req_cmd(req);
+	x.db = wire_req_db(req);
+	x.coll = coll;
+	snprintf(x.ns, sizeof x.ns, "%s.%s", x.db, coll);
+	if (txn)
+		x.txn = *txn; /* views: the caller keeps txn */
+	px_note_target(&x, rc, 1);
+	if (kind == FW_FIND) {
+		/* px_do_find's: skip 0, limit and batchSize as given (point_find checked them) */
+		int64_t limit = px_get_int(x.cmd, "limit", 0);
+		int64_t batch = px_get_int(x.cmd, "batchSize", 101);
+
+		(void)px_get_doc(x.cmd, "filter", &q);
+		px_find_shard_cmd(&x, rc, ci, px_shard_mode(rc, rc->chunks[ci].shard), &q, NULL,
+				  NULL, px_find_first_batch(0, limit, batch),
+				  merge_pushdown_limit(0, limit), sent);
+		return;
+	}
+	if (px_get_array(x.cmd, stmts[kind], &arr) && bson_iter_init(&it, &arr) &&
+	    bson_iter_next(&it))
+		(void)px_stmt_shard_cmd(&x, rc, ci, &it, kind == FW_UPDATE, sent);
+}
+
 bool px_forward_try(px_forwarder *fw, wire_req *req)
 {
 	proxy *p;
@@ -753,7 +870,7 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	shardwire *w;
 	fw_member *m;
 	fw_conn *c;
-	bool sharded;
+	ssize_t ci = -1;
 
 	proxy_txn txn;
 	int code;
@@ -788,11 +905,19 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 		return false;
 	if ((rc = route_cache_get(p->rc, ns)) == NULL)
 		return false; /* the first read of it loads its routing */
-	sharded = rc->nkeys > 0;
-	route_coll_unref(rc);
-	if (sharded || (shard = proxy_db_primary_cached(p, db)) == NULL)
+	if (rc->nkeys == 0) {
+		route_coll_unref(rc);
+		rc = NULL;
+		if ((shard = proxy_db_primary_cached(p, db)) == NULL)
+			return false;
+	} else if ((ci = sharded_point(rc, kind, cmd)) < 0) {
+		route_coll_unref(rc);
 		return false;
+	} else {
+		shard = sdb_strdup(rc->chunks[ci].shard);
+	}
 	if ((w = shardconn_forward_target(p->sc, shard)) == NULL) {
+		route_coll_unref(rc);
 		free(shard);
 		return false;
 	}
@@ -801,6 +926,7 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	 * request thread) */
 	if (write && !proxy_txn_parse(cmd, stmts[kind], &txn, &code, err, sizeof err)) {
 		proxy_txn_free(&txn);
+		route_coll_unref(rc);
 		free(shard);
 		return false;
 	}
@@ -816,6 +942,7 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	if (c == NULL) {
 		if (write)
 			proxy_txn_free(&txn);
+		route_coll_unref(rc);
 		free(shard);
 		return false; /* a request thread opens one (then idle for the next read) */
 	}
@@ -828,12 +955,17 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
 	ssize_t k;
 
-	px_copy_cmd(cmd, &sent, NULL); /* the one copy: without session fields, $db, $clusterTime */
-	if (!write)
-		px_append_view_check(&sent, NULL, 0); /* point_find took no $stripedb* field */
-	else if (txn.on) { /* a retryable write: the whole of it, its stmtId(s) as given */
-		BSON_APPEND_DOCUMENT(&sent, "lsid", &txn.lsid);
-		BSON_APPEND_INT64(&sent, "txnNumber", txn.txn);
+	if (rc) {
+		sharded_cmd(p, req, rc, (size_t)ci, kind, coll, write ? &txn : NULL, &sent);
+	} else {
+		/* the one copy: without session fields, $db, $clusterTime */
+		px_copy_cmd(cmd, &sent, NULL);
+		if (!write)
+			px_append_view_check(&sent, NULL, 0); /* point_find took no $stripedb* field */
+		else if (txn.on) { /* a retryable write: the whole of it, its stmtId(s) as given */
+			BSON_APPEND_DOCUMENT(&sent, "lsid", &txn.lsid);
+			BSON_APPEND_INT64(&sent, "txnNumber", txn.txn);
+		}
 	}
 	shardconn_forward_finish(p->sc, db, &sent);
 	c->request_id = c->request_id == INT32_MAX ? 1 : c->request_id + 1;
@@ -858,6 +990,7 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 			(void)shardconn_forward_done(p->sc, shard, w, NULL);
 		if (write)
 			proxy_txn_free(&txn);
+		route_coll_unref(rc);
 		free(shard);
 		conn_close(c);
 		return false;
@@ -870,6 +1003,8 @@ bool px_forward_try(px_forwarder *fw, wire_req *req)
 	c->req = req;
 	c->shard = shard;
 	c->write = write;
+	c->update = kind == FW_UPDATE;
+	c->rc = rc; /* its reference */
 	if (write)
 		c->txn = txn;
 	c->got = 0;

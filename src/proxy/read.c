@@ -46,6 +46,44 @@ static void copy_find_options(const bson_t *cmd, bson_t *out)
 	copy_options(cmd, out, keep);
 }
 
+/* exec.h. */
+void px_find_shard_cmd(const ctx *c, const route_coll *rc, size_t ci, bool per_shard,
+		       const bson_t *filter, const bson_t *sort, const bson_t *proj,
+		       int64_t batch, int64_t limit, bson_t *out)
+{
+	const route_chunk *ch = &rc->chunks[ci];
+
+	BSON_APPEND_UTF8(out, "find", c->coll);
+	if (filter && !bson_empty(filter))
+		BSON_APPEND_DOCUMENT(out, "filter", filter);
+	if (sort && !bson_empty(sort))
+		BSON_APPEND_DOCUMENT(out, "sort", sort);
+	if (proj && !bson_empty(proj))
+		BSON_APPEND_DOCUMENT(out, "projection", proj);
+	BSON_APPEND_INT64(out, "batchSize", batch);
+	if (per_shard && limit > 0)
+		BSON_APPEND_INT64(out, "limit", limit);
+	copy_find_options(c->cmd, out);
+	if (per_shard)
+		px_append_shard_version(out, rc, ch->shard);
+	else
+		px_append_version(out, ch);
+}
+
+/* exec.h. */
+int64_t px_find_first_batch(int64_t skip, int64_t limit, int64_t batch)
+{
+	int64_t pushed = merge_pushdown_limit(skip, limit);
+
+	if (pushed == 0 || pushed > 1000)
+		pushed = 1000;
+	if (batch > 0 && skip < pushed && batch < pushed - skip)
+		pushed = batch + skip;
+	if (pushed < 1)
+		pushed = 1;
+	return pushed;
+}
+
 typedef struct scatter {
 	ctx *c;
 	route_coll *rc;
@@ -193,21 +231,8 @@ static int scatter_open_once(ctx *c, route_coll *rc, const bool *sel, const bson
 			sc.n++;
 			continue;
 		}
-		BSON_APPEND_UTF8(&sc.cmds[sc.n], "find", c->coll);
-		if (filter && !bson_empty(filter))
-			BSON_APPEND_DOCUMENT(&sc.cmds[sc.n], "filter", filter);
-		if (sort && !bson_empty(sort))
-			BSON_APPEND_DOCUMENT(&sc.cmds[sc.n], "sort", sort);
-		if (proj && !bson_empty(proj))
-			BSON_APPEND_DOCUMENT(&sc.cmds[sc.n], "projection", proj);
-		BSON_APPEND_INT64(&sc.cmds[sc.n], "batchSize", batch);
-		if (per_shard && limit > 0)
-			BSON_APPEND_INT64(&sc.cmds[sc.n], "limit", limit);
-		copy_find_options(c->cmd, &sc.cmds[sc.n]);
-		if (per_shard)
-			px_append_shard_version(&sc.cmds[sc.n], rc, ch->shard);
-		else
-			px_append_version(&sc.cmds[sc.n], ch);
+		px_find_shard_cmd(c, rc, i, per_shard, filter, sort, proj, batch, limit,
+				  &sc.cmds[sc.n]);
 		sc.n++;
 	}
 	free(memo);
@@ -417,13 +442,7 @@ int px_do_find(ctx *c)
 			return st;
 		}
 	}
-	pushed = merge_pushdown_limit(skip, limit);
-	if (pushed == 0 || pushed > 1000)
-		pushed = 1000;
-	if (batch > 0 && skip < pushed && batch < pushed - skip)
-		pushed = batch + skip;
-	if (pushed < 1)
-		pushed = 1;
+	pushed = px_find_first_batch(skip, limit, batch);
 	st = open_merged(c, &rc, has_filter ? &filter : NULL, has_sort ? &sort_spec : NULL, NULL,
 			 sort, proj, skip, limit, pushed, &cur);
 	route_coll_unref(rc);

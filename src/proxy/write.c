@@ -770,21 +770,17 @@ typedef struct wstmt {
 	bool upsert;
 } wstmt;
 
-/* Send one statement (possibly rewritten with q2) to chunk ci, or, per_shard, to the whole
- * shard of chunk ci with its shard version (the shard skips orphans: shardver.c). Returns
- * SHARDCONN_*; folds the result into w (with index idx) unless stale. */
-static int send_stmt_v(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bson_t *q2,
-		       bool force_multi, bool per_shard, wresult *w)
+/* The command of send_stmt_v into cmd (initialised by the caller). */
+static void stmt_cmd(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bson_t *q2,
+		     bool force_multi, bool per_shard, bson_t *cmd)
 {
 	route_chunk *ch = &rc->chunks[ci];
-	bson_t cmd = BSON_INITIALIZER, arr, st, reply;
+	bson_t arr, st;
 	bson_iter_t it;
 	int64_t map[1] = {s->idx};
-	char nerr[256];
-	int cls;
 
-	BSON_APPEND_UTF8(&cmd, s->is_update ? "update" : "delete", c->coll);
-	bson_append_array_begin(&cmd, s->is_update ? "updates" : "deletes", -1, &arr);
+	BSON_APPEND_UTF8(cmd, s->is_update ? "update" : "delete", c->coll);
+	bson_append_array_begin(cmd, s->is_update ? "updates" : "deletes", -1, &arr);
 	bson_append_document_begin(&arr, "0", -1, &st);
 	bson_iter_init(&it, &s->stmt);
 	while (bson_iter_next(&it)) {
@@ -801,18 +797,33 @@ static int send_stmt_v(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const 
 	if (force_multi && s->is_update)
 		BSON_APPEND_BOOL(&st, "multi", true);
 	bson_append_document_end(&arr, &st);
-	bson_append_array_end(&cmd, &arr);
-	BSON_APPEND_BOOL(&cmd, "ordered", true);
-	append_client_wc(c, &cmd);
-	px_append_let(c, &cmd);
+	bson_append_array_end(cmd, &arr);
+	BSON_APPEND_BOOL(cmd, "ordered", true);
+	append_client_wc(c, cmd);
+	px_append_let(c, cmd);
 	if (s->is_update)
-		px_append_key_check(rc, &s->stmt, "u", &cmd);
+		px_append_key_check(rc, &s->stmt, "u", cmd);
 	if (per_shard)
-		px_append_shard_version(&cmd, rc, ch->shard);
+		px_append_shard_version(cmd, rc, ch->shard);
 	else
-		px_append_version(&cmd, ch);
+		px_append_version(cmd, ch);
 	if (!s->multi) /* drivers never retry multi statements; they are not recorded */
-		proxy_txn_append(&c->txn, &cmd, map, 1);
+		proxy_txn_append(&c->txn, cmd, map, 1);
+}
+
+/* Send one statement (possibly rewritten with q2) to chunk ci, or, per_shard, to the whole
+ * shard of chunk ci with its shard version (the shard skips orphans: shardver.c). Returns
+ * SHARDCONN_*; folds the result into w (with index idx) unless stale. */
+static int send_stmt_v(ctx *c, route_coll *rc, size_t ci, const wstmt *s, const bson_t *q2,
+		       bool force_multi, bool per_shard, wresult *w)
+{
+	route_chunk *ch = &rc->chunks[ci];
+	bson_t cmd = BSON_INITIALIZER, reply;
+	int64_t map[1] = {s->idx};
+	char nerr[256];
+	int cls;
+
+	stmt_cmd(c, rc, ci, s, q2, force_multi, per_shard, &cmd);
 	cls = px_run_on(c, ch->shard, &cmd, NULL, &reply, nerr, sizeof nerr);
 	if (cls == SHARDCONN_OK) {
 		fold_write_reply(w, &reply, map, 1);
@@ -917,6 +928,35 @@ static bool stmt_parse(const bson_iter_t *elem, bool is_update, int64_t idx, wst
 		s->multi = px_get_int(&s->stmt, "limit", 0) == 0;
 	}
 	return true;
+}
+
+/* exec.h. */
+bool px_stmt_shard_cmd(ctx *c, route_coll *rc, size_t ci, const bson_iter_t *elem,
+		       bool is_update, bson_t *cmd)
+{
+	wstmt s;
+
+	if (!stmt_parse(elem, is_update, 0, &s))
+		return false;
+	stmt_cmd(c, rc, ci, &s, NULL, false, false, cmd); /* as stmt_execute's exact send */
+	return true;
+}
+
+/* exec.h. As px_do_write answers a statement send_stmt_v sent (index 0). */
+int px_stmt_answer(ctx *c, bool is_update, const bson_t *reply, int cls, const char *neterr)
+{
+	wresult w;
+	int64_t map[1] = {0};
+	int st;
+
+	wresult_init(&w);
+	if (cls == SHARDCONN_OK)
+		fold_write_reply(&w, reply, map, 1);
+	else
+		wresult_error_from(&w, 0, reply, cls, neterr);
+	st = answer_write(c, &w, is_update);
+	wresult_destroy(&w);
+	return st;
 }
 
 /* write_int.h. Each shard is asked once, however many of its chunks are selected. */
