@@ -1,6 +1,7 @@
 /* The proxy's event-driven forwarder (issue #19): point reads and small writes of
- * unsharded collections sent to their shard and answered by the proxy's loop thread
- * itself, with no request thread.
+ * unsharded collections, and point reads and writes on `_id` of collections sharded on
+ * `_id`, sent to their shard and answered by the proxy's loop thread itself, with no
+ * request thread.
  *
  * Why: a request thread costs every proxied request a hand-off (the loop wakes a thread),
  * a context switch each way and a thread that sleeps in recv until the shard answers;
@@ -19,6 +20,20 @@
  *    1}, an `insert` of at most 256 KiB of documents, each with ordered, writeConcern,
  *    bypassDocumentValidation (not a delete), lsid, txnNumber and the cluster-time /
  *    primary read preference fields besides.
+ * On a collection sharded on {_id: 1} or {_id: "hashed"} (cached routing), the same find
+ * without a projection, update and delete, when the `_id` is not null, an update leaves
+ * the shard key alone (route_update_changes_key) and a chunk holds the key
+ * (route_chunk_of_doc: the one chunk route_target's exact point selects); not an insert
+ * (px_do_insert routes each document and makes the missing _ids). They go to the chunk's
+ * shard, built by the request threads' own code: read.c px_find_shard_cmd (with the
+ * shard's version when it keeps filtering metadata, px_shard_mode, else the chunk's) and
+ * write.c px_stmt_shard_cmd (the chunk's version, stmtId 0), and are answered as
+ * px_do_find (the same cursor answer) and px_do_write (px_stmt_answer) answer them. A
+ * StaleConfig answer (the routing moved, nothing ran) goes to a request thread, whose run
+ * refreshes the routing and retries; a shard that answers it for want of filtering
+ * metadata is remembered first (px_shard_mode_note), so the loop's next reads there go
+ * per chunk. Sharded finds with a projection, inserts, and other shard keys are request
+ * threads' (the projection is the proxy's own, read.c).
  * Everything else goes to a request thread as before (exec.c run_job), unchanged.
  *
  * What it sends and answers is what run_job's path does for such a command: for the find

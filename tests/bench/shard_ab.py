@@ -20,6 +20,11 @@ prints the proxy's CPU per operation and the shard's.
     /usr/bin/python3 tests/bench/shard_ab.py --proxies --base /tmp/base/stripedb \
         --new build/stripedb --client-bin /tmp/glibc/stripedb --workload c --rounds 6
 
+With --proxies --sharded N the proxies are in front of N shards, and ycsb.usertable is
+sharded on {_id: 1} in N chunks of equal key ranges, one per shard, with the shards'
+filtering metadata installed, as pg_compare.py's 4x2 target (the shard CPU printed is
+then the sum over the shards).
+
 The bench client is --client-bin, else --base's binary, for both. Exits 2 with one line on
 stderr when a process does not start or a run prints no result.
 """
@@ -61,6 +66,8 @@ def main():
                     help="keep the temp dir (the shards' data and logs, ~1 GB each)")
     ap.add_argument("--proxies", action="store_true",
                     help="compare the builds as proxies in front of one shard of --new")
+    ap.add_argument("--sharded", type=int, default=0, metavar="N",
+                    help="with --proxies: N shards, ycsb.usertable sharded on _id")
     ap.add_argument("--client-bin", help="the `stripedb bench` client (default: --base)")
     args = ap.parse_args()
     client = args.client_bin or args.base
@@ -75,13 +82,20 @@ def main():
             sys.path.insert(0, str(here))
             import conftest
             from pg_compare import Stack
-            from proxy_helpers import ProxyCluster
+            from proxy_helpers import ProxyCluster, install_filtering
             conftest.BIN = args.new
             stack = Stack(pathlib.Path(tmp))
-            cl = ProxyCluster(stack, pathlib.Path(tmp), shards=1, proxies=1)
+            nsh = max(args.sharded, 1)
+            cl = ProxyCluster(stack, pathlib.Path(tmp), shards=nsh, proxies=1)
+            if args.sharded:
+                n = args.records
+                cl.shard_collection("ycsb.usertable", {"_id": 1},
+                                    split_points=[{"_id": f"user{n * i // nsh:012d}"}
+                                                  for i in range(1, nsh)])
+                install_filtering(cl, "ycsb.usertable", {"_id": 1})
             conftest.BIN = args.base
             cl.add_proxy()
-            shard_pid = cl.shard_procs[cl.shard_ids[0]].p.pid
+            shard_pids = [cl.shard_procs[s].p.pid for s in cl.shard_ids]
             shards["new"] = (cl.proxy_ports[0], None, cl.proxy_procs[0].p.pid)
             shards["base"] = (cl.proxy_ports[1], None, cl.proxy_procs[1].p.pid)
         for name, binary in (() if args.proxies else (("base", args.base), ("new", args.new))):
@@ -122,10 +136,10 @@ def main():
                 port, p, pid = shards[name]
                 bench(port, args.threads, 1)
                 c0 = cpu_ticks(pid)
-                s0 = cpu_ticks(shard_pid) if args.proxies else 0
+                s0 = sum(map(cpu_ticks, shard_pids)) if args.proxies else 0
                 out = bench(port, args.threads, args.seconds)
                 c1 = cpu_ticks(pid)
-                s1 = cpu_ticks(shard_pid) if args.proxies else 0
+                s1 = sum(map(cpu_ticks, shard_pids)) if args.proxies else 0
                 m = re.search(r"phase run\s+[\d.]+ s\s+(\d+) ops\s+(\d+) ops/s", out)
                 if not m or int(m.group(1)) == 0:
                     print(f"shard_ab: no result from the {name} run:\n{out}", file=sys.stderr)
