@@ -253,7 +253,22 @@ static const char *const schema_sql =
 static int conn_pragmas(sdb_store *st, sqlite3 *db, char *err, size_t errlen)
 {
 	sqlite3_busy_timeout(db, 10000);
-	int rc = store_exec_sql(db, "PRAGMA journal_mode=WAL", err, errlen);
+	/* page_size: 8 KiB pages for a new database (SQLite applies it only when the file is
+	 * created: an existing store keeps its size, and every path here reads either). A
+	 * collection is a WITHOUT ROWID table (catalog.c), whose b-tree cells hold whole rows,
+	 * interior cells included; with 4 KiB pages a row over ~1,000 bytes spills to an
+	 * overflow page, and every comparison of a lookup's descent copied the whole row out
+	 * (perf, YCSB A on one shard, 50,000 documents of ~1.1 KiB: sqlite3BtreeIndexMoveto's
+	 * memmove and sqlite3Get4byte's overflow walks about 8% of the shard's CPU). 8 KiB
+	 * keeps such rows on their page (up to ~2,000 bytes) and the tree shallower: shard CPU
+	 * per op about -15% on YCSB C and A (alternated A/B, tests/bench/README.md); 16
+	 * KiB saved a little more on reads but cost the updates more (a WAL frame is a page).
+	 * Copies (copy.c) take the source's page size. */
+	int rc = store_exec_sql(db, "PRAGMA page_size=" STORE_STR(STORE_PAGE_BYTES), err,
+				errlen);
+	if (rc)
+		return rc;
+	rc = store_exec_sql(db, "PRAGMA journal_mode=WAL", err, errlen);
 	if (rc)
 		return rc;
 	rc = store_exec_sql(db,

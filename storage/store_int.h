@@ -28,17 +28,26 @@
 
 /* ---- WAL checkpoints (checkpoint.c) ---- */
 
+/* The page size of a new shard.db in bytes (PRAGMA page_size, set in store.c's connection
+ * setup before the file exists; the reasons are there). An existing store keeps the size
+ * it was made with. */
+#define STORE_PAGE_BYTES 8192
+#define STORE_STR_(x) #x
+#define STORE_STR(x) STORE_STR_(x)
+
 /* A checkpoint is asked of the store's checkpoint thread once the WAL holds this many
- * frames (pages; SQLite's automatic checkpoint threshold); a committing connection copies
- * the last STORE_CKPT_TAIL frames after the thread's copy, and waits for the thread's copy
- * when the WAL grew by STORE_CKPT_FRAMES_BEHIND frames during it; a big WAL allows a
- * bigger tail, and at STORE_CKPT_FRAMES_MAX a commit copies it all (checkpoint.c). */
-#define STORE_CKPT_FRAMES 1000
-#define STORE_CKPT_FRAMES_BEHIND 8000
-#define STORE_CKPT_FRAMES_MAX 32000
+ * frames (pages; SQLite's automatic checkpoint threshold of 1,000 frames of 4 KiB, 4 MB);
+ * a committing connection copies the last STORE_CKPT_TAIL frames after the thread's copy,
+ * and waits for the thread's copy when the WAL grew by STORE_CKPT_FRAMES_BEHIND frames
+ * during it; a big WAL allows a bigger tail, and at STORE_CKPT_FRAMES_MAX a commit copies
+ * it all (checkpoint.c). Counted in frames of STORE_PAGE_BYTES, so that the bytes are those
+ * measured with 4 KiB pages (a store made with 4 KiB pages checkpoints at half of them). */
+#define STORE_CKPT_FRAMES (1000 * 4096 / STORE_PAGE_BYTES)
+#define STORE_CKPT_FRAMES_BEHIND (8000 * 4096 / STORE_PAGE_BYTES)
+#define STORE_CKPT_FRAMES_MAX (32000 * 4096 / STORE_PAGE_BYTES)
 /* Once the thread has copied all but this many frames, a commit copies the rest itself,
- * so that the next write restarts the WAL (checkpoint.c). */
-#define STORE_CKPT_TAIL 256
+ * so that the next write restarts the WAL (checkpoint.c): 1 MiB. */
+#define STORE_CKPT_TAIL (256 * 4096 / STORE_PAGE_BYTES)
 
 typedef struct store_ckpt store_ckpt;
 

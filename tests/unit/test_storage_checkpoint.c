@@ -18,6 +18,7 @@
 #include <sqlite3.h>
 
 #include "storage/store.h"
+#include "storage/store_int.h"
 
 #include "store_fixture.h"
 
@@ -63,9 +64,13 @@ static void test_wal_checkpointed_by_its_thread(void **state)
 	assert_true(bg > 0);
 	snprintf(wal, sizeof wal, "%s/shard.db-wal", f->dir);
 	assert_int_equal(stat(wal, &sb), 0);
-	/* at most 8,000 frames of 4 KiB pages (+ 24-byte frame headers) and a tail of 1,000,
-	 * plus one commit's (about 25) frames; the ~15,000 frames written would not fit */
-	assert_true(sb.st_size <= (off_t)(8000 + 1000 + 200) * (4096 + 24) + 32);
+	/* at most STORE_CKPT_FRAMES_BEHIND frames of STORE_PAGE_BYTES (+ 24-byte frame
+	 * headers) and a tail of STORE_CKPT_FRAMES, plus one commit's frames (about 100 KB);
+	 * the ~60 MB written would not fit */
+	assert_true(sb.st_size <=
+		    (off_t)(STORE_CKPT_FRAMES_BEHIND + STORE_CKPT_FRAMES + 800 * 1024 / STORE_PAGE_BYTES) *
+			    (STORE_PAGE_BYTES + 24) +
+			    32);
 	assert_count_and_clean(f, 6000);
 }
 
