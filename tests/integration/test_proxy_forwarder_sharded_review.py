@@ -1,0 +1,568 @@
+"""Adversarial tests of the loop's sharded point commands (src/proxy/forwarder.c
+sharded_point, sharded_cmd): each loop answer must be the request thread's for the same
+command (`comment` keeps a command off the loop), and no acknowledged write may be lost or
+applied twice, across routing changes the proxy has not seen yet, migrations, state-change
+answers and many _id types."""
+import threading
+
+import bson
+import pymongo
+import pytest
+
+from conftest import wait_until
+from forwarder_helpers import FALLBACK, LOOP, strip
+from migration_helpers import MigCluster
+from proxy_helpers import ProxyCluster, install_filtering
+
+NS = "fwdb.s"
+
+
+def _cluster(start_role, tmp_path, key, filtering=True, test_cmds=False, colls=("s",)):
+    cl = ProxyCluster(start_role, tmp_path, shards=2, proxies=1,
+                      shard_args=["--enable-test-commands"] if test_cmds else [])
+    for name in colls:
+        ns = f"fwdb.{name}"
+        split = None if key["_id"] == "hashed" else [{"_id": 100}]
+        cl.shard_collection(ns, key, split_points=split,
+                            num_chunks=4 if key["_id"] == "hashed" else None)
+        if filtering:
+            install_filtering(cl, ns, key)
+    return cl
+
+
+def _warm(coll, ids):
+    """Each shard's primary known to the proxy and the routing cached (see
+    test_proxy_forwarder_sharded._warm)."""
+    for i in ids:
+        coll.update_one({"_id": i}, {"$set": {"warm": 1}})
+    for i in ids:
+        coll.find_one({"_id": i})
+        coll.find_one({"_id": i})
+
+
+def _fail_next(cl, sid, command, times=1, **data):
+    cl.shard_client(sid).admin.command(
+        {"configureFailPoint": "failCommand", "mode": {"times": times},
+         "data": dict({"failCommands": [command]}, **data)})
+
+
+def _shard_of(cl, ns, _id):
+    """The shard that holds the document _id of ns (read on each shard directly)."""
+    db, coll = ns.split(".", 1)
+    where = [sid for sid in cl.shard_ids if cl.shard_client(sid)[db][coll].find_one({"_id": _id})]
+    assert len(where) == 1, (_id, where)
+    return where[0]
+
+
+def _norm(r):
+    r = strip(r)
+    for we in r.get("writeErrors", []):
+        we["errmsg"] = we["errmsg"].replace("fwdb.s", "X").replace("fwdb.t", "X")
+    return r
+
+
+# ---------------------------------------------------------------------------------------
+# a delete of limit 0 carries no session fields to the shard (write.c stmt_cmd: multi
+# statements are not recorded), so the shard could not recognise a resend of it: with
+# lsid/txnNumber it must never reach the loop (whose hand-offs of a write with session
+# fields rely on the shard's record)
+
+
+@pytest.mark.parametrize("code", [11602, 189])
+def test_a_multi_delete_with_session_fields_is_refused_before_the_loop(
+        start_role, tmp_path, code):
+    cl = _cluster(start_role, tmp_path, {"_id": 1}, test_cmds=True, colls=("s", "t"))
+    try:
+        c = cl.proxy_client(0)
+        db = c.fwdb
+        for name in ("s", "t"):
+            db[name].insert_many([{"_id": i} for i in (1, 2, 150)])
+            _warm(db[name], [1, 150])
+        sid = _shard_of(cl, NS, 2)
+        sess = c.start_session()
+        answers = []
+        for name, extra in (("s", {}), ("t", {"comment": "thread"})):
+            _fail_next(cl, sid, "delete", errorCode=code)
+            before = cl.metric(0, LOOP) + cl.metric(0, FALLBACK)
+            r = db.command(dict({"delete": name, "deletes": [{"q": {"_id": 2}, "limit": 0}],
+                                 "txnNumber": bson.Int64(7 if name == "s" else 8)}, **extra),
+                           session=sess, check=False)
+            answers.append(_norm(r))
+            assert cl.metric(0, LOOP) + cl.metric(0, FALLBACK) == before, name
+            cl.shard_client(sid).admin.command(
+                {"configureFailPoint": "failCommand", "mode": "off"})
+        sess.end_session()
+        assert answers[0] == answers[1] and answers[0]["code"] == 72, answers
+        assert db.s.find_one({"_id": 2}) == db.t.find_one({"_id": 2}) == {"_id": 2}
+    finally:
+        cl.close()
+
+
+# ---------------------------------------------------------------------------------------
+# routing the proxy has not seen yet: the shards' filtering metadata moves first
+
+
+def _move_on_shards(cl, ns, key, chunk, to):
+    """Move chunk (a routing entry) to shard `to` on the shards only: its documents
+    copied there, each shard's filtering metadata installed with the chunk at `to` and a
+    newer token; metadata (and so the proxy) still routes it to its old shard."""
+    db, coll = ns.split(".", 1)
+    src = chunk["shard"]
+    docs = list(cl.shard_client(src)[db][coll].find({}))
+    moved = [d for d in docs if chunk_holds(chunk, d["_id"])]
+    if moved:
+        cl.shard_client(to)[db][coll].insert_many(moved)
+    chunks = cl.routing(ns)["chunks"]
+    new_token = max(ch["token"] for ch in chunks) + 1
+    for ch in chunks:
+        if ch["id"] == chunk["id"]:
+            ch["shard"], ch["token"] = to, new_token
+    for sid in cl.shard_ids:
+        # the chunk's fence (a chunk-versioned request: $stripedbVersion) and the shard's
+        # filtering metadata (a shard-versioned one), as a migration's commit sets them
+        cl.shard_client(sid).admin.command({"stripedbSetVersion": 1, "chunk": str(chunk["id"]),
+                                            "token": new_token})
+        mine = [{"id": str(ch["id"]), "min": ch["min"], "max": ch["max"], "token": ch["token"]}
+                for ch in chunks if ch["shard"] == sid]
+        cl.shard_client(sid).admin.command({"stripedbSetFiltering": ns, "key": key,
+                                            "chunks": mine, "collectionVersion": new_token})
+    return new_token, len(moved)
+
+
+def chunk_holds(chunk, v):
+    from bson.max_key import MaxKey
+    from bson.min_key import MinKey
+    lo, hi = chunk["min"]["_id"], chunk["max"]["_id"]
+    return (isinstance(lo, MinKey) or lo <= v) and (isinstance(hi, MaxKey) or v < hi)
+
+
+@pytest.mark.parametrize("retry", [True, False], ids=["retryable", "plain"])
+def test_a_stale_proxy_hands_a_loop_write_and_read_to_a_request_thread(
+        start_role, tmp_path, retry):
+    """The chunk of _id 5 moved to shard-b on the shards; the proxy still routes it to
+    shard-a. The loop's update is refused there (StaleConfig, nothing ran) and handed to a
+    request thread, which follows the routing once metadata has it: applied once, on
+    shard-b, and answered as applied; the loop's read then sees it."""
+    key = {"_id": 1}
+    cl = _cluster(start_role, tmp_path, key)
+    try:
+        c = cl.proxy_client(0, retryWrites=retry)
+        coll = c.fwdb.s
+        coll.insert_many([{"_id": i, "v": 0} for i in (1, 5, 150)])
+        _warm(coll, [1, 150])
+        chunk = [ch for ch in cl.routing(NS)["chunks"] if chunk_holds(ch, 5)][0]
+        src = chunk["shard"]
+        dst = [s for s in cl.shard_ids if s != src][0]
+        token, n = _move_on_shards(cl, NS, key, chunk, dst)
+        assert n == 2
+        fb = cl.metric(0, FALLBACK)
+        out = []
+
+        def run():
+            try:
+                out.append(coll.update_one({"_id": 5}, {"$inc": {"v": 1}}))
+            except Exception as e:  # noqa: BLE001 - asserted below
+                out.append(e)
+        t = threading.Thread(target=run)
+        t.start()
+        # the loop sent it to the old owner, which refused: handed to a request thread
+        wait_until(lambda: cl.metric(0, FALLBACK) >= fb + 1, 20, what="the loop's hand-off")
+        cl.meta_cmd({"setChunkShard": chunk["id"], "shard": dst, "token": token})
+        t.join(60)
+        assert len(out) == 1 and not isinstance(out[0], Exception), out
+        assert (out[0].matched_count, out[0].modified_count) == (1, 1)
+        assert cl.shard_client(dst).fwdb.s.find_one({"_id": 5}) == {"_id": 5, "v": 1}
+        assert cl.shard_client(src).fwdb.s.find_one({"_id": 5}) == {"_id": 5, "v": 0}
+        # the proxy follows; the loop reads and writes the new owner
+        wait_until(lambda: coll.find_one({"_id": 5}, comment="x") == {"_id": 5, "v": 1}, 20,
+                   what="the proxy's routing")
+        before = cl.metric(0, LOOP)
+        assert coll.find_one({"_id": 5}) == {"_id": 5, "v": 1}
+        assert coll.update_one({"_id": 5}, {"$inc": {"v": 1}}).modified_count == 1
+        assert coll.find_one({"_id": 5}) == {"_id": 5, "v": 2}
+        assert cl.metric(0, LOOP) >= before + 2
+        assert cl.shard_client(src).fwdb.s.find_one({"_id": 5}) == {"_id": 5, "v": 0}
+    finally:
+        cl.close()
+
+
+def test_a_stale_proxy_loop_read_is_handed_on_and_answered_from_the_new_owner(
+        start_role, tmp_path):
+    key = {"_id": 1}
+    cl = _cluster(start_role, tmp_path, key)
+    try:
+        coll = cl.proxy_client(0).fwdb.s
+        coll.insert_many([{"_id": i, "v": 0} for i in (1, 5, 150)])
+        _warm(coll, [1, 150])
+        chunk = [ch for ch in cl.routing(NS)["chunks"] if chunk_holds(ch, 5)][0]
+        src = chunk["shard"]
+        dst = [s for s in cl.shard_ids if s != src][0]
+        token, _ = _move_on_shards(cl, NS, key, chunk, dst)
+        # the new owner's copy differs: a read answered by the old owner is visible
+        cl.shard_client(dst).fwdb.s.update_one({"_id": 5}, {"$set": {"where": "new"}})
+        fb = cl.metric(0, FALLBACK)
+        out = []
+        t = threading.Thread(target=lambda: out.append(coll.find_one({"_id": 5})))
+        t.start()
+        wait_until(lambda: cl.metric(0, FALLBACK) >= fb + 1, 20, what="the loop's hand-off")
+        cl.meta_cmd({"setChunkShard": chunk["id"], "shard": dst, "token": token})
+        t.join(60)
+        assert out == [{"_id": 5, "v": 0, "where": "new"}]
+    finally:
+        cl.close()
+
+
+# ---------------------------------------------------------------------------------------
+# _id values of many types, equal across types, on chunk boundaries, hashed
+
+
+VALUES = [1, 1.0, bson.Int64(1), bson.Decimal128("1"), bson.Decimal128("1.000"),
+          0, -0.0, bson.Decimal128("-0"), 100, 100.0, bson.Int64(100),
+          bson.Decimal128("100"), 99.99999999999999, 100.00000000000001,
+          bson.Decimal128("99.99999999999999999999999999999999"),
+          bson.Int64(2 ** 53 + 1), float(2 ** 53), bson.Int64(2 ** 62),
+          float("inf"), float("-inf"), float("nan"), bson.Decimal128("NaN"),
+          bson.Decimal128("Infinity"), "", "a", "\u00e9", bson.ObjectId("5f0000000000000000000001"),
+          True, False, bson.Binary(b"\x00\x01", 0), bson.Binary(b"\x00\x01" * 8, 4),
+          bson.Timestamp(5, 1), __import__("datetime").datetime(2020, 1, 1),
+          bson.Int64(-(2 ** 63)), -2147483648]
+
+
+@pytest.mark.parametrize("key", [{"_id": 1}, {"_id": "hashed"}], ids=["range", "hashed"])
+def test_many_id_types_loop_and_thread_agree(start_role, tmp_path, key):
+    cl = _cluster(start_role, tmp_path, key, colls=("s", "t"))
+    try:
+        db = cl.proxy_client(0).fwdb
+        seen = []
+        docs = []
+        for v in VALUES:
+            # one document per distinct value (those equal across types collide on _id)
+            d = {"_id": v, "n": len(docs)}
+            try:
+                db.s.insert_one(dict(d, c=0))
+                db.t.insert_one(dict(d, c=0))
+                docs.append(d)
+            except pymongo.errors.DuplicateKeyError:
+                seen.append(v)
+        for name in ("s", "t"):
+            _warm(db[name], [1, "a"])
+        fb = cl.metric(0, FALLBACK)
+        for v in VALUES:
+            f = {"_id": v}
+            before = cl.metric(0, LOOP)
+            loop = strip(db.command({"find": "s", "filter": f}, check=False))
+            took = cl.metric(0, LOOP) - before
+            thread = strip(db.command({"find": "t", "filter": f, "comment": "t"},
+                                      check=False))
+            for r in (loop, thread):
+                if "cursor" in r:
+                    r["cursor"]["ns"] = "X"
+            assert repr(loop) == repr(thread), (v, took, loop, thread)  # NaN != NaN
+            # an update through each
+            lu = _norm(db.command({"update": "s", "updates": [
+                {"q": f, "u": {"$inc": {"c": 1}}}]}, check=False))
+            tu = _norm(db.command({"update": "t", "updates": [
+                {"q": f, "u": {"$inc": {"c": 1}}}], "comment": "t"}, check=False))
+            assert repr(lu) == repr(tu), (v, lu, tu)
+        assert repr(sorted(db.s.find(), key=repr)) == repr(sorted(db.t.find(), key=repr))
+        # each document on the same shard in both collections (same chunks)
+        for d in docs:
+            assert _shard_of(cl, "fwdb.s", d["_id"]) == _shard_of(cl, "fwdb.t", d["_id"]), d
+        assert cl.metric(0, FALLBACK) == fb
+    finally:
+        cl.close()
+
+
+@pytest.mark.parametrize("key", [{"_id": 1}, {"_id": "hashed"}], ids=["range", "hashed"])
+@pytest.mark.parametrize("retry", [True, False], ids=["retryable", "plain"])
+def test_loop_upserts_land_on_the_owning_shard(start_role, tmp_path, key, retry):
+    cl = _cluster(start_role, tmp_path, key, colls=("s", "t"))
+    try:
+        c = cl.proxy_client(0, retryWrites=retry)
+        db = c.fwdb
+        for name in ("s", "t"):
+            db[name].insert_many([{"_id": i} for i in range(1, 9)] + [{"_id": 150}])
+            _warm(db[name], list(range(1, 9)) + [150])  # each shard's primary, hashed too
+        vals = [bson.Int64(77), 99.5, bson.Decimal128("100"), 101, "up", -5,
+                bson.ObjectId("5f0000000000000000000002"), bson.Int64(2 ** 40)]
+        for v in vals:
+            before = cl.metric(0, LOOP)
+            r = db.s.update_one({"_id": v}, {"$set": {"x": 1}}, upsert=True)
+            assert r.upserted_id == v
+            assert cl.metric(0, LOOP) == before + 1, v
+            db.t.insert_one({"_id": v, "x": 1})  # a request thread's insert routes it
+        for v in vals:
+            assert _shard_of(cl, "fwdb.s", v) == _shard_of(cl, "fwdb.t", v), v
+            assert db.s.find_one({"_id": v}) == {"_id": v, "x": 1}
+    finally:
+        cl.close()
+
+
+# ---------------------------------------------------------------------------------------
+# a Jepsen-style history under chunk migrations
+
+
+@pytest.mark.parametrize("hashed", [False, True], ids=["range", "hashed"])
+def test_loop_point_writes_under_migrations_lose_and_duplicate_nothing(
+        start_role, tmp_path, hashed):
+    cl = MigCluster(start_role, tmp_path, shards=2, proxies=1, coordinators=1)
+    ns = "app.h"
+    try:
+        cl.meta_write({"createDatabase": "app"}, ok_codes=(48, 11000))
+        if hashed:
+            cl.meta_write({"shardCollection": ns, "key": {"_id": "hashed"},
+                           "numChunks": 4, "shards": cl.shard_ids})
+        else:
+            cl.meta_write({"shardCollection": ns, "key": {"_id": 1},
+                           "splitPoints": [{"_id": 10}, {"_id": 20}],
+                           "shards": cl.shard_ids})
+        ids = list(range(30))
+        seed = cl.proxy_client(0).app.h
+        seed.insert_many([{"_id": i, "a": []} for i in ids])
+        for i in ids:
+            seed.find_one({"_id": i})
+        acked, failed, errors, stale_reads = [], [], [], []
+        stop = threading.Event()
+
+        def worker(w):
+            coll = cl.proxy_client(0, retryWrites=(w % 2 == 0)).app.h
+            k = 0
+            while not stop.is_set():
+                _id = ids[(w * 7 + k) % len(ids)]
+                tok = f"{w}-{k}"
+                k += 1
+                try:
+                    r = coll.update_one({"_id": _id}, {"$push": {"a": tok}})
+                    if r.modified_count != 1:
+                        errors.append((tok, "modified", r.raw_result))
+                    acked.append((_id, tok))
+                except pymongo.errors.PyMongoError as e:
+                    failed.append((_id, tok, repr(e)))
+                    continue
+                try:
+                    d = coll.find_one({"_id": _id})
+                    if d is None or tok not in d["a"]:
+                        stale_reads.append((_id, tok, d))
+                except pymongo.errors.PyMongoError as e:
+                    failed.append((_id, "read", repr(e)))
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        loop0 = cl.proxy_procs and 0
+        wait_until(lambda: len(acked) > 100, 60, what="writes before the moves")
+        for rnd in range(3):
+            chunks = cl.chunks(ns)
+            ch = chunks[rnd % len(chunks)]
+            to = [s for s in cl.shard_ids if s != ch["shard"]][0]
+            mid = cl.migrate(ns, ch["id"], to)
+            n0 = len(acked)
+            m = cl.wait_migration(mid)
+            assert m["state"] == "complete", m
+            wait_until(lambda: len(acked) > n0 + 50, 60, what="writes after a move")
+        stop.set()
+        for t in threads:
+            t.join(60)
+        del loop0
+        final = {d["_id"]: d["a"] for d in cl.proxy_client(0).app.h.find({}, comment="x")}
+        if not hashed:  # owned_docs compares _id values with the chunk bounds
+            owned = cl.owned_docs(ns)
+            assert {k: v["a"] for k, v in owned.items()} == final
+        counts = {}
+        for _id, arr in final.items():
+            for tok in arr:
+                counts[(_id, tok)] = counts.get((_id, tok), 0) + 1
+        dup = [k for k, n in counts.items() if n > 1]
+        lost = [a for a in acked if counts.get(a, 0) != 1]
+        assert dup == [], dup[:10]
+        assert lost == [], lost[:10]
+        assert errors == [], errors[:5]
+        assert stale_reads == [], stale_reads[:5]
+        # not-acknowledged pushes: at most once (dup above); and what went wrong, if any
+        print("acked", len(acked), "failed", len(failed), failed[:5])
+        print("loop", cl_metric(cl, LOOP), "fallbacks", cl_metric(cl, FALLBACK))
+        assert cl_metric(cl, LOOP) > len(acked) / 2
+    finally:
+        cl.close()
+
+
+def cl_metric(cl, name):
+    from conftest import http_get
+    st, body = http_get(cl.proxy_procs[0].http_port, "/metrics")
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# ---------------------------------------------------------------------------------------
+# the shard's answers under its failCommand fail point: loop and request thread agree
+
+
+FAILS = [
+    dict(errorCode=13388),                      # StaleConfig: not run, retried
+    dict(errorCode=11602),                      # interrupted: may have run
+    dict(errorCode=91),                         # ShutdownInProgress: not run, resent
+    dict(errorCode=10107),                      # NotWritablePrimary: not run, resent
+    dict(errorCode=2),                          # BadValue: answered
+    dict(errorCode=11000),                      # a duplicate key, as a command error
+    dict(writeConcernError={"code": 64, "errmsg": "waiting for replication timed out",
+                            "errInfo": {"wtimeout": True}}),
+    dict(writeConcernError={"code": 91, "errmsg": "shutting down"}),
+    dict(closeConnection=True),                 # no answer: an unknown outcome
+]
+FAIL_IDS = ["stale", "interrupted", "shutdown", "notprimary", "badvalue", "dupkey",
+            "wce64", "wce91", "close"]
+
+
+def _cmp_ans(r):
+    """An answer without what differs between two runs of a command on two collections
+    (cluster time, namespaces, the text of a network error naming a connection)."""
+    r = _norm(r)
+    if r.get("writeErrors"):
+        for we in r["writeErrors"]:
+            if we.get("code") in (6, 89, 9001):
+                we["errmsg"] = "net"
+    if r.get("code") in (6, 89, 9001):
+        r["errmsg"] = "net"
+    if "cursor" in r:
+        r["cursor"]["ns"] = "X"
+    return r
+
+
+@pytest.mark.parametrize("fail", FAILS, ids=FAIL_IDS)
+@pytest.mark.parametrize("retry", [True, False], ids=["retryable", "plain"])
+def test_shard_failures_are_answered_by_the_loop_as_by_a_request_thread(
+        start_role, tmp_path, fail, retry):
+    cl = _cluster(start_role, tmp_path, {"_id": 1}, test_cmds=True, colls=("s", "t"))
+    try:
+        c = cl.proxy_client(0)
+        db = c.fwdb
+        for name in ("s", "t"):
+            db[name].insert_many([{"_id": i, "v": 0} for i in (1, 2, 3, 4, 150)])
+            _warm(db[name], [1, 150])
+        sid = _shard_of(cl, NS, 2)
+        assert _shard_of(cl, "fwdb.t", 2) == sid
+        sess = c.start_session()
+        cmds = [
+            ("update", {"updates": [{"q": {"_id": 2}, "u": {"$inc": {"v": 1}}}]}),
+            ("update", {"updates": [{"q": {"_id": 5}, "u": {"$inc": {"v": 1}},
+                                     "upsert": True}]}),
+            ("delete", {"deletes": [{"q": {"_id": 3}, "limit": 1}]}),
+            ("find", {"filter": {"_id": 4}}),
+        ]
+        txn = 100
+        for name, body in cmds:
+            if name == "find" and "writeConcernError" in fail:
+                continue
+            answers, took = [], []
+            for coll, extra in (("s", {}), ("t", {"comment": "thread"})):
+                # the shard's primary known again (a state change or a closed connection
+                # makes the proxy forget it; a request thread learns it again)
+                _warm(db[coll], [1, 150])
+                _fail_next(cl, sid, name, **fail)
+                cmd = dict({name: coll}, **body, **extra)
+                kw = {}
+                if retry and name != "find":
+                    txn += 1
+                    cmd["txnNumber"] = bson.Int64(txn)
+                    kw["session"] = sess
+                before = cl.metric(0, LOOP) + cl.metric(0, FALLBACK)
+                try:
+                    r = db.command(cmd, check=False, **kw)
+                except pymongo.errors.AutoReconnect as e:  # the proxy closed on us?
+                    r = {"exception": repr(e)}
+                answers.append(_cmp_ans(r))
+                took.append(cl.metric(0, LOOP) + cl.metric(0, FALLBACK) - before)
+                # the fail point was used up (one command of that name reached the shard)
+                cl.shard_client(sid).admin.command(
+                    {"configureFailPoint": "failCommand", "mode": "off"})
+            assert took[0] >= 1 and took[1] == 0, (name, took)
+            assert answers[0] == answers[1], (name, body, answers)
+        sess.end_session()
+        assert repr(sorted(db.s.find(), key=repr)) == repr(sorted(db.t.find(), key=repr))
+        cl.stop_proxy_clean(0)
+    finally:
+        cl.close()
+
+
+# ---------------------------------------------------------------------------------------
+# a shard SIGKILLed and SIGSTOPped with loop commands in flight
+
+
+def _history_check(final, acked, failed):
+    counts = {}
+    for _id, arr in final.items():
+        for tok in arr:
+            counts[(_id, tok)] = counts.get((_id, tok), 0) + 1
+    dup = [k for k, n in counts.items() if n > 1]
+    lost = [a for a in acked if counts.get(a, 0) != 1]
+    unknown = {(f[0], f[1]) for f in failed}
+    extra = [k for k in counts if k not in unknown and k not in set(acked)]
+    assert dup == [], dup[:10]
+    assert lost == [], lost[:10]
+    assert extra == [], extra[:10]
+
+
+@pytest.mark.parametrize("key", [{"_id": 1}, {"_id": "hashed"}], ids=["range", "hashed"])
+@pytest.mark.parametrize("retry", [True, False], ids=["retryable", "plain"])
+def test_loop_pushes_through_a_killed_and_a_paused_shard_are_applied_at_most_once(
+        start_role, tmp_path, key, retry):
+    cl = _cluster(start_role, tmp_path, key)
+    try:
+        c = cl.proxy_client(0, retryWrites=retry, socketTimeoutMS=60000)
+        coll = c.fwdb.s
+        ids = list(range(1, 9)) + [150, 151, 152]
+        coll.insert_many([{"_id": i, "a": []} for i in ids])
+        _warm(coll, ids)
+        acked, failed = [], []
+        stop = threading.Event()
+        lock = threading.Lock()
+
+        def worker(w):
+            k = 0
+            while not stop.is_set():
+                _id = ids[(w * 5 + k) % len(ids)]
+                tok = f"{w}-{k}"
+                k += 1
+                try:
+                    r = coll.update_one({"_id": _id}, {"$push": {"a": tok}})
+                    with lock:
+                        (acked if r.modified_count == 1 else failed).append((_id, tok))
+                except pymongo.errors.PyMongoError as e:
+                    with lock:
+                        failed.append((_id, tok, repr(e)))
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        loop0 = cl.metric(0, LOOP)
+        wait_until(lambda: len(acked) > 100, 60, what="writes before the faults")
+        sid = cl.shard_ids[0]
+        # SIGSTOP with loop writes in flight, then SIGKILL, restart
+        cl.shard_procs[sid].pause()
+        wait_until(lambda: cl.metric(0, "stripedb_proxy_loop_commands_in_flight") >= 1, 20,
+                   what="loop writes in flight to the paused shard")
+        cl.shard_procs[sid].kill()
+        cl.shard_procs[sid].restart()
+        cl.shard_procs[sid].wait_healthy()
+        n0 = len(acked)
+        wait_until(lambda: len(acked) > n0 + 200, 60, what="writes after the restart")
+        # SIGKILL outright with writes in flight
+        cl.shard_procs[sid].kill()
+        cl.shard_procs[sid].restart()
+        cl.shard_procs[sid].wait_healthy()
+        n0 = len(acked)
+        wait_until(lambda: len(acked) > n0 + 200, 60, what="writes after the second restart")
+        stop.set()
+        for t in threads:
+            t.join(60)
+        final = {d["_id"]: d["a"] for d in coll.find({}, comment="x")}
+        _history_check(final, acked, failed)
+        print("acked", len(acked), "failed", len(failed), failed[:3])
+        assert cl.metric(0, LOOP) - loop0 > len(acked) / 2
+        if retry:
+            assert all(len(f) == 2 for f in failed) or failed == [], failed[:5]
+    finally:
+        cl.close()
