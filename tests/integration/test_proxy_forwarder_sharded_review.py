@@ -566,3 +566,101 @@ def test_loop_pushes_through_a_killed_and_a_paused_shard_are_applied_at_most_onc
             assert all(len(f) == 2 for f in failed) or failed == [], failed[:5]
     finally:
         cl.close()
+
+
+# ---------------------------------------------------------------------------------------
+# a driver's resend of a retryable write after its chunk moved
+
+
+@pytest.mark.parametrize("hashed", [False, True], ids=["range", "hashed"])
+def test_a_retryable_loop_write_resent_after_a_migration_is_not_applied_again(
+        start_role, tmp_path, hashed):
+    """Retryable update, upsert and delete through the loop; their chunk then migrates
+    (the coordinator moves the session records with it, src/shard/retry_mig.c); the same
+    commands sent again (a driver's retry after a lost answer) reach the new owner
+    through the loop: answered as the first time, applied once. The same through a
+    request thread (`comment`) on a twin collection gives the same answers."""
+    cl = MigCluster(start_role, tmp_path, shards=2, proxies=1, coordinators=1)
+    try:
+        cl.meta_write({"createDatabase": "app"}, ok_codes=(48, 11000))
+        for coll in ("s", "t"):
+            if hashed:
+                cl.meta_write({"shardCollection": f"app.{coll}", "key": {"_id": "hashed"},
+                               "numChunks": 2, "shards": cl.shard_ids})
+            else:
+                cl.meta_write({"shardCollection": f"app.{coll}", "key": {"_id": 1},
+                               "splitPoints": [{"_id": 100}], "shards": cl.shard_ids})
+        c = cl.proxy_client(0)
+        db = c.app
+        ids = list(range(1, 9)) + [150, 151]
+        for coll in ("s", "t"):
+            db[coll].insert_many([{"_id": i, "v": 0} for i in ids])
+            for i in ids:
+                db[coll].update_one({"_id": i}, {"$set": {"w": 1}})
+                db[coll].find_one({"_id": i})
+        sessions = {}  # one per command: a driver resends its session's latest write
+        cmds = [
+            ("update", {"updates": [{"q": {"_id": 5}, "u": {"$inc": {"v": 1}}}]}),
+            ("update", {"updates": [{"q": {"_id": 42}, "u": {"$inc": {"v": 1}},
+                                     "upsert": True}]}),
+            ("delete", {"deletes": [{"q": {"_id": 6}, "limit": 1}]}),
+        ]
+
+        def run(i, coll, extra):
+            name, body = cmds[i]
+            cmd = dict({name: coll}, **body, **extra,
+                       txnNumber=bson.Int64(10 + i + (100 if coll == "t" else 0)))
+            sess = sessions.setdefault((coll, i), c.start_session())
+            return _norm(db.command(cmd, session=sess, check=False))
+
+        first = {}
+        for coll, extra in (("s", {}), ("t", {"comment": "t"})):
+            for i in range(len(cmds)):
+                before = cl_metric(cl, LOOP)
+                first[(coll, i)] = run(i, coll, extra)
+                assert (cl_metric(cl, LOOP) > before) == (coll == "s"), (coll, i)
+        # move every chunk holding 5, 42 or 6 of both collections to the other shard
+        for coll in ("s", "t"):
+            ns = f"app.{coll}"
+            moved = set()
+            for v in (5, 42, 6):
+                owner = _shard_of_mig(cl, ns, v)
+                if owner is None:
+                    continue
+                ch = [x for x in cl.chunks(ns) if x["shard"] == owner and
+                      (hashed or chunk_holds(x, v))]
+                for x in ch:
+                    if x["id"] in moved:
+                        continue
+                    moved.add(x["id"])
+                    to = [s for s in cl.shard_ids if s != owner][0]
+                    m = cl.wait_migration(cl.migrate(ns, x["id"], to))
+                    assert m["state"] == "complete", m
+        # the proxy follows the new routing (a request thread's read refreshes it)
+        for coll in ("s", "t"):
+            for v in (5, 42, 6):
+                db[coll].find_one({"_id": v}, comment="refresh")
+        fb = cl_metric(cl, FALLBACK)
+        for coll, extra in (("s", {}), ("t", {"comment": "t"})):
+            for i in range(len(cmds)):
+                before = cl_metric(cl, LOOP)
+                again = run(i, coll, extra)
+                assert (cl_metric(cl, LOOP) > before) == (coll == "s"), (coll, i)
+                assert again == first[(coll, i)], (coll, cmds[i], first[(coll, i)], again)
+        print("fallbacks on the resends", cl_metric(cl, FALLBACK) - fb)
+        for sess in sessions.values():
+            sess.end_session()
+        for coll in ("s", "t"):
+            assert db[coll].find_one({"_id": 5}) == {"_id": 5, "v": 1, "w": 1}
+            assert db[coll].find_one({"_id": 42}) == {"_id": 42, "v": 1}
+            assert db[coll].find_one({"_id": 6}) is None
+        assert first[("s", 0)] == first[("t", 0)]
+    finally:
+        cl.close()
+
+
+def _shard_of_mig(cl, ns, _id):
+    db, coll = ns.split(".", 1)
+    where = [sid for sid in cl.shard_ids
+             if cl.shard_client(sid)[db][coll].find_one({"_id": _id}) is not None]
+    return where[0] if where else None
