@@ -102,7 +102,7 @@ def test_a_multi_delete_with_session_fields_is_refused_before_the_loop(
 # routing the proxy has not seen yet: the shards' filtering metadata moves first
 
 
-def _move_on_shards(cl, ns, key, chunk, to):
+def _move_on_shards(cl, ns, key, chunk, to, filtering=True):
     """Move chunk (a routing entry) to shard `to` on the shards only: its documents
     copied there, each shard's filtering metadata installed with the chunk at `to` and a
     newer token; metadata (and so the proxy) still routes it to its old shard."""
@@ -122,6 +122,8 @@ def _move_on_shards(cl, ns, key, chunk, to):
         # filtering metadata (a shard-versioned one), as a migration's commit sets them
         cl.shard_client(sid).admin.command({"stripedbSetVersion": 1, "chunk": str(chunk["id"]),
                                             "token": new_token})
+        if not filtering:
+            continue
         mine = [{"id": str(ch["id"]), "min": ch["min"], "max": ch["max"], "token": ch["token"]}
                 for ch in chunks if ch["shard"] == sid]
         cl.shard_client(sid).admin.command({"stripedbSetFiltering": ns, "key": key,
@@ -136,15 +138,17 @@ def chunk_holds(chunk, v):
     return (isinstance(lo, MinKey) or lo <= v) and (isinstance(hi, MaxKey) or v < hi)
 
 
+@pytest.mark.parametrize("filtering", [True, False], ids=["filtering", "no-filtering"])
+@pytest.mark.parametrize("upsert", [False, True], ids=["update", "upsert"])
 @pytest.mark.parametrize("retry", [True, False], ids=["retryable", "plain"])
 def test_a_stale_proxy_hands_a_loop_write_and_read_to_a_request_thread(
-        start_role, tmp_path, retry):
+        start_role, tmp_path, retry, upsert, filtering):
     """The chunk of _id 5 moved to shard-b on the shards; the proxy still routes it to
     shard-a. The loop's update is refused there (StaleConfig, nothing ran) and handed to a
     request thread, which follows the routing once metadata has it: applied once, on
     shard-b, and answered as applied; the loop's read then sees it."""
     key = {"_id": 1}
-    cl = _cluster(start_role, tmp_path, key)
+    cl = _cluster(start_role, tmp_path, key, filtering=filtering)
     try:
         c = cl.proxy_client(0, retryWrites=retry)
         coll = c.fwdb.s
@@ -153,14 +157,17 @@ def test_a_stale_proxy_hands_a_loop_write_and_read_to_a_request_thread(
         chunk = [ch for ch in cl.routing(NS)["chunks"] if chunk_holds(ch, 5)][0]
         src = chunk["shard"]
         dst = [s for s in cl.shard_ids if s != src][0]
-        token, n = _move_on_shards(cl, NS, key, chunk, dst)
+        token, n = _move_on_shards(cl, NS, key, chunk, dst, filtering)
         assert n == 2
+        if upsert:  # a new document in the moved chunk: it must be made on dst only
+            for sid in cl.shard_ids:
+                cl.shard_client(sid).fwdb.s.delete_one({"_id": 5})
         fb = cl.metric(0, FALLBACK)
         out = []
 
         def run():
             try:
-                out.append(coll.update_one({"_id": 5}, {"$inc": {"v": 1}}))
+                out.append(coll.update_one({"_id": 5}, {"$inc": {"v": 1}}, upsert=upsert))
             except Exception as e:  # noqa: BLE001 - asserted below
                 out.append(e)
         t = threading.Thread(target=run)
@@ -170,7 +177,13 @@ def test_a_stale_proxy_hands_a_loop_write_and_read_to_a_request_thread(
         cl.meta_cmd({"setChunkShard": chunk["id"], "shard": dst, "token": token})
         t.join(60)
         assert len(out) == 1 and not isinstance(out[0], Exception), out
-        assert (out[0].matched_count, out[0].modified_count) == (1, 1)
+        if upsert:
+            assert (out[0].matched_count, out[0].upserted_id) == (0, 5)
+            assert cl.shard_client(dst).fwdb.s.find_one({"_id": 5}) == {"_id": 5, "v": 1}
+            assert cl.shard_client(src).fwdb.s.find_one({"_id": 5}) is None
+            cl.shard_client(src).fwdb.s.insert_one({"_id": 5, "v": 0})  # an orphan
+        else:
+            assert (out[0].matched_count, out[0].modified_count) == (1, 1)
         assert cl.shard_client(dst).fwdb.s.find_one({"_id": 5}) == {"_id": 5, "v": 1}
         assert cl.shard_client(src).fwdb.s.find_one({"_id": 5}) == {"_id": 5, "v": 0}
         # the proxy follows; the loop reads and writes the new owner
@@ -228,9 +241,10 @@ VALUES = [1, 1.0, bson.Int64(1), bson.Decimal128("1"), bson.Decimal128("1.000"),
           bson.Int64(-(2 ** 63)), -2147483648]
 
 
+@pytest.mark.parametrize("filtering", [True, False], ids=["filtering", "no-filtering"])
 @pytest.mark.parametrize("key", [{"_id": 1}, {"_id": "hashed"}], ids=["range", "hashed"])
-def test_many_id_types_loop_and_thread_agree(start_role, tmp_path, key):
-    cl = _cluster(start_role, tmp_path, key, colls=("s", "t"))
+def test_many_id_types_loop_and_thread_agree(start_role, tmp_path, key, filtering):
+    cl = _cluster(start_role, tmp_path, key, filtering=filtering, colls=("s", "t"))
     try:
         db = cl.proxy_client(0).fwdb
         seen = []
@@ -245,7 +259,7 @@ def test_many_id_types_loop_and_thread_agree(start_role, tmp_path, key):
             except pymongo.errors.DuplicateKeyError:
                 seen.append(v)
         for name in ("s", "t"):
-            _warm(db[name], [1, "a"])
+            _warm(db[name], [d["_id"] for d in docs])
         fb = cl.metric(0, FALLBACK)
         for v in VALUES:
             f = {"_id": v}
@@ -664,3 +678,44 @@ def _shard_of_mig(cl, ns, _id):
     where = [sid for sid in cl.shard_ids
              if cl.shard_client(sid)[db][coll].find_one({"_id": _id}) is not None]
     return where[0] if where else None
+
+
+PAIRS = [(bson.Decimal128("1"), 1), (bson.Decimal128("2.5"), 2.5),
+         (bson.Int64(2 ** 53), float(2 ** 53)), (bson.Decimal128("1E+2"), 100),
+         (-0.0, 0), (bson.Decimal128("-5"), bson.Int64(-5)),
+         (bson.Decimal128("NaN"), float("nan")), (bson.Decimal128("Infinity"), float("inf")),
+         (bson.Int64(7), bson.Decimal128("7.00")), (3.0, bson.Int64(3)),
+         (bson.Decimal128("0.1"), 0.1), (bson.Int64(2 ** 53 + 1), float(2 ** 53 + 2))]
+
+
+@pytest.mark.parametrize("filtering", [True, False], ids=["filtering", "no-filtering"])
+@pytest.mark.parametrize("key", [{"_id": 1}, {"_id": "hashed"}], ids=["range", "hashed"])
+def test_an_id_stored_as_one_type_and_asked_as_another(start_role, tmp_path, key, filtering):
+    """The document's _id is stored as one numeric type and asked for as another that
+    compares equal (or nearly): the loop answers what a request thread answers."""
+    cl = _cluster(start_role, tmp_path, key, filtering=filtering, colls=("s", "t"))
+    try:
+        db = cl.proxy_client(0).fwdb
+        for name in ("s", "t"):
+            # many chunks' worth of documents so that each shard's primary is known
+            db[name].insert_many([{"_id": f"w{i}"} for i in range(16)])
+            db[name].insert_many([{"_id": a, "stored": repr(a)} for a, _ in PAIRS])
+            _warm(db[name], [f"w{i}" for i in range(16)])
+        for a, b in PAIRS:
+            before = cl.metric(0, LOOP) + cl.metric(0, FALLBACK)
+            loop = strip(db.command({"find": "s", "filter": {"_id": b}}, check=False))
+            took = cl.metric(0, LOOP) + cl.metric(0, FALLBACK) - before
+            thread = strip(db.command({"find": "t", "filter": {"_id": b}, "comment": "t"},
+                                      check=False))
+            for r in (loop, thread):
+                r["cursor"]["ns"] = "X"
+            assert took == 1, (a, b)
+            assert repr(loop) == repr(thread), (a, b, loop, thread)
+            lu = _norm(db.command({"update": "s", "updates": [
+                {"q": {"_id": b}, "u": {"$inc": {"c": 1}}}]}, check=False))
+            tu = _norm(db.command({"update": "t", "updates": [
+                {"q": {"_id": b}, "u": {"$inc": {"c": 1}}}], "comment": "t"}, check=False))
+            assert repr(lu) == repr(tu), (a, b, lu, tu)
+        assert repr(sorted(db.s.find(), key=repr)) == repr(sorted(db.t.find(), key=repr))
+    finally:
+        cl.close()
