@@ -719,3 +719,65 @@ def test_an_id_stored_as_one_type_and_asked_as_another(start_role, tmp_path, key
         assert repr(sorted(db.s.find(), key=repr)) == repr(sorted(db.t.find(), key=repr))
     finally:
         cl.close()
+
+
+def test_the_proxy_stop_with_sharded_loop_commands_in_flight_exits_clean(start_role, tmp_path):
+    """A read, a plain update and a retryable delete of a sharded collection in flight on
+    the loop to a stopped shard when the proxy is told to stop: each is answered once the
+    shard runs again, each write applied once, and the proxy exits with no leak (each
+    command holds a routing reference, forwarder.c fw_conn.rc)."""
+    import signal
+    from forwarder_helpers import IN_FLIGHT, listener_closed
+    cl = _cluster(start_role, tmp_path, {"_id": 1})
+    try:
+        plain = cl.proxy_client(0, retryWrites=False, retryReads=False).fwdb.s
+        retry = cl.proxy_client(0, retryWrites=True, retryReads=False).fwdb.s
+        plain.insert_many([{"_id": i, "v": 0} for i in (1, 2, 3, 150)])
+        _warm(plain, [1, 150])
+        _warm(retry, [1, 150])
+        sid = _shard_of(cl, NS, 1)
+        # several of the proxy's own connections to the shard, idle for the loop to take
+        # (request threads running at once open them)
+        db = cl.proxy_client(0, maxPoolSize=16).fwdb
+        ws = [threading.Thread(target=lambda: [db.command(
+            {"update": "s", "updates": [{"q": {"_id": 1}, "u": {"$set": {"v": 0}}}],
+             "comment": "warm"}) for _ in range(30)]) for _ in range(6)]
+        for t in ws:
+            t.start()
+        for t in ws:
+            t.join()
+        cl.shard_procs[sid].pause()
+        out = {}
+        fns = {"read": lambda: plain.find_one({"_id": 1}),
+               "update": lambda: plain.update_one({"_id": 2}, {"$inc": {"v": 1}}).raw_result,
+               "delete": lambda: retry.delete_one({"_id": 3}).raw_result}
+        threads = []
+        for k, fn in fns.items():
+            def run(k=k, fn=fn):
+                try:
+                    out[k] = fn()
+                except Exception as e:  # noqa: BLE001 - asserted below
+                    out[k] = e
+            t = threading.Thread(target=run)
+            t.start()
+            threads.append(t)
+            n = len(threads)
+            wait_until(lambda: cl.metric(0, IN_FLIGHT) == n, 20, what=f"{n} in flight")
+        proxy = cl.proxy_procs[0]
+        proxy.signal(signal.SIGTERM)
+        wait_until(lambda: listener_closed(cl.proxy_ports[0]), 20, what="the stop began")
+        assert proxy.p.poll() is None
+        cl.shard_procs[sid].signal(signal.SIGCONT)
+        for t in threads:
+            t.join(60)
+        assert out["read"] == {"_id": 1, "v": 0, "warm": 1}, out
+        assert out["update"]["n"] == 1 and out["update"]["nModified"] == 1, out
+        assert out["delete"]["n"] == 1, out
+        assert proxy.p.wait(timeout=30) == 0, proxy.tail()
+        log = proxy.tail(1 << 20)
+        assert "Sanitizer" not in log and "runtime error" not in log, log[-6000:]
+        shard = cl.shard_client(sid).fwdb.s
+        assert shard.find_one({"_id": 2})["v"] == 1
+        assert shard.find_one({"_id": 3}) is None
+    finally:
+        cl.close()
