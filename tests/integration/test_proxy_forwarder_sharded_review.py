@@ -781,3 +781,50 @@ def test_the_proxy_stop_with_sharded_loop_commands_in_flight_exits_clean(start_r
         assert shard.find_one({"_id": 3}) is None
     finally:
         cl.close()
+
+
+WCS = [{"w": 0}, {"w": 1}, {"w": "majority"}, {"w": 1, "j": True}, {"w": 2, "wtimeout": 200},
+       {"w": "nosuchtag"}, {"w": -1}, {"wtimeout": "x"}, {}]
+
+
+@pytest.mark.parametrize("retry", [True, False], ids=["retryable", "plain"])
+def test_write_concerns_of_loop_writes_are_answered_as_by_a_request_thread(
+        start_role, tmp_path, retry):
+    cl = _cluster(start_role, tmp_path, {"_id": "hashed"}, colls=("s", "t"))
+    try:
+        c = cl.proxy_client(0)
+        db = c.fwdb
+        ids = list(range(1, 17))
+        for name in ("s", "t"):
+            db[name].insert_many([{"_id": i, "v": 0} for i in ids])
+            _warm(db[name], ids)
+        sessions = {}
+        txn = 0
+        for k, wc in enumerate(WCS):
+            for name, body in [
+                    ("update", {"updates": [{"q": {"_id": 3}, "u": {"$inc": {"v": 1}}}]}),
+                    ("update", {"updates": [{"q": {"_id": 900 + k},
+                                             "u": {"$set": {"v": 1}}, "upsert": True}]}),
+                    ("delete", {"deletes": [{"q": {"_id": 4 + k}, "limit": 1}]})]:
+                txn += 1
+                answers, took = [], []
+                for coll, extra in (("s", {}), ("t", {"comment": "t"})):
+                    cmd = dict({name: coll}, **body, **extra, writeConcern=wc)
+                    kw = {}
+                    if retry:
+                        cmd["txnNumber"] = bson.Int64(txn)
+                        kw["session"] = sessions.setdefault(coll, c.start_session())
+                    before = cl.metric(0, LOOP) + cl.metric(0, FALLBACK)
+                    answers.append(_norm(db.command(cmd, check=False, **kw)))
+                    took.append(cl.metric(0, LOOP) + cl.metric(0, FALLBACK) - before)
+                    if wc == {"w": 0}:  # unacknowledged: wait for it to be applied
+                        wait_until(lambda: db[coll].find_one({"_id": 3}, comment="x")
+                                   is not None, 10)
+                assert answers[0] == answers[1], (wc, name, body, answers, took)
+                assert took[1] == 0, (wc, name)
+        for sess in sessions.values():
+            sess.end_session()
+        wait_until(lambda: repr(sorted(db.s.find(), key=repr)) ==
+                   repr(sorted(db.t.find(), key=repr)), 10, what="the same documents")
+    finally:
+        cl.close()
