@@ -3,6 +3,8 @@ sharded_point, sharded_cmd): each loop answer must be the request thread's for t
 command (`comment` keeps a command off the loop), and no acknowledged write may be lost or
 applied twice, across routing changes the proxy has not seen yet, migrations, state-change
 answers and many _id types."""
+import socket
+import struct
 import threading
 
 import bson
@@ -828,5 +830,84 @@ def test_write_concerns_of_loop_writes_are_answered_as_by_a_request_thread(
             sess.end_session()
         wait_until(lambda: repr(sorted(db.s.find(), key=repr)) ==
                    repr(sorted(db.t.find(), key=repr)), 10, what="the same documents")
+    finally:
+        cl.close()
+
+
+# ---------------------------------------------------------------------------------------
+# a statement with its `q` twice (raw BSON: drivers cannot send it)
+
+
+def _el(key, val):
+    return bson.encode({key: val})[4:-1]
+
+
+def _doc(*elems):
+    body = b"".join(elems)
+    return struct.pack("<i", len(body) + 5) + body + b"\x00"
+
+
+def _raw_command(port, body):
+    """body (BSON bytes, $db included) as an OP_MSG; the reply document."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        msg = struct.pack("<I", 0) + b"\x00" + body
+        s.sendall(struct.pack("<iiii", 16 + len(msg), 7, 0, 2013) + msg)
+        buf = b""
+        while len(buf) < 16 or len(buf) < struct.unpack("<i", buf[:4])[0]:
+            chunk = s.recv(65536)
+            assert chunk, "closed"
+            buf += chunk
+        return bson.decode(buf[21:])
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("kind", ["update", "delete"])
+@pytest.mark.parametrize("field", ["q", "u", "upsert", "limit", "multi"])
+def test_a_statement_with_a_field_twice_is_refused(start_role, tmp_path, kind, field):
+    """{q: {_id: 1}, q: {_id: 150}, u: ..., upsert: true}: the proxy routed it by the
+    first q (the chunk of 1, shard-a) and the shard used the last one: it upserted
+    _id 150 on shard-a, which does not own it, next to the _id 150 on shard-b (and the
+    delete answered n: 0 for a document that exists). Refused now, as MongoDB's IDL
+    refuses a statement's repeated field (40413), by the loop and a request thread alike,
+    and nothing is written."""
+    if (kind == "update" and field == "limit") or (kind == "delete" and field in
+                                                   ("u", "upsert", "multi")):
+        pytest.skip("not a field of that statement")
+    cl = _cluster(start_role, tmp_path, {"_id": 1}, colls=("s", "t"))
+    try:
+        db = cl.proxy_client(0).fwdb
+        for name in ("s", "t"):
+            db[name].insert_many([{"_id": 1, "v": 0}, {"_id": 150, "v": 0}])
+            _warm(db[name], [1, 150])
+        port = cl.proxy_ports[0]
+        twice = {"q": [{"_id": 1}, {"_id": 150}], "u": [{"$set": {"hit": 1}}, {"x": 2}],
+                 "upsert": [False, True], "limit": [1, 0], "multi": [False, True]}
+        answers = []
+        for coll, extra in (("s", b""), ("t", _el("comment", "t"))):
+            if kind == "update":
+                els = [_el("q", {"_id": 1}), _el("u", {"$set": {"hit": 1}}),
+                       _el("upsert", True)]
+            else:
+                els = [_el("q", {"_id": 1}), _el("limit", 1)]
+            els = [e for e in els if not e[1:].startswith(field.encode() + b"\x00")]
+            els += [_el(field, v) for v in twice[field]]
+            body = _doc(_el(kind, coll),
+                        b"\x04" + (kind + "s").encode() + b"\x00" +
+                        _doc(b"\x030\x00" + _doc(*els)),
+                        extra, _el("$db", "fwdb"))
+            answers.append(_norm(_raw_command(port, body)))
+        assert answers[0] == answers[1], answers
+        assert answers[0]["code"] == 40413, answers
+        assert answers[0]["errmsg"] == (f"BSON field '{kind}.{kind}s.{field}' is a "
+                                        f"duplicate field"), answers
+        for sid in cl.shard_ids:
+            for coll in ("s", "t"):
+                docs = list(cl.shard_client(sid).fwdb[coll].find())
+                assert all("hit" not in d and "x" not in d for d in docs), (sid, docs)
+        for coll in ("s", "t"):
+            assert sorted(d["_id"] for d in db[coll].find()) == [1, 150]
+            assert _shard_of(cl, f"fwdb.{coll}", 150) != _shard_of(cl, f"fwdb.{coll}", 1)
     finally:
         cl.close()
