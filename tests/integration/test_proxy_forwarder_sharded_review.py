@@ -715,6 +715,10 @@ def test_an_id_stored_as_one_type_and_asked_as_another(start_role, tmp_path, key
                 r["cursor"]["ns"] = "X"
             assert took == 1, (a, b)
             assert repr(loop) == repr(thread), (a, b, loop, thread)
+            # equal values find their document (MongoDB's order: numbers by value)
+            equal = not (isinstance(a, bson.Decimal128) and str(a) == "0.1") and \
+                not (a == bson.Int64(2 ** 53 + 1))
+            assert len(loop["cursor"]["firstBatch"]) == (1 if equal else 0), (a, b, loop)
             lu = _norm(db.command({"update": "s", "updates": [
                 {"q": {"_id": b}, "u": {"$inc": {"c": 1}}}]}, check=False))
             tu = _norm(db.command({"update": "t", "updates": [
