@@ -300,7 +300,8 @@ def test_loop_upserts_land_on_the_owning_shard(start_role, tmp_path, key, retry)
             db[name].insert_many([{"_id": i} for i in range(1, 9)] + [{"_id": 150}])
             _warm(db[name], list(range(1, 9)) + [150])  # each shard's primary, hashed too
         vals = [bson.Int64(77), 99.5, bson.Decimal128("100"), 101, "up", -5,
-                bson.ObjectId("5f0000000000000000000002"), bson.Int64(2 ** 40)]
+                bson.ObjectId("5f0000000000000000000002"), bson.Int64(2 ** 40),
+                bson.Timestamp(0, 0), bson.Timestamp(7, 7)]
         for v in vals:
             before = cl.metric(0, LOOP)
             r = db.s.update_one({"_id": v}, {"$set": {"x": 1}}, upsert=True)
