@@ -1125,6 +1125,45 @@ static bool key_seen(key_set *set, const char *k, uint32_t len)
 	return false;
 }
 
+/* The first repeated key of the statement documents of an update's `updates` or a delete's
+ * `deletes` (arr: at the array), or NULL; *stmts: the array's name. MongoDB's IDL parses
+ * each statement as a struct (write_ops.idl UpdateOpEntry, DeleteOpEntry) and refuses a
+ * repeated field of it as of the command ("BSON field 'update.updates.q' is a duplicate
+ * field"). stripedb's roles must refuse it too: the proxy routes a statement by the first
+ * `q` (every lookup takes the first occurrence) while a shard's parser kept the last one,
+ * so {q: {_id: 1}, q: {_id: 150}, upsert: true} was routed to the chunk of 1 and upserted
+ * _id 150 on that chunk's shard, which does not own it (a second document with that
+ * _id in the cluster). */
+static const char *stmt_dup(bson_iter_t *arr)
+{
+	key_set set;
+	bson_iter_t st;
+	const char *dup = NULL;
+
+	set.slots = set.local;
+	set.n = 1; /* reset before the first statement */
+	while (dup == NULL && bson_iter_next(arr)) {
+		if (!BSON_ITER_HOLDS_DOCUMENT(arr) || !bson_iter_recurse(arr, &st))
+			continue; /* the command's own checks answer a statement of another type */
+		if (set.n > 0) { /* a fresh set for each statement */
+			if (set.slots != set.local)
+				bson_free(set.slots);
+			memset(set.local, 0, sizeof set.local);
+			set.slots = set.local;
+			set.cap = sizeof set.local / sizeof set.local[0];
+			set.n = 0;
+		}
+		while (bson_iter_next(&st))
+			if (key_seen(&set, bson_iter_key(&st), bson_iter_key_len(&st))) {
+				dup = bson_iter_key(&st);
+				break;
+			}
+	}
+	if (set.slots != set.local)
+		bson_free(set.slots);
+	return dup;
+}
+
 int sdb_cmd_fields_check(const char *name, const bson_t *cmd, char *err, size_t errlen)
 {
 	key_set set;
@@ -1163,6 +1202,19 @@ int sdb_cmd_fields_check(const char *name, const bson_t *cmd, char *err, size_t 
 	if (dup != NULL) {
 		snprintf(err, errlen, "BSON field '%s.%s' is a duplicate field", name, dup);
 		return CODE_DUPLICATE_FIELD;
+	}
+	{
+		const char *stmts = strcmp(name, "update") == 0	  ? "updates"
+				    : strcmp(name, "delete") == 0 ? "deletes"
+								  : NULL;
+		bson_iter_t arr;
+
+		if (stmts && bson_iter_init_find(&it, cmd, stmts) && BSON_ITER_HOLDS_ARRAY(&it) &&
+		    bson_iter_recurse(&it, &arr) && (dup = stmt_dup(&arr)) != NULL) {
+			snprintf(err, errlen, "BSON field '%s.%s.%s' is a duplicate field", name,
+				 stmts, dup);
+			return CODE_DUPLICATE_FIELD;
+		}
 	}
 	/* stripedb's own commands between roles: as mongod's internal commands */
 	if (strncmp(name, "stripedb", 8) == 0)

@@ -359,6 +359,24 @@ static void test_duplicate_fields(void **state)
 		       BCON_INT32(2), "}", "$clusterTime", "{", "}");
 	expect_fields(cmd, 0, NULL);
 	bson_destroy(cmd);
+	/* a field twice in an update's or a delete's statement (MongoDB's IDL parses each as
+	 * a struct): the proxy routes by the first q, a shard's parser kept the last */
+	cmd = BCON_NEW("update", BCON_UTF8("c"), "updates", "[", "{", "q", "{", "}", "u", "{", "}",
+		       "}", "{", "q", "{", "_id", BCON_INT32(1), "}", "u", "{", "}", "q", "{", "_id",
+		       BCON_INT32(2), "}", "}", "]");
+	expect_fields(cmd, 40413, "BSON field 'update.updates.q' is a duplicate field");
+	bson_destroy(cmd);
+	cmd = BCON_NEW("delete", BCON_UTF8("c"), "deletes", "[", "{", "q", "{", "}", "limit",
+		       BCON_INT32(1), "limit", BCON_INT32(0), "}", "]");
+	expect_fields(cmd, 40413, "BSON field 'delete.deletes.limit' is a duplicate field");
+	bson_destroy(cmd);
+	/* each statement is a set of its own; what is inside q or u is not a statement field;
+	 * a statement that is not a document is left to the command's checks */
+	cmd = BCON_NEW("update", BCON_UTF8("c"), "updates", "[", "{", "q", "{", "a", BCON_INT32(1),
+		       "a", BCON_INT32(2), "}", "u", "{", "}", "}", "{", "q", "{", "}", "u", "{",
+		       "}", "}", BCON_INT32(3), "]");
+	expect_fields(cmd, 0, NULL);
+	bson_destroy(cmd);
 	/* the command's name again is no duplicate here (the command's checks answer it) */
 	cmd = BCON_NEW("find", BCON_UTF8("c"), "find", BCON_UTF8("d"));
 	expect_fields(cmd, 0, NULL);
