@@ -83,7 +83,8 @@ EXTRA_DIST += tests/integration/test_proxy.py tests/integration/proxy_helpers.py
 	tests/integration/test_rolling.py tests/integration/test_int_args.py \
 	tests/integration/test_proxy_leaks.py tests/integration/test_retryable_proxy.py \
 	tests/integration/test_proxy_forwarder.py tests/integration/test_proxy_forwarder_review.py \
-	tests/integration/forwarder_helpers.py tests/integration/test_proxy_forwarder_sharded.py
+	tests/integration/forwarder_helpers.py tests/integration/test_proxy_forwarder_sharded.py \
+	tests/integration/test_proxy_forwarder_sharded_review.py
 
 # benchmark tool (never in make check): see tests/bench/README.md "The floor of an
 # event-driven proxy"
