@@ -518,14 +518,28 @@ static void op_answer_stmt(fw_conn *c, bool keep, const bson_t *reply, int cls,
 	op_send(c, keep, &ans);
 }
 
+/* Count c's command as answered by the loop; a sharded one also as the targeted request
+ * px_do_find / px_do_write count (px_note_target: one chunk), here rather than when sent,
+ * so that one handed to a request thread is counted once, by that thread. Before c's
+ * release (which drops c->rc). */
+static void count_answered(fw_conn *c)
+{
+	sdb_counter_inc(m_answered);
+	if (c->rc) {
+		ctx x = {.p = c->fw->p};
+
+		px_note_target(&x, c->rc, 1);
+	}
+}
+
 /* Send the answer recorded in ans (fw_ctx) as c's request's one completion
  * (px_answer_send), after c is released (keep: as conn_release's). */
 static void op_send(fw_conn *c, bool keep, px_answer *ans)
 {
 	wire_req *req = c->req;
 
+	count_answered(c);
 	conn_release(c, keep);
-	sdb_counter_inc(m_answered);
 	px_answer_send(req, ans);
 }
 
@@ -704,8 +718,8 @@ static void op_answer(fw_conn *c)
 	bson_append_document_end(out, &cd);
 	BSON_APPEND_DOUBLE(out, "ok", 1.0);
 	bson_destroy(&reply);
+	count_answered(c);
 	conn_release(c, true);
-	sdb_counter_inc(m_answered);
 	wire_req_reply(req, out);
 }
 
@@ -826,7 +840,7 @@ static ssize_t sharded_point(const route_coll *rc, enum fw_kind kind, const bson
 /* Into sent (initialised): what px_do_find / px_do_write send for req's command (kind,
  * on coll) to chunk ci of rc, which sharded_point found: read.c's px_find_shard_cmd with
  * px_do_find's batch and limit, or write.c's px_stmt_shard_cmd with the write's session
- * fields (txn; NULL for a find). Counted as a targeted request (px_note_target). */
+ * fields (txn; NULL for a find). */
 static void sharded_cmd(proxy *p, wire_req *req, route_coll *rc, size_t ci, enum fw_kind kind,
 			const char *coll, const proxy_txn *txn, bson_t *sent)
 {
@@ -843,7 +857,6 @@ static void sharded_cmd(proxy *p, wire_req *req, route_coll *rc, size_t ci, enum
 	snprintf(x.ns, sizeof x.ns, "%s.%s", x.db, coll);
 	if (txn)
 		x.txn = *txn; /* views: the caller keeps txn */
-	px_note_target(&x, rc, 1);
 	if (kind == FW_FIND) {
 		/* px_do_find's: skip 0, limit and batchSize as given (point_find checked them) */
 		int64_t limit = px_get_int(x.cmd, "limit", 0);

@@ -14,6 +14,7 @@ from forwarder_helpers import FALLBACK, LOOP, strip
 from proxy_helpers import ProxyCluster, install_filtering
 
 NS = "fwdb.s"
+ROUTED = "stripedb_proxy_routed_total"
 
 
 def _cluster(start_role, tmp_path, key, filtering):
@@ -62,13 +63,15 @@ def test_sharded_point_reads_are_answered_by_the_loop_as_a_request_thread_answer
                         {"filter": f, "batchSize": 1}, {"filter": f, "limit": 0}]
         queries.append({"filter": {"_id": 150.0}})
         for q in queries:
-            before = cl.metric(0, LOOP)
+            before, routed = cl.metric(0, LOOP), cl.metric(0, ROUTED)
             loop = strip(db.command(dict({"find": "s"}, **q), check=False))
             assert cl.metric(0, LOOP) == before + 1, q
+            assert cl.metric(0, ROUTED) == routed + 1, q
             before = cl.metric(0, LOOP)
             thread = strip(db.command(dict({"find": "s"}, **q, comment="thread"),
                                       check=False))
             assert cl.metric(0, LOOP) == before, q
+            assert cl.metric(0, ROUTED) == routed + 2, q
             assert loop == thread, (q, loop, thread)
         assert cl.metric(0, FALLBACK) == fallbacks
         # what the loop leaves to request threads on a sharded collection
@@ -145,5 +148,28 @@ def test_sharded_point_writes_are_answered_by_the_loop_as_a_request_thread_answe
         s_thread.end_session()
         assert sorted(db.s.find(), key=repr) == sorted(db.t.find(), key=repr)
         assert cl.metric(0, FALLBACK) == fallbacks
+    finally:
+        cl.close()
+
+
+def test_a_handed_on_read_is_routed_once(start_role, tmp_path):
+    """A shard without filtering metadata refuses the loop's first read (StaleConfig,
+    vWanted null): handed to a request thread, which answers it; the read counts once in
+    stripedb_proxy_routed_total (the loop counts what it answers, the thread the rest),
+    and the next read of that shard is the loop's, per chunk."""
+    cl = _cluster(start_role, tmp_path, {"_id": 1}, False)
+    try:
+        coll = cl.proxy_client(0).fwdb.s
+        coll.insert_many([{"_id": 1, "v": 1}, {"_id": 150, "v": 2}])
+        coll.update_one({"_id": 1}, {"$set": {"w": 1}})  # the primary learned
+        routed, fb, loop = (cl.metric(0, m) for m in (ROUTED, FALLBACK, LOOP))
+        assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1, "w": 1}
+        assert cl.metric(0, FALLBACK) == fb + 1
+        assert cl.metric(0, LOOP) == loop
+        assert cl.metric(0, ROUTED) == routed + 1
+        assert coll.find_one({"_id": 1}) == {"_id": 1, "v": 1, "w": 1}
+        assert cl.metric(0, FALLBACK) == fb + 1
+        assert cl.metric(0, LOOP) == loop + 1
+        assert cl.metric(0, ROUTED) == routed + 2
     finally:
         cl.close()
